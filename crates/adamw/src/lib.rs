@@ -1,0 +1,1 @@
+//! megatrain-adamw: see ARCHITECTURE.md. Filled by its own issue.

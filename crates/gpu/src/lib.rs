@@ -1,0 +1,1 @@
+//! megatrain-gpu: see ARCHITECTURE.md. Filled by its own issue.

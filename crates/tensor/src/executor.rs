@@ -1,0 +1,273 @@
+//! The closed vocabulary of ops a layer may use.
+//!
+//! A layer's forward and backward are written once against [`Executor`]; the
+//! CPU executor defines what every op means, and every other executor is
+//! tested against it. Each op comes with its backward as a separate method so
+//! that a backend can fuse and recompute as it likes (attention keeps only
+//! the log-sum-exp of each row, never the T×T probabilities).
+//!
+//! Layout conventions (all row-major, last dimension contiguous):
+//! - activations are `[B, T, C]` or, for attention, `[B, T, H, D]` — the
+//!   layout a projection produces directly, so no transpose is ever needed;
+//! - "rows" of a tensor means all leading dimensions flattened, so `[B, T, C]`
+//!   is read as `[B·T, C]` by row-wise ops (norms, bias, cross-entropy);
+//! - token ids and targets are small host slices: they are copied to the
+//!   device by the executor when it needs them.
+
+use crate::{DType, HostTensor, Result, Shape};
+
+/// What every executor's tensor handle can say about itself without a copy.
+pub trait TensorHandle {
+    fn shape(&self) -> &Shape;
+    fn dtype(&self) -> DType;
+
+    fn dims(&self) -> &[usize] {
+        self.shape().dims()
+    }
+
+    fn numel(&self) -> usize {
+        self.shape().numel()
+    }
+}
+
+/// Which matmul operands are read transposed. `a` is `[.., M, K]`, or
+/// `[.., K, M]` when `a` is set; `b` is `[K, N]`, or `[N, K]` when `b` is set
+/// (the `nn.Linear` weight layout `[out, in]` is `b` transposed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Transpose {
+    pub a: bool,
+    pub b: bool,
+}
+
+impl Transpose {
+    pub const NN: Transpose = Transpose { a: false, b: false };
+    pub const NT: Transpose = Transpose { a: false, b: true };
+    pub const TN: Transpose = Transpose { a: true, b: false };
+    pub const TT: Transpose = Transpose { a: true, b: true };
+}
+
+/// Which gradients a matmul backward must produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulNeeds {
+    pub da: bool,
+    pub db: bool,
+    pub dbias: bool,
+}
+
+impl MatmulNeeds {
+    pub const ALL: MatmulNeeds = MatmulNeeds {
+        da: true,
+        db: true,
+        dbias: true,
+    };
+}
+
+#[derive(Debug)]
+pub struct MatmulGrads<T> {
+    pub da: Option<T>,
+    /// Same shape as `b`; summed over the batch when `b` was broadcast.
+    pub db: Option<T>,
+    /// `[N]`, summed over every row of the output.
+    pub dbias: Option<T>,
+}
+
+/// Output of a norm forward: the normalised tensor and the per-row statistics
+/// the backward needs (`mean` is `None` for RMSNorm).
+#[derive(Debug)]
+pub struct NormOut<T> {
+    pub y: T,
+    /// `[rows]`; `None` for RMSNorm.
+    pub mean: Option<T>,
+    /// `[rows]`: 1 / sqrt(var + eps) (or mean square + eps for RMSNorm).
+    pub rstd: T,
+}
+
+#[derive(Debug)]
+pub struct NormGrads<T> {
+    pub dx: T,
+    pub dw: T,
+    /// `None` for RMSNorm.
+    pub db: Option<T>,
+}
+
+#[derive(Debug)]
+pub struct AttentionOut<T> {
+    /// `[B, T, Hq, D]`.
+    pub out: T,
+    /// `[B, Hq, T]`: log-sum-exp of each query row's scaled scores.
+    pub lse: T,
+}
+
+#[derive(Debug)]
+pub struct AttentionGrads<T> {
+    pub dq: T,
+    pub dk: T,
+    pub dv: T,
+}
+
+#[derive(Debug)]
+pub struct CrossEntropyOut<T> {
+    /// `[N]`: −log p(target) per row, 0 where the target is ignored.
+    pub losses: T,
+    /// `[N, V]`: grad_scale · (softmax − onehot), zero rows where ignored.
+    pub dlogits: T,
+}
+
+/// Rotary embedding parameters: half-split `rotate_half` layout over the full
+/// head dimension, as Hugging Face Llama/Mistral/Qwen use it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    /// Position of the first token of the sequence.
+    pub offset: usize,
+}
+
+pub trait Executor {
+    type Tensor: TensorHandle;
+
+    /// Human-readable name of the backend and device.
+    fn name(&self) -> String;
+
+    // ---- data movement -------------------------------------------------
+
+    /// Copies a host tensor to the executor, in its own dtype (f32 for
+    /// activations; bf16 is allowed for matmul `b` operands and gathered
+    /// embedding tables).
+    fn upload(&self, t: &HostTensor) -> Result<Self::Tensor>;
+    /// Copies back, in the tensor's stored dtype.
+    fn download(&self, t: &Self::Tensor) -> Result<HostTensor>;
+    fn zeros(&self, shape: &Shape) -> Result<Self::Tensor>;
+    /// Same elements, new shape of equal count. May or may not copy.
+    fn reshape(&self, t: &Self::Tensor, shape: &Shape) -> Result<Self::Tensor>;
+    /// Rows `start..start+len` of `t` read as `[rows, last]`; result `[len, last]`.
+    fn slice_rows(&self, t: &Self::Tensor, start: usize, len: usize) -> Result<Self::Tensor>;
+    /// Overwrites rows `start..start+src_rows` of `dst` (read as `[rows, last]`).
+    fn write_rows(&self, dst: &mut Self::Tensor, start: usize, src: &Self::Tensor) -> Result<()>;
+    /// Splits the last dimension into consecutive parts of the given sizes.
+    fn split_last(&self, t: &Self::Tensor, sizes: &[usize]) -> Result<Vec<Self::Tensor>>;
+    /// Inverse of `split_last`: all parts must share their leading dims.
+    fn concat_last(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+
+    // ---- elementwise ---------------------------------------------------
+
+    /// a + b, same shapes. Its backward is the identity to both inputs.
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// acc += x, same element count.
+    fn add_assign(&self, acc: &mut Self::Tensor, x: &Self::Tensor) -> Result<()>;
+    /// s · x.
+    fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+
+    // ---- matmul --------------------------------------------------------
+
+    /// `op(a) @ op(b) + bias`. `a` is `[.., M, K]` (see [`Transpose`]); `b`
+    /// is 2-D and shared by every batch, or has the same leading dims as
+    /// `a`. `bias` is `[N]`. The output is `[.., M, N]`. `b` may be bf16.
+    fn matmul(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        t: Transpose,
+    ) -> Result<Self::Tensor>;
+
+    fn matmul_backward(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+    ) -> Result<MatmulGrads<Self::Tensor>>;
+
+    // ---- norms ---------------------------------------------------------
+
+    /// y = x / sqrt(mean(x²) + eps) · w, over the last dimension. `w` is `[C]`.
+    fn rmsnorm(&self, x: &Self::Tensor, w: &Self::Tensor, eps: f32) -> Result<NormOut<Self::Tensor>>;
+    fn rmsnorm_backward(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        rstd: &Self::Tensor,
+        dy: &Self::Tensor,
+    ) -> Result<NormGrads<Self::Tensor>>;
+
+    /// y = (x − mean) / sqrt(var + eps) · w + b, over the last dimension.
+    fn layernorm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        b: &Self::Tensor,
+        eps: f32,
+    ) -> Result<NormOut<Self::Tensor>>;
+    fn layernorm_backward(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        mean: &Self::Tensor,
+        rstd: &Self::Tensor,
+        dy: &Self::Tensor,
+    ) -> Result<NormGrads<Self::Tensor>>;
+
+    // ---- attention -----------------------------------------------------
+
+    /// Rotary position embedding of `x: [B, T, H, D]` (D even), position of
+    /// token t is `rope.offset + t`; inverse frequencies theta^(−2i/D).
+    fn rope(&self, x: &Self::Tensor, rope: Rope) -> Result<Self::Tensor>;
+    /// The rotation is orthogonal: the backward rotates `dy` by −angle.
+    fn rope_backward(&self, dy: &Self::Tensor, rope: Rope) -> Result<Self::Tensor>;
+
+    /// Causal softmax(q kᵀ / sqrt(D)) v with grouped-query heads: q is
+    /// `[B, T, Hq, D]`, k and v are `[B, T, Hkv, D]`, Hq a multiple of Hkv;
+    /// query head h reads kv head h / (Hq / Hkv).
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<AttentionOut<Self::Tensor>>;
+    fn attention_backward(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        fwd: &AttentionOut<Self::Tensor>,
+        dout: &Self::Tensor,
+    ) -> Result<AttentionGrads<Self::Tensor>>;
+
+    // ---- activations ---------------------------------------------------
+
+    /// silu(gate) · up.
+    fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Returns (dgate, dup).
+    fn swiglu_backward(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        dy: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// GELU, tanh approximation (GPT-2's `gelu_new`).
+    fn gelu(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    fn gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor) -> Result<Self::Tensor>;
+
+    // ---- embedding and loss --------------------------------------------
+
+    /// Gathers rows of `table: [V, C]`: result `[ids.len(), C]`. An id ≥ V is
+    /// an error naming it.
+    fn embedding(&self, ids: &[u32], table: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Scatter-adds `dout: [ids.len(), C]` into `dtable: [V, C]` (accumulates,
+    /// so a tied head and embedding share one gradient).
+    fn embedding_backward(&self, ids: &[u32], dout: &Self::Tensor, dtable: &mut Self::Tensor) -> Result<()>;
+
+    /// Softmax cross-entropy of `logits: [N, V]` against `targets` (len N);
+    /// rows whose target equals `ignore_index` count for nothing. The caller
+    /// passes `grad_scale` (1 / number of counted targets of the whole batch)
+    /// so that chunks of rows can be processed independently.
+    fn cross_entropy(
+        &self,
+        logits: &Self::Tensor,
+        targets: &[i32],
+        ignore_index: i32,
+        grad_scale: f32,
+    ) -> Result<CrossEntropyOut<Self::Tensor>>;
+}

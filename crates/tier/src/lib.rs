@@ -1,0 +1,1 @@
+//! megatrain-tier: see ARCHITECTURE.md. Filled by its own issue.

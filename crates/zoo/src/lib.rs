@@ -1,0 +1,1 @@
+//! megatrain-zoo: see ARCHITECTURE.md. Filled by its own issue.
