@@ -1,1 +1,5 @@
-//! megatrain: the facade crate (Trainer, data, CLI). Filled by the streamed-step and CLI issues.
+//! megatrain: the facade crate — data loading, learning-rate schedules, the
+//! streamed `Trainer` and the `megatrain` command.
+
+pub mod data;
+pub mod schedule;

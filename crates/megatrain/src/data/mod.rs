@@ -1,0 +1,76 @@
+//! Training data: token streams from text, nanoGPT `.bin` files and
+//! instruction `.jsonl`, and the batches drawn from them.
+
+mod batch;
+mod jsonl;
+mod load;
+
+pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch};
+pub use jsonl::ChatTemplate;
+pub use load::{load_tokens, split_validation};
+
+use std::path::PathBuf;
+
+/// What the data layer needs of a tokenizer; the zoo's tokenizers are
+/// adapted to it by the facade.
+pub trait TextEncoder {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// Appended after each instruction example so the model learns to stop.
+    fn eos(&self) -> Option<u32>;
+    fn vocab_size(&self) -> usize;
+}
+
+/// A token stream. `loss_mask[i]` says whether `tokens[i]` is a target the
+/// loss counts (false for instruction prompts); `None` counts everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenData {
+    pub tokens: Vec<u32>,
+    pub loss_mask: Option<Vec<bool>>,
+}
+
+impl TokenData {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: no data (the file or directory holds no tokens)")]
+    Empty { path: PathBuf },
+    #[error("{path}: {len} bytes is not a whole number of little-endian u16 tokens")]
+    OddBin { path: PathBuf, len: u64 },
+    #[error("{path}: token {id} at index {index} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        path: PathBuf,
+        id: u32,
+        index: usize,
+        vocab: usize,
+    },
+    #[error("{path}:{line}: {detail}")]
+    Jsonl {
+        path: PathBuf,
+        line: usize,
+        detail: String,
+    },
+    #[error("{path}: tokenizer: {detail}")]
+    Tokenize { path: PathBuf, detail: String },
+    #[error("{path}: {len} tokens is too short for sequences of {seq_len} (+1 target)")]
+    TooShort {
+        path: PathBuf,
+        len: usize,
+        seq_len: usize,
+    },
+    #[error("validation fraction {0} must be in [0, 1)")]
+    BadFraction(f64),
+}

@@ -1,0 +1,265 @@
+//! Data formats, sampling and bad-input errors.
+
+use std::path::Path;
+
+use megatrain::data::{
+    ChatTemplate, DataError, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch, load_tokens,
+    split_validation,
+};
+
+/// Bytes as tokens, with 0 as end-of-sequence: enough to see every boundary.
+struct Bytes;
+
+impl TextEncoder for Bytes {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn eos(&self) -> Option<u32> {
+        Some(0)
+    }
+    fn vocab_size(&self) -> usize {
+        256
+    }
+}
+
+/// A vocabulary too small for most text: encoding itself succeeds, the
+/// vocabulary check must catch the ids.
+struct Tiny;
+
+impl TextEncoder for Tiny {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Bytes.encode(text)
+    }
+    fn eos(&self) -> Option<u32> {
+        None
+    }
+    fn vocab_size(&self) -> usize {
+        100
+    }
+}
+
+fn load(path: &Path) -> Result<TokenData, DataError> {
+    load_tokens(path, &Bytes, &ChatTemplate::default())
+}
+
+#[test]
+fn text_file_and_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("b.txt"), "cd").unwrap();
+    std::fs::write(dir.path().join("a.txt"), "ab").unwrap();
+    std::fs::write(dir.path().join("skip.md"), "zz").unwrap();
+    let d = load(dir.path()).unwrap();
+    assert_eq!(d.tokens, vec![97, 98, 99, 100]);
+    assert_eq!(d.loss_mask, None);
+    let d = load(&dir.path().join("b.txt")).unwrap();
+    assert_eq!(d.tokens, vec![99, 100]);
+}
+
+#[test]
+fn nanogpt_bin_is_little_endian_u16() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("train.bin");
+    std::fs::write(&p, [1u8, 0, 0xfe, 0x00, 7, 0]).unwrap();
+    assert_eq!(load(&p).unwrap().tokens, vec![1, 254, 7]);
+
+    std::fs::write(&p, [1u8, 0, 0x2c, 0x01]).unwrap();
+    match load(&p) {
+        Err(DataError::TokenOutOfRange {
+            id: 300,
+            index: 1,
+            vocab: 256,
+            ..
+        }) => {}
+        other => panic!("expected token 300 out of range, got {other:?}"),
+    }
+    std::fs::write(&p, [1u8, 0, 2]).unwrap();
+    let err = load(&p).unwrap_err();
+    assert!(matches!(err, DataError::OddBin { len: 3, .. }), "{err}");
+    assert!(err.to_string().contains("train.bin"), "{err}");
+}
+
+#[test]
+fn empty_and_missing_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("empty.txt");
+    std::fs::write(&p, "").unwrap();
+    let err = load(&p).unwrap_err();
+    assert!(matches!(err, DataError::Empty { .. }));
+    assert!(err.to_string().contains("empty.txt"));
+    let err = load(&dir.path().join("nope.txt")).unwrap_err();
+    assert!(err.to_string().contains("nope.txt"), "{err}");
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    assert!(matches!(load(&sub).unwrap_err(), DataError::Empty { .. }));
+}
+
+#[test]
+fn vocabulary_is_checked_on_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("t.txt");
+    std::fs::write(&p, "ab").unwrap(); // 97, 98: 'b' is fine, both < 100
+    assert!(load_tokens(&p, &Tiny, &ChatTemplate::default()).is_ok());
+    std::fs::write(&p, "az").unwrap(); // 'z' = 122 >= 100
+    match load_tokens(&p, &Tiny, &ChatTemplate::default()) {
+        Err(DataError::TokenOutOfRange {
+            id: 122, index: 1, ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn alpaca_counts_only_the_response_and_eos() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("a.jsonl");
+    let t = ChatTemplate {
+        system: "S{text}".into(),
+        user: "U{text}".into(),
+        user_with_input: "U{text}I{input}".into(),
+        assistant: "A".into(),
+    };
+    std::fs::write(
+        &p,
+        "{\"instruction\":\"x\",\"input\":\"\",\"output\":\"yz\"}\n\n{\"instruction\":\"q\",\"input\":\"i\",\"output\":\"r\"}\n",
+    )
+    .unwrap();
+    let d = load_tokens(&p, &Bytes, &t).unwrap();
+    let text: String = d
+        .tokens
+        .iter()
+        .map(|&c| if c == 0 { '|' } else { c as u8 as char })
+        .collect();
+    assert_eq!(text, "UxAyz|UqIiAr|");
+    let mask: String = d
+        .loss_mask
+        .unwrap()
+        .iter()
+        .map(|&m| if m { '1' } else { '0' })
+        .collect();
+    assert_eq!(mask, "0001110000011");
+}
+
+#[test]
+fn sharegpt_counts_assistant_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.jsonl");
+    let t = ChatTemplate {
+        system: "S{text}".into(),
+        user: "U{text}".into(),
+        user_with_input: "unused".into(),
+        assistant: "A".into(),
+    };
+    std::fs::write(
+        &p,
+        r#"{"conversations":[{"from":"system","value":"s"},{"from":"human","value":"h"},{"from":"gpt","value":"g"},{"from":"human","value":"k"},{"from":"gpt","value":"m"}]}"#,
+    )
+    .unwrap();
+    let d = load_tokens(&p, &Bytes, &t).unwrap();
+    let text: String = d
+        .tokens
+        .iter()
+        .map(|&c| if c == 0 { '|' } else { c as u8 as char })
+        .collect();
+    assert_eq!(text, "SsUhAg|UkAm|");
+    let mask: String = d
+        .loss_mask
+        .unwrap()
+        .iter()
+        .map(|&m| if m { '1' } else { '0' })
+        .collect();
+    assert_eq!(mask, "000001100011");
+}
+
+#[test]
+fn bad_jsonl_names_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.jsonl");
+    let cases = [
+        ("{\"instruction\":\"x\"}", "missing field 'output'"),
+        (
+            "{\"instruction\":\"x\",\"output\":3}",
+            "field 'output' must be a string",
+        ),
+        ("not json", "invalid JSON"),
+        ("{\"text\":\"x\"}", "neither"),
+        (
+            "{\"conversations\":[{\"from\":\"bot\",\"value\":\"v\"}]}",
+            "unknown role 'bot'",
+        ),
+        (
+            "{\"conversations\":[{\"from\":\"gpt\"}]}",
+            "conversations[0]: missing field 'value'",
+        ),
+        ("{\"conversations\":[]}", "empty"),
+    ];
+    for (line, want) in cases {
+        std::fs::write(
+            &p,
+            format!("{{\"instruction\":\"ok\",\"output\":\"ok\"}}\n{line}\n"),
+        )
+        .unwrap();
+        let err = load(&p).unwrap_err().to_string();
+        assert!(err.contains("bad.jsonl:2:"), "{err}");
+        assert!(err.contains(want), "{err} should contain {want}");
+    }
+}
+
+fn stream(n: u32) -> TokenData {
+    TokenData {
+        tokens: (0..n).collect(),
+        loss_mask: None,
+    }
+}
+
+#[test]
+fn sequential_sampling_follows_the_offset_rule_and_wraps() {
+    let d = stream(10);
+    let name = Path::new("mem");
+    // step 1, B = 2, T = 3: sequences start at (1*2+0)*3 = 6 and (1*2+1)*3 = 9.
+    let b = draw_batch(&d, Sampling::Sequential, 1, 2, 3, name).unwrap();
+    assert_eq!(b.inputs, vec![6, 7, 8, 9, 0, 1]);
+    assert_eq!(b.targets, vec![7, 8, 9, 0, 1, 2]);
+    assert_eq!(b.counted(), 6);
+}
+
+#[test]
+fn random_sampling_is_seeded_and_in_range() {
+    let d = stream(50);
+    let name = Path::new("mem");
+    let a = draw_batch(&d, Sampling::Random { seed: 7 }, 3, 4, 8, name).unwrap();
+    let b = draw_batch(&d, Sampling::Random { seed: 7 }, 3, 4, 8, name).unwrap();
+    let c = draw_batch(&d, Sampling::Random { seed: 8 }, 3, 4, 8, name).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    for row in 0..4 {
+        let r = &a.inputs[row * 8..row * 8 + 8];
+        let t = &a.targets[row * 8..row * 8 + 8];
+        assert!(
+            r.windows(2).all(|w| w[1] == w[0] + 1),
+            "random windows never wrap: {r:?}"
+        );
+        assert!(r.iter().zip(t).all(|(&i, &t)| t == i as i32 + 1));
+    }
+}
+
+#[test]
+fn masked_targets_are_ignored_and_short_data_is_an_error() {
+    let mut d = stream(6);
+    d.loss_mask = Some(vec![true, false, true, true, false, true]);
+    let b = draw_batch(&d, Sampling::Sequential, 0, 1, 5, Path::new("mem")).unwrap();
+    assert_eq!(b.targets, vec![IGNORE_INDEX, 2, 3, IGNORE_INDEX, 5]);
+    let err = draw_batch(&d, Sampling::Sequential, 0, 1, 6, Path::new("short.txt")).unwrap_err();
+    assert!(err.to_string().contains("short.txt"), "{err}");
+}
+
+#[test]
+fn validation_split_takes_the_tail() {
+    let mut d = stream(20);
+    d.loss_mask = Some(vec![true; 20]);
+    let (t, v) = split_validation(d, 0.1).unwrap();
+    assert_eq!(t.tokens, (0..18).collect::<Vec<_>>());
+    assert_eq!(v.tokens, vec![18, 19]);
+    assert_eq!(v.loss_mask.unwrap().len(), 2);
+    assert!(split_validation(stream(3), 1.0).is_err());
+    assert!(split_validation(stream(3), -0.1).is_err());
+}
