@@ -2,17 +2,20 @@
 //! vocabulary, and [`CpuExecutor`], the reference semantics of every op.
 
 pub mod convert;
+pub mod cpu;
 mod dtype;
 mod error;
 mod executor;
 mod host;
 mod params;
 mod shape;
+pub mod testing;
 
+pub use cpu::{CpuExecutor, CpuTensor, F64Executor};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use executor::*;
+pub use half::{bf16, f16};
 pub use host::{HostData, HostTensor};
 pub use params::{ParamSpec, ParamTable};
 pub use shape::Shape;
-pub use half::{bf16, f16};

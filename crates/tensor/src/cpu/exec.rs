@@ -1,0 +1,598 @@
+//! [`Executor`] for the reference kernels: shape and dtype validation, then a
+//! call into [`reference`]. Nothing here panics on user input.
+
+use std::marker::PhantomData;
+
+use rayon::prelude::*;
+
+use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
+use crate::cpu::{CpuTensor, Real};
+use crate::{
+    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Error, Executor, HostTensor, MatmulGrads,
+    MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
+};
+
+/// The reference executor computing in `F`. Use the aliases.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RefExecutor<F>(PhantomData<F>);
+
+/// The f32 reference executor: the semantics every backend must match.
+pub type CpuExecutor = RefExecutor<f32>;
+/// The same kernels in f64.
+pub type F64Executor = RefExecutor<f64>;
+
+impl<F: Real> RefExecutor<F> {
+    pub const fn new() -> Self {
+        RefExecutor(PhantomData)
+    }
+}
+
+type T<F> = CpuTensor<F>;
+
+/// The values of a tensor that must be stored as f32 (activations, grads,
+/// norm weights, biases).
+fn f32_data<'a, F: Real>(op: &'static str, t: &'a T<F>) -> Result<&'a [F]> {
+    match t.dtype() {
+        DType::F32 => Ok(t.data()),
+        got => Err(Error::DType {
+            op,
+            expected: DType::F32,
+            got,
+        }),
+    }
+}
+
+fn same_shape<F>(op: &'static str, what: &str, a: &T<F>, b: &T<F>) -> Result<()> {
+    if a.shape() == b.shape() {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!("{what}: {} vs {}", a.shape(), b.shape()),
+        ))
+    }
+}
+
+fn out<F: Real>(shape: Shape, data: Vec<F>) -> T<F> {
+    T::new_unchecked(shape, data)
+}
+
+/// `[C]` weight matching the last dim of `x`, with `C > 0`.
+fn norm_weight<F: Real>(op: &'static str, x: &T<F>, w: &T<F>, name: &str) -> Result<()> {
+    let c = x.shape().last();
+    if x.dims().is_empty() || c == 0 {
+        return Err(Error::shape(
+            op,
+            format!("x {} has no last dimension to normalise", x.shape()),
+        ));
+    }
+    if w.dims() != [c] {
+        return Err(Error::shape(
+            op,
+            format!("{name} {} must be [{c}] for x {}", w.shape(), x.shape()),
+        ));
+    }
+    Ok(())
+}
+
+fn row_stat<F: Real>(op: &'static str, x: &T<F>, s: &T<F>, name: &str) -> Result<()> {
+    if s.numel() != x.shape().rows() {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{name} {} must hold one value per row of x {} ({})",
+                s.shape(),
+                x.shape(),
+                x.shape().rows()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Sizes and output shape of a matmul, from the operand shapes.
+fn matmul_dims<F>(op: &'static str, a: &T<F>, b: &T<F>, t: Transpose) -> Result<(MatmulDims, Shape)> {
+    let (ad, bd) = (a.dims(), b.dims());
+    let err = |why: &str| {
+        Error::shape(
+            op,
+            format!("a {} b {} (transpose {t:?}): {why}", a.shape(), b.shape()),
+        )
+    };
+    if ad.len() < 2 {
+        return Err(err("a must have rank >= 2"));
+    }
+    let lead = &ad[..ad.len() - 2];
+    let (m, k) = if t.a {
+        (ad[ad.len() - 1], ad[ad.len() - 2])
+    } else {
+        (ad[ad.len() - 2], ad[ad.len() - 1])
+    };
+    let b_batched = match bd.len() {
+        2 => false,
+        n if n == ad.len() && &bd[..n - 2] == lead => true,
+        _ => return Err(err("b must be 2-D or have the leading dims of a")),
+    };
+    let (bk, n) = if t.b {
+        (bd[bd.len() - 1], bd[bd.len() - 2])
+    } else {
+        (bd[bd.len() - 2], bd[bd.len() - 1])
+    };
+    if bk != k {
+        return Err(err(&format!("inner dims differ ({k} vs {bk})")));
+    }
+    let mut oshape = lead.to_vec();
+    oshape.extend([m, n]);
+    let batch = lead.iter().product();
+    Ok((
+        MatmulDims {
+            batch,
+            m,
+            k,
+            n,
+            b_batched,
+        },
+        Shape::new(oshape),
+    ))
+}
+
+fn rope_dims<F>(op: &'static str, x: &T<F>) -> Result<[usize; 4]> {
+    match *x.dims() {
+        [b, t, h, d] if d % 2 == 0 => Ok([b, t, h, d]),
+        [_, _, _, d] => Err(Error::shape(
+            op,
+            format!("x {}: head dim {d} must be even", x.shape()),
+        )),
+        _ => Err(Error::shape(op, format!("x {} must be [B, T, H, D]", x.shape()))),
+    }
+}
+
+fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDims> {
+    let err = |why: &str| {
+        Error::shape(
+            op,
+            format!("q {} k {} v {}: {why}", q.shape(), k.shape(), v.shape()),
+        )
+    };
+    let ([b, t, hq, d], [kb, kt, hkv, kd]) = (
+        <[usize; 4]>::try_from(q.dims()).map_err(|_| err("q must be [B, T, Hq, D]"))?,
+        <[usize; 4]>::try_from(k.dims()).map_err(|_| err("k must be [B, T, Hkv, D]"))?,
+    );
+    if k.shape() != v.shape() {
+        return Err(err("k and v shapes differ"));
+    }
+    if (kb, kt, kd) != (b, t, d) {
+        return Err(err("B, T and D of q and k/v differ"));
+    }
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(err("Hq must be a multiple of Hkv"));
+    }
+    Ok(AttnDims { b, t, hq, hkv, d })
+}
+
+impl<F: Real> Executor for RefExecutor<F> {
+    type Tensor = CpuTensor<F>;
+
+    fn name(&self) -> String {
+        format!(
+            "cpu-reference ({}, {} threads)",
+            F::NAME,
+            rayon::current_num_threads()
+        )
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<T<F>> {
+        Ok(T::from_host(t))
+    }
+
+    fn download(&self, t: &T<F>) -> Result<HostTensor> {
+        Ok(t.to_host())
+    }
+
+    fn zeros(&self, shape: &Shape) -> Result<T<F>> {
+        Ok(out(shape.clone(), vec![F::zero(); shape.numel()]))
+    }
+
+    fn reshape(&self, t: &T<F>, shape: &Shape) -> Result<T<F>> {
+        if shape.numel() != t.numel() {
+            return Err(Error::shape(
+                "reshape",
+                format!("{} to {}: element counts differ", t.shape(), shape),
+            ));
+        }
+        Ok(out(shape.clone(), t.data().to_vec()).with_dtype(t.dtype()))
+    }
+
+    fn slice_rows(&self, t: &T<F>, start: usize, len: usize) -> Result<T<F>> {
+        let (rows, last) = (t.shape().rows(), t.shape().last());
+        if start.checked_add(len).is_none_or(|end| end > rows) {
+            return Err(Error::shape(
+                "slice_rows",
+                format!("rows {start}..{start}+{len} of {}", t.shape()),
+            ));
+        }
+        let data = r::slice_rows(t.data(), last, start, len);
+        Ok(out(Shape::new([len, last]), data).with_dtype(t.dtype()))
+    }
+
+    fn write_rows(&self, dst: &mut T<F>, start: usize, src: &T<F>) -> Result<()> {
+        let (rows, last) = (dst.shape().rows(), dst.shape().last());
+        let n = src.shape().rows();
+        if src.shape().last() != last || start.checked_add(n).is_none_or(|end| end > rows) {
+            return Err(Error::shape(
+                "write_rows",
+                format!("src {} into rows {start}.. of dst {}", src.shape(), dst.shape()),
+            ));
+        }
+        if src.dtype() != dst.dtype() {
+            return Err(Error::DType {
+                op: "write_rows",
+                expected: dst.dtype(),
+                got: src.dtype(),
+            });
+        }
+        r::write_rows(dst.data_mut(), last, start, src.data());
+        Ok(())
+    }
+
+    fn split_last(&self, t: &T<F>, sizes: &[usize]) -> Result<Vec<T<F>>> {
+        let total: usize = sizes.iter().sum();
+        if t.dims().is_empty() || total != t.shape().last() {
+            return Err(Error::shape(
+                "split_last",
+                format!("sizes {sizes:?} of {}", t.shape()),
+            ));
+        }
+        // With a zero-width last dim every part is empty anyway.
+        let parts = if total == 0 {
+            sizes.iter().map(|_| Vec::new()).collect()
+        } else {
+            r::split_last(t.data(), sizes)
+        };
+        Ok(parts
+            .into_iter()
+            .zip(sizes)
+            .map(|(p, &s)| out(t.shape().with_last(s), p).with_dtype(t.dtype()))
+            .collect())
+    }
+
+    fn concat_last(&self, parts: &[&T<F>]) -> Result<T<F>> {
+        let Some(first) = parts.first() else {
+            return Err(Error::shape("concat_last", "no parts"));
+        };
+        let lead = first.dims().split_last().map(|(_, l)| l).unwrap_or(&[]);
+        for p in parts {
+            if p.dims().is_empty() || p.dims().split_last().map(|(_, l)| l) != Some(lead) {
+                let shapes: Vec<String> = parts.iter().map(|p| p.shape().to_string()).collect();
+                return Err(Error::shape(
+                    "concat_last",
+                    format!("leading dims differ: {}", shapes.join(", ")),
+                ));
+            }
+            if p.dtype() != first.dtype() {
+                return Err(Error::DType {
+                    op: "concat_last",
+                    expected: first.dtype(),
+                    got: p.dtype(),
+                });
+            }
+        }
+        let lasts: Vec<usize> = parts.iter().map(|p| p.shape().last()).collect();
+        let slices: Vec<&[F]> = parts.iter().map(|p| p.data()).collect();
+        let rows = first.shape().rows();
+        let total = lasts.iter().sum();
+        Ok(out(
+            first.shape().with_last(total),
+            r::concat_last(&slices, &lasts, rows),
+        )
+        .with_dtype(first.dtype()))
+    }
+
+    fn add(&self, a: &T<F>, b: &T<F>) -> Result<T<F>> {
+        same_shape("add", "a vs b", a, b)?;
+        let (x, y) = (f32_data("add", a)?, f32_data("add", b)?);
+        Ok(out(
+            a.shape().clone(),
+            x.par_iter().zip(y).map(|(&x, &y)| x + y).collect(),
+        ))
+    }
+
+    fn add_assign(&self, acc: &mut T<F>, x: &T<F>) -> Result<()> {
+        if acc.numel() != x.numel() {
+            return Err(Error::shape(
+                "add_assign",
+                format!("acc {} vs x {}", acc.shape(), x.shape()),
+            ));
+        }
+        f32_data("add_assign", acc)?;
+        let x = f32_data("add_assign", x)?;
+        acc.data_mut()
+            .par_iter_mut()
+            .zip(x)
+            .for_each(|(a, &x)| *a = *a + x);
+        Ok(())
+    }
+
+    fn scale(&self, x: &T<F>, s: f32) -> Result<T<F>> {
+        let s = F::from_f32(s);
+        Ok(out(
+            x.shape().clone(),
+            f32_data("scale", x)?.par_iter().map(|&v| v * s).collect(),
+        ))
+    }
+
+    fn matmul(&self, a: &T<F>, b: &T<F>, bias: Option<&T<F>>, t: Transpose) -> Result<T<F>> {
+        let (d, oshape) = matmul_dims("matmul", a, b, t)?;
+        let bias = match bias {
+            Some(bias) if bias.dims() != [d.n] => {
+                return Err(Error::shape(
+                    "matmul",
+                    format!("bias {} must be [{}]", bias.shape(), d.n),
+                ));
+            }
+            Some(bias) => Some(f32_data("matmul", bias)?),
+            None => None,
+        };
+        // `b` may be stored bf16/f16: its values are already decoded.
+        Ok(out(
+            oshape,
+            r::matmul(f32_data("matmul", a)?, b.data(), bias, d, t),
+        ))
+    }
+
+    fn matmul_backward(
+        &self,
+        a: &T<F>,
+        b: &T<F>,
+        dout: &T<F>,
+        t: Transpose,
+        needs: MatmulNeeds,
+    ) -> Result<MatmulGrads<T<F>>> {
+        let op = "matmul_backward";
+        let (d, oshape) = matmul_dims(op, a, b, t)?;
+        if dout.shape() != &oshape {
+            return Err(Error::shape(
+                op,
+                format!("dout {} must be {oshape}", dout.shape()),
+            ));
+        }
+        let g = r::matmul_backward(f32_data(op, a)?, b.data(), f32_data(op, dout)?, d, t, needs);
+        Ok(MatmulGrads {
+            da: g.da.map(|v| out(a.shape().clone(), v)),
+            db: g.db.map(|v| out(b.shape().clone(), v)),
+            dbias: g.dbias.map(|v| out(Shape::new([d.n]), v)),
+        })
+    }
+
+    fn rmsnorm(&self, x: &T<F>, w: &T<F>, eps: f32) -> Result<NormOut<T<F>>> {
+        norm_weight("rmsnorm", x, w, "w")?;
+        let (y, rstd) = r::rmsnorm(f32_data("rmsnorm", x)?, f32_data("rmsnorm", w)?, F::from_f32(eps));
+        Ok(NormOut {
+            y: out(x.shape().clone(), y),
+            mean: None,
+            rstd: out(Shape::new([rstd.len()]), rstd),
+        })
+    }
+
+    fn rmsnorm_backward(&self, x: &T<F>, w: &T<F>, rstd: &T<F>, dy: &T<F>) -> Result<NormGrads<T<F>>> {
+        let op = "rmsnorm_backward";
+        norm_weight(op, x, w, "w")?;
+        row_stat(op, x, rstd, "rstd")?;
+        same_shape(op, "x vs dy", x, dy)?;
+        let (dx, dw) = r::rmsnorm_backward(
+            f32_data(op, x)?,
+            f32_data(op, w)?,
+            f32_data(op, rstd)?,
+            f32_data(op, dy)?,
+        );
+        Ok(NormGrads {
+            dx: out(x.shape().clone(), dx),
+            dw: out(w.shape().clone(), dw),
+            db: None,
+        })
+    }
+
+    fn layernorm(&self, x: &T<F>, w: &T<F>, b: &T<F>, eps: f32) -> Result<NormOut<T<F>>> {
+        let op = "layernorm";
+        norm_weight(op, x, w, "w")?;
+        norm_weight(op, x, b, "b")?;
+        let (y, mean, rstd) = r::layernorm(
+            f32_data(op, x)?,
+            f32_data(op, w)?,
+            f32_data(op, b)?,
+            F::from_f32(eps),
+        );
+        let rows = Shape::new([rstd.len()]);
+        Ok(NormOut {
+            y: out(x.shape().clone(), y),
+            mean: Some(out(rows.clone(), mean)),
+            rstd: out(rows, rstd),
+        })
+    }
+
+    fn layernorm_backward(
+        &self,
+        x: &T<F>,
+        w: &T<F>,
+        mean: &T<F>,
+        rstd: &T<F>,
+        dy: &T<F>,
+    ) -> Result<NormGrads<T<F>>> {
+        let op = "layernorm_backward";
+        norm_weight(op, x, w, "w")?;
+        row_stat(op, x, mean, "mean")?;
+        row_stat(op, x, rstd, "rstd")?;
+        same_shape(op, "x vs dy", x, dy)?;
+        let (dx, dw, db) = r::layernorm_backward(
+            f32_data(op, x)?,
+            f32_data(op, w)?,
+            f32_data(op, mean)?,
+            f32_data(op, rstd)?,
+            f32_data(op, dy)?,
+        );
+        Ok(NormGrads {
+            dx: out(x.shape().clone(), dx),
+            dw: out(w.shape().clone(), dw),
+            db: Some(out(w.shape().clone(), db)),
+        })
+    }
+
+    fn rope(&self, x: &T<F>, rope: Rope) -> Result<T<F>> {
+        let dims = rope_dims("rope", x)?;
+        Ok(out(
+            x.shape().clone(),
+            r::rope(f32_data("rope", x)?, dims, rope.theta, rope.offset, false),
+        ))
+    }
+
+    fn rope_backward(&self, dy: &T<F>, rope: Rope) -> Result<T<F>> {
+        let dims = rope_dims("rope_backward", dy)?;
+        Ok(out(
+            dy.shape().clone(),
+            r::rope(
+                f32_data("rope_backward", dy)?,
+                dims,
+                rope.theta,
+                rope.offset,
+                true,
+            ),
+        ))
+    }
+
+    fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttentionOut<T<F>>> {
+        let op = "attention";
+        let d = attn_dims(op, q, k, v)?;
+        let (o, lse) = r::attention(f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?, d);
+        Ok(AttentionOut {
+            out: out(q.shape().clone(), o),
+            lse: out(Shape::new([d.b, d.hq, d.t]), lse),
+        })
+    }
+
+    fn attention_backward(
+        &self,
+        q: &T<F>,
+        k: &T<F>,
+        v: &T<F>,
+        fwd: &AttentionOut<T<F>>,
+        dout: &T<F>,
+    ) -> Result<AttentionGrads<T<F>>> {
+        let op = "attention_backward";
+        let d = attn_dims(op, q, k, v)?;
+        same_shape(op, "q vs out", q, &fwd.out)?;
+        same_shape(op, "q vs dout", q, dout)?;
+        if fwd.lse.dims() != [d.b, d.hq, d.t] {
+            return Err(Error::shape(
+                op,
+                format!("lse {} must be [{}, {}, {}]", fwd.lse.shape(), d.b, d.hq, d.t),
+            ));
+        }
+        let (dq, dk, dv) = r::attention_backward(
+            f32_data(op, q)?,
+            f32_data(op, k)?,
+            f32_data(op, v)?,
+            f32_data(op, &fwd.out)?,
+            f32_data(op, &fwd.lse)?,
+            f32_data(op, dout)?,
+            d,
+        );
+        Ok(AttentionGrads {
+            dq: out(q.shape().clone(), dq),
+            dk: out(k.shape().clone(), dk),
+            dv: out(v.shape().clone(), dv),
+        })
+    }
+
+    fn swiglu(&self, gate: &T<F>, up: &T<F>) -> Result<T<F>> {
+        same_shape("swiglu", "gate vs up", gate, up)?;
+        Ok(out(
+            gate.shape().clone(),
+            r::swiglu(f32_data("swiglu", gate)?, f32_data("swiglu", up)?),
+        ))
+    }
+
+    fn swiglu_backward(&self, gate: &T<F>, up: &T<F>, dy: &T<F>) -> Result<(T<F>, T<F>)> {
+        let op = "swiglu_backward";
+        same_shape(op, "gate vs up", gate, up)?;
+        same_shape(op, "gate vs dy", gate, dy)?;
+        let (dg, du) = r::swiglu_backward(f32_data(op, gate)?, f32_data(op, up)?, f32_data(op, dy)?);
+        Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
+    }
+
+    fn gelu(&self, x: &T<F>) -> Result<T<F>> {
+        Ok(out(x.shape().clone(), r::gelu(f32_data("gelu", x)?)))
+    }
+
+    fn gelu_backward(&self, x: &T<F>, dy: &T<F>) -> Result<T<F>> {
+        same_shape("gelu_backward", "x vs dy", x, dy)?;
+        Ok(out(
+            x.shape().clone(),
+            r::gelu_backward(f32_data("gelu_backward", x)?, f32_data("gelu_backward", dy)?),
+        ))
+    }
+
+    fn embedding(&self, ids: &[u32], table: &T<F>) -> Result<T<F>> {
+        let [_, c] = *table.dims() else {
+            return Err(Error::shape(
+                "embedding",
+                format!("table {} must be [V, C]", table.shape()),
+            ));
+        };
+        // The table may be stored bf16/f16: its values are already decoded.
+        Ok(out(
+            Shape::new([ids.len(), c]),
+            r::embedding(ids, table.data(), c)?,
+        ))
+    }
+
+    fn embedding_backward(&self, ids: &[u32], dout: &T<F>, dtable: &mut T<F>) -> Result<()> {
+        let op = "embedding_backward";
+        let [_, c] = *dtable.dims() else {
+            return Err(Error::shape(
+                op,
+                format!("dtable {} must be [V, C]", dtable.shape()),
+            ));
+        };
+        if dout.dims() != [ids.len(), c] {
+            return Err(Error::shape(
+                op,
+                format!("dout {} must be [{}, {c}]", dout.shape(), ids.len()),
+            ));
+        }
+        let dout = f32_data(op, dout)?;
+        f32_data(op, dtable)?;
+        r::embedding_backward(ids, dout, dtable.data_mut(), c)
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &T<F>,
+        targets: &[i32],
+        ignore_index: i32,
+        grad_scale: f32,
+    ) -> Result<CrossEntropyOut<T<F>>> {
+        let op = "cross_entropy";
+        let (rows, v) = (logits.shape().rows(), logits.shape().last());
+        if logits.dims().is_empty() || rows != targets.len() {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "logits {} ({rows} rows) vs {} targets",
+                    logits.shape(),
+                    targets.len()
+                ),
+            ));
+        }
+        let (losses, dlogits) = r::cross_entropy(
+            f32_data(op, logits)?,
+            targets,
+            v,
+            ignore_index,
+            F::from_f32(grad_scale),
+        )?;
+        Ok(CrossEntropyOut {
+            losses: out(Shape::new([rows]), losses),
+            dlogits: out(logits.shape().clone(), dlogits),
+        })
+    }
+}

@@ -1,0 +1,73 @@
+//! SwiGLU and GELU (tanh approximation), elementwise.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+
+/// Elementwise work below this size is not worth waking rayon for.
+const CHUNK: usize = 1 << 12;
+
+fn sigmoid<F: Real>(x: F) -> F {
+    (F::one() + (-x).exp()).recip()
+}
+
+fn map2<F: Real>(a: &[F], b: &[F], f: impl Fn(F, F) -> F + Sync) -> Vec<F> {
+    assert_eq!(a.len(), b.len(), "elementwise: lengths");
+    let mut y = vec![F::zero(); a.len()];
+    y.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK))
+        .zip(b.par_chunks(CHUNK))
+        .for_each(|((y, a), b)| {
+            y.iter_mut().zip(a).zip(b).for_each(|((y, &a), &b)| *y = f(a, b));
+        });
+    y
+}
+
+/// `silu(gate) · up`.
+pub fn swiglu<F: Real>(gate: &[F], up: &[F]) -> Vec<F> {
+    map2(gate, up, |g, u| g * sigmoid(g) * u)
+}
+
+/// Returns `(dgate, dup)` of [`swiglu`].
+pub fn swiglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<F>) {
+    assert_eq!(dy.len(), gate.len(), "swiglu_backward: dy length");
+    let gu: Vec<(F, F)> = gate.iter().copied().zip(up.iter().copied()).collect();
+    let pairs: Vec<(F, F)> = gu
+        .par_iter()
+        .zip(dy.par_iter())
+        .with_min_len(CHUNK)
+        .map(|(&(g, u), &dy)| {
+            let s = sigmoid(g);
+            let dsilu = s * (F::one() + g * (F::one() - s));
+            (dy * u * dsilu, dy * g * s)
+        })
+        .collect();
+    pairs.into_iter().unzip()
+}
+
+fn gelu_consts<F: Real>() -> (F, F) {
+    (
+        F::from_f64((2.0 / std::f64::consts::PI).sqrt()),
+        F::from_f64(0.044715),
+    )
+}
+
+/// `0.5 · x · (1 + tanh(sqrt(2/π) · (x + 0.044715 x³)))` (GPT-2 `gelu_new`).
+pub fn gelu<F: Real>(x: &[F]) -> Vec<F> {
+    let (c, a) = gelu_consts::<F>();
+    let half = F::from_f64(0.5);
+    map2(x, x, |x, _| {
+        half * x * (F::one() + (c * (x + a * x * x * x)).tanh())
+    })
+}
+
+/// `dx` of [`gelu`].
+pub fn gelu_backward<F: Real>(x: &[F], dy: &[F]) -> Vec<F> {
+    let (c, a) = gelu_consts::<F>();
+    let (half, three) = (F::from_f64(0.5), F::from_f64(3.0));
+    map2(x, dy, |x, dy| {
+        let th = (c * (x + a * x * x * x)).tanh();
+        let du = c * (F::one() + three * a * x * x);
+        dy * (half * (F::one() + th) + half * x * (F::one() - th * th) * du)
+    })
+}

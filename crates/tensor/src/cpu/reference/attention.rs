@@ -1,0 +1,165 @@
+//! Causal grouped-query attention. The forward keeps only the log-sum-exp of
+//! each query row; the backward recomputes probabilities from it, one row at
+//! a time, so no T×T matrix ever exists.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+
+/// `q: [b, t, hq, d]`, `k, v: [b, t, hkv, d]`, `hq` a multiple of `hkv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnDims {
+    pub b: usize,
+    pub t: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+}
+
+impl AttnDims {
+    fn check(&self, q: usize, kv: usize) {
+        assert!(
+            self.hkv > 0 && self.hq.is_multiple_of(self.hkv),
+            "attention: hq must be a multiple of hkv"
+        );
+        assert_eq!(q, self.b * self.t * self.hq * self.d, "attention: q length");
+        assert_eq!(kv, self.b * self.t * self.hkv * self.d, "attention: k/v length");
+    }
+
+    fn scale<F: Real>(&self) -> F {
+        F::from_f64(1.0 / (self.d as f64).sqrt())
+    }
+}
+
+fn dot<F: Real>(a: &[F], b: &[F]) -> F {
+    a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
+}
+
+/// Returns `(out [b, t, hq, d], lse [b, hq, t])` of causal
+/// `softmax(q kᵀ / sqrt(d)) v`; query head `h` reads kv head `h / (hq / hkv)`.
+pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, Vec<F>) {
+    let AttnDims { b, t, hq, hkv, d } = dm;
+    dm.check(q.len(), k.len());
+    assert_eq!(v.len(), k.len(), "attention: v length");
+    let group = hq / hkv;
+    let scale: F = dm.scale();
+    let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
+    let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
+
+    let heads: Vec<(Vec<F>, Vec<F>)> = (0..b * hq)
+        .into_par_iter()
+        .map(|bh| {
+            let (bi, h) = (bh / hq, bh % hq);
+            let g = h / group;
+            let mut out = vec![F::zero(); t * d];
+            let mut lse = vec![F::zero(); t];
+            let mut p = vec![F::zero(); t];
+            for ti in 0..t {
+                let qr = &q[qi(bi, ti, h)..][..d];
+                let p = &mut p[..=ti];
+                for (j, s) in p.iter_mut().enumerate() {
+                    *s = dot(qr, &k[ki(bi, j, g)..][..d]) * scale;
+                }
+                let mx = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
+                p.iter_mut().for_each(|s| *s = (*s - mx).exp());
+                let l: F = p.iter().copied().sum();
+                let o = &mut out[ti * d..(ti + 1) * d];
+                for (j, &pj) in p.iter().enumerate() {
+                    let w = pj / l;
+                    o.iter_mut()
+                        .zip(&v[ki(bi, j, g)..][..d])
+                        .for_each(|(o, &vv)| *o = *o + w * vv);
+                }
+                lse[ti] = mx + l.ln();
+            }
+            (out, lse)
+        })
+        .collect();
+
+    let mut out = vec![F::zero(); q.len()];
+    let mut lse = Vec::with_capacity(b * hq * t);
+    for (bh, (o, l)) in heads.into_iter().enumerate() {
+        let (bi, h) = (bh / hq, bh % hq);
+        for ti in 0..t {
+            out[qi(bi, ti, h)..][..d].copy_from_slice(&o[ti * d..(ti + 1) * d]);
+        }
+        lse.extend(l);
+    }
+    (out, lse)
+}
+
+/// Returns `(dq, dk, dv)` of [`attention`] given its `out`, `lse` and `dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<F: Real>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    out: &[F],
+    lse: &[F],
+    dout: &[F],
+    dm: AttnDims,
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let AttnDims { b, t, hq, hkv, d } = dm;
+    dm.check(q.len(), k.len());
+    assert!(
+        v.len() == k.len() && out.len() == q.len() && dout.len() == q.len(),
+        "attention_backward: lengths"
+    );
+    assert_eq!(lse.len(), b * hq * t, "attention_backward: lse length");
+    let group = hq / hkv;
+    let scale: F = dm.scale();
+    let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
+    let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
+
+    // One task per (batch, kv head): it owns dk/dv of that head and dq of
+    // the query heads that read it, so no two tasks write the same element.
+    let blocks: Vec<(Vec<F>, Vec<F>, Vec<F>)> = (0..b * hkv)
+        .into_par_iter()
+        .map(|bg| {
+            let (bi, g) = (bg / hkv, bg % hkv);
+            let mut dq = vec![F::zero(); group * t * d];
+            let mut dk = vec![F::zero(); t * d];
+            let mut dv = vec![F::zero(); t * d];
+            let mut p = vec![F::zero(); t];
+            for hl in 0..group {
+                let h = g * group + hl;
+                for ti in 0..t {
+                    let (qr, orow, gr) = (
+                        &q[qi(bi, ti, h)..][..d],
+                        &out[qi(bi, ti, h)..][..d],
+                        &dout[qi(bi, ti, h)..][..d],
+                    );
+                    let l = lse[(bi * hq + h) * t + ti];
+                    let delta = dot(gr, orow);
+                    let dqr = &mut dq[(hl * t + ti) * d..][..d];
+                    for (j, pj) in p[..=ti].iter_mut().enumerate() {
+                        let (kr, vr) = (&k[ki(bi, j, g)..][..d], &v[ki(bi, j, g)..][..d]);
+                        *pj = (dot(qr, kr) * scale - l).exp();
+                        let ds = *pj * (dot(gr, vr) - delta) * scale;
+                        dqr.iter_mut().zip(kr).for_each(|(a, &x)| *a = *a + ds * x);
+                        let dkr = &mut dk[j * d..(j + 1) * d];
+                        dkr.iter_mut().zip(qr).for_each(|(a, &x)| *a = *a + ds * x);
+                        let dvr = &mut dv[j * d..(j + 1) * d];
+                        dvr.iter_mut().zip(gr).for_each(|(a, &x)| *a = *a + *pj * x);
+                    }
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+
+    let mut dq = vec![F::zero(); q.len()];
+    let mut dk = vec![F::zero(); k.len()];
+    let mut dv = vec![F::zero(); v.len()];
+    for (bg, (bq, bk, bv)) in blocks.into_iter().enumerate() {
+        let (bi, g) = (bg / hkv, bg % hkv);
+        for ti in 0..t {
+            dk[ki(bi, ti, g)..][..d].copy_from_slice(&bk[ti * d..(ti + 1) * d]);
+            dv[ki(bi, ti, g)..][..d].copy_from_slice(&bv[ti * d..(ti + 1) * d]);
+            for hl in 0..group {
+                dq[qi(bi, ti, g * group + hl)..][..d].copy_from_slice(&bq[(hl * t + ti) * d..][..d]);
+            }
+        }
+    }
+    (dq, dk, dv)
+}

@@ -1,0 +1,236 @@
+//! Batched matmul through a real GEMM (`matrixmultiply`), with transposes
+//! expressed as strides so no operand is ever copied.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+use crate::{MatmulGrads, MatmulNeeds, Transpose};
+
+/// Sizes of `batch` products `op(a)[m, k] · op(b)[k, n]`. When `b_batched` is
+/// false one `b` is shared by every product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulDims {
+    pub batch: usize,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub b_batched: bool,
+}
+
+impl MatmulDims {
+    fn b_len(&self) -> usize {
+        if self.b_batched {
+            self.batch * self.k * self.n
+        } else {
+            self.k * self.n
+        }
+    }
+}
+
+type Strides = (usize, usize);
+
+/// Strides of op(a) as an `[m, k]` matrix.
+fn a_strides(d: &MatmulDims, t: Transpose) -> Strides {
+    if t.a { (1, d.m) } else { (d.k, 1) }
+}
+
+/// Strides of op(b) as a `[k, n]` matrix.
+fn b_strides(d: &MatmulDims, t: Transpose) -> Strides {
+    if t.b { (1, d.k) } else { (d.n, 1) }
+}
+
+fn swap((r, c): Strides) -> Strides {
+    (c, r)
+}
+
+/// One past the largest element offset a `rows × cols` strided view reads.
+fn span(rows: usize, cols: usize, (rs, cs): Strides) -> usize {
+    (rows - 1) * rs + (cols - 1) * cs + 1
+}
+
+/// `c = a · b + beta · c` on strided views, bounds-checked so that the
+/// unsafe GEMM call can only touch memory inside the slices.
+#[allow(clippy::too_many_arguments)]
+fn gemm<F: Real>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[F],
+    sa: Strides,
+    b: &[F],
+    sb: Strides,
+    beta: F,
+    c: &mut [F],
+    sc: Strides,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(span(m, n, sc) <= c.len(), "gemm: c view out of bounds");
+    if k == 0 {
+        for i in 0..m {
+            for j in 0..n {
+                let x = &mut c[i * sc.0 + j * sc.1];
+                *x = if beta == F::zero() { F::zero() } else { beta * *x };
+            }
+        }
+        return;
+    }
+    assert!(span(m, k, sa) <= a.len(), "gemm: a view out of bounds");
+    assert!(span(k, n, sb) <= b.len(), "gemm: b view out of bounds");
+    // SAFETY: the three views were bounds-checked above; `c` is a unique borrow.
+    unsafe {
+        F::gemm(
+            m,
+            k,
+            n,
+            F::one(),
+            a.as_ptr(),
+            sa.0 as isize,
+            sa.1 as isize,
+            b.as_ptr(),
+            sb.0 as isize,
+            sb.1 as isize,
+            beta,
+            c.as_mut_ptr(),
+            sc.0 as isize,
+            sc.1 as isize,
+        )
+    }
+}
+
+/// `op(a) · op(b) + bias`, output `[batch, m, n]`. `a` holds `batch` blocks of
+/// `[m, k]` (`[k, m]` when `t.a`), `b` one or `batch` blocks of `[k, n]`
+/// (`[n, k]` when `t.b`), `bias` is `[n]`.
+pub fn matmul<F: Real>(a: &[F], b: &[F], bias: Option<&[F]>, d: MatmulDims, t: Transpose) -> Vec<F> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
+    assert_eq!(a.len(), batch * m * k, "matmul: a length");
+    assert_eq!(b.len(), d.b_len(), "matmul: b length");
+    let mut c = vec![F::zero(); batch * m * n];
+    let (sa, sb) = (a_strides(&d, t), b_strides(&d, t));
+    if !t.a && !b_batched {
+        // Rows of every batch are contiguous: one large GEMM.
+        gemm(batch * m, k, n, a, sa, b, sb, F::zero(), &mut c, (n, 1));
+    } else {
+        for i in 0..batch {
+            let bi = if b_batched {
+                &b[i * k * n..(i + 1) * k * n]
+            } else {
+                b
+            };
+            let ci = &mut c[i * m * n..(i + 1) * m * n];
+            gemm(
+                m,
+                k,
+                n,
+                &a[i * m * k..(i + 1) * m * k],
+                sa,
+                bi,
+                sb,
+                F::zero(),
+                ci,
+                (n, 1),
+            );
+        }
+    }
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), n, "matmul: bias length");
+        if n > 0 {
+            c.par_chunks_mut(n)
+                .for_each(|row| row.iter_mut().zip(bias).for_each(|(y, &b)| *y = *y + b));
+        }
+    }
+    c
+}
+
+/// Gradients of [`matmul`] given `dout: [batch, m, n]`. `da` has the layout
+/// of `a`, `db` the layout of `b` (summed over the batch when `b` is shared),
+/// `dbias` is `[n]`.
+pub fn matmul_backward<F: Real>(
+    a: &[F],
+    b: &[F],
+    dout: &[F],
+    d: MatmulDims,
+    t: Transpose,
+    needs: MatmulNeeds,
+) -> MatmulGrads<Vec<F>> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
+    assert_eq!(a.len(), batch * m * k, "matmul_backward: a length");
+    assert_eq!(b.len(), d.b_len(), "matmul_backward: b length");
+    assert_eq!(dout.len(), batch * m * n, "matmul_backward: dout length");
+    let (sa, sb) = (a_strides(&d, t), b_strides(&d, t));
+    let fold = !t.a && !b_batched;
+
+    // d op(a) = dout · op(b)ᵀ, written straight into a's layout.
+    let da = needs.da.then(|| {
+        let mut da = vec![F::zero(); a.len()];
+        if fold {
+            gemm(batch * m, n, k, dout, (n, 1), b, swap(sb), F::zero(), &mut da, sa);
+        } else {
+            for i in 0..batch {
+                let bi = if b_batched {
+                    &b[i * k * n..(i + 1) * k * n]
+                } else {
+                    b
+                };
+                let dai = &mut da[i * m * k..(i + 1) * m * k];
+                gemm(
+                    m,
+                    n,
+                    k,
+                    &dout[i * m * n..(i + 1) * m * n],
+                    (n, 1),
+                    bi,
+                    swap(sb),
+                    F::zero(),
+                    dai,
+                    sa,
+                );
+            }
+        }
+        da
+    });
+
+    // d op(b) = op(a)ᵀ · dout, written straight into b's layout.
+    let db = needs.db.then(|| {
+        let mut db = vec![F::zero(); b.len()];
+        if fold {
+            gemm(k, batch * m, n, a, swap(sa), dout, (n, 1), F::zero(), &mut db, sb);
+        } else {
+            for i in 0..batch {
+                let (dbi, beta) = if b_batched {
+                    (&mut db[i * k * n..(i + 1) * k * n], F::zero())
+                } else {
+                    (&mut db[..], F::one())
+                };
+                let (ai, di) = (&a[i * m * k..(i + 1) * m * k], &dout[i * m * n..(i + 1) * m * n]);
+                gemm(k, m, n, ai, swap(sa), di, (n, 1), beta, dbi, sb);
+            }
+        }
+        db
+    });
+
+    let dbias = needs.dbias.then(|| {
+        let mut s = vec![F::zero(); n];
+        if n > 0 {
+            for row in dout.chunks(n) {
+                s.iter_mut().zip(row).for_each(|(s, &g)| *s = *s + g);
+            }
+        }
+        s
+    });
+
+    MatmulGrads { da, db, dbias }
+}

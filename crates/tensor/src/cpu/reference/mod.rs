@@ -1,0 +1,24 @@
+//! Reference kernels, generic over the scalar type ([`Real`](crate::cpu::Real):
+//! f32 or f64), on plain row-major slices. Sizes come in as arguments and
+//! are asserted: callers that take sizes from user input validate them first
+//! (the [`RefExecutor`](crate::cpu::RefExecutor) does, returning
+//! [`Error::Shape`](crate::Error::Shape)). Data-dependent failures (token
+//! ids, targets) are returned as errors.
+
+mod activation;
+mod attention;
+mod embedding;
+mod layout;
+mod loss;
+mod matmul;
+mod norm;
+mod rope;
+
+pub use activation::{gelu, gelu_backward, swiglu, swiglu_backward};
+pub use attention::{AttnDims, attention, attention_backward};
+pub use embedding::{embedding, embedding_backward};
+pub use layout::{concat_last, slice_rows, split_last, write_rows};
+pub use loss::cross_entropy;
+pub use matmul::{MatmulDims, matmul, matmul_backward};
+pub use norm::{layernorm, layernorm_backward, rmsnorm, rmsnorm_backward};
+pub use rope::rope;

@@ -1,0 +1,134 @@
+//! RMSNorm and LayerNorm over the last dimension, forward and exact backward.
+//! Rows are independent; weight gradients are reduced over rows per rayon
+//! split and then summed.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+
+fn mean<F: Real>(xs: impl Iterator<Item = F>, n: usize) -> F {
+    xs.fold(F::zero(), |a, x| a + x) / F::from_f64(n as f64)
+}
+
+fn add_into<F: Real>(mut a: Vec<F>, b: Vec<F>) -> Vec<F> {
+    a.iter_mut().zip(b).for_each(|(a, b)| *a = *a + b);
+    a
+}
+
+/// Returns `(y, rstd)`: `y = x · rstd · w`, `rstd = 1 / sqrt(mean(x²) + eps)`
+/// per row of length `w.len()` (which must be nonzero).
+pub fn rmsnorm<F: Real>(x: &[F], w: &[F], eps: F) -> (Vec<F>, Vec<F>) {
+    let c = w.len();
+    assert!(c > 0 && x.len().is_multiple_of(c), "rmsnorm: x length");
+    let mut y = vec![F::zero(); x.len()];
+    let mut rstd = vec![F::zero(); x.len() / c];
+    y.par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(rstd.par_iter_mut())
+        .for_each(|((yr, xr), r)| {
+            *r = (mean(xr.iter().map(|&v| v * v), c) + eps).sqrt().recip();
+            for ((y, &x), &w) in yr.iter_mut().zip(xr).zip(w) {
+                *y = x * *r * w;
+            }
+        });
+    (y, rstd)
+}
+
+/// Returns `(dx, dw)` of [`rmsnorm`].
+pub fn rmsnorm_backward<F: Real>(x: &[F], w: &[F], rstd: &[F], dy: &[F]) -> (Vec<F>, Vec<F>) {
+    let c = w.len();
+    assert!(
+        c > 0 && x.len() == rstd.len() * c && dy.len() == x.len(),
+        "rmsnorm_backward: lengths"
+    );
+    let mut dx = vec![F::zero(); x.len()];
+    let dw = dx
+        .par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(dy.par_chunks(c))
+        .zip(rstd.par_iter())
+        .fold(
+            || vec![F::zero(); c],
+            |mut dw, (((dxr, xr), dyr), &r)| {
+                // dx = r·w·dy − x · r³ · mean(dy·w·x)
+                let m = mean(xr.iter().zip(dyr).zip(w).map(|((&x, &g), &w)| g * w * x), c);
+                let r3m = r * r * r * m;
+                for (i, dx) in dxr.iter_mut().enumerate() {
+                    *dx = r * w[i] * dyr[i] - xr[i] * r3m;
+                    dw[i] = dw[i] + dyr[i] * xr[i] * r;
+                }
+                dw
+            },
+        )
+        .reduce(|| vec![F::zero(); c], add_into);
+    (dx, dw)
+}
+
+/// Returns `(y, mean, rstd)`: `y = (x − mean) · rstd · w + b` per row, with
+/// the biased variance, `rstd = 1 / sqrt(var + eps)`.
+pub fn layernorm<F: Real>(x: &[F], w: &[F], b: &[F], eps: F) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let c = w.len();
+    assert!(
+        c > 0 && x.len().is_multiple_of(c) && b.len() == c,
+        "layernorm: lengths"
+    );
+    let rows = x.len() / c;
+    let mut y = vec![F::zero(); x.len()];
+    let mut stats = vec![(F::zero(), F::zero()); rows];
+    y.par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(stats.par_iter_mut())
+        .for_each(|((yr, xr), st)| {
+            let mu = mean(xr.iter().copied(), c);
+            let var = mean(xr.iter().map(|&v| (v - mu) * (v - mu)), c);
+            let r = (var + eps).sqrt().recip();
+            for (i, y) in yr.iter_mut().enumerate() {
+                *y = (xr[i] - mu) * r * w[i] + b[i];
+            }
+            *st = (mu, r);
+        });
+    let (mean, rstd) = stats.into_iter().unzip();
+    (y, mean, rstd)
+}
+
+/// Returns `(dx, dw, db)` of [`layernorm`].
+pub fn layernorm_backward<F: Real>(
+    x: &[F],
+    w: &[F],
+    mean_: &[F],
+    rstd: &[F],
+    dy: &[F],
+) -> (Vec<F>, Vec<F>, Vec<F>) {
+    let c = w.len();
+    let rows = rstd.len();
+    assert!(
+        c > 0 && x.len() == rows * c && mean_.len() == rows && dy.len() == x.len(),
+        "layernorm_backward: lengths"
+    );
+    let mut dx = vec![F::zero(); x.len()];
+    let (dw, db) = dx
+        .par_chunks_mut(c)
+        .zip(x.par_chunks(c))
+        .zip(dy.par_chunks(c))
+        .zip(mean_.par_iter().zip(rstd.par_iter()))
+        .fold(
+            || (vec![F::zero(); c], vec![F::zero(); c]),
+            |(mut dw, mut db), (((dxr, xr), dyr), (&mu, &r))| {
+                // dx = r · (g − mean(g) − x̂ · mean(g · x̂)) with g = dy · w.
+                let xhat = |i: usize| (xr[i] - mu) * r;
+                let mg = mean((0..c).map(|i| dyr[i] * w[i]), c);
+                let mgx = mean((0..c).map(|i| dyr[i] * w[i] * xhat(i)), c);
+                for (i, dx) in dxr.iter_mut().enumerate() {
+                    *dx = r * (dyr[i] * w[i] - mg - xhat(i) * mgx);
+                    dw[i] = dw[i] + dyr[i] * xhat(i);
+                    db[i] = db[i] + dyr[i];
+                }
+                (dw, db)
+            },
+        )
+        .reduce(
+            || (vec![F::zero(); c], vec![F::zero(); c]),
+            |a, b| (add_into(a.0, b.0), add_into(a.1, b.1)),
+        );
+    (dx, dw, db)
+}

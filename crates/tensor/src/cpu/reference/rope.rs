@@ -1,0 +1,54 @@
+//! Rotary position embedding, Hugging Face `rotate_half` (half-split) layout
+//! over the whole head dimension.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+
+/// `(cos, sin)` tables `[t, d/2]`. Angles are formed in f64 whatever `F` is,
+/// so the f32 reference differs from exact only by the final rounding.
+fn tables<F: Real>(t: usize, d: usize, theta: f64, offset: usize) -> (Vec<F>, Vec<F>) {
+    let half = d / 2;
+    let mut cos = Vec::with_capacity(t * half);
+    let mut sin = Vec::with_capacity(t * half);
+    for ti in 0..t {
+        let pos = (offset + ti) as f64;
+        for i in 0..half {
+            let inv_freq = theta.powf(-((2 * i) as f64) / d as f64);
+            let angle = pos * inv_freq;
+            cos.push(F::from_f64(angle.cos()));
+            sin.push(F::from_f64(angle.sin()));
+        }
+    }
+    (cos, sin)
+}
+
+/// Rotates `x: [b, t, h, d]` (`dims`), token `ti` at position `offset + ti`:
+/// for `i < d/2`, `y[i] = x[i]·cos − x[i+d/2]·sin` and
+/// `y[i+d/2] = x[i+d/2]·cos + x[i]·sin`. With `inverse` the angle is negated,
+/// which is the backward (the rotation is orthogonal). `d` must be even.
+pub fn rope<F: Real>(x: &[F], dims: [usize; 4], theta: f64, offset: usize, inverse: bool) -> Vec<F> {
+    let [b, t, h, d] = dims;
+    assert!(d % 2 == 0, "rope: head dim {d} is odd");
+    assert_eq!(x.len(), b * t * h * d, "rope: x length");
+    let mut y = vec![F::zero(); x.len()];
+    if d == 0 {
+        return y;
+    }
+    let half = d / 2;
+    let (cos, sin) = tables::<F>(t, d, theta, offset);
+    y.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .enumerate()
+        .for_each(|(row, (yr, xr))| {
+            let ti = (row / h) % t;
+            let (c, s) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+            for i in 0..half {
+                let s = if inverse { -s[i] } else { s[i] };
+                let (x1, x2) = (xr[i], xr[i + half]);
+                yr[i] = x1 * c[i] - x2 * s;
+                yr[i + half] = x2 * c[i] + x1 * s;
+            }
+        });
+    y
+}

@@ -1,0 +1,86 @@
+//! Small helpers for tests across the workspace: seeded random data without
+//! a `rand` dependency, error norms and central finite differences.
+
+use crate::{HostTensor, Shape};
+
+/// A tiny deterministic generator (SplitMix64): same seed, same numbers on
+/// every platform.
+#[derive(Debug, Clone)]
+pub struct SeededRng(u64);
+
+impl SeededRng {
+    pub fn new(seed: u64) -> Self {
+        SeededRng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[-1, 1)`, 53 random bits.
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+}
+
+/// `n` values uniform in `[-1, 1)` as f64.
+pub fn random_f64(seed: u64, n: usize) -> Vec<f64> {
+    let mut r = SeededRng::new(seed);
+    (0..n).map(|_| r.uniform()).collect()
+}
+
+/// `n` values uniform in `[-1, 1)` as f32 (the f32 roundings of
+/// [`random_f64`] with the same seed).
+pub fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    random_f64(seed, n).into_iter().map(|x| x as f32).collect()
+}
+
+/// An f32 host tensor of `shape` filled by [`random_f32`].
+pub fn random_tensor(seed: u64, shape: impl Into<Shape>) -> HostTensor {
+    let shape = shape.into();
+    let data = random_f32(seed, shape.numel());
+    HostTensor::from_f32(shape, data).expect("length matches shape")
+}
+
+/// `‖a − b‖ / max(‖b‖, tiny)`: the error of `a` relative to reference `b`.
+/// Panics if the lengths differ (a test bug, not a numerical result).
+pub fn rel_norm_err<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
+    assert_eq!(a.len(), b.len(), "rel_norm_err: lengths differ");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y): (f64, f64) = (x.into(), y.into());
+        num += (x - y) * (x - y);
+        den += y * y;
+    }
+    num.sqrt() / den.sqrt().max(1e-300)
+}
+
+/// Central differences `(f(x + h eᵢ) − f(x − h eᵢ)) / 2h` for every `i`.
+pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
+    let mut xp = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            xp[i] = x[i] + h;
+            let fp = f(&xp);
+            xp[i] = x[i] - h;
+            let fm = f(&xp);
+            xp[i] = x[i];
+            (fp - fm) / (2.0 * h)
+        })
+        .collect()
+}
+
+/// `Σ a·b` in f64: the scalar objective `⟨output, cotangent⟩` of gradient checks.
+pub fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
+    assert_eq!(a.len(), b.len(), "dot: lengths differ");
+    a.iter().zip(b).map(|(&x, &y)| x.into() * y.into()).sum()
+}

@@ -1,0 +1,214 @@
+//! Bad input gives typed errors naming the op and the culprit, never a panic.
+
+use megatrain_tensor::testing::random_tensor;
+use megatrain_tensor::{
+    CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
+};
+
+const EX: CpuExecutor = CpuExecutor::new();
+
+fn r(seed: u64, shape: &[usize]) -> CpuTensor<f32> {
+    EX.upload(&random_tensor(seed, shape.to_vec())).unwrap()
+}
+
+fn shape_err<T: std::fmt::Debug>(res: megatrain_tensor::Result<T>, op: &str) -> String {
+    match res {
+        Err(e @ Error::Shape { op: o, .. }) if o == op => e.to_string(),
+        other => panic!("expected a shape error from {op}, got {other:?}"),
+    }
+}
+
+#[test]
+fn matmul_shape_errors() {
+    let a = r(1, &[2, 3]);
+    let msg = shape_err(EX.matmul(&a, &r(2, &[4, 5]), None, Transpose::NN), "matmul");
+    assert!(msg.contains("[2, 3]") && msg.contains("[4, 5]"), "{msg}");
+    shape_err(
+        EX.matmul(&r(1, &[3]), &r(2, &[3, 5]), None, Transpose::NN),
+        "matmul",
+    );
+    shape_err(
+        EX.matmul(&a, &r(2, &[3, 5]), Some(&r(3, &[4])), Transpose::NN),
+        "matmul",
+    );
+    // batched b must share a's leading dims
+    shape_err(
+        EX.matmul(&r(1, &[2, 2, 3]), &r(2, &[3, 3, 5]), None, Transpose::NN),
+        "matmul",
+    );
+    shape_err(
+        EX.matmul(&r(1, &[2, 2, 3]), &r(2, &[1, 2, 3, 5]), None, Transpose::NN),
+        "matmul",
+    );
+    // transposes change which dims must agree
+    assert!(EX.matmul(&a, &r(2, &[5, 3]), None, Transpose::NT).is_ok());
+    shape_err(EX.matmul(&a, &r(2, &[3, 5]), None, Transpose::NT), "matmul");
+    shape_err(
+        EX.matmul_backward(
+            &a,
+            &r(2, &[3, 5]),
+            &r(3, &[2, 4]),
+            Transpose::NN,
+            MatmulNeeds::ALL,
+        ),
+        "matmul_backward",
+    );
+}
+
+#[test]
+fn norm_shape_errors() {
+    let x = r(1, &[2, 4]);
+    shape_err(EX.rmsnorm(&x, &r(2, &[3]), 1e-5), "rmsnorm");
+    shape_err(EX.layernorm(&x, &r(2, &[4]), &r(3, &[5]), 1e-5), "layernorm");
+    shape_err(EX.rmsnorm(&r(1, &[2, 0]), &r(2, &[0]), 1e-5), "rmsnorm");
+    let o = EX.rmsnorm(&x, &r(2, &[4]), 1e-5).unwrap();
+    shape_err(
+        EX.rmsnorm_backward(&x, &r(2, &[4]), &r(3, &[3]), &x),
+        "rmsnorm_backward",
+    );
+    shape_err(
+        EX.rmsnorm_backward(&x, &r(2, &[4]), &o.rstd, &r(3, &[4, 2])),
+        "rmsnorm_backward",
+    );
+}
+
+#[test]
+fn rope_errors() {
+    let msg = shape_err(
+        EX.rope(
+            &r(1, &[1, 2, 3, 5]),
+            Rope {
+                theta: 1e4,
+                offset: 0,
+            },
+        ),
+        "rope",
+    );
+    assert!(msg.contains("5"), "{msg}");
+    shape_err(
+        EX.rope(
+            &r(1, &[2, 3, 4]),
+            Rope {
+                theta: 1e4,
+                offset: 0,
+            },
+        ),
+        "rope",
+    );
+    shape_err(
+        EX.rope_backward(
+            &r(1, &[1, 1, 1, 3]),
+            Rope {
+                theta: 1e4,
+                offset: 0,
+            },
+        ),
+        "rope_backward",
+    );
+}
+
+#[test]
+fn attention_errors() {
+    let q = r(1, &[1, 3, 3, 4]);
+    let kv = r(2, &[1, 3, 2, 4]);
+    shape_err(EX.attention(&q, &kv, &kv), "attention"); // 3 heads over 2
+    shape_err(
+        EX.attention(&r(1, &[1, 3, 2, 4]), &r(2, &[1, 3, 2, 5]), &r(3, &[1, 3, 2, 5])),
+        "attention",
+    );
+    shape_err(
+        EX.attention(&r(1, &[1, 3, 2, 4]), &kv, &r(3, &[1, 2, 2, 4])),
+        "attention",
+    );
+    shape_err(
+        EX.attention(&r(1, &[1, 3, 2, 4]), &r(2, &[1, 3, 0, 4]), &r(3, &[1, 3, 0, 4])),
+        "attention",
+    );
+    let q = r(1, &[1, 3, 2, 4]);
+    let mut fw = EX.attention(&q, &kv, &kv).unwrap();
+    fw.lse = r(4, &[1, 3, 2]);
+    shape_err(EX.attention_backward(&q, &kv, &kv, &fw, &q), "attention_backward");
+}
+
+#[test]
+fn token_out_of_range_names_id_and_position() {
+    let table = r(1, &[5, 2]);
+    match EX.embedding(&[0, 4, 5, 1], &table) {
+        Err(Error::TokenOutOfRange {
+            id: 5,
+            pos: 2,
+            vocab: 5,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let mut dt = EX.zeros(&Shape::new([5, 2])).unwrap();
+    let before = dt.clone();
+    let err = EX
+        .embedding_backward(&[1, 9], &r(2, &[2, 2]), &mut dt)
+        .unwrap_err();
+    assert!(err.to_string().contains("token id 9 at position 1"), "{err}");
+    assert_eq!(dt, before, "nothing is written when an id is bad");
+    shape_err(
+        EX.embedding_backward(&[1], &r(2, &[2, 2]), &mut dt),
+        "embedding_backward",
+    );
+    shape_err(EX.embedding(&[0], &r(1, &[10])), "embedding");
+}
+
+#[test]
+fn bad_target_is_named() {
+    let logits = r(1, &[3, 4]);
+    let err = EX.cross_entropy(&logits, &[0, 4, 1], -100, 1.0).unwrap_err();
+    assert!(
+        matches!(err, Error::Invalid { .. }) && err.to_string().contains("target 4 at row 1"),
+        "{err}"
+    );
+    let err = EX.cross_entropy(&logits, &[0, -3, 1], -100, 1.0).unwrap_err();
+    assert!(err.to_string().contains("target -3"), "{err}");
+    shape_err(EX.cross_entropy(&logits, &[0, 1], -100, 1.0), "cross_entropy");
+}
+
+#[test]
+fn data_movement_errors() {
+    let x = r(1, &[4, 3]);
+    shape_err(EX.slice_rows(&x, 3, 2), "slice_rows");
+    shape_err(EX.slice_rows(&x, usize::MAX, 2), "slice_rows");
+    let mut d = x.clone();
+    shape_err(EX.write_rows(&mut d, 3, &r(2, &[2, 3])), "write_rows");
+    shape_err(EX.write_rows(&mut d, 0, &r(2, &[2, 4])), "write_rows");
+    shape_err(EX.split_last(&x, &[1, 1]), "split_last");
+    shape_err(EX.concat_last(&[&x, &r(2, &[3, 3])]), "concat_last");
+    shape_err(EX.concat_last(&[]), "concat_last");
+    shape_err(EX.reshape(&x, &Shape::new([5, 2])), "reshape");
+    shape_err(EX.add(&x, &r(2, &[3, 4])), "add");
+    shape_err(EX.add_assign(&mut d, &r(2, &[13])), "add_assign");
+    shape_err(EX.swiglu(&x, &r(2, &[3, 4])), "swiglu");
+    shape_err(EX.gelu_backward(&x, &r(2, &[3, 4])), "gelu_backward");
+}
+
+#[test]
+fn bf16_is_refused_where_f32_is_required() {
+    let h = HostTensor::from_f32(vec![2, 2], vec![1.0; 4])
+        .unwrap()
+        .to_dtype(DType::BF16);
+    let xb = EX.upload(&h).unwrap();
+    let x = r(1, &[2, 2]);
+    assert!(matches!(
+        EX.add(&x, &xb),
+        Err(Error::DType {
+            op: "add",
+            got: DType::BF16,
+            ..
+        })
+    ));
+    assert!(matches!(
+        EX.matmul(&xb, &x, None, Transpose::NN),
+        Err(Error::DType { .. })
+    ));
+    assert!(matches!(
+        EX.write_rows(&mut x.clone(), 0, &xb),
+        Err(Error::DType { .. })
+    ));
+    assert!(EX.matmul(&x, &xb, None, Transpose::NN).is_ok());
+}

@@ -1,0 +1,314 @@
+//! Hand-computed cases for the f32 reference executor.
+
+use megatrain_tensor::testing::{random_tensor, rel_norm_err};
+use megatrain_tensor::{
+    CpuExecutor, DType, Executor, HostTensor, Rope, Shape, TensorHandle, Transpose, bf16,
+};
+
+const EX: CpuExecutor = CpuExecutor::new();
+
+fn up(shape: &[usize], data: &[f32]) -> megatrain_tensor::CpuTensor<f32> {
+    EX.upload(&HostTensor::from_f32(shape.to_vec(), data.to_vec()).unwrap())
+        .unwrap()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol, "element {i}: {x} vs {y}\n{a:?}\n{b:?}");
+    }
+}
+
+#[test]
+fn matmul_2x2_every_transpose_and_bias() {
+    // a = [[1,2],[3,4]], b = [[5,6],[7,8]]
+    let (a, b) = (up(&[2, 2], &[1., 2., 3., 4.]), up(&[2, 2], &[5., 6., 7., 8.]));
+    let bias = up(&[2], &[10., 20.]);
+    let cases = [
+        (Transpose::NN, [19., 22., 43., 50.]),
+        (Transpose::NT, [17., 23., 39., 53.]),
+        (Transpose::TN, [26., 30., 38., 44.]),
+        (Transpose::TT, [23., 31., 34., 46.]),
+    ];
+    for (t, want) in cases {
+        assert_eq!(EX.matmul(&a, &b, None, t).unwrap().data(), want, "{t:?}");
+    }
+    assert_eq!(
+        EX.matmul(&a, &b, Some(&bias), Transpose::NN).unwrap().data(),
+        [29., 42., 53., 70.]
+    );
+}
+
+#[test]
+fn matmul_bf16_b_is_decoded() {
+    let a = up(&[1, 2], &[1., 2.]);
+    let b32 = HostTensor::from_f32(vec![2, 1], vec![0.5, 3.0]).unwrap();
+    let b = EX.upload(&b32.to_dtype(DType::BF16)).unwrap();
+    assert_eq!(b.dtype(), DType::BF16);
+    assert_eq!(EX.matmul(&a, &b, None, Transpose::NN).unwrap().data(), [6.5]);
+    // download keeps the stored dtype
+    let back = EX.download(&b).unwrap();
+    assert_eq!(back.dtype(), DType::BF16);
+    assert_eq!(back.to_f32_vec(), [0.5, 3.0]);
+    let _ = bf16::ONE;
+}
+
+#[test]
+fn batched_matmul_matches_per_batch_products() {
+    let a = EX.upload(&random_tensor(1, [3, 4, 5])).unwrap();
+    let b = EX.upload(&random_tensor(2, [3, 5, 2])).unwrap();
+    let y = EX.matmul(&a, &b, None, Transpose::NN).unwrap();
+    assert_eq!(y.dims(), [3, 4, 2]);
+    for i in 0..3 {
+        let ai = EX
+            .slice_rows(&EX.reshape(&a, &Shape::new([12, 5])).unwrap(), 4 * i, 4)
+            .unwrap();
+        let bi = EX
+            .slice_rows(&EX.reshape(&b, &Shape::new([15, 2])).unwrap(), 5 * i, 5)
+            .unwrap();
+        let yi = EX.matmul(&ai, &bi, None, Transpose::NN).unwrap();
+        close(yi.data(), &y.data()[8 * i..8 * (i + 1)], 1e-6);
+    }
+}
+
+#[test]
+fn rmsnorm_of_3_4() {
+    let x = up(&[1, 2], &[3., 4.]);
+    let w = up(&[2], &[1., 2.]);
+    let o = EX.rmsnorm(&x, &w, 0.0).unwrap();
+    // mean square 12.5, rms sqrt(12.5)
+    let r = 1.0 / 12.5f32.sqrt();
+    close(o.rstd.data(), &[r], 1e-7);
+    close(o.y.data(), &[3. * r, 8. * r], 1e-6);
+    assert!(o.mean.is_none());
+}
+
+#[test]
+fn layernorm_of_3_4() {
+    let x = up(&[1, 2], &[3., 4.]);
+    let (w, b) = (up(&[2], &[1., 2.]), up(&[2], &[0.5, -0.5]));
+    let o = EX.layernorm(&x, &w, &b, 0.0).unwrap();
+    // mean 3.5, var 0.25, rstd 2: x̂ = [-1, 1]
+    close(o.mean.unwrap().data(), &[3.5], 0.0);
+    close(o.rstd.data(), &[2.0], 1e-6);
+    close(o.y.data(), &[-0.5, 1.5], 1e-6);
+}
+
+#[test]
+fn cross_entropy_of_a_known_row() {
+    let logits = up(&[2, 3], &[1., 2., 3., 0., 0., 0.]);
+    let o = EX.cross_entropy(&logits, &[2, -1], -1, 0.5).unwrap();
+    let z = 1f32.exp() + 2f32.exp() + 3f32.exp();
+    let p = [1f32.exp() / z, 2f32.exp() / z, 3f32.exp() / z];
+    close(o.losses.data(), &[-(p[2].ln()), 0.0], 1e-6);
+    close(
+        o.dlogits.data(),
+        &[0.5 * p[0], 0.5 * p[1], 0.5 * (p[2] - 1.0), 0., 0., 0.],
+        1e-6,
+    );
+    // uniform logits: loss ln V
+    let o = EX.cross_entropy(&up(&[1, 4], &[7.; 4]), &[1], -100, 1.0).unwrap();
+    close(o.losses.data(), &[4f32.ln()], 1e-6);
+}
+
+#[test]
+fn cross_entropy_is_stable_for_huge_logits() {
+    let o = EX
+        .cross_entropy(&up(&[1, 3], &[1e30, 0., -1e30]), &[0], -100, 1.0)
+        .unwrap();
+    assert_eq!(o.losses.data(), [0.0]);
+    assert!(o.dlogits.data().iter().all(|g| g.is_finite()));
+}
+
+#[test]
+fn rope_at_position_zero_is_identity_and_rotates_later() {
+    let x = EX.upload(&random_tensor(3, [1, 1, 2, 4])).unwrap();
+    let y = EX
+        .rope(
+            &x,
+            Rope {
+                theta: 10000.0,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    assert_eq!(y.data(), x.data());
+    // Position 1, D = 2: a single frequency 1, angle 1 rad.
+    let x = up(&[1, 2, 1, 2], &[0., 0., 1., 0.]);
+    let y = EX
+        .rope(
+            &x,
+            Rope {
+                theta: 10000.0,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    close(y.data(), &[0., 0., 1f32.cos(), 1f32.sin()], 1e-7);
+    // offset shifts positions: token 0 at offset 1 equals token 1 at offset 0.
+    let y1 = EX
+        .rope(
+            &up(&[1, 1, 1, 2], &[1., 0.]),
+            Rope {
+                theta: 10000.0,
+                offset: 1,
+            },
+        )
+        .unwrap();
+    close(y1.data(), &y.data()[2..], 0.0);
+    // the backward undoes the forward
+    let x = EX.upload(&random_tensor(4, [2, 3, 2, 6])).unwrap();
+    let rope = Rope {
+        theta: 500.0,
+        offset: 11,
+    };
+    let back = EX.rope_backward(&EX.rope(&x, rope).unwrap(), rope).unwrap();
+    close(back.data(), x.data(), 1e-6);
+}
+
+#[test]
+fn rope_second_frequency_uses_theta() {
+    // D = 4: frequencies 1 and theta^(-1/2) = 0.01 for theta = 10000.
+    let x = up(
+        &[1, 4, 1, 4],
+        &[0.; 16]
+            .iter()
+            .enumerate()
+            .map(|(i, _)| if i % 4 == 1 { 1.0 } else { 0.0 })
+            .collect::<Vec<_>>(),
+    );
+    let y = EX
+        .rope(
+            &x,
+            Rope {
+                theta: 10000.0,
+                offset: 0,
+            },
+        )
+        .unwrap();
+    let a = 3.0f64 * 0.01;
+    close(&y.data()[12..], &[0., a.cos() as f32, 0., a.sin() as f32], 1e-7);
+}
+
+#[test]
+fn attention_with_one_token_returns_v() {
+    let q = EX.upload(&random_tensor(1, [2, 1, 4, 3])).unwrap();
+    let k = EX.upload(&random_tensor(2, [2, 1, 2, 3])).unwrap();
+    let v = EX.upload(&random_tensor(3, [2, 1, 2, 3])).unwrap();
+    let o = EX.attention(&q, &k, &v).unwrap();
+    let vd = v.data();
+    for b in 0..2 {
+        for h in 0..4 {
+            let g = h / 2;
+            close(
+                &o.out.data()[(b * 4 + h) * 3..][..3],
+                &vd[(b * 2 + g) * 3..][..3],
+                0.0,
+            );
+        }
+    }
+    assert_eq!(o.lse.dims(), [2, 4, 1]);
+}
+
+#[test]
+fn attention_is_causal_and_averages_equal_scores() {
+    // q = 0 gives equal scores: token t outputs the mean of v[0..=t]; lse = ln(t + 1).
+    let q = up(&[1, 3, 1, 2], &[0.; 6]);
+    let k = EX.upload(&random_tensor(5, [1, 3, 1, 2])).unwrap();
+    let v = up(&[1, 3, 1, 2], &[1., 2., 3., 4., 5., 6.]);
+    let o = EX.attention(&q, &k, &v).unwrap();
+    close(o.out.data(), &[1., 2., 2., 3., 3., 4.], 1e-6);
+    close(o.lse.data(), &[0., 2f32.ln(), 3f32.ln()], 1e-6);
+}
+
+#[test]
+fn activations_known_values() {
+    let x = up(&[3], &[0., 1., -1.]);
+    let s = |v: f32| 1.0 / (1.0 + (-v).exp());
+    let y = EX.swiglu(&x, &up(&[3], &[2., 2., 2.])).unwrap();
+    close(y.data(), &[0., 2. * s(1.), -2. * s(-1.)], 1e-6);
+    let g = EX.gelu(&x).unwrap();
+    let gelu =
+        |v: f32| 0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+    close(g.data(), &[0., gelu(1.), gelu(-1.)], 1e-6);
+    close(&g.data()[1..2], &[0.841192], 1e-5);
+}
+
+#[test]
+fn embedding_gathers_and_scatter_accumulates() {
+    let table = up(&[3, 2], &[0., 1., 10., 11., 20., 21.]);
+    let e = EX.embedding(&[2, 0, 2], &table).unwrap();
+    assert_eq!(e.data(), [20., 21., 0., 1., 20., 21.]);
+    let mut dt = up(&[3, 2], &[1.; 6]);
+    EX.embedding_backward(&[2, 0, 2], &up(&[3, 2], &[1., 2., 3., 4., 5., 6.]), &mut dt)
+        .unwrap();
+    assert_eq!(dt.data(), [4., 5., 1., 1., 7., 9.]);
+    // bf16 tables gather decoded values
+    let tb = EX
+        .upload(
+            &HostTensor::from_f32(vec![2, 1], vec![1.5, -2.0])
+                .unwrap()
+                .to_dtype(DType::BF16),
+        )
+        .unwrap();
+    assert_eq!(EX.embedding(&[1], &tb).unwrap().data(), [-2.0]);
+}
+
+#[test]
+fn data_movement_round_trips() {
+    let x = EX.upload(&random_tensor(7, [2, 3, 7])).unwrap();
+    let parts = EX.split_last(&x, &[2, 0, 5]).unwrap();
+    assert_eq!(
+        parts.iter().map(|p| p.dims().to_vec()).collect::<Vec<_>>(),
+        [[2, 3, 2], [2, 3, 0], [2, 3, 5]]
+    );
+    let back = EX.concat_last(&parts.iter().collect::<Vec<_>>()).unwrap();
+    assert_eq!(back, x);
+    let s = EX.slice_rows(&x, 2, 3).unwrap();
+    assert_eq!(s.dims(), [3, 7]);
+    assert_eq!(s.data(), &x.data()[14..35]);
+    let mut z = EX.zeros(&Shape::new([6, 7])).unwrap();
+    EX.write_rows(&mut z, 1, &s).unwrap();
+    assert_eq!(&z.data()[7..28], s.data());
+    assert!(z.data()[..7].iter().chain(&z.data()[28..]).all(|&v| v == 0.0));
+    let r = EX.reshape(&x, &Shape::new([42])).unwrap();
+    assert_eq!((r.dims(), r.data()), ([42].as_slice(), x.data()));
+    let host = random_tensor(8, [3, 2]);
+    assert_eq!(EX.download(&EX.upload(&host).unwrap()).unwrap(), host);
+}
+
+#[test]
+fn elementwise_ops() {
+    let (a, b) = (up(&[2, 2], &[1., 2., 3., 4.]), up(&[2, 2], &[10., 20., 30., 40.]));
+    assert_eq!(EX.add(&a, &b).unwrap().data(), [11., 22., 33., 44.]);
+    assert_eq!(EX.scale(&a, -2.0).unwrap().data(), [-2., -4., -6., -8.]);
+    let mut acc = a.clone();
+    EX.add_assign(&mut acc, &EX.reshape(&b, &Shape::new([4])).unwrap())
+        .unwrap();
+    assert_eq!(acc.data(), [11., 22., 33., 44.]);
+    assert_eq!(acc.dims(), [2, 2]);
+}
+
+#[test]
+fn f64_and_f32_executors_agree_on_random_inputs() {
+    use megatrain_tensor::F64Executor;
+    let e64 = F64Executor::new();
+    let hq = random_tensor(1, [2, 5, 4, 6]);
+    let hk = random_tensor(2, [2, 5, 2, 6]);
+    let hv = random_tensor(3, [2, 5, 2, 6]);
+    let o32 = EX
+        .attention(
+            &EX.upload(&hq).unwrap(),
+            &EX.upload(&hk).unwrap(),
+            &EX.upload(&hv).unwrap(),
+        )
+        .unwrap();
+    let o64 = e64
+        .attention(
+            &e64.upload(&hq).unwrap(),
+            &e64.upload(&hk).unwrap(),
+            &e64.upload(&hv).unwrap(),
+        )
+        .unwrap();
+    assert!(rel_norm_err(o32.out.data(), o64.out.data()) < 1e-6);
+}

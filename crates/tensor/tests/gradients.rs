@@ -1,0 +1,222 @@
+//! Every backward of the reference executor against central finite
+//! differences, computed in f64 through the same code path (`F64Executor`).
+//! The scalar objective is Σ output · cotangent with a random cotangent.
+
+use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
+use megatrain_tensor::{CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, Shape, TensorHandle, Transpose};
+
+type T = CpuTensor<f64>;
+const EX: F64Executor = F64Executor::new();
+
+fn rand_t(seed: u64, shape: &[usize]) -> T {
+    T::from_vec(shape.to_vec(), random_f64(seed, Shape::from(shape).numel())).unwrap()
+}
+
+fn t(shape: &[usize], data: &[f64]) -> T {
+    T::from_vec(shape.to_vec(), data.to_vec()).unwrap()
+}
+
+/// Checks `analytic[i]` against finite differences of `f` with respect to
+/// input `i`, every other input held fixed.
+fn grad_check(name: &str, inputs: &[T], analytic: &[&[f64]], f: impl Fn(&[T]) -> f64) {
+    assert_eq!(inputs.len(), analytic.len());
+    for (i, an) in analytic.iter().enumerate() {
+        let shape = inputs[i].shape().clone();
+        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
+            let mut ins = inputs.to_vec();
+            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
+            f(&ins)
+        });
+        let err = rel_norm_err(an, &num);
+        assert!(
+            err < 1e-7,
+            "{name}: input {i}: relative error {err:e}\nanalytic {an:?}\nnumeric {num:?}"
+        );
+    }
+}
+
+#[test]
+fn matmul_all_transposes_bias_and_batching() {
+    let (m, k, n) = (3, 4, 5);
+    let mut seed = 100;
+    for t in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT] {
+        for lead in [vec![], vec![2usize]] {
+            for b_batched in [false, true] {
+                if lead.is_empty() && b_batched {
+                    continue;
+                }
+                for with_bias in [false, true] {
+                    seed += 10;
+                    let mut ad = lead.clone();
+                    ad.extend(if t.a { [k, m] } else { [m, k] });
+                    let mut bd = if b_batched { lead.clone() } else { vec![] };
+                    bd.extend(if t.b { [n, k] } else { [k, n] });
+                    let (a, b, bias) = (rand_t(seed, &ad), rand_t(seed + 1, &bd), rand_t(seed + 2, &[n]));
+                    let y = EX.matmul(&a, &b, with_bias.then_some(&bias), t).unwrap();
+                    let cot = rand_t(seed + 3, y.dims());
+                    let g = EX.matmul_backward(&a, &b, &cot, t, MatmulNeeds::ALL).unwrap();
+                    let (da, db, dbias) = (g.da.unwrap(), g.db.unwrap(), g.dbias.unwrap());
+                    assert_eq!((da.shape(), db.shape()), (a.shape(), b.shape()));
+                    let name = format!("matmul {t:?} lead {lead:?} b_batched {b_batched} bias {with_bias}");
+                    let f = |x: &[T]| {
+                        let bias = if with_bias { Some(&x[2]) } else { None };
+                        dot(EX.matmul(&x[0], &x[1], bias, t).unwrap().data(), cot.data())
+                    };
+                    if with_bias {
+                        grad_check(&name, &[a, b, bias], &[da.data(), db.data(), dbias.data()], f);
+                    } else {
+                        grad_check(&name, &[a, b], &[da.data(), db.data()], f);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_backward_produces_only_what_is_needed() {
+    let (a, b) = (rand_t(1, &[2, 3]), rand_t(2, &[3, 4]));
+    let dout = rand_t(3, &[2, 4]);
+    let needs = MatmulNeeds {
+        da: false,
+        db: true,
+        dbias: false,
+    };
+    let g = EX.matmul_backward(&a, &b, &dout, Transpose::NN, needs).unwrap();
+    assert!(g.da.is_none() && g.db.is_some() && g.dbias.is_none());
+}
+
+#[test]
+fn rmsnorm_backward() {
+    let (x, w) = (rand_t(1, &[2, 3, 7]), rand_t(2, &[7]));
+    let fw = EX.rmsnorm(&x, &w, 1e-5).unwrap();
+    let cot = rand_t(3, &[2, 3, 7]);
+    let g = EX.rmsnorm_backward(&x, &w, &fw.rstd, &cot).unwrap();
+    assert!(g.db.is_none());
+    grad_check("rmsnorm", &[x, w], &[g.dx.data(), g.dw.data()], |i| {
+        dot(EX.rmsnorm(&i[0], &i[1], 1e-5).unwrap().y.data(), cot.data())
+    });
+}
+
+#[test]
+fn layernorm_backward() {
+    let (x, w, b) = (rand_t(4, &[5, 6]), rand_t(5, &[6]), rand_t(6, &[6]));
+    let fw = EX.layernorm(&x, &w, &b, 1e-5).unwrap();
+    let cot = rand_t(7, &[5, 6]);
+    let g = EX
+        .layernorm_backward(&x, &w, fw.mean.as_ref().unwrap(), &fw.rstd, &cot)
+        .unwrap();
+    grad_check(
+        "layernorm",
+        &[x, w, b],
+        &[g.dx.data(), g.dw.data(), g.db.as_ref().unwrap().data()],
+        |i| {
+            dot(
+                EX.layernorm(&i[0], &i[1], &i[2], 1e-5).unwrap().y.data(),
+                cot.data(),
+            )
+        },
+    );
+}
+
+#[test]
+fn rope_backward_with_offset() {
+    let rope = Rope {
+        theta: 10000.0,
+        offset: 7,
+    };
+    let x = rand_t(8, &[2, 3, 2, 6]);
+    let cot = rand_t(9, &[2, 3, 2, 6]);
+    let dx = EX.rope_backward(&cot, rope).unwrap();
+    grad_check("rope", &[x], &[dx.data()], |i| {
+        dot(EX.rope(&i[0], rope).unwrap().data(), cot.data())
+    });
+}
+
+fn attention_check(b: usize, tt: usize, hq: usize, hkv: usize, d: usize, seed: u64) {
+    let q = rand_t(seed, &[b, tt, hq, d]);
+    let k = rand_t(seed + 1, &[b, tt, hkv, d]);
+    let v = rand_t(seed + 2, &[b, tt, hkv, d]);
+    let fw = EX.attention(&q, &k, &v).unwrap();
+    let cot = rand_t(seed + 3, &[b, tt, hq, d]);
+    let g = EX.attention_backward(&q, &k, &v, &fw, &cot).unwrap();
+    let name = format!("attention b{b} t{tt} hq{hq} hkv{hkv} d{d}");
+    grad_check(&name, &[q, k, v], &[g.dq.data(), g.dk.data(), g.dv.data()], |i| {
+        dot(EX.attention(&i[0], &i[1], &i[2]).unwrap().out.data(), cot.data())
+    });
+}
+
+#[test]
+fn attention_backward_mha_and_gqa() {
+    attention_check(2, 5, 2, 2, 3, 10);
+    attention_check(1, 4, 4, 2, 4, 20);
+    attention_check(2, 3, 4, 1, 2, 30);
+}
+
+#[test]
+fn swiglu_backward() {
+    let (g, u) = (rand_t(1, &[3, 5]), rand_t(2, &[3, 5]));
+    let cot = rand_t(3, &[3, 5]);
+    let (dg, du) = EX.swiglu_backward(&g, &u, &cot).unwrap();
+    grad_check("swiglu", &[g, u], &[dg.data(), du.data()], |i| {
+        dot(EX.swiglu(&i[0], &i[1]).unwrap().data(), cot.data())
+    });
+}
+
+#[test]
+fn gelu_backward() {
+    // Spread inputs over [-4, 4] to cover both tails.
+    let x = t(
+        &[2, 8],
+        &random_f64(4, 16).iter().map(|v| 4.0 * v).collect::<Vec<_>>(),
+    );
+    let cot = rand_t(5, &[2, 8]);
+    let dx = EX.gelu_backward(&x, &cot).unwrap();
+    grad_check("gelu", &[x], &[dx.data()], |i| {
+        dot(EX.gelu(&i[0]).unwrap().data(), cot.data())
+    });
+}
+
+#[test]
+fn embedding_backward_is_the_gradient_of_the_gather() {
+    let ids = [3u32, 0, 3, 4, 1, 3];
+    let table = rand_t(6, &[5, 4]);
+    let cot = rand_t(7, &[ids.len(), 4]);
+    // Accumulates: starting from a nonzero dtable adds the gradient to it.
+    let start = rand_t(8, &[5, 4]);
+    let mut dtable = start.clone();
+    EX.embedding_backward(&ids, &cot, &mut dtable).unwrap();
+    let grad: Vec<f64> = dtable
+        .data()
+        .iter()
+        .zip(start.data())
+        .map(|(a, b)| a - b)
+        .collect();
+    grad_check("embedding", &[table], &[&grad], |i| {
+        dot(EX.embedding(&ids, &i[0]).unwrap().data(), cot.data())
+    });
+}
+
+#[test]
+fn cross_entropy_gradient_with_ignored_rows() {
+    let logits = t(
+        &[4, 6],
+        &random_f64(9, 24).iter().map(|v| 3.0 * v).collect::<Vec<_>>(),
+    );
+    let targets = [2, -100, 5, 0];
+    let scale = 1.0 / 3.0;
+    let out = EX.cross_entropy(&logits, &targets, -100, scale as f32).unwrap();
+    let scale = scale as f32 as f64;
+    // Objective: the scaled mean loss; its gradient is exactly dlogits.
+    grad_check("cross_entropy", &[logits], &[out.dlogits.data()], |i| {
+        scale
+            * EX.cross_entropy(&i[0], &targets, -100, 1.0)
+                .unwrap()
+                .losses
+                .data()
+                .iter()
+                .sum::<f64>()
+    });
+    assert_eq!(out.losses.data()[1], 0.0);
+    assert!(out.dlogits.data()[6..12].iter().all(|&g| g == 0.0));
+}
