@@ -1,1 +1,50 @@
-//! megatrain-tier: see ARCHITECTURE.md. Filled by its own issue.
+//! megatrain-tier: the host-memory tier.
+//!
+//! One [`LayerSlab`] per layer holds, laid out by the layer's
+//! [`ParamTable`](megatrain_tensor::ParamTable):
+//!
+//! - fp32 parameters (the master weights),
+//! - fp32 AdamW `m` and `v`,
+//! - the transport copy that is uploaded to the GPU, bf16 or f32
+//!   ([`TransportDType`]), rewritten from the params after each update,
+//! - an fp32 gradient block only when [`TierConfig::hold_grads`] is set.
+//!
+//! Every block is an [`AlignedBuf`]: page-aligned, allocated once, zeroed by
+//! the kernel on first touch (anonymous memory maps rather than
+//! `alloc_zeroed`, which `memset`s page-aligned blocks and so touches every
+//! page twice). Host bytes per parameter are therefore p 4 + m 4 + v 4 +
+//! transport 2 or 4 (+ 4 with held gradients), plus at most one page per
+//! block of padding; [`MemoryReport`] counts them exactly by kind.
+//!
+//! A RAM budget ([`TierConfig::ram_budget_bytes`]) decides placement: layers
+//! keep p/m/v in RAM in order until the next one would not fit; it and all
+//! later layers map theirs from sparse files in [`TierConfig::spill_dir`].
+//! Transport copies always stay in RAM because every forward and backward
+//! reads them, whereas the optimizer touches p/m/v once per step,
+//! sequentially. [`plan`] computes the same report without allocating.
+//!
+//! Checkpoints ([`save_checkpoint`], [`load_checkpoint`]) are safetensors
+//! written atomically (temp file, fsync, rename, directory fsync), with a
+//! `latest` pointer per run directory. [`rss`] reads the process's current
+//! and peak resident set size for the bytes-per-parameter measurement.
+
+pub mod atomic;
+mod buf;
+mod checkpoint;
+mod error;
+mod report;
+pub mod rss;
+mod slab;
+mod tier;
+
+pub use buf::{AlignedBuf, Backing, Element, PAGE, padded_bytes};
+pub use checkpoint::{
+    CheckpointMeta, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
+    exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
+};
+pub use error::{Result, TierError};
+pub use report::{BytesByKind, MemoryReport};
+pub use slab::{
+    LayerSlab, SlabMut, Transport, TransportDType, TransportMut, TransportRef, refresh_transport,
+};
+pub use tier::{HostTier, TierConfig, plan};

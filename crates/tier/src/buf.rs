@@ -1,0 +1,281 @@
+//! Page-aligned, zero-initialised element buffers, in RAM or in a
+//! memory-mapped spill file, behind one slice interface.
+//!
+//! RAM buffers are anonymous memory maps, not `std::alloc` allocations:
+//! `alloc_zeroed` with a 4096-byte alignment cannot use `calloc` and
+//! `memset`s the whole block, touching every page of the moments before the
+//! optimizer writes them. An anonymous map is zero-filled by the kernel on
+//! first touch, so a page becomes resident exactly once, when it is first
+//! written. Disk buffers are shared maps of a sparse file (zero until
+//! written) whose name is unlinked right after mapping on Unix, so a crash
+//! leaves nothing behind in the spill directory.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+
+use crate::error::{IoContext, Result};
+
+/// Alignment (and size granularity) of every buffer.
+pub const PAGE: usize = 4096;
+
+/// Element types a buffer may hold: plain data whose all-zero bit pattern is
+/// the value 0.
+pub trait Element: bytemuck::Pod + Send + Sync + 'static {}
+impl Element for f32 {}
+impl Element for half::bf16 {}
+
+/// Bytes a buffer of `numel` elements of `elem_size` bytes occupies:
+/// rounded up to whole pages, 0 for an empty buffer.
+pub const fn padded_bytes(numel: usize, elem_size: usize) -> u64 {
+    let b = (numel * elem_size) as u64;
+    b.div_ceil(PAGE as u64) * PAGE as u64
+}
+
+/// Where a buffer lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    Ram,
+    /// A memory-mapped file created in this directory.
+    Disk(PathBuf),
+}
+
+/// An owned, page-aligned, zero-initialised buffer of `len` elements.
+pub struct AlignedBuf<T: Element> {
+    map: Option<MmapMut>,
+    len: usize,
+    on_disk: bool,
+    /// The spill file's name where it could not be unlinked at creation.
+    #[cfg_attr(unix, allow(dead_code))]
+    path: Option<PathBuf>,
+    _elem: std::marker::PhantomData<T>,
+}
+
+static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl<T: Element> AlignedBuf<T> {
+    /// A zeroed buffer in RAM.
+    pub fn zeroed(len: usize) -> Result<Self> {
+        let bytes = Self::bytes_for(len);
+        let map = if bytes == 0 {
+            None
+        } else {
+            Some(
+                MmapOptions::new()
+                    .len(bytes)
+                    .map_anon()
+                    .at("<anonymous memory>")?,
+            )
+        };
+        Ok(AlignedBuf {
+            map,
+            len,
+            on_disk: false,
+            path: None,
+            _elem: std::marker::PhantomData,
+        })
+    }
+
+    /// A zeroed buffer backed by a new sparse file in `dir`; `label` goes
+    /// into the file name to make stray files recognisable.
+    pub fn zeroed_on_disk(len: usize, dir: &Path, label: &str) -> Result<Self> {
+        let bytes = Self::bytes_for(len);
+        if bytes == 0 {
+            let mut b = Self::zeroed(0)?;
+            b.on_disk = true;
+            return Ok(b);
+        }
+        let n = SPILL_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("megatrain-spill-{}-{n}-{label}.bin", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .at(&path)?;
+        file.set_len(bytes as u64).at(&path)?;
+        // SAFETY: the file was just created by us with `create_new` and (on
+        // Unix) is unlinked below, so no other process can change its size
+        // or contents under the map.
+        let map = unsafe { MmapOptions::new().len(bytes).map_mut(&file) }.at(&path)?;
+        #[cfg(unix)]
+        let path = {
+            std::fs::remove_file(&path).at(&path)?;
+            None
+        };
+        #[cfg(not(unix))]
+        let path = Some(path);
+        Ok(AlignedBuf {
+            map: Some(map),
+            len,
+            on_disk: true,
+            path,
+            _elem: std::marker::PhantomData,
+        })
+    }
+
+    pub fn new(len: usize, backing: &Backing, label: &str) -> Result<Self> {
+        match backing {
+            Backing::Ram => Self::zeroed(len),
+            Backing::Disk(dir) => Self::zeroed_on_disk(len, dir, label),
+        }
+    }
+
+    fn bytes_for(len: usize) -> usize {
+        padded_bytes(len, size_of::<T>()) as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn is_on_disk(&self) -> bool {
+        self.on_disk
+    }
+
+    /// Bytes reserved (whole pages), which is what the memory report counts.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.map.as_ref().map_or(0, |m| m.len() as u64)
+    }
+
+    pub fn as_slice(&self) -> &[T] {
+        match &self.map {
+            Some(m) => bytemuck::cast_slice(&m[..self.len * size_of::<T>()]),
+            None => &[],
+        }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        match &mut self.map {
+            Some(m) => bytemuck::cast_slice_mut(&mut m[..self.len * size_of::<T>()]),
+            None => &mut [],
+        }
+    }
+
+    /// Raw bytes of the elements (native endianness).
+    pub fn as_bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(self.as_slice())
+    }
+
+    /// Writes dirty pages of a disk-backed buffer to its file; a no-op in RAM.
+    /// Spill files are scratch space, so this is only useful to bound the
+    /// amount of dirty page cache, never for durability.
+    pub fn flush(&self) -> Result<()> {
+        match &self.map {
+            Some(m) if self.on_disk => m.flush().at("<spill file>"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl<T: Element> std::ops::Deref for AlignedBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for AlignedBuf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.as_mut_slice()
+    }
+}
+
+impl<T: Element> std::fmt::Debug for AlignedBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("elem", &std::any::type_name::<T>())
+            .field("on_disk", &self.on_disk)
+            .finish()
+    }
+}
+
+impl<T: Element> Drop for AlignedBuf<T> {
+    fn drop(&mut self) {
+        // Unmap before removing the file (required on Windows).
+        self.map.take();
+        #[cfg(not(unix))]
+        if let Some(p) = self.path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn page_aligned_zeroed_and_padded() {
+        for len in [1usize, 7, 1023, 1024, 1025, 5000] {
+            let mut b = AlignedBuf::<f32>::zeroed(len).unwrap();
+            assert_eq!(b.as_ptr() as usize % PAGE, 0, "len {len}");
+            assert!(b.iter().all(|&x| x.to_bits() == 0));
+            assert_eq!(b.reserved_bytes(), padded_bytes(len, 4));
+            assert_eq!(b.reserved_bytes() % PAGE as u64, 0);
+            assert!(b.reserved_bytes() >= 4 * len as u64);
+            b[len - 1] = 3.5;
+            assert_eq!(b.as_slice()[len - 1], 3.5);
+            let h = AlignedBuf::<bf16>::zeroed(len).unwrap();
+            assert_eq!(h.as_ptr() as usize % PAGE, 0);
+            assert_eq!(h.reserved_bytes(), padded_bytes(len, 2));
+        }
+        let e = AlignedBuf::<f32>::zeroed(0).unwrap();
+        assert!(e.is_empty());
+        assert_eq!(e.reserved_bytes(), 0);
+        assert_eq!(padded_bytes(1024, 4), 4096);
+        assert_eq!(padded_bytes(1025, 4), 8192);
+    }
+
+    #[test]
+    fn disk_buffer_is_zeroed_writable_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut b = AlignedBuf::<f32>::zeroed_on_disk(3001, dir.path(), "test").unwrap();
+        assert!(b.is_on_disk());
+        assert_eq!(b.as_ptr() as usize % PAGE, 0);
+        assert!(b.iter().all(|&x| x == 0.0));
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        b.flush().unwrap();
+        assert!(b.iter().enumerate().all(|(i, &x)| x == i as f32));
+        #[cfg(unix)]
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        drop(b);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn missing_spill_dir_names_the_path() {
+        let err =
+            AlignedBuf::<f32>::zeroed_on_disk(10, Path::new("/nonexistent/megatrain"), "x").unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/megatrain"), "{err}");
+    }
+
+    /// A fresh buffer must not be resident: its pages are touched only when
+    /// the trainer writes them (the 14 B/param budget depends on it).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn zeroed_allocation_does_not_touch_pages() {
+        let len = 64 << 20; // 256 MiB of f32
+        let before = crate::rss::current_rss_bytes().unwrap();
+        let b = AlignedBuf::<f32>::zeroed(len).unwrap();
+        let after = crate::rss::current_rss_bytes().unwrap();
+        assert_eq!(b.len(), len);
+        // Other tests run concurrently and allocate a little; 256 MiB touched
+        // would dwarf that.
+        assert!(
+            after.saturating_sub(before) < 32 << 20,
+            "rss grew {}",
+            after - before
+        );
+    }
+}

@@ -1,0 +1,479 @@
+//! Checkpoints: a directory with
+//!
+//! - `model.safetensors`: every parameter under its Hugging Face name, f32
+//!   (loadable by HF tooling; `__metadata__` has `format: pt`);
+//! - `optimizer.safetensors`: `<param>.exp_avg` and `<param>.exp_avg_sq`
+//!   (AdamW `m` and `v`, f32) and `megatrain.layer_steps` (u64, one AdamW
+//!   step count per layer);
+//! - `checkpoint.json`: format tag, layer and parameter counts, and the
+//!   trainer's own metadata under `extra`. Written last: a directory without
+//!   it is an incomplete checkpoint and does not load.
+//!
+//! Every file goes through a temporary file in the same directory that is
+//! synced and renamed ([`crate::atomic`]). Tensors are serialised straight
+//! from the slabs (no second in-memory copy of the model); safetensors is
+//! little-endian, which is the slabs' native layout on every target we
+//! build for (big-endian hosts get a converted copy per tensor).
+//!
+//! A run directory names its current checkpoint in a `latest` file
+//! ([`write_latest`], [`read_latest`]), replaced atomically after the
+//! checkpoint is complete.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use serde_json::{Value, json};
+
+use crate::atomic::{persist, sync_dir, temp_path, write_atomic};
+use crate::error::{IoContext, Result, TierError};
+use crate::tier::HostTier;
+
+pub const MODEL_FILE: &str = "model.safetensors";
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub const META_FILE: &str = "checkpoint.json";
+pub const LATEST_FILE: &str = "latest";
+pub const STEPS_TENSOR: &str = "megatrain.layer_steps";
+const FORMAT: &str = "megatrain-checkpoint";
+const VERSION: u64 = 1;
+
+/// What a checkpoint says about itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointMeta {
+    pub n_layers: usize,
+    pub n_params: u64,
+    /// AdamW step count per layer (filled by [`load_checkpoint`]; empty from
+    /// [`read_checkpoint_meta`], which reads only the JSON).
+    pub layer_steps: Vec<u64>,
+    /// The trainer's metadata, passed through unchanged.
+    pub extra: Value,
+}
+
+/// The optimizer-file names of a parameter's moments.
+pub fn exp_avg_name(param: &str) -> String {
+    format!("{param}.exp_avg")
+}
+
+pub fn exp_avg_sq_name(param: &str) -> String {
+    format!("{param}.exp_avg_sq")
+}
+
+/// A tensor to serialise, borrowing the slab.
+enum Out<'a> {
+    F32 { shape: &'a [usize], data: &'a [f32] },
+    U64 { shape: [usize; 1], data: Vec<u64> },
+}
+
+fn le_bytes<T: bytemuck::Pod>(data: &[T], to_le: impl Fn(&T) -> T) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(data))
+    } else {
+        let v: Vec<T> = data.iter().map(to_le).collect();
+        Cow::Owned(bytemuck::cast_slice(&v).to_vec())
+    }
+}
+
+impl View for &Out<'_> {
+    fn dtype(&self) -> Dtype {
+        match self {
+            Out::F32 { .. } => Dtype::F32,
+            Out::U64 { .. } => Dtype::U64,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            Out::F32 { shape, .. } => shape,
+            Out::U64 { shape, .. } => shape,
+        }
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self {
+            Out::F32 { data, .. } => le_bytes(data, |x| f32::from_bits(x.to_bits().to_le())),
+            Out::U64 { data, .. } => le_bytes(data, |x| x.to_le()),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            Out::F32 { data, .. } => data.len() * 4,
+            Out::U64 { data, .. } => data.len() * 8,
+        }
+    }
+}
+
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Out<'_>)],
+    meta: HashMap<String, String>,
+) -> Result<()> {
+    let tmp = temp_path(path);
+    let res = safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), &tmp);
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(TierError::Serialize {
+            file: path.to_path_buf(),
+            detail: e.to_string(),
+        });
+    }
+    persist(&tmp, path)
+}
+
+/// Writes a complete checkpoint of `tier` into `dir` (created if needed).
+/// `extra` is stored verbatim and returned by [`load_checkpoint`].
+///
+/// Prefer a fresh directory per checkpoint plus [`write_latest`]: when
+/// `dir` already holds a checkpoint, its `checkpoint.json` is removed first,
+/// so a crash half-way leaves an incomplete (refused) checkpoint rather
+/// than a silent mix of old and new files.
+pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()> {
+    std::fs::create_dir_all(dir).at(dir)?;
+    let meta_path = dir.join(META_FILE);
+    match std::fs::remove_file(&meta_path) {
+        Ok(()) => sync_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(TierError::Io {
+                path: meta_path,
+                source: e,
+            });
+        }
+    }
+
+    let mut model = Vec::new();
+    let mut optim = Vec::new();
+    for layer in tier.layers() {
+        for spec in layer.table().iter() {
+            let r = spec.range();
+            let shape = spec.shape.dims();
+            model.push((
+                spec.name.clone(),
+                Out::F32 {
+                    shape,
+                    data: &layer.params()[r.clone()],
+                },
+            ));
+            optim.push((
+                exp_avg_name(&spec.name),
+                Out::F32 {
+                    shape,
+                    data: &layer.m()[r.clone()],
+                },
+            ));
+            optim.push((
+                exp_avg_sq_name(&spec.name),
+                Out::F32 {
+                    shape,
+                    data: &layer.v()[r],
+                },
+            ));
+        }
+    }
+    let steps: Vec<u64> = tier.layers().iter().map(|l| l.step()).collect();
+    optim.push((
+        STEPS_TENSOR.to_string(),
+        Out::U64 {
+            shape: [steps.len()],
+            data: steps,
+        },
+    ));
+
+    let st_meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors(&dir.join(MODEL_FILE), &model, st_meta.clone())?;
+    write_safetensors(&dir.join(OPTIMIZER_FILE), &optim, st_meta)?;
+
+    let meta = json!({
+        "format": FORMAT,
+        "version": VERSION,
+        "n_layers": tier.len(),
+        "n_params": tier.n_params(),
+        "transport": tier.config().transport.to_string(),
+        "files": [MODEL_FILE, OPTIMIZER_FILE],
+        "extra": extra,
+    });
+    let text = serde_json::to_vec_pretty(&meta).expect("a JSON value always serialises");
+    write_atomic(&meta_path, &text)
+}
+
+/// Reads `checkpoint.json` only.
+pub fn read_checkpoint_meta(dir: &Path) -> Result<CheckpointMeta> {
+    let path = dir.join(META_FILE);
+    let text = std::fs::read(&path).at(&path)?;
+    let bad = |detail: String| TierError::Meta {
+        file: path.clone(),
+        detail,
+    };
+    let v: Value = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    if v.get("format").and_then(Value::as_str) != Some(FORMAT) {
+        return Err(bad(format!("'format' is not \"{FORMAT}\"")));
+    }
+    match v.get("version").and_then(Value::as_u64) {
+        Some(VERSION) => {}
+        other => {
+            return Err(bad(format!(
+                "unsupported version {other:?} (this build reads {VERSION})"
+            )));
+        }
+    }
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad(format!("missing '{k}'")))
+    };
+    Ok(CheckpointMeta {
+        n_layers: field("n_layers")? as usize,
+        n_params: field("n_params")?,
+        layer_steps: Vec::new(),
+        extra: v.get("extra").cloned().unwrap_or(Value::Null),
+    })
+}
+
+/// An opened, header-validated safetensors file.
+struct StFile {
+    path: PathBuf,
+    map: Mmap,
+}
+
+impl StFile {
+    fn open(path: PathBuf) -> Result<Self> {
+        let file = File::open(&path).at(&path)?;
+        // SAFETY: checkpoint files are only ever replaced by rename, never
+        // modified in place, so the mapped contents do not change under us.
+        let map = unsafe { Mmap::map(&file) }.at(&path)?;
+        Ok(StFile { path, map })
+    }
+
+    fn parse(&self) -> Result<SafeTensors<'_>> {
+        SafeTensors::deserialize(&self.map).map_err(|e| {
+            let tensor = match &e {
+                SafeTensorError::InvalidOffset(name) | SafeTensorError::TensorNotFound(name) => {
+                    Some(name.clone())
+                }
+                _ => first_truncated_tensor(&self.map),
+            };
+            TierError::Corrupt {
+                file: self.path.clone(),
+                tensor,
+                detail: e.to_string(),
+            }
+        })
+    }
+
+    /// The tensor, checked against the expected dtype and shape.
+    fn expect<'a>(
+        &self,
+        st: &SafeTensors<'a>,
+        name: &str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<TensorView<'a>> {
+        let t = st.tensor(name).map_err(|_| TierError::MissingTensor {
+            file: self.path.clone(),
+            tensor: name.to_string(),
+        })?;
+        if t.dtype() != dtype {
+            return Err(TierError::WrongDType {
+                file: self.path.clone(),
+                tensor: name.to_string(),
+                expected: dtype.to_string(),
+                got: t.dtype().to_string(),
+            });
+        }
+        if t.shape() != shape {
+            return Err(TierError::WrongShape {
+                file: self.path.clone(),
+                tensor: name.to_string(),
+                expected: shape.to_vec(),
+                got: t.shape().to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    fn reject_unexpected(&self, st: &SafeTensors<'_>, expected: &HashSet<String>) -> Result<()> {
+        let mut extra: Vec<&str> = st
+            .names()
+            .into_iter()
+            .filter(|n| !expected.contains(*n))
+            .collect();
+        extra.sort_unstable();
+        match extra.first() {
+            Some(n) => Err(TierError::UnexpectedTensor {
+                file: self.path.clone(),
+                tensor: n.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets the kernel drop the mapped pages of a tensor already copied, so
+    /// that loading adds at most one tensor's worth of file pages to the
+    /// resident set (peak RSS is what the memory budget is measured by).
+    fn release(&self, data: &[u8]) {
+        #[cfg(unix)]
+        {
+            let off = data.as_ptr() as usize - self.map.as_ptr() as usize;
+            // SAFETY: a read-only map of a file that is not modified: after
+            // DONTNEED a later access re-reads the same bytes from the file.
+            let _ = unsafe {
+                self.map
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, data.len())
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = data;
+    }
+}
+
+/// For a file whose data section is shorter than its header promises: the
+/// tensor (by lowest start offset) that extends past the end.
+fn first_truncated_tensor(buf: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Map<String, Value> =
+        serde_json::from_slice(buf.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data_len = buf.len() - 8 - n;
+    header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(k, v)| {
+            let o = v.get("data_offsets")?.as_array()?;
+            let (start, end) = (o.first()?.as_u64()?, o.get(1)?.as_u64()?);
+            (end as usize > data_len).then_some((start, k.clone()))
+        })
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn copy_le_f32(src: &[u8], dst: &mut [f32]) {
+    const CHUNK: usize = 1 << 14;
+    let conv = |s: &[u8], d: &mut [f32]| {
+        for (d, b) in d.iter_mut().zip(s.chunks_exact(4)) {
+            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    };
+    if dst.len() < 1 << 16 {
+        conv(src, dst);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK * 4))
+            .for_each(|(d, s)| conv(s, d));
+    }
+}
+
+/// Loads the checkpoint in `dir` into `tier`, which must have been built
+/// from the same parameter tables. Everything is validated (every tensor
+/// present, f32, right shape; no unknown tensors; layer and parameter
+/// counts) before the first byte of the tier is overwritten, so a bad
+/// checkpoint leaves the tier as it was. Transport copies are refreshed.
+pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta> {
+    let mut meta = read_checkpoint_meta(dir)?;
+    let meta_path = dir.join(META_FILE);
+    if meta.n_layers != tier.len() || meta.n_params != tier.n_params() {
+        return Err(TierError::Meta {
+            file: meta_path,
+            detail: format!(
+                "checkpoint has {} layers / {} parameters, the model {} / {}",
+                meta.n_layers,
+                meta.n_params,
+                tier.len(),
+                tier.n_params()
+            ),
+        });
+    }
+    let model = StFile::open(dir.join(MODEL_FILE))?;
+    let optim = StFile::open(dir.join(OPTIMIZER_FILE))?;
+    let model_st = model.parse()?;
+    let optim_st = optim.parse()?;
+
+    // Validation pass: nothing is written until all of it succeeds.
+    let mut model_names = HashSet::new();
+    let mut optim_names = HashSet::from([STEPS_TENSOR.to_string()]);
+    let mut plan = Vec::new();
+    for (l, layer) in tier.layers().iter().enumerate() {
+        for spec in layer.table().iter() {
+            let dims = spec.shape.dims();
+            let p = model.expect(&model_st, &spec.name, Dtype::F32, dims)?;
+            let (ma, va) = (exp_avg_name(&spec.name), exp_avg_sq_name(&spec.name));
+            let m = optim.expect(&optim_st, &ma, Dtype::F32, dims)?;
+            let v = optim.expect(&optim_st, &va, Dtype::F32, dims)?;
+            model_names.insert(spec.name.clone());
+            optim_names.insert(ma);
+            optim_names.insert(va);
+            plan.push((l, spec.range(), p, m, v));
+        }
+    }
+    model.reject_unexpected(&model_st, &model_names)?;
+    optim.reject_unexpected(&optim_st, &optim_names)?;
+    let steps_view = optim.expect(&optim_st, STEPS_TENSOR, Dtype::U64, &[tier.len()])?;
+    let steps: Vec<u64> = steps_view
+        .data()
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8-byte chunk")))
+        .collect();
+
+    // Copy pass.
+    for (l, range, p, m, v) in plan {
+        let layer = &mut tier.layers_mut()[l];
+        let parts = layer.parts_mut();
+        copy_le_f32(p.data(), &mut parts.params[range.clone()]);
+        copy_le_f32(m.data(), &mut parts.m[range.clone()]);
+        copy_le_f32(v.data(), &mut parts.v[range]);
+        model.release(p.data());
+        optim.release(m.data());
+        optim.release(v.data());
+    }
+    for (layer, &s) in tier.layers_mut().iter_mut().zip(&steps) {
+        layer.set_step(s);
+    }
+    tier.refresh_all_transport();
+    meta.layer_steps = steps;
+    Ok(meta)
+}
+
+/// Points `run_dir/latest` at `checkpoint` (a directory name inside
+/// `run_dir`), atomically. Call after [`save_checkpoint`] returned.
+pub fn write_latest(run_dir: &Path, checkpoint: &str) -> Result<()> {
+    let path = run_dir.join(LATEST_FILE);
+    check_pointer_name(&path, checkpoint)?;
+    write_atomic(&path, format!("{checkpoint}\n").as_bytes())
+}
+
+/// The checkpoint directory `run_dir/latest` names, or `None` when the run
+/// has no `latest` yet.
+pub fn read_latest(run_dir: &Path) -> Result<Option<PathBuf>> {
+    let path = run_dir.join(LATEST_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(TierError::Io { path, source: e }),
+    };
+    let name = text.trim_end_matches('\n');
+    check_pointer_name(&path, name)?;
+    Ok(Some(run_dir.join(name)))
+}
+
+/// A pointer names one directory entry of the run directory: no separators,
+/// no `..`, not empty.
+fn check_pointer_name(path: &Path, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains(['/', '\\', '\n', '\0'])
+        && !crate::atomic::is_temp_name(name);
+    if ok {
+        Ok(())
+    } else {
+        Err(TierError::Meta {
+            file: path.to_path_buf(),
+            detail: format!(
+                "invalid checkpoint name {name:?} (expected a directory name in the run directory)"
+            ),
+        })
+    }
+}

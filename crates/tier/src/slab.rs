@@ -1,0 +1,346 @@
+//! One layer's host state: fp32 params, AdamW `m` and `v`, the transport
+//! copy, and optionally held gradients, all laid out by the layer's
+//! [`ParamTable`].
+
+use half::bf16;
+use megatrain_tensor::{DType, ParamSpec, ParamTable, convert};
+use rayon::prelude::*;
+
+use crate::buf::{AlignedBuf, Backing, padded_bytes};
+use crate::error::{Result, TierError};
+use crate::report::BytesByKind;
+
+/// Element type of the copy that is uploaded to the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TransportDType {
+    #[default]
+    F32,
+    BF16,
+}
+
+impl TransportDType {
+    pub const fn size_in_bytes(self) -> usize {
+        match self {
+            TransportDType::F32 => 4,
+            TransportDType::BF16 => 2,
+        }
+    }
+
+    pub const fn dtype(self) -> DType {
+        match self {
+            TransportDType::F32 => DType::F32,
+            TransportDType::BF16 => DType::BF16,
+        }
+    }
+}
+
+impl TryFrom<DType> for TransportDType {
+    type Error = megatrain_tensor::Error;
+    fn try_from(d: DType) -> Result<Self, Self::Error> {
+        match d {
+            DType::F32 => Ok(TransportDType::F32),
+            DType::BF16 => Ok(TransportDType::BF16),
+            other => Err(megatrain_tensor::Error::invalid(
+                "TransportDType",
+                format!("transport dtype must be f32 or bf16, got {other}"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransportDType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.dtype().fmt(f)
+    }
+}
+
+impl std::str::FromStr for TransportDType {
+    type Err = megatrain_tensor::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<DType>()?.try_into()
+    }
+}
+
+/// The transport copy of a layer.
+#[derive(Debug)]
+pub enum Transport {
+    F32(AlignedBuf<f32>),
+    BF16(AlignedBuf<bf16>),
+}
+
+/// Borrowed transport copy.
+#[derive(Debug, Clone, Copy)]
+pub enum TransportRef<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+}
+
+/// Mutably borrowed transport copy (the optimizer rewrites it).
+#[derive(Debug)]
+pub enum TransportMut<'a> {
+    F32(&'a mut [f32]),
+    BF16(&'a mut [bf16]),
+}
+
+impl TransportRef<'_> {
+    /// Native-endian bytes, as the GPU upload wants them.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            TransportRef::F32(s) => bytemuck::cast_slice(s),
+            TransportRef::BF16(s) => bytemuck::cast_slice(s),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            TransportRef::F32(s) => s.len(),
+            TransportRef::BF16(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// All of a layer's blocks borrowed at once, for the fused optimizer pass.
+#[derive(Debug)]
+pub struct SlabMut<'a> {
+    pub table: &'a ParamTable,
+    pub params: &'a mut [f32],
+    pub m: &'a mut [f32],
+    pub v: &'a mut [f32],
+    pub transport: TransportMut<'a>,
+    /// `Some` only when the tier holds gradients.
+    pub grads: Option<&'a mut [f32]>,
+    /// AdamW step count of this layer (for bias correction).
+    pub step: &'a mut u64,
+}
+
+/// Below this many elements a plain copy beats waking rayon.
+const PAR_MIN: usize = 1 << 16;
+const CHUNK: usize = 1 << 14;
+
+/// `dst = src` for the f32 transport, parallel for large layers.
+fn copy_f32(src: &[f32], dst: &mut [f32]) {
+    if src.len() < PAR_MIN {
+        dst.copy_from_slice(src);
+    } else {
+        dst.par_chunks_mut(CHUNK)
+            .zip(src.par_chunks(CHUNK))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    }
+}
+
+/// Writes the transport copy from the fp32 params (bf16: round to nearest,
+/// ties to even). The optimizer crate can call this on a [`SlabMut`] too.
+pub fn refresh_transport(params: &[f32], transport: &mut TransportMut<'_>) {
+    match transport {
+        TransportMut::F32(t) => copy_f32(params, t),
+        TransportMut::BF16(t) => convert::f32_to_bf16_into(params, t),
+    }
+}
+
+/// Reserved bytes of one layer by kind, for a given placement. The single
+/// formula behind both [`LayerSlab::bytes`] and [`crate::plan`].
+pub(crate) fn layer_bytes(numel: usize, transport: TransportDType, hold_grads: bool) -> BytesByKind {
+    let f = padded_bytes(numel, 4);
+    BytesByKind {
+        params: f,
+        moments: 2 * f,
+        transport: padded_bytes(numel, transport.size_in_bytes()),
+        gradients: if hold_grads { f } else { 0 },
+        staging: 0,
+    }
+}
+
+/// One layer's host state.
+#[derive(Debug)]
+pub struct LayerSlab {
+    index: usize,
+    table: ParamTable,
+    params: AlignedBuf<f32>,
+    m: AlignedBuf<f32>,
+    v: AlignedBuf<f32>,
+    transport: Transport,
+    grads: Option<AlignedBuf<f32>>,
+    step: u64,
+}
+
+impl LayerSlab {
+    /// Allocates a zeroed slab. `backing` applies to params, moments and
+    /// gradients; the transport copy is always in RAM (it is read on every
+    /// forward and backward, the others once per step by the optimizer).
+    /// `index` is the layer's position in the model (used in errors and in
+    /// spill file names).
+    pub fn new(
+        index: usize,
+        table: ParamTable,
+        transport: TransportDType,
+        hold_grads: bool,
+        backing: &Backing,
+    ) -> Result<Self> {
+        let n = table.numel();
+        let label = format!("layer{index}");
+        let params = AlignedBuf::new(n, backing, &format!("{label}-params"))?;
+        let m = AlignedBuf::new(n, backing, &format!("{label}-m"))?;
+        let v = AlignedBuf::new(n, backing, &format!("{label}-v"))?;
+        let grads = if hold_grads {
+            Some(AlignedBuf::new(n, backing, &format!("{label}-grads"))?)
+        } else {
+            None
+        };
+        let transport = match transport {
+            TransportDType::F32 => Transport::F32(AlignedBuf::zeroed(n)?),
+            TransportDType::BF16 => Transport::BF16(AlignedBuf::zeroed(n)?),
+        };
+        Ok(LayerSlab {
+            index,
+            table,
+            params,
+            m,
+            v,
+            transport,
+            grads,
+            step: 0,
+        })
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    pub fn table(&self) -> &ParamTable {
+        &self.table
+    }
+
+    pub fn numel(&self) -> usize {
+        self.table.numel()
+    }
+
+    pub fn is_spilled(&self) -> bool {
+        self.params.is_on_disk()
+    }
+
+    pub fn transport_dtype(&self) -> TransportDType {
+        match self.transport {
+            Transport::F32(_) => TransportDType::F32,
+            Transport::BF16(_) => TransportDType::BF16,
+        }
+    }
+
+    pub fn holds_grads(&self) -> bool {
+        self.grads.is_some()
+    }
+
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    pub fn params_mut(&mut self) -> &mut [f32] {
+        &mut self.params
+    }
+
+    pub fn m(&self) -> &[f32] {
+        &self.m
+    }
+
+    pub fn m_mut(&mut self) -> &mut [f32] {
+        &mut self.m
+    }
+
+    pub fn v(&self) -> &[f32] {
+        &self.v
+    }
+
+    pub fn v_mut(&mut self) -> &mut [f32] {
+        &mut self.v
+    }
+
+    pub fn grads(&self) -> Option<&[f32]> {
+        self.grads.as_deref()
+    }
+
+    pub fn grads_mut(&mut self) -> Option<&mut [f32]> {
+        self.grads.as_deref_mut()
+    }
+
+    pub fn transport(&self) -> TransportRef<'_> {
+        match &self.transport {
+            Transport::F32(b) => TransportRef::F32(b),
+            Transport::BF16(b) => TransportRef::BF16(b),
+        }
+    }
+
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    fn spec(&self, name: &str) -> Result<&ParamSpec> {
+        self.table.get(name).ok_or_else(|| TierError::UnknownParam {
+            layer: self.index,
+            name: name.to_string(),
+        })
+    }
+
+    /// The fp32 values of one named parameter.
+    pub fn param(&self, name: &str) -> Result<&[f32]> {
+        let r = self.spec(name)?.range();
+        Ok(&self.params[r])
+    }
+
+    pub fn param_mut(&mut self, name: &str) -> Result<&mut [f32]> {
+        let r = self.spec(name)?.range();
+        Ok(&mut self.params[r])
+    }
+
+    /// Every block borrowed at once (disjoint fields, so no copies and no
+    /// unsafe code).
+    pub fn parts_mut(&mut self) -> SlabMut<'_> {
+        SlabMut {
+            table: &self.table,
+            params: &mut self.params,
+            m: &mut self.m,
+            v: &mut self.v,
+            transport: match &mut self.transport {
+                Transport::F32(b) => TransportMut::F32(b),
+                Transport::BF16(b) => TransportMut::BF16(b),
+            },
+            grads: self.grads.as_deref_mut(),
+            step: &mut self.step,
+        }
+    }
+
+    /// Rewrites the transport copy from the fp32 params.
+    pub fn refresh_transport(&mut self) {
+        let parts = self.parts_mut();
+        let mut t = parts.transport;
+        refresh_transport(parts.params, &mut t);
+    }
+
+    /// Reserved bytes by kind: `(ram, disk)`.
+    pub fn bytes(&self) -> (BytesByKind, BytesByKind) {
+        let mut ram = BytesByKind::default();
+        let mut disk = BytesByKind::default();
+        let mut add = |on_disk: bool, f: &mut dyn FnMut(&mut BytesByKind)| {
+            f(if on_disk { &mut disk } else { &mut ram });
+        };
+        add(self.params.is_on_disk(), &mut |b| {
+            b.params += self.params.reserved_bytes()
+        });
+        add(self.m.is_on_disk(), &mut |b| b.moments += self.m.reserved_bytes());
+        add(self.v.is_on_disk(), &mut |b| b.moments += self.v.reserved_bytes());
+        if let Some(g) = &self.grads {
+            add(g.is_on_disk(), &mut |b| b.gradients += g.reserved_bytes());
+        }
+        match &self.transport {
+            Transport::F32(t) => add(t.is_on_disk(), &mut |b| b.transport += t.reserved_bytes()),
+            Transport::BF16(t) => add(t.is_on_disk(), &mut |b| b.transport += t.reserved_bytes()),
+        }
+        (ram, disk)
+    }
+}

@@ -1,0 +1,193 @@
+//! All layers' slabs, placed in RAM or on disk by a byte budget.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use megatrain_tensor::{ParamSpec, ParamTable};
+
+use crate::buf::Backing;
+use crate::error::{Result, TierError};
+use crate::report::{BytesByKind, MemoryReport};
+use crate::slab::{LayerSlab, TransportDType, layer_bytes};
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierConfig {
+    pub transport: TransportDType,
+    /// Keep an fp32 gradient block per layer (gradient accumulation over
+    /// micro-batches, exact global-norm clipping).
+    pub hold_grads: bool,
+    /// Most bytes of RAM the tier may reserve, transport copies included.
+    /// `None`: everything in RAM.
+    pub ram_budget_bytes: Option<u64>,
+    /// Where spilled layers' memory-mapped files go. Needed only when the
+    /// budget is smaller than the model.
+    pub spill_dir: Option<PathBuf>,
+}
+
+/// Decides placement and counts bytes without allocating anything.
+///
+/// Transport copies always stay in RAM (they are read by every forward and
+/// backward upload; p, m, v and gradients are touched once per step by the
+/// optimizer, sequentially, which suits a memory-mapped file). Layers keep
+/// their p/m/v (and gradients) in RAM in order until the next layer would
+/// exceed the budget; that layer and all later ones spill. A prefix rule
+/// keeps placement predictable: which layers are on disk depends only on
+/// the budget, never on layer sizes further along.
+pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> {
+    let per_layer: Vec<BytesByKind> = tables
+        .iter()
+        .map(|t| layer_bytes(t.numel(), config.transport, config.hold_grads))
+        .collect();
+    let mut report = MemoryReport {
+        n_params: tables.iter().map(|t| t.numel() as u64).sum(),
+        n_layers: tables.len(),
+        ..MemoryReport::default()
+    };
+    report.ram.transport = per_layer.iter().map(|b| b.transport).sum();
+    let budget = config.ram_budget_bytes.unwrap_or(u64::MAX);
+    if report.ram.transport > budget {
+        return Err(TierError::TransportOverBudget {
+            needed: report.ram.transport,
+            budget,
+        });
+    }
+    for (i, b) in per_layer.iter().enumerate() {
+        let movable = BytesByKind { transport: 0, ..*b };
+        let fits = report.first_spilled.is_none() && report.ram.total() + movable.total() <= budget;
+        if fits {
+            report.ram += movable;
+        } else {
+            report.first_spilled.get_or_insert(i);
+            report.disk += movable;
+        }
+    }
+    if report.first_spilled.is_some() && config.spill_dir.is_none() {
+        return Err(TierError::BudgetExceeded {
+            needed: report.ram.total() + report.disk.total(),
+            budget,
+            detail: format!(
+                "no spill directory; layers {}.. do not fit",
+                report.first_spilled.unwrap_or(0)
+            ),
+        });
+    }
+    Ok(report)
+}
+
+/// The host tier: one [`LayerSlab`] per layer.
+#[derive(Debug)]
+pub struct HostTier {
+    config: TierConfig,
+    layers: Vec<LayerSlab>,
+    /// Parameter name → layer index.
+    index: HashMap<String, usize>,
+}
+
+impl HostTier {
+    /// Allocates every layer's slab (zeroed: fill params before use, then
+    /// [`HostTier::refresh_all_transport`]). Parameter names must be unique
+    /// across layers, since checkpoints key tensors by name.
+    pub fn new(tables: Vec<ParamTable>, config: TierConfig) -> Result<Self> {
+        let mut index = HashMap::new();
+        for (l, t) in tables.iter().enumerate() {
+            for p in t.iter() {
+                if let Some(first) = index.insert(p.name.clone(), l) {
+                    return Err(TierError::DuplicateParam {
+                        name: p.name.clone(),
+                        first,
+                        second: l,
+                    });
+                }
+            }
+        }
+        let report = plan(&tables, &config)?;
+        let spill = config.spill_dir.clone().map(Backing::Disk);
+        let mut layers = Vec::with_capacity(tables.len());
+        for (i, table) in tables.into_iter().enumerate() {
+            let backing = match (&spill, report.first_spilled) {
+                (Some(disk), Some(f)) if i >= f => disk,
+                _ => &Backing::Ram,
+            };
+            layers.push(LayerSlab::new(
+                i,
+                table,
+                config.transport,
+                config.hold_grads,
+                backing,
+            )?);
+        }
+        Ok(HostTier {
+            config,
+            layers,
+            index,
+        })
+    }
+
+    pub fn config(&self) -> &TierConfig {
+        &self.config
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    pub fn n_params(&self) -> u64 {
+        self.layers.iter().map(|l| l.numel() as u64).sum()
+    }
+
+    pub fn layers(&self) -> &[LayerSlab] {
+        &self.layers
+    }
+
+    /// Mutable slabs; disjoint borrows of several layers (e.g. one updated
+    /// by the optimizer while another is uploaded) via `split_at_mut`.
+    pub fn layers_mut(&mut self) -> &mut [LayerSlab] {
+        &mut self.layers
+    }
+
+    pub fn layer(&self, i: usize) -> Result<&LayerSlab> {
+        let len = self.layers.len();
+        self.layers
+            .get(i)
+            .ok_or(TierError::LayerOutOfRange { index: i, len })
+    }
+
+    pub fn layer_mut(&mut self, i: usize) -> Result<&mut LayerSlab> {
+        let len = self.layers.len();
+        self.layers
+            .get_mut(i)
+            .ok_or(TierError::LayerOutOfRange { index: i, len })
+    }
+
+    /// The layer holding a named parameter, and its spec.
+    pub fn find_param(&self, name: &str) -> Option<(usize, &ParamSpec)> {
+        let &l = self.index.get(name)?;
+        Some((l, self.layers[l].table().get(name)?))
+    }
+
+    pub fn refresh_all_transport(&mut self) {
+        self.layers.iter_mut().for_each(LayerSlab::refresh_transport);
+    }
+
+    /// Bytes actually reserved, by kind and place.
+    pub fn report(&self) -> MemoryReport {
+        let mut r = MemoryReport {
+            n_params: self.n_params(),
+            n_layers: self.layers.len(),
+            ..MemoryReport::default()
+        };
+        for l in &self.layers {
+            let (ram, disk) = l.bytes();
+            r.ram += ram;
+            r.disk += disk;
+            if l.is_spilled() && r.first_spilled.is_none() {
+                r.first_spilled = Some(l.index());
+            }
+        }
+        r
+    }
+}
