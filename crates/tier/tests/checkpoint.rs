@@ -1,0 +1,285 @@
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{fill, tables};
+use megatrain_tier::{
+    HostTier, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, TierConfig, TierError, TransportDType, TransportRef,
+    load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
+};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::json;
+
+const DIMS: [(usize, usize); 3] = [(3, 5), (7, 4), (2, 9)];
+
+fn new_tier(spill: Option<&Path>) -> HostTier {
+    let cfg = TierConfig {
+        transport: TransportDType::BF16,
+        hold_grads: false,
+        // Room for the transport copies and layer 0 only: layers 1, 2 spill.
+        ram_budget_bytes: spill.map(|_| 3 * 4096 + 3 * 4096),
+        spill_dir: spill.map(Path::to_path_buf),
+    };
+    HostTier::new(tables(&DIMS), cfg).unwrap()
+}
+
+fn saved(seed: u32) -> (tempfile::TempDir, PathBuf, HostTier) {
+    let run = tempfile::tempdir().unwrap();
+    let ckpt = run.path().join("step-000010");
+    let mut tier = new_tier(None);
+    fill(&mut tier, seed);
+    save_checkpoint(&ckpt, &tier, &json!({"step": 10, "lr": 3e-4})).unwrap();
+    (run, ckpt, tier)
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+fn assert_same(a: &HostTier, b: &HostTier) {
+    for (x, y) in a.layers().iter().zip(b.layers()) {
+        assert_eq!(bits(x.params()), bits(y.params()));
+        assert_eq!(bits(x.m()), bits(y.m()));
+        assert_eq!(bits(x.v()), bits(y.v()));
+        assert_eq!(x.step(), y.step());
+    }
+}
+
+#[test]
+fn round_trip_is_bit_exact_into_a_spilled_tier() {
+    let (_run, ckpt, tier) = saved(5);
+    let spill = tempfile::tempdir().unwrap();
+    let mut back = new_tier(Some(spill.path()));
+    assert_eq!(back.report().first_spilled, Some(1));
+    let meta = load_checkpoint(&ckpt, &mut back).unwrap();
+    assert_same(&tier, &back);
+    assert_eq!(meta.layer_steps, vec![105, 106, 107]);
+    assert_eq!(meta.extra, json!({"step": 10, "lr": 3e-4}));
+    assert_eq!(meta.n_params, tier.n_params());
+    // Transport copies were refreshed from the loaded params.
+    for layer in back.layers() {
+        let TransportRef::BF16(t) = layer.transport() else {
+            panic!("bf16")
+        };
+        assert!(
+            t.iter()
+                .zip(layer.params())
+                .all(|(a, b)| *a == half::bf16::from_f32(*b))
+        );
+    }
+    // Only the three files, no temporaries.
+    let mut names: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["checkpoint.json", "model.safetensors", "optimizer.safetensors"]
+    );
+}
+
+#[test]
+fn model_file_is_plain_hf_safetensors() {
+    let (_run, ckpt, tier) = saved(1);
+    let bytes = std::fs::read(ckpt.join(MODEL_FILE)).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.len(), 6);
+    let w = st.tensor("layers.1.w").unwrap();
+    assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[7usize, 4][..]));
+    let want: Vec<u8> = tier.layers()[1]
+        .param("layers.1.w")
+        .unwrap()
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    assert_eq!(w.data(), &want[..]);
+    let (_, md) = SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(md.metadata().as_ref().unwrap()["format"], "pt");
+    let opt = std::fs::read(ckpt.join(OPTIMIZER_FILE)).unwrap();
+    let st = SafeTensors::deserialize(&opt).unwrap();
+    assert!(st.tensor("layers.2.b.exp_avg").is_ok() && st.tensor("layers.2.b.exp_avg_sq").is_ok());
+    assert_eq!(st.tensor(STEPS_TENSOR).unwrap().dtype(), Dtype::U64);
+}
+
+/// Rewrites a safetensors file through `edit` (name, dtype, shape, bytes).
+fn rewrite(path: &Path, edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut ts: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    edit(&mut ts);
+    let views: Vec<_> = ts
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// Loading `ckpt` fails with an error naming `file` and `tensor`, and the
+/// tier is left untouched.
+fn load_fails(ckpt: &Path, file: &str, tensor: &str) -> TierError {
+    let mut tier = new_tier(None);
+    fill(&mut tier, 77);
+    let before = bits(tier.layers()[0].params());
+    let err = load_checkpoint(ckpt, &mut tier).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains(&ckpt.join(file).display().to_string()), "{msg}");
+    assert!(msg.contains(&format!("'{tensor}'")), "{msg}");
+    assert_eq!(
+        bits(tier.layers()[0].params()),
+        before,
+        "tier modified by a failed load"
+    );
+    err
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let (_run, ckpt, _) = saved(2);
+    rewrite(&ckpt.join(MODEL_FILE), |ts| ts.retain(|t| t.0 != "layers.2.b"));
+    let err = load_fails(&ckpt, MODEL_FILE, "layers.2.b");
+    assert!(matches!(err, TierError::MissingTensor { .. }));
+
+    let (_run, ckpt, _) = saved(2);
+    rewrite(&ckpt.join(OPTIMIZER_FILE), |ts| {
+        ts.retain(|t| t.0 != STEPS_TENSOR)
+    });
+    assert!(matches!(
+        load_fails(&ckpt, OPTIMIZER_FILE, STEPS_TENSOR),
+        TierError::MissingTensor { .. }
+    ));
+}
+
+#[test]
+fn wrong_shape_is_named() {
+    let (_run, ckpt, _) = saved(2);
+    rewrite(&ckpt.join(OPTIMIZER_FILE), |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == "layers.0.w.exp_avg_sq").unwrap();
+        t.2 = vec![5, 3];
+    });
+    let err = load_fails(&ckpt, OPTIMIZER_FILE, "layers.0.w.exp_avg_sq");
+    assert!(
+        matches!(err, TierError::WrongShape { expected, got, .. } if expected == [3, 5] && got == [5, 3])
+    );
+}
+
+#[test]
+fn wrong_dtype_is_named() {
+    let (_run, ckpt, _) = saved(2);
+    rewrite(&ckpt.join(MODEL_FILE), |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == "layers.1.b").unwrap();
+        t.1 = Dtype::F16;
+        t.3.truncate(t.3.len() / 2);
+    });
+    let err = load_fails(&ckpt, MODEL_FILE, "layers.1.b");
+    assert!(matches!(err, TierError::WrongDType { .. }));
+    assert!(err.to_string().contains("F16"), "{err}");
+}
+
+#[test]
+fn unexpected_tensor_is_named() {
+    let (_run, ckpt, _) = saved(2);
+    rewrite(&ckpt.join(MODEL_FILE), |ts| {
+        ts.push(("lm_head.weight".into(), Dtype::F32, vec![1], vec![0; 4]))
+    });
+    assert!(matches!(
+        load_fails(&ckpt, MODEL_FILE, "lm_head.weight"),
+        TierError::UnexpectedTensor { .. }
+    ));
+}
+
+#[test]
+fn truncated_file_names_the_cut_tensor() {
+    let (_run, ckpt, _) = saved(2);
+    let path = ckpt.join(MODEL_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    // The data section is sorted by name: layers.2.w is last.
+    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    let err = load_fails(&ckpt, MODEL_FILE, "layers.2.w");
+    assert!(matches!(err, TierError::Corrupt { .. }));
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn garbage_header_names_the_file() {
+    let (_run, ckpt, _) = saved(2);
+    let path = ckpt.join(OPTIMIZER_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..16].copy_from_slice(b"\xff\xfe garbx");
+    std::fs::write(&path, &bytes).unwrap();
+    let mut tier = new_tier(None);
+    let err = load_checkpoint(&ckpt, &mut tier).unwrap_err();
+    assert!(matches!(err, TierError::Corrupt { tensor: None, .. }), "{err}");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+
+    std::fs::write(&path, b"short").unwrap();
+    let err = load_checkpoint(&ckpt, &mut tier).unwrap_err();
+    assert!(matches!(err, TierError::Corrupt { .. }), "{err}");
+}
+
+#[test]
+fn checkpoint_of_another_model_is_refused_by_its_metadata() {
+    let (_run, ckpt, _) = saved(2);
+    let mut other = HostTier::new(tables(&[(3, 5), (7, 4)]), TierConfig::default()).unwrap();
+    let err = load_checkpoint(&ckpt, &mut other).unwrap_err();
+    assert!(matches!(err, TierError::Meta { .. }), "{err}");
+    assert!(err.to_string().contains("checkpoint.json"), "{err}");
+    std::fs::write(ckpt.join("checkpoint.json"), b"{\"format\": \"other\"}").unwrap();
+    assert!(matches!(read_checkpoint_meta(&ckpt), Err(TierError::Meta { .. })));
+}
+
+#[test]
+fn latest_pointer_survives_a_crash_mid_checkpoint() {
+    let (run, ckpt, tier) = saved(4);
+    let run = run.path();
+    assert_eq!(read_latest(run).unwrap(), None);
+    write_latest(run, "step-000010").unwrap();
+    assert_eq!(read_latest(run).unwrap(), Some(ckpt.clone()));
+
+    // A crash while writing the next checkpoint and its pointer: stray
+    // temporaries, no checkpoint.json in the new directory.
+    let next = run.join("step-000020");
+    std::fs::create_dir(&next).unwrap();
+    std::fs::write(next.join(".model.safetensors.tmp-999-0"), b"partial").unwrap();
+    std::fs::write(run.join(".latest.tmp-999-0"), b"step-000020\n").unwrap();
+    std::fs::write(ckpt.join(".optimizer.safetensors.tmp-999-1"), b"partial").unwrap();
+
+    assert_eq!(read_latest(run).unwrap(), Some(ckpt.clone()));
+    let mut back = new_tier(None);
+    load_checkpoint(&read_latest(run).unwrap().unwrap(), &mut back).unwrap();
+    assert_same(&tier, &back);
+    let err = load_checkpoint(&next, &mut back).unwrap_err();
+    assert!(
+        matches!(&err, TierError::Io { path, .. } if path.ends_with("checkpoint.json")),
+        "{err}"
+    );
+
+    // Overwriting a checkpoint in place first invalidates it.
+    let mut changed = new_tier(None);
+    fill(&mut changed, 9);
+    save_checkpoint(&ckpt, &changed, &json!(null)).unwrap();
+    load_checkpoint(&ckpt, &mut back).unwrap();
+    assert_same(&changed, &back);
+
+    write_latest(run, "step-000020").unwrap();
+    assert_eq!(read_latest(run).unwrap(), Some(next));
+}
+
+#[test]
+fn latest_pointer_rejects_paths() {
+    let run = tempfile::tempdir().unwrap();
+    for bad in ["", "..", "a/b", "../x", ".x.tmp-1"] {
+        assert!(
+            matches!(write_latest(run.path(), bad), Err(TierError::Meta { .. })),
+            "{bad:?}"
+        );
+    }
+    std::fs::write(run.path().join("latest"), "../../etc\n").unwrap();
+    let err = read_latest(run.path()).unwrap_err();
+    assert!(err.to_string().contains("latest"), "{err}");
+}
