@@ -53,7 +53,11 @@ impl HostTensor {
         if shape.numel() != data.len() {
             return Err(Error::shape(
                 "HostTensor::new",
-                format!("shape {shape} holds {} elements, data has {}", shape.numel(), data.len()),
+                format!(
+                    "shape {shape} holds {} elements, data has {}",
+                    shape.numel(),
+                    data.len()
+                ),
             ));
         }
         Ok(HostTensor { shape, data })

@@ -38,10 +38,18 @@ impl ParamTable {
     }
 
     /// Appends a parameter at the end of the slab; names must be unique.
-    pub fn push(&mut self, name: impl Into<String>, shape: impl Into<Shape>, decay: bool) -> Result<&ParamSpec> {
+    pub fn push(
+        &mut self,
+        name: impl Into<String>,
+        shape: impl Into<Shape>,
+        decay: bool,
+    ) -> Result<&ParamSpec> {
         let name = name.into();
         if self.get(&name).is_some() {
-            return Err(Error::invalid("ParamTable::push", format!("duplicate parameter '{name}'")));
+            return Err(Error::invalid(
+                "ParamTable::push",
+                format!("duplicate parameter '{name}'"),
+            ));
         }
         let shape = shape.into();
         let offset = self.numel;
