@@ -14,7 +14,7 @@
 //! - token ids and targets are small host slices: they are copied to the
 //!   device by the executor when it needs them.
 
-use crate::{DType, HostTensor, Result, Shape};
+use crate::{DType, Error, HostData, HostSlice, HostTensor, Result, Shape};
 
 /// What every executor's tensor handle can say about itself without a copy.
 pub trait TensorHandle {
@@ -122,6 +122,13 @@ pub struct Rope {
     pub offset: usize,
 }
 
+/// Executor-owned memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemoryStats {
+    pub live_bytes: u64,
+    pub peak_bytes: u64,
+}
+
 pub trait Executor {
     type Tensor: TensorHandle;
 
@@ -147,6 +154,46 @@ pub trait Executor {
     fn split_last(&self, t: &Self::Tensor, sizes: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// Inverse of `split_last`: all parts must share their leading dims.
     fn concat_last(&self, parts: &[&Self::Tensor]) -> Result<Self::Tensor>;
+
+    /// Uploads borrowed host data without building a [`HostTensor`] first.
+    /// Executors with device memory override this to write straight from
+    /// the slice (the trainer uploads every layer's transport copy with it).
+    fn upload_slice(&self, shape: &Shape, data: HostSlice<'_>) -> Result<Self::Tensor> {
+        let data = match data {
+            HostSlice::F32(v) => HostData::F32(v.to_vec()),
+            HostSlice::BF16(v) => HostData::BF16(v.to_vec()),
+            HostSlice::F16(v) => HostData::F16(v.to_vec()),
+        };
+        self.upload(&HostTensor::new(shape.clone(), data)?)
+    }
+
+    /// Downloads `t` widened to f32 into `out`, which must hold exactly its
+    /// elements. Executors with device memory override this to skip the
+    /// intermediate host tensor (the trainer fetches every gradient with it).
+    fn download_into(&self, t: &Self::Tensor, out: &mut [f32]) -> Result<()> {
+        if out.len() != t.numel() {
+            return Err(Error::shape(
+                "download_into",
+                format!(
+                    "tensor {} has {} elements, destination {}",
+                    t.shape(),
+                    t.numel(),
+                    out.len()
+                ),
+            ));
+        }
+        out.copy_from_slice(&self.download(t)?.to_f32_vec());
+        Ok(())
+    }
+
+    /// Live and peak bytes of executor-owned memory, for executors that
+    /// account it (a GPU's device memory); `None` where it means nothing.
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        None
+    }
+
+    /// Starts a new peak for [`Executor::memory_stats`].
+    fn reset_peak_memory(&self) {}
 
     // ---- elementwise ---------------------------------------------------
 

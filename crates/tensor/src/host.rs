@@ -41,6 +41,44 @@ impl HostData {
     }
 }
 
+/// Borrowed host data of one of the storage types.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum HostSlice<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl HostSlice<'_> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostSlice::F32(_) => DType::F32,
+            HostSlice::BF16(_) => DType::BF16,
+            HostSlice::F16(_) => DType::F16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            HostSlice::F32(v) => v.len(),
+            HostSlice::BF16(v) => v.len(),
+            HostSlice::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            HostSlice::F32(v) => bytemuck::cast_slice(v),
+            HostSlice::BF16(v) => bytemuck::cast_slice(v),
+            HostSlice::F16(v) => bytemuck::cast_slice(v),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
     shape: Shape,

@@ -16,6 +16,6 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use executor::*;
 pub use half::{bf16, f16};
-pub use host::{HostData, HostTensor};
+pub use host::{HostData, HostSlice, HostTensor};
 pub use params::{ParamSpec, ParamTable};
 pub use shape::Shape;
