@@ -1,0 +1,44 @@
+//! A STREAM-style triad, `a[i] = b[i] + s·c[i]`, run with the same chunking
+//! and thread pool as the optimizer. Its bytes per second (12 B per element
+//! counted, the STREAM convention) are the bandwidth bound the optimizer is
+//! measured against. Use arrays much larger than the last-level cache.
+
+use rayon::prelude::*;
+
+use crate::{AdamWError, Result, kernel, optimizer::DEFAULT_CHUNK_LEN};
+
+/// Bytes STREAM counts per triad element: read b and c, write a.
+pub const TRIAD_BYTES_PER_ELEMENT: usize = 12;
+
+pub fn triad(a: &mut [f32], b: &[f32], c: &[f32], s: f32) -> Result<()> {
+    for (what, got) in [("triad b", b.len()), ("triad c", c.len())] {
+        if got != a.len() {
+            return Err(AdamWError::LengthMismatch {
+                what,
+                expected: a.len(),
+                got,
+            });
+        }
+    }
+    a.par_chunks_mut(DEFAULT_CHUNK_LEN)
+        .zip(b.par_chunks(DEFAULT_CHUNK_LEN))
+        .zip(c.par_chunks(DEFAULT_CHUNK_LEN))
+        .for_each(|((a, b), c)| kernel::triad(a, b, c, s));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn triad_computes_and_checks_lengths() {
+        let n = DEFAULT_CHUNK_LEN * 2 + 5;
+        let b: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let c = vec![2.0f32; n];
+        let mut a = vec![0.0; n];
+        triad(&mut a, &b, &c, 3.0).unwrap();
+        assert!(a.iter().enumerate().all(|(i, &x)| x == i as f32 + 6.0));
+        assert!(triad(&mut a, &b[1..], &c, 1.0).is_err());
+    }
+}

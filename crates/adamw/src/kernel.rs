@@ -1,0 +1,254 @@
+//! The fused inner loop. Written once, generically, then compiled twice:
+//! with AVX2+FMA enabled (chosen at run time when the CPU has them) and for
+//! the baseline target. Stable Rust only: `#[target_feature]` on a plain
+//! function plus `is_x86_feature_detected!`, no nightly SIMD.
+//!
+//! Every slice is cut to the same length before the loop so that LLVM drops
+//! the bounds checks and vectorises; the loop body has no branches (the
+//! decay mask is resolved outside into uniform pieces, the transport kind
+//! and gradient zeroing are type parameters).
+
+use half::bf16;
+
+use crate::bf16::f32_to_bf16_bits;
+
+/// Per-call scalars, already folded: nothing in the loop depends on `t`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Consts {
+    pub beta1: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub eps: f32,
+    /// `lr / (1 − β1^t)`.
+    pub step_size: f32,
+    /// `1 / sqrt(1 − β2^t)`.
+    pub inv_sqrt_bc2: f32,
+    /// `1 − lr·wd` on decayed pieces; exactly 1 elsewhere.
+    pub decay_factor: f32,
+    pub grad_scale: f32,
+}
+
+/// How `a·b + c` is evaluated: fused where the CPU has FMA, separately
+/// rounded elsewhere (where `mul_add` would be a slow libm call).
+pub(crate) trait Arith {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+pub(crate) struct Fused;
+pub(crate) struct Plain;
+
+impl Arith for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Arith for Plain {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// Where the updated parameter's transport copy goes.
+pub(crate) trait Sink {
+    /// Cuts the sink to exactly `n` elements (callers guarantee the length).
+    fn cut(self, n: usize) -> Self;
+    fn put(&mut self, i: usize, p: f32);
+}
+
+pub(crate) struct NoSink;
+pub(crate) struct Bf16Sink<'a>(pub &'a mut [bf16]);
+pub(crate) struct F32Sink<'a>(pub &'a mut [f32]);
+
+impl Sink for NoSink {
+    #[inline(always)]
+    fn cut(self, _: usize) -> Self {
+        self
+    }
+    #[inline(always)]
+    fn put(&mut self, _: usize, _: f32) {}
+}
+
+impl Sink for Bf16Sink<'_> {
+    #[inline(always)]
+    fn cut(self, n: usize) -> Self {
+        Bf16Sink(&mut self.0[..n])
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: f32) {
+        self.0[i] = bf16::from_bits(f32_to_bf16_bits(p));
+    }
+}
+
+impl Sink for F32Sink<'_> {
+    #[inline(always)]
+    fn cut(self, n: usize) -> Self {
+        F32Sink(&mut self.0[..n])
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: f32) {
+        self.0[i] = p;
+    }
+}
+
+/// One AdamW step over equally long pieces of p, g, m, v (and the sink).
+#[inline(always)]
+fn update<A: Arith, S: Sink, const ZERO_GRAD: bool>(
+    k: &Consts,
+    p: &mut [f32],
+    g: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    sink: S,
+) {
+    let n = p.len();
+    let (g, m, v, mut sink) = (&mut g[..n], &mut m[..n], &mut v[..n], sink.cut(n));
+    for i in 0..n {
+        let gi = g[i] * k.grad_scale;
+        if ZERO_GRAD {
+            g[i] = 0.0;
+        }
+        let mi = A::mul_add(k.beta1, m[i], k.one_minus_beta1 * gi);
+        let vi = A::mul_add(k.beta2, v[i], k.one_minus_beta2 * gi * gi);
+        let denom = A::mul_add(vi.sqrt(), k.inv_sqrt_bc2, k.eps);
+        // Decay and update in one rounding of p (with FMA): p is the value
+        // whose f32 rounding error accumulates over a run.
+        let pi = A::mul_add(p[i], k.decay_factor, -(k.step_size * (mi / denom)));
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi;
+        sink.put(i, pi);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn update_avx2<S: Sink, const ZERO_GRAD: bool>(
+    k: &Consts,
+    p: &mut [f32],
+    g: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    sink: S,
+) {
+    update::<Fused, S, ZERO_GRAD>(k, p, g, m, v, sink)
+}
+
+fn update_baseline<S: Sink, const ZERO_GRAD: bool>(
+    k: &Consts,
+    p: &mut [f32],
+    g: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    sink: S,
+) {
+    update::<Plain, S, ZERO_GRAD>(k, p, g, m, v, sink)
+}
+
+/// Whether the AVX2+FMA build of the loops runs on this CPU (std caches
+/// the answer, so asking per chunk costs an atomic load).
+#[inline]
+pub fn simd_path() -> &'static str {
+    if has_avx2_fma() { "avx2+fma" } else { "baseline" }
+}
+
+#[inline]
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Runs the loop on the best build this CPU supports.
+#[inline]
+pub(crate) fn dispatch<S: Sink>(
+    k: &Consts,
+    zero_grad: bool,
+    p: &mut [f32],
+    g: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    sink: S,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU reports AVX2 and FMA, the features the function enables.
+        unsafe {
+            if zero_grad {
+                update_avx2::<S, true>(k, p, g, m, v, sink)
+            } else {
+                update_avx2::<S, false>(k, p, g, m, v, sink)
+            }
+        }
+        return;
+    }
+    if zero_grad {
+        update_baseline::<S, true>(k, p, g, m, v, sink)
+    } else {
+        update_baseline::<S, false>(k, p, g, m, v, sink)
+    }
+}
+
+/// Sum of squares in f64 with eight independent accumulators, so the loop
+/// vectorises without reassociating anything LLVM may not reassociate.
+#[inline(always)]
+fn sum_sq_body(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for j in 0..8 {
+            let y = c[j] as f64;
+            acc[j] += y * y;
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&y| (y as f64) * (y as f64)).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn sum_sq_avx2(x: &[f32]) -> f64 {
+    sum_sq_body(x)
+}
+
+pub(crate) fn sum_sq(x: &[f32]) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU reports AVX2 and FMA, the features the function enables.
+        return unsafe { sum_sq_avx2(x) };
+    }
+    sum_sq_body(x)
+}
+
+#[inline(always)]
+fn triad_body(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
+    let n = a.len();
+    let (b, c) = (&b[..n], &c[..n]);
+    for i in 0..n {
+        a[i] = b[i] + s * c[i];
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn triad_avx2(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
+    triad_body(a, b, c, s)
+}
+
+pub(crate) fn triad(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU reports AVX2 and FMA, the features the function enables.
+        unsafe { triad_avx2(a, b, c, s) };
+        return;
+    }
+    triad_body(a, b, c, s)
+}

@@ -1,0 +1,331 @@
+use half::bf16;
+
+use crate::kernel::{self, Bf16Sink, Consts, F32Sink, NoSink};
+use crate::{AdamWConfig, AdamWError, DecayMask, Result};
+
+/// Elements per rayon task. Large enough that task overhead vanishes
+/// (128 KiB per f32 stream), small enough to balance two to a few dozen
+/// threads on a layer-sized slab.
+pub const DEFAULT_CHUNK_LEN: usize = 32 * 1024;
+
+/// The copy of the updated parameters that travels to the GPU, written in
+/// the same pass as the update.
+#[derive(Debug)]
+pub enum Transport<'a> {
+    /// No copy (the trainer converts elsewhere, or f32 master weights are
+    /// uploaded directly).
+    None,
+    /// bf16, rounded to nearest even, bit-identical to `half::bf16::from_f32`.
+    Bf16(&'a mut [bf16]),
+    /// An f32 copy, identical to the master weights.
+    F32(&'a mut [f32]),
+}
+
+impl Transport<'_> {
+    fn len(&self) -> Option<usize> {
+        match self {
+            Transport::None => None,
+            Transport::Bf16(t) => Some(t.len()),
+            Transport::F32(t) => Some(t.len()),
+        }
+    }
+}
+
+/// The step count of one slab, for bias correction. Slabs of one model may
+/// be at different counts (a layer frozen for a while, a resumed run), so
+/// each carries its own. Saved with the moments in checkpoints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlabState {
+    step: u64,
+}
+
+impl SlabState {
+    /// A slab that has never been updated.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A slab restored from a checkpoint after `step` updates.
+    pub fn at_step(step: u64) -> Self {
+        Self { step }
+    }
+
+    /// Updates applied so far.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+static DECAY_ALL: DecayMask = DecayMask::All;
+
+/// Everything one update of one slab reads and writes. Build it with
+/// [`SlabUpdate::new`] and the builder methods.
+#[derive(Debug)]
+pub struct SlabUpdate<'a> {
+    pub param: &'a mut [f32],
+    pub grad: &'a mut [f32],
+    /// First moment `m`, zero-initialised for a fresh slab.
+    pub exp_avg: &'a mut [f32],
+    /// Second moment `v`, zero-initialised for a fresh slab.
+    pub exp_avg_sq: &'a mut [f32],
+    pub transport: Transport<'a>,
+    pub decay: &'a DecayMask,
+    /// Overwrite the gradient with zeros after reading it (saves the
+    /// trainer a separate pass before the next accumulation).
+    pub zero_grad: bool,
+    /// Multiplies the gradient before use: the clipping coefficient of the
+    /// exact global-norm mode, or a loss-scale inverse. 1 means unscaled.
+    pub grad_scale: f32,
+}
+
+impl<'a> SlabUpdate<'a> {
+    /// An update with no transport copy, decay everywhere, the gradient
+    /// kept and unscaled.
+    pub fn new(
+        param: &'a mut [f32],
+        grad: &'a mut [f32],
+        exp_avg: &'a mut [f32],
+        exp_avg_sq: &'a mut [f32],
+    ) -> Self {
+        Self {
+            param,
+            grad,
+            exp_avg,
+            exp_avg_sq,
+            transport: Transport::None,
+            decay: &DECAY_ALL,
+            zero_grad: false,
+            grad_scale: 1.0,
+        }
+    }
+
+    pub fn transport(mut self, transport: Transport<'a>) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    pub fn decay(mut self, decay: &'a DecayMask) -> Self {
+        self.decay = decay;
+        self
+    }
+
+    pub fn zero_grad(mut self, zero: bool) -> Self {
+        self.zero_grad = zero;
+        self
+    }
+
+    pub fn grad_scale(mut self, scale: f32) -> Self {
+        self.grad_scale = scale;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let n = self.param.len();
+        let lens = [
+            ("gradient", self.grad.len()),
+            ("exp_avg (m)", self.exp_avg.len()),
+            ("exp_avg_sq (v)", self.exp_avg_sq.len()),
+        ];
+        for (what, got) in lens
+            .into_iter()
+            .chain(self.transport.len().map(|l| ("transport copy", l)))
+        {
+            if got != n {
+                return Err(AdamWError::LengthMismatch {
+                    what,
+                    expected: n,
+                    got,
+                });
+            }
+        }
+        self.decay.check_len(n)?;
+        if !self.grad_scale.is_finite() {
+            return Err(AdamWError::InvalidHyper {
+                name: "grad_scale",
+                value: self.grad_scale as f64,
+                why: "must be finite",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A contiguous window of a slab: the unit rayon splits.
+struct Job<'a> {
+    offset: usize,
+    p: &'a mut [f32],
+    g: &'a mut [f32],
+    m: &'a mut [f32],
+    v: &'a mut [f32],
+    t: Transport<'a>,
+}
+
+impl<'a> Job<'a> {
+    fn split_at(self, mid: usize) -> (Job<'a>, Job<'a>) {
+        let (p0, p1) = self.p.split_at_mut(mid);
+        let (g0, g1) = self.g.split_at_mut(mid);
+        let (m0, m1) = self.m.split_at_mut(mid);
+        let (v0, v1) = self.v.split_at_mut(mid);
+        let (t0, t1) = match self.t {
+            Transport::None => (Transport::None, Transport::None),
+            Transport::Bf16(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (Transport::Bf16(a), Transport::Bf16(b))
+            }
+            Transport::F32(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (Transport::F32(a), Transport::F32(b))
+            }
+        };
+        let lo = Job {
+            offset: self.offset,
+            p: p0,
+            g: g0,
+            m: m0,
+            v: v0,
+            t: t0,
+        };
+        let hi = Job {
+            offset: self.offset + mid,
+            p: p1,
+            g: g1,
+            m: m1,
+            v: v1,
+            t: t1,
+        };
+        (lo, hi)
+    }
+}
+
+/// Fused AdamW with `torch.optim.AdamW` semantics (amsgrad and maximize
+/// are not supported):
+///
+/// ```text
+/// t  ← t + 1
+/// p  ← p · (1 − lr·wd)                        (where the decay mask says so)
+/// m  ← β1·m + (1 − β1)·g
+/// v  ← β2·v + (1 − β2)·g²
+/// p  ← p − lr/(1 − β1^t) · m / (sqrt(v)/sqrt(1 − β2^t) + eps)
+/// ```
+///
+/// in one pass over the slab that also writes the transport copy of `p`
+/// and optionally zeroes `g`. Runs on the current rayon pool.
+#[derive(Debug, Clone)]
+pub struct AdamW {
+    config: AdamWConfig,
+    chunk_len: usize,
+}
+
+impl AdamW {
+    pub fn new(config: AdamWConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            config,
+            chunk_len: DEFAULT_CHUNK_LEN,
+        })
+    }
+
+    /// Elements per rayon task (tests use tiny chunks to hit the seams).
+    pub fn with_chunk_len(mut self, chunk_len: usize) -> Self {
+        self.chunk_len = chunk_len.max(1);
+        self
+    }
+
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// Which build of the inner loop runs on this CPU ("avx2+fma" or "baseline").
+    pub fn simd_path() -> &'static str {
+        kernel::simd_path()
+    }
+
+    /// Applies one update to a slab at learning rate `lr` and advances its
+    /// step count. Nothing is written if the arguments are rejected.
+    pub fn step(&self, state: &mut SlabState, lr: f32, update: SlabUpdate<'_>) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(AdamWError::InvalidHyper {
+                name: "lr",
+                value: lr as f64,
+                why: "must be finite and >= 0",
+            });
+        }
+        update.validate()?;
+        let t = state
+            .step
+            .checked_add(1)
+            .ok_or(AdamWError::StepOverflow(state.step))?;
+
+        let c = &self.config;
+        // Bias corrections in f64, as PyTorch computes them on the host.
+        let bc1 = 1.0 - (c.beta1 as f64).powf(t as f64);
+        let bc2 = 1.0 - (c.beta2 as f64).powf(t as f64);
+        let base = Consts {
+            beta1: c.beta1,
+            one_minus_beta1: 1.0 - c.beta1,
+            beta2: c.beta2,
+            one_minus_beta2: 1.0 - c.beta2,
+            eps: c.eps,
+            step_size: (lr as f64 / bc1) as f32,
+            inv_sqrt_bc2: (1.0 / bc2.sqrt()) as f32,
+            decay_factor: 1.0,
+            grad_scale: update.grad_scale,
+        };
+        let decayed = Consts {
+            decay_factor: (1.0 - lr as f64 * c.weight_decay as f64) as f32,
+            ..base
+        };
+        let job = Job {
+            offset: 0,
+            p: update.param,
+            g: update.grad,
+            m: update.exp_avg,
+            v: update.exp_avg_sq,
+            t: update.transport,
+        };
+        let leaf = |job: Job<'_>| run_leaf(job, update.decay, &base, &decayed, update.zero_grad);
+        split_run(job, self.chunk_len, &leaf);
+        state.step = t;
+        Ok(())
+    }
+}
+
+fn split_run<F: Fn(Job<'_>) + Sync>(job: Job<'_>, chunk_len: usize, leaf: &F) {
+    let n = job.p.len();
+    if n <= chunk_len {
+        return leaf(job);
+    }
+    // Split on a chunk boundary so every leaf but the last is a whole chunk.
+    let mid = n.div_ceil(chunk_len) / 2 * chunk_len;
+    let (lo, hi) = job.split_at(mid);
+    rayon::join(
+        || split_run(lo, chunk_len, leaf),
+        || split_run(hi, chunk_len, leaf),
+    );
+}
+
+fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zero_grad: bool) {
+    let Job {
+        offset,
+        p,
+        g,
+        m,
+        v,
+        mut t,
+    } = job;
+    mask.for_each_piece(offset..offset + p.len(), |r, decays| {
+        let k = if decays { decayed } else { base };
+        let r = r.start - offset..r.end - offset;
+        let (p, g, m, v) = (
+            &mut p[r.clone()],
+            &mut g[r.clone()],
+            &mut m[r.clone()],
+            &mut v[r.clone()],
+        );
+        match &mut t {
+            Transport::None => kernel::dispatch(k, zero_grad, p, g, m, v, NoSink),
+            Transport::Bf16(t) => kernel::dispatch(k, zero_grad, p, g, m, v, Bf16Sink(&mut t[r])),
+            Transport::F32(t) => kernel::dispatch(k, zero_grad, p, g, m, v, F32Sink(&mut t[r])),
+        }
+    });
+}
