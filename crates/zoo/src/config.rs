@@ -1,0 +1,578 @@
+//! `ModelConfig`: the shape and options of a model, parsed from a Hugging
+//! Face `config.json` (transformers v4 and v5 field names) or built by a
+//! preset.
+//!
+//! Shape-defining fields (vocabulary, width, depth, heads, MLP width, and
+//! GPT-2's context) are required: a config without them is an error naming
+//! the field. Optional fields take the default of the transformers config
+//! class, so that a file means here what it means to `transformers`.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::{Result, ZooError};
+
+/// Model families and the HF `architectures` entry each one answers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arch {
+    Gpt2,
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+const SUPPORTED: &str =
+    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+
+impl Arch {
+    pub const ALL: [Arch; 5] = [Arch::Gpt2, Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+
+    pub fn hf_architecture(self) -> &'static str {
+        match self {
+            Arch::Gpt2 => "GPT2LMHeadModel",
+            Arch::Llama => "LlamaForCausalLM",
+            Arch::Mistral => "MistralForCausalLM",
+            Arch::Qwen2 => "Qwen2ForCausalLM",
+            Arch::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Arch::Gpt2 => "gpt2",
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    pub fn from_hf_architecture(name: &str) -> Option<Arch> {
+        Arch::ALL.into_iter().find(|a| a.hf_architecture() == name)
+    }
+
+    /// GPT-2 (LayerNorm, GELU, learned positions) versus the Llama family
+    /// (RMSNorm, RoPE, SwiGLU).
+    pub fn is_gpt2(self) -> bool {
+        self == Arch::Gpt2
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Decoder blocks.
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub max_position_embeddings: usize,
+    /// LayerNorm / RMSNorm epsilon.
+    pub norm_eps: f64,
+    /// RoPE base (unused by GPT-2).
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    /// Biases on q, k and v projections (Qwen2; Llama/Qwen3 `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection (Llama/Qwen3 `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on gate/up/down (Llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Mistral's sliding window: sequences up to this length are exact.
+    pub sliding_window: Option<usize>,
+    /// `torch_dtype` / `dtype` as written in the file (informational).
+    pub dtype: Option<String>,
+    /// The parsed `config.json`, written back (with its dtype updated) on
+    /// export so that fields we do not model survive the round trip.
+    pub raw: Option<Value>,
+}
+
+struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, field: &str) -> Option<&'a Value> {
+        self.obj.get(field).filter(|v| !v.is_null())
+    }
+
+    fn bad(&self, field: &str, detail: impl Into<String>) -> ZooError {
+        ZooError::BadField {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            detail: detail.into(),
+        }
+    }
+
+    fn usize_of(&self, field: &str, v: &Value) -> Result<usize> {
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| self.bad(field, format!("expected a non-negative integer, got {v}")))
+    }
+
+    fn req_usize(&self, field: &'static str) -> Result<usize> {
+        match self.get(field) {
+            Some(v) => {
+                let x = self.usize_of(field, v)?;
+                if x == 0 {
+                    return Err(self.bad(field, "must be positive"));
+                }
+                Ok(x)
+            }
+            None => Err(ZooError::MissingField {
+                path: self.path.to_path_buf(),
+                field,
+            }),
+        }
+    }
+
+    fn opt_usize(&self, field: &str) -> Result<Option<usize>> {
+        self.get(field).map(|v| self.usize_of(field, v)).transpose()
+    }
+
+    fn opt_f64(&self, field: &str) -> Result<Option<f64>> {
+        self.get(field)
+            .map(|v| {
+                v.as_f64()
+                    .ok_or_else(|| self.bad(field, format!("expected a number, got {v}")))
+            })
+            .transpose()
+    }
+
+    fn opt_bool(&self, field: &str) -> Result<Option<bool>> {
+        self.get(field)
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| self.bad(field, format!("expected a boolean, got {v}")))
+            })
+            .transpose()
+    }
+
+    fn opt_str(&self, field: &str) -> Result<Option<&'a str>> {
+        self.get(field)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.bad(field, format!("expected a string, got {v}")))
+            })
+            .transpose()
+    }
+
+    fn unsupported(&self, detail: impl Into<String>) -> ZooError {
+        ZooError::Unsupported {
+            path: self.path.to_path_buf(),
+            detail: detail.into(),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file(dir.as_ref().join("config.json"))
+    }
+
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| ZooError::io(path, e))?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// Parses config text; `path` is only used to name the source in errors.
+    pub fn from_json_str(text: &str, path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let value: Value = serde_json::from_str(text).map_err(|source| ZooError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_json(value, path)
+    }
+
+    pub fn from_json(value: Value, path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let obj = value.as_object().ok_or_else(|| ZooError::BadField {
+            path: path.to_path_buf(),
+            field: "<root>".into(),
+            detail: "expected a JSON object".into(),
+        })?;
+        let f = Fields { obj, path };
+        let arch = parse_arch(&f)?;
+        let dtype = match f.opt_str("dtype")? {
+            Some(s) => Some(s.to_string()),
+            None => f.opt_str("torch_dtype")?.map(str::to_string),
+        };
+        let mut cfg = if arch.is_gpt2() {
+            parse_gpt2(&f)?
+        } else {
+            parse_llama_family(&f, arch)?
+        };
+        cfg.dtype = dtype;
+        cfg.raw = Some(value.clone());
+        cfg.validate().map_err(|detail| f.bad("<shape>", detail))?;
+        Ok(cfg)
+    }
+
+    /// Structural consistency of the numbers (heads divide, sizes positive).
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{name} must be positive"));
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if !self.arch.is_gpt2() && !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
+        }
+        if self.arch.is_gpt2() && self.head_dim * self.num_heads != self.hidden_size {
+            return Err(format!(
+                "n_embd {} is not a multiple of n_head {}",
+                self.hidden_size, self.num_heads
+            ));
+        }
+        Ok(())
+    }
+
+    /// Layers of the streamed model: embedding, the blocks, final norm + head.
+    pub fn num_layers_total(&self) -> usize {
+        self.num_layers + 2
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether a sequence of `seq` tokens can be run exactly.
+    pub fn check_seq_len(&self, seq: usize) -> Result<()> {
+        if self.arch.is_gpt2() && seq > self.max_position_embeddings {
+            return Err(ZooError::invalid(
+                "sequence length",
+                format!(
+                    "{seq} tokens exceed GPT-2's n_positions = {}",
+                    self.max_position_embeddings
+                ),
+            ));
+        }
+        if let Some(w) = self.sliding_window
+            && seq > w
+        {
+            return Err(ZooError::invalid(
+                "sequence length",
+                format!(
+                    "{seq} tokens exceed sliding_window = {w}; only full causal attention is implemented"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The HF `config.json` for this model, with `torch_dtype`/`dtype` set to
+    /// `dtype` ("float32", "bfloat16", "float16"). A parsed config keeps every
+    /// original field.
+    pub fn to_hf_json(&self, dtype: &str) -> Value {
+        let mut v = match &self.raw {
+            Some(raw) => raw.clone(),
+            None => self.generated_json(),
+        };
+        let obj = v.as_object_mut().expect("config is an object");
+        let mut set = false;
+        for key in ["torch_dtype", "dtype"] {
+            if obj.contains_key(key) {
+                obj.insert(key.into(), Value::from(dtype));
+                set = true;
+            }
+        }
+        if !set {
+            obj.insert("torch_dtype".into(), Value::from(dtype));
+        }
+        v
+    }
+
+    fn generated_json(&self) -> Value {
+        use serde_json::json;
+        let mut v = if self.arch.is_gpt2() {
+            json!({
+                "n_embd": self.hidden_size,
+                "n_layer": self.num_layers,
+                "n_head": self.num_heads,
+                "n_positions": self.max_position_embeddings,
+                "n_inner": self.intermediate_size,
+                "layer_norm_epsilon": self.norm_eps,
+                "activation_function": "gelu_new",
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+            })
+        } else {
+            json!({
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_layers,
+                "num_attention_heads": self.num_heads,
+                "num_key_value_heads": self.num_kv_heads,
+                "head_dim": self.head_dim,
+                "max_position_embeddings": self.max_position_embeddings,
+                "rms_norm_eps": self.norm_eps,
+                "rope_theta": self.rope_theta,
+                "hidden_act": "silu",
+                "attention_dropout": 0.0,
+            })
+        };
+        let obj = v.as_object_mut().expect("object");
+        obj.insert("architectures".into(), json!([self.arch.hf_architecture()]));
+        obj.insert("model_type".into(), json!(self.arch.model_type()));
+        obj.insert("vocab_size".into(), json!(self.vocab_size));
+        obj.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
+        obj.insert("initializer_range".into(), json!(0.02));
+        match self.arch {
+            Arch::Gpt2 => {}
+            Arch::Llama => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("mlp_bias".into(), json!(self.mlp_bias));
+            }
+            Arch::Mistral => {
+                obj.insert("sliding_window".into(), json!(self.sliding_window));
+            }
+            Arch::Qwen2 => {
+                obj.insert("use_sliding_window".into(), json!(false));
+            }
+            Arch::Qwen3 => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("use_sliding_window".into(), json!(false));
+            }
+        }
+        v
+    }
+}
+
+fn parse_arch(f: &Fields) -> Result<Arch> {
+    let archs = f.get("architectures").ok_or_else(|| ZooError::MissingField {
+        path: f.path.to_path_buf(),
+        field: "architectures",
+    })?;
+    let list = archs
+        .as_array()
+        .ok_or_else(|| f.bad("architectures", format!("expected a list, got {archs}")))?;
+    let name = match list.as_slice() {
+        [one] => one
+            .as_str()
+            .ok_or_else(|| f.bad("architectures", format!("expected a string, got {one}")))?,
+        _ => {
+            return Err(f.bad(
+                "architectures",
+                format!("expected exactly one entry, got {archs}"),
+            ));
+        }
+    };
+    Arch::from_hf_architecture(name).ok_or_else(|| ZooError::UnknownArchitecture {
+        path: f.path.to_path_buf(),
+        name: name.to_string(),
+        supported: SUPPORTED,
+    })
+}
+
+fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
+    let hidden = f.req_usize("n_embd")?;
+    let heads = f.req_usize("n_head")?;
+    if hidden % heads != 0 {
+        return Err(f.bad("n_embd", format!("{hidden} is not a multiple of n_head {heads}")));
+    }
+    let act = f.opt_str("activation_function")?.unwrap_or("gelu_new");
+    if !matches!(act, "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") {
+        return Err(f.unsupported(format!(
+            "activation_function '{act}' (only the tanh GELU approximation is implemented)"
+        )));
+    }
+    for (field, bad_value, default) in [
+        ("scale_attn_weights", false, true),
+        ("scale_attn_by_inverse_layer_idx", true, false),
+        ("add_cross_attention", true, false),
+    ] {
+        if f.opt_bool(field)?.unwrap_or(default) == bad_value {
+            return Err(f.unsupported(format!("{field} = {bad_value}")));
+        }
+    }
+    Ok(ModelConfig {
+        arch: Arch::Gpt2,
+        vocab_size: f.req_usize("vocab_size")?,
+        hidden_size: hidden,
+        num_layers: f.req_usize("n_layer")?,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: hidden / heads,
+        intermediate_size: f.opt_usize("n_inner")?.unwrap_or(4 * hidden),
+        max_position_embeddings: f.req_usize("n_positions")?,
+        norm_eps: f.opt_f64("layer_norm_epsilon")?.unwrap_or(1e-5),
+        rope_theta: 0.0,
+        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        qk_norm: false,
+        sliding_window: None,
+        dtype: None,
+        raw: None,
+    })
+}
+
+/// RoPE base from v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`)
+/// fields; any scaling other than the default is refused, never ignored.
+fn parse_rope(f: &Fields) -> Result<f64> {
+    let top_theta = f.opt_f64("rope_theta")?;
+    let mut theta = top_theta;
+    let mut check_type = |field: &str, obj: &Value| -> Result<()> {
+        let Some(m) = obj.as_object() else {
+            return Err(f.bad(field, format!("expected an object, got {obj}")));
+        };
+        let kind = m
+            .get("rope_type")
+            .or_else(|| m.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(f.unsupported(format!(
+                "{field} of type '{kind}' (only default RoPE is implemented)"
+            )));
+        }
+        if let Some(p) = m.get("partial_rotary_factor").and_then(Value::as_f64)
+            && p != 1.0
+        {
+            return Err(f.unsupported(format!("{field}.partial_rotary_factor = {p}")));
+        }
+        if let Some(t) = m.get("rope_theta").filter(|v| !v.is_null()) {
+            theta = Some(
+                t.as_f64()
+                    .ok_or_else(|| f.bad(&format!("{field}.rope_theta"), format!("got {t}")))?,
+            );
+        }
+        Ok(())
+    };
+    if let Some(p) = f.get("rope_parameters") {
+        check_type("rope_parameters", p)?;
+    }
+    if let Some(s) = f.get("rope_scaling") {
+        check_type("rope_scaling", s)?;
+    }
+    if let Some(p) = f.opt_f64("partial_rotary_factor")?
+        && p != 1.0
+    {
+        return Err(f.unsupported(format!("partial_rotary_factor = {p}")));
+    }
+    Ok(theta.unwrap_or(10000.0))
+}
+
+fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
+    let hidden = f.req_usize("hidden_size")?;
+    let heads = f.req_usize("num_attention_heads")?;
+    let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = match f.opt_usize("head_dim")? {
+        Some(d) => d,
+        // Qwen3Config's default head_dim is 128, not hidden / heads.
+        None if arch == Arch::Qwen3 => 128,
+        None => {
+            if hidden % heads != 0 {
+                return Err(f.bad(
+                    "hidden_size",
+                    format!(
+                        "{hidden} is not a multiple of num_attention_heads {heads} and head_dim is absent"
+                    ),
+                ));
+            }
+            hidden / heads
+        }
+    };
+    let act = f.opt_str("hidden_act")?.unwrap_or("silu");
+    if act != "silu" {
+        return Err(f.unsupported(format!("hidden_act '{act}' (only silu is implemented)")));
+    }
+    let rope_theta = parse_rope(f)?;
+    let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
+    let (qkv_bias, o_bias, mlp_bias) = match arch {
+        Arch::Llama => (
+            attention_bias,
+            attention_bias,
+            f.opt_bool("mlp_bias")?.unwrap_or(false),
+        ),
+        Arch::Qwen3 => (attention_bias, attention_bias, false),
+        Arch::Qwen2 => (true, false, false),
+        _ => (false, false, false),
+    };
+    let sliding_window = match arch {
+        // MistralConfig defaults to a 4096 window; null means none.
+        Arch::Mistral => match f.obj.get("sliding_window") {
+            None => Some(4096),
+            Some(Value::Null) => None,
+            Some(v) => Some(f.usize_of("sliding_window", v)?),
+        },
+        Arch::Qwen2 | Arch::Qwen3 => {
+            if f.opt_bool("use_sliding_window")?.unwrap_or(false) {
+                return Err(f.unsupported("use_sliding_window = true"));
+            }
+            None
+        }
+        _ => None,
+    };
+    if let Some(types) = f.get("layer_types").and_then(Value::as_array)
+        && let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention"))
+    {
+        return Err(f.unsupported(format!(
+            "layer_types entry {t} (only full_attention is implemented)"
+        )));
+    }
+    let default_positions = match arch {
+        Arch::Mistral => 4096 * 32,
+        Arch::Qwen2 | Arch::Qwen3 => 32768,
+        _ => 2048,
+    };
+    Ok(ModelConfig {
+        arch,
+        vocab_size: f.req_usize("vocab_size")?,
+        hidden_size: hidden,
+        num_layers: f.req_usize("num_hidden_layers")?,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        intermediate_size: f.req_usize("intermediate_size")?,
+        max_position_embeddings: f
+            .opt_usize("max_position_embeddings")?
+            .unwrap_or(default_positions),
+        norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+        rope_theta,
+        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        qkv_bias,
+        o_bias,
+        mlp_bias,
+        qk_norm: arch == Arch::Qwen3,
+        sliding_window,
+        dtype: None,
+        raw: None,
+    })
+}
+
+/// A path for configs that never came from a file.
+pub(crate) fn synthetic_path(name: &str) -> PathBuf {
+    PathBuf::from(format!("<preset {name}>"))
+}

@@ -1,0 +1,283 @@
+//! Reading Hugging Face safetensors checkpoints into per-layer fp32 slabs.
+//!
+//! Files are memory-mapped and each tensor is converted straight from the
+//! mapping into its place in the layer's slab, so loading never holds a
+//! second full copy of the model; a trainer can load one layer at a time
+//! with [`HfCheckpoint::read_layer_into`].
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use megatrain_tensor::{ParamSpec, ParamTable};
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
+use serde_json::Value;
+
+use crate::{ModelConfig, Result, ZooError};
+
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    tensors: HashMap<String, TensorInfo>,
+}
+
+/// An opened checkpoint directory: `config.json` plus `model.safetensors` or
+/// the shards listed in `model.safetensors.index.json`.
+pub struct HfCheckpoint {
+    pub config: ModelConfig,
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    /// Tensor name → shard.
+    where_: HashMap<String, usize>,
+}
+
+/// A whole model in memory: one fp32 slab per layer, laid out by its table.
+#[derive(Debug, Clone)]
+pub struct LoadedModel {
+    pub config: ModelConfig,
+    pub tables: Vec<ParamTable>,
+    pub slabs: Vec<Vec<f32>>,
+}
+
+fn open_shard(path: &Path) -> Result<Shard> {
+    let file = File::open(path).map_err(|e| ZooError::io(path, e))?;
+    // SAFETY: the mapping is read-only; a checkpoint modified by another
+    // process while we read it is outside what we can defend against.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| ZooError::io(path, e))?;
+    let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| describe_bad_file(path, &map, e))?;
+    let tensors = meta.tensors().into_iter().map(|(k, v)| (k, v.clone())).collect();
+    Ok(Shard {
+        path: path.to_path_buf(),
+        data_start: 8 + n,
+        map,
+        tensors,
+    })
+}
+
+/// Names the first tensor whose bytes lie past the end of a truncated file.
+fn describe_bad_file(path: &Path, buf: &[u8], err: safetensors::SafeTensorError) -> ZooError {
+    let mut detail = format!("{err}");
+    if let Some(header_len) = buf
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        && let Some(header) = buf.get(8..8usize.saturating_add(header_len))
+        && let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(header)
+    {
+        let available = buf.len() - 8 - header_len;
+        let mut past: Vec<(u64, &str)> = m
+            .iter()
+            .filter_map(|(name, v)| {
+                let end = v.get("data_offsets")?.get(1)?.as_u64()?;
+                (end as usize > available).then_some((end, name.as_str()))
+            })
+            .collect();
+        past.sort();
+        if let Some((end, name)) = past.first() {
+            detail = format!(
+                "truncated: tensor '{name}' ends at data byte {end} but the file holds only {available} \
+                 data bytes ({} tensors affected)",
+                past.len()
+            );
+        }
+    } else if buf.len() < 8 {
+        detail = format!(
+            "truncated: {} bytes, shorter than the 8-byte header length",
+            buf.len()
+        );
+    }
+    ZooError::Safetensors {
+        file: path.to_path_buf(),
+        detail,
+    }
+}
+
+impl HfCheckpoint {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let config = ModelConfig::from_dir(dir)?;
+        let index_path = dir.join(INDEX_FILE);
+        let mut shards = Vec::new();
+        let mut where_ = HashMap::new();
+        if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| ZooError::io(&index_path, e))?;
+            let index: Value = serde_json::from_str(&text).map_err(|source| ZooError::Json {
+                path: index_path.clone(),
+                source,
+            })?;
+            let map = index
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| ZooError::MissingField {
+                    path: index_path.clone(),
+                    field: "weight_map",
+                })?;
+            let mut file_ids: HashMap<&str, usize> = HashMap::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| ZooError::BadField {
+                    path: index_path.clone(),
+                    field: format!("weight_map.{tensor}"),
+                    detail: format!("expected a file name, got {file}"),
+                })?;
+                if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+                    return Err(ZooError::BadField {
+                        path: index_path.clone(),
+                        field: format!("weight_map.{tensor}"),
+                        detail: format!("'{file}' is not a plain file name"),
+                    });
+                }
+                let id = match file_ids.get(file) {
+                    Some(&id) => id,
+                    None => {
+                        shards.push(open_shard(&dir.join(file))?);
+                        file_ids.insert(file, shards.len() - 1);
+                        shards.len() - 1
+                    }
+                };
+                where_.insert(tensor.clone(), id);
+            }
+        } else {
+            let shard = open_shard(&dir.join(SINGLE_FILE))?;
+            where_ = shard.tensors.keys().map(|k| (k.clone(), 0)).collect();
+            shards.push(shard);
+        }
+        Ok(HfCheckpoint {
+            config,
+            dir: dir.to_path_buf(),
+            shards,
+            where_,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file a missing tensor was expected in, for error messages.
+    fn expected_file(&self) -> PathBuf {
+        if self.shards.len() == 1 && !self.dir.join(INDEX_FILE).exists() {
+            self.shards[0].path.clone()
+        } else {
+            self.dir.join(INDEX_FILE)
+        }
+    }
+
+    /// Finds a tensor by its HF name; GPT-2 checkpoints saved without the
+    /// `transformer.` prefix (the original OpenAI conversion) are accepted.
+    fn find(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
+        let mut candidates = vec![name];
+        if let Some(stripped) = name.strip_prefix("transformer.") {
+            candidates.push(stripped);
+        }
+        candidates.into_iter().find_map(|n| {
+            let shard = &self.shards[*self.where_.get(n)?];
+            shard.tensors.get(n).map(|info| (shard, info))
+        })
+    }
+
+    /// Reads one tensor into `out` (fp32, `spec.numel()` elements).
+    pub fn read_tensor_into(&self, spec: &ParamSpec, out: &mut [f32]) -> Result<()> {
+        let (shard, info) = match self.find(&spec.name) {
+            Some(found) => found,
+            None => {
+                let file = self
+                    .where_
+                    .get(&spec.name)
+                    .map(|&i| self.shards[i].path.clone())
+                    .unwrap_or_else(|| self.expected_file());
+                return Err(ZooError::MissingTensor {
+                    file,
+                    tensor: spec.name.clone(),
+                });
+            }
+        };
+        if info.shape != spec.shape.dims() {
+            return Err(ZooError::TensorShape {
+                file: shard.path.clone(),
+                tensor: spec.name.clone(),
+                expected: spec.shape.dims().to_vec(),
+                got: info.shape.clone(),
+            });
+        }
+        let bytes =
+            &shard.map[shard.data_start + info.data_offsets.0..shard.data_start + info.data_offsets.1];
+        let n = spec.numel();
+        debug_assert_eq!(out.len(), n);
+        match info.dtype {
+            Dtype::F32 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes(b.try_into().expect("4 bytes"));
+                }
+            }
+            Dtype::BF16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_bits(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32();
+                }
+            }
+            Dtype::F16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_bits(u16::from_le_bytes(b.try_into().expect("2 bytes"))).to_f32();
+                }
+            }
+            other => {
+                return Err(ZooError::TensorDType {
+                    file: shard.path.clone(),
+                    tensor: spec.name.clone(),
+                    got: format!("{other:?}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills one layer's slab, laid out by `table`.
+    pub fn read_layer_into(&self, table: &ParamTable, slab: &mut [f32]) -> Result<()> {
+        if slab.len() != table.numel() {
+            return Err(ZooError::invalid(
+                "read_layer_into",
+                format!(
+                    "slab holds {} elements, table needs {}",
+                    slab.len(),
+                    table.numel()
+                ),
+            ));
+        }
+        for spec in table.iter() {
+            self.read_tensor_into(spec, &mut slab[spec.range()])?;
+        }
+        Ok(())
+    }
+
+    pub fn read_layer(&self, layer: usize) -> Result<(ParamTable, Vec<f32>)> {
+        let table = self.config.layer_table(layer)?;
+        let mut slab = vec![0.0; table.numel()];
+        self.read_layer_into(&table, &mut slab)?;
+        Ok((table, slab))
+    }
+
+    /// Loads every layer.
+    pub fn load(&self) -> Result<LoadedModel> {
+        let mut tables = Vec::new();
+        let mut slabs = Vec::new();
+        for layer in 0..self.config.num_layers_total() {
+            let (t, s) = self.read_layer(layer)?;
+            tables.push(t);
+            slabs.push(s);
+        }
+        Ok(LoadedModel {
+            config: self.config.clone(),
+            tables,
+            slabs,
+        })
+    }
+}
+
+/// Opens `dir` and loads the whole model.
+pub fn load_hf_dir(dir: impl AsRef<Path>) -> Result<LoadedModel> {
+    HfCheckpoint::open(dir)?.load()
+}

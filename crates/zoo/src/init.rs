@@ -1,0 +1,93 @@
+//! Seeded random initialisation, one layer at a time.
+//!
+//! Matrices and embeddings are drawn from N(0, 0.02²) (HF's
+//! `initializer_range`), biases are zero and norm gains one. GPT-2 scales its
+//! residual projections (`attn.c_proj`, `mlp.c_proj`) by 1/sqrt(2·n_layer),
+//! as GPT-2 and nanoGPT do.
+//!
+//! Every tensor is drawn in chunks of `CHUNK` elements, each chunk from its
+//! own generator seeded by (seed, layer, tensor, chunk): the result depends on
+//! nothing but those numbers (not on thread count), and large layers fill in
+//! parallel.
+
+use megatrain_tensor::ParamTable;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand_distr::{Distribution, Normal};
+use rayon::prelude::*;
+
+use crate::{ModelConfig, Result};
+
+const CHUNK: usize = 1 << 16;
+pub const INIT_STD: f32 = 0.02;
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64 finaliser: decorrelates neighbouring seeds.
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The standard deviation a parameter is drawn with, or `None` for a
+/// constant (`Some(0)` never occurs).
+fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
+    if name.ends_with(".bias") {
+        Init::Const(0.0)
+    } else if !decay {
+        Init::Const(1.0)
+    } else if cfg.arch.is_gpt2() && name.ends_with("c_proj.weight") {
+        Init::Normal(INIT_STD / (2.0 * cfg.num_layers as f32).sqrt())
+    } else {
+        Init::Normal(INIT_STD)
+    }
+}
+
+enum Init {
+    Const(f32),
+    Normal(f32),
+}
+
+/// Fills `slab` (laid out by `table`, the table of `layer`) with the layer's
+/// seeded initial values.
+pub fn init_layer_into(
+    cfg: &ModelConfig,
+    table: &ParamTable,
+    layer: usize,
+    seed: u64,
+    slab: &mut [f32],
+) -> Result<()> {
+    if slab.len() != table.numel() {
+        return Err(crate::ZooError::invalid(
+            "init_layer",
+            format!(
+                "slab holds {} elements, layer {layer} needs {}",
+                slab.len(),
+                table.numel()
+            ),
+        ));
+    }
+    for (ti, spec) in table.iter().enumerate() {
+        let dst = &mut slab[spec.range()];
+        match init_of(cfg, &spec.name, spec.decay) {
+            Init::Const(c) => dst.fill(c),
+            Init::Normal(std) => {
+                let normal = Normal::new(0.0f32, std).expect("positive std");
+                let base = mix(mix(mix(seed) ^ layer as u64) ^ ti as u64);
+                dst.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, chunk)| {
+                    let mut rng = StdRng::seed_from_u64(mix(base ^ ci as u64));
+                    chunk.iter_mut().for_each(|x| *x = normal.sample(&mut rng));
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The seeded initial slab of one layer.
+pub fn init_layer(cfg: &ModelConfig, layer: usize, seed: u64) -> Result<Vec<f32>> {
+    let table = cfg.layer_table(layer)?;
+    let mut slab = vec![0.0; table.numel()];
+    init_layer_into(cfg, &table, layer, seed, &mut slab)?;
+    Ok(slab)
+}

@@ -1,0 +1,245 @@
+//! Llama-family block (Llama, Mistral, Qwen2, Qwen3): pre-RMSNorm attention
+//! with RoPE and grouped-query heads, SwiGLU MLP. Optional q/k/v and o
+//! biases, MLP biases, and Qwen3's per-head RMSNorm of q and k before RoPE.
+//! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
+
+use megatrain_tensor::{
+    AttentionOut, Executor, MatmulGrads, MatmulNeeds, NormOut, Rope, TensorHandle, Transpose,
+};
+
+use super::{check_weights, linear, shape};
+use crate::{ModelConfig, Result};
+
+/// Positions of a block's tensors in its table (mirrors `layer_table`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Layout {
+    ln1: usize,
+    q: (usize, Option<usize>),
+    k: (usize, Option<usize>),
+    v: (usize, Option<usize>),
+    o: (usize, Option<usize>),
+    qk_norm: Option<(usize, usize)>,
+    ln2: usize,
+    gate: (usize, Option<usize>),
+    up: (usize, Option<usize>),
+    down: (usize, Option<usize>),
+    len: usize,
+}
+
+impl Layout {
+    pub(crate) fn new(cfg: &ModelConfig) -> Layout {
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n - 1
+        };
+        let ln1 = next();
+        let mut lin = |bias: bool| {
+            let w = next();
+            (w, bias.then(&mut next))
+        };
+        let q = lin(cfg.qkv_bias);
+        let k = lin(cfg.qkv_bias);
+        let v = lin(cfg.qkv_bias);
+        let o = lin(cfg.o_bias);
+        let qk_norm = cfg.qk_norm.then(|| (next(), next()));
+        let ln2 = next();
+        let mut lin = |bias: bool| {
+            let w = next();
+            (w, bias.then(&mut next))
+        };
+        let gate = lin(cfg.mlp_bias);
+        let up = lin(cfg.mlp_bias);
+        let down = lin(cfg.mlp_bias);
+        Layout {
+            ln1,
+            q,
+            k,
+            v,
+            o,
+            qk_norm,
+            ln2,
+            gate,
+            up,
+            down,
+            len: n,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+pub struct LlamaSaved<T> {
+    x: T,
+    n1: NormOut<T>,
+    /// q and k before their norms (Qwen3 only) with the norms' outputs.
+    q_pre: Option<(T, NormOut<T>)>,
+    k_pre: Option<(T, NormOut<T>)>,
+    /// Rotated q, k and v, `[B, T, H, D]`.
+    q: T,
+    k: T,
+    v: T,
+    att: AttentionOut<T>,
+    a: T,
+    x2: T,
+    n2: NormOut<T>,
+    gate: T,
+    up: T,
+    s: T,
+}
+
+fn lin<E: Executor>(
+    ex: &E,
+    x: &E::Tensor,
+    w: &[E::Tensor],
+    (wi, bi): (usize, Option<usize>),
+) -> Result<E::Tensor> {
+    linear(ex, x, &w[wi], bi.map(|i| &w[i]), Transpose::NT)
+}
+
+pub(super) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, LlamaSaved<E::Tensor>)> {
+    let l = Layout::new(cfg);
+    check_weights(w, l.len(), "llama block_forward")?;
+    let eps = cfg.norm_eps as f32;
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let rope = Rope {
+        theta: cfg.rope_theta,
+        offset: 0,
+    };
+    let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
+    let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
+
+    let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
+    let q = ex.reshape(&lin(ex, &n1.y, w, l.q)?, &qs)?;
+    let k = ex.reshape(&lin(ex, &n1.y, w, l.k)?, &ks)?;
+    let v = ex.reshape(&lin(ex, &n1.y, w, l.v)?, &ks)?;
+    let (q_pre, k_pre, qn, kn) = match l.qk_norm {
+        Some((qi, ki)) => {
+            let qn = ex.rmsnorm(&q, &w[qi], eps)?;
+            let kn = ex.rmsnorm(&k, &w[ki], eps)?;
+            let (qy, ky) = (ex.reshape(&qn.y, &qs)?, ex.reshape(&kn.y, &ks)?);
+            (Some((q, qn)), Some((k, kn)), qy, ky)
+        }
+        None => (None, None, q, k),
+    };
+    let q = ex.rope(&qn, rope)?;
+    let k = ex.rope(&kn, rope)?;
+    let att = ex.attention(&q, &k, &v)?;
+    let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
+    let o = lin(ex, &a, w, l.o)?;
+    let x2 = ex.add(x, &o)?;
+    let n2 = ex.rmsnorm(&x2, &w[l.ln2], eps)?;
+    let gate = lin(ex, &n2.y, w, l.gate)?;
+    let up = lin(ex, &n2.y, w, l.up)?;
+    let s = ex.swiglu(&gate, &up)?;
+    let d = lin(ex, &s, w, l.down)?;
+    let y = ex.add(&x2, &d)?;
+    let saved = LlamaSaved {
+        x: ex.reshape(x, x.shape())?,
+        n1,
+        q_pre,
+        k_pre,
+        q,
+        k,
+        v,
+        att,
+        a,
+        x2,
+        n2,
+        gate,
+        up,
+        s,
+    };
+    Ok((y, saved))
+}
+
+/// Stores a linear layer's weight and bias gradients at their table slots.
+fn put<T>(grads: &mut [Option<T>], (wi, bi): (usize, Option<usize>), g: MatmulGrads<T>) {
+    grads[wi] = g.db;
+    if let Some(bi) = bi {
+        grads[bi] = g.dbias;
+    }
+}
+
+fn needs(bias: Option<usize>) -> MatmulNeeds {
+    MatmulNeeds {
+        da: true,
+        db: true,
+        dbias: bias.is_some(),
+    }
+}
+
+pub(super) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    s: &LlamaSaved<E::Tensor>,
+    dy: &E::Tensor,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    let l = Layout::new(cfg);
+    check_weights(w, l.len(), "llama block_backward")?;
+    let (b, t) = (dy.dims()[0], dy.dims()[1]);
+    let rope = Rope {
+        theta: cfg.rope_theta,
+        offset: 0,
+    };
+    let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
+    let take = |o: Option<E::Tensor>| o.expect("requested gradient");
+
+    // MLP.
+    let mut gd = ex.matmul_backward(&s.s, &w[l.down.0], dy, Transpose::NT, needs(l.down.1))?;
+    let (dgate, dup) = ex.swiglu_backward(&s.gate, &s.up, &take(gd.da.take()))?;
+    put(&mut grads, l.down, gd);
+    let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
+    let mut gu = ex.matmul_backward(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1))?;
+    let mut dn2 = take(gg.da.take());
+    ex.add_assign(&mut dn2, &take(gu.da.take()))?;
+    put(&mut grads, l.gate, gg);
+    put(&mut grads, l.up, gu);
+    let n2 = ex.rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2)?;
+    grads[l.ln2] = Some(n2.dw);
+    let mut dx2 = n2.dx;
+    ex.add_assign(&mut dx2, dy)?;
+
+    // Attention.
+    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &dx2, Transpose::NT, needs(l.o.1))?;
+    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
+    put(&mut grads, l.o, go);
+    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
+    let mut dq = ex.rope_backward(&ga.dq, rope)?;
+    let mut dk = ex.rope_backward(&ga.dk, rope)?;
+    if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
+        let gq = ex.rmsnorm_backward(q_pre, &w[qi], &qn.rstd, &dq)?;
+        let gk = ex.rmsnorm_backward(k_pre, &w[ki], &kn.rstd, &dk)?;
+        grads[qi] = Some(gq.dw);
+        grads[ki] = Some(gk.dw);
+        dq = gq.dx;
+        dk = gk.dx;
+    }
+    let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
+    let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let mut dn1: Option<E::Tensor> = None;
+    for (d, lw) in [(&dq, l.q), (&dk, l.k), (&dv, l.v)] {
+        let mut g = ex.matmul_backward(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1))?;
+        let da = take(g.da.take());
+        match &mut dn1 {
+            Some(acc) => ex.add_assign(acc, &da)?,
+            None => dn1 = Some(da),
+        }
+        put(&mut grads, lw, g);
+    }
+    let n1 = ex.rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &take(dn1))?;
+    grads[l.ln1] = Some(n1.dw);
+    let mut dx = n1.dx;
+    ex.add_assign(&mut dx, &dx2)?;
+    let grads = grads.into_iter().map(take).collect();
+    Ok((dx, grads))
+}

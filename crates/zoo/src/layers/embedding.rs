@@ -1,0 +1,100 @@
+//! Layer 0: token embedding (plus GPT-2's learned positions).
+
+use megatrain_tensor::{Executor, TensorHandle};
+
+use super::{check_weights, shape};
+use crate::{ModelConfig, Result, ZooError};
+
+fn check_ids(cfg: &ModelConfig, ids: &[u32], batch: usize, seq: usize, op: &'static str) -> Result<()> {
+    if ids.len() != batch * seq {
+        return Err(ZooError::invalid(
+            op,
+            format!("{} token ids for batch {batch} × seq {seq}", ids.len()),
+        ));
+    }
+    if let Some((pos, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id as usize >= cfg.vocab_size)
+    {
+        return Err(ZooError::TokenOutOfRange {
+            id,
+            pos,
+            vocab: cfg.vocab_size,
+        });
+    }
+    cfg.check_seq_len(seq)
+}
+
+fn positions(batch: usize, seq: usize) -> Vec<u32> {
+    (0..batch).flat_map(|_| 0..seq as u32).collect()
+}
+
+fn n_weights(cfg: &ModelConfig) -> usize {
+    if cfg.arch.is_gpt2() { 2 } else { 1 }
+}
+
+/// `ids` (`batch × seq`, row-major) → `x: [B, T, C]`.
+pub fn embedding_forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    ids: &[u32],
+    batch: usize,
+    seq: usize,
+) -> Result<E::Tensor> {
+    check_weights(w, n_weights(cfg), "embedding_forward")?;
+    check_ids(cfg, ids, batch, seq, "embedding_forward")?;
+    let mut x = ex.embedding(ids, &w[0])?;
+    if cfg.arch.is_gpt2() {
+        let p = ex.embedding(&positions(batch, seq), &w[1])?;
+        ex.add_assign(&mut x, &p)?;
+    }
+    Ok(ex.reshape(&x, &shape(&[batch, seq, cfg.hidden_size]))?)
+}
+
+/// Gradients of the embedding layer for `dx: [B, T, C]`. With a tied head,
+/// pass the head's gradient for the shared table as `tied_grad`: the token
+/// gradient is accumulated onto it, so the returned table gradient is the
+/// whole gradient of the shared weight.
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    ids: &[u32],
+    batch: usize,
+    seq: usize,
+    dx: &E::Tensor,
+    tied_grad: Option<E::Tensor>,
+) -> Result<Vec<E::Tensor>> {
+    check_weights(w, n_weights(cfg), "embedding_backward")?;
+    check_ids(cfg, ids, batch, seq, "embedding_backward")?;
+    let c = cfg.hidden_size;
+    if dx.numel() != batch * seq * c {
+        return Err(ZooError::invalid(
+            "embedding_backward",
+            format!("dx has shape {:?}, expected [{batch}, {seq}, {c}]", dx.dims()),
+        ));
+    }
+    let dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
+    let table_shape = w[0].shape().clone();
+    let mut dwte = match tied_grad {
+        Some(g) if g.shape() == &table_shape => g,
+        Some(g) => {
+            return Err(ZooError::invalid(
+                "embedding_backward",
+                format!("tied gradient has shape {:?}, table is {table_shape}", g.dims()),
+            ));
+        }
+        None => ex.zeros(&table_shape)?,
+    };
+    ex.embedding_backward(ids, &dx, &mut dwte)?;
+    let mut grads = vec![dwte];
+    if cfg.arch.is_gpt2() {
+        let mut dwpe = ex.zeros(w[1].shape())?;
+        ex.embedding_backward(&positions(batch, seq), &dx, &mut dwpe)?;
+        grads.push(dwpe);
+    }
+    Ok(grads)
+}

@@ -1,0 +1,266 @@
+//! Last layer: final norm, LM head and softmax cross-entropy, processed in
+//! chunks of rows so that the `B×T×V` logits never exist at once.
+
+use megatrain_tensor::{Executor, MatmulNeeds, NormGrads, NormOut, TensorHandle, Transpose};
+
+use super::{IGNORE_INDEX, check_weights, shape};
+use crate::{ModelConfig, Result, ZooError};
+
+/// What [`head_forward_backward`] returns.
+pub struct HeadOut<T> {
+    /// Sum of −log p(target) over counted rows (divide by the step's counted
+    /// targets for the mean).
+    pub loss_sum: f64,
+    /// Targets that were not `IGNORE_INDEX`.
+    pub counted: usize,
+    /// `[B, T, C]`.
+    pub dx: T,
+    /// Gradients of the head's own table, in table order.
+    pub grads: Vec<T>,
+    /// With tied embeddings: the gradient for the embedding table `[V, C]`,
+    /// to be accumulated into the embedding layer's gradient.
+    pub tied_grad: Option<T>,
+}
+
+fn n_weights(cfg: &ModelConfig) -> usize {
+    let norm = if cfg.arch.is_gpt2() { 2 } else { 1 };
+    norm + usize::from(!cfg.tie_word_embeddings)
+}
+
+/// The LM head matrix `[V, C]`: the head's own, or the tied embedding table.
+fn head_matrix<'a, E: Executor>(
+    cfg: &ModelConfig,
+    w: &'a [E::Tensor],
+    tied: Option<&'a E::Tensor>,
+    op: &'static str,
+) -> Result<&'a E::Tensor> {
+    check_weights(w, n_weights(cfg), op)?;
+    let m = match (cfg.tie_word_embeddings, tied) {
+        (true, Some(t)) => t,
+        (true, None) => return Err(ZooError::invalid(op, "tied head needs the embedding table")),
+        (false, None) => w.last().expect("untied head has its matrix"),
+        (false, Some(_)) => return Err(ZooError::invalid(op, "untied head was given an embedding table")),
+    };
+    if m.dims() != [cfg.vocab_size, cfg.hidden_size] {
+        return Err(ZooError::invalid(
+            op,
+            format!(
+                "head matrix has shape {:?}, expected [{}, {}]",
+                m.dims(),
+                cfg.vocab_size,
+                cfg.hidden_size
+            ),
+        ));
+    }
+    Ok(m)
+}
+
+fn norm_fwd<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<NormOut<E::Tensor>> {
+    let eps = cfg.norm_eps as f32;
+    Ok(if cfg.arch.is_gpt2() {
+        ex.layernorm(x, &w[0], &w[1], eps)?
+    } else {
+        ex.rmsnorm(x, &w[0], eps)?
+    })
+}
+
+fn norm_bwd<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+    n: &NormOut<E::Tensor>,
+    dy: &E::Tensor,
+) -> Result<NormGrads<E::Tensor>> {
+    Ok(if cfg.arch.is_gpt2() {
+        ex.layernorm_backward(x, &w[0], n.mean.as_ref().expect("layernorm mean"), &n.rstd, dy)?
+    } else {
+        ex.rmsnorm_backward(x, &w[0], &n.rstd, dy)?
+    })
+}
+
+fn rows_of<T: TensorHandle>(cfg: &ModelConfig, x: &T, op: &'static str) -> Result<usize> {
+    if x.shape().last() != cfg.hidden_size {
+        return Err(ZooError::invalid(
+            op,
+            format!(
+                "x has shape {:?}, last dimension must be {}",
+                x.dims(),
+                cfg.hidden_size
+            ),
+        ));
+    }
+    Ok(x.shape().rows())
+}
+
+fn check_targets(rows: usize, targets: &[i32], vocab: usize, op: &'static str) -> Result<()> {
+    if targets.len() != rows {
+        return Err(ZooError::invalid(
+            op,
+            format!("{} targets for {rows} rows", targets.len()),
+        ));
+    }
+    if let Some((pos, &t)) = targets
+        .iter()
+        .enumerate()
+        .find(|(_, t)| **t != IGNORE_INDEX && (**t < 0 || **t as usize >= vocab))
+    {
+        return Err(ZooError::invalid(
+            op,
+            format!(
+                "target {t} at position {pos} is outside the vocabulary of {vocab} (ignore index is {IGNORE_INDEX})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Final norm + LM head + cross-entropy and their backward, `chunk_rows`
+/// rows of `x: [B, T, C]` at a time. `targets` has one entry per row
+/// (`IGNORE_INDEX` for none); `grad_scale` is 1 / (counted targets of the
+/// whole step), so chunks and micro-batches add up to the mean's gradient.
+#[allow(clippy::too_many_arguments)]
+pub fn head_forward_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    tied: Option<&E::Tensor>,
+    x: &E::Tensor,
+    targets: &[i32],
+    grad_scale: f32,
+    chunk_rows: usize,
+) -> Result<HeadOut<E::Tensor>> {
+    const OP: &str = "head_forward_backward";
+    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    let rows = rows_of(cfg, x, OP)?;
+    check_targets(rows, targets, cfg.vocab_size, OP)?;
+    if chunk_rows == 0 {
+        return Err(ZooError::invalid(OP, "chunk_rows must be positive"));
+    }
+    let c = cfg.hidden_size;
+    let x2 = ex.reshape(x, &shape(&[rows, c]))?;
+    let mut dx = ex.zeros(&shape(&[rows, c]))?;
+    let mut dwh: Option<E::Tensor> = None;
+    let mut dnorm: Option<(E::Tensor, Option<E::Tensor>)> = None;
+    let mut loss_sum = 0.0f64;
+    let mut start = 0;
+    while start < rows {
+        let len = chunk_rows.min(rows - start);
+        let tgt = &targets[start..start + len];
+        let xc = ex.slice_rows(&x2, start, len)?;
+        let n = norm_fwd(cfg, ex, w, &xc)?;
+        let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
+        let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
+        drop(logits);
+        let losses = ex.download(&ce.losses)?.to_f32_vec();
+        loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+        let needs = MatmulNeeds {
+            da: true,
+            db: true,
+            dbias: false,
+        };
+        let g = ex.matmul_backward(&n.y, wh, &ce.dlogits, Transpose::NT, needs)?;
+        let db = g.db.expect("requested");
+        match &mut dwh {
+            Some(acc) => ex.add_assign(acc, &db)?,
+            None => dwh = Some(db),
+        }
+        let ng = norm_bwd(cfg, ex, w, &xc, &n, &g.da.expect("requested"))?;
+        match &mut dnorm {
+            Some((dw, db)) => {
+                ex.add_assign(dw, &ng.dw)?;
+                if let (Some(acc), Some(b)) = (db, &ng.db) {
+                    ex.add_assign(acc, b)?;
+                }
+            }
+            None => dnorm = Some((ng.dw, ng.db)),
+        }
+        ex.write_rows(&mut dx, start, &ng.dx)?;
+        start += len;
+    }
+    let counted = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
+    let (dnw, dnb) = match dnorm {
+        Some(d) => d,
+        None => (
+            ex.zeros(w[0].shape())?,
+            cfg.arch.is_gpt2().then(|| ex.zeros(w[1].shape())).transpose()?,
+        ),
+    };
+    let dwh = match dwh {
+        Some(d) => d,
+        None => ex.zeros(wh.shape())?,
+    };
+    let mut grads = vec![dnw];
+    grads.extend(dnb);
+    let tied_grad = if cfg.tie_word_embeddings {
+        Some(dwh)
+    } else {
+        grads.push(dwh);
+        None
+    };
+    Ok(HeadOut {
+        loss_sum,
+        counted,
+        dx: ex.reshape(&dx, x.shape())?,
+        grads,
+        tied_grad,
+    })
+}
+
+/// Logits `[.., V]` of `x: [.., C]` (all rows at once: pass only the rows you
+/// need, e.g. the last position when sampling).
+pub fn head_logits<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    tied: Option<&E::Tensor>,
+    x: &E::Tensor,
+) -> Result<E::Tensor> {
+    const OP: &str = "head_logits";
+    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    rows_of(cfg, x, OP)?;
+    let n = norm_fwd(cfg, ex, w, x)?;
+    Ok(ex.matmul(&n.y, wh, None, Transpose::NT)?)
+}
+
+/// Forward-only loss: `(loss_sum, counted)`, `chunk_rows` rows at a time.
+pub fn head_loss<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    tied: Option<&E::Tensor>,
+    x: &E::Tensor,
+    targets: &[i32],
+    chunk_rows: usize,
+) -> Result<(f64, usize)> {
+    const OP: &str = "head_loss";
+    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    let rows = rows_of(cfg, x, OP)?;
+    check_targets(rows, targets, cfg.vocab_size, OP)?;
+    if chunk_rows == 0 {
+        return Err(ZooError::invalid(OP, "chunk_rows must be positive"));
+    }
+    let x2 = ex.reshape(x, &shape(&[rows, cfg.hidden_size]))?;
+    let mut loss_sum = 0.0;
+    let mut start = 0;
+    while start < rows {
+        let len = chunk_rows.min(rows - start);
+        let xc = ex.slice_rows(&x2, start, len)?;
+        let n = norm_fwd(cfg, ex, w, &xc)?;
+        let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
+        let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
+        loss_sum += ex
+            .download(&ce.losses)?
+            .to_f32_vec()
+            .iter()
+            .map(|&l| l as f64)
+            .sum::<f64>();
+        start += len;
+    }
+    Ok((loss_sum, targets.iter().filter(|&&t| t != IGNORE_INDEX).count()))
+}

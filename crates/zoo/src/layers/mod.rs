@@ -1,0 +1,113 @@
+//! Layer math, written once against [`Executor`].
+//!
+//! Every function takes the layer's weights as `&[E::Tensor]` in the order of
+//! the layer's [`ParamTable`](megatrain_tensor::ParamTable) (so the caller
+//! decides where they live: host uploads, device weight slots, bf16
+//! transport copies for matmul operands) and returns gradients as
+//! `Vec<E::Tensor>` in the same order.
+//!
+//! - [`embedding_forward`] / [`embedding_backward`] — layer 0;
+//! - [`block_forward`] → `(y, BlockSaved)`, [`block_backward`] — the decoder
+//!   blocks; drop `BlockSaved` for a checkpointed forward, keep it when
+//!   recomputing;
+//! - [`head_forward_backward`] — final norm, LM head and cross-entropy in
+//!   chunks of rows, and its backward; [`head_logits`] and [`head_loss`] run
+//!   forward only.
+//!
+//! A tied head reads the embedding table (passed as `tied`) and returns its
+//! gradient for it separately; [`embedding_backward`] accumulates onto it.
+
+mod block_gpt2;
+mod block_llama;
+mod embedding;
+mod head;
+
+use megatrain_tensor::{Executor, Shape, TensorHandle, Transpose};
+
+pub use block_gpt2::Gpt2Saved;
+pub use block_llama::LlamaSaved;
+pub use embedding::{embedding_backward, embedding_forward};
+pub use head::{HeadOut, head_forward_backward, head_logits, head_loss};
+
+use crate::{ModelConfig, Result, ZooError};
+
+/// Targets equal to this are not counted in the loss (HF convention).
+pub const IGNORE_INDEX: i32 = -100;
+
+/// Activations a block's backward needs, as its forward left them.
+pub enum BlockSaved<T> {
+    Gpt2(Box<Gpt2Saved<T>>),
+    Llama(Box<LlamaSaved<T>>),
+}
+
+/// One decoder block: `x: [B, T, C]` → `y: [B, T, C]`.
+pub fn block_forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
+    check_x(cfg, x, "block_forward")?;
+    cfg.check_seq_len(x.dims()[1])?;
+    if cfg.arch.is_gpt2() {
+        let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
+        Ok((y, BlockSaved::Gpt2(Box::new(s))))
+    } else {
+        let (y, s) = block_llama::forward(cfg, ex, w, x)?;
+        Ok((y, BlockSaved::Llama(Box::new(s))))
+    }
+}
+
+/// Backward of one block: returns `dx` and the weight gradients.
+pub fn block_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    saved: &BlockSaved<E::Tensor>,
+    dy: &E::Tensor,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    match saved {
+        BlockSaved::Gpt2(s) if cfg.arch.is_gpt2() => block_gpt2::backward(cfg, ex, w, s, dy),
+        BlockSaved::Llama(s) if !cfg.arch.is_gpt2() => block_llama::backward(cfg, ex, w, s, dy),
+        _ => Err(ZooError::invalid(
+            "block_backward",
+            format!("saved activations do not belong to a {:?} block", cfg.arch),
+        )),
+    }
+}
+
+pub(crate) fn check_weights<T>(w: &[T], expected: usize, op: &'static str) -> Result<()> {
+    if w.len() != expected {
+        return Err(ZooError::invalid(
+            op,
+            format!("got {} weight tensors, the layer's table has {expected}", w.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_x<T: TensorHandle>(cfg: &ModelConfig, x: &T, op: &'static str) -> Result<()> {
+    let d = x.dims();
+    if d.len() != 3 || d[2] != cfg.hidden_size {
+        return Err(ZooError::invalid(
+            op,
+            format!("x has shape {:?}, expected [B, T, {}]", d, cfg.hidden_size),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn shape(d: &[usize]) -> Shape {
+    Shape::from(d)
+}
+
+/// `x @ w(ᵀ) + b` with an optional bias.
+pub(crate) fn linear<E: Executor>(
+    ex: &E,
+    x: &E::Tensor,
+    w: &E::Tensor,
+    b: Option<&E::Tensor>,
+    t: Transpose,
+) -> Result<E::Tensor> {
+    Ok(ex.matmul(x, w, b, t)?)
+}

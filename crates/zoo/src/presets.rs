@@ -1,0 +1,143 @@
+//! Named model shapes. Building a preset allocates no weights: the planner
+//! reads sizes from the config and its tables; weights come from
+//! [`crate::init_layer`] (seeded) or from a checkpoint.
+
+use crate::config::synthetic_path;
+use crate::{Arch, ModelConfig, Result, ZooError};
+
+/// Every preset name [`preset`] knows.
+pub const PRESET_NAMES: &[&str] = &[
+    "gpt2-nano",
+    "gpt2-124m",
+    "llama-tiny",
+    "tinyllama-1.1b",
+    "llama-2-7b",
+    "qwen2.5-7b",
+    "llama-2-13b",
+    "qwen2.5-14b",
+    "llama-3-70b",
+];
+
+fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Gpt2,
+        vocab_size: vocab,
+        hidden_size: width,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: width / heads,
+        intermediate_size: 4 * width,
+        max_position_embeddings: ctx,
+        norm_eps: 1e-5,
+        rope_theta: 0.0,
+        tie_word_embeddings: true,
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        qk_norm: false,
+        sliding_window: None,
+        dtype: None,
+        raw: None,
+    }
+}
+
+struct LlamaShape {
+    arch: Arch,
+    vocab: usize,
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: usize,
+    kv: usize,
+    ctx: usize,
+    theta: f64,
+    eps: f64,
+}
+
+fn llama(s: LlamaShape) -> ModelConfig {
+    ModelConfig {
+        arch: s.arch,
+        vocab_size: s.vocab,
+        hidden_size: s.hidden,
+        num_layers: s.layers,
+        num_heads: s.heads,
+        num_kv_heads: s.kv,
+        head_dim: s.hidden / s.heads,
+        intermediate_size: s.inter,
+        max_position_embeddings: s.ctx,
+        norm_eps: s.eps,
+        rope_theta: s.theta,
+        tie_word_embeddings: false,
+        qkv_bias: s.arch == Arch::Qwen2,
+        o_bias: false,
+        mlp_bias: false,
+        qk_norm: s.arch == Arch::Qwen3,
+        sliding_window: None,
+        dtype: None,
+        raw: None,
+    }
+}
+
+/// The nanoGPT shakespeare-char CPU configuration (4 layers, 4 heads, width
+/// 128, context 64) over a char vocabulary of `vocab` symbols.
+pub fn gpt2_nano(vocab: usize) -> ModelConfig {
+    gpt2(vocab, 4, 4, 128, 64)
+}
+
+/// A preset by name. `vocab` overrides the vocabulary size; `gpt2-nano` needs
+/// it (its vocabulary is the corpus's characters). The benchmark shapes
+/// (TinyLlama and larger) are the real models' tensor shapes; `llama-3-70b`
+/// uses plain RoPE with theta 500000 (the llama3 frequency scaling of the
+/// released model changes no shape and is not implemented).
+pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
+    use Arch::*;
+    let l = |arch, vocab, hidden, inter, layers, heads, kv, ctx, theta, eps| {
+        llama(LlamaShape {
+            arch,
+            vocab,
+            hidden,
+            inter,
+            layers,
+            heads,
+            kv,
+            ctx,
+            theta,
+            eps,
+        })
+    };
+    let mut cfg = match name {
+        "gpt2-nano" => {
+            let v = vocab.ok_or_else(|| {
+                ZooError::invalid(
+                    "preset gpt2-nano",
+                    "needs the vocabulary size of its char tokenizer",
+                )
+            })?;
+            gpt2_nano(v)
+        }
+        "gpt2-124m" => gpt2(50257, 12, 12, 768, 1024),
+        "llama-tiny" => l(Llama, 256, 64, 176, 2, 4, 2, 256, 10000.0, 1e-5),
+        "tinyllama-1.1b" => l(Llama, 32000, 2048, 5632, 22, 32, 4, 2048, 10000.0, 1e-5),
+        "llama-2-7b" => l(Llama, 32000, 4096, 11008, 32, 32, 32, 4096, 10000.0, 1e-5),
+        "qwen2.5-7b" => l(Qwen2, 152064, 3584, 18944, 28, 28, 4, 32768, 1e6, 1e-6),
+        "llama-2-13b" => l(Llama, 32000, 5120, 13824, 40, 40, 40, 4096, 10000.0, 1e-5),
+        "qwen2.5-14b" => l(Qwen2, 152064, 5120, 13824, 48, 40, 8, 32768, 1e6, 1e-5),
+        "llama-3-70b" => l(Llama, 128256, 8192, 28672, 80, 64, 8, 8192, 500000.0, 1e-5),
+        _ => {
+            return Err(ZooError::UnknownPreset {
+                name: name.to_string(),
+                known: PRESET_NAMES.join(", "),
+            });
+        }
+    };
+    if let Some(v) = vocab {
+        cfg.vocab_size = v;
+    }
+    cfg.validate().map_err(|detail| ZooError::BadField {
+        path: synthetic_path(name),
+        field: "vocab_size".into(),
+        detail,
+    })?;
+    Ok(cfg)
+}

@@ -1,0 +1,142 @@
+//! Per-layer parameter tables with Hugging Face names and shapes.
+//!
+//! Layer 0 is the embedding (`wte`, plus `wpe` for GPT-2), layers
+//! `1..=num_layers` are decoder blocks, the last layer is the final norm and
+//! the LM head. Weights keep their HF layout: `nn.Linear` is `[out, in]`
+//! (read with `Transpose::NT`), GPT-2's `Conv1D` is `[in, out]` (read with
+//! `Transpose::NN`), so import and export never transpose.
+//!
+//! The order of a table is the order in which layer code receives its
+//! weights and returns its gradients.
+
+use megatrain_tensor::ParamTable;
+
+use crate::{Arch, ModelConfig, Result};
+
+/// What a layer index of a model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Embedding,
+    /// Decoder block with its 0-based index (HF's `layers.{i}` / `h.{i}`).
+    Block(usize),
+    Head,
+}
+
+impl ModelConfig {
+    pub fn layer_kind(&self, layer: usize) -> Option<LayerKind> {
+        match layer {
+            0 => Some(LayerKind::Embedding),
+            l if l <= self.num_layers => Some(LayerKind::Block(l - 1)),
+            l if l == self.num_layers + 1 => Some(LayerKind::Head),
+            _ => None,
+        }
+    }
+
+    /// HF name of the token embedding, which a tied head reads as its weight.
+    pub fn embedding_name(&self) -> &'static str {
+        if self.arch.is_gpt2() {
+            "transformer.wte.weight"
+        } else {
+            "model.embed_tokens.weight"
+        }
+    }
+
+    /// The tables of every layer, in layer order. Allocates no weights.
+    pub fn layer_tables(&self) -> Vec<ParamTable> {
+        (0..self.num_layers_total())
+            .map(|l| self.layer_table(l).expect("layer index in range"))
+            .collect()
+    }
+
+    pub fn layer_table(&self, layer: usize) -> Result<ParamTable> {
+        let kind = self.layer_kind(layer).ok_or_else(|| {
+            crate::ZooError::invalid(
+                "layer_table",
+                format!(
+                    "layer {layer} out of range (model has {})",
+                    self.num_layers_total()
+                ),
+            )
+        })?;
+        let mut t = ParamTable::new();
+        let (v, c) = (self.vocab_size, self.hidden_size);
+        match (kind, self.arch) {
+            (LayerKind::Embedding, Arch::Gpt2) => {
+                t.push("transformer.wte.weight", [v, c], true)?;
+                t.push("transformer.wpe.weight", [self.max_position_embeddings, c], true)?;
+            }
+            (LayerKind::Embedding, _) => {
+                t.push("model.embed_tokens.weight", [v, c], true)?;
+            }
+            (LayerKind::Block(i), Arch::Gpt2) => {
+                let p = format!("transformer.h.{i}");
+                let f = self.intermediate_size;
+                t.push(format!("{p}.ln_1.weight"), [c], false)?;
+                t.push(format!("{p}.ln_1.bias"), [c], false)?;
+                t.push(format!("{p}.attn.c_attn.weight"), [c, 3 * c], true)?;
+                t.push(format!("{p}.attn.c_attn.bias"), [3 * c], false)?;
+                t.push(format!("{p}.attn.c_proj.weight"), [c, c], true)?;
+                t.push(format!("{p}.attn.c_proj.bias"), [c], false)?;
+                t.push(format!("{p}.ln_2.weight"), [c], false)?;
+                t.push(format!("{p}.ln_2.bias"), [c], false)?;
+                t.push(format!("{p}.mlp.c_fc.weight"), [c, f], true)?;
+                t.push(format!("{p}.mlp.c_fc.bias"), [f], false)?;
+                t.push(format!("{p}.mlp.c_proj.weight"), [f, c], true)?;
+                t.push(format!("{p}.mlp.c_proj.bias"), [c], false)?;
+            }
+            (LayerKind::Block(i), _) => {
+                let p = format!("model.layers.{i}");
+                let (q, kv, f, d) = (self.q_dim(), self.kv_dim(), self.intermediate_size, self.head_dim);
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.self_attn.q_proj.weight"), [q, c], true)?;
+                if self.qkv_bias {
+                    t.push(format!("{p}.self_attn.q_proj.bias"), [q], false)?;
+                }
+                t.push(format!("{p}.self_attn.k_proj.weight"), [kv, c], true)?;
+                if self.qkv_bias {
+                    t.push(format!("{p}.self_attn.k_proj.bias"), [kv], false)?;
+                }
+                t.push(format!("{p}.self_attn.v_proj.weight"), [kv, c], true)?;
+                if self.qkv_bias {
+                    t.push(format!("{p}.self_attn.v_proj.bias"), [kv], false)?;
+                }
+                t.push(format!("{p}.self_attn.o_proj.weight"), [c, q], true)?;
+                if self.o_bias {
+                    t.push(format!("{p}.self_attn.o_proj.bias"), [c], false)?;
+                }
+                if self.qk_norm {
+                    t.push(format!("{p}.self_attn.q_norm.weight"), [d], false)?;
+                    t.push(format!("{p}.self_attn.k_norm.weight"), [d], false)?;
+                }
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
+                    t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
+                    if self.mlp_bias {
+                        t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
+                    }
+                }
+            }
+            (LayerKind::Head, Arch::Gpt2) => {
+                t.push("transformer.ln_f.weight", [c], false)?;
+                t.push("transformer.ln_f.bias", [c], false)?;
+                if !self.tie_word_embeddings {
+                    t.push("lm_head.weight", [v, c], true)?;
+                }
+            }
+            (LayerKind::Head, _) => {
+                t.push("model.norm.weight", [c], false)?;
+                if !self.tie_word_embeddings {
+                    t.push("lm_head.weight", [v, c], true)?;
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    /// Parameters of the whole model (a tied head counted once).
+    pub fn param_count(&self) -> usize {
+        (0..self.num_layers_total())
+            .map(|l| self.layer_table(l).expect("in range").numel())
+            .sum()
+    }
+}

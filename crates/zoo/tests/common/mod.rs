@@ -1,0 +1,74 @@
+//! Shared helpers of the zoo's integration tests: reading the golden files
+//! written by `tools/make_golden.py`.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+
+pub const CASES: &[&str] = &[
+    "gpt2",
+    "llama_gqa",
+    "llama_tied_bf16",
+    "mistral_f16",
+    "qwen2",
+    "qwen3",
+];
+
+pub fn fixture(case: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(case)
+}
+
+/// A golden tensor widened to f64, with its shape.
+#[derive(Debug, Clone)]
+pub struct Golden {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+}
+
+pub fn read_golden(case: &str) -> HashMap<String, Golden> {
+    let path = fixture(case).join("golden.safetensors");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).expect("golden file parses");
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let d = view.data();
+            let values: Vec<f64> = match view.dtype() {
+                Dtype::F64 => d
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+                    .collect(),
+                Dtype::F32 => d
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                Dtype::I32 => d
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                other => panic!("unexpected dtype {other:?} for {name}"),
+            };
+            (
+                name,
+                Golden {
+                    shape: view.shape().to_vec(),
+                    values,
+                },
+            )
+        })
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_norm_err(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}

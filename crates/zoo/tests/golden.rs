@@ -1,0 +1,107 @@
+//! Every architecture, loaded from its HF fixture directory, against the
+//! float64 transformers reference of `tools/make_golden.py`: logits, loss and
+//! the gradient of every parameter.
+
+mod common;
+
+use common::{CASES, Golden, fixture, read_golden, rel_norm_err};
+use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};
+use megatrain_tensor::{CpuExecutor, F64Executor, TensorHandle};
+use megatrain_zoo::{forward_backward, forward_logits, load_hf_dir, upload_layer};
+
+struct Tol {
+    loss: f64,
+    grad: f64,
+    logits: f64,
+}
+
+/// Runs one case on a reference executor; returns the worst errors seen.
+fn check_case<F: Real>(case: &str, ex: &RefExecutor<F>, tol: &Tol, chunk_rows: usize) -> (f64, f64, f64) {
+    let model = load_hf_dir(fixture(case)).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let golden = read_golden(case);
+    let g = |name: &str| -> &Golden {
+        golden
+            .get(name)
+            .unwrap_or_else(|| panic!("{case}: golden lacks {name}"))
+    };
+    let ids_g = g("input_ids");
+    let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
+    let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
+    let targets: Vec<i32> = g("targets").values.iter().map(|&v| v as i32).collect();
+
+    let cfg = &model.config;
+    let weights: Vec<Vec<CpuTensor<F>>> = model
+        .tables
+        .iter()
+        .zip(&model.slabs)
+        .map(|(t, s)| upload_layer(ex, t, s).unwrap())
+        .collect();
+
+    let logits = forward_logits(cfg, ex, &weights, &ids, batch, seq).unwrap();
+    assert_eq!(logits.dims(), [batch, seq, cfg.vocab_size]);
+    let got: Vec<f64> = logits.data().iter().map(|x| x.widen()).collect();
+    let logits_err = rel_norm_err(&got, &g("logits").values);
+    assert!(logits_err < tol.logits, "{case}: logits rel err {logits_err:e}");
+
+    let out = forward_backward(cfg, ex, &weights, &ids, &targets, batch, seq, chunk_rows).unwrap();
+    let want_loss = g("loss").values[0];
+    let loss_err = ((out.loss - want_loss) / want_loss).abs();
+    assert!(
+        loss_err < tol.loss,
+        "{case}: loss {} vs {want_loss}: rel err {loss_err:e}",
+        out.loss
+    );
+    assert_eq!(out.counted, targets.iter().filter(|&&t| t != -100).count());
+
+    let mut worst = 0.0f64;
+    let mut seen = 0;
+    for (table, grads) in model.tables.iter().zip(&out.grads) {
+        assert_eq!(table.len(), grads.len());
+        for (spec, grad) in table.iter().zip(grads) {
+            let want = g(&format!("grad.{}", spec.name));
+            assert_eq!(want.shape, spec.shape.dims(), "{case}: {}", spec.name);
+            let got: Vec<f64> = grad.data().iter().map(|x| x.widen()).collect();
+            let err = rel_norm_err(&got, &want.values);
+            assert!(
+                err < tol.grad,
+                "{case}: grad of {} rel norm err {err:e}",
+                spec.name
+            );
+            worst = worst.max(err);
+            seen += 1;
+        }
+    }
+    let n_golden = golden.keys().filter(|k| k.starts_with("grad.")).count();
+    assert_eq!(seen, n_golden, "{case}: every HF parameter has a gradient here");
+    (loss_err, worst, logits_err)
+}
+
+#[test]
+fn golden_f32_cpu_executor() {
+    let tol = Tol {
+        // The issue asks for 1e-5 (loss) and 1e-4 (gradients); we see ~1e-8
+        // and ~3e-6, so hold a tighter line with a 10x margin.
+        loss: 1e-6,
+        grad: 3e-5,
+        logits: 5e-6,
+    };
+    for case in CASES {
+        let (l, g, lg) = check_case(case, &CpuExecutor::new(), &tol, 5);
+        eprintln!("{case:>16} f32: loss {l:.1e}  worst grad {g:.1e}  logits {lg:.1e}");
+    }
+}
+
+/// The same code in f64: agreement to the precision of the golden files
+/// (gradients stored as f32, per-row losses downloaded as f32).
+#[test]
+fn golden_f64_executor_is_tighter() {
+    let tol = Tol {
+        loss: 1e-7,
+        grad: 3e-7,
+        logits: 1e-9,
+    };
+    for case in CASES {
+        let (l, g, lg) = check_case(case, &F64Executor::new(), &tol, 7);
+        eprintln!("{case:>16} f64: loss {l:.1e}  worst grad {g:.1e}  logits {lg:.1e}");
+    }
+}
