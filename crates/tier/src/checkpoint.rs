@@ -122,6 +122,16 @@ fn write_safetensors(
             detail: e.to_string(),
         });
     }
+    // safetensors writes through a 0600 temporary; give the checkpoint the
+    // usual permissions of a data file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(TierError::Io { path: tmp, source: e });
+        }
+    }
     persist(&tmp, path)
 }
 
@@ -370,7 +380,8 @@ fn copy_le_f32(src: &[u8], dst: &mut [f32]) {
 /// from the same parameter tables. Everything is validated (every tensor
 /// present, f32, right shape; no unknown tensors; layer and parameter
 /// counts) before the first byte of the tier is overwritten, so a bad
-/// checkpoint leaves the tier as it was. Transport copies are refreshed.
+/// checkpoint leaves the tier as it was. Transport copies are refreshed and
+/// spilled layers evicted from the resident set.
 pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta> {
     let mut meta = read_checkpoint_meta(dir)?;
     let meta_path = dir.join(META_FILE);
@@ -422,16 +433,17 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
         let layer = &mut tier.layers_mut()[l];
         let parts = layer.parts_mut();
         copy_le_f32(p.data(), &mut parts.params[range.clone()]);
-        copy_le_f32(m.data(), &mut parts.m[range.clone()]);
-        copy_le_f32(v.data(), &mut parts.v[range]);
         model.release(p.data());
+        copy_le_f32(m.data(), &mut parts.m[range.clone()]);
         optim.release(m.data());
+        copy_le_f32(v.data(), &mut parts.v[range]);
         optim.release(v.data());
     }
     for (layer, &s) in tier.layers_mut().iter_mut().zip(&steps) {
         layer.set_step(s);
+        layer.refresh_transport();
+        layer.evict()?;
     }
-    tier.refresh_all_transport();
     meta.layer_steps = steps;
     Ok(meta)
 }

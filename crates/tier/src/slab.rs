@@ -315,6 +315,19 @@ impl LayerSlab {
         }
     }
 
+    /// For a spilled layer, drops its p/m/v/gradient pages from the
+    /// resident set (see [`AlignedBuf::evict`]); call after the optimizer
+    /// has updated it. A no-op for layers in RAM.
+    pub fn evict(&mut self) -> Result<()> {
+        self.params.evict()?;
+        self.m.evict()?;
+        self.v.evict()?;
+        if let Some(g) = &mut self.grads {
+            g.evict()?;
+        }
+        Ok(())
+    }
+
     /// Rewrites the transport copy from the fp32 params.
     pub fn refresh_transport(&mut self) {
         let parts = self.parts_mut();
