@@ -33,9 +33,17 @@
 //! bytes of RSS per parameter (loading a checkpoint into it: 14.18, one
 //! tensor's file pages at a time).
 //!
-//! Checkpoints ([`save_checkpoint`], [`load_checkpoint`]) are safetensors
-//! written atomically (temp file, fsync, rename, directory fsync), with a
-//! `latest` pointer per run directory. [`rss`] reads the process's current
+//! Checkpoints ([`save_checkpoint`], [`load_checkpoint`]) are a directory
+//! of `model.safetensors` (every parameter under its HF name, f32),
+//! `optimizer.safetensors` (`<param>.exp_avg`, `<param>.exp_avg_sq`, and
+//! the u64 per-layer step counts `megatrain.layer_steps`) and
+//! `checkpoint.json` (counts plus the trainer's `extra` JSON; written last,
+//! so its absence marks an incomplete checkpoint). Each file is written
+//! atomically (temp file in the same directory, fsync, rename, directory
+//! fsync) straight from the slabs; a run directory's `latest` file names
+//! the current checkpoint ([`write_latest`], [`read_latest`]). Loading
+//! validates every tensor's presence, dtype and shape before writing
+//! anything into the tier. [`rss`] reads the process's current
 //! and peak resident set size for the bytes-per-parameter measurement.
 
 pub mod atomic;
