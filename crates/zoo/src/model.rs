@@ -2,7 +2,7 @@
 //! golden tests and small CPU runs use. The streamed trainer calls the layer
 //! functions of [`crate::layers`] itself instead.
 
-use megatrain_tensor::{Executor, HostTensor, ParamTable, TensorHandle};
+use megatrain_tensor::{Executor, HostSlice, ParamTable, TensorHandle};
 
 use crate::layers::{
     self, IGNORE_INDEX, block_backward, block_forward, embedding_backward, embedding_forward,
@@ -24,10 +24,7 @@ pub fn upload_layer<E: Executor>(ex: &E, table: &ParamTable, slab: &[f32]) -> Re
     }
     table
         .iter()
-        .map(|p| {
-            let h = HostTensor::from_f32(p.shape.clone(), slab[p.range()].to_vec())?;
-            Ok(ex.upload(&h)?)
-        })
+        .map(|p| Ok(ex.upload_slice(&p.shape, HostSlice::F32(&slab[p.range()]))?))
         .collect()
 }
 
@@ -52,7 +49,7 @@ pub fn download_grads<E: Executor>(ex: &E, table: &ParamTable, grads: &[E::Tenso
                 ),
             ));
         }
-        slab[p.range()].copy_from_slice(&ex.download(g)?.to_f32_vec());
+        ex.download_into(g, &mut slab[p.range()])?;
     }
     Ok(slab)
 }

@@ -1,0 +1,252 @@
+//! Loading and exporting HF checkpoint directories: round trips (single file,
+//! shards, bf16), and the errors for broken files, each naming the file and
+//! the tensor.
+
+mod common;
+
+use std::path::Path;
+
+use common::{CASES, fixture};
+use megatrain_tensor::DType;
+use megatrain_zoo::{ExportOptions, HfCheckpoint, INDEX_FILE, ZooError, export_hf_dir, load_hf_dir};
+use safetensors::tensor::{Dtype, TensorView};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn slabs(m: &megatrain_zoo::LoadedModel) -> Vec<&[f32]> {
+    m.slabs.iter().map(Vec::as_slice).collect()
+}
+
+#[test]
+fn export_then_load_is_exact_for_every_case() {
+    for case in CASES {
+        let m = load_hf_dir(fixture(case)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        export_hf_dir(
+            dir.path(),
+            &m.config,
+            &m.tables,
+            &slabs(&m),
+            ExportOptions::default(),
+        )
+        .unwrap();
+        let back = load_hf_dir(dir.path()).unwrap();
+        assert_eq!(back.slabs, m.slabs, "{case}");
+        assert_eq!(back.tables, m.tables, "{case}");
+        let mut cfg = back.config.clone();
+        cfg.raw = None;
+        cfg.dtype = None;
+        let mut orig = m.config.clone();
+        orig.raw = None;
+        orig.dtype = None;
+        assert_eq!(cfg, orig, "{case}");
+        assert_eq!(back.config.dtype.as_deref(), Some("float32"), "{case}");
+    }
+}
+
+#[test]
+fn tied_export_has_no_lm_head_and_untied_has_one() {
+    for (case, tied) in [("gpt2", true), ("llama_gqa", false)] {
+        let m = load_hf_dir(fixture(case)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        export_hf_dir(
+            dir.path(),
+            &m.config,
+            &m.tables,
+            &slabs(&m),
+            ExportOptions::default(),
+        )
+        .unwrap();
+        let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("lm_head.weight").is_ok(), !tied, "{case}");
+        if case == "gpt2" {
+            // Conv1D layout [in, out].
+            assert_eq!(
+                st.tensor("transformer.h.0.mlp.c_fc.weight").unwrap().shape(),
+                [48, 192]
+            );
+        }
+    }
+}
+
+#[test]
+fn sharded_bf16_export_round_trips_through_the_index() {
+    let m = load_hf_dir(fixture("llama_tied_bf16")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ExportOptions {
+        dtype: DType::BF16,
+        max_shard_bytes: Some(30_000),
+    };
+    export_hf_dir(dir.path(), &m.config, &m.tables, &slabs(&m), opts).unwrap();
+    assert!(dir.path().join(INDEX_FILE).exists());
+    let shards = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("model-")
+        })
+        .count();
+    assert!(shards >= 2, "{shards} shards");
+    let back = load_hf_dir(dir.path()).unwrap();
+    // The fixture is stored in bf16, so bf16 export loses nothing.
+    assert_eq!(back.slabs, m.slabs);
+    assert_eq!(back.config.dtype.as_deref(), Some("bfloat16"));
+}
+
+/// Rewrites `model.safetensors` of a copied fixture with one tensor changed.
+fn rewrite_tensor(dir: &Path, name: &str, dtype: Dtype, shape: Vec<usize>, remove: bool) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    if remove {
+        owned.retain(|t| t.0 != name);
+    } else {
+        let t = owned.iter_mut().find(|t| t.0 == name).unwrap();
+        let n: usize = shape.iter().product();
+        t.1 = dtype;
+        t.2 = shape;
+        t.3 = vec![0u8; n * dtype.bitsize() / 8];
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+fn broken_copy(case: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture(case), dir.path());
+    dir
+}
+
+fn message(e: ZooError) -> String {
+    e.to_string()
+}
+
+#[test]
+fn truncated_file_names_file_and_tensor() {
+    let dir = broken_copy("llama_gqa");
+    let path = dir.path().join("model.safetensors");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len - 100).unwrap();
+    let err = HfCheckpoint::open(dir.path())
+        .err()
+        .expect("truncated file must fail");
+    assert!(matches!(err, ZooError::Safetensors { .. }), "{err:?}");
+    let msg = message(err);
+    assert!(msg.contains("model.safetensors"), "{msg}");
+    assert!(msg.contains("truncated") && msg.contains("tensor '"), "{msg}");
+
+    // A file shorter than its own header length.
+    f.set_len(5).unwrap();
+    let msg = message(HfCheckpoint::open(dir.path()).err().unwrap());
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("truncated"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn wrong_dtype_names_file_and_tensor() {
+    let dir = broken_copy("llama_gqa");
+    let name = "model.layers.1.mlp.up_proj.weight";
+    rewrite_tensor(dir.path(), name, Dtype::I32, vec![88, 48], false);
+    let err = load_hf_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, ZooError::TensorDType { .. }), "{err:?}");
+    let msg = message(err);
+    assert!(
+        msg.contains("model.safetensors") && msg.contains(name) && msg.contains("I32"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_tensor_names_file_and_tensor() {
+    let dir = broken_copy("qwen2");
+    let name = "model.layers.0.self_attn.k_proj.bias";
+    rewrite_tensor(dir.path(), name, Dtype::F32, vec![], true);
+    let err = load_hf_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, ZooError::MissingTensor { .. }), "{err:?}");
+    let msg = message(err);
+    assert!(msg.contains("model.safetensors") && msg.contains(name), "{msg}");
+}
+
+#[test]
+fn shape_disagreeing_with_config_names_file_and_tensor() {
+    let dir = broken_copy("qwen3");
+    let name = "model.layers.0.self_attn.q_norm.weight";
+    rewrite_tensor(dir.path(), name, Dtype::F32, vec![12], false);
+    let err = load_hf_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, ZooError::TensorShape { .. }), "{err:?}");
+    let msg = message(err);
+    assert!(
+        msg.contains("model.safetensors") && msg.contains(name) && msg.contains("[16]"),
+        "{msg}"
+    );
+
+    // Config edited instead of the file: same error, the config's view wins.
+    let dir = broken_copy("llama_gqa");
+    let cfg = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("\"intermediate_size\": 88", "\"intermediate_size\": 90");
+    std::fs::write(&cfg, text).unwrap();
+    let msg = message(load_hf_dir(dir.path()).unwrap_err());
+    assert!(
+        msg.contains("model.layers.0.mlp.gate_proj.weight") && msg.contains("[90, 48]"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_shard_in_index_names_the_shard() {
+    let m = load_hf_dir(fixture("gpt2")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ExportOptions {
+        dtype: DType::F32,
+        max_shard_bytes: Some(60_000),
+    };
+    export_hf_dir(dir.path(), &m.config, &m.tables, &slabs(&m), opts).unwrap();
+    let shard = dir.path().join("model-00002-of-00004.safetensors");
+    assert!(shard.exists());
+    std::fs::remove_file(&shard).unwrap();
+    let msg = message(HfCheckpoint::open(dir.path()).err().unwrap());
+    assert!(msg.contains("model-00002-of-00004.safetensors"), "{msg}");
+}
+
+#[test]
+fn gpt2_names_without_transformer_prefix_load() {
+    // The original OpenAI GPT-2 conversion has `h.0.attn...`, `wte.weight`.
+    let dir = broken_copy("gpt2");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n.strip_prefix("transformer.").unwrap_or(&n).to_string(), v))
+        .collect();
+    let out = dir.path().join("renamed.safetensors");
+    safetensors::serialize_to_file(views, None, &out).unwrap();
+    std::fs::rename(&out, &path).unwrap();
+    let a = load_hf_dir(fixture("gpt2")).unwrap();
+    let b = load_hf_dir(dir.path()).unwrap();
+    assert_eq!(a.slabs, b.slabs);
+}

@@ -1,0 +1,202 @@
+//! `config.json` parsing: v4 and v5 field names, defaults, and errors that
+//! name the file and the field.
+
+use megatrain_zoo::{Arch, ModelConfig, ZooError};
+use serde_json::{Value, json};
+
+fn parse(v: Value) -> Result<ModelConfig, ZooError> {
+    ModelConfig::from_json(v, "dir/config.json")
+}
+
+fn llama_v4() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 32000,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": null,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": false,
+        "max_position_embeddings": 2048
+    })
+}
+
+#[test]
+fn v4_and_v5_spellings_mean_the_same() {
+    let v4 = parse(llama_v4()).unwrap();
+    let mut v5 = llama_v4();
+    let o = v5.as_object_mut().unwrap();
+    o.remove("rope_theta");
+    o.remove("rope_scaling");
+    o.remove("torch_dtype");
+    o.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": 10000.0}),
+    );
+    o.insert("dtype".into(), json!("bfloat16"));
+    let v5 = parse(v5).unwrap();
+    let strip = |mut c: ModelConfig| {
+        c.raw = None;
+        c
+    };
+    assert_eq!(strip(v4.clone()), strip(v5));
+    assert_eq!(v4.arch, Arch::Llama);
+    assert_eq!((v4.num_kv_heads, v4.head_dim), (4, 64));
+    assert_eq!(v4.dtype.as_deref(), Some("bfloat16"));
+    assert_eq!(v4.param_count(), 1_100_048_384); // TinyLlama-1.1B
+}
+
+#[test]
+fn rope_theta_inside_rope_parameters_wins_over_default() {
+    let mut v = llama_v4();
+    v.as_object_mut().unwrap().remove("rope_theta");
+    assert_eq!(parse(v.clone()).unwrap().rope_theta, 10000.0);
+    v.as_object_mut().unwrap().insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": 5e5}),
+    );
+    assert_eq!(parse(v).unwrap().rope_theta, 5e5);
+}
+
+#[test]
+fn unsupported_rope_scaling_is_refused_by_name() {
+    for (field, val) in [
+        ("rope_scaling", json!({"rope_type": "llama3", "factor": 8.0})),
+        ("rope_scaling", json!({"type": "linear", "factor": 2.0})),
+        ("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})),
+    ] {
+        let mut v = llama_v4();
+        v.as_object_mut().unwrap().insert(field.into(), val);
+        let err = parse(v).unwrap_err();
+        assert!(matches!(err, ZooError::Unsupported { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(field) && msg.contains("dir/config.json"), "{msg}");
+    }
+}
+
+#[test]
+fn unknown_architecture_and_missing_field_are_named() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["FalconForCausalLM"]);
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(
+        msg.contains("FalconForCausalLM") && msg.contains("dir/config.json"),
+        "{msg}"
+    );
+
+    for field in [
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "vocab_size",
+        "architectures",
+    ] {
+        let mut v = llama_v4();
+        v.as_object_mut().unwrap().remove(field);
+        let err = parse(v).unwrap_err();
+        assert!(matches!(err, ZooError::MissingField { .. }), "{field}: {err:?}");
+        assert!(err.to_string().contains(field), "{err}");
+    }
+}
+
+#[test]
+fn bad_values_are_named() {
+    let mut v = llama_v4();
+    v["num_key_value_heads"] = json!(5);
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(msg.contains("num_key_value_heads"), "{msg}");
+    let mut v = llama_v4();
+    v["hidden_size"] = json!("big");
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(msg.contains("hidden_size") && msg.contains("integer"), "{msg}");
+    let mut v = llama_v4();
+    v["hidden_act"] = json!("gelu");
+    assert!(parse(v).unwrap_err().to_string().contains("hidden_act"));
+    let err = ModelConfig::from_json_str("{not json", "x/config.json").unwrap_err();
+    assert!(err.to_string().contains("x/config.json"));
+}
+
+#[test]
+fn family_specific_fields() {
+    // Qwen2: q/k/v biases always, no o bias; sliding window refused when on.
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Qwen2ForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    v["use_sliding_window"] = json!(true);
+    assert!(matches!(parse(v).unwrap_err(), ZooError::Unsupported { .. }));
+
+    // Qwen3: q/k norms, head_dim defaults to 128 (Qwen3Config), explicit wins.
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Qwen3ForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.qk_norm && !c.qkv_bias);
+    assert_eq!(c.head_dim, 128);
+    v["head_dim"] = json!(96);
+    assert_eq!(parse(v).unwrap().head_dim, 96);
+
+    // Llama attention_bias covers q, k, v and o; mlp_bias the MLP.
+    let mut v = llama_v4();
+    v["attention_bias"] = json!(true);
+    v["mlp_bias"] = json!(true);
+    let c = parse(v).unwrap();
+    assert!(c.qkv_bias && c.o_bias && c.mlp_bias);
+
+    // Mistral: default window 4096, null means none; sequences past it refused.
+    let mut v = llama_v4();
+    v["architectures"] = json!(["MistralForCausalLM"]);
+    assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(4096));
+    v["sliding_window"] = json!(16);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.check_seq_len(16).is_ok());
+    assert!(
+        c.check_seq_len(17)
+            .unwrap_err()
+            .to_string()
+            .contains("sliding_window")
+    );
+    v["sliding_window"] = Value::Null;
+    assert_eq!(parse(v).unwrap().sliding_window, None);
+}
+
+#[test]
+fn gpt2_fields() {
+    let v = json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+        "n_inner": null, "activation_function": "gelu_new"
+    });
+    let c = parse(v.clone()).unwrap();
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.intermediate_size, 3072);
+    assert_eq!(c.param_count(), 124_439_808);
+    assert!(c.check_seq_len(1025).is_err());
+    let mut bad = v.clone();
+    bad["activation_function"] = json!("relu");
+    assert!(bad_msg(bad).contains("activation_function"));
+    let mut bad = v;
+    bad["scale_attn_by_inverse_layer_idx"] = json!(true);
+    assert!(bad_msg(bad).contains("scale_attn_by_inverse_layer_idx"));
+}
+
+fn bad_msg(v: Value) -> String {
+    parse(v).unwrap_err().to_string()
+}
+
+#[test]
+fn generated_config_parses_back() {
+    for name in megatrain_zoo::PRESET_NAMES {
+        let c = megatrain_zoo::preset(name, Some(65)).unwrap();
+        let back = parse(c.to_hf_json("float32")).unwrap();
+        let mut back = back;
+        back.raw = None;
+        back.dtype = None;
+        assert_eq!(back, c, "{name}");
+    }
+}

@@ -1,0 +1,87 @@
+//! Presets: shapes and parameter counts of the benchmark models (without
+//! allocating them), seeded initialisation, and that a preset runs.
+
+use megatrain_tensor::CpuExecutor;
+use megatrain_zoo::{PRESET_NAMES, forward_backward, init_layer, preset, upload_layer};
+
+#[test]
+fn benchmark_shapes_have_the_published_parameter_counts() {
+    for (name, params) in [
+        ("gpt2-124m", 124_439_808usize),
+        ("tinyllama-1.1b", 1_100_048_384),
+        ("llama-2-7b", 6_738_415_616),
+        ("llama-2-13b", 13_015_864_320),
+        ("qwen2.5-7b", 7_615_616_512),
+        ("qwen2.5-14b", 14_770_033_664),
+        ("llama-3-70b", 70_553_706_496),
+    ] {
+        let cfg = preset(name, None).unwrap();
+        assert_eq!(cfg.param_count(), params, "{name}");
+        assert_eq!(cfg.layer_tables().len(), cfg.num_layers + 2);
+    }
+}
+
+#[test]
+fn every_preset_builds_and_unknown_is_named() {
+    for name in PRESET_NAMES {
+        preset(name, Some(65)).unwrap();
+    }
+    assert!(preset("gpt2-nano", None).is_err());
+    let msg = preset("gpt5", None).unwrap_err().to_string();
+    assert!(msg.contains("gpt5") && msg.contains("llama-tiny"), "{msg}");
+    let nano = preset("gpt2-nano", Some(65)).unwrap();
+    assert_eq!(
+        (
+            nano.num_layers,
+            nano.num_heads,
+            nano.hidden_size,
+            nano.max_position_embeddings
+        ),
+        (4, 4, 128, 64)
+    );
+}
+
+#[test]
+fn init_is_seeded_and_follows_gpt2() {
+    let cfg = preset("gpt2-nano", Some(65)).unwrap();
+    let a = init_layer(&cfg, 1, 7).unwrap();
+    assert_eq!(a, init_layer(&cfg, 1, 7).unwrap());
+    assert_ne!(a, init_layer(&cfg, 1, 8).unwrap());
+    assert_ne!(a, init_layer(&cfg, 2, 7).unwrap());
+    let t = cfg.layer_table(1).unwrap();
+    let std = |name: &str| {
+        let s = &a[t.get(name).unwrap().range()];
+        let n = s.len() as f64;
+        let mean = s.iter().map(|&x| x as f64).sum::<f64>() / n;
+        (s.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+    };
+    let fc = std("transformer.h.0.mlp.c_fc.weight");
+    let proj = std("transformer.h.0.mlp.c_proj.weight");
+    assert!((fc - 0.02).abs() < 0.001, "{fc}");
+    let want = 0.02 / (2.0 * 4.0f64).sqrt();
+    assert!((proj - want).abs() < 0.0005, "{proj} vs {want}");
+    let ln = &a[t.get("transformer.h.0.ln_1.weight").unwrap().range()];
+    assert!(ln.iter().all(|&x| x == 1.0));
+    let b = &a[t.get("transformer.h.0.attn.c_attn.bias").unwrap().range()];
+    assert!(b.iter().all(|&x| x == 0.0));
+}
+
+#[test]
+fn random_llama_tiny_starts_near_uniform_loss() {
+    let cfg = preset("llama-tiny", None).unwrap();
+    let ex = CpuExecutor::new();
+    let tables = cfg.layer_tables();
+    let weights: Vec<_> = (0..cfg.num_layers_total())
+        .map(|l| upload_layer(&ex, &tables[l], &init_layer(&cfg, l, 1).unwrap()).unwrap())
+        .collect();
+    let (b, t) = (2, 16);
+    let ids: Vec<u32> = (0..b * t).map(|i| (i * 37 % 256) as u32).collect();
+    let targets: Vec<i32> = (0..b * t).map(|i| (i * 11 % 256) as i32).collect();
+    let out = forward_backward(&cfg, &ex, &weights, &ids, &targets, b, t, 8).unwrap();
+    let uniform = (256f64).ln();
+    assert!(
+        (out.loss - uniform).abs() < 0.05,
+        "{} vs ln 256 = {uniform}",
+        out.loss
+    );
+}
