@@ -348,7 +348,12 @@ impl ModelConfig {
         obj.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
         obj.insert("initializer_range".into(), json!(0.02));
         match self.arch {
-            Arch::Gpt2 => {}
+            Arch::Gpt2 => {
+                // GPT2Config defaults to token 50256, which a char vocabulary lacks.
+                let special = (self.vocab_size > 50256).then_some(50256);
+                obj.insert("bos_token_id".into(), json!(special));
+                obj.insert("eos_token_id".into(), json!(special));
+            }
             Arch::Llama => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
