@@ -23,6 +23,7 @@ fn le_bytes<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn write_logits(
     dir: &Path,
     cfg: &ModelConfig,
