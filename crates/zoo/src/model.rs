@@ -55,6 +55,7 @@ pub fn download_grads<E: Executor>(ex: &E, table: &ParamTable, grads: &[E::Tenso
 }
 
 /// Result of [`forward_backward`].
+#[derive(Debug)]
 pub struct StepOut<T> {
     /// Mean cross-entropy over counted targets.
     pub loss: f64,

@@ -20,6 +20,7 @@ const MLP_W: usize = 10;
 const MLP_B: usize = 11;
 const N: usize = 12;
 
+#[derive(Debug)]
 pub struct Gpt2Saved<T> {
     x: T,
     n1: NormOut<T>,

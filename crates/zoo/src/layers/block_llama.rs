@@ -71,6 +71,7 @@ impl Layout {
     }
 }
 
+#[derive(Debug)]
 pub struct LlamaSaved<T> {
     x: T,
     n1: NormOut<T>,

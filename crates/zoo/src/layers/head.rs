@@ -7,6 +7,7 @@ use super::{IGNORE_INDEX, check_weights, shape};
 use crate::{ModelConfig, Result, ZooError};
 
 /// What [`head_forward_backward`] returns.
+#[derive(Debug)]
 pub struct HeadOut<T> {
     /// Sum of −log p(target) over counted rows (divide by the step's counted
     /// targets for the mean).

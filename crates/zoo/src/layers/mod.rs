@@ -35,6 +35,7 @@ use crate::{ModelConfig, Result, ZooError};
 pub const IGNORE_INDEX: i32 = -100;
 
 /// Activations a block's backward needs, as its forward left them.
+#[derive(Debug)]
 pub enum BlockSaved<T> {
     Gpt2(Box<Gpt2Saved<T>>),
     Llama(Box<LlamaSaved<T>>),

@@ -1,0 +1,165 @@
+//! The per-layer API as the streamed trainer drives it: checkpointed forward
+//! (activations dropped) then recompute, micro-batches and head chunks that
+//! compose through `grad_scale`, the tied gradient flowing into the
+//! embedding, and input errors.
+
+mod common;
+
+use common::{fixture, read_golden, rel_norm_err};
+use megatrain_tensor::{CpuExecutor, CpuTensor, Executor};
+use megatrain_zoo::layers::{
+    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, head_loss,
+};
+use megatrain_zoo::{LoadedModel, ZooError, forward_backward, load_hf_dir, upload_layer};
+
+type W = Vec<Vec<CpuTensor<f32>>>;
+
+fn setup(case: &str) -> (LoadedModel, W, Vec<u32>, Vec<i32>, usize, usize) {
+    let m = load_hf_dir(fixture(case)).unwrap();
+    let ex = CpuExecutor::new();
+    let w: W = m
+        .tables
+        .iter()
+        .zip(&m.slabs)
+        .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
+        .collect();
+    let g = read_golden(case);
+    let (b, t) = (g["input_ids"].shape[0], g["input_ids"].shape[1]);
+    let ids = g["input_ids"].values.iter().map(|&v| v as u32).collect();
+    let tg = g["targets"].values.iter().map(|&v| v as i32).collect();
+    (m, w, ids, tg, b, t)
+}
+
+fn flat(t: &CpuTensor<f32>) -> Vec<f64> {
+    t.data().iter().map(|&x| x as f64).collect()
+}
+
+/// One micro-batch through the layers the way the trainer streams them:
+/// forward keeping only block inputs, then per block recompute + backward.
+/// Gradients are accumulated into `acc` (per layer, table order).
+#[allow(clippy::too_many_arguments)]
+fn streamed_micro_batch(
+    m: &LoadedModel,
+    w: &W,
+    ids: &[u32],
+    targets: &[i32],
+    b: usize,
+    t: usize,
+    grad_scale: f32,
+    acc: &mut Option<W>,
+) -> f64 {
+    let ex = CpuExecutor::new();
+    let cfg = &m.config;
+    let l = cfg.num_layers;
+    let mut inputs = vec![embedding_forward(cfg, &ex, &w[0], ids, b, t).unwrap()];
+    for (i, wl) in w[1..=l].iter().enumerate() {
+        let (y, _dropped) = block_forward(cfg, &ex, wl, &inputs[i]).unwrap();
+        inputs.push(y);
+    }
+    let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
+    let head = head_forward_backward(cfg, &ex, &w[l + 1], tied, &inputs[l], targets, grad_scale, 3).unwrap();
+    let mut grads: W = vec![vec![]; l + 2];
+    grads[l + 1] = head.grads;
+    let mut dx = head.dx;
+    for i in (0..l).rev() {
+        let (_, saved) = block_forward(cfg, &ex, &w[i + 1], &inputs[i]).unwrap(); // recompute
+        let (d, g) = block_backward(cfg, &ex, &w[i + 1], &saved, &dx).unwrap();
+        grads[i + 1] = g;
+        dx = d;
+    }
+    grads[0] = embedding_backward(cfg, &ex, &w[0], ids, b, t, &dx, head.tied_grad).unwrap();
+    match acc {
+        None => *acc = Some(grads),
+        Some(a) => {
+            for (al, gl) in a.iter_mut().zip(&grads) {
+                for (x, y) in al.iter_mut().zip(gl) {
+                    ex.add_assign(x, y).unwrap();
+                }
+            }
+        }
+    }
+    head.loss_sum
+}
+
+#[test]
+fn streamed_micro_batches_equal_the_whole_batch() {
+    for case in ["gpt2", "qwen2", "qwen3"] {
+        let (m, w, ids, targets, b, t) = setup(case);
+        let whole = forward_backward(&m.config, &CpuExecutor::new(), &w, &ids, &targets, b, t, 1000).unwrap();
+        let counted = targets.iter().filter(|&&x| x != -100).count();
+        let scale = 1.0 / counted as f32;
+        let mut acc = None;
+        let mut loss_sum = 0.0;
+        for mb in 0..b {
+            let r = mb * t..(mb + 1) * t;
+            loss_sum += streamed_micro_batch(&m, &w, &ids[r.clone()], &targets[r], 1, t, scale, &mut acc);
+        }
+        let loss = loss_sum / counted as f64;
+        assert!(
+            ((loss - whole.loss) / whole.loss).abs() < 1e-6,
+            "{case}: {loss} vs {}",
+            whole.loss
+        );
+        for (l, (a, g)) in acc.unwrap().iter().zip(&whole.grads).enumerate() {
+            for (i, (x, y)) in a.iter().zip(g).enumerate() {
+                let e = rel_norm_err(&flat(x), &flat(y));
+                assert!(e < 1e-5, "{case}: layer {l} tensor {i}: {e:e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn head_chunking_does_not_change_results() {
+    let (m, w, ids, targets, b, t) = setup("llama_tied_bf16");
+    let ex = CpuExecutor::new();
+    let runs: Vec<_> = [1, 4, b * t]
+        .iter()
+        .map(|&c| forward_backward(&m.config, &ex, &w, &ids, &targets, b, t, c).unwrap())
+        .collect();
+    for r in &runs[1..] {
+        assert!((r.loss - runs[0].loss).abs() < 1e-6);
+        for (a, g) in r.grads.iter().flatten().zip(runs[0].grads.iter().flatten()) {
+            assert!(rel_norm_err(&flat(a), &flat(g)) < 1e-6);
+        }
+    }
+    let x = {
+        let mut x = embedding_forward(&m.config, &ex, &w[0], &ids, b, t).unwrap();
+        for wl in &w[1..=m.config.num_layers] {
+            x = block_forward(&m.config, &ex, wl, &x).unwrap().0;
+        }
+        x
+    };
+    let (sum, counted) = head_loss(&m.config, &ex, &w[3], Some(&w[0][0]), &x, &targets, 5).unwrap();
+    assert!((sum / counted as f64 - runs[0].loss).abs() < 1e-6);
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let (m, w, ids, targets, b, t) = setup("mistral_f16");
+    let ex = CpuExecutor::new();
+    let cfg = &m.config;
+    let mut bad = ids.clone();
+    bad[3] = cfg.vocab_size as u32;
+    let err = forward_backward(cfg, &ex, &w, &bad, &targets, b, t, 4).unwrap_err();
+    assert!(matches!(err, ZooError::TokenOutOfRange { pos: 3, .. }), "{err:?}");
+    let mut bad = targets.clone();
+    bad[1] = -5;
+    let msg = forward_backward(cfg, &ex, &w, &ids, &bad, b, t, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("target -5"), "{msg}");
+    assert!(forward_backward(cfg, &ex, &w, &ids, &targets[1..], b, t, 4).is_err());
+    assert!(forward_backward(cfg, &ex, &w, &ids, &targets, b, t, 0).is_err());
+    // Sequences beyond Mistral's sliding window (16) are refused.
+    let long: Vec<u32> = (0..17).map(|i| i % 50).collect();
+    let msg = embedding_forward(cfg, &ex, &w[0], &long, 1, 17)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("sliding_window"), "{msg}");
+    // Weights of another layer kind.
+    let x = embedding_forward(cfg, &ex, &w[0], &ids, b, t).unwrap();
+    assert!(block_forward(cfg, &ex, &w[0], &x).is_err());
+    let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 4);
+    assert!(tied_head.is_err(), "untied head refuses an embedding table");
+}
