@@ -1,15 +1,31 @@
 //! megatrain-zoo: model families as code (GPT-2, Llama, Mistral, Qwen2,
 //! Qwen3), Hugging Face checkpoint import/export, tokenizers and presets.
 //!
-//! - [`ModelConfig`]: parsed from `config.json` or a [`preset`].
-//! - [`ModelConfig::layer_tables`]: one [`ParamTable`](megatrain_tensor::ParamTable)
-//!   per layer (embedding, blocks, final norm + head) with HF names.
+//! - [`ModelConfig`]: parsed from `config.json` (v4 and v5 field names) or a
+//!   [`preset`]; [`ModelConfig::layer_tables`] gives one
+//!   [`ParamTable`](megatrain_tensor::ParamTable) per layer with HF names:
+//!   layer 0 embedding, `1..=num_layers` blocks, last = final norm + head
+//!   (without `lm_head.weight` when tied). Nothing is allocated.
 //! - [`layers`]: each layer's forward and backward against
-//!   [`Executor`](megatrain_tensor::Executor).
-//! - [`HfCheckpoint`] / [`load_hf_dir`] and [`export_hf_dir`]: per-layer fp32
-//!   slabs in and out of HF safetensors directories.
+//!   [`Executor`](megatrain_tensor::Executor), weights and gradients in table
+//!   order.
+//! - [`HfCheckpoint`] (one layer at a time, memory-mapped) / [`load_hf_dir`],
+//!   and [`export_hf_dir`]: per-layer fp32 slabs in and out of HF
+//!   safetensors directories.
 //! - [`Tokenizer`]: HF `tokenizer.json`, char-level, byte-level.
-//! - [`init_layer`]: seeded random initialisation.
+//! - [`init_layer`]: seeded random initialisation, one layer at a time.
+//!
+//! A streamed step, as [`forward_backward`] does it with everything resident:
+//!
+//! ```text
+//! x0 = embedding_forward(cfg, ex, w[0], ids, B, T)
+//! x(i+1), saved_i = block_forward(cfg, ex, w[i+1], x(i))   // drop saved_i to checkpoint
+//! head = head_forward_backward(cfg, ex, w[L+1], tied.then(w[0][0]), x(L), targets,
+//!                              1/counted_targets_of_step, chunk_rows)
+//! dx = head.dx;  for i in rev: (re-run block_forward if saved_i was dropped)
+//!     dx, g[i+1] = block_backward(cfg, ex, w[i+1], saved_i, dx)
+//! g[0] = embedding_backward(cfg, ex, w[0], ids, B, T, dx, head.tied_grad)
+//! ```
 
 mod config;
 mod error;
