@@ -3,3 +3,6 @@
 
 pub mod data;
 pub mod schedule;
+pub mod trainer;
+
+pub use trainer::{StepMetrics, TrainError, Trainer, TrainerConfig};

@@ -1,0 +1,54 @@
+//! What one training step reports.
+
+use serde::Serialize;
+
+/// Per-step numbers for the CLI, `metrics.jsonl` and the benchmarks. Times
+/// are wall-clock milliseconds on the host; with an asynchronous device a
+/// phase's time includes waiting for the work queued before it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// Mean loss over the step's counted targets (all micro-batches).
+    pub loss: f64,
+    /// Input tokens processed (all micro-batches).
+    pub tokens: u64,
+    /// Targets the loss counted.
+    pub counted: u64,
+    pub step_ms: f64,
+    /// Streaming forward to the last block (checkpointed, no saved state).
+    pub forward_ms: f64,
+    /// Final norm, LM head and cross-entropy, forward and backward.
+    pub loss_ms: f64,
+    /// Block recompute and backward, embedding backward.
+    pub backward_ms: f64,
+    /// Time spent in upload calls (part of the phases above).
+    pub upload_ms: f64,
+    /// Time spent fetching gradients (part of the phases above).
+    pub download_ms: f64,
+    /// The host waiting for the optimizer: queue full during backward, and
+    /// the tail after backward (all of the update in clipping mode).
+    pub optimizer_wait_ms: f64,
+    /// Optimizer busy time (AdamW and gradient accumulation).
+    pub optimizer_ms: f64,
+    /// 1 − wait / busy: the share of optimizer work hidden behind the device.
+    pub optimizer_hidden: f64,
+    pub bytes_uploaded: u64,
+    pub bytes_downloaded: u64,
+    /// Bytes of every layer's transport copy: `bytes_uploaded / transport_bytes`
+    /// is the number of times the weights crossed the bus this step.
+    pub transport_bytes: u64,
+    /// Executor-owned memory peak during the step (0 when not accounted).
+    pub device_peak_bytes: u64,
+    /// Global gradient norm before clipping (clipping mode only).
+    pub grad_norm: Option<f64>,
+}
+
+impl StepMetrics {
+    /// Upload crossings per step (≈ 2 with one micro-batch).
+    pub fn bus_crossings(&self) -> f64 {
+        if self.transport_bytes == 0 {
+            0.0
+        } else {
+            self.bytes_uploaded as f64 / self.transport_bytes as f64
+        }
+    }
+}

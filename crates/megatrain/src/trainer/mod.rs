@@ -1,0 +1,422 @@
+//! The streamed training step (ARCHITECTURE.md, "The streamed step").
+//!
+//! Parameters, moments and transport copies live in the [`HostTier`]; the
+//! executor receives one layer at a time:
+//!
+//! 1. forward: each layer's transport copy is uploaded and run; only the
+//!    input of every K-th block (the checkpoints) is kept;
+//! 2. loss: final norm, LM head and cross-entropy in chunks of rows, with
+//!    its backward at once;
+//! 3. backward, one block of K layers at a time, last first: the block's
+//!    layers are uploaded once, its forward is recomputed from the
+//!    checkpoint keeping activations, then each layer's backward runs and
+//!    its gradients go to the host at once;
+//! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
+//!    on each layer as its gradients land (and rewrites its transport copy)
+//!    while the executor goes on with earlier layers.
+//!
+//! The embedding weights stay resident from the forward to the embedding
+//! backward (a tied head reads them too) and the head runs its backward
+//! right after its forward, so those two layers cross the bus once per
+//! micro-batch; every block crosses twice.
+//!
+//! Exact global-norm clipping needs every gradient before any update: in
+//! that mode gradients are held in the tier and the update runs after
+//! backward (reported as optimizer wait). Gradient accumulation also holds
+//! gradients; the update overlaps the last micro-batch's backward.
+
+mod metrics;
+mod optimizer;
+mod setup;
+mod upload;
+
+use std::sync::mpsc::{SyncSender, sync_channel};
+use std::time::Instant;
+
+use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
+use megatrain_tensor::Executor;
+use megatrain_tier::{HostTier, LayerSlab, TierError};
+use megatrain_zoo::layers::{
+    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, head_loss,
+};
+use megatrain_zoo::{ModelConfig, ZooError};
+
+use crate::data::Batch;
+pub use metrics::StepMetrics;
+pub use optimizer::StagingPool;
+use optimizer::{Job, Shared, update_slab, worker};
+pub use setup::{init_tier, load_tier};
+pub use upload::{download_grads, upload_layer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Tensor(#[from] megatrain_tensor::Error),
+    #[error(transparent)]
+    Zoo(#[from] ZooError),
+    #[error(transparent)]
+    Tier(#[from] TierError),
+    #[error(transparent)]
+    AdamW(#[from] AdamWError),
+    #[error("invalid training configuration: {0}")]
+    Config(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = TrainError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainerConfig {
+    /// K: keep the input of every K-th block during the forward; backward
+    /// recomputes K blocks at a time from it.
+    pub checkpoint_every: usize,
+    /// Rows of the LM head processed at once (logits are `chunk_rows × V`).
+    pub chunk_rows: usize,
+    pub adamw: AdamWConfig,
+    /// Exact global-norm clipping threshold; `None` is off. Needs a tier
+    /// that holds gradients.
+    pub grad_clip: Option<f64>,
+    /// Optimizer jobs that may wait in the queue before the device side
+    /// blocks (each holds one layer's gradients in host memory).
+    pub optimizer_queue: usize,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            checkpoint_every: 1,
+            chunk_rows: 256,
+            adamw: AdamWConfig::default(),
+            grad_clip: None,
+            optimizer_queue: 2,
+        }
+    }
+}
+
+/// Streams a model held in a [`HostTier`] through an [`Executor`].
+pub struct Trainer<E: Executor> {
+    ex: E,
+    model: ModelConfig,
+    tier: HostTier,
+    config: TrainerConfig,
+    adamw: AdamW,
+    masks: Vec<DecayMask>,
+    pool: StagingPool,
+}
+
+/// Hands the last remaining layer and its gradients to the optimizer.
+fn hand_over<'t, E: Executor>(
+    ex: &E,
+    remaining: &mut &'t mut [LayerSlab],
+    grads: &[E::Tensor],
+    tx: &SyncSender<Job<'t>>,
+    pool: &StagingPool,
+    update: bool,
+    m: &mut StepMetrics,
+) -> Result<()> {
+    let (slab, rest) = std::mem::take(remaining)
+        .split_last_mut()
+        .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
+    *remaining = rest;
+    let mut staging = pool.take(slab.numel());
+    let t = Instant::now();
+    m.bytes_downloaded += download_grads(ex, slab.table(), grads, &mut staging)?;
+    m.download_ms += ms(t);
+    let t = Instant::now();
+    tx.send(Job {
+        slab,
+        grads: staging,
+        update,
+    })
+    .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
+    m.optimizer_wait_ms += ms(t);
+    Ok(())
+}
+
+/// Milliseconds since `t`.
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+impl<E: Executor> Trainer<E> {
+    /// `tier` must hold the model's layers in order (as laid out by
+    /// `model.layer_tables()`), with parameters already initialised or
+    /// loaded and transport copies refreshed.
+    pub fn new(ex: E, model: ModelConfig, tier: HostTier, config: TrainerConfig) -> Result<Self> {
+        if config.checkpoint_every == 0 || config.chunk_rows == 0 || config.optimizer_queue == 0 {
+            return Err(TrainError::Config(format!(
+                "checkpoint_every ({}), chunk_rows ({}) and optimizer_queue ({}) must be positive",
+                config.checkpoint_every, config.chunk_rows, config.optimizer_queue
+            )));
+        }
+        if let Some(c) = config.grad_clip {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(TrainError::Config(format!(
+                    "grad_clip {c} must be positive and finite"
+                )));
+            }
+            if !tier.config().hold_grads {
+                return Err(TrainError::Config(
+                    "exact gradient clipping needs a tier that holds gradients (hold_grads)".into(),
+                ));
+            }
+        }
+        let tables = model.layer_tables();
+        if tables.len() != tier.len() || tables.iter().zip(tier.layers()).any(|(t, s)| t != s.table()) {
+            return Err(TrainError::Config(format!(
+                "the tier's {} layers do not match the model's {} layer tables",
+                tier.len(),
+                tables.len()
+            )));
+        }
+        let masks = tables.iter().map(DecayMask::from_param_table).collect();
+        Ok(Trainer {
+            adamw: AdamW::new(config.adamw)?,
+            ex,
+            model,
+            tier,
+            config,
+            masks,
+            pool: StagingPool::default(),
+        })
+    }
+
+    pub fn executor(&self) -> &E {
+        &self.ex
+    }
+
+    pub fn model(&self) -> &ModelConfig {
+        &self.model
+    }
+
+    pub fn tier(&self) -> &HostTier {
+        &self.tier
+    }
+
+    /// Mutable tier access (checkpoint loading); transport copies must be
+    /// refreshed after parameters change.
+    pub fn tier_mut(&mut self) -> &mut HostTier {
+        &mut self.tier
+    }
+
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// Host bytes of gradient staging buffers.
+    pub fn staging_bytes(&self) -> u64 {
+        self.pool.bytes()
+    }
+
+    /// One optimizer step over `micro` micro-batches at learning rate `lr`.
+    pub fn step(&mut self, micro: &[Batch], lr: f64) -> Result<StepMetrics> {
+        let t_step = Instant::now();
+        if micro.is_empty() {
+            return Err(TrainError::Config("a step needs at least one micro-batch".into()));
+        }
+        let holds = self.tier.config().hold_grads;
+        if micro.len() > 1 && !holds {
+            return Err(TrainError::Config(format!(
+                "{} micro-batches need a tier that holds gradients (hold_grads)",
+                micro.len()
+            )));
+        }
+        let counted: usize = micro.iter().map(Batch::counted).sum();
+        let grad_scale = if counted > 0 { 1.0 / counted as f32 } else { 0.0 };
+        let mut m = StepMetrics {
+            transport_bytes: self
+                .tier
+                .layers()
+                .iter()
+                .map(|s| s.transport().as_bytes().len() as u64)
+                .sum(),
+            ..StepMetrics::default()
+        };
+        self.ex.reset_peak_memory();
+        let mut loss_sum = 0.0;
+        for (k, batch) in micro.iter().enumerate() {
+            let update = k + 1 == micro.len() && self.config.grad_clip.is_none();
+            loss_sum += self.micro_batch(batch, grad_scale, update, lr as f32, &mut m)?;
+            m.tokens += (batch.batch * batch.seq_len) as u64;
+        }
+        if let Some(max_norm) = self.config.grad_clip {
+            let t = Instant::now();
+            let norm = self.clip_and_update(max_norm, lr as f32)?;
+            let busy = ms(t);
+            m.optimizer_ms += busy;
+            m.optimizer_wait_ms += busy;
+            m.grad_norm = Some(norm);
+        }
+        m.counted = counted as u64;
+        m.loss = if counted > 0 {
+            loss_sum / counted as f64
+        } else {
+            0.0
+        };
+        m.optimizer_hidden = if m.optimizer_ms > 0.0 {
+            (1.0 - m.optimizer_wait_ms / m.optimizer_ms).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        m.device_peak_bytes = self.ex.memory_stats().map_or(0, |s| s.peak_bytes);
+        m.step_ms = ms(t_step);
+        Ok(m)
+    }
+
+    /// Clipping mode, after every micro-batch: global norm over the held
+    /// gradients, then AdamW on every layer with the clip coefficient.
+    fn clip_and_update(&mut self, max_norm: f64, lr: f32) -> Result<f64> {
+        let norm = {
+            let grads: Vec<&[f32]> = self.tier.layers().iter().filter_map(LayerSlab::grads).collect();
+            global_grad_norm(&grads)
+        };
+        let coef = clip_coefficient(norm, max_norm);
+        for slab in self.tier.layers_mut() {
+            let mask = &self.masks[slab.index()];
+            update_slab(slab, None, &self.adamw, mask, lr, coef)?;
+        }
+        Ok(norm)
+    }
+
+    /// Forward, loss and backward of one micro-batch; gradients go to the
+    /// optimizer worker (accumulated, and applied when `update`). Returns
+    /// the micro-batch's loss sum.
+    fn micro_batch(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f32,
+        update: bool,
+        lr: f32,
+        m: &mut StepMetrics,
+    ) -> Result<f64> {
+        let Trainer {
+            ex,
+            model: cfg,
+            tier,
+            config,
+            adamw,
+            masks,
+            pool,
+        } = self;
+        let ex: &E = ex;
+        let (b, t) = (batch.batch, batch.seq_len);
+        let n_blocks = cfg.num_layers;
+        let k = config.checkpoint_every;
+        let shared = Shared {
+            adamw,
+            masks,
+            lr,
+            pool,
+        };
+        let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
+
+        std::thread::scope(|scope| -> Result<f64> {
+            let opt = scope.spawn(move || worker(rx, shared));
+            let mut remaining: &mut [LayerSlab] = tier.layers_mut();
+            let upload = |slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
+                let t = Instant::now();
+                let (w, bytes) = upload_layer(ex, slab)?;
+                m.upload_ms += ms(t);
+                m.bytes_uploaded += bytes;
+                Ok(w)
+            };
+
+            // 1. Forward, keeping the input of every K-th block.
+            let t_fwd = Instant::now();
+            let emb_w = upload(&remaining[0], m)?;
+            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
+            let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
+            for i in 0..n_blocks {
+                let w = upload(&remaining[1 + i], m)?;
+                let (y, _) = block_forward(cfg, ex, &w, &x)?;
+                if i % k == 0 {
+                    checkpoints.push(x);
+                }
+                x = y;
+            }
+            m.forward_ms += ms(t_fwd);
+
+            // 2. Loss and its backward.
+            let t_loss = Instant::now();
+            let head_w = upload(&remaining[n_blocks + 1], m)?;
+            let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
+            let head = head_forward_backward(
+                cfg,
+                ex,
+                &head_w,
+                tied,
+                &x,
+                &batch.targets,
+                grad_scale,
+                config.chunk_rows,
+            )?;
+            drop(x);
+            hand_over(ex, &mut remaining, &head.grads, &tx, pool, update, m)?;
+            drop(head_w);
+            m.loss_ms += ms(t_loss);
+
+            // 3. Backward, K blocks at a time, last first.
+            let t_bwd = Instant::now();
+            let mut dx = head.dx;
+            for g in (0..checkpoints.len()).rev() {
+                let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+                let ws = (s..e)
+                    .map(|i| upload(&remaining[1 + i], m))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut h = checkpoints.pop().expect("one checkpoint per block group");
+                let mut saved = Vec::with_capacity(e - s);
+                for w in &ws {
+                    let (y, sv) = block_forward(cfg, ex, w, &h)?;
+                    saved.push(sv);
+                    h = y;
+                }
+                drop(h);
+                for (w, sv) in ws.iter().zip(saved).rev() {
+                    let (d, grads) = block_backward(cfg, ex, w, &sv, &dx)?;
+                    drop(sv);
+                    dx = d;
+                    hand_over(ex, &mut remaining, &grads, &tx, pool, update, m)?;
+                }
+            }
+            let grads = embedding_backward(cfg, ex, &emb_w, &batch.inputs, b, t, &dx, head.tied_grad)?;
+            drop(dx);
+            hand_over(ex, &mut remaining, &grads, &tx, pool, update, m)?;
+            m.backward_ms += ms(t_bwd);
+
+            // 4. The optimizer's tail.
+            drop(tx);
+            let t_wait = Instant::now();
+            let busy = opt
+                .join()
+                .map_err(|_| TrainError::Internal("optimizer worker panicked".into()))??;
+            m.optimizer_wait_ms += ms(t_wait);
+            m.optimizer_ms += busy;
+            Ok(head.loss_sum)
+        })
+    }
+
+    /// Forward-only loss of a batch: `(loss_sum, counted targets)`.
+    pub fn eval_loss(&self, batch: &Batch) -> Result<(f64, usize)> {
+        let (ex, cfg, layers) = (&self.ex, &self.model, self.tier.layers());
+        let (b, t) = (batch.batch, batch.seq_len);
+        let n = cfg.num_layers;
+        let (emb_w, _) = upload_layer(ex, &layers[0])?;
+        let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
+        for slab in &layers[1..=n] {
+            let (w, _) = upload_layer(ex, slab)?;
+            x = block_forward(cfg, ex, &w, &x)?.0;
+        }
+        let (head_w, _) = upload_layer(ex, &layers[n + 1])?;
+        let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
+        Ok(head_loss(
+            cfg,
+            ex,
+            &head_w,
+            tied,
+            &x,
+            &batch.targets,
+            self.config.chunk_rows,
+        )?)
+    }
+}

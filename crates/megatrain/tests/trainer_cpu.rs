@@ -1,0 +1,276 @@
+//! The streamed step on the CPU executor against plain whole-model
+//! references: same gradients and updates whatever K, accumulation equal to
+//! a large batch, exact clipping equal to a reference clip.
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_adamw::{AdamW, AdamWConfig, DecayMask, SlabState, SlabUpdate};
+use megatrain_tensor::CpuExecutor;
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, forward_backward, gpt2_nano, preset, upload_layer};
+
+const SEED: u64 = 1234;
+
+fn llama_tiny() -> ModelConfig {
+    let mut c = preset("llama-tiny", None).unwrap();
+    c.num_layers = 3;
+    c
+}
+
+fn corpus(vocab: u32) -> TokenData {
+    TokenData {
+        tokens: (0..4000u32).map(|i| (i * 7919 + i / 3) % vocab).collect(),
+        loss_mask: None,
+    }
+}
+
+fn batch(vocab: u32, index: u64, b: usize, t: usize) -> Batch {
+    draw_batch(
+        &corpus(vocab),
+        Sampling::Random { seed: 9 },
+        index,
+        b,
+        t,
+        "mem".as_ref(),
+    )
+    .unwrap()
+}
+
+fn adamw_config() -> AdamWConfig {
+    AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    }
+}
+
+fn trainer(model: &ModelConfig, k: usize, hold: bool, clip: Option<f64>) -> Trainer<CpuExecutor> {
+    let tier_config = TierConfig {
+        transport: TransportDType::F32,
+        hold_grads: hold,
+        ..TierConfig::default()
+    };
+    let tier = init_tier(model, tier_config, SEED).unwrap();
+    let config = TrainerConfig {
+        checkpoint_every: k,
+        chunk_rows: 7,
+        adamw: adamw_config(),
+        grad_clip: clip,
+        optimizer_queue: 2,
+    };
+    Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap()
+}
+
+fn params(t: &Trainer<CpuExecutor>) -> Vec<Vec<f32>> {
+    t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
+}
+
+/// Per layer: max |a − b| / max |a|, the worst over layers. Element-wise
+/// relative error is meaningless for AdamW: where a gradient is at rounding
+/// level, m/√v amplifies summation-order differences to a full `lr` step.
+fn max_rel_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let scale = x.iter().fold(0.0f64, |m, &v| m.max(v.abs() as f64)).max(1e-12);
+            let diff = x
+                .iter()
+                .zip(y)
+                .fold(0.0f64, |m, (&u, &v)| m.max((u as f64 - v as f64).abs()));
+            diff / scale
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Whole model in memory: forward_backward, then AdamW on every layer
+/// (optionally with a clip coefficient), as a plain loop.
+fn reference_step(
+    model: &ModelConfig,
+    weights: &mut [Vec<f32>],
+    b: &Batch,
+    lr: f32,
+    clip: Option<f64>,
+) -> f64 {
+    let ex = CpuExecutor::new();
+    let tables = model.layer_tables();
+    let dev: Vec<_> = tables
+        .iter()
+        .zip(weights.iter())
+        .map(|(t, w)| upload_layer(&ex, t, w).unwrap())
+        .collect();
+    let out = forward_backward(model, &ex, &dev, &b.inputs, &b.targets, b.batch, b.seq_len, 7).unwrap();
+    let mut grads: Vec<Vec<f32>> = tables
+        .iter()
+        .zip(&out.grads)
+        .map(|(t, g)| megatrain_zoo::download_grads(&ex, t, g).unwrap())
+        .collect();
+    let coef = match clip {
+        Some(max) => {
+            let norm = grads
+                .iter()
+                .flatten()
+                .map(|&g| g as f64 * g as f64)
+                .sum::<f64>()
+                .sqrt();
+            (max / (norm + 1e-6)).min(1.0) as f32
+        }
+        None => 1.0,
+    };
+    let opt = AdamW::new(adamw_config()).unwrap();
+    for ((t, w), g) in tables.iter().zip(weights.iter_mut()).zip(grads.iter_mut()) {
+        let (mut m, mut v) = (vec![0.0; w.len()], vec![0.0; w.len()]);
+        let mask = DecayMask::from_param_table(t);
+        let up = SlabUpdate::new(w, g, &mut m, &mut v)
+            .decay(&mask)
+            .grad_scale(coef);
+        opt.step(&mut SlabState::new(), lr, up).unwrap();
+    }
+    out.loss
+}
+
+fn check_one_step_matches_reference(model: &ModelConfig) {
+    let b = batch(model.vocab_size as u32, 0, 2, 11);
+    let lr = 1e-3;
+    let mut reference: Vec<Vec<f32>> = params(&trainer(model, 1, false, None));
+    let ref_loss = reference_step(model, &mut reference, &b, lr, None);
+    for k in [1, 2, 3] {
+        let mut t = trainer(model, k, false, None);
+        let m = t.step(std::slice::from_ref(&b), lr as f64).unwrap();
+        assert!(
+            (m.loss - ref_loss).abs() <= 1e-6 * ref_loss.abs(),
+            "K={k}: loss {} vs reference {ref_loss}",
+            m.loss
+        );
+        let d = max_rel_diff(&params(&t), &reference);
+        assert!(d <= 1e-5, "K={k}: params differ from the reference by {d}");
+        assert_eq!(m.tokens, 22);
+        assert_eq!(m.counted, 22);
+    }
+}
+
+#[test]
+fn llama_streamed_step_matches_whole_model_reference_for_every_k() {
+    check_one_step_matches_reference(&llama_tiny());
+}
+
+#[test]
+fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
+    check_one_step_matches_reference(&gpt2_nano(65));
+}
+
+#[test]
+fn checkpoint_interval_does_not_change_training() {
+    let model = llama_tiny();
+    let mut runs = Vec::new();
+    for k in [1, 3] {
+        let mut t = trainer(&model, k, false, None);
+        let losses: Vec<f64> = (0..4)
+            .map(|s| t.step(&[batch(256, s, 2, 9)], 3e-3).unwrap().loss)
+            .collect();
+        runs.push((losses, params(&t)));
+    }
+    assert_eq!(
+        runs[0].0, runs[1].0,
+        "recompute must reproduce the forward exactly"
+    );
+    assert_eq!(runs[0].1, runs[1].1);
+}
+
+#[test]
+fn four_micro_batches_equal_one_batch_of_four() {
+    let model = llama_tiny();
+    let big = batch(256, 0, 8, 9);
+    let micro: Vec<Batch> = (0..4)
+        .map(|i| Batch {
+            batch: 2,
+            seq_len: 9,
+            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
+            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
+        })
+        .collect();
+    let mut one = trainer(&model, 1, true, None);
+    let mut four = trainer(&model, 2, true, None);
+    for _ in 0..3 {
+        let a = one.step(std::slice::from_ref(&big), 1e-3).unwrap();
+        let b = four.step(&micro, 1e-3).unwrap();
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-5 * a.loss,
+            "{} vs {}",
+            a.loss,
+            b.loss
+        );
+        assert_eq!(a.tokens, b.tokens);
+    }
+    let d = max_rel_diff(&params(&one), &params(&four));
+    assert!(d <= 1e-4, "accumulated params differ by {d}");
+    assert!(
+        one.tier()
+            .layers()
+            .iter()
+            .all(|s| s.grads().unwrap().iter().all(|&g| g == 0.0))
+    );
+}
+
+#[test]
+fn exact_clipping_equals_reference_clip() {
+    let model = gpt2_nano(65);
+    let b = batch(65, 3, 2, 13);
+    let mut reference = params(&trainer(&model, 1, true, None));
+    let ref_loss = reference_step(&model, &mut reference, &b, 1e-3, Some(0.05));
+    let mut t = trainer(&model, 2, true, Some(0.05));
+    let m = t.step(std::slice::from_ref(&b), 1e-3).unwrap();
+    assert!((m.loss - ref_loss).abs() <= 1e-6 * ref_loss);
+    let norm = m.grad_norm.expect("clipping reports the norm");
+    assert!(norm > 0.05, "the test must actually clip (norm {norm})");
+    let d = max_rel_diff(&params(&t), &reference);
+    assert!(d <= 1e-5, "clipped params differ by {d}");
+}
+
+#[test]
+fn blocks_cross_twice_embedding_and_head_once() {
+    let model = llama_tiny();
+    let mut t = trainer(&model, 2, false, None);
+    let m = t.step(&[batch(256, 0, 1, 8)], 1e-3).unwrap();
+    let sizes: Vec<u64> = t.tier().layers().iter().map(|s| 4 * s.numel() as u64).collect();
+    let (emb, head) = (sizes[0], *sizes.last().unwrap());
+    let blocks: u64 = sizes[1..sizes.len() - 1].iter().sum();
+    assert_eq!(m.transport_bytes, emb + blocks + head);
+    assert_eq!(m.bytes_uploaded, emb + 2 * blocks + head);
+    assert_eq!(
+        m.bytes_downloaded, m.transport_bytes,
+        "f32 gradients of every layer come back once"
+    );
+    assert!(m.bus_crossings() > 1.0 && m.bus_crossings() < 2.0);
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let model = llama_tiny();
+    let tier = || init_tier(&model, TierConfig::default(), 1).unwrap();
+    let ex = CpuExecutor::new;
+    let zero_k = TrainerConfig {
+        checkpoint_every: 0,
+        ..TrainerConfig::default()
+    };
+    assert!(Trainer::new(ex(), model.clone(), tier(), zero_k).is_err());
+    let clip_without_grads = TrainerConfig {
+        grad_clip: Some(1.0),
+        ..TrainerConfig::default()
+    };
+    let err = Trainer::new(ex(), model.clone(), tier(), clip_without_grads)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("hold"), "{err}");
+    let mut other = model.clone();
+    other.num_layers = 2;
+    assert!(Trainer::new(ex(), other, tier(), TrainerConfig::default()).is_err());
+    let mut t = Trainer::new(ex(), model.clone(), tier(), TrainerConfig::default()).unwrap();
+    let two = [batch(256, 0, 1, 8), batch(256, 1, 1, 8)];
+    let err = t.step(&two, 1e-3).unwrap_err();
+    assert!(err.to_string().contains("micro-batches"), "{err}");
+    let mut bad = batch(256, 0, 1, 8);
+    bad.inputs[3] = 999;
+    let err = t.step(&[bad], 1e-3).unwrap_err();
+    assert!(err.to_string().contains("999"), "{err}");
+}
