@@ -1,1 +1,19 @@
-//! megatrain-gpu: see ARCHITECTURE.md. Filled by its own issue.
+//! megatrain-gpu: the wgpu context, the WGSL kernel registry, the device
+//! buffer arena and [`GpuExecutor`], which implements every op of
+//! [`megatrain_tensor::Executor`] on the GPU. See ARCHITECTURE.md.
+
+mod arena;
+mod context;
+mod error;
+mod exec;
+mod kernels;
+mod profile;
+mod tensor;
+
+pub use arena::ArenaStats;
+pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
+pub use error::GpuError;
+pub use exec::{GpuExecutor, GpuOptions};
+pub use kernels::Kernel;
+pub use profile::{OpTiming, TimingSource};
+pub use tensor::GpuTensor;

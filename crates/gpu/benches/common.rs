@@ -1,0 +1,31 @@
+//! Shared bench setup: the executor (or a skip notice) and random inputs.
+#![allow(dead_code)]
+
+use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::testing::random_f32;
+use megatrain_tensor::{HostTensor, Shape};
+
+pub fn executor() -> Option<GpuExecutor> {
+    match GpuContext::new() {
+        Ok(ctx) => {
+            eprintln!("bench device: {}", ctx.info);
+            let g = GpuExecutor::new(ctx);
+            g.warm_up();
+            Some(g)
+        }
+        Err(e) => {
+            eprintln!("no GPU adapter, skipping GPU benches: {e}");
+            None
+        }
+    }
+}
+
+/// A real GPU (not lavapipe / a CPU adapter): the big shapes are worth it.
+pub fn is_real_gpu(g: &GpuExecutor) -> bool {
+    g.context().info.device_type != "Cpu"
+}
+
+pub fn rand(seed: u64, dims: &[usize]) -> HostTensor {
+    let s = Shape::new(dims.to_vec());
+    HostTensor::from_f32(s.clone(), random_f32(seed, s.numel())).expect("sized")
+}

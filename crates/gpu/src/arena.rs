@@ -1,0 +1,150 @@
+//! Device buffer arena: buffers are recycled by size class, so a training
+//! step that asks for the same shapes every time allocates nothing after the
+//! first. Accounting is in bytes of real device allocations.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// Rounds a request up to its size class: 256 B minimum, then four classes per
+/// power of two, so at most 25% of a buffer is slack.
+pub fn size_class(bytes: u64) -> u64 {
+    let b = bytes.max(256);
+    let pow = 63 - b.leading_zeros() as u64; // floor(log2 b)
+    if pow < 2 {
+        return 256;
+    }
+    let step = 1u64 << (pow - 2);
+    b.div_ceil(step) * step
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArenaStats {
+    /// Bytes held by live tensors.
+    pub live_bytes: u64,
+    /// Highest `live_bytes` seen since the last `reset_peak`.
+    pub peak_bytes: u64,
+    /// Bytes sitting in the free pool, ready for reuse.
+    pub pooled_bytes: u64,
+    /// Number of device allocations made so far (pool misses).
+    pub allocations: u64,
+}
+
+#[derive(Default)]
+struct State {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    stats: ArenaStats,
+}
+
+pub struct Arena {
+    device: wgpu::Device,
+    state: Mutex<State>,
+}
+
+/// A device buffer on loan from the arena; it goes back to the pool on drop.
+pub struct PooledBuffer {
+    buffer: Option<wgpu::Buffer>,
+    class: u64,
+    arena: Arc<Arena>,
+}
+
+impl PooledBuffer {
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("buffer present until drop")
+    }
+
+    pub fn class_bytes(&self) -> u64 {
+        self.class
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            let mut st = self.arena.state.lock().expect("arena poisoned");
+            st.stats.live_bytes -= self.class;
+            st.stats.pooled_bytes += self.class;
+            st.free.entry(self.class).or_default().push(b);
+        }
+    }
+}
+
+impl Arena {
+    pub fn new(device: wgpu::Device) -> Arc<Self> {
+        Arc::new(Arena {
+            device,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// A buffer of at least `bytes` bytes; its contents are unspecified.
+    pub fn alloc(self: &Arc<Self>, bytes: u64) -> PooledBuffer {
+        let class = size_class(bytes);
+        let mut st = self.state.lock().expect("arena poisoned");
+        let reused = st.free.get_mut(&class).and_then(|v| v.pop());
+        let buffer = match reused {
+            Some(b) => {
+                st.stats.pooled_bytes -= class;
+                b
+            }
+            None => {
+                st.stats.allocations += 1;
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("arena"),
+                    size: class,
+                    usage: USAGE,
+                    mapped_at_creation: false,
+                })
+            }
+        };
+        st.stats.live_bytes += class;
+        st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
+        PooledBuffer {
+            buffer: Some(buffer),
+            class,
+            arena: self.clone(),
+        }
+    }
+
+    pub fn stats(&self) -> ArenaStats {
+        self.state.lock().expect("arena poisoned").stats
+    }
+
+    pub fn reset_peak(&self) {
+        let mut st = self.state.lock().expect("arena poisoned");
+        st.stats.peak_bytes = st.stats.live_bytes;
+    }
+
+    /// Frees every pooled buffer.
+    pub fn trim(&self) {
+        let mut st = self.state.lock().expect("arena poisoned");
+        for (_, v) in st.free.drain() {
+            for b in v {
+                b.destroy();
+            }
+        }
+        st.stats.pooled_bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_bound_slack() {
+        assert_eq!(size_class(0), 256);
+        assert_eq!(size_class(256), 256);
+        assert_eq!(size_class(257), 320);
+        assert_eq!(size_class(1024), 1024);
+        assert_eq!(size_class(1025), 1280);
+        for b in (1..5000u64).chain([1 << 20, (1 << 20) + 1, 123_456_789]) {
+            let c = size_class(b);
+            assert!(c >= b && c.is_multiple_of(4), "{b} -> {c}");
+            assert!(c <= 256.max(b + b / 4 + 4), "{b} -> {c} too much slack");
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The wgpu instance, adapter, device and queue, chosen once per process.
+
+use std::sync::Arc;
+
+use crate::GpuError;
+
+/// Optional features used when the adapter has them.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
+    .union(wgpu::Features::SHADER_F16)
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
+
+/// Environment variable that picks an adapter by a substring of its name.
+pub const ADAPTER_ENV: &str = "MEGATRAIN_ADAPTER";
+
+#[derive(Debug, Clone)]
+pub struct AdapterReport {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+}
+
+impl std::fmt::Display for AdapterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}, {}, driver {} {})",
+            self.name, self.backend, self.device_type, self.driver, self.driver_info
+        )
+    }
+}
+
+pub struct GpuContext {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: AdapterReport,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+fn rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+impl GpuContext {
+    /// Picks an adapter (the `MEGATRAIN_ADAPTER` name substring if set, else
+    /// discrete > integrated > virtual > CPU) and opens a device with the
+    /// adapter's own limits and the optional features it has.
+    pub fn new() -> Result<Arc<Self>, GpuError> {
+        let wanted = std::env::var(ADAPTER_ENV).ok().filter(|s| !s.is_empty());
+        Self::with_adapter_filter(wanted.as_deref())
+    }
+
+    pub fn with_adapter_filter(wanted: Option<&str>) -> Result<Arc<Self>, GpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            return Err(GpuError::NoAdapter);
+        }
+        let adapter = match wanted {
+            Some(w) => {
+                let lw = w.to_lowercase();
+                let found = adapters
+                    .iter()
+                    .position(|a| a.get_info().name.to_lowercase().contains(&lw));
+                match found {
+                    Some(i) => adapters.into_iter().nth(i).expect("index from position"),
+                    None => {
+                        let available = adapters
+                            .iter()
+                            .map(|a| format!("'{}'", a.get_info().name))
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        return Err(GpuError::AdapterNotFound {
+                            wanted: w.to_string(),
+                            available,
+                        });
+                    }
+                }
+            }
+            None => adapters
+                .into_iter()
+                .min_by_key(|a| {
+                    let i = a.get_info();
+                    // Vulkan first among equals: it is where the features we want live.
+                    (rank(i.device_type), i.backend != wgpu::Backend::Vulkan)
+                })
+                .expect("non-empty adapter list"),
+        };
+        let ai = adapter.get_info();
+        let info = AdapterReport {
+            name: ai.name.clone(),
+            backend: format!("{:?}", ai.backend),
+            device_type: format!("{:?}", ai.device_type),
+            driver: ai.driver.clone(),
+            driver_info: ai.driver_info.clone(),
+        };
+        let features = adapter.features() & WANTED_FEATURES;
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("megatrain"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|source| GpuError::RequestDevice {
+                adapter: info.name.clone(),
+                source,
+            })?;
+        Ok(Arc::new(GpuContext {
+            adapter,
+            device,
+            queue,
+            info,
+            features,
+            limits,
+        }))
+    }
+
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Largest byte range one storage binding may cover.
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()))
+    }
+}

@@ -1,0 +1,28 @@
+//! Errors of the GPU backend. They reach callers of [`megatrain_tensor::Executor`]
+//! wrapped in `Error::Backend`.
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter found (wgpu enumerated none on any backend)")]
+    NoAdapter,
+    #[error("MEGATRAIN_ADAPTER={wanted:?} matches none of the adapters: {available}")]
+    AdapterNotFound { wanted: String, available: String },
+    #[error("requesting a device on adapter '{adapter}' failed: {source}")]
+    RequestDevice {
+        adapter: String,
+        #[source]
+        source: wgpu::RequestDeviceError,
+    },
+    #[error("mapping a readback buffer failed: {0}")]
+    Map(String),
+    #[error("device poll failed: {0}")]
+    Poll(String),
+    #[error("{op}: {detail}")]
+    Unsupported { op: &'static str, detail: String },
+}
+
+impl From<GpuError> for megatrain_tensor::Error {
+    fn from(e: GpuError) -> Self {
+        megatrain_tensor::Error::Backend(Box::new(e))
+    }
+}

@@ -1,0 +1,322 @@
+//! Elementwise ops, activations and layout copies.
+
+use megatrain_tensor::{DType, Error, Result, Shape};
+
+use super::{GpuExecutor, View, f, grid_for, need_f32, same_shape, u};
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+impl GpuExecutor {
+    /// Runs a one-thread-per-element kernel over `n` elements of every
+    /// operand (inputs then outputs, in binding order), in chunks that fit a
+    /// binding. `params(count, elem_offsets)` builds the uniform block.
+    pub(crate) fn run_elementwise(
+        &self,
+        name: &'static str,
+        kernel: Kernel,
+        operands: &[&GpuTensor],
+        n: usize,
+        params: impl Fn(usize, &[u32]) -> Vec<u32>,
+    ) -> Result<()> {
+        let mut op = self.op(name);
+        for (start, count) in self.row_chunks(n, &vec![1; operands.len()])? {
+            let views: Vec<View<'_>> = operands
+                .iter()
+                .map(|t| self.view(t, start, count))
+                .collect::<Result<_>>()?;
+            let offs: Vec<u32> = views.iter().map(|v| v.elem_off).collect();
+            op.dispatch(
+                kernel,
+                &params(count, &offs),
+                &views,
+                grid_for(count.div_ceil(256)),
+            );
+        }
+        op.finish()
+    }
+
+    pub(crate) fn add_impl(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        need_f32("add", a)?;
+        need_f32("add", b)?;
+        same_shape("add", a, b)?;
+        let c = self.alloc_f32(a.shape.clone());
+        self.run_elementwise("add", Kernel::Add, &[a, b, &c], a.numel(), |n, o| {
+            vec![u(n), o[0], o[1], o[2], 0, 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(c)
+    }
+
+    pub(crate) fn add_assign_impl(&self, acc: &mut GpuTensor, x: &GpuTensor) -> Result<()> {
+        need_f32("add_assign", acc)?;
+        need_f32("add_assign", x)?;
+        if acc.numel() != x.numel() {
+            return Err(Error::shape(
+                "add_assign",
+                format!("{} vs {}", acc.shape, x.shape),
+            ));
+        }
+        self.make_unique(acc)?;
+        self.run_elementwise("add_assign", Kernel::AddAssign, &[x, acc], x.numel(), |n, o| {
+            vec![u(n), o[0], 0, o[1], 0, 0, 0, 0, 0, 0, 0, 0]
+        })
+    }
+
+    pub(crate) fn scale_impl(&self, x: &GpuTensor, s: f32) -> Result<GpuTensor> {
+        need_f32("scale", x)?;
+        let y = self.alloc_f32(x.shape.clone());
+        self.run_elementwise("scale", Kernel::Scale, &[x, &y], x.numel(), |n, o| {
+            vec![u(n), o[0], 0, o[1], f(s), 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    /// Column sums of `x` read as `[rows, w]`.
+    pub(crate) fn sum_rows(&self, x: &GpuTensor, w: usize) -> Result<GpuTensor> {
+        let rows = x.numel() / w.max(1);
+        let out = self.alloc_f32([w]);
+        let mut op = self.op("sum_rows");
+        let ov = self.full(&out)?;
+        for (i, (r0, nr)) in self.row_chunks(rows, &[w])?.into_iter().enumerate() {
+            let xv = self.view(x, r0 * w, nr * w)?;
+            let params = [
+                u(nr * w),
+                xv.elem_off,
+                0,
+                ov.elem_off,
+                0,
+                u(nr),
+                u(w),
+                (i > 0) as u32,
+                0,
+                0,
+                0,
+                0,
+            ];
+            op.dispatch(Kernel::SumRows, &params, &[xv, ov], grid_for(w.div_ceil(256)));
+        }
+        op.finish()?;
+        Ok(out)
+    }
+
+    pub(crate) fn swiglu_impl(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
+        need_f32("swiglu", gate)?;
+        need_f32("swiglu", up)?;
+        same_shape("swiglu", gate, up)?;
+        let y = self.alloc_f32(gate.shape.clone());
+        self.run_elementwise("swiglu", Kernel::Swiglu, &[gate, up, &y], y.numel(), |n, o| {
+            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    pub(crate) fn swiglu_backward_impl(
+        &self,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        for t in [gate, up, dy] {
+            need_f32("swiglu_backward", t)?;
+        }
+        same_shape("swiglu_backward", gate, up)?;
+        same_shape("swiglu_backward", gate, dy)?;
+        let dg = self.alloc_f32(gate.shape.clone());
+        let du = self.alloc_f32(gate.shape.clone());
+        self.run_elementwise(
+            "swiglu_backward",
+            Kernel::SwigluBwd,
+            &[gate, up, dy, &dg, &du],
+            dg.numel(),
+            |n, o| vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0],
+        )?;
+        Ok((dg, du))
+    }
+
+    pub(crate) fn gelu_impl(&self, x: &GpuTensor) -> Result<GpuTensor> {
+        need_f32("gelu", x)?;
+        let y = self.alloc_f32(x.shape.clone());
+        self.run_elementwise("gelu", Kernel::Gelu, &[x, &y], y.numel(), |n, o| {
+            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    pub(crate) fn gelu_backward_impl(&self, x: &GpuTensor, dy: &GpuTensor) -> Result<GpuTensor> {
+        need_f32("gelu_backward", x)?;
+        need_f32("gelu_backward", dy)?;
+        same_shape("gelu_backward", x, dy)?;
+        let dx = self.alloc_f32(x.shape.clone());
+        self.run_elementwise(
+            "gelu_backward",
+            Kernel::GeluBwd,
+            &[x, dy, &dx],
+            dx.numel(),
+            |n, o| vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0],
+        )?;
+        Ok(dx)
+    }
+
+    // ---- layout ---------------------------------------------------------
+
+    pub(crate) fn reshape_impl(&self, t: &GpuTensor, shape: &Shape) -> Result<GpuTensor> {
+        if shape.numel() != t.numel() {
+            return Err(Error::shape("reshape", format!("{} to {shape}", t.shape)));
+        }
+        Ok(GpuTensor {
+            buf: t.buf.clone(),
+            shape: shape.clone(),
+            dtype: t.dtype,
+        })
+    }
+
+    fn byte_range(op: &'static str, t: &GpuTensor, start: usize, len: usize) -> Result<(u64, u64)> {
+        let es = t.dtype.size_in_bytes();
+        let (s, n) = ((start * es) as u64, (len * es) as u64);
+        if s % 4 != 0 || n % 4 != 0 {
+            return Err(Error::invalid(
+                op,
+                format!(
+                    "{} rows of a {} tensor must start and end on 4-byte boundaries",
+                    t.dtype, t.shape
+                ),
+            ));
+        }
+        Ok((s, n))
+    }
+
+    pub(crate) fn slice_rows_impl(&self, t: &GpuTensor, start: usize, len: usize) -> Result<GpuTensor> {
+        let rows = t.shape.rows();
+        let last = t.shape.last();
+        if start + len > rows {
+            return Err(Error::shape(
+                "slice_rows",
+                format!("rows {start}..{} of {} (rows = {rows})", start + len, t.shape),
+            ));
+        }
+        let out = self.alloc(Shape::new([len, last]), t.dtype);
+        let (s, n) = Self::byte_range("slice_rows", t, start * last, len * last)?;
+        let mut op = self.op("slice_rows");
+        op.copy(t.buffer(), s, out.buffer(), 0, n);
+        op.finish()?;
+        Ok(out)
+    }
+
+    pub(crate) fn write_rows_impl(&self, dst: &mut GpuTensor, start: usize, src: &GpuTensor) -> Result<()> {
+        let last = dst.shape.last();
+        if src.shape.last() != last || src.dtype != dst.dtype {
+            return Err(Error::shape(
+                "write_rows",
+                format!(
+                    "src {} ({}) into dst {} ({})",
+                    src.shape, src.dtype, dst.shape, dst.dtype
+                ),
+            ));
+        }
+        let n_rows = src.shape.rows();
+        if start + n_rows > dst.shape.rows() {
+            return Err(Error::shape(
+                "write_rows",
+                format!("rows {start}..{} of {}", start + n_rows, dst.shape),
+            ));
+        }
+        self.make_unique(dst)?;
+        let (s, n) = Self::byte_range("write_rows", dst, start * last, n_rows * last)?;
+        let mut op = self.op("write_rows");
+        op.copy(src.buffer(), 0, dst.buffer(), s, n);
+        op.finish()
+    }
+
+    /// Copies `w` columns per row from `src` (row stride `ss`, column `sc`) to
+    /// `dst` (row stride `ds`, column `dc`).
+    #[allow(clippy::too_many_arguments)]
+    fn copy_cols(
+        &self,
+        op: &mut super::Op<'_>,
+        src: &GpuTensor,
+        ss: usize,
+        sc: usize,
+        dst: &GpuTensor,
+        ds: usize,
+        dc: usize,
+        w: usize,
+        rows: usize,
+    ) -> Result<()> {
+        for (r0, nr) in self.row_chunks(rows, &[ss, ds])? {
+            let sv = self.view(src, r0 * ss, nr * ss)?;
+            let dv = self.view(dst, r0 * ds, nr * ds)?;
+            let params = [
+                u(nr * w),
+                sv.elem_off,
+                0,
+                dv.elem_off,
+                0,
+                u(nr),
+                u(w),
+                0,
+                u(ss),
+                u(sc),
+                u(ds),
+                u(dc),
+            ];
+            op.dispatch(
+                Kernel::CopyCols,
+                &params,
+                &[sv, dv],
+                grid_for((nr * w).div_ceil(256)),
+            );
+        }
+        Ok(())
+    }
+
+    pub(crate) fn split_last_impl(&self, t: &GpuTensor, sizes: &[usize]) -> Result<Vec<GpuTensor>> {
+        need_f32("split_last", t)?;
+        let last = t.shape.last();
+        if sizes.iter().sum::<usize>() != last {
+            return Err(Error::shape(
+                "split_last",
+                format!("sizes {sizes:?} do not sum to the last dim of {}", t.shape),
+            ));
+        }
+        let rows = t.shape.rows();
+        let mut op = self.op("split_last");
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut col = 0;
+        for &w in sizes {
+            let p = self.alloc(t.shape.with_last(w), DType::F32);
+            self.copy_cols(&mut op, t, last, col, &p, w, 0, w, rows)?;
+            col += w;
+            out.push(p);
+        }
+        op.finish()?;
+        Ok(out)
+    }
+
+    pub(crate) fn concat_last_impl(&self, parts: &[&GpuTensor]) -> Result<GpuTensor> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::invalid("concat_last", "no parts"))?;
+        let lead = &first.dims()[..first.shape.rank().saturating_sub(1)];
+        let mut last = 0;
+        for p in parts {
+            need_f32("concat_last", p)?;
+            if &p.dims()[..p.shape.rank().saturating_sub(1)] != lead {
+                return Err(Error::shape(
+                    "concat_last",
+                    format!("{} vs {}", p.shape, first.shape),
+                ));
+            }
+            last += p.shape.last();
+        }
+        let out = self.alloc(first.shape.with_last(last), DType::F32);
+        let rows = first.shape.rows();
+        let mut op = self.op("concat_last");
+        let mut col = 0;
+        for p in parts {
+            let w = p.shape.last();
+            self.copy_cols(&mut op, p, w, 0, &out, last, col, w, rows)?;
+            col += w;
+        }
+        op.finish()?;
+        Ok(out)
+    }
+}

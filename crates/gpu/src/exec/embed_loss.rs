@@ -1,0 +1,188 @@
+//! Embedding gather / scatter-add and fused cross-entropy.
+
+use megatrain_tensor::{CrossEntropyOut, DType, Error, Result};
+
+use super::{GpuExecutor, f, grid_for, need_f32, u};
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+impl GpuExecutor {
+    fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
+        if let Some((pos, &id)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { op, id, pos, vocab });
+        }
+        Ok(())
+    }
+
+    /// Row ranges of a `[V, C]` table that each fit one binding.
+    fn table_chunks(&self, v: usize, c: usize, dtype: DType) -> Result<Vec<(usize, usize)>> {
+        // bf16 rows are half as wide; the chunker counts f32 elements.
+        let w = if dtype == DType::BF16 {
+            c.div_ceil(2) + 1
+        } else {
+            c
+        };
+        self.row_chunks(v, &[w])
+    }
+
+    pub(crate) fn embedding_impl(&self, ids: &[u32], table: &GpuTensor) -> Result<GpuTensor> {
+        let name = "embedding";
+        if table.shape.rank() != 2 || table.dtype == DType::F16 {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "table {} ({}) must be [V, C] f32 or bf16",
+                    table.shape, table.dtype
+                ),
+            ));
+        }
+        let (v, c) = (table.dims()[0], table.dims()[1]);
+        Self::check_ids(name, ids, v)?;
+        let out = self.alloc_f32([ids.len(), c]);
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let kernel = if table.dtype == DType::BF16 {
+            Kernel::GatherBf16
+        } else {
+            Kernel::GatherF32
+        };
+        let mut op = self.op(name);
+        // Positions and table rows both in chunks that fit one binding.
+        for (p0, np) in self.row_chunks(ids.len(), &[c])? {
+            let ids_t = self.upload_words(&ids[p0..p0 + np]);
+            let (iv, ov) = (self.full(&ids_t)?, self.view(&out, p0 * c, np * c)?);
+            for (r0, nr) in self.table_chunks(v, c, table.dtype)? {
+                let tv = self.view(table, r0 * c, nr * c)?;
+                let params = [u(np), u(c), u(r0), u(r0 + nr), tv.elem_off, ov.elem_off, 0, 0];
+                op.dispatch(kernel, &params, &[iv, tv, ov], grid_for((np * c).div_ceil(256)));
+            }
+            op.keep(ids_t);
+        }
+        op.finish()?;
+        Ok(out)
+    }
+
+    pub(crate) fn embedding_backward_impl(
+        &self,
+        ids: &[u32],
+        dout: &GpuTensor,
+        dtable: &mut GpuTensor,
+    ) -> Result<()> {
+        let name = "embedding_backward";
+        need_f32(name, dout)?;
+        need_f32(name, dtable)?;
+        if dtable.shape.rank() != 2 || dout.dims() != [ids.len(), dtable.dims()[1]] {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "dout {} and dtable {} for {} ids",
+                    dout.shape,
+                    dtable.shape,
+                    ids.len()
+                ),
+            ));
+        }
+        let (v, c) = (dtable.dims()[0], dtable.dims()[1]);
+        Self::check_ids(name, ids, v)?;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.make_unique(dtable)?;
+        let mut op = self.op(name);
+        for (p0, np) in self.row_chunks(ids.len(), &[c])? {
+            // Group positions by id on the host so that each (id, column) is
+            // one thread's sum: no two threads ever add into the same element.
+            let chunk = &ids[p0..p0 + np];
+            let mut order: Vec<u32> = (0..np as u32).collect();
+            order.sort_by_key(|&p| chunk[p as usize]);
+            let mut uniq = Vec::new();
+            let mut offs = Vec::new();
+            for (i, &p) in order.iter().enumerate() {
+                if i == 0 || chunk[p as usize] != chunk[order[i - 1] as usize] {
+                    uniq.push(chunk[p as usize]);
+                    offs.push(i as u32);
+                }
+            }
+            offs.push(order.len() as u32);
+            let (uniq_t, offs_t, pos_t) = (
+                self.upload_words(&uniq),
+                self.upload_words(&offs),
+                self.upload_words(&order),
+            );
+            let (uv, ofv, pv) = (self.full(&uniq_t)?, self.full(&offs_t)?, self.full(&pos_t)?);
+            let dov = self.view(dout, p0 * c, np * c)?;
+            for (r0, nr) in self.table_chunks(v, c, DType::F32)? {
+                let tv = self.view(dtable, r0 * c, nr * c)?;
+                let params = [
+                    u(uniq.len()),
+                    u(c),
+                    u(r0),
+                    u(r0 + nr),
+                    tv.elem_off,
+                    dov.elem_off,
+                    0,
+                    0,
+                ];
+                let grid = grid_for((uniq.len() * c).div_ceil(256));
+                op.dispatch(Kernel::ScatterAdd, &params, &[uv, tv, ofv, pv, dov], grid);
+            }
+            op.keep(uniq_t);
+            op.keep(offs_t);
+            op.keep(pos_t);
+        }
+        op.finish()
+    }
+
+    pub(crate) fn cross_entropy_impl(
+        &self,
+        logits: &GpuTensor,
+        targets: &[i32],
+        ignore_index: i32,
+        grad_scale: f32,
+    ) -> Result<CrossEntropyOut<GpuTensor>> {
+        let name = "cross_entropy";
+        need_f32(name, logits)?;
+        if logits.shape.rank() != 2 || logits.dims()[0] != targets.len() {
+            return Err(Error::shape(
+                name,
+                format!("logits {} for {} targets", logits.shape, targets.len()),
+            ));
+        }
+        let (n, v) = (logits.dims()[0], logits.dims()[1]);
+        if let Some((pos, &t)) = targets
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t != ignore_index && (**t < 0 || **t as usize >= v))
+        {
+            return Err(Error::invalid(
+                name,
+                format!("target {t} at row {pos} is outside the vocabulary of {v}"),
+            ));
+        }
+        let losses = self.alloc_f32([n]);
+        let dlogits = self.alloc_f32([n, v]);
+        let tgt = self.upload_words(bytemuck::cast_slice(targets));
+        let mut op = self.op(name);
+        // Chunked over rows: each chunk's logits and gradient fit one binding.
+        for (r0, nr) in self.row_chunks(n, &[v])? {
+            let xv = self.view(logits, r0 * v, nr * v)?;
+            let tv = self.view(&tgt, r0, nr)?;
+            let lv = self.view(&losses, r0, nr)?;
+            let dv = self.view(&dlogits, r0 * v, nr * v)?;
+            let params = [
+                u(nr),
+                u(v),
+                ignore_index as u32,
+                f(grad_scale),
+                xv.elem_off,
+                tv.elem_off,
+                lv.elem_off,
+                dv.elem_off,
+            ];
+            op.dispatch(Kernel::CrossEntropy, &params, &[xv, tv, lv, dv], grid_for(nr));
+        }
+        op.finish()?;
+        Ok(CrossEntropyOut { losses, dlogits })
+    }
+}

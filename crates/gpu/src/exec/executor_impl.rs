@@ -1,0 +1,173 @@
+//! The `Executor` trait, delegating to the op implementations.
+
+use megatrain_tensor::{
+    AttentionGrads, AttentionOut, CrossEntropyOut, Executor, HostTensor, MatmulGrads, MatmulNeeds, NormGrads,
+    NormOut, Result, Rope, Shape, Transpose,
+};
+
+use super::GpuExecutor;
+use crate::tensor::GpuTensor;
+
+impl Executor for GpuExecutor {
+    type Tensor = GpuTensor;
+
+    fn name(&self) -> String {
+        format!("gpu: {}", self.ctx.info)
+    }
+
+    fn upload(&self, t: &HostTensor) -> Result<GpuTensor> {
+        self.upload_host(t)
+    }
+
+    fn download(&self, t: &GpuTensor) -> Result<HostTensor> {
+        self.download_host(t)
+    }
+
+    fn zeros(&self, shape: &Shape) -> Result<GpuTensor> {
+        self.zeros_f32(shape.clone())
+    }
+
+    fn reshape(&self, t: &GpuTensor, shape: &Shape) -> Result<GpuTensor> {
+        self.reshape_impl(t, shape)
+    }
+
+    fn slice_rows(&self, t: &GpuTensor, start: usize, len: usize) -> Result<GpuTensor> {
+        self.slice_rows_impl(t, start, len)
+    }
+
+    fn write_rows(&self, dst: &mut GpuTensor, start: usize, src: &GpuTensor) -> Result<()> {
+        self.write_rows_impl(dst, start, src)
+    }
+
+    fn split_last(&self, t: &GpuTensor, sizes: &[usize]) -> Result<Vec<GpuTensor>> {
+        self.split_last_impl(t, sizes)
+    }
+
+    fn concat_last(&self, parts: &[&GpuTensor]) -> Result<GpuTensor> {
+        self.concat_last_impl(parts)
+    }
+
+    fn add(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        self.add_impl(a, b)
+    }
+
+    fn add_assign(&self, acc: &mut GpuTensor, x: &GpuTensor) -> Result<()> {
+        self.add_assign_impl(acc, x)
+    }
+
+    fn scale(&self, x: &GpuTensor, s: f32) -> Result<GpuTensor> {
+        self.scale_impl(x, s)
+    }
+
+    fn matmul(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        t: Transpose,
+    ) -> Result<GpuTensor> {
+        self.matmul_impl(a, b, bias, t)
+    }
+
+    fn matmul_backward(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        self.matmul_backward_impl(a, b, dout, t, needs)
+    }
+
+    fn rmsnorm(&self, x: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
+        self.norm_fwd(x, w, None, eps)
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        x: &GpuTensor,
+        w: &GpuTensor,
+        rstd: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<NormGrads<GpuTensor>> {
+        self.norm_bwd(x, w, None, rstd, dy)
+    }
+
+    fn layernorm(&self, x: &GpuTensor, w: &GpuTensor, b: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
+        self.norm_fwd(x, w, Some(b), eps)
+    }
+
+    fn layernorm_backward(
+        &self,
+        x: &GpuTensor,
+        w: &GpuTensor,
+        mean: &GpuTensor,
+        rstd: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<NormGrads<GpuTensor>> {
+        self.norm_bwd(x, w, Some(mean), rstd, dy)
+    }
+
+    fn rope(&self, x: &GpuTensor, rope: Rope) -> Result<GpuTensor> {
+        self.rope_impl(x, rope, 1.0)
+    }
+
+    fn rope_backward(&self, dy: &GpuTensor, rope: Rope) -> Result<GpuTensor> {
+        self.rope_impl(dy, rope, -1.0)
+    }
+
+    fn attention(&self, q: &GpuTensor, k: &GpuTensor, v: &GpuTensor) -> Result<AttentionOut<GpuTensor>> {
+        self.attention_impl(q, k, v)
+    }
+
+    fn attention_backward(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        fwd: &AttentionOut<GpuTensor>,
+        dout: &GpuTensor,
+    ) -> Result<AttentionGrads<GpuTensor>> {
+        self.attention_backward_impl(q, k, v, fwd, dout)
+    }
+
+    fn swiglu(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
+        self.swiglu_impl(gate, up)
+    }
+
+    fn swiglu_backward(
+        &self,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.swiglu_backward_impl(gate, up, dy)
+    }
+
+    fn gelu(&self, x: &GpuTensor) -> Result<GpuTensor> {
+        self.gelu_impl(x)
+    }
+
+    fn gelu_backward(&self, x: &GpuTensor, dy: &GpuTensor) -> Result<GpuTensor> {
+        self.gelu_backward_impl(x, dy)
+    }
+
+    fn embedding(&self, ids: &[u32], table: &GpuTensor) -> Result<GpuTensor> {
+        self.embedding_impl(ids, table)
+    }
+
+    fn embedding_backward(&self, ids: &[u32], dout: &GpuTensor, dtable: &mut GpuTensor) -> Result<()> {
+        self.embedding_backward_impl(ids, dout, dtable)
+    }
+
+    fn cross_entropy(
+        &self,
+        logits: &GpuTensor,
+        targets: &[i32],
+        ignore_index: i32,
+        grad_scale: f32,
+    ) -> Result<CrossEntropyOut<GpuTensor>> {
+        self.cross_entropy_impl(logits, targets, ignore_index, grad_scale)
+    }
+}

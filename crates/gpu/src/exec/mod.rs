@@ -1,0 +1,613 @@
+//! `GpuExecutor`: device tensors, op recording, binding ranges and the
+//! implementation of every [`megatrain_tensor::Executor`] op.
+
+mod attention;
+mod elementwise;
+mod embed_loss;
+mod executor_impl;
+mod matmul;
+mod norm;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use megatrain_tensor::{DType, Error, HostData, HostTensor, Result, Shape};
+use wgpu::util::DeviceExt;
+
+use crate::arena::{Arena, ArenaStats};
+use crate::kernels::{Kernel, KernelRegistry};
+use crate::profile::{Profiler, TimingSource};
+use crate::tensor::{GpuTensor, storage_bytes};
+use crate::{GpuContext, GpuError};
+
+/// Options that change how the executor runs, not what it computes.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Caps the bytes one storage binding may cover below the device limit;
+    /// lets tests exercise the multi-range paths on small tensors.
+    pub max_binding_bytes: Option<u64>,
+    /// Fills every freshly allocated output with NaN so that an element a
+    /// kernel forgets to write cannot pass a comparison.
+    pub poison_outputs: bool,
+    /// Records the time of every op (synchronises after each op).
+    pub profile: bool,
+}
+
+pub struct GpuExecutor {
+    ctx: Arc<GpuContext>,
+    kernels: KernelRegistry,
+    arena: Arc<Arena>,
+    max_binding: u64,
+    align: u64,
+    poison: bool,
+    profiling: AtomicBool,
+    profiler: Profiler,
+    /// Stand-in for bindings a kernel declares but a call does not use.
+    dummy: wgpu::Buffer,
+    timestamps: Option<Timestamps>,
+}
+
+struct Timestamps {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    period_ns: f64,
+}
+
+/// A byte range of a buffer bound as one storage binding, and where element 0
+/// of the range the kernel wants lies inside it.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    buf: &'a wgpu::Buffer,
+    offset: u64,
+    size: u64,
+    pub elem_off: u32,
+}
+
+enum Cmd {
+    Dispatch {
+        pipeline: Arc<crate::kernels::Pipeline>,
+        group: wgpu::BindGroup,
+        grid: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    },
+    Clear {
+        buf: wgpu::Buffer,
+        bytes: u64,
+    },
+}
+
+/// The commands of one op, submitted together by [`Op::finish`].
+pub(crate) struct Op<'e> {
+    ex: &'e GpuExecutor,
+    name: &'static str,
+    cmds: Vec<Cmd>,
+    /// Temporaries the recorded commands read: they must not go back to the
+    /// pool (and be rewritten by a later upload) before the op is submitted.
+    keep: Vec<GpuTensor>,
+}
+
+impl<'e> Op<'e> {
+    pub fn keep(&mut self, t: GpuTensor) {
+        self.keep.push(t);
+    }
+
+    pub fn dispatch(&mut self, k: Kernel, params: &[u32], views: &[View<'_>], grid: [u32; 3]) {
+        let ex = self.ex;
+        let pipeline = ex.kernels.get(&ex.ctx.device, k);
+        let spec = k.spec();
+        debug_assert_eq!(spec.bindings.len(), views.len(), "{:?} binding count", k);
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
+        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
+        let ubuf = ex
+            .ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("params"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: ubuf.as_entire_binding(),
+        }];
+        for (b, v) in spec.bindings.iter().zip(views) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: *b,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: v.buf,
+                    offset: v.offset,
+                    size: wgpu::BufferSize::new(v.size),
+                }),
+            });
+        }
+        let group = ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(spec.entry),
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        if grid.iter().all(|&g| g > 0) {
+            self.cmds.push(Cmd::Dispatch {
+                pipeline,
+                group,
+                grid,
+            });
+        }
+    }
+
+    pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) {
+        if bytes > 0 {
+            self.cmds.push(Cmd::Copy {
+                src: src.clone(),
+                src_off,
+                dst: dst.clone(),
+                dst_off,
+                bytes,
+            });
+        }
+    }
+
+    pub fn clear(&mut self, buf: &wgpu::Buffer, bytes: u64) {
+        if bytes > 0 {
+            self.cmds.push(Cmd::Clear {
+                buf: buf.clone(),
+                bytes,
+            });
+        }
+    }
+
+    pub fn finish(self) -> Result<()> {
+        let ex = self.ex;
+        let profile = ex.profiling.load(Ordering::Relaxed);
+        let ts = if profile { ex.timestamps.as_ref() } else { None };
+        let n_dispatch_runs = count_pass_runs(&self.cmds);
+        let mut enc = ex.ctx.device.create_command_encoder(&Default::default());
+        let mut cmds = self.cmds.into_iter().peekable();
+        let mut run = 0;
+        while let Some(cmd) = cmds.next() {
+            match cmd {
+                Cmd::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    bytes,
+                } => enc.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
+                Cmd::Clear { buf, bytes } => enc.clear_buffer(&buf, 0, Some(bytes)),
+                Cmd::Dispatch {
+                    pipeline,
+                    group,
+                    grid,
+                } => {
+                    let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
+                        query_set: &t.set,
+                        beginning_of_pass_write_index: (run == 0).then_some(0),
+                        end_of_pass_write_index: (run + 1 == n_dispatch_runs).then_some(1),
+                    });
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(self.name),
+                        timestamp_writes,
+                    });
+                    pass.set_pipeline(&pipeline.pipeline);
+                    pass.set_bind_group(0, &group, &[]);
+                    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                    while let Some(Cmd::Dispatch { .. }) = cmds.peek() {
+                        if let Some(Cmd::Dispatch {
+                            pipeline,
+                            group,
+                            grid,
+                        }) = cmds.next()
+                        {
+                            pass.set_pipeline(&pipeline.pipeline);
+                            pass.set_bind_group(0, &group, &[]);
+                            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                        }
+                    }
+                    run += 1;
+                }
+            }
+        }
+        let use_ts = ts.filter(|_| n_dispatch_runs > 0);
+        if let Some(t) = use_ts {
+            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
+        }
+        let start = Instant::now();
+        ex.ctx.queue.submit([enc.finish()]);
+        drop(self.keep);
+        if profile {
+            ex.ctx.wait()?;
+            let wall = start.elapsed().as_nanos() as u64;
+            let ns = match use_ts {
+                Some(t) => {
+                    let words = ex.read_buffer(&t.read, 16)?;
+                    let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
+                    (v[1].saturating_sub(v[0]) as f64 * t.period_ns) as u64
+                }
+                None => wall,
+            };
+            ex.profiler.record(self.name, ns);
+        }
+        Ok(())
+    }
+}
+
+fn count_pass_runs(cmds: &[Cmd]) -> usize {
+    let mut runs = 0;
+    let mut prev_dispatch = false;
+    for c in cmds {
+        let d = matches!(c, Cmd::Dispatch { .. });
+        if d && !prev_dispatch {
+            runs += 1;
+        }
+        prev_dispatch = d;
+    }
+    runs
+}
+
+/// Workgroup grid for `n` workgroups: 2-D when one dimension is not enough
+/// (kernels rebuild the linear id from `num_workgroups`).
+pub(crate) fn grid_for(n: usize) -> [u32; 3] {
+    const MAX: usize = 65535;
+    if n <= MAX {
+        [n as u32, 1, 1]
+    } else {
+        [MAX as u32, n.div_ceil(MAX) as u32, 1]
+    }
+}
+
+pub(crate) fn f(x: f32) -> u32 {
+    x.to_bits()
+}
+
+pub(crate) fn u(x: usize) -> u32 {
+    x as u32
+}
+
+pub(crate) fn need_f32(op: &'static str, t: &GpuTensor) -> Result<()> {
+    if t.dtype != DType::F32 {
+        return Err(Error::DType {
+            op,
+            expected: DType::F32,
+            got: t.dtype,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn same_shape(op: &'static str, a: &GpuTensor, b: &GpuTensor) -> Result<()> {
+    if a.shape != b.shape {
+        return Err(Error::shape(op, format!("{} vs {}", a.shape, b.shape)));
+    }
+    Ok(())
+}
+
+impl GpuExecutor {
+    pub fn new(ctx: Arc<GpuContext>) -> Self {
+        Self::with_options(ctx, GpuOptions::default())
+    }
+
+    pub fn with_options(ctx: Arc<GpuContext>, opts: GpuOptions) -> Self {
+        let device_max = ctx.max_binding_bytes();
+        // Bindings are multiples of 4 bytes; keep the cap one too.
+        let max_binding = opts.max_binding_bytes.map_or(device_max, |m| m.min(device_max)) & !3;
+        let align = ctx.limits.min_storage_buffer_offset_alignment as u64;
+        let dummy = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 256,
+            usage: crate::arena::USAGE,
+            mapped_at_creation: false,
+        });
+        let timestamps = ctx.has_timestamps().then(|| Timestamps {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("op timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            read: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("timestamp read"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            period_ns: ctx.queue.get_timestamp_period() as f64,
+        });
+        GpuExecutor {
+            arena: Arena::new(ctx.device.clone()),
+            kernels: KernelRegistry::default(),
+            max_binding,
+            align,
+            poison: opts.poison_outputs,
+            profiling: AtomicBool::new(opts.profile),
+            profiler: Profiler::default(),
+            dummy,
+            timestamps,
+            ctx,
+        }
+    }
+
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    pub fn memory(&self) -> ArenaStats {
+        self.arena.stats()
+    }
+
+    pub fn reset_peak_memory(&self) {
+        self.arena.reset_peak();
+    }
+
+    /// Releases pooled (unused) device buffers.
+    pub fn trim_pool(&self) {
+        self.arena.trim();
+    }
+
+    /// Compiles every kernel now rather than on first use.
+    pub fn warm_up(&self) {
+        self.kernels.warm_all(&self.ctx.device);
+    }
+
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.max_binding
+    }
+
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    pub fn timing_source(&self) -> TimingSource {
+        if self.timestamps.is_some() {
+            TimingSource::GpuTimestamps
+        } else {
+            TimingSource::CpuWallClock
+        }
+    }
+
+    pub fn profile(&self) -> &Profiler {
+        &self.profiler
+    }
+
+    pub fn profile_report(&self) -> String {
+        self.profiler.report(self.timing_source())
+    }
+
+    /// Blocks until every submitted op has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.ctx.wait()?)
+    }
+
+    pub(crate) fn op(&self, name: &'static str) -> Op<'_> {
+        Op {
+            ex: self,
+            name,
+            cmds: Vec::new(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// An uninitialised tensor (NaN-filled when poisoning is on).
+    pub(crate) fn alloc(&self, shape: Shape, dtype: DType) -> GpuTensor {
+        let bytes = storage_bytes(dtype, shape.numel());
+        let buf = self.arena.alloc(bytes);
+        if self.poison && bytes > 0 {
+            let nan = vec![f32::NAN; (bytes / 4) as usize];
+            self.ctx
+                .queue
+                .write_buffer(buf.buffer(), 0, bytemuck::cast_slice(&nan));
+        }
+        GpuTensor {
+            buf: Arc::new(buf),
+            shape,
+            dtype,
+        }
+    }
+
+    pub(crate) fn alloc_f32(&self, shape: impl Into<Shape>) -> GpuTensor {
+        self.alloc(shape.into(), DType::F32)
+    }
+
+    pub(crate) fn zeros_f32(&self, shape: impl Into<Shape>) -> Result<GpuTensor> {
+        let t = self.alloc(shape.into(), DType::F32);
+        let mut op = self.op("zeros");
+        op.clear(t.buffer(), t.byte_len());
+        op.finish()?;
+        Ok(t)
+    }
+
+    /// A device buffer for host-side index data (ids, targets, offsets).
+    pub(crate) fn upload_words(&self, words: &[u32]) -> GpuTensor {
+        let n = words.len().max(1);
+        let t = self.alloc(Shape::new([n]), DType::F32);
+        if !words.is_empty() {
+            self.ctx
+                .queue
+                .write_buffer(t.buffer(), 0, bytemuck::cast_slice(words));
+        }
+        t
+    }
+
+    pub(crate) fn upload_host(&self, h: &HostTensor) -> Result<GpuTensor> {
+        if h.dtype() == DType::F16 {
+            return Err(GpuError::Unsupported {
+                op: "upload",
+                detail: "f16 tensors are not used on the GPU; convert to f32 or bf16".into(),
+            }
+            .into());
+        }
+        let t = self.alloc(h.shape().clone(), h.dtype());
+        let bytes = h.data().as_bytes();
+        if !bytes.is_empty() {
+            if bytes.len().is_multiple_of(4) {
+                self.ctx.queue.write_buffer(t.buffer(), 0, bytes);
+            } else {
+                let mut padded = bytes.to_vec();
+                padded.resize(bytes.len().div_ceil(4) * 4, 0);
+                self.ctx.queue.write_buffer(t.buffer(), 0, &padded);
+            }
+        }
+        Ok(t)
+    }
+
+    /// Copies `bytes` bytes of `buf` (MAP_READ or not) back to the host.
+    pub(crate) fn read_buffer(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging;
+        let src = if buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
+            buf
+        } else {
+            staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, bytes);
+            self.ctx.queue.submit([enc.finish()]);
+            &staging
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        src.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        self.ctx.wait()?;
+        rx.recv()
+            .map_err(|e| GpuError::Map(e.to_string()))?
+            .map_err(|e| GpuError::Map(e.to_string()))?;
+        let out = src
+            .get_mapped_range(0..bytes)
+            .map_err(|e| GpuError::Map(e.to_string()))?
+            .to_vec();
+        src.unmap();
+        Ok(out)
+    }
+
+    pub(crate) fn download_host(&self, t: &GpuTensor) -> Result<HostTensor> {
+        let bytes = self.read_buffer(t.buffer(), t.byte_len())?;
+        let n = t.numel();
+        let data = match t.dtype {
+            DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)),
+            DType::BF16 => {
+                let all: Vec<half::bf16> = bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect();
+                HostData::BF16(all[..n].to_vec())
+            }
+            DType::F16 => unreachable!("f16 tensors are never created on the device"),
+        };
+        HostTensor::new(t.shape.clone(), data)
+    }
+
+    /// Binds elements `start..start+count` of `t` (in its dtype's units).
+    pub(crate) fn view<'a>(&self, t: &'a GpuTensor, start: usize, count: usize) -> Result<View<'a>> {
+        self.view_buf(
+            t.buffer(),
+            t.dtype.size_in_bytes(),
+            start,
+            count,
+            t.buf.class_bytes(),
+        )
+    }
+
+    pub(crate) fn full<'a>(&self, t: &'a GpuTensor) -> Result<View<'a>> {
+        self.view(t, 0, t.numel())
+    }
+
+    fn view_buf<'a>(
+        &self,
+        buf: &'a wgpu::Buffer,
+        esize: usize,
+        start: usize,
+        count: usize,
+        buf_bytes: u64,
+    ) -> Result<View<'a>> {
+        let start_b = (start * esize) as u64;
+        let end_b = (((start + count) * esize) as u64).div_ceil(4) * 4;
+        let offset = start_b - start_b % self.align;
+        let size = (end_b - offset).max(4).min(buf_bytes - offset);
+        if size > self.max_binding {
+            return Err(GpuError::Unsupported {
+                op: "bind",
+                detail: format!(
+                    "a range of {size} bytes exceeds the storage binding limit of {} bytes",
+                    self.max_binding
+                ),
+            }
+            .into());
+        }
+        Ok(View {
+            buf,
+            offset,
+            size,
+            elem_off: (start - (offset as usize) / esize) as u32,
+        })
+    }
+
+    pub(crate) fn dummy(&self) -> View<'_> {
+        View {
+            buf: &self.dummy,
+            offset: 0,
+            size: 256,
+            elem_off: 0,
+        }
+    }
+
+    /// Splits `rows` rows into chunks such that each operand, `row_elems[i]`
+    /// f32 elements per row, fits one binding (with room for the alignment).
+    pub(crate) fn row_chunks(&self, rows: usize, row_elems: &[usize]) -> Result<Vec<(usize, usize)>> {
+        let widest = row_elems.iter().copied().max().unwrap_or(1).max(1) as u64 * 4;
+        let room = self.max_binding.saturating_sub(self.align);
+        let per = (room / widest) as usize;
+        if per == 0 {
+            return Err(GpuError::Unsupported {
+                op: "bind",
+                detail: format!(
+                    "one row of {widest} bytes exceeds the storage binding limit of {} bytes",
+                    self.max_binding
+                ),
+            }
+            .into());
+        }
+        let mut out = Vec::new();
+        let mut r = 0;
+        while r < rows {
+            let n = per.min(rows - r);
+            out.push((r, n));
+            r += n;
+        }
+        if out.is_empty() {
+            out.push((0, 0));
+        }
+        Ok(out)
+    }
+
+    /// A private copy of `t` when its buffer is shared, so that an in-place op
+    /// does not show through other handles.
+    pub(crate) fn make_unique(&self, t: &mut GpuTensor) -> Result<()> {
+        if Arc::strong_count(&t.buf) > 1 {
+            let fresh = self.alloc(t.shape.clone(), t.dtype);
+            let mut op = self.op("copy");
+            op.copy(t.buffer(), 0, fresh.buffer(), 0, t.byte_len());
+            op.finish()?;
+            *t = fresh;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,56 @@
+//! Device tensors: a shape, a storage dtype and a shared pooled buffer.
+
+use std::sync::Arc;
+
+use megatrain_tensor::{DType, Shape, TensorHandle};
+
+use crate::arena::PooledBuffer;
+
+/// A tensor on the device. f32 tensors hold one f32 per element; bf16 tensors
+/// hold two elements per u32 word (element 2j in the low half). Clones and
+/// reshapes share the buffer; in-place ops copy first when it is shared.
+#[derive(Clone)]
+pub struct GpuTensor {
+    pub(crate) buf: Arc<PooledBuffer>,
+    pub(crate) shape: Shape,
+    pub(crate) dtype: DType,
+}
+
+impl std::fmt::Debug for GpuTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuTensor({}, {})", self.shape, self.dtype)
+    }
+}
+
+impl TensorHandle for GpuTensor {
+    fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+impl GpuTensor {
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        self.buf.buffer()
+    }
+
+    /// Bytes the elements occupy (rounded up to whole u32 words).
+    pub fn byte_len(&self) -> u64 {
+        storage_bytes(self.dtype, self.shape.numel())
+    }
+}
+
+pub fn storage_bytes(dtype: DType, numel: usize) -> u64 {
+    ((numel * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
+}

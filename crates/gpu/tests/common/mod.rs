@@ -1,0 +1,100 @@
+//! Shared test fixtures: one device per test binary, the CPU reference, and
+//! comparison helpers.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, GpuTensor};
+use megatrain_tensor::testing::{random_f32, rel_norm_err};
+use megatrain_tensor::{CpuExecutor, Executor, HostTensor, Shape};
+
+/// f32 kernels against the f32 CPU reference: both round every operation to
+/// f32 but sum in different orders, so errors are a few ulps of the norm.
+pub const TOL_F32: f64 = 1e-5;
+
+fn init() -> Option<Arc<GpuContext>> {
+    match GpuContext::new() {
+        Ok(ctx) => {
+            eprintln!("GPU tests on {}", ctx.info);
+            Some(ctx)
+        }
+        Err(e) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("CI=true but no GPU adapter could be opened (is mesa-vulkan-drivers installed?): {e}");
+            }
+            eprintln!("skipping GPU tests: {e}");
+            None
+        }
+    }
+}
+
+static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+static GPU: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+static SMALL: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+
+pub fn ctx() -> Option<Arc<GpuContext>> {
+    CTX.get_or_init(init).clone()
+}
+
+/// The shared executor, with NaN-poisoned outputs; `None` means skip.
+pub fn gpu() -> Option<&'static GpuExecutor> {
+    GPU.get_or_init(|| {
+        ctx().map(|c| {
+            GpuExecutor::with_options(
+                c,
+                GpuOptions {
+                    poison_outputs: true,
+                    ..Default::default()
+                },
+            )
+        })
+    })
+    .as_ref()
+}
+
+/// An executor whose storage bindings are capped at 4 KiB, so that small
+/// tensors take the multi-range paths that big ones take on a real device.
+pub fn gpu_small_bindings() -> Option<&'static GpuExecutor> {
+    SMALL
+        .get_or_init(|| {
+            ctx().map(|c| {
+                GpuExecutor::with_options(
+                    c,
+                    GpuOptions {
+                        poison_outputs: true,
+                        max_binding_bytes: Some(4096),
+                        ..Default::default()
+                    },
+                )
+            })
+        })
+        .as_ref()
+}
+
+pub fn cpu() -> CpuExecutor {
+    CpuExecutor::new()
+}
+
+pub fn rand_host(seed: u64, shape: &[usize]) -> HostTensor {
+    let shape = Shape::new(shape.to_vec());
+    HostTensor::from_f32(shape.clone(), random_f32(seed, shape.numel())).unwrap()
+}
+
+pub fn down(g: &GpuExecutor, t: &GpuTensor) -> Vec<f32> {
+    g.download(t).unwrap().to_f32_vec()
+}
+
+pub fn down_cpu(c: &CpuExecutor, t: &<CpuExecutor as Executor>::Tensor) -> Vec<f32> {
+    c.download(t).unwrap().to_f32_vec()
+}
+
+/// Fails on any NaN (an unwritten, poisoned element) or a relative error
+/// above `tol`.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
+    }
+    let err = rel_norm_err(got, want);
+    assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
+}

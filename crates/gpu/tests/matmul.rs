@@ -1,0 +1,188 @@
+//! Matmul forward and backward against the CPU reference, including the
+//! packed-bf16 B path and operands bound as several ranges.
+
+mod common;
+
+use common::*;
+use megatrain_gpu::GpuExecutor;
+use megatrain_tensor::{DType, Executor, HostTensor, MatmulNeeds, Transpose};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    batch: Vec<usize>,
+    m: usize,
+    n: usize,
+    k: usize,
+    t: Transpose,
+    shared_b: bool,
+    bias: bool,
+    seed: u64,
+}
+
+fn case(max: usize) -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(1usize..4, 0..2),
+        1..max,
+        1..max,
+        1..max,
+        any::<(bool, bool, bool, bool)>(),
+        any::<u64>(),
+    )
+        .prop_map(|(batch, m, n, k, (ta, tb, shared_b, bias), seed)| Case {
+            shared_b: shared_b || batch.is_empty(),
+            batch,
+            m,
+            n,
+            k,
+            t: Transpose { a: ta, b: tb },
+            bias,
+            seed,
+        })
+}
+
+fn operands(c: &Case) -> (HostTensor, HostTensor, HostTensor, HostTensor) {
+    let mut ad = c.batch.clone();
+    ad.extend(if c.t.a { [c.k, c.m] } else { [c.m, c.k] });
+    let mut bd = if c.shared_b { vec![] } else { c.batch.clone() };
+    bd.extend(if c.t.b { [c.n, c.k] } else { [c.k, c.n] });
+    let mut od = c.batch.clone();
+    od.extend([c.m, c.n]);
+    (
+        rand_host(c.seed, &ad),
+        rand_host(c.seed ^ 1, &bd),
+        rand_host(c.seed ^ 2, &[c.n]),
+        rand_host(c.seed ^ 3, &od),
+    )
+}
+
+/// Forward and backward of one case; `b_dtype` bf16 uploads b packed and
+/// compares with the CPU run on the bf16-rounded b, so that only summation
+/// order differs and the f32 tolerance still applies.
+fn check(g: &GpuExecutor, c: &Case, b_dtype: DType) {
+    let cpu = cpu();
+    let (a, b, bias, dout) = operands(c);
+    let b = b.to_dtype(b_dtype);
+    let b_ref = b.to_dtype(DType::F32);
+    let (ga, gb, gbias, gd) = (
+        g.upload(&a).unwrap(),
+        g.upload(&b).unwrap(),
+        g.upload(&bias).unwrap(),
+        g.upload(&dout).unwrap(),
+    );
+    let (ca, cb, cbias, cd) = (
+        cpu.upload(&a).unwrap(),
+        cpu.upload(&b_ref).unwrap(),
+        cpu.upload(&bias).unwrap(),
+        cpu.upload(&dout).unwrap(),
+    );
+    let y = g.matmul(&ga, &gb, c.bias.then_some(&gbias), c.t).unwrap();
+    let yr = cpu.matmul(&ca, &cb, c.bias.then_some(&cbias), c.t).unwrap();
+    assert_close(
+        &format!("matmul {c:?}"),
+        &down(g, &y),
+        &down_cpu(&cpu, &yr),
+        TOL_F32,
+    );
+
+    let gr = g.matmul_backward(&ga, &gb, &gd, c.t, MatmulNeeds::ALL).unwrap();
+    let rr = cpu.matmul_backward(&ca, &cb, &cd, c.t, MatmulNeeds::ALL).unwrap();
+    assert_close(
+        "da",
+        &down(g, gr.da.as_ref().unwrap()),
+        &down_cpu(&cpu, rr.da.as_ref().unwrap()),
+        TOL_F32,
+    );
+    assert_close(
+        "db",
+        &down(g, gr.db.as_ref().unwrap()),
+        &down_cpu(&cpu, rr.db.as_ref().unwrap()),
+        TOL_F32,
+    );
+    assert_close(
+        "dbias",
+        &down(g, gr.dbias.as_ref().unwrap()),
+        &down_cpu(&cpu, rr.dbias.as_ref().unwrap()),
+        TOL_F32,
+    );
+    assert_eq!(gr.db.as_ref().unwrap().dims(), b.dims());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn matmul_matches_cpu(c in case(90)) {
+        let Some(g) = gpu() else { return Ok(()) };
+        check(g, &c, DType::F32);
+    }
+
+    #[test]
+    fn matmul_bf16_b_matches_cpu_on_rounded_b(c in case(70)) {
+        let Some(g) = gpu() else { return Ok(()) };
+        check(g, &c, DType::BF16);
+    }
+
+    #[test]
+    fn matmul_split_into_binding_ranges(c in case(70)) {
+        let Some(g) = gpu_small_bindings() else { return Ok(()) };
+        check(g, &c, DType::F32);
+        check(g, &c, DType::BF16);
+    }
+}
+
+#[test]
+fn matmul_larger_than_tiles_all_transposes() {
+    let Some(g) = gpu() else { return };
+    for (i, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+        .into_iter()
+        .enumerate()
+    {
+        let c = Case {
+            batch: vec![2],
+            m: 130,
+            n: 67,
+            k: 200,
+            t,
+            shared_b: i % 2 == 0,
+            bias: true,
+            seed: 7 + i as u64,
+        };
+        check(g, &c, DType::F32);
+    }
+}
+
+#[test]
+fn bf16_against_f32_weights_is_within_bf16_rounding() {
+    // The bf16 path's error against the unrounded f32 weight is the weight's
+    // rounding (relative 2^-9 per element), averaged over K: well under 1e-2.
+    let Some(g) = gpu() else { return };
+    let cpu = cpu();
+    let a = rand_host(1, &[33, 100]);
+    let b = rand_host(2, &[100, 45]);
+    let y = g
+        .matmul(
+            &g.upload(&a).unwrap(),
+            &g.upload(&b.to_dtype(DType::BF16)).unwrap(),
+            None,
+            Transpose::NN,
+        )
+        .unwrap();
+    let yr = cpu
+        .matmul(
+            &cpu.upload(&a).unwrap(),
+            &cpu.upload(&b).unwrap(),
+            None,
+            Transpose::NN,
+        )
+        .unwrap();
+    assert_close("bf16 vs f32", &down(g, &y), &down_cpu(&cpu, &yr), 4e-3);
+}
+
+#[test]
+fn matmul_shape_errors_are_errors() {
+    let Some(g) = gpu() else { return };
+    let a = g.upload(&rand_host(1, &[3, 4])).unwrap();
+    let b = g.upload(&rand_host(2, &[5, 6])).unwrap();
+    assert!(g.matmul(&a, &b, None, Transpose::NN).is_err());
+}

@@ -1,0 +1,247 @@
+//! Every non-matmul op, forward and backward, against the CPU reference on
+//! random inputs of awkward shapes; each also runs on an executor whose
+//! bindings are capped at 4 KiB, which forces the multi-range paths.
+
+mod common;
+
+use common::*;
+use megatrain_gpu::GpuExecutor;
+use megatrain_tensor::{DType, Executor, HostTensor, Rope, Shape};
+use proptest::prelude::*;
+
+fn both() -> Vec<&'static GpuExecutor> {
+    [gpu(), gpu_small_bindings()].into_iter().flatten().collect()
+}
+
+fn up(g: &GpuExecutor, h: &HostTensor) -> megatrain_gpu::GpuTensor {
+    g.upload(h).unwrap()
+}
+
+macro_rules! cpu_up {
+    ($c:expr, $h:expr) => {
+        $c.upload($h).unwrap()
+    };
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    #[test]
+    fn elementwise_and_activations(rows in 1usize..40, cols in 1usize..70, seed in any::<u64>()) {
+        let c = cpu();
+        let x = rand_host(seed, &[rows, cols]);
+        let y = rand_host(seed ^ 9, &[rows, cols]);
+        let dy = rand_host(seed ^ 7, &[rows, cols]);
+        let (cx, cy, cdy) = (cpu_up!(c, &x), cpu_up!(c, &y), cpu_up!(c, &dy));
+        for g in both() {
+            let (gx, gy, gdy) = (up(g, &x), up(g, &y), up(g, &dy));
+            assert_close("add", &down(g, &g.add(&gx, &gy).unwrap()), &down_cpu(&c, &c.add(&cx, &cy).unwrap()), TOL_F32);
+            assert_close("scale", &down(g, &g.scale(&gx, -1.7).unwrap()), &down_cpu(&c, &c.scale(&cx, -1.7).unwrap()), TOL_F32);
+            let mut acc = up(g, &y);
+            g.add_assign(&mut acc, &gx).unwrap();
+            assert_close("add_assign", &down(g, &acc), &down_cpu(&c, &c.add(&cx, &cy).unwrap()), TOL_F32);
+            // Scaled so that gelu/silu see their tails too.
+            let gx4 = g.scale(&gx, 6.0).unwrap();
+            let cx4 = c.scale(&cx, 6.0).unwrap();
+            assert_close("gelu", &down(g, &g.gelu(&gx4).unwrap()), &down_cpu(&c, &c.gelu(&cx4).unwrap()), TOL_F32);
+            assert_close("gelu_backward", &down(g, &g.gelu_backward(&gx4, &gdy).unwrap()),
+                &down_cpu(&c, &c.gelu_backward(&cx4, &cdy).unwrap()), TOL_F32);
+            assert_close("swiglu", &down(g, &g.swiglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.swiglu(&cx4, &cy).unwrap()), TOL_F32);
+            let (dg, du) = g.swiglu_backward(&gx4, &gy, &gdy).unwrap();
+            let (rg, ru) = c.swiglu_backward(&cx4, &cy, &cdy).unwrap();
+            assert_close("swiglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
+            assert_close("swiglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
+        }
+    }
+
+    #[test]
+    fn layout_ops(rows in 1usize..30, a in 1usize..20, b in 1usize..20, seed in any::<u64>()) {
+        let c = cpu();
+        let x = rand_host(seed, &[rows, a + b + 3]);
+        let cx = cpu_up!(c, &x);
+        for g in both() {
+            let gx = up(g, &x);
+            let gp = g.split_last(&gx, &[a, b, 3]).unwrap();
+            let cp = c.split_last(&cx, &[a, b, 3]).unwrap();
+            for (p, q) in gp.iter().zip(&cp) {
+                assert_close("split_last", &down(g, p), &down_cpu(&c, q), 0.0);
+            }
+            let cat = g.concat_last(&[&gp[2], &gp[0], &gp[1]]).unwrap();
+            let ccat = c.concat_last(&[&cp[2], &cp[0], &cp[1]]).unwrap();
+            assert_close("concat_last", &down(g, &cat), &down_cpu(&c, &ccat), 0.0);
+            let start = rows / 3;
+            let len = rows - start;
+            let s = g.slice_rows(&gx, start, len).unwrap();
+            assert_close("slice_rows", &down(g, &s), &down_cpu(&c, &c.slice_rows(&cx, start, len).unwrap()), 0.0);
+            // write_rows into a reshaped alias must not show through the original.
+            let mut dst = g.reshape(&gx, &Shape::new([rows, a + b + 3])).unwrap();
+            let before = down(g, &gx);
+            let src = g.scale(&s, 2.0).unwrap();
+            g.write_rows(&mut dst, start, &src).unwrap();
+            let mut cdst = c.upload(&x).unwrap();
+            c.write_rows(&mut cdst, start, &c.scale(&c.slice_rows(&cx, start, len).unwrap(), 2.0).unwrap()).unwrap();
+            assert_close("write_rows", &down(g, &dst), &down_cpu(&c, &cdst), 0.0);
+            assert_eq!(down(g, &gx), before, "in-place write leaked into a shared buffer");
+        }
+    }
+
+    #[test]
+    fn norms(rows in 1usize..20, cols in 1usize..300, seed in any::<u64>()) {
+        let c = cpu();
+        let x = rand_host(seed, &[rows, cols]);
+        let w = rand_host(seed ^ 1, &[cols]);
+        let b = rand_host(seed ^ 2, &[cols]);
+        let dy = rand_host(seed ^ 3, &[rows, cols]);
+        let (cx, cw, cb, cdy) = (cpu_up!(c, &x), cpu_up!(c, &w), cpu_up!(c, &b), cpu_up!(c, &dy));
+        for g in both() {
+            let (gx, gw, gb, gdy) = (up(g, &x), up(g, &w), up(g, &b), up(g, &dy));
+            let o = g.rmsnorm(&gx, &gw, 1e-5).unwrap();
+            let r = c.rmsnorm(&cx, &cw, 1e-5).unwrap();
+            assert_close("rmsnorm y", &down(g, &o.y), &down_cpu(&c, &r.y), TOL_F32);
+            assert_close("rmsnorm rstd", &down(g, &o.rstd), &down_cpu(&c, &r.rstd), TOL_F32);
+            let gg = g.rmsnorm_backward(&gx, &gw, &o.rstd, &gdy).unwrap();
+            let rg = c.rmsnorm_backward(&cx, &cw, &r.rstd, &cdy).unwrap();
+            assert_close("rmsnorm dx", &down(g, &gg.dx), &down_cpu(&c, &rg.dx), TOL_F32);
+            assert_close("rmsnorm dw", &down(g, &gg.dw), &down_cpu(&c, &rg.dw), TOL_F32);
+
+            let o = g.layernorm(&gx, &gw, &gb, 1e-5).unwrap();
+            let r = c.layernorm(&cx, &cw, &cb, 1e-5).unwrap();
+            assert_close("layernorm y", &down(g, &o.y), &down_cpu(&c, &r.y), TOL_F32);
+            assert_close("layernorm mean", &down(g, o.mean.as_ref().unwrap()), &down_cpu(&c, r.mean.as_ref().unwrap()), TOL_F32);
+            let gg = g.layernorm_backward(&gx, &gw, o.mean.as_ref().unwrap(), &o.rstd, &gdy).unwrap();
+            let rg = c.layernorm_backward(&cx, &cw, r.mean.as_ref().unwrap(), &r.rstd, &cdy).unwrap();
+            // dx of a layernorm is a difference of near-equal terms; its norm is
+            // small relative to its parts, hence the looser bound.
+            assert_close("layernorm dx", &down(g, &gg.dx), &down_cpu(&c, &rg.dx), 1e-4);
+            assert_close("layernorm dw", &down(g, &gg.dw), &down_cpu(&c, &rg.dw), TOL_F32);
+            assert_close("layernorm db", &down(g, gg.db.as_ref().unwrap()), &down_cpu(&c, rg.db.as_ref().unwrap()), TOL_F32);
+        }
+    }
+
+    #[test]
+    fn rope_both_ways(b in 1usize..3, t in 1usize..20, h in 1usize..4, half in 1usize..12,
+                      offset in 0usize..3000, seed in any::<u64>()) {
+        let c = cpu();
+        let x = rand_host(seed, &[b, t, h, 2 * half]);
+        let rope = Rope { theta: 10000.0, offset };
+        let cx = cpu_up!(c, &x);
+        for g in both() {
+            let gx = up(g, &x);
+            assert_close("rope", &down(g, &g.rope(&gx, rope).unwrap()), &down_cpu(&c, &c.rope(&cx, rope).unwrap()), TOL_F32);
+            assert_close("rope_backward", &down(g, &g.rope_backward(&gx, rope).unwrap()),
+                &down_cpu(&c, &c.rope_backward(&cx, rope).unwrap()), TOL_F32);
+        }
+    }
+
+    #[test]
+    fn attention_gqa(b in 1usize..3, t in 1usize..80, hkv in 1usize..3, group in 1usize..4,
+                     d in prop::sample::select(vec![1usize, 4, 7, 16, 32, 64]), seed in any::<u64>()) {
+        let c = cpu();
+        let hq = hkv * group;
+        let q = rand_host(seed, &[b, t, hq, d]);
+        let k = rand_host(seed ^ 1, &[b, t, hkv, d]);
+        let v = rand_host(seed ^ 2, &[b, t, hkv, d]);
+        let dout = rand_host(seed ^ 3, &[b, t, hq, d]);
+        let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+        let r = c.attention(&cq, &ck, &cv).unwrap();
+        let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+        let gs: Vec<&GpuExecutor> = if t * hq * d * 4 + 256 <= 4096 { both() } else { gpu().into_iter().collect() };
+        for g in gs {
+            let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
+            let o = g.attention(&gq, &gk, &gv).unwrap();
+            assert_close("attention out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+            assert_close("attention lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+            let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+            assert_close("attention dq", &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+            assert_close("attention dk", &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+            assert_close("attention dv", &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+        }
+    }
+
+    #[test]
+    fn embedding_gather_scatter(v in 1usize..60, cols in 1usize..40, n in 0usize..50, seed in any::<u64>()) {
+        let c = cpu();
+        let table = rand_host(seed, &[v, cols]);
+        let dout = rand_host(seed ^ 1, &[n, cols]);
+        let dtable0 = rand_host(seed ^ 2, &[v, cols]);
+        // Few distinct ids so that repeats (the racy case) are common.
+        let ids: Vec<u32> = (0..n).map(|i| ((seed >> (i % 32)) as usize % v.min(5)) as u32).collect();
+        let (ct, cdo) = (cpu_up!(c, &table), cpu_up!(c, &dout));
+        let want = down_cpu(&c, &c.embedding(&ids, &ct).unwrap());
+        let mut cdt = cpu_up!(c, &dtable0);
+        c.embedding_backward(&ids, &cdo, &mut cdt).unwrap();
+        for g in both() {
+            let gt = up(g, &table);
+            assert_close("embedding", &down(g, &g.embedding(&ids, &gt).unwrap()), &want, 0.0);
+            let t16 = table.to_dtype(DType::BF16);
+            let want16 = down_cpu(&c, &c.embedding(&ids, &cpu_up!(c, &t16.to_dtype(DType::F32))).unwrap());
+            assert_close("embedding bf16", &down(g, &g.embedding(&ids, &up(g, &t16)).unwrap()), &want16, 0.0);
+            let mut gdt = up(g, &dtable0);
+            g.embedding_backward(&ids, &up(g, &dout), &mut gdt).unwrap();
+            assert_close("embedding_backward", &down(g, &gdt), &down_cpu(&c, &cdt), TOL_F32);
+            prop_assert!(g.embedding(&[v as u32], &gt).is_err());
+        }
+    }
+
+    #[test]
+    fn cross_entropy_rows(n in 1usize..30, v in 2usize..600, seed in any::<u64>()) {
+        let c = cpu();
+        let logits = rand_host(seed, &[n, v]);
+        let targets: Vec<i32> = (0..n).map(|i| if i % 4 == 3 { -100 } else { ((seed >> (i % 40)) % v as u64) as i32 }).collect();
+        let cl = cpu_up!(c, &logits);
+        let scale = 1.0 / n as f32;
+        let r = c.cross_entropy(&c.scale(&cl, 8.0).unwrap(), &targets, -100, scale).unwrap();
+        for g in both() {
+            let gl = g.scale(&up(g, &logits), 8.0).unwrap();
+            let o = g.cross_entropy(&gl, &targets, -100, scale).unwrap();
+            assert_close("ce losses", &down(g, &o.losses), &down_cpu(&c, &r.losses), TOL_F32);
+            assert_close("ce dlogits", &down(g, &o.dlogits), &down_cpu(&c, &r.dlogits), TOL_F32);
+            prop_assert!(g.cross_entropy(&gl, &vec![v as i32; n], -100, scale).is_err());
+        }
+    }
+}
+
+#[test]
+fn bf16_upload_round_trips_with_odd_length() {
+    let Some(g) = gpu() else { return };
+    let h = rand_host(5, &[3, 7]).to_dtype(DType::BF16);
+    let t = g.upload(&h).unwrap();
+    assert_eq!(g.download(&t).unwrap(), h);
+}
+
+#[test]
+fn zeros_are_zero_and_arena_reuses_buffers() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::new(ctx);
+    let z = g.zeros(&Shape::new([5, 9])).unwrap();
+    assert!(down(&g, &z).iter().all(|&x| x == 0.0));
+    let live = g.memory().live_bytes;
+    assert!(live >= 5 * 9 * 4);
+    drop(z);
+    assert_eq!(g.memory().live_bytes, 0);
+    let allocs = g.memory().allocations;
+    let z2 = g.zeros(&Shape::new([9, 5])).unwrap();
+    assert_eq!(
+        g.memory().allocations,
+        allocs,
+        "same size class must come from the pool"
+    );
+    assert_eq!(g.memory().peak_bytes, live);
+    drop(z2);
+    g.trim_pool();
+    assert_eq!(g.memory().pooled_bytes, 0);
+}
+
+#[test]
+fn profile_reports_each_op_kind() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::new(ctx);
+    g.set_profiling(true);
+    let a = g.upload(&rand_host(1, &[64, 64])).unwrap();
+    let y = g.matmul(&a, &a, None, megatrain_tensor::Transpose::NN).unwrap();
+    let _ = g.gelu(&y).unwrap();
+    let report = g.profile_report();
+    assert!(report.contains("matmul") && report.contains("gelu"), "{report}");
+    let snap = g.profile().snapshot();
+    assert!(snap.iter().all(|(_, t)| t.count >= 1));
+}

@@ -1,0 +1,262 @@
+// Fused causal attention with grouped-query heads. No T×T matrix ever exists
+// in device memory: the forward keeps a running max and sum per query row
+// (online softmax) and stores only out and lse; the backward recomputes the
+// probabilities from lse. Layouts: q/out/dout [B, T, Hq, D], k/v [B, T, Hkv, D],
+// lse and delta [B, Hq, T]. One thread owns one row; tiles of the other side
+// stream through workgroup memory. D ≤ DM.
+
+struct Params {
+    t: u32, hq: u32, hkv: u32, d: u32,
+    scale: f32, q_off: u32, k_off: u32, v_off: u32,
+    o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
+    dk_off: u32, dv_off: u32, dd_off: u32, _pad: u32,
+}
+
+const DM: u32 = 128u;
+const RB: u32 = 64u; // rows (threads) per workgroup
+const KB: u32 = 16u; // key rows per tile in forward and dq
+const QB: u32 = 8u;  // query rows per tile in dk/dv
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> Q: array<f32>;
+@group(0) @binding(2) var<storage, read> K: array<f32>;
+@group(0) @binding(3) var<storage, read> V: array<f32>;
+@group(0) @binding(4) var<storage, read_write> O: array<f32>;
+@group(0) @binding(5) var<storage, read_write> LSE: array<f32>;
+@group(0) @binding(6) var<storage, read> DO: array<f32>;
+@group(0) @binding(7) var<storage, read_write> DQ: array<f32>;
+@group(0) @binding(8) var<storage, read_write> DK: array<f32>;
+@group(0) @binding(9) var<storage, read_write> DV: array<f32>;
+@group(0) @binding(10) var<storage, read_write> DD: array<f32>;
+
+var<workgroup> T1: array<f32, 2048>; // KB * DM
+var<workgroup> T2: array<f32, 2048>;
+var<workgroup> S1: array<f32, 16>;
+var<workgroup> S2: array<f32, 16>;
+
+fn q_idx(b: u32, t: u32, h: u32) -> u32 {
+    return ((b * p.t + t) * p.hq + h) * p.d;
+}
+
+fn kv_idx(b: u32, t: u32, g: u32) -> u32 {
+    return ((b * p.t + t) * p.hkv + g) * p.d;
+}
+
+fn row_idx(b: u32, h: u32, t: u32) -> u32 {
+    return (b * p.hq + h) * p.t + t;
+}
+
+// Loads KB key and value rows starting at j0 of kv head g into T1 / T2.
+fn load_kv_tile(b: u32, g: u32, j0: u32, tid: u32) {
+    for (var e = tid; e < KB * p.d; e += RB) {
+        let j = j0 + e / p.d;
+        let dd = e % p.d;
+        var kv = vec2<f32>(0.0);
+        if j < p.t {
+            let i = kv_idx(b, j, g) + dd;
+            kv = vec2<f32>(K[p.k_off + i], V[p.v_off + i]);
+        }
+        T1[e] = kv.x;
+        T2[e] = kv.y;
+    }
+}
+
+// grid: (ceil(T / RB), Hq, B)
+@compute @workgroup_size(64)
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let b = wid.z;
+    let h = wid.y;
+    let g = h / (p.hq / p.hkv);
+    let i = wid.x * RB + tid;
+    let valid = i < p.t;
+    var q: array<f32, DM>;
+    var acc: array<f32, DM>;
+    if valid {
+        let qi = p.q_off + q_idx(b, i, h);
+        for (var dd = 0u; dd < p.d; dd++) {
+            q[dd] = Q[qi + dd] * p.scale;
+            acc[dd] = 0.0;
+        }
+    }
+    var m = -3.0e38;
+    var l = 0.0;
+    let kend = min(p.t, wid.x * RB + RB);
+    for (var j0 = 0u; j0 < kend; j0 += KB) {
+        workgroupBarrier();
+        load_kv_tile(b, g, j0, tid);
+        workgroupBarrier();
+        if valid {
+            let jn = min(KB, i + 1u - min(i + 1u, j0));
+            for (var jj = 0u; jj < jn; jj++) {
+                var s = 0.0;
+                for (var dd = 0u; dd < p.d; dd++) {
+                    s += q[dd] * T1[jj * p.d + dd];
+                }
+                let mn = max(m, s);
+                let corr = exp(m - mn);
+                let pr = exp(s - mn);
+                l = l * corr + pr;
+                for (var dd = 0u; dd < p.d; dd++) {
+                    acc[dd] = acc[dd] * corr + pr * T2[jj * p.d + dd];
+                }
+                m = mn;
+            }
+        }
+    }
+    if valid {
+        let oi = p.o_off + q_idx(b, i, h);
+        let inv = 1.0 / l;
+        for (var dd = 0u; dd < p.d; dd++) {
+            O[oi + dd] = acc[dd] * inv;
+        }
+        LSE[p.lse_off + row_idx(b, h, i)] = m + log(l);
+    }
+}
+
+// delta = rowsum(dout · out), one thread per (b, h, i). grid: (ceil(T/RB), Hq, B)
+@compute @workgroup_size(64)
+fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let b = wid.z;
+    let h = wid.y;
+    let i = wid.x * RB + tid;
+    if i >= p.t {
+        return;
+    }
+    let oi = q_idx(b, i, h);
+    var s = 0.0;
+    for (var dd = 0u; dd < p.d; dd++) {
+        s += DO[p.do_off + oi + dd] * O[p.o_off + oi + dd];
+    }
+    DD[p.dd_off + row_idx(b, h, i)] = s;
+}
+
+// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) k_j. grid: (ceil(T/RB), Hq, B)
+@compute @workgroup_size(64)
+fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let b = wid.z;
+    let h = wid.y;
+    let g = h / (p.hq / p.hkv);
+    let i = wid.x * RB + tid;
+    let valid = i < p.t;
+    var q: array<f32, DM>;
+    var dout: array<f32, DM>;
+    var dq: array<f32, DM>;
+    var lse = 0.0;
+    var delta = 0.0;
+    if valid {
+        let qi = q_idx(b, i, h);
+        for (var dd = 0u; dd < p.d; dd++) {
+            q[dd] = Q[p.q_off + qi + dd] * p.scale;
+            dout[dd] = DO[p.do_off + qi + dd];
+            dq[dd] = 0.0;
+        }
+        lse = LSE[p.lse_off + row_idx(b, h, i)];
+        delta = DD[p.dd_off + row_idx(b, h, i)];
+    }
+    let kend = min(p.t, wid.x * RB + RB);
+    for (var j0 = 0u; j0 < kend; j0 += KB) {
+        workgroupBarrier();
+        load_kv_tile(b, g, j0, tid);
+        workgroupBarrier();
+        if valid {
+            let jn = min(KB, i + 1u - min(i + 1u, j0));
+            for (var jj = 0u; jj < jn; jj++) {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var dd = 0u; dd < p.d; dd++) {
+                    s += q[dd] * T1[jj * p.d + dd];
+                    dp += dout[dd] * T2[jj * p.d + dd];
+                }
+                let ds = exp(s - lse) * (dp - delta);
+                for (var dd = 0u; dd < p.d; dd++) {
+                    dq[dd] += ds * T1[jj * p.d + dd];
+                }
+            }
+        }
+    }
+    if valid {
+        let qi = p.dq_off + q_idx(b, i, h);
+        for (var dd = 0u; dd < p.d; dd++) {
+            DQ[qi + dd] = dq[dd] * p.scale;
+        }
+    }
+}
+
+// One thread per key row j of kv head g: loops over every query head of the
+// group and every query i ≥ j, so dk/dv are complete sums with no atomics.
+// grid: (ceil(T/RB), Hkv, B)
+@compute @workgroup_size(64)
+fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let b = wid.z;
+    let g = wid.y;
+    let group = p.hq / p.hkv;
+    let j = wid.x * RB + tid;
+    let valid = j < p.t;
+    var k: array<f32, DM>;
+    var v: array<f32, DM>;
+    var dk: array<f32, DM>;
+    var dv: array<f32, DM>;
+    if valid {
+        let ki = kv_idx(b, j, g);
+        for (var dd = 0u; dd < p.d; dd++) {
+            k[dd] = K[p.k_off + ki + dd] * p.scale;
+            v[dd] = V[p.v_off + ki + dd];
+            dk[dd] = 0.0;
+            dv[dd] = 0.0;
+        }
+    }
+    let i_start = wid.x * RB;
+    for (var hh = 0u; hh < group; hh++) {
+        let h = g * group + hh;
+        for (var i0 = i_start; i0 < p.t; i0 += QB) {
+            workgroupBarrier();
+            for (var e = tid; e < QB * p.d; e += RB) {
+                let i = i0 + e / p.d;
+                var qd = vec2<f32>(0.0);
+                if i < p.t {
+                    let qi = q_idx(b, i, h) + e % p.d;
+                    qd = vec2<f32>(Q[p.q_off + qi], DO[p.do_off + qi]);
+                }
+                T1[e] = qd.x;
+                T2[e] = qd.y;
+            }
+            if tid < QB {
+                let i = i0 + tid;
+                var ld = vec2<f32>(0.0);
+                if i < p.t {
+                    ld = vec2<f32>(LSE[p.lse_off + row_idx(b, h, i)], DD[p.dd_off + row_idx(b, h, i)]);
+                }
+                S1[tid] = ld.x;
+                S2[tid] = ld.y;
+            }
+            workgroupBarrier();
+            if valid {
+                for (var ii = 0u; ii < QB; ii++) {
+                    let i = i0 + ii;
+                    if i < j || i >= p.t {
+                        continue;
+                    }
+                    var s = 0.0;
+                    var dp = 0.0;
+                    for (var dd = 0u; dd < p.d; dd++) {
+                        s += k[dd] * T1[ii * p.d + dd];
+                        dp += v[dd] * T2[ii * p.d + dd];
+                    }
+                    let pr = exp(s - S1[ii]);
+                    let ds = pr * (dp - S2[ii]);
+                    for (var dd = 0u; dd < p.d; dd++) {
+                        dv[dd] += pr * T2[ii * p.d + dd];
+                        dk[dd] += ds * T1[ii * p.d + dd];
+                    }
+                }
+            }
+        }
+    }
+    if valid {
+        let ki = kv_idx(b, j, g);
+        for (var dd = 0u; dd < p.d; dd++) {
+            DK[p.dk_off + ki + dd] = dk[dd] * p.scale;
+            DV[p.dv_off + ki + dd] = dv[dd];
+        }
+    }
+}

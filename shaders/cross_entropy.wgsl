@@ -1,0 +1,87 @@
+// Fused softmax cross-entropy: one workgroup per row computes the max, the
+// sum of exponentials, the loss and the scaled gradient in one pass over the
+// row (three reads, one write); logits never leave the device.
+
+struct Params {
+    rows: u32, v: u32, ignore: i32, scale: f32,
+    x_off: u32, t_off: u32, l_off: u32, d_off: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read> TGT: array<i32>;
+@group(0) @binding(3) var<storage, read_write> LOSS: array<f32>;
+@group(0) @binding(4) var<storage, read_write> DL: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+fn reduce_max(t: u32, a: f32) -> f32 {
+    red[t] = a;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if t < s {
+            red[t] = max(red[t], red[t + s]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(t: u32, a: f32) -> f32 {
+    red[t] = a;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if t < s {
+            red[t] += red[t + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) t: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.v;
+    let dbase = p.d_off + row * p.v;
+    let tgt = TGT[p.t_off + row];
+    if tgt == p.ignore {
+        for (var i = t; i < p.v; i += 256u) {
+            DL[dbase + i] = 0.0;
+        }
+        if t == 0u {
+            LOSS[p.l_off + row] = 0.0;
+        }
+        return;
+    }
+    var mx = -3.0e38;
+    for (var i = t; i < p.v; i += 256u) {
+        mx = max(mx, X[base + i]);
+    }
+    mx = reduce_max(t, mx);
+    var s = 0.0;
+    for (var i = t; i < p.v; i += 256u) {
+        s += exp(X[base + i] - mx);
+    }
+    s = reduce_sum(t, s);
+    let inv = 1.0 / s;
+    let ut = u32(tgt);
+    for (var i = t; i < p.v; i += 256u) {
+        var pr = exp(X[base + i] - mx) * inv;
+        if i == ut {
+            pr -= 1.0;
+        }
+        DL[dbase + i] = p.scale * pr;
+    }
+    if t == 0u {
+        LOSS[p.l_off + row] = mx + log(s) - X[base + ut];
+    }
+}

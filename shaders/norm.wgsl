@@ -1,0 +1,175 @@
+// RMSNorm and LayerNorm over the last dimension, forward and backward. One
+// workgroup of 256 threads per row; sums reduce through workgroup memory.
+
+struct Params {
+    rows: u32, c: u32, eps: f32, flags: u32,
+    x_off: u32, w_off: u32, b3_off: u32, o4_off: u32,
+    o5_off: u32, o6_off: u32, r7_off: u32, r8_off: u32,
+}
+
+const HAS_MEAN: u32 = 1u;
+const HAS_DB: u32 = 2u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read> W: array<f32>;
+// LayerNorm bias in the forward, dy in the backward.
+@group(0) @binding(3) var<storage, read> B3: array<f32>;
+@group(0) @binding(4) var<storage, read_write> O4: array<f32>;
+@group(0) @binding(5) var<storage, read_write> O5: array<f32>;
+@group(0) @binding(6) var<storage, read_write> O6: array<f32>;
+// rstd and mean as inputs of the backward.
+@group(0) @binding(7) var<storage, read> R7: array<f32>;
+@group(0) @binding(8) var<storage, read> R8: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+var<workgroup> red2: array<f32, 256>;
+
+fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.y * nwg.x + wid.x;
+}
+
+// Sums `a` and `b` over the workgroup; every thread gets the totals.
+fn reduce2(t: u32, a: f32, b: f32) -> vec2<f32> {
+    red[t] = a;
+    red2[t] = b;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if t < s {
+            red[t] += red[t + s];
+            red2[t] += red2[t + s];
+        }
+        workgroupBarrier();
+    }
+    let r = vec2<f32>(red[0], red2[0]);
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    var ss = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let x = X[base + i];
+        ss += x * x;
+    }
+    let tot = reduce2(t, ss, 0.0);
+    let rstd = inverseSqrt(tot.x / f32(p.c) + p.eps);
+    for (var i = t; i < p.c; i += 256u) {
+        O4[p.o4_off + row * p.c + i] = X[base + i] * rstd * W[p.w_off + i];
+    }
+    if t == 0u {
+        O5[p.o5_off + row] = rstd;
+    }
+}
+
+@compute @workgroup_size(256)
+fn ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        s += X[base + i];
+    }
+    let mean = reduce2(t, s, 0.0).x / f32(p.c);
+    // Two passes (mean, then centred squares) for accuracy on offset data.
+    var ss = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let d = X[base + i] - mean;
+        ss += d * d;
+    }
+    let rstd = inverseSqrt(reduce2(t, ss, 0.0).x / f32(p.c) + p.eps);
+    for (var i = t; i < p.c; i += 256u) {
+        O4[p.o4_off + row * p.c + i] = (X[base + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+    }
+    if t == 0u {
+        O5[p.o5_off + row] = rstd;
+        O6[p.o6_off + row] = mean;
+    }
+}
+
+// dx = rstd·(w·dy) − x·rstd³·mean(w·dy·x)
+@compute @workgroup_size(256)
+fn rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    let dbase = p.b3_off + row * p.c;
+    let rstd = R7[p.r7_off + row];
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        s += W[p.w_off + i] * B3[dbase + i] * X[base + i];
+    }
+    let m = reduce2(t, s, 0.0).x / f32(p.c);
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        O4[p.o4_off + row * p.c + i] = rstd * g - X[base + i] * rstd * rstd * rstd * m;
+    }
+}
+
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = w·dy, x̂ = (x − mean)·rstd
+@compute @workgroup_size(256)
+fn ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    let dbase = p.b3_off + row * p.c;
+    let rstd = R7[p.r7_off + row];
+    let mean = R8[p.r8_off + row];
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        sg += g;
+        sgx += g * (X[base + i] - mean) * rstd;
+    }
+    let tot = reduce2(t, sg, sgx) / f32(p.c);
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        let xh = (X[base + i] - mean) * rstd;
+        O4[p.o4_off + row * p.c + i] = rstd * (g - tot.x - xh * tot.y);
+    }
+}
+
+// dw[c] += Σ_rows dy·x̂, db[c] += Σ_rows dy; one thread per column. Always
+// accumulates (the caller zeroes first) so row chunks can follow each other.
+@compute @workgroup_size(256)
+fn norm_dw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) t: u32) {
+    let col = row_id(wid, nwg) * 256u + t;
+    if col >= p.c {
+        return;
+    }
+    var sw = 0.0;
+    var sb = 0.0;
+    for (var r = 0u; r < p.rows; r++) {
+        var xh = X[p.x_off + r * p.c + col];
+        if (p.flags & HAS_MEAN) != 0u {
+            xh -= R8[p.r8_off + r];
+        }
+        xh *= R7[p.r7_off + r];
+        let dy = B3[p.b3_off + r * p.c + col];
+        sw += dy * xh;
+        sb += dy;
+    }
+    O4[p.o4_off + col] += sw;
+    if (p.flags & HAS_DB) != 0u {
+        O5[p.o5_off + col] += sb;
+    }
+}
