@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench_adamw;
+
 #[derive(Parser)]
 #[command(name = "xtask", about = "megatrain repository tasks")]
 struct Cli {
@@ -13,6 +15,8 @@ struct Cli {
 enum Task {
     /// Runs what CI runs: fmt check, clippy, tests.
     Ci,
+    /// Times the fused CPU AdamW step against a STREAM triad (memory bound).
+    BenchAdamw(bench_adamw::Args),
 }
 
 fn run(cmd: &mut std::process::Command) -> anyhow::Result<()> {
@@ -24,6 +28,7 @@ fn run(cmd: &mut std::process::Command) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
+        Task::BenchAdamw(args) => bench_adamw::run(args),
         Task::Ci => {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             run(std::process::Command::new(&cargo).args(["fmt", "--all", "--check"]))?;

@@ -252,3 +252,52 @@ pub(crate) fn triad(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
     }
     triad_body(a, b, c, s)
 }
+
+/// The triad with streaming (non-temporal) stores for `a`: no
+/// write-allocate read of `a`, so the counted 12 B per element are the bytes
+/// that move. Returns false (and does nothing) without AVX.
+pub(crate) fn triad_stream(a: &mut [f32], b: &[f32], c: &[f32], s: f32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU reports AVX, the feature the function enables.
+        unsafe { triad_stream_avx(a, b, c, s) };
+        return true;
+    }
+    let _ = (a, b, c, s);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn triad_stream_avx(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
+    use std::arch::x86_64::_mm256_stream_ps;
+    use std::arch::x86_64::{_mm_sfence, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps};
+    let n = a.len();
+    let (b, c) = (&b[..n], &c[..n]);
+    // Streaming stores need 32-byte alignment: plain stores up to it.
+    let head = a.as_ptr().align_offset(32).min(n);
+    let body_end = head + (n - head) / 8 * 8;
+    let sv = _mm256_set1_ps(s);
+    let mut i = 0;
+    while i < head {
+        a[i] = b[i] + s * c[i];
+        i += 1;
+    }
+    while i < body_end {
+        // SAFETY: i + 8 <= body_end <= n = len of a, b, c; a + i is 32-byte aligned.
+        unsafe {
+            let x = _mm256_add_ps(
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                _mm256_mul_ps(sv, _mm256_loadu_ps(c.as_ptr().add(i))),
+            );
+            _mm256_stream_ps(a.as_mut_ptr().add(i), x);
+        }
+        i += 8;
+    }
+    while i < n {
+        a[i] = b[i] + s * c[i];
+        i += 1;
+    }
+    // Streaming stores are weakly ordered: fence before anyone reads `a`.
+    _mm_sfence();
+}
