@@ -1,11 +1,12 @@
 // Tiled f32 matmul on a sub-block (m, n, k) of operands with leading
 // dimensions lda/ldb/ldc, so that large operands can be processed in chunks:
 // C[b] = op(A[b]) @ op(B[b]) (+ bias) (+ C if accumulating).
-// 64x64 output tile per workgroup of 16x16 threads, 4x4 outputs per thread held
-// in registers; the k-loop reads vec4s from workgroup memory (one vec4 of A
-// rows and one of B columns feed 16 FMAs). Edges are bounds-checked so that
-// any M, N, K works. The B operand loader (`load_b`) comes from a prelude:
-// matmul_f32.wgsl or matmul_bf16.wgsl.
+// A BM x BN output tile per workgroup of 16x16 threads, TM x TN outputs per
+// thread held in registers; the k-loop reads vec4s from workgroup memory
+// (TM/4 + TN/4 vec4 loads feed TM·TN FMAs). Edges are bounds-checked so that
+// any M, N, K works. Preludes supply the tile constants (matmul_tile64.wgsl,
+// matmul_tile128.wgsl) and the B loader `load_b` (matmul_f32.wgsl,
+// matmul_bf16.wgsl).
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
@@ -20,18 +21,22 @@ const HAS_BIAS: u32 = 4u;
 const ACCUMULATE: u32 = 8u;
 const TRANS_C: u32 = 16u;
 
-const BM: u32 = 64u;
-const BN: u32 = 64u;
-const BK: u32 = 16u;
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> C: array<f32>;
 
-// As[k * 16 + m / 4][m % 4]: for each k, the 64 rows of the tile as 16 vec4s.
-var<workgroup> As: array<vec4<f32>, 256>;
-var<workgroup> Bs: array<vec4<f32>, 256>;
+const TM: u32 = BM / 16u;
+const TN: u32 = BN / 16u;
+const AV: u32 = BM / 4u; // vec4s per k-row of the A tile
+const BV: u32 = BN / 4u;
+const TV: u32 = TN / 4u; // vec4s of accumulators per output row
+// Elements of one tile that each of the 256 threads loads.
+const LOADS: u32 = BM * BK / 256u;
+
+// As[k * AV + m / 4][m % 4]: for each k, the BM rows of the tile as vec4s.
+var<workgroup> As: array<vec4<f32>, BK * BM / 4u>;
+var<workgroup> Bs: array<vec4<f32>, BK * BN / 4u>;
 
 @compute @workgroup_size(16, 16, 1)
 fn main(
@@ -48,15 +53,15 @@ fn main(
     let tx = lid.x;
     let ty = lid.y;
 
-    var acc: array<vec4<f32>, 4>;
-    for (var i = 0u; i < 4u; i++) {
+    var acc: array<vec4<f32>, TM * TV>;
+    for (var i = 0u; i < TM * TV; i++) {
         acc[i] = vec4<f32>(0.0);
     }
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // Each thread loads 4 elements of each tile; consecutive threads walk
-        // the operand's contiguous dimension so global reads coalesce.
-        for (var r = 0u; r < 4u; r++) {
+        // Each thread loads LOADS elements of each tile; consecutive threads
+        // walk the operand's contiguous dimension so global reads coalesce.
+        for (var r = 0u; r < LOADS; r++) {
             let e = li + r * 256u;
             var m: u32;
             var kk: u32;
@@ -77,7 +82,7 @@ fn main(
                     v = A[a_base + gm * p.lda + gk];
                 }
             }
-            As[kk * 16u + m / 4u][m % 4u] = v;
+            As[kk * AV + m / 4u][m % 4u] = v;
 
             var n: u32;
             if tb {
@@ -97,32 +102,39 @@ fn main(
                     w = load_b(b_base + gk2 * p.ldb + gn);
                 }
             }
-            Bs[kk * 16u + n / 4u][n % 4u] = w;
+            Bs[kk * BV + n / 4u][n % 4u] = w;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            let a = As[kk * 16u + ty];
-            let b = Bs[kk * 16u + tx];
-            acc[0] += a.x * b;
-            acc[1] += a.y * b;
-            acc[2] += a.z * b;
-            acc[3] += a.w * b;
+            var b: array<vec4<f32>, TV>;
+            for (var j = 0u; j < TV; j++) {
+                b[j] = Bs[kk * BV + tx * TV + j];
+            }
+            for (var iv = 0u; iv < TM / 4u; iv++) {
+                let a = As[kk * AV + ty * (TM / 4u) + iv];
+                for (var j = 0u; j < TV; j++) {
+                    acc[(iv * 4u) * TV + j] += a.x * b[j];
+                    acc[(iv * 4u + 1u) * TV + j] += a.y * b[j];
+                    acc[(iv * 4u + 2u) * TV + j] += a.z * b[j];
+                    acc[(iv * 4u + 3u) * TV + j] += a.w * b[j];
+                }
+            }
         }
         workgroupBarrier();
     }
 
     let c_base = p.c_off + wid.z * p.c_bstride;
-    for (var i = 0u; i < 4u; i++) {
-        let gm = m0 + ty * 4u + i;
+    for (var i = 0u; i < TM; i++) {
+        let gm = m0 + ty * TM + i;
         if gm >= p.m {
             break;
         }
-        for (var j = 0u; j < 4u; j++) {
-            let gn = n0 + tx * 4u + j;
+        for (var j = 0u; j < TN; j++) {
+            let gn = n0 + tx * TN + j;
             if gn >= p.n {
                 break;
             }
-            var v = acc[i][j];
+            var v = acc[i * TV + j / 4u][j % 4u];
             if (p.flags & HAS_BIAS) != 0u {
                 v += bias[p.bias_off + gn];
             }

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const TILE64: &str = include_str!("../../../shaders/matmul_tile64.wgsl");
+const TILE128: &str = include_str!("../../../shaders/matmul_tile128.wgsl");
 const MATMUL_F32: &str = include_str!("../../../shaders/matmul_f32.wgsl");
 const MATMUL_BF16: &str = include_str!("../../../shaders/matmul_bf16.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
@@ -21,6 +23,8 @@ const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 pub enum Kernel {
     MatmulF32,
     MatmulBf16,
+    MatmulF32Big,
+    MatmulBf16Big,
     Add,
     AddAssign,
     Scale,
@@ -60,8 +64,10 @@ impl Kernel {
     pub fn spec(self) -> KernelSpec {
         use Kernel::*;
         let (sources, entry, bindings): (&'static [&'static str], &'static str, &'static [u32]) = match self {
-            MatmulF32 => (&[MATMUL_F32, MATMUL], "main", &[1, 2, 3, 4]),
-            MatmulBf16 => (&[MATMUL_BF16, MATMUL], "main", &[1, 2, 3, 4]),
+            MatmulF32 => (&[TILE64, MATMUL_F32, MATMUL], "main", &[1, 2, 3, 4]),
+            MatmulBf16 => (&[TILE64, MATMUL_BF16, MATMUL], "main", &[1, 2, 3, 4]),
+            MatmulF32Big => (&[TILE128, MATMUL_F32, MATMUL], "main", &[1, 2, 3, 4]),
+            MatmulBf16Big => (&[TILE128, MATMUL_BF16, MATMUL], "main", &[1, 2, 3, 4]),
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
             AddAssign => (&[ELEMENTWISE], "add_assign", &[1, 3]),
             Scale => (&[ELEMENTWISE], "scale", &[1, 3]),

@@ -124,6 +124,13 @@ proptest! {
     }
 
     #[test]
+    fn matmul_128_tile_matches_cpu(c in case(200)) {
+        let Some(g) = gpu_big_tile() else { return Ok(()) };
+        check(g, &c, DType::F32);
+        check(g, &c, DType::BF16);
+    }
+
+    #[test]
     fn matmul_split_into_binding_ranges(c in case(70)) {
         let Some(g) = gpu_small_bindings() else { return Ok(()) };
         check(g, &c, DType::F32);

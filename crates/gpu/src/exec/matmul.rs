@@ -8,7 +8,8 @@ use super::{GpuExecutor, Op, need_f32, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
-const TILE: usize = 64;
+/// Multiple that chunk sizes are rounded to (the larger tile).
+const TILE: usize = 128;
 
 /// One (possibly batched) product C = op(A) @ op(B), all sizes in elements.
 #[derive(Debug, Clone, Copy)]
@@ -54,10 +55,16 @@ impl GpuExecutor {
             // An empty sum: C is the bias (or stays as it is when accumulating).
             return Err(Error::invalid("matmul", "inner dimension K is 0"));
         }
-        let kernel = if b.dtype == DType::BF16 {
-            Kernel::MatmulBf16
-        } else {
-            Kernel::MatmulF32
+        // 128-wide tiles once there are enough of them to fill a large GPU;
+        // below that, 64-wide tiles keep more workgroups in flight.
+        let tile = self
+            .matmul_tile
+            .unwrap_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 }) as usize;
+        let kernel = match (b.dtype == DType::BF16, tile == 128) {
+            (false, false) => Kernel::MatmulF32,
+            (true, false) => Kernel::MatmulBf16,
+            (false, true) => Kernel::MatmulF32Big,
+            (true, true) => Kernel::MatmulBf16Big,
         };
         let (lda, ldb, ldc) = (
             if d.ta { d.m } else { d.k },
@@ -100,8 +107,8 @@ impl GpuExecutor {
                 0,
             ];
             let grid = [
-                d.n.div_ceil(TILE) as u32,
-                d.m.div_ceil(TILE) as u32,
+                d.n.div_ceil(tile) as u32,
+                d.m.div_ceil(tile) as u32,
                 d.batch as u32,
             ];
             op.dispatch(kernel, &params, &[av, bv, bias_view, cv], grid);
@@ -197,8 +204,8 @@ impl GpuExecutor {
                             0,
                         ];
                         let grid = [
-                            (n1 - n0).div_ceil(TILE) as u32,
-                            (m1 - m0).div_ceil(TILE) as u32,
+                            (n1 - n0).div_ceil(tile) as u32,
+                            (m1 - m0).div_ceil(tile) as u32,
                             1,
                         ];
                         op.dispatch(kernel, &params, &[av, bv, bias_view, cv], grid);

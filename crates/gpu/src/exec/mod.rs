@@ -32,6 +32,8 @@ pub struct GpuOptions {
     pub poison_outputs: bool,
     /// Records the time of every op (synchronises after each op).
     pub profile: bool,
+    /// Forces the matmul tile (64 or 128) instead of choosing by size.
+    pub matmul_tile: Option<u32>,
 }
 
 pub struct GpuExecutor {
@@ -41,6 +43,7 @@ pub struct GpuExecutor {
     max_binding: u64,
     align: u64,
     poison: bool,
+    matmul_tile: Option<u32>,
     profiling: AtomicBool,
     profiler: Profiler,
     /// Stand-in for bindings a kernel declares but a call does not use.
@@ -331,6 +334,7 @@ impl GpuExecutor {
             max_binding,
             align,
             poison: opts.poison_outputs,
+            matmul_tile: opts.matmul_tile,
             profiling: AtomicBool::new(opts.profile),
             profiler: Profiler::default(),
             dummy,

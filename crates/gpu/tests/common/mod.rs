@@ -31,6 +31,26 @@ fn init() -> Option<Arc<GpuContext>> {
 static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
 static GPU: OnceLock<Option<GpuExecutor>> = OnceLock::new();
 static SMALL: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+static BIG_TILE: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+
+/// An executor that always uses the 128x128 matmul tile (normally chosen only
+/// for large products), so that small random shapes test it too.
+pub fn gpu_big_tile() -> Option<&'static GpuExecutor> {
+    BIG_TILE
+        .get_or_init(|| {
+            ctx().map(|c| {
+                GpuExecutor::with_options(
+                    c,
+                    GpuOptions {
+                        poison_outputs: true,
+                        matmul_tile: Some(128),
+                        ..Default::default()
+                    },
+                )
+            })
+        })
+        .as_ref()
+}
 
 pub fn ctx() -> Option<Arc<GpuContext>> {
     CTX.get_or_init(init).clone()
