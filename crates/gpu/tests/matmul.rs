@@ -193,3 +193,48 @@ fn matmul_shape_errors_are_errors() {
     let b = g.upload(&rand_host(2, &[5, 6])).unwrap();
     assert!(g.matmul(&a, &b, None, Transpose::NN).is_err());
 }
+
+/// A weight just over the device's own storage-binding limit (128 MiB on
+/// lavapipe): the LM-head layout [V, C], used by matmul (NT), its backward
+/// and the embedding gather. Skipped where the limit is far larger.
+#[test]
+fn weight_over_the_device_binding_limit() {
+    let Some(g) = gpu() else { return };
+    let limit = g.max_binding_bytes() as usize;
+    let c = 1024;
+    let v = limit / (4 * c) + 40;
+    if v * c * 4 > 300 << 20 {
+        eprintln!("binding limit {limit} B: a weight over it is too big for a test here, skipping");
+        return;
+    }
+    let cpu = cpu();
+    let x = rand_host(1, &[3, c]);
+    let w = rand_host(2, &[v, c]);
+    let (gx, gw) = (g.upload(&x).unwrap(), g.upload(&w).unwrap());
+    let (cx, cw) = (cpu.upload(&x).unwrap(), cpu.upload(&w).unwrap());
+    let y = g.matmul(&gx, &gw, None, Transpose::NT).unwrap();
+    let yr = cpu.matmul(&cx, &cw, None, Transpose::NT).unwrap();
+    assert_close("lm head", &down(g, &y), &down_cpu(&cpu, &yr), TOL_F32);
+    let needs = MatmulNeeds {
+        da: true,
+        db: false,
+        dbias: false,
+    };
+    let gr = g.matmul_backward(&gx, &gw, &y, Transpose::NT, needs).unwrap();
+    let rr = cpu.matmul_backward(&cx, &cw, &yr, Transpose::NT, needs).unwrap();
+    assert_close(
+        "lm head da",
+        &down(g, gr.da.as_ref().unwrap()),
+        &down_cpu(&cpu, rr.da.as_ref().unwrap()),
+        TOL_F32,
+    );
+    let ids = [0, (v - 1) as u32, (v / 2) as u32];
+    let e = g.embedding(&ids, &gw).unwrap();
+    let er = cpu.embedding(&ids, &cw).unwrap();
+    assert_close(
+        "embedding of a big table",
+        &down(g, &e),
+        &down_cpu(&cpu, &er),
+        0.0,
+    );
+}

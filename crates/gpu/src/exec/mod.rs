@@ -21,6 +21,10 @@ use crate::profile::{Profiler, TimingSource};
 use crate::tensor::{GpuTensor, storage_bytes};
 use crate::{GpuContext, GpuError};
 
+/// Bytes of parameter blocks one op may hold in the shared uniform buffer
+/// (256 dispatches at the usual 256-byte alignment).
+const UNIFORM_RING_BYTES: u64 = 64 << 10;
+
 /// Options that change how the executor runs, not what it computes.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
@@ -48,6 +52,12 @@ pub struct GpuExecutor {
     profiler: Profiler,
     /// Stand-in for bindings a kernel declares but a call does not use.
     dummy: wgpu::Buffer,
+    /// Parameter blocks of one op, rewritten by every op: a queue write is
+    /// applied after all earlier submissions, so no op sees another's
+    /// parameters as long as write + submit happen under `submit_lock`.
+    uniforms: wgpu::Buffer,
+    uniform_align: u64,
+    submit_lock: std::sync::Mutex<()>,
     timestamps: Option<Timestamps>,
 }
 
@@ -92,6 +102,8 @@ pub(crate) struct Op<'e> {
     ex: &'e GpuExecutor,
     name: &'static str,
     cmds: Vec<Cmd>,
+    /// Parameter blocks destined for `GpuExecutor::uniforms`.
+    params: Vec<u8>,
     /// Temporaries the recorded commands read: they must not go back to the
     /// pool (and be rewritten by a later upload) before the op is submitted.
     keep: Vec<GpuTensor>,
@@ -109,17 +121,31 @@ impl<'e> Op<'e> {
         debug_assert_eq!(spec.bindings.len(), views.len(), "{:?} binding count", k);
         let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
         bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
-        let ubuf = ex
-            .ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("params"),
-                contents: &bytes,
-                usage: wgpu::BufferUsages::UNIFORM,
-            });
+        let offset = (self.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
+        let own;
+        let (ubuf, uoff) = if offset + bytes.len() as u64 <= UNIFORM_RING_BYTES {
+            self.params.resize(offset as usize, 0);
+            self.params.extend_from_slice(&bytes);
+            (&ex.uniforms, offset)
+        } else {
+            // More dispatches than the shared block holds: a buffer of its own.
+            own = ex
+                .ctx
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: &bytes,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            (&own, 0)
+        };
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
-            resource: ubuf.as_entire_binding(),
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: ubuf,
+                offset: uoff,
+                size: wgpu::BufferSize::new(bytes.len() as u64),
+            }),
         }];
         for (b, v) in spec.bindings.iter().zip(views) {
             entries.push(wgpu::BindGroupEntry {
@@ -223,7 +249,13 @@ impl<'e> Op<'e> {
             enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
         }
         let start = Instant::now();
-        ex.ctx.queue.submit([enc.finish()]);
+        {
+            let _guard = ex.submit_lock.lock().expect("submit lock poisoned");
+            if !self.params.is_empty() {
+                ex.ctx.queue.write_buffer(&ex.uniforms, 0, &self.params);
+            }
+            ex.ctx.queue.submit([enc.finish()]);
+        }
         drop(self.keep);
         if profile {
             ex.ctx.wait()?;
@@ -328,7 +360,16 @@ impl GpuExecutor {
             }),
             period_ns: ctx.queue.get_timestamp_period() as f64,
         });
+        let uniforms = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("op parameters"),
+            size: UNIFORM_RING_BYTES,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         GpuExecutor {
+            uniforms,
+            uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
+            submit_lock: std::sync::Mutex::new(()),
             arena: Arena::new(ctx.device.clone()),
             kernels: KernelRegistry::default(),
             max_binding,
@@ -399,6 +440,7 @@ impl GpuExecutor {
             ex: self,
             name,
             cmds: Vec::new(),
+            params: Vec::new(),
             keep: Vec::new(),
         }
     }
