@@ -62,8 +62,8 @@ impl GpuExecutor {
         v: &GpuTensor,
     ) -> Result<AttentionOut<GpuTensor>> {
         let d = Self::attn_dims("attention", q, k, v)?;
-        let out = self.alloc_f32(q.shape.clone());
-        let lse = self.alloc_f32([d.b, d.hq, d.t]);
+        let out = self.alloc_f32(q.shape.clone())?;
+        let lse = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
         let mut op = self.op("attention");
@@ -118,10 +118,10 @@ impl GpuExecutor {
                 ),
             ));
         }
-        let dq = self.alloc_f32(q.shape.clone());
-        let dk = self.alloc_f32(k.shape.clone());
-        let dv = self.alloc_f32(v.shape.clone());
-        let delta = self.alloc_f32([d.b, d.hq, d.t]);
+        let dq = self.alloc_f32(q.shape.clone())?;
+        let dk = self.alloc_f32(k.shape.clone())?;
+        let dv = self.alloc_f32(v.shape.clone())?;
+        let delta = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
         let mut op = self.op(name);

@@ -39,7 +39,7 @@ impl GpuExecutor {
         need_f32("add", a)?;
         need_f32("add", b)?;
         same_shape("add", a, b)?;
-        let c = self.alloc_f32(a.shape.clone());
+        let c = self.alloc_f32(a.shape.clone())?;
         self.run_elementwise("add", Kernel::Add, &[a, b, &c], a.numel(), |n, o| {
             vec![u(n), o[0], o[1], o[2], 0, 0, 0, 0, 0, 0, 0, 0]
         })?;
@@ -63,7 +63,7 @@ impl GpuExecutor {
 
     pub(crate) fn scale_impl(&self, x: &GpuTensor, s: f32) -> Result<GpuTensor> {
         need_f32("scale", x)?;
-        let y = self.alloc_f32(x.shape.clone());
+        let y = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise("scale", Kernel::Scale, &[x, &y], x.numel(), |n, o| {
             vec![u(n), o[0], 0, o[1], f(s), 0, 0, 0, 0, 0, 0, 0]
         })?;
@@ -73,7 +73,7 @@ impl GpuExecutor {
     /// Column sums of `x` read as `[rows, w]`.
     pub(crate) fn sum_rows(&self, x: &GpuTensor, w: usize) -> Result<GpuTensor> {
         let rows = x.numel() / w.max(1);
-        let out = self.alloc_f32([w]);
+        let out = self.alloc_f32([w])?;
         let mut op = self.op("sum_rows");
         let ov = self.full(&out)?;
         for (i, (r0, nr)) in self.row_chunks(rows, &[w])?.into_iter().enumerate() {
@@ -102,7 +102,7 @@ impl GpuExecutor {
         need_f32("swiglu", gate)?;
         need_f32("swiglu", up)?;
         same_shape("swiglu", gate, up)?;
-        let y = self.alloc_f32(gate.shape.clone());
+        let y = self.alloc_f32(gate.shape.clone())?;
         self.run_elementwise("swiglu", Kernel::Swiglu, &[gate, up, &y], y.numel(), |n, o| {
             vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
         })?;
@@ -120,8 +120,8 @@ impl GpuExecutor {
         }
         same_shape("swiglu_backward", gate, up)?;
         same_shape("swiglu_backward", gate, dy)?;
-        let dg = self.alloc_f32(gate.shape.clone());
-        let du = self.alloc_f32(gate.shape.clone());
+        let dg = self.alloc_f32(gate.shape.clone())?;
+        let du = self.alloc_f32(gate.shape.clone())?;
         self.run_elementwise(
             "swiglu_backward",
             Kernel::SwigluBwd,
@@ -134,7 +134,7 @@ impl GpuExecutor {
 
     pub(crate) fn gelu_impl(&self, x: &GpuTensor) -> Result<GpuTensor> {
         need_f32("gelu", x)?;
-        let y = self.alloc_f32(x.shape.clone());
+        let y = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise("gelu", Kernel::Gelu, &[x, &y], y.numel(), |n, o| {
             vec![u(n), o[0], 0, 0, o[1], 0, 0, 0]
         })?;
@@ -145,7 +145,7 @@ impl GpuExecutor {
         need_f32("gelu_backward", x)?;
         need_f32("gelu_backward", dy)?;
         same_shape("gelu_backward", x, dy)?;
-        let dx = self.alloc_f32(x.shape.clone());
+        let dx = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise(
             "gelu_backward",
             Kernel::GeluBwd,
@@ -193,7 +193,7 @@ impl GpuExecutor {
                 format!("rows {start}..{} of {} (rows = {rows})", start + len, t.shape),
             ));
         }
-        let out = self.alloc(Shape::new([len, last]), t.dtype);
+        let out = self.alloc(Shape::new([len, last]), t.dtype)?;
         let (s, n) = Self::byte_range("slice_rows", t, start * last, len * last)?;
         let mut op = self.op("slice_rows");
         op.copy(t.buffer(), s, out.buffer(), 0, n);
@@ -282,7 +282,7 @@ impl GpuExecutor {
         let mut out = Vec::with_capacity(sizes.len());
         let mut col = 0;
         for &w in sizes {
-            let p = self.alloc(t.shape.with_last(w), DType::F32);
+            let p = self.alloc(t.shape.with_last(w), DType::F32)?;
             self.copy_cols(&mut op, t, last, col, &p, w, 0, w, rows)?;
             col += w;
             out.push(p);
@@ -307,7 +307,7 @@ impl GpuExecutor {
             }
             last += p.shape.last();
         }
-        let out = self.alloc(first.shape.with_last(last), DType::F32);
+        let out = self.alloc(first.shape.with_last(last), DType::F32)?;
         let rows = first.shape.rows();
         let mut op = self.op("concat_last");
         let mut col = 0;

@@ -38,7 +38,7 @@ impl GpuExecutor {
         }
         let (v, c) = (table.dims()[0], table.dims()[1]);
         Self::check_ids(name, ids, v)?;
-        let out = self.alloc_f32([ids.len(), c]);
+        let out = self.alloc_f32([ids.len(), c])?;
         if ids.is_empty() {
             return Ok(out);
         }
@@ -50,7 +50,7 @@ impl GpuExecutor {
         let mut op = self.op(name);
         // Positions and table rows both in chunks that fit one binding.
         for (p0, np) in self.row_chunks(ids.len(), &[c])? {
-            let ids_t = self.upload_words(&ids[p0..p0 + np]);
+            let ids_t = self.upload_words(&ids[p0..p0 + np])?;
             let (iv, ov) = (self.full(&ids_t)?, self.view(&out, p0 * c, np * c)?);
             for (r0, nr) in self.table_chunks(v, c, table.dtype)? {
                 let tv = self.view(table, r0 * c, nr * c)?;
@@ -106,9 +106,9 @@ impl GpuExecutor {
             }
             offs.push(order.len() as u32);
             let (uniq_t, offs_t, pos_t) = (
-                self.upload_words(&uniq),
-                self.upload_words(&offs),
-                self.upload_words(&order),
+                self.upload_words(&uniq)?,
+                self.upload_words(&offs)?,
+                self.upload_words(&order)?,
             );
             let (uv, ofv, pv) = (self.full(&uniq_t)?, self.full(&offs_t)?, self.full(&pos_t)?);
             let dov = self.view(dout, p0 * c, np * c)?;
@@ -160,9 +160,9 @@ impl GpuExecutor {
                 format!("target {t} at row {pos} is outside the vocabulary of {v}"),
             ));
         }
-        let losses = self.alloc_f32([n]);
-        let dlogits = self.alloc_f32([n, v]);
-        let tgt = self.upload_words(bytemuck::cast_slice(targets));
+        let losses = self.alloc_f32([n])?;
+        let dlogits = self.alloc_f32([n, v])?;
+        let tgt = self.upload_words(bytemuck::cast_slice(targets))?;
         let mut op = self.op(name);
         // Chunked over rows: each chunk's logits and gradient fit one binding.
         for (r0, nr) in self.row_chunks(n, &[v])? {

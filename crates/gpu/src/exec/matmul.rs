@@ -235,7 +235,7 @@ impl GpuExecutor {
         }
         let mut out_dims = g.batch_dims.clone();
         out_dims.extend([g.m, g.n]);
-        let c = self.alloc_f32(out_dims);
+        let c = self.alloc_f32(out_dims)?;
         let mut op = self.op("matmul");
         self.matmul_raw(&mut op, a, b, bias, &c, g.forward())?;
         op.finish()?;
@@ -264,7 +264,7 @@ impl GpuExecutor {
         let mut op = self.op("matmul_backward");
         let da = if needs.da {
             // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
-            let da = self.alloc_f32(a.shape.clone());
+            let da = self.alloc_f32(a.shape.clone())?;
             let flat = g.b_shared && !t.a;
             let d = Mm {
                 m: if flat { nb * m } else { m },
@@ -285,7 +285,7 @@ impl GpuExecutor {
             None
         };
         let db = if needs.db {
-            let db = self.alloc(b.shape.clone(), DType::F32);
+            let db = self.alloc(b.shape.clone(), DType::F32)?;
             // Shared b with a batched a sums over the batch: flattened into K
             // when a's rows are contiguous, else accumulated batch by batch.
             let flat = g.b_shared && !t.a;

@@ -325,6 +325,11 @@ pub(crate) fn same_shape(op: &'static str, a: &GpuTensor, b: &GpuTensor) -> Resu
 }
 
 impl GpuExecutor {
+    /// Opens the adapter `GpuContext::new` picks (honouring `MEGATRAIN_ADAPTER`).
+    pub fn from_env() -> std::result::Result<Self, GpuError> {
+        Ok(Self::new(GpuContext::new()?))
+    }
+
     pub fn new(ctx: Arc<GpuContext>) -> Self {
         Self::with_options(ctx, GpuOptions::default())
     }
@@ -446,8 +451,16 @@ impl GpuExecutor {
     }
 
     /// An uninitialised tensor (NaN-filled when poisoning is on).
-    pub(crate) fn alloc(&self, shape: Shape, dtype: DType) -> GpuTensor {
+    pub(crate) fn alloc(&self, shape: Shape, dtype: DType) -> Result<GpuTensor> {
         let bytes = storage_bytes(dtype, shape.numel());
+        let max = self.ctx.limits.max_buffer_size;
+        if bytes > max {
+            return Err(GpuError::Unsupported {
+                op: "alloc",
+                detail: format!("a {dtype} tensor of shape {shape} needs {bytes} bytes; the device's largest buffer is {max}"),
+            }
+            .into());
+        }
         let buf = self.arena.alloc(bytes);
         if self.poison && bytes > 0 {
             let nan = vec![f32::NAN; (bytes / 4) as usize];
@@ -455,19 +468,19 @@ impl GpuExecutor {
                 .queue
                 .write_buffer(buf.buffer(), 0, bytemuck::cast_slice(&nan));
         }
-        GpuTensor {
+        Ok(GpuTensor {
             buf: Arc::new(buf),
             shape,
             dtype,
-        }
+        })
     }
 
-    pub(crate) fn alloc_f32(&self, shape: impl Into<Shape>) -> GpuTensor {
+    pub(crate) fn alloc_f32(&self, shape: impl Into<Shape>) -> Result<GpuTensor> {
         self.alloc(shape.into(), DType::F32)
     }
 
     pub(crate) fn zeros_f32(&self, shape: impl Into<Shape>) -> Result<GpuTensor> {
-        let t = self.alloc(shape.into(), DType::F32);
+        let t = self.alloc(shape.into(), DType::F32)?;
         let mut op = self.op("zeros");
         op.clear(t.buffer(), t.byte_len());
         op.finish()?;
@@ -475,15 +488,15 @@ impl GpuExecutor {
     }
 
     /// A device buffer for host-side index data (ids, targets, offsets).
-    pub(crate) fn upload_words(&self, words: &[u32]) -> GpuTensor {
+    pub(crate) fn upload_words(&self, words: &[u32]) -> Result<GpuTensor> {
         let n = words.len().max(1);
-        let t = self.alloc(Shape::new([n]), DType::F32);
+        let t = self.alloc(Shape::new([n]), DType::F32)?;
         if !words.is_empty() {
             self.ctx
                 .queue
                 .write_buffer(t.buffer(), 0, bytemuck::cast_slice(words));
         }
-        t
+        Ok(t)
     }
 
     pub(crate) fn upload_host(&self, h: &HostTensor) -> Result<GpuTensor> {
@@ -494,7 +507,7 @@ impl GpuExecutor {
             }
             .into());
         }
-        let t = self.alloc(h.shape().clone(), h.dtype());
+        let t = self.alloc(h.shape().clone(), h.dtype())?;
         let bytes = h.data().as_bytes();
         if !bytes.is_empty() {
             if bytes.len().is_multiple_of(4) {
@@ -648,7 +661,7 @@ impl GpuExecutor {
     /// does not show through other handles.
     pub(crate) fn make_unique(&self, t: &mut GpuTensor) -> Result<()> {
         if Arc::strong_count(&t.buf) > 1 {
-            let fresh = self.alloc(t.shape.clone(), t.dtype);
+            let fresh = self.alloc(t.shape.clone(), t.dtype)?;
             let mut op = self.op("copy");
             op.copy(t.buffer(), 0, fresh.buffer(), 0, t.byte_len());
             op.finish()?;

@@ -33,9 +33,9 @@ impl GpuExecutor {
             need_f32(name, b)?;
             same_shape(name, w, b)?;
         }
-        let y = self.alloc_f32(x.shape.clone());
-        let rstd = self.alloc_f32([rows]);
-        let mean = b.map(|_| self.alloc_f32([rows]));
+        let y = self.alloc_f32(x.shape.clone())?;
+        let rstd = self.alloc_f32([rows])?;
+        let mean = b.map(|_| self.alloc_f32([rows])).transpose()?;
         let wv = self.full(w)?;
         let mut op = self.op(name);
         for (r0, nr) in self.row_chunks(rows, &[c])? {
@@ -110,7 +110,7 @@ impl GpuExecutor {
                 ));
             }
         }
-        let dx = self.alloc_f32(x.shape.clone());
+        let dx = self.alloc_f32(x.shape.clone())?;
         let dw = self.zeros_f32([c])?;
         let db = match mean {
             Some(_) => Some(self.zeros_f32([c])?),
@@ -149,7 +149,7 @@ impl GpuExecutor {
             }
             // dw (and db): column sums; a scratch stands in for db under RMSNorm.
             let scratch = if db.is_none() {
-                Some(self.alloc_f32([1]))
+                Some(self.alloc_f32([1])?)
             } else {
                 None
             };
@@ -211,9 +211,9 @@ impl GpuExecutor {
                 sin.push(s as f32);
             }
         }
-        let cos_t = self.upload_words(bytemuck::cast_slice(&cos));
-        let sin_t = self.upload_words(bytemuck::cast_slice(&sin));
-        let y = self.alloc_f32(x.shape.clone());
+        let cos_t = self.upload_words(bytemuck::cast_slice(&cos))?;
+        let sin_t = self.upload_words(bytemuck::cast_slice(&sin))?;
+        let y = self.alloc_f32(x.shape.clone())?;
         let rows = d[0] * t * h;
         let (cv, sv) = (self.full(&cos_t)?, self.full(&sin_t)?);
         let mut op = self.op(name);
