@@ -4,13 +4,24 @@
 // probabilities from lse. Layouts: q/out/dout [B, T, Hq, D], k/v [B, T, Hkv, D],
 // lse and delta [B, Hq, T]. One thread owns one row; tiles of the other side
 // stream through workgroup memory. D ≤ DM.
+//
+// Each kernel may be dispatched several times over consecutive ranges
+// [r_begin, r_end) of the streamed side (keys for fwd/dq, queries for dkv),
+// carrying its state in the output buffers between dispatches (FIRST starts
+// it, LAST finishes it). The host splits only where the driver caps the loop
+// iterations of one invocation (llvmpipe stops every loop after 65535
+// back-edges in total, silently); one dispatch elsewhere.
 
 struct Params {
     t: u32, hq: u32, hkv: u32, d: u32,
     scale: f32, q_off: u32, k_off: u32, v_off: u32,
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
-    dk_off: u32, dv_off: u32, dd_off: u32, _pad: u32,
+    dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
+    r_begin: u32, r_end: u32, _p0: u32, _p1: u32,
 }
+
+const FIRST: u32 = 1u;
+const LAST: u32 = 2u;
 
 const DM: u32 = 128u;
 const RB: u32 = 64u; // rows (threads) per workgroup
@@ -69,24 +80,33 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let g = h / (p.hq / p.hkv);
     let i = wid.x * RB + tid;
     let valid = i < p.t;
+    let first = (p.flags & FIRST) != 0u;
     var q: array<f32, DM>;
     var acc: array<f32, DM>;
+    var m = -3.0e38;
+    var l = 0.0;
+    // Running state between key ranges: unnormalised acc in O, max in LSE,
+    // sum in DD.
+    let oi = p.o_off + q_idx(b, i, h);
+    let ri = row_idx(b, h, i);
     if valid {
         let qi = p.q_off + q_idx(b, i, h);
         for (var dd = 0u; dd < p.d; dd++) {
             q[dd] = Q[qi + dd] * p.scale;
-            acc[dd] = 0.0;
+            acc[dd] = select(O[oi + dd], 0.0, first);
+        }
+        if !first {
+            m = LSE[p.lse_off + ri];
+            l = DD[p.dd_off + ri];
         }
     }
-    var m = -3.0e38;
-    var l = 0.0;
-    let kend = min(p.t, wid.x * RB + RB);
-    for (var j0 = 0u; j0 < kend; j0 += KB) {
+    let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
+    for (var j0 = p.r_begin; j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, tid);
         workgroupBarrier();
         if valid {
-            let jn = min(KB, i + 1u - min(i + 1u, j0));
+            let jn = min(min(KB, i + 1u - min(i + 1u, j0)), p.r_end - j0);
             for (var jj = 0u; jj < jn; jj++) {
                 var s = 0.0;
                 for (var dd = 0u; dd < p.d; dd++) {
@@ -104,12 +124,19 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         }
     }
     if valid {
-        let oi = p.o_off + q_idx(b, i, h);
-        let inv = 1.0 / l;
-        for (var dd = 0u; dd < p.d; dd++) {
-            O[oi + dd] = acc[dd] * inv;
+        if (p.flags & LAST) != 0u {
+            let inv = 1.0 / l;
+            for (var dd = 0u; dd < p.d; dd++) {
+                O[oi + dd] = acc[dd] * inv;
+            }
+            LSE[p.lse_off + ri] = m + log(l);
+        } else {
+            for (var dd = 0u; dd < p.d; dd++) {
+                O[oi + dd] = acc[dd];
+            }
+            LSE[p.lse_off + ri] = m;
+            DD[p.dd_off + ri] = l;
         }
-        LSE[p.lse_off + row_idx(b, h, i)] = m + log(l);
     }
 }
 
@@ -145,21 +172,22 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     var delta = 0.0;
     if valid {
         let qi = q_idx(b, i, h);
+        let first = (p.flags & FIRST) != 0u;
         for (var dd = 0u; dd < p.d; dd++) {
             q[dd] = Q[p.q_off + qi + dd] * p.scale;
             dout[dd] = DO[p.do_off + qi + dd];
-            dq[dd] = 0.0;
+            dq[dd] = select(DQ[p.dq_off + qi + dd], 0.0, first);
         }
         lse = LSE[p.lse_off + row_idx(b, h, i)];
         delta = DD[p.dd_off + row_idx(b, h, i)];
     }
-    let kend = min(p.t, wid.x * RB + RB);
-    for (var j0 = 0u; j0 < kend; j0 += KB) {
+    let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
+    for (var j0 = p.r_begin; j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, tid);
         workgroupBarrier();
         if valid {
-            let jn = min(KB, i + 1u - min(i + 1u, j0));
+            let jn = min(min(KB, i + 1u - min(i + 1u, j0)), p.r_end - j0);
             for (var jj = 0u; jj < jn; jj++) {
                 var s = 0.0;
                 var dp = 0.0;
@@ -176,8 +204,9 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     }
     if valid {
         let qi = p.dq_off + q_idx(b, i, h);
+        let sc = select(1.0, p.scale, (p.flags & LAST) != 0u);
         for (var dd = 0u; dd < p.d; dd++) {
-            DQ[qi + dd] = dq[dd] * p.scale;
+            DQ[qi + dd] = dq[dd] * sc;
         }
     }
 }
@@ -198,17 +227,19 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     var dv: array<f32, DM>;
     if valid {
         let ki = kv_idx(b, j, g);
+        let first = (p.flags & FIRST) != 0u;
         for (var dd = 0u; dd < p.d; dd++) {
             k[dd] = K[p.k_off + ki + dd] * p.scale;
             v[dd] = V[p.v_off + ki + dd];
-            dk[dd] = 0.0;
-            dv[dd] = 0.0;
+            dk[dd] = select(DK[p.dk_off + ki + dd], 0.0, first);
+            dv[dd] = select(DV[p.dv_off + ki + dd], 0.0, first);
         }
     }
-    let i_start = wid.x * RB;
+    let i_start = max(wid.x * RB, p.r_begin);
+    let i_end = min(p.t, p.r_end);
     for (var hh = 0u; hh < group; hh++) {
         let h = g * group + hh;
-        for (var i0 = i_start; i0 < p.t; i0 += QB) {
+        for (var i0 = i_start; i0 < i_end; i0 += QB) {
             workgroupBarrier();
             for (var e = tid; e < QB * p.d; e += RB) {
                 let i = i0 + e / p.d;
@@ -233,20 +264,19 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             if valid {
                 for (var ii = 0u; ii < QB; ii++) {
                     let i = i0 + ii;
-                    if i < j || i >= p.t {
-                        continue;
-                    }
-                    var s = 0.0;
-                    var dp = 0.0;
-                    for (var dd = 0u; dd < p.d; dd++) {
-                        s += k[dd] * T1[ii * p.d + dd];
-                        dp += v[dd] * T2[ii * p.d + dd];
-                    }
-                    let pr = exp(s - S1[ii]);
-                    let ds = pr * (dp - S2[ii]);
-                    for (var dd = 0u; dd < p.d; dd++) {
-                        dv[dd] += pr * T2[ii * p.d + dd];
-                        dk[dd] += ds * T1[ii * p.d + dd];
+                    if i >= j && i < i_end {
+                        var s = 0.0;
+                        var dp = 0.0;
+                        for (var dd = 0u; dd < p.d; dd++) {
+                            s += k[dd] * T1[ii * p.d + dd];
+                            dp += v[dd] * T2[ii * p.d + dd];
+                        }
+                        let pr = exp(s - S1[ii]);
+                        let ds = pr * (dp - S2[ii]);
+                        for (var dd = 0u; dd < p.d; dd++) {
+                            dv[dd] += pr * T2[ii * p.d + dd];
+                            dk[dd] += ds * T1[ii * p.d + dd];
+                        }
                     }
                 }
             }
@@ -254,8 +284,9 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     if valid {
         let ki = kv_idx(b, j, g);
+        let sc = select(1.0, p.scale, (p.flags & LAST) != 0u);
         for (var dd = 0u; dd < p.d; dd++) {
-            DK[p.dk_off + ki + dd] = dk[dd] * p.scale;
+            DK[p.dk_off + ki + dd] = dk[dd] * sc;
             DV[p.dv_off + ki + dd] = dv[dd];
         }
     }

@@ -83,7 +83,7 @@ impl Kernel {
             LnBwd => (&[NORM], "ln_bwd", &[1, 2, 3, 4, 7, 8]),
             NormDw => (&[NORM], "norm_dw", &[1, 3, 4, 5, 7, 8]),
             Rope => (&[ROPE], "rope", &[1, 2, 3, 4]),
-            AttnFwd => (&[ATTENTION], "attn_fwd", &[1, 2, 3, 4, 5]),
+            AttnFwd => (&[ATTENTION], "attn_fwd", &[1, 2, 3, 4, 5, 10]),
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq => (&[ATTENTION], "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv => (&[ATTENTION], "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),

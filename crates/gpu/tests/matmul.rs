@@ -238,3 +238,31 @@ fn weight_over_the_device_binding_limit() {
         0.0,
     );
 }
+
+/// llvmpipe ends every loop of an invocation after 65535 iterations in total
+/// (silently: the outputs are garbage). A K of 70000 in one dispatch does
+/// that on lavapipe; the executor splits K under its loop budget instead.
+#[test]
+fn long_k_is_split_under_the_loop_budget() {
+    let Some(g) = gpu() else { return };
+    let cpu = cpu();
+    let a = rand_host(1, &[3, 70_000]);
+    let b = rand_host(2, &[5, 70_000]);
+    let y = g
+        .matmul(
+            &g.upload(&a).unwrap(),
+            &g.upload(&b).unwrap(),
+            None,
+            Transpose::NT,
+        )
+        .unwrap();
+    let yr = cpu
+        .matmul(
+            &cpu.upload(&a).unwrap(),
+            &cpu.upload(&b).unwrap(),
+            None,
+            Transpose::NT,
+        )
+        .unwrap();
+    assert_close("K = 70000", &down(g, &y), &down_cpu(&cpu, &yr), TOL_F32);
+}

@@ -245,3 +245,122 @@ fn profile_reports_each_op_kind() {
     let snap = g.profile().snapshot();
     assert!(snap.iter().all(|(_, t)| t.count >= 1));
 }
+
+#[test]
+fn attention_full_head_dim_several_row_blocks() {
+    // D = 128 fills the kernels' register arrays; T = 150 spans three 64-row
+    // blocks with a ragged last one.
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let (b, t, hq, hkv, d) = (1, 150, 4, 2, 128);
+    let q = rand_host(11, &[b, t, hq, d]);
+    let k = rand_host(12, &[b, t, hkv, d]);
+    let v = rand_host(13, &[b, t, hkv, d]);
+    let dout = rand_host(14, &[b, t, hq, d]);
+    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+    let r = c.attention(&cq, &ck, &cv).unwrap();
+    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+    let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
+    let o = g.attention(&gq, &gk, &gv).unwrap();
+    assert_close("out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+    assert_close("lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+    let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+    assert_close("dq", &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+    assert_close("dk", &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+    assert_close("dv", &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+    let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
+    assert!(g.attention(&too_wide, &too_wide, &too_wide).is_err());
+}
+
+#[test]
+fn in_place_ops_do_not_leak_through_shared_buffers() {
+    let Some(g) = gpu() else { return };
+    let x = rand_host(3, &[4, 6]);
+    let a = up(g, &x);
+    let mut alias = g.reshape(&a, &Shape::new([6, 4])).unwrap();
+    g.add_assign(&mut alias, &a).unwrap();
+    assert_eq!(down(g, &a), x.to_f32_vec());
+    let doubled: Vec<f32> = x.to_f32_vec().iter().map(|v| v * 2.0).collect();
+    assert_eq!(down(g, &alias), doubled);
+    let mut table = g.reshape(&a, &Shape::new([4, 6])).unwrap();
+    g.embedding_backward(&[1, 1], &up(g, &rand_host(4, &[2, 6])), &mut table)
+        .unwrap();
+    assert_eq!(down(g, &a), x.to_f32_vec());
+}
+
+/// Attention, norm and embedding backward split over several dispatches (as
+/// on llvmpipe for long sequences), forced here by a tiny loop budget.
+#[test]
+fn work_split_under_a_small_loop_budget() {
+    let Some(ctx) = ctx() else { return };
+    let opts = megatrain_gpu::GpuOptions {
+        poison_outputs: true,
+        loop_budget: Some(2000),
+        ..Default::default()
+    };
+    let g = &GpuExecutor::with_options(ctx, opts);
+    let c = cpu();
+    let (b, t, hq, hkv, d) = (2, 100, 4, 2, 24);
+    let q = rand_host(21, &[b, t, hq, d]);
+    let k = rand_host(22, &[b, t, hkv, d]);
+    let v = rand_host(23, &[b, t, hkv, d]);
+    let dout = rand_host(24, &[b, t, hq, d]);
+    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+    let r = c.attention(&cq, &ck, &cv).unwrap();
+    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+    let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
+    let o = g.attention(&gq, &gk, &gv).unwrap();
+    assert_close("out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+    assert_close("lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+    let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+    assert_close("dq", &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+    assert_close("dk", &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+    assert_close("dv", &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+
+    let rows = 4500;
+    let x = rand_host(31, &[rows, 3]);
+    let w = rand_host(32, &[3]);
+    let dy = rand_host(33, &[rows, 3]);
+    let (cx, cw, cdy) = (cpu_up!(c, &x), cpu_up!(c, &w), cpu_up!(c, &dy));
+    let (gx, gw, gdy) = (up(g, &x), up(g, &w), up(g, &dy));
+    let n = g.rmsnorm(&gx, &gw, 1e-5).unwrap();
+    let nr = c.rmsnorm(&cx, &cw, 1e-5).unwrap();
+    let gn = g.rmsnorm_backward(&gx, &gw, &n.rstd, &gdy).unwrap();
+    let rn = c.rmsnorm_backward(&cx, &cw, &nr.rstd, &cdy).unwrap();
+    assert_close(
+        "rmsnorm dw over many rows",
+        &down(g, &gn.dw),
+        &down_cpu(&c, &rn.dw),
+        TOL_F32,
+    );
+    let bw = rand_host(34, &[3, 3]);
+    let needs = megatrain_tensor::MatmulNeeds {
+        da: false,
+        db: false,
+        dbias: true,
+    };
+    let t = megatrain_tensor::Transpose::NN;
+    let gm = g.matmul_backward(&gx, &up(g, &bw), &gdy, t, needs).unwrap();
+    let cm = c.matmul_backward(&cx, &cpu_up!(c, &bw), &cdy, t, needs).unwrap();
+    let (gb, cb) = (gm.dbias.unwrap(), cm.dbias.unwrap());
+    // A 4500-term f32 sum of random signs: its rounding error grows with the
+    // term count while the result grows only as its square root, so two
+    // summation orders differ by ~n·2^-24·Σ|x|/|Σx| ≈ 1e-5 here.
+    assert_close(
+        "bias gradient over many rows",
+        &down(g, &gb),
+        &down_cpu(&c, &cb),
+        1e-4,
+    );
+    let ids: Vec<u32> = (0..rows as u32).map(|i| i % 7).collect();
+    let mut gt = g.zeros(&Shape::new([7, 3])).unwrap();
+    let mut ct = c.zeros(&Shape::new([7, 3])).unwrap();
+    g.embedding_backward(&ids, &gdy, &mut gt).unwrap();
+    c.embedding_backward(&ids, &cdy, &mut ct).unwrap();
+    assert_close(
+        "scatter-add of many repeats",
+        &down(g, &gt),
+        &down_cpu(&c, &ct),
+        TOL_F32,
+    );
+}

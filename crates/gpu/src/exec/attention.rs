@@ -10,6 +10,22 @@ use crate::tensor::GpuTensor;
 const MAX_HEAD_DIM: usize = 128;
 /// Rows per workgroup (attention.wgsl RB).
 const RB: usize = 64;
+/// Key and query tile heights (attention.wgsl KB, QB).
+const KB: usize = 16;
+const QB: usize = 8;
+
+/// Consecutive ranges of `0..t`, each a multiple of `unit` long, such that
+/// a thread looping `per_item` iterations per item stays within `budget`.
+fn ranges(t: usize, unit: usize, per_item: usize, fixed: usize, budget: usize) -> Vec<(usize, usize)> {
+    let n = (budget.saturating_sub(fixed) / per_item.max(1)) / unit * unit;
+    let n = n.max(unit).min(t.max(1));
+    (0..t.max(1)).step_by(n).map(|s| (s, (s + n).min(t))).collect()
+}
+
+/// FIRST / LAST flags of range `i` of `n`.
+fn flags(i: usize, n: usize) -> u32 {
+    (i == 0) as u32 | ((i + 1 == n) as u32) << 1
+}
 
 struct Dims {
     b: usize,
@@ -64,6 +80,10 @@ impl GpuExecutor {
         let d = Self::attn_dims("attention", q, k, v)?;
         let out = self.alloc_f32(q.shape.clone())?;
         let lse = self.alloc_f32([d.b, d.hq, d.t])?;
+        // Running softmax sums between key ranges.
+        let lsum = self.alloc_f32([d.b, d.hq, d.t])?;
+        // Per key: two D-loops and the tile-load share.
+        let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
         let mut op = self.op("attention");
@@ -73,26 +93,33 @@ impl GpuExecutor {
             let vv = self.view(v, b0 * ke, nb * ke)?;
             let ov = self.view(&out, b0 * qe, nb * qe)?;
             let lv = self.view(&lse, b0 * le, nb * le)?;
-            let params = [
-                u(d.t),
-                u(d.hq),
-                u(d.hkv),
-                u(d.d),
-                f(scale),
-                qv.elem_off,
-                kv.elem_off,
-                vv.elem_off,
-                ov.elem_off,
-                lv.elem_off,
-                0,
-                0,
-                0,
-                0,
-                0,
-                0,
-            ];
-            let grid = [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32];
-            op.dispatch(Kernel::AttnFwd, &params, &[qv, kv, vv, ov, lv], grid);
+            let sv = self.view(&lsum, b0 * le, nb * le)?;
+            for (ri, &(r0, r1)) in keys.iter().enumerate() {
+                let params = [
+                    u(d.t),
+                    u(d.hq),
+                    u(d.hkv),
+                    u(d.d),
+                    f(scale),
+                    qv.elem_off,
+                    kv.elem_off,
+                    vv.elem_off,
+                    ov.elem_off,
+                    lv.elem_off,
+                    0,
+                    0,
+                    0,
+                    0,
+                    sv.elem_off,
+                    flags(ri, keys.len()),
+                    u(r0),
+                    u(r1),
+                    0,
+                    0,
+                ];
+                let grid = [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32];
+                op.dispatch(Kernel::AttnFwd, &params, &[qv, kv, vv, ov, lv, sv], grid);
+            }
         }
         op.finish()?;
         Ok(AttentionOut { out, lse })
@@ -122,6 +149,10 @@ impl GpuExecutor {
         let dk = self.alloc_f32(k.shape.clone())?;
         let dv = self.alloc_f32(v.shape.clone())?;
         let delta = self.alloc_f32([d.b, d.hq, d.t])?;
+        let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
+        // dk/dv: per query of every head of the group, two D-loops and two more.
+        let group = d.hq / d.hkv;
+        let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
         let mut op = self.op(name);
@@ -136,7 +167,8 @@ impl GpuExecutor {
             let dkv = self.view(&dk, b0 * ke, nb * ke)?;
             let dvv = self.view(&dv, b0 * ke, nb * ke)?;
             let ddv = self.view(&delta, b0 * le, nb * le)?;
-            let params = [
+            let rows = d.t.div_ceil(RB) as u32;
+            let base = [
                 u(d.t),
                 u(d.hq),
                 u(d.hkv),
@@ -152,27 +184,29 @@ impl GpuExecutor {
                 dkv.elem_off,
                 dvv.elem_off,
                 ddv.elem_off,
-                0,
             ];
-            let rows = d.t.div_ceil(RB) as u32;
+            let with = |fl: u32, r0: usize, r1: usize| {
+                let mut p = base.to_vec();
+                p.extend([fl, u(r0), u(r1), 0, 0]);
+                p
+            };
+            let all = with(3, 0, d.t);
             op.dispatch(
                 Kernel::AttnDelta,
-                &params,
+                &all,
                 &[ov, dov, ddv],
                 [rows, d.hq as u32, nb as u32],
             );
-            op.dispatch(
-                Kernel::AttnDq,
-                &params,
-                &[qv, kv, vv, lv, dov, dqv, ddv],
-                [rows, d.hq as u32, nb as u32],
-            );
-            op.dispatch(
-                Kernel::AttnDkv,
-                &params,
-                &[qv, kv, vv, lv, dov, dkv, dvv, ddv],
-                [rows, d.hkv as u32, nb as u32],
-            );
+            for (ri, &(r0, r1)) in keys.iter().enumerate() {
+                let params = with(flags(ri, keys.len()), r0, r1);
+                let views = [qv, kv, vv, lv, dov, dqv, ddv];
+                op.dispatch(Kernel::AttnDq, &params, &views, [rows, d.hq as u32, nb as u32]);
+            }
+            for (ri, &(r0, r1)) in queries.iter().enumerate() {
+                let params = with(flags(ri, queries.len()), r0, r1);
+                let views = [qv, kv, vv, lv, dov, dkv, dvv, ddv];
+                op.dispatch(Kernel::AttnDkv, &params, &views, [rows, d.hkv as u32, nb as u32]);
+            }
         }
         op.finish()?;
         Ok(AttentionGrads { dq, dk, dv })

@@ -76,7 +76,7 @@ impl GpuExecutor {
         let out = self.alloc_f32([w])?;
         let mut op = self.op("sum_rows");
         let ov = self.full(&out)?;
-        for (i, (r0, nr)) in self.row_chunks(rows, &[w])?.into_iter().enumerate() {
+        for (i, (r0, nr)) in self.loop_chunks(rows, &[w])?.into_iter().enumerate() {
             let xv = self.view(x, r0 * w, nr * w)?;
             let params = [
                 u(nr * w),

@@ -90,7 +90,7 @@ impl GpuExecutor {
         }
         self.make_unique(dtable)?;
         let mut op = self.op(name);
-        for (p0, np) in self.row_chunks(ids.len(), &[c])? {
+        for (p0, np) in self.loop_chunks(ids.len(), &[c])? {
             // Group positions by id on the host so that each (id, column) is
             // one thread's sum: no two threads ever add into the same element.
             let chunk = &ids[p0..p0 + np];

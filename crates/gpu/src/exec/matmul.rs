@@ -72,6 +72,10 @@ impl GpuExecutor {
             if d.tc { d.m } else { d.n },
         );
         let sum_batch = d.batch > 1 && d.c_bstride == 0;
+        // Counting the inner loops in case the driver does not unroll them,
+        // an invocation runs up to ~9 loop iterations per unit of K; past the
+        // loop budget K is split over dispatches (accumulating into C).
+        let k_cap = (self.loop_budget / 10).max(TILE);
         let fits = a.byte_len() <= self.max_binding
             && b.byte_len() <= self.max_binding
             && c.byte_len() <= self.max_binding;
@@ -86,7 +90,7 @@ impl GpuExecutor {
                 | (acc as u32) << 3
                 | (d.tc as u32) << 4
         };
-        if fits && !sum_batch {
+        if fits && !sum_batch && d.k <= k_cap {
             let (av, bv, cv) = (self.full(a)?, self.full(b)?, self.full(c)?);
             let params = [
                 u(d.m),
@@ -117,7 +121,7 @@ impl GpuExecutor {
         // Chunked path: shrink the block until every operand's range fits.
         let lim = (self.max_binding.saturating_sub(self.align) / 4) as usize;
         let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
-        let (mut mc, mut nc, mut kc) = (d.m, d.n, d.k);
+        let (mut mc, mut nc, mut kc) = (d.m, d.n, d.k.min(k_cap / TILE * TILE));
         loop {
             // b's span is in elements of its dtype: bf16 counts half.
             let bscale = if b.dtype == DType::BF16 { 2 } else { 1 };

@@ -38,6 +38,11 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Forces the matmul tile (64 or 128) instead of choosing by size.
     pub matmul_tile: Option<u32>,
+    /// Most loop iterations one shader invocation may run; work is split over
+    /// more dispatches to stay under it. `None`: the adapter's own (llvmpipe
+    /// silently ends every loop after 65535 back-edges per invocation; other
+    /// drivers have no such cap).
+    pub loop_budget: Option<usize>,
 }
 
 pub struct GpuExecutor {
@@ -48,6 +53,7 @@ pub struct GpuExecutor {
     align: u64,
     poison: bool,
     matmul_tile: Option<u32>,
+    pub(crate) loop_budget: usize,
     profiling: AtomicBool,
     profiler: Profiler,
     /// Stand-in for bindings a kernel declares but a call does not use.
@@ -381,6 +387,14 @@ impl GpuExecutor {
             align,
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
+            loop_budget: opts.loop_budget.unwrap_or_else(|| {
+                let info = &ctx.info;
+                if info.driver.contains("llvmpipe") || info.name.contains("llvmpipe") {
+                    50_000
+                } else {
+                    usize::MAX
+                }
+            }),
             profiling: AtomicBool::new(opts.profile),
             profiler: Profiler::default(),
             dummy,
@@ -653,6 +667,25 @@ impl GpuExecutor {
         }
         if out.is_empty() {
             out.push((0, 0));
+        }
+        Ok(out)
+    }
+
+    /// `row_chunks`, further split so that a kernel looping over the rows of
+    /// its chunk stays within the loop budget.
+    pub(crate) fn loop_chunks(&self, rows: usize, row_elems: &[usize]) -> Result<Vec<(usize, usize)>> {
+        let cap = self.loop_budget.saturating_sub(64).max(1);
+        let mut out = Vec::new();
+        for (r0, n) in self.row_chunks(rows, row_elems)? {
+            if n == 0 {
+                out.push((r0, 0));
+            }
+            let mut r = r0;
+            while r < r0 + n {
+                let m = cap.min(r0 + n - r);
+                out.push((r, m));
+                r += m;
+            }
         }
         Ok(out)
     }

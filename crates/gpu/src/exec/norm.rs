@@ -119,7 +119,7 @@ impl GpuExecutor {
         let wv = self.full(w)?;
         let dwv = self.full(&dw)?;
         let mut op = self.op(name);
-        for (r0, nr) in self.row_chunks(rows, &[c])? {
+        for (r0, nr) in self.loop_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let dyv = self.view(dy, r0 * c, nr * c)?;
             let dxv = self.view(&dx, r0 * c, nr * c)?;
