@@ -40,10 +40,12 @@ const QB: u32 = 8u;  // query rows per tile in dk/dv
 @group(0) @binding(9) var<storage, read_write> DV: array<f32>;
 @group(0) @binding(10) var<storage, read_write> DD: array<f32>;
 
+// 16 KiB in all, the WebGPU minimum for workgroup memory. dkv uses only
+// QB * DM = 1024 entries of each for its tiles and keeps the tile's lse and
+// delta rows at STATS.
 var<workgroup> T1: array<f32, 2048>; // KB * DM
 var<workgroup> T2: array<f32, 2048>;
-var<workgroup> S1: array<f32, 16>;
-var<workgroup> S2: array<f32, 16>;
+const STATS: u32 = 1024u;
 
 fn q_idx(b: u32, t: u32, h: u32) -> u32 {
     return ((b * p.t + t) * p.hq + h) * p.d;
@@ -257,8 +259,8 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 if i < p.t {
                     ld = vec2<f32>(LSE[p.lse_off + row_idx(b, h, i)], DD[p.dd_off + row_idx(b, h, i)]);
                 }
-                S1[tid] = ld.x;
-                S2[tid] = ld.y;
+                T1[STATS + tid] = ld.x;
+                T2[STATS + tid] = ld.y;
             }
             workgroupBarrier();
             if valid {
@@ -271,8 +273,8 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                             s += k[dd] * T1[ii * p.d + dd];
                             dp += v[dd] * T2[ii * p.d + dd];
                         }
-                        let pr = exp(s - S1[ii]);
-                        let ds = pr * (dp - S2[ii]);
+                        let pr = exp(s - T1[STATS + ii]);
+                        let ds = pr * (dp - T2[STATS + ii]);
                         for (var dd = 0u; dd < p.d; dd++) {
                             dv[dd] += pr * T2[ii * p.d + dd];
                             dk[dd] += ds * T1[ii * p.d + dd];

@@ -114,6 +114,35 @@ impl GpuContext {
         };
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
+        // What the kernels assume: 16 KiB of workgroup memory (attention),
+        // 8 storage bindings (attention dk/dv), 256-thread workgroups.
+        let short = [
+            (
+                "max_compute_workgroup_storage_size",
+                limits.max_compute_workgroup_storage_size,
+                16384,
+            ),
+            (
+                "max_storage_buffers_per_shader_stage",
+                limits.max_storage_buffers_per_shader_stage,
+                8,
+            ),
+            (
+                "max_compute_invocations_per_workgroup",
+                limits.max_compute_invocations_per_workgroup,
+                256,
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, have, need)| have < need)
+        .map(|(name, have, need)| format!("{name} is {have}, need {need}"))
+        .collect::<Vec<_>>();
+        if !short.is_empty() {
+            return Err(GpuError::Limits {
+                adapter: info.name.clone(),
+                detail: short.join("; "),
+            });
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("megatrain"),
             required_features: features,

@@ -13,6 +13,8 @@ pub enum GpuError {
         #[source]
         source: wgpu::RequestDeviceError,
     },
+    #[error("adapter '{adapter}' is too small for the kernels: {detail}")]
+    Limits { adapter: String, detail: String },
     #[error("mapping a readback buffer failed: {0}")]
     Map(String),
     #[error("device poll failed: {0}")]
