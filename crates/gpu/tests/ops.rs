@@ -364,3 +364,39 @@ fn work_split_under_a_small_loop_budget() {
         TOL_F32,
     );
 }
+
+#[test]
+fn slice_upload_download_into_and_memory_stats() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::new(ctx);
+    let h = rand_host(8, &[5, 3]);
+    let t = g
+        .upload_slice(h.shape(), megatrain_tensor::HostSlice::F32(h.as_f32().unwrap()))
+        .unwrap();
+    let mut out = vec![0.0; 15];
+    g.download_into(&t, &mut out).unwrap();
+    assert_eq!(out, h.to_f32_vec());
+    let b = h.to_dtype(DType::BF16);
+    let bv = match b.data() {
+        megatrain_tensor::HostData::BF16(v) => v.clone(),
+        _ => unreachable!(),
+    };
+    let tb = g
+        .upload_slice(b.shape(), megatrain_tensor::HostSlice::BF16(&bv))
+        .unwrap();
+    g.download_into(&tb, &mut out).unwrap();
+    assert_eq!(out, b.to_f32_vec());
+    assert!(g.download_into(&tb, &mut [0.0; 14]).is_err());
+    assert!(
+        g.upload_slice(
+            &Shape::new([4, 3]),
+            megatrain_tensor::HostSlice::F32(h.as_f32().unwrap())
+        )
+        .is_err()
+    );
+    let m = Executor::memory_stats(&g).unwrap();
+    assert!(m.live_bytes >= 15 * 4 + 15 * 2 && m.peak_bytes >= m.live_bytes);
+    drop((t, tb));
+    Executor::reset_peak_memory(&g);
+    assert_eq!(Executor::memory_stats(&g).unwrap().peak_bytes, 0);
+}

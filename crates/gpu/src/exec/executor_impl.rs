@@ -1,8 +1,8 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AttentionGrads, AttentionOut, CrossEntropyOut, Executor, HostTensor, MatmulGrads, MatmulNeeds, NormGrads,
-    NormOut, Result, Rope, Shape, Transpose,
+    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Executor, HostSlice, HostTensor, MatmulGrads,
+    MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, Transpose,
 };
 
 use super::GpuExecutor;
@@ -21,6 +21,31 @@ impl Executor for GpuExecutor {
 
     fn download(&self, t: &GpuTensor) -> Result<HostTensor> {
         self.download_host(t)
+    }
+
+    fn upload_slice(&self, shape: &Shape, data: HostSlice<'_>) -> Result<GpuTensor> {
+        let (dtype, bytes): (DType, &[u8]) = match data {
+            HostSlice::F32(v) => (DType::F32, bytemuck::cast_slice(v)),
+            HostSlice::BF16(v) => (DType::BF16, bytemuck::cast_slice(v)),
+            HostSlice::F16(v) => (DType::F16, bytemuck::cast_slice(v)),
+        };
+        self.upload_bytes(shape, dtype, bytes)
+    }
+
+    fn download_into(&self, t: &GpuTensor, out: &mut [f32]) -> Result<()> {
+        self.download_into_f32(t, out)
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        let m = self.memory();
+        Some(MemoryStats {
+            live_bytes: m.live_bytes,
+            peak_bytes: m.peak_bytes,
+        })
+    }
+
+    fn reset_peak_memory(&self) {
+        GpuExecutor::reset_peak_memory(self);
     }
 
     fn zeros(&self, shape: &Shape) -> Result<GpuTensor> {

@@ -514,15 +514,29 @@ impl GpuExecutor {
     }
 
     pub(crate) fn upload_host(&self, h: &HostTensor) -> Result<GpuTensor> {
-        if h.dtype() == DType::F16 {
+        self.upload_bytes(h.shape(), h.dtype(), h.data().as_bytes())
+    }
+
+    /// Writes host bytes (in `dtype`'s layout) straight into a new tensor.
+    pub(crate) fn upload_bytes(&self, shape: &Shape, dtype: DType, bytes: &[u8]) -> Result<GpuTensor> {
+        if bytes.len() != shape.numel() * dtype.size_in_bytes() {
+            return Err(Error::shape(
+                "upload",
+                format!(
+                    "shape {shape} of {dtype} needs {} bytes, got {}",
+                    shape.numel() * dtype.size_in_bytes(),
+                    bytes.len()
+                ),
+            ));
+        }
+        if dtype == DType::F16 {
             return Err(GpuError::Unsupported {
                 op: "upload",
                 detail: "f16 tensors are not used on the GPU; convert to f32 or bf16".into(),
             }
             .into());
         }
-        let t = self.alloc(h.shape().clone(), h.dtype())?;
-        let bytes = h.data().as_bytes();
+        let t = self.alloc(shape.clone(), dtype)?;
         if !bytes.is_empty() {
             if bytes.len().is_multiple_of(4) {
                 self.ctx.queue.write_buffer(t.buffer(), 0, bytes);
@@ -569,6 +583,35 @@ impl GpuExecutor {
             .to_vec();
         src.unmap();
         Ok(out)
+    }
+
+    /// Downloads `t` widened to f32 into `out` without a host tensor between.
+    pub(crate) fn download_into_f32(&self, t: &GpuTensor, out: &mut [f32]) -> Result<()> {
+        if out.len() != t.numel() {
+            return Err(Error::shape(
+                "download_into",
+                format!(
+                    "tensor {} has {} elements, destination {}",
+                    t.shape,
+                    t.numel(),
+                    out.len()
+                ),
+            ));
+        }
+        let bytes = self.read_buffer(t.buffer(), t.byte_len())?;
+        match t.dtype {
+            DType::F32 => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            _ => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn download_host(&self, t: &GpuTensor) -> Result<HostTensor> {
