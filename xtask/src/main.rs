@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench_adamw;
+mod bench_throughput;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "megatrain repository tasks")]
@@ -17,6 +18,8 @@ enum Task {
     Ci,
     /// Times the fused CPU AdamW step against a STREAM triad (memory bound).
     BenchAdamw(bench_adamw::Args),
+    /// Training throughput, step split, bus, memory and overlap of the streamed trainer.
+    BenchThroughput(Box<bench_throughput::Args>),
 }
 
 fn run(cmd: &mut std::process::Command) -> anyhow::Result<()> {
@@ -29,6 +32,7 @@ fn run(cmd: &mut std::process::Command) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::BenchAdamw(args) => bench_adamw::run(args),
+        Task::BenchThroughput(args) => bench_throughput::run(*args),
         Task::Ci => {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             run(std::process::Command::new(&cargo).args(["fmt", "--all", "--check"]))?;

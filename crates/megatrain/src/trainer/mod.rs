@@ -26,6 +26,7 @@
 //! gradients; the update overlaps the last micro-batch's backward.
 
 mod metrics;
+mod modes;
 mod optimizer;
 mod setup;
 mod upload;
@@ -43,6 +44,7 @@ use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
 pub use metrics::StepMetrics;
+pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, update_slab, worker};
 pub use setup::{init_tier, load_tier};

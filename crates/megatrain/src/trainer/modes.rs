@@ -1,0 +1,327 @@
+//! Isolated parts of the streamed step, for the overlap measurement of
+//! `cargo xtask bench-throughput`: each does only one of the three things a
+//! step overlaps, the same amount of it as [`Trainer::step`] does, so
+//! `step time ÷ max(compute, transfer, optimizer)` says how close the step
+//! comes to the bound set by its slowest part.
+//!
+//! - [`Trainer::compute_only`]: forward, loss, block recompute and backward
+//!   with every weight already resident ([`Trainer::resident_weights`]);
+//!   gradients are made on the executor and dropped, nothing is uploaded,
+//!   downloaded or updated.
+//! - [`Trainer::transfer_only`]: the step's uploads (embedding and head
+//!   once, each block twice) and a download of every layer's gradient
+//!   bytes, with no compute.
+//! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
+//!   gradient buffer, on the calling thread.
+
+use std::time::Instant;
+
+use megatrain_tensor::{Executor, Shape, TensorHandle};
+use megatrain_tier::LayerSlab;
+use megatrain_zoo::layers::{
+    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
+};
+
+use super::optimizer::update_slab;
+use super::{Result, TrainError, Trainer, ms, upload_layer};
+use crate::data::Batch;
+
+/// Every layer's weights on the executor, uploaded once (table order).
+pub struct ResidentWeights<E: Executor> {
+    layers: Vec<Vec<E::Tensor>>,
+}
+
+impl<E: Executor> ResidentWeights<E> {
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ComputeOnly {
+    pub ms: f64,
+    /// The micro-batch's loss sum (as the step computes it).
+    pub loss_sum: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransferOnly {
+    pub ms: f64,
+    pub bytes_uploaded: u64,
+    pub bytes_downloaded: u64,
+}
+
+/// A few elements of `t` fetched to the host: waits for every op queued
+/// before it on an asynchronous executor, at a negligible transfer.
+fn fence<E: Executor>(ex: &E, t: &E::Tensor) -> Result<()> {
+    let last = *t.dims().last().unwrap_or(&1);
+    let flat = ex.reshape(t, &Shape::new(vec![t.numel() / last.max(1), last]))?;
+    let row = ex.slice_rows(&flat, 0, 1)?;
+    let mut out = vec![0.0f32; row.numel()];
+    ex.download_into(&row, &mut out)?;
+    Ok(())
+}
+
+impl<E: Executor> Trainer<E> {
+    /// Uploads every layer's transport copy once, for [`Trainer::compute_only`].
+    /// Holds the whole model on the executor.
+    pub fn resident_weights(&self) -> Result<ResidentWeights<E>> {
+        let layers = self
+            .tier
+            .layers()
+            .iter()
+            .map(|s| upload_layer(&self.ex, s).map(|(w, _)| w))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ResidentWeights { layers })
+    }
+
+    /// Forward, loss, recompute and backward of one micro-batch with the
+    /// step's checkpointing, on resident weights; gradients stay on the
+    /// executor and are dropped. The time ends when the executor has
+    /// finished the embedding backward.
+    pub fn compute_only(&self, w: &ResidentWeights<E>, batch: &Batch) -> Result<ComputeOnly> {
+        let (ex, cfg, config) = (&self.ex, &self.model, &self.config);
+        let n_blocks = cfg.num_layers;
+        if w.len() != n_blocks + 2 {
+            return Err(TrainError::Config(format!(
+                "{} resident layers for a model of {} layers",
+                w.len(),
+                n_blocks + 2
+            )));
+        }
+        let counted = batch.counted();
+        let grad_scale = if counted > 0 { 1.0 / counted as f32 } else { 0.0 };
+        let (b, t) = (batch.batch, batch.seq_len);
+        let k = config.checkpoint_every;
+        let start = Instant::now();
+        let emb_w = &w.layers[0];
+        let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t)?;
+        let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
+        for i in 0..n_blocks {
+            let (y, _) = block_forward(cfg, ex, &w.layers[1 + i], &x)?;
+            if i % k == 0 {
+                checkpoints.push(x);
+            }
+            x = y;
+        }
+        let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
+        let head = head_forward_backward(
+            cfg,
+            ex,
+            &w.layers[n_blocks + 1],
+            tied,
+            &x,
+            &batch.targets,
+            grad_scale,
+            config.chunk_rows,
+        )?;
+        drop(x);
+        let mut dx = head.dx;
+        for g in (0..checkpoints.len()).rev() {
+            let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+            let mut h = checkpoints.pop().expect("one checkpoint per block group");
+            let mut saved = Vec::with_capacity(e - s);
+            for i in s..e {
+                let (y, sv) = block_forward(cfg, ex, &w.layers[1 + i], &h)?;
+                saved.push(sv);
+                h = y;
+            }
+            drop(h);
+            for (i, sv) in (s..e).zip(saved).rev() {
+                let (d, _grads) = block_backward(cfg, ex, &w.layers[1 + i], &sv, &dx)?;
+                dx = d;
+            }
+        }
+        let grads = embedding_backward(cfg, ex, emb_w, &batch.inputs, b, t, &dx, head.tied_grad)?;
+        fence(ex, &grads[0])?;
+        Ok(ComputeOnly {
+            ms: ms(start),
+            loss_sum: head.loss_sum,
+        })
+    }
+
+    /// The step's bus traffic without its compute: every transport copy up
+    /// (blocks twice, embedding and head once) and every layer's fp32
+    /// gradient bytes down, from executor buffers of the layer's shapes
+    /// allocated before the clock starts.
+    pub fn transfer_only(&self) -> Result<TransferOnly> {
+        let ex = &self.ex;
+        let layers = self.tier.layers();
+        let n = layers.len();
+        if n < 2 {
+            return Err(TrainError::Config(format!(
+                "a model needs at least 2 layers, has {n}"
+            )));
+        }
+        // One set of gradient-shaped buffers per layer kind: embedding,
+        // block (all blocks share shapes) and head.
+        let zeros = |slab: &LayerSlab| -> Result<Vec<E::Tensor>> {
+            slab.table()
+                .iter()
+                .map(|p| ex.zeros(&p.shape).map_err(TrainError::from))
+                .collect()
+        };
+        let emb_g = zeros(&layers[0])?;
+        let block_g = if n > 2 { zeros(&layers[1])? } else { Vec::new() };
+        let head_g = zeros(&layers[n - 1])?;
+        let mut staging = vec![0.0f32; layers.iter().map(LayerSlab::numel).max().unwrap_or(0)];
+        let mut out = TransferOnly {
+            ms: 0.0,
+            bytes_uploaded: 0,
+            bytes_downloaded: 0,
+        };
+        let start = Instant::now();
+        let up = |slab: &LayerSlab, out: &mut TransferOnly| -> Result<()> {
+            let (w, bytes) = upload_layer(ex, slab)?;
+            out.bytes_uploaded += bytes;
+            drop(w);
+            Ok(())
+        };
+        let mut down = |slab: &LayerSlab, g: &[E::Tensor], out: &mut TransferOnly| -> Result<()> {
+            out.bytes_downloaded += super::download_grads(ex, slab.table(), g, &mut staging[..slab.numel()])?;
+            Ok(())
+        };
+        // Forward: every layer once (the head's upload is its only one).
+        for slab in layers {
+            up(slab, &mut out)?;
+        }
+        down(&layers[n - 1], &head_g, &mut out)?;
+        // Backward: each block again, its gradients down; then the embedding's.
+        for slab in layers[1..n - 1].iter().rev() {
+            up(slab, &mut out)?;
+            down(slab, &block_g, &mut out)?;
+        }
+        down(&layers[0], &emb_g, &mut out)?;
+        out.ms = ms(start);
+        Ok(out)
+    }
+
+    /// AdamW over every layer's slab (p, m, v and the transport copy) with
+    /// a constant gradient, on the calling thread, at learning rate `lr`.
+    /// It changes the parameters like a real step.
+    pub fn optimizer_only(&mut self, lr: f64) -> Result<f64> {
+        let max = self.tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
+        let mut grad = vec![1e-4f32; max];
+        let start = Instant::now();
+        for slab in self.tier.layers_mut() {
+            let len = slab.numel();
+            let mask = &self.masks[slab.index()];
+            update_slab(slab, Some(&mut grad[..len]), &self.adamw, mask, lr as f32, 1.0)?;
+        }
+        Ok(ms(start))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use megatrain_adamw::AdamWConfig;
+    use megatrain_tensor::CpuExecutor;
+    use megatrain_tier::{TierConfig, TransportDType};
+    use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+
+    use super::*;
+    use crate::data::{Sampling, TokenData, draw_batch};
+    use crate::trainer::{TrainerConfig, init_tier};
+
+    fn batch(vocab: u32, b: usize, t: usize) -> Batch {
+        let data = TokenData {
+            tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab).collect(),
+            loss_mask: None,
+        };
+        draw_batch(&data, Sampling::Random { seed: 3 }, 0, b, t, "mem".as_ref()).unwrap()
+    }
+
+    fn trainer(model: &ModelConfig, k: usize, transport: TransportDType) -> Trainer<CpuExecutor> {
+        let tier = init_tier(
+            model,
+            TierConfig {
+                transport,
+                ..TierConfig::default()
+            },
+            7,
+        )
+        .unwrap();
+        let config = TrainerConfig {
+            checkpoint_every: k,
+            chunk_rows: 5,
+            adamw: AdamWConfig::default(),
+            ..TrainerConfig::default()
+        };
+        Trainer::new(CpuExecutor::default(), model.clone(), tier, config).unwrap()
+    }
+
+    fn models() -> Vec<ModelConfig> {
+        let mut llama = preset("llama-tiny", None).unwrap();
+        llama.num_layers = 3;
+        vec![llama, gpt2_nano(23)]
+    }
+
+    #[test]
+    fn compute_only_gives_the_step_loss_and_leaves_the_tier_alone() {
+        for model in models() {
+            for k in [1, 2] {
+                let b = batch(model.vocab_size as u32, 2, 9);
+                let mut tr = trainer(&model, k, TransportDType::F32);
+                let w = tr.resident_weights().unwrap();
+                let before: Vec<f32> = tr.tier().layers()[1].params().to_vec();
+                let c = tr.compute_only(&w, &b).unwrap();
+                assert_eq!(tr.tier().layers()[1].params(), &before[..]);
+                let (eval, counted) = tr.eval_loss(&b).unwrap();
+                assert!(
+                    (c.loss_sum - eval).abs() < 1e-4 * eval.abs(),
+                    "{} vs {eval}",
+                    c.loss_sum
+                );
+                let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
+                assert!((step.loss - c.loss_sum / counted as f64).abs() < 1e-5);
+                assert!(c.ms > 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn transfer_only_moves_the_bytes_of_a_step() {
+        for model in models() {
+            for transport in [TransportDType::F32, TransportDType::BF16] {
+                let b = batch(model.vocab_size as u32, 2, 9);
+                let mut tr = trainer(&model, 2, transport);
+                let t = tr.transfer_only().unwrap();
+                let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
+                assert_eq!(t.bytes_uploaded, step.bytes_uploaded, "{transport:?}");
+                assert_eq!(t.bytes_downloaded, step.bytes_downloaded, "{transport:?}");
+                assert_eq!(t.bytes_downloaded, 4 * tr.tier().n_params());
+            }
+        }
+    }
+
+    #[test]
+    fn optimizer_only_updates_every_layer_once() {
+        let model = &models()[0];
+        let mut tr = trainer(model, 1, TransportDType::BF16);
+        let before: Vec<Vec<f32>> = tr.tier().layers().iter().map(|s| s.params().to_vec()).collect();
+        let t = tr.optimizer_only(1e-2).unwrap();
+        assert!(t > 0.0);
+        for (slab, old) in tr.tier().layers().iter().zip(&before) {
+            // A positive gradient moves every weight down (Adam's first step is ±lr).
+            assert!(
+                slab.params().iter().zip(old).all(|(p, o)| p < o),
+                "layer {}",
+                slab.index()
+            );
+            let wide: Vec<f32> = match slab.transport() {
+                megatrain_tier::TransportRef::BF16(t) => t.iter().map(|x| x.to_f32()).collect(),
+                megatrain_tier::TransportRef::F32(t) => t.to_vec(),
+            };
+            let close = slab
+                .params()
+                .iter()
+                .zip(&wide)
+                .all(|(p, w)| (p - w).abs() <= 1e-2 * p.abs() + 1e-6);
+            assert!(close, "transport copy of layer {} not refreshed", slab.index());
+        }
+    }
+}

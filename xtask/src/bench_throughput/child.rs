@@ -1,0 +1,157 @@
+//! One configuration, run in this (fresh) process: warm-up and timed
+//! training steps, the memory readings, then the isolated modes.
+
+use anyhow::Context;
+use megatrain::StepMetrics;
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
+use megatrain_adamw::AdamWConfig;
+use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::{CpuExecutor, Executor};
+use megatrain_tier::{HostTier, TierConfig, TransportDType, rss};
+use megatrain_zoo::{HfCheckpoint, ModelConfig};
+
+use super::record::{Modes, Record, median};
+use super::spec::Spec;
+
+/// Runs `spec` on the device it names.
+pub fn run(spec: &Spec) -> anyhow::Result<Record> {
+    let baseline_rss = rss::current_rss_bytes().unwrap_or(0);
+    match spec.device.as_str() {
+        "cpu" => run_on(CpuExecutor::default(), spec, baseline_rss, |_| None),
+        "gpu" => {
+            let ctx = GpuContext::new().context("no GPU adapter")?;
+            // The arena's peak of live tensor bytes (pool and driver
+            // overhead not counted).
+            run_on(GpuExecutor::new(ctx), spec, baseline_rss, |ex| {
+                Some(ex.memory().peak_bytes)
+            })
+        }
+        d => anyhow::bail!("unknown --device {d} (cpu or gpu)"),
+    }
+}
+
+fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
+    let transport = match spec.precision.as_str() {
+        "f32" => TransportDType::F32,
+        "bf16" => TransportDType::BF16,
+        p => anyhow::bail!("unknown --precision {p} (f32 or bf16)"),
+    };
+    let config = TierConfig {
+        transport,
+        ..TierConfig::default()
+    };
+    Ok(match &spec.model_dir {
+        Some(dir) => load_tier(&HfCheckpoint::open(dir)?, config)?,
+        None => init_tier(model, config, 1234)?,
+    })
+}
+
+/// A deterministic token stream over the whole vocabulary.
+fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
+    let len = (spec.batch * (spec.seq_len + 1)).max(4096);
+    let data = TokenData {
+        tokens: (0..len as u64)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
+            .collect(),
+        loss_mask: None,
+    };
+    (0..n as u64)
+        .map(|i| {
+            draw_batch(
+                &data,
+                Sampling::Random { seed: 5 },
+                i,
+                spec.batch,
+                spec.seq_len,
+                "synthetic".as_ref(),
+            )
+            .map_err(Into::into)
+        })
+        .collect()
+}
+
+/// `device_peak` reads the executor's peak bytes where the trait's
+/// `memory_stats` does not report it.
+fn run_on<E: Executor>(
+    ex: E,
+    spec: &Spec,
+    baseline_rss: u64,
+    device_peak: impl Fn(&E) -> Option<u64>,
+) -> anyhow::Result<Record> {
+    let model = spec.model()?;
+    let device_name = ex.name();
+    let tier = tier_for(spec, &model)?;
+    let tier_ram = tier.report().ram.total();
+    let config = TrainerConfig {
+        checkpoint_every: spec.checkpoint_every,
+        adamw: AdamWConfig::default(),
+        ..TrainerConfig::default()
+    };
+    let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
+    let all = batches(spec, model.vocab_size, spec.warmup + spec.steps)?;
+    let mut steps: Vec<StepMetrics> = Vec::with_capacity(spec.steps);
+    for (i, b) in all.iter().enumerate() {
+        let m = tr.step(std::slice::from_ref(b), spec.lr)?;
+        anyhow::ensure!(m.loss.is_finite(), "step {i}: loss {}", m.loss);
+        eprintln!(
+            "  [{}] step {i}{}: {:.1} ms, loss {:.4}",
+            spec.label,
+            if i < spec.warmup { " (warm-up)" } else { "" },
+            m.step_ms,
+            m.loss
+        );
+        if i >= spec.warmup {
+            steps.push(m);
+        }
+    }
+    // Before the modes: they hold extra copies (resident weights).
+    let peak_rss = rss::peak_rss_bytes().unwrap_or(0);
+    let staging = tr.staging_bytes();
+    let peak_device = device_peak(tr.executor());
+    let modes = if spec.mode_reps > 0 {
+        Some(run_modes(&mut tr, &all[0], spec)?)
+    } else {
+        None
+    };
+    let mut record = Record::new(
+        spec,
+        &model,
+        device_name,
+        steps,
+        modes,
+        peak_rss,
+        baseline_rss,
+        tier_ram,
+        staging,
+    );
+    if record.device_peak_bytes.is_none() {
+        record.device_peak_bytes = peak_device.filter(|&p| p > 0);
+    }
+    Ok(record)
+}
+
+fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> anyhow::Result<Modes> {
+    let reps = spec.mode_reps;
+    let mut transfer = Vec::with_capacity(reps);
+    for _ in 0..=reps {
+        transfer.push(tr.transfer_only()?.ms);
+    }
+    let mut optimizer = Vec::with_capacity(reps);
+    for _ in 0..=reps {
+        optimizer.push(tr.optimizer_only(spec.lr)?);
+    }
+    let w = tr.resident_weights()?;
+    let mut compute = Vec::with_capacity(reps);
+    for _ in 0..=reps {
+        compute.push(tr.compute_only(&w, batch)?.ms);
+    }
+    // The first run of each is a warm-up.
+    let tail = |v: Vec<f64>| median(&v[1..]);
+    Ok(Modes {
+        compute_only_ms: tail(compute),
+        transfer_only_ms: tail(transfer),
+        optimizer_only_ms: tail(optimizer),
+        reps,
+    })
+}

@@ -1,0 +1,343 @@
+//! `cargo xtask bench-throughput`: real training steps of the streamed
+//! trainer, per configuration, with the step split, bus bytes, memory, the
+//! isolated modes behind the overlap efficiency, and a PyTorch peer where
+//! `torch` imports.
+//!
+//! Each configuration runs in a fresh child process (this binary re-executed
+//! with `--child`), so its peak RSS is its own: host bytes per parameter is
+//! peak RSS ÷ N.
+
+mod child;
+mod peer;
+mod record;
+mod report;
+mod spec;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::Context;
+use record::Record;
+use spec::Spec;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Preset(s) to train (repeatable). Default llama-tiny.
+    #[arg(long)]
+    preset: Vec<String>,
+    /// A Hugging Face model directory (config.json + safetensors) instead.
+    #[arg(long, conflicts_with = "preset")]
+    model: Option<PathBuf>,
+    /// Vocabulary size (gpt2-nano needs one; overrides other presets').
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Override the preset's number of blocks.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Override the preset's width (heads kept, MLP ratio kept).
+    #[arg(long)]
+    hidden: Option<usize>,
+    #[arg(long, default_value_t = 64)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Timed steps (after the warm-up).
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Transport precision(s): f32, bf16 (repeatable). Default f32.
+    #[arg(long)]
+    precision: Vec<String>,
+    /// Device(s): cpu (the CPU executor), gpu (wgpu; lavapipe without a
+    /// GPU) (repeatable). Default cpu; --quick runs both.
+    #[arg(long)]
+    device: Vec<String>,
+    /// K: checkpoint every K blocks.
+    #[arg(long, default_value_t = 1)]
+    checkpoint_every: usize,
+    /// Timed repetitions of each isolated mode (compute-, transfer-,
+    /// optimizer-only); 0 skips them.
+    #[arg(long, default_value_t = 3)]
+    mode_reps: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// The small standard set: llama-tiny and gpt2-nano on cpu and gpu,
+    /// plus a 12.6M-parameter deep-narrow streamed run on cpu for host
+    /// bytes per parameter.
+    #[arg(long)]
+    quick: bool,
+    /// Vary depth (--sweep-layers) and batch (--sweep-batch) of the first
+    /// preset.
+    #[arg(long)]
+    sweep: bool,
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    sweep_layers: Vec<usize>,
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    sweep_batch: Vec<usize>,
+    /// Sweep plot (SVG).
+    #[arg(long)]
+    svg: Option<PathBuf>,
+    /// Write every record as JSON (the sweep defaults to
+    /// target/bench-throughput-sweep.json).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Skip the PyTorch peer.
+    #[arg(long)]
+    no_peer: bool,
+    /// Internal: run one configuration (JSON) and print its record.
+    #[arg(long, hide = true)]
+    child: Option<String>,
+}
+
+const RECORD_PREFIX: &str = "RECORD ";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
+    Spec {
+        label,
+        preset: None,
+        model_dir: a.model.clone(),
+        vocab: a.vocab,
+        layers: a.layers,
+        hidden: a.hidden,
+        seq_len: a.seq_len,
+        batch: a.batch,
+        steps: a.steps,
+        warmup: a.warmup,
+        precision: precision.into(),
+        device: device.into(),
+        checkpoint_every: a.checkpoint_every,
+        mode_reps: a.mode_reps,
+        lr: a.lr,
+        peer: true,
+    }
+}
+
+fn or_default(v: &[String], d: &[&str]) -> Vec<String> {
+    if v.is_empty() {
+        d.iter().map(|s| s.to_string()).collect()
+    } else {
+        v.to_vec()
+    }
+}
+
+/// The configurations the flags ask for.
+fn specs(a: &Args) -> Vec<Spec> {
+    let precisions = or_default(&a.precision, &["f32"]);
+    let mut out = Vec::new();
+    if a.quick {
+        let devices = or_default(&a.device, &["cpu", "gpu"]);
+        for (name, vocab) in [("llama-tiny", None), ("gpt2-nano", Some(65))] {
+            for d in &devices {
+                for p in &precisions {
+                    let mut s = base_spec(a, name.into(), d, p);
+                    s.preset = Some(name.into());
+                    s.vocab = vocab;
+                    s.layers = None;
+                    s.hidden = None;
+                    out.push(s);
+                }
+            }
+        }
+        if devices.iter().any(|d| d == "cpu") {
+            // Large enough that the tier dominates the process's RSS.
+            let mut s = base_spec(a, "deep-narrow-16x256".into(), "cpu", "bf16");
+            s.preset = Some("llama-tiny".into());
+            (s.layers, s.hidden, s.vocab) = (Some(16), Some(256), None);
+            (s.steps, s.mode_reps, s.peer) = (2, a.mode_reps.min(2), false);
+            out.push(s);
+        }
+        return out;
+    }
+    let devices = or_default(&a.device, &["cpu"]);
+    let presets: Vec<Option<String>> = if a.model.is_some() {
+        vec![None]
+    } else {
+        or_default(&a.preset, &["llama-tiny"])
+            .into_iter()
+            .map(Some)
+            .collect()
+    };
+    for preset in presets {
+        let label = preset.clone().unwrap_or_else(|| {
+            a.model
+                .as_ref()
+                .and_then(|d| d.file_name())
+                .map_or("model".into(), |n| n.to_string_lossy().into_owned())
+        });
+        if a.sweep {
+            for &layers in &a.sweep_layers {
+                for &batch in &a.sweep_batch {
+                    for d in &devices {
+                        let mut s = base_spec(a, format!("{label} L{layers} B{batch}"), d, &precisions[0]);
+                        (s.preset, s.layers, s.batch) = (preset.clone(), Some(layers), batch);
+                        out.push(s);
+                    }
+                }
+            }
+            break;
+        }
+        for d in &devices {
+            for p in &precisions {
+                let mut s = base_spec(a, label.clone(), d, p);
+                s.preset = preset.clone();
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// Runs `spec` in a fresh process of this binary.
+fn run_child(spec: &Spec) -> anyhow::Result<Record> {
+    let exe = std::env::current_exe()?;
+    let out = Command::new(exe)
+        .args(["bench-throughput", "--child", &serde_json::to_string(spec)?])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rev().find_map(|l| l.strip_prefix(RECORD_PREFIX));
+    match line {
+        Some(l) if out.status.success() => Ok(serde_json::from_str(l)?),
+        _ => anyhow::bail!(
+            "{}",
+            stdout
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("ERROR "))
+                .map_or_else(
+                    || format!("child exited with {}", out.status),
+                    |l| l[6..].to_string()
+                )
+        ),
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(json) = &a.child {
+        let spec: Spec = serde_json::from_str(json).context("--child spec")?;
+        return match child::run(&spec) {
+            Ok(r) => {
+                println!("{RECORD_PREFIX}{}", serde_json::to_string(&r)?);
+                Ok(())
+            }
+            Err(e) => {
+                println!("ERROR {e:#}");
+                Err(e)
+            }
+        };
+    }
+    let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
+    let root = root();
+    let specs = specs(&a);
+    anyhow::ensure!(!specs.is_empty(), "no configuration to run");
+    for s in &specs {
+        s.model().with_context(|| format!("configuration {}", s.label))?;
+    }
+    let py = if a.no_peer || a.sweep {
+        Err("not requested".to_string())
+    } else {
+        peer::available(&root)
+    };
+    if let Err(why) = &py {
+        eprintln!("peer: unavailable ({why})");
+    }
+    let t0 = std::time::Instant::now();
+    let mut records = Vec::new();
+    let mut failures = Vec::new();
+    let mut peers: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+    for s in &specs {
+        eprintln!("== {} on {} ({}) ==", s.label, s.device, s.precision);
+        match run_child(s) {
+            Ok(mut r) => {
+                // One peer run per model shape; it pairs with the rows of
+                // the matching device kind.
+                let key = format!("{} {}x{}", s.label, s.batch, s.seq_len);
+                if let (Ok(py), true) = (&py, s.peer) {
+                    let p = peers
+                        .entry(key)
+                        .or_insert_with(|| peer::run(&root, py, s, &s.model().expect("checked above")));
+                    r.peer = Some(p.clone());
+                }
+                records.push(r);
+            }
+            Err(e) => {
+                eprintln!("  {} on {}: {e:#}", s.label, s.device);
+                failures.push((format!("{} on {}", s.label, s.device), format!("{e:#}")));
+            }
+        }
+    }
+    eprintln!("total {:.1} s", t0.elapsed().as_secs_f64());
+    if a.sweep {
+        println!("{}", report::sweep_table(&records));
+        if let Some(svg) = &a.svg {
+            std::fs::write(svg, report::sweep_svg(&records)).with_context(|| svg.display().to_string())?;
+            eprintln!("wrote {}", svg.display());
+        }
+    } else {
+        println!("{}", report::tables(&records, &failures));
+    }
+    let json = a
+        .json
+        .clone()
+        .or_else(|| a.sweep.then(|| root.join("target/bench-throughput-sweep.json")));
+    if let Some(path) = json {
+        let doc = report::json(&records, &failures, &command);
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| path.display().to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    anyhow::ensure!(!records.is_empty(), "every configuration failed");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(flags: &[&str]) -> Args {
+        Cli::parse_from(std::iter::once("x").chain(flags.iter().copied())).args
+    }
+
+    #[test]
+    fn quick_covers_both_devices_and_a_streamed_memory_run() {
+        let s = specs(&parse(&["--quick"]));
+        assert_eq!(s.len(), 5);
+        assert!(s.iter().any(|s| s.device == "gpu"));
+        let big = s.last().unwrap();
+        assert_eq!((big.device.as_str(), big.precision.as_str()), ("cpu", "bf16"));
+        assert!(big.model().unwrap().param_count() > 10_000_000);
+        for s in &s {
+            s.model().unwrap();
+        }
+    }
+
+    #[test]
+    fn sweep_varies_depth_and_batch() {
+        let s = specs(&parse(&[
+            "--sweep",
+            "--sweep-layers",
+            "2,4",
+            "--sweep-batch",
+            "1,3",
+        ]));
+        let got: Vec<(Option<usize>, usize)> = s.iter().map(|s| (s.layers, s.batch)).collect();
+        assert_eq!(got, [(Some(2), 1), (Some(2), 3), (Some(4), 1), (Some(4), 3)]);
+    }
+}

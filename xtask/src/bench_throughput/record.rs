@@ -1,0 +1,220 @@
+//! What one configuration reports, and the arithmetic behind each number.
+//!
+//! FLOPs (stated in BENCHMARKS.md):
+//! - model FLOPs per step = 6 · N · tokens, N = every parameter (embedding
+//!   and head included);
+//! - hardware FLOPs per step = model FLOPs + 2 · N_blocks · tokens (the
+//!   block forward recomputed in backward) + causal attention:
+//!   4 · (2 · B · T² · Hq · D) per block (forward, recompute, and a backward
+//!   of twice the forward; 2·B·T²·Hq·D is QKᵀ and PV at half of the dense
+//!   count for the causal mask).
+
+use megatrain::StepMetrics;
+use megatrain_zoo::{LayerKind, ModelConfig};
+use serde::{Deserialize, Serialize};
+
+use super::spec::Spec;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Modes {
+    pub compute_only_ms: f64,
+    pub transfer_only_ms: f64,
+    pub optimizer_only_ms: f64,
+    /// Timed repetitions of each (after one warm-up), median reported.
+    pub reps: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub spec: Spec,
+    pub device_name: String,
+    pub arch: String,
+    pub n_params: u64,
+    pub n_params_blocks: u64,
+    pub num_layers: usize,
+    pub hidden: usize,
+    pub tokens_per_step: u64,
+    /// Median over the timed steps.
+    pub step_ms: f64,
+    pub tokens_per_s: f64,
+    pub model_flops_per_step: f64,
+    pub hardware_flops_per_step: f64,
+    pub model_tflops: f64,
+    pub hardware_tflops: f64,
+    // Step split: means over the timed steps, milliseconds.
+    pub forward_ms: f64,
+    pub loss_ms: f64,
+    pub backward_ms: f64,
+    pub optimizer_wait_ms: f64,
+    pub upload_ms: f64,
+    pub download_ms: f64,
+    pub optimizer_busy_ms: f64,
+    /// Share of the optimizer's busy time hidden behind the step.
+    pub optimizer_hidden: f64,
+    pub bytes_uploaded_per_step: u64,
+    pub bytes_downloaded_per_step: u64,
+    pub bus_bytes_per_step: u64,
+    pub bus_crossings: f64,
+    /// Bus bytes ÷ time inside upload and download calls.
+    pub bus_gb_s: f64,
+    /// Executor-accounted peak (None where the executor does not account,
+    /// e.g. the CPU executor).
+    pub device_peak_bytes: Option<u64>,
+    /// VmHWM after the timed steps, before the isolated modes.
+    pub peak_rss_bytes: u64,
+    /// RSS when the process started (runtime, and for the GPU, the driver
+    /// not yet loaded).
+    pub baseline_rss_bytes: u64,
+    pub host_bytes_per_param: f64,
+    /// The tier's own RAM (p, m, v, transport) per parameter.
+    pub tier_bytes_per_param: f64,
+    pub staging_bytes: u64,
+    pub modes: Option<Modes>,
+    /// step ÷ max(compute-only, transfer-only, optimizer-only); 1.0 means
+    /// every part hidden behind the slowest one.
+    pub overlap_efficiency: Option<f64>,
+    /// step ÷ (compute + transfer + optimizer); below 1.0 means overlap.
+    pub serial_fraction: Option<f64>,
+    pub loss_first: f64,
+    pub loss_last: f64,
+    pub steps: Vec<serde_json::Value>,
+    /// PyTorch peer results attached by the parent (None: not run).
+    pub peer: Option<Vec<serde_json::Value>>,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    }
+}
+
+fn mean(steps: &[StepMetrics], f: impl Fn(&StepMetrics) -> f64) -> f64 {
+    if steps.is_empty() {
+        0.0
+    } else {
+        steps.iter().map(f).sum::<f64>() / steps.len() as f64
+    }
+}
+
+/// Model and hardware FLOPs of one step (see the module docs).
+pub fn flops(model: &ModelConfig, n_params: u64, n_blocks: u64, batch: usize, seq: usize) -> (f64, f64) {
+    let tokens = (batch * seq) as f64;
+    let model_flops = 6.0 * n_params as f64 * tokens;
+    let attn_fwd = 2.0 * batch as f64 * (seq * seq) as f64 * (model.num_heads * model.head_dim) as f64;
+    let hw = model_flops + 2.0 * n_blocks as f64 * tokens + 4.0 * attn_fwd * model.num_layers as f64;
+    (model_flops, hw)
+}
+
+impl Record {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        spec: &Spec,
+        model: &ModelConfig,
+        device_name: String,
+        steps: Vec<StepMetrics>,
+        modes: Option<Modes>,
+        peak_rss: u64,
+        baseline_rss: u64,
+        tier_ram: u64,
+        staging: u64,
+    ) -> Record {
+        let tables = model.layer_tables();
+        let n_params: u64 = tables.iter().map(|t| t.numel() as u64).sum();
+        let n_blocks: u64 = (0..tables.len())
+            .filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))))
+            .map(|l| tables[l].numel() as u64)
+            .sum();
+        let tokens = spec.tokens_per_step();
+        let step_ms = median(&steps.iter().map(|m| m.step_ms).collect::<Vec<_>>());
+        let secs = step_ms / 1e3;
+        let (model_flops, hw_flops) = flops(model, n_params, n_blocks, spec.batch, spec.seq_len);
+        let up = mean(&steps, |m| m.bytes_uploaded as f64) as u64;
+        let down = mean(&steps, |m| m.bytes_downloaded as f64) as u64;
+        let bus_ms = mean(&steps, |m| m.upload_ms + m.download_ms);
+        let device_peak = steps.iter().map(|m| m.device_peak_bytes).max().filter(|&p| p > 0);
+        let overlap = modes.as_ref().map(|m| {
+            let bound = m.compute_only_ms.max(m.transfer_only_ms).max(m.optimizer_only_ms);
+            let serial = m.compute_only_ms + m.transfer_only_ms + m.optimizer_only_ms;
+            (step_ms / bound, step_ms / serial)
+        });
+        Record {
+            spec: spec.clone(),
+            device_name,
+            arch: format!("{:?}", model.arch),
+            n_params,
+            n_params_blocks: n_blocks,
+            num_layers: model.num_layers,
+            hidden: model.hidden_size,
+            tokens_per_step: tokens,
+            step_ms,
+            tokens_per_s: tokens as f64 / secs,
+            model_flops_per_step: model_flops,
+            hardware_flops_per_step: hw_flops,
+            model_tflops: model_flops / secs / 1e12,
+            hardware_tflops: hw_flops / secs / 1e12,
+            forward_ms: mean(&steps, |m| m.forward_ms),
+            loss_ms: mean(&steps, |m| m.loss_ms),
+            backward_ms: mean(&steps, |m| m.backward_ms),
+            optimizer_wait_ms: mean(&steps, |m| m.optimizer_wait_ms),
+            upload_ms: mean(&steps, |m| m.upload_ms),
+            download_ms: mean(&steps, |m| m.download_ms),
+            optimizer_busy_ms: mean(&steps, |m| m.optimizer_ms),
+            optimizer_hidden: mean(&steps, |m| m.optimizer_hidden),
+            bytes_uploaded_per_step: up,
+            bytes_downloaded_per_step: down,
+            bus_bytes_per_step: up + down,
+            bus_crossings: mean(&steps, StepMetrics::bus_crossings),
+            bus_gb_s: if bus_ms > 0.0 {
+                (up + down) as f64 / (bus_ms / 1e3) / 1e9
+            } else {
+                0.0
+            },
+            device_peak_bytes: device_peak,
+            peak_rss_bytes: peak_rss,
+            baseline_rss_bytes: baseline_rss,
+            host_bytes_per_param: peak_rss as f64 / n_params as f64,
+            tier_bytes_per_param: tier_ram as f64 / n_params as f64,
+            staging_bytes: staging,
+            modes,
+            overlap_efficiency: overlap.map(|o| o.0),
+            serial_fraction: overlap.map(|o| o.1),
+            loss_first: steps.first().map_or(f64::NAN, |m| m.loss),
+            loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
+            steps: steps
+                .iter()
+                .map(|m| serde_json::to_value(m).unwrap_or_default())
+                .collect(),
+            peer: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use megatrain_zoo::preset;
+
+    #[test]
+    fn flops_follow_the_stated_formulas() {
+        let m = preset("llama-tiny", None).unwrap();
+        let (model, hw) = flops(&m, 1000, 600, 2, 8);
+        assert_eq!(model, 6.0 * 1000.0 * 16.0);
+        let attn = 2.0 * 2.0 * 64.0 * (m.num_heads * m.head_dim) as f64;
+        assert_eq!(hw, model + 2.0 * 600.0 * 16.0 + 4.0 * attn * m.num_layers as f64);
+    }
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(&[]).is_nan());
+    }
+}

@@ -1,0 +1,229 @@
+//! Markdown tables and the sweep's SVG plot.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use super::record::Record;
+
+fn mb(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |x| format!("{x:.digits$}"))
+}
+
+fn params(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else {
+        format!("{:.0}k", n as f64 / 1e3)
+    }
+}
+
+/// The peer's tokens/s for `mode`, if it ran and its device kind matches
+/// ours (CPU with CPU, CUDA with our GPU executor).
+pub fn peer_tokens_per_s(r: &Record, mode: &str) -> Option<f64> {
+    let peer = r.peer.as_ref()?.iter().find(|p| p["mode"] == mode)?;
+    let on_cpu = peer["device"].as_str()? == "cpu";
+    if on_cpu != (r.spec.device == "cpu") {
+        return None;
+    }
+    peer["tokens_per_s"].as_f64()
+}
+
+/// Throughput, split, bus, memory and overlap: two tables, one row per record.
+pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| config | device | prec | N | B×T | tok/s | model TFLOP/s | hw TFLOP/s | step ms | \
+         vs torch mem | vs torch streamed | loss first→last |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in records {
+        let ratio = |mode| peer_tokens_per_s(r, mode).map(|p| r.tokens_per_s / p);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {}×{} | {:.0} | {:.5} | {:.5} | {:.1} | {} | {} | {:.3}→{:.3} |",
+            r.spec.label,
+            r.spec.device,
+            r.spec.precision,
+            params(r.n_params),
+            r.spec.batch,
+            r.spec.seq_len,
+            r.tokens_per_s,
+            r.model_tflops,
+            r.hardware_tflops,
+            r.step_ms,
+            opt(ratio("memory"), 2) + if ratio("memory").is_some() { "×" } else { "" },
+            opt(ratio("streamed"), 2) + if ratio("streamed").is_some() { "×" } else { "" },
+            r.loss_first,
+            r.loss_last,
+        );
+    }
+    s.push('\n');
+    s.push_str(
+        "| config | device | fwd ms | loss ms | bwd ms | opt wait ms | upload ms | download ms | \
+         bus MB/step | bus GB/s | opt hidden | device peak MB | host B/param | compute-only ms | \
+         transfer-only ms | optimizer-only ms | overlap (step ÷ max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in records {
+        let m = r.modes.as_ref();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {:.0}% | {} | {:.2} | {} | {} | {} | {} |",
+            r.spec.label,
+            r.spec.device,
+            r.forward_ms,
+            r.loss_ms,
+            r.backward_ms,
+            r.optimizer_wait_ms,
+            r.upload_ms,
+            r.download_ms,
+            mb(r.bus_bytes_per_step),
+            r.bus_gb_s,
+            100.0 * r.optimizer_hidden,
+            r.device_peak_bytes.map_or("–".into(), mb),
+            r.host_bytes_per_param,
+            opt(m.map(|m| m.compute_only_ms), 1),
+            opt(m.map(|m| m.transfer_only_ms), 1),
+            opt(m.map(|m| m.optimizer_only_ms), 1),
+            opt(r.overlap_efficiency, 2),
+        );
+    }
+    let mut seen = std::collections::HashSet::new();
+    let peers: Vec<String> = records
+        .iter()
+        .filter(|r| seen.insert((r.spec.label.clone(), r.spec.batch, r.spec.seq_len)))
+        .flat_map(|r| r.peer.iter().flatten().map(move |p| (r, p)))
+        .map(|(r, p)| match p.get("error") {
+            Some(e) => format!("- peer {} {}: error: {e}", r.spec.label, p["mode"]),
+            None => format!(
+                "- peer {} {} on {} (torch {}, {} threads): {:.0} tok/s, step {:.1} ms, peak RSS {} MB",
+                r.spec.label,
+                p["mode"].as_str().unwrap_or("?"),
+                p["device"].as_str().unwrap_or("?"),
+                p["torch"].as_str().unwrap_or("?"),
+                p["threads"],
+                p["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
+                p["step_ms_median"].as_f64().unwrap_or(f64::NAN),
+                mb(p["peak_rss_bytes"].as_u64().unwrap_or(0)),
+            ),
+        })
+        .collect();
+    if !peers.is_empty() {
+        s.push('\n');
+        s.push_str(&peers.join("\n"));
+        s.push('\n');
+    }
+    for (label, why) in failures {
+        let _ = writeln!(s, "- {label}: not run: {why}");
+    }
+    s
+}
+
+/// The sweep: how step time grows with depth and batch.
+pub fn sweep_table(records: &[Record]) -> String {
+    let mut s = String::from(
+        "| device | layers | B×T | N | step ms | tok/s | hw TFLOP/s | ms per (layer·1k tokens) | \
+         overlap (step ÷ max) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in records {
+        let per = r.step_ms / (r.num_layers as f64 * r.tokens_per_step as f64 / 1e3);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}×{} | {} | {:.1} | {:.0} | {:.5} | {:.2} | {} |",
+            r.spec.device,
+            r.num_layers,
+            r.spec.batch,
+            r.spec.seq_len,
+            params(r.n_params),
+            r.step_ms,
+            r.tokens_per_s,
+            r.hardware_tflops,
+            per,
+            opt(r.overlap_efficiency, 2),
+        );
+    }
+    s
+}
+
+/// Step time against work (layers × tokens), one polyline per device and
+/// batch size.
+pub fn sweep_svg(records: &[Record]) -> String {
+    let (w, h, pad) = (640.0, 420.0, 60.0);
+    let pts: Vec<(String, f64, f64)> = records
+        .iter()
+        .map(|r| {
+            (
+                format!("{} B={}", r.spec.device, r.spec.batch),
+                (r.num_layers as u64 * r.tokens_per_step) as f64,
+                r.step_ms,
+            )
+        })
+        .collect();
+    let xmax = pts.iter().map(|p| p.1).fold(1.0, f64::max);
+    let ymax = pts.iter().map(|p| p.2).fold(1.0, f64::max);
+    let x = |v: f64| pad + v / xmax * (w - 2.0 * pad);
+    let y = |v: f64| h - pad - v / ymax * (h - 2.0 * pad);
+    let mut series: Vec<String> = pts.iter().map(|p| p.0.clone()).collect();
+    series.dedup();
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <line x1=\"{pad}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <line x1=\"{pad}\" y1=\"{pad}\" x2=\"{pad}\" y2=\"{}\" stroke=\"black\"/>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">layers × tokens per step (max {xmax:.0})</text>\n\
+         <text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">step ms (max {ymax:.0})</text>\n",
+        h - pad,
+        w - pad,
+        h - pad,
+        h - pad,
+        w / 2.0,
+        h - 20.0,
+        h / 2.0,
+        h / 2.0,
+    );
+    for (i, name) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        let mut line: Vec<(f64, f64)> = pts.iter().filter(|p| &p.0 == name).map(|p| (p.1, p.2)).collect();
+        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let poly: Vec<String> = line
+            .iter()
+            .map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>",
+            poly.join(" ")
+        );
+        for (a, b) in &line {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
+                x(*a),
+                y(*b)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" fill=\"{c}\">{name}</text>",
+            pad + 10.0,
+            pad + 15.0 * (i as f64 + 1.0)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Records as one JSON document.
+pub fn json(records: &[Record], failures: &[(String, String)], command: &str) -> Value {
+    serde_json::json!({
+        "command": command,
+        "records": records,
+        "failures": failures.iter().map(|(l, w)| serde_json::json!({"label": l, "error": w})).collect::<Vec<_>>(),
+    })
+}

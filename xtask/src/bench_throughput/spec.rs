@@ -1,0 +1,122 @@
+//! One benchmark configuration: what the parent hands to a child process,
+//! and how it becomes a model.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail, ensure};
+use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Spec {
+    /// Row label in the tables.
+    pub label: String,
+    pub preset: Option<String>,
+    pub model_dir: Option<PathBuf>,
+    pub vocab: Option<usize>,
+    pub layers: Option<usize>,
+    pub hidden: Option<usize>,
+    pub seq_len: usize,
+    pub batch: usize,
+    pub steps: usize,
+    pub warmup: usize,
+    /// "f32" or "bf16" (the transport copy; compute is f32 either way).
+    pub precision: String,
+    /// "cpu" or "gpu".
+    pub device: String,
+    pub checkpoint_every: usize,
+    /// Repetitions of each isolated mode (median taken); 0 skips them.
+    pub mode_reps: usize,
+    pub lr: f64,
+    /// Run the PyTorch peer on this shape (where torch imports).
+    pub peer: bool,
+}
+
+impl Spec {
+    /// The model this spec trains (weights come later: seeded or the checkpoint's).
+    pub fn model(&self) -> anyhow::Result<ModelConfig> {
+        let mut cfg = match (&self.preset, &self.model_dir) {
+            (Some(p), None) => preset(p, self.vocab).with_context(|| format!("preset {p}"))?,
+            (None, Some(dir)) => {
+                ensure!(
+                    self.vocab.is_none() && self.layers.is_none() && self.hidden.is_none(),
+                    "--vocab/--layers/--hidden do not apply to --model {}",
+                    dir.display()
+                );
+                HfCheckpoint::open(dir)
+                    .with_context(|| format!("model directory {}", dir.display()))?
+                    .config
+            }
+            _ => bail!("a configuration needs exactly one of --preset and --model"),
+        };
+        if let Some(l) = self.layers {
+            ensure!(l > 0, "--layers must be positive");
+            cfg.num_layers = l;
+        }
+        if let Some(h) = self.hidden {
+            let heads = cfg.num_heads;
+            ensure!(
+                h > 0 && h % heads == 0 && (h / heads) % 2 == 0,
+                "--hidden {h} must be a positive multiple of 2 × the {heads} heads"
+            );
+            // Keep the MLP ratio of the preset; round to a multiple of 8.
+            let ratio = cfg.intermediate_size as f64 / cfg.hidden_size as f64;
+            cfg.intermediate_size = ((ratio * h as f64 / 8.0).round() as usize * 8).max(8);
+            cfg.hidden_size = h;
+            cfg.head_dim = h / heads;
+        }
+        cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq_len);
+        cfg.validate()
+            .map_err(|e| anyhow::anyhow!("configuration {}: {e}", self.label))?;
+        cfg.check_seq_len(self.seq_len)?;
+        Ok(cfg)
+    }
+
+    pub fn tokens_per_step(&self) -> u64 {
+        (self.batch * self.seq_len) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> Spec {
+        Spec {
+            label: "t".into(),
+            preset: Some("llama-tiny".into()),
+            model_dir: None,
+            vocab: None,
+            layers: Some(16),
+            hidden: Some(256),
+            seq_len: 64,
+            batch: 4,
+            steps: 2,
+            warmup: 1,
+            precision: "f32".into(),
+            device: "cpu".into(),
+            checkpoint_every: 1,
+            mode_reps: 0,
+            lr: 1e-3,
+            peer: false,
+        }
+    }
+
+    #[test]
+    fn overrides_reshape_the_preset() {
+        let cfg = spec().model().unwrap();
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.head_dim), (16, 256, 64));
+        // llama-tiny's 176 / 64 ratio, rounded to a multiple of 8.
+        assert_eq!(cfg.intermediate_size, 704);
+    }
+
+    #[test]
+    fn bad_overrides_are_named() {
+        let mut s = spec();
+        s.hidden = Some(30);
+        assert!(s.model().unwrap_err().to_string().contains("--hidden 30"));
+        s.hidden = None;
+        s.preset = None;
+        assert!(s.model().is_err());
+    }
+}
