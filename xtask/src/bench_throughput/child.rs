@@ -155,3 +155,48 @@ fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> an
         reps,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_throughput::report;
+
+    #[test]
+    fn a_tiny_cpu_run_fills_every_field_and_round_trips() {
+        let spec = Spec {
+            label: "tiny".into(),
+            preset: Some("llama-tiny".into()),
+            model_dir: None,
+            vocab: None,
+            layers: Some(2),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 2,
+            warmup: 1,
+            precision: "bf16".into(),
+            device: "cpu".into(),
+            checkpoint_every: 1,
+            mode_reps: 1,
+            lr: 1e-3,
+            peer: false,
+        };
+        let r = run(&spec).unwrap();
+        assert_eq!(r.steps.len(), 2);
+        assert_eq!(r.tokens_per_step, 16);
+        assert!(r.tokens_per_s > 0.0 && r.model_tflops > 0.0);
+        assert!(r.hardware_tflops > r.model_tflops);
+        assert!(r.forward_ms > 0.0 && r.backward_ms > 0.0 && r.loss_ms > 0.0);
+        // bf16 transport: 2 bytes up per parameter and crossing, 4 down.
+        assert!((r.bus_crossings - 2.0).abs() < 0.3, "{}", r.bus_crossings);
+        assert_eq!(r.bytes_downloaded_per_step, 4 * r.n_params);
+        assert!(r.peak_rss_bytes > 0 && r.host_bytes_per_param > 14.0);
+        let m = r.modes.as_ref().unwrap();
+        assert!(m.compute_only_ms > 0.0 && m.transfer_only_ms > 0.0 && m.optimizer_only_ms > 0.0);
+        assert!(r.overlap_efficiency.unwrap() > 0.0);
+        let back: Record = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.n_params, r.n_params);
+        let table = report::tables(&[back], &[]);
+        assert!(table.contains("| tiny | cpu | bf16 |"), "{table}");
+    }
+}

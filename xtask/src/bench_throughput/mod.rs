@@ -166,12 +166,18 @@ fn specs(a: &Args) -> Vec<Spec> {
             .collect()
     };
     for preset in presets {
-        let label = preset.clone().unwrap_or_else(|| {
+        let mut label = preset.clone().unwrap_or_else(|| {
             a.model
                 .as_ref()
                 .and_then(|d| d.file_name())
                 .map_or("model".into(), |n| n.to_string_lossy().into_owned())
         });
+        if let Some(h) = a.hidden {
+            label += &format!(" H{h}");
+        }
+        if let (Some(l), false) = (a.layers, a.sweep) {
+            label += &format!(" L{l}");
+        }
         if a.sweep {
             for &layers in &a.sweep_layers {
                 for &batch in &a.sweep_batch {
