@@ -199,4 +199,46 @@ mod tests {
         let table = report::tables(&[back], &[]);
         assert!(table.contains("| tiny | cpu | bf16 |"), "{table}");
     }
+
+    #[test]
+    fn a_hugging_face_directory_trains_with_its_weights() {
+        let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
+        let tables = model.layer_tables();
+        let slabs: Vec<Vec<f32>> = (0..tables.len())
+            .map(|l| megatrain_zoo::init_layer(&model, l, 3).unwrap())
+            .collect();
+        let refs: Vec<&[f32]> = slabs.iter().map(Vec::as_slice).collect();
+        let dir = std::env::temp_dir().join(format!("bench-throughput-hf-{}", std::process::id()));
+        megatrain_zoo::export_hf_dir(&dir, &model, &tables, &refs, Default::default()).unwrap();
+        let spec = Spec {
+            label: "hf".into(),
+            preset: None,
+            model_dir: Some(dir.clone()),
+            vocab: None,
+            layers: None,
+            hidden: None,
+            seq_len: 8,
+            batch: 1,
+            steps: 1,
+            warmup: 0,
+            precision: "f32".into(),
+            device: "cpu".into(),
+            checkpoint_every: 1,
+            mode_reps: 0,
+            lr: 1e-3,
+            peer: false,
+        };
+        let r = run(&spec);
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = r.unwrap();
+        assert_eq!(r.n_params as usize, model.param_count());
+        assert!(r.modes.is_none() && r.overlap_efficiency.is_none());
+        // Overrides do not apply to a checkpoint.
+        let bad = Spec {
+            layers: Some(3),
+            model_dir: Some("/nonexistent".into()),
+            ..spec
+        };
+        assert!(bad.model().unwrap_err().to_string().contains("--layers"));
+    }
 }
