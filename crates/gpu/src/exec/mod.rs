@@ -64,6 +64,7 @@ pub struct GpuExecutor {
     uniforms: wgpu::Buffer,
     uniform_align: u64,
     submit_lock: std::sync::Mutex<()>,
+    staging: StagingPool,
     timestamps: Option<Timestamps>,
 }
 
@@ -82,6 +83,27 @@ pub(crate) struct View<'a> {
     offset: u64,
     size: u64,
     pub elem_off: u32,
+}
+
+type StagingPool = std::sync::Mutex<std::collections::HashMap<u64, Vec<wgpu::Buffer>>>;
+
+/// A pooled readback buffer: back to its pool on drop once it has been read
+/// and unmapped (`done`); dropped for good if a map failed half-way.
+struct StagingGuard<'a> {
+    pool: &'a StagingPool,
+    class: u64,
+    buf: Option<wgpu::Buffer>,
+    done: bool,
+}
+
+impl Drop for StagingGuard<'_> {
+    fn drop(&mut self) {
+        if let (Some(b), true) = (self.buf.take(), self.done)
+            && let Ok(mut p) = self.pool.lock()
+        {
+            p.entry(self.class).or_default().push(b);
+        }
+    }
 }
 
 enum Cmd {
@@ -381,6 +403,7 @@ impl GpuExecutor {
             uniforms,
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
             submit_lock: std::sync::Mutex::new(()),
+            staging: Default::default(),
             arena: Arena::new(ctx.device.clone()),
             kernels: KernelRegistry::default(),
             max_binding,
@@ -554,20 +577,37 @@ impl GpuExecutor {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let staging;
+        let mut guard: Option<StagingGuard<'_>> = None;
         let src = if buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
             buf
         } else {
-            staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: bytes,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
+            // Readback buffers are pooled by size class like device buffers:
+            // the trainer downloads every gradient of every step.
+            let class = crate::arena::size_class(bytes);
+            let pooled = self
+                .staging
+                .lock()
+                .expect("staging pool poisoned")
+                .get_mut(&class)
+                .and_then(|v| v.pop());
+            let g = guard.insert(StagingGuard {
+                pool: &self.staging,
+                class,
+                buf: Some(pooled.unwrap_or_else(|| {
+                    self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("readback"),
+                        size: class,
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                })),
+                done: false,
             });
+            let staging = g.buf.as_ref().expect("present until drop");
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(buf, 0, &staging, 0, bytes);
+            enc.copy_buffer_to_buffer(buf, 0, staging, 0, bytes);
             self.ctx.queue.submit([enc.finish()]);
-            &staging
+            staging
         };
         let (tx, rx) = std::sync::mpsc::channel();
         src.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
@@ -582,6 +622,9 @@ impl GpuExecutor {
             .map_err(|e| GpuError::Map(e.to_string()))?
             .to_vec();
         src.unmap();
+        if let Some(g) = guard.as_mut() {
+            g.done = true;
+        }
         Ok(out)
     }
 
