@@ -118,10 +118,50 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
         s.push_str(&peers.join("\n"));
         s.push('\n');
     }
+    let mut seen = std::collections::HashSet::new();
+    for r in records.iter().filter(|r| seen.insert(r.spec.label.clone())) {
+        if let Some(line) = peer_check(r) {
+            let _ = writeln!(s, "- peer check {}: {line}", r.spec.label);
+        }
+    }
     for (label, why) in failures {
         let _ = writeln!(s, "- {label}: not run: {why}");
     }
     s
+}
+
+/// Faithfulness of the peer: the same parameter count as ours, and its two
+/// modes (same init, same batches) giving the same losses.
+pub fn peer_check(r: &Record) -> Option<String> {
+    let peer = r.peer.as_ref()?;
+    let ok: Vec<&Value> = peer.iter().filter(|p| p.get("error").is_none()).collect();
+    if ok.is_empty() {
+        return None;
+    }
+    let mut notes = Vec::new();
+    for p in &ok {
+        let n = p["n_params"].as_u64().unwrap_or(0);
+        if n != r.n_params {
+            notes.push(format!("{} has {n} parameters, ours {}", p["mode"], r.n_params));
+        }
+    }
+    if notes.is_empty() {
+        notes.push(format!("same parameter count ({})", r.n_params));
+    }
+    let losses = |p: &Value| -> Vec<f64> {
+        p["loss"]
+            .as_array()
+            .map_or_else(Vec::new, |a| a.iter().filter_map(Value::as_f64).collect())
+    };
+    if let [a, b] = ok[..] {
+        let (la, lb) = (losses(a), losses(b));
+        let diff = la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        notes.push(format!(
+            "its two modes' losses differ by at most {diff:.2e} over {} steps",
+            la.len()
+        ));
+    }
+    Some(notes.join("; "))
 }
 
 /// The sweep: how step time grows with depth and batch.
@@ -226,4 +266,65 @@ pub fn json(records: &[Record], failures: &[(String, String)], command: &str) ->
         "records": records,
         "failures": failures.iter().map(|(l, w)| serde_json::json!({"label": l, "error": w})).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::bench_throughput::child;
+    use crate::bench_throughput::spec::Spec;
+
+    fn record() -> Record {
+        let spec = Spec {
+            label: "tiny".into(),
+            preset: Some("llama-tiny".into()),
+            model_dir: None,
+            vocab: None,
+            layers: Some(1),
+            hidden: None,
+            seq_len: 4,
+            batch: 1,
+            steps: 1,
+            warmup: 0,
+            precision: "f32".into(),
+            device: "cpu".into(),
+            checkpoint_every: 1,
+            mode_reps: 0,
+            lr: 1e-3,
+            peer: true,
+        };
+        child::run(&spec).unwrap()
+    }
+
+    #[test]
+    fn peer_ratio_only_against_the_same_device_kind_and_checks_are_reported() {
+        let mut r = record();
+        let n = r.n_params;
+        r.peer = Some(vec![
+            json!({"mode": "memory", "device": "cpu", "tokens_per_s": r.tokens_per_s / 2.0,
+                   "n_params": n, "loss": [1.0, 2.0]}),
+            json!({"mode": "streamed", "device": "NVIDIA H100", "tokens_per_s": 1.0,
+                   "n_params": n + 1, "loss": [1.0, 2.5]}),
+        ]);
+        assert_eq!(peer_tokens_per_s(&r, "memory"), Some(r.tokens_per_s / 2.0));
+        assert_eq!(peer_tokens_per_s(&r, "streamed"), None);
+        let t = tables(
+            std::slice::from_ref(&r),
+            &[("x on gpu".into(), "no adapter".into())],
+        );
+        assert!(t.contains("| 2.00× | – |"), "{t}");
+        assert!(t.contains(&format!("has {} parameters, ours {n}", n + 1)), "{t}");
+        assert!(t.contains("differ by at most 5.00e-1"), "{t}");
+        assert!(t.contains("- x on gpu: not run: no adapter"), "{t}");
+    }
+
+    #[test]
+    fn sweep_outputs_name_every_record() {
+        let r = record();
+        assert_eq!(sweep_table(std::slice::from_ref(&r)).lines().count(), 3);
+        let svg = sweep_svg(&[r]);
+        assert!(svg.starts_with("<svg") && svg.contains("cpu B=1") && svg.trim_end().ends_with("</svg>"));
+    }
 }
