@@ -1,0 +1,63 @@
+//! Choosing the executor once, at the top; the rest is generic over it.
+
+use megatrain::run::DeviceChoice;
+use megatrain::run::OrderedCpu;
+use megatrain_gpu::{GpuContext, GpuExecutor};
+
+// Built once per command; boxing would only hide the executor type.
+#[allow(clippy::large_enum_variant)]
+pub enum Exec {
+    Cpu(OrderedCpu),
+    Gpu(GpuExecutor),
+}
+
+/// Runs `$body` with `$ex` bound to whichever executor `$exec` holds.
+macro_rules! on_executor {
+    ($exec:expr, $ex:ident => $body:expr) => {
+        match $exec {
+            $crate::cli::device::Exec::Cpu($ex) => $body,
+            $crate::cli::device::Exec::Gpu($ex) => $body,
+        }
+    };
+}
+pub(crate) use on_executor;
+
+/// `auto`: a hardware GPU adapter if there is one, else the CPU with a
+/// warning (a software adapter such as lavapipe is slower than the CPU
+/// executor); `gpu`: any adapter, lavapipe included; `cpu`: the CPU.
+pub fn open(choice: DeviceChoice, quiet: bool) -> anyhow::Result<Exec> {
+    let say = |m: String| {
+        if !quiet {
+            eprintln!("{m}");
+        }
+    };
+    match choice {
+        DeviceChoice::Cpu => {
+            say("device: CPU".into());
+            Ok(Exec::Cpu(OrderedCpu::new()))
+        }
+        DeviceChoice::Gpu => {
+            let ctx = GpuContext::new().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
+            say(format!("device: {}", ctx.info));
+            Ok(Exec::Gpu(GpuExecutor::new(ctx)))
+        }
+        DeviceChoice::Auto => match GpuContext::new() {
+            Ok(ctx) if ctx.info.device_type != "Cpu" => {
+                say(format!("device: {}", ctx.info));
+                Ok(Exec::Gpu(GpuExecutor::new(ctx)))
+            }
+            Ok(ctx) => {
+                eprintln!(
+                    "warning: the only GPU adapter is a software one ({}); running on the CPU \
+                     (--device gpu uses it anyway)",
+                    ctx.info.name
+                );
+                Ok(Exec::Cpu(OrderedCpu::new()))
+            }
+            Err(e) => {
+                eprintln!("warning: no GPU adapter ({e}); running on the CPU");
+                Ok(Exec::Cpu(OrderedCpu::new()))
+            }
+        },
+    }
+}

@@ -1,0 +1,72 @@
+//! `megatrain eval`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use megatrain::data::{ChatTemplate, Sampling, load_tokens};
+use megatrain::run::{DeviceChoice, Encoder, RunError, evaluate, resolve_model_dir};
+use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
+use megatrain_tier::TierConfig;
+use megatrain_zoo::HfCheckpoint;
+
+use super::device::{self, on_executor};
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// HF model directory, run directory (its latest checkpoint) or checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    step: Option<u64>,
+    /// Text, directory of .txt, .bin or .jsonl (the loss counts responses only).
+    #[arg(long)]
+    data: PathBuf,
+    /// Default: the model's context, at most 256.
+    #[arg(long)]
+    seq_len: Option<usize>,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    /// Batches to evaluate (default: the whole data once, in order).
+    #[arg(long)]
+    batches: Option<usize>,
+    /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// auto | gpu | cpu.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+}
+
+pub fn run(a: EvalArgs) -> anyhow::Result<()> {
+    let dir = resolve_model_dir(&a.model, a.step)?;
+    let ckpt = HfCheckpoint::open(&dir)?;
+    let cfg = ckpt.config.clone();
+    let mut enc = match a.tokenizer.as_deref() {
+        None => Encoder::from_dir(&dir, Some(&cfg))?,
+        Some(spec) => Encoder::choose(spec, Some(&dir), None, &[&a.data])?,
+    };
+    enc.vocab_limit = Some(cfg.vocab_size);
+    let seq = a.seq_len.unwrap_or(cfg.max_position_embeddings.min(256));
+    if seq == 0 || a.batch == 0 {
+        return Err(RunError::option("seq-len/--batch", format!("{seq}/{}", a.batch), "must be ≥ 1").into());
+    }
+    cfg.check_seq_len(seq)
+        .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
+    let data = load_tokens(&a.data, &enc, &ChatTemplate::default())?;
+    let per_batch = a.batch * seq;
+    let whole = (data.len().saturating_sub(1) / per_batch).max(1);
+    let batches = a.batches.unwrap_or(whole);
+    let exec = device::open(a.device, true)?;
+    let tier = load_tier(&ckpt, TierConfig::default())?;
+    let loss = on_executor!(exec, ex => {
+        let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;
+        evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?
+    });
+    println!(
+        "loss {loss:.4}  perplexity {:.3}  ({batches} batches of {}×{seq} tokens from {})",
+        loss.exp(),
+        a.batch,
+        a.data.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `megatrain plan`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use megatrain::run::{PlanInput, Precision, mem_available, plan};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, preset};
+
+use super::gib;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Hugging Face model directory (only config.json is read).
+    #[arg(long, conflicts_with = "preset")]
+    model: Option<PathBuf>,
+    #[arg(long)]
+    preset: Option<String>,
+    /// Vocabulary of a preset (gpt2-nano needs it; default 65, tinyshakespeare's characters).
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    #[arg(long, default_value_t = 1024)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// f32 | bf16.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
+    #[arg(long, default_value_t = 1)]
+    checkpoint_every: usize,
+    #[arg(long, default_value_t = 256)]
+    chunk_rows: usize,
+    /// Gradients are held in host memory (with --grad-accum > 1 or --grad-clip > 0).
+    #[arg(long)]
+    hold_grads: bool,
+    /// Host memory to compare with (default: MemAvailable of this machine), e.g. 24G.
+    #[arg(long, value_parser = super::parse_bytes)]
+    host_mem: Option<u64>,
+    /// Device memory to compare with, e.g. 24G (wgpu does not report it).
+    #[arg(long, value_parser = super::parse_bytes)]
+    device_mem: Option<u64>,
+}
+
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let model = match (&a.model, &a.preset) {
+        (Some(dir), _) => ModelConfig::from_dir(dir)?,
+        (None, Some(p)) => {
+            let vocab = a.vocab_size.or((p == "gpt2-nano").then_some(65));
+            preset(p, vocab)?
+        }
+        (None, None) => anyhow::bail!("give --model <HF dir> or --preset <name>"),
+    };
+    if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || a.chunk_rows == 0 {
+        anyhow::bail!("--batch, --seq-len, --checkpoint-every and --chunk-rows must be ≥ 1");
+    }
+    let transport = match a.precision {
+        Precision::F32 => TransportDType::F32,
+        Precision::Bf16 => TransportDType::BF16,
+    };
+    let input = PlanInput {
+        batch: a.batch,
+        seq_len: a.seq_len,
+        checkpoint_every: a.checkpoint_every,
+        chunk_rows: a.chunk_rows,
+        transport,
+        hold_grads: a.hold_grads,
+    };
+    let tier = TierConfig {
+        transport,
+        hold_grads: a.hold_grads,
+        ..TierConfig::default()
+    };
+    let p = plan(&model, &input, &tier)?;
+    println!("host (fp32 weights and AdamW moments, {} transport):", transport);
+    println!("{}", p.host);
+    println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
+    println!("  needed     {:>14}", gib(p.host_total()));
+    let d = &p.device;
+    println!(
+        "device (batch {} × seq {}, checkpoint every {} blocks), estimated:",
+        a.batch, a.seq_len, a.checkpoint_every
+    );
+    for (k, v) in [
+        ("weights", d.weights),
+        ("gradients", d.gradients),
+        ("checkpoints", d.checkpoints),
+        ("hidden", d.hidden),
+        ("recompute", d.recompute),
+        ("head", d.head),
+        ("total", d.total()),
+    ] {
+        println!("  {k:<11}{:>14}", gib(v));
+    }
+    let host_mem = a.host_mem.or_else(mem_available);
+    match host_mem {
+        Some(m) => println!(
+            "host: {} needed, {} available: {}",
+            gib(p.host_total()),
+            gib(m),
+            if p.host_total() <= m {
+                "fits"
+            } else {
+                "does NOT fit (use --host-budget to spill to disk)"
+            }
+        ),
+        None => println!("host: available memory unknown (pass --host-mem)"),
+    }
+    match a.device_mem {
+        Some(m) => println!(
+            "device: {} needed, {} given: {}",
+            gib(d.total()),
+            gib(m),
+            if d.total() <= m {
+                "fits"
+            } else {
+                "does NOT fit (lower --batch or --seq-len)"
+            }
+        ),
+        None => println!("device: compare the total with your GPU's memory (or pass --device-mem)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! Progress: an indicatif bar on a terminal, plain lines elsewhere or with
+//! `--quiet` (evaluations and saves only).
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use megatrain::run::Progress;
+use serde_json::Value;
+
+pub struct CliProgress {
+    bar: Option<ProgressBar>,
+    total: u64,
+    log_every: u64,
+    quiet: bool,
+    start: std::time::Instant,
+    first: u64,
+}
+
+impl CliProgress {
+    pub fn new(total: u64, log_every: u64, quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::new(total);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30.cyan/blue} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+                )
+                .expect("valid template"),
+            );
+            b
+        });
+        CliProgress {
+            bar,
+            total,
+            log_every: log_every.max(1),
+            quiet,
+            start: std::time::Instant::now(),
+            first: 0,
+        }
+    }
+
+    fn line(&self, msg: String) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None => eprintln!("{msg}"),
+        }
+    }
+}
+
+fn num(r: &Value, k: &str) -> f64 {
+    r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+impl Progress for CliProgress {
+    fn begin(&mut self, start: u64, _total: u64) {
+        self.first = start;
+        self.start = std::time::Instant::now();
+        if let Some(b) = &self.bar {
+            b.set_position(start);
+            b.reset_eta();
+        }
+    }
+
+    fn step(&mut self, r: &Value) {
+        let step = r.get("step").and_then(Value::as_u64).unwrap_or(0);
+        let (loss, tps) = (num(r, "loss"), num(r, "tokens_per_s"));
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+            b.set_message(format!("loss {loss:.4} | {:.0} tok/s", tps));
+            return;
+        }
+        if self.quiet || (!step.is_multiple_of(self.log_every) && step != self.total) {
+            return;
+        }
+        let done = step.saturating_sub(self.first).max(1) as f64;
+        let eta = self.start.elapsed().as_secs_f64() / done * self.total.saturating_sub(step) as f64;
+        self.line(format!(
+            "step {step}/{} | loss {loss:.4} | lr {:.3e} | {:.0} tok/s | {:.1} ms/step | eta {:.0} s",
+            self.total,
+            num(r, "lr"),
+            tps,
+            num(r, "step_ms"),
+            eta
+        ));
+    }
+
+    fn eval(&mut self, step: u64, val_loss: f64) {
+        self.line(format!("step {step}: validation loss {val_loss:.4}"));
+    }
+
+    fn saved(&mut self, step: u64, dir: &Path) {
+        if !self.quiet {
+            self.line(format!("step {step}: saved {}", dir.display()));
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}

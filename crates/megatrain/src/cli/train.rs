@@ -1,0 +1,242 @@
+//! `megatrain train`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use megatrain::run::{
+    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, latest_checkpoint, prepare,
+    read_train_state, train,
+};
+
+use super::device::{self, on_executor};
+use super::progress::CliProgress;
+
+#[derive(Args, Debug, Default)]
+#[command(allow_negative_numbers = true)]
+pub struct TrainArgs {
+    /// Hugging Face model directory to fine-tune (config.json + safetensors).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Preset to train from scratch: gpt2-nano, gpt2-124m, llama-tiny, tinyllama-1.1b, ...
+    #[arg(long)]
+    preset: Option<String>,
+    /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), or alpaca/sharegpt .jsonl.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Validation data (default: the last --val-fraction of --data).
+    #[arg(long)]
+    val_data: Option<PathBuf>,
+    #[arg(long)]
+    val_fraction: Option<f64>,
+    /// auto | char | byte | path to tokenizer.json.
+    #[arg(long)]
+    tokenizer: Option<String>,
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    #[arg(long)]
+    seq_len: Option<usize>,
+    #[arg(long)]
+    batch: Option<usize>,
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    #[arg(long)]
+    steps: Option<u64>,
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Default lr / 10.
+    #[arg(long)]
+    min_lr: Option<f64>,
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// constant | cosine.
+    #[arg(long)]
+    schedule: Option<Schedule>,
+    /// Step where the cosine reaches min-lr (default: --steps).
+    #[arg(long)]
+    decay_steps: Option<u64>,
+    #[arg(long)]
+    beta1: Option<f64>,
+    #[arg(long)]
+    beta2: Option<f64>,
+    #[arg(long)]
+    eps: Option<f64>,
+    /// Applied to matrices and embeddings, not to norm gains or biases.
+    #[arg(long)]
+    weight_decay: Option<f64>,
+    /// Exact global-norm gradient clipping (0 = off).
+    #[arg(long)]
+    grad_clip: Option<f64>,
+    /// f32 | bf16 (the transport copy; master weights and moments are always fp32).
+    #[arg(long)]
+    precision: Option<Precision>,
+    /// Keep every K-th block input; backward recomputes K blocks at a time.
+    #[arg(long)]
+    checkpoint_every: Option<usize>,
+    #[arg(long)]
+    chunk_rows: Option<usize>,
+    /// auto | gpu | cpu.
+    #[arg(long)]
+    device: Option<DeviceChoice>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// random | sequential.
+    #[arg(long)]
+    sampling: Option<SamplingKind>,
+    #[arg(long)]
+    eval_every: Option<u64>,
+    #[arg(long)]
+    eval_batches: Option<usize>,
+    #[arg(long)]
+    save_every: Option<u64>,
+    #[arg(long)]
+    log_every: Option<u64>,
+    /// Run directory (checkpoints, metrics.jsonl, loss.svg).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Host RAM for the tier (e.g. 20G); layers past it spill to <out>/spill.
+    #[arg(long, value_parser = super::parse_bytes)]
+    host_budget: Option<u64>,
+    /// Continue the run in this directory from its latest checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// TOML file with the same keys (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// No progress bar; only evaluations, saves and the summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+macro_rules! overlay {
+    ($opts:ident, $args:ident, $($f:ident),+ $(,)?) => {
+        $(if let Some(v) = $args.$f.clone() { $opts.$f = v; })+
+    };
+}
+macro_rules! overlay_opt {
+    ($opts:ident, $args:ident, $($f:ident),+ $(,)?) => {
+        $(if let Some(v) = $args.$f.clone() { $opts.$f = Some(v); })+
+    };
+}
+
+/// Options: the resumed run's (or the defaults), then the config file,
+/// then the flags.
+pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
+    let mut o = match &a.resume {
+        Some(run) => read_train_state(&latest_checkpoint(run)?)?.options,
+        None => TrainOptions::default(),
+    };
+    if let Some(path) = &a.config {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--config {}", path.display()))?;
+        o = o.overlay_toml(&text, path)?;
+    }
+    overlay_opt!(
+        o,
+        a,
+        model,
+        preset,
+        data,
+        val_data,
+        vocab_size,
+        min_lr,
+        decay_steps,
+        host_budget
+    );
+    overlay!(
+        o,
+        a,
+        val_fraction,
+        tokenizer,
+        seq_len,
+        batch,
+        grad_accum,
+        steps,
+        lr,
+        warmup,
+        schedule,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        grad_clip,
+        precision,
+        checkpoint_every,
+        chunk_rows,
+        device,
+        seed,
+        sampling,
+        eval_every,
+        eval_batches,
+        save_every,
+        log_every,
+        out,
+    );
+    if let Some(run) = &a.resume {
+        o.out = run.clone();
+    }
+    Ok(o)
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let opts = options(&a)?;
+    let p = prepare(opts, a.resume.is_some())?;
+    for w in &p.warnings {
+        eprintln!("warning: resuming with a changed setting: {w}");
+    }
+    let o = &p.opts;
+    let n_params: usize = p.model.layer_tables().iter().map(|t| t.numel()).sum();
+    if !a.quiet {
+        eprintln!(
+            "model: {} ({:?}, {} layers, width {}, vocab {}, {:.2}M parameters); tokenizer: {}",
+            o.model
+                .as_ref()
+                .map(|m| m.display().to_string())
+                .or(o.preset.clone())
+                .unwrap_or_default(),
+            p.model.arch,
+            p.model.num_layers,
+            p.model.hidden_size,
+            p.model.vocab_size,
+            n_params as f64 / 1e6,
+            p.encoder.kind()
+        );
+        eprintln!(
+            "data: {} train tokens{}; {} steps of {}×{}×{} tokens; run directory {}",
+            p.train.len(),
+            p.val
+                .as_ref()
+                .map(|v| format!(", {} validation tokens", v.len()))
+                .unwrap_or_default(),
+            o.steps,
+            o.grad_accum,
+            o.batch,
+            o.seq_len,
+            o.out.display()
+        );
+        if let Some((ckpt, s)) = &p.resume {
+            eprintln!("resuming from {} (step {})", ckpt.display(), s.step);
+        }
+    }
+    let exec = device::open(o.device, a.quiet)?;
+    let mut progress = CliProgress::new(o.steps, o.log_every, a.quiet);
+    let summary = on_executor!(exec, ex => train(ex, &p, None, &mut progress))?;
+    let val = summary
+        .val_loss
+        .map(|v| format!(", validation loss {v:.4}"))
+        .unwrap_or_default();
+    println!(
+        "done: step {}, loss {}{val}, {} tokens in {:.1} s; checkpoint {}",
+        summary.step,
+        summary
+            .loss
+            .map(|l| format!("{l:.4}"))
+            .unwrap_or_else(|| "-".into()),
+        summary.tokens,
+        summary.train_s,
+        summary
+            .checkpoint
+            .map(|c| c.display().to_string())
+            .unwrap_or_else(|| "none".into())
+    );
+    Ok(())
+}

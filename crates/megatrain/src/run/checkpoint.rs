@@ -1,0 +1,161 @@
+//! A run directory: `ckpt-<step>/` checkpoints (HF-loadable `config.json` +
+//! `model.safetensors` + tokenizer, and `optimizer.safetensors`,
+//! `train_state.json`, `checkpoint.json` for resuming), `metrics.jsonl`,
+//! `loss.svg`, and the `latest` pointer.
+//!
+//! Order of writes for a checkpoint: the directory's own files, each
+//! atomically (config, tokenizer, train state, model, optimizer), then
+//! `checkpoint.json` (the tier writes it last; a directory without it never
+//! loads), and only then `latest`. A kill at any point leaves `latest`
+//! naming the previous complete checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use megatrain_tier::{HostTier, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest};
+use megatrain_zoo::ModelConfig;
+use serde::{Deserialize, Serialize};
+
+use super::encoder::Encoder;
+use super::error::{Result, RunError};
+use super::options::TrainOptions;
+
+pub const STATE_FILE: &str = "train_state.json";
+pub const CONFIG_FILE: &str = "config.json";
+const STATE_FORMAT: &str = "megatrain-train-state";
+
+/// What a resumed run needs besides the tier: the step, the settings, and
+/// the data position. There is no RNG state: batches are a pure function of
+/// (seed, batch index) and the data position is the step number
+/// (`step · grad_accum` micro-batches drawn), so this is all of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    pub format: String,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Input tokens processed so far.
+    pub tokens: u64,
+    /// Training wall time so far (seconds, summed over resumes).
+    pub train_s: f64,
+    /// Micro-batches drawn so far (`step · grad_accum`): the data position.
+    pub data_position: u64,
+    /// `hf`, `char` or `byte`.
+    pub tokenizer: String,
+    pub options: TrainOptions,
+    pub note: String,
+}
+
+impl TrainState {
+    pub fn new(step: u64, tokens: u64, train_s: f64, tokenizer: &str, options: &TrainOptions) -> Self {
+        TrainState {
+            format: STATE_FORMAT.into(),
+            step,
+            tokens,
+            train_s,
+            data_position: step * options.grad_accum as u64,
+            tokenizer: tokenizer.into(),
+            options: options.clone(),
+            note: "batch i is drawn from (seed, i) by a counter-based hash: no RNG state is saved".into(),
+        }
+    }
+}
+
+pub fn checkpoint_name(step: u64) -> String {
+    format!("ckpt-{step}")
+}
+
+/// Writes checkpoint `ckpt-<step>` of `run` and then points `latest` at it.
+pub fn save_run_checkpoint(
+    run: &Path,
+    tier: &HostTier,
+    model: &ModelConfig,
+    encoder: &Encoder,
+    state: &TrainState,
+) -> Result<PathBuf> {
+    let name = checkpoint_name(state.step);
+    let dir = run.join(&name);
+    if read_latest(run)?.as_deref() == Some(dir.as_path()) {
+        // Already the current checkpoint (a resume at a save step): the
+        // same bytes; rewriting would open a window with no valid latest.
+        return Ok(dir);
+    }
+    if dir.exists() {
+        // Left over from a run killed while saving; never pointed at.
+        std::fs::remove_dir_all(&dir).map_err(RunError::io(&dir))?;
+    }
+    std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
+    let config = serde_json::to_vec_pretty(&model.to_hf_json("float32")).expect("JSON value");
+    write_atomic(&dir.join(CONFIG_FILE), &config)?;
+    encoder.save_to(&dir)?;
+    let state_json = serde_json::to_value(state).expect("state serialises");
+    let text = serde_json::to_vec_pretty(&state_json).expect("JSON value");
+    write_atomic(&dir.join(STATE_FILE), &text)?;
+    megatrain_tier::save_checkpoint(&dir, tier, &serde_json::json!({ "train_state": state_json }))?;
+    write_latest(run, &name)?;
+    Ok(dir)
+}
+
+/// The train state of a complete checkpoint (from `checkpoint.json`, which
+/// exists only once every file is in place).
+pub fn read_train_state(ckpt: &Path) -> Result<TrainState> {
+    let meta = read_checkpoint_meta(ckpt)?;
+    let v = meta.extra.get("train_state").cloned().ok_or_else(|| {
+        RunError::file(
+            ckpt.join(megatrain_tier::META_FILE),
+            "no 'train_state' in 'extra'",
+        )
+    })?;
+    let state: TrainState = serde_json::from_value(v)
+        .map_err(|e| RunError::file(ckpt.join(megatrain_tier::META_FILE), format!("train_state: {e}")))?;
+    if state.format != STATE_FORMAT {
+        return Err(RunError::file(
+            ckpt.join(megatrain_tier::META_FILE),
+            format!("train_state format '{}' is not '{STATE_FORMAT}'", state.format),
+        ));
+    }
+    Ok(state)
+}
+
+/// The latest complete checkpoint of a run directory.
+pub fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
+    if !run.is_dir() {
+        return Err(RunError::file(run, "no such run directory"));
+    }
+    read_latest(run)?.ok_or_else(|| {
+        RunError::file(
+            run,
+            "has no 'latest' checkpoint (was the run stopped before its first save?)",
+        )
+    })
+}
+
+/// A model directory from what the user named: a run directory (its
+/// `latest` checkpoint, or `ckpt-<step>` with `step`), a checkpoint
+/// directory, or a Hugging Face model directory.
+pub fn resolve_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
+    if !path.exists() {
+        return Err(RunError::file(path, "no such file or directory"));
+    }
+    let is_run = path.join(megatrain_tier::LATEST_FILE).exists();
+    match step {
+        Some(s) => {
+            let dir = path.join(checkpoint_name(s));
+            if !dir.join(megatrain_tier::META_FILE).exists() {
+                return Err(RunError::file(
+                    &dir,
+                    format!("no complete checkpoint for step {s}"),
+                ));
+            }
+            Ok(dir)
+        }
+        None if is_run => latest_checkpoint(path),
+        None => {
+            if !path.join(CONFIG_FILE).exists() {
+                return Err(RunError::file(
+                    path,
+                    "is neither a run directory (no 'latest') nor a model directory (no config.json)",
+                ));
+            }
+            Ok(path.to_path_buf())
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! The zoo's tokenizers as the data layer's [`TextEncoder`], with the
+//! end-of-sequence id, how they are chosen, and how they travel with a
+//! checkpoint.
+
+use std::path::{Path, PathBuf};
+
+use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, HF_TOKENIZER_FILE, ModelConfig, Tokenizer};
+use serde_json::Value;
+
+use super::error::{Result, RunError};
+use crate::data::{ChatTemplate, TextEncoder};
+
+/// Files beside an HF `tokenizer.json` that HF loaders read too.
+const HF_SIDE_FILES: &[&str] = &["tokenizer_config.json", "special_tokens_map.json"];
+
+/// Special tokens that end a sequence in the common HF vocabularies.
+const EOS_NAMES: &[&str] = &["</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>"];
+
+/// A tokenizer, its end-of-sequence id and where its files came from.
+#[derive(Debug)]
+pub struct Encoder {
+    pub tokenizer: Tokenizer,
+    pub eos: Option<u32>,
+    /// The HF directory or file the tokenizer was read from.
+    source: Option<PathBuf>,
+    /// Token ids the data may hold: the model's vocabulary once it is known
+    /// (a `.bin` stream needs no tokenizer, only ids below it).
+    pub vocab_limit: Option<usize>,
+}
+
+impl TextEncoder for Encoder {
+    fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, String> {
+        self.tokenizer.encode(text).map_err(|e| e.to_string())
+    }
+
+    fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_limit.unwrap_or_else(|| self.tokenizer.vocab_size())
+    }
+}
+
+/// The kind name recorded in a run's state (`hf`, `char`, `byte`).
+pub fn kind_name(t: &Tokenizer) -> &'static str {
+    match t {
+        Tokenizer::Hf { .. } => "hf",
+        Tokenizer::Char(_) => "char",
+        Tokenizer::Byte => "byte",
+    }
+}
+
+fn eos_of(tok: &Tokenizer, model: Option<&ModelConfig>) -> Option<u32> {
+    let Tokenizer::Hf { inner, .. } = tok else {
+        return None;
+    };
+    let vocab = tok.vocab_size() as u64;
+    let from_config = model
+        .and_then(|m| m.raw.as_ref())
+        .and_then(|raw| match raw.get("eos_token_id") {
+            Some(Value::Number(n)) => n.as_u64(),
+            Some(Value::Array(a)) => a.first().and_then(Value::as_u64),
+            _ => None,
+        })
+        .filter(|&id| id < vocab)
+        .map(|id| id as u32);
+    from_config.or_else(|| EOS_NAMES.iter().find_map(|n| inner.token_to_id(n)))
+}
+
+impl Encoder {
+    pub fn new(tokenizer: Tokenizer, model: Option<&ModelConfig>, source: Option<PathBuf>) -> Self {
+        let eos = eos_of(&tokenizer, model);
+        Encoder {
+            tokenizer,
+            eos,
+            source,
+            vocab_limit: None,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        kind_name(&self.tokenizer)
+    }
+
+    /// Chooses the tokenizer of a training run. `spec` is `auto`, `char`,
+    /// `byte` or a path to a `tokenizer.json`; `char` builds its vocabulary
+    /// from the characters of `corpora`.
+    pub fn choose(
+        spec: &str,
+        model_dir: Option<&Path>,
+        preset: Option<&str>,
+        corpora: &[&Path],
+    ) -> Result<Encoder> {
+        let model_cfg = match model_dir {
+            Some(d) => Some(ModelConfig::from_dir(d)?),
+            None => None,
+        };
+        match spec {
+            "byte" => Ok(Encoder::new(Tokenizer::Byte, None, None)),
+            "char" => Ok(Encoder::new(Tokenizer::Char(char_vocab(corpora)?), None, None)),
+            "auto" => {
+                if let Some(dir) = model_dir {
+                    let file = dir.join(HF_TOKENIZER_FILE);
+                    if file.exists() {
+                        let tok = Tokenizer::from_hf_file(&file)?;
+                        return Ok(Encoder::new(tok, model_cfg.as_ref(), Some(file)));
+                    }
+                    return match Tokenizer::from_dir(dir)? {
+                        Some(tok) => Ok(Encoder::new(tok, model_cfg.as_ref(), None)),
+                        None => Err(RunError::file(
+                            dir,
+                            "has no tokenizer.json or char_vocab.json; pass --tokenizer char|byte|<file>",
+                        )),
+                    };
+                }
+                let token_data = corpora.iter().any(|p| p.extension().is_some_and(|e| e == "bin"));
+                if preset == Some("gpt2-nano") && !token_data {
+                    Encoder::choose("char", None, preset, corpora)
+                } else {
+                    Encoder::choose("byte", None, preset, corpora)
+                }
+            }
+            path => {
+                let file = PathBuf::from(path);
+                let file = if file.is_dir() {
+                    file.join(HF_TOKENIZER_FILE)
+                } else {
+                    file
+                };
+                let tok = Tokenizer::from_hf_file(&file)?;
+                Ok(Encoder::new(tok, model_cfg.as_ref(), Some(file)))
+            }
+        }
+    }
+
+    /// The tokenizer saved in a checkpoint or HF directory (`tokenizer.json`,
+    /// else `char_vocab.json`); byte-level when `kind` says so or there is
+    /// neither.
+    pub fn from_dir(dir: &Path, model: Option<&ModelConfig>) -> Result<Encoder> {
+        match Tokenizer::from_dir(dir)? {
+            Some(tok) => {
+                let src = dir.join(HF_TOKENIZER_FILE);
+                let source = src.exists().then_some(src);
+                Ok(Encoder::new(tok, model, source))
+            }
+            None => Ok(Encoder::new(Tokenizer::Byte, None, None)),
+        }
+    }
+
+    /// Writes the tokenizer's files into `dir` (nothing for byte-level).
+    pub fn save_to(&self, dir: &Path) -> Result<()> {
+        match &self.tokenizer {
+            Tokenizer::Char(c) => c.save(dir.join(CHAR_VOCAB_FILE))?,
+            Tokenizer::Byte => {}
+            Tokenizer::Hf { path, .. } => {
+                let src_dir = path.parent().unwrap_or(Path::new("."));
+                copy_atomic(path, &dir.join(HF_TOKENIZER_FILE))?;
+                for side in HF_SIDE_FILES {
+                    let p = src_dir.join(side);
+                    if p.exists() {
+                        copy_atomic(&p, &dir.join(side))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+}
+
+/// Copies a file through a synced temporary in the target's directory and
+/// a rename, so `dst` is never seen half-written.
+pub fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
+    let name = dst
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dst.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let res = (|| {
+        std::fs::copy(src, &tmp).map_err(RunError::io(src))?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(RunError::io(&tmp))?;
+        std::fs::rename(&tmp, dst).map_err(RunError::io(dst))?;
+        let parent = dst
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        megatrain_tier::atomic::sync_dir(parent)?;
+        Ok(())
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// A char vocabulary covering every character the data can produce: the
+/// text of text files and directories, and for `.jsonl` the strings of the
+/// records plus the chat template.
+pub fn char_vocab(corpora: &[&Path]) -> Result<CharTokenizer> {
+    let mut text = String::new();
+    for &p in corpora {
+        if p.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(RunError::io(p))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.is_file() && f.extension().is_some_and(|e| e == "txt"))
+                .collect();
+            files.sort();
+            for f in files {
+                text.push_str(&std::fs::read_to_string(&f).map_err(RunError::io(&f))?);
+            }
+            continue;
+        }
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("bin") => {
+                return Err(RunError::file(
+                    p,
+                    "a .bin holds token ids already; a char vocabulary cannot be built from it \
+                     (pass --vocab-size, or --tokenizer with the tokenizer that made it)",
+                ));
+            }
+            Some("jsonl") => {
+                let body = std::fs::read_to_string(p).map_err(RunError::io(p))?;
+                for line in body.lines().filter(|l| !l.trim().is_empty()) {
+                    if let Ok(v) = serde_json::from_str::<Value>(line) {
+                        collect_strings(&v, &mut text);
+                    }
+                }
+                let t = ChatTemplate::default();
+                for s in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
+                    text.push_str(s);
+                }
+            }
+            _ => text.push_str(&std::fs::read_to_string(p).map_err(RunError::io(p))?),
+        }
+    }
+    Ok(CharTokenizer::from_corpus(&text))
+}
+
+fn collect_strings(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => out.push_str(s),
+        Value::Array(a) => a.iter().for_each(|x| collect_strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| collect_strings(x, out)),
+        _ => {}
+    }
+}

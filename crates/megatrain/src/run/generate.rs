@@ -1,0 +1,132 @@
+//! Text generation: seeded temperature / top-k sampling from a model whose
+//! layers are all uploaded once (fine for the small models one samples
+//! while learning; a streamed version would upload layer by layer per
+//! token). No KV cache: each token re-runs the last `context` positions.
+
+use megatrain_tensor::{Executor, Shape};
+use megatrain_zoo::layers::{block_forward, embedding_forward, head_logits};
+use megatrain_zoo::{HfCheckpoint, ModelConfig, upload_layer};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::error::{Result, RunError};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleOptions {
+    pub tokens: usize,
+    /// 0: greedy.
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 or ≥ vocabulary: all).
+    pub top_k: usize,
+    pub seed: u64,
+}
+
+/// A model's weights resident on an executor.
+pub struct Resident<E: Executor> {
+    pub model: ModelConfig,
+    weights: Vec<Vec<E::Tensor>>,
+}
+
+impl<E: Executor> Resident<E> {
+    pub fn load(ex: &E, ckpt: &HfCheckpoint) -> Result<Self> {
+        let model = ckpt.config.clone();
+        let mut weights = Vec::with_capacity(model.num_layers_total());
+        for l in 0..model.num_layers_total() {
+            let (table, slab) = ckpt.read_layer(l)?;
+            weights.push(upload_layer(ex, &table, &slab)?);
+        }
+        Ok(Resident { model, weights })
+    }
+
+    /// Logits `[V]` after the last of `ids`.
+    pub fn next_logits(&self, ex: &E, ids: &[u32]) -> Result<Vec<f32>> {
+        let cfg = &self.model;
+        let t = ids.len();
+        let mut x = embedding_forward(cfg, ex, &self.weights[0], ids, 1, t)?;
+        for w in &self.weights[1..=cfg.num_layers] {
+            x = block_forward(cfg, ex, w, &x)?.0;
+        }
+        let x2 = ex.reshape(&x, &Shape::new(vec![t, cfg.hidden_size]))?;
+        let last = ex.slice_rows(&x2, t - 1, 1)?;
+        let tied = cfg.tie_word_embeddings.then(|| &self.weights[0][0]);
+        let logits = head_logits(cfg, ex, &self.weights[cfg.num_layers + 1], tied, &last)?;
+        let mut out = vec![0.0; cfg.vocab_size];
+        ex.download_into(&logits, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Picks a token from `logits` (temperature, top-k), deterministic in `rng`.
+pub fn pick(logits: &[f32], temperature: f64, top_k: usize, rng: &mut StdRng) -> u32 {
+    let argmax = || {
+        logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0 as u32
+    };
+    if temperature <= 0.0 {
+        return argmax();
+    }
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
+    if order.is_empty() {
+        return argmax();
+    }
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if top_k > 0 && top_k < order.len() {
+        order.truncate(top_k);
+    }
+    let max = logits[order[0]] as f64;
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&i| ((logits[i] as f64 - max) / temperature).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut u = rng.random::<f64>() * total;
+    for (k, w) in weights.iter().enumerate() {
+        if u < *w {
+            return order[k] as u32;
+        }
+        u -= w;
+    }
+    order[order.len() - 1] as u32
+}
+
+/// `opts.tokens` new tokens after `prompt`.
+pub fn generate<E: Executor>(
+    ex: &E,
+    model: &Resident<E>,
+    prompt: &[u32],
+    opts: SampleOptions,
+) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        return Err(RunError::option(
+            "prompt",
+            "\"\"",
+            "encodes to no tokens; give some text",
+        ));
+    }
+    let vocab = model.model.vocab_size;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(RunError::option(
+            "prompt",
+            bad,
+            format!("token outside the model's vocabulary of {vocab}"),
+        ));
+    }
+    let context = model.model.max_position_embeddings.max(1);
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let mut ids = prompt.to_vec();
+    let mut out = Vec::with_capacity(opts.tokens);
+    for _ in 0..opts.tokens {
+        let window = &ids[ids.len().saturating_sub(context)..];
+        let logits = model.next_logits(ex, window)?;
+        let next = pick(&logits, opts.temperature, opts.top_k, &mut rng);
+        ids.push(next);
+        out.push(next);
+    }
+    Ok(out)
+}

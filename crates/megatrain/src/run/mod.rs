@@ -1,0 +1,30 @@
+//! What the `megatrain` command does, as a library: options, tokenizer
+//! choice, run directories and checkpoints, the training loop, metrics,
+//! the loss plot, generation and the memory plan.
+
+mod checkpoint;
+mod encoder;
+mod error;
+mod generate;
+mod metrics_log;
+mod options;
+mod ordered_cpu;
+mod plan;
+mod plot;
+mod session;
+
+pub use checkpoint::{
+    CONFIG_FILE, STATE_FILE, TrainState, checkpoint_name, latest_checkpoint, read_train_state,
+    resolve_model_dir, save_run_checkpoint,
+};
+pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
+pub use error::{Result, RunError};
+pub use generate::{Resident, SampleOptions, generate, pick};
+pub use metrics_log::{METRICS_FILE, MetricsLog};
+pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
+pub use ordered_cpu::OrderedCpu;
+pub use plan::{DeviceBytes, Plan, PlanInput, mem_available, plan};
+pub use plot::{PLOT_FILE, render_svg, write_plot};
+pub use session::{
+    Prepared, Progress, QuietProgress, Summary, evaluate, prepare, tier_config, tier_params, train,
+};

@@ -1,0 +1,286 @@
+//! Every `megatrain train` setting, with its default. A `--config` TOML
+//! file holds the same keys (`seq_len` or `seq-len`); flags override it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{Result, RunError};
+use crate::schedule::ScheduleKind;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    /// A hardware GPU adapter if there is one, else the CPU (with a warning).
+    #[default]
+    Auto,
+    /// Any GPU adapter, software ones (lavapipe) included.
+    Gpu,
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplingKind {
+    #[default]
+    Random,
+    Sequential,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    Constant,
+    #[default]
+    Cosine,
+}
+
+impl From<Schedule> for ScheduleKind {
+    fn from(s: Schedule) -> Self {
+        match s {
+            Schedule::Constant => ScheduleKind::Constant,
+            Schedule::Cosine => ScheduleKind::Cosine,
+        }
+    }
+}
+
+macro_rules! parse_lowercase {
+    ($t:ty, $what:literal, $($name:literal => $v:expr),+) => {
+        impl std::str::FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($name => Ok($v),)+
+                    _ => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), s,
+                        [$($name),+].join(", "))),
+                }
+            }
+        }
+    };
+}
+parse_lowercase!(Precision, "precision", "f32" => Precision::F32, "bf16" => Precision::Bf16);
+parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => DeviceChoice::Gpu,
+    "cpu" => DeviceChoice::Cpu);
+parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
+    "sequential" => SamplingKind::Sequential);
+parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
+
+/// The settings of a training run. Defaults follow nanoGPT where it has one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainOptions {
+    /// A Hugging Face model directory (`config.json` + safetensors).
+    pub model: Option<PathBuf>,
+    /// A preset name (random init); see `megatrain plan --help`.
+    pub preset: Option<String>,
+    pub data: Option<PathBuf>,
+    pub val_data: Option<PathBuf>,
+    /// Share of the end of the training stream held out for validation when
+    /// there is no `val_data`.
+    pub val_fraction: f64,
+    /// `auto` (the model's tokenizer.json; char for gpt2-nano; else byte),
+    /// `char`, `byte`, or a path to a `tokenizer.json`.
+    pub tokenizer: String,
+    /// Vocabulary of a preset (default: the tokenizer's; for `.bin` data
+    /// without a tokenizer, the largest token + 1 for gpt2-nano).
+    pub vocab_size: Option<usize>,
+    pub seq_len: usize,
+    pub batch: usize,
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub lr: f64,
+    /// Default: lr / 10.
+    pub min_lr: Option<f64>,
+    pub warmup: u64,
+    pub schedule: Schedule,
+    /// Step at which the cosine reaches min_lr (default: steps).
+    pub decay_steps: Option<u64>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Exact global-norm clipping; 0 is off.
+    pub grad_clip: f64,
+    pub precision: Precision,
+    /// K: keep every K-th block input; backward recomputes K blocks.
+    pub checkpoint_every: usize,
+    /// Rows of the LM head per chunk.
+    pub chunk_rows: usize,
+    pub device: DeviceChoice,
+    pub seed: u64,
+    pub sampling: SamplingKind,
+    /// Evaluate every this many steps (0: only at the end).
+    pub eval_every: u64,
+    pub eval_batches: usize,
+    /// Save a checkpoint every this many steps (0: only at the end).
+    pub save_every: u64,
+    /// Plain progress line every this many steps (off a terminal).
+    pub log_every: u64,
+    pub out: PathBuf,
+    /// Host RAM budget for the tier in bytes (spills the rest to `out/spill`).
+    pub host_budget: Option<u64>,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            model: None,
+            preset: None,
+            data: None,
+            val_data: None,
+            val_fraction: 0.1,
+            tokenizer: "auto".into(),
+            vocab_size: None,
+            seq_len: 256,
+            batch: 12,
+            grad_accum: 1,
+            steps: 5000,
+            lr: 1e-3,
+            min_lr: None,
+            warmup: 100,
+            schedule: Schedule::Cosine,
+            decay_steps: None,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            precision: Precision::F32,
+            checkpoint_every: 1,
+            chunk_rows: 256,
+            device: DeviceChoice::Auto,
+            seed: 1337,
+            sampling: SamplingKind::Random,
+            eval_every: 250,
+            eval_batches: 20,
+            save_every: 500,
+            log_every: 10,
+            out: PathBuf::from("out"),
+            host_budget: None,
+        }
+    }
+}
+
+fn normalize_keys(v: &mut toml::Value) {
+    if let toml::Value::Table(t) = v {
+        let entries: Vec<(String, toml::Value)> = std::mem::take(t).into_iter().collect();
+        for (k, mut v) in entries {
+            normalize_keys(&mut v);
+            t.insert(k.replace('-', "_"), v);
+        }
+    }
+}
+
+impl TrainOptions {
+    /// Options from a TOML file; keys may use `-` or `_`. Relative paths in
+    /// the file are relative to the working directory, like flags.
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(RunError::io(path))?;
+        Self::from_toml_str(&text, path)
+    }
+
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Self> {
+        let mut v: toml::Value =
+            toml::from_str(text).map_err(|e| RunError::file(path, format!("invalid TOML: {e}")))?;
+        normalize_keys(&mut v);
+        v.try_into()
+            .map_err(|e: toml::de::Error| RunError::file(path, e.message().to_string()))
+    }
+
+    /// These options with the keys set in a TOML text replacing theirs
+    /// (keys the text leaves out keep their current values).
+    pub fn overlay_toml(&self, text: &str, path: &Path) -> Result<Self> {
+        let mut file: toml::Value =
+            toml::from_str(text).map_err(|e| RunError::file(path, format!("invalid TOML: {e}")))?;
+        normalize_keys(&mut file);
+        let mut base = toml::Value::try_from(self).map_err(|e| RunError::Config(e.to_string()))?;
+        if let (toml::Value::Table(b), toml::Value::Table(f)) = (&mut base, file) {
+            b.extend(f);
+        }
+        base.try_into()
+            .map_err(|e: toml::de::Error| RunError::file(path, e.message().to_string()))
+    }
+
+    pub fn min_lr(&self) -> f64 {
+        self.min_lr.unwrap_or(self.lr / 10.0)
+    }
+
+    pub fn decay_steps(&self) -> u64 {
+        self.decay_steps.unwrap_or(self.steps)
+    }
+
+    pub fn schedule(&self) -> crate::schedule::LrSchedule {
+        crate::schedule::LrSchedule {
+            kind: self.schedule.into(),
+            lr: self.lr,
+            min_lr: self.min_lr(),
+            warmup: self.warmup,
+            decay_steps: self.decay_steps(),
+        }
+    }
+
+    /// Refuses settings that cannot run, naming the option and its value.
+    pub fn validate(&self) -> Result<()> {
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(RunError::option(name, v, "must be at least 1"))
+            } else {
+                Ok(())
+            }
+        };
+        positive("seq-len", self.seq_len as u64)?;
+        positive("batch", self.batch as u64)?;
+        positive("grad-accum", self.grad_accum as u64)?;
+        positive("checkpoint-every", self.checkpoint_every as u64)?;
+        positive("chunk-rows", self.chunk_rows as u64)?;
+        positive("eval-batches", self.eval_batches as u64)?;
+        positive("log-every", self.log_every)?;
+        let finite_nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(RunError::option(name, v, "must be a finite number ≥ 0"))
+            }
+        };
+        finite_nonneg("lr", self.lr)?;
+        finite_nonneg("min-lr", self.min_lr())?;
+        finite_nonneg("weight-decay", self.weight_decay)?;
+        finite_nonneg("grad-clip", self.grad_clip)?;
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(RunError::option("eps", self.eps, "must be positive"));
+        }
+        for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(RunError::option(name, b, "must be in [0, 1)"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.val_fraction) {
+            return Err(RunError::option(
+                "val-fraction",
+                self.val_fraction,
+                "must be in [0, 1)",
+            ));
+        }
+        match (&self.model, &self.preset) {
+            (Some(_), Some(_)) => Err(RunError::Config(
+                "give either --model or --preset, not both".into(),
+            )),
+            (None, None) => Err(RunError::Config(
+                "no model: give --model <HF dir> or --preset <name>".into(),
+            )),
+            _ => Ok(()),
+        }?;
+        if self.data.is_none() {
+            return Err(RunError::Config("no training data: give --data <path>".into()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! `megatrain plan`: host bytes by kind (the tier's own arithmetic) and an
+//! estimate of device bytes, before anything is allocated.
+//!
+//! Device estimate (bytes, activations f32):
+//!
+//! - weights: the embedding (resident from forward to its backward) + the
+//!   head + 2·K block layers (K for the block being recomputed, doubled for
+//!   the next upload in flight); matrices in the transport dtype, vectors
+//!   f32 (they are widened on upload);
+//! - gradients: one layer's f32 gradients, the largest layer;
+//! - checkpoints: ⌈L/K⌉ block inputs of B·T·C floats;
+//! - hidden: the running activation and its gradient, 2·B·T·C floats;
+//! - recompute: K blocks' saved tensors, each B·T·(6C + 2·q + 2·kv + 3·I)
+//!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
+//!   pre-activation, activation and up projection), plus the attention's
+//!   per-row softmax statistics B·H·T·2 floats;
+//! - head: logits and their gradient for one chunk, 2·rows·V floats.
+
+use megatrain_tier::{MemoryReport, TierConfig, TransportDType, plan as tier_plan};
+use megatrain_zoo::ModelConfig;
+
+use super::error::Result;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanInput {
+    pub batch: usize,
+    pub seq_len: usize,
+    pub checkpoint_every: usize,
+    pub chunk_rows: usize,
+    pub transport: TransportDType,
+    pub hold_grads: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceBytes {
+    pub weights: u64,
+    pub gradients: u64,
+    pub checkpoints: u64,
+    pub hidden: u64,
+    pub recompute: u64,
+    pub head: u64,
+}
+
+impl DeviceBytes {
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.checkpoints + self.hidden + self.recompute + self.head
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub host: MemoryReport,
+    /// Gradient staging on the host: two of the largest layer (one being
+    /// downloaded, one queued for the optimizer).
+    pub host_staging: u64,
+    pub device: DeviceBytes,
+}
+
+impl Plan {
+    /// RAM the run needs: the tier's RAM plus staging.
+    pub fn host_total(&self) -> u64 {
+        self.host.ram.total() + self.host_staging
+    }
+}
+
+/// Bytes a layer occupies on the device when uploaded.
+fn layer_device_bytes(table: &megatrain_tensor::ParamTable, transport: TransportDType) -> u64 {
+    let matrix = match transport {
+        TransportDType::F32 => 4,
+        TransportDType::BF16 => 2,
+    };
+    table
+        .iter()
+        .map(|p| p.numel() as u64 * if p.shape.rank() >= 2 { matrix } else { 4 })
+        .sum()
+}
+
+pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result<Plan> {
+    let tables = model.layer_tables();
+    let host = tier_plan(&tables, tier)?;
+    let max_layer = tables.iter().map(|t| t.numel() as u64).max().unwrap_or(0);
+    let n_blocks = model.num_layers as u64;
+    let k = input.checkpoint_every.max(1) as u64;
+    let (b, t, c) = (input.batch as u64, input.seq_len as u64, model.hidden_size as u64);
+    let emb = layer_device_bytes(&tables[0], input.transport);
+    let head = layer_device_bytes(&tables[tables.len() - 1], input.transport);
+    let block_max = tables[1..tables.len() - 1]
+        .iter()
+        .map(|t| layer_device_bytes(t, input.transport))
+        .max()
+        .unwrap_or(0);
+    let k_eff = k.min(n_blocks.max(1));
+    let saved_per_block = 4
+        * b
+        * t
+        * (6 * c + 2 * model.q_dim() as u64 + 2 * model.kv_dim() as u64 + 3 * model.intermediate_size as u64)
+        + 4 * b * model.num_heads as u64 * t * 2;
+    let rows = (input.chunk_rows as u64).min(b * t);
+    let device = DeviceBytes {
+        weights: emb + head + 2 * k_eff * block_max,
+        gradients: 4 * max_layer,
+        checkpoints: n_blocks.div_ceil(k) * b * t * c * 4,
+        hidden: 2 * b * t * c * 4,
+        recompute: k_eff * saved_per_block,
+        head: 2 * rows * model.vocab_size as u64 * 4,
+    };
+    Ok(Plan {
+        host,
+        host_staging: 2 * 4 * max_layer,
+        device,
+    })
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes.
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

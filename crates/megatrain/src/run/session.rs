@@ -1,0 +1,442 @@
+//! The training loop behind `megatrain train`: prepare (options, tokenizer,
+//! model, data, resume state), then run steps with evaluation, metrics,
+//! plot and checkpoints.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use megatrain_adamw::AdamWConfig;
+use megatrain_tensor::Executor;
+use megatrain_tier::{HostTier, TierConfig, TransportDType, load_checkpoint};
+use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
+use serde_json::{Value, json};
+
+use super::checkpoint::{TrainState, latest_checkpoint, read_train_state, save_run_checkpoint};
+use super::encoder::Encoder;
+use super::error::{Result, RunError};
+use super::metrics_log::MetricsLog;
+use super::options::{Precision, SamplingKind, TrainOptions};
+use super::plot::write_plot;
+use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, load_tokens, split_validation};
+use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
+
+/// Mixed into the seed for validation batches, so they differ from the
+/// training batches of the same index.
+const EVAL_SEED_MIX: u64 = 0x5EED_0E7A_1000_0001;
+
+/// Everything a run needs before the first allocation of the tier.
+#[derive(Debug)]
+pub struct Prepared {
+    pub opts: TrainOptions,
+    pub model: ModelConfig,
+    pub encoder: Encoder,
+    pub train: TokenData,
+    pub val: Option<TokenData>,
+    pub train_name: PathBuf,
+    pub val_name: PathBuf,
+    /// The checkpoint to resume from and its state.
+    pub resume: Option<(PathBuf, TrainState)>,
+    /// Settings that differ from the resumed run's.
+    pub warnings: Vec<String>,
+}
+
+/// What the loop reports as it goes (a progress bar, plain lines, nothing).
+pub trait Progress {
+    fn begin(&mut self, _start: u64, _total: u64) {}
+    fn step(&mut self, _record: &Value) {}
+    fn eval(&mut self, _step: u64, _val_loss: f64) {}
+    fn saved(&mut self, _step: u64, _dir: &Path) {}
+    fn finish(&mut self) {}
+}
+
+pub struct QuietProgress;
+impl Progress for QuietProgress {}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub step: u64,
+    pub loss: Option<f64>,
+    pub val_loss: Option<f64>,
+    pub tokens: u64,
+    pub train_s: f64,
+    pub checkpoint: Option<PathBuf>,
+}
+
+fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
+    let (a, b) = (
+        serde_json::to_value(old).expect("options serialise"),
+        serde_json::to_value(new).expect("options serialise"),
+    );
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return Vec::new();
+    };
+    a.iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: {v} in the run, {} now", b.get(k).unwrap_or(&Value::Null)))
+        .collect()
+}
+
+/// Loads and checks everything: a bad option, file, line or value is an
+/// error that names it. With `resume`, the model and tokenizer come from
+/// the run's latest checkpoint and `opts` must name the same model.
+pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
+    opts.validate()?;
+    let data_path = opts.data.clone().expect("validated");
+    let mut warnings = Vec::new();
+    let (model, mut encoder, resume) = if resume {
+        let ckpt = latest_checkpoint(&opts.out)?;
+        let state = read_train_state(&ckpt)?;
+        if (&state.options.model, &state.options.preset) != (&opts.model, &opts.preset) {
+            return Err(RunError::Config(format!(
+                "{}: the run trains {} but this command names {}",
+                opts.out.display(),
+                model_name(&state.options),
+                model_name(&opts)
+            )));
+        }
+        for key in ["vocab_size", "tokenizer"] {
+            let (a, b) = (
+                serde_json::to_value(&state.options).expect("ser")[key].clone(),
+                serde_json::to_value(&opts).expect("ser")[key].clone(),
+            );
+            if a != b {
+                return Err(RunError::option(
+                    &key.replace('_', "-"),
+                    b,
+                    format!("the run was started with {a}; the model's shape cannot change on resume"),
+                ));
+            }
+        }
+        warnings = option_diffs(&state.options, &opts)
+            .into_iter()
+            .filter(|w| !w.starts_with("steps:") && !w.starts_with("out:"))
+            .collect();
+        let model = ModelConfig::from_dir(&ckpt)?;
+        let encoder = Encoder::from_dir(&ckpt, Some(&model))?;
+        if encoder.kind() != state.tokenizer {
+            return Err(RunError::file(
+                &ckpt,
+                format!("tokenizer files are missing (the run used '{}')", state.tokenizer),
+            ));
+        }
+        (model, encoder, Some((ckpt, state)))
+    } else {
+        if opts.out.join(megatrain_tier::LATEST_FILE).exists() {
+            return Err(RunError::option(
+                "out",
+                opts.out.display(),
+                "already holds a run; continue it with --resume, or pick another --out",
+            ));
+        }
+        let mut corpora = vec![data_path.as_path()];
+        corpora.extend(opts.val_data.as_deref());
+        let encoder = Encoder::choose(
+            &opts.tokenizer,
+            opts.model.as_deref(),
+            opts.preset.as_deref(),
+            &corpora,
+        )?;
+        let model = match (&opts.model, &opts.preset) {
+            (Some(dir), _) => {
+                let m = ModelConfig::from_dir(dir)?;
+                if let Some(v) = opts.vocab_size
+                    && v != m.vocab_size
+                {
+                    return Err(RunError::option(
+                        "vocab-size",
+                        v,
+                        format!(
+                            "{} has vocab_size {}; it cannot change",
+                            dir.display(),
+                            m.vocab_size
+                        ),
+                    ));
+                }
+                m
+            }
+            (None, Some(name)) => {
+                let vocab = opts.vocab_size.or(match encoder.kind() {
+                    "byte" if name == "gpt2-nano" => Some(256),
+                    "byte" => None,
+                    _ => Some(encoder.tokenizer.vocab_size()),
+                });
+                preset(name, vocab)?
+            }
+            (None, None) => unreachable!("validated"),
+        };
+        (model, encoder, None)
+    };
+    // Token files (.bin) hold ids already: the tokenizer only decodes
+    // samples, so only text must fit the model's vocabulary.
+    let is_bin = |p: &Path| p.extension().is_some_and(|e| e == "bin");
+    let encodes_text = !is_bin(&data_path) || opts.val_data.as_deref().is_some_and(|v| !is_bin(v));
+    if encodes_text && encoder.tokenizer.vocab_size() > model.vocab_size {
+        return Err(RunError::option(
+            "tokenizer",
+            &opts.tokenizer,
+            format!(
+                "has {} tokens, more than the model's vocabulary of {}",
+                encoder.tokenizer.vocab_size(),
+                model.vocab_size
+            ),
+        ));
+    }
+    model
+        .check_seq_len(opts.seq_len)
+        .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
+    encoder.vocab_limit = Some(model.vocab_size);
+
+    let template = ChatTemplate::default();
+    let all = load_tokens(&data_path, &encoder, &template)?;
+    let (train, val, val_name) = match &opts.val_data {
+        Some(vp) => (all, Some(load_tokens(vp, &encoder, &template)?), vp.clone()),
+        None if opts.val_fraction > 0.0 => {
+            let (t, v) = split_validation(all, opts.val_fraction)?;
+            let name = PathBuf::from(format!(
+                "{} (last {}%)",
+                data_path.display(),
+                opts.val_fraction * 100.0
+            ));
+            (t, Some(v), name)
+        }
+        None => (all, None, PathBuf::new()),
+    };
+    let need = opts.seq_len + 1;
+    if train.len() < need {
+        return Err(crate::data::DataError::TooShort {
+            path: data_path.clone(),
+            len: train.len(),
+            seq_len: opts.seq_len,
+        }
+        .into());
+    }
+    if let Some(v) = &val
+        && v.len() < need
+    {
+        return Err(crate::data::DataError::TooShort {
+            path: val_name.clone(),
+            len: v.len(),
+            seq_len: opts.seq_len,
+        }
+        .into());
+    }
+    Ok(Prepared {
+        train_name: data_path,
+        opts,
+        model,
+        encoder,
+        train,
+        val,
+        val_name,
+        resume,
+        warnings,
+    })
+}
+
+fn model_name(o: &TrainOptions) -> String {
+    match (&o.model, &o.preset) {
+        (Some(m), _) => format!("--model {}", m.display()),
+        (None, Some(p)) => format!("--preset {p}"),
+        (None, None) => "no model".into(),
+    }
+}
+
+fn sampling(opts: &TrainOptions) -> Sampling {
+    match opts.sampling {
+        SamplingKind::Sequential => Sampling::Sequential,
+        SamplingKind::Random => Sampling::Random { seed: opts.seed },
+    }
+}
+
+/// Mean loss over `batches` validation batches (the same batches at every
+/// evaluation, drawn from `seed`), with the trainer's streamed forward.
+pub fn evaluate<E: Executor>(
+    trainer: &Trainer<E>,
+    data: &TokenData,
+    name: &Path,
+    batch: usize,
+    seq_len: usize,
+    batches: usize,
+    sampling: Sampling,
+) -> Result<f64> {
+    let (mut sum, mut counted) = (0.0, 0usize);
+    for i in 0..batches as u64 {
+        let b = draw_batch(data, sampling, i, batch, seq_len, name)?;
+        let (s, c) = trainer.eval_loss(&b)?;
+        sum += s;
+        counted += c;
+    }
+    Ok(if counted > 0 {
+        sum / counted as f64
+    } else {
+        f64::NAN
+    })
+}
+
+pub fn tier_config(opts: &TrainOptions) -> TierConfig {
+    TierConfig {
+        transport: match opts.precision {
+            Precision::F32 => TransportDType::F32,
+            Precision::Bf16 => TransportDType::BF16,
+        },
+        hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
+        ram_budget_bytes: opts.host_budget,
+        spill_dir: opts.host_budget.map(|_| opts.out.join("spill")),
+    }
+}
+
+/// Runs the prepared training on `ex` until `opts.steps` (or `stop_at`,
+/// which stops early without changing the schedule: resuming later gives
+/// the same result as never stopping).
+pub fn train<E: Executor>(
+    ex: E,
+    p: &Prepared,
+    stop_at: Option<u64>,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    let opts = &p.opts;
+    let out = &opts.out;
+    std::fs::create_dir_all(out).map_err(RunError::io(out))?;
+    let tcfg = tier_config(opts);
+    let tier = match (&p.resume, &opts.model) {
+        (Some((ckpt, _)), _) => {
+            let mut tier = HostTier::new(p.model.layer_tables(), tcfg)?;
+            load_checkpoint(ckpt, &mut tier)?;
+            tier
+        }
+        (None, Some(dir)) => load_tier(&HfCheckpoint::open(dir)?, tcfg)?,
+        (None, None) => init_tier(&p.model, tcfg, opts.seed)?,
+    };
+    let config = TrainerConfig {
+        checkpoint_every: opts.checkpoint_every,
+        chunk_rows: opts.chunk_rows,
+        adamw: AdamWConfig {
+            beta1: opts.beta1 as f32,
+            beta2: opts.beta2 as f32,
+            eps: opts.eps as f32,
+            weight_decay: opts.weight_decay as f32,
+        },
+        grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
+        optimizer_queue: 2,
+    };
+    let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
+
+    let (start, mut tokens, prior_s) = match &p.resume {
+        Some((_, s)) => (s.step, s.tokens, s.train_s),
+        None => (0, 0, 0.0),
+    };
+    let mut log = MetricsLog::open(out, p.resume.as_ref().map(|(_, s)| s.step))?;
+    let schedule = opts.schedule();
+    let draw = sampling(opts);
+    let eval_sampling = Sampling::Random {
+        seed: opts.seed ^ EVAL_SEED_MIX,
+    };
+    let eval = |t: &Trainer<E>| -> Result<Option<f64>> {
+        match &p.val {
+            Some(v) => evaluate(
+                t,
+                v,
+                &p.val_name,
+                opts.batch,
+                opts.seq_len,
+                opts.eval_batches,
+                eval_sampling,
+            )
+            .map(Some),
+            None => Ok(None),
+        }
+    };
+    let end = stop_at.unwrap_or(opts.steps).min(opts.steps);
+    let mut summary = Summary {
+        step: start,
+        loss: None,
+        val_loss: None,
+        tokens,
+        train_s: prior_s,
+        checkpoint: p.resume.as_ref().map(|(c, _)| c.clone()),
+    };
+    progress.begin(start, opts.steps);
+    let t0 = Instant::now();
+    if start == 0
+        && opts.eval_every > 0
+        && let Some(v) = eval(&trainer)?
+    {
+        log.append(json!({"step": 0, "tokens": 0, "val_loss": v}))?;
+        progress.eval(0, v);
+        summary.val_loss = Some(v);
+    }
+    let ga = opts.grad_accum as u64;
+    for s in start..end {
+        let micro = (0..ga)
+            .map(|m| {
+                draw_batch(
+                    &p.train,
+                    draw,
+                    s * ga + m,
+                    opts.batch,
+                    opts.seq_len,
+                    &p.train_name,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lr = schedule.at(s);
+        let m = trainer.step(&micro, lr)?;
+        let step = s + 1;
+        tokens += m.tokens;
+        let mut rec = serde_json::to_value(&m).expect("metrics serialise");
+        let obj = rec.as_object_mut().expect("metrics are an object");
+        obj.insert("step".into(), json!(step));
+        obj.insert("lr".into(), json!(lr));
+        obj.insert("step_tokens".into(), json!(m.tokens));
+        obj.insert("tokens".into(), json!(tokens));
+        let tps = if m.step_ms > 0.0 {
+            m.tokens as f64 / (m.step_ms / 1e3)
+        } else {
+            0.0
+        };
+        obj.insert("tokens_per_s".into(), json!(tps));
+        obj.insert("elapsed_s".into(), json!(prior_s + t0.elapsed().as_secs_f64()));
+        obj.insert("bus_crossings".into(), json!(m.bus_crossings()));
+        let finite = m.loss.is_finite();
+        let due = |every: u64| (every > 0 && step.is_multiple_of(every)) || step == opts.steps;
+        let mut evaluated = None;
+        if finite && due(opts.eval_every) && p.val.is_some() {
+            let v = eval(&trainer)?.unwrap_or(f64::NAN);
+            obj.insert("val_loss".into(), json!(v));
+            evaluated = Some(v);
+        }
+        log.append(rec.clone())?;
+        progress.step(&rec);
+        summary.step = step;
+        summary.loss = Some(m.loss);
+        summary.tokens = tokens;
+        if !finite {
+            return Err(RunError::Config(format!(
+                "the loss is {} at step {step}: training diverged (try a lower --lr or --grad-clip 1); \
+                 the last good checkpoint is kept",
+                m.loss
+            )));
+        }
+        if let Some(v) = evaluated {
+            summary.val_loss = Some(v);
+            progress.eval(step, v);
+            write_plot(out, log.records())?;
+        }
+        summary.train_s = prior_s + t0.elapsed().as_secs_f64();
+        if due(opts.save_every) || Some(step) == stop_at {
+            let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
+            let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
+            progress.saved(step, &dir);
+            summary.checkpoint = Some(dir);
+        }
+    }
+    write_plot(out, log.records())?;
+    summary.train_s = prior_s + t0.elapsed().as_secs_f64();
+    progress.finish();
+    Ok(summary)
+}
+
+/// Parameters of every layer, for comparing runs bit for bit.
+pub fn tier_params(tier: &HostTier) -> Vec<Vec<f32>> {
+    tier.layers().iter().map(|s| s.params().to_vec()).collect()
+}

@@ -1,0 +1,275 @@
+//! The `megatrain` binary: bad inputs are named with a non-zero exit and no
+//! panic; SIGKILL between saves loses nothing that a resume cannot redo bit
+//! for bit; export, sample, eval and plan run end to end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_megatrain"))
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, "O Romeo, Romeo! wherefore art thou Romeo?\n".repeat(40)).unwrap();
+    p
+}
+
+/// Fails with a message that contains every `needle`, and never panics.
+fn refused(args: &[&str], needles: &[&str]) {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn bad_inputs_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let out = t.join("run");
+    let base = |extra: &[&str]| {
+        let mut v = vec!["train", "--device", "cpu", "--quiet", "--out", s(&out)];
+        v.extend_from_slice(extra);
+        v.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let check = |extra: &[&str], needles: &[&str]| {
+        let a = base(extra);
+        refused(&a.iter().map(String::as_str).collect::<Vec<_>>(), needles)
+    };
+    check(
+        &["--preset", "gpt2-nano", "--data", "/no/such/file.txt"],
+        &["/no/such/file.txt"],
+    );
+    check(&["--preset", "gpt3", "--data", s(&data)], &["gpt3", "gpt2-nano"]);
+    check(&["--data", s(&data)], &["--preset"]);
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--seq-len", "4096"],
+        &["--seq-len 4096"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--lr", "-1"],
+        &["--lr -1"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--beta2", "1.5"],
+        &["--beta2 1.5"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--batch", "0"],
+        &["--batch 0"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--precision", "fp8"],
+        &["fp8"],
+    );
+    let jl = t.join("bad.jsonl");
+    std::fs::write(
+        &jl,
+        "{\"instruction\": \"a\", \"output\": \"b\"}\n{\"instruction\": \"a\", \"output\": 3}\n",
+    )
+    .unwrap();
+    check(
+        &["--preset", "llama-tiny", "--data", s(&jl)],
+        &["bad.jsonl:2", "output"],
+    );
+    let bin_file = t.join("odd.bin");
+    std::fs::write(&bin_file, [1u8, 2, 3]).unwrap();
+    check(
+        &["--preset", "llama-tiny", "--data", s(&bin_file)],
+        &["odd.bin", "u16"],
+    );
+    let big = t.join("big.bin");
+    std::fs::write(&big, [0u8, 0, 0xff, 0xff, 0, 0].repeat(20)).unwrap();
+    check(
+        &["--preset", "llama-tiny", "--data", s(&big)],
+        &["big.bin", "65535", "256"],
+    );
+    let cfg = t.join("c.toml");
+    std::fs::write(&cfg, "preset = \"gpt2-nano\"\nlearning_rate = 3\n").unwrap();
+    check(
+        &["--config", s(&cfg), "--data", s(&data)],
+        &["c.toml", "learning_rate"],
+    );
+    refused(&["train", "--resume", s(&t.join("nothing"))], &["nothing"]);
+    refused(&["sample", "--model", s(&t.join("nothing"))], &["nothing"]);
+    refused(
+        &["export", "--run", s(t), "--out", s(&t.join("x"))],
+        &["not a run directory"],
+    );
+    refused(&["plan", "--preset", "nope"], &["nope"]);
+    refused(
+        &["plan", "--preset", "llama-tiny", "--host-mem", "12 parsecs"],
+        &["parsecs"],
+    );
+}
+
+fn train_args<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--preset",
+        "gpt2-nano",
+        "--data",
+        data,
+        "--out",
+        out,
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+        "--batch",
+        "4",
+        "--steps",
+        steps,
+        "--save-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--warmup",
+        "2",
+        "--quiet",
+    ]
+}
+
+fn latest_step(run: &Path) -> Option<u64> {
+    let name = std::fs::read_to_string(run.join("latest")).ok()?;
+    name.trim().strip_prefix("ckpt-")?.parse().ok()
+}
+
+#[test]
+fn sigkill_between_saves_then_resume_is_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let (a, b) = (t.join("a"), t.join("b"));
+    let steps = "40";
+    let out = run(&train_args(s(&data), s(&a), steps));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut child = bin().args(train_args(s(&data), s(&b), steps)).spawn().unwrap();
+    let t0 = Instant::now();
+    while latest_step(&b).unwrap_or(0) < 3 && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let killed_at = latest_step(&b).expect("a checkpoint before the kill");
+    eprintln!("killed with latest = ckpt-{killed_at}");
+    let out = run(&["train", "--resume", s(&b), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(latest_step(&b), Some(40));
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let x = std::fs::read(a.join("ckpt-40").join(f)).unwrap();
+        let y = std::fs::read(b.join("ckpt-40").join(f)).unwrap();
+        assert!(x == y, "{f} differs after kill at {killed_at} and resume");
+    }
+    let steps_logged = |r: &Path| {
+        std::fs::read_to_string(r.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(steps_logged(&b), (1..=40).collect::<Vec<_>>());
+    assert_eq!(steps_logged(&a), steps_logged(&b));
+
+    // The finished run exports, samples and evaluates.
+    let hf = t.join("hf");
+    let out = run(&["export", "--run", s(&a), "--out", s(&hf)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["config.json", "model.safetensors", "char_vocab.json"] {
+        assert!(hf.join(f).exists(), "{f}");
+    }
+    assert!(!hf.join("optimizer.safetensors").exists());
+    let out = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+        "--seed",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("O Romeo") && text.chars().count() >= 27,
+        "{text:?}"
+    );
+    let again = run(&[
+        "sample",
+        "--model",
+        s(&a),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(
+        String::from_utf8(again.stdout).unwrap(),
+        text,
+        "run dir and export sample alike"
+    );
+    let out = run(&[
+        "eval",
+        "--model",
+        s(&a),
+        "--data",
+        s(&data),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "32",
+    ]);
+    let line = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success() && line.starts_with("loss ") && line.contains("perplexity"),
+        "{line}"
+    );
+}
+
+#[test]
+fn plan_reports_host_and_device_bytes() {
+    let out = run(&[
+        "plan",
+        "--preset",
+        "llama-tiny",
+        "--seq-len",
+        "8",
+        "--batch",
+        "2",
+        "--host-mem",
+        "1G",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("bytes of RAM per parameter") && text.contains("recompute"),
+        "{text}"
+    );
+    assert!(text.contains("1.00 GiB available: fits"), "{text}");
+    let out = run(&["plan", "--preset", "llama-2-7b", "--host-mem", "24G"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("does NOT fit"), "{text}");
+}

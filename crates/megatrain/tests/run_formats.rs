@@ -1,0 +1,248 @@
+//! Every data format through `prepare` + `train`, options from TOML, the
+//! plan arithmetic against hand-computed numbers, generation and the files
+//! a run directory holds.
+
+use std::path::{Path, PathBuf};
+
+use megatrain::run::{
+    PlanInput, QuietProgress, Resident, SampleOptions, TrainOptions, generate, latest_checkpoint, pick, plan,
+    prepare, train,
+};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{HfCheckpoint, preset};
+use rand::SeedableRng;
+
+fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
+    TrainOptions {
+        preset: Some(preset.into()),
+        data: Some(data),
+        seq_len: 8,
+        batch: 2,
+        steps: 2,
+        eval_every: 1,
+        eval_batches: 1,
+        val_fraction: 0.2,
+        out: out.to_path_buf(),
+        ..TrainOptions::default()
+    }
+}
+
+fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
+    let p = prepare(opts, false).unwrap();
+    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    assert_eq!(s.step, 2);
+    assert!(s.loss.unwrap().is_finite());
+    s
+}
+
+#[test]
+fn text_file_directory_and_bin_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let text = "to be, or not to be: that is the question.\n".repeat(8);
+    std::fs::write(t.join("a.txt"), &text).unwrap();
+    let dir = t.join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("1.txt"), &text).unwrap();
+    std::fs::write(dir.join("2.txt"), text.to_uppercase()).unwrap();
+    std::fs::write(dir.join("skip.md"), "ignored ~~~").unwrap();
+    let s = train_ok(small(t.join("a.txt"), &t.join("r1"), "gpt2-nano"));
+    assert!(s.val_loss.unwrap().is_finite());
+    let p = prepare(small(dir.clone(), &t.join("r2"), "gpt2-nano"), false).unwrap();
+    assert_eq!(p.model.vocab_size, {
+        let mut c: Vec<char> = (text.clone() + &text.to_uppercase()).chars().collect();
+        c.sort();
+        c.dedup();
+        c.len()
+    });
+    train_ok(small(dir, &t.join("r2b"), "gpt2-nano"));
+    // nanoGPT .bin: u16 little-endian ids; the vocabulary comes from the flag.
+    let ids: Vec<u8> = (0..400u16).flat_map(|i| (i % 50).to_le_bytes()).collect();
+    std::fs::write(t.join("train.bin"), ids).unwrap();
+    let mut o = small(t.join("train.bin"), &t.join("r3"), "gpt2-nano");
+    o.vocab_size = Some(50);
+    let p = prepare(o.clone(), false).unwrap();
+    assert_eq!(p.model.vocab_size, 50);
+    assert_eq!(p.train.len() + p.val.as_ref().unwrap().len(), 400);
+    train_ok(o);
+    // Llama with byte tokens over the same text.
+    train_ok(small(t.join("a.txt"), &t.join("r4"), "llama-tiny"));
+}
+
+#[test]
+fn alpaca_and_sharegpt_count_only_responses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let alpaca = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
+{"instruction": "Add", "input": "1+1", "output": "2"}
+"#
+    .repeat(6);
+    let share = r#"{"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hello?"}, {"from": "gpt", "value": "Hello."}]}
+"#
+    .repeat(6);
+    std::fs::write(t.join("a.jsonl"), alpaca).unwrap();
+    std::fs::write(t.join("s.jsonl"), share).unwrap();
+    for (f, out) in [("a.jsonl", "ra"), ("s.jsonl", "rs")] {
+        for preset in ["gpt2-nano", "llama-tiny"] {
+            let o = small(t.join(f), &t.join(format!("{out}-{preset}")), preset);
+            let p = prepare(o.clone(), false).unwrap();
+            let mask = p.train.loss_mask.as_ref().unwrap();
+            let counted = mask.iter().filter(|&&m| m).count();
+            assert!(
+                counted > 0 && counted < mask.len() / 2,
+                "{f}: {counted} of {}",
+                mask.len()
+            );
+            train_ok(o);
+        }
+    }
+}
+
+#[test]
+fn toml_config_is_overridden_by_later_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("c.toml");
+    let text = "preset = \"gpt2-nano\"\nseq-len = 32\nbatch_size_typo = 1\n";
+    let err = TrainOptions::default()
+        .overlay_toml(text, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("c.toml") && err.contains("batch_size_typo"), "{err}");
+    let o = TrainOptions::default()
+        .overlay_toml("seq-len = 32\nlr = 0.01\nschedule = \"constant\"\n", &path)
+        .unwrap();
+    assert_eq!((o.seq_len, o.lr, o.batch), (32, 0.01, 12));
+    let err = TrainOptions::default()
+        .overlay_toml("schedule = \"linear\"\n", &path)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("linear"), "{err}");
+}
+
+#[test]
+fn plan_arithmetic_matches_hand_computation() {
+    // llama-tiny: V 256, C 64, I 176, 2 blocks, 4 heads (q 64), 2 kv heads (kv 32), untied.
+    // Layers: embedding 256·64 = 16384; block: 2 norms (128) + q,o 2·4096 + k,v 2·2048
+    // + gate,up,down 3·11264 = 46208 (46080 in matrices); head: norm 64 + 16384 = 16448.
+    let m = preset("llama-tiny", None).unwrap();
+    let input = PlanInput {
+        batch: 2,
+        seq_len: 8,
+        checkpoint_every: 1,
+        chunk_rows: 256,
+        transport: TransportDType::F32,
+        hold_grads: false,
+    };
+    let p = plan(&m, &input, &TierConfig::default()).unwrap();
+    assert_eq!(p.host.n_params, 16384 + 2 * 46208 + 16448);
+    assert_eq!(p.host_staging, 2 * 4 * 46208);
+    let d = p.device;
+    assert_eq!(d.weights, 65536 + 65792 + 2 * 46208 * 4);
+    assert_eq!(d.gradients, 4 * 46208);
+    assert_eq!(d.checkpoints, 2 * (2 * 8 * 64 * 4));
+    assert_eq!(d.hidden, 2 * (2 * 8 * 64 * 4));
+    // 4·B·T·(6C + 2q + 2kv + 3I) + 4·B·H·T·2 = 4·16·1104 + 512.
+    assert_eq!(d.recompute, 70656 + 512);
+    assert_eq!(d.head, 2 * 16 * 256 * 4);
+    assert_eq!(d.total(), 500992 + 184832 + 8192 + 8192 + 71168 + 32768);
+    // bf16 transport halves the matrices only; K = 2 holds one checkpoint
+    // and recomputes two blocks.
+    let bf = PlanInput {
+        transport: TransportDType::BF16,
+        checkpoint_every: 2,
+        ..input
+    };
+    let tier = TierConfig {
+        transport: TransportDType::BF16,
+        ..TierConfig::default()
+    };
+    let q = plan(&m, &bf, &tier).unwrap();
+    assert_eq!(
+        q.device.weights,
+        16384 * 2 + (64 * 4 + 16384 * 2) + 2 * 2 * (46080 * 2 + 128 * 4)
+    );
+    assert_eq!(q.device.checkpoints, 2 * 8 * 64 * 4);
+    assert_eq!(q.device.recompute, 2 * 71168);
+    // Host: 14 bytes per parameter with bf16 transport (plus page padding).
+    let per = q.host.ram.total() as f64 / q.host.n_params as f64;
+    assert!((14.0..15.0).contains(&per), "{per}");
+    assert!(p.host.ram.total() as f64 / p.host.n_params as f64 >= 16.0);
+}
+
+#[test]
+fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::write(
+        t.join("a.txt"),
+        "abcabcabcabcabcabcabcabcabcabcabcabcabcabc\n".repeat(4),
+    )
+    .unwrap();
+    let mut o = small(t.join("a.txt"), &t.join("run"), "gpt2-nano");
+    o.steps = 80;
+    o.lr = 1e-2;
+    o.warmup = 2;
+    o.eval_every = 10;
+    train_ok_steps(o, 80);
+    let run = t.join("run");
+    for f in ["metrics.jsonl", "loss.svg", "latest"] {
+        assert!(run.join(f).exists(), "{f}");
+    }
+    let svg = std::fs::read_to_string(run.join("loss.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("validation"));
+    let ckpt = latest_checkpoint(&run).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "char_vocab.json",
+        "train_state.json",
+    ] {
+        assert!(ckpt.join(f).exists(), "{f}");
+    }
+    let hf = HfCheckpoint::open(&ckpt).unwrap();
+    let ex = megatrain::run::OrderedCpu::new();
+    let model = Resident::load(&ex, &hf).unwrap();
+    let greedy = SampleOptions {
+        tokens: 12,
+        temperature: 0.0,
+        top_k: 0,
+        seed: 1,
+    };
+    let enc = megatrain::run::Encoder::from_dir(&ckpt, None).unwrap();
+    let prompt = enc.tokenizer.encode("abc").unwrap();
+    let out = generate(&ex, &model, &prompt, greedy).unwrap();
+    assert_eq!(
+        enc.tokenizer.decode(&out).unwrap(),
+        "abcabcabcabc",
+        "80 steps learn 'abc'"
+    );
+    let warm = SampleOptions {
+        temperature: 1.0,
+        top_k: 2,
+        seed: 7,
+        ..greedy
+    };
+    let x = generate(&ex, &model, &prompt, warm).unwrap();
+    assert_eq!(x, generate(&ex, &model, &prompt, warm).unwrap(), "seeded");
+    assert!(generate(&ex, &model, &[], greedy).is_err());
+}
+
+fn train_ok_steps(opts: TrainOptions, steps: u64) {
+    let p = prepare(opts, false).unwrap();
+    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    assert_eq!(s.step, steps);
+}
+
+#[test]
+fn top_k_and_temperature_pick_from_the_right_set() {
+    let logits = [0.0f32, 5.0, 4.9, -3.0];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    assert_eq!(pick(&logits, 0.0, 0, &mut rng), 1);
+    for _ in 0..200 {
+        let k = pick(&logits, 1.0, 2, &mut rng);
+        assert!(k == 1 || k == 2);
+    }
+    let seen: std::collections::HashSet<u32> = (0..2000).map(|_| pick(&logits, 5.0, 0, &mut rng)).collect();
+    assert_eq!(seen.len(), 4, "a high temperature reaches every token");
+}

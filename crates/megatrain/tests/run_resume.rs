@@ -1,0 +1,152 @@
+//! Exact resume through the library: N steps in one go equal k steps, a
+//! stop, a resume and the rest, bit for bit (parameters and AdamW state),
+//! including after a crash that left a half-written checkpoint and metrics
+//! lines past the last save.
+
+use std::path::{Path, PathBuf};
+
+use megatrain::run::{
+    METRICS_FILE, QuietProgress, TrainOptions, latest_checkpoint, prepare, read_train_state, train,
+};
+use serde_json::Value;
+
+pub fn corpus(dir: &Path) -> PathBuf {
+    let text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n\
+                First Citizen:\nYou are all resolved rather to die than to famish?\n"
+        .repeat(12);
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn options(data: &Path, out: &Path) -> TrainOptions {
+    TrainOptions {
+        preset: Some("gpt2-nano".into()),
+        data: Some(data.to_path_buf()),
+        seq_len: 16,
+        batch: 3,
+        steps: 6,
+        lr: 3e-3,
+        warmup: 2,
+        eval_every: 2,
+        eval_batches: 2,
+        save_every: 0,
+        out: out.to_path_buf(),
+        ..TrainOptions::default()
+    }
+}
+
+fn run(opts: TrainOptions, resume: bool, stop_at: Option<u64>) {
+    let p = prepare(opts, resume).unwrap();
+    train(megatrain::run::OrderedCpu::new(), &p, stop_at, &mut QuietProgress).unwrap();
+}
+
+fn ckpt_bytes(run: &Path) -> (Vec<u8>, Vec<u8>) {
+    let c = latest_checkpoint(run).unwrap();
+    (
+        std::fs::read(c.join("model.safetensors")).unwrap(),
+        std::fs::read(c.join("optimizer.safetensors")).unwrap(),
+    )
+}
+
+fn losses(run: &Path) -> Vec<(u64, Option<f64>, Option<f64>)> {
+    std::fs::read_to_string(run.join(METRICS_FILE))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v.get("loss").and_then(Value::as_f64),
+                v.get("val_loss").and_then(Value::as_f64),
+            )
+        })
+        .collect()
+}
+
+fn check_resume(tweak: impl Fn(&mut TrainOptions)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let mut oa = options(&data, &a);
+    tweak(&mut oa);
+    let mut ob = oa.clone();
+    ob.out = b.clone();
+    run(oa, false, None);
+    run(ob.clone(), false, Some(3));
+    assert_eq!(read_train_state(&latest_checkpoint(&b).unwrap()).unwrap().step, 3);
+    run(ob, true, None);
+    let (ma, oa_) = ckpt_bytes(&a);
+    let (mb, ob_) = ckpt_bytes(&b);
+    assert!(ma == mb, "parameters differ after resume");
+    assert!(oa_ == ob_, "AdamW state differs after resume");
+    assert_eq!(losses(&a), losses(&b), "metrics of the resumed run differ");
+    assert_eq!(losses(&a).len(), 7, "eval at 0, then one line per step");
+}
+
+#[test]
+fn resume_is_bit_exact_overlapped_update() {
+    check_resume(|o| o.grad_clip = 0.0);
+}
+
+#[test]
+fn resume_is_bit_exact_with_clipping_accumulation_and_sequential_data() {
+    check_resume(|o| {
+        o.grad_clip = 0.5;
+        o.grad_accum = 2;
+        o.sampling = megatrain::run::SamplingKind::Sequential;
+    });
+}
+
+#[test]
+fn resume_is_bit_exact_with_bf16_transport() {
+    check_resume(|o| o.precision = megatrain::run::Precision::Bf16);
+}
+
+#[test]
+fn crash_after_a_save_resumes_from_the_last_complete_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    run(options(&data, &a), false, None);
+    run(options(&data, &b), false, Some(4));
+    // What a kill during the save of step 6 leaves: a checkpoint directory
+    // without checkpoint.json, a torn model file, and metrics lines (one cut
+    // short) for steps the checkpoint does not hold.
+    let torn = b.join("ckpt-6");
+    std::fs::create_dir_all(&torn).unwrap();
+    std::fs::write(torn.join("model.safetensors"), b"\x10\x00\x00").unwrap();
+    let mut m = std::fs::read_to_string(b.join(METRICS_FILE)).unwrap();
+    m.push_str("{\"step\":5,\"loss\":1.0}\n{\"step\":6,\"lo");
+    std::fs::write(b.join(METRICS_FILE), m).unwrap();
+    assert!(latest_checkpoint(&b).unwrap().ends_with("ckpt-4"));
+    run(options(&data, &b), true, None);
+    assert!(latest_checkpoint(&b).unwrap().ends_with("ckpt-6"));
+    assert!(
+        ckpt_bytes(&a) == ckpt_bytes(&b),
+        "resumed run differs from the uninterrupted one"
+    );
+    assert_eq!(losses(&a), losses(&b));
+}
+
+#[test]
+fn resume_refuses_another_model_and_a_fresh_run_refuses_a_used_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let a = tmp.path().join("a");
+    run(options(&data, &a), false, Some(2));
+    let err = prepare(options(&data, &a), false).unwrap_err().to_string();
+    assert!(err.contains("--out") && err.contains("--resume"), "{err}");
+    let mut other = options(&data, &a);
+    other.preset = Some("llama-tiny".into());
+    let err = prepare(other, true).unwrap_err().to_string();
+    assert!(err.contains("gpt2-nano") && err.contains("llama-tiny"), "{err}");
+    let mut changed = options(&data, &a);
+    changed.lr = 1e-4;
+    let p = prepare(changed, true).unwrap();
+    assert!(
+        p.warnings.iter().any(|w| w.starts_with("lr:")),
+        "{:?}",
+        p.warnings
+    );
+}
