@@ -246,3 +246,51 @@ fn top_k_and_temperature_pick_from_the_right_set() {
     let seen: std::collections::HashSet<u32> = (0..2000).map(|_| pick(&logits, 5.0, 0, &mut rng)).collect();
     assert_eq!(seen.len(), 4, "a high temperature reaches every token");
 }
+
+/// The llama_gqa fixture of the zoo: a small random HF Llama (vocab 101).
+fn hf_fixture(tmp: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zoo/tests/fixtures/llama_gqa");
+    let dst = tmp.join("hf_llama");
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    dst
+}
+
+#[test]
+fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let hf = hf_fixture(t);
+    let ids: Vec<u8> = (0..600u16).flat_map(|i| ((i * 7) % 101).to_le_bytes()).collect();
+    std::fs::write(t.join("d.bin"), ids).unwrap();
+    let opts = TrainOptions {
+        model: Some(hf.clone()),
+        preset: None,
+        ..small(t.join("d.bin"), &t.join("ft"), "")
+    };
+    let p = prepare(opts.clone(), false).unwrap();
+    assert_eq!(p.model.vocab_size, 101);
+    let before = HfCheckpoint::open(&hf).unwrap().read_layer(1).unwrap().1;
+    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    let after = HfCheckpoint::open(s.checkpoint.unwrap()).unwrap();
+    assert_eq!(after.config.vocab_size, 101);
+    let moved = after.read_layer(1).unwrap().1;
+    assert_eq!(moved.len(), before.len());
+    assert!(moved != before, "training changed the loaded weights");
+    // The fixture's BPE tokenizer has 300 tokens: text cannot fit vocab 101.
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../zoo/tests/fixtures/tokenizer/tokenizer.json"),
+        hf.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(t.join("a.txt"), "hello world ".repeat(50)).unwrap();
+    let text = TrainOptions {
+        data: Some(t.join("a.txt")),
+        out: t.join("ft2"),
+        ..opts
+    };
+    let err = prepare(text, false).unwrap_err().to_string();
+    assert!(err.contains("300") && err.contains("101"), "{err}");
+}

@@ -106,8 +106,11 @@ impl Encoder {
                         let tok = Tokenizer::from_hf_file(&file)?;
                         return Ok(Encoder::new(tok, model_cfg.as_ref(), Some(file)));
                     }
+                    let token_data = corpora.iter().all(|p| p.extension().is_some_and(|e| e == "bin"));
                     return match Tokenizer::from_dir(dir)? {
                         Some(tok) => Ok(Encoder::new(tok, model_cfg.as_ref(), None)),
+                        // Token ids need no tokenizer to train; bytes decode samples.
+                        None if token_data => Ok(Encoder::new(Tokenizer::Byte, None, None)),
                         None => Err(RunError::file(
                             dir,
                             "has no tokenizer.json or char_vocab.json; pass --tokenizer char|byte|<file>",
