@@ -29,7 +29,7 @@ fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
 
 fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
     let p = prepare(opts, false).unwrap();
-    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
     assert_eq!(s.step, 2);
     assert!(s.loss.unwrap().is_finite());
     s
@@ -201,7 +201,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         assert!(ckpt.join(f).exists(), "{f}");
     }
     let hf = HfCheckpoint::open(&ckpt).unwrap();
-    let ex = megatrain::run::OrderedCpu::new();
+    let ex = megatrain_tensor::CpuExecutor::new();
     let model = Resident::load(&ex, &hf).unwrap();
     let greedy = SampleOptions {
         tokens: 12,
@@ -230,7 +230,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
 
 fn train_ok_steps(opts: TrainOptions, steps: u64) {
     let p = prepare(opts, false).unwrap();
-    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
     assert_eq!(s.step, steps);
 }
 
@@ -273,7 +273,7 @@ fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
     let p = prepare(opts.clone(), false).unwrap();
     assert_eq!(p.model.vocab_size, 101);
     let before = HfCheckpoint::open(&hf).unwrap().read_layer(1).unwrap().1;
-    let s = train(megatrain::run::OrderedCpu::new(), &p, None, &mut QuietProgress).unwrap();
+    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
     let after = HfCheckpoint::open(s.checkpoint.unwrap()).unwrap();
     assert_eq!(after.config.vocab_size, 101);
     let moved = after.read_layer(1).unwrap().1;

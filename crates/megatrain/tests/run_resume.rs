@@ -38,7 +38,13 @@ fn options(data: &Path, out: &Path) -> TrainOptions {
 
 fn run(opts: TrainOptions, resume: bool, stop_at: Option<u64>) {
     let p = prepare(opts, resume).unwrap();
-    train(megatrain::run::OrderedCpu::new(), &p, stop_at, &mut QuietProgress).unwrap();
+    train(
+        megatrain_tensor::CpuExecutor::new(),
+        &p,
+        stop_at,
+        &mut QuietProgress,
+    )
+    .unwrap();
 }
 
 fn ckpt_bytes(run: &Path) -> (Vec<u8>, Vec<u8>) {

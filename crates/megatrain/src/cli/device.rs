@@ -1,13 +1,13 @@
 //! Choosing the executor once, at the top; the rest is generic over it.
 
 use megatrain::run::DeviceChoice;
-use megatrain::run::OrderedCpu;
 use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::CpuExecutor;
 
 // Built once per command; boxing would only hide the executor type.
 #[allow(clippy::large_enum_variant)]
 pub enum Exec {
-    Cpu(OrderedCpu),
+    Cpu(CpuExecutor),
     Gpu(GpuExecutor),
 }
 
@@ -34,7 +34,7 @@ pub fn open(choice: DeviceChoice, quiet: bool) -> anyhow::Result<Exec> {
     match choice {
         DeviceChoice::Cpu => {
             say("device: CPU".into());
-            Ok(Exec::Cpu(OrderedCpu::new()))
+            Ok(Exec::Cpu(CpuExecutor::new()))
         }
         DeviceChoice::Gpu => {
             let ctx = GpuContext::new().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
@@ -52,11 +52,11 @@ pub fn open(choice: DeviceChoice, quiet: bool) -> anyhow::Result<Exec> {
                      (--device gpu uses it anyway)",
                     ctx.info.name
                 );
-                Ok(Exec::Cpu(OrderedCpu::new()))
+                Ok(Exec::Cpu(CpuExecutor::new()))
             }
             Err(e) => {
                 eprintln!("warning: no GPU adapter ({e}); running on the CPU");
-                Ok(Exec::Cpu(OrderedCpu::new()))
+                Ok(Exec::Cpu(CpuExecutor::new()))
             }
         },
     }

@@ -64,7 +64,8 @@ pub struct TrainArgs {
     /// Applied to matrices and embeddings, not to norm gains or biases.
     #[arg(long)]
     weight_decay: Option<f64>,
-    /// Exact global-norm gradient clipping (0 = off).
+    /// Exact global-norm gradient clipping (0 = off, the default; > 0 holds
+    /// gradients and runs the update after backward).
     #[arg(long)]
     grad_clip: Option<f64>,
     /// f32 | bf16 (the transport copy; master weights and moments are always fp32).

@@ -8,7 +8,6 @@ mod error;
 mod generate;
 mod metrics_log;
 mod options;
-mod ordered_cpu;
 mod plan;
 mod plot;
 mod session;
@@ -22,7 +21,6 @@ pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, pick};
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
-pub use ordered_cpu::OrderedCpu;
 pub use plan::{DeviceBytes, Plan, PlanInput, mem_available, plan};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{

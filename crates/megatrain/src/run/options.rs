@@ -107,7 +107,7 @@ pub struct TrainOptions {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
-    /// Exact global-norm clipping; 0 is off.
+    /// Exact global-norm clipping; 0 (the default) is off.
     pub grad_clip: f64,
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
@@ -152,7 +152,9 @@ impl Default for TrainOptions {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            grad_clip: 1.0,
+            // Off: exact clipping holds every gradient and moves the update
+            // after backward, so it is a mode the user asks for, never a default.
+            grad_clip: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
             chunk_rows: 256,

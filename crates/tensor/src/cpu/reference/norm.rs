@@ -1,6 +1,8 @@
 //! RMSNorm and LayerNorm over the last dimension, forward and exact backward.
-//! Rows are independent; weight gradients are reduced over rows per rayon
-//! split and then summed.
+//! Rows are independent; weight gradients are summed over fixed blocks of
+//! rows, then the block partials in order, so that the rounding depends on
+//! the shape alone and never on rayon's work stealing (exact resume and
+//! run-to-run reproducibility rely on it).
 
 use rayon::prelude::*;
 
@@ -13,6 +15,25 @@ fn mean<F: Real>(xs: impl Iterator<Item = F>, n: usize) -> F {
 fn add_into<F: Real>(mut a: Vec<F>, b: Vec<F>) -> Vec<F> {
     a.iter_mut().zip(b).for_each(|(a, b)| *a = *a + b);
     a
+}
+
+const ROWS_PER_BLOCK: usize = 64;
+
+/// Σ over rows of `row(r, acc)`'s contributions into a `width`-vector, in a
+/// fixed association: blocks of `ROWS_PER_BLOCK` rows in parallel, then the
+/// blocks' partial sums in order.
+fn ordered_row_sum<F: Real>(rows: usize, width: usize, row: impl Fn(usize, &mut [F]) + Sync) -> Vec<F> {
+    let partials: Vec<Vec<F>> = (0..rows.div_ceil(ROWS_PER_BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let mut acc = vec![F::zero(); width];
+            for r in b * ROWS_PER_BLOCK..((b + 1) * ROWS_PER_BLOCK).min(rows) {
+                row(r, &mut acc);
+            }
+            acc
+        })
+        .collect();
+    partials.into_iter().fold(vec![F::zero(); width], add_into)
 }
 
 /// Returns `(y, rstd)`: `y = x · rstd · w`, `rstd = 1 / sqrt(mean(x²) + eps)`
@@ -42,25 +63,24 @@ pub fn rmsnorm_backward<F: Real>(x: &[F], w: &[F], rstd: &[F], dy: &[F]) -> (Vec
         "rmsnorm_backward: lengths"
     );
     let mut dx = vec![F::zero(); x.len()];
-    let dw = dx
-        .par_chunks_mut(c)
+    dx.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .zip(dy.par_chunks(c))
         .zip(rstd.par_iter())
-        .fold(
-            || vec![F::zero(); c],
-            |mut dw, (((dxr, xr), dyr), &r)| {
-                // dx = r·w·dy − x · r³ · mean(dy·w·x)
-                let m = mean(xr.iter().zip(dyr).zip(w).map(|((&x, &g), &w)| g * w * x), c);
-                let r3m = r * r * r * m;
-                for (i, dx) in dxr.iter_mut().enumerate() {
-                    *dx = r * w[i] * dyr[i] - xr[i] * r3m;
-                    dw[i] = dw[i] + dyr[i] * xr[i] * r;
-                }
-                dw
-            },
-        )
-        .reduce(|| vec![F::zero(); c], add_into);
+        .for_each(|(((dxr, xr), dyr), &r)| {
+            // dx = r·w·dy − x · r³ · mean(dy·w·x)
+            let m = mean(xr.iter().zip(dyr).zip(w).map(|((&x, &g), &w)| g * w * x), c);
+            let r3m = r * r * r * m;
+            for (i, dx) in dxr.iter_mut().enumerate() {
+                *dx = r * w[i] * dyr[i] - xr[i] * r3m;
+            }
+        });
+    let dw = ordered_row_sum(rstd.len(), c, |row, dw: &mut [F]| {
+        let (xr, dyr, r) = (&x[row * c..][..c], &dy[row * c..][..c], rstd[row]);
+        for i in 0..c {
+            dw[i] = dw[i] + dyr[i] * xr[i] * r;
+        }
+    });
     (dx, dw)
 }
 
@@ -106,29 +126,29 @@ pub fn layernorm_backward<F: Real>(
         "layernorm_backward: lengths"
     );
     let mut dx = vec![F::zero(); x.len()];
-    let (dw, db) = dx
-        .par_chunks_mut(c)
+    dx.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .zip(dy.par_chunks(c))
         .zip(mean_.par_iter().zip(rstd.par_iter()))
-        .fold(
-            || (vec![F::zero(); c], vec![F::zero(); c]),
-            |(mut dw, mut db), (((dxr, xr), dyr), (&mu, &r))| {
-                // dx = r · (g − mean(g) − x̂ · mean(g · x̂)) with g = dy · w.
-                let xhat = |i: usize| (xr[i] - mu) * r;
-                let mg = mean((0..c).map(|i| dyr[i] * w[i]), c);
-                let mgx = mean((0..c).map(|i| dyr[i] * w[i] * xhat(i)), c);
-                for (i, dx) in dxr.iter_mut().enumerate() {
-                    *dx = r * (dyr[i] * w[i] - mg - xhat(i) * mgx);
-                    dw[i] = dw[i] + dyr[i] * xhat(i);
-                    db[i] = db[i] + dyr[i];
-                }
-                (dw, db)
-            },
-        )
-        .reduce(
-            || (vec![F::zero(); c], vec![F::zero(); c]),
-            |a, b| (add_into(a.0, b.0), add_into(a.1, b.1)),
-        );
+        .for_each(|(((dxr, xr), dyr), (&mu, &r))| {
+            // dx = r · (g − mean(g) − x̂ · mean(g · x̂)) with g = dy · w.
+            let xhat = |i: usize| (xr[i] - mu) * r;
+            let mg = mean((0..c).map(|i| dyr[i] * w[i]), c);
+            let mgx = mean((0..c).map(|i| dyr[i] * w[i] * xhat(i)), c);
+            for (i, dx) in dxr.iter_mut().enumerate() {
+                *dx = r * (dyr[i] * w[i] - mg - xhat(i) * mgx);
+            }
+        });
+    // One pass for both: dw in [..c], db in [c..].
+    let mut both = ordered_row_sum(rows, 2 * c, |row, acc: &mut [F]| {
+        let (xr, dyr) = (&x[row * c..][..c], &dy[row * c..][..c]);
+        let (mu, r) = (mean_[row], rstd[row]);
+        for i in 0..c {
+            acc[i] = acc[i] + dyr[i] * (xr[i] - mu) * r;
+            acc[c + i] = acc[c + i] + dyr[i];
+        }
+    });
+    let db = both.split_off(c);
+    let dw = both;
     (dx, dw, db)
 }
