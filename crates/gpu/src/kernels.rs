@@ -50,6 +50,42 @@ pub enum Kernel {
     ScatterAdd,
 }
 
+impl Kernel {
+    /// Every variant, so that lists of kernels cannot drift from the enum.
+    pub const ALL: [Kernel; 27] = {
+        use Kernel::*;
+        [
+            MatmulF32,
+            MatmulBf16,
+            MatmulF32Big,
+            MatmulBf16Big,
+            Add,
+            AddAssign,
+            Scale,
+            CopyCols,
+            SumRows,
+            Swiglu,
+            SwigluBwd,
+            Gelu,
+            GeluBwd,
+            RmsFwd,
+            LnFwd,
+            RmsBwd,
+            LnBwd,
+            NormDw,
+            Rope,
+            AttnFwd,
+            AttnDelta,
+            AttnDq,
+            AttnDkv,
+            CrossEntropy,
+            GatherF32,
+            GatherBf16,
+            ScatterAdd,
+        ]
+    };
+}
+
 #[derive(Clone, Copy)]
 pub struct KernelSpec {
     /// WGSL pieces concatenated in order.
@@ -138,34 +174,7 @@ impl KernelRegistry {
 
     /// Compiles every kernel now (startup cost instead of first-use latency).
     pub fn warm_all(&self, device: &wgpu::Device) {
-        use Kernel::*;
-        for k in [
-            MatmulF32,
-            MatmulBf16,
-            Add,
-            AddAssign,
-            Scale,
-            CopyCols,
-            SumRows,
-            Swiglu,
-            SwigluBwd,
-            Gelu,
-            GeluBwd,
-            RmsFwd,
-            LnFwd,
-            RmsBwd,
-            LnBwd,
-            NormDw,
-            Rope,
-            AttnFwd,
-            AttnDelta,
-            AttnDq,
-            AttnDkv,
-            CrossEntropy,
-            GatherF32,
-            GatherBf16,
-            ScatterAdd,
-        ] {
+        for k in Kernel::ALL {
             self.get(device, k);
         }
     }
