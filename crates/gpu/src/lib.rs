@@ -9,6 +9,7 @@ mod exec;
 mod kernels;
 mod profile;
 mod tensor;
+mod transport;
 
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
@@ -17,3 +18,4 @@ pub use exec::{GpuExecutor, GpuOptions};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
+pub use transport::TransportChoice;

@@ -14,7 +14,9 @@
 //! - token ids and targets are small host slices: they are copied to the
 //!   device by the executor when it needs them.
 
-use crate::{DType, Error, HostData, HostSlice, HostTensor, Result, Shape};
+use crate::{
+    DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo, WeightSlot, WeightUpload,
+};
 
 /// What every executor's tensor handle can say about itself without a copy.
 pub trait TensorHandle {
@@ -159,12 +161,7 @@ pub trait Executor {
     /// Executors with device memory override this to write straight from
     /// the slice (the trainer uploads every layer's transport copy with it).
     fn upload_slice(&self, shape: &Shape, data: HostSlice<'_>) -> Result<Self::Tensor> {
-        let data = match data {
-            HostSlice::F32(v) => HostData::F32(v.to_vec()),
-            HostSlice::BF16(v) => HostData::BF16(v.to_vec()),
-            HostSlice::F16(v) => HostData::F16(v.to_vec()),
-        };
-        self.upload(&HostTensor::new(shape.clone(), data)?)
+        self.upload(&HostTensor::new(shape.clone(), data.to_host_data())?)
     }
 
     /// Downloads `t` widened to f32 into `out`, which must hold exactly its
@@ -184,6 +181,68 @@ pub trait Executor {
         }
         out.copy_from_slice(&self.download(t)?.to_f32_vec());
         Ok(())
+    }
+
+    /// Loads one layer's weights into `slot` and returns them in table
+    /// order. Executors with device memory keep one fixed set of buffers
+    /// (and the bind groups over them) per slot; the default uploads fresh
+    /// tensors.
+    fn load_weights(&self, slot: WeightSlot, params: &[WeightUpload<'_>]) -> Result<Vec<Self::Tensor>> {
+        let _ = slot;
+        params
+            .iter()
+            .map(|p| {
+                p.validate("load_weights")?;
+                if p.dtype == p.data.dtype() {
+                    self.upload_slice(p.shape, p.data)
+                } else {
+                    let mut wide = vec![0.0f32; p.data.len()];
+                    p.data.widen_into(&mut wide);
+                    self.upload_slice(p.shape, HostSlice::F32(&wide))
+                }
+            })
+            .collect()
+    }
+
+    /// Starts bringing `tensors` back to the host, widened to f32 and
+    /// concatenated in order. The executor may go on with other ops before
+    /// [`Executor::finish_download`] collects them.
+    fn begin_download(&self, tensors: Vec<Self::Tensor>) -> Result<Download<Self::Tensor>> {
+        Ok(Download::Tensors(tensors))
+    }
+
+    /// Completes a download into `out`, which must hold exactly the
+    /// tensors' elements.
+    fn finish_download(&self, d: Download<Self::Tensor>, out: &mut [f32]) -> Result<()> {
+        match d {
+            Download::Tensors(ts) => {
+                let total: usize = ts.iter().map(|t| t.numel()).sum();
+                if total != out.len() {
+                    return Err(Error::shape(
+                        "finish_download",
+                        format!("{total} elements into a destination of {}", out.len()),
+                    ));
+                }
+                let mut at = 0;
+                for t in &ts {
+                    self.download_into(t, &mut out[at..at + t.numel()])?;
+                    at += t.numel();
+                }
+                Ok(())
+            }
+            Download::Ticket { id, .. } => Err(Error::shape(
+                "finish_download",
+                format!("ticket {id} was not issued by this executor"),
+            )),
+        }
+    }
+
+    /// Chooses how layers will move, for layers of about `layer_bytes`
+    /// transport bytes and `grad_bytes` gradient bytes (by measurement
+    /// where there is a choice). `None` where there is nothing to choose.
+    fn prepare_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<Option<TransportInfo>> {
+        let _ = (layer_bytes, grad_bytes);
+        Ok(None)
     }
 
     /// Live and peak bytes of executor-owned memory, for executors that

@@ -77,6 +77,25 @@ impl HostSlice<'_> {
             HostSlice::F16(v) => bytemuck::cast_slice(v),
         }
     }
+
+    /// An owned copy in the same dtype.
+    pub fn to_host_data(&self) -> HostData {
+        match self {
+            HostSlice::F32(v) => HostData::F32(v.to_vec()),
+            HostSlice::BF16(v) => HostData::BF16(v.to_vec()),
+            HostSlice::F16(v) => HostData::F16(v.to_vec()),
+        }
+    }
+
+    /// Writes the values widened to f32 into `out` (same length).
+    pub fn widen_into(&self, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), self.len());
+        match self {
+            HostSlice::F32(v) => out.copy_from_slice(v),
+            HostSlice::BF16(v) => out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = x.to_f32()),
+            HostSlice::F16(v) => out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = x.to_f32()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -10,6 +10,7 @@ mod host;
 mod params;
 mod shape;
 pub mod testing;
+mod transport;
 
 pub use cpu::{CpuExecutor, CpuTensor, F64Executor};
 pub use dtype::DType;
@@ -19,3 +20,4 @@ pub use half::{bf16, f16};
 pub use host::{HostData, HostSlice, HostTensor};
 pub use params::{ParamSpec, ParamTable};
 pub use shape::Shape;
+pub use transport::{Download, TransportInfo, WeightSlot, WeightUpload};

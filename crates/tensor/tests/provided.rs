@@ -35,3 +35,77 @@ fn shape_and_length_mismatches_are_errors() {
     assert!(err.to_string().contains("download_into"), "{err}");
     assert_eq!(ex.memory_stats(), None);
 }
+
+#[test]
+fn load_weights_keeps_or_widens_and_downloads_concatenate() {
+    use megatrain_tensor::{Download, WeightSlot, WeightUpload};
+    let ex = CpuExecutor::new();
+    let (sm, sv) = (Shape::new([2, 2]), Shape::new([3]));
+    let m: Vec<bf16> = [1.0f32, 2.0, -3.0, 0.5]
+        .iter()
+        .map(|&x| bf16::from_f32(x))
+        .collect();
+    let v: Vec<bf16> = [0.25f32, -1.0, 4.0].iter().map(|&x| bf16::from_f32(x)).collect();
+    let slot = WeightSlot { kind: 1, index: 0 };
+    let ws = ex
+        .load_weights(
+            slot,
+            &[
+                WeightUpload {
+                    shape: &sm,
+                    data: HostSlice::BF16(&m),
+                    dtype: DType::BF16,
+                },
+                WeightUpload {
+                    shape: &sv,
+                    data: HostSlice::BF16(&v),
+                    dtype: DType::F32,
+                },
+            ],
+        )
+        .unwrap();
+    assert_eq!((ws[0].dtype(), ws[1].dtype()), (DType::BF16, DType::F32));
+    let d = ex.begin_download(ws).unwrap();
+    let mut out = [0.0f32; 7];
+    ex.finish_download(d, &mut out).unwrap();
+    assert_eq!(out, [1.0, 2.0, -3.0, 0.5, 0.25, -1.0, 4.0]);
+
+    // Narrowing is not a transport conversion; wrong lengths are errors.
+    let f = [1.0f32, 2.0, 3.0];
+    let narrow = WeightUpload {
+        shape: &sv,
+        data: HostSlice::F32(&f),
+        dtype: DType::BF16,
+    };
+    assert!(ex.load_weights(slot, &[narrow]).is_err());
+    let short = WeightUpload {
+        shape: &sm,
+        data: HostSlice::F32(&f),
+        dtype: DType::F32,
+    };
+    assert!(
+        ex.load_weights(slot, &[short])
+            .unwrap_err()
+            .to_string()
+            .contains("[2, 2]")
+    );
+    let d = ex
+        .begin_download(
+            ex.load_weights(
+                slot,
+                &[WeightUpload {
+                    shape: &sv,
+                    data: HostSlice::F32(&f),
+                    dtype: DType::F32,
+                }],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    assert!(ex.finish_download(d, &mut [0.0; 2]).is_err());
+    assert!(
+        ex.finish_download(Download::Ticket { id: 3, numel: 2 }, &mut [0.0; 2])
+            .is_err()
+    );
+    assert_eq!(ex.prepare_transport(1 << 20, 1 << 21).unwrap(), None);
+}

@@ -43,6 +43,9 @@ pub struct GpuOptions {
     /// silently ends every loop after 65535 back-edges per invocation; other
     /// drivers have no such cap).
     pub loop_budget: Option<usize>,
+    /// How layers move between host and device (`Auto`: by measurement in
+    /// `prepare_transport`).
+    pub transport: crate::TransportChoice,
 }
 
 pub struct GpuExecutor {
