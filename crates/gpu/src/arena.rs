@@ -45,10 +45,13 @@ pub struct Arena {
 }
 
 /// A device buffer on loan from the arena; it goes back to the pool on drop.
+/// Adopted buffers (weight slots, whose usage differs from the pool's) are
+/// counted the same way but released on drop instead of pooled.
 pub struct PooledBuffer {
     buffer: Option<wgpu::Buffer>,
     class: u64,
     arena: Arc<Arena>,
+    pooled: bool,
 }
 
 impl PooledBuffer {
@@ -66,8 +69,13 @@ impl Drop for PooledBuffer {
         if let Some(b) = self.buffer.take() {
             let mut st = self.arena.state.lock().expect("arena poisoned");
             st.stats.live_bytes -= self.class;
-            st.stats.pooled_bytes += self.class;
-            st.free.entry(self.class).or_default().push(b);
+            if self.pooled {
+                st.stats.pooled_bytes += self.class;
+                st.free.entry(self.class).or_default().push(b);
+            } else {
+                drop(st);
+                b.destroy();
+            }
         }
     }
 }
@@ -106,6 +114,22 @@ impl Arena {
             buffer: Some(buffer),
             class,
             arena: self.clone(),
+            pooled: true,
+        }
+    }
+
+    /// Accounts a buffer made elsewhere as live device memory until dropped.
+    pub fn adopt(self: &Arc<Self>, buffer: wgpu::Buffer) -> PooledBuffer {
+        let class = buffer.size();
+        let mut st = self.state.lock().expect("arena poisoned");
+        st.stats.allocations += 1;
+        st.stats.live_bytes += class;
+        st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
+        PooledBuffer {
+            buffer: Some(buffer),
+            class,
+            arena: self.clone(),
+            pooled: false,
         }
     }
 

@@ -14,7 +14,7 @@ mod transport;
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
 pub use error::GpuError;
-pub use exec::{GpuExecutor, GpuOptions};
+pub use exec::{BindGroupStats, GpuExecutor, GpuOptions};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;

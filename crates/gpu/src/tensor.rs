@@ -9,9 +9,12 @@ use crate::arena::PooledBuffer;
 /// A tensor on the device. f32 tensors hold one f32 per element; bf16 tensors
 /// hold two elements per u32 word (element 2j in the low half). Clones and
 /// reshapes share the buffer; in-place ops copy first when it is shared.
+/// `offset` (bytes, a multiple of the storage offset alignment) is non-zero
+/// for the tensors of a weight slot, which share one buffer per layer.
 #[derive(Clone)]
 pub struct GpuTensor {
     pub(crate) buf: Arc<PooledBuffer>,
+    pub(crate) offset: u64,
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
 }
@@ -43,6 +46,11 @@ impl GpuTensor {
 
     pub fn buffer(&self) -> &wgpu::Buffer {
         self.buf.buffer()
+    }
+
+    /// Where the tensor's first element lies in [`GpuTensor::buffer`].
+    pub fn offset(&self) -> u64 {
+        self.offset
     }
 
     /// Bytes the elements occupy (rounded up to whole u32 words).

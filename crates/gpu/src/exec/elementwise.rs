@@ -164,6 +164,7 @@ impl GpuExecutor {
         }
         Ok(GpuTensor {
             buf: t.buf.clone(),
+            offset: t.offset,
             shape: shape.clone(),
             dtype: t.dtype,
         })
@@ -196,7 +197,7 @@ impl GpuExecutor {
         let out = self.alloc(Shape::new([len, last]), t.dtype)?;
         let (s, n) = Self::byte_range("slice_rows", t, start * last, len * last)?;
         let mut op = self.op("slice_rows");
-        op.copy(t.buffer(), s, out.buffer(), 0, n);
+        op.copy(t.buffer(), t.offset + s, out.buffer(), 0, n);
         op.finish()?;
         Ok(out)
     }
@@ -222,7 +223,7 @@ impl GpuExecutor {
         self.make_unique(dst)?;
         let (s, n) = Self::byte_range("write_rows", dst, start * last, n_rows * last)?;
         let mut op = self.op("write_rows");
-        op.copy(src.buffer(), 0, dst.buffer(), s, n);
+        op.copy(src.buffer(), src.offset, dst.buffer(), dst.offset + s, n);
         op.finish()
     }
 

@@ -69,6 +69,7 @@ pub struct GpuExecutor {
     submit_lock: std::sync::Mutex<()>,
     staging: StagingPool,
     timestamps: Option<Timestamps>,
+    bind_groups: BindGroupCache,
 }
 
 struct Timestamps {
@@ -107,6 +108,64 @@ impl Drop for StagingGuard<'_> {
             p.entry(self.class).or_default().push(b);
         }
     }
+}
+
+/// What a bind group binds: equal keys may share one group.
+#[derive(PartialEq, Eq, Hash)]
+struct GroupKey {
+    kernel: Kernel,
+    uniform: (u64, u64),
+    views: Vec<(wgpu::Buffer, u64, u64)>,
+}
+
+/// Most bind groups kept; past it the cache starts over (a workload whose
+/// buffers never repeat must not grow it without bound).
+const BIND_GROUP_CACHE_MAX: usize = 1 << 14;
+
+/// Bind groups by what they bind, with counts of made and reused groups.
+#[derive(Default)]
+pub(crate) struct BindGroupCache {
+    map: std::sync::Mutex<std::collections::HashMap<GroupKey, wgpu::BindGroup>>,
+    made: std::sync::atomic::AtomicU64,
+    reused: std::sync::atomic::AtomicU64,
+}
+
+impl BindGroupCache {
+    fn get_or_make(&self, key: GroupKey, make: impl FnOnce() -> wgpu::BindGroup) -> wgpu::BindGroup {
+        let mut map = self.map.lock().expect("bind group cache poisoned");
+        if let Some(g) = map.get(&key) {
+            self.reused.fetch_add(1, Ordering::Relaxed);
+            return g.clone();
+        }
+        if map.len() >= BIND_GROUP_CACHE_MAX {
+            map.clear();
+        }
+        self.made.fetch_add(1, Ordering::Relaxed);
+        let g = make();
+        map.insert(key, g.clone());
+        g
+    }
+
+    /// Drops every group (they keep their buffers alive).
+    pub(crate) fn clear(&self) {
+        self.map.lock().expect("bind group cache poisoned").clear();
+    }
+
+    fn stats(&self) -> BindGroupStats {
+        BindGroupStats {
+            made: self.made.load(Ordering::Relaxed),
+            reused: self.reused.load(Ordering::Relaxed),
+            cached: self.map.lock().expect("bind group cache poisoned").len() as u64,
+        }
+    }
+}
+
+/// Bind groups created and reused since the executor was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BindGroupStats {
+    pub made: u64,
+    pub reused: u64,
+    pub cached: u64,
 }
 
 enum Cmd {
@@ -188,11 +247,27 @@ impl<'e> Op<'e> {
                 }),
             });
         }
-        let group = ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(spec.entry),
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
+        let make = || {
+            ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(spec.entry),
+                layout: &pipeline.layout,
+                entries: &entries,
+            })
+        };
+        // Parameter blocks of the shared buffer sit at the same offsets every
+        // time an op runs, and weight slots and pooled activations are the
+        // same buffers every step: so after the first step every group is
+        // found here and nothing is created per layer per step.
+        let group = if std::ptr::eq(ubuf, &ex.uniforms) {
+            let key = GroupKey {
+                kernel: k,
+                uniform: (uoff, bytes.len() as u64),
+                views: views.iter().map(|v| (v.buf.clone(), v.offset, v.size)).collect(),
+            };
+            ex.bind_groups.get_or_make(key, make)
+        } else {
+            make()
+        };
         if grid.iter().all(|&g| g > 0) {
             self.cmds.push(Cmd::Dispatch {
                 pipeline,
@@ -293,7 +368,7 @@ impl<'e> Op<'e> {
             let wall = start.elapsed().as_nanos() as u64;
             let ns = match use_ts {
                 Some(t) => {
-                    let words = ex.read_buffer(&t.read, 16)?;
+                    let words = ex.read_buffer(&t.read, 0, 16)?;
                     let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
                     (v[1].saturating_sub(v[0]) as f64 * t.period_ns) as u64
                 }
@@ -425,6 +500,7 @@ impl GpuExecutor {
             profiler: Profiler::default(),
             dummy,
             timestamps,
+            bind_groups: BindGroupCache::default(),
             ctx,
         }
     }
@@ -443,7 +519,13 @@ impl GpuExecutor {
 
     /// Releases pooled (unused) device buffers.
     pub fn trim_pool(&self) {
+        // Cached bind groups hold their buffers: drop them first.
+        self.bind_groups.clear();
         self.arena.trim();
+    }
+
+    pub fn bind_group_stats(&self) -> BindGroupStats {
+        self.bind_groups.stats()
     }
 
     /// Compiles every kernel now rather than on first use.
@@ -510,6 +592,7 @@ impl GpuExecutor {
         }
         Ok(GpuTensor {
             buf: Arc::new(buf),
+            offset: 0,
             shape,
             dtype,
         })
@@ -575,14 +658,14 @@ impl GpuExecutor {
         Ok(t)
     }
 
-    /// Copies `bytes` bytes of `buf` (MAP_READ or not) back to the host.
-    pub(crate) fn read_buffer(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    /// Copies `bytes` bytes of `buf` from `offset` (MAP_READ or not) back to the host.
+    pub(crate) fn read_buffer(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
         if bytes == 0 {
             return Ok(Vec::new());
         }
         let mut guard: Option<StagingGuard<'_>> = None;
-        let src = if buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
-            buf
+        let (src, src_off) = if buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
+            (buf, offset)
         } else {
             // Readback buffers are pooled by size class like device buffers:
             // the trainer downloads every gradient of every step.
@@ -608,12 +691,12 @@ impl GpuExecutor {
             });
             let staging = g.buf.as_ref().expect("present until drop");
             let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(buf, 0, staging, 0, bytes);
+            enc.copy_buffer_to_buffer(buf, offset, staging, 0, bytes);
             self.ctx.queue.submit([enc.finish()]);
-            staging
+            (staging, 0)
         };
         let (tx, rx) = std::sync::mpsc::channel();
-        src.map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+        src.map_async(wgpu::MapMode::Read, src_off..src_off + bytes, move |r| {
             let _ = tx.send(r);
         });
         self.ctx.wait()?;
@@ -621,7 +704,7 @@ impl GpuExecutor {
             .map_err(|e| GpuError::Map(e.to_string()))?
             .map_err(|e| GpuError::Map(e.to_string()))?;
         let out = src
-            .get_mapped_range(0..bytes)
+            .get_mapped_range(src_off..src_off + bytes)
             .map_err(|e| GpuError::Map(e.to_string()))?
             .to_vec();
         src.unmap();
@@ -644,7 +727,7 @@ impl GpuExecutor {
                 ),
             ));
         }
-        let bytes = self.read_buffer(t.buffer(), t.byte_len())?;
+        let bytes = self.read_buffer(t.buffer(), t.offset, t.byte_len())?;
         match t.dtype {
             DType::F32 => {
                 for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -661,7 +744,7 @@ impl GpuExecutor {
     }
 
     pub(crate) fn download_host(&self, t: &GpuTensor) -> Result<HostTensor> {
-        let bytes = self.read_buffer(t.buffer(), t.byte_len())?;
+        let bytes = self.read_buffer(t.buffer(), t.offset, t.byte_len())?;
         let n = t.numel();
         let data = match t.dtype {
             DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)),
@@ -679,13 +762,19 @@ impl GpuExecutor {
 
     /// Binds elements `start..start+count` of `t` (in its dtype's units).
     pub(crate) fn view<'a>(&self, t: &'a GpuTensor, start: usize, count: usize) -> Result<View<'a>> {
-        self.view_buf(
-            t.buffer(),
-            t.dtype.size_in_bytes(),
-            start,
-            count,
-            t.buf.class_bytes(),
-        )
+        let esize = t.dtype.size_in_bytes();
+        debug_assert_eq!(
+            t.offset % self.align,
+            0,
+            "slot tensors start on the binding alignment"
+        );
+        // Slot tensors sit at an aligned offset in a shared buffer: compute
+        // the range as if the tensor began the buffer, then shift it.
+        let v = self.view_buf(t.buffer(), esize, start, count, t.buf.class_bytes() - t.offset)?;
+        Ok(View {
+            offset: v.offset + t.offset,
+            ..v
+        })
     }
 
     pub(crate) fn full<'a>(&self, t: &'a GpuTensor) -> Result<View<'a>> {
@@ -785,7 +874,7 @@ impl GpuExecutor {
         if Arc::strong_count(&t.buf) > 1 {
             let fresh = self.alloc(t.shape.clone(), t.dtype)?;
             let mut op = self.op("copy");
-            op.copy(t.buffer(), 0, fresh.buffer(), 0, t.byte_len());
+            op.copy(t.buffer(), t.offset, fresh.buffer(), 0, t.byte_len());
             op.finish()?;
             *t = fresh;
         }

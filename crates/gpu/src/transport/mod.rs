@@ -24,7 +24,9 @@ impl FromStr for TransportChoice {
             "auto" => Ok(TransportChoice::Auto),
             "staging" => Ok(TransportChoice::Staging),
             "mapped" => Ok(TransportChoice::Mapped),
-            other => Err(format!("unknown transport '{other}' (expected auto, staging or mapped)")),
+            other => Err(format!(
+                "unknown transport '{other}' (expected auto, staging or mapped)"
+            )),
         }
     }
 }
