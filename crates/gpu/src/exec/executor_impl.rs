@@ -1,8 +1,9 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Executor, HostSlice, HostTensor, MatmulGrads,
-    MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, Transpose,
+    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Download, Executor, HostSlice, HostTensor,
+    MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose,
+    WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -34,6 +35,22 @@ impl Executor for GpuExecutor {
 
     fn download_into(&self, t: &GpuTensor, out: &mut [f32]) -> Result<()> {
         self.download_into_f32(t, out)
+    }
+
+    fn load_weights(&self, slot: WeightSlot, params: &[WeightUpload<'_>]) -> Result<Vec<GpuTensor>> {
+        self.load_weights_impl(slot, params)
+    }
+
+    fn begin_download(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {
+        self.begin_download_impl(tensors)
+    }
+
+    fn finish_download(&self, d: Download<GpuTensor>, out: &mut [f32]) -> Result<()> {
+        self.finish_download_impl(d, out)
+    }
+
+    fn prepare_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<Option<TransportInfo>> {
+        self.prepare_transport_impl(layer_bytes, grad_bytes).map(Some)
     }
 
     fn memory_stats(&self) -> Option<MemoryStats> {

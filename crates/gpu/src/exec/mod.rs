@@ -7,6 +7,7 @@ mod embed_loss;
 mod executor_impl;
 mod matmul;
 mod norm;
+mod transport_impl;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +71,8 @@ pub struct GpuExecutor {
     staging: StagingPool,
     timestamps: Option<Timestamps>,
     bind_groups: BindGroupCache,
+    transport_choice: crate::TransportChoice,
+    transport: std::sync::Mutex<transport_impl::TransportState>,
 }
 
 struct Timestamps {
@@ -501,6 +504,8 @@ impl GpuExecutor {
             dummy,
             timestamps,
             bind_groups: BindGroupCache::default(),
+            transport_choice: opts.transport,
+            transport: Default::default(),
             ctx,
         }
     }

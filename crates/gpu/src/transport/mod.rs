@@ -40,3 +40,131 @@ impl std::fmt::Display for TransportChoice {
         })
     }
 }
+
+mod mapped;
+mod readback;
+mod staging;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use megatrain_tensor::Result;
+
+use crate::GpuError;
+use crate::arena::PooledBuffer;
+
+pub(crate) use mapped::MappedTransport;
+pub(crate) use readback::{PendingRead, ReadbackPool};
+pub(crate) use staging::StagingTransport;
+
+/// What the transports need of the executor: the device, the queue, and
+/// the lock that keeps a submission from landing between another op's
+/// parameter write and its submit.
+pub(crate) struct Link<'a> {
+    pub device: &'a wgpu::Device,
+    pub queue: &'a wgpu::Queue,
+    pub submit_lock: &'a std::sync::Mutex<()>,
+}
+
+impl Link<'_> {
+    pub fn submit(&self, enc: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
+        let _g = self.submit_lock.lock().expect("submit lock poisoned");
+        self.queue.submit([enc.finish()])
+    }
+
+    /// Blocks until submission `idx` has finished and its callbacks ran.
+    pub fn wait_for(&self, idx: &wgpu::SubmissionIndex) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx.clone()),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| GpuError::Poll(e.to_string()).into())
+    }
+
+    /// Polls (sleeping briefly in between, so a shared CPU is left to the
+    /// driver and the optimizer) until `state` leaves `PENDING`. For maps
+    /// whose gating submission is not known.
+    pub fn wait_map(&self, state: &MapState) -> Result<()> {
+        let mut nap = Duration::from_micros(20);
+        loop {
+            match state.get() {
+                MapState::PENDING => {}
+                MapState::FAILED => {
+                    return Err(GpuError::Map("the driver refused a buffer mapping".into()).into());
+                }
+                _ => return Ok(()),
+            }
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| GpuError::Poll(e.to_string()))?;
+            if state.get() != MapState::PENDING {
+                continue;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_micros(500));
+        }
+    }
+}
+
+/// Where a buffer's mapping stands, set by the `map_async` callback.
+#[derive(Clone, Default)]
+pub(crate) struct MapState(Arc<AtomicU8>);
+
+impl MapState {
+    pub const PENDING: u8 = 0;
+    pub const MAPPED: u8 = 1;
+    pub const FAILED: u8 = 2;
+
+    pub fn mapped() -> Self {
+        let s = MapState::default();
+        s.0.store(Self::MAPPED, Ordering::Release);
+        s
+    }
+
+    pub fn get(&self) -> u8 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Starts mapping `bytes` bytes of `buf` from 0.
+    pub fn map(&self, buf: &wgpu::Buffer, mode: wgpu::MapMode, bytes: u64) {
+        self.0.store(Self::PENDING, Ordering::Release);
+        let s = self.0.clone();
+        buf.map_async(mode, 0..bytes, move |r| {
+            s.store(
+                if r.is_ok() { Self::MAPPED } else { Self::FAILED },
+                Ordering::Release,
+            );
+        });
+    }
+}
+
+/// A weight slot's one device buffer, and whether the CPU holds it mapped.
+pub(crate) struct SlotBuffer {
+    pub buf: Arc<PooledBuffer>,
+    pub map: MapState,
+    pub mapped: bool,
+}
+
+/// The two ways a layer's transport copy reaches its weight slot (and its
+/// gradients come back); [`crate::GpuExecutor`] keeps one of each and uses
+/// the one chosen for the adapter.
+pub(crate) trait Transport: Send {
+    fn choice(&self) -> TransportChoice;
+    /// Usage of the weight slot buffers this transport writes.
+    fn slot_usage(&self) -> wgpu::BufferUsages;
+    /// Whether a fresh slot buffer should start mapped.
+    fn slot_mapped_at_creation(&self) -> bool;
+    /// Writes `bytes` bytes, produced by `fill`, to the start of `slot`.
+    fn write(
+        &mut self,
+        link: &Link<'_>,
+        slot: &mut SlotBuffer,
+        bytes: u64,
+        fill: &mut dyn FnMut(wgpu::WriteOnly<'_, [u8]>),
+    ) -> Result<()>;
+    /// Usage of the buffers gradients are read back through.
+    fn readback_usage(&self) -> wgpu::BufferUsages;
+}

@@ -1,0 +1,363 @@
+//! `GpuExecutor`'s side of the layer transport: weight slots, gradient
+//! downloads in flight, and the per-adapter choice between the transports.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use megatrain_tensor::{
+    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, Transpose, WeightSlot,
+    WeightUpload,
+};
+
+use super::GpuExecutor;
+use crate::GpuError;
+use crate::tensor::{GpuTensor, storage_bytes};
+use crate::transport::{
+    Link, MapState, MappedTransport, PendingRead, ReadbackPool, SlotBuffer, StagingTransport, Transport,
+    TransportChoice,
+};
+
+/// One weight slot: a buffer laid out for one table, the tensors over it,
+/// and the transport that wrote it (slot buffers of the two differ in usage).
+struct Slot {
+    buffer: SlotBuffer,
+    layout: Vec<(Shape, DType)>,
+    bytes: u64,
+    by: TransportChoice,
+    tensors: Vec<GpuTensor>,
+}
+
+#[derive(Default)]
+pub(crate) struct TransportState {
+    /// The transport in use and why, once decided.
+    active: Option<TransportInfo>,
+    staging: StagingTransport,
+    mapped: MappedTransport,
+    slots: HashMap<WeightSlot, Slot>,
+    readback: ReadbackPool,
+    pending: HashMap<u64, PendingRead>,
+    next_ticket: u64,
+}
+
+impl TransportState {
+    fn active_choice(&self) -> Option<TransportChoice> {
+        self.active
+            .as_ref()
+            .map(|i| i.name.parse().expect("names come from TransportChoice"))
+    }
+
+    fn transport(&mut self, c: TransportChoice) -> &mut dyn Transport {
+        match c {
+            TransportChoice::Mapped => &mut self.mapped,
+            _ => &mut self.staging,
+        }
+    }
+}
+
+/// Slot kind the calibration uses, out of the way of any caller's kinds.
+const CALIBRATION_KIND: usize = usize::MAX;
+
+/// Largest layer the calibration moves (it is a rate, not a rehearsal).
+const CALIBRATION_MAX_BYTES: u64 = 64 << 20;
+
+impl GpuExecutor {
+    fn link(&self) -> Link<'_> {
+        Link {
+            device: &self.ctx.device,
+            queue: &self.ctx.queue,
+            submit_lock: &self.submit_lock,
+        }
+    }
+
+    fn mapped_supported(&self) -> bool {
+        self.ctx
+            .features
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+    }
+
+    fn check_choice(&self, c: TransportChoice) -> Result<()> {
+        if c == TransportChoice::Mapped && !self.mapped_supported() {
+            return Err(GpuError::Unsupported {
+                op: "transport",
+                detail: format!(
+                    "the mapped transport needs MAPPABLE_PRIMARY_BUFFERS, which adapter '{}' does not offer; use staging",
+                    self.ctx.info.name
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The transport in use, deciding without a measurement if
+    /// `prepare_transport` was not called.
+    fn resolve_transport(&self, st: &mut TransportState) -> Result<TransportChoice> {
+        if let Some(c) = st.active_choice() {
+            return Ok(c);
+        }
+        let (c, reason) = match self.transport_choice {
+            TransportChoice::Auto => (
+                TransportChoice::Staging,
+                "not measured (prepare_transport was not called); staging works on every adapter".to_string(),
+            ),
+            c => (c, "set by the caller".to_string()),
+        };
+        self.check_choice(c)?;
+        st.active = Some(TransportInfo {
+            name: c.to_string(),
+            reason,
+            measured_ms: Vec::new(),
+        });
+        Ok(c)
+    }
+
+    /// The transport in use, if decided.
+    pub fn transport_info(&self) -> Option<TransportInfo> {
+        self.transport.lock().expect("transport poisoned").active.clone()
+    }
+
+    /// Host-visible bytes the transports hold (upload ring, parked readback buffers).
+    pub fn transport_host_bytes(&self) -> u64 {
+        let st = self.transport.lock().expect("transport poisoned");
+        st.staging.ring_bytes() + st.readback.pooled_bytes()
+    }
+
+    pub(crate) fn load_weights_impl(
+        &self,
+        slot: WeightSlot,
+        params: &[WeightUpload<'_>],
+    ) -> Result<Vec<GpuTensor>> {
+        let mut layout = Vec::with_capacity(params.len());
+        let mut offsets = Vec::with_capacity(params.len());
+        let mut bytes = 0u64;
+        let align = self.align.max(4);
+        for p in params {
+            p.validate("load_weights")?;
+            if p.dtype == DType::F16 {
+                return Err(GpuError::Unsupported {
+                    op: "load_weights",
+                    detail: "f16 weights are not used on the GPU; load them as f32 or bf16".into(),
+                }
+                .into());
+            }
+            bytes = bytes.div_ceil(align) * align;
+            offsets.push(bytes);
+            bytes += storage_bytes(p.dtype, p.shape.numel());
+            layout.push((p.shape.clone(), p.dtype));
+        }
+        let bytes = bytes.max(4);
+        if bytes > self.ctx.limits.max_buffer_size {
+            return Err(GpuError::Unsupported {
+                op: "load_weights",
+                detail: format!(
+                    "a layer of {bytes} bytes exceeds the device's largest buffer ({} bytes)",
+                    self.ctx.limits.max_buffer_size
+                ),
+            }
+            .into());
+        }
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let choice = self.resolve_transport(&mut st)?;
+        let fits = st
+            .slots
+            .get(&slot)
+            .is_some_and(|s| s.by == choice && s.layout == layout && s.bytes == bytes);
+        if !fits {
+            let t = st.transport(choice);
+            let (usage, mapped, by) = (t.slot_usage(), t.slot_mapped_at_creation(), t.choice());
+            let raw = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("weight slot"),
+                size: bytes,
+                usage,
+                mapped_at_creation: mapped,
+            });
+            let buf = Arc::new(self.arena.adopt(raw));
+            let tensors = layout
+                .iter()
+                .zip(&offsets)
+                .map(|((shape, dtype), &offset)| GpuTensor {
+                    buf: buf.clone(),
+                    offset,
+                    shape: shape.clone(),
+                    dtype: *dtype,
+                })
+                .collect();
+            let slot_state = Slot {
+                buffer: SlotBuffer {
+                    buf,
+                    map: if mapped {
+                        MapState::mapped()
+                    } else {
+                        MapState::default()
+                    },
+                    mapped,
+                },
+                layout,
+                bytes,
+                by,
+                tensors,
+            };
+            if st.slots.insert(slot, slot_state).is_some() {
+                // Groups over the replaced buffer would keep it alive.
+                self.bind_groups.clear();
+            }
+        }
+        // The mapping may be write-combined memory: write it once, in order,
+        // never read it back.
+        let mut fill = |mut dst: wgpu::WriteOnly<'_, [u8]>| {
+            for (p, &at) in params.iter().zip(&offsets) {
+                let at = at as usize;
+                let mut out = dst.slice(at..at + p.held_bytes() as usize);
+                match (p.data, p.dtype) {
+                    (HostSlice::F32(v), _) => out.copy_from_slice(bytemuck::cast_slice(v)),
+                    (HostSlice::BF16(v), DType::BF16) => out.copy_from_slice(bytemuck::cast_slice(v)),
+                    // Widened vectors (norm gains, biases): a small share.
+                    (HostSlice::BF16(v), _) => {
+                        out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes()))
+                    }
+                    (HostSlice::F16(v), _) => out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes())),
+                }
+            }
+        };
+        let link = self.link();
+        let TransportState {
+            staging,
+            mapped,
+            slots,
+            ..
+        } = &mut *st;
+        let s = slots.get_mut(&slot).expect("slot just ensured");
+        let t: &mut dyn Transport = match choice {
+            TransportChoice::Mapped => mapped,
+            _ => staging,
+        };
+        t.write(&link, &mut s.buffer, bytes, &mut fill)?;
+        Ok(s.tensors.clone())
+    }
+
+    pub(crate) fn begin_download_impl(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let choice = self.resolve_transport(&mut st)?;
+        let usage = st.transport(choice).readback_usage();
+        let p = st.readback.begin(&self.link(), usage, &tensors);
+        let (id, numel) = (st.next_ticket, p.numel);
+        st.next_ticket += 1;
+        st.pending.insert(id, p);
+        Ok(Download::Ticket { id, numel })
+    }
+
+    pub(crate) fn finish_download_impl(&self, d: Download<GpuTensor>, out: &mut [f32]) -> Result<()> {
+        let id = match d {
+            Download::Ticket { id, .. } => id,
+            Download::Tensors(ts) => {
+                // Not started by this executor's begin: plain downloads.
+                let total: usize = ts.iter().map(|t| t.numel()).sum();
+                if total != out.len() {
+                    return Err(Error::shape(
+                        "finish_download",
+                        format!("{total} elements into a destination of {}", out.len()),
+                    ));
+                }
+                let mut at = 0;
+                for t in &ts {
+                    self.download_into_f32(t, &mut out[at..at + t.numel()])?;
+                    at += t.numel();
+                }
+                return Ok(());
+            }
+        };
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let p = st.pending.remove(&id).ok_or_else(|| {
+            Error::shape(
+                "finish_download",
+                format!("ticket {id} is unknown or already finished"),
+            )
+        })?;
+        st.readback.finish(&self.link(), p, out)
+    }
+
+    /// Decides the transport for layers of about `layer_bytes` up and
+    /// `grad_bytes` down: the caller's choice, or under `Auto` the faster
+    /// round trip measured here (load into alternating slots, a matmul that
+    /// reads the whole slot, gradient-sized download), median of 5.
+    pub(crate) fn prepare_transport_impl(&self, layer_bytes: u64, grad_bytes: u64) -> Result<TransportInfo> {
+        let fixed = |c: TransportChoice, reason: String| -> Result<TransportInfo> {
+            self.check_choice(c)?;
+            let info = TransportInfo {
+                name: c.to_string(),
+                reason,
+                measured_ms: Vec::new(),
+            };
+            self.transport.lock().expect("transport poisoned").active = Some(info.clone());
+            Ok(info)
+        };
+        match self.transport_choice {
+            TransportChoice::Auto => {}
+            c => return fixed(c, "set by --transport".into()),
+        }
+        if !self.mapped_supported() {
+            return fixed(
+                TransportChoice::Staging,
+                "the adapter does not offer MAPPABLE_PRIMARY_BUFFERS".into(),
+            );
+        }
+        let cap = CALIBRATION_MAX_BYTES.min(self.max_binding / 2);
+        let cols = 256usize;
+        let rows = ((layer_bytes.min(cap) / 4) as usize / cols).max(1);
+        let grad_elems = ((grad_bytes.min(cap) / 4) as usize).max(1);
+        let w_host = vec![0.0f32; rows * cols];
+        let w_shape = Shape::new([rows, cols]);
+        let x = self.zeros_f32([8, cols])?;
+        let g = self.zeros_f32([grad_elems])?;
+        let mut out = vec![0.0f32; grad_elems + 8 * rows];
+        let mut measured = Vec::new();
+        for c in [TransportChoice::Staging, TransportChoice::Mapped] {
+            self.transport.lock().expect("transport poisoned").active = Some(TransportInfo {
+                name: c.to_string(),
+                reason: "calibrating".into(),
+                measured_ms: Vec::new(),
+            });
+            let mut times = Vec::new();
+            for rep in 0..6 {
+                let start = Instant::now();
+                let slot = WeightSlot {
+                    kind: CALIBRATION_KIND,
+                    index: rep % 2,
+                };
+                let w = self.load_weights_impl(
+                    slot,
+                    &[WeightUpload {
+                        shape: &w_shape,
+                        data: HostSlice::F32(&w_host),
+                        dtype: DType::F32,
+                    }],
+                )?;
+                let y = self.matmul(&x, &w[0], None, Transpose::NT)?;
+                drop(w);
+                let d = self.begin_download_impl(vec![g.clone(), y])?;
+                self.finish_download_impl(d, &mut out)?;
+                if rep > 0 {
+                    times.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            measured.push((c.to_string(), times[times.len() / 2]));
+        }
+        let mut st = self.transport.lock().expect("transport poisoned");
+        st.slots.retain(|s, _| s.kind != CALIBRATION_KIND);
+        self.bind_groups.clear();
+        let best = if measured[1].1 < measured[0].1 { 1 } else { 0 };
+        let info = TransportInfo {
+            name: measured[best].0.clone(),
+            reason: format!(
+                "faster round trip measured on this adapter ({:.1} MiB up with a matmul reading it, {:.1} MiB down; median of 5)",
+                (rows * cols * 4) as f64 / (1u64 << 20) as f64,
+                ((grad_elems + 8 * rows) * 4) as f64 / (1u64 << 20) as f64
+            ),
+            measured_ms: measured,
+        };
+        st.active = Some(info.clone());
+        Ok(info)
+    }
+}
