@@ -76,6 +76,17 @@ fn bad_inputs_are_named() {
         &["--preset", "gpt2-nano", "--data", s(&data), "--precision", "fp8"],
         &["fp8"],
     );
+    check(
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--transport",
+            "pinned",
+        ],
+        &["--transport", "unknown transport 'pinned'", "staging", "mapped"],
+    );
     let jl = t.join("bad.jsonl");
     std::fs::write(
         &jl,
@@ -103,6 +114,11 @@ fn bad_inputs_are_named() {
     check(
         &["--config", s(&cfg), "--data", s(&data)],
         &["c.toml", "learning_rate"],
+    );
+    std::fs::write(&cfg, "preset = \"gpt2-nano\"\ntransport = \"dma\"\n").unwrap();
+    check(
+        &["--config", s(&cfg), "--data", s(&data)],
+        &["c.toml", "unknown transport 'dma'"],
     );
     refused(&["train", "--resume", s(&t.join("nothing"))], &["nothing"]);
     refused(&["sample", "--model", s(&t.join("nothing"))], &["nothing"]);

@@ -117,6 +117,22 @@ fn toml_config_is_overridden_by_later_settings() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("linear"), "{err}");
+    let o = TrainOptions::default()
+        .overlay_toml("transport = \"staging\"\n", &path)
+        .unwrap();
+    assert_eq!(o.transport, megatrain_gpu::TransportChoice::Staging);
+    assert_eq!(
+        TrainOptions::default().transport,
+        megatrain_gpu::TransportChoice::Auto
+    );
+    let err = TrainOptions::default()
+        .overlay_toml("transport = \"dma\"\n", &path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("c.toml") && err.contains("unknown transport 'dma'"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -149,9 +149,16 @@ fn resume_refuses_another_model_and_a_fresh_run_refuses_a_used_directory() {
     assert!(err.contains("gpt2-nano") && err.contains("llama-tiny"), "{err}");
     let mut changed = options(&data, &a);
     changed.lr = 1e-4;
+    changed.transport = megatrain_gpu::TransportChoice::Mapped;
     let p = prepare(changed, true).unwrap();
     assert!(
         p.warnings.iter().any(|w| w.starts_with("lr:")),
+        "{:?}",
+        p.warnings
+    );
+    // A device option: it changes no result, so resuming with it is silent.
+    assert!(
+        !p.warnings.iter().any(|w| w.starts_with("transport:")),
         "{:?}",
         p.warnings
     );

@@ -244,6 +244,50 @@ fn blocks_cross_twice_embedding_and_head_once() {
     assert!(m.bus_crossings() > 1.0 && m.bus_crossings() < 2.0);
 }
 
+/// With bf16 transport, matrices cross as bf16 and vectors (norm gains,
+/// biases) are held as f32 by the executor: the count is what it holds.
+#[test]
+fn bf16_transport_counts_the_bytes_the_executor_holds() {
+    for model in [llama_tiny(), gpt2_nano(65)] {
+        let tier_config = TierConfig {
+            transport: TransportDType::BF16,
+            ..TierConfig::default()
+        };
+        let tier = init_tier(&model, tier_config, SEED).unwrap();
+        let config = TrainerConfig {
+            checkpoint_every: 2,
+            ..TrainerConfig::default()
+        };
+        let mut t = Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
+        assert!(
+            t.transport_info().is_none(),
+            "the CPU executor has no transport to choose"
+        );
+        let m = t.step(&[batch(model.vocab_size as u32, 0, 1, 8)], 1e-3).unwrap();
+        let held: Vec<u64> = model
+            .layer_tables()
+            .iter()
+            .map(|table| {
+                table
+                    .iter()
+                    .map(|p| (if p.shape.rank() >= 2 { 2 } else { 4 }) * p.numel() as u64)
+                    .sum()
+            })
+            .collect();
+        let (emb, head) = (held[0], *held.last().unwrap());
+        let blocks: u64 = held[1..held.len() - 1].iter().sum();
+        assert_eq!(m.bytes_uploaded, emb + 2 * blocks + head);
+        assert_eq!(m.transport_bytes, 2 * t.tier().n_params());
+        assert_eq!(m.bytes_downloaded, 4 * t.tier().n_params());
+        // Vectors cross at 2 bytes and are held at 4, so a little over the f32 ratio.
+        assert!(
+            m.bus_crossings() > 1.0 && m.bus_crossings() < 2.1,
+            "{}",
+            m.bus_crossings()
+        );
+    }
+}
+
 #[test]
 fn bad_configurations_are_refused() {
     let model = llama_tiny();

@@ -6,7 +6,7 @@ use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 use megatrain_adamw::AdamWConfig;
-use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::{HostTier, TierConfig, TransportDType, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
@@ -23,7 +23,11 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
             let ctx = GpuContext::new().context("no GPU adapter")?;
             // The arena's peak of live tensor bytes (pool and driver
             // overhead not counted).
-            run_on(GpuExecutor::new(ctx), spec, baseline_rss, |ex| {
+            let opts = GpuOptions {
+                transport: spec.transport()?,
+                ..GpuOptions::default()
+            };
+            run_on(GpuExecutor::with_options(ctx, opts), spec, baseline_rss, |ex| {
                 Some(ex.memory().peak_bytes)
             })
         }
@@ -89,6 +93,12 @@ fn run_on<E: Executor>(
         ..TrainerConfig::default()
     };
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
+    if let Some(info) = tr.transport_info() {
+        eprintln!(
+            "  [{}] transport {} ({}): {:?} ms",
+            spec.label, info.name, info.reason, info.measured_ms
+        );
+    }
     let all = batches(spec, model.vocab_size, spec.warmup + spec.steps)?;
     let mut steps: Vec<StepMetrics> = Vec::with_capacity(spec.steps);
     for (i, b) in all.iter().enumerate() {
@@ -124,6 +134,7 @@ fn run_on<E: Executor>(
         baseline_rss,
         tier_ram,
         staging,
+        tr.transport_info(),
     );
     if record.device_peak_bytes.is_none() {
         record.device_peak_bytes = peak_device.filter(|&p| p > 0);
@@ -176,6 +187,7 @@ mod tests {
             warmup: 1,
             precision: "bf16".into(),
             device: "cpu".into(),
+            transport: "mapped".into(),
             checkpoint_every: 1,
             mode_reps: 1,
             lr: 1e-3,
@@ -194,6 +206,11 @@ mod tests {
         let m = r.modes.as_ref().unwrap();
         assert!(m.compute_only_ms > 0.0 && m.transfer_only_ms > 0.0 && m.optimizer_only_ms > 0.0);
         assert!(r.overlap_efficiency.unwrap() > 0.0);
+        // The CPU executor has no transport to choose: the fields say so.
+        let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["transport"], "default");
+        assert_eq!(json["transport_measured_ms"], serde_json::json!([]));
+        assert_eq!(json["spec"]["transport"], "mapped");
         let back: Record = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.n_params, r.n_params);
         let table = report::tables(&[back], &[]);
@@ -223,6 +240,7 @@ mod tests {
             warmup: 0,
             precision: "f32".into(),
             device: "cpu".into(),
+            transport: "auto".into(),
             checkpoint_every: 1,
             mode_reps: 0,
             lr: 1e-3,

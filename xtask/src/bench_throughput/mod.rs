@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
+use megatrain_gpu::TransportChoice;
 use record::Record;
 use spec::Spec;
 
@@ -54,6 +55,9 @@ pub struct Args {
     /// GPU) (repeatable). Default cpu; --quick runs both.
     #[arg(long)]
     device: Vec<String>,
+    /// How the GPU moves layers: auto (measured at start), staging or mapped.
+    #[arg(long, default_value_t = TransportChoice::Auto)]
+    transport: TransportChoice,
     /// K: checkpoint every K blocks.
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
@@ -113,6 +117,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         warmup: a.warmup,
         precision: precision.into(),
         device: device.into(),
+        transport: a.transport.to_string(),
         checkpoint_every: a.checkpoint_every,
         mode_reps: a.mode_reps,
         lr: a.lr,
@@ -261,7 +266,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut failures = Vec::new();
     let mut peers: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
     for s in &specs {
-        eprintln!("== {} on {} ({}) ==", s.label, s.device, s.precision);
+        eprintln!(
+            "== {} on {} ({}, transport {}) ==",
+            s.label, s.device, s.precision, s.transport
+        );
         match run_child(s) {
             Ok(mut r) => {
                 // One peer run per model shape; it pairs with the rows of
@@ -332,6 +340,16 @@ mod tests {
         for s in &s {
             s.model().unwrap();
         }
+    }
+
+    #[test]
+    fn transport_reaches_every_spec() {
+        assert!(specs(&parse(&["--quick"])).iter().all(|s| s.transport == "auto"));
+        let s = specs(&parse(&["--device", "gpu", "--transport", "mapped"]));
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].transport().unwrap(), TransportChoice::Mapped);
+        let bad = Cli::try_parse_from(["x", "--transport", "pinned"]).err().unwrap();
+        assert!(bad.to_string().contains("unknown transport 'pinned'"), "{bad}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!   count for the causal mask).
 
 use megatrain::StepMetrics;
+use megatrain_tensor::TransportInfo;
 use megatrain_zoo::{LayerKind, ModelConfig};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,16 @@ pub struct Modes {
 pub struct Record {
     pub spec: Spec,
     pub device_name: String,
+    /// The executor's transport (`default`: it made no choice, e.g. the CPU
+    /// executor, whose upload and download are plain copies).
+    #[serde(default)]
+    pub transport: String,
+    /// Why it was chosen.
+    #[serde(default)]
+    pub transport_reason: String,
+    /// Milliseconds per layer round trip measured for each candidate.
+    #[serde(default)]
+    pub transport_measured_ms: Vec<(String, f64)>,
     pub arch: String,
     pub n_params: u64,
     pub n_params_blocks: u64,
@@ -125,6 +136,7 @@ impl Record {
         baseline_rss: u64,
         tier_ram: u64,
         staging: u64,
+        transport: Option<&TransportInfo>,
     ) -> Record {
         let tables = model.layer_tables();
         let n_params: u64 = tables.iter().map(|t| t.numel() as u64).sum();
@@ -148,6 +160,9 @@ impl Record {
         Record {
             spec: spec.clone(),
             device_name,
+            transport: transport.map_or_else(|| "default".into(), |t| t.name.clone()),
+            transport_reason: transport.map(|t| t.reason.clone()).unwrap_or_default(),
+            transport_measured_ms: transport.map(|t| t.measured_ms.clone()).unwrap_or_default(),
             arch: format!("{:?}", model.arch),
             n_params,
             n_params_blocks: n_blocks,

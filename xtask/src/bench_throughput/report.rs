@@ -290,6 +290,7 @@ mod tests {
             warmup: 0,
             precision: "f32".into(),
             device: "cpu".into(),
+            transport: "auto".into(),
             checkpoint_every: 1,
             mode_reps: 0,
             lr: 1e-3,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail, ensure};
+use megatrain_gpu::TransportChoice;
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,10 @@ pub struct Spec {
     pub precision: String,
     /// "cpu" or "gpu".
     pub device: String,
+    /// How the GPU moves layers: "auto", "staging" or "mapped" (the CPU
+    /// executor has no choice and ignores it).
+    #[serde(default = "auto")]
+    pub transport: String,
     pub checkpoint_every: usize,
     /// Repetitions of each isolated mode (median taken); 0 skips them.
     pub mode_reps: usize,
@@ -32,7 +37,18 @@ pub struct Spec {
     pub peer: bool,
 }
 
+fn auto() -> String {
+    TransportChoice::Auto.to_string()
+}
+
 impl Spec {
+    /// The GPU transport this spec asks for.
+    pub fn transport(&self) -> anyhow::Result<TransportChoice> {
+        self.transport
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--transport: {e}"))
+    }
+
     /// The model this spec trains (weights come later: seeded or the checkpoint's).
     pub fn model(&self) -> anyhow::Result<ModelConfig> {
         let mut cfg = match (&self.preset, &self.model_dir) {
@@ -95,6 +111,7 @@ mod tests {
             warmup: 1,
             precision: "f32".into(),
             device: "cpu".into(),
+            transport: "auto".into(),
             checkpoint_every: 1,
             mode_reps: 0,
             lr: 1e-3,
@@ -118,5 +135,12 @@ mod tests {
         s.hidden = None;
         s.preset = None;
         assert!(s.model().is_err());
+        s.transport = "pinned".into();
+        assert!(
+            s.transport()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown transport 'pinned'")
+        );
     }
 }

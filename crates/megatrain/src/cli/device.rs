@@ -1,7 +1,7 @@
 //! Choosing the executor once, at the top; the rest is generic over it.
 
 use megatrain::run::DeviceChoice;
-use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::CpuExecutor;
 
 // Built once per command; boxing would only hide the executor type.
@@ -25,7 +25,17 @@ pub(crate) use on_executor;
 /// `auto`: a hardware GPU adapter if there is one, else the CPU with a
 /// warning (a software adapter such as lavapipe is slower than the CPU
 /// executor); `gpu`: any adapter, lavapipe included; `cpu`: the CPU.
-pub fn open(choice: DeviceChoice, quiet: bool) -> anyhow::Result<Exec> {
+/// `transport` is how a GPU executor moves layers (ignored on the CPU).
+pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> anyhow::Result<Exec> {
+    let gpu = |ctx| {
+        GpuExecutor::with_options(
+            ctx,
+            GpuOptions {
+                transport,
+                ..GpuOptions::default()
+            },
+        )
+    };
     let say = |m: String| {
         if !quiet {
             eprintln!("{m}");
@@ -39,12 +49,12 @@ pub fn open(choice: DeviceChoice, quiet: bool) -> anyhow::Result<Exec> {
         DeviceChoice::Gpu => {
             let ctx = GpuContext::new().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
             say(format!("device: {}", ctx.info));
-            Ok(Exec::Gpu(GpuExecutor::new(ctx)))
+            Ok(Exec::Gpu(gpu(ctx)))
         }
         DeviceChoice::Auto => match GpuContext::new() {
             Ok(ctx) if ctx.info.device_type != "Cpu" => {
                 say(format!("device: {}", ctx.info));
-                Ok(Exec::Gpu(GpuExecutor::new(ctx)))
+                Ok(Exec::Gpu(gpu(ctx)))
             }
             Ok(ctx) => {
                 eprintln!(

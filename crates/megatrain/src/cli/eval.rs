@@ -6,6 +6,7 @@ use clap::Args;
 use megatrain::data::{ChatTemplate, Sampling, load_tokens};
 use megatrain::run::{DeviceChoice, Encoder, RunError, evaluate, resolve_model_dir};
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
+use megatrain_gpu::TransportChoice;
 use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
@@ -56,7 +57,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let per_batch = a.batch * seq;
     let whole = (data.len().saturating_sub(1) / per_batch).max(1);
     let batches = a.batches.unwrap_or(whole);
-    let exec = device::open(a.device, true)?;
+    let exec = device::open(a.device, TransportChoice::Auto, true)?;
     let tier = load_tier(&ckpt, TierConfig::default())?;
     let loss = on_executor!(exec, ex => {
         let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use megatrain::run::Progress;
+use megatrain_tensor::TransportInfo;
 use serde_json::Value;
 
 pub struct CliProgress {
@@ -51,7 +52,28 @@ fn num(r: &Value, k: &str) -> f64 {
     r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 
+/// `transport: mapped (measured faster) [staging 1.20 ms, mapped 0.80 ms]`.
+pub fn transport_line(info: &TransportInfo) -> String {
+    let measured: Vec<String> = info
+        .measured_ms
+        .iter()
+        .map(|(name, ms)| format!("{name} {ms:.2} ms"))
+        .collect();
+    let measured = if measured.is_empty() {
+        String::new()
+    } else {
+        format!(" [{} per layer round trip]", measured.join(", "))
+    };
+    format!("transport: {} ({}){measured}", info.name, info.reason)
+}
+
 impl Progress for CliProgress {
+    fn transport(&mut self, info: &TransportInfo) {
+        if !self.quiet {
+            self.line(transport_line(info));
+        }
+    }
+
     fn begin(&mut self, start: u64, _total: u64) {
         self.first = start;
         self.start = std::time::Instant::now();
@@ -98,5 +120,32 @@ impl Progress for CliProgress {
         if let Some(b) = self.bar.take() {
             b.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_line_names_choice_reason_and_measurements() {
+        let info = TransportInfo {
+            name: "mapped".into(),
+            reason: "measured faster".into(),
+            measured_ms: vec![("staging".into(), 1.2), ("mapped".into(), 0.8)],
+        };
+        assert_eq!(
+            transport_line(&info),
+            "transport: mapped (measured faster) [staging 1.20 ms, mapped 0.80 ms per layer round trip]"
+        );
+        let forced = TransportInfo {
+            name: "staging".into(),
+            reason: "--transport staging".into(),
+            measured_ms: Vec::new(),
+        };
+        assert_eq!(
+            transport_line(&forced),
+            "transport: staging (--transport staging)"
+        );
     }
 }

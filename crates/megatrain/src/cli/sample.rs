@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{DeviceChoice, Encoder, Resident, SampleOptions, generate, resolve_model_dir};
+use megatrain_gpu::TransportChoice;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
@@ -51,7 +52,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         top_k: a.top_k,
         seed: a.seed,
     };
-    let exec = device::open(a.device, true)?;
+    let exec = device::open(a.device, TransportChoice::Auto, true)?;
     let ids = on_executor!(exec, ex => {
         let model = Resident::load(&ex, &ckpt)?;
         generate(&ex, &model, &prompt, opts)?

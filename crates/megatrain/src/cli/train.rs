@@ -8,6 +8,7 @@ use megatrain::run::{
     DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, latest_checkpoint, prepare,
     read_train_state, train,
 };
+use megatrain_gpu::TransportChoice;
 
 use super::device::{self, on_executor};
 use super::progress::CliProgress;
@@ -79,6 +80,9 @@ pub struct TrainArgs {
     /// auto | gpu | cpu.
     #[arg(long)]
     device: Option<DeviceChoice>,
+    /// auto | staging | mapped: how the GPU moves layers (auto measures both at start).
+    #[arg(long)]
+    transport: Option<TransportChoice>,
     #[arg(long)]
     seed: Option<u64>,
     /// random | sequential.
@@ -164,6 +168,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         checkpoint_every,
         chunk_rows,
         device,
+        transport,
         seed,
         sampling,
         eval_every,
@@ -218,7 +223,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             eprintln!("resuming from {} (step {})", ckpt.display(), s.step);
         }
     }
-    let exec = device::open(o.device, a.quiet)?;
+    let exec = device::open(o.device, o.transport, a.quiet)?;
     let mut progress = CliProgress::new(o.steps, o.log_every, a.quiet);
     let summary = on_executor!(exec, ex => train(ex, &p, None, &mut progress))?;
     let val = summary

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use megatrain_gpu::TransportChoice;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, RunError};
@@ -73,6 +74,20 @@ parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
 
+/// [`TransportChoice`] as its name (`auto`, `staging`, `mapped`).
+mod transport_name {
+    use megatrain_gpu::TransportChoice;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &TransportChoice, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(t)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TransportChoice, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The settings of a training run. Defaults follow nanoGPT where it has one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -115,6 +130,10 @@ pub struct TrainOptions {
     /// Rows of the LM head per chunk.
     pub chunk_rows: usize,
     pub device: DeviceChoice,
+    /// How the GPU moves layers: `auto` (measured at start), `staging` or
+    /// `mapped`. A device option: changing it on resume changes no result.
+    #[serde(with = "transport_name")]
+    pub transport: TransportChoice,
     pub seed: u64,
     pub sampling: SamplingKind,
     /// Evaluate every this many steps (0: only at the end).
@@ -159,6 +178,7 @@ impl Default for TrainOptions {
             checkpoint_every: 1,
             chunk_rows: 256,
             device: DeviceChoice::Auto,
+            transport: TransportChoice::Auto,
             seed: 1337,
             sampling: SamplingKind::Random,
             eval_every: 250,

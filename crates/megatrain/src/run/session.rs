@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use megatrain_adamw::AdamWConfig;
-use megatrain_tensor::Executor;
+use megatrain_tensor::{Executor, TransportInfo};
 use megatrain_tier::{HostTier, TierConfig, TransportDType, load_checkpoint};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
@@ -42,6 +42,8 @@ pub struct Prepared {
 
 /// What the loop reports as it goes (a progress bar, plain lines, nothing).
 pub trait Progress {
+    /// The executor's transport choice, where it made one (once, at start).
+    fn transport(&mut self, _info: &TransportInfo) {}
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}
     fn eval(&mut self, _step: u64, _val_loss: f64) {}
@@ -109,7 +111,8 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         }
         warnings = option_diffs(&state.options, &opts)
             .into_iter()
-            .filter(|w| !w.starts_with("steps:") && !w.starts_with("out:"))
+            // A device option (like `transport`) changes no result.
+            .filter(|w| !["steps:", "out:", "transport:"].iter().any(|k| w.starts_with(k)))
             .collect();
         let model = ModelConfig::from_dir(&ckpt)?;
         let encoder = Encoder::from_dir(&ckpt, Some(&model))?;
@@ -320,6 +323,9 @@ pub fn train<E: Executor>(
         optimizer_queue: 2,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
+    if let Some(info) = trainer.transport_info() {
+        progress.transport(info);
+    }
 
     let (start, mut tokens, prior_s) = match &p.resume {
         Some((_, s)) => (s.step, s.tokens, s.train_s),

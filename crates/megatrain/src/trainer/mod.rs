@@ -10,7 +10,8 @@
 //! 3. backward, one block of K layers at a time, last first: the block's
 //!    layers are uploaded once, its forward is recomputed from the
 //!    checkpoint keeping activations, then each layer's backward runs and
-//!    its gradients go to the host at once;
+//!    its gradients start down to the host at once (finished after the
+//!    next layer's backward has been issued);
 //! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
 //!    on each layer as its gradients land (and rewrites its transport copy)
 //!    while the executor goes on with earlier layers.
@@ -19,6 +20,10 @@
 //! backward (a tied head reads them too) and the head runs its backward
 //! right after its forward, so those two layers cross the bus once per
 //! micro-batch; every block crosses twice.
+//!
+//! Layers go into fixed weight slots of the executor (embedding, head, and
+//! a ring of K + 1 for blocks) so a device reuses their residences; see
+//! `upload.rs` for why the ring never overwrites weights still in use.
 //!
 //! Exact global-norm clipping needs every gradient before any update: in
 //! that mode gradients are held in the tier and the update runs after
@@ -35,7 +40,7 @@ use std::sync::mpsc::{SyncSender, sync_channel};
 use std::time::Instant;
 
 use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
-use megatrain_tensor::Executor;
+use megatrain_tensor::{Executor, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError};
 use megatrain_zoo::layers::{
     block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, head_loss,
@@ -48,7 +53,8 @@ pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, update_slab, worker};
 pub use setup::{init_tier, load_tier};
-pub use upload::{download_grads, upload_layer};
+use upload::{EMBEDDING_SLOT, HEAD_SLOT, Pending, Slots, begin_grads};
+pub use upload::{held_bytes, load_layer, upload_layer, weight_uploads};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -105,35 +111,70 @@ pub struct Trainer<E: Executor> {
     adamw: AdamW,
     masks: Vec<DecayMask>,
     pool: StagingPool,
+    transport: Option<TransportInfo>,
 }
 
-/// Hands the last remaining layer and its gradients to the optimizer.
-fn hand_over<'t, E: Executor>(
-    ex: &E,
-    remaining: &mut &'t mut [LayerSlab],
-    grads: &[E::Tensor],
-    tx: &SyncSender<Job<'t>>,
-    pool: &StagingPool,
+/// The device side's end of the gradient hand-over, one layer deep: a
+/// layer's download starts as soon as its gradients exist and is finished
+/// (and the layer sent to the optimizer) only after the next layer's
+/// backward has been issued, so the executor computes while bytes travel.
+/// Layers are handed over last first, in the order of [`LayerSlab`]s.
+struct Handoff<'s, 't, E: Executor> {
+    ex: &'s E,
+    tx: SyncSender<Job<'t>>,
+    pool: &'s StagingPool,
     update: bool,
-    m: &mut StepMetrics,
-) -> Result<()> {
-    let (slab, rest) = std::mem::take(remaining)
-        .split_last_mut()
-        .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
-    *remaining = rest;
-    let mut staging = pool.take(slab.numel());
-    let t = Instant::now();
-    m.bytes_downloaded += download_grads(ex, slab.table(), grads, &mut staging)?;
-    m.download_ms += ms(t);
-    let t = Instant::now();
-    tx.send(Job {
-        slab,
-        grads: staging,
-        update,
-    })
-    .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
-    m.optimizer_wait_ms += ms(t);
-    Ok(())
+    /// Layers not handed over yet.
+    remaining: &'t mut [LayerSlab],
+    pending: Option<Pending<&'t mut LayerSlab, E::Tensor>>,
+}
+
+impl<'t, E: Executor> Handoff<'_, 't, E> {
+    /// Starts the download of the last remaining layer's gradients, then
+    /// completes the previous layer's.
+    fn push(&mut self, grads: Vec<E::Tensor>, m: &mut StepMetrics) -> Result<()> {
+        let (slab, rest) = std::mem::take(&mut self.remaining)
+            .split_last_mut()
+            .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
+        self.remaining = rest;
+        let t = Instant::now();
+        let (download, bytes) = begin_grads(self.ex, slab, grads)?;
+        m.download_ms += ms(t);
+        m.bytes_downloaded += bytes;
+        match self.pending.replace(Pending { slab, download }) {
+            Some(previous) => self.send(previous, m),
+            None => Ok(()),
+        }
+    }
+
+    /// Completes the last download (end of backward).
+    fn flush(&mut self, m: &mut StepMetrics) -> Result<()> {
+        match self.pending.take() {
+            Some(last) => self.send(last, m),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&self, p: Pending<&'t mut LayerSlab, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
+        let mut staging = self.pool.take(p.slab.numel());
+        let t = Instant::now();
+        let done = self.ex.finish_download(p.download, &mut staging);
+        m.download_ms += ms(t);
+        if let Err(e) = done {
+            self.pool.give(staging);
+            return Err(e.into());
+        }
+        let t = Instant::now();
+        self.tx
+            .send(Job {
+                slab: p.slab,
+                grads: staging,
+                update: self.update,
+            })
+            .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
+        m.optimizer_wait_ms += ms(t);
+        Ok(())
+    }
 }
 
 /// Milliseconds since `t`.
@@ -173,6 +214,20 @@ impl<E: Executor> Trainer<E> {
             )));
         }
         let masks = tables.iter().map(DecayMask::from_param_table).collect();
+        // Sized by the largest layer: the one whose crossing matters most.
+        let layer_bytes = tier
+            .layers()
+            .iter()
+            .map(|s| held_bytes(&weight_uploads(s)))
+            .max()
+            .unwrap_or(0);
+        let grad_bytes = tier
+            .layers()
+            .iter()
+            .map(|s| 4 * s.numel() as u64)
+            .max()
+            .unwrap_or(0);
+        let transport = ex.prepare_transport(layer_bytes, grad_bytes)?;
         Ok(Trainer {
             adamw: AdamW::new(config.adamw)?,
             ex,
@@ -181,6 +236,7 @@ impl<E: Executor> Trainer<E> {
             config,
             masks,
             pool: StagingPool::default(),
+            transport,
         })
     }
 
@@ -200,6 +256,11 @@ impl<E: Executor> Trainer<E> {
     /// refreshed after parameters change.
     pub fn tier_mut(&mut self) -> &mut HostTier {
         &mut self.tier
+    }
+
+    /// How the executor moves layers and why, where it had a choice.
+    pub fn transport_info(&self) -> Option<&TransportInfo> {
+        self.transport.as_ref()
     }
 
     pub fn config(&self) -> &TrainerConfig {
@@ -300,6 +361,7 @@ impl<E: Executor> Trainer<E> {
             adamw,
             masks,
             pool,
+            transport: _,
         } = self;
         let ex: &E = ex;
         let (b, t) = (batch.batch, batch.seq_len);
@@ -315,10 +377,18 @@ impl<E: Executor> Trainer<E> {
 
         std::thread::scope(|scope| -> Result<f64> {
             let opt = scope.spawn(move || worker(rx, shared));
-            let mut remaining: &mut [LayerSlab] = tier.layers_mut();
-            let upload = |slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
+            let mut h = Handoff {
+                ex,
+                tx,
+                pool,
+                update,
+                remaining: tier.layers_mut(),
+                pending: None,
+            };
+            let mut slots = Slots::new(k);
+            let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();
-                let (w, bytes) = upload_layer(ex, slab)?;
+                let (w, bytes) = load_layer(ex, slot, slab)?;
                 m.upload_ms += ms(t);
                 m.bytes_uploaded += bytes;
                 Ok(w)
@@ -326,11 +396,11 @@ impl<E: Executor> Trainer<E> {
 
             // 1. Forward, keeping the input of every K-th block.
             let t_fwd = Instant::now();
-            let emb_w = upload(&remaining[0], m)?;
+            let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
             let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
             let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
             for i in 0..n_blocks {
-                let w = upload(&remaining[1 + i], m)?;
+                let w = load(slots.next_block(), &h.remaining[1 + i], m)?;
                 let (y, _) = block_forward(cfg, ex, &w, &x)?;
                 if i % k == 0 {
                     checkpoints.push(x);
@@ -341,7 +411,7 @@ impl<E: Executor> Trainer<E> {
 
             // 2. Loss and its backward.
             let t_loss = Instant::now();
-            let head_w = upload(&remaining[n_blocks + 1], m)?;
+            let head_w = load(HEAD_SLOT, &h.remaining[n_blocks + 1], m)?;
             let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
             let head = head_forward_backward(
                 cfg,
@@ -354,40 +424,42 @@ impl<E: Executor> Trainer<E> {
                 config.chunk_rows,
             )?;
             drop(x);
-            hand_over(ex, &mut remaining, &head.grads, &tx, pool, update, m)?;
+            h.push(head.grads, m)?;
             drop(head_w);
             m.loss_ms += ms(t_loss);
 
-            // 3. Backward, K blocks at a time, last first.
+            // 3. Backward, K blocks at a time, last first. A group's K
+            // blocks sit in distinct slots until the group is done.
             let t_bwd = Instant::now();
             let mut dx = head.dx;
             for g in (0..checkpoints.len()).rev() {
                 let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
                 let ws = (s..e)
-                    .map(|i| upload(&remaining[1 + i], m))
+                    .map(|i| load(slots.next_block(), &h.remaining[1 + i], m))
                     .collect::<Result<Vec<_>>>()?;
-                let mut h = checkpoints.pop().expect("one checkpoint per block group");
+                let mut x = checkpoints.pop().expect("one checkpoint per block group");
                 let mut saved = Vec::with_capacity(e - s);
                 for w in &ws {
-                    let (y, sv) = block_forward(cfg, ex, w, &h)?;
+                    let (y, sv) = block_forward(cfg, ex, w, &x)?;
                     saved.push(sv);
-                    h = y;
+                    x = y;
                 }
-                drop(h);
+                drop(x);
                 for (w, sv) in ws.iter().zip(saved).rev() {
                     let (d, grads) = block_backward(cfg, ex, w, &sv, &dx)?;
                     drop(sv);
                     dx = d;
-                    hand_over(ex, &mut remaining, &grads, &tx, pool, update, m)?;
+                    h.push(grads, m)?;
                 }
             }
             let grads = embedding_backward(cfg, ex, &emb_w, &batch.inputs, b, t, &dx, head.tied_grad)?;
             drop(dx);
-            hand_over(ex, &mut remaining, &grads, &tx, pool, update, m)?;
+            h.push(grads, m)?;
+            h.flush(m)?;
             m.backward_ms += ms(t_bwd);
 
             // 4. The optimizer's tail.
-            drop(tx);
+            drop(h);
             let t_wait = Instant::now();
             let busy = opt
                 .join()
@@ -403,13 +475,14 @@ impl<E: Executor> Trainer<E> {
         let (ex, cfg, layers) = (&self.ex, &self.model, self.tier.layers());
         let (b, t) = (batch.batch, batch.seq_len);
         let n = cfg.num_layers;
-        let (emb_w, _) = upload_layer(ex, &layers[0])?;
+        let mut slots = Slots::new(self.config.checkpoint_every);
+        let (emb_w, _) = load_layer(ex, EMBEDDING_SLOT, &layers[0])?;
         let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
         for slab in &layers[1..=n] {
-            let (w, _) = upload_layer(ex, slab)?;
+            let (w, _) = load_layer(ex, slots.next_block(), slab)?;
             x = block_forward(cfg, ex, &w, &x)?.0;
         }
-        let (head_w, _) = upload_layer(ex, &layers[n + 1])?;
+        let (head_w, _) = load_layer(ex, HEAD_SLOT, &layers[n + 1])?;
         let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
         Ok(head_loss(
             cfg,

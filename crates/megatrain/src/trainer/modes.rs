@@ -16,14 +16,15 @@
 
 use std::time::Instant;
 
-use megatrain_tensor::{Executor, Shape, TensorHandle};
+use megatrain_tensor::{Download, Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 use megatrain_zoo::layers::{
     block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
 };
 
 use super::optimizer::update_slab;
-use super::{Result, TrainError, Trainer, ms, upload_layer};
+use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, begin_grads, load_layer, upload_layer};
+use super::{Result, TrainError, Trainer, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -145,9 +146,12 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// The step's bus traffic without its compute: every transport copy up
-    /// (blocks twice, embedding and head once) and every layer's fp32
-    /// gradient bytes down, from executor buffers of the layer's shapes
-    /// allocated before the clock starts.
+    /// into the step's slots and in its order (blocks twice, the backward's
+    /// a group of K at a time; embedding and head once) and every layer's
+    /// fp32 gradient bytes down, pipelined one layer deep like the step's.
+    /// Gradients come from executor buffers of the layer's shapes allocated
+    /// before the clock starts; each download takes a reshaped handle of
+    /// them (a view on the GPU, a copy on the CPU, which has no bus).
     pub fn transfer_only(&self) -> Result<TransferOnly> {
         let ex = &self.ex;
         let layers = self.tier.layers();
@@ -157,6 +161,8 @@ impl<E: Executor> Trainer<E> {
                 "a model needs at least 2 layers, has {n}"
             )));
         }
+        let n_blocks = n - 2;
+        let k = self.config.checkpoint_every;
         // One set of gradient-shaped buffers per layer kind: embedding,
         // block (all blocks share shapes) and head.
         let zeros = |slab: &LayerSlab| -> Result<Vec<E::Tensor>> {
@@ -166,7 +172,11 @@ impl<E: Executor> Trainer<E> {
                 .collect()
         };
         let emb_g = zeros(&layers[0])?;
-        let block_g = if n > 2 { zeros(&layers[1])? } else { Vec::new() };
+        let block_g = if n_blocks > 0 {
+            zeros(&layers[1])?
+        } else {
+            Vec::new()
+        };
         let head_g = zeros(&layers[n - 1])?;
         let mut staging = vec![0.0f32; layers.iter().map(LayerSlab::numel).max().unwrap_or(0)];
         let mut out = TransferOnly {
@@ -174,28 +184,49 @@ impl<E: Executor> Trainer<E> {
             bytes_uploaded: 0,
             bytes_downloaded: 0,
         };
+        let mut slots = Slots::new(k);
+        let mut pending: Option<(usize, Download<E::Tensor>)> = None;
         let start = Instant::now();
-        let up = |slab: &LayerSlab, out: &mut TransferOnly| -> Result<()> {
-            let (w, bytes) = upload_layer(ex, slab)?;
+        let up = |slot, slab: &LayerSlab, out: &mut TransferOnly| -> Result<Vec<E::Tensor>> {
+            let (w, bytes) = load_layer(ex, slot, slab)?;
             out.bytes_uploaded += bytes;
-            drop(w);
-            Ok(())
+            Ok(w)
         };
-        let mut down = |slab: &LayerSlab, g: &[E::Tensor], out: &mut TransferOnly| -> Result<()> {
-            out.bytes_downloaded += super::download_grads(ex, slab.table(), g, &mut staging[..slab.numel()])?;
+        let mut down = |layer: usize, g: &[E::Tensor], out: &mut TransferOnly| -> Result<()> {
+            let alias = g
+                .iter()
+                .map(|t| ex.reshape(t, t.shape()))
+                .collect::<megatrain_tensor::Result<Vec<_>>>()?;
+            let (d, bytes) = begin_grads(ex, &layers[layer], alias)?;
+            out.bytes_downloaded += bytes;
+            if let Some((prev, d)) = pending.replace((layer, d)) {
+                ex.finish_download(d, &mut staging[..layers[prev].numel()])?;
+            }
             Ok(())
         };
         // Forward: every layer once (the head's upload is its only one).
-        for slab in layers {
-            up(slab, &mut out)?;
+        drop(up(EMBEDDING_SLOT, &layers[0], &mut out)?);
+        for slab in &layers[1..n - 1] {
+            drop(up(slots.next_block(), slab, &mut out)?);
         }
-        down(&layers[n - 1], &head_g, &mut out)?;
-        // Backward: each block again, its gradients down; then the embedding's.
-        for slab in layers[1..n - 1].iter().rev() {
-            up(slab, &mut out)?;
-            down(slab, &block_g, &mut out)?;
+        drop(up(HEAD_SLOT, &layers[n - 1], &mut out)?);
+        down(n - 1, &head_g, &mut out)?;
+        // Backward: each group of blocks again, last first, its gradients
+        // down; then the embedding's.
+        for g in (0..n_blocks.div_ceil(k)).rev() {
+            let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+            let ws = (s..e)
+                .map(|i| up(slots.next_block(), &layers[1 + i], &mut out))
+                .collect::<Result<Vec<_>>>()?;
+            for i in (s..e).rev() {
+                down(1 + i, &block_g, &mut out)?;
+            }
+            drop(ws);
         }
-        down(&layers[0], &emb_g, &mut out)?;
+        down(0, &emb_g, &mut out)?;
+        if let Some((prev, d)) = pending.take() {
+            ex.finish_download(d, &mut staging[..layers[prev].numel()])?;
+        }
         out.ms = ms(start);
         Ok(out)
     }
