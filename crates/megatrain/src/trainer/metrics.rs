@@ -31,10 +31,14 @@ pub struct StepMetrics {
     pub optimizer_ms: f64,
     /// 1 − wait / busy: the share of optimizer work hidden behind the device.
     pub optimizer_hidden: f64,
+    /// Bytes of weights loaded, counted as the executor holds them: with
+    /// bf16 transport, vectors (norm gains, biases) are held as f32 and
+    /// count 4 bytes an element.
     pub bytes_uploaded: u64,
     pub bytes_downloaded: u64,
     /// Bytes of every layer's transport copy: `bytes_uploaded / transport_bytes`
-    /// is the number of times the weights crossed the bus this step.
+    /// is the number of times the weights crossed the bus this step (a
+    /// little over with bf16 transport, whose vectors count twice their size).
     pub transport_bytes: u64,
     /// Executor-owned memory peak during the step (0 when not accounted).
     pub device_peak_bytes: u64,

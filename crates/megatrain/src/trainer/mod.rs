@@ -22,8 +22,8 @@
 //! micro-batch; every block crosses twice.
 //!
 //! Layers go into fixed weight slots of the executor (embedding, head, and
-//! a ring of K + 1 for blocks) so a device reuses their residences; see
-//! `upload.rs` for why the ring never overwrites weights still in use.
+//! K + 1 for blocks) so a device reuses their residences; see `Slots` in
+//! `upload.rs` for why a load never overwrites weights still in use.
 //!
 //! Exact global-norm clipping needs every gradient before any update: in
 //! that mode gradients are held in the tier and the update runs after
@@ -400,8 +400,10 @@ impl<E: Executor> Trainer<E> {
             let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
             let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
             for i in 0..n_blocks {
-                let w = load(slots.next_block(), &h.remaining[1 + i], m)?;
+                let slot = slots.take()?;
+                let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, _) = block_forward(cfg, ex, &w, &x)?;
+                slots.release(slot);
                 if i % k == 0 {
                     checkpoints.push(x);
                 }
@@ -429,24 +431,29 @@ impl<E: Executor> Trainer<E> {
             m.loss_ms += ms(t_loss);
 
             // 3. Backward, K blocks at a time, last first. A group's K
-            // blocks sit in distinct slots until the group is done.
+            // blocks sit in distinct slots; each is released once its
+            // backward is issued.
             let t_bwd = Instant::now();
             let mut dx = head.dx;
             for g in (0..checkpoints.len()).rev() {
                 let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
                 let ws = (s..e)
-                    .map(|i| load(slots.next_block(), &h.remaining[1 + i], m))
+                    .map(|i| {
+                        let slot = slots.take()?;
+                        Ok((slot, load(slot, &h.remaining[1 + i], m)?))
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 let mut x = checkpoints.pop().expect("one checkpoint per block group");
                 let mut saved = Vec::with_capacity(e - s);
-                for w in &ws {
+                for (_, w) in &ws {
                     let (y, sv) = block_forward(cfg, ex, w, &x)?;
                     saved.push(sv);
                     x = y;
                 }
                 drop(x);
-                for (w, sv) in ws.iter().zip(saved).rev() {
+                for ((slot, w), sv) in ws.iter().zip(saved).rev() {
                     let (d, grads) = block_backward(cfg, ex, w, &sv, &dx)?;
+                    slots.release(*slot);
                     drop(sv);
                     dx = d;
                     h.push(grads, m)?;
@@ -479,8 +486,10 @@ impl<E: Executor> Trainer<E> {
         let (emb_w, _) = load_layer(ex, EMBEDDING_SLOT, &layers[0])?;
         let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
         for slab in &layers[1..=n] {
-            let (w, _) = load_layer(ex, slots.next_block(), slab)?;
+            let slot = slots.take()?;
+            let (w, _) = load_layer(ex, slot, slab)?;
             x = block_forward(cfg, ex, &w, &x)?.0;
+            slots.release(slot);
         }
         let (head_w, _) = load_layer(ex, HEAD_SLOT, &layers[n + 1])?;
         let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);

@@ -207,7 +207,9 @@ impl<E: Executor> Trainer<E> {
         // Forward: every layer once (the head's upload is its only one).
         drop(up(EMBEDDING_SLOT, &layers[0], &mut out)?);
         for slab in &layers[1..n - 1] {
-            drop(up(slots.next_block(), slab, &mut out)?);
+            let slot = slots.take()?;
+            drop(up(slot, slab, &mut out)?);
+            slots.release(slot);
         }
         drop(up(HEAD_SLOT, &layers[n - 1], &mut out)?);
         down(n - 1, &head_g, &mut out)?;
@@ -216,10 +218,14 @@ impl<E: Executor> Trainer<E> {
         for g in (0..n_blocks.div_ceil(k)).rev() {
             let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
             let ws = (s..e)
-                .map(|i| up(slots.next_block(), &layers[1 + i], &mut out))
+                .map(|i| {
+                    let slot = slots.take()?;
+                    Ok((slot, up(slot, &layers[1 + i], &mut out)?))
+                })
                 .collect::<Result<Vec<_>>>()?;
-            for i in (s..e).rev() {
+            for (i, (slot, _)) in (s..e).zip(&ws).rev() {
                 down(1 + i, &block_g, &mut out)?;
+                slots.release(*slot);
             }
             drop(ws);
         }

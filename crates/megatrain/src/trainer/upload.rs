@@ -5,6 +5,8 @@
 //! allocating per upload; gradients come back through a download that is
 //! finished one layer later ([`Pending`]).
 
+use std::collections::VecDeque;
+
 use megatrain_tensor::{DType, Download, Executor, HostSlice, TensorHandle, WeightSlot, WeightUpload};
 use megatrain_tier::{LayerSlab, TransportRef};
 
@@ -17,33 +19,48 @@ pub(super) const EMBEDDING_SLOT: WeightSlot = WeightSlot { kind: 0, index: 0 };
 pub(super) const HEAD_SLOT: WeightSlot = WeightSlot { kind: 2, index: 0 };
 const BLOCK_KIND: usize = 1;
 
-/// Block slots: a ring of K + 1 indexed by a running count of block loads.
-/// A backward group loads K consecutive blocks, which land in distinct
-/// slots, and the next load goes to the one slot the group does not hold;
-/// in the forward, consecutive blocks alternate slots (double buffering),
-/// so a load never overwrites the weights the executor is computing with.
+/// Block slots: K + 1 of them, each load taking the slot released longest
+/// ago. A block's slot is released once the last op reading its weights
+/// has been issued (its forward, or in backward its backward).
+///
+/// In the forward this is a ring indexed by the count of loads: consecutive
+/// blocks alternate slots (double buffering). A backward group holds K
+/// distinct slots; the next group's first load takes the one slot the group
+/// did not hold, and its later loads take the group's slots in the order
+/// their backwards were issued, never the slot of the backward issued last.
+/// A transport that writes a slot in place (and so waits until the device
+/// is done reading it) then waits for an earlier backward while the last
+/// one still runs, instead of draining the device once per group, as a
+/// plain ring would (its second load would reuse the first-loaded block's
+/// slot, whose backward is the group's last).
 #[derive(Debug)]
 pub(super) struct Slots {
-    ring: usize,
-    loads: usize,
+    free: VecDeque<usize>,
 }
 
 impl Slots {
     pub fn new(checkpoint_every: usize) -> Self {
         Slots {
-            ring: checkpoint_every + 1,
-            loads: 0,
+            free: (0..=checkpoint_every).collect(),
         }
     }
 
     /// The slot for the next block load.
-    pub fn next_block(&mut self) -> WeightSlot {
-        let index = self.loads % self.ring;
-        self.loads += 1;
-        WeightSlot {
+    pub fn take(&mut self) -> Result<WeightSlot, TrainError> {
+        let index = self
+            .free
+            .pop_front()
+            .ok_or_else(|| TrainError::Internal("every block slot is in use".into()))?;
+        Ok(WeightSlot {
             kind: BLOCK_KIND,
             index,
-        }
+        })
+    }
+
+    /// Hands `slot` back once the last op reading its weights was issued.
+    pub fn release(&mut self, slot: WeightSlot) {
+        debug_assert!(slot.kind == BLOCK_KIND && !self.free.contains(&slot.index));
+        self.free.push_back(slot.index);
     }
 }
 
@@ -144,53 +161,64 @@ mod tests {
 
     use super::*;
 
-    /// (block, slot index) of each load.
-    type Loads = Vec<(usize, usize)>;
-
-    /// The step's block loads for `n` blocks: the forward's, then each
-    /// backward group's (last group first).
-    fn step_loads(n: usize, k: usize) -> (Loads, Vec<Loads>) {
+    /// Plays the step's block loads for `n` blocks and K = `k`: the
+    /// forward (take, run, release), then each backward group, last first
+    /// (take K, recompute, then backward and release in reverse). Checks
+    /// that no load takes a slot still held and returns, for each backward
+    /// load after a group's first, how many backwards were issued after the
+    /// one that released its slot (0: the most recent).
+    fn play(n: usize, k: usize) -> Vec<usize> {
         let mut slots = Slots::new(k);
-        let forward = (0..n).map(|i| (i, slots.next_block().index)).collect();
-        let groups = (0..n.div_ceil(k))
-            .rev()
-            .map(|g| {
-                (g * k..((g + 1) * k).min(n))
-                    .map(|i| (i, slots.next_block().index))
-                    .collect()
-            })
-            .collect();
-        (forward, groups)
+        let mut held = std::collections::HashSet::new();
+        let take = |slots: &mut Slots, held: &mut std::collections::HashSet<usize>| {
+            let s = slots.take().unwrap();
+            assert!(held.insert(s.index), "n {n} k {k}: slot {} taken twice", s.index);
+            s
+        };
+        let mut previous = None;
+        for _ in 0..n {
+            let s = take(&mut slots, &mut held);
+            assert_ne!(Some(s.index), previous, "forward must alternate slots");
+            previous = Some(s.index);
+            slots.release(s);
+            held.remove(&s.index);
+        }
+        // Slot index -> backward count when it was released.
+        let mut released_at = std::collections::HashMap::new();
+        let mut backwards = 0usize;
+        let mut ages = Vec::new();
+        for g in (0..n.div_ceil(k)).rev() {
+            let group: Vec<WeightSlot> = (g * k..((g + 1) * k).min(n))
+                .map(|_| take(&mut slots, &mut held))
+                .collect();
+            for (j, s) in group.iter().enumerate() {
+                if j > 0
+                    && let Some(&at) = released_at.get(&s.index)
+                {
+                    ages.push(backwards - at);
+                }
+            }
+            for s in group.into_iter().rev() {
+                backwards += 1;
+                released_at.insert(s.index, backwards);
+                slots.release(s);
+                held.remove(&s.index);
+            }
+        }
+        ages
     }
 
     #[test]
-    fn a_backward_group_holds_distinct_slots_and_the_next_load_spares_it() {
-        for n in 1..9 {
+    fn block_loads_never_take_a_held_slot_nor_the_last_backwards() {
+        for n in 1..10 {
             for k in 1..5 {
-                let (forward, groups) = step_loads(n, k);
-                assert!(forward.iter().all(|&(_, s)| s <= k));
-                // Double buffering: a forward load never replaces the block
-                // just run.
-                for w in forward.windows(2) {
-                    assert_ne!(w[0].1, w[1].1, "n {n} k {k}");
-                }
-                for (gi, g) in groups.iter().enumerate() {
-                    let mut used: Vec<usize> = g.iter().map(|&(_, s)| s).collect();
-                    used.sort_unstable();
-                    used.dedup();
-                    assert_eq!(used.len(), g.len(), "n {n} k {k}: group {g:?}");
-                    // The next group's first load, issued while this
-                    // group's last backward (its first block) may still run.
-                    if let Some(next) = groups.get(gi + 1) {
-                        assert_ne!(next[0].1, g[0].1, "n {n} k {k}");
-                    }
-                }
-                // The first group's loads spare the last forward block's slot.
-                if let (Some(g), Some(&(_, last))) = (groups.first(), forward.last()) {
-                    assert_ne!(g[0].1, last, "n {n} k {k}");
-                }
+                let ages = play(n, k);
+                assert!(ages.iter().all(|&a| a >= 1), "n {n} k {k}: {ages:?}");
             }
         }
+        // K = 2, 4 blocks: the second group's second load reuses the slot of
+        // the first group's first backward, one backward before the last.
+        assert_eq!(play(4, 2), [1]);
     }
 
     #[test]
