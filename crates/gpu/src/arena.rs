@@ -2,7 +2,7 @@
 //! step that asks for the same shapes every time allocates nothing after the
 //! first. Accounting is in bytes of real device allocations.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -33,10 +33,15 @@ pub struct ArenaStats {
     pub allocations: u64,
 }
 
+/// Free buffers by size class, each class ordered by creation: a request
+/// takes the oldest free buffer, so a step that makes the same requests as
+/// the last one gets the same buffers (and the cached bind groups over
+/// them) — a LIFO pool would hand them out in a new order every step.
 #[derive(Default)]
 struct State {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    free: HashMap<u64, BTreeMap<u64, wgpu::Buffer>>,
     stats: ArenaStats,
+    next_serial: u64,
 }
 
 pub struct Arena {
@@ -49,6 +54,7 @@ pub struct Arena {
 /// counted the same way but released on drop instead of pooled.
 pub struct PooledBuffer {
     buffer: Option<wgpu::Buffer>,
+    serial: u64,
     class: u64,
     arena: Arc<Arena>,
     pooled: bool,
@@ -71,7 +77,7 @@ impl Drop for PooledBuffer {
             st.stats.live_bytes -= self.class;
             if self.pooled {
                 st.stats.pooled_bytes += self.class;
-                st.free.entry(self.class).or_default().push(b);
+                st.free.entry(self.class).or_default().insert(self.serial, b);
             } else {
                 drop(st);
                 b.destroy();
@@ -92,26 +98,29 @@ impl Arena {
     pub fn alloc(self: &Arc<Self>, bytes: u64) -> PooledBuffer {
         let class = size_class(bytes);
         let mut st = self.state.lock().expect("arena poisoned");
-        let reused = st.free.get_mut(&class).and_then(|v| v.pop());
-        let buffer = match reused {
+        let reused = st.free.get_mut(&class).and_then(BTreeMap::pop_first);
+        let (serial, buffer) = match reused {
             Some(b) => {
                 st.stats.pooled_bytes -= class;
                 b
             }
             None => {
                 st.stats.allocations += 1;
-                self.device.create_buffer(&wgpu::BufferDescriptor {
+                st.next_serial += 1;
+                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("arena"),
                     size: class,
                     usage: USAGE,
                     mapped_at_creation: false,
-                })
+                });
+                (st.next_serial, b)
             }
         };
         st.stats.live_bytes += class;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
         PooledBuffer {
             buffer: Some(buffer),
+            serial,
             class,
             arena: self.clone(),
             pooled: true,
@@ -125,8 +134,10 @@ impl Arena {
         st.stats.allocations += 1;
         st.stats.live_bytes += class;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
+        st.next_serial += 1;
         PooledBuffer {
             buffer: Some(buffer),
+            serial: st.next_serial,
             class,
             arena: self.clone(),
             pooled: false,
@@ -146,7 +157,7 @@ impl Arena {
     pub fn trim(&self) {
         let mut st = self.state.lock().expect("arena poisoned");
         for (_, v) in st.free.drain() {
-            for b in v {
+            for b in v.into_values() {
                 b.destroy();
             }
         }

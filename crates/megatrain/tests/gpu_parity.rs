@@ -303,3 +303,41 @@ fn device_peak_does_not_grow_with_depth() {
         "device peak grows with depth: {deep} vs {shallow} (ratio {ratio})"
     );
 }
+
+/// "Nothing allocated per layer per step": once a few steps have run, a
+/// step makes no bind group, no device buffer and no transport buffer —
+/// weight slots, pooled activations, the staging ring and the readback
+/// buffers are all reused, and so are the bind groups over them.
+#[test]
+fn warm_steps_allocate_nothing_on_the_device() {
+    let Some(ctx) = ctx() else { return };
+    let model = llama_tiny();
+    for (transport, k) in [(TransportChoice::Staging, 1), (TransportChoice::Mapped, 2)] {
+        let mut tr = trainer(gpu_with(ctx.clone(), transport), &model, k);
+        let counts = |tr: &Trainer<GpuExecutor>| {
+            let g = tr.executor();
+            (
+                g.bind_group_stats().made,
+                g.memory().allocations,
+                g.transport_host_bytes(),
+            )
+        };
+        // The first steps settle which pooled buffer each request gets
+        // (on lavapipe: new groups in steps 1, 2 and 4, none after).
+        for i in 0..6 {
+            tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+        }
+        let warm = counts(&tr);
+        let reused = tr.executor().bind_group_stats().reused;
+        for i in 6..9 {
+            tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+        }
+        eprintln!("{transport}: warm (bind groups made, device allocations, transport bytes) = {warm:?}");
+        assert_eq!(
+            counts(&tr),
+            warm,
+            "{transport}: (bind groups made, device allocations, transport bytes)"
+        );
+        assert!(tr.executor().bind_group_stats().reused > reused, "{transport}");
+    }
+}

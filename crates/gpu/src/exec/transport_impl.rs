@@ -294,7 +294,12 @@ impl GpuExecutor {
         };
         match self.transport_choice {
             TransportChoice::Auto => {}
-            c => return fixed(c, "set by --transport".into()),
+            c => {
+                return fixed(
+                    c,
+                    "set by the caller (GpuOptions.transport, the CLI's --transport)".into(),
+                );
+            }
         }
         if !self.mapped_supported() {
             return fixed(
