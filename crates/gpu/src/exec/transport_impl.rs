@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use megatrain_tensor::{
-    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, Transpose, WeightSlot,
-    WeightUpload,
+    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -278,9 +277,12 @@ impl GpuExecutor {
     }
 
     /// Decides the transport for layers of about `layer_bytes` up and
-    /// `grad_bytes` down: the caller's choice, or under `Auto` the faster
-    /// round trip measured here (load into alternating slots, a matmul that
-    /// reads the whole slot, gradient-sized download), median of 5.
+    /// `grad_bytes` down: the caller's choice, or under `Auto` the lower
+    /// measured cost of a layer's crossing with each: the upload until the
+    /// device holds it, one kernel pass that reads every weight of the slot
+    /// (where the slot's memory lies shows here), and a gradient-sized
+    /// download — each the median of 5, summed. Parts are timed apart so
+    /// that slow compute (a CPU adapter) does not drown the difference.
     pub(crate) fn prepare_transport_impl(&self, layer_bytes: u64, grad_bytes: u64) -> Result<TransportInfo> {
         let fixed = |c: TransportChoice, reason: String| -> Result<TransportInfo> {
             self.check_choice(c)?;
@@ -308,28 +310,32 @@ impl GpuExecutor {
             );
         }
         let cap = CALIBRATION_MAX_BYTES.min(self.max_binding / 2);
-        let cols = 256usize;
-        let rows = ((layer_bytes.min(cap) / 4) as usize / cols).max(1);
+        let w_elems = ((layer_bytes.min(cap) / 4) as usize).max(1);
         let grad_elems = ((grad_bytes.min(cap) / 4) as usize).max(1);
-        let w_host = vec![0.0f32; rows * cols];
-        let w_shape = Shape::new([rows, cols]);
-        let x = self.zeros_f32([8, cols])?;
+        let w_host = vec![0.0f32; w_elems];
+        let w_shape = Shape::new([w_elems]);
         let g = self.zeros_f32([grad_elems])?;
-        let mut out = vec![0.0f32; grad_elems + 8 * rows];
+        let mut out = vec![0.0f32; grad_elems];
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let mut measured = Vec::new();
+        let mut parts = Vec::new();
         for c in [TransportChoice::Staging, TransportChoice::Mapped] {
             self.transport.lock().expect("transport poisoned").active = Some(TransportInfo {
                 name: c.to_string(),
                 reason: "calibrating".into(),
                 measured_ms: Vec::new(),
             });
-            let mut times = Vec::new();
+            let (mut up, mut read, mut down) = (Vec::new(), Vec::new(), Vec::new());
             for rep in 0..6 {
-                let start = Instant::now();
                 let slot = WeightSlot {
                     kind: CALIBRATION_KIND,
                     index: rep % 2,
                 };
+                let t = Instant::now();
                 let w = self.load_weights_impl(
                     slot,
                     &[WeightUpload {
@@ -338,16 +344,25 @@ impl GpuExecutor {
                         dtype: DType::F32,
                     }],
                 )?;
-                let y = self.matmul(&x, &w[0], None, Transpose::NT)?;
-                drop(w);
-                let d = self.begin_download_impl(vec![g.clone(), y])?;
+                self.synchronize()?;
+                let t_up = ms(t);
+                let t = Instant::now();
+                let y = self.scale(&w[0], 1.0)?;
+                self.synchronize()?;
+                let t_read = ms(t);
+                drop((w, y));
+                let t = Instant::now();
+                let d = self.begin_download_impl(vec![g.clone()])?;
                 self.finish_download_impl(d, &mut out)?;
                 if rep > 0 {
-                    times.push(start.elapsed().as_secs_f64() * 1e3);
+                    up.push(t_up);
+                    read.push(t_read);
+                    down.push(ms(t));
                 }
             }
-            times.sort_by(f64::total_cmp);
-            measured.push((c.to_string(), times[times.len() / 2]));
+            let (u, r, d) = (median(up), median(read), median(down));
+            parts.push(format!("{c} {u:.2} up + {r:.2} read + {d:.2} down"));
+            measured.push((c.to_string(), u + r + d));
         }
         let mut st = self.transport.lock().expect("transport poisoned");
         st.slots.retain(|s, _| s.kind != CALIBRATION_KIND);
@@ -356,9 +371,10 @@ impl GpuExecutor {
         let info = TransportInfo {
             name: measured[best].0.clone(),
             reason: format!(
-                "faster round trip measured on this adapter ({:.1} MiB up with a matmul reading it, {:.1} MiB down; median of 5)",
-                (rows * cols * 4) as f64 / (1u64 << 20) as f64,
-                ((grad_elems + 8 * rows) * 4) as f64 / (1u64 << 20) as f64
+                "lower measured cost per layer on this adapter ({:.1} MiB up, {:.1} MiB down; ms, medians of 5: {})",
+                (w_elems * 4) as f64 / (1u64 << 20) as f64,
+                (grad_elems * 4) as f64 / (1u64 << 20) as f64,
+                parts.join("; ")
             ),
             measured_ms: measured,
         };
