@@ -82,6 +82,7 @@ pub struct TransportInfo {
     pub name: String,
     /// What decided it: a measurement, a user override, a missing feature.
     pub reason: String,
-    /// Milliseconds per layer round trip measured for each candidate.
+    /// Milliseconds per layer (upload, one read on the device, gradient
+    /// download) measured for each candidate.
     pub measured_ms: Vec<(String, f64)>,
 }

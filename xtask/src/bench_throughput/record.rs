@@ -36,7 +36,8 @@ pub struct Record {
     /// Why it was chosen.
     #[serde(default)]
     pub transport_reason: String,
-    /// Milliseconds per layer round trip measured for each candidate.
+    /// Milliseconds per layer (upload, one read on the device, gradient
+    /// download) measured for each candidate.
     #[serde(default)]
     pub transport_measured_ms: Vec<(String, f64)>,
     pub arch: String,

@@ -62,7 +62,7 @@ pub fn transport_line(info: &TransportInfo) -> String {
     let measured = if measured.is_empty() {
         String::new()
     } else {
-        format!(" [{} per layer round trip]", measured.join(", "))
+        format!(" [{} per layer up, read and down]", measured.join(", "))
     };
     format!("transport: {} ({}){measured}", info.name, info.reason)
 }
@@ -136,7 +136,7 @@ mod tests {
         };
         assert_eq!(
             transport_line(&info),
-            "transport: mapped (measured faster) [staging 1.20 ms, mapped 0.80 ms per layer round trip]"
+            "transport: mapped (measured faster) [staging 1.20 ms, mapped 0.80 ms per layer up, read and down]"
         );
         let forced = TransportInfo {
             name: "staging".into(),
