@@ -249,6 +249,15 @@ fn downloads_overlap_and_finish_in_any_order() {
         let mut out = [0.0; 12];
         g.finish_download(d, &mut out).unwrap();
         assert_eq!(out.to_vec(), hs[0].to_f32_vec(), "{t}");
+        // Tensors handed over as such are plain downloads.
+        let mut out = [0.0; 12];
+        g.finish_download(Download::Tensors(vec![ts[0].clone()]), &mut out)
+            .unwrap();
+        assert_eq!(out.to_vec(), hs[0].to_f32_vec(), "{t}");
+        assert!(
+            g.finish_download(Download::Tensors(vec![ts[0].clone()]), &mut [0.0; 3])
+                .is_err()
+        );
     }
 }
 

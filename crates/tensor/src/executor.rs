@@ -215,21 +215,7 @@ pub trait Executor {
     /// tensors' elements.
     fn finish_download(&self, d: Download<Self::Tensor>, out: &mut [f32]) -> Result<()> {
         match d {
-            Download::Tensors(ts) => {
-                let total: usize = ts.iter().map(|t| t.numel()).sum();
-                if total != out.len() {
-                    return Err(Error::shape(
-                        "finish_download",
-                        format!("{total} elements into a destination of {}", out.len()),
-                    ));
-                }
-                let mut at = 0;
-                for t in &ts {
-                    self.download_into(t, &mut out[at..at + t.numel()])?;
-                    at += t.numel();
-                }
-                Ok(())
-            }
+            Download::Tensors(ts) => download_concat(self, &ts, out),
             Download::Ticket { id, .. } => Err(Error::shape(
                 "finish_download",
                 format!("ticket {id} was not issued by this executor"),
@@ -376,4 +362,23 @@ pub trait Executor {
         ignore_index: i32,
         grad_scale: f32,
     ) -> Result<CrossEntropyOut<Self::Tensor>>;
+}
+
+/// Downloads `tensors` widened to f32 one after another into `out`, which
+/// must hold exactly their elements: [`Executor::finish_download`] of a
+/// [`Download::Tensors`].
+pub fn download_concat<E: Executor + ?Sized>(ex: &E, tensors: &[E::Tensor], out: &mut [f32]) -> Result<()> {
+    let total: usize = tensors.iter().map(|t| t.numel()).sum();
+    if total != out.len() {
+        return Err(Error::shape(
+            "finish_download",
+            format!("{total} elements into a destination of {}", out.len()),
+        ));
+    }
+    let mut at = 0;
+    for t in tensors {
+        ex.download_into(t, &mut out[at..at + t.numel()])?;
+        at += t.numel();
+    }
+    Ok(())
 }

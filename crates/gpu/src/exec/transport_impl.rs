@@ -249,22 +249,8 @@ impl GpuExecutor {
     pub(crate) fn finish_download_impl(&self, d: Download<GpuTensor>, out: &mut [f32]) -> Result<()> {
         let id = match d {
             Download::Ticket { id, .. } => id,
-            Download::Tensors(ts) => {
-                // Not started by this executor's begin: plain downloads.
-                let total: usize = ts.iter().map(|t| t.numel()).sum();
-                if total != out.len() {
-                    return Err(Error::shape(
-                        "finish_download",
-                        format!("{total} elements into a destination of {}", out.len()),
-                    ));
-                }
-                let mut at = 0;
-                for t in &ts {
-                    self.download_into_f32(t, &mut out[at..at + t.numel()])?;
-                    at += t.numel();
-                }
-                return Ok(());
-            }
+            // Not started by this executor's begin: plain downloads.
+            Download::Tensors(ts) => return megatrain_tensor::download_concat(self, &ts, out),
         };
         let mut st = self.transport.lock().expect("transport poisoned");
         let p = st.pending.remove(&id).ok_or_else(|| {
