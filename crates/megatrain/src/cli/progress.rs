@@ -52,7 +52,7 @@ fn num(r: &Value, k: &str) -> f64 {
     r.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 
-/// `transport: mapped (measured faster) [staging 1.20 ms, mapped 0.80 ms]`.
+/// `transport: mapped (<reason>) [staging 1.20 ms, mapped 0.80 ms per layer up, read and down]`.
 pub fn transport_line(info: &TransportInfo) -> String {
     let measured: Vec<String> = info
         .measured_ms
