@@ -68,7 +68,6 @@ pub struct GpuExecutor {
     uniforms: wgpu::Buffer,
     uniform_align: u64,
     submit_lock: std::sync::Mutex<()>,
-    staging: StagingPool,
     timestamps: Option<Timestamps>,
     bind_groups: BindGroupCache,
     transport_choice: crate::TransportChoice,
@@ -90,27 +89,6 @@ pub(crate) struct View<'a> {
     offset: u64,
     size: u64,
     pub elem_off: u32,
-}
-
-type StagingPool = std::sync::Mutex<std::collections::HashMap<u64, Vec<wgpu::Buffer>>>;
-
-/// A pooled readback buffer: back to its pool on drop once it has been read
-/// and unmapped (`done`); dropped for good if a map failed half-way.
-struct StagingGuard<'a> {
-    pool: &'a StagingPool,
-    class: u64,
-    buf: Option<wgpu::Buffer>,
-    done: bool,
-}
-
-impl Drop for StagingGuard<'_> {
-    fn drop(&mut self) {
-        if let (Some(b), true) = (self.buf.take(), self.done)
-            && let Ok(mut p) = self.pool.lock()
-        {
-            p.entry(self.class).or_default().push(b);
-        }
-    }
 }
 
 /// What a bind group binds: equal keys may share one group.
@@ -484,7 +462,6 @@ impl GpuExecutor {
             uniforms,
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
             submit_lock: std::sync::Mutex::new(()),
-            staging: Default::default(),
             arena: Arena::new(ctx.device.clone()),
             kernels: KernelRegistry::default(),
             max_binding,
@@ -668,54 +645,24 @@ impl GpuExecutor {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let mut guard: Option<StagingGuard<'_>> = None;
-        let (src, src_off) = if buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
-            (buf, offset)
-        } else {
-            // Readback buffers are pooled by size class like device buffers:
-            // the trainer downloads every gradient of every step.
-            let class = crate::arena::size_class(bytes);
-            let pooled = self
-                .staging
-                .lock()
-                .expect("staging pool poisoned")
-                .get_mut(&class)
-                .and_then(|v| v.pop());
-            let g = guard.insert(StagingGuard {
-                pool: &self.staging,
-                class,
-                buf: Some(pooled.unwrap_or_else(|| {
-                    self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("readback"),
-                        size: class,
-                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
-                    })
-                })),
-                done: false,
-            });
-            let staging = g.buf.as_ref().expect("present until drop");
-            let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-            enc.copy_buffer_to_buffer(buf, offset, staging, 0, bytes);
-            self.ctx.queue.submit([enc.finish()]);
-            (staging, 0)
-        };
+        if !buf.usage().contains(wgpu::BufferUsages::MAP_READ) {
+            // Through the pooled readback buffers: the trainer downloads
+            // every gradient of every step.
+            return self.read_pooled(buf, offset, bytes);
+        }
         let (tx, rx) = std::sync::mpsc::channel();
-        src.map_async(wgpu::MapMode::Read, src_off..src_off + bytes, move |r| {
+        buf.map_async(wgpu::MapMode::Read, offset..offset + bytes, move |r| {
             let _ = tx.send(r);
         });
         self.ctx.wait()?;
         rx.recv()
             .map_err(|e| GpuError::Map(e.to_string()))?
             .map_err(|e| GpuError::Map(e.to_string()))?;
-        let out = src
-            .get_mapped_range(src_off..src_off + bytes)
+        let out = buf
+            .get_mapped_range(offset..offset + bytes)
             .map_err(|e| GpuError::Map(e.to_string()))?
             .to_vec();
-        src.unmap();
-        if let Some(g) = guard.as_mut() {
-            g.done = true;
-        }
+        buf.unmap();
         Ok(out)
     }
 

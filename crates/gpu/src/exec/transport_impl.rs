@@ -30,7 +30,7 @@ struct Slot {
 #[derive(Default)]
 pub(crate) struct TransportState {
     /// The transport in use and why, once decided.
-    active: Option<TransportInfo>,
+    active: Option<(TransportChoice, TransportInfo)>,
     staging: StagingTransport,
     mapped: MappedTransport,
     slots: HashMap<WeightSlot, Slot>,
@@ -40,17 +40,31 @@ pub(crate) struct TransportState {
 }
 
 impl TransportState {
-    fn active_choice(&self) -> Option<TransportChoice> {
-        self.active
-            .as_ref()
-            .map(|i| i.name.parse().expect("names come from TransportChoice"))
+    fn set_active(
+        &mut self,
+        c: TransportChoice,
+        reason: String,
+        measured_ms: Vec<(String, f64)>,
+    ) -> TransportInfo {
+        let info = TransportInfo {
+            name: c.to_string(),
+            reason,
+            measured_ms,
+        };
+        self.active = Some((c, info.clone()));
+        info
     }
 
-    fn transport(&mut self, c: TransportChoice) -> &mut dyn Transport {
-        match c {
+    /// Implementation `c` and the slots, borrowed apart.
+    fn transport_and_slots(
+        &mut self,
+        c: TransportChoice,
+    ) -> (&mut dyn Transport, &mut HashMap<WeightSlot, Slot>) {
+        let t: &mut dyn Transport = match c {
             TransportChoice::Mapped => &mut self.mapped,
             _ => &mut self.staging,
-        }
+        };
+        (t, &mut self.slots)
     }
 }
 
@@ -92,8 +106,8 @@ impl GpuExecutor {
     /// The transport in use, deciding without a measurement if
     /// `prepare_transport` was not called.
     fn resolve_transport(&self, st: &mut TransportState) -> Result<TransportChoice> {
-        if let Some(c) = st.active_choice() {
-            return Ok(c);
+        if let Some((c, _)) = &st.active {
+            return Ok(*c);
         }
         let (c, reason) = match self.transport_choice {
             TransportChoice::Auto => (
@@ -103,17 +117,21 @@ impl GpuExecutor {
             c => (c, "set by the caller".to_string()),
         };
         self.check_choice(c)?;
-        st.active = Some(TransportInfo {
-            name: c.to_string(),
-            reason,
-            measured_ms: Vec::new(),
-        });
+        st.set_active(c, reason, Vec::new());
         Ok(c)
+    }
+
+    /// A blocking download of `bytes` bytes of `buf` from `offset` through
+    /// the pooled readback buffers.
+    pub(super) fn read_pooled(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        let mut st = self.transport.lock().expect("transport poisoned");
+        st.readback.read(&self.link(), buf, offset, bytes)
     }
 
     /// The transport in use, if decided.
     pub fn transport_info(&self) -> Option<TransportInfo> {
-        self.transport.lock().expect("transport poisoned").active.clone()
+        let st = self.transport.lock().expect("transport poisoned");
+        st.active.as_ref().map(|(_, info)| info.clone())
     }
 
     /// Host-visible bytes the transports hold (upload ring, parked readback buffers).
@@ -163,8 +181,8 @@ impl GpuExecutor {
             .get(&slot)
             .is_some_and(|s| s.by == choice && s.layout == layout && s.bytes == bytes);
         if !fits {
-            let t = st.transport(choice);
-            let (usage, mapped, by) = (t.slot_usage(), t.slot_mapped_at_creation(), t.choice());
+            let (t, _) = st.transport_and_slots(choice);
+            let (usage, mapped) = (t.slot_usage(), t.slot_mapped_at_creation());
             let raw = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("weight slot"),
                 size: bytes,
@@ -194,7 +212,7 @@ impl GpuExecutor {
                 },
                 layout,
                 bytes,
-                by,
+                by: choice,
                 tensors,
             };
             if st.slots.insert(slot, slot_state).is_some() {
@@ -219,26 +237,16 @@ impl GpuExecutor {
                 }
             }
         };
-        let link = self.link();
-        let TransportState {
-            staging,
-            mapped,
-            slots,
-            ..
-        } = &mut *st;
+        let (t, slots) = st.transport_and_slots(choice);
         let s = slots.get_mut(&slot).expect("slot just ensured");
-        let t: &mut dyn Transport = match choice {
-            TransportChoice::Mapped => mapped,
-            _ => staging,
-        };
-        t.write(&link, &mut s.buffer, bytes, &mut fill)?;
+        t.write(&self.link(), &mut s.buffer, bytes, &mut fill)?;
         Ok(s.tensors.clone())
     }
 
     pub(crate) fn begin_download_impl(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {
         let mut st = self.transport.lock().expect("transport poisoned");
         let choice = self.resolve_transport(&mut st)?;
-        let usage = st.transport(choice).readback_usage();
+        let usage = st.transport_and_slots(choice).0.readback_usage();
         let p = st.readback.begin(&self.link(), usage, &tensors);
         let (id, numel) = (st.next_ticket, p.numel);
         st.next_ticket += 1;
@@ -270,15 +278,13 @@ impl GpuExecutor {
     /// download — each the median of 5, summed. Parts are timed apart so
     /// that slow compute (a CPU adapter) does not drown the difference.
     pub(crate) fn prepare_transport_impl(&self, layer_bytes: u64, grad_bytes: u64) -> Result<TransportInfo> {
+        let set = |c: TransportChoice, reason: String, measured: Vec<(String, f64)>| {
+            let mut st = self.transport.lock().expect("transport poisoned");
+            st.set_active(c, reason, measured)
+        };
         let fixed = |c: TransportChoice, reason: String| -> Result<TransportInfo> {
             self.check_choice(c)?;
-            let info = TransportInfo {
-                name: c.to_string(),
-                reason,
-                measured_ms: Vec::new(),
-            };
-            self.transport.lock().expect("transport poisoned").active = Some(info.clone());
-            Ok(info)
+            Ok(set(c, reason, Vec::new()))
         };
         match self.transport_choice {
             TransportChoice::Auto => {}
@@ -310,11 +316,7 @@ impl GpuExecutor {
         let mut measured = Vec::new();
         let mut parts = Vec::new();
         for c in [TransportChoice::Staging, TransportChoice::Mapped] {
-            self.transport.lock().expect("transport poisoned").active = Some(TransportInfo {
-                name: c.to_string(),
-                reason: "calibrating".into(),
-                measured_ms: Vec::new(),
-            });
+            set(c, "calibrating".into(), Vec::new());
             let (mut up, mut read, mut down) = (Vec::new(), Vec::new(), Vec::new());
             for rep in 0..6 {
                 let slot = WeightSlot {
@@ -350,21 +352,26 @@ impl GpuExecutor {
             parts.push(format!("{c} {u:.2} up + {r:.2} read + {d:.2} down"));
             measured.push((c.to_string(), u + r + d));
         }
-        let mut st = self.transport.lock().expect("transport poisoned");
-        st.slots.retain(|s, _| s.kind != CALIBRATION_KIND);
+        self.transport
+            .lock()
+            .expect("transport poisoned")
+            .slots
+            .retain(|s, _| s.kind != CALIBRATION_KIND);
         self.bind_groups.clear();
-        let best = if measured[1].1 < measured[0].1 { 1 } else { 0 };
-        let info = TransportInfo {
-            name: measured[best].0.clone(),
-            reason: format!(
+        let best = if measured[1].1 < measured[0].1 {
+            TransportChoice::Mapped
+        } else {
+            TransportChoice::Staging
+        };
+        Ok(set(
+            best,
+            format!(
                 "lower measured cost per layer on this adapter ({:.1} MiB up, {:.1} MiB down; ms, medians of 5: {})",
                 (w_elems * 4) as f64 / (1u64 << 20) as f64,
                 (grad_elems * 4) as f64 / (1u64 << 20) as f64,
                 parts.join("; ")
             ),
-            measured_ms: measured,
-        };
-        st.active = Some(info.clone());
-        Ok(info)
+            measured,
+        ))
     }
 }

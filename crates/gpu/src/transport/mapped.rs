@@ -10,17 +10,13 @@
 
 use megatrain_tensor::Result;
 
-use super::{Link, SlotBuffer, Transport, TransportChoice};
+use super::{Link, SlotBuffer, Transport};
 use crate::GpuError;
 
 #[derive(Default)]
 pub(crate) struct MappedTransport;
 
 impl Transport for MappedTransport {
-    fn choice(&self) -> TransportChoice {
-        TransportChoice::Mapped
-    }
-
     fn slot_usage(&self) -> wgpu::BufferUsages {
         crate::arena::USAGE | wgpu::BufferUsages::MAP_WRITE
     }

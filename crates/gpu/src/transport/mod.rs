@@ -152,7 +152,6 @@ pub(crate) struct SlotBuffer {
 /// gradients come back); [`crate::GpuExecutor`] keeps one of each and uses
 /// the one chosen for the adapter.
 pub(crate) trait Transport: Send {
-    fn choice(&self) -> TransportChoice;
     /// Usage of the weight slot buffers this transport writes.
     fn slot_usage(&self) -> wgpu::BufferUsages;
     /// Whether a fresh slot buffer should start mapped.

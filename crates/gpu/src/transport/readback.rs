@@ -1,7 +1,8 @@
-//! Gradient downloads that overlap compute: the layer's gradient tensors are
-//! copied into one readback buffer and its mapping is requested at once;
-//! the host collects the bytes later, after the device has moved on to the
-//! next layer.
+//! Downloads through pooled readback buffers. Gradient downloads overlap
+//! compute: the layer's gradient tensors are copied into one readback buffer
+//! and its mapping is requested at once; the host collects the bytes later,
+//! after the device has moved on to the next layer. Single-tensor downloads
+//! use the same pool and wait.
 
 use std::collections::HashMap;
 
@@ -47,19 +48,7 @@ impl ReadbackPool {
             layout.push((t.dtype, t.numel(), bytes));
             bytes += t.byte_len();
         }
-        let class = crate::arena::size_class(bytes.max(4));
-        let buf = self
-            .free
-            .get_mut(&(usage.bits(), class))
-            .and_then(Vec::pop)
-            .unwrap_or_else(|| {
-                link.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("gradient readback"),
-                    size: class,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            });
+        let buf = self.take(link, usage, bytes);
         let mut enc = link.device.create_command_encoder(&Default::default());
         for (t, &(_, _, at)) in tensors.iter().zip(&layout) {
             if t.byte_len() > 0 {
@@ -93,9 +82,56 @@ impl ReadbackPool {
             Self::decode(&p, out)
         };
         p.buf.unmap();
-        let key = (p.buf.usage().bits(), p.buf.size());
-        self.free.entry(key).or_default().push(p.buf);
+        self.recycle(p.buf);
         result
+    }
+
+    /// Copies `bytes` bytes of `buf` from `offset` to the host and waits for
+    /// them (the blocking download of one tensor).
+    pub fn read(&mut self, link: &Link<'_>, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        let rb = self.take(
+            link,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            bytes,
+        );
+        let mut enc = link.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &rb, 0, bytes);
+        let copy = link.submit(enc);
+        let map = MapState::default();
+        map.map(&rb, wgpu::MapMode::Read, bytes);
+        // On an error the buffer is dropped, never pooled half-mapped.
+        link.wait_for(&copy)?;
+        link.wait_map(&map)?;
+        let out = rb
+            .get_mapped_range(0..bytes)
+            .map_err(|e| GpuError::Map(e.to_string()))?
+            .to_vec();
+        rb.unmap();
+        self.recycle(rb);
+        Ok(out)
+    }
+
+    /// A free buffer of `usage` holding at least `bytes`, pooled by size class.
+    fn take(&mut self, link: &Link<'_>, usage: wgpu::BufferUsages, bytes: u64) -> wgpu::Buffer {
+        let class = crate::arena::size_class(bytes.max(4));
+        self.free
+            .get_mut(&(usage.bits(), class))
+            .and_then(Vec::pop)
+            .unwrap_or_else(|| {
+                link.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size: class,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            })
+    }
+
+    fn recycle(&mut self, buf: wgpu::Buffer) {
+        self.free
+            .entry((buf.usage().bits(), buf.size()))
+            .or_default()
+            .push(buf);
     }
 
     fn decode(p: &PendingRead, out: &mut [f32]) -> Result<()> {

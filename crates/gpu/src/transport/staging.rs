@@ -5,7 +5,7 @@
 
 use megatrain_tensor::Result;
 
-use super::{Link, MapState, SlotBuffer, Transport, TransportChoice};
+use super::{Link, MapState, SlotBuffer, Transport};
 use crate::GpuError;
 
 /// Entries in the ring: one being written while two copies may be queued.
@@ -32,10 +32,6 @@ impl StagingTransport {
 }
 
 impl Transport for StagingTransport {
-    fn choice(&self) -> TransportChoice {
-        TransportChoice::Staging
-    }
-
     fn slot_usage(&self) -> wgpu::BufferUsages {
         crate::arena::USAGE
     }
