@@ -189,19 +189,7 @@ pub trait Executor {
     /// tensors.
     fn load_weights(&self, slot: WeightSlot, params: &[WeightUpload<'_>]) -> Result<Vec<Self::Tensor>> {
         let _ = slot;
-        params
-            .iter()
-            .map(|p| {
-                p.validate("load_weights")?;
-                if p.dtype == p.data.dtype() {
-                    self.upload_slice(p.shape, p.data)
-                } else {
-                    let mut wide = vec![0.0f32; p.data.len()];
-                    p.data.widen_into(&mut wide);
-                    self.upload_slice(p.shape, HostSlice::F32(&wide))
-                }
-            })
-            .collect()
+        params.iter().map(|p| upload_weight(self, p)).collect()
     }
 
     /// Starts bringing `tensors` back to the host, widened to f32 and
@@ -381,4 +369,17 @@ pub fn download_concat<E: Executor + ?Sized>(ex: &E, tensors: &[E::Tensor], out:
         at += t.numel();
     }
     Ok(())
+}
+
+/// One weight into a fresh tensor of its own (outside any slot), widened
+/// to f32 where `w.dtype` asks for it.
+pub fn upload_weight<E: Executor + ?Sized>(ex: &E, w: &WeightUpload<'_>) -> Result<E::Tensor> {
+    w.validate("load_weights")?;
+    if w.dtype == w.data.dtype() {
+        ex.upload_slice(w.shape, w.data)
+    } else {
+        let mut wide = vec![0.0f32; w.data.len()];
+        w.data.widen_into(&mut wide);
+        ex.upload_slice(w.shape, HostSlice::F32(&wide))
+    }
 }

@@ -7,7 +7,9 @@
 
 use std::collections::VecDeque;
 
-use megatrain_tensor::{DType, Download, Executor, HostSlice, TensorHandle, WeightSlot, WeightUpload};
+use megatrain_tensor::{
+    DType, Download, Executor, HostSlice, TensorHandle, WeightSlot, WeightUpload, upload_weight,
+};
 use megatrain_tier::{LayerSlab, TransportRef};
 
 use super::TrainError;
@@ -111,17 +113,10 @@ pub fn load_layer<E: Executor>(
 /// Same dtypes as [`load_layer`]; vectors of a bf16 copy are widened here.
 pub fn upload_layer<E: Executor>(ex: &E, slab: &LayerSlab) -> Result<(Vec<E::Tensor>, u64), TrainError> {
     let uploads = weight_uploads(slab);
-    let mut out = Vec::with_capacity(uploads.len());
-    for u in &uploads {
-        let t = if u.dtype == u.data.dtype() {
-            ex.upload_slice(u.shape, u.data)?
-        } else {
-            let mut wide = vec![0.0f32; u.data.len()];
-            u.data.widen_into(&mut wide);
-            ex.upload_slice(u.shape, HostSlice::F32(&wide))?
-        };
-        out.push(t);
-    }
+    let out = uploads
+        .iter()
+        .map(|u| upload_weight(ex, u))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((out, held_bytes(&uploads)))
 }
 
