@@ -171,27 +171,21 @@ fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> an
 mod tests {
     use super::*;
     use crate::bench_throughput::report;
+    use crate::bench_throughput::spec::test_spec;
 
     #[test]
     fn a_tiny_cpu_run_fills_every_field_and_round_trips() {
         let spec = Spec {
             label: "tiny".into(),
-            preset: Some("llama-tiny".into()),
-            model_dir: None,
-            vocab: None,
             layers: Some(2),
             hidden: None,
             seq_len: 8,
             batch: 2,
             steps: 2,
-            warmup: 1,
             precision: "bf16".into(),
-            device: "cpu".into(),
             transport: "mapped".into(),
-            checkpoint_every: 1,
             mode_reps: 1,
-            lr: 1e-3,
-            peer: false,
+            ..test_spec()
         };
         let r = run(&spec).unwrap();
         assert_eq!(r.steps.len(), 2);
@@ -232,20 +226,13 @@ mod tests {
             label: "hf".into(),
             preset: None,
             model_dir: Some(dir.clone()),
-            vocab: None,
             layers: None,
             hidden: None,
             seq_len: 8,
             batch: 1,
             steps: 1,
             warmup: 0,
-            precision: "f32".into(),
-            device: "cpu".into(),
-            transport: "auto".into(),
-            checkpoint_every: 1,
-            mode_reps: 0,
-            lr: 1e-3,
-            peer: false,
+            ..test_spec()
         };
         let r = run(&spec);
         let _ = std::fs::remove_dir_all(&dir);

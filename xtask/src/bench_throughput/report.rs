@@ -274,27 +274,19 @@ mod tests {
 
     use super::*;
     use crate::bench_throughput::child;
-    use crate::bench_throughput::spec::Spec;
+    use crate::bench_throughput::spec::{Spec, test_spec};
 
     fn record() -> Record {
         let spec = Spec {
             label: "tiny".into(),
-            preset: Some("llama-tiny".into()),
-            model_dir: None,
-            vocab: None,
             layers: Some(1),
             hidden: None,
             seq_len: 4,
             batch: 1,
             steps: 1,
             warmup: 0,
-            precision: "f32".into(),
-            device: "cpu".into(),
-            transport: "auto".into(),
-            checkpoint_every: 1,
-            mode_reps: 0,
-            lr: 1e-3,
             peer: true,
+            ..test_spec()
         };
         child::run(&spec).unwrap()
     }

@@ -93,30 +93,36 @@ impl Spec {
     }
 }
 
+/// A small CPU configuration for tests; each test overrides what it needs.
+#[cfg(test)]
+pub(crate) fn test_spec() -> Spec {
+    Spec {
+        label: "t".into(),
+        preset: Some("llama-tiny".into()),
+        model_dir: None,
+        vocab: None,
+        layers: Some(16),
+        hidden: Some(256),
+        seq_len: 64,
+        batch: 4,
+        steps: 2,
+        warmup: 1,
+        precision: "f32".into(),
+        device: "cpu".into(),
+        transport: "auto".into(),
+        checkpoint_every: 1,
+        mode_reps: 0,
+        lr: 1e-3,
+        peer: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn spec() -> Spec {
-        Spec {
-            label: "t".into(),
-            preset: Some("llama-tiny".into()),
-            model_dir: None,
-            vocab: None,
-            layers: Some(16),
-            hidden: Some(256),
-            seq_len: 64,
-            batch: 4,
-            steps: 2,
-            warmup: 1,
-            precision: "f32".into(),
-            device: "cpu".into(),
-            transport: "auto".into(),
-            checkpoint_every: 1,
-            mode_reps: 0,
-            lr: 1e-3,
-            peer: false,
-        }
+        test_spec()
     }
 
     #[test]
