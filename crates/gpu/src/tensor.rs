@@ -62,3 +62,27 @@ impl GpuTensor {
 pub fn storage_bytes(dtype: DType, numel: usize) -> u64 {
     ((numel * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
 }
+
+/// Widens a tensor's stored bytes (little-endian f32, or bf16 for any other
+/// dtype on the device) into `out`, one element per slot of `out`.
+pub(crate) fn widen_bytes(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    match dtype {
+        DType::F32 => {
+            let src = &bytes[..4 * n];
+            match bytemuck::try_cast_slice::<u8, f32>(src) {
+                Ok(v) => out.copy_from_slice(v),
+                Err(_) => {
+                    for (o, c) in out.iter_mut().zip(src.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
+                }
+            }
+        }
+        _ => {
+            for (o, c) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                *o = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+    }
+}

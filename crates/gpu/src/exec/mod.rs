@@ -680,18 +680,7 @@ impl GpuExecutor {
             ));
         }
         let bytes = self.read_buffer(t.buffer(), t.offset, t.byte_len())?;
-        match t.dtype {
-            DType::F32 => {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-            _ => {
-                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-                }
-            }
-        }
+        crate::tensor::widen_bytes(t.dtype, &bytes, out);
         Ok(())
     }
 

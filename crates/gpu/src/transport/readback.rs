@@ -10,7 +10,7 @@ use megatrain_tensor::{DType, Error, Result};
 
 use super::{Link, MapState};
 use crate::GpuError;
-use crate::tensor::GpuTensor;
+use crate::tensor::{GpuTensor, widen_bytes};
 
 /// Readback buffers not in use, by (usage, size class).
 #[derive(Default)]
@@ -141,26 +141,7 @@ impl ReadbackPool {
             .map_err(|e| GpuError::Map(e.to_string()))?;
         let mut at = 0;
         for &(dtype, n, off) in &p.layout {
-            let dst = &mut out[at..at + n];
-            let src = &view[off as usize..];
-            match dtype {
-                DType::F32 => {
-                    let src = &src[..4 * n];
-                    match bytemuck::try_cast_slice::<u8, f32>(src) {
-                        Ok(v) => dst.copy_from_slice(v),
-                        Err(_) => {
-                            for (o, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    for (o, c) in dst.iter_mut().zip(src[..2 * n].chunks_exact(2)) {
-                        *o = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-                    }
-                }
-            }
+            widen_bytes(dtype, &view[off as usize..], &mut out[at..at + n]);
             at += n;
         }
         Ok(())
