@@ -15,7 +15,8 @@
 //!   device by the executor when it needs them.
 
 use crate::{
-    DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo, WeightSlot, WeightUpload,
+    ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo,
+    WeightSlot, WeightUpload,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -227,6 +228,23 @@ pub trait Executor {
 
     /// Starts a new peak for [`Executor::memory_stats`].
     fn reset_peak_memory(&self) {}
+
+    /// Sets the precision of every later matmul's operands (see
+    /// [`ComputePrecision`]). Executors that cannot honour `F16` refuse it.
+    fn set_compute_precision(&mut self, p: ComputePrecision) -> Result<()> {
+        match p {
+            ComputePrecision::F32 => Ok(()),
+            ComputePrecision::F16 => Err(Error::invalid(
+                "set_compute_precision",
+                format!("{} has no f16 compute precision", self.name()),
+            )),
+        }
+    }
+
+    /// The precision matmul operands are computed in.
+    fn compute_precision(&self) -> ComputePrecision {
+        ComputePrecision::F32
+    }
 
     // ---- elementwise ---------------------------------------------------
 

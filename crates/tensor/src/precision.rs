@@ -1,0 +1,101 @@
+//! Compute precision of matmul operands (ARCHITECTURE.md, "Precision").
+//!
+//! `F16` defines one function on every executor: each operand X of a matmul
+//! (forward and both backward products) is scaled by a power of two 2^-e_X
+//! chosen from its largest magnitude, rounded to f16 (nearest, ties to
+//! even), multiplied with f32 accumulation, and the f32 result multiplied by
+//! 2^(e_A + e_B). Power-of-two scaling changes no mantissa bit, so it only
+//! keeps each operand inside f16's range: no overflow to inf, and the most
+//! room above f16's subnormals for small values. Per-tensor scaling is
+//! chosen over dynamic loss scaling because the optimizer updates a layer
+//! as soon as its gradients land: an overflow found in an earlier layer
+//! later in the backward could no longer skip the step.
+
+use half::f16;
+
+/// Precision of matmul operands; accumulation is f32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ComputePrecision {
+    #[default]
+    F32,
+    /// Operands rounded to f16 after per-tensor power-of-two scaling.
+    F16,
+}
+
+impl std::fmt::Display for ComputePrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ComputePrecision::F32 => "f32",
+            ComputePrecision::F16 => "f16",
+        })
+    }
+}
+
+/// Largest magnitude an operand is scaled to lie under: 2^15, so that it
+/// rounds to at most 2^15 in f16 (max 65504), with headroom.
+pub const F16_OPERAND_BOUND_LOG2: i32 = 15;
+
+/// The exponent e with which an operand whose largest magnitude is
+/// `max_abs` is scaled (x · 2^-e) before rounding to f16: the scaled
+/// maximum lies in [2^14, 2^15). 0 for an all-zero or non-finite operand
+/// (non-finite values then propagate as they would in f32).
+pub fn f16_scale_exponent(max_abs: f32) -> i32 {
+    if max_abs == 0.0 || !max_abs.is_finite() {
+        return 0;
+    }
+    // Exact floor(log2) for normal and subnormal f32.
+    let e = if max_abs.is_normal() {
+        ((max_abs.to_bits() >> 23) & 0xff) as i32 - 127
+    } else {
+        -127 - (max_abs.to_bits().leading_zeros() as i32 - 9)
+    };
+    e - (F16_OPERAND_BOUND_LOG2 - 1)
+}
+
+/// 2^e as an f32 (exact for the exponents [`f16_scale_exponent`] returns
+/// combined: |e| ≤ 254 is split in two factors where needed by callers).
+pub fn pow2(e: i32) -> f32 {
+    2f32.powi(e)
+}
+
+/// `f16(x · 2^-e)` widened back to f32: the value the tensor cores see.
+pub fn round_f16_scaled(x: f32, e: i32) -> f32 {
+    f16::from_f32(x * pow2(-e)).to_f32()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaled_max_lies_in_the_bound_for_any_magnitude() {
+        for &m in &[
+            1e-30f32, 1e-8, 3e-5, 0.1, 1.0, 1.5, 2.0, 1000.0, 65504.0, 1e20, 3e38,
+        ] {
+            let e = f16_scale_exponent(m);
+            let s = m as f64 * 2f64.powi(-e);
+            assert!((16384.0..32768.0).contains(&s), "max {m}: e {e}, scaled {s}");
+            let r = round_f16_scaled(m, e);
+            assert!(r.is_finite() && r > 0.0, "max {m} rounds to {r}");
+        }
+        let sub = f32::from_bits(5);
+        let e = f16_scale_exponent(sub);
+        let s = sub as f64 * 2f64.powi(-e);
+        assert!((16384.0..32768.0).contains(&s), "subnormal: e {e}, scaled {s}");
+        assert_eq!(f16_scale_exponent(0.0), 0);
+        assert_eq!(f16_scale_exponent(f32::INFINITY), 0);
+        assert_eq!(f16_scale_exponent(f32::NAN), 0);
+    }
+
+    #[test]
+    fn scaling_keeps_f16_mantissa_rounding() {
+        // A power-of-two scale changes no mantissa bit: rounding x·2^-e to
+        // f16 and scaling back equals rounding x in a type with f16's
+        // mantissa and f32's range.
+        let x = 0.123_456_789f32;
+        let e = f16_scale_exponent(x);
+        let back = round_f16_scaled(x, e) * pow2(e);
+        assert!(((back - x) / x).abs() < 2f32.powi(-11), "{back} vs {x}");
+        assert_ne!(back, x, "f16 rounding must be visible");
+    }
+}
