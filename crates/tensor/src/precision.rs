@@ -92,7 +92,7 @@ mod tests {
         // A power-of-two scale changes no mantissa bit: rounding x·2^-e to
         // f16 and scaling back equals rounding x in a type with f16's
         // mantissa and f32's range.
-        let x = 0.123_456_789f32;
+        let x = 0.123_456_79_f32;
         let e = f16_scale_exponent(x);
         let back = round_f16_scaled(x, e) * pow2(e);
         assert!(((back - x) / x).abs() < 2f32.powi(-11), "{back} vs {x}");
