@@ -72,7 +72,9 @@ impl GpuContext {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
-            return Err(GpuError::NoAdapter);
+            return Err(GpuError::NoAdapter {
+                diagnosis: crate::diagnose::diagnose(&crate::diagnose::Probe::from_env()),
+            });
         }
         let adapter = match wanted {
             Some(w) => {

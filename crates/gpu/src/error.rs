@@ -3,8 +3,10 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("no GPU adapter found (wgpu enumerated none on any backend)")]
-    NoAdapter,
+    /// `diagnosis` says what was checked (loader, driver manifests and
+    /// libraries, container capabilities) and what to install or set.
+    #[error("no GPU adapter found (wgpu enumerated none on any backend)\n{diagnosis}")]
+    NoAdapter { diagnosis: String },
     #[error("MEGATRAIN_ADAPTER={wanted:?} matches none of the adapters: {available}")]
     AdapterNotFound { wanted: String, available: String },
     #[error("requesting a device on adapter '{adapter}' failed: {source}")]

@@ -4,6 +4,7 @@
 
 mod arena;
 mod context;
+pub mod diagnose;
 mod error;
 mod exec;
 mod kernels;
