@@ -12,7 +12,7 @@ use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{CpuExecutor, Executor};
+use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{
     ModelConfig, download_grads, forward_backward, gpt2_nano, init_layer, preset, upload_layer,
@@ -160,10 +160,25 @@ fn check_training(model: &ModelConfig) {
     check_training_on(GpuExecutor::new(ctx), model, 2, TransportDType::F32, 20);
 }
 
-/// `steps` streamed steps on `gpu` and on the CPU, checkpointing every `k`
-/// blocks, with `transport` copies; losses and parameters must agree.
+/// `steps` streamed steps on `gpu`, on the CPU and on the float64 executor
+/// (f64 compute; the tier and AdamW are f32 for all three), checkpointing
+/// every `k` blocks, with `transport` copies. Per-step losses must agree
+/// with the CPU to 1e-5. Parameters are judged against the f64 run: after
+/// 20 steps the CPU executor's own parameters are 5.6e-4 (llama-tiny
+/// `embed_tokens`, relative norm) from the f64 run's, because AdamW's first
+/// steps move each element by about ±lr whatever its gradient's size, so an
+/// element whose gradient is near zero moves in a direction set by rounding.
+/// Any f32 executor's summation order gives such differences; a fixed
+/// bound between two of them (1e-4 here before) only says how lucky the
+/// orders were (an H100 gave 1.8e-4). What must hold is that the GPU is no
+/// further from exact arithmetic than the CPU reference is: its distance
+/// to the f64 run at most twice the CPU's (two samples of the same rounding
+/// process), with a floor for runs where both are tiny. A kernel that is
+/// wrong, not just differently rounded, moves far more: one bad gradient
+/// element per step already breaks the loss check.
 fn check_training_on(gpu: GpuExecutor, model: &ModelConfig, k: usize, transport: TransportDType, steps: u64) {
     let mut cpu = trainer_with(CpuExecutor::new(), model, k, transport);
+    let mut exact = trainer_with(F64Executor::new(), model, k, transport);
     let mut gpu = trainer_with(gpu, model, k, transport);
     if let Some(info) = gpu.transport_info() {
         eprintln!(
@@ -176,6 +191,7 @@ fn check_training_on(gpu: GpuExecutor, model: &ModelConfig, k: usize, transport:
         let b = batch(model.vocab_size, step, 2, 24);
         let c = cpu.step(std::slice::from_ref(&b), lr).unwrap();
         let g = gpu.step(std::slice::from_ref(&b), lr).unwrap();
+        exact.step(std::slice::from_ref(&b), lr).unwrap();
         let rel = (g.loss - c.loss).abs() / c.loss.abs();
         assert!(
             rel <= 1e-5,
@@ -184,9 +200,20 @@ fn check_training_on(gpu: GpuExecutor, model: &ModelConfig, k: usize, transport:
             c.loss
         );
     }
-    let d = max_rel_diff(&cpu, &gpu, steps as usize, lr);
-    eprintln!("after {steps} steps: worst parameter tensor relative norm difference {d:e}");
-    assert!(d <= 1e-4, "after {steps} steps the parameters differ by {d}");
+    let n = steps as usize;
+    let cpu_drift = max_rel_diff(&exact, &cpu, n, lr);
+    let gpu_drift = max_rel_diff(&exact, &gpu, n, lr);
+    let between = max_rel_diff(&cpu, &gpu, n, lr);
+    eprintln!(
+        "after {steps} steps, worst parameter tensor relative norm difference: \
+         CPU vs f64 {cpu_drift:e}, GPU vs f64 {gpu_drift:e}, GPU vs CPU {between:e}"
+    );
+    let bound = 2.0 * cpu_drift.max(1e-5);
+    assert!(
+        gpu_drift <= bound,
+        "after {steps} steps the GPU's parameters are {gpu_drift:e} from the f64 run's, \
+         more than twice the CPU executor's {cpu_drift:e}"
+    );
 }
 
 #[test]
