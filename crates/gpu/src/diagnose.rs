@@ -119,15 +119,25 @@ fn check_manifest(m: &Path, out: &mut Vec<String>) {
         Err(e) => out.push(format!("  {}: {e}", m.display())),
         Ok(lib) => match try_load(&lib) {
             Ok(()) => out.push(format!("  {}: driver {lib} loads", m.display())),
-            Err(e) => out.push(format!(
-                "  {}: driver {lib} does not load: {e}{}",
-                m.display(),
-                if lib.contains("nvidia") {
+            Err(e) => {
+                // dlerror names the file it could not open first: the
+                // driver itself, or one of its dependencies.
+                let base = Path::new(&lib)
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned());
+                let itself = base.is_some_and(|b| e.contains(&format!("{b}: cannot open")));
+                let hint = if itself {
+                    " (the driver library is not installed, or not mounted into this container)"
+                } else if lib.contains("nvidia") {
                     " (NVIDIA's ICD needs libglvnd: install libglvnd0, libglx0, libegl1, libgl1)"
                 } else {
                     ""
-                }
-            )),
+                };
+                out.push(format!(
+                    "  {}: driver {lib} does not load: {e}{hint}",
+                    m.display()
+                ));
+            }
         },
     }
 }
@@ -258,7 +268,7 @@ mod tests {
             )),
             "{d}"
         );
-        assert!(d.contains("libglvnd"), "{d}");
+        assert!(d.contains("not installed, or not mounted"), "{d}");
         assert!(d.contains(&format!("{}: not JSON", bad.display())), "{d}");
     }
 
