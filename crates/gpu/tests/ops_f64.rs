@@ -1,0 +1,180 @@
+//! Every op of a training step, forward and backward, on the GPU, on the
+//! f32 CPU reference and on the float64 executor, from the same inputs.
+//!
+//! `ops.rs` compares the GPU with the CPU; when the two disagree by more
+//! than a bound, this says which of them is off: a kernel that is merely
+//! rounded differently (another summation order, the driver's `exp`, FMA
+//! contraction) is about as far from the f64 result as the CPU is, while a
+//! wrong kernel is far further. The bound is relative to the CPU's own
+//! error, with a floor of a few f32 ulps of the norm for ops the CPU gets
+//! almost exactly. Shapes are llama-tiny's and gpt2-nano's, awkward where
+//! they can be. Run with `--nocapture` to see the table on a new device.
+
+mod common;
+
+use common::*;
+use megatrain_tensor::testing::rel_norm_err;
+use megatrain_tensor::{Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Transpose};
+
+/// A GPU result may be this many times further from f64 than the CPU's.
+const RATIO: f64 = 4.0;
+/// ... or this far, whichever is larger (8 ulps of the norm).
+const FLOOR: f64 = 1e-6;
+
+struct Inputs {
+    x: HostTensor,
+    w: HostTensor,
+    w2: HostTensor,
+    bias: HostTensor,
+    gain: HostTensor,
+    dy: HostTensor,
+    dmm: HostTensor,
+    q: HostTensor,
+    k: HostTensor,
+    v: HostTensor,
+    datt: HostTensor,
+    logits: HostTensor,
+    table: HostTensor,
+    ids: Vec<u32>,
+    targets: Vec<i32>,
+}
+
+// Rows 2×37, width 96, MLP 160, 4 query heads over 2 KV heads of 24, vocab 67.
+const ROWS: usize = 74;
+const C: usize = 96;
+const F: usize = 160;
+const V: usize = 67;
+
+fn inputs(seed: u64) -> Inputs {
+    Inputs {
+        x: rand_host(seed, &[ROWS, C]),
+        w: rand_host(seed ^ 1, &[F, C]),
+        w2: rand_host(seed ^ 2, &[ROWS, F]),
+        bias: rand_host(seed ^ 3, &[F]),
+        gain: rand_host(seed ^ 4, &[C]),
+        dy: rand_host(seed ^ 5, &[ROWS, C]),
+        dmm: rand_host(seed ^ 6, &[ROWS, F]),
+        q: rand_host(seed ^ 7, &[2, 37, 4, 24]),
+        k: rand_host(seed ^ 8, &[2, 37, 2, 24]),
+        v: rand_host(seed ^ 9, &[2, 37, 2, 24]),
+        datt: rand_host(seed ^ 10, &[2, 37, 4, 24]),
+        logits: rand_host(seed ^ 11, &[ROWS, V]),
+        table: rand_host(seed ^ 12, &[V, C]),
+        ids: (0..ROWS as u32).map(|i| (i * 31 + 5) % V as u32).collect(),
+        targets: (0..ROWS as i32)
+            .map(|i| if i % 9 == 4 { -100 } else { (i * 17 + 3) % V as i32 })
+            .collect(),
+    }
+}
+
+/// Runs every op on `ex`; one named f32 result each.
+fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
+    let up = |h: &HostTensor| ex.upload(h).unwrap();
+    let down = |t: &E::Tensor| ex.download(t).unwrap().to_f32_vec();
+    let (x, w, w2, bias, gain, dy, dmm) = (
+        up(&i.x),
+        up(&i.w),
+        up(&i.w2),
+        up(&i.bias),
+        up(&i.gain),
+        up(&i.dy),
+        up(&i.dmm),
+    );
+    let mut out = Vec::new();
+
+    let y = ex.matmul(&x, &w, Some(&bias), Transpose::NT).unwrap();
+    out.push(("matmul NT + bias", down(&y)));
+    let g = ex
+        .matmul_backward(&x, &w, &dmm, Transpose::NT, MatmulNeeds::ALL)
+        .unwrap();
+    out.push(("matmul NT dA", down(g.da.as_ref().unwrap())));
+    out.push(("matmul NT dB", down(g.db.as_ref().unwrap())));
+    out.push(("matmul NT dbias", down(g.dbias.as_ref().unwrap())));
+    let y = ex.matmul(&w2, &w, None, Transpose::NN).unwrap();
+    out.push(("matmul NN", down(&y)));
+    let y = ex.matmul(&x, &dy, None, Transpose::TN).unwrap();
+    out.push(("matmul TN", down(&y)));
+
+    let n = ex.rmsnorm(&x, &gain, 1e-5).unwrap();
+    out.push(("rmsnorm", down(&n.y)));
+    let g = ex.rmsnorm_backward(&x, &gain, &n.rstd, &dy).unwrap();
+    out.push(("rmsnorm dx", down(&g.dx)));
+    out.push(("rmsnorm dw", down(&g.dw)));
+    let n = ex.layernorm(&x, &gain, &gain, 1e-5).unwrap();
+    out.push(("layernorm", down(&n.y)));
+    let g = ex
+        .layernorm_backward(&x, &gain, n.mean.as_ref().unwrap(), &n.rstd, &dy)
+        .unwrap();
+    out.push(("layernorm dx", down(&g.dx)));
+    out.push(("layernorm dw", down(&g.dw)));
+    out.push(("layernorm db", down(g.db.as_ref().unwrap())));
+
+    let (q, k, v, datt) = (up(&i.q), up(&i.k), up(&i.v), up(&i.datt));
+    let rope = Rope {
+        theta: 10000.0,
+        offset: 3,
+    };
+    let qr = ex.rope(&q, rope).unwrap();
+    let kr = ex.rope(&k, rope).unwrap();
+    out.push(("rope", down(&qr)));
+    out.push(("rope backward", down(&ex.rope_backward(&datt, rope).unwrap())));
+    let a = ex.attention(&qr, &kr, &v).unwrap();
+    out.push(("attention", down(&a.out)));
+    out.push(("attention lse", down(&a.lse)));
+    let g = ex.attention_backward(&qr, &kr, &v, &a, &datt).unwrap();
+    out.push(("attention dq", down(&g.dq)));
+    out.push(("attention dk", down(&g.dk)));
+    out.push(("attention dv", down(&g.dv)));
+
+    // Scaled so that the activations see their tails.
+    let x6 = ex.scale(&x, 6.0).unwrap();
+    out.push(("swiglu", down(&ex.swiglu(&x6, &dy).unwrap())));
+    let (dg, du) = ex.swiglu_backward(&x6, &dy, &x).unwrap();
+    out.push(("swiglu dgate", down(&dg)));
+    out.push(("swiglu dup", down(&du)));
+    out.push(("gelu", down(&ex.gelu(&x6).unwrap())));
+    out.push(("gelu backward", down(&ex.gelu_backward(&x6, &dy).unwrap())));
+    out.push(("add", down(&ex.add(&x, &dy).unwrap())));
+
+    let table = up(&i.table);
+    let e = ex.embedding(&i.ids, &table).unwrap();
+    out.push(("embedding", down(&e)));
+    let mut dtable = up(&i.table);
+    ex.embedding_backward(&i.ids, &dy, &mut dtable).unwrap();
+    out.push(("embedding backward", down(&dtable)));
+    let l = ex
+        .cross_entropy(&up(&i.logits), &i.targets, -100, 1.0 / 66.0)
+        .unwrap();
+    out.push(("cross_entropy", down(&l.losses)));
+    out.push(("cross_entropy dlogits", down(&l.dlogits)));
+    out
+}
+
+#[test]
+fn every_op_is_as_close_to_float64_as_the_cpu_reference() {
+    let Some(g) = gpu() else { return };
+    let mut failures = Vec::new();
+    for seed in [1u64, 2] {
+        let i = inputs(seed);
+        let exact = run(&F64Executor::new(), &i);
+        let cpu = run(&cpu(), &i);
+        let gpu = run(g, &i);
+        eprintln!("seed {seed}: op, CPU vs f64, GPU vs f64 (relative norm)");
+        for ((name, e), ((_, c), (_, d))) in exact.iter().zip(cpu.iter().zip(&gpu)) {
+            if let Some(j) = d.iter().position(|z| !z.is_finite()) {
+                failures.push(format!("{name}: element {j} is {}", d[j]));
+                continue;
+            }
+            let (ec, eg) = (rel_norm_err(c, e), rel_norm_err(d, e));
+            eprintln!("  {name:24} {ec:9.2e} {eg:9.2e}");
+            if eg > (RATIO * ec).max(FLOOR) {
+                failures.push(format!("{name}: GPU {eg:e} from f64, CPU {ec:e}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "ops further from f64 than rounding explains:\n{}",
+        failures.join("\n")
+    );
+}
