@@ -4,11 +4,12 @@
 use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::run::Precision;
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{HostTier, TierConfig, TransportDType, rss};
+use megatrain_tier::{HostTier, TierConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
 use super::record::{Modes, Record, median};
@@ -35,14 +36,15 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     }
 }
 
+fn precision(spec: &Spec) -> anyhow::Result<Precision> {
+    spec.precision
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--precision: {e}"))
+}
+
 fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
-    let transport = match spec.precision.as_str() {
-        "f32" => TransportDType::F32,
-        "bf16" => TransportDType::BF16,
-        p => anyhow::bail!("unknown --precision {p} (f32 or bf16)"),
-    };
     let config = TierConfig {
-        transport,
+        transport: precision(spec)?.transport(),
         ..TierConfig::default()
     };
     Ok(match &spec.model_dir {
@@ -78,11 +80,14 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
 /// `device_peak` reads the executor's peak bytes where the trait's
 /// `memory_stats` does not report it.
 fn run_on<E: Executor>(
-    ex: E,
+    mut ex: E,
     spec: &Spec,
     baseline_rss: u64,
     device_peak: impl Fn(&E) -> Option<u64>,
 ) -> anyhow::Result<Record> {
+    let p = precision(spec)?;
+    ex.set_compute_precision(p.compute())
+        .with_context(|| format!("--precision {p}"))?;
     let model = spec.model()?;
     let device_name = ex.name();
     let tier = tier_for(spec, &model)?;
