@@ -218,6 +218,35 @@ mod tests {
     }
 
     #[test]
+    fn f16_runs_on_the_cpu_and_an_unknown_precision_is_named() {
+        let spec = Spec {
+            label: "tiny-f16".into(),
+            layers: Some(1),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 1,
+            precision: "f16".into(),
+            ..test_spec()
+        };
+        let r = run(&spec).unwrap();
+        assert!(r.device_name.contains("f16"), "{}", r.device_name);
+        // f16 transport moves the bytes bf16 does: 2 per matrix element.
+        let bf16 = run(&Spec {
+            precision: "bf16".into(),
+            ..spec.clone()
+        })
+        .unwrap();
+        assert_eq!(r.bytes_uploaded_per_step, bf16.bytes_uploaded_per_step);
+        let bad = Spec {
+            precision: "fp8".into(),
+            ..spec
+        };
+        let err = run(&bad).unwrap_err().to_string();
+        assert!(err.contains("fp8") && err.contains("f16"), "{err}");
+    }
+
+    #[test]
     fn a_hugging_face_directory_trains_with_its_weights() {
         let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
         let tables = model.layer_tables();
