@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use half::bf16;
+use half::{bf16, f16};
 use megatrain_adamw::bandwidth::{TRIAD_BYTES_PER_ELEMENT, triad, triad_streaming};
 use megatrain_adamw::{AdamW, AdamWConfig, DecayMask, SlabState, SlabUpdate, Transport};
 use rayon::prelude::*;
@@ -36,14 +36,16 @@ const TRIAD_MIN_LEN: usize = 32 << 20;
 enum Variant {
     Update,
     Bf16,
+    F16,
     F32,
     Bf16ZeroGrad,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
+    const ALL: [Variant; 5] = [
         Variant::Update,
         Variant::Bf16,
+        Variant::F16,
         Variant::F32,
         Variant::Bf16ZeroGrad,
     ];
@@ -52,6 +54,7 @@ impl Variant {
         match self {
             Variant::Update => "update",
             Variant::Bf16 => "update+bf16",
+            Variant::F16 => "update+f16",
             Variant::F32 => "update+f32",
             Variant::Bf16ZeroGrad => "update+bf16+zero_grad",
         }
@@ -62,7 +65,7 @@ impl Variant {
     fn bytes(self) -> usize {
         match self {
             Variant::Update => 28,
-            Variant::Bf16 => 30,
+            Variant::Bf16 | Variant::F16 => 30,
             Variant::F32 => 32,
             Variant::Bf16ZeroGrad => 34,
         }
@@ -112,6 +115,8 @@ fn run_threads(args: &Args, threads: usize) -> anyhow::Result<serde_json::Value>
         let mut v = filled(n, |_| 0.0);
         let mut copy16 = vec![bf16::ZERO; n];
         copy16.par_iter_mut().for_each(|x| *x = bf16::ZERO);
+        let mut copy_h = vec![f16::ZERO; n];
+        copy_h.par_iter_mut().for_each(|x| *x = f16::ZERO);
         let mut copy32 = filled(n, |_| 0.0);
         let opt = AdamW::new(AdamWConfig::default())?;
         // A realistic mask: decay everywhere except a small tail (norms, biases).
@@ -139,6 +144,7 @@ fn run_threads(args: &Args, threads: usize) -> anyhow::Result<serde_json::Value>
                     let u = match variant {
                         Variant::Update => u,
                         Variant::Bf16 => u.transport(Transport::Bf16(&mut copy16)),
+                        Variant::F16 => u.transport(Transport::F16(&mut copy_h)),
                         Variant::F32 => u.transport(Transport::F32(&mut copy32)),
                         Variant::Bf16ZeroGrad => u.transport(Transport::Bf16(&mut copy16)).zero_grad(true),
                     };

@@ -8,7 +8,8 @@
 //! decay mask is resolved outside into uniform pieces, the transport kind
 //! and gradient zeroing are type parameters).
 
-use half::bf16;
+use half::{bf16, f16};
+use megatrain_tensor::convert::f32_to_f16_sat_bits;
 
 use crate::bf16::f32_to_bf16_bits;
 
@@ -62,6 +63,7 @@ pub(crate) trait Sink {
 pub(crate) struct NoSink;
 pub(crate) struct Bf16Sink<'a>(pub &'a mut [bf16]);
 pub(crate) struct F32Sink<'a>(pub &'a mut [f32]);
+pub(crate) struct F16Sink<'a>(pub &'a mut [f16]);
 
 impl Sink for NoSink {
     #[inline(always)]
@@ -80,6 +82,17 @@ impl Sink for Bf16Sink<'_> {
     #[inline(always)]
     fn put(&mut self, i: usize, p: f32) {
         self.0[i] = bf16::from_bits(f32_to_bf16_bits(p));
+    }
+}
+
+impl Sink for F16Sink<'_> {
+    #[inline(always)]
+    fn cut(self, n: usize) -> Self {
+        F16Sink(&mut self.0[..n])
+    }
+    #[inline(always)]
+    fn put(&mut self, i: usize, p: f32) {
+        self.0[i] = f16::from_bits(f32_to_f16_sat_bits(p));
     }
 }
 

@@ -3,7 +3,8 @@
 //! The optimizer runs on every parameter every step, overlapped with the
 //! GPU's backward, so it must run at memory bandwidth. [`AdamW::step`] makes
 //! one fused pass over a flat slab: it reads p, g, m, v and writes p, m, v,
-//! the transport copy of p (bf16 or f32) and, if asked, a zeroed gradient.
+//! the transport copy of p (bf16, f16 or f32) and, if asked, a zeroed
+//! gradient.
 //! The pass is split over rayon in chunks; the inner loop is compiled with
 //! AVX2+FMA where the CPU has them (chosen at run time) and vectorised by
 //! rustc.

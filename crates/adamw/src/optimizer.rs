@@ -1,6 +1,6 @@
-use half::bf16;
+use half::{bf16, f16};
 
-use crate::kernel::{self, Bf16Sink, Consts, F32Sink, NoSink};
+use crate::kernel::{self, Bf16Sink, Consts, F16Sink, F32Sink, NoSink};
 use crate::{AdamWConfig, AdamWError, DecayMask, Result};
 
 /// Elements per rayon task. Large enough that task overhead vanishes
@@ -17,6 +17,10 @@ pub enum Transport<'a> {
     None,
     /// bf16, rounded to nearest even, bit-identical to `half::bf16::from_f32`.
     Bf16(&'a mut [bf16]),
+    /// f16, rounded to nearest even; finite values beyond f16's range
+    /// saturate at ±65504 (bit-identical to
+    /// `megatrain_tensor::convert::f32_to_f16_sat_bits`).
+    F16(&'a mut [f16]),
     /// An f32 copy, identical to the master weights.
     F32(&'a mut [f32]),
 }
@@ -26,6 +30,7 @@ impl Transport<'_> {
         match self {
             Transport::None => None,
             Transport::Bf16(t) => Some(t.len()),
+            Transport::F16(t) => Some(t.len()),
             Transport::F32(t) => Some(t.len()),
         }
     }
@@ -171,6 +176,10 @@ impl<'a> Job<'a> {
             Transport::Bf16(t) => {
                 let (a, b) = t.split_at_mut(mid);
                 (Transport::Bf16(a), Transport::Bf16(b))
+            }
+            Transport::F16(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (Transport::F16(a), Transport::F16(b))
             }
             Transport::F32(t) => {
                 let (a, b) = t.split_at_mut(mid);
@@ -325,6 +334,7 @@ fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zer
         match &mut t {
             Transport::None => kernel::dispatch(k, zero_grad, p, g, m, v, NoSink),
             Transport::Bf16(t) => kernel::dispatch(k, zero_grad, p, g, m, v, Bf16Sink(&mut t[r])),
+            Transport::F16(t) => kernel::dispatch(k, zero_grad, p, g, m, v, F16Sink(&mut t[r])),
             Transport::F32(t) => kernel::dispatch(k, zero_grad, p, g, m, v, F32Sink(&mut t[r])),
         }
     });

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{Ref, grads, params, rel_err, rng};
-use half::bf16;
+use half::{bf16, f16};
 use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, SlabState, SlabUpdate, Transport};
 
 const CFG: AdamWConfig = AdamWConfig {
@@ -123,6 +123,69 @@ fn transport_copies_and_zeroing_are_exact() {
     let [p_f, ..] = one_step(&p0, &g0, Transport::F32(&mut copy32), false);
     assert_eq!(p_f, p);
     assert_eq!(copy32, p);
+
+    let mut copy16 = vec![f16::ZERO; n];
+    let [p_h, g_h, ..] = one_step(&p0, &g0, Transport::F16(&mut copy16), true);
+    assert_eq!(p_h, p);
+    assert!(g_h.iter().all(|x| x.to_bits() == 0));
+    for (i, (c, x)) in copy16.iter().zip(&p_h).enumerate() {
+        assert_eq!(c.to_bits(), f16::from_f32(*x).to_bits(), "element {i}");
+    }
+}
+
+#[test]
+fn f16_copy_rounds_to_nearest_even_and_saturates_instead_of_overflowing() {
+    // lr = 0 and g = 0 keep the parameters; the copy is what is tested.
+    let p0 = [
+        1.0 + 2f32.powi(-11),       // tie, even below: 1
+        1.0 + 3.0 * 2f32.powi(-11), // tie, odd below: 1 + 2^-9
+        65504.0,
+        65519.0,  // rounds down to the largest f16
+        65520.0,  // the tie that half rounds to infinity
+        -70000.0, // past the range
+        1e30,
+        f32::MAX,
+        2f32.powi(-25) * 1.5, // smallest f16 subnormal
+        2f32.powi(-26),       // flushes to zero
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    let want: [f32; 11] = [
+        1.0,
+        1.0 + 2f32.powi(-9),
+        65504.0,
+        65504.0,
+        65504.0,
+        -65504.0,
+        65504.0,
+        65504.0,
+        2f32.powi(-24),
+        0.0,
+        -0.0,
+    ];
+    let n = p0.len();
+    let mut p = p0.to_vec();
+    let (mut g, mut m, mut v) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let mut copy = vec![f16::ZERO; n];
+    let opt = AdamW::new(CFG).unwrap().with_chunk_len(3);
+    let u = SlabUpdate::new(&mut p, &mut g, &mut m, &mut v).transport(Transport::F16(&mut copy));
+    opt.step(&mut SlabState::new(), 0.0, u).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(copy[i].to_f32().to_bits(), w.to_bits(), "element {i} ({})", p0[i]);
+    }
+    assert_eq!(copy[11], f16::INFINITY, "an infinite master weight stays visible");
+    assert_eq!(copy[12], f16::NEG_INFINITY);
+    assert!(copy[13].is_nan());
+    // In range, exactly half's rounding; out of range, saturated.
+    for (i, (&c, &x)) in copy.iter().zip(&p).enumerate() {
+        if x.is_finite() && x.abs() >= 65520.0 {
+            assert_eq!(c.to_f32(), 65504f32.copysign(x), "element {i}");
+        } else if !x.is_nan() {
+            assert_eq!(c.to_bits(), f16::from_f32(x).to_bits(), "element {i}");
+        }
+    }
 }
 
 #[test]

@@ -288,4 +288,17 @@ fn plan_reports_host_and_device_bytes() {
     let out = run(&["plan", "--preset", "llama-2-7b", "--host-mem", "24G"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("does NOT fit"), "{text}");
+    // An f16 transport copy costs what a bf16 one does: 2 bytes a parameter.
+    let per_param = |precision: &str| {
+        let out = run(&["plan", "--preset", "llama-tiny", "--precision", precision]);
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(&format!("{precision} transport")), "{text}");
+        text.lines()
+            .find(|l| l.contains("bytes of RAM per parameter"))
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(per_param("f16"), per_param("bf16"));
+    assert_ne!(per_param("f16"), per_param("f32"));
 }

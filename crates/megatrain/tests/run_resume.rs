@@ -110,6 +110,39 @@ fn resume_is_bit_exact_with_bf16_transport() {
 }
 
 #[test]
+fn resume_is_bit_exact_with_f16_precision_restored_from_the_run() {
+    use megatrain::run::Precision;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let (a, b, c) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    let mut oa = options(&data, &a);
+    oa.precision = Precision::F16;
+    let mut ob = oa.clone();
+    ob.out = b.clone();
+    run(oa.clone(), false, None);
+    run(ob, false, Some(3));
+    // The resume takes its settings from the run, as `train --resume` does:
+    // the precision comes back from the checkpoint, not from a flag.
+    let saved = read_train_state(&latest_checkpoint(&b).unwrap()).unwrap().options;
+    assert_eq!(saved.precision, Precision::F16);
+    run(saved, true, None);
+    assert!(
+        ckpt_bytes(&a) == ckpt_bytes(&b),
+        "parameters or AdamW state differ after resume"
+    );
+    assert_eq!(losses(&a), losses(&b), "metrics of the resumed run differ");
+    // And the precision is applied: the same run in f32 ends elsewhere.
+    let mut oc = oa;
+    oc.out = c.clone();
+    oc.precision = Precision::F32;
+    run(oc, false, None);
+    assert!(
+        ckpt_bytes(&a).0 != ckpt_bytes(&c).0,
+        "f16 and f32 runs gave the same parameters"
+    );
+}
+
+#[test]
 fn crash_after_a_save_resumes_from_the_last_complete_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let data = corpus(tmp.path());

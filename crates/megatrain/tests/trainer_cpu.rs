@@ -288,6 +288,71 @@ fn bf16_transport_counts_the_bytes_the_executor_holds() {
     }
 }
 
+/// f16 compute with the f16 transport copy follows the f32 run within f16
+/// rounding over a few steps, and visibly differs from it.
+#[test]
+fn f16_compute_tracks_f32_over_a_few_steps() {
+    use megatrain_tensor::ComputePrecision;
+    use megatrain_tensor::testing::rel_norm_err;
+    for model in [llama_tiny(), gpt2_nano(65)] {
+        let run = |precision: ComputePrecision, transport: TransportDType| {
+            let tier_config = TierConfig {
+                transport,
+                ..TierConfig::default()
+            };
+            let tier = init_tier(&model, tier_config, SEED).unwrap();
+            let config = TrainerConfig {
+                checkpoint_every: 2,
+                chunk_rows: 7,
+                adamw: adamw_config(),
+                ..TrainerConfig::default()
+            };
+            let ex = CpuExecutor::with_precision(precision);
+            let mut t = Trainer::new(ex, model.clone(), tier, config).unwrap();
+            let losses: Vec<f64> = (0..3)
+                .map(|i| {
+                    t.step(&[batch(model.vocab_size as u32, i, 2, 9)], 3e-3)
+                        .unwrap()
+                        .loss
+                })
+                .collect();
+            let params: Vec<f32> = t
+                .tier()
+                .layers()
+                .iter()
+                .flat_map(|l| l.params().to_vec())
+                .collect();
+            (losses, params)
+        };
+        let (l32, p32) = run(ComputePrecision::F32, TransportDType::F32);
+        let (l16, p16) = run(ComputePrecision::F16, TransportDType::F16);
+        for (a, b) in l16.iter().zip(&l32) {
+            assert!(
+                (a - b).abs() <= 2e-3 * b.abs(),
+                "{:?}: loss f16 {a} vs f32 {b}",
+                model.arch
+            );
+        }
+        assert_ne!(l16, l32, "{:?}: f16 rounding must show in the losses", model.arch);
+        // Adam's first steps move each weight by about ±lr whatever the
+        // gradient's size, so weights with near-zero gradients may move
+        // differently: compare the updates, not the weights.
+        let p0: Vec<f32> = init_tier(&model, TierConfig::default(), SEED)
+            .unwrap()
+            .layers()
+            .iter()
+            .flat_map(|l| l.params().to_vec())
+            .collect();
+        let delta = |p: &[f32]| -> Vec<f32> { p.iter().zip(&p0).map(|(a, b)| a - b).collect() };
+        let err = rel_norm_err(&delta(&p16), &delta(&p32));
+        assert!(
+            err > 0.0 && err < 0.05,
+            "{:?}: updates differ by {err:e}",
+            model.arch
+        );
+    }
+}
+
 #[test]
 fn bad_configurations_are_refused() {
     let model = llama_tiny();

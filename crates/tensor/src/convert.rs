@@ -33,6 +33,47 @@ pub fn f32_to_f16_into(src: &[f32], dst: &mut [f16]) {
     par_map(src, dst, |&x| f16::from_f32(x));
 }
 
+/// Largest finite f16 magnitude, 65504, as bits.
+pub const F16_MAX_BITS: u16 = 0x7BFF;
+
+/// Rounds `x` to the nearest f16 (ties to even) and returns its bits, like
+/// `half::f16::from_f32`, except that a finite value beyond f16's range
+/// saturates at ±65504 instead of becoming infinity: a transport copy of a
+/// large master weight then carries a bounded error rather than an
+/// infinity that would poison every product it enters. ±inf and NaN stay
+/// what they are (quiet, high payload kept, as `half` does).
+///
+/// Written as selects over both rounding paths, without branches, so that
+/// it vectorises inside the fused optimizer loop.
+#[inline(always)]
+pub fn f32_to_f16_sat_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = (b >> 16) & 0x8000;
+    let a = b & 0x7FFF_FFFF;
+    // Normal f16 result: rebias the exponent (127 -> 15) and round on the
+    // 13 dropped bits; adding 0xFFF plus the lowest kept bit carries
+    // exactly when rounding to nearest even goes up.
+    let odd = (a >> 13) & 1;
+    let normal = a.wrapping_sub(112 << 23).wrapping_add(0xFFF + odd) >> 13;
+    // Subnormal result (|x| < 2^-14): adding 0.5 lines the f16 subnormal
+    // grid up with the f32 mantissa's last bits, and the float addition
+    // rounds to nearest even for us.
+    let magic = f32::from_bits(126 << 23);
+    let sub = (f32::from_bits(a) + magic).to_bits().wrapping_sub(126 << 23);
+    let nan = 0x7E00 | ((a & 0x007F_FFFF) >> 13);
+    let r = if a < 113 << 23 { sub } else { normal };
+    // 65520 = 0x477FF000 is the first magnitude that rounds to infinity.
+    let r = if a >= 0x477F_F000 { F16_MAX_BITS as u32 } else { r };
+    let r = if a == 0x7F80_0000 { 0x7C00 } else { r };
+    let r = if a > 0x7F80_0000 { nan } else { r };
+    (r | sign) as u16
+}
+
+/// Bulk [`f32_to_f16_sat_bits`] (the f16 transport copy).
+pub fn f32_to_f16_sat_into(src: &[f32], dst: &mut [f16]) {
+    par_map(src, dst, |&x| f16::from_bits(f32_to_f16_sat_bits(x)));
+}
+
 pub fn f16_to_f32_into(src: &[f16], dst: &mut [f32]) {
     par_map(src, dst, |&x| x.to_f32());
 }
@@ -78,6 +119,86 @@ mod tests {
         assert!(got[2].is_nan());
         assert_eq!(got[3].to_f32(), f32::INFINITY);
         assert_eq!(got[4].to_bits(), 0x8000);
+    }
+
+    fn check_sat(bits: u32) {
+        let x = f32::from_bits(bits);
+        let got = f32_to_f16_sat_bits(x);
+        let want = if x.is_finite() && x.abs() >= 65520.0 {
+            F16_MAX_BITS | if x < 0.0 { 0x8000 } else { 0 }
+        } else {
+            f16::from_f32(x).to_bits()
+        };
+        assert_eq!(got, want, "input bits {bits:#010x} ({x:e})");
+    }
+
+    #[test]
+    fn f16_saturating_rounds_like_half_in_range() {
+        // Ties and the edges of each path, exactly.
+        let max_ok = 65504.0f32 + 15.99; // below the tie at 65520: rounds to 65504
+        for x in [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 2f32.powi(-11),       // tie, even below: 1
+            1.0 + 3.0 * 2f32.powi(-11), // tie, odd below: up
+            2f32.powi(-14),             // smallest normal f16
+            2f32.powi(-14) * (1.0 - 2f32.powi(-11)),
+            2f32.powi(-24),       // smallest subnormal
+            2f32.powi(-25),       // tie with zero: rounds to 0
+            2f32.powi(-25) * 1.5, // above the tie: smallest subnormal
+            2f32.powi(-26),
+            65504.0,
+            max_ok,
+            f32::MIN_POSITIVE,
+            f32::from_bits(1),
+        ] {
+            check_sat(x.to_bits());
+            check_sat((-x).to_bits());
+        }
+        assert_eq!(f32_to_f16_sat_bits(max_ok), F16_MAX_BITS);
+        // Every low half-pattern (rounding bits plus the lowest kept bit)
+        // under every exponent where f16 results are normal or subnormal.
+        for exp in 90u32..=145 {
+            for high in [0u32, 0x55, 0x3FF] {
+                for low in 0..1u32 << 14 {
+                    let bits = (exp << 23) | (high << 13) | low;
+                    check_sat(bits);
+                    check_sat(bits | 0x8000_0000);
+                }
+            }
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            check_sat(s as u32);
+            check_sat((s >> 32) as u32);
+        }
+    }
+
+    #[test]
+    fn f16_saturating_clamps_finite_overflow_and_keeps_inf_and_nan() {
+        for x in [65520.0f32, 65536.0, 1e6, f32::MAX] {
+            assert_eq!(f16::from_f32(x), f16::INFINITY, "half overflows {x}");
+            assert_eq!(f32_to_f16_sat_bits(x), F16_MAX_BITS, "{x}");
+            assert_eq!(f32_to_f16_sat_bits(-x), F16_MAX_BITS | 0x8000, "{}", -x);
+        }
+        assert_eq!(f32_to_f16_sat_bits(f32::INFINITY), 0x7C00);
+        assert_eq!(f32_to_f16_sat_bits(f32::NEG_INFINITY), 0xFC00);
+        for bits in [0x7FC0_0000u32, 0x7F80_0001, 0xFFFF_FFFF, 0x7FBF_FFFF] {
+            let h = f16::from_bits(f32_to_f16_sat_bits(f32::from_bits(bits)));
+            assert!(h.is_nan(), "{bits:#010x}");
+            check_sat(bits);
+        }
+        let src = [1.0f32, 70000.0, -1e9, 0.1];
+        let mut dst = [f16::ZERO; 4];
+        f32_to_f16_sat_into(&src, &mut dst);
+        assert_eq!(
+            dst.map(f16::to_f32),
+            [1.0, 65504.0, -65504.0, f16::from_f32(0.1).to_f32()]
+        );
     }
 
     #[test]

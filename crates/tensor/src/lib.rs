@@ -20,6 +20,8 @@ pub use executor::*;
 pub use half::{bf16, f16};
 pub use host::{HostData, HostSlice, HostTensor};
 pub use params::{ParamSpec, ParamTable};
-pub use precision::{ComputePrecision, F16_OPERAND_BOUND_LOG2, f16_scale_exponent, pow2, round_f16_scaled};
+pub use precision::{
+    ComputePrecision, F16_OPERAND_BOUND_LOG2, f16_scale_exponent, mul_pow2, pow2, round_f16_scaled,
+};
 pub use shape::Shape;
 pub use transport::{Download, TransportInfo, WeightSlot, WeightUpload};

@@ -52,15 +52,37 @@ pub fn f16_scale_exponent(max_abs: f32) -> i32 {
     e - (F16_OPERAND_BOUND_LOG2 - 1)
 }
 
-/// 2^e as an f32 (exact for the exponents [`f16_scale_exponent`] returns
-/// combined: |e| ≤ 254 is split in two factors where needed by callers).
+/// 2^e as an f32: exact for e in [-149, 127] (normal and subnormal powers
+/// of two), infinity above and zero below.
 pub fn pow2(e: i32) -> f32 {
-    2f32.powi(e)
+    match e {
+        128.. => f32::INFINITY,
+        -126..=127 => f32::from_bits(((e + 127) as u32) << 23),
+        -149..=-127 => f32::from_bits(1 << (e + 149)),
+        _ => 0.0,
+    }
+}
+
+/// x · 2^e, for any e the scaling can produce (operand exponents span
+/// [-163, 113], and a product's unscaling adds two). A single factor 2^e is
+/// not an f32 beyond ±127, so large |e| is applied in steps; each step is
+/// exact unless the result leaves f32's normal range, which is where the
+/// exact product would round anyway.
+pub fn mul_pow2(mut x: f32, mut e: i32) -> f32 {
+    while e > 127 {
+        x *= pow2(127);
+        e -= 127;
+    }
+    while e < -126 {
+        x *= pow2(-126);
+        e += 126;
+    }
+    x * pow2(e)
 }
 
 /// `f16(x · 2^-e)` widened back to f32: the value the tensor cores see.
 pub fn round_f16_scaled(x: f32, e: i32) -> f32 {
-    f16::from_f32(x * pow2(-e)).to_f32()
+    f16::from_f32(mul_pow2(x, -e)).to_f32()
 }
 
 #[cfg(test)]
@@ -82,9 +104,26 @@ mod tests {
         let e = f16_scale_exponent(sub);
         let s = sub as f64 * 2f64.powi(-e);
         assert!((16384.0..32768.0).contains(&s), "subnormal: e {e}, scaled {s}");
+        // 2^-e is not an f32 here (e = -161): the scaling must still be exact.
+        assert_eq!(round_f16_scaled(sub, e) as f64, s);
+        assert_eq!(round_f16_scaled(0.0, e), 0.0);
         assert_eq!(f16_scale_exponent(0.0), 0);
         assert_eq!(f16_scale_exponent(f32::INFINITY), 0);
         assert_eq!(f16_scale_exponent(f32::NAN), 0);
+    }
+
+    #[test]
+    fn pow2_is_exact_over_the_whole_f32_range() {
+        for e in -149..=127 {
+            assert_eq!(pow2(e) as f64, 2f64.powi(e), "2^{e}");
+        }
+        assert_eq!(pow2(128), f32::INFINITY);
+        assert_eq!(pow2(-150), 0.0);
+        // Unscaling a product of two tiny operands: 2^(-150 + 140) = 2^-10.
+        assert_eq!(mul_pow2(3.0, -150 + 140), 3.0 / 1024.0);
+        assert_eq!(mul_pow2(2f32.powi(-120) * 1.25, 230), 1.25 * 2f32.powi(110));
+        assert_eq!(mul_pow2(1.0, 300), f32::INFINITY);
+        assert_eq!(mul_pow2(1.0, -300), 0.0);
     }
 
     #[test]

@@ -109,3 +109,43 @@ fn load_weights_keeps_or_widens_and_downloads_concatenate() {
     );
     assert_eq!(ex.prepare_transport(1 << 20, 1 << 21).unwrap(), None);
 }
+
+#[test]
+fn load_weights_keeps_f16_matrices_and_widens_f16_vectors() {
+    use megatrain_tensor::{Transpose, WeightSlot, WeightUpload, f16};
+    let ex = CpuExecutor::new();
+    let (sm, sv) = (Shape::new([2, 2]), Shape::new([2]));
+    // 1 + 2^-10 and 3 + 2^-8 are f16 values that bf16 cannot hold.
+    let wide = [1.0 + 2f32.powi(-10), -2.0, 0.5, 3.0 + 2f32.powi(-8)];
+    let m: Vec<f16> = wide.iter().map(|&x| f16::from_f32(x)).collect();
+    let v: Vec<f16> = [0.25f32, 1e-5].iter().map(|&x| f16::from_f32(x)).collect();
+    let ws = ex
+        .load_weights(
+            WeightSlot { kind: 1, index: 0 },
+            &[
+                WeightUpload {
+                    shape: &sm,
+                    data: HostSlice::F16(&m),
+                    dtype: DType::F16,
+                },
+                WeightUpload {
+                    shape: &sv,
+                    data: HostSlice::F16(&v),
+                    dtype: DType::F32,
+                },
+            ],
+        )
+        .unwrap();
+    assert_eq!((ws[0].dtype(), ws[1].dtype()), (DType::F16, DType::F32));
+    assert_eq!(ws[0].data(), wide);
+    assert_eq!(ws[1].data(), [0.25, f16::from_f32(1e-5).to_f32()]);
+    // The f16 matrix is a matmul operand like a bf16 one.
+    let x = ex
+        .upload_slice(&Shape::new([1, 2]), HostSlice::F32(&[1.0, 1.0]))
+        .unwrap();
+    let y = ex.matmul(&x, &ws[0], Some(&ws[1]), Transpose::NN).unwrap();
+    assert_eq!(
+        y.data(),
+        [wide[0] + wide[2] + 0.25, wide[1] + wide[3] + v[1].to_f32()]
+    );
+}

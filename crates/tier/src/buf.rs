@@ -30,6 +30,7 @@ pub const PAGE: usize = 4096;
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {}
 impl Element for f32 {}
 impl Element for half::bf16 {}
+impl Element for half::f16 {}
 
 /// Bytes a buffer of `numel` elements of `elem_size` bytes occupies:
 /// rounded up to whole pages, 0 for an empty buffer.

@@ -5,7 +5,7 @@
 //!
 //! - fp32 parameters (the master weights),
 //! - fp32 AdamW `m` and `v`,
-//! - the transport copy that is uploaded to the GPU, bf16 or f32
+//! - the transport copy that is uploaded to the GPU, bf16, f16 or f32
 //!   ([`TransportDType`]), rewritten from the params after each update,
 //! - an fp32 gradient block only when [`TierConfig::hold_grads`] is set.
 //!

@@ -2,7 +2,7 @@
 //! copy, and optionally held gradients, all laid out by the layer's
 //! [`ParamTable`].
 
-use half::bf16;
+use half::{bf16, f16};
 use megatrain_tensor::{DType, ParamSpec, ParamTable, convert};
 use rayon::prelude::*;
 
@@ -16,13 +16,16 @@ pub enum TransportDType {
     #[default]
     F32,
     BF16,
+    /// f16, rounded to nearest even, finite values beyond ±65504 saturated
+    /// there (see [`convert::f32_to_f16_sat_bits`]).
+    F16,
 }
 
 impl TransportDType {
     pub const fn size_in_bytes(self) -> usize {
         match self {
             TransportDType::F32 => 4,
-            TransportDType::BF16 => 2,
+            TransportDType::BF16 | TransportDType::F16 => 2,
         }
     }
 
@@ -30,6 +33,7 @@ impl TransportDType {
         match self {
             TransportDType::F32 => DType::F32,
             TransportDType::BF16 => DType::BF16,
+            TransportDType::F16 => DType::F16,
         }
     }
 }
@@ -40,10 +44,7 @@ impl TryFrom<DType> for TransportDType {
         match d {
             DType::F32 => Ok(TransportDType::F32),
             DType::BF16 => Ok(TransportDType::BF16),
-            other => Err(megatrain_tensor::Error::invalid(
-                "TransportDType",
-                format!("transport dtype must be f32 or bf16, got {other}"),
-            )),
+            DType::F16 => Ok(TransportDType::F16),
         }
     }
 }
@@ -66,6 +67,7 @@ impl std::str::FromStr for TransportDType {
 pub enum Transport {
     F32(AlignedBuf<f32>),
     BF16(AlignedBuf<bf16>),
+    F16(AlignedBuf<f16>),
 }
 
 /// Borrowed transport copy.
@@ -73,6 +75,7 @@ pub enum Transport {
 pub enum TransportRef<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
+    F16(&'a [f16]),
 }
 
 /// Mutably borrowed transport copy (the optimizer rewrites it).
@@ -80,6 +83,7 @@ pub enum TransportRef<'a> {
 pub enum TransportMut<'a> {
     F32(&'a mut [f32]),
     BF16(&'a mut [bf16]),
+    F16(&'a mut [f16]),
 }
 
 impl TransportRef<'_> {
@@ -88,6 +92,7 @@ impl TransportRef<'_> {
         match self {
             TransportRef::F32(s) => bytemuck::cast_slice(s),
             TransportRef::BF16(s) => bytemuck::cast_slice(s),
+            TransportRef::F16(s) => bytemuck::cast_slice(s),
         }
     }
 
@@ -95,6 +100,7 @@ impl TransportRef<'_> {
         match self {
             TransportRef::F32(s) => s.len(),
             TransportRef::BF16(s) => s.len(),
+            TransportRef::F16(s) => s.len(),
         }
     }
 
@@ -132,12 +138,15 @@ fn copy_f32(src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// Writes the transport copy from the fp32 params (bf16: round to nearest,
-/// ties to even). The optimizer crate can call this on a [`SlabMut`] too.
+/// Writes the transport copy from the fp32 params (bf16 and f16: round to
+/// nearest, ties to even; f16 saturates finite values at ±65504, as the
+/// optimizer's fused pass does). The optimizer crate can call this on a
+/// [`SlabMut`] too.
 pub fn refresh_transport(params: &[f32], transport: &mut TransportMut<'_>) {
     match transport {
         TransportMut::F32(t) => copy_f32(params, t),
         TransportMut::BF16(t) => convert::f32_to_bf16_into(params, t),
+        TransportMut::F16(t) => convert::f32_to_f16_sat_into(params, t),
     }
 }
 
@@ -193,6 +202,7 @@ impl LayerSlab {
         let transport = match transport {
             TransportDType::F32 => Transport::F32(AlignedBuf::zeroed(n)?),
             TransportDType::BF16 => Transport::BF16(AlignedBuf::zeroed(n)?),
+            TransportDType::F16 => Transport::F16(AlignedBuf::zeroed(n)?),
         };
         Ok(LayerSlab {
             index,
@@ -226,6 +236,7 @@ impl LayerSlab {
         match self.transport {
             Transport::F32(_) => TransportDType::F32,
             Transport::BF16(_) => TransportDType::BF16,
+            Transport::F16(_) => TransportDType::F16,
         }
     }
 
@@ -269,6 +280,7 @@ impl LayerSlab {
         match &self.transport {
             Transport::F32(b) => TransportRef::F32(b),
             Transport::BF16(b) => TransportRef::BF16(b),
+            Transport::F16(b) => TransportRef::F16(b),
         }
     }
 
@@ -309,6 +321,7 @@ impl LayerSlab {
             transport: match &mut self.transport {
                 Transport::F32(b) => TransportMut::F32(b),
                 Transport::BF16(b) => TransportMut::BF16(b),
+                Transport::F16(b) => TransportMut::F16(b),
             },
             grads: self.grads.as_deref_mut(),
             step: &mut self.step,
@@ -353,6 +366,7 @@ impl LayerSlab {
         match &self.transport {
             Transport::F32(t) => add(t.is_on_disk(), &mut |b| b.transport += t.reserved_bytes()),
             Transport::BF16(t) => add(t.is_on_disk(), &mut |b| b.transport += t.reserved_bytes()),
+            Transport::F16(t) => add(t.is_on_disk(), &mut |b| b.transport += t.reserved_bytes()),
         }
         (ram, disk)
     }

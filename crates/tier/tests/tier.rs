@@ -1,7 +1,7 @@
 mod common;
 
 use common::{fill, tables};
-use half::bf16;
+use half::{bf16, f16};
 use megatrain_tier::{
     Backing, BytesByKind, HostTier, LayerSlab, PAGE, TierConfig, TierError, TransportDType, TransportRef,
     plan,
@@ -60,13 +60,18 @@ fn bytes_per_param_is_14_for_bf16_without_grads() {
         ..TierConfig::default()
     };
     assert_eq!(plan(&t, &cfg).unwrap().ram_bytes_per_param(), 20.0);
+    let cfg = TierConfig {
+        transport: TransportDType::F16,
+        ..TierConfig::default()
+    };
+    assert_eq!(plan(&t, &cfg).unwrap().ram_bytes_per_param(), 14.0);
 }
 
 #[test]
 fn plan_equals_actual() {
     let dir = tempfile::tempdir().unwrap();
     let t = tables(&[(3, 5), (40, 33), (1, 1), (100, 129), (7, 9)]);
-    for transport in [TransportDType::F32, TransportDType::BF16] {
+    for transport in [TransportDType::F32, TransportDType::BF16, TransportDType::F16] {
         for hold_grads in [false, true] {
             for budget in [None, Some(0u64), Some(200_000), Some(1 << 40)] {
                 let cfg = TierConfig {
@@ -123,7 +128,7 @@ fn small_budget_spills_a_suffix_to_disk() {
             t[..4096],
             w.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>()
         ),
-        TransportRef::F32(_) => panic!("expected bf16 transport"),
+        _ => panic!("expected bf16 transport"),
     }
 
     // One byte less and layer 1 no longer fits.
@@ -229,6 +234,41 @@ fn refresh_transport_rounds_to_nearest_even() {
 }
 
 #[test]
+fn f16_refresh_rounds_to_nearest_even_and_saturates() {
+    let mut tier = HostTier::new(
+        tables(&[(2, 2)]),
+        TierConfig {
+            transport: TransportDType::F16,
+            ..TierConfig::default()
+        },
+    )
+    .unwrap();
+    let layer = tier.layer_mut(0).unwrap();
+    // 1 + 2^-11 ties down to 1; 1 + 3*2^-11 ties up to 1 + 2^-9; 1e5 is
+    // past f16's range and saturates instead of becoming infinity.
+    let vals = [
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        1e5,
+        -7e4,
+        f32::NAN,
+        -0.0,
+    ];
+    layer.params_mut().copy_from_slice(&vals);
+    layer.refresh_transport();
+    let TransportRef::F16(t) = layer.transport() else {
+        panic!("f16")
+    };
+    assert_eq!(t[0].to_f32(), 1.0);
+    assert_eq!(t[1].to_f32(), 1.0 + 2f32.powi(-9));
+    assert_eq!(t[2].to_f32(), 65504.0);
+    assert_eq!(t[3].to_f32(), -65504.0);
+    assert!(t[4].is_nan());
+    assert_eq!(t[5].to_bits(), 0x8000);
+    assert_eq!(layer.transport().as_bytes().len(), 12);
+}
+
+#[test]
 fn duplicate_names_across_layers_are_rejected() {
     let mut t = tables(&[(2, 2), (2, 2)]);
     t[1].push("layers.0.w", [1], false).unwrap();
@@ -237,12 +277,15 @@ fn duplicate_names_across_layers_are_rejected() {
 }
 
 #[test]
-fn transport_dtype_parses_and_rejects_f16() {
+fn transport_dtype_parses_and_names_itself() {
     assert_eq!("bf16".parse::<TransportDType>().unwrap(), TransportDType::BF16);
     assert_eq!("fp32".parse::<TransportDType>().unwrap(), TransportDType::F32);
-    assert!("f16".parse::<TransportDType>().is_err());
+    assert_eq!("f16".parse::<TransportDType>().unwrap(), TransportDType::F16);
+    assert_eq!("fp16".parse::<TransportDType>().unwrap(), TransportDType::F16);
     assert!("int8".parse::<TransportDType>().is_err());
     assert_eq!(TransportDType::BF16.to_string(), "bf16");
+    assert_eq!(TransportDType::F16.to_string(), "f16");
+    assert_eq!(TransportDType::F16.size_in_bytes(), 2);
 }
 
 #[test]
@@ -275,14 +318,14 @@ mod odd_sizes {
         #[test]
         fn any_shapes_account_align_and_round_trip_views(
             dims in proptest::collection::vec((0usize..70, 0usize..70), 1..5),
-            bf in any::<bool>(),
+            transport in 0usize..3,
             grads in any::<bool>(),
             budget in proptest::option::of(0u64..400_000),
         ) {
             let dir = tempfile::tempdir().unwrap();
             let t = tables(&dims);
             let cfg = TierConfig {
-                transport: if bf { TransportDType::BF16 } else { TransportDType::F32 },
+                transport: [TransportDType::F32, TransportDType::BF16, TransportDType::F16][transport],
                 hold_grads: grads,
                 ram_budget_bytes: budget,
                 spill_dir: Some(dir.path().to_path_buf()),
@@ -311,6 +354,7 @@ mod odd_sizes {
                 match layer.transport() {
                     TransportRef::F32(x) => prop_assert!(x == layer.params()),
                     TransportRef::BF16(x) => prop_assert!(x.iter().zip(layer.params()).all(|(a, b)| *a == bf16::from_f32(*b))),
+                    TransportRef::F16(x) => prop_assert!(x.iter().zip(layer.params()).all(|(a, b)| *a == f16::from_f32(*b))),
                 }
             }
         }

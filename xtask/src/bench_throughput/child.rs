@@ -4,11 +4,12 @@
 use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::run::Precision;
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{HostTier, TierConfig, TransportDType, rss};
+use megatrain_tier::{HostTier, TierConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
 use super::record::{Modes, Record, median};
@@ -35,14 +36,15 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     }
 }
 
+fn precision(spec: &Spec) -> anyhow::Result<Precision> {
+    spec.precision
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--precision: {e}"))
+}
+
 fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
-    let transport = match spec.precision.as_str() {
-        "f32" => TransportDType::F32,
-        "bf16" => TransportDType::BF16,
-        p => anyhow::bail!("unknown --precision {p} (f32 or bf16)"),
-    };
     let config = TierConfig {
-        transport,
+        transport: precision(spec)?.transport(),
         ..TierConfig::default()
     };
     Ok(match &spec.model_dir {
@@ -78,11 +80,14 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
 /// `device_peak` reads the executor's peak bytes where the trait's
 /// `memory_stats` does not report it.
 fn run_on<E: Executor>(
-    ex: E,
+    mut ex: E,
     spec: &Spec,
     baseline_rss: u64,
     device_peak: impl Fn(&E) -> Option<u64>,
 ) -> anyhow::Result<Record> {
+    let p = precision(spec)?;
+    ex.set_compute_precision(p.compute())
+        .with_context(|| format!("--precision {p}"))?;
     let model = spec.model()?;
     let device_name = ex.name();
     let tier = tier_for(spec, &model)?;
@@ -210,6 +215,35 @@ mod tests {
         assert_eq!(back.n_params, r.n_params);
         let table = report::tables(&[back], &[]);
         assert!(table.contains("| tiny | cpu | bf16 |"), "{table}");
+    }
+
+    #[test]
+    fn f16_runs_on_the_cpu_and_an_unknown_precision_is_named() {
+        let spec = Spec {
+            label: "tiny-f16".into(),
+            layers: Some(1),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 1,
+            precision: "f16".into(),
+            ..test_spec()
+        };
+        let r = run(&spec).unwrap();
+        assert!(r.device_name.contains("f16"), "{}", r.device_name);
+        // f16 transport moves the bytes bf16 does: 2 per matrix element.
+        let bf16 = run(&Spec {
+            precision: "bf16".into(),
+            ..spec.clone()
+        })
+        .unwrap();
+        assert_eq!(r.bytes_uploaded_per_step, bf16.bytes_uploaded_per_step);
+        let bad = Spec {
+            precision: "fp8".into(),
+            ..spec
+        };
+        let err = run(&bad).unwrap_err().to_string();
+        assert!(err.contains("fp8") && err.contains("f16"), "{err}");
     }
 
     #[test]

@@ -48,7 +48,8 @@ pub struct Args {
     steps: usize,
     #[arg(long, default_value_t = 1)]
     warmup: usize,
-    /// Transport precision(s): f32, bf16 (repeatable). Default f32.
+    /// Precision(s): f32, bf16, f16 (repeatable; as `megatrain train
+    /// --precision`: f16 also computes matmuls on f16 operands). Default f32.
     #[arg(long)]
     precision: Vec<String>,
     /// Device(s): cpu (the CPU executor), gpu (wgpu; lavapipe without a

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{PlanInput, Precision, mem_available, plan};
-use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_tier::TierConfig;
 use megatrain_zoo::{ModelConfig, preset};
 
 use super::gib;
@@ -23,7 +23,7 @@ pub struct PlanArgs {
     seq_len: usize,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// f32 | bf16.
+    /// f32 | bf16 | f16 (the transport copy: 4, 2 or 2 bytes a parameter).
     #[arg(long, default_value = "f32")]
     precision: Precision,
     #[arg(long, default_value_t = 1)]
@@ -53,10 +53,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || a.chunk_rows == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every and --chunk-rows must be ≥ 1");
     }
-    let transport = match a.precision {
-        Precision::F32 => TransportDType::F32,
-        Precision::Bf16 => TransportDType::BF16,
-    };
+    let transport = a.precision.transport();
     let input = PlanInput {
         batch: a.batch,
         seq_len: a.seq_len,

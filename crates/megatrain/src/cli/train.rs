@@ -69,7 +69,9 @@ pub struct TrainArgs {
     /// gradients and runs the update after backward).
     #[arg(long)]
     grad_clip: Option<f64>,
-    /// f32 | bf16 (the transport copy; master weights and moments are always fp32).
+    /// f32 | bf16 | f16: the transport copy (master weights and moments are
+    /// always fp32); f16 also computes matmuls on f16 operands (per-tensor
+    /// power-of-two scaling, f32 accumulation).
     #[arg(long)]
     precision: Option<Precision>,
     /// Keep every K-th block input; backward recomputes K blocks at a time.

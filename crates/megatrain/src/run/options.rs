@@ -4,17 +4,53 @@
 use std::path::{Path, PathBuf};
 
 use megatrain_gpu::TransportChoice;
+use megatrain_tensor::ComputePrecision;
+use megatrain_tier::TransportDType;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, RunError};
 use crate::schedule::ScheduleKind;
 
+/// What travels to the executor and what its matmuls compute in; master
+/// weights and AdamW moments are fp32 whatever it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// f32 transport, f32 compute.
     #[default]
     F32,
+    /// bf16 transport, f32 compute.
     Bf16,
+    /// f16 transport; matmul operands f16 (per-tensor power-of-two
+    /// scaling), f32 accumulation.
+    F16,
+}
+
+impl Precision {
+    pub fn transport(self) -> TransportDType {
+        match self {
+            Precision::F32 => TransportDType::F32,
+            Precision::Bf16 => TransportDType::BF16,
+            Precision::F16 => TransportDType::F16,
+        }
+    }
+
+    pub fn compute(self) -> ComputePrecision {
+        match self {
+            Precision::F32 | Precision::Bf16 => ComputePrecision::F32,
+            Precision::F16 => ComputePrecision::F16,
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::F16 => "f16",
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -67,7 +103,8 @@ macro_rules! parse_lowercase {
         }
     };
 }
-parse_lowercase!(Precision, "precision", "f32" => Precision::F32, "bf16" => Precision::Bf16);
+parse_lowercase!(Precision, "precision", "f32" => Precision::F32, "bf16" => Precision::Bf16,
+    "f16" => Precision::F16);
 parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => DeviceChoice::Gpu,
     "cpu" => DeviceChoice::Cpu);
 parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,

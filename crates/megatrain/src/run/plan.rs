@@ -65,10 +65,7 @@ impl Plan {
 
 /// Bytes a layer occupies on the device when uploaded.
 fn layer_device_bytes(table: &megatrain_tensor::ParamTable, transport: TransportDType) -> u64 {
-    let matrix = match transport {
-        TransportDType::F32 => 4,
-        TransportDType::BF16 => 2,
-    };
+    let matrix = transport.size_in_bytes() as u64;
     table
         .iter()
         .map(|p| p.numel() as u64 * if p.shape.rank() >= 2 { matrix } else { 4 })

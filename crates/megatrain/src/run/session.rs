@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::{Executor, TransportInfo};
-use megatrain_tier::{HostTier, TierConfig, TransportDType, load_checkpoint};
+use megatrain_tier::{HostTier, TierConfig, load_checkpoint};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
 
@@ -15,7 +15,7 @@ use super::checkpoint::{TrainState, latest_checkpoint, read_train_state, save_ru
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
 use super::metrics_log::MetricsLog;
-use super::options::{Precision, SamplingKind, TrainOptions};
+use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
 use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, load_tokens, split_validation};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
@@ -278,10 +278,7 @@ pub fn evaluate<E: Executor>(
 
 pub fn tier_config(opts: &TrainOptions) -> TierConfig {
     TierConfig {
-        transport: match opts.precision {
-            Precision::F32 => TransportDType::F32,
-            Precision::Bf16 => TransportDType::BF16,
-        },
+        transport: opts.precision.transport(),
         hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
         ram_budget_bytes: opts.host_budget,
         spill_dir: opts.host_budget.map(|_| opts.out.join("spill")),
@@ -292,12 +289,16 @@ pub fn tier_config(opts: &TrainOptions) -> TierConfig {
 /// which stops early without changing the schedule: resuming later gives
 /// the same result as never stopping).
 pub fn train<E: Executor>(
-    ex: E,
+    mut ex: E,
     p: &Prepared,
     stop_at: Option<u64>,
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     let opts = &p.opts;
+    // Before anything is allocated or written: an executor that cannot
+    // compute in the asked precision ends the run here, naming itself.
+    ex.set_compute_precision(opts.precision.compute())
+        .map_err(|e| RunError::option("precision", opts.precision, format!("{e}")))?;
     let out = &opts.out;
     std::fs::create_dir_all(out).map_err(RunError::io(out))?;
     let tcfg = tier_config(opts);

@@ -323,7 +323,7 @@ mod tests {
     #[test]
     fn transfer_only_moves_the_bytes_of_a_step() {
         for model in models() {
-            for transport in [TransportDType::F32, TransportDType::BF16] {
+            for transport in [TransportDType::F32, TransportDType::BF16, TransportDType::F16] {
                 let b = batch(model.vocab_size as u32, 2, 9);
                 let mut tr = trainer(&model, 2, transport);
                 let t = tr.transfer_only().unwrap();
@@ -351,6 +351,7 @@ mod tests {
             );
             let wide: Vec<f32> = match slab.transport() {
                 megatrain_tier::TransportRef::BF16(t) => t.iter().map(|x| x.to_f32()).collect(),
+                megatrain_tier::TransportRef::F16(t) => t.iter().map(|x| x.to_f32()).collect(),
                 megatrain_tier::TransportRef::F32(t) => t.to_vec(),
             };
             let close = slab

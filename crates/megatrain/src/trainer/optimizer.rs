@@ -91,6 +91,7 @@ pub(super) fn update_slab(
     let transport = match parts.transport {
         TransportMut::F32(t) => Transport::F32(t),
         TransportMut::BF16(t) => Transport::Bf16(t),
+        TransportMut::F16(t) => Transport::F16(t),
     };
     let mut state = SlabState::at_step(*parts.step);
     let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)

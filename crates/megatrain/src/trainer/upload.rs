@@ -67,10 +67,10 @@ impl Slots {
 }
 
 /// A layer's transport copy as uploads, one per table entry, borrowing the
-/// slab. With bf16 transport, matrices (matmul operands and embedding
-/// tables, the only operands executors read as bf16) stay bf16; vectors
-/// (norm gains, biases) travel as bf16 and are held as f32, widened by the
-/// executor.
+/// slab. With bf16 or f16 transport, matrices (matmul operands and
+/// embedding tables, the only operands executors read in 16 bits) stay
+/// 16-bit; vectors (norm gains, biases) travel as 16-bit and are held as
+/// f32, widened by the executor.
 pub fn weight_uploads(slab: &LayerSlab) -> Vec<WeightUpload<'_>> {
     slab.table()
         .iter()
@@ -80,6 +80,8 @@ pub fn weight_uploads(slab: &LayerSlab) -> Vec<WeightUpload<'_>> {
                 TransportRef::F32(all) => (HostSlice::F32(&all[r]), DType::F32),
                 TransportRef::BF16(all) if p.shape.rank() >= 2 => (HostSlice::BF16(&all[r]), DType::BF16),
                 TransportRef::BF16(all) => (HostSlice::BF16(&all[r]), DType::F32),
+                TransportRef::F16(all) if p.shape.rank() >= 2 => (HostSlice::F16(&all[r]), DType::F16),
+                TransportRef::F16(all) => (HostSlice::F16(&all[r]), DType::F32),
             };
             WeightUpload {
                 shape: &p.shape,
@@ -217,35 +219,36 @@ mod tests {
     }
 
     #[test]
-    fn bf16_uploads_keep_matrices_packed_and_widen_vectors() {
+    fn sixteen_bit_uploads_keep_matrices_packed_and_widen_vectors() {
         let model = gpt2_nano(65);
-        let config = TierConfig {
-            transport: TransportDType::BF16,
-            ..TierConfig::default()
-        };
-        let tier = HostTier::new(model.layer_tables(), config).unwrap();
-        let block = &tier.layers()[1];
-        let ups = weight_uploads(block);
-        assert_eq!(ups.len(), block.table().len());
-        for (u, p) in ups.iter().zip(block.table().iter()) {
-            assert_eq!(u.data.dtype(), DType::BF16, "{}", p.name);
-            let want = if p.shape.rank() >= 2 {
-                DType::BF16
-            } else {
-                DType::F32
+        for (transport, dtype) in [
+            (TransportDType::BF16, DType::BF16),
+            (TransportDType::F16, DType::F16),
+        ] {
+            let config = TierConfig {
+                transport,
+                ..TierConfig::default()
             };
-            assert_eq!(u.dtype, want, "{}", p.name);
-            u.validate("test").unwrap();
+            let tier = HostTier::new(model.layer_tables(), config).unwrap();
+            let block = &tier.layers()[1];
+            let ups = weight_uploads(block);
+            assert_eq!(ups.len(), block.table().len());
+            for (u, p) in ups.iter().zip(block.table().iter()) {
+                assert_eq!(u.data.dtype(), dtype, "{}", p.name);
+                let want = if p.shape.rank() >= 2 { dtype } else { DType::F32 };
+                assert_eq!(u.dtype, want, "{}", p.name);
+                u.validate("test").unwrap();
+            }
+            assert!(
+                ups.iter().any(|u| u.dtype == DType::F32),
+                "gpt2 blocks have vectors"
+            );
+            let expect: u64 = block
+                .table()
+                .iter()
+                .map(|p| (if p.shape.rank() >= 2 { 2 } else { 4 }) * p.numel() as u64)
+                .sum();
+            assert_eq!(held_bytes(&ups), expect);
         }
-        assert!(
-            ups.iter().any(|u| u.dtype == DType::F32),
-            "gpt2 blocks have vectors"
-        );
-        let expect: u64 = block
-            .table()
-            .iter()
-            .map(|p| (if p.shape.rank() >= 2 { 2 } else { 4 }) * p.numel() as u64)
-            .sum();
-        assert_eq!(held_bytes(&ups), expect);
     }
 }

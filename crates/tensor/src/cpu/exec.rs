@@ -5,16 +5,20 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
+use crate::cpu::f16_operands::{scale_round, unscale};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
-    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Error, Executor, HostTensor, MatmulGrads,
-    MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
+    AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor, HostTensor,
+    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RefExecutor<F>(PhantomData<F>);
+pub struct RefExecutor<F> {
+    precision: ComputePrecision,
+    compute: PhantomData<F>,
+}
 
 /// The f32 reference executor: the semantics every backend must match.
 pub type CpuExecutor = RefExecutor<f32>;
@@ -23,7 +27,18 @@ pub type F64Executor = RefExecutor<f64>;
 
 impl<F: Real> RefExecutor<F> {
     pub const fn new() -> Self {
-        RefExecutor(PhantomData)
+        RefExecutor {
+            precision: ComputePrecision::F32,
+            compute: PhantomData,
+        }
+    }
+
+    /// The same executor with matmul operands in `precision`.
+    pub const fn with_precision(precision: ComputePrecision) -> Self {
+        RefExecutor {
+            precision,
+            compute: PhantomData,
+        }
     }
 }
 
@@ -170,15 +185,64 @@ fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDi
     Ok(AttnDims { b, t, hq, hkv, d })
 }
 
+/// [`r::matmul_backward`] under [`ComputePrecision::F16`]: both products
+/// (dout · op(b)ᵀ and op(a)ᵀ · dout) read scaled, rounded operands and are
+/// unscaled; `dbias` is a sum of `dout` in f32, not a product.
+fn f16_matmul_backward<F: Real>(
+    a: &[F],
+    b: &[F],
+    dout: &[F],
+    d: MatmulDims,
+    t: Transpose,
+    needs: MatmulNeeds,
+) -> MatmulGrads<Vec<F>> {
+    let dq = scale_round(dout);
+    let products = MatmulNeeds {
+        dbias: false,
+        ..needs
+    };
+    let (aq, bq) = (needs.db.then(|| scale_round(a)), needs.da.then(|| scale_round(b)));
+    // An operand a product does not read is passed unrounded: it is only
+    // length-checked.
+    let (a_in, b_in) = (
+        aq.as_ref().map_or(a, |s| &s.values[..]),
+        bq.as_ref().map_or(b, |s| &s.values[..]),
+    );
+    let mut g = r::matmul_backward(a_in, b_in, &dq.values, d, t, products);
+    if let (Some(da), Some(bq)) = (&mut g.da, &bq) {
+        unscale(da, dq.exponent + bq.exponent);
+    }
+    if let (Some(db), Some(aq)) = (&mut g.db, &aq) {
+        unscale(db, dq.exponent + aq.exponent);
+    }
+    if needs.dbias {
+        g.dbias = Some(r::bias_grad(dout, d.n));
+    }
+    g
+}
+
 impl<F: Real> Executor for RefExecutor<F> {
     type Tensor = CpuTensor<F>;
 
     fn name(&self) -> String {
+        let operands = match self.precision {
+            ComputePrecision::F32 => String::new(),
+            ComputePrecision::F16 => ", f16 matmul operands".to_string(),
+        };
         format!(
-            "cpu-reference ({}, {} threads)",
+            "cpu-reference ({}{operands}, {} threads)",
             F::NAME,
             rayon::current_num_threads()
         )
+    }
+
+    fn set_compute_precision(&mut self, p: ComputePrecision) -> Result<()> {
+        self.precision = p;
+        Ok(())
+    }
+
+    fn compute_precision(&self) -> ComputePrecision {
+        self.precision
     }
 
     fn upload(&self, t: &HostTensor) -> Result<T<F>> {
@@ -334,10 +398,21 @@ impl<F: Real> Executor for RefExecutor<F> {
             None => None,
         };
         // `b` may be stored bf16/f16: its values are already decoded.
-        Ok(out(
-            oshape,
-            r::matmul(f32_data("matmul", a)?, b.data(), bias, d, t),
-        ))
+        let a = f32_data("matmul", a)?;
+        let y = match self.precision {
+            ComputePrecision::F32 => r::matmul(a, b.data(), bias, d, t),
+            ComputePrecision::F16 => {
+                let (a, b) = (scale_round(a), scale_round(b.data()));
+                let mut y = r::matmul(&a.values, &b.values, None, d, t);
+                unscale(&mut y, a.exponent + b.exponent);
+                if let Some(bias) = bias {
+                    // The bias is added in f32, after the product.
+                    r::add_bias(&mut y, bias);
+                }
+                y
+            }
+        };
+        Ok(out(oshape, y))
     }
 
     fn matmul_backward(
@@ -356,7 +431,11 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("dout {} must be {oshape}", dout.shape()),
             ));
         }
-        let g = r::matmul_backward(f32_data(op, a)?, b.data(), f32_data(op, dout)?, d, t, needs);
+        let (av, dv) = (f32_data(op, a)?, f32_data(op, dout)?);
+        let g = match self.precision {
+            ComputePrecision::F32 => r::matmul_backward(av, b.data(), dv, d, t, needs),
+            ComputePrecision::F16 => f16_matmul_backward(av, b.data(), dv, d, t, needs),
+        };
         Ok(MatmulGrads {
             da: g.da.map(|v| out(a.shape().clone(), v)),
             db: g.db.map(|v| out(b.shape().clone(), v)),

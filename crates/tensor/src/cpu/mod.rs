@@ -4,6 +4,7 @@
 //! in f64 for finite-difference checks and high-precision references.
 
 mod exec;
+mod f16_operands;
 mod real;
 pub mod reference;
 mod tensor;

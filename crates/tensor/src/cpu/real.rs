@@ -44,6 +44,9 @@ pub trait Real: Float + Send + Sync + Debug + Default + Sum + 'static {
     fn from_f32(x: f32) -> Self;
     /// Nearest f32.
     fn narrow_f32(self) -> f32;
+    /// self · 2^e, exact wherever the result is a normal value of the type
+    /// (for f32 also where 2^e itself is not an f32).
+    fn mul_pow2(self, e: i32) -> Self;
 }
 
 impl Real for f32 {
@@ -81,6 +84,9 @@ impl Real for f32 {
     fn narrow_f32(self) -> f32 {
         self
     }
+    fn mul_pow2(self, e: i32) -> f32 {
+        crate::mul_pow2(self, e)
+    }
 }
 
 impl Real for f64 {
@@ -117,5 +123,9 @@ impl Real for f64 {
     }
     fn narrow_f32(self) -> f32 {
         self as f32
+    }
+    fn mul_pow2(self, e: i32) -> f64 {
+        // Scale exponents are within ±400, far inside f64's range.
+        self * 2f64.powi(e)
     }
 }

@@ -140,13 +140,30 @@ pub fn matmul<F: Real>(a: &[F], b: &[F], bias: Option<&[F]>, d: MatmulDims, t: T
         }
     }
     if let Some(bias) = bias {
-        assert_eq!(bias.len(), n, "matmul: bias length");
-        if n > 0 {
-            c.par_chunks_mut(n)
-                .for_each(|row| row.iter_mut().zip(bias).for_each(|(y, &b)| *y = *y + b));
-        }
+        add_bias(&mut c, bias);
     }
     c
+}
+
+/// Adds `bias: [n]` to every row of `c: [.., n]`.
+pub fn add_bias<F: Real>(c: &mut [F], bias: &[F]) {
+    let n = bias.len();
+    assert_eq!(c.len() % n.max(1), 0, "add_bias: bias length");
+    if n > 0 {
+        c.par_chunks_mut(n)
+            .for_each(|row| row.iter_mut().zip(bias).for_each(|(y, &b)| *y = *y + b));
+    }
+}
+
+/// Sum of every `[n]` row of `dout`: the bias gradient.
+pub fn bias_grad<F: Real>(dout: &[F], n: usize) -> Vec<F> {
+    let mut s = vec![F::zero(); n];
+    if n > 0 {
+        for row in dout.chunks(n) {
+            s.iter_mut().zip(row).for_each(|(s, &g)| *s = *s + g);
+        }
+    }
+    s
 }
 
 /// Gradients of [`matmul`] given `dout: [batch, m, n]`. `da` has the layout
@@ -222,15 +239,7 @@ pub fn matmul_backward<F: Real>(
         db
     });
 
-    let dbias = needs.dbias.then(|| {
-        let mut s = vec![F::zero(); n];
-        if n > 0 {
-            for row in dout.chunks(n) {
-                s.iter_mut().zip(row).for_each(|(s, &g)| *s = *s + g);
-            }
-        }
-        s
-    });
+    let dbias = needs.dbias.then(|| bias_grad(dout, n));
 
     MatmulGrads { da, db, dbias }
 }

@@ -1,0 +1,47 @@
+//! `--precision f16` on an executor that cannot compute in f16: the run
+//! ends before anything is allocated or written, with a message that names
+//! the precision and the executor.
+
+use megatrain::run::{Precision, QuietProgress, TrainOptions, prepare, train};
+use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::{ComputePrecision, Executor};
+
+#[test]
+fn an_executor_without_f16_refuses_the_run_before_it_starts() {
+    let ctx = match GpuContext::new() {
+        Ok(c) => c,
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but no GPU adapter could be opened: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no GPU adapter ({e})");
+            return;
+        }
+    };
+    let mut probe = GpuExecutor::new(ctx.clone());
+    if probe.set_compute_precision(ComputePrecision::F16).is_ok() {
+        eprintln!("skipping: {} computes in f16, nothing to refuse", probe.name());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("corpus.txt");
+    std::fs::write(&data, "To be, or not to be, that is the question.\n".repeat(20)).unwrap();
+    let out = tmp.path().join("run");
+    let opts = TrainOptions {
+        preset: Some("gpt2-nano".into()),
+        data: Some(data),
+        seq_len: 8,
+        batch: 2,
+        steps: 2,
+        precision: Precision::F16,
+        out: out.clone(),
+        ..TrainOptions::default()
+    };
+    let p = prepare(opts, false).unwrap();
+    let gpu = GpuExecutor::new(ctx);
+    let name = gpu.name();
+    let err = train(gpu, &p, None, &mut QuietProgress).unwrap_err().to_string();
+    assert!(err.contains("--precision f16"), "{err}");
+    assert!(err.contains(&name), "'{name}' not in: {err}");
+    assert!(!out.exists(), "the refused run wrote {}", out.display());
+}
