@@ -4,6 +4,7 @@
 
 mod arena;
 mod context;
+mod coop;
 mod error;
 mod exec;
 mod kernels;
@@ -12,9 +13,10 @@ mod tensor;
 mod transport;
 
 pub use arena::ArenaStats;
+pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
 pub use error::GpuError;
-pub use exec::{BindGroupStats, GpuExecutor, GpuOptions};
+pub use exec::{BindGroupStats, F16Matmul, GpuExecutor, GpuOptions};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
