@@ -114,7 +114,7 @@ impl CoopMatmul {
         let mut v = Vec::new();
         for tile in CoopTile::ALL {
             for bits in 0..32u32 {
-                let f = |i: u32| bits >> i & 1 == 1;
+                let f = |i: u32| (bits >> i) & 1 == 1;
                 v.push(CoopMatmul {
                     tile,
                     ta: f(0),
