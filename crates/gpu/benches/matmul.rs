@@ -34,10 +34,16 @@ fn run(c: &mut Criterion, g: &GpuExecutor, reference: Option<&GpuExecutor>, tag:
         let b = g.upload(&hb).unwrap();
         if let Some(r) = reference {
             let want = r
-                .download(&r.matmul(&r.upload(&ha).unwrap(), &r.upload(&hb).unwrap(), None, t).unwrap())
+                .download(
+                    &r.matmul(&r.upload(&ha).unwrap(), &r.upload(&hb).unwrap(), None, t)
+                        .unwrap(),
+                )
                 .unwrap()
                 .to_f32_vec();
-            let got = g.download(&g.matmul(&a, &b, None, t).unwrap()).unwrap().to_f32_vec();
+            let got = g
+                .download(&g.matmul(&a, &b, None, t).unwrap())
+                .unwrap()
+                .to_f32_vec();
             let err = rel_norm_err(&got, &want);
             assert!(err < 3e-3, "{tag}{m}x{k}x{n}: relative error {err:e} against f32");
         }

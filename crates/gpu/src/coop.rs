@@ -187,11 +187,7 @@ impl CoopMatmul {
             "const SG_M: u32 = {}u;\nconst SG_N: u32 = {}u;\nconst FM: u32 = {fm}u;\nconst FN: u32 = {fnn}u;",
             s.sg_m, s.sg_n
         );
-        let _ = writeln!(
-            out,
-            "const NBUF: u32 = {}u;",
-            if s.double_buffer { 2 } else { 1 }
-        );
+        let _ = writeln!(out, "const NBUF: u32 = {}u;", if s.double_buffer { 2 } else { 1 });
         let _ = writeln!(
             out,
             "const TA: bool = {};\nconst TB: bool = {};\nconst TC: bool = {};\nconst EDGE: bool = {};",
@@ -273,7 +269,12 @@ impl CoopMatmul {
             }
         }
 
-        let body = section(if s.double_buffer { "loop_double" } else { "loop_single" }).replace("//{{MMA}}\n", &mma);
+        let body = section(if s.double_buffer {
+            "loop_double"
+        } else {
+            "loop_single"
+        })
+        .replace("//{{MMA}}\n", &mma);
         let main = section("main")
             .replace("//{{ACCUMULATORS}}\n", &acc)
             .replace("//{{LOOP}}\n", &body)
@@ -290,7 +291,9 @@ fn section(name: &str) -> &'static str {
         .find(&marker)
         .unwrap_or_else(|| panic!("matmul_coop.wgsl has no section {name}"))
         + marker.len();
-    let end = COOP[start..].find("\n//// ").map_or(COOP.len(), |e| start + e + 1);
+    let end = COOP[start..]
+        .find("\n//// ")
+        .map_or(COOP.len(), |e| start + e + 1);
     &COOP[start..end]
 }
 

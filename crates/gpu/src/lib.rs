@@ -13,8 +13,8 @@ mod tensor;
 mod transport;
 
 pub use arena::ArenaStats;
-pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
+pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use error::GpuError;
 pub use exec::{BindGroupStats, F16Matmul, GpuExecutor, GpuOptions};
 pub use kernels::Kernel;

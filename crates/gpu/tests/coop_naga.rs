@@ -36,5 +36,11 @@ fn every_tensor_core_variant_compiles_to_spirv() {
             Err(_) => failed.push(format!("{}: naga panicked", v.label())),
         }
     }
-    assert!(failed.is_empty(), "{} of {} variants fail:\n{}", failed.len(), all.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} of {} variants fail:\n{}",
+        failed.len(),
+        all.len(),
+        failed.join("\n")
+    );
 }

@@ -300,10 +300,7 @@ fn rounding_case() -> (Vec<f32>, Vec<f32>) {
     // 2^-25 exactly (ties to 0), just above it (to 2^-24), below f16 entirely.
     a.extend([2f32.powi(-25) * s, 2f32.powi(-25) * 1.0001 * s, 1e-12, -3e-13]);
     a.extend(megatrain_tensor::testing::random_f32(3, 300));
-    let want = a
-        .iter()
-        .map(|&x| f16::from_f32(x / s).to_f32() * s)
-        .collect();
+    let want = a.iter().map(|&x| f16::from_f32(x / s).to_f32() * s).collect();
     (a, want)
 }
 
@@ -348,8 +345,16 @@ fn operands_round_to_nearest_even_bit_for_bit() {
 #[test]
 fn huge_and_tiny_operands_keep_f16_precision() {
     let (m, k, n) = (19, 37, 23);
-    let a = rand_host(11, &[m, k]).to_f32_vec().iter().map(|x| x * 1e-30).collect::<Vec<_>>();
-    let b = rand_host(12, &[k, n]).to_f32_vec().iter().map(|x| x * 1e25).collect::<Vec<_>>();
+    let a = rand_host(11, &[m, k])
+        .to_f32_vec()
+        .iter()
+        .map(|x| x * 1e-30)
+        .collect::<Vec<_>>();
+    let b = rand_host(12, &[k, n])
+        .to_f32_vec()
+        .iter()
+        .map(|x| x * 1e25)
+        .collect::<Vec<_>>();
     let (ha, hb) = (
         HostTensor::from_f32(Shape::new([m, k]), a.clone()).unwrap(),
         HostTensor::from_f32(Shape::new([k, n]), b.clone()).unwrap(),
@@ -363,10 +368,18 @@ fn huge_and_tiny_operands_keep_f16_precision() {
         Transpose::NN,
     );
     let naive_err = megatrain_tensor::testing::rel_norm_err(&naive, &want);
-    assert!(naive_err.is_nan() || naive_err > 0.5, "unscaled f16 is not off: {naive_err}");
-    let mut run = |g: &GpuExecutor, what: &str| {
+    assert!(
+        naive_err.is_nan() || naive_err > 0.5,
+        "unscaled f16 is not off: {naive_err}"
+    );
+    let run = |g: &GpuExecutor, what: &str| {
         let y = g
-            .matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, Transpose::NN)
+            .matmul(
+                &g.upload(&ha).unwrap(),
+                &g.upload(&hb).unwrap(),
+                None,
+                Transpose::NN,
+            )
             .unwrap();
         assert_close(what, &down(g, &y), &want, TOL);
     };
@@ -388,18 +401,30 @@ fn f16_weights_keep_subnormals() {
     let w: Vec<f32> = (0..k * 3)
         .map(|i| [3e-7f32, -5.9e-8, 1e-5, 0.5][i % 4] * (1 + i % 5) as f32)
         .collect();
-    let wt = HostTensor::from_f32(Shape::new([k, 3]), w).unwrap().to_dtype(DType::F16);
-    let eye: Vec<f32> = (0..k * k).map(|i| if i % (k + 1) == 0 { 1.0 } else { 0.0 }).collect();
+    let wt = HostTensor::from_f32(Shape::new([k, 3]), w)
+        .unwrap()
+        .to_dtype(DType::F16);
+    let eye: Vec<f32> = (0..k * k)
+        .map(|i| if i % (k + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
     let x = HostTensor::from_f32(Shape::new([k, k]), eye).unwrap();
     let want = wt.to_f32_vec();
-    assert!(want.iter().any(|&v| v != 0.0 && v.abs() < 6.1e-5), "no subnormal in the test");
+    assert!(
+        want.iter().any(|&v| v != 0.0 && v.abs() < 6.1e-5),
+        "no subnormal in the test"
+    );
     let mut gs: Vec<(String, GpuExecutor)> = Vec::new();
     if let Some(c) = ctx() {
         gs.push(("f32 precision".into(), GpuExecutor::new(c)));
     }
-    let mut check = |g: &GpuExecutor, what: &str| {
+    let check = |g: &GpuExecutor, what: &str| {
         let y = g
-            .matmul(&g.upload(&x).unwrap(), &g.upload(&wt).unwrap(), None, Transpose::NN)
+            .matmul(
+                &g.upload(&x).unwrap(),
+                &g.upload(&wt).unwrap(),
+                None,
+                Transpose::NN,
+            )
             .unwrap();
         assert_eq!(down(g, &y), want, "{what}");
     };
@@ -427,7 +452,12 @@ fn precision_is_reported_and_f32_is_unchanged() {
     // Back to f32: operands are not rounded to f16.
     let a = HostTensor::from_f32(Shape::new([1, 1]), vec![0.1]).unwrap();
     let y = g
-        .matmul(&g.upload(&a).unwrap(), &g.upload(&a).unwrap(), None, Transpose::NN)
+        .matmul(
+            &g.upload(&a).unwrap(),
+            &g.upload(&a).unwrap(),
+            None,
+            Transpose::NN,
+        )
         .unwrap();
     assert_eq!(down(&g, &y), vec![0.1f32 * 0.1]);
     if !c.has_cooperative_matrix() {

@@ -17,11 +17,7 @@ impl GpuExecutor {
     /// Row ranges of a `[V, C]` table that each fit one binding.
     fn table_chunks(&self, v: usize, c: usize, dtype: DType) -> Result<Vec<(usize, usize)>> {
         // bf16 and f16 rows are half as wide; the chunker counts f32 elements.
-        let w = if dtype != DType::F32 {
-            c.div_ceil(2) + 1
-        } else {
-            c
-        };
+        let w = if dtype != DType::F32 { c.div_ceil(2) + 1 } else { c };
         self.row_chunks(v, &[w])
     }
 
@@ -30,10 +26,7 @@ impl GpuExecutor {
         if table.shape.rank() != 2 {
             return Err(Error::shape(
                 name,
-                format!(
-                    "table {} ({}) must be [V, C]",
-                    table.shape, table.dtype
-                ),
+                format!("table {} ({}) must be [V, C]", table.shape, table.dtype),
             ));
         }
         let (v, c) = (table.dims()[0], table.dims()[1]);

@@ -1,9 +1,9 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AttentionGrads, ComputePrecision, AttentionOut, CrossEntropyOut, DType, Download, Executor, HostSlice, HostTensor,
-    MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose,
-    WeightSlot, WeightUpload,
+    AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor, HostSlice,
+    HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
+    TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;

@@ -86,6 +86,7 @@ fn halve(x: usize) -> usize {
 }
 
 impl GpuExecutor {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_raw(
         &self,
         op: &mut Op<'_>,
@@ -114,13 +115,7 @@ impl GpuExecutor {
             DType::BF16 => MatmulB::Bf16,
             DType::F16 => MatmulB::F16,
         };
-        let simt = |f16| {
-            Path::Simt(SimtMatmul {
-                big,
-                b: b_kind,
-                f16,
-            })
-        };
+        let simt = |f16| Path::Simt(SimtMatmul { big, b: b_kind, f16 });
         let path = match scales {
             None => simt(false),
             // The tensor-core kernels take f32 or f16 B; bf16 B (never on the
@@ -425,7 +420,11 @@ impl GpuExecutor {
         let c = self.alloc_f32(out_dims)?;
         let mut op = self.op("matmul");
         let maxima = self.operand_maxima(&mut op, &[a, b])?;
-        let scales = maxima.as_ref().map(|(buf, s)| Scales { buf, a: s[0], b: s[1] });
+        let scales = maxima.as_ref().map(|(buf, s)| Scales {
+            buf,
+            a: s[0],
+            b: s[1],
+        });
         self.matmul_raw(&mut op, a, b, bias, &c, g.forward(), scales)?;
         op.finish()?;
         Ok(c)
@@ -453,7 +452,13 @@ impl GpuExecutor {
         let mut op = self.op("matmul_backward");
         // Each operand is scaled by its own max over the whole tensor.
         let maxima = self.operand_maxima(&mut op, &[a, b, dout])?;
-        let scales = |x: usize, y: usize| maxima.as_ref().map(|(buf, s)| Scales { buf, a: s[x], b: s[y] });
+        let scales = |x: usize, y: usize| {
+            maxima.as_ref().map(|(buf, s)| Scales {
+                buf,
+                a: s[x],
+                b: s[y],
+            })
+        };
         let da = if needs.da {
             // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
             let da = self.alloc_f32(a.shape.clone())?;
