@@ -74,6 +74,10 @@ fn simt(which: usize) -> Option<&'static GpuExecutor> {
 /// An executor on tensor-core tile `t`, or `None` (with a notice) where the
 /// adapter has no cooperative matrices.
 fn coop(t: CoopTile) -> Option<GpuExecutor> {
+    coop_with(t, GpuOptions::default())
+}
+
+fn coop_with(t: CoopTile, opts: GpuOptions) -> Option<GpuExecutor> {
     let c = ctx()?;
     if !c.has_cooperative_matrix() {
         eprintln!(
@@ -87,7 +91,7 @@ fn coop(t: CoopTile) -> Option<GpuExecutor> {
         c,
         GpuOptions {
             f16_matmul: F16Matmul::Coop(t),
-            ..Default::default()
+            ..opts
         },
     ))
 }
@@ -276,6 +280,33 @@ fn tensor_core_kernels_match_host_reference() {
                 check(&g, &c, DType::F16, 1.0);
             }
         }
+        // Operands bound as several ranges: the chunked path, which also
+        // accumulates K blocks into C.
+        let small = coop_with(
+            tile,
+            GpuOptions {
+                max_binding_bytes: Some(64 << 10),
+                ..Default::default()
+            },
+        )
+        .expect("adapter checked above");
+        for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+            .into_iter()
+            .enumerate()
+        {
+            let c = Case {
+                batch: vec![2],
+                m: 200,
+                n: 300,
+                k: 96,
+                t,
+                shared_b: j < 2,
+                bias: true,
+                seed: 100 + j as u64,
+            };
+            check(&small, &c, DType::F32, 1.0);
+            check(&small, &c, DType::F16, 1.0);
+        }
     }
 }
 
@@ -413,10 +444,6 @@ fn f16_weights_keep_subnormals() {
         want.iter().any(|&v| v != 0.0 && v.abs() < 6.1e-5),
         "no subnormal in the test"
     );
-    let mut gs: Vec<(String, GpuExecutor)> = Vec::new();
-    if let Some(c) = ctx() {
-        gs.push(("f32 precision".into(), GpuExecutor::new(c)));
-    }
     let check = |g: &GpuExecutor, what: &str| {
         let y = g
             .matmul(
@@ -428,8 +455,8 @@ fn f16_weights_keep_subnormals() {
             .unwrap();
         assert_eq!(down(g, &y), want, "{what}");
     };
-    for (what, g) in &gs {
-        check(g, what);
+    if let Some(g) = gpu() {
+        check(g, "f32 precision");
     }
     if let Some(g) = simt(0) {
         check(g, "simt f16");
