@@ -48,8 +48,8 @@ const LDB_S: u32 = B_COLS + 8u;
 const A_TILE: u32 = A_ROWS * LDA_S;
 const B_TILE: u32 = B_ROWS * LDB_S;
 
-var<workgroup> a_s: array<f16, NBUF * A_TILE>;
-var<workgroup> b_s: array<f16, NBUF * B_TILE>;
+var<workgroup> a_s: array<half, NBUF * A_TILE>;
+var<workgroup> b_s: array<half, NBUF * B_TILE>;
 // One 16x16 f32 fragment per subgroup on its way out (row-major).
 var<workgroup> c_s: array<f32, SG_M * SG_N * 256u>;
 
@@ -101,7 +101,7 @@ fn stage_a(buf: u32) {
         let v = li + i * THREADS;
         let r = v / (A_COLS / 4u);
         let c = (v % (A_COLS / 4u)) * 4u;
-        let h = vec4<f16>(ra[i] * sc.a.f0 * sc.a.f1 * sc.a.f2);
+        let h = to_half4(ra[i] * sc.a.f0 * sc.a.f1 * sc.a.f2);
         let s = buf * A_TILE + r * LDA_S + c;
         a_s[s] = h.x;
         a_s[s + 1u] = h.y;
@@ -133,7 +133,7 @@ fn fetch_a(base: u32, m0: u32, k0: u32) {
 fn stage_a(buf: u32) {
     for (var i = 0u; i < LA; i++) {
         let e = li + i * THREADS;
-        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = f16(apply(ra[i], sc.a));
+        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = to_half(apply(ra[i], sc.a));
     }
 }
 
@@ -157,7 +157,7 @@ fn stage_b(buf: u32) {
         let v = li + i * THREADS;
         let r = v / (B_COLS / 4u);
         let c = (v % (B_COLS / 4u)) * 4u;
-        let h = vec4<f16>(rb[i] * sc.b.f0 * sc.b.f1 * sc.b.f2);
+        let h = to_half4(rb[i] * sc.b.f0 * sc.b.f1 * sc.b.f2);
         let s = buf * B_TILE + r * LDB_S + c;
         b_s[s] = h.x;
         b_s[s + 1u] = h.y;
@@ -189,15 +189,14 @@ fn fetch_b(base: u32, n0: u32, k0: u32) {
 fn stage_b(buf: u32) {
     for (var i = 0u; i < LB; i++) {
         let e = li + i * THREADS;
-        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = f16(apply(rb[i], sc.b));
+        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = to_half(apply(rb[i], sc.b));
     }
 }
 
 //// b_f16_vec
-// f16 weights, copied into the tile unchanged.
-@group(0) @binding(2) var<storage, read> b_in: array<vec4<f16>>;
+// f16 weights, copied into the tile unchanged (`load_b4`: generated).
 const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
-var<private> rb: array<vec4<f16>, LB>;
+var<private> rb: array<vec4<half>, LB>;
 
 fn fetch_b(base: u32, n0: u32, k0: u32) {
     for (var i = 0u; i < LB; i++) {
@@ -205,7 +204,7 @@ fn fetch_b(base: u32, n0: u32, k0: u32) {
         let r = v / (B_COLS / 4u);
         let c = (v % (B_COLS / 4u)) * 4u;
         let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
-        rb[i] = b_in[(base + g) / 4u];
+        rb[i] = load_b4((base + g) / 4u);
     }
 }
 
@@ -224,9 +223,9 @@ fn stage_b(buf: u32) {
 }
 
 //// b_f16_edge
-@group(0) @binding(2) var<storage, read> b_in: array<f16>;
+// (`load_b1`: generated.)
 const LB: u32 = B_ROWS * B_COLS / THREADS;
-var<private> rb: array<f16, LB>;
+var<private> rb: array<half, LB>;
 
 fn fetch_b(base: u32, n0: u32, k0: u32) {
     for (var i = 0u; i < LB; i++) {
@@ -235,9 +234,9 @@ fn fetch_b(base: u32, n0: u32, k0: u32) {
         let c = e % B_COLS;
         let gk = k0 + select(r, c, TB);
         let gn = n0 + select(c, r, TB);
-        var x = f16(0.0);
+        var x = half(0.0);
         if gn < p.n && gk < p.k {
-            x = b_in[base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB)];
+            x = load_b1(base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB));
         }
         rb[i] = x;
     }
@@ -247,6 +246,98 @@ fn stage_b(buf: u32) {
     for (var i = 0u; i < LB; i++) {
         let e = li + i * THREADS;
         b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = rb[i];
+    }
+}
+
+//// half_hw
+// Tensor-core variants: f16 tiles, hardware conversion.
+alias half = f16;
+
+fn to_half(x: f32) -> half {
+    return f16(x);
+}
+
+fn to_half4(v: vec4<f32>) -> vec4<half> {
+    return vec4<f16>(v);
+}
+
+//// half_sw
+// Software variants (cooperative matrices emulated in plain WGSL, for
+// adapters without them or without f16 in shaders): tiles hold f16 values
+// rounded in f32 (round_f16: nearest-even), products accumulate in f32.
+alias half = f32;
+
+fn to_half(x: f32) -> half {
+    return round_f16(x);
+}
+
+fn to_half4(v: vec4<f32>) -> vec4<half> {
+    return vec4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
+}
+
+//// b16_hw
+@group(0) @binding(2) var<storage, read> b_in: array<vec4<f16>>;
+
+fn load_b4(i: u32) -> vec4<half> {
+    return b_in[i];
+}
+
+//// b16_edge_hw
+@group(0) @binding(2) var<storage, read> b_in: array<f16>;
+
+fn load_b1(i: u32) -> half {
+    return b_in[i];
+}
+
+//// b16_sw
+// f16 weights as stored on the device (two per u32, element 2j low).
+@group(0) @binding(2) var<storage, read> b_in: array<vec2<u32>>;
+
+fn load_b4(i: u32) -> vec4<half> {
+    let w = b_in[i];
+    return vec4(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+//// b16_edge_sw
+@group(0) @binding(2) var<storage, read> b_in: array<u32>;
+
+fn load_b1(i: u32) -> half {
+    return unpack2x16float(b_in[i >> 1u])[i & 1u];
+}
+
+//// emulation
+// A fragment is where it lies in workgroup memory (the loads and the
+// multiply-adds of one K step see the same tiles); an accumulator is the 8
+// elements a lane owns, element r·32 + lane of the row-major 16x16 block.
+// The products are the hardware's (f16 values, f32 sums); only their order
+// differs.
+struct Frag {
+    base: u32,
+    stride: u32,
+    row_major: bool,
+}
+
+fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
+    var out = c;
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let row = e / 16u;
+        let col = e % 16u;
+        var s = out[r];
+        for (var kk = 0u; kk < 16u; kk++) {
+            let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
+            let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
+            s += f32(a_s[ai]) * f32(b_s[bi]);
+        }
+        out[r] = s;
+    }
+    return out;
+}
+
+fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        c_s[base + (e / 16u) * stride + e % 16u] = c[r];
     }
 }
 

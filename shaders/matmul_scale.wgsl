@@ -84,3 +84,36 @@ fn operand_scales(a_slot: u32, b_slot: u32) -> OperandScales {
 fn apply(x: f32, s: Pow2Steps) -> f32 {
     return x * s.f0 * s.f1 * s.f2;
 }
+
+// x rounded to the nearest f16 (ties to even), as an f32: f16 keeps 11
+// significant bits down to 2^-14 and a fixed quantum of 2^-24 below it.
+fn round_f16(x: f32) -> f32 {
+    let b = bitcast<u32>(x);
+    let a = b & 0x7fffffffu;
+    let sign = b & 0x80000000u;
+    if a >= 0x7f800000u {
+        return x;
+    }
+    // 65520 and above round past f16's largest finite value, 65504.
+    if a >= 0x477ff000u {
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    let e = a >> 23u;
+    // Below 2^-25 everything rounds to zero (2^-25 itself is a tie, to 0).
+    if e < 102u {
+        return bitcast<f32>(sign);
+    }
+    // Bits of the 24-bit significand below the f16 quantum.
+    let d = select(13u + (113u - e), 13u, e >= 113u);
+    let m = (a & 0x7fffffu) | 0x800000u;
+    var q = m >> d;
+    let r = m & ((1u << d) - 1u);
+    let half = 1u << (d - 1u);
+    if r > half || (r == half && (q & 1u) == 1u) {
+        q += 1u;
+    }
+    // q ≤ 2^11 units of the quantum 2^(e - 150 + d), exactly an f32.
+    let quantum = select(-24, i32(e) - 137, e >= 113u);
+    let v = f32(q) * pow2(quantum);
+    return bitcast<f32>(bitcast<u32>(v) | sign);
+}

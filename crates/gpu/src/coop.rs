@@ -25,6 +25,13 @@ pub enum CoopTile {
     Tile128,
     /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
     Tile128x256,
+    /// 64x64, 4 subgroups of 2x2 fragments, K step 16, double-buffered:
+    /// the tuned tiles' code at a size whose software-emulated variant fits
+    /// lavapipe's 32 KiB of workgroup memory.
+    Small64,
+    /// 16x64, 2 subgroups of 1x2 fragments, K step 16, double-buffered: an
+    /// uneven fragment block and subgroup grid, for the same purpose.
+    Small16x64,
 }
 
 /// Sizes of a [`CoopTile`]: the workgroup's tile of C, its K step, and how
@@ -52,7 +59,13 @@ impl TileShape {
 }
 
 impl CoopTile {
-    pub const ALL: [CoopTile; 3] = [CoopTile::Simple64, CoopTile::Tile128, CoopTile::Tile128x256];
+    pub const ALL: [CoopTile; 5] = [
+        CoopTile::Simple64,
+        CoopTile::Tile128,
+        CoopTile::Tile128x256,
+        CoopTile::Small64,
+        CoopTile::Small16x64,
+    ];
 
     pub fn shape(self) -> TileShape {
         match self {
@@ -80,6 +93,22 @@ impl CoopTile {
                 sg_n: 4,
                 double_buffer: true,
             },
+            CoopTile::Small64 => TileShape {
+                bm: 64,
+                bn: 64,
+                bk: 16,
+                sg_m: 2,
+                sg_n: 2,
+                double_buffer: true,
+            },
+            CoopTile::Small16x64 => TileShape {
+                bm: 16,
+                bn: 64,
+                bk: 16,
+                sg_m: 1,
+                sg_n: 2,
+                double_buffer: true,
+            },
         }
     }
 
@@ -88,6 +117,8 @@ impl CoopTile {
             CoopTile::Simple64 => "coop64",
             CoopTile::Tile128 => "coop128",
             CoopTile::Tile128x256 => "coop128x256",
+            CoopTile::Small64 => "coop64db",
+            CoopTile::Small16x64 => "coop16x64",
         }
     }
 }
@@ -106,6 +137,11 @@ pub struct CoopMatmul {
     pub edge: bool,
     /// B is stored as f16 (a weight's f16 transport copy), else f32.
     pub b_f16: bool,
+    /// The same kernel with the cooperative-matrix operations emulated in
+    /// plain WGSL and f16 values held in f32: runs on any adapter (slowly),
+    /// so that the kernels' indexing, staging, double buffering and
+    /// epilogue are checked where no tensor cores are.
+    pub emulated: bool,
 }
 
 impl CoopMatmul {
@@ -113,7 +149,7 @@ impl CoopMatmul {
     pub fn all() -> Vec<CoopMatmul> {
         let mut v = Vec::new();
         for tile in CoopTile::ALL {
-            for bits in 0..32u32 {
+            for bits in 0..64u32 {
                 let f = |i: u32| (bits >> i) & 1 == 1;
                 v.push(CoopMatmul {
                     tile,
@@ -122,6 +158,7 @@ impl CoopMatmul {
                     tc: f(2),
                     edge: f(3),
                     b_f16: f(4),
+                    emulated: f(5),
                 });
             }
         }
@@ -144,13 +181,15 @@ impl CoopMatmul {
         let ((ar, ac), (br, bc)) = self.operand_tiles();
         let bufs = if s.double_buffer { 2 } else { 1 };
         let halfs = bufs * (ar * (ac + 8) + br * (bc + 8));
-        halfs * 2 + s.sg_m * s.sg_n * 256 * 4
+        let elem = if self.emulated { 4 } else { 2 };
+        halfs * elem + s.sg_m * s.sg_n * 256 * 4
     }
 
     pub fn label(&self) -> String {
         format!(
-            "{}_{}{}{}{}{}",
+            "{}{}_{}{}{}{}{}",
             self.tile.name(),
+            if self.emulated { "_sw" } else { "" },
             if self.ta { "T" } else { "N" },
             if self.tb { "T" } else { "N" },
             if self.tc { "_tc" } else { "" },
@@ -174,7 +213,9 @@ impl CoopMatmul {
         assert_eq!(threads, 32 * s.sg_m * s.sg_n);
 
         let mut out = String::with_capacity(16 << 10);
-        out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n\n");
+        if !self.emulated {
+            out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n\n");
+        }
         let b = |x: bool| if x { "true" } else { "false" };
         let _ = writeln!(out, "// Variant {}", self.label());
         let _ = writeln!(
@@ -201,7 +242,19 @@ impl CoopMatmul {
             "const A_ROWS: u32 = {ar}u;\nconst A_COLS: u32 = {ac}u;\nconst B_ROWS: u32 = {br}u;\nconst B_COLS: u32 = {bc}u;\n"
         );
         out.push_str(SCALE);
+        out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
+        if self.emulated {
+            out.push_str(section("emulation"));
+        }
+        if self.b_f16 {
+            out.push_str(section(match (self.edge, self.emulated) {
+                (false, false) => "b16_hw",
+                (true, false) => "b16_edge_hw",
+                (false, true) => "b16_sw",
+                (true, true) => "b16_edge_sw",
+            }));
+        }
         out.push_str(section(if self.edge { "a_edge" } else { "a_vec" }));
         out.push_str(section(match (self.b_f16, self.edge) {
             (false, false) => "b_f32_vec",
@@ -211,45 +264,57 @@ impl CoopMatmul {
         }));
 
         let mut acc = String::new();
+        let acc_ty = if self.emulated {
+            "array<f32, 8>"
+        } else {
+            "coop_mat16x16<f32, C>"
+        };
         for i in 0..fm {
             for j in 0..fnn {
-                let _ = writeln!(acc, "    var acc{i}_{j} = coop_mat16x16<f32, C>();");
+                let _ = writeln!(acc, "    var acc{i}_{j} = {acc_ty}();");
             }
         }
+        let load = |role: &str, buf: &str, idx: &str, stride: &str, row_major: bool| {
+            if self.emulated {
+                format!("Frag({idx}, {stride}, {row_major})")
+            } else {
+                let f = if row_major { "coopLoadT" } else { "coopLoad" };
+                format!("{f}<coop_mat16x16<f16, {role}>>(&{buf}[{idx}], {stride})")
+            }
+        };
 
         // One K step of the fragments in buffer (abuf, bbuf).
         let mut mma = String::new();
         mma.push_str("        for (var kk = 0u; kk < BK; kk += 16u) {\n");
+        // A is staged [m][k] (row-major fragments) unless transposed, B
+        // [k][n] unless transposed.
         for i in 0..fm {
-            let (idx, load) = if self.ta {
-                (format!("abuf + kk * LDA_S + wm0 + {}u", 16 * i), "coopLoad")
+            let idx = if self.ta {
+                format!("abuf + kk * LDA_S + wm0 + {}u", 16 * i)
             } else {
-                (format!("abuf + (wm0 + {}u) * LDA_S + kk", 16 * i), "coopLoadT")
+                format!("abuf + (wm0 + {}u) * LDA_S + kk", 16 * i)
             };
             let _ = writeln!(mma, "            let ia{i} = {idx};");
-            let _ = writeln!(
-                mma,
-                "            let fa{i} = {load}<coop_mat16x16<f16, A>>(&a_s[ia{i}], lda_s);"
-            );
+            let f = load("A", "a_s", &format!("ia{i}"), "lda_s", !self.ta);
+            let _ = writeln!(mma, "            let fa{i} = {f};");
         }
         for j in 0..fnn {
-            let (idx, load) = if self.tb {
-                (format!("bbuf + (wn0 + {}u) * LDB_S + kk", 16 * j), "coopLoad")
+            let idx = if self.tb {
+                format!("bbuf + (wn0 + {}u) * LDB_S + kk", 16 * j)
             } else {
-                (format!("bbuf + kk * LDB_S + wn0 + {}u", 16 * j), "coopLoadT")
+                format!("bbuf + kk * LDB_S + wn0 + {}u", 16 * j)
             };
             let _ = writeln!(mma, "            let ib{j} = {idx};");
-            let _ = writeln!(
-                mma,
-                "            let fb{j} = {load}<coop_mat16x16<f16, B>>(&b_s[ib{j}], ldb_s);"
-            );
+            let f = load("B", "b_s", &format!("ib{j}"), "ldb_s", !self.tb);
+            let _ = writeln!(mma, "            let fb{j} = {f};");
         }
         for i in 0..fm {
             for j in 0..fnn {
-                let _ = writeln!(
-                    mma,
-                    "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});"
-                );
+                let _ = if self.emulated {
+                    writeln!(mma, "            acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);")
+                } else {
+                    writeln!(mma, "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});")
+                };
             }
         }
         mma.push_str("        }\n");
@@ -257,7 +322,11 @@ impl CoopMatmul {
         let mut epi = String::new();
         for i in 0..fm {
             for j in 0..fnn {
-                let _ = writeln!(epi, "    coopStoreT(acc{i}_{j}, &c_s[cs], ld16);");
+                let _ = if self.emulated {
+                    writeln!(epi, "    emu_store_t(acc{i}_{j}, cs, ld16, lane);")
+                } else {
+                    writeln!(epi, "    coopStoreT(acc{i}_{j}, &c_s[cs], ld16);")
+                };
                 epi.push_str("    workgroupBarrier();\n");
                 let _ = writeln!(
                     epi,
@@ -303,7 +372,7 @@ mod tests {
 
     #[test]
     fn every_variant_fits_nvidia_workgroup_memory() {
-        for v in CoopMatmul::all() {
+        for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
             let bytes = v.workgroup_bytes();
             assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
         }

@@ -5,7 +5,11 @@
 //! those exactly representable operands. Every layout the step uses
 //! (transposes, batched and shared B, the chunked accumulate path), f32 and
 //! f16-stored B, on the SIMT kernel everywhere and on each tensor-core tile
-//! where the adapter has cooperative matrices.
+//! where the adapter has cooperative matrices. The tensor-core kernels'
+//! own code (staging, fragment offsets, double buffering, interior and edge
+//! pipelines, epilogue) also runs everywhere with the cooperative-matrix
+//! operations emulated in plain WGSL, on the tiles whose emulation fits
+//! 32 KiB of workgroup memory.
 
 mod common;
 
@@ -245,6 +249,68 @@ proptest! {
             check(g, &c, DType::F32, 0.25);
             check(g, &c, DType::F16, 1.0);
         }
+    }
+}
+
+/// The layouts and shapes the tensor-core checks run: whole tiles, M and N
+/// edges, K a multiple of the K step or not, all four transposes, batched
+/// and shared B, bias or not.
+fn coop_cases() -> Vec<Case> {
+    let shapes = [(64, 128, 64), (96, 160, 48), (70, 45, 37), (5, 7, 3)];
+    let mut v = Vec::new();
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+            .into_iter()
+            .enumerate()
+        {
+            v.push(Case {
+                batch: if (i + j) % 3 == 0 { vec![2] } else { vec![] },
+                m,
+                n,
+                k,
+                t,
+                shared_b: j % 2 == 0,
+                bias: i % 2 == 0,
+                seed: (i * 4 + j) as u64,
+            });
+        }
+    }
+    v
+}
+
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference() {
+    let Some(c) = ctx() else { return };
+    for tile in [CoopTile::Simple64, CoopTile::Small64, CoopTile::Small16x64] {
+        let g = f16_executor(
+            c.clone(),
+            GpuOptions {
+                f16_matmul: F16Matmul::CoopEmulated(tile),
+                ..Default::default()
+            },
+        );
+        for case in coop_cases() {
+            check(&g, &case, DType::F32, 1.0);
+            // f16 B is a weight: never the transposed-A side of a product.
+            if !case.t.a {
+                check(&g, &case, DType::F16, 1.0);
+            }
+        }
+        check_rounding(&g, &format!("{}_sw", tile.name()));
+    }
+    // Operands bound as several ranges (the chunked path, accumulating K
+    // blocks into C), on one tile: lavapipe compiles these kernels slowly.
+    let g = f16_executor(
+        c,
+        GpuOptions {
+            f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+            max_binding_bytes: Some(16 << 10),
+            ..Default::default()
+        },
+    );
+    for case in coop_cases().into_iter().filter(|c| c.m == 96) {
+        check(&g, &case, DType::F32, 1.0);
+        check(&g, &case, DType::F16, 1.0);
     }
 }
 

@@ -23,6 +23,10 @@ pub enum F16Matmul {
     Simt,
     /// A tensor-core tile (the adapter must have cooperative matrices).
     Coop(CoopTile),
+    /// A tensor-core tile's kernel with the cooperative-matrix operations
+    /// emulated in plain WGSL: any adapter whose workgroup memory holds the
+    /// tile in f32, slowly. For checking the kernels without tensor cores.
+    CoopEmulated(CoopTile),
 }
 
 impl std::fmt::Display for F16Matmul {
@@ -31,6 +35,7 @@ impl std::fmt::Display for F16Matmul {
             F16Matmul::Auto => f.write_str("auto"),
             F16Matmul::Simt => f.write_str("simt"),
             F16Matmul::Coop(t) => f.write_str(t.name()),
+            F16Matmul::CoopEmulated(t) => write!(f, "{}_sw", t.name()),
         }
     }
 }
@@ -52,7 +57,11 @@ pub(crate) struct Scales<'a> {
 #[derive(Clone, Copy)]
 enum Path {
     Simt(SimtMatmul),
-    Coop { tile: CoopTile, b_f16: bool },
+    Coop {
+        tile: CoopTile,
+        b_f16: bool,
+        emulated: bool,
+    },
 }
 
 /// Multiple that chunk sizes are rounded to (the larger tile).
@@ -124,6 +133,12 @@ impl GpuExecutor {
                 (F16Matmul::Coop(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
                     tile,
                     b_f16: b_kind == MatmulB::F16,
+                    emulated: false,
+                },
+                (F16Matmul::CoopEmulated(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
+                    tile,
+                    b_f16: b_kind == MatmulB::F16,
+                    emulated: true,
                 },
                 _ => simt(true),
             },
@@ -304,14 +319,14 @@ impl GpuExecutor {
         let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
         let mut all: Vec<View<'_>> = views.to_vec();
         all.extend(scale_view);
-        let (tile, b_f16) = match path {
+        let (tile, b_f16, emulated) = match path {
             Path::Simt(v) => {
                 let t = if v.big { 128 } else { 64 };
                 let grid = [n.div_ceil(t) as u32, m.div_ceil(t) as u32, batch as u32];
                 op.dispatch(Kernel::Matmul(v), &params, &all, grid);
                 return;
             }
-            Path::Coop { tile, b_f16 } => (tile, b_f16),
+            Path::Coop { tile, b_f16, emulated } => (tile, b_f16, emulated),
         };
         let s = tile.shape();
         let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
@@ -323,6 +338,7 @@ impl GpuExecutor {
             tc: flags & 16 != 0,
             edge,
             b_f16,
+            emulated,
         };
         // Vector loads read four elements of the contiguous dimension at a
         // 16-byte (f32) or 8-byte (f16) boundary: every start the kernel
