@@ -111,7 +111,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut kernels = vec![F16Matmul::Simt];
     if ctx.has_cooperative_matrix() {
-        kernels.extend(CoopTile::ALL.map(F16Matmul::Coop));
+        kernels.extend([CoopTile::Simple64, CoopTile::Tile128, CoopTile::Tile128x256].map(F16Matmul::Coop));
     } else {
         eprintln!("adapter has no cooperative matrices: tensor-core rows skipped");
     }

@@ -311,9 +311,15 @@ impl CoopMatmul {
         for i in 0..fm {
             for j in 0..fnn {
                 let _ = if self.emulated {
-                    writeln!(mma, "            acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);")
+                    writeln!(
+                        mma,
+                        "            acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);"
+                    )
                 } else {
-                    writeln!(mma, "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});")
+                    writeln!(
+                        mma,
+                        "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});"
+                    )
                 };
             }
         }

@@ -326,7 +326,11 @@ impl GpuExecutor {
                 op.dispatch(Kernel::Matmul(v), &params, &all, grid);
                 return;
             }
-            Path::Coop { tile, b_f16, emulated } => (tile, b_f16, emulated),
+            Path::Coop {
+                tile,
+                b_f16,
+                emulated,
+            } => (tile, b_f16, emulated),
         };
         let s = tile.shape();
         let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
