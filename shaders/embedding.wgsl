@@ -1,4 +1,4 @@
-// Embedding gather (f32 or packed-bf16 table) and its scatter-add backward.
+// Embedding gather (f32, packed-bf16 or packed-f16 table) and its scatter-add backward.
 // The table may be bound as a range of rows [row0, row1) when it is larger
 // than one storage binding; each chunk writes only the outputs whose id
 // falls inside it.
@@ -46,6 +46,20 @@ fn gather_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let e = p.t_off + (id - p.row0) * p.c + i % p.c;
         let w = TABLE16[e >> 1u];
         OUT[p.o_off + i] = bitcast<f32>(select(w & 0xffff0000u, w << 16u, (e & 1u) == 0u));
+    }
+}
+
+@compute @workgroup_size(256)
+fn gather_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i >= p.n * p.c {
+        return;
+    }
+    let id = IDS[i / p.c];
+    if id >= p.row0 && id < p.row1 {
+        let e = p.t_off + (id - p.row0) * p.c + i % p.c;
+        OUT[p.o_off + i] = unpack2x16float(TABLE16[e >> 1u])[e & 1u];
     }
 }
 

@@ -5,14 +5,19 @@
 // thread held in registers; the k-loop reads vec4s from workgroup memory
 // (TM/4 + TN/4 vec4 loads feed TM·TN FMAs). Edges are bounds-checked so that
 // any M, N, K works. Preludes supply the tile constants (matmul_tile64.wgsl,
-// matmul_tile128.wgsl) and the B loader `load_b` (matmul_f32.wgsl,
-// matmul_bf16.wgsl).
+// matmul_tile128.wgsl), the B loader `load_b` (matmul_f32.wgsl,
+// matmul_bf16.wgsl, matmul_f16.wgsl) and the compute precision: `op_a`,
+// `op_b` applied to each operand element on its way into workgroup memory
+// and `unscale` to each result (matmul_exact.wgsl; matmul_scale.wgsl with
+// matmul_round16.wgsl for f16 operands).
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
     a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
     a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
-    ldb: u32, ldc: u32, _p0: u32, _p1: u32,
+    ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
+    // Used by the cooperative-matrix kernels only (one layout for both).
+    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
 }
 
 const TRANS_A: u32 = 1u;
@@ -44,6 +49,7 @@ fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    prepare_operands();
     let ta = (p.flags & TRANS_A) != 0u;
     let tb = (p.flags & TRANS_B) != 0u;
     let a_base = p.a_off + wid.z * p.a_bstride;
@@ -82,7 +88,7 @@ fn main(
                     v = A[a_base + gm * p.lda + gk];
                 }
             }
-            As[kk * AV + m / 4u][m % 4u] = v;
+            As[kk * AV + m / 4u][m % 4u] = op_a(v);
 
             var n: u32;
             if tb {
@@ -102,7 +108,7 @@ fn main(
                     w = load_b(b_base + gk2 * p.ldb + gn);
                 }
             }
-            Bs[kk * BV + n / 4u][n % 4u] = w;
+            Bs[kk * BV + n / 4u][n % 4u] = op_b(w);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
@@ -134,7 +140,7 @@ fn main(
             if gn >= p.n {
                 break;
             }
-            var v = acc[i * TV + j / 4u][j % 4u];
+            var v = unscale(acc[i * TV + j / 4u][j % 4u]);
             if (p.flags & HAS_BIAS) != 0u {
                 v += bias[p.bias_off + gn];
             }

@@ -1,40 +1,54 @@
 //! Matmul throughput. criterion's "elements" are floating-point operations
-//! (2·M·N·K per product), so its Gelem/s reads as GFLOP/s.
+//! (2·M·N·K per product), so its Gelem/s reads as GFLOP/s (1000 Gelem/s =
+//! 1 TFLOP/s).
+//!
+//! Rows are named `{M}x{K}x{N}_{layout}_{b dtype}` (the f32 tiled kernel),
+//! `f16_simt_…` (the same kernel rounding operands to f16) and
+//! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…` (the tensor-core
+//! tiles, only where the adapter has cooperative matrices).
+//! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
+//! --bench matmul -- f16_coop128_8192`. Every f16 row is first checked
+//! against the f32 kernel's result (relative error under f16's rounding).
 
 mod common;
 
 use criterion::{Criterion, Throughput};
-use megatrain_tensor::{DType, Executor, Transpose};
+use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions};
+use megatrain_tensor::testing::rel_norm_err;
+use megatrain_tensor::{ComputePrecision, DType, Executor, Transpose};
 
-fn bench(c: &mut Criterion) {
-    let Some(g) = common::executor() else { return };
-    // (M, K, N, transpose, b dtype)
-    let mut shapes = vec![
-        (256, 256, 256, Transpose::NN, DType::F32),
-        (512, 512, 512, Transpose::NN, DType::F32),
-        (1024, 768, 3072, Transpose::NT, DType::F32),
-        (1024, 768, 3072, Transpose::NT, DType::BF16),
-    ];
-    if common::is_real_gpu(&g) {
-        shapes.extend([
-            (2048, 2048, 2048, Transpose::NN, DType::F32),
-            (4096, 4096, 4096, Transpose::NN, DType::F32),
-            (4096, 4096, 4096, Transpose::NT, DType::F32),
-            (4096, 4096, 4096, Transpose::NT, DType::BF16),
-        ]);
-    }
+type Shape = (usize, usize, usize, Transpose, DType);
+
+fn layout(t: Transpose) -> String {
+    format!("{}{}", if t.a { "T" } else { "N" }, if t.b { "T" } else { "N" })
+}
+
+fn run(c: &mut Criterion, g: &GpuExecutor, reference: Option<&GpuExecutor>, tag: &str, shapes: &[Shape]) {
     let mut group = c.benchmark_group("matmul");
     group.sample_size(10);
-    for (m, k, n, t, dt) in shapes {
-        let a = g.upload(&common::rand(1, &[m, k])).unwrap();
+    for &(m, k, n, t, dt) in shapes {
+        let ad = if t.a { [k, m] } else { [m, k] };
         let bd = if t.b { [n, k] } else { [k, n] };
-        let b = g.upload(&common::rand(2, &bd).to_dtype(dt)).unwrap();
+        let (ha, hb) = (common::rand(1, &ad), common::rand(2, &bd).to_dtype(dt));
+        let a = g.upload(&ha).unwrap();
+        let b = g.upload(&hb).unwrap();
+        if let Some(r) = reference {
+            let want = r
+                .download(
+                    &r.matmul(&r.upload(&ha).unwrap(), &r.upload(&hb).unwrap(), None, t)
+                        .unwrap(),
+                )
+                .unwrap()
+                .to_f32_vec();
+            let got = g
+                .download(&g.matmul(&a, &b, None, t).unwrap())
+                .unwrap()
+                .to_f32_vec();
+            let err = rel_norm_err(&got, &want);
+            assert!(err < 3e-3, "{tag}{m}x{k}x{n}: relative error {err:e} against f32");
+        }
         group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        let name = format!(
-            "{m}x{k}x{n}_{}{}_{dt}",
-            if t.a { "T" } else { "N" },
-            if t.b { "T" } else { "N" }
-        );
+        let name = format!("{tag}{m}x{k}x{n}_{}_{dt}", layout(t));
         group.bench_function(name, |bench| {
             bench.iter(|| {
                 let y = g.matmul(&a, &b, None, t).unwrap();
@@ -44,6 +58,66 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+fn bench(c: &mut Criterion) {
+    let Some(g) = common::executor() else { return };
+    let real = common::is_real_gpu(&g);
+    let nn = Transpose::NN;
+    let nt = Transpose::NT;
+    let tn = Transpose::TN;
+    let mut shapes = vec![
+        (256, 256, 256, nn, DType::F32),
+        (512, 512, 512, nn, DType::F32),
+        (1024, 768, 3072, nt, DType::F32),
+        (1024, 768, 3072, nt, DType::BF16),
+    ];
+    if real {
+        shapes.extend([
+            (2048, 2048, 2048, nn, DType::F32),
+            (4096, 4096, 4096, nn, DType::F32),
+            (4096, 4096, 4096, nt, DType::F32),
+            (4096, 4096, 4096, nt, DType::BF16),
+        ]);
+    }
+    run(c, &g, None, "", &shapes);
+
+    // f16: square products, and a 7B layer's MLP at 4096 tokens (hidden
+    // 3584, intermediate 18944; weights [out, in] in f16): forward x·Wᵀ,
+    // backward dx = dy·W and dW = dyᵀ·x (f32 operands).
+    let f16_shapes: Vec<Shape> = if real {
+        vec![
+            (4096, 4096, 4096, nn, DType::F32),
+            (8192, 8192, 8192, nn, DType::F32),
+            (4096, 3584, 18944, nt, DType::F16),
+            (4096, 18944, 3584, nt, DType::F16),
+            (4096, 18944, 3584, nn, DType::F16),
+            (18944, 4096, 3584, tn, DType::F32),
+        ]
+    } else {
+        vec![(256, 256, 256, nn, DType::F32), (256, 200, 300, nt, DType::F16)]
+    };
+    let ctx = g.context().clone();
+    let f16 = |k: F16Matmul| {
+        let mut e = GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                f16_matmul: k,
+                ..Default::default()
+            },
+        );
+        e.set_compute_precision(ComputePrecision::F16).unwrap();
+        e
+    };
+    let mut kernels = vec![F16Matmul::Simt];
+    if ctx.has_cooperative_matrix() {
+        kernels.extend([CoopTile::Simple64, CoopTile::Tile128, CoopTile::Tile128x256].map(F16Matmul::Coop));
+    } else {
+        eprintln!("adapter has no cooperative matrices: tensor-core rows skipped");
+    }
+    for k in kernels {
+        run(c, &f16(k), Some(&g), &format!("f16_{k}_"), &f16_shapes);
+    }
 }
 
 fn main() {

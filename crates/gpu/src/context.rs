@@ -34,6 +34,9 @@ impl std::fmt::Display for AdapterReport {
 
 pub struct GpuContext {
     pub adapter: wgpu::Adapter,
+    /// Whether the device was opened with cooperative matrices (16x16x16
+    /// f16 x f16 -> f32, subgroups of exactly 32): the tensor-core kernels.
+    coop: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: AdapterReport,
@@ -57,6 +60,26 @@ fn rank(t: wgpu::DeviceType) -> u32 {
         wgpu::DeviceType::Cpu => 3,
         wgpu::DeviceType::Other => 4,
     }
+}
+
+/// What the tensor-core kernels need of an adapter: cooperative matrices
+/// and f16 in shaders, a 16x16x16 f16 x f16 -> f32 configuration, subgroups
+/// of exactly 32 lanes (a kernel's subgroup is lanes 32i..32i+31 of its
+/// workgroup) and the workgroup memory of the largest tile.
+fn tensor_cores_usable(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> bool {
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    if !adapter.features().contains(need) {
+        return false;
+    }
+    let f16_16 = adapter.cooperative_matrix_properties().iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    });
+    f16_16
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && limits.max_compute_workgroup_storage_size >= crate::coop::WORKGROUP_BYTES_MAX
 }
 
 impl GpuContext {
@@ -114,8 +137,12 @@ impl GpuContext {
             driver: ai.driver.clone(),
             driver_info: ai.driver_info.clone(),
         };
-        let features = adapter.features() & WANTED_FEATURES;
+        let mut features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
+        let coop = tensor_cores_usable(&adapter, &ai, &limits);
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+        }
         // What the kernels assume: 16 KiB of workgroup memory (attention),
         // 8 storage bindings (attention dk/dv), 256-thread workgroups.
         let short = [
@@ -149,7 +176,15 @@ impl GpuContext {
             label: Some("megatrain"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: experimental features are enabled only for cooperative
+            // matrices, which only the tensor-core kernels use; every variant
+            // of them is compiled by naga in CI (tests/coop_naga.rs) and
+            // checked against the host reference where an adapter has them.
+            experimental_features: if coop {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -159,6 +194,7 @@ impl GpuContext {
                 source,
             })?;
         Ok(Arc::new(GpuContext {
+            coop,
             adapter,
             device,
             queue,
@@ -166,6 +202,11 @@ impl GpuContext {
             features,
             limits,
         }))
+    }
+
+    /// Tensor-core matmuls are available (see [`tensor_cores_usable`]).
+    pub fn has_cooperative_matrix(&self) -> bool {
+        self.coop
     }
 
     pub fn has_timestamps(&self) -> bool {

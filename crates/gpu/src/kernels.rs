@@ -10,6 +10,11 @@ const TILE64: &str = include_str!("../../../shaders/matmul_tile64.wgsl");
 const TILE128: &str = include_str!("../../../shaders/matmul_tile128.wgsl");
 const MATMUL_F32: &str = include_str!("../../../shaders/matmul_f32.wgsl");
 const MATMUL_BF16: &str = include_str!("../../../shaders/matmul_bf16.wgsl");
+const MATMUL_F16: &str = include_str!("../../../shaders/matmul_f16.wgsl");
+const MATMUL_EXACT: &str = include_str!("../../../shaders/matmul_exact.wgsl");
+const MATMUL_SCALE: &str = include_str!("../../../shaders/matmul_scale.wgsl");
+const MATMUL_ROUND16: &str = include_str!("../../../shaders/matmul_round16.wgsl");
+const ABSMAX: &str = include_str!("../../../shaders/absmax.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
 const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 const NORM: &str = include_str!("../../../shaders/norm.wgsl");
@@ -18,13 +23,34 @@ const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 
+/// How the B operand of a matmul is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatmulB {
+    F32,
+    /// Packed bf16, two per u32.
+    Bf16,
+    /// Packed f16, two per u32 (the f16 transport copy of a weight).
+    F16,
+}
+
+/// A variant of the SIMT tiled matmul (`shaders/matmul.wgsl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SimtMatmul {
+    /// 128x128 tiles rather than 64x64.
+    pub big: bool,
+    pub b: MatmulB,
+    /// F16 compute precision: operands scaled and rounded to f16.
+    pub f16: bool,
+}
+
 /// Every kernel. The discriminant is only an identity; see [`Kernel::spec`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    MatmulF32,
-    MatmulBf16,
-    MatmulF32Big,
-    MatmulBf16Big,
+    Matmul(SimtMatmul),
+    /// A tensor-core matmul; only on devices with cooperative matrices.
+    MatmulCoop(crate::coop::CoopMatmul),
+    AbsmaxF32,
+    AbsmaxBf16,
     Add,
     AddAssign,
     Scale,
@@ -47,18 +73,27 @@ pub enum Kernel {
     CrossEntropy,
     GatherF32,
     GatherBf16,
+    GatherF16,
     ScatterAdd,
 }
 
 impl Kernel {
-    /// Every variant, so that lists of kernels cannot drift from the enum.
-    pub const ALL: [Kernel; 27] = {
+    /// Every kernel that runs on any adapter (the tensor-core variants,
+    /// which need cooperative matrices, are listed by
+    /// [`crate::CoopMatmul::all`]).
+    pub fn all() -> Vec<Kernel> {
         use Kernel::*;
-        [
-            MatmulF32,
-            MatmulBf16,
-            MatmulF32Big,
-            MatmulBf16Big,
+        let mut v = Vec::new();
+        for big in [false, true] {
+            for b in [MatmulB::F32, MatmulB::Bf16, MatmulB::F16] {
+                for f16 in [false, true] {
+                    v.push(Matmul(SimtMatmul { big, b, f16 }));
+                }
+            }
+        }
+        v.extend([
+            AbsmaxF32,
+            AbsmaxBf16,
             Add,
             AddAssign,
             Scale,
@@ -81,15 +116,17 @@ impl Kernel {
             CrossEntropy,
             GatherF32,
             GatherBf16,
+            GatherF16,
             ScatterAdd,
-        ]
-    };
+        ]);
+        v
+    }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct KernelSpec {
-    /// WGSL pieces concatenated in order.
-    pub sources: &'static [&'static str],
+    /// The WGSL module (preludes and body concatenated, or generated).
+    pub source: String,
     pub entry: &'static str,
     /// Storage binding numbers in the order the host passes buffers; binding
     /// 0 is always the uniform parameter block.
@@ -99,11 +136,35 @@ pub struct KernelSpec {
 impl Kernel {
     pub fn spec(self) -> KernelSpec {
         use Kernel::*;
-        let (sources, entry, bindings): (&'static [&'static str], &'static str, &'static [u32]) = match self {
-            MatmulF32 => (&[TILE64, MATMUL_F32, MATMUL], "main", &[1, 2, 3, 4]),
-            MatmulBf16 => (&[TILE64, MATMUL_BF16, MATMUL], "main", &[1, 2, 3, 4]),
-            MatmulF32Big => (&[TILE128, MATMUL_F32, MATMUL], "main", &[1, 2, 3, 4]),
-            MatmulBf16Big => (&[TILE128, MATMUL_BF16, MATMUL], "main", &[1, 2, 3, 4]),
+        let (sources, entry, bindings): (&[&'static str], &'static str, &'static [u32]) = match self {
+            Matmul(v) => {
+                let tile = if v.big { TILE128 } else { TILE64 };
+                let b = match v.b {
+                    MatmulB::F32 => MATMUL_F32,
+                    MatmulB::Bf16 => MATMUL_BF16,
+                    MatmulB::F16 => MATMUL_F16,
+                };
+                let source = if v.f16 {
+                    [tile, b, MATMUL_SCALE, MATMUL_ROUND16, MATMUL].concat()
+                } else {
+                    [tile, b, MATMUL_EXACT, MATMUL].concat()
+                };
+                let bindings: &'static [u32] = if v.f16 { &[1, 2, 3, 4, 5] } else { &[1, 2, 3, 4] };
+                return KernelSpec {
+                    source,
+                    entry: "main",
+                    bindings,
+                };
+            }
+            MatmulCoop(v) => {
+                return KernelSpec {
+                    source: v.source(),
+                    entry: "main",
+                    bindings: &[1, 2, 3, 4, 5],
+                };
+            }
+            AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),
+            AbsmaxBf16 => (&[ABSMAX], "absmax_bf16", &[2, 3]),
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
             AddAssign => (&[ELEMENTWISE], "add_assign", &[1, 3]),
             Scale => (&[ELEMENTWISE], "scale", &[1, 3]),
@@ -126,10 +187,11 @@ impl Kernel {
             CrossEntropy => (&[CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4]),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
             GatherBf16 => (&[EMBEDDING], "gather_bf16", &[1, 3, 4]),
+            GatherF16 => (&[EMBEDDING], "gather_f16", &[1, 3, 4]),
             ScatterAdd => (&[EMBEDDING], "scatter_add", &[1, 4, 5, 6, 7]),
         };
         KernelSpec {
-            sources,
+            source: sources.concat(),
             entry,
             bindings,
         }
@@ -139,6 +201,8 @@ impl Kernel {
 pub struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
+    pub entry: &'static str,
+    pub bindings: &'static [u32],
 }
 
 #[derive(Default)]
@@ -153,10 +217,9 @@ impl KernelRegistry {
             .entry(k)
             .or_insert_with(|| {
                 let spec = k.spec();
-                let source: String = spec.sources.concat();
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(spec.entry),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                    source: wgpu::ShaderSource::Wgsl(spec.source.into()),
                 });
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(spec.entry),
@@ -167,14 +230,19 @@ impl KernelRegistry {
                     cache: None,
                 });
                 let layout = pipeline.get_bind_group_layout(0);
-                Arc::new(Pipeline { pipeline, layout })
+                Arc::new(Pipeline {
+                    pipeline,
+                    layout,
+                    entry: spec.entry,
+                    bindings: spec.bindings,
+                })
             })
             .clone()
     }
 
     /// Compiles every kernel now (startup cost instead of first-use latency).
     pub fn warm_all(&self, device: &wgpu::Device) {
-        for k in Kernel::ALL {
+        for k in Kernel::all() {
             self.get(device, k);
         }
     }

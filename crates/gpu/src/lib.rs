@@ -4,6 +4,7 @@
 
 mod arena;
 mod context;
+mod coop;
 pub mod diagnose;
 mod error;
 mod exec;
@@ -14,8 +15,9 @@ mod transport;
 
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
+pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use error::GpuError;
-pub use exec::{BindGroupStats, GpuExecutor, GpuOptions};
+pub use exec::{BindGroupStats, F16Matmul, GpuExecutor, GpuOptions};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;

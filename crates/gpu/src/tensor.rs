@@ -6,8 +6,8 @@ use megatrain_tensor::{DType, Shape, TensorHandle};
 
 use crate::arena::PooledBuffer;
 
-/// A tensor on the device. f32 tensors hold one f32 per element; bf16 tensors
-/// hold two elements per u32 word (element 2j in the low half). Clones and
+/// A tensor on the device. f32 tensors hold one f32 per element; bf16 and f16
+/// tensors hold two elements per u32 word (element 2j in the low half). Clones and
 /// reshapes share the buffer; in-place ops copy first when it is shared.
 /// `offset` (bytes, a multiple of the storage offset alignment) is non-zero
 /// for the tensors of a weight slot, which share one buffer per layer.
@@ -63,8 +63,8 @@ pub fn storage_bytes(dtype: DType, numel: usize) -> u64 {
     ((numel * dtype.size_in_bytes()) as u64).div_ceil(4) * 4
 }
 
-/// Widens a tensor's stored bytes (little-endian f32, or bf16 for any other
-/// dtype on the device) into `out`, one element per slot of `out`.
+/// Widens a tensor's stored bytes (little-endian f32, bf16 or f16) into
+/// `out`, one element per slot of `out`.
 pub(crate) fn widen_bytes(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     let n = out.len();
     match dtype {
@@ -79,9 +79,14 @@ pub(crate) fn widen_bytes(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        _ => {
+        DType::BF16 => {
             for (o, c) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
                 *o = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+            }
+        }
+        DType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes[..2 * n].chunks_exact(2)) {
+                *o = half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
             }
         }
     }

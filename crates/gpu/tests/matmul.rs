@@ -1,5 +1,5 @@
 //! Matmul forward and backward against the CPU reference, including the
-//! packed-bf16 B path and operands bound as several ranges.
+//! packed-bf16 and packed-f16 B paths and operands bound as several ranges.
 
 mod common;
 
@@ -56,8 +56,8 @@ fn operands(c: &Case) -> (HostTensor, HostTensor, HostTensor, HostTensor) {
     )
 }
 
-/// Forward and backward of one case; `b_dtype` bf16 uploads b packed and
-/// compares with the CPU run on the bf16-rounded b, so that only summation
+/// Forward and backward of one case; `b_dtype` bf16 or f16 uploads b packed
+/// and compares with the CPU run on the rounded b, so that only summation
 /// order differs and the f32 tolerance still applies.
 fn check(g: &GpuExecutor, c: &Case, b_dtype: DType) {
     let cpu = cpu();
@@ -124,6 +124,12 @@ proptest! {
     }
 
     #[test]
+    fn matmul_f16_b_matches_cpu_on_rounded_b(c in case(70)) {
+        let Some(g) = gpu() else { return Ok(()) };
+        check(g, &c, DType::F16);
+    }
+
+    #[test]
     fn matmul_128_tile_matches_cpu(c in case(200)) {
         let Some(g) = gpu_big_tile() else { return Ok(()) };
         check(g, &c, DType::F32);
@@ -135,6 +141,7 @@ proptest! {
         let Some(g) = gpu_small_bindings() else { return Ok(()) };
         check(g, &c, DType::F32);
         check(g, &c, DType::BF16);
+        check(g, &c, DType::F16);
     }
 }
 

@@ -176,6 +176,9 @@ proptest! {
             let t16 = table.to_dtype(DType::BF16);
             let want16 = down_cpu(&c, &c.embedding(&ids, &cpu_up!(c, &t16.to_dtype(DType::F32))).unwrap());
             assert_close("embedding bf16", &down(g, &g.embedding(&ids, &up(g, &t16)).unwrap()), &want16, 0.0);
+            let th = table.to_dtype(DType::F16);
+            let wanth = down_cpu(&c, &c.embedding(&ids, &cpu_up!(c, &th.to_dtype(DType::F32))).unwrap());
+            assert_close("embedding f16", &down(g, &g.embedding(&ids, &up(g, &th)).unwrap()), &wanth, 0.0);
             let mut gdt = up(g, &dtable0);
             g.embedding_backward(&ids, &up(g, &dout), &mut gdt).unwrap();
             assert_close("embedding_backward", &down(g, &gdt), &down_cpu(&c, &cdt), TOL_F32);
@@ -207,6 +210,17 @@ fn bf16_upload_round_trips_with_odd_length() {
     let h = rand_host(5, &[3, 7]).to_dtype(DType::BF16);
     let t = g.upload(&h).unwrap();
     assert_eq!(g.download(&t).unwrap(), h);
+}
+
+#[test]
+fn f16_upload_round_trips_with_odd_length() {
+    let Some(g) = gpu() else { return };
+    let h = rand_host(5, &[3, 7]).to_dtype(DType::F16);
+    let t = g.upload(&h).unwrap();
+    assert_eq!(g.download(&t).unwrap(), h);
+    let mut out = vec![0.0; 21];
+    g.download_into(&t, &mut out).unwrap();
+    assert_eq!(out, h.to_f32_vec());
 }
 
 #[test]

@@ -9,7 +9,7 @@ use megatrain_gpu::{GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::testing::random_f32;
 use megatrain_tensor::{
     DType, Download, Executor, HostSlice, HostTensor, Shape, TensorHandle, Transpose, WeightSlot,
-    WeightUpload, bf16,
+    WeightUpload, bf16, f16,
 };
 
 fn executor(t: TransportChoice, small_bindings: bool) -> Option<GpuExecutor> {
@@ -168,6 +168,7 @@ fn ops_read_slot_tensors_at_their_offsets() {
             let bias: Vec<f32> = random_f32(6, n);
             let wf = random_f32(7, n * k);
             let wb: Vec<bf16> = random_f32(8, n * k).iter().map(|&v| bf16::from_f32(v)).collect();
+            let wh: Vec<f16> = random_f32(9, n * k).iter().map(|&v| f16::from_f32(v)).collect();
             let (sw, sb) = (Shape::new([n, k]), Shape::new([n]));
             let ws = g
                 .load_weights(
@@ -188,6 +189,11 @@ fn ops_read_slot_tensors_at_their_offsets() {
                             data: HostSlice::BF16(&wb),
                             dtype: DType::BF16,
                         },
+                        WeightUpload {
+                            shape: &sw,
+                            data: HostSlice::F16(&wh),
+                            dtype: DType::F16,
+                        },
                     ],
                 )
                 .unwrap();
@@ -195,7 +201,11 @@ fn ops_read_slot_tensors_at_their_offsets() {
             let c = cpu();
             let cx = c.upload(&x).unwrap();
             let cb = c.upload_slice(&sb, HostSlice::F32(&bias)).unwrap();
-            for (i, data) in [(1, HostSlice::F32(&wf)), (2, HostSlice::BF16(&wb))] {
+            for (i, data) in [
+                (1, HostSlice::F32(&wf)),
+                (2, HostSlice::BF16(&wb)),
+                (3, HostSlice::F16(&wh)),
+            ] {
                 let cw = c.upload_slice(&sw, data).unwrap();
                 let want = c.matmul(&cx, &cw, Some(&cb), Transpose::NT).unwrap();
                 let got = g.matmul(&gx, &ws[i], Some(&ws[0]), Transpose::NT).unwrap();

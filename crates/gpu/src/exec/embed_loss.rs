@@ -16,24 +16,17 @@ impl GpuExecutor {
 
     /// Row ranges of a `[V, C]` table that each fit one binding.
     fn table_chunks(&self, v: usize, c: usize, dtype: DType) -> Result<Vec<(usize, usize)>> {
-        // bf16 rows are half as wide; the chunker counts f32 elements.
-        let w = if dtype == DType::BF16 {
-            c.div_ceil(2) + 1
-        } else {
-            c
-        };
+        // bf16 and f16 rows are half as wide; the chunker counts f32 elements.
+        let w = if dtype != DType::F32 { c.div_ceil(2) + 1 } else { c };
         self.row_chunks(v, &[w])
     }
 
     pub(crate) fn embedding_impl(&self, ids: &[u32], table: &GpuTensor) -> Result<GpuTensor> {
         let name = "embedding";
-        if table.shape.rank() != 2 || table.dtype == DType::F16 {
+        if table.shape.rank() != 2 {
             return Err(Error::shape(
                 name,
-                format!(
-                    "table {} ({}) must be [V, C] f32 or bf16",
-                    table.shape, table.dtype
-                ),
+                format!("table {} ({}) must be [V, C]", table.shape, table.dtype),
             ));
         }
         let (v, c) = (table.dims()[0], table.dims()[1]);
@@ -42,10 +35,10 @@ impl GpuExecutor {
         if ids.is_empty() {
             return Ok(out);
         }
-        let kernel = if table.dtype == DType::BF16 {
-            Kernel::GatherBf16
-        } else {
-            Kernel::GatherF32
+        let kernel = match table.dtype {
+            DType::F32 => Kernel::GatherF32,
+            DType::BF16 => Kernel::GatherBf16,
+            DType::F16 => Kernel::GatherF16,
         };
         let mut op = self.op(name);
         // Positions and table rows both in chunks that fit one binding.

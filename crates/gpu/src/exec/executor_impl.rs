@@ -1,9 +1,9 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AttentionGrads, AttentionOut, CrossEntropyOut, DType, Download, Executor, HostSlice, HostTensor,
-    MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose,
-    WeightSlot, WeightUpload,
+    AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor, HostSlice,
+    HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
+    TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -14,6 +14,30 @@ impl Executor for GpuExecutor {
 
     fn name(&self) -> String {
         format!("gpu: {}", self.ctx.info)
+    }
+
+    /// F16 runs on every adapter: on tensor cores where it has cooperative
+    /// matrices, else on the SIMT kernel rounding operands the same way.
+    fn set_compute_precision(&mut self, p: ComputePrecision) -> Result<()> {
+        if p == ComputePrecision::F16
+            && matches!(self.f16_matmul, crate::F16Matmul::Coop(_))
+            && !self.ctx.has_cooperative_matrix()
+        {
+            return Err(crate::GpuError::Unsupported {
+                op: "set_compute_precision",
+                detail: format!(
+                    "tensor-core matmuls were asked for, but adapter '{}' has no 16x16x16 f16 cooperative matrices",
+                    self.ctx.info.name
+                ),
+            }
+            .into());
+        }
+        self.precision = p;
+        Ok(())
+    }
+
+    fn compute_precision(&self) -> ComputePrecision {
+        self.precision
     }
 
     fn upload(&self, t: &HostTensor) -> Result<GpuTensor> {

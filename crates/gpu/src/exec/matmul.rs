@@ -1,12 +1,68 @@
-//! Matmul forward and backward on top of one tiled kernel (f32 or packed-bf16
-//! B operand). Operands larger than one storage binding are processed as a
-//! grid of sub-blocks, each bound as its own range.
+//! Matmul forward and backward on top of one tiled kernel (f32, packed-bf16
+//! or packed-f16 B operand), and under the F16 compute precision on the
+//! tensor-core kernels (`crate::coop`) where the adapter has cooperative
+//! matrices, else on the same tiled kernel rounding its operands to f16.
+//! Operands larger than one storage binding are processed as a grid of
+//! sub-blocks, each bound as its own range.
 
-use megatrain_tensor::{DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
+use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
 
-use super::{GpuExecutor, Op, need_f32, u};
-use crate::kernels::Kernel;
+use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
+use crate::coop::{CoopMatmul, CoopTile};
+use crate::kernels::{Kernel, MatmulB, SimtMatmul};
 use crate::tensor::GpuTensor;
+
+/// Which kernels run matmuls under the F16 compute precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum F16Matmul {
+    /// The tuned tensor-core kernel where the adapter has cooperative
+    /// matrices, else the SIMT kernel.
+    #[default]
+    Auto,
+    /// The SIMT tiled kernel rounding operands to f16 (any adapter).
+    Simt,
+    /// A tensor-core tile (the adapter must have cooperative matrices).
+    Coop(CoopTile),
+    /// A tensor-core tile's kernel with the cooperative-matrix operations
+    /// emulated in plain WGSL: any adapter whose workgroup memory holds the
+    /// tile in f32, slowly. For checking the kernels without tensor cores.
+    CoopEmulated(CoopTile),
+}
+
+impl std::fmt::Display for F16Matmul {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            F16Matmul::Auto => f.write_str("auto"),
+            F16Matmul::Simt => f.write_str("simt"),
+            F16Matmul::Coop(t) => f.write_str(t.name()),
+            F16Matmul::CoopEmulated(t) => write!(f, "{}_sw", t.name()),
+        }
+    }
+}
+
+/// Slot of `shaders/matmul_scale.wgsl`'s `NO_SCALE`: an operand used as
+/// stored (f16 weights).
+const NO_SCALE: u32 = u32::MAX;
+
+/// The f16 operand scales of one op: a device buffer of max|x| words
+/// (`shaders/absmax.wgsl`) and which word belongs to which operand.
+#[derive(Clone, Copy)]
+pub(crate) struct Scales<'a> {
+    buf: &'a GpuTensor,
+    a: u32,
+    b: u32,
+}
+
+/// The kernel family one product runs on.
+#[derive(Clone, Copy)]
+enum Path {
+    Simt(SimtMatmul),
+    Coop {
+        tile: CoopTile,
+        b_f16: bool,
+        emulated: bool,
+    },
+}
 
 /// Multiple that chunk sizes are rounded to (the larger tile).
 const TILE: usize = 128;
@@ -39,6 +95,7 @@ fn halve(x: usize) -> usize {
 }
 
 impl GpuExecutor {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_raw(
         &self,
         op: &mut Op<'_>,
@@ -47,6 +104,7 @@ impl GpuExecutor {
         bias: Option<&GpuTensor>,
         c: &GpuTensor,
         d: Mm,
+        scales: Option<Scales<'_>>,
     ) -> Result<()> {
         if d.m == 0 || d.n == 0 {
             return Ok(());
@@ -57,15 +115,39 @@ impl GpuExecutor {
         }
         // 128-wide tiles once there are enough of them to fill a large GPU;
         // below that, 64-wide tiles keep more workgroups in flight.
-        let tile = self
+        let big = self
             .matmul_tile
-            .unwrap_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 }) as usize;
-        let kernel = match (b.dtype == DType::BF16, tile == 128) {
-            (false, false) => Kernel::MatmulF32,
-            (true, false) => Kernel::MatmulBf16,
-            (false, true) => Kernel::MatmulF32Big,
-            (true, true) => Kernel::MatmulBf16Big,
+            .unwrap_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 })
+            == 128;
+        let b_kind = match b.dtype {
+            DType::F32 => MatmulB::F32,
+            DType::BF16 => MatmulB::Bf16,
+            DType::F16 => MatmulB::F16,
         };
+        let simt = |f16| Path::Simt(SimtMatmul { big, b: b_kind, f16 });
+        let path = match scales {
+            None => simt(false),
+            // The tensor-core kernels take f32 or f16 B; bf16 B (never on the
+            // f16 path's transport) stays on the SIMT kernel.
+            Some(_) => match (self.f16_matmul_kernel(), b_kind) {
+                (F16Matmul::Coop(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
+                    tile,
+                    b_f16: b_kind == MatmulB::F16,
+                    emulated: false,
+                },
+                (F16Matmul::CoopEmulated(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
+                    tile,
+                    b_f16: b_kind == MatmulB::F16,
+                    emulated: true,
+                },
+                _ => simt(true),
+            },
+        };
+        let scale_view = match scales {
+            Some(s) => Some(self.full(s.buf)?),
+            None => None,
+        };
+        let (slot_a, slot_b) = scales.map_or((0, 0), |s| (s.a, s.b));
         let (lda, ldb, ldc) = (
             if d.ta { d.m } else { d.k },
             if d.tb { d.k } else { d.n },
@@ -107,15 +189,15 @@ impl GpuExecutor {
                 u(lda),
                 u(ldb),
                 u(ldc),
+                slot_a,
+                slot_b,
+                0,
+                0,
                 0,
                 0,
             ];
-            let grid = [
-                d.n.div_ceil(tile) as u32,
-                d.m.div_ceil(tile) as u32,
-                d.batch as u32,
-            ];
-            op.dispatch(kernel, &params, &[av, bv, bias_view, cv], grid);
+            let views = [av, bv, bias_view, cv];
+            self.dispatch_mm(op, path, params, &views, scale_view, d.batch);
             return Ok(());
         }
         // Chunked path: shrink the block until every operand's range fits.
@@ -123,8 +205,8 @@ impl GpuExecutor {
         let span = |rows: usize, ld: usize, cols: usize| (rows - 1) * ld + cols;
         let (mut mc, mut nc, mut kc) = (d.m, d.n, d.k.min(k_cap / TILE * TILE));
         loop {
-            // b's span is in elements of its dtype: bf16 counts half.
-            let bscale = if b.dtype == DType::BF16 { 2 } else { 1 };
+            // b's span is in elements of its dtype: bf16 and f16 count half.
+            let bscale = if b.dtype == DType::F32 { 1 } else { 2 };
             let a_span = if d.ta {
                 span(kc, lda, mc)
             } else {
@@ -204,20 +286,136 @@ impl GpuExecutor {
                             u(lda),
                             u(ldb),
                             u(ldc),
+                            slot_a,
+                            slot_b,
+                            0,
+                            0,
                             0,
                             0,
                         ];
-                        let grid = [
-                            (n1 - n0).div_ceil(tile) as u32,
-                            (m1 - m0).div_ceil(tile) as u32,
-                            1,
-                        ];
-                        op.dispatch(kernel, &params, &[av, bv, bias_view, cv], grid);
+                        let views = [av, bv, bias_view, cv];
+                        self.dispatch_mm(op, path, params, &views, scale_view, 1);
                     }
                 }
             }
         }
         Ok(())
+    }
+
+    /// Records one product: `params` as matmul.wgsl's `Params`, `views` the
+    /// A, B, bias and C bindings, `batch` the grid's depth. The tensor-core
+    /// kernels run whole tiles on the interior pipeline (vector loads, no
+    /// bounds checks) when the operands allow it, and the M and N edge
+    /// strips on the checked one.
+    fn dispatch_mm(
+        &self,
+        op: &mut Op<'_>,
+        path: Path,
+        mut params: [u32; 20],
+        views: &[View<'_>; 4],
+        scale_view: Option<View<'_>>,
+        batch: usize,
+    ) {
+        let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
+        let mut all: Vec<View<'_>> = views.to_vec();
+        all.extend(scale_view);
+        let (tile, b_f16, emulated) = match path {
+            Path::Simt(v) => {
+                let t = if v.big { 128 } else { 64 };
+                let grid = [n.div_ceil(t) as u32, m.div_ceil(t) as u32, batch as u32];
+                op.dispatch(Kernel::Matmul(v), &params, &all, grid);
+                return;
+            }
+            Path::Coop {
+                tile,
+                b_f16,
+                emulated,
+            } => (tile, b_f16, emulated),
+        };
+        let s = tile.shape();
+        let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
+        let flags = params[3];
+        let variant = |edge| CoopMatmul {
+            tile,
+            ta: flags & 1 != 0,
+            tb: flags & 2 != 0,
+            tc: flags & 16 != 0,
+            edge,
+            b_f16,
+            emulated,
+        };
+        // Vector loads read four elements of the contiguous dimension at a
+        // 16-byte (f32) or 8-byte (f16) boundary: every start the kernel
+        // forms (offset, batch stride, leading dimension, tile origins) must
+        // be a multiple of 4 elements.
+        let aligned = [params[4], params[5], params[8], params[9], params[11], params[12]]
+            .iter()
+            .all(|x| x % 4 == 0);
+        let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));
+        let (mf, nf) = if aligned && k.is_multiple_of(bk) {
+            (m / bm, n / bn)
+        } else {
+            (0, 0)
+        };
+        let mut run = |edge: bool, x0: usize, y0: usize, gx: usize, gy: usize| {
+            if gx == 0 || gy == 0 {
+                return;
+            }
+            params[16] = x0 as u32;
+            params[17] = y0 as u32;
+            let grid = [gx as u32, gy as u32, batch as u32];
+            op.dispatch(Kernel::MatmulCoop(variant(edge)), &params, &all, grid);
+        };
+        run(false, 0, 0, nf, mf);
+        // The right strip (all rows), then the bottom strip left of it.
+        run(true, nf, 0, nt - nf, mt);
+        run(true, 0, mf, nf, mt - mf);
+    }
+
+    /// The f16 matmul kernel family in use (Auto resolved for this adapter).
+    pub fn f16_matmul_kernel(&self) -> F16Matmul {
+        match self.f16_matmul {
+            F16Matmul::Auto if self.ctx.has_cooperative_matrix() => F16Matmul::Coop(CoopTile::Tile128),
+            F16Matmul::Auto => F16Matmul::Simt,
+            k => k,
+        }
+    }
+
+    /// Records max|x| of each operand into a fresh scales buffer (f16
+    /// weights get no slot: they are used as stored). `None` under F32.
+    pub(crate) fn operand_maxima(
+        &self,
+        op: &mut Op<'_>,
+        operands: &[&GpuTensor],
+    ) -> Result<Option<(GpuTensor, Vec<u32>)>> {
+        if self.precision != ComputePrecision::F16 {
+            return Ok(None);
+        }
+        let buf = self.alloc(Shape::new([operands.len()]), DType::F32)?;
+        op.clear(buf.buffer(), buf.byte_len());
+        let mut slots = Vec::with_capacity(operands.len());
+        for (i, t) in operands.iter().enumerate() {
+            let kernel = match t.dtype {
+                DType::F16 => {
+                    slots.push(NO_SCALE);
+                    continue;
+                }
+                DType::F32 => Kernel::AbsmaxF32,
+                DType::BF16 => Kernel::AbsmaxBf16,
+            };
+            let out = self.full(&buf)?;
+            // One element per 4-byte "row": ranges that fit one binding.
+            for (start, count) in self.row_chunks(t.numel(), &[1])? {
+                if count == 0 {
+                    continue;
+                }
+                let v = self.view(t, start, count)?;
+                let params = [u(count), v.elem_off, i as u32, 0];
+                op.dispatch(kernel, &params, &[v, out], grid_for(count.div_ceil(256 * 16)));
+            }
+            slots.push(i as u32);
+        }
+        Ok(Some((buf, slots)))
     }
 
     pub(crate) fn matmul_impl(
@@ -241,7 +439,13 @@ impl GpuExecutor {
         out_dims.extend([g.m, g.n]);
         let c = self.alloc_f32(out_dims)?;
         let mut op = self.op("matmul");
-        self.matmul_raw(&mut op, a, b, bias, &c, g.forward())?;
+        let maxima = self.operand_maxima(&mut op, &[a, b])?;
+        let scales = maxima.as_ref().map(|(buf, s)| Scales {
+            buf,
+            a: s[0],
+            b: s[1],
+        });
+        self.matmul_raw(&mut op, a, b, bias, &c, g.forward(), scales)?;
         op.finish()?;
         Ok(c)
     }
@@ -266,6 +470,15 @@ impl GpuExecutor {
         }
         let (m, n, k, nb) = (g.m, g.n, g.k, g.batch);
         let mut op = self.op("matmul_backward");
+        // Each operand is scaled by its own max over the whole tensor.
+        let maxima = self.operand_maxima(&mut op, &[a, b, dout])?;
+        let scales = |x: usize, y: usize| {
+            maxima.as_ref().map(|(buf, s)| Scales {
+                buf,
+                a: s[x],
+                b: s[y],
+            })
+        };
         let da = if needs.da {
             // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
             let da = self.alloc_f32(a.shape.clone())?;
@@ -283,7 +496,7 @@ impl GpuExecutor {
                 c_bstride: m * k,
                 accumulate: false,
             };
-            self.matmul_raw(&mut op, dout, b, None, &da, d)?;
+            self.matmul_raw(&mut op, dout, b, None, &da, d, scales(2, 1))?;
             Some(da)
         } else {
             None
@@ -327,9 +540,9 @@ impl GpuExecutor {
                 }
             };
             if !t.b {
-                self.matmul_raw(&mut op, a, dout, None, &db, d)?;
+                self.matmul_raw(&mut op, a, dout, None, &db, d, scales(0, 2))?;
             } else {
-                self.matmul_raw(&mut op, dout, a, None, &db, d)?;
+                self.matmul_raw(&mut op, dout, a, None, &db, d, scales(2, 0))?;
             }
             Some(db)
         } else {
@@ -346,13 +559,6 @@ impl GpuExecutor {
 
     fn geometry(&self, op: &'static str, a: &GpuTensor, b: &GpuTensor, t: Transpose) -> Result<Geometry> {
         need_f32(op, a)?;
-        if b.dtype == DType::F16 {
-            return Err(Error::DType {
-                op,
-                expected: DType::F32,
-                got: b.dtype,
-            });
-        }
         let (ad, bd) = (a.dims(), b.dims());
         if ad.len() < 2 || bd.len() < 2 {
             return Err(Error::shape(

@@ -9,6 +9,8 @@ mod matmul;
 mod norm;
 mod transport_impl;
 
+pub use matmul::F16Matmul;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -47,6 +49,9 @@ pub struct GpuOptions {
     /// How layers move between host and device (`Auto`: by measurement in
     /// `prepare_transport`).
     pub transport: crate::TransportChoice,
+    /// The kernels of matmuls under the F16 compute precision (`Auto`:
+    /// tensor cores where the adapter has cooperative matrices).
+    pub f16_matmul: F16Matmul,
 }
 
 pub struct GpuExecutor {
@@ -57,6 +62,8 @@ pub struct GpuExecutor {
     align: u64,
     poison: bool,
     matmul_tile: Option<u32>,
+    f16_matmul: F16Matmul,
+    precision: megatrain_tensor::ComputePrecision,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
     profiler: Profiler,
@@ -188,8 +195,7 @@ impl<'e> Op<'e> {
     pub fn dispatch(&mut self, k: Kernel, params: &[u32], views: &[View<'_>], grid: [u32; 3]) {
         let ex = self.ex;
         let pipeline = ex.kernels.get(&ex.ctx.device, k);
-        let spec = k.spec();
-        debug_assert_eq!(spec.bindings.len(), views.len(), "{:?} binding count", k);
+        debug_assert_eq!(pipeline.bindings.len(), views.len(), "{:?} binding count", k);
         let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
         bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
         let offset = (self.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
@@ -218,7 +224,7 @@ impl<'e> Op<'e> {
                 size: wgpu::BufferSize::new(bytes.len() as u64),
             }),
         }];
-        for (b, v) in spec.bindings.iter().zip(views) {
+        for (b, v) in pipeline.bindings.iter().zip(views) {
             entries.push(wgpu::BindGroupEntry {
                 binding: *b,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -230,7 +236,7 @@ impl<'e> Op<'e> {
         }
         let make = || {
             ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(spec.entry),
+                label: Some(pipeline.entry),
                 layout: &pipeline.layout,
                 entries: &entries,
             })
@@ -468,6 +474,8 @@ impl GpuExecutor {
             align,
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
+            f16_matmul: opts.f16_matmul,
+            precision: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
                 if info.driver.contains("llvmpipe") || info.name.contains("llvmpipe") {
@@ -620,13 +628,6 @@ impl GpuExecutor {
                 ),
             ));
         }
-        if dtype == DType::F16 {
-            return Err(GpuError::Unsupported {
-                op: "upload",
-                detail: "f16 tensors are not used on the GPU; convert to f32 or bf16".into(),
-            }
-            .into());
-        }
         let t = self.alloc(shape.clone(), dtype)?;
         if !bytes.is_empty() {
             if bytes.len().is_multiple_of(4) {
@@ -696,7 +697,13 @@ impl GpuExecutor {
                     .collect();
                 HostData::BF16(all[..n].to_vec())
             }
-            DType::F16 => unreachable!("f16 tensors are never created on the device"),
+            DType::F16 => {
+                let all: Vec<half::f16> = bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect();
+                HostData::F16(all[..n].to_vec())
+            }
         };
         HostTensor::new(t.shape.clone(), data)
     }

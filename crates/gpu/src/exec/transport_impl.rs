@@ -151,13 +151,6 @@ impl GpuExecutor {
         let align = self.align.max(4);
         for p in params {
             p.validate("load_weights")?;
-            if p.dtype == DType::F16 {
-                return Err(GpuError::Unsupported {
-                    op: "load_weights",
-                    detail: "f16 weights are not used on the GPU; load them as f32 or bf16".into(),
-                }
-                .into());
-            }
             bytes = bytes.div_ceil(align) * align;
             offsets.push(bytes);
             bytes += storage_bytes(p.dtype, p.shape.numel());
@@ -233,6 +226,7 @@ impl GpuExecutor {
                     (HostSlice::BF16(v), _) => {
                         out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes()))
                     }
+                    (HostSlice::F16(v), DType::F16) => out.copy_from_slice(bytemuck::cast_slice(v)),
                     (HostSlice::F16(v), _) => out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes())),
                 }
             }

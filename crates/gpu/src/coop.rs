@@ -1,0 +1,395 @@
+//! The tensor-core matmul family: WGSL for each variant, put together from
+//! the sections of `shaders/matmul_coop.wgsl` and generated code (tile
+//! constants, the unrolled fragment loads, multiply-adds and stores).
+//!
+//! A variant is an instantiation, not a branch: layout (ta, tb, tc), tile
+//! shape, edge handling and the B operand's storage are all compile-time
+//! constants of its pipeline, so the inner loop holds no runtime flag.
+
+use std::fmt::Write;
+
+const SCALE: &str = include_str!("../../../shaders/matmul_scale.wgsl");
+const COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
+
+/// Workgroup memory the tuned variants may use: NVIDIA's Vulkan limit.
+pub const WORKGROUP_BYTES_MAX: u32 = 48 << 10;
+
+/// The workgroup tiles of the tensor-core kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CoopTile {
+    /// 64x64, 4 subgroups of 2x2 fragments, K step 32, one buffer and two
+    /// barriers per step: the shape of the kernel first checked on an H100
+    /// (29 TFLOP/s), kept beside the tuned ones as a reference.
+    Simple64,
+    /// 128x128, 8 subgroups of 4x2 fragments, K step 32, double-buffered.
+    Tile128,
+    /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
+    Tile128x256,
+    /// 64x64, 4 subgroups of 2x2 fragments, K step 16, double-buffered:
+    /// the tuned tiles' code at a size whose software-emulated variant fits
+    /// lavapipe's 32 KiB of workgroup memory.
+    Small64,
+    /// 16x64, 2 subgroups of 1x2 fragments, K step 16, double-buffered: an
+    /// uneven fragment block and subgroup grid, for the same purpose.
+    Small16x64,
+}
+
+/// Sizes of a [`CoopTile`]: the workgroup's tile of C, its K step, and how
+/// its subgroups divide the tile.
+#[derive(Debug, Clone, Copy)]
+pub struct TileShape {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    /// Subgroups along M and along N.
+    pub sg_m: u32,
+    pub sg_n: u32,
+    pub double_buffer: bool,
+}
+
+impl TileShape {
+    /// 16x16 fragments per subgroup along M and N.
+    pub fn frags(&self) -> (u32, u32) {
+        (self.bm / self.sg_m / 16, self.bn / self.sg_n / 16)
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.sg_m * self.sg_n * 32
+    }
+}
+
+impl CoopTile {
+    pub const ALL: [CoopTile; 5] = [
+        CoopTile::Simple64,
+        CoopTile::Tile128,
+        CoopTile::Tile128x256,
+        CoopTile::Small64,
+        CoopTile::Small16x64,
+    ];
+
+    pub fn shape(self) -> TileShape {
+        match self {
+            CoopTile::Simple64 => TileShape {
+                bm: 64,
+                bn: 64,
+                bk: 32,
+                sg_m: 2,
+                sg_n: 2,
+                double_buffer: false,
+            },
+            CoopTile::Tile128 => TileShape {
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                sg_m: 2,
+                sg_n: 4,
+                double_buffer: true,
+            },
+            CoopTile::Tile128x256 => TileShape {
+                bm: 128,
+                bn: 256,
+                bk: 16,
+                sg_m: 2,
+                sg_n: 4,
+                double_buffer: true,
+            },
+            CoopTile::Small64 => TileShape {
+                bm: 64,
+                bn: 64,
+                bk: 16,
+                sg_m: 2,
+                sg_n: 2,
+                double_buffer: true,
+            },
+            CoopTile::Small16x64 => TileShape {
+                bm: 16,
+                bn: 64,
+                bk: 16,
+                sg_m: 1,
+                sg_n: 2,
+                double_buffer: true,
+            },
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CoopTile::Simple64 => "coop64",
+            CoopTile::Tile128 => "coop128",
+            CoopTile::Tile128x256 => "coop128x256",
+            CoopTile::Small64 => "coop64db",
+            CoopTile::Small16x64 => "coop16x64",
+        }
+    }
+}
+
+/// One tensor-core matmul pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CoopMatmul {
+    pub tile: CoopTile,
+    pub ta: bool,
+    pub tb: bool,
+    /// Store C transposed ([N, M]).
+    pub tc: bool,
+    /// Bounds-checked scalar loads and stores (tiles on the M/N edges, K not
+    /// a multiple of the K step, or operands not aligned for vector loads);
+    /// otherwise whole tiles through vector loads.
+    pub edge: bool,
+    /// B is stored as f16 (a weight's f16 transport copy), else f32.
+    pub b_f16: bool,
+    /// The same kernel with the cooperative-matrix operations emulated in
+    /// plain WGSL and f16 values held in f32: runs on any adapter (slowly),
+    /// so that the kernels' indexing, staging, double buffering and
+    /// epilogue are checked where no tensor cores are.
+    pub emulated: bool,
+}
+
+impl CoopMatmul {
+    /// Every variant, for compiling them all (tests) and warming up.
+    pub fn all() -> Vec<CoopMatmul> {
+        let mut v = Vec::new();
+        for tile in CoopTile::ALL {
+            for bits in 0..64u32 {
+                let f = |i: u32| (bits >> i) & 1 == 1;
+                v.push(CoopMatmul {
+                    tile,
+                    ta: f(0),
+                    tb: f(1),
+                    tc: f(2),
+                    edge: f(3),
+                    b_f16: f(4),
+                    emulated: f(5),
+                });
+            }
+        }
+        v
+    }
+
+    /// Rows and columns (columns contiguous) of the A and B tiles as they lie
+    /// in global memory, which is also how they are staged.
+    fn operand_tiles(&self) -> ((u32, u32), (u32, u32)) {
+        let s = self.tile.shape();
+        let a = if self.ta { (s.bk, s.bm) } else { (s.bm, s.bk) };
+        let b = if self.tb { (s.bn, s.bk) } else { (s.bk, s.bn) };
+        (a, b)
+    }
+
+    /// Bytes of workgroup memory: the f16 operand tiles (padded rows, one or
+    /// two buffers) and one f32 fragment per subgroup for the epilogue.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let s = self.tile.shape();
+        let ((ar, ac), (br, bc)) = self.operand_tiles();
+        let bufs = if s.double_buffer { 2 } else { 1 };
+        let halfs = bufs * (ar * (ac + 8) + br * (bc + 8));
+        let elem = if self.emulated { 4 } else { 2 };
+        halfs * elem + s.sg_m * s.sg_n * 256 * 4
+    }
+
+    pub fn label(&self) -> String {
+        format!(
+            "{}{}_{}{}{}{}{}",
+            self.tile.name(),
+            if self.emulated { "_sw" } else { "" },
+            if self.ta { "T" } else { "N" },
+            if self.tb { "T" } else { "N" },
+            if self.tc { "_tc" } else { "" },
+            if self.edge { "_edge" } else { "" },
+            if self.b_f16 { "_bf16w" } else { "" }
+        )
+    }
+
+    /// The WGSL of this variant (entry point `main`).
+    pub fn source(&self) -> String {
+        let s = self.tile.shape();
+        let (fm, fnn) = s.frags();
+        let ((ar, ac), (br, bc)) = self.operand_tiles();
+        let threads = s.threads();
+        // Whole vec4s per thread in the vector loaders, whole elements in
+        // the scalar ones: true of every shape above, checked here so that a
+        // new shape cannot silently skip part of a tile.
+        assert_eq!((ar * ac) % (4 * threads), 0, "{self:?}: A tile per thread");
+        assert_eq!((br * bc) % (4 * threads), 0, "{self:?}: B tile per thread");
+        assert!(s.bk.is_multiple_of(16) && ac.is_multiple_of(4) && bc.is_multiple_of(4));
+        assert_eq!(threads, 32 * s.sg_m * s.sg_n);
+
+        let mut out = String::with_capacity(16 << 10);
+        if !self.emulated {
+            out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n\n");
+        }
+        let b = |x: bool| if x { "true" } else { "false" };
+        let _ = writeln!(out, "// Variant {}", self.label());
+        let _ = writeln!(
+            out,
+            "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;",
+            s.bm, s.bn, s.bk
+        );
+        let _ = writeln!(
+            out,
+            "const SG_M: u32 = {}u;\nconst SG_N: u32 = {}u;\nconst FM: u32 = {fm}u;\nconst FN: u32 = {fnn}u;",
+            s.sg_m, s.sg_n
+        );
+        let _ = writeln!(out, "const NBUF: u32 = {}u;", if s.double_buffer { 2 } else { 1 });
+        let _ = writeln!(
+            out,
+            "const TA: bool = {};\nconst TB: bool = {};\nconst TC: bool = {};\nconst EDGE: bool = {};",
+            b(self.ta),
+            b(self.tb),
+            b(self.tc),
+            b(self.edge)
+        );
+        let _ = writeln!(
+            out,
+            "const A_ROWS: u32 = {ar}u;\nconst A_COLS: u32 = {ac}u;\nconst B_ROWS: u32 = {br}u;\nconst B_COLS: u32 = {bc}u;\n"
+        );
+        out.push_str(SCALE);
+        out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
+        out.push_str(section("common"));
+        if self.emulated {
+            out.push_str(section("emulation"));
+        }
+        if self.b_f16 {
+            out.push_str(section(match (self.edge, self.emulated) {
+                (false, false) => "b16_hw",
+                (true, false) => "b16_edge_hw",
+                (false, true) => "b16_sw",
+                (true, true) => "b16_edge_sw",
+            }));
+        }
+        out.push_str(section(if self.edge { "a_edge" } else { "a_vec" }));
+        out.push_str(section(match (self.b_f16, self.edge) {
+            (false, false) => "b_f32_vec",
+            (false, true) => "b_f32_edge",
+            (true, false) => "b_f16_vec",
+            (true, true) => "b_f16_edge",
+        }));
+
+        let mut acc = String::new();
+        let acc_ty = if self.emulated {
+            "array<f32, 8>"
+        } else {
+            "coop_mat16x16<f32, C>"
+        };
+        for i in 0..fm {
+            for j in 0..fnn {
+                let _ = writeln!(acc, "    var acc{i}_{j} = {acc_ty}();");
+            }
+        }
+        let load = |role: &str, buf: &str, idx: &str, stride: &str, row_major: bool| {
+            if self.emulated {
+                format!("Frag({idx}, {stride}, {row_major})")
+            } else {
+                let f = if row_major { "coopLoadT" } else { "coopLoad" };
+                format!("{f}<coop_mat16x16<f16, {role}>>(&{buf}[{idx}], {stride})")
+            }
+        };
+
+        // One K step of the fragments in buffer (abuf, bbuf).
+        let mut mma = String::new();
+        mma.push_str("        for (var kk = 0u; kk < BK; kk += 16u) {\n");
+        // A is staged [m][k] (row-major fragments) unless transposed, B
+        // [k][n] unless transposed.
+        for i in 0..fm {
+            let idx = if self.ta {
+                format!("abuf + kk * LDA_S + wm0 + {}u", 16 * i)
+            } else {
+                format!("abuf + (wm0 + {}u) * LDA_S + kk", 16 * i)
+            };
+            let _ = writeln!(mma, "            let ia{i} = {idx};");
+            let f = load("A", "a_s", &format!("ia{i}"), "lda_s", !self.ta);
+            let _ = writeln!(mma, "            let fa{i} = {f};");
+        }
+        for j in 0..fnn {
+            let idx = if self.tb {
+                format!("bbuf + (wn0 + {}u) * LDB_S + kk", 16 * j)
+            } else {
+                format!("bbuf + kk * LDB_S + wn0 + {}u", 16 * j)
+            };
+            let _ = writeln!(mma, "            let ib{j} = {idx};");
+            let f = load("B", "b_s", &format!("ib{j}"), "ldb_s", !self.tb);
+            let _ = writeln!(mma, "            let fb{j} = {f};");
+        }
+        for i in 0..fm {
+            for j in 0..fnn {
+                let _ = if self.emulated {
+                    writeln!(
+                        mma,
+                        "            acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);"
+                    )
+                } else {
+                    writeln!(
+                        mma,
+                        "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});"
+                    )
+                };
+            }
+        }
+        mma.push_str("        }\n");
+
+        let mut epi = String::new();
+        for i in 0..fm {
+            for j in 0..fnn {
+                let _ = if self.emulated {
+                    writeln!(epi, "    emu_store_t(acc{i}_{j}, cs, ld16, lane);")
+                } else {
+                    writeln!(epi, "    coopStoreT(acc{i}_{j}, &c_s[cs], ld16);")
+                };
+                epi.push_str("    workgroupBarrier();\n");
+                let _ = writeln!(
+                    epi,
+                    "    store_fragment(cs, lane, c_base, m0 + wm0 + {}u, n0 + wn0 + {}u);",
+                    16 * i,
+                    16 * j
+                );
+                epi.push_str("    workgroupBarrier();\n");
+            }
+        }
+
+        let body = section(if s.double_buffer {
+            "loop_double"
+        } else {
+            "loop_single"
+        })
+        .replace("//{{MMA}}\n", &mma);
+        let main = section("main")
+            .replace("//{{ACCUMULATORS}}\n", &acc)
+            .replace("//{{LOOP}}\n", &body)
+            .replace("//{{EPILOGUE}}\n", &epi);
+        out.push_str(&main);
+        out
+    }
+}
+
+/// The text of `//// name` up to the next section of matmul_coop.wgsl.
+fn section(name: &str) -> &'static str {
+    let marker = format!("//// {name}\n");
+    let start = COOP
+        .find(&marker)
+        .unwrap_or_else(|| panic!("matmul_coop.wgsl has no section {name}"))
+        + marker.len();
+    let end = COOP[start..]
+        .find("\n//// ")
+        .map_or(COOP.len(), |e| start + e + 1);
+    &COOP[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_fits_nvidia_workgroup_memory() {
+        for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
+            let bytes = v.workgroup_bytes();
+            assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
+        }
+    }
+
+    #[test]
+    fn every_marker_is_replaced() {
+        for v in CoopMatmul::all() {
+            let src = v.source();
+            assert!(!src.contains("//{{"), "{}: marker left", v.label());
+            assert!(!src.contains("////"), "{}: section header left", v.label());
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! The F16 compute precision on the GPU (crates/tensor/src/precision.rs)
+//! against a host reference built here: each operand scaled by 2^-e from
+//! its own max|x|, rounded to f16 (half's nearest-even), and — forward — an
+//! f64 product scaled back; backward, the CPU executor's f32 products of
+//! those exactly representable operands. Every layout the step uses
+//! (transposes, batched and shared B, the chunked accumulate path), f32 and
+//! f16-stored B, on the SIMT kernel everywhere and on each tensor-core tile
+//! where the adapter has cooperative matrices. The tensor-core kernels'
+//! own code (staging, fragment offsets, double buffering, interior and edge
+//! pipelines, epilogue) also runs everywhere with the cooperative-matrix
+//! operations emulated in plain WGSL, on the tiles whose emulation fits
+//! 32 KiB of workgroup memory.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use common::*;
+use megatrain_gpu::{CoopTile, F16Matmul, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_tensor::{
+    ComputePrecision, DType, Executor, HostTensor, MatmulNeeds, Shape, Transpose, f16, f16_scale_exponent,
+};
+use proptest::prelude::*;
+
+/// Far below the f16 rounding the reference shares with the kernel (2^-11):
+/// what is left is f32 accumulation against f64.
+const TOL: f64 = 1e-5;
+
+fn f16_executor(ctx: Arc<GpuContext>, opts: GpuOptions) -> GpuExecutor {
+    let mut g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            ..opts
+        },
+    );
+    g.set_compute_precision(ComputePrecision::F16).unwrap();
+    g
+}
+
+static SIMT: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+static SIMT_SMALL: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+static SIMT_BIG: OnceLock<Option<GpuExecutor>> = OnceLock::new();
+
+/// The SIMT f16 kernel, whatever the adapter has.
+fn simt(which: usize) -> Option<&'static GpuExecutor> {
+    let (cell, opts) = match which {
+        0 => (&SIMT, GpuOptions::default()),
+        1 => (
+            &SIMT_SMALL,
+            GpuOptions {
+                max_binding_bytes: Some(4096),
+                ..Default::default()
+            },
+        ),
+        _ => (
+            &SIMT_BIG,
+            GpuOptions {
+                matmul_tile: Some(128),
+                ..Default::default()
+            },
+        ),
+    };
+    cell.get_or_init(|| {
+        ctx().map(|c| {
+            f16_executor(
+                c,
+                GpuOptions {
+                    f16_matmul: F16Matmul::Simt,
+                    ..opts
+                },
+            )
+        })
+    })
+    .as_ref()
+}
+
+/// An executor on tensor-core tile `t`, or `None` (with a notice) where the
+/// adapter has no cooperative matrices.
+fn coop(t: CoopTile) -> Option<GpuExecutor> {
+    coop_with(t, GpuOptions::default())
+}
+
+fn coop_with(t: CoopTile, opts: GpuOptions) -> Option<GpuExecutor> {
+    let c = ctx()?;
+    if !c.has_cooperative_matrix() {
+        eprintln!(
+            "adapter '{}' has no 16x16x16 f16 cooperative matrices: tensor-core kernel {} NOT tested here",
+            c.info.name,
+            t.name()
+        );
+        return None;
+    }
+    Some(f16_executor(
+        c,
+        GpuOptions {
+            f16_matmul: F16Matmul::Coop(t),
+            ..opts
+        },
+    ))
+}
+
+/// x scaled, rounded to f16 and scaled back, per tensor: the value the
+/// kernels multiply (exact in f32 for any operand in f32's normal range).
+fn quantize(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let e = f16_scale_exponent(max);
+    x.iter()
+        .map(|&v| (f16::from_f64(v as f64 * 2f64.powi(-e)).to_f64() * 2f64.powi(e)) as f32)
+        .collect()
+}
+
+fn quantized(h: &HostTensor) -> HostTensor {
+    HostTensor::from_f32(h.shape().clone(), quantize(&h.to_f32_vec())).unwrap()
+}
+
+/// op(A) @ op(B) (+ bias) in f64, batched over A's leading dims, B shared
+/// when it is 2-D.
+fn product_f64(a: &HostTensor, b: &HostTensor, bias: Option<&[f32]>, t: Transpose) -> Vec<f32> {
+    let (ad, bd) = (a.dims(), b.dims());
+    let (r0, r1) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+    let (m, k) = if t.a { (r1, r0) } else { (r0, r1) };
+    let n = if t.b { bd[bd.len() - 2] } else { bd[bd.len() - 1] };
+    let batch: usize = ad[..ad.len() - 2].iter().product();
+    let shared = bd.len() == 2;
+    let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
+    let mut out = Vec::with_capacity(batch * m * n);
+    for z in 0..batch {
+        let ao = z * m * k;
+        let bo = if shared { 0 } else { z * k * n };
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0f64;
+                for p in 0..k {
+                    let x = av[ao + if t.a { p * m + i } else { i * k + p }] as f64;
+                    let y = bv[bo + if t.b { j * k + p } else { p * n + j }] as f64;
+                    s += x * y;
+                }
+                out.push((s + bias.map_or(0.0, |b| b[j] as f64)) as f32);
+            }
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    batch: Vec<usize>,
+    m: usize,
+    n: usize,
+    k: usize,
+    t: Transpose,
+    shared_b: bool,
+    bias: bool,
+    seed: u64,
+}
+
+fn case(max: usize) -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(1usize..3, 0..2),
+        1..max,
+        1..max,
+        1..max,
+        any::<(bool, bool, bool, bool)>(),
+        any::<u64>(),
+    )
+        .prop_map(|(batch, m, n, k, (ta, tb, shared_b, bias), seed)| Case {
+            shared_b: shared_b || batch.is_empty(),
+            batch,
+            m,
+            n,
+            k,
+            t: Transpose { a: ta, b: tb },
+            bias,
+            seed,
+        })
+}
+
+/// Forward (against the f64 reference) and both backward products (against
+/// the CPU on quantized operands) of one case; `scale` multiplies A and
+/// dout so that magnitudes far from 1 are exercised.
+fn check(g: &GpuExecutor, c: &Case, b_dtype: DType, scale: f32) {
+    let mut ad = c.batch.clone();
+    ad.extend(if c.t.a { [c.k, c.m] } else { [c.m, c.k] });
+    let mut bd = if c.shared_b { vec![] } else { c.batch.clone() };
+    bd.extend(if c.t.b { [c.n, c.k] } else { [c.k, c.n] });
+    let mut od = c.batch.clone();
+    od.extend([c.m, c.n]);
+    let scaled = |h: HostTensor| {
+        HostTensor::from_f32(
+            h.shape().clone(),
+            h.to_f32_vec().iter().map(|x| x * scale).collect(),
+        )
+        .unwrap()
+    };
+    let a = scaled(rand_host(c.seed, &ad));
+    let b = rand_host(c.seed ^ 1, &bd).to_dtype(b_dtype);
+    let bias = rand_host(c.seed ^ 2, &[c.n]);
+    let dout = scaled(rand_host(c.seed ^ 3, &od));
+    let b32 = b.to_dtype(DType::F32);
+    let (qa, qb, qd) = (quantized(&a), quantized(&b32), quantized(&dout));
+
+    let (ga, gb, gbias, gd) = (
+        g.upload(&a).unwrap(),
+        g.upload(&b).unwrap(),
+        g.upload(&bias).unwrap(),
+        g.upload(&dout).unwrap(),
+    );
+    let bias_v = bias.to_f32_vec();
+    let y = g.matmul(&ga, &gb, c.bias.then_some(&gbias), c.t).unwrap();
+    let want = product_f64(&qa, &qb, c.bias.then_some(&bias_v[..]), c.t);
+    assert_close(&format!("f16 matmul {c:?} b {b_dtype}"), &down(g, &y), &want, TOL);
+
+    let cpu = cpu();
+    let (ca, cb, cd) = (
+        cpu.upload(&qa).unwrap(),
+        cpu.upload(&qb).unwrap(),
+        cpu.upload(&qd).unwrap(),
+    );
+    let gr = g.matmul_backward(&ga, &gb, &gd, c.t, MatmulNeeds::ALL).unwrap();
+    let rr = cpu.matmul_backward(&ca, &cb, &cd, c.t, MatmulNeeds::ALL).unwrap();
+    for (what, got, want) in [("da", &gr.da, &rr.da), ("db", &gr.db, &rr.db)] {
+        assert_close(
+            &format!("f16 {what} {c:?} b {b_dtype}"),
+            &down(g, got.as_ref().unwrap()),
+            &down_cpu(&cpu, want.as_ref().unwrap()),
+            TOL,
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    #[test]
+    fn simt_f16_matches_host_reference(c in case(70)) {
+        let Some(g) = simt(0) else { return Ok(()) };
+        check(g, &c, DType::F32, 1.0);
+        check(g, &c, DType::F16, 1.0);
+    }
+
+    #[test]
+    fn simt_f16_128_tile_and_binding_ranges(c in case(150)) {
+        if let Some(g) = simt(2) {
+            check(g, &c, DType::F32, 3.0);
+            check(g, &c, DType::BF16, 1.0);
+        }
+        if let Some(g) = simt(1) {
+            check(g, &c, DType::F32, 0.25);
+            check(g, &c, DType::F16, 1.0);
+        }
+    }
+}
+
+/// The layouts and shapes the tensor-core checks run: whole tiles, M and N
+/// edges, K a multiple of the K step or not, all four transposes, batched
+/// and shared B, bias or not.
+fn coop_cases() -> Vec<Case> {
+    let shapes = [(64, 128, 64), (96, 160, 48), (70, 45, 37), (5, 7, 3)];
+    let mut v = Vec::new();
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+            .into_iter()
+            .enumerate()
+        {
+            v.push(Case {
+                batch: if (i + j) % 3 == 0 { vec![2] } else { vec![] },
+                m,
+                n,
+                k,
+                t,
+                shared_b: j % 2 == 0,
+                bias: i % 2 == 0,
+                seed: (i * 4 + j) as u64,
+            });
+        }
+    }
+    v
+}
+
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference() {
+    let Some(c) = ctx() else { return };
+    for tile in [CoopTile::Simple64, CoopTile::Small64, CoopTile::Small16x64] {
+        let g = f16_executor(
+            c.clone(),
+            GpuOptions {
+                f16_matmul: F16Matmul::CoopEmulated(tile),
+                ..Default::default()
+            },
+        );
+        for case in coop_cases() {
+            check(&g, &case, DType::F32, 1.0);
+            // f16 B is a weight: never the transposed-A side of a product.
+            if !case.t.a {
+                check(&g, &case, DType::F16, 1.0);
+            }
+        }
+        check_rounding(&g, &format!("{}_sw", tile.name()));
+    }
+    // Operands bound as several ranges (the chunked path, accumulating K
+    // blocks into C), on one tile: lavapipe compiles these kernels slowly.
+    let g = f16_executor(
+        c,
+        GpuOptions {
+            f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+            max_binding_bytes: Some(16 << 10),
+            ..Default::default()
+        },
+    );
+    for case in coop_cases().into_iter().filter(|c| c.m == 96) {
+        check(&g, &case, DType::F32, 1.0);
+        check(&g, &case, DType::F16, 1.0);
+    }
+}
+
+#[test]
+fn tensor_core_kernels_match_host_reference() {
+    // Whole tiles, M and N edges, K a multiple of the K step or not, all
+    // four transposes, batched and shared B, f32 and f16 B.
+    let shapes = [
+        (256, 256, 64),
+        (200, 300, 96),
+        (129, 257, 100),
+        (64, 33, 17),
+        (5, 7, 3),
+    ];
+    for tile in CoopTile::ALL {
+        let Some(g) = coop(tile) else { continue };
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+                .into_iter()
+                .enumerate()
+            {
+                let c = Case {
+                    batch: if (i + j) % 3 == 0 { vec![2] } else { vec![] },
+                    m,
+                    n,
+                    k,
+                    t,
+                    shared_b: j % 2 == 0,
+                    bias: i % 2 == 0,
+                    seed: (i * 4 + j) as u64,
+                };
+                check(&g, &c, DType::F32, 1.0);
+                check(&g, &c, DType::F16, 1.0);
+            }
+        }
+        // Operands bound as several ranges: the chunked path, which also
+        // accumulates K blocks into C.
+        let small = coop_with(
+            tile,
+            GpuOptions {
+                max_binding_bytes: Some(64 << 10),
+                ..Default::default()
+            },
+        )
+        .expect("adapter checked above");
+        for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+            .into_iter()
+            .enumerate()
+        {
+            let c = Case {
+                batch: vec![2],
+                m: 200,
+                n: 300,
+                k: 96,
+                t,
+                shared_b: j < 2,
+                bias: true,
+                seed: 100 + j as u64,
+            };
+            check(&small, &c, DType::F32, 1.0);
+            check(&small, &c, DType::F16, 1.0);
+        }
+    }
+}
+
+/// Elements whose scaled values are f16 ties, halfway cases below f16's
+/// normal range and random values, as a [n, 1] A times B = [[1]]: each
+/// output is one rounded element, compared exactly with half's
+/// nearest-even rounding (the kernel's own max|x| sets the scale).
+fn rounding_case() -> (Vec<f32>, Vec<f32>) {
+    // max|x| = 1 makes e = -14: x is scaled by 2^14.
+    let s = 2f32.powi(-14);
+    let mut a = vec![1.0f32, -1.0];
+    for i in 0..64 {
+        // 1 + (2i+1)·2^-11: halfway between neighbours of f16's [1, 2).
+        a.push((1.0 + (2 * i + 1) as f32 * 2f32.powi(-11)) * s);
+        a.push(-(1.0 + (2 * i + 1) as f32 * 2f32.powi(-11)) * s);
+        // Halfway between f16 subnormals (quantum 2^-24).
+        a.push((2 * i + 1) as f32 * 2f32.powi(-25) * s);
+        // Just above and below such a tie.
+        a.push(((2 * i + 1) as f32 * 2f32.powi(-25) * (1.0 + 2f32.powi(-20))) * s);
+        a.push(((2 * i + 1) as f32 * 2f32.powi(-25) * (1.0 - 2f32.powi(-20))) * s);
+    }
+    // 2^-25 exactly (ties to 0), just above it (to 2^-24), below f16 entirely.
+    a.extend([2f32.powi(-25) * s, 2f32.powi(-25) * 1.0001 * s, 1e-12, -3e-13]);
+    a.extend(megatrain_tensor::testing::random_f32(3, 300));
+    let want = a.iter().map(|&x| f16::from_f32(x / s).to_f32() * s).collect();
+    (a, want)
+}
+
+fn check_rounding(g: &GpuExecutor, what: &str) {
+    let (a, want) = rounding_case();
+    let n = a.len();
+    let ga = g
+        .upload(&HostTensor::from_f32(Shape::new([n, 1]), a).unwrap())
+        .unwrap();
+    let gb = g
+        .upload(&HostTensor::from_f32(Shape::new([1, 1]), vec![1.0]).unwrap())
+        .unwrap();
+    let got = down(g, &g.matmul(&ga, &gb, None, Transpose::NN).unwrap());
+    for i in 0..n {
+        // Equal as floats: the sign of a zero is the accumulator's (0 + -0).
+        assert!(
+            got[i] == want[i],
+            "{what}: element {i}: got {:e}, want {:e}",
+            got[i],
+            want[i]
+        );
+    }
+}
+
+#[test]
+fn operands_round_to_nearest_even_bit_for_bit() {
+    if let Some(g) = simt(0) {
+        check_rounding(g, "simt");
+    }
+    for tile in CoopTile::ALL {
+        if let Some(g) = coop(tile) {
+            check_rounding(&g, tile.name());
+        }
+    }
+}
+
+/// Operands far outside f16's range (A ~ 1e-30, B ~ 1e25; their product is
+/// ordinary): per-tensor scaling keeps every mantissa bit f16 has. Without
+/// it A would round to zero and B to infinity — the reference without
+/// scaling is checked to be far off, so this test would catch a kernel that
+/// skipped the scaling.
+#[test]
+fn huge_and_tiny_operands_keep_f16_precision() {
+    let (m, k, n) = (19, 37, 23);
+    let a = rand_host(11, &[m, k])
+        .to_f32_vec()
+        .iter()
+        .map(|x| x * 1e-30)
+        .collect::<Vec<_>>();
+    let b = rand_host(12, &[k, n])
+        .to_f32_vec()
+        .iter()
+        .map(|x| x * 1e25)
+        .collect::<Vec<_>>();
+    let (ha, hb) = (
+        HostTensor::from_f32(Shape::new([m, k]), a.clone()).unwrap(),
+        HostTensor::from_f32(Shape::new([k, n]), b.clone()).unwrap(),
+    );
+    let want = product_f64(&quantized(&ha), &quantized(&hb), None, Transpose::NN);
+    let unscaled = |x: &[f32]| x.iter().map(|&v| f16::from_f32(v).to_f32()).collect::<Vec<_>>();
+    let naive = product_f64(
+        &HostTensor::from_f32(Shape::new([m, k]), unscaled(&a)).unwrap(),
+        &HostTensor::from_f32(Shape::new([k, n]), unscaled(&b)).unwrap(),
+        None,
+        Transpose::NN,
+    );
+    let naive_err = megatrain_tensor::testing::rel_norm_err(&naive, &want);
+    assert!(
+        naive_err.is_nan() || naive_err > 0.5,
+        "unscaled f16 is not off: {naive_err}"
+    );
+    let run = |g: &GpuExecutor, what: &str| {
+        let y = g
+            .matmul(
+                &g.upload(&ha).unwrap(),
+                &g.upload(&hb).unwrap(),
+                None,
+                Transpose::NN,
+            )
+            .unwrap();
+        assert_close(what, &down(g, &y), &want, TOL);
+    };
+    if let Some(g) = simt(0) {
+        run(g, "simt");
+    }
+    for tile in CoopTile::ALL {
+        if let Some(g) = coop(tile) {
+            run(&g, tile.name());
+        }
+    }
+}
+
+/// f16 weights holding f16 subnormals (|w| < 2^-14) are used exactly: the
+/// kernels widen f16 without flushing.
+#[test]
+fn f16_weights_keep_subnormals() {
+    let k = 8;
+    let w: Vec<f32> = (0..k * 3)
+        .map(|i| [3e-7f32, -5.9e-8, 1e-5, 0.5][i % 4] * (1 + i % 5) as f32)
+        .collect();
+    let wt = HostTensor::from_f32(Shape::new([k, 3]), w)
+        .unwrap()
+        .to_dtype(DType::F16);
+    let eye: Vec<f32> = (0..k * k)
+        .map(|i| if i % (k + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    let x = HostTensor::from_f32(Shape::new([k, k]), eye).unwrap();
+    let want = wt.to_f32_vec();
+    assert!(
+        want.iter().any(|&v| v != 0.0 && v.abs() < 6.1e-5),
+        "no subnormal in the test"
+    );
+    let check = |g: &GpuExecutor, what: &str| {
+        let y = g
+            .matmul(
+                &g.upload(&x).unwrap(),
+                &g.upload(&wt).unwrap(),
+                None,
+                Transpose::NN,
+            )
+            .unwrap();
+        assert_eq!(down(g, &y), want, "{what}");
+    };
+    if let Some(g) = gpu() {
+        check(g, "f32 precision");
+    }
+    if let Some(g) = simt(0) {
+        check(g, "simt f16");
+    }
+    for tile in CoopTile::ALL {
+        if let Some(g) = coop(tile) {
+            check(&g, tile.name());
+        }
+    }
+}
+
+#[test]
+fn precision_is_reported_and_f32_is_unchanged() {
+    let Some(c) = ctx() else { return };
+    let mut g = GpuExecutor::new(c.clone());
+    assert_eq!(g.compute_precision(), ComputePrecision::F32);
+    g.set_compute_precision(ComputePrecision::F16).unwrap();
+    assert_eq!(g.compute_precision(), ComputePrecision::F16);
+    g.set_compute_precision(ComputePrecision::F32).unwrap();
+    // Back to f32: operands are not rounded to f16.
+    let a = HostTensor::from_f32(Shape::new([1, 1]), vec![0.1]).unwrap();
+    let y = g
+        .matmul(
+            &g.upload(&a).unwrap(),
+            &g.upload(&a).unwrap(),
+            None,
+            Transpose::NN,
+        )
+        .unwrap();
+    assert_eq!(down(&g, &y), vec![0.1f32 * 0.1]);
+    if !c.has_cooperative_matrix() {
+        let mut forced = GpuExecutor::with_options(
+            c,
+            GpuOptions {
+                f16_matmul: F16Matmul::Coop(CoopTile::Tile128),
+                ..Default::default()
+            },
+        );
+        assert!(forced.set_compute_precision(ComputePrecision::F16).is_err());
+    }
+}

@@ -1,0 +1,405 @@
+//// common
+// Tensor-core matmul (cooperative matrices, f16 operands, f32 accumulation)
+// with the F16 compute precision of crates/tensor/src/precision.rs:
+// C[b] = unscale(f16(sa·op(A[b])) @ f16(sb·op(B[b]))) (+ bias) (+ C).
+//
+// A workgroup computes a BM x BN tile of C; its SG_M x SG_N subgroups (32
+// lanes each, on adapters whose subgroups are exactly 32 wide) each own an
+// FM x FN block of 16x16 f32 accumulators. Per K step of BK the workgroup
+// stages the A and B tiles in workgroup memory as f16 — scaled and
+// converted from f32 on the way (f16 weights are copied as they are) — in
+// the operand's own global orientation, so that the global reads coalesce
+// and the fragments are read with coopLoad (column-major) or coopLoadT
+// (row-major) to match. Rows are padded by 8 halfs (16 bytes: the
+// alignment cooperative loads want) so that consecutive rows start on
+// different banks. With two buffers the next tile's global reads are in
+// flight (in registers) while the current one is multiplied, and one
+// barrier per step separates the writes of a buffer from its last reads.
+//
+// The sections of this file are put together per variant by
+// crates/gpu/src/coop.rs, which also generates the constants and the
+// unrolled fragment code (every index and stride handed to a cooperative
+// load or store is a `let` of its own: naga's SPIR-V writer cannot emit
+// one built inside the call). Interior variants read only whole tiles with
+// K a multiple of BK, through vector loads; edge variants check every index
+// and read scalars. Storage variables are not named A, B or C, which the
+// cooperative-matrix extension reserves.
+
+struct Params {
+    m: u32, n: u32, k: u32, flags: u32,
+    a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
+    a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
+    ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
+    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
+}
+
+const HAS_BIAS: u32 = 4u;
+const ACCUMULATE: u32 = 8u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(3) var<storage, read> bias_in: array<f32>;
+@group(0) @binding(4) var<storage, read_write> c_out: array<f32>;
+
+const THREADS: u32 = SG_M * SG_N * 32u;
+// Operand tiles as they lie in global memory are A_ROWS x A_COLS and
+// B_ROWS x B_COLS, columns contiguous (generated constants).
+const LDA_S: u32 = A_COLS + 8u;
+const LDB_S: u32 = B_COLS + 8u;
+const A_TILE: u32 = A_ROWS * LDA_S;
+const B_TILE: u32 = B_ROWS * LDB_S;
+
+var<workgroup> a_s: array<half, NBUF * A_TILE>;
+var<workgroup> b_s: array<half, NBUF * B_TILE>;
+// One 16x16 f32 fragment per subgroup on its way out (row-major).
+var<workgroup> c_s: array<f32, SG_M * SG_N * 256u>;
+
+var<private> sc: OperandScales;
+var<private> li: u32;
+
+// One fragment of C (rows fm.., columns fn0..) from c_s[cs..] to global
+// memory: unscaled, plus bias, plus C when accumulating. Consecutive lanes
+// walk C's contiguous dimension.
+fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
+    for (var r = 0u; r < 8u; r++) {
+        let idx = lane + r * 32u;
+        let row = select(idx / 16u, idx % 16u, TC);
+        let col = select(idx % 16u, idx / 16u, TC);
+        let gm = fm + row;
+        let gn = fn0 + col;
+        if EDGE && (gm >= p.m || gn >= p.n) {
+            continue;
+        }
+        var v = apply(c_s[cs + row * 16u + col], sc.out);
+        if (p.flags & HAS_BIAS) != 0u {
+            v += bias_in[p.bias_off + gn];
+        }
+        let ci = c_base + select(gm * p.ldc + gn, gn * p.ldc + gm, TC);
+        if (p.flags & ACCUMULATE) != 0u {
+            v += c_out[ci];
+        }
+        c_out[ci] = v;
+    }
+}
+
+//// a_vec
+@group(0) @binding(1) var<storage, read> a_in: array<vec4<f32>>;
+const LA: u32 = A_ROWS * A_COLS / 4u / THREADS;
+var<private> ra: array<vec4<f32>, LA>;
+
+fn fetch_a(base: u32, m0: u32, k0: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let v = li + i * THREADS;
+        let r = v / (A_COLS / 4u);
+        let c = (v % (A_COLS / 4u)) * 4u;
+        let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
+        ra[i] = a_in[(base + g) / 4u];
+    }
+}
+
+fn stage_a(buf: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let v = li + i * THREADS;
+        let r = v / (A_COLS / 4u);
+        let c = (v % (A_COLS / 4u)) * 4u;
+        let h = to_half4(ra[i] * sc.a.f0 * sc.a.f1 * sc.a.f2);
+        let s = buf * A_TILE + r * LDA_S + c;
+        a_s[s] = h.x;
+        a_s[s + 1u] = h.y;
+        a_s[s + 2u] = h.z;
+        a_s[s + 3u] = h.w;
+    }
+}
+
+//// a_edge
+@group(0) @binding(1) var<storage, read> a_in: array<f32>;
+const LA: u32 = A_ROWS * A_COLS / THREADS;
+var<private> ra: array<f32, LA>;
+
+fn fetch_a(base: u32, m0: u32, k0: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let e = li + i * THREADS;
+        let r = e / A_COLS;
+        let c = e % A_COLS;
+        let gm = m0 + select(r, c, TA);
+        let gk = k0 + select(c, r, TA);
+        var x = 0.0;
+        if gm < p.m && gk < p.k {
+            x = a_in[base + select(gm * p.lda + gk, gk * p.lda + gm, TA)];
+        }
+        ra[i] = x;
+    }
+}
+
+fn stage_a(buf: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let e = li + i * THREADS;
+        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = to_half(apply(ra[i], sc.a));
+    }
+}
+
+//// b_f32_vec
+@group(0) @binding(2) var<storage, read> b_in: array<vec4<f32>>;
+const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
+var<private> rb: array<vec4<f32>, LB>;
+
+fn fetch_b(base: u32, n0: u32, k0: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let v = li + i * THREADS;
+        let r = v / (B_COLS / 4u);
+        let c = (v % (B_COLS / 4u)) * 4u;
+        let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
+        rb[i] = b_in[(base + g) / 4u];
+    }
+}
+
+fn stage_b(buf: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let v = li + i * THREADS;
+        let r = v / (B_COLS / 4u);
+        let c = (v % (B_COLS / 4u)) * 4u;
+        let h = to_half4(rb[i] * sc.b.f0 * sc.b.f1 * sc.b.f2);
+        let s = buf * B_TILE + r * LDB_S + c;
+        b_s[s] = h.x;
+        b_s[s + 1u] = h.y;
+        b_s[s + 2u] = h.z;
+        b_s[s + 3u] = h.w;
+    }
+}
+
+//// b_f32_edge
+@group(0) @binding(2) var<storage, read> b_in: array<f32>;
+const LB: u32 = B_ROWS * B_COLS / THREADS;
+var<private> rb: array<f32, LB>;
+
+fn fetch_b(base: u32, n0: u32, k0: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let e = li + i * THREADS;
+        let r = e / B_COLS;
+        let c = e % B_COLS;
+        let gk = k0 + select(r, c, TB);
+        let gn = n0 + select(c, r, TB);
+        var x = 0.0;
+        if gn < p.n && gk < p.k {
+            x = b_in[base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB)];
+        }
+        rb[i] = x;
+    }
+}
+
+fn stage_b(buf: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let e = li + i * THREADS;
+        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = to_half(apply(rb[i], sc.b));
+    }
+}
+
+//// b_f16_vec
+// f16 weights, copied into the tile unchanged (`load_b4`: generated).
+const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
+var<private> rb: array<vec4<half>, LB>;
+
+fn fetch_b(base: u32, n0: u32, k0: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let v = li + i * THREADS;
+        let r = v / (B_COLS / 4u);
+        let c = (v % (B_COLS / 4u)) * 4u;
+        let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
+        rb[i] = load_b4((base + g) / 4u);
+    }
+}
+
+fn stage_b(buf: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let v = li + i * THREADS;
+        let r = v / (B_COLS / 4u);
+        let c = (v % (B_COLS / 4u)) * 4u;
+        let h = rb[i];
+        let s = buf * B_TILE + r * LDB_S + c;
+        b_s[s] = h.x;
+        b_s[s + 1u] = h.y;
+        b_s[s + 2u] = h.z;
+        b_s[s + 3u] = h.w;
+    }
+}
+
+//// b_f16_edge
+// (`load_b1`: generated.)
+const LB: u32 = B_ROWS * B_COLS / THREADS;
+var<private> rb: array<half, LB>;
+
+fn fetch_b(base: u32, n0: u32, k0: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let e = li + i * THREADS;
+        let r = e / B_COLS;
+        let c = e % B_COLS;
+        let gk = k0 + select(r, c, TB);
+        let gn = n0 + select(c, r, TB);
+        var x = half(0.0);
+        if gn < p.n && gk < p.k {
+            x = load_b1(base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB));
+        }
+        rb[i] = x;
+    }
+}
+
+fn stage_b(buf: u32) {
+    for (var i = 0u; i < LB; i++) {
+        let e = li + i * THREADS;
+        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = rb[i];
+    }
+}
+
+//// half_hw
+// Tensor-core variants: f16 tiles, hardware conversion.
+alias half = f16;
+
+fn to_half(x: f32) -> half {
+    return f16(x);
+}
+
+fn to_half4(v: vec4<f32>) -> vec4<half> {
+    return vec4<f16>(v);
+}
+
+//// half_sw
+// Software variants (cooperative matrices emulated in plain WGSL, for
+// adapters without them or without f16 in shaders): tiles hold f16 values
+// rounded in f32 (round_f16: nearest-even), products accumulate in f32.
+alias half = f32;
+
+fn to_half(x: f32) -> half {
+    return round_f16(x);
+}
+
+fn to_half4(v: vec4<f32>) -> vec4<half> {
+    return vec4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
+}
+
+//// b16_hw
+@group(0) @binding(2) var<storage, read> b_in: array<vec4<f16>>;
+
+fn load_b4(i: u32) -> vec4<half> {
+    return b_in[i];
+}
+
+//// b16_edge_hw
+@group(0) @binding(2) var<storage, read> b_in: array<f16>;
+
+fn load_b1(i: u32) -> half {
+    return b_in[i];
+}
+
+//// b16_sw
+// f16 weights as stored on the device (two per u32, element 2j low).
+@group(0) @binding(2) var<storage, read> b_in: array<vec2<u32>>;
+
+fn load_b4(i: u32) -> vec4<half> {
+    let w = b_in[i];
+    return vec4(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+//// b16_edge_sw
+@group(0) @binding(2) var<storage, read> b_in: array<u32>;
+
+fn load_b1(i: u32) -> half {
+    return unpack2x16float(b_in[i >> 1u])[i & 1u];
+}
+
+//// emulation
+// A fragment is where it lies in workgroup memory (the loads and the
+// multiply-adds of one K step see the same tiles); an accumulator is the 8
+// elements a lane owns, element r·32 + lane of the row-major 16x16 block.
+// The products are the hardware's (f16 values, f32 sums); only their order
+// differs.
+struct Frag {
+    base: u32,
+    stride: u32,
+    row_major: bool,
+}
+
+fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
+    var out = c;
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let row = e / 16u;
+        let col = e % 16u;
+        var s = out[r];
+        for (var kk = 0u; kk < 16u; kk++) {
+            let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
+            let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
+            s += f32(a_s[ai]) * f32(b_s[bi]);
+        }
+        out[r] = s;
+    }
+    return out;
+}
+
+fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        c_s[base + (e / 16u) * stride + e % 16u] = c[r];
+    }
+}
+
+//// main
+@compute @workgroup_size(THREADS, 1, 1)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) local_index: u32,
+) {
+    li = local_index;
+    sc = operand_scales(p.a_scale, p.b_scale);
+    let sg = li / 32u;
+    let lane = li % 32u;
+    let wm0 = (sg / SG_N) * (FM * 16u);
+    let wn0 = (sg % SG_N) * (FN * 16u);
+    let m0 = (wid.y + p.tile_y0) * BM;
+    let n0 = (wid.x + p.tile_x0) * BN;
+    let a_base = p.a_off + wid.z * p.a_bstride;
+    let b_base = p.b_off + wid.z * p.b_bstride;
+    let c_base = p.c_off + wid.z * p.c_bstride;
+    let lda_s = LDA_S;
+    let ldb_s = LDB_S;
+    let nk = select(p.k / BK, (p.k + BK - 1u) / BK, EDGE);
+//{{ACCUMULATORS}}
+//{{LOOP}}
+    let cs = sg * 256u;
+    let ld16 = 16u;
+//{{EPILOGUE}}
+}
+
+//// loop_double
+    fetch_a(a_base, m0, 0u);
+    fetch_b(b_base, n0, 0u);
+    stage_a(0u);
+    stage_b(0u);
+    workgroupBarrier();
+    for (var t = 0u; t < nk; t++) {
+        let cur = t % 2u;
+        let more = t + 1u < nk;
+        if more {
+            fetch_a(a_base, m0, (t + 1u) * BK);
+            fetch_b(b_base, n0, (t + 1u) * BK);
+        }
+        let abuf = cur * A_TILE;
+        let bbuf = cur * B_TILE;
+//{{MMA}}
+        if more {
+            stage_a(1u - cur);
+            stage_b(1u - cur);
+        }
+        workgroupBarrier();
+    }
+
+//// loop_single
+    for (var t = 0u; t < nk; t++) {
+        fetch_a(a_base, m0, t * BK);
+        fetch_b(b_base, n0, t * BK);
+        stage_a(0u);
+        stage_b(0u);
+        workgroupBarrier();
+        let abuf = 0u;
+        let bbuf = 0u;
+//{{MMA}}
+        workgroupBarrier();
+    }
