@@ -368,3 +368,46 @@ fn warm_steps_allocate_nothing_on_the_device() {
         assert!(tr.executor().bind_group_stats().reused > reused, "{transport}");
     }
 }
+
+/// `--precision f16` on the GPU (tensor cores where the adapter has them,
+/// the SIMT f16 kernel elsewhere, lavapipe included): 20 streamed steps of
+/// llama-tiny follow the f32 run's losses within 1e-2 relative, differ from
+/// them (the rounding is really applied), and follow the CPU executor's f16
+/// run, which defines the precision, as closely as f32 runs follow each
+/// other over those steps.
+#[test]
+fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
+    use megatrain_tensor::ComputePrecision;
+    let Some(ctx) = ctx() else { return };
+    let model = llama_tiny();
+    let mut g16 = GpuExecutor::new(ctx.clone());
+    g16.set_compute_precision(ComputePrecision::F16).unwrap();
+    let mut c16 = CpuExecutor::new();
+    c16.set_compute_precision(ComputePrecision::F16).unwrap();
+    let mut f32_run = trainer_with(GpuExecutor::new(ctx), &model, 2, TransportDType::F32);
+    let mut gpu16 = trainer_with(g16, &model, 2, TransportDType::F16);
+    let mut cpu16 = trainer_with(c16, &model, 2, TransportDType::F16);
+    let (mut worst_f32, mut worst_cpu) = (0.0f64, 0.0f64);
+    for step in 0..20 {
+        let b = batch(model.vocab_size, step, 2, 24);
+        let l32 = f32_run.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
+        let l16 = gpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
+        let lc = cpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
+        let (r32, rc) = ((l16 - l32).abs() / l32.abs(), (l16 - lc).abs() / lc.abs());
+        assert!(
+            r32 <= 1e-2,
+            "step {step}: f16 loss {l16} vs f32 {l32} (rel {r32:e})"
+        );
+        assert!(
+            rc <= 1e-4,
+            "step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e})"
+        );
+        worst_f32 = worst_f32.max(r32);
+        worst_cpu = worst_cpu.max(rc);
+    }
+    eprintln!("f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e}");
+    assert!(
+        worst_f32 > 1e-7,
+        "f16 losses equal f32's: the rounding is not applied"
+    );
+}
