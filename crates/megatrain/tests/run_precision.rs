@@ -1,9 +1,12 @@
 //! `--precision f16` on an executor that cannot compute in f16: the run
 //! ends before anything is allocated or written, with a message that names
-//! the precision and the executor.
+//! the precision and the executor. Every GPU computes f16 (on the SIMT
+//! kernel where it has no tensor cores), so the executor here is one told
+//! to use tensor cores, which an adapter without cooperative matrices
+//! refuses.
 
 use megatrain::run::{Precision, QuietProgress, TrainOptions, prepare, train};
-use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_gpu::{CoopTile, F16Matmul, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{ComputePrecision, Executor};
 
 #[test]
@@ -18,9 +21,20 @@ fn an_executor_without_f16_refuses_the_run_before_it_starts() {
             return;
         }
     };
-    let mut probe = GpuExecutor::new(ctx.clone());
-    if probe.set_compute_precision(ComputePrecision::F16).is_ok() {
-        eprintln!("skipping: {} computes in f16, nothing to refuse", probe.name());
+    let forced = || {
+        GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                f16_matmul: F16Matmul::Coop(CoopTile::Tile128),
+                ..GpuOptions::default()
+            },
+        )
+    };
+    if forced().set_compute_precision(ComputePrecision::F16).is_ok() {
+        eprintln!(
+            "skipping: {} has tensor cores, nothing to refuse",
+            forced().name()
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -38,8 +52,8 @@ fn an_executor_without_f16_refuses_the_run_before_it_starts() {
         ..TrainOptions::default()
     };
     let p = prepare(opts, false).unwrap();
-    let gpu = GpuExecutor::new(ctx);
-    let name = gpu.name();
+    let gpu = forced();
+    let name = ctx.info.name.clone();
     let err = train(gpu, &p, None, &mut QuietProgress).unwrap_err().to_string();
     assert!(err.contains("--precision f16"), "{err}");
     assert!(err.contains(&name), "'{name}' not in: {err}");
