@@ -307,3 +307,54 @@ fn the_cli_spills_and_a_full_disk_is_a_clear_error_that_keeps_the_checkpoint() {
     assert!(last["spill_read_bytes"].as_u64().unwrap() > 0, "{last}");
     assert_eq!(last["spill_read_bytes"], last["spill_written_bytes"]);
 }
+
+#[test]
+fn plan_estimates_the_disk_time_of_a_step() {
+    // llama-2-7b, bf16: 12.55 GiB of transport copies, so a 14G budget
+    // keeps a little p/m/v in RAM and spills most layers.
+    let out = megatrain_limited(
+        &[
+            "plan",
+            "--preset",
+            "llama-2-7b",
+            "--precision",
+            "bf16",
+            "--host-budget",
+            "14G",
+            "--disk-gbps",
+            "2",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.starts_with("disk: layers")).expect(&text);
+    assert!(line.contains("past --host-budget 14.00 GiB"), "{line}");
+    let time = text
+        .lines()
+        .find(|l| l.contains("of disk time per step"))
+        .expect(&text);
+    assert!(time.contains("2.00 GB/s read, 2.00 GB/s write (given)"), "{time}");
+    // Seconds = 2 × spilled bytes / 2 GB/s: about 77 GB each way here.
+    let secs: f64 = time
+        .split("): ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect(time);
+    assert!((60.0..90.0).contains(&secs), "{time}");
+    let bad = megatrain_limited(
+        &[
+            "plan",
+            "--preset",
+            "llama-tiny",
+            "--host-budget",
+            "1M",
+            "--disk-gbps",
+            "0",
+        ],
+        None,
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--disk-gbps 0"));
+}

@@ -466,6 +466,19 @@ mod tests {
     }
 
     #[test]
+    fn host_budget_pairs_each_configuration_with_a_spilled_twin() {
+        let s = specs(&parse(&["--preset", "llama-tiny", "--host-budget", "1.5G"]));
+        let s = with_budget(&parse(&["--host-budget", "1.5G", "--spill-dir", "/tmp/x"]), s);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].host_budget, s[0].label.as_str()), (None, "llama-tiny"));
+        assert_eq!(s[1].host_budget, Some(3 << 29));
+        assert_eq!(s[1].label, "llama-tiny @1.5G");
+        assert_eq!(s[1].spill_dir.as_deref(), Some(Path::new("/tmp/x")));
+        assert_eq!(parse_bytes("384M"), Ok(384 << 20));
+        assert!(parse_bytes("0").is_err() && parse_bytes("3X").is_err());
+    }
+
+    #[test]
     fn sweep_varies_depth_and_batch() {
         let s = specs(&parse(&[
             "--sweep",

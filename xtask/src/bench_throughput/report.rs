@@ -370,6 +370,37 @@ mod tests {
     }
 
     #[test]
+    fn a_spilled_twin_reports_its_disk_traffic_against_the_all_ram_run() {
+        let ram = record();
+        let dir = std::env::temp_dir().join(format!("bench-spill-test-{}", std::process::id()));
+        let spec = Spec {
+            label: "tiny @0.0G".into(),
+            host_budget: Some(600 << 10),
+            spill_dir: Some(dir.clone()),
+            ..ram.spec.clone()
+        };
+        let r = child::run(&spec).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(r.first_spilled.is_some() && r.spilled_params > 0);
+        assert_eq!(r.spill_read_bytes_per_step, r.spill_written_bytes_per_step);
+        assert!(r.spill_read_bytes_per_step >= 12 * r.spilled_params);
+        assert!(r.spill_gb_s > 0.0);
+        let bw = megatrain_tier::DiskBandwidth {
+            read_gb_s: 1.0,
+            write_gb_s: 1.0,
+            bytes: 1 << 30,
+            direct: true,
+        };
+        let t = spill_table(&[ram, r], &bw);
+        assert!(t.contains("read 1.00 GB/s, write 1.00 GB/s"), "{t}");
+        let row = t
+            .lines()
+            .find(|l| l.starts_with("| tiny @0.0G | cpu |"))
+            .expect(&t);
+        assert!(row.contains('×'), "the all-RAM twin is found: {row}");
+    }
+
+    #[test]
     fn sweep_outputs_name_every_record() {
         let r = record();
         assert_eq!(sweep_table(std::slice::from_ref(&r)).lines().count(), 3);
