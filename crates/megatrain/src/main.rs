@@ -5,6 +5,13 @@ mod cli;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    // Past a file-size limit (ulimit -f) a write then fails with EFBIG,
+    // which is reported like a full disk, instead of killing the process.
+    #[cfg(unix)]
+    // SAFETY: setting a signal to be ignored, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

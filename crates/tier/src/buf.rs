@@ -10,17 +10,28 @@
 //! written) whose name is unlinked right after mapping on Unix, so a crash
 //! leaves nothing behind in the spill directory.
 //!
+//! Disk buffers are preallocated (`posix_fallocate`), so a disk too small
+//! for the spill is an error at start ([`crate::TierError::DiskFull`]),
+//! never a `SIGBUS` when a dirty page of the map is written back later. The
+//! file is opened with `O_DIRECT` where the filesystem allows it: the
+//! optimizer's read-ahead / write-behind ([`crate::SpillWindow`]) moves the
+//! bytes with positioned reads and writes on it ([`SpillRegion`]), while
+//! the map stays the random-access view (initialisation, checkpoints). Linux
+//! keeps the two coherent: a direct read first writes back dirty pages of
+//! the range, a direct write invalidates the cached ones.
+//!
 //! No `MADV_HUGEPAGE`: on the development VM (THP `madvise`, defrag
 //! `madvise`) it made filling a 300M-parameter tier 2-3x slower (direct
 //! compaction on fault), measured with the `tier_rss` example.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::{MmapMut, MmapOptions};
 
 use crate::error::{IoContext, Result};
+use crate::spill::{SpillRegion, open_spill_file};
 
 /// Alignment (and size granularity) of every buffer.
 pub const PAGE: usize = 4096;
@@ -31,6 +42,7 @@ pub trait Element: bytemuck::Pod + Send + Sync + 'static {}
 impl Element for f32 {}
 impl Element for half::bf16 {}
 impl Element for half::f16 {}
+impl Element for u8 {}
 
 /// Bytes a buffer of `numel` elements of `elem_size` bytes occupies:
 /// rounded up to whole pages, 0 for an empty buffer.
@@ -52,6 +64,8 @@ pub struct AlignedBuf<T: Element> {
     map: Option<MmapMut>,
     len: usize,
     on_disk: bool,
+    /// The spill file, for explicit reads and writes (disk buffers only).
+    region: Option<SpillRegion>,
     /// The spill file's name where it could not be unlinked at creation.
     #[cfg_attr(unix, allow(dead_code))]
     path: Option<PathBuf>,
@@ -77,6 +91,7 @@ impl<T: Element> AlignedBuf<T> {
             map,
             len,
             on_disk: false,
+            region: None,
             path: None,
             _elem: std::marker::PhantomData,
         })
@@ -93,17 +108,19 @@ impl<T: Element> AlignedBuf<T> {
         }
         let n = SPILL_COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("megatrain-spill-{}-{n}-{label}.bin", std::process::id()));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .at(&path)?;
-        file.set_len(bytes as u64).at(&path)?;
+        let (file, direct) = open_spill_file(&path, bytes as u64)?;
         // SAFETY: the file was just created by us with `create_new` and (on
         // Unix) is unlinked below, so no other process can change its size
         // or contents under the map.
-        let map = unsafe { MmapOptions::new().len(bytes).map_mut(&file) }.at(&path)?;
+        let map = unsafe { MmapOptions::new().len(bytes).map_mut(&file) };
+        let map = match map {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e).at(&path);
+            }
+        };
+        let region = SpillRegion::new(Arc::new(file), path.clone(), bytes as u64, direct);
         #[cfg(unix)]
         let path = {
             std::fs::remove_file(&path).at(&path)?;
@@ -115,6 +132,7 @@ impl<T: Element> AlignedBuf<T> {
             map: Some(map),
             len,
             on_disk: true,
+            region: Some(region),
             path,
             _elem: std::marker::PhantomData,
         })
@@ -141,6 +159,11 @@ impl<T: Element> AlignedBuf<T> {
 
     pub fn is_on_disk(&self) -> bool {
         self.on_disk
+    }
+
+    /// The spill file behind a disk buffer (`None` in RAM or when empty).
+    pub fn spill_region(&self) -> Option<&SpillRegion> {
+        self.region.as_ref()
     }
 
     /// Bytes reserved (whole pages), which is what the memory report counts.
@@ -224,6 +247,7 @@ impl<T: Element> Drop for AlignedBuf<T> {
     fn drop(&mut self) {
         // Unmap before removing the file (required on Windows).
         self.map.take();
+        self.region.take();
         #[cfg(not(unix))]
         if let Some(p) = self.path.take() {
             let _ = std::fs::remove_file(p);

@@ -117,9 +117,13 @@ fn write_safetensors(
     let res = safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), &tmp);
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
-        return Err(TierError::Serialize {
-            file: path.to_path_buf(),
-            detail: e.to_string(),
+        return Err(match e {
+            // A full disk is named as such (and keeps its errno).
+            SafeTensorError::IoError(source) => TierError::io(path, source),
+            e => TierError::Serialize {
+                file: path.to_path_buf(),
+                detail: e.to_string(),
+            },
         });
     }
     // safetensors writes through a 0600 temporary; give the checkpoint the

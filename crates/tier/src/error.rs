@@ -11,6 +11,18 @@ pub enum TierError {
         #[source]
         source: std::io::Error,
     },
+    /// The filesystem is full (ENOSPC), a quota is exhausted (EDQUOT) or a
+    /// file-size limit was hit (EFBIG), writing or preallocating `path`.
+    #[error(
+        "{}: {cause}: the disk is full (or a file-size limit was hit); free space on it or put \
+         --out on a larger disk (a larger --host-budget spills less)",
+        path.display()
+    )]
+    DiskFull { path: PathBuf, cause: std::io::Error },
+    #[error("{}: spill file has {got} bytes, expected {expected}", path.display())]
+    SpillLength { path: PathBuf, expected: u64, got: u64 },
+    #[error("spill window: {0}")]
+    Spill(String),
     #[error(
         "tier needs {needed} bytes of RAM but the budget is {budget} bytes ({detail}); \
          raise the budget or give a spill directory"
@@ -76,11 +88,41 @@ pub(crate) trait IoContext<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T>;
 }
 
+/// Whether an I/O error means "no room": ENOSPC, EDQUOT or EFBIG.
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull
+            | std::io::ErrorKind::QuotaExceeded
+            | std::io::ErrorKind::FileTooLarge
+    ) {
+        return true;
+    }
+    #[cfg(unix)]
+    if let Some(code) = e.raw_os_error() {
+        return [libc::ENOSPC, libc::EDQUOT, libc::EFBIG].contains(&code);
+    }
+    false
+}
+
+impl TierError {
+    /// An I/O error about `path`, as [`TierError::DiskFull`] when it is one.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if is_disk_full(&source) {
+            TierError::DiskFull { path, cause: source }
+        } else {
+            TierError::Io { path, source }
+        }
+    }
+
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, TierError::DiskFull { .. })
+    }
+}
+
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| TierError::Io {
-            path: path.into(),
-            source,
-        })
+        self.map_err(|source| TierError::io(path, source))
     }
 }

@@ -22,16 +22,26 @@
 //! Transport copies always stay in RAM because every forward and backward
 //! reads them, whereas the optimizer touches p/m/v once per step,
 //! sequentially. [`plan`] computes the same report without allocating.
-//! Spilled blocks are shared file maps: once touched they are resident file
-//! pages until [`LayerSlab::evict`] (call it after updating a spilled
-//! layer) hands them back to the page cache, so peak RSS stays at the budget
-//! plus one spilled layer. Saving a spilled tier faults its pages in again
-//! (they are clean, reclaimable file pages); loading evicts as it goes.
+//! Spilled blocks are also shared file maps, the random-access view that
+//! initialisation and checkpoints use: once touched they are resident file
+//! pages until [`LayerSlab::evict`] hands them back to the page cache.
+//! Training never touches them through the map (the window moves them), so
+//! peak RSS stays at the budget plus the window. Saving a spilled tier
+//! faults its pages in again (they are clean, reclaimable file pages);
+//! loading evicts as it goes.
 //!
 //! Measured with `cargo run --release -p megatrain-tier --example tier_rss`:
 //! a fully touched 300M-parameter tier with bf16 transport peaks at 14.00
 //! bytes of RSS per parameter (loading a checkpoint into it: 14.18, one
 //! tensor's file pages at a time).
+//!
+//! Spilled p/m/v are preallocated at creation (a disk too small is an
+//! error before training, [`TierError::DiskFull`]) and moved once per step
+//! by [`SpillWindow`]: read ahead of the optimizer in the backward's order
+//! and written behind it, in chunks through a bounded set of RAM buffers,
+//! with `O_DIRECT` positioned I/O where the filesystem has it. The spill
+//! directory is created if missing; spill files are unlinked at creation,
+//! so no exit path (a panic, a kill) leaves one behind.
 //!
 //! Checkpoints ([`save_checkpoint`], [`load_checkpoint`]) are a directory
 //! of `model.safetensors` (every parameter under its HF name, f32),
@@ -53,6 +63,7 @@ mod error;
 mod report;
 pub mod rss;
 mod slab;
+mod spill;
 mod tier;
 
 pub use buf::{AlignedBuf, Backing, Element, PAGE, padded_bytes};
@@ -60,9 +71,13 @@ pub use checkpoint::{
     CheckpointMeta, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
     exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
 };
-pub use error::{Result, TierError};
+pub use error::{Result, TierError, is_disk_full};
 pub use report::{BytesByKind, MemoryReport};
 pub use slab::{
     LayerSlab, SlabMut, Transport, TransportDType, TransportMut, TransportRef, refresh_transport,
+};
+pub use spill::{
+    CHUNK_ALIGN, Chunk, DiskBandwidth, SpillRegion, SpillStats, SpillWindow, SpilledLayer, WindowConfig,
+    measure_disk_bandwidth,
 };
 pub use tier::{HostTier, TierConfig, plan};

@@ -341,6 +341,18 @@ impl LayerSlab {
         Ok(())
     }
 
+    /// The files behind a spilled layer's p, m and v, for
+    /// [`crate::SpillWindow`]; `None` for a layer in RAM.
+    pub fn spilled(&self) -> Option<crate::SpilledLayer> {
+        Some(crate::SpilledLayer {
+            layer: self.index,
+            numel: self.numel(),
+            p: self.params.spill_region()?.clone(),
+            m: self.m.spill_region()?.clone(),
+            v: self.v.spill_region()?.clone(),
+        })
+    }
+
     /// Rewrites the transport copy from the fp32 params.
     pub fn refresh_transport(&mut self) {
         let parts = self.parts_mut();

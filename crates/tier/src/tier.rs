@@ -81,6 +81,9 @@ pub struct HostTier {
     layers: Vec<LayerSlab>,
     /// Parameter name → layer index.
     index: HashMap<String, usize>,
+    /// The spill directory, when this tier created it (removed on drop if
+    /// empty).
+    created_dir: Option<PathBuf>,
 }
 
 impl HostTier {
@@ -102,24 +105,36 @@ impl HostTier {
         }
         let report = plan(&tables, &config)?;
         let spill = config.spill_dir.clone().map(Backing::Disk);
+        let mut created_dir = None;
+        if let (Some(dir), Some(_)) = (&config.spill_dir, report.first_spilled)
+            && !dir.is_dir()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| TierError::io(dir, e))?;
+            created_dir = Some(dir.clone());
+        }
         let mut layers = Vec::with_capacity(tables.len());
         for (i, table) in tables.into_iter().enumerate() {
             let backing = match (&spill, report.first_spilled) {
                 (Some(disk), Some(f)) if i >= f => disk,
                 _ => &Backing::Ram,
             };
-            layers.push(LayerSlab::new(
-                i,
-                table,
-                config.transport,
-                config.hold_grads,
-                backing,
-            )?);
+            let slab = LayerSlab::new(i, table, config.transport, config.hold_grads, backing);
+            match slab {
+                Ok(s) => layers.push(s),
+                Err(e) => {
+                    drop(layers);
+                    if let Some(d) = &created_dir {
+                        let _ = std::fs::remove_dir(d);
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(HostTier {
             config,
             layers,
             index,
+            created_dir,
         })
     }
 
@@ -169,6 +184,17 @@ impl HostTier {
         Some((l, self.layers[l].table().get(name)?))
     }
 
+    /// The spilled layers' files in the order the optimizer meets them
+    /// in a streamed step: last layer first.
+    pub fn spilled_backward(&self) -> Vec<crate::SpilledLayer> {
+        self.layers.iter().rev().filter_map(LayerSlab::spilled).collect()
+    }
+
+    /// Whether any layer is on disk.
+    pub fn has_spill(&self) -> bool {
+        self.layers.iter().any(LayerSlab::is_spilled)
+    }
+
     pub fn refresh_all_transport(&mut self) {
         self.layers.iter_mut().for_each(LayerSlab::refresh_transport);
     }
@@ -189,5 +215,15 @@ impl HostTier {
             }
         }
         r
+    }
+}
+
+impl Drop for HostTier {
+    fn drop(&mut self) {
+        self.layers.clear();
+        if let Some(d) = self.created_dir.take() {
+            // Only succeeds when empty: never removes someone else's files.
+            let _ = std::fs::remove_dir(d);
+        }
     }
 }

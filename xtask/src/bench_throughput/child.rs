@@ -9,7 +9,7 @@ use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{HostTier, TierConfig, rss};
+use megatrain_tier::{HostTier, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
 use super::record::{Modes, Record, median};
@@ -45,7 +45,13 @@ fn precision(spec: &Spec) -> anyhow::Result<Precision> {
 fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
     let config = TierConfig {
         transport: precision(spec)?.transport(),
-        ..TierConfig::default()
+        hold_grads: false,
+        ram_budget_bytes: spec.host_budget,
+        spill_dir: spec.host_budget.map(|_| {
+            spec.spill_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("megatrain-bench-spill"))
+        }),
     };
     Ok(match &spec.model_dir {
         Some(dir) => load_tier(&HfCheckpoint::open(dir)?, config)?,
@@ -91,13 +97,27 @@ fn run_on<E: Executor>(
     let model = spec.model()?;
     let device_name = ex.name();
     let tier = tier_for(spec, &model)?;
-    let tier_ram = tier.report().ram.total();
+    let tier_report = tier.report();
+    let tier_ram = tier_report.ram.total();
     let config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
+    if let Some(w) = spec.spill_window {
+        tr.set_spill_window(WindowConfig::from_bytes(w, 4));
+    }
+    if let Some(first) = tier_report.first_spilled {
+        eprintln!(
+            "  [{}] layers {first}..{} on disk ({:.2} GB of p, m, v), {:.2} GB in RAM; window {:.0} MiB",
+            spec.label,
+            tier_report.n_layers,
+            tier_report.disk.total() as f64 / 1e9,
+            tier_ram as f64 / 1e9,
+            tr.spill_window().bytes() as f64 / (1u64 << 20) as f64
+        );
+    }
     if let Some(info) = tr.transport_info() {
         eprintln!(
             "  [{}] transport {} ({}): {:?} ms",
@@ -109,8 +129,21 @@ fn run_on<E: Executor>(
     for (i, b) in all.iter().enumerate() {
         let m = tr.step(std::slice::from_ref(b), spec.lr)?;
         anyhow::ensure!(m.loss.is_finite(), "step {i}: loss {}", m.loss);
+        let spill = if m.spill_read_bytes > 0 {
+            format!(
+                "; spill {:.2} GB read + {:.2} GB written in {:.1} s of disk time ({:.2} GB/s), \
+                 optimizer waited {:.1} s",
+                m.spill_read_bytes as f64 / 1e9,
+                m.spill_written_bytes as f64 / 1e9,
+                m.spill_disk_ms / 1e3,
+                m.spill_gb_s,
+                m.spill_wait_ms / 1e3
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "  [{}] step {i}{}: {:.1} ms, loss {:.4}",
+            "  [{}] step {i}{}: {:.1} ms, loss {:.4}{spill}",
             spec.label,
             if i < spec.warmup { " (warm-up)" } else { "" },
             m.step_ms,
@@ -141,6 +174,8 @@ fn run_on<E: Executor>(
         staging,
         tr.transport_info(),
     );
+    record.first_spilled = tier_report.first_spilled;
+    record.spilled_params = tier_report.disk.params / 4;
     if record.device_peak_bytes.is_none() {
         record.device_peak_bytes = peak_device.filter(|&p| p > 0);
     }

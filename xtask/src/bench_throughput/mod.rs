@@ -91,12 +91,47 @@ pub struct Args {
     /// Skip the PyTorch peer.
     #[arg(long)]
     no_peer: bool,
+    /// Also run every configuration with this host-tier budget (e.g. 14G):
+    /// layers past it spill to --spill-dir. Prints the step-time ratio to
+    /// the all-RAM run (skipped where it would not fit in RAM) beside the
+    /// disk's sequential bandwidth, measured in the same invocation.
+    #[arg(long, value_parser = parse_bytes)]
+    host_budget: Option<u64>,
+    /// Directory for spill files and the disk probe (default target/bench-spill).
+    #[arg(long)]
+    spill_dir: Option<PathBuf>,
+    /// RAM for the spill read-ahead / write-behind window (default the trainer's, 384M).
+    #[arg(long, value_parser = parse_bytes)]
+    spill_window: Option<u64>,
+    /// Size of the scratch file that measures the disk's sequential bandwidth.
+    #[arg(long, value_parser = parse_bytes, default_value = "2G")]
+    disk_probe: u64,
     /// Internal: run one configuration (JSON) and print its record.
     #[arg(long, hide = true)]
     child: Option<String>,
 }
 
 const RECORD_PREFIX: &str = "RECORD ";
+
+/// `14G`, `512M`, `1024` (bytes; K/M/G/T are powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a size"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        u => return Err(format!("unknown size unit '{u}' in '{s}'")),
+    };
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("'{s}' must be positive"));
+    }
+    Ok((n * mult as f64) as u64)
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -123,7 +158,65 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         mode_reps: a.mode_reps,
         lr: a.lr,
         peer: true,
+        host_budget: None,
+        spill_dir: None,
+        spill_window: a.spill_window,
     }
+}
+
+/// With --host-budget: each configuration all in RAM, then with the budget.
+fn with_budget(a: &Args, specs: Vec<Spec>) -> Vec<Spec> {
+    let Some(budget) = a.host_budget else {
+        return specs;
+    };
+    let dir = spill_dir(a);
+    specs
+        .into_iter()
+        .flat_map(|s| {
+            let mut b = s.clone();
+            b.label = format!("{} @{}", s.label, gib(budget));
+            b.host_budget = Some(budget);
+            b.spill_dir = Some(dir.clone());
+            b.peer = false;
+            [s, b]
+        })
+        .collect()
+}
+
+fn spill_dir(a: &Args) -> PathBuf {
+    a.spill_dir
+        .clone()
+        .unwrap_or_else(|| root().join("target/bench-spill"))
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.1}G", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Why an all-RAM run of `spec` would not fit in this machine's RAM, if so.
+fn ram_leg_does_not_fit(spec: &Spec) -> Option<String> {
+    let model = spec.model().ok()?;
+    let transport = if spec.precision == "bf16" {
+        megatrain_tier::TransportDType::BF16
+    } else {
+        megatrain_tier::TransportDType::F32
+    };
+    let cfg = megatrain_tier::TierConfig {
+        transport,
+        ..megatrain_tier::TierConfig::default()
+    };
+    let need = megatrain_tier::plan(&model.layer_tables(), &cfg)
+        .ok()?
+        .ram
+        .total();
+    let avail = megatrain::run::mem_available()?;
+    (need > avail * 9 / 10).then(|| {
+        format!(
+            "all in RAM it needs {} of tier, {} available: not run",
+            gib(need),
+            gib(avail)
+        )
+    })
 }
 
 fn or_default(v: &[String], d: &[&str]) -> Vec<String> {
@@ -249,7 +342,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     let root = root();
-    let specs = specs(&a);
+    let specs = with_budget(&a, specs(&a));
     anyhow::ensure!(!specs.is_empty(), "no configuration to run");
     for s in &specs {
         s.model().with_context(|| format!("configuration {}", s.label))?;
@@ -271,6 +364,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "== {} on {} ({}, transport {}) ==",
             s.label, s.device, s.precision, s.transport
         );
+        if a.host_budget.is_some()
+            && s.host_budget.is_none()
+            && let Some(why) = ram_leg_does_not_fit(s)
+        {
+            eprintln!("  {why}");
+            failures.push((format!("{} on {}", s.label, s.device), why));
+            continue;
+        }
         match run_child(s) {
             Ok(mut r) => {
                 // One peer run per model shape; it pairs with the rows of
@@ -299,6 +400,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     } else {
         println!("{}", report::tables(&records, &failures));
+    }
+    if a.host_budget.is_some() {
+        let dir = spill_dir(&a);
+        eprintln!(
+            "disk: sequential bandwidth on {} ({} scratch file)",
+            dir.display(),
+            gib(a.disk_probe)
+        );
+        match megatrain_tier::measure_disk_bandwidth(&dir, a.disk_probe) {
+            Ok(bw) => println!("{}", report::spill_table(&records, &bw)),
+            Err(e) => println!("disk probe failed: {e}"),
+        }
     }
     let json = a
         .json
@@ -351,6 +464,19 @@ mod tests {
         assert_eq!(s[0].transport().unwrap(), TransportChoice::Mapped);
         let bad = Cli::try_parse_from(["x", "--transport", "pinned"]).err().unwrap();
         assert!(bad.to_string().contains("unknown transport 'pinned'"), "{bad}");
+    }
+
+    #[test]
+    fn host_budget_pairs_each_configuration_with_a_spilled_twin() {
+        let s = specs(&parse(&["--preset", "llama-tiny", "--host-budget", "1.5G"]));
+        let s = with_budget(&parse(&["--host-budget", "1.5G", "--spill-dir", "/tmp/x"]), s);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].host_budget, s[0].label.as_str()), (None, "llama-tiny"));
+        assert_eq!(s[1].host_budget, Some(3 << 29));
+        assert_eq!(s[1].label, "llama-tiny @1.5G");
+        assert_eq!(s[1].spill_dir.as_deref(), Some(Path::new("/tmp/x")));
+        assert_eq!(parse_bytes("384M"), Ok(384 << 20));
+        assert!(parse_bytes("0").is_err() && parse_bytes("3X").is_err());
     }
 
     #[test]

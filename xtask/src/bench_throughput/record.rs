@@ -87,6 +87,24 @@ pub struct Record {
     pub overlap_efficiency: Option<f64>,
     /// step ÷ (compute + transfer + optimizer); below 1.0 means overlap.
     pub serial_fraction: Option<f64>,
+    /// Spill I/O per step (means over the timed steps): bytes each way,
+    /// wall time with I/O in flight, the optimizer's wait on the disk.
+    #[serde(default)]
+    pub spill_read_bytes_per_step: u64,
+    #[serde(default)]
+    pub spill_written_bytes_per_step: u64,
+    #[serde(default)]
+    pub spill_disk_ms: f64,
+    #[serde(default)]
+    pub spill_wait_ms: f64,
+    /// Spill bytes ÷ disk-busy time, GB/s.
+    #[serde(default)]
+    pub spill_gb_s: f64,
+    /// The first layer on disk (None: all in RAM) and the parameters on disk.
+    #[serde(default)]
+    pub first_spilled: Option<usize>,
+    #[serde(default)]
+    pub spilled_params: u64,
     pub loss_first: f64,
     pub loss_last: f64,
     pub steps: Vec<serde_json::Value>,
@@ -202,6 +220,17 @@ impl Record {
             modes,
             overlap_efficiency: overlap.map(|o| o.0),
             serial_fraction: overlap.map(|o| o.1),
+            spill_read_bytes_per_step: mean(&steps, |m| m.spill_read_bytes as f64) as u64,
+            spill_written_bytes_per_step: mean(&steps, |m| m.spill_written_bytes as f64) as u64,
+            spill_disk_ms: mean(&steps, |m| m.spill_disk_ms),
+            spill_wait_ms: mean(&steps, |m| m.spill_wait_ms),
+            spill_gb_s: {
+                let ms = mean(&steps, |m| m.spill_disk_ms);
+                let b = mean(&steps, |m| (m.spill_read_bytes + m.spill_written_bytes) as f64);
+                if ms > 0.0 { b / (ms / 1e3) / 1e9 } else { 0.0 }
+            },
+            first_spilled: None,
+            spilled_params: 0,
             loss_first: steps.first().map_or(f64::NAN, |m| m.loss),
             loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
             steps: steps

@@ -15,7 +15,9 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 }
 
 fn params(n: u64) -> String {
-    if n >= 1_000_000 {
+    if n >= 1_000_000_000 {
+        format!("{:.2}B", n as f64 / 1e9)
+    } else if n >= 1_000_000 {
         format!("{:.1}M", n as f64 / 1e6)
     } else {
         format!("{:.0}k", n as f64 / 1e3)
@@ -259,6 +261,60 @@ pub fn sweep_svg(records: &[Record]) -> String {
     s
 }
 
+/// Spilled runs against their all-RAM twins (same label before " @"), with
+/// the disk's sequential bandwidth measured in the same invocation.
+/// "of sequential" is the time the spill's bytes would take at the
+/// sequential read and write bandwidth, ÷ the disk-busy time they took.
+pub fn spill_table(records: &[Record], bw: &megatrain_tier::DiskBandwidth) -> String {
+    let mut s = format!(
+        "disk sequential bandwidth (same run, {:.1} GiB scratch file{}): read {:.2} GB/s, write {:.2} GB/s\n\n",
+        bw.bytes as f64 / (1u64 << 30) as f64,
+        if bw.direct { ", O_DIRECT" } else { "" },
+        bw.read_gb_s,
+        bw.write_gb_s
+    );
+    s.push_str(
+        "| config | device | all-RAM step ms | spilled step ms | slowdown | params on disk | \
+         spill GB read / written per step | disk busy s | spill GB/s | of sequential | \
+         optimizer disk wait s | peak RSS GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in records.iter().filter(|r| r.spec.host_budget.is_some()) {
+        let base = r
+            .spec
+            .label
+            .rsplit_once(" @")
+            .map_or(r.spec.label.as_str(), |(b, _)| b);
+        let ram = records
+            .iter()
+            .find(|o| o.spec.host_budget.is_none() && o.spec.label == base && o.spec.device == r.spec.device);
+        let secs = r.spill_disk_ms / 1e3;
+        let ideal = r.spill_read_bytes_per_step as f64 / (bw.read_gb_s * 1e9)
+            + r.spill_written_bytes_per_step as f64 / (bw.write_gb_s * 1e9);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {} | {} | {:.2} / {:.2} | {:.1} | {:.2} | {} | {:.1} | {:.2} |",
+            r.spec.label,
+            r.spec.device,
+            ram.map_or("–".into(), |o| format!("{:.1}", o.step_ms)),
+            r.step_ms,
+            ram.map_or("–".into(), |o| format!("{:.2}×", r.step_ms / o.step_ms)),
+            params(r.spilled_params),
+            r.spill_read_bytes_per_step as f64 / 1e9,
+            r.spill_written_bytes_per_step as f64 / 1e9,
+            secs,
+            r.spill_gb_s,
+            if secs > 0.0 {
+                format!("{:.2}", ideal / secs)
+            } else {
+                "–".into()
+            },
+            r.spill_wait_ms / 1e3,
+            r.peak_rss_bytes as f64 / (1u64 << 30) as f64,
+        );
+    }
+    s
+}
+
 /// Records as one JSON document.
 pub fn json(records: &[Record], failures: &[(String, String)], command: &str) -> Value {
     serde_json::json!({
@@ -311,6 +367,37 @@ mod tests {
         assert!(t.contains(&format!("has {} parameters, ours {n}", n + 1)), "{t}");
         assert!(t.contains("differ by at most 5.00e-1"), "{t}");
         assert!(t.contains("- x on gpu: not run: no adapter"), "{t}");
+    }
+
+    #[test]
+    fn a_spilled_twin_reports_its_disk_traffic_against_the_all_ram_run() {
+        let ram = record();
+        let dir = std::env::temp_dir().join(format!("bench-spill-test-{}", std::process::id()));
+        let spec = Spec {
+            label: "tiny @0.0G".into(),
+            host_budget: Some(600 << 10),
+            spill_dir: Some(dir.clone()),
+            ..ram.spec.clone()
+        };
+        let r = child::run(&spec).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(r.first_spilled.is_some() && r.spilled_params > 0);
+        assert_eq!(r.spill_read_bytes_per_step, r.spill_written_bytes_per_step);
+        assert!(r.spill_read_bytes_per_step >= 12 * r.spilled_params);
+        assert!(r.spill_gb_s > 0.0);
+        let bw = megatrain_tier::DiskBandwidth {
+            read_gb_s: 1.0,
+            write_gb_s: 1.0,
+            bytes: 1 << 30,
+            direct: true,
+        };
+        let t = spill_table(&[ram, r], &bw);
+        assert!(t.contains("read 1.00 GB/s, write 1.00 GB/s"), "{t}");
+        let row = t
+            .lines()
+            .find(|l| l.starts_with("| tiny @0.0G | cpu |"))
+            .expect(&t);
+        assert!(row.contains('×'), "the all-RAM twin is found: {row}");
     }
 
     #[test]

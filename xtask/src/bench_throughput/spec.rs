@@ -35,6 +35,15 @@ pub struct Spec {
     pub lr: f64,
     /// Run the PyTorch peer on this shape (where torch imports).
     pub peer: bool,
+    /// RAM budget of the host tier (bytes); layers past it spill.
+    #[serde(default)]
+    pub host_budget: Option<u64>,
+    /// Where spilled layers go (with `host_budget`).
+    #[serde(default)]
+    pub spill_dir: Option<PathBuf>,
+    /// RAM of the spill window (bytes; default the trainer's).
+    #[serde(default)]
+    pub spill_window: Option<u64>,
 }
 
 fn auto() -> String {
@@ -114,6 +123,9 @@ pub(crate) fn test_spec() -> Spec {
         mode_reps: 0,
         lr: 1e-3,
         peer: false,
+        host_budget: None,
+        spill_dir: None,
+        spill_window: None,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::run::{PlanInput, Precision, mem_available, plan};
+use megatrain::run::{PlanInput, Precision, disk_estimate, mem_available, plan};
 use megatrain_tier::TierConfig;
 use megatrain_zoo::{ModelConfig, preset};
 
@@ -39,6 +39,16 @@ pub struct PlanArgs {
     /// Device memory to compare with, e.g. 24G (wgpu does not report it).
     #[arg(long, value_parser = super::parse_bytes)]
     device_mem: Option<u64>,
+    /// Host RAM for the tier, as in `train` (e.g. 14G): layers past it spill to disk.
+    #[arg(long, value_parser = super::parse_bytes)]
+    host_budget: Option<u64>,
+    /// Disk bandwidth (GB/s, each way) for the spill-time estimate; without it a
+    /// 256 MiB scratch file in --spill-dir is written and read to measure it.
+    #[arg(long)]
+    disk_gbps: Option<f64>,
+    /// Where the spill would go, for the measurement (a run puts it in <out>/spill).
+    #[arg(long, default_value = ".")]
+    spill_dir: PathBuf,
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
@@ -62,16 +72,54 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         transport,
         hold_grads: a.hold_grads,
     };
+    if let Some(g) = a.disk_gbps
+        && !(g.is_finite() && g > 0.0)
+    {
+        anyhow::bail!("--disk-gbps {g}: must be positive");
+    }
     let tier = TierConfig {
         transport,
         hold_grads: a.hold_grads,
-        ..TierConfig::default()
+        ram_budget_bytes: a.host_budget,
+        spill_dir: a.host_budget.map(|_| a.spill_dir.clone()),
     };
     let p = plan(&model, &input, &tier)?;
     println!("host (fp32 weights and AdamW moments, {} transport):", transport);
     println!("{}", p.host);
     println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
     println!("  needed     {:>14}", gib(p.host_total()));
+    if let Some(first) = p.host.first_spilled {
+        let (read, write, how) = match a.disk_gbps {
+            Some(g) => (g, g, "given".to_string()),
+            None => {
+                let bw = megatrain_tier::measure_disk_bandwidth(&a.spill_dir, 256 << 20)?;
+                (
+                    bw.read_gb_s,
+                    bw.write_gb_s,
+                    format!(
+                        "measured on {} with a 256 MiB scratch file{}",
+                        a.spill_dir.display(),
+                        if bw.direct { ", O_DIRECT" } else { "" }
+                    ),
+                )
+            }
+        };
+        let e = disk_estimate(&p.host, read, write);
+        println!(
+            "disk: layers {first}..{} past --host-budget {}: per step {} read and {} written \
+             (p, m, v{} of every spilled layer)",
+            p.host.n_layers,
+            gib(a.host_budget.unwrap_or(0)),
+            gib(e.read_bytes),
+            gib(e.written_bytes),
+            if a.hold_grads { ", gradients" } else { "" }
+        );
+        println!(
+            "  at {read:.2} GB/s read, {write:.2} GB/s write ({how}): {:.1} s of disk time per step, \
+             hidden only where the forward and backward take at least as long",
+            e.seconds
+        );
+    }
     let d = &p.device;
     println!(
         "device (batch {} × seq {}, checkpoint every {} blocks), estimated:",

@@ -96,8 +96,19 @@ impl Progress for CliProgress {
         }
         let done = step.saturating_sub(self.first).max(1) as f64;
         let eta = self.start.elapsed().as_secs_f64() / done * self.total.saturating_sub(step) as f64;
+        let spill = num(r, "spill_read_bytes") + num(r, "spill_written_bytes");
+        let disk = if spill > 0.0 {
+            format!(
+                " | disk {:.2} GB at {:.2} GB/s, waited {:.1} s",
+                spill / 1e9,
+                num(r, "spill_gb_s"),
+                num(r, "spill_wait_ms") / 1e3
+            )
+        } else {
+            String::new()
+        };
         self.line(format!(
-            "step {step}/{} | loss {loss:.4} | lr {:.3e} | {:.0} tok/s | {:.1} ms/step | eta {:.0} s",
+            "step {step}/{} | loss {loss:.4} | lr {:.3e} | {:.0} tok/s | {:.1} ms/step | eta {:.0} s{disk}",
             self.total,
             num(r, "lr"),
             tps,

@@ -82,16 +82,41 @@ pub fn save_run_checkpoint(
         // Left over from a run killed while saving; never pointed at.
         std::fs::remove_dir_all(&dir).map_err(RunError::io(&dir))?;
     }
-    std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
+    let previous = read_latest(run)?;
+    write_checkpoint_files(run, &dir, tier, model, encoder, state).map_err(|e| {
+        // Never pointed at: remove what was written (on a full disk this
+        // frees the space again) and say which checkpoint still stands.
+        if read_latest(run).ok().flatten().as_deref() != Some(dir.as_path()) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let kept = match &previous {
+            Some(p) => format!("'latest' still names {}", p.display()),
+            None => "there is no earlier checkpoint".into(),
+        };
+        RunError::Config(format!("saving checkpoint {}: {e}; {kept}", dir.display()))
+    })?;
+    Ok(dir)
+}
+
+fn write_checkpoint_files(
+    run: &Path,
+    dir: &Path,
+    tier: &HostTier,
+    model: &ModelConfig,
+    encoder: &Encoder,
+    state: &TrainState,
+) -> Result<()> {
+    let name = checkpoint_name(state.step);
+    std::fs::create_dir_all(dir).map_err(RunError::io(dir))?;
     let config = serde_json::to_vec_pretty(&model.to_hf_json("float32")).expect("JSON value");
     write_atomic(&dir.join(CONFIG_FILE), &config)?;
-    encoder.save_to(&dir)?;
+    encoder.save_to(dir)?;
     let state_json = serde_json::to_value(state).expect("state serialises");
     let text = serde_json::to_vec_pretty(&state_json).expect("JSON value");
     write_atomic(&dir.join(STATE_FILE), &text)?;
-    megatrain_tier::save_checkpoint(&dir, tier, &serde_json::json!({ "train_state": state_json }))?;
+    megatrain_tier::save_checkpoint(dir, tier, &serde_json::json!({ "train_state": state_json }))?;
     write_latest(run, &name)?;
-    Ok(dir)
+    Ok(())
 }
 
 /// The train state of a complete checkpoint (from `checkpoint.json`, which

@@ -21,7 +21,7 @@ pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, pick};
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
-pub use plan::{DeviceBytes, Plan, PlanInput, mem_available, plan};
+pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, plan};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
     Prepared, Progress, QuietProgress, Summary, evaluate, prepare, tier_config, tier_params, train,

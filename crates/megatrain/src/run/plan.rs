@@ -108,6 +108,60 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use megatrain_tier::BytesByKind;
+
+    #[test]
+    fn disk_time_is_spilled_bytes_over_bandwidth_both_ways() {
+        let host = MemoryReport {
+            disk: BytesByKind {
+                params: 4_000_000_000,
+                moments: 8_000_000_000,
+                ..BytesByKind::default()
+            },
+            ..MemoryReport::default()
+        };
+        // 1B spilled parameters: 12 GB each way; at 2 GB/s, 6 s + 6 s.
+        let e = disk_estimate(&host, 2.0, 2.0);
+        assert_eq!((e.read_bytes, e.written_bytes), (12_000_000_000, 12_000_000_000));
+        assert!((e.seconds - 12.0).abs() < 1e-9);
+        assert_eq!(disk_estimate(&MemoryReport::default(), 1.0, 1.0).seconds, 0.0);
+    }
+}
+
+/// Disk traffic of a step for the layers past the host budget, and the
+/// time it takes at a given bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskEstimate {
+    /// Bytes read from spill files per step: every spilled p, m and v once
+    /// (and held gradients), as the optimizer's read-ahead moves them.
+    pub read_bytes: u64,
+    /// The same bytes written back.
+    pub written_bytes: u64,
+    /// Seconds of disk time per step: reads at `read_gb_s` plus writes at
+    /// `write_gb_s` (they share one device).
+    pub seconds: f64,
+}
+
+/// The disk time of a step of `host` (a tier plan with a budget).
+pub fn disk_estimate(host: &MemoryReport, read_gb_s: f64, write_gb_s: f64) -> DiskEstimate {
+    let bytes = host.disk.params + host.disk.moments + host.disk.gradients;
+    let secs = |gb_s: f64| {
+        if gb_s > 0.0 {
+            bytes as f64 / (gb_s * 1e9)
+        } else {
+            f64::INFINITY
+        }
+    };
+    DiskEstimate {
+        read_bytes: bytes,
+        written_bytes: bytes,
+        seconds: secs(read_gb_s) + secs(write_gb_s),
+    }
+}
+
 /// `MemAvailable` from `/proc/meminfo`, in bytes.
 pub fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;

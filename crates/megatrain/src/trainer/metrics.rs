@@ -42,6 +42,17 @@ pub struct StepMetrics {
     pub transport_bytes: u64,
     /// Executor-owned memory peak during the step (0 when not accounted).
     pub device_peak_bytes: u64,
+    /// Bytes read from and written to spill files (p, m, v of the layers
+    /// past the host budget; 12 bytes per spilled parameter each way).
+    pub spill_read_bytes: u64,
+    pub spill_written_bytes: u64,
+    /// Wall time with spill I/O in flight.
+    pub spill_disk_ms: f64,
+    /// Spill bytes (both ways) ÷ `spill_disk_ms`, GB/s.
+    pub spill_gb_s: f64,
+    /// The optimizer waiting on the disk: for chunks not yet read ahead,
+    /// and for the last writes behind at the end of the step.
+    pub spill_wait_ms: f64,
     /// Global gradient norm before clipping (clipping mode only).
     pub grad_norm: Option<f64>,
 }

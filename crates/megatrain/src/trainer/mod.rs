@@ -34,6 +34,7 @@ mod metrics;
 mod modes;
 mod optimizer;
 mod setup;
+mod spill_window;
 mod upload;
 
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -41,7 +42,7 @@ use std::time::Instant;
 
 use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
 use megatrain_tensor::{Executor, TransportInfo};
-use megatrain_tier::{HostTier, LayerSlab, TierError};
+use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
     block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, head_loss,
 };
@@ -51,7 +52,7 @@ use crate::data::Batch;
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
-use optimizer::{Job, Shared, update_slab, worker};
+use optimizer::{Job, Shared, worker};
 pub use setup::{init_tier, load_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Pending, Slots, begin_grads};
 pub use upload::{held_bytes, load_layer, upload_layer, weight_uploads};
@@ -112,6 +113,8 @@ pub struct Trainer<E: Executor> {
     masks: Vec<DecayMask>,
     pool: StagingPool,
     transport: Option<TransportInfo>,
+    /// Read-ahead / write-behind window for spilled layers.
+    spill: WindowConfig,
 }
 
 /// The device side's end of the gradient hand-over, one layer deep: a
@@ -237,7 +240,18 @@ impl<E: Executor> Trainer<E> {
             masks,
             pool: StagingPool::default(),
             transport,
+            spill: WindowConfig::default(),
         })
+    }
+
+    /// The RAM window through which spilled layers are updated (default
+    /// [`WindowConfig::default`]).
+    pub fn set_spill_window(&mut self, config: WindowConfig) {
+        self.spill = config;
+    }
+
+    pub fn spill_window(&self) -> WindowConfig {
+        self.spill
     }
 
     pub fn executor(&self) -> &E {
@@ -305,7 +319,7 @@ impl<E: Executor> Trainer<E> {
         }
         if let Some(max_norm) = self.config.grad_clip {
             let t = Instant::now();
-            let norm = self.clip_and_update(max_norm, lr as f32)?;
+            let norm = self.clip_and_update(max_norm, lr as f32, &mut m)?;
             let busy = ms(t);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
@@ -329,15 +343,19 @@ impl<E: Executor> Trainer<E> {
 
     /// Clipping mode, after every micro-batch: global norm over the held
     /// gradients, then AdamW on every layer with the clip coefficient.
-    fn clip_and_update(&mut self, max_norm: f64, lr: f32) -> Result<f64> {
+    fn clip_and_update(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
         let norm = {
             let grads: Vec<&[f32]> = self.tier.layers().iter().filter_map(LayerSlab::grads).collect();
             global_grad_norm(&grads)
         };
         let coef = clip_coefficient(norm, max_norm);
+        let window = spill_window::start_forward(&self.tier, self.spill)?;
         for slab in self.tier.layers_mut() {
             let mask = &self.masks[slab.index()];
-            update_slab(slab, None, &self.adamw, mask, lr, coef)?;
+            spill_window::update_any(slab, None, window.as_ref(), &self.adamw, mask, lr, coef)?;
+        }
+        if let Some(w) = window {
+            spill_window::record(m, &w.finish()?);
         }
         Ok(norm)
     }
@@ -362,20 +380,27 @@ impl<E: Executor> Trainer<E> {
             masks,
             pool,
             transport: _,
+            spill,
         } = self;
         let ex: &E = ex;
         let (b, t) = (batch.batch, batch.seq_len);
         let n_blocks = cfg.num_layers;
         let k = config.checkpoint_every;
+        // Read-ahead starts now, so the forward hides the first reads.
+        let window = match update {
+            true => spill_window::start_backward(tier, *spill)?,
+            false => None,
+        };
         let shared = Shared {
             adamw,
             masks,
             lr,
             pool,
+            window: window.as_ref(),
         };
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
-        std::thread::scope(|scope| -> Result<f64> {
+        let loss = std::thread::scope(|scope| -> Result<f64> {
             let opt = scope.spawn(move || worker(rx, shared));
             let mut h = Handoff {
                 ex,
@@ -474,7 +499,15 @@ impl<E: Executor> Trainer<E> {
             m.optimizer_wait_ms += ms(t_wait);
             m.optimizer_ms += busy;
             Ok(head.loss_sum)
-        })
+        });
+        // The last writes behind: the host waits for them (the next step
+        // reads these files).
+        if let (Ok(_), Some(w)) = (&loss, window) {
+            let t = Instant::now();
+            spill_window::record(m, &w.finish()?);
+            m.optimizer_wait_ms += ms(t);
+        }
+        loss
     }
 
     /// Forward-only loss of a batch: `(loss_sum, counted targets)`.

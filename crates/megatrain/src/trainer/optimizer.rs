@@ -8,10 +8,11 @@ use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
-use megatrain_tier::{LayerSlab, TransportMut};
+use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
 use rayon::prelude::*;
 
 use super::TrainError;
+use super::spill_window::update_any;
 
 /// One layer's gradients, handed from the step to the optimizer.
 pub(super) struct Job<'a> {
@@ -28,6 +29,9 @@ pub(super) struct Shared<'a> {
     pub masks: &'a [DecayMask],
     pub lr: f32,
     pub pool: &'a StagingPool,
+    /// Read-ahead / write-behind for spilled layers (on the updating
+    /// micro-batch of a tier that spills).
+    pub window: Option<&'a SpillWindow>,
 }
 
 /// Reused gradient staging buffers: one per layer in flight, never one per
@@ -119,12 +123,12 @@ fn run_job(job: Job<'_>, sh: &Shared<'_>) -> Result<(), TrainError> {
         Some(held) => {
             accumulate(held, &grads);
             if update {
-                update_slab(slab, None, sh.adamw, mask, sh.lr, 1.0)
+                update_any(slab, None, sh.window, sh.adamw, mask, sh.lr, 1.0)
             } else {
                 Ok(())
             }
         }
-        None if update => update_slab(slab, Some(&mut grads), sh.adamw, mask, sh.lr, 1.0),
+        None if update => update_any(slab, Some(&mut grads), sh.window, sh.adamw, mask, sh.lr, 1.0),
         None => Err(TrainError::Internal(format!(
             "layer {index}: gradients must be held to accumulate micro-batches"
         ))),

@@ -1,0 +1,360 @@
+//! The disk tier: a run whose host budget spills most layers equals an
+//! all-RAM run bit for bit (the optimizer updates spilled layers through
+//! the read-ahead / write-behind window, several layers deep), and a full
+//! disk — simulated with RLIMIT_FSIZE in a child process, which works
+//! without root — ends the run with a clear error that keeps the previous
+//! checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_adamw::AdamWConfig;
+use megatrain_tensor::CpuExecutor;
+use megatrain_tier::{CHUNK_ALIGN, TierConfig, TransportDType, WindowConfig, padded_bytes};
+use megatrain_zoo::{ModelConfig, preset};
+
+fn model() -> ModelConfig {
+    let mut c = preset("llama-tiny", None).unwrap();
+    c.num_layers = 8;
+    c
+}
+
+fn batch(index: u64) -> Batch {
+    let data = TokenData {
+        tokens: (0..4000u32).map(|i| (i * 7919 + i / 3) % 256).collect(),
+        loss_mask: None,
+    };
+    draw_batch(&data, Sampling::Random { seed: 9 }, index, 2, 9, "mem".as_ref()).unwrap()
+}
+
+/// A budget that keeps the transport copies and the first `keep` layers'
+/// p/m/v (and gradients) in RAM.
+fn budget_keeping(model: &ModelConfig, transport: TransportDType, hold: bool, keep: usize) -> u64 {
+    let tables = model.layer_tables();
+    let t: u64 = tables
+        .iter()
+        .map(|t| padded_bytes(t.numel(), transport.size_in_bytes()))
+        .sum();
+    let per = if hold { 4 } else { 3 };
+    t + tables[..keep]
+        .iter()
+        .map(|t| per * padded_bytes(t.numel(), 4))
+        .sum::<u64>()
+}
+
+struct Run {
+    trainer: Trainer<CpuExecutor>,
+    _spill: Option<tempfile::TempDir>,
+}
+
+fn run(
+    transport: TransportDType,
+    hold: bool,
+    clip: Option<f64>,
+    budget: Option<u64>,
+    window: WindowConfig,
+) -> Run {
+    let model = model();
+    let spill = budget.map(|_| tempfile::tempdir().unwrap());
+    let tier_config = TierConfig {
+        transport,
+        hold_grads: hold,
+        ram_budget_bytes: budget,
+        // A directory that does not exist yet: the tier creates it.
+        spill_dir: spill.as_ref().map(|d| d.path().join("spill")),
+    };
+    let tier = init_tier(&model, tier_config, 77).unwrap();
+    let config = TrainerConfig {
+        checkpoint_every: 2,
+        chunk_rows: 7,
+        adamw: AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        },
+        grad_clip: clip,
+        optimizer_queue: 2,
+    };
+    let mut trainer = Trainer::new(CpuExecutor::new(), model, tier, config).unwrap();
+    trainer.set_spill_window(window);
+    Run {
+        trainer,
+        _spill: spill,
+    }
+}
+
+type State = Vec<(Vec<u32>, Vec<u32>, Vec<u32>, Vec<u8>, u64)>;
+
+fn state(t: &Trainer<CpuExecutor>) -> State {
+    let bits = |s: &[f32]| s.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    t.tier()
+        .layers()
+        .iter()
+        .map(|s| {
+            (
+                bits(s.params()),
+                bits(s.m()),
+                bits(s.v()),
+                s.transport().as_bytes().to_vec(),
+                s.step(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn spilled_run_equals_all_ram_run_bit_for_bit() {
+    let model = model();
+    let n_layers = model.layer_tables().len();
+    // 32 Ki-element chunks: a block of llama-tiny is two chunks, so a
+    // window of 6 chunk sets holds about three layers.
+    let window = WindowConfig {
+        chunk_elems: CHUNK_ALIGN,
+        depth: 6,
+    };
+    let cases = [
+        // (transport, hold, clip, micro-batches)
+        (TransportDType::F32, false, None, 1),
+        (TransportDType::BF16, false, None, 1),
+        (TransportDType::F32, true, None, 2),
+        (TransportDType::BF16, true, Some(0.05), 1),
+    ];
+    for (transport, hold, clip, micro) in cases {
+        let label = format!("{transport:?} hold {hold} clip {clip:?} micro {micro}");
+        let budget = budget_keeping(&model, transport, hold, 3);
+        let mut ram = run(transport, hold, clip, None, window);
+        let mut disk = run(transport, hold, clip, Some(budget), window);
+        let report = disk.trainer.tier().report();
+        let spilled = disk
+            .trainer
+            .tier()
+            .layers()
+            .iter()
+            .filter(|s| s.is_spilled())
+            .count();
+        assert_eq!(report.first_spilled, Some(3), "{label}");
+        assert!(
+            2 * spilled >= n_layers,
+            "{label}: only {spilled} of {n_layers} spilled"
+        );
+        let spilled_bytes: u64 = disk
+            .trainer
+            .tier()
+            .layers()
+            .iter()
+            .filter(|s| s.is_spilled())
+            .map(|s| 3 * padded_bytes(s.numel(), 4))
+            .sum();
+        for step in 0..3u64 {
+            let batches: Vec<Batch> = (0..micro).map(|k| batch(step * 2 + k)).collect();
+            let a = ram.trainer.step(&batches, 2e-3).unwrap();
+            let b = disk.trainer.step(&batches, 2e-3).unwrap();
+            assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{label} step {step}");
+            assert_eq!((a.spill_read_bytes, a.spill_written_bytes), (0, 0));
+            assert_eq!(b.spill_read_bytes, spilled_bytes, "{label}");
+            assert_eq!(b.spill_written_bytes, spilled_bytes, "{label}");
+            assert!(b.spill_disk_ms > 0.0 && b.spill_gb_s > 0.0, "{label}");
+            assert!(b.spill_wait_ms >= 0.0);
+            assert_eq!(a.grad_norm.map(f64::to_bits), b.grad_norm.map(f64::to_bits));
+        }
+        assert!(
+            state(&ram.trainer) == state(&disk.trainer),
+            "{label}: states differ"
+        );
+        assert!(
+            disk.trainer.tier().layers().iter().all(|s| s.step() == 3),
+            "{label}"
+        );
+    }
+}
+
+// ---- a full disk, through the binary --------------------------------------
+
+fn corpus(dir: &Path) -> PathBuf {
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, "O Romeo, Romeo! wherefore art thou Romeo?\n".repeat(40)).unwrap();
+    p
+}
+
+/// Runs `megatrain` with RLIMIT_FSIZE = `limit` bytes (and SIGXFSZ ignored,
+/// so writing past it fails with EFBIG instead of killing the process).
+fn megatrain_limited(args: &[&str], limit: Option<u64>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_megatrain"));
+    cmd.args(args);
+    #[cfg(unix)]
+    if let Some(limit) = limit {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let r = libc::rlimit {
+                    rlim_cur: limit as libc::rlim_t,
+                    rlim_max: limit as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.output().unwrap()
+}
+
+fn train_args<'a>(data: &'a str, out: &'a str, steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--data",
+        data,
+        "--device",
+        "cpu",
+        "--quiet",
+        "--seq-len",
+        "16",
+        "--batch",
+        "2",
+        "--steps",
+        steps,
+        "--save-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--out",
+        out,
+        // Transport copies (~0.5 MB) plus the embedding: the blocks and
+        // the head spill.
+        "--host-budget",
+        "800K",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn no_spill_files_left(run: &Path) {
+    let spill = run.join("spill");
+    if spill.exists() {
+        let left: Vec<_> = std::fs::read_dir(&spill).unwrap().collect();
+        assert!(left.is_empty(), "spill files left: {left:?}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn the_cli_spills_and_a_full_disk_is_a_clear_error_that_keeps_the_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let out = tmp.path().join("run");
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+
+    // No room even for the spill files: refused at start, before training.
+    let r = megatrain_limited(&train_args(d, o, "2", &[]), Some(64 << 10));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success());
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("disk is full"), "{err}");
+    assert!(err.contains("megatrain-spill-"), "names the spill file: {err}");
+    assert!(!out.join("latest").exists());
+    no_spill_files_left(&out);
+    std::fs::remove_dir_all(&out).unwrap();
+
+    // Step 1 with room: the spill directory is created, a checkpoint saved.
+    let r = megatrain_limited(&train_args(d, o, "1", &[]), None);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let ckpt1 = out.join("ckpt-1");
+    let model1 = std::fs::read(ckpt1.join("model.safetensors")).unwrap();
+    let optim1 = std::fs::read(ckpt1.join("optimizer.safetensors")).unwrap();
+    no_spill_files_left(&out);
+
+    // Resume with room for the spill files (≤ 200 KB each) but not for a
+    // checkpoint file (the model file alone is ~530 KB): step 2 trains,
+    // its checkpoint fails, and the run stops with a clear error.
+    let limit = 300 << 10;
+    assert!(model1.len() as u64 > limit);
+    let r = megatrain_limited(&["train", "--resume", o, "--steps", "2", "--quiet"], Some(limit));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "saving past the limit must fail");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("disk is full"), "{err}");
+    assert!(err.contains("ckpt-2"), "{err}");
+    assert!(
+        err.contains("'latest' still names") && err.contains("ckpt-1"),
+        "{err}"
+    );
+    // The previous checkpoint stands, unchanged, and is still the latest;
+    // the failed one is gone.
+    assert_eq!(
+        std::fs::read_to_string(out.join("latest")).unwrap().trim(),
+        "ckpt-1"
+    );
+    assert_eq!(std::fs::read(ckpt1.join("model.safetensors")).unwrap(), model1);
+    assert_eq!(
+        std::fs::read(ckpt1.join("optimizer.safetensors")).unwrap(),
+        optim1
+    );
+    assert!(!out.join("ckpt-2").exists());
+    no_spill_files_left(&out);
+
+    // With room again the run resumes from it and finishes.
+    let r = megatrain_limited(&["train", "--resume", o, "--steps", "2", "--quiet"], None);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.join("ckpt-2").join("checkpoint.json").exists());
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert!(last["spill_read_bytes"].as_u64().unwrap() > 0, "{last}");
+    assert_eq!(last["spill_read_bytes"], last["spill_written_bytes"]);
+}
+
+#[test]
+fn plan_estimates_the_disk_time_of_a_step() {
+    // llama-2-7b, bf16: 12.55 GiB of transport copies, so a 14G budget
+    // keeps a little p/m/v in RAM and spills most layers.
+    let out = megatrain_limited(
+        &[
+            "plan",
+            "--preset",
+            "llama-2-7b",
+            "--precision",
+            "bf16",
+            "--host-budget",
+            "14G",
+            "--disk-gbps",
+            "2",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = text.lines().find(|l| l.starts_with("disk: layers")).expect(&text);
+    assert!(line.contains("past --host-budget 14.00 GiB"), "{line}");
+    let time = text
+        .lines()
+        .find(|l| l.contains("of disk time per step"))
+        .expect(&text);
+    assert!(time.contains("2.00 GB/s read, 2.00 GB/s write (given)"), "{time}");
+    // Seconds = 2 × spilled bytes / 2 GB/s: about 77 GB each way here.
+    let secs: f64 = time
+        .split("): ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect(time);
+    assert!((60.0..90.0).contains(&secs), "{time}");
+    let bad = megatrain_limited(
+        &[
+            "plan",
+            "--preset",
+            "llama-tiny",
+            "--host-budget",
+            "1M",
+            "--disk-gbps",
+            "0",
+        ],
+        None,
+    );
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--disk-gbps 0"));
+}
