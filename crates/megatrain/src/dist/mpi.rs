@@ -21,22 +21,6 @@ use super::{Collective, DistError, Elem, InFlight, Result};
 
 const ENGINE: &str = "MPI";
 
-/// Whether this process was started by an MPI launcher (`mpirun`, `srun`
-/// with PMI/PMIx): only then is MPI initialised, so a build with the
-/// feature still runs alone without one.
-pub fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"]
-        .iter()
-        .any(|k| std::env::var_os(k).is_some())
-}
-
-/// This process's index among the ranks on its node (picks its GPU).
-pub fn local_rank() -> Option<usize> {
-    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok()?.parse().ok())
-}
-
 pub struct MpiComm {
     world: SimpleCommunicator,
     rank: usize,

@@ -3,6 +3,7 @@
 //! the loss plot, generation and the memory plan.
 
 mod checkpoint;
+mod dist_check;
 mod encoder;
 mod error;
 mod generate;
@@ -25,4 +26,5 @@ pub use plan::{DeviceBytes, Plan, PlanInput, mem_available, plan};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
     Prepared, Progress, QuietProgress, Summary, evaluate, prepare, tier_config, tier_params, train,
+    train_with,
 };
