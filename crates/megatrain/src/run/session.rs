@@ -18,7 +18,7 @@ use super::metrics_log::MetricsLog;
 use super::options::{Precision, SamplingKind, TrainOptions};
 use super::plot::write_plot;
 use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, draw_rows, load_tokens, split_validation};
-use crate::dist::DistConfig;
+use crate::dist::{Collective, DistConfig};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
@@ -279,6 +279,33 @@ pub fn evaluate<E: Executor>(
     })
 }
 
+/// [`evaluate`] split across the ranks of `comm`: each evaluates its rows
+/// of the global batch `batch` and the sums are added, so N ranks report
+/// what one rank with the global batch would.
+#[allow(clippy::too_many_arguments)]
+fn evaluate_split<E: Executor>(
+    trainer: &Trainer<E>,
+    data: &TokenData,
+    name: &Path,
+    batch: usize,
+    seq_len: usize,
+    batches: usize,
+    sampling: Sampling,
+    comm: &dyn Collective,
+) -> Result<f64> {
+    let per = batch / comm.size();
+    let rows = comm.rank() * per..(comm.rank() + 1) * per;
+    let mut x = [0.0, 0.0];
+    for i in 0..batches as u64 {
+        let b = draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name)?;
+        let (s, c) = trainer.eval_loss(&b)?;
+        x[0] += s;
+        x[1] += c as f64;
+    }
+    comm.sum_f64(&mut x)?;
+    Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
+}
+
 pub fn tier_config(opts: &TrainOptions) -> TierConfig {
     TierConfig {
         transport: match opts.precision {
@@ -381,8 +408,19 @@ pub fn train_with<E: Executor>(
         seed: opts.seed ^ EVAL_SEED_MIX,
     };
     let eval = |t: &Trainer<E>| -> Result<Option<f64>> {
-        match &p.val {
-            Some(v) => evaluate(
+        match (&p.val, &dist) {
+            (Some(v), Some(d)) => evaluate_split(
+                t,
+                v,
+                &p.val_name,
+                opts.global_batch(),
+                opts.seq_len,
+                opts.eval_batches,
+                eval_sampling,
+                &*d.comm,
+            )
+            .map(Some),
+            (Some(v), None) => evaluate(
                 t,
                 v,
                 &p.val_name,
@@ -392,7 +430,7 @@ pub fn train_with<E: Executor>(
                 eval_sampling,
             )
             .map(Some),
-            None => Ok(None),
+            (None, _) => Ok(None),
         }
     };
     let end = stop_at.unwrap_or(opts.steps).min(opts.steps);
