@@ -273,7 +273,7 @@ impl TrainOptions {
         }
         if !batch_given && ranks != self.ranks {
             let global = self.global_batch();
-            if global % ranks != 0 {
+            if !global.is_multiple_of(ranks) {
                 return Err(RunError::option(
                     "ranks",
                     ranks,

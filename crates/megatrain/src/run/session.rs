@@ -523,6 +523,7 @@ pub fn train_with<E: Executor>(
             trainer.gather_state()?;
             if lead {
                 let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
+                trainer.release_unowned()?;
                 progress.saved(step, &dir);
                 summary.checkpoint = Some(dir);
             } else {

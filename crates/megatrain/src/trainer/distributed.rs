@@ -31,6 +31,20 @@ impl<E: Executor> Trainer<E> {
         }
         let numels: Vec<usize> = self.tier.layers().iter().map(|s| s.numel()).collect();
         self.dist = Some(DistState::new(dist, &numels, &self.masks));
+        self.release_unowned()
+    }
+
+    /// With a sharded optimizer, hands the pages of p, m and v outside this
+    /// rank's ranges back to the kernel: what makes host memory per rank
+    /// 12/N bytes per parameter plus the transport copy. Call after
+    /// [`Trainer::gather_state`] has made them resident on rank 0.
+    pub fn release_unowned(&mut self) -> Result<()> {
+        let Some(d) = &self.dist else { return Ok(()) };
+        if d.config.shard_optimizer {
+            for slab in self.tier.layers_mut() {
+                slab.release_outside(d.own(slab.index()))?;
+            }
+        }
         Ok(())
     }
 
@@ -94,7 +108,9 @@ impl<E: Executor> Trainer<E> {
 
     /// With a sharded optimizer, brings every rank's range of p, m and v to
     /// rank 0, so rank 0's tier holds the whole state (for a checkpoint).
-    /// Other ranks' tiers are unchanged. A no-op otherwise.
+    /// Other ranks' tiers are unchanged. A no-op otherwise. Parameters
+    /// outside a rank's ranges are stale (or released) on every other rank:
+    /// only the transport copies are whole everywhere.
     pub fn gather_state(&mut self) -> Result<()> {
         let Some(d) = &self.dist else { return Ok(()) };
         if !d.config.shard_optimizer {
