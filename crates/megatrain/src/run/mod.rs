@@ -10,6 +10,7 @@ mod generate;
 mod metrics_log;
 mod options;
 mod plan;
+mod plan_ranks;
 mod plot;
 mod session;
 
@@ -23,6 +24,7 @@ pub use generate::{Resident, SampleOptions, generate, pick};
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
 pub use plan::{DeviceBytes, Plan, PlanInput, mem_available, plan};
+pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
     Prepared, Progress, QuietProgress, Summary, evaluate, prepare, tier_config, tier_params, train,
