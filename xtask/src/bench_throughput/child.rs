@@ -35,7 +35,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     }
 }
 
-fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
+pub(super) fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
     let transport = match spec.precision.as_str() {
         "f32" => TransportDType::F32,
         "bf16" => TransportDType::BF16,
