@@ -32,12 +32,19 @@ fn bin() -> &'static str {
 
 fn mpirun(np: usize) -> Command {
     let mut c = Command::new("mpirun");
-    c.args(["--oversubscribe", "--mca", "btl", "self,vader", "-np", &np.to_string()])
-        // CI runs as root; Open MPI refuses that unless told twice.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        // More ranks than cores: one thread each keeps them from thrashing.
-        .env("RAYON_NUM_THREADS", "1");
+    c.args([
+        "--oversubscribe",
+        "--mca",
+        "btl",
+        "self,vader",
+        "-np",
+        &np.to_string(),
+    ])
+    // CI runs as root; Open MPI refuses that unless told twice.
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    // More ranks than cores: one thread each keeps them from thrashing.
+    .env("RAYON_NUM_THREADS", "1");
     c
 }
 
@@ -100,7 +107,11 @@ fn train_args(preset: &str, data: &Path, out: &Path, batch: usize, extra: &[&str
 
 fn run_alone(args: &[String]) -> Output {
     check(
-        Command::new(bin()).args(args).env("RAYON_NUM_THREADS", "1").output().unwrap(),
+        Command::new(bin())
+            .args(args)
+            .env("RAYON_NUM_THREADS", "1")
+            .output()
+            .unwrap(),
         "megatrain alone",
     )
 }
@@ -158,26 +169,43 @@ fn assert_same_run_within(a: &Path, b: &Path, what: &str, loss_rtol: f64) {
         for (step, x) in la {
             if let Some(y) = lb.get(&step) {
                 let rel = (x - y).abs() / x.abs().max(1e-12);
-                assert!(rel <= loss_rtol, "{what}: {key} at step {step}: {x} vs {y} (rel {rel:.2e})");
+                assert!(
+                    rel <= loss_rtol,
+                    "{what}: {key} at step {step}: {x} vs {y} (rel {rel:.2e})"
+                );
                 compared += 1;
             }
         }
-        assert!(compared > 0 || key == "grad_norm", "{what}: no common {key} steps");
+        assert!(
+            compared > 0 || key == "grad_norm",
+            "{what}: no common {key} steps"
+        );
     }
     let (pa, pb) = (
         tensors(&latest(a).join("model.safetensors")),
         tensors(&latest(b).join("model.safetensors")),
     );
-    assert_eq!(pa.keys().collect::<Vec<_>>(), pb.keys().collect::<Vec<_>>(), "{what}");
+    assert_eq!(
+        pa.keys().collect::<Vec<_>>(),
+        pb.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
     for (name, x) in &pa {
         let y = &pb[name];
         assert_eq!(x.len(), y.len(), "{what}: {name}");
-        diff += x.iter().zip(y).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>();
+        diff += x
+            .iter()
+            .zip(y)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>();
         norm += x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
     }
     let rel = (diff / norm).sqrt();
-    assert!(rel <= PARAM_RTOL, "{what}: parameters differ by {rel:.2e} (relative L2)");
+    assert!(
+        rel <= PARAM_RTOL,
+        "{what}: parameters differ by {rel:.2e} (relative L2)"
+    );
 }
 
 fn assert_same_run(a: &Path, b: &Path, what: &str) {
@@ -212,7 +240,12 @@ fn llama_tiny_two_and_three_ranks_equal_one_rank() {
 
 #[test]
 fn sharded_optimizer_equals_one_rank() {
-    for (preset, np) in [("gpt2-nano", 2), ("gpt2-nano", 3), ("llama-tiny", 2), ("llama-tiny", 3)] {
+    for (preset, np) in [
+        ("gpt2-nano", 2),
+        ("gpt2-nano", 3),
+        ("llama-tiny", 2),
+        ("llama-tiny", 3),
+    ] {
         ranks_equal_one_rank(preset, np, &["--shard-optimizer", "true"]);
     }
 }
@@ -222,7 +255,11 @@ fn accumulation_and_clipping_across_ranks() {
     let held = ["--grad-accum", "2", "--grad-clip", "0.5"];
     ranks_equal_one_rank("gpt2-nano", 2, &held);
     // Clipping without accumulation: held gradients, one micro-batch.
-    ranks_equal_one_rank("gpt2-nano", 3, &["--grad-clip", "0.5", "--shard-optimizer", "true"]);
+    ranks_equal_one_rank(
+        "gpt2-nano",
+        3,
+        &["--grad-clip", "0.5", "--shard-optimizer", "true"],
+    );
     let sharded = [&held[..], &["--shard-optimizer", "true"]].concat();
     ranks_equal_one_rank("llama-tiny", 3, &sharded);
 }
@@ -281,14 +318,28 @@ fn checkpoint_of_two_ranks_resumes_on_one_and_on_three() {
         run_mpi(2, &first);
         let three = dir.path().join("three");
         check(
-            Command::new("cp").arg("-r").arg(&two).arg(&three).output().unwrap(),
+            Command::new("cp")
+                .arg("-r")
+                .arg(&two)
+                .arg(&three)
+                .output()
+                .unwrap(),
             "cp",
         );
         let resume = |run: &Path| -> Vec<String> {
-            ["train", "--resume", run.to_str().unwrap(), "--steps", "10", "--device", "cpu", "--quiet"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
+            [
+                "train",
+                "--resume",
+                run.to_str().unwrap(),
+                "--steps",
+                "10",
+                "--device",
+                "cpu",
+                "--quiet",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
         };
         run_alone(&resume(&two));
         run_mpi(3, &resume(&three));
@@ -300,7 +351,10 @@ fn checkpoint_of_two_ranks_resumes_on_one_and_on_three() {
         let out = mpirun(4).arg(bin()).args(resume(&three)).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success());
-        assert!(err.contains("--ranks 4: does not divide the run's global batch of 6"), "{err}");
+        assert!(
+            err.contains("--ranks 4: does not divide the run's global batch of 6"),
+            "{err}"
+        );
     }
 }
 
@@ -335,8 +389,12 @@ fn ranks_with_different_settings_refuse_to_start() {
 /// Rank `rank`'s process among `mpirun`'s children.
 fn rank_pid(mpirun: u32, rank: usize) -> Option<u32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
         let after = stat.rsplit(')').next().unwrap_or("");
         let ppid: Option<u32> = after.split_whitespace().nth(1).and_then(|s| s.parse().ok());
         if ppid != Some(mpirun) {
@@ -357,7 +415,11 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     let data = corpus(dir.path());
     let run = dir.path().join("run");
     let mut args = train_args("gpt2-nano", &data, &run, 2, &["--shard-optimizer", "true"]);
-    for (k, v) in [("--steps", "100000"), ("--save-every", "1"), ("--eval-every", "0")] {
+    for (k, v) in [
+        ("--steps", "100000"),
+        ("--save-every", "1"),
+        ("--eval-every", "0"),
+    ] {
         let at = args.iter().position(|a| a == k).unwrap();
         args[at + 1] = v.into();
     }
@@ -379,7 +441,10 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     let pid = rank_pid(job.id(), 0).expect("rank 0 among mpirun's children");
     let killed = Instant::now();
     check(
-        Command::new("kill").args(["-KILL", &pid.to_string()]).output().unwrap(),
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .output()
+            .unwrap(),
         "kill",
     );
     let status = loop {
@@ -395,12 +460,17 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     let mut err = String::new();
     std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(!status.success());
-    assert!(err.contains("signal 9"), "mpirun should name the killed rank's signal: {err}");
+    assert!(
+        err.contains("signal 9"),
+        "mpirun should name the killed rank's signal: {err}"
+    );
     assert!(rank_pid(job.id(), 1).is_none(), "rank 1 outlived the job");
 
     // The checkpoint `latest` names is complete: one more step from it runs.
     let before = latest(&run);
-    let step: u64 = before.file_name().unwrap().to_str().unwrap()["ckpt-".len()..].parse().unwrap();
+    let step: u64 = before.file_name().unwrap().to_str().unwrap()["ckpt-".len()..]
+        .parse()
+        .unwrap();
     let resume = [
         "train",
         "--resume",
@@ -411,6 +481,9 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
         "cpu",
         "--quiet",
     ];
-    check(Command::new(bin()).args(resume).output().unwrap(), "resume after the kill");
+    check(
+        Command::new(bin()).args(resume).output().unwrap(),
+        "resume after the kill",
+    );
     assert_eq!(latest(&run), run.join(format!("ckpt-{}", step + 1)));
 }

@@ -45,7 +45,10 @@ pub struct RankRecord {
     pub comm_ms: f64,
     pub comm_wait_ms: f64,
     pub comm_bytes_per_step: u64,
-    pub peak_rss_bytes: u64,
+    /// Rank 0's resident set after the timed steps (peak RSS would count
+    /// the whole state that initialisation writes before a sharded rank
+    /// hands back the pages it does not own).
+    pub rss_bytes: u64,
     pub loss_last: f64,
 }
 
@@ -80,9 +83,17 @@ fn join() -> anyhow::Result<Option<std::sync::Arc<dyn Collective>>> {
 pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     let comm = join()?;
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
-    anyhow::ensure!(ranks == rs.ranks, "{} ranks started for a run of {}", ranks, rs.ranks);
+    anyhow::ensure!(
+        ranks == rs.ranks,
+        "{} ranks started for a run of {}",
+        ranks,
+        rs.ranks
+    );
     let spec = &rs.spec;
-    anyhow::ensure!(spec.device == "cpu", "--ranks runs the CPU executor only (one rank per GPU is future work)");
+    anyhow::ensure!(
+        spec.device == "cpu",
+        "--ranks runs the CPU executor only (one rank per GPU is future work)"
+    );
     let model = spec.model()?;
     let tier = tier_for(spec, &model)?;
     let config = TrainerConfig {
@@ -138,7 +149,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         comm_ms: steps.iter().map(|m| m.comm_ms).sum::<f64>() / n,
         comm_wait_ms: steps.iter().map(|m| m.comm_wait_ms).sum::<f64>() / n,
         comm_bytes_per_step: steps.last().map_or(0, |m| m.comm_bytes),
-        peak_rss_bytes: rss::peak_rss_bytes().unwrap_or(0),
+        rss_bytes: rss::current_rss_bytes().unwrap_or(0),
         loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
     }))
 }
@@ -161,8 +172,14 @@ fn launch(rs: &RankSpec, threads: usize) -> anyhow::Result<RankRecord> {
         let mut c = Command::new("mpirun");
         // No core binding: each rank's threads go where the OS puts them,
         // as the single-process baseline's do.
-        c.args(["--bind-to", "none", "--oversubscribe", "-np", &rs.ranks.to_string()])
-            .arg(&exe);
+        c.args([
+            "--bind-to",
+            "none",
+            "--oversubscribe",
+            "-np",
+            &rs.ranks.to_string(),
+        ])
+        .arg(&exe);
         c
     };
     let out = cmd
@@ -183,7 +200,7 @@ fn launch(rs: &RankSpec, threads: usize) -> anyhow::Result<RankRecord> {
 pub fn run(specs: &[Spec], ranks: usize, shard: bool, threads: usize) -> anyhow::Result<String> {
     anyhow::ensure!(ranks >= 2, "--ranks {ranks}: give at least 2 for a scaling run");
     let mut table = String::from(
-        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | peak RSS/rank | efficiency |\n\
+        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | efficiency |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in specs {
@@ -220,7 +237,7 @@ pub fn run(specs: &[Spec], ranks: usize, shard: bool, threads: usize) -> anyhow:
                 r.comm_ms,
                 r.comm_wait_ms,
                 r.comm_bytes_per_step as f64 / 1e6,
-                r.peak_rss_bytes as f64 / (1 << 20) as f64,
+                r.rss_bytes as f64 / (1 << 20) as f64,
                 r.tokens_per_s / (r.ranks as f64 * base),
             );
         }

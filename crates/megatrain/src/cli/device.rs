@@ -30,7 +30,9 @@ pub(crate) use on_executor;
 /// (by local rank) unless `MEGATRAIN_ADAPTER` names one.
 pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> anyhow::Result<Exec> {
     let context = || {
-        let wanted = std::env::var(megatrain_gpu::ADAPTER_ENV).ok().filter(|s| !s.is_empty());
+        let wanted = std::env::var(megatrain_gpu::ADAPTER_ENV)
+            .ok()
+            .filter(|s| !s.is_empty());
         GpuContext::with_adapter_choice(wanted.as_deref(), megatrain::dist::local_rank().unwrap_or(0))
     };
     let gpu = |ctx| {

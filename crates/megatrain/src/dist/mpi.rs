@@ -59,8 +59,14 @@ fn count(what: impl Fn() -> String, n: usize) -> Result<c_int> {
 
 fn counts_displs(ranges: &[Range<usize>]) -> Result<(Vec<c_int>, Vec<c_int>)> {
     let what = || "a layer shard".to_string();
-    let counts = ranges.iter().map(|r| count(what, r.len())).collect::<Result<_>>()?;
-    let displs = ranges.iter().map(|r| count(what, r.start)).collect::<Result<_>>()?;
+    let counts = ranges
+        .iter()
+        .map(|r| count(what, r.len()))
+        .collect::<Result<_>>()?;
+    let displs = ranges
+        .iter()
+        .map(|r| count(what, r.start))
+        .collect::<Result<_>>()?;
     Ok((counts, displs))
 }
 
@@ -84,7 +90,9 @@ impl Request {
         }
         self.done = true;
         // SAFETY: `req` came from a successful non-blocking call.
-        check(self.call, unsafe { ffi::MPI_Wait(&mut self.req, ffi::RSMPI_STATUS_IGNORE) })
+        check(self.call, unsafe {
+            ffi::MPI_Wait(&mut self.req, ffi::RSMPI_STATUS_IGNORE)
+        })
     }
 }
 
@@ -125,7 +133,12 @@ impl MpiComm {
         self.world.as_raw()
     }
 
-    fn request(call: &'static str, keep: Vec<Vec<c_int>>, own: Vec<u8>, start: impl FnOnce(*mut ffi::MPI_Request) -> c_int) -> Result<Box<dyn InFlight>> {
+    fn request(
+        call: &'static str,
+        keep: Vec<Vec<c_int>>,
+        own: Vec<u8>,
+        start: impl FnOnce(*mut ffi::MPI_Request) -> c_int,
+    ) -> Result<Box<dyn InFlight>> {
         // SAFETY: RSMPI_REQUEST_NULL is an initialised constant of the library.
         let mut r = Box::new(Request {
             req: unsafe { ffi::RSMPI_REQUEST_NULL },
@@ -250,13 +263,20 @@ impl Collective for MpiComm {
         })
     }
 
-    unsafe fn start_all_gather(&self, buf: *mut u8, elem: Elem, ranges: &[Range<usize>]) -> Result<Box<dyn InFlight>> {
+    unsafe fn start_all_gather(
+        &self,
+        buf: *mut u8,
+        elem: Elem,
+        ranges: &[Range<usize>],
+    ) -> Result<Box<dyn InFlight>> {
         let (counts, displs) = counts_displs(ranges)?;
         let own_range = &ranges[self.rank];
         let size = elem.size();
         // A copy of our own range: MPI forbids overlapping send and receive
         // buffers, and MPI_IN_PLACE has no portable binding in rsmpi.
-        let own = unsafe { std::slice::from_raw_parts(buf.add(own_range.start * size), own_range.len() * size) }.to_vec();
+        let own =
+            unsafe { std::slice::from_raw_parts(buf.add(own_range.start * size), own_range.len() * size) }
+                .to_vec();
         let (own_ptr, own_n) = (own.as_ptr(), counts[self.rank]);
         let (counts_ptr, displs_ptr) = (counts.as_ptr(), displs.as_ptr());
         let dt = datatype(elem);

@@ -114,7 +114,11 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             .into_iter()
             // A device option (like `transport`) changes no result, nor
             // does another number of ranks with the same global batch.
-            .filter(|w| !["steps:", "out:", "transport:", "ranks:"].iter().any(|k| w.starts_with(k)))
+            .filter(|w| {
+                !["steps:", "out:", "transport:", "ranks:"]
+                    .iter()
+                    .any(|k| w.starts_with(k))
+            })
             .filter(|w| !w.starts_with("batch:") || state.options.global_batch() != opts.global_batch())
             .collect();
         let model = ModelConfig::from_dir(&ckpt)?;

@@ -69,7 +69,12 @@ impl<E: Executor> Trainer<E> {
     /// gradient of its ranges only, so the squared norm is summed across
     /// ranks; then each rank updates its ranges and the transport copies
     /// are all-gathered (started together, waited together).
-    pub(super) fn clip_and_update_sharded(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
+    pub(super) fn clip_and_update_sharded(
+        &mut self,
+        max_norm: f64,
+        lr: f32,
+        m: &mut StepMetrics,
+    ) -> Result<f64> {
         let d = self.dist.as_ref().expect("sharded clipping needs a communicator");
         let own: Vec<&[f32]> = self
             .tier

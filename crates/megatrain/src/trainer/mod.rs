@@ -331,7 +331,9 @@ impl<E: Executor> Trainer<E> {
         if let Some(max_norm) = self.config.grad_clip {
             let t = Instant::now();
             let norm = match self.dist.as_ref() {
-                Some(d) if d.config.shard_optimizer => self.clip_and_update_sharded(max_norm, lr as f32, &mut m)?,
+                Some(d) if d.config.shard_optimizer => {
+                    self.clip_and_update_sharded(max_norm, lr as f32, &mut m)?
+                }
                 _ => self.clip_and_update(max_norm, lr as f32)?,
             };
             let busy = ms(t);

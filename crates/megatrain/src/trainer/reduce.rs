@@ -49,7 +49,11 @@ impl DistState {
             .zip(masks)
             .map(|(r, m)| shard_mask(m, &r[rank]))
             .collect();
-        DistState { config, ranges, masks }
+        DistState {
+            config,
+            ranges,
+            masks,
+        }
     }
 
     pub fn comm(&self) -> &dyn Collective {
@@ -80,7 +84,13 @@ impl WorkerReport {
     pub fn waited_after(&self, from: Instant) -> f64 {
         self.waits
             .iter()
-            .map(|&(s, e)| if e > from { (e - s.max(from)).as_secs_f64() * 1e3 } else { 0.0 })
+            .map(|&(s, e)| {
+                if e > from {
+                    (e - s.max(from)).as_secs_f64() * 1e3
+                } else {
+                    0.0
+                }
+            })
             .sum()
     }
 }
@@ -144,7 +154,9 @@ pub(super) fn update_range(
             (Some(g), _) => g,
             (None, Some(h)) => &mut h[r.clone()],
             (None, None) => {
-                return Err(TrainError::Internal(format!("layer {index}: no gradient to apply")));
+                return Err(TrainError::Internal(format!(
+                    "layer {index}: no gradient to apply"
+                )));
             }
         };
         let update = SlabUpdate::new(
