@@ -102,6 +102,9 @@ pub struct Args {
     /// With --ranks: compute threads of every process (the baseline's too).
     #[arg(long, default_value_t = 1)]
     threads_per_rank: usize,
+    /// With --ranks: rounds of (baseline, N ranks), median reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Internal: one process of a --ranks run (JSON).
     #[arg(long, hide = true)]
     rank_child: Option<String>,
@@ -274,7 +277,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.ranks > 1 {
         println!(
             "{}",
-            ranks::run(&specs, a.ranks, a.shard_optimizer, a.threads_per_rank)?
+            ranks::run(&specs, a.ranks, a.shard_optimizer, a.threads_per_rank, a.rounds)?
         );
         return Ok(());
     }

@@ -196,8 +196,17 @@ fn launch(rs: &RankSpec, threads: usize) -> anyhow::Result<RankRecord> {
     }
 }
 
-/// The scaling table for every spec.
-pub fn run(specs: &[Spec], ranks: usize, shard: bool, threads: usize) -> anyhow::Result<String> {
+/// The scaling table for every spec. The baseline and the N-rank run take
+/// turns for `rounds` rounds (so a change in machine load hits both alike);
+/// each row is the round with the median throughput.
+pub fn run(
+    specs: &[Spec],
+    ranks: usize,
+    shard: bool,
+    threads: usize,
+    rounds: usize,
+) -> anyhow::Result<String> {
+    anyhow::ensure!(rounds >= 1, "--rounds must be at least 1");
     anyhow::ensure!(ranks >= 2, "--ranks {ranks}: give at least 2 for a scaling run");
     let mut table = String::from(
         "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | efficiency |\n\
@@ -206,18 +215,31 @@ pub fn run(specs: &[Spec], ranks: usize, shard: bool, threads: usize) -> anyhow:
     for s in specs {
         let mut spec = s.clone();
         (spec.mode_reps, spec.peer) = (0, false);
-        let mut rows = Vec::new();
-        for n in [1, ranks] {
-            let rs = RankSpec {
-                spec: spec.clone(),
-                ranks: n,
-                shard_optimizer: shard && n > 1,
-            };
-            eprintln!("== {} on {n} rank(s) ==", spec.label);
-            rows.push(launch(&rs, threads)?);
-            // Let the machine settle between runs.
-            std::thread::sleep(Duration::from_millis(500));
+        let mut runs: [Vec<RankRecord>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..rounds {
+            for (k, n) in [1, ranks].into_iter().enumerate() {
+                let rs = RankSpec {
+                    spec: spec.clone(),
+                    ranks: n,
+                    shard_optimizer: shard && n > 1,
+                };
+                eprintln!(
+                    "== {} on {n} rank(s), round {} of {rounds} ==",
+                    spec.label,
+                    round + 1
+                );
+                runs[k].push(launch(&rs, threads)?);
+                // Let the machine settle between runs.
+                std::thread::sleep(Duration::from_millis(500));
+            }
         }
+        let rows: Vec<RankRecord> = runs
+            .into_iter()
+            .map(|mut v| {
+                v.sort_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s));
+                v.swap_remove(v.len() / 2)
+            })
+            .collect();
         let base = rows[0].tokens_per_s;
         for r in &rows {
             table += &format!(

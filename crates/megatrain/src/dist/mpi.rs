@@ -21,6 +21,10 @@ use super::{Collective, DistError, Elem, InFlight, Result};
 
 const ENGINE: &str = "MPI";
 
+/// Sleep between polls of a collective in flight: short beside a layer's
+/// compute, long enough to leave the core to the device thread.
+const POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
 pub struct MpiComm {
     world: SimpleCommunicator,
     rank: usize,
@@ -89,10 +93,21 @@ impl Request {
             return Ok(());
         }
         self.done = true;
-        // SAFETY: `req` came from a successful non-blocking call.
-        check(self.call, unsafe {
-            ffi::MPI_Wait(&mut self.req, ffi::RSMPI_STATUS_IGNORE)
-        })
+        // MPI_Wait spins on a core; the thread that waits here shares the
+        // machine with the device thread (all of it with the CPU executor),
+        // so poll and sleep between polls instead. Each poll also drives
+        // the progress of the collective.
+        let mut flag: c_int = 0;
+        loop {
+            // SAFETY: `req` came from a successful non-blocking call.
+            check(self.call, unsafe {
+                ffi::MPI_Test(&mut self.req, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+            })?;
+            if flag != 0 {
+                return Ok(());
+            }
+            std::thread::sleep(POLL);
+        }
     }
 }
 
