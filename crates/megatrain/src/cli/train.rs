@@ -1,11 +1,10 @@
 //! `megatrain train`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use std::sync::Arc;
-
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
     DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, latest_checkpoint, prepare,
