@@ -92,6 +92,14 @@ impl GpuContext {
     }
 
     pub fn with_adapter_filter(wanted: Option<&str>) -> Result<Arc<Self>, GpuError> {
+        Self::with_adapter_choice(wanted, 0)
+    }
+
+    /// Like [`GpuContext::with_adapter_filter`], but without a name takes
+    /// the `nth` (modulo their number) of the adapters of the best kind:
+    /// data parallel ranks on one machine pass their local rank so each
+    /// gets its own GPU.
+    pub fn with_adapter_choice(wanted: Option<&str>, nth: usize) -> Result<Arc<Self>, GpuError> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
@@ -120,14 +128,17 @@ impl GpuContext {
                     }
                 }
             }
-            None => adapters
-                .into_iter()
-                .min_by_key(|a| {
+            None => {
+                // Vulkan first among equals: it is where the features we want live.
+                let key = |a: &wgpu::Adapter| {
                     let i = a.get_info();
-                    // Vulkan first among equals: it is where the features we want live.
                     (rank(i.device_type), i.backend != wgpu::Backend::Vulkan)
-                })
-                .expect("non-empty adapter list"),
+                };
+                let best = adapters.iter().map(key).min().expect("non-empty adapter list");
+                let mut same: Vec<wgpu::Adapter> = adapters.into_iter().filter(|a| key(a) == best).collect();
+                let pick = nth % same.len();
+                same.swap_remove(pick)
+            }
         };
         let ai = adapter.get_info();
         let info = AdapterReport {

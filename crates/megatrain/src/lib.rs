@@ -3,6 +3,7 @@
 //! ([`run`]: options, run directories, checkpoints, generation, plans).
 
 pub mod data;
+pub mod dist;
 pub mod run;
 pub mod schedule;
 pub mod trainer;

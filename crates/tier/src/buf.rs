@@ -220,6 +220,27 @@ impl<T: Element> AlignedBuf<T> {
     }
 }
 
+impl<T: Element> AlignedBuf<T> {
+    /// Hands the whole pages inside elements `range` back to the kernel
+    /// (a data parallel rank that owns only a shard of a layer's state does
+    /// not keep the rest resident). Their contents become unspecified: zero
+    /// in RAM, the file's in a spill map. Elements outside `range` that
+    /// share a page with it are kept.
+    pub fn release(&mut self, range: std::ops::Range<usize>) -> Result<()> {
+        let size = size_of::<T>();
+        let start = (range.start * size).div_ceil(PAGE) * PAGE;
+        let end = (range.end.min(self.len) * size) / PAGE * PAGE;
+        #[cfg(unix)]
+        if let (Some(m), true) = (&self.map, start < end) {
+            // SAFETY: `&mut self` guarantees no outstanding borrows of the
+            // contents; the caller declared them unspecified.
+            unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) }
+                .at("<tier buffer>")?;
+        }
+        Ok(())
+    }
+}
+
 impl<T: Element> std::ops::Deref for AlignedBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {

@@ -353,6 +353,18 @@ impl LayerSlab {
         })
     }
 
+    /// Releases the resident pages of params, `m` and `v` outside `keep`
+    /// (a rank of a sharded optimizer owns only `keep`); their contents
+    /// become unspecified until written again.
+    pub fn release_outside(&mut self, keep: std::ops::Range<usize>) -> Result<()> {
+        let n = self.numel();
+        for b in [&mut self.params, &mut self.m, &mut self.v] {
+            b.release(0..keep.start)?;
+            b.release(keep.end..n)?;
+        }
+        Ok(())
+    }
+
     /// Rewrites the transport copy from the fp32 params.
     pub fn refresh_transport(&mut self) {
         let parts = self.parts_mut();

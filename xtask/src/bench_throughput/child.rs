@@ -42,7 +42,7 @@ fn precision(spec: &Spec) -> anyhow::Result<Precision> {
         .map_err(|e: String| anyhow::anyhow!("--precision: {e}"))
 }
 
-fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
+pub(super) fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
     let config = TierConfig {
         transport: precision(spec)?.transport(),
         hold_grads: false,

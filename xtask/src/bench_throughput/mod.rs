@@ -9,6 +9,7 @@
 
 mod child;
 mod peer;
+mod ranks;
 mod record;
 mod report;
 mod spec;
@@ -106,6 +107,23 @@ pub struct Args {
     /// Size of the scratch file that measures the disk's sequential bandwidth.
     #[arg(long, value_parser = parse_bytes, default_value = "2G")]
     disk_probe: u64,
+    /// Data parallel scaling: run each configuration alone and as N ranks
+    /// under mpirun (CPU executor; needs xtask built with `--features mpi`)
+    /// and report the scaling efficiency.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// With --ranks: shard the optimizer across ranks (ZeRO-1/2).
+    #[arg(long)]
+    shard_optimizer: bool,
+    /// With --ranks: compute threads of every process (the baseline's too).
+    #[arg(long, default_value_t = 1)]
+    threads_per_rank: usize,
+    /// With --ranks: rounds of (baseline, N ranks), median reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Internal: one process of a --ranks run (JSON).
+    #[arg(long, hide = true)]
+    rank_child: Option<String>,
     /// Internal: run one configuration (JSON) and print its record.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -340,12 +358,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         };
     }
+    if let Some(json) = &a.rank_child {
+        return ranks::child_main(json);
+    }
     let command = std::env::args().skip(1).collect::<Vec<_>>().join(" ");
     let root = root();
     let specs = with_budget(&a, specs(&a));
     anyhow::ensure!(!specs.is_empty(), "no configuration to run");
     for s in &specs {
         s.model().with_context(|| format!("configuration {}", s.label))?;
+    }
+    if a.ranks > 1 {
+        println!(
+            "{}",
+            ranks::run(&specs, a.ranks, a.shard_optimizer, a.threads_per_rank, a.rounds)?
+        );
+        return Ok(());
     }
     let py = if a.no_peer || a.sweep {
         Err("not requested".to_string())

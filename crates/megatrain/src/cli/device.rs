@@ -26,7 +26,15 @@ pub(crate) use on_executor;
 /// warning (a software adapter such as lavapipe is slower than the CPU
 /// executor); `gpu`: any adapter, lavapipe included; `cpu`: the CPU.
 /// `transport` is how a GPU executor moves layers (ignored on the CPU).
+/// Ranks of a data parallel run on one machine each take their own adapter
+/// (by local rank) unless `MEGATRAIN_ADAPTER` names one.
 pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> anyhow::Result<Exec> {
+    let context = || {
+        let wanted = std::env::var(megatrain_gpu::ADAPTER_ENV)
+            .ok()
+            .filter(|s| !s.is_empty());
+        GpuContext::with_adapter_choice(wanted.as_deref(), megatrain::dist::local_rank().unwrap_or(0))
+    };
     let gpu = |ctx| {
         GpuExecutor::with_options(
             ctx,
@@ -47,11 +55,11 @@ pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> an
             Ok(Exec::Cpu(CpuExecutor::new()))
         }
         DeviceChoice::Gpu => {
-            let ctx = GpuContext::new().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
+            let ctx = context().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
             say(format!("device: {}", ctx.info));
             Ok(Exec::Gpu(gpu(ctx)))
         }
-        DeviceChoice::Auto => match GpuContext::new() {
+        DeviceChoice::Auto => match context() {
             Ok(ctx) if ctx.info.device_type != "Cpu" => {
                 say(format!("device: {}", ctx.info));
                 Ok(Exec::Gpu(gpu(ctx)))

@@ -1,6 +1,7 @@
 //! The subcommands; each file parses its flags and calls the library.
 
 mod device;
+mod dist;
 mod eval;
 mod export;
 mod plan;

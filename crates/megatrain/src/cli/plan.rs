@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::run::{PlanInput, Precision, disk_estimate, mem_available, plan};
+use megatrain::run::{PlanInput, Precision, disk_estimate, mem_available, per_rank, plan};
 use megatrain_tier::TierConfig;
 use megatrain_zoo::{ModelConfig, preset};
 
@@ -36,6 +36,10 @@ pub struct PlanArgs {
     /// Host memory to compare with (default: MemAvailable of this machine), e.g. 24G.
     #[arg(long, value_parser = super::parse_bytes)]
     host_mem: Option<u64>,
+    /// Data parallel ranks (mpirun -np N) with the optimizer sharded: also
+    /// print the host bytes of each rank.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
     /// Device memory to compare with, e.g. 24G (wgpu does not report it).
     #[arg(long, value_parser = super::parse_bytes)]
     device_mem: Option<u64>,
@@ -60,8 +64,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give --model <HF dir> or --preset <name>"),
     };
-    if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || a.chunk_rows == 0 {
-        anyhow::bail!("--batch, --seq-len, --checkpoint-every and --chunk-rows must be ≥ 1");
+    if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || a.chunk_rows == 0 || a.ranks == 0 {
+        anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
     let transport = a.precision.transport();
     let input = PlanInput {
@@ -118,6 +122,29 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             "  at {read:.2} GB/s read, {write:.2} GB/s write ({how}): {:.1} s of disk time per step, \
              hidden only where the forward and backward take at least as long",
             e.seconds
+        );
+    }
+    if a.ranks > 1 {
+        let r = per_rank(&model, &tier, a.ranks);
+        let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
+        println!(
+            "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",
+            a.ranks
+        );
+        for (k, v) in [
+            ("params", r.params),
+            ("moments", r.moments),
+            ("transport", r.transport),
+            ("gradients", r.gradients),
+            ("staging", r.staging),
+            ("total", r.total()),
+        ] {
+            println!("  {k:<11}{:>14} {:>7.2} B/param", gib(v), per(v));
+        }
+        println!(
+            "  all {} ranks on one machine: at most {} (each rank holds a whole transport copy)",
+            a.ranks,
+            gib(a.ranks as u64 * r.total())
         );
     }
     let d = &p.device;

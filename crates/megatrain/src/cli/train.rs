@@ -1,12 +1,14 @@
 //! `megatrain train`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
     DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, latest_checkpoint, prepare,
-    read_train_state, train,
+    read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
 
@@ -101,6 +103,10 @@ pub struct TrainArgs {
     /// Run directory (checkpoints, metrics.jsonl, loss.svg).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Under mpirun: each rank updates only its 1/N of every layer's p, m, v
+    /// (ZeRO-1/2) instead of all of it (true | false).
+    #[arg(long)]
+    shard_optimizer: Option<bool>,
     /// Host RAM for the tier (e.g. 20G); layers past it spill to <out>/spill.
     #[arg(long, value_parser = super::parse_bytes)]
     host_budget: Option<u64>,
@@ -178,6 +184,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         save_every,
         log_every,
         out,
+        shard_optimizer,
     );
     if let Some(run) = &a.resume {
         o.out = run.clone();
@@ -185,11 +192,37 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
     Ok(o)
 }
 
+/// Under an MPI launcher: one rank of a data parallel run. A failure on any
+/// rank ends every rank (MPI abort), so none waits in a collective for a
+/// rank that is gone; the last checkpoint stays the current one.
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let Some(comm) = super::dist::join()? else {
+        return run_on(a, None);
+    };
+    let (rank, size) = (comm.rank(), comm.size());
+    match run_on(a, Some(comm.clone())) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            eprintln!("error: rank {rank} of {size}: {e:#}");
+            comm.abort(1)
+        }
+    }
+}
+
+fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result<()> {
+    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    // Only rank 0 talks; the others report errors.
+    a.quiet |= rank != 0;
     let opts = options(&a)?;
+    // A fresh run's --batch is per rank; a resumed run keeps its global
+    // batch unless --batch is given.
+    let batch_given = a.resume.is_none() || a.batch.is_some();
+    let opts = opts.on_ranks(ranks, batch_given)?;
     let p = prepare(opts, a.resume.is_some())?;
-    for w in &p.warnings {
-        eprintln!("warning: resuming with a changed setting: {w}");
+    if !a.quiet {
+        for w in &p.warnings {
+            eprintln!("warning: resuming with a changed setting: {w}");
+        }
     }
     let o = &p.opts;
     let n_params: usize = p.model.layer_tables().iter().map(|t| t.numel()).sum();
@@ -208,8 +241,20 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             n_params as f64 / 1e6,
             p.encoder.kind()
         );
+        if ranks > 1 {
+            eprintln!(
+                "data parallel: {ranks} ranks × batch {} = global batch {}; optimizer {}",
+                o.batch,
+                o.global_batch(),
+                if o.shard_optimizer {
+                    "sharded (each rank owns 1/N of p, m, v)"
+                } else {
+                    "replicated"
+                }
+            );
+        }
         eprintln!(
-            "data: {} train tokens{}; {} steps of {}×{}×{} tokens; run directory {}",
+            "data: {} train tokens{}; {} steps of {}×{}×{} tokens per rank; run directory {}",
             p.train.len(),
             p.val
                 .as_ref()
@@ -227,7 +272,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     }
     let exec = device::open(o.device, o.transport, a.quiet)?;
     let mut progress = CliProgress::new(o.steps, o.log_every, a.quiet);
-    let summary = on_executor!(exec, ex => train(ex, &p, None, &mut progress))?;
+    let dist = comm.map(|comm| DistConfig {
+        comm,
+        shard_optimizer: o.shard_optimizer,
+    });
+    let summary = on_executor!(exec, ex => train_with(ex, &p, None, &mut progress, dist))?;
+    if rank != 0 {
+        return Ok(());
+    }
     let val = summary
         .val_loss
         .map(|v| format!(", validation loss {v:.4}"))

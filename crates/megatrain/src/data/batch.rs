@@ -52,6 +52,22 @@ pub fn draw_batch(
     seq_len: usize,
     name: &std::path::Path,
 ) -> Result<Batch, DataError> {
+    draw_rows(data, sampling, index, batch, 0..batch, seq_len, name)
+}
+
+/// Rows `rows` of batch number `index` of `batch` sequences: with data
+/// parallel training, rank r of N draws rows r·b..(r+1)·b of the global
+/// batch of N·b, so N ranks see exactly what one rank with N·b would.
+pub fn draw_rows(
+    data: &TokenData,
+    sampling: Sampling,
+    index: u64,
+    batch: usize,
+    rows: std::ops::Range<usize>,
+    seq_len: usize,
+    name: &std::path::Path,
+) -> Result<Batch, DataError> {
+    assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
     let n = data.len();
     if n < seq_len + 1 {
         return Err(DataError::TooShort {
@@ -60,9 +76,9 @@ pub fn draw_batch(
             seq_len,
         });
     }
-    let mut inputs = Vec::with_capacity(batch * seq_len);
-    let mut targets = Vec::with_capacity(batch * seq_len);
-    for b in 0..batch as u64 {
+    let mut inputs = Vec::with_capacity(rows.len() * seq_len);
+    let mut targets = Vec::with_capacity(rows.len() * seq_len);
+    for b in rows.start as u64..rows.end as u64 {
         let start = match sampling {
             Sampling::Sequential => ((index * batch as u64 + b) * seq_len as u64 % n as u64) as usize,
             Sampling::Random { seed } => {
@@ -83,7 +99,7 @@ pub fn draw_batch(
         }
     }
     Ok(Batch {
-        batch,
+        batch: rows.len(),
         seq_len,
         inputs,
         targets,

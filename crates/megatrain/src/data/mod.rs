@@ -5,7 +5,7 @@ mod batch;
 mod jsonl;
 mod load;
 
-pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch};
+pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use jsonl::ChatTemplate;
 pub use load::{load_tokens, split_validation};
 

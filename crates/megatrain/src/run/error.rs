@@ -19,6 +19,8 @@ pub enum RunError {
     Tier(#[from] TierError),
     #[error(transparent)]
     Tensor(#[from] megatrain_tensor::Error),
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -3,12 +3,14 @@
 //! the loss plot, generation and the memory plan.
 
 mod checkpoint;
+mod dist_check;
 mod encoder;
 mod error;
 mod generate;
 mod metrics_log;
 mod options;
 mod plan;
+mod plan_ranks;
 mod plot;
 mod session;
 
@@ -22,7 +24,9 @@ pub use generate::{Resident, SampleOptions, generate, pick};
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
 pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, plan};
+pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
     Prepared, Progress, QuietProgress, Summary, evaluate, prepare, tier_config, tier_params, train,
+    train_with,
 };

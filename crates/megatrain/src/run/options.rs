@@ -183,6 +183,13 @@ pub struct TrainOptions {
     pub out: PathBuf,
     /// Host RAM budget for the tier in bytes (spills the rest to `out/spill`).
     pub host_budget: Option<u64>,
+    /// Data parallel ranks (processes) the run trains with: set from the
+    /// launcher's world size, not a flag. `batch` is per rank, so the
+    /// global batch is `ranks · batch`.
+    pub ranks: usize,
+    /// With several ranks, shard p, m, v across them (ZeRO-1/2): each rank
+    /// updates 1/ranks of every layer.
+    pub shard_optimizer: bool,
 }
 
 impl Default for TrainOptions {
@@ -224,6 +231,8 @@ impl Default for TrainOptions {
             log_every: 10,
             out: PathBuf::from("out"),
             host_budget: None,
+            ranks: 1,
+            shard_optimizer: false,
         }
     }
 }
@@ -286,6 +295,38 @@ impl TrainOptions {
         }
     }
 
+    /// The batch of all ranks together.
+    pub fn global_batch(&self) -> usize {
+        self.ranks * self.batch
+    }
+
+    /// These options on `ranks` ranks. A resumed run keeps its global batch
+    /// (so it continues the same run with another number of ranks) unless
+    /// `batch_given` (the user named a per-rank batch): then the per-rank
+    /// batch is the global one divided by `ranks`, which must divide it.
+    pub fn on_ranks(mut self, ranks: usize, batch_given: bool) -> Result<Self> {
+        if ranks == 0 {
+            return Err(RunError::option("ranks", ranks, "must be at least 1"));
+        }
+        if !batch_given && ranks != self.ranks {
+            let global = self.global_batch();
+            if !global.is_multiple_of(ranks) {
+                return Err(RunError::option(
+                    "ranks",
+                    ranks,
+                    format!(
+                        "does not divide the run's global batch of {global} ({} ranks × --batch {}); \
+                         resume with a number of ranks that divides {global}, or give --batch per rank",
+                        self.ranks, self.batch
+                    ),
+                ));
+            }
+            self.batch = global / ranks;
+        }
+        self.ranks = ranks;
+        Ok(self)
+    }
+
     /// Refuses settings that cannot run, naming the option and its value.
     pub fn validate(&self) -> Result<()> {
         let positive = |name: &str, v: u64| {
@@ -302,6 +343,7 @@ impl TrainOptions {
         positive("chunk-rows", self.chunk_rows as u64)?;
         positive("eval-batches", self.eval_batches as u64)?;
         positive("log-every", self.log_every)?;
+        positive("ranks", self.ranks as u64)?;
         let finite_nonneg = |name: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {
                 Ok(())

@@ -17,7 +17,8 @@ use super::error::{Result, RunError};
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
-use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, load_tokens, split_validation};
+use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, draw_rows, load_tokens, split_validation};
+use crate::dist::{Collective, DistConfig};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
@@ -111,8 +112,14 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         }
         warnings = option_diffs(&state.options, &opts)
             .into_iter()
-            // A device option (like `transport`) changes no result.
-            .filter(|w| !["steps:", "out:", "transport:"].iter().any(|k| w.starts_with(k)))
+            // A device option (like `transport`) changes no result, nor
+            // does another number of ranks with the same global batch.
+            .filter(|w| {
+                !["steps:", "out:", "transport:", "ranks:"]
+                    .iter()
+                    .any(|k| w.starts_with(k))
+            })
+            .filter(|w| !w.starts_with("batch:") || state.options.global_batch() != opts.global_batch())
             .collect();
         let model = ModelConfig::from_dir(&ckpt)?;
         let encoder = Encoder::from_dir(&ckpt, Some(&model))?;
@@ -276,6 +283,33 @@ pub fn evaluate<E: Executor>(
     })
 }
 
+/// [`evaluate`] split across the ranks of `comm`: each evaluates its rows
+/// of the global batch `batch` and the sums are added, so N ranks report
+/// what one rank with the global batch would.
+#[allow(clippy::too_many_arguments)]
+fn evaluate_split<E: Executor>(
+    trainer: &Trainer<E>,
+    data: &TokenData,
+    name: &Path,
+    batch: usize,
+    seq_len: usize,
+    batches: usize,
+    sampling: Sampling,
+    comm: &dyn Collective,
+) -> Result<f64> {
+    let per = batch / comm.size();
+    let rows = comm.rank() * per..(comm.rank() + 1) * per;
+    let mut x = [0.0, 0.0];
+    for i in 0..batches as u64 {
+        let b = draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name)?;
+        let (s, c) = trainer.eval_loss(&b)?;
+        x[0] += s;
+        x[1] += c as f64;
+    }
+    comm.sum_f64(&mut x)?;
+    Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
+}
+
 pub fn tier_config(opts: &TrainOptions) -> TierConfig {
     TierConfig {
         transport: opts.precision.transport(),
@@ -289,10 +323,26 @@ pub fn tier_config(opts: &TrainOptions) -> TierConfig {
 /// which stops early without changing the schedule: resuming later gives
 /// the same result as never stopping).
 pub fn train<E: Executor>(
+    ex: E,
+    p: &Prepared,
+    stop_at: Option<u64>,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    train_with(ex, p, stop_at, progress, None)
+}
+
+/// [`train`] as one rank of data parallel training when `dist` is given
+/// (`p.opts.ranks` must be its size). Every rank checks that the others
+/// were started with the same settings, model and data before the first
+/// step; each draws its rows of every batch; rank 0 alone writes metrics,
+/// plots and checkpoints (with a sharded optimizer it gathers the state
+/// first). `progress` hears only rank 0's steps.
+pub fn train_with<E: Executor>(
     mut ex: E,
     p: &Prepared,
     stop_at: Option<u64>,
     progress: &mut dyn Progress,
+    dist: Option<DistConfig>,
 ) -> Result<Summary> {
     let opts = &p.opts;
     // Before anything is allocated or written: an executor that cannot
@@ -300,6 +350,18 @@ pub fn train<E: Executor>(
     ex.set_compute_precision(opts.precision.compute())
         .map_err(|e| RunError::option("precision", opts.precision, format!("{e}")))?;
     let out = &opts.out;
+    let (rank, ranks) = dist.as_ref().map_or((0, 1), |d| (d.comm.rank(), d.comm.size()));
+    if ranks != opts.ranks {
+        return Err(RunError::option(
+            "ranks",
+            opts.ranks,
+            format!("the run is set for {} ranks but {ranks} were started", opts.ranks),
+        ));
+    }
+    if let Some(d) = &dist {
+        super::dist_check::same_everywhere(&*d.comm, p)?;
+    }
+    let lead = rank == 0;
     std::fs::create_dir_all(out).map_err(RunError::io(out))?;
     let tcfg = tier_config(opts);
     let tier = match (&p.resume, &opts.model) {
@@ -324,6 +386,14 @@ pub fn train<E: Executor>(
         optimizer_queue: 2,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
+    if let Some(d) = dist.clone() {
+        trainer.set_distributed(DistConfig {
+            shard_optimizer: opts.shard_optimizer,
+            ..d
+        })?;
+    }
+    let mut quiet = QuietProgress;
+    let progress: &mut dyn Progress = if lead { progress } else { &mut quiet };
     if let Some(info) = trainer.transport_info() {
         progress.transport(info);
     }
@@ -332,15 +402,30 @@ pub fn train<E: Executor>(
         Some((_, s)) => (s.step, s.tokens, s.train_s),
         None => (0, 0, 0.0),
     };
-    let mut log = MetricsLog::open(out, p.resume.as_ref().map(|(_, s)| s.step))?;
+    let mut log = if lead {
+        Some(MetricsLog::open(out, p.resume.as_ref().map(|(_, s)| s.step))?)
+    } else {
+        None
+    };
     let schedule = opts.schedule();
     let draw = sampling(opts);
     let eval_sampling = Sampling::Random {
         seed: opts.seed ^ EVAL_SEED_MIX,
     };
     let eval = |t: &Trainer<E>| -> Result<Option<f64>> {
-        match &p.val {
-            Some(v) => evaluate(
+        match (&p.val, &dist) {
+            (Some(v), Some(d)) => evaluate_split(
+                t,
+                v,
+                &p.val_name,
+                opts.global_batch(),
+                opts.seq_len,
+                opts.eval_batches,
+                eval_sampling,
+                &*d.comm,
+            )
+            .map(Some),
+            (Some(v), None) => evaluate(
                 t,
                 v,
                 &p.val_name,
@@ -350,7 +435,7 @@ pub fn train<E: Executor>(
                 eval_sampling,
             )
             .map(Some),
-            None => Ok(None),
+            (None, _) => Ok(None),
         }
     };
     let end = stop_at.unwrap_or(opts.steps).min(opts.steps);
@@ -368,19 +453,23 @@ pub fn train<E: Executor>(
         && opts.eval_every > 0
         && let Some(v) = eval(&trainer)?
     {
-        log.append(json!({"step": 0, "tokens": 0, "val_loss": v}))?;
+        if let Some(log) = &mut log {
+            log.append(json!({"step": 0, "tokens": 0, "val_loss": v}))?;
+        }
         progress.eval(0, v);
         summary.val_loss = Some(v);
     }
     let ga = opts.grad_accum as u64;
     for s in start..end {
+        let rows = rank * opts.batch..(rank + 1) * opts.batch;
         let micro = (0..ga)
             .map(|m| {
-                draw_batch(
+                draw_rows(
                     &p.train,
                     draw,
                     s * ga + m,
-                    opts.batch,
+                    opts.global_batch(),
+                    rows.clone(),
                     opts.seq_len,
                     &p.train_name,
                 )
@@ -412,7 +501,9 @@ pub fn train<E: Executor>(
             obj.insert("val_loss".into(), json!(v));
             evaluated = Some(v);
         }
-        log.append(rec.clone())?;
+        if let Some(log) = &mut log {
+            log.append(rec.clone())?;
+        }
         progress.step(&rec);
         summary.step = step;
         summary.loss = Some(m.loss);
@@ -427,17 +518,27 @@ pub fn train<E: Executor>(
         if let Some(v) = evaluated {
             summary.val_loss = Some(v);
             progress.eval(step, v);
-            write_plot(out, log.records())?;
+            if let Some(log) = &log {
+                write_plot(out, log.records())?;
+            }
         }
         summary.train_s = prior_s + t0.elapsed().as_secs_f64();
         if due(opts.save_every) || Some(step) == stop_at {
             let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
-            let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
-            progress.saved(step, &dir);
-            summary.checkpoint = Some(dir);
+            trainer.gather_state()?;
+            if lead {
+                let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
+                trainer.release_unowned()?;
+                progress.saved(step, &dir);
+                summary.checkpoint = Some(dir);
+            } else {
+                summary.checkpoint = Some(out.join(super::checkpoint::checkpoint_name(step)));
+            }
         }
     }
-    write_plot(out, log.records())?;
+    if let Some(log) = &log {
+        write_plot(out, log.records())?;
+    }
     summary.train_s = prior_s + t0.elapsed().as_secs_f64();
     progress.finish();
     Ok(summary)

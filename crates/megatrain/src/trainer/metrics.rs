@@ -55,6 +55,18 @@ pub struct StepMetrics {
     pub spill_wait_ms: f64,
     /// Global gradient norm before clipping (clipping mode only).
     pub grad_norm: Option<f64>,
+    /// Ranks that trained this step together (0 when training alone);
+    /// `tokens`, `counted` and `loss` are then those of all ranks.
+    pub ranks: u64,
+    /// Payload bytes this rank put into collectives (gradients reduced,
+    /// transport shards gathered).
+    pub comm_bytes: u64,
+    /// Time spent starting and waiting on collectives (on the optimizer
+    /// worker, mostly hidden behind the device's backward).
+    pub comm_ms: f64,
+    /// The part of `comm_ms` the step waited on: blocking collectives of
+    /// the step itself, and the worker's waits after backward had ended.
+    pub comm_wait_ms: f64,
 }
 
 impl StepMetrics {

@@ -30,9 +30,11 @@
 //! backward (reported as optimizer wait). Gradient accumulation also holds
 //! gradients; the update overlaps the last micro-batch's backward.
 
+mod distributed;
 mod metrics;
 mod modes;
 mod optimizer;
+mod reduce;
 mod setup;
 mod spill_window;
 mod upload;
@@ -53,6 +55,7 @@ pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, worker};
+use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Pending, Slots, begin_grads};
 pub use upload::{held_bytes, load_layer, upload_layer, weight_uploads};
@@ -115,6 +118,8 @@ pub struct Trainer<E: Executor> {
     transport: Option<TransportInfo>,
     /// Read-ahead / write-behind window for spilled layers.
     spill: WindowConfig,
+    /// Data parallel training (`None`: this process trains alone).
+    dist: Option<DistState>,
 }
 
 /// The device side's end of the gradient hand-over, one layer deep: a
@@ -241,6 +246,7 @@ impl<E: Executor> Trainer<E> {
             pool: StagingPool::default(),
             transport,
             spill: WindowConfig::default(),
+            dist: None,
         })
     }
 
@@ -299,7 +305,10 @@ impl<E: Executor> Trainer<E> {
                 micro.len()
             )));
         }
-        let counted: usize = micro.iter().map(Batch::counted).sum();
+        let local_counted: usize = micro.iter().map(Batch::counted).sum();
+        let t_count = Instant::now();
+        let counted = self.global_counted(local_counted)?;
+        let count_ms = ms(t_count);
         let grad_scale = if counted > 0 { 1.0 / counted as f32 } else { 0.0 };
         let mut m = StepMetrics {
             transport_bytes: self
@@ -311,15 +320,36 @@ impl<E: Executor> Trainer<E> {
             ..StepMetrics::default()
         };
         self.ex.reset_peak_memory();
+        m.comm_ms += count_ms;
+        m.comm_wait_ms += count_ms;
         let mut loss_sum = 0.0;
         for (k, batch) in micro.iter().enumerate() {
-            let update = k + 1 == micro.len() && self.config.grad_clip.is_none();
-            loss_sum += self.micro_batch(batch, grad_scale, update, lr as f32, &mut m)?;
+            let last = k + 1 == micro.len();
+            let update = last && self.config.grad_clip.is_none();
+            loss_sum += self.micro_batch(batch, grad_scale, update, last, lr as f32, &mut m)?;
             m.tokens += (batch.batch * batch.seq_len) as u64;
+        }
+        if let Some(d) = &self.dist {
+            let t = Instant::now();
+            let mut x = [loss_sum];
+            d.comm()
+                .sum_f64(&mut x)
+                .map_err(|e| TrainError::Internal(e.to_string()))?;
+            loss_sum = x[0];
+            // Every rank draws batches of the same shape.
+            m.tokens *= d.comm().size() as u64;
+            m.ranks = d.comm().size() as u64;
+            m.comm_ms += ms(t);
+            m.comm_wait_ms += ms(t);
         }
         if let Some(max_norm) = self.config.grad_clip {
             let t = Instant::now();
-            let norm = self.clip_and_update(max_norm, lr as f32, &mut m)?;
+            let norm = match self.dist.as_ref() {
+                Some(d) if d.config.shard_optimizer => {
+                    self.clip_and_update_sharded(max_norm, lr as f32, &mut m)?
+                }
+                _ => self.clip_and_update(max_norm, lr as f32, &mut m)?,
+            };
             let busy = ms(t);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
@@ -363,11 +393,13 @@ impl<E: Executor> Trainer<E> {
     /// Forward, loss and backward of one micro-batch; gradients go to the
     /// optimizer worker (accumulated, and applied when `update`). Returns
     /// the micro-batch's loss sum.
+    #[allow(clippy::too_many_arguments)]
     fn micro_batch(
         &mut self,
         batch: &Batch,
         grad_scale: f32,
         update: bool,
+        last: bool,
         lr: f32,
         m: &mut StepMetrics,
     ) -> Result<f64> {
@@ -381,7 +413,9 @@ impl<E: Executor> Trainer<E> {
             pool,
             transport: _,
             spill,
+            dist,
         } = self;
+        let dist = dist.as_ref();
         let ex: &E = ex;
         let (b, t) = (batch.batch, batch.seq_len);
         let n_blocks = cfg.num_layers;
@@ -401,7 +435,13 @@ impl<E: Executor> Trainer<E> {
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
         let loss = std::thread::scope(|scope| -> Result<f64> {
-            let opt = scope.spawn(move || worker(rx, shared));
+            let opt = scope.spawn(move || match dist {
+                Some(d) => dist_worker(rx, shared, d, last),
+                None => worker(rx, shared).map(|busy_ms| WorkerReport {
+                    busy_ms,
+                    ..WorkerReport::default()
+                }),
+            });
             let mut h = Handoff {
                 ex,
                 tx,
@@ -493,11 +533,14 @@ impl<E: Executor> Trainer<E> {
             // 4. The optimizer's tail.
             drop(h);
             let t_wait = Instant::now();
-            let busy = opt
+            let rep = opt
                 .join()
                 .map_err(|_| TrainError::Internal("optimizer worker panicked".into()))??;
             m.optimizer_wait_ms += ms(t_wait);
-            m.optimizer_ms += busy;
+            m.optimizer_ms += rep.busy_ms;
+            m.comm_ms += rep.comm_ms;
+            m.comm_bytes += rep.comm_bytes;
+            m.comm_wait_ms += rep.waited_after(t_wait);
             Ok(head.loss_sum)
         });
         // The last writes behind: the host waits for them (the next step

@@ -1,0 +1,79 @@
+//! Which part of each layer a rank owns when the optimizer is sharded.
+//!
+//! A layer's flat slab of `n` elements is cut into `size` contiguous ranges
+//! that differ in length by at most one, whatever `n` is, so no layer size
+//! has to be divisible by the number of ranks. AdamW is element-wise, so an
+//! update of a range is exactly the update of the whole slab restricted to
+//! it; the one per-element input that depends on the position, the decay
+//! mask, is cut to the range.
+
+use std::ops::Range;
+
+use megatrain_adamw::DecayMask;
+
+/// Rank `rank`'s range of `n` elements split over `size` ranks.
+pub fn shard_range(n: usize, rank: usize, size: usize) -> Range<usize> {
+    let at = |r: usize| ((n as u128 * r as u128) / size as u128) as usize;
+    at(rank)..at(rank + 1)
+}
+
+/// Every rank's range, in rank order.
+pub fn shard_ranges(n: usize, size: usize) -> Vec<Range<usize>> {
+    (0..size).map(|r| shard_range(n, r, size)).collect()
+}
+
+/// The decay mask of `range` of a slab whose mask is `mask`.
+pub fn shard_mask(mask: &DecayMask, range: &Range<usize>) -> DecayMask {
+    match mask {
+        DecayMask::All => DecayMask::All,
+        DecayMask::None => DecayMask::None,
+        DecayMask::Ranges { ranges, .. } => {
+            let cut = ranges.iter().filter_map(|r| {
+                let (s, e) = (r.start.max(range.start), r.end.min(range.end));
+                (s < e).then(|| s - range.start..e - range.start)
+            });
+            DecayMask::from_ranges(range.len(), cut).expect("a cut of disjoint in-bounds ranges")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_the_slab_in_order_and_balance() {
+        for n in [0, 1, 2, 7, 10, 1001] {
+            for size in 1..=5 {
+                let rs = shard_ranges(n, size);
+                assert_eq!(rs[0].start, 0);
+                assert_eq!(rs[size - 1].end, n);
+                for w in rs.windows(2) {
+                    assert_eq!(w[0].end, w[1].start, "n {n} size {size}");
+                }
+                let (lo, hi) = (
+                    rs.iter().map(|r| r.len()).min().unwrap(),
+                    rs.iter().map(|r| r.len()).max().unwrap(),
+                );
+                assert!(hi - lo <= 1, "n {n} size {size}: {rs:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn mask_cut_agrees_with_the_whole_mask() {
+        let mask = DecayMask::from_ranges(20, [2..5, 8..9, 12..20]).unwrap();
+        for size in 1..=6 {
+            for r in shard_ranges(20, size) {
+                let cut = shard_mask(&mask, &r);
+                for (i, g) in r.clone().enumerate() {
+                    assert_eq!(cut.decays(i), mask.decays(g), "range {r:?} element {g}");
+                }
+                if let DecayMask::Ranges { len, .. } = cut {
+                    assert_eq!(len, r.len());
+                }
+            }
+        }
+        assert_eq!(shard_mask(&DecayMask::All, &(3..7)), DecayMask::All);
+    }
+}

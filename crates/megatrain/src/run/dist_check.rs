@@ -1,0 +1,42 @@
+//! What every rank of a data parallel run must agree on before the first
+//! step: the settings, the model, the data and the checkpoint resumed.
+
+use serde_json::{Value, json};
+
+use super::error::Result;
+use super::session::Prepared;
+use crate::data::TokenData;
+use crate::dist::{Collective, check_same};
+
+/// FNV-1a over the tokens and the loss mask: ranks that loaded different
+/// files (or the same path with other contents) disagree here.
+fn fingerprint(d: &TokenData) -> Value {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        h ^= x;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    for &t in &d.tokens {
+        eat(t as u64);
+    }
+    if let Some(m) = &d.loss_mask {
+        for &b in m {
+            eat(b as u64 + 2);
+        }
+    }
+    json!({"tokens": d.len(), "fnv1a": format!("{h:016x}")})
+}
+
+/// Fails on every rank, naming the differing settings, when any rank was
+/// started with another configuration than rank 0.
+pub fn same_everywhere(comm: &dyn Collective, p: &Prepared) -> Result<()> {
+    let value = json!({
+        "options": serde_json::to_value(&p.opts).expect("options serialise"),
+        "model": p.model.to_hf_json("float32"),
+        "tokenizer": p.encoder.kind(),
+        "train data": fingerprint(&p.train),
+        "validation data": p.val.as_ref().map(fingerprint),
+        "resumed checkpoint": p.resume.as_ref().map(|(c, s)| json!({"dir": c, "step": s.step})),
+    });
+    Ok(check_same(comm, "settings", &value)?)
+}

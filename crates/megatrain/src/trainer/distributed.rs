@@ -1,0 +1,142 @@
+//! The [`Trainer`]'s data parallel side outside the per-layer pipeline
+//! (which is in `reduce.rs`): joining a communicator, the global target
+//! count, clipping with a sharded optimizer, and gathering sharded state
+//! for a checkpoint.
+
+use std::time::Instant;
+
+use megatrain_adamw::{clip_coefficient, grad_norm_sq};
+use megatrain_tensor::Executor;
+
+use super::reduce::{DistState, update_range};
+use super::{Result, StepMetrics, TrainError, Trainer, ms};
+use crate::dist::DistConfig;
+
+fn engine_err(e: crate::dist::DistError) -> TrainError {
+    TrainError::Internal(e.to_string())
+}
+
+impl<E: Executor> Trainer<E> {
+    /// Trains as one rank of `dist`: from the next step on, gradients are
+    /// summed across ranks layer by layer (and, with a sharded optimizer,
+    /// this rank updates only its 1/N of every layer). Every rank must hold
+    /// the same parameters and optimizer state when this is called.
+    pub fn set_distributed(&mut self, dist: DistConfig) -> Result<()> {
+        if dist.comm.size() == 0 || dist.comm.rank() >= dist.comm.size() {
+            return Err(TrainError::Config(format!(
+                "rank {} of {} ranks",
+                dist.comm.rank(),
+                dist.comm.size()
+            )));
+        }
+        if dist.shard_optimizer && self.tier.has_spill() {
+            // A rank's shard would be read and written in place through the
+            // spill files' maps, racing the spill window's own I/O.
+            return Err(TrainError::Config(
+                "a sharded optimizer with layers spilled to disk (--host-budget) is not supported yet: \
+                 raise --host-budget or train with --shard-optimizer false"
+                    .into(),
+            ));
+        }
+        let numels: Vec<usize> = self.tier.layers().iter().map(|s| s.numel()).collect();
+        self.dist = Some(DistState::new(dist, &numels, &self.masks));
+        self.release_unowned()
+    }
+
+    /// With a sharded optimizer, hands the pages of p, m and v outside this
+    /// rank's ranges back to the kernel: what makes host memory per rank
+    /// 12/N bytes per parameter plus the transport copy. Call after
+    /// [`Trainer::gather_state`] has made them resident on rank 0.
+    pub fn release_unowned(&mut self) -> Result<()> {
+        let Some(d) = &self.dist else { return Ok(()) };
+        if d.config.shard_optimizer {
+            for slab in self.tier.layers_mut() {
+                slab.release_outside(d.own(slab.index()))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn distributed(&self) -> Option<&DistConfig> {
+        self.dist.as_ref().map(|d| &d.config)
+    }
+
+    /// Targets counted by every rank together (the loss's denominator).
+    pub(super) fn global_counted(&self, local: usize) -> Result<usize> {
+        match &self.dist {
+            None => Ok(local),
+            Some(d) => {
+                // f64 sums of integers below 2^53 are exact.
+                let mut x = [local as f64];
+                d.comm().sum_f64(&mut x).map_err(engine_err)?;
+                Ok(x[0] as usize)
+            }
+        }
+    }
+
+    /// Clipping mode with a sharded optimizer: each rank holds the summed
+    /// gradient of its ranges only, so the squared norm is summed across
+    /// ranks; then each rank updates its ranges and the transport copies
+    /// are all-gathered (started together, waited together).
+    pub(super) fn clip_and_update_sharded(
+        &mut self,
+        max_norm: f64,
+        lr: f32,
+        m: &mut StepMetrics,
+    ) -> Result<f64> {
+        let d = self.dist.as_ref().expect("sharded clipping needs a communicator");
+        let own: Vec<&[f32]> = self
+            .tier
+            .layers()
+            .iter()
+            .map(|s| {
+                s.grads()
+                    .map(|g| &g[d.own(s.index())])
+                    .ok_or_else(|| TrainError::Internal(format!("layer {}: no held gradient", s.index())))
+            })
+            .collect::<Result<_>>()?;
+        let t = Instant::now();
+        let mut sq = [grad_norm_sq(&own)];
+        d.comm().sum_f64(&mut sq).map_err(engine_err)?;
+        m.comm_ms += ms(t);
+        let norm = sq[0].sqrt();
+        let coef = clip_coefficient(norm, max_norm);
+        let mut ops = Vec::with_capacity(self.tier.len());
+        for slab in self.tier.layers_mut() {
+            let i = slab.index();
+            let (base, elem) = update_range(slab, None, d.own(i), &self.adamw, &d.masks[i], lr, coef)?;
+            // SAFETY: the transport copies are not touched until every
+            // operation in `ops` has been waited on below (or dropped, which
+            // waits), before this function returns.
+            let op = unsafe { d.comm().start_all_gather(base, elem, &d.ranges[i]) }.map_err(engine_err)?;
+            m.comm_bytes += (elem.size() * d.own(i).len()) as u64;
+            ops.push(op);
+        }
+        let t = Instant::now();
+        for op in ops {
+            op.wait().map_err(engine_err)?;
+        }
+        m.comm_ms += ms(t);
+        Ok(norm)
+    }
+
+    /// With a sharded optimizer, brings every rank's range of p, m and v to
+    /// rank 0, so rank 0's tier holds the whole state (for a checkpoint).
+    /// Other ranks' tiers are unchanged. A no-op otherwise. Parameters
+    /// outside a rank's ranges are stale (or released) on every other rank:
+    /// only the transport copies are whole everywhere.
+    pub fn gather_state(&mut self) -> Result<()> {
+        let Some(d) = &self.dist else { return Ok(()) };
+        if !d.config.shard_optimizer {
+            return Ok(());
+        }
+        for slab in self.tier.layers_mut() {
+            let ranges = &d.ranges[slab.index()];
+            let parts = slab.parts_mut();
+            for buf in [parts.params, parts.m, parts.v] {
+                d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
+            }
+        }
+        Ok(())
+    }
+}

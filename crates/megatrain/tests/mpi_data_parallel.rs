@@ -1,0 +1,489 @@
+//! Data parallel training under `mpirun` on one machine (CPU executor,
+//! shared-memory transport only): N ranks × batch b train exactly what one
+//! rank with batch N·b trains, with a replicated or a sharded optimizer; a
+//! checkpoint saved by some number of ranks resumes with another; ranks
+//! started with different settings refuse to start; a killed rank ends the
+//! job and leaves the last checkpoint loadable.
+//!
+//! Needs Open MPI's `mpirun` (the `mpi` feature's CI installs it).
+#![cfg(feature = "mpi")]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// One job at a time: each rank already has the two cores to itself.
+static MPI_JOBS: Mutex<()> = Mutex::new(());
+
+// At lr 1e-3 (nanoGPT's) the runs agree to rounding (about 1e-8) over the
+// 10 steps; at 3e-3 on this tiny repetitive corpus gpt2-nano's steps
+// amplify those rounding differences about 8-fold per step from step 7,
+// so a higher rate would test the dynamics' sensitivity, not the reduction.
+const LOSS_RTOL: f64 = 1e-6;
+const PARAM_RTOL: f64 = 1e-5;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_megatrain")
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--oversubscribe",
+        "--mca",
+        "btl",
+        "self,vader",
+        "-np",
+        &np.to_string(),
+    ])
+    // CI runs as root; Open MPI refuses that unless told twice.
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    // More ranks than cores: one thread each keeps them from thrashing.
+    .env("RAYON_NUM_THREADS", "1");
+    c
+}
+
+fn check(out: Output, what: &str) -> Output {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n\
+                First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\n\
+                Resolved. resolved.\n"
+        .repeat(20);
+    let p = dir.join("corpus.txt");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn train_args(preset: &str, data: &Path, out: &Path, batch: usize, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train",
+        "--preset",
+        preset,
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--seq-len",
+        "16",
+        "--steps",
+        "10",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "5",
+        "--eval-batches",
+        "2",
+        "--save-every",
+        "0",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--batch",
+        &batch.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn run_alone(args: &[String]) -> Output {
+    check(
+        Command::new(bin())
+            .args(args)
+            .env("RAYON_NUM_THREADS", "1")
+            .output()
+            .unwrap(),
+        "megatrain alone",
+    )
+}
+
+fn run_mpi(np: usize, args: &[String]) -> Output {
+    let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    check(mpirun(np).arg(bin()).args(args).output().unwrap(), "mpirun")
+}
+
+/// `(step, loss or val_loss)` of every metrics line that has it.
+fn metric(run: &Path, key: &str) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v.get(key)?.as_f64()?)))
+        .collect()
+}
+
+/// Every f32 tensor of a safetensors file.
+fn tensors(path: &Path) -> BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
+        .map(|(n, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (n, v)
+        })
+        .collect()
+}
+
+fn latest(run: &Path) -> PathBuf {
+    let name = std::fs::read_to_string(run.join("latest")).unwrap();
+    run.join(name.trim())
+}
+
+/// Compares two runs: losses of the steps both logged (relative `loss_rtol`),
+/// and the latest checkpoint's parameters: relative L2 distance over the
+/// whole model ≤ `PARAM_RTOL`. (Per tensor would not do: GPT-2's key bias
+/// has an exactly zero gradient in exact arithmetic, so Adam turns rounding
+/// noise into lr-sized steps there, in any two runs that sum differently.)
+fn assert_same_run_within(a: &Path, b: &Path, what: &str, loss_rtol: f64) {
+    // The gradient norm (clipping mode) catches a wrongly scaled sum, which
+    // Adam's update alone would hide (it is nearly scale-invariant).
+    for key in ["loss", "val_loss", "grad_norm"] {
+        let (la, lb) = (metric(a, key), metric(b, key));
+        let lb: BTreeMap<u64, f64> = lb.into_iter().collect();
+        let mut compared = 0;
+        for (step, x) in la {
+            if let Some(y) = lb.get(&step) {
+                let rel = (x - y).abs() / x.abs().max(1e-12);
+                assert!(
+                    rel <= loss_rtol,
+                    "{what}: {key} at step {step}: {x} vs {y} (rel {rel:.2e})"
+                );
+                compared += 1;
+            }
+        }
+        assert!(
+            compared > 0 || key == "grad_norm",
+            "{what}: no common {key} steps"
+        );
+    }
+    let (pa, pb) = (
+        tensors(&latest(a).join("model.safetensors")),
+        tensors(&latest(b).join("model.safetensors")),
+    );
+    assert_eq!(
+        pa.keys().collect::<Vec<_>>(),
+        pb.keys().collect::<Vec<_>>(),
+        "{what}"
+    );
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (name, x) in &pa {
+        let y = &pb[name];
+        assert_eq!(x.len(), y.len(), "{what}: {name}");
+        diff += x
+            .iter()
+            .zip(y)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum::<f64>();
+        norm += x.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
+    }
+    let rel = (diff / norm).sqrt();
+    assert!(
+        rel <= PARAM_RTOL,
+        "{what}: parameters differ by {rel:.2e} (relative L2)"
+    );
+}
+
+fn assert_same_run(a: &Path, b: &Path, what: &str) {
+    assert_same_run_within(a, b, what, LOSS_RTOL);
+}
+
+/// N ranks × batch 2 against one rank × batch 2N, for one model and
+/// optimizer mode.
+fn ranks_equal_one_rank(preset: &str, np: usize, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    run_alone(&train_args(preset, &data, &one, 2 * np, extra));
+    run_mpi(np, &train_args(preset, &data, &many, 2, extra));
+    assert_same_run(&one, &many, &format!("{preset}, {np} ranks, {extra:?}"));
+    // Each step counts the tokens of all ranks.
+    assert_eq!(metric(&many, "step_tokens"), metric(&one, "step_tokens"));
+    assert!(metric(&many, "ranks").iter().all(|&(_, r)| r == np as f64));
+}
+
+#[test]
+fn gpt2_nano_two_and_three_ranks_equal_one_rank() {
+    ranks_equal_one_rank("gpt2-nano", 2, &[]);
+    ranks_equal_one_rank("gpt2-nano", 3, &[]);
+}
+
+#[test]
+fn llama_tiny_two_and_three_ranks_equal_one_rank() {
+    ranks_equal_one_rank("llama-tiny", 2, &[]);
+    ranks_equal_one_rank("llama-tiny", 3, &[]);
+}
+
+#[test]
+fn sharded_optimizer_equals_one_rank() {
+    for (preset, np) in [
+        ("gpt2-nano", 2),
+        ("gpt2-nano", 3),
+        ("llama-tiny", 2),
+        ("llama-tiny", 3),
+    ] {
+        ranks_equal_one_rank(preset, np, &["--shard-optimizer", "true"]);
+    }
+}
+
+#[test]
+fn accumulation_and_clipping_across_ranks() {
+    let held = ["--grad-accum", "2", "--grad-clip", "0.5"];
+    ranks_equal_one_rank("gpt2-nano", 2, &held);
+    // Clipping without accumulation: held gradients, one micro-batch.
+    ranks_equal_one_rank(
+        "gpt2-nano",
+        3,
+        &["--grad-clip", "0.5", "--shard-optimizer", "true"],
+    );
+    let sharded = [&held[..], &["--shard-optimizer", "true"]].concat();
+    ranks_equal_one_rank("llama-tiny", 3, &sharded);
+}
+
+/// bf16 transport copies are all-gathered as 16-bit words. A rounding-level
+/// difference of a master weight can move its bf16 copy by one step
+/// (2^-8 relative), so the loss is compared at 1e-4, not 1e-6: a wrong
+/// gather would be off by far more.
+#[test]
+fn sharded_optimizer_gathers_bf16_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    let extra = ["--precision", "bf16", "--shard-optimizer", "true"];
+    run_alone(&train_args("llama-tiny", &data, &one, 4, &extra));
+    run_mpi(2, &train_args("llama-tiny", &data, &many, 2, &extra));
+    assert_same_run_within(&one, &many, "bf16 transport, 2 ranks", 1e-4);
+}
+
+/// Masked (instruction) data: ranks count different numbers of targets, and
+/// the loss is the mean over all of them, not the mean of rank means.
+#[test]
+fn unequal_counted_targets_across_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for i in 0..40 {
+        let answer = "yes ".repeat(1 + i % 7);
+        lines.push_str(&format!(
+            "{{\"instruction\": \"Question {i}: is it so?\", \"input\": \"\", \"output\": \"{answer}\"}}\n"
+        ));
+    }
+    let data = dir.path().join("sft.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    let extra = ["--shard-optimizer", "true"];
+    run_alone(&train_args("llama-tiny", &data, &one, 6, &extra));
+    run_mpi(3, &train_args("llama-tiny", &data, &many, 2, &extra));
+    assert_same_run(&one, &many, "jsonl, 3 ranks");
+}
+
+/// 10 steps in one go on one rank; 5 steps on 2 ranks, then the rest on 1
+/// rank, and (from a copy of the same checkpoint) on 3 ranks.
+#[test]
+fn checkpoint_of_two_ranks_resumes_on_one_and_on_three() {
+    for shard in ["false", "true"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = corpus(dir.path());
+        let sched = ["--decay-steps", "10", "--shard-optimizer", shard];
+        let whole = dir.path().join("whole");
+        run_alone(&train_args("gpt2-nano", &data, &whole, 6, &sched));
+
+        let two = dir.path().join("two");
+        let mut first = train_args("gpt2-nano", &data, &two, 3, &sched);
+        let at = first.iter().position(|a| a == "--steps").unwrap();
+        first[at + 1] = "5".into();
+        run_mpi(2, &first);
+        let three = dir.path().join("three");
+        check(
+            Command::new("cp")
+                .arg("-r")
+                .arg(&two)
+                .arg(&three)
+                .output()
+                .unwrap(),
+            "cp",
+        );
+        let resume = |run: &Path| -> Vec<String> {
+            [
+                "train",
+                "--resume",
+                run.to_str().unwrap(),
+                "--steps",
+                "10",
+                "--device",
+                "cpu",
+                "--quiet",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        };
+        run_alone(&resume(&two));
+        run_mpi(3, &resume(&three));
+        assert_same_run(&whole, &two, &format!("2 ranks then 1, shard {shard}"));
+        assert_same_run(&whole, &three, &format!("2 ranks then 3, shard {shard}"));
+
+        // 4 ranks cannot share the run's global batch of 6.
+        let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+        let out = mpirun(4).arg(bin()).args(resume(&three)).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("--ranks 4: does not divide the run's global batch of 6"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn ranks_with_different_settings_refuse_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let out = dir.path().join("run");
+    let a = train_args("gpt2-nano", &data, &out, 2, &[]);
+    let mut b = a.clone();
+    let at = b.iter().position(|x| x == "--lr").unwrap();
+    b[at + 1] = "2e-3".into();
+    let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let res = mpirun(1)
+        .arg(bin())
+        .args(&a)
+        .arg(":")
+        .args(["-np", "1", bin()])
+        .args(&b)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(!res.status.success(), "{err}");
+    assert!(
+        err.contains("rank 1 was started with settings different from rank 0's: options.lr: 0.001 on rank 0, 0.002 on rank 1"),
+        "{err}"
+    );
+    // Nothing ran: no step was logged and no checkpoint written.
+    assert!(!out.join("metrics.jsonl").exists() && !out.join("latest").exists());
+}
+
+/// Rank `rank`'s process among `mpirun`'s children.
+fn rank_pid(mpirun: u32, rank: usize) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let ppid: Option<u32> = after.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        if ppid != Some(mpirun) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+        if env.split(|&b| b == 0).any(|kv| kv == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let run = dir.path().join("run");
+    let mut args = train_args("gpt2-nano", &data, &run, 2, &["--shard-optimizer", "true"]);
+    for (k, v) in [
+        ("--steps", "100000"),
+        ("--save-every", "1"),
+        ("--eval-every", "0"),
+    ] {
+        let at = args.iter().position(|a| a == k).unwrap();
+        args[at + 1] = v.into();
+    }
+    let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut job = mpirun(2)
+        .arg(bin())
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !run.join("latest").exists() {
+        assert!(t.elapsed() < Duration::from_secs(60), "no checkpoint within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Rank 0 writes the checkpoints: kill it while it keeps saving.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = rank_pid(job.id(), 0).expect("rank 0 among mpirun's children");
+    let killed = Instant::now();
+    check(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .output()
+            .unwrap(),
+        "kill",
+    );
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the job still runs 30 s after a rank was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains("signal 9"),
+        "mpirun should name the killed rank's signal: {err}"
+    );
+    assert!(rank_pid(job.id(), 1).is_none(), "rank 1 outlived the job");
+
+    // The checkpoint `latest` names is complete: one more step from it runs.
+    let before = latest(&run);
+    let step: u64 = before.file_name().unwrap().to_str().unwrap()["ckpt-".len()..]
+        .parse()
+        .unwrap();
+    let resume = [
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--steps",
+        &(step + 1).to_string(),
+        "--device",
+        "cpu",
+        "--quiet",
+    ];
+    check(
+        Command::new(bin()).args(resume).output().unwrap(),
+        "resume after the kill",
+    );
+    assert_eq!(latest(&run), run.join(format!("ckpt-{}", step + 1)));
+}
