@@ -358,3 +358,35 @@ fn plan_estimates_the_disk_time_of_a_step() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--disk-gbps 0"));
 }
+
+/// `--spill-window` changes how much is read ahead, never the result: a
+/// run with the smallest window (two chunks) ends with the same bytes as
+/// one with the default; a window smaller than that is refused, named.
+#[cfg(unix)]
+#[test]
+fn the_spill_window_flag_changes_no_result_and_a_tiny_one_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let d = data.to_str().unwrap();
+    let model_after = |name: &str, extra: &[&str]| {
+        let out = tmp.path().join(name);
+        let r = megatrain_limited(&train_args(d, out.to_str().unwrap(), "2", extra), None);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        std::fs::read(out.join("ckpt-2").join("model.safetensors")).unwrap()
+    };
+    let min = (2 * 12 * megatrain_tier::CHUNK_ALIGN).to_string();
+    assert_eq!(
+        model_after("default", &[]),
+        model_after("small", &["--spill-window", &min])
+    );
+
+    let out = tmp.path().join("tiny");
+    let r = megatrain_limited(
+        &train_args(d, out.to_str().unwrap(), "2", &["--spill-window", "100K"]),
+        None,
+    );
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success());
+    assert!(err.contains("spill-window") && err.contains("102400"), "{err}");
+    assert!(!out.join("latest").exists());
+}

@@ -110,6 +110,10 @@ pub struct TrainArgs {
     /// Host RAM for the tier (e.g. 20G); layers past it spill to <out>/spill.
     #[arg(long, value_parser = super::parse_bytes)]
     host_budget: Option<u64>,
+    /// RAM for reading spilled layers ahead of the optimizer and writing
+    /// them behind (e.g. 2G; default 384M). Larger hides more of the disk.
+    #[arg(long, value_parser = super::parse_bytes)]
+    spill_window: Option<u64>,
     /// Continue the run in this directory from its latest checkpoint.
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -153,7 +157,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         vocab_size,
         min_lr,
         decay_steps,
-        host_budget
+        host_budget,
+        spill_window
     );
     overlay!(
         o,

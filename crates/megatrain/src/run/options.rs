@@ -183,6 +183,10 @@ pub struct TrainOptions {
     pub out: PathBuf,
     /// Host RAM budget for the tier in bytes (spills the rest to `out/spill`).
     pub host_budget: Option<u64>,
+    /// RAM for the read-ahead / write-behind window of spilled layers, in
+    /// bytes (`None`: the trainer's default, 384 MiB). A device option:
+    /// changing it on resume changes no result.
+    pub spill_window: Option<u64>,
     /// Data parallel ranks (processes) the run trains with: set from the
     /// launcher's world size, not a flag. `batch` is per rank, so the
     /// global batch is `ranks · batch`.
@@ -231,6 +235,7 @@ impl Default for TrainOptions {
             log_every: 10,
             out: PathBuf::from("out"),
             host_budget: None,
+            spill_window: None,
             ranks: 1,
             shard_optimizer: false,
         }
@@ -344,6 +349,17 @@ impl TrainOptions {
         positive("eval-batches", self.eval_batches as u64)?;
         positive("log-every", self.log_every)?;
         positive("ranks", self.ranks as u64)?;
+        if let Some(w) = self.spill_window {
+            // Two chunk sets of the smallest chunk the window reads.
+            let min = 2 * 12 * megatrain_tier::CHUNK_ALIGN as u64;
+            if w < min {
+                return Err(RunError::option(
+                    "spill-window",
+                    w,
+                    format!("must be at least {min} bytes (two chunks of p, m and v)"),
+                ));
+            }
+        }
         let finite_nonneg = |name: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {
                 Ok(())

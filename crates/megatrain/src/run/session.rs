@@ -115,7 +115,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             // A device option (like `transport`) changes no result, nor
             // does another number of ranks with the same global batch.
             .filter(|w| {
-                !["steps:", "out:", "transport:", "ranks:"]
+                !["steps:", "out:", "transport:", "ranks:", "spill_window:"]
                     .iter()
                     .any(|k| w.starts_with(k))
             })
@@ -386,6 +386,9 @@ pub fn train_with<E: Executor>(
         optimizer_queue: 2,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
+    if let Some(w) = opts.spill_window {
+        trainer.set_spill_window(megatrain_tier::WindowConfig::from_bytes(w, 4));
+    }
     if let Some(d) = dist.clone() {
         trainer.set_distributed(DistConfig {
             shard_optimizer: opts.shard_optimizer,
