@@ -3,6 +3,7 @@
 //! (p, m, v and its transport copy) while the device goes on with earlier
 //! layers.
 
+use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
@@ -71,6 +72,31 @@ pub(super) fn accumulate(acc: &mut [f32], x: &[f32]) {
         .for_each(|(a, x)| a.iter_mut().zip(x).for_each(|(a, x)| *a += x));
 }
 
+/// The gradient an update applies: the one given, else the slab's held
+/// one, which the update then zeroes (the `bool`) for the next step.
+pub(super) fn chosen_grad<'a>(
+    index: usize,
+    given: Option<&'a mut [f32]>,
+    held: Option<&'a mut [f32]>,
+) -> Result<(&'a mut [f32], bool), TrainError> {
+    match (given, held) {
+        (Some(g), _) => Ok((g, false)),
+        (None, Some(h)) => Ok((h, true)),
+        (None, None) => Err(TrainError::Internal(format!(
+            "layer {index}: no gradient to apply"
+        ))),
+    }
+}
+
+/// Elements `r` of a transport copy, as the fused AdamW pass writes them.
+pub(super) fn adamw_transport<'a>(t: &'a mut TransportMut<'_>, r: Range<usize>) -> Transport<'a> {
+    match t {
+        TransportMut::F32(t) => Transport::F32(&mut t[r]),
+        TransportMut::BF16(t) => Transport::Bf16(&mut t[r]),
+        TransportMut::F16(t) => Transport::F16(&mut t[r]),
+    }
+}
+
 /// AdamW on one slab with gradient `grad`, writing the transport copy in the
 /// same pass.
 pub(super) fn update_slab(
@@ -82,21 +108,11 @@ pub(super) fn update_slab(
     grad_scale: f32,
 ) -> Result<(), TrainError> {
     let index = slab.index();
+    let numel = slab.numel();
     let parts = slab.parts_mut();
-    let (grad, zero) = match (grad, parts.grads) {
-        (Some(g), _) => (g, false),
-        (None, Some(held)) => (held, true),
-        (None, None) => {
-            return Err(TrainError::Internal(format!(
-                "layer {index}: no gradient to apply"
-            )));
-        }
-    };
-    let transport = match parts.transport {
-        TransportMut::F32(t) => Transport::F32(t),
-        TransportMut::BF16(t) => Transport::Bf16(t),
-        TransportMut::F16(t) => Transport::F16(t),
-    };
+    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
+    let mut transport = parts.transport;
+    let transport = adamw_transport(&mut transport, 0..numel);
     let mut state = SlabState::at_step(*parts.step);
     let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)
         .decay(mask)

@@ -11,10 +11,10 @@
 
 use std::ops::Range;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
-use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, TransportMut, WindowConfig};
+use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
+use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, WindowConfig};
 
-use super::optimizer::update_slab;
+use super::optimizer::{adamw_transport, chosen_grad, update_slab};
 use super::{Result, StepMetrics, TrainError};
 
 /// A window over the tier's spilled layers in the backward's order (last
@@ -96,15 +96,7 @@ fn update_spilled(
     let index = slab.index();
     let numel = slab.numel();
     let parts = slab.parts_mut();
-    let (grad, zero) = match (grad, parts.grads) {
-        (Some(g), _) => (g, false),
-        (None, Some(held)) => (held, true),
-        (None, None) => {
-            return Err(TrainError::Internal(format!(
-                "layer {index}: no gradient to apply"
-            )));
-        }
-    };
+    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
     let mut transport = parts.transport;
     let first = *parts.step;
     let mut next_step = first;
@@ -119,11 +111,7 @@ fn update_spilled(
             )));
         }
         let sub = sub_mask(mask, r.clone())?;
-        let t = match &mut transport {
-            TransportMut::F32(t) => Transport::F32(&mut t[r.clone()]),
-            TransportMut::BF16(t) => Transport::Bf16(&mut t[r.clone()]),
-            TransportMut::F16(t) => Transport::F16(&mut t[r.clone()]),
-        };
+        let t = adamw_transport(&mut transport, r.clone());
         let (p, m, v) = chunk.parts_mut();
         let mut state = SlabState::at_step(first);
         let update = SlabUpdate::new(p, &mut grad[r.clone()], m, v)
