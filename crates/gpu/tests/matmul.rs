@@ -3,58 +3,11 @@
 
 mod common;
 
+use common::matmul_case::{Case, case, operands};
 use common::*;
 use megatrain_gpu::GpuExecutor;
-use megatrain_tensor::{DType, Executor, HostTensor, MatmulNeeds, Transpose};
+use megatrain_tensor::{DType, Executor, MatmulNeeds, Transpose};
 use proptest::prelude::*;
-
-#[derive(Debug, Clone)]
-struct Case {
-    batch: Vec<usize>,
-    m: usize,
-    n: usize,
-    k: usize,
-    t: Transpose,
-    shared_b: bool,
-    bias: bool,
-    seed: u64,
-}
-
-fn case(max: usize) -> impl Strategy<Value = Case> {
-    (
-        prop::collection::vec(1usize..4, 0..2),
-        1..max,
-        1..max,
-        1..max,
-        any::<(bool, bool, bool, bool)>(),
-        any::<u64>(),
-    )
-        .prop_map(|(batch, m, n, k, (ta, tb, shared_b, bias), seed)| Case {
-            shared_b: shared_b || batch.is_empty(),
-            batch,
-            m,
-            n,
-            k,
-            t: Transpose { a: ta, b: tb },
-            bias,
-            seed,
-        })
-}
-
-fn operands(c: &Case) -> (HostTensor, HostTensor, HostTensor, HostTensor) {
-    let mut ad = c.batch.clone();
-    ad.extend(if c.t.a { [c.k, c.m] } else { [c.m, c.k] });
-    let mut bd = if c.shared_b { vec![] } else { c.batch.clone() };
-    bd.extend(if c.t.b { [c.n, c.k] } else { [c.k, c.n] });
-    let mut od = c.batch.clone();
-    od.extend([c.m, c.n]);
-    (
-        rand_host(c.seed, &ad),
-        rand_host(c.seed ^ 1, &bd),
-        rand_host(c.seed ^ 2, &[c.n]),
-        rand_host(c.seed ^ 3, &od),
-    )
-}
 
 /// Forward and backward of one case; `b_dtype` bf16 or f16 uploads b packed
 /// and compares with the CPU run on the rounded b, so that only summation
@@ -112,32 +65,32 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
 
     #[test]
-    fn matmul_matches_cpu(c in case(90)) {
+    fn matmul_matches_cpu(c in case(90, 4)) {
         let Some(g) = gpu() else { return Ok(()) };
         check(g, &c, DType::F32);
     }
 
     #[test]
-    fn matmul_bf16_b_matches_cpu_on_rounded_b(c in case(70)) {
+    fn matmul_bf16_b_matches_cpu_on_rounded_b(c in case(70, 4)) {
         let Some(g) = gpu() else { return Ok(()) };
         check(g, &c, DType::BF16);
     }
 
     #[test]
-    fn matmul_f16_b_matches_cpu_on_rounded_b(c in case(70)) {
+    fn matmul_f16_b_matches_cpu_on_rounded_b(c in case(70, 4)) {
         let Some(g) = gpu() else { return Ok(()) };
         check(g, &c, DType::F16);
     }
 
     #[test]
-    fn matmul_128_tile_matches_cpu(c in case(200)) {
+    fn matmul_128_tile_matches_cpu(c in case(200, 4)) {
         let Some(g) = gpu_big_tile() else { return Ok(()) };
         check(g, &c, DType::F32);
         check(g, &c, DType::BF16);
     }
 
     #[test]
-    fn matmul_split_into_binding_ranges(c in case(70)) {
+    fn matmul_split_into_binding_ranges(c in case(70, 4)) {
         let Some(g) = gpu_small_bindings() else { return Ok(()) };
         check(g, &c, DType::F32);
         check(g, &c, DType::BF16);

@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+pub mod matmul_case;
+
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::{random_f32, rel_norm_err};
 use megatrain_tensor::{CpuExecutor, Executor, HostTensor, Shape};
