@@ -17,7 +17,7 @@ use super::error::{Result, RunError};
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
-use crate::data::{ChatTemplate, Sampling, TokenData, draw_batch, draw_rows, load_tokens, split_validation};
+use crate::data::{ChatTemplate, Sampling, TokenData, draw_rows, load_tokens, split_validation};
 use crate::dist::{Collective, DistConfig};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
@@ -269,23 +269,12 @@ pub fn evaluate<E: Executor>(
     batches: usize,
     sampling: Sampling,
 ) -> Result<f64> {
-    let (mut sum, mut counted) = (0.0, 0usize);
-    for i in 0..batches as u64 {
-        let b = draw_batch(data, sampling, i, batch, seq_len, name)?;
-        let (s, c) = trainer.eval_loss(&b)?;
-        sum += s;
-        counted += c;
-    }
-    Ok(if counted > 0 {
-        sum / counted as f64
-    } else {
-        f64::NAN
-    })
+    evaluate_split(trainer, data, name, batch, seq_len, batches, sampling, None)
 }
 
-/// [`evaluate`] split across the ranks of `comm`: each evaluates its rows
-/// of the global batch `batch` and the sums are added, so N ranks report
-/// what one rank with the global batch would.
+/// [`evaluate`], split across the ranks of `comm` when given: each
+/// evaluates its rows of the global batch `batch` and the sums are added,
+/// so N ranks report what one rank with the global batch would.
 #[allow(clippy::too_many_arguments)]
 fn evaluate_split<E: Executor>(
     trainer: &Trainer<E>,
@@ -295,10 +284,11 @@ fn evaluate_split<E: Executor>(
     seq_len: usize,
     batches: usize,
     sampling: Sampling,
-    comm: &dyn Collective,
+    comm: Option<&dyn Collective>,
 ) -> Result<f64> {
-    let per = batch / comm.size();
-    let rows = comm.rank() * per..(comm.rank() + 1) * per;
+    let (rank, ranks) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
+    let per = batch / ranks;
+    let rows = rank * per..(rank + 1) * per;
     let mut x = [0.0, 0.0];
     for i in 0..batches as u64 {
         let b = draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name)?;
@@ -306,7 +296,9 @@ fn evaluate_split<E: Executor>(
         x[0] += s;
         x[1] += c as f64;
     }
-    comm.sum_f64(&mut x)?;
+    if let Some(comm) = comm {
+        comm.sum_f64(&mut x)?;
+    }
     Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
 }
 
@@ -416,30 +408,18 @@ pub fn train_with<E: Executor>(
         seed: opts.seed ^ EVAL_SEED_MIX,
     };
     let eval = |t: &Trainer<E>| -> Result<Option<f64>> {
-        match (&p.val, &dist) {
-            (Some(v), Some(d)) => evaluate_split(
-                t,
-                v,
-                &p.val_name,
-                opts.global_batch(),
-                opts.seq_len,
-                opts.eval_batches,
-                eval_sampling,
-                &*d.comm,
-            )
-            .map(Some),
-            (Some(v), None) => evaluate(
-                t,
-                v,
-                &p.val_name,
-                opts.batch,
-                opts.seq_len,
-                opts.eval_batches,
-                eval_sampling,
-            )
-            .map(Some),
-            (None, _) => Ok(None),
-        }
+        let Some(v) = &p.val else { return Ok(None) };
+        evaluate_split(
+            t,
+            v,
+            &p.val_name,
+            opts.global_batch(),
+            opts.seq_len,
+            opts.eval_batches,
+            eval_sampling,
+            dist.as_ref().map(|d| &*d.comm),
+        )
+        .map(Some)
     };
     let end = stop_at.unwrap_or(opts.steps).min(opts.steps);
     let mut summary = Summary {
