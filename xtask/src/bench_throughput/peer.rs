@@ -1,4 +1,4 @@
-//! The PyTorch peer (`bench/torch_peer.py`), run only where `torch` imports.
+//! The PyTorch peer (`benches/torch_peer.py`), run only where `torch` imports.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -62,7 +62,7 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
 
 /// Runs each peer mode in its own process (so each peak RSS is its own).
 pub fn run(root: &Path, py: &Path, spec: &Spec, model: &ModelConfig) -> Vec<Value> {
-    let script = root.join("bench/torch_peer.py");
+    let script = root.join("benches/torch_peer.py");
     ["memory", "streamed"]
         .iter()
         .map(|mode| {

@@ -7,7 +7,7 @@ a preallocated buffer (what megatrain's fused pass writes in the same sweep).
 Same accounting as the Rust bench: 28 B/param for the update, 30 with the bf16
 copy. Best and median of --iters timed steps after 2 warm-up steps.
 
-    /work/main/.venv/bin/python bench/torch_adamw.py --params 100000000 --threads 1 2
+    /work/main/.venv/bin/python benches/torch_adamw.py --params 100000000 --threads 1 2
 """
 
 import argparse

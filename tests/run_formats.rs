@@ -265,7 +265,7 @@ fn top_k_and_temperature_pick_from_the_right_set() {
 
 /// The llama_gqa fixture of the zoo: a small random HF Llama (vocab 101).
 fn hf_fixture(tmp: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zoo/tests/fixtures/llama_gqa");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/llama_gqa");
     let dst = tmp.join("hf_llama");
     std::fs::create_dir_all(&dst).unwrap();
     for f in ["config.json", "model.safetensors"] {
@@ -297,7 +297,7 @@ fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
     assert!(moved != before, "training changed the loaded weights");
     // The fixture's BPE tokenizer has 300 tokens: text cannot fit vocab 101.
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../zoo/tests/fixtures/tokenizer/tokenizer.json"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/tokenizer/tokenizer.json"),
         hf.join("tokenizer.json"),
     )
     .unwrap();

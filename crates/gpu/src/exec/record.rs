@@ -1,0 +1,265 @@
+//! Recording an op's dispatches, copies and clears, and submitting them
+//! together with the op's parameter blocks.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use megatrain_tensor::Result;
+use wgpu::util::DeviceExt;
+
+use super::bind_groups::GroupKey;
+use super::{GpuExecutor, View};
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+/// Bytes of parameter blocks one op may hold in the shared uniform buffer
+/// (256 dispatches at the usual 256-byte alignment).
+pub(crate) const UNIFORM_RING_BYTES: u64 = 64 << 10;
+
+enum Cmd {
+    Dispatch {
+        pipeline: Arc<crate::kernels::Pipeline>,
+        group: wgpu::BindGroup,
+        grid: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        bytes: u64,
+    },
+    Clear {
+        buf: wgpu::Buffer,
+        bytes: u64,
+    },
+}
+
+/// The commands of one op, submitted together by [`Op::finish`].
+pub(crate) struct Op<'e> {
+    ex: &'e GpuExecutor,
+    name: &'static str,
+    cmds: Vec<Cmd>,
+    /// Parameter blocks destined for `GpuExecutor::uniforms`.
+    params: Vec<u8>,
+    /// Temporaries the recorded commands read: they must not go back to the
+    /// pool (and be rewritten by a later upload) before the op is submitted.
+    keep: Vec<GpuTensor>,
+}
+
+impl<'e> Op<'e> {
+    pub fn keep(&mut self, t: GpuTensor) {
+        self.keep.push(t);
+    }
+
+    pub fn dispatch(&mut self, k: Kernel, params: &[u32], views: &[View<'_>], grid: [u32; 3]) {
+        let ex = self.ex;
+        let pipeline = ex.kernels.get(&ex.ctx.device, k);
+        debug_assert_eq!(pipeline.bindings.len(), views.len(), "{:?} binding count", k);
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
+        bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
+        let offset = (self.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
+        let own;
+        let (ubuf, uoff) = if offset + bytes.len() as u64 <= UNIFORM_RING_BYTES {
+            self.params.resize(offset as usize, 0);
+            self.params.extend_from_slice(&bytes);
+            (&ex.uniforms, offset)
+        } else {
+            // More dispatches than the shared block holds: a buffer of its own.
+            own = ex
+                .ctx
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("params"),
+                    contents: &bytes,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            (&own, 0)
+        };
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: ubuf,
+                offset: uoff,
+                size: wgpu::BufferSize::new(bytes.len() as u64),
+            }),
+        }];
+        for (b, v) in pipeline.bindings.iter().zip(views) {
+            entries.push(wgpu::BindGroupEntry {
+                binding: *b,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: v.buf,
+                    offset: v.offset,
+                    size: wgpu::BufferSize::new(v.size),
+                }),
+            });
+        }
+        let make = || {
+            ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(pipeline.entry),
+                layout: &pipeline.layout,
+                entries: &entries,
+            })
+        };
+        // Parameter blocks of the shared buffer sit at the same offsets every
+        // time an op runs, and weight slots and pooled activations are the
+        // same buffers every step: so after the first step every group is
+        // found here and nothing is created per layer per step.
+        let group = if std::ptr::eq(ubuf, &ex.uniforms) {
+            let key = GroupKey {
+                kernel: k,
+                uniform: (uoff, bytes.len() as u64),
+                views: views.iter().map(|v| (v.buf.clone(), v.offset, v.size)).collect(),
+            };
+            ex.bind_groups.get_or_make(key, make)
+        } else {
+            make()
+        };
+        if grid.iter().all(|&g| g > 0) {
+            self.cmds.push(Cmd::Dispatch {
+                pipeline,
+                group,
+                grid,
+            });
+        }
+    }
+
+    pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) {
+        if bytes > 0 {
+            self.cmds.push(Cmd::Copy {
+                src: src.clone(),
+                src_off,
+                dst: dst.clone(),
+                dst_off,
+                bytes,
+            });
+        }
+    }
+
+    pub fn clear(&mut self, buf: &wgpu::Buffer, bytes: u64) {
+        if bytes > 0 {
+            self.cmds.push(Cmd::Clear {
+                buf: buf.clone(),
+                bytes,
+            });
+        }
+    }
+
+    pub fn finish(self) -> Result<()> {
+        let ex = self.ex;
+        let profile = ex.profiling.load(Ordering::Relaxed);
+        let ts = if profile { ex.timestamps.as_ref() } else { None };
+        let n_dispatch_runs = count_pass_runs(&self.cmds);
+        let mut enc = ex.ctx.device.create_command_encoder(&Default::default());
+        let mut cmds = self.cmds.into_iter().peekable();
+        let mut run = 0;
+        while let Some(cmd) = cmds.next() {
+            match cmd {
+                Cmd::Copy {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    bytes,
+                } => enc.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
+                Cmd::Clear { buf, bytes } => enc.clear_buffer(&buf, 0, Some(bytes)),
+                Cmd::Dispatch {
+                    pipeline,
+                    group,
+                    grid,
+                } => {
+                    let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
+                        query_set: &t.set,
+                        beginning_of_pass_write_index: (run == 0).then_some(0),
+                        end_of_pass_write_index: (run + 1 == n_dispatch_runs).then_some(1),
+                    });
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some(self.name),
+                        timestamp_writes,
+                    });
+                    pass.set_pipeline(&pipeline.pipeline);
+                    pass.set_bind_group(0, &group, &[]);
+                    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                    while let Some(Cmd::Dispatch { .. }) = cmds.peek() {
+                        if let Some(Cmd::Dispatch {
+                            pipeline,
+                            group,
+                            grid,
+                        }) = cmds.next()
+                        {
+                            pass.set_pipeline(&pipeline.pipeline);
+                            pass.set_bind_group(0, &group, &[]);
+                            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                        }
+                    }
+                    run += 1;
+                }
+            }
+        }
+        let use_ts = ts.filter(|_| n_dispatch_runs > 0);
+        if let Some(t) = use_ts {
+            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
+        }
+        let start = Instant::now();
+        {
+            let _guard = ex.submit_lock.lock().expect("submit lock poisoned");
+            if !self.params.is_empty() {
+                ex.ctx.queue.write_buffer(&ex.uniforms, 0, &self.params);
+            }
+            ex.ctx.queue.submit([enc.finish()]);
+        }
+        drop(self.keep);
+        if profile {
+            ex.ctx.wait()?;
+            let wall = start.elapsed().as_nanos() as u64;
+            let ns = match use_ts {
+                Some(t) => {
+                    let words = ex.read_buffer(&t.read, 0, 16)?;
+                    let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
+                    (v[1].saturating_sub(v[0]) as f64 * t.period_ns) as u64
+                }
+                None => wall,
+            };
+            ex.profiler.record(self.name, ns);
+        }
+        Ok(())
+    }
+}
+
+fn count_pass_runs(cmds: &[Cmd]) -> usize {
+    let mut runs = 0;
+    let mut prev_dispatch = false;
+    for c in cmds {
+        let d = matches!(c, Cmd::Dispatch { .. });
+        if d && !prev_dispatch {
+            runs += 1;
+        }
+        prev_dispatch = d;
+    }
+    runs
+}
+
+/// Workgroup grid for `n` workgroups: 2-D when one dimension is not enough
+/// (kernels rebuild the linear id from `num_workgroups`).
+pub(crate) fn grid_for(n: usize) -> [u32; 3] {
+    const MAX: usize = 65535;
+    if n <= MAX {
+        [n as u32, 1, 1]
+    } else {
+        [MAX as u32, n.div_ceil(MAX) as u32, 1]
+    }
+}
+
+impl GpuExecutor {
+    pub(crate) fn op(&self, name: &'static str) -> Op<'_> {
+        Op {
+            ex: self,
+            name,
+            cmds: Vec::new(),
+            params: Vec::new(),
+            keep: Vec::new(),
+        }
+    }
+}
