@@ -85,6 +85,16 @@ pub struct NormOut<T> {
     pub rstd: T,
 }
 
+/// Output of a residual add fused with the norm that follows it
+/// ([`Executor::add_rmsnorm`], [`Executor::add_layernorm`]).
+#[derive(Debug)]
+pub struct AddNormOut<T> {
+    /// The residual stream `x + r`, which flows on past the norm.
+    pub h: T,
+    /// The norm of `h`, with the statistics its backward needs.
+    pub norm: NormOut<T>,
+}
+
 #[derive(Debug)]
 pub struct NormGrads<T> {
     pub dx: T,
@@ -306,6 +316,67 @@ pub trait Executor {
         dy: &Self::Tensor,
     ) -> Result<NormGrads<Self::Tensor>>;
 
+    // ---- residual add fused with a norm --------------------------------
+    //
+    // A pre-norm block reads its residual stream through a norm at two
+    // places: `h = x + r` feeds both the norm and the rest of the stream.
+    // These run the add and the norm (forward) and the norm's backward and
+    // the stream's gradient (backward) as one op each. The defaults compose
+    // the unfused ops; an executor overrides them to save passes over the
+    // activations.
+
+    /// `h = x + r`, then `y = rmsnorm(h) · w`. Returns `h` and the norm.
+    fn add_rmsnorm(
+        &self,
+        x: &Self::Tensor,
+        r: &Self::Tensor,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<AddNormOut<Self::Tensor>> {
+        compose_add_rmsnorm(self, x, r, w, eps)
+    }
+
+    /// Backward of a norm whose input `h` also flows on in the residual
+    /// stream: `dx = ∂rmsnorm(h)ᵀ · dy + dh`, where `dh` is the gradient
+    /// arriving through the stream. For `h = x + r` that `dx` is the
+    /// gradient of both `x` and `r`.
+    fn add_rmsnorm_backward(
+        &self,
+        h: &Self::Tensor,
+        w: &Self::Tensor,
+        rstd: &Self::Tensor,
+        dy: &Self::Tensor,
+        dh: &Self::Tensor,
+    ) -> Result<NormGrads<Self::Tensor>> {
+        compose_add_rmsnorm_backward(self, h, w, rstd, dy, dh)
+    }
+
+    /// `h = x + r`, then `y = layernorm(h) · w + b`. Returns `h` and the norm.
+    fn add_layernorm(
+        &self,
+        x: &Self::Tensor,
+        r: &Self::Tensor,
+        w: &Self::Tensor,
+        b: &Self::Tensor,
+        eps: f32,
+    ) -> Result<AddNormOut<Self::Tensor>> {
+        compose_add_layernorm(self, x, r, w, b, eps)
+    }
+
+    /// [`Executor::add_rmsnorm_backward`] for LayerNorm.
+    #[allow(clippy::too_many_arguments)]
+    fn add_layernorm_backward(
+        &self,
+        h: &Self::Tensor,
+        w: &Self::Tensor,
+        mean: &Self::Tensor,
+        rstd: &Self::Tensor,
+        dy: &Self::Tensor,
+        dh: &Self::Tensor,
+    ) -> Result<NormGrads<Self::Tensor>> {
+        compose_add_layernorm_backward(self, h, w, mean, rstd, dy, dh)
+    }
+
     // ---- attention -----------------------------------------------------
 
     /// Rotary position embedding of `x: [B, T, H, D]` (D even), position of
@@ -399,5 +470,76 @@ pub fn upload_weight<E: Executor + ?Sized>(ex: &E, w: &WeightUpload<'_>) -> Resu
         let mut wide = vec![0.0f32; w.data.len()];
         w.data.widen_into(&mut wide);
         ex.upload_slice(w.shape, HostSlice::F32(&wide))
+    }
+}
+
+/// [`Executor::add_rmsnorm`] from the unfused ops (its provided default).
+pub fn compose_add_rmsnorm<E: Executor + ?Sized>(
+    ex: &E,
+    x: &E::Tensor,
+    r: &E::Tensor,
+    w: &E::Tensor,
+    eps: f32,
+) -> Result<AddNormOut<E::Tensor>> {
+    let h = ex.add(x, r)?;
+    let norm = ex.rmsnorm(&h, w, eps)?;
+    Ok(AddNormOut { h, norm })
+}
+
+/// [`Executor::add_rmsnorm_backward`] from the unfused ops.
+pub fn compose_add_rmsnorm_backward<E: Executor + ?Sized>(
+    ex: &E,
+    h: &E::Tensor,
+    w: &E::Tensor,
+    rstd: &E::Tensor,
+    dy: &E::Tensor,
+    dh: &E::Tensor,
+) -> Result<NormGrads<E::Tensor>> {
+    same_dims("add_rmsnorm_backward", h, dh)?;
+    let mut g = ex.rmsnorm_backward(h, w, rstd, dy)?;
+    ex.add_assign(&mut g.dx, dh)?;
+    Ok(g)
+}
+
+/// [`Executor::add_layernorm`] from the unfused ops.
+pub fn compose_add_layernorm<E: Executor + ?Sized>(
+    ex: &E,
+    x: &E::Tensor,
+    r: &E::Tensor,
+    w: &E::Tensor,
+    b: &E::Tensor,
+    eps: f32,
+) -> Result<AddNormOut<E::Tensor>> {
+    let h = ex.add(x, r)?;
+    let norm = ex.layernorm(&h, w, b, eps)?;
+    Ok(AddNormOut { h, norm })
+}
+
+/// [`Executor::add_layernorm_backward`] from the unfused ops.
+pub fn compose_add_layernorm_backward<E: Executor + ?Sized>(
+    ex: &E,
+    h: &E::Tensor,
+    w: &E::Tensor,
+    mean: &E::Tensor,
+    rstd: &E::Tensor,
+    dy: &E::Tensor,
+    dh: &E::Tensor,
+) -> Result<NormGrads<E::Tensor>> {
+    same_dims("add_layernorm_backward", h, dh)?;
+    let mut g = ex.layernorm_backward(h, w, mean, rstd, dy)?;
+    ex.add_assign(&mut g.dx, dh)?;
+    Ok(g)
+}
+
+/// `add_assign` accepts any equal element count; the residual gradient
+/// must have the stream's shape.
+fn same_dims<T: TensorHandle>(op: &'static str, h: &T, dh: &T) -> Result<()> {
+    if h.shape() == dh.shape() {
+        Ok(())
+    } else {
+        Err(Error::shape(
+            op,
+            format!("residual gradient dh {} must match h {}", dh.shape(), h.shape()),
+        ))
     }
 }

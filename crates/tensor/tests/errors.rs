@@ -73,6 +73,36 @@ fn norm_shape_errors() {
 }
 
 #[test]
+fn fused_add_norm_shape_errors() {
+    let (x, w, b) = (r(1, &[2, 4]), r(2, &[4]), r(3, &[4]));
+    let msg = shape_err(EX.add_rmsnorm(&x, &r(4, &[2, 5]), &w, 1e-5), "add_rmsnorm");
+    assert!(msg.contains("[2, 5]"), "{msg}");
+    shape_err(EX.add_rmsnorm(&x, &x, &r(5, &[3]), 1e-5), "add_rmsnorm");
+    shape_err(EX.add_layernorm(&x, &r(4, &[4, 2]), &w, &b, 1e-5), "add_layernorm");
+    shape_err(EX.add_layernorm(&x, &x, &w, &r(6, &[5]), 1e-5), "add_layernorm");
+    let o = EX.add_rmsnorm(&x, &x, &w, 1e-5).unwrap();
+    let msg = shape_err(
+        EX.add_rmsnorm_backward(&o.h, &w, &o.norm.rstd, &x, &r(7, &[4, 2])),
+        "add_rmsnorm_backward",
+    );
+    assert!(msg.contains("[4, 2]"), "{msg}");
+    shape_err(
+        EX.add_rmsnorm_backward(&o.h, &w, &r(8, &[3]), &x, &x),
+        "add_rmsnorm_backward",
+    );
+    let o = EX.add_layernorm(&x, &x, &w, &b, 1e-5).unwrap();
+    let mean = o.norm.mean.as_ref().unwrap();
+    shape_err(
+        EX.add_layernorm_backward(&o.h, &w, mean, &o.norm.rstd, &x, &r(9, &[8])),
+        "add_layernorm_backward",
+    );
+    shape_err(
+        EX.add_layernorm_backward(&o.h, &w, &r(10, &[5]), &o.norm.rstd, &x, &x),
+        "add_layernorm_backward",
+    );
+}
+
+#[test]
 fn rope_errors() {
     let msg = shape_err(
         EX.rope(

@@ -119,6 +119,53 @@ fn layernorm_backward() {
     );
 }
 
+/// The fused residual add + norm: `x` and `r` both reach `h = x + r`, which
+/// feeds the norm and flows on; the objective reads both outputs, so the
+/// stream's gradient `dh` (the cotangent of `h`) enters the backward.
+#[test]
+fn add_rmsnorm_backward() {
+    let (x, r, w) = (rand_t(11, &[2, 3, 7]), rand_t(12, &[2, 3, 7]), rand_t(13, &[7]));
+    let fw = EX.add_rmsnorm(&x, &r, &w, 1e-5).unwrap();
+    let (cot_y, cot_h) = (rand_t(14, &[2, 3, 7]), rand_t(15, &[2, 3, 7]));
+    let g = EX
+        .add_rmsnorm_backward(&fw.h, &w, &fw.norm.rstd, &cot_y, &cot_h)
+        .unwrap();
+    assert!(g.db.is_none());
+    let f = |i: &[T]| {
+        let o = EX.add_rmsnorm(&i[0], &i[1], &i[2], 1e-5).unwrap();
+        dot(o.norm.y.data(), cot_y.data()) + dot(o.h.data(), cot_h.data())
+    };
+    grad_check("add_rmsnorm", &[x, r, w], &[g.dx.data(), g.dx.data(), g.dw.data()], f);
+}
+
+#[test]
+fn add_layernorm_backward() {
+    let (x, r) = (rand_t(21, &[5, 6]), rand_t(22, &[5, 6]));
+    let (w, b) = (rand_t(23, &[6]), rand_t(24, &[6]));
+    let fw = EX.add_layernorm(&x, &r, &w, &b, 1e-5).unwrap();
+    let (cot_y, cot_h) = (rand_t(25, &[5, 6]), rand_t(26, &[5, 6]));
+    let g = EX
+        .add_layernorm_backward(
+            &fw.h,
+            &w,
+            fw.norm.mean.as_ref().unwrap(),
+            &fw.norm.rstd,
+            &cot_y,
+            &cot_h,
+        )
+        .unwrap();
+    let f = |i: &[T]| {
+        let o = EX.add_layernorm(&i[0], &i[1], &i[2], &i[3], 1e-5).unwrap();
+        dot(o.norm.y.data(), cot_y.data()) + dot(o.h.data(), cot_h.data())
+    };
+    grad_check(
+        "add_layernorm",
+        &[x, r, w, b],
+        &[g.dx.data(), g.dx.data(), g.dw.data(), g.db.as_ref().unwrap().data()],
+        f,
+    );
+}
+
 #[test]
 fn rope_backward_with_offset() {
     let rope = Rope {

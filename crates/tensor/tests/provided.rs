@@ -149,3 +149,49 @@ fn load_weights_keeps_f16_matrices_and_widens_f16_vectors() {
         [wide[0] + wide[2] + 0.25, wide[1] + wide[3] + v[1].to_f32()]
     );
 }
+
+/// The fused residual add + norm of the reference executor gives, bit for
+/// bit, what the provided defaults (the unfused ops one after another) give,
+/// so a model's losses do not move when a block switches to the fused op.
+#[test]
+fn fused_add_norms_equal_their_compositions_bit_for_bit() {
+    use megatrain_tensor::testing::random_tensor;
+    use megatrain_tensor::{
+        compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm,
+        compose_add_rmsnorm_backward,
+    };
+    let ex = CpuExecutor::new();
+    let r = |seed, shape: &[usize]| ex.upload(&random_tensor(seed, shape.to_vec())).unwrap();
+    // 131 rows: more than one of the reference's fixed row blocks.
+    let (x, res, dy, dh) = (r(1, &[131, 37]), r(2, &[131, 37]), r(3, &[131, 37]), r(4, &[131, 37]));
+    let (w, b) = (r(5, &[37]), r(6, &[37]));
+    let bits = |t: &megatrain_tensor::CpuTensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+
+    let f = ex.add_rmsnorm(&x, &res, &w, 1e-5).unwrap();
+    let c = compose_add_rmsnorm(&ex, &x, &res, &w, 1e-5).unwrap();
+    assert_eq!(bits(&f.h), bits(&c.h));
+    assert_eq!(bits(&f.norm.y), bits(&c.norm.y));
+    assert_eq!(bits(&f.norm.rstd), bits(&c.norm.rstd));
+    let fg = ex.add_rmsnorm_backward(&f.h, &w, &f.norm.rstd, &dy, &dh).unwrap();
+    let cg = compose_add_rmsnorm_backward(&ex, &f.h, &w, &f.norm.rstd, &dy, &dh).unwrap();
+    assert_eq!(bits(&fg.dx), bits(&cg.dx));
+    assert_eq!(bits(&fg.dw), bits(&cg.dw));
+
+    let f = ex.add_layernorm(&x, &res, &w, &b, 1e-5).unwrap();
+    let c = compose_add_layernorm(&ex, &x, &res, &w, &b, 1e-5).unwrap();
+    assert_eq!(bits(&f.h), bits(&c.h));
+    assert_eq!(bits(&f.norm.y), bits(&c.norm.y));
+    assert_eq!(bits(f.norm.mean.as_ref().unwrap()), bits(c.norm.mean.as_ref().unwrap()));
+    assert_eq!(bits(&f.norm.rstd), bits(&c.norm.rstd));
+    let mean = f.norm.mean.as_ref().unwrap();
+    let fg = ex.add_layernorm_backward(&f.h, &w, mean, &f.norm.rstd, &dy, &dh).unwrap();
+    let cg = compose_add_layernorm_backward(&ex, &f.h, &w, mean, &f.norm.rstd, &dy, &dh).unwrap();
+    assert_eq!(bits(&fg.dx), bits(&cg.dx));
+    assert_eq!(bits(&fg.dw), bits(&cg.dw));
+    assert_eq!(bits(fg.db.as_ref().unwrap()), bits(cg.db.as_ref().unwrap()));
+
+    // The defaults refuse a residual gradient of another shape, even one
+    // with as many elements (which `add_assign` alone would accept).
+    let err = compose_add_rmsnorm_backward(&ex, &f.h, &w, &f.norm.rstd, &dy, &r(7, &[37, 131])).unwrap_err();
+    assert!(err.to_string().contains("[37, 131]"), "{err}");
+}

@@ -9,7 +9,7 @@ use crate::cpu::f16_operands::{scale_round, unscale};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
-    AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor, HostTensor,
+    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor, HostTensor,
     MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
 };
 
@@ -42,11 +42,11 @@ impl<F: Real> RefExecutor<F> {
     }
 }
 
-type T<F> = CpuTensor<F>;
+pub(super) type T<F> = CpuTensor<F>;
 
 /// The values of a tensor that must be stored as f32 (activations, grads,
 /// norm weights, biases).
-fn f32_data<'a, F: Real>(op: &'static str, t: &'a T<F>) -> Result<&'a [F]> {
+pub(super) fn f32_data<'a, F: Real>(op: &'static str, t: &'a T<F>) -> Result<&'a [F]> {
     match t.dtype() {
         DType::F32 => Ok(t.data()),
         got => Err(Error::DType {
@@ -57,7 +57,7 @@ fn f32_data<'a, F: Real>(op: &'static str, t: &'a T<F>) -> Result<&'a [F]> {
     }
 }
 
-fn same_shape<F>(op: &'static str, what: &str, a: &T<F>, b: &T<F>) -> Result<()> {
+pub(super) fn same_shape<F>(op: &'static str, what: &str, a: &T<F>, b: &T<F>) -> Result<()> {
     if a.shape() == b.shape() {
         Ok(())
     } else {
@@ -68,12 +68,12 @@ fn same_shape<F>(op: &'static str, what: &str, a: &T<F>, b: &T<F>) -> Result<()>
     }
 }
 
-fn out<F: Real>(shape: Shape, data: Vec<F>) -> T<F> {
+pub(super) fn out<F: Real>(shape: Shape, data: Vec<F>) -> T<F> {
     T::new_unchecked(shape, data)
 }
 
 /// `[C]` weight matching the last dim of `x`, with `C > 0`.
-fn norm_weight<F: Real>(op: &'static str, x: &T<F>, w: &T<F>, name: &str) -> Result<()> {
+pub(super) fn norm_weight<F: Real>(op: &'static str, x: &T<F>, w: &T<F>, name: &str) -> Result<()> {
     let c = x.shape().last();
     if x.dims().is_empty() || c == 0 {
         return Err(Error::shape(
@@ -90,7 +90,7 @@ fn norm_weight<F: Real>(op: &'static str, x: &T<F>, w: &T<F>, name: &str) -> Res
     Ok(())
 }
 
-fn row_stat<F: Real>(op: &'static str, x: &T<F>, s: &T<F>, name: &str) -> Result<()> {
+pub(super) fn row_stat<F: Real>(op: &'static str, x: &T<F>, s: &T<F>, name: &str) -> Result<()> {
     if s.numel() != x.shape().rows() {
         return Err(Error::shape(
             op,
@@ -514,6 +514,37 @@ impl<F: Real> Executor for RefExecutor<F> {
             dw: out(w.shape().clone(), dw),
             db: Some(out(w.shape().clone(), db)),
         })
+    }
+
+    fn add_rmsnorm(&self, x: &T<F>, r: &T<F>, w: &T<F>, eps: f32) -> Result<AddNormOut<T<F>>> {
+        self.add_rmsnorm_impl(x, r, w, eps)
+    }
+
+    fn add_rmsnorm_backward(
+        &self,
+        h: &T<F>,
+        w: &T<F>,
+        rstd: &T<F>,
+        dy: &T<F>,
+        dh: &T<F>,
+    ) -> Result<NormGrads<T<F>>> {
+        self.add_rmsnorm_backward_impl(h, w, rstd, dy, dh)
+    }
+
+    fn add_layernorm(&self, x: &T<F>, r: &T<F>, w: &T<F>, b: &T<F>, eps: f32) -> Result<AddNormOut<T<F>>> {
+        self.add_layernorm_impl(x, r, w, b, eps)
+    }
+
+    fn add_layernorm_backward(
+        &self,
+        h: &T<F>,
+        w: &T<F>,
+        mean: &T<F>,
+        rstd: &T<F>,
+        dy: &T<F>,
+        dh: &T<F>,
+    ) -> Result<NormGrads<T<F>>> {
+        self.add_layernorm_backward_impl(h, w, mean, rstd, dy, dh)
     }
 
     fn rope(&self, x: &T<F>, rope: Rope) -> Result<T<F>> {

@@ -3,6 +3,7 @@
 //! every other backend is tested against; [`F64Executor`] runs the same code
 //! in f64 for finite-difference checks and high-precision references.
 
+mod add_norm;
 mod exec;
 mod f16_operands;
 mod real;

@@ -1,7 +1,7 @@
 //! GPT-2 block: pre-LayerNorm attention and GELU MLP with biases; `Conv1D`
 //! weights are `[in, out]` and read untransposed.
 
-use megatrain_tensor::{AttentionOut, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose};
 
 use super::{check_weights, linear, shape};
 use crate::{ModelConfig, Result};
@@ -56,8 +56,7 @@ pub(super) fn forward<E: Executor>(
     let att = ex.attention(&q, &k, &v)?;
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
-    let x2 = ex.add(x, &o)?;
-    let n2 = ex.layernorm(&x2, &w[LN2_W], &w[LN2_B], eps)?;
+    let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;
     let f = linear(ex, &n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
     let g = ex.gelu(&f)?;
     let m = linear(ex, &g, &w[MLP_W], Some(&w[MLP_B]), Transpose::NN)?;
@@ -94,15 +93,16 @@ pub(super) fn backward<E: Executor>(
     let gm = ex.matmul_backward(&s.g, &w[MLP_W], dy, Transpose::NN, MatmulNeeds::ALL)?;
     let df = ex.gelu_backward(&s.f, &take(gm.da))?;
     let gfc = ex.matmul_backward(&s.n2.y, &w[FC_W], &df, Transpose::NN, MatmulNeeds::ALL)?;
-    let n2 = ex.layernorm_backward(
+    // x2 flows on past the norm: its gradient is the norm's plus dy.
+    let n2 = ex.add_layernorm_backward(
         &s.x2,
         &w[LN2_W],
         s.n2.mean.as_ref().expect("layernorm mean"),
         &s.n2.rstd,
         &take(gfc.da),
+        dy,
     )?;
-    let mut dx2 = n2.dx;
-    ex.add_assign(&mut dx2, dy)?;
+    let dx2 = n2.dx;
 
     // Attention.
     let gp = ex.matmul_backward(&s.a, &w[PROJ_W], &dx2, Transpose::NN, MatmulNeeds::ALL)?;
@@ -116,15 +116,15 @@ pub(super) fn backward<E: Executor>(
     );
     let dqkv = ex.concat_last(&[&dq, &dk, &dv])?;
     let gattn = ex.matmul_backward(&s.n1.y, &w[ATTN_W], &dqkv, Transpose::NN, MatmulNeeds::ALL)?;
-    let n1 = ex.layernorm_backward(
+    let n1 = ex.add_layernorm_backward(
         &s.x,
         &w[LN1_W],
         s.n1.mean.as_ref().expect("layernorm mean"),
         &s.n1.rstd,
         &take(gattn.da),
+        &dx2,
     )?;
-    let mut dx = n1.dx;
-    ex.add_assign(&mut dx, &dx2)?;
+    let dx = n1.dx;
 
     let grads = vec![
         n1.dw,

@@ -4,7 +4,7 @@
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
 use megatrain_tensor::{
-    AttentionOut, Executor, MatmulGrads, MatmulNeeds, NormOut, Rope, TensorHandle, Transpose,
+    AddNormOut, AttentionOut, Executor, MatmulGrads, MatmulNeeds, NormOut, Rope, TensorHandle, Transpose,
 };
 
 use super::{check_weights, linear, shape};
@@ -135,8 +135,7 @@ pub(super) fn forward<E: Executor>(
     let att = ex.attention(&q, &k, &v)?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
-    let x2 = ex.add(x, &o)?;
-    let n2 = ex.rmsnorm(&x2, &w[l.ln2], eps)?;
+    let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let gate = lin(ex, &n2.y, w, l.gate)?;
     let up = lin(ex, &n2.y, w, l.up)?;
     let s = ex.swiglu(&gate, &up)?;
@@ -204,10 +203,10 @@ pub(super) fn backward<E: Executor>(
     ex.add_assign(&mut dn2, &take(gu.da.take()))?;
     put(&mut grads, l.gate, gg);
     put(&mut grads, l.up, gu);
-    let n2 = ex.rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2)?;
+    // x2 flows on past the norm: its gradient is the norm's plus dy.
+    let n2 = ex.add_rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
-    let mut dx2 = n2.dx;
-    ex.add_assign(&mut dx2, dy)?;
+    let dx2 = n2.dx;
 
     // Attention.
     let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &dx2, Transpose::NT, needs(l.o.1))?;
@@ -237,10 +236,9 @@ pub(super) fn backward<E: Executor>(
         }
         put(&mut grads, lw, g);
     }
-    let n1 = ex.rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &take(dn1))?;
+    let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &take(dn1), &dx2)?;
     grads[l.ln1] = Some(n1.dw);
-    let mut dx = n1.dx;
-    ex.add_assign(&mut dx, &dx2)?;
+    let dx = n1.dx;
     let grads = grads.into_iter().map(take).collect();
     Ok((dx, grads))
 }

@@ -20,5 +20,8 @@ pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
 pub use loss::cross_entropy;
 pub use matmul::{MatmulDims, add_bias, bias_grad, matmul, matmul_backward};
-pub use norm::{layernorm, layernorm_backward, rmsnorm, rmsnorm_backward};
+pub use norm::{
+    add_layernorm, add_layernorm_backward, add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward,
+    rmsnorm, rmsnorm_backward,
+};
 pub use rope::rope;
