@@ -1,10 +1,14 @@
-// RMSNorm and LayerNorm over the last dimension, forward and backward. One
+// RMSNorm and LayerNorm over the last dimension, forward and backward, and
+// the same fused with the residual add in front of them (`add_*`): the
+// forward writes h = x + r beside the norm of h, the backward adds the
+// stream's gradient dh to dx, so neither needs a pass of its own. One
 // workgroup of 256 threads per row; sums reduce through workgroup memory.
 
 struct Params {
     rows: u32, c: u32, eps: f32, flags: u32,
     x_off: u32, w_off: u32, b3_off: u32, o4_off: u32,
     o5_off: u32, o6_off: u32, r7_off: u32, r8_off: u32,
+    r9_off: u32, o10_off: u32, pad0: u32, pad1: u32,
 }
 
 const HAS_MEAN: u32 = 1u;
@@ -21,6 +25,11 @@ const HAS_DB: u32 = 2u;
 // rstd and mean as inputs of the backward.
 @group(0) @binding(7) var<storage, read> R7: array<f32>;
 @group(0) @binding(8) var<storage, read> R8: array<f32>;
+// The residual r in the fused forwards, the stream's gradient dh in the
+// fused backwards.
+@group(0) @binding(9) var<storage, read> R9: array<f32>;
+// h = x + r, written by the fused forwards.
+@group(0) @binding(10) var<storage, read_write> O10: array<f32>;
 
 var<workgroup> red: array<f32, 256>;
 var<workgroup> red2: array<f32, 256>;
@@ -98,6 +107,66 @@ fn ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
 }
 
+// rms_fwd of h = x + r. Each thread reads back only the h it wrote itself.
+@compute @workgroup_size(256)
+fn add_rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let xb = p.x_off + row * p.c;
+    let rb = p.r9_off + row * p.c;
+    let hb = p.o10_off + row * p.c;
+    var ss = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let h = X[xb + i] + R9[rb + i];
+        O10[hb + i] = h;
+        ss += h * h;
+    }
+    let tot = reduce2(t, ss, 0.0);
+    let rstd = inverseSqrt(tot.x / f32(p.c) + p.eps);
+    for (var i = t; i < p.c; i += 256u) {
+        O4[p.o4_off + row * p.c + i] = O10[hb + i] * rstd * W[p.w_off + i];
+    }
+    if t == 0u {
+        O5[p.o5_off + row] = rstd;
+    }
+}
+
+// ln_fwd of h = x + r.
+@compute @workgroup_size(256)
+fn add_ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let xb = p.x_off + row * p.c;
+    let rb = p.r9_off + row * p.c;
+    let hb = p.o10_off + row * p.c;
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let h = X[xb + i] + R9[rb + i];
+        O10[hb + i] = h;
+        s += h;
+    }
+    let mean = reduce2(t, s, 0.0).x / f32(p.c);
+    var ss = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let d = O10[hb + i] - mean;
+        ss += d * d;
+    }
+    let rstd = inverseSqrt(reduce2(t, ss, 0.0).x / f32(p.c) + p.eps);
+    for (var i = t; i < p.c; i += 256u) {
+        O4[p.o4_off + row * p.c + i] = (O10[hb + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+    }
+    if t == 0u {
+        O5[p.o5_off + row] = rstd;
+        O6[p.o6_off + row] = mean;
+    }
+}
+
 // dx = rstd·(w·dy) − x·rstd³·mean(w·dy·x)
 @compute @workgroup_size(256)
 fn rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -144,6 +213,56 @@ fn ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let g = W[p.w_off + i] * B3[dbase + i];
         let xh = (X[base + i] - mean) * rstd;
         O4[p.o4_off + row * p.c + i] = rstd * (g - tot.x - xh * tot.y);
+    }
+}
+
+// rms_bwd plus the residual stream's gradient: dx = (rms_bwd's dx) + dh.
+@compute @workgroup_size(256)
+fn add_rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    let dbase = p.b3_off + row * p.c;
+    let rstd = R7[p.r7_off + row];
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        s += W[p.w_off + i] * B3[dbase + i] * X[base + i];
+    }
+    let m = reduce2(t, s, 0.0).x / f32(p.c);
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        let dx = rstd * g - X[base + i] * rstd * rstd * rstd * m;
+        O4[p.o4_off + row * p.c + i] = dx + R9[p.r9_off + row * p.c + i];
+    }
+}
+
+// ln_bwd plus the residual stream's gradient.
+@compute @workgroup_size(256)
+fn add_ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let base = p.x_off + row * p.c;
+    let dbase = p.b3_off + row * p.c;
+    let rstd = R7[p.r7_off + row];
+    let mean = R8[p.r8_off + row];
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        sg += g;
+        sgx += g * (X[base + i] - mean) * rstd;
+    }
+    let tot = reduce2(t, sg, sgx) / f32(p.c);
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        let xh = (X[base + i] - mean) * rstd;
+        O4[p.o4_off + row * p.c + i] = rstd * (g - tot.x - xh * tot.y) + R9[p.r9_off + row * p.c + i];
     }
 }
 

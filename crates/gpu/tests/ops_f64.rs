@@ -108,6 +108,21 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("layernorm dx", down(&g.dx)));
     out.push(("layernorm dw", down(&g.dw)));
     out.push(("layernorm db", down(g.db.as_ref().unwrap())));
+    // The fused residual add + norm of h = x + dy, with x standing in for
+    // the stream's gradient dh.
+    let n = ex.add_rmsnorm(&x, &dy, &gain, 1e-5).unwrap();
+    out.push(("add_rmsnorm", down(&n.norm.y)));
+    let g = ex.add_rmsnorm_backward(&n.h, &gain, &n.norm.rstd, &dy, &x).unwrap();
+    out.push(("add_rmsnorm dx", down(&g.dx)));
+    out.push(("add_rmsnorm dw", down(&g.dw)));
+    let n = ex.add_layernorm(&x, &dy, &gain, &gain, 1e-5).unwrap();
+    out.push(("add_layernorm", down(&n.norm.y)));
+    let mean = n.norm.mean.as_ref().unwrap();
+    let g = ex
+        .add_layernorm_backward(&n.h, &gain, mean, &n.norm.rstd, &dy, &x)
+        .unwrap();
+    out.push(("add_layernorm dx", down(&g.dx)));
+    out.push(("add_layernorm dw", down(&g.dw)));
 
     let (q, k, v, datt) = (up(&i.q), up(&i.k), up(&i.v), up(&i.datt));
     let rope = Rope {

@@ -1,7 +1,7 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor, HostSlice,
+    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor, HostSlice,
     HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
     TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
@@ -147,7 +147,7 @@ impl Executor for GpuExecutor {
     }
 
     fn rmsnorm(&self, x: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
-        self.norm_fwd(x, w, None, eps)
+        Ok(self.norm_fwd(x, None, w, None, eps)?.1)
     }
 
     fn rmsnorm_backward(
@@ -157,11 +157,11 @@ impl Executor for GpuExecutor {
         rstd: &GpuTensor,
         dy: &GpuTensor,
     ) -> Result<NormGrads<GpuTensor>> {
-        self.norm_bwd(x, w, None, rstd, dy)
+        self.norm_bwd(x, w, None, rstd, dy, None)
     }
 
     fn layernorm(&self, x: &GpuTensor, w: &GpuTensor, b: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
-        self.norm_fwd(x, w, Some(b), eps)
+        Ok(self.norm_fwd(x, None, w, Some(b), eps)?.1)
     }
 
     fn layernorm_backward(
@@ -172,7 +172,53 @@ impl Executor for GpuExecutor {
         rstd: &GpuTensor,
         dy: &GpuTensor,
     ) -> Result<NormGrads<GpuTensor>> {
-        self.norm_bwd(x, w, Some(mean), rstd, dy)
+        self.norm_bwd(x, w, Some(mean), rstd, dy, None)
+    }
+
+    fn add_rmsnorm(&self, x: &GpuTensor, r: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<AddNormOut<GpuTensor>> {
+        let (h, norm) = self.norm_fwd(x, Some(r), w, None, eps)?;
+        Ok(AddNormOut {
+            h: h.expect("the fused forward returns h"),
+            norm,
+        })
+    }
+
+    fn add_rmsnorm_backward(
+        &self,
+        h: &GpuTensor,
+        w: &GpuTensor,
+        rstd: &GpuTensor,
+        dy: &GpuTensor,
+        dh: &GpuTensor,
+    ) -> Result<NormGrads<GpuTensor>> {
+        self.norm_bwd(h, w, None, rstd, dy, Some(dh))
+    }
+
+    fn add_layernorm(
+        &self,
+        x: &GpuTensor,
+        r: &GpuTensor,
+        w: &GpuTensor,
+        b: &GpuTensor,
+        eps: f32,
+    ) -> Result<AddNormOut<GpuTensor>> {
+        let (h, norm) = self.norm_fwd(x, Some(r), w, Some(b), eps)?;
+        Ok(AddNormOut {
+            h: h.expect("the fused forward returns h"),
+            norm,
+        })
+    }
+
+    fn add_layernorm_backward(
+        &self,
+        h: &GpuTensor,
+        w: &GpuTensor,
+        mean: &GpuTensor,
+        rstd: &GpuTensor,
+        dy: &GpuTensor,
+        dh: &GpuTensor,
+    ) -> Result<NormGrads<GpuTensor>> {
+        self.norm_bwd(h, w, Some(mean), rstd, dy, Some(dh))
     }
 
     fn rope(&self, x: &GpuTensor, rope: Rope) -> Result<GpuTensor> {

@@ -1,10 +1,40 @@
-//! RMSNorm, LayerNorm and rotary embedding.
+//! RMSNorm, LayerNorm (alone or fused with the residual add before them)
+//! and rotary embedding.
 
 use megatrain_tensor::{Error, NormGrads, NormOut, Result, Rope};
 
 use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
+
+/// The uniform block of `shaders/norm.wgsl`: element offsets of the
+/// operand at each binding number.
+#[derive(Default)]
+struct NormParams {
+    rows: u32,
+    c: u32,
+    eps: u32,
+    flags: u32,
+    x: u32,
+    w: u32,
+    b3: u32,
+    o4: u32,
+    o5: u32,
+    o6: u32,
+    r7: u32,
+    r8: u32,
+    r9: u32,
+    o10: u32,
+}
+
+impl NormParams {
+    fn words(&self) -> [u32; 16] {
+        [
+            self.rows, self.c, self.eps, self.flags, self.x, self.w, self.b3, self.o4, self.o5, self.o6,
+            self.r7, self.r8, self.r9, self.o10, 0, 0,
+        ]
+    }
+}
 
 impl GpuExecutor {
     fn check_norm(op: &'static str, x: &GpuTensor, w: &GpuTensor) -> Result<(usize, usize)> {
@@ -20,71 +50,80 @@ impl GpuExecutor {
         Ok((x.shape.rows(), c))
     }
 
+    /// The norm of `x`, or with `res` the norm of `h = x + res` (returned
+    /// beside it) in the same kernel.
     pub(crate) fn norm_fwd(
         &self,
         x: &GpuTensor,
+        res: Option<&GpuTensor>,
         w: &GpuTensor,
         b: Option<&GpuTensor>,
         eps: f32,
-    ) -> Result<NormOut<GpuTensor>> {
-        let name = if b.is_some() { "layernorm" } else { "rmsnorm" };
+    ) -> Result<(Option<GpuTensor>, NormOut<GpuTensor>)> {
+        let name = match (res.is_some(), b.is_some()) {
+            (false, false) => "rmsnorm",
+            (false, true) => "layernorm",
+            (true, false) => "add_rmsnorm",
+            (true, true) => "add_layernorm",
+        };
         let (rows, c) = Self::check_norm(name, x, w)?;
         if let Some(b) = b {
             need_f32(name, b)?;
             same_shape(name, w, b)?;
         }
+        if let Some(r) = res {
+            need_f32(name, r)?;
+            same_shape(name, x, r)?;
+        }
+        let h = res.map(|_| self.alloc_f32(x.shape.clone())).transpose()?;
         let y = self.alloc_f32(x.shape.clone())?;
         let rstd = self.alloc_f32([rows])?;
         let mean = b.map(|_| self.alloc_f32([rows])).transpose()?;
         let wv = self.full(w)?;
+        let bv = b.map(|b| self.full(b)).transpose()?;
         let mut op = self.op(name);
         for (r0, nr) in self.row_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let yv = self.view(&y, r0 * c, nr * c)?;
             let rv = self.view(&rstd, r0, nr)?;
-            match (b, &mean) {
-                (Some(b), Some(mean)) => {
-                    let bv = self.full(b)?;
-                    let mv = self.view(mean, r0, nr)?;
-                    let params = [
-                        u(nr),
-                        u(c),
-                        f(eps),
-                        0,
-                        xv.elem_off,
-                        wv.elem_off,
-                        bv.elem_off,
-                        yv.elem_off,
-                        rv.elem_off,
-                        mv.elem_off,
-                        0,
-                        0,
-                    ];
-                    op.dispatch(Kernel::LnFwd, &params, &[xv, wv, bv, yv, rv, mv], grid_for(nr));
+            let mv = mean.as_ref().map(|m| self.view(m, r0, nr)).transpose()?;
+            let resv = res.map(|t| self.view(t, r0 * c, nr * c)).transpose()?;
+            let hv = h.as_ref().map(|t| self.view(t, r0 * c, nr * c)).transpose()?;
+            let p = NormParams {
+                rows: u(nr),
+                c: u(c),
+                eps: f(eps),
+                x: xv.elem_off,
+                w: wv.elem_off,
+                b3: bv.map_or(0, |v| v.elem_off),
+                o4: yv.elem_off,
+                o5: rv.elem_off,
+                o6: mv.map_or(0, |v| v.elem_off),
+                r9: resv.map_or(0, |v| v.elem_off),
+                o10: hv.map_or(0, |v| v.elem_off),
+                ..Default::default()
+            }
+            .words();
+            let grid = grid_for(nr);
+            match (bv, mv, resv, hv) {
+                (Some(bv), Some(mv), Some(resv), Some(hv)) => {
+                    op.dispatch(Kernel::AddLnFwd, &p, &[xv, wv, bv, yv, rv, mv, resv, hv], grid)
                 }
-                _ => {
-                    let params = [
-                        u(nr),
-                        u(c),
-                        f(eps),
-                        0,
-                        xv.elem_off,
-                        wv.elem_off,
-                        0,
-                        yv.elem_off,
-                        rv.elem_off,
-                        0,
-                        0,
-                        0,
-                    ];
-                    op.dispatch(Kernel::RmsFwd, &params, &[xv, wv, yv, rv], grid_for(nr));
+                (Some(bv), Some(mv), None, None) => {
+                    op.dispatch(Kernel::LnFwd, &p, &[xv, wv, bv, yv, rv, mv], grid)
                 }
+                (None, None, Some(resv), Some(hv)) => {
+                    op.dispatch(Kernel::AddRmsFwd, &p, &[xv, wv, yv, rv, resv, hv], grid)
+                }
+                _ => op.dispatch(Kernel::RmsFwd, &p, &[xv, wv, yv, rv], grid),
             }
         }
         op.finish()?;
-        Ok(NormOut { y, mean, rstd })
+        Ok((h, NormOut { y, mean, rstd }))
     }
 
+    /// The norm's backward; with `dres`, the residual stream's gradient is
+    /// added to `dx` in the same kernel.
     pub(crate) fn norm_bwd(
         &self,
         x: &GpuTensor,
@@ -92,15 +131,21 @@ impl GpuExecutor {
         mean: Option<&GpuTensor>,
         rstd: &GpuTensor,
         dy: &GpuTensor,
+        dres: Option<&GpuTensor>,
     ) -> Result<NormGrads<GpuTensor>> {
-        let name = if mean.is_some() {
-            "layernorm_backward"
-        } else {
-            "rmsnorm_backward"
+        let name = match (dres.is_some(), mean.is_some()) {
+            (false, false) => "rmsnorm_backward",
+            (false, true) => "layernorm_backward",
+            (true, false) => "add_rmsnorm_backward",
+            (true, true) => "add_layernorm_backward",
         };
         let (rows, c) = Self::check_norm(name, x, w)?;
         need_f32(name, dy)?;
         same_shape(name, x, dy)?;
+        if let Some(d) = dres {
+            need_f32(name, d)?;
+            same_shape(name, x, d)?;
+        }
         for s in std::iter::once(rstd).chain(mean) {
             need_f32(name, s)?;
             if s.numel() != rows {
@@ -128,24 +173,30 @@ impl GpuExecutor {
                 Some(m) => self.view(m, r0, nr)?,
                 None => self.dummy(),
             };
-            let params = [
-                u(nr),
-                u(c),
-                0,
-                0,
-                xv.elem_off,
-                wv.elem_off,
-                dyv.elem_off,
-                dxv.elem_off,
-                0,
-                0,
-                rv.elem_off,
-                mv.elem_off,
-            ];
-            if mean.is_some() {
-                op.dispatch(Kernel::LnBwd, &params, &[xv, wv, dyv, dxv, rv, mv], grid_for(nr));
-            } else {
-                op.dispatch(Kernel::RmsBwd, &params, &[xv, wv, dyv, dxv, rv], grid_for(nr));
+            let resv = dres.map(|d| self.view(d, r0 * c, nr * c)).transpose()?;
+            let p = NormParams {
+                rows: u(nr),
+                c: u(c),
+                x: xv.elem_off,
+                w: wv.elem_off,
+                b3: dyv.elem_off,
+                o4: dxv.elem_off,
+                r7: rv.elem_off,
+                r8: mv.elem_off,
+                r9: resv.map_or(0, |v| v.elem_off),
+                ..Default::default()
+            }
+            .words();
+            let grid = grid_for(nr);
+            match (mean.is_some(), resv) {
+                (true, Some(resv)) => {
+                    op.dispatch(Kernel::AddLnBwd, &p, &[xv, wv, dyv, dxv, rv, mv, resv], grid)
+                }
+                (true, None) => op.dispatch(Kernel::LnBwd, &p, &[xv, wv, dyv, dxv, rv, mv], grid),
+                (false, Some(resv)) => {
+                    op.dispatch(Kernel::AddRmsBwd, &p, &[xv, wv, dyv, dxv, rv, resv], grid)
+                }
+                (false, None) => op.dispatch(Kernel::RmsBwd, &p, &[xv, wv, dyv, dxv, rv], grid),
             }
             // dw (and db): column sums; a scratch stands in for db under RMSNorm.
             let scratch = if db.is_none() {
@@ -158,24 +209,22 @@ impl GpuExecutor {
                 (None, Some(s)) => self.full(s)?,
                 (None, None) => unreachable!("scratch exists when db does not"),
             };
-            let flags = (mean.is_some() as u32) | (db.is_some() as u32) << 1;
-            let params = [
-                u(nr),
-                u(c),
-                0,
-                flags,
-                xv.elem_off,
-                0,
-                dyv.elem_off,
-                dwv.elem_off,
-                dbv.elem_off,
-                0,
-                rv.elem_off,
-                mv.elem_off,
-            ];
+            let p = NormParams {
+                rows: u(nr),
+                c: u(c),
+                flags: (mean.is_some() as u32) | (db.is_some() as u32) << 1,
+                x: xv.elem_off,
+                b3: dyv.elem_off,
+                o4: dwv.elem_off,
+                o5: dbv.elem_off,
+                r7: rv.elem_off,
+                r8: mv.elem_off,
+                ..Default::default()
+            }
+            .words();
             op.dispatch(
                 Kernel::NormDw,
-                &params,
+                &p,
                 &[xv, dyv, dwv, dbv, rv, mv],
                 grid_for(c.div_ceil(256)),
             );
