@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::run::{PlanInput, Precision, disk_estimate, mem_available, per_rank, plan};
+use megatrain::run::{
+    BusCover, Machine, PlanInput, Precision, bus_cover, disk_estimate, mem_available, per_rank, plan,
+};
 use megatrain_tier::TierConfig;
 use megatrain_zoo::{ModelConfig, preset};
 
@@ -53,6 +55,14 @@ pub struct PlanArgs {
     /// Where the spill would go, for the measurement (a run puts it in <out>/spill).
     #[arg(long, default_value = ".")]
     spill_dir: PathBuf,
+    /// Sustained model TFLOP/s of the GPU, for the batch at which compute
+    /// covers the bus (default: the H100 f16 target of the open issues).
+    #[arg(long, default_value_t = Machine::H100.gpu_tflops)]
+    gpu_tflops: f64,
+    /// Host↔device bandwidth each way in GB/s, for the same suggestion
+    /// (default: H100 PCIe Gen5 pinned copies).
+    #[arg(long, default_value_t = Machine::H100.bus_gbps)]
+    bus_gbps: f64,
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
@@ -81,6 +91,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("--disk-gbps {g}: must be positive");
     }
+    for (flag, v) in [("--gpu-tflops", a.gpu_tflops), ("--bus-gbps", a.bus_gbps)] {
+        if !(v.is_finite() && v > 0.0) {
+            anyhow::bail!("{flag} {v}: must be positive");
+        }
+    }
+    let machine = Machine {
+        gpu_tflops: a.gpu_tflops,
+        bus_gbps: a.bus_gbps,
+    };
     let tier = TierConfig {
         transport,
         hold_grads: a.hold_grads,
@@ -163,6 +182,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ] {
         println!("  {k:<11}{:>14}", gib(v));
     }
+    if let Some(c) = bus_cover(&model, a.seq_len, transport, machine) {
+        print_cover(&c, machine, a.batch, a.seq_len);
+    }
     let host_mem = a.host_mem.or_else(mem_available);
     match host_mem {
         Some(m) => println!(
@@ -191,4 +213,43 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         None => println!("device: compare the total with your GPU's memory (or pass --device-mem)"),
     }
     Ok(())
+}
+
+fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
+    let ms = |s: f64| s * 1e3;
+    println!(
+        "compute vs bus, assuming {} TFLOP/s sustained and {} GB/s each way (--gpu-tflops, --bus-gbps):",
+        m.gpu_tflops, m.bus_gbps
+    );
+    println!(
+        "  per block and step: {} over the bus ({:.2} ms: transport copy up twice, f32 gradients down); \
+         {:.3} GFLOP per token ({:.3} µs)",
+        gib(c.block_bus_bytes),
+        ms(c.block_bus_s(m)),
+        c.block_flops_per_token / 1e9,
+        c.block_compute_s(m, 1) * 1e6
+    );
+    println!(
+        "  compute covers the bus from {} tokens per step: --batch {} at --seq-len {seq_len}",
+        c.tokens_to_cover, c.batch_to_cover
+    );
+    let tokens = (batch * seq_len) as u64;
+    let (compute, bus) = (c.block_compute_s(m, tokens), c.block_bus_s(m));
+    println!(
+        "  at --batch {batch} ({tokens} tokens): per block {:.2} ms of compute vs {:.2} ms of bus: {}",
+        ms(compute),
+        ms(bus),
+        if compute >= bus {
+            "compute-bound".to_string()
+        } else {
+            format!("bus-bound (compute covers {:.0}% of it)", 100.0 * compute / bus)
+        }
+    );
+    println!(
+        "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention), \
+         {:.1} ms of bus, {:.0} tokens/s if the larger is all it takes",
+        ms(c.step_compute_s(m, tokens)),
+        ms(c.step_bus_s(m)),
+        tokens as f64 / c.step_compute_s(m, tokens).max(c.step_bus_s(m))
+    );
 }

@@ -3,6 +3,7 @@
 //! the loss plot, generation and the memory plan.
 
 mod checkpoint;
+mod cover;
 mod dist_check;
 mod encoder;
 mod error;
@@ -18,6 +19,7 @@ pub use checkpoint::{
     CONFIG_FILE, STATE_FILE, TrainState, checkpoint_name, latest_checkpoint, read_train_state,
     resolve_model_dir, save_run_checkpoint,
 };
+pub use cover::{BusCover, Machine, bus_cover};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, pick};

@@ -1,0 +1,210 @@
+//! The batch at which compute covers the bus: `megatrain plan`'s
+//! suggestion of B×T tokens per step for a model on a GPU.
+//!
+//! While the GPU computes block i, the bus carries block i+1's transport
+//! copy up and block i−1's gradients down. A block's step is bus-bound
+//! until its compute takes at least as long as its bytes:
+//!
+//! - bus bytes per step of a block: its transport copy twice (the forward
+//!   and the backward's recompute each upload it) plus its f32 gradients
+//!   once, summed because wgpu has one queue (copies in the two directions
+//!   are not assumed to overlap); the embedding and the head cross once;
+//! - compute per token of a block: model FLOPs, 6 per parameter (forward 2,
+//!   backward 4) plus causal attention, 6·q_dim·T (the two T×T products
+//!   over the average T/2 visible keys, forward and backward). The
+//!   recompute of checkpointed blocks (2 more per parameter) is left out,
+//!   so the suggestion errs on the large side.
+//!
+//! Both sides are linear in the parameter count, so the suggested token
+//! count hardly depends on the model: ≈ bus bytes per parameter ×
+//! TFLOP/s ÷ (6 × GB/s).
+
+use megatrain_tier::TransportDType;
+use megatrain_zoo::ModelConfig;
+
+/// What the estimate assumes about the machine.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Machine {
+    /// Sustained model FLOP/s of the step's kernels, in TFLOP/s.
+    pub gpu_tflops: f64,
+    /// Host↔device bandwidth each way, in GB/s.
+    pub bus_gbps: f64,
+}
+
+impl Machine {
+    /// The H100 targets of the open issues: 300 TFLOP/s of f16 tensor-core
+    /// work sustained (MegaTrain's 7B anchor runs at about 272) and 55 GB/s
+    /// pinned copies each way over PCIe Gen5.
+    pub const H100: Machine = Machine {
+        gpu_tflops: 300.0,
+        bus_gbps: 55.0,
+    };
+}
+
+/// Bus and compute of one step, per block and for the whole model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BusCover {
+    /// Bus bytes per step of the largest block.
+    pub block_bus_bytes: u64,
+    /// Model FLOPs per token of that block at the given sequence length.
+    pub block_flops_per_token: f64,
+    /// Bus bytes per step of every layer (blocks, embedding and head).
+    pub step_bus_bytes: u64,
+    /// Model FLOPs per token of every layer.
+    pub step_flops_per_token: f64,
+    /// Tokens per step at which a block's compute takes as long as its bus
+    /// bytes; more tokens and the block is compute-bound.
+    pub tokens_to_cover: u64,
+    /// The smallest batch of `seq_len` sequences with at least that many tokens.
+    pub batch_to_cover: usize,
+}
+
+impl BusCover {
+    /// Seconds of one block's bus bytes.
+    pub fn block_bus_s(&self, m: Machine) -> f64 {
+        self.block_bus_bytes as f64 / (m.bus_gbps * 1e9)
+    }
+
+    /// Seconds of one block's compute at `tokens` per step.
+    pub fn block_compute_s(&self, m: Machine, tokens: u64) -> f64 {
+        self.block_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// Seconds of the whole step's bus bytes.
+    pub fn step_bus_s(&self, m: Machine) -> f64 {
+        self.step_bus_bytes as f64 / (m.bus_gbps * 1e9)
+    }
+
+    /// Seconds of the whole step's compute at `tokens` per step.
+    pub fn step_compute_s(&self, m: Machine, tokens: u64) -> f64 {
+        self.step_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+}
+
+/// The estimate for `model` at sequence length `seq_len`; `None` when the
+/// machine's numbers are not positive and finite.
+pub fn bus_cover(model: &ModelConfig, seq_len: usize, transport: TransportDType, m: Machine) -> Option<BusCover> {
+    let ok = |v: f64| v.is_finite() && v > 0.0;
+    if !ok(m.gpu_tflops) || !ok(m.bus_gbps) || seq_len == 0 {
+        return None;
+    }
+    let tables = model.layer_tables();
+    let t_bytes = transport.size_in_bytes() as u64;
+    let crossing = |n: u64, uploads: u64| uploads * n * t_bytes + 4 * n;
+    let attention = 6.0 * model.q_dim() as f64 * seq_len as f64;
+    let n_blocks = tables.len().saturating_sub(2);
+    let block_params = tables[1..1 + n_blocks]
+        .iter()
+        .map(|t| t.numel() as u64)
+        .max()
+        .unwrap_or(0);
+    let block_bus_bytes = crossing(block_params, 2);
+    let block_flops_per_token = 6.0 * block_params as f64 + attention;
+    let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
+        .iter()
+        .map(|t| crossing(t.numel() as u64, 1))
+        .sum();
+    let blocks_bus: u64 = tables[1..1 + n_blocks]
+        .iter()
+        .map(|t| crossing(t.numel() as u64, 2))
+        .sum();
+    let blocks_flops: f64 = tables[1..1 + n_blocks]
+        .iter()
+        .map(|t| 6.0 * t.numel() as f64 + attention)
+        .sum();
+    // The head's matmul reads a V×C matrix whether or not it is tied.
+    let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
+    let bus_s = block_bus_bytes as f64 / (m.bus_gbps * 1e9);
+    let s_per_token = block_flops_per_token / (m.gpu_tflops * 1e12);
+    let tokens_to_cover = if s_per_token > 0.0 {
+        (bus_s / s_per_token).ceil() as u64
+    } else {
+        0
+    };
+    Some(BusCover {
+        block_bus_bytes,
+        block_flops_per_token,
+        step_bus_bytes: blocks_bus + ends,
+        step_flops_per_token: blocks_flops + head_flops,
+        tokens_to_cover,
+        batch_to_cover: (tokens_to_cover.div_ceil(seq_len as u64) as usize).max(1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use megatrain_zoo::preset;
+
+    fn block_params(m: &ModelConfig) -> u64 {
+        m.layer_tables()[1].numel() as u64
+    }
+
+    #[test]
+    fn bytes_and_flops_of_a_block_by_hand() {
+        let m = preset("tinyllama-1.1b", None).unwrap();
+        let n = block_params(&m);
+        let c = bus_cover(&m, 1024, TransportDType::F16, Machine::H100).unwrap();
+        // Two f16 uploads and f32 gradients: 8 bytes a parameter.
+        assert_eq!(c.block_bus_bytes, 8 * n);
+        let attn = 6.0 * 2048.0 * 1024.0;
+        assert_eq!(c.block_flops_per_token, 6.0 * n as f64 + attn);
+        // f32 transport: 4 + 4 + 4.
+        let c32 = bus_cover(&m, 1024, TransportDType::F32, Machine::H100).unwrap();
+        assert_eq!(c32.block_bus_bytes, 12 * n);
+    }
+
+    #[test]
+    fn tokens_to_cover_balance_bus_and_compute() {
+        let m = preset("tinyllama-1.1b", None).unwrap();
+        let h = Machine::H100;
+        let c = bus_cover(&m, 1024, TransportDType::F16, h).unwrap();
+        // At the suggested count compute covers the bus; one token less does not.
+        let t = c.tokens_to_cover;
+        assert!(c.block_compute_s(h, t) >= c.block_bus_s(h));
+        assert!(c.block_compute_s(h, t - 1) < c.block_bus_s(h));
+        // 8 B/param × 300e12 / (55e9 × (6 + attention's 6·2048·1024 / 44M
+        // params = 0.29 FLOP a parameter)) ≈ 6,940 tokens: batch 7 of 1024.
+        assert!((6_900..7_000).contains(&t), "{t}");
+        assert_eq!(c.batch_to_cover, t.div_ceil(1024) as usize);
+        assert_eq!(c.batch_to_cover, 7);
+        // A bus twice as fast halves the tokens; a GPU twice as fast doubles them.
+        let fast_bus = bus_cover(&m, 1024, TransportDType::F16, Machine { bus_gbps: 110.0, ..h }).unwrap();
+        assert!(fast_bus.tokens_to_cover.abs_diff(t / 2) <= 1);
+        let fast_gpu = bus_cover(&m, 1024, TransportDType::F16, Machine { gpu_tflops: 600.0, ..h }).unwrap();
+        assert!(fast_gpu.tokens_to_cover.abs_diff(2 * t) <= 1);
+    }
+
+    #[test]
+    fn the_token_count_hardly_depends_on_the_model() {
+        let h = Machine::H100;
+        let small = bus_cover(&preset("tinyllama-1.1b", None).unwrap(), 2048, TransportDType::BF16, h).unwrap();
+        let big = bus_cover(&preset("qwen2.5-7b", None).unwrap(), 2048, TransportDType::BF16, h).unwrap();
+        let ratio = small.tokens_to_cover as f64 / big.tokens_to_cover as f64;
+        assert!((0.8..1.25).contains(&ratio), "{ratio}");
+        assert!(big.step_bus_bytes > 27 * big.block_bus_bytes);
+    }
+
+    #[test]
+    fn whole_step_counts_every_layer() {
+        let m = preset("gpt2-nano", Some(65)).unwrap();
+        let c = bus_cover(&m, 64, TransportDType::F32, Machine::H100).unwrap();
+        let tables = m.layer_tables();
+        let n_all: u64 = tables.iter().map(|t| t.numel() as u64).sum();
+        let n_ends = (tables[0].numel() + tables[tables.len() - 1].numel()) as u64;
+        // Blocks cross twice (4 + 4 bytes) plus 4 of gradients; the ends once.
+        assert_eq!(c.step_bus_bytes, 12 * (n_all - n_ends) + 8 * n_ends);
+        assert!(c.step_compute_s(Machine::H100, 1) > c.block_compute_s(Machine::H100, 1));
+    }
+
+    #[test]
+    fn bad_machine_numbers_give_none() {
+        let m = preset("gpt2-nano", Some(65)).unwrap();
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let h = Machine::H100;
+            assert!(bus_cover(&m, 64, TransportDType::F32, Machine { gpu_tflops: bad, ..h }).is_none());
+            assert!(bus_cover(&m, 64, TransportDType::F32, Machine { bus_gbps: bad, ..h }).is_none());
+        }
+        assert!(bus_cover(&m, 0, TransportDType::F32, Machine::H100).is_none());
+    }
+}
