@@ -15,12 +15,19 @@ sequence length and AdamW as the Rust benchmark, in two ways:
 The device is CUDA when torch sees a GPU, else the CPU (then "streamed" copies
 CPU->CPU and measures the cost of the pattern, not of a bus).
 
+With "autocast": "bf16" every forward (and recompute) runs under
+torch.autocast(bfloat16): PyTorch's usual mixed precision, fp32 master
+weights and AdamW state as before. A mode that cannot fit (fp32 weights,
+gradients and both moments, 16 bytes a parameter, on the device for
+"memory", in host RAM for "streamed") is not run and says so.
+
 Usage: torch_peer.py '<json spec>'   prints one JSON object per mode.
 Spec keys: arch ("llama"|"gpt2"), vocab, hidden, layers, heads, kv_heads,
 head_dim, inter, eps, theta, tie, qkv_bias, batch, seq, steps, warmup, lr,
-modes (list).
+modes (list), autocast (null or "bf16").
 """
 
+import contextlib
 import json
 import math
 import sys
@@ -127,6 +134,40 @@ def build(c):
     return layers
 
 
+def autocast(c, dev):
+    if c.get("autocast") == "bf16":
+        return torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    if c.get("autocast") not in (None, "fp32"):
+        raise ValueError(f"autocast {c['autocast']!r}: null or bf16")
+    return contextlib.nullcontext()
+
+
+def count_params(c):
+    """Parameters of the model, without allocating it."""
+    with torch.device("meta"):
+        return sum(p.numel() for m in build(c) for p in m.parameters())
+
+
+def mem_available_bytes():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def does_not_fit(mode, n, dev):
+    """Why `mode` cannot hold n parameters' fp32 p, g, m and v, or None."""
+    need = 16 * n
+    if mode == "memory" and dev.type == "cuda":
+        have, where = torch.cuda.get_device_properties(dev).total_memory, "device memory"
+    else:
+        have, where = mem_available_bytes(), "available host RAM"
+    if have is not None and need > 0.9 * have:
+        return f"does not fit: {need / 2**30:.1f} GiB of fp32 weights, gradients and AdamW moments, {have / 2**30:.1f} GiB of {where}"
+    return None
+
+
 def adamw(params, c, **kw):
     return torch.optim.AdamW(params, lr=c["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **kw)
 
@@ -144,10 +185,11 @@ def run_memory(c, dev, batches):
     table = emb.tok.weight if c["tie"] else None
 
     def step(ids, tg):
-        x = emb(ids)
-        for b in blocks:
-            x = b(x)
-        loss = head(x, tg, table)
+        with autocast(c, dev):
+            x = emb(ids)
+            for b in blocks:
+                x = b(x)
+            loss = head(x, tg, table)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -187,7 +229,7 @@ def run_streamed(c, dev, batches):
     def step(ids, tg):
         n = len(cpu)
         tied = c["tie"]
-        with torch.no_grad():
+        with torch.no_grad(), autocast(c, dev):
             inputs = []
             x = slot(0)(ids)
             for i in range(1, n - 1):
@@ -200,7 +242,8 @@ def run_streamed(c, dev, batches):
             table = cpu[0].tok.weight.detach().to(dev).requires_grad_(True)
         else:
             table = None
-        loss = h(xh, tg, table)
+        with autocast(c, dev):
+            loss = h(xh, tg, table)
         loss.backward()
         grads_home(n - 1, h)
         tied_grad = table.grad if tied else None
@@ -208,12 +251,14 @@ def run_streamed(c, dev, batches):
         for i in range(n - 2, 0, -1):
             b = slot(i)
             xi = inputs.pop().detach().requires_grad_(True)
-            y = b(xi)  # recompute
+            with autocast(c, dev):
+                y = b(xi)  # recompute
             y.backward(dx)
             dx = xi.grad
             grads_home(i, b)
         e = slot(0)
-        x = e(ids)
+        with autocast(c, dev):
+            x = e(ids)
         x.backward(dx)
         if tied_grad is not None:
             e.tok.weight.grad += tied_grad
@@ -266,12 +311,22 @@ def main():
         seq = torch.randint(0, c["vocab"], (c["batch"], c["seq"] + 1), generator=g)
         batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
     runners = {"memory": run_memory, "streamed": run_streamed}
+    device = str(dev) if dev.type == "cpu" else torch.cuda.get_device_name()
     for mode in c["modes"]:
-        r, n = runners[mode](c, dev, batches)
+        head = {"mode": mode, "device": device, "autocast": c.get("autocast")}
+        n = count_params(c)
+        why = does_not_fit(mode, n, dev)
+        if why is not None:
+            print(json.dumps({**head, "n_params": n, "error": why}), flush=True)
+            continue
+        try:
+            r, n = runners[mode](c, dev, batches)
+        except torch.cuda.OutOfMemoryError as e:
+            print(json.dumps({**head, "n_params": n, "error": f"out of device memory: {e}"[:300]}), flush=True)
+            continue
         tokens = c["batch"] * c["seq"]
         out = {
-            "mode": mode,
-            "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(),
+            **head,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "n_params": n,

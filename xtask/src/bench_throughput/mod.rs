@@ -7,6 +7,7 @@
 //! with `--child`), so its peak RSS is its own: host bytes per parameter is
 //! peak RSS ÷ N.
 
+mod anchor;
 mod child;
 mod peer;
 mod ranks;
@@ -92,6 +93,13 @@ pub struct Args {
     /// Skip the PyTorch peer.
     #[arg(long)]
     no_peer: bool,
+    /// An anchor run of issue 17 (repeatable): tinyllama-8x1024,
+    /// tinyllama-16x2048, qwen2.5-7b-8x1024, qwen2.5-7b-16x2048, or all.
+    /// Sets the preset, batch and sequence length; device gpu and
+    /// precision f16 unless given. On a GPU with bf16/f16 precision the
+    /// peer runs in bf16 autocast (in memory where it fits, and streamed).
+    #[arg(long, value_parser = parse_anchor, conflicts_with_all = ["quick", "sweep", "model", "preset"])]
+    anchor: Vec<String>,
     /// Also run every configuration with this host-tier budget (e.g. 14G):
     /// layers past it spill to --spill-dir. Prints the step-time ratio to
     /// the all-RAM run (skipped where it would not fit in RAM) beside the
@@ -149,6 +157,10 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         return Err(format!("'{s}' must be positive"));
     }
     Ok((n * mult as f64) as u64)
+}
+
+fn parse_anchor(s: &str) -> Result<String, String> {
+    anchor::select(s).map(|_| s.to_string())
 }
 
 fn root() -> PathBuf {
@@ -245,8 +257,32 @@ fn or_default(v: &[String], d: &[&str]) -> Vec<String> {
     }
 }
 
+/// The anchor runs the flags ask for, each on every device and precision.
+fn anchor_specs(a: &Args) -> Vec<Spec> {
+    let mut out = Vec::new();
+    let anchors = a.anchor.iter().flat_map(|n| anchor::select(n).expect("checked by clap"));
+    for anchor in anchors {
+        let mut label = anchor.preset.to_string();
+        if let Some(l) = a.layers {
+            label += &format!(" L{l}");
+        }
+        for d in &or_default(&a.device, &["gpu"]) {
+            for p in &or_default(&a.precision, &["f16"]) {
+                let mut s = base_spec(a, label.clone(), d, p);
+                s.preset = Some(anchor.preset.into());
+                (s.batch, s.seq_len) = (anchor.batch, anchor.seq_len);
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
 /// The configurations the flags ask for.
 fn specs(a: &Args) -> Vec<Spec> {
+    if !a.anchor.is_empty() {
+        return anchor_specs(a);
+    }
     let precisions = or_default(&a.precision, &["f32"]);
     let mut out = Vec::new();
     if a.quick {
@@ -404,7 +440,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Ok(mut r) => {
                 // One peer run per model shape; it pairs with the rows of
                 // the matching device kind.
-                let key = format!("{} {}x{}", s.label, s.batch, s.seq_len);
+                let key = format!(
+                    "{} {}x{} {:?}",
+                    s.label,
+                    s.batch,
+                    s.seq_len,
+                    s.peer_autocast()
+                );
                 if let (Ok(py), true) = (&py, s.peer) {
                     let p = peers
                         .entry(key)
@@ -505,6 +547,44 @@ mod tests {
         assert_eq!(s[1].spill_dir.as_deref(), Some(Path::new("/tmp/x")));
         assert_eq!(parse_bytes("384M"), Ok(384 << 20));
         assert!(parse_bytes("0").is_err() && parse_bytes("3X").is_err());
+    }
+
+    #[test]
+    fn anchors_set_model_batch_and_gpu_f16_unless_given() {
+        let s = specs(&parse(&["--anchor", "tinyllama-8x1024", "--anchor", "qwen2.5-7b-16x2048"]));
+        let got: Vec<(&str, usize, usize, &str, &str)> = s
+            .iter()
+            .map(|s| {
+                (
+                    s.preset.as_deref().unwrap(),
+                    s.batch,
+                    s.seq_len,
+                    s.device.as_str(),
+                    s.precision.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("tinyllama-1.1b", 8, 1024, "gpu", "f16"),
+                ("qwen2.5-7b", 16, 2048, "gpu", "f16")
+            ]
+        );
+        assert!(s.iter().all(|s| s.peer && s.peer_autocast() == Some("bf16")));
+        for s in &s {
+            s.model().unwrap();
+        }
+        // All four; devices, precisions and a depth override multiply them.
+        let s = specs(&parse(&[
+            "--anchor", "all", "--device", "cpu", "--device", "gpu", "--precision", "f32", "--layers", "2",
+        ]));
+        assert_eq!(s.len(), 8);
+        assert!(s.iter().all(|s| s.precision == "f32" && s.peer_autocast().is_none()));
+        assert!(s.iter().all(|s| s.label.ends_with(" L2") && s.model().unwrap().num_layers == 2));
+        let bad = Cli::try_parse_from(["x", "--anchor", "gpt-5"]).err().unwrap();
+        assert!(bad.to_string().contains("unknown anchor 'gpt-5'"), "{bad}");
+        assert!(Cli::try_parse_from(["x", "--anchor", "all", "--quick"]).is_err());
     }
 
     #[test]

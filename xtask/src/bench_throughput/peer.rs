@@ -56,6 +56,7 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
         "steps": spec.steps.max(5),
         "warmup": spec.warmup.max(2),
         "lr": spec.lr,
+        "autocast": spec.peer_autocast(),
         "modes": [mode],
     }))
 }
@@ -81,4 +82,28 @@ pub fn run(root: &Path, py: &Path, spec: &Spec, model: &ModelConfig) -> Vec<Valu
             result.unwrap_or_else(|e| json!({"mode": mode, "error": e.to_string()}))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_throughput::spec::test_spec;
+
+    #[test]
+    fn autocast_only_beside_16_bit_gpu_runs() {
+        let spec = test_spec();
+        let model = spec.model().unwrap();
+        let on = |device: &str, precision: &str| {
+            let s = Spec {
+                device: device.into(),
+                precision: precision.into(),
+                ..spec.clone()
+            };
+            peer_spec(&s, &model, "memory").unwrap()["autocast"].clone()
+        };
+        assert_eq!(on("gpu", "f16"), json!("bf16"));
+        assert_eq!(on("gpu", "bf16"), json!("bf16"));
+        assert_eq!(on("gpu", "f32"), Value::Null);
+        assert_eq!(on("cpu", "bf16"), Value::Null);
+    }
 }

@@ -103,12 +103,15 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
         .map(|(r, p)| match p.get("error") {
             Some(e) => format!("- peer {} {}: error: {e}", r.spec.label, p["mode"]),
             None => format!(
-                "- peer {} {} on {} (torch {}, {} threads): {:.0} tok/s, step {:.1} ms, peak RSS {} MB",
+                "- peer {} {} on {} (torch {}, {} threads{}): {:.0} tok/s, step {:.1} ms, peak RSS {} MB",
                 r.spec.label,
                 p["mode"].as_str().unwrap_or("?"),
                 p["device"].as_str().unwrap_or("?"),
                 p["torch"].as_str().unwrap_or("?"),
                 p["threads"],
+                p["autocast"]
+                    .as_str()
+                    .map_or(String::new(), |a| format!(", {a} autocast")),
                 p["tokens_per_s"].as_f64().unwrap_or(f64::NAN),
                 p["step_ms_median"].as_f64().unwrap_or(f64::NAN),
                 mb(p["peak_rss_bytes"].as_u64().unwrap_or(0)),
@@ -355,7 +358,7 @@ mod tests {
             json!({"mode": "memory", "device": "cpu", "tokens_per_s": r.tokens_per_s / 2.0,
                    "n_params": n, "loss": [1.0, 2.0]}),
             json!({"mode": "streamed", "device": "NVIDIA H100", "tokens_per_s": 1.0,
-                   "n_params": n + 1, "loss": [1.0, 2.5]}),
+                   "n_params": n + 1, "loss": [1.0, 2.5], "autocast": "bf16"}),
         ]);
         assert_eq!(peer_tokens_per_s(&r, "memory"), Some(r.tokens_per_s / 2.0));
         assert_eq!(peer_tokens_per_s(&r, "streamed"), None);
@@ -367,6 +370,7 @@ mod tests {
         assert!(t.contains(&format!("has {} parameters, ours {n}", n + 1)), "{t}");
         assert!(t.contains("differ by at most 5.00e-1"), "{t}");
         assert!(t.contains("- x on gpu: not run: no adapter"), "{t}");
+        assert!(t.contains("streamed on NVIDIA H100 (torch ?, null threads, bf16 autocast)"), "{t}");
     }
 
     #[test]

@@ -97,6 +97,13 @@ impl Spec {
         Ok(cfg)
     }
 
+    /// The PyTorch peer's autocast: bf16 beside our GPU runs with 16-bit
+    /// precision (PyTorch's usual mixed precision, the fair peer of f16
+    /// tensor-core matmuls); fp32 elsewhere.
+    pub fn peer_autocast(&self) -> Option<&'static str> {
+        (self.device == "gpu" && self.precision != "f32").then_some("bf16")
+    }
+
     pub fn tokens_per_step(&self) -> u64 {
         (self.batch * self.seq_len) as u64
     }
