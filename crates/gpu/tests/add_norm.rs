@@ -34,7 +34,11 @@ impl Case {
 }
 
 /// Every output of the four ops on `ex`, named, in a fixed order.
-fn outputs<E: Executor>(ex: &E, c: &Case, down: impl Fn(&E::Tensor) -> Vec<f32>) -> Vec<(&'static str, Vec<f32>)> {
+fn outputs<E: Executor>(
+    ex: &E,
+    c: &Case,
+    down: impl Fn(&E::Tensor) -> Vec<f32>,
+) -> Vec<(&'static str, Vec<f32>)> {
     let up = |h: &HostTensor| ex.upload(h).unwrap();
     let (x, r, w, b, dy, dh) = (up(&c.x), up(&c.r), up(&c.w), up(&c.b), up(&c.dy), up(&c.dh));
     let rms = ex.add_rmsnorm(&x, &r, &w, 1e-5).unwrap();
@@ -145,5 +149,8 @@ fn shape_errors_name_the_operands() {
         .add_rmsnorm_backward(&o.h, &w, &o.norm.rstd, &dy, &wrong)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("add_rmsnorm_backward") && err.contains("[6, 4]"), "{err}");
+    assert!(
+        err.contains("add_rmsnorm_backward") && err.contains("[6, 4]"),
+        "{err}"
+    );
 }

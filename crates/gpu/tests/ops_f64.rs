@@ -112,7 +112,9 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     // the stream's gradient dh.
     let n = ex.add_rmsnorm(&x, &dy, &gain, 1e-5).unwrap();
     out.push(("add_rmsnorm", down(&n.norm.y)));
-    let g = ex.add_rmsnorm_backward(&n.h, &gain, &n.norm.rstd, &dy, &x).unwrap();
+    let g = ex
+        .add_rmsnorm_backward(&n.h, &gain, &n.norm.rstd, &dy, &x)
+        .unwrap();
     out.push(("add_rmsnorm dx", down(&g.dx)));
     out.push(("add_rmsnorm dw", down(&g.dw)));
     let n = ex.add_layernorm(&x, &dy, &gain, &gain, 1e-5).unwrap();

@@ -78,7 +78,10 @@ fn fused_add_norm_shape_errors() {
     let msg = shape_err(EX.add_rmsnorm(&x, &r(4, &[2, 5]), &w, 1e-5), "add_rmsnorm");
     assert!(msg.contains("[2, 5]"), "{msg}");
     shape_err(EX.add_rmsnorm(&x, &x, &r(5, &[3]), 1e-5), "add_rmsnorm");
-    shape_err(EX.add_layernorm(&x, &r(4, &[4, 2]), &w, &b, 1e-5), "add_layernorm");
+    shape_err(
+        EX.add_layernorm(&x, &r(4, &[4, 2]), &w, &b, 1e-5),
+        "add_layernorm",
+    );
     shape_err(EX.add_layernorm(&x, &x, &w, &r(6, &[5]), 1e-5), "add_layernorm");
     let o = EX.add_rmsnorm(&x, &x, &w, 1e-5).unwrap();
     let msg = shape_err(

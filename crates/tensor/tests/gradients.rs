@@ -135,7 +135,12 @@ fn add_rmsnorm_backward() {
         let o = EX.add_rmsnorm(&i[0], &i[1], &i[2], 1e-5).unwrap();
         dot(o.norm.y.data(), cot_y.data()) + dot(o.h.data(), cot_h.data())
     };
-    grad_check("add_rmsnorm", &[x, r, w], &[g.dx.data(), g.dx.data(), g.dw.data()], f);
+    grad_check(
+        "add_rmsnorm",
+        &[x, r, w],
+        &[g.dx.data(), g.dx.data(), g.dw.data()],
+        f,
+    );
 }
 
 #[test]
@@ -161,7 +166,12 @@ fn add_layernorm_backward() {
     grad_check(
         "add_layernorm",
         &[x, r, w, b],
-        &[g.dx.data(), g.dx.data(), g.dw.data(), g.db.as_ref().unwrap().data()],
+        &[
+            g.dx.data(),
+            g.dx.data(),
+            g.dw.data(),
+            g.db.as_ref().unwrap().data(),
+        ],
         f,
     );
 }

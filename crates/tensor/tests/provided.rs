@@ -163,9 +163,15 @@ fn fused_add_norms_equal_their_compositions_bit_for_bit() {
     let ex = CpuExecutor::new();
     let r = |seed, shape: &[usize]| ex.upload(&random_tensor(seed, shape.to_vec())).unwrap();
     // 131 rows: more than one of the reference's fixed row blocks.
-    let (x, res, dy, dh) = (r(1, &[131, 37]), r(2, &[131, 37]), r(3, &[131, 37]), r(4, &[131, 37]));
+    let (x, res, dy, dh) = (
+        r(1, &[131, 37]),
+        r(2, &[131, 37]),
+        r(3, &[131, 37]),
+        r(4, &[131, 37]),
+    );
     let (w, b) = (r(5, &[37]), r(6, &[37]));
-    let bits = |t: &megatrain_tensor::CpuTensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let bits =
+        |t: &megatrain_tensor::CpuTensor<f32>| t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
 
     let f = ex.add_rmsnorm(&x, &res, &w, 1e-5).unwrap();
     let c = compose_add_rmsnorm(&ex, &x, &res, &w, 1e-5).unwrap();
@@ -181,10 +187,15 @@ fn fused_add_norms_equal_their_compositions_bit_for_bit() {
     let c = compose_add_layernorm(&ex, &x, &res, &w, &b, 1e-5).unwrap();
     assert_eq!(bits(&f.h), bits(&c.h));
     assert_eq!(bits(&f.norm.y), bits(&c.norm.y));
-    assert_eq!(bits(f.norm.mean.as_ref().unwrap()), bits(c.norm.mean.as_ref().unwrap()));
+    assert_eq!(
+        bits(f.norm.mean.as_ref().unwrap()),
+        bits(c.norm.mean.as_ref().unwrap())
+    );
     assert_eq!(bits(&f.norm.rstd), bits(&c.norm.rstd));
     let mean = f.norm.mean.as_ref().unwrap();
-    let fg = ex.add_layernorm_backward(&f.h, &w, mean, &f.norm.rstd, &dy, &dh).unwrap();
+    let fg = ex
+        .add_layernorm_backward(&f.h, &w, mean, &f.norm.rstd, &dy, &dh)
+        .unwrap();
     let cg = compose_add_layernorm_backward(&ex, &f.h, &w, mean, &f.norm.rstd, &dy, &dh).unwrap();
     assert_eq!(bits(&fg.dx), bits(&cg.dx));
     assert_eq!(bits(&fg.dw), bits(&cg.dw));

@@ -68,6 +68,9 @@ mod tests {
         assert_eq!(select("all").unwrap().len(), 4);
         assert_eq!(select("qwen2.5-7b-8x1024").unwrap()[0].batch, 8);
         let e = select("qwen-7b").unwrap_err();
-        assert!(e.contains("unknown anchor 'qwen-7b'") && e.contains("tinyllama-8x1024"), "{e}");
+        assert!(
+            e.contains("unknown anchor 'qwen-7b'") && e.contains("tinyllama-8x1024"),
+            "{e}"
+        );
     }
 }

@@ -260,7 +260,10 @@ fn or_default(v: &[String], d: &[&str]) -> Vec<String> {
 /// The anchor runs the flags ask for, each on every device and precision.
 fn anchor_specs(a: &Args) -> Vec<Spec> {
     let mut out = Vec::new();
-    let anchors = a.anchor.iter().flat_map(|n| anchor::select(n).expect("checked by clap"));
+    let anchors = a
+        .anchor
+        .iter()
+        .flat_map(|n| anchor::select(n).expect("checked by clap"));
     for anchor in anchors {
         let mut label = anchor.preset.to_string();
         if let Some(l) = a.layers {
@@ -440,13 +443,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Ok(mut r) => {
                 // One peer run per model shape; it pairs with the rows of
                 // the matching device kind.
-                let key = format!(
-                    "{} {}x{} {:?}",
-                    s.label,
-                    s.batch,
-                    s.seq_len,
-                    s.peer_autocast()
-                );
+                let key = format!("{} {}x{} {:?}", s.label, s.batch, s.seq_len, s.peer_autocast());
                 if let (Ok(py), true) = (&py, s.peer) {
                     let p = peers
                         .entry(key)
@@ -551,7 +548,12 @@ mod tests {
 
     #[test]
     fn anchors_set_model_batch_and_gpu_f16_unless_given() {
-        let s = specs(&parse(&["--anchor", "tinyllama-8x1024", "--anchor", "qwen2.5-7b-16x2048"]));
+        let s = specs(&parse(&[
+            "--anchor",
+            "tinyllama-8x1024",
+            "--anchor",
+            "qwen2.5-7b-16x2048",
+        ]));
         let got: Vec<(&str, usize, usize, &str, &str)> = s
             .iter()
             .map(|s| {
@@ -577,11 +579,26 @@ mod tests {
         }
         // All four; devices, precisions and a depth override multiply them.
         let s = specs(&parse(&[
-            "--anchor", "all", "--device", "cpu", "--device", "gpu", "--precision", "f32", "--layers", "2",
+            "--anchor",
+            "all",
+            "--device",
+            "cpu",
+            "--device",
+            "gpu",
+            "--precision",
+            "f32",
+            "--layers",
+            "2",
         ]));
         assert_eq!(s.len(), 8);
-        assert!(s.iter().all(|s| s.precision == "f32" && s.peer_autocast().is_none()));
-        assert!(s.iter().all(|s| s.label.ends_with(" L2") && s.model().unwrap().num_layers == 2));
+        assert!(
+            s.iter()
+                .all(|s| s.precision == "f32" && s.peer_autocast().is_none())
+        );
+        assert!(
+            s.iter()
+                .all(|s| s.label.ends_with(" L2") && s.model().unwrap().num_layers == 2)
+        );
         let bad = Cli::try_parse_from(["x", "--anchor", "gpt-5"]).err().unwrap();
         assert!(bad.to_string().contains("unknown anchor 'gpt-5'"), "{bad}");
         assert!(Cli::try_parse_from(["x", "--anchor", "all", "--quick"]).is_err());

@@ -370,7 +370,10 @@ mod tests {
         assert!(t.contains(&format!("has {} parameters, ours {n}", n + 1)), "{t}");
         assert!(t.contains("differ by at most 5.00e-1"), "{t}");
         assert!(t.contains("- x on gpu: not run: no adapter"), "{t}");
-        assert!(t.contains("streamed on NVIDIA H100 (torch ?, null threads, bf16 autocast)"), "{t}");
+        assert!(
+            t.contains("streamed on NVIDIA H100 (torch ?, null threads, bf16 autocast)"),
+            "{t}"
+        );
     }
 
     #[test]

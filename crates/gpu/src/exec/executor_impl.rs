@@ -1,8 +1,8 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor, HostSlice,
-    HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
+    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor,
+    HostSlice, HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
     TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
@@ -175,7 +175,13 @@ impl Executor for GpuExecutor {
         self.norm_bwd(x, w, Some(mean), rstd, dy, None)
     }
 
-    fn add_rmsnorm(&self, x: &GpuTensor, r: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<AddNormOut<GpuTensor>> {
+    fn add_rmsnorm(
+        &self,
+        x: &GpuTensor,
+        r: &GpuTensor,
+        w: &GpuTensor,
+        eps: f32,
+    ) -> Result<AddNormOut<GpuTensor>> {
         let (h, norm) = self.norm_fwd(x, Some(r), w, None, eps)?;
         Ok(AddNormOut {
             h: h.expect("the fused forward returns h"),

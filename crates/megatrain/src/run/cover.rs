@@ -83,7 +83,12 @@ impl BusCover {
 
 /// The estimate for `model` at sequence length `seq_len`; `None` when the
 /// machine's numbers are not positive and finite.
-pub fn bus_cover(model: &ModelConfig, seq_len: usize, transport: TransportDType, m: Machine) -> Option<BusCover> {
+pub fn bus_cover(
+    model: &ModelConfig,
+    seq_len: usize,
+    transport: TransportDType,
+    m: Machine,
+) -> Option<BusCover> {
     let ok = |v: f64| v.is_finite() && v > 0.0;
     if !ok(m.gpu_tflops) || !ok(m.bus_gbps) || seq_len == 0 {
         return None;
@@ -171,15 +176,36 @@ mod tests {
         // A bus twice as fast halves the tokens; a GPU twice as fast doubles them.
         let fast_bus = bus_cover(&m, 1024, TransportDType::F16, Machine { bus_gbps: 110.0, ..h }).unwrap();
         assert!(fast_bus.tokens_to_cover.abs_diff(t / 2) <= 1);
-        let fast_gpu = bus_cover(&m, 1024, TransportDType::F16, Machine { gpu_tflops: 600.0, ..h }).unwrap();
+        let fast_gpu = bus_cover(
+            &m,
+            1024,
+            TransportDType::F16,
+            Machine {
+                gpu_tflops: 600.0,
+                ..h
+            },
+        )
+        .unwrap();
         assert!(fast_gpu.tokens_to_cover.abs_diff(2 * t) <= 1);
     }
 
     #[test]
     fn the_token_count_hardly_depends_on_the_model() {
         let h = Machine::H100;
-        let small = bus_cover(&preset("tinyllama-1.1b", None).unwrap(), 2048, TransportDType::BF16, h).unwrap();
-        let big = bus_cover(&preset("qwen2.5-7b", None).unwrap(), 2048, TransportDType::BF16, h).unwrap();
+        let small = bus_cover(
+            &preset("tinyllama-1.1b", None).unwrap(),
+            2048,
+            TransportDType::BF16,
+            h,
+        )
+        .unwrap();
+        let big = bus_cover(
+            &preset("qwen2.5-7b", None).unwrap(),
+            2048,
+            TransportDType::BF16,
+            h,
+        )
+        .unwrap();
         let ratio = small.tokens_to_cover as f64 / big.tokens_to_cover as f64;
         assert!((0.8..1.25).contains(&ratio), "{ratio}");
         assert!(big.step_bus_bytes > 27 * big.block_bus_bytes);

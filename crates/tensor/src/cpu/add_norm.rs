@@ -9,7 +9,13 @@ use crate::cpu::reference as r;
 use crate::{AddNormOut, NormGrads, NormOut, Result, Shape, TensorHandle};
 
 impl<F: Real> RefExecutor<F> {
-    pub(super) fn add_rmsnorm_impl(&self, x: &T<F>, r: &T<F>, w: &T<F>, eps: f32) -> Result<AddNormOut<T<F>>> {
+    pub(super) fn add_rmsnorm_impl(
+        &self,
+        x: &T<F>,
+        r: &T<F>,
+        w: &T<F>,
+        eps: f32,
+    ) -> Result<AddNormOut<T<F>>> {
         let op = "add_rmsnorm";
         norm_weight(op, x, w, "w")?;
         same_shape(op, "x vs r", x, r)?;
@@ -56,7 +62,14 @@ impl<F: Real> RefExecutor<F> {
         })
     }
 
-    pub(super) fn add_layernorm_impl(&self, x: &T<F>, r: &T<F>, w: &T<F>, b: &T<F>, eps: f32) -> Result<AddNormOut<T<F>>> {
+    pub(super) fn add_layernorm_impl(
+        &self,
+        x: &T<F>,
+        r: &T<F>,
+        w: &T<F>,
+        b: &T<F>,
+        eps: f32,
+    ) -> Result<AddNormOut<T<F>>> {
         let op = "add_layernorm";
         norm_weight(op, x, w, "w")?;
         norm_weight(op, x, b, "b")?;

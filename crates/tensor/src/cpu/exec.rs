@@ -9,8 +9,8 @@ use crate::cpu::f16_operands::{scale_round, unscale};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
-    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor, HostTensor,
-    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
+    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor,
+    HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
