@@ -8,7 +8,7 @@ struct Params {
     rows: u32, c: u32, eps: f32, flags: u32,
     x_off: u32, w_off: u32, b3_off: u32, o4_off: u32,
     o5_off: u32, o6_off: u32, r7_off: u32, r8_off: u32,
-    r9_off: u32, o10_off: u32, pad0: u32, pad1: u32,
+    r9_off: u32, o10_off: u32, blk_rows: u32, pad1: u32,
 }
 
 const HAS_MEAN: u32 = 1u;
@@ -286,6 +286,55 @@ fn norm_dw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         let dy = B3[p.b3_off + r * p.c + col];
         sw += dy * xh;
         sb += dy;
+    }
+    O4[p.o4_off + col] += sw;
+    if (p.flags & HAS_DB) != 0u {
+        O5[p.o5_off + col] += sb;
+    }
+}
+
+// norm_dw split over blocks of `blk_rows` rows, so that a long column is
+// summed by many workgroups instead of one thread: workgroup (x, y) sums
+// rows y·blk_rows.. of 256 columns into partial row y of O6 (dw in its
+// first c entries, db in the next c).
+@compute @workgroup_size(256)
+fn norm_dw_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let col = wid.x * 256u + t;
+    if col >= p.c {
+        return;
+    }
+    let r0 = wid.y * p.blk_rows;
+    let r1 = min(r0 + p.blk_rows, p.rows);
+    var sw = 0.0;
+    var sb = 0.0;
+    for (var r = r0; r < r1; r++) {
+        var xh = X[p.x_off + r * p.c + col];
+        if (p.flags & HAS_MEAN) != 0u {
+            xh -= R8[p.r8_off + r];
+        }
+        xh *= R7[p.r7_off + r];
+        let dy = B3[p.b3_off + r * p.c + col];
+        sw += dy * xh;
+        sb += dy;
+    }
+    O6[p.o6_off + wid.y * 2u * p.c + col] = sw;
+    O6[p.o6_off + wid.y * 2u * p.c + p.c + col] = sb;
+}
+
+// dw[c] += Σ_blocks partial (and db), the blocks in order: `rows` is the
+// number of partial rows here.
+@compute @workgroup_size(256)
+fn norm_dw_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) t: u32) {
+    let col = row_id(wid, nwg) * 256u + t;
+    if col >= p.c {
+        return;
+    }
+    var sw = 0.0;
+    var sb = 0.0;
+    for (var b = 0u; b < p.rows; b++) {
+        sw += O6[p.o6_off + b * 2u * p.c + col];
+        sb += O6[p.o6_off + b * 2u * p.c + p.c + col];
     }
     O4[p.o4_off + col] += sw;
     if (p.flags & HAS_DB) != 0u {

@@ -7,6 +7,9 @@ use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
+/// Rows one workgroup of the split weight-gradient sum covers.
+const DW_BLOCK_ROWS: usize = 64;
+
 /// The uniform block of `shaders/norm.wgsl`: element offsets of the
 /// operand at each binding number.
 #[derive(Default)]
@@ -25,13 +28,28 @@ struct NormParams {
     r8: u32,
     r9: u32,
     o10: u32,
+    blk_rows: u32,
 }
 
 impl NormParams {
     fn words(&self) -> [u32; 16] {
         [
-            self.rows, self.c, self.eps, self.flags, self.x, self.w, self.b3, self.o4, self.o5, self.o6,
-            self.r7, self.r8, self.r9, self.o10, 0, 0,
+            self.rows,
+            self.c,
+            self.eps,
+            self.flags,
+            self.x,
+            self.w,
+            self.b3,
+            self.o4,
+            self.o5,
+            self.o6,
+            self.r7,
+            self.r8,
+            self.r9,
+            self.o10,
+            self.blk_rows,
+            0,
         ]
     }
 }
@@ -209,10 +227,41 @@ impl GpuExecutor {
                 (None, Some(s)) => self.full(s)?,
                 (None, None) => unreachable!("scratch exists when db does not"),
             };
+            let flags = (mean.is_some() as u32) | (db.is_some() as u32) << 1;
+            self.norm_dw(&mut op, nr, c, flags, [xv, dyv, rv, mv], dwv, dbv)?;
+            if let Some(s) = scratch {
+                op.keep(s);
+            }
+        }
+        op.finish()?;
+        Ok(NormGrads { dx, dw, db })
+    }
+
+    /// Column sums dw += Σ dy·x̂ (and db += Σ dy) over `rows` rows. One
+    /// thread per column is too few threads for long columns on a large
+    /// GPU: rows are summed in blocks by a 2-D grid into a scratch of
+    /// partial rows, then the partials in order (a fixed association).
+    /// Where the scratch would not fit one binding, or there is one block,
+    /// a single pass does it.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_dw(
+        &self,
+        op: &mut super::Op<'_>,
+        rows: usize,
+        c: usize,
+        flags: u32,
+        [xv, dyv, rv, mv]: [super::View<'_>; 4],
+        dwv: super::View<'_>,
+        dbv: super::View<'_>,
+    ) -> Result<()> {
+        let max_blocks = (self.max_binding_bytes() / (8 * c as u64).max(1)).min(65535) as usize;
+        let blocks = rows.div_ceil(DW_BLOCK_ROWS).min(max_blocks);
+        let col_groups = c.div_ceil(256);
+        if blocks <= 1 {
             let p = NormParams {
-                rows: u(nr),
+                rows: u(rows),
                 c: u(c),
-                flags: (mean.is_some() as u32) | (db.is_some() as u32) << 1,
+                flags,
                 x: xv.elem_off,
                 b3: dyv.elem_off,
                 o4: dwv.elem_off,
@@ -220,20 +269,54 @@ impl GpuExecutor {
                 r7: rv.elem_off,
                 r8: mv.elem_off,
                 ..Default::default()
-            }
-            .words();
+            };
             op.dispatch(
                 Kernel::NormDw,
-                &p,
+                &p.words(),
                 &[xv, dyv, dwv, dbv, rv, mv],
-                grid_for(c.div_ceil(256)),
+                grid_for(col_groups),
             );
-            if let Some(s) = scratch {
-                op.keep(s);
-            }
+            return Ok(());
         }
-        op.finish()?;
-        Ok(NormGrads { dx, dw, db })
+        let blk_rows = rows.div_ceil(blocks);
+        let blocks = rows.div_ceil(blk_rows);
+        let partial = self.alloc_f32([blocks * 2 * c])?;
+        let pv = self.full(&partial)?;
+        let p = NormParams {
+            rows: u(rows),
+            c: u(c),
+            flags,
+            x: xv.elem_off,
+            b3: dyv.elem_off,
+            o6: pv.elem_off,
+            r7: rv.elem_off,
+            r8: mv.elem_off,
+            blk_rows: u(blk_rows),
+            ..Default::default()
+        };
+        op.dispatch(
+            Kernel::NormDwPart,
+            &p.words(),
+            &[xv, dyv, pv, rv, mv],
+            [u(col_groups), u(blocks), 1],
+        );
+        let p = NormParams {
+            rows: u(blocks),
+            c: u(c),
+            flags,
+            o4: dwv.elem_off,
+            o5: dbv.elem_off,
+            o6: pv.elem_off,
+            ..Default::default()
+        };
+        op.dispatch(
+            Kernel::NormDwSum,
+            &p.words(),
+            &[dwv, dbv, pv],
+            grid_for(col_groups),
+        );
+        op.keep(partial);
+        Ok(())
     }
 
     pub(crate) fn rope_impl(&self, x: &GpuTensor, rope: Rope, sign: f32) -> Result<GpuTensor> {
