@@ -72,3 +72,20 @@ fn sum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         Z[p.o2 + c] = s;
     }
 }
+
+// The first half of a long sum_rows: workgroup (x, y) sums rows
+// y·blk_rows.. (blk_rows in `src_stride`) of 256 columns into row y of Z,
+// so that many workgroups share a long column; sum_rows then adds Z's rows.
+@compute @workgroup_size(256)
+fn sum_rows_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let c = wid.x * 256u + lid.x;
+    if c < p.w {
+        let r0 = wid.y * p.src_stride;
+        let r1 = min(r0 + p.src_stride, p.rows);
+        var s = 0.0;
+        for (var r = r0; r < r1; r++) {
+            s += X[p.o0 + r * p.w + c];
+        }
+        Z[p.o2 + wid.y * p.w + c] = s;
+    }
+}

@@ -70,21 +70,61 @@ impl GpuExecutor {
         Ok(y)
     }
 
-    /// Column sums of `x` read as `[rows, w]`.
+    /// Column sums of `x` read as `[rows, w]`. Past 64 rows a chunk is
+    /// summed in blocks of rows by a 2-D grid into partial rows, which
+    /// `sum_rows` then adds in order (one thread per column walking every
+    /// row leaves a large GPU idle); where the partials would not fit one
+    /// binding, one pass does it.
     pub(crate) fn sum_rows(&self, x: &GpuTensor, w: usize) -> Result<GpuTensor> {
         let rows = x.numel() / w.max(1);
         let out = self.alloc_f32([w])?;
         let mut op = self.op("sum_rows");
         let ov = self.full(&out)?;
+        let max_blocks = (self.max_binding_bytes() / (4 * w as u64).max(1)).min(65535) as usize;
         for (i, (r0, nr)) in self.loop_chunks(rows, &[w])?.into_iter().enumerate() {
-            let xv = self.view(x, r0 * w, nr * w)?;
+            let mut xv = self.view(x, r0 * w, nr * w)?;
+            let mut n = nr;
+            let blocks = nr.div_ceil(64).min(max_blocks);
+            let partial = if blocks > 1 {
+                let blk_rows = nr.div_ceil(blocks);
+                let blocks = nr.div_ceil(blk_rows);
+                let part = self.alloc_f32([blocks, w])?;
+                let pv = self.full(&part)?;
+                let params = [
+                    0,
+                    xv.elem_off,
+                    0,
+                    pv.elem_off,
+                    0,
+                    u(nr),
+                    u(w),
+                    0,
+                    u(blk_rows),
+                    0,
+                    0,
+                    0,
+                ];
+                op.dispatch(
+                    Kernel::SumRowsPart,
+                    &params,
+                    &[xv, pv],
+                    [u(w.div_ceil(256)), u(blocks), 1],
+                );
+                n = blocks;
+                Some(part)
+            } else {
+                None
+            };
+            if let Some(part) = &partial {
+                xv = self.full(part)?;
+            }
             let params = [
-                u(nr * w),
+                u(n * w),
                 xv.elem_off,
                 0,
                 ov.elem_off,
                 0,
-                u(nr),
+                u(n),
                 u(w),
                 (i > 0) as u32,
                 0,
@@ -93,6 +133,9 @@ impl GpuExecutor {
                 0,
             ];
             op.dispatch(Kernel::SumRows, &params, &[xv, ov], grid_for(w.div_ceil(256)));
+            if let Some(part) = partial {
+                op.keep(part);
+            }
         }
         op.finish()?;
         Ok(out)
