@@ -10,6 +10,7 @@ mod error;
 mod exec;
 mod kernels;
 mod profile;
+mod simt;
 mod tensor;
 mod transport;
 
