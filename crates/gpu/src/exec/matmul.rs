@@ -340,7 +340,7 @@ impl GpuExecutor {
                 // the checked kernel.
                 let t = SimtInterior::TILE;
                 let (mt, nt) = (m.div_ceil(t), n.div_ceil(t));
-                let (mf, nf) = if aligned && k.is_multiple_of(SimtInterior::BK) {
+                let (mf, nf) = if self.simt_interior && aligned && k.is_multiple_of(SimtInterior::BK) {
                     (m / t, n / t)
                 } else {
                     (0, 0)

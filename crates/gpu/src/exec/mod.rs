@@ -44,6 +44,9 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Forces the matmul tile (64 or 128) instead of choosing by size.
     pub matmul_tile: Option<u32>,
+    /// Runs every SIMT product wholly on the checked kernel, without the
+    /// 128-tile interior pipelines (for comparing the two).
+    pub checked_matmul_only: bool,
     /// Most loop iterations one shader invocation may run; work is split over
     /// more dispatches to stay under it. `None`: the adapter's own (llvmpipe
     /// silently ends every loop after 65535 back-edges per invocation; other
@@ -65,6 +68,7 @@ pub struct GpuExecutor {
     align: u64,
     poison: bool,
     matmul_tile: Option<u32>,
+    simt_interior: bool,
     f16_matmul: F16Matmul,
     precision: megatrain_tensor::ComputePrecision,
     pub(crate) loop_budget: usize,
@@ -174,6 +178,7 @@ impl GpuExecutor {
             align,
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
+            simt_interior: !opts.checked_matmul_only,
             f16_matmul: opts.f16_matmul,
             precision: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
