@@ -97,6 +97,7 @@ fn torch(sizes: &[u64], reps: usize) -> Option<Vec<serde_json::Value>> {
         return None;
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    println!("torch peer: torch {} on {}", v["torch"], v["device"]);
     v["sizes"].as_array().cloned()
 }
 
@@ -104,6 +105,9 @@ struct Row {
     up: f64,
     down: f64,
     both: f64,
+    /// Mean wall ms of the timed uploads and downloads (for the rest column).
+    up_ms: f64,
+    down_ms: f64,
     up_stats: TransportStats,
     down_stats: TransportStats,
 }
@@ -128,10 +132,11 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
     let bytes = 4 * n as u64;
     let (mut tu, mut td, mut tb) = (Vec::new(), Vec::new(), Vec::new());
     let mut i = 0;
-    // One warm-up of each (buffers made, pool started), then the timed reps.
+    // Two warm-up rounds (four uploads: every ring entry made, the copy
+    // threads started), then the timed reps.
     let mut up_stats = TransportStats::default();
     let mut down_stats = TransportStats::default();
-    for rep in 0..=reps {
+    for rep in 0..reps + 2 {
         let s0 = g.transport_stats();
         let t = Instant::now();
         drop(up(i));
@@ -151,7 +156,7 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
         g.finish_download(d, &mut out).unwrap();
         g.synchronize().unwrap();
         let t_both = t.elapsed().as_secs_f64();
-        if rep > 0 {
+        if rep > 1 {
             tu.push(t_up);
             td.push(t_down);
             tb.push(t_both);
@@ -160,7 +165,10 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
             down_stats = down_stats.plus(&dn);
         }
     }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64 * 1e3;
     Row {
+        up_ms: mean(&tu),
+        down_ms: mean(&td),
         up: gbs(bytes, median(tu)),
         down: gbs(bytes, median(td)),
         both: gbs(2 * bytes, median(tb)),
@@ -275,7 +283,7 @@ fn main() {
             .map_or("–".into(), |x| format!("{x:.1}"))
     };
     println!(
-        "\nGB/s (1e9 B/s), medians of {} after one warm-up; upload = load_weights until resident, \
+        "\nGB/s (1e9 B/s), medians of {} after two warm-up rounds; upload = load_weights until resident, \
          download = begin+finish, both = a download in flight while the next layer is uploaded \
          (2× the bytes). torch = PyTorch copy_ on CUDA, pinned (pageable in brackets).\n",
         a.reps
@@ -314,28 +322,34 @@ fn main() {
         "\nWhere the time went, ms per transfer (means over the timed reps of the upload and \
          download columns; TransportStats): upload = fill (CPU into mapped memory) + submit \
          (unmap, encode, submit, remap request) + wait compute + wait copy; download = submit + \
-         wait compute + wait copy (copy and map) + read (CPU out of mapped memory, widened). \
-         new bufs = staging/readback buffers made during the timed reps (0 once warm).\n"
+         wait compute + wait copy (copy and map) + read (CPU out of mapped memory, widened); \
+         rest = the transfer's mean wall time outside those (for uploads: the last pieces' copy, \
+         waited for by synchronize after load_weights returned). new bufs = staging/readback buffers made during the timed reps (0 once warm).\n"
     );
     println!(
-        "| transport | MiB | up fill | up submit | up wait compute | up wait copy | fill GB/s | \
-         down submit | down wait compute | down wait copy | down read | read GB/s | new bufs |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| transport | MiB | up fill | up submit | up wait compute | up wait copy | up rest | fill GB/s | \
+         down submit | down wait compute | down wait copy | down read | down rest | read GB/s | new bufs |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for (t, mib, r) in &phases {
         let (u, d) = (&r.up_stats, &r.down_stats);
         let bytes = mib << 20;
         let fill = per(u.up_fill_ns, u.uploads);
         let read = per(d.down_read_ns, d.downloads);
+        let up_parts = [u.up_submit_ns, u.up_wait_compute_ns, u.up_wait_copy_ns].map(|x| per(x, u.uploads));
+        let down_parts =
+            [d.down_submit_ns, d.down_wait_compute_ns, d.down_wait_copy_ns].map(|x| per(x, d.downloads));
         println!(
-            "| {t} | {mib} | {fill:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {read:.2} | {:.1} | {} |",
-            per(u.up_submit_ns, u.uploads),
-            per(u.up_wait_compute_ns, u.uploads),
-            per(u.up_wait_copy_ns, u.uploads),
+            "| {t} | {mib} | {fill:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {read:.2} | {:.2} | {:.1} | {} |",
+            up_parts[0],
+            up_parts[1],
+            up_parts[2],
+            r.up_ms - fill - up_parts.iter().sum::<f64>(),
             if fill > 0.0 { gbs(bytes, fill / 1e3) } else { 0.0 },
-            per(d.down_submit_ns, d.downloads),
-            per(d.down_wait_compute_ns, d.downloads),
-            per(d.down_wait_copy_ns, d.downloads),
+            down_parts[0],
+            down_parts[1],
+            down_parts[2],
+            r.down_ms - read - down_parts.iter().sum::<f64>(),
             if read > 0.0 { gbs(bytes, read / 1e3) } else { 0.0 },
             u.buffers_created + d.buffers_created,
         );
