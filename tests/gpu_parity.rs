@@ -362,7 +362,10 @@ fn warm_steps_allocate_nothing_on_the_device() {
             // The bus time is the part of the transfer calls spent moving bytes.
             let calls = m.upload_ms + m.download_ms;
             assert!(m.bus_ms > 0.0 && m.bus_ms <= calls + 0.05, "{transport}: {m:?}");
-            assert!(m.bus_ms + m.transfer_wait_compute_ms <= calls + 0.05, "{transport}: {m:?}");
+            assert!(
+                m.bus_ms + m.transfer_wait_compute_ms <= calls + 0.05,
+                "{transport}: {m:?}"
+            );
         }
         assert_eq!(
             tr.executor().transport_stats().buffers_created,

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::{
-    DType, Executor, HostSlice, Shape, Transpose, TransportStats, WeightSlot, WeightUpload,
+    DType, Executor, HostSlice, Shape, TransportStats, Transpose, WeightSlot, WeightUpload,
 };
 
 struct Args {
@@ -92,7 +92,10 @@ fn torch(sizes: &[u64], reps: usize) -> Option<Vec<serde_json::Value>> {
     if !out.status.success() {
         eprintln!(
             "torch peer not run: {}",
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("python3 failed")
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("python3 failed")
         );
         return None;
     }
@@ -118,7 +121,10 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
     let shape = Shape::new([n]);
     let up = |i: usize| {
         g.load_weights(
-            WeightSlot { kind: 0, index: i % 2 },
+            WeightSlot {
+                kind: 0,
+                index: i % 2,
+            },
             &[WeightUpload {
                 shape: &shape,
                 data: HostSlice::F32(&host),
@@ -182,7 +188,11 @@ fn per(ns: u64, n: u64) -> f64 {
 }
 
 fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
-    let bytes: u64 = if ctx.info.device_type == "Cpu" { 32 << 20 } else { 1 << 30 };
+    let bytes: u64 = if ctx.info.device_type == "Cpu" {
+        32 << 20
+    } else {
+        1 << 30
+    };
     let src = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("overlap host"),
         size: bytes,
@@ -216,7 +226,11 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
     };
     let t_copy = time(&copy);
     // A matmul sized to take about as long as the copy.
-    let mut n = if ctx.info.device_type == "Cpu" { 128usize } else { 2048 };
+    let mut n = if ctx.info.device_type == "Cpu" {
+        128usize
+    } else {
+        2048
+    };
     let mut t_kernel;
     loop {
         let a = g.zeros(&Shape::new([n, n])).unwrap();
@@ -232,9 +246,8 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
                 copy();
                 mm();
             });
-            let frac = |both: f64| {
-                ((t_copy + t_kernel - both) / t_copy.min(t_kernel)).clamp(-1.0, 1.0) * 100.0
-            };
+            let frac =
+                |both: f64| ((t_copy + t_kernel - both) / t_copy.min(t_kernel)).clamp(-1.0, 1.0) * 100.0;
             println!(
                 "\noverlap on one queue ({}): copy {} MiB host→device {t_copy:.2} ms alone; \
                  matmul {n}³ {t_kernel:.2} ms alone; kernel then copy {t_kc:.2} ms ({:.0}% overlap); \

@@ -39,7 +39,11 @@ fn all() -> Vec<(String, GpuExecutor, usize)> {
     for t in [TransportChoice::Staging, TransportChoice::Mapped] {
         for tiny in [true, false] {
             if let Some(g) = executor(t, tiny) {
-                v.push((format!("{t} tiny_chunks={tiny}"), g, if tiny { 2_049 } else { 700_001 }));
+                v.push((
+                    format!("{t} tiny_chunks={tiny}"),
+                    g,
+                    if tiny { 2_049 } else { 700_001 },
+                ));
             }
         }
     }
@@ -68,7 +72,10 @@ impl Layer {
             ],
             f: random_f32(seed, n),
             b: bf(seed ^ 1, n + 1),
-            h: random_f32(seed ^ 2, 2 * n + 3).iter().map(|&x| f16::from_f32(x)).collect(),
+            h: random_f32(seed ^ 2, 2 * n + 3)
+                .iter()
+                .map(|&x| f16::from_f32(x))
+                .collect(),
             w: bf(seed ^ 3, n + 5),
         }
     }
@@ -127,7 +134,9 @@ fn awkward_payloads_cross_intact_with_several_in_flight() {
             // Gradients already on the device, downloads begun before the
             // uploads and finished after them: both directions in flight.
             let grads: Vec<HostTensor> = (0..3)
-                .map(|i| HostTensor::from_f32([n + 2 * i + 1], random_f32(100 + i as u64, n + 2 * i + 1)).unwrap())
+                .map(|i| {
+                    HostTensor::from_f32([n + 2 * i + 1], random_f32(100 + i as u64, n + 2 * i + 1)).unwrap()
+                })
                 .collect();
             let on_dev: Vec<_> = grads.iter().map(|h| g.upload(h).unwrap()).collect();
             let early: Vec<_> = on_dev
@@ -139,20 +148,33 @@ fn awkward_payloads_cross_intact_with_several_in_flight() {
             let loaded: Vec<_> = layers
                 .iter()
                 .enumerate()
-                .map(|(i, l)| g.load_weights(WeightSlot { kind: 7, index: i }, &l.uploads()).unwrap())
+                .map(|(i, l)| {
+                    g.load_weights(WeightSlot { kind: 7, index: i }, &l.uploads())
+                        .unwrap()
+                })
                 .collect();
-            let back: Vec<_> = loaded.iter().map(|w| g.begin_download(w.clone()).unwrap()).collect();
+            let back: Vec<_> = loaded
+                .iter()
+                .map(|w| g.begin_download(w.clone()).unwrap())
+                .collect();
             for (i, d) in early.into_iter().enumerate().rev() {
                 let mut out = vec![f32::NAN; 2 * grads[i].numel()];
                 g.finish_download(d, &mut out).unwrap();
                 let want = bits(&grads[i].to_f32_vec());
                 assert_eq!(bits(&out[..want.len()]), want, "{name} n={n}: gradient {i}");
-                assert_eq!(bits(&out[want.len()..]), want, "{name} n={n}: gradient {i}, second copy");
+                assert_eq!(
+                    bits(&out[want.len()..]),
+                    want,
+                    "{name} n={n}: gradient {i}, second copy"
+                );
             }
             for (i, d) in back.into_iter().enumerate().rev() {
                 let mut out = vec![f32::NAN; layers[i].numel()];
                 g.finish_download(d, &mut out).unwrap();
-                assert!(bits(&out) == layers[i].expected_bits(), "{name} n={n}: layer {i} changed on the way");
+                assert!(
+                    bits(&out) == layers[i].expected_bits(),
+                    "{name} n={n}: layer {i} changed on the way"
+                );
             }
         }
     }
@@ -170,7 +192,13 @@ fn buffers_are_reused_once_warm() {
             for (i, l) in layers.iter().enumerate() {
                 let d = g.begin_download(vec![grads.clone()]).unwrap();
                 let w = g
-                    .load_weights(WeightSlot { kind: 3, index: (r + i) % 2 }, &l.uploads())
+                    .load_weights(
+                        WeightSlot {
+                            kind: 3,
+                            index: (r + i) % 2,
+                        },
+                        &l.uploads(),
+                    )
                     .unwrap();
                 g.finish_download(d, out).unwrap();
                 let mut back = vec![0.0f32; l.numel()];
@@ -188,7 +216,10 @@ fn buffers_are_reused_once_warm() {
             round(r, &mut out);
         }
         let d = g.transport_stats().since(&before);
-        assert_eq!(d.buffers_created, 0, "{name}: new staging/readback buffers once warm: {d:?}");
+        assert_eq!(
+            d.buffers_created, 0,
+            "{name}: new staging/readback buffers once warm: {d:?}"
+        );
         assert_eq!(g.transport_host_bytes(), host, "{name}: host-visible bytes grew");
         assert_eq!(g.memory().live_bytes, live, "{name}: device bytes grew");
         assert_eq!((d.uploads, d.downloads), (6, 12), "{name}: {d:?}");
@@ -200,7 +231,9 @@ fn counters_add_up() {
     for (name, g, n) in all() {
         let l = Layer::new(5, n);
         let s0 = g.transport_stats();
-        let w = g.load_weights(WeightSlot { kind: 2, index: 0 }, &l.uploads()).unwrap();
+        let w = g
+            .load_weights(WeightSlot { kind: 2, index: 0 }, &l.uploads())
+            .unwrap();
         g.synchronize().unwrap();
         let s1 = g.transport_stats();
         let d = g.begin_download(w).unwrap();
@@ -210,13 +243,22 @@ fn counters_add_up() {
         let down = g.transport_stats().since(&s1);
         // The slot's bytes: tensors at 4-byte-rounded, aligned offsets.
         let held: u64 = l.uploads().iter().map(|u| u.held_bytes()).sum();
-        assert!(up.bytes_up >= held && up.bytes_up < held + 4 * 1024, "{name}: {up:?}");
+        assert!(
+            up.bytes_up >= held && up.bytes_up < held + 4 * 1024,
+            "{name}: {up:?}"
+        );
         assert_eq!((up.uploads, up.downloads), (1, 0), "{name}");
         assert!(up.up_fill_ns > 0 && up.up_submit_ns > 0, "{name}: {up:?}");
         assert_eq!(down.downloads, 1, "{name}");
         let exact = (4 * n + 2 * (n + 1) + 2 * (2 * n + 3) + 4 * (n + 5)) as u64;
-        assert!(down.bytes_down >= exact && down.bytes_down < exact + 16, "{name}: {down:?}");
-        assert!(down.down_read_ns > 0 && down.down_wait_copy_ns > 0, "{name}: {down:?}");
+        assert!(
+            down.bytes_down >= exact && down.bytes_down < exact + 16,
+            "{name}: {down:?}"
+        );
+        assert!(
+            down.down_read_ns > 0 && down.down_wait_copy_ns > 0,
+            "{name}: {down:?}"
+        );
         assert!(down.down_bus_ms() > 0.0 && up.up_bus_ms() > 0.0);
         assert!(bits(&out) == l.expected_bits(), "{name}");
     }

@@ -251,7 +251,11 @@ mod tests {
         assert!(m.compute_only_ms > 0.0 && m.transfer_only_ms > 0.0 && m.optimizer_only_ms > 0.0);
         let moved = (r.bytes_uploaded_per_step + r.bytes_downloaded_per_step) as f64;
         let want = moved / (m.transfer_only_ms / 1e3) / 1e9;
-        assert!((m.transfer_only_gb_s - want).abs() <= 1e-9 * want, "{} vs {want}", m.transfer_only_gb_s);
+        assert!(
+            (m.transfer_only_gb_s - want).abs() <= 1e-9 * want,
+            "{} vs {want}",
+            m.transfer_only_gb_s
+        );
         assert!(r.overlap_efficiency.unwrap() > 0.0);
         // The CPU executor has no transport to choose: the fields say so.
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();

@@ -122,7 +122,12 @@ impl<'a> Image<'a> {
 
 /// Widens `bytes` (tensors of `layout`: dtype, elements, byte offset) into
 /// `out` on `pool`, each tensor cut into blocks of about [`BLOCK`] bytes.
-pub(crate) fn read_par(pool: &rayon::ThreadPool, bytes: &[u8], layout: &[(DType, usize, u64)], out: &mut [f32]) {
+pub(crate) fn read_par(
+    pool: &rayon::ThreadPool,
+    bytes: &[u8],
+    layout: &[(DType, usize, u64)],
+    out: &mut [f32],
+) {
     let mut jobs = Vec::new();
     let mut rest = out;
     for &(dtype, n, off) in layout {
@@ -182,7 +187,10 @@ mod tests {
         let mut pieces = vec![0u8; bytes as usize];
         for start in (0..bytes).step_by(12) {
             let end = (start + 12).min(bytes);
-            img.write(start, wgpu::WriteOnly::from(&mut pieces[start as usize..end as usize]));
+            img.write(
+                start,
+                wgpu::WriteOnly::from(&mut pieces[start as usize..end as usize]),
+            );
         }
         assert_eq!(whole, pieces);
         assert_eq!(&whole[..148], bytemuck::cast_slice::<f32, u8>(&a));
@@ -205,7 +213,9 @@ mod tests {
         assert_eq!(part, data[4096..]);
 
         let f: Vec<f32> = (0..(3 * BLOCK as usize / 4 + 5)).map(|i| i as f32).collect();
-        let h: Vec<bf16> = (0..(BLOCK as usize + 3)).map(|i| bf16::from_f32((i % 97) as f32)).collect();
+        let h: Vec<bf16> = (0..(BLOCK as usize + 3))
+            .map(|i| bf16::from_f32((i % 97) as f32))
+            .collect();
         let mut bytes = bytemuck::cast_slice::<f32, u8>(&f).to_vec();
         let h_at = bytes.len().div_ceil(256) * 256;
         bytes.resize(h_at, 0);

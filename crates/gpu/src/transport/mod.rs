@@ -89,7 +89,13 @@ impl Link<'_> {
 
     /// Waits for `c`: the work queued before it counts into `compute_ns`,
     /// the copy itself (and the mapping `map` it gates) into `copy_ns`.
-    pub fn wait_copy(&self, c: &Copying, map: &MapState, compute_ns: &mut u64, copy_ns: &mut u64) -> Result<()> {
+    pub fn wait_copy(
+        &self,
+        c: &Copying,
+        map: &MapState,
+        compute_ns: &mut u64,
+        copy_ns: &mut u64,
+    ) -> Result<()> {
         let t = Instant::now();
         if map.get() == MapState::PENDING {
             self.wait_for(&c.before)?;

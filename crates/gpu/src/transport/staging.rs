@@ -79,7 +79,12 @@ impl StagingTransport {
         }
         let e = entry.as_mut().expect("entry just ensured");
         match &e.copy {
-            Some(c) => link.wait_copy(c, &e.map, &mut stats.up_wait_compute_ns, &mut stats.up_wait_copy_ns)?,
+            Some(c) => link.wait_copy(
+                c,
+                &e.map,
+                &mut stats.up_wait_compute_ns,
+                &mut stats.up_wait_copy_ns,
+            )?,
             None => link.wait_map(&e.map)?,
         }
         Ok(e)
