@@ -1,7 +1,9 @@
 //! The layer transports on this adapter, at the rate of the bus.
 //!
 //! `cargo bench -p megatrain-gpu --bench transport -- [--reps N] [--max-mib M]
-//! [--sizes 16,64,256,1024] [--transport staging|mapped] [--overlap] [--no-torch]`
+//! [--sizes 16,64,256,1024] [--transport staging|mapped] [--overlap] [--no-torch]
+//! [--depth N] [--chunk-mib M] [--threads N]` (the last three: the staging
+//! ring's entries and their size, the copy threads; defaults 4, 32, cores ≤ 16)
 //!
 //! For each transport and payload (f32 bytes, 16 MiB .. 1 GiB; on a CPU
 //! adapter up to 256 MiB, which RAM holds five times over): GB/s of an
@@ -36,6 +38,9 @@ struct Args {
     transport: Option<TransportChoice>,
     overlap: bool,
     torch: bool,
+    depth: Option<usize>,
+    chunk_mib: Option<u64>,
+    threads: Option<usize>,
 }
 
 fn args() -> Args {
@@ -46,6 +51,9 @@ fn args() -> Args {
         transport: None,
         overlap: false,
         torch: true,
+        depth: None,
+        chunk_mib: None,
+        threads: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(s) = it.next() {
@@ -62,6 +70,9 @@ fn args() -> Args {
                 )
             }
             "--transport" => a.transport = Some(val("--transport").parse().expect("--transport")),
+            "--depth" => a.depth = Some(val("--depth").parse().expect("--depth N")),
+            "--chunk-mib" => a.chunk_mib = Some(val("--chunk-mib").parse().expect("--chunk-mib M")),
+            "--threads" => a.threads = Some(val("--threads").parse().expect("--threads N")),
             "--overlap" => a.overlap = true,
             "--no-torch" => a.torch = false,
             // cargo bench passes --bench; criterion-style filters are ignored.
@@ -311,6 +322,9 @@ fn main() {
             Arc::clone(&ctx),
             GpuOptions {
                 transport: t,
+                staging_depth: a.depth,
+                staging_chunk_bytes: a.chunk_mib.map(|m| m << 20),
+                copy_threads: a.threads,
                 ..Default::default()
             },
         );
