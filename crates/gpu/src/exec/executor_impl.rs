@@ -77,6 +77,10 @@ impl Executor for GpuExecutor {
         self.prepare_transport_impl(layer_bytes, grad_bytes).map(Some)
     }
 
+    fn transport_stats(&self) -> Option<megatrain_tensor::TransportStats> {
+        Some(GpuExecutor::transport_stats(self))
+    }
+
     fn memory_stats(&self) -> Option<MemoryStats> {
         let m = self.memory();
         Some(MemoryStats {

@@ -58,6 +58,14 @@ pub struct GpuOptions {
     /// The kernels of matmuls under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_matmul: F16Matmul,
+    /// Entries in the staging transport's ring (`None`: 4).
+    pub staging_depth: Option<usize>,
+    /// Largest piece of a layer one staging entry carries; larger layers
+    /// go through the ring in pieces (`None`: 32 MiB).
+    pub staging_chunk_bytes: Option<u64>,
+    /// Threads that copy into and out of mapped memory (`None`: every
+    /// core, at most 16).
+    pub copy_threads: Option<usize>,
 }
 
 pub struct GpuExecutor {
@@ -195,7 +203,7 @@ impl GpuExecutor {
             timestamps,
             bind_groups: BindGroupCache::default(),
             transport_choice: opts.transport,
-            transport: Default::default(),
+            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts)),
             ctx,
         }
     }
