@@ -2,6 +2,7 @@
 //! implementation of every [`megatrain_tensor::Executor`] op.
 
 mod attention;
+mod attention_coop;
 mod bind_groups;
 mod binding;
 mod buffers;
@@ -14,6 +15,7 @@ mod record;
 mod transport_impl;
 
 pub use bind_groups::BindGroupStats;
+pub use attention::F16Attention;
 pub use matmul::F16Matmul;
 
 use std::sync::Arc;
@@ -55,6 +57,9 @@ pub struct GpuOptions {
     /// The kernels of matmuls under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_matmul: F16Matmul,
+    /// The kernels of attention under the F16 compute precision (`Auto`:
+    /// tensor cores where the adapter has cooperative matrices).
+    pub f16_attention: F16Attention,
 }
 
 pub struct GpuExecutor {
@@ -66,6 +71,7 @@ pub struct GpuExecutor {
     poison: bool,
     matmul_tile: Option<u32>,
     f16_matmul: F16Matmul,
+    f16_attention: F16Attention,
     precision: megatrain_tensor::ComputePrecision,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
@@ -176,6 +182,7 @@ impl GpuExecutor {
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
             f16_matmul: opts.f16_matmul,
+            f16_attention: opts.f16_attention,
             precision: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
-use crate::cpu::f16_operands::{scale_round, unscale};
+use crate::cpu::f16_operands::{rounded, scale_round, unscale};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
@@ -541,7 +541,11 @@ impl<F: Real> Executor for RefExecutor<F> {
     fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttentionOut<T<F>>> {
         let op = "attention";
         let d = attn_dims(op, q, k, v)?;
-        let (o, lse) = r::attention(f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?, d);
+        let (q, k, v) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
+        let (o, lse) = match self.precision {
+            ComputePrecision::F32 => r::attention(q, k, v, d),
+            ComputePrecision::F16 => r::attention(&rounded(q), &rounded(k), &rounded(v), d),
+        };
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
             lse: out(Shape::new([d.b, d.hq, d.t]), lse),
@@ -566,15 +570,25 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("lse {} must be [{}, {}, {}]", fwd.lse.shape(), d.b, d.hq, d.t),
             ));
         }
-        let (dq, dk, dv) = r::attention_backward(
+        let (q, k, v, dout) = (
             f32_data(op, q)?,
             f32_data(op, k)?,
             f32_data(op, v)?,
-            f32_data(op, &fwd.out)?,
-            f32_data(op, &fwd.lse)?,
             f32_data(op, dout)?,
-            d,
         );
+        let (fo, fl) = (f32_data(op, &fwd.out)?, f32_data(op, &fwd.lse)?);
+        let (dq, dk, dv) = match self.precision {
+            ComputePrecision::F32 => r::attention_backward(q, k, v, fo, fl, dout, d),
+            ComputePrecision::F16 => r::attention_backward(
+                &rounded(q),
+                &rounded(k),
+                &rounded(v),
+                fo,
+                fl,
+                &rounded(dout),
+                d,
+            ),
+        };
         Ok(AttentionGrads {
             dq: out(q.shape().clone(), dq),
             dk: out(k.shape().clone(), dk),
