@@ -541,10 +541,10 @@ impl<F: Real> Executor for RefExecutor<F> {
     fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttentionOut<T<F>>> {
         let op = "attention";
         let d = attn_dims(op, q, k, v)?;
-        let (q, k, v) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
+        let (qd, kd, vd) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
         let (o, lse) = match self.precision {
-            ComputePrecision::F32 => r::attention(q, k, v, d),
-            ComputePrecision::F16 => r::attention(&rounded(q), &rounded(k), &rounded(v), d),
+            ComputePrecision::F32 => r::attention(qd, kd, vd, d),
+            ComputePrecision::F16 => r::attention(&rounded(qd), &rounded(kd), &rounded(vd), d),
         };
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
@@ -570,7 +570,7 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("lse {} must be [{}, {}, {}]", fwd.lse.shape(), d.b, d.hq, d.t),
             ));
         }
-        let (q, k, v, dout) = (
+        let (qd, kd, vd, gd) = (
             f32_data(op, q)?,
             f32_data(op, k)?,
             f32_data(op, v)?,
@@ -578,16 +578,11 @@ impl<F: Real> Executor for RefExecutor<F> {
         );
         let (fo, fl) = (f32_data(op, &fwd.out)?, f32_data(op, &fwd.lse)?);
         let (dq, dk, dv) = match self.precision {
-            ComputePrecision::F32 => r::attention_backward(q, k, v, fo, fl, dout, d),
-            ComputePrecision::F16 => r::attention_backward(
-                &rounded(q),
-                &rounded(k),
-                &rounded(v),
-                fo,
-                fl,
-                &rounded(dout),
-                d,
-            ),
+            ComputePrecision::F32 => r::attention_backward(qd, kd, vd, fo, fl, gd, d),
+            ComputePrecision::F16 => {
+                let (qr, kr, vr, gr) = (rounded(qd), rounded(kd), rounded(vd), rounded(gd));
+                r::attention_backward(&qr, &kr, &vr, fo, fl, &gr, d)
+            }
         };
         Ok(AttentionGrads {
             dq: out(q.shape().clone(), dq),
