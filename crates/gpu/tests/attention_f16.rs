@@ -12,7 +12,7 @@ mod common;
 
 use common::*;
 use megatrain_gpu::{F16Attention, GpuExecutor, GpuOptions};
-use megatrain_tensor::testing::random_tensor;
+use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor};
 
 const TOL_COOP: f64 = 2e-3;
@@ -83,12 +83,16 @@ fn check(g: &GpuExecutor, c: Case, seed: u64, tol: f64, backward: bool) -> Resul
     let (gq, gk, gv, gd) = (up(g, &x.q), up(g, &x.k), up(g, &x.v), up(g, &x.dout));
     let of = g.attention(&gq, &gk, &gv).map_err(|e| e.to_string())?;
     let what = |s: &str| format!("{c:?} {s}");
-    assert_close(&what("out"), &down(g, &of.out), &down_cpu(&cpu, &rf.out), tol);
+    let (go, ro) = (down(g, &of.out), down_cpu(&cpu, &rf.out));
+    eprintln!("{c:?}: out relative error {:.2e}", rel_norm_err(&go, &ro));
+    assert_close(&what("out"), &go, &ro, tol);
     assert_close(&what("lse"), &down(g, &of.lse), &down_cpu(&cpu, &rf.lse), tol);
     if backward {
         let rg = cpu.attention_backward(&cq, &ck, &cv, &rf, &cd).unwrap();
         let og = g.attention_backward(&gq, &gk, &gv, &of, &gd).map_err(|e| e.to_string())?;
-        assert_close(&what("dq"), &down(g, &og.dq), &down_cpu(&cpu, &rg.dq), tol);
+        let (gdq, rdq) = (down(g, &og.dq), down_cpu(&cpu, &rg.dq));
+        eprintln!("{c:?}: dq relative error {:.2e}", rel_norm_err(&gdq, &rdq));
+        assert_close(&what("dq"), &gdq, &rdq, tol);
         assert_close(&what("dk"), &down(g, &og.dk), &down_cpu(&cpu, &rg.dk), tol);
         assert_close(&what("dv"), &down(g, &og.dv), &down_cpu(&cpu, &rg.dv), tol);
     }
