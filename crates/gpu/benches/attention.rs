@@ -56,6 +56,9 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// (B, T, Hq, Hkv, D)
+type Dims = (usize, usize, usize, usize, usize);
+
 fn f16_executor(kind: F16Attention) -> Option<GpuExecutor> {
     let ctx = GpuContext::new().ok()?;
     let mut g = GpuExecutor::with_options(
@@ -93,8 +96,14 @@ fn check(g: &GpuExecutor, t: usize, hq: usize, hkv: usize, d: usize) {
         ("dv", &og.dv, &rg.dv),
     ];
     for (name, got, want) in pairs {
-        let e = rel_norm_err(&g.download(got).unwrap().to_f32_vec(), &cpu.download(want).unwrap().to_f32_vec());
-        assert!(e <= 2e-3, "T{t} Hq{hq} Hkv{hkv} D{d} {name}: relative error {e:e} against the CPU reference");
+        let e = rel_norm_err(
+            &g.download(got).unwrap().to_f32_vec(),
+            &cpu.download(want).unwrap().to_f32_vec(),
+        );
+        assert!(
+            e <= 2e-3,
+            "T{t} Hq{hq} Hkv{hkv} D{d} {name}: relative error {e:e} against the CPU reference"
+        );
     }
     eprintln!("checked T{t}_Hq{hq}_Hkv{hkv}_D{d} against the CPU F16 reference");
 }
@@ -117,7 +126,7 @@ fn bench_f16(c: &mut Criterion) {
     let Some(probe) = common::executor() else { return };
     let real = common::is_real_gpu(&probe) && probe.context().has_cooperative_matrix();
     drop(probe);
-    let (kind, shapes): (_, Vec<(usize, usize, usize, usize, usize)>) = if real {
+    let (kind, shapes): (_, Vec<Dims>) = if real {
         let mut v = Vec::new();
         for (hq, hkv) in [(32, 8), (28, 4)] {
             for t in [1024, 2048, 4096] {
@@ -161,7 +170,7 @@ fn bench_f16(c: &mut Criterion) {
         group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
         let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
         summary.push(format!(
-            "megatrain f16 {name}: fwd {:.3} ms {:.1} TFLOP/s, bwd {:.3} ms {:.1} TFLOP/s",
+            "megatrain f16 {name}: fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
             tf * 1e3,
             flops as f64 / tf / 1e12,
             tb * 1e3,

@@ -210,7 +210,12 @@ impl CoopAttention {
         let _ = writeln!(m, "    var acc = {};", g.zero());
         // acc = Σ_k A(16 x 16 at a + k·a_step) · B(16 x 16 at b + k·b_step)
         // over `n` steps, both as the given orientations.
-        let product = |m: &mut String, indent: &str, acc: &str, a: (&str, &str, &str, bool), b: (&str, &str, &str, bool), n: &str| {
+        let product = |m: &mut String,
+                       indent: &str,
+                       acc: &str,
+                       a: (&str, &str, &str, bool),
+                       b: (&str, &str, &str, bool),
+                       n: &str| {
             let _ = writeln!(m, "{indent}for (var kk = 0u; kk < {n}; kk++) {{");
             let _ = writeln!(m, "{indent}    let ia = {} + kk * {};", a.0, a.1);
             let _ = writeln!(m, "{indent}    let fa = {};", g.load("A", "ia", a.2, a.3));
@@ -234,7 +239,11 @@ impl CoopAttention {
                     ("K_S + jf * 16u * LDS", "16u", "lds", false),
                     "D / 16u",
                 );
-                let _ = writeln!(m, "            let ci = cs + jf * 16u;\n            {}", g.store("acc", "ci", "ldc"));
+                let _ = writeln!(
+                    m,
+                    "            let ci = cs + jf * 16u;\n            {}",
+                    g.store("acc", "ci", "ldc")
+                );
                 m.push_str("        }\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
                 // O += P V, one 16 x 16 fragment of D at a time through s_s.
                 m.push_str("        for (var df = 0u; df < D / 16u; df++) {\n");
@@ -267,7 +276,11 @@ impl CoopAttention {
                     ("K_S + jf * 16u * LDS", "16u", "lds", false),
                     "D / 16u",
                 );
-                let _ = writeln!(m, "            let ci = cs + jf * 16u;\n            {}", g.store("acc", "ci", "ldc"));
+                let _ = writeln!(
+                    m,
+                    "            let ci = cs + jf * 16u;\n            {}",
+                    g.store("acc", "ci", "ldc")
+                );
                 let _ = writeln!(m, "            acc = {};", g.zero());
                 product(
                     &mut m,
@@ -277,7 +290,11 @@ impl CoopAttention {
                     ("V_S + jf * 16u * LDS", "16u", "lds", false),
                     "D / 16u",
                 );
-                let _ = writeln!(m, "            let ct = SCR + cs + jf * 16u;\n            {}", g.store("acc", "ct", "ldc"));
+                let _ = writeln!(
+                    m,
+                    "            let ct = SCR + cs + jf * 16u;\n            {}",
+                    g.store("acc", "ct", "ldc")
+                );
                 m.push_str("        }\n        workgroupBarrier();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
                 for f in 0..nd {
                     product(
@@ -291,8 +308,15 @@ impl CoopAttention {
                 }
                 m.push_str("    }\n");
                 for f in 0..nd {
-                    let _ = writeln!(m, "    workgroupBarrier();\n    {}", g.store(&format!("dq{f}"), "cs", "ld16"));
-                    let _ = writeln!(m, "    workgroupBarrier();\n    store_dq(sg, lane, {f}u, b, p0, np, g);");
+                    let _ = writeln!(
+                        m,
+                        "    workgroupBarrier();\n    {}",
+                        g.store(&format!("dq{f}"), "cs", "ld16")
+                    );
+                    let _ = writeln!(
+                        m,
+                        "    workgroupBarrier();\n    store_dq(sg, lane, {f}u, b, p0, np, g);"
+                    );
                 }
             }
             AttnPass::Dkv => {
@@ -311,7 +335,11 @@ impl CoopAttention {
                     ("Q_S + qf * 16u * LDS", "16u", "lds", false),
                     "D / 16u",
                 );
-                let _ = writeln!(m, "                let ci = cs + qf * 16u;\n                {}", g.store("acc", "ci", "ldc"));
+                let _ = writeln!(
+                    m,
+                    "                let ci = cs + qf * 16u;\n                {}",
+                    g.store("acc", "ci", "ldc")
+                );
                 let _ = writeln!(m, "                acc = {};", g.zero());
                 product(
                     &mut m,
@@ -321,7 +349,11 @@ impl CoopAttention {
                     ("DO_S + qf * 16u * LDS", "16u", "lds", false),
                     "D / 16u",
                 );
-                let _ = writeln!(m, "                let ct = SCR + cs + qf * 16u;\n                {}", g.store("acc", "ct", "ldc"));
+                let _ = writeln!(
+                    m,
+                    "                let ct = SCR + cs + qf * 16u;\n                {}",
+                    g.store("acc", "ct", "ldc")
+                );
                 m.push_str("            }\n            workgroupBarrier();\n            ds_tile_dkv(sg, lane, j0, i0);\n            workgroupBarrier();\n");
                 for f in 0..nd {
                     product(
@@ -344,8 +376,15 @@ impl CoopAttention {
                 m.push_str("        }\n    }\n");
                 for f in 0..nd {
                     for (name, is_k) in [("dk", true), ("dv", false)] {
-                        let _ = writeln!(m, "    workgroupBarrier();\n    {}", g.store(&format!("{name}{f}"), "cs", "ld16"));
-                        let _ = writeln!(m, "    workgroupBarrier();\n    store_dkv(sg, lane, {f}u, b, j0, g, {is_k});");
+                        let _ = writeln!(
+                            m,
+                            "    workgroupBarrier();\n    {}",
+                            g.store(&format!("{name}{f}"), "cs", "ld16")
+                        );
+                        let _ = writeln!(
+                            m,
+                            "    workgroupBarrier();\n    store_dkv(sg, lane, {f}u, b, j0, g, {is_k});"
+                        );
                     }
                 }
             }
@@ -402,7 +441,9 @@ fn section(name: &str) -> &'static str {
         .find(&marker)
         .unwrap_or_else(|| panic!("attention_coop.wgsl has no section {name}"))
         + marker.len();
-    let end = ATTN[start..].find("\n//// ").map_or(ATTN.len(), |e| start + e + 1);
+    let end = ATTN[start..]
+        .find("\n//// ")
+        .map_or(ATTN.len(), |e| start + e + 1);
     &ATTN[start..end]
 }
 
@@ -419,7 +460,12 @@ mod tests {
                 // lavapipe's 32 KiB; the backward's four D-wide tiles at
                 // D = 128 do not fit and are refused at dispatch.
                 let fits = bytes <= 32 << 10;
-                assert_eq!(fits, v.pass == AttnPass::Fwd || v.d <= 96, "{}: {bytes} B", v.label());
+                assert_eq!(
+                    fits,
+                    v.pass == AttnPass::Fwd || v.d <= 96,
+                    "{}: {bytes} B",
+                    v.label()
+                );
             } else {
                 assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
             }
@@ -436,7 +482,12 @@ mod tests {
                 AttnPass::Dkv => (t.bc, t.br()),
                 AttnPass::Fwd | AttnPass::Dq => (t.br(), t.bc),
             };
-            let mut spans = vec![(q, q + qr * lds), (k, k + kr * lds), (vv, vv + kr * lds), (p, p + t.br() * ldp)];
+            let mut spans = vec![
+                (q, q + qr * lds),
+                (k, k + kr * lds),
+                (vv, vv + kr * lds),
+                (p, p + t.br() * ldp),
+            ];
             if v.pass != AttnPass::Fwd {
                 spans.push((dout, dout + qr * lds));
                 spans.push((ds, ds + t.br() * ldp));

@@ -89,7 +89,9 @@ fn check(g: &GpuExecutor, c: Case, seed: u64, tol: f64, backward: bool) -> Resul
     assert_close(&what("lse"), &down(g, &of.lse), &down_cpu(&cpu, &rf.lse), tol);
     if backward {
         let rg = cpu.attention_backward(&cq, &ck, &cv, &rf, &cd).unwrap();
-        let og = g.attention_backward(&gq, &gk, &gv, &of, &gd).map_err(|e| e.to_string())?;
+        let og = g
+            .attention_backward(&gq, &gk, &gv, &of, &gd)
+            .map_err(|e| e.to_string())?;
         let (gdq, rdq) = (down(g, &og.dq), down_cpu(&cpu, &rg.dq));
         eprintln!("{c:?}: dq relative error {:.2e}", rel_norm_err(&gdq, &rdq));
         assert_close(&what("dq"), &gdq, &rdq, tol);
@@ -106,18 +108,50 @@ fn up(g: &GpuExecutor, h: &HostTensor) -> megatrain_gpu::GpuTensor {
 /// Awkward shapes: T not a multiple of any tile, T = 1, GQA 6/2 and 8/1,
 /// D = 80, B > 1.
 const CASES: [Case; 4] = [
-    Case { b: 2, t: 37, hq: 6, hkv: 2, d: 80 },
-    Case { b: 1, t: 1, hq: 4, hkv: 1, d: 64 },
-    Case { b: 1, t: 20, hq: 8, hkv: 1, d: 64 },
-    Case { b: 2, t: 29, hq: 2, hkv: 2, d: 96 },
+    Case {
+        b: 2,
+        t: 37,
+        hq: 6,
+        hkv: 2,
+        d: 80,
+    },
+    Case {
+        b: 1,
+        t: 1,
+        hq: 4,
+        hkv: 1,
+        d: 64,
+    },
+    Case {
+        b: 1,
+        t: 20,
+        hq: 8,
+        hkv: 1,
+        d: 64,
+    },
+    Case {
+        b: 2,
+        t: 29,
+        hq: 2,
+        hkv: 2,
+        d: 96,
+    },
 ];
 /// D = 128: the forward everywhere; the emulated backward's tiles exceed
 /// 32 KiB of workgroup memory in f32 and are refused where that is the cap.
-const CASE_128: Case = Case { b: 1, t: 41, hq: 3, hkv: 1, d: 128 };
+const CASE_128: Case = Case {
+    b: 1,
+    t: 41,
+    hq: 3,
+    hkv: 1,
+    d: 128,
+};
 
 #[test]
 fn simt_kernels_match_the_reference_on_rounded_operands() {
-    let Some(g) = executor(F16Attention::Simt) else { return };
+    let Some(g) = executor(F16Attention::Simt) else {
+        return;
+    };
     for (i, c) in CASES.into_iter().chain([CASE_128]).enumerate() {
         check(&g, c, 10 + i as u64, TOL_SIMT, true).unwrap();
     }
@@ -125,7 +159,9 @@ fn simt_kernels_match_the_reference_on_rounded_operands() {
 
 #[test]
 fn emulated_tensor_core_kernels_match_the_reference() {
-    let Some(g) = executor(F16Attention::CoopEmulated) else { return };
+    let Some(g) = executor(F16Attention::CoopEmulated) else {
+        return;
+    };
     for (i, c) in CASES.into_iter().enumerate() {
         check(&g, c, 20 + i as u64, TOL_COOP, true).unwrap();
     }
@@ -138,12 +174,20 @@ fn emulated_tensor_core_kernels_match_the_reference() {
 
 #[test]
 fn tensor_core_kernels_match_the_reference() {
-    let Some(g) = executor(F16Attention::Coop) else { return };
+    let Some(g) = executor(F16Attention::Coop) else {
+        return;
+    };
     for (i, c) in CASES.into_iter().chain([CASE_128]).enumerate() {
         check(&g, c, 40 + i as u64, TOL_COOP, true).unwrap();
     }
     // Several blocks of every kind, the diagonal tiles at many offsets.
-    let big = Case { b: 2, t: 300, hq: 32, hkv: 8, d: 128 };
+    let big = Case {
+        b: 2,
+        t: 300,
+        hq: 32,
+        hkv: 8,
+        d: 128,
+    };
     check(&g, big, 50, TOL_COOP, true).unwrap();
 }
 
@@ -160,6 +204,9 @@ fn forcing_tensor_cores_without_them_is_refused() {
             ..Default::default()
         },
     );
-    let e = g.set_compute_precision(ComputePrecision::F16).unwrap_err().to_string();
+    let e = g
+        .set_compute_precision(ComputePrecision::F16)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("tensor-core attention"), "{e}");
 }

@@ -15,7 +15,9 @@ const F16: CpuExecutor = CpuExecutor::with_precision(ComputePrecision::F16);
 fn quantize(x: &[f32]) -> Vec<f64> {
     let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let s = 2f64.powi(f16_scale_exponent(max));
-    x.iter().map(|&v| f16::from_f64(v as f64 / s).to_f64() * s).collect()
+    x.iter()
+        .map(|&v| f16::from_f64(v as f64 / s).to_f64() * s)
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -60,7 +62,9 @@ fn reference(n: Dims, q: &[f64], k: &[f64], v: &[f64], dout: &[f64]) -> Grads {
         for h in 0..n.hq {
             for i in 0..n.t {
                 let qi = &q[n.q(b, i, h)..][..n.d];
-                let s: Vec<f64> = (0..=i).map(|j| dot(qi, &k[n.kv(b, j, h)..][..n.d]) * sc).collect();
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| dot(qi, &k[n.kv(b, j, h)..][..n.d]) * sc)
+                    .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 let lse = m + l.ln();
@@ -94,7 +98,10 @@ fn random(rng: &mut SeededRng, len: usize, scale: f64) -> Vec<f32> {
 
 /// Runs `ex`'s attention forward and backward on the given operands.
 fn run(ex: &CpuExecutor, n: Dims, x: [&[f32]; 4]) -> [Vec<f32>; 5] {
-    let t = |shape: Vec<usize>, v: &[f32]| ex.upload(&HostTensor::from_f32(shape, v.to_vec()).unwrap()).unwrap();
+    let t = |shape: Vec<usize>, v: &[f32]| {
+        ex.upload(&HostTensor::from_f32(shape, v.to_vec()).unwrap())
+            .unwrap()
+    };
     let (qs, ks) = (vec![n.b, n.t, n.hq, n.d], vec![n.b, n.t, n.hkv, n.d]);
     let (q, k, v, dout) = (t(qs.clone(), x[0]), t(ks.clone(), x[1]), t(ks, x[2]), t(qs, x[3]));
     let f = ex.attention(&q, &k, &v).unwrap();
@@ -107,7 +114,13 @@ fn check(n: Dims, seed: u64, scales: [f64; 4]) {
     let lens = [n.hq, n.hkv, n.hkv, n.hq].map(|h| n.b * n.t * h * n.d);
     let x: Vec<Vec<f32>> = (0..4).map(|i| random(&mut rng, lens[i], scales[i])).collect();
     let got = run(&F16, n, [&x[0], &x[1], &x[2], &x[3]]);
-    let r = reference(n, &quantize(&x[0]), &quantize(&x[1]), &quantize(&x[2]), &quantize(&x[3]));
+    let r = reference(
+        n,
+        &quantize(&x[0]),
+        &quantize(&x[1]),
+        &quantize(&x[2]),
+        &quantize(&x[3]),
+    );
     let want = [&r.out, &r.lse, &r.dq, &r.dk, &r.dv];
     for (name, (g, w)) in ["out", "lse", "dq", "dk", "dv"].iter().zip(got.iter().zip(want)) {
         let e = rel_norm_err(g, w);
@@ -123,10 +136,34 @@ fn check(n: Dims, seed: u64, scales: [f64; 4]) {
 fn f16_attention_is_f32_attention_of_the_rounded_operands() {
     // T not a multiple of any tile, T = 1, GQA 6/2, D = 80, B > 1.
     let cases = [
-        Dims { b: 2, t: 13, hq: 6, hkv: 2, d: 80 },
-        Dims { b: 1, t: 1, hq: 4, hkv: 1, d: 64 },
-        Dims { b: 1, t: 37, hq: 8, hkv: 1, d: 16 },
-        Dims { b: 3, t: 5, hq: 2, hkv: 2, d: 24 },
+        Dims {
+            b: 2,
+            t: 13,
+            hq: 6,
+            hkv: 2,
+            d: 80,
+        },
+        Dims {
+            b: 1,
+            t: 1,
+            hq: 4,
+            hkv: 1,
+            d: 64,
+        },
+        Dims {
+            b: 1,
+            t: 37,
+            hq: 8,
+            hkv: 1,
+            d: 16,
+        },
+        Dims {
+            b: 3,
+            t: 5,
+            hq: 2,
+            hkv: 2,
+            d: 24,
+        },
     ];
     for (i, n) in cases.into_iter().enumerate() {
         check(n, 7 + i as u64, [1.0, 1.0, 1.0, 1.0]);
@@ -137,14 +174,26 @@ fn f16_attention_is_f32_attention_of_the_rounded_operands() {
 fn each_operand_is_scaled_on_its_own() {
     // Magnitudes far outside f16's range, different per operand: only the
     // per-tensor power-of-two scale keeps them representable.
-    let n = Dims { b: 1, t: 9, hq: 2, hkv: 1, d: 32 };
+    let n = Dims {
+        b: 1,
+        t: 9,
+        hq: 2,
+        hkv: 1,
+        d: 32,
+    };
     check(n, 3, [1e-6, 3e5, 1e-9, 1e7]);
     check(n, 4, [2e4, 1e-5, 6e6, 1e-12]);
 }
 
 #[test]
 fn f32_attention_is_unchanged() {
-    let n = Dims { b: 1, t: 11, hq: 3, hkv: 1, d: 8 };
+    let n = Dims {
+        b: 1,
+        t: 11,
+        hq: 3,
+        hkv: 1,
+        d: 8,
+    };
     let mut rng = SeededRng::new(11);
     let lens = [n.hq, n.hkv, n.hkv, n.hq].map(|h| n.b * n.t * h * n.d);
     let x: Vec<Vec<f32>> = (0..4).map(|i| random(&mut rng, lens[i], 1.0)).collect();

@@ -74,7 +74,13 @@ impl GpuExecutor {
     /// The pipeline of `pass` for this shape, refused with the reason where
     /// the adapter cannot run it (workgroup memory, the loop cap of drivers
     /// that have one).
-    fn coop_variant(&self, name: &'static str, pass: AttnPass, d: &Dims, emulated: bool) -> Result<CoopAttention> {
+    fn coop_variant(
+        &self,
+        name: &'static str,
+        pass: AttnPass,
+        d: &Dims,
+        emulated: bool,
+    ) -> Result<CoopAttention> {
         let v = CoopAttention {
             pass,
             d: d.d as u32,
@@ -143,7 +149,18 @@ impl GpuExecutor {
             let vv = self.view(v, b0 * ke, nb * ke)?;
             let ov = self.view(&out, b0 * qe, nb * qe)?;
             let lv = self.view(&lse, b0 * le, nb * le)?;
-            let offs = [qv.elem_off, kv.elem_off, vv.elem_off, ov.elem_off, lv.elem_off, 0, 0, 0, 0, 0];
+            let offs = [
+                qv.elem_off,
+                kv.elem_off,
+                vv.elem_off,
+                ov.elem_off,
+                lv.elem_off,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ];
             let params = coop_params(d, offs, [0, 1, 2, NO_SCALE]);
             let grid = Self::coop_grid(&var, d, nb);
             op.dispatch(Kernel::AttnCoop(var), &params, &[qv, kv, vv, ov, sv, lv], grid);
@@ -191,7 +208,12 @@ impl GpuExecutor {
             dp[15] = 3;
             dp[17] = u(d.t);
             let rows = d.t.div_ceil(64) as u32;
-            op.dispatch(Kernel::AttnDelta, &dp, &[ov, dov, ddv], [rows, d.hq as u32, nb as u32]);
+            op.dispatch(
+                Kernel::AttnDelta,
+                &dp,
+                &[ov, dov, ddv],
+                [rows, d.hq as u32, nb as u32],
+            );
             let offs = [
                 qv.elem_off,
                 kv.elem_off,

@@ -14,8 +14,8 @@ mod norm;
 mod record;
 mod transport_impl;
 
-pub use bind_groups::BindGroupStats;
 pub use attention::F16Attention;
+pub use bind_groups::BindGroupStats;
 pub use matmul::F16Matmul;
 
 use std::sync::Arc;
