@@ -48,6 +48,9 @@ pub struct SimtMatmul {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matmul(SimtMatmul),
+    /// Whole 128x128 tiles of a SIMT matmul, layout fixed (the edges run
+    /// on [`Kernel::Matmul`]).
+    MatmulInterior(crate::simt::SimtInterior),
     /// A tensor-core matmul; only on devices with cooperative matrices.
     MatmulCoop(crate::coop::CoopMatmul),
     AbsmaxF32,
@@ -97,6 +100,7 @@ impl Kernel {
                 }
             }
         }
+        v.extend(crate::simt::SimtInterior::all().into_iter().map(MatmulInterior));
         v.extend([
             AbsmaxF32,
             AbsmaxBf16,
@@ -161,6 +165,13 @@ impl Kernel {
                     source,
                     entry: "main",
                     bindings,
+                };
+            }
+            MatmulInterior(v) => {
+                return KernelSpec {
+                    source: v.source(),
+                    entry: "main",
+                    bindings: v.bindings(),
                 };
             }
             MatmulCoop(v) => {

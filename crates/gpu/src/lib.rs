@@ -11,6 +11,7 @@ mod error;
 mod exec;
 mod kernels;
 mod profile;
+mod simt;
 mod tensor;
 mod transport;
 

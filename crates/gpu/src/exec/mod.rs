@@ -30,8 +30,8 @@ use crate::tensor::GpuTensor;
 use crate::{GpuContext, GpuError};
 use bind_groups::BindGroupCache;
 pub(crate) use binding::View;
-pub(crate) use record::{Op, grid_for};
 use record::UNIFORM_RING_BYTES;
+pub(crate) use record::{Op, grid_for};
 
 /// Options that change how the executor runs, not what it computes.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +46,9 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Forces the matmul tile (64 or 128) instead of choosing by size.
     pub matmul_tile: Option<u32>,
+    /// Runs every SIMT product wholly on the checked kernel, without the
+    /// 128-tile interior pipelines (for comparing the two).
+    pub checked_matmul_only: bool,
     /// Most loop iterations one shader invocation may run; work is split over
     /// more dispatches to stay under it. `None`: the adapter's own (llvmpipe
     /// silently ends every loop after 65535 back-edges per invocation; other
@@ -70,6 +73,7 @@ pub struct GpuExecutor {
     align: u64,
     poison: bool,
     matmul_tile: Option<u32>,
+    simt_interior: bool,
     f16_matmul: F16Matmul,
     f16_attention: F16Attention,
     precision: megatrain_tensor::ComputePrecision,
@@ -96,7 +100,6 @@ struct Timestamps {
     read: wgpu::Buffer,
     period_ns: f64,
 }
-
 
 pub(crate) fn f(x: f32) -> u32 {
     x.to_bits()
@@ -181,6 +184,7 @@ impl GpuExecutor {
             align,
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
+            simt_interior: !opts.checked_matmul_only,
             f16_matmul: opts.f16_matmul,
             f16_attention: opts.f16_attention,
             precision: Default::default(),
