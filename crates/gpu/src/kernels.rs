@@ -20,6 +20,7 @@ const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 const NORM: &str = include_str!("../../../shaders/norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
+const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 
@@ -73,6 +74,11 @@ pub enum Kernel {
     AttnDelta,
     AttnDq,
     AttnDkv,
+    /// Rounds an attention operand to f16 under its tensor's scale.
+    AttnRound16,
+    /// A tensor-core flash-attention kernel (real ones need cooperative
+    /// matrices; emulated ones run anywhere).
+    AttnCoop(crate::coop_attention::CoopAttention),
     CrossEntropy,
     GatherF32,
     GatherBf16,
@@ -117,6 +123,7 @@ impl Kernel {
             AttnDelta,
             AttnDq,
             AttnDkv,
+            AttnRound16,
             CrossEntropy,
             GatherF32,
             GatherBf16,
@@ -174,6 +181,19 @@ impl Kernel {
                     bindings: &[1, 2, 3, 4, 5],
                 };
             }
+            AttnCoop(v) => {
+                use crate::coop_attention::AttnPass;
+                let bindings: &'static [u32] = match v.pass {
+                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6],
+                    AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11],
+                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11],
+                };
+                return KernelSpec {
+                    source: v.source(),
+                    entry: "main",
+                    bindings,
+                };
+            }
             AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),
             AbsmaxBf16 => (&[ABSMAX], "absmax_bf16", &[2, 3]),
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
@@ -195,6 +215,7 @@ impl Kernel {
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq => (&[ATTENTION], "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv => (&[ATTENTION], "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),
+            AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             CrossEntropy => (&[CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4]),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
             GatherBf16 => (&[EMBEDDING], "gather_bf16", &[1, 3, 4]),

@@ -2,6 +2,7 @@
 //! implementation of every [`megatrain_tensor::Executor`] op.
 
 mod attention;
+mod attention_coop;
 mod bind_groups;
 mod binding;
 mod buffers;
@@ -13,6 +14,7 @@ mod norm;
 mod record;
 mod transport_impl;
 
+pub use attention::F16Attention;
 pub use bind_groups::BindGroupStats;
 pub use matmul::F16Matmul;
 
@@ -66,6 +68,9 @@ pub struct GpuOptions {
     /// Threads that copy into and out of mapped memory (`None`: every
     /// core, at most 16).
     pub copy_threads: Option<usize>,
+    /// The kernels of attention under the F16 compute precision (`Auto`:
+    /// tensor cores where the adapter has cooperative matrices).
+    pub f16_attention: F16Attention,
 }
 
 pub struct GpuExecutor {
@@ -78,6 +83,7 @@ pub struct GpuExecutor {
     matmul_tile: Option<u32>,
     simt_interior: bool,
     f16_matmul: F16Matmul,
+    f16_attention: F16Attention,
     precision: megatrain_tensor::ComputePrecision,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
@@ -188,6 +194,7 @@ impl GpuExecutor {
             matmul_tile: opts.matmul_tile,
             simt_interior: !opts.checked_matmul_only,
             f16_matmul: opts.f16_matmul,
+            f16_attention: opts.f16_attention,
             precision: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
