@@ -16,7 +16,8 @@ struct Params {
     a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
     a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
     ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
-    // Used by the cooperative-matrix kernels only (one layout for both).
+    // The grid's first tile (in tiles): edge strips around an interior run
+    // on another pipeline (matmul_interior.wgsl, matmul_coop.wgsl).
     tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
 }
 
@@ -54,8 +55,8 @@ fn main(
     let tb = (p.flags & TRANS_B) != 0u;
     let a_base = p.a_off + wid.z * p.a_bstride;
     let b_base = p.b_off + wid.z * p.b_bstride;
-    let m0 = wid.y * BM;
-    let n0 = wid.x * BN;
+    let m0 = (wid.y + p.tile_y0) * BM;
+    let n0 = (wid.x + p.tile_x0) * BN;
     let tx = lid.x;
     let ty = lid.y;
 

@@ -356,9 +356,22 @@ fn warm_steps_allocate_nothing_on_the_device() {
         }
         let warm = counts(&tr);
         let reused = tr.executor().bind_group_stats().reused;
+        let made = tr.executor().transport_stats().buffers_created;
         for i in 6..9 {
-            tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+            let m = tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+            // The bus time is the part of the transfer calls spent moving bytes.
+            let calls = m.upload_ms + m.download_ms;
+            assert!(m.bus_ms > 0.0 && m.bus_ms <= calls + 0.05, "{transport}: {m:?}");
+            assert!(
+                m.bus_ms + m.transfer_wait_compute_ms <= calls + 0.05,
+                "{transport}: {m:?}"
+            );
         }
+        assert_eq!(
+            tr.executor().transport_stats().buffers_created,
+            made,
+            "{transport}: staging or readback buffers made once warm"
+        );
         eprintln!("{transport}: warm (bind groups made, device allocations, transport bytes) = {warm:?}");
         assert_eq!(
             counts(&tr),

@@ -2,7 +2,10 @@
 //! (2·M·N·K per product), so its Gelem/s reads as GFLOP/s (1000 Gelem/s =
 //! 1 TFLOP/s).
 //!
-//! Rows are named `{M}x{K}x{N}_{layout}_{b dtype}` (the f32 tiled kernel),
+//! Rows are named `{M}x{K}x{N}_{layout}_{b dtype}` (the f32 tiled kernel:
+//! whole 128x128 tiles on its interior pipelines, edges checked),
+//! `checked_…` (the same products wholly on the checked kernel, as before
+//! the interior pipelines),
 //! `f16_simt_…` (the same kernel rounding operands to f16) and
 //! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…` (the tensor-core
 //! tiles, only where the adapter has cooperative matrices).
@@ -78,9 +81,21 @@ fn bench(c: &mut Criterion) {
             (4096, 4096, 4096, nn, DType::F32),
             (4096, 4096, 4096, nt, DType::F32),
             (4096, 4096, 4096, nt, DType::BF16),
+            (8192, 8192, 8192, nn, DType::F32),
+            (4096, 3584, 18944, nt, DType::F32),
+            (4096, 18944, 3584, nn, DType::F32),
+            (18944, 4096, 3584, tn, DType::F32),
         ]);
     }
     run(c, &g, None, "", &shapes);
+    let checked = GpuExecutor::with_options(
+        g.context().clone(),
+        GpuOptions {
+            checked_matmul_only: true,
+            ..Default::default()
+        },
+    );
+    run(c, &checked, Some(&g), "checked_", &shapes);
 
     // f16: square products, and a 7B layer's MLP at 4096 tokens (hidden
     // 3584, intermediate 18944; weights [out, in] in f16): forward x·Wᵀ,

@@ -360,7 +360,7 @@ impl CoopMatmul {
 }
 
 /// The text of `//// name` up to the next section of matmul_coop.wgsl.
-fn section(name: &str) -> &'static str {
+pub(crate) fn section(name: &str) -> &'static str {
     let marker = format!("//// {name}\n");
     let start = COOP
         .find(&marker)

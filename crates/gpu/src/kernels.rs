@@ -20,6 +20,7 @@ const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 const NORM: &str = include_str!("../../../shaders/norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
+const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 
@@ -47,6 +48,9 @@ pub struct SimtMatmul {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matmul(SimtMatmul),
+    /// Whole 128x128 tiles of a SIMT matmul, layout fixed (the edges run
+    /// on [`Kernel::Matmul`]).
+    MatmulInterior(crate::simt::SimtInterior),
     /// A tensor-core matmul; only on devices with cooperative matrices.
     MatmulCoop(crate::coop::CoopMatmul),
     AbsmaxF32,
@@ -77,6 +81,11 @@ pub enum Kernel {
     AttnDelta,
     AttnDq,
     AttnDkv,
+    /// Rounds an attention operand to f16 under its tensor's scale.
+    AttnRound16,
+    /// A tensor-core flash-attention kernel (real ones need cooperative
+    /// matrices; emulated ones run anywhere).
+    AttnCoop(crate::coop_attention::CoopAttention),
     CrossEntropy,
     GatherF32,
     GatherBf16,
@@ -98,6 +107,7 @@ impl Kernel {
                 }
             }
         }
+        v.extend(crate::simt::SimtInterior::all().into_iter().map(MatmulInterior));
         v.extend([
             AbsmaxF32,
             AbsmaxBf16,
@@ -127,6 +137,7 @@ impl Kernel {
             AttnDelta,
             AttnDq,
             AttnDkv,
+            AttnRound16,
             CrossEntropy,
             GatherF32,
             GatherBf16,
@@ -170,11 +181,31 @@ impl Kernel {
                     bindings,
                 };
             }
+            MatmulInterior(v) => {
+                return KernelSpec {
+                    source: v.source(),
+                    entry: "main",
+                    bindings: v.bindings(),
+                };
+            }
             MatmulCoop(v) => {
                 return KernelSpec {
                     source: v.source(),
                     entry: "main",
                     bindings: &[1, 2, 3, 4, 5],
+                };
+            }
+            AttnCoop(v) => {
+                use crate::coop_attention::AttnPass;
+                let bindings: &'static [u32] = match v.pass {
+                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6],
+                    AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11],
+                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11],
+                };
+                return KernelSpec {
+                    source: v.source(),
+                    entry: "main",
+                    bindings,
                 };
             }
             AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),
@@ -205,6 +236,7 @@ impl Kernel {
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq => (&[ATTENTION], "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv => (&[ATTENTION], "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),
+            AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             CrossEntropy => (&[CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4]),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
             GatherBf16 => (&[EMBEDDING], "gather_bf16", &[1, 3, 4]),

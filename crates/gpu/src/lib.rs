@@ -5,19 +5,22 @@
 mod arena;
 mod context;
 mod coop;
+mod coop_attention;
 pub mod diagnose;
 mod error;
 mod exec;
 mod kernels;
 mod profile;
+mod simt;
 mod tensor;
 mod transport;
 
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
+pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
-pub use exec::{BindGroupStats, F16Matmul, GpuExecutor, GpuOptions};
+pub use exec::{BindGroupStats, F16Attention, F16Matmul, GpuExecutor, GpuOptions};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;

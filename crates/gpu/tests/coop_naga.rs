@@ -5,15 +5,19 @@
 //! The software-emulated variants (run on lavapipe by tests/f16.rs) go
 //! through the same steps without either capability.
 
-use megatrain_gpu::CoopMatmul;
+use megatrain_gpu::{CoopAttention, CoopMatmul};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
 fn compile(v: &CoopMatmul) -> Result<Vec<u32>, String> {
-    let src = v.source();
+    compile_source(&v.source(), v.emulated)
+}
+
+fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
+    let src = src.to_string();
     let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     // The software variants need neither (only unpack2x16float, which every
     // wgpu adapter offers).
-    let caps = if v.emulated {
+    let caps = if emulated {
         Capabilities::SHADER_FLOAT16_IN_FLOAT32
     } else {
         Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
@@ -39,6 +43,27 @@ fn every_tensor_core_variant_compiles_to_spirv() {
     let mut failed = Vec::new();
     for v in &all {
         match std::panic::catch_unwind(|| compile(v)) {
+            Ok(Ok(words)) => assert!(words.len() > 100, "{}: empty module", v.label()),
+            Ok(Err(e)) => failed.push(format!("{}:\n{e}", v.label())),
+            Err(_) => failed.push(format!("{}: naga panicked", v.label())),
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} variants fail:\n{}",
+        failed.len(),
+        all.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn every_flash_attention_variant_compiles_to_spirv() {
+    let all = CoopAttention::all();
+    assert_eq!(all.len(), 3 * 4 * 2);
+    let mut failed = Vec::new();
+    for v in &all {
+        match std::panic::catch_unwind(|| compile_source(&v.source(), v.emulated)) {
             Ok(Ok(words)) => assert!(words.len() > 100, "{}: empty module", v.label()),
             Ok(Err(e)) => failed.push(format!("{}:\n{e}", v.label())),
             Err(_) => failed.push(format!("{}: naga panicked", v.label())),

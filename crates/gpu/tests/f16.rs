@@ -15,7 +15,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use common::matmul_case::{Case, case, operands};
+use common::matmul_case::{Case, case, interior_cases, operands};
 use common::*;
 use megatrain_gpu::{CoopTile, F16Matmul, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{
@@ -211,6 +211,18 @@ proptest! {
             check(g, &c, DType::F32, 0.25);
             check(g, &c, DType::F16, 1.0);
         }
+    }
+}
+
+/// The SIMT interior pipelines round their operands as the checked kernel
+/// does (f32, bf16 and f16 B; the scales of the f16 precision).
+#[test]
+fn simt_f16_interior_tiles_match_host_reference() {
+    let Some(g) = simt(2) else { return };
+    for c in interior_cases() {
+        check(g, &c, DType::F32, 3.0);
+        check(g, &c, DType::BF16, 1.0);
+        check(g, &c, DType::F16, 0.5);
     }
 }
 

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::matmul_case::{Case, case, operands};
+use common::matmul_case::{Case, case, interior_cases, operands};
 use common::*;
-use megatrain_gpu::GpuExecutor;
+use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{DType, Executor, MatmulNeeds, Transpose};
 use proptest::prelude::*;
 
@@ -95,6 +95,50 @@ proptest! {
         check(g, &c, DType::F32);
         check(g, &c, DType::BF16);
         check(g, &c, DType::F16);
+    }
+}
+
+#[test]
+fn interior_tiles_and_edges_match_cpu_for_every_layout_and_b() {
+    let Some(g) = gpu_big_tile() else { return };
+    for c in interior_cases() {
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            check(g, &c, dtype);
+        }
+    }
+}
+
+/// Operands larger than one binding are multiplied block by block; blocks
+/// of whole tiles still run on the interior pipelines, at offsets inside
+/// their ranges.
+#[test]
+fn interior_tiles_inside_binding_ranges_match_cpu() {
+    let Some(c) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        c,
+        GpuOptions {
+            poison_outputs: true,
+            matmul_tile: Some(128),
+            max_binding_bytes: Some(128 << 10),
+            ..Default::default()
+        },
+    );
+    for (i, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+        .into_iter()
+        .enumerate()
+    {
+        let c = Case {
+            batch: vec![],
+            m: 300,
+            n: 260,
+            k: 272,
+            t,
+            shared_b: true,
+            bias: i % 2 == 1,
+            seed: 90 + i as u64,
+        };
+        check(&g, &c, DType::F32);
+        check(&g, &c, DType::BF16);
     }
 }
 

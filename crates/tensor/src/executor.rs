@@ -16,7 +16,7 @@
 
 use crate::{
     ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo,
-    WeightSlot, WeightUpload,
+    TransportStats, WeightSlot, WeightUpload,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -228,6 +228,12 @@ pub trait Executor {
     fn prepare_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<Option<TransportInfo>> {
         let _ = (layer_bytes, grad_bytes);
         Ok(None)
+    }
+
+    /// Where the time of this executor's transfers went so far (see
+    /// [`TransportStats`]); `None` for executors without a bus.
+    fn transport_stats(&self) -> Option<TransportStats> {
+        None
     }
 
     /// Live and peak bytes of executor-owned memory, for executors that

@@ -10,6 +10,21 @@
 //! chosen over dynamic loss scaling because the optimizer updates a layer
 //! as soon as its gradients land: an overflow found in an earlier layer
 //! later in the backward could no longer skip the step.
+//!
+//! Attention under `F16` (the reference every executor matches): Q, K and V
+//! — and dO in the backward — are each scaled by their own power of two,
+//! rounded to f16 and scaled back exactly as matmul operands are
+//! (`round_f16(x · 2^-e) · 2^e`, e from the tensor's max|x|); everything
+//! after that is the f32 attention: S = QKᵀ/√D, the softmax and its
+//! log-sum-exp, O = PV, D = rowsum(dO ∘ O) and every backward product, all
+//! in f32. `out` and `lse` handed to the backward are the forward's f32
+//! results. The tensor-core kernels also round P (forward and backward,
+//! P ≤ 1 so no scale) and dS (scaled by the power of two that bounds
+//! |dS| ≤ 2·D·max|dO|·max|V|, so it cannot overflow) to f16 before their
+//! products; the reference does not model those two roundings, whose
+//! relative effect (≤ 2^-11 per element, averaging in the sums) the tests'
+//! tolerance covers. The SIMT kernels compute the reference exactly (up to
+//! summation order).
 
 use half::f16;
 

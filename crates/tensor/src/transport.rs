@@ -86,3 +86,91 @@ pub struct TransportInfo {
     /// download) measured for each candidate.
     pub measured_ms: Vec<(String, f64)>,
 }
+
+/// Where the time of an executor's transfers went, summed since it was
+/// created (callers diff two snapshots). Kept by the transports with a few
+/// clock reads per transfer. "Bus" time is the host copying bytes or
+/// waiting on a copy whose predecessors on the queue had finished; time
+/// waiting on compute queued before a copy is counted apart, so that a
+/// step's bus rate is not diluted by the kernels it overlaps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TransportStats {
+    pub uploads: u64,
+    pub bytes_up: u64,
+    /// The CPU writing layers into mapped staging or slot memory.
+    pub up_fill_ns: u64,
+    /// Unmapping, encoding and submitting the copies, requesting remaps.
+    pub up_submit_ns: u64,
+    /// Waiting for a ring entry (or slot) while the device still ran work
+    /// queued before its last copy (compute, not the bus).
+    pub up_wait_compute_ns: u64,
+    /// Waiting for a ring entry's own copy and remap (the bus).
+    pub up_wait_copy_ns: u64,
+    pub downloads: u64,
+    pub bytes_down: u64,
+    /// Encoding and submitting the copies into readback buffers.
+    pub down_submit_ns: u64,
+    /// Waiting for work queued before a download's copy (compute).
+    pub down_wait_compute_ns: u64,
+    /// Waiting for the copy itself and the mapping (the bus).
+    pub down_wait_copy_ns: u64,
+    /// The CPU reading (and widening) mapped readback memory.
+    pub down_read_ns: u64,
+    /// Host-visible buffers created (staging entries, readback buffers):
+    /// constant once warm.
+    pub buffers_created: u64,
+}
+
+impl TransportStats {
+    fn ms(ns: u64) -> f64 {
+        ns as f64 / 1e6
+    }
+
+    /// Milliseconds the host spent moving upload bytes (fill, submit, copy waits).
+    pub fn up_bus_ms(&self) -> f64 {
+        Self::ms(self.up_fill_ns + self.up_submit_ns + self.up_wait_copy_ns)
+    }
+
+    /// Milliseconds the host spent moving download bytes (submit, copy waits, read).
+    pub fn down_bus_ms(&self) -> f64 {
+        Self::ms(self.down_submit_ns + self.down_wait_copy_ns + self.down_read_ns)
+    }
+
+    /// Milliseconds spent waiting on compute inside transfer calls.
+    pub fn wait_compute_ms(&self) -> f64 {
+        Self::ms(self.up_wait_compute_ns + self.down_wait_compute_ns)
+    }
+
+    /// `self − earlier`, field by field (saturating).
+    pub fn since(&self, earlier: &TransportStats) -> TransportStats {
+        self.zip(earlier, u64::saturating_sub)
+    }
+
+    /// `self + other`, field by field.
+    pub fn plus(&self, other: &TransportStats) -> TransportStats {
+        self.zip(other, u64::saturating_add)
+    }
+
+    fn zip(&self, o: &TransportStats, f: fn(u64, u64) -> u64) -> TransportStats {
+        macro_rules! each {
+            ($($field:ident),*) => {
+                TransportStats { $($field: f(self.$field, o.$field)),* }
+            };
+        }
+        each!(
+            uploads,
+            bytes_up,
+            up_fill_ns,
+            up_submit_ns,
+            up_wait_compute_ns,
+            up_wait_copy_ns,
+            downloads,
+            bytes_down,
+            down_submit_ns,
+            down_wait_compute_ns,
+            down_wait_copy_ns,
+            down_read_ns,
+            buffers_created
+        )
+    }
+}

@@ -185,8 +185,11 @@ fn run_on<E: Executor>(
 fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> anyhow::Result<Modes> {
     let reps = spec.mode_reps;
     let mut transfer = Vec::with_capacity(reps);
+    let mut transfer_bytes = 0;
     for _ in 0..=reps {
-        transfer.push(tr.transfer_only()?.ms);
+        let t = tr.transfer_only()?;
+        transfer_bytes = t.bytes_uploaded + t.bytes_downloaded;
+        transfer.push(t.ms);
     }
     let mut optimizer = Vec::with_capacity(reps);
     for _ in 0..=reps {
@@ -199,9 +202,15 @@ fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> an
     }
     // The first run of each is a warm-up.
     let tail = |v: Vec<f64>| median(&v[1..]);
+    let transfer_ms = tail(transfer);
     Ok(Modes {
         compute_only_ms: tail(compute),
-        transfer_only_ms: tail(transfer),
+        transfer_only_ms: transfer_ms,
+        transfer_only_gb_s: if transfer_ms > 0.0 {
+            transfer_bytes as f64 / (transfer_ms / 1e3) / 1e9
+        } else {
+            0.0
+        },
         optimizer_only_ms: tail(optimizer),
         reps,
     })
@@ -240,6 +249,13 @@ mod tests {
         assert!(r.peak_rss_bytes > 0 && r.host_bytes_per_param > 14.0);
         let m = r.modes.as_ref().unwrap();
         assert!(m.compute_only_ms > 0.0 && m.transfer_only_ms > 0.0 && m.optimizer_only_ms > 0.0);
+        let moved = (r.bytes_uploaded_per_step + r.bytes_downloaded_per_step) as f64;
+        let want = moved / (m.transfer_only_ms / 1e3) / 1e9;
+        assert!(
+            (m.transfer_only_gb_s - want).abs() <= 1e-9 * want,
+            "{} vs {want}",
+            m.transfer_only_gb_s
+        );
         assert!(r.overlap_efficiency.unwrap() > 0.0);
         // The CPU executor has no transport to choose: the fields say so.
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();

@@ -20,6 +20,9 @@ use super::spec::Spec;
 pub struct Modes {
     pub compute_only_ms: f64,
     pub transfer_only_ms: f64,
+    /// The transfer-only mode's bytes (up and down) ÷ its time, GB/s.
+    #[serde(default)]
+    pub transfer_only_gb_s: f64,
     pub optimizer_only_ms: f64,
     /// Timed repetitions of each (after one warm-up), median reported.
     pub reps: usize,
@@ -67,8 +70,17 @@ pub struct Record {
     pub bytes_downloaded_per_step: u64,
     pub bus_bytes_per_step: u64,
     pub bus_crossings: f64,
-    /// Bus bytes ÷ time inside upload and download calls.
+    /// Bus bytes ÷ the time spent moving them (the executor's transport
+    /// counters: CPU copies, submits, waits on the copies themselves, not
+    /// on compute queued before them); without counters (the CPU
+    /// executor), ÷ the time inside upload and download calls.
     pub bus_gb_s: f64,
+    /// Time inside transfer calls spent moving bytes, and waiting for
+    /// compute queued before a copy (means over the timed steps, ms).
+    #[serde(default)]
+    pub bus_ms: f64,
+    #[serde(default)]
+    pub transfer_wait_compute_ms: f64,
     /// Executor-accounted peak (None where the executor does not account,
     /// e.g. the CPU executor).
     pub device_peak_bytes: Option<u64>,
@@ -169,7 +181,13 @@ impl Record {
         let (model_flops, hw_flops) = flops(model, n_params, n_blocks, spec.batch, spec.seq_len);
         let up = mean(&steps, |m| m.bytes_uploaded as f64) as u64;
         let down = mean(&steps, |m| m.bytes_downloaded as f64) as u64;
-        let bus_ms = mean(&steps, |m| m.upload_ms + m.download_ms);
+        let bus_ms = mean(&steps, |m| {
+            if m.bus_ms > 0.0 {
+                m.bus_ms
+            } else {
+                m.upload_ms + m.download_ms
+            }
+        });
         let device_peak = steps.iter().map(|m| m.device_peak_bytes).max().filter(|&p| p > 0);
         let overlap = modes.as_ref().map(|m| {
             let bound = m.compute_only_ms.max(m.transfer_only_ms).max(m.optimizer_only_ms);
@@ -211,6 +229,8 @@ impl Record {
             } else {
                 0.0
             },
+            bus_ms,
+            transfer_wait_compute_ms: mean(&steps, |m| m.transfer_wait_compute_ms),
             device_peak_bytes: device_peak,
             peak_rss_bytes: peak_rss,
             baseline_rss_bytes: baseline_rss,

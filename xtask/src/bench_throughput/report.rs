@@ -68,14 +68,14 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
     s.push_str(
         "| config | device | fwd ms | loss ms | bwd ms | opt wait ms | upload ms | download ms | \
          bus MB/step | bus GB/s | opt hidden | device peak MB | host B/param | compute-only ms | \
-         transfer-only ms | optimizer-only ms | overlap (step ÷ max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         transfer-only ms | transfer-only GB/s | optimizer-only ms | overlap (step ÷ max) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in records {
         let m = r.modes.as_ref();
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {:.0}% | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {:.0}% | {} | {:.2} | {} | {} | {} | {} | {} |",
             r.spec.label,
             r.spec.device,
             r.forward_ms,
@@ -91,6 +91,7 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
             r.host_bytes_per_param,
             opt(m.map(|m| m.compute_only_ms), 1),
             opt(m.map(|m| m.transfer_only_ms), 1),
+            opt(m.map(|m| m.transfer_only_gb_s), 2),
             opt(m.map(|m| m.optimizer_only_ms), 1),
             opt(r.overlap_efficiency, 2),
         );

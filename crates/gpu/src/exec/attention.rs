@@ -1,6 +1,9 @@
 //! Fused causal attention (online-softmax forward, recomputing backward).
+//! Under the F16 compute precision the operands are first rounded
+//! (`attention_coop.rs`), then run on the tensor-core family or on these
+//! f32 kernels.
 
-use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
+use megatrain_tensor::{AttentionGrads, AttentionOut, ComputePrecision, Error, Result};
 
 use super::{GpuExecutor, f, need_f32, u};
 use crate::kernels::Kernel;
@@ -27,16 +30,33 @@ fn flags(i: usize, n: usize) -> u32 {
     (i == 0) as u32 | ((i + 1 == n) as u32) << 1
 }
 
-struct Dims {
-    b: usize,
-    t: usize,
-    hq: usize,
-    hkv: usize,
-    d: usize,
+/// Which kernels run attention under the F16 compute precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum F16Attention {
+    /// The tensor-core family where the adapter has cooperative matrices
+    /// (and the head dimension is one of the family's), else the SIMT
+    /// kernels on the rounded operands.
+    #[default]
+    Auto,
+    /// The f32 SIMT kernels on the rounded operands (any adapter).
+    Simt,
+    /// The tensor-core family (the adapter must have cooperative matrices).
+    Coop,
+    /// The tensor-core family with the cooperative-matrix operations
+    /// emulated in plain WGSL (any adapter, slowly; for tests).
+    CoopEmulated,
+}
+
+pub(crate) struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
 }
 
 impl GpuExecutor {
-    fn attn_dims(op: &'static str, q: &GpuTensor, k: &GpuTensor, v: &GpuTensor) -> Result<Dims> {
+    pub(crate) fn attn_dims(op: &'static str, q: &GpuTensor, k: &GpuTensor, v: &GpuTensor) -> Result<Dims> {
         for x in [q, k, v] {
             need_f32(op, x)?;
         }
@@ -78,6 +98,23 @@ impl GpuExecutor {
         v: &GpuTensor,
     ) -> Result<AttentionOut<GpuTensor>> {
         let d = Self::attn_dims("attention", q, k, v)?;
+        if self.precision == ComputePrecision::F16 {
+            let (r, maxima) = self.round_operands("attention", &[q, k, v])?;
+            return match self.coop_attention_kernel(d.d) {
+                Some(emulated) => self.attention_coop(&d, [&r[0], &r[1], &r[2]], &maxima, emulated),
+                None => self.attention_simt(&d, &r[0], &r[1], &r[2]),
+            };
+        }
+        self.attention_simt(&d, q, k, v)
+    }
+
+    fn attention_simt(
+        &self,
+        d: &Dims,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+    ) -> Result<AttentionOut<GpuTensor>> {
         let out = self.alloc_f32(q.shape.clone())?;
         let lse = self.alloc_f32([d.b, d.hq, d.t])?;
         // Running softmax sums between key ranges.
@@ -145,6 +182,27 @@ impl GpuExecutor {
                 ),
             ));
         }
+        if self.precision == ComputePrecision::F16 {
+            let (r, maxima) = self.round_operands(name, &[q, k, v, dout])?;
+            let ops = [&r[0], &r[1], &r[2], &r[3]];
+            return match self.coop_attention_kernel(d.d) {
+                Some(emulated) => self.attention_backward_coop(&d, ops, fwd, &maxima, emulated),
+                None => self.attention_backward_simt(&d, &r[0], &r[1], &r[2], fwd, &r[3]),
+            };
+        }
+        self.attention_backward_simt(&d, q, k, v, fwd, dout)
+    }
+
+    fn attention_backward_simt(
+        &self,
+        d: &Dims,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        fwd: &AttentionOut<GpuTensor>,
+        dout: &GpuTensor,
+    ) -> Result<AttentionGrads<GpuTensor>> {
+        let name = "attention_backward";
         let dq = self.alloc_f32(q.shape.clone())?;
         let dk = self.alloc_f32(k.shape.clone())?;
         let dv = self.alloc_f32(v.shape.clone())?;

@@ -32,6 +32,19 @@ impl Executor for GpuExecutor {
             }
             .into());
         }
+        if p == ComputePrecision::F16
+            && self.f16_attention == crate::F16Attention::Coop
+            && !self.ctx.has_cooperative_matrix()
+        {
+            return Err(crate::GpuError::Unsupported {
+                op: "set_compute_precision",
+                detail: format!(
+                    "tensor-core attention was asked for, but adapter '{}' has no 16x16x16 f16 cooperative matrices",
+                    self.ctx.info.name
+                ),
+            }
+            .into());
+        }
         self.precision = p;
         Ok(())
     }
@@ -75,6 +88,10 @@ impl Executor for GpuExecutor {
 
     fn prepare_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<Option<TransportInfo>> {
         self.prepare_transport_impl(layer_bytes, grad_bytes).map(Some)
+    }
+
+    fn transport_stats(&self) -> Option<megatrain_tensor::TransportStats> {
+        Some(GpuExecutor::transport_stats(self))
     }
 
     fn memory_stats(&self) -> Option<MemoryStats> {

@@ -10,6 +10,7 @@ use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds,
 use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
+use crate::simt::SimtInterior;
 use crate::tensor::GpuTensor;
 
 /// Which kernels run matmuls under the F16 compute precision.
@@ -303,10 +304,10 @@ impl GpuExecutor {
     }
 
     /// Records one product: `params` as matmul.wgsl's `Params`, `views` the
-    /// A, B, bias and C bindings, `batch` the grid's depth. The tensor-core
-    /// kernels run whole tiles on the interior pipeline (vector loads, no
-    /// bounds checks) when the operands allow it, and the M and N edge
-    /// strips on the checked one.
+    /// A, B, bias and C bindings, `batch` the grid's depth. The 128-wide
+    /// SIMT tile and the tensor-core kernels run whole tiles on an interior
+    /// pipeline (vector loads, no bounds checks) when the operands allow it,
+    /// and the M and N edge strips on the checked one.
     fn dispatch_mm(
         &self,
         op: &mut Op<'_>,
@@ -319,11 +320,48 @@ impl GpuExecutor {
         let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
         let mut all: Vec<View<'_>> = views.to_vec();
         all.extend(scale_view);
+        // Vector loads read four elements of the contiguous dimension at a
+        // 16-byte (f32) or 8-byte (f16) boundary: every start the kernel
+        // forms (offset, batch stride, leading dimension, tile origins) must
+        // be a multiple of 4 elements.
+        let aligned = [params[4], params[5], params[8], params[9], params[11], params[12]]
+            .iter()
+            .all(|x| x % 4 == 0);
+        let flags = params[3];
         let (tile, b_f16, emulated) = match path {
-            Path::Simt(v) => {
-                let t = if v.big { 128 } else { 64 };
-                let grid = [n.div_ceil(t) as u32, m.div_ceil(t) as u32, batch as u32];
+            Path::Simt(v) if !v.big => {
+                let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
                 op.dispatch(Kernel::Matmul(v), &params, &all, grid);
+                return;
+            }
+            Path::Simt(v) => {
+                // Whole tiles on the interior pipeline of the layout; the
+                // right strip (all rows) and the bottom strip left of it on
+                // the checked kernel.
+                let t = SimtInterior::TILE;
+                let (mt, nt) = (m.div_ceil(t), n.div_ceil(t));
+                let (mf, nf) = if self.simt_interior && aligned && k.is_multiple_of(SimtInterior::BK) {
+                    (m / t, n / t)
+                } else {
+                    (0, 0)
+                };
+                let interior = Kernel::MatmulInterior(SimtInterior {
+                    ta: flags & 1 != 0,
+                    tb: flags & 2 != 0,
+                    b: v.b,
+                    f16: v.f16,
+                });
+                for (kernel, x0, y0, gx, gy) in [
+                    (interior, 0, 0, nf, mf),
+                    (Kernel::Matmul(v), nf, 0, nt - nf, mt),
+                    (Kernel::Matmul(v), 0, mf, nf, mt - mf),
+                ] {
+                    if gx > 0 && gy > 0 {
+                        params[16] = x0 as u32;
+                        params[17] = y0 as u32;
+                        op.dispatch(kernel, &params, &all, [gx as u32, gy as u32, batch as u32]);
+                    }
+                }
                 return;
             }
             Path::Coop {
@@ -334,7 +372,6 @@ impl GpuExecutor {
         };
         let s = tile.shape();
         let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
-        let flags = params[3];
         let variant = |edge| CoopMatmul {
             tile,
             ta: flags & 1 != 0,
@@ -344,13 +381,6 @@ impl GpuExecutor {
             b_f16,
             emulated,
         };
-        // Vector loads read four elements of the contiguous dimension at a
-        // 16-byte (f32) or 8-byte (f16) boundary: every start the kernel
-        // forms (offset, batch stride, leading dimension, tile origins) must
-        // be a multiple of 4 elements.
-        let aligned = [params[4], params[5], params[8], params[9], params[11], params[12]]
-            .iter()
-            .all(|x| x % 4 == 0);
         let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));
         let (mf, nf) = if aligned && k.is_multiple_of(bk) {
             (m / bm, n / bn)

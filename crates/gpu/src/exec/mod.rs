@@ -2,6 +2,7 @@
 //! implementation of every [`megatrain_tensor::Executor`] op.
 
 mod attention;
+mod attention_coop;
 mod bind_groups;
 mod binding;
 mod buffers;
@@ -13,6 +14,7 @@ mod norm;
 mod record;
 mod transport_impl;
 
+pub use attention::F16Attention;
 pub use bind_groups::BindGroupStats;
 pub use matmul::F16Matmul;
 
@@ -28,8 +30,8 @@ use crate::tensor::GpuTensor;
 use crate::{GpuContext, GpuError};
 use bind_groups::BindGroupCache;
 pub(crate) use binding::View;
-pub(crate) use record::{Op, grid_for};
 use record::UNIFORM_RING_BYTES;
+pub(crate) use record::{Op, grid_for};
 
 /// Options that change how the executor runs, not what it computes.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +46,9 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Forces the matmul tile (64 or 128) instead of choosing by size.
     pub matmul_tile: Option<u32>,
+    /// Runs every SIMT product wholly on the checked kernel, without the
+    /// 128-tile interior pipelines (for comparing the two).
+    pub checked_matmul_only: bool,
     /// Most loop iterations one shader invocation may run; work is split over
     /// more dispatches to stay under it. `None`: the adapter's own (llvmpipe
     /// silently ends every loop after 65535 back-edges per invocation; other
@@ -55,6 +60,17 @@ pub struct GpuOptions {
     /// The kernels of matmuls under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_matmul: F16Matmul,
+    /// Entries in the staging transport's ring (`None`: 4).
+    pub staging_depth: Option<usize>,
+    /// Largest piece of a layer one staging entry carries; larger layers
+    /// go through the ring in pieces (`None`: 32 MiB).
+    pub staging_chunk_bytes: Option<u64>,
+    /// Threads that copy into and out of mapped memory (`None`: every
+    /// core, at most 16).
+    pub copy_threads: Option<usize>,
+    /// The kernels of attention under the F16 compute precision (`Auto`:
+    /// tensor cores where the adapter has cooperative matrices).
+    pub f16_attention: F16Attention,
 }
 
 pub struct GpuExecutor {
@@ -65,7 +81,9 @@ pub struct GpuExecutor {
     align: u64,
     poison: bool,
     matmul_tile: Option<u32>,
+    simt_interior: bool,
     f16_matmul: F16Matmul,
+    f16_attention: F16Attention,
     precision: megatrain_tensor::ComputePrecision,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
@@ -90,7 +108,6 @@ struct Timestamps {
     read: wgpu::Buffer,
     period_ns: f64,
 }
-
 
 pub(crate) fn f(x: f32) -> u32 {
     x.to_bits()
@@ -175,7 +192,9 @@ impl GpuExecutor {
             align,
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
+            simt_interior: !opts.checked_matmul_only,
             f16_matmul: opts.f16_matmul,
+            f16_attention: opts.f16_attention,
             precision: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
@@ -191,7 +210,7 @@ impl GpuExecutor {
             timestamps,
             bind_groups: BindGroupCache::default(),
             transport_choice: opts.transport,
-            transport: Default::default(),
+            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts)),
             ctx,
         }
     }

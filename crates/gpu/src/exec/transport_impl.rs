@@ -6,15 +6,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use megatrain_tensor::{
-    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, WeightSlot, WeightUpload,
+    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, TransportStats, WeightSlot,
+    WeightUpload,
 };
 
-use super::GpuExecutor;
+use super::{GpuExecutor, GpuOptions};
 use crate::GpuError;
 use crate::tensor::{GpuTensor, storage_bytes};
 use crate::transport::{
-    Link, MapState, MappedTransport, PendingRead, ReadbackPool, SlotBuffer, StagingTransport, Transport,
-    TransportChoice,
+    Image, Link, MapState, MappedTransport, PendingRead, ReadbackPool, SlotBuffer, StagingTransport,
+    Transport, TransportChoice, copy_pool,
 };
 
 /// One weight slot: a buffer laid out for one table, the tensors over it,
@@ -27,7 +28,6 @@ struct Slot {
     tensors: Vec<GpuTensor>,
 }
 
-#[derive(Default)]
 pub(crate) struct TransportState {
     /// The transport in use and why, once decided.
     active: Option<(TransportChoice, TransportInfo)>,
@@ -37,9 +37,40 @@ pub(crate) struct TransportState {
     readback: ReadbackPool,
     pending: HashMap<u64, PendingRead>,
     next_ticket: u64,
+    stats: TransportStats,
+    /// Threads copying into and out of mapped memory, and how many.
+    pool: Option<rayon::ThreadPool>,
+    copy_threads: usize,
 }
 
 impl TransportState {
+    pub(crate) fn new(opts: &GpuOptions) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        TransportState {
+            active: None,
+            staging: StagingTransport::new(
+                opts.staging_depth
+                    .unwrap_or(crate::transport::DEFAULT_STAGING_DEPTH),
+                opts.staging_chunk_bytes
+                    .unwrap_or(crate::transport::DEFAULT_STAGING_CHUNK),
+            ),
+            mapped: MappedTransport,
+            slots: HashMap::new(),
+            readback: ReadbackPool::default(),
+            pending: HashMap::new(),
+            next_ticket: 0,
+            stats: TransportStats::default(),
+            pool: None,
+            copy_threads: opts.copy_threads.unwrap_or(cores.min(16)).max(1),
+        }
+    }
+
+    /// The copy threads, started on first use.
+    fn pool(&mut self) -> &rayon::ThreadPool {
+        let n = self.copy_threads;
+        self.pool.get_or_insert_with(|| copy_pool(n))
+    }
+
     fn set_active(
         &mut self,
         c: TransportChoice,
@@ -134,6 +165,11 @@ impl GpuExecutor {
         st.active.as_ref().map(|(_, info)| info.clone())
     }
 
+    /// Where the time of the transfers went so far (see [`TransportStats`]).
+    pub fn transport_stats(&self) -> TransportStats {
+        self.transport.lock().expect("transport poisoned").stats
+    }
+
     /// Host-visible bytes the transports hold (upload ring, parked readback buffers).
     pub fn transport_host_bytes(&self) -> u64 {
         let st = self.transport.lock().expect("transport poisoned");
@@ -213,27 +249,23 @@ impl GpuExecutor {
                 self.bind_groups.clear();
             }
         }
-        // The mapping may be write-combined memory: write it once, in order,
-        // never read it back.
-        let mut fill = |mut dst: wgpu::WriteOnly<'_, [u8]>| {
-            for (p, &at) in params.iter().zip(&offsets) {
-                let at = at as usize;
-                let mut out = dst.slice(at..at + p.held_bytes() as usize);
-                match (p.data, p.dtype) {
-                    (HostSlice::F32(v), _) => out.copy_from_slice(bytemuck::cast_slice(v)),
-                    (HostSlice::BF16(v), DType::BF16) => out.copy_from_slice(bytemuck::cast_slice(v)),
-                    // Widened vectors (norm gains, biases): a small share.
-                    (HostSlice::BF16(v), _) => {
-                        out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes()))
-                    }
-                    (HostSlice::F16(v), DType::F16) => out.copy_from_slice(bytemuck::cast_slice(v)),
-                    (HostSlice::F16(v), _) => out.write_iter(v.iter().flat_map(|x| x.to_f32().to_le_bytes())),
-                }
-            }
+        let image = Image::new(params, &offsets, bytes);
+        st.pool();
+        let TransportState {
+            staging,
+            mapped,
+            slots,
+            stats,
+            pool,
+            ..
+        } = &mut *st;
+        let t: &mut dyn Transport = match choice {
+            TransportChoice::Mapped => mapped,
+            _ => staging,
         };
-        let (t, slots) = st.transport_and_slots(choice);
         let s = slots.get_mut(&slot).expect("slot just ensured");
-        t.write(&self.link(), &mut s.buffer, bytes, &mut fill)?;
+        let pool = pool.as_ref().expect("pool just started");
+        t.write(&self.link(), &mut s.buffer, &image, pool, stats)?;
         Ok(s.tensors.clone())
     }
 
@@ -241,7 +273,8 @@ impl GpuExecutor {
         let mut st = self.transport.lock().expect("transport poisoned");
         let choice = self.resolve_transport(&mut st)?;
         let usage = st.transport_and_slots(choice).0.readback_usage();
-        let p = st.readback.begin(&self.link(), usage, &tensors);
+        let TransportState { readback, stats, .. } = &mut *st;
+        let p = readback.begin(&self.link(), usage, &tensors, stats);
         let (id, numel) = (st.next_ticket, p.numel);
         st.next_ticket += 1;
         st.pending.insert(id, p);
@@ -261,7 +294,15 @@ impl GpuExecutor {
                 format!("ticket {id} is unknown or already finished"),
             )
         })?;
-        st.readback.finish(&self.link(), p, out)
+        st.pool();
+        let TransportState {
+            readback,
+            stats,
+            pool,
+            ..
+        } = &mut *st;
+        let pool = pool.as_ref().expect("pool just started");
+        readback.finish(&self.link(), p, out, pool, stats)
     }
 
     /// Decides the transport for layers of about `layer_bytes` up and

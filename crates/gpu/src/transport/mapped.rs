@@ -8,9 +8,11 @@
 //! in host-visible memory that kernels read across the bus — which is why
 //! the choice is measured per adapter.
 
-use megatrain_tensor::Result;
+use std::time::Instant;
 
-use super::{Link, SlotBuffer, Transport};
+use megatrain_tensor::{Result, TransportStats};
+
+use super::{Image, Link, SlotBuffer, Transport, nanos};
 use crate::GpuError;
 
 #[derive(Default)]
@@ -29,22 +31,33 @@ impl Transport for MappedTransport {
         &mut self,
         link: &Link<'_>,
         slot: &mut SlotBuffer,
-        bytes: u64,
-        fill: &mut dyn FnMut(wgpu::WriteOnly<'_, [u8]>),
+        image: &Image<'_>,
+        pool: &rayon::ThreadPool,
+        stats: &mut TransportStats,
     ) -> Result<()> {
         let buf = slot.buf.buffer();
+        let bytes = image.bytes();
+        let t = Instant::now();
         if !slot.mapped {
+            // Waits for the ops that read the slot's previous weights: compute.
             slot.map.map(buf, wgpu::MapMode::Write, buf.size());
             link.wait_map(&slot.map)?;
         }
+        let t2 = Instant::now();
+        stats.up_wait_compute_ns += nanos(t2 - t);
         {
             let mut view = buf
                 .get_mapped_range_mut(0..bytes)
                 .map_err(|err| GpuError::Map(err.to_string()))?;
-            fill(view.slice(..));
+            image.write_par(pool, 0, view.slice(..));
         }
+        let t3 = Instant::now();
+        stats.up_fill_ns += nanos(t3 - t2);
         buf.unmap();
         slot.mapped = false;
+        stats.up_submit_ns += nanos(t3.elapsed());
+        stats.uploads += 1;
+        stats.bytes_up += bytes;
         Ok(())
     }
 

@@ -41,22 +41,26 @@ impl std::fmt::Display for TransportChoice {
     }
 }
 
+mod image;
 mod mapped;
 mod readback;
 mod staging;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use megatrain_tensor::Result;
+use megatrain_tensor::{Result, TransportStats};
 
 use crate::GpuError;
 use crate::arena::PooledBuffer;
 
+pub(crate) use image::Image;
 pub(crate) use mapped::MappedTransport;
 pub(crate) use readback::{PendingRead, ReadbackPool};
-pub(crate) use staging::StagingTransport;
+pub(crate) use staging::{
+    DEFAULT_CHUNK as DEFAULT_STAGING_CHUNK, DEFAULT_DEPTH as DEFAULT_STAGING_DEPTH, StagingTransport,
+};
 
 /// What the transports need of the executor: the device, the queue, and
 /// the lock that keeps a submission from landing between another op's
@@ -71,6 +75,39 @@ impl Link<'_> {
     pub fn submit(&self, enc: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
         let _g = self.submit_lock.lock().expect("submit lock poisoned");
         self.queue.submit([enc.finish()])
+    }
+
+    /// Submits a copy after an empty submission that marks the end of the
+    /// work queued before it, so a later wait can tell compute from copy.
+    pub fn submit_copy(&self, enc: wgpu::CommandEncoder) -> Copying {
+        let cmd = enc.finish();
+        let _g = self.submit_lock.lock().expect("submit lock poisoned");
+        let before = self.queue.submit([]);
+        let copy = self.queue.submit([cmd]);
+        Copying { before, copy }
+    }
+
+    /// Waits for `c`: the work queued before it counts into `compute_ns`,
+    /// the copy itself (and the mapping `map` it gates) into `copy_ns`.
+    pub fn wait_copy(
+        &self,
+        c: &Copying,
+        map: &MapState,
+        compute_ns: &mut u64,
+        copy_ns: &mut u64,
+    ) -> Result<()> {
+        let t = Instant::now();
+        if map.get() == MapState::PENDING {
+            self.wait_for(&c.before)?;
+        }
+        let t2 = Instant::now();
+        *compute_ns += nanos(t2 - t);
+        if map.get() == MapState::PENDING {
+            self.wait_for(&c.copy)?;
+        }
+        self.wait_map(map)?;
+        *copy_ns += nanos(t2.elapsed());
+        Ok(())
     }
 
     /// Blocks until submission `idx` has finished and its callbacks ran.
@@ -107,6 +144,27 @@ impl Link<'_> {
             nap = (nap * 2).min(Duration::from_micros(500));
         }
     }
+}
+
+pub(crate) fn nanos(d: Duration) -> u64 {
+    d.as_nanos().min(u64::MAX as u128) as u64
+}
+
+/// A copy on the queue and the mark just before it.
+pub(crate) struct Copying {
+    pub before: wgpu::SubmissionIndex,
+    pub copy: wgpu::SubmissionIndex,
+}
+
+/// The threads that copy into and out of mapped memory: a pool of the
+/// transport's own, so a copy never queues behind the optimizer's chunks
+/// on rayon's global pool.
+pub(crate) fn copy_pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .thread_name(|i| format!("megatrain-copy-{i}"))
+        .build()
+        .expect("spawning the transport's copy threads")
 }
 
 /// Where a buffer's mapping stands, set by the `map_async` callback.
@@ -156,13 +214,15 @@ pub(crate) trait Transport: Send {
     fn slot_usage(&self) -> wgpu::BufferUsages;
     /// Whether a fresh slot buffer should start mapped.
     fn slot_mapped_at_creation(&self) -> bool;
-    /// Writes `bytes` bytes, produced by `fill`, to the start of `slot`.
+    /// Writes `image` to the start of `slot`, copying on `pool`'s threads,
+    /// and adds where the time went to `stats`.
     fn write(
         &mut self,
         link: &Link<'_>,
         slot: &mut SlotBuffer,
-        bytes: u64,
-        fill: &mut dyn FnMut(wgpu::WriteOnly<'_, [u8]>),
+        image: &Image<'_>,
+        pool: &rayon::ThreadPool,
+        stats: &mut TransportStats,
     ) -> Result<()>;
     /// Usage of the buffers gradients are read back through.
     fn readback_usage(&self) -> wgpu::BufferUsages;

@@ -6,11 +6,13 @@
 
 use std::collections::HashMap;
 
-use megatrain_tensor::{DType, Error, Result};
+use std::time::Instant;
 
-use super::{Link, MapState};
+use megatrain_tensor::{DType, Error, Result, TransportStats};
+
+use super::{Copying, Link, MapState, nanos};
 use crate::GpuError;
-use crate::tensor::{GpuTensor, widen_bytes};
+use crate::tensor::GpuTensor;
 
 /// Readback buffers not in use, by (usage, size class).
 #[derive(Default)]
@@ -22,7 +24,7 @@ pub(crate) struct ReadbackPool {
 pub(crate) struct PendingRead {
     buf: wgpu::Buffer,
     map: MapState,
-    copy: wgpu::SubmissionIndex,
+    copy: Copying,
     /// (dtype, elements, byte offset) of each tensor, in order.
     layout: Vec<(DType, usize, u64)>,
     bytes: u64,
@@ -41,23 +43,28 @@ impl ReadbackPool {
         link: &Link<'_>,
         usage: wgpu::BufferUsages,
         tensors: &[GpuTensor],
+        stats: &mut TransportStats,
     ) -> PendingRead {
+        let t0 = Instant::now();
         let mut layout = Vec::with_capacity(tensors.len());
         let mut bytes = 0u64;
         for t in tensors {
             layout.push((t.dtype, t.numel(), bytes));
             bytes += t.byte_len();
         }
-        let buf = self.take(link, usage, bytes);
+        let buf = self.take(link, usage, bytes, stats);
         let mut enc = link.device.create_command_encoder(&Default::default());
         for (t, &(_, _, at)) in tensors.iter().zip(&layout) {
             if t.byte_len() > 0 {
                 enc.copy_buffer_to_buffer(t.buffer(), t.offset, &buf, at, t.byte_len());
             }
         }
-        let copy = link.submit(enc);
+        let copy = link.submit_copy(enc);
         let map = MapState::default();
         map.map(&buf, wgpu::MapMode::Read, bytes.max(4));
+        stats.down_submit_ns += nanos(t0.elapsed());
+        stats.downloads += 1;
+        stats.bytes_down += bytes;
         PendingRead {
             buf,
             map,
@@ -68,19 +75,33 @@ impl ReadbackPool {
         }
     }
 
-    /// Waits for `p`, widens its tensors to f32 into `out` and recycles the
-    /// buffer (also when `out` has the wrong length, which is an error).
-    pub fn finish(&mut self, link: &Link<'_>, p: PendingRead, out: &mut [f32]) -> Result<()> {
-        link.wait_for(&p.copy)?;
-        link.wait_map(&p.map)?;
+    /// Waits for `p`, widens its tensors to f32 into `out` on `pool`'s
+    /// threads and recycles the buffer (also when `out` has the wrong
+    /// length, which is an error).
+    pub fn finish(
+        &mut self,
+        link: &Link<'_>,
+        p: PendingRead,
+        out: &mut [f32],
+        pool: &rayon::ThreadPool,
+        stats: &mut TransportStats,
+    ) -> Result<()> {
+        link.wait_copy(
+            &p.copy,
+            &p.map,
+            &mut stats.down_wait_compute_ns,
+            &mut stats.down_wait_copy_ns,
+        )?;
+        let t = Instant::now();
         let result = if out.len() != p.numel {
             Err(Error::shape(
                 "finish_download",
                 format!("{} elements into a destination of {}", p.numel, out.len()),
             ))
         } else {
-            Self::decode(&p, out)
+            Self::decode(&p, out, pool)
         };
+        stats.down_read_ns += nanos(t.elapsed());
         p.buf.unmap();
         self.recycle(p.buf);
         result
@@ -93,6 +114,7 @@ impl ReadbackPool {
             link,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             bytes,
+            &mut TransportStats::default(),
         );
         let mut enc = link.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &rb, 0, bytes);
@@ -112,12 +134,19 @@ impl ReadbackPool {
     }
 
     /// A free buffer of `usage` holding at least `bytes`, pooled by size class.
-    fn take(&mut self, link: &Link<'_>, usage: wgpu::BufferUsages, bytes: u64) -> wgpu::Buffer {
+    fn take(
+        &mut self,
+        link: &Link<'_>,
+        usage: wgpu::BufferUsages,
+        bytes: u64,
+        stats: &mut TransportStats,
+    ) -> wgpu::Buffer {
         let class = crate::arena::size_class(bytes.max(4));
         self.free
             .get_mut(&(usage.bits(), class))
             .and_then(Vec::pop)
             .unwrap_or_else(|| {
+                stats.buffers_created += 1;
                 link.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("readback"),
                     size: class,
@@ -134,16 +163,12 @@ impl ReadbackPool {
             .push(buf);
     }
 
-    fn decode(p: &PendingRead, out: &mut [f32]) -> Result<()> {
+    fn decode(p: &PendingRead, out: &mut [f32], pool: &rayon::ThreadPool) -> Result<()> {
         let view = p
             .buf
             .get_mapped_range(0..p.bytes.max(4))
             .map_err(|e| GpuError::Map(e.to_string()))?;
-        let mut at = 0;
-        for &(dtype, n, off) in &p.layout {
-            widen_bytes(dtype, &view[off as usize..], &mut out[at..at + n]);
-            at += n;
-        }
+        super::image::read_par(pool, &view, &p.layout, out);
         Ok(())
     }
 }

@@ -55,3 +55,33 @@ pub fn operands(c: &Case) -> (HostTensor, HostTensor, HostTensor, HostTensor) {
         rand_host(c.seed ^ 3, &od),
     )
 }
+
+/// Products whose whole 128x128 tiles run on the SIMT interior pipelines
+/// (K a multiple of 16, every leading dimension a multiple of 4) with M and
+/// N edge strips around them, for all four layouts, batched or not; then
+/// shapes just off each condition (a leading dimension of 131, K = 40),
+/// which must run wholly on the checked kernel and agree all the same.
+pub fn interior_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (i, t) in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 40 + 8 * i as u64;
+        let c = |batch: Vec<usize>, m, n, k, shared_b, bias, s| Case {
+            batch,
+            m,
+            n,
+            k,
+            t,
+            shared_b,
+            bias,
+            seed: seed + s,
+        };
+        v.push(c(vec![2], 260, 132, 48, i % 2 == 0, true, 0));
+        v.push(c(vec![], 256, 128, 32, true, false, 1));
+        v.push(c(vec![], 131, 256, 64, true, true, 2));
+        v.push(c(vec![], 256, 260, 40, true, false, 3));
+    }
+    v
+}

@@ -24,6 +24,14 @@ pub struct StepMetrics {
     pub upload_ms: f64,
     /// Time spent fetching gradients (part of the phases above).
     pub download_ms: f64,
+    /// The part of `upload_ms + download_ms` spent moving bytes: the CPU
+    /// copying into and out of mapped memory, submitting copies, waiting
+    /// on a copy whose predecessors had finished (the executor's
+    /// `TransportStats`; 0 where the executor keeps none).
+    pub bus_ms: f64,
+    /// The rest of the time in transfer calls: waiting for compute queued
+    /// before a copy (a weight slot still read, gradients not yet made).
+    pub transfer_wait_compute_ms: f64,
     /// The host waiting for the optimizer: queue full during backward, and
     /// the tail after backward (all of the update in clipping mode).
     pub optimizer_wait_ms: f64,
@@ -70,6 +78,21 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
+    /// Bytes moved both ways ÷ the time spent moving them, GB/s; without
+    /// the executor's transport counters, ÷ the time inside transfer calls.
+    pub fn bus_gb_s(&self) -> f64 {
+        let ms = if self.bus_ms > 0.0 {
+            self.bus_ms
+        } else {
+            self.upload_ms + self.download_ms
+        };
+        if ms > 0.0 {
+            (self.bytes_uploaded + self.bytes_downloaded) as f64 / (ms / 1e3) / 1e9
+        } else {
+            0.0
+        }
+    }
+
     /// Upload crossings per step (≈ 2 with one micro-batch).
     pub fn bus_crossings(&self) -> f64 {
         if self.transport_bytes == 0 {

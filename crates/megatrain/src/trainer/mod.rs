@@ -320,6 +320,7 @@ impl<E: Executor> Trainer<E> {
             ..StepMetrics::default()
         };
         self.ex.reset_peak_memory();
+        let bus_before = self.ex.transport_stats();
         m.comm_ms += count_ms;
         m.comm_wait_ms += count_ms;
         let mut loss_sum = 0.0;
@@ -367,6 +368,11 @@ impl<E: Executor> Trainer<E> {
             0.0
         };
         m.device_peak_bytes = self.ex.memory_stats().map_or(0, |s| s.peak_bytes);
+        if let (Some(a), Some(b)) = (bus_before, self.ex.transport_stats()) {
+            let d = b.since(&a);
+            m.bus_ms = d.up_bus_ms() + d.down_bus_ms();
+            m.transfer_wait_compute_ms = d.wait_compute_ms();
+        }
         m.step_ms = ms(t_step);
         Ok(m)
     }

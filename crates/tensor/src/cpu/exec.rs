@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use rayon::prelude::*;
 
-use crate::cpu::f16_operands::{scale_round, unscale};
+use crate::cpu::f16_operands::{rounded, scale_round, unscale};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
@@ -572,7 +572,11 @@ impl<F: Real> Executor for RefExecutor<F> {
     fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttentionOut<T<F>>> {
         let op = "attention";
         let d = attn_dims(op, q, k, v)?;
-        let (o, lse) = r::attention(f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?, d);
+        let (qd, kd, vd) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
+        let (o, lse) = match self.precision {
+            ComputePrecision::F32 => r::attention(qd, kd, vd, d),
+            ComputePrecision::F16 => r::attention(&rounded(qd), &rounded(kd), &rounded(vd), d),
+        };
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
             lse: out(Shape::new([d.b, d.hq, d.t]), lse),
@@ -597,15 +601,20 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("lse {} must be [{}, {}, {}]", fwd.lse.shape(), d.b, d.hq, d.t),
             ));
         }
-        let (dq, dk, dv) = r::attention_backward(
+        let (qd, kd, vd, gd) = (
             f32_data(op, q)?,
             f32_data(op, k)?,
             f32_data(op, v)?,
-            f32_data(op, &fwd.out)?,
-            f32_data(op, &fwd.lse)?,
             f32_data(op, dout)?,
-            d,
         );
+        let (fo, fl) = (f32_data(op, &fwd.out)?, f32_data(op, &fwd.lse)?);
+        let (dq, dk, dv) = match self.precision {
+            ComputePrecision::F32 => r::attention_backward(qd, kd, vd, fo, fl, gd, d),
+            ComputePrecision::F16 => {
+                let (qr, kr, vr, gr) = (rounded(qd), rounded(kd), rounded(vd), rounded(gd));
+                r::attention_backward(&qr, &kr, &vr, fo, fl, &gr, d)
+            }
+        };
         Ok(AttentionGrads {
             dq: out(q.shape().clone(), dq),
             dk: out(k.shape().clone(), dk),

@@ -44,3 +44,12 @@ pub(crate) fn unscale<F: Real>(y: &mut [F], e: i32) {
         y.par_iter_mut().for_each(|v| *v = v.mul_pow2(e));
     }
 }
+
+/// A tensor's values as an f16 attention operand carries them, at their own
+/// magnitude: `round_f16(x · 2^-e) · 2^e`. The power-of-two scale commutes
+/// with every f32 product, so an attention computed on these values equals
+/// one on the scaled f16 values with the scales undone afterwards.
+pub(crate) fn rounded<F: Real>(x: &[F]) -> Vec<F> {
+    let s = scale_round(x);
+    s.values.into_par_iter().map(|v| v.mul_pow2(s.exponent)).collect()
+}

@@ -1,0 +1,273 @@
+//! Attention under the F16 compute precision: operands rounded to f16 under
+//! their tensor's power-of-two scale (`shaders/attention_f16.wgsl`), then
+//! the tensor-core flash-attention family (`crate::coop_attention`) where
+//! it applies.
+
+use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
+
+use super::attention::{Dims, F16Attention};
+use super::{GpuExecutor, f, grid_for, u};
+use crate::coop_attention::{AttnPass, CoopAttention};
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+/// Slot of `matmul_scale.wgsl`'s `NO_SCALE`.
+const NO_SCALE: u32 = u32::MAX;
+
+impl GpuExecutor {
+    /// The attention family in use for head dimension `d` under F16:
+    /// `Some(emulated)` for the tensor-core kernels, `None` for SIMT.
+    pub(crate) fn coop_attention_kernel(&self, d: usize) -> Option<bool> {
+        let family = CoopAttention::HEAD_DIMS.contains(&(d as u32));
+        match self.f16_attention {
+            F16Attention::Auto => (family && self.ctx.has_cooperative_matrix()).then_some(false),
+            F16Attention::Simt => None,
+            F16Attention::Coop => family.then_some(false),
+            F16Attention::CoopEmulated => family.then_some(true),
+        }
+    }
+
+    /// The attention kernel family `Auto` resolves to on this adapter.
+    pub fn f16_attention_kernel(&self) -> F16Attention {
+        match self.f16_attention {
+            F16Attention::Auto if self.ctx.has_cooperative_matrix() => F16Attention::Coop,
+            F16Attention::Auto => F16Attention::Simt,
+            k => k,
+        }
+    }
+
+    /// Copies of `xs`, each rounded to f16 under its own power-of-two scale
+    /// and scaled back (precision.rs), and the buffer of their max|x|
+    /// (slot i for `xs[i]`) the scales come from.
+    pub(crate) fn round_operands(
+        &self,
+        name: &'static str,
+        xs: &[&GpuTensor],
+    ) -> Result<(Vec<GpuTensor>, GpuTensor)> {
+        let mut op = self.op(name);
+        let (maxima, slots) = self
+            .operand_maxima(&mut op, xs)?
+            .ok_or_else(|| Error::invalid(name, "operands are rounded only under F16"))?;
+        let mut out = Vec::with_capacity(xs.len());
+        for (x, slot) in xs.iter().zip(slots) {
+            let y = self.alloc_f32(x.shape.clone())?;
+            let scales = self.full(&maxima)?;
+            for (start, count) in self.row_chunks(x.numel(), &[1])? {
+                if count == 0 {
+                    continue;
+                }
+                let (xv, yv) = (self.view(x, start, count)?, self.view(&y, start, count)?);
+                let params = [u(count), xv.elem_off, yv.elem_off, slot];
+                op.dispatch(
+                    Kernel::AttnRound16,
+                    &params,
+                    &[xv, yv, scales],
+                    grid_for(count.div_ceil(256)),
+                );
+            }
+            out.push(y);
+        }
+        op.finish()?;
+        Ok((out, maxima))
+    }
+
+    /// The pipeline of `pass` for this shape, refused with the reason where
+    /// the adapter cannot run it (workgroup memory, the loop cap of drivers
+    /// that have one).
+    fn coop_variant(
+        &self,
+        name: &'static str,
+        pass: AttnPass,
+        d: &Dims,
+        emulated: bool,
+    ) -> Result<CoopAttention> {
+        let v = CoopAttention {
+            pass,
+            d: d.d as u32,
+            emulated,
+        };
+        let have = self.ctx.limits.max_compute_workgroup_storage_size;
+        if v.workgroup_bytes() > have {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{} needs {} B of workgroup memory, the adapter has {have}",
+                    v.label(),
+                    v.workgroup_bytes()
+                ),
+            ));
+        }
+        let t = v.tile();
+        let tiles = match pass {
+            AttnPass::Fwd | AttnPass::Dq => d.t.div_ceil(t.bc as usize),
+            AttnPass::Dkv => (d.hq / d.hkv) * d.t.div_ceil(t.bc as usize),
+        };
+        let loops = tiles.saturating_mul(v.loops_per_tile());
+        if loops > self.loop_budget {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{} at T = {}, group {}: ~{loops} loop iterations per invocation exceed the adapter's cap of {}",
+                    v.label(),
+                    d.t,
+                    d.hq / d.hkv,
+                    self.loop_budget
+                ),
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Grid of a pass: query blocks (all heads of a group per block) or key
+    /// blocks, by kv head and batch.
+    fn coop_grid(v: &CoopAttention, d: &Dims, nb: usize) -> [u32; 3] {
+        let br = v.tile().br() as usize;
+        let blocks = match v.pass {
+            AttnPass::Fwd | AttnPass::Dq => d.t.div_ceil(br / (d.hq / d.hkv)),
+            AttnPass::Dkv => d.t.div_ceil(br),
+        };
+        [blocks as u32, d.hkv as u32, nb as u32]
+    }
+
+    pub(crate) fn attention_coop(
+        &self,
+        d: &Dims,
+        [q, k, v]: [&GpuTensor; 3],
+        maxima: &GpuTensor,
+        emulated: bool,
+    ) -> Result<AttentionOut<GpuTensor>> {
+        let name = "attention";
+        let var = self.coop_variant(name, AttnPass::Fwd, d, emulated)?;
+        let out = self.alloc_f32(q.shape.clone())?;
+        let lse = self.alloc_f32([d.b, d.hq, d.t])?;
+        let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
+        let mut op = self.op(name);
+        let sv = self.full(maxima)?;
+        for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
+            let qv = self.view(q, b0 * qe, nb * qe)?;
+            let kv = self.view(k, b0 * ke, nb * ke)?;
+            let vv = self.view(v, b0 * ke, nb * ke)?;
+            let ov = self.view(&out, b0 * qe, nb * qe)?;
+            let lv = self.view(&lse, b0 * le, nb * le)?;
+            let offs = [
+                qv.elem_off,
+                kv.elem_off,
+                vv.elem_off,
+                ov.elem_off,
+                lv.elem_off,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ];
+            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE]);
+            let grid = Self::coop_grid(&var, d, nb);
+            op.dispatch(Kernel::AttnCoop(var), &params, &[qv, kv, vv, ov, sv, lv], grid);
+        }
+        op.finish()?;
+        Ok(AttentionOut { out, lse })
+    }
+
+    pub(crate) fn attention_backward_coop(
+        &self,
+        d: &Dims,
+        [q, k, v, dout]: [&GpuTensor; 4],
+        fwd: &AttentionOut<GpuTensor>,
+        maxima: &GpuTensor,
+        emulated: bool,
+    ) -> Result<AttentionGrads<GpuTensor>> {
+        let name = "attention_backward";
+        let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
+        let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
+        let dq = self.alloc_f32(q.shape.clone())?;
+        let dk = self.alloc_f32(k.shape.clone())?;
+        let dv = self.alloc_f32(v.shape.clone())?;
+        let delta = self.alloc_f32([d.b, d.hq, d.t])?;
+        let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
+        let mut op = self.op(name);
+        let sv = self.full(maxima)?;
+        for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
+            let qv = self.view(q, b0 * qe, nb * qe)?;
+            let kv = self.view(k, b0 * ke, nb * ke)?;
+            let vv = self.view(v, b0 * ke, nb * ke)?;
+            let ov = self.view(&fwd.out, b0 * qe, nb * qe)?;
+            let lv = self.view(&fwd.lse, b0 * le, nb * le)?;
+            let dov = self.view(dout, b0 * qe, nb * qe)?;
+            let dqv = self.view(&dq, b0 * qe, nb * qe)?;
+            let dkv = self.view(&dk, b0 * ke, nb * ke)?;
+            let dvv = self.view(&dv, b0 * ke, nb * ke)?;
+            let ddv = self.view(&delta, b0 * le, nb * le)?;
+            // delta = rowsum(dO ∘ O), once, on attention.wgsl's kernel
+            // (its parameter block; one key range).
+            let mut dp = [0u32; 20];
+            dp[..4].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d)]);
+            dp[8] = ov.elem_off;
+            dp[10] = dov.elem_off;
+            dp[14] = ddv.elem_off;
+            dp[15] = 3;
+            dp[17] = u(d.t);
+            let rows = d.t.div_ceil(64) as u32;
+            op.dispatch(
+                Kernel::AttnDelta,
+                &dp,
+                &[ov, dov, ddv],
+                [rows, d.hq as u32, nb as u32],
+            );
+            let offs = [
+                qv.elem_off,
+                kv.elem_off,
+                vv.elem_off,
+                0,
+                lv.elem_off,
+                dov.elem_off,
+                dqv.elem_off,
+                dkv.elem_off,
+                dvv.elem_off,
+                ddv.elem_off,
+            ];
+            let params = coop_params(d, offs, [0, 1, 2, 3]);
+            op.dispatch(
+                Kernel::AttnCoop(vdq),
+                &params,
+                &[qv, kv, vv, sv, lv, dov, dqv, ddv],
+                Self::coop_grid(&vdq, d, nb),
+            );
+            op.dispatch(
+                Kernel::AttnCoop(vdkv),
+                &params,
+                &[qv, kv, vv, sv, lv, dov, dkv, dvv, ddv],
+                Self::coop_grid(&vdkv, d, nb),
+            );
+        }
+        op.finish()?;
+        Ok(AttentionGrads { dq, dk, dv })
+    }
+}
+
+/// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
+/// dk, dv, delta and the scale slots of q, k, v, dout.
+fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4]) -> [u32; 20] {
+    [
+        u(d.t),
+        u(d.hq),
+        u(d.hkv),
+        u(d.hq / d.hkv),
+        f(1.0 / (d.d as f32).sqrt()),
+        o[0],
+        o[1],
+        o[2],
+        o[3],
+        o[4],
+        o[5],
+        o[6],
+        o[7],
+        o[8],
+        o[9],
+        slots[0],
+        slots[1],
+        slots[2],
+        slots[3],
+        0,
+    ]
+}

@@ -1,0 +1,372 @@
+//// common
+// Flash attention on tensor cores (cooperative matrices, f16 operands, f32
+// accumulation) under the F16 compute precision (precision.rs): causal,
+// grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
+// [B, T, Hkv, D], lse and delta [B, Hq, T]). The operands arrive already
+// rounded (round_operand in attention_f16.wgsl): staging them as f16 after
+// the power-of-two scale 2^-e of their tensor is exact, and each product is
+// scaled back by the sum of its operands' exponents in f32.
+//
+// Three kernels, each put together per head dimension by
+// crates/gpu/src/coop_attention.rs, which generates the constants and the
+// unrolled fragment code (every index and stride handed to a cooperative
+// load or store is a `let`: naga's SPIR-V writer needs it):
+// - fwd: a block of BR query rows (all query heads of a kv group, position
+//   by position, so the group shares every K/V tile) stays in workgroup
+//   memory; K/V tiles of BC keys stream through it, S = QKᵀ per subgroup
+//   goes through workgroup memory for the online softmax (f32), P is
+//   rounded to f16 and O += PV lands in per-lane f32 registers, rescaled
+//   row by row; tiles past the block's last position are never loaded.
+// - dq: the same blocks with dO; per K/V tile S and dP = dO·Vᵀ, P from the
+//   saved lse, dS = P∘(dP − delta) rounded to f16 under the power of two
+//   that bounds it, dQ += dS·K in cooperative accumulators.
+// - dkv: a block of BR keys of one kv head stays resident; for every query
+//   head of the group, query tiles from the block's first key on stream
+//   through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
+//   cooperative accumulators, complete sums with no atomics.
+// Every loop bound is uniform across the workgroup (barriers inside).
+// Storage variables are not named A, B or C.
+
+struct Params {
+    t: u32, hq: u32, hkv: u32, group: u32,
+    scale: f32, q_off: u32, k_off: u32, v_off: u32,
+    o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
+    dk_off: u32, dv_off: u32, dd_off: u32, q_slot: u32,
+    k_slot: u32, v_slot: u32, do_slot: u32, _p0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_in: array<f32>;
+@group(0) @binding(2) var<storage, read> k_in: array<f32>;
+@group(0) @binding(3) var<storage, read> v_in: array<f32>;
+
+const THREADS: u32 = SG * 32u;
+// Rows of the resident block: 16 per subgroup.
+const BR: u32 = SG * 16u;
+// Padded rows (8 halfs: the 16-byte alignment cooperative loads want, and
+// consecutive rows on different banks).
+const LDS: u32 = D + 8u;
+const LDP: u32 = BC + 8u;
+// One f32 region of 16 x BC per subgroup (S; dP in the backward).
+const SCR: u32 = SG * 16u * BC;
+
+var<workgroup> sm: array<half, SM>;
+var<workgroup> s_s: array<f32, NSCR * SCR>;
+var<workgroup> stat_s: array<f32, STAT>;
+
+var<private> li: u32;
+var<private> e_q: i32;
+var<private> e_k: i32;
+var<private> e_v: i32;
+var<private> e_do: i32;
+
+fn q_at(b: u32, t: u32, h: u32, c: u32) -> u32 {
+    return ((b * p.t + t) * p.hq + h) * D + c;
+}
+
+fn kv_at(b: u32, t: u32, g: u32, c: u32) -> u32 {
+    return ((b * p.t + t) * p.hkv + g) * D + c;
+}
+
+fn row_at(b: u32, h: u32, t: u32) -> u32 {
+    return (b * p.hq + h) * p.t + t;
+}
+
+// Row r of a query block of kv head g starting at position p0: position
+// p0 + r / group (clamped into T for loads), head g·group + r % group.
+struct QRow {
+    pos: u32,
+    head: u32,
+    valid: bool,
+}
+
+fn q_row(p0: u32, np: u32, g: u32, r: u32) -> QRow {
+    let pi = r / p.group;
+    let pos = p0 + pi;
+    return QRow(min(pos, p.t - 1u), g * p.group + r % p.group, pi < np && pos < p.t);
+}
+
+fn scaled(x: f32, e: i32) -> half {
+    return to_half(apply(x, pow2_steps(-e)));
+}
+
+// K and V rows j0.. (n of them) of kv head g into the tiles at kb and vb.
+fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32) {
+    for (var e = li; e < n * D; e += THREADS) {
+        let r = e / D;
+        let c = e % D;
+        let j = j0 + r;
+        var kv = vec2<f32>(0.0);
+        if j < p.t {
+            let i = kv_at(b, j, g, c);
+            kv = vec2<f32>(k_in[p.k_off + i], v_in[p.v_off + i]);
+        }
+        sm[kb + r * LDS + c] = scaled(kv.x, e_k);
+        sm[vb + r * LDS + c] = scaled(kv.y, e_v);
+    }
+}
+
+// log2 of the power of two that bounds |dS| in the backward: |dP| ≤
+// D·max|dO|·max|V| < D·2^(e_do+15)·2^(e_v+15), |delta| the same, so dS·2^-e
+// stays under 2^15 (f16's largest finite value is 65504).
+fn ds_exponent() -> i32 {
+    return e_do + e_v + 16 + DLOG2;
+}
+
+//// emulation
+// A fragment is where it lies in `sm`; an accumulator is the 8 elements a
+// lane owns, element r·32 + lane of the row-major 16x16 block. The products
+// are the hardware's (f16 values, f32 sums); only their order differs.
+struct Frag {
+    base: u32,
+    stride: u32,
+    row_major: bool,
+}
+
+fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
+    var out = c;
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let row = e / 16u;
+        let col = e % 16u;
+        var s = out[r];
+        for (var kk = 0u; kk < 16u; kk++) {
+            let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
+            let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
+            s += f32(sm[ai]) * f32(sm[bi]);
+        }
+        out[r] = s;
+    }
+    return out;
+}
+
+fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        s_s[base + (e / 16u) * stride + e % 16u] = c[r];
+    }
+}
+
+//// fwd
+@group(0) @binding(4) var<storage, read_write> o_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse_io: array<f32>;
+
+// O of the 16 x D rows of this lane's subgroup: element r of fragment f is
+// o[f·8 + r] (the accumulator layout of the emulation, used by both).
+var<private> o: array<f32, D / 2u>;
+// Running max and sum of row `lane` (lanes 0-15).
+var<private> m_run: f32;
+var<private> l_run: f32;
+
+fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
+    for (var e = li; e < BR * D; e += THREADS) {
+        let r = e / D;
+        let c = e % D;
+        let row = q_row(p0, np, g, r);
+        var x = 0.0;
+        if row.valid {
+            x = q_in[p.q_off + q_at(b, row.pos, row.head, c)];
+        }
+        sm[Q_S + r * LDS + c] = scaled(x, e_q);
+    }
+}
+
+// Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
+// rows' rescaling factors into stat_s.
+fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
+    if lane >= 16u {
+        return;
+    }
+    let r = sg * 16u + lane;
+    let row = q_row(p0, np, g, r);
+    let base = sg * 16u * BC + lane * BC;
+    let f = pow2_steps(e_q + e_k);
+    var mx = m_run;
+    for (var c = 0u; c < BC; c++) {
+        if j0 + c <= row.pos {
+            mx = max(mx, apply(s_s[base + c], f) * p.scale);
+        }
+    }
+    let corr = exp(m_run - mx);
+    var l = l_run * corr;
+    for (var c = 0u; c < BC; c++) {
+        var pr = 0.0;
+        if j0 + c <= row.pos {
+            pr = exp(apply(s_s[base + c], f) * p.scale - mx);
+        }
+        l += pr;
+        sm[P_S + r * LDP + c] = to_half(pr);
+    }
+    m_run = mx;
+    l_run = l;
+    stat_s[r] = corr;
+}
+
+// o = o·corr + the PV fragment df (in s_s at the subgroup's region).
+fn update_o(sg: u32, lane: u32, df: u32) {
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let i = df * 8u + r;
+        o[i] = o[i] * stat_s[sg * 16u + e / 16u] + s_s[sg * 16u * BC + e];
+    }
+}
+
+fn finish_fwd(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
+    if lane < 16u {
+        let r = sg * 16u + lane;
+        stat_s[BR + r] = l_run;
+        let row = q_row(p0, np, g, r);
+        if row.valid {
+            lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(l_run);
+        }
+    }
+    workgroupBarrier();
+    let f = pow2_steps(e_v);
+    for (var df = 0u; df < D / 16u; df++) {
+        for (var r = 0u; r < 8u; r++) {
+            let e = r * 32u + lane;
+            let rr = sg * 16u + e / 16u;
+            let row = q_row(p0, np, g, rr);
+            if row.valid {
+                let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
+                o_out[oi] = apply(o[df * 8u + r], f) / stat_s[BR + rr];
+            }
+        }
+    }
+}
+
+//// bwd
+@group(0) @binding(6) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(7) var<storage, read> do_in: array<f32>;
+@group(0) @binding(11) var<storage, read> dd_in: array<f32>;
+
+// P and dS of one tile, f16: P at P_S and dS·2^-ds_exponent() at DS_S, row
+// `rr` of the tile's 16 x BC block of this subgroup, column c. S and dP
+// are in s_s (regions 0 and 1); `ok` is the causal (and edge) mask.
+fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
+    let si = sg * 16u * BC + rr * BC + c;
+    var pr = 0.0;
+    var ds = 0.0;
+    if ok {
+        pr = exp(apply(s_s[si], pow2_steps(e_q + e_k)) * p.scale - lse);
+        ds = pr * (apply(s_s[SCR + si], pow2_steps(e_do + e_v)) - delta);
+    }
+    let pi = (sg * 16u + rr) * LDP + c;
+    sm[P_S + pi] = to_half(pr);
+    sm[DS_S + pi] = scaled(ds, ds_exponent());
+}
+
+//// dq
+@group(0) @binding(8) var<storage, read_write> dq_out: array<f32>;
+
+fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
+    for (var e = li; e < BR * D; e += THREADS) {
+        let r = e / D;
+        let c = e % D;
+        let row = q_row(p0, np, g, r);
+        var x = vec2<f32>(0.0);
+        if row.valid {
+            let i = q_at(b, row.pos, row.head, c);
+            x = vec2<f32>(q_in[p.q_off + i], do_in[p.do_off + i]);
+        }
+        sm[Q_S + r * LDS + c] = scaled(x.x, e_q);
+        sm[DO_S + r * LDS + c] = scaled(x.y, e_do);
+    }
+    if li < BR {
+        let row = q_row(p0, np, g, li);
+        var ld = vec2<f32>(0.0);
+        if row.valid {
+            let i = row_at(b, row.head, row.pos);
+            ld = vec2<f32>(lse_in[p.lse_off + i], dd_in[p.dd_off + i]);
+        }
+        stat_s[li] = ld.x;
+        stat_s[BR + li] = ld.y;
+    }
+}
+
+fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
+    if lane >= 16u {
+        return;
+    }
+    let r = sg * 16u + lane;
+    let row = q_row(p0, np, g, r);
+    for (var c = 0u; c < BC; c++) {
+        p_ds(sg, lane, c, j0 + c <= row.pos, stat_s[r], stat_s[BR + r]);
+    }
+}
+
+fn store_dq(sg: u32, lane: u32, df: u32, b: u32, p0: u32, np: u32, g: u32) {
+    let f = pow2_steps(ds_exponent() + e_k);
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let row = q_row(p0, np, g, sg * 16u + e / 16u);
+        if row.valid {
+            let i = p.dq_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
+            dq_out[i] = apply(s_s[sg * 16u * BC + e], f) * p.scale;
+        }
+    }
+}
+
+//// dkv
+@group(0) @binding(9) var<storage, read_write> dk_out: array<f32>;
+@group(0) @binding(10) var<storage, read_write> dv_out: array<f32>;
+
+// Query rows i0.. (BC of them) of head h, with their lse and delta.
+fn stage_q_tile(b: u32, i0: u32, h: u32) {
+    for (var e = li; e < BC * D; e += THREADS) {
+        let r = e / D;
+        let c = e % D;
+        let i = i0 + r;
+        var x = vec2<f32>(0.0);
+        if i < p.t {
+            let qi = q_at(b, i, h, c);
+            x = vec2<f32>(q_in[p.q_off + qi], do_in[p.do_off + qi]);
+        }
+        sm[Q_S + r * LDS + c] = scaled(x.x, e_q);
+        sm[DO_S + r * LDS + c] = scaled(x.y, e_do);
+    }
+    if li < BC {
+        let i = i0 + li;
+        var ld = vec2<f32>(0.0);
+        if i < p.t {
+            let ri = row_at(b, h, i);
+            ld = vec2<f32>(lse_in[p.lse_off + ri], dd_in[p.dd_off + ri]);
+        }
+        stat_s[li] = ld.x;
+        stat_s[BC + li] = ld.y;
+    }
+}
+
+// Pᵀ and dSᵀ: row = key j0 + sg·16 + lane, column = query i0 + c.
+fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
+    if lane >= 16u {
+        return;
+    }
+    let j = j0 + sg * 16u + lane;
+    for (var c = 0u; c < BC; c++) {
+        let i = i0 + c;
+        p_ds(sg, lane, c, i >= j && i < p.t, stat_s[c], stat_s[BC + c]);
+    }
+}
+
+fn store_dkv(sg: u32, lane: u32, df: u32, b: u32, j0: u32, g: u32, is_k: bool) {
+    var f = pow2_steps(e_do);
+    var sc = 1.0;
+    if is_k {
+        f = pow2_steps(ds_exponent() + e_q);
+        sc = p.scale;
+    }
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let j = j0 + sg * 16u + e / 16u;
+        if j < p.t {
+            let i = kv_at(b, j, g, df * 16u + e % 16u);
+            let x = apply(s_s[sg * 16u * BC + e], f) * sc;
+            if is_k {
+                dk_out[p.dk_off + i] = x;
+            } else {
+                dv_out[p.dv_off + i] = x;
+            }
+        }
+    }
+}
