@@ -110,6 +110,9 @@ impl StagingPool {
         let mut st = self.0.lock().expect("staging pool poisoned");
         let mut v = st.free.pop().unwrap_or_default();
         let before = v.capacity();
+        // Exactly `len`: a grown buffer must not double (chunks of a layer's
+        // tail are smaller than the rest).
+        v.reserve_exact(len.saturating_sub(v.len()));
         v.resize(len, 0.0);
         st.owned += 4 * (v.capacity() - before) as u64;
         st.peak = st.peak.max(st.owned);
