@@ -26,7 +26,11 @@ pub(crate) struct BindGroupCache {
 }
 
 impl BindGroupCache {
-    pub(crate) fn get_or_make(&self, key: GroupKey, make: impl FnOnce() -> wgpu::BindGroup) -> wgpu::BindGroup {
+    pub(crate) fn get_or_make(
+        &self,
+        key: GroupKey,
+        make: impl FnOnce() -> wgpu::BindGroup,
+    ) -> wgpu::BindGroup {
         let mut map = self.map.lock().expect("bind group cache poisoned");
         if let Some(g) = map.get(&key) {
             self.reused.fetch_add(1, Ordering::Relaxed);

@@ -28,8 +28,8 @@ use crate::tensor::GpuTensor;
 use crate::{GpuContext, GpuError};
 use bind_groups::BindGroupCache;
 pub(crate) use binding::View;
-pub(crate) use record::{Op, grid_for};
 use record::UNIFORM_RING_BYTES;
+pub(crate) use record::{Op, grid_for};
 
 /// Options that change how the executor runs, not what it computes.
 #[derive(Debug, Clone, Default)]
@@ -90,7 +90,6 @@ struct Timestamps {
     read: wgpu::Buffer,
     period_ns: f64,
 }
-
 
 pub(crate) fn f(x: f32) -> u32 {
     x.to_bits()

@@ -178,9 +178,8 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
         self.begin_more(&mut p, m)?;
         let deferred = p.in_flight.front().is_some_and(|(_, d)| d.in_flight());
         self.host_copies = !deferred;
-        match self.pending.replace(p) {
-            Some(previous) => self.drain(previous, m)?,
-            None => {}
+        if let Some(previous) = self.pending.replace(p) {
+            self.drain(previous, m)?;
         }
         if !deferred {
             self.flush(m)?;

@@ -42,7 +42,11 @@ impl<'a> Current<'a> {
     /// Takes `job`'s layer (on its first chunk) and checks that the chunk
     /// follows the previous one. Returns the layer and whether this chunk
     /// completes it.
-    pub fn accept(&mut self, slab: Option<&'a mut LayerSlab>, range: &Range<usize>) -> Result<bool, TrainError> {
+    pub fn accept(
+        &mut self,
+        slab: Option<&'a mut LayerSlab>,
+        range: &Range<usize>,
+    ) -> Result<bool, TrainError> {
         if let Some(s) = slab {
             if self.slab.is_some() {
                 return Err(TrainError::Internal(format!(
@@ -264,7 +268,16 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
                     Ok(())
                 }
             }
-            None if update => update_any(slab, Some(&mut grads), range, sh.window, sh.adamw, mask, sh.lr, 1.0),
+            None if update => update_any(
+                slab,
+                Some(&mut grads),
+                range,
+                sh.window,
+                sh.adamw,
+                mask,
+                sh.lr,
+                1.0,
+            ),
             None => Err(TrainError::Internal(format!(
                 "layer {index}: gradients must be held to accumulate micro-batches"
             ))),

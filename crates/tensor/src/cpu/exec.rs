@@ -76,7 +76,12 @@ fn out<F: Real>(shape: Shape, data: Vec<F>) -> T<F> {
 /// Elements `range` of `t` into `out` as [`Executor::download`] gives them
 /// (narrowed to f32, then rounded to the stored dtype), without copying
 /// the rest of the tensor.
-fn narrow_range<F: Real>(op: &'static str, t: &T<F>, range: std::ops::Range<usize>, out: &mut [f32]) -> Result<()> {
+fn narrow_range<F: Real>(
+    op: &'static str,
+    t: &T<F>,
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
     if range.start > range.end || range.end > t.numel() || range.len() != out.len() {
         return Err(Error::shape(
             op,
