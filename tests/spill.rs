@@ -75,6 +75,7 @@ fn run(
         },
         grad_clip: clip,
         optimizer_queue: 2,
+        ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(CpuExecutor::new(), model, tier, config).unwrap();
     trainer.set_spill_window(window);

@@ -58,6 +58,7 @@ fn trainer(model: &ModelConfig, k: usize, hold: bool, clip: Option<f64>) -> Trai
         adamw: adamw_config(),
         grad_clip: clip,
         optimizer_queue: 2,
+        ..TrainerConfig::default()
     };
     Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap()
 }

@@ -14,6 +14,8 @@
 //! - token ids and targets are small host slices: they are copied to the
 //!   device by the executor when it needs them.
 
+use std::ops::Range;
+
 use crate::{
     ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo,
     TransportStats, WeightSlot, WeightUpload,
@@ -219,7 +221,82 @@ pub trait Executor {
                 "finish_download",
                 format!("ticket {id} was not issued by this executor"),
             )),
+            Download::Range(r) => Err(Error::shape(
+                "finish_download",
+                format!("range {r:?} needs its tensors: finish it with finish_download_range"),
+            )),
         }
+    }
+
+    /// Starts bringing elements `range` of the concatenation of `tensors`
+    /// back, widened to f32: a part of one layer's gradients, so that no
+    /// host or readback buffer has to hold a whole large layer (the trainer
+    /// moves every layer in chunks this way). The caller keeps `tensors`
+    /// until each range is finished with
+    /// [`Executor::finish_download_range`] and may have several ranges of
+    /// them in flight. The default moves nothing now: the range is read
+    /// from the tensors at finish (executors whose tensors are host memory).
+    fn begin_download_range(
+        &self,
+        tensors: &[Self::Tensor],
+        range: Range<usize>,
+    ) -> Result<Download<Self::Tensor>> {
+        check_range("begin_download_range", tensors, &range)?;
+        Ok(Download::Range(range))
+    }
+
+    /// Completes a download begun by [`Executor::begin_download_range`]
+    /// into `out` (exactly the range's elements); `tensors` are the ones it
+    /// was begun with.
+    fn finish_download_range(
+        &self,
+        d: Download<Self::Tensor>,
+        tensors: &[Self::Tensor],
+        out: &mut [f32],
+    ) -> Result<()> {
+        match d {
+            Download::Range(r) => {
+                check_range("finish_download_range", tensors, &r)?;
+                if r.len() != out.len() {
+                    return Err(Error::shape(
+                        "finish_download_range",
+                        format!("range {r:?} into a destination of {}", out.len()),
+                    ));
+                }
+                let mut start = 0;
+                for t in tensors {
+                    let (lo, hi) = (r.start.max(start), r.end.min(start + t.numel()));
+                    if lo < hi {
+                        let dst = &mut out[lo - r.start..hi - r.start];
+                        self.download_range_into(t, lo - start..hi - start, dst)?;
+                    }
+                    start += t.numel();
+                }
+                Ok(())
+            }
+            other => self.finish_download(other, out),
+        }
+    }
+
+    /// Downloads elements `range` of `t` widened to f32 into `out`.
+    /// Executors with host tensors override this to copy only the range;
+    /// the default downloads the whole tensor.
+    fn download_range_into(&self, t: &Self::Tensor, range: Range<usize>, out: &mut [f32]) -> Result<()> {
+        if range.end > t.numel() || range.len() != out.len() {
+            return Err(Error::shape(
+                "download_range_into",
+                format!(
+                    "elements {range:?} of {} into a destination of {}",
+                    t.shape(),
+                    out.len()
+                ),
+            ));
+        }
+        if range.len() == t.numel() {
+            return self.download_into(t, out);
+        }
+        out.copy_from_slice(&self.download(t)?.to_f32_vec()[range]);
+        Ok(())
     }
 
     /// Chooses how layers will move, for layers of about `layer_bytes`
@@ -445,6 +522,18 @@ pub trait Executor {
         ignore_index: i32,
         grad_scale: f32,
     ) -> Result<CrossEntropyOut<Self::Tensor>>;
+}
+
+/// Checks that `range` lies within the concatenation of `tensors`.
+fn check_range<T: TensorHandle>(op: &'static str, tensors: &[T], range: &Range<usize>) -> Result<()> {
+    let total: usize = tensors.iter().map(|t| t.numel()).sum();
+    if range.start > range.end || range.end > total {
+        return Err(Error::shape(
+            op,
+            format!("elements {range:?} of tensors holding {total}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Downloads `tensors` widened to f32 one after another into `out`, which

@@ -73,6 +73,19 @@ pub enum Download<T> {
     Tensors(Vec<T>),
     /// An executor-side ticket for bytes already on their way.
     Ticket { id: u64, numel: usize },
+    /// Elements of the concatenation of tensors the caller still holds,
+    /// read at [`crate::Executor::finish_download_range`] (executors whose
+    /// tensors already live in host memory).
+    Range(std::ops::Range<usize>),
+}
+
+impl<T> Download<T> {
+    /// Whether bytes are travelling (a device copy in flight). The other
+    /// kinds are host copies made at finish: deferring them overlaps
+    /// nothing and only keeps the tensors alive longer.
+    pub fn in_flight(&self) -> bool {
+        matches!(self, Download::Ticket { .. })
+    }
 }
 
 /// How an executor moves layers, and why it chose that way.

@@ -12,14 +12,14 @@ use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::{HostTier, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
-use super::record::{Modes, Record, median};
+use super::record::{HostPeak, Modes, Record, median};
 use super::spec::Spec;
 
 /// Runs `spec` on the device it names.
 pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     let baseline_rss = rss::current_rss_bytes().unwrap_or(0);
     match spec.device.as_str() {
-        "cpu" => run_on(CpuExecutor::default(), spec, baseline_rss, |_| None),
+        "cpu" => run_on(CpuExecutor::default(), spec, baseline_rss, |_| None, |_| None),
         "gpu" => {
             let ctx = GpuContext::new().context("no GPU adapter")?;
             // The arena's peak of live tensor bytes (pool and driver
@@ -28,9 +28,13 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
                 transport: spec.transport()?,
                 ..GpuOptions::default()
             };
-            run_on(GpuExecutor::with_options(ctx, opts), spec, baseline_rss, |ex| {
-                Some(ex.memory().peak_bytes)
-            })
+            run_on(
+                GpuExecutor::with_options(ctx, opts),
+                spec,
+                baseline_rss,
+                |ex| Some(ex.memory().peak_bytes),
+                |ex| Some(ex.transport_host_bytes()),
+            )
         }
         d => anyhow::bail!("unknown --device {d} (cpu or gpu)"),
     }
@@ -84,12 +88,14 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
 }
 
 /// `device_peak` reads the executor's peak bytes where the trait's
-/// `memory_stats` does not report it.
+/// `memory_stats` does not report it; `transport_host` the host-visible
+/// bytes of its transport buffers (a GPU's upload ring and readback pool).
 fn run_on<E: Executor>(
     mut ex: E,
     spec: &Spec,
     baseline_rss: u64,
     device_peak: impl Fn(&E) -> Option<u64>,
+    transport_host: impl Fn(&E) -> Option<u64>,
 ) -> anyhow::Result<Record> {
     let p = precision(spec)?;
     ex.set_compute_precision(p.compute())
@@ -99,11 +105,14 @@ fn run_on<E: Executor>(
     let tier = tier_for(spec, &model)?;
     let tier_report = tier.report();
     let tier_ram = tier_report.ram.total();
-    let config = TrainerConfig {
+    let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };
+    if let Some(b) = spec.transfer_chunk {
+        config.transfer_chunk = (b / 4).max(1) as usize;
+    }
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
     if let Some(w) = spec.spill_window {
         tr.set_spill_window(WindowConfig::from_bytes(w, 4));
@@ -157,6 +166,17 @@ fn run_on<E: Executor>(
     let peak_rss = rss::peak_rss_bytes().unwrap_or(0);
     let staging = tr.staging_bytes();
     let peak_device = device_peak(tr.executor());
+    let host_peak = HostPeak::new(
+        peak_rss,
+        baseline_rss,
+        &tier_report.ram,
+        staging,
+        transport_host(tr.executor()),
+        // The CPU executor's tensors are host memory; a GPU's are not.
+        (spec.device == "cpu")
+            .then(|| tr.executor().memory_stats().map(|s| s.peak_bytes))
+            .flatten(),
+    );
     let modes = if spec.mode_reps > 0 {
         Some(run_modes(&mut tr, &all[0], spec)?)
     } else {
@@ -175,6 +195,7 @@ fn run_on<E: Executor>(
         tr.transport_info(),
     );
     record.first_spilled = tier_report.first_spilled;
+    record.host_peak = Some(host_peak);
     record.spilled_params = tier_report.disk.params / 4;
     if record.device_peak_bytes.is_none() {
         record.device_peak_bytes = peak_device.filter(|&p| p > 0);

@@ -112,6 +112,10 @@ pub struct Args {
     /// RAM for the spill read-ahead / write-behind window (default the trainer's, 384M).
     #[arg(long, value_parser = parse_bytes)]
     spill_window: Option<u64>,
+    /// Most gradient bytes (f32) the trainer moves and stages at once
+    /// (default the trainer's, 32M): larger layers come down in chunks.
+    #[arg(long, value_parser = parse_bytes)]
+    transfer_chunk: Option<u64>,
     /// Size of the scratch file that measures the disk's sequential bandwidth.
     #[arg(long, value_parser = parse_bytes, default_value = "2G")]
     disk_probe: u64,
@@ -191,6 +195,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         host_budget: None,
         spill_dir: None,
         spill_window: a.spill_window,
+        transfer_chunk: a.transfer_chunk,
     }
 }
 

@@ -117,11 +117,91 @@ pub struct Record {
     pub first_spilled: Option<usize>,
     #[serde(default)]
     pub spilled_params: u64,
+    /// Peak host memory by kind.
+    #[serde(default)]
+    pub host_peak: Option<HostPeak>,
     pub loss_first: f64,
     pub loss_last: f64,
     pub steps: Vec<serde_json::Value>,
     /// PyTorch peer results attached by the parent (None: not run).
     pub peer: Option<Vec<serde_json::Value>>,
+}
+
+/// Peak host memory by kind, bytes: the tier's reserved blocks (fixed
+/// once allocated), the peaks of the trainer's and executor's own byte
+/// counters, the RSS at start, and what the measured peak RSS (VmHWM)
+/// leaves over. Counters peak at different moments of a step, so their
+/// sum can pass the RSS peak: `other` is then negative.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostPeak {
+    pub peak_rss: u64,
+    pub tier_params: u64,
+    /// AdamW m and v.
+    pub tier_moments: u64,
+    pub tier_transport: u64,
+    pub tier_held_grads: u64,
+    /// The trainer's gradient staging pool, most bytes at once.
+    pub staging_pool: u64,
+    /// Host-visible transport buffers of the executor (a GPU's upload
+    /// ring and parked readback buffers) after the steps; `None` for the
+    /// CPU executor, which has none.
+    pub transport_buffers: Option<u64>,
+    /// Peak bytes of the executor's tensors where they are host memory
+    /// (the CPU executor); `None` where they live on a device.
+    pub executor_tensors: Option<u64>,
+    /// RSS when the process started.
+    pub baseline: u64,
+    /// `peak_rss` minus every figure above.
+    pub other: i64,
+}
+
+impl HostPeak {
+    pub fn new(
+        peak_rss: u64,
+        baseline: u64,
+        tier: &megatrain_tier::BytesByKind,
+        staging_pool: u64,
+        transport_buffers: Option<u64>,
+        executor_tensors: Option<u64>,
+    ) -> HostPeak {
+        let counted = tier.total()
+            + staging_pool
+            + transport_buffers.unwrap_or(0)
+            + executor_tensors.unwrap_or(0)
+            + baseline;
+        HostPeak {
+            peak_rss,
+            tier_params: tier.params,
+            tier_moments: tier.moments,
+            tier_transport: tier.transport,
+            tier_held_grads: tier.gradients,
+            staging_pool,
+            transport_buffers,
+            executor_tensors,
+            baseline,
+            other: peak_rss as i64 - counted as i64,
+        }
+    }
+
+    /// `(kind, bytes)` for the report, the tier's kinds first.
+    pub fn kinds(&self) -> Vec<(&'static str, i64)> {
+        let mut v = vec![
+            ("tier p", self.tier_params as i64),
+            ("tier m+v", self.tier_moments as i64),
+            ("tier transport", self.tier_transport as i64),
+            ("tier held grads", self.tier_held_grads as i64),
+            ("staging pool", self.staging_pool as i64),
+        ];
+        if let Some(b) = self.transport_buffers {
+            v.push(("transport buffers", b as i64));
+        }
+        if let Some(b) = self.executor_tensors {
+            v.push(("executor tensors", b as i64));
+        }
+        v.push(("process at start", self.baseline as i64));
+        v.push(("other", self.other));
+        v
+    }
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -251,6 +331,7 @@ impl Record {
             },
             first_spilled: None,
             spilled_params: 0,
+            host_peak: None,
             loss_first: steps.first().map_or(f64::NAN, |m| m.loss),
             loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
             steps: steps

@@ -130,6 +130,26 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
             let _ = writeln!(s, "- peer check {}: {line}", r.spec.label);
         }
     }
+    for r in records {
+        if let Some(h) = &r.host_peak {
+            let n = r.n_params.max(1) as f64;
+            let kinds: Vec<String> = h
+                .kinds()
+                .iter()
+                .map(|(k, b)| format!("{k} {:.1} MB ({:.3} B/param)", *b as f64 / 1e6, *b as f64 / n))
+                .collect();
+            let _ = writeln!(
+                s,
+                "- host peak {} {} {}: {:.1} MB = {:.3} B/param: {}",
+                r.spec.label,
+                r.spec.device,
+                r.spec.precision,
+                h.peak_rss as f64 / 1e6,
+                h.peak_rss as f64 / n,
+                kinds.join(", ")
+            );
+        }
+    }
     for (label, why) in failures {
         let _ = writeln!(s, "- {label}: not run: {why}");
     }

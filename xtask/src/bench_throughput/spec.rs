@@ -44,6 +44,9 @@ pub struct Spec {
     /// RAM of the spill window (bytes; default the trainer's).
     #[serde(default)]
     pub spill_window: Option<u64>,
+    /// Gradient bytes moved at once (default the trainer's).
+    #[serde(default)]
+    pub transfer_chunk: Option<u64>,
 }
 
 fn auto() -> String {
@@ -133,6 +136,7 @@ pub(crate) fn test_spec() -> Spec {
         host_budget: None,
         spill_dir: None,
         spill_window: None,
+        transfer_chunk: None,
     }
 }
 

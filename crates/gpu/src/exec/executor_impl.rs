@@ -86,6 +86,14 @@ impl Executor for GpuExecutor {
         self.finish_download_impl(d, out)
     }
 
+    fn begin_download_range(
+        &self,
+        tensors: &[GpuTensor],
+        range: std::ops::Range<usize>,
+    ) -> Result<Download<GpuTensor>> {
+        self.begin_download_range_impl(tensors, range)
+    }
+
     fn prepare_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<Option<TransportInfo>> {
         self.prepare_transport_impl(layer_bytes, grad_bytes).map(Some)
     }

@@ -281,11 +281,42 @@ impl GpuExecutor {
         Ok(Download::Ticket { id, numel })
     }
 
+    /// Elements `range` of the concatenation of `tensors` into a readback
+    /// buffer of the range's size (never the layer's).
+    pub(crate) fn begin_download_range_impl(
+        &self,
+        tensors: &[GpuTensor],
+        range: std::ops::Range<usize>,
+    ) -> Result<Download<GpuTensor>> {
+        let total: usize = tensors.iter().map(|t| t.numel()).sum();
+        if range.start > range.end || range.end > total {
+            return Err(Error::shape(
+                "begin_download_range",
+                format!("elements {range:?} of tensors holding {total}"),
+            ));
+        }
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let choice = self.resolve_transport(&mut st)?;
+        let usage = st.transport_and_slots(choice).0.readback_usage();
+        let TransportState { readback, stats, .. } = &mut *st;
+        let p = readback.begin_range(&self.link(), usage, tensors, range, stats);
+        let (id, numel) = (st.next_ticket, p.numel);
+        st.next_ticket += 1;
+        st.pending.insert(id, p);
+        Ok(Download::Ticket { id, numel })
+    }
+
     pub(crate) fn finish_download_impl(&self, d: Download<GpuTensor>, out: &mut [f32]) -> Result<()> {
         let id = match d {
             Download::Ticket { id, .. } => id,
             // Not started by this executor's begin: plain downloads.
             Download::Tensors(ts) => return megatrain_tensor::download_concat(self, &ts, out),
+            Download::Range(r) => {
+                return Err(Error::shape(
+                    "finish_download",
+                    format!("range {r:?} was not begun by this executor"),
+                ));
+            }
         };
         let mut st = self.transport.lock().expect("transport poisoned");
         let p = st.pending.remove(&id).ok_or_else(|| {

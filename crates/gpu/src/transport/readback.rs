@@ -172,3 +172,63 @@ impl ReadbackPool {
         Ok(())
     }
 }
+
+/// Partial downloads: a chunk of a layer, so that readback buffers are
+/// sized by the chunk, not by the largest layer.
+impl ReadbackPool {
+    /// Copies elements `range` of the concatenation of `tensors` into a
+    /// readback buffer of `usage` and starts mapping it. Copies move whole
+    /// 4-byte words: a cut inside a 16-bit tensor copies one element more,
+    /// skipped when decoding.
+    pub fn begin_range(
+        &mut self,
+        link: &Link<'_>,
+        usage: wgpu::BufferUsages,
+        tensors: &[GpuTensor],
+        range: std::ops::Range<usize>,
+        stats: &mut TransportStats,
+    ) -> PendingRead {
+        let t0 = Instant::now();
+        // (tensor, source byte offset, bytes to copy, skipped leading bytes, elements).
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for t in tensors {
+            let (lo, hi) = (range.start.max(start), range.end.min(start + t.numel()));
+            if lo < hi {
+                let size = t.dtype.size_in_bytes() as u64;
+                let a = t.offset + (lo - start) as u64 * size;
+                let b = t.offset + (hi - start) as u64 * size;
+                let (a4, b4) = (a / 4 * 4, b.div_ceil(4) * 4);
+                pieces.push((t, a4, b4 - a4, a - a4, hi - lo));
+            }
+            start += t.numel();
+        }
+        let mut layout = Vec::with_capacity(pieces.len());
+        let mut bytes = 0u64;
+        for &(t, _, len, skip, n) in &pieces {
+            layout.push((t.dtype, n, bytes + skip));
+            bytes += len;
+        }
+        let buf = self.take(link, usage, bytes, stats);
+        let mut enc = link.device.create_command_encoder(&Default::default());
+        let mut at = 0;
+        for &(t, from, len, _, _) in &pieces {
+            enc.copy_buffer_to_buffer(t.buffer(), from, &buf, at, len);
+            at += len;
+        }
+        let copy = link.submit_copy(enc);
+        let map = MapState::default();
+        map.map(&buf, wgpu::MapMode::Read, bytes.max(4));
+        stats.down_submit_ns += nanos(t0.elapsed());
+        stats.downloads += 1;
+        stats.bytes_down += bytes;
+        PendingRead {
+            buf,
+            map,
+            copy,
+            numel: range.len(),
+            layout,
+            bytes,
+        }
+    }
+}

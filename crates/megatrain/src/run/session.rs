@@ -376,6 +376,7 @@ pub fn train_with<E: Executor>(
         },
         grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
         optimizer_queue: 2,
+        ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {

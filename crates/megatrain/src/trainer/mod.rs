@@ -39,14 +39,16 @@ mod setup;
 mod spill_window;
 mod upload;
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::time::Instant;
 
 use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
-use megatrain_tensor::{Executor, TransportInfo};
+use megatrain_tensor::{Download, Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
-    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, head_loss,
+    block_backward, block_forward, embedding_forward, embedding_grads, head_forward_backward, head_loss,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
 
@@ -57,7 +59,7 @@ pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, worker};
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier};
-use upload::{EMBEDDING_SLOT, HEAD_SLOT, Pending, Slots, begin_grads};
+use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads};
 pub use upload::{held_bytes, load_layer, upload_layer, weight_uploads};
 
 #[derive(Debug, thiserror::Error)]
@@ -90,9 +92,19 @@ pub struct TrainerConfig {
     /// that holds gradients.
     pub grad_clip: Option<f64>,
     /// Optimizer jobs that may wait in the queue before the device side
-    /// blocks (each holds one layer's gradients in host memory).
+    /// blocks (each holds one chunk of gradients in host memory).
     pub optimizer_queue: usize,
+    /// Most gradient elements moved, staged and handed to the optimizer at
+    /// once: layers larger than this (the embedding and head of a large
+    /// vocabulary, and big blocks) come down in chunks of this size, so
+    /// host staging and the executor's readback buffers are sized by it
+    /// rather than by the largest layer. Results do not depend on it.
+    pub transfer_chunk: usize,
 }
+
+/// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
+/// gradients (the spill window's chunk, so its chunks line up).
+pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
 
 impl Default for TrainerConfig {
     fn default() -> Self {
@@ -102,6 +114,7 @@ impl Default for TrainerConfig {
             adamw: AdamWConfig::default(),
             grad_clip: None,
             optimizer_queue: 2,
+            transfer_chunk: DEFAULT_TRANSFER_CHUNK,
         }
     }
 }
@@ -127,15 +140,29 @@ pub struct Trainer<E: Executor> {
 /// (and the layer sent to the optimizer) only after the next layer's
 /// backward has been issued, so the executor computes while bytes travel.
 /// Layers are handed over last first, in the order of [`LayerSlab`]s.
+///
+/// Every layer moves in chunks of at most `chunk` elements, at most
+/// [`CHUNKS_IN_FLIGHT`] of a layer at a time, so no readback or staging
+/// buffer is sized by the largest layer (the embedding or the head, whose
+/// size grows with the vocabulary); a layer of one or two chunks moves as
+/// a whole layer did. Downloads that are host copies (nothing in flight)
+/// are finished at once: deferring them would overlap nothing and keep the
+/// layer's gradient tensors alive through the next layer's backward.
 struct Handoff<'s, 't, E: Executor> {
     ex: &'s E,
     tx: SyncSender<Job<'t>>,
     pool: &'s StagingPool,
     update: bool,
+    chunk: usize,
+    /// Whether the last download was a host copy (nothing in flight).
+    host_copies: bool,
     /// Layers not handed over yet.
     remaining: &'t mut [LayerSlab],
-    pending: Option<Pending<&'t mut LayerSlab, E::Tensor>>,
+    pending: Option<Pending<'t, E::Tensor>>,
 }
+
+/// Chunks of one layer's gradients in flight at once.
+const CHUNKS_IN_FLIGHT: usize = 2;
 
 impl<'t, E: Executor> Handoff<'_, 't, E> {
     /// Starts the download of the last remaining layer's gradients, then
@@ -145,43 +172,93 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
             .split_last_mut()
             .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
         self.remaining = rest;
-        let t = Instant::now();
-        let (download, bytes) = begin_grads(self.ex, slab, grads)?;
-        m.download_ms += ms(t);
+        let bytes = check_grads(slab, &grads)?;
         m.bytes_downloaded += bytes;
-        match self.pending.replace(Pending { slab, download }) {
-            Some(previous) => self.send(previous, m),
-            None => Ok(()),
+        let mut p = Pending::new(slab, grads);
+        self.begin_more(&mut p, m)?;
+        let deferred = p.in_flight.front().is_some_and(|(_, d)| d.in_flight());
+        self.host_copies = !deferred;
+        if let Some(previous) = self.pending.replace(p) {
+            self.drain(previous, m)?;
         }
+        if !deferred {
+            self.flush(m)?;
+        }
+        Ok(())
     }
 
     /// Completes the last download (end of backward).
     fn flush(&mut self, m: &mut StepMetrics) -> Result<()> {
         match self.pending.take() {
-            Some(last) => self.send(last, m),
+            Some(last) => self.drain(last, m),
             None => Ok(()),
         }
     }
 
-    fn send(&self, p: Pending<&'t mut LayerSlab, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        let mut staging = self.pool.take(p.slab.numel());
-        let t = Instant::now();
-        let done = self.ex.finish_download(p.download, &mut staging);
-        m.download_ms += ms(t);
-        if let Err(e) = done {
-            self.pool.give(staging);
-            return Err(e.into());
+    /// Begins the layer's next chunks, up to [`CHUNKS_IN_FLIGHT`].
+    fn begin_more(&self, p: &mut Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
+        while p.in_flight.len() < CHUNKS_IN_FLIGHT && !p.begun_all {
+            let r = p.next..(p.next + self.chunk).min(p.numel);
+            let t = Instant::now();
+            let d = self.ex.begin_download_range(&p.grads, r.clone())?;
+            m.download_ms += ms(t);
+            p.next = r.end;
+            p.begun_all = p.next == p.numel;
+            p.in_flight.push_back((r, d));
         }
-        let t = Instant::now();
-        self.tx
-            .send(Job {
-                slab: p.slab,
-                grads: staging,
-                update: self.update,
-            })
-            .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
-        m.optimizer_wait_ms += ms(t);
         Ok(())
+    }
+
+    /// Finishes every chunk of `p` in order, sending each to the optimizer.
+    fn drain(&self, mut p: Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
+        while let Some((r, d)) = p.in_flight.pop_front() {
+            let mut staging = self.pool.take(r.len());
+            let t = Instant::now();
+            let done = self.ex.finish_download_range(d, &p.grads, &mut staging);
+            m.download_ms += ms(t);
+            if let Err(e) = done {
+                self.pool.give(staging);
+                return Err(e.into());
+            }
+            self.begin_more(&mut p, m)?;
+            let t = Instant::now();
+            self.tx
+                .send(Job {
+                    slab: p.slab.take(),
+                    range: r,
+                    grads: staging,
+                    update: self.update,
+                })
+                .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
+            m.optimizer_wait_ms += ms(t);
+        }
+        Ok(())
+    }
+}
+
+/// A layer whose gradients are coming down in chunks.
+struct Pending<'t, T> {
+    /// The layer, until its first chunk is sent with it.
+    slab: Option<&'t mut LayerSlab>,
+    numel: usize,
+    /// The gradient tensors (table order), kept until every chunk is in.
+    grads: Vec<T>,
+    /// First element not begun yet.
+    next: usize,
+    begun_all: bool,
+    in_flight: VecDeque<(Range<usize>, Download<T>)>,
+}
+
+impl<'t, T> Pending<'t, T> {
+    fn new(slab: &'t mut LayerSlab, grads: Vec<T>) -> Self {
+        Pending {
+            numel: slab.numel(),
+            slab: Some(slab),
+            grads,
+            next: 0,
+            begun_all: false,
+            in_flight: VecDeque::new(),
+        }
     }
 }
 
@@ -195,10 +272,14 @@ impl<E: Executor> Trainer<E> {
     /// `model.layer_tables()`), with parameters already initialised or
     /// loaded and transport copies refreshed.
     pub fn new(ex: E, model: ModelConfig, tier: HostTier, config: TrainerConfig) -> Result<Self> {
-        if config.checkpoint_every == 0 || config.chunk_rows == 0 || config.optimizer_queue == 0 {
+        if config.checkpoint_every == 0
+            || config.chunk_rows == 0
+            || config.optimizer_queue == 0
+            || config.transfer_chunk == 0
+        {
             return Err(TrainError::Config(format!(
-                "checkpoint_every ({}), chunk_rows ({}) and optimizer_queue ({}) must be positive",
-                config.checkpoint_every, config.chunk_rows, config.optimizer_queue
+                "checkpoint_every ({}), chunk_rows ({}), optimizer_queue ({}) and transfer_chunk ({}) must be positive",
+                config.checkpoint_every, config.chunk_rows, config.optimizer_queue, config.transfer_chunk
             )));
         }
         if let Some(c) = config.grad_clip {
@@ -222,19 +303,22 @@ impl<E: Executor> Trainer<E> {
             )));
         }
         let masks = tables.iter().map(DecayMask::from_param_table).collect();
-        // Sized by the largest layer: the one whose crossing matters most.
+        // Sized by what crosses at once: the largest layer up to a chunk.
+        let chunk_bytes = 4 * config.transfer_chunk as u64;
         let layer_bytes = tier
             .layers()
             .iter()
             .map(|s| held_bytes(&weight_uploads(s)))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .min(chunk_bytes);
         let grad_bytes = tier
             .layers()
             .iter()
             .map(|s| 4 * s.numel() as u64)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .min(chunk_bytes);
         let transport = ex.prepare_transport(layer_bytes, grad_bytes)?;
         Ok(Trainer {
             adamw: AdamW::new(config.adamw)?,
@@ -287,9 +371,20 @@ impl<E: Executor> Trainer<E> {
         &self.config
     }
 
-    /// Host bytes of gradient staging buffers.
+    /// Most host bytes the gradient staging buffers held at once.
     pub fn staging_bytes(&self) -> u64 {
-        self.pool.bytes()
+        self.pool.peak_bytes()
+    }
+
+    /// Gradient elements moved at once: [`TrainerConfig::transfer_chunk`],
+    /// rounded up to whole chunks of the spill window where layers spill
+    /// (their updates read the window chunk by chunk).
+    fn transfer_chunk(&self) -> usize {
+        let c = self.config.transfer_chunk;
+        match self.tier.has_spill() {
+            true => c.div_ceil(self.spill.chunk_elems.max(1)) * self.spill.chunk_elems.max(1),
+            false => c,
+        }
     }
 
     /// One optimizer step over `micro` micro-batches at learning rate `lr`.
@@ -388,7 +483,8 @@ impl<E: Executor> Trainer<E> {
         let window = spill_window::start_forward(&self.tier, self.spill)?;
         for slab in self.tier.layers_mut() {
             let mask = &self.masks[slab.index()];
-            spill_window::update_any(slab, None, window.as_ref(), &self.adamw, mask, lr, coef)?;
+            let all = 0..slab.numel();
+            spill_window::update_any(slab, None, all, window.as_ref(), &self.adamw, mask, lr, coef)?;
         }
         if let Some(w) = window {
             spill_window::record(m, &w.finish()?);
@@ -409,6 +505,7 @@ impl<E: Executor> Trainer<E> {
         lr: f32,
         m: &mut StepMetrics,
     ) -> Result<f64> {
+        let chunk = self.transfer_chunk();
         let Trainer {
             ex,
             model: cfg,
@@ -453,6 +550,8 @@ impl<E: Executor> Trainer<E> {
                 tx,
                 pool,
                 update,
+                chunk,
+                host_copies: false,
                 remaining: tier.layers_mut(),
                 pending: None,
             };
@@ -469,6 +568,17 @@ impl<E: Executor> Trainer<E> {
             let t_fwd = Instant::now();
             let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
             let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
+            // The embedding backward reads only the tables' shapes: unless a
+            // tied head reads them, free them now (on an executor whose
+            // tensors are host memory they are the vocabulary's size; a
+            // device slot keeps its buffer either way).
+            let emb_shapes: Vec<Shape> = emb_w.iter().map(|w| w.shape().clone()).collect();
+            let emb_w = if cfg.tie_word_embeddings {
+                emb_w
+            } else {
+                drop(emb_w);
+                Vec::new()
+            };
             let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
             for i in 0..n_blocks {
                 let slot = slots.take()?;
@@ -496,9 +606,8 @@ impl<E: Executor> Trainer<E> {
                 grad_scale,
                 config.chunk_rows,
             )?;
-            drop(x);
+            drop((x, head_w));
             h.push(head.grads, m)?;
-            drop(head_w);
             m.loss_ms += ms(t_loss);
 
             // 3. Backward, K blocks at a time, last first. A group's K
@@ -530,18 +639,27 @@ impl<E: Executor> Trainer<E> {
                     h.push(grads, m)?;
                 }
             }
-            let grads = embedding_backward(cfg, ex, &emb_w, &batch.inputs, b, t, &dx, head.tied_grad)?;
-            drop(dx);
+            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, b, t, &dx, head.tied_grad)?;
+            drop((dx, emb_w));
             h.push(grads, m)?;
             h.flush(m)?;
             m.backward_ms += ms(t_bwd);
 
             // 4. The optimizer's tail.
+            let host_copies = h.host_copies;
             drop(h);
             let t_wait = Instant::now();
             let rep = opt
                 .join()
                 .map_err(|_| TrainError::Internal("optimizer worker panicked".into()))??;
+            // Where gradients were host copies, the executor's tensors share
+            // this RAM and peak in the next forward and head (the embedding
+            // and head, the vocabulary's size): free the staging buffers
+            // until then. A device keeps them, and its transfers stay
+            // allocation-free.
+            if host_copies {
+                pool.release();
+            }
             m.optimizer_wait_ms += ms(t_wait);
             m.optimizer_ms += rep.busy_ms;
             m.comm_ms += rep.comm_ms;

@@ -247,7 +247,15 @@ impl<E: Executor> Trainer<E> {
         for slab in self.tier.layers_mut() {
             let len = slab.numel();
             let mask = &self.masks[slab.index()];
-            update_slab(slab, Some(&mut grad[..len]), &self.adamw, mask, lr as f32, 1.0)?;
+            update_slab(
+                slab,
+                Some(&mut grad[..len]),
+                0..len,
+                &self.adamw,
+                mask,
+                lr as f32,
+                1.0,
+            )?;
         }
         Ok(ms(start))
     }

@@ -15,13 +15,73 @@ use rayon::prelude::*;
 use super::TrainError;
 use super::spill_window::update_any;
 
-/// One layer's gradients, handed from the step to the optimizer.
+/// One chunk of a layer's gradients, handed from the step to the
+/// optimizer. A layer's chunks come in order, the first one with the layer
+/// itself; the layer is done when a chunk ends at its last element.
 pub(super) struct Job<'a> {
-    pub slab: &'a mut LayerSlab,
-    /// Freshly downloaded gradients (a pooled staging buffer).
+    /// The layer, with its first chunk (`None` on the later ones).
+    pub slab: Option<&'a mut LayerSlab>,
+    /// The layer's elements these gradients are.
+    pub range: Range<usize>,
+    /// Freshly downloaded gradients (a pooled staging buffer of the
+    /// chunk's size, never the layer's).
     pub grads: Vec<f32>,
     /// Run AdamW after accumulating (last micro-batch, no clipping).
     pub update: bool,
+}
+
+/// The layer whose chunks a worker is receiving.
+#[derive(Default)]
+pub(super) struct Current<'a> {
+    slab: Option<&'a mut LayerSlab>,
+    /// The first element not received yet.
+    next: usize,
+}
+
+impl<'a> Current<'a> {
+    /// Takes `job`'s layer (on its first chunk) and checks that the chunk
+    /// follows the previous one. Returns the layer and whether this chunk
+    /// completes it.
+    pub fn accept(
+        &mut self,
+        slab: Option<&'a mut LayerSlab>,
+        range: &Range<usize>,
+    ) -> Result<bool, TrainError> {
+        if let Some(s) = slab {
+            if self.slab.is_some() {
+                return Err(TrainError::Internal(format!(
+                    "layer {} arrived before the previous layer's last chunk",
+                    s.index()
+                )));
+            }
+            self.slab = Some(s);
+            self.next = 0;
+        }
+        let slab = self
+            .slab
+            .as_deref()
+            .ok_or_else(|| TrainError::Internal("a gradient chunk came without its layer".into()))?;
+        if range.start != self.next || range.end > slab.numel() || range.start > range.end {
+            return Err(TrainError::Internal(format!(
+                "layer {}: gradient chunk {range:?} does not follow element {} of {}",
+                slab.index(),
+                self.next,
+                slab.numel()
+            )));
+        }
+        self.next = range.end;
+        Ok(range.end == slab.numel())
+    }
+
+    pub fn slab(&mut self) -> &mut LayerSlab {
+        self.slab.as_deref_mut().expect("accepted a chunk first")
+    }
+
+    /// Hands the completed layer out.
+    pub fn take(&mut self) -> Option<&'a mut LayerSlab> {
+        self.next = 0;
+        self.slab.take()
+    }
 }
 
 /// What every job shares.
@@ -35,32 +95,55 @@ pub(super) struct Shared<'a> {
     pub window: Option<&'a SpillWindow>,
 }
 
-/// Reused gradient staging buffers: one per layer in flight, never one per
+/// Reused gradient staging buffers: one per chunk in flight, never one per
 /// layer per step.
 #[derive(Debug, Default)]
-pub struct StagingPool(Mutex<Vec<Vec<f32>>>);
+pub struct StagingPool(Mutex<PoolState>);
+
+#[derive(Debug, Default)]
+struct PoolState {
+    free: Vec<Vec<f32>>,
+    /// Bytes of every buffer the pool made, in it or handed out.
+    owned: u64,
+    peak: u64,
+}
 
 impl StagingPool {
     /// A buffer of exactly `len` elements (contents unspecified).
     pub fn take(&self, len: usize) -> Vec<f32> {
-        let mut v = self
-            .0
-            .lock()
-            .expect("staging pool poisoned")
-            .pop()
-            .unwrap_or_default();
+        let mut st = self.0.lock().expect("staging pool poisoned");
+        let mut v = st.free.pop().unwrap_or_default();
+        let before = v.capacity();
+        // Exactly `len`: a grown buffer must not double (chunks of a layer's
+        // tail are smaller than the rest).
+        v.reserve_exact(len.saturating_sub(v.len()));
         v.resize(len, 0.0);
+        st.owned += 4 * (v.capacity() - before) as u64;
+        st.peak = st.peak.max(st.owned);
         v
     }
 
     pub fn give(&self, v: Vec<f32>) {
-        self.0.lock().expect("staging pool poisoned").push(v);
+        self.0.lock().expect("staging pool poisoned").free.push(v);
     }
 
-    /// Bytes the pool holds (host staging, for the memory report).
+    /// Bytes the pool holds now (host staging, for the memory report).
     pub fn bytes(&self) -> u64 {
-        let pool = self.0.lock().expect("staging pool poisoned");
-        pool.iter().map(|v| 4 * v.capacity() as u64).sum()
+        let st = self.0.lock().expect("staging pool poisoned");
+        st.free.iter().map(|v| 4 * v.capacity() as u64).sum()
+    }
+
+    /// Most bytes the pool's buffers took at once (in it or handed out).
+    pub fn peak_bytes(&self) -> u64 {
+        self.0.lock().expect("staging pool poisoned").peak
+    }
+
+    /// Frees the buffers in the pool.
+    pub fn release(&self) {
+        let mut st = self.0.lock().expect("staging pool poisoned");
+        let freed: u64 = st.free.iter().map(|v| 4 * v.capacity() as u64).sum();
+        st.owned -= freed.min(st.owned);
+        st.free = Vec::new();
     }
 }
 
@@ -97,11 +180,16 @@ pub(super) fn adamw_transport<'a>(t: &'a mut TransportMut<'_>, r: Range<usize>) 
     }
 }
 
-/// AdamW on one slab with gradient `grad`, writing the transport copy in the
-/// same pass.
+/// AdamW on elements `r` of one slab with gradient `grad` (exactly those
+/// elements), or the held gradient when `None`, writing the transport copy
+/// in the same pass. AdamW is elementwise, so a layer updated chunk by chunk
+/// gets the bits of one updated whole; the step count advances (and a
+/// spilled layer's pages are dropped) with the chunk that ends the layer.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn update_slab(
     slab: &mut LayerSlab,
     grad: Option<&mut [f32]>,
+    r: Range<usize>,
     adamw: &AdamW,
     mask: &DecayMask,
     lr: f32,
@@ -109,46 +197,96 @@ pub(super) fn update_slab(
 ) -> Result<(), TrainError> {
     let index = slab.index();
     let numel = slab.numel();
+    let last = r.end == numel;
+    let sub;
+    let mask = if r == (0..numel) {
+        mask
+    } else {
+        sub = sub_mask(mask, r.clone())?;
+        &sub
+    };
     let parts = slab.parts_mut();
-    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
+    let held = parts.grads.map(|h| &mut h[r.clone()]);
+    let (grad, zero) = chosen_grad(index, grad, held)?;
     let mut transport = parts.transport;
-    let transport = adamw_transport(&mut transport, 0..numel);
+    let transport = adamw_transport(&mut transport, r.clone());
     let mut state = SlabState::at_step(*parts.step);
-    let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)
-        .decay(mask)
-        .transport(transport)
-        .zero_grad(zero)
-        .grad_scale(grad_scale);
+    let update = SlabUpdate::new(
+        &mut parts.params[r.clone()],
+        grad,
+        &mut parts.m[r.clone()],
+        &mut parts.v[r],
+    )
+    .decay(mask)
+    .transport(transport)
+    .zero_grad(zero)
+    .grad_scale(grad_scale);
     adamw.step(&mut state, lr, update)?;
-    *parts.step = state.step();
-    // A spilled layer's pages would otherwise stay resident and break the
-    // RAM budget; the next step maps them back in.
-    slab.evict()?;
+    if last {
+        *parts.step = state.step();
+        // A spilled layer's pages would otherwise stay resident and break
+        // the RAM budget; the next step maps them back in.
+        slab.evict()?;
+    }
     Ok(())
 }
 
-fn run_job(job: Job<'_>, sh: &Shared<'_>) -> Result<(), TrainError> {
+/// The decay mask of elements `r` of a slab, re-based to 0.
+pub(super) fn sub_mask(mask: &DecayMask, r: Range<usize>) -> Result<DecayMask, TrainError> {
+    Ok(match mask {
+        DecayMask::All => DecayMask::All,
+        DecayMask::None => DecayMask::None,
+        DecayMask::Ranges { ranges, .. } => DecayMask::from_ranges(
+            r.len(),
+            ranges
+                .iter()
+                .map(|d| d.start.max(r.start)..d.end.min(r.end))
+                .filter(|d| d.start < d.end)
+                .map(|d| d.start - r.start..d.end - r.start),
+        )?,
+    })
+}
+
+fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Result<(), TrainError> {
     let Job {
         slab,
+        range,
         mut grads,
         update,
     } = job;
-    let index = slab.index();
-    let mask = &sh.masks[index];
-    let result = match slab.grads_mut() {
-        Some(held) => {
-            accumulate(held, &grads);
-            if update {
-                update_any(slab, None, sh.window, sh.adamw, mask, sh.lr, 1.0)
-            } else {
-                Ok(())
+    let result = (|| {
+        let last = current.accept(slab, &range)?;
+        let slab = current.slab();
+        let index = slab.index();
+        let mask = &sh.masks[index];
+        let result = match slab.grads_mut() {
+            Some(held) => {
+                accumulate(&mut held[range.clone()], &grads);
+                if update && last {
+                    update_any(slab, None, 0..slab.numel(), sh.window, sh.adamw, mask, sh.lr, 1.0)
+                } else {
+                    Ok(())
+                }
             }
+            None if update => update_any(
+                slab,
+                Some(&mut grads),
+                range,
+                sh.window,
+                sh.adamw,
+                mask,
+                sh.lr,
+                1.0,
+            ),
+            None => Err(TrainError::Internal(format!(
+                "layer {index}: gradients must be held to accumulate micro-batches"
+            ))),
+        };
+        if last {
+            current.take();
         }
-        None if update => update_any(slab, Some(&mut grads), sh.window, sh.adamw, mask, sh.lr, 1.0),
-        None => Err(TrainError::Internal(format!(
-            "layer {index}: gradients must be held to accumulate micro-batches"
-        ))),
-    };
+        result
+    })();
     sh.pool.give(grads);
     result
 }
@@ -159,13 +297,14 @@ fn run_job(job: Job<'_>, sh: &Shared<'_>) -> Result<(), TrainError> {
 pub(super) fn worker(rx: Receiver<Job<'_>>, sh: Shared<'_>) -> Result<f64, TrainError> {
     let mut busy = 0.0;
     let mut first_err = None;
+    let mut current = Current::default();
     for job in rx {
         if first_err.is_some() {
             sh.pool.give(job.grads);
             continue;
         }
         let t = Instant::now();
-        if let Err(e) = run_job(job, &sh) {
+        if let Err(e) = run_job(job, &mut current, &sh) {
             first_err = Some(e);
         }
         busy += t.elapsed().as_secs_f64() * 1e3;

@@ -26,7 +26,7 @@ use std::time::Instant;
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
 use megatrain_tier::{LayerSlab, TransportMut};
 
-use super::optimizer::{Job, Shared, accumulate};
+use super::optimizer::{Current, Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
 use crate::dist::{Collective, DistConfig, Elem, InFlight, shard_mask, shard_ranges};
@@ -196,13 +196,20 @@ pub(super) fn dist_worker(
     let mut first_err: Option<TrainError> = None;
     let mut reducing: Option<Reducing<'_>> = None;
     let mut gathering: Vec<Gathering<'_>> = Vec::new();
+    let mut assembly = Assembly::default();
     for job in rx {
         if first_err.is_some() {
             sh.pool.give(job.grads);
             continue;
         }
         let step = (|| -> Result<(), TrainError> {
-            let started = start(job, &sh, dist, last, &mut rep)?;
+            let t = Instant::now();
+            let whole = assembly.add(job, &sh);
+            rep.busy_ms += ms(t);
+            let Some(whole) = whole? else {
+                return Ok(());
+            };
+            let started = start(whole, &sh, dist, last, &mut rep)?;
             if let Some(prev) = std::mem::replace(&mut reducing, started) {
                 finish(prev, &sh, dist, &mut rep, &mut gathering)?;
             }
@@ -245,28 +252,76 @@ fn wait(op: Box<dyn InFlight>, rep: &mut WorkerReport) -> Result<(), TrainError>
     r.map_err(|e| TrainError::Internal(e.to_string()))
 }
 
-/// Accumulates a job's gradients where they are held, and on the last
-/// micro-batch starts their reduction.
+/// A whole layer's gradients: the collectives move layers, so a data
+/// parallel worker gathers a layer's chunks first (its host staging is
+/// still layer-sized; the device side moves chunks).
+struct Whole<'a> {
+    slab: &'a mut LayerSlab,
+    /// The gradient to reduce, or empty when it was accumulated into the
+    /// held block.
+    grads: Vec<f32>,
+    update: bool,
+}
+
+/// The layer whose chunks are arriving.
+#[derive(Default)]
+struct Assembly<'a> {
+    current: Current<'a>,
+    buf: Vec<f32>,
+}
+
+impl<'a> Assembly<'a> {
+    /// Accumulates a chunk where gradients are held, else copies it into
+    /// the layer's buffer; returns the layer once its last chunk is in.
+    fn add(&mut self, job: Job<'a>, sh: &Shared<'_>) -> Result<Option<Whole<'a>>, TrainError> {
+        let Job {
+            slab,
+            range,
+            grads,
+            update,
+        } = job;
+        let last = match self.current.accept(slab, &range) {
+            Ok(last) => last,
+            Err(e) => {
+                sh.pool.give(grads);
+                return Err(e);
+            }
+        };
+        let slab = self.current.slab();
+        if let Some(held) = slab.grads_mut() {
+            accumulate(&mut held[range.clone()], &grads);
+        } else {
+            if range.start == 0 {
+                self.buf = sh.pool.take(slab.numel());
+            }
+            self.buf[range].copy_from_slice(&grads);
+        }
+        sh.pool.give(grads);
+        if !last {
+            return Ok(None);
+        }
+        let slab = self.current.take().expect("accepted above");
+        Ok(Some(Whole {
+            slab,
+            grads: std::mem::take(&mut self.buf),
+            update,
+        }))
+    }
+}
+
+/// On the last micro-batch, starts the reduction of a layer's gradients
+/// (accumulated into the held block by [`Assembly::add`] where held).
 fn start<'a>(
-    job: Job<'a>,
+    job: Whole<'a>,
     sh: &Shared<'_>,
     dist: &DistState,
     last: bool,
     rep: &mut WorkerReport,
 ) -> Result<Option<Reducing<'a>>, TrainError> {
-    let Job { slab, grads, update } = job;
+    let Whole { slab, grads, update } = job;
     let index = slab.index();
     let n = slab.numel();
-    let t = Instant::now();
-    let send = match slab.grads_mut() {
-        Some(held) => {
-            accumulate(held, &grads);
-            sh.pool.give(grads);
-            Vec::new()
-        }
-        None => grads,
-    };
-    rep.busy_ms += ms(t);
+    let send = grads;
     if !last {
         if !send.is_empty() {
             sh.pool.give(send);
@@ -371,7 +426,8 @@ fn finish<'a>(
         .map(Some)
     } else {
         let mask = &sh.masks[index];
-        let r = update_any(slab, Some(&mut recv), sh.window, sh.adamw, mask, sh.lr, 1.0);
+        let all = 0..slab.numel();
+        let r = update_any(slab, Some(&mut recv), all, sh.window, sh.adamw, mask, sh.lr, 1.0);
         if let Some(held) = slab.grads_mut() {
             held.fill(0.0);
         }

@@ -14,7 +14,7 @@ use std::ops::Range;
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
 use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, WindowConfig};
 
-use super::optimizer::{adamw_transport, chosen_grad, update_slab};
+use super::optimizer::{adamw_transport, chosen_grad, sub_mask, update_slab};
 use super::{Result, StepMetrics, TrainError};
 
 /// A window over the tier's spilled layers in the backward's order (last
@@ -49,11 +49,14 @@ pub(super) fn record(m: &mut StepMetrics, s: &SpillStats) {
     };
 }
 
-/// AdamW on one layer: through the window when the layer is spilled and a
-/// window is open, else in place ([`update_slab`]).
+/// AdamW on elements `r` of one layer (`grad` holds exactly those, or
+/// `None` for the held gradient): through the window when the layer is
+/// spilled and a window is open, else in place ([`update_slab`]).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn update_any(
     slab: &mut LayerSlab,
     grad: Option<&mut [f32]>,
+    r: Range<usize>,
     window: Option<&SpillWindow>,
     adamw: &AdamW,
     mask: &DecayMask,
@@ -62,31 +65,20 @@ pub(super) fn update_any(
 ) -> Result<()> {
     match window {
         Some(w) if slab.is_spilled() && slab.numel() > 0 => {
-            update_spilled(slab, grad, w, adamw, mask, lr, grad_scale)
+            update_spilled(slab, grad, r, w, adamw, mask, lr, grad_scale)
         }
-        _ => update_slab(slab, grad, adamw, mask, lr, grad_scale),
+        _ => update_slab(slab, grad, r, adamw, mask, lr, grad_scale),
     }
 }
 
-/// The decay mask of elements `r` of a slab, re-based to 0.
-fn sub_mask(mask: &DecayMask, r: Range<usize>) -> Result<DecayMask> {
-    Ok(match mask {
-        DecayMask::All => DecayMask::All,
-        DecayMask::None => DecayMask::None,
-        DecayMask::Ranges { ranges, .. } => DecayMask::from_ranges(
-            r.len(),
-            ranges
-                .iter()
-                .map(|d| d.start.max(r.start)..d.end.min(r.end))
-                .filter(|d| d.start < d.end)
-                .map(|d| d.start - r.start..d.end - r.start),
-        )?,
-    })
-}
-
+/// The window hands a layer out in chunks of its own size, in order; a
+/// gradient chunk must end on one of their boundaries (the trainer's
+/// transfer chunk is a multiple of the window's, see `transfer_chunk`).
+#[allow(clippy::too_many_arguments)]
 fn update_spilled(
     slab: &mut LayerSlab,
     grad: Option<&mut [f32]>,
+    r: Range<usize>,
     window: &SpillWindow,
     adamw: &AdamW,
     mask: &DecayMask,
@@ -96,25 +88,25 @@ fn update_spilled(
     let index = slab.index();
     let numel = slab.numel();
     let parts = slab.parts_mut();
-    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
+    let held = parts.grads.map(|h| &mut h[r.clone()]);
+    let (grad, zero) = chosen_grad(index, grad, held)?;
     let mut transport = parts.transport;
     let first = *parts.step;
     let mut next_step = first;
-    let mut done = 0;
-    while done < numel {
+    let mut done = r.start;
+    while done < r.end {
         let mut chunk = window.next(index)?;
-        let r = chunk.range();
-        if r.start != done {
+        let w = chunk.range();
+        if w.start != done || w.end > r.end {
             return Err(TrainError::Internal(format!(
-                "layer {index}: spill chunk starts at {} instead of {done}",
-                r.start
+                "layer {index}: spill chunk {w:?} does not fit gradient chunk {r:?} at {done}"
             )));
         }
-        let sub = sub_mask(mask, r.clone())?;
-        let t = adamw_transport(&mut transport, r.clone());
+        let sub = sub_mask(mask, w.clone())?;
+        let t = adamw_transport(&mut transport, w.clone());
         let (p, m, v) = chunk.parts_mut();
         let mut state = SlabState::at_step(first);
-        let update = SlabUpdate::new(p, &mut grad[r.clone()], m, v)
+        let update = SlabUpdate::new(p, &mut grad[w.start - r.start..w.end - r.start], m, v)
             .decay(&sub)
             .transport(t)
             .zero_grad(zero)
@@ -122,11 +114,13 @@ fn update_spilled(
         adamw.step(&mut state, lr, update)?;
         next_step = state.step();
         window.give_back(chunk)?;
-        done = r.end;
+        done = w.end;
     }
-    *parts.step = next_step;
-    // Held gradients stay on their memory map: drop their pages.
-    slab.evict()?;
+    if r.end == numel {
+        *parts.step = next_step;
+        // Held gradients stay on their memory map: drop their pages.
+        slab.evict()?;
+    }
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //! Streamed layers go into fixed weight slots ([`Slots`]) so that an
 //! executor with device memory reuses one residence per slot instead of
 //! allocating per upload; gradients come back through a download that is
-//! finished one layer later ([`Pending`]).
+//! finished one layer later (`Handoff` in the trainer module).
 
 use std::collections::VecDeque;
 
@@ -122,19 +122,9 @@ pub fn upload_layer<E: Executor>(ex: &E, slab: &LayerSlab) -> Result<(Vec<E::Ten
     Ok((out, held_bytes(&uploads)))
 }
 
-/// A layer's gradient download in flight, with the slab it belongs to.
-pub(super) struct Pending<S, T> {
-    pub slab: S,
-    pub download: Download<T>,
-}
-
-/// Starts bringing a layer's gradients (table order) back; returns the
-/// download and its f32 byte count.
-pub fn begin_grads<E: Executor>(
-    ex: &E,
-    slab: &LayerSlab,
-    grads: Vec<E::Tensor>,
-) -> Result<(Download<E::Tensor>, u64), TrainError> {
+/// Checks that `grads` match the slab's table (count and elements);
+/// returns their f32 byte count.
+pub(super) fn check_grads<T: TensorHandle>(slab: &LayerSlab, grads: &[T]) -> Result<u64, TrainError> {
     let table = slab.table();
     let numel: usize = grads.iter().map(|g| g.numel()).sum();
     if grads.len() != table.len() || numel != table.numel() {
@@ -146,9 +136,20 @@ pub fn begin_grads<E: Executor>(
             table.numel()
         )));
     }
+    Ok(4 * table.numel() as u64)
+}
+
+/// Starts bringing a layer's gradients (table order) back whole; returns
+/// the download and its f32 byte count.
+pub fn begin_grads<E: Executor>(
+    ex: &E,
+    slab: &LayerSlab,
+    grads: Vec<E::Tensor>,
+) -> Result<(Download<E::Tensor>, u64), TrainError> {
+    let bytes = check_grads(slab, &grads)?;
     // The table's offsets are consecutive, so the download's concatenation
     // in table order is the slab layout.
-    Ok((ex.begin_download(grads)?, 4 * table.numel() as u64))
+    Ok((ex.begin_download(grads)?, bytes))
 }
 
 #[cfg(test)]

@@ -73,6 +73,40 @@ pub(super) fn out<F: Real>(shape: Shape, data: Vec<F>) -> T<F> {
 }
 
 /// `[C]` weight matching the last dim of `x`, with `C > 0`.
+/// Elements `range` of `t` into `out` as [`Executor::download`] gives them
+/// (narrowed to f32, then rounded to the stored dtype), without copying
+/// the rest of the tensor.
+fn narrow_range<F: Real>(
+    op: &'static str,
+    t: &T<F>,
+    range: std::ops::Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
+    if range.start > range.end || range.end > t.numel() || range.len() != out.len() {
+        return Err(Error::shape(
+            op,
+            format!(
+                "elements {range:?} of {} into a destination of {}",
+                t.shape(),
+                out.len()
+            ),
+        ));
+    }
+    let src = &t.data()[range];
+    // The rounding `to_host` applies for the stored dtype (the same
+    // conversions as `convert`).
+    let round: fn(f32) -> f32 = match t.dtype() {
+        DType::F32 => |x| x,
+        DType::BF16 => |x| half::bf16::from_f32(x).to_f32(),
+        DType::F16 => |x| half::f16::from_f32(x).to_f32(),
+    };
+    const CHUNK: usize = 1 << 15;
+    out.par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = round(x.narrow_f32())));
+    Ok(())
+}
+
 pub(super) fn norm_weight<F: Real>(op: &'static str, x: &T<F>, w: &T<F>, name: &str) -> Result<()> {
     let c = x.shape().last();
     if x.dims().is_empty() || c == 0 {
@@ -251,6 +285,24 @@ impl<F: Real> Executor for RefExecutor<F> {
 
     fn download(&self, t: &T<F>) -> Result<HostTensor> {
         Ok(t.to_host())
+    }
+
+    fn download_into(&self, t: &T<F>, out: &mut [f32]) -> Result<()> {
+        narrow_range("download_into", t, 0..t.numel(), out)
+    }
+
+    /// The range only, with no whole-tensor copy: the trainer fetches every
+    /// gradient this way, in chunks.
+    fn download_range_into(&self, t: &T<F>, range: std::ops::Range<usize>, out: &mut [f32]) -> Result<()> {
+        narrow_range("download_range_into", t, range, out)
+    }
+
+    fn memory_stats(&self) -> Option<crate::MemoryStats> {
+        Some(crate::cpu::tensor::memory_stats())
+    }
+
+    fn reset_peak_memory(&self) {
+        crate::cpu::tensor::reset_peak_memory();
     }
 
     fn zeros(&self, shape: &Shape) -> Result<T<F>> {

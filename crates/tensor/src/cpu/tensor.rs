@@ -1,16 +1,69 @@
 //! The tensor handle of the reference executors.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::cpu::Real;
-use crate::{DType, Error, HostData, HostTensor, Result, Shape, TensorHandle, convert};
+use crate::{DType, Error, HostData, HostTensor, MemoryStats, Result, Shape, TensorHandle, convert};
 
 /// A shape, the dtype the tensor is stored in, and its values widened to the
 /// compute type `F`. Values of a bf16/f16 tensor are exactly representable
 /// in that dtype, so `download` gives back what was uploaded.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct CpuTensor<F> {
     shape: Shape,
     dtype: DType,
     data: Vec<F>,
+}
+
+/// Bytes of every live reference-executor tensor in the process, and their
+/// peak since the last reset: the executor's share of host memory, which
+/// on the CPU executor is the same RAM as the tier's (the trainer reports
+/// it as the "device" peak).
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+
+fn data_bytes<F>(v: &Vec<F>) -> u64 {
+    (v.capacity() * std::mem::size_of::<F>()) as u64
+}
+
+fn track<F>(v: &Vec<F>) {
+    let b = data_bytes(v);
+    let live = LIVE.fetch_add(b, Ordering::Relaxed) + b;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+fn untrack<F>(v: &Vec<F>) {
+    LIVE.fetch_sub(data_bytes(v), Ordering::Relaxed);
+}
+
+/// Live and peak bytes of reference-executor tensors (process-wide).
+pub(crate) fn memory_stats() -> MemoryStats {
+    MemoryStats {
+        live_bytes: LIVE.load(Ordering::Relaxed),
+        peak_bytes: PEAK.load(Ordering::Relaxed),
+    }
+}
+
+pub(crate) fn reset_peak_memory() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+impl<F> Drop for CpuTensor<F> {
+    fn drop(&mut self) {
+        untrack(&self.data);
+    }
+}
+
+impl<F: Clone> Clone for CpuTensor<F> {
+    fn clone(&self) -> Self {
+        let data = self.data.clone();
+        track(&data);
+        CpuTensor {
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            data,
+        }
+    }
 }
 
 impl<F: Real> CpuTensor<F> {
@@ -28,6 +81,7 @@ impl<F: Real> CpuTensor<F> {
                 ),
             ));
         }
+        track(&data);
         Ok(CpuTensor {
             shape,
             dtype: DType::F32,
@@ -37,6 +91,7 @@ impl<F: Real> CpuTensor<F> {
 
     pub(crate) fn new_unchecked(shape: Shape, data: Vec<F>) -> Self {
         debug_assert_eq!(shape.numel(), data.len());
+        track(&data);
         CpuTensor {
             shape,
             dtype: DType::F32,
@@ -55,6 +110,7 @@ impl<F: Real> CpuTensor<F> {
             HostData::BF16(v) => v.iter().map(|&x| F::from_f32(x.to_f32())).collect(),
             HostData::F16(v) => v.iter().map(|&x| F::from_f32(x.to_f32())).collect(),
         };
+        track(&data);
         CpuTensor {
             shape: t.shape().clone(),
             dtype: t.dtype(),
@@ -82,8 +138,9 @@ impl<F: Real> CpuTensor<F> {
         &mut self.data
     }
 
-    pub fn into_vec(self) -> Vec<F> {
-        self.data
+    pub fn into_vec(mut self) -> Vec<F> {
+        untrack(&self.data);
+        std::mem::take(&mut self.data)
     }
 }
 

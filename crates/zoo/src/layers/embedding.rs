@@ -1,6 +1,6 @@
 //! Layer 0: token embedding (plus GPT-2's learned positions).
 
-use megatrain_tensor::{Executor, TensorHandle};
+use megatrain_tensor::{Executor, Shape, TensorHandle};
 
 use super::{check_weights, shape};
 use crate::{ModelConfig, Result, ZooError};
@@ -68,7 +68,25 @@ pub fn embedding_backward<E: Executor>(
     dx: &E::Tensor,
     tied_grad: Option<E::Tensor>,
 ) -> Result<Vec<E::Tensor>> {
-    check_weights(w, n_weights(cfg), "embedding_backward")?;
+    let shapes: Vec<Shape> = w.iter().map(|t| t.shape().clone()).collect();
+    embedding_grads(cfg, ex, &shapes, ids, batch, seq, dx, tied_grad)
+}
+
+/// [`embedding_backward`] from the weights' shapes alone: the backward
+/// never reads the tables, so a caller may free them after the forward
+/// (the trainer does, where the head is not tied to them).
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_grads<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    shapes: &[Shape],
+    ids: &[u32],
+    batch: usize,
+    seq: usize,
+    dx: &E::Tensor,
+    tied_grad: Option<E::Tensor>,
+) -> Result<Vec<E::Tensor>> {
+    check_weights(shapes, n_weights(cfg), "embedding_backward")?;
     check_ids(cfg, ids, batch, seq, "embedding_backward")?;
     let c = cfg.hidden_size;
     if dx.numel() != batch * seq * c {
@@ -78,21 +96,21 @@ pub fn embedding_backward<E: Executor>(
         ));
     }
     let dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
-    let table_shape = w[0].shape().clone();
+    let table_shape = &shapes[0];
     let mut dwte = match tied_grad {
-        Some(g) if g.shape() == &table_shape => g,
+        Some(g) if g.shape() == table_shape => g,
         Some(g) => {
             return Err(ZooError::invalid(
                 "embedding_backward",
                 format!("tied gradient has shape {:?}, table is {table_shape}", g.dims()),
             ));
         }
-        None => ex.zeros(&table_shape)?,
+        None => ex.zeros(table_shape)?,
     };
     ex.embedding_backward(ids, &dx, &mut dwte)?;
     let mut grads = vec![dwte];
     if cfg.arch.is_gpt2() {
-        let mut dwpe = ex.zeros(w[1].shape())?;
+        let mut dwpe = ex.zeros(&shapes[1])?;
         ex.embedding_backward(&positions(batch, seq), &dx, &mut dwpe)?;
         grads.push(dwpe);
     }

@@ -1,0 +1,179 @@
+//! Moving gradients in chunks changes no result: the same losses and
+//! parameters, bit for bit, whether every layer comes down whole or in
+//! chunks of an awkward size (smaller than every layer, not a divisor of
+//! any), on the CPU executor and on the GPU (lavapipe here), f32 and bf16
+//! transport, tied and untied heads, with gradient accumulation and with
+//! exact clipping. Also: the staging pool is sized by the chunk.
+
+use std::sync::{Arc, OnceLock};
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_adamw::AdamWConfig;
+use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::{CpuExecutor, Executor};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+
+/// Smaller than every layer of the test models, and prime.
+const CHUNK: usize = 1021;
+/// Larger than every layer: each comes down whole.
+const WHOLE: usize = usize::MAX / 8;
+
+fn ctx() -> Option<Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| match GpuContext::new() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but no GPU adapter could be opened: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping GPU chunk tests: {e}");
+            None
+        }
+    })
+    .clone()
+}
+
+fn llama_tiny(tied: bool) -> ModelConfig {
+    let mut c = preset("llama-tiny", None).unwrap();
+    c.num_layers = 2;
+    c.tie_word_embeddings = tied;
+    c
+}
+
+fn gpt2(tied: bool) -> ModelConfig {
+    let mut c = gpt2_nano(97);
+    c.num_layers = 2;
+    c.tie_word_embeddings = tied;
+    c
+}
+
+fn batch(vocab: usize, index: u64) -> Batch {
+    let data = TokenData {
+        tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab as u32).collect(),
+        loss_mask: None,
+    };
+    draw_batch(&data, Sampling::Random { seed: 11 }, index, 2, 9, "mem".as_ref()).unwrap()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    transport: TransportDType,
+    /// Micro-batches per step (more than one holds gradients).
+    micro: usize,
+    clip: Option<f64>,
+}
+
+fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, chunk: usize) -> Trainer<E> {
+    let tier = TierConfig {
+        transport: case.transport,
+        hold_grads: case.micro > 1 || case.clip.is_some(),
+        ..TierConfig::default()
+    };
+    let config = TrainerConfig {
+        checkpoint_every: 2,
+        chunk_rows: 7,
+        adamw: AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        },
+        grad_clip: case.clip,
+        transfer_chunk: chunk,
+        ..TrainerConfig::default()
+    };
+    Trainer::new(ex, model.clone(), init_tier(model, tier, 5).unwrap(), config).unwrap()
+}
+
+/// Losses of 3 steps and the parameters (and transport copies) after.
+fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> (Vec<f64>, Vec<Vec<f32>>, Vec<Vec<u8>>) {
+    let vocab = t.model().vocab_size;
+    let mut losses = Vec::new();
+    for step in 0..3u64 {
+        let micro: Vec<Batch> = (0..case.micro as u64)
+            .map(|k| batch(vocab, step * 10 + k))
+            .collect();
+        losses.push(t.step(&micro, 3e-3).unwrap().loss);
+    }
+    let layers = t.tier().layers();
+    (
+        losses,
+        layers.iter().map(|s| s.params().to_vec()).collect(),
+        layers.iter().map(|s| s.transport().as_bytes().to_vec()).collect(),
+    )
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for transport in [TransportDType::F32, TransportDType::BF16] {
+        v.push(Case {
+            transport,
+            micro: 1,
+            clip: None,
+        });
+    }
+    v.push(Case {
+        transport: TransportDType::BF16,
+        micro: 3,
+        clip: None,
+    });
+    v.push(Case {
+        transport: TransportDType::F32,
+        micro: 2,
+        clip: Some(0.05),
+    });
+    v
+}
+
+fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig) {
+    for case in cases() {
+        let whole = train(trainer(make(), model, case, WHOLE), case);
+        let chunked = train(trainer(make(), model, case, CHUNK), case);
+        let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
+        assert!(whole.0.iter().all(|l| l.is_finite()), "{what}: {:?}", whole.0);
+        assert_eq!(whole.0, chunked.0, "{what}: losses");
+        assert!(whole.1 == chunked.1, "{what}: parameters differ");
+        assert!(whole.2 == chunked.2, "{what}: transport copies differ");
+    }
+}
+
+#[test]
+fn cpu_chunks_change_no_result() {
+    for tied in [false, true] {
+        check(CpuExecutor::new, &llama_tiny(tied));
+        check(CpuExecutor::new, &gpt2(tied));
+    }
+}
+
+#[test]
+fn gpu_chunks_change_no_result() {
+    let Some(ctx) = ctx() else { return };
+    for tied in [false, true] {
+        check(|| GpuExecutor::new(ctx.clone()), &llama_tiny(tied));
+        check(|| GpuExecutor::new(ctx.clone()), &gpt2(tied));
+    }
+}
+
+/// The pool holds chunk-sized buffers only: the one being filled, those
+/// queued for the optimizer, the one it works on, never a whole layer.
+#[test]
+fn staging_is_sized_by_the_chunk() {
+    let case = Case {
+        transport: TransportDType::BF16,
+        micro: 1,
+        clip: None,
+    };
+    let model = llama_tiny(false);
+    let largest = model.layer_tables().iter().map(|t| t.numel()).max().unwrap();
+    assert!(largest > 4 * CHUNK, "the test needs layers of several chunks");
+    let mut t = trainer(CpuExecutor::new(), &model, case, CHUNK);
+    t.step(&[batch(model.vocab_size, 0)], 1e-3).unwrap();
+    let queue = TrainerConfig::default().optimizer_queue;
+    let bound = 4 * CHUNK as u64 * (queue as u64 + 2);
+    assert!(
+        t.staging_bytes() > 0 && t.staging_bytes() <= bound,
+        "staging peak {} B, bound {bound} B (a whole layer is {} B)",
+        t.staging_bytes(),
+        4 * largest
+    );
+}
