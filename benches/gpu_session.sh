@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# What the open GPU issues (12, 13, 14, 17, 18) still need run on an H100 or
+# H200, as three device-tool calls of under 10 minutes each, most important
+# first, so one session's 30 minutes of device time answers all of it.
+#
+# Here (the dev machine), from the repository root:
+#   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
+# Then the device tool's `run`, carry [".carry", ".gl"], one call per stage:
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh checks'   # correctness on the GPU
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh steps'    # whole streamed steps
+# Each stage writes its logs under $OUT and prints a short summary last
+# (the device tool returns the tail of the output). Record the numbers in
+# BENCHMARKS.md with the machine, the date and these commands.
+set -uo pipefail
+P=/tmp/megatrain-pack
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps}
+summary=()
+
+# Runs a packed test binary; the summary keeps its result line.
+t() {
+    local name=$1
+    shift
+    local log="$OUT/test-$name.log"
+    timeout 300 "$P/test/$name" "$@" >"$log" 2>&1
+    local rc=$?
+    summary+=("test $name (rc $rc): $(grep -E '^test result' "$log" | tail -1)")
+    grep -E 'NOT tested here|FAILED|panicked' "$log" | head -5
+}
+
+# Runs a packed bench binary; the summary keeps its last lines.
+b() {
+    local name=$1
+    shift
+    local log="$OUT/bench-$name.log"
+    timeout 420 "$P/bench/$name" --bench "$@" >"$log" 2>&1
+    summary+=("bench $name (rc $?): see $log")
+}
+
+case $stage in
+targets)
+    echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
+        download_range pipelines gpu_parity transfer_chunks attention
+    exit 0
+    ;;
+checks)
+    # Tensor-core matmul and flash attention against the host references
+    # (these print "NOT tested here" only where cooperative matrices are
+    # missing), the SIMT interior pipelines, every op against f64 (issue
+    # 18.1: was the H100's parity failure rounding?), transports, parity.
+    t f16
+    t attention_f16
+    t matmul
+    t ops_f64 --nocapture
+    t ops
+    t add_norm
+    t pipelines
+    t transport_bytes
+    t download_range
+    t gpu_parity --nocapture
+    t transfer_chunks
+    ;;
+kernels)
+    # matmul: f32 interior vs checked_ rows, f16 SIMT and the three
+    # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes (targets:
+    # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25).
+    b matmul --warm-up-time 1 --measurement-time 2
+    # Flash attention f16 at the 7B shapes with torch SDPA beside it
+    # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).
+    b attention attention_f16 --warm-up-time 1 --measurement-time 2
+    # The bus: GB/s up, down, both per size and transport, where the time
+    # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
+    b transport --reps 5 --overlap
+    b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
+    ;;
+steps)
+    # TinyLlama at the anchor batch with the bf16-autocast PyTorch peer,
+    # the host peak by kind (≤ 14.3 B/param), then Qwen2.5-7B's anchor.
+    timeout 400 xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
+    summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-tinyllama.log" | tail -3 | tr '\n' ' ')")
+    timeout 400 xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
+        --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
+    summary+=("qwen anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-qwen.log" | tail -3 | tr '\n' ' ')")
+    ;;
+*)
+    echo "unknown stage: $stage" >&2
+    exit 2
+    ;;
+esac
+
+echo "== $stage summary (logs in $OUT)"
+for line in "${summary[@]}"; do echo "$line"; done
+for f in "$OUT"/bench-*.log; do
+    [ -e "$f" ] || continue
+    echo "-- $f"
+    grep -E 'TFLOP/s|GB/s|thrpt|overlap' "$f" | tail -25
+done
