@@ -45,34 +45,8 @@ impl ReadbackPool {
         tensors: &[GpuTensor],
         stats: &mut TransportStats,
     ) -> PendingRead {
-        let t0 = Instant::now();
-        let mut layout = Vec::with_capacity(tensors.len());
-        let mut bytes = 0u64;
-        for t in tensors {
-            layout.push((t.dtype, t.numel(), bytes));
-            bytes += t.byte_len();
-        }
-        let buf = self.take(link, usage, bytes, stats);
-        let mut enc = link.device.create_command_encoder(&Default::default());
-        for (t, &(_, _, at)) in tensors.iter().zip(&layout) {
-            if t.byte_len() > 0 {
-                enc.copy_buffer_to_buffer(t.buffer(), t.offset, &buf, at, t.byte_len());
-            }
-        }
-        let copy = link.submit_copy(enc);
-        let map = MapState::default();
-        map.map(&buf, wgpu::MapMode::Read, bytes.max(4));
-        stats.down_submit_ns += nanos(t0.elapsed());
-        stats.downloads += 1;
-        stats.bytes_down += bytes;
-        PendingRead {
-            buf,
-            map,
-            copy,
-            numel: layout.iter().map(|l| l.1).sum(),
-            layout,
-            bytes,
-        }
+        let total = tensors.iter().map(|t| t.numel()).sum();
+        self.begin_range(link, usage, tensors, 0..total, stats)
     }
 
     /// Waits for `p`, widens its tensors to f32 into `out` on `pool`'s
