@@ -167,7 +167,40 @@ fn add_ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// dx = rstd·(w·dy) − x·rstd³·mean(w·dy·x)
+// mean(w·dy·x) of RMSNorm's backward over row `row` (every thread gets it).
+fn rms_bwd_mean(t: u32, base: u32, dbase: u32) -> f32 {
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        s += W[p.w_off + i] * B3[dbase + i] * X[base + i];
+    }
+    return reduce2(t, s, 0.0).x / f32(p.c);
+}
+
+// dx = rstd·(w·dy) − x·rstd³·mean(w·dy·x), column i.
+fn rms_dx(i: u32, base: u32, dbase: u32, rstd: f32, m: f32) -> f32 {
+    let g = W[p.w_off + i] * B3[dbase + i];
+    return rstd * g - X[base + i] * rstd * rstd * rstd * m;
+}
+
+// (mean(g), mean(g·x̂)) of LayerNorm's backward, g = w·dy, x̂ = (x − mean)·rstd.
+fn ln_bwd_means(t: u32, base: u32, dbase: u32, rstd: f32, mean: f32) -> vec2<f32> {
+    var sg = 0.0;
+    var sgx = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        let g = W[p.w_off + i] * B3[dbase + i];
+        sg += g;
+        sgx += g * (X[base + i] - mean) * rstd;
+    }
+    return reduce2(t, sg, sgx) / f32(p.c);
+}
+
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), column i.
+fn ln_dx(i: u32, base: u32, dbase: u32, rstd: f32, mean: f32, tot: vec2<f32>) -> f32 {
+    let g = W[p.w_off + i] * B3[dbase + i];
+    let xh = (X[base + i] - mean) * rstd;
+    return rstd * (g - tot.x - xh * tot.y);
+}
+
 @compute @workgroup_size(256)
 fn rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
@@ -178,18 +211,12 @@ fn rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let base = p.x_off + row * p.c;
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
-    var s = 0.0;
+    let m = rms_bwd_mean(t, base, dbase);
     for (var i = t; i < p.c; i += 256u) {
-        s += W[p.w_off + i] * B3[dbase + i] * X[base + i];
-    }
-    let m = reduce2(t, s, 0.0).x / f32(p.c);
-    for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        O4[p.o4_off + row * p.c + i] = rstd * g - X[base + i] * rstd * rstd * rstd * m;
+        O4[p.o4_off + row * p.c + i] = rms_dx(i, base, dbase, rstd, m);
     }
 }
 
-// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)), g = w·dy, x̂ = (x − mean)·rstd
 @compute @workgroup_size(256)
 fn ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) t: u32) {
@@ -201,18 +228,9 @@ fn ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
     let mean = R8[p.r8_off + row];
-    var sg = 0.0;
-    var sgx = 0.0;
+    let tot = ln_bwd_means(t, base, dbase, rstd, mean);
     for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        sg += g;
-        sgx += g * (X[base + i] - mean) * rstd;
-    }
-    let tot = reduce2(t, sg, sgx) / f32(p.c);
-    for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        let xh = (X[base + i] - mean) * rstd;
-        O4[p.o4_off + row * p.c + i] = rstd * (g - tot.x - xh * tot.y);
+        O4[p.o4_off + row * p.c + i] = ln_dx(i, base, dbase, rstd, mean, tot);
     }
 }
 
@@ -227,15 +245,10 @@ fn add_rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let base = p.x_off + row * p.c;
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
-    var s = 0.0;
+    let m = rms_bwd_mean(t, base, dbase);
     for (var i = t; i < p.c; i += 256u) {
-        s += W[p.w_off + i] * B3[dbase + i] * X[base + i];
-    }
-    let m = reduce2(t, s, 0.0).x / f32(p.c);
-    for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        let dx = rstd * g - X[base + i] * rstd * rstd * rstd * m;
-        O4[p.o4_off + row * p.c + i] = dx + R9[p.r9_off + row * p.c + i];
+        let o = row * p.c + i;
+        O4[p.o4_off + o] = rms_dx(i, base, dbase, rstd, m) + R9[p.r9_off + o];
     }
 }
 
@@ -251,18 +264,10 @@ fn add_ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
     let mean = R8[p.r8_off + row];
-    var sg = 0.0;
-    var sgx = 0.0;
+    let tot = ln_bwd_means(t, base, dbase, rstd, mean);
     for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        sg += g;
-        sgx += g * (X[base + i] - mean) * rstd;
-    }
-    let tot = reduce2(t, sg, sgx) / f32(p.c);
-    for (var i = t; i < p.c; i += 256u) {
-        let g = W[p.w_off + i] * B3[dbase + i];
-        let xh = (X[base + i] - mean) * rstd;
-        O4[p.o4_off + row * p.c + i] = rstd * (g - tot.x - xh * tot.y) + R9[p.r9_off + row * p.c + i];
+        let o = row * p.c + i;
+        O4[p.o4_off + o] = ln_dx(i, base, dbase, rstd, mean, tot) + R9[p.r9_off + o];
     }
 }
 
