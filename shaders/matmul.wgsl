@@ -11,23 +11,6 @@
 // and `unscale` to each result (matmul_exact.wgsl; matmul_scale.wgsl with
 // matmul_round16.wgsl for f16 operands).
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32,
-    a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
-    a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
-    ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
-    // The grid's first tile (in tiles): edge strips around an interior run
-    // on another pipeline (matmul_interior.wgsl, matmul_coop.wgsl).
-    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
-}
-
-const TRANS_A: u32 = 1u;
-const TRANS_B: u32 = 2u;
-const HAS_BIAS: u32 = 4u;
-const ACCUMULATE: u32 = 8u;
-const TRANS_C: u32 = 16u;
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> C: array<f32>;

@@ -25,18 +25,6 @@
 // and read scalars. Storage variables are not named A, B or C, which the
 // cooperative-matrix extension reserves.
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32,
-    a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
-    a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
-    ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
-    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
-}
-
-const HAS_BIAS: u32 = 4u;
-const ACCUMULATE: u32 = 8u;
-
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(3) var<storage, read> bias_in: array<f32>;
 @group(0) @binding(4) var<storage, read_write> c_out: array<f32>;
 

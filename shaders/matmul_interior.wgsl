@@ -18,25 +18,12 @@
 // Workgroup memory: 2 halves x BK x (BM + BN) f32 = 32 KiB, lavapipe's limit
 // (NVIDIA has 48 KiB).
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32,
-    a_off: u32, b_off: u32, c_off: u32, bias_off: u32,
-    a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
-    ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
-    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
-}
-
-const HAS_BIAS: u32 = 4u;
-const ACCUMULATE: u32 = 8u;
-const TRANS_C: u32 = 16u;
-
 const BM: u32 = 128u;
 const BN: u32 = 128u;
 const BK: u32 = 16u;
 const AV: u32 = BM / 4u; // vec4s per k-row of the A tile
 const BV: u32 = BN / 4u;
 
-@group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A4: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> C: array<f32>;

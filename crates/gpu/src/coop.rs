@@ -241,6 +241,7 @@ impl CoopMatmul {
             out,
             "const A_ROWS: u32 = {ar}u;\nconst A_COLS: u32 = {ac}u;\nconst B_ROWS: u32 = {br}u;\nconst B_COLS: u32 = {bc}u;\n"
         );
+        out.push_str(crate::kernels::MATMUL_PARAMS);
         out.push_str(SCALE);
         out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));

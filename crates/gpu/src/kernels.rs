@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+pub(crate) const MATMUL_PARAMS: &str = include_str!("../../../shaders/matmul_params.wgsl");
 const TILE64: &str = include_str!("../../../shaders/matmul_tile64.wgsl");
 const TILE128: &str = include_str!("../../../shaders/matmul_tile128.wgsl");
 const MATMUL_F32: &str = include_str!("../../../shaders/matmul_f32.wgsl");
@@ -170,9 +171,9 @@ impl Kernel {
                     MatmulB::F16 => MATMUL_F16,
                 };
                 let source = if v.f16 {
-                    [tile, b, MATMUL_SCALE, MATMUL_ROUND16, MATMUL].concat()
+                    [MATMUL_PARAMS, tile, b, MATMUL_SCALE, MATMUL_ROUND16, MATMUL].concat()
                 } else {
-                    [tile, b, MATMUL_EXACT, MATMUL].concat()
+                    [MATMUL_PARAMS, tile, b, MATMUL_EXACT, MATMUL].concat()
                 };
                 let bindings: &'static [u32] = if v.f16 { &[1, 2, 3, 4, 5] } else { &[1, 2, 3, 4] };
                 return KernelSpec {

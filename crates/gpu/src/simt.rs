@@ -68,7 +68,14 @@ impl SimtInterior {
         } else {
             EXACT.to_string()
         };
-        [layout.as_str(), b, &precision, BODY].concat()
+        [
+            crate::kernels::MATMUL_PARAMS,
+            layout.as_str(),
+            b,
+            &precision,
+            BODY,
+        ]
+        .concat()
     }
 
     /// Bindings in the host's order (A, B, bias, C, and the f16 scales).

@@ -303,7 +303,7 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// Records one product: `params` as matmul.wgsl's `Params`, `views` the
+    /// Records one product: `params` as matmul_params.wgsl's `Params`, `views` the
     /// A, B, bias and C bindings, `batch` the grid's depth. The 128-wide
     /// SIMT tile and the tensor-core kernels run whole tiles on an interior
     /// pipeline (vector loads, no bounds checks) when the operands allow it,
