@@ -139,7 +139,7 @@ fn load_weights_keeps_f16_matrices_and_widens_f16_vectors() {
         )
         .unwrap();
     assert_eq!((ws[0].dtype(), ws[1].dtype()), (DType::F16, DType::F32));
-    assert_eq!(ws[0].data(), wide);
+    assert_eq!(*ws[0].values(), wide);
     assert_eq!(ws[1].data(), [0.25, f16::from_f32(1e-5).to_f32()]);
     // The f16 matrix is a matmul operand like a bf16 one.
     let x = ex

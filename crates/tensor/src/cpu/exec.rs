@@ -6,11 +6,14 @@ use std::marker::PhantomData;
 use rayon::prelude::*;
 
 use crate::cpu::f16_operands::{rounded, scale_round, unscale};
+use crate::cpu::packed::{self, PANEL_ELEMS, Packed, Widen};
 use crate::cpu::reference::{self as r, AttnDims, MatmulDims};
+use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor,
-    HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle, Transpose,
+    HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle,
+    Transpose, f16_scale_exponent,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -57,6 +60,20 @@ pub(super) fn f32_data<'a, F: Real>(op: &'static str, t: &'a T<F>) -> Result<&'a
     }
 }
 
+/// The elements of a bf16/f16-stored tensor; `None` for an f32-stored one.
+fn packed_of<F>(t: &T<F>) -> Option<Packed<'_>> {
+    match t.store() {
+        Store::Wide(_) => None,
+        Store::BF16(v) => Some(Packed::BF16(v)),
+        Store::F16(v) => Some(Packed::F16(v)),
+    }
+}
+
+/// A tensor of `shape` over `store` (whose length the caller has matched).
+fn out_store<F: Real>(shape: Shape, store: Store<F>) -> T<F> {
+    T::from_store(shape, store)
+}
+
 pub(super) fn same_shape<F>(op: &'static str, what: &str, a: &T<F>, b: &T<F>) -> Result<()> {
     if a.shape() == b.shape() {
         Ok(())
@@ -92,18 +109,19 @@ fn narrow_range<F: Real>(
             ),
         ));
     }
-    let src = &t.data()[range];
-    // The rounding `to_host` applies for the stored dtype (the same
-    // conversions as `convert`).
-    let round: fn(f32) -> f32 = match t.dtype() {
-        DType::F32 => |x| x,
-        DType::BF16 => |x| half::bf16::from_f32(x).to_f32(),
-        DType::F16 => |x| half::f16::from_f32(x).to_f32(),
-    };
     const CHUNK: usize = 1 << 15;
-    out.par_chunks_mut(CHUNK)
-        .zip(src.par_chunks(CHUNK))
-        .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = round(x.narrow_f32())));
+    match packed_of(t) {
+        // Stored 16-bit values widen exactly: that is their download.
+        Some(p) => p.widen_block(range.start, CHUNK, CHUNK, out, Widen::Exact),
+        None => {
+            let src = &t.data()[range];
+            // The rounding `to_host` applies for the stored dtype (the same
+            // conversions as `convert`): none for f32.
+            out.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(|(o, s)| o.iter_mut().zip(s).for_each(|(o, &x)| *o = x.narrow_f32()));
+        }
+    }
     Ok(())
 }
 
@@ -219,40 +237,81 @@ fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDi
     Ok(AttnDims { b, t, hq, hkv, d })
 }
 
+/// A matmul's `b` as the executor stores it.
+#[derive(Clone, Copy)]
+enum Operand<'a, F> {
+    Wide(&'a [F]),
+    Packed(Packed<'a>),
+}
+
 /// [`r::matmul_backward`] under [`ComputePrecision::F16`]: both products
 /// (dout · op(b)ᵀ and op(a)ᵀ · dout) read scaled, rounded operands and are
 /// unscaled; `dbias` is a sum of `dout` in f32, not a product.
 fn f16_matmul_backward<F: Real>(
     a: &[F],
-    b: &[F],
+    b: Operand<'_, F>,
     dout: &[F],
     d: MatmulDims,
     t: Transpose,
     needs: MatmulNeeds,
 ) -> MatmulGrads<Vec<F>> {
     let dq = scale_round(dout);
-    let products = MatmulNeeds {
-        dbias: false,
-        ..needs
-    };
-    let (aq, bq) = (needs.db.then(|| scale_round(a)), needs.da.then(|| scale_round(b)));
-    // An operand a product does not read is passed unrounded: it is only
-    // length-checked.
-    let (a_in, b_in) = (
-        aq.as_ref().map_or(a, |s| &s.values[..]),
-        bq.as_ref().map_or(b, |s| &s.values[..]),
-    );
-    let mut g = r::matmul_backward(a_in, b_in, &dq.values, d, t, products);
-    if let (Some(da), Some(bq)) = (&mut g.da, &bq) {
-        unscale(da, dq.exponent + bq.exponent);
+    let da = needs.da.then(|| {
+        let (mut da, eb) = match b {
+            Operand::Wide(b) => {
+                let bq = scale_round(b);
+                (r::matmul_da(&bq.values, &dq.values, d, t), bq.exponent)
+            }
+            Operand::Packed(pb) => {
+                let eb = f16_scale_exponent(pb.max_abs());
+                let w = Widen::F16Scaled(eb);
+                (packed::matmul_da(pb, &dq.values, d, t, w, PANEL_ELEMS), eb)
+            }
+        };
+        unscale(&mut da, dq.exponent + eb);
+        da
+    });
+    let db = needs.db.then(|| {
+        let aq = scale_round(a);
+        let mut db = r::matmul_db(&aq.values, &dq.values, d, t);
+        unscale(&mut db, dq.exponent + aq.exponent);
+        db
+    });
+    MatmulGrads {
+        da,
+        db,
+        dbias: needs.dbias.then(|| r::bias_grad(dout, d.n)),
     }
-    if let (Some(db), Some(aq)) = (&mut g.db, &aq) {
-        unscale(db, dq.exponent + aq.exponent);
+}
+
+impl<F: Real> RefExecutor<F> {
+    /// [`Executor::matmul`] with a bf16/f16-stored `b`, widened a panel at a
+    /// time: the same bits as on the widened `b`.
+    fn packed_matmul(
+        &self,
+        a: &[F],
+        b: Packed<'_>,
+        bias: Option<&[F]>,
+        d: MatmulDims,
+        t: Transpose,
+    ) -> Vec<F> {
+        let mut y = match self.precision {
+            ComputePrecision::F32 => packed::matmul(a, b, d, t, Widen::Exact, PANEL_ELEMS),
+            ComputePrecision::F16 => {
+                let aq = scale_round(a);
+                let eb = f16_scale_exponent(b.max_abs());
+                let w = Widen::F16Scaled(eb);
+                let mut y = packed::matmul(&aq.values, b, d, t, w, PANEL_ELEMS);
+                unscale(&mut y, aq.exponent + eb);
+                y
+            }
+        };
+        if let Some(bias) = bias {
+            // After the product (and its unscaling), as on a widened `b`.
+            r::add_bias(&mut y, bias);
+        }
+        y
     }
-    if needs.dbias {
-        g.dbias = Some(r::bias_grad(dout, d.n));
-    }
-    g
 }
 
 impl<F: Real> Executor for RefExecutor<F> {
@@ -287,6 +346,12 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok(t.to_host())
     }
 
+    /// Straight from the slice, 16-bit data kept 16-bit: the transport
+    /// copies of weights arrive here.
+    fn upload_slice(&self, shape: &Shape, data: HostSlice<'_>) -> Result<T<F>> {
+        T::from_slice("upload_slice", shape, data)
+    }
+
     fn download_into(&self, t: &T<F>, out: &mut [f32]) -> Result<()> {
         narrow_range("download_into", t, 0..t.numel(), out)
     }
@@ -316,7 +381,7 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("{} to {}: element counts differ", t.shape(), shape),
             ));
         }
-        Ok(out(shape.clone(), t.data().to_vec()).with_dtype(t.dtype()))
+        Ok(out_store(shape.clone(), t.store().clone()))
     }
 
     fn slice_rows(&self, t: &T<F>, start: usize, len: usize) -> Result<T<F>> {
@@ -327,8 +392,8 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("rows {start}..{start}+{len} of {}", t.shape()),
             ));
         }
-        let data = r::slice_rows(t.data(), last, start, len);
-        Ok(out(Shape::new([len, last]), data).with_dtype(t.dtype()))
+        let store = each_store!(t.store(), v => r::slice_rows(v, last, start, len));
+        Ok(out_store(Shape::new([len, last]), store))
     }
 
     fn write_rows(&self, dst: &mut T<F>, start: usize, src: &T<F>) -> Result<()> {
@@ -347,7 +412,12 @@ impl<F: Real> Executor for RefExecutor<F> {
                 got: src.dtype(),
             });
         }
-        r::write_rows(dst.data_mut(), last, start, src.data());
+        match (dst.store_mut(), src.store()) {
+            (Store::Wide(d), Store::Wide(s)) => r::write_rows(d, last, start, s),
+            (Store::BF16(d), Store::BF16(s)) => r::write_rows(d, last, start, s),
+            (Store::F16(d), Store::F16(s)) => r::write_rows(d, last, start, s),
+            _ => unreachable!("dtypes were compared above"),
+        }
         Ok(())
     }
 
@@ -360,15 +430,22 @@ impl<F: Real> Executor for RefExecutor<F> {
             ));
         }
         // With a zero-width last dim every part is empty anyway.
-        let parts = if total == 0 {
-            sizes.iter().map(|_| Vec::new()).collect()
-        } else {
-            r::split_last(t.data(), sizes)
+        fn parts<V: Copy>(data: &[V], sizes: &[usize]) -> Vec<Vec<V>> {
+            if sizes.iter().sum::<usize>() == 0 {
+                sizes.iter().map(|_| Vec::new()).collect()
+            } else {
+                r::split_last(data, sizes)
+            }
+        }
+        let stores: Vec<Store<F>> = match t.store() {
+            Store::Wide(v) => parts(v, sizes).into_iter().map(Store::Wide).collect(),
+            Store::BF16(v) => parts(v, sizes).into_iter().map(Store::BF16).collect(),
+            Store::F16(v) => parts(v, sizes).into_iter().map(Store::F16).collect(),
         };
-        Ok(parts
+        Ok(stores
             .into_iter()
             .zip(sizes)
-            .map(|(p, &s)| out(t.shape().with_last(s), p).with_dtype(t.dtype()))
+            .map(|(p, &s)| out_store(t.shape().with_last(s), p))
             .collect())
     }
 
@@ -394,14 +471,27 @@ impl<F: Real> Executor for RefExecutor<F> {
             }
         }
         let lasts: Vec<usize> = parts.iter().map(|p| p.shape().last()).collect();
-        let slices: Vec<&[F]> = parts.iter().map(|p| p.data()).collect();
         let rows = first.shape().rows();
         let total = lasts.iter().sum();
-        Ok(out(
-            first.shape().with_last(total),
-            r::concat_last(&slices, &lasts, rows),
-        )
-        .with_dtype(first.dtype()))
+        // Every part has the first's dtype (checked above), so its variant.
+        macro_rules! join {
+            ($variant:ident) => {{
+                let slices: Vec<&[_]> = parts
+                    .iter()
+                    .map(|p| match p.store() {
+                        Store::$variant(v) => &v[..],
+                        _ => unreachable!("dtypes were compared above"),
+                    })
+                    .collect();
+                Store::$variant(r::concat_last(&slices, &lasts, rows))
+            }};
+        }
+        let store = match first.store() {
+            Store::Wide(_) => join!(Wide),
+            Store::BF16(_) => join!(BF16),
+            Store::F16(_) => join!(F16),
+        };
+        Ok(out_store(first.shape().with_last(total), store))
     }
 
     fn add(&self, a: &T<F>, b: &T<F>) -> Result<T<F>> {
@@ -449,8 +539,10 @@ impl<F: Real> Executor for RefExecutor<F> {
             Some(bias) => Some(f32_data("matmul", bias)?),
             None => None,
         };
-        // `b` may be stored bf16/f16: its values are already decoded.
         let a = f32_data("matmul", a)?;
+        if let Some(pb) = packed_of(b) {
+            return Ok(out(oshape, self.packed_matmul(a, pb, bias, d, t)));
+        }
         let y = match self.precision {
             ComputePrecision::F32 => r::matmul(a, b.data(), bias, d, t),
             ComputePrecision::F16 => {
@@ -484,9 +576,20 @@ impl<F: Real> Executor for RefExecutor<F> {
             ));
         }
         let (av, dv) = (f32_data(op, a)?, f32_data(op, dout)?);
-        let g = match self.precision {
-            ComputePrecision::F32 => r::matmul_backward(av, b.data(), dv, d, t, needs),
-            ComputePrecision::F16 => f16_matmul_backward(av, b.data(), dv, d, t, needs),
+        let bv = match packed_of(b) {
+            Some(pb) => Operand::Packed(pb),
+            None => Operand::Wide(b.data()),
+        };
+        let g = match (self.precision, bv) {
+            (ComputePrecision::F32, Operand::Wide(bw)) => r::matmul_backward(av, bw, dv, d, t, needs),
+            (ComputePrecision::F32, Operand::Packed(pb)) => MatmulGrads {
+                da: needs
+                    .da
+                    .then(|| packed::matmul_da(pb, dv, d, t, Widen::Exact, PANEL_ELEMS)),
+                db: needs.db.then(|| r::matmul_db(av, dv, d, t)),
+                dbias: needs.dbias.then(|| r::bias_grad(dv, d.n)),
+            },
+            (ComputePrecision::F16, bv) => f16_matmul_backward(av, bv, dv, d, t, needs),
         };
         Ok(MatmulGrads {
             da: g.da.map(|v| out(a.shape().clone(), v)),
@@ -709,11 +812,11 @@ impl<F: Real> Executor for RefExecutor<F> {
                 format!("table {} must be [V, C]", table.shape()),
             ));
         };
-        // The table may be stored bf16/f16: its values are already decoded.
-        Ok(out(
-            Shape::new([ids.len(), c]),
-            r::embedding(ids, table.data(), c)?,
-        ))
+        let rows = match packed_of(table) {
+            Some(p) => packed::embedding(ids, p, c)?,
+            None => r::embedding(ids, table.data(), c)?,
+        };
+        Ok(out(Shape::new([ids.len(), c]), rows))
     }
 
     fn embedding_backward(&self, ids: &[u32], dout: &T<F>, dtable: &mut T<F>) -> Result<()> {

@@ -6,6 +6,7 @@
 mod add_norm;
 mod exec;
 mod f16_operands;
+mod packed;
 mod real;
 pub mod reference;
 mod tensor;

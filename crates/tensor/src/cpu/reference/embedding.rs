@@ -3,7 +3,7 @@
 use crate::cpu::Real;
 use crate::{Error, Result};
 
-fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
+pub(crate) fn check_ids(op: &'static str, ids: &[u32], vocab: usize) -> Result<()> {
     match ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
         Some((pos, &id)) => Err(Error::TokenOutOfRange { op, id, pos, vocab }),
         None => Ok(()),

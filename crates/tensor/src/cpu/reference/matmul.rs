@@ -18,7 +18,7 @@ pub struct MatmulDims {
 }
 
 impl MatmulDims {
-    fn b_len(&self) -> usize {
+    pub(crate) fn b_len(&self) -> usize {
         if self.b_batched {
             self.batch * self.k * self.n
         } else {
@@ -27,19 +27,19 @@ impl MatmulDims {
     }
 }
 
-type Strides = (usize, usize);
+pub(crate) type Strides = (usize, usize);
 
 /// Strides of op(a) as an `[m, k]` matrix.
-fn a_strides(d: &MatmulDims, t: Transpose) -> Strides {
+pub(crate) fn a_strides(d: &MatmulDims, t: Transpose) -> Strides {
     if t.a { (1, d.m) } else { (d.k, 1) }
 }
 
 /// Strides of op(b) as a `[k, n]` matrix.
-fn b_strides(d: &MatmulDims, t: Transpose) -> Strides {
+pub(crate) fn b_strides(d: &MatmulDims, t: Transpose) -> Strides {
     if t.b { (1, d.k) } else { (d.n, 1) }
 }
 
-fn swap((r, c): Strides) -> Strides {
+pub(crate) fn swap((r, c): Strides) -> Strides {
     (c, r)
 }
 
@@ -51,7 +51,7 @@ fn span(rows: usize, cols: usize, (rs, cs): Strides) -> usize {
 /// `c = a · b + beta · c` on strided views, bounds-checked so that the
 /// unsafe GEMM call can only touch memory inside the slices.
 #[allow(clippy::too_many_arguments)]
-fn gemm<F: Real>(
+pub(crate) fn gemm<F: Real>(
     m: usize,
     k: usize,
     n: usize,
@@ -177,6 +177,22 @@ pub fn matmul_backward<F: Real>(
     t: Transpose,
     needs: MatmulNeeds,
 ) -> MatmulGrads<Vec<F>> {
+    let MatmulDims { batch, m, k, n, .. } = d;
+    assert_eq!(a.len(), batch * m * k, "matmul_backward: a length");
+    assert_eq!(b.len(), d.b_len(), "matmul_backward: b length");
+    assert_eq!(dout.len(), batch * m * n, "matmul_backward: dout length");
+    let da = needs.da.then(|| matmul_da(b, dout, d, t));
+    let db = needs.db.then(|| matmul_db(a, dout, d, t));
+
+    let dbias = needs.dbias.then(|| bias_grad(dout, n));
+
+    MatmulGrads { da, db, dbias }
+}
+
+/// d op(b) = op(a)ᵀ · dout of [`matmul`], written straight into b's layout
+/// (summed over the batch when `b` is shared): the gradient that never
+/// reads `b`.
+pub(crate) fn matmul_db<F: Real>(a: &[F], dout: &[F], d: MatmulDims, t: Transpose) -> Vec<F> {
     let MatmulDims {
         batch,
         m,
@@ -184,62 +200,62 @@ pub fn matmul_backward<F: Real>(
         n,
         b_batched,
     } = d;
-    assert_eq!(a.len(), batch * m * k, "matmul_backward: a length");
-    assert_eq!(b.len(), d.b_len(), "matmul_backward: b length");
-    assert_eq!(dout.len(), batch * m * n, "matmul_backward: dout length");
+    let sa = a_strides(&d, t);
+    let sb = b_strides(&d, t);
+    let fold = !t.a && !b_batched;
+    let mut db = vec![F::zero(); d.b_len()];
+    if fold {
+        gemm(k, batch * m, n, a, swap(sa), dout, (n, 1), F::zero(), &mut db, sb);
+    } else {
+        for i in 0..batch {
+            let (dbi, beta) = if b_batched {
+                (&mut db[i * k * n..(i + 1) * k * n], F::zero())
+            } else {
+                (&mut db[..], F::one())
+            };
+            let (ai, di) = (&a[i * m * k..(i + 1) * m * k], &dout[i * m * n..(i + 1) * m * n]);
+            gemm(k, m, n, ai, swap(sa), di, (n, 1), beta, dbi, sb);
+        }
+    }
+    db
+}
+
+/// d op(a) = dout · op(b)ᵀ of [`matmul`], written straight into a's layout:
+/// the gradient that never reads `a`.
+pub(crate) fn matmul_da<F: Real>(b: &[F], dout: &[F], d: MatmulDims, t: Transpose) -> Vec<F> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
     let (sa, sb) = (a_strides(&d, t), b_strides(&d, t));
     let fold = !t.a && !b_batched;
-
-    // d op(a) = dout · op(b)ᵀ, written straight into a's layout.
-    let da = needs.da.then(|| {
-        let mut da = vec![F::zero(); a.len()];
-        if fold {
-            gemm(batch * m, n, k, dout, (n, 1), b, swap(sb), F::zero(), &mut da, sa);
-        } else {
-            for i in 0..batch {
-                let bi = if b_batched {
-                    &b[i * k * n..(i + 1) * k * n]
-                } else {
-                    b
-                };
-                let dai = &mut da[i * m * k..(i + 1) * m * k];
-                gemm(
-                    m,
-                    n,
-                    k,
-                    &dout[i * m * n..(i + 1) * m * n],
-                    (n, 1),
-                    bi,
-                    swap(sb),
-                    F::zero(),
-                    dai,
-                    sa,
-                );
-            }
+    let mut da = vec![F::zero(); batch * m * k];
+    if fold {
+        gemm(batch * m, n, k, dout, (n, 1), b, swap(sb), F::zero(), &mut da, sa);
+    } else {
+        for i in 0..batch {
+            let bi = if b_batched {
+                &b[i * k * n..(i + 1) * k * n]
+            } else {
+                b
+            };
+            let dai = &mut da[i * m * k..(i + 1) * m * k];
+            gemm(
+                m,
+                n,
+                k,
+                &dout[i * m * n..(i + 1) * m * n],
+                (n, 1),
+                bi,
+                swap(sb),
+                F::zero(),
+                dai,
+                sa,
+            );
         }
-        da
-    });
-
-    // d op(b) = op(a)ᵀ · dout, written straight into b's layout.
-    let db = needs.db.then(|| {
-        let mut db = vec![F::zero(); b.len()];
-        if fold {
-            gemm(k, batch * m, n, a, swap(sa), dout, (n, 1), F::zero(), &mut db, sb);
-        } else {
-            for i in 0..batch {
-                let (dbi, beta) = if b_batched {
-                    (&mut db[i * k * n..(i + 1) * k * n], F::zero())
-                } else {
-                    (&mut db[..], F::one())
-                };
-                let (ai, di) = (&a[i * m * k..(i + 1) * m * k], &dout[i * m * n..(i + 1) * m * n]);
-                gemm(k, m, n, ai, swap(sa), di, (n, 1), beta, dbi, sb);
-            }
-        }
-        db
-    });
-
-    let dbias = needs.dbias.then(|| bias_grad(dout, n));
-
-    MatmulGrads { da, db, dbias }
+    }
+    da
 }

@@ -16,10 +16,12 @@ mod rope;
 
 pub use activation::{gelu, gelu_backward, swiglu, swiglu_backward};
 pub use attention::{AttnDims, attention, attention_backward};
+pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
 pub use loss::cross_entropy;
 pub use matmul::{MatmulDims, add_bias, bias_grad, matmul, matmul_backward};
+pub(crate) use matmul::{Strides, a_strides, gemm, matmul_da, matmul_db};
 pub use norm::{
     add_layernorm, add_layernorm_backward, add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward,
     rmsnorm, rmsnorm_backward,

@@ -1,0 +1,294 @@
+//! The ops that read a bf16/f16-stored tensor (a matmul's `b`, an embedding
+//! table) without a widened copy of it: `b` is widened one panel of output
+//! columns at a time into a small buffer that the f32 GEMM reads, the table
+//! one gathered row at a time. A panel splits only the output, never the
+//! sum over the inner dimension, and the GEMM's per-element summation does
+//! not depend on where an element sits in the output, so results are bit
+//! for bit those of the same op on the whole widened tensor (tested).
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+use crate::cpu::reference::{MatmulDims, Strides, a_strides, check_ids, gemm};
+use crate::{Result, Transpose, round_f16_scaled};
+
+/// Elements of `b` widened at once by [`matmul`] and [`matmul_da`]: a panel
+/// of 2 MiB of f32, against the 262 MB of a 32k × 2048 head widened whole.
+pub(crate) const PANEL_ELEMS: usize = 1 << 19;
+
+/// Below this many elements a panel is widened on one thread.
+const PAR_MIN: usize = 1 << 15;
+
+/// A bf16/f16 tensor's elements as stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Packed<'a> {
+    BF16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+/// How a stored value becomes a GEMM operand: exactly (f32 compute), or
+/// scaled by 2^-e and rounded to f16 (the f16 compute precision).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Widen {
+    Exact,
+    F16Scaled(i32),
+}
+
+impl Widen {
+    fn apply<F: Real>(self, x: f32) -> F {
+        match self {
+            Widen::Exact => F::from_f32(x),
+            Widen::F16Scaled(e) => F::from_f32(round_f16_scaled(x, e)),
+        }
+    }
+}
+
+impl Packed<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Packed::BF16(v) => v.len(),
+            Packed::F16(v) => v.len(),
+        }
+    }
+
+    /// Largest magnitude (NaN if any element is NaN), as the f16 operand
+    /// scaling measures it on the widened tensor.
+    pub(crate) fn max_abs(&self) -> f32 {
+        fn fold(a: f32, b: f32) -> f32 {
+            if b > a || b.is_nan() { b } else { a }
+        }
+        match self {
+            Packed::BF16(v) => v.par_iter().map(|x| x.to_f32().abs()).reduce(|| 0.0, fold),
+            Packed::F16(v) => v.par_iter().map(|x| x.to_f32().abs()).reduce(|| 0.0, fold),
+        }
+    }
+
+    /// `out[r * cols + c] = w(self[offset + r * stride + c])` for every row
+    /// `r` of `out` (read as `[_, cols]`; its last row may be shorter).
+    pub(crate) fn widen_block<F: Real>(
+        &self,
+        offset: usize,
+        stride: usize,
+        cols: usize,
+        out: &mut [F],
+        w: Widen,
+    ) {
+        fn rows<S: Copy + Sync, F: Real>(
+            src: &[S],
+            offset: usize,
+            stride: usize,
+            cols: usize,
+            out: &mut [F],
+            f: impl Fn(S) -> F + Sync,
+        ) {
+            let row = |(r, o): (usize, &mut [F])| {
+                let s = &src[offset + r * stride..][..o.len()];
+                o.iter_mut().zip(s).for_each(|(o, &x)| *o = f(x));
+            };
+            if out.len() < PAR_MIN {
+                out.chunks_mut(cols).enumerate().for_each(row);
+            } else {
+                out.par_chunks_mut(cols).enumerate().for_each(row);
+            }
+        }
+        if cols == 0 {
+            return;
+        }
+        match *self {
+            Packed::BF16(v) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
+            Packed::F16(v) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
+        }
+    }
+}
+
+/// Columns per panel for an inner dimension of `inner`.
+fn panel_cols(inner: usize, panel_elems: usize) -> usize {
+    (panel_elems / inner.max(1)).max(1)
+}
+
+/// `op(a) · op(w(b))` as [`crate::cpu::reference::matmul`] computes it on the
+/// widened `b` (no bias), with `b` widened `panel_elems` elements at a time.
+pub(crate) fn matmul<F: Real>(
+    a: &[F],
+    b: Packed<'_>,
+    d: MatmulDims,
+    t: Transpose,
+    w: Widen,
+    panel_elems: usize,
+) -> Vec<F> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
+    assert_eq!(a.len(), batch * m * k, "matmul: a length");
+    assert_eq!(b.len(), d.b_len(), "matmul: b length");
+    let mut c = vec![F::zero(); batch * m * n];
+    let sa = a_strides(&d, t);
+    let fold = !t.a && !b_batched;
+    let nb = panel_cols(k, panel_elems);
+    let mut panel = vec![F::zero(); k * nb.min(n)];
+    let b_sets = if b_batched { batch } else { 1 };
+    for bi in 0..b_sets {
+        let boff = bi * k * n;
+        for j0 in (0..n).step_by(nb) {
+            let cols = nb.min(n - j0);
+            let p = &mut panel[..k * cols];
+            // op(b)[:, j0..j0 + cols] as a [k, cols] view `sp`.
+            let sp: Strides = if t.b {
+                // b is [n, k]: the panel's columns are whole rows of b.
+                b.widen_block(boff + j0 * k, k, k, p, w);
+                (1, k)
+            } else {
+                b.widen_block(boff + j0, n, cols, p, w);
+                (cols, 1)
+            };
+            if fold {
+                gemm(batch * m, k, cols, a, sa, p, sp, F::zero(), &mut c[j0..], (n, 1));
+            } else {
+                let products = if b_batched { bi..bi + 1 } else { 0..batch };
+                for i in products {
+                    let ai = &a[i * m * k..(i + 1) * m * k];
+                    let ci = &mut c[i * m * n + j0..(i + 1) * m * n];
+                    gemm(m, k, cols, ai, sa, p, sp, F::zero(), ci, (n, 1));
+                }
+            }
+        }
+    }
+    c
+}
+
+/// d op(a) = dout · op(w(b))ᵀ as [`crate::cpu::reference::matmul_backward`]
+/// computes it on the widened `b`, in a's layout, with `b` widened a panel
+/// of op(a)'s columns at a time.
+pub(crate) fn matmul_da<F: Real>(
+    b: Packed<'_>,
+    dout: &[F],
+    d: MatmulDims,
+    t: Transpose,
+    w: Widen,
+    panel_elems: usize,
+) -> Vec<F> {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
+    assert_eq!(b.len(), d.b_len(), "matmul_backward: b length");
+    assert_eq!(dout.len(), batch * m * n, "matmul_backward: dout length");
+    let mut da = vec![F::zero(); batch * m * k];
+    let sa = a_strides(&d, t);
+    let fold = !t.a && !b_batched;
+    let kb = panel_cols(n, panel_elems);
+    let mut panel = vec![F::zero(); n * kb.min(k)];
+    let b_sets = if b_batched { batch } else { 1 };
+    for bi in 0..b_sets {
+        let boff = bi * k * n;
+        for i0 in (0..k).step_by(kb) {
+            let cols = kb.min(k - i0);
+            let p = &mut panel[..n * cols];
+            // op(b)ᵀ[:, i0..i0 + cols] as an [n, cols] view `sp`.
+            let sp: Strides = if t.b {
+                b.widen_block(boff + i0, k, cols, p, w);
+                (cols, 1)
+            } else {
+                // b is [k, n]: the panel's columns are whole rows of b.
+                b.widen_block(boff + i0 * n, n, n, p, w);
+                (1, n)
+            };
+            let off = i0 * sa.1;
+            if fold {
+                gemm(
+                    batch * m,
+                    n,
+                    cols,
+                    dout,
+                    (n, 1),
+                    p,
+                    sp,
+                    F::zero(),
+                    &mut da[off..],
+                    sa,
+                );
+            } else {
+                let products = if b_batched { bi..bi + 1 } else { 0..batch };
+                for i in products {
+                    let di = &dout[i * m * n..(i + 1) * m * n];
+                    let dai = &mut da[i * m * k + off..(i + 1) * m * k];
+                    gemm(m, n, cols, di, (n, 1), p, sp, F::zero(), dai, sa);
+                }
+            }
+        }
+    }
+    da
+}
+
+/// Rows `ids` of `table: [vocab, c]` widened, result `[ids.len(), c]`.
+pub(crate) fn embedding<F: Real>(ids: &[u32], table: Packed<'_>, c: usize) -> Result<Vec<F>> {
+    let vocab = table.len().checked_div(c).unwrap_or(0);
+    assert_eq!(table.len(), vocab * c, "embedding: table length");
+    check_ids("embedding", ids, vocab)?;
+    let mut out = vec![F::zero(); ids.len() * c];
+    if c > 0 {
+        for (o, &id) in out.chunks_mut(c).zip(ids) {
+            table.widen_block(id as usize * c, c, c, o, Widen::Exact);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::reference as r;
+    use crate::testing::random_f32;
+
+    /// Panels of a handful of elements: many panels, most of them ragged,
+    /// on shapes small enough to try every layout.
+    #[test]
+    fn any_panel_size_gives_the_bits_of_the_widened_operand() {
+        let mut seed = 0;
+        for (batch, m, k, n, b_batched) in [(1, 5, 7, 9, false), (3, 2, 6, 5, false), (2, 3, 4, 7, true)] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let t = Transpose { a: ta, b: tb };
+                let d = MatmulDims {
+                    batch,
+                    m,
+                    k,
+                    n,
+                    b_batched,
+                };
+                seed += 3;
+                let a = random_f32(seed, batch * m * k);
+                let dout = random_f32(seed + 1, batch * m * n);
+                let b16: Vec<bf16> = random_f32(seed + 2, d.b_len())
+                    .iter()
+                    .map(|&x| bf16::from_f32(x))
+                    .collect();
+                let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
+                let (y, da) = (r::matmul(&a, &wide, None, d, t), r::matmul_da(&wide, &dout, d, t));
+                for panel in [1, 5, 13, 64, 1 << 20] {
+                    let what = format!("{d:?} {t:?} panel {panel}");
+                    let yp = matmul(&a, Packed::BF16(&b16), d, t, Widen::Exact, panel);
+                    let dap = matmul_da(Packed::BF16(&b16), &dout, d, t, Widen::Exact, panel);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&yp), bits(&y), "y {what}");
+                    assert_eq!(bits(&dap), bits(&da), "da {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn widen_block_reads_strided_rows_with_a_short_last_row() {
+        let src: Vec<f16> = (0..20).map(|i| f16::from_f32(i as f32)).collect();
+        let mut out = vec![0f32; 7];
+        Packed::F16(&src).widen_block(2, 5, 3, &mut out, Widen::Exact);
+        assert_eq!(out, [2.0, 3.0, 4.0, 7.0, 8.0, 9.0, 12.0]);
+    }
+}
