@@ -12,6 +12,8 @@ fn main() -> std::process::ExitCode {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    // Freed tensors leave the RSS at once (see the function).
+    megatrain_tier::rss::return_large_frees_to_os();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

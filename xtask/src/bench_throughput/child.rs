@@ -17,6 +17,9 @@ use super::spec::Spec;
 
 /// Runs `spec` on the device it names.
 pub fn run(spec: &Spec) -> anyhow::Result<Record> {
+    // As the `megatrain` binary does: the peak RSS is then live buffers,
+    // not freed ones the allocator kept.
+    rss::return_large_frees_to_os();
     let baseline_rss = rss::current_rss_bytes().unwrap_or(0);
     match spec.device.as_str() {
         "cpu" => run_on(CpuExecutor::default(), spec, baseline_rss, |_| None, |_| None),
