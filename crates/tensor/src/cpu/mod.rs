@@ -8,6 +8,7 @@
 mod add_norm;
 mod exec;
 mod f16_operands;
+mod matmul;
 mod packed;
 mod real;
 pub mod reference;
