@@ -105,13 +105,15 @@ fn matmul_with_a_16_bit_b_equals_it_on_the_widened_b() {
     check_matmul(&[3], 4, 5, 7, true);
 }
 
-/// Past one widening panel (2^19 elements of b) in both directions: the
-/// forward's panels split n, the backward's split k, both with a short
-/// last panel.
+/// Past one widening panel (2^22 elements of b, or 256 columns where the
+/// inner dimension is long) in both directions: the forward's panels split
+/// n, the backward's split k, all with a short last panel.
 #[test]
 fn matmul_over_several_panels_equals_it_on_the_widened_b() {
-    check_matmul(&[], 3, 129, 4100, false);
-    check_matmul(&[2], 2, 4100, 131, false);
+    check_matmul(&[], 3, 129, 33_000, false);
+    check_matmul(&[2], 2, 33_000, 131, false);
+    // da in 256-column panels (2^22 / 16,500 is fewer).
+    check_matmul(&[], 2, 300, 16_500, false);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use crate::cpu::Real;
 use crate::cpu::exec::{RefExecutor, T, f32_data, out};
 use crate::cpu::f16_operands::{scale_round, unscale};
-use crate::cpu::packed::{self, PANEL_ELEMS, Packed, Widen};
+use crate::cpu::packed::{self, Packed, Panel, Widen};
 use crate::cpu::reference::{self as r, MatmulDims};
 use crate::cpu::tensor::Store;
 use crate::{
@@ -96,7 +96,7 @@ fn f16_matmul_backward<F: Real>(
             Operand::Packed(pb) => {
                 let eb = f16_scale_exponent(pb.max_abs());
                 let w = Widen::F16Scaled(eb);
-                (packed::matmul_da(pb, &dq.values, d, t, w, PANEL_ELEMS), eb)
+                (packed::matmul_da(pb, &dq.values, d, t, w, Panel::DEFAULT), eb)
             }
         };
         unscale(&mut da, dq.exponent + eb);
@@ -127,12 +127,12 @@ impl<F: Real> RefExecutor<F> {
         t: Transpose,
     ) -> Vec<F> {
         let mut y = match self.compute_precision() {
-            ComputePrecision::F32 => packed::matmul(a, b, d, t, Widen::Exact, PANEL_ELEMS),
+            ComputePrecision::F32 => packed::matmul(a, b, d, t, Widen::Exact, Panel::DEFAULT),
             ComputePrecision::F16 => {
                 let aq = scale_round(a);
                 let eb = f16_scale_exponent(b.max_abs());
                 let w = Widen::F16Scaled(eb);
-                let mut y = packed::matmul(&aq.values, b, d, t, w, PANEL_ELEMS);
+                let mut y = packed::matmul(&aq.values, b, d, t, w, Panel::DEFAULT);
                 unscale(&mut y, aq.exponent + eb);
                 y
             }
@@ -202,7 +202,7 @@ impl<F: Real> RefExecutor<F> {
             (ComputePrecision::F32, Operand::Packed(pb)) => MatmulGrads {
                 da: needs
                     .da
-                    .then(|| packed::matmul_da(pb, dv, d, t, Widen::Exact, PANEL_ELEMS)),
+                    .then(|| packed::matmul_da(pb, dv, d, t, Widen::Exact, Panel::DEFAULT)),
                 db: needs.db.then(|| r::matmul_db(av, dv, d, t)),
                 dbias: needs.dbias.then(|| r::bias_grad(dv, d.n)),
             },

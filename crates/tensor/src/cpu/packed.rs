@@ -13,9 +13,33 @@ use crate::cpu::Real;
 use crate::cpu::reference::{MatmulDims, Strides, a_strides, check_ids, gemm};
 use crate::{Result, Transpose, round_f16_scaled};
 
-/// Elements of `b` widened at once by [`matmul`] and [`matmul_da`]: a panel
-/// of 2 MiB of f32, against the 262 MB of a 32k × 2048 head widened whole.
-pub(crate) const PANEL_ELEMS: usize = 1 << 19;
+/// How much of `b` [`matmul`] and [`matmul_da`] widen at once: `elems`
+/// elements, or `min_cols` columns of the output if that is more.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Panel {
+    pub elems: usize,
+    pub min_cols: usize,
+}
+
+impl Panel {
+    /// 16 MiB of f32 (against the 262 MB of a 32k × 2048 head widened
+    /// whole), and at least 256 columns. Each panel is one handoff between
+    /// rayon (widening) and the GEMM's threads, and each GEMM call packs
+    /// the other operand whole (all of `dout` for `da`), so narrow panels
+    /// cost more than the product: with 2 MiB panels, or 16 columns of a
+    /// 32k-vocabulary head in its `da`, the ops ran 1.2-6x slower than on
+    /// the widened tensor (`benches/cpu_matmul.rs`, BENCHMARKS.md). The
+    /// head's `da` panel is 32.8 MB, freed before its gradient exists.
+    pub(crate) const DEFAULT: Panel = Panel {
+        elems: 1 << 22,
+        min_cols: 256,
+    };
+
+    /// Columns per panel for an inner dimension of `inner`.
+    fn cols(self, inner: usize) -> usize {
+        (self.elems / inner.max(1)).max(self.min_cols).max(1)
+    }
+}
 
 /// Below this many elements a panel is widened on one thread.
 const PAR_MIN: usize = 1 << 15;
@@ -95,27 +119,28 @@ impl Packed<'_> {
         if cols == 0 {
             return;
         }
-        match *self {
-            Packed::BF16(v) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
-            Packed::F16(v) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
+        // One loop per case, so that the exact widening (a shift for bf16)
+        // vectorises.
+        match (*self, w) {
+            (Packed::BF16(v), Widen::Exact) => {
+                rows(v, offset, stride, cols, out, |x| F::from_f32(x.to_f32()))
+            }
+            (Packed::F16(v), Widen::Exact) => rows(v, offset, stride, cols, out, |x| F::from_f32(x.to_f32())),
+            (Packed::BF16(v), w) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
+            (Packed::F16(v), w) => rows(v, offset, stride, cols, out, |x| w.apply(x.to_f32())),
         }
     }
 }
 
-/// Columns per panel for an inner dimension of `inner`.
-fn panel_cols(inner: usize, panel_elems: usize) -> usize {
-    (panel_elems / inner.max(1)).max(1)
-}
-
 /// `op(a) · op(w(b))` as [`crate::cpu::reference::matmul`] computes it on the
-/// widened `b` (no bias), with `b` widened `panel_elems` elements at a time.
+/// widened `b` (no bias), with `b` widened a `panel` at a time.
 pub(crate) fn matmul<F: Real>(
     a: &[F],
     b: Packed<'_>,
     d: MatmulDims,
     t: Transpose,
     w: Widen,
-    panel_elems: usize,
+    panel: Panel,
 ) -> Vec<F> {
     let MatmulDims {
         batch,
@@ -129,7 +154,7 @@ pub(crate) fn matmul<F: Real>(
     let mut c = vec![F::zero(); batch * m * n];
     let sa = a_strides(&d, t);
     let fold = !t.a && !b_batched;
-    let nb = panel_cols(k, panel_elems);
+    let nb = panel.cols(k);
     let mut panel = vec![F::zero(); k * nb.min(n)];
     let b_sets = if b_batched { batch } else { 1 };
     for bi in 0..b_sets {
@@ -170,7 +195,7 @@ pub(crate) fn matmul_da<F: Real>(
     d: MatmulDims,
     t: Transpose,
     w: Widen,
-    panel_elems: usize,
+    panel: Panel,
 ) -> Vec<F> {
     let MatmulDims {
         batch,
@@ -184,7 +209,7 @@ pub(crate) fn matmul_da<F: Real>(
     let mut da = vec![F::zero(); batch * m * k];
     let sa = a_strides(&d, t);
     let fold = !t.a && !b_batched;
-    let kb = panel_cols(n, panel_elems);
+    let kb = panel.cols(n);
     let mut panel = vec![F::zero(); n * kb.min(k)];
     let b_sets = if b_batched { batch } else { 1 };
     for bi in 0..b_sets {
@@ -272,8 +297,9 @@ mod tests {
                     .collect();
                 let wide: Vec<f32> = b16.iter().map(|x| x.to_f32()).collect();
                 let (y, da) = (r::matmul(&a, &wide, None, d, t), r::matmul_da(&wide, &dout, d, t));
-                for panel in [1, 5, 13, 64, 1 << 20] {
-                    let what = format!("{d:?} {t:?} panel {panel}");
+                for elems in [1, 5, 13, 64, 1 << 20] {
+                    let panel = Panel { elems, min_cols: 1 };
+                    let what = format!("{d:?} {t:?} panel {panel:?}");
                     let yp = matmul(&a, Packed::BF16(&b16), d, t, Widen::Exact, panel);
                     let dap = matmul_da(Packed::BF16(&b16), &dout, d, t, Widen::Exact, panel);
                     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
