@@ -18,6 +18,19 @@ OUT=${OUT:-/tmp/gpu-session}
 mkdir -p "$OUT"
 stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps}
 summary=()
+# The device tool ends a call at 600 s; the stage keeps under BUDGET.
+BUDGET=${BUDGET:-540}
+T0=$SECONDS
+
+# Seconds the next command may run: at most CAP, leaving RESERVE for the
+# commands after it (never under 10).
+left() {
+    local cap=$1 reserve=${2:-0}
+    local l=$((BUDGET - (SECONDS - T0) - reserve))
+    ((l > cap)) && l=$cap
+    ((l < 10)) && l=10
+    echo "$l"
+}
 
 # Runs a packed test binary; the summary keeps its result line.
 t() {
@@ -76,14 +89,26 @@ kernels)
     b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
     ;;
 steps)
-    # TinyLlama at the anchor batch with the bf16-autocast PyTorch peer,
-    # the host peak by kind (≤ 14.3 B/param), then Qwen2.5-7B's anchor.
-    timeout 400 xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
-        --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
-    summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-tinyllama.log" | tail -3 | tr '\n' ' ')")
-    timeout 400 xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
+    # Per-op GPU profiles (--profile: one more step with timestamp
+    # queries; issue 17's "where the next bottleneck is") of the README's
+    # main job shape first (per-op overhead decides it against nanoGPT),
+    # then TinyLlama at the anchor batch with the bf16-autocast PyTorch
+    # peer and the host peak by kind (≤ 14.3 B/param), profiled too, then
+    # Qwen2.5-7B's anchor with whatever is left of the stage's budget.
+    timeout "$(left 60)" xtask bench-throughput --preset gpt2-nano --vocab 65 --device gpu \
+        --precision f32 --batch 12 --seq-len 64 --steps 5 --warmup 2 --mode-reps 0 --no-peer \
+        --profile --json "$OUT/profile-gpt2-nano.json" >"$OUT/profile-gpt2-nano.log" 2>&1
+    summary+=("gpt2-nano profile (rc $?): $(grep -E '^step .* wall' "$OUT/profile-gpt2-nano.log" | tail -1)")
+    timeout "$(left 260 200)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
+    summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak|^step .* wall' "$OUT/anchor-tinyllama.log" | tail -4 | tr '\n' ' ')")
+    timeout "$(left 400)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
         --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     summary+=("qwen anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-qwen.log" | tail -3 | tr '\n' ' ')")
+    for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
+        echo "-- per-op profile in $f"
+        sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
+    done
     ;;
 *)
     echo "unknown stage: $stage" >&2
