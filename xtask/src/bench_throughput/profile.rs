@@ -42,6 +42,9 @@ pub struct StepProfile {
     pub ops: Vec<OpRow>,
 }
 
+/// (op, calls, total ns) of each op kind, as the profiler holds them.
+pub type RawOps = Vec<(String, u64, u64)>;
+
 /// Executors that can time their ops.
 pub trait OpProfiler {
     /// Clears earlier timings and starts recording; false where the
@@ -50,7 +53,7 @@ pub trait OpProfiler {
         false
     }
     /// Stops recording; the timing source and (op, calls, total ns) rows.
-    fn profile_stop(&self) -> Option<(String, Vec<(String, u64, u64)>)> {
+    fn profile_stop(&self) -> Option<(String, RawOps)> {
         None
     }
 }
@@ -66,7 +69,7 @@ impl OpProfiler for GpuExecutor {
         true
     }
 
-    fn profile_stop(&self) -> Option<(String, Vec<(String, u64, u64)>)> {
+    fn profile_stop(&self) -> Option<(String, RawOps)> {
         self.set_profiling(false);
         let timing = match self.timing_source() {
             TimingSource::GpuTimestamps => "gpu timestamps",
@@ -84,7 +87,7 @@ impl OpProfiler for GpuExecutor {
 
 impl StepProfile {
     /// From the profiler's rows and the profiled step's metrics.
-    pub fn new(timing: String, rows: Vec<(String, u64, u64)>, m: &megatrain::StepMetrics) -> Self {
+    pub fn new(timing: String, rows: RawOps, m: &megatrain::StepMetrics) -> Self {
         let total_ns: u64 = rows.iter().map(|r| r.2).sum();
         let mut ops: Vec<OpRow> = rows
             .into_iter()
@@ -106,10 +109,6 @@ impl StepProfile {
             optimizer_wait_ms: m.optimizer_wait_ms,
             ops,
         }
-    }
-
-    pub fn calls(&self, op: &str) -> u64 {
-        self.ops.iter().find(|r| r.op == op).map_or(0, |r| r.calls)
     }
 }
 
@@ -201,6 +200,10 @@ mod tests {
         ]
     }
 
+    fn calls(p: &StepProfile, op: &str) -> u64 {
+        p.ops.iter().find(|r| r.op == op).map_or(0, |r| r.calls)
+    }
+
     #[test]
     fn the_profile_lists_every_op_of_a_llama_step_with_its_calls() {
         if let Err(e) = megatrain_gpu::GpuContext::new() {
@@ -214,8 +217,8 @@ mod tests {
         for l in [2, 3] {
             let r = child::run(&spec("gpu", l)).unwrap();
             let p = r.profile.as_ref().expect("a GPU step has a profile");
-            for (op, calls) in llama_step_calls(l as u64) {
-                assert_eq!(p.calls(op), calls, "{op} with {l} blocks: {:?}", p.ops);
+            for (op, n) in llama_step_calls(l as u64) {
+                assert_eq!(calls(p, op), n, "{op} with {l} blocks: {:?}", p.ops);
             }
             assert!(
                 p.ops.iter().all(|o| o.calls > 0 && o.total_ms > 0.0),

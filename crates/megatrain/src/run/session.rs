@@ -390,7 +390,6 @@ pub fn train_with<E: Executor>(
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::DEFAULT_TRANSFER_CHUNK,
         },
-        ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {
