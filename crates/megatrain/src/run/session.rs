@@ -115,7 +115,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             // A device option (like `transport`) changes no result, nor
             // does another number of ranks with the same global batch.
             .filter(|w| {
-                [
+                ![
                     "steps:",
                     "out:",
                     "transport:",
