@@ -37,7 +37,7 @@ t() {
     local name=$1
     shift
     local log="$OUT/test-$name.log"
-    timeout 300 "$P/test/$name" "$@" >"$log" 2>&1
+    timeout "$(left 300)" "$P/test/$name" "$@" >"$log" 2>&1
     local rc=$?
     summary+=("test $name (rc $rc): $(grep -E '^test result' "$log" | tail -1)")
     grep -E 'NOT tested here|FAILED|panicked' "$log" | head -5
@@ -48,7 +48,7 @@ b() {
     local name=$1
     shift
     local log="$OUT/bench-$name.log"
-    timeout 420 "$P/bench/$name" --bench "$@" >"$log" 2>&1
+    timeout "$(left 420)" "$P/bench/$name" --bench "$@" >"$log" 2>&1
     summary+=("bench $name (rc $?): see $log")
 }
 
