@@ -149,7 +149,9 @@ impl Link<'_> {
                 continue;
             }
             std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_micros(500));
+            // At most 100 us: a small model waits for many short maps per
+            // step, and a longer nap would overshoot each by up to its length.
+            nap = (nap * 2).min(Duration::from_micros(100));
         }
     }
 }
