@@ -149,6 +149,16 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     check("gpu", &["--copy-threads", "0"], &["--copy-threads 0"]);
     check("gpu", &["--copy-threads", "-3"], &["--copy-threads", "-3"]);
     check(
+        "gpu",
+        &["--batch-ops", "0"],
+        &["--batch-ops 0", "between 1 and 65536"],
+    );
+    check(
+        "cpu",
+        &["--batch-ops", "8"],
+        &["--batch-ops is a GPU transport option"],
+    );
+    check(
         "cpu",
         &["--staging-depth", "2", "--copy-threads", "4"],
         &[
@@ -200,6 +210,8 @@ fn gpu_knobs_train_on_an_adapter() {
         "1",
         "--copy-threads",
         "2",
+        "--batch-ops",
+        "3",
         "--transfer-chunk",
         "64K",
     ];

@@ -126,6 +126,9 @@ pub struct Args {
     /// Threads copying into and out of mapped memory (default: cores ≤ 16).
     #[arg(long)]
     copy_threads: Option<usize>,
+    /// Most ops in one GPU queue submission (default 256; 1: op by op).
+    #[arg(long)]
+    batch_ops: Option<usize>,
     /// After the timed steps, one more with the GPU's per-op profiling on
     /// (timestamp queries): a table of op, calls, time and share beside
     /// the step's wall time, also in --json.
@@ -214,6 +217,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         staging_depth: a.staging_depth,
         staging_chunk_mib: a.staging_chunk_mib,
         copy_threads: a.copy_threads,
+        batch_ops: a.batch_ops,
         profile: a.profile,
     }
 }

@@ -55,6 +55,8 @@ pub struct Spec {
     pub staging_chunk_mib: Option<u64>,
     #[serde(default)]
     pub copy_threads: Option<usize>,
+    #[serde(default)]
+    pub batch_ops: Option<usize>,
     /// One more step after the timed ones with per-op profiling on.
     #[serde(default)]
     pub profile: bool,
@@ -70,6 +72,7 @@ impl Spec {
             staging_depth: self.staging_depth,
             staging_chunk_mib: self.staging_chunk_mib,
             copy_threads: self.copy_threads,
+            batch_ops: self.batch_ops,
         }
     }
 
@@ -159,6 +162,7 @@ pub(crate) fn test_spec() -> Spec {
         staging_depth: None,
         staging_chunk_mib: None,
         copy_threads: None,
+        batch_ops: None,
         profile: false,
     }
 }

@@ -102,6 +102,10 @@ pub struct TrainArgs {
     /// the cores, at most 16).
     #[arg(long)]
     copy_threads: Option<usize>,
+    /// GPU only: most ops recorded into one queue submission (default 256,
+    /// 1..=65536; 1 submits op by op).
+    #[arg(long)]
+    batch_ops: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
     /// random | sequential.
@@ -177,7 +181,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         transfer_chunk,
         staging_depth,
         staging_chunk_mib,
-        copy_threads
+        copy_threads,
+        batch_ops
     );
     overlay!(
         o,

@@ -15,6 +15,9 @@ pub const MAX_STAGING_DEPTH: usize = 64;
 pub const MAX_STAGING_CHUNK_MIB: u64 = 4096;
 /// Most copy threads: far past any machine's cores.
 pub const MAX_COPY_THREADS: usize = 1024;
+/// Most ops in one queue submission: past a few thousand a batch only
+/// delays the device's start.
+pub const MAX_BATCH_OPS: usize = 65536;
 /// Largest gradient transfer chunk, bytes: a chunk is staged whole on the
 /// host and in the executor's readback buffers.
 pub const MAX_TRANSFER_CHUNK: u64 = 16 << 30;
@@ -28,6 +31,10 @@ pub struct TransportKnobs {
     pub staging_chunk_mib: Option<u64>,
     /// Threads copying into and out of mapped memory (default: cores, ≤ 16).
     pub copy_threads: Option<usize>,
+    /// Most ops recorded into one queue submission (default 256; 1 submits
+    /// op by op).
+    #[serde(default)]
+    pub batch_ops: Option<usize>,
 }
 
 fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
@@ -58,6 +65,7 @@ impl TransportKnobs {
             ("--staging-depth", self.staging_depth.is_some()),
             ("--staging-chunk-mib", self.staging_chunk_mib.is_some()),
             ("--copy-threads", self.copy_threads.is_some()),
+            ("--batch-ops", self.batch_ops.is_some()),
         ]
         .into_iter()
         .filter_map(|(f, on)| on.then_some(f))
@@ -80,7 +88,8 @@ impl TransportKnobs {
             MAX_STAGING_CHUNK_MIB,
             " MiB",
         )?;
-        in_range("copy-threads", self.copy_threads, 1, MAX_COPY_THREADS, " threads")
+        in_range("copy-threads", self.copy_threads, 1, MAX_COPY_THREADS, " threads")?;
+        in_range("batch-ops", self.batch_ops, 1, MAX_BATCH_OPS, " ops")
     }
 
     /// Refuses the knobs on an executor without a transport (the CPU).
@@ -121,6 +130,7 @@ impl TransportKnobs {
             staging_depth: self.staging_depth,
             staging_chunk_bytes: self.staging_chunk_mib.map(|m| m << 20),
             copy_threads: self.copy_threads,
+            batch_ops: self.batch_ops,
             ..GpuOptions::default()
         }
     }

@@ -197,6 +197,9 @@ pub struct TrainOptions {
     pub staging_chunk_mib: Option<u64>,
     /// Threads copying into and out of mapped memory.
     pub copy_threads: Option<usize>,
+    /// Most ops in one GPU queue submission.
+    #[serde(default)]
+    pub batch_ops: Option<usize>,
     /// Data parallel ranks (processes) the run trains with: set from the
     /// launcher's world size, not a flag. `batch` is per rank, so the
     /// global batch is `ranks · batch`.
@@ -250,6 +253,7 @@ impl Default for TrainOptions {
             staging_depth: None,
             staging_chunk_mib: None,
             copy_threads: None,
+            batch_ops: None,
             ranks: 1,
             shard_optimizer: false,
         }
@@ -320,6 +324,7 @@ impl TrainOptions {
             staging_depth: self.staging_depth,
             staging_chunk_mib: self.staging_chunk_mib,
             copy_threads: self.copy_threads,
+            batch_ops: self.batch_ops,
         }
     }
 

@@ -125,6 +125,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "staging_depth:",
                     "staging_chunk_mib:",
                     "copy_threads:",
+                    "batch_ops:",
                 ]
                 .iter()
                 .any(|k| w.starts_with(k))
