@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # What the open GPU issues (12, 13, 14, 17, 18) still need run on an H100 or
-# H200, as three device-tool calls of under 10 minutes each, most important
+# H200, as four device-tool calls of under 10 minutes each, most important
 # first, so one session's 30 minutes of device time answers all of it.
 #
-# Here (the dev machine), from the repository root:
+# Here (the dev machine), from the repository root (the first line needs
+# nanoGPT's snapshot: the fetch tool, github:karpathy/nanoGPT):
+#   bash benches/nanogpt_main_job.sh carry /work/.mirror/karpathy+nanoGPT/repo
 #   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
 # Then the device tool's `run`, carry [".carry", ".gl"], one call per stage:
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh checks'   # correctness on the GPU
-#   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus, submits
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh steps'    # whole streamed steps
-# Each stage writes its logs under $OUT and prints a short summary last
-# (the device tool returns the tail of the output). Record the numbers in
-# BENCHMARKS.md with the machine, the date and these commands.
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh mainjob'  # README main job vs nanoGPT
+# Each stage prints a short summary last (the device tool returns the tail
+# of the output) and leaves two files in $OUT: the summary and a tarball of
+# every log and JSON (the tool brings back at most 8 files). Record the
+# numbers in BENCHMARKS.md with the machine, the date and these commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-OUT=${OUT:-/tmp/gpu-session}
-mkdir -p "$OUT"
-stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps}
+stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps|mainjob}
+DEST=${OUT:-/tmp/gpu-session}
+OUT=/tmp/gpu-session-logs/$stage
+rm -rf "$OUT" && mkdir -p "$OUT" "$DEST"
 summary=()
 # The device tool ends a call at 600 s; the stage keeps under BUDGET.
 BUDGET=${BUDGET:-540}
@@ -55,7 +60,7 @@ b() {
 case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
-        download_range pipelines gpu_parity transfer_chunks attention
+        download_range pipelines batching gpu_parity transfer_chunks attention submit
     exit 0
     ;;
 checks)
@@ -70,6 +75,7 @@ checks)
     t ops
     t add_norm
     t pipelines
+    t batching
     t transport_bytes
     t download_range
     t gpu_parity --nocapture
@@ -87,6 +93,8 @@ kernels)
     # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
     b transport --reps 5 --overlap
     b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
+    # Per-op cost of small ops submitted one by one and in batches.
+    b submit --reps 9
     ;;
 steps)
     # Per-op GPU profiles (--profile: one more step with timestamp
@@ -110,6 +118,13 @@ steps)
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
     done
     ;;
+mainjob)
+    # The README's main job on this GPU against karpathy/nanoGPT in the
+    # same run (issue 17: at least as fast, val <= 1.90).
+    OUT=$OUT timeout "$(left 540)" bash benches/nanogpt_main_job.sh run | tee "$OUT/mainjob.log"
+    rc=${PIPESTATUS[0]}
+    summary+=("main job (rc $rc): $(sed -n '/^== main job/,$p' "$OUT/mainjob.log" | tail -6 | tr '\n' ';')")
+    ;;
 *)
     echo "unknown stage: $stage" >&2
     exit 2
@@ -123,3 +138,9 @@ for f in "$OUT"/bench-*.log; do
     echo "-- $f"
     grep -E 'TFLOP/s|GB/s|thrpt|overlap' "$f" | tail -25
 done
+{
+    echo "== $stage summary"
+    for line in "${summary[@]}"; do echo "$line"; done
+} >"$DEST/$stage-summary.txt"
+tar -czf "$DEST/$stage-logs.tar.gz" -C "$OUT" .
+echo "(logs: $DEST/$stage-logs.tar.gz)"

@@ -163,6 +163,7 @@ mod tests {
             staging_depth: d,
             staging_chunk_mib: c,
             copy_threads: t,
+            batch_ops: None,
         };
         assert!(k(Some(1), Some(1), Some(1)).validate().is_ok());
         assert!(k(None, None, None).validate().is_ok());
@@ -209,11 +210,13 @@ mod tests {
             staging_depth: Some(8),
             staging_chunk_mib: Some(16),
             copy_threads: Some(3),
+            batch_ops: Some(5),
         }
         .gpu_options(TransportChoice::Staging);
         assert_eq!(o.staging_depth, Some(8));
         assert_eq!(o.staging_chunk_bytes, Some(16 << 20));
         assert_eq!(o.copy_threads, Some(3));
+        assert_eq!(o.batch_ops, Some(5));
         assert_eq!(o.transport, TransportChoice::Staging);
     }
 }
