@@ -90,6 +90,7 @@ nanogpt() {
 megatrain_job() {
     local name=$1
     shift
+    rm -rf "/tmp/runs-$name"
     timed "$name" . megatrain train --preset gpt2-nano --data data/tinyshakespeare.txt \
         --out "/tmp/runs-$name" --device gpu --seq-len 64 --batch 12 --steps 2000 --lr 1e-3 \
         --min-lr 1e-4 --warmup 100 --beta2 0.99 --weight-decay 0.1 --grad-clip 1.0 \
