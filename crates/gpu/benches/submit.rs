@@ -34,9 +34,11 @@ fn main() {
     let (ops, reps) = (arg("--ops", 600), arg("--reps", 9));
     println!("device: {}", ctx.info);
     println!("{ops} dependent ops on 256 elements (add, scale alternately), median of {reps} runs");
+    // "host us/op": recording and submitting, until the last op is on its
+    // way; "us per op": until the device has finished it.
     println!(
-        "{:>10} {:>12} {:>14} {:>12}",
-        "batch_ops", "us per op", "submissions", "vs 1"
+        "{:>10} {:>12} {:>12} {:>14} {:>12}",
+        "batch_ops", "us per op", "host us/op", "submissions", "vs 1"
     );
     let mut base = None;
     for batch in [1usize, 8, 64, 256] {
@@ -55,16 +57,24 @@ fn main() {
                 x = g.add(&x, &y).unwrap();
                 x = g.scale(&x, if i % 2 == 0 { 0.5 } else { 2.0 }).unwrap();
             }
+            let host = t.elapsed();
             g.synchronize().unwrap();
-            t.elapsed().as_secs_f64() * 1e6 / (ops / 2 * 2) as f64
+            let n = (ops / 2 * 2) as f64;
+            (t.elapsed().as_secs_f64() * 1e6 / n, host.as_secs_f64() * 1e6 / n)
         };
         run(); // compile, fill the pool and the bind group cache
         let s0 = g.submit_stats();
-        let mut times: Vec<f64> = (0..reps).map(|_| run()).collect();
+        let (mut times, mut host): (Vec<f64>, Vec<f64>) = (0..reps).map(|_| run()).unzip();
         let subs = (g.submit_stats().op_submissions - s0.op_submissions) / reps as u64;
-        times.sort_by(f64::total_cmp);
-        let med = times[times.len() / 2];
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (med, host) = (median(&mut times), median(&mut host));
         let b = *base.get_or_insert(med);
-        println!("{batch:>10} {med:>12.2} {subs:>14} {:>11.2}x", b / med);
+        println!(
+            "{batch:>10} {med:>12.2} {host:>12.2} {subs:>14} {:>11.2}x",
+            b / med
+        );
     }
 }
