@@ -99,7 +99,7 @@ impl<'e> Op<'e> {
         let ex = self.ex;
         let pipeline = ex.kernels.get(&ex.ctx.device, k);
         debug_assert_eq!(pipeline.bindings.len(), views.len(), "{:?} binding count", k);
-        if grid.iter().any(|&g| g == 0) {
+        if grid.contains(&0) {
             return;
         }
         let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
