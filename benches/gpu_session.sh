@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
 # What the open GPU issues (12, 13, 14, 17, 18) still need run on an H100 or
-# H200, as three device-tool calls of under 10 minutes each, most important
+# H200, as four device-tool calls of under 10 minutes each, most important
 # first, so one session's 30 minutes of device time answers all of it.
 #
-# Here (the dev machine), from the repository root:
+# Here (the dev machine), from the repository root (the first line needs
+# nanoGPT's snapshot: the fetch tool, github:karpathy/nanoGPT):
+#   bash benches/nanogpt_main_job.sh carry /work/.mirror/karpathy+nanoGPT/repo
 #   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
 # Then the device tool's `run`, carry [".carry", ".gl"], one call per stage:
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh checks'   # correctness on the GPU
-#   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus, submits
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh steps'    # whole streamed steps
-# Each stage writes its logs under $OUT and prints a short summary last
-# (the device tool returns the tail of the output). Record the numbers in
-# BENCHMARKS.md with the machine, the date and these commands.
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh mainjob'  # README main job vs nanoGPT
+# Each stage prints a short summary last (the device tool returns the tail
+# of the output) and leaves two files in $OUT: the summary and a tarball of
+# every log and JSON (the tool brings back at most 8 files). Record the
+# numbers in BENCHMARKS.md with the machine, the date and these commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-OUT=${OUT:-/tmp/gpu-session}
-mkdir -p "$OUT"
-stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps}
+stage=${1:?usage: gpu_session.sh targets|checks|kernels|steps|mainjob}
+DEST=${OUT:-/tmp/gpu-session}
+OUT=/tmp/gpu-session-logs/$stage
+rm -rf "$OUT" && mkdir -p "$OUT" "$DEST"
 summary=()
+# The device tool ends a call at 600 s; the stage keeps under BUDGET.
+BUDGET=${BUDGET:-540}
+T0=$SECONDS
+
+# Seconds the next command may run: at most CAP, leaving RESERVE for the
+# commands after it (never under 10).
+left() {
+    local cap=$1 reserve=${2:-0}
+    local l=$((BUDGET - (SECONDS - T0) - reserve))
+    ((l > cap)) && l=$cap
+    ((l < 10)) && l=10
+    echo "$l"
+}
 
 # Runs a packed test binary; the summary keeps its result line.
 t() {
     local name=$1
     shift
     local log="$OUT/test-$name.log"
-    timeout 300 "$P/test/$name" "$@" >"$log" 2>&1
+    timeout "$(left 300)" "$P/test/$name" "$@" >"$log" 2>&1
     local rc=$?
     summary+=("test $name (rc $rc): $(grep -E '^test result' "$log" | tail -1)")
     grep -E 'NOT tested here|FAILED|panicked' "$log" | head -5
@@ -35,14 +53,14 @@ b() {
     local name=$1
     shift
     local log="$OUT/bench-$name.log"
-    timeout 420 "$P/bench/$name" --bench "$@" >"$log" 2>&1
+    timeout "$(left 420)" "$P/bench/$name" --bench "$@" >"$log" 2>&1
     summary+=("bench $name (rc $?): see $log")
 }
 
 case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
-        download_range pipelines gpu_parity transfer_chunks attention
+        download_range pipelines batching gpu_parity transfer_chunks attention submit
     exit 0
     ;;
 checks)
@@ -57,6 +75,7 @@ checks)
     t ops
     t add_norm
     t pipelines
+    t batching
     t transport_bytes
     t download_range
     t gpu_parity --nocapture
@@ -74,16 +93,37 @@ kernels)
     # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
     b transport --reps 5 --overlap
     b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
+    # Per-op cost of small ops submitted one by one and in batches.
+    b submit --reps 9
     ;;
 steps)
-    # TinyLlama at the anchor batch with the bf16-autocast PyTorch peer,
-    # the host peak by kind (≤ 14.3 B/param), then Qwen2.5-7B's anchor.
-    timeout 400 xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
-        --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
-    summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-tinyllama.log" | tail -3 | tr '\n' ' ')")
-    timeout 400 xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
+    # Per-op GPU profiles (--profile: one more step with timestamp
+    # queries; issue 17's "where the next bottleneck is") of the README's
+    # main job shape first (per-op overhead decides it against nanoGPT),
+    # then TinyLlama at the anchor batch with the bf16-autocast PyTorch
+    # peer and the host peak by kind (≤ 14.3 B/param), profiled too, then
+    # Qwen2.5-7B's anchor with whatever is left of the stage's budget.
+    timeout "$(left 60)" xtask bench-throughput --preset gpt2-nano --vocab 65 --device gpu \
+        --precision f32 --batch 12 --seq-len 64 --steps 5 --warmup 2 --mode-reps 0 --no-peer \
+        --profile --json "$OUT/profile-gpt2-nano.json" >"$OUT/profile-gpt2-nano.log" 2>&1
+    summary+=("gpt2-nano profile (rc $?): $(grep -E '^step .* wall' "$OUT/profile-gpt2-nano.log" | tail -1)")
+    timeout "$(left 260 200)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
+    summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak|^step .* wall' "$OUT/anchor-tinyllama.log" | tail -4 | tr '\n' ' ')")
+    timeout "$(left 400)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
         --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     summary+=("qwen anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-qwen.log" | tail -3 | tr '\n' ' ')")
+    for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
+        echo "-- per-op profile in $f"
+        sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
+    done
+    ;;
+mainjob)
+    # The README's main job on this GPU against karpathy/nanoGPT in the
+    # same run (issue 17: at least as fast, val <= 1.90).
+    OUT=$OUT timeout "$(left 540)" bash benches/nanogpt_main_job.sh run | tee "$OUT/mainjob.log"
+    rc=${PIPESTATUS[0]}
+    summary+=("main job (rc $rc): $(sed -n '/^== main job/,$p' "$OUT/mainjob.log" | tail -6 | tr '\n' ';')")
     ;;
 *)
     echo "unknown stage: $stage" >&2
@@ -98,3 +138,9 @@ for f in "$OUT"/bench-*.log; do
     echo "-- $f"
     grep -E 'TFLOP/s|GB/s|thrpt|overlap' "$f" | tail -25
 done
+{
+    echo "== $stage summary"
+    for line in "${summary[@]}"; do echo "$line"; done
+} >"$DEST/$stage-summary.txt"
+tar -czf "$DEST/$stage-logs.tar.gz" -C "$OUT" .
+echo "(logs: $DEST/$stage-logs.tar.gz)"

@@ -358,7 +358,20 @@ fn warm_steps_allocate_nothing_on_the_device() {
         let reused = tr.executor().bind_group_stats().reused;
         let made = tr.executor().transport_stats().buffers_created;
         for i in 6..9 {
+            let s0 = tr.executor().submit_stats();
             let m = tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+            let s1 = tr.executor().submit_stats();
+            let (ops, batches) = (s1.ops - s0.ops, s1.op_submissions - s0.op_submissions);
+            eprintln!(
+                "{transport}: one step: {ops} ops in {batches} submissions, {} transfer submissions",
+                s1.transfer_submissions - s0.transfer_submissions
+            );
+            // Ops go to the queue in batches (per layer and per transfer),
+            // not one submission each.
+            assert!(
+                batches * 4 <= ops,
+                "{transport}: {ops} ops in {batches} submissions"
+            );
             // The bus time is the part of the transfer calls spent moving bytes.
             let calls = m.upload_ms + m.download_ms;
             assert!(m.bus_ms > 0.0 && m.bus_ms <= calls + 0.05, "{transport}: {m:?}");

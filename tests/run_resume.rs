@@ -183,15 +183,18 @@ fn resume_refuses_another_model_and_a_fresh_run_refuses_a_used_directory() {
     let mut changed = options(&data, &a);
     changed.lr = 1e-4;
     changed.transport = megatrain_gpu::TransportChoice::Mapped;
+    changed.transfer_chunk = Some(64 << 10);
     let p = prepare(changed, true).unwrap();
     assert!(
         p.warnings.iter().any(|w| w.starts_with("lr:")),
         "{:?}",
         p.warnings
     );
-    // A device option: it changes no result, so resuming with it is silent.
+    // Device options: they change no result, so resuming with them is silent.
     assert!(
-        !p.warnings.iter().any(|w| w.starts_with("transport:")),
+        !p.warnings
+            .iter()
+            .any(|w| w.starts_with("transport:") || w.starts_with("transfer_chunk:")),
         "{:?}",
         p.warnings
     );

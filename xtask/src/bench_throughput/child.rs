@@ -7,11 +7,12 @@ use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
 use megatrain::run::Precision;
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 use megatrain_adamw::AdamWConfig;
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{GpuContext, GpuExecutor};
 use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::{HostTier, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
+use super::profile::{OpProfiler, StepProfile};
 use super::record::{HostPeak, Modes, Record, median};
 use super::spec::Spec;
 
@@ -27,10 +28,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
             let ctx = GpuContext::new().context("no GPU adapter")?;
             // The arena's peak of live tensor bytes (pool and driver
             // overhead not counted).
-            let opts = GpuOptions {
-                transport: spec.transport()?,
-                ..GpuOptions::default()
-            };
+            let opts = spec.knobs().gpu_options(spec.transport()?);
             run_on(
                 GpuExecutor::with_options(ctx, opts),
                 spec,
@@ -93,7 +91,7 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
 /// `device_peak` reads the executor's peak bytes where the trait's
 /// `memory_stats` does not report it; `transport_host` the host-visible
 /// bytes of its transport buffers (a GPU's upload ring and readback pool).
-fn run_on<E: Executor>(
+fn run_on<E: Executor + OpProfiler>(
     mut ex: E,
     spec: &Spec,
     baseline_rss: u64,
@@ -114,7 +112,7 @@ fn run_on<E: Executor>(
         ..TrainerConfig::default()
     };
     if let Some(b) = spec.transfer_chunk {
-        config.transfer_chunk = (b / 4).max(1) as usize;
+        config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
     }
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
     if let Some(w) = spec.spill_window {
@@ -180,6 +178,10 @@ fn run_on<E: Executor>(
             .then(|| tr.executor().memory_stats().map(|s| s.peak_bytes))
             .flatten(),
     );
+    let profile = match spec.profile {
+        true => profile_step(&mut tr, &all[0], spec)?,
+        false => None,
+    };
     let modes = if spec.mode_reps > 0 {
         Some(run_modes(&mut tr, &all[0], spec)?)
     } else {
@@ -198,12 +200,37 @@ fn run_on<E: Executor>(
         tr.transport_info(),
     );
     record.first_spilled = tier_report.first_spilled;
+    record.profile = profile;
     record.host_peak = Some(host_peak);
     record.spilled_params = tier_report.disk.params / 4;
     if record.device_peak_bytes.is_none() {
         record.device_peak_bytes = peak_device.filter(|&p| p > 0);
     }
     Ok(record)
+}
+
+/// One more step with per-op profiling on (None where the executor has no
+/// profiler: the CPU's).
+fn profile_step<E: Executor + OpProfiler>(
+    tr: &mut Trainer<E>,
+    batch: &Batch,
+    spec: &Spec,
+) -> anyhow::Result<Option<StepProfile>> {
+    if !tr.executor().profile_start() {
+        eprintln!(
+            "  [{}] --profile: the {} executor has no per-op profile",
+            spec.label, spec.device
+        );
+        return Ok(None);
+    }
+    let m = tr.step(std::slice::from_ref(batch), spec.lr);
+    let rows = tr.executor().profile_stop();
+    let m = m?;
+    eprintln!(
+        "  [{}] profiled step: {:.1} ms, loss {:.4}",
+        spec.label, m.step_ms, m.loss
+    );
+    Ok(rows.map(|(timing, rows)| StepProfile::new(timing, rows, &m)))
 }
 
 fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> anyhow::Result<Modes> {

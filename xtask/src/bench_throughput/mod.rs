@@ -10,6 +10,7 @@
 mod anchor;
 mod child;
 mod peer;
+mod profile;
 mod ranks;
 mod record;
 mod report;
@@ -116,6 +117,23 @@ pub struct Args {
     /// (default the trainer's, 32M): larger layers come down in chunks.
     #[arg(long, value_parser = parse_bytes)]
     transfer_chunk: Option<u64>,
+    /// GPU staging ring entries (default 4), as `megatrain train`.
+    #[arg(long)]
+    staging_depth: Option<usize>,
+    /// Largest piece of a layer one staging entry carries, MiB (default 32).
+    #[arg(long)]
+    staging_chunk_mib: Option<u64>,
+    /// Threads copying into and out of mapped memory (default: cores ≤ 16).
+    #[arg(long)]
+    copy_threads: Option<usize>,
+    /// Most ops in one GPU queue submission (default 256; 1: op by op).
+    #[arg(long)]
+    batch_ops: Option<usize>,
+    /// After the timed steps, one more with the GPU's per-op profiling on
+    /// (timestamp queries): a table of op, calls, time and share beside
+    /// the step's wall time, also in --json.
+    #[arg(long)]
+    profile: bool,
     /// Size of the scratch file that measures the disk's sequential bandwidth.
     #[arg(long, value_parser = parse_bytes, default_value = "2G")]
     disk_probe: u64,
@@ -196,6 +214,11 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         spill_dir: None,
         spill_window: a.spill_window,
         transfer_chunk: a.transfer_chunk,
+        staging_depth: a.staging_depth,
+        staging_chunk_mib: a.staging_chunk_mib,
+        copy_threads: a.copy_threads,
+        batch_ops: a.batch_ops,
+        profile: a.profile,
     }
 }
 
@@ -362,6 +385,20 @@ fn specs(a: &Args) -> Vec<Spec> {
     out
 }
 
+/// The device knobs, refused as `megatrain train` refuses them; the GPU's
+/// only where some configuration runs on one.
+fn check_knobs(specs: &[Spec]) -> anyhow::Result<()> {
+    let s = &specs[0];
+    if let Some(b) = s.transfer_chunk {
+        megatrain::run::transfer_chunk_elems(b)?;
+    }
+    s.knobs().validate()?;
+    if specs.iter().all(|s| s.device == "cpu") {
+        s.knobs().refuse_on_cpu()?;
+    }
+    Ok(())
+}
+
 /// Runs `spec` in a fresh process of this binary.
 fn run_child(spec: &Spec) -> anyhow::Result<Record> {
     let exe = std::env::current_exe()?;
@@ -409,6 +446,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let root = root();
     let specs = with_budget(&a, specs(&a));
     anyhow::ensure!(!specs.is_empty(), "no configuration to run");
+    check_knobs(&specs)?;
     for s in &specs {
         s.model().with_context(|| format!("configuration {}", s.label))?;
     }
@@ -472,6 +510,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     } else {
         println!("{}", report::tables(&records, &failures));
+        print!("{}", profile::tables(&records));
     }
     if a.host_budget.is_some() {
         let dir = spill_dir(&a);
@@ -536,6 +575,42 @@ mod tests {
         assert_eq!(s[0].transport().unwrap(), TransportChoice::Mapped);
         let bad = Cli::try_parse_from(["x", "--transport", "pinned"]).err().unwrap();
         assert!(bad.to_string().contains("unknown transport 'pinned'"), "{bad}");
+    }
+
+    #[test]
+    fn transport_knobs_reach_every_spec_and_bad_ones_are_named() {
+        let flags = [
+            "--device",
+            "gpu",
+            "--staging-depth",
+            "8",
+            "--staging-chunk-mib",
+            "16",
+        ];
+        let s = specs(&parse(
+            &[&flags[..], &["--copy-threads", "3", "--profile"]].concat(),
+        ));
+        let o = s[0].knobs().gpu_options(TransportChoice::Auto);
+        assert_eq!(
+            (o.staging_depth, o.staging_chunk_bytes, o.copy_threads),
+            (Some(8), Some(16 << 20), Some(3))
+        );
+        assert!(s[0].profile);
+        check_knobs(&s).unwrap();
+        for (flags, needle) in [
+            (
+                &["--device", "gpu", "--staging-depth", "0"][..],
+                "--staging-depth 0",
+            ),
+            (
+                &["--device", "gpu", "--transfer-chunk", "6"],
+                "--transfer-chunk 6",
+            ),
+            (&["--copy-threads", "2"], "--device cpu"),
+        ] {
+            let e = check_knobs(&specs(&parse(flags))).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        }
     }
 
     #[test]

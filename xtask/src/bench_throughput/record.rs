@@ -120,6 +120,9 @@ pub struct Record {
     /// Peak host memory by kind.
     #[serde(default)]
     pub host_peak: Option<HostPeak>,
+    /// With --profile: per-op times of one more step.
+    #[serde(default)]
+    pub profile: Option<super::profile::StepProfile>,
     pub loss_first: f64,
     pub loss_last: f64,
     pub steps: Vec<serde_json::Value>,
@@ -332,6 +335,7 @@ impl Record {
             first_spilled: None,
             spilled_params: 0,
             host_peak: None,
+            profile: None,
             loss_first: steps.first().map_or(f64::NAN, |m| m.loss),
             loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
             steps: steps

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail, ensure};
+use megatrain::run::TransportKnobs;
 use megatrain_gpu::TransportChoice;
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,18 @@ pub struct Spec {
     /// Gradient bytes moved at once (default the trainer's).
     #[serde(default)]
     pub transfer_chunk: Option<u64>,
+    /// The GPU transport's knobs (default the executor's).
+    #[serde(default)]
+    pub staging_depth: Option<usize>,
+    #[serde(default)]
+    pub staging_chunk_mib: Option<u64>,
+    #[serde(default)]
+    pub copy_threads: Option<usize>,
+    #[serde(default)]
+    pub batch_ops: Option<usize>,
+    /// One more step after the timed ones with per-op profiling on.
+    #[serde(default)]
+    pub profile: bool,
 }
 
 fn auto() -> String {
@@ -54,6 +67,15 @@ fn auto() -> String {
 }
 
 impl Spec {
+    pub fn knobs(&self) -> TransportKnobs {
+        TransportKnobs {
+            staging_depth: self.staging_depth,
+            staging_chunk_mib: self.staging_chunk_mib,
+            copy_threads: self.copy_threads,
+            batch_ops: self.batch_ops,
+        }
+    }
+
     /// The GPU transport this spec asks for.
     pub fn transport(&self) -> anyhow::Result<TransportChoice> {
         self.transport
@@ -137,6 +159,11 @@ pub(crate) fn test_spec() -> Spec {
         spill_dir: None,
         spill_window: None,
         transfer_chunk: None,
+        staging_depth: None,
+        staging_chunk_mib: None,
+        copy_threads: None,
+        batch_ops: None,
+        profile: false,
     }
 }
 

@@ -5,7 +5,7 @@
 
 use megatrain_tensor::{AttentionGrads, AttentionOut, ComputePrecision, Error, Result};
 
-use super::{GpuExecutor, f, need_f32, u};
+use super::{GpuExecutor, Op, View, f, need_f32, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -202,71 +202,101 @@ impl GpuExecutor {
         fwd: &AttentionOut<GpuTensor>,
         dout: &GpuTensor,
     ) -> Result<AttentionGrads<GpuTensor>> {
-        let name = "attention_backward";
-        let dq = self.alloc_f32(q.shape.clone())?;
-        let dk = self.alloc_f32(k.shape.clone())?;
-        let dv = self.alloc_f32(v.shape.clone())?;
-        let delta = self.alloc_f32([d.b, d.hq, d.t])?;
         let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
         // dk/dv: per query of every head of the group, two D-loops and two more.
         let group = d.hq / d.hkv;
         let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
-        let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
-        let scale = 1.0 / (d.d as f32).sqrt();
-        let mut op = self.op(name);
-        for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
-            let qv = self.view(q, b0 * qe, nb * qe)?;
-            let kv = self.view(k, b0 * ke, nb * ke)?;
-            let vv = self.view(v, b0 * ke, nb * ke)?;
-            let ov = self.view(&fwd.out, b0 * qe, nb * qe)?;
-            let lv = self.view(&fwd.lse, b0 * le, nb * le)?;
-            let dov = self.view(dout, b0 * qe, nb * qe)?;
-            let dqv = self.view(&dq, b0 * qe, nb * qe)?;
-            let dkv = self.view(&dk, b0 * ke, nb * ke)?;
-            let dvv = self.view(&dv, b0 * ke, nb * ke)?;
-            let ddv = self.view(&delta, b0 * le, nb * le)?;
-            let rows = d.t.div_ceil(RB) as u32;
-            let base = [
-                u(d.t),
-                u(d.hq),
-                u(d.hkv),
-                u(d.d),
-                f(scale),
-                qv.elem_off,
-                kv.elem_off,
-                vv.elem_off,
-                ov.elem_off,
-                lv.elem_off,
-                dov.elem_off,
-                dqv.elem_off,
-                dkv.elem_off,
-                dvv.elem_off,
-                ddv.elem_off,
-            ];
+        let rows = d.t.div_ceil(RB) as u32;
+        self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
             let with = |fl: u32, r0: usize, r1: usize| {
-                let mut p = base.to_vec();
-                p.extend([fl, u(r0), u(r1), 0, 0]);
+                let mut p = c.params(d).to_vec();
+                p[15..18].copy_from_slice(&[fl, u(r0), u(r1)]);
                 p
             };
-            let all = with(3, 0, d.t);
-            op.dispatch(
-                Kernel::AttnDelta,
-                &all,
-                &[ov, dov, ddv],
-                [rows, d.hq as u32, nb as u32],
-            );
             for (ri, &(r0, r1)) in keys.iter().enumerate() {
                 let params = with(flags(ri, keys.len()), r0, r1);
-                let views = [qv, kv, vv, lv, dov, dqv, ddv];
+                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
                 op.dispatch(Kernel::AttnDq, &params, &views, [rows, d.hq as u32, nb as u32]);
             }
             for (ri, &(r0, r1)) in queries.iter().enumerate() {
                 let params = with(flags(ri, queries.len()), r0, r1);
-                let views = [qv, kv, vv, lv, dov, dkv, dvv, ddv];
+                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta];
                 op.dispatch(Kernel::AttnDkv, &params, &views, [rows, d.hkv as u32, nb as u32]);
             }
+        })
+    }
+
+    /// What every attention backward does around its own kernels: allocates
+    /// dq, dk, dv and delta, and for each chunk of the batch that fits the
+    /// bindings computes delta = rowsum(dO ∘ O) (attention.wgsl's kernel),
+    /// then calls `each` with the chunk's batch count and views.
+    pub(super) fn attention_backward_chunks(
+        &self,
+        d: &Dims,
+        [q, k, v, dout]: [&GpuTensor; 4],
+        fwd: &AttentionOut<GpuTensor>,
+        mut each: impl FnMut(&mut Op<'_>, usize, &BwdViews<'_>),
+    ) -> Result<AttentionGrads<GpuTensor>> {
+        let dq = self.alloc_f32(q.shape.clone())?;
+        let dk = self.alloc_f32(k.shape.clone())?;
+        let dv = self.alloc_f32(v.shape.clone())?;
+        let delta = self.alloc_f32([d.b, d.hq, d.t])?;
+        let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
+        let mut op = self.op("attention_backward");
+        for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
+            let c = BwdViews {
+                q: self.view(q, b0 * qe, nb * qe)?,
+                k: self.view(k, b0 * ke, nb * ke)?,
+                v: self.view(v, b0 * ke, nb * ke)?,
+                o: self.view(&fwd.out, b0 * qe, nb * qe)?,
+                lse: self.view(&fwd.lse, b0 * le, nb * le)?,
+                dout: self.view(dout, b0 * qe, nb * qe)?,
+                dq: self.view(&dq, b0 * qe, nb * qe)?,
+                dk: self.view(&dk, b0 * ke, nb * ke)?,
+                dv: self.view(&dv, b0 * ke, nb * ke)?,
+                delta: self.view(&delta, b0 * le, nb * le)?,
+            };
+            let mut params = c.params(d);
+            params[15..18].copy_from_slice(&[3, 0, u(d.t)]);
+            op.dispatch(
+                Kernel::AttnDelta,
+                &params,
+                &[c.o, c.dout, c.delta],
+                [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32],
+            );
+            each(&mut op, nb, &c);
         }
         op.finish()?;
         Ok(AttentionGrads { dq, dk, dv })
+    }
+}
+
+/// The views of one batch chunk that an attention backward binds.
+pub(super) struct BwdViews<'a> {
+    pub q: View<'a>,
+    pub k: View<'a>,
+    pub v: View<'a>,
+    pub o: View<'a>,
+    pub lse: View<'a>,
+    pub dout: View<'a>,
+    pub dq: View<'a>,
+    pub dk: View<'a>,
+    pub dv: View<'a>,
+    pub delta: View<'a>,
+}
+
+impl BwdViews<'_> {
+    /// attention.wgsl's `Params` for these views, key or query range and
+    /// flags (15..18) left zero.
+    fn params(&self, d: &Dims) -> [u32; 20] {
+        let mut p = [0u32; 20];
+        p[..5].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d), f(1.0 / (d.d as f32).sqrt())]);
+        let offs = [
+            self.q, self.k, self.v, self.o, self.lse, self.dout, self.dq, self.dk, self.dv, self.delta,
+        ];
+        for (i, v) in offs.iter().enumerate() {
+            p[5 + i] = v.elem_off;
+        }
+        p
     }
 }

@@ -180,68 +180,34 @@ impl GpuExecutor {
         let name = "attention_backward";
         let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
-        let dq = self.alloc_f32(q.shape.clone())?;
-        let dk = self.alloc_f32(k.shape.clone())?;
-        let dv = self.alloc_f32(v.shape.clone())?;
-        let delta = self.alloc_f32([d.b, d.hq, d.t])?;
-        let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
-        let mut op = self.op(name);
         let sv = self.full(maxima)?;
-        for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
-            let qv = self.view(q, b0 * qe, nb * qe)?;
-            let kv = self.view(k, b0 * ke, nb * ke)?;
-            let vv = self.view(v, b0 * ke, nb * ke)?;
-            let ov = self.view(&fwd.out, b0 * qe, nb * qe)?;
-            let lv = self.view(&fwd.lse, b0 * le, nb * le)?;
-            let dov = self.view(dout, b0 * qe, nb * qe)?;
-            let dqv = self.view(&dq, b0 * qe, nb * qe)?;
-            let dkv = self.view(&dk, b0 * ke, nb * ke)?;
-            let dvv = self.view(&dv, b0 * ke, nb * ke)?;
-            let ddv = self.view(&delta, b0 * le, nb * le)?;
-            // delta = rowsum(dO ∘ O), once, on attention.wgsl's kernel
-            // (its parameter block; one key range).
-            let mut dp = [0u32; 20];
-            dp[..4].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d)]);
-            dp[8] = ov.elem_off;
-            dp[10] = dov.elem_off;
-            dp[14] = ddv.elem_off;
-            dp[15] = 3;
-            dp[17] = u(d.t);
-            let rows = d.t.div_ceil(64) as u32;
-            op.dispatch(
-                Kernel::AttnDelta,
-                &dp,
-                &[ov, dov, ddv],
-                [rows, d.hq as u32, nb as u32],
-            );
+        self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
             let offs = [
-                qv.elem_off,
-                kv.elem_off,
-                vv.elem_off,
+                c.q.elem_off,
+                c.k.elem_off,
+                c.v.elem_off,
                 0,
-                lv.elem_off,
-                dov.elem_off,
-                dqv.elem_off,
-                dkv.elem_off,
-                dvv.elem_off,
-                ddv.elem_off,
+                c.lse.elem_off,
+                c.dout.elem_off,
+                c.dq.elem_off,
+                c.dk.elem_off,
+                c.dv.elem_off,
+                c.delta.elem_off,
             ];
             let params = coop_params(d, offs, [0, 1, 2, 3]);
             op.dispatch(
                 Kernel::AttnCoop(vdq),
                 &params,
-                &[qv, kv, vv, sv, lv, dov, dqv, ddv],
+                &[c.q, c.k, c.v, sv, c.lse, c.dout, c.dq, c.delta],
                 Self::coop_grid(&vdq, d, nb),
             );
             op.dispatch(
                 Kernel::AttnCoop(vdkv),
                 &params,
-                &[qv, kv, vv, sv, lv, dov, dkv, dvv, ddv],
+                &[c.q, c.k, c.v, sv, c.lse, c.dout, c.dk, c.dv, c.delta],
                 Self::coop_grid(&vdkv, d, nb),
             );
-        }
-        op.finish()?;
-        Ok(AttentionGrads { dq, dk, dv })
+        })
     }
 }
 

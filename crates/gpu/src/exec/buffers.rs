@@ -10,6 +10,11 @@ use crate::GpuError;
 use crate::tensor::{GpuTensor, storage_bytes};
 
 impl GpuExecutor {
+    /// A queue write into `buf`, ordered after every op recorded before it.
+    fn write_buffer(&self, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        self.submitter.write_buffer(&self.ctx.queue, buf, offset, data);
+    }
+
     /// An uninitialised tensor (NaN-filled when poisoning is on).
     pub(crate) fn alloc(&self, shape: Shape, dtype: DType) -> Result<GpuTensor> {
         let bytes = storage_bytes(dtype, shape.numel());
@@ -24,9 +29,7 @@ impl GpuExecutor {
         let buf = self.arena.alloc(bytes);
         if self.poison && bytes > 0 {
             let nan = vec![f32::NAN; (bytes / 4) as usize];
-            self.ctx
-                .queue
-                .write_buffer(buf.buffer(), 0, bytemuck::cast_slice(&nan));
+            self.write_buffer(buf.buffer(), 0, bytemuck::cast_slice(&nan));
         }
         Ok(GpuTensor {
             buf: Arc::new(buf),
@@ -53,9 +56,7 @@ impl GpuExecutor {
         let n = words.len().max(1);
         let t = self.alloc(Shape::new([n]), DType::F32)?;
         if !words.is_empty() {
-            self.ctx
-                .queue
-                .write_buffer(t.buffer(), 0, bytemuck::cast_slice(words));
+            self.write_buffer(t.buffer(), 0, bytemuck::cast_slice(words));
         }
         Ok(t)
     }
@@ -79,11 +80,11 @@ impl GpuExecutor {
         let t = self.alloc(shape.clone(), dtype)?;
         if !bytes.is_empty() {
             if bytes.len().is_multiple_of(4) {
-                self.ctx.queue.write_buffer(t.buffer(), 0, bytes);
+                self.write_buffer(t.buffer(), 0, bytes);
             } else {
                 let mut padded = bytes.to_vec();
                 padded.resize(bytes.len().div_ceil(4) * 4, 0);
-                self.ctx.queue.write_buffer(t.buffer(), 0, &padded);
+                self.write_buffer(t.buffer(), 0, &padded);
             }
         }
         Ok(t)
@@ -99,6 +100,8 @@ impl GpuExecutor {
             // every gradient of every step.
             return self.read_pooled(buf, offset, bytes);
         }
+        // A mapping waits for submitted work only: the batch must be on the queue.
+        self.flush();
         let (tx, rx) = std::sync::mpsc::channel();
         buf.map_async(wgpu::MapMode::Read, offset..offset + bytes, move |r| {
             let _ = tx.send(r);

@@ -3,6 +3,7 @@
 
 mod attention;
 mod attention_coop;
+mod batch;
 mod bind_groups;
 mod binding;
 mod buffers;
@@ -15,6 +16,7 @@ mod record;
 mod transport_impl;
 
 pub use attention::F16Attention;
+pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
 pub use matmul::F16Matmul;
 
@@ -28,9 +30,9 @@ use crate::kernels::KernelRegistry;
 use crate::profile::{Profiler, TimingSource};
 use crate::tensor::GpuTensor;
 use crate::{GpuContext, GpuError};
+pub(crate) use batch::Submitter;
 use bind_groups::BindGroupCache;
 pub(crate) use binding::View;
-use record::UNIFORM_RING_BYTES;
 pub(crate) use record::{Op, grid_for};
 
 /// Options that change how the executor runs, not what it computes.
@@ -71,6 +73,11 @@ pub struct GpuOptions {
     /// The kernels of attention under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_attention: F16Attention,
+    /// Most ops recorded into one queue submission (`None`: 256; 1 submits
+    /// op by op). Whatever needs the queue (a transfer, a read, a wait)
+    /// submits the batch first, so this changes only how often the host
+    /// pays for a submission.
+    pub batch_ops: Option<usize>,
 }
 
 pub struct GpuExecutor {
@@ -90,12 +97,10 @@ pub struct GpuExecutor {
     profiler: Profiler,
     /// Stand-in for bindings a kernel declares but a call does not use.
     dummy: wgpu::Buffer,
-    /// Parameter blocks of one op, rewritten by every op: a queue write is
-    /// applied after all earlier submissions, so no op sees another's
-    /// parameters as long as write + submit happen under `submit_lock`.
-    uniforms: wgpu::Buffer,
+    /// The pending op batch and the shared buffer of its parameter blocks:
+    /// every submission goes through it.
+    submitter: Submitter,
     uniform_align: u64,
-    submit_lock: std::sync::Mutex<()>,
     timestamps: Option<Timestamps>,
     bind_groups: BindGroupCache,
     transport_choice: crate::TransportChoice,
@@ -176,16 +181,9 @@ impl GpuExecutor {
             }),
             period_ns: ctx.queue.get_timestamp_period() as f64,
         });
-        let uniforms = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("op parameters"),
-            size: UNIFORM_RING_BYTES,
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         GpuExecutor {
-            uniforms,
+            submitter: Submitter::new(&ctx.device, opts.batch_ops.unwrap_or(batch::DEFAULT_BATCH_OPS)),
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
-            submit_lock: std::sync::Mutex::new(()),
             arena: Arena::new(ctx.device.clone()),
             kernels: KernelRegistry::default(),
             max_binding,
@@ -267,8 +265,19 @@ impl GpuExecutor {
         self.profiler.report(self.timing_source())
     }
 
-    /// Blocks until every submitted op has finished.
+    /// Submits the ops recorded so far and blocks until every op has finished.
     pub fn synchronize(&self) -> Result<()> {
+        self.flush();
         Ok(self.ctx.wait()?)
+    }
+
+    /// Puts the ops recorded so far on the queue without waiting for them.
+    pub fn flush(&self) {
+        self.submitter.flush(&self.ctx.queue);
+    }
+
+    /// Ops recorded and queue submissions made so far.
+    pub fn submit_stats(&self) -> SubmitStats {
+        self.submitter.stats()
     }
 }

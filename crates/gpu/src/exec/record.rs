@@ -1,5 +1,5 @@
-//! Recording an op's dispatches, copies and clears, and submitting them
-//! together with the op's parameter blocks.
+//! Recording an op's dispatches, copies and clears, and appending them to
+//! the pending batch (see `batch.rs`) together with the op's parameter blocks.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,19 +8,28 @@ use std::time::Instant;
 use megatrain_tensor::Result;
 use wgpu::util::DeviceExt;
 
+use super::batch::UNIFORM_RING_BYTES;
 use super::bind_groups::GroupKey;
 use super::{GpuExecutor, View};
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, Pipeline};
 use crate::tensor::GpuTensor;
 
-/// Bytes of parameter blocks one op may hold in the shared uniform buffer
-/// (256 dispatches at the usual 256-byte alignment).
-pub(crate) const UNIFORM_RING_BYTES: u64 = 64 << 10;
+/// Where a dispatch's parameter block lives.
+enum Uniform {
+    /// At `rel` bytes into the op's blocks in the shared buffer; the op's
+    /// place in the batch is known only when it is appended.
+    Ring { rel: u64, len: u64 },
+    /// More dispatches than the shared buffer holds: a buffer of its own,
+    /// bound already.
+    Own(wgpu::BindGroup),
+}
 
 enum Cmd {
     Dispatch {
-        pipeline: Arc<crate::kernels::Pipeline>,
-        group: wgpu::BindGroup,
+        kernel: Kernel,
+        pipeline: Arc<Pipeline>,
+        uniform: Uniform,
+        views: Vec<(wgpu::Buffer, u64, u64)>,
         grid: [u32; 3],
     },
     Copy {
@@ -36,16 +45,49 @@ enum Cmd {
     },
 }
 
-/// The commands of one op, submitted together by [`Op::finish`].
+/// The commands of one op, appended to the pending batch by [`Op::finish`].
 pub(crate) struct Op<'e> {
     ex: &'e GpuExecutor,
     name: &'static str,
     cmds: Vec<Cmd>,
-    /// Parameter blocks destined for `GpuExecutor::uniforms`.
+    /// The op's parameter blocks, destined for the shared uniform buffer.
     params: Vec<u8>,
     /// Temporaries the recorded commands read: they must not go back to the
     /// pool (and be rewritten by a later upload) before the op is submitted.
     keep: Vec<GpuTensor>,
+}
+
+fn bind_group(
+    device: &wgpu::Device,
+    pipeline: &Pipeline,
+    ubuf: &wgpu::Buffer,
+    uoff: u64,
+    ulen: u64,
+    views: &[(wgpu::Buffer, u64, u64)],
+) -> wgpu::BindGroup {
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: ubuf,
+            offset: uoff,
+            size: wgpu::BufferSize::new(ulen),
+        }),
+    }];
+    for (b, (buf, offset, size)) in pipeline.bindings.iter().zip(views) {
+        entries.push(wgpu::BindGroupEntry {
+            binding: *b,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: buf,
+                offset: *offset,
+                size: wgpu::BufferSize::new(*size),
+            }),
+        });
+    }
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(pipeline.entry),
+        layout: &pipeline.layout,
+        entries: &entries,
+    })
 }
 
 impl<'e> Op<'e> {
@@ -57,17 +99,20 @@ impl<'e> Op<'e> {
         let ex = self.ex;
         let pipeline = ex.kernels.get(&ex.ctx.device, k);
         debug_assert_eq!(pipeline.bindings.len(), views.len(), "{:?} binding count", k);
+        if grid.contains(&0) {
+            return;
+        }
         let mut bytes: Vec<u8> = bytemuck::cast_slice(params).to_vec();
         bytes.resize(bytes.len().div_ceil(16).max(1) * 16, 0);
-        let offset = (self.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
-        let own;
-        let (ubuf, uoff) = if offset + bytes.len() as u64 <= UNIFORM_RING_BYTES {
-            self.params.resize(offset as usize, 0);
+        let views: Vec<_> = views.iter().map(|v| (v.buf.clone(), v.offset, v.size)).collect();
+        let rel = (self.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
+        let len = bytes.len() as u64;
+        let uniform = if rel + len <= UNIFORM_RING_BYTES {
+            self.params.resize(rel as usize, 0);
             self.params.extend_from_slice(&bytes);
-            (&ex.uniforms, offset)
+            Uniform::Ring { rel, len }
         } else {
-            // More dispatches than the shared block holds: a buffer of its own.
-            own = ex
+            let own = ex
                 .ctx
                 .device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -75,56 +120,16 @@ impl<'e> Op<'e> {
                     contents: &bytes,
                     usage: wgpu::BufferUsages::UNIFORM,
                 });
-            (&own, 0)
+            Uniform::Own(bind_group(&ex.ctx.device, &pipeline, &own, 0, len, &views))
         };
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: ubuf,
-                offset: uoff,
-                size: wgpu::BufferSize::new(bytes.len() as u64),
-            }),
-        }];
-        for (b, v) in pipeline.bindings.iter().zip(views) {
-            entries.push(wgpu::BindGroupEntry {
-                binding: *b,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: v.buf,
-                    offset: v.offset,
-                    size: wgpu::BufferSize::new(v.size),
-                }),
-            });
-        }
-        let make = || {
-            ex.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(pipeline.entry),
-                layout: &pipeline.layout,
-                entries: &entries,
-            })
-        };
-        // Parameter blocks of the shared buffer sit at the same offsets every
-        // time an op runs, and weight slots and pooled activations are the
-        // same buffers every step: so after the first step every group is
-        // found here and nothing is created per layer per step.
-        let group = if std::ptr::eq(ubuf, &ex.uniforms) {
-            let key = GroupKey {
-                kernel: k,
-                uniform: (uoff, bytes.len() as u64),
-                views: views.iter().map(|v| (v.buf.clone(), v.offset, v.size)).collect(),
-            };
-            ex.bind_groups.get_or_make(key, make)
-        } else {
-            make()
-        };
-        if grid.iter().all(|&g| g > 0) {
-            self.cmds.push(Cmd::Dispatch {
-                pipeline,
-                group,
-                grid,
-            });
-        }
+        self.cmds.push(Cmd::Dispatch {
+            kernel: k,
+            pipeline,
+            uniform,
+            views,
+            grid,
+        });
     }
-
     pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) {
         if bytes > 0 {
             self.cmds.push(Cmd::Copy {
@@ -146,12 +151,67 @@ impl<'e> Op<'e> {
         }
     }
 
+    /// Appends the op to the pending batch; submits the batch when it is
+    /// full, and at once (then waits, and times the op) when profiling.
     pub fn finish(self) -> Result<()> {
         let ex = self.ex;
+        let sub = &ex.submitter;
+        let queue = &ex.ctx.queue;
+        let device = &ex.ctx.device;
+        if self.cmds.is_empty() {
+            return Ok(());
+        }
         let profile = ex.profiling.load(Ordering::Relaxed);
         let ts = if profile { ex.timestamps.as_ref() } else { None };
         let n_dispatch_runs = count_pass_runs(&self.cmds);
-        let mut enc = ex.ctx.device.create_command_encoder(&Default::default());
+        let start = Instant::now();
+        let mut b = sub.lock();
+        if profile {
+            // Timed alone: nothing of earlier ops in its submission.
+            sub.flush_locked(&mut b, queue);
+        }
+        let mut base = (b.params.len() as u64).div_ceil(ex.uniform_align) * ex.uniform_align;
+        if base + self.params.len() as u64 > UNIFORM_RING_BYTES {
+            sub.flush_locked(&mut b, queue);
+            base = 0;
+        }
+        if !self.params.is_empty() {
+            b.params.resize(base as usize, 0);
+            b.params.extend_from_slice(&self.params);
+        }
+        for cmd in &self.cmds {
+            match cmd {
+                Cmd::Dispatch { views, .. } => b.touched.extend(views.iter().map(|v| v.0.clone())),
+                Cmd::Copy { src, dst, .. } => {
+                    b.touched.insert(src.clone());
+                    b.touched.insert(dst.clone());
+                }
+                Cmd::Clear { buf, .. } => {
+                    b.touched.insert(buf.clone());
+                }
+            }
+        }
+        // Parameter blocks sit at the same offsets every time an op runs at
+        // the same place in a batch, and weight slots and pooled activations
+        // are the same buffers every step: so after the first step every
+        // group is found here and nothing is created per layer per step.
+        let group_of = |kernel: Kernel,
+                        pipeline: &Pipeline,
+                        uniform: Uniform,
+                        views: Vec<(wgpu::Buffer, u64, u64)>| match uniform {
+            Uniform::Own(g) => g,
+            Uniform::Ring { rel, len } => {
+                let uoff = base + rel;
+                let make = || bind_group(device, pipeline, &sub.uniforms, uoff, len, &views);
+                let key = GroupKey {
+                    kernel,
+                    uniform: (uoff, len),
+                    views: views.clone(),
+                };
+                ex.bind_groups.get_or_make(key, make)
+            }
+        };
+        let enc = b.encoder(device);
         let mut cmds = self.cmds.into_iter().peekable();
         let mut run = 0;
         while let Some(cmd) = cmds.next() {
@@ -165,8 +225,10 @@ impl<'e> Op<'e> {
                 } => enc.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
                 Cmd::Clear { buf, bytes } => enc.clear_buffer(&buf, 0, Some(bytes)),
                 Cmd::Dispatch {
+                    kernel,
                     pipeline,
-                    group,
+                    uniform,
+                    views,
                     grid,
                 } => {
                     let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
@@ -178,16 +240,20 @@ impl<'e> Op<'e> {
                         label: Some(self.name),
                         timestamp_writes,
                     });
+                    let group = group_of(kernel, &pipeline, uniform, views);
                     pass.set_pipeline(&pipeline.pipeline);
                     pass.set_bind_group(0, &group, &[]);
                     pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
                     while let Some(Cmd::Dispatch { .. }) = cmds.peek() {
                         if let Some(Cmd::Dispatch {
+                            kernel,
                             pipeline,
-                            group,
+                            uniform,
+                            views,
                             grid,
                         }) = cmds.next()
                         {
+                            let group = group_of(kernel, &pipeline, uniform, views);
                             pass.set_pipeline(&pipeline.pipeline);
                             pass.set_bind_group(0, &group, &[]);
                             pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
@@ -202,15 +268,12 @@ impl<'e> Op<'e> {
             enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
             enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
         }
-        let start = Instant::now();
-        {
-            let _guard = ex.submit_lock.lock().expect("submit lock poisoned");
-            if !self.params.is_empty() {
-                ex.ctx.queue.write_buffer(&ex.uniforms, 0, &self.params);
-            }
-            ex.ctx.queue.submit([enc.finish()]);
+        b.keep.extend(self.keep);
+        b.ops += 1;
+        if profile || b.ops >= sub.max_ops {
+            sub.flush_locked(&mut b, queue);
         }
-        drop(self.keep);
+        drop(b);
         if profile {
             ex.ctx.wait()?;
             let wall = start.elapsed().as_nanos() as u64;

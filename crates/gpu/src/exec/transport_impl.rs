@@ -106,11 +106,15 @@ const CALIBRATION_KIND: usize = usize::MAX;
 const CALIBRATION_MAX_BYTES: u64 = 64 << 20;
 
 impl GpuExecutor {
+    /// The transports' way to the queue. Submits the pending op batch: a
+    /// transfer starts with CPU work (filling a staging buffer) that the
+    /// device can spend on the ops recorded so far.
     fn link(&self) -> Link<'_> {
+        self.flush();
         Link {
             device: &self.ctx.device,
             queue: &self.ctx.queue,
-            submit_lock: &self.submit_lock,
+            submitter: &self.submitter,
         }
     }
 

@@ -63,28 +63,34 @@ pub(crate) use staging::{
 };
 
 /// What the transports need of the executor: the device, the queue, and
-/// the lock that keeps a submission from landing between another op's
-/// parameter write and its submit.
+/// the executor's op batch, which every submission and wait puts on the
+/// queue first so that a transfer lands after the ops recorded before it.
 pub(crate) struct Link<'a> {
     pub device: &'a wgpu::Device,
     pub queue: &'a wgpu::Queue,
-    pub submit_lock: &'a std::sync::Mutex<()>,
+    pub submitter: &'a crate::exec::Submitter,
 }
 
 impl Link<'_> {
     pub fn submit(&self, enc: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
-        let _g = self.submit_lock.lock().expect("submit lock poisoned");
-        self.queue.submit([enc.finish()])
+        self.submitter.submit_after_batch(self.queue, [enc.finish()])
     }
 
     /// Submits a copy after an empty submission that marks the end of the
     /// work queued before it, so a later wait can tell compute from copy.
     pub fn submit_copy(&self, enc: wgpu::CommandEncoder) -> Copying {
         let cmd = enc.finish();
-        let _g = self.submit_lock.lock().expect("submit lock poisoned");
+        let mut b = self.submitter.lock();
+        self.submitter.flush_locked(&mut b, self.queue);
         let before = self.queue.submit([]);
-        let copy = self.queue.submit([cmd]);
+        let copy = self.submitter.submit_transfer_locked(self.queue, cmd);
         Copying { before, copy }
+    }
+
+    /// Submits the pending op batch: a wait or a mapping covers submitted
+    /// work only, and an op still being recorded would never finish.
+    pub fn flush(&self) {
+        self.submitter.flush(self.queue);
     }
 
     /// Waits for `c`: the work queued before it counts into `compute_ns`,
@@ -112,6 +118,7 @@ impl Link<'_> {
 
     /// Blocks until submission `idx` has finished and its callbacks ran.
     pub fn wait_for(&self, idx: &wgpu::SubmissionIndex) -> Result<()> {
+        self.flush();
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(idx.clone()),
@@ -125,6 +132,7 @@ impl Link<'_> {
     /// driver and the optimizer) until `state` leaves `PENDING`. For maps
     /// whose gating submission is not known.
     pub fn wait_map(&self, state: &MapState) -> Result<()> {
+        self.flush();
         let mut nap = Duration::from_micros(20);
         loop {
             match state.get() {
@@ -141,7 +149,9 @@ impl Link<'_> {
                 continue;
             }
             std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_micros(500));
+            // At most 100 us: a small model waits for many short maps per
+            // step, and a longer nap would overshoot each by up to its length.
+            nap = (nap * 2).min(Duration::from_micros(100));
         }
     }
 }

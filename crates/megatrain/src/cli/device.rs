@@ -1,7 +1,7 @@
 //! Choosing the executor once, at the top; the rest is generic over it.
 
-use megatrain::run::DeviceChoice;
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
+use megatrain::run::{DeviceChoice, TransportKnobs};
+use megatrain_gpu::{GpuContext, GpuExecutor, TransportChoice};
 use megatrain_tensor::CpuExecutor;
 
 // Built once per command; boxing would only hide the executor type.
@@ -25,24 +25,38 @@ pub(crate) use on_executor;
 /// `auto`: a hardware GPU adapter if there is one, else the CPU with a
 /// warning (a software adapter such as lavapipe is slower than the CPU
 /// executor); `gpu`: any adapter, lavapipe included; `cpu`: the CPU.
-/// `transport` is how a GPU executor moves layers (ignored on the CPU).
+/// `transport` and `knobs` are how a GPU executor moves layers (refused
+/// with `cpu`, ignored with a warning where `auto` falls back to the CPU).
 /// Ranks of a data parallel run on one machine each take their own adapter
 /// (by local rank) unless `MEGATRAIN_ADAPTER` names one.
-pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> anyhow::Result<Exec> {
+pub fn open(
+    choice: DeviceChoice,
+    transport: TransportChoice,
+    knobs: TransportKnobs,
+    quiet: bool,
+) -> anyhow::Result<Exec> {
+    knobs.validate()?;
     let context = || {
         let wanted = std::env::var(megatrain_gpu::ADAPTER_ENV)
             .ok()
             .filter(|s| !s.is_empty());
         GpuContext::with_adapter_choice(wanted.as_deref(), megatrain::dist::local_rank().unwrap_or(0))
     };
-    let gpu = |ctx| {
-        GpuExecutor::with_options(
+    let gpu = |ctx: std::sync::Arc<GpuContext>| -> anyhow::Result<Exec> {
+        knobs.check_adapter(ctx.limits.max_buffer_size)?;
+        Ok(Exec::Gpu(GpuExecutor::with_options(
             ctx,
-            GpuOptions {
-                transport,
-                ..GpuOptions::default()
-            },
-        )
+            knobs.gpu_options(transport),
+        )))
+    };
+    let cpu_fallback = || {
+        if knobs.is_set() {
+            eprintln!(
+                "warning: {} ignored on the CPU (no transport)",
+                knobs.flags_set().join(", ")
+            );
+        }
+        Exec::Cpu(CpuExecutor::new())
     };
     let say = |m: String| {
         if !quiet {
@@ -51,18 +65,19 @@ pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> an
     };
     match choice {
         DeviceChoice::Cpu => {
+            knobs.refuse_on_cpu()?;
             say("device: CPU".into());
             Ok(Exec::Cpu(CpuExecutor::new()))
         }
         DeviceChoice::Gpu => {
             let ctx = context().map_err(|e| anyhow::anyhow!("--device gpu: {e}"))?;
             say(format!("device: {}", ctx.info));
-            Ok(Exec::Gpu(gpu(ctx)))
+            gpu(ctx)
         }
         DeviceChoice::Auto => match context() {
             Ok(ctx) if ctx.info.device_type != "Cpu" => {
                 say(format!("device: {}", ctx.info));
-                Ok(Exec::Gpu(gpu(ctx)))
+                gpu(ctx)
             }
             Ok(ctx) => {
                 eprintln!(
@@ -70,11 +85,11 @@ pub fn open(choice: DeviceChoice, transport: TransportChoice, quiet: bool) -> an
                      (--device gpu uses it anyway)",
                     ctx.info.name
                 );
-                Ok(Exec::Cpu(CpuExecutor::new()))
+                Ok(cpu_fallback())
             }
             Err(e) => {
                 eprintln!("warning: no GPU adapter ({e}); running on the CPU");
-                Ok(Exec::Cpu(CpuExecutor::new()))
+                Ok(cpu_fallback())
             }
         },
     }

@@ -4,9 +4,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::data::{ChatTemplate, Sampling, load_tokens};
-use megatrain::run::{DeviceChoice, Encoder, RunError, evaluate, resolve_model_dir};
+use megatrain::run::{
+    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, evaluate, resolve_model_dir,
+};
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_gpu::TransportChoice;
+use megatrain_tensor::Executor;
 use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
@@ -36,6 +39,10 @@ pub struct EvalArgs {
     /// auto | gpu | cpu.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
+    /// f32 | bf16 | f16, as `train --precision`: the weights go through
+    /// that transport copy; f16 also computes matmuls on f16 operands.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
 }
 
 pub fn run(a: EvalArgs) -> anyhow::Result<()> {
@@ -57,14 +64,23 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let per_batch = a.batch * seq;
     let whole = (data.len().saturating_sub(1) / per_batch).max(1);
     let batches = a.batches.unwrap_or(whole);
-    let exec = device::open(a.device, TransportChoice::Auto, true)?;
-    let tier = load_tier(&ckpt, TierConfig::default())?;
+    let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
+    let tier = load_tier(
+        &ckpt,
+        TierConfig {
+            transport: a.precision.transport(),
+            ..TierConfig::default()
+        },
+    )?;
     let loss = on_executor!(exec, ex => {
+        let mut ex = ex;
+        ex.set_compute_precision(a.precision.compute())
+            .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
         let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;
         evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?
     });
     println!(
-        "loss {loss:.4}  perplexity {:.3}  ({batches} batches of {}×{seq} tokens from {})",
+        "loss {loss:.6}  perplexity {:.4}  ({batches} batches of {}×{seq} tokens from {})",
         loss.exp(),
         a.batch,
         a.data.display()

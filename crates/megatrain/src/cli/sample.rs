@@ -3,8 +3,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::run::{DeviceChoice, Encoder, Resident, SampleOptions, generate, resolve_model_dir};
+use megatrain::run::{
+    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, generate,
+    resolve_model_dir,
+};
 use megatrain_gpu::TransportChoice;
+use megatrain_tensor::Executor;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
@@ -33,6 +37,10 @@ pub struct SampleArgs {
     /// auto | gpu | cpu.
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
+    /// f32 | bf16 | f16, as `train --precision`: the weights go through
+    /// that transport copy; f16 also computes matmuls on f16 operands.
+    #[arg(long, default_value = "f32")]
+    precision: Precision,
 }
 
 pub fn run(a: SampleArgs) -> anyhow::Result<()> {
@@ -52,9 +60,12 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         top_k: a.top_k,
         seed: a.seed,
     };
-    let exec = device::open(a.device, TransportChoice::Auto, true)?;
+    let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
     let ids = on_executor!(exec, ex => {
-        let model = Resident::load(&ex, &ckpt)?;
+        let mut ex = ex;
+        ex.set_compute_precision(a.precision.compute())
+            .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
+        let model = Resident::load_as(&ex, &ckpt, a.precision.transport())?;
         generate(&ex, &model, &prompt, opts)?
     });
     let text = enc.tokenizer.decode(&ids)?;

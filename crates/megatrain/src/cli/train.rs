@@ -87,6 +87,25 @@ pub struct TrainArgs {
     /// auto | staging | mapped: how the GPU moves layers (auto measures both at start).
     #[arg(long)]
     transport: Option<TransportChoice>,
+    /// Most gradient bytes (f32) moved down and staged at once, e.g. 16M
+    /// (default 32M); larger layers come down in chunks. Changes no result.
+    #[arg(long, value_parser = super::parse_bytes)]
+    transfer_chunk: Option<u64>,
+    /// GPU only: entries in the staging transport's ring (default 4, 1..=64).
+    #[arg(long)]
+    staging_depth: Option<usize>,
+    /// GPU only: largest piece of a layer one staging entry carries, MiB
+    /// (default 32, 1..=4096).
+    #[arg(long)]
+    staging_chunk_mib: Option<u64>,
+    /// GPU only: threads copying into and out of mapped memory (default:
+    /// the cores, at most 16).
+    #[arg(long)]
+    copy_threads: Option<usize>,
+    /// GPU only: most ops recorded into one queue submission (default 256,
+    /// 1..=65536; 1 submits op by op).
+    #[arg(long)]
+    batch_ops: Option<usize>,
     #[arg(long)]
     seed: Option<u64>,
     /// random | sequential.
@@ -158,7 +177,12 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         min_lr,
         decay_steps,
         host_budget,
-        spill_window
+        spill_window,
+        transfer_chunk,
+        staging_depth,
+        staging_chunk_mib,
+        copy_threads,
+        batch_ops
     );
     overlay!(
         o,
@@ -275,7 +299,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             eprintln!("resuming from {} (step {})", ckpt.display(), s.step);
         }
     }
-    let exec = device::open(o.device, o.transport, a.quiet)?;
+    let exec = device::open(o.device, o.transport, o.transport_knobs(), a.quiet)?;
     let mut progress = CliProgress::new(o.steps, o.log_every, a.quiet);
     let dist = comm.map(|comm| DistConfig {
         comm,

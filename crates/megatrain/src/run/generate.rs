@@ -3,13 +3,15 @@
 //! while learning; a streamed version would upload layer by layer per
 //! token). No KV cache: each token re-runs the last `context` positions.
 
-use megatrain_tensor::{Executor, Shape};
+use megatrain_tensor::{Executor, Shape, upload_weight};
+use megatrain_tier::{TransportDType, TransportMut, TransportRef, refresh_transport};
 use megatrain_zoo::layers::{block_forward, embedding_forward, head_logits};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, upload_layer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::error::{Result, RunError};
+use crate::trainer::uploads_of;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleOptions {
@@ -29,11 +31,36 @@ pub struct Resident<E: Executor> {
 
 impl<E: Executor> Resident<E> {
     pub fn load(ex: &E, ckpt: &HfCheckpoint) -> Result<Self> {
+        Self::load_as(ex, ckpt, TransportDType::F32)
+    }
+
+    /// [`Resident::load`] through a `transport` copy: the weights the
+    /// executor sees are those training with that precision uploads (bf16
+    /// or f16 rounded, matrices held 16-bit, vectors widened).
+    pub fn load_as(ex: &E, ckpt: &HfCheckpoint, transport: TransportDType) -> Result<Self> {
         let model = ckpt.config.clone();
         let mut weights = Vec::with_capacity(model.num_layers_total());
         for l in 0..model.num_layers_total() {
             let (table, slab) = ckpt.read_layer(l)?;
-            weights.push(upload_layer(ex, &table, &slab)?);
+            let uploads = |copy| -> Result<Vec<E::Tensor>> {
+                Ok(uploads_of(&table, copy)
+                    .iter()
+                    .map(|u| upload_weight(ex, u))
+                    .collect::<std::result::Result<_, _>>()?)
+            };
+            weights.push(match transport {
+                TransportDType::F32 => upload_layer(ex, &table, &slab)?,
+                TransportDType::BF16 => {
+                    let mut c = vec![half::bf16::ZERO; slab.len()];
+                    refresh_transport(&slab, &mut TransportMut::BF16(&mut c));
+                    uploads(TransportRef::BF16(&c))?
+                }
+                TransportDType::F16 => {
+                    let mut c = vec![half::f16::ZERO; slab.len()];
+                    refresh_transport(&slab, &mut TransportMut::F16(&mut c));
+                    uploads(TransportRef::F16(&c))?
+                }
+            });
         }
         Ok(Resident { model, weights })
     }

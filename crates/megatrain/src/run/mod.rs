@@ -8,6 +8,7 @@ mod dist_check;
 mod encoder;
 mod error;
 mod generate;
+mod knobs;
 mod metrics_log;
 mod options;
 mod plan;
@@ -23,6 +24,10 @@ pub use cover::{BusCover, Machine, bus_cover};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, pick};
+pub use knobs::{
+    MAX_COPY_THREADS, MAX_STAGING_CHUNK_MIB, MAX_STAGING_DEPTH, MAX_TRANSFER_CHUNK, TransportKnobs,
+    transfer_chunk_elems,
+};
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions};
 pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, plan};

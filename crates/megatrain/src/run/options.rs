@@ -9,6 +9,7 @@ use megatrain_tier::TransportDType;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, RunError};
+use super::knobs::{TransportKnobs, transfer_chunk_elems};
 use crate::schedule::ScheduleKind;
 
 /// What travels to the executor and what its matmuls compute in; master
@@ -187,6 +188,18 @@ pub struct TrainOptions {
     /// bytes (`None`: the trainer's default, 384 MiB). A device option:
     /// changing it on resume changes no result.
     pub spill_window: Option<u64>,
+    /// Most gradient bytes (f32) moved and staged at once (`None`: the
+    /// trainer's 32 MiB). A device option, like the three below.
+    pub transfer_chunk: Option<u64>,
+    /// GPU staging ring entries (`None`: the executor's default).
+    pub staging_depth: Option<usize>,
+    /// Largest piece of a layer one staging entry carries, MiB.
+    pub staging_chunk_mib: Option<u64>,
+    /// Threads copying into and out of mapped memory.
+    pub copy_threads: Option<usize>,
+    /// Most ops in one GPU queue submission.
+    #[serde(default)]
+    pub batch_ops: Option<usize>,
     /// Data parallel ranks (processes) the run trains with: set from the
     /// launcher's world size, not a flag. `batch` is per rank, so the
     /// global batch is `ranks · batch`.
@@ -236,6 +249,11 @@ impl Default for TrainOptions {
             out: PathBuf::from("out"),
             host_budget: None,
             spill_window: None,
+            transfer_chunk: None,
+            staging_depth: None,
+            staging_chunk_mib: None,
+            copy_threads: None,
+            batch_ops: None,
             ranks: 1,
             shard_optimizer: false,
         }
@@ -300,6 +318,16 @@ impl TrainOptions {
         }
     }
 
+    /// The GPU transport knobs.
+    pub fn transport_knobs(&self) -> TransportKnobs {
+        TransportKnobs {
+            staging_depth: self.staging_depth,
+            staging_chunk_mib: self.staging_chunk_mib,
+            copy_threads: self.copy_threads,
+            batch_ops: self.batch_ops,
+        }
+    }
+
     /// The batch of all ranks together.
     pub fn global_batch(&self) -> usize {
         self.ranks * self.batch
@@ -359,6 +387,14 @@ impl TrainOptions {
                     format!("must be at least {min} bytes (two chunks of p, m and v)"),
                 ));
             }
+        }
+        if let Some(b) = self.transfer_chunk {
+            transfer_chunk_elems(b)?;
+        }
+        let knobs = self.transport_knobs();
+        knobs.validate()?;
+        if self.device == DeviceChoice::Cpu {
+            knobs.refuse_on_cpu()?;
         }
         let finite_nonneg = |name: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {

@@ -115,9 +115,20 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             // A device option (like `transport`) changes no result, nor
             // does another number of ranks with the same global batch.
             .filter(|w| {
-                !["steps:", "out:", "transport:", "ranks:", "spill_window:"]
-                    .iter()
-                    .any(|k| w.starts_with(k))
+                ![
+                    "steps:",
+                    "out:",
+                    "transport:",
+                    "ranks:",
+                    "spill_window:",
+                    "transfer_chunk:",
+                    "staging_depth:",
+                    "staging_chunk_mib:",
+                    "copy_threads:",
+                    "batch_ops:",
+                ]
+                .iter()
+                .any(|k| w.starts_with(k))
             })
             .filter(|w| !w.starts_with("batch:") || state.options.global_batch() != opts.global_batch())
             .collect();
@@ -376,7 +387,10 @@ pub fn train_with<E: Executor>(
         },
         grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
         optimizer_queue: 2,
-        ..TrainerConfig::default()
+        transfer_chunk: match opts.transfer_chunk {
+            Some(b) => super::knobs::transfer_chunk_elems(b)?,
+            None => crate::trainer::DEFAULT_TRANSFER_CHUNK,
+        },
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {

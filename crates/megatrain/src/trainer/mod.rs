@@ -60,7 +60,7 @@ use optimizer::{Job, Shared, worker};
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads};
-pub use upload::{held_bytes, load_layer, upload_layer, weight_uploads};
+pub use upload::{held_bytes, load_layer, upload_layer, uploads_of, weight_uploads};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use megatrain_tensor::{
-    DType, Download, Executor, HostSlice, TensorHandle, WeightSlot, WeightUpload, upload_weight,
+    DType, Download, Executor, HostSlice, ParamTable, TensorHandle, WeightSlot, WeightUpload, upload_weight,
 };
 use megatrain_tier::{LayerSlab, TransportRef};
 
@@ -72,11 +72,17 @@ impl Slots {
 /// 16-bit; vectors (norm gains, biases) travel as 16-bit and are held as
 /// f32, widened by the executor.
 pub fn weight_uploads(slab: &LayerSlab) -> Vec<WeightUpload<'_>> {
-    slab.table()
+    uploads_of(slab.table(), slab.transport())
+}
+
+/// [`weight_uploads`] of a transport copy held outside a tier (matrices
+/// stay 16-bit, vectors are widened to f32 on load).
+pub fn uploads_of<'a>(table: &'a ParamTable, transport: TransportRef<'a>) -> Vec<WeightUpload<'a>> {
+    table
         .iter()
         .map(|p| {
             let r = p.range();
-            let (data, dtype) = match slab.transport() {
+            let (data, dtype) = match transport {
                 TransportRef::F32(all) => (HostSlice::F32(&all[r]), DType::F32),
                 TransportRef::BF16(all) if p.shape.rank() >= 2 => (HostSlice::BF16(&all[r]), DType::BF16),
                 TransportRef::BF16(all) => (HostSlice::BF16(&all[r]), DType::F32),

@@ -148,7 +148,9 @@ pub fn head_forward_backward<E: Executor>(
     let mut dx = ex.zeros(&shape(&[rows, c]))?;
     let mut dwh: Option<E::Tensor> = None;
     let mut dnorm: Option<(E::Tensor, Option<E::Tensor>)> = None;
-    let mut loss_sum = 0.0f64;
+    // Read after the last chunk: a read per chunk would make the host wait
+    // for the device, and the device for the host's next chunk, every chunk.
+    let mut chunk_losses = Vec::new();
     let mut start = 0;
     while start < rows {
         let len = chunk_rows.min(rows - start);
@@ -158,8 +160,7 @@ pub fn head_forward_backward<E: Executor>(
         let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         drop(logits);
-        let losses = ex.download(&ce.losses)?.to_f32_vec();
-        loss_sum += losses.iter().map(|&l| l as f64).sum::<f64>();
+        chunk_losses.push(ce.losses);
         let needs = MatmulNeeds {
             da: true,
             db: true,
@@ -184,6 +185,7 @@ pub fn head_forward_backward<E: Executor>(
         ex.write_rows(&mut dx, start, &ng.dx)?;
         start += len;
     }
+    let loss_sum = sum_losses(ex, &chunk_losses)?;
     let counted = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
     let (dnw, dnb) = match dnorm {
         Some(d) => d,
@@ -247,7 +249,7 @@ pub fn head_loss<E: Executor>(
         return Err(ZooError::invalid(OP, "chunk_rows must be positive"));
     }
     let x2 = ex.reshape(x, &shape(&[rows, cfg.hidden_size]))?;
-    let mut loss_sum = 0.0;
+    let mut chunk_losses = Vec::new();
     let mut start = 0;
     while start < rows {
         let len = chunk_rows.min(rows - start);
@@ -255,13 +257,24 @@ pub fn head_loss<E: Executor>(
         let n = norm_fwd(cfg, ex, w, &xc)?;
         let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
-        loss_sum += ex
-            .download(&ce.losses)?
+        chunk_losses.push(ce.losses);
+        start += len;
+    }
+    let loss_sum = sum_losses(ex, &chunk_losses)?;
+    Ok((loss_sum, targets.iter().filter(|&&t| t != IGNORE_INDEX).count()))
+}
+
+/// The per-row losses of every chunk summed in f64, chunk by chunk in row
+/// order (read once all chunks are recorded).
+fn sum_losses<E: Executor>(ex: &E, chunks: &[E::Tensor]) -> Result<f64> {
+    let mut sum = 0.0f64;
+    for losses in chunks {
+        sum += ex
+            .download(losses)?
             .to_f32_vec()
             .iter()
             .map(|&l| l as f64)
             .sum::<f64>();
-        start += len;
     }
-    Ok((loss_sum, targets.iter().filter(|&&t| t != IGNORE_INDEX).count()))
+    Ok(sum)
 }

@@ -1,0 +1,362 @@
+//! The `megatrain` binary's device knobs and precisions: `train`'s transfer
+//! chunk and GPU transport flags are refused out of range (naming the flag
+//! and value) and on `--device cpu`, and change no result where accepted;
+//! `eval` and `sample` take `--precision` with train's values and meaning.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use megatrain::data::{ChatTemplate, Sampling, load_tokens};
+use megatrain::run::{Encoder, evaluate, resolve_model_dir};
+use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
+use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::HfCheckpoint;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_megatrain"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn corpus(dir: &Path) -> PathBuf {
+    let p = dir.join("corpus.txt");
+    std::fs::write(
+        &p,
+        "But soft, what light through yonder window breaks?\n".repeat(40),
+    )
+    .unwrap();
+    p
+}
+
+/// Fails with a message that contains every `needle`, and never panics.
+fn refused(args: &[&str], needles: &[&str]) {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
+    }
+}
+
+fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
+    let mut a = vec![
+        "train",
+        "--preset",
+        "gpt2-nano",
+        "--data",
+        s(data),
+        "--out",
+        s(out),
+        "--device",
+        device,
+        "--seq-len",
+        "16",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--eval-every",
+        "0",
+        "--quiet",
+    ];
+    a.extend_from_slice(extra);
+    run(&a)
+}
+
+/// The "done:" line's training loss.
+fn final_loss(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text.lines().find(|l| l.starts_with("done:")).expect("done line");
+    line.split("loss ")
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn bad_knobs_are_named_and_good_ones_change_no_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let out = t.join("run");
+    let check = |device: &str, extra: &[&str], needles: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--out",
+            s(&out),
+            "--device",
+            device,
+            "--quiet",
+        ];
+        a.extend_from_slice(extra);
+        refused(&a, needles);
+        assert!(!out.exists(), "a refused run wrote {}", out.display());
+    };
+    // Range checks come before any adapter is opened: `gpu` needs none here.
+    check(
+        "gpu",
+        &["--transfer-chunk", "0"],
+        &["--transfer-chunk 0", "multiple of 4"],
+    );
+    check(
+        "gpu",
+        &["--transfer-chunk", "6"],
+        &["--transfer-chunk 6", "multiple of 4"],
+    );
+    check(
+        "gpu",
+        &["--transfer-chunk", "17G"],
+        &["--transfer-chunk 18253611008", "16 GiB"],
+    );
+    check(
+        "gpu",
+        &["--transfer-chunk", "lots"],
+        &["--transfer-chunk", "lots"],
+    );
+    check(
+        "gpu",
+        &["--staging-depth", "0"],
+        &["--staging-depth 0", "between 1 and 64"],
+    );
+    check("gpu", &["--staging-depth", "1000"], &["--staging-depth 1000"]);
+    check("gpu", &["--staging-chunk-mib", "0"], &["--staging-chunk-mib 0"]);
+    check(
+        "gpu",
+        &["--staging-chunk-mib", "999999"],
+        &["--staging-chunk-mib 999999", "MiB"],
+    );
+    check("gpu", &["--copy-threads", "0"], &["--copy-threads 0"]);
+    check("gpu", &["--copy-threads", "-3"], &["--copy-threads", "-3"]);
+    check(
+        "gpu",
+        &["--batch-ops", "0"],
+        &["--batch-ops 0", "between 1 and 65536"],
+    );
+    check(
+        "cpu",
+        &["--batch-ops", "8"],
+        &["--batch-ops is a GPU transport option"],
+    );
+    check(
+        "cpu",
+        &["--staging-depth", "2", "--copy-threads", "4"],
+        &[
+            "--staging-depth, --copy-threads are GPU transport options",
+            "--device cpu",
+        ],
+    );
+    check(
+        "cpu",
+        &["--staging-chunk-mib", "8"],
+        &["--staging-chunk-mib is a GPU transport option"],
+    );
+    let toml = t.join("knobs.toml");
+    std::fs::write(&toml, "staging-depth = 0\n").unwrap();
+    check("gpu", &["--config", s(&toml)], &["--staging-depth 0"]);
+
+    // Gradients coming down 4 KiB at a time train exactly as in one piece.
+    let whole = final_loss(&train(&data, &t.join("whole"), "cpu", &[]));
+    let chunked = final_loss(&train(
+        &data,
+        &t.join("chunked"),
+        "cpu",
+        &["--transfer-chunk", "4K"],
+    ));
+    assert_eq!(whole, chunked);
+}
+
+/// On a GPU adapter (lavapipe in CI): the knobs reach the executor and the
+/// run trains; a staging chunk past the adapter's largest buffer is named.
+#[test]
+fn gpu_knobs_train_on_an_adapter() {
+    if let Err(e) = megatrain_gpu::GpuContext::new() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but no GPU adapter: {e}"
+        );
+        eprintln!("skipping: no GPU adapter ({e})");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let knobs = [
+        "--transport",
+        "staging",
+        "--staging-depth",
+        "2",
+        "--staging-chunk-mib",
+        "1",
+        "--copy-threads",
+        "2",
+        "--batch-ops",
+        "3",
+        "--transfer-chunk",
+        "64K",
+    ];
+    let on_gpu = final_loss(&train(&data, &t.join("gpu"), "gpu", &knobs));
+    let on_cpu = final_loss(&train(&data, &t.join("cpu"), "cpu", &[]));
+    let (g, c): (f64, f64) = (on_gpu.parse().unwrap(), on_cpu.parse().unwrap());
+    assert!((g - c).abs() <= 1e-3 * c, "GPU loss {g} vs CPU {c}");
+    refused(
+        &[
+            "train",
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--out",
+            s(&t.join("big")),
+            "--device",
+            "gpu",
+            "--quiet",
+            "--seq-len",
+            "16",
+            "--staging-chunk-mib",
+            "4096",
+        ],
+        &["--staging-chunk-mib 4096", "largest buffer"],
+    );
+}
+
+fn eval_loss(model: &Path, data: &Path, precision: &str) -> f64 {
+    let out = run(&[
+        "eval",
+        "--model",
+        s(model),
+        "--data",
+        s(data),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "16",
+        "--batch",
+        "4",
+        "--precision",
+        precision,
+    ]);
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{line}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    line.strip_prefix("loss ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in {line:?}"))
+}
+
+/// `eval --device cpu --seq-len 16 --batch 4` in process: the run's f16
+/// transport copy, matmuls in `compute`.
+fn reference_eval(run_dir: &Path, data: &Path, compute: ComputePrecision) -> f64 {
+    let dir = resolve_model_dir(run_dir, None).unwrap();
+    let ckpt = HfCheckpoint::open(&dir).unwrap();
+    let mut enc = Encoder::from_dir(&dir, Some(&ckpt.config)).unwrap();
+    enc.vocab_limit = Some(ckpt.config.vocab_size);
+    let tokens = load_tokens(data, &enc, &ChatTemplate::default()).unwrap();
+    let tier = load_tier(
+        &ckpt,
+        TierConfig {
+            transport: TransportDType::F16,
+            ..TierConfig::default()
+        },
+    )
+    .unwrap();
+    let mut ex = CpuExecutor::new();
+    ex.set_compute_precision(compute).unwrap();
+    let t = Trainer::new(ex, ckpt.config.clone(), tier, TrainerConfig::default()).unwrap();
+    let batches = ((tokens.len() - 1) / (4 * 16)).max(1);
+    evaluate(&t, &tokens, data, 4, 16, batches, Sampling::Sequential).unwrap()
+}
+
+#[test]
+fn eval_and_sample_take_the_precision_of_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let run_dir = t.join("run");
+    final_loss(&train(&data, &run_dir, "cpu", &[]));
+
+    // The rounding of f16 operands (and of bf16 weights) must show in the
+    // loss's 6 printed decimals and stay small.
+    let f32_loss = eval_loss(&run_dir, &data, "f32");
+    let f16_loss = eval_loss(&run_dir, &data, "f16");
+    let bf16_loss = eval_loss(&run_dir, &data, "bf16");
+    for (name, l) in [("f16", f16_loss), ("bf16", bf16_loss)] {
+        let d = (l - f32_loss).abs();
+        assert!(
+            d > 0.0,
+            "{name} eval loss {l} equals f32's: the precision did not reach the executor"
+        );
+        assert!(d <= 1e-2 * f32_loss, "{name} eval loss {l} vs f32 {f32_loss}");
+    }
+    // The CLI's f16 is the CPU reference with f16 weights *and* f16
+    // operands; f16 weights alone give another loss.
+    let f16_weights_only = reference_eval(&run_dir, &data, ComputePrecision::F32);
+    assert_eq!(
+        format!("{f16_loss:.6}"),
+        format!("{:.6}", reference_eval(&run_dir, &data, ComputePrecision::F16))
+    );
+    assert_ne!(format!("{f16_loss:.6}"), format!("{f16_weights_only:.6}"));
+    refused(
+        &[
+            "eval",
+            "--model",
+            s(&run_dir),
+            "--data",
+            s(&data),
+            "--precision",
+            "fp8",
+        ],
+        &["--precision", "fp8", "f16"],
+    );
+
+    let sample = |precision: &str| {
+        let out = run(&[
+            "sample",
+            "--model",
+            s(&run_dir),
+            "--prompt",
+            "But soft",
+            "--tokens",
+            "12",
+            "--precision",
+            precision,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for p in ["f32", "bf16", "f16"] {
+        let text = sample(p);
+        assert!(
+            text.starts_with("But soft") && text.chars().count() >= 20,
+            "{p}: {text:?}"
+        );
+    }
+    refused(
+        &["sample", "--model", s(&run_dir), "--precision", "f64"],
+        &["--precision", "f64", "bf16"],
+    );
+}
