@@ -370,6 +370,29 @@ pub trait Executor {
         needs: MatmulNeeds,
     ) -> Result<MatmulGrads<Self::Tensor>>;
 
+    /// [`matmul_backward`](Self::matmul_backward) with `b`'s gradient added
+    /// into `db_acc` (f32, `b`'s shape) instead of returned: element by
+    /// element `db_acc + db`, `db` as `matmul_backward` computes it, so the
+    /// bits equal `matmul_backward` then [`add_assign`](Self::add_assign)
+    /// (on the GPU, where `K` fits one dispatch). `needs.db` is ignored and
+    /// the returned `db` is `None`. For a weight's gradient summed over
+    /// chunks of rows (the LM head) without a weight-sized temporary per
+    /// chunk; this default composes the two ops and holds one.
+    fn matmul_backward_into(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        db_acc: &mut Self::Tensor,
+    ) -> Result<MatmulGrads<Self::Tensor>> {
+        let mut g = self.matmul_backward(a, b, dout, t, MatmulNeeds { db: true, ..needs })?;
+        let db = g.db.take().expect("db was requested");
+        self.add_assign(db_acc, &db)?;
+        Ok(g)
+    }
+
     // ---- norms ---------------------------------------------------------
 
     /// y = x / sqrt(mean(x²) + eps) · w, over the last dimension. `w` is `[C]`.

@@ -171,6 +171,18 @@ impl Executor for GpuExecutor {
         self.matmul_backward_impl(a, b, dout, t, needs)
     }
 
+    fn matmul_backward_into(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        db_acc: &mut GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        self.matmul_backward_into_impl(a, b, dout, t, needs, db_acc)
+    }
+
     fn rmsnorm(&self, x: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
         Ok(self.norm_fwd(x, None, w, None, eps)?.1)
     }

@@ -488,6 +488,47 @@ impl GpuExecutor {
         t: Transpose,
         needs: MatmulNeeds,
     ) -> Result<MatmulGrads<GpuTensor>> {
+        self.backward(a, b, dout, t, needs, None)
+    }
+
+    /// `b`'s gradient added into `db_acc` by the product itself (the
+    /// kernels' ACCUMULATE store: unscale, then `+ C`), so no `b`-sized
+    /// temporary. Bit-identical to the product then `add_assign` when K
+    /// (the rows summed) fits one dispatch; past the loop budget K is split
+    /// and the partial sums land in `db_acc` one by one.
+    pub(crate) fn matmul_backward_into_impl(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        db_acc: &mut GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        const OP: &str = "matmul_backward_into";
+        need_f32(OP, db_acc)?;
+        if db_acc.shape != b.shape {
+            return Err(Error::shape(
+                OP,
+                format!("db_acc {} must have b's shape {}", db_acc.shape, b.shape),
+            ));
+        }
+        self.make_unique(db_acc)?;
+        let needs = MatmulNeeds { db: false, ..needs };
+        self.backward(a, b, dout, t, needs, Some(db_acc))
+    }
+
+    /// Both backward entry points; with `db_acc`, `b`'s gradient is
+    /// accumulated there (and `needs.db` is false).
+    fn backward(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        db_acc: Option<&GpuTensor>,
+    ) -> Result<MatmulGrads<GpuTensor>> {
         let g = self.geometry("matmul_backward", a, b, t)?;
         need_f32("matmul_backward dout", dout)?;
         let mut out_dims = g.batch_dims.clone();
@@ -531,8 +572,12 @@ impl GpuExecutor {
         } else {
             None
         };
-        let db = if needs.db {
-            let db = self.alloc(b.shape.clone(), DType::F32)?;
+        let fresh = match (needs.db, db_acc) {
+            (true, None) => Some(self.alloc(b.shape.clone(), DType::F32)?),
+            _ => None,
+        };
+        if let Some(db) = db_acc.or(fresh.as_ref()) {
+            let accumulate = db_acc.is_some();
             // Shared b with a batched a sums over the batch: flattened into K
             // when a's rows are contiguous, else accumulated batch by batch.
             let flat = g.b_shared && !t.a;
@@ -551,7 +596,7 @@ impl GpuExecutor {
                     a_bstride: m * k,
                     b_bstride: m * n,
                     c_bstride,
-                    accumulate: false,
+                    accumulate,
                 }
             } else {
                 // db [N, K] = doutᵀ @ op(a)
@@ -566,18 +611,16 @@ impl GpuExecutor {
                     a_bstride: m * n,
                     b_bstride: m * k,
                     c_bstride,
-                    accumulate: false,
+                    accumulate,
                 }
             };
             if !t.b {
-                self.matmul_raw(&mut op, a, dout, None, &db, d, scales(0, 2))?;
+                self.matmul_raw(&mut op, a, dout, None, db, d, scales(0, 2))?;
             } else {
-                self.matmul_raw(&mut op, dout, a, None, &db, d, scales(2, 0))?;
+                self.matmul_raw(&mut op, dout, a, None, db, d, scales(2, 0))?;
             }
-            Some(db)
-        } else {
-            None
-        };
+        }
+        let db = fresh;
         op.finish()?;
         let dbias = if needs.dbias {
             Some(self.sum_rows(dout, n)?)

@@ -411,6 +411,18 @@ impl<F: Real> Executor for RefExecutor<F> {
         self.matmul_backward_impl(a, b, dout, t, needs)
     }
 
+    fn matmul_backward_into(
+        &self,
+        a: &T<F>,
+        b: &T<F>,
+        dout: &T<F>,
+        t: Transpose,
+        needs: MatmulNeeds,
+        db_acc: &mut T<F>,
+    ) -> Result<MatmulGrads<T<F>>> {
+        self.matmul_backward_into_impl(a, b, dout, t, needs, db_acc)
+    }
+
     fn rmsnorm(&self, x: &T<F>, w: &T<F>, eps: f32) -> Result<NormOut<T<F>>> {
         norm_weight("rmsnorm", x, w, "w")?;
         let (y, rstd) = r::rmsnorm(f32_data("rmsnorm", x)?, f32_data("rmsnorm", w)?, F::from_f32(eps));

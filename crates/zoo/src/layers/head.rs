@@ -161,17 +161,22 @@ pub fn head_forward_backward<E: Executor>(
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         drop(logits);
         chunk_losses.push(ce.losses);
+        // The first chunk's gradient starts the sum; later chunks add
+        // theirs in place, with no head-sized temporary per chunk.
         let needs = MatmulNeeds {
             da: true,
-            db: true,
+            db: dwh.is_none(),
             dbias: false,
         };
-        let g = ex.matmul_backward(&n.y, wh, &ce.dlogits, Transpose::NT, needs)?;
-        let db = g.db.expect("requested");
-        match &mut dwh {
-            Some(acc) => ex.add_assign(acc, &db)?,
-            None => dwh = Some(db),
-        }
+        let (dy, t) = (&ce.dlogits, Transpose::NT);
+        let g = match &mut dwh {
+            Some(acc) => ex.matmul_backward_into(&n.y, wh, dy, t, needs, acc)?,
+            None => {
+                let mut g = ex.matmul_backward(&n.y, wh, dy, t, needs)?;
+                dwh = g.db.take();
+                g
+            }
+        };
         let ng = norm_bwd(cfg, ex, w, &xc, &n, &g.da.expect("requested"))?;
         match &mut dnorm {
             Some((dw, db)) => {

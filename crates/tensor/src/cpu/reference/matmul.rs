@@ -220,6 +220,76 @@ pub(crate) fn matmul_db<F: Real>(a: &[F], dout: &[F], d: MatmulDims, t: Transpos
     db
 }
 
+/// [`matmul_db`] added into `acc` (b's layout): `acc + post(db)` element by
+/// element, the bits of `matmul_db`, `post` (the f16 path's unscaling) and
+/// an add, but computed `panel_elems` elements of `db` at a time, so no
+/// `b`-sized temporary exists. A panel is a run of rows of b's layout (rows
+/// of `[n, k]` when `t.b`, of `[k, n]` otherwise); each element's sum runs
+/// over the same products in the same order as in `matmul_db`.
+pub(crate) fn matmul_db_acc<F: Real>(
+    a: &[F],
+    dout: &[F],
+    d: MatmulDims,
+    t: Transpose,
+    acc: &mut [F],
+    panel_elems: usize,
+    post: impl Fn(&mut [F]),
+) {
+    let MatmulDims {
+        batch,
+        m,
+        k,
+        n,
+        b_batched,
+    } = d;
+    assert_eq!(acc.len(), d.b_len(), "matmul_db_acc: acc length");
+    let add = |acc: &mut [F], db: &[F]| {
+        acc.par_iter_mut().zip(db).for_each(|(x, &y)| *x = *x + y);
+    };
+    if b_batched {
+        // One gradient per product (attention-like): no shared weight to
+        // sum into, so no panels.
+        let mut db = matmul_db(a, dout, d, t);
+        post(&mut db);
+        add(acc, &db);
+        return;
+    }
+    let sat = swap(a_strides(&d, t));
+    let fold = !t.a;
+    let (rows, width) = if t.b { (n, k) } else { (k, n) };
+    if rows == 0 || width == 0 {
+        return;
+    }
+    let step = (panel_elems / width).clamp(1, rows);
+    let mut tmp = vec![F::zero(); step * width];
+    for r0 in (0..rows).step_by(step) {
+        let r1 = (r0 + step).min(rows);
+        let out = &mut tmp[..(r1 - r0) * width];
+        // The panel's product: db rows r0..r1 are dout's columns r0..r1
+        // (t.b) or op(a)ᵀ's rows r0..r1.
+        let gemm_into = |ai: &[F], di: &[F], beta: F, out: &mut [F]| {
+            if t.b {
+                gemm(k, ai.len() / k, r1 - r0, ai, sat, &di[r0..], (n, 1), beta, out, (1, k));
+            } else {
+                let rows_m = ai.len() / k;
+                gemm(r1 - r0, rows_m, n, &ai[r0 * sat.0..], sat, di, (n, 1), beta, out, (n, 1));
+            }
+        };
+        if fold {
+            gemm_into(a, dout, F::zero(), out);
+        } else {
+            // As matmul_db: a zeroed sum, every batch added with beta = 1.
+            out.fill(F::zero());
+            for i in 0..batch {
+                let (ai, di) = (&a[i * m * k..(i + 1) * m * k], &dout[i * m * n..(i + 1) * m * n]);
+                gemm_into(ai, di, F::one(), out);
+            }
+        }
+        post(out);
+        add(&mut acc[r0 * width..r1 * width], out);
+    }
+}
+
 /// d op(a) = dout · op(b)ᵀ of [`matmul`], written straight into a's layout:
 /// the gradient that never reads `a`.
 pub(crate) fn matmul_da<F: Real>(b: &[F], dout: &[F], d: MatmulDims, t: Transpose) -> Vec<F> {
@@ -258,4 +328,41 @@ pub(crate) fn matmul_da<F: Real>(b: &[F], dout: &[F], d: MatmulDims, t: Transpos
         }
     }
     da
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::random_f64;
+
+    /// Panels of a few rows, so that every layout (shared and batched `b`,
+    /// folded and per-batch sums) splits into several, the last one short.
+    #[test]
+    fn db_accumulated_by_panels_has_the_bits_of_db_then_add() {
+        let mut seed = 0;
+        for t in [Transpose::NN, Transpose::NT, Transpose::TN, Transpose::TT] {
+            for (batch, b_batched) in [(1, false), (3, false), (2, true)] {
+                let d = MatmulDims {
+                    batch,
+                    m: 5,
+                    k: 11,
+                    n: 13,
+                    b_batched,
+                };
+                seed += 4;
+                let a = random_f64(seed, batch * d.m * d.k);
+                let dout = random_f64(seed + 1, batch * d.m * d.n);
+                let acc0 = random_f64(seed + 2, d.b_len());
+                let post = |p: &mut [f64]| p.iter_mut().for_each(|x| *x *= 0.25);
+                let mut db = matmul_db(&a, &dout, d, t);
+                post(&mut db);
+                let want: Vec<f64> = acc0.iter().zip(&db).map(|(x, y)| x + y).collect();
+                for panel in [1, 20, 39, 1 << 20] {
+                    let mut acc = acc0.clone();
+                    matmul_db_acc(&a, &dout, d, t, &mut acc, panel, post);
+                    assert!(acc == want, "{t:?} {d:?} panel {panel}");
+                }
+            }
+        }
+    }
 }

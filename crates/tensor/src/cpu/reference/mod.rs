@@ -21,7 +21,7 @@ pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
 pub use loss::cross_entropy;
 pub use matmul::{MatmulDims, add_bias, bias_grad, matmul, matmul_backward};
-pub(crate) use matmul::{Strides, a_strides, gemm, matmul_da, matmul_db};
+pub(crate) use matmul::{Strides, a_strides, gemm, matmul_da, matmul_db, matmul_db_acc};
 pub use norm::{
     add_layernorm, add_layernorm_backward, add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward,
     rmsnorm, rmsnorm_backward,
