@@ -199,3 +199,48 @@ fn resume_refuses_another_model_and_a_fresh_run_refuses_a_used_directory() {
         p.warnings
     );
 }
+
+/// `chunk_rows` left to the default resolves from the vocabulary (the
+/// README main job's 12 × 64 rows of gpt2-nano in one chunk) and resumes
+/// silently; a run saved when the default was a fixed 256 reads back as
+/// 256, so resuming it changes nothing.
+#[test]
+fn default_chunk_rows_resolve_from_the_vocabulary_and_old_runs_keep_256() {
+    let main = TrainOptions {
+        seq_len: 64,
+        batch: 12,
+        ..TrainOptions::default()
+    };
+    assert_eq!(main.chunk_rows, None);
+    let nano = megatrain_zoo::preset("gpt2-nano", Some(65)).unwrap();
+    assert!(main.chunk_rows(nano.vocab_size) >= main.batch * main.seq_len);
+    let qwen = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
+    assert_eq!(main.chunk_rows(qwen.vocab_size), 256);
+    let explicit = TrainOptions {
+        chunk_rows: Some(7),
+        ..TrainOptions::default()
+    };
+    assert_eq!(explicit.chunk_rows(nano.vocab_size), 7);
+
+    let mut old = serde_json::to_value(TrainOptions::default()).unwrap();
+    old["chunk_rows"] = 256.into();
+    let old: TrainOptions = serde_json::from_value(old).unwrap();
+    assert_eq!(old.chunk_rows, Some(256));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let (auto, fixed) = (tmp.path().join("auto"), tmp.path().join("fixed"));
+    run(options(&data, &auto), false, Some(2));
+    let saved = read_train_state(&latest_checkpoint(&auto).unwrap()).unwrap();
+    assert_eq!(saved.options.chunk_rows, None);
+    let p = prepare(options(&data, &auto), true).unwrap();
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let with_256 = |out: &Path| TrainOptions {
+        chunk_rows: Some(256),
+        ..options(&data, out)
+    };
+    run(with_256(&fixed), false, Some(2));
+    let saved = read_train_state(&latest_checkpoint(&fixed).unwrap()).unwrap();
+    assert_eq!(saved.options.chunk_rows, Some(256));
+    assert!(prepare(saved.options, true).unwrap().warnings.is_empty());
+}

@@ -43,6 +43,7 @@ pub use error::{Result, ZooError};
 pub use hf_export::{ExportOptions, export_hf_dir};
 pub use hf_load::{HfCheckpoint, INDEX_FILE, LoadedModel, SINGLE_FILE, load_hf_dir};
 pub use init::{INIT_STD, init_layer, init_layer_into};
+pub use layers::default_chunk_rows;
 pub use model::{StepOut, download_grads, forward_backward, forward_logits, upload_layer};
 pub use presets::{PRESET_NAMES, gpt2_nano, preset};
 pub use tables::LayerKind;

@@ -108,6 +108,7 @@ fn run_on<E: Executor + OpProfiler>(
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
+        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };

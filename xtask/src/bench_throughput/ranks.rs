@@ -98,6 +98,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     let tier = tier_for(spec, &model)?;
     let config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
+        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };

@@ -30,8 +30,9 @@ pub struct PlanArgs {
     precision: Precision,
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
-    #[arg(long, default_value_t = 256)]
-    chunk_rows: usize,
+    /// Rows of the LM head at once (default: as `train`, from the vocabulary).
+    #[arg(long)]
+    chunk_rows: Option<usize>,
     /// Gradients are held in host memory (with --grad-accum > 1 or --grad-clip > 0).
     #[arg(long)]
     hold_grads: bool,
@@ -74,7 +75,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give --model <HF dir> or --preset <name>"),
     };
-    if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || a.chunk_rows == 0 || a.ranks == 0 {
+    let chunk_rows = a
+        .chunk_rows
+        .unwrap_or_else(|| megatrain_zoo::default_chunk_rows(model.vocab_size));
+    if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || chunk_rows == 0 || a.ranks == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
     let transport = a.precision.transport();
@@ -82,7 +86,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         batch: a.batch,
         seq_len: a.seq_len,
         checkpoint_every: a.checkpoint_every,
-        chunk_rows: a.chunk_rows,
+        chunk_rows,
         transport,
         hold_grads: a.hold_grads,
     };

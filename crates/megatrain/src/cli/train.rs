@@ -79,6 +79,8 @@ pub struct TrainArgs {
     /// Keep every K-th block input; backward recomputes K blocks at a time.
     #[arg(long)]
     checkpoint_every: Option<usize>,
+    /// Rows of the LM head at once (default: at least 256, more while
+    /// their logits fit 64 MiB; a 65-token vocabulary runs in one chunk).
     #[arg(long)]
     chunk_rows: Option<usize>,
     /// auto | gpu | cpu.
@@ -182,7 +184,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         staging_depth,
         staging_chunk_mib,
         copy_threads,
-        batch_ops
+        batch_ops,
+        chunk_rows
     );
     overlay!(
         o,
@@ -203,7 +206,6 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         grad_clip,
         precision,
         checkpoint_every,
-        chunk_rows,
         device,
         transport,
         seed,

@@ -165,8 +165,11 @@ pub struct TrainOptions {
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
-    /// Rows of the LM head per chunk.
-    pub chunk_rows: usize,
+    /// Rows of the LM head per chunk; `None` (the default):
+    /// [`megatrain_zoo::default_chunk_rows`] of the model's vocabulary. A
+    /// run saved when the default was a fixed 256 reads back as `Some(256)`
+    /// and keeps it on resume.
+    pub chunk_rows: Option<usize>,
     pub device: DeviceChoice,
     /// How the GPU moves layers: `auto` (measured at start), `staging` or
     /// `mapped`. A device option: changing it on resume changes no result.
@@ -237,7 +240,7 @@ impl Default for TrainOptions {
             grad_clip: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
-            chunk_rows: 256,
+            chunk_rows: None,
             device: DeviceChoice::Auto,
             transport: TransportChoice::Auto,
             seed: 1337,
@@ -298,6 +301,12 @@ impl TrainOptions {
         }
         base.try_into()
             .map_err(|e: toml::de::Error| RunError::file(path, e.message().to_string()))
+    }
+
+    /// Rows of the LM head per chunk for a vocabulary of `vocab` tokens.
+    pub fn chunk_rows(&self, vocab: usize) -> usize {
+        self.chunk_rows
+            .unwrap_or_else(|| megatrain_zoo::default_chunk_rows(vocab))
     }
 
     pub fn min_lr(&self) -> f64 {
@@ -373,7 +382,9 @@ impl TrainOptions {
         positive("batch", self.batch as u64)?;
         positive("grad-accum", self.grad_accum as u64)?;
         positive("checkpoint-every", self.checkpoint_every as u64)?;
-        positive("chunk-rows", self.chunk_rows as u64)?;
+        if let Some(rows) = self.chunk_rows {
+            positive("chunk-rows", rows as u64)?;
+        }
         positive("eval-batches", self.eval_batches as u64)?;
         positive("log-every", self.log_every)?;
         positive("ranks", self.ranks as u64)?;
