@@ -66,11 +66,20 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, exact: bool) {
     for c in cases() {
         for b_dtype in [DType::F32, DType::BF16, DType::F16] {
             seed += 10;
-            let what = format!("{what} lead {:?} m {} k {} n {} {:?} b {b_dtype}", c.lead, c.m, c.k, c.n, c.t);
+            let what = format!(
+                "{what} lead {:?} m {} k {} n {} {:?} b {b_dtype}",
+                c.lead, c.m, c.k, c.n, c.t
+            );
             let [a, b, d, acc0] = hosts(&c, seed, b_dtype);
-            let (ga, gb, gd) = (g.upload(&a).unwrap(), g.upload(&b).unwrap(), g.upload(&d).unwrap());
+            let (ga, gb, gd) = (
+                g.upload(&a).unwrap(),
+                g.upload(&b).unwrap(),
+                g.upload(&d).unwrap(),
+            );
             let mut acc = g.upload(&acc0).unwrap();
-            let gr = g.matmul_backward_into(&ga, &gb, &gd, c.t, NEEDS, &mut acc).unwrap();
+            let gr = g
+                .matmul_backward_into(&ga, &gb, &gd, c.t, NEEDS, &mut acc)
+                .unwrap();
             assert!(gr.db.is_none(), "{what}: a db was returned");
             let got = down(g, &acc);
 
@@ -80,7 +89,10 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, exact: bool) {
             let want = down(g, &want);
             if exact {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert!(bits(&got) == bits(&want), "{what}: accumulated db differs from db + add_assign");
+                assert!(
+                    bits(&got) == bits(&want),
+                    "{what}: accumulated db differs from db + add_assign"
+                );
             }
             assert_close(&format!("{what}: into vs then-add"), &got, &want, TOL_F32);
             assert_close(
@@ -96,8 +108,14 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, exact: bool) {
                 cpu.upload(&d).unwrap(),
             );
             let mut cacc = cpu.upload(&acc0).unwrap();
-            cpu.matmul_backward_into(&ca, &cb, &cd, c.t, NEEDS, &mut cacc).unwrap();
-            assert_close(&format!("{what}: GPU vs CPU"), &got, &down_cpu(cpu, &cacc), TOL_F32);
+            cpu.matmul_backward_into(&ca, &cb, &cd, c.t, NEEDS, &mut cacc)
+                .unwrap();
+            assert_close(
+                &format!("{what}: GPU vs CPU"),
+                &got,
+                &down_cpu(cpu, &cacc),
+                TOL_F32,
+            );
         }
     }
 }
@@ -130,13 +148,17 @@ fn f16_kernels_accumulate_exactly() {
         matmul_tile: Some(128),
         ..Default::default()
     };
-    let Some(g) = with(simt, ComputePrecision::F16) else { return };
+    let Some(g) = with(simt, ComputePrecision::F16) else {
+        return;
+    };
     check(&g, &cpu, "simt f16", true);
     let coop = GpuOptions {
         f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
         ..Default::default()
     };
-    let Some(g) = with(coop, ComputePrecision::F16) else { return };
+    let Some(g) = with(coop, ComputePrecision::F16) else {
+        return;
+    };
     check(&g, &cpu, "emulated tensor cores", true);
 }
 

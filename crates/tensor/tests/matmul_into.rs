@@ -41,7 +41,12 @@ impl Case {
 /// `(into, then)`: the accumulator after `matmul_backward_into`, and after
 /// `matmul_backward` + `add_assign`, each element's bits; also checks
 /// that the other gradients agree and that no `db` is returned.
-fn run<E: Executor>(ex: &E, c: &Case, seed: u64, bits: impl Fn(&E::Tensor) -> Vec<u64>) -> (Vec<u64>, Vec<u64>) {
+fn run<E: Executor>(
+    ex: &E,
+    c: &Case,
+    seed: u64,
+    bits: impl Fn(&E::Tensor) -> Vec<u64>,
+) -> (Vec<u64>, Vec<u64>) {
     let [sa, sb, sd] = c.shapes();
     let a = ex.upload(&host(seed, &sa)).unwrap();
     let b = ex.upload(&host(seed + 1, &sb).to_dtype(c.b_dtype)).unwrap();
@@ -57,7 +62,11 @@ fn run<E: Executor>(ex: &E, c: &Case, seed: u64, bits: impl Fn(&E::Tensor) -> Ve
     assert!(g.db.is_none(), "matmul_backward_into returned a db");
     let r = ex.matmul_backward(&a, &b, &d, c.t, MatmulNeeds::ALL).unwrap();
     assert_eq!(bits(g.da.as_ref().unwrap()), bits(r.da.as_ref().unwrap()), "da");
-    assert_eq!(bits(g.dbias.as_ref().unwrap()), bits(r.dbias.as_ref().unwrap()), "dbias");
+    assert_eq!(
+        bits(g.dbias.as_ref().unwrap()),
+        bits(r.dbias.as_ref().unwrap()),
+        "dbias"
+    );
     let mut want = ex.upload(&acc0).unwrap();
     ex.add_assign(&mut want, r.db.as_ref().unwrap()).unwrap();
     (bits(&acc), bits(&want))
@@ -66,13 +75,26 @@ fn run<E: Executor>(ex: &E, c: &Case, seed: u64, bits: impl Fn(&E::Tensor) -> Ve
 fn check(c: &Case, seed: u64) {
     for precision in [ComputePrecision::F32, ComputePrecision::F16] {
         let ex = CpuExecutor::with_precision(precision);
-        let (got, want) = run(&ex, c, seed, |t| t.data().iter().map(|v| v.to_bits() as u64).collect());
-        let what = format!("{precision:?} lead {:?} m {} k {} n {} {:?} b {}", c.lead, c.m, c.k, c.n, c.t, c.b_dtype);
-        assert!(got == want, "f32 {what}: accumulated gradient differs from compute-then-add");
+        let (got, want) = run(&ex, c, seed, |t| {
+            t.data().iter().map(|v| v.to_bits() as u64).collect()
+        });
+        let what = format!(
+            "{precision:?} lead {:?} m {} k {} n {} {:?} b {}",
+            c.lead, c.m, c.k, c.n, c.t, c.b_dtype
+        );
+        assert!(
+            got == want,
+            "f32 {what}: accumulated gradient differs from compute-then-add"
+        );
     }
     let ex = F64Executor::new();
     let (got, want) = run(&ex, c, seed, |t| t.data().iter().map(|v| v.to_bits()).collect());
-    assert!(got == want, "f64 lead {:?} {:?}: accumulated gradient differs", c.lead, c.t);
+    assert!(
+        got == want,
+        "f64 lead {:?} {:?}: accumulated gradient differs",
+        c.lead,
+        c.t
+    );
 }
 
 #[test]
@@ -131,8 +153,13 @@ fn accumulator_of_the_wrong_shape_or_dtype_is_an_error() {
     let d = ex.upload(&host(3, &[4, 5])).unwrap();
     let needs = MatmulNeeds::ALL;
     let mut wrong = ex.upload(&host(4, &[3, 5])).unwrap();
-    let e = ex.matmul_backward_into(&a, &b, &d, Transpose::NT, needs, &mut wrong).unwrap_err();
+    let e = ex
+        .matmul_backward_into(&a, &b, &d, Transpose::NT, needs, &mut wrong)
+        .unwrap_err();
     assert!(e.to_string().contains("[3, 5]"), "{e}");
     let mut packed = ex.upload(&host(4, &[5, 3]).to_dtype(DType::BF16)).unwrap();
-    assert!(ex.matmul_backward_into(&a, &b, &d, Transpose::NT, needs, &mut packed).is_err());
+    assert!(
+        ex.matmul_backward_into(&a, &b, &d, Transpose::NT, needs, &mut packed)
+            .is_err()
+    );
 }

@@ -125,8 +125,14 @@ fn default_head_chunk_follows_the_vocabulary() {
     }
     for v in [1, 65, 1000, 50257, 65535, 65536, 70000, 152064] {
         let rows = default_chunk_rows(v);
-        assert!(rows >= MIN_CHUNK_ROWS && rows.is_multiple_of(128), "vocabulary {v}: {rows}");
-        assert!(rows == MIN_CHUNK_ROWS || rows * v * 4 <= CHUNK_LOGITS_BYTES, "vocabulary {v}: {rows}");
+        assert!(
+            rows >= MIN_CHUNK_ROWS && rows.is_multiple_of(128),
+            "vocabulary {v}: {rows}"
+        );
+        assert!(
+            rows == MIN_CHUNK_ROWS || rows * v * 4 <= CHUNK_LOGITS_BYTES,
+            "vocabulary {v}: {rows}"
+        );
     }
 }
 

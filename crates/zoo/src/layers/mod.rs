@@ -28,7 +28,8 @@ pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
-    CHUNK_LOGITS_BYTES, HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss,
+    CHUNK_LOGITS_BYTES, HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits,
+    head_loss,
 };
 
 use crate::{ModelConfig, Result, ZooError};

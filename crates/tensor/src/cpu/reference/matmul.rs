@@ -269,10 +269,32 @@ pub(crate) fn matmul_db_acc<F: Real>(
         // (t.b) or op(a)ᵀ's rows r0..r1.
         let gemm_into = |ai: &[F], di: &[F], beta: F, out: &mut [F]| {
             if t.b {
-                gemm(k, ai.len() / k, r1 - r0, ai, sat, &di[r0..], (n, 1), beta, out, (1, k));
+                gemm(
+                    k,
+                    ai.len() / k,
+                    r1 - r0,
+                    ai,
+                    sat,
+                    &di[r0..],
+                    (n, 1),
+                    beta,
+                    out,
+                    (1, k),
+                );
             } else {
                 let rows_m = ai.len() / k;
-                gemm(r1 - r0, rows_m, n, &ai[r0 * sat.0..], sat, di, (n, 1), beta, out, (n, 1));
+                gemm(
+                    r1 - r0,
+                    rows_m,
+                    n,
+                    &ai[r0 * sat.0..],
+                    sat,
+                    di,
+                    (n, 1),
+                    beta,
+                    out,
+                    (n, 1),
+                );
             }
         };
         if fold {
