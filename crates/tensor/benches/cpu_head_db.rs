@@ -19,7 +19,11 @@ fn bench(c: &mut Criterion) {
         ex.upload(&HostTensor::from_f32(shape, random_f32(seed, shape[0] * shape[1])).unwrap())
             .unwrap()
     };
-    let (x, w, dy) = (up(1, [ROWS, HIDDEN]), up(2, [VOCAB, HIDDEN]), up(3, [ROWS, VOCAB]));
+    let (x, w, dy) = (
+        up(1, [ROWS, HIDDEN]),
+        up(2, [VOCAB, HIDDEN]),
+        up(3, [ROWS, VOCAB]),
+    );
     let mut acc = up(4, [VOCAB, HIDDEN]);
     let db = MatmulNeeds {
         da: false,
@@ -38,7 +42,10 @@ fn bench(c: &mut Criterion) {
     });
     let none = MatmulNeeds { db: false, ..db };
     group.bench_function("matmul_backward_into", |b| {
-        b.iter(|| ex.matmul_backward_into(&x, &w, &dy, Transpose::NT, none, &mut acc).unwrap())
+        b.iter(|| {
+            ex.matmul_backward_into(&x, &w, &dy, Transpose::NT, none, &mut acc)
+                .unwrap()
+        })
     });
     group.finish();
 }
