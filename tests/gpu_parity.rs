@@ -437,3 +437,28 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
         "f16 losses equal f32's: the rounding is not applied"
     );
 }
+
+/// An evaluation of several batches moves the model over the bus once per
+/// group, not once per batch, and gives each batch the loss it gets alone.
+#[test]
+fn evaluation_streams_the_model_once_per_group() {
+    let Some(ctx) = ctx() else { return };
+    let model = llama_tiny();
+    // K = 1: groups of as many batches as blocks (llama-tiny has 2).
+    let tr = trainer(GpuExecutor::new(ctx), &model, 1);
+    assert_eq!(model.num_layers, 2);
+    let batches: Vec<Batch> = (0..4).map(|i| batch(model.vocab_size, i, 2, 24)).collect();
+    let up = |tr: &Trainer<GpuExecutor>| tr.executor().transport_stats().bytes_up;
+    let before = up(&tr);
+    let alone: Vec<(f64, usize)> = batches.iter().map(|b| tr.eval_loss(b).unwrap()).collect();
+    let per_batch = up(&tr) - before;
+    let before = up(&tr);
+    let grouped = tr.eval_losses(&batches).unwrap();
+    let once = up(&tr) - before;
+    assert_eq!(grouped, alone);
+    assert_eq!(
+        per_batch,
+        2 * once,
+        "bytes up: batch by batch {per_batch}, in two groups {once}"
+    );
+}

@@ -384,3 +384,20 @@ fn bad_configurations_are_refused() {
     let err = t.step(&[bad], 1e-3).unwrap_err();
     assert!(err.to_string().contains("999"), "{err}");
 }
+
+/// Evaluating many batches streams each layer once per group of batches,
+/// and gives each batch's loss exactly as evaluating it alone: groups of
+/// one, of two with a remainder, of all, and larger than all.
+#[test]
+fn evaluation_in_groups_equals_batch_by_batch() {
+    for model in [llama_tiny(), gpt2_nano(61)] {
+        let tr = trainer(&model, 2, false, None);
+        let batches: Vec<Batch> = (0..5).map(|i| batch(model.vocab_size as u32, i, 2, 11)).collect();
+        let alone: Vec<(f64, usize)> = batches.iter().map(|b| tr.eval_loss(b).unwrap()).collect();
+        for group in [1, 2, 5, 9] {
+            let grouped = tr.eval_losses_in_groups(&batches, group).unwrap();
+            assert_eq!(grouped, alone, "{:?}: groups of {group}", model.arch);
+        }
+        assert_eq!(tr.eval_losses(&batches).unwrap(), alone);
+    }
+}

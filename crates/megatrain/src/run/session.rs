@@ -300,10 +300,11 @@ fn evaluate_split<E: Executor>(
     let (rank, ranks) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
     let per = batch / ranks;
     let rows = rank * per..(rank + 1) * per;
+    let drawn = (0..batches as u64)
+        .map(|i| draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut x = [0.0, 0.0];
-    for i in 0..batches as u64 {
-        let b = draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name)?;
-        let (s, c) = trainer.eval_loss(&b)?;
+    for (s, c) in trainer.eval_losses(&drawn)? {
         x[0] += s;
         x[1] += c as f64;
     }
