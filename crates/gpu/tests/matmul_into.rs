@@ -160,6 +160,19 @@ fn f16_kernels_accumulate_exactly() {
         return;
     };
     check(&g, &cpu, "emulated tensor cores", true);
+    // The hardware tensor-core kernels, where the adapter has them.
+    if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
+        eprintln!("no cooperative matrices: hardware tensor-core accumulation NOT tested here");
+        return;
+    }
+    for tile in CoopTile::ALL {
+        let opts = GpuOptions {
+            f16_matmul: F16Matmul::Coop(tile),
+            ..Default::default()
+        };
+        let g = with(opts, ComputePrecision::F16).expect("adapter");
+        check(&g, &cpu, &format!("tensor cores {}", tile.name()), true);
+    }
 }
 
 /// Operands bound as several ranges: K (the rows) split over dispatches
