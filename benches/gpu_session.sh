@@ -60,7 +60,7 @@ b() {
 case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
-        download_range pipelines batching gpu_parity transfer_chunks attention submit
+        download_range pipelines batching matmul_into gpu_parity transfer_chunks attention submit
     exit 0
     ;;
 checks)
@@ -76,6 +76,7 @@ checks)
     t add_norm
     t pipelines
     t batching
+    t matmul_into
     t transport_bytes
     t download_range
     t gpu_parity --nocapture
