@@ -67,6 +67,26 @@ impl MatmulNeeds {
     };
 }
 
+/// What [`Executor::matmul_backward_into`] needs of its accumulator: f32,
+/// of `b`'s shape (every executor checks it with this).
+pub fn check_db_acc(acc_shape: &Shape, acc_dtype: DType, b_shape: &Shape) -> Result<()> {
+    const OP: &str = "matmul_backward_into";
+    if acc_dtype != DType::F32 {
+        return Err(Error::DType {
+            op: OP,
+            expected: DType::F32,
+            got: acc_dtype,
+        });
+    }
+    if acc_shape != b_shape {
+        return Err(Error::shape(
+            OP,
+            format!("db_acc {acc_shape} must have b's shape {b_shape}"),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct MatmulGrads<T> {
     pub da: Option<T>,

@@ -505,14 +505,7 @@ impl GpuExecutor {
         needs: MatmulNeeds,
         db_acc: &mut GpuTensor,
     ) -> Result<MatmulGrads<GpuTensor>> {
-        const OP: &str = "matmul_backward_into";
-        need_f32(OP, db_acc)?;
-        if db_acc.shape != b.shape {
-            return Err(Error::shape(
-                OP,
-                format!("db_acc {} must have b's shape {}", db_acc.shape, b.shape),
-            ));
-        }
+        megatrain_tensor::check_db_acc(&db_acc.shape, db_acc.dtype, &b.shape)?;
         self.make_unique(db_acc)?;
         let needs = MatmulNeeds { db: false, ..needs };
         self.backward(a, b, dout, t, needs, Some(db_acc))

@@ -207,14 +207,7 @@ impl<F: Real> RefExecutor<F> {
         needs: MatmulNeeds,
         db_acc: &mut T<F>,
     ) -> Result<MatmulGrads<T<F>>> {
-        let op = "matmul_backward_into";
-        if db_acc.shape() != b.shape() {
-            return Err(Error::shape(
-                op,
-                format!("db_acc {} must have b's shape {}", db_acc.shape(), b.shape()),
-            ));
-        }
-        f32_data(op, db_acc)?;
+        crate::check_db_acc(db_acc.shape(), db_acc.dtype(), b.shape())?;
         let needs = MatmulNeeds { db: false, ..needs };
         self.backward(a, b, dout, t, needs, Some(db_acc.data_mut()))
     }
