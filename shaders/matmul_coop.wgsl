@@ -45,7 +45,8 @@ var<private> sc: OperandScales;
 var<private> li: u32;
 
 // One fragment of C (rows fm.., columns fn0..) from c_s[cs..] to global
-// memory: unscaled, plus bias, plus C when accumulating. Consecutive lanes
+// memory: unscaled, plus bias, plus C when accumulating, through the
+// epilogue (matmul_epilogue.wgsl). Consecutive lanes
 // walk C's contiguous dimension.
 fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
     for (var r = 0u; r < 8u; r++) {
@@ -65,7 +66,7 @@ fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
         if (p.flags & ACCUMULATE) != 0u {
             v += c_out[ci];
         }
-        c_out[ci] = v;
+        c_out[ci] = epilogue(ci, v);
     }
 }
 
