@@ -59,9 +59,15 @@ pub(crate) fn epilogue_source(epi: bool) -> String {
         ("//// none\n", Some("//// fused\n"))
     };
     let start = EPILOGUE.find(name).expect("matmul_epilogue.wgsl section") + name.len();
-    let end = next.map_or(EPILOGUE.len(), |n| EPILOGUE.find(n).expect("matmul_epilogue.wgsl section"));
+    let end = next.map_or(EPILOGUE.len(), |n| {
+        EPILOGUE.find(n).expect("matmul_epilogue.wgsl section")
+    });
     let body = &EPILOGUE[start..end];
-    if epi { [ACTIVATION_FNS, body].concat() } else { body.to_string() }
+    if epi {
+        [ACTIVATION_FNS, body].concat()
+    } else {
+        body.to_string()
+    }
 }
 
 /// A matmul pipeline's storage bindings in the host's order: A, B, bias,

@@ -14,8 +14,8 @@ mod common;
 use common::*;
 use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::{
-    ComputePrecision, CpuExecutor, Executor, HostTensor, MatmulNeeds, Transpose, compose_matmul_backward_gelu,
-    compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_swiglu,
+    ComputePrecision, CpuExecutor, Executor, HostTensor, MatmulNeeds, Transpose,
+    compose_matmul_backward_gelu, compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_swiglu,
 };
 
 /// How far the fused activation may be from the standalone kernel's, in
@@ -109,7 +109,11 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         // Activation inputs spread over [-4, 4]: both tails of each.
         let wide = |s, shape: &[usize]| {
             let h = rand_host(s, shape);
-            HostTensor::from_f32(h.shape().clone(), h.to_f32_vec().iter().map(|x| 4.0 * x).collect()).unwrap()
+            HostTensor::from_f32(
+                h.shape().clone(),
+                h.to_f32_vec().iter().map(|x| 4.0 * x).collect(),
+            )
+            .unwrap()
         };
         let hosts = [
             rand_host(seed, &sa),
@@ -135,7 +139,12 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         assert_bits(&format!("{what}: gelu fwd g"), &d(&act), &d(&wact), ULPS);
         let (rf, ract) = cpu.matmul_gelu(&ca, &cb, Some(&cbias), t).unwrap();
         assert_close(&format!("{what}: gelu fwd f vs CPU"), &d(&f), &dc(&rf), TOL_F32);
-        assert_close(&format!("{what}: gelu fwd g vs CPU"), &d(&act), &dc(&ract), TOL_F32);
+        assert_close(
+            &format!("{what}: gelu fwd g vs CPU"),
+            &d(&act),
+            &dc(&ract),
+            TOL_F32,
+        );
 
         // SwiGLU forward: up = a @ b + bias, silu(gate) · up.
         let (u, s) = g.matmul_swiglu(&a, &b, Some(&bias), t, &gate).unwrap();
@@ -146,16 +155,33 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         assert_close(&format!("{what}: swiglu fwd s vs CPU"), &d(&s), &dc(&rs), TOL_F32);
 
         // GELU backward: the gradient of pre through a = gelu(pre).
-        let gr = g.matmul_backward_gelu(&a, &b, &dout, t, MatmulNeeds::ALL, &pre).unwrap();
+        let gr = g
+            .matmul_backward_gelu(&a, &b, &dout, t, MatmulNeeds::ALL, &pre)
+            .unwrap();
         let wr = compose_matmul_backward_gelu(g, &a, &b, &dout, t, MatmulNeeds::ALL, &pre).unwrap();
         let rr = cpu
             .matmul_backward_gelu(&ca, &cb, &cdout, t, MatmulNeeds::ALL, &cpre)
             .unwrap();
         let da = d(gr.da.as_ref().unwrap());
-        assert_bits(&format!("{what}: gelu bwd da"), &da, &d(wr.da.as_ref().unwrap()), ULPS);
-        assert_close(&format!("{what}: gelu bwd da vs CPU"), &da, &dc(rr.da.as_ref().unwrap()), TOL_F32);
+        assert_bits(
+            &format!("{what}: gelu bwd da"),
+            &da,
+            &d(wr.da.as_ref().unwrap()),
+            ULPS,
+        );
+        assert_close(
+            &format!("{what}: gelu bwd da vs CPU"),
+            &da,
+            &dc(rr.da.as_ref().unwrap()),
+            TOL_F32,
+        );
         for (x, y, name) in [(&gr.db, &wr.db, "db"), (&gr.dbias, &wr.dbias, "dbias")] {
-            assert_bits(&format!("{what}: gelu bwd {name}"), &d(x.as_ref().unwrap()), &d(y.as_ref().unwrap()), 0);
+            assert_bits(
+                &format!("{what}: gelu bwd {name}"),
+                &d(x.as_ref().unwrap()),
+                &d(y.as_ref().unwrap()),
+                0,
+            );
         }
 
         // SwiGLU backward: dgate, dup through a = swiglu(gate, up).
@@ -164,12 +190,17 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
             db: true,
             dbias: false,
         };
-        let (gr, dg, du) = g.matmul_backward_swiglu(&a, &b, &dout, t, needs, &pre, &upm).unwrap();
+        let (gr, dg, du) = g
+            .matmul_backward_swiglu(&a, &b, &dout, t, needs, &pre, &upm)
+            .unwrap();
         let (wr, wdg, wdu) = compose_matmul_backward_swiglu(g, &a, &b, &dout, t, needs, &pre, &upm).unwrap();
         let (_, rdg, rdu) = cpu
             .matmul_backward_swiglu(&ca, &cb, &cdout, t, needs, &cpre, &cupm)
             .unwrap();
-        assert!(gr.da.is_none() && gr.dbias.is_none(), "{what}: only db was asked for");
+        assert!(
+            gr.da.is_none() && gr.dbias.is_none(),
+            "{what}: only db was asked for"
+        );
         assert_bits(&format!("{what}: swiglu bwd dgate"), &d(&dg), &d(&wdg), ULPS);
         assert_bits(&format!("{what}: swiglu bwd dup"), &d(&du), &d(&wdu), ULPS);
         assert_bits(
@@ -178,8 +209,18 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
             &d(wr.db.as_ref().unwrap()),
             0,
         );
-        assert_close(&format!("{what}: swiglu bwd dgate vs CPU"), &d(&dg), &dc(&rdg), TOL_F32);
-        assert_close(&format!("{what}: swiglu bwd dup vs CPU"), &d(&du), &dc(&rdu), TOL_F32);
+        assert_close(
+            &format!("{what}: swiglu bwd dgate vs CPU"),
+            &d(&dg),
+            &dc(&rdg),
+            TOL_F32,
+        );
+        assert_close(
+            &format!("{what}: swiglu bwd dup vs CPU"),
+            &d(&du),
+            &dc(&rdu),
+            TOL_F32,
+        );
         let _ = (cgate, cupm);
     }
 }
@@ -282,7 +323,12 @@ fn activation_kernels_run_only_where_k_is_split() {
         for act in ["gelu", "swiglu", "gelu_backward", "swiglu_backward"] {
             assert_eq!(ops.contains(&act), k_split, "K {k} N {n}: {act} in {ops:?}");
         }
-        for fused in ["matmul_gelu", "matmul_swiglu", "matmul_backward_gelu", "matmul_backward_swiglu"] {
+        for fused in [
+            "matmul_gelu",
+            "matmul_swiglu",
+            "matmul_backward_gelu",
+            "matmul_backward_swiglu",
+        ] {
             assert!(ops.contains(&fused), "{fused} in {ops:?}");
         }
     }

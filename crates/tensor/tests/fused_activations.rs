@@ -6,9 +6,9 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    ComputePrecision, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Shape, TensorHandle,
-    Transpose, compose_matmul_backward_gelu, compose_matmul_backward_swiglu, compose_matmul_gelu,
-    compose_matmul_swiglu,
+    ComputePrecision, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Shape,
+    TensorHandle, Transpose, compose_matmul_backward_gelu, compose_matmul_backward_swiglu,
+    compose_matmul_gelu, compose_matmul_swiglu,
 };
 
 type T = CpuTensor<f64>;
@@ -58,7 +58,11 @@ fn matmul_backward_gelu_is_the_gradient_through_gelu() {
         let seed = 100 * seed as u64;
         let [sa, sb, sy] = shapes(&lead, m, k, n, t, bb);
         // Pre-activations over [-4, 4]: both tails of the tanh.
-        let (pre, b, bias) = (rand_t(seed, &sa, 4.0), rand_t(seed + 1, &sb, 1.0), rand_t(seed + 2, &[n], 1.0));
+        let (pre, b, bias) = (
+            rand_t(seed, &sa, 4.0),
+            rand_t(seed + 1, &sb, 1.0),
+            rand_t(seed + 2, &[n], 1.0),
+        );
         let cot = rand_t(seed + 3, &sy, 1.0);
         let a = EX.gelu(&pre).unwrap();
         let g = EX
@@ -66,10 +70,15 @@ fn matmul_backward_gelu_is_the_gradient_through_gelu() {
             .unwrap();
         let (dpre, db, dbias) = (g.da.unwrap(), g.db.unwrap(), g.dbias.unwrap());
         let name = format!("gelu {lead:?} {t:?} b batched {bb}");
-        check(&name, &[pre, b, bias], &[dpre.data(), db.data(), dbias.data()], |x| {
-            let a = EX.gelu(&x[0]).unwrap();
-            dot(EX.matmul(&a, &x[1], Some(&x[2]), t).unwrap().data(), cot.data())
-        });
+        check(
+            &name,
+            &[pre, b, bias],
+            &[dpre.data(), db.data(), dbias.data()],
+            |x| {
+                let a = EX.gelu(&x[0]).unwrap();
+                dot(EX.matmul(&a, &x[1], Some(&x[2]), t).unwrap().data(), cot.data())
+            },
+        );
     }
 }
 
@@ -104,7 +113,12 @@ fn host(seed: u64, shape: &[usize]) -> HostTensor {
 }
 
 fn bits<E: Executor>(ex: &E, t: &E::Tensor) -> Vec<u32> {
-    ex.download(t).unwrap().to_f32_vec().iter().map(|x| x.to_bits()).collect()
+    ex.download(t)
+        .unwrap()
+        .to_f32_vec()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
 }
 
 /// Each fused op against its composition on one executor: the same bits.
@@ -114,29 +128,64 @@ fn fused_equals_composition<E: Executor>(ex: &E, what: &str) {
         let what = format!("{what} {lead:?} {t:?} b batched {bb}");
         let [sa, sb, sy] = shapes(&lead, m, k, n, t, bb);
         let up = |h: HostTensor| ex.upload(&h).unwrap();
-        let (a, b, bias) = (up(host(seed, &sa)), up(host(seed + 1, &sb)), up(host(seed + 2, &[n])));
-        let (gate, y2, dout) = (up(host(seed + 3, &sy)), up(host(seed + 4, &sa)), up(host(seed + 5, &sy)));
+        let (a, b, bias) = (
+            up(host(seed, &sa)),
+            up(host(seed + 1, &sb)),
+            up(host(seed + 2, &[n])),
+        );
+        let (gate, y2, dout) = (
+            up(host(seed + 3, &sy)),
+            up(host(seed + 4, &sa)),
+            up(host(seed + 5, &sy)),
+        );
 
         let (f, g) = ex.matmul_gelu(&a, &b, Some(&bias), t).unwrap();
         let (cf, cg) = compose_matmul_gelu(ex, &a, &b, Some(&bias), t).unwrap();
-        assert_eq!((bits(ex, &f), bits(ex, &g)), (bits(ex, &cf), bits(ex, &cg)), "{what}: matmul_gelu");
+        assert_eq!(
+            (bits(ex, &f), bits(ex, &g)),
+            (bits(ex, &cf), bits(ex, &cg)),
+            "{what}: matmul_gelu"
+        );
 
         let (u, s) = ex.matmul_swiglu(&a, &b, Some(&bias), t, &gate).unwrap();
         let (cu, cs) = compose_matmul_swiglu(ex, &a, &b, Some(&bias), t, &gate).unwrap();
-        assert_eq!((bits(ex, &u), bits(ex, &s)), (bits(ex, &cu), bits(ex, &cs)), "{what}: matmul_swiglu");
+        assert_eq!(
+            (bits(ex, &u), bits(ex, &s)),
+            (bits(ex, &cu), bits(ex, &cs)),
+            "{what}: matmul_swiglu"
+        );
 
-        let gr = ex.matmul_backward_gelu(&a, &b, &dout, t, MatmulNeeds::ALL, &y2).unwrap();
+        let gr = ex
+            .matmul_backward_gelu(&a, &b, &dout, t, MatmulNeeds::ALL, &y2)
+            .unwrap();
         let cr = compose_matmul_backward_gelu(ex, &a, &b, &dout, t, MatmulNeeds::ALL, &y2).unwrap();
-        for (x, y, name) in [(&gr.da, &cr.da, "da"), (&gr.db, &cr.db, "db"), (&gr.dbias, &cr.dbias, "dbias")] {
-            assert_eq!(bits(ex, x.as_ref().unwrap()), bits(ex, y.as_ref().unwrap()), "{what}: gelu {name}");
+        for (x, y, name) in [
+            (&gr.da, &cr.da, "da"),
+            (&gr.db, &cr.db, "db"),
+            (&gr.dbias, &cr.dbias, "dbias"),
+        ] {
+            assert_eq!(
+                bits(ex, x.as_ref().unwrap()),
+                bits(ex, y.as_ref().unwrap()),
+                "{what}: gelu {name}"
+            );
         }
 
         let (gr, dg, du) = ex
             .matmul_backward_swiglu(&a, &b, &dout, t, MatmulNeeds::ALL, &y2, &a)
             .unwrap();
-        let (cr, cdg, cdu) = compose_matmul_backward_swiglu(ex, &a, &b, &dout, t, MatmulNeeds::ALL, &y2, &a).unwrap();
-        assert_eq!((bits(ex, &dg), bits(ex, &du)), (bits(ex, &cdg), bits(ex, &cdu)), "{what}: swiglu");
-        assert_eq!(bits(ex, gr.db.as_ref().unwrap()), bits(ex, cr.db.as_ref().unwrap()), "{what}: swiglu db");
+        let (cr, cdg, cdu) =
+            compose_matmul_backward_swiglu(ex, &a, &b, &dout, t, MatmulNeeds::ALL, &y2, &a).unwrap();
+        assert_eq!(
+            (bits(ex, &dg), bits(ex, &du)),
+            (bits(ex, &cdg), bits(ex, &cdu)),
+            "{what}: swiglu"
+        );
+        assert_eq!(
+            bits(ex, gr.db.as_ref().unwrap()),
+            bits(ex, cr.db.as_ref().unwrap()),
+            "{what}: swiglu db"
+        );
     }
 }
 

@@ -196,7 +196,12 @@ impl GpuExecutor {
         let fits = a.byte_len() <= self.max_binding
             && b.byte_len() <= self.max_binding
             && c.byte_len() <= self.max_binding
-            && epi.is_none_or(|e| e.operands().iter().flatten().all(|t| t.byte_len() <= self.max_binding));
+            && epi.is_none_or(|e| {
+                e.operands()
+                    .iter()
+                    .flatten()
+                    .all(|t| t.byte_len() <= self.max_binding)
+            });
         let bias_view = match bias {
             Some(t) => self.full(t)?,
             None => self.dummy(),
@@ -356,6 +361,7 @@ impl GpuExecutor {
     /// SIMT tile and the tensor-core kernels run whole tiles on an interior
     /// pipeline (vector loads, no bounds checks) when the operands allow it,
     /// and the M and N edge strips on the checked one.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch_mm(
         &self,
         op: &mut Op<'_>,
@@ -676,7 +682,13 @@ impl GpuExecutor {
         Ok(MatmulGrads { da, db, dbias })
     }
 
-    pub(super) fn geometry(&self, op: &'static str, a: &GpuTensor, b: &GpuTensor, t: Transpose) -> Result<Geometry> {
+    pub(super) fn geometry(
+        &self,
+        op: &'static str,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        t: Transpose,
+    ) -> Result<Geometry> {
         need_f32(op, a)?;
         let (ad, bd) = (a.dims(), b.dims());
         if ad.len() < 2 || bd.len() < 2 {

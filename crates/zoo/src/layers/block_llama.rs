@@ -195,8 +195,15 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The down projection's input gradient carried on through SwiGLU.
-    let (gd, dgate, dup) =
-        ex.matmul_backward_swiglu(&s.s, &w[l.down.0], dy, Transpose::NT, needs(l.down.1), &s.gate, &s.up)?;
+    let (gd, dgate, dup) = ex.matmul_backward_swiglu(
+        &s.s,
+        &w[l.down.0],
+        dy,
+        Transpose::NT,
+        needs(l.down.1),
+        &s.gate,
+        &s.up,
+    )?;
     put(&mut grads, l.down, gd);
     let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
     let mut gu = ex.matmul_backward(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1))?;
