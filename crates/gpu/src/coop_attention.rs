@@ -180,7 +180,7 @@ impl CoopAttention {
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
         if self.emulated {
-            out.push_str(section("emulation"));
+            out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
         }
         match self.pass {
             AttnPass::Fwd => out.push_str(section("fwd")),
