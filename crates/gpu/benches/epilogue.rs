@@ -51,7 +51,9 @@ fn bench_shape(c: &mut Criterion, g: &GpuExecutor, tag: &str, rows: usize, ch: u
     });
     group.bench_function(format!("swiglu_bwd_fused_{name}"), |b| {
         b.iter(|| {
-            let o = g.matmul_backward_swiglu(&s, &w_down, &dy, nt, DA, &gate, &upm).unwrap();
+            let o = g
+                .matmul_backward_swiglu(&s, &w_down, &dy, nt, DA, &gate, &upm)
+                .unwrap();
             sync();
             o
         })

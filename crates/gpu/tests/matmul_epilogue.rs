@@ -333,3 +333,68 @@ fn activation_kernels_run_only_where_k_is_split() {
         }
     }
 }
+
+/// Operands bound as a grid of sub-blocks with K whole: the epilogue's
+/// operands follow C's blocks and nothing falls back (bindings of 4 KiB;
+/// an NT forward and an NN backward, whose B is split along N, not K).
+#[test]
+fn sub_blocks_fuse_without_a_standalone_activation() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            profile: true,
+            max_binding_bytes: Some(4096),
+            ..Default::default()
+        },
+    );
+    let (m, k, n) = (37, 45, 70);
+    let up = |s, shape: &[usize]| g.upload(&rand_host(s, shape)).unwrap();
+    let (a, w_nt, w_nn, y) = (up(1, &[m, k]), up(2, &[n, k]), up(3, &[k, n]), up(4, &[m, n]));
+    let (pre, gate) = (up(5, &[m, k]), up(6, &[m, n]));
+    g.profile().clear();
+    let (f, act) = g.matmul_gelu(&a, &w_nt, None, Transpose::NT).unwrap();
+    let (u, s) = g.matmul_swiglu(&a, &w_nt, None, Transpose::NT, &gate).unwrap();
+    let gr = g
+        .matmul_backward_gelu(&a, &w_nn, &y, Transpose::NN, MatmulNeeds::ALL, &pre)
+        .unwrap();
+    let (_, dg, du) = g
+        .matmul_backward_swiglu(&a, &w_nn, &y, Transpose::NN, MatmulNeeds::ALL, &pre, &a)
+        .unwrap();
+    g.synchronize().unwrap();
+    let ops: Vec<&str> = g.profile().snapshot().iter().map(|(op, _)| *op).collect();
+    for act in ["gelu", "swiglu", "gelu_backward", "swiglu_backward"] {
+        assert!(!ops.contains(&act), "{act} in {ops:?}");
+    }
+    // And the values: the CPU's composition.
+    let cpu = cpu();
+    let cup = |s, shape: &[usize]| cpu.upload(&rand_host(s, shape)).unwrap();
+    let (ca, cw_nt, cw_nn, cy) = (cup(1, &[m, k]), cup(2, &[n, k]), cup(3, &[k, n]), cup(4, &[m, n]));
+    let (cpre, cgate) = (cup(5, &[m, k]), cup(6, &[m, n]));
+    let (rf, ract) = cpu.matmul_gelu(&ca, &cw_nt, None, Transpose::NT).unwrap();
+    let (ru, rs) = cpu
+        .matmul_swiglu(&ca, &cw_nt, None, Transpose::NT, &cgate)
+        .unwrap();
+    let rr = cpu
+        .matmul_backward_gelu(&ca, &cw_nn, &cy, Transpose::NN, MatmulNeeds::ALL, &cpre)
+        .unwrap();
+    let (_, rdg, rdu) = cpu
+        .matmul_backward_swiglu(&ca, &cw_nn, &cy, Transpose::NN, MatmulNeeds::ALL, &cpre, &ca)
+        .unwrap();
+    for (name, got, want) in [
+        ("f", &f, &rf),
+        ("gelu", &act, &ract),
+        ("up", &u, &ru),
+        ("s", &s, &rs),
+        ("dpre", gr.da.as_ref().unwrap(), rr.da.as_ref().unwrap()),
+        ("dgate", &dg, &rdg),
+        ("dup", &du, &rdu),
+    ] {
+        assert_close(
+            &format!("sub-blocks {name}"),
+            &down(&g, got),
+            &down_cpu(&cpu, want),
+            TOL_F32,
+        );
+    }
+}
