@@ -398,3 +398,31 @@ fn sub_blocks_fuse_without_a_standalone_activation() {
         );
     }
 }
+
+#[test]
+fn bad_activation_operands_are_named() {
+    let Some(g) = gpu() else { return };
+    let up = |s, shape: &[usize]| g.upload(&rand_host(s, shape)).unwrap();
+    let (a, b, dout, wrong) = (up(1, &[3, 4]), up(2, &[4, 5]), up(3, &[3, 5]), up(4, &[4, 3]));
+    let nn = Transpose::NN;
+    let e = g.matmul_swiglu(&a, &b, None, nn, &wrong).unwrap_err().to_string();
+    assert!(e.contains("gate [4, 3]") && e.contains("[3, 5]"), "{e}");
+    let e = g
+        .matmul_backward_gelu(&a, &b, &dout, nn, MatmulNeeds::ALL, &wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pre [4, 3]") && e.contains("a's shape"), "{e}");
+    let e = g
+        .matmul_backward_swiglu(&a, &b, &dout, nn, MatmulNeeds::ALL, &a, &wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("up [4, 3]"), "{e}");
+    let e = g
+        .matmul_backward_gelu(&a, &b, &a, nn, MatmulNeeds::ALL, &a)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dout [3, 4]"), "{e}");
+    let bias = up(5, &[4]);
+    let e = g.matmul_gelu(&a, &b, Some(&bias), nn).unwrap_err().to_string();
+    assert!(e.contains("bias [4]") && e.contains("N = 5"), "{e}");
+}
