@@ -5,13 +5,15 @@
 //! Operands larger than one storage binding are processed as a grid of
 //! sub-blocks, each bound as its own range.
 
+use std::sync::atomic::Ordering;
+
 use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
 
 use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
 use crate::simt::SimtInterior;
-use crate::tensor::GpuTensor;
+use crate::tensor::{GpuTensor, MaxCell};
 
 /// Which kernels run matmuls under the F16 compute precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -413,6 +415,13 @@ impl GpuExecutor {
 
     /// Records max|x| of each operand into a fresh scales buffer (f16
     /// weights get no slot: they are used as stored). `None` under F32.
+    ///
+    /// Each operand's max is found once per value of its contents: a scan's
+    /// word is remembered with the tensor ([`MaxCell`]) and later ops copy
+    /// those 4 bytes into their own scales buffer. The kernels keep one
+    /// binding of one buffer with a slot per operand, so a copy costs
+    /// nothing in them, and the words need no shared home whose slots would
+    /// have to be allocated, freed and grown under cached bind groups.
     pub(crate) fn operand_maxima(
         &self,
         op: &mut Op<'_>,
@@ -424,6 +433,7 @@ impl GpuExecutor {
         let buf = self.alloc(Shape::new([operands.len()]), DType::F32)?;
         op.clear(buf.buffer(), buf.byte_len());
         let mut slots = Vec::with_capacity(operands.len());
+        let mut found = Vec::new();
         for (i, t) in operands.iter().enumerate() {
             let kernel = match t.dtype {
                 DType::F16 => {
@@ -433,6 +443,16 @@ impl GpuExecutor {
                 DType::F32 => Kernel::AbsmaxF32,
                 DType::BF16 => Kernel::AbsmaxBf16,
             };
+            slots.push(i as u32);
+            let at = 4 * i as u64;
+            if self.cache_maxima {
+                if let Some(word) = MaxCell::get(t) {
+                    op.copy(word.buffer(), word.offset, buf.buffer(), at, 4);
+                    continue;
+                }
+                found.push((*t, t.buf.generation(), at));
+            }
+            self.absmax_scans.fetch_add(1, Ordering::Relaxed);
             let out = self.full(&buf)?;
             // One element per 4-byte "row": ranges that fit one binding.
             for (start, count) in self.row_chunks(t.numel(), &[1])? {
@@ -443,9 +463,20 @@ impl GpuExecutor {
                 let params = [u(count), v.elem_off, i as u32, 0];
                 op.dispatch(kernel, &params, &[v, out], grid_for(count.div_ceil(256 * 16)));
             }
-            slots.push(i as u32);
+        }
+        for (t, generation, at) in found {
+            let word = self.alloc(Shape::new([1]), DType::F32)?;
+            op.copy(buf.buffer(), at, word.buffer(), 0, 4);
+            MaxCell::set(t, generation, word);
         }
         Ok(Some((buf, slots)))
+    }
+
+    /// The number of operand max scans (absmax passes over a whole
+    /// tensor) recorded so far: with the maxima remembered, one per value of
+    /// each f32/bf16 operand of an f16 product.
+    pub fn operand_max_scans(&self) -> u64 {
+        self.absmax_scans.load(Ordering::Relaxed)
     }
 
     pub(crate) fn matmul_impl(
@@ -488,7 +519,7 @@ impl GpuExecutor {
         t: Transpose,
         needs: MatmulNeeds,
     ) -> Result<MatmulGrads<GpuTensor>> {
-        self.backward(a, b, dout, t, needs, None)
+        self.backward(a, b, dout, t, needs, None, None)
     }
 
     /// `b`'s gradient added into `db_acc` by the product itself (the
@@ -508,11 +539,52 @@ impl GpuExecutor {
         megatrain_tensor::check_db_acc(&db_acc.shape, db_acc.dtype, &b.shape)?;
         self.make_unique(db_acc)?;
         let needs = MatmulNeeds { db: false, ..needs };
-        self.backward(a, b, dout, t, needs, Some(db_acc))
+        self.backward(a, b, dout, t, needs, None, Some(db_acc))
     }
 
-    /// Both backward entry points; with `db_acc`, `b`'s gradient is
-    /// accumulated there (and `needs.db` is false).
+    /// `a`'s gradient added into `da_acc` by the product's ACCUMULATE store
+    /// (unscale, then `+ C`: the bits of the product then `add_assign`),
+    /// so no activation-sized temporary. Where the product would run in
+    /// more than one pass (K past the loop budget, operands bound as
+    /// several ranges) partial sums would land in `da_acc` one by one and
+    /// round differently: there `da` is computed on its own and added.
+    pub(crate) fn matmul_backward_da_into_impl(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        da_acc: &mut GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        megatrain_tensor::check_da_acc(&da_acc.shape, da_acc.dtype, &a.shape)?;
+        let g = self.geometry("matmul_backward", a, b, t)?;
+        if !self.in_one_pass(dout, b, da_acc, &g.da()) {
+            let mut r = self.backward(a, b, dout, t, MatmulNeeds { da: true, ..needs }, None, None)?;
+            let da = r.da.take().expect("da was requested");
+            self.add_assign_impl(da_acc, &da)?;
+            return Ok(r);
+        }
+        self.make_unique(da_acc)?;
+        let needs = MatmulNeeds { da: false, ..needs };
+        self.backward(a, b, dout, t, needs, Some(da_acc), None)
+    }
+
+    /// Whether `matmul_raw` runs product `d` in one pass over K (its
+    /// condition for the unchunked path, which it mirrors).
+    fn in_one_pass(&self, a: &GpuTensor, b: &GpuTensor, c: &GpuTensor, d: &Mm) -> bool {
+        let k_cap = (self.loop_budget / 10).max(TILE);
+        let sum_batch = d.batch > 1 && d.c_bstride == 0;
+        a.byte_len() <= self.max_binding
+            && b.byte_len() <= self.max_binding
+            && c.byte_len() <= self.max_binding
+            && !sum_batch
+            && d.k <= k_cap
+    }
+
+    /// Every backward entry point; with `da_acc` (`db_acc`), `a`'s (`b`'s)
+    /// gradient is accumulated there (and `needs.da` (`needs.db`) is false).
+    #[allow(clippy::too_many_arguments)]
     fn backward(
         &self,
         a: &GpuTensor,
@@ -520,6 +592,7 @@ impl GpuExecutor {
         dout: &GpuTensor,
         t: Transpose,
         needs: MatmulNeeds,
+        da_acc: Option<&GpuTensor>,
         db_acc: Option<&GpuTensor>,
     ) -> Result<MatmulGrads<GpuTensor>> {
         let g = self.geometry("matmul_backward", a, b, t)?;
@@ -543,28 +616,19 @@ impl GpuExecutor {
                 b: s[y],
             })
         };
-        let da = if needs.da {
-            // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
-            let da = self.alloc_f32(a.shape.clone())?;
-            let flat = g.b_shared && !t.a;
-            let d = Mm {
-                m: if flat { nb * m } else { m },
-                n: k,
-                k: n,
-                batch: if flat { 1 } else { nb },
-                ta: false,
-                tb: !t.b,
-                tc: t.a,
-                a_bstride: m * n,
-                b_bstride: if g.b_shared { 0 } else { k * n },
-                c_bstride: m * k,
-                accumulate: false,
-            };
-            self.matmul_raw(&mut op, dout, b, None, &da, d, scales(2, 1))?;
-            Some(da)
-        } else {
-            None
+        let fresh_da = match (needs.da, da_acc) {
+            (true, None) => Some(self.alloc_f32(a.shape.clone())?),
+            _ => None,
         };
+        if let Some(da) = da_acc.or(fresh_da.as_ref()) {
+            // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
+            let d = Mm {
+                accumulate: da_acc.is_some(),
+                ..g.da()
+            };
+            self.matmul_raw(&mut op, dout, b, None, da, d, scales(2, 1))?;
+        }
+        let da = fresh_da;
         let fresh = match (needs.db, db_acc) {
             (true, None) => Some(self.alloc(b.shape.clone(), DType::F32)?),
             _ => None,
@@ -677,6 +741,25 @@ struct Geometry {
 }
 
 impl Geometry {
+    /// op(a)' = dout @ op(b)ᵀ, [M, K], stored transposed when a is.
+    fn da(&self) -> Mm {
+        let (m, n, k, nb) = (self.m, self.n, self.k, self.batch);
+        let flat = self.b_shared && !self.t.a;
+        Mm {
+            m: if flat { nb * m } else { m },
+            n: k,
+            k: n,
+            batch: if flat { 1 } else { nb },
+            ta: false,
+            tb: !self.t.b,
+            tc: self.t.a,
+            a_bstride: m * n,
+            b_bstride: if self.b_shared { 0 } else { k * n },
+            c_bstride: m * k,
+            accumulate: false,
+        }
+    }
+
     fn forward(&self) -> Mm {
         // A shared weight with row-major activations: one big [batch·M, K] product.
         let flat = self.b_shared && !self.t.a;
