@@ -194,6 +194,9 @@ mod tests {
             ("add_rmsnorm_backward", 2 * l),
             // The MLP's residual add.
             ("add", 2 * l),
+            // None: k's and v's input gradients are added into q's, and
+            // up's into gate's, by the products' accumulating store.
+            ("add_assign", 0),
             ("cross_entropy", 1),
             ("embedding", 1),
             ("embedding_backward", 1),
