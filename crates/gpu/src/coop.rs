@@ -246,7 +246,7 @@ impl CoopMatmul {
         out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
         if self.emulated {
-            out.push_str(section("emulation"));
+            out.push_str(&emulation("a_s", "b_s", "c_s"));
         }
         if self.b_f16 {
             out.push_str(section(match (self.edge, self.emulated) {
@@ -358,6 +358,16 @@ impl CoopMatmul {
         out.push_str(&main);
         out
     }
+}
+
+/// The software cooperative-matrix operations (matmul_coop.wgsl's
+/// `emulation` section) over the named workgroup arrays: the staged
+/// operands and the fragment on its way out.
+pub(crate) fn emulation(a: &str, b: &str, out: &str) -> String {
+    section("emulation")
+        .replace("EMU_A", a)
+        .replace("EMU_B", b)
+        .replace("EMU_OUT", out)
 }
 
 /// The text of `//// name` up to the next section of matmul_coop.wgsl.

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
+use megatrain::run::TransportKnobs;
 use megatrain_gpu::TransportChoice;
 use record::Record;
 use spec::Spec;
@@ -117,18 +118,9 @@ pub struct Args {
     /// (default the trainer's, 32M): larger layers come down in chunks.
     #[arg(long, value_parser = parse_bytes)]
     transfer_chunk: Option<u64>,
-    /// GPU staging ring entries (default 4), as `megatrain train`.
-    #[arg(long)]
-    staging_depth: Option<usize>,
-    /// Largest piece of a layer one staging entry carries, MiB (default 32).
-    #[arg(long)]
-    staging_chunk_mib: Option<u64>,
-    /// Threads copying into and out of mapped memory (default: cores ≤ 16).
-    #[arg(long)]
-    copy_threads: Option<usize>,
-    /// Most ops in one GPU queue submission (default 256; 1: op by op).
-    #[arg(long)]
-    batch_ops: Option<usize>,
+    /// The GPU transport knobs, as `megatrain train` takes them.
+    #[command(flatten)]
+    knobs: TransportKnobs,
     /// After the timed steps, one more with the GPU's per-op profiling on
     /// (timestamp queries): a table of op, calls, time and share beside
     /// the step's wall time, also in --json.
@@ -214,10 +206,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         spill_dir: None,
         spill_window: a.spill_window,
         transfer_chunk: a.transfer_chunk,
-        staging_depth: a.staging_depth,
-        staging_chunk_mib: a.staging_chunk_mib,
-        copy_threads: a.copy_threads,
-        batch_ops: a.batch_ops,
+        knobs: a.knobs,
         profile: a.profile,
     }
 }
@@ -392,9 +381,9 @@ fn check_knobs(specs: &[Spec]) -> anyhow::Result<()> {
     if let Some(b) = s.transfer_chunk {
         megatrain::run::transfer_chunk_elems(b)?;
     }
-    s.knobs().validate()?;
+    s.knobs.validate()?;
     if specs.iter().all(|s| s.device == "cpu") {
-        s.knobs().refuse_on_cpu()?;
+        s.knobs.refuse_on_cpu()?;
     }
     Ok(())
 }
@@ -590,7 +579,7 @@ mod tests {
         let s = specs(&parse(
             &[&flags[..], &["--copy-threads", "3", "--profile"]].concat(),
         ));
-        let o = s[0].knobs().gpu_options(TransportChoice::Auto);
+        let o = s[0].knobs.gpu_options(TransportChoice::Auto);
         assert_eq!(
             (o.staging_depth, o.staging_chunk_bytes, o.copy_threads),
             (Some(8), Some(16 << 20), Some(3))

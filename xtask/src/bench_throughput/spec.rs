@@ -48,15 +48,9 @@ pub struct Spec {
     /// Gradient bytes moved at once (default the trainer's).
     #[serde(default)]
     pub transfer_chunk: Option<u64>,
-    /// The GPU transport's knobs (default the executor's).
-    #[serde(default)]
-    pub staging_depth: Option<usize>,
-    #[serde(default)]
-    pub staging_chunk_mib: Option<u64>,
-    #[serde(default)]
-    pub copy_threads: Option<usize>,
-    #[serde(default)]
-    pub batch_ops: Option<usize>,
+    /// The GPU transport's knobs (default the executor's), flattened.
+    #[serde(flatten)]
+    pub knobs: TransportKnobs,
     /// One more step after the timed ones with per-op profiling on.
     #[serde(default)]
     pub profile: bool,
@@ -67,15 +61,6 @@ fn auto() -> String {
 }
 
 impl Spec {
-    pub fn knobs(&self) -> TransportKnobs {
-        TransportKnobs {
-            staging_depth: self.staging_depth,
-            staging_chunk_mib: self.staging_chunk_mib,
-            copy_threads: self.copy_threads,
-            batch_ops: self.batch_ops,
-        }
-    }
-
     /// The GPU transport this spec asks for.
     pub fn transport(&self) -> anyhow::Result<TransportChoice> {
         self.transport
@@ -159,10 +144,7 @@ pub(crate) fn test_spec() -> Spec {
         spill_dir: None,
         spill_window: None,
         transfer_chunk: None,
-        staging_depth: None,
-        staging_chunk_mib: None,
-        copy_threads: None,
-        batch_ops: None,
+        knobs: TransportKnobs::default(),
         profile: false,
     }
 }

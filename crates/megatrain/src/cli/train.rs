@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::Args;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, latest_checkpoint, prepare,
-    read_train_state, train_with,
+    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, TransportKnobs, latest_checkpoint,
+    prepare, read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
 
@@ -93,21 +93,8 @@ pub struct TrainArgs {
     /// (default 32M); larger layers come down in chunks. Changes no result.
     #[arg(long, value_parser = super::parse_bytes)]
     transfer_chunk: Option<u64>,
-    /// GPU only: entries in the staging transport's ring (default 4, 1..=64).
-    #[arg(long)]
-    staging_depth: Option<usize>,
-    /// GPU only: largest piece of a layer one staging entry carries, MiB
-    /// (default 32, 1..=4096).
-    #[arg(long)]
-    staging_chunk_mib: Option<u64>,
-    /// GPU only: threads copying into and out of mapped memory (default:
-    /// the cores, at most 16).
-    #[arg(long)]
-    copy_threads: Option<usize>,
-    /// GPU only: most ops recorded into one queue submission (default 256,
-    /// 1..=65536; 1 submits op by op).
-    #[arg(long)]
-    batch_ops: Option<usize>,
+    #[command(flatten)]
+    knobs: TransportKnobs,
     #[arg(long)]
     seed: Option<u64>,
     /// random | sequential.
@@ -181,10 +168,6 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         host_budget,
         spill_window,
         transfer_chunk,
-        staging_depth,
-        staging_chunk_mib,
-        copy_threads,
-        batch_ops,
         chunk_rows
     );
     overlay!(
@@ -217,6 +200,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         out,
         shard_optimizer,
     );
+    o.knobs = o.knobs.overridden_by(a.knobs);
     if let Some(run) = &a.resume {
         o.out = run.clone();
     }
@@ -301,7 +285,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             eprintln!("resuming from {} (step {})", ckpt.display(), s.step);
         }
     }
-    let exec = device::open(o.device, o.transport, o.transport_knobs(), a.quiet)?;
+    let exec = device::open(o.device, o.transport, o.knobs, a.quiet)?;
     let mut progress = CliProgress::new(o.steps, o.log_every, a.quiet);
     let dist = comm.map(|comm| DistConfig {
         comm,

@@ -22,17 +22,28 @@ pub const MAX_BATCH_OPS: usize = 65536;
 /// host and in the executor's readback buffers.
 pub const MAX_TRANSFER_CHUNK: u64 = 16 << 30;
 
-/// The GPU transport's knobs (`None`: the executor's default).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The GPU transport's knobs (`None`: the executor's default): one set of
+/// flags, flattened into `megatrain train` and `cargo xtask
+/// bench-throughput`, and one set of keys in a run's options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
 pub struct TransportKnobs {
-    /// Entries in the staging ring (default 4).
+    /// GPU only: entries in the staging transport's ring (default 4, 1..=64).
+    #[arg(long)]
+    #[serde(default)]
     pub staging_depth: Option<usize>,
-    /// Largest piece of a layer one staging entry carries, MiB (default 32).
+    /// GPU only: largest piece of a layer one staging entry carries, MiB
+    /// (default 32, 1..=4096).
+    #[arg(long)]
+    #[serde(default)]
     pub staging_chunk_mib: Option<u64>,
-    /// Threads copying into and out of mapped memory (default: cores, ≤ 16).
+    /// GPU only: threads copying into and out of mapped memory (default:
+    /// the cores, at most 16).
+    #[arg(long)]
+    #[serde(default)]
     pub copy_threads: Option<usize>,
-    /// Most ops recorded into one queue submission (default 256; 1 submits
-    /// op by op).
+    /// GPU only: most ops recorded into one queue submission (default 256,
+    /// 1..=65536; 1 submits op by op).
+    #[arg(long)]
     #[serde(default)]
     pub batch_ops: Option<usize>,
 }
@@ -55,6 +66,21 @@ fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
 }
 
 impl TransportKnobs {
+    /// These knobs with every one set in `over` taken from it (flags over
+    /// a config file over a resumed run's options).
+    pub fn overridden_by(self, over: TransportKnobs) -> TransportKnobs {
+        TransportKnobs {
+            staging_depth: over.staging_depth.or(self.staging_depth),
+            staging_chunk_mib: over.staging_chunk_mib.or(self.staging_chunk_mib),
+            copy_threads: over.copy_threads.or(self.copy_threads),
+            batch_ops: over.batch_ops.or(self.batch_ops),
+        }
+    }
+
+    /// The option keys of the knobs (device options: changing one on
+    /// resume changes no result).
+    pub const KEYS: [&'static str; 4] = ["staging_depth", "staging_chunk_mib", "copy_threads", "batch_ops"];
+
     pub fn is_set(&self) -> bool {
         *self != TransportKnobs::default()
     }
@@ -218,5 +244,44 @@ mod tests {
         assert_eq!(o.copy_threads, Some(3));
         assert_eq!(o.batch_ops, Some(5));
         assert_eq!(o.transport, TransportChoice::Staging);
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_the_run() {
+        let run = TransportKnobs {
+            staging_depth: Some(2),
+            copy_threads: Some(5),
+            ..TransportKnobs::default()
+        };
+        let flags = TransportKnobs {
+            copy_threads: Some(7),
+            batch_ops: Some(1),
+            ..TransportKnobs::default()
+        };
+        let k = run.overridden_by(flags);
+        assert_eq!(
+            (k.staging_depth, k.staging_chunk_mib, k.copy_threads, k.batch_ops),
+            (Some(2), None, Some(7), Some(1))
+        );
+    }
+
+    #[test]
+    fn the_knobs_are_top_level_keys_of_a_runs_options() {
+        use crate::run::TrainOptions;
+        let dir = std::env::temp_dir();
+        let o = TrainOptions::default()
+            .overlay_toml("staging-depth = 3\nbatch-ops = 9\n", &dir.join("knobs.toml"))
+            .unwrap();
+        assert_eq!((o.knobs.staging_depth, o.knobs.batch_ops), (Some(3), Some(9)));
+        let json = serde_json::to_value(&o).unwrap();
+        for key in TransportKnobs::KEYS {
+            assert!(json.get(key).is_some(), "{key} not top level in {json}");
+        }
+        // Options saved before `batch_ops` existed still load.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("batch_ops");
+        let back: TrainOptions = serde_json::from_value(old).unwrap();
+        assert_eq!(back.knobs.batch_ops, None);
+        assert_eq!(back.knobs.staging_depth, Some(3));
     }
 }

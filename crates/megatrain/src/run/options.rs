@@ -194,15 +194,10 @@ pub struct TrainOptions {
     /// Most gradient bytes (f32) moved and staged at once (`None`: the
     /// trainer's 32 MiB). A device option, like the three below.
     pub transfer_chunk: Option<u64>,
-    /// GPU staging ring entries (`None`: the executor's default).
-    pub staging_depth: Option<usize>,
-    /// Largest piece of a layer one staging entry carries, MiB.
-    pub staging_chunk_mib: Option<u64>,
-    /// Threads copying into and out of mapped memory.
-    pub copy_threads: Option<usize>,
-    /// Most ops in one GPU queue submission.
-    #[serde(default)]
-    pub batch_ops: Option<usize>,
+    /// The GPU transport's knobs, flattened: their keys sit beside the
+    /// others in a config file and a run's saved options.
+    #[serde(flatten)]
+    pub knobs: TransportKnobs,
     /// Data parallel ranks (processes) the run trains with: set from the
     /// launcher's world size, not a flag. `batch` is per rank, so the
     /// global batch is `ranks · batch`.
@@ -253,10 +248,7 @@ impl Default for TrainOptions {
             host_budget: None,
             spill_window: None,
             transfer_chunk: None,
-            staging_depth: None,
-            staging_chunk_mib: None,
-            copy_threads: None,
-            batch_ops: None,
+            knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
         }
@@ -327,16 +319,6 @@ impl TrainOptions {
         }
     }
 
-    /// The GPU transport knobs.
-    pub fn transport_knobs(&self) -> TransportKnobs {
-        TransportKnobs {
-            staging_depth: self.staging_depth,
-            staging_chunk_mib: self.staging_chunk_mib,
-            copy_threads: self.copy_threads,
-            batch_ops: self.batch_ops,
-        }
-    }
-
     /// The batch of all ranks together.
     pub fn global_batch(&self) -> usize {
         self.ranks * self.batch
@@ -402,7 +384,7 @@ impl TrainOptions {
         if let Some(b) = self.transfer_chunk {
             transfer_chunk_elems(b)?;
         }
-        let knobs = self.transport_knobs();
+        let knobs = self.knobs;
         knobs.validate()?;
         if self.device == DeviceChoice::Cpu {
             knobs.refuse_on_cpu()?;

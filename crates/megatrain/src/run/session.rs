@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::checkpoint::{TrainState, latest_checkpoint, read_train_state, save_run_checkpoint};
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
+use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
@@ -115,20 +116,18 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             // A device option (like `transport`) changes no result, nor
             // does another number of ranks with the same global batch.
             .filter(|w| {
+                let key = w.split(':').next().unwrap_or_default();
                 ![
-                    "steps:",
-                    "out:",
-                    "transport:",
-                    "ranks:",
-                    "spill_window:",
-                    "transfer_chunk:",
-                    "staging_depth:",
-                    "staging_chunk_mib:",
-                    "copy_threads:",
-                    "batch_ops:",
+                    "steps",
+                    "out",
+                    "transport",
+                    "ranks",
+                    "spill_window",
+                    "transfer_chunk",
                 ]
                 .iter()
-                .any(|k| w.starts_with(k))
+                .chain(&TransportKnobs::KEYS)
+                .any(|k| *k == key)
             })
             .filter(|w| !w.starts_with("batch:") || state.options.global_batch() != opts.global_batch())
             .collect();
