@@ -60,7 +60,8 @@ b() {
 case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
-        download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit epilogue
+        download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit \
+        epilogue matmul_da_into operand_maxima gpu_f16_maxima
     exit 0
     ;;
 checks)
@@ -78,6 +79,9 @@ checks)
     t batching
     t matmul_into
     t matmul_epilogue
+    t matmul_da_into
+    t operand_maxima
+    t gpu_f16_maxima --nocapture
     t transport_bytes
     t download_range
     t gpu_parity --nocapture

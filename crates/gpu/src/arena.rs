@@ -3,6 +3,7 @@
 //! first. Accounting is in bytes of real device allocations.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -58,9 +59,25 @@ pub struct PooledBuffer {
     class: u64,
     arena: Arc<Arena>,
     pooled: bool,
+    /// Bumped by every write into the buffer after its first use
+    /// ([`PooledBuffer::note_write`]): what the maxima remembered with its
+    /// tensors are checked against (`crate::tensor::MaxCell`).
+    generation: AtomicU64,
 }
 
 impl PooledBuffer {
+    /// The number of in-place writes noted so far.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Notes that the buffer's contents are about to change (an in-place op,
+    /// a weight reload): every max remembered for any tensor over it is
+    /// stale from now on.
+    pub fn note_write(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     pub fn buffer(&self) -> &wgpu::Buffer {
         self.buffer.as_ref().expect("buffer present until drop")
     }
@@ -124,6 +141,7 @@ impl Arena {
             class,
             arena: self.clone(),
             pooled: true,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -141,6 +159,7 @@ impl Arena {
             class,
             arena: self.clone(),
             pooled: false,
+            generation: AtomicU64::new(0),
         }
     }
 

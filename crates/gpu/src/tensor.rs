@@ -1,6 +1,6 @@
 //! Device tensors: a shape, a storage dtype and a shared pooled buffer.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use megatrain_tensor::{DType, Shape, TensorHandle};
 
@@ -11,12 +11,47 @@ use crate::arena::PooledBuffer;
 /// reshapes share the buffer; in-place ops copy first when it is shared.
 /// `offset` (bytes, a multiple of the storage offset alignment) is non-zero
 /// for the tensors of a weight slot, which share one buffer per layer.
+/// `max` remembers max|x| for the f16 matmuls; clones and reshapes share it
+/// along with the contents.
 #[derive(Clone)]
 pub struct GpuTensor {
     pub(crate) buf: Arc<PooledBuffer>,
     pub(crate) offset: u64,
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
+    pub(crate) max: Arc<MaxCell>,
+}
+
+/// max|x| of a tensor's contents as the absmax kernel found it (one f32
+/// word on the device), with the buffer generation it was found at.
+///
+/// A tensor is scanned once per value instead of once per product that
+/// reads it. A stale max would scale an operand by the wrong power of two
+/// without any error, so validity is not left to the writers' care: every
+/// write into an existing buffer notes it on the buffer
+/// ([`PooledBuffer::note_write`]: `GpuExecutor::make_unique`, the one
+/// gate of the in-place ops, and the weight reloads), and a max found at
+/// an older generation is never handed out ([`MaxCell::get`]). A write into
+/// a weight slot's buffer invalidates every tensor over it, not only the
+/// one written — conservative, and correct.
+#[derive(Default)]
+pub(crate) struct MaxCell(Mutex<Option<(u64, GpuTensor)>>);
+
+impl MaxCell {
+    /// The remembered max word of `t`'s contents, if it is current.
+    pub(crate) fn get(t: &GpuTensor) -> Option<GpuTensor> {
+        let g = t.buf.generation();
+        match &*t.max.0.lock().expect("max cell poisoned") {
+            Some((at, word)) if *at == g => Some(word.clone()),
+            _ => None,
+        }
+    }
+
+    /// Remembers `word` as `t`'s max, found at `generation` (read before the
+    /// scan was recorded).
+    pub(crate) fn set(t: &GpuTensor, generation: u64, word: GpuTensor) {
+        *t.max.0.lock().expect("max cell poisoned") = Some((generation, word));
+    }
 }
 
 impl std::fmt::Debug for GpuTensor {

@@ -87,6 +87,26 @@ pub fn check_db_acc(acc_shape: &Shape, acc_dtype: DType, b_shape: &Shape) -> Res
     Ok(())
 }
 
+/// What [`Executor::matmul_backward_da_into`] needs of its accumulator:
+/// f32, of `a`'s shape (every executor checks it with this).
+pub fn check_da_acc(acc_shape: &Shape, acc_dtype: DType, a_shape: &Shape) -> Result<()> {
+    const OP: &str = "matmul_backward_da_into";
+    if acc_dtype != DType::F32 {
+        return Err(Error::DType {
+            op: OP,
+            expected: DType::F32,
+            got: acc_dtype,
+        });
+    }
+    if acc_shape != a_shape {
+        return Err(Error::shape(
+            OP,
+            format!("da_acc {acc_shape} must have a's shape {a_shape}"),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct MatmulGrads<T> {
     pub da: Option<T>,
@@ -410,6 +430,29 @@ pub trait Executor {
         let mut g = self.matmul_backward(a, b, dout, t, MatmulNeeds { db: true, ..needs })?;
         let db = g.db.take().expect("db was requested");
         self.add_assign(db_acc, &db)?;
+        Ok(g)
+    }
+
+    /// [`matmul_backward`](Self::matmul_backward) with `a`'s gradient added
+    /// into `da_acc` (f32, `a`'s shape) instead of returned: element by
+    /// element `da_acc + da`, so the bits equal `matmul_backward` then
+    /// [`add_assign`](Self::add_assign). `needs.da` is ignored and the
+    /// returned `da` is `None`. For an input read by several products (a
+    /// block's normed input, read by q, k and v) whose gradients are summed;
+    /// this default composes the two ops and holds one temporary.
+    fn matmul_backward_da_into(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        da_acc: &mut Self::Tensor,
+    ) -> Result<MatmulGrads<Self::Tensor>> {
+        crate::check_da_acc(da_acc.shape(), da_acc.dtype(), a.shape())?;
+        let mut g = self.matmul_backward(a, b, dout, t, MatmulNeeds { da: true, ..needs })?;
+        let da = g.da.take().expect("da was requested");
+        self.add_assign(da_acc, &da)?;
         Ok(g)
     }
 

@@ -179,10 +179,11 @@ mod tests {
             ("matmul", 2 * 6 * l + 1),
             // up with SwiGLU applied at its store.
             ("matmul_swiglu", 2 * l),
-            // Down's input gradient through SwiGLU's backward at its store;
-            // its weight gradient is a matmul_backward like the others'.
+            // Down's backward, its input gradient through SwiGLU's backward
+            // at the store.
             ("matmul_backward_swiglu", l),
-            ("matmul_backward", 7 * l + 1),
+            // q, k, v, o, gate, up per block; the head.
+            ("matmul_backward", 6 * l + 1),
             ("attention", 2 * l),
             ("attention_backward", l),
             // q and k.
@@ -200,6 +201,9 @@ mod tests {
             ("add_rmsnorm_backward", 2 * l),
             // The MLP's residual add.
             ("add", 2 * l),
+            // None: k's and v's input gradients are added into q's, and
+            // up's into gate's, by the products' accumulating store.
+            ("add_assign", 0),
             ("cross_entropy", 1),
             ("embedding", 1),
             ("embedding_backward", 1),

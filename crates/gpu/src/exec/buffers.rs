@@ -36,6 +36,7 @@ impl GpuExecutor {
             offset: 0,
             shape,
             dtype,
+            max: Default::default(),
         })
     }
 
@@ -160,7 +161,9 @@ impl GpuExecutor {
     }
 
     /// A private copy of `t` when its buffer is shared, so that an in-place op
-    /// does not show through other handles.
+    /// does not show through other handles. The gate of every in-place op:
+    /// it also notes the coming write on the buffer, so that a max
+    /// remembered for the old contents is never used again.
     pub(crate) fn make_unique(&self, t: &mut GpuTensor) -> Result<()> {
         if Arc::strong_count(&t.buf) > 1 {
             let fresh = self.alloc(t.shape.clone(), t.dtype)?;
@@ -169,6 +172,7 @@ impl GpuExecutor {
             op.finish()?;
             *t = fresh;
         }
+        t.buf.note_write();
         Ok(())
     }
 }

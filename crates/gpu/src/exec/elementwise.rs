@@ -210,6 +210,7 @@ impl GpuExecutor {
             offset: t.offset,
             shape: shape.clone(),
             dtype: t.dtype,
+            max: t.max.clone(),
         })
     }
 

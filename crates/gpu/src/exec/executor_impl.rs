@@ -229,6 +229,18 @@ impl Executor for GpuExecutor {
         self.matmul_backward_swiglu_impl(a, b, dout, t, needs, gate, up)
     }
 
+    fn matmul_backward_da_into(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        da_acc: &mut GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        self.matmul_backward_da_into_impl(a, b, dout, t, needs, da_acc)
+    }
+
     fn rmsnorm(&self, x: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
         Ok(self.norm_fwd(x, None, w, None, eps)?.1)
     }

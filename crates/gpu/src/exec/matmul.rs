@@ -5,6 +5,8 @@
 //! Operands larger than one storage binding are processed as a grid of
 //! sub-blocks, each bound as its own range.
 
+use std::sync::atomic::Ordering;
+
 use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
 
 use super::matmul_epilogue::{EPI_SHIFT, Epilogue};
@@ -12,7 +14,7 @@ use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
 use crate::simt::SimtInterior;
-use crate::tensor::GpuTensor;
+use crate::tensor::{GpuTensor, MaxCell};
 
 /// Which kernels run matmuls under the F16 compute precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,6 +71,16 @@ enum Path {
 
 /// Multiple that chunk sizes are rounded to (the larger tile).
 const TILE: usize = 128;
+
+/// Where a backward puts `a`'s gradient.
+pub(super) enum DaOut<'a> {
+    /// A fresh tensor, when `needs.da`.
+    Fresh,
+    /// Added into this accumulator (the ACCUMULATE store).
+    Acc(&'a GpuTensor),
+    /// Into this C through an activation's epilogue (where it applies).
+    Epi(&'a GpuTensor, Epilogue<'a>),
+}
 
 /// One (possibly batched) product C = op(A) @ op(B), all sizes in elements.
 #[derive(Debug, Clone, Copy)]
@@ -189,19 +201,7 @@ impl GpuExecutor {
             return Ok(false);
         }
         let epi_bits = epi.map_or(0, |e| e.kind() << EPI_SHIFT);
-        // Counting the inner loops in case the driver does not unroll them,
-        // an invocation runs up to ~9 loop iterations per unit of K; past the
-        // loop budget K is split over dispatches (accumulating into C).
-        let k_cap = (self.loop_budget / 10).max(TILE);
-        let fits = a.byte_len() <= self.max_binding
-            && b.byte_len() <= self.max_binding
-            && c.byte_len() <= self.max_binding
-            && epi.is_none_or(|e| {
-                e.operands()
-                    .iter()
-                    .flatten()
-                    .all(|t| t.byte_len() <= self.max_binding)
-            });
+        let k_cap = self.k_cap();
         let bias_view = match bias {
             Some(t) => self.full(t)?,
             None => self.dummy(),
@@ -214,7 +214,7 @@ impl GpuExecutor {
                 | (d.tc as u32) << 4
                 | epi_bits
         };
-        if fits && !sum_batch && d.k <= k_cap {
+        if self.in_one_pass(a, b, c, &d, epi) {
             let (av, bv, cv) = (self.full(a)?, self.full(b)?, self.full(c)?);
             let params = [
                 u(d.m),
@@ -472,6 +472,13 @@ impl GpuExecutor {
 
     /// Records max|x| of each operand into a fresh scales buffer (f16
     /// weights get no slot: they are used as stored). `None` under F32.
+    ///
+    /// Each operand's max is found once per value of its contents: a scan's
+    /// word is remembered with the tensor ([`MaxCell`]) and later ops copy
+    /// those 4 bytes into their own scales buffer. The kernels keep one
+    /// binding of one buffer with a slot per operand, so a copy costs
+    /// nothing in them, and the words need no shared home whose slots would
+    /// have to be allocated, freed and grown under cached bind groups.
     pub(crate) fn operand_maxima(
         &self,
         op: &mut Op<'_>,
@@ -483,6 +490,7 @@ impl GpuExecutor {
         let buf = self.alloc(Shape::new([operands.len()]), DType::F32)?;
         op.clear(buf.buffer(), buf.byte_len());
         let mut slots = Vec::with_capacity(operands.len());
+        let mut found = Vec::new();
         for (i, t) in operands.iter().enumerate() {
             let kernel = match t.dtype {
                 DType::F16 => {
@@ -492,6 +500,16 @@ impl GpuExecutor {
                 DType::F32 => Kernel::AbsmaxF32,
                 DType::BF16 => Kernel::AbsmaxBf16,
             };
+            slots.push(i as u32);
+            let at = 4 * i as u64;
+            if self.cache_maxima {
+                if let Some(word) = MaxCell::get(t) {
+                    op.copy(word.buffer(), word.offset, buf.buffer(), at, 4);
+                    continue;
+                }
+                found.push((*t, t.buf.generation(), at));
+            }
+            self.absmax_scans.fetch_add(1, Ordering::Relaxed);
             let out = self.full(&buf)?;
             // One element per 4-byte "row": ranges that fit one binding.
             for (start, count) in self.row_chunks(t.numel(), &[1])? {
@@ -502,9 +520,20 @@ impl GpuExecutor {
                 let params = [u(count), v.elem_off, i as u32, 0];
                 op.dispatch(kernel, &params, &[v, out], grid_for(count.div_ceil(256 * 16)));
             }
-            slots.push(i as u32);
+        }
+        for (t, generation, at) in found {
+            let word = self.alloc(Shape::new([1]), DType::F32)?;
+            op.copy(buf.buffer(), at, word.buffer(), 0, 4);
+            MaxCell::set(t, generation, word);
         }
         Ok(Some((buf, slots)))
+    }
+
+    /// The number of operand max scans (absmax passes over a whole
+    /// tensor) recorded so far: with the maxima remembered, one per value of
+    /// each f32/bf16 operand of an f16 product.
+    pub fn operand_max_scans(&self) -> u64 {
+        self.absmax_scans.load(Ordering::Relaxed)
     }
 
     pub(crate) fn matmul_impl(
@@ -547,7 +576,8 @@ impl GpuExecutor {
         t: Transpose,
         needs: MatmulNeeds,
     ) -> Result<MatmulGrads<GpuTensor>> {
-        self.backward(a, b, dout, t, needs, None)
+        let (g, _) = self.backward("matmul_backward", a, b, dout, t, needs, DaOut::Fresh, None)?;
+        Ok(g)
     }
 
     /// `b`'s gradient added into `db_acc` by the product itself (the
@@ -567,32 +597,107 @@ impl GpuExecutor {
         megatrain_tensor::check_db_acc(&db_acc.shape, db_acc.dtype, &b.shape)?;
         self.make_unique(db_acc)?;
         let needs = MatmulNeeds { db: false, ..needs };
-        self.backward(a, b, dout, t, needs, Some(db_acc))
+        let (g, _) = self.backward(
+            "matmul_backward",
+            a,
+            b,
+            dout,
+            t,
+            needs,
+            DaOut::Fresh,
+            Some(db_acc),
+        )?;
+        Ok(g)
     }
 
-    /// Both backward entry points; with `db_acc`, `b`'s gradient is
-    /// accumulated there (and `needs.db` is false).
-    fn backward(
+    /// `a`'s gradient added into `da_acc` by the product's ACCUMULATE store
+    /// (unscale, then `+ C`: the bits of the product then `add_assign`),
+    /// so no activation-sized temporary. Where the product would run in
+    /// more than one pass (K past the loop budget, operands bound as
+    /// several ranges) partial sums would land in `da_acc` one by one and
+    /// round differently: there `da` is computed on its own and added.
+    pub(crate) fn matmul_backward_da_into_impl(
         &self,
         a: &GpuTensor,
         b: &GpuTensor,
         dout: &GpuTensor,
         t: Transpose,
         needs: MatmulNeeds,
-        db_acc: Option<&GpuTensor>,
+        da_acc: &mut GpuTensor,
     ) -> Result<MatmulGrads<GpuTensor>> {
+        megatrain_tensor::check_da_acc(&da_acc.shape, da_acc.dtype, &a.shape)?;
         let g = self.geometry("matmul_backward", a, b, t)?;
-        need_f32("matmul_backward dout", dout)?;
+        if !self.in_one_pass(dout, b, da_acc, &g.da(), None) {
+            let needs = MatmulNeeds { da: true, ..needs };
+            let (mut r, _) = self.backward("matmul_backward", a, b, dout, t, needs, DaOut::Fresh, None)?;
+            let da = r.da.take().expect("da was requested");
+            self.add_assign_impl(da_acc, &da)?;
+            return Ok(r);
+        }
+        self.make_unique(da_acc)?;
+        let needs = MatmulNeeds { da: false, ..needs };
+        let (g, _) = self.backward("matmul_backward", a, b, dout, t, needs, DaOut::Acc(da_acc), None)?;
+        Ok(g)
+    }
+
+    /// Counting the inner loops in case the driver does not unroll them,
+    /// an invocation runs up to ~9 loop iterations per unit of K; past the
+    /// loop budget K is split over dispatches (accumulating into C).
+    fn k_cap(&self) -> usize {
+        (self.loop_budget / 10).max(TILE)
+    }
+
+    /// Whether [`Self::matmul_epi`] runs product `d` as one dispatch per
+    /// batch entry: every operand in one binding, K within the loop budget,
+    /// no batch summed into one C. Otherwise it runs a grid of sub-blocks,
+    /// possibly splitting K (partial sums added into C one by one).
+    fn in_one_pass(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        c: &GpuTensor,
+        d: &Mm,
+        epi: Option<Epilogue<'_>>,
+    ) -> bool {
+        let sum_batch = d.batch > 1 && d.c_bstride == 0;
+        let fits = |t: &GpuTensor| t.byte_len() <= self.max_binding;
+        fits(a)
+            && fits(b)
+            && fits(c)
+            && epi.is_none_or(|e| e.operands().iter().flatten().all(|t| fits(t)))
+            && !sum_batch
+            && d.k <= self.k_cap()
+    }
+
+    /// Every backward entry point, recorded as one op named `name`: `a`'s
+    /// gradient as `da` says, `b`'s accumulated into `db_acc` when given
+    /// (`needs.db` is then false). Returns the gradients and whether a
+    /// [`DaOut::Epi`] epilogue was applied (where it was not, its C holds
+    /// the plain product).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward(
+        &self,
+        name: &'static str,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        da: DaOut<'_>,
+        db_acc: Option<&GpuTensor>,
+    ) -> Result<(MatmulGrads<GpuTensor>, bool)> {
+        let g = self.geometry(name, a, b, t)?;
+        need_f32(name, dout)?;
         let mut out_dims = g.batch_dims.clone();
         out_dims.extend([g.m, g.n]);
         if dout.dims() != out_dims.as_slice() {
             return Err(Error::shape(
-                "matmul_backward",
+                name,
                 format!("dout {} but the product is {:?}", dout.shape, out_dims),
             ));
         }
         let (m, n, k, nb) = (g.m, g.n, g.k, g.batch);
-        let mut op = self.op("matmul_backward");
+        let mut op = self.op(name);
         // Each operand is scaled by its own max over the whole tensor.
         let maxima = self.operand_maxima(&mut op, &[a, b, dout])?;
         let scales = |x: usize, y: usize| {
@@ -602,28 +707,25 @@ impl GpuExecutor {
                 b: s[y],
             })
         };
-        let da = if needs.da {
-            // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
-            let da = self.alloc_f32(a.shape.clone())?;
-            let flat = g.b_shared && !t.a;
-            let d = Mm {
-                m: if flat { nb * m } else { m },
-                n: k,
-                k: n,
-                batch: if flat { 1 } else { nb },
-                ta: false,
-                tb: !t.b,
-                tc: t.a,
-                a_bstride: m * n,
-                b_bstride: if g.b_shared { 0 } else { k * n },
-                c_bstride: m * k,
-                accumulate: false,
-            };
-            self.matmul_raw(&mut op, dout, b, None, &da, d, scales(2, 1))?;
-            Some(da)
-        } else {
-            None
+        let fresh_da = match (needs.da, &da) {
+            (true, DaOut::Fresh) => Some(self.alloc_f32(a.shape.clone())?),
+            _ => None,
         };
+        // op(a)' = dout @ op(b)ᵀ, [M, K]; stored transposed when a is.
+        let target = match da {
+            DaOut::Fresh => fresh_da.as_ref().map(|c| (c, false, None)),
+            DaOut::Acc(c) => Some((c, true, None)),
+            DaOut::Epi(c, e) => Some((c, false, Some(e))),
+        };
+        let mut fused = false;
+        if let Some((c, accumulate, epi)) = target {
+            let d = Mm { accumulate, ..g.da() };
+            fused = self.matmul_epi(&mut op, dout, b, None, c, d, scales(2, 1), epi)? && epi.is_some();
+            if epi.is_some() && !fused {
+                self.matmul_raw(&mut op, dout, b, None, c, d, scales(2, 1))?;
+            }
+        }
+        let da = fresh_da;
         let fresh = match (needs.db, db_acc) {
             (true, None) => Some(self.alloc(b.shape.clone(), DType::F32)?),
             _ => None,
@@ -679,7 +781,7 @@ impl GpuExecutor {
         } else {
             None
         };
-        Ok(MatmulGrads { da, db, dbias })
+        Ok((MatmulGrads { da, db, dbias }, fused))
     }
 
     pub(super) fn geometry(
@@ -742,6 +844,25 @@ pub(super) struct Geometry {
 }
 
 impl Geometry {
+    /// op(a)' = dout @ op(b)ᵀ, [M, K], stored transposed when a is.
+    pub(super) fn da(&self) -> Mm {
+        let (m, n, k, nb) = (self.m, self.n, self.k, self.batch);
+        let flat = self.b_shared && !self.t.a;
+        Mm {
+            m: if flat { nb * m } else { m },
+            n: k,
+            k: n,
+            batch: if flat { 1 } else { nb },
+            ta: false,
+            tb: !self.t.b,
+            tc: self.t.a,
+            a_bstride: m * n,
+            b_bstride: if self.b_shared { 0 } else { k * n },
+            c_bstride: m * k,
+            accumulate: false,
+        }
+    }
+
     pub(super) fn forward(&self) -> Mm {
         // A shared weight with row-major activations: one big [batch·M, K] product.
         let flat = self.b_shared && !self.t.a;

@@ -8,7 +8,7 @@
 
 use megatrain_tensor::{Error, MatmulGrads, MatmulNeeds, Result, Transpose, check_act_operand};
 
-use super::matmul::{Mm, Scales};
+use super::matmul::{DaOut, Scales};
 use super::{GpuExecutor, View, need_f32};
 use crate::tensor::GpuTensor;
 
@@ -137,7 +137,8 @@ impl GpuExecutor {
     }
 
     /// GELU's backward fused into `matmul_backward`'s `da` product: the
-    /// returned `da` is the gradient of `pre`.
+    /// returned `da` is the gradient of `pre`. One op with the weight's
+    /// and bias's gradients.
     pub(crate) fn matmul_backward_gelu_impl(
         &self,
         a: &GpuTensor,
@@ -150,18 +151,20 @@ impl GpuExecutor {
         const OP: &str = "matmul_backward_gelu";
         check_act_operand(OP, "pre", pre, &a.shape, "a's shape")?;
         let da = self.alloc_f32(a.shape.clone())?;
-        let da = if self.da_product(OP, a, b, dout, t, &da, Epilogue::GeluBwd { pre })? {
+        let epi = DaOut::Epi(&da, Epilogue::GeluBwd { pre });
+        let (mut g, fused) =
+            self.backward(OP, a, b, dout, t, MatmulNeeds { da: false, ..needs }, epi, None)?;
+        g.da = Some(if fused {
             da
         } else {
             self.gelu_backward_impl(pre, &da)?
-        };
-        let mut g = self.rest_of_backward(a, b, dout, t, needs)?;
-        g.da = Some(da);
+        });
         Ok(g)
     }
 
     /// SwiGLU's backward fused into `matmul_backward`'s `da` product:
-    /// returns the other gradients, dgate and dup.
+    /// returns the other gradients, dgate and dup. One op with the
+    /// weight's and bias's gradients.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     pub(crate) fn matmul_backward_swiglu_impl(
         &self,
@@ -178,88 +181,14 @@ impl GpuExecutor {
         check_act_operand(OP, "up", up, &a.shape, "a's shape")?;
         let dgate = self.alloc_f32(a.shape.clone())?;
         let dup = self.alloc_f32(a.shape.clone())?;
-        let epi = Epilogue::SwigluBwd { gate, up, dup: &dup };
-        let (dgate, dup) = if self.da_product(OP, a, b, dout, t, &dgate, epi)? {
+        let epi = DaOut::Epi(&dgate, Epilogue::SwigluBwd { gate, up, dup: &dup });
+        let (g, fused) = self.backward(OP, a, b, dout, t, MatmulNeeds { da: false, ..needs }, epi, None)?;
+        let (dgate, dup) = if fused {
             (dgate, dup)
         } else {
             drop(dup);
             self.swiglu_backward_impl(gate, up, &dgate)?
         };
-        let g = self.rest_of_backward(a, b, dout, t, needs)?;
         Ok((g, dgate, dup))
-    }
-
-    /// `db` and `dbias` as `needs` says (`da` is the fused ops' own).
-    fn rest_of_backward(
-        &self,
-        a: &GpuTensor,
-        b: &GpuTensor,
-        dout: &GpuTensor,
-        t: Transpose,
-        needs: MatmulNeeds,
-    ) -> Result<MatmulGrads<GpuTensor>> {
-        if !needs.db && !needs.dbias {
-            return Ok(MatmulGrads {
-                da: None,
-                db: None,
-                dbias: None,
-            });
-        }
-        self.matmul_backward_impl(a, b, dout, t, MatmulNeeds { da: false, ..needs })
-    }
-
-    /// `matmul_backward`'s `da` product, dout @ op(b)ᵀ (stored transposed
-    /// when `a` is), into `c` through `epi`. Returns false where the
-    /// epilogue could not apply: `c` then holds the plain product.
-    #[allow(clippy::too_many_arguments)]
-    fn da_product(
-        &self,
-        name: &'static str,
-        a: &GpuTensor,
-        b: &GpuTensor,
-        dout: &GpuTensor,
-        t: Transpose,
-        c: &GpuTensor,
-        epi: Epilogue<'_>,
-    ) -> Result<bool> {
-        let g = self.geometry(name, a, b, t)?;
-        need_f32(name, dout)?;
-        let mut out_dims = g.batch_dims.clone();
-        out_dims.extend([g.m, g.n]);
-        if dout.dims() != out_dims.as_slice() {
-            return Err(Error::shape(
-                name,
-                format!("dout {} but the product is {:?}", dout.shape, out_dims),
-            ));
-        }
-        let (m, n, k, nb) = (g.m, g.n, g.k, g.batch);
-        // The same product as `backward`'s da.
-        let flat = g.b_shared && !t.a;
-        let d = Mm {
-            m: if flat { nb * m } else { m },
-            n: k,
-            k: n,
-            batch: if flat { 1 } else { nb },
-            ta: false,
-            tb: !t.b,
-            tc: t.a,
-            a_bstride: m * n,
-            b_bstride: if g.b_shared { 0 } else { k * n },
-            c_bstride: m * k,
-            accumulate: false,
-        };
-        let mut op = self.op(name);
-        let maxima = self.operand_maxima(&mut op, &[dout, b])?;
-        let scales = maxima.as_ref().map(|(buf, s)| Scales {
-            buf,
-            a: s[0],
-            b: s[1],
-        });
-        let fused = self.matmul_epi(&mut op, dout, b, None, c, d, scales, Some(epi))?;
-        if !fused {
-            self.matmul_raw(&mut op, dout, b, None, c, d, scales)?;
-        }
-        op.finish()?;
-        Ok(fused)
     }
 }

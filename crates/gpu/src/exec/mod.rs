@@ -79,6 +79,9 @@ pub struct GpuOptions {
     /// submits the batch first, so this changes only how often the host
     /// pays for a submission.
     pub batch_ops: Option<usize>,
+    /// Scans every f16 matmul operand for its max at each use instead of
+    /// once per value of its contents (for checking the remembered maxima).
+    pub recompute_operand_maxima: bool,
 }
 
 pub struct GpuExecutor {
@@ -93,6 +96,10 @@ pub struct GpuExecutor {
     f16_matmul: F16Matmul,
     f16_attention: F16Attention,
     precision: megatrain_tensor::ComputePrecision,
+    /// Whether f16 operands' maxima are remembered with their tensors.
+    cache_maxima: bool,
+    /// Operand max scans recorded (`operand_max_scans`).
+    absmax_scans: std::sync::atomic::AtomicU64,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
     profiler: Profiler,
@@ -195,6 +202,8 @@ impl GpuExecutor {
             f16_matmul: opts.f16_matmul,
             f16_attention: opts.f16_attention,
             precision: Default::default(),
+            cache_maxima: !opts.recompute_operand_maxima,
+            absmax_scans: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
                 if info.driver.contains("llvmpipe") || info.name.contains("llvmpipe") {

@@ -231,6 +231,7 @@ impl GpuExecutor {
                     offset,
                     shape: shape.clone(),
                     dtype: *dtype,
+                    max: Default::default(),
                 })
                 .collect();
             let slot_state = Slot {
@@ -269,6 +270,8 @@ impl GpuExecutor {
         };
         let s = slots.get_mut(&slot).expect("slot just ensured");
         let pool = pool.as_ref().expect("pool just started");
+        // New contents under the slot's tensors: their remembered maxima go.
+        s.buffer.buf.note_write();
         t.write(&self.link(), &mut s.buffer, &image, pool, stats)?;
         Ok(s.tensors.clone())
     }

@@ -206,9 +206,9 @@ pub(super) fn backward<E: Executor>(
     )?;
     put(&mut grads, l.down, gd);
     let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
-    let mut gu = ex.matmul_backward(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1))?;
     let mut dn2 = take(gg.da.take());
-    ex.add_assign(&mut dn2, &take(gu.da.take()))?;
+    // up's input gradient added into gate's by the product itself.
+    let gu = ex.matmul_backward_da_into(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1), &mut dn2)?;
     put(&mut grads, l.gate, gg);
     put(&mut grads, l.up, gu);
     // x2 flows on past the norm: its gradient is the norm's plus dy.
@@ -236,12 +236,15 @@ pub(super) fn backward<E: Executor>(
     let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let mut dn1: Option<E::Tensor> = None;
     for (d, lw) in [(&dq, l.q), (&dk, l.k), (&dv, l.v)] {
-        let mut g = ex.matmul_backward(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1))?;
-        let da = take(g.da.take());
-        match &mut dn1 {
-            Some(acc) => ex.add_assign(acc, &da)?,
-            None => dn1 = Some(da),
-        }
+        // k's and v's input gradients added into q's by the products.
+        let g = match &mut dn1 {
+            Some(acc) => ex.matmul_backward_da_into(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1), acc)?,
+            None => {
+                let mut g = ex.matmul_backward(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1))?;
+                dn1 = Some(take(g.da.take()));
+                g
+            }
+        };
         put(&mut grads, lw, g);
     }
     let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &take(dn1), &dx2)?;

@@ -1,0 +1,231 @@
+//! The f16 operand maxima remembered with their tensors: a tensor used in
+//! an f16 product is scanned once, and every way of changing a tensor's
+//! contents in place (add_assign, write_rows, the accumulating backwards,
+//! embedding_backward, a weight slot's reload) makes the next product scan
+//! it again. Each change multiplies the magnitudes by about 2^10, so a
+//! stale max would scale the operand by the wrong power of two (and
+//! overflow f16); the product must have the bits of the same product on a
+//! fresh upload of the new contents.
+
+mod common;
+
+use common::*;
+use megatrain_gpu::{F16Matmul, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
+use megatrain_tensor::{
+    ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Shape, Transpose, WeightSlot,
+    WeightUpload,
+};
+
+fn f16_executor(transport: TransportChoice) -> Option<GpuExecutor> {
+    let mut g = GpuExecutor::with_options(
+        ctx()?,
+        GpuOptions {
+            poison_outputs: true,
+            f16_matmul: F16Matmul::Simt,
+            transport,
+            ..Default::default()
+        },
+    );
+    g.set_compute_precision(ComputePrecision::F16).unwrap();
+    Some(g)
+}
+
+fn big_host(seed: u64, shape: &[usize]) -> HostTensor {
+    let h = rand_host(seed, shape);
+    let v: Vec<f32> = h.to_f32_vec().iter().map(|x| x * 1024.0).collect();
+    HostTensor::from_f32(shape.to_vec(), v).unwrap()
+}
+
+fn bits(g: &GpuExecutor, t: &GpuTensor) -> Vec<u32> {
+    down(g, t).iter().map(|x| x.to_bits()).collect()
+}
+
+/// A fresh tensor with `t`'s contents (no max remembered).
+fn copy(g: &GpuExecutor, t: &GpuTensor) -> GpuTensor {
+    g.upload(&g.download(t).unwrap()).unwrap()
+}
+
+/// `x @ w` (both f32: both scanned), and the scans it recorded.
+fn product(g: &GpuExecutor, x: &GpuTensor, w: &GpuTensor) -> (Vec<u32>, u64) {
+    let before = g.operand_max_scans();
+    let y = g.matmul(x, w, None, Transpose::NN).unwrap();
+    (bits(g, &y), g.operand_max_scans() - before)
+}
+
+/// `x` (`[r, c]`) remembers its max through a product; `change` rewrites
+/// it in place; the next product scans it again and has the bits of the
+/// product on a fresh copy.
+fn check_x(what: &str, rows: usize, cols: usize, change: impl FnOnce(&GpuExecutor, &mut GpuTensor)) {
+    let Some(g) = f16_executor(TransportChoice::Auto) else {
+        return;
+    };
+    let mut x = g.upload(&rand_host(1, &[rows, cols])).unwrap();
+    let w = g.upload(&rand_host(2, &[cols, 19])).unwrap();
+    assert_eq!(product(&g, &x, &w).1, 2, "{what}: first use scans x and w");
+    assert_eq!(product(&g, &x, &w).1, 0, "{what}: second use scans nothing");
+    change(&g, &mut x);
+    let (got, scans) = product(&g, &x, &w);
+    let (want, _) = product(&g, &copy(&g, &x), &w);
+    assert!(
+        got == want,
+        "{what}: product after the change differs from a fresh copy's"
+    );
+    assert_eq!(scans, 1, "{what}: the changed x is scanned again");
+}
+
+#[test]
+fn add_assign_invalidates() {
+    check_x("add_assign", 21, 33, |g, x| {
+        g.add_assign(x, &g.upload(&big_host(3, &[21, 33])).unwrap())
+            .unwrap();
+    });
+}
+
+#[test]
+fn write_rows_invalidates() {
+    check_x("write_rows", 21, 33, |g, x| {
+        g.write_rows(x, 5, &g.upload(&big_host(3, &[4, 33])).unwrap())
+            .unwrap();
+    });
+}
+
+#[test]
+fn embedding_backward_invalidates() {
+    check_x("embedding_backward", 21, 33, |g, x| {
+        let dout = g.upload(&big_host(3, &[3, 33])).unwrap();
+        g.embedding_backward(&[4, 0, 20], &dout, x).unwrap();
+    });
+}
+
+#[test]
+fn accumulating_da_invalidates() {
+    // x is the accumulator of a's gradient: a [21, 8] @ b [8, 33]ᵀ… as NT.
+    check_x("matmul_backward_da_into", 21, 33, |g, x| {
+        let a = g.upload(&rand_host(3, &[21, 33])).unwrap();
+        let b = g.upload(&big_host(4, &[17, 33])).unwrap();
+        let dout = g.upload(&big_host(5, &[21, 17])).unwrap();
+        let needs = MatmulNeeds {
+            da: true,
+            db: false,
+            dbias: false,
+        };
+        g.matmul_backward_da_into(&a, &b, &dout, Transpose::NT, needs, x)
+            .unwrap();
+    });
+}
+
+#[test]
+fn accumulating_db_invalidates() {
+    // x is the accumulator of b's gradient: b [21, 33] read as NN.
+    check_x("matmul_backward_into", 21, 33, |g, x| {
+        let a = g.upload(&big_host(3, &[9, 21])).unwrap();
+        let b = g.upload(&rand_host(4, &[21, 33])).unwrap();
+        let dout = g.upload(&big_host(5, &[9, 33])).unwrap();
+        let needs = MatmulNeeds {
+            da: false,
+            db: true,
+            dbias: false,
+        };
+        g.matmul_backward_into(&a, &b, &dout, Transpose::NN, needs, x)
+            .unwrap();
+    });
+}
+
+/// A handle sharing x's contents (a reshape) keeps them, and its max, when
+/// x is changed (x is copied first); x's next product scans only x.
+#[test]
+fn a_shared_handle_keeps_its_contents_and_max() {
+    let Some(g) = f16_executor(TransportChoice::Auto) else {
+        return;
+    };
+    let mut x = g.upload(&rand_host(1, &[21, 33])).unwrap();
+    let w = g.upload(&rand_host(2, &[33, 19])).unwrap();
+    let y = g.reshape(&x, &Shape::new([21, 33])).unwrap();
+    assert_eq!(product(&g, &x, &w).1, 2);
+    assert_eq!(product(&g, &y, &w).1, 0, "a reshape shares the max");
+    g.add_assign(&mut x, &g.upload(&big_host(3, &[21, 33])).unwrap())
+        .unwrap();
+    let (got_y, scans) = product(&g, &y, &w);
+    assert_eq!(scans, 0, "the reshape's contents did not change");
+    assert!(
+        got_y == product(&g, &copy(&g, &y), &w).0,
+        "reshape after x changed"
+    );
+    let (got_x, scans) = product(&g, &x, &w);
+    assert_eq!(scans, 1);
+    assert!(got_x == product(&g, &copy(&g, &x), &w).0, "x after its change");
+}
+
+/// f32 weights reloaded into the same slot: the new tensors, and the old
+/// handles over the same buffer, are scanned again.
+#[test]
+fn weight_reload_invalidates() {
+    const SLOT: WeightSlot = WeightSlot { kind: 7, index: 0 };
+    for t in [TransportChoice::Staging, TransportChoice::Mapped] {
+        let Some(g) = f16_executor(t) else { return };
+        if t == TransportChoice::Mapped
+            && !g
+                .context()
+                .features
+                .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        {
+            eprintln!("no MAPPABLE_PRIMARY_BUFFERS: mapped reload not tested");
+            continue;
+        }
+        let shape = Shape::new([33, 19]);
+        let x = g.upload(&rand_host(1, &[21, 33])).unwrap();
+        let layer = |h: &HostTensor| {
+            let v = h.to_f32_vec();
+            g.load_weights(
+                SLOT,
+                &[WeightUpload {
+                    shape: &shape,
+                    data: HostSlice::F32(&v),
+                    dtype: DType::F32,
+                }],
+            )
+            .unwrap()
+        };
+        let (h1, h2) = (rand_host(2, &[33, 19]), big_host(3, &[33, 19]));
+        let old = layer(&h1);
+        assert_eq!(
+            product(&g, &x, &old[0]).1,
+            2,
+            "{t:?}: x and the weight are scanned"
+        );
+        assert_eq!(product(&g, &x, &old[0]).1, 0, "{t:?}: once");
+        let new = layer(&h2);
+        assert_eq!(
+            new[0].buffer(),
+            old[0].buffer(),
+            "{t:?}: the slot's buffer is reused"
+        );
+        let want = product(&g, &x, &g.upload(&h2).unwrap()).0;
+        let (got, scans) = product(&g, &x, &new[0]);
+        assert!(got == want, "{t:?}: product with the reloaded weight");
+        assert_eq!(scans, 1, "{t:?}: the reloaded weight is scanned again");
+        let (got, scans) = product(&g, &x, &old[0]);
+        assert_eq!(scans, 0, "{t:?}: the old handle shares the new max");
+        assert!(got == want, "{t:?}: product through the old handle");
+    }
+}
+
+/// Scans counted per use when the maxima are not remembered.
+#[test]
+fn recompute_option_scans_every_use() {
+    let Some(ctx) = ctx() else { return };
+    let mut g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            recompute_operand_maxima: true,
+            ..Default::default()
+        },
+    );
+    g.set_compute_precision(ComputePrecision::F16).unwrap();
+    let x = g.upload(&rand_host(1, &[21, 33])).unwrap();
+    let w = g.upload(&rand_host(2, &[33, 19])).unwrap();
+    let (a, n1) = product(&g, &x, &w);
+    let (b, n2) = product(&g, &x, &w);
+    assert_eq!((n1, n2), (2, 2));
+    assert!(a == b);
+}

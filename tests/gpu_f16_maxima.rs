@@ -1,0 +1,149 @@
+//! `--precision f16` streamed steps on the GPU with each f16 operand's max
+//! found once per value and remembered with its tensor give the bits of
+//! scanning every operand at every use, and scan the expected number of
+//! tensors. With f32 weights on the bus, the slots' weights are operands
+//! too, reloaded into the same buffers layer after layer: a max kept past
+//! a reload would show here. The words the maxima are kept in come from
+//! the pool: warm steps allocate nothing on the device.
+
+use std::sync::Arc;
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_gpu::{F16Matmul, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_tensor::{ComputePrecision, Executor};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, preset};
+
+fn ctx() -> Option<Arc<GpuContext>> {
+    match GpuContext::new() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but no GPU adapter could be opened: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            None
+        }
+    }
+}
+
+fn batch(vocab: usize, index: u64) -> Batch {
+    let data = TokenData {
+        tokens: (0..5000u32).map(|i| (i * 7919 + i / 5) % vocab as u32).collect(),
+        loss_mask: None,
+    };
+    draw_batch(&data, Sampling::Random { seed: 5 }, index, 2, 24, "mem".as_ref()).unwrap()
+}
+
+struct Run {
+    losses: Vec<u64>,
+    params: Vec<u32>,
+    /// Operand scans of each step.
+    scans: Vec<u64>,
+    /// Device allocations (pool misses) of each step.
+    allocations: Vec<u64>,
+}
+
+fn run(
+    ctx: &Arc<GpuContext>,
+    model: &ModelConfig,
+    transport: TransportDType,
+    recompute: bool,
+    k: usize,
+) -> Run {
+    let mut ex = GpuExecutor::with_options(
+        ctx.clone(),
+        GpuOptions {
+            f16_matmul: F16Matmul::Simt,
+            recompute_operand_maxima: recompute,
+            ..Default::default()
+        },
+    );
+    ex.set_compute_precision(ComputePrecision::F16).unwrap();
+    let tier = init_tier(
+        model,
+        TierConfig {
+            transport,
+            ..TierConfig::default()
+        },
+        3,
+    )
+    .unwrap();
+    let config = TrainerConfig {
+        checkpoint_every: k,
+        chunk_rows: 32,
+        ..TrainerConfig::default()
+    };
+    let mut tr = Trainer::new(ex, model.clone(), tier, config).unwrap();
+    let (mut losses, mut scans, mut allocations) = (Vec::new(), Vec::new(), Vec::new());
+    for step in 0..3 {
+        let before = tr.executor().operand_max_scans();
+        let allocated = tr.executor().memory().allocations;
+        let loss = tr.step(&[batch(model.vocab_size, step)], 1e-3).unwrap().loss;
+        losses.push(loss.to_bits());
+        scans.push(tr.executor().operand_max_scans() - before);
+        allocations.push(tr.executor().memory().allocations - allocated);
+    }
+    let params = tr
+        .tier()
+        .layers()
+        .iter()
+        .flat_map(|l| l.params().iter().map(|x| x.to_bits()))
+        .collect();
+    Run {
+        losses,
+        params,
+        scans,
+        allocations,
+    }
+}
+
+/// Operand scans of one step of `l` llama blocks and a head of `c` row
+/// chunks, `(remembered, rescanned)`. Activations and gradients: a block's
+/// forward (run twice: forward, recompute) reads n1.y (q, k, v), a (o),
+/// n2.y (gate, up) and s (down), and attention rounds q, k and v: 7
+/// values, 10 uses; its backward adds dy, dgate, dup, dx2, attention's
+/// dout, dq, dk and dv: 8 values, in 18 uses (7 products of two, attention
+/// of four). Each head chunk: x, then x and dlogits. f32 weights: every
+/// load is a value (the forward's, and the backward's for the recompute
+/// and the backward: 7 each), used 7 + 14 times; the head's weight is one
+/// value used twice per chunk.
+fn expected_scans(l: u64, c: u64, f32_weights: bool) -> (u64, u64) {
+    let (mut once, mut every) = (l * (2 * 7 + 8) + 2 * c, l * (2 * 10 + 18) + 3 * c);
+    if f32_weights {
+        once += l * 2 * 7 + 1;
+        every += l * 3 * 7 + 2 * c;
+    }
+    (once, every)
+}
+
+#[test]
+fn remembered_maxima_give_the_bits_of_rescanning_and_scan_each_value_once() {
+    let Some(ctx) = ctx() else { return };
+    let model = preset("llama-tiny", None).unwrap();
+    assert_eq!(model.num_layers, 2);
+    // 2 × 24 rows in chunks of 32.
+    let chunks = 2;
+    for transport in [TransportDType::F32, TransportDType::F16] {
+        for k in [1, 2] {
+            let cached = run(&ctx, &model, transport, false, k);
+            let fresh = run(&ctx, &model, transport, true, k);
+            let what = format!("{transport:?} transport, K = {k}");
+            eprintln!(
+                "{what}: scans per step {:?} (rescanning: {:?})",
+                cached.scans, fresh.scans
+            );
+            assert_eq!(cached.losses, fresh.losses, "{what}: losses");
+            assert!(
+                cached.params == fresh.params,
+                "{what}: parameters after 3 steps differ"
+            );
+            let (once, every) = expected_scans(2, chunks, transport == TransportDType::F32);
+            assert_eq!(cached.scans, [once; 3], "{what}: scans with remembered maxima");
+            assert_eq!(fresh.scans, [every; 3], "{what}: scans when rescanning");
+            // The remembered words are pooled like any tensor.
+            assert_eq!(cached.allocations[1..], [0, 0], "{what}: warm steps allocate");
+        }
+    }
+}
