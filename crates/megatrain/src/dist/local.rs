@@ -64,9 +64,21 @@ struct Op {
 /// `Collective` contracts) and what to do with them.
 #[derive(Clone)]
 enum Post {
-    Sum { send: usize, recv: usize, len: usize },
-    ReduceScatter { send: usize, recv: usize, ranges: Vec<Range<usize>> },
-    AllGather { buf: usize, elem: Elem, ranges: Vec<Range<usize>> },
+    Sum {
+        send: usize,
+        recv: usize,
+        len: usize,
+    },
+    ReduceScatter {
+        send: usize,
+        recv: usize,
+        ranges: Vec<Range<usize>>,
+    },
+    AllGather {
+        buf: usize,
+        elem: Elem,
+        ranges: Vec<Range<usize>>,
+    },
 }
 
 fn lock(g: &Group) -> MutexGuard<'_, State> {
@@ -99,7 +111,11 @@ impl Pending {
             }
             let op = st.ops.get(&self.seq).expect("posted before waiting");
             if op.posts.iter().all(Option::is_some) {
-                break op.posts.iter().map(|p| p.clone().expect("all posted")).collect::<Vec<_>>();
+                break op
+                    .posts
+                    .iter()
+                    .map(|p| p.clone().expect("all posted"))
+                    .collect::<Vec<_>>();
             }
             st = g.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         };
@@ -165,7 +181,11 @@ unsafe fn complete(posts: &[Post], rank: usize) {
                 }
                 let (at, n) = (ranges[k].start * size, ranges[k].len() * size);
                 unsafe {
-                    std::ptr::copy_nonoverlapping((*theirs as *const u8).add(at), (*buf as *mut u8).add(at), n)
+                    std::ptr::copy_nonoverlapping(
+                        (*theirs as *const u8).add(at),
+                        (*buf as *mut u8).add(at),
+                        n,
+                    )
                 };
             }
         }
@@ -359,8 +379,12 @@ mod tests {
             // SAFETY: every buffer outlives its operation's wait below.
             unsafe {
                 let a = c.start_sum(send.as_ptr(), sum.as_mut_ptr(), 7).unwrap();
-                let b = c.start_reduce_scatter(send.as_ptr(), part.as_mut_ptr(), &ranges).unwrap();
-                let g = c.start_all_gather(buf.as_mut_ptr().cast(), Elem::U16, &ranges).unwrap();
+                let b = c
+                    .start_reduce_scatter(send.as_ptr(), part.as_mut_ptr(), &ranges)
+                    .unwrap();
+                let g = c
+                    .start_all_gather(buf.as_mut_ptr().cast(), Elem::U16, &ranges)
+                    .unwrap();
                 // Waited out of order: completes all the same.
                 g.wait().unwrap();
                 b.wait().unwrap();
@@ -368,7 +392,11 @@ mod tests {
             }
             let mut x = [c.rank() as f64 + 0.5];
             c.sum_f64(&mut x).unwrap();
-            let mut bytes = if c.rank() == 0 { b"hello".to_vec() } else { Vec::new() };
+            let mut bytes = if c.rank() == 0 {
+                b"hello".to_vec()
+            } else {
+                Vec::new()
+            };
             c.broadcast_bytes(&mut bytes).unwrap();
             (sum, part, buf, x[0], bytes)
         });

@@ -39,7 +39,7 @@ impl<E: Executor> Trainer<E> {
             ));
         }
         let numels: Vec<usize> = self.tier.layers().iter().map(|s| s.numel()).collect();
-        self.dist = Some(DistState::new(dist, &numels, &self.masks));
+        self.dist = Some(DistState::new(dist, &numels));
         self.release_unowned()
     }
 
@@ -104,7 +104,9 @@ impl<E: Executor> Trainer<E> {
         let mut ops = Vec::with_capacity(self.tier.len());
         for slab in self.tier.layers_mut() {
             let i = slab.index();
-            let (base, elem) = update_range(slab, None, d.own(i), &self.adamw, &d.masks[i], lr, coef)?;
+            let (own, all) = (d.own(i), 0..slab.numel());
+            let (base, elem) =
+                update_range(slab, None, own, all, true, &self.adamw, &self.masks[i], lr, coef)?;
             // SAFETY: the transport copies are not touched until every
             // operation in `ops` has been waited on below (or dropped, which
             // waits), before this function returns.
