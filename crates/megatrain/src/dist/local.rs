@@ -226,13 +226,13 @@ impl LocalComm {
             posts: vec![None; g.size],
             ..Op::default()
         });
-        if let Some(other) = op.posts.iter().flatten().next() {
-            if std::mem::discriminant(other) != std::mem::discriminant(&post) {
-                return Err(DistError::Invalid(format!(
-                    "rank {}: operation {seq} is not the one the other ranks started",
-                    self.rank
-                )));
-            }
+        if let Some(other) = op.posts.iter().flatten().next()
+            && std::mem::discriminant(other) != std::mem::discriminant(&post)
+        {
+            return Err(DistError::Invalid(format!(
+                "rank {}: operation {seq} is not the one the other ranks started",
+                self.rank
+            )));
         }
         op.posts[self.rank] = Some(post);
         g.cv.notify_all();

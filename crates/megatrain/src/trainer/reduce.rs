@@ -376,7 +376,7 @@ impl<'a> DistWorker<'a, '_> {
         if self.dist.config.shard_optimizer {
             chunk_ranges(&self.dist.ranges[index], chunk)
         } else {
-            vec![0..chunk.len()]
+            std::iter::once(0..chunk.len()).collect()
         }
     }
 
