@@ -498,20 +498,17 @@ impl<'a> DistWorker<'a, '_> {
             )
             .map(Some)
         } else {
-            let r = update_any(
-                slab,
-                Some(&mut recv),
-                chunk.clone(),
-                sh.window,
-                sh.adamw,
-                mask,
-                sh.lr,
-                1.0,
-            );
-            if let Some(held) = slab.grads_mut() {
-                held[chunk.clone()].fill(0.0);
-            }
-            r.map(|()| None)
+            // A held block takes the sum and is zeroed by the update's own
+            // pass (before a spilled layer's pages are dropped with its
+            // last chunk).
+            let grad = match slab.grads_mut() {
+                Some(held) => {
+                    held[chunk.clone()].copy_from_slice(&recv);
+                    None
+                }
+                None => Some(&mut recv[..]),
+            };
+            update_any(slab, grad, chunk.clone(), sh.window, sh.adamw, mask, sh.lr, 1.0).map(|()| None)
         };
         sh.pool.give(recv);
         self.rep.busy_ms += ms(t);
