@@ -1,6 +1,7 @@
 //! Data parallel training across processes (ARCHITECTURE.md, "Past one
 //! GPU"). Each rank trains on its own rows of every batch; gradients are
-//! summed across ranks layer by layer on the host as they land, by the
+//! summed across ranks on the host chunk by chunk as they land (the
+//! trainer's transfer chunks, so no buffer is sized by a layer), by the
 //! trainer's optimizer worker while the device goes on with earlier layers.
 //!
 //! [`Collective`] is the engine-neutral interface the trainer uses; the MPI

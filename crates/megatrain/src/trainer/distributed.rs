@@ -1,4 +1,4 @@
-//! The [`Trainer`]'s data parallel side outside the per-layer pipeline
+//! The [`Trainer`]'s data parallel side outside the per-chunk pipeline
 //! (which is in `reduce.rs`): joining a communicator, the global target
 //! count, clipping with a sharded optimizer, and gathering sharded state
 //! for a checkpoint.
@@ -18,7 +18,7 @@ fn engine_err(e: crate::dist::DistError) -> TrainError {
 
 impl<E: Executor> Trainer<E> {
     /// Trains as one rank of `dist`: from the next step on, gradients are
-    /// summed across ranks layer by layer (and, with a sharded optimizer,
+    /// summed across ranks chunk by chunk (and, with a sharded optimizer,
     /// this rank updates only its 1/N of every layer). Every rank must hold
     /// the same parameters and optimizer state when this is called.
     pub fn set_distributed(&mut self, dist: DistConfig) -> Result<()> {
