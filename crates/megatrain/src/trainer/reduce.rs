@@ -37,13 +37,13 @@ use std::ops::Range;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
-use megatrain_tier::{LayerSlab, TransportMut};
+use megatrain_tier::LayerSlab;
 
-use super::optimizer::{Job, Shared, accumulate, sub_mask};
+use super::distributed::update_range;
+use super::optimizer::{Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
-use crate::dist::{Collective, DistConfig, Elem, InFlight, chunk_ranges, shard_ranges};
+use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges};
 
 /// A trainer's part in data parallel training: the communicator, and for a
 /// sharded optimizer every layer's ranges.
@@ -97,93 +97,6 @@ impl WorkerReport {
             })
             .sum()
     }
-}
-
-/// The transport copy's range `r` as the optimizer writes it, and the whole
-/// copy as the gather moves it.
-fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut u8, Elem) {
-    match t {
-        TransportMut::F32(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F32(&mut t[r]), p, Elem::F32)
-        }
-        TransportMut::BF16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::Bf16(&mut t[r]), p, Elem::U16)
-        }
-        TransportMut::F16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F16(&mut t[r]), p, Elem::U16)
-        }
-    }
-}
-
-/// AdamW on elements `r` of `slab` (possibly none: this rank's shard may
-/// miss a chunk) with their summed gradient (`grad`, or the held
-/// gradient's when `None`); `mask` is the whole layer's. Zeroes the held
-/// gradient's elements `zero` for the next step. `ends`: this is the
-/// layer's last update of the step, so its step count (bias correction)
-/// moves on, by one whatever the number of chunks. Returns the transport
-/// copy's base pointer.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn update_range(
-    slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
-    r: Range<usize>,
-    zero: Range<usize>,
-    ends: bool,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<(*mut u8, Elem), TrainError> {
-    let index = slab.index();
-    let sub;
-    let mask = if r == (0..slab.numel()) {
-        mask
-    } else {
-        sub = sub_mask(mask, r.clone())?;
-        &sub
-    };
-    let base = {
-        let parts = slab.parts_mut();
-        let mut held = parts.grads;
-        let (transport, base, elem) = transport_parts(parts.transport, r.clone());
-        if !r.is_empty() {
-            let grad = match (grad, held.as_deref_mut()) {
-                (Some(g), _) => g,
-                (None, Some(h)) => &mut h[r.clone()],
-                (None, None) => {
-                    return Err(TrainError::Internal(format!(
-                        "layer {index}: no gradient to apply"
-                    )));
-                }
-            };
-            let update = SlabUpdate::new(
-                &mut parts.params[r.clone()],
-                grad,
-                &mut parts.m[r.clone()],
-                &mut parts.v[r.clone()],
-            )
-            .decay(mask)
-            .transport(transport)
-            .grad_scale(grad_scale);
-            // Every chunk of a step at the layer's step count: the count
-            // moves once, below.
-            adamw.step(&mut SlabState::at_step(*parts.step), lr, update)?;
-        }
-        if ends {
-            *parts.step += 1;
-        }
-        if let Some(h) = held {
-            h[zero].fill(0.0);
-        }
-        (base, elem)
-    };
-    if ends {
-        slab.evict()?;
-    }
-    Ok(base)
 }
 
 /// The data parallel worker loop (see the module comment). `last`: this is
@@ -406,9 +319,10 @@ impl<'a> DistWorker<'a, '_> {
         // SAFETY: `send` and `recv` move into the returned `Reducing` with
         // the operation and are neither touched nor dropped before it
         // completes (waited on in `finish`, or on drop). A held block's
-        // chunk stays borrowed by `arrivals` until the worker ends, and
-        // nothing writes it meanwhile: later chunks are other elements,
-        // and the chunk is next written in `finish`, after the wait.
+        // chunk stays borrowed by `arrivals` until the worker ends, and no
+        // element of it is written meanwhile: later chunks' accumulation
+        // borrows the whole block but writes only their own elements, and
+        // this chunk is next written in `finish`, after the wait.
         let op = unsafe {
             if sharded {
                 comm.start_reduce_scatter(src, recv.as_mut_ptr(), &parts)
@@ -516,8 +430,9 @@ impl<'a> DistWorker<'a, '_> {
             let t = Instant::now();
             // SAFETY: the transport copy belongs to a slab `arrivals` keeps
             // borrowed until the worker ends, after every gather has been
-            // waited on; this chunk of it is not written again this step
-            // (later updates are other chunks).
+            // waited on; no element of this chunk is written again this
+            // step (later updates borrow the whole copy but write only
+            // their own chunks' elements).
             let op = unsafe { comm.start_all_gather(base.add(chunk.start * elem.size()), elem, &parts) }
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
             self.rep.comm_ms += ms(t);
