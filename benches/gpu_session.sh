@@ -60,7 +60,7 @@ b() {
 case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
-        download_range pipelines batching matmul_into gpu_parity transfer_chunks attention submit
+        download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit epilogue
     exit 0
     ;;
 checks)
@@ -77,6 +77,7 @@ checks)
     t pipelines
     t batching
     t matmul_into
+    t matmul_epilogue
     t transport_bytes
     t download_range
     t gpu_parity --nocapture
@@ -96,6 +97,9 @@ kernels)
     b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
     # Per-op cost of small ops submitted one by one and in batches.
     b submit --reps 9
+    # The MLP's products with the activation at their store against the
+    # product + standalone activation (GPT-2, TinyLlama, Qwen2.5-7B MLPs).
+    b epilogue --warm-up-time 1 --measurement-time 2
     ;;
 steps)
     # Per-op GPU profiles (--profile: one more step with timestamp

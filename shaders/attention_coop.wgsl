@@ -113,40 +113,6 @@ fn ds_exponent() -> i32 {
     return e_do + e_v + 16 + DLOG2;
 }
 
-//// emulation
-// A fragment is where it lies in `sm`; an accumulator is the 8 elements a
-// lane owns, element r·32 + lane of the row-major 16x16 block. The products
-// are the hardware's (f16 values, f32 sums); only their order differs.
-struct Frag {
-    base: u32,
-    stride: u32,
-    row_major: bool,
-}
-
-fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
-    var out = c;
-    for (var r = 0u; r < 8u; r++) {
-        let e = r * 32u + lane;
-        let row = e / 16u;
-        let col = e % 16u;
-        var s = out[r];
-        for (var kk = 0u; kk < 16u; kk++) {
-            let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
-            let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
-            s += f32(sm[ai]) * f32(sm[bi]);
-        }
-        out[r] = s;
-    }
-    return out;
-}
-
-fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
-    for (var r = 0u; r < 8u; r++) {
-        let e = r * 32u + lane;
-        s_s[base + (e / 16u) * stride + e % 16u] = c[r];
-    }
-}
-
 //// fwd
 @group(0) @binding(4) var<storage, read_write> o_out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_io: array<f32>;

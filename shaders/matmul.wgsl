@@ -9,7 +9,8 @@
 // matmul_bf16.wgsl, matmul_f16.wgsl) and the compute precision: `op_a`,
 // `op_b` applied to each operand element on its way into workgroup memory
 // and `unscale` to each result (matmul_exact.wgsl; matmul_scale.wgsl with
-// matmul_round16.wgsl for f16 operands).
+// matmul_round16.wgsl for f16 operands), and `epilogue`, applied to each
+// element as it is stored (matmul_epilogue.wgsl).
 
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -135,7 +136,7 @@ fn main(
             if (p.flags & ACCUMULATE) != 0u {
                 v += C[idx];
             }
-            C[idx] = v;
+            C[idx] = epilogue(idx, v);
         }
     }
 }

@@ -45,7 +45,8 @@ var<private> sc: OperandScales;
 var<private> li: u32;
 
 // One fragment of C (rows fm.., columns fn0..) from c_s[cs..] to global
-// memory: unscaled, plus bias, plus C when accumulating. Consecutive lanes
+// memory: unscaled, plus bias, plus C when accumulating, through the
+// epilogue (matmul_epilogue.wgsl). Consecutive lanes
 // walk C's contiguous dimension.
 fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
     for (var r = 0u; r < 8u; r++) {
@@ -65,7 +66,7 @@ fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
         if (p.flags & ACCUMULATE) != 0u {
             v += c_out[ci];
         }
-        c_out[ci] = v;
+        c_out[ci] = epilogue(ci, v);
     }
 }
 
@@ -294,6 +295,9 @@ fn load_b1(i: u32) -> half {
 }
 
 //// emulation
+// Shared with attention_coop.wgsl: each generator puts the names of its
+// workgroup arrays in place of the three placeholders below (the staged
+// operands, and where a fragment goes on its way out).
 // A fragment is where it lies in workgroup memory (the loads and the
 // multiply-adds of one K step see the same tiles); an accumulator is the 8
 // elements a lane owns, element r·32 + lane of the row-major 16x16 block.
@@ -315,7 +319,7 @@ fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
         for (var kk = 0u; kk < 16u; kk++) {
             let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
             let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
-            s += f32(a_s[ai]) * f32(b_s[bi]);
+            s += f32(EMU_A[ai]) * f32(EMU_B[bi]);
         }
         out[r] = s;
     }
@@ -325,7 +329,7 @@ fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
 fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
-        c_s[base + (e / 16u) * stride + e % 16u] = c[r];
+        EMU_OUT[base + (e / 16u) * stride + e % 16u] = c[r];
     }
 }
 

@@ -187,7 +187,7 @@ fn main(
                 if (p.flags & ACCUMULATE) != 0u {
                     x += C[idx];
                 }
-                C[idx] = x;
+                C[idx] = epilogue(idx, x);
             }
         }
     }

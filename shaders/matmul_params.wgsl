@@ -17,5 +17,13 @@ const TRANS_B: u32 = 2u;
 const HAS_BIAS: u32 = 4u;
 const ACCUMULATE: u32 = 8u;
 const TRANS_C: u32 = 16u;
+// Bits 5..7: the epilogue applied at the store (matmul_epilogue.wgsl; only
+// in the pipelines built with one).
+const EPI_SHIFT: u32 = 5u;
+const EPI_MASK: u32 = 7u;
+const EPI_GELU_BWD: u32 = 1u;
+const EPI_SWIGLU_BWD: u32 = 2u;
+const EPI_GELU_FWD: u32 = 3u;
+const EPI_SWIGLU_FWD: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> p: Params;

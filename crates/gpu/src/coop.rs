@@ -142,6 +142,8 @@ pub struct CoopMatmul {
     /// so that the kernels' indexing, staging, double buffering and
     /// epilogue are checked where no tensor cores are.
     pub emulated: bool,
+    /// With the matmul epilogue (see [`crate::kernels::SimtMatmul::epi`]).
+    pub epi: bool,
 }
 
 impl CoopMatmul {
@@ -149,7 +151,7 @@ impl CoopMatmul {
     pub fn all() -> Vec<CoopMatmul> {
         let mut v = Vec::new();
         for tile in CoopTile::ALL {
-            for bits in 0..64u32 {
+            for bits in 0..128u32 {
                 let f = |i: u32| (bits >> i) & 1 == 1;
                 v.push(CoopMatmul {
                     tile,
@@ -159,6 +161,7 @@ impl CoopMatmul {
                     edge: f(3),
                     b_f16: f(4),
                     emulated: f(5),
+                    epi: f(6),
                 });
             }
         }
@@ -187,14 +190,15 @@ impl CoopMatmul {
 
     pub fn label(&self) -> String {
         format!(
-            "{}{}_{}{}{}{}{}",
+            "{}{}_{}{}{}{}{}{}",
             self.tile.name(),
             if self.emulated { "_sw" } else { "" },
             if self.ta { "T" } else { "N" },
             if self.tb { "T" } else { "N" },
             if self.tc { "_tc" } else { "" },
             if self.edge { "_edge" } else { "" },
-            if self.b_f16 { "_bf16w" } else { "" }
+            if self.b_f16 { "_bf16w" } else { "" },
+            if self.epi { "_epi" } else { "" }
         )
     }
 
@@ -244,9 +248,10 @@ impl CoopMatmul {
         out.push_str(crate::kernels::MATMUL_PARAMS);
         out.push_str(SCALE);
         out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
+        out.push_str(&crate::kernels::epilogue_source(self.epi));
         out.push_str(section("common"));
         if self.emulated {
-            out.push_str(section("emulation"));
+            out.push_str(&emulation("a_s", "b_s", "c_s"));
         }
         if self.b_f16 {
             out.push_str(section(match (self.edge, self.emulated) {
@@ -358,6 +363,16 @@ impl CoopMatmul {
         out.push_str(&main);
         out
     }
+}
+
+/// The software cooperative-matrix operations (matmul_coop.wgsl's
+/// `emulation` section) over the named workgroup arrays: the staged
+/// operands and the fragment on its way out.
+pub(crate) fn emulation(a: &str, b: &str, out: &str) -> String {
+    section("emulation")
+        .replace("EMU_A", a)
+        .replace("EMU_B", b)
+        .replace("EMU_OUT", out)
 }
 
 /// The text of `//// name` up to the next section of matmul_coop.wgsl.

@@ -180,7 +180,7 @@ impl CoopAttention {
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
         if self.emulated {
-            out.push_str(section("emulation"));
+            out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
         }
         match self.pass {
             AttnPass::Fwd => out.push_str(section("fwd")),
@@ -224,16 +224,25 @@ impl CoopAttention {
             let _ = writeln!(m, "{indent}    {acc} = {};", g.mma("fa", "fb", acc));
             let _ = writeln!(m, "{indent}}}");
         };
-        // One 16 x 16 block of scores: acc = A·B over D, stored to the
-        // workgroup scratch at `at` (named `name` in the shader).
-        let score = |m: &mut String,
-                     indent: &str,
-                     a: (&str, &str, &str, bool),
-                     b: (&str, &str, &str, bool),
-                     name: &str,
-                     at: &str| {
+        // One 16 x 16 block of scores: acc = R·Cᵀ over D, R the subgroup's
+        // 16 rows of the tile at `rows`, C the 16 rows of the tile at
+        // `cols` that fragment `f` picks, stored to the workgroup scratch at
+        // `at + f·16` (named `name` in the shader).
+        let score = |m: &mut String, indent: &str, rows: &str, cols: &str, f: &str, name: &str, at: &str| {
+            let (a, b) = (
+                format!("{rows} + sg * 16u * LDS"),
+                format!("{cols} + {f} * 16u * LDS"),
+            );
+            let at = format!("{at} + {f} * 16u");
             let _ = writeln!(m, "{indent}acc = {};", g.zero());
-            product(m, indent, "acc", a, b, "D / 16u");
+            product(
+                m,
+                indent,
+                "acc",
+                (&a, "16u", "lds", true),
+                (&b, "16u", "lds", false),
+                "D / 16u",
+            );
             let _ = writeln!(
                 m,
                 "{indent}let {name} = {at};\n{indent}{}",
@@ -246,14 +255,7 @@ impl CoopAttention {
                 m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
                 // S = Q Kᵀ, 16 x BC per subgroup, into s_s.
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
-                score(
-                    &mut m,
-                    "            ",
-                    ("Q_S + sg * 16u * LDS", "16u", "lds", true),
-                    ("K_S + jf * 16u * LDS", "16u", "lds", false),
-                    "ci",
-                    "cs + jf * 16u",
-                );
+                score(&mut m, "            ", "Q_S", "K_S", "jf", "ci", "cs");
                 m.push_str("        }\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
                 // O += P V, one 16 x 16 fragment of D at a time through s_s.
                 m.push_str("        for (var df = 0u; df < D / 16u; df++) {\n");
@@ -277,22 +279,8 @@ impl CoopAttention {
                 m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    stage_q_do(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n");
                 m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
-                score(
-                    &mut m,
-                    "            ",
-                    ("Q_S + sg * 16u * LDS", "16u", "lds", true),
-                    ("K_S + jf * 16u * LDS", "16u", "lds", false),
-                    "ci",
-                    "cs + jf * 16u",
-                );
-                score(
-                    &mut m,
-                    "            ",
-                    ("DO_S + sg * 16u * LDS", "16u", "lds", true),
-                    ("V_S + jf * 16u * LDS", "16u", "lds", false),
-                    "ct",
-                    "SCR + cs + jf * 16u",
-                );
+                score(&mut m, "            ", "Q_S", "K_S", "jf", "ci", "cs");
+                score(&mut m, "            ", "DO_S", "V_S", "jf", "ct", "SCR + cs");
                 m.push_str("        }\n        workgroupBarrier();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
                 for f in 0..nd {
                     product(
@@ -324,22 +312,8 @@ impl CoopAttention {
                 m.push_str("    let j0 = wid.x * BR;\n    stage_kv(K_S, V_S, b, j0, g, BR);\n");
                 m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < p.t; i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
                 m.push_str("            for (var qf = 0u; qf < BC / 16u; qf++) {\n");
-                score(
-                    &mut m,
-                    "                ",
-                    ("K_S + sg * 16u * LDS", "16u", "lds", true),
-                    ("Q_S + qf * 16u * LDS", "16u", "lds", false),
-                    "ci",
-                    "cs + qf * 16u",
-                );
-                score(
-                    &mut m,
-                    "                ",
-                    ("V_S + sg * 16u * LDS", "16u", "lds", true),
-                    ("DO_S + qf * 16u * LDS", "16u", "lds", false),
-                    "ct",
-                    "SCR + cs + qf * 16u",
-                );
+                score(&mut m, "                ", "K_S", "Q_S", "qf", "ci", "cs");
+                score(&mut m, "                ", "V_S", "DO_S", "qf", "ct", "SCR + cs");
                 m.push_str("            }\n            workgroupBarrier();\n            ds_tile_dkv(sg, lane, j0, i0);\n            workgroupBarrier();\n");
                 for f in 0..nd {
                     product(

@@ -18,6 +18,8 @@ const MATMUL_ROUND16: &str = include_str!("../../../shaders/matmul_round16.wgsl"
 const ABSMAX: &str = include_str!("../../../shaders/absmax.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
 const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
+pub(crate) const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
+const EPILOGUE: &str = include_str!("../../../shaders/matmul_epilogue.wgsl");
 const NORM: &str = include_str!("../../../shaders/norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
@@ -43,6 +45,40 @@ pub struct SimtMatmul {
     pub b: MatmulB,
     /// F16 compute precision: operands scaled and rounded to f16.
     pub f16: bool,
+    /// With the epilogue bindings (6, 7, 8) and functions: the flags pick
+    /// an activation applied at the store (`shaders/matmul_epilogue.wgsl`).
+    pub epi: bool,
+}
+
+/// The WGSL a matmul pipeline stores C through: the activation functions
+/// and the fused epilogue, or the identity.
+pub(crate) fn epilogue_source(epi: bool) -> String {
+    let (name, next) = if epi {
+        ("//// fused\n", None)
+    } else {
+        ("//// none\n", Some("//// fused\n"))
+    };
+    let start = EPILOGUE.find(name).expect("matmul_epilogue.wgsl section") + name.len();
+    let end = next.map_or(EPILOGUE.len(), |n| {
+        EPILOGUE.find(n).expect("matmul_epilogue.wgsl section")
+    });
+    let body = &EPILOGUE[start..end];
+    if epi {
+        [ACTIVATION_FNS, body].concat()
+    } else {
+        body.to_string()
+    }
+}
+
+/// A matmul pipeline's storage bindings in the host's order: A, B, bias,
+/// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out.
+pub(crate) fn matmul_bindings(f16: bool, epi: bool) -> &'static [u32] {
+    match (f16, epi) {
+        (false, false) => &[1, 2, 3, 4],
+        (true, false) => &[1, 2, 3, 4, 5],
+        (false, true) => &[1, 2, 3, 4, 6, 7, 8],
+        (true, true) => &[1, 2, 3, 4, 5, 6, 7, 8],
+    }
 }
 
 /// Every kernel. The discriminant is only an identity; see [`Kernel::spec`].
@@ -104,7 +140,9 @@ impl Kernel {
         for big in [false, true] {
             for b in [MatmulB::F32, MatmulB::Bf16, MatmulB::F16] {
                 for f16 in [false, true] {
-                    v.push(Matmul(SimtMatmul { big, b, f16 }));
+                    for epi in [false, true] {
+                        v.push(Matmul(SimtMatmul { big, b, f16, epi }));
+                    }
                 }
             }
         }
@@ -170,16 +208,16 @@ impl Kernel {
                     MatmulB::Bf16 => MATMUL_BF16,
                     MatmulB::F16 => MATMUL_F16,
                 };
+                let epi = epilogue_source(v.epi);
                 let source = if v.f16 {
-                    [MATMUL_PARAMS, tile, b, MATMUL_SCALE, MATMUL_ROUND16, MATMUL].concat()
+                    [MATMUL_PARAMS, tile, b, MATMUL_SCALE, MATMUL_ROUND16, &epi, MATMUL].concat()
                 } else {
-                    [MATMUL_PARAMS, tile, b, MATMUL_EXACT, MATMUL].concat()
+                    [MATMUL_PARAMS, tile, b, MATMUL_EXACT, &epi, MATMUL].concat()
                 };
-                let bindings: &'static [u32] = if v.f16 { &[1, 2, 3, 4, 5] } else { &[1, 2, 3, 4] };
                 return KernelSpec {
                     source,
                     entry: "main",
-                    bindings,
+                    bindings: matmul_bindings(v.f16, v.epi),
                 };
             }
             MatmulInterior(v) => {
@@ -193,7 +231,7 @@ impl Kernel {
                 return KernelSpec {
                     source: v.source(),
                     entry: "main",
-                    bindings: &[1, 2, 3, 4, 5],
+                    bindings: matmul_bindings(true, v.epi),
                 };
             }
             AttnCoop(v) => {
@@ -217,10 +255,10 @@ impl Kernel {
             CopyCols => (&[ELEMENTWISE], "copy_cols", &[1, 3]),
             SumRows => (&[ELEMENTWISE], "sum_rows", &[1, 3]),
             SumRowsPart => (&[ELEMENTWISE], "sum_rows_part", &[1, 3]),
-            Swiglu => (&[ACTIVATION], "swiglu", &[1, 2, 4]),
-            SwigluBwd => (&[ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
-            Gelu => (&[ACTIVATION], "gelu", &[1, 4]),
-            GeluBwd => (&[ACTIVATION], "gelu_bwd", &[1, 2, 4]),
+            Swiglu => (&[ACTIVATION_FNS, ACTIVATION], "swiglu", &[1, 2, 4]),
+            SwigluBwd => (&[ACTIVATION_FNS, ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
+            Gelu => (&[ACTIVATION_FNS, ACTIVATION], "gelu", &[1, 4]),
+            GeluBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_bwd", &[1, 2, 4]),
             RmsFwd => (&[NORM], "rms_fwd", &[1, 2, 4, 5]),
             LnFwd => (&[NORM], "ln_fwd", &[1, 2, 3, 4, 5, 6]),
             RmsBwd => (&[NORM], "rms_bwd", &[1, 2, 3, 4, 7]),

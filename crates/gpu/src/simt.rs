@@ -20,6 +20,8 @@ pub struct SimtInterior {
     pub b: MatmulB,
     /// F16 compute precision: operands scaled and rounded to f16.
     pub f16: bool,
+    /// With the matmul epilogue (see [`crate::kernels::SimtMatmul::epi`]).
+    pub epi: bool,
 }
 
 impl SimtInterior {
@@ -33,7 +35,9 @@ impl SimtInterior {
             for tb in [false, true] {
                 for b in [MatmulB::F32, MatmulB::Bf16, MatmulB::F16] {
                     for f16 in [false, true] {
-                        v.push(SimtInterior { ta, tb, b, f16 });
+                        for epi in [false, true] {
+                            v.push(SimtInterior { ta, tb, b, f16, epi });
+                        }
                     }
                 }
             }
@@ -73,13 +77,15 @@ impl SimtInterior {
             layout.as_str(),
             b,
             &precision,
+            &crate::kernels::epilogue_source(self.epi),
             BODY,
         ]
         .concat()
     }
 
-    /// Bindings in the host's order (A, B, bias, C, and the f16 scales).
+    /// Bindings in the host's order (A, B, bias, C, the f16 scales, the
+    /// epilogue's operands).
     pub fn bindings(self) -> &'static [u32] {
-        if self.f16 { &[1, 2, 3, 4, 5] } else { &[1, 2, 3, 4] }
+        crate::kernels::matmul_bindings(self.f16, self.epi)
     }
 }

@@ -39,7 +39,7 @@ fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
 #[test]
 fn every_tensor_core_variant_compiles_to_spirv() {
     let all = CoopMatmul::all();
-    assert_eq!(all.len(), 5 * 64);
+    assert_eq!(all.len(), 5 * 128);
     let mut failed = Vec::new();
     for v in &all {
         match std::panic::catch_unwind(|| compile(v)) {

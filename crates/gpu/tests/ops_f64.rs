@@ -151,6 +151,27 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("swiglu dup", down(&du)));
     out.push(("gelu", down(&ex.gelu(&x6).unwrap())));
     out.push(("gelu backward", down(&ex.gelu_backward(&x6, &dy).unwrap())));
+    // The MLP's products with the activation applied at their store: the
+    // forward's [ROWS, F] product, the backward's input gradient [ROWS, F].
+    let gate6 = ex.scale(&dmm, 6.0).unwrap();
+    let (f, ga) = ex.matmul_gelu(&x, &w, Some(&bias), Transpose::NT).unwrap();
+    out.push(("matmul_gelu f", down(&f)));
+    out.push(("matmul_gelu g", down(&ga)));
+    let (u, s) = ex
+        .matmul_swiglu(&x, &w, Some(&bias), Transpose::NT, &gate6)
+        .unwrap();
+    out.push(("matmul_swiglu up", down(&u)));
+    out.push(("matmul_swiglu s", down(&s)));
+    let g = ex
+        .matmul_backward_gelu(&w2, &w, &dy, Transpose::NN, MatmulNeeds::ALL, &gate6)
+        .unwrap();
+    out.push(("matmul_backward_gelu da", down(g.da.as_ref().unwrap())));
+    out.push(("matmul_backward_gelu db", down(g.db.as_ref().unwrap())));
+    let (_, dg, du) = ex
+        .matmul_backward_swiglu(&w2, &w, &dy, Transpose::NN, MatmulNeeds::ALL, &gate6, &dmm)
+        .unwrap();
+    out.push(("matmul_bwd_swiglu dgate", down(&dg)));
+    out.push(("matmul_bwd_swiglu dup", down(&du)));
     out.push(("add", down(&ex.add(&x, &dy).unwrap())));
 
     let table = up(&i.table);

@@ -413,6 +413,76 @@ pub trait Executor {
         Ok(g)
     }
 
+    // ---- matmuls fused with the activation beside them -----------------
+    //
+    // An MLP's activation reads a product's output (forward) and its
+    // gradient is the next product's input gradient (backward). These run
+    // the product and the activation as one op, so that an executor can
+    // apply the activation where the product is stored instead of in a
+    // pass of its own over the largest tensors of the step. The defaults
+    // compose the unfused ops: they are the reference.
+
+    /// `f = op(a) @ op(b) + bias` and [`gelu`](Self::gelu) of it: returns
+    /// `(f, gelu(f))` (`f` is what the backward needs).
+    fn matmul_gelu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        t: Transpose,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        compose_matmul_gelu(self, a, b, bias, t)
+    }
+
+    /// `up = op(a) @ op(b) + bias` and [`swiglu`](Self::swiglu)`(gate, up)`:
+    /// returns `(up, s)`. `gate` (f32) has the product's shape.
+    fn matmul_swiglu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        t: Transpose,
+        gate: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        compose_matmul_swiglu(self, a, b, bias, t, gate)
+    }
+
+    /// [`matmul_backward`](Self::matmul_backward) of a product whose `a` is
+    /// `gelu(pre)`, carried on through the activation: the returned `da` is
+    /// the gradient of `pre` (f32, `a`'s shape), i.e.
+    /// `gelu_backward(pre, dout @ op(b)ᵀ)`. It is always computed
+    /// (`needs.da` is ignored); `db` and `dbias` as `needs` says.
+    fn matmul_backward_gelu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        pre: &Self::Tensor,
+    ) -> Result<MatmulGrads<Self::Tensor>> {
+        compose_matmul_backward_gelu(self, a, b, dout, t, needs, pre)
+    }
+
+    /// [`matmul_backward`](Self::matmul_backward) of a product whose `a` is
+    /// `swiglu(gate, up)`, carried on through the activation: returns `b`'s
+    /// and the bias's gradients as `needs` says (`da` is `None`), then
+    /// `(dgate, dup) = swiglu_backward(gate, up, dout @ op(b)ᵀ)`. `gate` and
+    /// `up` (f32) have `a`'s shape.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn matmul_backward_swiglu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+    ) -> Result<(MatmulGrads<Self::Tensor>, Self::Tensor, Self::Tensor)> {
+        compose_matmul_backward_swiglu(self, a, b, dout, t, needs, gate, up)
+    }
+
     // ---- norms ---------------------------------------------------------
 
     /// y = x / sqrt(mean(x²) + eps) · w, over the last dimension. `w` is `[C]`.
@@ -667,6 +737,97 @@ pub fn compose_add_layernorm_backward<E: Executor + ?Sized>(
     let mut g = ex.layernorm_backward(h, w, mean, rstd, dy)?;
     ex.add_assign(&mut g.dx, dh)?;
     Ok(g)
+}
+
+/// Checks an activation operand of a fused matmul: f32, of `want`'s shape
+/// (`want_what` names that shape in the error).
+pub fn check_act_operand<T: TensorHandle>(
+    op: &'static str,
+    name: &str,
+    x: &T,
+    want: &Shape,
+    want_what: &str,
+) -> Result<()> {
+    if x.dtype() != DType::F32 {
+        return Err(Error::DType {
+            op,
+            expected: DType::F32,
+            got: x.dtype(),
+        });
+    }
+    if x.shape() != want {
+        return Err(Error::shape(
+            op,
+            format!("{name} {} must have {want_what} {want}", x.shape()),
+        ));
+    }
+    Ok(())
+}
+
+/// [`Executor::matmul_gelu`] from the unfused ops.
+pub fn compose_matmul_gelu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    bias: Option<&E::Tensor>,
+    t: Transpose,
+) -> Result<(E::Tensor, E::Tensor)> {
+    let f = ex.matmul(a, b, bias, t)?;
+    let g = ex.gelu(&f)?;
+    Ok((f, g))
+}
+
+/// [`Executor::matmul_swiglu`] from the unfused ops.
+pub fn compose_matmul_swiglu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    bias: Option<&E::Tensor>,
+    t: Transpose,
+    gate: &E::Tensor,
+) -> Result<(E::Tensor, E::Tensor)> {
+    let up = ex.matmul(a, b, bias, t)?;
+    check_act_operand("matmul_swiglu", "gate", gate, up.shape(), "the product's shape")?;
+    let s = ex.swiglu(gate, &up)?;
+    Ok((up, s))
+}
+
+/// [`Executor::matmul_backward_gelu`] from the unfused ops.
+pub fn compose_matmul_backward_gelu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    dout: &E::Tensor,
+    t: Transpose,
+    needs: MatmulNeeds,
+    pre: &E::Tensor,
+) -> Result<MatmulGrads<E::Tensor>> {
+    check_act_operand("matmul_backward_gelu", "pre", pre, a.shape(), "a's shape")?;
+    let mut g = ex.matmul_backward(a, b, dout, t, MatmulNeeds { da: true, ..needs })?;
+    let da = g.da.take().expect("da was requested");
+    g.da = Some(ex.gelu_backward(pre, &da)?);
+    Ok(g)
+}
+
+/// [`Executor::matmul_backward_swiglu`] from the unfused ops.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn compose_matmul_backward_swiglu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    dout: &E::Tensor,
+    t: Transpose,
+    needs: MatmulNeeds,
+    gate: &E::Tensor,
+    up: &E::Tensor,
+) -> Result<(MatmulGrads<E::Tensor>, E::Tensor, E::Tensor)> {
+    const OP: &str = "matmul_backward_swiglu";
+    check_act_operand(OP, "gate", gate, a.shape(), "a's shape")?;
+    check_act_operand(OP, "up", up, a.shape(), "a's shape")?;
+    let mut g = ex.matmul_backward(a, b, dout, t, MatmulNeeds { da: true, ..needs })?;
+    let ds = g.da.take().expect("da was requested");
+    let (dgate, dup) = ex.swiglu_backward(gate, up, &ds)?;
+    Ok((g, dgate, dup))
 }
 
 /// `add_assign` accepts any equal element count; the residual gradient

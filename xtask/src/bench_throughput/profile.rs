@@ -175,16 +175,22 @@ mod tests {
     /// (forward, recompute in backward) and its backward once.
     fn llama_step_calls(l: u64) -> Vec<(&'static str, u64)> {
         vec![
-            // q, k, v, o, gate, up, down per block forward; the head.
-            ("matmul", 2 * 7 * l + 1),
+            // q, k, v, o, gate, down per block forward; the head.
+            ("matmul", 2 * 6 * l + 1),
+            // up with SwiGLU applied at its store.
+            ("matmul_swiglu", 2 * l),
+            // Down's input gradient through SwiGLU's backward at its store;
+            // its weight gradient is a matmul_backward like the others'.
+            ("matmul_backward_swiglu", l),
             ("matmul_backward", 7 * l + 1),
             ("attention", 2 * l),
             ("attention_backward", l),
             // q and k.
             ("rope", 2 * 2 * l),
             ("rope_backward", 2 * l),
-            ("swiglu", 2 * l),
-            ("swiglu_backward", l),
+            // Fused into the products above.
+            ("swiglu", 0),
+            ("swiglu_backward", 0),
             // The input norm of each block, and the final norm.
             ("rmsnorm", 2 * l + 1),
             ("rmsnorm_backward", 1),

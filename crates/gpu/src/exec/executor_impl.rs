@@ -183,6 +183,52 @@ impl Executor for GpuExecutor {
         self.matmul_backward_into_impl(a, b, dout, t, needs, db_acc)
     }
 
+    fn matmul_gelu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        t: Transpose,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.matmul_act_impl("matmul_gelu", a, b, bias, t, None)
+    }
+
+    fn matmul_swiglu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        t: Transpose,
+        gate: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.matmul_act_impl("matmul_swiglu", a, b, bias, t, Some(gate))
+    }
+
+    fn matmul_backward_gelu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        pre: &GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        self.matmul_backward_gelu_impl(a, b, dout, t, needs, pre)
+    }
+
+    fn matmul_backward_swiglu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+    ) -> Result<(MatmulGrads<GpuTensor>, GpuTensor, GpuTensor)> {
+        self.matmul_backward_swiglu_impl(a, b, dout, t, needs, gate, up)
+    }
+
     fn rmsnorm(&self, x: &GpuTensor, w: &GpuTensor, eps: f32) -> Result<NormOut<GpuTensor>> {
         Ok(self.norm_fwd(x, None, w, None, eps)?.1)
     }

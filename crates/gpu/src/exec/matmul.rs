@@ -7,6 +7,7 @@
 
 use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
 
+use super::matmul_epilogue::{EPI_SHIFT, Epilogue};
 use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
@@ -49,9 +50,9 @@ const NO_SCALE: u32 = u32::MAX;
 /// (`shaders/absmax.wgsl`) and which word belongs to which operand.
 #[derive(Clone, Copy)]
 pub(crate) struct Scales<'a> {
-    buf: &'a GpuTensor,
-    a: u32,
-    b: u32,
+    pub(super) buf: &'a GpuTensor,
+    pub(super) a: u32,
+    pub(super) b: u32,
 }
 
 /// The kernel family one product runs on.
@@ -62,6 +63,7 @@ enum Path {
         tile: CoopTile,
         b_f16: bool,
         emulated: bool,
+        epi: bool,
     },
 }
 
@@ -107,8 +109,27 @@ impl GpuExecutor {
         d: Mm,
         scales: Option<Scales<'_>>,
     ) -> Result<()> {
+        self.matmul_epi(op, a, b, bias, c, d, scales, None).map(|_| ())
+    }
+
+    /// [`Self::matmul_raw`] storing C through `epi`. Returns false, having
+    /// recorded nothing, where the epilogue cannot see whole sums (K split
+    /// over dispatches, ACCUMULATE, a batch summed into one C): the caller
+    /// then composes the product and the standalone activation.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_epi(
+        &self,
+        op: &mut Op<'_>,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        c: &GpuTensor,
+        d: Mm,
+        scales: Option<Scales<'_>>,
+        epi: Option<Epilogue<'_>>,
+    ) -> Result<bool> {
         if d.m == 0 || d.n == 0 {
-            return Ok(());
+            return Ok(true);
         }
         if d.k == 0 {
             // An empty sum: C is the bias (or stays as it is when accumulating).
@@ -125,7 +146,14 @@ impl GpuExecutor {
             DType::BF16 => MatmulB::Bf16,
             DType::F16 => MatmulB::F16,
         };
-        let simt = |f16| Path::Simt(SimtMatmul { big, b: b_kind, f16 });
+        let simt = |f16| {
+            Path::Simt(SimtMatmul {
+                big,
+                b: b_kind,
+                f16,
+                epi: epi.is_some(),
+            })
+        };
         let path = match scales {
             None => simt(false),
             // The tensor-core kernels take f32 or f16 B; bf16 B (never on the
@@ -135,11 +163,13 @@ impl GpuExecutor {
                     tile,
                     b_f16: b_kind == MatmulB::F16,
                     emulated: false,
+                    epi: epi.is_some(),
                 },
                 (F16Matmul::CoopEmulated(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
                     tile,
                     b_f16: b_kind == MatmulB::F16,
                     emulated: true,
+                    epi: epi.is_some(),
                 },
                 _ => simt(true),
             },
@@ -155,13 +185,23 @@ impl GpuExecutor {
             if d.tc { d.m } else { d.n },
         );
         let sum_batch = d.batch > 1 && d.c_bstride == 0;
+        if epi.is_some() && (d.accumulate || sum_batch) {
+            return Ok(false);
+        }
+        let epi_bits = epi.map_or(0, |e| e.kind() << EPI_SHIFT);
         // Counting the inner loops in case the driver does not unroll them,
         // an invocation runs up to ~9 loop iterations per unit of K; past the
         // loop budget K is split over dispatches (accumulating into C).
         let k_cap = (self.loop_budget / 10).max(TILE);
         let fits = a.byte_len() <= self.max_binding
             && b.byte_len() <= self.max_binding
-            && c.byte_len() <= self.max_binding;
+            && c.byte_len() <= self.max_binding
+            && epi.is_none_or(|e| {
+                e.operands()
+                    .iter()
+                    .flatten()
+                    .all(|t| t.byte_len() <= self.max_binding)
+            });
         let bias_view = match bias {
             Some(t) => self.full(t)?,
             None => self.dummy(),
@@ -172,6 +212,7 @@ impl GpuExecutor {
                 | (bias.is_some() as u32) << 2
                 | (acc as u32) << 3
                 | (d.tc as u32) << 4
+                | epi_bits
         };
         if fits && !sum_batch && d.k <= k_cap {
             let (av, bv, cv) = (self.full(a)?, self.full(b)?, self.full(c)?);
@@ -198,8 +239,12 @@ impl GpuExecutor {
                 0,
             ];
             let views = [av, bv, bias_view, cv];
-            self.dispatch_mm(op, path, params, &views, scale_view, d.batch);
-            return Ok(());
+            let epi_views = match epi {
+                Some(e) => Some(self.epi_views(e, cv, 0, c.numel())?),
+                None => None,
+            };
+            self.dispatch_mm(op, path, params, &views, scale_view, epi_views, d.batch);
+            return Ok(true);
         }
         // Chunked path: shrink the block until every operand's range fits.
         let lim = (self.max_binding.saturating_sub(self.align) / 4) as usize;
@@ -239,6 +284,9 @@ impl GpuExecutor {
                     "an operand row is larger than one storage binding",
                 ));
             }
+        }
+        if epi.is_some() && kc < d.k {
+            return Ok(false);
         }
         for z in 0..d.batch {
             let (ab, bb, cb) = (z * d.a_bstride, z * d.b_bstride, z * d.c_bstride);
@@ -295,19 +343,25 @@ impl GpuExecutor {
                             0,
                         ];
                         let views = [av, bv, bias_view, cv];
-                        self.dispatch_mm(op, path, params, &views, scale_view, 1);
+                        let epi_views = match epi {
+                            Some(e) => Some(self.epi_views(e, cv, sc, lc)?),
+                            None => None,
+                        };
+                        self.dispatch_mm(op, path, params, &views, scale_view, epi_views, 1);
                     }
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Records one product: `params` as matmul_params.wgsl's `Params`, `views` the
-    /// A, B, bias and C bindings, `batch` the grid's depth. The 128-wide
+    /// A, B, bias and C bindings, `epi_views` the epilogue's (with one in
+    /// the params' flags), `batch` the grid's depth. The 128-wide
     /// SIMT tile and the tensor-core kernels run whole tiles on an interior
     /// pipeline (vector loads, no bounds checks) when the operands allow it,
     /// and the M and N edge strips on the checked one.
+    #[allow(clippy::too_many_arguments)]
     fn dispatch_mm(
         &self,
         op: &mut Op<'_>,
@@ -315,11 +369,13 @@ impl GpuExecutor {
         mut params: [u32; 20],
         views: &[View<'_>; 4],
         scale_view: Option<View<'_>>,
+        epi_views: Option<[View<'_>; 3]>,
         batch: usize,
     ) {
         let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
         let mut all: Vec<View<'_>> = views.to_vec();
         all.extend(scale_view);
+        all.extend(epi_views.into_iter().flatten());
         // Vector loads read four elements of the contiguous dimension at a
         // 16-byte (f32) or 8-byte (f16) boundary: every start the kernel
         // forms (offset, batch stride, leading dimension, tile origins) must
@@ -328,7 +384,7 @@ impl GpuExecutor {
             .iter()
             .all(|x| x % 4 == 0);
         let flags = params[3];
-        let (tile, b_f16, emulated) = match path {
+        let (tile, b_f16, emulated, epi) = match path {
             Path::Simt(v) if !v.big => {
                 let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
                 op.dispatch(Kernel::Matmul(v), &params, &all, grid);
@@ -350,6 +406,7 @@ impl GpuExecutor {
                     tb: flags & 2 != 0,
                     b: v.b,
                     f16: v.f16,
+                    epi: v.epi,
                 });
                 for (kernel, x0, y0, gx, gy) in [
                     (interior, 0, 0, nf, mf),
@@ -368,7 +425,8 @@ impl GpuExecutor {
                 tile,
                 b_f16,
                 emulated,
-            } => (tile, b_f16, emulated),
+                epi,
+            } => (tile, b_f16, emulated, epi),
         };
         let s = tile.shape();
         let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
@@ -380,6 +438,7 @@ impl GpuExecutor {
             edge,
             b_f16,
             emulated,
+            epi,
         };
         let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));
         let (mf, nf) = if aligned && k.is_multiple_of(bk) {
@@ -623,7 +682,13 @@ impl GpuExecutor {
         Ok(MatmulGrads { da, db, dbias })
     }
 
-    fn geometry(&self, op: &'static str, a: &GpuTensor, b: &GpuTensor, t: Transpose) -> Result<Geometry> {
+    pub(super) fn geometry(
+        &self,
+        op: &'static str,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        t: Transpose,
+    ) -> Result<Geometry> {
         need_f32(op, a)?;
         let (ad, bd) = (a.dims(), b.dims());
         if ad.len() < 2 || bd.len() < 2 {
@@ -666,18 +731,18 @@ impl GpuExecutor {
     }
 }
 
-struct Geometry {
-    batch_dims: Vec<usize>,
-    m: usize,
-    n: usize,
-    k: usize,
-    batch: usize,
-    b_shared: bool,
+pub(super) struct Geometry {
+    pub(super) batch_dims: Vec<usize>,
+    pub(super) m: usize,
+    pub(super) n: usize,
+    pub(super) k: usize,
+    pub(super) batch: usize,
+    pub(super) b_shared: bool,
     t: Transpose,
 }
 
 impl Geometry {
-    fn forward(&self) -> Mm {
+    pub(super) fn forward(&self) -> Mm {
         // A shared weight with row-major activations: one big [batch·M, K] product.
         let flat = self.b_shared && !self.t.a;
         Mm {

@@ -11,6 +11,7 @@ mod elementwise;
 mod embed_loss;
 mod executor_impl;
 mod matmul;
+mod matmul_epilogue;
 mod norm;
 mod record;
 mod transport_impl;

@@ -57,8 +57,8 @@ pub(super) fn forward<E: Executor>(
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;
-    let f = linear(ex, &n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
-    let g = ex.gelu(&f)?;
+    // The activation applied where the product is stored.
+    let (f, g) = ex.matmul_gelu(&n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
     let m = linear(ex, &g, &w[MLP_W], Some(&w[MLP_B]), Transpose::NN)?;
     let y = ex.add(&x2, &m)?;
     let saved = Gpt2Saved {
@@ -90,8 +90,9 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // MLP.
-    let gm = ex.matmul_backward(&s.g, &w[MLP_W], dy, Transpose::NN, MatmulNeeds::ALL)?;
-    let df = ex.gelu_backward(&s.f, &take(gm.da))?;
+    // The projection's input gradient carried on through GELU.
+    let gm = ex.matmul_backward_gelu(&s.g, &w[MLP_W], dy, Transpose::NN, MatmulNeeds::ALL, &s.f)?;
+    let df = take(gm.da);
     let gfc = ex.matmul_backward(&s.n2.y, &w[FC_W], &df, Transpose::NN, MatmulNeeds::ALL)?;
     // x2 flows on past the norm: its gradient is the norm's plus dy.
     let n2 = ex.add_layernorm_backward(

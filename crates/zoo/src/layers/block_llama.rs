@@ -137,8 +137,8 @@ pub(super) fn forward<E: Executor>(
     let o = lin(ex, &a, w, l.o)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let gate = lin(ex, &n2.y, w, l.gate)?;
-    let up = lin(ex, &n2.y, w, l.up)?;
-    let s = ex.swiglu(&gate, &up)?;
+    // The up projection with the activation applied where it is stored.
+    let (up, s) = ex.matmul_swiglu(&n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), Transpose::NT, &gate)?;
     let d = lin(ex, &s, w, l.down)?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
@@ -194,8 +194,16 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // MLP.
-    let mut gd = ex.matmul_backward(&s.s, &w[l.down.0], dy, Transpose::NT, needs(l.down.1))?;
-    let (dgate, dup) = ex.swiglu_backward(&s.gate, &s.up, &take(gd.da.take()))?;
+    // The down projection's input gradient carried on through SwiGLU.
+    let (gd, dgate, dup) = ex.matmul_backward_swiglu(
+        &s.s,
+        &w[l.down.0],
+        dy,
+        Transpose::NT,
+        needs(l.down.1),
+        &s.gate,
+        &s.up,
+    )?;
     put(&mut grads, l.down, gd);
     let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
     let mut gu = ex.matmul_backward(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1))?;

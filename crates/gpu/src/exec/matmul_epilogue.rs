@@ -1,0 +1,265 @@
+//! Matmuls whose store applies the activation beside them
+//! (`shaders/matmul_epilogue.wgsl`): GELU and SwiGLU where their input is
+//! produced (forward), and their backward where their output's gradient
+//! is produced, so that the activation costs no pass of its own over the
+//! MLP's intermediates. Where the epilogue cannot see whole sums
+//! (`matmul_epi` says so: K split over dispatches) the product and the
+//! standalone activation kernel run one after the other.
+
+use megatrain_tensor::{Error, MatmulGrads, MatmulNeeds, Result, Transpose, check_act_operand};
+
+use super::matmul::{Mm, Scales};
+use super::{GpuExecutor, View, need_f32};
+use crate::tensor::GpuTensor;
+
+/// Where the epilogue's kind sits in the params' flags (`EPI_SHIFT` in
+/// `shaders/matmul_params.wgsl`).
+pub(super) const EPI_SHIFT: u32 = 5;
+
+/// An activation applied at a product's store, with its operands (each of
+/// C's shape and layout).
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    /// The product is the activation's output gradient: C = gelu'(pre) ⊙ it.
+    GeluBwd { pre: &'a GpuTensor },
+    /// The product is ds: C = dgate, `dup` = dup.
+    SwigluBwd {
+        gate: &'a GpuTensor,
+        up: &'a GpuTensor,
+        dup: &'a GpuTensor,
+    },
+    /// C = the product f, `g` = gelu(f).
+    GeluFwd { g: &'a GpuTensor },
+    /// C = the product up, `s` = silu(gate) · up.
+    SwigluFwd { gate: &'a GpuTensor, s: &'a GpuTensor },
+}
+
+impl<'a> Epilogue<'a> {
+    /// `EPI_*` of `shaders/matmul_params.wgsl`.
+    pub(super) fn kind(&self) -> u32 {
+        match self {
+            Epilogue::GeluBwd { .. } => 1,
+            Epilogue::SwigluBwd { .. } => 2,
+            Epilogue::GeluFwd { .. } => 3,
+            Epilogue::SwigluFwd { .. } => 4,
+        }
+    }
+
+    /// The tensors bound as aux0, aux1 and aux_out.
+    pub(super) fn operands(&self) -> [Option<&'a GpuTensor>; 3] {
+        match *self {
+            Epilogue::GeluBwd { pre } => [Some(pre), None, None],
+            Epilogue::SwigluBwd { gate, up, dup } => [Some(gate), Some(up), Some(dup)],
+            Epilogue::GeluFwd { g } => [None, None, Some(g)],
+            Epilogue::SwigluFwd { gate, s } => [Some(gate), None, Some(s)],
+        }
+    }
+}
+
+impl GpuExecutor {
+    /// The epilogue's bindings for the C view `c` of elements
+    /// `start..start + count`: each operand over the same range, so that
+    /// the kernel indexes them as it indexes C. Unused inputs are the dummy;
+    /// an unused output is C's own view (never written: the kind decides).
+    pub(super) fn epi_views<'a>(
+        &'a self,
+        e: Epilogue<'a>,
+        c: View<'a>,
+        start: usize,
+        count: usize,
+    ) -> Result<[View<'a>; 3]> {
+        let view = |t: Option<&'a GpuTensor>, unused: View<'a>| -> Result<View<'a>> {
+            let Some(t) = t else { return Ok(unused) };
+            let v = self.view(t, start, count)?;
+            // f32 tensors start on the binding alignment, so a range has the
+            // same element offset in each; the kernel relies on it.
+            if v.elem_off != c.elem_off {
+                return Err(Error::invalid(
+                    "matmul epilogue",
+                    format!("operand offset {} differs from C's {}", v.elem_off, c.elem_off),
+                ));
+            }
+            Ok(v)
+        };
+        let [x0, x1, out] = e.operands();
+        Ok([view(x0, self.dummy())?, view(x1, self.dummy())?, view(out, c)?])
+    }
+
+    /// `op(a) @ op(b) + bias` into a fresh C and the activation of it:
+    /// GELU, or SwiGLU with `gate`. Returns (C, activation).
+    pub(crate) fn matmul_act_impl(
+        &self,
+        name: &'static str,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        t: Transpose,
+        gate: Option<&GpuTensor>,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        let g = self.geometry(name, a, b, t)?;
+        if let Some(bias) = bias {
+            need_f32(name, bias)?;
+            if bias.dims() != [g.n] {
+                return Err(Error::shape(name, format!("bias {} for N = {}", bias.shape, g.n)));
+            }
+        }
+        let mut out_dims = g.batch_dims.clone();
+        out_dims.extend([g.m, g.n]);
+        let c = self.alloc_f32(out_dims)?;
+        if let Some(gate) = gate {
+            check_act_operand(name, "gate", gate, &c.shape, "the product's shape")?;
+        }
+        let y = self.alloc_f32(c.shape.clone())?;
+        let epi = match gate {
+            Some(gate) => Epilogue::SwigluFwd { gate, s: &y },
+            None => Epilogue::GeluFwd { g: &y },
+        };
+        let mut op = self.op(name);
+        let maxima = self.operand_maxima(&mut op, &[a, b])?;
+        let scales = maxima.as_ref().map(|(buf, s)| Scales {
+            buf,
+            a: s[0],
+            b: s[1],
+        });
+        let d = g.forward();
+        if self.matmul_epi(&mut op, a, b, bias, &c, d, scales, Some(epi))? {
+            op.finish()?;
+            return Ok((c, y));
+        }
+        drop(y);
+        self.matmul_raw(&mut op, a, b, bias, &c, d, scales)?;
+        op.finish()?;
+        let y = match gate {
+            Some(gate) => self.swiglu_impl(gate, &c)?,
+            None => self.gelu_impl(&c)?,
+        };
+        Ok((c, y))
+    }
+
+    /// GELU's backward fused into `matmul_backward`'s `da` product: the
+    /// returned `da` is the gradient of `pre`.
+    pub(crate) fn matmul_backward_gelu_impl(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        pre: &GpuTensor,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        const OP: &str = "matmul_backward_gelu";
+        check_act_operand(OP, "pre", pre, &a.shape, "a's shape")?;
+        let da = self.alloc_f32(a.shape.clone())?;
+        let da = if self.da_product(OP, a, b, dout, t, &da, Epilogue::GeluBwd { pre })? {
+            da
+        } else {
+            self.gelu_backward_impl(pre, &da)?
+        };
+        let mut g = self.rest_of_backward(a, b, dout, t, needs)?;
+        g.da = Some(da);
+        Ok(g)
+    }
+
+    /// SwiGLU's backward fused into `matmul_backward`'s `da` product:
+    /// returns the other gradients, dgate and dup.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub(crate) fn matmul_backward_swiglu_impl(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+    ) -> Result<(MatmulGrads<GpuTensor>, GpuTensor, GpuTensor)> {
+        const OP: &str = "matmul_backward_swiglu";
+        check_act_operand(OP, "gate", gate, &a.shape, "a's shape")?;
+        check_act_operand(OP, "up", up, &a.shape, "a's shape")?;
+        let dgate = self.alloc_f32(a.shape.clone())?;
+        let dup = self.alloc_f32(a.shape.clone())?;
+        let epi = Epilogue::SwigluBwd { gate, up, dup: &dup };
+        let (dgate, dup) = if self.da_product(OP, a, b, dout, t, &dgate, epi)? {
+            (dgate, dup)
+        } else {
+            drop(dup);
+            self.swiglu_backward_impl(gate, up, &dgate)?
+        };
+        let g = self.rest_of_backward(a, b, dout, t, needs)?;
+        Ok((g, dgate, dup))
+    }
+
+    /// `db` and `dbias` as `needs` says (`da` is the fused ops' own).
+    fn rest_of_backward(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+    ) -> Result<MatmulGrads<GpuTensor>> {
+        if !needs.db && !needs.dbias {
+            return Ok(MatmulGrads {
+                da: None,
+                db: None,
+                dbias: None,
+            });
+        }
+        self.matmul_backward_impl(a, b, dout, t, MatmulNeeds { da: false, ..needs })
+    }
+
+    /// `matmul_backward`'s `da` product, dout @ op(b)ᵀ (stored transposed
+    /// when `a` is), into `c` through `epi`. Returns false where the
+    /// epilogue could not apply: `c` then holds the plain product.
+    #[allow(clippy::too_many_arguments)]
+    fn da_product(
+        &self,
+        name: &'static str,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        c: &GpuTensor,
+        epi: Epilogue<'_>,
+    ) -> Result<bool> {
+        let g = self.geometry(name, a, b, t)?;
+        need_f32(name, dout)?;
+        let mut out_dims = g.batch_dims.clone();
+        out_dims.extend([g.m, g.n]);
+        if dout.dims() != out_dims.as_slice() {
+            return Err(Error::shape(
+                name,
+                format!("dout {} but the product is {:?}", dout.shape, out_dims),
+            ));
+        }
+        let (m, n, k, nb) = (g.m, g.n, g.k, g.batch);
+        // The same product as `backward`'s da.
+        let flat = g.b_shared && !t.a;
+        let d = Mm {
+            m: if flat { nb * m } else { m },
+            n: k,
+            k: n,
+            batch: if flat { 1 } else { nb },
+            ta: false,
+            tb: !t.b,
+            tc: t.a,
+            a_bstride: m * n,
+            b_bstride: if g.b_shared { 0 } else { k * n },
+            c_bstride: m * k,
+            accumulate: false,
+        };
+        let mut op = self.op(name);
+        let maxima = self.operand_maxima(&mut op, &[dout, b])?;
+        let scales = maxima.as_ref().map(|(buf, s)| Scales {
+            buf,
+            a: s[0],
+            b: s[1],
+        });
+        let fused = self.matmul_epi(&mut op, dout, b, None, c, d, scales, Some(epi))?;
+        if !fused {
+            self.matmul_raw(&mut op, dout, b, None, c, d, scales)?;
+        }
+        op.finish()?;
+        Ok(fused)
+    }
+}
