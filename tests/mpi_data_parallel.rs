@@ -264,6 +264,37 @@ fn accumulation_and_clipping_across_ranks() {
     ranks_equal_one_rank("llama-tiny", 3, &sharded);
 }
 
+/// Gradients reduced in chunks of 1021 elements (`--transfer-chunk 4084`:
+/// smaller than every layer, so chunks straddle the shard boundaries and
+/// some ranks own nothing of a chunk) train the bits that whole-layer
+/// reductions train (the default chunk is larger than every layer here),
+/// replicated and sharded, with held gradients and without.
+#[test]
+fn chunked_reduction_equals_whole_layers() {
+    let held: &[&str] = &["--grad-accum", "2"];
+    let clip: &[&str] = &["--grad-clip", "0.5", "--precision", "bf16"];
+    for (np, extra) in [(2, &[][..]), (3, held), (2, clip), (3, &[][..])] {
+        for shard in ["false", "true"] {
+            let dir = tempfile::tempdir().unwrap();
+            let data = corpus(dir.path());
+            let (whole, chunked) = (dir.path().join("whole"), dir.path().join("chunked"));
+            let extra = [extra, &["--shard-optimizer", shard]].concat();
+            run_mpi(np, &train_args("llama-tiny", &data, &whole, 2, &extra));
+            let small = [&extra[..], &["--transfer-chunk", "4084"]].concat();
+            run_mpi(np, &train_args("llama-tiny", &data, &chunked, 2, &small));
+            let what = format!("{np} ranks, {extra:?}");
+            for key in ["loss", "val_loss", "grad_norm"] {
+                assert_eq!(metric(&whole, key), metric(&chunked, key), "{what}: {key}");
+            }
+            let (a, b) = (
+                tensors(&latest(&whole).join("model.safetensors")),
+                tensors(&latest(&chunked).join("model.safetensors")),
+            );
+            assert!(!a.is_empty() && a == b, "{what}: parameters differ");
+        }
+    }
+}
+
 /// bf16 transport copies are all-gathered as 16-bit words. A rounding-level
 /// difference of a master weight can move its bf16 copy by one step
 /// (2^-8 relative), so the loss is compared at 1e-4, not 1e-6: a wrong

@@ -177,3 +177,34 @@ fn staging_is_sized_by_the_chunk() {
         4 * largest
     );
 }
+
+/// `transfer_only` (bench-throughput's bus measurement) moves a step's
+/// bytes, in the step's chunks: every chunk of every layer is begun and
+/// finished (a missed one would leave a download unfinished on the GPU).
+fn transfer_only_moves_a_steps_bytes<E: Executor>(make: impl Fn() -> E) {
+    let case = Case {
+        transport: TransportDType::BF16,
+        micro: 1,
+        clip: None,
+    };
+    let model = llama_tiny(false);
+    for chunk in [CHUNK, WHOLE] {
+        let mut t = trainer(make(), &model, case, chunk);
+        let moved = t.transfer_only().unwrap();
+        let step = t.step(&[batch(model.vocab_size, 0)], 1e-3).unwrap();
+        assert_eq!(moved.bytes_downloaded, step.bytes_downloaded, "chunk {chunk}");
+        assert_eq!(moved.bytes_uploaded, step.bytes_uploaded, "chunk {chunk}");
+        assert!(moved.ms > 0.0);
+    }
+}
+
+#[test]
+fn cpu_transfer_only_moves_a_steps_bytes_in_chunks() {
+    transfer_only_moves_a_steps_bytes(CpuExecutor::new);
+}
+
+#[test]
+fn gpu_transfer_only_moves_a_steps_bytes_in_chunks() {
+    let Some(ctx) = ctx() else { return };
+    transfer_only_moves_a_steps_bytes(|| GpuExecutor::new(ctx.clone()));
+}

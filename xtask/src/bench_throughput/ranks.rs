@@ -49,6 +49,10 @@ pub struct RankRecord {
     /// the whole state that initialisation writes before a sharded rank
     /// hands back the pages it does not own).
     pub rss_bytes: u64,
+    /// Rank 0's gradient staging peak (`Trainer::staging_bytes`): chunks
+    /// in flight, bounded by the transfer chunk, not by the largest layer.
+    #[serde(default)]
+    pub staging_bytes: u64,
     pub loss_last: f64,
 }
 
@@ -96,12 +100,15 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     );
     let model = spec.model()?;
     let tier = tier_for(spec, &model)?;
-    let config = TrainerConfig {
+    let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
         chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };
+    if let Some(b) = spec.transfer_chunk {
+        config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
+    }
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;
     if let Some(c) = comm.clone() {
         tr.set_distributed(DistConfig {
@@ -151,6 +158,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         comm_wait_ms: steps.iter().map(|m| m.comm_wait_ms).sum::<f64>() / n,
         comm_bytes_per_step: steps.last().map_or(0, |m| m.comm_bytes),
         rss_bytes: rss::current_rss_bytes().unwrap_or(0),
+        staging_bytes: tr.staging_bytes(),
         loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
     }))
 }
@@ -210,8 +218,8 @@ pub fn run(
     anyhow::ensure!(rounds >= 1, "--rounds must be at least 1");
     anyhow::ensure!(ranks >= 2, "--ranks {ranks}: give at least 2 for a scaling run");
     let mut table = String::from(
-        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | efficiency |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | staging rank 0 | efficiency |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in specs {
         let mut spec = s.clone();
@@ -244,7 +252,7 @@ pub fn run(
         let base = rows[0].tokens_per_s;
         for r in &rows {
             table += &format!(
-                "| {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} MiB | {:.3} |\n",
+                "| {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} MiB | {:.2} MiB | {:.3} |\n",
                 spec.label,
                 r.ranks,
                 if r.ranks == 1 {
@@ -261,6 +269,7 @@ pub fn run(
                 r.comm_wait_ms,
                 r.comm_bytes_per_step as f64 / 1e6,
                 r.rss_bytes as f64 / (1 << 20) as f64,
+                r.staging_bytes as f64 / (1 << 20) as f64,
                 r.tokens_per_s / (r.ranks as f64 * base),
             );
         }

@@ -1,13 +1,17 @@
 //! Data parallel training across processes (ARCHITECTURE.md, "Past one
 //! GPU"). Each rank trains on its own rows of every batch; gradients are
-//! summed across ranks layer by layer on the host as they land, by the
+//! summed across ranks on the host chunk by chunk as they land (the
+//! trainer's transfer chunks, so no buffer is sized by a layer), by the
 //! trainer's optimizer worker while the device goes on with earlier layers.
 //!
 //! [`Collective`] is the engine-neutral interface the trainer uses; the MPI
 //! implementation ([`mpi::MpiComm`], feature `mpi`) is the only one that
-//! spans processes. Nothing here needs MPI to build.
+//! spans processes; [`local::LocalComm`] runs ranks as threads of one
+//! process (tests: no MPI, and sums in rank order whatever the message
+//! sizes). Nothing here needs MPI to build.
 
 mod check;
+pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod shard;
@@ -15,7 +19,7 @@ mod shard;
 use std::sync::Arc;
 
 pub use check::check_same;
-pub use shard::{shard_mask, shard_range, shard_ranges};
+pub use shard::{chunk_ranges, shard_mask, shard_range, shard_ranges};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
@@ -106,8 +110,9 @@ pub trait Collective: Send + Sync {
     /// waited on; `send` must not be written and `recv` neither read nor
     /// written meanwhile.
     unsafe fn start_sum(&self, send: *const f32, recv: *mut f32, len: usize) -> Result<Box<dyn InFlight>>;
-    /// Starts a reduce-scatter: `send` (the whole layer, `ranges` covering
-    /// it in rank order) is summed across ranks and this rank's range of
+    /// Starts a reduce-scatter: `send` (`ranges` covering it in rank order,
+    /// some possibly empty: a chunk of a layer cut by the ranks' shards, see
+    /// [`chunk_ranges`]) is summed across ranks and this rank's range of
     /// the sum lands in `recv` (`ranges[rank].len()` elements).
     ///
     /// # Safety
@@ -121,7 +126,8 @@ pub trait Collective: Send + Sync {
         ranges: &[std::ops::Range<usize>],
     ) -> Result<Box<dyn InFlight>>;
     /// Starts an in-place all-gather: rank k's `buf[ranges[k]]` (elements
-    /// of `elem`) is copied into every rank's `buf`.
+    /// of `elem`; `ranges` cover `buf` in rank order, some possibly empty)
+    /// is copied into every rank's `buf`.
     ///
     /// # Safety
     /// `buf` must stay valid, and untouched, until the returned operation

@@ -1,6 +1,6 @@
 //! [`Collective`] over MPI (rsmpi for initialisation and finalisation, its
 //! raw bindings for the non-blocking collectives, whose buffers rsmpi ties
-//! to a lexical scope that a per-layer pipeline cannot keep).
+//! to a lexical scope that a per-chunk pipeline cannot keep).
 //!
 //! MPI is initialised with `MPI_THREAD_SERIALIZED`: the trainer calls
 //! collectives from its main thread and from the optimizer worker, never
@@ -243,7 +243,7 @@ impl Collective for MpiComm {
     }
 
     unsafe fn start_sum(&self, send: *const f32, recv: *mut f32, len: usize) -> Result<Box<dyn InFlight>> {
-        let n = count(|| "a layer's gradients".into(), len)?;
+        let n = count(|| "a chunk of gradients".into(), len)?;
         Self::request("MPI_Iallreduce", Vec::new(), Vec::new(), |req| unsafe {
             ffi::MPI_Iallreduce(
                 send.cast(),

@@ -17,7 +17,8 @@ pub struct RankBytes {
     pub moments: u64,
     pub transport: u64,
     pub gradients: u64,
-    /// Gradient staging and the receive buffers of the reductions in flight.
+    /// Gradient staging and the receive buffers of the reductions in
+    /// flight, chunk-sized.
     pub staging: u64,
 }
 
@@ -63,10 +64,13 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> RankByt
             b.gradients += megatrain_tier::padded_bytes(n, 4);
         }
     }
-    // Two layers' gradients in flight from the device (as on one rank),
-    // plus the receive buffers of two reductions (one shard each).
-    let shard = max_layer.div_ceil(ranks as u64);
-    b.staging = 2 * 4 * max_layer + if ranks > 1 { 2 * 4 * shard } else { 0 };
+    // Gradients move in transfer chunks (the default's): the one being
+    // filled and those queued for the worker, plus, on several ranks, two
+    // reductions in flight with their gradient and receive buffers each
+    // (`trainer/reduce.rs`); none is sized by a layer.
+    let chunk = max_layer.min(crate::trainer::DEFAULT_TRANSFER_CHUNK as u64);
+    let queue = crate::trainer::TrainerConfig::default().optimizer_queue as u64;
+    b.staging = 4 * chunk * (queue + if ranks > 1 { 5 } else { 2 });
     b
 }
 

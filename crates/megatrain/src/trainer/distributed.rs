@@ -1,16 +1,19 @@
-//! The [`Trainer`]'s data parallel side outside the per-layer pipeline
+//! The [`Trainer`]'s data parallel side outside the per-chunk pipeline
 //! (which is in `reduce.rs`): joining a communicator, the global target
-//! count, clipping with a sharded optimizer, and gathering sharded state
-//! for a checkpoint.
+//! count, clipping with a sharded optimizer, gathering sharded state for
+//! a checkpoint, and the update of a rank's part of a layer.
 
+use std::ops::Range;
 use std::time::Instant;
 
-use megatrain_adamw::{clip_coefficient, grad_norm_sq};
+use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport, clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
+use megatrain_tier::{LayerSlab, TransportMut};
 
-use super::reduce::{DistState, update_range};
+use super::optimizer::sub_mask;
+use super::reduce::DistState;
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
-use crate::dist::DistConfig;
+use crate::dist::{DistConfig, Elem};
 
 fn engine_err(e: crate::dist::DistError) -> TrainError {
     TrainError::Internal(e.to_string())
@@ -18,7 +21,7 @@ fn engine_err(e: crate::dist::DistError) -> TrainError {
 
 impl<E: Executor> Trainer<E> {
     /// Trains as one rank of `dist`: from the next step on, gradients are
-    /// summed across ranks layer by layer (and, with a sharded optimizer,
+    /// summed across ranks chunk by chunk (and, with a sharded optimizer,
     /// this rank updates only its 1/N of every layer). Every rank must hold
     /// the same parameters and optimizer state when this is called.
     pub fn set_distributed(&mut self, dist: DistConfig) -> Result<()> {
@@ -39,7 +42,7 @@ impl<E: Executor> Trainer<E> {
             ));
         }
         let numels: Vec<usize> = self.tier.layers().iter().map(|s| s.numel()).collect();
-        self.dist = Some(DistState::new(dist, &numels, &self.masks));
+        self.dist = Some(DistState::new(dist, &numels));
         self.release_unowned()
     }
 
@@ -104,7 +107,9 @@ impl<E: Executor> Trainer<E> {
         let mut ops = Vec::with_capacity(self.tier.len());
         for slab in self.tier.layers_mut() {
             let i = slab.index();
-            let (base, elem) = update_range(slab, None, d.own(i), &self.adamw, &d.masks[i], lr, coef)?;
+            let (own, all) = (d.own(i), 0..slab.numel());
+            let (base, elem) =
+                update_range(slab, None, own, all, true, &self.adamw, &self.masks[i], lr, coef)?;
             // SAFETY: the transport copies are not touched until every
             // operation in `ops` has been waited on below (or dropped, which
             // waits), before this function returns.
@@ -139,4 +144,91 @@ impl<E: Executor> Trainer<E> {
         }
         Ok(())
     }
+}
+
+/// The transport copy's range `r` as the optimizer writes it, and the whole
+/// copy as the gather moves it.
+fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut u8, Elem) {
+    match t {
+        TransportMut::F32(t) => {
+            let p = t.as_mut_ptr().cast();
+            (Transport::F32(&mut t[r]), p, Elem::F32)
+        }
+        TransportMut::BF16(t) => {
+            let p = t.as_mut_ptr().cast();
+            (Transport::Bf16(&mut t[r]), p, Elem::U16)
+        }
+        TransportMut::F16(t) => {
+            let p = t.as_mut_ptr().cast();
+            (Transport::F16(&mut t[r]), p, Elem::U16)
+        }
+    }
+}
+
+/// AdamW on elements `r` of `slab` (possibly none: this rank's shard may
+/// miss a chunk) with their summed gradient (`grad`, or the held
+/// gradient's when `None`); `mask` is the whole layer's. Zeroes the held
+/// gradient's elements `zero` for the next step. `ends`: this is the
+/// layer's last update of the step, so its step count (bias correction)
+/// moves on, by one whatever the number of chunks. Returns the transport
+/// copy's base pointer.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn update_range(
+    slab: &mut LayerSlab,
+    grad: Option<&mut [f32]>,
+    r: Range<usize>,
+    zero: Range<usize>,
+    ends: bool,
+    adamw: &AdamW,
+    mask: &DecayMask,
+    lr: f32,
+    grad_scale: f32,
+) -> Result<(*mut u8, Elem), TrainError> {
+    let index = slab.index();
+    let sub;
+    let mask = if r == (0..slab.numel()) {
+        mask
+    } else {
+        sub = sub_mask(mask, r.clone())?;
+        &sub
+    };
+    let base = {
+        let parts = slab.parts_mut();
+        let mut held = parts.grads;
+        let (transport, base, elem) = transport_parts(parts.transport, r.clone());
+        if !r.is_empty() {
+            let grad = match (grad, held.as_deref_mut()) {
+                (Some(g), _) => g,
+                (None, Some(h)) => &mut h[r.clone()],
+                (None, None) => {
+                    return Err(TrainError::Internal(format!(
+                        "layer {index}: no gradient to apply"
+                    )));
+                }
+            };
+            let update = SlabUpdate::new(
+                &mut parts.params[r.clone()],
+                grad,
+                &mut parts.m[r.clone()],
+                &mut parts.v[r.clone()],
+            )
+            .decay(mask)
+            .transport(transport)
+            .grad_scale(grad_scale);
+            // Every chunk of a step at the layer's step count: the count
+            // moves once, below.
+            adamw.step(&mut SlabState::at_step(*parts.step), lr, update)?;
+        }
+        if ends {
+            *parts.step += 1;
+        }
+        if let Some(h) = held {
+            h[zero].fill(0.0);
+        }
+        (base, elem)
+    };
+    if ends {
+        slab.evict()?;
+    }
+    Ok(base)
 }

@@ -14,6 +14,8 @@
 //! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
 //!   gradient buffer, on the calling thread.
 
+use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::Instant;
 
 use megatrain_tensor::{Download, Executor, Shape, TensorHandle};
@@ -23,8 +25,8 @@ use megatrain_zoo::layers::{
 };
 
 use super::optimizer::update_slab;
-use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, begin_grads, load_layer, upload_layer};
-use super::{Result, TrainError, Trainer, ms};
+use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
+use super::{CHUNKS_IN_FLIGHT, Result, TrainError, Trainer, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -54,6 +56,53 @@ pub struct TransferOnly {
     pub ms: f64,
     pub bytes_uploaded: u64,
     pub bytes_downloaded: u64,
+}
+
+/// A layer's gradients coming down in chunks, as the step's hand-over
+/// moves them.
+struct Falling<T> {
+    grads: Vec<T>,
+    numel: usize,
+    /// First element not begun yet.
+    next: usize,
+    begun_all: bool,
+    in_flight: VecDeque<(Range<usize>, Download<T>)>,
+}
+
+impl<T: TensorHandle> Falling<T> {
+    fn new(numel: usize, grads: Vec<T>) -> Self {
+        Falling {
+            grads,
+            numel,
+            next: 0,
+            begun_all: false,
+            in_flight: VecDeque::new(),
+        }
+    }
+
+    /// Begins the next chunks, up to [`CHUNKS_IN_FLIGHT`].
+    fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E, chunk: usize) -> Result<()> {
+        while self.in_flight.len() < CHUNKS_IN_FLIGHT && !self.begun_all {
+            let r = self.next..(self.next + chunk).min(self.numel);
+            let d = ex.begin_download_range(&self.grads, r.clone())?;
+            self.next = r.end;
+            self.begun_all = self.next == self.numel;
+            self.in_flight.push_back((r, d));
+        }
+        Ok(())
+    }
+
+    /// Finishes every chunk in order into `staging` (one chunk long);
+    /// returns the bytes that came down.
+    fn drain<E: Executor<Tensor = T>>(mut self, ex: &E, chunk: usize, staging: &mut [f32]) -> Result<u64> {
+        let mut bytes = 0;
+        while let Some((r, d)) = self.in_flight.pop_front() {
+            ex.finish_download_range(d, &self.grads, &mut staging[..r.len()])?;
+            bytes += 4 * r.len() as u64;
+            self.begin_more(ex, chunk)?;
+        }
+        Ok(bytes)
+    }
 }
 
 /// A few elements of `t` fetched to the host: waits for every op queued
@@ -148,7 +197,9 @@ impl<E: Executor> Trainer<E> {
     /// The step's bus traffic without its compute: every transport copy up
     /// into the step's slots and in its order (blocks twice, the backward's
     /// a group of K at a time; embedding and head once) and every layer's
-    /// fp32 gradient bytes down, pipelined one layer deep like the step's.
+    /// fp32 gradient bytes down, pipelined one layer deep like the step's
+    /// and in the step's chunks (`transfer_chunk`, [`CHUNKS_IN_FLIGHT`] of
+    /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
     /// before the clock starts; each download takes a reshaped handle of
     /// them (a view on the GPU, a copy on the CPU, which has no bus).
@@ -178,14 +229,16 @@ impl<E: Executor> Trainer<E> {
             Vec::new()
         };
         let head_g = zeros(&layers[n - 1])?;
-        let mut staging = vec![0.0f32; layers.iter().map(LayerSlab::numel).max().unwrap_or(0)];
+        let chunk = self.transfer_chunk();
+        let largest = layers.iter().map(LayerSlab::numel).max().unwrap_or(0);
+        let mut staging = vec![0.0f32; largest.min(chunk)];
         let mut out = TransferOnly {
             ms: 0.0,
             bytes_uploaded: 0,
             bytes_downloaded: 0,
         };
         let mut slots = Slots::new(k);
-        let mut pending: Option<(usize, Download<E::Tensor>)> = None;
+        let mut pending: Option<Falling<E::Tensor>> = None;
         let start = Instant::now();
         let up = |slot, slab: &LayerSlab, out: &mut TransferOnly| -> Result<Vec<E::Tensor>> {
             let (w, bytes) = load_layer(ex, slot, slab)?;
@@ -197,10 +250,11 @@ impl<E: Executor> Trainer<E> {
                 .iter()
                 .map(|t| ex.reshape(t, t.shape()))
                 .collect::<megatrain_tensor::Result<Vec<_>>>()?;
-            let (d, bytes) = begin_grads(ex, &layers[layer], alias)?;
-            out.bytes_downloaded += bytes;
-            if let Some((prev, d)) = pending.replace((layer, d)) {
-                ex.finish_download(d, &mut staging[..layers[prev].numel()])?;
+            check_grads(&layers[layer], &alias)?;
+            let mut p = Falling::new(layers[layer].numel(), alias);
+            p.begin_more(ex, chunk)?;
+            if let Some(prev) = pending.replace(p) {
+                out.bytes_downloaded += prev.drain(ex, chunk, &mut staging)?;
             }
             Ok(())
         };
@@ -230,8 +284,8 @@ impl<E: Executor> Trainer<E> {
             drop(ws);
         }
         down(0, &emb_g, &mut out)?;
-        if let Some((prev, d)) = pending.take() {
-            ex.finish_download(d, &mut staging[..layers[prev].numel()])?;
+        if let Some(prev) = pending.take() {
+            out.bytes_downloaded += prev.drain(ex, chunk, &mut staging)?;
         }
         out.ms = ms(start);
         Ok(out)

@@ -1,60 +1,63 @@
-//! The optimizer worker of a data parallel step: each layer's gradients are
-//! summed across ranks as they land in host memory, then the layer is
-//! updated, while the device goes on with earlier layers.
+//! The optimizer worker of a data parallel step: gradients are summed
+//! across ranks chunk by chunk as they land in host memory (the chunks of
+//! [`TrainerConfig::transfer_chunk`](super::TrainerConfig) the device hands
+//! down), and each chunk is updated as soon as its sum is in, while the
+//! device goes on with earlier layers. No host buffer is sized by a layer:
+//! the staging, the receive buffers and the engine's own copies are sized
+//! by the chunk, whatever the vocabulary.
 //!
-//! Per layer, on the last micro-batch, in layer order (the same on every
-//! rank, which MPI requires of collectives):
+//! Per chunk, on the last micro-batch, in layer and chunk order (the same
+//! on every rank, which MPI requires of collectives):
 //!
-//! - replicated optimizer: all-reduce the gradient; AdamW on the whole layer;
-//! - sharded optimizer (ZeRO-1/2): reduce-scatter the gradient, so this
-//!   rank receives the sum of its 1/N range only; AdamW on that range of
-//!   p, m, v and the transport copy; all-gather the transport copy.
+//! - replicated optimizer: all-reduce the chunk; AdamW on it;
+//! - sharded optimizer (ZeRO-1/2): reduce-scatter the chunk, so this rank
+//!   receives the sum over its 1/N range ∩ the chunk only (possibly
+//!   nothing: counts follow the shards, see [`chunk_ranges`]); AdamW on
+//!   that part of p, m, v and the transport copy; all-gather the chunk of
+//!   the transport copy.
 //!
-//! Layer i's reduction is started before layer i+1's (the previous one)
-//! is waited on and updated, and the all-gathers are waited on one layer
-//! late, so a layer's communication is in flight while the worker updates
-//! the one before it and while the device computes earlier layers.
+//! Where gradients are held (micro-batches, clipping) each chunk is added
+//! into the layer's held block and, on the last micro-batch, that block's
+//! chunk is what is reduced: no other layer-sized buffer. AdamW is
+//! elementwise, so a layer updated chunk by chunk gets the bits of one
+//! updated whole; its step count (bias correction) moves once, with the
+//! chunk that ends the layer, on every rank alike.
+//!
+//! Chunk i's reduction is started before chunk i−1's is waited on and
+//! updated, and the all-gathers are waited on one chunk late, so a chunk's
+//! communication is in flight while the worker updates the one before it
+//! and while the device computes earlier layers.
 //!
 //! Gradients are scaled by 1 / (targets counted by all ranks) in the loss
 //! backward, so the cross-rank sum is exactly the gradient of the global
 //! batch's mean loss, whatever each rank's share of counted targets.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
-use megatrain_tier::{LayerSlab, TransportMut};
+use megatrain_tier::LayerSlab;
 
-use super::optimizer::{Current, Job, Shared, accumulate};
+use super::distributed::update_range;
+use super::optimizer::{Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
-use crate::dist::{Collective, DistConfig, Elem, InFlight, shard_mask, shard_ranges};
+use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges};
 
 /// A trainer's part in data parallel training: the communicator, and for a
-/// sharded optimizer every layer's ranges and this rank's decay masks.
+/// sharded optimizer every layer's ranges.
 pub(super) struct DistState {
     pub config: DistConfig,
     /// Per layer: every rank's range of the flat slab, in rank order.
     pub ranges: Vec<Vec<Range<usize>>>,
-    /// Per layer: the decay mask of this rank's range.
-    pub masks: Vec<DecayMask>,
 }
 
 impl DistState {
-    pub fn new(config: DistConfig, numels: &[usize], masks: &[DecayMask]) -> Self {
-        let (rank, size) = (config.comm.rank(), config.comm.size());
-        let ranges: Vec<Vec<Range<usize>>> = numels.iter().map(|&n| shard_ranges(n, size)).collect();
-        let masks = ranges
-            .iter()
-            .zip(masks)
-            .map(|(r, m)| shard_mask(m, &r[rank]))
-            .collect();
-        DistState {
-            config,
-            ranges,
-            masks,
-        }
+    pub fn new(config: DistConfig, numels: &[usize]) -> Self {
+        let size = config.comm.size();
+        let ranges = numels.iter().map(|&n| shard_ranges(n, size)).collect();
+        DistState { config, ranges }
     }
 
     pub fn comm(&self) -> &dyn Collective {
@@ -96,93 +99,6 @@ impl WorkerReport {
     }
 }
 
-/// A layer whose reduction is in flight.
-struct Reducing<'a> {
-    slab: &'a mut LayerSlab,
-    update: bool,
-    /// The gradient sent (a staging buffer, or empty when it is the held one).
-    send: Vec<f32>,
-    /// Where the sum lands: the whole layer, or this rank's range.
-    recv: Vec<f32>,
-    op: Box<dyn InFlight>,
-}
-
-/// A layer whose transport copy is being all-gathered; the borrow keeps the
-/// buffer alive and untouched until the gather completes.
-struct Gathering<'a> {
-    _slab: &'a mut LayerSlab,
-    op: Box<dyn InFlight>,
-}
-
-/// The transport copy's range `r` as the optimizer writes it, and the whole
-/// copy as the gather moves it.
-fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut u8, Elem) {
-    match t {
-        TransportMut::F32(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F32(&mut t[r]), p, Elem::F32)
-        }
-        TransportMut::BF16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::Bf16(&mut t[r]), p, Elem::U16)
-        }
-        TransportMut::F16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F16(&mut t[r]), p, Elem::U16)
-        }
-    }
-}
-
-/// AdamW on range `r` of `slab` with the summed gradient of that range
-/// (`grad`, or the held gradient's range when `None`); every held gradient
-/// is zeroed for the next step. Returns the transport copy's base pointer.
-pub(super) fn update_range(
-    slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
-    r: Range<usize>,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<(*mut u8, Elem), TrainError> {
-    let index = slab.index();
-    let parts = slab.parts_mut();
-    let mut held = parts.grads;
-    let (transport, base, elem) = transport_parts(parts.transport, r.clone());
-    let mut state = SlabState::at_step(*parts.step);
-    if r.is_empty() {
-        // Fewer elements than ranks: nothing to update here, but the step
-        // count (bias correction) moves with every other rank's.
-        *parts.step += 1;
-    } else {
-        let grad = match (grad, held.as_deref_mut()) {
-            (Some(g), _) => g,
-            (None, Some(h)) => &mut h[r.clone()],
-            (None, None) => {
-                return Err(TrainError::Internal(format!(
-                    "layer {index}: no gradient to apply"
-                )));
-            }
-        };
-        let update = SlabUpdate::new(
-            &mut parts.params[r.clone()],
-            grad,
-            &mut parts.m[r.clone()],
-            &mut parts.v[r.clone()],
-        )
-        .decay(mask)
-        .transport(transport)
-        .grad_scale(grad_scale);
-        adamw.step(&mut state, lr, update)?;
-        *parts.step = state.step();
-    }
-    if let Some(h) = held {
-        h.fill(0.0);
-    }
-    slab.evict()?;
-    Ok((base, elem))
-}
-
 /// The data parallel worker loop (see the module comment). `last`: this is
 /// the step's last micro-batch, so gradients are reduced (and, where a
 /// job says so, applied).
@@ -192,54 +108,41 @@ pub(super) fn dist_worker(
     dist: &DistState,
     last: bool,
 ) -> Result<WorkerReport, TrainError> {
-    let mut rep = WorkerReport::default();
+    let mut w = DistWorker {
+        sh,
+        dist,
+        last,
+        rep: WorkerReport::default(),
+        reducing: None,
+        gathering: VecDeque::new(),
+        arrivals: Arrivals::default(),
+    };
     let mut first_err: Option<TrainError> = None;
-    let mut reducing: Option<Reducing<'_>> = None;
-    let mut gathering: Vec<Gathering<'_>> = Vec::new();
-    let mut assembly = Assembly::default();
     for job in rx {
         if first_err.is_some() {
-            sh.pool.give(job.grads);
+            w.sh.pool.give(job.grads);
             continue;
         }
-        let step = (|| -> Result<(), TrainError> {
-            let t = Instant::now();
-            let whole = assembly.add(job, &sh);
-            rep.busy_ms += ms(t);
-            let Some(whole) = whole? else {
-                return Ok(());
-            };
-            let started = start(whole, &sh, dist, last, &mut rep)?;
-            if let Some(prev) = std::mem::replace(&mut reducing, started) {
-                finish(prev, &sh, dist, &mut rep, &mut gathering)?;
-            }
-            // One gather in flight besides the newest is enough to overlap.
-            while gathering.len() > 1 {
-                let g = gathering.remove(0);
-                wait(g.op, &mut rep)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = step {
+        if let Err(e) = w.job(job) {
             first_err = Some(e);
         }
     }
     let tail = (|| -> Result<(), TrainError> {
-        if let Some(prev) = reducing.take() {
-            finish(prev, &sh, dist, &mut rep, &mut gathering)?;
+        if let Some(prev) = w.reducing.take() {
+            w.finish(prev)?;
         }
-        for g in gathering.drain(..) {
-            wait(g.op, &mut rep)?;
+        while let Some(g) = w.gathering.pop_front() {
+            wait(g, &mut w.rep)?;
         }
         Ok(())
     })();
     // Dropping in-flight operations waits for them: no buffer is released
     // while the engine still uses it.
-    drop(reducing);
-    drop(gathering);
+    drop(w.reducing.take());
+    w.gathering.clear();
     match first_err.or(tail.err()) {
         Some(e) => Err(e),
-        None => Ok(rep),
+        None => Ok(w.rep),
     }
 }
 
@@ -252,200 +155,290 @@ fn wait(op: Box<dyn InFlight>, rep: &mut WorkerReport) -> Result<(), TrainError>
     r.map_err(|e| TrainError::Internal(e.to_string()))
 }
 
-/// A whole layer's gradients: the collectives move layers, so a data
-/// parallel worker gathers a layer's chunks first (its host staging is
-/// still layer-sized; the device side moves chunks).
-struct Whole<'a> {
-    slab: &'a mut LayerSlab,
-    /// The gradient to reduce, or empty when it was accumulated into the
-    /// held block.
-    grads: Vec<f32>,
-    update: bool,
-}
-
-/// The layer whose chunks are arriving.
+/// The layers whose chunks have come in this micro-batch. They stay
+/// borrowed until the worker ends, so a layer's held gradient and
+/// transport copy outlive every collective that reads or writes a chunk of
+/// them.
 #[derive(Default)]
-struct Assembly<'a> {
-    current: Current<'a>,
-    buf: Vec<f32>,
+struct Arrivals<'a> {
+    slabs: Vec<&'a mut LayerSlab>,
+    /// The newest layer's first element not received yet; `None` once its
+    /// last chunk is in.
+    next: Option<usize>,
 }
 
-impl<'a> Assembly<'a> {
-    /// Accumulates a chunk where gradients are held, else copies it into
-    /// the layer's buffer; returns the layer once its last chunk is in.
-    fn add(&mut self, job: Job<'a>, sh: &Shared<'_>) -> Result<Option<Whole<'a>>, TrainError> {
+impl<'a> Arrivals<'a> {
+    /// Takes `slab` (with its layer's first chunk) and checks that `range`
+    /// follows the previous chunk. Returns the layer's place in `slabs`
+    /// and whether the chunk ends the layer.
+    fn accept(
+        &mut self,
+        slab: Option<&'a mut LayerSlab>,
+        range: &Range<usize>,
+    ) -> Result<(usize, bool), TrainError> {
+        if let Some(s) = slab {
+            if self.next.is_some() {
+                return Err(TrainError::Internal(format!(
+                    "layer {} arrived before the previous layer's last chunk",
+                    s.index()
+                )));
+            }
+            self.slabs.push(s);
+            self.next = Some(0);
+        }
+        let (Some(next), Some(slab)) = (self.next, self.slabs.last()) else {
+            return Err(TrainError::Internal(
+                "a gradient chunk came without its layer".into(),
+            ));
+        };
+        let numel = slab.numel();
+        if range.start != next || range.end > numel || range.start > range.end {
+            return Err(TrainError::Internal(format!(
+                "layer {}: gradient chunk {range:?} does not follow element {next} of {numel}",
+                slab.index()
+            )));
+        }
+        let ends = range.end == numel;
+        self.next = (!ends).then_some(range.end);
+        Ok((self.slabs.len() - 1, ends))
+    }
+}
+
+/// A chunk whose reduction is in flight.
+struct Reducing {
+    /// First, so that dropping it (which waits) comes before the buffers go.
+    op: Box<dyn InFlight>,
+    /// The layer's place in [`Arrivals::slabs`].
+    at: usize,
+    chunk: Range<usize>,
+    /// The chunk ends its layer.
+    ends: bool,
+    update: bool,
+    /// The gradient sent (a staging buffer, or empty when it is the held
+    /// block's chunk).
+    send: Vec<f32>,
+    /// Where the sum lands: the whole chunk, or this rank's part of it.
+    recv: Vec<f32>,
+}
+
+struct DistWorker<'a, 's> {
+    /// First, so that dropping them (which waits) comes before the rest.
+    reducing: Option<Reducing>,
+    gathering: VecDeque<Box<dyn InFlight>>,
+    sh: Shared<'s>,
+    dist: &'s DistState,
+    last: bool,
+    rep: WorkerReport,
+    arrivals: Arrivals<'a>,
+}
+
+impl<'a> DistWorker<'a, '_> {
+    /// Takes one chunk: accumulated into the held block where gradients
+    /// are held; on the last micro-batch its reduction is started and the
+    /// previous chunk's finished.
+    fn job(&mut self, job: Job<'a>) -> Result<(), TrainError> {
         let Job {
             slab,
             range,
             grads,
             update,
         } = job;
-        let last = match self.current.accept(slab, &range) {
-            Ok(last) => last,
+        let (at, ends) = match self.arrivals.accept(slab, &range) {
+            Ok(x) => x,
             Err(e) => {
-                sh.pool.give(grads);
+                self.sh.pool.give(grads);
                 return Err(e);
             }
         };
-        let slab = self.current.slab();
-        if let Some(held) = slab.grads_mut() {
-            accumulate(&mut held[range.clone()], &grads);
-        } else {
-            if range.start == 0 {
-                self.buf = sh.pool.take(slab.numel());
+        let slab = &mut *self.arrivals.slabs[at];
+        let send = match slab.grads_mut() {
+            Some(held) => {
+                let t = Instant::now();
+                accumulate(&mut held[range.clone()], &grads);
+                self.rep.busy_ms += ms(t);
+                self.sh.pool.give(grads);
+                Vec::new()
             }
-            self.buf[range].copy_from_slice(&grads);
-        }
-        sh.pool.give(grads);
-        if !last {
-            return Ok(None);
-        }
-        let slab = self.current.take().expect("accepted above");
-        Ok(Some(Whole {
-            slab,
-            grads: std::mem::take(&mut self.buf),
-            update,
-        }))
-    }
-}
-
-/// On the last micro-batch, starts the reduction of a layer's gradients
-/// (accumulated into the held block by [`Assembly::add`] where held).
-fn start<'a>(
-    job: Whole<'a>,
-    sh: &Shared<'_>,
-    dist: &DistState,
-    last: bool,
-    rep: &mut WorkerReport,
-) -> Result<Option<Reducing<'a>>, TrainError> {
-    let Whole { slab, grads, update } = job;
-    let index = slab.index();
-    let n = slab.numel();
-    let send = grads;
-    if !last {
-        if !send.is_empty() {
-            sh.pool.give(send);
-            return Err(TrainError::Internal(format!(
-                "layer {index}: gradients must be held to accumulate micro-batches"
-            )));
-        }
-        return Ok(None);
-    }
-    let comm = dist.comm();
-    let ranges = &dist.ranges[index];
-    let sharded = dist.config.shard_optimizer;
-    let mut recv = sh.pool.take(if sharded { ranges[comm.rank()].len() } else { n });
-    let src: *const f32 = if send.is_empty() {
-        slab.grads().expect("held above").as_ptr()
-    } else {
-        send.as_ptr()
-    };
-    let t = Instant::now();
-    // SAFETY: `send` (or the held gradient, reachable only through `slab`)
-    // and `recv` move into the returned `Reducing` with the operation and
-    // are neither touched nor dropped before it completes (waited on in
-    // `finish`, or on drop).
-    let op = unsafe {
-        if sharded {
-            comm.start_reduce_scatter(src, recv.as_mut_ptr(), ranges)
-        } else {
-            comm.start_sum(src, recv.as_mut_ptr(), n)
-        }
-    };
-    rep.comm_ms += ms(t);
-    let op = match op {
-        Ok(op) => op,
-        Err(e) => {
-            sh.pool.give(recv);
+            None => grads,
+        };
+        if !self.last {
             if !send.is_empty() {
-                sh.pool.give(send);
+                self.sh.pool.give(send);
+                return Err(TrainError::Internal(format!(
+                    "layer {}: gradients must be held to accumulate micro-batches",
+                    slab.index()
+                )));
             }
-            return Err(TrainError::Internal(e.to_string()));
+            return Ok(());
         }
-    };
-    rep.comm_bytes += 4 * n as u64;
-    Ok(Some(Reducing {
-        slab,
-        update,
-        send,
-        recv,
-        op,
-    }))
-}
+        let started = self.start(at, range, ends, update, send)?;
+        if let Some(prev) = self.reducing.replace(started) {
+            self.finish(prev)?;
+        }
+        // One gather in flight besides the newest is enough to overlap.
+        while self.gathering.len() > 1 {
+            let g = self.gathering.pop_front().expect("more than one");
+            wait(g, &mut self.rep)?;
+        }
+        Ok(())
+    }
 
-/// Waits for a layer's reduction, stores the sum, and updates the layer
-/// when the job says so (starting the all-gather of its transport copy).
-fn finish<'a>(
-    r: Reducing<'a>,
-    sh: &Shared<'_>,
-    dist: &DistState,
-    rep: &mut WorkerReport,
-    gathering: &mut Vec<Gathering<'a>>,
-) -> Result<(), TrainError> {
-    let Reducing {
-        slab,
-        update,
-        send,
-        mut recv,
-        op,
-    } = r;
-    let waited = wait(op, rep);
-    if !send.is_empty() {
-        sh.pool.give(send);
-    }
-    if let Err(e) = waited {
-        sh.pool.give(recv);
-        return Err(e);
-    }
-    let index = slab.index();
-    let sharded = dist.config.shard_optimizer;
-    let own = if sharded { dist.own(index) } else { 0..slab.numel() };
-    let t = Instant::now();
-    if !update {
-        // Clipping mode: the summed gradient waits in the held block for the
-        // global norm; outside this rank's range it is stale and zeroed.
-        if let Some(held) = slab.grads_mut() {
-            held[own.clone()].copy_from_slice(&recv);
-            held[..own.start].fill(0.0);
-            held[own.end..].fill(0.0);
+    /// Every rank's part of `chunk` of layer `index`: this rank's shard cut
+    /// to the chunk, re-based (the whole chunk, replicated).
+    fn parts(&self, index: usize, chunk: &Range<usize>) -> Vec<Range<usize>> {
+        if self.dist.config.shard_optimizer {
+            chunk_ranges(&self.dist.ranges[index], chunk)
+        } else {
+            std::iter::once(0..chunk.len()).collect()
         }
-        sh.pool.give(recv);
-        rep.busy_ms += ms(t);
-        return Ok(());
     }
-    let result = if sharded {
-        update_range(
-            slab,
-            Some(&mut recv),
-            own,
-            sh.adamw,
-            &dist.masks[index],
-            sh.lr,
-            1.0,
-        )
-        .map(Some)
-    } else {
-        let mask = &sh.masks[index];
-        let all = 0..slab.numel();
-        let r = update_any(slab, Some(&mut recv), all, sh.window, sh.adamw, mask, sh.lr, 1.0);
-        if let Some(held) = slab.grads_mut() {
-            held.fill(0.0);
-        }
-        r.map(|()| None)
-    };
-    sh.pool.give(recv);
-    rep.busy_ms += ms(t);
-    if let Some((base, elem)) = result? {
-        let ranges = &dist.ranges[index];
+
+    /// Starts the reduction of a chunk (`send`, or the held block's chunk
+    /// when empty).
+    fn start(
+        &mut self,
+        at: usize,
+        chunk: Range<usize>,
+        ends: bool,
+        update: bool,
+        send: Vec<f32>,
+    ) -> Result<Reducing, TrainError> {
+        let index = self.arrivals.slabs[at].index();
+        let comm = self.dist.comm();
+        let sharded = self.dist.config.shard_optimizer;
+        let parts = self.parts(index, &chunk);
+        let n = chunk.len();
+        let recv_len = if sharded { parts[comm.rank()].len() } else { n };
+        let mut recv = self.sh.pool.take(recv_len);
+        let slab = &mut *self.arrivals.slabs[at];
+        let src: *const f32 = match slab.grads_mut() {
+            Some(held) if send.is_empty() => held[chunk.clone()].as_ptr(),
+            _ => send.as_ptr(),
+        };
         let t = Instant::now();
-        // SAFETY: the transport copy belongs to `slab`, whose exclusive
-        // borrow moves into the `Gathering` and lives until the gather has
-        // been waited on.
-        let op = unsafe { dist.comm().start_all_gather(base, elem, ranges) }
-            .map_err(|e| TrainError::Internal(e.to_string()))?;
-        rep.comm_ms += ms(t);
-        rep.comm_bytes += (elem.size() * ranges[dist.comm().rank()].len()) as u64;
-        gathering.push(Gathering { _slab: slab, op });
+        // SAFETY: `send` and `recv` move into the returned `Reducing` with
+        // the operation and are neither touched nor dropped before it
+        // completes (waited on in `finish`, or on drop). A held block's
+        // chunk stays borrowed by `arrivals` until the worker ends, and no
+        // element of it is written meanwhile: later chunks' accumulation
+        // borrows the whole block but writes only their own elements, and
+        // this chunk is next written in `finish`, after the wait.
+        let op = unsafe {
+            if sharded {
+                comm.start_reduce_scatter(src, recv.as_mut_ptr(), &parts)
+            } else {
+                comm.start_sum(src, recv.as_mut_ptr(), n)
+            }
+        };
+        self.rep.comm_ms += ms(t);
+        let op = match op {
+            Ok(op) => op,
+            Err(e) => {
+                self.sh.pool.give(recv);
+                if !send.is_empty() {
+                    self.sh.pool.give(send);
+                }
+                return Err(TrainError::Internal(e.to_string()));
+            }
+        };
+        self.rep.comm_bytes += 4 * n as u64;
+        Ok(Reducing {
+            op,
+            at,
+            chunk,
+            ends,
+            update,
+            send,
+            recv,
+        })
     }
-    Ok(())
+
+    /// Waits for a chunk's reduction, stores the sum, and updates the
+    /// chunk when the job says so (starting the all-gather of its part of
+    /// the transport copy).
+    fn finish(&mut self, r: Reducing) -> Result<(), TrainError> {
+        let Reducing {
+            op,
+            at,
+            chunk,
+            ends,
+            update,
+            send,
+            mut recv,
+        } = r;
+        let waited = wait(op, &mut self.rep);
+        if !send.is_empty() {
+            self.sh.pool.give(send);
+        }
+        if let Err(e) = waited {
+            self.sh.pool.give(recv);
+            return Err(e);
+        }
+        let index = self.arrivals.slabs[at].index();
+        let sharded = self.dist.config.shard_optimizer;
+        let comm = self.dist.comm();
+        let parts = self.parts(index, &chunk);
+        let mine = &parts[if sharded { comm.rank() } else { 0 }];
+        let own = chunk.start + mine.start..chunk.start + mine.end;
+        let sh = &self.sh;
+        let slab = &mut *self.arrivals.slabs[at];
+        let t = Instant::now();
+        if !update {
+            // Clipping mode: the summed gradient waits in the held block for
+            // the global norm; outside this rank's shard it is stale and
+            // zeroed.
+            if let Some(held) = slab.grads_mut() {
+                held[own.clone()].copy_from_slice(&recv);
+                held[chunk.start..own.start].fill(0.0);
+                held[own.end..chunk.end].fill(0.0);
+            }
+            sh.pool.give(recv);
+            self.rep.busy_ms += ms(t);
+            return Ok(());
+        }
+        let mask = &sh.masks[index];
+        let result = if sharded {
+            let zero = chunk.clone();
+            update_range(
+                slab,
+                Some(&mut recv),
+                own.clone(),
+                zero,
+                ends,
+                sh.adamw,
+                mask,
+                sh.lr,
+                1.0,
+            )
+            .map(Some)
+        } else {
+            // A held block takes the sum and is zeroed by the update's own
+            // pass (before a spilled layer's pages are dropped with its
+            // last chunk).
+            let grad = match slab.grads_mut() {
+                Some(held) => {
+                    held[chunk.clone()].copy_from_slice(&recv);
+                    None
+                }
+                None => Some(&mut recv[..]),
+            };
+            update_any(slab, grad, chunk.clone(), sh.window, sh.adamw, mask, sh.lr, 1.0).map(|()| None)
+        };
+        sh.pool.give(recv);
+        self.rep.busy_ms += ms(t);
+        if let Some((base, elem)) = result? {
+            let t = Instant::now();
+            // SAFETY: the transport copy belongs to a slab `arrivals` keeps
+            // borrowed until the worker ends, after every gather has been
+            // waited on; no element of this chunk is written again this
+            // step (later updates borrow the whole copy but write only
+            // their own chunks' elements).
+            let op = unsafe { comm.start_all_gather(base.add(chunk.start * elem.size()), elem, &parts) }
+                .map_err(|e| TrainError::Internal(e.to_string()))?;
+            self.rep.comm_ms += ms(t);
+            self.rep.comm_bytes += (elem.size() * own.len()) as u64;
+            self.gathering.push_back(op);
+        }
+        Ok(())
+    }
 }

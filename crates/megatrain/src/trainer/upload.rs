@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use megatrain_tensor::{
-    DType, Download, Executor, HostSlice, ParamTable, TensorHandle, WeightSlot, WeightUpload, upload_weight,
+    DType, Executor, HostSlice, ParamTable, TensorHandle, WeightSlot, WeightUpload, upload_weight,
 };
 use megatrain_tier::{LayerSlab, TransportRef};
 
@@ -143,19 +143,6 @@ pub(super) fn check_grads<T: TensorHandle>(slab: &LayerSlab, grads: &[T]) -> Res
         )));
     }
     Ok(4 * table.numel() as u64)
-}
-
-/// Starts bringing a layer's gradients (table order) back whole; returns
-/// the download and its f32 byte count.
-pub fn begin_grads<E: Executor>(
-    ex: &E,
-    slab: &LayerSlab,
-    grads: Vec<E::Tensor>,
-) -> Result<(Download<E::Tensor>, u64), TrainError> {
-    let bytes = check_grads(slab, &grads)?;
-    // The table's offsets are consecutive, so the download's concatenation
-    // in table order is the slab layout.
-    Ok((ex.begin_download(grads)?, bytes))
 }
 
 #[cfg(test)]

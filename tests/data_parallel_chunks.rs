@@ -1,0 +1,322 @@
+//! Data parallel gradients are reduced chunk by chunk as they come down:
+//! the results do not depend on the chunk, bit for bit, with chunks of an
+//! awkward size (1021 elements: prime, smaller than every layer, so chunks
+//! straddle the shard boundaries and some ranks own nothing of a chunk),
+//! on 2 and 3 ranks, replicated and sharded optimizer, with held gradients
+//! (micro-batches, clipping) and without; the ranks together train what
+//! one process with the global batch trains; and no rank's host staging is
+//! sized by a layer. Ranks are threads here ([`LocalComm`], sums in rank
+//! order); `tests/mpi_data_parallel.rs` runs the same under `mpirun`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
+use megatrain::dist::local::{LocalComm, local_group};
+use megatrain::dist::{Collective, DistConfig};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_adamw::AdamWConfig;
+use megatrain_tensor::CpuExecutor;
+use megatrain_tier::{CHUNK_ALIGN, TierConfig, TransportDType, WindowConfig, padded_bytes};
+use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+
+/// Smaller than every layer of the test models, and prime.
+const CHUNK: usize = 1021;
+/// Larger than every layer: each is reduced whole.
+const WHOLE: usize = usize::MAX / 8;
+/// Rows per rank and micro-batch.
+const ROWS: usize = 2;
+const STEPS: u64 = 3;
+
+fn llama_tiny() -> ModelConfig {
+    let mut c = preset("llama-tiny", None).unwrap();
+    c.num_layers = 2;
+    c
+}
+
+fn gpt2() -> ModelConfig {
+    let mut c = gpt2_nano(97);
+    c.num_layers = 2;
+    c
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    ranks: usize,
+    shard: bool,
+    transport: TransportDType,
+    /// Micro-batches per step (more than one holds gradients).
+    micro: usize,
+    clip: Option<f64>,
+    /// Every layer but the embedding spills to disk (replicated only: a
+    /// sharded optimizer refuses spilled layers).
+    spill: bool,
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for ranks in [2, 3] {
+        for shard in [false, true] {
+            for (transport, micro, clip) in [
+                (TransportDType::F32, 1, None),
+                (TransportDType::BF16, 1, None),
+                (TransportDType::F32, 2, None),
+                (TransportDType::F32, 1, Some(0.05)),
+                (TransportDType::BF16, 2, Some(0.05)),
+            ] {
+                v.push(Case {
+                    ranks,
+                    shard,
+                    transport,
+                    micro,
+                    clip,
+                    spill: false,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// A host budget that keeps the transport copies and the embedding's
+/// p, m, v (and gradient) in RAM: every other layer spills.
+fn budget(model: &ModelConfig, transport: TransportDType, hold: bool) -> u64 {
+    let tables = model.layer_tables();
+    let copies: u64 = tables
+        .iter()
+        .map(|t| padded_bytes(t.numel(), transport.size_in_bytes()))
+        .sum();
+    copies + if hold { 4 } else { 3 } * padded_bytes(tables[0].numel(), 4)
+}
+
+fn trainer(model: &ModelConfig, case: Case, chunk: usize, dir: &Path) -> Trainer<CpuExecutor> {
+    let hold_grads = case.micro > 1 || case.clip.is_some();
+    let tier = TierConfig {
+        transport: case.transport,
+        hold_grads,
+        ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
+        spill_dir: case.spill.then(|| dir.join("spill")),
+    };
+    let config = TrainerConfig {
+        checkpoint_every: 2,
+        chunk_rows: 7,
+        adamw: AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        },
+        grad_clip: case.clip,
+        transfer_chunk: chunk,
+        ..TrainerConfig::default()
+    };
+    let tier = init_tier(model, tier, 5).unwrap();
+    assert_eq!(tier.has_spill(), case.spill);
+    let mut t = Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
+    // Window chunks of CHUNK_ALIGN elements: the transfer chunk (rounded
+    // up to them) stays smaller than every layer.
+    t.set_spill_window(WindowConfig {
+        chunk_elems: CHUNK_ALIGN,
+        depth: 3,
+    });
+    t
+}
+
+/// Rows `rows` of micro-batch `k` of step `step` of a global batch of
+/// `global` rows.
+fn batch(vocab: usize, step: u64, k: usize, global: usize, rows: std::ops::Range<usize>) -> Batch {
+    let data = TokenData {
+        tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab as u32).collect(),
+        loss_mask: None,
+    };
+    let index = step * 10 + k as u64;
+    draw_rows(
+        &data,
+        Sampling::Random { seed: 11 },
+        index,
+        global,
+        rows,
+        9,
+        "mem".as_ref(),
+    )
+    .unwrap()
+}
+
+/// What a run ends with: the losses, every layer's parameters (whole, on
+/// rank 0), every rank's transport copies, every rank's staging peak.
+#[derive(Debug)]
+struct Run {
+    losses: Vec<f64>,
+    params: Vec<Vec<f32>>,
+    transport: Vec<Vec<Vec<u8>>>,
+    staging: Vec<u64>,
+}
+
+fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
+    let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), case.ranks));
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = trainer(model, case, chunk, dir.path());
+    if let Some(c) = comm {
+        t.set_distributed(DistConfig {
+            comm: Arc::new(c),
+            shard_optimizer: case.shard,
+        })
+        .unwrap();
+    }
+    let global = ROWS * case.ranks;
+    let rows = rank * global / ranks..(rank + 1) * global / ranks;
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let micro: Vec<Batch> = (0..case.micro)
+            .map(|k| batch(model.vocab_size, step, k, global, rows.clone()))
+            .collect();
+        losses.push(t.step(&micro, 3e-3).unwrap().loss);
+    }
+    t.gather_state().unwrap();
+    let layers = t.tier().layers();
+    Run {
+        losses,
+        params: layers.iter().map(|s| s.params().to_vec()).collect(),
+        transport: vec![layers.iter().map(|s| s.transport().as_bytes().to_vec()).collect()],
+        staging: vec![t.staging_bytes()],
+    }
+}
+
+/// `case.ranks` ranks, as threads.
+fn run(model: &ModelConfig, case: Case, chunk: usize) -> Run {
+    let comms = local_group(case.ranks);
+    let mut runs: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| s.spawn(move || rank_run(model, case, chunk, Some(c))))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &runs[1..] {
+        assert_eq!(r.losses, runs[0].losses, "{case:?}: ranks disagree on the loss");
+    }
+    let mut all = runs.remove(0);
+    for r in runs {
+        all.transport.extend(r.transport);
+        all.staging.extend(r.staging);
+    }
+    all
+}
+
+/// Relative L2 distance over the whole model.
+fn rel_l2(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        for (p, q) in x.iter().zip(y) {
+            diff += (*p as f64 - *q as f64).powi(2);
+            norm += (*p as f64).powi(2);
+        }
+    }
+    (diff / norm).sqrt()
+}
+
+fn check(model: &ModelConfig, cases: Vec<Case>) {
+    for case in cases {
+        let what = format!("{:?} {case:?}", model.arch);
+        let whole = run(model, case, WHOLE);
+        let chunked = run(model, case, CHUNK);
+        assert!(
+            whole.losses.iter().all(|l| l.is_finite()),
+            "{what}: {:?}",
+            whole.losses
+        );
+        assert_eq!(whole.losses, chunked.losses, "{what}: losses");
+        assert!(whole.params == chunked.params, "{what}: parameters differ");
+        assert!(
+            whole.transport == chunked.transport,
+            "{what}: transport copies differ"
+        );
+        // Every rank ends with the same (whole) transport copies.
+        assert!(
+            chunked.transport.iter().all(|t| *t == chunked.transport[0]),
+            "{what}: ranks' copies differ"
+        );
+        // One process with the global batch: the same to rounding (the
+        // gradient is summed in another order). A bf16 copy can turn a
+        // master weight's rounding difference into a bf16 step (2^-8).
+        let alone = rank_run(model, case, CHUNK, None);
+        let (tol, param_tol) = match case.transport {
+            TransportDType::F32 => (1e-6, 1e-5),
+            _ => (1e-4, 1e-4),
+        };
+        for (a, b) in alone.losses.iter().zip(&chunked.losses) {
+            assert!(
+                (a - b).abs() <= tol * a.abs(),
+                "{what}: loss alone {a}, on ranks {b}"
+            );
+        }
+        let rel = rel_l2(&alone.params, &chunked.params);
+        assert!(
+            rel <= param_tol,
+            "{what}: parameters differ from one process's by {rel:.2e}"
+        );
+    }
+}
+
+#[test]
+fn llama_chunks_change_no_result_across_ranks() {
+    check(&llama_tiny(), cases());
+}
+
+#[test]
+fn gpt2_chunks_change_no_result_across_ranks() {
+    check(&gpt2(), cases());
+}
+
+/// Replicated optimizer over a tier that spills: each chunk's sum goes
+/// through the spill window (chunks on the window's boundaries).
+#[test]
+fn spilled_layers_reduce_in_chunks() {
+    let mut v = Vec::new();
+    for (ranks, micro, clip) in [(2, 1, None), (3, 2, None), (2, 1, Some(0.05))] {
+        v.push(Case {
+            ranks,
+            shard: false,
+            transport: TransportDType::BF16,
+            micro,
+            clip,
+            spill: true,
+        });
+    }
+    check(&llama_tiny(), v);
+}
+
+/// Every rank's staging holds chunk-sized buffers only: the one being
+/// filled, those queued, and per reduction in flight (this chunk's and the
+/// previous one's) its gradient and its receive buffer; never a layer.
+#[test]
+fn rank_staging_is_sized_by_the_chunk() {
+    let model = llama_tiny();
+    let largest = model.layer_tables().iter().map(|t| t.numel()).max().unwrap();
+    let queue = TrainerConfig::default().optimizer_queue;
+    let bound = 4 * CHUNK as u64 * (queue as u64 + 5);
+    assert!(
+        4 * largest as u64 > 2 * bound,
+        "the test needs layers of many chunks"
+    );
+    for ranks in [2, 3] {
+        for shard in [false, true] {
+            for micro in [1, 2] {
+                let case = Case {
+                    ranks,
+                    shard,
+                    transport: TransportDType::BF16,
+                    micro,
+                    clip: None,
+                    spill: false,
+                };
+                let r = run(&model, case, CHUNK);
+                for (rank, &peak) in r.staging.iter().enumerate() {
+                    assert!(
+                        peak > 0 && peak <= bound,
+                        "{case:?} rank {rank}: staging peak {peak} B, bound {bound} B (a whole layer is {} B)",
+                        4 * largest
+                    );
+                }
+            }
+        }
+    }
+}
