@@ -61,7 +61,7 @@ case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
         download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit \
-        epilogue matmul_da_into operand_maxima gpu_f16_maxima
+        epilogue operand_maxima gpu_f16_maxima
     exit 0
     ;;
 checks)
@@ -79,7 +79,6 @@ checks)
     t batching
     t matmul_into
     t matmul_epilogue
-    t matmul_da_into
     t operand_maxima
     t gpu_f16_maxima --nocapture
     t transport_bytes

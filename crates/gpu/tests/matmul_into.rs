@@ -1,17 +1,153 @@
-//! `matmul_backward_into` on the GPU: the weight gradient added into an
-//! accumulator by the product's own ACCUMULATE store has the bits of
-//! `matmul_backward` then `add_assign` on the same executor (when K fits
-//! one dispatch), and agrees with the CPU executor's accumulation within
-//! the usual tolerance: on the SIMT checked kernel, the 128-wide interior
-//! tiles with their edges, the SIMT f16 kernel and the emulated
-//! tensor-core kernel under F16 precision, for f32-, bf16- and f16-stored
-//! weights and batched rows. Awkward shapes; the head's layout (NT) first.
+//! `matmul_backward_into` and `matmul_backward_da_into` on the GPU: the
+//! weight (`db`) or input (`da`) gradient added into an accumulator by the
+//! product's own ACCUMULATE store has the bits of `matmul_backward` then
+//! `add_assign` on the same executor, in the ops of `matmul_backward`, and
+//! agrees with the CPU executor's accumulation within the usual tolerance:
+//! on the SIMT checked kernel, the 128-wide interior tiles with their
+//! edges, the SIMT f16 kernel and the emulated tensor-core kernel under F16
+//! precision, for f32-, bf16- and f16-stored weights, batched rows and
+//! transposed operands. Where the product takes several passes (operands
+//! bound as several ranges, K past the loop budget) `db`'s partial sums land
+//! in the accumulator one by one, so only close, and `da` is composed from
+//! the two ops, so the same bits.
+//!
+//! Each test runs both gradients on its executors in turn: the op counts
+//! are read from executor-wide statistics, which a test running beside it
+//! on the same executor would disturb.
 
 mod common;
 
 use common::*;
 use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions};
-use megatrain_tensor::{ComputePrecision, CpuExecutor, DType, Executor, HostTensor, MatmulNeeds, Transpose};
+use megatrain_tensor::{
+    ComputePrecision, CpuExecutor, DType, Executor, HostTensor, MatmulGrads, MatmulNeeds, Result, Transpose,
+};
+
+/// Which gradient the op under test adds into the accumulator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Acc {
+    /// `matmul_backward_da_into`: the accumulator has `a`'s shape.
+    Da,
+    /// `matmul_backward_into`: the accumulator has `b`'s shape.
+    Db,
+}
+
+const BOTH: [Acc; 2] = [Acc::Db, Acc::Da];
+
+/// How the executor accumulates a case.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Path {
+    /// One pass of the product, its store accumulating: the bits of
+    /// compute-then-add, in the ops of `matmul_backward`.
+    OnePass,
+    /// (`db`) K split over dispatches, each adding its partial sum into the
+    /// accumulator: only close, still the ops of `matmul_backward`.
+    SplitK,
+    /// (`da`) `matmul_backward` then `add_assign`: the same bits, one op
+    /// more.
+    Composed,
+}
+
+impl Acc {
+    fn name(self) -> &'static str {
+        match self {
+            Acc::Da => "da",
+            Acc::Db => "db",
+        }
+    }
+
+    /// What each op returns besides its accumulation: `db`'s without
+    /// `dbias`, `da`'s with it, so both ways of the bias are run.
+    fn needs(self) -> MatmulNeeds {
+        match self {
+            Acc::Da => MatmulNeeds {
+                da: false,
+                db: true,
+                dbias: true,
+            },
+            Acc::Db => MatmulNeeds {
+                da: true,
+                db: false,
+                dbias: false,
+            },
+        }
+    }
+
+    /// [`Self::needs`] and the accumulated gradient: what
+    /// `matmul_backward` computes in its place.
+    fn backward_needs(self) -> MatmulNeeds {
+        match self {
+            Acc::Da => MatmulNeeds {
+                da: true,
+                ..self.needs()
+            },
+            Acc::Db => MatmulNeeds {
+                db: true,
+                ..self.needs()
+            },
+        }
+    }
+
+    /// How a product of several passes accumulates.
+    fn split(self) -> Path {
+        match self {
+            Acc::Da => Path::Composed,
+            Acc::Db => Path::SplitK,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn into<E: Executor>(
+        self,
+        ex: &E,
+        a: &E::Tensor,
+        b: &E::Tensor,
+        d: &E::Tensor,
+        t: Transpose,
+        acc: &mut E::Tensor,
+    ) -> Result<MatmulGrads<E::Tensor>> {
+        match self {
+            Acc::Da => ex.matmul_backward_da_into(a, b, d, t, self.needs(), acc),
+            Acc::Db => ex.matmul_backward_into(a, b, d, t, self.needs(), acc),
+        }
+    }
+
+    /// The shapes of the tests, awkward ones next to whole 128-tiles of
+    /// the accumulated gradient (with a K that is a multiple of the
+    /// interior kernels' K step) and their edge strips.
+    fn cases(self) -> Vec<Case> {
+        let c = |lead: &[usize], m, k, n, t| Case {
+            lead: lead.to_vec(),
+            m,
+            k,
+            n,
+            t,
+        };
+        match self {
+            // Rows × C against a weight of V × C (NT) or C × V (NN), or
+            // with `a` transposed (TN, 2-D: one sum per element); the second
+            // and third have 24 rows.
+            Acc::Db => vec![
+                c(&[], 37, 45, 70, Transpose::NT),
+                c(&[2], 12, 132, 260, Transpose::NT),
+                c(&[2], 12, 260, 132, Transpose::NN),
+                c(&[], 24, 140, 130, Transpose::TN),
+            ],
+            // NT (the blocks' layout), NN, `a` transposed (TN, TT: the
+            // gradient stored transposed) and a long K. The second to
+            // fourth are [2·70, 132] or [140, 132] with a K of 48.
+            Acc::Da => vec![
+                c(&[], 37, 45, 70, Transpose::NT),
+                c(&[2], 70, 132, 48, Transpose::NT),
+                c(&[2], 70, 132, 48, Transpose::NN),
+                c(&[], 140, 132, 48, Transpose::TN),
+                c(&[2], 30, 50, 40, Transpose::TT),
+                // K (the product's: n) past a small loop budget's 128.
+                c(&[], 37, 45, 150, Transpose::NT),
+            ],
+        }
+    }
+}
 
 struct Case {
     lead: Vec<usize>,
@@ -21,85 +157,94 @@ struct Case {
     t: Transpose,
 }
 
-/// The shapes of the tests: rows × C against a weight of V × C (NT) or
-/// C × V (NN), or with `a` transposed (TN, 2-D: one sum per element). The
-/// second and third have whole 128-tiles of the gradient and 24 rows (a
-/// multiple of the interior kernels' K step) next to edge strips.
-fn cases() -> Vec<Case> {
-    let c = |lead: &[usize], m, k, n, t| Case {
-        lead: lead.to_vec(),
-        m,
-        k,
-        n,
-        t,
-    };
-    vec![
-        c(&[], 37, 45, 70, Transpose::NT),
-        c(&[2], 12, 132, 260, Transpose::NT),
-        c(&[2], 12, 260, 132, Transpose::NN),
-        c(&[], 24, 140, 130, Transpose::TN),
-    ]
-}
-
-fn hosts(c: &Case, seed: u64, b_dtype: DType) -> [HostTensor; 4] {
+/// `a`, `b`, `dout` and the accumulator's starting value.
+fn hosts(acc: Acc, c: &Case, seed: u64, b_dtype: DType) -> [HostTensor; 4] {
     let mut sa = c.lead.clone();
     sa.extend(if c.t.a { [c.k, c.m] } else { [c.m, c.k] });
     let sb = if c.t.b { vec![c.n, c.k] } else { vec![c.k, c.n] };
     let mut sd = c.lead.clone();
     sd.extend([c.m, c.n]);
+    let acc0 = rand_host(seed + 3, if acc == Acc::Da { &sa } else { &sb });
     [
         rand_host(seed, &sa),
         rand_host(seed + 1, &sb).to_dtype(b_dtype),
         rand_host(seed + 2, &sd),
-        rand_host(seed + 3, &sb),
+        acc0,
     ]
 }
 
-const NEEDS: MatmulNeeds = MatmulNeeds {
-    da: true,
-    db: false,
-    dbias: false,
-};
+/// The three gradients by name.
+fn named<T>(g: &MatmulGrads<T>) -> [(&'static str, Option<&T>); 3] {
+    [
+        ("da", g.da.as_ref()),
+        ("db", g.db.as_ref()),
+        ("dbias", g.dbias.as_ref()),
+    ]
+}
 
-fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, exact: bool) {
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `path`: how the executor should accumulate the case.
+fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, acc: Acc, path: impl Fn(&Case) -> Path) {
     let mut seed = 0;
-    for c in cases() {
+    for c in acc.cases() {
         for b_dtype in [DType::F32, DType::BF16, DType::F16] {
             seed += 10;
+            let path = path(&c);
             let what = format!(
-                "{what} lead {:?} m {} k {} n {} {:?} b {b_dtype}",
-                c.lead, c.m, c.k, c.n, c.t
+                "{what} {} lead {:?} m {} k {} n {} {:?} b {b_dtype} ({path:?})",
+                acc.name(),
+                c.lead,
+                c.m,
+                c.k,
+                c.n,
+                c.t
             );
-            let [a, b, d, acc0] = hosts(&c, seed, b_dtype);
+            let [a, b, d, acc0] = hosts(acc, &c, seed, b_dtype);
             let (ga, gb, gd) = (
                 g.upload(&a).unwrap(),
                 g.upload(&b).unwrap(),
                 g.upload(&d).unwrap(),
             );
-            let mut acc = g.upload(&acc0).unwrap();
-            let gr = g
-                .matmul_backward_into(&ga, &gb, &gd, c.t, NEEDS, &mut acc)
-                .unwrap();
-            assert!(gr.db.is_none(), "{what}: a db was returned");
-            let got = down(g, &acc);
+            let mut gacc = g.upload(&acc0).unwrap();
+            let ops = g.submit_stats().ops;
+            let gr = acc.into(g, &ga, &gb, &gd, c.t, &mut gacc).unwrap();
+            let into_ops = g.submit_stats().ops - ops;
+            let got = down(g, &gacc);
 
-            let r = g.matmul_backward(&ga, &gb, &gd, c.t, MatmulNeeds::ALL).unwrap();
+            let ops = g.submit_stats().ops;
+            let r = g
+                .matmul_backward(&ga, &gb, &gd, c.t, acc.backward_needs())
+                .unwrap();
+            let bw_ops = g.submit_stats().ops - ops;
+            let mut accumulated = None;
+            for ((name, x), (_, y)) in named(&gr).into_iter().zip(named(&r)) {
+                if name == acc.name() {
+                    assert!(x.is_none(), "{what}: a {name} was returned");
+                    accumulated = y;
+                } else if let Some(x) = x {
+                    let (x, y) = (down(g, x), down(g, y.unwrap()));
+                    assert_close(&format!("{what}: {name}"), &x, &y, 0.0);
+                    assert!(bits(&x) == bits(&y), "{what}: {name}");
+                }
+            }
             let mut want = g.upload(&acc0).unwrap();
-            g.add_assign(&mut want, r.db.as_ref().unwrap()).unwrap();
+            g.add_assign(&mut want, accumulated.unwrap()).unwrap();
             let want = down(g, &want);
-            if exact {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_close(&format!("{what}: into vs then-add"), &got, &want, TOL_F32);
+            if path != Path::SplitK {
                 assert!(
                     bits(&got) == bits(&want),
-                    "{what}: accumulated db differs from db + add_assign"
+                    "{what}: accumulated gradient differs from compute + add_assign"
                 );
             }
-            assert_close(&format!("{what}: into vs then-add"), &got, &want, TOL_F32);
-            assert_close(
-                &format!("{what}: da"),
-                &down(g, gr.da.as_ref().unwrap()),
-                &down(g, r.da.as_ref().unwrap()),
-                0.0,
+            let extra = if path == Path::Composed { 1 } else { 0 };
+            assert_eq!(
+                into_ops,
+                bw_ops + extra,
+                "{what}: ops of the accumulating backward"
             );
 
             let (ca, cb, cd) = (
@@ -108,8 +253,7 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, exact: bool) {
                 cpu.upload(&d).unwrap(),
             );
             let mut cacc = cpu.upload(&acc0).unwrap();
-            cpu.matmul_backward_into(&ca, &cb, &cd, c.t, NEEDS, &mut cacc)
-                .unwrap();
+            acc.into(cpu, &ca, &cb, &cd, c.t, &mut cacc).unwrap();
             assert_close(
                 &format!("{what}: GPU vs CPU"),
                 &got,
@@ -135,9 +279,13 @@ fn with(opts: GpuOptions, precision: ComputePrecision) -> Option<GpuExecutor> {
 #[test]
 fn simt_checked_and_interior_tiles_accumulate_exactly() {
     let Some(g) = gpu() else { return };
-    check(g, &cpu(), "simt64", true);
+    for acc in BOTH {
+        check(g, &cpu(), "simt64", acc, |_| Path::OnePass);
+    }
     let Some(g) = gpu_big_tile() else { return };
-    check(g, &cpu(), "simt128", true);
+    for acc in BOTH {
+        check(g, &cpu(), "simt128", acc, |_| Path::OnePass);
+    }
 }
 
 #[test]
@@ -151,15 +299,17 @@ fn f16_kernels_accumulate_exactly() {
     let Some(g) = with(simt, ComputePrecision::F16) else {
         return;
     };
-    check(&g, &cpu, "simt f16", true);
+    for acc in BOTH {
+        check(&g, &cpu, "simt f16", acc, |_| Path::OnePass);
+    }
     let coop = GpuOptions {
         f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
         ..Default::default()
     };
-    let Some(g) = with(coop, ComputePrecision::F16) else {
-        return;
-    };
-    check(&g, &cpu, "emulated tensor cores", true);
+    let g = with(coop, ComputePrecision::F16).expect("adapter");
+    for acc in BOTH {
+        check(&g, &cpu, "emulated tensor cores", acc, |_| Path::OnePass);
+    }
     // The hardware tensor-core kernels, where the adapter has them.
     if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
         eprintln!("no cooperative matrices: hardware tensor-core accumulation NOT tested here");
@@ -171,14 +321,28 @@ fn f16_kernels_accumulate_exactly() {
             ..Default::default()
         };
         let g = with(opts, ComputePrecision::F16).expect("adapter");
-        check(&g, &cpu, &format!("tensor cores {}", tile.name()), true);
+        for acc in BOTH {
+            check(&g, &cpu, &format!("tensor cores {}", tile.name()), acc, |_| {
+                Path::OnePass
+            });
+        }
     }
 }
 
-/// Operands bound as several ranges: K (the rows) split over dispatches
-/// whose partial sums land in the accumulator one by one, so only close.
+/// Operands bound as several ranges (every case's exceed 4 KiB), and (for
+/// `da`) K split over dispatches by a small loop budget.
 #[test]
-fn split_k_accumulates_within_tolerance() {
+fn split_products_accumulate_within_tolerance_or_fall_back_to_the_same_bits() {
     let Some(g) = gpu_small_bindings() else { return };
-    check(g, &cpu(), "small bindings", false);
+    for acc in BOTH {
+        check(g, &cpu(), "small bindings", acc, |_| acc.split());
+    }
+    let small_budget = GpuOptions {
+        loop_budget: Some(100),
+        ..Default::default()
+    };
+    let g = with(small_budget, ComputePrecision::F32).expect("adapter");
+    check(&g, &cpu(), "small loop budget", Acc::Da, |c| {
+        if c.n <= 128 { Path::OnePass } else { Path::Composed }
+    });
 }
