@@ -142,47 +142,19 @@ pub(crate) fn matmul<F: Real>(
     w: Widen,
     panel: Panel,
 ) -> Vec<F> {
-    let MatmulDims {
-        batch,
-        m,
-        k,
-        n,
-        b_batched,
-    } = d;
+    let MatmulDims { batch, m, k, n, .. } = d;
     assert_eq!(a.len(), batch * m * k, "matmul: a length");
     assert_eq!(b.len(), d.b_len(), "matmul: b length");
     let mut c = vec![F::zero(); batch * m * n];
-    let sa = a_strides(&d, t);
-    let fold = !t.a && !b_batched;
-    let nb = panel.cols(k);
-    let mut panel = vec![F::zero(); k * nb.min(n)];
-    let b_sets = if b_batched { batch } else { 1 };
-    for bi in 0..b_sets {
-        let boff = bi * k * n;
-        for j0 in (0..n).step_by(nb) {
-            let cols = nb.min(n - j0);
-            let p = &mut panel[..k * cols];
-            // op(b)[:, j0..j0 + cols] as a [k, cols] view `sp`.
-            let sp: Strides = if t.b {
-                // b is [n, k]: the panel's columns are whole rows of b.
-                b.widen_block(boff + j0 * k, k, k, p, w);
-                (1, k)
-            } else {
-                b.widen_block(boff + j0, n, cols, p, w);
-                (cols, 1)
-            };
-            if fold {
-                gemm(batch * m, k, cols, a, sa, p, sp, F::zero(), &mut c[j0..], (n, 1));
-            } else {
-                let products = if b_batched { bi..bi + 1 } else { 0..batch };
-                for i in products {
-                    let ai = &a[i * m * k..(i + 1) * m * k];
-                    let ci = &mut c[i * m * n + j0..(i + 1) * m * n];
-                    gemm(m, k, cols, ai, sa, p, sp, F::zero(), ci, (n, 1));
-                }
-            }
-        }
-    }
+    let p = Product {
+        x: a,
+        sx: a_strides(&d, t),
+        inner: k,
+        outer: n,
+        b_rows: t.b,
+        so: (n, 1),
+    };
+    p.run(b, d, t, w, panel, &mut c);
     c
 }
 
@@ -197,60 +169,90 @@ pub(crate) fn matmul_da<F: Real>(
     w: Widen,
     panel: Panel,
 ) -> Vec<F> {
-    let MatmulDims {
-        batch,
-        m,
-        k,
-        n,
-        b_batched,
-    } = d;
+    let MatmulDims { batch, m, k, n, .. } = d;
     assert_eq!(b.len(), d.b_len(), "matmul_backward: b length");
     assert_eq!(dout.len(), batch * m * n, "matmul_backward: dout length");
     let mut da = vec![F::zero(); batch * m * k];
-    let sa = a_strides(&d, t);
-    let fold = !t.a && !b_batched;
-    let kb = panel.cols(n);
-    let mut panel = vec![F::zero(); n * kb.min(k)];
-    let b_sets = if b_batched { batch } else { 1 };
-    for bi in 0..b_sets {
-        let boff = bi * k * n;
-        for i0 in (0..k).step_by(kb) {
-            let cols = kb.min(k - i0);
-            let p = &mut panel[..n * cols];
-            // op(b)ᵀ[:, i0..i0 + cols] as an [n, cols] view `sp`.
-            let sp: Strides = if t.b {
-                b.widen_block(boff + i0, k, cols, p, w);
-                (cols, 1)
-            } else {
-                // b is [k, n]: the panel's columns are whole rows of b.
-                b.widen_block(boff + i0 * n, n, n, p, w);
-                (1, n)
-            };
-            let off = i0 * sa.1;
-            if fold {
-                gemm(
-                    batch * m,
-                    n,
-                    cols,
-                    dout,
-                    (n, 1),
-                    p,
-                    sp,
-                    F::zero(),
-                    &mut da[off..],
-                    sa,
-                );
-            } else {
-                let products = if b_batched { bi..bi + 1 } else { 0..batch };
-                for i in products {
-                    let di = &dout[i * m * n..(i + 1) * m * n];
-                    let dai = &mut da[i * m * k + off..(i + 1) * m * k];
-                    gemm(m, n, cols, di, (n, 1), p, sp, F::zero(), dai, sa);
+    let p = Product {
+        x: dout,
+        sx: (n, 1),
+        inner: n,
+        outer: k,
+        b_rows: !t.b,
+        so: a_strides(&d, t),
+    };
+    p.run(b, d, t, w, panel, &mut da);
+    da
+}
+
+/// What [`matmul`] and [`matmul_da`] both compute: `out = x · B` for each
+/// product of the batch, `B` = op(b) (`[k, n]`, the forward) or op(b)ᵀ
+/// (`[n, k]`, `da`) as `[inner, outer]`; per product `x` is `[m, inner]`
+/// and `out` `[m, outer]`, read through the strides `sx` and `so`.
+struct Product<'a, F> {
+    x: &'a [F],
+    sx: Strides,
+    inner: usize,
+    outer: usize,
+    /// Whether `b` is stored `[outer, inner]`, B's columns being its rows.
+    b_rows: bool,
+    so: Strides,
+}
+
+impl<F: Real> Product<'_, F> {
+    /// B widened one panel of `out`'s columns at a time, each panel
+    /// multiplied into every product that reads it.
+    fn run(&self, b: Packed<'_>, d: MatmulDims, t: Transpose, w: Widen, panel: Panel, out: &mut [F]) {
+        let MatmulDims {
+            batch, m, b_batched, ..
+        } = d;
+        let (inner, outer) = (self.inner, self.outer);
+        // One GEMM over every product's rows where they share B and a's
+        // rows (x in the forward, out in `da`) are contiguous.
+        let fold = !t.a && !b_batched;
+        let nb = panel.cols(inner);
+        let mut buf = vec![F::zero(); inner * nb.min(outer)];
+        let b_sets = if b_batched { batch } else { 1 };
+        for bi in 0..b_sets {
+            let boff = bi * inner * outer;
+            for j0 in (0..outer).step_by(nb) {
+                let cols = nb.min(outer - j0);
+                let p = &mut buf[..inner * cols];
+                // B[:, j0..j0 + cols] as an [inner, cols] view `sp`.
+                let sp: Strides = if self.b_rows {
+                    b.widen_block(boff + j0 * inner, inner, inner, p, w);
+                    (1, inner)
+                } else {
+                    b.widen_block(boff + j0, outer, cols, p, w);
+                    (cols, 1)
+                };
+                let off = j0 * self.so.1;
+                if fold {
+                    let o = &mut out[off..];
+                    gemm(
+                        batch * m,
+                        inner,
+                        cols,
+                        self.x,
+                        self.sx,
+                        p,
+                        sp,
+                        F::zero(),
+                        o,
+                        self.so,
+                    );
+                } else {
+                    let (xl, ol) = (m * inner, m * outer);
+                    let products = if b_batched { bi..bi + 1 } else { 0..batch };
+                    for i in products {
+                        let xi = &self.x[i * xl..(i + 1) * xl];
+                        let oi = &mut out[i * ol + off..(i + 1) * ol];
+                        gemm(m, inner, cols, xi, self.sx, p, sp, F::zero(), oi, self.so);
+                    }
                 }
             }
         }
     }
-    da
 }
 
 /// Rows `ids` of `table: [vocab, c]` widened, result `[ids.len(), c]`.
