@@ -96,7 +96,6 @@ impl Acc {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn into<E: Executor>(
         self,
         ex: &E,
