@@ -50,8 +50,9 @@ impl DeviceBytes {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub host: MemoryReport,
-    /// Gradient staging on the host: two of the largest layer (one being
-    /// downloaded, one queued for the optimizer).
+    /// Gradient staging on the host, in transfer chunks of at most the
+    /// default's 32 MiB (`plan_ranks::staging_bytes` with one rank): the
+    /// chunk being downloaded and those queued for the optimizer.
     pub host_staging: u64,
     pub device: DeviceBytes,
 }
@@ -103,7 +104,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     };
     Ok(Plan {
         host,
-        host_staging: 2 * 4 * max_layer,
+        host_staging: super::plan_ranks::staging_bytes(max_layer, 1),
         device,
     })
 }

@@ -64,14 +64,19 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> RankByt
             b.gradients += megatrain_tier::padded_bytes(n, 4);
         }
     }
-    // Gradients move in transfer chunks (the default's): the one being
-    // filled and those queued for the worker, plus, on several ranks, two
-    // reductions in flight with their gradient and receive buffers each
-    // (`trainer/reduce.rs`); none is sized by a layer.
+    b.staging = staging_bytes(max_layer, ranks);
+    b
+}
+
+/// Host gradient staging of a run whose largest layer has `max_layer`
+/// elements. Gradients move in transfer chunks (the default's): the one
+/// being filled and those queued for the worker, plus, on several ranks,
+/// two reductions in flight with their gradient and receive buffers each
+/// (`trainer/reduce.rs`); none is sized by a layer.
+pub(crate) fn staging_bytes(max_layer: u64, ranks: usize) -> u64 {
     let chunk = max_layer.min(crate::trainer::DEFAULT_TRANSFER_CHUNK as u64);
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue as u64;
-    b.staging = 4 * chunk * (queue + if ranks > 1 { 5 } else { 2 });
-    b
+    4 * chunk * (queue + if ranks > 1 { 5 } else { 2 })
 }
 
 #[cfg(test)]
