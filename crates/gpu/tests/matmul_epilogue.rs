@@ -225,18 +225,6 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
     }
 }
 
-fn with(opts: GpuOptions, precision: ComputePrecision) -> Option<GpuExecutor> {
-    let mut g = GpuExecutor::with_options(
-        ctx()?,
-        GpuOptions {
-            poison_outputs: true,
-            ..opts
-        },
-    );
-    g.set_compute_precision(precision).unwrap();
-    Some(g)
-}
-
 #[test]
 fn simt_tiles_fuse_on_interior_and_edges() {
     let Some(g) = gpu() else { return };
@@ -253,7 +241,7 @@ fn f16_kernels_fuse() {
         matmul_tile: Some(128),
         ..Default::default()
     };
-    let Some(g) = with(simt, ComputePrecision::F16) else {
+    let Some(g) = gpu_with(simt, ComputePrecision::F16) else {
         return;
     };
     check(&g, &cpu, "simt f16");
@@ -262,7 +250,7 @@ fn f16_kernels_fuse() {
             f16_matmul: F16Matmul::CoopEmulated(tile),
             ..Default::default()
         };
-        let g = with(coop, ComputePrecision::F16).expect("adapter");
+        let g = gpu_with(coop, ComputePrecision::F16).expect("adapter");
         check(&g, &cpu, &format!("emulated tensor cores {}", tile.name()));
     }
     if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
@@ -274,7 +262,7 @@ fn f16_kernels_fuse() {
             f16_matmul: F16Matmul::Coop(tile),
             ..Default::default()
         };
-        let g = with(opts, ComputePrecision::F16).expect("adapter");
+        let g = gpu_with(opts, ComputePrecision::F16).expect("adapter");
         check(&g, &cpu, &format!("tensor cores {}", tile.name()));
     }
 }
@@ -289,7 +277,7 @@ fn sub_blocks_and_split_k() {
         loop_budget: Some(1),
         ..Default::default()
     };
-    let g = with(split, ComputePrecision::F32).expect("adapter");
+    let g = gpu_with(split, ComputePrecision::F32).expect("adapter");
     check(&g, &cpu(), "K split");
 }
 

@@ -263,18 +263,6 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str, acc: Acc, path: impl Fn
     }
 }
 
-fn with(opts: GpuOptions, precision: ComputePrecision) -> Option<GpuExecutor> {
-    let mut g = GpuExecutor::with_options(
-        ctx()?,
-        GpuOptions {
-            poison_outputs: true,
-            ..opts
-        },
-    );
-    g.set_compute_precision(precision).unwrap();
-    Some(g)
-}
-
 #[test]
 fn simt_checked_and_interior_tiles_accumulate_exactly() {
     let Some(g) = gpu() else { return };
@@ -295,7 +283,7 @@ fn f16_kernels_accumulate_exactly() {
         matmul_tile: Some(128),
         ..Default::default()
     };
-    let Some(g) = with(simt, ComputePrecision::F16) else {
+    let Some(g) = gpu_with(simt, ComputePrecision::F16) else {
         return;
     };
     for acc in BOTH {
@@ -305,7 +293,7 @@ fn f16_kernels_accumulate_exactly() {
         f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
         ..Default::default()
     };
-    let g = with(coop, ComputePrecision::F16).expect("adapter");
+    let g = gpu_with(coop, ComputePrecision::F16).expect("adapter");
     for acc in BOTH {
         check(&g, &cpu, "emulated tensor cores", acc, |_| Path::OnePass);
     }
@@ -319,7 +307,7 @@ fn f16_kernels_accumulate_exactly() {
             f16_matmul: F16Matmul::Coop(tile),
             ..Default::default()
         };
-        let g = with(opts, ComputePrecision::F16).expect("adapter");
+        let g = gpu_with(opts, ComputePrecision::F16).expect("adapter");
         for acc in BOTH {
             check(&g, &cpu, &format!("tensor cores {}", tile.name()), acc, |_| {
                 Path::OnePass
@@ -340,7 +328,7 @@ fn split_products_accumulate_within_tolerance_or_fall_back_to_the_same_bits() {
         loop_budget: Some(100),
         ..Default::default()
     };
-    let g = with(small_budget, ComputePrecision::F32).expect("adapter");
+    let g = gpu_with(small_budget, ComputePrecision::F32).expect("adapter");
     check(&g, &cpu(), "small loop budget", Acc::Da, |c| {
         if c.n <= 128 { Path::OnePass } else { Path::Composed }
     });

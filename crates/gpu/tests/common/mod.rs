@@ -8,7 +8,7 @@ pub mod matmul_case;
 
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::{random_f32, rel_norm_err};
-use megatrain_tensor::{CpuExecutor, Executor, HostTensor, Shape};
+use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor, Shape};
 
 /// f32 kernels against the f32 CPU reference: both round every operation to
 /// f32 but sum in different orders, so errors are a few ulps of the norm.
@@ -91,6 +91,20 @@ pub fn gpu_small_bindings() -> Option<&'static GpuExecutor> {
             })
         })
         .as_ref()
+}
+
+/// A fresh executor with `opts` (outputs poisoned, so a kernel that skips
+/// an element shows) at `precision`; `None` without an adapter.
+pub fn gpu_with(opts: GpuOptions, precision: ComputePrecision) -> Option<GpuExecutor> {
+    let mut g = GpuExecutor::with_options(
+        ctx()?,
+        GpuOptions {
+            poison_outputs: true,
+            ..opts
+        },
+    );
+    g.set_compute_precision(precision).unwrap();
+    Some(g)
 }
 
 pub fn cpu() -> CpuExecutor {
