@@ -185,6 +185,28 @@ impl<T: Element> AlignedBuf<T> {
         }
     }
 
+    /// Elements `r`, made from the map's pointer: no reference to the rest
+    /// of the buffer is created, so elements outside `r` may meanwhile be
+    /// read or written through a pointer another thread holds (a
+    /// collective in flight on another chunk of the same layer).
+    pub fn range_mut(&mut self, r: std::ops::Range<usize>) -> &mut [T] {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "range {r:?} of a buffer of {}",
+            self.len
+        );
+        match &mut self.map {
+            // SAFETY: the map holds `len` elements of `T` (page-aligned, so
+            // aligned for `T`), `r` lies inside them, and the slice borrows
+            // `self` mutably for its lifetime, so no other reference made
+            // through this buffer can overlap it.
+            Some(m) => unsafe {
+                std::slice::from_raw_parts_mut(m.as_mut_ptr().cast::<T>().add(r.start), r.len())
+            },
+            None => &mut [],
+        }
+    }
+
     /// Raw bytes of the elements (native endianness).
     pub fn as_bytes(&self) -> &[u8] {
         bytemuck::cast_slice(self.as_slice())
@@ -301,6 +323,41 @@ mod tests {
         assert_eq!(e.reserved_bytes(), 0);
         assert_eq!(padded_bytes(1024, 4), 4096);
         assert_eq!(padded_bytes(1025, 4), 8192);
+    }
+
+    #[test]
+    fn a_range_is_those_elements_of_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let ram = AlignedBuf::<f32>::zeroed(5000).unwrap();
+        let disk = AlignedBuf::<f32>::zeroed_on_disk(5000, dir.path(), "range").unwrap();
+        for mut b in [ram, disk] {
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = i as f32;
+            }
+            for r in [0..0, 0..5000, 1023..1025, 4999..5000, 17..17] {
+                let s = b.range_mut(r.clone());
+                assert_eq!(s.len(), r.len());
+                assert!(s.iter().zip(r.clone()).all(|(&x, i)| x == i as f32), "{r:?}");
+                s.iter_mut().for_each(|x| *x = -1.0);
+                // Only `r` was written.
+                assert!(
+                    b.iter().enumerate().all(|(i, &x)| (x == -1.0) == r.contains(&i)),
+                    "{r:?}"
+                );
+                b.range_mut(r.clone())
+                    .iter_mut()
+                    .zip(r.clone())
+                    .for_each(|(x, i)| *x = i as f32);
+            }
+        }
+        let mut e = AlignedBuf::<f32>::zeroed(0).unwrap();
+        assert!(e.range_mut(0..0).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "range 10..12 of a buffer of 11")]
+    fn a_range_past_the_end_panics() {
+        AlignedBuf::<f32>::zeroed(11).unwrap().range_mut(10..12);
     }
 
     #[test]

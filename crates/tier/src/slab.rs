@@ -328,6 +328,33 @@ impl LayerSlab {
         }
     }
 
+    /// Elements `r` of every block (element 0 of each slice is the layer's
+    /// element `r.start`; `table` is still the whole layer's), made without
+    /// a reference to the elements outside `r` (see
+    /// [`AlignedBuf::range_mut`]): for updating one chunk while a
+    /// collective reads or writes another through a raw pointer.
+    pub fn parts_in(&mut self, r: std::ops::Range<usize>) -> SlabMut<'_> {
+        SlabMut {
+            table: &self.table,
+            params: self.params.range_mut(r.clone()),
+            m: self.m.range_mut(r.clone()),
+            v: self.v.range_mut(r.clone()),
+            transport: match &mut self.transport {
+                Transport::F32(b) => TransportMut::F32(b.range_mut(r.clone())),
+                Transport::BF16(b) => TransportMut::BF16(b.range_mut(r.clone())),
+                Transport::F16(b) => TransportMut::F16(b.range_mut(r.clone())),
+            },
+            grads: self.grads.as_mut().map(|g| g.range_mut(r)),
+            step: &mut self.step,
+        }
+    }
+
+    /// Elements `r` of the held gradient, as [`LayerSlab::parts_in`] makes
+    /// them; `None` when the tier holds no gradients.
+    pub fn grads_in(&mut self, r: std::ops::Range<usize>) -> Option<&mut [f32]> {
+        self.grads.as_mut().map(|g| g.range_mut(r))
+    }
+
     /// For a spilled layer, drops its p/m/v/gradient pages from the
     /// resident set (see [`AlignedBuf::evict`]); call after the optimizer
     /// has updated it. A no-op for layers in RAM.

@@ -146,8 +146,8 @@ impl<E: Executor> Trainer<E> {
     }
 }
 
-/// The transport copy's range `r` as the optimizer writes it, and the whole
-/// copy as the gather moves it.
+/// The transport copy's range `r` (of the elements `t` covers) as the
+/// optimizer writes it, and `t`'s first element as the gather moves it.
 fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut u8, Elem) {
     match t {
         TransportMut::F32(t) => {
@@ -168,10 +168,12 @@ fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut
 /// AdamW on elements `r` of `slab` (possibly none: this rank's shard may
 /// miss a chunk) with their summed gradient (`grad`, or the held
 /// gradient's when `None`); `mask` is the whole layer's. Zeroes the held
-/// gradient's elements `zero` for the next step. `ends`: this is the
-/// layer's last update of the step, so its step count (bias correction)
-/// moves on, by one whatever the number of chunks. Returns the transport
-/// copy's base pointer.
+/// gradient's elements `zero` (which hold `r`) for the next step. `ends`:
+/// this is the layer's last update of the step, so its step count (bias
+/// correction) moves on, by one whatever the number of chunks. Touches
+/// only elements `zero` (no reference to the rest of the layer, where
+/// other chunks' collectives may be in flight) and returns the transport
+/// copy's pointer at element `zero.start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn update_range(
     slab: &mut LayerSlab,
@@ -185,6 +187,12 @@ pub(super) fn update_range(
     grad_scale: f32,
 ) -> Result<(*mut u8, Elem), TrainError> {
     let index = slab.index();
+    if r.start < zero.start || r.end > zero.end || zero.end > slab.numel() {
+        return Err(TrainError::Internal(format!(
+            "layer {index}: update of {r:?} outside {zero:?} (of {})",
+            slab.numel()
+        )));
+    }
     let sub;
     let mask = if r == (0..slab.numel()) {
         mask
@@ -192,14 +200,16 @@ pub(super) fn update_range(
         sub = sub_mask(mask, r.clone())?;
         &sub
     };
+    // `r` within the elements `zero` the slices cover.
+    let rel = r.start - zero.start..r.end - zero.start;
     let base = {
-        let parts = slab.parts_mut();
+        let parts = slab.parts_in(zero);
         let mut held = parts.grads;
-        let (transport, base, elem) = transport_parts(parts.transport, r.clone());
+        let (transport, base, elem) = transport_parts(parts.transport, rel.clone());
         if !r.is_empty() {
             let grad = match (grad, held.as_deref_mut()) {
                 (Some(g), _) => g,
-                (None, Some(h)) => &mut h[r.clone()],
+                (None, Some(h)) => &mut h[rel.clone()],
                 (None, None) => {
                     return Err(TrainError::Internal(format!(
                         "layer {index}: no gradient to apply"
@@ -207,10 +217,10 @@ pub(super) fn update_range(
                 }
             };
             let update = SlabUpdate::new(
-                &mut parts.params[r.clone()],
+                &mut parts.params[rel.clone()],
                 grad,
-                &mut parts.m[r.clone()],
-                &mut parts.v[r.clone()],
+                &mut parts.m[rel.clone()],
+                &mut parts.v[rel],
             )
             .decay(mask)
             .transport(transport)
@@ -223,7 +233,7 @@ pub(super) fn update_range(
             *parts.step += 1;
         }
         if let Some(h) = held {
-            h[zero].fill(0.0);
+            h.fill(0.0);
         }
         (base, elem)
     };

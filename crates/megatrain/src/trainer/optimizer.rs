@@ -205,22 +205,17 @@ pub(super) fn update_slab(
         sub = sub_mask(mask, r.clone())?;
         &sub
     };
-    let parts = slab.parts_mut();
-    let held = parts.grads.map(|h| &mut h[r.clone()]);
-    let (grad, zero) = chosen_grad(index, grad, held)?;
+    let n = r.len();
+    let parts = slab.parts_in(r);
+    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
     let mut transport = parts.transport;
-    let transport = adamw_transport(&mut transport, r.clone());
+    let transport = adamw_transport(&mut transport, 0..n);
     let mut state = SlabState::at_step(*parts.step);
-    let update = SlabUpdate::new(
-        &mut parts.params[r.clone()],
-        grad,
-        &mut parts.m[r.clone()],
-        &mut parts.v[r],
-    )
-    .decay(mask)
-    .transport(transport)
-    .zero_grad(zero)
-    .grad_scale(grad_scale);
+    let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)
+        .decay(mask)
+        .transport(transport)
+        .zero_grad(zero)
+        .grad_scale(grad_scale);
     adamw.step(&mut state, lr, update)?;
     if last {
         *parts.step = state.step();
@@ -259,9 +254,9 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
         let slab = current.slab();
         let index = slab.index();
         let mask = &sh.masks[index];
-        let result = match slab.grads_mut() {
+        let result = match slab.grads_in(range.clone()) {
             Some(held) => {
-                accumulate(&mut held[range.clone()], &grads);
+                accumulate(held, &grads);
                 if update && last {
                     update_any(slab, None, 0..slab.numel(), sh.window, sh.adamw, mask, sh.lr, 1.0)
                 } else {

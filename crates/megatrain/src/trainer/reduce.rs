@@ -251,10 +251,10 @@ impl<'a> DistWorker<'a, '_> {
             }
         };
         let slab = &mut *self.arrivals.slabs[at];
-        let send = match slab.grads_mut() {
+        let send = match slab.grads_in(range.clone()) {
             Some(held) => {
                 let t = Instant::now();
-                accumulate(&mut held[range.clone()], &grads);
+                accumulate(held, &grads);
                 self.rep.busy_ms += ms(t);
                 self.sh.pool.give(grads);
                 Vec::new()
@@ -311,8 +311,8 @@ impl<'a> DistWorker<'a, '_> {
         let recv_len = if sharded { parts[comm.rank()].len() } else { n };
         let mut recv = self.sh.pool.take(recv_len);
         let slab = &mut *self.arrivals.slabs[at];
-        let src: *const f32 = match slab.grads_mut() {
-            Some(held) if send.is_empty() => held[chunk.clone()].as_ptr(),
+        let src: *const f32 = match slab.grads_in(chunk.clone()) {
+            Some(held) if send.is_empty() => held.as_ptr(),
             _ => send.as_ptr(),
         };
         let t = Instant::now();
@@ -320,9 +320,10 @@ impl<'a> DistWorker<'a, '_> {
         // the operation and are neither touched nor dropped before it
         // completes (waited on in `finish`, or on drop). A held block's
         // chunk stays borrowed by `arrivals` until the worker ends, and no
-        // element of it is written meanwhile: later chunks' accumulation
-        // borrows the whole block but writes only their own elements, and
-        // this chunk is next written in `finish`, after the wait.
+        // reference to it is made meanwhile: later chunks' accumulation and
+        // updates reach the block only through `grads_in`/`parts_in` of
+        // their own elements, and this chunk is next written in `finish`,
+        // after the wait.
         let op = unsafe {
             if sharded {
                 comm.start_reduce_scatter(src, recv.as_mut_ptr(), &parts)
@@ -387,10 +388,10 @@ impl<'a> DistWorker<'a, '_> {
             // Clipping mode: the summed gradient waits in the held block for
             // the global norm; outside this rank's shard it is stale and
             // zeroed.
-            if let Some(held) = slab.grads_mut() {
-                held[own.clone()].copy_from_slice(&recv);
-                held[chunk.start..own.start].fill(0.0);
-                held[own.end..chunk.end].fill(0.0);
+            if let Some(held) = slab.grads_in(chunk.clone()) {
+                held[mine.clone()].copy_from_slice(&recv);
+                held[..mine.start].fill(0.0);
+                held[mine.end..].fill(0.0);
             }
             sh.pool.give(recv);
             self.rep.busy_ms += ms(t);
@@ -415,9 +416,9 @@ impl<'a> DistWorker<'a, '_> {
             // A held block takes the sum and is zeroed by the update's own
             // pass (before a spilled layer's pages are dropped with its
             // last chunk).
-            let grad = match slab.grads_mut() {
+            let grad = match slab.grads_in(chunk.clone()) {
                 Some(held) => {
-                    held[chunk.clone()].copy_from_slice(&recv);
+                    held.copy_from_slice(&recv);
                     None
                 }
                 None => Some(&mut recv[..]),
@@ -428,12 +429,13 @@ impl<'a> DistWorker<'a, '_> {
         self.rep.busy_ms += ms(t);
         if let Some((base, elem)) = result? {
             let t = Instant::now();
-            // SAFETY: the transport copy belongs to a slab `arrivals` keeps
-            // borrowed until the worker ends, after every gather has been
-            // waited on; no element of this chunk is written again this
-            // step (later updates borrow the whole copy but write only
-            // their own chunks' elements).
-            let op = unsafe { comm.start_all_gather(base.add(chunk.start * elem.size()), elem, &parts) }
+            // SAFETY: `base` is the transport copy at `chunk.start` (the
+            // update's `zero` is the chunk). The copy belongs to a slab
+            // `arrivals` keeps borrowed until the worker ends, after every
+            // gather has been waited on, and no reference to this chunk's
+            // elements is made again this step: later updates reach the
+            // copy only through `parts_in` of their own chunks.
+            let op = unsafe { comm.start_all_gather(base, elem, &parts) }
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
             self.rep.comm_ms += ms(t);
             self.rep.comm_bytes += (elem.size() * own.len()) as u64;

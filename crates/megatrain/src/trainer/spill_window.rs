@@ -87,9 +87,8 @@ fn update_spilled(
 ) -> Result<()> {
     let index = slab.index();
     let numel = slab.numel();
-    let parts = slab.parts_mut();
-    let held = parts.grads.map(|h| &mut h[r.clone()]);
-    let (grad, zero) = chosen_grad(index, grad, held)?;
+    let parts = slab.parts_in(r.clone());
+    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
     let mut transport = parts.transport;
     let first = *parts.step;
     let mut next_step = first;
@@ -103,7 +102,7 @@ fn update_spilled(
             )));
         }
         let sub = sub_mask(mask, w.clone())?;
-        let t = adamw_transport(&mut transport, w.clone());
+        let t = adamw_transport(&mut transport, w.start - r.start..w.end - r.start);
         let (p, m, v) = chunk.parts_mut();
         let mut state = SlabState::at_step(first);
         let update = SlabUpdate::new(p, &mut grad[w.start - r.start..w.end - r.start], m, v)
