@@ -176,7 +176,7 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
         m.bytes_downloaded += bytes;
         let mut p = Pending::new(slab, grads);
         self.begin_more(&mut p, m)?;
-        let deferred = p.in_flight.front().is_some_and(|(_, d)| d.in_flight());
+        let deferred = p.chunks.in_flight.front().is_some_and(|(_, d)| d.in_flight());
         self.host_copies = !deferred;
         if let Some(previous) = self.pending.replace(p) {
             self.drain(previous, m)?;
@@ -197,24 +197,18 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
 
     /// Begins the layer's next chunks, up to [`CHUNKS_IN_FLIGHT`].
     fn begin_more(&self, p: &mut Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        while p.in_flight.len() < CHUNKS_IN_FLIGHT && !p.begun_all {
-            let r = p.next..(p.next + self.chunk).min(p.numel);
-            let t = Instant::now();
-            let d = self.ex.begin_download_range(&p.grads, r.clone())?;
-            m.download_ms += ms(t);
-            p.next = r.end;
-            p.begun_all = p.next == p.numel;
-            p.in_flight.push_back((r, d));
-        }
+        let t = Instant::now();
+        p.chunks.begin_more(self.ex, self.chunk)?;
+        m.download_ms += ms(t);
         Ok(())
     }
 
     /// Finishes every chunk of `p` in order, sending each to the optimizer.
     fn drain(&self, mut p: Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        while let Some((r, d)) = p.in_flight.pop_front() {
+        while let Some((r, d)) = p.chunks.in_flight.pop_front() {
             let mut staging = self.pool.take(r.len());
             let t = Instant::now();
-            let done = self.ex.finish_download_range(d, &p.grads, &mut staging);
+            let done = self.ex.finish_download_range(d, &p.chunks.grads, &mut staging);
             m.download_ms += ms(t);
             if let Err(e) = done {
                 self.pool.give(staging);
@@ -236,29 +230,57 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
     }
 }
 
-/// A layer whose gradients are coming down in chunks.
+/// A layer whose gradients are coming down in chunks, handed to the
+/// optimizer with the layer.
 struct Pending<'t, T> {
     /// The layer, until its first chunk is sent with it.
     slab: Option<&'t mut LayerSlab>,
-    numel: usize,
+    chunks: Falling<T>,
+}
+
+impl<'t, T> Pending<'t, T> {
+    fn new(slab: &'t mut LayerSlab, grads: Vec<T>) -> Self {
+        Pending {
+            chunks: Falling::new(slab.numel(), grads),
+            slab: Some(slab),
+        }
+    }
+}
+
+/// A layer's gradients coming down in chunks: the step's hand-over and
+/// the transfer-only mode move them the same way.
+struct Falling<T> {
     /// The gradient tensors (table order), kept until every chunk is in.
     grads: Vec<T>,
+    numel: usize,
     /// First element not begun yet.
     next: usize,
     begun_all: bool,
     in_flight: VecDeque<(Range<usize>, Download<T>)>,
 }
 
-impl<'t, T> Pending<'t, T> {
-    fn new(slab: &'t mut LayerSlab, grads: Vec<T>) -> Self {
-        Pending {
-            numel: slab.numel(),
-            slab: Some(slab),
+impl<T> Falling<T> {
+    fn new(numel: usize, grads: Vec<T>) -> Self {
+        Falling {
             grads,
+            numel,
             next: 0,
             begun_all: false,
             in_flight: VecDeque::new(),
         }
+    }
+
+    /// Begins the next chunks of at most `chunk` elements, up to
+    /// [`CHUNKS_IN_FLIGHT`] in flight.
+    fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E, chunk: usize) -> Result<()> {
+        while self.in_flight.len() < CHUNKS_IN_FLIGHT && !self.begun_all {
+            let r = self.next..(self.next + chunk).min(self.numel);
+            let d = ex.begin_download_range(&self.grads, r.clone())?;
+            self.next = r.end;
+            self.begun_all = self.next == self.numel;
+            self.in_flight.push_back((r, d));
+        }
+        Ok(())
     }
 }
 

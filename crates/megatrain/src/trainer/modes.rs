@@ -14,11 +14,9 @@
 //! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
 //!   gradient buffer, on the calling thread.
 
-use std::collections::VecDeque;
-use std::ops::Range;
 use std::time::Instant;
 
-use megatrain_tensor::{Download, Executor, Shape, TensorHandle};
+use megatrain_tensor::{Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 use megatrain_zoo::layers::{
     block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
@@ -26,7 +24,7 @@ use megatrain_zoo::layers::{
 
 use super::optimizer::update_slab;
 use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
-use super::{CHUNKS_IN_FLIGHT, Result, TrainError, Trainer, ms};
+use super::{Falling, Result, TrainError, Trainer, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -58,51 +56,16 @@ pub struct TransferOnly {
     pub bytes_downloaded: u64,
 }
 
-/// A layer's gradients coming down in chunks, as the step's hand-over
-/// moves them.
-struct Falling<T> {
-    grads: Vec<T>,
-    numel: usize,
-    /// First element not begun yet.
-    next: usize,
-    begun_all: bool,
-    in_flight: VecDeque<(Range<usize>, Download<T>)>,
-}
-
-impl<T: TensorHandle> Falling<T> {
-    fn new(numel: usize, grads: Vec<T>) -> Self {
-        Falling {
-            grads,
-            numel,
-            next: 0,
-            begun_all: false,
-            in_flight: VecDeque::new(),
-        }
+/// Finishes every chunk of `p` in order into `staging` (one chunk long);
+/// returns the bytes that came down.
+fn drain<E: Executor>(ex: &E, mut p: Falling<E::Tensor>, chunk: usize, staging: &mut [f32]) -> Result<u64> {
+    let mut bytes = 0;
+    while let Some((r, d)) = p.in_flight.pop_front() {
+        ex.finish_download_range(d, &p.grads, &mut staging[..r.len()])?;
+        bytes += 4 * r.len() as u64;
+        p.begin_more(ex, chunk)?;
     }
-
-    /// Begins the next chunks, up to [`CHUNKS_IN_FLIGHT`].
-    fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E, chunk: usize) -> Result<()> {
-        while self.in_flight.len() < CHUNKS_IN_FLIGHT && !self.begun_all {
-            let r = self.next..(self.next + chunk).min(self.numel);
-            let d = ex.begin_download_range(&self.grads, r.clone())?;
-            self.next = r.end;
-            self.begun_all = self.next == self.numel;
-            self.in_flight.push_back((r, d));
-        }
-        Ok(())
-    }
-
-    /// Finishes every chunk in order into `staging` (one chunk long);
-    /// returns the bytes that came down.
-    fn drain<E: Executor<Tensor = T>>(mut self, ex: &E, chunk: usize, staging: &mut [f32]) -> Result<u64> {
-        let mut bytes = 0;
-        while let Some((r, d)) = self.in_flight.pop_front() {
-            ex.finish_download_range(d, &self.grads, &mut staging[..r.len()])?;
-            bytes += 4 * r.len() as u64;
-            self.begin_more(ex, chunk)?;
-        }
-        Ok(bytes)
-    }
+    Ok(bytes)
 }
 
 /// A few elements of `t` fetched to the host: waits for every op queued
@@ -198,7 +161,7 @@ impl<E: Executor> Trainer<E> {
     /// into the step's slots and in its order (blocks twice, the backward's
     /// a group of K at a time; embedding and head once) and every layer's
     /// fp32 gradient bytes down, pipelined one layer deep like the step's
-    /// and in the step's chunks (`transfer_chunk`, [`CHUNKS_IN_FLIGHT`] of
+    /// and in the step's chunks (`transfer_chunk`, [`super::CHUNKS_IN_FLIGHT`] of
     /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
     /// before the clock starts; each download takes a reshaped handle of
@@ -254,7 +217,7 @@ impl<E: Executor> Trainer<E> {
             let mut p = Falling::new(layers[layer].numel(), alias);
             p.begin_more(ex, chunk)?;
             if let Some(prev) = pending.replace(p) {
-                out.bytes_downloaded += prev.drain(ex, chunk, &mut staging)?;
+                out.bytes_downloaded += drain(ex, prev, chunk, &mut staging)?;
             }
             Ok(())
         };
@@ -285,7 +248,7 @@ impl<E: Executor> Trainer<E> {
         }
         down(0, &emb_g, &mut out)?;
         if let Some(prev) = pending.take() {
-            out.bytes_downloaded += prev.drain(ex, chunk, &mut staging)?;
+            out.bytes_downloaded += drain(ex, prev, chunk, &mut staging)?;
         }
         out.ms = ms(start);
         Ok(out)
