@@ -20,7 +20,9 @@ pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
-pub use exec::{BindGroupStats, F16Attention, F16Matmul, GpuExecutor, GpuOptions, SubmitStats};
+pub use exec::{
+    BindGroupStats, F16Attention, F16Matmul, GpuExecutor, GpuOptions, SHADER_CHECKS_ENV, SubmitStats,
+};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
