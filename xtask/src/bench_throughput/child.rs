@@ -108,7 +108,7 @@ fn run_on<E: Executor + OpProfiler>(
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
-        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
+        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size, ex.logits_chunk_bytes()),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };

@@ -114,6 +114,15 @@ impl Executor for GpuExecutor {
         GpuExecutor::reset_peak_memory(self);
     }
 
+    /// A software adapter's memory is the host's.
+    fn logits_chunk_bytes(&self) -> usize {
+        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+            megatrain_tensor::HOST_LOGITS_CHUNK_BYTES
+        } else {
+            megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES
+        }
+    }
+
     fn zeros(&self, shape: &Shape) -> Result<GpuTensor> {
         self.zeros_f32(shape.clone())
     }
