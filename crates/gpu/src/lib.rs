@@ -21,7 +21,8 @@ pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
 pub use exec::{
-    BindGroupStats, F16Attention, F16Matmul, GpuExecutor, GpuOptions, SHADER_CHECKS_ENV, SubmitStats,
+    BindGroupStats, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16Attention, F16Matmul, GpuExecutor, GpuOptions,
+    SHADER_CHECKS_ENV, SubmitStats,
 };
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};

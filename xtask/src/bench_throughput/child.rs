@@ -28,7 +28,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
             let ctx = GpuContext::new().context("no GPU adapter")?;
             // The arena's peak of live tensor bytes (pool and driver
             // overhead not counted).
-            let opts = spec.knobs.gpu_options(spec.transport()?);
+            let opts = spec.knobs.gpu_options(spec.transport()?).with_env()?;
             run_on(
                 GpuExecutor::with_options(ctx, opts),
                 spec,

@@ -9,6 +9,7 @@ mod binding;
 mod buffers;
 mod elementwise;
 mod embed_loss;
+mod env;
 mod executor_impl;
 mod matmul;
 mod matmul_epilogue;
@@ -19,6 +20,7 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
+pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV};
 pub use matmul::F16Matmul;
 
 use std::sync::Arc;
