@@ -8,7 +8,9 @@
 //! the interior pipelines),
 //! `f16_simt_…` (the same kernel rounding operands to f16) and
 //! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…` (the tensor-core
-//! tiles, only where the adapter has cooperative matrices).
+//! tiles, only where the adapter has cooperative matrices), and
+//! `shader_checks_…` (one f32 and one f16 product compiled with wgpu's
+//! runtime checks, as every kernel was before they were turned off).
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
 //! --bench matmul -- f16_coop128_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
@@ -113,26 +115,54 @@ fn bench(c: &mut Criterion) {
         vec![(256, 256, 256, nn, DType::F32), (256, 200, 300, nt, DType::F16)]
     };
     let ctx = g.context().clone();
-    let f16 = |k: F16Matmul| {
+    let f16_with = |k: F16Matmul, shader_checks: bool| {
         let mut e = GpuExecutor::with_options(
             ctx.clone(),
             GpuOptions {
                 f16_matmul: k,
+                shader_checks,
                 ..Default::default()
             },
         );
         e.set_compute_precision(ComputePrecision::F16).unwrap();
         e
     };
+    let f16 = |k: F16Matmul| f16_with(k, false);
     let mut kernels = vec![F16Matmul::Simt];
     if ctx.has_cooperative_matrix() {
         kernels.extend([CoopTile::Simple64, CoopTile::Tile128, CoopTile::Tile128x256].map(F16Matmul::Coop));
     } else {
         eprintln!("adapter has no cooperative matrices: tensor-core rows skipped");
     }
-    for k in kernels {
+    for &k in &kernels {
         run(c, &f16(k), Some(&g), &format!("f16_{k}_"), &f16_shapes);
     }
+
+    // The same kernels with wgpu's runtime checks compiled in: what turning
+    // them off bought.
+    let checked_shaders = GpuExecutor::with_options(
+        ctx.clone(),
+        GpuOptions {
+            shader_checks: true,
+            ..Default::default()
+        },
+    );
+    let square = if real { 4096 } else { 256 };
+    run(
+        c,
+        &checked_shaders,
+        Some(&g),
+        "shader_checks_",
+        &[(square, square, square, nn, DType::F32)],
+    );
+    let default_f16 = f16(F16Matmul::Auto).f16_matmul_kernel();
+    run(
+        c,
+        &f16_with(default_f16, true),
+        Some(&g),
+        &format!("shader_checks_f16_{default_f16}_"),
+        &f16_shapes[..2],
+    );
 }
 
 fn main() {
