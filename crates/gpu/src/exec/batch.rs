@@ -57,6 +57,11 @@ pub struct SubmitStats {
     pub op_submissions: u64,
     /// Queue submissions of transfers (uploads, readbacks, their marks).
     pub transfer_submissions: u64,
+    /// Points where the host waits for the device (a poll that waits for
+    /// a submission, a wait for a mapping), counted whether or not the
+    /// device was already there: on a GPU each may stall the host, and
+    /// the device idles until the host submits again.
+    pub waits: u64,
 }
 
 /// The pending batch, the uniform buffer its parameter blocks go to, and
@@ -68,6 +73,7 @@ pub(crate) struct Submitter {
     ops: AtomicU64,
     op_submissions: AtomicU64,
     transfer_submissions: AtomicU64,
+    waits: AtomicU64,
 }
 
 impl Submitter {
@@ -84,6 +90,7 @@ impl Submitter {
             ops: AtomicU64::new(0),
             op_submissions: AtomicU64::new(0),
             transfer_submissions: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
         }
     }
 
@@ -144,12 +151,18 @@ impl Submitter {
         queue.write_buffer(buf, offset, data);
     }
 
+    /// Counts a time the host blocks on the device.
+    pub fn note_wait(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> SubmitStats {
         let pending = self.lock().ops as u64;
         SubmitStats {
             ops: self.ops.load(Ordering::Relaxed) + pending,
             op_submissions: self.op_submissions.load(Ordering::Relaxed),
             transfer_submissions: self.transfer_submissions.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
         }
     }
 }
