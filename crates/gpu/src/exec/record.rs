@@ -202,13 +202,14 @@ impl<'e> Op<'e> {
             Uniform::Own(g) => g,
             Uniform::Ring { rel, len } => {
                 let uoff = base + rel;
-                let make = || bind_group(device, pipeline, &sub.uniforms, uoff, len, &views);
                 let key = GroupKey {
                     kernel,
                     uniform: (uoff, len),
-                    views: views.clone(),
+                    views,
                 };
-                ex.bind_groups.get_or_make(key, make)
+                ex.bind_groups.get_or_make(key, |k| {
+                    bind_group(device, pipeline, &sub.uniforms, uoff, len, &k.views)
+                })
             }
         };
         let enc = b.encoder(device);
