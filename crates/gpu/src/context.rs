@@ -170,7 +170,8 @@ impl GpuContext {
     fn noop_by_name() -> Result<Arc<Self>, GpuError> {
         Err(GpuError::AdapterNotFound {
             wanted: NOOP_ADAPTER.into(),
-            available: "none: the noop adapter needs megatrain-gpu built with the `host-floor` feature".into(),
+            available: "none: the noop adapter needs megatrain-gpu built with the `host-floor` feature"
+                .into(),
         })
     }
 

@@ -90,7 +90,10 @@ mod tests {
         assert_eq!(ctx.info.name, HOST_FLOOR_ADAPTER);
         assert_eq!(ctx.limits.max_compute_workgroup_storage_size, 48 << 10);
         assert_eq!(ctx.max_binding_bytes(), (1 << 31) - 1);
-        assert!(ctx.features.contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP));
+        assert!(
+            ctx.features
+                .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP)
+        );
         assert!(!ctx.has_cooperative_matrix());
     }
 }
