@@ -141,14 +141,7 @@ pub(crate) fn read_par(
         }
     }
     let run = |(dtype, src, dst): (DType, &[u8], &mut [f32])| crate::tensor::widen_bytes(dtype, src, dst);
-    // A layer of many small tensors is many jobs but little work: below
-    // what `write_par` keeps on the calling thread, waking the copy
-    // threads costs more than it saves.
-    let total: u64 = layout
-        .iter()
-        .map(|&(d, n, _)| (n * d.size_in_bytes()) as u64)
-        .sum();
-    if jobs.len() <= 2 || total <= 2 * BLOCK || pool.current_num_threads() < 2 {
+    if jobs.len() <= 2 || pool.current_num_threads() < 2 {
         jobs.into_iter().for_each(run);
     } else {
         pool.install(|| jobs.into_par_iter().for_each(run));
