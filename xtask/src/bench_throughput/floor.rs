@@ -177,3 +177,53 @@ pub fn table(records: &[Record]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_throughput::child;
+    use crate::bench_throughput::spec::{Spec, test_spec};
+
+    fn spec() -> Spec {
+        Spec {
+            label: "floor".into(),
+            layers: Some(1),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            device: NOOP_DEVICE.into(),
+            ..test_spec()
+        }
+    }
+
+    #[cfg(not(feature = "host-floor"))]
+    #[test]
+    fn without_the_feature_gpu_noop_says_how_to_get_it() {
+        let err = format!("{:#}", child::run(&spec()).unwrap_err());
+        assert!(err.contains("--features host-floor"), "{err}");
+    }
+
+    #[cfg(feature = "host-floor")]
+    #[test]
+    fn a_noop_run_counts_its_host_work_and_says_no_kernel_ran() {
+        let r = child::run(&spec()).unwrap();
+        assert!(r.device_name.contains("noop"), "{}", r.device_name);
+        let c = r.counters.clone().unwrap();
+        assert!(c.ops > 10.0 && c.op_submissions >= 1.0 && c.waits >= 1.0, "{c:?}");
+        assert_eq!((c.bind_groups_made, c.device_allocations), (0.0, 0.0), "{c:?}");
+        assert!(c.cpu_ms > 0.0, "{c:?}");
+        let t = table(&[r]);
+        assert!(t.contains("| floor | gpu-noop |") && t.contains("NO KERNEL RAN"), "{t}");
+    }
+
+    #[test]
+    fn the_cpu_executor_has_no_host_work_table() {
+        let r = child::run(&Spec {
+            device: "cpu".into(),
+            ..spec()
+        })
+        .unwrap();
+        assert!(r.counters.is_none());
+        assert_eq!(table(&[r]), "");
+    }
+}
