@@ -56,6 +56,8 @@ pub fn process_cpu_ms() -> f64 {
 pub struct Snapshot {
     pub cpu_ms: f64,
     pub ops: u64,
+    pub dispatches: u64,
+    pub passes: u64,
     pub op_submissions: u64,
     pub transfer_submissions: u64,
     pub waits: u64,
@@ -82,6 +84,8 @@ impl HostCounters for GpuExecutor {
         Some(Snapshot {
             cpu_ms: process_cpu_ms(),
             ops: s.ops,
+            dispatches: s.dispatches,
+            passes: s.passes,
             op_submissions: s.op_submissions,
             transfer_submissions: s.transfer_submissions,
             waits: s.waits,
@@ -101,6 +105,11 @@ pub struct StepCounters {
     #[serde(default)]
     pub cpu_ms: f64,
     pub ops: f64,
+    /// Compute dispatches, and the compute passes holding them.
+    #[serde(default)]
+    pub dispatches: f64,
+    #[serde(default)]
+    pub passes: f64,
     pub op_submissions: f64,
     pub transfer_submissions: f64,
     /// Times the host blocked on the device (polls that wait, buffer maps).
@@ -119,6 +128,8 @@ impl StepCounters {
         StepCounters {
             cpu_ms: (b.cpu_ms - a.cpu_ms) / n,
             ops: d(a.ops, b.ops),
+            dispatches: d(a.dispatches, b.dispatches),
+            passes: d(a.passes, b.passes),
             op_submissions: d(a.op_submissions, b.op_submissions),
             transfer_submissions: d(a.transfer_submissions, b.transfer_submissions),
             waits: d(a.waits, b.waits),
@@ -143,9 +154,9 @@ pub fn table(records: &[Record]) -> String {
     }
     let mut s = String::from(
         "\nHost work per step (means over the timed steps; step ms is the median):\n\n\
-         | config | device | prec | step ms | min..max ms | CPU ms (all threads) | ops | op submits | transfer submits | \
+         | config | device | prec | step ms | min..max ms | CPU ms (all threads) | ops | dispatches | passes | op submits | transfer submits | \
          waits | uploads | downloads | bind groups made | device allocs | host buffers made |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (r, c) in &rows {
         let ms: Vec<f64> = r.steps.iter().filter_map(|v| v["step_ms"].as_f64()).collect();
@@ -153,7 +164,7 @@ pub fn table(records: &[Record]) -> String {
         let hi = ms.iter().copied().fold(0.0, f64::max);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
             r.spec.label,
             r.spec.device,
             r.spec.precision,
@@ -162,6 +173,8 @@ pub fn table(records: &[Record]) -> String {
             hi,
             c.cpu_ms,
             c.ops,
+            c.dispatches,
+            c.passes,
             c.op_submissions,
             c.transfer_submissions,
             c.waits,
@@ -213,7 +226,10 @@ mod tests {
         assert_eq!((c.bind_groups_made, c.device_allocations), (0.0, 0.0), "{c:?}");
         assert!(c.cpu_ms > 0.0, "{c:?}");
         let t = table(&[r]);
-        assert!(t.contains("| floor | gpu-noop |") && t.contains("NO KERNEL RAN"), "{t}");
+        assert!(
+            t.contains("| floor | gpu-noop |") && t.contains("NO KERNEL RAN"),
+            "{t}"
+        );
     }
 
     #[test]
