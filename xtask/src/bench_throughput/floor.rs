@@ -1,7 +1,7 @@
 //! What the host does per step on the GPU executor (ops recorded, queue
 //! submissions, waits, bind groups and buffers made), and `--device
-//! gpu-noop`: the same executor on wgpu's noop backend (xtask built with
-//! `--features host-floor`), where no kernel runs and a step costs only
+//! gpu-noop`: the same executor on wgpu's noop backend (xtask's default
+//! feature `host-floor`), where no kernel runs and a step costs only
 //! the host's part of it: the floor under every GPU step.
 
 use std::fmt::Write;
@@ -32,8 +32,8 @@ pub fn noop_context() -> anyhow::Result<Arc<GpuContext>> {
     #[cfg(not(feature = "host-floor"))]
     {
         anyhow::bail!(
-            "--device {NOOP_DEVICE} needs wgpu's noop backend: build xtask with --features host-floor \
-             (cargo run --release -p xtask --features host-floor -- bench-throughput ...)"
+            "--device {NOOP_DEVICE} needs wgpu's noop backend: build xtask with its default feature \
+             host-floor (cargo run --release -p xtask --features host-floor -- bench-throughput ...)"
         )
     }
 }

@@ -59,9 +59,8 @@ pub struct Args {
     precision: Vec<String>,
     /// Device(s): cpu (the CPU executor), gpu (wgpu; lavapipe without a
     /// GPU), gpu-noop (the GPU executor on wgpu's noop backend: no kernel
-    /// runs, the step is the host's floor; needs xtask built with
-    /// `--features host-floor`) (repeatable). Default cpu; --quick runs
-    /// cpu and gpu.
+    /// runs, the step is the host's floor; xtask's default feature
+    /// `host-floor`) (repeatable). Default cpu; --quick runs cpu and gpu.
     #[arg(long)]
     device: Vec<String>,
     /// How the GPU moves layers: auto (measured at start), staging or mapped.
