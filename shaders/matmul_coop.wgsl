@@ -90,7 +90,7 @@ fn stage_a(buf: u32) {
         let v = li + i * THREADS;
         let r = v / (A_COLS / 4u);
         let c = (v % (A_COLS / 4u)) * 4u;
-        let h = to_half4(ra[i] * sc.a.f0 * sc.a.f1 * sc.a.f2);
+        let h = to_half4(apply4(ra[i], sc.a));
         let s = buf * A_TILE + r * LDA_S + c;
         a_s[s] = h.x;
         a_s[s + 1u] = h.y;
@@ -146,7 +146,7 @@ fn stage_b(buf: u32) {
         let v = li + i * THREADS;
         let r = v / (B_COLS / 4u);
         let c = (v % (B_COLS / 4u)) * 4u;
-        let h = to_half4(rb[i] * sc.b.f0 * sc.b.f1 * sc.b.f2);
+        let h = to_half4(apply4(rb[i], sc.b));
         let s = buf * B_TILE + r * LDB_S + c;
         b_s[s] = h.x;
         b_s[s + 1u] = h.y;

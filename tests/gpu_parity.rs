@@ -462,3 +462,64 @@ fn evaluation_streams_the_model_once_per_group() {
         "bytes up: batch by batch {per_batch}, in two groups {once}"
     );
 }
+
+/// The kernels run without wgpu's runtime checks (`Kernel::UNCHECKED`).
+/// Had one indexed past a workgroup or private array, the checked build
+/// (every such index clamped to the array) would read something else, so
+/// three steps in each build must agree bit for bit: losses, parameters
+/// and transport copies. llama-tiny in f32 and in f16 on the emulated
+/// tensor-core matmul and attention kernels, gpt2-nano (LayerNorm, GELU,
+/// biases) in f32.
+#[test]
+fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
+    use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
+    use megatrain_tensor::ComputePrecision;
+    let Some(ctx) = ctx() else { return };
+    let cases = [
+        (llama_tiny(), ComputePrecision::F32, TransportDType::F32),
+        (llama_tiny(), ComputePrecision::F16, TransportDType::F16),
+        (gpt2_nano(65), ComputePrecision::F32, TransportDType::F32),
+    ];
+    for (model, precision, transport) in cases {
+        let run = |shader_checks: bool| {
+            let mut gpu = GpuExecutor::with_options(
+                ctx.clone(),
+                GpuOptions {
+                    shader_checks,
+                    f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+                    f16_attention: F16Attention::CoopEmulated,
+                    ..GpuOptions::default()
+                },
+            );
+            gpu.set_compute_precision(precision).unwrap();
+            let mut t = trainer_with(gpu, &model, 2, transport);
+            let losses: Vec<u64> = (0..3)
+                .map(|step| {
+                    let b = batch(model.vocab_size, step, 2, 24);
+                    t.step(std::slice::from_ref(&b), 1e-3).unwrap().loss.to_bits()
+                })
+                .collect();
+            let state: Vec<(Vec<u32>, Vec<u8>)> = t
+                .tier()
+                .layers()
+                .iter()
+                .map(|l| {
+                    let p = l.params().iter().map(|x| x.to_bits()).collect();
+                    (p, l.transport().as_bytes().to_vec())
+                })
+                .collect();
+            (losses, state)
+        };
+        let (checked, unchecked) = (run(true), run(false));
+        assert_eq!(
+            checked.0, unchecked.0,
+            "{:?} {precision:?}: losses differ with and without shader checks",
+            model.arch
+        );
+        assert!(
+            checked.1 == unchecked.1,
+            "{:?} {precision:?}: parameters or transport copies differ with and without shader checks",
+            model.arch
+        );
+    }
+}

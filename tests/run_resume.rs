@@ -213,14 +213,19 @@ fn default_chunk_rows_resolve_from_the_vocabulary_and_old_runs_keep_256() {
     };
     assert_eq!(main.chunk_rows, None);
     let nano = megatrain_zoo::preset("gpt2-nano", Some(65)).unwrap();
-    assert!(main.chunk_rows(nano.vocab_size) >= main.batch * main.seq_len);
+    let host = megatrain_tensor::HOST_LOGITS_CHUNK_BYTES;
+    assert!(main.chunk_rows(nano.vocab_size, host) >= main.batch * main.seq_len);
     let qwen = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
-    assert_eq!(main.chunk_rows(qwen.vocab_size), 256);
+    assert_eq!(main.chunk_rows(qwen.vocab_size, host), 256);
+    assert_eq!(
+        main.chunk_rows(qwen.vocab_size, megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES),
+        1664
+    );
     let explicit = TrainOptions {
         chunk_rows: Some(7),
         ..TrainOptions::default()
     };
-    assert_eq!(explicit.chunk_rows(nano.vocab_size), 7);
+    assert_eq!(explicit.chunk_rows(nano.vocab_size, host), 7);
 
     let mut old = serde_json::to_value(TrainOptions::default()).unwrap();
     old["chunk_rows"] = 256.into();

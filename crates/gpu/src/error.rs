@@ -23,6 +23,12 @@ pub enum GpuError {
     Poll(String),
     #[error("{op}: {detail}")]
     Unsupported { op: &'static str, detail: String },
+    #[error("{var}={value:?} names no kernel family: expected {expected}")]
+    Env {
+        var: &'static str,
+        value: String,
+        expected: String,
+    },
 }
 
 impl From<GpuError> for megatrain_tensor::Error {

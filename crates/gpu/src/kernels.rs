@@ -197,8 +197,32 @@ pub struct KernelSpec {
     pub bindings: &'static [u32],
 }
 
+/// Appended to every module. wgpu-hal 30's Vulkan backend honours all of a
+/// module's `ShaderRuntimeChecks` only when it compiles the module per
+/// pipeline, which it does for modules with overrides; for the others it
+/// drops the bounds checks but keeps naga's loop-bounding counter in every
+/// loop and its guards on every integer division (`vulkan/device.rs`).
+const PER_PIPELINE: &str = "\noverride megatrain_per_pipeline: u32 = 1u;\n";
+
 impl Kernel {
+    /// Our kernels index only inside the arrays they declare and the buffers
+    /// bound to them (every kernel is checked against the CPU reference on
+    /// edge shapes, and `tests/gpu_parity.rs` trains bit for bit the same
+    /// with the checks on), and every loop ends, so they run without wgpu's
+    /// runtime checks: a clamp on every index into a workgroup or private
+    /// array, a 64-bit counter and branch in every loop (which also keeps
+    /// the driver from unrolling fixed-trip inner loops), and a guard on
+    /// every integer division. Buffer accesses stay bounded by the
+    /// device's robust buffer access, which wgpu always enables.
+    pub const UNCHECKED: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks::unchecked();
+
     pub fn spec(self) -> KernelSpec {
+        let mut spec = self.spec_body();
+        spec.source.push_str(PER_PIPELINE);
+        spec
+    }
+
+    fn spec_body(self) -> KernelSpec {
         use Kernel::*;
         let (sources, entry, bindings): (&[&'static str], &'static str, &'static [u32]) = match self {
             Matmul(v) => {
@@ -297,22 +321,37 @@ pub struct Pipeline {
     pub bindings: &'static [u32],
 }
 
-#[derive(Default)]
 pub struct KernelRegistry {
     cache: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
+    checks: wgpu::ShaderRuntimeChecks,
 }
 
 impl KernelRegistry {
+    /// `checked`: compile with all of wgpu's runtime checks (for hunting an
+    /// index out of bounds), else [`Kernel::UNCHECKED`].
+    pub fn new(checked: bool) -> Self {
+        KernelRegistry {
+            cache: Mutex::default(),
+            checks: if checked {
+                wgpu::ShaderRuntimeChecks::checked()
+            } else {
+                Kernel::UNCHECKED
+            },
+        }
+    }
+
     pub fn get(&self, device: &wgpu::Device, k: Kernel) -> Arc<Pipeline> {
         let mut cache = self.cache.lock().expect("kernel cache poisoned");
         cache
             .entry(k)
             .or_insert_with(|| {
                 let spec = k.spec();
-                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(spec.entry),
                     source: wgpu::ShaderSource::Wgsl(spec.source.into()),
-                });
+                };
+                // SAFETY: see `Kernel::UNCHECKED`; with `checked` every check is on.
+                let module = unsafe { device.create_shader_module_trusted(desc, self.checks) };
                 let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(spec.entry),
                     layout: None,

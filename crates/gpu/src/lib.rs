@@ -22,7 +22,10 @@ pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
-pub use exec::{BindGroupStats, F16Attention, F16Matmul, GpuExecutor, GpuOptions, SubmitStats};
+pub use exec::{
+    BindGroupStats, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16Attention, F16Matmul, GpuExecutor, GpuOptions,
+    SHADER_CHECKS_ENV, SubmitStats,
+};
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
 pub use kernels::Kernel;

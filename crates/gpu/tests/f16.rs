@@ -412,19 +412,28 @@ fn operands_round_to_nearest_even_bit_for_bit() {
 /// ordinary): per-tensor scaling keeps every mantissa bit f16 has. Without
 /// it A would round to zero and B to infinity — the reference without
 /// scaling is checked to be far off, so this test would catch a kernel that
-/// skipped the scaling.
+/// skipped the scaling. Then the scalings that take more than one power of
+/// two in f32 (the kernels' slow path, `Pow2Steps::one` false): A ~ 1e-36
+/// is scaled up by 2^134, and 1e-28 · 1e-12 brings the product back down
+/// by 2^-161, into f32's subnormals.
 #[test]
 fn huge_and_tiny_operands_keep_f16_precision() {
+    for (sa, sb) in [(1e-30f32, 1e25f32), (1e-36, 1e31), (1e-28, 1e-12)] {
+        scaled_operands_keep_f16_precision(sa, sb);
+    }
+}
+
+fn scaled_operands_keep_f16_precision(sa: f32, sb: f32) {
     let (m, k, n) = (19, 37, 23);
     let a = rand_host(11, &[m, k])
         .to_f32_vec()
         .iter()
-        .map(|x| x * 1e-30)
+        .map(|x| x * sa)
         .collect::<Vec<_>>();
     let b = rand_host(12, &[k, n])
         .to_f32_vec()
         .iter()
-        .map(|x| x * 1e25)
+        .map(|x| x * sb)
         .collect::<Vec<_>>();
     let (ha, hb) = (
         HostTensor::from_f32(Shape::new([m, k]), a.clone()).unwrap(),
@@ -452,10 +461,20 @@ fn huge_and_tiny_operands_keep_f16_precision() {
                 Transpose::NN,
             )
             .unwrap();
-        assert_close(what, &down(g, &y), &want, TOL);
+        assert_close(
+            &format!("{what}, A ~ {sa:e}, B ~ {sb:e}"),
+            &down(g, &y),
+            &want,
+            TOL,
+        );
     };
     if let Some(g) = simt(0) {
         run(g, "simt");
+        let emulated = GpuOptions {
+            f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+            ..Default::default()
+        };
+        run(&f16_executor(ctx().unwrap(), emulated), "emulated tensor cores");
     }
     for tile in CoopTile::ALL {
         if let Some(g) = coop(tile) {

@@ -236,12 +236,7 @@ fn simt_tiles_fuse_on_interior_and_edges() {
 #[test]
 fn f16_kernels_fuse() {
     let cpu = CpuExecutor::with_precision(ComputePrecision::F16);
-    let simt = GpuOptions {
-        f16_matmul: F16Matmul::Simt,
-        matmul_tile: Some(128),
-        ..Default::default()
-    };
-    let Some(g) = gpu_with(simt, ComputePrecision::F16) else {
+    let Some(g) = simt128_f16() else {
         return;
     };
     check(&g, &cpu, "simt f16");

@@ -278,12 +278,7 @@ fn simt_checked_and_interior_tiles_accumulate_exactly() {
 #[test]
 fn f16_kernels_accumulate_exactly() {
     let cpu = CpuExecutor::with_precision(ComputePrecision::F16);
-    let simt = GpuOptions {
-        f16_matmul: F16Matmul::Simt,
-        matmul_tile: Some(128),
-        ..Default::default()
-    };
-    let Some(g) = gpu_with(simt, ComputePrecision::F16) else {
+    let Some(g) = simt128_f16() else {
         return;
     };
     for acc in BOTH {

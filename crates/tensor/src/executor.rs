@@ -184,6 +184,20 @@ pub struct MemoryStats {
     pub peak_bytes: u64,
 }
 
+/// Bytes of f32 logits a default LM-head chunk holds where an executor's
+/// tensors live in host memory (the CPU executor, software GPUs): they add
+/// to the process's peak beside the tier, so they are kept small.
+pub const HOST_LOGITS_CHUNK_BYTES: usize = 64 << 20;
+
+/// The same on a GPU's own memory, which the streamed step leaves mostly
+/// free. Large enough that the head's weight-gradient product, whose K is
+/// the chunk's rows, is bound by compute and not by reading and writing
+/// the f32 `[V, C]` gradient once per chunk: at 256 rows that product does
+/// 64 FLOP per byte moved, a fifth of what an H100's f16 tensor cores need
+/// per byte of its memory bandwidth; Qwen2.5-7B's 152k vocabulary gets
+/// 1664 rows (5 chunks for 8 × 1024 tokens, not 32).
+pub const DEVICE_LOGITS_CHUNK_BYTES: usize = 1 << 30;
+
 pub trait Executor {
     type Tensor: TensorHandle;
 
@@ -361,6 +375,12 @@ pub trait Executor {
 
     /// Starts a new peak for [`Executor::memory_stats`].
     fn reset_peak_memory(&self) {}
+
+    /// Bytes of f32 logits one default LM-head chunk may hold in this
+    /// executor's memory ([`HOST_LOGITS_CHUNK_BYTES`] unless it has its own).
+    fn logits_chunk_bytes(&self) -> usize {
+        HOST_LOGITS_CHUNK_BYTES
+    }
 
     /// Sets the precision of every later matmul's operands (see
     /// [`ComputePrecision`]). Executors that cannot honour `F16` refuse it.

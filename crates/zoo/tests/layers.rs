@@ -8,7 +8,7 @@ mod common;
 use common::{fixture, read_golden, rel_norm_err};
 use megatrain_tensor::{CpuExecutor, CpuTensor, Executor};
 use megatrain_zoo::layers::{
-    CHUNK_LOGITS_BYTES, MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward,
+    MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward,
     head_forward_backward, head_loss,
 };
 use megatrain_zoo::{
@@ -113,26 +113,35 @@ fn streamed_micro_batches_equal_the_whole_batch() {
 }
 
 /// The README main job (gpt2-nano over 65 characters, 12 × 64 rows) runs
-/// its head in one chunk; TinyLlama's 32k vocabulary in 512 rows, Qwen's
-/// 152k in the minimum of 256; past the minimum a chunk's logits fit.
+/// its head in one chunk; in host memory TinyLlama's 32k vocabulary in 512
+/// rows, Qwen's 152k in the minimum of 256, on a GPU in 8320 and 1664;
+/// past the minimum a chunk's logits fit.
 #[test]
-fn default_head_chunk_follows_the_vocabulary() {
+fn default_head_chunk_follows_the_vocabulary_and_the_memory() {
+    use megatrain_tensor::{DEVICE_LOGITS_CHUNK_BYTES as DEVICE, HOST_LOGITS_CHUNK_BYTES as HOST};
     let nano = preset("gpt2-nano", Some(65)).unwrap();
-    assert!(default_chunk_rows(nano.vocab_size) >= 12 * 64);
-    for (name, rows) in [("tinyllama-1.1b", 512), ("qwen2.5-7b", 256), ("qwen2.5-14b", 256)] {
+    assert!(default_chunk_rows(nano.vocab_size, HOST) >= 12 * 64);
+    for (name, host, device) in [
+        ("tinyllama-1.1b", 512, 8320),
+        ("qwen2.5-7b", 256, 1664),
+        ("qwen2.5-14b", 256, 1664),
+    ] {
         let v = preset(name, None).unwrap().vocab_size;
-        assert_eq!(default_chunk_rows(v), rows, "{name}");
+        assert_eq!(default_chunk_rows(v, HOST), host, "{name}");
+        assert_eq!(default_chunk_rows(v, DEVICE), device, "{name}");
     }
-    for v in [1, 65, 1000, 50257, 65535, 65536, 70000, 152064] {
-        let rows = default_chunk_rows(v);
-        assert!(
-            rows >= MIN_CHUNK_ROWS && rows.is_multiple_of(128),
-            "vocabulary {v}: {rows}"
-        );
-        assert!(
-            rows == MIN_CHUNK_ROWS || rows * v * 4 <= CHUNK_LOGITS_BYTES,
-            "vocabulary {v}: {rows}"
-        );
+    for budget in [HOST, DEVICE] {
+        for v in [1, 65, 1000, 50257, 65535, 65536, 70000, 152064] {
+            let rows = default_chunk_rows(v, budget);
+            assert!(
+                rows >= MIN_CHUNK_ROWS && rows.is_multiple_of(128),
+                "vocabulary {v}: {rows}"
+            );
+            assert!(
+                rows == MIN_CHUNK_ROWS || rows * v * 4 <= budget,
+                "vocabulary {v}: {rows}"
+            );
+        }
     }
 }
 

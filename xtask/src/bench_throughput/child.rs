@@ -32,7 +32,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
             };
             // The arena's peak of live tensor bytes (pool and driver
             // overhead not counted).
-            let opts = spec.knobs.gpu_options(spec.transport()?);
+            let opts = spec.knobs.gpu_options(spec.transport()?).with_env()?;
             run_on(
                 GpuExecutor::with_options(ctx, opts),
                 spec,
@@ -112,7 +112,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
-        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
+        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size, ex.logits_chunk_bytes()),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };

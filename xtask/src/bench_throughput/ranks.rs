@@ -102,7 +102,10 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     let tier = tier_for(spec, &model)?;
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
-        chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size),
+        chunk_rows: megatrain_zoo::default_chunk_rows(
+            model.vocab_size,
+            megatrain_tensor::HOST_LOGITS_CHUNK_BYTES,
+        ),
         adamw: AdamWConfig::default(),
         ..TrainerConfig::default()
     };

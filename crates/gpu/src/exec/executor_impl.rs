@@ -12,8 +12,18 @@ use crate::tensor::GpuTensor;
 impl Executor for GpuExecutor {
     type Tensor = GpuTensor;
 
+    /// The adapter, and under F16 the kernel families in use (records of
+    /// runs with `MEGATRAIN_F16_MATMUL` / `_ATTENTION` say which ran).
     fn name(&self) -> String {
-        format!("gpu: {}", self.ctx.info)
+        match self.precision {
+            ComputePrecision::F16 => format!(
+                "gpu: {} (f16 kernels: matmul {}, attention {})",
+                self.ctx.info,
+                self.f16_matmul_kernel(),
+                self.f16_attention_kernel()
+            ),
+            ComputePrecision::F32 => format!("gpu: {}", self.ctx.info),
+        }
     }
 
     /// F16 runs on every adapter: on tensor cores where it has cooperative
@@ -112,6 +122,15 @@ impl Executor for GpuExecutor {
 
     fn reset_peak_memory(&self) {
         GpuExecutor::reset_peak_memory(self);
+    }
+
+    /// A software adapter's memory is the host's.
+    fn logits_chunk_bytes(&self) -> usize {
+        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+            megatrain_tensor::HOST_LOGITS_CHUNK_BYTES
+        } else {
+            megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES
+        }
     }
 
     fn zeros(&self, shape: &Shape) -> Result<GpuTensor> {

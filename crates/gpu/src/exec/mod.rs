@@ -9,6 +9,7 @@ mod binding;
 mod buffers;
 mod elementwise;
 mod embed_loss;
+mod env;
 mod executor_impl;
 mod matmul;
 mod matmul_epilogue;
@@ -19,6 +20,7 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
+pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV};
 pub use matmul::F16Matmul;
 
 use std::sync::Arc;
@@ -82,7 +84,14 @@ pub struct GpuOptions {
     /// Scans every f16 matmul operand for its max at each use instead of
     /// once per value of its contents (for checking the remembered maxima).
     pub recompute_operand_maxima: bool,
+    /// Compiles the kernels with wgpu's runtime checks (index clamps, loop
+    /// bounding, division guards): slower, for hunting an index out of
+    /// bounds. Also on when `MEGATRAIN_SHADER_CHECKS=1`.
+    pub shader_checks: bool,
 }
+
+/// Environment variable that turns on [`GpuOptions::shader_checks`].
+pub const SHADER_CHECKS_ENV: &str = "MEGATRAIN_SHADER_CHECKS";
 
 pub struct GpuExecutor {
     ctx: Arc<GpuContext>,
@@ -193,7 +202,9 @@ impl GpuExecutor {
             submitter: Submitter::new(&ctx.device, opts.batch_ops.unwrap_or(batch::DEFAULT_BATCH_OPS)),
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
             arena: Arena::new(ctx.device.clone()),
-            kernels: KernelRegistry::default(),
+            kernels: KernelRegistry::new(
+                opts.shader_checks || std::env::var(SHADER_CHECKS_ENV).is_ok_and(|v| v == "1"),
+            ),
             max_binding,
             align,
             poison: opts.poison_outputs,

@@ -107,6 +107,17 @@ pub fn gpu_with(opts: GpuOptions, precision: ComputePrecision) -> Option<GpuExec
     Some(g)
 }
 
+/// The f16 SIMT kernel on its 128 tile (interior pipelines and edges)
+/// whatever the shape: the f16 path of adapters without tensor cores.
+pub fn simt128_f16() -> Option<GpuExecutor> {
+    let simt = GpuOptions {
+        f16_matmul: megatrain_gpu::F16Matmul::Simt,
+        matmul_tile: Some(128),
+        ..Default::default()
+    };
+    gpu_with(simt, ComputePrecision::F16)
+}
+
 pub fn cpu() -> CpuExecutor {
     CpuExecutor::new()
 }

@@ -46,7 +46,7 @@ pub fn open(
         knobs.check_adapter(ctx.limits.max_buffer_size)?;
         Ok(Exec::Gpu(GpuExecutor::with_options(
             ctx,
-            knobs.gpu_options(transport),
+            knobs.gpu_options(transport).with_env()?,
         )))
     };
     let cpu_fallback = || {

@@ -30,7 +30,7 @@ pub struct PlanArgs {
     precision: Precision,
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
-    /// Rows of the LM head at once (default: as `train`, from the vocabulary).
+    /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
     chunk_rows: Option<usize>,
     /// Gradients are held in host memory (with --grad-accum > 1 or --grad-clip > 0).
@@ -75,9 +75,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give --model <HF dir> or --preset <name>"),
     };
-    let chunk_rows = a
-        .chunk_rows
-        .unwrap_or_else(|| megatrain_zoo::default_chunk_rows(model.vocab_size));
+    let chunk_rows = a.chunk_rows.unwrap_or_else(|| {
+        megatrain_zoo::default_chunk_rows(model.vocab_size, megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES)
+    });
     if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || chunk_rows == 0 || a.ranks == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }

@@ -80,7 +80,8 @@ pub struct TrainArgs {
     #[arg(long)]
     checkpoint_every: Option<usize>,
     /// Rows of the LM head at once (default: at least 256, more while
-    /// their logits fit 64 MiB; a 65-token vocabulary runs in one chunk).
+    /// their logits fit 64 MiB of host memory or 1 GiB of a GPU's; a
+    /// 65-token vocabulary runs in one chunk).
     #[arg(long)]
     chunk_rows: Option<usize>,
     /// auto | gpu | cpu.

@@ -166,7 +166,8 @@ pub struct TrainOptions {
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
     /// Rows of the LM head per chunk; `None` (the default):
-    /// [`megatrain_zoo::default_chunk_rows`] of the model's vocabulary. A
+    /// [`megatrain_zoo::default_chunk_rows`] of the model's vocabulary and
+    /// the executor's memory (larger chunks on a GPU than on the host). A
     /// run saved when the default was a fixed 256 reads back as `Some(256)`
     /// and keeps it on resume.
     pub chunk_rows: Option<usize>,
@@ -295,10 +296,12 @@ impl TrainOptions {
             .map_err(|e: toml::de::Error| RunError::file(path, e.message().to_string()))
     }
 
-    /// Rows of the LM head per chunk for a vocabulary of `vocab` tokens.
-    pub fn chunk_rows(&self, vocab: usize) -> usize {
+    /// Rows of the LM head per chunk for a vocabulary of `vocab` tokens on
+    /// an executor whose chunk may hold `logits_bytes` of logits
+    /// ([`megatrain_tensor::Executor::logits_chunk_bytes`]).
+    pub fn chunk_rows(&self, vocab: usize, logits_bytes: usize) -> usize {
         self.chunk_rows
-            .unwrap_or_else(|| megatrain_zoo::default_chunk_rows(vocab))
+            .unwrap_or_else(|| megatrain_zoo::default_chunk_rows(vocab, logits_bytes))
     }
 
     pub fn min_lr(&self) -> f64 {

@@ -378,7 +378,7 @@ pub fn train_with<E: Executor>(
     };
     let config = TrainerConfig {
         checkpoint_every: opts.checkpoint_every,
-        chunk_rows: opts.chunk_rows(p.model.vocab_size),
+        chunk_rows: opts.chunk_rows(p.model.vocab_size, ex.logits_chunk_bytes()),
         adamw: AdamWConfig {
             beta1: opts.beta1 as f32,
             beta2: opts.beta2 as f32,

@@ -9,19 +9,17 @@ use crate::{ModelConfig, Result, ZooError};
 /// The fewest rows of a default head chunk.
 pub const MIN_CHUNK_ROWS: usize = 256;
 
-/// The most bytes of f32 logits a default head chunk holds above
-/// [`MIN_CHUNK_ROWS`] rows.
-pub const CHUNK_LOGITS_BYTES: usize = 64 << 20;
-
-/// The default `chunk_rows` for a vocabulary of `vocab` tokens: at least
-/// [`MIN_CHUNK_ROWS`], more (a multiple of 128, the GPU matmul's large
-/// tile) while one chunk's f32 logits stay within [`CHUNK_LOGITS_BYTES`].
-/// Each chunk runs the head's ops once more, so a small vocabulary (65
-/// characters: one chunk for any batch) should not pay for the
-/// chunking a large one needs (152k tokens: 256 rows, 156 MB of logits).
-/// A 32k vocabulary gets 512 rows.
-pub fn default_chunk_rows(vocab: usize) -> usize {
-    let fit = CHUNK_LOGITS_BYTES / (4 * vocab.max(1));
+/// The default `chunk_rows` for a vocabulary of `vocab` tokens on an
+/// executor whose chunk may hold `logits_bytes` of f32 logits
+/// ([`Executor::logits_chunk_bytes`](megatrain_tensor::Executor::logits_chunk_bytes)):
+/// at least [`MIN_CHUNK_ROWS`], more (a multiple of 128, the GPU matmul's
+/// large tile) while one chunk's logits fit. Each chunk runs the head's ops
+/// once more, so a small vocabulary (65 characters: one chunk for any
+/// batch) should not pay for the chunking a large one needs. In host
+/// memory a 32k vocabulary gets 512 rows and a 152k one 256 (156 MB of
+/// logits); on a GPU 8320 and 1664.
+pub fn default_chunk_rows(vocab: usize, logits_bytes: usize) -> usize {
+    let fit = logits_bytes / (4 * vocab.max(1));
     (fit / 128 * 128).max(MIN_CHUNK_ROWS)
 }
 

@@ -27,10 +27,7 @@ use megatrain_tensor::{Executor, Shape, TensorHandle, Transpose};
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
-pub use head::{
-    CHUNK_LOGITS_BYTES, HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits,
-    head_loss,
-};
+pub use head::{HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss};
 
 use crate::{ModelConfig, Result, ZooError};
 

@@ -1,0 +1,110 @@
+//! Kernel families named in the environment, for comparing them on one GPU
+//! without a rebuild (`megatrain train`, `cargo xtask bench-throughput`).
+//! Each changes the order of f32 sums, so they are measurement settings,
+//! not run options.
+
+use super::{F16Attention, F16Matmul, GpuOptions};
+use crate::{CoopTile, GpuError};
+
+/// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`,
+/// `coop64db`, `coop16x64`) or one with `_sw` (emulated).
+pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
+/// `auto`, `simt`, `coop` or `coop_sw` (emulated).
+pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
+
+impl std::str::FromStr for F16Matmul {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let all = std::iter::once(F16Matmul::Auto)
+            .chain([F16Matmul::Simt])
+            .chain(CoopTile::ALL.iter().map(|&t| F16Matmul::Coop(t)))
+            .chain(CoopTile::ALL.iter().map(|&t| F16Matmul::CoopEmulated(t)));
+        named(s, all)
+    }
+}
+
+impl std::fmt::Display for F16Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            F16Attention::Auto => "auto",
+            F16Attention::Simt => "simt",
+            F16Attention::Coop => "coop",
+            F16Attention::CoopEmulated => "coop_sw",
+        })
+    }
+}
+
+impl std::str::FromStr for F16Attention {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        use F16Attention::*;
+        named(s, [Auto, Simt, Coop, CoopEmulated].into_iter())
+    }
+}
+
+/// The value whose name is `s`, or the list of names.
+fn named<T: std::fmt::Display>(s: &str, all: impl Iterator<Item = T>) -> Result<T, String> {
+    let mut names = Vec::new();
+    for v in all {
+        let name = v.to_string();
+        if name == s {
+            return Ok(v);
+        }
+        names.push(name);
+    }
+    Err(format!("one of {}", names.join(", ")))
+}
+
+fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Option<T>, GpuError> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => v.parse().map(Some).map_err(|expected| GpuError::Env {
+            var,
+            value: v,
+            expected,
+        }),
+        _ => Ok(None),
+    }
+}
+
+impl GpuOptions {
+    /// These options with the kernel families [`F16_MATMUL_ENV`] and
+    /// [`F16_ATTENTION_ENV`] name, where set; a value that names none is
+    /// refused with the list of names.
+    pub fn with_env(mut self) -> Result<Self, GpuError> {
+        if let Some(m) = from_env(F16_MATMUL_ENV)? {
+            self.f16_matmul = m;
+        }
+        if let Some(a) = from_env(F16_ATTENTION_ENV)? {
+            self.f16_attention = a;
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_parses_back_from_its_name() {
+        for t in CoopTile::ALL {
+            for m in [F16Matmul::Coop(t), F16Matmul::CoopEmulated(t)] {
+                assert_eq!(m.to_string().parse::<F16Matmul>(), Ok(m));
+            }
+        }
+        assert_eq!("simt".parse::<F16Matmul>(), Ok(F16Matmul::Simt));
+        assert_eq!("auto".parse::<F16Matmul>(), Ok(F16Matmul::Auto));
+        for a in [
+            F16Attention::Auto,
+            F16Attention::Simt,
+            F16Attention::Coop,
+            F16Attention::CoopEmulated,
+        ] {
+            assert_eq!(a.to_string().parse::<F16Attention>(), Ok(a));
+        }
+        let e = "coop256".parse::<F16Matmul>().unwrap_err();
+        assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");
+    }
+}
