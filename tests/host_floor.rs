@@ -97,7 +97,7 @@ fn trainer(c: &Case) -> Trainer<GpuExecutor> {
     .unwrap();
     let config = TrainerConfig {
         checkpoint_every: c.k,
-        chunk_rows: default_chunk_rows(c.model.vocab_size),
+        chunk_rows: default_chunk_rows(c.model.vocab_size, ex.logits_chunk_bytes()),
         ..TrainerConfig::default()
     };
     Trainer::new(ex, c.model.clone(), tier, config).unwrap()

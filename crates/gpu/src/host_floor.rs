@@ -14,7 +14,9 @@
 //! 32, 64-byte uniform and 16-byte storage offset alignment) and the
 //! optional features we ask for, except cooperative matrices: the kernels
 //! and code paths chosen are those of an NVIDIA GPU without tensor cores
-//! (f16 products on the SIMT kernel).
+//! (f16 products on the SIMT kernel). wgpu 30's noop adapter reports
+//! `DeviceType::Cpu` whatever its options say; the executor's one branch
+//! on the device type (the head's logits chunk) asks `is_host_floor`.
 
 use std::sync::Arc;
 
@@ -95,5 +97,10 @@ mod tests {
                 .contains(wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP)
         );
         assert!(!ctx.has_cooperative_matrix());
+        let ex = crate::GpuExecutor::new(ctx);
+        assert_eq!(
+            megatrain_tensor::Executor::logits_chunk_bytes(&ex),
+            megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES
+        );
     }
 }
