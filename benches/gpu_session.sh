@@ -115,6 +115,12 @@ steps)
         --precision f32 --batch 12 --seq-len 64 --steps 5 --warmup 2 --mode-reps 0 --no-peer \
         --profile --json "$OUT/profile-gpt2-nano.json" >"$OUT/profile-gpt2-nano.log" 2>&1
     summary+=("gpt2-nano profile (rc $?): $(grep -E '^step .* wall' "$OUT/profile-gpt2-nano.log" | tail -1)")
+    # The same shape's host floor on this machine's CPU (wgpu's noop
+    # backend: no kernel runs; BENCHMARKS.md, "Host floor of a streamed step").
+    timeout "$(left 30)" xtask bench-throughput --preset gpt2-nano --vocab 65 --device gpu-noop \
+        --precision f32 --batch 12 --seq-len 64 --steps 100 --warmup 5 --mode-reps 0 --no-peer \
+        --json "$OUT/floor-gpt2-nano.json" >"$OUT/floor-gpt2-nano.log" 2>&1
+    summary+=("gpt2-nano host floor (rc $?): $(grep -A4 '^Host work' "$OUT/floor-gpt2-nano.log" | tail -1)")
     timeout "$(left 260 200)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
     summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak|^step .* wall' "$OUT/anchor-tinyllama.log" | tail -4 | tr '\n' ' ')")

@@ -13,6 +13,10 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
 /// Environment variable that picks an adapter by a substring of its name.
 pub const ADAPTER_ENV: &str = "MEGATRAIN_ADAPTER";
 
+/// `MEGATRAIN_ADAPTER=noop`: wgpu's noop backend (feature `host-floor`),
+/// which runs no kernel; for measuring the host's share of a step only.
+pub const NOOP_ADAPTER: &str = "noop";
+
 #[derive(Debug, Clone)]
 pub struct AdapterReport {
     pub name: String,
@@ -100,6 +104,9 @@ impl GpuContext {
     /// data parallel ranks on one machine pass their local rank so each
     /// gets its own GPU.
     pub fn with_adapter_choice(wanted: Option<&str>, nth: usize) -> Result<Arc<Self>, GpuError> {
+        if wanted.is_some_and(|w| w.eq_ignore_ascii_case(NOOP_ADAPTER)) {
+            return Self::noop_by_name();
+        }
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         if adapters.is_empty() {
@@ -134,12 +141,44 @@ impl GpuContext {
                     let i = a.get_info();
                     (rank(i.device_type), i.backend != wgpu::Backend::Vulkan)
                 };
-                let best = adapters.iter().map(key).min().expect("non-empty adapter list");
-                let mut same: Vec<wgpu::Adapter> = adapters.into_iter().filter(|a| key(a) == best).collect();
+                // The noop backend (compiled in only by the `host-floor`
+                // feature, enabled only by an explicit instance option or
+                // WGPU_NOOP_BACKEND=1) runs no kernel: never a default.
+                let real: Vec<wgpu::Adapter> = adapters
+                    .into_iter()
+                    .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+                    .collect();
+                let Some(best) = real.iter().map(key).min() else {
+                    return Err(GpuError::NoAdapter {
+                        diagnosis: crate::diagnose::diagnose(&crate::diagnose::Probe::from_env()),
+                    });
+                };
+                let mut same: Vec<wgpu::Adapter> = real.into_iter().filter(|a| key(a) == best).collect();
                 let pick = nth % same.len();
                 same.swap_remove(pick)
             }
         };
+        Self::open(adapter)
+    }
+
+    #[cfg(feature = "host-floor")]
+    fn noop_by_name() -> Result<Arc<Self>, GpuError> {
+        Self::host_floor()
+    }
+
+    #[cfg(not(feature = "host-floor"))]
+    fn noop_by_name() -> Result<Arc<Self>, GpuError> {
+        Err(GpuError::AdapterNotFound {
+            wanted: NOOP_ADAPTER.into(),
+            available: "none: the noop adapter needs megatrain-gpu built with the `host-floor` feature"
+                .into(),
+        })
+    }
+
+    /// Opens a device on `adapter` with its own limits and the optional
+    /// features it has (cooperative matrices where the tensor-core kernels
+    /// can use them).
+    pub(crate) fn open(adapter: wgpu::Adapter) -> Result<Arc<Self>, GpuError> {
         let ai = adapter.get_info();
         let info = AdapterReport {
             name: ai.name.clone(),
@@ -218,6 +257,12 @@ impl GpuContext {
     /// Tensor-core matmuls are available (see [`tensor_cores_usable`]).
     pub fn has_cooperative_matrix(&self) -> bool {
         self.coop
+    }
+
+    /// Whether this device runs no kernel: wgpu's noop backend, opened by
+    /// `GpuContext::host_floor` (feature `host-floor`) to measure the host.
+    pub fn is_host_floor(&self) -> bool {
+        self.adapter.get_info().backend == wgpu::Backend::Noop
     }
 
     pub fn has_timestamps(&self) -> bool {

@@ -9,6 +9,8 @@ mod coop_attention;
 pub mod diagnose;
 mod error;
 mod exec;
+#[cfg(feature = "host-floor")]
+mod host_floor;
 mod kernels;
 mod profile;
 mod simt;
@@ -16,7 +18,7 @@ mod tensor;
 mod transport;
 
 pub use arena::ArenaStats;
-pub use context::{ADAPTER_ENV, AdapterReport, GpuContext};
+pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
@@ -24,6 +26,8 @@ pub use exec::{
     BindGroupStats, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16Attention, F16Matmul, GpuExecutor, GpuOptions,
     SHADER_CHECKS_ENV, SubmitStats,
 };
+#[cfg(feature = "host-floor")]
+pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;

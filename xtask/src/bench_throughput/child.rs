@@ -12,6 +12,7 @@ use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::{HostTier, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
+use super::floor::{HostCounters, NOOP_DEVICE, StepCounters, noop_context};
 use super::profile::{OpProfiler, StepProfile};
 use super::record::{HostPeak, Modes, Record, median};
 use super::spec::Spec;
@@ -24,8 +25,11 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     let baseline_rss = rss::current_rss_bytes().unwrap_or(0);
     match spec.device.as_str() {
         "cpu" => run_on(CpuExecutor::default(), spec, baseline_rss, |_| None, |_| None),
-        "gpu" => {
-            let ctx = GpuContext::new().context("no GPU adapter")?;
+        "gpu" | NOOP_DEVICE => {
+            let ctx = match spec.device.as_str() {
+                NOOP_DEVICE => noop_context()?,
+                _ => GpuContext::new().context("no GPU adapter")?,
+            };
             // The arena's peak of live tensor bytes (pool and driver
             // overhead not counted).
             let opts = spec.knobs.gpu_options(spec.transport()?).with_env()?;
@@ -37,7 +41,7 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
                 |ex| Some(ex.transport_host_bytes()),
             )
         }
-        d => anyhow::bail!("unknown --device {d} (cpu or gpu)"),
+        d => anyhow::bail!("unknown --device {d} (cpu, gpu or {NOOP_DEVICE})"),
     }
 }
 
@@ -91,7 +95,7 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
 /// `device_peak` reads the executor's peak bytes where the trait's
 /// `memory_stats` does not report it; `transport_host` the host-visible
 /// bytes of its transport buffers (a GPU's upload ring and readback pool).
-fn run_on<E: Executor + OpProfiler>(
+fn run_on<E: Executor + OpProfiler + HostCounters>(
     mut ex: E,
     spec: &Spec,
     baseline_rss: u64,
@@ -137,9 +141,19 @@ fn run_on<E: Executor + OpProfiler>(
     }
     let all = batches(spec, model.vocab_size, spec.warmup + spec.steps)?;
     let mut steps: Vec<StepMetrics> = Vec::with_capacity(spec.steps);
+    let mut counted_from = None;
     for (i, b) in all.iter().enumerate() {
+        if i == spec.warmup {
+            counted_from = tr.executor().host_counters();
+        }
         let m = tr.step(std::slice::from_ref(b), spec.lr)?;
-        anyhow::ensure!(m.loss.is_finite(), "step {i}: loss {}", m.loss);
+        // On the noop backend no kernel runs: the loss is whatever the
+        // loss buffer held, and says nothing.
+        anyhow::ensure!(
+            m.loss.is_finite() || spec.device == NOOP_DEVICE,
+            "step {i}: loss {}",
+            m.loss
+        );
         let spill = if m.spill_read_bytes > 0 {
             format!(
                 "; spill {:.2} GB read + {:.2} GB written in {:.1} s of disk time ({:.2} GB/s), \
@@ -164,6 +178,9 @@ fn run_on<E: Executor + OpProfiler>(
             steps.push(m);
         }
     }
+    let counters = counted_from
+        .zip(tr.executor().host_counters())
+        .map(|(a, b)| StepCounters::between(&a, &b, steps.len()));
     // Before the modes: they hold extra copies (resident weights).
     let peak_rss = rss::peak_rss_bytes().unwrap_or(0);
     let staging = tr.staging_bytes();
@@ -202,6 +219,7 @@ fn run_on<E: Executor + OpProfiler>(
     );
     record.first_spilled = tier_report.first_spilled;
     record.profile = profile;
+    record.counters = counters;
     record.host_peak = Some(host_peak);
     record.spilled_params = tier_report.disk.params / 4;
     if record.device_peak_bytes.is_none() {

@@ -9,6 +9,7 @@
 
 mod anchor;
 mod child;
+mod floor;
 mod peer;
 mod profile;
 mod ranks;
@@ -57,7 +58,9 @@ pub struct Args {
     #[arg(long)]
     precision: Vec<String>,
     /// Device(s): cpu (the CPU executor), gpu (wgpu; lavapipe without a
-    /// GPU) (repeatable). Default cpu; --quick runs both.
+    /// GPU), gpu-noop (the GPU executor on wgpu's noop backend: no kernel
+    /// runs, the step is the host's floor; xtask's default feature
+    /// `host-floor`) (repeatable). Default cpu; --quick runs cpu and gpu.
     #[arg(long)]
     device: Vec<String>,
     /// How the GPU moves layers: auto (measured at start), staging or mapped.
@@ -201,7 +204,8 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         checkpoint_every: a.checkpoint_every,
         mode_reps: a.mode_reps,
         lr: a.lr,
-        peer: true,
+        // A peer beside a step that runs no kernel compares nothing.
+        peer: device != floor::NOOP_DEVICE,
         host_budget: None,
         spill_dir: None,
         spill_window: a.spill_window,
@@ -499,6 +503,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     } else {
         println!("{}", report::tables(&records, &failures));
+        print!("{}", floor::table(&records));
         print!("{}", profile::tables(&records));
     }
     if a.host_budget.is_some() {

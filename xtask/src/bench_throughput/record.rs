@@ -123,6 +123,9 @@ pub struct Record {
     /// With --profile: per-op times of one more step.
     #[serde(default)]
     pub profile: Option<super::profile::StepProfile>,
+    /// The executor's host work per timed step (GPU executors).
+    #[serde(default)]
+    pub counters: Option<super::floor::StepCounters>,
     pub loss_first: f64,
     pub loss_last: f64,
     pub steps: Vec<serde_json::Value>,
@@ -336,6 +339,7 @@ impl Record {
             spilled_params: 0,
             host_peak: None,
             profile: None,
+            counters: None,
             loss_first: steps.first().map_or(f64::NAN, |m| m.loss),
             loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
             steps: steps

@@ -36,6 +36,9 @@ pub(crate) struct Batch {
     /// must wait for the batch, or it would land before the commands.
     pub touched: HashSet<wgpu::Buffer>,
     pub ops: usize,
+    /// Dispatches and compute passes of the batch's ops.
+    pub dispatches: usize,
+    pub passes: usize,
 }
 
 impl Batch {
@@ -53,10 +56,19 @@ impl Batch {
 pub struct SubmitStats {
     /// Ops recorded (each may hold several dispatches, copies and clears).
     pub ops: u64,
+    /// Compute dispatches of those ops, and the compute passes holding
+    /// them (an op's consecutive dispatches share one pass).
+    pub dispatches: u64,
+    pub passes: u64,
     /// Queue submissions of op batches.
     pub op_submissions: u64,
     /// Queue submissions of transfers (uploads, readbacks, their marks).
     pub transfer_submissions: u64,
+    /// Points where the host waits for the device (a poll that waits for
+    /// a submission, a wait for a mapping), counted whether or not the
+    /// device was already there: on a GPU each may stall the host, and
+    /// the device idles until the host submits again.
+    pub waits: u64,
 }
 
 /// The pending batch, the uniform buffer its parameter blocks go to, and
@@ -66,8 +78,11 @@ pub(crate) struct Submitter {
     pub uniforms: wgpu::Buffer,
     pub max_ops: usize,
     ops: AtomicU64,
+    dispatches: AtomicU64,
+    passes: AtomicU64,
     op_submissions: AtomicU64,
     transfer_submissions: AtomicU64,
+    waits: AtomicU64,
 }
 
 impl Submitter {
@@ -82,8 +97,11 @@ impl Submitter {
             }),
             max_ops: max_ops.max(1),
             ops: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
             op_submissions: AtomicU64::new(0),
             transfer_submissions: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
         }
     }
 
@@ -99,11 +117,15 @@ impl Submitter {
         }
         queue.submit([enc.finish()]);
         self.ops.fetch_add(b.ops as u64, Ordering::Relaxed);
+        self.dispatches.fetch_add(b.dispatches as u64, Ordering::Relaxed);
+        self.passes.fetch_add(b.passes as u64, Ordering::Relaxed);
         self.op_submissions.fetch_add(1, Ordering::Relaxed);
         b.params.clear();
         b.touched.clear();
         b.keep.clear();
         b.ops = 0;
+        b.dispatches = 0;
+        b.passes = 0;
     }
 
     pub fn flush(&self, queue: &wgpu::Queue) {
@@ -144,12 +166,23 @@ impl Submitter {
         queue.write_buffer(buf, offset, data);
     }
 
+    /// Counts a time the host blocks on the device.
+    pub fn note_wait(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn stats(&self) -> SubmitStats {
-        let pending = self.lock().ops as u64;
+        let (pending, pending_dispatches, pending_passes) = {
+            let b = self.lock();
+            (b.ops as u64, b.dispatches as u64, b.passes as u64)
+        };
         SubmitStats {
             ops: self.ops.load(Ordering::Relaxed) + pending,
+            dispatches: self.dispatches.load(Ordering::Relaxed) + pending_dispatches,
+            passes: self.passes.load(Ordering::Relaxed) + pending_passes,
             op_submissions: self.op_submissions.load(Ordering::Relaxed),
             transfer_submissions: self.transfer_submissions.load(Ordering::Relaxed),
+            waits: self.waits.load(Ordering::Relaxed),
         }
     }
 }

@@ -29,7 +29,7 @@ impl BindGroupCache {
     pub(crate) fn get_or_make(
         &self,
         key: GroupKey,
-        make: impl FnOnce() -> wgpu::BindGroup,
+        make: impl FnOnce(&GroupKey) -> wgpu::BindGroup,
     ) -> wgpu::BindGroup {
         let mut map = self.map.lock().expect("bind group cache poisoned");
         if let Some(g) = map.get(&key) {
@@ -40,7 +40,7 @@ impl BindGroupCache {
             map.clear();
         }
         self.made.fetch_add(1, Ordering::Relaxed);
-        let g = make();
+        let g = make(&key);
         map.insert(key, g.clone());
         g
     }

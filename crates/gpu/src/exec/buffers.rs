@@ -107,6 +107,7 @@ impl GpuExecutor {
         buf.map_async(wgpu::MapMode::Read, offset..offset + bytes, move |r| {
             let _ = tx.send(r);
         });
+        self.submitter.note_wait();
         self.ctx.wait()?;
         rx.recv()
             .map_err(|e| GpuError::Map(e.to_string()))?

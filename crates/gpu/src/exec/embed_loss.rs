@@ -98,12 +98,24 @@ impl GpuExecutor {
                 }
             }
             offs.push(order.len() as u32);
-            let (uniq_t, offs_t, pos_t) = (
-                self.upload_words(&uniq)?,
-                self.upload_words(&offs)?,
-                self.upload_words(&order)?,
+            // One upload of a size set by the shape alone, not by how many
+            // distinct ids the batch has: the same pooled buffer and the
+            // same bindings (so the cached bind group) every step, and one
+            // queue write instead of three.
+            let words = self.align as usize / 4;
+            let seg = |n: usize| n.div_ceil(words).max(1) * words;
+            let (at_offs, at_pos) = (seg(np), seg(np) + seg(np + 1));
+            let mut packed = vec![0u32; at_pos + np];
+            packed[..uniq.len()].copy_from_slice(&uniq);
+            packed[at_offs..at_offs + offs.len()].copy_from_slice(&offs);
+            packed[at_pos..].copy_from_slice(&order);
+            let index_t = self.upload_words(&packed)?;
+            let (uv, ofv, pv) = (
+                self.view(&index_t, 0, np)?,
+                self.view(&index_t, at_offs, np + 1)?,
+                self.view(&index_t, at_pos, np)?,
             );
-            let (uv, ofv, pv) = (self.full(&uniq_t)?, self.full(&offs_t)?, self.full(&pos_t)?);
+            debug_assert!([uv, ofv, pv].iter().all(|v| v.elem_off == 0));
             let dov = self.view(dout, p0 * c, np * c)?;
             for (r0, nr) in self.table_chunks(v, c, DType::F32)? {
                 let tv = self.view(dtable, r0 * c, nr * c)?;
@@ -120,9 +132,7 @@ impl GpuExecutor {
                 let grid = grid_for((uniq.len() * c).div_ceil(256));
                 op.dispatch(Kernel::ScatterAdd, &params, &[uv, tv, ofv, pv, dov], grid);
             }
-            op.keep(uniq_t);
-            op.keep(offs_t);
-            op.keep(pos_t);
+            op.keep(index_t);
         }
         op.finish()
     }

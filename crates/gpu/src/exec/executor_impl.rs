@@ -124,9 +124,11 @@ impl Executor for GpuExecutor {
         GpuExecutor::reset_peak_memory(self);
     }
 
-    /// A software adapter's memory is the host's.
+    /// A software adapter's memory is the host's. The noop device (host
+    /// floor) stands for an H100 but reports a CPU (wgpu 30 ignores its
+    /// `device_type` option): it chunks as a GPU does.
     fn logits_chunk_bytes(&self) -> usize {
-        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
             megatrain_tensor::HOST_LOGITS_CHUNK_BYTES
         } else {
             megatrain_tensor::DEVICE_LOGITS_CHUNK_BYTES

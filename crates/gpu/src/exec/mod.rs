@@ -289,6 +289,7 @@ impl GpuExecutor {
     /// Submits the ops recorded so far and blocks until every op has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.flush();
+        self.submitter.note_wait();
         Ok(self.ctx.wait()?)
     }
 

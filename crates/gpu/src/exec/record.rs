@@ -164,6 +164,11 @@ impl<'e> Op<'e> {
         let profile = ex.profiling.load(Ordering::Relaxed);
         let ts = if profile { ex.timestamps.as_ref() } else { None };
         let n_dispatch_runs = count_pass_runs(&self.cmds);
+        let n_dispatches = self
+            .cmds
+            .iter()
+            .filter(|c| matches!(c, Cmd::Dispatch { .. }))
+            .count();
         let start = Instant::now();
         let mut b = sub.lock();
         if profile {
@@ -202,13 +207,14 @@ impl<'e> Op<'e> {
             Uniform::Own(g) => g,
             Uniform::Ring { rel, len } => {
                 let uoff = base + rel;
-                let make = || bind_group(device, pipeline, &sub.uniforms, uoff, len, &views);
                 let key = GroupKey {
                     kernel,
                     uniform: (uoff, len),
-                    views: views.clone(),
+                    views,
                 };
-                ex.bind_groups.get_or_make(key, make)
+                ex.bind_groups.get_or_make(key, |k| {
+                    bind_group(device, pipeline, &sub.uniforms, uoff, len, &k.views)
+                })
             }
         };
         let enc = b.encoder(device);
@@ -270,6 +276,8 @@ impl<'e> Op<'e> {
         }
         b.keep.extend(self.keep);
         b.ops += 1;
+        b.dispatches += n_dispatches;
+        b.passes += n_dispatch_runs;
         if profile || b.ops >= sub.max_ops {
             sub.flush_locked(&mut b, queue);
         }

@@ -119,6 +119,7 @@ impl Link<'_> {
     /// Blocks until submission `idx` has finished and its callbacks ran.
     pub fn wait_for(&self, idx: &wgpu::SubmissionIndex) -> Result<()> {
         self.flush();
+        self.submitter.note_wait();
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(idx.clone()),
@@ -133,6 +134,7 @@ impl Link<'_> {
     /// whose gating submission is not known.
     pub fn wait_map(&self, state: &MapState) -> Result<()> {
         self.flush();
+        self.submitter.note_wait();
         let mut nap = Duration::from_micros(20);
         loop {
             match state.get() {

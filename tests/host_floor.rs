@@ -1,0 +1,212 @@
+//! The host's work per streamed step, counted on wgpu's noop backend (no
+//! kernel runs, so a step costs only the host and these run in
+//! milliseconds): ops recorded, queue submissions, waits on the device,
+//! and nothing allocated once warm. The budgets are today's counts: a
+//! change that records, submits or waits more per step fails here and
+//! must say why (BENCHMARKS.md, "Host floor of a streamed step").
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
+use megatrain_tensor::{ComputePrecision, Executor};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, default_chunk_rows, preset};
+
+fn batch(vocab: usize, index: u64, b: usize, t: usize) -> Batch {
+    let data = TokenData {
+        tokens: (0..5000u32).map(|i| (i * 7919 + i / 5) % vocab as u32).collect(),
+        loss_mask: None,
+    };
+    draw_batch(&data, Sampling::Random { seed: 5 }, index, b, t, "mem".as_ref()).unwrap()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Counts {
+    ops: u64,
+    dispatches: u64,
+    passes: u64,
+    op_submissions: u64,
+    transfer_submissions: u64,
+    waits: u64,
+    bind_groups_made: u64,
+    device_allocations: u64,
+    host_buffers_made: u64,
+}
+
+fn counts(ex: &GpuExecutor) -> Counts {
+    let s = ex.submit_stats();
+    Counts {
+        ops: s.ops,
+        dispatches: s.dispatches,
+        passes: s.passes,
+        op_submissions: s.op_submissions,
+        transfer_submissions: s.transfer_submissions,
+        waits: s.waits,
+        bind_groups_made: ex.bind_group_stats().made,
+        device_allocations: ex.memory().allocations,
+        host_buffers_made: ex.transport_stats().buffers_created,
+    }
+}
+
+fn minus(a: Counts, b: Counts) -> Counts {
+    Counts {
+        ops: a.ops - b.ops,
+        dispatches: a.dispatches - b.dispatches,
+        passes: a.passes - b.passes,
+        op_submissions: a.op_submissions - b.op_submissions,
+        transfer_submissions: a.transfer_submissions - b.transfer_submissions,
+        waits: a.waits - b.waits,
+        bind_groups_made: a.bind_groups_made - b.bind_groups_made,
+        device_allocations: a.device_allocations - b.device_allocations,
+        host_buffers_made: a.host_buffers_made - b.host_buffers_made,
+    }
+}
+
+struct Case {
+    name: &'static str,
+    model: ModelConfig,
+    batch: usize,
+    seq_len: usize,
+    precision: ComputePrecision,
+    transport: TransportChoice,
+    k: usize,
+}
+
+fn trainer(c: &Case) -> Trainer<GpuExecutor> {
+    let ctx = GpuContext::host_floor().unwrap();
+    let mut ex = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            transport: c.transport,
+            ..GpuOptions::default()
+        },
+    );
+    ex.set_compute_precision(c.precision).unwrap();
+    let transport = match c.precision {
+        ComputePrecision::F16 => TransportDType::F16,
+        _ => TransportDType::F32,
+    };
+    let tier = init_tier(
+        &c.model,
+        TierConfig {
+            transport,
+            ..TierConfig::default()
+        },
+        3,
+    )
+    .unwrap();
+    let config = TrainerConfig {
+        checkpoint_every: c.k,
+        chunk_rows: default_chunk_rows(c.model.vocab_size, ex.logits_chunk_bytes()),
+        ..TrainerConfig::default()
+    };
+    Trainer::new(ex, c.model.clone(), tier, config).unwrap()
+}
+
+/// Per-step counts of `steps` steps after `warm` warm-up steps.
+fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<Counts> {
+    let mut tr = trainer(c);
+    let vocab = c.model.vocab_size;
+    for i in 0..warm {
+        tr.step(&[batch(vocab, i, c.batch, c.seq_len)], 1e-3).unwrap();
+    }
+    (warm..warm + steps)
+        .map(|i| {
+            let before = counts(tr.executor());
+            tr.step(&[batch(vocab, i, c.batch, c.seq_len)], 1e-3).unwrap();
+            minus(counts(tr.executor()), before)
+        })
+        .collect()
+}
+
+fn cases() -> Vec<(Case, Counts)> {
+    let nano = |precision, transport| Case {
+        name: "gpt2-nano, the main job's shape",
+        model: preset("gpt2-nano", Some(65)).unwrap(),
+        batch: 12,
+        seq_len: 64,
+        precision,
+        transport,
+        k: 1,
+    };
+    // Today's counts per warm step; bind groups, device buffers and
+    // transport buffers made per step are always 0.
+    let budget = |[
+        ops,
+        dispatches,
+        passes,
+        op_submissions,
+        transfer_submissions,
+        waits,
+    ]: [u64; 6]| Counts {
+        ops,
+        dispatches,
+        passes,
+        op_submissions,
+        transfer_submissions,
+        waits,
+        ..Counts::default()
+    };
+    vec![
+        (
+            nano(ComputePrecision::F32, TransportChoice::Mapped),
+            budget([152, 213, 130, 11, 7, 19]),
+        ),
+        (
+            nano(ComputePrecision::F16, TransportChoice::Staging),
+            budget([164, 331, 204, 11, 17, 19]),
+        ),
+        (
+            Case {
+                name: "llama-tiny, K = 2",
+                model: preset("llama-tiny", None).unwrap(),
+                batch: 4,
+                seq_len: 64,
+                precision: ComputePrecision::F32,
+                transport: TransportChoice::Staging,
+                k: 2,
+            },
+            budget([92, 112, 83, 15, 11, 13]),
+        ),
+    ]
+}
+
+/// Once warm, every step does the same host work, within today's budget,
+/// and makes nothing: no bind group (the embedding backward's index
+/// upload no longer depends on how many distinct tokens a batch has), no
+/// device buffer, no staging or readback buffer.
+#[test]
+fn warm_steps_stay_within_the_host_work_budget() {
+    for (c, budget) in cases() {
+        let steps = per_step(&c, 3, 4);
+        let what = format!("{} ({:?}, {})", c.name, c.precision, c.transport);
+        eprintln!("{what}: per warm step {:?}", steps[0]);
+        assert!(
+            steps.iter().all(|s| *s == steps[0]),
+            "{what}: steps differ: {steps:?}"
+        );
+        let s = steps[0];
+        assert_eq!(
+            (s.bind_groups_made, s.device_allocations, s.host_buffers_made),
+            (0, 0, 0),
+            "{what}: (bind groups, device buffers, transport buffers) made per warm step"
+        );
+        let over: Vec<String> = [
+            ("ops", s.ops, budget.ops),
+            ("dispatches", s.dispatches, budget.dispatches),
+            ("compute passes", s.passes, budget.passes),
+            ("op submissions", s.op_submissions, budget.op_submissions),
+            (
+                "transfer submissions",
+                s.transfer_submissions,
+                budget.transfer_submissions,
+            ),
+            ("waits", s.waits, budget.waits),
+        ]
+        .into_iter()
+        .filter(|(_, got, max)| got > max)
+        .map(|(name, got, max)| format!("{name} {got} > {max}"))
+        .collect();
+        assert!(over.is_empty(), "{what}: per step {}", over.join(", "));
+    }
+}

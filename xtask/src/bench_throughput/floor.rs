@@ -1,0 +1,245 @@
+//! What the host does per step on the GPU executor (ops recorded, queue
+//! submissions, waits, bind groups and buffers made), and `--device
+//! gpu-noop`: the same executor on wgpu's noop backend (xtask's default
+//! feature `host-floor`), where no kernel runs and a step costs only
+//! the host's part of it: the floor under every GPU step.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use megatrain_gpu::{GpuContext, GpuExecutor};
+use megatrain_tensor::{CpuExecutor, Executor};
+use serde::{Deserialize, Serialize};
+
+use super::record::Record;
+
+/// The device name of a host-floor run.
+pub const NOOP_DEVICE: &str = "gpu-noop";
+
+/// What the host floor is, printed with every table that has one.
+pub const MEANING: &str = "gpu-noop: wgpu's noop backend, NO KERNEL RAN (results are garbage). \
+     The step time is the host floor of a GPU step: our recording, wgpu-core's validation and \
+     tracking, bind groups, submits, maps, the transport's host copies (and the device-side \
+     copies and clears, done in host memory on this backend), the CPU AdamW and the trainer's \
+     bookkeeping.";
+
+/// A noop device with an H100's limits, or why there is none.
+pub fn noop_context() -> anyhow::Result<Arc<GpuContext>> {
+    #[cfg(feature = "host-floor")]
+    {
+        Ok(GpuContext::host_floor()?)
+    }
+    #[cfg(not(feature = "host-floor"))]
+    {
+        anyhow::bail!(
+            "--device {NOOP_DEVICE} needs wgpu's noop backend: build xtask with its default feature \
+             host-floor (cargo run --release -p xtask --features host-floor -- bench-throughput ...)"
+        )
+    }
+}
+
+/// CPU time (user + system) of every thread of this process so far, ms:
+/// unlike the wall clock, not stretched by other processes on a shared
+/// machine (though it counts the spinning of idle pool threads).
+pub fn process_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes only the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(u.ru_utime) + ms(u.ru_stime)
+}
+
+/// Counters of the executor's host work since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Snapshot {
+    pub cpu_ms: f64,
+    pub ops: u64,
+    pub dispatches: u64,
+    pub passes: u64,
+    pub op_submissions: u64,
+    pub transfer_submissions: u64,
+    pub waits: u64,
+    pub bind_groups_made: u64,
+    pub device_allocations: u64,
+    pub host_buffers_created: u64,
+    pub uploads: u64,
+    pub downloads: u64,
+}
+
+/// Executors that count their host work.
+pub trait HostCounters {
+    fn host_counters(&self) -> Option<Snapshot> {
+        None
+    }
+}
+
+impl HostCounters for CpuExecutor {}
+
+impl HostCounters for GpuExecutor {
+    fn host_counters(&self) -> Option<Snapshot> {
+        let s = self.submit_stats();
+        let t = Executor::transport_stats(self).unwrap_or_default();
+        Some(Snapshot {
+            cpu_ms: process_cpu_ms(),
+            ops: s.ops,
+            dispatches: s.dispatches,
+            passes: s.passes,
+            op_submissions: s.op_submissions,
+            transfer_submissions: s.transfer_submissions,
+            waits: s.waits,
+            bind_groups_made: self.bind_group_stats().made,
+            device_allocations: self.memory().allocations,
+            host_buffers_created: t.buffers_created,
+            uploads: t.uploads,
+            downloads: t.downloads,
+        })
+    }
+}
+
+/// Per timed step: means of the counters over the timed steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepCounters {
+    /// CPU time of the whole process (every thread) per step, ms.
+    #[serde(default)]
+    pub cpu_ms: f64,
+    pub ops: f64,
+    /// Compute dispatches, and the compute passes holding them.
+    #[serde(default)]
+    pub dispatches: f64,
+    #[serde(default)]
+    pub passes: f64,
+    pub op_submissions: f64,
+    pub transfer_submissions: f64,
+    /// Times the host blocked on the device (polls that wait, buffer maps).
+    pub waits: f64,
+    pub bind_groups_made: f64,
+    pub device_allocations: f64,
+    pub host_buffers_created: f64,
+    pub uploads: f64,
+    pub downloads: f64,
+}
+
+impl StepCounters {
+    pub fn between(a: &Snapshot, b: &Snapshot, steps: usize) -> Self {
+        let n = steps.max(1) as f64;
+        let d = |x: u64, y: u64| y.saturating_sub(x) as f64 / n;
+        StepCounters {
+            cpu_ms: (b.cpu_ms - a.cpu_ms) / n,
+            ops: d(a.ops, b.ops),
+            dispatches: d(a.dispatches, b.dispatches),
+            passes: d(a.passes, b.passes),
+            op_submissions: d(a.op_submissions, b.op_submissions),
+            transfer_submissions: d(a.transfer_submissions, b.transfer_submissions),
+            waits: d(a.waits, b.waits),
+            bind_groups_made: d(a.bind_groups_made, b.bind_groups_made),
+            device_allocations: d(a.device_allocations, b.device_allocations),
+            host_buffers_created: d(a.host_buffers_created, b.host_buffers_created),
+            uploads: d(a.uploads, b.uploads),
+            downloads: d(a.downloads, b.downloads),
+        }
+    }
+}
+
+/// One row per record that counted its host work (GPU executors); empty
+/// where none did.
+pub fn table(records: &[Record]) -> String {
+    let rows: Vec<_> = records
+        .iter()
+        .filter_map(|r| r.counters.as_ref().map(|c| (r, c)))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\nHost work per step (means over the timed steps; step ms is the median):\n\n\
+         | config | device | prec | step ms | min..max ms | CPU ms (all threads) | ops | dispatches | passes | op submits | transfer submits | \
+         waits | uploads | downloads | bind groups made | device allocs | host buffers made |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (r, c) in &rows {
+        let ms: Vec<f64> = r.steps.iter().filter_map(|v| v["step_ms"].as_f64()).collect();
+        let lo = ms.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ms.iter().copied().fold(0.0, f64::max);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            r.spec.label,
+            r.spec.device,
+            r.spec.precision,
+            r.step_ms,
+            lo,
+            hi,
+            c.cpu_ms,
+            c.ops,
+            c.dispatches,
+            c.passes,
+            c.op_submissions,
+            c.transfer_submissions,
+            c.waits,
+            c.uploads,
+            c.downloads,
+            c.bind_groups_made,
+            c.device_allocations,
+            c.host_buffers_created,
+        );
+    }
+    if rows.iter().any(|(r, _)| r.spec.device == NOOP_DEVICE) {
+        let _ = writeln!(s, "\n{MEANING}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench_throughput::child;
+    use crate::bench_throughput::spec::{Spec, test_spec};
+
+    fn spec() -> Spec {
+        Spec {
+            label: "floor".into(),
+            layers: Some(1),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            device: NOOP_DEVICE.into(),
+            ..test_spec()
+        }
+    }
+
+    #[cfg(not(feature = "host-floor"))]
+    #[test]
+    fn without_the_feature_gpu_noop_says_how_to_get_it() {
+        let err = format!("{:#}", child::run(&spec()).unwrap_err());
+        assert!(err.contains("--features host-floor"), "{err}");
+    }
+
+    #[cfg(feature = "host-floor")]
+    #[test]
+    fn a_noop_run_counts_its_host_work_and_says_no_kernel_ran() {
+        let r = child::run(&spec()).unwrap();
+        assert!(r.device_name.contains("noop"), "{}", r.device_name);
+        let c = r.counters.clone().unwrap();
+        assert!(c.ops > 10.0 && c.op_submissions >= 1.0 && c.waits >= 1.0, "{c:?}");
+        assert_eq!((c.bind_groups_made, c.device_allocations), (0.0, 0.0), "{c:?}");
+        assert!(c.cpu_ms > 0.0, "{c:?}");
+        let t = table(&[r]);
+        assert!(
+            t.contains("| floor | gpu-noop |") && t.contains("NO KERNEL RAN"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_cpu_executor_has_no_host_work_table() {
+        let r = child::run(&Spec {
+            device: "cpu".into(),
+            ..spec()
+        })
+        .unwrap();
+        assert!(r.counters.is_none());
+        assert_eq!(table(&[r]), "");
+    }
+}
