@@ -129,7 +129,7 @@ pub fn forward_backward<E: Executor>(
     grads.extend(block_grads.into_iter().rev());
     grads.push(head.grads);
     let loss = if counted > 0 {
-        head.loss_sum / counted as f64
+        crate::layers::sum_losses(ex, &head.losses)? / counted as f64
     } else {
         0.0
     };

@@ -48,7 +48,8 @@ use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficien
 use megatrain_tensor::{Download, Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
-    block_backward, block_forward, embedding_forward, embedding_grads, head_forward_backward, head_loss,
+    HeadOut, block_backward, block_forward, embedding_forward, embedding_grads, head_forward_backward,
+    head_loss, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
 
@@ -629,14 +630,21 @@ impl<E: Executor> Trainer<E> {
                 config.chunk_rows,
             )?;
             drop((x, head_w));
-            h.push(head.grads, m)?;
+            let HeadOut {
+                losses,
+                dx,
+                grads,
+                tied_grad,
+                ..
+            } = head;
+            h.push(grads, m)?;
             m.loss_ms += ms(t_loss);
 
             // 3. Backward, K blocks at a time, last first. A group's K
             // blocks sit in distinct slots; each is released once its
             // backward is issued.
             let t_bwd = Instant::now();
-            let mut dx = head.dx;
+            let mut dx = dx;
             for g in (0..checkpoints.len()).rev() {
                 let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
                 let ws = (s..e)
@@ -661,10 +669,11 @@ impl<E: Executor> Trainer<E> {
                     h.push(grads, m)?;
                 }
             }
-            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, b, t, &dx, head.tied_grad)?;
+            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, b, t, &dx, tied_grad)?;
             drop((dx, emb_w));
             h.push(grads, m)?;
             h.flush(m)?;
+            let loss_sum = sum_losses(ex, &losses)?;
             m.backward_ms += ms(t_bwd);
 
             // 4. The optimizer's tail.
@@ -687,7 +696,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
             m.comm_wait_ms += rep.waited_after(t_wait);
-            Ok(head.loss_sum)
+            Ok(loss_sum)
         });
         // The last writes behind: the host waits for them (the next step
         // reads these files).

@@ -19,7 +19,7 @@ use std::time::Instant;
 use megatrain_tensor::{Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 use megatrain_zoo::layers::{
-    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
+    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, sum_losses,
 };
 
 use super::optimizer::update_slab;
@@ -151,9 +151,11 @@ impl<E: Executor> Trainer<E> {
         }
         let grads = embedding_backward(cfg, ex, emb_w, &batch.inputs, b, t, &dx, head.tied_grad)?;
         fence(ex, &grads[0])?;
+        // At the end, as the step reads it.
+        let loss_sum = sum_losses(ex, &head.losses)?;
         Ok(ComputeOnly {
             ms: ms(start),
-            loss_sum: head.loss_sum,
+            loss_sum,
         })
     }
 

@@ -26,9 +26,13 @@ pub fn default_chunk_rows(vocab: usize, logits_bytes: usize) -> usize {
 /// What [`head_forward_backward`] returns.
 #[derive(Debug)]
 pub struct HeadOut<T> {
-    /// Sum of −log p(target) over counted rows (divide by the step's counted
-    /// targets for the mean).
-    pub loss_sum: f64,
+    /// Each chunk's per-row losses, not yet read: [`sum_losses`] gives
+    /// the sum of −log p(target) over counted rows (divide by the step's
+    /// counted targets for the mean). A read inside the head would make the host wait for the
+    /// device before it has recorded any of the backward, leaving the device
+    /// idle while it does; the trainer reads them at the step's end, where
+    /// it waits anyway.
+    pub losses: Vec<T>,
     /// Targets that were not `IGNORE_INDEX`.
     pub counted: usize,
     /// `[B, T, C]`.
@@ -165,8 +169,7 @@ pub fn head_forward_backward<E: Executor>(
     let mut dx = ex.zeros(&shape(&[rows, c]))?;
     let mut dwh: Option<E::Tensor> = None;
     let mut dnorm: Option<(E::Tensor, Option<E::Tensor>)> = None;
-    // Read after the last chunk: a read per chunk would make the host wait
-    // for the device, and the device for the host's next chunk, every chunk.
+    // Left unread (see `HeadOut::losses`).
     let mut chunk_losses = Vec::new();
     let mut start = 0;
     while start < rows {
@@ -207,7 +210,6 @@ pub fn head_forward_backward<E: Executor>(
         ex.write_rows(&mut dx, start, &ng.dx)?;
         start += len;
     }
-    let loss_sum = sum_losses(ex, &chunk_losses)?;
     let counted = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
     let (dnw, dnb) = match dnorm {
         Some(d) => d,
@@ -229,7 +231,7 @@ pub fn head_forward_backward<E: Executor>(
         None
     };
     Ok(HeadOut {
-        loss_sum,
+        losses: chunk_losses,
         counted,
         dx: ex.reshape(&dx, x.shape())?,
         grads,
@@ -286,9 +288,11 @@ pub fn head_loss<E: Executor>(
     Ok((loss_sum, targets.iter().filter(|&&t| t != IGNORE_INDEX).count()))
 }
 
-/// The per-row losses of every chunk summed in f64, chunk by chunk in row
-/// order (read once all chunks are recorded).
-fn sum_losses<E: Executor>(ex: &E, chunks: &[E::Tensor]) -> Result<f64> {
+/// The per-row losses of every chunk (`HeadOut::losses`) summed in f64,
+/// chunk by chunk in row order (read once all chunks are recorded: a read per chunk would make
+/// the host wait for the device, and the device for the host's next chunk,
+/// every chunk).
+pub fn sum_losses<E: Executor>(ex: &E, chunks: &[E::Tensor]) -> Result<f64> {
     let mut sum = 0.0f64;
     for losses in chunks {
         sum += ex

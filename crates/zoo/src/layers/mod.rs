@@ -27,7 +27,9 @@ use megatrain_tensor::{Executor, Shape, TensorHandle, Transpose};
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
-pub use head::{HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss};
+pub use head::{
+    HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
+};
 
 use crate::{ModelConfig, Result, ZooError};
 
