@@ -86,8 +86,29 @@ fn q_row(p0: u32, np: u32, g: u32, r: u32) -> QRow {
     return QRow(min(pos, p.t - 1u), g * p.group + r % p.group, pi < np && pos < p.t);
 }
 
-fn scaled(x: f32, e: i32) -> half {
-    return to_half(apply(x, pow2_steps(-e)));
+// Each operand's scaling into f16's range, and the products' back out of
+// it, found once per invocation (`init_steps`) rather than per element of
+// every staged tile.
+var<private> down_q: Pow2Steps;
+var<private> down_k: Pow2Steps;
+var<private> down_v: Pow2Steps;
+var<private> down_do: Pow2Steps;
+var<private> down_ds: Pow2Steps;
+var<private> up_s: Pow2Steps;
+var<private> up_dp: Pow2Steps;
+
+fn init_steps() {
+    down_q = pow2_steps(-e_q);
+    down_k = pow2_steps(-e_k);
+    down_v = pow2_steps(-e_v);
+    down_do = pow2_steps(-e_do);
+    down_ds = pow2_steps(-ds_exponent());
+    up_s = pow2_steps(e_q + e_k);
+    up_dp = pow2_steps(e_do + e_v);
+}
+
+fn scaled(x: f32, s: Pow2Steps) -> half {
+    return to_half(apply(x, s));
 }
 
 // K and V rows j0.. (n of them) of kv head g into the tiles at kb and vb.
@@ -101,8 +122,8 @@ fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32) {
             let i = kv_at(b, j, g, c);
             kv = vec2<f32>(k_in[p.k_off + i], v_in[p.v_off + i]);
         }
-        sm[kb + r * LDS + c] = scaled(kv.x, e_k);
-        sm[vb + r * LDS + c] = scaled(kv.y, e_v);
+        sm[kb + r * LDS + c] = scaled(kv.x, down_k);
+        sm[vb + r * LDS + c] = scaled(kv.y, down_v);
     }
 }
 
@@ -133,7 +154,7 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
         if row.valid {
             x = q_in[p.q_off + q_at(b, row.pos, row.head, c)];
         }
-        sm[Q_S + r * LDS + c] = scaled(x, e_q);
+        sm[Q_S + r * LDS + c] = scaled(x, down_q);
     }
 }
 
@@ -146,7 +167,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane;
     let row = q_row(p0, np, g, r);
     let base = sg * 16u * BC + lane * BC;
-    let f = pow2_steps(e_q + e_k);
+    let f = up_s;
     var mx = m_run;
     for (var c = 0u; c < BC; c++) {
         if j0 + c <= row.pos {
@@ -214,12 +235,12 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
     var pr = 0.0;
     var ds = 0.0;
     if ok {
-        pr = exp(apply(s_s[si], pow2_steps(e_q + e_k)) * p.scale - lse);
-        ds = pr * (apply(s_s[SCR + si], pow2_steps(e_do + e_v)) - delta);
+        pr = exp(apply(s_s[si], up_s) * p.scale - lse);
+        ds = pr * (apply(s_s[SCR + si], up_dp) - delta);
     }
     let pi = (sg * 16u + rr) * LDP + c;
     sm[P_S + pi] = to_half(pr);
-    sm[DS_S + pi] = scaled(ds, ds_exponent());
+    sm[DS_S + pi] = scaled(ds, down_ds);
 }
 
 //// dq
@@ -235,8 +256,8 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
             let i = q_at(b, row.pos, row.head, c);
             x = vec2<f32>(q_in[p.q_off + i], do_in[p.do_off + i]);
         }
-        sm[Q_S + r * LDS + c] = scaled(x.x, e_q);
-        sm[DO_S + r * LDS + c] = scaled(x.y, e_do);
+        sm[Q_S + r * LDS + c] = scaled(x.x, down_q);
+        sm[DO_S + r * LDS + c] = scaled(x.y, down_do);
     }
     if li < BR {
         let row = q_row(p0, np, g, li);
@@ -250,14 +271,14 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
     }
 }
 
+// Two lanes a row, half its columns each (P and dS are elementwise).
 fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
-    if lane >= 16u {
-        return;
-    }
-    let r = sg * 16u + lane;
+    let rr = lane % 16u;
+    let c0 = lane / 16u * (BC / 2u);
+    let r = sg * 16u + rr;
     let row = q_row(p0, np, g, r);
-    for (var c = 0u; c < BC; c++) {
-        p_ds(sg, lane, c, j0 + c <= row.pos, stat_s[r], stat_s[BR + r]);
+    for (var c = c0; c < c0 + BC / 2u; c++) {
+        p_ds(sg, rr, c, j0 + c <= row.pos, stat_s[r], stat_s[BR + r]);
     }
 }
 
@@ -288,8 +309,8 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
             let qi = q_at(b, i, h, c);
             x = vec2<f32>(q_in[p.q_off + qi], do_in[p.do_off + qi]);
         }
-        sm[Q_S + r * LDS + c] = scaled(x.x, e_q);
-        sm[DO_S + r * LDS + c] = scaled(x.y, e_do);
+        sm[Q_S + r * LDS + c] = scaled(x.x, down_q);
+        sm[DO_S + r * LDS + c] = scaled(x.y, down_do);
     }
     if li < BC {
         let i = i0 + li;
@@ -303,15 +324,15 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
     }
 }
 
-// Pᵀ and dSᵀ: row = key j0 + sg·16 + lane, column = query i0 + c.
+// Pᵀ and dSᵀ: row = key j0 + sg·16 + lane % 16, column = query i0 + c (two
+// lanes a row, as in ds_tile_dq).
 fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
-    if lane >= 16u {
-        return;
-    }
-    let j = j0 + sg * 16u + lane;
-    for (var c = 0u; c < BC; c++) {
+    let rr = lane % 16u;
+    let c0 = lane / 16u * (BC / 2u);
+    let j = j0 + sg * 16u + rr;
+    for (var c = c0; c < c0 + BC / 2u; c++) {
         let i = i0 + c;
-        p_ds(sg, lane, c, i >= j && i < p.t, stat_s[c], stat_s[BC + c]);
+        p_ds(sg, rr, c, i >= j && i < p.t, stat_s[c], stat_s[BC + c]);
     }
 }
 

@@ -205,7 +205,7 @@ impl CoopAttention {
             "\n@compute @workgroup_size(THREADS, 1, 1)\nfn main(\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(local_invocation_index) local_index: u32,\n) {\n",
         );
         m.push_str(
-            "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let cs = sg * 16u * BC;\n",
+            "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    init_steps();\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let cs = sg * 16u * BC;\n",
         );
         let _ = writeln!(m, "    var acc = {};", g.zero());
         // acc = Σ_k A(16 x 16 at a + k·a_step) · B(16 x 16 at b + k·b_step)
