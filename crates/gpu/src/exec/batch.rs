@@ -25,12 +25,6 @@ pub(crate) const DEFAULT_BATCH_OPS: usize = 256;
 /// What is recorded and not yet submitted.
 #[derive(Default)]
 pub(crate) struct Batch {
-    /// The open compute pass on `enc`: dispatches of consecutive ops share
-    /// it (wgpu orders them and places the barriers between them, as
-    /// within one op's pass), so wgpu sets up and tracks a pass per run of
-    /// dispatches between copies, not per op. Ended by whatever needs the
-    /// encoder itself.
-    pass: Option<wgpu::ComputePass<'static>>,
     pub enc: Option<wgpu::CommandEncoder>,
     /// Parameter blocks of the batch's dispatches, written to the shared
     /// uniform buffer just before the batch is submitted.
@@ -48,36 +42,12 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    /// The batch's encoder, its open pass ended.
     pub fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
-        self.pass = None;
         self.enc.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("op batch"),
             })
         })
-    }
-
-    /// The batch's open compute pass, begun if there is none.
-    pub fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
-        if self.pass.is_none() {
-            let pass = self
-                .encoder(device)
-                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("op batch"),
-                    timestamp_writes: None,
-                })
-                .forget_lifetime();
-            self.passes += 1;
-            self.pass = Some(pass);
-        }
-        self.pass.as_mut().expect("just begun")
-    }
-
-    /// The finished commands, the open pass ended (`None` when empty).
-    pub fn finish(&mut self) -> Option<wgpu::CommandBuffer> {
-        self.pass = None;
-        self.enc.take().map(|e| e.finish())
     }
 }
 
@@ -141,11 +111,11 @@ impl Submitter {
 
     /// Puts the pending batch on the queue (nothing when it is empty).
     pub fn flush_locked(&self, b: &mut Batch, queue: &wgpu::Queue) {
-        let Some(cmds) = b.finish() else { return };
+        let Some(enc) = b.enc.take() else { return };
         if !b.params.is_empty() {
             queue.write_buffer(&self.uniforms, 0, &b.params);
         }
-        queue.submit([cmds]);
+        queue.submit([enc.finish()]);
         self.ops.fetch_add(b.ops as u64, Ordering::Relaxed);
         self.dispatches.fetch_add(b.dispatches as u64, Ordering::Relaxed);
         self.passes.fetch_add(b.passes as u64, Ordering::Relaxed);

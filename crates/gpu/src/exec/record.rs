@@ -217,6 +217,7 @@ impl<'e> Op<'e> {
                 })
             }
         };
+        let enc = b.encoder(device);
         let mut cmds = self.cmds.into_iter().peekable();
         let mut run = 0;
         while let Some(cmd) = cmds.next() {
@@ -227,25 +228,8 @@ impl<'e> Op<'e> {
                     dst,
                     dst_off,
                     bytes,
-                } => b
-                    .encoder(device)
-                    .copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
-                Cmd::Clear { buf, bytes } => b.encoder(device).clear_buffer(&buf, 0, Some(bytes)),
-                Cmd::Dispatch {
-                    kernel,
-                    pipeline,
-                    uniform,
-                    views,
-                    grid,
-                } if ts.is_none() => {
-                    let group = group_of(kernel, &pipeline, uniform, views);
-                    let pass = b.pass(device);
-                    pass.set_pipeline(&pipeline.pipeline);
-                    pass.set_bind_group(0, &group, &[]);
-                    pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-                }
-                // Profiling: the op's runs of dispatches in passes of its
-                // own, timed from the first's start to the last's end.
+                } => enc.copy_buffer_to_buffer(&src, src_off, &dst, dst_off, bytes),
+                Cmd::Clear { buf, bytes } => enc.clear_buffer(&buf, 0, Some(bytes)),
                 Cmd::Dispatch {
                     kernel,
                     pipeline,
@@ -253,8 +237,6 @@ impl<'e> Op<'e> {
                     views,
                     grid,
                 } => {
-                    b.passes += 1;
-                    let enc = b.encoder(device);
                     let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
                         query_set: &t.set,
                         beginning_of_pass_write_index: (run == 0).then_some(0),
@@ -289,13 +271,13 @@ impl<'e> Op<'e> {
         }
         let use_ts = ts.filter(|_| n_dispatch_runs > 0);
         if let Some(t) = use_ts {
-            let enc = b.encoder(device);
             enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
             enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
         }
         b.keep.extend(self.keep);
         b.ops += 1;
         b.dispatches += n_dispatches;
+        b.passes += n_dispatch_runs;
         if profile || b.ops >= sub.max_ops {
             sub.flush_locked(&mut b, queue);
         }
