@@ -7,7 +7,7 @@
 
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, HostWork, TransportChoice};
 use megatrain_tensor::{ComputePrecision, Executor};
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{ModelConfig, default_chunk_rows, preset};
@@ -18,48 +18,6 @@ fn batch(vocab: usize, index: u64, b: usize, t: usize) -> Batch {
         loss_mask: None,
     };
     draw_batch(&data, Sampling::Random { seed: 5 }, index, b, t, "mem".as_ref()).unwrap()
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct Counts {
-    ops: u64,
-    dispatches: u64,
-    passes: u64,
-    op_submissions: u64,
-    transfer_submissions: u64,
-    waits: u64,
-    bind_groups_made: u64,
-    device_allocations: u64,
-    host_buffers_made: u64,
-}
-
-fn counts(ex: &GpuExecutor) -> Counts {
-    let s = ex.submit_stats();
-    Counts {
-        ops: s.ops,
-        dispatches: s.dispatches,
-        passes: s.passes,
-        op_submissions: s.op_submissions,
-        transfer_submissions: s.transfer_submissions,
-        waits: s.waits,
-        bind_groups_made: ex.bind_group_stats().made,
-        device_allocations: ex.memory().allocations,
-        host_buffers_made: ex.transport_stats().buffers_created,
-    }
-}
-
-fn minus(a: Counts, b: Counts) -> Counts {
-    Counts {
-        ops: a.ops - b.ops,
-        dispatches: a.dispatches - b.dispatches,
-        passes: a.passes - b.passes,
-        op_submissions: a.op_submissions - b.op_submissions,
-        transfer_submissions: a.transfer_submissions - b.transfer_submissions,
-        waits: a.waits - b.waits,
-        bind_groups_made: a.bind_groups_made - b.bind_groups_made,
-        device_allocations: a.device_allocations - b.device_allocations,
-        host_buffers_made: a.host_buffers_made - b.host_buffers_made,
-    }
 }
 
 struct Case {
@@ -104,7 +62,7 @@ fn trainer(c: &Case) -> Trainer<GpuExecutor> {
 }
 
 /// Per-step counts of `steps` steps after `warm` warm-up steps.
-fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<Counts> {
+fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<HostWork> {
     let mut tr = trainer(c);
     let vocab = c.model.vocab_size;
     for i in 0..warm {
@@ -112,14 +70,14 @@ fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<Counts> {
     }
     (warm..warm + steps)
         .map(|i| {
-            let before = counts(tr.executor());
+            let before = tr.executor().host_work();
             tr.step(&[batch(vocab, i, c.batch, c.seq_len)], 1e-3).unwrap();
-            minus(counts(tr.executor()), before)
+            tr.executor().host_work() - before
         })
         .collect()
 }
 
-fn cases() -> Vec<(Case, Counts)> {
+fn cases() -> Vec<(Case, HostWork)> {
     let nano = |precision, transport| Case {
         name: "gpt2-nano, the main job's shape",
         model: preset("gpt2-nano", Some(65)).unwrap(),
@@ -130,7 +88,8 @@ fn cases() -> Vec<(Case, Counts)> {
         k: 1,
     };
     // Today's counts per warm step; bind groups, device buffers and
-    // transport buffers made per step are always 0.
+    // transport buffers made per step are always 0 (and uploads and
+    // downloads are whatever the step needs: equal every warm step).
     let budget = |[
         ops,
         dispatches,
@@ -138,14 +97,14 @@ fn cases() -> Vec<(Case, Counts)> {
         op_submissions,
         transfer_submissions,
         waits,
-    ]: [u64; 6]| Counts {
+    ]: [u64; 6]| HostWork {
         ops,
         dispatches,
         passes,
         op_submissions,
         transfer_submissions,
         waits,
-        ..Counts::default()
+        ..HostWork::default()
     };
     vec![
         (

@@ -24,7 +24,7 @@ pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
 pub use exec::{
     BindGroupStats, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16Attention, F16Matmul, GpuExecutor, GpuOptions,
-    SHADER_CHECKS_ENV, SubmitStats,
+    HostWork, SHADER_CHECKS_ENV, SubmitStats,
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};

@@ -7,8 +7,8 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use megatrain_gpu::{GpuContext, GpuExecutor};
-use megatrain_tensor::{CpuExecutor, Executor};
+use megatrain_gpu::{GpuContext, GpuExecutor, HostWork};
+use megatrain_tensor::CpuExecutor;
 use serde::{Deserialize, Serialize};
 
 use super::record::Record;
@@ -51,21 +51,11 @@ pub fn process_cpu_ms() -> f64 {
     ms(u.ru_utime) + ms(u.ru_stime)
 }
 
-/// Counters of the executor's host work since it was made.
+/// The process's CPU time and the executor's host work, since each began.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Snapshot {
     pub cpu_ms: f64,
-    pub ops: u64,
-    pub dispatches: u64,
-    pub passes: u64,
-    pub op_submissions: u64,
-    pub transfer_submissions: u64,
-    pub waits: u64,
-    pub bind_groups_made: u64,
-    pub device_allocations: u64,
-    pub host_buffers_created: u64,
-    pub uploads: u64,
-    pub downloads: u64,
+    pub work: HostWork,
 }
 
 /// Executors that count their host work.
@@ -79,21 +69,9 @@ impl HostCounters for CpuExecutor {}
 
 impl HostCounters for GpuExecutor {
     fn host_counters(&self) -> Option<Snapshot> {
-        let s = self.submit_stats();
-        let t = Executor::transport_stats(self).unwrap_or_default();
         Some(Snapshot {
             cpu_ms: process_cpu_ms(),
-            ops: s.ops,
-            dispatches: s.dispatches,
-            passes: s.passes,
-            op_submissions: s.op_submissions,
-            transfer_submissions: s.transfer_submissions,
-            waits: s.waits,
-            bind_groups_made: self.bind_group_stats().made,
-            device_allocations: self.memory().allocations,
-            host_buffers_created: t.buffers_created,
-            uploads: t.uploads,
-            downloads: t.downloads,
+            work: self.host_work(),
         })
     }
 }
@@ -124,20 +102,21 @@ pub struct StepCounters {
 impl StepCounters {
     pub fn between(a: &Snapshot, b: &Snapshot, steps: usize) -> Self {
         let n = steps.max(1) as f64;
-        let d = |x: u64, y: u64| y.saturating_sub(x) as f64 / n;
+        let w = b.work - a.work;
+        let d = |x: u64| x as f64 / n;
         StepCounters {
             cpu_ms: (b.cpu_ms - a.cpu_ms) / n,
-            ops: d(a.ops, b.ops),
-            dispatches: d(a.dispatches, b.dispatches),
-            passes: d(a.passes, b.passes),
-            op_submissions: d(a.op_submissions, b.op_submissions),
-            transfer_submissions: d(a.transfer_submissions, b.transfer_submissions),
-            waits: d(a.waits, b.waits),
-            bind_groups_made: d(a.bind_groups_made, b.bind_groups_made),
-            device_allocations: d(a.device_allocations, b.device_allocations),
-            host_buffers_created: d(a.host_buffers_created, b.host_buffers_created),
-            uploads: d(a.uploads, b.uploads),
-            downloads: d(a.downloads, b.downloads),
+            ops: d(w.ops),
+            dispatches: d(w.dispatches),
+            passes: d(w.passes),
+            op_submissions: d(w.op_submissions),
+            transfer_submissions: d(w.transfer_submissions),
+            waits: d(w.waits),
+            bind_groups_made: d(w.bind_groups_made),
+            device_allocations: d(w.device_allocations),
+            host_buffers_created: d(w.host_buffers_made),
+            uploads: d(w.uploads),
+            downloads: d(w.downloads),
         }
     }
 }

@@ -11,6 +11,7 @@ mod elementwise;
 mod embed_loss;
 mod env;
 mod executor_impl;
+mod host_work;
 mod matmul;
 mod matmul_epilogue;
 mod norm;
@@ -21,6 +22,7 @@ pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
 pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV};
+pub use host_work::HostWork;
 pub use matmul::F16Matmul;
 
 use std::sync::Arc;
