@@ -632,7 +632,7 @@ impl<E: Executor> Trainer<E> {
             drop((x, head_w));
             let HeadOut {
                 losses,
-                dx,
+                mut dx,
                 grads,
                 tied_grad,
                 ..
@@ -644,7 +644,6 @@ impl<E: Executor> Trainer<E> {
             // blocks sit in distinct slots; each is released once its
             // backward is issued.
             let t_bwd = Instant::now();
-            let mut dx = dx;
             for g in (0..checkpoints.len()).rev() {
                 let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
                 let ws = (s..e)

@@ -26,12 +26,12 @@ pub fn default_chunk_rows(vocab: usize, logits_bytes: usize) -> usize {
 /// What [`head_forward_backward`] returns.
 #[derive(Debug)]
 pub struct HeadOut<T> {
-    /// Each chunk's per-row losses, not yet read: [`sum_losses`] gives
-    /// the sum of −log p(target) over counted rows (divide by the step's
-    /// counted targets for the mean). A read inside the head would make the host wait for the
-    /// device before it has recorded any of the backward, leaving the device
-    /// idle while it does; the trainer reads them at the step's end, where
-    /// it waits anyway.
+    /// Each chunk's per-row losses, not yet read: [`sum_losses`] gives the
+    /// sum of −log p(target) over counted rows (divide by the step's counted
+    /// targets for the mean). A read inside the head would make the host
+    /// wait for the device before it has recorded any of the backward,
+    /// leaving the device idle while it does; the trainer reads them at the
+    /// step's end, where it waits anyway.
     pub losses: Vec<T>,
     /// Targets that were not `IGNORE_INDEX`.
     pub counted: usize,
@@ -289,9 +289,9 @@ pub fn head_loss<E: Executor>(
 }
 
 /// The per-row losses of every chunk (`HeadOut::losses`) summed in f64,
-/// chunk by chunk in row order (read once all chunks are recorded: a read per chunk would make
-/// the host wait for the device, and the device for the host's next chunk,
-/// every chunk).
+/// chunk by chunk in row order. Read once all chunks are recorded: a read
+/// per chunk would make the host wait for the device, and the device for
+/// the host's next chunk, every chunk.
 pub fn sum_losses<E: Executor>(ex: &E, chunks: &[E::Tensor]) -> Result<f64> {
     let mut sum = 0.0f64;
     for losses in chunks {
