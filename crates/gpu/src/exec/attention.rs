@@ -99,10 +99,13 @@ impl GpuExecutor {
     ) -> Result<AttentionOut<GpuTensor>> {
         let d = Self::attn_dims("attention", q, k, v)?;
         if self.precision == ComputePrecision::F16 {
-            let (r, maxima) = self.round_operands("attention", &[q, k, v])?;
-            return match self.coop_attention_kernel(d.d) {
-                Some(emulated) => self.attention_coop(&d, [&r[0], &r[1], &r[2]], &maxima, emulated),
-                None => self.attention_simt(&d, &r[0], &r[1], &r[2]),
+            let coop = self.coop_attention_kernel(d.d);
+            let xs = [q, k, v];
+            let (r, maxima) = self.round_operands("attention", &xs, &[coop.is_none(); 3])?;
+            let [q, k, v] = [0, 1, 2].map(|i| r[i].as_ref().unwrap_or(xs[i]));
+            return match coop {
+                Some(emulated) => self.attention_coop(&d, [q, k, v], &maxima, emulated),
+                None => self.attention_simt(&d, q, k, v),
             };
         }
         self.attention_simt(&d, q, k, v)
@@ -183,11 +186,15 @@ impl GpuExecutor {
             ));
         }
         if self.precision == ComputePrecision::F16 {
-            let (r, maxima) = self.round_operands(name, &[q, k, v, dout])?;
-            let ops = [&r[0], &r[1], &r[2], &r[3]];
-            return match self.coop_attention_kernel(d.d) {
+            // dO is read unstaged too (delta = rowsum(dO∘O)): always copied.
+            let coop = self.coop_attention_kernel(d.d);
+            let xs = [q, k, v, dout];
+            let simt = coop.is_none();
+            let (r, maxima) = self.round_operands(name, &xs, &[simt, simt, simt, true])?;
+            let ops = [0, 1, 2, 3].map(|i| r[i].as_ref().unwrap_or(xs[i]));
+            return match coop {
                 Some(emulated) => self.attention_backward_coop(&d, ops, fwd, &maxima, emulated),
-                None => self.attention_backward_simt(&d, &r[0], &r[1], &r[2], fwd, &r[3]),
+                None => self.attention_backward_simt(&d, ops[0], ops[1], ops[2], fwd, ops[3]),
             };
         }
         self.attention_backward_simt(&d, q, k, v, fwd, dout)

@@ -36,20 +36,29 @@ impl GpuExecutor {
         }
     }
 
-    /// Copies of `xs`, each rounded to f16 under its own power-of-two scale
-    /// and scaled back (precision.rs), and the buffer of their max|x|
-    /// (slot i for `xs[i]`) the scales come from.
+    /// The buffer of max|x| of `xs` (slot i for `xs[i]`) the scales come
+    /// from, and for each `xs[i]` with `round[i]` a copy rounded to f16
+    /// under its tensor's power-of-two scale and scaled back
+    /// (precision.rs). The tensor-core kernels need no copy of what they
+    /// only stage: they scale by the same power of two and convert to f16
+    /// there (nearest-even), which rounds each element exactly as the copy
+    /// would.
     pub(crate) fn round_operands(
         &self,
         name: &'static str,
         xs: &[&GpuTensor],
-    ) -> Result<(Vec<GpuTensor>, GpuTensor)> {
+        round: &[bool],
+    ) -> Result<(Vec<Option<GpuTensor>>, GpuTensor)> {
         let mut op = self.op(name);
         let (maxima, slots) = self
             .operand_maxima(&mut op, xs)?
             .ok_or_else(|| Error::invalid(name, "operands are rounded only under F16"))?;
         let mut out = Vec::with_capacity(xs.len());
-        for (x, slot) in xs.iter().zip(slots) {
+        for ((x, slot), &r) in xs.iter().zip(slots).zip(round) {
+            if !r {
+                out.push(None);
+                continue;
+            }
             let y = self.alloc_f32(x.shape.clone())?;
             let scales = self.full(&maxima)?;
             for (start, count) in self.row_chunks(x.numel(), &[1])? {
@@ -65,7 +74,7 @@ impl GpuExecutor {
                     grid_for(count.div_ceil(256)),
                 );
             }
-            out.push(y);
+            out.push(Some(y));
         }
         op.finish()?;
         Ok((out, maxima))
@@ -236,4 +245,77 @@ fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4]) -> [u32; 20] {
         slots[3],
         0,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use megatrain_tensor::testing::random_tensor;
+    use megatrain_tensor::{ComputePrecision, Executor};
+
+    use super::*;
+    use crate::{GpuContext, GpuOptions};
+
+    /// The tensor-core family reads Q, K and V as they are and rounds them
+    /// as it stages them: bit for bit what it computes from the rounded
+    /// copies the SIMT kernels need (emulated kernels, on any adapter).
+    #[test]
+    fn staging_rounds_exactly_as_the_copies_do() {
+        let ctx = match GpuContext::new() {
+            Ok(c) => c,
+            Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => panic!("CI=true but no adapter: {e}"),
+            Err(e) => return eprintln!("skipping: {e}"),
+        };
+        let opts = GpuOptions {
+            f16_attention: F16Attention::CoopEmulated,
+            ..Default::default()
+        };
+        let mut g = GpuExecutor::with_options(ctx, opts);
+        g.set_compute_precision(ComputePrecision::F16).unwrap();
+        let (b, t, hq, hkv, dh) = (2, 37, 6, 2, 64);
+        let up = |seed, h| {
+            // Spread over a few binades, so the scales and the roundings matter.
+            let mut x = random_tensor(seed, [b, t, h, dh]).to_f32_vec();
+            x.iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v *= (1 + i % 7) as f32 * 3.7);
+            g.upload(
+                &megatrain_tensor::HostTensor::from_f32(megatrain_tensor::Shape::new([b, t, h, dh]), x)
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let (q, k, v, dout) = (up(1, hq), up(2, hkv), up(3, hkv), up(4, hq));
+        let d = GpuExecutor::attn_dims("test", &q, &k, &v).unwrap();
+        let bits = |x: &GpuTensor| -> Vec<u32> {
+            g.download(x)
+                .unwrap()
+                .to_f32_vec()
+                .iter()
+                .map(|y| y.to_bits())
+                .collect()
+        };
+
+        let raw = g.attention_impl(&q, &k, &v).unwrap();
+        let (r, maxima) = g.round_operands("test", &[&q, &k, &v], &[true; 3]).unwrap();
+        let r: Vec<&GpuTensor> = r.iter().map(|x| x.as_ref().unwrap()).collect();
+        let copied = g.attention_coop(&d, [r[0], r[1], r[2]], &maxima, true).unwrap();
+        assert!(bits(&raw.out) == bits(&copied.out), "forward out differs");
+        assert!(bits(&raw.lse) == bits(&copied.lse), "forward lse differs");
+
+        let raw_g = g.attention_backward_impl(&q, &k, &v, &raw, &dout).unwrap();
+        let (r, maxima) = g
+            .round_operands("test", &[&q, &k, &v, &dout], &[true; 4])
+            .unwrap();
+        let r: Vec<&GpuTensor> = r.iter().map(|x| x.as_ref().unwrap()).collect();
+        let copied_g = g
+            .attention_backward_coop(&d, [r[0], r[1], r[2], r[3]], &raw, &maxima, true)
+            .unwrap();
+        for (name, a, c) in [
+            ("dq", &raw_g.dq, &copied_g.dq),
+            ("dk", &raw_g.dk, &copied_g.dk),
+            ("dv", &raw_g.dv, &copied_g.dv),
+        ] {
+            assert!(bits(a) == bits(c), "backward {name} differs");
+        }
+    }
 }
