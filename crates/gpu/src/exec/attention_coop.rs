@@ -1,7 +1,7 @@
 //! Attention under the F16 compute precision: operands rounded to f16 under
-//! their tensor's power-of-two scale (`shaders/attention_f16.wgsl`), then
-//! the tensor-core flash-attention family (`crate::coop_attention`) where
-//! it applies.
+//! their tensor's power-of-two scale, by copies (`shaders/attention_f16.wgsl`)
+//! for the SIMT kernels, or as the tensor-core flash-attention family
+//! (`crate::coop_attention`) stages them, where it applies.
 
 use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
 
