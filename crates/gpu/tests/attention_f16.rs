@@ -19,6 +19,10 @@ const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
 
 fn executor(kind: F16Attention) -> Option<GpuExecutor> {
+    executor_with(kind, false)
+}
+
+fn executor_with(kind: F16Attention, copy_attention_operands: bool) -> Option<GpuExecutor> {
     let c = ctx()?;
     if kind == F16Attention::Coop && !c.has_cooperative_matrix() {
         eprintln!(
@@ -32,6 +36,7 @@ fn executor(kind: F16Attention) -> Option<GpuExecutor> {
         GpuOptions {
             poison_outputs: true,
             f16_attention: kind,
+            copy_attention_operands,
             ..Default::default()
         },
     );
@@ -189,6 +194,50 @@ fn tensor_core_kernels_match_the_reference() {
         d: 128,
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
+}
+
+/// The tensor-core kernels read Q, K and V as they are and round them as
+/// they stage them (scale, then f16 conversion to nearest-even): bit for
+/// bit what they compute from rounded copies, which the SIMT kernels need.
+/// Emulated kernels everywhere, the hardware's conversion where it exists.
+#[test]
+fn tensor_core_staging_rounds_exactly_as_the_copies_do() {
+    let c = Case {
+        b: 2,
+        t: 37,
+        hq: 6,
+        hkv: 2,
+        d: 64,
+    };
+    for kind in [F16Attention::CoopEmulated, F16Attention::Coop] {
+        let (Some(staged), Some(copied)) = (executor_with(kind, false), executor_with(kind, true)) else {
+            continue;
+        };
+        let x = inputs(c, 60);
+        let run = |g: &GpuExecutor| -> Vec<Vec<u32>> {
+            let up = |h: &HostTensor| g.upload(h).unwrap();
+            let (q, k, v, d) = (up(&x.q), up(&x.k), up(&x.v), up(&x.dout));
+            let f = g.attention(&q, &k, &v).unwrap();
+            let gr = g.attention_backward(&q, &k, &v, &f, &d).unwrap();
+            [&f.out, &f.lse, &gr.dq, &gr.dk, &gr.dv]
+                .map(|t| {
+                    g.download(t)
+                        .unwrap()
+                        .to_f32_vec()
+                        .iter()
+                        .map(|y| y.to_bits())
+                        .collect()
+                })
+                .to_vec()
+        };
+        let (a, b) = (run(&staged), run(&copied));
+        for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
+            assert!(
+                a[i] == b[i],
+                "{kind:?}: {name} differs between staged and copied operands"
+            );
+        }
+    }
 }
 
 #[test]

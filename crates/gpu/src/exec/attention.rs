@@ -101,7 +101,8 @@ impl GpuExecutor {
         if self.precision == ComputePrecision::F16 {
             let coop = self.coop_attention_kernel(d.d);
             let xs = [q, k, v];
-            let (r, maxima) = self.round_operands("attention", &xs, &[coop.is_none(); 3])?;
+            let copy = coop.is_none() || self.copy_attention_operands;
+            let (r, maxima) = self.round_operands("attention", &xs, &[copy; 3])?;
             let [q, k, v] = [0, 1, 2].map(|i| r[i].as_ref().unwrap_or(xs[i]));
             return match coop {
                 Some(emulated) => self.attention_coop(&d, [q, k, v], &maxima, emulated),
@@ -189,8 +190,8 @@ impl GpuExecutor {
             // dO is read unstaged too (delta = rowsum(dO∘O)): always copied.
             let coop = self.coop_attention_kernel(d.d);
             let xs = [q, k, v, dout];
-            let simt = coop.is_none();
-            let (r, maxima) = self.round_operands(name, &xs, &[simt, simt, simt, true])?;
+            let copy = coop.is_none() || self.copy_attention_operands;
+            let (r, maxima) = self.round_operands(name, &xs, &[copy, copy, copy, true])?;
             let ops = [0, 1, 2, 3].map(|i| r[i].as_ref().unwrap_or(xs[i]));
             return match coop {
                 Some(emulated) => self.attention_backward_coop(&d, ops, fwd, &maxima, emulated),

@@ -86,6 +86,10 @@ pub struct GpuOptions {
     /// Scans every f16 matmul operand for its max at each use instead of
     /// once per value of its contents (for checking the remembered maxima).
     pub recompute_operand_maxima: bool,
+    /// Rounds Q, K and V into copies before the tensor-core attention too,
+    /// as the SIMT kernels need them (for checking that staging rounds
+    /// them the same).
+    pub copy_attention_operands: bool,
     /// Compiles the kernels with wgpu's runtime checks (index clamps, loop
     /// bounding, division guards): slower, for hunting an index out of
     /// bounds. Also on when `MEGATRAIN_SHADER_CHECKS=1`.
@@ -106,6 +110,7 @@ pub struct GpuExecutor {
     simt_interior: bool,
     f16_matmul: F16Matmul,
     f16_attention: F16Attention,
+    copy_attention_operands: bool,
     precision: megatrain_tensor::ComputePrecision,
     /// Whether f16 operands' maxima are remembered with their tensors.
     cache_maxima: bool,
@@ -214,6 +219,7 @@ impl GpuExecutor {
             simt_interior: !opts.checked_matmul_only,
             f16_matmul: opts.f16_matmul,
             f16_attention: opts.f16_attention,
+            copy_attention_operands: opts.copy_attention_operands,
             precision: Default::default(),
             cache_maxima: !opts.recompute_operand_maxima,
             absmax_scans: Default::default(),
