@@ -9,7 +9,7 @@ mod common;
 
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuTensor};
-use megatrain_tensor::{CpuTensor, Executor, HostTensor};
+use megatrain_tensor::{CpuTensor, Executor, F64Executor, HostTensor};
 use proptest::prelude::*;
 
 struct Case {
@@ -71,13 +71,25 @@ fn check(g: &GpuExecutor, c: &Case, dw_tol: f64) {
     let cpu = cpu();
     let want = outputs(&cpu, c, |t: &CpuTensor<f32>| down_cpu(&cpu, t));
     let got = outputs(g, c, |t: &GpuTensor| down(g, t));
-    for ((name, got), (_, want)) in got.iter().zip(&want) {
-        // h is one f32 add on both sides: exact. A LayerNorm dx is a
-        // difference of near-equal terms (as in ops.rs), and a column sum
-        // over many rows rounds with the count (`dw_tol`).
+    let f64 = F64Executor::new();
+    let exact = outputs(&f64, c, |t: &<F64Executor as Executor>::Tensor| {
+        f64.download(t).unwrap().to_f32_vec()
+    });
+    let named = |n: &str| &exact.iter().find(|(m, _)| *m == n).expect("output").1;
+    let (w, dy) = (c.w.to_f32_vec(), c.dy.to_f32_vec());
+    for (((name, got), (_, want)), (_, exact)) in got.iter().zip(&want).zip(&exact) {
+        // h is one f32 add on both sides: exact. A norm's dx is a
+        // difference of near-equal terms (judged against float64 and the
+        // terms' size), and a column sum over many rows rounds with the
+        // count (`dw_tol`).
+        if name.ends_with("dx") {
+            let norm = name.split('_').nth(1).expect("add_<norm>_backward dx");
+            let rstd = named(&format!("add_{norm} rstd"));
+            assert_dx_close(name, got, exact, rstd, &w, &dy);
+            continue;
+        }
         let tol = match *name {
             "add_rmsnorm h" | "add_layernorm h" => 0.0,
-            "add_layernorm_backward dx" => 1e-4,
             n if n.ends_with("dw") || n.ends_with("db") => dw_tol,
             _ => TOL_F32,
         };
