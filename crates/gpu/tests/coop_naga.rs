@@ -1,20 +1,23 @@
 //! Every tensor-core variant through naga's WGSL front end, its validator
-//! (with the cooperative-matrix and f16 capabilities) and its SPIR-V back
-//! end — what wgpu does before a Vulkan driver sees the shader — so that a
+//! (with the cooperative-matrix and f16 capabilities), `process_overrides`
+//! and its SPIR-V back end without runtime checks (`common/spirv.rs`) —
+//! what wgpu does before a Vulkan driver sees the shader — so that a
 //! variant naga cannot compile fails here, on machines without tensor cores.
 //! The software-emulated variants (run on lavapipe by tests/f16.rs) go
 //! through the same steps without either capability.
 
-use megatrain_gpu::{CoopAttention, CoopMatmul};
-use naga::valid::{Capabilities, ValidationFlags, Validator};
+mod common;
+
+use megatrain_gpu::{CoopAttention, CoopMatmul, Kernel};
+use naga::valid::Capabilities;
 
 fn compile(v: &CoopMatmul) -> Result<Vec<u32>, String> {
-    compile_source(&v.source(), v.emulated)
+    compile_source(&Kernel::MatmulCoop(*v).spec().source, v.emulated)
 }
 
+/// As wgpu compiles it (`common::spirv`: per pipeline, without the runtime
+/// checks), with only the capabilities the variant needs.
 fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
-    let src = src.to_string();
-    let module = naga::front::wgsl::parse_str(&src).map_err(|e| e.emit_to_string(&src))?;
     // The software variants need neither (only unpack2x16float, which every
     // wgpu adapter offers).
     let caps = if emulated {
@@ -22,18 +25,7 @@ fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
     } else {
         Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
     };
-    let info = Validator::new(ValidationFlags::all(), caps)
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(&src))?;
-    let opts = naga::back::spv::Options {
-        lang_version: (1, 3),
-        ..Default::default()
-    };
-    let pipeline = naga::back::spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
-    };
-    naga::back::spv::write_vec(&module, &info, &opts, Some(&pipeline)).map_err(|e| e.to_string())
+    common::spirv::compile(src, "main", caps, false)
 }
 
 #[test]
@@ -63,7 +55,7 @@ fn every_flash_attention_variant_compiles_to_spirv() {
     assert_eq!(all.len(), 3 * 4 * 2);
     let mut failed = Vec::new();
     for v in &all {
-        match std::panic::catch_unwind(|| compile_source(&v.source(), v.emulated)) {
+        match std::panic::catch_unwind(|| compile_source(&Kernel::AttnCoop(*v).spec().source, v.emulated)) {
             Ok(Ok(words)) => assert!(words.len() > 100, "{}: empty module", v.label()),
             Ok(Err(e)) => failed.push(format!("{}:\n{e}", v.label())),
             Err(_) => failed.push(format!("{}: naga panicked", v.label())),

@@ -1,68 +1,24 @@
 //! Our kernels are compiled without wgpu's runtime checks (index clamps,
-//! loop-bounding counters, integer-division guards: `Kernel::RUNTIME_CHECKS`).
-//! These tests compile every kernel the way wgpu-hal's Vulkan backend does
-//! for a module with overrides (`process_overrides`, then naga's SPIR-V
-//! writer with the checks off) and say what the checks would have cost.
+//! loop-bounding counters, integer-division guards: `Kernel::UNCHECKED`).
+//! This compiles every kernel the way wgpu-hal's Vulkan backend does
+//! (`common::spirv`), with the checks and without, and says what they
+//! would have cost. (`coop_naga.rs` compiles the tensor-core families the
+//! same way with only the capabilities each variant needs.)
 
+mod common;
+
+use common::spirv::{compile, instructions};
 use megatrain_gpu::{CoopAttention, CoopMatmul, Kernel};
-use naga::back::spv;
-use naga::valid::{Capabilities, ValidationFlags, Validator};
+use naga::valid::Capabilities;
 
-/// naga's SPIR-V options as wgpu-hal 30 builds them for a Vulkan 1.3 device
-/// with robustBufferAccess2 (NVIDIA's drivers), checked or not.
-fn options(checked: bool) -> spv::Options<'static> {
-    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy::*};
-    spv::Options {
-        lang_version: (1, 6),
-        bounds_check_policies: BoundsCheckPolicies {
-            index: if checked { Restrict } else { Unchecked },
-            buffer: Unchecked,
-            image_load: Unchecked,
-            binding_array: Unchecked,
-        },
-        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
-        force_loop_bounding: checked,
-        emit_int_div_checks: checked,
-        ..Default::default()
-    }
-}
+/// What the device offers the kernels (the tensor-core ones included).
+const CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
+    .union(Capabilities::SHADER_FLOAT16)
+    .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+    .union(Capabilities::SUBGROUP);
 
-/// SPIR-V of one entry point, through the path wgpu-hal takes for modules
-/// with overrides (the only one that honours every runtime-check flag).
 fn spirv(src: &str, entry: &str, checked: bool) -> Result<Vec<u32>, String> {
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
-    if module.overrides.is_empty() {
-        return Err("declares no override: wgpu-hal would keep its loop bounding and division checks".into());
-    }
-    let caps = Capabilities::COOPERATIVE_MATRIX
-        | Capabilities::SHADER_FLOAT16
-        | Capabilities::SHADER_FLOAT16_IN_FLOAT32
-        | Capabilities::SUBGROUP;
-    let info = Validator::new(ValidationFlags::all(), caps)
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(src))?;
-    let (module, info) = naga::back::pipeline_constants::process_overrides(
-        &module,
-        &info,
-        Some((naga::ShaderStage::Compute, entry)),
-        &Default::default(),
-    )
-    .map_err(|e| e.to_string())?;
-    let pipeline = spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: entry.into(),
-    };
-    spv::write_vec(&module, &info, &options(checked), Some(&pipeline)).map_err(|e| e.to_string())
-}
-
-/// Instructions in a SPIR-V module (after its 5-word header).
-fn instructions(words: &[u32]) -> usize {
-    let (mut i, mut n) = (5, 0);
-    while i < words.len() {
-        i += (words[i] >> 16).max(1) as usize;
-        n += 1;
-    }
-    n
+    compile(src, entry, CAPS, checked)
 }
 
 fn every_kernel() -> Vec<(String, String, &'static str)> {
@@ -84,18 +40,43 @@ fn every_kernel() -> Vec<(String, String, &'static str)> {
     all
 }
 
+/// Every kernel compiles without the checks, and the checks are code in
+/// every one that loops or indexes an array, so that a kernel compiled
+/// with them again fails here. The instruction counts per family, with the
+/// checks and without, are printed with --nocapture.
 #[test]
-fn every_kernel_compiles_unchecked_on_the_per_pipeline_path() {
-    let mut failed = Vec::new();
-    let mut total = 0;
+fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
+    // Only these elementwise kernels neither loop nor index an array.
+    let flat = [
+        "Add",
+        "AddAssign",
+        "Scale",
+        "Gelu",
+        "GeluBwd",
+        "Swiglu",
+        "SwigluBwd",
+        "AttnRound16",
+    ];
+    let (mut rows, mut failed) = (Vec::new(), Vec::new());
     for (label, src, entry) in every_kernel() {
-        match std::panic::catch_unwind(|| spirv(&src, entry, false)) {
-            Ok(Ok(words)) => assert!(instructions(&words) > 20, "{label}: empty module"),
+        let both = std::panic::catch_unwind(|| -> Result<(usize, usize), String> {
+            let with = instructions(&spirv(&src, entry, true)?);
+            Ok((with, instructions(&spirv(&src, entry, false)?)))
+        });
+        match both {
+            Ok(Ok((with, without))) => {
+                if !(without < with || (flat.contains(&label.as_str()) && without == with)) {
+                    failed.push(format!(
+                        "{label}: {without} instructions unchecked, {with} checked"
+                    ));
+                }
+                rows.push((label, with, without));
+            }
             Ok(Err(e)) => failed.push(format!("{label}: {e}")),
             Err(_) => failed.push(format!("{label}: naga panicked")),
         }
-        total += 1;
     }
+    let total = rows.len() + failed.len();
     assert!(total > 700, "only {total} kernels");
     assert!(
         failed.is_empty(),
@@ -103,34 +84,6 @@ fn every_kernel_compiles_unchecked_on_the_per_pipeline_path() {
         failed.len(),
         failed.join("\n")
     );
-}
-
-/// What the checks add, per family: the instruction count of each kernel
-/// with them and without (printed with --nocapture), and a floor on the
-/// saving so that a kernel compiled with them again fails here.
-#[test]
-fn the_checks_we_drop_are_code_in_every_kernel() {
-    let mut rows = Vec::new();
-    for (label, src, entry) in every_kernel() {
-        let with = instructions(&spirv(&src, entry, true).expect("checked"));
-        let without = instructions(&spirv(&src, entry, false).expect("unchecked"));
-        // Only these elementwise kernels neither loop nor index an array.
-        let flat = [
-            "Add",
-            "AddAssign",
-            "Scale",
-            "Gelu",
-            "GeluBwd",
-            "Swiglu",
-            "SwigluBwd",
-            "AttnRound16",
-        ];
-        assert!(
-            without < with || (flat.contains(&label.as_str()) && without == with),
-            "{label}: {without} instructions unchecked, {with} checked"
-        );
-        rows.push((label, with, without));
-    }
     let family = |l: &str| l.split(['(', '_', ' ']).next().unwrap_or(l).to_string();
     let mut seen = std::collections::BTreeMap::<String, (usize, usize, usize)>::new();
     for (label, with, without) in &rows {

@@ -5,6 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 pub mod matmul_case;
+pub mod spirv;
 
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::{random_f32, rel_norm_err};

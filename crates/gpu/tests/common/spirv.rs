@@ -1,0 +1,60 @@
+//! Our kernels through naga as wgpu-hal 30's Vulkan backend compiles them:
+//! the WGSL front end, the validator, `process_overrides` for the entry
+//! point (every module declares an override, so wgpu-hal takes this
+//! per-pipeline path), then the SPIR-V writer with the options it builds for
+//! a Vulkan 1.3 device with robustBufferAccess2 (NVIDIA's drivers), with or
+//! without the runtime checks (`Kernel::UNCHECKED`).
+
+use naga::back::spv;
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+/// naga's SPIR-V options, checked or not.
+pub fn options(checked: bool) -> spv::Options<'static> {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy::*};
+    spv::Options {
+        lang_version: (1, 6),
+        bounds_check_policies: BoundsCheckPolicies {
+            index: if checked { Restrict } else { Unchecked },
+            buffer: Unchecked,
+            image_load: Unchecked,
+            binding_array: Unchecked,
+        },
+        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
+        force_loop_bounding: checked,
+        emit_int_div_checks: checked,
+        ..Default::default()
+    }
+}
+
+/// SPIR-V of entry point `entry` of `src`, validated with `caps`.
+pub fn compile(src: &str, entry: &str, caps: Capabilities, checked: bool) -> Result<Vec<u32>, String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    if module.overrides.is_empty() {
+        return Err("declares no override: wgpu-hal would keep its loop bounding and division checks".into());
+    }
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(src))?;
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &Default::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: entry.into(),
+    };
+    spv::write_vec(&module, &info, &options(checked), Some(&pipeline)).map_err(|e| e.to_string())
+}
+
+/// Instructions in a SPIR-V module (after its 5-word header).
+pub fn instructions(words: &[u32]) -> usize {
+    let (mut i, mut n) = (5, 0);
+    while i < words.len() {
+        i += (words[i] >> 16).max(1) as usize;
+        n += 1;
+    }
+    n
+}
