@@ -248,16 +248,7 @@ fn f16_kernels_fuse() {
         let g = gpu_with(coop, ComputePrecision::F16).expect("adapter");
         check(&g, &cpu, &format!("emulated tensor cores {}", tile.name()));
     }
-    if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
-        eprintln!("no cooperative matrices: hardware tensor-core epilogues NOT tested here");
-        return;
-    }
-    for tile in CoopTile::ALL {
-        let opts = GpuOptions {
-            f16_matmul: F16Matmul::Coop(tile),
-            ..Default::default()
-        };
-        let g = gpu_with(opts, ComputePrecision::F16).expect("adapter");
+    for (tile, g) in hardware_tiles("epilogues") {
         check(&g, &cpu, &format!("tensor cores {}", tile.name()));
     }
 }

@@ -292,17 +292,7 @@ fn f16_kernels_accumulate_exactly() {
     for acc in BOTH {
         check(&g, &cpu, "emulated tensor cores", acc, |_| Path::OnePass);
     }
-    // The hardware tensor-core kernels, where the adapter has them.
-    if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
-        eprintln!("no cooperative matrices: hardware tensor-core accumulation NOT tested here");
-        return;
-    }
-    for tile in CoopTile::ALL {
-        let opts = GpuOptions {
-            f16_matmul: F16Matmul::Coop(tile),
-            ..Default::default()
-        };
-        let g = gpu_with(opts, ComputePrecision::F16).expect("adapter");
+    for (tile, g) in hardware_tiles("accumulation") {
         for acc in BOTH {
             check(&g, &cpu, &format!("tensor cores {}", tile.name()), acc, |_| {
                 Path::OnePass

@@ -119,6 +119,25 @@ pub fn simt128_f16() -> Option<GpuExecutor> {
     gpu_with(simt, ComputePrecision::F16)
 }
 
+/// An f16 executor on each hardware tensor-core tile, or none (with a
+/// notice naming `what`) where the adapter has no cooperative matrices.
+pub fn hardware_tiles(what: &str) -> Vec<(megatrain_gpu::CoopTile, GpuExecutor)> {
+    if !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
+        eprintln!("no cooperative matrices: hardware tensor-core {what} NOT tested here");
+        return Vec::new();
+    }
+    megatrain_gpu::CoopTile::ALL
+        .into_iter()
+        .map(|tile| {
+            let opts = GpuOptions {
+                f16_matmul: megatrain_gpu::F16Matmul::Coop(tile),
+                ..Default::default()
+            };
+            (tile, gpu_with(opts, ComputePrecision::F16).expect("adapter"))
+        })
+        .collect()
+}
+
 pub fn cpu() -> CpuExecutor {
     CpuExecutor::new()
 }
