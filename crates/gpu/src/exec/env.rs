@@ -1,7 +1,8 @@
 //! Kernel families named in the environment, for comparing them on one GPU
 //! without a rebuild (`megatrain train`, `cargo xtask bench-throughput`).
 //! Each changes the order of f32 sums, so they are measurement settings,
-//! not run options.
+//! not run options. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
+//! is made instead, so that it reaches the test suites too.)
 
 use super::{F16Attention, F16Matmul, GpuOptions};
 use crate::{CoopTile, GpuError};
