@@ -3,6 +3,8 @@
 //! and value) and on `--device cpu`, and change no result where accepted;
 //! `eval` and `sample` take `--precision` with train's values and meaning.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -190,12 +192,7 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
 /// run trains; a staging chunk past the adapter's largest buffer is named.
 #[test]
 fn gpu_knobs_train_on_an_adapter() {
-    if let Err(e) = megatrain_gpu::GpuContext::new() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true but no GPU adapter: {e}"
-        );
-        eprintln!("skipping: no GPU adapter ({e})");
+    if common::ctx().is_none() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

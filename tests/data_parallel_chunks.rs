@@ -8,17 +8,18 @@
 //! sized by a layer. Ranks are threads here ([`LocalComm`], sums in rank
 //! order); `tests/mpi_data_parallel.rs` runs the same under `mpirun`.
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
+use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_adamw::AdamWConfig;
+use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{CHUNK_ALIGN, TierConfig, TransportDType, WindowConfig, padded_bytes};
-use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+use megatrain_zoo::ModelConfig;
 
 /// Smaller than every layer of the test models, and prime.
 const CHUNK: usize = 1021;
@@ -27,18 +28,6 @@ const WHOLE: usize = usize::MAX / 8;
 /// Rows per rank and micro-batch.
 const ROWS: usize = 2;
 const STEPS: u64 = 3;
-
-fn llama_tiny() -> ModelConfig {
-    let mut c = preset("llama-tiny", None).unwrap();
-    c.num_layers = 2;
-    c
-}
-
-fn gpt2() -> ModelConfig {
-    let mut c = gpt2_nano(97);
-    c.num_layers = 2;
-    c
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -98,19 +87,11 @@ fn trainer(model: &ModelConfig, case: Case, chunk: usize, dir: &Path) -> Trainer
         spill_dir: case.spill.then(|| dir.join("spill")),
     };
     let config = TrainerConfig {
-        checkpoint_every: 2,
-        chunk_rows: 7,
-        adamw: AdamWConfig {
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        },
-        grad_clip: case.clip,
         transfer_chunk: chunk,
-        ..TrainerConfig::default()
+        ..common::k2_config(case.clip)
     };
-    let tier = init_tier(model, tier, 5).unwrap();
-    assert_eq!(tier.has_spill(), case.spill);
-    let mut t = Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
+    let mut t = common::trainer(CpuExecutor::new(), model, tier, 5, config);
+    assert_eq!(t.tier().has_spill(), case.spill);
     // Window chunks of CHUNK_ALIGN elements: the transfer chunk (rounded
     // up to them) stays smaller than every layer.
     t.set_spill_window(WindowConfig {
@@ -118,26 +99,6 @@ fn trainer(model: &ModelConfig, case: Case, chunk: usize, dir: &Path) -> Trainer
         depth: 3,
     });
     t
-}
-
-/// Rows `rows` of micro-batch `k` of step `step` of a global batch of
-/// `global` rows.
-fn batch(vocab: usize, step: u64, k: usize, global: usize, rows: std::ops::Range<usize>) -> Batch {
-    let data = TokenData {
-        tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab as u32).collect(),
-        loss_mask: None,
-    };
-    let index = step * 10 + k as u64;
-    draw_rows(
-        &data,
-        Sampling::Random { seed: 11 },
-        index,
-        global,
-        rows,
-        9,
-        "mem".as_ref(),
-    )
-    .unwrap()
 }
 
 /// What a run ends with: the losses, every layer's parameters (whole, on
@@ -166,7 +127,9 @@ fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalCom
     let mut losses = Vec::new();
     for step in 0..STEPS {
         let micro: Vec<Batch> = (0..case.micro)
-            .map(|k| batch(model.vocab_size, step, k, global, rows.clone()))
+            .map(|k| {
+                common::CHUNK_STREAM.rows(model.vocab_size, step * 10 + k as u64, global, rows.clone(), 9)
+            })
             .collect();
         losses.push(t.step(&micro, 3e-3).unwrap().loss);
     }
@@ -258,12 +221,12 @@ fn check(model: &ModelConfig, cases: Vec<Case>) {
 
 #[test]
 fn llama_chunks_change_no_result_across_ranks() {
-    check(&llama_tiny(), cases());
+    check(&common::llama_tiny(2), cases());
 }
 
 #[test]
 fn gpt2_chunks_change_no_result_across_ranks() {
-    check(&gpt2(), cases());
+    check(&common::gpt2_two_blocks(), cases());
 }
 
 /// Replicated optimizer over a tier that spills: each chunk's sum goes
@@ -281,7 +244,7 @@ fn spilled_layers_reduce_in_chunks() {
             spill: true,
         });
     }
-    check(&llama_tiny(), v);
+    check(&common::llama_tiny(2), v);
 }
 
 /// Every rank's staging holds chunk-sized buffers only: the one being
@@ -289,7 +252,7 @@ fn spilled_layers_reduce_in_chunks() {
 /// previous one's) its gradient and its receive buffer; never a layer.
 #[test]
 fn rank_staging_is_sized_by_the_chunk() {
-    let model = llama_tiny();
+    let model = common::llama_tiny(2);
     let largest = model.layer_tables().iter().map(|t| t.numel()).max().unwrap();
     let queue = TrainerConfig::default().optimizer_queue;
     let bound = 4 * CHUNK as u64 * (queue as u64 + 5);

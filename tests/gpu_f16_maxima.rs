@@ -6,35 +6,15 @@
 //! a reload would show here. The words the maxima are kept in come from
 //! the pool: warm steps allocate nothing on the device.
 
+mod common;
+
 use std::sync::Arc;
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain::trainer::TrainerConfig;
 use megatrain_gpu::{F16Matmul, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{ComputePrecision, Executor};
-use megatrain_tier::{TierConfig, TransportDType};
-use megatrain_zoo::{ModelConfig, preset};
-
-fn ctx() -> Option<Arc<GpuContext>> {
-    match GpuContext::new() {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but no GPU adapter could be opened: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            None
-        }
-    }
-}
-
-fn batch(vocab: usize, index: u64) -> Batch {
-    let data = TokenData {
-        tokens: (0..5000u32).map(|i| (i * 7919 + i / 5) % vocab as u32).collect(),
-        loss_mask: None,
-    };
-    draw_batch(&data, Sampling::Random { seed: 5 }, index, 2, 24, "mem".as_ref()).unwrap()
-}
+use megatrain_tier::TransportDType;
+use megatrain_zoo::ModelConfig;
 
 struct Run {
     losses: Vec<u64>,
@@ -61,26 +41,20 @@ fn run(
         },
     );
     ex.set_compute_precision(ComputePrecision::F16).unwrap();
-    let tier = init_tier(
-        model,
-        TierConfig {
-            transport,
-            ..TierConfig::default()
-        },
-        3,
-    )
-    .unwrap();
     let config = TrainerConfig {
         checkpoint_every: k,
         chunk_rows: 32,
         ..TrainerConfig::default()
     };
-    let mut tr = Trainer::new(ex, model.clone(), tier, config).unwrap();
+    let mut tr = common::trainer(ex, model, common::copies(transport), 3, config);
     let (mut losses, mut scans, mut allocations) = (Vec::new(), Vec::new(), Vec::new());
     for step in 0..3 {
         let before = tr.executor().operand_max_scans();
         let allocated = tr.executor().memory().allocations;
-        let loss = tr.step(&[batch(model.vocab_size, step)], 1e-3).unwrap().loss;
+        let loss = tr
+            .step(&[common::GPU_STREAM.batch(model.vocab_size, step, 2, 24)], 1e-3)
+            .unwrap()
+            .loss;
         losses.push(loss.to_bits());
         scans.push(tr.executor().operand_max_scans() - before);
         allocations.push(tr.executor().memory().allocations - allocated);
@@ -120,8 +94,8 @@ fn expected_scans(l: u64, c: u64, f32_weights: bool) -> (u64, u64) {
 
 #[test]
 fn remembered_maxima_give_the_bits_of_rescanning_and_scan_each_value_once() {
-    let Some(ctx) = ctx() else { return };
-    let model = preset("llama-tiny", None).unwrap();
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
     assert_eq!(model.num_layers, 2);
     // 2 × 24 rows in chunks of 32.
     let chunks = 2;

@@ -5,45 +5,18 @@
 //! On a machine without a GPU these run on lavapipe. With `CI=true` a
 //! missing adapter fails the test instead of skipping it.
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_adamw::AdamWConfig;
+use std::sync::Arc;
+
+use common::GPU_STREAM;
+use megatrain::data::Batch;
+use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
-use megatrain_tier::{TierConfig, TransportDType};
-use megatrain_zoo::{
-    ModelConfig, download_grads, forward_backward, gpt2_nano, init_layer, preset, upload_layer,
-};
-
-fn ctx() -> Option<Arc<GpuContext>> {
-    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| match GpuContext::new() {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but no GPU adapter could be opened (is mesa-vulkan-drivers installed?): {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU parity tests: {e}");
-            None
-        }
-    })
-    .clone()
-}
-
-fn llama_tiny() -> ModelConfig {
-    preset("llama-tiny", None).unwrap()
-}
-
-fn batch(vocab: usize, index: u64, b: usize, t: usize) -> Batch {
-    let data = TokenData {
-        tokens: (0..5000u32).map(|i| (i * 7919 + i / 5) % vocab as u32).collect(),
-        loss_mask: None,
-    };
-    draw_batch(&data, Sampling::Random { seed: 5 }, index, b, t, "mem".as_ref()).unwrap()
-}
+use megatrain_tier::TransportDType;
+use megatrain_zoo::{ModelConfig, download_grads, forward_backward, gpt2_nano, init_layer, upload_layer};
 
 /// Loss and every parameter gradient of one full forward/backward.
 fn grads_of<E: Executor>(ex: &E, model: &ModelConfig, b: &Batch) -> (f64, Vec<Vec<f32>>) {
@@ -61,9 +34,9 @@ fn grads_of<E: Executor>(ex: &E, model: &ModelConfig, b: &Batch) -> (f64, Vec<Ve
 }
 
 fn check_forward_backward(model: &ModelConfig) {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     let gpu = GpuExecutor::new(ctx);
-    let b = batch(model.vocab_size, 0, 2, 37);
+    let b = GPU_STREAM.batch(model.vocab_size, 0, 2, 37);
     let (cpu_loss, cpu_grads) = grads_of(&CpuExecutor::new(), model, &b);
     let (gpu_loss, gpu_grads) = grads_of(&gpu, model, &b);
     let rel = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
@@ -79,7 +52,7 @@ fn check_forward_backward(model: &ModelConfig) {
 
 #[test]
 fn llama_tiny_forward_backward_matches_cpu() {
-    check_forward_backward(&llama_tiny());
+    check_forward_backward(&common::llama_tiny(2));
 }
 
 #[test]
@@ -92,26 +65,13 @@ fn trainer<E: Executor>(ex: E, model: &ModelConfig, k: usize) -> Trainer<E> {
 }
 
 fn trainer_with<E: Executor>(ex: E, model: &ModelConfig, k: usize, transport: TransportDType) -> Trainer<E> {
-    let tier = init_tier(
-        model,
-        TierConfig {
-            transport,
-            ..TierConfig::default()
-        },
-        3,
-    )
-    .unwrap();
     let config = TrainerConfig {
         checkpoint_every: k,
         chunk_rows: 32,
-        adamw: AdamWConfig {
-            beta2: 0.99,
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        },
+        adamw: common::adamw(),
         ..TrainerConfig::default()
     };
-    Trainer::new(ex, model.clone(), tier, config).unwrap()
+    common::trainer(ex, model, common::copies(transport), 3, config)
 }
 
 /// The part of a parameter whose gradient is mathematically zero: GPT-2's
@@ -156,7 +116,7 @@ fn max_rel_diff<E1: Executor, E2: Executor>(a: &Trainer<E1>, b: &Trainer<E2>, st
 }
 
 fn check_training(model: &ModelConfig) {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     check_training_on(GpuExecutor::new(ctx), model, 2, TransportDType::F32, 20);
 }
 
@@ -188,7 +148,7 @@ fn check_training_on(gpu: GpuExecutor, model: &ModelConfig, k: usize, transport:
     }
     let lr = 1e-3;
     for step in 0..steps {
-        let b = batch(model.vocab_size, step, 2, 24);
+        let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
         let c = cpu.step(std::slice::from_ref(&b), lr).unwrap();
         let g = gpu.step(std::slice::from_ref(&b), lr).unwrap();
         exact.step(std::slice::from_ref(&b), lr).unwrap();
@@ -218,7 +178,7 @@ fn check_training_on(gpu: GpuExecutor, model: &ModelConfig, k: usize, transport:
 
 #[test]
 fn llama_tiny_streamed_training_matches_cpu_for_20_steps() {
-    check_training(&llama_tiny());
+    check_training(&common::llama_tiny(2));
 }
 
 #[test]
@@ -241,8 +201,8 @@ fn gpu_with(ctx: Arc<GpuContext>, transport: TransportChoice) -> GpuExecutor {
 /// two), mapped with K = 2 (a ring of three the backward wraps around).
 #[test]
 fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
-    let Some(ctx) = ctx() else { return };
-    let model = llama_tiny();
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
     check_training_on(
         gpu_with(ctx.clone(), TransportChoice::Staging),
         &model,
@@ -273,10 +233,10 @@ const BF16_STEPS: u64 = 3;
 
 #[test]
 fn llama_tiny_bf16_transport_training_matches_cpu() {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     check_training_on(
         GpuExecutor::new(ctx),
-        &llama_tiny(),
+        &common::llama_tiny(2),
         2,
         TransportDType::BF16,
         BF16_STEPS,
@@ -285,7 +245,7 @@ fn llama_tiny_bf16_transport_training_matches_cpu() {
 
 #[test]
 fn gpt2_nano_bf16_transport_training_matches_cpu() {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     check_training_on(
         gpu_with(ctx, TransportChoice::Mapped),
         &gpt2_nano(65),
@@ -298,11 +258,10 @@ fn gpt2_nano_bf16_transport_training_matches_cpu() {
 /// Device peak of one streamed step with `layers` blocks, minus the
 /// checkpoints (one `[B, T, C]` f32 tensor per K blocks).
 fn peak_without_checkpoints(ctx: Arc<GpuContext>, layers: usize) -> u64 {
-    let mut model = llama_tiny();
-    model.num_layers = layers;
+    let model = common::llama_tiny(layers);
     let (b, t) = (2, 32);
     let mut tr = trainer(GpuExecutor::new(ctx), &model, 1);
-    let batch = batch(model.vocab_size, 0, b, t);
+    let batch = GPU_STREAM.batch(model.vocab_size, 0, b, t);
     tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     let m = tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     let checkpoints = (layers * b * t * model.hidden_size * 4) as u64;
@@ -320,7 +279,7 @@ fn peak_without_checkpoints(ctx: Arc<GpuContext>, layers: usize) -> u64 {
 
 #[test]
 fn device_peak_does_not_grow_with_depth() {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     let shallow = peak_without_checkpoints(ctx.clone(), 2);
     let deep = peak_without_checkpoints(ctx, 16);
     let ratio = deep as f64 / shallow as f64;
@@ -337,8 +296,8 @@ fn device_peak_does_not_grow_with_depth() {
 /// buffers are all reused, and so are the bind groups over them.
 #[test]
 fn warm_steps_allocate_nothing_on_the_device() {
-    let Some(ctx) = ctx() else { return };
-    let model = llama_tiny();
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
     for (transport, k) in [(TransportChoice::Staging, 1), (TransportChoice::Mapped, 2)] {
         let mut tr = trainer(gpu_with(ctx.clone(), transport), &model, k);
         let counts = |tr: &Trainer<GpuExecutor>| {
@@ -352,14 +311,17 @@ fn warm_steps_allocate_nothing_on_the_device() {
         // The first steps settle which pooled buffer each request gets
         // (on lavapipe: new groups in steps 1, 2 and 4, none after).
         for i in 0..6 {
-            tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+            tr.step(&[GPU_STREAM.batch(model.vocab_size, i, 2, 24)], 1e-3)
+                .unwrap();
         }
         let warm = counts(&tr);
         let reused = tr.executor().bind_group_stats().reused;
         let made = tr.executor().transport_stats().buffers_created;
         for i in 6..9 {
             let s0 = tr.executor().submit_stats();
-            let m = tr.step(&[batch(model.vocab_size, i, 2, 24)], 1e-3).unwrap();
+            let m = tr
+                .step(&[GPU_STREAM.batch(model.vocab_size, i, 2, 24)], 1e-3)
+                .unwrap();
             let s1 = tr.executor().submit_stats();
             let (ops, batches) = (s1.ops - s0.ops, s1.op_submissions - s0.op_submissions);
             eprintln!(
@@ -404,8 +366,8 @@ fn warm_steps_allocate_nothing_on_the_device() {
 #[test]
 fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     use megatrain_tensor::ComputePrecision;
-    let Some(ctx) = ctx() else { return };
-    let model = llama_tiny();
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
     let mut g16 = GpuExecutor::new(ctx.clone());
     g16.set_compute_precision(ComputePrecision::F16).unwrap();
     let mut c16 = CpuExecutor::new();
@@ -415,7 +377,7 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     let mut cpu16 = trainer_with(c16, &model, 2, TransportDType::F16);
     let (mut worst_f32, mut worst_cpu) = (0.0f64, 0.0f64);
     for step in 0..20 {
-        let b = batch(model.vocab_size, step, 2, 24);
+        let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
         let l32 = f32_run.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
         let l16 = gpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
         let lc = cpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
@@ -442,12 +404,14 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
 /// group, not once per batch, and gives each batch the loss it gets alone.
 #[test]
 fn evaluation_streams_the_model_once_per_group() {
-    let Some(ctx) = ctx() else { return };
-    let model = llama_tiny();
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
     // K = 1: groups of as many batches as blocks (llama-tiny has 2).
     let tr = trainer(GpuExecutor::new(ctx), &model, 1);
     assert_eq!(model.num_layers, 2);
-    let batches: Vec<Batch> = (0..4).map(|i| batch(model.vocab_size, i, 2, 24)).collect();
+    let batches: Vec<Batch> = (0..4)
+        .map(|i| GPU_STREAM.batch(model.vocab_size, i, 2, 24))
+        .collect();
     let up = |tr: &Trainer<GpuExecutor>| tr.executor().transport_stats().bytes_up;
     let before = up(&tr);
     let alone: Vec<(f64, usize)> = batches.iter().map(|b| tr.eval_loss(b).unwrap()).collect();
@@ -474,10 +438,10 @@ fn evaluation_streams_the_model_once_per_group() {
 fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
     use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
     use megatrain_tensor::ComputePrecision;
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     let cases = [
-        (llama_tiny(), ComputePrecision::F32, TransportDType::F32),
-        (llama_tiny(), ComputePrecision::F16, TransportDType::F16),
+        (common::llama_tiny(2), ComputePrecision::F32, TransportDType::F32),
+        (common::llama_tiny(2), ComputePrecision::F16, TransportDType::F16),
         (gpt2_nano(65), ComputePrecision::F32, TransportDType::F32),
     ];
     for (model, precision, transport) in cases {
@@ -495,7 +459,7 @@ fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
             let mut t = trainer_with(gpu, &model, 2, transport);
             let losses: Vec<u64> = (0..3)
                 .map(|step| {
-                    let b = batch(model.vocab_size, step, 2, 24);
+                    let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
                     t.step(std::slice::from_ref(&b), 1e-3).unwrap().loss.to_bits()
                 })
                 .collect();

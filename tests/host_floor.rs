@@ -5,20 +5,13 @@
 //! change that records, submits or waits more per step fails here and
 //! must say why (BENCHMARKS.md, "Host floor of a streamed step").
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+mod common;
+
+use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, HostWork, TransportChoice};
 use megatrain_tensor::{ComputePrecision, Executor};
-use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_tier::TransportDType;
 use megatrain_zoo::{ModelConfig, default_chunk_rows, preset};
-
-fn batch(vocab: usize, index: u64, b: usize, t: usize) -> Batch {
-    let data = TokenData {
-        tokens: (0..5000u32).map(|i| (i * 7919 + i / 5) % vocab as u32).collect(),
-        loss_mask: None,
-    };
-    draw_batch(&data, Sampling::Random { seed: 5 }, index, b, t, "mem".as_ref()).unwrap()
-}
 
 struct Case {
     name: &'static str,
@@ -44,21 +37,12 @@ fn trainer(c: &Case) -> Trainer<GpuExecutor> {
         ComputePrecision::F16 => TransportDType::F16,
         _ => TransportDType::F32,
     };
-    let tier = init_tier(
-        &c.model,
-        TierConfig {
-            transport,
-            ..TierConfig::default()
-        },
-        3,
-    )
-    .unwrap();
     let config = TrainerConfig {
         checkpoint_every: c.k,
         chunk_rows: default_chunk_rows(c.model.vocab_size, ex.logits_chunk_bytes()),
         ..TrainerConfig::default()
     };
-    Trainer::new(ex, c.model.clone(), tier, config).unwrap()
+    common::trainer(ex, &c.model, common::copies(transport), 3, config)
 }
 
 /// Per-step counts of `steps` steps after `warm` warm-up steps.
@@ -66,12 +50,14 @@ fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<HostWork> {
     let mut tr = trainer(c);
     let vocab = c.model.vocab_size;
     for i in 0..warm {
-        tr.step(&[batch(vocab, i, c.batch, c.seq_len)], 1e-3).unwrap();
+        tr.step(&[common::GPU_STREAM.batch(vocab, i, c.batch, c.seq_len)], 1e-3)
+            .unwrap();
     }
     (warm..warm + steps)
         .map(|i| {
             let before = tr.executor().host_work();
-            tr.step(&[batch(vocab, i, c.batch, c.seq_len)], 1e-3).unwrap();
+            tr.step(&[common::GPU_STREAM.batch(vocab, i, c.batch, c.seq_len)], 1e-3)
+                .unwrap();
             tr.executor().host_work() - before
         })
         .collect()
@@ -118,7 +104,7 @@ fn cases() -> Vec<(Case, HostWork)> {
         (
             Case {
                 name: "llama-tiny, K = 2",
-                model: preset("llama-tiny", None).unwrap(),
+                model: common::llama_tiny(2),
                 batch: 4,
                 seq_len: 64,
                 precision: ComputePrecision::F32,

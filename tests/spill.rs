@@ -5,29 +5,16 @@
 //! without root — ends the run with a clear error that keeps the previous
 //! checkpoint.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_adamw::AdamWConfig;
+use megatrain::data::Batch;
+use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{CHUNK_ALIGN, TierConfig, TransportDType, WindowConfig, padded_bytes};
-use megatrain_zoo::{ModelConfig, preset};
-
-fn model() -> ModelConfig {
-    let mut c = preset("llama-tiny", None).unwrap();
-    c.num_layers = 8;
-    c
-}
-
-fn batch(index: u64) -> Batch {
-    let data = TokenData {
-        tokens: (0..4000u32).map(|i| (i * 7919 + i / 3) % 256).collect(),
-        loss_mask: None,
-    };
-    draw_batch(&data, Sampling::Random { seed: 9 }, index, 2, 9, "mem".as_ref()).unwrap()
-}
+use megatrain_zoo::ModelConfig;
 
 /// A budget that keeps the transport copies and the first `keep` layers'
 /// p/m/v (and gradients) in RAM.
@@ -56,7 +43,7 @@ fn run(
     budget: Option<u64>,
     window: WindowConfig,
 ) -> Run {
-    let model = model();
+    let model = common::llama_tiny(8);
     let spill = budget.map(|_| tempfile::tempdir().unwrap());
     let tier_config = TierConfig {
         transport,
@@ -65,19 +52,11 @@ fn run(
         // A directory that does not exist yet: the tier creates it.
         spill_dir: spill.as_ref().map(|d| d.path().join("spill")),
     };
-    let tier = init_tier(&model, tier_config, 77).unwrap();
     let config = TrainerConfig {
-        checkpoint_every: 2,
-        chunk_rows: 7,
-        adamw: AdamWConfig {
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        },
-        grad_clip: clip,
         optimizer_queue: 2,
-        ..TrainerConfig::default()
+        ..common::k2_config(clip)
     };
-    let mut trainer = Trainer::new(CpuExecutor::new(), model, tier, config).unwrap();
+    let mut trainer = common::trainer(CpuExecutor::new(), &model, tier_config, 77, config);
     trainer.set_spill_window(window);
     Run {
         trainer,
@@ -106,7 +85,7 @@ fn state(t: &Trainer<CpuExecutor>) -> State {
 
 #[test]
 fn spilled_run_equals_all_ram_run_bit_for_bit() {
-    let model = model();
+    let model = common::llama_tiny(8);
     let n_layers = model.layer_tables().len();
     // 32 Ki-element chunks: a block of llama-tiny is two chunks, so a
     // window of 6 chunk sets holds about three layers.
@@ -148,7 +127,9 @@ fn spilled_run_equals_all_ram_run_bit_for_bit() {
             .map(|s| 3 * padded_bytes(s.numel(), 4))
             .sum();
         for step in 0..3u64 {
-            let batches: Vec<Batch> = (0..micro).map(|k| batch(step * 2 + k)).collect();
+            let batches: Vec<Batch> = (0..micro)
+                .map(|k| common::TRAINER_STREAM.batch(256, step * 2 + k, 2, 9))
+                .collect();
             let a = ram.trainer.step(&batches, 2e-3).unwrap();
             let b = disk.trainer.step(&batches, 2e-3).unwrap();
             assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "{label} step {step}");

@@ -2,65 +2,33 @@
 //! references: same gradients and updates whatever K, accumulation equal to
 //! a large batch, exact clipping equal to a reference clip.
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
+mod common;
+
+use common::TRAINER_STREAM;
+use megatrain::data::Batch;
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_adamw::{AdamW, AdamWConfig, DecayMask, SlabState, SlabUpdate};
+use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{TierConfig, TransportDType};
-use megatrain_zoo::{ModelConfig, forward_backward, gpt2_nano, preset, upload_layer};
+use megatrain_zoo::{ModelConfig, forward_backward, gpt2_nano, upload_layer};
 
 const SEED: u64 = 1234;
 
-fn llama_tiny() -> ModelConfig {
-    let mut c = preset("llama-tiny", None).unwrap();
-    c.num_layers = 3;
-    c
-}
-
-fn corpus(vocab: u32) -> TokenData {
-    TokenData {
-        tokens: (0..4000u32).map(|i| (i * 7919 + i / 3) % vocab).collect(),
-        loss_mask: None,
-    }
-}
-
-fn batch(vocab: u32, index: u64, b: usize, t: usize) -> Batch {
-    draw_batch(
-        &corpus(vocab),
-        Sampling::Random { seed: 9 },
-        index,
-        b,
-        t,
-        "mem".as_ref(),
-    )
-    .unwrap()
-}
-
-fn adamw_config() -> AdamWConfig {
-    AdamWConfig {
-        beta1: 0.9,
-        beta2: 0.99,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    }
-}
-
 fn trainer(model: &ModelConfig, k: usize, hold: bool, clip: Option<f64>) -> Trainer<CpuExecutor> {
-    let tier_config = TierConfig {
+    let tier = TierConfig {
         transport: TransportDType::F32,
         hold_grads: hold,
         ..TierConfig::default()
     };
-    let tier = init_tier(model, tier_config, SEED).unwrap();
     let config = TrainerConfig {
         checkpoint_every: k,
         chunk_rows: 7,
-        adamw: adamw_config(),
+        adamw: common::adamw(),
         grad_clip: clip,
         optimizer_queue: 2,
         ..TrainerConfig::default()
     };
-    Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap()
+    common::trainer(CpuExecutor::new(), model, tier, SEED, config)
 }
 
 fn params(t: &Trainer<CpuExecutor>) -> Vec<Vec<f32>> {
@@ -118,7 +86,7 @@ fn reference_step(
         }
         None => 1.0,
     };
-    let opt = AdamW::new(adamw_config()).unwrap();
+    let opt = AdamW::new(common::adamw()).unwrap();
     for ((t, w), g) in tables.iter().zip(weights.iter_mut()).zip(grads.iter_mut()) {
         let (mut m, mut v) = (vec![0.0; w.len()], vec![0.0; w.len()]);
         let mask = DecayMask::from_param_table(t);
@@ -131,7 +99,7 @@ fn reference_step(
 }
 
 fn check_one_step_matches_reference(model: &ModelConfig) {
-    let b = batch(model.vocab_size as u32, 0, 2, 11);
+    let b = TRAINER_STREAM.batch(model.vocab_size, 0, 2, 11);
     let lr = 1e-3;
     let mut reference: Vec<Vec<f32>> = params(&trainer(model, 1, false, None));
     let ref_loss = reference_step(model, &mut reference, &b, lr, None);
@@ -152,7 +120,7 @@ fn check_one_step_matches_reference(model: &ModelConfig) {
 
 #[test]
 fn llama_streamed_step_matches_whole_model_reference_for_every_k() {
-    check_one_step_matches_reference(&llama_tiny());
+    check_one_step_matches_reference(&common::llama_tiny(3));
 }
 
 #[test]
@@ -162,12 +130,12 @@ fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
 
 #[test]
 fn checkpoint_interval_does_not_change_training() {
-    let model = llama_tiny();
+    let model = common::llama_tiny(3);
     let mut runs = Vec::new();
     for k in [1, 3] {
         let mut t = trainer(&model, k, false, None);
         let losses: Vec<f64> = (0..4)
-            .map(|s| t.step(&[batch(256, s, 2, 9)], 3e-3).unwrap().loss)
+            .map(|s| t.step(&[TRAINER_STREAM.batch(256, s, 2, 9)], 3e-3).unwrap().loss)
             .collect();
         runs.push((losses, params(&t)));
     }
@@ -180,8 +148,8 @@ fn checkpoint_interval_does_not_change_training() {
 
 #[test]
 fn four_micro_batches_equal_one_batch_of_four() {
-    let model = llama_tiny();
-    let big = batch(256, 0, 8, 9);
+    let model = common::llama_tiny(3);
+    let big = TRAINER_STREAM.batch(256, 0, 8, 9);
     let micro: Vec<Batch> = (0..4)
         .map(|i| Batch {
             batch: 2,
@@ -216,7 +184,7 @@ fn four_micro_batches_equal_one_batch_of_four() {
 #[test]
 fn exact_clipping_equals_reference_clip() {
     let model = gpt2_nano(65);
-    let b = batch(65, 3, 2, 13);
+    let b = TRAINER_STREAM.batch(65, 3, 2, 13);
     let mut reference = params(&trainer(&model, 1, true, None));
     let ref_loss = reference_step(&model, &mut reference, &b, 1e-3, Some(0.05));
     let mut t = trainer(&model, 2, true, Some(0.05));
@@ -230,9 +198,9 @@ fn exact_clipping_equals_reference_clip() {
 
 #[test]
 fn blocks_cross_twice_embedding_and_head_once() {
-    let model = llama_tiny();
+    let model = common::llama_tiny(3);
     let mut t = trainer(&model, 2, false, None);
-    let m = t.step(&[batch(256, 0, 1, 8)], 1e-3).unwrap();
+    let m = t.step(&[TRAINER_STREAM.batch(256, 0, 1, 8)], 1e-3).unwrap();
     let sizes: Vec<u64> = t.tier().layers().iter().map(|s| 4 * s.numel() as u64).collect();
     let (emb, head) = (sizes[0], *sizes.last().unwrap());
     let blocks: u64 = sizes[1..sizes.len() - 1].iter().sum();
@@ -249,22 +217,20 @@ fn blocks_cross_twice_embedding_and_head_once() {
 /// biases) are held as f32 by the executor: the count is what it holds.
 #[test]
 fn bf16_transport_counts_the_bytes_the_executor_holds() {
-    for model in [llama_tiny(), gpt2_nano(65)] {
-        let tier_config = TierConfig {
-            transport: TransportDType::BF16,
-            ..TierConfig::default()
-        };
-        let tier = init_tier(&model, tier_config, SEED).unwrap();
+    for model in [common::llama_tiny(3), gpt2_nano(65)] {
         let config = TrainerConfig {
             checkpoint_every: 2,
             ..TrainerConfig::default()
         };
-        let mut t = Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
+        let tier = common::copies(TransportDType::BF16);
+        let mut t = common::trainer(CpuExecutor::new(), &model, tier, SEED, config);
         assert!(
             t.transport_info().is_none(),
             "the CPU executor has no transport to choose"
         );
-        let m = t.step(&[batch(model.vocab_size as u32, 0, 1, 8)], 1e-3).unwrap();
+        let m = t
+            .step(&[TRAINER_STREAM.batch(model.vocab_size, 0, 1, 8)], 1e-3)
+            .unwrap();
         let held: Vec<u64> = model
             .layer_tables()
             .iter()
@@ -295,24 +261,19 @@ fn bf16_transport_counts_the_bytes_the_executor_holds() {
 fn f16_compute_tracks_f32_over_a_few_steps() {
     use megatrain_tensor::ComputePrecision;
     use megatrain_tensor::testing::rel_norm_err;
-    for model in [llama_tiny(), gpt2_nano(65)] {
+    for model in [common::llama_tiny(3), gpt2_nano(65)] {
         let run = |precision: ComputePrecision, transport: TransportDType| {
-            let tier_config = TierConfig {
-                transport,
-                ..TierConfig::default()
-            };
-            let tier = init_tier(&model, tier_config, SEED).unwrap();
             let config = TrainerConfig {
                 checkpoint_every: 2,
                 chunk_rows: 7,
-                adamw: adamw_config(),
+                adamw: common::adamw(),
                 ..TrainerConfig::default()
             };
             let ex = CpuExecutor::with_precision(precision);
-            let mut t = Trainer::new(ex, model.clone(), tier, config).unwrap();
+            let mut t = common::trainer(ex, &model, common::copies(transport), SEED, config);
             let losses: Vec<f64> = (0..3)
                 .map(|i| {
-                    t.step(&[batch(model.vocab_size as u32, i, 2, 9)], 3e-3)
+                    t.step(&[TRAINER_STREAM.batch(model.vocab_size, i, 2, 9)], 3e-3)
                         .unwrap()
                         .loss
                 })
@@ -356,7 +317,7 @@ fn f16_compute_tracks_f32_over_a_few_steps() {
 
 #[test]
 fn bad_configurations_are_refused() {
-    let model = llama_tiny();
+    let model = common::llama_tiny(3);
     let tier = || init_tier(&model, TierConfig::default(), 1).unwrap();
     let ex = CpuExecutor::new;
     let zero_k = TrainerConfig {
@@ -376,10 +337,13 @@ fn bad_configurations_are_refused() {
     other.num_layers = 2;
     assert!(Trainer::new(ex(), other, tier(), TrainerConfig::default()).is_err());
     let mut t = Trainer::new(ex(), model.clone(), tier(), TrainerConfig::default()).unwrap();
-    let two = [batch(256, 0, 1, 8), batch(256, 1, 1, 8)];
+    let two = [
+        TRAINER_STREAM.batch(256, 0, 1, 8),
+        TRAINER_STREAM.batch(256, 1, 1, 8),
+    ];
     let err = t.step(&two, 1e-3).unwrap_err();
     assert!(err.to_string().contains("micro-batches"), "{err}");
-    let mut bad = batch(256, 0, 1, 8);
+    let mut bad = TRAINER_STREAM.batch(256, 0, 1, 8);
     bad.inputs[3] = 999;
     let err = t.step(&[bad], 1e-3).unwrap_err();
     assert!(err.to_string().contains("999"), "{err}");
@@ -390,9 +354,11 @@ fn bad_configurations_are_refused() {
 /// one, of two with a remainder, of all, and larger than all.
 #[test]
 fn evaluation_in_groups_equals_batch_by_batch() {
-    for model in [llama_tiny(), gpt2_nano(61)] {
+    for model in [common::llama_tiny(3), gpt2_nano(61)] {
         let tr = trainer(&model, 2, false, None);
-        let batches: Vec<Batch> = (0..5).map(|i| batch(model.vocab_size as u32, i, 2, 11)).collect();
+        let batches: Vec<Batch> = (0..5)
+            .map(|i| TRAINER_STREAM.batch(model.vocab_size, i, 2, 11))
+            .collect();
         let alone: Vec<(f64, usize)> = batches.iter().map(|b| tr.eval_loss(b).unwrap()).collect();
         for group in [1, 2, 5, 9] {
             let grouped = tr.eval_losses_in_groups(&batches, group).unwrap();

@@ -5,56 +5,27 @@
 //! transport, tied and untied heads, with gradient accumulation and with
 //! exact clipping. Also: the staging pool is sized by the chunk.
 
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
-use megatrain_adamw::AdamWConfig;
-use megatrain_gpu::{GpuContext, GpuExecutor};
+use common::CHUNK_STREAM;
+use megatrain::data::Batch;
+use megatrain::trainer::{Trainer, TrainerConfig};
+use megatrain_gpu::GpuExecutor;
 use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::{TierConfig, TransportDType};
-use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+use megatrain_zoo::ModelConfig;
 
 /// Smaller than every layer of the test models, and prime.
 const CHUNK: usize = 1021;
 /// Larger than every layer: each comes down whole.
 const WHOLE: usize = usize::MAX / 8;
 
-fn ctx() -> Option<Arc<GpuContext>> {
-    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| match GpuContext::new() {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but no GPU adapter could be opened: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping GPU chunk tests: {e}");
-            None
-        }
+/// llama-tiny and gpt2-nano with two blocks each, heads tied or not.
+fn models(tied: bool) -> [ModelConfig; 2] {
+    [common::llama_tiny(2), common::gpt2_two_blocks()].map(|mut c| {
+        c.tie_word_embeddings = tied;
+        c
     })
-    .clone()
-}
-
-fn llama_tiny(tied: bool) -> ModelConfig {
-    let mut c = preset("llama-tiny", None).unwrap();
-    c.num_layers = 2;
-    c.tie_word_embeddings = tied;
-    c
-}
-
-fn gpt2(tied: bool) -> ModelConfig {
-    let mut c = gpt2_nano(97);
-    c.num_layers = 2;
-    c.tie_word_embeddings = tied;
-    c
-}
-
-fn batch(vocab: usize, index: u64) -> Batch {
-    let data = TokenData {
-        tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab as u32).collect(),
-        loss_mask: None,
-    };
-    draw_batch(&data, Sampling::Random { seed: 11 }, index, 2, 9, "mem".as_ref()).unwrap()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -72,17 +43,10 @@ fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, chunk: usize) ->
         ..TierConfig::default()
     };
     let config = TrainerConfig {
-        checkpoint_every: 2,
-        chunk_rows: 7,
-        adamw: AdamWConfig {
-            weight_decay: 0.1,
-            ..AdamWConfig::default()
-        },
-        grad_clip: case.clip,
         transfer_chunk: chunk,
-        ..TrainerConfig::default()
+        ..common::k2_config(case.clip)
     };
-    Trainer::new(ex, model.clone(), init_tier(model, tier, 5).unwrap(), config).unwrap()
+    common::trainer(ex, model, tier, 5, config)
 }
 
 /// Losses of 3 steps and the parameters (and transport copies) after.
@@ -91,7 +55,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> (Vec<f64>, Vec<Vec<f32>>
     let mut losses = Vec::new();
     for step in 0..3u64 {
         let micro: Vec<Batch> = (0..case.micro as u64)
-            .map(|k| batch(vocab, step * 10 + k))
+            .map(|k| CHUNK_STREAM.batch(vocab, step * 10 + k, 2, 9))
             .collect();
         losses.push(t.step(&micro, 3e-3).unwrap().loss);
     }
@@ -140,17 +104,19 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig) {
 #[test]
 fn cpu_chunks_change_no_result() {
     for tied in [false, true] {
-        check(CpuExecutor::new, &llama_tiny(tied));
-        check(CpuExecutor::new, &gpt2(tied));
+        for model in models(tied) {
+            check(CpuExecutor::new, &model);
+        }
     }
 }
 
 #[test]
 fn gpu_chunks_change_no_result() {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     for tied in [false, true] {
-        check(|| GpuExecutor::new(ctx.clone()), &llama_tiny(tied));
-        check(|| GpuExecutor::new(ctx.clone()), &gpt2(tied));
+        for model in models(tied) {
+            check(|| GpuExecutor::new(ctx.clone()), &model);
+        }
     }
 }
 
@@ -163,11 +129,12 @@ fn staging_is_sized_by_the_chunk() {
         micro: 1,
         clip: None,
     };
-    let model = llama_tiny(false);
+    let [model, _] = models(false);
     let largest = model.layer_tables().iter().map(|t| t.numel()).max().unwrap();
     assert!(largest > 4 * CHUNK, "the test needs layers of several chunks");
     let mut t = trainer(CpuExecutor::new(), &model, case, CHUNK);
-    t.step(&[batch(model.vocab_size, 0)], 1e-3).unwrap();
+    t.step(&[CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9)], 1e-3)
+        .unwrap();
     let queue = TrainerConfig::default().optimizer_queue;
     let bound = 4 * CHUNK as u64 * (queue as u64 + 2);
     assert!(
@@ -187,11 +154,13 @@ fn transfer_only_moves_a_steps_bytes<E: Executor>(make: impl Fn() -> E) {
         micro: 1,
         clip: None,
     };
-    let model = llama_tiny(false);
+    let [model, _] = models(false);
     for chunk in [CHUNK, WHOLE] {
         let mut t = trainer(make(), &model, case, chunk);
         let moved = t.transfer_only().unwrap();
-        let step = t.step(&[batch(model.vocab_size, 0)], 1e-3).unwrap();
+        let step = t
+            .step(&[CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9)], 1e-3)
+            .unwrap();
         assert_eq!(moved.bytes_downloaded, step.bytes_downloaded, "chunk {chunk}");
         assert_eq!(moved.bytes_uploaded, step.bytes_uploaded, "chunk {chunk}");
         assert!(moved.ms > 0.0);
@@ -205,6 +174,6 @@ fn cpu_transfer_only_moves_a_steps_bytes_in_chunks() {
 
 #[test]
 fn gpu_transfer_only_moves_a_steps_bytes_in_chunks() {
-    let Some(ctx) = ctx() else { return };
+    let Some(ctx) = common::ctx() else { return };
     transfer_only_moves_a_steps_bytes(|| GpuExecutor::new(ctx.clone()));
 }

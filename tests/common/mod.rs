@@ -1,0 +1,152 @@
+//! Setup shared by the top-level integration tests: the GPU context, the
+//! synthetic token streams, the small models and the streamed trainer.
+// Each test binary compiles this module on its own and uses a part of it.
+#![allow(dead_code)]
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain_adamw::AdamWConfig;
+use megatrain_gpu::GpuContext;
+use megatrain_tensor::Executor;
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
+
+/// The test binary's GPU context (lavapipe where there is no GPU), opened
+/// once; `None` means skip. With `CI=true` a missing adapter fails the
+/// test instead of skipping it.
+pub fn ctx() -> Option<Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| match GpuContext::new() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but no GPU adapter could be opened (is mesa-vulkan-drivers installed?): {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no GPU adapter ({e})");
+            None
+        }
+    })
+    .clone()
+}
+
+/// A synthetic corpus, tokens `(i * 7919 + i / div) % vocab` for
+/// `i < len`, whose batches are drawn with `Sampling::Random { seed }`.
+/// The tests' expected numbers come from these exact streams.
+#[derive(Clone, Copy, Debug)]
+pub struct Stream {
+    pub len: u32,
+    pub div: u32,
+    pub seed: u64,
+}
+
+/// The GPU tests' stream (parity, f16 maxima, host floor).
+pub const GPU_STREAM: Stream = Stream {
+    len: 5000,
+    div: 5,
+    seed: 5,
+};
+/// The CPU trainer's and the disk tier's stream.
+pub const TRAINER_STREAM: Stream = Stream {
+    len: 4000,
+    div: 3,
+    seed: 9,
+};
+/// The chunked transfer tests' stream (one process and data parallel).
+pub const CHUNK_STREAM: Stream = Stream {
+    len: 3000,
+    div: 3,
+    seed: 11,
+};
+
+impl Stream {
+    pub fn tokens(self, vocab: usize) -> TokenData {
+        TokenData {
+            tokens: (0..self.len)
+                .map(|i| (i * 7919 + i / self.div) % vocab as u32)
+                .collect(),
+            loss_mask: None,
+        }
+    }
+
+    /// Rows `rows` of batch `index` of `batch` rows of `t` tokens.
+    pub fn rows(self, vocab: usize, index: u64, batch: usize, rows: Range<usize>, t: usize) -> Batch {
+        let sampling = Sampling::Random { seed: self.seed };
+        draw_rows(
+            &self.tokens(vocab),
+            sampling,
+            index,
+            batch,
+            rows,
+            t,
+            "mem".as_ref(),
+        )
+        .unwrap()
+    }
+
+    /// Batch `index` of `b` rows of `t` tokens.
+    pub fn batch(self, vocab: usize, index: u64, b: usize, t: usize) -> Batch {
+        self.rows(vocab, index, b, 0..b, t)
+    }
+}
+
+/// llama-tiny (vocabulary 256) with `layers` blocks.
+pub fn llama_tiny(layers: usize) -> ModelConfig {
+    let mut c = preset("llama-tiny", None).unwrap();
+    c.num_layers = layers;
+    c
+}
+
+/// gpt2-nano over 97 symbols with two blocks.
+pub fn gpt2_two_blocks() -> ModelConfig {
+    let mut c = gpt2_nano(97);
+    c.num_layers = 2;
+    c
+}
+
+/// `model` initialised from `seed` into a tier made by `tier`, streamed
+/// through `ex` under `config`.
+pub fn trainer<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    tier: TierConfig,
+    seed: u64,
+    config: TrainerConfig,
+) -> Trainer<E> {
+    let tier = init_tier(model, tier, seed).unwrap();
+    Trainer::new(ex, model.clone(), tier, config).unwrap()
+}
+
+/// A tier of `transport` copies, all in RAM, holding no gradients.
+pub fn copies(transport: TransportDType) -> TierConfig {
+    TierConfig {
+        transport,
+        ..TierConfig::default()
+    }
+}
+
+/// β2 0.99 and weight decay 0.1, PyTorch's defaults otherwise.
+pub fn adamw() -> AdamWConfig {
+    AdamWConfig {
+        beta2: 0.99,
+        weight_decay: 0.1,
+        ..AdamWConfig::default()
+    }
+}
+
+/// The chunk and spill tests' settings: K = 2, 7-row head chunks, weight
+/// decay 0.1 (AdamW's defaults otherwise), clipping at `clip`.
+pub fn k2_config(clip: Option<f64>) -> TrainerConfig {
+    TrainerConfig {
+        checkpoint_every: 2,
+        chunk_rows: 7,
+        adamw: AdamWConfig {
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        },
+        grad_clip: clip,
+        ..TrainerConfig::default()
+    }
+}
