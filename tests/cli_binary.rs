@@ -2,38 +2,12 @@
 //! panic; SIGKILL between saves loses nothing that a resume cannot redo bit
 //! for bit; export, sample, eval and plan run end to end.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_megatrain"))
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().unwrap()
-}
-
-fn corpus(dir: &Path) -> PathBuf {
-    let p = dir.join("corpus.txt");
-    std::fs::write(&p, "O Romeo, Romeo! wherefore art thou Romeo?\n".repeat(40)).unwrap();
-    p
-}
-
-/// Fails with a message that contains every `needle`, and never panics.
-fn refused(args: &[&str], needles: &[&str]) {
-    let out = run(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    for n in needles {
-        assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use common::cli::{bin, corpus, refused, run, s};
 
 #[test]
 fn bad_inputs_are_named() {

@@ -6,25 +6,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::cli::{refused, run, s};
 use megatrain::data::{ChatTemplate, Sampling, load_tokens};
 use megatrain::run::{Encoder, evaluate, resolve_model_dir};
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::HfCheckpoint;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_megatrain"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn corpus(dir: &Path) -> PathBuf {
     let p = dir.join("corpus.txt");
@@ -34,17 +24,6 @@ fn corpus(dir: &Path) -> PathBuf {
     )
     .unwrap();
     p
-}
-
-/// Fails with a message that contains every `needle`, and never panics.
-fn refused(args: &[&str], needles: &[&str]) {
-    let out = run(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    for n in needles {
-        assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
-    }
 }
 
 fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {

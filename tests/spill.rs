@@ -7,9 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
+use common::cli::{bin, corpus};
 use megatrain::data::Batch;
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
@@ -153,16 +154,10 @@ fn spilled_run_equals_all_ram_run_bit_for_bit() {
 
 // ---- a full disk, through the binary --------------------------------------
 
-fn corpus(dir: &Path) -> PathBuf {
-    let p = dir.join("corpus.txt");
-    std::fs::write(&p, "O Romeo, Romeo! wherefore art thou Romeo?\n".repeat(40)).unwrap();
-    p
-}
-
 /// Runs `megatrain` with RLIMIT_FSIZE = `limit` bytes (and SIGXFSZ ignored,
 /// so writing past it fails with EFBIG instead of killing the process).
 fn megatrain_limited(args: &[&str], limit: Option<u64>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_megatrain"));
+    let mut cmd = bin();
     cmd.args(args);
     #[cfg(unix)]
     if let Some(limit) = limit {

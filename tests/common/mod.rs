@@ -1,7 +1,10 @@
 //! Setup shared by the top-level integration tests: the GPU context, the
-//! synthetic token streams, the small models and the streamed trainer.
+//! synthetic token streams, the small models and the streamed trainer;
+//! [`cli`]: the binary as the command-line tests run it.
 // Each test binary compiles this module on its own and uses a part of it.
 #![allow(dead_code)]
+
+pub mod cli;
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
