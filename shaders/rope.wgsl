@@ -1,10 +1,13 @@
 // Rotary embedding, half-split (`rotate_half`) layout. cos/sin come from a
-// host table computed in f64 ([T, D/2], offset already applied), because an
-// f32 angle pos·inv_freq loses ~1e-4 rad at positions in the thousands.
+// table the host computed in f64 ([positions, D/2], kept on the device),
+// because an f32 angle pos·inv_freq loses ~1e-4 rad at positions in the
+// thousands. The bound range starts at or before the sequence's first
+// position; tab_off is where that position's row starts in it.
 
 struct Params {
     n: u32, t: u32, h: u32, half: u32,
     x_off: u32, y_off: u32, row0: u32, sign: f32,
+    tab_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,8 +26,8 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let row = i / p.half;
     let j = i % p.half;
     let pos = ((p.row0 + row) / p.h) % p.t;
-    let c = COS[pos * p.half + j];
-    let s = SIN[pos * p.half + j] * p.sign;
+    let c = COS[p.tab_off + pos * p.half + j];
+    let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
     let d = 2u * p.half;
     let x1 = X[p.x_off + row * d + j];
     let x2 = X[p.x_off + row * d + j + p.half];

@@ -211,6 +211,72 @@ proptest! {
     }
 }
 
+/// RoPE's angle tables are built once per (θ, D) and grown when a call
+/// reaches past them: every call gives the CPU's rotation (on a fresh
+/// executor, so the first call builds), and a warm call records only its
+/// dispatch — no queue write, so nothing forces the pending batch out.
+#[test]
+fn rope_tables_are_kept_grown_and_shared() {
+    let Some(ctx) = ctx() else { return };
+    let c = cpu();
+    for g in [
+        GpuExecutor::new(ctx.clone()),
+        GpuExecutor::with_options(
+            ctx.clone(),
+            megatrain_gpu::GpuOptions {
+                max_binding_bytes: Some(4096),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let x = rand_host(3, &[2, 19, 3, 14]);
+        let y = rand_host(4, &[1, 19, 2, 8]);
+        let (gx, gy, cx, cy) = (up(&g, &x), up(&g, &y), cpu_up!(c, &x), cpu_up!(c, &y));
+        // Past the first table, back inside it, another θ, another D, far past.
+        for (offset, theta) in [(0, 1e4), (5000, 1e4), (3, 1e4), (7, 5e5), (40_000, 1e4)] {
+            let rope = Rope { theta, offset };
+            for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
+                assert_close(
+                    "rope",
+                    &down(&g, &g.rope(gt, rope).unwrap()),
+                    &down_cpu(&c, &c.rope(ct, rope).unwrap()),
+                    TOL_F32,
+                );
+                assert_close(
+                    "rope_backward",
+                    &down(&g, &g.rope_backward(gt, rope).unwrap()),
+                    &down_cpu(&c, &c.rope_backward(ct, rope).unwrap()),
+                    TOL_F32,
+                );
+            }
+        }
+        let rope = Rope {
+            theta: 1e4,
+            offset: 17,
+        };
+        let round = || g.rope_backward(&g.rope(&gx, rope).unwrap(), rope).unwrap();
+        // Warm: the pool has what a round needs beside the last result.
+        drop(round());
+        let mut back = round();
+        let before = g.host_work();
+        for _ in 0..4 {
+            back = round();
+        }
+        let work = g.host_work() - before;
+        assert_eq!(
+            (work.ops, work.op_submissions, work.device_allocations),
+            (8, 0, 0),
+            "{work:?}"
+        );
+        assert_close(
+            "rope round trip",
+            &down(&g, &back),
+            x.to_f32_vec().as_slice(),
+            1e-6,
+        );
+    }
+}
+
 #[test]
 fn bf16_upload_round_trips_with_odd_length() {
     let Some(g) = gpu() else { return };

@@ -16,6 +16,7 @@ mod matmul;
 mod matmul_epilogue;
 mod norm;
 mod record;
+mod rope;
 mod transport_impl;
 
 pub use attention::F16Attention;
@@ -129,6 +130,8 @@ pub struct GpuExecutor {
     bind_groups: BindGroupCache,
     transport_choice: crate::TransportChoice,
     transport: std::sync::Mutex<transport_impl::TransportState>,
+    /// RoPE's angle tables, built once per (θ, D).
+    rope_tables: rope::RopeTables,
 }
 
 struct Timestamps {
@@ -238,6 +241,7 @@ impl GpuExecutor {
             bind_groups: BindGroupCache::default(),
             transport_choice: opts.transport,
             transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts)),
+            rope_tables: Default::default(),
             ctx,
         }
     }

@@ -1,7 +1,6 @@
-//! RMSNorm, LayerNorm (alone or fused with the residual add before them)
-//! and rotary embedding.
+//! RMSNorm and LayerNorm, alone or fused with the residual add before them.
 
-use megatrain_tensor::{Error, NormGrads, NormOut, Result, Rope};
+use megatrain_tensor::{Error, NormGrads, NormOut, Result};
 
 use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
@@ -317,59 +316,5 @@ impl GpuExecutor {
         );
         op.keep(partial);
         Ok(())
-    }
-
-    pub(crate) fn rope_impl(&self, x: &GpuTensor, rope: Rope, sign: f32) -> Result<GpuTensor> {
-        let name = if sign > 0.0 { "rope" } else { "rope_backward" };
-        need_f32(name, x)?;
-        let d = x.dims();
-        if d.len() != 4 || !d[3].is_multiple_of(2) {
-            return Err(Error::shape(
-                name,
-                format!("x {} must be [B, T, H, D] with D even", x.shape),
-            ));
-        }
-        let (t, h, dim) = (d[1], d[2], d[3]);
-        let half = dim / 2;
-        // The angle table is built in f64 on the host: exact to f32 rounding.
-        let mut cos = Vec::with_capacity(t * half);
-        let mut sin = Vec::with_capacity(t * half);
-        for pos in 0..t {
-            let p = (rope.offset + pos) as f64;
-            for i in 0..half {
-                let inv = rope.theta.powf(-2.0 * i as f64 / dim as f64);
-                let (s, c) = (p * inv).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
-            }
-        }
-        let cos_t = self.upload_words(bytemuck::cast_slice(&cos))?;
-        let sin_t = self.upload_words(bytemuck::cast_slice(&sin))?;
-        let y = self.alloc_f32(x.shape.clone())?;
-        let rows = d[0] * t * h;
-        let (cv, sv) = (self.full(&cos_t)?, self.full(&sin_t)?);
-        let mut op = self.op(name);
-        for (r0, nr) in self.row_chunks(rows, &[dim])? {
-            let xv = self.view(x, r0 * dim, nr * dim)?;
-            let yv = self.view(&y, r0 * dim, nr * dim)?;
-            let params = [
-                u(nr * half),
-                u(t),
-                u(h),
-                u(half),
-                xv.elem_off,
-                yv.elem_off,
-                u(r0),
-                f(sign),
-            ];
-            op.dispatch(
-                Kernel::Rope,
-                &params,
-                &[xv, cv, sv, yv],
-                grid_for((nr * half).div_ceil(256)),
-            );
-        }
-        op.finish()?;
-        Ok(y)
     }
 }

@@ -5,19 +5,24 @@ use rayon::prelude::*;
 
 use crate::cpu::Real;
 
-/// `(cos, sin)` tables `[t, d/2]`. Angles are formed in f64 whatever `F` is,
-/// so the f32 reference differs from exact only by the final rounding.
-fn tables<F: Real>(t: usize, d: usize, theta: f64, offset: usize) -> (Vec<F>, Vec<F>) {
+/// `(cos, sin)` tables `[t, d/2]` of positions `offset..offset + t`: the
+/// angle of position p and pair i is p·θ^(−2i/d). Angles are formed in f64
+/// whatever `F` is, so the f32 reference differs from exact only by the
+/// final rounding (an f32 angle would lose ~1e-4 rad at positions in the
+/// thousands). The GPU executor builds its device tables with this too.
+pub fn rope_tables<F: Real>(t: usize, d: usize, theta: f64, offset: usize) -> (Vec<F>, Vec<F>) {
     let half = d / 2;
+    let inv_freq: Vec<f64> = (0..half)
+        .map(|i| theta.powf(-((2 * i) as f64) / d as f64))
+        .collect();
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
     for ti in 0..t {
         let pos = (offset + ti) as f64;
-        for i in 0..half {
-            let inv_freq = theta.powf(-((2 * i) as f64) / d as f64);
-            let angle = pos * inv_freq;
-            cos.push(F::from_f64(angle.cos()));
-            sin.push(F::from_f64(angle.sin()));
+        for &f in &inv_freq {
+            let (s, c) = (pos * f).sin_cos();
+            cos.push(F::from_f64(c));
+            sin.push(F::from_f64(s));
         }
     }
     (cos, sin)
@@ -36,7 +41,7 @@ pub fn rope<F: Real>(x: &[F], dims: [usize; 4], theta: f64, offset: usize, inver
         return y;
     }
     let half = d / 2;
-    let (cos, sin) = tables::<F>(t, d, theta, offset);
+    let (cos, sin) = rope_tables::<F>(t, d, theta, offset);
     y.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .enumerate()

@@ -1,0 +1,118 @@
+//! Rotary embedding, and the device tables of its angles.
+//!
+//! The cos/sin tables are built on the host in f64 (an f32 angle pos·θ^(−2i/D)
+//! loses ~1e-4 rad at positions in the thousands), with the CPU reference's
+//! own function, so both executors rotate by the same f32 values. They are
+//! built once per (θ, D) and kept on the device: a Qwen2.5-7B step at
+//! T = 1024 rotates 168 times, and rebuilding the table each time cost the
+//! recording thread 11 M `sin_cos` per step and two queue writes per call,
+//! each of which could force the pending batch onto the queue.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use megatrain_tensor::cpu::reference::rope_tables;
+use megatrain_tensor::{Error, Result, Rope};
+
+use super::{GpuExecutor, f, grid_for, need_f32, u};
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+/// Positions a new table covers at least: a training step's T is usually
+/// within it, and a generation growing one token at a time rebuilds only
+/// when it doubles past the end.
+const MIN_POSITIONS: usize = 256;
+
+/// The angle tables of one (θ, D): `[positions, D/2]` each, position 0 first.
+pub(crate) struct RopeTable {
+    positions: usize,
+    cos: GpuTensor,
+    sin: GpuTensor,
+}
+
+/// Tables by (θ's bits, D). A table that grows replaces the old one; an op
+/// still pending on the old buffer is safe because the pool hands it out
+/// again only through a queue write, which waits for pending ops on it.
+#[derive(Default)]
+pub(crate) struct RopeTables(Mutex<HashMap<(u64, usize), RopeTable>>);
+
+impl GpuExecutor {
+    /// The (θ, D) tables, cos and sin, covering at least positions
+    /// `0..end`; builds or grows them when they do not.
+    fn rope_table(&self, theta: f64, dim: usize, end: usize) -> Result<(GpuTensor, GpuTensor)> {
+        let mut map = self.rope_tables.0.lock().unwrap();
+        let key = (theta.to_bits(), dim);
+        if let Some(t) = map.get(&key).filter(|t| t.positions >= end) {
+            return Ok((t.cos.clone(), t.sin.clone()));
+        }
+        let have = map.get(&key).map_or(0, |t| t.positions);
+        let positions = end.max(2 * have).max(MIN_POSITIONS);
+        let (cos, sin) = rope_tables::<f32>(positions, dim, theta, 0);
+        let table = RopeTable {
+            positions,
+            cos: self.upload_words(bytemuck::cast_slice(&cos))?,
+            sin: self.upload_words(bytemuck::cast_slice(&sin))?,
+        };
+        let out = (table.cos.clone(), table.sin.clone());
+        map.insert(key, table);
+        Ok(out)
+    }
+
+    pub(crate) fn rope_impl(&self, x: &GpuTensor, rope: Rope, sign: f32) -> Result<GpuTensor> {
+        let name = if sign > 0.0 { "rope" } else { "rope_backward" };
+        need_f32(name, x)?;
+        let d = x.dims();
+        if d.len() != 4 || !d[3].is_multiple_of(2) {
+            return Err(Error::shape(
+                name,
+                format!("x {} must be [B, T, H, D] with D even", x.shape),
+            ));
+        }
+        let (t, h, dim) = (d[1], d[2], d[3]);
+        let half = dim / 2;
+        let y = self.alloc_f32(x.shape.clone())?;
+        let rows = d[0] * t * h;
+        if rows == 0 || half == 0 {
+            return Ok(y);
+        }
+        let end = rope.offset.checked_add(t).filter(|&e| u32::try_from(e).is_ok());
+        let end = end.ok_or_else(|| {
+            Error::shape(
+                name,
+                format!("positions {} + T = {t} pass the kernel's u32 range", rope.offset),
+            )
+        })?;
+        let (cos_t, sin_t) = self.rope_table(rope.theta, dim, end)?;
+        // Only the call's positions are bound: a table grown by a long
+        // generation may pass the storage-binding limit as a whole.
+        let (cv, sv) = (
+            self.view(&cos_t, rope.offset * half, t * half)?,
+            self.view(&sin_t, rope.offset * half, t * half)?,
+        );
+        debug_assert_eq!(cv.elem_off, sv.elem_off, "the two tables are laid out alike");
+        let mut op = self.op(name);
+        for (r0, nr) in self.row_chunks(rows, &[dim])? {
+            let xv = self.view(x, r0 * dim, nr * dim)?;
+            let yv = self.view(&y, r0 * dim, nr * dim)?;
+            let params = [
+                u(nr * half),
+                u(t),
+                u(h),
+                u(half),
+                xv.elem_off,
+                yv.elem_off,
+                u(r0),
+                f(sign),
+                cv.elem_off,
+            ];
+            op.dispatch(
+                Kernel::Rope,
+                &params,
+                &[xv, cv, sv, yv],
+                grid_for((nr * half).div_ceil(256)),
+            );
+        }
+        op.finish()?;
+        Ok(y)
+    }
+}
