@@ -161,7 +161,11 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
 }
 
 // Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
-// rows' rescaling factors into stat_s.
+// rows' rescaling factors into stat_s. Lane r owns row r of the subgroup's
+// 16 x BC block, whose rows are BC floats apart: at step k it reads column
+// (k + r) mod BC, so the 16 lanes' reads fall on 16 different banks (all
+// on one bank, 16-way serialised, when every lane read column k). Max and
+// sum do not care in which order the columns come.
 fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     if lane >= 16u {
         return;
@@ -171,14 +175,16 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let base = sg * 16u * BC + lane * BC;
     let f = up_s;
     var mx = m_run;
-    for (var c = 0u; c < BC; c++) {
+    for (var k = 0u; k < BC; k++) {
+        let c = (k + lane) % BC;
         if j0 + c <= row.pos {
             mx = max(mx, apply(s_s[base + c], f) * p.scale);
         }
     }
     let corr = exp(m_run - mx);
     var l = l_run * corr;
-    for (var c = 0u; c < BC; c++) {
+    for (var k = 0u; k < BC; k++) {
+        let c = (k + lane) % BC;
         var pr = 0.0;
         if j0 + c <= row.pos {
             pr = exp(apply(s_s[base + c], f) * p.scale - mx);
@@ -245,6 +251,14 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
     sm[DS_S + pi] = scaled(ds, down_ds);
 }
 
+// The column a lane takes at step k of a P/dS tile: two lanes a row (P and
+// dS are elementwise), half its columns each, rotated by the row as in
+// softmax_tile so that the 32 lanes read 32 different banks of s_s (rows
+// BC floats apart: one bank for all when every lane took column k).
+fn half_col(lane: u32, k: u32) -> u32 {
+    return lane / 16u * (BC / 2u) + (k + lane) % (BC / 2u);
+}
+
 //// dq
 @group(0) @binding(8) var<storage, read_write> dq_out: array<f32>;
 
@@ -273,13 +287,12 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
     }
 }
 
-// Two lanes a row, half its columns each (P and dS are elementwise).
 fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let rr = lane % 16u;
-    let c0 = lane / 16u * (BC / 2u);
     let r = sg * 16u + rr;
     let row = q_row(p0, np, g, r);
-    for (var c = c0; c < c0 + BC / 2u; c++) {
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
         p_ds(sg, rr, c, j0 + c <= row.pos, stat_s[r], stat_s[BR + r]);
     }
 }
@@ -330,9 +343,9 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
 // lanes a row, as in ds_tile_dq).
 fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
     let rr = lane % 16u;
-    let c0 = lane / 16u * (BC / 2u);
     let j = j0 + sg * 16u + rr;
-    for (var c = c0; c < c0 + BC / 2u; c++) {
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
         let i = i0 + c;
         p_ds(sg, rr, c, i >= j && i < p.t, stat_s[c], stat_s[BC + c]);
     }
