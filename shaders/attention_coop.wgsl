@@ -136,6 +136,14 @@ fn ds_exponent() -> i32 {
     return e_do + e_v + 16 + DLOG2;
 }
 
+// The column a lane takes at step k of its half of a 16 x BC tile in s_s
+// (two lanes a row, half its columns each), rotated by the row: the rows
+// are BC floats apart, so lanes all at column k would read one bank (each
+// read serialised 16 ways); rotated, the 32 lanes read 32 banks.
+fn half_col(lane: u32, k: u32) -> u32 {
+    return lane / 16u * (BC / 2u) + (k + lane) % (BC / 2u);
+}
+
 //// fwd
 @group(0) @binding(4) var<storage, read_write> o_out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_io: array<f32>;
@@ -143,7 +151,9 @@ fn ds_exponent() -> i32 {
 // O of the 16 x D rows of this lane's subgroup: element r of fragment f is
 // o[f·8 + r] (the accumulator layout of the emulation, used by both).
 var<private> o: array<f32, D / 2u>;
-// Running max and sum of row `lane` (lanes 0-15).
+// Lanes r and r + 16 share row r of the subgroup's 16, half its columns
+// each: the row's running max (the same in both) and this lane's half of
+// its running sum.
 var<private> m_run: f32;
 var<private> l_run: f32;
 
@@ -161,30 +171,33 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
 }
 
 // Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
-// rows' rescaling factors into stat_s. Lane r owns row r of the subgroup's
-// 16 x BC block, whose rows are BC floats apart: at step k it reads column
-// (k + r) mod BC, so the 16 lanes' reads fall on 16 different banks (all
-// on one bank, 16-way serialised, when every lane read column k). Max and
-// sum do not care in which order the columns come.
+// rows' rescaling factors into stat_s[BR..]. Each lane takes half a row
+// (half_col: the 32 lanes on 32 different banks, where one lane a row at
+// the same column put them all on one); the halves' maxima meet through
+// stat_s, whose slots update_o finished reading before the barrier ahead of
+// this tile's products. Called by every lane (it holds a barrier).
 fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
-    if lane >= 16u {
-        return;
-    }
-    let r = sg * 16u + lane;
+    let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
-    let base = sg * 16u * BC + lane * BC;
+    let base = sg * 16u * BC + (lane % 16u) * BC;
     let f = up_s;
-    var mx = m_run;
-    for (var k = 0u; k < BC; k++) {
-        let c = (k + lane) % BC;
+    let hi = lane >= 16u;
+    var pm = m_run;
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
         if j0 + c <= row.pos {
-            mx = max(mx, apply(s_s[base + c], f) * p.scale);
+            pm = max(pm, apply(s_s[base + c], f) * p.scale);
         }
     }
+    stat_s[select(r, BR + r, hi)] = pm;
+    workgroupBarrier();
+    // Each lane reads only its partner's slot, so the low lane may put the
+    // factor in the high lane's slot at once.
+    let mx = max(pm, stat_s[select(BR + r, r, hi)]);
     let corr = exp(m_run - mx);
     var l = l_run * corr;
-    for (var k = 0u; k < BC; k++) {
-        let c = (k + lane) % BC;
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
         var pr = 0.0;
         if j0 + c <= row.pos {
             pr = exp(apply(s_s[base + c], f) * p.scale - mx);
@@ -194,7 +207,9 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     }
     m_run = mx;
     l_run = l;
-    stat_s[r] = corr;
+    if !hi {
+        stat_s[BR + r] = corr;
+    }
 }
 
 // o = o·corr + the PV fragment df (in s_s at the subgroup's region).
@@ -202,20 +217,22 @@ fn update_o(sg: u32, lane: u32, df: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
         let i = df * 8u + r;
-        o[i] = o[i] * stat_s[sg * 16u + e / 16u] + s_s[sg * 16u * BC + e];
+        o[i] = o[i] * stat_s[BR + sg * 16u + e / 16u] + s_s[sg * 16u * BC + e];
     }
 }
 
+// The rows' sums are the two halves' (the tile loop ended on a barrier
+// after update_o's last read of stat_s).
 fn finish_fwd(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
+    let r = sg * 16u + lane % 16u;
+    stat_s[select(r, BR + r, lane >= 16u)] = l_run;
+    workgroupBarrier();
     if lane < 16u {
-        let r = sg * 16u + lane;
-        stat_s[BR + r] = l_run;
         let row = q_row(p0, np, g, r);
         if row.valid {
-            lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(l_run);
+            lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(stat_s[r] + stat_s[BR + r]);
         }
     }
-    workgroupBarrier();
     let f = pow2_steps(e_v);
     for (var df = 0u; df < D / 16u; df++) {
         for (var r = 0u; r < 8u; r++) {
@@ -224,7 +241,7 @@ fn finish_fwd(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
             let row = q_row(p0, np, g, rr);
             if row.valid {
                 let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
-                o_out[oi] = apply(o[df * 8u + r], f) / stat_s[BR + rr];
+                o_out[oi] = apply(o[df * 8u + r], f) / (stat_s[rr] + stat_s[BR + rr]);
             }
         }
     }
@@ -249,14 +266,6 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
     let pi = (sg * 16u + rr) * LDP + c;
     sm[P_S + pi] = to_half(pr);
     sm[DS_S + pi] = scaled(ds, down_ds);
-}
-
-// The column a lane takes at step k of a P/dS tile: two lanes a row (P and
-// dS are elementwise), half its columns each, rotated by the row as in
-// softmax_tile so that the 32 lanes read 32 different banks of s_s (rows
-// BC floats apart: one bank for all when every lane took column k).
-fn half_col(lane: u32, k: u32) -> u32 {
-    return lane / 16u * (BC / 2u) + (k + lane) % (BC / 2u);
 }
 
 //// dq
