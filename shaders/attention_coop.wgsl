@@ -212,12 +212,12 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     }
 }
 
-// o = o·corr + the PV fragment df (in s_s at the subgroup's region).
-fn update_o(sg: u32, lane: u32, df: u32) {
+// o = o·corr + the PV fragment df (block u of the subgroup's s_s region).
+fn update_o(sg: u32, lane: u32, df: u32, u: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
         let i = df * 8u + r;
-        o[i] = o[i] * stat_s[BR + sg * 16u + e / 16u] + s_s[sg * 16u * BC + e];
+        o[i] = o[i] * stat_s[BR + sg * 16u + e / 16u] + s_s[sg * 16u * BC + u * 256u + e];
     }
 }
 

@@ -67,6 +67,9 @@ impl CoopAttention {
 
     pub fn tile(&self) -> AttnTile {
         match (self.emulated, self.pass) {
+            // The forward's D = 64 at the hardware's BC, which fits 32 KiB
+            // in f32, so that its rounds of two O fragments run here too.
+            (true, AttnPass::Fwd) if self.d <= 64 => AttnTile { sg: 1, bc: 32 },
             (true, _) => AttnTile { sg: 1, bc: 16 },
             (false, AttnPass::Fwd) => AttnTile { sg: 4, bc: 32 },
             (false, _) => AttnTile { sg: 2, bc: 32 },
@@ -200,6 +203,7 @@ impl CoopAttention {
     fn main(&self) -> String {
         let g = Gen { emu: self.emulated };
         let nd = self.d / 16;
+        let nb = pv_blocks(self.tile().bc / 16, nd);
         let mut m = String::new();
         m.push_str(
             "\n@compute @workgroup_size(THREADS, 1, 1)\nfn main(\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(local_invocation_index) local_index: u32,\n) {\n",
@@ -257,19 +261,31 @@ impl CoopAttention {
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", "Q_S", "K_S", "jf", "ci", "cs");
                 m.push_str("        }\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
-                // O += P V, one 16 x 16 fragment of D at a time through s_s.
-                m.push_str("        for (var df = 0u; df < D / 16u; df++) {\n");
-                let _ = writeln!(m, "            acc = {};", g.zero());
+                // O += P V through s_s, whose region of the subgroup holds
+                // BC / 16 blocks of 16 x 16: NB fragments of D go out and
+                // come back per pair of barriers (NB divides D / 16).
+                let _ = writeln!(
+                    m,
+                    "        for (var d0 = 0u; d0 < D / 16u; d0 += {nb}u) {{\n            for (var u = 0u; u < {nb}u; u++) {{\n                let df = d0 + u;"
+                );
+                let _ = writeln!(m, "                acc = {};", g.zero());
                 product(
                     &mut m,
-                    "            ",
+                    "                ",
                     "acc",
                     ("P_S + sg * 16u * LDP", "16u", "ldp", true),
                     ("V_S + df * 16u", "16u * LDS", "lds", true),
                     "BC / 16u",
                 );
-                let _ = writeln!(m, "            {}", g.store("acc", "cs", "ld16"));
-                m.push_str("            workgroupBarrier();\n            update_o(sg, lane, df);\n            workgroupBarrier();\n        }\n    }\n");
+                let _ = writeln!(
+                    m,
+                    "                let co = cs + u * 256u;\n                {}",
+                    g.store("acc", "co", "ld16")
+                );
+                let _ = writeln!(
+                    m,
+                    "            }}\n            workgroupBarrier();\n            for (var u = 0u; u < {nb}u; u++) {{\n                update_o(sg, lane, d0 + u, u);\n            }}\n            workgroupBarrier();\n        }}\n    }}"
+                );
                 m.push_str("    finish_fwd(sg, lane, b, p0, np, g);\n");
             }
             AttnPass::Dq => {
@@ -394,6 +410,16 @@ impl Gen {
     }
 }
 
+/// Fragments of O the forward takes through s_s per pair of barriers: as
+/// many as the subgroup's region holds (`blocks`), cut to a divisor of the
+/// `fragments` of D so that every round is whole.
+fn pv_blocks(blocks: u32, fragments: u32) -> u32 {
+    (1..=blocks)
+        .rev()
+        .find(|b| fragments.is_multiple_of(*b))
+        .unwrap_or(1)
+}
+
 /// The text of `//// name` up to the next section of attention_coop.wgsl.
 fn section(name: &str) -> &'static str {
     let marker = format!("//// {name}\n");
@@ -429,6 +455,18 @@ mod tests {
             } else {
                 assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
             }
+        }
+    }
+
+    #[test]
+    fn pv_rounds_are_whole() {
+        // (blocks in the region, fragments of D) -> fragments per round.
+        for (blocks, frags, want) in [(2, 4, 2), (2, 5, 1), (2, 6, 2), (2, 8, 2), (1, 8, 1), (4, 6, 3)] {
+            assert_eq!(
+                pv_blocks(blocks, frags),
+                want,
+                "{blocks} blocks, {frags} fragments"
+            );
         }
     }
 
