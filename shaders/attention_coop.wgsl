@@ -38,9 +38,13 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_in: array<f32>;
-@group(0) @binding(2) var<storage, read> k_in: array<f32>;
-@group(0) @binding(3) var<storage, read> v_in: array<f32>;
+// The operands are read four elements at a time, along D (a multiple of
+// 16): the host runs these kernels only where each operand's element offset
+// is a multiple of 4 and its binding starts on 16 bytes, so every index
+// into these arrays is an element index divided by 4.
+@group(0) @binding(1) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_in: array<vec4<f32>>;
 
 const THREADS: u32 = SG * 32u;
 // Rows of the resident block: 16 per subgroup.
@@ -113,19 +117,30 @@ fn scaled(x: f32, s: Pow2Steps) -> half {
     return to_half(apply(x, s));
 }
 
+// Four elements scaled into f16's range and converted, to sm[at..at + 4].
+fn put4(at: u32, x: vec4<f32>, s: Pow2Steps) {
+    let h = to_half4(apply4(x, s));
+    sm[at] = h.x;
+    sm[at + 1u] = h.y;
+    sm[at + 2u] = h.z;
+    sm[at + 3u] = h.w;
+}
+
 // K and V rows j0.. (n of them) of kv head g into the tiles at kb and vb.
 fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32) {
-    for (var e = li; e < n * D; e += THREADS) {
-        let r = e / D;
-        let c = e % D;
+    for (var e = li; e < n * D / 4u; e += THREADS) {
+        let r = e / (D / 4u);
+        let c = e % (D / 4u) * 4u;
         let j = j0 + r;
-        var kv = vec2<f32>(0.0);
+        var k4 = vec4<f32>(0.0);
+        var v4 = vec4<f32>(0.0);
         if j < p.t {
             let i = kv_at(b, j, g, c);
-            kv = vec2<f32>(k_in[p.k_off + i], v_in[p.v_off + i]);
+            k4 = k_in[(p.k_off + i) / 4u];
+            v4 = v_in[(p.v_off + i) / 4u];
         }
-        sm[kb + r * LDS + c] = scaled(kv.x, down_k);
-        sm[vb + r * LDS + c] = scaled(kv.y, down_v);
+        put4(kb + r * LDS + c, k4, down_k);
+        put4(vb + r * LDS + c, v4, down_v);
     }
 }
 
@@ -158,15 +173,15 @@ var<private> m_run: f32;
 var<private> l_run: f32;
 
 fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
-    for (var e = li; e < BR * D; e += THREADS) {
-        let r = e / D;
-        let c = e % D;
+    for (var e = li; e < BR * D / 4u; e += THREADS) {
+        let r = e / (D / 4u);
+        let c = e % (D / 4u) * 4u;
         let row = q_row(p0, np, g, r);
-        var x = 0.0;
+        var x = vec4<f32>(0.0);
         if row.valid {
-            x = q_in[p.q_off + q_at(b, row.pos, row.head, c)];
+            x = q_in[(p.q_off + q_at(b, row.pos, row.head, c)) / 4u];
         }
-        sm[Q_S + r * LDS + c] = scaled(x, down_q);
+        put4(Q_S + r * LDS + c, x, down_q);
     }
 }
 
@@ -249,7 +264,7 @@ fn finish_fwd(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
 
 //// bwd
 @group(0) @binding(6) var<storage, read> lse_in: array<f32>;
-@group(0) @binding(7) var<storage, read> do_in: array<f32>;
+@group(0) @binding(7) var<storage, read> do_in: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read> dd_in: array<f32>;
 
 // P and dS of one tile, f16: P at P_S and dS·2^-ds_exponent() at DS_S, row
@@ -272,17 +287,19 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
 @group(0) @binding(8) var<storage, read_write> dq_out: array<f32>;
 
 fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
-    for (var e = li; e < BR * D; e += THREADS) {
-        let r = e / D;
-        let c = e % D;
+    for (var e = li; e < BR * D / 4u; e += THREADS) {
+        let r = e / (D / 4u);
+        let c = e % (D / 4u) * 4u;
         let row = q_row(p0, np, g, r);
-        var x = vec2<f32>(0.0);
+        var q4 = vec4<f32>(0.0);
+        var do4 = vec4<f32>(0.0);
         if row.valid {
             let i = q_at(b, row.pos, row.head, c);
-            x = vec2<f32>(q_in[p.q_off + i], do_in[p.do_off + i]);
+            q4 = q_in[(p.q_off + i) / 4u];
+            do4 = do_in[(p.do_off + i) / 4u];
         }
-        sm[Q_S + r * LDS + c] = scaled(x.x, down_q);
-        sm[DO_S + r * LDS + c] = scaled(x.y, down_do);
+        put4(Q_S + r * LDS + c, q4, down_q);
+        put4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BR {
         let row = q_row(p0, np, g, li);
@@ -324,17 +341,19 @@ fn store_dq(sg: u32, lane: u32, df: u32, b: u32, p0: u32, np: u32, g: u32) {
 
 // Query rows i0.. (BC of them) of head h, with their lse and delta.
 fn stage_q_tile(b: u32, i0: u32, h: u32) {
-    for (var e = li; e < BC * D; e += THREADS) {
-        let r = e / D;
-        let c = e % D;
+    for (var e = li; e < BC * D / 4u; e += THREADS) {
+        let r = e / (D / 4u);
+        let c = e % (D / 4u) * 4u;
         let i = i0 + r;
-        var x = vec2<f32>(0.0);
+        var q4 = vec4<f32>(0.0);
+        var do4 = vec4<f32>(0.0);
         if i < p.t {
             let qi = q_at(b, i, h, c);
-            x = vec2<f32>(q_in[p.q_off + qi], do_in[p.do_off + qi]);
+            q4 = q_in[(p.q_off + qi) / 4u];
+            do4 = do_in[(p.do_off + qi) / 4u];
         }
-        sm[Q_S + r * LDS + c] = scaled(x.x, down_q);
-        sm[DO_S + r * LDS + c] = scaled(x.y, down_do);
+        put4(Q_S + r * LDS + c, q4, down_q);
+        put4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BC {
         let i = i0 + li;

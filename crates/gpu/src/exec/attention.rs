@@ -231,6 +231,7 @@ impl GpuExecutor {
                 let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta];
                 op.dispatch(Kernel::AttnDkv, &params, &views, [rows, d.hkv as u32, nb as u32]);
             }
+            Ok(())
         })
     }
 
@@ -243,7 +244,7 @@ impl GpuExecutor {
         d: &Dims,
         [q, k, v, dout]: [&GpuTensor; 4],
         fwd: &AttentionOut<GpuTensor>,
-        mut each: impl FnMut(&mut Op<'_>, usize, &BwdViews<'_>),
+        mut each: impl FnMut(&mut Op<'_>, usize, &BwdViews<'_>) -> Result<()>,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let dq = self.alloc_f32(q.shape.clone())?;
         let dk = self.alloc_f32(k.shape.clone())?;
@@ -272,7 +273,7 @@ impl GpuExecutor {
                 &[c.o, c.dout, c.delta],
                 [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32],
             );
-            each(&mut op, nb, &c);
+            each(&mut op, nb, &c)?;
         }
         op.finish()?;
         Ok(AttentionGrads { dq, dk, dv })

@@ -6,7 +6,7 @@
 use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
 
 use super::attention::{Dims, F16Attention};
-use super::{GpuExecutor, f, grid_for, u};
+use super::{GpuExecutor, View, f, grid_for, u};
 use crate::coop_attention::{AttnPass, CoopAttention};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
@@ -158,6 +158,7 @@ impl GpuExecutor {
             let vv = self.view(v, b0 * ke, nb * ke)?;
             let ov = self.view(&out, b0 * qe, nb * qe)?;
             let lv = self.view(&lse, b0 * le, nb * le)?;
+            vec4_ready(name, &[("q", &qv), ("k", &kv), ("v", &vv)])?;
             let offs = [
                 qv.elem_off,
                 kv.elem_off,
@@ -191,6 +192,7 @@ impl GpuExecutor {
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
         let sv = self.full(maxima)?;
         self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
+            vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout)])?;
             let offs = [
                 c.q.elem_off,
                 c.k.elem_off,
@@ -216,8 +218,28 @@ impl GpuExecutor {
                 &[c.q, c.k, c.v, sv, c.lse, c.dout, c.dk, c.dv, c.delta],
                 Self::coop_grid(&vdkv, d, nb),
             );
+            Ok(())
         })
     }
+}
+
+/// The tensor-core kernels read q, k, v and dO as vec4s: each binding must
+/// start on 16 bytes and each element offset be a multiple of 4. It holds by
+/// construction (D is a multiple of 16, batch chunks start on whole rows,
+/// bindings on the storage offset alignment); this says so where it fails.
+fn vec4_ready(name: &'static str, views: &[(&str, &View<'_>)]) -> Result<()> {
+    for (what, v) in views {
+        if v.offset % 16 != 0 || v.elem_off % 4 != 0 {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{what} is bound at byte {} + element {}; the tensor-core kernels need 16-byte vectors",
+                    v.offset, v.elem_off
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
