@@ -30,9 +30,11 @@ pub(crate) struct RopeTable {
     sin: GpuTensor,
 }
 
-/// Tables by (θ's bits, D). A table that grows replaces the old one; an op
-/// still pending on the old buffer is safe because the pool hands it out
-/// again only through a queue write, which waits for pending ops on it.
+/// Tables by (θ's bits, D). A table that grows replaces the old one, whose
+/// buffer goes back to the pool while an op may still be pending on it;
+/// that is safe as for any temporary: a later op that writes it comes after
+/// in queue order, and a queue write into it first submits the pending
+/// batch (`batch.rs`).
 #[derive(Default)]
 pub(crate) struct RopeTables(Mutex<HashMap<(u64, usize), RopeTable>>);
 
