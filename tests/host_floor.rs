@@ -8,7 +8,7 @@
 mod common;
 
 use megatrain::trainer::{Trainer, TrainerConfig};
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, HostWork, TransportChoice};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, HostWork, SubmitStats, TransportChoice};
 use megatrain_tensor::{ComputePrecision, Executor};
 use megatrain_tier::TransportDType;
 use megatrain_zoo::{ModelConfig, default_chunk_rows, preset};
@@ -63,7 +63,7 @@ fn per_step(c: &Case, warm: u64, steps: u64) -> Vec<HostWork> {
         .collect()
 }
 
-fn cases() -> Vec<(Case, HostWork)> {
+fn cases() -> Vec<(Case, SubmitStats)> {
     let nano = |precision, transport| Case {
         name: "gpt2-nano, the main job's shape",
         model: preset("gpt2-nano", Some(65)).unwrap(),
@@ -83,14 +83,13 @@ fn cases() -> Vec<(Case, HostWork)> {
         op_submissions,
         transfer_submissions,
         waits,
-    ]: [u64; 6]| HostWork {
+    ]: [u64; 6]| SubmitStats {
         ops,
         dispatches,
         passes,
         op_submissions,
         transfer_submissions,
         waits,
-        ..HostWork::default()
     };
     vec![
         (
@@ -138,17 +137,18 @@ fn warm_steps_stay_within_the_host_work_budget() {
             (0, 0, 0),
             "{what}: (bind groups, device buffers, transport buffers) made per warm step"
         );
+        let w = s.submit;
         let over: Vec<String> = [
-            ("ops", s.ops, budget.ops),
-            ("dispatches", s.dispatches, budget.dispatches),
-            ("compute passes", s.passes, budget.passes),
-            ("op submissions", s.op_submissions, budget.op_submissions),
+            ("ops", w.ops, budget.ops),
+            ("dispatches", w.dispatches, budget.dispatches),
+            ("compute passes", w.passes, budget.passes),
+            ("op submissions", w.op_submissions, budget.op_submissions),
             (
                 "transfer submissions",
-                s.transfer_submissions,
+                w.transfer_submissions,
                 budget.transfer_submissions,
             ),
-            ("waits", s.waits, budget.waits),
+            ("waits", w.waits, budget.waits),
         ]
         .into_iter()
         .filter(|(_, got, max)| got > max)

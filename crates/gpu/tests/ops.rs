@@ -267,7 +267,11 @@ fn rope_tables_are_kept_grown_and_shared() {
         }
         let work = g.host_work() - before;
         assert_eq!(
-            (work.ops, work.op_submissions, work.device_allocations),
+            (
+                work.submit.ops,
+                work.submit.op_submissions,
+                work.device_allocations
+            ),
             (8, 0, 0),
             "{work:?}"
         );

@@ -106,12 +106,12 @@ impl StepCounters {
         let d = |x: u64| x as f64 / n;
         StepCounters {
             cpu_ms: (b.cpu_ms - a.cpu_ms) / n,
-            ops: d(w.ops),
-            dispatches: d(w.dispatches),
-            passes: d(w.passes),
-            op_submissions: d(w.op_submissions),
-            transfer_submissions: d(w.transfer_submissions),
-            waits: d(w.waits),
+            ops: d(w.submit.ops),
+            dispatches: d(w.submit.dispatches),
+            passes: d(w.submit.passes),
+            op_submissions: d(w.submit.op_submissions),
+            transfer_submissions: d(w.submit.transfer_submissions),
+            waits: d(w.submit.waits),
             bind_groups_made: d(w.bind_groups_made),
             device_allocations: d(w.device_allocations),
             host_buffers_created: d(w.host_buffers_made),

@@ -71,6 +71,22 @@ pub struct SubmitStats {
     pub waits: u64,
 }
 
+impl std::ops::Sub for SubmitStats {
+    type Output = SubmitStats;
+
+    /// The counts between two snapshots.
+    fn sub(self, b: SubmitStats) -> SubmitStats {
+        SubmitStats {
+            ops: self.ops - b.ops,
+            dispatches: self.dispatches - b.dispatches,
+            passes: self.passes - b.passes,
+            op_submissions: self.op_submissions - b.op_submissions,
+            transfer_submissions: self.transfer_submissions - b.transfer_submissions,
+            waits: self.waits - b.waits,
+        }
+    }
+}
+
 /// The pending batch, the uniform buffer its parameter blocks go to, and
 /// the only way onto the queue.
 pub(crate) struct Submitter {

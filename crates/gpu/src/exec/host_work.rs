@@ -1,20 +1,14 @@
 //! Everything the executor counts of the host's work, in one snapshot: what
 //! `bench-throughput` reports per step and `tests/host_floor.rs` bounds.
 
-use super::GpuExecutor;
+use super::{GpuExecutor, SubmitStats};
 
 /// Counters since the executor was made; the difference of two snapshots
 /// is the work between them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct HostWork {
-    pub ops: u64,
-    /// Compute dispatches, and the compute passes holding them.
-    pub dispatches: u64,
-    pub passes: u64,
-    pub op_submissions: u64,
-    pub transfer_submissions: u64,
-    /// Times the host waited for the device (polls that wait, buffer maps).
-    pub waits: u64,
+    /// Ops, dispatches, passes, submissions and waits.
+    pub submit: SubmitStats,
     pub bind_groups_made: u64,
     pub device_allocations: u64,
     /// Staging and readback buffers the transports made.
@@ -28,12 +22,7 @@ impl std::ops::Sub for HostWork {
 
     fn sub(self, b: HostWork) -> HostWork {
         HostWork {
-            ops: self.ops - b.ops,
-            dispatches: self.dispatches - b.dispatches,
-            passes: self.passes - b.passes,
-            op_submissions: self.op_submissions - b.op_submissions,
-            transfer_submissions: self.transfer_submissions - b.transfer_submissions,
-            waits: self.waits - b.waits,
+            submit: self.submit - b.submit,
             bind_groups_made: self.bind_groups_made - b.bind_groups_made,
             device_allocations: self.device_allocations - b.device_allocations,
             host_buffers_made: self.host_buffers_made - b.host_buffers_made,
@@ -45,15 +34,9 @@ impl std::ops::Sub for HostWork {
 
 impl GpuExecutor {
     pub fn host_work(&self) -> HostWork {
-        let s = self.submit_stats();
         let t = self.transport_stats();
         HostWork {
-            ops: s.ops,
-            dispatches: s.dispatches,
-            passes: s.passes,
-            op_submissions: s.op_submissions,
-            transfer_submissions: s.transfer_submissions,
-            waits: s.waits,
+            submit: self.submit_stats(),
             bind_groups_made: self.bind_group_stats().made,
             device_allocations: self.memory().allocations,
             host_buffers_made: t.buffers_created,
