@@ -7,37 +7,10 @@
 
 mod common;
 
-use common::spirv::{compile, instructions};
-use megatrain_gpu::{CoopAttention, CoopMatmul, Kernel};
-use naga::valid::Capabilities;
-
-/// What the device offers the kernels (the tensor-core ones included).
-const CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
-    .union(Capabilities::SHADER_FLOAT16)
-    .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
-    .union(Capabilities::SUBGROUP);
+use common::spirv::{DEVICE_CAPS, compile, every_kernel, instructions};
 
 fn spirv(src: &str, entry: &str, checked: bool) -> Result<Vec<u32>, String> {
-    compile(src, entry, CAPS, checked)
-}
-
-fn every_kernel() -> Vec<(String, String, &'static str)> {
-    let mut all: Vec<(String, String, &'static str)> = Kernel::all()
-        .into_iter()
-        .map(|k| {
-            let s = k.spec();
-            (format!("{k:?}"), s.source, s.entry)
-        })
-        .collect();
-    for v in CoopMatmul::all() {
-        let s = Kernel::MatmulCoop(v).spec();
-        all.push((v.label(), s.source, s.entry));
-    }
-    for v in CoopAttention::all() {
-        let s = Kernel::AttnCoop(v).spec();
-        all.push((v.label(), s.source, s.entry));
-    }
-    all
+    compile(src, entry, DEVICE_CAPS, checked)
 }
 
 /// Every kernel compiles without the checks, and the checks are code in

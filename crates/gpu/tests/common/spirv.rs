@@ -5,8 +5,15 @@
 //! a Vulkan 1.3 device with robustBufferAccess2 (NVIDIA's drivers), with or
 //! without the runtime checks (`Kernel::UNCHECKED`).
 
+use megatrain_gpu::{CoopAttention, CoopMatmul, Kernel};
 use naga::back::spv;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+/// What a device with tensor cores offers the kernels.
+pub const DEVICE_CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
+    .union(Capabilities::SHADER_FLOAT16)
+    .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
+    .union(Capabilities::SUBGROUP);
 
 /// naga's SPIR-V options, checked or not.
 pub fn options(checked: bool) -> spv::Options<'static> {
@@ -57,4 +64,25 @@ pub fn instructions(words: &[u32]) -> usize {
         n += 1;
     }
     n
+}
+
+/// Every kernel the executor can build, as (label, WGSL, entry point): the
+/// registry's kernels and each tensor-core variant, emulated ones included.
+pub fn every_kernel() -> Vec<(String, String, &'static str)> {
+    let mut all: Vec<(String, String, &'static str)> = Kernel::all()
+        .into_iter()
+        .map(|k| {
+            let s = k.spec();
+            (format!("{k:?}"), s.source, s.entry)
+        })
+        .collect();
+    for v in CoopMatmul::all() {
+        let s = Kernel::MatmulCoop(v).spec();
+        all.push((v.label(), s.source, s.entry));
+    }
+    for v in CoopAttention::all() {
+        let s = Kernel::AttnCoop(v).spec();
+        all.push((v.label(), s.source, s.entry));
+    }
+    all
 }
