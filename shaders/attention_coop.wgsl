@@ -17,8 +17,10 @@
 //   by position, so the group shares every K/V tile) stays in workgroup
 //   memory; K/V tiles of BC keys stream through it, S = QKᵀ per subgroup
 //   goes through workgroup memory for the online softmax (f32), P is
-//   rounded to f16 and O += PV lands in per-lane f32 registers, rescaled
-//   row by row; tiles past the block's last position are never loaded.
+//   rounded to f16 and O += PV accumulates in cooperative accumulators
+//   (Q's fragments are loaded once, P's once per tile), rescaled through
+//   workgroup memory only when a row's max rises by more than RAISE; tiles
+//   past the block's last position are never loaded.
 // - dq: the same blocks with dO; per K/V tile S and dP = dO·Vᵀ, P from the
 //   saved lse, dS = P∘(dP − delta) rounded to f16 under the power of two
 //   that bounds it, dQ += dS·K in cooperative accumulators.
@@ -163,14 +165,25 @@ fn half_col(lane: u32, k: u32) -> u32 {
 @group(0) @binding(4) var<storage, read_write> o_out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_io: array<f32>;
 
-// O of the 16 x D rows of this lane's subgroup: element r of fragment f is
-// o[f·8 + r] (the accumulator layout of the emulation, used by both).
-var<private> o: array<f32, D / 2u>;
+// O stays in cooperative accumulators for the whole key loop (generated
+// code: o0, o1, ...), which cannot be scaled row by row. So a row's running
+// max is raised only when a tile's scores pass it by more than RAISE (e^RAISE
+// = 256: P ≤ 256 is still exact to f16's relative precision, and the sums
+// are f32), and only then do the accumulators go through s_s to be
+// rescaled; the max a row ends on is any bound of its scores within RAISE,
+// which changes the sums' rounding, not their value. Until a row's first
+// scores it holds -3e38, and its first raise needs no rescaling (O and the
+// sum are still 0).
+const RAISE: f32 = 5.545177;
+const NO_MAX: f32 = -3.0e38;
+
 // Lanes r and r + 16 share row r of the subgroup's 16, half its columns
 // each: the row's running max (the same in both) and this lane's half of
 // its running sum.
 var<private> m_run: f32;
 var<private> l_run: f32;
+// Set by any row whose max was raised past an earlier one in this tile.
+var<workgroup> rescale: atomic<u32>;
 
 fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
     for (var e = li; e < BR * D / 4u; e += THREADS) {
@@ -186,11 +199,12 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
 }
 
 // Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
-// rows' rescaling factors into stat_s[BR..]. Each lane takes half a row
-// (half_col: the 32 lanes on 32 different banks, where one lane a row at
-// the same column put them all on one); the halves' maxima meet through
-// stat_s, whose slots update_o finished reading before the barrier ahead of
-// this tile's products. Called by every lane (it holds a barrier).
+// rows' rescaling factors into stat_s[BR..], `rescale` set where one is not
+// 1 for a row that had a max. Each lane takes half a row (half_col: the 32
+// lanes on 32 different banks, where one lane a row at the same column put
+// them all on one); the halves' maxima meet through stat_s, whose factors
+// from the last tile were read before the barriers ahead of this tile's
+// products. Called by every lane (it holds a barrier).
 fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
@@ -209,55 +223,69 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     // Each lane reads only its partner's slot, so the low lane may put the
     // factor in the high lane's slot at once.
     let mx = max(pm, stat_s[select(BR + r, r, hi)]);
-    let corr = exp(m_run - mx);
+    var m = m_run;
+    if mx > m_run + RAISE {
+        m = mx;
+    }
+    let corr = exp(m_run - m);
     var l = l_run * corr;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         var pr = 0.0;
         if j0 + c <= row.pos {
-            pr = exp(apply(s_s[base + c], f) * p.scale - mx);
+            pr = exp(apply(s_s[base + c], f) * p.scale - m);
         }
         l += pr;
         sm[P_S + r * LDP + c] = to_half(pr);
     }
-    m_run = mx;
-    l_run = l;
     if !hi {
         stat_s[BR + r] = corr;
+        if m != m_run && m_run != NO_MAX {
+            atomicStore(&rescale, 1u);
+        }
     }
+    m_run = m;
+    l_run = l;
 }
 
-// o = o·corr + the PV fragment df (block u of the subgroup's s_s region).
-fn update_o(sg: u32, lane: u32, df: u32, u: u32) {
+// Block u of the subgroup's s_s region (an accumulator on its way through)
+// scaled row by row by the tile's factors.
+fn rescale_rows(sg: u32, lane: u32, u: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
-        let i = df * 8u + r;
-        o[i] = o[i] * stat_s[BR + sg * 16u + e / 16u] + s_s[sg * 16u * BC + u * 256u + e];
+        let i = sg * 16u * BC + u * 256u + e;
+        s_s[i] = s_s[i] * stat_s[BR + sg * 16u + e / 16u];
     }
 }
 
-// The rows' sums are the two halves' (the tile loop ended on a barrier
-// after update_o's last read of stat_s).
-fn finish_fwd(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
+// The rows' sums (the two halves') into stat_s[..BR], and lse out. The
+// tile loop ended after the products, which read no statistics; write_o
+// reads the sums after the barrier that follows O's way into s_s.
+fn finish_sums(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     stat_s[select(r, BR + r, lane >= 16u)] = l_run;
     workgroupBarrier();
     if lane < 16u {
         let row = q_row(p0, np, g, r);
+        let l = stat_s[r] + stat_s[BR + r];
         if row.valid {
-            lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(stat_s[r] + stat_s[BR + r]);
+            lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(l);
         }
+        stat_s[r] = l;
     }
+}
+
+// Fragment df of O, block u of the subgroup's s_s region, out divided by
+// its rows' sums.
+fn write_o(sg: u32, lane: u32, df: u32, u: u32, b: u32, p0: u32, np: u32, g: u32) {
     let f = pow2_steps(e_v);
-    for (var df = 0u; df < D / 16u; df++) {
-        for (var r = 0u; r < 8u; r++) {
-            let e = r * 32u + lane;
-            let rr = sg * 16u + e / 16u;
-            let row = q_row(p0, np, g, rr);
-            if row.valid {
-                let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
-                o_out[oi] = apply(o[df * 8u + r], f) / (stat_s[rr] + stat_s[BR + rr]);
-            }
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let rr = sg * 16u + e / 16u;
+        let row = q_row(p0, np, g, rr);
+        if row.valid {
+            let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
+            o_out[oi] = apply(s_s[sg * 16u * BC + u * 256u + e], f) / stat_s[rr];
         }
     }
 }

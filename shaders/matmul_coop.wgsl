@@ -326,6 +326,15 @@ fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
     return out;
 }
 
+fn emu_load_t(base: u32, stride: u32, lane: u32) -> array<f32, 8> {
+    var c: array<f32, 8>;
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        c[r] = EMU_OUT[base + (e / 16u) * stride + e % 16u];
+    }
+    return c;
+}
+
 fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;

@@ -212,100 +212,47 @@ impl CoopAttention {
             "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    init_steps();\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let cs = sg * 16u * BC;\n",
         );
         let _ = writeln!(m, "    var acc = {};", g.zero());
-        // acc = Σ_k A(16 x 16 at a + k·a_step) · B(16 x 16 at b + k·b_step)
-        // over `n` steps, both as the given orientations.
-        let product = |m: &mut String,
-                       indent: &str,
-                       acc: &str,
-                       a: (&str, &str, &str, bool),
-                       b: (&str, &str, &str, bool),
-                       n: &str| {
-            let _ = writeln!(m, "{indent}for (var kk = 0u; kk < {n}; kk++) {{");
-            let _ = writeln!(m, "{indent}    let ia = {} + kk * {};", a.0, a.1);
-            let _ = writeln!(m, "{indent}    let fa = {};", g.load("A", "ia", a.2, a.3));
-            let _ = writeln!(m, "{indent}    let ib = {} + kk * {};", b.0, b.1);
-            let _ = writeln!(m, "{indent}    let fb = {};", g.load("B", "ib", b.2, b.3));
-            let _ = writeln!(m, "{indent}    {acc} = {};", g.mma("fa", "fb", acc));
-            let _ = writeln!(m, "{indent}}}");
-        };
-        // One 16 x 16 block of scores: acc = R·Cᵀ over D, R the subgroup's
-        // 16 rows of the tile at `rows`, C the 16 rows of the tile at
-        // `cols` that fragment `f` picks, stored to the workgroup scratch at
-        // `at + f·16` (named `name` in the shader).
-        let score = |m: &mut String, indent: &str, rows: &str, cols: &str, f: &str, name: &str, at: &str| {
-            let (a, b) = (
-                format!("{rows} + sg * 16u * LDS"),
-                format!("{cols} + {f} * 16u * LDS"),
-            );
-            let at = format!("{at} + {f} * 16u");
-            let _ = writeln!(m, "{indent}acc = {};", g.zero());
-            product(
-                m,
-                indent,
-                "acc",
-                (&a, "16u", "lds", true),
-                (&b, "16u", "lds", false),
-                "D / 16u",
-            );
-            let _ = writeln!(
-                m,
-                "{indent}let {name} = {at};\n{indent}{}",
-                g.store("acc", name, "ldc")
-            );
-        };
+        let kf = self.tile().bc / 16;
+        // acc = the 16 x 16 scores of R·Cᵀ over D: R the fragments `rows`
+        // (loaded once), C the 16 rows of the tile at `cols` that `f`
+        // picks; stored to the workgroup scratch at `at + f·16` (named
+        // `name` in the shader).
+        let score =
+            |m: &mut String, indent: &str, rows: &Frags, cols: &str, f: &str, name: &str, at: &str| {
+                let _ = writeln!(m, "{indent}acc = {};", g.zero());
+                let b = format!("{cols} + {f} * 16u * LDS");
+                product(m, &g, indent, "acc", rows, (&b, "16u", "lds", false), nd);
+                let _ = writeln!(
+                    m,
+                    "{indent}let {name} = {at} + {f} * 16u;\n{indent}{}",
+                    g.store("acc", name, "ldc")
+                );
+            };
         match self.pass {
-            AttnPass::Fwd => {
-                m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    m_run = -3.0e38;\n    l_run = 0.0;\n    stage_q(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n");
-                m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
-                // S = Q Kᵀ, 16 x BC per subgroup, into s_s.
-                m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
-                score(&mut m, "            ", "Q_S", "K_S", "jf", "ci", "cs");
-                m.push_str("        }\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
-                // O += P V through s_s, whose region of the subgroup holds
-                // BC / 16 blocks of 16 x 16: NB fragments of D go out and
-                // come back per pair of barriers (NB divides D / 16).
-                let _ = writeln!(
-                    m,
-                    "        for (var d0 = 0u; d0 < D / 16u; d0 += {nb}u) {{\n            for (var u = 0u; u < {nb}u; u++) {{\n                let df = d0 + u;"
-                );
-                let _ = writeln!(m, "                acc = {};", g.zero());
-                product(
-                    &mut m,
-                    "                ",
-                    "acc",
-                    ("P_S + sg * 16u * LDP", "16u", "ldp", true),
-                    ("V_S + df * 16u", "16u * LDS", "lds", true),
-                    "BC / 16u",
-                );
-                let _ = writeln!(
-                    m,
-                    "                let co = cs + u * 256u;\n                {}",
-                    g.store("acc", "co", "ld16")
-                );
-                let _ = writeln!(
-                    m,
-                    "            }}\n            workgroupBarrier();\n            for (var u = 0u; u < {nb}u; u++) {{\n                update_o(sg, lane, d0 + u, u);\n            }}\n            workgroupBarrier();\n        }}\n    }}"
-                );
-                m.push_str("    finish_fwd(sg, lane, b, p0, np, g);\n");
-            }
+            AttnPass::Fwd => self.forward(&mut m, &g, nd, nb),
             AttnPass::Dq => {
                 for f in 0..nd {
                     let _ = writeln!(m, "    var dq{f} = {};", g.zero());
                 }
-                m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    stage_q_do(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n");
+                m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    stage_q_do(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n    workgroupBarrier();\n");
+                fragments(&mut m, &g, "    ", &Q_ROWS, nd);
+                fragments(&mut m, &g, "    ", &DO_ROWS, nd);
                 m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
-                score(&mut m, "            ", "Q_S", "K_S", "jf", "ci", "cs");
-                score(&mut m, "            ", "DO_S", "V_S", "jf", "ct", "SCR + cs");
+                score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
+                score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
                 m.push_str("        }\n        workgroupBarrier();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
+                fragments(&mut m, &g, "        ", &DS_ROWS, kf);
                 for f in 0..nd {
+                    let b = format!("K_S + {}u", 16 * f);
                     product(
                         &mut m,
+                        &g,
                         "        ",
                         &format!("dq{f}"),
-                        ("DS_S + sg * 16u * LDP", "16u", "ldp", true),
-                        (&format!("K_S + {}u", 16 * f), "16u * LDS", "lds", true),
-                        "BC / 16u",
+                        &DS_ROWS,
+                        (&b, "16u * LDS", "lds", true),
+                        kf,
                     );
                 }
                 m.push_str("    }\n");
@@ -327,26 +274,43 @@ impl CoopAttention {
                 }
                 m.push_str("    let j0 = wid.x * BR;\n    stage_kv(K_S, V_S, b, j0, g, BR);\n");
                 m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < p.t; i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
+                // K's and V's fragments are loaded per tile: in registers
+                // beside the 2·D/16 accumulators they would spill.
                 m.push_str("            for (var qf = 0u; qf < BC / 16u; qf++) {\n");
-                score(&mut m, "                ", "K_S", "Q_S", "qf", "ci", "cs");
-                score(&mut m, "                ", "V_S", "DO_S", "qf", "ct", "SCR + cs");
+                fragments(&mut m, &g, "                ", &K_ROWS, nd);
+                score(&mut m, "                ", &K_ROWS, "Q_S", "qf", "ci", "cs");
+                fragments(&mut m, &g, "                ", &V_ROWS, nd);
+                score(
+                    &mut m,
+                    "                ",
+                    &V_ROWS,
+                    "DO_S",
+                    "qf",
+                    "ct",
+                    "SCR + cs",
+                );
                 m.push_str("            }\n            workgroupBarrier();\n            ds_tile_dkv(sg, lane, j0, i0);\n            workgroupBarrier();\n");
+                fragments(&mut m, &g, "            ", &P_ROWS, kf);
+                fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {
+                    let (bv, bk) = (format!("DO_S + {}u", 16 * f), format!("Q_S + {}u", 16 * f));
                     product(
                         &mut m,
+                        &g,
                         "            ",
                         &format!("dv{f}"),
-                        ("P_S + sg * 16u * LDP", "16u", "ldp", true),
-                        (&format!("DO_S + {}u", 16 * f), "16u * LDS", "lds", true),
-                        "BC / 16u",
+                        &P_ROWS,
+                        (&bv, "16u * LDS", "lds", true),
+                        kf,
                     );
                     product(
                         &mut m,
+                        &g,
                         "            ",
                         &format!("dk{f}"),
-                        ("DS_S + sg * 16u * LDP", "16u", "ldp", true),
-                        (&format!("Q_S + {}u", 16 * f), "16u * LDS", "lds", true),
-                        "BC / 16u",
+                        &DS_ROWS,
+                        (&bk, "16u * LDS", "lds", true),
+                        kf,
                     );
                 }
                 m.push_str("        }\n    }\n");
@@ -367,6 +331,61 @@ impl CoopAttention {
         }
         m.push_str("}\n");
         m
+    }
+
+    /// The forward's body: Q's fragments loaded once, O in `nd`
+    /// accumulators for the whole key loop, `nb` of them through s_s per
+    /// pair of barriers when rows are rescaled and at the end.
+    fn forward(&self, m: &mut String, g: &Gen, nd: u32, nb: u32) {
+        let kf = self.tile().bc / 16;
+        m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    m_run = NO_MAX;\n    l_run = 0.0;\n    stage_q(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n    workgroupBarrier();\n");
+        fragments(m, g, "    ", &Q_ROWS, nd);
+        for f in 0..nd {
+            let _ = writeln!(m, "    var o{f} = {};", g.zero());
+        }
+        m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
+        // S = Q Kᵀ, 16 x BC per subgroup, into s_s.
+        let _ = writeln!(
+            m,
+            "        for (var jf = 0u; jf < BC / 16u; jf++) {{\n            acc = {};",
+            g.zero()
+        );
+        product(
+            m,
+            g,
+            "            ",
+            "acc",
+            &Q_ROWS,
+            ("K_S + jf * 16u * LDS", "16u", "lds", false),
+            nd,
+        );
+        let _ = writeln!(
+            m,
+            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        if workgroupUniformLoad(&rescale) != 0u {{",
+            g.store("acc", "ci", "ldc")
+        );
+        through_scratch(m, g, (nd, nb), "            ", true, |m, _, u| {
+            let _ = writeln!(m, "                rescale_rows(sg, lane, {u}u);");
+        });
+        m.push_str("            if li == 0u {\n                atomicStore(&rescale, 0u);\n            }\n        }\n");
+        // O += P V, P's fragments loaded once per tile.
+        fragments(m, g, "        ", &P_ROWS, kf);
+        for f in 0..nd {
+            let b = format!("V_S + {}u", 16 * f);
+            product(
+                m,
+                g,
+                "        ",
+                &format!("o{f}"),
+                &P_ROWS,
+                (&b, "16u * LDS", "lds", true),
+                kf,
+            );
+        }
+        m.push_str("    }\n    finish_sums(sg, lane, b, p0, np, g);\n");
+        through_scratch(m, g, (nd, nb), "    ", false, |m, df, u| {
+            let _ = writeln!(m, "        write_o(sg, lane, {df}u, {u}u, b, p0, np, g);");
+        });
     }
 }
 
@@ -401,12 +420,154 @@ impl Gen {
         }
     }
 
+    /// An accumulator loaded back from s_s (row-major, as `store` left it).
+    fn load_c(&self, idx: &str, stride: &str) -> String {
+        if self.emu {
+            format!("emu_load_t({idx}, {stride}, lane)")
+        } else {
+            format!("coopLoadT<coop_mat16x16<f32, C>>(&s_s[{idx}], {stride})")
+        }
+    }
+
     fn store(&self, acc: &str, idx: &str, stride: &str) -> String {
         if self.emu {
             format!("emu_store_t({acc}, {idx}, {stride}, lane);")
         } else {
             format!("coopStoreT({acc}, &s_s[{idx}], {stride});")
         }
+    }
+}
+
+/// A subgroup's row-major A fragments along a row of 16 x 16 blocks of a
+/// workgroup tile: fragment k at `base + 16·k`, row stride `stride`.
+struct Frags {
+    name: &'static str,
+    base: &'static str,
+    stride: &'static str,
+}
+
+const Q_ROWS: Frags = Frags {
+    name: "q",
+    base: "Q_S + sg * 16u * LDS",
+    stride: "lds",
+};
+const DO_ROWS: Frags = Frags {
+    name: "dof",
+    base: "DO_S + sg * 16u * LDS",
+    stride: "lds",
+};
+const K_ROWS: Frags = Frags {
+    name: "kr",
+    base: "K_S + sg * 16u * LDS",
+    stride: "lds",
+};
+const V_ROWS: Frags = Frags {
+    name: "vr",
+    base: "V_S + sg * 16u * LDS",
+    stride: "lds",
+};
+const P_ROWS: Frags = Frags {
+    name: "pf",
+    base: "P_S + sg * 16u * LDP",
+    stride: "ldp",
+};
+const DS_ROWS: Frags = Frags {
+    name: "dsf",
+    base: "DS_S + sg * 16u * LDP",
+    stride: "ldp",
+};
+
+/// On hardware, `let {name}{k}` = fragment k for k < n, loaded once (used
+/// by every `product` until the tile changes). Emulated, a fragment is
+/// where it lies in workgroup memory, so nothing is loaded ahead.
+fn fragments(m: &mut String, g: &Gen, indent: &str, a: &Frags, n: u32) {
+    if g.emu {
+        return;
+    }
+    for k in 0..n {
+        let _ = writeln!(
+            m,
+            "{indent}let i{0}{k} = {1} + {2}u;\n{indent}let {0}{k} = {3};",
+            a.name,
+            a.base,
+            16 * k,
+            g.load("A", &format!("i{}{k}", a.name), a.stride, true)
+        );
+    }
+}
+
+/// acc += Σ_k A_k · B_k over k < n: A_k fragment k of `a`, B_k the 16 x 16
+/// fragment at `b.0 + k·b.1` (stride `b.2`, row-major or not), loaded
+/// where it is used. Unrolled on hardware (A from registers); a loop when
+/// emulated, where every multiply-add is a loop of its own that lavapipe's
+/// compiler would otherwise inline at each of the unrolled sites.
+fn product(m: &mut String, g: &Gen, indent: &str, acc: &str, a: &Frags, b: (&str, &str, &str, bool), n: u32) {
+    if g.emu {
+        let _ = writeln!(
+            m,
+            "{indent}for (var kk = 0u; kk < {n}u; kk++) {{\n{indent}    let ia = {} + kk * 16u;\n{indent}    let ib = {} + kk * {};\n{indent}    {acc} = {};\n{indent}}}",
+            a.base,
+            b.0,
+            b.1,
+            g.mma(
+                &g.load("A", "ia", a.stride, true),
+                &g.load("B", "ib", b.2, b.3),
+                acc
+            )
+        );
+        return;
+    }
+    for k in 0..n {
+        let _ = writeln!(
+            m,
+            "{indent}{{\n{indent}    let ib = {} + {k}u * {};\n{indent}    {acc} = {};\n{indent}}}",
+            b.0,
+            b.1,
+            g.mma(&format!("{}{k}", a.name), &g.load("B", "ib", b.2, b.3), acc)
+        );
+    }
+}
+
+/// The forward's `nd` accumulators o0, o1, ... through the subgroup's s_s
+/// region, `nb` per round: stored, a barrier, `visit(fragment, block)` per
+/// fragment (the lanes' work on them), a barrier; and with `back`, loaded
+/// again (the rescale), with a barrier before the next round reuses the
+/// region.
+fn through_scratch(
+    m: &mut String,
+    g: &Gen,
+    (nd, nb): (u32, u32),
+    indent: &str,
+    back: bool,
+    visit: impl Fn(&mut String, u32, u32),
+) {
+    for d0 in (0..nd).step_by(nb as usize) {
+        let _ = writeln!(m, "{indent}{{");
+        for u in 0..nb {
+            let _ = writeln!(
+                m,
+                "{indent}    let c{u} = cs + {}u;\n{indent}    {}",
+                256 * u,
+                g.store(&format!("o{}", d0 + u), &format!("c{u}"), "ld16")
+            );
+        }
+        let _ = writeln!(m, "{indent}    workgroupBarrier();");
+        for u in 0..nb {
+            visit(m, d0 + u, u);
+        }
+        let _ = writeln!(m, "{indent}    workgroupBarrier();");
+        if back {
+            for u in 0..nb {
+                let _ = writeln!(
+                    m,
+                    "{indent}    o{} = {};",
+                    d0 + u,
+                    g.load_c(&format!("c{u}"), "ld16")
+                );
+            }
+            let _ = writeln!(m, "{indent}    workgroupBarrier();");
+        }
+        let _ = writeln!(m, "{indent}}}");
     }
 }
 

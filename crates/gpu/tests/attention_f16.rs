@@ -76,8 +76,35 @@ fn inputs(c: Case, seed: u64) -> Inputs {
 /// Forward and (when `backward`) backward of `g` against the CPU F16
 /// reference. Returns the error of a pass the adapter refuses.
 fn check(g: &GpuExecutor, c: Case, seed: u64, tol: f64, backward: bool) -> Result<(), String> {
+    check_inputs(g, c, inputs(c, seed), tol, backward)
+}
+
+/// Inputs whose scores rise along the keys (K's rows at position j scaled
+/// by 1 + j/4, each query's max rising tile after tile by more than the
+/// forward's RAISE), so that the tensor-core forward rescales O; and
+/// positions where K is 0, where rows keep their max.
+fn rising(c: Case, seed: u64) -> Inputs {
+    let mut x = inputs(c, seed);
+    let row = c.hkv * c.d;
+    let k: Vec<f32> =
+        x.k.to_f32_vec()
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let j = i / row % c.t;
+                if j % 8 == 3 {
+                    0.0
+                } else {
+                    v * (1.0 + j as f32 / 4.0)
+                }
+            })
+            .collect();
+    x.k = HostTensor::from_f32(x.k.shape().clone(), k).unwrap();
+    x
+}
+
+fn check_inputs(g: &GpuExecutor, c: Case, x: Inputs, tol: f64, backward: bool) -> Result<(), String> {
     let cpu = CpuExecutor::with_precision(ComputePrecision::F16);
-    let x = inputs(c, seed);
     let (cq, ck, cv, cd) = (
         cpu.upload(&x.q).unwrap(),
         cpu.upload(&x.k).unwrap(),
@@ -171,7 +198,8 @@ fn emulated_tensor_core_kernels_match_the_reference() {
         check(&g, c, 20 + i as u64, TOL_COOP, true).unwrap();
     }
     // The emulated forward at D = 64 has the hardware's key tile (32): three
-    // tiles, the last partial, each taking O's fragments out two at a time.
+    // tiles, the last partial, O's fragments going out two at a time (at the
+    // end, and where a row's max rises: `rising`).
     let tiles = Case {
         b: 1,
         t: 70,
@@ -180,7 +208,9 @@ fn emulated_tensor_core_kernels_match_the_reference() {
         d: 64,
     };
     check(&g, tiles, 25, TOL_COOP, false).unwrap();
+    check_inputs(&g, tiles, rising(tiles, 26), TOL_COOP, true).unwrap();
     check(&g, CASE_128, 30, TOL_COOP, false).unwrap();
+    check_inputs(&g, CASE_128, rising(CASE_128, 31), TOL_COOP, false).unwrap();
     if let Err(e) = check(&g, CASE_128, 30, TOL_COOP, true) {
         assert!(e.contains("workgroup memory"), "{e}");
         eprintln!("emulated D = 128 backward refused here: {e}");
@@ -204,6 +234,7 @@ fn tensor_core_kernels_match_the_reference() {
         d: 128,
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
+    check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
 }
 
 /// The tensor-core kernels read Q, K and V as they are and round them as
