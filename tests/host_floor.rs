@@ -94,7 +94,10 @@ fn cases() -> Vec<(Case, SubmitStats)> {
     vec![
         (
             nano(ComputePrecision::F32, TransportChoice::Mapped),
-            budget([152, 213, 130, 11, 7, 19]),
+            // 230 dispatches since the weight gradients split their sum
+            // over the step's 768 rows (`k_parts`: 213 before, one more per
+            // product).
+            budget([152, 230, 130, 11, 7, 19]),
         ),
         (
             nano(ComputePrecision::F16, TransportChoice::Staging),
@@ -112,7 +115,8 @@ fn cases() -> Vec<(Case, SubmitStats)> {
             },
             // 7 op submissions since RoPE's angle tables stay on the device
             // (15 before: each rotation's table upload flushed the batch).
-            budget([92, 112, 83, 7, 11, 13]),
+            // 127 dispatches with the weight gradients' split sums (112).
+            budget([92, 127, 83, 7, 11, 13]),
         ),
     ]
 }

@@ -131,6 +131,10 @@ impl Acc {
                 c(&[2], 12, 132, 260, Transpose::NT),
                 c(&[2], 12, 260, 132, Transpose::NN),
                 c(&[], 24, 140, 130, Transpose::TN),
+                // A few tiles over 384 rows: K split into 6 parts of 64
+                // where the product is f32 (`k_parts`).
+                c(&[4], 96, 45, 70, Transpose::NT),
+                c(&[], 384, 70, 45, Transpose::NN),
             ],
             // NT (the blocks' layout), NN, `a` transposed (TN, TT: the
             // gradient stored transposed) and a long K. The second to
@@ -317,4 +321,66 @@ fn split_products_accumulate_within_tolerance_or_fall_back_to_the_same_bits() {
     check(&g, &cpu(), "small loop budget", Acc::Da, |c| {
         if c.n <= 128 { Path::OnePass } else { Path::Composed }
     });
+}
+
+/// A weight gradient of a few output tiles summed over many rows runs as
+/// partial products over ranges of the rows, then their sum: one dispatch
+/// more than where the rows do not split into parts of a multiple of 16,
+/// and both within f32 rounding of the CPU's sums, accumulating or not.
+#[test]
+fn few_tiles_over_many_rows_split_the_sum() {
+    let Some(g) = gpu() else { return };
+    let cpu = cpu();
+    let mut dispatches = Vec::new();
+    // 768 rows: 12 parts of 64. 760 = 8·95: no part a multiple of 16.
+    for (rows, seed) in [(768, 1), (760, 2)] {
+        let c = Case {
+            lead: vec![],
+            m: rows,
+            k: 45,
+            n: 70,
+            t: Transpose::NT,
+        };
+        let [a, b, d, acc0] = hosts(Acc::Db, &c, seed, DType::F32);
+        let (ga, gb, gd) = (
+            g.upload(&a).unwrap(),
+            g.upload(&b).unwrap(),
+            g.upload(&d).unwrap(),
+        );
+        let before = g.submit_stats().dispatches;
+        let r = g
+            .matmul_backward(&ga, &gb, &gd, c.t, Acc::Db.backward_needs())
+            .unwrap();
+        dispatches.push(g.submit_stats().dispatches - before);
+        let (ca, cb, cd) = (
+            cpu.upload(&a).unwrap(),
+            cpu.upload(&b).unwrap(),
+            cpu.upload(&d).unwrap(),
+        );
+        let want = cpu
+            .matmul_backward(&ca, &cb, &cd, c.t, Acc::Db.backward_needs())
+            .unwrap();
+        let what = format!("{rows} rows: db");
+        assert_close(
+            &what,
+            &down(g, r.db.as_ref().unwrap()),
+            &down_cpu(&cpu, want.db.as_ref().unwrap()),
+            TOL_F32,
+        );
+        let mut gacc = g.upload(&acc0).unwrap();
+        Acc::Db.into(g, &ga, &gb, &gd, c.t, &mut gacc).unwrap();
+        let mut cacc = cpu.upload(&acc0).unwrap();
+        Acc::Db.into(&cpu, &ca, &cb, &cd, c.t, &mut cacc).unwrap();
+        assert_close(
+            &format!("{what} accumulated"),
+            &down(g, &gacc),
+            &down_cpu(&cpu, &cacc),
+            TOL_F32,
+        );
+    }
+    assert_eq!(
+        dispatches[0],
+        dispatches[1] + 1,
+        "dispatches (768 rows, 760 rows)"
+    );
 }

@@ -72,6 +72,12 @@ enum Path {
 /// Multiple that chunk sizes are rounded to (the larger tile).
 const TILE: usize = 128;
 
+/// Workgroups a product should have before its K is split to reach it (an
+/// H100 has 132 SMs).
+const SPLIT_GRID: usize = 128;
+/// Fewest rows of K a part of a split product sums.
+const SPLIT_MIN_K: usize = 64;
+
 /// Where a backward puts `a`'s gradient.
 pub(super) enum DaOut<'a> {
     /// A fresh tensor, when `needs.da`.
@@ -640,6 +646,74 @@ impl GpuExecutor {
         Ok(g)
     }
 
+    /// How many parts to split the K of product `d` into (1: none). A
+    /// weight gradient of a small layer is a few output tiles summed over
+    /// every token of the step: one workgroup per tile walking all of K
+    /// leaves a large GPU nearly idle (gpt2-nano's are 4 to 16 tiles over
+    /// 768 rows). Split where the grid is under [`SPLIT_GRID`] workgroups,
+    /// into parts of at least [`SPLIT_MIN_K`] rows that divide K in
+    /// multiples of 16, for f32 products whose K rows are contiguous in
+    /// both operands (A stored [K, M], B [K, N]: the weight gradients).
+    fn k_parts(&self, d: &Mm, scaled: bool) -> usize {
+        if scaled || !d.ta || d.tb || d.tc || d.batch != 1 {
+            return 1;
+        }
+        let tile = self
+            .matmul_tile
+            .map_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 }, |t| t as usize);
+        let grid = d.m.div_ceil(tile) * d.n.div_ceil(tile);
+        let want = SPLIT_GRID.div_ceil(grid).min(d.k / SPLIT_MIN_K);
+        let fits = |p: usize| (p * d.m * d.n * 4) as u64 <= self.max_binding && d.k / p <= self.k_cap();
+        (2..=want)
+            .rev()
+            .find(|&p| d.k % p == 0 && (d.k / p) % 16 == 0 && fits(p))
+            .unwrap_or(1)
+    }
+
+    /// Product `d` as `parts` partial products over consecutive ranges of
+    /// K, one batch entry each in one dispatch, then their sum (in order,
+    /// plus C where `d` accumulates) by `sum_rows`' kernel.
+    fn split_k(
+        &self,
+        op: &mut Op<'_>,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        c: &GpuTensor,
+        d: Mm,
+        parts: usize,
+    ) -> Result<()> {
+        let (mn, ks) = (d.m * d.n, d.k / parts);
+        let partial = self.alloc_f32([parts, mn])?;
+        let split = Mm {
+            k: ks,
+            batch: parts,
+            a_bstride: ks * d.m,
+            b_bstride: ks * d.n,
+            c_bstride: mn,
+            accumulate: false,
+            ..d
+        };
+        self.matmul_raw(op, a, b, None, &partial, split, None)?;
+        let (pv, cv) = (self.full(&partial)?, self.full(c)?);
+        let params = [
+            u(parts * mn),
+            pv.elem_off,
+            0,
+            cv.elem_off,
+            0,
+            u(parts),
+            u(mn),
+            d.accumulate as u32,
+            0,
+            0,
+            0,
+            0,
+        ];
+        op.dispatch(Kernel::SumRows, &params, &[pv, cv], grid_for(mn.div_ceil(256)));
+        op.keep(partial);
+        Ok(())
+    }
+
     /// Counting the inner loops in case the driver does not unroll them,
     /// an invocation runs up to ~9 loop iterations per unit of K; past the
     /// loop budget K is split over dispatches (accumulating into C).
@@ -768,10 +842,14 @@ impl GpuExecutor {
                     accumulate,
                 }
             };
-            if !t.b {
-                self.matmul_raw(&mut op, a, dout, None, db, d, scales(0, 2))?;
+            let (x, y, sc) = if !t.b {
+                (a, dout, scales(0, 2))
             } else {
-                self.matmul_raw(&mut op, dout, a, None, db, d, scales(2, 0))?;
+                (dout, a, scales(2, 0))
+            };
+            match self.k_parts(&d, sc.is_some()) {
+                1 => self.matmul_raw(&mut op, x, y, None, db, d, sc)?,
+                parts => self.split_k(&mut op, x, y, db, d, parts)?,
             }
         }
         let db = fresh;
