@@ -666,7 +666,7 @@ impl GpuExecutor {
         let fits = |p: usize| (p * d.m * d.n * 4) as u64 <= self.max_binding && d.k / p <= self.k_cap();
         (2..=want)
             .rev()
-            .find(|&p| d.k % p == 0 && (d.k / p) % 16 == 0 && fits(p))
+            .find(|&p| d.k.is_multiple_of(p) && (d.k / p).is_multiple_of(16) && fits(p))
             .unwrap_or(1)
     }
 
