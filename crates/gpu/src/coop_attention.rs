@@ -446,36 +446,16 @@ struct Frags {
     stride: &'static str,
 }
 
-const Q_ROWS: Frags = Frags {
-    name: "q",
-    base: "Q_S + sg * 16u * LDS",
-    stride: "lds",
-};
-const DO_ROWS: Frags = Frags {
-    name: "dof",
-    base: "DO_S + sg * 16u * LDS",
-    stride: "lds",
-};
-const K_ROWS: Frags = Frags {
-    name: "kr",
-    base: "K_S + sg * 16u * LDS",
-    stride: "lds",
-};
-const V_ROWS: Frags = Frags {
-    name: "vr",
-    base: "V_S + sg * 16u * LDS",
-    stride: "lds",
-};
-const P_ROWS: Frags = Frags {
-    name: "pf",
-    base: "P_S + sg * 16u * LDP",
-    stride: "ldp",
-};
-const DS_ROWS: Frags = Frags {
-    name: "dsf",
-    base: "DS_S + sg * 16u * LDP",
-    stride: "ldp",
-};
+const fn frags(name: &'static str, base: &'static str, stride: &'static str) -> Frags {
+    Frags { name, base, stride }
+}
+
+const Q_ROWS: Frags = frags("q", "Q_S + sg * 16u * LDS", "lds");
+const DO_ROWS: Frags = frags("dof", "DO_S + sg * 16u * LDS", "lds");
+const K_ROWS: Frags = frags("kr", "K_S + sg * 16u * LDS", "lds");
+const V_ROWS: Frags = frags("vr", "V_S + sg * 16u * LDS", "lds");
+const P_ROWS: Frags = frags("pf", "P_S + sg * 16u * LDP", "ldp");
+const DS_ROWS: Frags = frags("dsf", "DS_S + sg * 16u * LDP", "ldp");
 
 /// On hardware, `let {name}{k}` = fragment k for k < n, loaded once (used
 /// by every `product` until the tile changes). Emulated, a fragment is
