@@ -114,10 +114,19 @@ pub enum Kernel {
     AddRmsBwd,
     AddLnBwd,
     Rope,
-    AttnFwd,
+    /// The f32 attention kernels, `d` the head dimension compiled in (one
+    /// of [`ATTN_HEAD_DIMS`]) or 0 for any D ≤ 128 read from the
+    /// parameters ([`attn_head_dim`] picks).
+    AttnFwd {
+        d: u32,
+    },
     AttnDelta,
-    AttnDq,
-    AttnDkv,
+    AttnDq {
+        d: u32,
+    },
+    AttnDkv {
+        d: u32,
+    },
     /// Rounds an attention operand to f16 under its tensor's scale.
     AttnRound16,
     /// A tensor-core flash-attention kernel (real ones need cooperative
@@ -172,10 +181,7 @@ impl Kernel {
             AddRmsBwd,
             AddLnBwd,
             Rope,
-            AttnFwd,
             AttnDelta,
-            AttnDq,
-            AttnDkv,
             AttnRound16,
             CrossEntropy,
             GatherF32,
@@ -183,6 +189,9 @@ impl Kernel {
             GatherF16,
             ScatterAdd,
         ]);
+        for d in std::iter::once(0).chain(ATTN_HEAD_DIMS) {
+            v.extend([AttnFwd { d }, AttnDq { d }, AttnDkv { d }]);
+        }
         v
     }
 }
@@ -295,10 +304,10 @@ impl Kernel {
             AddRmsBwd => (&[NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9]),
             AddLnBwd => (&[NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9]),
             Rope => (&[ROPE], "rope", &[1, 2, 3, 4]),
-            AttnFwd => (&[ATTENTION], "attn_fwd", &[1, 2, 3, 4, 5, 10]),
+            AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10]),
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
-            AttnDq => (&[ATTENTION], "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
-            AttnDkv => (&[ATTENTION], "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),
+            AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
+            AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             CrossEntropy => (&[CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4]),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
@@ -312,6 +321,54 @@ impl Kernel {
             bindings,
         }
     }
+}
+
+/// Head dimensions the f32 attention kernels are compiled for, besides
+/// the general ones: each thread's row vectors are arrays of D floats
+/// indexed by loop counters, which a compiler keeps in registers only when
+/// D is a constant (they live in local memory otherwise, on GPUs). 32 is
+/// gpt2-nano's (the README's main job), 64 GPT-2's and TinyLlama's.
+pub const ATTN_HEAD_DIMS: [u32; 2] = [32, 64];
+
+/// The f32 attention kernels' `d` for head dimension `d`.
+pub fn attn_head_dim(d: usize) -> u32 {
+    ATTN_HEAD_DIMS.into_iter().find(|&x| x as usize == d).unwrap_or(0)
+}
+
+/// attention.wgsl with entry `entry`; for `d` > 0 with D compiled in: DM
+/// (the arrays' length) is D and every read of the parameter `p.d` is DM.
+fn attention(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
+    let mut source = ATTENTION.to_string();
+    if d > 0 {
+        const GENERAL: &str = "const DM: u32 = 128u;";
+        assert!(source.contains(GENERAL), "attention.wgsl declares no {GENERAL}");
+        source = source.replace(GENERAL, &format!("const DM: u32 = {d}u;"));
+        source = replace_token(&source, "p.d", "DM");
+    }
+    KernelSpec {
+        source,
+        entry,
+        bindings,
+    }
+}
+
+/// `from` replaced by `to` where it is not followed by an identifier
+/// character (`p.d` but not `p.dd_off`).
+fn replace_token(src: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    let mut rest = src;
+    while let Some(i) = rest.find(from) {
+        let after = rest[i + from.len()..].chars().next();
+        out.push_str(&rest[..i]);
+        if after.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            out.push_str(from);
+        } else {
+            out.push_str(to);
+        }
+        rest = &rest[i + from.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 pub struct Pipeline {
@@ -376,5 +433,21 @@ impl KernelRegistry {
         for k in Kernel::all() {
             self.get(device, k);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_dim_compiled_in_replaces_only_the_parameter() {
+        assert_eq!(
+            replace_token("p.d + p.dd_off * p.d;", "p.d", "DM"),
+            "DM + p.dd_off * DM;"
+        );
+        let src = Kernel::AttnDq { d: 32 }.spec().source;
+        assert!(src.contains("const DM: u32 = 32u;") && !src.contains("p.d ") && src.contains("p.dd_off"));
+        assert_eq!((attn_head_dim(64), attn_head_dim(48)), (64, 0));
     }
 }

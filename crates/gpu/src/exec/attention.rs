@@ -6,7 +6,7 @@
 use megatrain_tensor::{AttentionGrads, AttentionOut, ComputePrecision, Error, Result};
 
 use super::{GpuExecutor, Op, View, f, need_f32, u};
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, attn_head_dim};
 use crate::tensor::GpuTensor;
 
 /// Largest head dimension the kernels hold in registers (attention.wgsl DM).
@@ -159,7 +159,14 @@ impl GpuExecutor {
                     0,
                 ];
                 let grid = [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32];
-                op.dispatch(Kernel::AttnFwd, &params, &[qv, kv, vv, ov, lv, sv], grid);
+                op.dispatch(
+                    Kernel::AttnFwd {
+                        d: attn_head_dim(d.d),
+                    },
+                    &params,
+                    &[qv, kv, vv, ov, lv, sv],
+                    grid,
+                );
             }
         }
         op.finish()?;
@@ -224,12 +231,26 @@ impl GpuExecutor {
             for (ri, &(r0, r1)) in keys.iter().enumerate() {
                 let params = with(flags(ri, keys.len()), r0, r1);
                 let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
-                op.dispatch(Kernel::AttnDq, &params, &views, [rows, d.hq as u32, nb as u32]);
+                op.dispatch(
+                    Kernel::AttnDq {
+                        d: attn_head_dim(d.d),
+                    },
+                    &params,
+                    &views,
+                    [rows, d.hq as u32, nb as u32],
+                );
             }
             for (ri, &(r0, r1)) in queries.iter().enumerate() {
                 let params = with(flags(ri, queries.len()), r0, r1);
                 let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta];
-                op.dispatch(Kernel::AttnDkv, &params, &views, [rows, d.hkv as u32, nb as u32]);
+                op.dispatch(
+                    Kernel::AttnDkv {
+                        d: attn_head_dim(d.d),
+                    },
+                    &params,
+                    &views,
+                    [rows, d.hkv as u32, nb as u32],
+                );
             }
             Ok(())
         })
