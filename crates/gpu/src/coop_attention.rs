@@ -34,6 +34,11 @@ pub struct CoopAttention {
     pub emulated: bool,
 }
 
+/// Head dimensions up to which dK/dV keeps K's and V's fragments in
+/// registers (2·D/16 of them, 4 registers each on a 32-lane subgroup, beside
+/// 2·D/16 accumulators of 8).
+const KV_RESIDENT_D: u32 = 80;
+
 /// Sizes of a variant: subgroups (16 resident rows each) and the rows of
 /// each streamed tile.
 #[derive(Debug, Clone, Copy)]
@@ -273,13 +278,25 @@ impl CoopAttention {
                     let _ = writeln!(m, "    var dk{f} = {};\n    var dv{f} = {};", g.zero(), g.zero());
                 }
                 m.push_str("    let j0 = wid.x * BR;\n    stage_kv(K_S, V_S, b, j0, g, BR);\n");
+                // K's and V's fragments stay in registers for the whole
+                // kernel up to D = KV_RESIDENT_D; past it, beside the 2·D/16
+                // accumulators, they would spill, so they are loaded per
+                // tile.
+                let resident = self.d <= KV_RESIDENT_D;
+                if resident {
+                    m.push_str("    workgroupBarrier();\n");
+                    fragments(&mut m, &g, "    ", &K_ROWS, nd);
+                    fragments(&mut m, &g, "    ", &V_ROWS, nd);
+                }
                 m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < p.t; i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
-                // K's and V's fragments are loaded per tile: in registers
-                // beside the 2·D/16 accumulators they would spill.
                 m.push_str("            for (var qf = 0u; qf < BC / 16u; qf++) {\n");
-                fragments(&mut m, &g, "                ", &K_ROWS, nd);
+                if !resident {
+                    fragments(&mut m, &g, "                ", &K_ROWS, nd);
+                }
                 score(&mut m, "                ", &K_ROWS, "Q_S", "qf", "ci", "cs");
-                fragments(&mut m, &g, "                ", &V_ROWS, nd);
+                if !resident {
+                    fragments(&mut m, &g, "                ", &V_ROWS, nd);
+                }
                 score(
                     &mut m,
                     "                ",
