@@ -218,10 +218,10 @@ impl CoopAttention {
         );
         let _ = writeln!(m, "    var acc = {};", g.zero());
         let kf = self.tile().bc / 16;
-        // acc = the 16 x 16 scores of R·Cᵀ over D: R the fragments `rows`
-        // (loaded once), C the 16 rows of the tile at `cols` that `f`
-        // picks; stored to the workgroup scratch at `at + f·16` (named
-        // `name` in the shader).
+        // acc = the 16 x 16 scores of R·Cᵀ over D: R the A fragments `rows`
+        // (as `fragments` loaded them), C the 16 rows of the tile at `cols`
+        // that `f` picks; stored to the workgroup scratch at `at + f·16`
+        // (named `name` in the shader).
         let score =
             |m: &mut String, indent: &str, rows: &Frags, cols: &str, f: &str, name: &str, at: &str| {
                 let _ = writeln!(m, "{indent}acc = {};", g.zero());
