@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{DType, Error, Result, Shape};
 
-use super::{GpuExecutor, View, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -70,6 +70,34 @@ impl GpuExecutor {
         Ok(y)
     }
 
+    /// `out` (w wide) = the column sums of the `rows` rows of `x`, in
+    /// order, added to `out` where `accumulate`.
+    pub(super) fn dispatch_sum_rows(
+        &self,
+        op: &mut Op<'_>,
+        x: View<'_>,
+        rows: usize,
+        w: usize,
+        out: View<'_>,
+        accumulate: bool,
+    ) {
+        let params = [
+            u(rows * w),
+            x.elem_off,
+            0,
+            out.elem_off,
+            0,
+            u(rows),
+            u(w),
+            accumulate as u32,
+            0,
+            0,
+            0,
+            0,
+        ];
+        op.dispatch(Kernel::SumRows, &params, &[x, out], grid_for(w.div_ceil(256)));
+    }
+
     /// Column sums of `x` read as `[rows, w]`. Past 64 rows a chunk is
     /// summed in blocks of rows by a 2-D grid into partial rows, which
     /// `sum_rows` then adds in order (one thread per column walking every
@@ -118,21 +146,7 @@ impl GpuExecutor {
             if let Some(part) = &partial {
                 xv = self.full(part)?;
             }
-            let params = [
-                u(n * w),
-                xv.elem_off,
-                0,
-                ov.elem_off,
-                0,
-                u(n),
-                u(w),
-                (i > 0) as u32,
-                0,
-                0,
-                0,
-                0,
-            ];
-            op.dispatch(Kernel::SumRows, &params, &[xv, ov], grid_for(w.div_ceil(256)));
+            self.dispatch_sum_rows(&mut op, xv, n, w, ov, i > 0);
             if let Some(part) = partial {
                 op.keep(part);
             }

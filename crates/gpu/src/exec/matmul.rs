@@ -153,12 +153,7 @@ impl GpuExecutor {
             // An empty sum: C is the bias (or stays as it is when accumulating).
             return Err(Error::invalid("matmul", "inner dimension K is 0"));
         }
-        // 128-wide tiles once there are enough of them to fill a large GPU;
-        // below that, 64-wide tiles keep more workgroups in flight.
-        let big = self
-            .matmul_tile
-            .unwrap_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 })
-            == 128;
+        let big = self.simt_tile(&d) == 128;
         let b_kind = match b.dtype {
             DType::F32 => MatmulB::F32,
             DType::BF16 => MatmulB::Bf16,
@@ -646,6 +641,14 @@ impl GpuExecutor {
         Ok(g)
     }
 
+    /// The SIMT kernels' tile width for product `d`: 128 once there are
+    /// enough such tiles to fill a large GPU; below that, 64-wide tiles keep
+    /// more workgroups in flight.
+    fn simt_tile(&self, d: &Mm) -> usize {
+        self.matmul_tile
+            .map_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 }, |t| t as usize)
+    }
+
     /// How many parts to split the K of product `d` into (1: none). A
     /// weight gradient of a small layer is a few output tiles summed over
     /// every token of the step: one workgroup per tile walking all of K
@@ -658,9 +661,7 @@ impl GpuExecutor {
         if scaled || !d.ta || d.tb || d.tc || d.batch != 1 {
             return 1;
         }
-        let tile = self
-            .matmul_tile
-            .map_or(if d.m >= 512 && d.n >= 512 { 128 } else { 64 }, |t| t as usize);
+        let tile = self.simt_tile(d);
         let grid = d.m.div_ceil(tile) * d.n.div_ceil(tile);
         let want = SPLIT_GRID.div_ceil(grid).min(d.k / SPLIT_MIN_K);
         let fits = |p: usize| (p * d.m * d.n * 4) as u64 <= self.max_binding && d.k / p <= self.k_cap();
@@ -694,22 +695,7 @@ impl GpuExecutor {
             ..d
         };
         self.matmul_raw(op, a, b, None, &partial, split, None)?;
-        let (pv, cv) = (self.full(&partial)?, self.full(c)?);
-        let params = [
-            u(parts * mn),
-            pv.elem_off,
-            0,
-            cv.elem_off,
-            0,
-            u(parts),
-            u(mn),
-            d.accumulate as u32,
-            0,
-            0,
-            0,
-            0,
-        ];
-        op.dispatch(Kernel::SumRows, &params, &[pv, cv], grid_for(mn.div_ceil(256)));
+        self.dispatch_sum_rows(op, self.full(&partial)?, parts, mn, self.full(c)?, d.accumulate);
         op.keep(partial);
         Ok(())
     }
