@@ -281,8 +281,8 @@ impl CoopAttention {
                 // K's and V's fragments stay in registers for the whole
                 // kernel up to D = KV_RESIDENT_D; past it, beside the 2·D/16
                 // accumulators, they would spill, so they are loaded per
-                // tile.
-                let resident = self.d <= KV_RESIDENT_D;
+                // tile. (Emulated fragments are never loaded ahead.)
+                let resident = !self.emulated && self.d <= KV_RESIDENT_D;
                 if resident {
                     m.push_str("    workgroupBarrier();\n");
                     fragments(&mut m, &g, "    ", &K_ROWS, nd);

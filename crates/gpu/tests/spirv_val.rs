@@ -11,8 +11,8 @@
 //! SPV_KHR_cooperative_matrix (Debian 12's v2023.1) cannot read the
 //! hardware tensor-core variants: they are then named as not validated and
 //! everything else still is (the emulated variants included). A newer one
-//! validates all of them; the README's "Checking the SPIR-V" says how to
-//! get one on Debian 12.
+//! validates all of them; the README's paragraph after the test command
+//! says how to run Debian 13's on Debian 12.
 
 mod common;
 

@@ -222,6 +222,7 @@ impl GpuExecutor {
         let group = d.hq / d.hkv;
         let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
         let rows = d.t.div_ceil(RB) as u32;
+        let hd = attn_head_dim(d.d);
         self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
             let with = |fl: u32, r0: usize, r1: usize| {
                 let mut p = c.params(d).to_vec();
@@ -232,9 +233,7 @@ impl GpuExecutor {
                 let params = with(flags(ri, keys.len()), r0, r1);
                 let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
                 op.dispatch(
-                    Kernel::AttnDq {
-                        d: attn_head_dim(d.d),
-                    },
+                    Kernel::AttnDq { d: hd },
                     &params,
                     &views,
                     [rows, d.hq as u32, nb as u32],
@@ -244,9 +243,7 @@ impl GpuExecutor {
                 let params = with(flags(ri, queries.len()), r0, r1);
                 let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta];
                 op.dispatch(
-                    Kernel::AttnDkv {
-                        d: attn_head_dim(d.d),
-                    },
+                    Kernel::AttnDkv { d: hd },
                     &params,
                     &views,
                     [rows, d.hkv as u32, nb as u32],
