@@ -13,6 +13,16 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
 /// Environment variable that picks an adapter by a substring of its name.
 pub const ADAPTER_ENV: &str = "MEGATRAIN_ADAPTER";
 
+/// `MEGATRAIN_LAVAPIPE_COOP=1`: run the tensor-core kernels on Mesa's
+/// lavapipe (Mesa 26 has cooperative matrices), for testing them without a
+/// GPU. lavapipe lists only 8x8x8 fragments, 8-lane subgroups and 32 KiB of
+/// workgroup memory, but it lowers fragments of any size, allocates what a
+/// shader declares, and each 8-lane subgroup of a kernel's 32 computes the
+/// whole subgroup's fragments (the kernels use no subgroup operations), so
+/// the kernels run as written, every hardware variant included. Honoured
+/// only on CPU adapters whose subgroup width divides 32.
+pub const LAVAPIPE_COOP_ENV: &str = "MEGATRAIN_LAVAPIPE_COOP";
+
 /// `MEGATRAIN_ADAPTER=noop`: wgpu's noop backend (feature `host-floor`),
 /// which runs no kernel; for measuring the host's share of a step only.
 pub const NOOP_ADAPTER: &str = "noop";
@@ -41,6 +51,8 @@ pub struct GpuContext {
     /// Whether the device was opened with cooperative matrices (16x16x16
     /// f16 x f16 -> f32, subgroups of exactly 32): the tensor-core kernels.
     coop: bool,
+    /// Opened under [`LAVAPIPE_COOP_ENV`].
+    lavapipe_coop: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: AdapterReport,
@@ -84,6 +96,19 @@ fn tensor_cores_usable(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo, limits
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
         && limits.max_compute_workgroup_storage_size >= crate::coop::WORKGROUP_BYTES_MAX
+}
+
+/// Whether [`LAVAPIPE_COOP_ENV`] asks for, and `adapter` allows, the
+/// tensor-core kernels on a CPU implementation of cooperative matrices.
+fn lavapipe_coop(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> bool {
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    let width = info.subgroup_max_size;
+    std::env::var(LAVAPIPE_COOP_ENV).is_ok_and(|v| v == "1")
+        && info.device_type == wgpu::DeviceType::Cpu
+        && adapter.features().contains(need)
+        && info.subgroup_min_size == width
+        && width > 0
+        && 32 % width == 0
 }
 
 impl GpuContext {
@@ -189,7 +214,8 @@ impl GpuContext {
         };
         let mut features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
-        let coop = tensor_cores_usable(&adapter, &ai, &limits);
+        let lavapipe_coop = lavapipe_coop(&adapter, &ai);
+        let coop = lavapipe_coop || tensor_cores_usable(&adapter, &ai, &limits);
         if coop {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
         }
@@ -245,6 +271,7 @@ impl GpuContext {
             })?;
         Ok(Arc::new(GpuContext {
             coop,
+            lavapipe_coop,
             adapter,
             device,
             queue,
@@ -257,6 +284,22 @@ impl GpuContext {
     /// Tensor-core matmuls are available (see [`tensor_cores_usable`]).
     pub fn has_cooperative_matrix(&self) -> bool {
         self.coop
+    }
+
+    /// Whether the tensor-core kernels run on lavapipe ([`LAVAPIPE_COOP_ENV`]).
+    pub fn is_lavapipe_coop(&self) -> bool {
+        self.lavapipe_coop
+    }
+
+    /// Workgroup memory a kernel may declare: the adapter's limit, or the
+    /// tensor-core kernels' largest under [`LAVAPIPE_COOP_ENV`].
+    pub fn workgroup_bytes(&self) -> u32 {
+        let have = self.limits.max_compute_workgroup_storage_size;
+        if self.lavapipe_coop {
+            have.max(crate::coop::WORKGROUP_BYTES_MAX)
+        } else {
+            have
+        }
     }
 
     /// Whether this device runs no kernel: wgpu's noop backend, opened by

@@ -18,7 +18,7 @@ mod tensor;
 mod transport;
 
 pub use arena::ArenaStats;
-pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, NOOP_ADAPTER};
+pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, LAVAPIPE_COOP_ENV, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;

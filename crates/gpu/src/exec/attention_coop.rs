@@ -95,7 +95,7 @@ impl GpuExecutor {
             d: d.d as u32,
             emulated,
         };
-        let have = self.ctx.limits.max_compute_workgroup_storage_size;
+        let have = self.ctx.workgroup_bytes();
         if v.workgroup_bytes() > have {
             return Err(Error::invalid(
                 name,

@@ -18,7 +18,12 @@ pub const TOL_F32: f64 = 1e-5;
 fn init() -> Option<Arc<GpuContext>> {
     match GpuContext::new() {
         Ok(ctx) => {
-            eprintln!("GPU tests on {}", ctx.info);
+            let lavapipe = if ctx.is_lavapipe_coop() {
+                " with lavapipe's cooperative matrices (MEGATRAIN_LAVAPIPE_COOP)"
+            } else {
+                ""
+            };
+            eprintln!("GPU tests on {}{lavapipe}", ctx.info);
             Some(ctx)
         }
         Err(e) => {
