@@ -365,16 +365,32 @@ fn warm_steps_allocate_nothing_on_the_device() {
 /// other over those steps.
 #[test]
 fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
-    use megatrain_tensor::ComputePrecision;
     let Some(ctx) = common::ctx() else { return };
-    let model = common::llama_tiny(2);
+    // llama-tiny's heads are 16 wide; the second model's 64 take the
+    // tensor-core flash attention where the adapter has cooperative
+    // matrices. Its wider products round to f16 elements that an f32 sum
+    // in another order puts on the other side of a rounding boundary more
+    // often (each such flip is 2^-11 of the element): its GPU f16 losses
+    // stay within 9.4e-5 of the CPU's on lavapipe, SIMT and tensor cores
+    // alike, so it gets 4e-4: a bound that catches a wrong kernel, not one
+    // that tells f16 from f32 (1.2e-4 apart here; `worst_f32` checks that).
+    for (model, cpu_bound) in [
+        (common::llama_tiny(2), 1e-4),
+        (common::llama_head_dim_64(2), 4e-4),
+    ] {
+        f16_training_follows(ctx.clone(), &model, cpu_bound);
+    }
+}
+
+fn f16_training_follows(ctx: Arc<GpuContext>, model: &ModelConfig, cpu_bound: f64) {
+    use megatrain_tensor::ComputePrecision;
     let mut g16 = GpuExecutor::new(ctx.clone());
     g16.set_compute_precision(ComputePrecision::F16).unwrap();
     let mut c16 = CpuExecutor::new();
     c16.set_compute_precision(ComputePrecision::F16).unwrap();
-    let mut f32_run = trainer_with(GpuExecutor::new(ctx), &model, 2, TransportDType::F32);
-    let mut gpu16 = trainer_with(g16, &model, 2, TransportDType::F16);
-    let mut cpu16 = trainer_with(c16, &model, 2, TransportDType::F16);
+    let mut f32_run = trainer_with(GpuExecutor::new(ctx), model, 2, TransportDType::F32);
+    let mut gpu16 = trainer_with(g16, model, 2, TransportDType::F16);
+    let mut cpu16 = trainer_with(c16, model, 2, TransportDType::F16);
     let (mut worst_f32, mut worst_cpu) = (0.0f64, 0.0f64);
     for step in 0..20 {
         let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
@@ -384,16 +400,21 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
         let (r32, rc) = ((l16 - l32).abs() / l32.abs(), (l16 - lc).abs() / lc.abs());
         assert!(
             r32 <= 1e-2,
-            "step {step}: f16 loss {l16} vs f32 {l32} (rel {r32:e})"
+            "D {}, step {step}: f16 loss {l16} vs f32 {l32} (rel {r32:e})",
+            model.head_dim
         );
         assert!(
-            rc <= 1e-4,
-            "step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e})"
+            rc <= cpu_bound,
+            "D {}, step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e})",
+            model.head_dim
         );
         worst_f32 = worst_f32.max(r32);
         worst_cpu = worst_cpu.max(rc);
     }
-    eprintln!("f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e}");
+    eprintln!(
+        "head dim {}, f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e}",
+        model.head_dim
+    );
     assert!(
         worst_f32 > 1e-7,
         "f16 losses equal f32's: the rounding is not applied"
@@ -432,25 +453,55 @@ fn evaluation_streams_the_model_once_per_group() {
 /// three steps in each build must agree bit for bit: losses, parameters
 /// and transport copies. llama-tiny in f32 and in f16 on the emulated
 /// tensor-core matmul and attention kernels, gpt2-nano (LayerNorm, GELU,
-/// biases) in f32.
+/// biases) in f32, and where the adapter has cooperative matrices the
+/// hardware variants (128 tile, flash attention at D = 64) in f16.
 #[test]
 fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
     use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
     use megatrain_tensor::ComputePrecision;
     let Some(ctx) = common::ctx() else { return };
-    let cases = [
-        (common::llama_tiny(2), ComputePrecision::F32, TransportDType::F32),
-        (common::llama_tiny(2), ComputePrecision::F16, TransportDType::F16),
-        (gpt2_nano(65), ComputePrecision::F32, TransportDType::F32),
+    let emulated = (
+        F16Matmul::CoopEmulated(CoopTile::Small64),
+        F16Attention::CoopEmulated,
+    );
+    let mut cases = vec![
+        (
+            common::llama_tiny(2),
+            ComputePrecision::F32,
+            TransportDType::F32,
+            emulated,
+        ),
+        (
+            common::llama_tiny(2),
+            ComputePrecision::F16,
+            TransportDType::F16,
+            emulated,
+        ),
+        (
+            gpt2_nano(65),
+            ComputePrecision::F32,
+            TransportDType::F32,
+            emulated,
+        ),
     ];
-    for (model, precision, transport) in cases {
+    if ctx.has_cooperative_matrix() {
+        // The hardware variants: the default tile and the flash attention.
+        let hardware = (F16Matmul::Coop(CoopTile::Tile128), F16Attention::Coop);
+        cases.push((
+            common::llama_head_dim_64(2),
+            ComputePrecision::F16,
+            TransportDType::F16,
+            hardware,
+        ));
+    }
+    for (model, precision, transport, (f16_matmul, f16_attention)) in cases {
         let run = |shader_checks: bool| {
             let mut gpu = GpuExecutor::with_options(
                 ctx.clone(),
                 GpuOptions {
                     shader_checks,
-                    f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
-                    f16_attention: F16Attention::CoopEmulated,
+                    f16_matmul,
+                    f16_attention,
                     ..GpuOptions::default()
                 },
             );

@@ -2,14 +2,18 @@
 # The tensor-core kernels without a GPU: Mesa 26's lavapipe has cooperative
 # matrices (Debian 12's Mesa 22 has none). This fetches it from Debian 13's
 # backports with the Debian 13 runtime it needs (libc, libstdc++, LLVM 19:
-# 38 packages, ~60 MB, unpacked with dpkg -x; nothing is installed) and
+# 39 packages, ~60 MB, unpacked with dpkg -x; nothing is installed) and
 # runs programs under that runtime with MEGATRAIN_LAVAPIPE_COOP=1, so the
 # GPU executor uses cooperative matrices on it (crates/gpu/src/context.rs).
+# It also brings Debian 13's spirv-val (2025.1), which validates the
+# tensor-core variants' SPIR-V where Debian 12's (2023.1) cannot.
 #
 #   bash tools/lavapipe_coop.sh fetch              # once; idempotent
 #   bash tools/lavapipe_coop.sh exec PROGRAM ARGS  # one program under it
 #   bash tools/lavapipe_coop.sh test ARGS          # cargo test ARGS, every
 #                                                  # test binary under it
+#   bash tools/lavapipe_coop.sh spirv-val          # prints the path of a
+#                                                  # spirv-val for MEGATRAIN_SPIRV_VAL
 # e.g.  bash tools/lavapipe_coop.sh test -p megatrain-gpu --test f16 -- tensor_core
 #
 # LLVM compiles the hardware variants slowly (minutes for the largest
@@ -20,9 +24,11 @@ DIR=${MEGATRAIN_LAVAPIPE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/megatrain/lavapipe
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ROOT=$DIR/root
 LIB=$ROOT/usr/lib/x86_64-linux-gnu
+# Names what a finished fetch holds; a new one re-fetches older caches.
+READY=$DIR/ready-lavapipe-spirv-val
 
 fetch() {
-    [ -f "$DIR/ready" ] && return 0
+    [ -f "$READY" ] && return 0
     command -v python3 >/dev/null || { echo "lavapipe_coop.sh: fetch needs python3" >&2; exit 1; }
     mkdir -p "$DIR/debs"
     for suite in trixie trixie-backports; do
@@ -44,7 +50,7 @@ def index(suite):
     return pk
 trixie, bpo = index("trixie"), index("trixie-backports")
 skip = {"debconf", "debconf-2.0", "perl-base", "dpkg", "libc-bin"}
-todo, seen = ["mesa-vulkan-drivers", "libvulkan1"], {}
+todo, seen = ["mesa-vulkan-drivers", "libvulkan1", "spirv-tools"], {}
 while todo:
     n = todo.pop()
     if n in seen or n in skip:
@@ -65,9 +71,13 @@ EOF
         dpkg -x "$deb" "$ROOT"
     done <"$DIR/files"
     [ -f "$LIB/libvulkan_lvp.so" ] || { echo "lavapipe_coop.sh: no libvulkan_lvp.so in the packages" >&2; exit 1; }
+    mkdir -p "$DIR/bin"
+    printf '#!/bin/sh\nexec %s --library-path %s %s "$@"\n' "$ROOT/usr/lib64/ld-linux-x86-64.so.2" "$LIB" \
+        "$ROOT/usr/bin/spirv-val" >"$DIR/bin/spirv-val"
+    chmod +x "$DIR/bin/spirv-val"
     printf '{"file_format_version": "1.0.1", "ICD": {"library_path": "%s", "api_version": "1.4.0"}}\n' \
         "$LIB/libvulkan_lvp.so" >"$DIR/lvp_icd.json"
-    touch "$DIR/ready"
+    touch "$READY"
 }
 
 # Debian 13's loader, lavapipe and nothing else (wgpu's GL backend would
@@ -84,13 +94,17 @@ exec)
     fetch
     run "$@"
     ;;
+spirv-val)
+    fetch
+    echo "$DIR/bin/spirv-val"
+    ;;
 test)
     shift
     fetch
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="bash $(realpath "$0") exec" exec cargo test "$@"
     ;;
 *)
-    echo "usage: lavapipe_coop.sh fetch | exec PROGRAM ARGS | test CARGO-TEST-ARGS" >&2
+    echo "usage: lavapipe_coop.sh fetch | exec PROGRAM ARGS | test CARGO-TEST-ARGS | spirv-val" >&2
     exit 2
     ;;
 esac

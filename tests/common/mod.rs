@@ -102,6 +102,17 @@ pub fn llama_tiny(layers: usize) -> ModelConfig {
     c
 }
 
+/// llama-tiny with two heads of 64 (one K/V head), the narrowest head the
+/// tensor-core flash attention has.
+pub fn llama_head_dim_64(layers: usize) -> ModelConfig {
+    let mut c = llama_tiny(layers);
+    c.hidden_size = 128;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+    c
+}
+
 /// gpt2-nano over 97 symbols with two blocks.
 pub fn gpt2_two_blocks() -> ModelConfig {
     let mut c = gpt2_nano(97);

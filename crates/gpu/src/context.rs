@@ -98,17 +98,31 @@ fn tensor_cores_usable(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo, limits
         && limits.max_compute_workgroup_storage_size >= crate::coop::WORKGROUP_BYTES_MAX
 }
 
-/// Whether [`LAVAPIPE_COOP_ENV`] asks for, and `adapter` allows, the
-/// tensor-core kernels on a CPU implementation of cooperative matrices.
-fn lavapipe_coop(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> bool {
+/// Whether [`LAVAPIPE_COOP_ENV`] asks for the tensor-core kernels on a CPU
+/// implementation of cooperative matrices; an error where `adapter` is not
+/// one (so a test run that asked for them cannot quietly run without).
+fn lavapipe_coop(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Result<bool, GpuError> {
+    if !std::env::var(LAVAPIPE_COOP_ENV).is_ok_and(|v| v == "1") {
+        return Ok(false);
+    }
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
     let width = info.subgroup_max_size;
-    std::env::var(LAVAPIPE_COOP_ENV).is_ok_and(|v| v == "1")
-        && info.device_type == wgpu::DeviceType::Cpu
-        && adapter.features().contains(need)
-        && info.subgroup_min_size == width
-        && width > 0
-        && 32 % width == 0
+    let detail = if info.device_type != wgpu::DeviceType::Cpu {
+        format!("a {:?} device, not a CPU one", info.device_type)
+    } else if !adapter.features().contains(need) {
+        "no cooperative matrices or f16 (Mesa 26's lavapipe has them: tools/lavapipe_coop.sh)".into()
+    } else if info.subgroup_min_size != width || width == 0 || 32 % width != 0 {
+        format!(
+            "subgroups of {}..{} lanes, not one width dividing 32",
+            info.subgroup_min_size, width
+        )
+    } else {
+        return Ok(true);
+    };
+    Err(GpuError::LavapipeCoop {
+        adapter: info.name.clone(),
+        detail,
+    })
 }
 
 impl GpuContext {
@@ -214,7 +228,7 @@ impl GpuContext {
         };
         let mut features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
-        let lavapipe_coop = lavapipe_coop(&adapter, &ai);
+        let lavapipe_coop = lavapipe_coop(&adapter, &ai)?;
         let coop = lavapipe_coop || tensor_cores_usable(&adapter, &ai, &limits);
         if coop {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;

@@ -23,6 +23,8 @@ pub enum GpuError {
     Poll(String),
     #[error("{op}: {detail}")]
     Unsupported { op: &'static str, detail: String },
+    #[error("MEGATRAIN_LAVAPIPE_COOP=1, but adapter '{adapter}' is not one it applies to: {detail}")]
+    LavapipeCoop { adapter: String, detail: String },
     #[error("{var}={value:?} names no kernel family: expected {expected}")]
     Env {
         var: &'static str,
