@@ -16,8 +16,9 @@
 #                                                  # spirv-val for MEGATRAIN_SPIRV_VAL
 # e.g.  bash tools/lavapipe_coop.sh test -p megatrain-gpu --test f16 -- tensor_core
 #
-# LLVM compiles the hardware variants slowly (minutes for the largest
-# tiles); a run of the tensor-core tests takes tens of minutes on 2 cores.
+# LLVM compiles each hardware variant in 7-17 s here (Mesa caches them in
+# ~/.cache/mesa_shader_cache): all of them, the README's hardware tier,
+# take about 23 minutes on 2 cores from an empty cache.
 # Where: $MEGATRAIN_LAVAPIPE_DIR, default ~/.cache/megatrain/lavapipe-coop.
 set -euo pipefail
 DIR=${MEGATRAIN_LAVAPIPE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/megatrain/lavapipe-coop}
@@ -67,7 +68,10 @@ print("\n".join(sorted({f["Filename"] for f in seen.values()})))
 EOF
     while read -r f; do
         local deb=$DIR/debs/$(basename "$f")
-        [ -f "$deb" ] || curl -fsS -o "$deb" "$MIRROR/$f"
+        if [ ! -f "$deb" ]; then
+            curl -fsS -o "$deb.part" "$MIRROR/$f"
+            mv "$deb.part" "$deb"
+        fi
         dpkg -x "$deb" "$ROOT"
     done <"$DIR/files"
     [ -f "$LIB/libvulkan_lvp.so" ] || { echo "lavapipe_coop.sh: no libvulkan_lvp.so in the packages" >&2; exit 1; }
