@@ -45,7 +45,7 @@ t() {
     timeout "$(left 300)" "$P/test/$name" "$@" >"$log" 2>&1
     local rc=$?
     summary+=("test $name (rc $rc): $(grep -E '^test result' "$log" | tail -1)")
-    grep -E 'NOT tested here|FAILED|panicked' "$log" | head -5
+    grep -E 'NOT tested here|FAILED|panicked|flushes f32 subnormals' "$log" | head -5
 }
 
 # Runs a packed bench binary; the summary keeps its last lines.
@@ -69,7 +69,7 @@ checks)
     # (these print "NOT tested here" only where cooperative matrices are
     # missing), the SIMT interior pipelines, every op against f64 (issue
     # 18.1: was the H100's parity failure rounding?), transports, parity.
-    t f16
+    t f16 --nocapture
     t attention_f16
     t matmul
     t ops_f64 --nocapture

@@ -2,7 +2,7 @@
 # The tensor-core kernels without a GPU: Mesa 26's lavapipe has cooperative
 # matrices (Debian 12's Mesa 22 has none). This fetches it from Debian 13's
 # backports with the Debian 13 runtime it needs (libc, libstdc++, LLVM 19:
-# 39 packages, ~60 MB, unpacked with dpkg -x; nothing is installed) and
+# 39 packages, 65 MB, unpacked with dpkg -x; nothing is installed) and
 # runs programs under that runtime with MEGATRAIN_LAVAPIPE_COOP=1, so the
 # GPU executor uses cooperative matrices on it (crates/gpu/src/context.rs).
 # It also brings Debian 13's spirv-val (2025.1), which validates the
@@ -15,6 +15,8 @@
 #   bash tools/lavapipe_coop.sh spirv-val          # prints the path of a
 #                                                  # spirv-val for MEGATRAIN_SPIRV_VAL
 # e.g.  bash tools/lavapipe_coop.sh test -p megatrain-gpu --test f16 -- tensor_core
+# A program a test spawns (the CLI tests' `megatrain`) runs outside that
+# runtime and cannot load this lavapipe: leave those tests out.
 #
 # LLVM compiles each hardware variant in 7-17 s here (Mesa caches them in
 # ~/.cache/mesa_shader_cache): all of them, the README's hardware tier,
