@@ -10,6 +10,10 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
 
+/// What the tensor-core kernels need of a device.
+const COOP_FEATURES: wgpu::Features =
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
+
 /// Environment variable that picks an adapter by a substring of its name.
 pub const ADAPTER_ENV: &str = "MEGATRAIN_ADAPTER";
 
@@ -83,8 +87,7 @@ fn rank(t: wgpu::DeviceType) -> u32 {
 /// of exactly 32 lanes (a kernel's subgroup is lanes 32i..32i+31 of its
 /// workgroup) and the workgroup memory of the largest tile.
 fn tensor_cores_usable(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo, limits: &wgpu::Limits) -> bool {
-    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-    if !adapter.features().contains(need) {
+    if !adapter.features().contains(COOP_FEATURES) {
         return false;
     }
     let f16_16 = adapter.cooperative_matrix_properties().iter().any(|p| {
@@ -105,11 +108,10 @@ fn lavapipe_coop(adapter: &wgpu::Adapter, info: &wgpu::AdapterInfo) -> Result<bo
     if !std::env::var(LAVAPIPE_COOP_ENV).is_ok_and(|v| v == "1") {
         return Ok(false);
     }
-    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
     let width = info.subgroup_max_size;
     let detail = if info.device_type != wgpu::DeviceType::Cpu {
         format!("a {:?} device, not a CPU one", info.device_type)
-    } else if !adapter.features().contains(need) {
+    } else if !adapter.features().contains(COOP_FEATURES) {
         "no cooperative matrices or f16 (Mesa 26's lavapipe has them: tools/lavapipe_coop.sh)".into()
     } else if info.subgroup_min_size != width || width == 0 || 32 % width != 0 {
         format!(
@@ -231,7 +233,7 @@ impl GpuContext {
         let lavapipe_coop = lavapipe_coop(&adapter, &ai)?;
         let coop = lavapipe_coop || tensor_cores_usable(&adapter, &ai, &limits);
         if coop {
-            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+            features |= COOP_FEATURES;
         }
         // What the kernels assume: 16 KiB of workgroup memory (attention),
         // 8 storage bindings (attention dk/dv), 256-thread workgroups.

@@ -194,10 +194,7 @@ fn dqk_terms(c: Case, x: &Inputs) -> [f64; 2] {
 }
 
 fn assert_cancelling_close(what: &str, got: &[f32], want: &[f32], tol: f64, terms: f64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
-        panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
-    }
+    assert_written(what, got, want);
     let diff = got
         .iter()
         .zip(want)

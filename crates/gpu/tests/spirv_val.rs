@@ -6,13 +6,12 @@
 //! show as a failing kernel test, but the tensor-core variants only run on
 //! GPUs, which CI does not have.
 //!
-//! The validator is `$MEGATRAIN_SPIRV_VAL`, else `spirv-val` on PATH
-//! (Debian's `spirv-tools`, which `.ci/run` installs). One that predates
-//! SPV_KHR_cooperative_matrix (Debian 12's v2023.1) cannot read the
-//! hardware tensor-core variants: they are then named as not validated and
-//! everything else still is (the emulated variants included). A newer one
-//! validates all of them; the README's paragraph after the test command
-//! says how to run Debian 13's on Debian 12.
+//! The validator is `$MEGATRAIN_SPIRV_VAL`, else `spirv-val` on PATH. One
+//! that predates SPV_KHR_cooperative_matrix (Debian 12's v2023.1) cannot
+//! read the hardware tensor-core variants: they are then named as not
+//! validated and everything else still is (the emulated variants
+//! included). A newer one validates all of them: CI runs Debian 13's
+//! (2025.1), which `tools/lavapipe_coop.sh spirv-val` provides on Debian 12.
 
 mod common;
 
@@ -31,9 +30,13 @@ fn validator() -> Option<String> {
         }
         _ => {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("CI=true but `{exe}` cannot be run: install spirv-tools (`.ci/run` does)");
+                panic!(
+                    "CI=true but `{exe}` cannot be run: set MEGATRAIN_SPIRV_VAL=$(bash tools/lavapipe_coop.sh spirv-val) (`.ci/run` does)"
+                );
             }
-            eprintln!("skipping: `{exe}` cannot be run (install spirv-tools, or set MEGATRAIN_SPIRV_VAL)");
+            eprintln!(
+                "skipping: `{exe}` cannot be run (install spirv-tools, or set MEGATRAIN_SPIRV_VAL: tools/lavapipe_coop.sh)"
+            );
             None
         }
     }

@@ -160,13 +160,19 @@ pub fn down_cpu(c: &CpuExecutor, t: &<CpuExecutor as Executor>::Tensor) -> Vec<f
     c.download(t).unwrap().to_f32_vec()
 }
 
-/// Fails on any NaN (an unwritten, poisoned element) or a relative error
-/// above `tol`.
-pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+/// Fails unless `got` is as long as `want` and has no NaN or infinity (an
+/// unwritten, poisoned element, or an overflow).
+pub fn assert_written(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = got.iter().position(|x| !x.is_finite()) {
         panic!("{what}: element {i} is {} (unwritten or overflow)", got[i]);
     }
+}
+
+/// Fails on any NaN (an unwritten, poisoned element) or a relative error
+/// above `tol`.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    assert_written(what, got, want);
     let err = rel_norm_err(got, want);
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
@@ -178,9 +184,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
 /// by row), where any f32 summation order lands, while a wrong term is off
 /// by a fair fraction of it.
 pub fn assert_dx_close(what: &str, got: &[f32], exact: &[f32], rstd: &[f32], w: &[f32], dy: &[f32]) {
-    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
-        panic!("{what}: element {i} is {}", got[i]);
-    }
+    assert_written(what, got, exact);
     let cols = w.len();
     let terms: f64 = dy
         .iter()
