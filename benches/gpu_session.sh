@@ -89,7 +89,9 @@ checks)
 kernels)
     # matmul: f32 interior vs checked_ rows, f16 SIMT and the three
     # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes (targets:
-    # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25).
+    # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
+    # f16_coop128_stage_ rows convert f32 operands as they stage them
+    # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep).
     b matmul --warm-up-time 1 --measurement-time 2
     # Flash attention f16 at the 7B shapes with torch SDPA beside it
     # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).

@@ -43,10 +43,10 @@ struct Params {
 // The operands are read four elements at a time, along D (a multiple of
 // 16): the host runs these kernels only where each operand's element offset
 // is a multiple of 4 and its binding starts on 16 bytes, so every index
-// into these arrays is an element index divided by 4.
-@group(0) @binding(1) var<storage, read> q_in: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_in: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_in: array<vec4<f32>>;
+// into these arrays is an element index divided by 4. Q, K and V are read
+// through the `in_…` section of the variant (read_q, read_k, read_v,
+// put_in4): f32, scaled and converted as they are staged, or their f16
+// copies (f16_copy.wgsl), staged as they are.
 
 const THREADS: u32 = SG * 32u;
 // Rows of the resident block: 16 per subgroup.
@@ -119,13 +119,16 @@ fn scaled(x: f32, s: Pow2Steps) -> half {
     return to_half(apply(x, s));
 }
 
-// Four elements scaled into f16's range and converted, to sm[at..at + 4].
-fn put4(at: u32, x: vec4<f32>, s: Pow2Steps) {
-    let h = to_half4(apply4(x, s));
+fn put_half4(at: u32, h: vec4<half>) {
     sm[at] = h.x;
     sm[at + 1u] = h.y;
     sm[at + 2u] = h.z;
     sm[at + 3u] = h.w;
+}
+
+// Four elements scaled into f16's range and converted, to sm[at..at + 4].
+fn put4(at: u32, x: vec4<f32>, s: Pow2Steps) {
+    put_half4(at, to_half4(apply4(x, s)));
 }
 
 // K and V rows j0.. (n of them) of kv head g into the tiles at kb and vb.
@@ -134,15 +137,15 @@ fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32) {
         let r = e / (D / 4u);
         let c = e % (D / 4u) * 4u;
         let j = j0 + r;
-        var k4 = vec4<f32>(0.0);
-        var v4 = vec4<f32>(0.0);
+        var k4 = In4(0.0);
+        var v4 = In4(0.0);
         if j < p.t {
             let i = kv_at(b, j, g, c);
-            k4 = k_in[(p.k_off + i) / 4u];
-            v4 = v_in[(p.v_off + i) / 4u];
+            k4 = read_k((p.k_off + i) / 4u);
+            v4 = read_v((p.v_off + i) / 4u);
         }
-        put4(kb + r * LDS + c, k4, down_k);
-        put4(vb + r * LDS + c, v4, down_v);
+        put_in4(kb + r * LDS + c, k4, down_k);
+        put_in4(vb + r * LDS + c, v4, down_v);
     }
 }
 
@@ -159,6 +162,80 @@ fn ds_exponent() -> i32 {
 // read serialised 16 ways); rotated, the 32 lanes read 32 banks.
 fn half_col(lane: u32, k: u32) -> u32 {
     return lane / 16u * (BC / 2u) + (k + lane) % (BC / 2u);
+}
+
+//// in_f32
+alias In4 = vec4<f32>;
+@group(0) @binding(1) var<storage, read> q_in: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_in: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_in: array<vec4<f32>>;
+
+fn read_q(i: u32) -> In4 {
+    return q_in[i];
+}
+
+fn read_k(i: u32) -> In4 {
+    return k_in[i];
+}
+
+fn read_v(i: u32) -> In4 {
+    return v_in[i];
+}
+
+fn put_in4(at: u32, x: In4, s: Pow2Steps) {
+    put4(at, x, s);
+}
+
+//// in_f16_hw
+// f16 copies made under each operand's scale: staged as they are (the
+// product's scale back by 2^(e_q + e_k) is unchanged).
+alias In4 = vec4<f16>;
+@group(0) @binding(1) var<storage, read> q_in: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read> k_in: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> v_in: array<vec4<f16>>;
+
+fn read_q(i: u32) -> In4 {
+    return q_in[i];
+}
+
+fn read_k(i: u32) -> In4 {
+    return k_in[i];
+}
+
+fn read_v(i: u32) -> In4 {
+    return v_in[i];
+}
+
+fn put_in4(at: u32, x: In4, s: Pow2Steps) {
+    put_half4(at, x);
+}
+
+//// in_f16_sw
+// The same copies as stored (two per u32, element 2j low), held in f32 as
+// the emulated variants hold every f16 value.
+alias In4 = vec4<f32>;
+@group(0) @binding(1) var<storage, read> q_in: array<vec2<u32>>;
+@group(0) @binding(2) var<storage, read> k_in: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> v_in: array<vec2<u32>>;
+
+fn unpack4(w: vec2<u32>) -> In4 {
+    return vec4(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn read_q(i: u32) -> In4 {
+    return unpack4(q_in[i]);
+}
+
+fn read_k(i: u32) -> In4 {
+    return unpack4(k_in[i]);
+}
+
+fn read_v(i: u32) -> In4 {
+    return unpack4(v_in[i]);
+}
+
+fn put_in4(at: u32, x: In4, s: Pow2Steps) {
+    put_half4(at, x);
 }
 
 //// fwd
@@ -190,11 +267,11 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
         let r = e / (D / 4u);
         let c = e % (D / 4u) * 4u;
         let row = q_row(p0, np, g, r);
-        var x = vec4<f32>(0.0);
+        var x = In4(0.0);
         if row.valid {
-            x = q_in[(p.q_off + q_at(b, row.pos, row.head, c)) / 4u];
+            x = read_q((p.q_off + q_at(b, row.pos, row.head, c)) / 4u);
         }
-        put4(Q_S + r * LDS + c, x, down_q);
+        put_in4(Q_S + r * LDS + c, x, down_q);
     }
 }
 
@@ -319,14 +396,14 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
         let r = e / (D / 4u);
         let c = e % (D / 4u) * 4u;
         let row = q_row(p0, np, g, r);
-        var q4 = vec4<f32>(0.0);
+        var q4 = In4(0.0);
         var do4 = vec4<f32>(0.0);
         if row.valid {
             let i = q_at(b, row.pos, row.head, c);
-            q4 = q_in[(p.q_off + i) / 4u];
+            q4 = read_q((p.q_off + i) / 4u);
             do4 = do_in[(p.do_off + i) / 4u];
         }
-        put4(Q_S + r * LDS + c, q4, down_q);
+        put_in4(Q_S + r * LDS + c, q4, down_q);
         put4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BR {
@@ -373,14 +450,14 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
         let r = e / (D / 4u);
         let c = e % (D / 4u) * 4u;
         let i = i0 + r;
-        var q4 = vec4<f32>(0.0);
+        var q4 = In4(0.0);
         var do4 = vec4<f32>(0.0);
         if i < p.t {
             let qi = q_at(b, i, h, c);
-            q4 = q_in[(p.q_off + qi) / 4u];
+            q4 = read_q((p.q_off + qi) / 4u);
             do4 = do_in[(p.do_off + qi) / 4u];
         }
-        put4(Q_S + r * LDS + c, q4, down_q);
+        put_in4(Q_S + r * LDS + c, q4, down_q);
         put4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BC {

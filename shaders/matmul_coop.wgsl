@@ -126,6 +126,63 @@ fn stage_a(buf: u32) {
     }
 }
 
+//// a_f16_vec
+// An f16 copy of A made under its tensor's scale (f16_copy.wgsl), copied
+// into the tile unchanged (`load_a4`: generated).
+const LA: u32 = A_ROWS * A_COLS / 4u / THREADS;
+var<private> ra: array<vec4<half>, LA>;
+
+fn fetch_a(base: u32, m0: u32, k0: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let v = li + i * THREADS;
+        let r = v / (A_COLS / 4u);
+        let c = (v % (A_COLS / 4u)) * 4u;
+        let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
+        ra[i] = load_a4((base + g) / 4u);
+    }
+}
+
+fn stage_a(buf: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let v = li + i * THREADS;
+        let r = v / (A_COLS / 4u);
+        let c = (v % (A_COLS / 4u)) * 4u;
+        let h = ra[i];
+        let s = buf * A_TILE + r * LDA_S + c;
+        a_s[s] = h.x;
+        a_s[s + 1u] = h.y;
+        a_s[s + 2u] = h.z;
+        a_s[s + 3u] = h.w;
+    }
+}
+
+//// a_f16_edge
+// (`load_a1`: generated.)
+const LA: u32 = A_ROWS * A_COLS / THREADS;
+var<private> ra: array<half, LA>;
+
+fn fetch_a(base: u32, m0: u32, k0: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let e = li + i * THREADS;
+        let r = e / A_COLS;
+        let c = e % A_COLS;
+        let gm = m0 + select(r, c, TA);
+        let gk = k0 + select(c, r, TA);
+        var x = half(0.0);
+        if gm < p.m && gk < p.k {
+            x = load_a1(base + select(gm * p.lda + gk, gk * p.lda + gm, TA));
+        }
+        ra[i] = x;
+    }
+}
+
+fn stage_a(buf: u32) {
+    for (var i = 0u; i < LA; i++) {
+        let e = li + i * THREADS;
+        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = ra[i];
+    }
+}
+
 //// b_f32_vec
 @group(0) @binding(2) var<storage, read> b_in: array<vec4<f32>>;
 const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
@@ -264,34 +321,37 @@ fn to_half4(v: vec4<f32>) -> vec4<half> {
     return vec4(round_f16(v.x), round_f16(v.y), round_f16(v.z), round_f16(v.w));
 }
 
-//// b16_hw
-@group(0) @binding(2) var<storage, read> b_in: array<vec4<f16>>;
+//// f16_hw
+// An f16-stored operand (a weight's f16 transport copy, or an operand's f16
+// copy): crates/gpu/src/coop.rs instantiates these loaders per operand,
+// putting its name (a or b) for X and its binding for BINDING.
+@group(0) @binding(BINDING) var<storage, read> X_in: array<vec4<f16>>;
 
-fn load_b4(i: u32) -> vec4<half> {
-    return b_in[i];
+fn load_X4(i: u32) -> vec4<half> {
+    return X_in[i];
 }
 
-//// b16_edge_hw
-@group(0) @binding(2) var<storage, read> b_in: array<f16>;
+//// f16_edge_hw
+@group(0) @binding(BINDING) var<storage, read> X_in: array<f16>;
 
-fn load_b1(i: u32) -> half {
-    return b_in[i];
+fn load_X1(i: u32) -> half {
+    return X_in[i];
 }
 
-//// b16_sw
-// f16 weights as stored on the device (two per u32, element 2j low).
-@group(0) @binding(2) var<storage, read> b_in: array<vec2<u32>>;
+//// f16_sw
+// As stored on the device: two per u32, element 2j low.
+@group(0) @binding(BINDING) var<storage, read> X_in: array<vec2<u32>>;
 
-fn load_b4(i: u32) -> vec4<half> {
-    let w = b_in[i];
+fn load_X4(i: u32) -> vec4<half> {
+    let w = X_in[i];
     return vec4(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
-//// b16_edge_sw
-@group(0) @binding(2) var<storage, read> b_in: array<u32>;
+//// f16_edge_sw
+@group(0) @binding(BINDING) var<storage, read> X_in: array<u32>;
 
-fn load_b1(i: u32) -> half {
-    return unpack2x16float(b_in[i >> 1u])[i & 1u];
+fn load_X1(i: u32) -> half {
+    return unpack2x16float(X_in[i >> 1u])[i & 1u];
 }
 
 //// emulation

@@ -7,15 +7,18 @@
 //! Llama-7B/Qwen-7B (32/8 heads) and Qwen2.5-7B (28/4) shapes, B = 4, D =
 //! 128, T = 1024, 2048, 4096 (elsewhere one small shape on the emulated
 //! kernels), each checked against the CPU F16 reference first (B = 1, T =
-//! 256, same heads); then it runs `benches/torch_sdpa.py` for PyTorch's
-//! figure on the same shapes where torch with CUDA imports.
+//! 256, same heads): reading f16 copies of Q, K and V (the default; the
+//! summary adds a forward that makes them, "fwd fresh") and, on a GPU,
+//! converting as they stage (`…_stage_…` rows); then it runs
+//! `benches/torch_sdpa.py` for PyTorch's figure on the same shapes where
+//! torch with CUDA imports.
 
 mod common;
 
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
-use megatrain_gpu::{F16Attention, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
 
@@ -59,13 +62,13 @@ fn bench(c: &mut Criterion) {
 /// (B, T, Hq, Hkv, D)
 type Dims = (usize, usize, usize, usize, usize);
 
-fn f16_executor(kind: F16Attention) -> Option<GpuExecutor> {
+fn f16_executor(kind: F16Attention, opts: GpuOptions) -> Option<GpuExecutor> {
     let ctx = GpuContext::new().ok()?;
     let mut g = GpuExecutor::with_options(
         ctx,
         GpuOptions {
             f16_attention: kind,
-            ..Default::default()
+            ..opts
         },
     );
     g.set_compute_precision(ComputePrecision::F16).ok()?;
@@ -137,45 +140,79 @@ fn bench_f16(c: &mut Criterion) {
     } else {
         (F16Attention::CoopEmulated, vec![(1, 64, 4, 2, 64)])
     };
-    let Some(g) = f16_executor(kind) else { return };
+    // The default reads f16 copies of Q, K and V, made once per value: the
+    // fwd_/bwd_ rows reuse them (as a step's backward does the forward's);
+    // `fresh` times a forward that makes them (and scans the maxima) as the
+    // first forward over new tensors does. On a GPU the same kernels
+    // converting as they stage (`_stage` rows) are timed beside them.
+    let mut ways = vec![("", GpuOptions::default())];
+    if real {
+        let stage = GpuOptions {
+            f16_operands: F16Operands::Stage,
+            ..Default::default()
+        };
+        ways.push(("_stage", stage));
+    }
+    let fresh_opts = GpuOptions {
+        recompute_operand_maxima: true,
+        ..Default::default()
+    };
+    let Some(fresh) = f16_executor(kind, fresh_opts) else {
+        return;
+    };
     let mut checked = Vec::new();
     let mut summary = Vec::new();
     let mut group = c.benchmark_group("attention_f16");
     group.sample_size(10);
-    for (b, t, hq, hkv, d) in shapes {
-        if !checked.contains(&(hq, hkv, d)) {
-            check(&g, t.min(256), hq, hkv, d);
-            checked.push((hq, hkv, d));
+    for (way, opts) in ways {
+        let Some(g) = f16_executor(kind, opts) else { return };
+        for &(b, t, hq, hkv, d) in &shapes {
+            if !checked.contains(&(hq, hkv, d)) {
+                check(&g, t.min(256), hq, hkv, d);
+                checked.push((hq, hkv, d));
+            }
+            let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
+            let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
+            let [q, k, v, dout] = hs.each_ref().map(|h| g.upload(h).unwrap());
+            let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
+            let name = format!("{kind:?}{way}_B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
+            let fwd_run = || {
+                let o = g.attention(&q, &k, &v).unwrap();
+                g.synchronize().unwrap();
+                o
+            };
+            group.throughput(Throughput::Elements(flops));
+            group.bench_function(format!("fwd_{name}"), |bench| bench.iter(fwd_run));
+            let fwd = g.attention(&q, &k, &v).unwrap();
+            let bwd_run = || {
+                let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
+                g.synchronize().unwrap();
+                gr
+            };
+            group.throughput(Throughput::Elements(flops * 5 / 2));
+            group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
+            let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
+            let mut line = format!(
+                "megatrain f16 {name}: fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
+                tf * 1e3,
+                flops as f64 / tf / 1e12,
+                tb * 1e3,
+                2.5 * flops as f64 / tb / 1e12
+            );
+            if way.is_empty() {
+                let [q, k, v] = [&hs[0], &hs[1], &hs[2]].map(|h| fresh.upload(h).unwrap());
+                let tn = median(5, || {
+                    drop(fresh.attention(&q, &k, &v).unwrap());
+                    fresh.synchronize().unwrap();
+                });
+                line += &format!(
+                    ", fwd fresh (max scans and f16 copies of Q, K, V included) {:.3} ms {:.2} TFLOP/s",
+                    tn * 1e3,
+                    flops as f64 / tn / 1e12
+                );
+            }
+            summary.push(line);
         }
-        let q = g.upload(&common::rand(1, &[b, t, hq, d])).unwrap();
-        let k = g.upload(&common::rand(2, &[b, t, hkv, d])).unwrap();
-        let v = g.upload(&common::rand(3, &[b, t, hkv, d])).unwrap();
-        let dout = g.upload(&common::rand(4, &[b, t, hq, d])).unwrap();
-        let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
-        let name = format!("{kind:?}_B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
-        let fwd_run = || {
-            let o = g.attention(&q, &k, &v).unwrap();
-            g.synchronize().unwrap();
-            o
-        };
-        group.throughput(Throughput::Elements(flops));
-        group.bench_function(format!("fwd_{name}"), |bench| bench.iter(fwd_run));
-        let fwd = g.attention(&q, &k, &v).unwrap();
-        let bwd_run = || {
-            let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
-            g.synchronize().unwrap();
-            gr
-        };
-        group.throughput(Throughput::Elements(flops * 5 / 2));
-        group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
-        let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
-        summary.push(format!(
-            "megatrain f16 {name}: fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
-            tf * 1e3,
-            flops as f64 / tf / 1e12,
-            tb * 1e3,
-            2.5 * flops as f64 / tb / 1e12
-        ));
     }
     group.finish();
     for line in &summary {

@@ -8,7 +8,11 @@
 //! the interior pipelines),
 //! `f16_simt_…` (the same kernel rounding operands to f16) and
 //! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…` (the tensor-core
-//! tiles, only where the adapter has cooperative matrices), and
+//! tiles, only where the adapter has cooperative matrices, reading the f16
+//! copies of f32 operands: made once per value of A and B, so outside the
+//! timed loop, as a training step makes each once for several products),
+//! `f16_coop128_stage_…` (the default tile converting f32 operands as it
+//! stages them, `F16Operands::Stage`), and
 //! `shader_checks_…` (one f32 and one f16 product compiled with wgpu's
 //! runtime checks, as every kernel was before they were turned off).
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
@@ -18,7 +22,7 @@
 mod common;
 
 use criterion::{Criterion, Throughput};
-use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions};
+use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, DType, Executor, Transpose};
 
@@ -115,17 +119,25 @@ fn bench(c: &mut Criterion) {
         vec![(256, 256, 256, nn, DType::F32), (256, 200, 300, nt, DType::F16)]
     };
     let ctx = g.context().clone();
-    let f16_with = |k: F16Matmul, shader_checks: bool| {
+    let f16_opts = |k: F16Matmul, opts: GpuOptions| {
         let mut e = GpuExecutor::with_options(
             ctx.clone(),
             GpuOptions {
                 f16_matmul: k,
-                shader_checks,
-                ..Default::default()
+                ..opts
             },
         );
         e.set_compute_precision(ComputePrecision::F16).unwrap();
         e
+    };
+    let f16_with = |k: F16Matmul, shader_checks: bool| {
+        f16_opts(
+            k,
+            GpuOptions {
+                shader_checks,
+                ..Default::default()
+            },
+        )
     };
     let f16 = |k: F16Matmul| f16_with(k, false);
     let mut kernels = vec![F16Matmul::Simt];
@@ -136,6 +148,23 @@ fn bench(c: &mut Criterion) {
     }
     for &k in &kernels {
         run(c, &f16(k), Some(&g), &format!("f16_{k}_"), &f16_shapes);
+    }
+    // The default tile converting f32 operands as it stages them, instead
+    // of reading their f16 copies (made once, outside the timed loop, since
+    // A and B do not change between iterations).
+    let default_f16 = f16(F16Matmul::Auto).f16_matmul_kernel();
+    if matches!(default_f16, F16Matmul::Coop(_)) {
+        let stage = GpuOptions {
+            f16_operands: F16Operands::Stage,
+            ..Default::default()
+        };
+        run(
+            c,
+            &f16_opts(default_f16, stage),
+            Some(&g),
+            &format!("f16_{default_f16}_stage_"),
+            &f16_shapes,
+        );
     }
 
     // The same kernels with wgpu's runtime checks compiled in: what turning
@@ -155,7 +184,6 @@ fn bench(c: &mut Criterion) {
         "shader_checks_",
         &[(square, square, square, nn, DType::F32)],
     );
-    let default_f16 = f16(F16Matmul::Auto).f16_matmul_kernel();
     run(
         c,
         &f16_with(default_f16, true),

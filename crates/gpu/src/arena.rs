@@ -60,8 +60,9 @@ pub struct PooledBuffer {
     arena: Arc<Arena>,
     pooled: bool,
     /// Bumped by every write into the buffer after its first use
-    /// ([`PooledBuffer::note_write`]): what the maxima remembered with its
-    /// tensors are checked against (`crate::tensor::MaxCell`).
+    /// ([`PooledBuffer::note_write`]): what the maxima and f16 copies
+    /// remembered with its tensors are checked against
+    /// (`crate::tensor::Derived`).
     generation: AtomicU64,
 }
 
@@ -72,8 +73,8 @@ impl PooledBuffer {
     }
 
     /// Notes that the buffer's contents are about to change (an in-place op,
-    /// a weight reload): every max remembered for any tensor over it is
-    /// stale from now on.
+    /// a weight reload): every max and f16 copy remembered for any tensor
+    /// over it is stale from now on.
     pub fn note_write(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }

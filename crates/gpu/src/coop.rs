@@ -135,8 +135,13 @@ pub struct CoopMatmul {
     /// a multiple of the K step, or operands not aligned for vector loads);
     /// otherwise whole tiles through vector loads.
     pub edge: bool,
-    /// B is stored as f16 (a weight's f16 transport copy), else f32.
+    /// B is stored as f16 (a weight's f16 transport copy, or an operand's
+    /// f16 copy under its scale), else f32.
     pub b_f16: bool,
+    /// A is stored as f16 (an operand's f16 copy under its scale), else
+    /// f32, scaled and converted as it is staged. Only with `b_f16`: the
+    /// operands are copied together.
+    pub a_f16: bool,
     /// The same kernel with the cooperative-matrix operations emulated in
     /// plain WGSL and f16 values held in f32: runs on any adapter (slowly),
     /// so that the kernels' indexing, staging, double buffering and
@@ -151,8 +156,11 @@ impl CoopMatmul {
     pub fn all() -> Vec<CoopMatmul> {
         let mut v = Vec::new();
         for tile in CoopTile::ALL {
-            for bits in 0..128u32 {
+            for bits in 0..256u32 {
                 let f = |i: u32| (bits >> i) & 1 == 1;
+                if f(7) && !f(4) {
+                    continue;
+                }
                 v.push(CoopMatmul {
                     tile,
                     ta: f(0),
@@ -162,6 +170,7 @@ impl CoopMatmul {
                     b_f16: f(4),
                     emulated: f(5),
                     epi: f(6),
+                    a_f16: f(7),
                 });
             }
         }
@@ -190,14 +199,15 @@ impl CoopMatmul {
 
     pub fn label(&self) -> String {
         format!(
-            "{}{}_{}{}{}{}{}{}",
+            "{}{}_{}{}{}{}{}{}{}",
             self.tile.name(),
             if self.emulated { "_sw" } else { "" },
             if self.ta { "T" } else { "N" },
             if self.tb { "T" } else { "N" },
             if self.tc { "_tc" } else { "" },
             if self.edge { "_edge" } else { "" },
-            if self.b_f16 { "_bf16w" } else { "" },
+            if self.a_f16 { "_a16" } else { "" },
+            if self.b_f16 { "_b16" } else { "" },
             if self.epi { "_epi" } else { "" }
         )
     }
@@ -253,15 +263,17 @@ impl CoopMatmul {
         if self.emulated {
             out.push_str(&emulation("a_s", "b_s", "c_s"));
         }
-        if self.b_f16 {
-            out.push_str(section(match (self.edge, self.emulated) {
-                (false, false) => "b16_hw",
-                (true, false) => "b16_edge_hw",
-                (false, true) => "b16_sw",
-                (true, true) => "b16_edge_sw",
-            }));
+        for (stored_f16, name, binding) in [(self.a_f16, "a", "1"), (self.b_f16, "b", "2")] {
+            if stored_f16 {
+                out.push_str(&f16_loads(self.edge, self.emulated, name, binding));
+            }
         }
-        out.push_str(section(if self.edge { "a_edge" } else { "a_vec" }));
+        out.push_str(section(match (self.a_f16, self.edge) {
+            (false, false) => "a_vec",
+            (false, true) => "a_edge",
+            (true, false) => "a_f16_vec",
+            (true, true) => "a_f16_edge",
+        }));
         out.push_str(section(match (self.b_f16, self.edge) {
             (false, false) => "b_f32_vec",
             (false, true) => "b_f32_edge",
@@ -365,6 +377,21 @@ impl CoopMatmul {
     }
 }
 
+/// The loaders of an f16-stored operand (`name` a or b, at `binding`):
+/// matmul_coop.wgsl's `f16_…` sections with the operand's names put in.
+fn f16_loads(edge: bool, emulated: bool, name: &str, binding: &str) -> String {
+    let sec = match (edge, emulated) {
+        (false, false) => "f16_hw",
+        (true, false) => "f16_edge_hw",
+        (false, true) => "f16_sw",
+        (true, true) => "f16_edge_sw",
+    };
+    section(sec)
+        .replace("@binding(BINDING)", &format!("@binding({binding})"))
+        .replace("X_in", &format!("{name}_in"))
+        .replace("load_X", &format!("load_{name}"))
+}
+
 /// The software cooperative-matrix operations (matmul_coop.wgsl's
 /// `emulation` section) over the named workgroup arrays: the staged
 /// operands and the fragment on its way out.
@@ -377,15 +404,7 @@ pub(crate) fn emulation(a: &str, b: &str, out: &str) -> String {
 
 /// The text of `//// name` up to the next section of matmul_coop.wgsl.
 pub(crate) fn section(name: &str) -> &'static str {
-    let marker = format!("//// {name}\n");
-    let start = COOP
-        .find(&marker)
-        .unwrap_or_else(|| panic!("matmul_coop.wgsl has no section {name}"))
-        + marker.len();
-    let end = COOP[start..]
-        .find("\n//// ")
-        .map_or(COOP.len(), |e| start + e + 1);
-    &COOP[start..end]
+    crate::kernels::wgsl_section(COOP, "matmul_coop.wgsl", name)
 }
 
 #[cfg(test)]

@@ -32,6 +32,10 @@ pub struct CoopAttention {
     pub d: u32,
     /// Cooperative-matrix operations emulated in plain WGSL.
     pub emulated: bool,
+    /// Q, K and V are read as their f16 copies under their scales
+    /// (`F16Operands::Copy`), else as f32, scaled and converted as they are
+    /// staged.
+    pub f16_in: bool,
 }
 
 /// Head dimensions up to which dK/dV keeps K's and V's fragments in
@@ -63,7 +67,14 @@ impl CoopAttention {
         for pass in [AttnPass::Fwd, AttnPass::Dq, AttnPass::Dkv] {
             for d in Self::HEAD_DIMS {
                 for emulated in [false, true] {
-                    v.push(CoopAttention { pass, d, emulated });
+                    for f16_in in [false, true] {
+                        v.push(CoopAttention {
+                            pass,
+                            d,
+                            emulated,
+                            f16_in,
+                        });
+                    }
                 }
             }
         }
@@ -133,9 +144,10 @@ impl CoopAttention {
             AttnPass::Dkv => "dkv",
         };
         format!(
-            "flash_{pass}_d{}{}",
+            "flash_{pass}_d{}{}{}",
             self.d,
-            if self.emulated { "_sw" } else { "" }
+            if self.emulated { "_sw" } else { "" },
+            if self.f16_in { "_in16" } else { "" }
         )
     }
 
@@ -187,6 +199,11 @@ impl CoopAttention {
         out.push_str(SCALE);
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
+        out.push_str(section(match (self.f16_in, self.emulated) {
+            (false, _) => "in_f32",
+            (true, false) => "in_f16_hw",
+            (true, true) => "in_f16_sw",
+        }));
         if self.emulated {
             out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
         }
@@ -580,15 +597,7 @@ fn pv_blocks(blocks: u32, fragments: u32) -> u32 {
 
 /// The text of `//// name` up to the next section of attention_coop.wgsl.
 fn section(name: &str) -> &'static str {
-    let marker = format!("//// {name}\n");
-    let start = ATTN
-        .find(&marker)
-        .unwrap_or_else(|| panic!("attention_coop.wgsl has no section {name}"))
-        + marker.len();
-    let end = ATTN[start..]
-        .find("\n//// ")
-        .map_or(ATTN.len(), |e| start + e + 1);
-    &ATTN[start..end]
+    crate::kernels::wgsl_section(ATTN, "attention_coop.wgsl", name)
 }
 
 #[cfg(test)]

@@ -26,6 +26,20 @@ const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
+const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
+
+/// The text of section `//// name` of `src` (the WGSL file `file`), up to
+/// the next section: the files whose kernels are put together per variant
+/// keep their pieces this way.
+pub(crate) fn wgsl_section(src: &'static str, file: &str, name: &str) -> &'static str {
+    let marker = format!("//// {name}\n");
+    let start = src
+        .find(&marker)
+        .unwrap_or_else(|| panic!("{file} has no section {name}"))
+        + marker.len();
+    let end = src[start..].find("\n//// ").map_or(src.len(), |e| start + e + 1);
+    &src[start..end]
+}
 
 /// How the B operand of a matmul is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,6 +106,12 @@ pub enum Kernel {
     MatmulCoop(crate::coop::CoopMatmul),
     AbsmaxF32,
     AbsmaxBf16,
+    /// The f16 copy of an f32 operand of the tensor-core matmuls, converted
+    /// as they convert (`hw`: in f16 arithmetic, on adapters with
+    /// cooperative matrices; else rounded in f32, for the emulated ones).
+    F16Copy {
+        hw: bool,
+    },
     Add,
     AddAssign,
     Scale,
@@ -142,7 +162,8 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel that runs on any adapter (the tensor-core variants,
     /// which need cooperative matrices, are listed by
-    /// [`crate::CoopMatmul::all`]).
+    /// [`crate::CoopMatmul::all`], and `F16Copy { hw: true }` goes with
+    /// them).
     pub fn all() -> Vec<Kernel> {
         use Kernel::*;
         let mut v = Vec::new();
@@ -159,6 +180,7 @@ impl Kernel {
         v.extend([
             AbsmaxF32,
             AbsmaxBf16,
+            F16Copy { hw: false },
             Add,
             AddAssign,
             Scale,
@@ -278,6 +300,18 @@ impl Kernel {
                     source: v.source(),
                     entry: "main",
                     bindings,
+                };
+            }
+            F16Copy { hw } => {
+                let (enable, half) = if hw {
+                    ("enable f16;\n", "half_hw")
+                } else {
+                    ("", "half_sw")
+                };
+                return KernelSpec {
+                    source: [enable, MATMUL_SCALE, crate::coop::section(half), F16_COPY].concat(),
+                    entry: "main",
+                    bindings: &[1, 2, 5],
                 };
             }
             AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),

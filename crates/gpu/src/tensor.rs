@@ -11,37 +11,45 @@ use crate::arena::PooledBuffer;
 /// reshapes share the buffer; in-place ops copy first when it is shared.
 /// `offset` (bytes, a multiple of the storage offset alignment) is non-zero
 /// for the tensors of a weight slot, which share one buffer per layer.
-/// `max` remembers max|x| for the f16 matmuls; clones and reshapes share it
-/// along with the contents.
+/// `derived` remembers what the f16 matmuls derive from the contents (max|x|
+/// and the f16 copy); clones and reshapes share it along with the contents.
 #[derive(Clone)]
 pub struct GpuTensor {
     pub(crate) buf: Arc<PooledBuffer>,
     pub(crate) offset: u64,
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
-    pub(crate) max: Arc<MaxCell>,
+    pub(crate) derived: Arc<Derived>,
 }
 
-/// max|x| of a tensor's contents as the absmax kernel found it (one f32
-/// word on the device), with the buffer generation it was found at.
+/// What the f16 matmuls derive from a tensor's contents, each remembered
+/// with the buffer generation it was derived at: max|x| as the absmax kernel
+/// found it (one f32 word on the device), and the f16 copy made under the
+/// scale that max gives (`exec/f16_copy.rs`).
 ///
-/// A tensor is scanned once per value instead of once per product that
-/// reads it. A stale max would scale an operand by the wrong power of two
-/// without any error, so validity is not left to the writers' care: every
-/// write into an existing buffer notes it on the buffer
-/// ([`PooledBuffer::note_write`]: `GpuExecutor::make_unique`, the one
-/// gate of the in-place ops, and the weight reloads), and a max found at
-/// an older generation is never handed out ([`MaxCell::get`]). A write into
-/// a weight slot's buffer invalidates every tensor over it, not only the
-/// one written — conservative, and correct.
+/// A tensor is scanned and copied once per value instead of once per
+/// product that reads it. A stale max would scale an operand by the wrong
+/// power of two, and a stale copy would be the wrong operand, without any
+/// error, so validity is not left to the writers' care: every write into an
+/// existing buffer notes it on the buffer ([`PooledBuffer::note_write`]:
+/// `GpuExecutor::make_unique`, the one gate of the in-place ops, and the
+/// weight reloads), and nothing derived at an older generation is ever
+/// handed out. A write into a weight slot's buffer invalidates every tensor
+/// over it, not only the one written — conservative, and correct.
 #[derive(Default)]
-pub(crate) struct MaxCell(Mutex<Option<(u64, GpuTensor)>>);
+pub(crate) struct Derived {
+    max: Mutex<Option<(u64, GpuTensor)>>,
+    /// With whether it was converted in f16 arithmetic (`hw`) or rounded
+    /// in f32: one executor only ever makes one kind, but the bits of the
+    /// two need not agree.
+    half: Mutex<Option<(u64, bool, GpuTensor)>>,
+}
 
-impl MaxCell {
+impl Derived {
     /// The remembered max word of `t`'s contents, if it is current.
-    pub(crate) fn get(t: &GpuTensor) -> Option<GpuTensor> {
+    pub(crate) fn max(t: &GpuTensor) -> Option<GpuTensor> {
         let g = t.buf.generation();
-        match &*t.max.0.lock().expect("max cell poisoned") {
+        match &*t.derived.max.lock().expect("derived cell poisoned") {
             Some((at, word)) if *at == g => Some(word.clone()),
             _ => None,
         }
@@ -49,8 +57,29 @@ impl MaxCell {
 
     /// Remembers `word` as `t`'s max, found at `generation` (read before the
     /// scan was recorded).
-    pub(crate) fn set(t: &GpuTensor, generation: u64, word: GpuTensor) {
-        *t.max.0.lock().expect("max cell poisoned") = Some((generation, word));
+    pub(crate) fn set_max(t: &GpuTensor, generation: u64, word: GpuTensor) {
+        *t.derived.max.lock().expect("derived cell poisoned") = Some((generation, word));
+    }
+
+    /// The remembered f16 copy of `t`'s contents of kind `hw`, if it is
+    /// current. A stale one is dropped here, so that its memory goes back
+    /// to the pool before a new copy is made.
+    pub(crate) fn half(t: &GpuTensor, hw: bool) -> Option<GpuTensor> {
+        let g = t.buf.generation();
+        let mut cell = t.derived.half.lock().expect("derived cell poisoned");
+        match &*cell {
+            Some((at, kind, copy)) if *at == g && *kind == hw => Some(copy.clone()),
+            _ => {
+                *cell = None;
+                None
+            }
+        }
+    }
+
+    /// Remembers `copy` as `t`'s f16 copy of kind `hw`, made from its
+    /// contents at `generation` (read before the copy was recorded).
+    pub(crate) fn set_half(t: &GpuTensor, generation: u64, hw: bool, copy: GpuTensor) {
+        *t.derived.half.lock().expect("derived cell poisoned") = Some((generation, hw, copy));
     }
 }
 

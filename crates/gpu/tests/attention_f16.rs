@@ -11,7 +11,7 @@
 mod common;
 
 use common::*;
-use megatrain_gpu::{F16Attention, GpuExecutor, GpuOptions};
+use megatrain_gpu::{F16Attention, F16Operands, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor};
 
@@ -19,10 +19,14 @@ const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
 
 fn executor(kind: F16Attention) -> Option<GpuExecutor> {
-    executor_with(kind, false)
+    executor_with(kind, false, F16Operands::default())
 }
 
-fn executor_with(kind: F16Attention, copy_attention_operands: bool) -> Option<GpuExecutor> {
+fn executor_with(
+    kind: F16Attention,
+    copy_attention_operands: bool,
+    f16_operands: F16Operands,
+) -> Option<GpuExecutor> {
     let c = ctx()?;
     if kind == F16Attention::Coop && !c.has_cooperative_matrix() {
         eprintln!(
@@ -37,6 +41,7 @@ fn executor_with(kind: F16Attention, copy_attention_operands: bool) -> Option<Gp
             poison_outputs: true,
             f16_attention: kind,
             copy_attention_operands,
+            f16_operands,
             ..Default::default()
         },
     );
@@ -313,46 +318,62 @@ fn tensor_core_kernels_match_the_reference() {
     check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
 }
 
-/// The tensor-core kernels read Q, K and V as they are and round them as
-/// they stage them (scale, then f16 conversion to nearest-even): bit for
-/// bit what they compute from rounded copies, which the SIMT kernels need.
-/// Emulated kernels everywhere, the hardware's conversion where it exists.
+/// The tensor-core kernels round Q, K and V to f16 as they stage them
+/// (scale, then f16 conversion to nearest-even), or read their f16 copies
+/// made by the same conversion (`F16Operands::Copy`, the default): bit for
+/// bit what they compute from rounded f32 copies, which the SIMT kernels
+/// need. Forward and backward: the emulated kernels everywhere at D = 64
+/// (each head dimension is another set of kernels for lavapipe to compile;
+/// the default's at every D are checked against the reference above), the
+/// hardware's on every awkward case where it exists.
 #[test]
 fn tensor_core_staging_rounds_exactly_as_the_copies_do() {
-    let c = Case {
-        b: 2,
-        t: 37,
-        hq: 6,
-        hkv: 2,
-        d: 64,
-    };
     for kind in [F16Attention::CoopEmulated, F16Attention::Coop] {
-        let (Some(staged), Some(copied)) = (executor_with(kind, false), executor_with(kind, true)) else {
+        let ways = [
+            (false, F16Operands::Stage),
+            (false, F16Operands::Copy),
+            (true, F16Operands::Stage),
+        ];
+        let Some(gs) = ways
+            .iter()
+            .map(|&(rounded, operands)| executor_with(kind, rounded, operands))
+            .collect::<Option<Vec<_>>>()
+        else {
             continue;
         };
-        let x = inputs(c, 60);
-        let run = |g: &GpuExecutor| -> Vec<Vec<u32>> {
-            let up = |h: &HostTensor| g.upload(h).unwrap();
-            let (q, k, v, d) = (up(&x.q), up(&x.k), up(&x.v), up(&x.dout));
-            let f = g.attention(&q, &k, &v).unwrap();
-            let gr = g.attention_backward(&q, &k, &v, &f, &d).unwrap();
-            [&f.out, &f.lse, &gr.dq, &gr.dk, &gr.dv]
-                .map(|t| {
-                    g.download(t)
-                        .unwrap()
-                        .to_f32_vec()
-                        .iter()
-                        .map(|y| y.to_bits())
-                        .collect()
-                })
-                .to_vec()
-        };
-        let (a, b) = (run(&staged), run(&copied));
-        for (i, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
-            assert!(
-                a[i] == b[i],
-                "{kind:?}: {name} differs between staged and copied operands"
-            );
+        for (i, c) in CASES.into_iter().chain([CASE_128]).enumerate() {
+            if kind == F16Attention::CoopEmulated && c.d != 64 {
+                continue;
+            }
+            let x = inputs(c, 60 + i as u64);
+            let run = |g: &GpuExecutor| -> Vec<Vec<u32>> {
+                let up = |h: &HostTensor| g.upload(h).unwrap();
+                let (q, k, v, d) = (up(&x.q), up(&x.k), up(&x.v), up(&x.dout));
+                let f = g.attention(&q, &k, &v).unwrap();
+                let gr = g.attention_backward(&q, &k, &v, &f, &d).unwrap();
+                [&f.out, &f.lse, &gr.dq, &gr.dk, &gr.dv]
+                    .iter()
+                    .map(|t| {
+                        g.download(t)
+                            .unwrap()
+                            .to_f32_vec()
+                            .iter()
+                            .map(|y| y.to_bits())
+                            .collect()
+                    })
+                    .collect()
+            };
+            let want = run(&gs[0]);
+            for (g, way) in gs[1..].iter().zip(&ways[1..]) {
+                let got = run(g);
+                for (j, name) in ["out", "lse", "dq", "dk", "dv"].iter().enumerate() {
+                    assert!(
+                        got[j] == want[j],
+                        "{kind:?} {c:?}: {name} with (rounded copies, operands) = {way:?} differs from staging's"
+                    );
+                }
+            }
+            assert!(gs[1].operand_f16_copies() > 0 && gs[0].operand_f16_copies() == 0);
         }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use common::matmul_case::{Case, case, interior_cases, operands};
 use common::*;
-use megatrain_gpu::{CoopTile, F16Matmul, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{
     ComputePrecision, DType, Executor, HostTensor, MatmulNeeds, Shape, Transpose, f16, f16_scale_exponent,
 };
@@ -346,6 +346,145 @@ fn tensor_core_kernels_match_host_reference() {
             };
             check(&small, &c, DType::F32, 1.0);
             check(&small, &c, DType::F16, 1.0);
+        }
+    }
+}
+
+/// `c`'s operands with elements whose scaled values are f16 subnormals
+/// (every 7th, at 1e-9 of the rest) or below f16 entirely (every 11th).
+fn operands_with_tiny(c: &Case) -> [HostTensor; 3] {
+    let (a, b, _, dout) = operands(c);
+    [a, b, dout].map(|h| {
+        let v = h.to_f32_vec().into_iter().enumerate();
+        let v = v.map(|(i, x)| match (i % 7, i % 11) {
+            (0, _) => x * 1e-9,
+            (_, 0) => x * 1e-13,
+            _ => x,
+        });
+        HostTensor::from_f32(h.shape().clone(), v.collect()).unwrap()
+    })
+}
+
+/// Case `c`'s forward and both backward products on `g`, as bits.
+fn product_bits(g: &GpuExecutor, c: &Case, b_dtype: DType) -> Vec<Vec<u32>> {
+    let [a, b, dout] = operands_with_tiny(c);
+    let (ga, gb, gd) = (
+        g.upload(&a).unwrap(),
+        g.upload(&b.to_dtype(b_dtype)).unwrap(),
+        g.upload(&dout).unwrap(),
+    );
+    let y = g.matmul(&ga, &gb, None, c.t).unwrap();
+    let r = g.matmul_backward(&ga, &gb, &gd, c.t, MatmulNeeds::ALL).unwrap();
+    [Some(y), r.da, r.db]
+        .iter()
+        .map(|t| down(g, t.as_ref().unwrap()).iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// The f16 operand copies (`F16Operands::Copy`, the default) give the
+/// products' bits exactly as the kernels converting f32 operands as they
+/// stage them (`Stage`): forward and both backward products, every case of
+/// `coop_cases` (layouts, edges, batches), f32 and f16 B, operands with
+/// f16-subnormal elements, and the chunked path; on an emulated tile
+/// everywhere and on every real tile where the adapter has them.
+#[test]
+fn operand_copies_give_the_bits_of_staging() {
+    let Some(c) = ctx() else { return };
+    let with = |f16_matmul, f16_operands, max_binding_bytes| {
+        f16_executor(
+            c.clone(),
+            GpuOptions {
+                f16_matmul,
+                f16_operands,
+                max_binding_bytes,
+                ..Default::default()
+            },
+        )
+    };
+    let mut families = vec![(F16Matmul::CoopEmulated(CoopTile::Small64), None)];
+    families.push((F16Matmul::CoopEmulated(CoopTile::Small64), Some(16 << 10)));
+    if c.has_cooperative_matrix() {
+        families.extend(CoopTile::ALL.map(|t| (F16Matmul::Coop(t), None)));
+        families.push((F16Matmul::Coop(CoopTile::Tile128), Some(64 << 10)));
+    }
+    for (family, binding) in families {
+        let (copy, stage) = (
+            with(family, F16Operands::Copy, binding),
+            with(family, F16Operands::Stage, binding),
+        );
+        for case in coop_cases() {
+            let b_dtypes: &[DType] = if case.t.a {
+                &[DType::F32]
+            } else {
+                &[DType::F32, DType::F16]
+            };
+            for &dt in b_dtypes {
+                let before = copy.operand_f16_copies();
+                let got = product_bits(&copy, &case, dt);
+                assert!(copy.operand_f16_copies() > before, "{family}: no copy was made");
+                assert_eq!(stage.operand_f16_copies(), 0);
+                for (what, (g, w)) in ["y", "da", "db"]
+                    .iter()
+                    .zip(got.iter().zip(&product_bits(&stage, &case, dt)))
+                {
+                    assert!(
+                        g == w,
+                        "{family} (binding {binding:?}) {case:?} b {dt}: {what} differs from staging's"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The f16 copy itself: each element scaled by its tensor's power of two
+/// and rounded to the nearest f16 (ties to even, subnormals kept, overflow
+/// to infinity), bit for bit against half's conversion; awkward lengths
+/// (odd, one element, past a workgroup) and one split over several
+/// bindings at an odd element count; remembered, so a second call makes
+/// no copy.
+#[test]
+fn operand_copy_rounds_each_element_to_nearest_even() {
+    let Some(c) = ctx() else { return };
+    let (rounding, _) = rounding_case();
+    let mut families = vec![F16Matmul::CoopEmulated(CoopTile::Small64)];
+    if c.has_cooperative_matrix() {
+        families.push(F16Matmul::Coop(CoopTile::Tile128));
+    }
+    for family in families {
+        for binding in [None, Some(4096)] {
+            let g = f16_executor(
+                c.clone(),
+                GpuOptions {
+                    f16_matmul: family,
+                    max_binding_bytes: binding,
+                    ..Default::default()
+                },
+            );
+            let lengths = [1, 2, 3, 5, 257, rounding.len(), 5001];
+            for (i, n) in lengths.into_iter().enumerate() {
+                let mut x = megatrain_tensor::testing::random_f32(50 + i as u64, n);
+                let tail = rounding.len().min(n);
+                x[n - tail..].copy_from_slice(&rounding[..tail]);
+                let gx = g
+                    .upload(&HostTensor::from_f32(Shape::new([n]), x.clone()).unwrap())
+                    .unwrap();
+                let copy = g.f16_operand(&gx).unwrap();
+                assert_eq!(megatrain_tensor::TensorHandle::dtype(&copy), DType::F16);
+                let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let e = f16_scale_exponent(max);
+                let got = down(&g, &copy);
+                for (j, (&got, &x)) in got.iter().zip(&x).enumerate() {
+                    let want = f16::from_f64(x as f64 * 2f64.powi(-e));
+                    assert!(
+                        f16::from_f32(got).to_bits() == want.to_bits(),
+                        "{family} binding {binding:?} n {n}: element {j} ({x:e}) copied as {got:e}, want {want}"
+                    );
+                }
+                let made = g.operand_f16_copies();
+                g.f16_operand(&gx).unwrap();
+                assert_eq!(g.operand_f16_copies(), made, "the copy is remembered");
+            }
         }
     }
 }

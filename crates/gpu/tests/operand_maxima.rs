@@ -1,27 +1,32 @@
-//! The f16 operand maxima remembered with their tensors: a tensor used in
-//! an f16 product is scanned once, and every way of changing a tensor's
-//! contents in place (add_assign, write_rows, the accumulating backwards,
+//! The f16 operand maxima, and the tensor-core kernels' f16 operand copies,
+//! remembered with their tensors: a tensor used in an f16 product is
+//! scanned (and copied) once, and every way of changing a tensor's contents
+//! in place (add_assign, write_rows, the accumulating backwards,
 //! embedding_backward, a weight slot's reload) makes the next product scan
-//! it again. Each change multiplies the magnitudes by about 2^10, so a
-//! stale max would scale the operand by the wrong power of two (and
-//! overflow f16); the product must have the bits of the same product on a
-//! fresh upload of the new contents.
+//! (and copy) it again. Each change multiplies the magnitudes by about
+//! 2^10, so a stale max would scale the operand by the wrong power of two
+//! (and overflow f16), and a stale copy would be the old operand; the
+//! product must have the bits of the same product on a fresh upload of the
+//! new contents. Each check runs on the SIMT kernel (maxima) and on a
+//! tensor-core tile, emulated so that it runs anywhere (maxima and copies).
 
 mod common;
 
 use common::*;
-use megatrain_gpu::{F16Matmul, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
+use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
 use megatrain_tensor::{
     ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Shape, Transpose, WeightSlot,
     WeightUpload,
 };
 
-fn f16_executor(transport: TransportChoice) -> Option<GpuExecutor> {
+const FAMILIES: [F16Matmul; 2] = [F16Matmul::Simt, F16Matmul::CoopEmulated(CoopTile::Small16x64)];
+
+fn f16_executor(family: F16Matmul, transport: TransportChoice) -> Option<GpuExecutor> {
     let mut g = GpuExecutor::with_options(
         ctx()?,
         GpuOptions {
             poison_outputs: true,
-            f16_matmul: F16Matmul::Simt,
+            f16_matmul: family,
             transport,
             ..Default::default()
         },
@@ -40,37 +45,51 @@ fn bits(g: &GpuExecutor, t: &GpuTensor) -> Vec<u32> {
     down(g, t).iter().map(|x| x.to_bits()).collect()
 }
 
-/// A fresh tensor with `t`'s contents (no max remembered).
+/// A fresh tensor with `t`'s contents (nothing remembered).
 fn copy(g: &GpuExecutor, t: &GpuTensor) -> GpuTensor {
     g.upload(&g.download(t).unwrap()).unwrap()
 }
 
-/// `x @ w` (both f32: both scanned), and the scans it recorded.
+/// `x @ w` (both f32: both scanned, and copied for the tensor-core
+/// kernels), and the scans it recorded.
 fn product(g: &GpuExecutor, x: &GpuTensor, w: &GpuTensor) -> (Vec<u32>, u64) {
-    let before = g.operand_max_scans();
+    let (scans, copies) = (g.operand_max_scans(), g.operand_f16_copies());
     let y = g.matmul(x, w, None, Transpose::NN).unwrap();
-    (bits(g, &y), g.operand_max_scans() - before)
+    let scans = g.operand_max_scans() - scans;
+    let copies = g.operand_f16_copies() - copies;
+    // Every operand here is f32: the tensor-core kernels copy what is
+    // scanned, the SIMT kernel copies nothing.
+    let coop = matches!(g.f16_matmul_kernel(), F16Matmul::CoopEmulated(_));
+    assert_eq!(
+        copies,
+        if coop { scans } else { 0 },
+        "copies beside {scans} scans"
+    );
+    (bits(g, &y), scans)
 }
 
-/// `x` (`[r, c]`) remembers its max through a product; `change` rewrites
-/// it in place; the next product scans it again and has the bits of the
-/// product on a fresh copy.
-fn check_x(what: &str, rows: usize, cols: usize, change: impl FnOnce(&GpuExecutor, &mut GpuTensor)) {
-    let Some(g) = f16_executor(TransportChoice::Auto) else {
-        return;
-    };
-    let mut x = g.upload(&rand_host(1, &[rows, cols])).unwrap();
-    let w = g.upload(&rand_host(2, &[cols, 19])).unwrap();
-    assert_eq!(product(&g, &x, &w).1, 2, "{what}: first use scans x and w");
-    assert_eq!(product(&g, &x, &w).1, 0, "{what}: second use scans nothing");
-    change(&g, &mut x);
-    let (got, scans) = product(&g, &x, &w);
-    let (want, _) = product(&g, &copy(&g, &x), &w);
-    assert!(
-        got == want,
-        "{what}: product after the change differs from a fresh copy's"
-    );
-    assert_eq!(scans, 1, "{what}: the changed x is scanned again");
+/// `x` (`[r, c]`) remembers its max (and copy) through a product; `change`
+/// rewrites it in place; the next product scans it again and has the bits
+/// of the product on a fresh upload.
+fn check_x(what: &str, rows: usize, cols: usize, change: impl Fn(&GpuExecutor, &mut GpuTensor)) {
+    for family in FAMILIES {
+        let Some(g) = f16_executor(family, TransportChoice::Auto) else {
+            return;
+        };
+        let what = format!("{what} ({family})");
+        let mut x = g.upload(&rand_host(1, &[rows, cols])).unwrap();
+        let w = g.upload(&rand_host(2, &[cols, 19])).unwrap();
+        assert_eq!(product(&g, &x, &w).1, 2, "{what}: first use scans x and w");
+        assert_eq!(product(&g, &x, &w).1, 0, "{what}: second use scans nothing");
+        change(&g, &mut x);
+        let (got, scans) = product(&g, &x, &w);
+        let (want, _) = product(&g, &copy(&g, &x), &w);
+        assert!(
+            got == want,
+            "{what}: product after the change differs from a fresh upload's"
+        );
+        assert_eq!(scans, 1, "{what}: the changed x is scanned again");
+    }
 }
 
 #[test]
@@ -131,11 +150,18 @@ fn accumulating_db_invalidates() {
     });
 }
 
-/// A handle sharing x's contents (a reshape) keeps them, and its max, when
-/// x is changed (x is copied first); x's next product scans only x.
+/// A handle sharing x's contents (a reshape) keeps them, and its max and
+/// f16 copy, when x is changed (x is copied first); x's next product scans
+/// only x.
 #[test]
 fn a_shared_handle_keeps_its_contents_and_max() {
-    let Some(g) = f16_executor(TransportChoice::Auto) else {
+    for family in FAMILIES {
+        shared_handle(family);
+    }
+}
+
+fn shared_handle(family: F16Matmul) {
+    let Some(g) = f16_executor(family, TransportChoice::Auto) else {
         return;
     };
     let mut x = g.upload(&rand_host(1, &[21, 33])).unwrap();
@@ -157,12 +183,18 @@ fn a_shared_handle_keeps_its_contents_and_max() {
 }
 
 /// f32 weights reloaded into the same slot: the new tensors, and the old
-/// handles over the same buffer, are scanned again.
+/// handles over the same buffer, are scanned (and copied) again.
 #[test]
 fn weight_reload_invalidates() {
+    for family in FAMILIES {
+        weight_reload(family);
+    }
+}
+
+fn weight_reload(family: F16Matmul) {
     const SLOT: WeightSlot = WeightSlot { kind: 7, index: 0 };
     for t in [TransportChoice::Staging, TransportChoice::Mapped] {
-        let Some(g) = f16_executor(t) else { return };
+        let Some(g) = f16_executor(family, t) else { return };
         if t == TransportChoice::Mapped
             && !g
                 .context()
@@ -210,22 +242,25 @@ fn weight_reload_invalidates() {
     }
 }
 
-/// Scans counted per use when the maxima are not remembered.
+/// Scans (and copies) counted per use when the maxima are not remembered.
 #[test]
 fn recompute_option_scans_every_use() {
     let Some(ctx) = ctx() else { return };
-    let mut g = GpuExecutor::with_options(
-        ctx,
-        GpuOptions {
-            recompute_operand_maxima: true,
-            ..Default::default()
-        },
-    );
-    g.set_compute_precision(ComputePrecision::F16).unwrap();
-    let x = g.upload(&rand_host(1, &[21, 33])).unwrap();
-    let w = g.upload(&rand_host(2, &[33, 19])).unwrap();
-    let (a, n1) = product(&g, &x, &w);
-    let (b, n2) = product(&g, &x, &w);
-    assert_eq!((n1, n2), (2, 2));
-    assert!(a == b);
+    for family in FAMILIES {
+        let mut g = GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                recompute_operand_maxima: true,
+                f16_matmul: family,
+                ..Default::default()
+            },
+        );
+        g.set_compute_precision(ComputePrecision::F16).unwrap();
+        let x = g.upload(&rand_host(1, &[21, 33])).unwrap();
+        let w = g.upload(&rand_host(2, &[33, 19])).unwrap();
+        let (a, n1) = product(&g, &x, &w);
+        let (b, n2) = product(&g, &x, &w);
+        assert_eq!((n1, n2), (2, 2), "{family}");
+        assert!(a == b, "{family}");
+    }
 }

@@ -1,12 +1,13 @@
 //! Attention under the F16 compute precision: operands rounded to f16 under
 //! their tensor's power-of-two scale, by copies (`shaders/attention_f16.wgsl`)
-//! for the SIMT kernels, or as the tensor-core flash-attention family
-//! (`crate::coop_attention`) stages them, where it applies.
+//! for the SIMT kernels, or for the tensor-core flash-attention family
+//! (`crate::coop_attention`), where it applies, into f16 copies of Q, K and
+//! V (`exec/f16_copy.rs`; or as it stages them, under `F16Operands::Stage`).
 
 use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
 
 use super::attention::{Dims, F16Attention};
-use super::{GpuExecutor, View, f, grid_for, u};
+use super::{F16Operands, GpuExecutor, Op, View, f, grid_for, u};
 use crate::coop_attention::{AttnPass, CoopAttention};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
@@ -39,10 +40,10 @@ impl GpuExecutor {
     /// The buffer of max|x| of `xs` (slot i for `xs[i]`) the scales come
     /// from, and for each `xs[i]` with `round[i]` a copy rounded to f16
     /// under its tensor's power-of-two scale and scaled back
-    /// (precision.rs). The tensor-core kernels need no copy of what they
-    /// only stage: they scale by the same power of two and convert to f16
-    /// there (nearest-even), which rounds each element exactly as the copy
-    /// would.
+    /// (precision.rs). The tensor-core kernels need no such copy of what
+    /// they only stage: they read f16 copies ([`Self::f16_copy`]), or scale
+    /// by the same power of two and convert to f16 as they stage, and either
+    /// rounds each element exactly as the rounded copy would.
     pub(crate) fn round_operands(
         &self,
         name: &'static str,
@@ -94,6 +95,7 @@ impl GpuExecutor {
             pass,
             d: d.d as u32,
             emulated,
+            f16_in: self.f16_operands == F16Operands::Copy,
         };
         let have = self.ctx.workgroup_bytes();
         if v.workgroup_bytes() > have {
@@ -127,6 +129,27 @@ impl GpuExecutor {
         Ok(v)
     }
 
+    /// Q, K and V as the kernels of [`Self::coop_variant`] read them: under
+    /// [`F16Operands::Copy`] their f16 copies (`maxima` holds their max in
+    /// slots 0, 1, 2), remembered with the tensors so that the backward
+    /// finds the forward's; else `None`, the tensors themselves.
+    fn coop_inputs(
+        &self,
+        op: &mut Op<'_>,
+        qkv: [&GpuTensor; 3],
+        maxima: &GpuTensor,
+        emulated: bool,
+    ) -> Result<Option<[GpuTensor; 3]>> {
+        if self.f16_operands != F16Operands::Copy {
+            return Ok(None);
+        }
+        let mut copies = Vec::with_capacity(3);
+        for (slot, x) in qkv.into_iter().enumerate() {
+            copies.push(self.f16_copy(op, x, maxima, slot as u32, !emulated)?);
+        }
+        Ok(Some(copies.try_into().expect("three copies")))
+    }
+
     /// Grid of a pass: query blocks (all heads of a group per block) or key
     /// blocks, by kv head and batch.
     fn coop_grid(v: &CoopAttention, d: &Dims, nb: usize) -> [u32; 3] {
@@ -151,6 +174,8 @@ impl GpuExecutor {
         let lse = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let mut op = self.op(name);
+        let copies = self.coop_inputs(&mut op, [q, k, v], maxima, emulated)?;
+        let [q, k, v] = copies.as_ref().map_or([q, k, v], |c| [&c[0], &c[1], &c[2]]);
         let sv = self.full(maxima)?;
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
             let qv = self.view(q, b0 * qe, nb * qe)?;
@@ -190,6 +215,10 @@ impl GpuExecutor {
         let name = "attention_backward";
         let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
+        let mut op = self.op(name);
+        let copies = self.coop_inputs(&mut op, [q, k, v], maxima, emulated)?;
+        op.finish()?;
+        let [q, k, v] = copies.as_ref().map_or([q, k, v], |c| [&c[0], &c[1], &c[2]]);
         let sv = self.full(maxima)?;
         self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
             vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout)])?;

@@ -36,7 +36,7 @@ impl GpuExecutor {
             offset: 0,
             shape,
             dtype,
-            max: Default::default(),
+            derived: Default::default(),
         })
     }
 

@@ -224,7 +224,7 @@ impl GpuExecutor {
             offset: t.offset,
             shape: shape.clone(),
             dtype: t.dtype,
-            max: t.max.clone(),
+            derived: t.derived.clone(),
         })
     }
 

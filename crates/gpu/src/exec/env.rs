@@ -4,7 +4,7 @@
 //! not run options. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
 //! is made instead, so that it reaches the test suites too.)
 
-use super::{F16Attention, F16Matmul, GpuOptions};
+use super::{F16Attention, F16Matmul, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
 /// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`,
@@ -12,6 +12,8 @@ use crate::{CoopTile, GpuError};
 pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
 /// `auto`, `simt`, `coop` or `coop_sw` (emulated).
 pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
+/// `copy` or `stage`: where the tensor-core matmuls convert f32 operands.
+pub const F16_OPERANDS_ENV: &str = "MEGATRAIN_F16_OPERANDS";
 
 impl std::str::FromStr for F16Matmul {
     type Err = String;
@@ -42,6 +44,14 @@ impl std::str::FromStr for F16Attention {
     fn from_str(s: &str) -> Result<Self, String> {
         use F16Attention::*;
         named(s, [Auto, Simt, Coop, CoopEmulated].into_iter())
+    }
+}
+
+impl std::str::FromStr for F16Operands {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(s, [F16Operands::Copy, F16Operands::Stage].into_iter())
     }
 }
 
@@ -80,6 +90,9 @@ impl GpuOptions {
         if let Some(a) = from_env(F16_ATTENTION_ENV)? {
             self.f16_attention = a;
         }
+        if let Some(o) = from_env(F16_OPERANDS_ENV)? {
+            self.f16_operands = o;
+        }
         Ok(self)
     }
 }
@@ -104,6 +117,9 @@ mod tests {
             F16Attention::CoopEmulated,
         ] {
             assert_eq!(a.to_string().parse::<F16Attention>(), Ok(a));
+        }
+        for o in [F16Operands::Copy, F16Operands::Stage] {
+            assert_eq!(o.to_string().parse::<F16Operands>(), Ok(o));
         }
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");

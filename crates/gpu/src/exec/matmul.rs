@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use megatrain_tensor::{ComputePrecision, DType, Error, MatmulGrads, MatmulNeeds, Result, Shape, Transpose};
 
 use super::matmul_epilogue::{EPI_SHIFT, Epilogue};
-use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
+use super::{F16Operands, GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
 use crate::simt::SimtInterior;
-use crate::tensor::{GpuTensor, MaxCell};
+use crate::tensor::{Derived, GpuTensor};
 
 /// Which kernels run matmuls under the F16 compute precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,6 +63,7 @@ enum Path {
     Simt(SimtMatmul),
     Coop {
         tile: CoopTile,
+        a_f16: bool,
         b_f16: bool,
         emulated: bool,
         epi: bool,
@@ -130,10 +131,12 @@ impl GpuExecutor {
         self.matmul_epi(op, a, b, bias, c, d, scales, None).map(|_| ())
     }
 
-    /// [`Self::matmul_raw`] storing C through `epi`. Returns false, having
-    /// recorded nothing, where the epilogue cannot see whole sums (K split
-    /// over dispatches, ACCUMULATE, a batch summed into one C): the caller
-    /// then composes the product and the standalone activation.
+    /// [`Self::matmul_raw`] storing C through `epi`. Returns false where the
+    /// epilogue cannot see whole sums (K split over dispatches, ACCUMULATE,
+    /// a batch summed into one C), having recorded nothing but perhaps the
+    /// operands' f16 copies (which the product the caller then records
+    /// finds remembered): the caller composes the product and the
+    /// standalone activation.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_epi(
         &self,
@@ -174,18 +177,58 @@ impl GpuExecutor {
             Some(_) => match (self.f16_matmul_kernel(), b_kind) {
                 (F16Matmul::Coop(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
                     tile,
+                    a_f16: false,
                     b_f16: b_kind == MatmulB::F16,
                     emulated: false,
                     epi: epi.is_some(),
                 },
                 (F16Matmul::CoopEmulated(tile), MatmulB::F32 | MatmulB::F16) => Path::Coop {
                     tile,
+                    a_f16: false,
                     b_f16: b_kind == MatmulB::F16,
                     emulated: true,
                     epi: epi.is_some(),
                 },
                 _ => simt(true),
             },
+        };
+        let sum_batch = d.batch > 1 && d.c_bstride == 0;
+        if epi.is_some() && (d.accumulate || sum_batch) {
+            return Ok(false);
+        }
+        // Under F16Operands::Copy the tensor-core kernels read f16 copies
+        // of f32 operands (same bits, half the bytes, no conversion per
+        // tile); both copies go in before any of C is written. How the
+        // product is split over bindings is decided on the operands
+        // themselves, so that it, and with it the order of the sums (K
+        // split over dispatches), is the same as without copies.
+        let (a16, b16);
+        let (ka, kb, path) = match (path, scales) {
+            (
+                Path::Coop {
+                    tile,
+                    b_f16,
+                    emulated,
+                    epi,
+                    ..
+                },
+                Some(s),
+            ) if self.f16_operands == F16Operands::Copy => {
+                a16 = self.f16_copy(op, a, s.buf, s.a, !emulated)?;
+                b16 = match b_f16 {
+                    true => None,
+                    false => Some(self.f16_copy(op, b, s.buf, s.b, !emulated)?),
+                };
+                let path = Path::Coop {
+                    tile,
+                    a_f16: true,
+                    b_f16: true,
+                    emulated,
+                    epi,
+                };
+                (&a16, b16.as_ref().unwrap_or(b), path)
+            }
+            (path, _) => (a, b, path),
         };
         let scale_view = match scales {
             Some(s) => Some(self.full(s.buf)?),
@@ -197,10 +240,6 @@ impl GpuExecutor {
             if d.tb { d.k } else { d.n },
             if d.tc { d.m } else { d.n },
         );
-        let sum_batch = d.batch > 1 && d.c_bstride == 0;
-        if epi.is_some() && (d.accumulate || sum_batch) {
-            return Ok(false);
-        }
         let epi_bits = epi.map_or(0, |e| e.kind() << EPI_SHIFT);
         let k_cap = self.k_cap();
         let bias_view = match bias {
@@ -216,7 +255,7 @@ impl GpuExecutor {
                 | epi_bits
         };
         if self.in_one_pass(a, b, c, &d, epi) {
-            let (av, bv, cv) = (self.full(a)?, self.full(b)?, self.full(c)?);
+            let (av, bv, cv) = (self.full(ka)?, self.full(kb)?, self.full(c)?);
             let params = [
                 u(d.m),
                 u(d.n),
@@ -313,8 +352,8 @@ impl GpuExecutor {
                             (cb + m0 * ldc + n0, span(m1 - m0, ldc, n1 - n0))
                         };
                         let (av, bv, cv) = (
-                            self.view(a, sa, la)?,
-                            self.view(b, sb, lb)?,
+                            self.view(ka, sa, la)?,
+                            self.view(kb, sb, lb)?,
                             self.view(c, sc, lc)?,
                         );
                         let acc = d.accumulate || k0 > 0 || (sum_batch && z > 0);
@@ -385,7 +424,7 @@ impl GpuExecutor {
             .iter()
             .all(|x| x % 4 == 0);
         let flags = params[3];
-        let (tile, b_f16, emulated, epi) = match path {
+        let (tile, a_f16, b_f16, emulated, epi) = match path {
             Path::Simt(v) if !v.big => {
                 let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
                 op.dispatch(Kernel::Matmul(v), &params, &all, grid);
@@ -424,10 +463,11 @@ impl GpuExecutor {
             }
             Path::Coop {
                 tile,
+                a_f16,
                 b_f16,
                 emulated,
                 epi,
-            } => (tile, b_f16, emulated, epi),
+            } => (tile, a_f16, b_f16, emulated, epi),
         };
         let s = tile.shape();
         let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
@@ -438,6 +478,7 @@ impl GpuExecutor {
             tc: flags & 16 != 0,
             edge,
             b_f16,
+            a_f16,
             emulated,
             epi,
         };
@@ -475,7 +516,7 @@ impl GpuExecutor {
     /// weights get no slot: they are used as stored). `None` under F32.
     ///
     /// Each operand's max is found once per value of its contents: a scan's
-    /// word is remembered with the tensor ([`MaxCell`]) and later ops copy
+    /// word is remembered with the tensor ([`Derived`]) and later ops copy
     /// those 4 bytes into their own scales buffer. The kernels keep one
     /// binding of one buffer with a slot per operand, so a copy costs
     /// nothing in them, and the words need no shared home whose slots would
@@ -504,7 +545,7 @@ impl GpuExecutor {
             slots.push(i as u32);
             let at = 4 * i as u64;
             if self.cache_maxima {
-                if let Some(word) = MaxCell::get(t) {
+                if let Some(word) = Derived::max(t) {
                     op.copy(word.buffer(), word.offset, buf.buffer(), at, 4);
                     continue;
                 }
@@ -525,7 +566,7 @@ impl GpuExecutor {
         for (t, generation, at) in found {
             let word = self.alloc(Shape::new([1]), DType::F32)?;
             op.copy(buf.buffer(), at, word.buffer(), 0, 4);
-            MaxCell::set(t, generation, word);
+            Derived::set_max(t, generation, word);
         }
         Ok(Some((buf, slots)))
     }

@@ -11,6 +11,7 @@ mod elementwise;
 mod embed_loss;
 mod env;
 mod executor_impl;
+mod f16_copy;
 mod host_work;
 mod matmul;
 mod matmul_epilogue;
@@ -22,7 +23,8 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
-pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV};
+pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_OPERANDS_ENV};
+pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
 pub use matmul::F16Matmul;
 
@@ -84,9 +86,14 @@ pub struct GpuOptions {
     /// submits the batch first, so this changes only how often the host
     /// pays for a submission.
     pub batch_ops: Option<usize>,
-    /// Scans every f16 matmul operand for its max at each use instead of
-    /// once per value of its contents (for checking the remembered maxima).
+    /// Scans every f16 matmul operand for its max (and makes its f16 copy)
+    /// at each use instead of once per value of its contents (for checking
+    /// the remembered maxima and copies).
     pub recompute_operand_maxima: bool,
+    /// How the tensor-core matmuls take f32 operands (`Copy`: converted once
+    /// into f16 copies; `Stage`: converted as each tile is staged). The same
+    /// bits either way.
+    pub f16_operands: F16Operands,
     /// Rounds Q, K and V into copies before the tensor-core attention too,
     /// as the SIMT kernels need them (for checking that staging rounds
     /// them the same).
@@ -113,10 +120,14 @@ pub struct GpuExecutor {
     f16_attention: F16Attention,
     copy_attention_operands: bool,
     precision: megatrain_tensor::ComputePrecision,
-    /// Whether f16 operands' maxima are remembered with their tensors.
+    /// Whether f16 operands' maxima and f16 copies are remembered with
+    /// their tensors.
     cache_maxima: bool,
     /// Operand max scans recorded (`operand_max_scans`).
     absmax_scans: std::sync::atomic::AtomicU64,
+    f16_operands: F16Operands,
+    /// f16 operand copies recorded (`operand_f16_copies`).
+    f16_copies: std::sync::atomic::AtomicU64,
     pub(crate) loop_budget: usize,
     profiling: AtomicBool,
     profiler: Profiler,
@@ -226,6 +237,8 @@ impl GpuExecutor {
             precision: Default::default(),
             cache_maxima: !opts.recompute_operand_maxima,
             absmax_scans: Default::default(),
+            f16_operands: opts.f16_operands,
+            f16_copies: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
                 if info.driver.contains("llvmpipe") || info.name.contains("llvmpipe") {

@@ -231,7 +231,7 @@ impl GpuExecutor {
                     offset,
                     shape: shape.clone(),
                     dtype: *dtype,
-                    max: Default::default(),
+                    derived: Default::default(),
                 })
                 .collect();
             let slot_state = Slot {

@@ -182,6 +182,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("hidden", d.hidden),
         ("recompute", d.recompute),
         ("head", d.head),
+        ("f16 copies", d.f16_copies),
         ("total", d.total()),
     ] {
         println!("  {k:<11}{:>14}", gib(v));

@@ -14,7 +14,12 @@
 //!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
 //!   pre-activation, activation and up projection), plus the attention's
 //!   per-row softmax statistics B·H·T·2 floats;
-//! - head: logits and their gradient for one chunk, 2·rows·V floats.
+//! - head: logits and their gradient for one chunk, 2·rows·V floats;
+//! - f16 copies (f16 transport, which computes in f16): the tensor-core
+//!   matmuls read f16 copies of their f32 operands, kept while the operand
+//!   lives — the K blocks' matmul inputs, B·T·(2C + q + I) halfs each (the
+//!   two norm outputs, the attention output, the MLP activation), and the
+//!   head chunk's logit gradient, rows·V halfs.
 
 use megatrain_tier::{MemoryReport, TierConfig, TransportDType, plan as tier_plan};
 use megatrain_zoo::ModelConfig;
@@ -39,11 +44,18 @@ pub struct DeviceBytes {
     pub hidden: u64,
     pub recompute: u64,
     pub head: u64,
+    pub f16_copies: u64,
 }
 
 impl DeviceBytes {
     pub fn total(&self) -> u64 {
-        self.weights + self.gradients + self.checkpoints + self.hidden + self.recompute + self.head
+        self.weights
+            + self.gradients
+            + self.checkpoints
+            + self.hidden
+            + self.recompute
+            + self.head
+            + self.f16_copies
     }
 }
 
@@ -94,6 +106,8 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         * (6 * c + 2 * model.q_dim() as u64 + 2 * model.kv_dim() as u64 + 3 * model.intermediate_size as u64)
         + 4 * b * model.num_heads as u64 * t * 2;
     let rows = (input.chunk_rows as u64).min(b * t);
+    let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + model.intermediate_size as u64);
+    let f16 = input.transport == TransportDType::F16;
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
         gradients: 4 * max_layer,
@@ -101,6 +115,11 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         hidden: 2 * b * t * c * 4,
         recompute: k_eff * saved_per_block,
         head: 2 * rows * model.vocab_size as u64 * 4,
+        f16_copies: if f16 {
+            k_eff * copied_per_block + 2 * rows * model.vocab_size as u64
+        } else {
+            0
+        },
     };
     Ok(Plan {
         host,
