@@ -238,6 +238,27 @@ fn put_in4(at: u32, x: In4, s: Pow2Steps) {
     put_half4(at, x);
 }
 
+//// do_f32
+@group(0) @binding(7) var<storage, read> do_in: array<vec4<f32>>;
+
+fn read_do(i: u32) -> In4 {
+    return do_in[i];
+}
+
+//// do_f16_hw
+@group(0) @binding(7) var<storage, read> do_in: array<vec4<f16>>;
+
+fn read_do(i: u32) -> In4 {
+    return do_in[i];
+}
+
+//// do_f16_sw
+@group(0) @binding(7) var<storage, read> do_in: array<vec2<u32>>;
+
+fn read_do(i: u32) -> In4 {
+    return unpack4(do_in[i]);
+}
+
 //// fwd
 @group(0) @binding(4) var<storage, read_write> o_out: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse_io: array<f32>;
@@ -368,8 +389,10 @@ fn write_o(sg: u32, lane: u32, df: u32, u: u32, b: u32, p0: u32, np: u32, g: u32
 }
 
 //// bwd
+// dO is read through the variant's `do_…` section (read_do), as Q, K and V
+// through its `in_…` one: the rounded f32 copy (which the delta kernel
+// reads too), scaled and converted as it is staged, or its f16 copy.
 @group(0) @binding(6) var<storage, read> lse_in: array<f32>;
-@group(0) @binding(7) var<storage, read> do_in: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read> dd_in: array<f32>;
 
 // P and dS of one tile, f16: P at P_S and dS·2^-ds_exponent() at DS_S, row
@@ -397,14 +420,14 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
         let c = e % (D / 4u) * 4u;
         let row = q_row(p0, np, g, r);
         var q4 = In4(0.0);
-        var do4 = vec4<f32>(0.0);
+        var do4 = In4(0.0);
         if row.valid {
             let i = q_at(b, row.pos, row.head, c);
             q4 = read_q((p.q_off + i) / 4u);
-            do4 = do_in[(p.do_off + i) / 4u];
+            do4 = read_do((p.do_off + i) / 4u);
         }
         put_in4(Q_S + r * LDS + c, q4, down_q);
-        put4(DO_S + r * LDS + c, do4, down_do);
+        put_in4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BR {
         let row = q_row(p0, np, g, li);
@@ -451,14 +474,14 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
         let c = e % (D / 4u) * 4u;
         let i = i0 + r;
         var q4 = In4(0.0);
-        var do4 = vec4<f32>(0.0);
+        var do4 = In4(0.0);
         if i < p.t {
             let qi = q_at(b, i, h, c);
             q4 = read_q((p.q_off + qi) / 4u);
-            do4 = do_in[(p.do_off + qi) / 4u];
+            do4 = read_do((p.do_off + qi) / 4u);
         }
         put_in4(Q_S + r * LDS + c, q4, down_q);
-        put4(DO_S + r * LDS + c, do4, down_do);
+        put_in4(DO_S + r * LDS + c, do4, down_do);
     }
     if li < BC {
         let i = i0 + li;

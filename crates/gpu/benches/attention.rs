@@ -140,8 +140,8 @@ fn bench_f16(c: &mut Criterion) {
     } else {
         (F16Attention::CoopEmulated, vec![(1, 64, 4, 2, 64)])
     };
-    // The default reads f16 copies of Q, K and V, made once per value: the
-    // fwd_/bwd_ rows reuse them (as a step's backward does the forward's);
+    // The default reads f16 copies of Q, K, V (and dO), made once per value:
+    // the fwd_/bwd_ rows reuse them (as a step's backward does the forward's);
     // `fresh` times a forward that makes them (and scans the maxima) as the
     // first forward over new tensors does. On a GPU the same kernels
     // converting as they stage (`_stage` rows) are timed beside them.

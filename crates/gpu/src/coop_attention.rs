@@ -32,7 +32,7 @@ pub struct CoopAttention {
     pub d: u32,
     /// Cooperative-matrix operations emulated in plain WGSL.
     pub emulated: bool,
-    /// Q, K and V are read as their f16 copies under their scales
+    /// Q, K, V (and dO) are read as their f16 copies under their scales
     /// (`F16Operands::Copy`), else as f32, scaled and converted as they are
     /// staged.
     pub f16_in: bool,
@@ -209,13 +209,14 @@ impl CoopAttention {
         }
         match self.pass {
             AttnPass::Fwd => out.push_str(section("fwd")),
-            AttnPass::Dq => {
+            AttnPass::Dq | AttnPass::Dkv => {
                 out.push_str(section("bwd"));
-                out.push_str(section("dq"));
-            }
-            AttnPass::Dkv => {
-                out.push_str(section("bwd"));
-                out.push_str(section("dkv"));
+                out.push_str(section(match (self.f16_in, self.emulated) {
+                    (false, _) => "do_f32",
+                    (true, false) => "do_f16_hw",
+                    (true, true) => "do_f16_sw",
+                }));
+                out.push_str(section(if self.pass == AttnPass::Dq { "dq" } else { "dkv" }));
             }
         }
         out.push_str(&self.main());

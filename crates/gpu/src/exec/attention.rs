@@ -223,7 +223,7 @@ impl GpuExecutor {
         let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
         let rows = d.t.div_ceil(RB) as u32;
         let hd = attn_head_dim(d.d);
-        self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
+        self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, |op, nb, c| {
             let with = |fl: u32, r0: usize, r1: usize| {
                 let mut p = c.params(d).to_vec();
                 p[15..18].copy_from_slice(&[fl, u(r0), u(r1)]);
@@ -255,12 +255,15 @@ impl GpuExecutor {
 
     /// What every attention backward does around its own kernels: allocates
     /// dq, dk, dv and delta, and for each chunk of the batch that fits the
-    /// bindings computes delta = rowsum(dO ∘ O) (attention.wgsl's kernel),
-    /// then calls `each` with the chunk's batch count and views.
+    /// bindings computes delta = rowsum(dO ∘ O) (attention.wgsl's kernel, on
+    /// `dout`), then calls `each` with the chunk's batch count and views
+    /// (dO as the kernels read it from `dout_in`: `dout` itself, or its f16
+    /// copy for the tensor-core kernels).
     pub(super) fn attention_backward_chunks(
         &self,
         d: &Dims,
         [q, k, v, dout]: [&GpuTensor; 4],
+        dout_in: &GpuTensor,
         fwd: &AttentionOut<GpuTensor>,
         mut each: impl FnMut(&mut Op<'_>, usize, &BwdViews<'_>) -> Result<()>,
     ) -> Result<AttentionGrads<GpuTensor>> {
@@ -278,6 +281,7 @@ impl GpuExecutor {
                 o: self.view(&fwd.out, b0 * qe, nb * qe)?,
                 lse: self.view(&fwd.lse, b0 * le, nb * le)?,
                 dout: self.view(dout, b0 * qe, nb * qe)?,
+                dout_in: self.view(dout_in, b0 * qe, nb * qe)?,
                 dq: self.view(&dq, b0 * qe, nb * qe)?,
                 dk: self.view(&dk, b0 * ke, nb * ke)?,
                 dv: self.view(&dv, b0 * ke, nb * ke)?,
@@ -306,6 +310,7 @@ pub(super) struct BwdViews<'a> {
     pub o: View<'a>,
     pub lse: View<'a>,
     pub dout: View<'a>,
+    pub dout_in: View<'a>,
     pub dq: View<'a>,
     pub dk: View<'a>,
     pub dv: View<'a>,

@@ -1,8 +1,9 @@
 //! Attention under the F16 compute precision: operands rounded to f16 under
 //! their tensor's power-of-two scale, by copies (`shaders/attention_f16.wgsl`)
 //! for the SIMT kernels, or for the tensor-core flash-attention family
-//! (`crate::coop_attention`), where it applies, into f16 copies of Q, K and
-//! V (`exec/f16_copy.rs`; or as it stages them, under `F16Operands::Stage`).
+//! (`crate::coop_attention`), where it applies, into f16 copies of Q, K, V
+//! and dO (`exec/f16_copy.rs`; or as it stages them, under
+//! `F16Operands::Stage`).
 
 use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
 
@@ -129,25 +130,25 @@ impl GpuExecutor {
         Ok(v)
     }
 
-    /// Q, K and V as the kernels of [`Self::coop_variant`] read them: under
-    /// [`F16Operands::Copy`] their f16 copies (`maxima` holds their max in
-    /// slots 0, 1, 2), remembered with the tensors so that the backward
-    /// finds the forward's; else `None`, the tensors themselves.
-    fn coop_inputs(
+    /// Q, K, V (and dO) as the kernels of [`Self::coop_variant`] read them:
+    /// under [`F16Operands::Copy`] their f16 copies (`maxima` holds their
+    /// max in slots 0, 1, 2 (, 3)), remembered with the tensors so that the
+    /// backward finds the forward's; else `None`, the tensors themselves.
+    fn coop_inputs<const N: usize>(
         &self,
         op: &mut Op<'_>,
-        qkv: [&GpuTensor; 3],
+        xs: [&GpuTensor; N],
         maxima: &GpuTensor,
         emulated: bool,
-    ) -> Result<Option<[GpuTensor; 3]>> {
+    ) -> Result<Option<[GpuTensor; N]>> {
         if self.f16_operands != F16Operands::Copy {
             return Ok(None);
         }
-        let mut copies = Vec::with_capacity(3);
-        for (slot, x) in qkv.into_iter().enumerate() {
+        let mut copies = Vec::with_capacity(N);
+        for (slot, x) in xs.into_iter().enumerate() {
             copies.push(self.f16_copy(op, x, maxima, slot as u32, !emulated)?);
         }
-        Ok(Some(copies.try_into().expect("three copies")))
+        Ok(Some(copies.try_into().expect("one copy per operand")))
     }
 
     /// Grid of a pass: query blocks (all heads of a group per block) or key
@@ -216,19 +217,21 @@ impl GpuExecutor {
         let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
         let mut op = self.op(name);
-        let copies = self.coop_inputs(&mut op, [q, k, v], maxima, emulated)?;
+        let copies = self.coop_inputs(&mut op, [q, k, v, dout], maxima, emulated)?;
         op.finish()?;
-        let [q, k, v] = copies.as_ref().map_or([q, k, v], |c| [&c[0], &c[1], &c[2]]);
+        let [q, k, v, dout_in] = copies
+            .as_ref()
+            .map_or([q, k, v, dout], |c| [&c[0], &c[1], &c[2], &c[3]]);
         let sv = self.full(maxima)?;
-        self.attention_backward_chunks(d, [q, k, v, dout], fwd, |op, nb, c| {
-            vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout)])?;
+        self.attention_backward_chunks(d, [q, k, v, dout], dout_in, fwd, |op, nb, c| {
+            vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout_in)])?;
             let offs = [
                 c.q.elem_off,
                 c.k.elem_off,
                 c.v.elem_off,
                 0,
                 c.lse.elem_off,
-                c.dout.elem_off,
+                c.dout_in.elem_off,
                 c.dq.elem_off,
                 c.dk.elem_off,
                 c.dv.elem_off,
@@ -238,13 +241,13 @@ impl GpuExecutor {
             op.dispatch(
                 Kernel::AttnCoop(vdq),
                 &params,
-                &[c.q, c.k, c.v, sv, c.lse, c.dout, c.dq, c.delta],
+                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
                 Self::coop_grid(&vdq, d, nb),
             );
             op.dispatch(
                 Kernel::AttnCoop(vdkv),
                 &params,
-                &[c.q, c.k, c.v, sv, c.lse, c.dout, c.dk, c.dv, c.delta],
+                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta],
                 Self::coop_grid(&vdkv, d, nb),
             );
             Ok(())

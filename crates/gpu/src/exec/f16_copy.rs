@@ -1,5 +1,5 @@
 //! f16 copies of the f32 operands of the tensor-core kernels (matmuls, and
-//! Q, K and V of the flash attention).
+//! Q, K, V and dO of the flash attention).
 //!
 //! An f32 operand staged by the tensor-core kernels is read at 4 bytes per
 //! element and scaled and converted in their inner loop, by every workgroup
