@@ -2,11 +2,12 @@
 // Flash attention on tensor cores (cooperative matrices, f16 operands, f32
 // accumulation) under the F16 compute precision (precision.rs): causal,
 // grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
-// [B, T, Hkv, D], lse and delta [B, Hq, T]). Staging an operand scales it
-// by its tensor's power of two 2^-e and converts it to f16 (nearest-even),
-// which rounds it as the F16 precision does (Q, K and V arrive as they are;
-// dO arrives rounded by round_operand in attention_f16.wgsl, because the
-// delta kernel reads it unstaged, and staging it again is exact); each
+// [B, T, Hkv, D], lse and delta [B, Hq, T]). Q, K, V and dO arrive as f16
+// copies under their tensors' powers of two 2^-e (f16_copy.wgsl: rounded
+// as the F16 precision rounds), staged as they are; or (F16Operands::Stage)
+// as f32, which staging scales by 2^-e and converts to f16 (Q, K and V as
+// they are; dO rounded by round_operand in attention_f16.wgsl, because the
+// delta kernel reads it unstaged, and staging it again is exact). Each
 // product is scaled back by the sum of its operands' exponents in f32.
 //
 // Three kernels, each put together per head dimension by

@@ -1,9 +1,12 @@
 // The f16 copy of an f32 operand of the tensor-core kernels under its
-// tensor's scale (matmul_scale.wgsl): element i is f16(x[i]·2^-e),
-// converted by the same functions (matmul_coop.wgsl's half_hw or half_sw
-// section, put before this file) that their staging applies to an f32
-// operand, so a product over the copy has the bits of one that converts as
-// it stages. The kernels then read half the bytes per element and convert
+// tensor's scale (matmul_scale.wgsl): element i is x[i]·2^-e rounded to the
+// nearest f16, ties to even, as the F16 precision and its CPU reference
+// round (crates/tensor/src/precision.rs). The rounding is done here in f32
+// (round_f16) rather than by a conversion to f16, whose rounding WGSL
+// leaves to the implementation (on Mesa 26's lavapipe, `f16(x)` here did
+// not round ties to even, though its staged vectors in the tensor-core
+// kernels do). The
+// tensor-core kernels then read half the bytes per element and convert
 // nothing in their inner loop, and an operand read by several products (or
 // by every column tile of one, every query block of an attention) is
 // converted once per value of its contents (crates/gpu/src/exec/f16_copy.rs).
@@ -18,29 +21,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y_out: array<u32>;
 
-// One output word (two elements) per invocation: consecutive lanes read
-// consecutive pairs, and no word is shared between invocations.
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let w = (wid.y * nwg.x + wid.x) * 256u + lid;
-    let i = 2u * w;
-    if i >= p.n {
-        return;
-    }
-    let s = pow2_steps(-scale_exponent(p.slot));
-    let lo = to_half(apply(x_in[p.x_off + i], s));
-    var hi = half(0.0);
-    if i + 1u < p.n {
-        hi = to_half(apply(x_in[p.x_off + i + 1u], s));
-    }
-    y_out[p.y_off + w] = half_bits(lo, hi);
-}
-
-// The f16 bits of v, an f32 that holds an f16 value exactly (the
-// conversion's result, widened), or ±infinity, or NaN: built from its
-// bits, since naga cannot bitcast a vec2<f16> and pack2x16float leaves
-// f16 subnormals to the adapter.
+// The f16 bits of v, an f32 that round_f16 produced (so exactly an f16
+// value, or ±infinity, or NaN): built from its bits, since pack2x16float
+// leaves f16 subnormals to the implementation.
 fn f16_bits(v: f32) -> u32 {
     let b = bitcast<u32>(v);
     let sign = (b >> 16u) & 0x8000u;
@@ -59,6 +42,24 @@ fn f16_bits(v: f32) -> u32 {
     return sign | (((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu);
 }
 
-fn half_bits(lo: half, hi: half) -> u32 {
-    return f16_bits(f32(lo)) | (f16_bits(f32(hi)) << 16u);
+fn copied(x: f32, s: Pow2Steps) -> u32 {
+    return f16_bits(round_f16(apply(x, s)));
+}
+
+// One output word (two elements) per invocation: consecutive lanes read
+// consecutive pairs, and no word is shared between invocations.
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let w = (wid.y * nwg.x + wid.x) * 256u + lid;
+    let i = 2u * w;
+    if i >= p.n {
+        return;
+    }
+    let s = pow2_steps(-scale_exponent(p.slot));
+    var word = copied(x_in[p.x_off + i], s);
+    if i + 1u < p.n {
+        word |= copied(x_in[p.x_off + i + 1u], s) << 16u;
+    }
+    y_out[p.y_off + w] = word;
 }

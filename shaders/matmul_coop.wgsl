@@ -6,8 +6,9 @@
 // A workgroup computes a BM x BN tile of C; its SG_M x SG_N subgroups (32
 // lanes each, on adapters whose subgroups are exactly 32 wide) each own an
 // FM x FN block of 16x16 f32 accumulators. Per K step of BK the workgroup
-// stages the A and B tiles in workgroup memory as f16 — scaled and
-// converted from f32 on the way (f16 weights are copied as they are) — in
+// stages the A and B tiles in workgroup memory as f16 — f16-stored operands
+// (weights, and the f16 copies of f32 operands: f16_copy.wgsl) as they
+// are, f32 ones scaled and converted on the way (F16Operands::Stage) — in
 // the operand's own global orientation, so that the global reads coalesce
 // and the fragments are read with coopLoad (column-major) or coopLoadT
 // (row-major) to match. Rows are padded by 8 halfs (16 bytes: the

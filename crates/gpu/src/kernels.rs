@@ -106,12 +106,9 @@ pub enum Kernel {
     MatmulCoop(crate::coop::CoopMatmul),
     AbsmaxF32,
     AbsmaxBf16,
-    /// The f16 copy of an f32 operand of the tensor-core matmuls, converted
-    /// as they convert (`hw`: in f16 arithmetic, on adapters with
-    /// cooperative matrices; else rounded in f32, for the emulated ones).
-    F16Copy {
-        hw: bool,
-    },
+    /// The f16 copy of an f32 operand of the tensor-core kernels, rounded
+    /// to nearest-even in f32 (`shaders/f16_copy.wgsl`).
+    F16Copy,
     Add,
     AddAssign,
     Scale,
@@ -162,8 +159,7 @@ pub enum Kernel {
 impl Kernel {
     /// Every kernel that runs on any adapter (the tensor-core variants,
     /// which need cooperative matrices, are listed by
-    /// [`crate::CoopMatmul::all`], and `F16Copy { hw: true }` goes with
-    /// them).
+    /// [`crate::CoopMatmul::all`]).
     pub fn all() -> Vec<Kernel> {
         use Kernel::*;
         let mut v = Vec::new();
@@ -180,7 +176,7 @@ impl Kernel {
         v.extend([
             AbsmaxF32,
             AbsmaxBf16,
-            F16Copy { hw: false },
+            F16Copy,
             Add,
             AddAssign,
             Scale,
@@ -302,18 +298,7 @@ impl Kernel {
                     bindings,
                 };
             }
-            F16Copy { hw } => {
-                let (enable, half) = if hw {
-                    ("enable f16;\n", "half_hw")
-                } else {
-                    ("", "half_sw")
-                };
-                return KernelSpec {
-                    source: [enable, MATMUL_SCALE, crate::coop::section(half), F16_COPY].concat(),
-                    entry: "main",
-                    bindings: &[1, 2, 5],
-                };
-            }
+            F16Copy => (&[MATMUL_SCALE, F16_COPY], "main", &[1, 2, 5]),
             AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),
             AbsmaxBf16 => (&[ABSMAX], "absmax_bf16", &[2, 3]),
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),

@@ -39,10 +39,7 @@ pub struct GpuTensor {
 #[derive(Default)]
 pub(crate) struct Derived {
     max: Mutex<Option<(u64, GpuTensor)>>,
-    /// With whether it was converted in f16 arithmetic (`hw`) or rounded
-    /// in f32: one executor only ever makes one kind, but the bits of the
-    /// two need not agree.
-    half: Mutex<Option<(u64, bool, GpuTensor)>>,
+    half: Mutex<Option<(u64, GpuTensor)>>,
 }
 
 impl Derived {
@@ -61,14 +58,14 @@ impl Derived {
         *t.derived.max.lock().expect("derived cell poisoned") = Some((generation, word));
     }
 
-    /// The remembered f16 copy of `t`'s contents of kind `hw`, if it is
-    /// current. A stale one is dropped here, so that its memory goes back
-    /// to the pool before a new copy is made.
-    pub(crate) fn half(t: &GpuTensor, hw: bool) -> Option<GpuTensor> {
+    /// The remembered f16 copy of `t`'s contents, if it is current. A stale
+    /// one is dropped here, so that its memory goes back to the pool before
+    /// a new copy is made.
+    pub(crate) fn half(t: &GpuTensor) -> Option<GpuTensor> {
         let g = t.buf.generation();
         let mut cell = t.derived.half.lock().expect("derived cell poisoned");
         match &*cell {
-            Some((at, kind, copy)) if *at == g && *kind == hw => Some(copy.clone()),
+            Some((at, copy)) if *at == g => Some(copy.clone()),
             _ => {
                 *cell = None;
                 None
@@ -76,10 +73,10 @@ impl Derived {
         }
     }
 
-    /// Remembers `copy` as `t`'s f16 copy of kind `hw`, made from its
-    /// contents at `generation` (read before the copy was recorded).
-    pub(crate) fn set_half(t: &GpuTensor, generation: u64, hw: bool, copy: GpuTensor) {
-        *t.derived.half.lock().expect("derived cell poisoned") = Some((generation, hw, copy));
+    /// Remembers `copy` as `t`'s f16 copy, made from its contents at
+    /// `generation` (read before the copy was recorded).
+    pub(crate) fn set_half(t: &GpuTensor, generation: u64, copy: GpuTensor) {
+        *t.derived.half.lock().expect("derived cell poisoned") = Some((generation, copy));
     }
 }
 

@@ -139,14 +139,13 @@ impl GpuExecutor {
         op: &mut Op<'_>,
         xs: [&GpuTensor; N],
         maxima: &GpuTensor,
-        emulated: bool,
     ) -> Result<Option<[GpuTensor; N]>> {
         if self.f16_operands != F16Operands::Copy {
             return Ok(None);
         }
         let mut copies = Vec::with_capacity(N);
         for (slot, x) in xs.into_iter().enumerate() {
-            copies.push(self.f16_copy(op, x, maxima, slot as u32, !emulated)?);
+            copies.push(self.f16_copy(op, x, maxima, slot as u32)?);
         }
         Ok(Some(copies.try_into().expect("one copy per operand")))
     }
@@ -175,7 +174,7 @@ impl GpuExecutor {
         let lse = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let mut op = self.op(name);
-        let copies = self.coop_inputs(&mut op, [q, k, v], maxima, emulated)?;
+        let copies = self.coop_inputs(&mut op, [q, k, v], maxima)?;
         let [q, k, v] = copies.as_ref().map_or([q, k, v], |c| [&c[0], &c[1], &c[2]]);
         let sv = self.full(maxima)?;
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
@@ -217,7 +216,7 @@ impl GpuExecutor {
         let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
         let mut op = self.op(name);
-        let copies = self.coop_inputs(&mut op, [q, k, v, dout], maxima, emulated)?;
+        let copies = self.coop_inputs(&mut op, [q, k, v, dout], maxima)?;
         op.finish()?;
         let [q, k, v, dout_in] = copies
             .as_ref()

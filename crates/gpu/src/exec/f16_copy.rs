@@ -6,8 +6,9 @@
 //! whose tile reads it: each element of A once per column tile of C, each
 //! key and value once per query block that attends to it. Under
 //! [`F16Operands::Copy`] the operand is converted once per value of its
-//! contents into an f16 copy (`shaders/f16_copy.wgsl`, by the staging's own
-//! conversion, so the product's bits do not change) that the kernels read
+//! contents into an f16 copy (`shaders/f16_copy.wgsl`: rounded to nearest
+//! even, as the staging's conversion rounds on the adapters we know, so the
+//! product's bits do not change there) that the kernels read
 //! at 2 bytes per element and stage as they stage f16 weights. The copy is
 //! remembered with the tensor ([`Derived`]) like its max, so the products
 //! that share an operand (Q, K and V's projections; a gradient's dA and dW;
@@ -21,16 +22,19 @@ use super::{GpuExecutor, Op, grid_for, u};
 use crate::kernels::Kernel;
 use crate::tensor::{Derived, GpuTensor};
 
-/// How the tensor-core matmuls take f32 operands under the F16 compute
-/// precision. Both give the same bits; they differ in where the conversion
-/// to f16 happens.
+/// How the tensor-core kernels take f32 operands under the F16 compute
+/// precision. They differ in where the conversion to f16 happens, and give
+/// the same bits wherever the adapter's own conversion (which WGSL leaves to
+/// the implementation) rounds to nearest even, as lavapipe's does when the
+/// kernels stage (tested); the copies round to nearest even everywhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum F16Operands {
     /// Converted once per value of their contents into f16 copies, which
     /// the kernels read.
     #[default]
     Copy,
-    /// Read as f32 and converted by the kernels as they stage each tile.
+    /// Read as f32 and converted by the kernels as they stage each tile, by
+    /// the adapter's f32 → f16 conversion.
     Stage,
 }
 
@@ -46,20 +50,17 @@ impl std::fmt::Display for F16Operands {
 impl GpuExecutor {
     /// `t`'s f16 copy under the scale in word `slot` of `scales` (its max,
     /// which the op has already put there): the remembered one where it is
-    /// current, else a fresh one recorded into `op`. `hw`: converted in f16
-    /// arithmetic, as the real tensor-core kernels convert (else rounded in
-    /// f32, as the emulated ones do).
+    /// current, else a fresh one recorded into `op`.
     pub(crate) fn f16_copy(
         &self,
         op: &mut Op<'_>,
         t: &GpuTensor,
         scales: &GpuTensor,
         slot: u32,
-        hw: bool,
     ) -> Result<GpuTensor> {
         debug_assert_eq!(t.dtype, DType::F32);
         if self.cache_maxima
-            && let Some(copy) = Derived::half(t, hw)
+            && let Some(copy) = Derived::half(t)
         {
             // The op may outlive the last owner of `t` (and so of the copy)
             // before its commands have run.
@@ -82,20 +83,20 @@ impl GpuExecutor {
             debug_assert_eq!(yv.elem_off % 2, 0);
             let params = [u(count), xv.elem_off, yv.elem_off / 2, slot];
             let grid = grid_for(count.div_ceil(2).div_ceil(256));
-            op.dispatch(Kernel::F16Copy { hw }, &params, &[xv, yv, sv], grid);
+            op.dispatch(Kernel::F16Copy, &params, &[xv, yv, sv], grid);
         }
         if self.cache_maxima {
-            Derived::set_half(t, generation, hw, out.clone());
+            Derived::set_half(t, generation, out.clone());
         }
         op.keep(out.clone());
         Ok(out)
     }
 
-    /// `t`'s f16 copy as the tensor-core matmuls read it: element i is
-    /// f16(t[i]·2^-e) under the per-tensor scale 2^-e of the F16 precision,
-    /// made (and remembered) as they make it — in f16 arithmetic where the
-    /// kernels are the hardware's, else rounded in f32. For tests and
-    /// benchmarks of the conversion itself; needs the F16 precision.
+    /// `t`'s f16 copy as the tensor-core kernels read it: element i is
+    /// t[i]·2^-e rounded to the nearest f16 (ties to even) under the
+    /// per-tensor scale 2^-e of the F16 precision, made (and remembered) as
+    /// they make it. For tests and benchmarks of the conversion itself;
+    /// needs the F16 precision.
     pub fn f16_operand(&self, t: &GpuTensor) -> Result<GpuTensor> {
         super::need_f32("f16_operand", t)?;
         let mut op = self.op("f16_operand");
@@ -105,8 +106,7 @@ impl GpuExecutor {
                 "the compute precision is not F16",
             ));
         };
-        let hw = matches!(self.f16_matmul_kernel(), super::F16Matmul::Coop(_));
-        let copy = self.f16_copy(&mut op, t, &scales, slots[0], hw)?;
+        let copy = self.f16_copy(&mut op, t, &scales, slots[0])?;
         op.keep(scales);
         op.finish()?;
         Ok(copy)

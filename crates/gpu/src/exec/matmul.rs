@@ -197,8 +197,9 @@ impl GpuExecutor {
             return Ok(false);
         }
         // Under F16Operands::Copy the tensor-core kernels read f16 copies
-        // of f32 operands (same bits, half the bytes, no conversion per
-        // tile); both copies go in before any of C is written. How the
+        // of f32 operands (rounded to nearest even, as staging rounds on the
+        // adapters tested; half the bytes, no conversion per tile); both
+        // copies go in before any of C is written. How the
         // product is split over bindings is decided on the operands
         // themselves, so that it, and with it the order of the sums (K
         // split over dispatches), is the same as without copies.
@@ -214,10 +215,10 @@ impl GpuExecutor {
                 },
                 Some(s),
             ) if self.f16_operands == F16Operands::Copy => {
-                a16 = self.f16_copy(op, a, s.buf, s.a, !emulated)?;
+                a16 = self.f16_copy(op, a, s.buf, s.a)?;
                 b16 = match b_f16 {
                     true => None,
-                    false => Some(self.f16_copy(op, b, s.buf, s.b, !emulated)?),
+                    false => Some(self.f16_copy(op, b, s.buf, s.b)?),
                 };
                 let path = Path::Coop {
                     tile,

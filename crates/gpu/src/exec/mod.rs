@@ -90,9 +90,9 @@ pub struct GpuOptions {
     /// at each use instead of once per value of its contents (for checking
     /// the remembered maxima and copies).
     pub recompute_operand_maxima: bool,
-    /// How the tensor-core matmuls take f32 operands (`Copy`: converted once
-    /// into f16 copies; `Stage`: converted as each tile is staged). The same
-    /// bits either way.
+    /// How the tensor-core kernels take f32 operands (`Copy`: converted once
+    /// into f16 copies, rounded to nearest even; `Stage`: converted as each
+    /// tile is staged, by the adapter's conversion).
     pub f16_operands: F16Operands,
     /// Rounds Q, K and V into copies before the tensor-core attention too,
     /// as the SIMT kernels need them (for checking that staging rounds

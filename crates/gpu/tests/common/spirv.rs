@@ -67,8 +67,7 @@ pub fn instructions(words: &[u32]) -> usize {
 }
 
 /// Every kernel the executor can build, as (label, WGSL, entry point): the
-/// registry's kernels, the f16 operand copy in f16 arithmetic, and each
-/// tensor-core variant, emulated ones included.
+/// registry's kernels and each tensor-core variant, emulated ones included.
 pub fn every_kernel() -> Vec<(String, String, &'static str)> {
     let mut all: Vec<(String, String, &'static str)> = Kernel::all()
         .into_iter()
@@ -77,8 +76,6 @@ pub fn every_kernel() -> Vec<(String, String, &'static str)> {
             (format!("{k:?}"), s.source, s.entry)
         })
         .collect();
-    let copy = Kernel::F16Copy { hw: true };
-    all.push((format!("{copy:?}"), copy.spec().source, copy.spec().entry));
     for v in CoopMatmul::all() {
         let s = Kernel::MatmulCoop(v).spec();
         all.push((v.label(), s.source, s.entry));
