@@ -180,6 +180,14 @@ fn shared_handle(family: F16Matmul) {
     let (got_x, scans) = product(&g, &x, &w);
     assert_eq!(scans, 1);
     assert!(got_x == product(&g, &copy(&g, &x), &w).0, "x after its change");
+    // An f16 copy remembered through x comes back through a reshape, in the
+    // shape it is asked in.
+    g.f16_operand(&x).unwrap();
+    let z = g.reshape(&x, &Shape::new([33, 21])).unwrap();
+    let made = g.operand_f16_copies();
+    let half = g.f16_operand(&z).unwrap();
+    assert_eq!(g.operand_f16_copies(), made, "a reshape shares the copy");
+    assert_eq!(half.dims(), [33, 21]);
 }
 
 /// f32 weights reloaded into the same slot: the new tensors, and the old

@@ -65,7 +65,11 @@ impl GpuExecutor {
             // The op may outlive the last owner of `t` (and so of the copy)
             // before its commands have run.
             op.keep(copy.clone());
-            return Ok(copy);
+            // Reshapes share the copy: it takes the shape it is asked in.
+            return Ok(GpuTensor {
+                shape: t.shape.clone(),
+                ..copy
+            });
         }
         let generation = t.buf.generation();
         self.f16_copies.fetch_add(1, Ordering::Relaxed);
