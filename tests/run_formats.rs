@@ -181,6 +181,19 @@ fn plan_arithmetic_matches_hand_computation() {
     );
     assert_eq!(q.device.checkpoints, 2 * 8 * 64 * 4);
     assert_eq!(q.device.recompute, 2 * 71168);
+    assert_eq!((d.f16_copies, q.device.f16_copies), (0, 0));
+    // f16 transport computes in f16: the tensor-core kernels' f16 copies of
+    // the K blocks' matmul inputs, 2·B·T·(2C + q + I) bytes each, and of the
+    // head chunk's logit gradient, 2·rows·V.
+    let f = PlanInput {
+        transport: TransportDType::F16,
+        ..bf
+    };
+    let h = plan(&m, &f, &TierConfig::default()).unwrap();
+    assert_eq!(
+        h.device.f16_copies,
+        2 * (2 * 16 * (128 + 64 + 176)) + 2 * 16 * 256
+    );
     // Host: 14 bytes per parameter with bf16 transport (plus page padding).
     let per = q.host.ram.total() as f64 / q.host.n_params as f64;
     assert!((14.0..15.0).contains(&per), "{per}");
