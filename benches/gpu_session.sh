@@ -91,7 +91,8 @@ kernels)
     # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes (targets:
     # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
     # f16_coop128_stage_ rows convert f32 operands as they stage them
-    # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep).
+    # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep),
+    # and f16_copy_ rows time making a copy.
     b matmul --warm-up-time 1 --measurement-time 2
     # Flash attention f16 at the 7B shapes with torch SDPA beside it
     # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).

@@ -14,7 +14,8 @@
 //! `f16_coop128_stage_…` (the default tile converting f32 operands as it
 //! stages them, `F16Operands::Stage`), and
 //! `shader_checks_…` (one f32 and one f16 product compiled with wgpu's
-//! runtime checks, as every kernel was before they were turned off).
+//! runtime checks, as every kernel was before they were turned off), and
+//! `f16_copy_…` (an operand's max scan and f16 copy, in bytes moved).
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
 //! --bench matmul -- f16_coop128_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
@@ -191,6 +192,37 @@ fn bench(c: &mut Criterion) {
         &format!("shader_checks_f16_{default_f16}_"),
         &f16_shapes[..2],
     );
+
+    // What an operand's f16 copy costs where it is made: the max scan (4
+    // bytes an element) and the copy (4 read, 2 written), on an executor
+    // that remembers neither, so each iteration makes both. Throughput in
+    // bytes moved; a 7B layer's activations (4096 tokens × 3584, and × 18944).
+    let fresh = f16_opts(
+        default_f16,
+        GpuOptions {
+            recompute_operand_maxima: true,
+            ..Default::default()
+        },
+    );
+    let sizes: &[(usize, usize)] = if real {
+        &[(4096, 3584), (4096, 18944)]
+    } else {
+        &[(256, 300)]
+    };
+    let mut group = c.benchmark_group("matmul");
+    group.sample_size(10);
+    for &(rows, cols) in sizes {
+        let x = fresh.upload(&common::rand(5, &[rows, cols])).unwrap();
+        group.throughput(Throughput::Bytes(10 * (rows * cols) as u64));
+        group.bench_function(format!("f16_copy_{rows}x{cols}"), |bench| {
+            bench.iter(|| {
+                let h = fresh.f16_operand(&x).unwrap();
+                fresh.synchronize().unwrap();
+                h
+            })
+        });
+    }
+    group.finish();
 }
 
 fn main() {
