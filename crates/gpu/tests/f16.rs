@@ -437,54 +437,47 @@ fn operand_copies_give_the_bits_of_staging() {
     }
 }
 
-/// The f16 copy itself: each element scaled by its tensor's power of two
-/// and rounded to the nearest f16 (ties to even, subnormals kept, overflow
-/// to infinity), bit for bit against half's conversion; awkward lengths
-/// (odd, one element, past a workgroup) and one split over several
-/// bindings at an odd element count; remembered, so a second call makes
-/// no copy.
+/// The f16 copy itself (one kernel, whatever the matmul family): each
+/// element scaled by its tensor's power of two and rounded to the nearest
+/// f16 (ties to even, subnormals kept, values below f16 to zero), bit for
+/// bit against half's conversion; awkward lengths (odd, one element, past
+/// a workgroup) and one split over several bindings at an odd element
+/// count; remembered, so a second call makes no copy.
 #[test]
 fn operand_copy_rounds_each_element_to_nearest_even() {
     let Some(c) = ctx() else { return };
     let (rounding, _) = rounding_case();
-    let mut families = vec![F16Matmul::CoopEmulated(CoopTile::Small64)];
-    if c.has_cooperative_matrix() {
-        families.push(F16Matmul::Coop(CoopTile::Tile128));
-    }
-    for family in families {
-        for binding in [None, Some(4096)] {
-            let g = f16_executor(
-                c.clone(),
-                GpuOptions {
-                    f16_matmul: family,
-                    max_binding_bytes: binding,
-                    ..Default::default()
-                },
-            );
-            let lengths = [1, 2, 3, 5, 257, rounding.len(), 5001];
-            for (i, n) in lengths.into_iter().enumerate() {
-                let mut x = megatrain_tensor::testing::random_f32(50 + i as u64, n);
-                let tail = rounding.len().min(n);
-                x[n - tail..].copy_from_slice(&rounding[..tail]);
-                let gx = g
-                    .upload(&HostTensor::from_f32(Shape::new([n]), x.clone()).unwrap())
-                    .unwrap();
-                let copy = g.f16_operand(&gx).unwrap();
-                assert_eq!(megatrain_tensor::TensorHandle::dtype(&copy), DType::F16);
-                let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let e = f16_scale_exponent(max);
-                let got = down(&g, &copy);
-                for (j, (&got, &x)) in got.iter().zip(&x).enumerate() {
-                    let want = f16::from_f64(x as f64 * 2f64.powi(-e));
-                    assert!(
-                        f16::from_f32(got).to_bits() == want.to_bits(),
-                        "{family} binding {binding:?} n {n}: element {j} ({x:e}) copied as {got:e}, want {want}"
-                    );
-                }
-                let made = g.operand_f16_copies();
-                g.f16_operand(&gx).unwrap();
-                assert_eq!(g.operand_f16_copies(), made, "the copy is remembered");
+    for binding in [None, Some(4096)] {
+        let g = f16_executor(
+            c.clone(),
+            GpuOptions {
+                max_binding_bytes: binding,
+                ..Default::default()
+            },
+        );
+        let lengths = [1, 2, 3, 5, 257, rounding.len(), 5001];
+        for (i, n) in lengths.into_iter().enumerate() {
+            let mut x = megatrain_tensor::testing::random_f32(50 + i as u64, n);
+            let tail = rounding.len().min(n);
+            x[n - tail..].copy_from_slice(&rounding[..tail]);
+            let gx = g
+                .upload(&HostTensor::from_f32(Shape::new([n]), x.clone()).unwrap())
+                .unwrap();
+            let copy = g.f16_operand(&gx).unwrap();
+            assert_eq!(megatrain_tensor::TensorHandle::dtype(&copy), DType::F16);
+            let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let e = f16_scale_exponent(max);
+            let got = down(&g, &copy);
+            for (j, (&got, &x)) in got.iter().zip(&x).enumerate() {
+                let want = f16::from_f64(x as f64 * 2f64.powi(-e));
+                assert!(
+                    f16::from_f32(got).to_bits() == want.to_bits(),
+                    "binding {binding:?} n {n}: element {j} ({x:e}) copied as {got:e}, want {want}"
+                );
             }
+            let made = g.operand_f16_copies();
+            g.f16_operand(&gx).unwrap();
+            assert_eq!(g.operand_f16_copies(), made, "the copy is remembered");
         }
     }
 }
