@@ -45,7 +45,7 @@ struct Params {
 // 16): the host runs these kernels only where each operand's element offset
 // is a multiple of 4 and its binding starts on 16 bytes, so every index
 // into these arrays is an element index divided by 4. Q, K and V are read
-// through the `in_…` section of the variant (read_q, read_k, read_v,
+// through the `in_…` sections of the variant (read_q, read_k, read_v,
 // put_in4): f32, scaled and converted as they are staged, or their f16
 // copies (f16_copy.wgsl), staged as they are.
 
@@ -167,21 +167,6 @@ fn half_col(lane: u32, k: u32) -> u32 {
 
 //// in_f32
 alias In4 = vec4<f32>;
-@group(0) @binding(1) var<storage, read> q_in: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_in: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_in: array<vec4<f32>>;
-
-fn read_q(i: u32) -> In4 {
-    return q_in[i];
-}
-
-fn read_k(i: u32) -> In4 {
-    return k_in[i];
-}
-
-fn read_v(i: u32) -> In4 {
-    return v_in[i];
-}
 
 fn put_in4(at: u32, x: In4, s: Pow2Steps) {
     put4(at, x, s);
@@ -191,9 +176,16 @@ fn put_in4(at: u32, x: In4, s: Pow2Steps) {
 // f16 copies made under each operand's scale: staged as they are (the
 // product's scale back by 2^(e_q + e_k) is unchanged).
 alias In4 = vec4<f16>;
-@group(0) @binding(1) var<storage, read> q_in: array<vec4<f16>>;
-@group(0) @binding(2) var<storage, read> k_in: array<vec4<f16>>;
-@group(0) @binding(3) var<storage, read> v_in: array<vec4<f16>>;
+
+fn put_in4(at: u32, x: In4, s: Pow2Steps) {
+    put_half4(at, x);
+}
+
+//// in_vec
+// Q, K and V as vectors of In4 (after in_f32 or in_f16_hw).
+@group(0) @binding(1) var<storage, read> q_in: array<In4>;
+@group(0) @binding(2) var<storage, read> k_in: array<In4>;
+@group(0) @binding(3) var<storage, read> v_in: array<In4>;
 
 fn read_q(i: u32) -> In4 {
     return q_in[i];
@@ -205,10 +197,6 @@ fn read_k(i: u32) -> In4 {
 
 fn read_v(i: u32) -> In4 {
     return v_in[i];
-}
-
-fn put_in4(at: u32, x: In4, s: Pow2Steps) {
-    put_half4(at, x);
 }
 
 //// in_f16_sw
@@ -239,15 +227,8 @@ fn put_in4(at: u32, x: In4, s: Pow2Steps) {
     put_half4(at, x);
 }
 
-//// do_f32
-@group(0) @binding(7) var<storage, read> do_in: array<vec4<f32>>;
-
-fn read_do(i: u32) -> In4 {
-    return do_in[i];
-}
-
-//// do_f16_hw
-@group(0) @binding(7) var<storage, read> do_in: array<vec4<f16>>;
+//// do_vec
+@group(0) @binding(7) var<storage, read> do_in: array<In4>;
 
 fn read_do(i: u32) -> In4 {
     return do_in[i];

@@ -199,11 +199,14 @@ impl CoopAttention {
         out.push_str(SCALE);
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
-        out.push_str(section(match (self.f16_in, self.emulated) {
-            (false, _) => "in_f32",
-            (true, false) => "in_f16_hw",
-            (true, true) => "in_f16_sw",
-        }));
+        let inputs: &[&str] = match (self.f16_in, self.emulated) {
+            (false, _) => &["in_f32", "in_vec"],
+            (true, false) => &["in_f16_hw", "in_vec"],
+            (true, true) => &["in_f16_sw"],
+        };
+        for name in inputs {
+            out.push_str(section(name));
+        }
         if self.emulated {
             out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
         }
@@ -211,10 +214,10 @@ impl CoopAttention {
             AttnPass::Fwd => out.push_str(section("fwd")),
             AttnPass::Dq | AttnPass::Dkv => {
                 out.push_str(section("bwd"));
-                out.push_str(section(match (self.f16_in, self.emulated) {
-                    (false, _) => "do_f32",
-                    (true, false) => "do_f16_hw",
-                    (true, true) => "do_f16_sw",
+                out.push_str(section(if self.f16_in && self.emulated {
+                    "do_f16_sw"
+                } else {
+                    "do_vec"
                 }));
                 out.push_str(section(if self.pass == AttnPass::Dq { "dq" } else { "dkv" }));
             }
