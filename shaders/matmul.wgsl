@@ -33,6 +33,7 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
+    @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     prepare_operands();
     let ta = (p.flags & TRANS_A) != 0u;
@@ -139,4 +140,5 @@ fn main(
             C[idx] = epilogue(idx, v);
         }
     }
+    fold_maxima(li, wid, nwg);
 }

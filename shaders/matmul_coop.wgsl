@@ -408,6 +408,7 @@ fn emu_store_t(c: array<f32, 8>, base: u32, stride: u32, lane: u32) {
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) local_index: u32,
+    @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     li = local_index;
     sc = operand_scales(p.a_scale, p.b_scale);
@@ -428,6 +429,7 @@ fn main(
     let cs = sg * 256u;
     let ld16 = 16u;
 //{{EPILOGUE}}
+    fold_maxima(li, wid, nwg);
 }
 
 //// loop_double

@@ -1,6 +1,7 @@
 //// none
 // The store of a matmul without an epilogue: C as computed.
 fn epilogue(i: u32, v: f32) -> f32 {
+    note_c(v);
     return v;
 }
 
@@ -17,6 +18,17 @@ fn epilogue(i: u32, v: f32) -> f32 {
 @group(0) @binding(8) var<storage, read_write> aux_out: array<f32>;
 
 fn epilogue(i: u32, v: f32) -> f32 {
+    let c = epilogue_value(i, v);
+    note_c(c);
+    return c;
+}
+
+fn put_aux(i: u32, x: f32) {
+    aux_out[i] = x;
+    note_aux(x);
+}
+
+fn epilogue_value(i: u32, v: f32) -> f32 {
     let kind = (p.flags >> EPI_SHIFT) & EPI_MASK;
     if kind == EPI_GELU_BWD {
         // v = dy; aux0 = the pre-activation; C = its gradient.
@@ -25,18 +37,111 @@ fn epilogue(i: u32, v: f32) -> f32 {
     if kind == EPI_SWIGLU_BWD {
         // v = ds; aux0 = gate, aux1 = up; C = dgate, aux_out = dup.
         let d = act_swiglu_grads(aux0[i], aux1[i], v);
-        aux_out[i] = d.y;
+        put_aux(i, d.y);
         return d.x;
     }
     if kind == EPI_GELU_FWD {
         // C = the pre-activation v, aux_out = gelu(v).
-        aux_out[i] = act_gelu(v);
+        put_aux(i, act_gelu(v));
         return v;
     }
     if kind == EPI_SWIGLU_FWD {
         // v = up; aux0 = gate; C = up, aux_out = silu(gate) · up.
-        aux_out[i] = act_swiglu(aux0[i], v);
+        put_aux(i, act_swiglu(aux0[i], v));
         return v;
     }
     return v;
+}
+
+//// maxima
+// max|x| of what a product stores, C and the epilogue's aux_out, for the
+// f16 products that read them next: with STORE_MAX in the flags (set only
+// where each element is stored once, with its final value) the product
+// finds what an absmax.wgsl scan of its output would, bit for bit, and
+// that scan is not run. Each invocation keeps the largest magnitude it
+// stored as f32 bits (which order as the values do; NaN skipped, as the
+// scan skips it), the workgroup folds them, and one invocation stores the
+// workgroup's in slots of its own; the absmax kernel folds those after
+// the dispatch. (No atomics here: under the Vulkan memory model that naga
+// declares for the tensor-core kernels a device-scope atomic needs a
+// capability naga does not declare, and spirv-val refuses it.)
+var<private> c_max: u32;
+var<private> aux_max: u32;
+
+fn max_bits(x: f32) -> u32 {
+    let a = bitcast<u32>(x) & 0x7fffffffu;
+    return select(a, 0u, a > 0x7f800000u);
+}
+
+fn note_c(v: f32) {
+    c_max = max(c_max, max_bits(v));
+}
+
+fn note_aux(v: f32) {
+    aux_max = max(aux_max, max_bits(v));
+}
+
+//// maxima_out
+// Workgroup wg of `count` stores C's max at out_max[wg], aux_out's at
+// out_max[count + wg].
+@group(0) @binding(9) var<storage, read_write> out_max: array<u32>;
+
+fn store_maxima(wg: u32, count: u32, m: vec2<u32>) {
+    out_max[wg] = m.x;
+    out_max[count + wg] = m.y;
+}
+
+//// maxima_none
+// f32 products never set STORE_MAX: nothing to store to.
+fn store_maxima(wg: u32, count: u32, m: vec2<u32>) {}
+
+//// maxima_fold
+// Called by every invocation after its last store (uniform control flow:
+// the flags are the same for the whole dispatch). The invocations' maxima
+// are folded pairwise through workgroup memory the kernel no longer
+// needs (`fold_put`/`fold_get` below: the tuned kernels have no bytes to
+// spare), as u32 bits stored in f32 slots, unchanged: they are never NaN.
+fn fold_maxima(li: u32, wid: vec3<u32>, nwg: vec3<u32>) {
+    if (p.flags & STORE_MAX) == 0u {
+        return;
+    }
+    workgroupBarrier();
+    fold_put(li, vec2<u32>(c_max, aux_max));
+    workgroupBarrier();
+    for (var n = FOLD_THREADS; n > 1u; n = (n + 1u) / 2u) {
+        let h = (n + 1u) / 2u;
+        if li + h < n {
+            fold_put(li, max(fold_get(li), fold_get(li + h)));
+        }
+        workgroupBarrier();
+    }
+    if li == 0u {
+        let wg = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
+        store_maxima(wg, nwg.x * nwg.y * nwg.z, fold_get(0u));
+    }
+}
+
+//// fold_simt
+// The SIMT kernels' A tile: at least 256 vec4 slots.
+const FOLD_THREADS: u32 = 256u;
+
+fn fold_put(i: u32, v: vec2<u32>) {
+    As[i] = bitcast<vec4<f32>>(vec4<u32>(v, 0u, 0u));
+}
+
+fn fold_get(i: u32) -> vec2<u32> {
+    return bitcast<vec4<u32>>(As[i]).xy;
+}
+
+//// fold_coop
+// The tensor-core kernels' outgoing fragments: 8 f32 slots per invocation.
+const FOLD_THREADS: u32 = THREADS;
+
+fn fold_put(i: u32, v: vec2<u32>) {
+    c_s[2u * i] = bitcast<f32>(v.x);
+    c_s[2u * i + 1u] = bitcast<f32>(v.y);
+}
+
+fn fold_get(i: u32) -> vec2<u32> {
+    return vec2<u32>(bitcast<u32>(c_s[2u * i]), bitcast<u32>(c_s[2u * i + 1u]));
 }

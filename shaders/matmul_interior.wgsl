@@ -112,6 +112,7 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
+    @builtin(num_workgroups) nwg: vec3<u32>,
 ) {
     prepare_operands();
     let a_base = p.a_off + wid.z * p.a_bstride;
@@ -191,4 +192,6 @@ fn main(
             }
         }
     }
+    fold_maxima(li, wid, nwg);
 }
+

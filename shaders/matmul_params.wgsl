@@ -25,5 +25,8 @@ const EPI_GELU_BWD: u32 = 1u;
 const EPI_SWIGLU_BWD: u32 = 2u;
 const EPI_GELU_FWD: u32 = 3u;
 const EPI_SWIGLU_FWD: u32 = 4u;
+// Fold max|x| of what is stored into the output maxima
+// (matmul_epilogue.wgsl's `maxima` sections; f16 pipelines only).
+const STORE_MAX: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> p: Params;

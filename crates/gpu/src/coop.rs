@@ -258,7 +258,11 @@ impl CoopMatmul {
         out.push_str(crate::kernels::MATMUL_PARAMS);
         out.push_str(SCALE);
         out.push_str(section(if self.emulated { "half_sw" } else { "half_hw" }));
-        out.push_str(&crate::kernels::epilogue_source(self.epi));
+        out.push_str(&crate::kernels::epilogue_source(
+            self.epi,
+            true,
+            crate::kernels::FoldScratch::CoopFragments,
+        ));
         out.push_str(section("common"));
         if self.emulated {
             out.push_str(&emulation("a_s", "b_s", "c_s"));

@@ -64,34 +64,47 @@ pub struct SimtMatmul {
     pub epi: bool,
 }
 
+/// Where a matmul kernel folds its invocations' output maxima
+/// (matmul_epilogue.wgsl's `fold_…` sections): workgroup memory it no
+/// longer needs once its products are stored.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum FoldScratch {
+    /// The SIMT kernels' A tile (`As`).
+    SimtTiles,
+    /// The tensor-core kernels' outgoing fragments (`c_s`).
+    CoopFragments,
+}
+
 /// The WGSL a matmul pipeline stores C through: the activation functions
-/// and the fused epilogue, or the identity.
-pub(crate) fn epilogue_source(epi: bool) -> String {
-    let (name, next) = if epi {
-        ("//// fused\n", None)
-    } else {
-        ("//// none\n", Some("//// fused\n"))
-    };
-    let start = EPILOGUE.find(name).expect("matmul_epilogue.wgsl section") + name.len();
-    let end = next.map_or(EPILOGUE.len(), |n| {
-        EPILOGUE.find(n).expect("matmul_epilogue.wgsl section")
-    });
-    let body = &EPILOGUE[start..end];
+/// and the fused epilogue, or the identity; then the output maxima
+/// (`maxima`, stored through binding 9 by `f16` pipelines) and their fold
+/// through `scratch`.
+pub(crate) fn epilogue_source(epi: bool, f16: bool, scratch: FoldScratch) -> String {
+    let section = |name| wgsl_section(EPILOGUE, "matmul_epilogue.wgsl", name);
+    let mut out = String::new();
     if epi {
-        [ACTIVATION_FNS, body].concat()
-    } else {
-        body.to_string()
+        out.push_str(ACTIVATION_FNS);
     }
+    out.push_str(section(if epi { "fused" } else { "none" }));
+    out.push_str(section("maxima"));
+    out.push_str(section(if f16 { "maxima_out" } else { "maxima_none" }));
+    out.push_str(section("maxima_fold"));
+    out.push_str(section(match scratch {
+        FoldScratch::SimtTiles => "fold_simt",
+        FoldScratch::CoopFragments => "fold_coop",
+    }));
+    out
 }
 
 /// A matmul pipeline's storage bindings in the host's order: A, B, bias,
-/// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out.
+/// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out,
+/// then (f16) the output maxima.
 pub(crate) fn matmul_bindings(f16: bool, epi: bool) -> &'static [u32] {
     match (f16, epi) {
         (false, false) => &[1, 2, 3, 4],
-        (true, false) => &[1, 2, 3, 4, 5],
+        (true, false) => &[1, 2, 3, 4, 5, 9],
         (false, true) => &[1, 2, 3, 4, 6, 7, 8],
-        (true, true) => &[1, 2, 3, 4, 5, 6, 7, 8],
+        (true, true) => &[1, 2, 3, 4, 5, 6, 7, 8, 9],
     }
 }
 
@@ -259,7 +272,7 @@ impl Kernel {
                     MatmulB::Bf16 => MATMUL_BF16,
                     MatmulB::F16 => MATMUL_F16,
                 };
-                let epi = epilogue_source(v.epi);
+                let epi = epilogue_source(v.epi, v.f16, FoldScratch::SimtTiles);
                 let source = if v.f16 {
                     [MATMUL_PARAMS, tile, b, MATMUL_SCALE, MATMUL_ROUND16, &epi, MATMUL].concat()
                 } else {

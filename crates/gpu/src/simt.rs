@@ -77,7 +77,7 @@ impl SimtInterior {
             layout.as_str(),
             b,
             &precision,
-            &crate::kernels::epilogue_source(self.epi),
+            &crate::kernels::epilogue_source(self.epi, self.f16, crate::kernels::FoldScratch::SimtTiles),
             BODY,
         ]
         .concat()

@@ -95,6 +95,16 @@ fn assert_bits(what: &str, got: &[f32], want: &[f32], max_ulps: u32) {
     );
 }
 
+/// Under F16 the fused products fold max|x| of both their outputs as they
+/// store them (`operand_maxima.rs` has the plain products): what `g`
+/// remembers for `t` is what a scan finds.
+fn assert_remembered_max(g: &GpuExecutor, what: &str, t: &GpuTensor) {
+    if g.compute_precision() == ComputePrecision::F16 {
+        let want = down(g, t).iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert_eq!(g.remembered_max(t).unwrap(), Some(want), "{what}: remembered max");
+    }
+}
+
 /// Every fused op of every case on `g`, against `g`'s composition and
 /// `cpu`'s fused op (the reference composition).
 fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
@@ -137,6 +147,8 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         let (wf, wact) = compose_matmul_gelu(g, &a, &b, Some(&bias), t).unwrap();
         assert_bits(&format!("{what}: gelu fwd f"), &d(&f), &d(&wf), 0);
         assert_bits(&format!("{what}: gelu fwd g"), &d(&act), &d(&wact), ULPS);
+        assert_remembered_max(g, &format!("{what}: gelu fwd f"), &f);
+        assert_remembered_max(g, &format!("{what}: gelu fwd g"), &act);
         let (rf, ract) = cpu.matmul_gelu(&ca, &cb, Some(&cbias), t).unwrap();
         assert_close(&format!("{what}: gelu fwd f vs CPU"), &d(&f), &dc(&rf), TOL_F32);
         assert_close(
@@ -151,6 +163,8 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         let (wu, ws) = compose_matmul_swiglu(g, &a, &b, Some(&bias), t, &gate).unwrap();
         assert_bits(&format!("{what}: swiglu fwd up"), &d(&u), &d(&wu), 0);
         assert_bits(&format!("{what}: swiglu fwd s"), &d(&s), &d(&ws), ULPS);
+        assert_remembered_max(g, &format!("{what}: swiglu fwd up"), &u);
+        assert_remembered_max(g, &format!("{what}: swiglu fwd s"), &s);
         let (_, rs) = cpu.matmul_swiglu(&ca, &cb, Some(&cbias), t, &cgate).unwrap();
         assert_close(&format!("{what}: swiglu fwd s vs CPU"), &d(&s), &dc(&rs), TOL_F32);
 
@@ -162,6 +176,7 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         let rr = cpu
             .matmul_backward_gelu(&ca, &cb, &cdout, t, MatmulNeeds::ALL, &cpre)
             .unwrap();
+        assert_remembered_max(g, &format!("{what}: gelu bwd da"), gr.da.as_ref().unwrap());
         let da = d(gr.da.as_ref().unwrap());
         assert_bits(
             &format!("{what}: gelu bwd da"),
@@ -203,6 +218,8 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
         );
         assert_bits(&format!("{what}: swiglu bwd dgate"), &d(&dg), &d(&wdg), ULPS);
         assert_bits(&format!("{what}: swiglu bwd dup"), &d(&du), &d(&wdu), ULPS);
+        assert_remembered_max(g, &format!("{what}: swiglu bwd dgate"), &dg);
+        assert_remembered_max(g, &format!("{what}: swiglu bwd dup"), &du);
         assert_bits(
             &format!("{what}: swiglu bwd db"),
             &d(gr.db.as_ref().unwrap()),

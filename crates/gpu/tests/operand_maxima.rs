@@ -1,14 +1,17 @@
 //! The f16 operand maxima, and the tensor-core kernels' f16 operand copies,
 //! remembered with their tensors: a tensor used in an f16 product is
-//! scanned (and copied) once, and every way of changing a tensor's contents
-//! in place (add_assign, write_rows, the accumulating backwards,
-//! embedding_backward, a weight slot's reload) makes the next product scan
-//! (and copy) it again. Each change multiplies the magnitudes by about
-//! 2^10, so a stale max would scale the operand by the wrong power of two
-//! (and overflow f16), and a stale copy would be the old operand; the
-//! product must have the bits of the same product on a fresh upload of the
-//! new contents. Each check runs on the SIMT kernel (maxima) and on a
-//! tensor-core tile, emulated so that it runs anywhere (maxima and copies).
+//! scanned (and copied) once, or not scanned at all where the product that
+//! stored it folded its max while storing; and every way of changing a
+//! tensor's contents in place (add_assign, write_rows, the accumulating
+//! backwards, embedding_backward, a weight slot's reload) makes the next
+//! product scan (and copy) it again, unless the change itself folded the
+//! new max (a product accumulating into it). Each change multiplies the
+//! magnitudes by about 2^10, so a stale max would scale the operand by the
+//! wrong power of two (and overflow f16), and a stale copy would be the old
+//! operand; the product must have the bits of the same product on a fresh
+//! upload of the new contents. Each check runs on the SIMT kernel (maxima)
+//! and on a tensor-core tile, emulated so that it runs anywhere (maxima and
+//! copies).
 
 mod common;
 
@@ -50,28 +53,45 @@ fn copy(g: &GpuExecutor, t: &GpuTensor) -> GpuTensor {
     g.upload(&g.download(t).unwrap()).unwrap()
 }
 
-/// `x @ w` (both f32: both scanned, and copied for the tensor-core
-/// kernels), and the scans it recorded.
-fn product(g: &GpuExecutor, x: &GpuTensor, w: &GpuTensor) -> (Vec<u32>, u64) {
+/// `x @ w` (both f32), and the operand scans and f16 copies it recorded.
+fn product_counted(g: &GpuExecutor, x: &GpuTensor, w: &GpuTensor) -> (Vec<u32>, u64, u64) {
     let (scans, copies) = (g.operand_max_scans(), g.operand_f16_copies());
     let y = g.matmul(x, w, None, Transpose::NN).unwrap();
     let scans = g.operand_max_scans() - scans;
     let copies = g.operand_f16_copies() - copies;
-    // Every operand here is f32: the tensor-core kernels copy what is
-    // scanned, the SIMT kernel copies nothing.
-    let coop = matches!(g.f16_matmul_kernel(), F16Matmul::CoopEmulated(_));
+    (bits(g, &y), scans, copies)
+}
+
+fn is_coop(g: &GpuExecutor) -> bool {
+    matches!(g.f16_matmul_kernel(), F16Matmul::CoopEmulated(_))
+}
+
+/// `x @ w` (both f32: both scanned, and copied for the tensor-core
+/// kernels), and the scans it recorded.
+fn product(g: &GpuExecutor, x: &GpuTensor, w: &GpuTensor) -> (Vec<u32>, u64) {
+    let (y, scans, copies) = product_counted(g, x, w);
+    // Every operand here is f32 and none was stored by a product: the
+    // tensor-core kernels copy what is scanned, the SIMT kernel copies
+    // nothing.
     assert_eq!(
         copies,
-        if coop { scans } else { 0 },
+        if is_coop(g) { scans } else { 0 },
         "copies beside {scans} scans"
     );
-    (bits(g, &y), scans)
+    (y, scans)
 }
 
 /// `x` (`[r, c]`) remembers its max (and copy) through a product; `change`
-/// rewrites it in place; the next product scans it again and has the bits
-/// of the product on a fresh upload.
-fn check_x(what: &str, rows: usize, cols: usize, change: impl Fn(&GpuExecutor, &mut GpuTensor)) {
+/// rewrites it in place; the next product has the bits of the product on
+/// a fresh upload, and scans `x` again (`rescans` 1) unless the change
+/// folded x's new max itself (0: a product accumulating into it).
+fn check_x(
+    what: &str,
+    rows: usize,
+    cols: usize,
+    rescans: u64,
+    change: impl Fn(&GpuExecutor, &mut GpuTensor),
+) {
     for family in FAMILIES {
         let Some(g) = f16_executor(family, TransportChoice::Auto) else {
             return;
@@ -82,19 +102,20 @@ fn check_x(what: &str, rows: usize, cols: usize, change: impl Fn(&GpuExecutor, &
         assert_eq!(product(&g, &x, &w).1, 2, "{what}: first use scans x and w");
         assert_eq!(product(&g, &x, &w).1, 0, "{what}: second use scans nothing");
         change(&g, &mut x);
-        let (got, scans) = product(&g, &x, &w);
+        let (got, scans, copies) = product_counted(&g, &x, &w);
         let (want, _) = product(&g, &copy(&g, &x), &w);
         assert!(
             got == want,
             "{what}: product after the change differs from a fresh upload's"
         );
-        assert_eq!(scans, 1, "{what}: the changed x is scanned again");
+        assert_eq!(scans, rescans, "{what}: scans of the changed x");
+        assert_eq!(copies, is_coop(&g) as u64, "{what}: copies of the changed x");
     }
 }
 
 #[test]
 fn add_assign_invalidates() {
-    check_x("add_assign", 21, 33, |g, x| {
+    check_x("add_assign", 21, 33, 1, |g, x| {
         g.add_assign(x, &g.upload(&big_host(3, &[21, 33])).unwrap())
             .unwrap();
     });
@@ -102,7 +123,7 @@ fn add_assign_invalidates() {
 
 #[test]
 fn write_rows_invalidates() {
-    check_x("write_rows", 21, 33, |g, x| {
+    check_x("write_rows", 21, 33, 1, |g, x| {
         g.write_rows(x, 5, &g.upload(&big_host(3, &[4, 33])).unwrap())
             .unwrap();
     });
@@ -110,7 +131,7 @@ fn write_rows_invalidates() {
 
 #[test]
 fn embedding_backward_invalidates() {
-    check_x("embedding_backward", 21, 33, |g, x| {
+    check_x("embedding_backward", 21, 33, 1, |g, x| {
         let dout = g.upload(&big_host(3, &[3, 33])).unwrap();
         g.embedding_backward(&[4, 0, 20], &dout, x).unwrap();
     });
@@ -118,8 +139,9 @@ fn embedding_backward_invalidates() {
 
 #[test]
 fn accumulating_da_invalidates() {
-    // x is the accumulator of a's gradient: a [21, 8] @ b [8, 33]ᵀ… as NT.
-    check_x("matmul_backward_da_into", 21, 33, |g, x| {
+    // x is the accumulator of a's gradient (a [21, 33], b [17, 33] as NT):
+    // the product stores x's new contents whole and folds their max.
+    check_x("matmul_backward_da_into", 21, 33, 0, |g, x| {
         let a = g.upload(&rand_host(3, &[21, 33])).unwrap();
         let b = g.upload(&big_host(4, &[17, 33])).unwrap();
         let dout = g.upload(&big_host(5, &[21, 17])).unwrap();
@@ -136,7 +158,7 @@ fn accumulating_da_invalidates() {
 #[test]
 fn accumulating_db_invalidates() {
     // x is the accumulator of b's gradient: b [21, 33] read as NN.
-    check_x("matmul_backward_into", 21, 33, |g, x| {
+    check_x("matmul_backward_into", 21, 33, 1, |g, x| {
         let a = g.upload(&big_host(3, &[9, 21])).unwrap();
         let b = g.upload(&rand_host(4, &[21, 33])).unwrap();
         let dout = g.upload(&big_host(5, &[9, 33])).unwrap();
@@ -270,5 +292,152 @@ fn recompute_option_scans_every_use() {
         let (b, n2) = product(&g, &x, &w);
         assert_eq!((n1, n2), (2, 2), "{family}");
         assert!(a == b, "{family}");
+    }
+}
+
+/// max|x| of `t` as the host finds it.
+fn host_max(g: &GpuExecutor, t: &GpuTensor) -> f32 {
+    down(g, t).iter().fold(0f32, |m, x| m.max(x.abs()))
+}
+
+/// `[r, c]` random values with row `spike` (when in range) scaled by 2^10,
+/// so that the product's largest magnitudes lie in that row's tile.
+fn spiked(seed: u64, r: usize, c: usize, spike: usize) -> HostTensor {
+    let mut v = rand_host(seed, &[r, c]).to_f32_vec();
+    if spike < r {
+        v[spike * c..(spike + 1) * c]
+            .iter_mut()
+            .for_each(|x| *x *= 1024.0);
+    }
+    HostTensor::from_f32(vec![r, c], v).unwrap()
+}
+
+/// Under F16 a product folds max|C| as it stores C (where it stores each
+/// element once, with its final value) and remembers it as a scan would:
+/// the same f32, and the product that reads C next scans only its other
+/// operand. Forward products in each layout, a backward's `da` (fresh,
+/// stored transposed, and accumulated) but not its `db` (weight gradients
+/// are not read by products); the spike puts the largest output in the
+/// first, an interior or the last tile row. On the SIMT kernel (64 tile;
+/// 128 tile with interior pipelines), an emulated tensor-core tile and,
+/// where the adapter has them, the hardware tiles; the first and the
+/// emulated tile again with operands bound as a grid of sub-blocks, where
+/// a product whose K is split over dispatches (storing partial sums)
+/// folds nothing and its output is scanned when read.
+#[test]
+fn products_fold_their_outputs_maxima() {
+    let small = GpuOptions {
+        max_binding_bytes: Some(4096),
+        ..Default::default()
+    };
+    let big = GpuOptions {
+        matmul_tile: Some(128),
+        ..Default::default()
+    };
+    let families = [
+        (F16Matmul::Simt, GpuOptions::default()),
+        (F16Matmul::Simt, big),
+        (F16Matmul::Simt, small.clone()),
+        (FAMILIES[1], GpuOptions::default()),
+        (FAMILIES[1], small),
+    ];
+    let mut executors = Vec::new();
+    for (family, opts) in families {
+        let opts = GpuOptions {
+            f16_matmul: family,
+            ..opts
+        };
+        let Some(g) = gpu_with(opts.clone(), ComputePrecision::F16) else {
+            return;
+        };
+        executors.push((g, opts));
+    }
+    for (tile, g) in hardware_tiles("output maxima") {
+        let opts = GpuOptions {
+            f16_matmul: F16Matmul::Coop(tile),
+            ..Default::default()
+        };
+        executors.push((g, opts));
+    }
+    for (mut g, opts) in executors {
+        let family = opts.f16_matmul;
+        let blocks = opts.max_binding_bytes.is_some();
+        let what = format!("{family}, 4 KiB bindings {blocks}, tile {:?}", opts.matmul_tile);
+        let mut folded = 0;
+        // The max remembered for `t`: exact, and present unless the
+        // product ran in blocks (where K may have been split).
+        let mut check = |g: &GpuExecutor, what: &str, t: &GpuTensor| -> bool {
+            let got = g.remembered_max(t).unwrap();
+            assert!(got.is_some() || blocks, "{what}: no max remembered");
+            if let Some(got) = got {
+                assert_eq!(got, host_max(g, t), "{what}: remembered max");
+                folded += 1;
+            }
+            got.is_some()
+        };
+        // (m, k, n): edges everywhere; whole tiles (the interior pipelines)
+        // beside edges on the tile the family has.
+        let whole = match (family, opts.matmul_tile) {
+            (F16Matmul::Simt, Some(_)) => Some((256, 64, 256)),
+            (F16Matmul::Simt, None) => None,
+            (F16Matmul::Coop(_), _) => Some((256, 64, 256)),
+            _ => Some((37, 48, 70)),
+        };
+        for (m, k, n) in [(37, 45, 70)].into_iter().chain(whole) {
+            for spike in [0, m / 2 + 3, m - 1] {
+                let what = format!("{what}, {m}x{k}x{n}, spike in row {spike}");
+                let x = g.upload(&spiked(spike as u64, m, k, spike)).unwrap();
+                let w_nn = g.upload(&rand_host(2, &[k, n])).unwrap();
+                let w_nt = g.upload(&rand_host(3, &[n, k])).unwrap();
+                for (t, w) in [(Transpose::NN, &w_nn), (Transpose::NT, &w_nt)] {
+                    let y = g.matmul(&x, w, None, t).unwrap();
+                    let remembered = check(&g, &format!("{what}: {t:?} y"), &y);
+                    let w2 = g.upload(&rand_host(4, &[n, 5])).unwrap();
+                    let scans = g.operand_max_scans();
+                    let z = g.matmul(&y, &w2, None, Transpose::NN).unwrap();
+                    let want_scans = if remembered { 1 } else { 2 };
+                    assert_eq!(g.operand_max_scans() - scans, want_scans, "{what}: {t:?} scans");
+                    let fresh = g.matmul(&copy(&g, &y), &w2, None, Transpose::NN).unwrap();
+                    assert!(bits(&g, &z) == bits(&g, &fresh), "{what}: {t:?} product of y");
+                }
+                let dout = g.upload(&spiked(5, m, n, spike)).unwrap();
+                for (t, w) in [(Transpose::NN, &w_nn), (Transpose::NT, &w_nt)] {
+                    let r = g.matmul_backward(&x, w, &dout, t, MatmulNeeds::ALL).unwrap();
+                    check(&g, &format!("{what}: {t:?} da"), r.da.as_ref().unwrap());
+                    let db = r.db.as_ref().unwrap();
+                    assert_eq!(g.remembered_max(db).unwrap(), None, "{what}: {t:?} db");
+                }
+                // a stored [k, m] and read transposed (TN): its gradient is
+                // stored transposed (the kernels' TRANS_C).
+                let xt = g.upload(&spiked(6, k, m, k - 1)).unwrap();
+                let r = g
+                    .matmul_backward(&xt, &w_nn, &dout, Transpose::TN, MatmulNeeds::ALL)
+                    .unwrap();
+                check(&g, &format!("{what}: TN da"), r.da.as_ref().unwrap());
+                // Accumulated: the max of what the accumulator then holds.
+                let mut acc = g.upload(&rand_host(7, &[m, k])).unwrap();
+                let needs = MatmulNeeds {
+                    da: true,
+                    db: false,
+                    dbias: false,
+                };
+                g.matmul_backward_da_into(&x, &w_nn, &dout, Transpose::NN, needs, &mut acc)
+                    .unwrap();
+                check(&g, &format!("{what}: da_into"), &acc);
+            }
+        }
+        assert!(folded > 0, "{what}: no product folded its maxima");
+        // Under F32 nothing is folded (no binding for it).
+        g.set_compute_precision(ComputePrecision::F32).unwrap();
+        let x = g.upload(&rand_host(1, &[9, 7])).unwrap();
+        let y = g
+            .matmul(
+                &x,
+                &g.upload(&rand_host(2, &[7, 5])).unwrap(),
+                None,
+                Transpose::NN,
+            )
+            .unwrap();
+        assert_eq!(g.remembered_max(&y).unwrap(), None, "{what}: F32");
     }
 }

@@ -44,6 +44,31 @@ impl std::fmt::Display for F16Matmul {
     }
 }
 
+/// `STORE_MAX` of `shaders/matmul_params.wgsl`: the product folds its
+/// output maxima into binding 9.
+const STORE_MAX: u32 = 256;
+
+fn store_max(maxima: &Option<GpuTensor>) -> u32 {
+    if maxima.is_some() { STORE_MAX } else { 0 }
+}
+
+/// Where a product folds its output maxima: `words` (max|C|, then
+/// max|aux_out| where the epilogue has that output).
+#[derive(Clone, Copy)]
+struct OutputMaxima<'a> {
+    words: &'a GpuTensor,
+    aux: bool,
+}
+
+impl<'a> OutputMaxima<'a> {
+    fn of(words: &'a Option<GpuTensor>, epi: Option<Epilogue<'_>>) -> Option<Self> {
+        words.as_ref().map(|words| OutputMaxima {
+            words,
+            aux: epi.is_some_and(|e| e.operands()[2].is_some()),
+        })
+    }
+}
+
 /// Slot of `shaders/matmul_scale.wgsl`'s `NO_SCALE`: an operand used as
 /// stored (f16 weights).
 const NO_SCALE: u32 = u32::MAX;
@@ -105,6 +130,11 @@ pub(crate) struct Mm {
     /// 0 with batch > 1 sums the batch into one C.
     pub c_bstride: usize,
     pub accumulate: bool,
+    /// Under F16, fold max|C| (and the epilogue's output's) while storing
+    /// and remember it with C, where C is stored whole and once: the
+    /// activations and their gradients, which f16 products read next (not
+    /// the weights' gradients, nor a split product's partial sums).
+    pub max_out: bool,
 }
 
 fn halve(x: usize) -> usize {
@@ -256,12 +286,13 @@ impl GpuExecutor {
                 | epi_bits
         };
         if self.in_one_pass(a, b, c, &d, epi) {
+            let maxima = self.output_maxima(op, c, &d, scales.is_some())?;
             let (av, bv, cv) = (self.full(ka)?, self.full(kb)?, self.full(c)?);
             let params = [
                 u(d.m),
                 u(d.n),
                 u(d.k),
-                flags(d.accumulate),
+                flags(d.accumulate) | store_max(&maxima),
                 av.elem_off,
                 bv.elem_off,
                 cv.elem_off,
@@ -284,7 +315,9 @@ impl GpuExecutor {
                 Some(e) => Some(self.epi_views(e, cv, 0, c.numel())?),
                 None => None,
             };
-            self.dispatch_mm(op, path, params, &views, scale_view, epi_views, d.batch);
+            let mx = OutputMaxima::of(&maxima, epi);
+            self.dispatch_mm(op, path, params, &views, scale_view, epi_views, mx, d.batch)?;
+            self.remember_output_maxima(op, c, epi, maxima)?;
             return Ok(true);
         }
         // Chunked path: shrink the block until every operand's range fits.
@@ -329,6 +362,12 @@ impl GpuExecutor {
         if epi.is_some() && kc < d.k {
             return Ok(false);
         }
+        // Blocks of C that are summed over several dispatches store partial
+        // sums: no maxima there.
+        let maxima = match kc == d.k && !sum_batch {
+            true => self.output_maxima(op, c, &d, scales.is_some())?,
+            false => None,
+        };
         for z in 0..d.batch {
             let (ab, bb, cb) = (z * d.a_bstride, z * d.b_bstride, z * d.c_bstride);
             for m0 in (0..d.m).step_by(mc) {
@@ -360,7 +399,7 @@ impl GpuExecutor {
                         let acc = d.accumulate || k0 > 0 || (sum_batch && z > 0);
                         // Only the first K block adds the bias.
                         let with_bias = bias.is_some() && k0 == 0 && !(sum_batch && z > 0);
-                        let fl = (flags(acc) & !4) | (with_bias as u32) << 2;
+                        let fl = (flags(acc) & !4) | (with_bias as u32) << 2 | store_max(&maxima);
                         let params = [
                             u(m1 - m0),
                             u(n1 - n0),
@@ -388,17 +427,60 @@ impl GpuExecutor {
                             Some(e) => Some(self.epi_views(e, cv, sc, lc)?),
                             None => None,
                         };
-                        self.dispatch_mm(op, path, params, &views, scale_view, epi_views, 1);
+                        let mx = OutputMaxima::of(&maxima, epi);
+                        self.dispatch_mm(op, path, params, &views, scale_view, epi_views, mx, 1)?;
                     }
                 }
             }
         }
+        self.remember_output_maxima(op, c, epi, maxima)?;
         Ok(true)
+    }
+
+    /// Where product `d` folds its output maxima (see [`Mm::max_out`]): a
+    /// cleared pair of words, max|C| then max|the epilogue's output|, for
+    /// binding 9 of the f16 pipelines. `None` where it does not: under F32
+    /// (`scaled` false), with the maxima not remembered, or where the
+    /// product does not store every element of `c`.
+    fn output_maxima(
+        &self,
+        op: &mut Op<'_>,
+        c: &GpuTensor,
+        d: &Mm,
+        scaled: bool,
+    ) -> Result<Option<GpuTensor>> {
+        if !(scaled && d.max_out && self.cache_maxima) || d.batch * d.m * d.n != c.numel() {
+            return Ok(None);
+        }
+        let words = self.alloc(Shape::new([2]), DType::F32)?;
+        op.clear(words.buffer(), words.byte_len());
+        Ok(Some(words))
+    }
+
+    /// Remembers the maxima a product folded ([`Self::output_maxima`]) with
+    /// its outputs, as an absmax scan's words would be.
+    fn remember_output_maxima(
+        &self,
+        op: &mut Op<'_>,
+        c: &GpuTensor,
+        epi: Option<Epilogue<'_>>,
+        maxima: Option<GpuTensor>,
+    ) -> Result<()> {
+        let Some(words) = maxima else { return Ok(()) };
+        self.output_maxima_stored.fetch_add(1, Ordering::Relaxed);
+        if let Some(out) = epi.and_then(|e| e.operands()[2]) {
+            let word = self.alloc(Shape::new([1]), DType::F32)?;
+            op.copy(words.buffer(), words.offset + 4, word.buffer(), 0, 4);
+            Derived::set_max(out, out.buf.generation(), word);
+        }
+        Derived::set_max(c, c.buf.generation(), words);
+        Ok(())
     }
 
     /// Records one product: `params` as matmul_params.wgsl's `Params`, `views` the
     /// A, B, bias and C bindings, `epi_views` the epilogue's (with one in
-    /// the params' flags), `batch` the grid's depth. The 128-wide
+    /// the params' flags), `maxima` the product's output maxima (with
+    /// STORE_MAX in the flags), `batch` the grid's depth. The 128-wide
     /// SIMT tile and the tensor-core kernels run whole tiles on an interior
     /// pipeline (vector loads, no bounds checks) when the operands allow it,
     /// and the M and N edge strips on the checked one.
@@ -411,10 +493,12 @@ impl GpuExecutor {
         views: &[View<'_>; 4],
         scale_view: Option<View<'_>>,
         epi_views: Option<[View<'_>; 3]>,
+        maxima: Option<OutputMaxima<'_>>,
         batch: usize,
-    ) {
+    ) -> Result<()> {
         let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
         let mut all: Vec<View<'_>> = views.to_vec();
+        let f16 = scale_view.is_some();
         all.extend(scale_view);
         all.extend(epi_views.into_iter().flatten());
         // Vector loads read four elements of the contiguous dimension at a
@@ -425,12 +509,9 @@ impl GpuExecutor {
             .iter()
             .all(|x| x % 4 == 0);
         let flags = params[3];
-        let (tile, a_f16, b_f16, emulated, epi) = match path {
-            Path::Simt(v) if !v.big => {
-                let grid = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, batch as u32];
-                op.dispatch(Kernel::Matmul(v), &params, &all, grid);
-                return;
-            }
+        // (pipeline, first tile column, first tile row, tile columns, tile rows)
+        let plan: Vec<(Kernel, usize, usize, usize, usize)> = match path {
+            Path::Simt(v) if !v.big => vec![(Kernel::Matmul(v), 0, 0, n.div_ceil(64), m.div_ceil(64))],
             Path::Simt(v) => {
                 // Whole tiles on the interior pipeline of the layout; the
                 // right strip (all rows) and the bottom strip left of it on
@@ -449,18 +530,11 @@ impl GpuExecutor {
                     f16: v.f16,
                     epi: v.epi,
                 });
-                for (kernel, x0, y0, gx, gy) in [
+                vec![
                     (interior, 0, 0, nf, mf),
                     (Kernel::Matmul(v), nf, 0, nt - nf, mt),
                     (Kernel::Matmul(v), 0, mf, nf, mt - mf),
-                ] {
-                    if gx > 0 && gy > 0 {
-                        params[16] = x0 as u32;
-                        params[17] = y0 as u32;
-                        op.dispatch(kernel, &params, &all, [gx as u32, gy as u32, batch as u32]);
-                    }
-                }
-                return;
+                ]
             }
             Path::Coop {
                 tile,
@@ -468,40 +542,80 @@ impl GpuExecutor {
                 b_f16,
                 emulated,
                 epi,
-            } => (tile, a_f16, b_f16, emulated, epi),
-        };
-        let s = tile.shape();
-        let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
-        let variant = |edge| CoopMatmul {
-            tile,
-            ta: flags & 1 != 0,
-            tb: flags & 2 != 0,
-            tc: flags & 16 != 0,
-            edge,
-            b_f16,
-            a_f16,
-            emulated,
-            epi,
-        };
-        let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));
-        let (mf, nf) = if aligned && k.is_multiple_of(bk) {
-            (m / bm, n / bn)
-        } else {
-            (0, 0)
-        };
-        let mut run = |edge: bool, x0: usize, y0: usize, gx: usize, gy: usize| {
-            if gx == 0 || gy == 0 {
-                return;
+            } => {
+                let s = tile.shape();
+                let (bm, bn, bk) = (s.bm as usize, s.bn as usize, s.bk as usize);
+                let variant = |edge| {
+                    Kernel::MatmulCoop(CoopMatmul {
+                        tile,
+                        ta: flags & 1 != 0,
+                        tb: flags & 2 != 0,
+                        tc: flags & 16 != 0,
+                        edge,
+                        b_f16,
+                        a_f16,
+                        emulated,
+                        epi,
+                    })
+                };
+                let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));
+                let (mf, nf) = if aligned && k.is_multiple_of(bk) {
+                    (m / bm, n / bn)
+                } else {
+                    (0, 0)
+                };
+                // The interior; the right strip (all rows), then the bottom
+                // strip left of it.
+                vec![
+                    (variant(false), 0, 0, nf, mf),
+                    (variant(true), nf, 0, nt - nf, mt),
+                    (variant(true), 0, mf, nf, mt - mf),
+                ]
             }
+        };
+        let plan: Vec<_> = plan.into_iter().filter(|p| p.3 > 0 && p.4 > 0).collect();
+        // Each workgroup's output maxima land in slots of their own (see
+        // `maxima_out` in matmul_epilogue.wgsl), folded into the product's
+        // words by the absmax kernel after each dispatch.
+        let mut partials = Vec::new();
+        if maxima.is_some() {
+            for &(_, _, _, gx, gy) in &plan {
+                partials.push(self.alloc(Shape::new([2 * gx * gy * batch]), DType::F32)?);
+            }
+        }
+        for (i, &(kernel, x0, y0, gx, gy)) in plan.iter().enumerate() {
             params[16] = x0 as u32;
             params[17] = y0 as u32;
-            let grid = [gx as u32, gy as u32, batch as u32];
-            op.dispatch(Kernel::MatmulCoop(variant(edge)), &params, &all, grid);
-        };
-        run(false, 0, 0, nf, mf);
-        // The right strip (all rows), then the bottom strip left of it.
-        run(true, nf, 0, nt - nf, mt);
-        run(true, 0, mf, nf, mt - mf);
+            let mut bound = all.clone();
+            let slots = match partials.get(i) {
+                Some(t) => Some((self.full(t)?, gx * gy * batch)),
+                None => None,
+            };
+            if f16 {
+                // Without STORE_MAX never touched: C's own view (read-write
+                // already) stands in.
+                bound.push(slots.map_or(views[3], |(v, _)| v));
+            }
+            op.dispatch(kernel, &params, &bound, [gx as u32, gy as u32, batch as u32]);
+            if let (Some(mx), Some((_, count))) = (&maxima, slots) {
+                let words = self.full(mx.words)?;
+                let t = &partials[i];
+                for slot in 0..if mx.aux { 2 } else { 1 } {
+                    let v = self.view(t, slot * count, count)?;
+                    let fold = [u(count), v.elem_off, slot as u32, 0];
+                    op.dispatch(
+                        Kernel::AbsmaxF32,
+                        &fold,
+                        &[v, words],
+                        grid_for(count.div_ceil(256 * 16)),
+                    );
+                }
+            }
+        }
+        for t in partials {
+            op.keep(t);
+        }
+        Ok(())
     }
 
     /// The f16 matmul kernel family in use (Auto resolved for this adapter).
@@ -577,6 +691,23 @@ impl GpuExecutor {
     /// each f32/bf16 operand of an f16 product.
     pub fn operand_max_scans(&self) -> u64 {
         self.absmax_scans.load(Ordering::Relaxed)
+    }
+
+    /// max|x| of `t`'s contents as the f16 products have it remembered
+    /// (found by a scan, or folded by the product that stored `t`), if it
+    /// is current. Reads the device: for tests and diagnostics.
+    pub fn remembered_max(&self, t: &GpuTensor) -> Result<Option<f32>> {
+        match Derived::max(t) {
+            Some(word) => Ok(Some(self.download_host(&word)?.to_f32_vec()[0])),
+            None => Ok(None),
+        }
+    }
+
+    /// The number of products that folded their outputs' maxima while
+    /// storing them (each saving the scans of those outputs, when f16
+    /// products read them next).
+    pub fn output_maxima_stored(&self) -> u64 {
+        self.output_maxima_stored.load(Ordering::Relaxed)
     }
 
     pub(crate) fn matmul_impl(
@@ -734,6 +865,7 @@ impl GpuExecutor {
             b_bstride: ks * d.n,
             c_bstride: mn,
             accumulate: false,
+            max_out: false,
             ..d
         };
         self.matmul_raw(op, a, b, None, &partial, split, None)?;
@@ -853,6 +985,7 @@ impl GpuExecutor {
                     b_bstride: m * n,
                     c_bstride,
                     accumulate,
+                    max_out: false,
                 }
             } else {
                 // db [N, K] = doutᵀ @ op(a)
@@ -868,6 +1001,7 @@ impl GpuExecutor {
                     b_bstride: m * k,
                     c_bstride,
                     accumulate,
+                    max_out: false,
                 }
             };
             let (x, y, sc) = if !t.b {
@@ -966,6 +1100,7 @@ impl Geometry {
             b_bstride: if self.b_shared { 0 } else { k * n },
             c_bstride: m * k,
             accumulate: false,
+            max_out: true,
         }
     }
 
@@ -984,6 +1119,7 @@ impl Geometry {
             b_bstride: if self.b_shared { 0 } else { self.k * self.n },
             c_bstride: self.m * self.n,
             accumulate: false,
+            max_out: true,
         }
     }
 }

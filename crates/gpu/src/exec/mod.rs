@@ -125,6 +125,8 @@ pub struct GpuExecutor {
     cache_maxima: bool,
     /// Operand max scans recorded (`operand_max_scans`).
     absmax_scans: std::sync::atomic::AtomicU64,
+    /// Products that folded their outputs' maxima as they stored them.
+    output_maxima_stored: std::sync::atomic::AtomicU64,
     f16_operands: F16Operands,
     /// f16 operand copies recorded (`operand_f16_copies`).
     f16_copies: std::sync::atomic::AtomicU64,
@@ -237,6 +239,7 @@ impl GpuExecutor {
             precision: Default::default(),
             cache_maxima: !opts.recompute_operand_maxima,
             absmax_scans: Default::default(),
+            output_maxima_stored: Default::default(),
             f16_operands: opts.f16_operands,
             f16_copies: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
