@@ -16,7 +16,7 @@
 mod common;
 
 use common::*;
-use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
+use megatrain_gpu::{CoopTile, F16Matmul, F16Maxima, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
 use megatrain_tensor::{
     ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Shape, Transpose, WeightSlot,
     WeightUpload,
@@ -323,7 +323,8 @@ fn spiked(seed: u64, r: usize, c: usize, spike: usize) -> HostTensor {
 /// where the adapter has them, the hardware tiles; the first and the
 /// emulated tile again with operands bound as a grid of sub-blocks, where
 /// a product whose K is split over dispatches (storing partial sums)
-/// folds nothing and its output is scanned when read.
+/// folds nothing and its output is scanned when read. `F16Maxima::Scan`
+/// folds nothing and gives the same bits.
 #[test]
 fn products_fold_their_outputs_maxima() {
     let small = GpuOptions {
@@ -427,6 +428,42 @@ fn products_fold_their_outputs_maxima() {
             }
         }
         assert!(folded > 0, "{what}: no product folded its maxima");
+        // Left to the scans: nothing folded, the same bits.
+        let scan = gpu_with(
+            GpuOptions {
+                f16_maxima: F16Maxima::Scan,
+                ..opts.clone()
+            },
+            ComputePrecision::F16,
+        )
+        .unwrap();
+        let (x, w) = (spiked(1, 37, 45, 36), rand_host(2, &[45, 70]));
+        let w2 = rand_host(4, &[70, 5]);
+        let z = |g: &GpuExecutor| {
+            let y = g
+                .matmul(
+                    &g.upload(&x).unwrap(),
+                    &g.upload(&w).unwrap(),
+                    None,
+                    Transpose::NN,
+                )
+                .unwrap();
+            let scans = g.operand_max_scans();
+            let z = g
+                .matmul(&y, &g.upload(&w2).unwrap(), None, Transpose::NN)
+                .unwrap();
+            (
+                bits(g, &z),
+                g.operand_max_scans() - scans,
+                g.remembered_max(&y).unwrap().is_some(),
+            )
+        };
+        let (zs, zf) = (z(&scan), z(&g));
+        assert_eq!((zs.1, zs.2), (2, true), "{what}: scan leaves y to the scan");
+        assert!(
+            zs.0 == zf.0,
+            "{what}: scanned and folded maxima give the same bits"
+        );
         // Under F32 nothing is folded (no binding for it).
         g.set_compute_precision(ComputePrecision::F32).unwrap();
         let x = g.upload(&rand_host(1, &[9, 7])).unwrap();

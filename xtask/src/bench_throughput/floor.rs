@@ -97,6 +97,16 @@ pub struct StepCounters {
     pub host_buffers_created: f64,
     pub uploads: f64,
     pub downloads: f64,
+    /// Under F16: operand max scans and the MB they read, products that
+    /// folded their outputs' maxima instead, f16 operand copies.
+    #[serde(default)]
+    pub max_scans: f64,
+    #[serde(default)]
+    pub max_scan_mb: f64,
+    #[serde(default)]
+    pub maxima_folded: f64,
+    #[serde(default)]
+    pub f16_copies: f64,
 }
 
 impl StepCounters {
@@ -117,6 +127,10 @@ impl StepCounters {
             host_buffers_created: d(w.host_buffers_made),
             uploads: d(w.uploads),
             downloads: d(w.downloads),
+            max_scans: d(w.operand_max_scans),
+            max_scan_mb: d(w.operand_max_scan_bytes) / 1e6,
+            maxima_folded: d(w.output_maxima_folded),
+            f16_copies: d(w.operand_f16_copies),
         }
     }
 }
@@ -164,6 +178,25 @@ pub fn table(records: &[Record]) -> String {
             c.host_buffers_created,
         );
     }
+    let f16: Vec<_> = rows
+        .iter()
+        .filter(|(_, c)| c.max_scans + c.maxima_folded + c.f16_copies > 0.0)
+        .collect();
+    if !f16.is_empty() {
+        s.push_str(
+            "\nf16 operands per step (max scans read whole tensors; folded maxima come with \
+             the products that stored them):\n\n\
+             | config | device | max scans | MB scanned | products folding maxima | f16 copies |\n\
+             |---|---|---|---|---|---|\n",
+        );
+        for (r, c) in f16 {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} |",
+                r.spec.label, r.spec.device, c.max_scans, c.max_scan_mb, c.maxima_folded, c.f16_copies
+            );
+        }
+    }
     if rows.iter().any(|(r, _)| r.spec.device == NOOP_DEVICE) {
         let _ = writeln!(s, "\n{MEANING}");
     }
@@ -209,6 +242,39 @@ mod tests {
             t.contains("| floor | gpu-noop |") && t.contains("NO KERNEL RAN"),
             "{t}"
         );
+    }
+
+    /// Under F16 every product of a Llama block folds its output's max: 7
+    /// products, forward, again in the recompute, and as the backward's
+    /// input-gradient products, 21 per layer. What is still scanned per
+    /// layer is what the other ops produce: the two norm outputs and q and
+    /// k after RoPE and the attention's output (each in the forward and the
+    /// recompute), the attention backward's dq and dk (through RoPE's
+    /// backward) and dv, the norm backward's dx2 and the block's input
+    /// gradient: 15.
+    #[cfg(feature = "host-floor")]
+    #[test]
+    fn f16_products_fold_their_maxima_and_the_other_producers_outputs_are_scanned() {
+        let per_step = |layers| {
+            let s = Spec {
+                layers: Some(layers),
+                precision: "f16".into(),
+                ..spec()
+            };
+            child::run(&s).unwrap().counters.unwrap()
+        };
+        let (one, two) = (per_step(1), per_step(2));
+        let per_layer = (
+            two.maxima_folded - one.maxima_folded,
+            two.max_scans - one.max_scans,
+        );
+        assert_eq!(per_layer, (21.0, 15.0), "{one:?}\n{two:?}");
+        let t = table(&[child::run(&Spec {
+            precision: "f16".into(),
+            ..spec()
+        })
+        .unwrap()]);
+        assert!(t.contains("| products folding maxima |"), "{t}");
     }
 
     #[test]

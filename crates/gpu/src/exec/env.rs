@@ -4,7 +4,7 @@
 //! not run options. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
 //! is made instead, so that it reaches the test suites too.)
 
-use super::{F16Attention, F16Matmul, F16Operands, GpuOptions};
+use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
 /// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`,
@@ -14,6 +14,8 @@ pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
 pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
 /// `copy` or `stage`: where the tensor-core matmuls convert f32 operands.
 pub const F16_OPERANDS_ENV: &str = "MEGATRAIN_F16_OPERANDS";
+/// `fold` or `scan`: where the max|x| of a product's output comes from.
+pub const F16_MAXIMA_ENV: &str = "MEGATRAIN_F16_MAXIMA";
 
 impl std::str::FromStr for F16Matmul {
     type Err = String;
@@ -55,6 +57,14 @@ impl std::str::FromStr for F16Operands {
     }
 }
 
+impl std::str::FromStr for F16Maxima {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(s, [F16Maxima::Fold, F16Maxima::Scan].into_iter())
+    }
+}
+
 /// The value whose name is `s`, or the list of names.
 fn named<T: std::fmt::Display>(s: &str, all: impl Iterator<Item = T>) -> Result<T, String> {
     let mut names = Vec::new();
@@ -81,7 +91,8 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
-    /// [`F16_ATTENTION_ENV`] name, where set; a value that names none is
+    /// [`F16_ATTENTION_ENV`] name, and the ways [`F16_OPERANDS_ENV`] and
+    /// [`F16_MAXIMA_ENV`] name, where set; a value that names none is
     /// refused with the list of names.
     pub fn with_env(mut self) -> Result<Self, GpuError> {
         if let Some(m) = from_env(F16_MATMUL_ENV)? {
@@ -92,6 +103,9 @@ impl GpuOptions {
         }
         if let Some(o) = from_env(F16_OPERANDS_ENV)? {
             self.f16_operands = o;
+        }
+        if let Some(m) = from_env(F16_MAXIMA_ENV)? {
+            self.f16_maxima = m;
         }
         Ok(self)
     }
@@ -120,6 +134,9 @@ mod tests {
         }
         for o in [F16Operands::Copy, F16Operands::Stage] {
             assert_eq!(o.to_string().parse::<F16Operands>(), Ok(o));
+        }
+        for m in [F16Maxima::Fold, F16Maxima::Scan] {
+            assert_eq!(m.to_string().parse::<F16Maxima>(), Ok(m));
         }
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");

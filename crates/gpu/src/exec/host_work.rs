@@ -15,6 +15,12 @@ pub struct HostWork {
     pub host_buffers_made: u64,
     pub uploads: u64,
     pub downloads: u64,
+    /// Under F16: operand max scans and the bytes they read, products
+    /// that folded their outputs' maxima instead, f16 operand copies.
+    pub operand_max_scans: u64,
+    pub operand_max_scan_bytes: u64,
+    pub output_maxima_folded: u64,
+    pub operand_f16_copies: u64,
 }
 
 impl std::ops::Sub for HostWork {
@@ -28,6 +34,10 @@ impl std::ops::Sub for HostWork {
             host_buffers_made: self.host_buffers_made - b.host_buffers_made,
             uploads: self.uploads - b.uploads,
             downloads: self.downloads - b.downloads,
+            operand_max_scans: self.operand_max_scans - b.operand_max_scans,
+            operand_max_scan_bytes: self.operand_max_scan_bytes - b.operand_max_scan_bytes,
+            output_maxima_folded: self.output_maxima_folded - b.output_maxima_folded,
+            operand_f16_copies: self.operand_f16_copies - b.operand_f16_copies,
         }
     }
 }
@@ -42,6 +52,10 @@ impl GpuExecutor {
             host_buffers_made: t.buffers_created,
             uploads: t.uploads,
             downloads: t.downloads,
+            operand_max_scans: self.operand_max_scans(),
+            operand_max_scan_bytes: self.operand_max_scan_bytes(),
+            output_maxima_folded: self.output_maxima_stored(),
+            operand_f16_copies: self.operand_f16_copies(),
         }
     }
 }

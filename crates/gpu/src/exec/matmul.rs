@@ -44,6 +44,28 @@ impl std::fmt::Display for F16Matmul {
     }
 }
 
+/// Where the max|x| of a product's output comes from when an f16 product
+/// reads it next. Both give the same f32, so the same bits everywhere;
+/// `Scan` is for timing the fold against the scans it saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum F16Maxima {
+    /// Folded by the product as it stores its output (where it stores
+    /// each element once, with its final value).
+    #[default]
+    Fold,
+    /// Found by an absmax scan of the output when it is first read.
+    Scan,
+}
+
+impl std::fmt::Display for F16Maxima {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            F16Maxima::Fold => "fold",
+            F16Maxima::Scan => "scan",
+        })
+    }
+}
+
 /// `STORE_MAX` of `shaders/matmul_params.wgsl`: the product folds its
 /// output maxima into binding 9.
 const STORE_MAX: u32 = 256;
@@ -440,8 +462,9 @@ impl GpuExecutor {
     /// Where product `d` folds its output maxima (see [`Mm::max_out`]): a
     /// cleared pair of words, max|C| then max|the epilogue's output|, for
     /// binding 9 of the f16 pipelines. `None` where it does not: under F32
-    /// (`scaled` false), with the maxima not remembered, or where the
-    /// product does not store every element of `c`.
+    /// (`scaled` false), with the maxima not remembered or left to the
+    /// scans ([`F16Maxima::Scan`]), or where the product does not store
+    /// every element of `c`.
     fn output_maxima(
         &self,
         op: &mut Op<'_>,
@@ -449,7 +472,8 @@ impl GpuExecutor {
         d: &Mm,
         scaled: bool,
     ) -> Result<Option<GpuTensor>> {
-        if !(scaled && d.max_out && self.cache_maxima) || d.batch * d.m * d.n != c.numel() {
+        let fold = scaled && d.max_out && self.cache_maxima && self.f16_maxima == F16Maxima::Fold;
+        if !fold || d.batch * d.m * d.n != c.numel() {
             return Ok(None);
         }
         let words = self.alloc(Shape::new([2]), DType::F32)?;
@@ -667,6 +691,7 @@ impl GpuExecutor {
                 found.push((*t, t.buf.generation(), at));
             }
             self.absmax_scans.fetch_add(1, Ordering::Relaxed);
+            self.absmax_scan_bytes.fetch_add(t.byte_len(), Ordering::Relaxed);
             let out = self.full(&buf)?;
             // One element per 4-byte "row": ranges that fit one binding.
             for (start, count) in self.row_chunks(t.numel(), &[1])? {
@@ -691,6 +716,11 @@ impl GpuExecutor {
     /// each f32/bf16 operand of an f16 product.
     pub fn operand_max_scans(&self) -> u64 {
         self.absmax_scans.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the operand max scans have read so far.
+    pub fn operand_max_scan_bytes(&self) -> u64 {
+        self.absmax_scan_bytes.load(Ordering::Relaxed)
     }
 
     /// max|x| of `t`'s contents as the f16 products have it remembered

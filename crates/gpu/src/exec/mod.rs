@@ -23,10 +23,10 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
-pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_OPERANDS_ENV};
+pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV};
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
-pub use matmul::F16Matmul;
+pub use matmul::{F16Matmul, F16Maxima};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,6 +94,9 @@ pub struct GpuOptions {
     /// into f16 copies, rounded to nearest even; `Stage`: converted as each
     /// tile is staged, by the adapter's conversion).
     pub f16_operands: F16Operands,
+    /// Whether products fold their outputs' maxima as they store them
+    /// (`Fold`) or leave them to the scans (`Scan`, for timing).
+    pub f16_maxima: F16Maxima,
     /// Rounds Q, K and V into copies before the tensor-core attention too,
     /// as the SIMT kernels need them (for checking that staging rounds
     /// them the same).
@@ -125,9 +128,12 @@ pub struct GpuExecutor {
     cache_maxima: bool,
     /// Operand max scans recorded (`operand_max_scans`).
     absmax_scans: std::sync::atomic::AtomicU64,
+    /// Bytes those scans read.
+    absmax_scan_bytes: std::sync::atomic::AtomicU64,
     /// Products that folded their outputs' maxima as they stored them.
     output_maxima_stored: std::sync::atomic::AtomicU64,
     f16_operands: F16Operands,
+    f16_maxima: F16Maxima,
     /// f16 operand copies recorded (`operand_f16_copies`).
     f16_copies: std::sync::atomic::AtomicU64,
     pub(crate) loop_budget: usize,
@@ -239,8 +245,10 @@ impl GpuExecutor {
             precision: Default::default(),
             cache_maxima: !opts.recompute_operand_maxima,
             absmax_scans: Default::default(),
+            absmax_scan_bytes: Default::default(),
             output_maxima_stored: Default::default(),
             f16_operands: opts.f16_operands,
+            f16_maxima: opts.f16_maxima,
             f16_copies: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;
