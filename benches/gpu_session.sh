@@ -127,9 +127,16 @@ steps)
     timeout "$(left 260 200)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
     summary+=("tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak|^step .* wall' "$OUT/anchor-tinyllama.log" | tail -4 | tr '\n' ' ')")
-    timeout "$(left 400)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
+    timeout "$(left 400 60)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
         --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     summary+=("qwen anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-qwen.log" | tail -3 | tr '\n' ' ')")
+    # TinyLlama again with every output's max left to an absmax scan
+    # instead of folded by the products (the f16 table beside the step
+    # time says what was scanned): what the fold saves.
+    MEGATRAIN_F16_MAXIMA=scan timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
+        --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-scan.json" \
+        >"$OUT/anchor-tinyllama-scan.log" 2>&1
+    summary+=("tinyllama anchor, maxima scanned (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-scan.log" | tail -1)")
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
