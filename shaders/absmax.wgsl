@@ -1,9 +1,8 @@
 // max|x| of a tensor (or of a range of it, when it spans several storage
-// bindings), folded into out[slot] with an atomic max on the f32 bits: for
-// non-negative floats the bit patterns order as the values do, so the
-// result is exact — the same f32 the host's max would find, whatever the
-// order of the reduction. NaN is skipped (f32::max skips it); infinity is
-// kept, which makes the operand's scale exponent 0.
+// bindings), folded into out[slot] with an atomic max on max_bits
+// (max_bits.wgsl): exact, the same f32 the host's max would find. Also
+// folds the per-workgroup maxima that producers store (max_bits already,
+// which max_bits leaves as they are).
 
 struct Params {
     n: u32, off: u32, slot: u32, _p0: u32,
@@ -18,11 +17,6 @@ struct Params {
 const PER_THREAD: u32 = 16u;
 
 var<workgroup> wmax: atomic<u32>;
-
-fn magnitude_bits(x: f32) -> u32 {
-    let a = bitcast<u32>(x) & 0x7fffffffu;
-    return select(a, 0u, a > 0x7f800000u);
-}
 
 fn fold(lid: u32, m: u32) {
     atomicMax(&wmax, m);
@@ -40,7 +34,7 @@ fn absmax_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     for (var r = 0u; r < PER_THREAD; r++) {
         let i = base + r * 256u + lid;
         if i < p.n {
-            m = max(m, magnitude_bits(X[p.off + i]));
+            m = max(m, max_bits(X[p.off + i]));
         }
     }
     fold(lid, m);
@@ -57,7 +51,7 @@ fn absmax_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         if i < p.n {
             let e = p.off + i;
             let w = X16[e >> 1u];
-            m = max(m, magnitude_bits(bitcast<f32>(select(w & 0xffff0000u, w << 16u, (e & 1u) == 0u))));
+            m = max(m, max_bits(bitcast<f32>(select(w & 0xffff0000u, w << 16u, (e & 1u) == 0u))));
         }
     }
     fold(lid, m);

@@ -58,20 +58,14 @@ fn epilogue_value(i: u32, v: f32) -> f32 {
 // f16 products that read them next: with STORE_MAX in the flags (set only
 // where each element is stored once, with its final value) the product
 // finds what an absmax.wgsl scan of its output would, bit for bit, and
-// that scan is not run. Each invocation keeps the largest magnitude it
-// stored as f32 bits (which order as the values do; NaN skipped, as the
-// scan skips it), the workgroup folds them, and one invocation stores the
+// that scan is not run. Each invocation keeps the largest max_bits
+// (max_bits.wgsl) of what it stored, the workgroup folds them, and one invocation stores the
 // workgroup's in slots of its own; the absmax kernel folds those after
 // the dispatch. (No atomics here: under the Vulkan memory model that naga
 // declares for the tensor-core kernels a device-scope atomic needs a
 // capability naga does not declare, and spirv-val refuses it.)
 var<private> c_max: u32;
 var<private> aux_max: u32;
-
-fn max_bits(x: f32) -> u32 {
-    let a = bitcast<u32>(x) & 0x7fffffffu;
-    return select(a, 0u, a > 0x7f800000u);
-}
 
 fn note_c(v: f32) {
     c_max = max(c_max, max_bits(v));

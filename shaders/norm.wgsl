@@ -8,11 +8,13 @@ struct Params {
     rows: u32, c: u32, eps: f32, flags: u32,
     x_off: u32, w_off: u32, b3_off: u32, o4_off: u32,
     o5_off: u32, o6_off: u32, r7_off: u32, r8_off: u32,
-    r9_off: u32, o10_off: u32, blk_rows: u32, pad1: u32,
+    r9_off: u32, o10_off: u32, blk_rows: u32, max_off: u32,
 }
 
 const HAS_MEAN: u32 = 1u;
 const HAS_DB: u32 = 2u;
+// Each row's max|O4| into OMAX[max_off + row] (see store_row_max).
+const STORE_MAX: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
@@ -30,6 +32,8 @@ const HAS_DB: u32 = 2u;
 @group(0) @binding(9) var<storage, read> R9: array<f32>;
 // h = x + r, written by the fused forwards.
 @group(0) @binding(10) var<storage, read_write> O10: array<f32>;
+// Per-row maxima of the row kernels' output (max_bits.wgsl's bits).
+@group(0) @binding(11) var<storage, read_write> OMAX: array<u32>;
 
 var<workgroup> red: array<f32, 256>;
 var<workgroup> red2: array<f32, 256>;
@@ -55,6 +59,28 @@ fn reduce2(t: u32, a: f32, b: f32) -> vec2<f32> {
     return r;
 }
 
+// Under F16 a norm's output (y forward, dx backward) is an operand of the
+// f16 products that follow: with STORE_MAX the row's max|O4| (m: each
+// thread's max_bits of what it stored) is folded through `red` (the bits
+// unchanged in f32 slots: never NaN) into OMAX, one word per row, which
+// absmax.wgsl then folds; the products scan nothing.
+fn store_row_max(t: u32, row: u32, m: u32) {
+    if (p.flags & STORE_MAX) == 0u {
+        return;
+    }
+    red[t] = bitcast<f32>(m);
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if t < s {
+            red[t] = bitcast<f32>(max(bitcast<u32>(red[t]), bitcast<u32>(red[t + s])));
+        }
+        workgroupBarrier();
+    }
+    if t == 0u {
+        OMAX[p.max_off + row] = bitcast<u32>(red[0]);
+    }
+}
+
 @compute @workgroup_size(256)
 fn rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) t: u32) {
@@ -70,9 +96,13 @@ fn rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let tot = reduce2(t, ss, 0.0);
     let rstd = inverseSqrt(tot.x / f32(p.c) + p.eps);
+    var m = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = X[base + i] * rstd * W[p.w_off + i];
+        let y = X[base + i] * rstd * W[p.w_off + i];
+        O4[p.o4_off + row * p.c + i] = y;
+        m = max(m, max_bits(y));
     }
+    store_row_max(t, row, m);
     if t == 0u {
         O5[p.o5_off + row] = rstd;
     }
@@ -98,9 +128,13 @@ fn ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         ss += d * d;
     }
     let rstd = inverseSqrt(reduce2(t, ss, 0.0).x / f32(p.c) + p.eps);
+    var m = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = (X[base + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+        let y = (X[base + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+        O4[p.o4_off + row * p.c + i] = y;
+        m = max(m, max_bits(y));
     }
+    store_row_max(t, row, m);
     if t == 0u {
         O5[p.o5_off + row] = rstd;
         O6[p.o6_off + row] = mean;
@@ -126,9 +160,13 @@ fn add_rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     }
     let tot = reduce2(t, ss, 0.0);
     let rstd = inverseSqrt(tot.x / f32(p.c) + p.eps);
+    var m = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = O10[hb + i] * rstd * W[p.w_off + i];
+        let y = O10[hb + i] * rstd * W[p.w_off + i];
+        O4[p.o4_off + row * p.c + i] = y;
+        m = max(m, max_bits(y));
     }
+    store_row_max(t, row, m);
     if t == 0u {
         O5[p.o5_off + row] = rstd;
     }
@@ -158,9 +196,13 @@ fn add_ln_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         ss += d * d;
     }
     let rstd = inverseSqrt(reduce2(t, ss, 0.0).x / f32(p.c) + p.eps);
+    var m = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = (O10[hb + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+        let y = (O10[hb + i] - mean) * rstd * W[p.w_off + i] + B3[p.b3_off + i];
+        O4[p.o4_off + row * p.c + i] = y;
+        m = max(m, max_bits(y));
     }
+    store_row_max(t, row, m);
     if t == 0u {
         O5[p.o5_off + row] = rstd;
         O6[p.o6_off + row] = mean;
@@ -212,9 +254,13 @@ fn rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
     let m = rms_bwd_mean(t, base, dbase);
+    var mx = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = rms_dx(i, base, dbase, rstd, m);
+        let dx = rms_dx(i, base, dbase, rstd, m);
+        O4[p.o4_off + row * p.c + i] = dx;
+        mx = max(mx, max_bits(dx));
     }
+    store_row_max(t, row, mx);
 }
 
 @compute @workgroup_size(256)
@@ -229,9 +275,13 @@ fn ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let rstd = R7[p.r7_off + row];
     let mean = R8[p.r8_off + row];
     let tot = ln_bwd_means(t, base, dbase, rstd, mean);
+    var mx = 0u;
     for (var i = t; i < p.c; i += 256u) {
-        O4[p.o4_off + row * p.c + i] = ln_dx(i, base, dbase, rstd, mean, tot);
+        let dx = ln_dx(i, base, dbase, rstd, mean, tot);
+        O4[p.o4_off + row * p.c + i] = dx;
+        mx = max(mx, max_bits(dx));
     }
+    store_row_max(t, row, mx);
 }
 
 // rms_bwd plus the residual stream's gradient: dx = (rms_bwd's dx) + dh.
@@ -246,10 +296,14 @@ fn add_rms_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let dbase = p.b3_off + row * p.c;
     let rstd = R7[p.r7_off + row];
     let m = rms_bwd_mean(t, base, dbase);
+    var mx = 0u;
     for (var i = t; i < p.c; i += 256u) {
         let o = row * p.c + i;
-        O4[p.o4_off + o] = rms_dx(i, base, dbase, rstd, m) + R9[p.r9_off + o];
+        let dx = rms_dx(i, base, dbase, rstd, m) + R9[p.r9_off + o];
+        O4[p.o4_off + o] = dx;
+        mx = max(mx, max_bits(dx));
     }
+    store_row_max(t, row, mx);
 }
 
 // ln_bwd plus the residual stream's gradient.
@@ -265,10 +319,14 @@ fn add_ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let rstd = R7[p.r7_off + row];
     let mean = R8[p.r8_off + row];
     let tot = ln_bwd_means(t, base, dbase, rstd, mean);
+    var mx = 0u;
     for (var i = t; i < p.c; i += 256u) {
         let o = row * p.c + i;
-        O4[p.o4_off + o] = ln_dx(i, base, dbase, rstd, mean, tot) + R9[p.r9_off + o];
+        let dx = ln_dx(i, base, dbase, rstd, mean, tot) + R9[p.r9_off + o];
+        O4[p.o4_off + o] = dx;
+        mx = max(mx, max_bits(dx));
     }
+    store_row_max(t, row, mx);
 }
 
 // dw[c] += Σ_rows dy·x̂, db[c] += Σ_rows dy; one thread per column. Always

@@ -236,7 +236,7 @@ impl GpuContext {
             features |= COOP_FEATURES;
         }
         // What the kernels assume: 16 KiB of workgroup memory (attention),
-        // 8 storage bindings (attention dk/dv), 256-thread workgroups.
+        // the storage bindings of the widest kernel, 256-thread workgroups.
         let short = [
             (
                 "max_compute_workgroup_storage_size",
@@ -246,7 +246,7 @@ impl GpuContext {
             (
                 "max_storage_buffers_per_shader_stage",
                 limits.max_storage_buffers_per_shader_stage,
-                8,
+                crate::kernels::STORAGE_BINDINGS_MAX,
             ),
             (
                 "max_compute_invocations_per_workgroup",

@@ -16,6 +16,7 @@ const MATMUL_EXACT: &str = include_str!("../../../shaders/matmul_exact.wgsl");
 const MATMUL_SCALE: &str = include_str!("../../../shaders/matmul_scale.wgsl");
 const MATMUL_ROUND16: &str = include_str!("../../../shaders/matmul_round16.wgsl");
 const ABSMAX: &str = include_str!("../../../shaders/absmax.wgsl");
+const MAX_BITS: &str = include_str!("../../../shaders/max_bits.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
 const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 pub(crate) const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
@@ -86,6 +87,7 @@ pub(crate) fn epilogue_source(epi: bool, f16: bool, scratch: FoldScratch) -> Str
         out.push_str(ACTIVATION_FNS);
     }
     out.push_str(section(if epi { "fused" } else { "none" }));
+    out.push_str(MAX_BITS);
     out.push_str(section("maxima"));
     out.push_str(section(if f16 { "maxima_out" } else { "maxima_none" }));
     out.push_str(section("maxima_fold"));
@@ -95,6 +97,11 @@ pub(crate) fn epilogue_source(epi: bool, f16: bool, scratch: FoldScratch) -> Str
     }));
     out
 }
+
+/// The most storage bindings any kernel has (the f16 matmuls with an
+/// epilogue, the fused LayerNorm forward, the tensor-core dK/dV pass):
+/// adapters with fewer per shader stage are refused.
+pub(crate) const STORAGE_BINDINGS_MAX: u32 = 9;
 
 /// A matmul pipeline's storage bindings in the host's order: A, B, bias,
 /// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out,
@@ -312,8 +319,8 @@ impl Kernel {
                 };
             }
             F16Copy => (&[MATMUL_SCALE, F16_COPY], "main", &[1, 2, 5]),
-            AbsmaxF32 => (&[ABSMAX], "absmax_f32", &[1, 3]),
-            AbsmaxBf16 => (&[ABSMAX], "absmax_bf16", &[2, 3]),
+            AbsmaxF32 => (&[MAX_BITS, ABSMAX], "absmax_f32", &[1, 3]),
+            AbsmaxBf16 => (&[MAX_BITS, ABSMAX], "absmax_bf16", &[2, 3]),
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
             AddAssign => (&[ELEMENTWISE], "add_assign", &[1, 3]),
             Scale => (&[ELEMENTWISE], "scale", &[1, 3]),
@@ -324,17 +331,17 @@ impl Kernel {
             SwigluBwd => (&[ACTIVATION_FNS, ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
             Gelu => (&[ACTIVATION_FNS, ACTIVATION], "gelu", &[1, 4]),
             GeluBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_bwd", &[1, 2, 4]),
-            RmsFwd => (&[NORM], "rms_fwd", &[1, 2, 4, 5]),
-            LnFwd => (&[NORM], "ln_fwd", &[1, 2, 3, 4, 5, 6]),
-            RmsBwd => (&[NORM], "rms_bwd", &[1, 2, 3, 4, 7]),
-            LnBwd => (&[NORM], "ln_bwd", &[1, 2, 3, 4, 7, 8]),
-            NormDw => (&[NORM], "norm_dw", &[1, 3, 4, 5, 7, 8]),
-            NormDwPart => (&[NORM], "norm_dw_part", &[1, 3, 6, 7, 8]),
-            NormDwSum => (&[NORM], "norm_dw_sum", &[4, 5, 6]),
-            AddRmsFwd => (&[NORM], "add_rms_fwd", &[1, 2, 4, 5, 9, 10]),
-            AddLnFwd => (&[NORM], "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10]),
-            AddRmsBwd => (&[NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9]),
-            AddLnBwd => (&[NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9]),
+            RmsFwd => (&[MAX_BITS, NORM], "rms_fwd", &[1, 2, 4, 5, 11]),
+            LnFwd => (&[MAX_BITS, NORM], "ln_fwd", &[1, 2, 3, 4, 5, 6, 11]),
+            RmsBwd => (&[MAX_BITS, NORM], "rms_bwd", &[1, 2, 3, 4, 7, 11]),
+            LnBwd => (&[MAX_BITS, NORM], "ln_bwd", &[1, 2, 3, 4, 7, 8, 11]),
+            NormDw => (&[MAX_BITS, NORM], "norm_dw", &[1, 3, 4, 5, 7, 8]),
+            NormDwPart => (&[MAX_BITS, NORM], "norm_dw_part", &[1, 3, 6, 7, 8]),
+            NormDwSum => (&[MAX_BITS, NORM], "norm_dw_sum", &[4, 5, 6]),
+            AddRmsFwd => (&[MAX_BITS, NORM], "add_rms_fwd", &[1, 2, 4, 5, 9, 10, 11]),
+            AddLnFwd => (&[MAX_BITS, NORM], "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10, 11]),
+            AddRmsBwd => (&[MAX_BITS, NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
+            AddLnBwd => (&[MAX_BITS, NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
             Rope => (&[ROPE], "rope", &[1, 2, 3, 4]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10]),
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
@@ -471,6 +478,12 @@ impl KernelRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_kernel_has_more_storage_bindings_than_adapters_must_offer() {
+        let widest = Kernel::all().into_iter().map(|k| k.spec().bindings.len()).max();
+        assert_eq!(widest, Some(STORAGE_BINDINGS_MAX as usize));
+    }
 
     #[test]
     fn head_dim_compiled_in_replaces_only_the_parameter() {

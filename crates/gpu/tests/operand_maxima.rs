@@ -478,3 +478,95 @@ fn products_fold_their_outputs_maxima() {
         assert_eq!(g.remembered_max(&y).unwrap(), None, "{what}: F32");
     }
 }
+
+/// The norms' outputs (y forward, dx backward) are f16 products' operands
+/// too: under F16 each row's max is folded as the row is stored and the
+/// rows' maxima into the output's, remembered as a scan's would be, with
+/// the spike (one element, in column 200 of 300: a thread of the upper half
+/// of the row's workgroup) in the first, a middle or the last row, on one
+/// binding and on row chunks of 4 KiB bindings; `F16Maxima::Scan` leaves
+/// them to scans.
+#[test]
+fn norms_fold_their_outputs_maxima() {
+    let (rows, c, eps) = (37, 300, 1e-5);
+    let spiked_at = |seed: u64, spike: usize| {
+        let mut h = spiked(seed, rows, c, usize::MAX).to_f32_vec();
+        h[spike * c + 200] *= 1024.0;
+        HostTensor::from_f32(vec![rows, c], h).unwrap()
+    };
+    // Weights in [0.5, 1.5]: the spike stays the output's largest element.
+    let weight = |seed| {
+        let v = rand_host(seed, &[c])
+            .to_f32_vec()
+            .iter()
+            .map(|x| 1.0 + 0.5 * x)
+            .collect();
+        HostTensor::from_f32(vec![c], v).unwrap()
+    };
+    for bindings in [None, Some(4096)] {
+        for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
+            let opts = GpuOptions {
+                max_binding_bytes: bindings,
+                f16_maxima: maxima,
+                f16_matmul: F16Matmul::Simt,
+                ..Default::default()
+            };
+            let Some(g) = gpu_with(opts, ComputePrecision::F16) else {
+                return;
+            };
+            // The product that reads each output: its weight scanned now.
+            let w16 = g.upload(&rand_host(9, &[c, 5])).unwrap();
+            let probe = g.upload(&rand_host(8, &[3, c])).unwrap();
+            g.matmul(&probe, &w16, None, Transpose::NN).unwrap();
+            for spike in [0, rows / 2, rows - 1] {
+                let what = format!("{maxima}, bindings {bindings:?}, spike in row {spike}");
+                let up = |seed: u64| g.upload(&spiked_at(seed, spike)).unwrap();
+                let (x, r, dy, dh) = (up(1), up(2), up(3), up(4));
+                let (w, b) = (g.upload(&weight(5)).unwrap(), g.upload(&weight(6)).unwrap());
+                let rms = g.rmsnorm(&x, &w, eps).unwrap();
+                let ln = g.layernorm(&x, &w, &b, eps).unwrap();
+                let arms = g.add_rmsnorm(&x, &r, &w, eps).unwrap();
+                let aln = g.add_layernorm(&x, &r, &w, &b, eps).unwrap();
+                let ln_mean = ln.mean.as_ref().unwrap();
+                let aln_mean = aln.norm.mean.as_ref().unwrap();
+                let outputs = [
+                    ("rmsnorm y", rms.y.clone()),
+                    ("layernorm y", ln.y.clone()),
+                    ("add_rmsnorm y", arms.norm.y.clone()),
+                    ("add_layernorm y", aln.norm.y.clone()),
+                    (
+                        "rmsnorm dx",
+                        g.rmsnorm_backward(&x, &w, &rms.rstd, &dy).unwrap().dx,
+                    ),
+                    (
+                        "layernorm dx",
+                        g.layernorm_backward(&x, &w, ln_mean, &ln.rstd, &dy).unwrap().dx,
+                    ),
+                    (
+                        "add_rmsnorm dx",
+                        g.add_rmsnorm_backward(&arms.h, &w, &arms.norm.rstd, &dy, &dh)
+                            .unwrap()
+                            .dx,
+                    ),
+                    (
+                        "add_layernorm dx",
+                        g.add_layernorm_backward(&aln.h, &w, aln_mean, &aln.norm.rstd, &dy, &dh)
+                            .unwrap()
+                            .dx,
+                    ),
+                ];
+                for (name, t) in outputs {
+                    let got = g.remembered_max(&t).unwrap();
+                    match maxima {
+                        F16Maxima::Fold => assert_eq!(got, Some(host_max(&g, &t)), "{what}: {name}"),
+                        F16Maxima::Scan => assert_eq!(got, None, "{what}: {name}"),
+                    }
+                    let scans = g.operand_max_scans();
+                    g.matmul(&t, &w16, None, Transpose::NN).unwrap();
+                    let want = if maxima == F16Maxima::Fold { 0 } else { 1 };
+                    assert_eq!(g.operand_max_scans() - scans, want, "{what}: {name} scans");
+                }
+            }
+        }
+    }
+}

@@ -97,8 +97,8 @@ pub struct StepCounters {
     pub host_buffers_created: f64,
     pub uploads: f64,
     pub downloads: f64,
-    /// Under F16: operand max scans and the MB they read, products that
-    /// folded their outputs' maxima instead, f16 operand copies.
+    /// Under F16: operand max scans and the MB they read, outputs whose
+    /// maxima their producers folded instead, f16 operand copies.
     #[serde(default)]
     pub max_scans: f64,
     #[serde(default)]
@@ -185,8 +185,8 @@ pub fn table(records: &[Record]) -> String {
     if !f16.is_empty() {
         s.push_str(
             "\nf16 operands per step (max scans read whole tensors; folded maxima come with \
-             the products that stored them):\n\n\
-             | config | device | max scans | MB scanned | products folding maxima | f16 copies |\n\
+             the ops that stored them):\n\n\
+             | config | device | max scans | MB scanned | outputs with folded maxima | f16 copies |\n\
              |---|---|---|---|---|---|\n",
         );
         for (r, c) in f16 {
@@ -244,17 +244,17 @@ mod tests {
         );
     }
 
-    /// Under F16 every product of a Llama block folds its output's max: 7
-    /// products, forward, again in the recompute, and as the backward's
-    /// input-gradient products, 21 per layer. What is still scanned per
-    /// layer is what the other ops produce: the two norm outputs and q and
-    /// k after RoPE and the attention's output (each in the forward and the
-    /// recompute), the attention backward's dq and dk (through RoPE's
-    /// backward) and dv, the norm backward's dx2 and the block's input
-    /// gradient: 15.
+    /// Under F16 the outputs of a Llama block's products and norms come
+    /// with their maxima folded by their producers: the 7 products' outputs
+    /// and SwiGLU's s (forward, and again in the recompute: 16), the 7
+    /// input-gradient products' and dup (8), the two norm outputs (forward
+    /// and recompute: 4) and the two norm backwards' dx (2): 30 per layer.
+    /// What is still scanned per layer is what RoPE and attention produce:
+    /// q and k after RoPE and the attention's output (forward and recompute:
+    /// 6), dq and dk through RoPE's backward, and dv: 9.
     #[cfg(feature = "host-floor")]
     #[test]
-    fn f16_products_fold_their_maxima_and_the_other_producers_outputs_are_scanned() {
+    fn f16_producers_fold_their_outputs_maxima_and_the_rest_is_scanned() {
         let per_step = |layers| {
             let s = Spec {
                 layers: Some(layers),
@@ -268,13 +268,13 @@ mod tests {
             two.maxima_folded - one.maxima_folded,
             two.max_scans - one.max_scans,
         );
-        assert_eq!(per_layer, (21.0, 15.0), "{one:?}\n{two:?}");
+        assert_eq!(per_layer, (30.0, 9.0), "{one:?}\n{two:?}");
         let t = table(&[child::run(&Spec {
             precision: "f16".into(),
             ..spec()
         })
         .unwrap()]);
-        assert!(t.contains("| products folding maxima |"), "{t}");
+        assert!(t.contains("| outputs with folded maxima |"), "{t}");
     }
 
     #[test]

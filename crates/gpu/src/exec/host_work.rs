@@ -15,8 +15,8 @@ pub struct HostWork {
     pub host_buffers_made: u64,
     pub uploads: u64,
     pub downloads: u64,
-    /// Under F16: operand max scans and the bytes they read, products
-    /// that folded their outputs' maxima instead, f16 operand copies.
+    /// Under F16: operand max scans and the bytes they read, outputs whose
+    /// maxima their producers folded instead, f16 operand copies.
     pub operand_max_scans: u64,
     pub operand_max_scan_bytes: u64,
     pub output_maxima_folded: u64,

@@ -459,6 +459,47 @@ impl GpuExecutor {
         Ok(true)
     }
 
+    /// Whether producers fold their outputs' maxima as they store them:
+    /// under F16, with the maxima remembered and not left to the scans.
+    pub(crate) fn folds_maxima(&self) -> bool {
+        self.precision == ComputePrecision::F16 && self.cache_maxima && self.f16_maxima == F16Maxima::Fold
+    }
+
+    /// Elements `start..start + count` of `partial` (per-workgroup or
+    /// per-row maxima a producer stored, as max_bits) folded by the absmax
+    /// kernel into word `slot` of `words` (cleared by the caller).
+    pub(crate) fn fold_partial_maxima(
+        &self,
+        op: &mut Op<'_>,
+        partial: &GpuTensor,
+        (start, count): (usize, usize),
+        words: &GpuTensor,
+        slot: u32,
+    ) -> Result<()> {
+        let out = self.full(words)?;
+        for (s, n) in self.row_chunks(count, &[1])? {
+            if n == 0 {
+                continue;
+            }
+            let v = self.view(partial, start + s, n)?;
+            let params = [u(n), v.elem_off, slot, 0];
+            op.dispatch(
+                Kernel::AbsmaxF32,
+                &params,
+                &[v, out],
+                grid_for(n.div_ceil(256 * 16)),
+            );
+        }
+        Ok(())
+    }
+
+    /// Remembers `word` (filled by the ops recorded so far) as the max of
+    /// `t`'s contents as they are now.
+    pub(crate) fn remember_max(&self, t: &GpuTensor, word: GpuTensor) {
+        self.output_maxima_stored.fetch_add(1, Ordering::Relaxed);
+        Derived::set_max(t, t.buf.generation(), word);
+    }
+
     /// Where product `d` folds its output maxima (see [`Mm::max_out`]): a
     /// cleared pair of words, max|C| then max|the epilogue's output|, for
     /// binding 9 of the f16 pipelines. `None` where it does not: under F32
@@ -472,8 +513,7 @@ impl GpuExecutor {
         d: &Mm,
         scaled: bool,
     ) -> Result<Option<GpuTensor>> {
-        let fold = scaled && d.max_out && self.cache_maxima && self.f16_maxima == F16Maxima::Fold;
-        if !fold || d.batch * d.m * d.n != c.numel() {
+        if !(scaled && d.max_out && self.folds_maxima()) || d.batch * d.m * d.n != c.numel() {
             return Ok(None);
         }
         let words = self.alloc(Shape::new([2]), DType::F32)?;
@@ -491,13 +531,12 @@ impl GpuExecutor {
         maxima: Option<GpuTensor>,
     ) -> Result<()> {
         let Some(words) = maxima else { return Ok(()) };
-        self.output_maxima_stored.fetch_add(1, Ordering::Relaxed);
         if let Some(out) = epi.and_then(|e| e.operands()[2]) {
             let word = self.alloc(Shape::new([1]), DType::F32)?;
             op.copy(words.buffer(), words.offset + 4, word.buffer(), 0, 4);
-            Derived::set_max(out, out.buf.generation(), word);
+            self.remember_max(out, word);
         }
-        Derived::set_max(c, c.buf.generation(), words);
+        self.remember_max(c, words);
         Ok(())
     }
 
@@ -622,17 +661,8 @@ impl GpuExecutor {
             }
             op.dispatch(kernel, &params, &bound, [gx as u32, gy as u32, batch as u32]);
             if let (Some(mx), Some((_, count))) = (&maxima, slots) {
-                let words = self.full(mx.words)?;
-                let t = &partials[i];
                 for slot in 0..if mx.aux { 2 } else { 1 } {
-                    let v = self.view(t, slot * count, count)?;
-                    let fold = [u(count), v.elem_off, slot as u32, 0];
-                    op.dispatch(
-                        Kernel::AbsmaxF32,
-                        &fold,
-                        &[v, words],
-                        grid_for(count.div_ceil(256 * 16)),
-                    );
+                    self.fold_partial_maxima(op, &partials[i], (slot * count, count), mx.words, slot as u32)?;
                 }
             }
         }
@@ -733,9 +763,8 @@ impl GpuExecutor {
         }
     }
 
-    /// The number of products that folded their outputs' maxima while
-    /// storing them (each saving the scans of those outputs, when f16
-    /// products read them next).
+    /// The number of outputs whose maxima their producers folded while
+    /// storing them (each saving a scan, when an f16 product reads it).
     pub fn output_maxima_stored(&self) -> u64 {
         self.output_maxima_stored.load(Ordering::Relaxed)
     }

@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{Error, NormGrads, NormOut, Result};
 
-use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -28,6 +28,7 @@ struct NormParams {
     r9: u32,
     o10: u32,
     blk_rows: u32,
+    max_off: u32,
 }
 
 impl NormParams {
@@ -48,12 +49,54 @@ impl NormParams {
             self.r9,
             self.o10,
             self.blk_rows,
-            0,
+            self.max_off,
         ]
     }
 }
 
+/// `STORE_MAX` of `shaders/norm.wgsl`.
+const STORE_MAX: u32 = 4;
+
+fn store_max(rowmax: &Option<GpuTensor>) -> u32 {
+    if rowmax.is_some() { STORE_MAX } else { 0 }
+}
+
 impl GpuExecutor {
+    /// One word per row for the row kernels' output maxima, where they
+    /// fold them (under F16: the output is an f16 product's operand).
+    fn row_maxima(&self, rows: usize) -> Result<Option<GpuTensor>> {
+        match self.folds_maxima() {
+            true => Ok(Some(self.alloc_f32([rows])?)),
+            false => Ok(None),
+        }
+    }
+
+    /// Rows `r0..r0 + nr` of `rowmax` as the kernels' binding 11; without
+    /// maxima never written, so the output's own view `out` stands in.
+    fn row_maxima_view<'a>(
+        &self,
+        rowmax: &'a Option<GpuTensor>,
+        r0: usize,
+        nr: usize,
+        out: View<'a>,
+    ) -> Result<View<'a>> {
+        match rowmax {
+            Some(t) => self.view(t, r0, nr),
+            None => Ok(out),
+        }
+    }
+
+    /// The rows' maxima folded into one word, remembered as `out`'s max.
+    fn fold_row_maxima(&self, op: &mut Op<'_>, rowmax: Option<GpuTensor>, out: &GpuTensor) -> Result<()> {
+        let Some(rm) = rowmax else { return Ok(()) };
+        let word = self.alloc_f32([1])?;
+        op.clear(word.buffer(), word.byte_len());
+        self.fold_partial_maxima(op, &rm, (0, rm.numel()), &word, 0)?;
+        op.keep(rm);
+        self.remember_max(out, word);
+        Ok(())
+    }
+
     fn check_norm(op: &'static str, x: &GpuTensor, w: &GpuTensor) -> Result<(usize, usize)> {
         need_f32(op, x)?;
         need_f32(op, w)?;
@@ -99,9 +142,11 @@ impl GpuExecutor {
         let wv = self.full(w)?;
         let bv = b.map(|b| self.full(b)).transpose()?;
         let mut op = self.op(name);
+        let rowmax = self.row_maxima(rows)?;
         for (r0, nr) in self.row_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let yv = self.view(&y, r0 * c, nr * c)?;
+            let maxv = self.row_maxima_view(&rowmax, r0, nr, yv)?;
             let rv = self.view(&rstd, r0, nr)?;
             let mv = mean.as_ref().map(|m| self.view(m, r0, nr)).transpose()?;
             let resv = res.map(|t| self.view(t, r0 * c, nr * c)).transpose()?;
@@ -118,23 +163,29 @@ impl GpuExecutor {
                 o6: mv.map_or(0, |v| v.elem_off),
                 r9: resv.map_or(0, |v| v.elem_off),
                 o10: hv.map_or(0, |v| v.elem_off),
+                flags: store_max(&rowmax),
+                max_off: maxv.elem_off,
                 ..Default::default()
             }
             .words();
             let grid = grid_for(nr);
             match (bv, mv, resv, hv) {
-                (Some(bv), Some(mv), Some(resv), Some(hv)) => {
-                    op.dispatch(Kernel::AddLnFwd, &p, &[xv, wv, bv, yv, rv, mv, resv, hv], grid)
-                }
+                (Some(bv), Some(mv), Some(resv), Some(hv)) => op.dispatch(
+                    Kernel::AddLnFwd,
+                    &p,
+                    &[xv, wv, bv, yv, rv, mv, resv, hv, maxv],
+                    grid,
+                ),
                 (Some(bv), Some(mv), None, None) => {
-                    op.dispatch(Kernel::LnFwd, &p, &[xv, wv, bv, yv, rv, mv], grid)
+                    op.dispatch(Kernel::LnFwd, &p, &[xv, wv, bv, yv, rv, mv, maxv], grid)
                 }
                 (None, None, Some(resv), Some(hv)) => {
-                    op.dispatch(Kernel::AddRmsFwd, &p, &[xv, wv, yv, rv, resv, hv], grid)
+                    op.dispatch(Kernel::AddRmsFwd, &p, &[xv, wv, yv, rv, resv, hv, maxv], grid)
                 }
-                _ => op.dispatch(Kernel::RmsFwd, &p, &[xv, wv, yv, rv], grid),
+                _ => op.dispatch(Kernel::RmsFwd, &p, &[xv, wv, yv, rv, maxv], grid),
             }
         }
+        self.fold_row_maxima(&mut op, rowmax, &y)?;
         op.finish()?;
         Ok((h, NormOut { y, mean, rstd }))
     }
@@ -181,10 +232,12 @@ impl GpuExecutor {
         let wv = self.full(w)?;
         let dwv = self.full(&dw)?;
         let mut op = self.op(name);
+        let rowmax = self.row_maxima(rows)?;
         for (r0, nr) in self.loop_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let dyv = self.view(dy, r0 * c, nr * c)?;
             let dxv = self.view(&dx, r0 * c, nr * c)?;
+            let maxv = self.row_maxima_view(&rowmax, r0, nr, dxv)?;
             let rv = self.view(rstd, r0, nr)?;
             let mv = match mean {
                 Some(m) => self.view(m, r0, nr)?,
@@ -201,19 +254,24 @@ impl GpuExecutor {
                 r7: rv.elem_off,
                 r8: mv.elem_off,
                 r9: resv.map_or(0, |v| v.elem_off),
+                flags: store_max(&rowmax),
+                max_off: maxv.elem_off,
                 ..Default::default()
             }
             .words();
             let grid = grid_for(nr);
             match (mean.is_some(), resv) {
-                (true, Some(resv)) => {
-                    op.dispatch(Kernel::AddLnBwd, &p, &[xv, wv, dyv, dxv, rv, mv, resv], grid)
-                }
-                (true, None) => op.dispatch(Kernel::LnBwd, &p, &[xv, wv, dyv, dxv, rv, mv], grid),
+                (true, Some(resv)) => op.dispatch(
+                    Kernel::AddLnBwd,
+                    &p,
+                    &[xv, wv, dyv, dxv, rv, mv, resv, maxv],
+                    grid,
+                ),
+                (true, None) => op.dispatch(Kernel::LnBwd, &p, &[xv, wv, dyv, dxv, rv, mv, maxv], grid),
                 (false, Some(resv)) => {
-                    op.dispatch(Kernel::AddRmsBwd, &p, &[xv, wv, dyv, dxv, rv, resv], grid)
+                    op.dispatch(Kernel::AddRmsBwd, &p, &[xv, wv, dyv, dxv, rv, resv, maxv], grid)
                 }
-                (false, None) => op.dispatch(Kernel::RmsBwd, &p, &[xv, wv, dyv, dxv, rv], grid),
+                (false, None) => op.dispatch(Kernel::RmsBwd, &p, &[xv, wv, dyv, dxv, rv, maxv], grid),
             }
             // dw (and db): column sums; a scratch stands in for db under RMSNorm.
             let scratch = if db.is_none() {
@@ -232,6 +290,7 @@ impl GpuExecutor {
                 op.keep(s);
             }
         }
+        self.fold_row_maxima(&mut op, rowmax, &dx)?;
         op.finish()?;
         Ok(NormGrads { dx, dw, db })
     }
