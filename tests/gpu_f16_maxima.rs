@@ -1,7 +1,7 @@
 //! `--precision f16` streamed steps on the GPU with each f16 operand's max
-//! found once per value and remembered with its tensor give the bits of
-//! scanning every operand at every use, and scan the expected number of
-//! tensors. With f32 weights on the bus, the slots' weights are operands
+//! found once per value (folded by the matmul or norm that stored it, or
+//! scanned) and remembered with its tensor give the bits of scanning every
+//! operand at every use, and scan the expected number of tensors. With f32 weights on the bus, the slots' weights are operands
 //! too, reloaded into the same buffers layer after layer: a max kept past
 //! a reload would show here. The words the maxima are kept in come from
 //! the pool: warm steps allocate nothing on the device.
@@ -74,17 +74,28 @@ fn run(
 }
 
 /// Operand scans of one step of `l` llama blocks and a head of `c` row
-/// chunks, `(remembered, rescanned)`. Activations and gradients: a block's
-/// forward (run twice: forward, recompute) reads n1.y (q, k, v), a (o),
-/// n2.y (gate, up) and s (down), and attention rounds q, k and v: 7
-/// values, 10 uses; its backward adds dy, dgate, dup, dx2, attention's
-/// dout, dq, dk and dv: 8 values, in 18 uses (7 products of two, attention
-/// of four). Each head chunk: x, then x and dlogits. f32 weights: every
-/// load is a value (the forward's, and the backward's for the recompute
-/// and the backward: 7 each), used 7 + 14 times; the head's weight is one
-/// value used twice per chunk.
+/// chunks, `(remembered, rescanned)`.
+///
+/// Remembered: the outputs of matmuls and norms come with the maxima their
+/// producers folded, and only what other ops store is scanned. A block's
+/// forward (run twice: forward, recompute) scans q and k after RoPE and
+/// the attention output: 3; its backward dq and dk (through RoPE's
+/// backward) and dv: 3. Each head chunk scans dlogits (its norm output is
+/// folded), and the top block's dy, assembled from the chunks' dx by
+/// write_rows, is scanned once.
+///
+/// Rescanning, every use scans: a block's forward reads n1.y (q, k, v), a
+/// (o), n2.y (gate, up) and s (down), and attention rounds q, k and v: 10
+/// uses; its backward reads dy, dgate, dup, dx2, attention's dout, dq, dk
+/// and dv in 18 uses (7 products of two, attention of four). Each head
+/// chunk: x, then x and dlogits.
+///
+/// f32 weights (scanned either way): every load is a value (the
+/// forward's, and the backward's for the recompute and the backward: 7
+/// each), used 7 + 14 times; the head's weight is one value used twice per
+/// chunk.
 fn expected_scans(l: u64, c: u64, f32_weights: bool) -> (u64, u64) {
-    let (mut once, mut every) = (l * (2 * 7 + 8) + 2 * c, l * (2 * 10 + 18) + 3 * c);
+    let (mut once, mut every) = (l * (2 * 3 + 3) + c + 1, l * (2 * 10 + 18) + 3 * c);
     if f32_weights {
         once += l * 2 * 7 + 1;
         every += l * 3 * 7 + 2 * c;

@@ -465,13 +465,16 @@ impl GpuExecutor {
         self.precision == ComputePrecision::F16 && self.cache_maxima && self.f16_maxima == F16Maxima::Fold
     }
 
-    /// Elements `start..start + count` of `partial` (per-workgroup or
-    /// per-row maxima a producer stored, as max_bits) folded by the absmax
-    /// kernel into word `slot` of `words` (cleared by the caller).
-    pub(crate) fn fold_partial_maxima(
+    /// max|x| of elements `start..start + count` of `t` folded by `kernel`
+    /// (absmax.wgsl's f32 or bf16 entry) into word `slot` of `words`, in
+    /// ranges that fit one binding (one element per 4-byte "row"). Also
+    /// folds the per-workgroup (per-row) maxima producers store, which are
+    /// max_bits already.
+    pub(crate) fn absmax_into(
         &self,
         op: &mut Op<'_>,
-        partial: &GpuTensor,
+        kernel: Kernel,
+        t: &GpuTensor,
         (start, count): (usize, usize),
         words: &GpuTensor,
         slot: u32,
@@ -481,14 +484,9 @@ impl GpuExecutor {
             if n == 0 {
                 continue;
             }
-            let v = self.view(partial, start + s, n)?;
+            let v = self.view(t, start + s, n)?;
             let params = [u(n), v.elem_off, slot, 0];
-            op.dispatch(
-                Kernel::AbsmaxF32,
-                &params,
-                &[v, out],
-                grid_for(n.div_ceil(256 * 16)),
-            );
+            op.dispatch(kernel, &params, &[v, out], grid_for(n.div_ceil(256 * 16)));
         }
         Ok(())
     }
@@ -662,7 +660,8 @@ impl GpuExecutor {
             op.dispatch(kernel, &params, &bound, [gx as u32, gy as u32, batch as u32]);
             if let (Some(mx), Some((_, count))) = (&maxima, slots) {
                 for slot in 0..if mx.aux { 2 } else { 1 } {
-                    self.fold_partial_maxima(op, &partials[i], (slot * count, count), mx.words, slot as u32)?;
+                    let range = (slot * count, count);
+                    self.absmax_into(op, Kernel::AbsmaxF32, &partials[i], range, mx.words, slot as u32)?;
                 }
             }
         }
@@ -722,16 +721,7 @@ impl GpuExecutor {
             }
             self.absmax_scans.fetch_add(1, Ordering::Relaxed);
             self.absmax_scan_bytes.fetch_add(t.byte_len(), Ordering::Relaxed);
-            let out = self.full(&buf)?;
-            // One element per 4-byte "row": ranges that fit one binding.
-            for (start, count) in self.row_chunks(t.numel(), &[1])? {
-                if count == 0 {
-                    continue;
-                }
-                let v = self.view(t, start, count)?;
-                let params = [u(count), v.elem_off, i as u32, 0];
-                op.dispatch(kernel, &params, &[v, out], grid_for(count.div_ceil(256 * 16)));
-            }
+            self.absmax_into(op, kernel, t, (0, t.numel()), &buf, i as u32)?;
         }
         for (t, generation, at) in found {
             let word = self.alloc(Shape::new([1]), DType::F32)?;

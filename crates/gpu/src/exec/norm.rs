@@ -91,7 +91,7 @@ impl GpuExecutor {
         let Some(rm) = rowmax else { return Ok(()) };
         let word = self.alloc_f32([1])?;
         op.clear(word.buffer(), word.byte_len());
-        self.fold_partial_maxima(op, &rm, (0, rm.numel()), &word, 0)?;
+        self.absmax_into(op, Kernel::AbsmaxF32, &rm, (0, rm.numel()), &word, 0)?;
         op.keep(rm);
         self.remember_max(out, word);
         Ok(())
