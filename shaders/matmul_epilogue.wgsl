@@ -57,13 +57,14 @@ fn epilogue_value(i: u32, v: f32) -> f32 {
 // max|x| of what a product stores, C and the epilogue's aux_out, for the
 // f16 products that read them next: with STORE_MAX in the flags (set only
 // where each element is stored once, with its final value) the product
-// finds what an absmax.wgsl scan of its output would, bit for bit, and
-// that scan is not run. Each invocation keeps the largest max_bits
-// (max_bits.wgsl) of what it stored, the workgroup folds them, and one invocation stores the
-// workgroup's in slots of its own; the absmax kernel folds those after
-// the dispatch. (No atomics here: under the Vulkan memory model that naga
-// declares for the tensor-core kernels a device-scope atomic needs a
-// capability naga does not declare, and spirv-val refuses it.)
+// leaves what an absmax.wgsl scan of its output would find, and that scan
+// is not run. Each invocation keeps the largest max_bits (max_bits.wgsl)
+// of what it stored, the workgroup folds them, and one invocation stores
+// the workgroup's in slots of its own, which absmax.wgsl folds when an f16
+// product first reads the output. (No atomics here: under the Vulkan
+// memory model that naga declares for the tensor-core kernels a
+// device-scope atomic needs a capability naga does not declare, and
+// spirv-val refuses it.)
 var<private> c_max: u32;
 var<private> aux_max: u32;
 
@@ -76,18 +77,19 @@ fn note_aux(v: f32) {
 }
 
 //// maxima_out
-// Workgroup wg of `count` stores C's max at out_max[wg], aux_out's at
-// out_max[count + wg].
+// Workgroup wg of the dispatch stores C's max at out_max[max_base + wg],
+// aux_out's max_total slots further on (max_total: the product's
+// workgroups over all its dispatches).
 @group(0) @binding(9) var<storage, read_write> out_max: array<u32>;
 
-fn store_maxima(wg: u32, count: u32, m: vec2<u32>) {
-    out_max[wg] = m.x;
-    out_max[count + wg] = m.y;
+fn store_maxima(wg: u32, m: vec2<u32>) {
+    out_max[p.max_base + wg] = m.x;
+    out_max[p.max_total + p.max_base + wg] = m.y;
 }
 
 //// maxima_none
 // f32 products never set STORE_MAX: nothing to store to.
-fn store_maxima(wg: u32, count: u32, m: vec2<u32>) {}
+fn store_maxima(wg: u32, m: vec2<u32>) {}
 
 //// maxima_fold
 // Called by every invocation after its last store (uniform control flow:
@@ -110,8 +112,7 @@ fn fold_maxima(li: u32, wid: vec3<u32>, nwg: vec3<u32>) {
         workgroupBarrier();
     }
     if li == 0u {
-        let wg = (wid.z * nwg.y + wid.y) * nwg.x + wid.x;
-        store_maxima(wg, nwg.x * nwg.y * nwg.z, fold_get(0u));
+        store_maxima((wid.z * nwg.y + wid.y) * nwg.x + wid.x, fold_get(0u));
     }
 }
 

@@ -8,8 +8,9 @@ struct Params {
     a_bstride: u32, b_bstride: u32, c_bstride: u32, lda: u32,
     ldb: u32, ldc: u32, a_scale: u32, b_scale: u32,
     // The grid's first tile (in tiles): edge strips around an interior run
-    // on another pipeline.
-    tile_x0: u32, tile_y0: u32, _p0: u32, _p1: u32,
+    // on another pipeline. With STORE_MAX, where this dispatch's workgroups
+    // store their maxima (matmul_epilogue.wgsl's `maxima_out`).
+    tile_x0: u32, tile_y0: u32, max_base: u32, max_total: u32,
 }
 
 const TRANS_A: u32 = 1u;

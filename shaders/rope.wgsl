@@ -7,30 +7,51 @@
 struct Params {
     n: u32, t: u32, h: u32, half: u32,
     x_off: u32, y_off: u32, row0: u32, sign: f32,
-    tab_off: u32,
+    tab_off: u32, flags: u32, max_off: u32,
 }
+
+// Under F16 the rotated q and k (and their gradients) are f16 operands of
+// attention and the projections' backward: with STORE_MAX each workgroup
+// stores the max_bits (max_bits.wgsl) of what it wrote in OMAX[max_off +
+// its index], which absmax.wgsl then folds, so nothing scans them.
+const STORE_MAX: u32 = 1u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 @group(0) @binding(2) var<storage, read> COS: array<f32>;
 @group(0) @binding(3) var<storage, read> SIN: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> OMAX: array<u32>;
+
+var<workgroup> wmax: atomic<u32>;
 
 @compute @workgroup_size(256)
 fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) lid: vec3<u32>) {
-    let i = (wid.y * nwg.x + wid.x) * 256u + lid.x;
-    if i >= p.n {
-        return;
+    let wg = wid.y * nwg.x + wid.x;
+    let i = wg * 256u + lid.x;
+    var m = 0u;
+    if i < p.n {
+        let row = i / p.half;
+        let j = i % p.half;
+        let pos = ((p.row0 + row) / p.h) % p.t;
+        let c = COS[p.tab_off + pos * p.half + j];
+        let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
+        let d = 2u * p.half;
+        let x1 = X[p.x_off + row * d + j];
+        let x2 = X[p.x_off + row * d + j + p.half];
+        let y1 = x1 * c - x2 * s;
+        let y2 = x2 * c + x1 * s;
+        Y[p.y_off + row * d + j] = y1;
+        Y[p.y_off + row * d + j + p.half] = y2;
+        m = max(max_bits(y1), max_bits(y2));
     }
-    let row = i / p.half;
-    let j = i % p.half;
-    let pos = ((p.row0 + row) / p.h) % p.t;
-    let c = COS[p.tab_off + pos * p.half + j];
-    let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
-    let d = 2u * p.half;
-    let x1 = X[p.x_off + row * d + j];
-    let x2 = X[p.x_off + row * d + j + p.half];
-    Y[p.y_off + row * d + j] = x1 * c - x2 * s;
-    Y[p.y_off + row * d + j + p.half] = x2 * c + x1 * s;
+    // The flags are the same for the whole dispatch: uniform.
+    if (p.flags & STORE_MAX) != 0u {
+        atomicMax(&wmax, m);
+        workgroupBarrier();
+        if lid.x == 0u {
+            OMAX[p.max_off + wg] = atomicLoad(&wmax);
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! `--precision f16` streamed steps on the GPU with each f16 operand's max
-//! found once per value (folded by the matmul or norm that stored it, or
-//! scanned) and remembered with its tensor give the bits of scanning every
+//! found once per value (from the maxima the matmul, norm or RoPE that
+//! stored it left, or scanned) and remembered with its tensor give the bits of scanning every
 //! operand at every use, and scan the expected number of tensors. With f32 weights on the bus, the slots' weights are operands
 //! too, reloaded into the same buffers layer after layer: a max kept past
 //! a reload would show here. The words the maxima are kept in come from
@@ -76,13 +76,12 @@ fn run(
 /// Operand scans of one step of `l` llama blocks and a head of `c` row
 /// chunks, `(remembered, rescanned)`.
 ///
-/// Remembered: the outputs of matmuls and norms come with the maxima their
-/// producers folded, and only what other ops store is scanned. A block's
-/// forward (run twice: forward, recompute) scans q and k after RoPE and
-/// the attention output: 3; its backward dq and dk (through RoPE's
-/// backward) and dv: 3. Each head chunk scans dlogits (its norm output is
-/// folded), and the top block's dy, assembled from the chunks' dx by
-/// write_rows, is scanned once.
+/// Remembered: the outputs of matmuls, norms and RoPE come with the maxima
+/// their producers stored, and only what other ops store is scanned. A
+/// block's forward (run twice: forward, recompute) scans the attention
+/// output: 1; its backward dv: 1. Each head chunk scans dlogits (its norm
+/// output comes with its max), and the top block's dy, assembled from the
+/// chunks' dx by write_rows, is scanned once.
 ///
 /// Rescanning, every use scans: a block's forward reads n1.y (q, k, v), a
 /// (o), n2.y (gate, up) and s (down), and attention rounds q, k and v: 10
@@ -95,7 +94,7 @@ fn run(
 /// each), used 7 + 14 times; the head's weight is one value used twice per
 /// chunk.
 fn expected_scans(l: u64, c: u64, f32_weights: bool) -> (u64, u64) {
-    let (mut once, mut every) = (l * (2 * 3 + 3) + c + 1, l * (2 * 10 + 18) + 3 * c);
+    let (mut once, mut every) = (l * (2 + 1) + c + 1, l * (2 * 10 + 18) + 3 * c);
     if f32_weights {
         once += l * 2 * 7 + 1;
         every += l * 3 * 7 + 2 * c;

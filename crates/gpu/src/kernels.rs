@@ -342,7 +342,7 @@ impl Kernel {
             AddLnFwd => (&[MAX_BITS, NORM], "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10, 11]),
             AddRmsBwd => (&[MAX_BITS, NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
             AddLnBwd => (&[MAX_BITS, NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
-            Rope => (&[ROPE], "rope", &[1, 2, 3, 4]),
+            Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10]),
             AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),

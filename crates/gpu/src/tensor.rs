@@ -23,9 +23,10 @@ pub struct GpuTensor {
 }
 
 /// What the f16 matmuls derive from a tensor's contents, each remembered
-/// with the buffer generation it was derived at: max|x| as the absmax kernel
-/// found it (one f32 word on the device), and the f16 copy made under the
-/// scale that max gives (`exec/f16_copy.rs`).
+/// with the buffer generation it was derived at: max|x| (on the device: a
+/// word the absmax kernel found, or the partial maxima of the op that
+/// stored the tensor, [`Max`]), and the f16 copy made under the scale that
+/// max gives (`exec/f16_copy.rs`).
 ///
 /// A tensor is scanned and copied once per value instead of once per
 /// product that reads it. A stale max would scale an operand by the wrong
@@ -38,24 +39,34 @@ pub struct GpuTensor {
 /// over it, not only the one written — conservative, and correct.
 #[derive(Default)]
 pub(crate) struct Derived {
-    max: Mutex<Option<(u64, GpuTensor)>>,
+    max: Mutex<Option<(u64, Max)>>,
     half: Mutex<Option<(u64, GpuTensor)>>,
 }
 
+/// A remembered max|x|: one word (an absmax scan's, or a fold's), or the
+/// partial maxima the op that stored the tensor left (max_bits words, in
+/// ranges `(tensor, start, count)`), which the first f16 product that
+/// reads the tensor folds: an output no product reads costs no fold.
+#[derive(Clone)]
+pub(crate) enum Max {
+    Word(GpuTensor),
+    Partials(Vec<(GpuTensor, usize, usize)>),
+}
+
 impl Derived {
-    /// The remembered max word of `t`'s contents, if it is current.
-    pub(crate) fn max(t: &GpuTensor) -> Option<GpuTensor> {
+    /// The remembered max of `t`'s contents, if it is current.
+    pub(crate) fn max(t: &GpuTensor) -> Option<Max> {
         let g = t.buf.generation();
         match &*t.derived.max.lock().expect("derived cell poisoned") {
-            Some((at, word)) if *at == g => Some(word.clone()),
+            Some((at, m)) if *at == g => Some(m.clone()),
             _ => None,
         }
     }
 
-    /// Remembers `word` as `t`'s max, found at `generation` (read before the
-    /// scan was recorded).
-    pub(crate) fn set_max(t: &GpuTensor, generation: u64, word: GpuTensor) {
-        *t.derived.max.lock().expect("derived cell poisoned") = Some((generation, word));
+    /// Remembers `m` as `t`'s max, of its contents at `generation` (read
+    /// before the scan or the producer was recorded).
+    pub(crate) fn set_max(t: &GpuTensor, generation: u64, m: Max) {
+        *t.derived.max.lock().expect("derived cell poisoned") = Some((generation, m));
     }
 
     /// The remembered f16 copy of `t`'s contents, if it is current. A stale

@@ -18,8 +18,8 @@ mod common;
 use common::*;
 use megatrain_gpu::{CoopTile, F16Matmul, F16Maxima, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
 use megatrain_tensor::{
-    ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Shape, Transpose, WeightSlot,
-    WeightUpload,
+    ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
+    WeightSlot, WeightUpload,
 };
 
 const FAMILIES: [F16Matmul; 2] = [F16Matmul::Simt, F16Matmul::CoopEmulated(CoopTile::Small16x64)];
@@ -312,10 +312,11 @@ fn spiked(seed: u64, r: usize, c: usize, spike: usize) -> HostTensor {
     HostTensor::from_f32(vec![r, c], v).unwrap()
 }
 
-/// Under F16 a product folds max|C| as it stores C (where it stores each
-/// element once, with its final value) and remembers it as a scan would:
-/// the same f32, and the product that reads C next scans only its other
-/// operand. Forward products in each layout, a backward's `da` (fresh,
+/// Under F16 a product keeps its workgroups' max|C| as it stores C (where
+/// it stores each element once, with its final value), remembered with C
+/// and folded by the first f16 product that reads C: the f32 a scan
+/// finds, before the fold (folded on the host) and after it, and that
+/// product scans only its other operand. Forward products in each layout, a backward's `da` (fresh,
 /// stored transposed, and accumulated) but not its `db` (weight gradients
 /// are not read by products); the spike puts the largest output in the
 /// first, an interior or the last tile row. On the SIMT kernel (64 tile;
@@ -400,6 +401,8 @@ fn products_fold_their_outputs_maxima() {
                     assert_eq!(g.operand_max_scans() - scans, want_scans, "{what}: {t:?} scans");
                     let fresh = g.matmul(&copy(&g, &y), &w2, None, Transpose::NN).unwrap();
                     assert!(bits(&g, &z) == bits(&g, &fresh), "{what}: {t:?} product of y");
+                    // Now as absmax.wgsl folded the stored maxima for z.
+                    check(&g, &format!("{what}: {t:?} y, folded"), &y);
                 }
                 let dout = g.upload(&spiked(5, m, n, spike)).unwrap();
                 for (t, w) in [(Transpose::NN, &w_nn), (Transpose::NT, &w_nt)] {
@@ -565,6 +568,73 @@ fn norms_fold_their_outputs_maxima() {
                     g.matmul(&t, &w16, None, Transpose::NN).unwrap();
                     let want = if maxima == F16Maxima::Fold { 0 } else { 1 };
                     assert_eq!(g.operand_max_scans() - scans, want, "{what}: {name} scans");
+                    // As the product found it: folded from the rows' maxima, or scanned.
+                    assert_eq!(
+                        g.remembered_max(&t).unwrap(),
+                        Some(host_max(&g, &t)),
+                        "{what}: {name} read"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// RoPE's outputs (q and k rotated, and their gradients through the
+/// backward) are attention's and the projections' operands: under F16
+/// each workgroup keeps its max, folded when a product reads them; spikes
+/// in the first, a middle or the last (batch, position, head) row, at
+/// offset 0 and 5, on one binding and on row chunks; `Scan` scans.
+#[test]
+fn rope_folds_its_outputs_maxima() {
+    let (b, t, h, d) = (2, 9, 3, 16);
+    let rows = b * t * h;
+    for bindings in [None, Some(1024)] {
+        for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
+            let opts = GpuOptions {
+                max_binding_bytes: bindings,
+                f16_maxima: maxima,
+                f16_matmul: F16Matmul::Simt,
+                ..Default::default()
+            };
+            let Some(g) = gpu_with(opts, ComputePrecision::F16) else {
+                return;
+            };
+            let w = g.upload(&rand_host(9, &[d, 5])).unwrap();
+            let probe = g.upload(&rand_host(8, &[3, d])).unwrap();
+            g.matmul(&probe, &w, None, Transpose::NN).unwrap();
+            for spike in [0, rows / 2, rows - 1] {
+                for offset in [0, 5] {
+                    let what =
+                        format!("{maxima}, bindings {bindings:?}, spike in row {spike}, offset {offset}");
+                    let x = spiked(spike as u64, rows, d, spike);
+                    let x = g
+                        .upload(&HostTensor::from_f32(vec![b, t, h, d], x.to_f32_vec()).unwrap())
+                        .unwrap();
+                    let rope = Rope {
+                        theta: 10000.0,
+                        offset,
+                    };
+                    for (name, y) in [
+                        ("rope", g.rope(&x, rope).unwrap()),
+                        ("rope_backward", g.rope_backward(&x, rope).unwrap()),
+                    ] {
+                        let got = g.remembered_max(&y).unwrap();
+                        match maxima {
+                            F16Maxima::Fold => assert_eq!(got, Some(host_max(&g, &y)), "{what}: {name}"),
+                            F16Maxima::Scan => assert_eq!(got, None, "{what}: {name}"),
+                        }
+                        let flat = g.reshape(&y, &Shape::new([rows, d])).unwrap();
+                        let scans = g.operand_max_scans();
+                        g.matmul(&flat, &w, None, Transpose::NN).unwrap();
+                        let want = if maxima == F16Maxima::Fold { 0 } else { 1 };
+                        assert_eq!(g.operand_max_scans() - scans, want, "{what}: {name} scans");
+                        assert_eq!(
+                            g.remembered_max(&y).unwrap(),
+                            Some(host_max(&g, &y)),
+                            "{what}: {name} read"
+                        );
+                    }
                 }
             }
         }

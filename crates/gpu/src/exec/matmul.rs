@@ -14,7 +14,7 @@ use super::{F16Operands, GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::coop::{CoopMatmul, CoopTile};
 use crate::kernels::{Kernel, MatmulB, SimtMatmul};
 use crate::simt::SimtInterior;
-use crate::tensor::{Derived, GpuTensor};
+use crate::tensor::{Derived, GpuTensor, Max};
 
 /// Which kernels run matmuls under the F16 compute precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -66,30 +66,14 @@ impl std::fmt::Display for F16Maxima {
     }
 }
 
-/// `STORE_MAX` of `shaders/matmul_params.wgsl`: the product folds its
-/// output maxima into binding 9.
+/// `STORE_MAX` of `shaders/matmul_params.wgsl`: the product stores its
+/// workgroups' output maxima through binding 9.
 const STORE_MAX: u32 = 256;
 
-fn store_max(maxima: &Option<GpuTensor>) -> u32 {
-    if maxima.is_some() { STORE_MAX } else { 0 }
-}
-
-/// Where a product folds its output maxima: `words` (max|C|, then
-/// max|aux_out| where the epilogue has that output).
-#[derive(Clone, Copy)]
-struct OutputMaxima<'a> {
-    words: &'a GpuTensor,
-    aux: bool,
-}
-
-impl<'a> OutputMaxima<'a> {
-    fn of(words: &'a Option<GpuTensor>, epi: Option<Epilogue<'_>>) -> Option<Self> {
-        words.as_ref().map(|words| OutputMaxima {
-            words,
-            aux: epi.is_some_and(|e| e.operands()[2].is_some()),
-        })
-    }
-}
+/// The partial maxima a product's dispatches stored: one buffer each,
+/// max|C| of each workgroup in the first `count` words, max|aux_out| in the
+/// next `count`.
+type Partials = Vec<(GpuTensor, usize)>;
 
 /// Slot of `shaders/matmul_scale.wgsl`'s `NO_SCALE`: an operand used as
 /// stored (f16 weights).
@@ -308,13 +292,13 @@ impl GpuExecutor {
                 | epi_bits
         };
         if self.in_one_pass(a, b, c, &d, epi) {
-            let maxima = self.output_maxima(op, c, &d, scales.is_some())?;
+            let fold = self.folds_output(c, &d, scales.is_some());
             let (av, bv, cv) = (self.full(ka)?, self.full(kb)?, self.full(c)?);
             let params = [
                 u(d.m),
                 u(d.n),
                 u(d.k),
-                flags(d.accumulate) | store_max(&maxima),
+                flags(d.accumulate),
                 av.elem_off,
                 bv.elem_off,
                 cv.elem_off,
@@ -337,9 +321,9 @@ impl GpuExecutor {
                 Some(e) => Some(self.epi_views(e, cv, 0, c.numel())?),
                 None => None,
             };
-            let mx = OutputMaxima::of(&maxima, epi);
-            self.dispatch_mm(op, path, params, &views, scale_view, epi_views, mx, d.batch)?;
-            self.remember_output_maxima(op, c, epi, maxima)?;
+            let partials =
+                self.dispatch_mm(op, path, params, &views, scale_view, epi_views, fold, d.batch)?;
+            self.remember_output_maxima(c, epi, partials.into_iter().collect());
             return Ok(true);
         }
         // Chunked path: shrink the block until every operand's range fits.
@@ -386,10 +370,8 @@ impl GpuExecutor {
         }
         // Blocks of C that are summed over several dispatches store partial
         // sums: no maxima there.
-        let maxima = match kc == d.k && !sum_batch {
-            true => self.output_maxima(op, c, &d, scales.is_some())?,
-            false => None,
-        };
+        let fold = kc == d.k && !sum_batch && self.folds_output(c, &d, scales.is_some());
+        let mut partials = Partials::new();
         for z in 0..d.batch {
             let (ab, bb, cb) = (z * d.a_bstride, z * d.b_bstride, z * d.c_bstride);
             for m0 in (0..d.m).step_by(mc) {
@@ -421,7 +403,7 @@ impl GpuExecutor {
                         let acc = d.accumulate || k0 > 0 || (sum_batch && z > 0);
                         // Only the first K block adds the bias.
                         let with_bias = bias.is_some() && k0 == 0 && !(sum_batch && z > 0);
-                        let fl = (flags(acc) & !4) | (with_bias as u32) << 2 | store_max(&maxima);
+                        let fl = (flags(acc) & !4) | (with_bias as u32) << 2;
                         let params = [
                             u(m1 - m0),
                             u(n1 - n0),
@@ -449,13 +431,13 @@ impl GpuExecutor {
                             Some(e) => Some(self.epi_views(e, cv, sc, lc)?),
                             None => None,
                         };
-                        let mx = OutputMaxima::of(&maxima, epi);
-                        self.dispatch_mm(op, path, params, &views, scale_view, epi_views, mx, 1)?;
+                        let p = self.dispatch_mm(op, path, params, &views, scale_view, epi_views, fold, 1)?;
+                        partials.extend(p);
                     }
                 }
             }
         }
-        self.remember_output_maxima(op, c, epi, maxima)?;
+        self.remember_output_maxima(c, epi, partials);
         Ok(true)
     }
 
@@ -491,57 +473,41 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// Remembers `word` (filled by the ops recorded so far) as the max of
-    /// `t`'s contents as they are now.
-    pub(crate) fn remember_max(&self, t: &GpuTensor, word: GpuTensor) {
+    /// Remembers the partial maxima `ranges` (filled by ops recorded so
+    /// far) as the max of `t`'s contents as they are now.
+    pub(crate) fn remember_partial_maxima(&self, t: &GpuTensor, ranges: Vec<(GpuTensor, usize, usize)>) {
         self.output_maxima_stored.fetch_add(1, Ordering::Relaxed);
-        Derived::set_max(t, t.buf.generation(), word);
+        Derived::set_max(t, t.buf.generation(), Max::Partials(ranges));
     }
 
-    /// Where product `d` folds its output maxima (see [`Mm::max_out`]): a
-    /// cleared pair of words, max|C| then max|the epilogue's output|, for
-    /// binding 9 of the f16 pipelines. `None` where it does not: under F32
-    /// (`scaled` false), with the maxima not remembered or left to the
-    /// scans ([`F16Maxima::Scan`]), or where the product does not store
-    /// every element of `c`.
-    fn output_maxima(
-        &self,
-        op: &mut Op<'_>,
-        c: &GpuTensor,
-        d: &Mm,
-        scaled: bool,
-    ) -> Result<Option<GpuTensor>> {
-        if !(scaled && d.max_out && self.folds_maxima()) || d.batch * d.m * d.n != c.numel() {
-            return Ok(None);
+    /// Whether product `d` stores its output maxima (see [`Mm::max_out`]):
+    /// under F16 (`scaled`) where producers fold them, and where it
+    /// stores every element of `c`.
+    fn folds_output(&self, c: &GpuTensor, d: &Mm, scaled: bool) -> bool {
+        scaled && d.max_out && self.folds_maxima() && d.batch * d.m * d.n == c.numel()
+    }
+
+    /// Remembers what a product's dispatches stored of its outputs'
+    /// maxima: C's, and the epilogue's output's where it has one.
+    fn remember_output_maxima(&self, c: &GpuTensor, epi: Option<Epilogue<'_>>, partials: Partials) {
+        if partials.is_empty() {
+            return;
         }
-        let words = self.alloc(Shape::new([2]), DType::F32)?;
-        op.clear(words.buffer(), words.byte_len());
-        Ok(Some(words))
-    }
-
-    /// Remembers the maxima a product folded ([`Self::output_maxima`]) with
-    /// its outputs, as an absmax scan's words would be.
-    fn remember_output_maxima(
-        &self,
-        op: &mut Op<'_>,
-        c: &GpuTensor,
-        epi: Option<Epilogue<'_>>,
-        maxima: Option<GpuTensor>,
-    ) -> Result<()> {
-        let Some(words) = maxima else { return Ok(()) };
+        let ranges = |second: bool| {
+            let part = |(t, n): &(GpuTensor, usize)| (t.clone(), if second { *n } else { 0 }, *n);
+            partials.iter().map(part).collect()
+        };
         if let Some(out) = epi.and_then(|e| e.operands()[2]) {
-            let word = self.alloc(Shape::new([1]), DType::F32)?;
-            op.copy(words.buffer(), words.offset + 4, word.buffer(), 0, 4);
-            self.remember_max(out, word);
+            self.remember_partial_maxima(out, ranges(true));
         }
-        self.remember_max(c, words);
-        Ok(())
+        self.remember_partial_maxima(c, ranges(false));
     }
 
     /// Records one product: `params` as matmul_params.wgsl's `Params`, `views` the
     /// A, B, bias and C bindings, `epi_views` the epilogue's (with one in
-    /// the params' flags), `maxima` the product's output maxima (with
-    /// STORE_MAX in the flags), `batch` the grid's depth. The 128-wide
+    /// the params' flags), `batch` the grid's depth; with `fold` the
+    /// workgroups store their output maxima (STORE_MAX), in a buffer it
+    /// returns with their number. The 128-wide
     /// SIMT tile and the tensor-core kernels run whole tiles on an interior
     /// pipeline (vector loads, no bounds checks) when the operands allow it,
     /// and the M and N edge strips on the checked one.
@@ -554,9 +520,9 @@ impl GpuExecutor {
         views: &[View<'_>; 4],
         scale_view: Option<View<'_>>,
         epi_views: Option<[View<'_>; 3]>,
-        maxima: Option<OutputMaxima<'_>>,
+        fold: bool,
         batch: usize,
-    ) -> Result<()> {
+    ) -> Result<Option<(GpuTensor, usize)>> {
         let (m, n, k) = (params[0] as usize, params[1] as usize, params[2] as usize);
         let mut all: Vec<View<'_>> = views.to_vec();
         let f16 = scale_view.is_some();
@@ -635,40 +601,32 @@ impl GpuExecutor {
             }
         };
         let plan: Vec<_> = plan.into_iter().filter(|p| p.3 > 0 && p.4 > 0).collect();
-        // Each workgroup's output maxima land in slots of their own (see
-        // `maxima_out` in matmul_epilogue.wgsl), folded into the product's
-        // words by the absmax kernel after each dispatch.
-        let mut partials = Vec::new();
-        if maxima.is_some() {
-            for &(_, _, _, gx, gy) in &plan {
-                partials.push(self.alloc(Shape::new([2 * gx * gy * batch]), DType::F32)?);
-            }
+        // One slot per workgroup of every dispatch, for C and for aux_out
+        // (unused without one: a few words).
+        let total: usize = plan.iter().map(|p| p.3 * p.4 * batch).sum();
+        let partials = match fold {
+            true => Some(self.alloc_f32([2 * total])?),
+            false => None,
+        };
+        let max_view = partials.as_ref().map(|t| self.full(t)).transpose()?;
+        if f16 {
+            // Without STORE_MAX never written: C's own view (read-write
+            // already) stands in.
+            all.push(max_view.unwrap_or(views[3]));
         }
-        for (i, &(kernel, x0, y0, gx, gy)) in plan.iter().enumerate() {
+        if fold {
+            params[3] |= STORE_MAX;
+            params[19] = u(total);
+        }
+        let mut base = 0;
+        for &(kernel, x0, y0, gx, gy) in &plan {
             params[16] = x0 as u32;
             params[17] = y0 as u32;
-            let mut bound = all.clone();
-            let slots = match partials.get(i) {
-                Some(t) => Some((self.full(t)?, gx * gy * batch)),
-                None => None,
-            };
-            if f16 {
-                // Without STORE_MAX never touched: C's own view (read-write
-                // already) stands in.
-                bound.push(slots.map_or(views[3], |(v, _)| v));
-            }
-            op.dispatch(kernel, &params, &bound, [gx as u32, gy as u32, batch as u32]);
-            if let (Some(mx), Some((_, count))) = (&maxima, slots) {
-                for slot in 0..if mx.aux { 2 } else { 1 } {
-                    let range = (slot * count, count);
-                    self.absmax_into(op, Kernel::AbsmaxF32, &partials[i], range, mx.words, slot as u32)?;
-                }
-            }
+            params[18] = u(base);
+            op.dispatch(kernel, &params, &all, [gx as u32, gy as u32, batch as u32]);
+            base += gx * gy * batch;
         }
-        for t in partials {
-            op.keep(t);
-        }
-        Ok(())
+        Ok(partials.map(|t| (t, total)))
     }
 
     /// The f16 matmul kernel family in use (Auto resolved for this adapter).
@@ -713,11 +671,25 @@ impl GpuExecutor {
             slots.push(i as u32);
             let at = 4 * i as u64;
             if self.cache_maxima {
-                if let Some(word) = Derived::max(t) {
-                    op.copy(word.buffer(), word.offset, buf.buffer(), at, 4);
-                    continue;
+                match Derived::max(t) {
+                    Some(Max::Word(word)) => {
+                        op.copy(word.buffer(), word.offset, buf.buffer(), at, 4);
+                        continue;
+                    }
+                    // What the op that stored t left, folded on first use.
+                    // The op keeps them: t's max becomes the word below,
+                    // and a buffer back in the pool could be handed out
+                    // (and poisoned) within this op.
+                    Some(Max::Partials(ranges)) => {
+                        for (p, start, n) in ranges {
+                            self.absmax_into(op, Kernel::AbsmaxF32, &p, (start, n), &buf, i as u32)?;
+                            op.keep(p);
+                        }
+                        found.push((*t, t.buf.generation(), at));
+                        continue;
+                    }
+                    None => found.push((*t, t.buf.generation(), at)),
                 }
-                found.push((*t, t.buf.generation(), at));
             }
             self.absmax_scans.fetch_add(1, Ordering::Relaxed);
             self.absmax_scan_bytes.fetch_add(t.byte_len(), Ordering::Relaxed);
@@ -726,7 +698,7 @@ impl GpuExecutor {
         for (t, generation, at) in found {
             let word = self.alloc(Shape::new([1]), DType::F32)?;
             op.copy(buf.buffer(), at, word.buffer(), 0, 4);
-            Derived::set_max(t, generation, word);
+            Derived::set_max(t, generation, Max::Word(word));
         }
         Ok(Some((buf, slots)))
     }
@@ -748,7 +720,16 @@ impl GpuExecutor {
     /// is current. Reads the device: for tests and diagnostics.
     pub fn remembered_max(&self, t: &GpuTensor) -> Result<Option<f32>> {
         match Derived::max(t) {
-            Some(word) => Ok(Some(self.download_host(&word)?.to_f32_vec()[0])),
+            Some(Max::Word(word)) => Ok(Some(self.download_host(&word)?.to_f32_vec()[0])),
+            // Folded here as absmax.wgsl would: a max over the bits.
+            Some(Max::Partials(ranges)) => {
+                let mut m = 0u32;
+                for (p, start, n) in ranges {
+                    let words = self.download_host(&p)?.to_f32_vec();
+                    m = words[start..start + n].iter().fold(m, |m, w| m.max(w.to_bits()));
+                }
+                Ok(Some(f32::from_bits(m)))
+            }
             None => Ok(None),
         }
     }

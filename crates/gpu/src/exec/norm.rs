@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{Error, NormGrads, NormOut, Result};
 
-use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, View, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -86,15 +86,12 @@ impl GpuExecutor {
         }
     }
 
-    /// The rows' maxima folded into one word, remembered as `out`'s max.
-    fn fold_row_maxima(&self, op: &mut Op<'_>, rowmax: Option<GpuTensor>, out: &GpuTensor) -> Result<()> {
-        let Some(rm) = rowmax else { return Ok(()) };
-        let word = self.alloc_f32([1])?;
-        op.clear(word.buffer(), word.byte_len());
-        self.absmax_into(op, Kernel::AbsmaxF32, &rm, (0, rm.numel()), &word, 0)?;
-        op.keep(rm);
-        self.remember_max(out, word);
-        Ok(())
+    /// The rows' maxima, remembered as `out`'s (folded on first use).
+    fn remember_row_maxima(&self, rowmax: Option<GpuTensor>, out: &GpuTensor) {
+        if let Some(rm) = rowmax {
+            let rows = rm.numel();
+            self.remember_partial_maxima(out, vec![(rm, 0, rows)]);
+        }
     }
 
     fn check_norm(op: &'static str, x: &GpuTensor, w: &GpuTensor) -> Result<(usize, usize)> {
@@ -185,7 +182,7 @@ impl GpuExecutor {
                 _ => op.dispatch(Kernel::RmsFwd, &p, &[xv, wv, yv, rv, maxv], grid),
             }
         }
-        self.fold_row_maxima(&mut op, rowmax, &y)?;
+        self.remember_row_maxima(rowmax, &y);
         op.finish()?;
         Ok((h, NormOut { y, mean, rstd }))
     }
@@ -290,7 +287,7 @@ impl GpuExecutor {
                 op.keep(s);
             }
         }
-        self.fold_row_maxima(&mut op, rowmax, &dx)?;
+        self.remember_row_maxima(rowmax, &dx);
         op.finish()?;
         Ok(NormGrads { dx, dw, db })
     }

@@ -18,6 +18,9 @@ use super::{GpuExecutor, f, grid_for, need_f32, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
+/// `STORE_MAX` of `shaders/rope.wgsl`.
+const STORE_MAX: u32 = 1;
+
 /// Positions a new table covers at least: a training step's T is usually
 /// within it, and a generation growing one token at a time rebuilds only
 /// when it doubles past the end.
@@ -93,9 +96,24 @@ impl GpuExecutor {
         );
         debug_assert_eq!(cv.elem_off, sv.elem_off, "the two tables are laid out alike");
         let mut op = self.op(name);
-        for (r0, nr) in self.row_chunks(rows, &[dim])? {
+        let chunks = self.row_chunks(rows, &[dim])?;
+        let grid = |nr: usize| grid_for((nr * half).div_ceil(256));
+        // Under F16 one max word per workgroup (`STORE_MAX` in rope.wgsl),
+        // remembered with y and folded when a product first reads it.
+        let slots: usize = chunks
+            .iter()
+            .map(|&(_, nr)| grid(nr).iter().map(|&g| g as usize).product::<usize>())
+            .sum();
+        let partials = match self.folds_maxima() {
+            true => Some(self.alloc_f32([slots])?),
+            false => None,
+        };
+        let mut base = 0;
+        for (r0, nr) in chunks {
             let xv = self.view(x, r0 * dim, nr * dim)?;
             let yv = self.view(&y, r0 * dim, nr * dim)?;
+            // Without STORE_MAX never written: y's own view stands in.
+            let maxv = partials.as_ref().map_or(Ok(yv), |t| self.full(t))?;
             let params = [
                 u(nr * half),
                 u(t),
@@ -106,13 +124,15 @@ impl GpuExecutor {
                 u(r0),
                 f(sign),
                 cv.elem_off,
+                partials.as_ref().map_or(0, |_| STORE_MAX),
+                maxv.elem_off + u(base),
             ];
-            op.dispatch(
-                Kernel::Rope,
-                &params,
-                &[xv, cv, sv, yv],
-                grid_for((nr * half).div_ceil(256)),
-            );
+            let g = grid(nr);
+            op.dispatch(Kernel::Rope, &params, &[xv, cv, sv, yv, maxv], g);
+            base += g.iter().map(|&g| g as usize).product::<usize>();
+        }
+        if let Some(p) = partials {
+            self.remember_partial_maxima(&y, vec![(p, 0, slots)]);
         }
         op.finish()?;
         Ok(y)
