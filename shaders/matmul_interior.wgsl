@@ -194,4 +194,3 @@ fn main(
     }
     fold_maxima(li, wid, nwg);
 }
-

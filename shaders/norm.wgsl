@@ -63,7 +63,7 @@ fn reduce2(t: u32, a: f32, b: f32) -> vec2<f32> {
 // f16 products that follow: with STORE_MAX the row's max|O4| (m: each
 // thread's max_bits of what it stored) is folded through `red` (the bits
 // unchanged in f32 slots: never NaN) into OMAX, one word per row, which
-// absmax.wgsl then folds; the products scan nothing.
+// absmax.wgsl folds when an f16 product first reads the output.
 fn store_row_max(t: u32, row: u32, m: u32) {
     if (p.flags & STORE_MAX) == 0u {
         return;

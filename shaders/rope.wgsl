@@ -13,7 +13,8 @@ struct Params {
 // Under F16 the rotated q and k (and their gradients) are f16 operands of
 // attention and the projections' backward: with STORE_MAX each workgroup
 // stores the max_bits (max_bits.wgsl) of what it wrote in OMAX[max_off +
-// its index], which absmax.wgsl then folds, so nothing scans them.
+// its index], which absmax.wgsl folds when a product first reads them, so
+// nothing scans them.
 const STORE_MAX: u32 = 1u;
 
 @group(0) @binding(0) var<uniform> p: Params;

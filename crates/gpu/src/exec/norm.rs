@@ -62,8 +62,9 @@ fn store_max(rowmax: &Option<GpuTensor>) -> u32 {
 }
 
 impl GpuExecutor {
-    /// One word per row for the row kernels' output maxima, where they
-    /// fold them (under F16: the output is an f16 product's operand).
+    /// One word per row for the row kernels' output maxima, where
+    /// producers keep them (under F16: the output is an f16 product's
+    /// operand).
     fn row_maxima(&self, rows: usize) -> Result<Option<GpuTensor>> {
         match self.folds_maxima() {
             true => Ok(Some(self.alloc_f32([rows])?)),
