@@ -482,6 +482,47 @@ fn products_fold_their_outputs_maxima() {
     }
 }
 
+/// An f16 executor on the SIMT kernel with `bindings` (bytes, `None`: the
+/// adapter's) and `maxima`, and a `[cols, 5]` weight it has scanned: the
+/// product that reads an output `[rows, cols]` then scans at most that.
+fn f16_reader(bindings: Option<u64>, maxima: F16Maxima, cols: usize) -> Option<(GpuExecutor, GpuTensor)> {
+    let opts = GpuOptions {
+        max_binding_bytes: bindings,
+        f16_maxima: maxima,
+        f16_matmul: F16Matmul::Simt,
+        ..Default::default()
+    };
+    let g = gpu_with(opts, ComputePrecision::F16)?;
+    let w = g.upload(&rand_host(9, &[cols, 5])).unwrap();
+    let probe = g.upload(&rand_host(8, &[3, cols])).unwrap();
+    g.matmul(&probe, &w, None, Transpose::NN).unwrap();
+    Some((g, w))
+}
+
+/// `y` (`[rows, cols]` as `flat`) as its producer left it under `maxima`:
+/// its max remembered exactly (`Fold`) or not at all (`Scan`); the product
+/// reading it scans nothing or y; then y's max is exact either way.
+fn check_stored_max(
+    g: &GpuExecutor,
+    what: &str,
+    y: &GpuTensor,
+    flat: &GpuTensor,
+    w: &GpuTensor,
+    maxima: F16Maxima,
+) {
+    let fold = maxima == F16Maxima::Fold;
+    let want = host_max(g, y);
+    assert_eq!(
+        g.remembered_max(y).unwrap(),
+        fold.then_some(want),
+        "{what}: stored"
+    );
+    let scans = g.operand_max_scans();
+    g.matmul(flat, w, None, Transpose::NN).unwrap();
+    assert_eq!(g.operand_max_scans() - scans, u64::from(!fold), "{what}: scans");
+    assert_eq!(g.remembered_max(y).unwrap(), Some(want), "{what}: read");
+}
+
 /// The norms' outputs (y forward, dx backward) are f16 products' operands
 /// too: under F16 each row's max is folded as the row is stored and the
 /// rows' maxima into the output's, remembered as a scan's would be, with
@@ -508,19 +549,9 @@ fn norms_fold_their_outputs_maxima() {
     };
     for bindings in [None, Some(4096)] {
         for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
-            let opts = GpuOptions {
-                max_binding_bytes: bindings,
-                f16_maxima: maxima,
-                f16_matmul: F16Matmul::Simt,
-                ..Default::default()
-            };
-            let Some(g) = gpu_with(opts, ComputePrecision::F16) else {
+            let Some((g, w16)) = f16_reader(bindings, maxima, c) else {
                 return;
             };
-            // The product that reads each output: its weight scanned now.
-            let w16 = g.upload(&rand_host(9, &[c, 5])).unwrap();
-            let probe = g.upload(&rand_host(8, &[3, c])).unwrap();
-            g.matmul(&probe, &w16, None, Transpose::NN).unwrap();
             for spike in [0, rows / 2, rows - 1] {
                 let what = format!("{maxima}, bindings {bindings:?}, spike in row {spike}");
                 let up = |seed: u64| g.upload(&spiked_at(seed, spike)).unwrap();
@@ -559,21 +590,7 @@ fn norms_fold_their_outputs_maxima() {
                     ),
                 ];
                 for (name, t) in outputs {
-                    let got = g.remembered_max(&t).unwrap();
-                    match maxima {
-                        F16Maxima::Fold => assert_eq!(got, Some(host_max(&g, &t)), "{what}: {name}"),
-                        F16Maxima::Scan => assert_eq!(got, None, "{what}: {name}"),
-                    }
-                    let scans = g.operand_max_scans();
-                    g.matmul(&t, &w16, None, Transpose::NN).unwrap();
-                    let want = if maxima == F16Maxima::Fold { 0 } else { 1 };
-                    assert_eq!(g.operand_max_scans() - scans, want, "{what}: {name} scans");
-                    // As the product found it: folded from the rows' maxima, or scanned.
-                    assert_eq!(
-                        g.remembered_max(&t).unwrap(),
-                        Some(host_max(&g, &t)),
-                        "{what}: {name} read"
-                    );
+                    check_stored_max(&g, &format!("{what}: {name}"), &t, &t, &w16, maxima);
                 }
             }
         }
@@ -591,18 +608,9 @@ fn rope_folds_its_outputs_maxima() {
     let rows = b * t * h;
     for bindings in [None, Some(1024)] {
         for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
-            let opts = GpuOptions {
-                max_binding_bytes: bindings,
-                f16_maxima: maxima,
-                f16_matmul: F16Matmul::Simt,
-                ..Default::default()
-            };
-            let Some(g) = gpu_with(opts, ComputePrecision::F16) else {
+            let Some((g, w)) = f16_reader(bindings, maxima, d) else {
                 return;
             };
-            let w = g.upload(&rand_host(9, &[d, 5])).unwrap();
-            let probe = g.upload(&rand_host(8, &[3, d])).unwrap();
-            g.matmul(&probe, &w, None, Transpose::NN).unwrap();
             for spike in [0, rows / 2, rows - 1] {
                 for offset in [0, 5] {
                     let what =
@@ -619,21 +627,8 @@ fn rope_folds_its_outputs_maxima() {
                         ("rope", g.rope(&x, rope).unwrap()),
                         ("rope_backward", g.rope_backward(&x, rope).unwrap()),
                     ] {
-                        let got = g.remembered_max(&y).unwrap();
-                        match maxima {
-                            F16Maxima::Fold => assert_eq!(got, Some(host_max(&g, &y)), "{what}: {name}"),
-                            F16Maxima::Scan => assert_eq!(got, None, "{what}: {name}"),
-                        }
                         let flat = g.reshape(&y, &Shape::new([rows, d])).unwrap();
-                        let scans = g.operand_max_scans();
-                        g.matmul(&flat, &w, None, Transpose::NN).unwrap();
-                        let want = if maxima == F16Maxima::Fold { 0 } else { 1 };
-                        assert_eq!(g.operand_max_scans() - scans, want, "{what}: {name} scans");
-                        assert_eq!(
-                            g.remembered_max(&y).unwrap(),
-                            Some(host_max(&g, &y)),
-                            "{what}: {name} read"
-                        );
+                        check_stored_max(&g, &format!("{what}: {name}"), &y, &flat, &w, maxima);
                     }
                 }
             }
