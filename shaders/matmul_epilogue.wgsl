@@ -68,14 +68,6 @@ fn epilogue_value(i: u32, v: f32) -> f32 {
 var<private> c_max: u32;
 var<private> aux_max: u32;
 
-fn note_c(v: f32) {
-    c_max = max(c_max, max_bits(v));
-}
-
-fn note_aux(v: f32) {
-    aux_max = max(aux_max, max_bits(v));
-}
-
 //// maxima_out
 // Workgroup wg of the dispatch stores C's max at out_max[max_base + wg],
 // aux_out's max_total slots further on (max_total: the product's
@@ -87,9 +79,22 @@ fn store_maxima(wg: u32, m: vec2<u32>) {
     out_max[p.max_total + p.max_base + wg] = m.y;
 }
 
+fn note_c(v: f32) {
+    c_max = max(c_max, max_bits(v));
+}
+
+fn note_aux(v: f32) {
+    aux_max = max(aux_max, max_bits(v));
+}
+
 //// maxima_none
-// f32 products never set STORE_MAX: nothing to store to.
+// f32 products never set STORE_MAX: nothing noted, nothing to store to
+// (their stores are as they were before there were maxima).
 fn store_maxima(wg: u32, m: vec2<u32>) {}
+
+fn note_c(v: f32) {}
+
+fn note_aux(v: f32) {}
 
 //// maxima_fold
 // Called by every invocation after its last store (uniform control flow:
