@@ -98,13 +98,13 @@ pub struct StepCounters {
     pub uploads: f64,
     pub downloads: f64,
     /// Under F16: operand max scans and the MB they read, outputs whose
-    /// maxima their producers folded instead, f16 operand copies.
+    /// maxima their producers stored instead, f16 operand copies.
     #[serde(default)]
     pub max_scans: f64,
     #[serde(default)]
     pub max_scan_mb: f64,
     #[serde(default)]
-    pub maxima_folded: f64,
+    pub maxima_stored: f64,
     #[serde(default)]
     pub f16_copies: f64,
 }
@@ -129,7 +129,7 @@ impl StepCounters {
             downloads: d(w.downloads),
             max_scans: d(w.operand_max_scans),
             max_scan_mb: d(w.operand_max_scan_bytes) / 1e6,
-            maxima_folded: d(w.output_maxima_folded),
+            maxima_stored: d(w.output_maxima_stored),
             f16_copies: d(w.operand_f16_copies),
         }
     }
@@ -180,7 +180,7 @@ pub fn table(records: &[Record]) -> String {
     }
     let f16: Vec<_> = rows
         .iter()
-        .filter(|(_, c)| c.max_scans + c.maxima_folded + c.f16_copies > 0.0)
+        .filter(|(_, c)| c.max_scans + c.maxima_stored + c.f16_copies > 0.0)
         .collect();
     if !f16.is_empty() {
         s.push_str(
@@ -193,7 +193,7 @@ pub fn table(records: &[Record]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} |",
-                r.spec.label, r.spec.device, c.max_scans, c.max_scan_mb, c.maxima_folded, c.f16_copies
+                r.spec.label, r.spec.device, c.max_scans, c.max_scan_mb, c.maxima_stored, c.f16_copies
             );
         }
     }
@@ -265,7 +265,7 @@ mod tests {
         };
         let (one, two) = (per_step(1), per_step(2));
         let per_layer = (
-            two.maxima_folded - one.maxima_folded,
+            two.maxima_stored - one.maxima_stored,
             two.max_scans - one.max_scans,
         );
         assert_eq!(per_layer, (36.0, 3.0), "{one:?}\n{two:?}");

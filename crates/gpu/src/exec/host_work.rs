@@ -16,10 +16,10 @@ pub struct HostWork {
     pub uploads: u64,
     pub downloads: u64,
     /// Under F16: operand max scans and the bytes they read, outputs whose
-    /// maxima their producers folded instead, f16 operand copies.
+    /// maxima their producers stored instead, f16 operand copies.
     pub operand_max_scans: u64,
     pub operand_max_scan_bytes: u64,
-    pub output_maxima_folded: u64,
+    pub output_maxima_stored: u64,
     pub operand_f16_copies: u64,
 }
 
@@ -36,7 +36,7 @@ impl std::ops::Sub for HostWork {
             downloads: self.downloads - b.downloads,
             operand_max_scans: self.operand_max_scans - b.operand_max_scans,
             operand_max_scan_bytes: self.operand_max_scan_bytes - b.operand_max_scan_bytes,
-            output_maxima_folded: self.output_maxima_folded - b.output_maxima_folded,
+            output_maxima_stored: self.output_maxima_stored - b.output_maxima_stored,
             operand_f16_copies: self.operand_f16_copies - b.operand_f16_copies,
         }
     }
@@ -54,7 +54,7 @@ impl GpuExecutor {
             downloads: t.downloads,
             operand_max_scans: self.operand_max_scans(),
             operand_max_scan_bytes: self.operand_max_scan_bytes(),
-            output_maxima_folded: self.output_maxima_stored(),
+            output_maxima_stored: self.output_maxima_stored(),
             operand_f16_copies: self.operand_f16_copies(),
         }
     }

@@ -473,6 +473,40 @@ impl GpuExecutor {
         Ok(())
     }
 
+    /// `slots` words for a producer's partial maxima (max_bits, one per
+    /// workgroup or row), where it keeps them (`fold`).
+    pub(crate) fn maxima_slots(&self, fold: bool, slots: usize) -> Result<Option<GpuTensor>> {
+        match fold {
+            true => Ok(Some(self.alloc_f32([slots])?)),
+            false => Ok(None),
+        }
+    }
+
+    /// Words `start..start + count` of a producer's partial maxima as its
+    /// binding. Without them the kernel has no STORE_MAX and never writes
+    /// the binding, so `stand_in` (the output's own view, read-write
+    /// already) is bound.
+    pub(crate) fn maxima_view<'a>(
+        &self,
+        slots: &'a Option<GpuTensor>,
+        (start, count): (usize, usize),
+        stand_in: View<'a>,
+    ) -> Result<View<'a>> {
+        match slots {
+            Some(t) => self.view(t, start, count),
+            None => Ok(stand_in),
+        }
+    }
+
+    /// Remembers all of `slots` (from [`Self::maxima_slots`], filled by ops
+    /// recorded so far) as `out`'s max.
+    pub(crate) fn remember_maxima_slots(&self, out: &GpuTensor, slots: Option<GpuTensor>) {
+        if let Some(t) = slots {
+            let n = t.numel();
+            self.remember_partial_maxima(out, vec![(t, 0, n)]);
+        }
+    }
+
     /// Remembers the partial maxima `ranges` (filled by ops recorded so
     /// far) as the max of `t`'s contents as they are now.
     pub(crate) fn remember_partial_maxima(&self, t: &GpuTensor, ranges: Vec<(GpuTensor, usize, usize)>) {
@@ -604,15 +638,9 @@ impl GpuExecutor {
         // One slot per workgroup of every dispatch, for C and for aux_out
         // (unused without one: a few words).
         let total: usize = plan.iter().map(|p| p.3 * p.4 * batch).sum();
-        let partials = match fold {
-            true => Some(self.alloc_f32([2 * total])?),
-            false => None,
-        };
-        let max_view = partials.as_ref().map(|t| self.full(t)).transpose()?;
+        let partials = self.maxima_slots(fold, 2 * total)?;
         if f16 {
-            // Without STORE_MAX never written: C's own view (read-write
-            // already) stands in.
-            all.push(max_view.unwrap_or(views[3]));
+            all.push(self.maxima_view(&partials, (0, 2 * total), views[3])?);
         }
         if fold {
             params[3] |= STORE_MAX;
@@ -734,7 +762,7 @@ impl GpuExecutor {
         }
     }
 
-    /// The number of outputs whose maxima their producers folded while
+    /// The number of outputs whose producers kept their maxima while
     /// storing them (each saving a scan, when an f16 product reads it).
     pub fn output_maxima_stored(&self) -> u64 {
         self.output_maxima_stored.load(Ordering::Relaxed)

@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{Error, NormGrads, NormOut, Result};
 
-use super::{GpuExecutor, View, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -62,39 +62,6 @@ fn store_max(rowmax: &Option<GpuTensor>) -> u32 {
 }
 
 impl GpuExecutor {
-    /// One word per row for the row kernels' output maxima, where
-    /// producers keep them (under F16: the output is an f16 product's
-    /// operand).
-    fn row_maxima(&self, rows: usize) -> Result<Option<GpuTensor>> {
-        match self.folds_maxima() {
-            true => Ok(Some(self.alloc_f32([rows])?)),
-            false => Ok(None),
-        }
-    }
-
-    /// Rows `r0..r0 + nr` of `rowmax` as the kernels' binding 11; without
-    /// maxima never written, so the output's own view `out` stands in.
-    fn row_maxima_view<'a>(
-        &self,
-        rowmax: &'a Option<GpuTensor>,
-        r0: usize,
-        nr: usize,
-        out: View<'a>,
-    ) -> Result<View<'a>> {
-        match rowmax {
-            Some(t) => self.view(t, r0, nr),
-            None => Ok(out),
-        }
-    }
-
-    /// The rows' maxima, remembered as `out`'s (folded on first use).
-    fn remember_row_maxima(&self, rowmax: Option<GpuTensor>, out: &GpuTensor) {
-        if let Some(rm) = rowmax {
-            let rows = rm.numel();
-            self.remember_partial_maxima(out, vec![(rm, 0, rows)]);
-        }
-    }
-
     fn check_norm(op: &'static str, x: &GpuTensor, w: &GpuTensor) -> Result<(usize, usize)> {
         need_f32(op, x)?;
         need_f32(op, w)?;
@@ -140,11 +107,11 @@ impl GpuExecutor {
         let wv = self.full(w)?;
         let bv = b.map(|b| self.full(b)).transpose()?;
         let mut op = self.op(name);
-        let rowmax = self.row_maxima(rows)?;
+        let rowmax = self.maxima_slots(self.folds_maxima(), rows)?;
         for (r0, nr) in self.row_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let yv = self.view(&y, r0 * c, nr * c)?;
-            let maxv = self.row_maxima_view(&rowmax, r0, nr, yv)?;
+            let maxv = self.maxima_view(&rowmax, (r0, nr), yv)?;
             let rv = self.view(&rstd, r0, nr)?;
             let mv = mean.as_ref().map(|m| self.view(m, r0, nr)).transpose()?;
             let resv = res.map(|t| self.view(t, r0 * c, nr * c)).transpose()?;
@@ -183,7 +150,7 @@ impl GpuExecutor {
                 _ => op.dispatch(Kernel::RmsFwd, &p, &[xv, wv, yv, rv, maxv], grid),
             }
         }
-        self.remember_row_maxima(rowmax, &y);
+        self.remember_maxima_slots(&y, rowmax);
         op.finish()?;
         Ok((h, NormOut { y, mean, rstd }))
     }
@@ -230,12 +197,12 @@ impl GpuExecutor {
         let wv = self.full(w)?;
         let dwv = self.full(&dw)?;
         let mut op = self.op(name);
-        let rowmax = self.row_maxima(rows)?;
+        let rowmax = self.maxima_slots(self.folds_maxima(), rows)?;
         for (r0, nr) in self.loop_chunks(rows, &[c])? {
             let xv = self.view(x, r0 * c, nr * c)?;
             let dyv = self.view(dy, r0 * c, nr * c)?;
             let dxv = self.view(&dx, r0 * c, nr * c)?;
-            let maxv = self.row_maxima_view(&rowmax, r0, nr, dxv)?;
+            let maxv = self.maxima_view(&rowmax, (r0, nr), dxv)?;
             let rv = self.view(rstd, r0, nr)?;
             let mv = match mean {
                 Some(m) => self.view(m, r0, nr)?,
@@ -288,7 +255,7 @@ impl GpuExecutor {
                 op.keep(s);
             }
         }
-        self.remember_row_maxima(rowmax, &dx);
+        self.remember_maxima_slots(&dx, rowmax);
         op.finish()?;
         Ok(NormGrads { dx, dw, db })
     }

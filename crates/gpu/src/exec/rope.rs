@@ -104,16 +104,12 @@ impl GpuExecutor {
             .iter()
             .map(|&(_, nr)| grid(nr).iter().map(|&g| g as usize).product::<usize>())
             .sum();
-        let partials = match self.folds_maxima() {
-            true => Some(self.alloc_f32([slots])?),
-            false => None,
-        };
+        let partials = self.maxima_slots(self.folds_maxima(), slots)?;
         let mut base = 0;
         for (r0, nr) in chunks {
             let xv = self.view(x, r0 * dim, nr * dim)?;
             let yv = self.view(&y, r0 * dim, nr * dim)?;
-            // Without STORE_MAX never written: y's own view stands in.
-            let maxv = partials.as_ref().map_or(Ok(yv), |t| self.full(t))?;
+            let maxv = self.maxima_view(&partials, (0, slots), yv)?;
             let params = [
                 u(nr * half),
                 u(t),
@@ -131,9 +127,7 @@ impl GpuExecutor {
             op.dispatch(Kernel::Rope, &params, &[xv, cv, sv, yv, maxv], g);
             base += g.iter().map(|&g| g as usize).product::<usize>();
         }
-        if let Some(p) = partials {
-            self.remember_partial_maxima(&y, vec![(p, 0, slots)]);
-        }
+        self.remember_maxima_slots(&y, partials);
         op.finish()?;
         Ok(y)
     }
