@@ -17,11 +17,17 @@ struct Params {
     scale: f32, q_off: u32, k_off: u32, v_off: u32,
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
-    r_begin: u32, r_end: u32, _p0: u32, _p1: u32,
+    r_begin: u32, r_end: u32, max_off: u32, _p1: u32,
 }
 
 const FIRST: u32 = 1u;
 const LAST: u32 = 2u;
+// Under F16 attention's out (forward) and dv (backward) are operands of
+// the projections' f16 products: with STORE_MAX each workgroup of the LAST
+// dispatch stores the max_bits (max_bits.wgsl) of what it wrote at
+// OMAX[max_off + its index], which absmax.wgsl folds when a product first
+// reads them, so nothing scans them.
+const STORE_MAX: u32 = 4u;
 
 const DM: u32 = 128u;
 const RB: u32 = 64u; // rows (threads) per workgroup
@@ -39,6 +45,7 @@ const QB: u32 = 8u;  // query rows per tile in dk/dv
 @group(0) @binding(8) var<storage, read_write> DK: array<f32>;
 @group(0) @binding(9) var<storage, read_write> DV: array<f32>;
 @group(0) @binding(10) var<storage, read_write> DD: array<f32>;
+@group(0) @binding(11) var<storage, read_write> OMAX: array<u32>;
 
 // 16 KiB in all, the WebGPU minimum for workgroup memory. dkv uses only
 // QB * DM = 1024 entries of each for its tiles and keeps the tile's lse and
@@ -74,9 +81,33 @@ fn load_kv_tile(b: u32, g: u32, j0: u32, tid: u32) {
     }
 }
 
+// With STORE_MAX in a LAST dispatch: the workgroup's largest of the
+// invocations' `m` into OMAX, folded pairwise through T1 (after the barrier
+// no invocation reads the tile any more) as u32 bits in f32 slots, which
+// they keep: they are never NaN. Called by every invocation (uniform: the
+// flags are the dispatch's).
+fn store_max(tid: u32, m: u32, wid: vec3<u32>, nwg: vec3<u32>) {
+    if (p.flags & (LAST | STORE_MAX)) != (LAST | STORE_MAX) {
+        return;
+    }
+    workgroupBarrier();
+    T1[tid] = bitcast<f32>(m);
+    workgroupBarrier();
+    for (var n = RB / 2u; n > 0u; n /= 2u) {
+        if tid < n {
+            T1[tid] = bitcast<f32>(max(bitcast<u32>(T1[tid]), bitcast<u32>(T1[tid + n])));
+        }
+        workgroupBarrier();
+    }
+    if tid == 0u {
+        OMAX[p.max_off + (wid.z * nwg.y + wid.y) * nwg.x + wid.x] = bitcast<u32>(T1[0]);
+    }
+}
+
 // grid: (ceil(T / RB), Hq, B)
 @compute @workgroup_size(64)
-fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) tid: u32) {
     let b = wid.z;
     let h = wid.y;
     let g = h / (p.hq / p.hkv);
@@ -125,11 +156,14 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
         }
     }
+    var omax = 0u;
     if valid {
         if (p.flags & LAST) != 0u {
             let inv = 1.0 / l;
             for (var dd = 0u; dd < p.d; dd++) {
-                O[oi + dd] = acc[dd] * inv;
+                let o = acc[dd] * inv;
+                O[oi + dd] = o;
+                omax = max(omax, max_bits(o));
             }
             LSE[p.lse_off + ri] = m + log(l);
         } else {
@@ -140,6 +174,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             DD[p.dd_off + ri] = l;
         }
     }
+    store_max(tid, omax, wid, nwg);
 }
 
 // delta = rowsum(dout · out), one thread per (b, h, i). grid: (ceil(T/RB), Hq, B)
@@ -217,7 +252,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
 // group and every query i ≥ j, so dk/dv are complete sums with no atomics.
 // grid: (ceil(T/RB), Hkv, B)
 @compute @workgroup_size(64)
-fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) tid: u32) {
     let b = wid.z;
     let g = wid.y;
     let group = p.hq / p.hkv;
@@ -284,12 +320,15 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
         }
     }
+    var vmax = 0u;
     if valid {
         let ki = kv_idx(b, j, g);
         let sc = select(1.0, p.scale, (p.flags & LAST) != 0u);
         for (var dd = 0u; dd < p.d; dd++) {
             DK[p.dk_off + ki + dd] = dk[dd] * sc;
             DV[p.dv_off + ki + dd] = dv[dd];
+            vmax = max(vmax, max_bits(dv[dd]));
         }
     }
+    store_max(tid, vmax, wid, nwg);
 }

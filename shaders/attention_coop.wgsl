@@ -37,7 +37,7 @@ struct Params {
     scale: f32, q_off: u32, k_off: u32, v_off: u32,
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, q_slot: u32,
-    k_slot: u32, v_slot: u32, do_slot: u32, _p0: u32,
+    k_slot: u32, v_slot: u32, do_slot: u32, max_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -365,8 +365,47 @@ fn write_o(sg: u32, lane: u32, df: u32, u: u32, b: u32, p0: u32, np: u32, g: u32
         let row = q_row(p0, np, g, rr);
         if row.valid {
             let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
-            o_out[oi] = apply(s_s[sg * 16u * BC + u * 256u + e], f) / stat_s[rr];
+            let o = apply(s_s[sg * 16u * BC + u * 256u + e], f) / stat_s[rr];
+            o_out[oi] = o;
+            note_max(o);
         }
+    }
+}
+
+//// out_max
+// Under F16 the forward's O and the dkv pass's dV are operands of the
+// projections' f16 products: unless max_off is NO_MAX_SLOT each workgroup
+// stores the max_bits (max_bits.wgsl) of what it wrote at out_max[max_off
+// + its index], which absmax.wgsl folds when a product first reads them,
+// so nothing scans them. Folded through a workgroup atomic (workgroup
+// scope: the memory model naga declares allows it, as it does `rescale`).
+@group(0) @binding(12) var<storage, read_write> out_max: array<u32>;
+
+const NO_MAX_SLOT: u32 = 0xffffffffu;
+
+var<workgroup> wg_max: atomic<u32>;
+var<private> my_max: u32;
+
+fn init_max() {
+    if li == 0u {
+        atomicStore(&wg_max, 0u);
+    }
+}
+
+fn note_max(x: f32) {
+    my_max = max(my_max, max_bits(x));
+}
+
+// Called by every invocation after its last store (uniform: max_off is the
+// dispatch's).
+fn store_max(wid: vec3<u32>, nwg: vec3<u32>) {
+    if p.max_off == NO_MAX_SLOT {
+        return;
+    }
+    atomicMax(&wg_max, my_max);
+    workgroupBarrier();
+    if li == 0u {
+        out_max[p.max_off + (wid.z * nwg.y + wid.y) * nwg.x + wid.x] = atomicLoad(&wg_max);
     }
 }
 
@@ -506,6 +545,7 @@ fn store_dkv(sg: u32, lane: u32, df: u32, b: u32, j0: u32, g: u32, is_k: bool) {
                 dk_out[p.dk_off + i] = x;
             } else {
                 dv_out[p.dv_off + i] = x;
+                note_max(x);
             }
         }
     }

@@ -11,6 +11,7 @@ use std::fmt::Write;
 use crate::coop::section as matmul_section;
 
 const SCALE: &str = include_str!("../../../shaders/matmul_scale.wgsl");
+const MAX_BITS: &str = include_str!("../../../shaders/max_bits.wgsl");
 const ATTN: &str = include_str!("../../../shaders/attention_coop.wgsl");
 
 /// The three kernels of one attention forward and backward.
@@ -134,7 +135,16 @@ impl CoopAttention {
     pub fn workgroup_bytes(&self) -> u32 {
         let t = self.tile();
         let half = if self.emulated { 4 } else { 2 };
-        self.layout()[6] * half + self.scratch_regions() * t.sg * 16 * t.bc * 4 + self.stat_len() * 4
+        // The forward's `rescale` and `wg_max`, dkv's `wg_max`.
+        let atomics = match self.pass {
+            AttnPass::Fwd => 2,
+            AttnPass::Dq => 0,
+            AttnPass::Dkv => 1,
+        };
+        self.layout()[6] * half
+            + self.scratch_regions() * t.sg * 16 * t.bc * 4
+            + self.stat_len() * 4
+            + 4 * atomics
     }
 
     pub fn label(&self) -> String {
@@ -197,6 +207,7 @@ impl CoopAttention {
             self.stat_len()
         );
         out.push_str(SCALE);
+        out.push_str(MAX_BITS);
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
         let inputs: &[&str] = match (self.f16_in, self.emulated) {
@@ -209,6 +220,9 @@ impl CoopAttention {
         }
         if self.emulated {
             out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
+        }
+        if self.pass != AttnPass::Dq {
+            out.push_str(section("out_max"));
         }
         match self.pass {
             AttnPass::Fwd => out.push_str(section("fwd")),
@@ -232,11 +246,14 @@ impl CoopAttention {
         let nb = pv_blocks(self.tile().bc / 16, nd);
         let mut m = String::new();
         m.push_str(
-            "\n@compute @workgroup_size(THREADS, 1, 1)\nfn main(\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(local_invocation_index) local_index: u32,\n) {\n",
+            "\n@compute @workgroup_size(THREADS, 1, 1)\nfn main(\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>,\n    @builtin(local_invocation_index) local_index: u32,\n) {\n",
         );
         m.push_str(
             "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    init_steps();\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let cs = sg * 16u * BC;\n",
         );
+        if self.pass != AttnPass::Dq {
+            m.push_str("    init_max();\n");
+        }
         let _ = writeln!(m, "    var acc = {};", g.zero());
         let kf = self.tile().bc / 16;
         // acc = the 16 x 16 scores of R·Cᵀ over D: R the A fragments `rows`
@@ -365,6 +382,7 @@ impl CoopAttention {
                         );
                     }
                 }
+                m.push_str("    store_max(wid, nwg);\n");
             }
         }
         m.push_str("}\n");
@@ -424,6 +442,7 @@ impl CoopAttention {
         through_scratch(m, g, (nd, nb), "    ", false, |m, df, u| {
             let _ = writeln!(m, "        write_o(sg, lane, {df}u, {u}u, b, p0, np, g);");
         });
+        m.push_str("    store_max(wid, nwg);\n");
     }
 }
 

@@ -98,10 +98,11 @@ pub(crate) fn epilogue_source(epi: bool, f16: bool, scratch: FoldScratch) -> Str
     out
 }
 
-/// The most storage bindings any kernel has (the f16 matmuls with an
-/// epilogue, the fused LayerNorm forward, the tensor-core dK/dV pass):
-/// adapters with fewer per shader stage are refused.
-pub(crate) const STORAGE_BINDINGS_MAX: u32 = 9;
+/// The most storage bindings any kernel has (the tensor-core dK/dV pass,
+/// with dV's maxima): adapters with fewer per shader stage are refused.
+/// Every adapter we target has more: lavapipe 32, Metal 31, NVIDIA's and
+/// AMD's Vulkan drivers far more; WebGPU's default is 8.
+pub(crate) const STORAGE_BINDINGS_MAX: u32 = 10;
 
 /// A matmul pipeline's storage bindings in the host's order: A, B, bias,
 /// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out,
@@ -308,9 +309,9 @@ impl Kernel {
             AttnCoop(v) => {
                 use crate::coop_attention::AttnPass;
                 let bindings: &'static [u32] = match v.pass {
-                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6],
+                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6, 12],
                     AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11],
-                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11],
+                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11, 12],
                 };
                 return KernelSpec {
                     source: v.source(),
@@ -343,12 +344,12 @@ impl Kernel {
             AddRmsBwd => (&[MAX_BITS, NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
             AddLnBwd => (&[MAX_BITS, NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
             Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
-            AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10]),
-            AttnDelta => (&[ATTENTION], "attn_delta", &[4, 6, 10]),
+            AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
+            AttnDelta => (&[MAX_BITS, ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
-            AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10]),
+            AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
-            CrossEntropy => (&[CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4]),
+            CrossEntropy => (&[MAX_BITS, CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4, 5]),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
             GatherBf16 => (&[EMBEDDING], "gather_bf16", &[1, 3, 4]),
             GatherF16 => (&[EMBEDDING], "gather_f16", &[1, 3, 4]),
@@ -377,7 +378,7 @@ pub fn attn_head_dim(d: usize) -> u32 {
 /// attention.wgsl with entry `entry`; for `d` > 0 with D compiled in: DM
 /// (the arrays' length) is D and every read of the parameter `p.d` is DM.
 fn attention(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
-    let mut source = ATTENTION.to_string();
+    let mut source = [MAX_BITS, ATTENTION].concat();
     if d > 0 {
         const GENERAL: &str = "const DM: u32 = 128u;";
         assert!(source.contains(GENERAL), "attention.wgsl declares no {GENERAL}");
@@ -481,7 +482,16 @@ mod tests {
 
     #[test]
     fn no_kernel_has_more_storage_bindings_than_adapters_must_offer() {
-        let widest = Kernel::all().into_iter().map(|k| k.spec().bindings.len()).max();
+        let coop = crate::CoopMatmul::all().into_iter().map(Kernel::MatmulCoop);
+        let attn = crate::coop_attention::CoopAttention::all()
+            .into_iter()
+            .map(Kernel::AttnCoop);
+        let widest = Kernel::all()
+            .into_iter()
+            .chain(coop)
+            .chain(attn)
+            .map(|k| k.spec().bindings.len())
+            .max();
         assert_eq!(widest, Some(STORAGE_BINDINGS_MAX as usize));
     }
 

@@ -16,7 +16,9 @@
 mod common;
 
 use common::*;
-use megatrain_gpu::{CoopTile, F16Matmul, F16Maxima, GpuExecutor, GpuOptions, GpuTensor, TransportChoice};
+use megatrain_gpu::{
+    CoopTile, F16Attention, F16Matmul, F16Maxima, GpuExecutor, GpuOptions, GpuTensor, TransportChoice,
+};
 use megatrain_tensor::{
     ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
     WeightSlot, WeightUpload,
@@ -489,8 +491,16 @@ fn f16_reader(bindings: Option<u64>, maxima: F16Maxima, cols: usize) -> Option<(
     let opts = GpuOptions {
         max_binding_bytes: bindings,
         f16_maxima: maxima,
-        f16_matmul: F16Matmul::Simt,
         ..Default::default()
+    };
+    f16_reader_with(opts, cols)
+}
+
+/// [`f16_reader`] with `opts` (its f16 matmuls on the SIMT kernel).
+fn f16_reader_with(opts: GpuOptions, cols: usize) -> Option<(GpuExecutor, GpuTensor)> {
+    let opts = GpuOptions {
+        f16_matmul: F16Matmul::Simt,
+        ..opts
     };
     let g = gpu_with(opts, ComputePrecision::F16)?;
     let w = g.upload(&rand_host(9, &[cols, 5])).unwrap();
@@ -631,6 +641,112 @@ fn rope_folds_its_outputs_maxima() {
                         check_stored_max(&g, &format!("{what}: {name}"), &y, &flat, &w, maxima);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Attention's out (forward) and dv (backward) are the output and V
+/// projections' operands: under F16 each workgroup of the pass that stores
+/// them (the last, where the SIMT kernels split the streamed side) keeps
+/// its max, folded when a product reads them. The SIMT kernels and the
+/// tensor-core family (emulated everywhere, real where the adapter has
+/// cooperative matrices); T = 70 (a partial last block), GQA 4/2; spikes
+/// in V and dO at the first, a middle or the last position of the second
+/// batch, on one binding and on batch chunks (and, for SIMT, key and
+/// query ranges); `Scan` scans.
+#[test]
+fn attention_folds_its_outputs_maxima() {
+    let (b, t, hq, hkv, d) = (2, 70, 4, 2, 64);
+    let cases = [
+        (F16Attention::Simt, None, None),
+        // One batch per chunk; three key ranges and several query ranges.
+        (F16Attention::Simt, Some(80 << 10), Some(6000)),
+        (F16Attention::CoopEmulated, None, None),
+        (F16Attention::CoopEmulated, Some(80 << 10), None),
+        (F16Attention::Coop, None, None),
+    ];
+    for (kind, bindings, loop_budget) in cases {
+        if kind == F16Attention::Coop && !ctx().is_some_and(|c| c.has_cooperative_matrix()) {
+            eprintln!("no cooperative matrices here: the tensor-core attention's maxima NOT tested");
+            continue;
+        }
+        for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
+            let opts = GpuOptions {
+                max_binding_bytes: bindings,
+                loop_budget,
+                f16_attention: kind,
+                f16_maxima: maxima,
+                ..Default::default()
+            };
+            let Some((g, w)) = f16_reader_with(opts, d) else {
+                return;
+            };
+            for spike in [0, t / 2, t - 1] {
+                let what = format!("{kind:?}, {maxima}, bindings {bindings:?}, spike at {spike}");
+                let up = |seed: u64, h: usize, spike_head: Option<usize>| {
+                    let row = spike_head.map_or(usize::MAX, |hh| (t + spike) * h + hh);
+                    let x = spiked(seed, b * t * h, d, row);
+                    g.upload(&HostTensor::from_f32(vec![b, t, h, d], x.to_f32_vec()).unwrap())
+                        .unwrap()
+                };
+                let (q, k) = (up(1, hq, None), up(2, hkv, None));
+                let (v, dout) = (up(3, hkv, Some(1)), up(4, hq, Some(3)));
+                let fwd = g.attention(&q, &k, &v).unwrap();
+                let flat = g.reshape(&fwd.out, &Shape::new([b * t * hq, d])).unwrap();
+                check_stored_max(&g, &format!("{what}: out"), &fwd.out, &flat, &w, maxima);
+                let grads = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
+                let flat = g.reshape(&grads.dv, &Shape::new([b * t * hkv, d])).unwrap();
+                check_stored_max(&g, &format!("{what}: dv"), &grads.dv, &flat, &w, maxima);
+                for (name, x) in [("dq", &grads.dq), ("dk", &grads.dk)] {
+                    assert_eq!(g.remembered_max(x).unwrap(), None, "{what}: {name}");
+                }
+            }
+        }
+    }
+}
+
+/// The logits' gradient from the fused cross-entropy is the head's f16
+/// products' operand: under F16 each row's workgroup keeps its max (0 for
+/// an ignored row), folded when a product reads it; rows with the largest
+/// gradient first, in the middle or last, on one binding and on row
+/// chunks; `Scan` scans.
+#[test]
+fn cross_entropy_folds_its_gradients_maxima() {
+    let (n, v) = (37, 300);
+    for bindings in [None, Some(8192)] {
+        for maxima in [F16Maxima::Fold, F16Maxima::Scan] {
+            let Some((g, w)) = f16_reader(bindings, maxima, v) else {
+                return;
+            };
+            for spike in [0, n / 2, n - 1] {
+                let what = format!("{maxima}, bindings {bindings:?}, spike in row {spike}");
+                // The spiked row's gradient is the largest: its target's
+                // logit (column 200: a thread of the upper half of the
+                // row's workgroup) far below the others'.
+                let mut x = rand_host(1, &[n, v]).to_f32_vec();
+                x[spike * v + 200] = -30.0;
+                let logits = g.upload(&HostTensor::from_f32(vec![n, v], x).unwrap()).unwrap();
+                let targets: Vec<i32> = (0..n)
+                    .map(|r| {
+                        if r == 5 {
+                            -100
+                        } else if r == spike {
+                            200
+                        } else {
+                            (r * 13 % v) as i32
+                        }
+                    })
+                    .collect();
+                let out = g.cross_entropy(&logits, &targets, -100, 1.0 / n as f32).unwrap();
+                check_stored_max(
+                    &g,
+                    &format!("{what}: dlogits"),
+                    &out.dlogits,
+                    &out.dlogits,
+                    &w,
+                    maxima,
+                );
             }
         }
     }

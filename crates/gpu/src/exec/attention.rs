@@ -25,6 +25,10 @@ fn ranges(t: usize, unit: usize, per_item: usize, fixed: usize, budget: usize) -
     (0..t.max(1)).step_by(n).map(|s| (s, (s + n).min(t))).collect()
 }
 
+/// attention.wgsl's STORE_MAX flag: the LAST dispatch's workgroups store
+/// their output's maxima (out, or dv).
+const STORE_MAX: u32 = 4;
+
 /// FIRST / LAST flags of range `i` of `n`.
 fn flags(i: usize, n: usize) -> u32 {
     (i == 0) as u32 | ((i + 1 == n) as u32) << 1
@@ -127,6 +131,9 @@ impl GpuExecutor {
         let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
+        let rows = d.t.div_ceil(RB);
+        let fold = self.folds_maxima();
+        let slots = self.maxima_slots(fold, rows * d.hq * d.b)?;
         let mut op = self.op("attention");
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
             let qv = self.view(q, b0 * qe, nb * qe)?;
@@ -135,6 +142,7 @@ impl GpuExecutor {
             let ov = self.view(&out, b0 * qe, nb * qe)?;
             let lv = self.view(&lse, b0 * le, nb * le)?;
             let sv = self.view(&lsum, b0 * le, nb * le)?;
+            let mv = self.maxima_view(&slots, (b0 * rows * d.hq, nb * rows * d.hq), ov)?;
             for (ri, &(r0, r1)) in keys.iter().enumerate() {
                 let params = [
                     u(d.t),
@@ -152,24 +160,25 @@ impl GpuExecutor {
                     0,
                     0,
                     sv.elem_off,
-                    flags(ri, keys.len()),
+                    flags(ri, keys.len()) | if fold { STORE_MAX } else { 0 },
                     u(r0),
                     u(r1),
-                    0,
+                    mv.elem_off,
                     0,
                 ];
-                let grid = [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32];
+                let grid = [rows as u32, d.hq as u32, nb as u32];
                 op.dispatch(
                     Kernel::AttnFwd {
                         d: attn_head_dim(d.d),
                     },
                     &params,
-                    &[qv, kv, vv, ov, lv, sv],
+                    &[qv, kv, vv, ov, lv, sv, mv],
                     grid,
                 );
             }
         }
         op.finish()?;
+        self.remember_maxima_slots(&out, slots);
         Ok(AttentionOut { out, lse })
     }
 
@@ -221,12 +230,15 @@ impl GpuExecutor {
         // dk/dv: per query of every head of the group, two D-loops and two more.
         let group = d.hq / d.hkv;
         let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
-        let rows = d.t.div_ceil(RB) as u32;
+        let rows = d.t.div_ceil(RB);
         let hd = attn_head_dim(d.d);
-        self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, |op, nb, c| {
+        let fold = self.folds_maxima();
+        let slots = self.maxima_slots(fold, rows * d.hkv * d.b)?;
+        let grads = self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, |op, b0, nb, c| {
+            let mv = self.maxima_view(&slots, (b0 * rows * d.hkv, nb * rows * d.hkv), c.dv)?;
             let with = |fl: u32, r0: usize, r1: usize| {
                 let mut p = c.params(d).to_vec();
-                p[15..18].copy_from_slice(&[fl, u(r0), u(r1)]);
+                p[15..19].copy_from_slice(&[fl, u(r0), u(r1), mv.elem_off]);
                 p
             };
             for (ri, &(r0, r1)) in keys.iter().enumerate() {
@@ -236,27 +248,30 @@ impl GpuExecutor {
                     Kernel::AttnDq { d: hd },
                     &params,
                     &views,
-                    [rows, d.hq as u32, nb as u32],
+                    [rows as u32, d.hq as u32, nb as u32],
                 );
             }
             for (ri, &(r0, r1)) in queries.iter().enumerate() {
-                let params = with(flags(ri, queries.len()), r0, r1);
-                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta];
+                let fl = flags(ri, queries.len()) | if fold { STORE_MAX } else { 0 };
+                let params = with(fl, r0, r1);
+                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta, mv];
                 op.dispatch(
                     Kernel::AttnDkv { d: hd },
                     &params,
                     &views,
-                    [rows, d.hkv as u32, nb as u32],
+                    [rows as u32, d.hkv as u32, nb as u32],
                 );
             }
             Ok(())
-        })
+        })?;
+        self.remember_maxima_slots(&grads.dv, slots);
+        Ok(grads)
     }
 
     /// What every attention backward does around its own kernels: allocates
     /// dq, dk, dv and delta, and for each chunk of the batch that fits the
     /// bindings computes delta = rowsum(dO ∘ O) (attention.wgsl's kernel, on
-    /// `dout`), then calls `each` with the chunk's batch count and views
+    /// `dout`), then calls `each` with the chunk's first batch, count and views
     /// (dO as the kernels read it from `dout_in`: `dout` itself, or its f16
     /// copy for the tensor-core kernels).
     pub(super) fn attention_backward_chunks(
@@ -265,7 +280,7 @@ impl GpuExecutor {
         [q, k, v, dout]: [&GpuTensor; 4],
         dout_in: &GpuTensor,
         fwd: &AttentionOut<GpuTensor>,
-        mut each: impl FnMut(&mut Op<'_>, usize, &BwdViews<'_>) -> Result<()>,
+        mut each: impl FnMut(&mut Op<'_>, usize, usize, &BwdViews<'_>) -> Result<()>,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let dq = self.alloc_f32(q.shape.clone())?;
         let dk = self.alloc_f32(k.shape.clone())?;
@@ -295,7 +310,7 @@ impl GpuExecutor {
                 &[c.o, c.dout, c.delta],
                 [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32],
             );
-            each(&mut op, nb, &c)?;
+            each(&mut op, b0, nb, &c)?;
         }
         op.finish()?;
         Ok(AttentionGrads { dq, dk, dv })

@@ -15,6 +15,8 @@ use crate::tensor::GpuTensor;
 
 /// Slot of `matmul_scale.wgsl`'s `NO_SCALE`.
 const NO_SCALE: u32 = u32::MAX;
+/// attention_coop.wgsl's `NO_MAX_SLOT`: the pass stores no maxima.
+const NO_MAX_SLOT: u32 = u32::MAX;
 
 impl GpuExecutor {
     /// The attention family in use for head dimension `d` under F16:
@@ -177,12 +179,15 @@ impl GpuExecutor {
         let copies = self.coop_inputs(&mut op, [q, k, v], maxima)?;
         let [q, k, v] = copies.as_ref().map_or([q, k, v], |c| [&c[0], &c[1], &c[2]]);
         let sv = self.full(maxima)?;
+        let blocks = Self::coop_grid(&var, d, 1)[0] as usize * d.hkv;
+        let slots = self.maxima_slots(self.folds_maxima(), blocks * d.b)?;
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
             let qv = self.view(q, b0 * qe, nb * qe)?;
             let kv = self.view(k, b0 * ke, nb * ke)?;
             let vv = self.view(v, b0 * ke, nb * ke)?;
             let ov = self.view(&out, b0 * qe, nb * qe)?;
             let lv = self.view(&lse, b0 * le, nb * le)?;
+            let mv = self.maxima_view(&slots, (b0 * blocks, nb * blocks), ov)?;
             vec4_ready(name, &[("q", &qv), ("k", &kv), ("v", &vv)])?;
             let offs = [
                 qv.elem_off,
@@ -196,11 +201,18 @@ impl GpuExecutor {
                 0,
                 0,
             ];
-            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE]);
+            let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
+            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE], max_off);
             let grid = Self::coop_grid(&var, d, nb);
-            op.dispatch(Kernel::AttnCoop(var), &params, &[qv, kv, vv, ov, sv, lv], grid);
+            op.dispatch(
+                Kernel::AttnCoop(var),
+                &params,
+                &[qv, kv, vv, ov, sv, lv, mv],
+                grid,
+            );
         }
         op.finish()?;
+        self.remember_maxima_slots(&out, slots);
         Ok(AttentionOut { out, lse })
     }
 
@@ -222,7 +234,10 @@ impl GpuExecutor {
             .as_ref()
             .map_or([q, k, v, dout], |c| [&c[0], &c[1], &c[2], &c[3]]);
         let sv = self.full(maxima)?;
-        self.attention_backward_chunks(d, [q, k, v, dout], dout_in, fwd, |op, nb, c| {
+        let blocks = Self::coop_grid(&vdkv, d, 1)[0] as usize * d.hkv;
+        let slots = self.maxima_slots(self.folds_maxima(), blocks * d.b)?;
+        let grads = self.attention_backward_chunks(d, [q, k, v, dout], dout_in, fwd, |op, b0, nb, c| {
+            let mv = self.maxima_view(&slots, (b0 * blocks, nb * blocks), c.dv)?;
             vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout_in)])?;
             let offs = [
                 c.q.elem_off,
@@ -236,21 +251,23 @@ impl GpuExecutor {
                 c.dv.elem_off,
                 c.delta.elem_off,
             ];
-            let params = coop_params(d, offs, [0, 1, 2, 3]);
             op.dispatch(
                 Kernel::AttnCoop(vdq),
-                &params,
+                &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT),
                 &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
                 Self::coop_grid(&vdq, d, nb),
             );
+            let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
             op.dispatch(
                 Kernel::AttnCoop(vdkv),
-                &params,
-                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta],
+                &coop_params(d, offs, [0, 1, 2, 3], max_off),
+                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv],
                 Self::coop_grid(&vdkv, d, nb),
             );
             Ok(())
-        })
+        })?;
+        self.remember_maxima_slots(&grads.dv, slots);
+        Ok(grads)
     }
 }
 
@@ -274,8 +291,9 @@ fn vec4_ready(name: &'static str, views: &[(&str, &View<'_>)]) -> Result<()> {
 }
 
 /// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
-/// dk, dv, delta and the scale slots of q, k, v, dout.
-fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4]) -> [u32; 20] {
+/// dk, dv, delta, the scale slots of q, k, v, dout and where the output's
+/// maxima go (`NO_MAX_SLOT`: nowhere).
+fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 20] {
     [
         u(d.t),
         u(d.hq),
@@ -296,6 +314,6 @@ fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4]) -> [u32; 20] {
         slots[1],
         slots[2],
         slots[3],
-        0,
+        max_off,
     ]
 }

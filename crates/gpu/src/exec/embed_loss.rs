@@ -166,6 +166,8 @@ impl GpuExecutor {
         let losses = self.alloc_f32([n])?;
         let dlogits = self.alloc_f32([n, v])?;
         let tgt = self.upload_words(bytemuck::cast_slice(targets))?;
+        let fold = self.folds_maxima();
+        let slots = self.maxima_slots(fold, n)?;
         let mut op = self.op(name);
         // Chunked over rows: each chunk's logits and gradient fit one binding.
         for (r0, nr) in self.row_chunks(n, &[v])? {
@@ -173,6 +175,7 @@ impl GpuExecutor {
             let tv = self.view(&tgt, r0, nr)?;
             let lv = self.view(&losses, r0, nr)?;
             let dv = self.view(&dlogits, r0 * v, nr * v)?;
+            let mv = self.maxima_view(&slots, (r0, nr), dv)?;
             let params = [
                 u(nr),
                 u(v),
@@ -182,10 +185,16 @@ impl GpuExecutor {
                 tv.elem_off,
                 lv.elem_off,
                 dv.elem_off,
+                // cross_entropy.wgsl's STORE_MAX.
+                fold as u32,
+                mv.elem_off,
+                0,
+                0,
             ];
-            op.dispatch(Kernel::CrossEntropy, &params, &[xv, tv, lv, dv], grid_for(nr));
+            op.dispatch(Kernel::CrossEntropy, &params, &[xv, tv, lv, dv, mv], grid_for(nr));
         }
         op.finish()?;
+        self.remember_maxima_slots(&dlogits, slots);
         Ok(CrossEntropyOut { losses, dlogits })
     }
 }
