@@ -8,13 +8,12 @@
 use megatrain_tensor::{AttentionGrads, AttentionOut, Error, Result};
 
 use super::attention::{Dims, F16Attention};
+use super::maxima::NO_SCALE;
 use super::{F16Operands, GpuExecutor, Op, View, f, grid_for, u};
 use crate::coop_attention::{AttnPass, CoopAttention};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
-/// Slot of `matmul_scale.wgsl`'s `NO_SCALE`.
-const NO_SCALE: u32 = u32::MAX;
 /// attention_coop.wgsl's `NO_MAX_SLOT`: the pass stores no maxima.
 const NO_MAX_SLOT: u32 = u32::MAX;
 

@@ -15,6 +15,7 @@ mod f16_copy;
 mod host_work;
 mod matmul;
 mod matmul_epilogue;
+mod maxima;
 mod norm;
 mod record;
 mod rope;
@@ -26,7 +27,8 @@ pub use bind_groups::BindGroupStats;
 pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV};
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
-pub use matmul::{F16Matmul, F16Maxima};
+pub use matmul::F16Matmul;
+pub use maxima::F16Maxima;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
