@@ -10,8 +10,8 @@ struct Params {
 
 // Under F16 the logits' gradient is the head's f16 products' operand: with
 // STORE_MAX each row's workgroup stores the max_bits (max_bits.wgsl) of
-// the gradient it wrote at DMAX[max_off + row], which absmax.wgsl folds
-// when a product first reads it, so nothing scans it.
+// the gradient it wrote at OMAX[max_off + row] (row_max.wgsl), which
+// absmax.wgsl folds when a product first reads it, so nothing scans it.
 const STORE_MAX: u32 = 1u;
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -19,7 +19,7 @@ const STORE_MAX: u32 = 1u;
 @group(0) @binding(2) var<storage, read> TGT: array<i32>;
 @group(0) @binding(3) var<storage, read_write> LOSS: array<f32>;
 @group(0) @binding(4) var<storage, read_write> DL: array<f32>;
-@group(0) @binding(5) var<storage, read_write> DMAX: array<u32>;
+@group(0) @binding(5) var<storage, read_write> OMAX: array<u32>;
 
 var<workgroup> red: array<f32, 256>;
 
@@ -51,27 +51,6 @@ fn reduce_sum(t: u32, a: f32) -> f32 {
     return r;
 }
 
-// The row's largest max_bits into DMAX, folded through `red` as u32 bits
-// in f32 slots, which they keep (they are never NaN). Called by every
-// invocation of the row's workgroup (uniform: the flags are the
-// dispatch's).
-fn store_max(t: u32, row: u32, m: u32) {
-    if (p.flags & STORE_MAX) == 0u {
-        return;
-    }
-    red[t] = bitcast<f32>(m);
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if t < s {
-            red[t] = bitcast<f32>(max(bitcast<u32>(red[t]), bitcast<u32>(red[t + s])));
-        }
-        workgroupBarrier();
-    }
-    if t == 0u {
-        DMAX[p.max_off + row] = bitcast<u32>(red[0]);
-    }
-}
-
 @compute @workgroup_size(256)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) t: u32) {
@@ -89,7 +68,7 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         if t == 0u {
             LOSS[p.l_off + row] = 0.0;
         }
-        store_max(t, row, 0u);
+        store_row_max(t, row, 0u);
         return;
     }
     var mx = -3.0e38;
@@ -117,5 +96,5 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if t == 0u {
         LOSS[p.l_off + row] = mx + log(s) - X[base + ut];
     }
-    store_max(t, row, m);
+    store_row_max(t, row, m);
 }

@@ -60,26 +60,8 @@ fn reduce2(t: u32, a: f32, b: f32) -> vec2<f32> {
 }
 
 // Under F16 a norm's output (y forward, dx backward) is an operand of the
-// f16 products that follow: with STORE_MAX the row's max|O4| (m: each
-// thread's max_bits of what it stored) is folded through `red` (the bits
-// unchanged in f32 slots: never NaN) into OMAX, one word per row, which
-// absmax.wgsl folds when an f16 product first reads the output.
-fn store_row_max(t: u32, row: u32, m: u32) {
-    if (p.flags & STORE_MAX) == 0u {
-        return;
-    }
-    red[t] = bitcast<f32>(m);
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if t < s {
-            red[t] = bitcast<f32>(max(bitcast<u32>(red[t]), bitcast<u32>(red[t + s])));
-        }
-        workgroupBarrier();
-    }
-    if t == 0u {
-        OMAX[p.max_off + row] = bitcast<u32>(red[0]);
-    }
-}
+// f16 products that follow: with STORE_MAX each row's max is stored by
+// store_row_max (row_max.wgsl).
 
 @compute @workgroup_size(256)
 fn rms_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

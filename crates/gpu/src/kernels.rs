@@ -22,6 +22,9 @@ const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 pub(crate) const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
 const EPILOGUE: &str = include_str!("../../../shaders/matmul_epilogue.wgsl");
 const NORM: &str = include_str!("../../../shaders/norm.wgsl");
+const ROW_MAX: &str = include_str!("../../../shaders/row_max.wgsl");
+/// The norm kernels' module: norm.wgsl with the row maxima it stores.
+const NORMS: &[&str] = &[MAX_BITS, NORM, ROW_MAX];
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
@@ -332,24 +335,28 @@ impl Kernel {
             SwigluBwd => (&[ACTIVATION_FNS, ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
             Gelu => (&[ACTIVATION_FNS, ACTIVATION], "gelu", &[1, 4]),
             GeluBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_bwd", &[1, 2, 4]),
-            RmsFwd => (&[MAX_BITS, NORM], "rms_fwd", &[1, 2, 4, 5, 11]),
-            LnFwd => (&[MAX_BITS, NORM], "ln_fwd", &[1, 2, 3, 4, 5, 6, 11]),
-            RmsBwd => (&[MAX_BITS, NORM], "rms_bwd", &[1, 2, 3, 4, 7, 11]),
-            LnBwd => (&[MAX_BITS, NORM], "ln_bwd", &[1, 2, 3, 4, 7, 8, 11]),
-            NormDw => (&[MAX_BITS, NORM], "norm_dw", &[1, 3, 4, 5, 7, 8]),
-            NormDwPart => (&[MAX_BITS, NORM], "norm_dw_part", &[1, 3, 6, 7, 8]),
-            NormDwSum => (&[MAX_BITS, NORM], "norm_dw_sum", &[4, 5, 6]),
-            AddRmsFwd => (&[MAX_BITS, NORM], "add_rms_fwd", &[1, 2, 4, 5, 9, 10, 11]),
-            AddLnFwd => (&[MAX_BITS, NORM], "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10, 11]),
-            AddRmsBwd => (&[MAX_BITS, NORM], "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
-            AddLnBwd => (&[MAX_BITS, NORM], "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
+            RmsFwd => (NORMS, "rms_fwd", &[1, 2, 4, 5, 11]),
+            LnFwd => (NORMS, "ln_fwd", &[1, 2, 3, 4, 5, 6, 11]),
+            RmsBwd => (NORMS, "rms_bwd", &[1, 2, 3, 4, 7, 11]),
+            LnBwd => (NORMS, "ln_bwd", &[1, 2, 3, 4, 7, 8, 11]),
+            NormDw => (NORMS, "norm_dw", &[1, 3, 4, 5, 7, 8]),
+            NormDwPart => (NORMS, "norm_dw_part", &[1, 3, 6, 7, 8]),
+            NormDwSum => (NORMS, "norm_dw_sum", &[4, 5, 6]),
+            AddRmsFwd => (NORMS, "add_rms_fwd", &[1, 2, 4, 5, 9, 10, 11]),
+            AddLnFwd => (NORMS, "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10, 11]),
+            AddRmsBwd => (NORMS, "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
+            AddLnBwd => (NORMS, "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
             Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
             AttnDelta => (&[MAX_BITS, ATTENTION], "attn_delta", &[4, 6, 10]),
             AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
-            CrossEntropy => (&[MAX_BITS, CROSS_ENTROPY], "cross_entropy", &[1, 2, 3, 4, 5]),
+            CrossEntropy => (
+                &[MAX_BITS, CROSS_ENTROPY, ROW_MAX],
+                "cross_entropy",
+                &[1, 2, 3, 4, 5],
+            ),
             GatherF32 => (&[EMBEDDING], "gather_f32", &[1, 2, 4]),
             GatherBf16 => (&[EMBEDDING], "gather_bf16", &[1, 3, 4]),
             GatherF16 => (&[EMBEDDING], "gather_f16", &[1, 3, 4]),
