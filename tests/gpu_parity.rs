@@ -293,7 +293,9 @@ fn device_peak_does_not_grow_with_depth() {
 /// "Nothing allocated per layer per step": once a few steps have run, a
 /// step makes no bind group, no device buffer and no transport buffer —
 /// weight slots, pooled activations, the staging ring and the readback
-/// buffers are all reused, and so are the bind groups over them.
+/// buffers are all reused, and so are the bind groups over them. The
+/// readback buffers the optimizer reads in place included, however far
+/// behind it runs.
 #[test]
 fn warm_steps_allocate_nothing_on_the_device() {
     let Some(ctx) = common::ctx() else { return };
@@ -354,6 +356,17 @@ fn warm_steps_allocate_nothing_on_the_device() {
             "{transport}: (bind groups made, device allocations, transport bytes)"
         );
         assert!(tr.executor().bind_group_stats().reused > reused, "{transport}");
+        // The optimizer reads the gradients where they landed: no staging
+        // buffer was ever taken.
+        assert!(
+            tr.executor().transport_stats().downloads_in_place > 0,
+            "{transport}: no download was read in place"
+        );
+        assert_eq!(
+            tr.staging_bytes(),
+            0,
+            "{transport}: gradients copied into staging"
+        );
     }
 }
 

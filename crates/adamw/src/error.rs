@@ -23,6 +23,8 @@ pub enum AdamWError {
     },
     #[error("adamw: decay mask covers {mask_len} elements but the parameter slab has {slab_len}")]
     DecayMaskLength { mask_len: usize, slab_len: usize },
+    #[error("adamw: a read-only gradient cannot be zeroed (zero_grad needs Grad::Mut)")]
+    ReadOnlyGrad,
     #[error("adamw: step count {0} would overflow")]
     StepOverflow(u64),
 }

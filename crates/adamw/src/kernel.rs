@@ -6,7 +6,7 @@
 //! Every slice is cut to the same length before the loop so that LLVM drops
 //! the bounds checks and vectorises; the loop body has no branches (the
 //! decay mask is resolved outside into uniform pieces, the transport kind
-//! and gradient zeroing are type parameters).
+//! and whether the gradient is zeroed are type parameters).
 
 use half::{bf16, f16};
 use megatrain_tensor::convert::f32_to_f16_sat_bits;
@@ -107,23 +107,56 @@ impl Sink for F32Sink<'_> {
     }
 }
 
+/// Where the gradient comes from, and whether it is zeroed as it is read.
+pub(crate) trait GradIn {
+    /// Cuts the gradient to exactly `n` elements (callers guarantee the length).
+    fn cut(self, n: usize) -> Self;
+    fn take(&mut self, i: usize) -> f32;
+}
+
+/// Read only (a download's mapped buffer, or a gradient kept as is).
+pub(crate) struct Reading<'a>(pub &'a [f32]);
+/// Read, then zeroed for the next accumulation.
+pub(crate) struct Zeroing<'a>(pub &'a mut [f32]);
+
+impl GradIn for Reading<'_> {
+    #[inline(always)]
+    fn cut(self, n: usize) -> Self {
+        Reading(&self.0[..n])
+    }
+    #[inline(always)]
+    fn take(&mut self, i: usize) -> f32 {
+        self.0[i]
+    }
+}
+
+impl GradIn for Zeroing<'_> {
+    #[inline(always)]
+    fn cut(self, n: usize) -> Self {
+        Zeroing(&mut self.0[..n])
+    }
+    #[inline(always)]
+    fn take(&mut self, i: usize) -> f32 {
+        let g = self.0[i];
+        self.0[i] = 0.0;
+        g
+    }
+}
+
 /// One AdamW step over equally long pieces of p, g, m, v (and the sink).
 #[inline(always)]
-fn update<A: Arith, S: Sink, const ZERO_GRAD: bool>(
+fn update<A: Arith, G: GradIn, S: Sink>(
     k: &Consts,
     p: &mut [f32],
-    g: &mut [f32],
+    g: G,
     m: &mut [f32],
     v: &mut [f32],
     sink: S,
 ) {
     let n = p.len();
-    let (g, m, v, mut sink) = (&mut g[..n], &mut m[..n], &mut v[..n], sink.cut(n));
+    let (mut g, m, v, mut sink) = (g.cut(n), &mut m[..n], &mut v[..n], sink.cut(n));
     for i in 0..n {
-        let gi = g[i] * k.grad_scale;
-        if ZERO_GRAD {
-            g[i] = 0.0;
-        }
+        let gi = g.take(i) * k.grad_scale;
         let mi = A::mul_add(k.beta1, m[i], k.one_minus_beta1 * gi);
         let vi = A::mul_add(k.beta2, v[i], k.one_minus_beta2 * gi * gi);
         let denom = A::mul_add(vi.sqrt(), k.inv_sqrt_bc2, k.eps);
@@ -139,26 +172,19 @@ fn update<A: Arith, S: Sink, const ZERO_GRAD: bool>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn update_avx2<S: Sink, const ZERO_GRAD: bool>(
-    k: &Consts,
-    p: &mut [f32],
-    g: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    sink: S,
-) {
-    update::<Fused, S, ZERO_GRAD>(k, p, g, m, v, sink)
+fn update_avx2<G: GradIn, S: Sink>(k: &Consts, p: &mut [f32], g: G, m: &mut [f32], v: &mut [f32], sink: S) {
+    update::<Fused, G, S>(k, p, g, m, v, sink)
 }
 
-fn update_baseline<S: Sink, const ZERO_GRAD: bool>(
+fn update_baseline<G: GradIn, S: Sink>(
     k: &Consts,
     p: &mut [f32],
-    g: &mut [f32],
+    g: G,
     m: &mut [f32],
     v: &mut [f32],
     sink: S,
 ) {
-    update::<Plain, S, ZERO_GRAD>(k, p, g, m, v, sink)
+    update::<Plain, G, S>(k, p, g, m, v, sink)
 }
 
 /// Whether the AVX2+FMA build of the loops runs on this CPU (std caches
@@ -182,11 +208,10 @@ fn has_avx2_fma() -> bool {
 
 /// Runs the loop on the best build this CPU supports.
 #[inline]
-pub(crate) fn dispatch<S: Sink>(
+pub(crate) fn dispatch<G: GradIn, S: Sink>(
     k: &Consts,
-    zero_grad: bool,
     p: &mut [f32],
-    g: &mut [f32],
+    g: G,
     m: &mut [f32],
     v: &mut [f32],
     sink: S,
@@ -194,20 +219,10 @@ pub(crate) fn dispatch<S: Sink>(
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU reports AVX2 and FMA, the features the function enables.
-        unsafe {
-            if zero_grad {
-                update_avx2::<S, true>(k, p, g, m, v, sink)
-            } else {
-                update_avx2::<S, false>(k, p, g, m, v, sink)
-            }
-        }
+        unsafe { update_avx2(k, p, g, m, v, sink) };
         return;
     }
-    if zero_grad {
-        update_baseline::<S, true>(k, p, g, m, v, sink)
-    } else {
-        update_baseline::<S, false>(k, p, g, m, v, sink)
-    }
+    update_baseline(k, p, g, m, v, sink)
 }
 
 /// Sum of squares in f64 with eight independent accumulators, so the loop

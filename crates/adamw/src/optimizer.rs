@@ -1,6 +1,6 @@
 use half::{bf16, f16};
 
-use crate::kernel::{self, Bf16Sink, Consts, F16Sink, F32Sink, NoSink};
+use crate::kernel::{self, Bf16Sink, Consts, F16Sink, F32Sink, GradIn, NoSink, Reading, Zeroing};
 use crate::{AdamWConfig, AdamWError, DecayMask, Result};
 
 /// Elements per rayon task. Large enough that task overhead vanishes
@@ -36,6 +36,56 @@ impl Transport<'_> {
     }
 }
 
+/// The gradient an update reads.
+#[derive(Debug)]
+pub enum Grad<'a> {
+    /// Read only: where a download left it (a mapped readback buffer),
+    /// so it is never copied into a buffer of ours first.
+    Read(&'a [f32]),
+    /// Ours to write: zeroed in the same pass when [`SlabUpdate::zero_grad`]
+    /// asks.
+    Mut(&'a mut [f32]),
+}
+
+impl Grad<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Grad::Read(g) => g.len(),
+            Grad::Mut(g) => g.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements `r`, borrowed as this gradient is (read only or ours).
+    pub fn part(&mut self, r: std::ops::Range<usize>) -> Grad<'_> {
+        match self {
+            Grad::Read(g) => Grad::Read(&g[r]),
+            Grad::Mut(g) => Grad::Mut(&mut g[r]),
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for Grad<'a> {
+    fn from(g: &'a [f32]) -> Self {
+        Grad::Read(g)
+    }
+}
+
+impl<'a> From<&'a mut [f32]> for Grad<'a> {
+    fn from(g: &'a mut [f32]) -> Self {
+        Grad::Mut(g)
+    }
+}
+
+impl<'a> From<&'a mut Vec<f32>> for Grad<'a> {
+    fn from(g: &'a mut Vec<f32>) -> Self {
+        Grad::Mut(g)
+    }
+}
+
 /// The step count of one slab, for bias correction. Slabs of one model may
 /// be at different counts (a layer frozen for a while, a resumed run), so
 /// each carries its own. Saved with the moments in checkpoints.
@@ -68,7 +118,7 @@ static DECAY_ALL: DecayMask = DecayMask::All;
 #[derive(Debug)]
 pub struct SlabUpdate<'a> {
     pub param: &'a mut [f32],
-    pub grad: &'a mut [f32],
+    pub grad: Grad<'a>,
     /// First moment `m`, zero-initialised for a fresh slab.
     pub exp_avg: &'a mut [f32],
     /// Second moment `v`, zero-initialised for a fresh slab.
@@ -88,13 +138,13 @@ impl<'a> SlabUpdate<'a> {
     /// kept and unscaled.
     pub fn new(
         param: &'a mut [f32],
-        grad: &'a mut [f32],
+        grad: impl Into<Grad<'a>>,
         exp_avg: &'a mut [f32],
         exp_avg_sq: &'a mut [f32],
     ) -> Self {
         Self {
             param,
-            grad,
+            grad: grad.into(),
             exp_avg,
             exp_avg_sq,
             transport: Transport::None,
@@ -144,6 +194,9 @@ impl<'a> SlabUpdate<'a> {
             }
         }
         self.decay.check_len(n)?;
+        if self.zero_grad && matches!(self.grad, Grad::Read(_)) {
+            return Err(AdamWError::ReadOnlyGrad);
+        }
         if !self.grad_scale.is_finite() {
             return Err(AdamWError::InvalidHyper {
                 name: "grad_scale",
@@ -159,7 +212,7 @@ impl<'a> SlabUpdate<'a> {
 struct Job<'a> {
     offset: usize,
     p: &'a mut [f32],
-    g: &'a mut [f32],
+    g: Grad<'a>,
     m: &'a mut [f32],
     v: &'a mut [f32],
     t: Transport<'a>,
@@ -168,7 +221,16 @@ struct Job<'a> {
 impl<'a> Job<'a> {
     fn split_at(self, mid: usize) -> (Job<'a>, Job<'a>) {
         let (p0, p1) = self.p.split_at_mut(mid);
-        let (g0, g1) = self.g.split_at_mut(mid);
+        let (g0, g1) = match self.g {
+            Grad::Read(g) => {
+                let (a, b) = g.split_at(mid);
+                (Grad::Read(a), Grad::Read(b))
+            }
+            Grad::Mut(g) => {
+                let (a, b) = g.split_at_mut(mid);
+                (Grad::Mut(a), Grad::Mut(b))
+            }
+        };
         let (m0, m1) = self.m.split_at_mut(mid);
         let (v0, v1) = self.v.split_at_mut(mid);
         let (t0, t1) = match self.t {
@@ -317,7 +379,7 @@ fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zer
     let Job {
         offset,
         p,
-        g,
+        mut g,
         m,
         v,
         mut t,
@@ -325,17 +387,29 @@ fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zer
     mask.for_each_piece(offset..offset + p.len(), |r, decays| {
         let k = if decays { decayed } else { base };
         let r = r.start - offset..r.end - offset;
-        let (p, g, m, v) = (
-            &mut p[r.clone()],
-            &mut g[r.clone()],
-            &mut m[r.clone()],
-            &mut v[r.clone()],
-        );
-        match &mut t {
-            Transport::None => kernel::dispatch(k, zero_grad, p, g, m, v, NoSink),
-            Transport::Bf16(t) => kernel::dispatch(k, zero_grad, p, g, m, v, Bf16Sink(&mut t[r])),
-            Transport::F16(t) => kernel::dispatch(k, zero_grad, p, g, m, v, F16Sink(&mut t[r])),
-            Transport::F32(t) => kernel::dispatch(k, zero_grad, p, g, m, v, F32Sink(&mut t[r])),
+        let (p, m, v) = (&mut p[r.clone()], &mut m[r.clone()], &mut v[r.clone()]);
+        match &mut g {
+            Grad::Mut(g) if zero_grad => sink_leaf(k, p, Zeroing(&mut g[r.clone()]), m, v, &mut t, r),
+            Grad::Mut(g) => sink_leaf(k, p, Reading(&g[r.clone()]), m, v, &mut t, r),
+            Grad::Read(g) => sink_leaf(k, p, Reading(&g[r.clone()]), m, v, &mut t, r),
         }
     });
+}
+
+/// One uniform piece, with the transport copy's sink chosen.
+fn sink_leaf<G: GradIn>(
+    k: &Consts,
+    p: &mut [f32],
+    g: G,
+    m: &mut [f32],
+    v: &mut [f32],
+    t: &mut Transport<'_>,
+    r: std::ops::Range<usize>,
+) {
+    match t {
+        Transport::None => kernel::dispatch(k, p, g, m, v, NoSink),
+        Transport::Bf16(t) => kernel::dispatch(k, p, g, m, v, Bf16Sink(&mut t[r])),
+        Transport::F16(t) => kernel::dispatch(k, p, g, m, v, F16Sink(&mut t[r])),
+        Transport::F32(t) => kernel::dispatch(k, p, g, m, v, F32Sink(&mut t[r])),
+    }
 }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{Ref, grads, params, rel_err, rng};
 use half::{bf16, f16};
-use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, SlabState, SlabUpdate, Transport};
+use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, Grad, SlabState, SlabUpdate, Transport};
 
 const CFG: AdamWConfig = AdamWConfig {
     beta1: 0.9,
@@ -100,6 +100,42 @@ fn one_step(p0: &[f32], g0: &[f32], transport: Transport<'_>, zero: bool) -> [Ve
         .zero_grad(zero);
     opt.step(&mut SlabState::new(), 1e-3, u).unwrap();
     [p, g, m, v]
+}
+
+/// A read-only gradient (what a mapped download hands over) updates p, m, v
+/// and the transport copy to the same bits as an owned one, over a decay
+/// mask and chunk seams; zeroing it is refused before anything is written.
+#[test]
+fn read_only_gradients_update_like_owned_ones() {
+    let n = 4099;
+    let mut r = rng(7);
+    let p0 = params(&mut r, n);
+    let g0 = grads(&mut r, n);
+    let mask = DecayMask::from_ranges(n, [0..1000, 1500..4000]).unwrap();
+    let opt = AdamW::new(CFG).unwrap().with_chunk_len(333);
+    let run = |read: bool| {
+        let (mut p, mut g, mut m, mut v) = (p0.clone(), g0.clone(), vec![0.1f32; n], vec![0.2f32; n]);
+        let mut copy = vec![f16::ZERO; n];
+        let grad = match read {
+            true => Grad::Read(&g0),
+            false => Grad::Mut(&mut g),
+        };
+        let u = SlabUpdate::new(&mut p, grad, &mut m, &mut v)
+            .decay(&mask)
+            .transport(Transport::F16(&mut copy))
+            .grad_scale(0.5);
+        opt.step(&mut SlabState::at_step(3), 1e-3, u).unwrap();
+        (p, m, v, copy.iter().map(|c| c.to_bits()).collect::<Vec<_>>())
+    };
+    assert_eq!(run(true), run(false));
+
+    let (mut p, mut m, mut v) = (p0.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+    let mut st = SlabState::new();
+    let u = SlabUpdate::new(&mut p, &g0[..], &mut m, &mut v).zero_grad(true);
+    let err = opt.step(&mut st, 1e-3, u).unwrap_err();
+    assert_eq!(err, AdamWError::ReadOnlyGrad);
+    assert!(err.to_string().contains("read-only"));
+    assert_eq!((st.step(), &p), (0, &p0));
 }
 
 #[test]

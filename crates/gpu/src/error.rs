@@ -25,7 +25,7 @@ pub enum GpuError {
     Unsupported { op: &'static str, detail: String },
     #[error("MEGATRAIN_LAVAPIPE_COOP=1, but adapter '{adapter}' is not one it applies to: {detail}")]
     LavapipeCoop { adapter: String, detail: String },
-    #[error("{var}={value:?} names no kernel family: expected {expected}")]
+    #[error("{var}={value:?} names none of its settings: expected {expected}")]
     Env {
         var: &'static str,
         value: String,

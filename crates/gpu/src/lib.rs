@@ -23,12 +23,13 @@ pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use error::GpuError;
 pub use exec::{
-    BindGroupStats, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention,
-    F16Matmul, F16Maxima, F16Operands, GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
+    BindGroupStats, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV,
+    F16Attention, F16Matmul, F16Maxima, F16Operands, GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV,
+    SubmitStats,
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
-pub use transport::TransportChoice;
+pub use transport::{Downloads, TransportChoice};

@@ -8,7 +8,9 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions, TransportChoice};
 use megatrain_tensor::testing::random_f32;
-use megatrain_tensor::{DType, Executor, HostSlice, HostTensor, Shape, WeightSlot, WeightUpload, bf16, f16};
+use megatrain_tensor::{
+    DType, Executor, HostSlice, HostTensor, Landed, Shape, WeightSlot, WeightUpload, bf16, f16,
+};
 
 /// Staging entries of 1 KiB (every layer crosses in many pieces, the ring
 /// wraps several times per layer) or the default 32 MiB; 3 copy threads.
@@ -260,6 +262,68 @@ fn counters_add_up() {
             "{name}: {down:?}"
         );
         assert!(down.down_bus_ms() > 0.0 && up.up_bus_ms() > 0.0);
+        assert!(bits(&out) == l.expected_bits(), "{name}");
+    }
+}
+
+/// Range downloads of f32 tensors are handed over where they landed: the
+/// bits a copying finish gives, chunks crossing from one tensor into the
+/// next, several held at once and dropped on another thread. Their buffers
+/// go back to the pool (once reserved, none is made) and count as the
+/// transport's while lent. A range holding 16-bit tensors comes back
+/// unfinished and finishes by copy.
+#[test]
+fn f32_downloads_are_read_in_place() {
+    for (name, g, max) in all() {
+        let (a, b) = (random_f32(11, max), random_f32(12, max + 3));
+        let want: Vec<f32> = a.iter().chain(&b).copied().collect();
+        let tensors = vec![
+            g.upload(&HostTensor::from_f32([max], a).unwrap()).unwrap(),
+            g.upload(&HostTensor::from_f32([max + 3], b).unwrap()).unwrap(),
+        ];
+        let total = want.len();
+        let chunk = total / 3 + 7;
+        let ranges: Vec<_> = (0..total)
+            .step_by(chunk)
+            .map(|s| s..(s + chunk).min(total))
+            .collect();
+        g.reserve_downloads(chunk, 2 * ranges.len()).unwrap();
+        let (s0, host) = (g.transport_stats(), g.transport_host_bytes());
+        for round in 0..3 {
+            let begun: Vec<_> = ranges
+                .iter()
+                .map(|r| g.begin_download_range(&tensors, r.clone()).unwrap())
+                .collect();
+            let landed: Vec<Landed> = begun
+                .into_iter()
+                .map(|d| {
+                    g.finish_download_in_place(d)
+                        .unwrap()
+                        .expect("f32 lands in place")
+                })
+                .collect();
+            for (r, l) in ranges.iter().zip(&landed) {
+                assert!(bits(l) == bits(&want[r.clone()]), "{name} round {round}: {r:?}");
+            }
+            assert_eq!(g.transport_host_bytes(), host, "{name}: lent buffers are counted");
+            std::thread::spawn(move || drop(landed)).join().unwrap();
+        }
+        let d = g.transport_stats().since(&s0);
+        assert_eq!(d.buffers_created, 0, "{name}: {d:?}");
+        assert_eq!(d.downloads_in_place, 3 * ranges.len() as u64, "{name}: {d:?}");
+        assert_eq!(d.down_read_ns, 0, "{name}: nothing read on the host: {d:?}");
+
+        let l = Layer::new(7, 1001);
+        let w = g
+            .load_weights(WeightSlot { kind: 4, index: 0 }, &l.uploads())
+            .unwrap();
+        let d = g.begin_download_range(&w, 0..l.numel()).unwrap();
+        let d = g
+            .finish_download_in_place(d)
+            .unwrap()
+            .expect_err("16-bit tensors are widened on the host");
+        let mut out = vec![0.0; l.numel()];
+        g.finish_download_range(d, &w, &mut out).unwrap();
         assert!(bits(&out) == l.expected_bits(), "{name}");
     }
 }

@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use crate::{
-    ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Result, Shape, TransportInfo,
+    ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Landed, Result, Shape, TransportInfo,
     TransportStats, WeightSlot, WeightUpload,
 };
 
@@ -330,6 +330,28 @@ pub trait Executor {
             }
             other => self.finish_download(other, out),
         }
+    }
+
+    /// Readies `count` buffers for range downloads of up to `elems` f32
+    /// elements each, before a step needs them: downloads finished in place
+    /// stay out while the optimizer reads them, so how many are out at once
+    /// depends on its pace, and buffers made up front keep a warm step from
+    /// making any. The default has nothing to ready.
+    fn reserve_downloads(&self, elems: usize, count: usize) -> Result<()> {
+        let _ = (elems, count);
+        Ok(())
+    }
+
+    /// Completes a download begun by [`Executor::begin_download_range`]
+    /// where its bytes landed, when the executor can hand them over in
+    /// place (f32 in host-visible memory): `Ok(Ok(values))`. Otherwise `d`
+    /// comes back unfinished, `Ok(Err(d))`, for
+    /// [`Executor::finish_download_range`]. The default never can.
+    fn finish_download_in_place(
+        &self,
+        d: Download<Self::Tensor>,
+    ) -> Result<std::result::Result<Landed, Download<Self::Tensor>>> {
+        Ok(Err(d))
     }
 
     /// Downloads elements `range` of `t` widened to f32 into `out`.

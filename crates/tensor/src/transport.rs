@@ -88,6 +88,39 @@ impl<T> Download<T> {
     }
 }
 
+/// Downloaded f32 values read where the device left them (a mapped
+/// readback buffer), from [`crate::Executor::finish_download_in_place`].
+/// The buffer goes back to its executor when this is dropped. Reading the
+/// values in place saves the host a copy into a buffer of its own: 4 bytes
+/// read and 4 written per element, on the host memory the optimizer also
+/// runs on.
+pub struct Landed(Box<dyn LandedF32>);
+
+/// What an executor hands over in a [`Landed`].
+pub trait LandedF32: Send {
+    fn as_f32(&self) -> &[f32];
+}
+
+impl Landed {
+    pub fn new(inner: impl LandedF32 + 'static) -> Self {
+        Landed(Box::new(inner))
+    }
+}
+
+impl std::ops::Deref for Landed {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        self.0.as_f32()
+    }
+}
+
+impl std::fmt::Debug for Landed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Landed({} f32)", self.len())
+    }
+}
+
 /// How an executor moves layers, and why it chose that way.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportInfo {
@@ -129,6 +162,10 @@ pub struct TransportStats {
     pub down_wait_copy_ns: u64,
     /// The CPU reading (and widening) mapped readback memory.
     pub down_read_ns: u64,
+    /// Downloads handed over where they landed
+    /// ([`crate::Executor::finish_download_in_place`]): no host read here,
+    /// the optimizer reads the mapped bytes itself.
+    pub downloads_in_place: u64,
     /// Host-visible buffers created (staging entries, readback buffers):
     /// constant once warm.
     pub buffers_created: u64,
@@ -183,6 +220,7 @@ impl TransportStats {
             down_wait_compute_ns,
             down_wait_copy_ns,
             down_read_ns,
+            downloads_in_place,
             buffers_created
         )
     }

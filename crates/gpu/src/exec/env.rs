@@ -1,7 +1,8 @@
 //! Kernel families named in the environment, for comparing them on one GPU
 //! without a rebuild (`megatrain train`, `cargo xtask bench-throughput`).
 //! Each changes the order of f32 sums, so they are measurement settings,
-//! not run options. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
+//! not run options; so is how downloads reach the optimizer, which changes
+//! no value. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
 //! is made instead, so that it reaches the test suites too.)
 
 use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
@@ -16,6 +17,9 @@ pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
 pub const F16_OPERANDS_ENV: &str = "MEGATRAIN_F16_OPERANDS";
 /// `fold` or `scan`: where the max|x| of a product's output comes from.
 pub const F16_MAXIMA_ENV: &str = "MEGATRAIN_F16_MAXIMA";
+/// `in_place` or `copy`: how gradient downloads reach the optimizer (no
+/// effect on any value).
+pub const DOWNLOADS_ENV: &str = "MEGATRAIN_DOWNLOADS";
 
 impl std::str::FromStr for F16Matmul {
     type Err = String;
@@ -65,6 +69,14 @@ impl std::str::FromStr for F16Maxima {
     }
 }
 
+impl std::str::FromStr for crate::Downloads {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(s, [crate::Downloads::InPlace, crate::Downloads::Copy].into_iter())
+    }
+}
+
 /// The value whose name is `s`, or the list of names.
 fn named<T: std::fmt::Display>(s: &str, all: impl Iterator<Item = T>) -> Result<T, String> {
     let mut names = Vec::new();
@@ -91,8 +103,8 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
-    /// [`F16_ATTENTION_ENV`] name, and the ways [`F16_OPERANDS_ENV`] and
-    /// [`F16_MAXIMA_ENV`] name, where set; a value that names none is
+    /// [`F16_ATTENTION_ENV`] name, and the ways [`F16_OPERANDS_ENV`],
+    /// [`F16_MAXIMA_ENV`] and [`DOWNLOADS_ENV`] name, where set; a value that names none is
     /// refused with the list of names.
     pub fn with_env(mut self) -> Result<Self, GpuError> {
         if let Some(m) = from_env(F16_MATMUL_ENV)? {
@@ -106,6 +118,9 @@ impl GpuOptions {
         }
         if let Some(m) = from_env(F16_MAXIMA_ENV)? {
             self.f16_maxima = m;
+        }
+        if let Some(d) = from_env(DOWNLOADS_ENV)? {
+            self.downloads = d;
         }
         Ok(self)
     }
@@ -137,6 +152,9 @@ mod tests {
         }
         for m in [F16Maxima::Fold, F16Maxima::Scan] {
             assert_eq!(m.to_string().parse::<F16Maxima>(), Ok(m));
+        }
+        for d in [crate::Downloads::InPlace, crate::Downloads::Copy] {
+            assert_eq!(d.to_string().parse::<crate::Downloads>(), Ok(d));
         }
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");

@@ -2,8 +2,8 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor,
-    HostSlice, HostTensor, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
-    TransportInfo, Transpose, WeightSlot, WeightUpload,
+    HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope,
+    Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -94,6 +94,17 @@ impl Executor for GpuExecutor {
 
     fn finish_download(&self, d: Download<GpuTensor>, out: &mut [f32]) -> Result<()> {
         self.finish_download_impl(d, out)
+    }
+
+    fn reserve_downloads(&self, elems: usize, count: usize) -> Result<()> {
+        self.reserve_downloads_impl(elems, count)
+    }
+
+    fn finish_download_in_place(
+        &self,
+        d: Download<GpuTensor>,
+    ) -> Result<std::result::Result<Landed, Download<GpuTensor>>> {
+        self.finish_download_in_place_impl(d)
     }
 
     fn begin_download_range(

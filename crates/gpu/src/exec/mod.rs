@@ -24,7 +24,7 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
-pub use env::{F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV};
+pub use env::{DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV};
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
 pub use matmul::F16Matmul;
@@ -99,6 +99,9 @@ pub struct GpuOptions {
     /// Whether products fold their outputs' maxima as they store them
     /// (`Fold`) or leave them to the scans (`Scan`, for timing).
     pub f16_maxima: F16Maxima,
+    /// Whether the optimizer reads gradient downloads in place (`InPlace`)
+    /// or from a copy (`Copy`, for timing).
+    pub downloads: crate::Downloads,
     /// Rounds Q, K and V into copies before the tensor-core attention too,
     /// as the SIMT kernels need them (for checking that staging rounds
     /// them the same).
@@ -136,6 +139,7 @@ pub struct GpuExecutor {
     output_maxima_stored: std::sync::atomic::AtomicU64,
     f16_operands: F16Operands,
     f16_maxima: F16Maxima,
+    downloads: crate::Downloads,
     /// f16 operand copies recorded (`operand_f16_copies`).
     f16_copies: std::sync::atomic::AtomicU64,
     pub(crate) loop_budget: usize,
@@ -251,6 +255,7 @@ impl GpuExecutor {
             output_maxima_stored: Default::default(),
             f16_operands: opts.f16_operands,
             f16_maxima: opts.f16_maxima,
+            downloads: opts.downloads,
             f16_copies: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use megatrain_tensor::{
-    DType, Download, Error, Executor, HostSlice, Result, Shape, TransportInfo, TransportStats, WeightSlot,
-    WeightUpload,
+    DType, Download, Error, Executor, HostSlice, Landed, Result, Shape, TransportInfo, TransportStats,
+    WeightSlot, WeightUpload,
 };
 
 use super::{GpuExecutor, GpuOptions};
@@ -341,6 +341,39 @@ impl GpuExecutor {
         } = &mut *st;
         let pool = pool.as_ref().expect("pool just started");
         readback.finish(&self.link(), p, out, pool, stats)
+    }
+
+    pub(crate) fn reserve_downloads_impl(&self, elems: usize, count: usize) -> Result<()> {
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let choice = self.resolve_transport(&mut st)?;
+        let usage = st.transport_and_slots(choice).0.readback_usage();
+        let TransportState { readback, stats, .. } = &mut *st;
+        readback.reserve(&self.link(), usage, 4 * elems as u64, count, stats);
+        Ok(())
+    }
+
+    pub(crate) fn finish_download_in_place_impl(
+        &self,
+        d: Download<GpuTensor>,
+    ) -> Result<std::result::Result<Landed, Download<GpuTensor>>> {
+        let Download::Ticket { id, numel } = d else {
+            return Ok(Err(d));
+        };
+        if self.downloads == crate::Downloads::Copy {
+            return Ok(Err(d));
+        }
+        let mut st = self.transport.lock().expect("transport poisoned");
+        let Some(p) = st.pending.remove(&id) else {
+            return Ok(Err(d));
+        };
+        let TransportState { readback, stats, .. } = &mut *st;
+        Ok(match readback.finish_in_place(&self.link(), p, stats)? {
+            Ok(values) => Ok(values),
+            Err(p) => {
+                st.pending.insert(id, p);
+                Err(Download::Ticket { id, numel })
+            }
+        })
     }
 
     /// Decides the transport for layers of about `layer_bytes` up and

@@ -41,6 +41,26 @@ impl std::fmt::Display for TransportChoice {
     }
 }
 
+/// How gradient downloads reach the optimizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Downloads {
+    /// f32 values read where they landed, in the mapped readback buffer.
+    #[default]
+    InPlace,
+    /// Copied out of the readback buffer into the caller's (for timing the
+    /// copy that `InPlace` saves).
+    Copy,
+}
+
+impl std::fmt::Display for Downloads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Downloads::InPlace => "in_place",
+            Downloads::Copy => "copy",
+        })
+    }
+}
+
 mod image;
 mod mapped;
 mod readback;

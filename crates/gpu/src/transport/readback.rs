@@ -5,10 +5,10 @@
 //! use the same pool and wait.
 
 use std::collections::HashMap;
-
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use megatrain_tensor::{DType, Error, Result, TransportStats};
+use megatrain_tensor::{DType, Error, Landed, LandedF32, Result, TransportStats};
 
 use super::{Copying, Link, MapState, nanos};
 use crate::GpuError;
@@ -18,6 +18,47 @@ use crate::tensor::GpuTensor;
 #[derive(Default)]
 pub(crate) struct ReadbackPool {
     free: HashMap<(u32, u64), Vec<wgpu::Buffer>>,
+    /// Buffers lent out as [`Landed`] values, and those given back (on
+    /// whichever thread dropped them) since the pool last looked.
+    lent: Arc<Mutex<Lent>>,
+    /// (usage bits, size class, count) of the last [`ReadbackPool::reserve`]:
+    /// range downloads of that usage up to the class take a buffer of it.
+    reserved: Option<(u32, u64, usize)>,
+}
+
+#[derive(Default)]
+struct Lent {
+    bytes: u64,
+    back: Vec<wgpu::Buffer>,
+}
+
+/// A readback buffer's f32 values, read in place; unmapped and given back
+/// to the pool when dropped.
+struct InPlace {
+    /// Dropped before the unmap.
+    view: Option<wgpu::BufferView>,
+    buf: wgpu::Buffer,
+    len: usize,
+    home: Arc<Mutex<Lent>>,
+}
+
+impl LandedF32 for InPlace {
+    fn as_f32(&self) -> &[f32] {
+        let view = self.view.as_ref().expect("mapped until dropped");
+        bytemuck::cast_slice(&view[..4 * self.len])
+    }
+}
+
+impl Drop for InPlace {
+    fn drop(&mut self) {
+        self.view = None;
+        self.buf.unmap();
+        // A poisoned pool only loses the buffer, never the values.
+        if let Ok(mut lent) = self.home.lock() {
+            lent.bytes -= self.buf.size();
+            lent.back.push(self.buf.clone());
+        }
+    }
 }
 
 /// One download in flight.
@@ -32,9 +73,87 @@ pub(crate) struct PendingRead {
 }
 
 impl ReadbackPool {
-    /// Host-visible bytes parked in the pool.
+    /// Host-visible bytes the pool owns: parked, or lent out as
+    /// [`Landed`] values.
     pub fn pooled_bytes(&self) -> u64 {
-        self.free.values().flatten().map(|b| b.size()).sum()
+        let lent = self.lent.lock().expect("readback pool poisoned");
+        let back: u64 = lent.back.iter().map(|b| b.size()).sum();
+        self.free.values().flatten().map(|b| b.size()).sum::<u64>() + lent.bytes + back
+    }
+
+    /// Makes `count` buffers of `usage` for downloads of up to `bytes`
+    /// each, and serves every smaller range download from them: chunks,
+    /// small layers and a layer's tail then share one size class whose
+    /// buffers exist before a step needs them. Buffers lent as [`Landed`]
+    /// values stay out while the optimizer reads them, so how many are out
+    /// at once depends on its pace; made up front, enough of them keep a
+    /// warm step from making any. Nothing happens when the same was asked
+    /// last.
+    pub fn reserve(
+        &mut self,
+        link: &Link<'_>,
+        usage: wgpu::BufferUsages,
+        bytes: u64,
+        count: usize,
+        stats: &mut TransportStats,
+    ) {
+        let class = crate::arena::size_class(bytes.max(4));
+        let want = (usage.bits(), class, count);
+        if self.reserved == Some(want) {
+            return;
+        }
+        self.reserved = Some(want);
+        let free = self.free.get(&(usage.bits(), class)).map_or(0, Vec::len);
+        for _ in free..count {
+            let b = Self::make(link, usage, class, stats);
+            self.recycle(b);
+        }
+    }
+
+    /// Bytes a range download of `bytes` takes a buffer of.
+    fn reserved_class(&self, usage: wgpu::BufferUsages, bytes: u64) -> u64 {
+        match self.reserved {
+            Some((u, class, _)) if u == usage.bits() && bytes <= class => class,
+            _ => bytes,
+        }
+    }
+
+    /// Hands `p`'s values over where they landed, once its copy is done,
+    /// when every tensor in it is f32 (so the mapped bytes are the values,
+    /// in order) and the mapping is 4-byte aligned; otherwise `p` comes
+    /// back for [`ReadbackPool::finish`].
+    pub fn finish_in_place(
+        &mut self,
+        link: &Link<'_>,
+        p: PendingRead,
+        stats: &mut TransportStats,
+    ) -> Result<std::result::Result<Landed, PendingRead>> {
+        if p.layout.iter().any(|&(dtype, _, _)| dtype != DType::F32) {
+            return Ok(Err(p));
+        }
+        link.wait_copy(
+            &p.copy,
+            &p.map,
+            &mut stats.down_wait_compute_ns,
+            &mut stats.down_wait_copy_ns,
+        )?;
+        debug_assert_eq!(p.bytes, 4 * p.numel as u64, "f32 pieces skip nothing");
+        let view = p
+            .buf
+            .get_mapped_range(0..p.bytes.max(4))
+            .map_err(|e| GpuError::Map(e.to_string()))?;
+        if view.as_ptr().align_offset(align_of::<f32>()) != 0 {
+            drop(view);
+            return Ok(Err(p));
+        }
+        stats.downloads_in_place += 1;
+        self.lent.lock().expect("readback pool poisoned").bytes += p.buf.size();
+        Ok(Ok(Landed::new(InPlace {
+            view: Some(view),
+            buf: p.buf,
+            len: p.numel,
+            home: Arc::clone(&self.lent),
+        })))
     }
 
     /// Copies `tensors` into a readback buffer of `usage` and starts mapping it.
@@ -115,19 +234,30 @@ impl ReadbackPool {
         bytes: u64,
         stats: &mut TransportStats,
     ) -> wgpu::Buffer {
+        let back = std::mem::take(&mut self.lent.lock().expect("readback pool poisoned").back);
+        for b in back {
+            self.recycle(b);
+        }
         let class = crate::arena::size_class(bytes.max(4));
         self.free
             .get_mut(&(usage.bits(), class))
             .and_then(Vec::pop)
-            .unwrap_or_else(|| {
-                stats.buffers_created += 1;
-                link.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("readback"),
-                    size: class,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            })
+            .unwrap_or_else(|| Self::make(link, usage, class, stats))
+    }
+
+    fn make(
+        link: &Link<'_>,
+        usage: wgpu::BufferUsages,
+        class: u64,
+        stats: &mut TransportStats,
+    ) -> wgpu::Buffer {
+        stats.buffers_created += 1;
+        link.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: class,
+            usage,
+            mapped_at_creation: false,
+        })
     }
 
     fn recycle(&mut self, buf: wgpu::Buffer) {
@@ -183,7 +313,7 @@ impl ReadbackPool {
             layout.push((t.dtype, n, bytes + skip));
             bytes += len;
         }
-        let buf = self.take(link, usage, bytes, stats);
+        let buf = self.take(link, usage, self.reserved_class(usage, bytes), stats);
         let mut enc = link.device.create_command_encoder(&Default::default());
         let mut at = 0;
         for &(t, from, len, _, _) in &pieces {

@@ -57,7 +57,7 @@ use crate::data::Batch;
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
-use optimizer::{Job, Shared, worker};
+use optimizer::{Grads, Job, Shared, worker};
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads};
@@ -155,6 +155,9 @@ struct Handoff<'s, 't, E: Executor> {
     pool: &'s StagingPool,
     update: bool,
     chunk: usize,
+    /// Hand gradients over where they landed when the executor can (the
+    /// data parallel worker sends and receives in its buffers instead).
+    in_place: bool,
     /// Whether the last download was a host copy (nothing in flight).
     host_copies: bool,
     /// Layers not handed over yet.
@@ -207,27 +210,51 @@ impl<'t, E: Executor> Handoff<'_, 't, E> {
     /// Finishes every chunk of `p` in order, sending each to the optimizer.
     fn drain(&self, mut p: Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
         while let Some((r, d)) = p.chunks.in_flight.pop_front() {
-            let mut staging = self.pool.take(r.len());
             let t = Instant::now();
-            let done = self.ex.finish_download_range(d, &p.chunks.grads, &mut staging);
+            let grads = self.finish(d, &p.chunks.grads, r.len());
             m.download_ms += ms(t);
-            if let Err(e) = done {
-                self.pool.give(staging);
-                return Err(e.into());
-            }
+            let grads = grads?;
             self.begin_more(&mut p, m)?;
             let t = Instant::now();
             self.tx
                 .send(Job {
                     slab: p.slab.take(),
                     range: r,
-                    grads: staging,
+                    grads,
                     update: self.update,
                 })
                 .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
             m.optimizer_wait_ms += ms(t);
         }
         Ok(())
+    }
+}
+
+impl<E: Executor> Handoff<'_, '_, E> {
+    /// Completes one chunk's download of `len` elements: in place where
+    /// the executor can, else copied into a staging buffer.
+    fn finish(&self, d: Download<E::Tensor>, grads: &[E::Tensor], len: usize) -> Result<Grads> {
+        let d = match self.in_place {
+            true => match self.ex.finish_download_in_place(d)? {
+                Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
+                Ok(values) => {
+                    return Err(TrainError::Internal(format!(
+                        "a gradient chunk of {len} elements landed as {}",
+                        values.len()
+                    )));
+                }
+                Err(d) => d,
+            },
+            false => d,
+        };
+        let mut staging = self.pool.take(len);
+        match self.ex.finish_download_range(d, grads, &mut staging) {
+            Ok(()) => Ok(Grads::Staged(staging)),
+            Err(e) => {
+                self.pool.give(staging);
+                Err(e.into())
+            }
+        }
     }
 }
 
@@ -558,6 +585,13 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
+        // Chunks in flight on the device side (the previous layer's and the
+        // next one's), plus, handed over in place, those queued for the
+        // optimizer, the one it reads and the one being sent.
+        let in_place = dist.is_none();
+        let lent = if in_place { config.optimizer_queue + 2 } else { 0 };
+        let largest = tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
+        ex.reserve_downloads(chunk.min(largest), 2 * CHUNKS_IN_FLIGHT + lent)?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
         let loss = std::thread::scope(|scope| -> Result<f64> {
@@ -574,6 +608,7 @@ impl<E: Executor> Trainer<E> {
                 pool,
                 update,
                 chunk,
+                in_place,
                 host_copies: false,
                 remaining: tier.layers_mut(),
                 pending: None,

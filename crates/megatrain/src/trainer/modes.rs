@@ -261,14 +261,14 @@ impl<E: Executor> Trainer<E> {
     /// It changes the parameters like a real step.
     pub fn optimizer_only(&mut self, lr: f64) -> Result<f64> {
         let max = self.tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
-        let mut grad = vec![1e-4f32; max];
+        let grad = vec![1e-4f32; max];
         let start = Instant::now();
         for slab in self.tier.layers_mut() {
             let len = slab.numel();
             let mask = &self.masks[slab.index()];
             update_slab(
                 slab,
-                Some(&mut grad[..len]),
+                Some(&grad[..len]),
                 0..len,
                 &self.adamw,
                 mask,

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport};
+use megatrain_adamw::{AdamW, DecayMask, Grad, SlabState, SlabUpdate, Transport};
+use megatrain_tensor::Landed;
 use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
 use rayon::prelude::*;
 
@@ -23,11 +24,53 @@ pub(super) struct Job<'a> {
     pub slab: Option<&'a mut LayerSlab>,
     /// The layer's elements these gradients are.
     pub range: Range<usize>,
-    /// Freshly downloaded gradients (a pooled staging buffer of the
-    /// chunk's size, never the layer's).
-    pub grads: Vec<f32>,
+    /// Freshly downloaded gradients, the chunk's size, never the layer's.
+    pub grads: Grads,
     /// Run AdamW after accumulating (last micro-batch, no clipping).
     pub update: bool,
+}
+
+/// A chunk's gradients as they reached the host.
+pub(super) enum Grads {
+    /// Copied into a pooled staging buffer.
+    Staged(Vec<f32>),
+    /// Read where the download left them (a mapped readback buffer, given
+    /// back to the executor when dropped): no host copy.
+    Landed(Landed),
+}
+
+impl std::ops::Deref for Grads {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            Grads::Staged(v) => v,
+            Grads::Landed(l) => l,
+        }
+    }
+}
+
+impl Grads {
+    /// Gives a staging buffer back to `pool`; a landed buffer goes back to
+    /// its executor.
+    pub fn release(self, pool: &StagingPool) {
+        if let Grads::Staged(v) = self {
+            pool.give(v);
+        }
+    }
+
+    /// The gradients in a staging buffer of `pool` that the caller may
+    /// write (a landed buffer is copied into one).
+    pub fn into_staged(self, pool: &StagingPool) -> Vec<f32> {
+        match self {
+            Grads::Staged(v) => v,
+            Grads::Landed(l) => {
+                let mut v = pool.take(l.len());
+                v.copy_from_slice(&l);
+                v
+            }
+        }
+    }
 }
 
 /// The layer whose chunks a worker is receiving.
@@ -155,16 +198,17 @@ pub(super) fn accumulate(acc: &mut [f32], x: &[f32]) {
         .for_each(|(a, x)| a.iter_mut().zip(x).for_each(|(a, x)| *a += x));
 }
 
-/// The gradient an update applies: the one given, else the slab's held
-/// one, which the update then zeroes (the `bool`) for the next step.
+/// The gradient an update applies: the one given (read only), else the
+/// slab's held one, which the update then zeroes (the `bool`) for the next
+/// step.
 pub(super) fn chosen_grad<'a>(
     index: usize,
-    given: Option<&'a mut [f32]>,
+    given: Option<&'a [f32]>,
     held: Option<&'a mut [f32]>,
-) -> Result<(&'a mut [f32], bool), TrainError> {
+) -> Result<(Grad<'a>, bool), TrainError> {
     match (given, held) {
-        (Some(g), _) => Ok((g, false)),
-        (None, Some(h)) => Ok((h, true)),
+        (Some(g), _) => Ok((Grad::Read(g), false)),
+        (None, Some(h)) => Ok((Grad::Mut(h), true)),
         (None, None) => Err(TrainError::Internal(format!(
             "layer {index}: no gradient to apply"
         ))),
@@ -188,7 +232,7 @@ pub(super) fn adamw_transport<'a>(t: &'a mut TransportMut<'_>, r: Range<usize>) 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn update_slab(
     slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
+    grad: Option<&[f32]>,
     r: Range<usize>,
     adamw: &AdamW,
     mask: &DecayMask,
@@ -246,7 +290,7 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
     let Job {
         slab,
         range,
-        mut grads,
+        grads,
         update,
     } = job;
     let result = (|| {
@@ -263,16 +307,7 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
                     Ok(())
                 }
             }
-            None if update => update_any(
-                slab,
-                Some(&mut grads),
-                range,
-                sh.window,
-                sh.adamw,
-                mask,
-                sh.lr,
-                1.0,
-            ),
+            None if update => update_any(slab, Some(&grads), range, sh.window, sh.adamw, mask, sh.lr, 1.0),
             None => Err(TrainError::Internal(format!(
                 "layer {index}: gradients must be held to accumulate micro-batches"
             ))),
@@ -282,7 +317,7 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
         }
         result
     })();
-    sh.pool.give(grads);
+    grads.release(sh.pool);
     result
 }
 
@@ -295,7 +330,7 @@ pub(super) fn worker(rx: Receiver<Job<'_>>, sh: Shared<'_>) -> Result<f64, Train
     let mut current = Current::default();
     for job in rx {
         if first_err.is_some() {
-            sh.pool.give(job.grads);
+            job.grads.release(sh.pool);
             continue;
         }
         let t = Instant::now();

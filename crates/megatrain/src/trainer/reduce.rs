@@ -120,7 +120,7 @@ pub(super) fn dist_worker(
     let mut first_err: Option<TrainError> = None;
     for job in rx {
         if first_err.is_some() {
-            w.sh.pool.give(job.grads);
+            job.grads.release(w.sh.pool);
             continue;
         }
         if let Err(e) = w.job(job) {
@@ -246,7 +246,7 @@ impl<'a> DistWorker<'a, '_> {
         let (at, ends) = match self.arrivals.accept(slab, &range) {
             Ok(x) => x,
             Err(e) => {
-                self.sh.pool.give(grads);
+                grads.release(self.sh.pool);
                 return Err(e);
             }
         };
@@ -256,10 +256,11 @@ impl<'a> DistWorker<'a, '_> {
                 let t = Instant::now();
                 accumulate(held, &grads);
                 self.rep.busy_ms += ms(t);
-                self.sh.pool.give(grads);
+                grads.release(self.sh.pool);
                 Vec::new()
             }
-            None => grads,
+            // The reduction sends and receives in this buffer.
+            None => grads.into_staged(self.sh.pool),
         };
         if !self.last {
             if !send.is_empty() {
@@ -421,7 +422,7 @@ impl<'a> DistWorker<'a, '_> {
                     held.copy_from_slice(&recv);
                     None
                 }
-                None => Some(&mut recv[..]),
+                None => Some(&recv[..]),
             };
             update_any(slab, grad, chunk.clone(), sh.window, sh.adamw, mask, sh.lr, 1.0).map(|()| None)
         };

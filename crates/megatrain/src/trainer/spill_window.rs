@@ -55,7 +55,7 @@ pub(super) fn record(m: &mut StepMetrics, s: &SpillStats) {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn update_any(
     slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
+    grad: Option<&[f32]>,
     r: Range<usize>,
     window: Option<&SpillWindow>,
     adamw: &AdamW,
@@ -77,7 +77,7 @@ pub(super) fn update_any(
 #[allow(clippy::too_many_arguments)]
 fn update_spilled(
     slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
+    grad: Option<&[f32]>,
     r: Range<usize>,
     window: &SpillWindow,
     adamw: &AdamW,
@@ -88,7 +88,7 @@ fn update_spilled(
     let index = slab.index();
     let numel = slab.numel();
     let parts = slab.parts_in(r.clone());
-    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
+    let (mut grad, zero) = chosen_grad(index, grad, parts.grads)?;
     let mut transport = parts.transport;
     let first = *parts.step;
     let mut next_step = first;
@@ -105,7 +105,7 @@ fn update_spilled(
         let t = adamw_transport(&mut transport, w.start - r.start..w.end - r.start);
         let (p, m, v) = chunk.parts_mut();
         let mut state = SlabState::at_step(first);
-        let update = SlabUpdate::new(p, &mut grad[w.start - r.start..w.end - r.start], m, v)
+        let update = SlabUpdate::new(p, grad.part(w.start - r.start..w.end - r.start), m, v)
             .decay(&sub)
             .transport(t)
             .zero_grad(zero)
