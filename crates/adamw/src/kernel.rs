@@ -225,6 +225,72 @@ pub(crate) fn dispatch<G: GradIn, S: Sink>(
     update_baseline(k, p, g, m, v, sink)
 }
 
+/// Whether this CPU converts f32 to f16 in hardware (`vcvtps2ph`).
+#[inline]
+pub(crate) fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `dst[i] = f32_to_f16_sat_bits(src[i])` with the CPU's conversion
+/// instruction, eight at a time; false (and nothing written) without F16C.
+/// The select chain of [`f32_to_f16_sat_bits`] costs the fused pass about
+/// a third more than bf16's one select (BENCHMARKS.md, CPU AdamW); one
+/// `vcvtps2ph` per eight elements does the rounding, after a clamp that
+/// keeps finite values in range.
+pub(crate) fn to_f16_sat(src: &[f32], dst: &mut [f16]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU reports AVX and F16C, the features the function enables.
+        unsafe { to_f16_sat_f16c(src, dst) };
+        return true;
+    }
+    let _ = (src, dst);
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+fn to_f16_sat_f16c(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::{
+        __m128i, _CMP_LT_OQ, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_and_ps, _mm256_blendv_ps,
+        _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps,
+        _mm256_set1_epi32, _mm256_set1_ps,
+    };
+    let n = src.len();
+    let dst = &mut dst[..n];
+    let hi = _mm256_set1_ps(65504.0);
+    let lo = _mm256_set1_ps(-65504.0);
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let body = n / 8 * 8;
+    let mut i = 0;
+    while i < body {
+        // SAFETY: i + 8 <= n, the length of both slices (f16 is 2 bytes,
+        // unaligned stores).
+        unsafe {
+            let x = _mm256_loadu_ps(src.as_ptr().add(i));
+            // Finite values clamp to ±65504 (which the conversion keeps);
+            // ±inf and NaN pass through, NaN quieted with its high payload
+            // kept, as `f32_to_f16_sat_bits` does.
+            let finite = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_and_ps(x, abs), inf);
+            let clamped = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_blendv_ps(x, clamped, finite));
+            _mm_storeu_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), h);
+        }
+        i += 8;
+    }
+    for (d, &x) in dst[body..].iter_mut().zip(&src[body..]) {
+        *d = f16::from_bits(f32_to_f16_sat_bits(x));
+    }
+}
+
 /// Sum of squares in f64 with eight independent accumulators, so the loop
 /// vectorises without reassociating anything LLVM may not reassociate.
 #[inline(always)]
@@ -328,4 +394,58 @@ fn triad_stream_avx(a: &mut [f32], b: &[f32], c: &[f32], s: f32) {
     }
     // Streaming stores are weakly ordered: fence before anyone reads `a`.
     _mm_sfence();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hardware conversion gives `f32_to_f16_sat_bits`'s bits on the
+    /// edges (ties, the range's end, subnormals, ±0, ±inf, NaN payloads)
+    /// and on random bit patterns, in the SIMD body and the scalar tail.
+    #[test]
+    fn hardware_f16_conversion_matches_the_saturating_one() {
+        let mut xs: Vec<f32> = [
+            0x3F80_1000u32, // 1 + 2^-11: a tie, even below
+            0x3F80_3000,    // 1 + 3·2^-11: a tie, odd below
+            0x477F_E000,    // 65504
+            0x477F_EFFF,    // just under 65520
+            0x477F_F000,    // 65520: rounds to infinity unsaturated
+            0x4780_0000,    // 65536
+            0x7F7F_FFFF,    // f32::MAX
+            0x3380_0000,    // 2^-24, the smallest f16 subnormal
+            0x3300_0000,    // 2^-25: a tie with zero
+            0x3300_0001,    // just over it
+            0x387F_E000,    // just under 2^-14
+            0x0000_0001,    // the smallest f32 subnormal
+            0x8000_0000,    // -0
+            0x7F80_0000,    // inf
+            0x7F80_0001,    // a signalling NaN, low payload
+            0x7FC0_0000,    // the quiet NaN
+            0x7FA5_5555,    // signalling, high payload
+        ]
+        .iter()
+        .flat_map(|&b| [f32::from_bits(b), -f32::from_bits(b)])
+        .collect();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        xs.extend((0..100_003).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f32::from_bits((state >> 32) as u32)
+        }));
+        let mut got = vec![f16::ZERO; xs.len()];
+        if !to_f16_sat(&xs, &mut got) {
+            eprintln!("no F16C on this CPU: the hardware conversion is not used here");
+            return;
+        }
+        for (x, h) in xs.iter().zip(&got) {
+            assert_eq!(
+                h.to_bits(),
+                f32_to_f16_sat_bits(*x),
+                "{:#010x} ({x:e})",
+                x.to_bits()
+            );
+        }
+    }
 }

@@ -409,6 +409,12 @@ fn sink_leaf<G: GradIn>(
     match t {
         Transport::None => kernel::dispatch(k, p, g, m, v, NoSink),
         Transport::Bf16(t) => kernel::dispatch(k, p, g, m, v, Bf16Sink(&mut t[r])),
+        // The piece (at most a rayon chunk, 128 KiB of p) is still in cache
+        // when the hardware conversion reads it back.
+        Transport::F16(t) if kernel::has_f16c() => {
+            kernel::dispatch(k, p, g, m, v, NoSink);
+            kernel::to_f16_sat(p, &mut t[r]);
+        }
         Transport::F16(t) => kernel::dispatch(k, p, g, m, v, F16Sink(&mut t[r])),
         Transport::F32(t) => kernel::dispatch(k, p, g, m, v, F32Sink(&mut t[r])),
     }
