@@ -137,6 +137,13 @@ steps)
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-scan.json" \
         >"$OUT/anchor-tinyllama-scan.log" 2>&1
     summary+=("tinyllama anchor, maxima scanned (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-scan.log" | tail -1)")
+    # And with the gradients copied out of the readback buffers before
+    # the optimizer reads them (the default reads them in place): what the
+    # copy cost the host, beside the step time.
+    MEGATRAIN_DOWNLOADS=copy timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
+        --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-copy.json" \
+        >"$OUT/anchor-tinyllama-copy.log" 2>&1
+    summary+=("tinyllama anchor, downloads copied (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-copy.log" | tail -1)")
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
