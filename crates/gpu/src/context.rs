@@ -297,7 +297,7 @@ impl GpuContext {
         }))
     }
 
-    /// Tensor-core matmuls are available (see [`tensor_cores_usable`]).
+    /// Tensor-core matmuls are available (see `tensor_cores_usable`).
     pub fn has_cooperative_matrix(&self) -> bool {
         self.coop
     }

@@ -147,7 +147,7 @@ pub struct CoopMatmul {
     /// so that the kernels' indexing, staging, double buffering and
     /// epilogue are checked where no tensor cores are.
     pub emulated: bool,
-    /// With the matmul epilogue (see [`crate::kernels::SimtMatmul::epi`]).
+    /// With the matmul epilogue (as `SimtMatmul::epi`).
     pub epi: bool,
 }
 

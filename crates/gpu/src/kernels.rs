@@ -156,8 +156,8 @@ pub enum Kernel {
     AddLnBwd,
     Rope,
     /// The f32 attention kernels, `d` the head dimension compiled in (one
-    /// of [`ATTN_HEAD_DIMS`]) or 0 for any D ≤ 128 read from the
-    /// parameters ([`attn_head_dim`] picks).
+    /// of `ATTN_HEAD_DIMS`) or 0 for any D ≤ 128 read from the
+    /// parameters (`attn_head_dim` picks).
     AttnFwd {
         d: u32,
     },

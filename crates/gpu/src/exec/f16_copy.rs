@@ -97,7 +97,7 @@ impl GpuExecutor {
     }
 
     /// `t`'s f16 copy as the tensor-core kernels read it: element i is
-    /// t[i]·2^-e rounded to the nearest f16 (ties to even) under the
+    /// `t[i]`·2^-e rounded to the nearest f16 (ties to even) under the
     /// per-tensor scale 2^-e of the F16 precision, made (and remembered) as
     /// they make it. For tests and benchmarks of the conversion itself;
     /// needs the F16 precision.

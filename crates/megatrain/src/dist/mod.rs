@@ -5,7 +5,7 @@
 //! trainer's optimizer worker while the device goes on with earlier layers.
 //!
 //! [`Collective`] is the engine-neutral interface the trainer uses; the MPI
-//! implementation ([`mpi::MpiComm`], feature `mpi`) is the only one that
+//! implementation (`mpi::MpiComm`, feature `mpi`) is the only one that
 //! spans processes; [`local::LocalComm`] runs ranks as threads of one
 //! process (tests: no MPI, and sums in rank order whatever the message
 //! sizes). Nothing here needs MPI to build.

@@ -163,7 +163,7 @@ impl<E: Executor> Trainer<E> {
     /// into the step's slots and in its order (blocks twice, the backward's
     /// a group of K at a time; embedding and head once) and every layer's
     /// fp32 gradient bytes down, pipelined one layer deep like the step's
-    /// and in the step's chunks (`transfer_chunk`, [`super::CHUNKS_IN_FLIGHT`] of
+    /// and in the step's chunks (`transfer_chunk`, `CHUNKS_IN_FLIGHT` of
     /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
     /// before the clock starts; each download takes a reshaped handle of
