@@ -72,6 +72,19 @@ pub(crate) struct PendingRead {
     pub numel: usize,
 }
 
+impl PendingRead {
+    /// Waits for the copy and the mapping, counting the time as the
+    /// download's.
+    fn wait(&self, link: &Link<'_>, stats: &mut TransportStats) -> Result<()> {
+        link.wait_copy(
+            &self.copy,
+            &self.map,
+            &mut stats.down_wait_compute_ns,
+            &mut stats.down_wait_copy_ns,
+        )
+    }
+}
+
 impl ReadbackPool {
     /// Host-visible bytes the pool owns: parked, or lent out as
     /// [`Landed`] values.
@@ -131,12 +144,7 @@ impl ReadbackPool {
         if p.layout.iter().any(|&(dtype, _, _)| dtype != DType::F32) {
             return Ok(Err(p));
         }
-        link.wait_copy(
-            &p.copy,
-            &p.map,
-            &mut stats.down_wait_compute_ns,
-            &mut stats.down_wait_copy_ns,
-        )?;
+        p.wait(link, stats)?;
         debug_assert_eq!(p.bytes, 4 * p.numel as u64, "f32 pieces skip nothing");
         let view = p
             .buf
@@ -179,12 +187,7 @@ impl ReadbackPool {
         pool: &rayon::ThreadPool,
         stats: &mut TransportStats,
     ) -> Result<()> {
-        link.wait_copy(
-            &p.copy,
-            &p.map,
-            &mut stats.down_wait_compute_ns,
-            &mut stats.down_wait_copy_ns,
-        )?;
+        p.wait(link, stats)?;
         let t = Instant::now();
         let result = if out.len() != p.numel {
             Err(Error::shape(

@@ -56,12 +56,16 @@ pub struct TransferOnly {
     pub bytes_downloaded: u64,
 }
 
-/// Finishes every chunk of `p` in order into `staging` (one chunk long);
-/// returns the bytes that came down.
+/// Finishes every chunk of `p` in order: where it landed when the executor
+/// can (as the step hands chunks to the optimizer, so no host copy is
+/// timed here that the step does not make), else into `staging` (one chunk
+/// long); returns the bytes that came down.
 fn drain<E: Executor>(ex: &E, mut p: Falling<E::Tensor>, chunk: usize, staging: &mut [f32]) -> Result<u64> {
     let mut bytes = 0;
     while let Some((r, d)) = p.in_flight.pop_front() {
-        ex.finish_download_range(d, &p.grads, &mut staging[..r.len()])?;
+        if let Err(d) = ex.finish_download_in_place(d)? {
+            ex.finish_download_range(d, &p.grads, &mut staging[..r.len()])?;
+        }
         bytes += 4 * r.len() as u64;
         p.begin_more(ex, chunk)?;
     }
