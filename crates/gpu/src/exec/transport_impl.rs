@@ -347,8 +347,13 @@ impl GpuExecutor {
         let mut st = self.transport.lock().expect("transport poisoned");
         let choice = self.resolve_transport(&mut st)?;
         let usage = st.transport_and_slots(choice).0.readback_usage();
+        let bytes = 4 * elems as u64;
+        // Every step asks again: no link (which submits the op batch) then.
+        if st.readback.is_reserved(usage, bytes, count) {
+            return Ok(());
+        }
         let TransportState { readback, stats, .. } = &mut *st;
-        readback.reserve(&self.link(), usage, 4 * elems as u64, count, stats);
+        readback.reserve(&self.link(), usage, bytes, count, stats);
         Ok(())
     }
 

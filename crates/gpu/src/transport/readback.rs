@@ -53,7 +53,7 @@ impl Drop for InPlace {
     fn drop(&mut self) {
         self.view = None;
         self.buf.unmap();
-        // A poisoned pool only loses the buffer, never the values.
+        // A poisoned pool (a panic elsewhere) just loses the buffer.
         if let Ok(mut lent) = self.home.lock() {
             lent.bytes -= self.buf.size();
             lent.back.push(self.buf.clone());
@@ -100,8 +100,8 @@ impl ReadbackPool {
     /// buffers exist before a step needs them. Buffers lent as [`Landed`]
     /// values stay out while the optimizer reads them, so how many are out
     /// at once depends on its pace; made up front, enough of them keep a
-    /// warm step from making any. Nothing happens when the same was asked
-    /// last.
+    /// warm step from making any. Call it only where
+    /// [`ReadbackPool::is_reserved`] says it is not the last one asked.
     pub fn reserve(
         &mut self,
         link: &Link<'_>,
@@ -111,16 +111,17 @@ impl ReadbackPool {
         stats: &mut TransportStats,
     ) {
         let class = crate::arena::size_class(bytes.max(4));
-        let want = (usage.bits(), class, count);
-        if self.reserved == Some(want) {
-            return;
-        }
-        self.reserved = Some(want);
+        self.reserved = Some((usage.bits(), class, count));
         let free = self.free.get(&(usage.bits(), class)).map_or(0, Vec::len);
         for _ in free..count {
             let b = Self::make(link, usage, class, stats);
             self.recycle(b);
         }
+    }
+
+    /// Whether [`ReadbackPool::reserve`] was last asked for the same.
+    pub fn is_reserved(&self, usage: wgpu::BufferUsages, bytes: u64, count: usize) -> bool {
+        self.reserved == Some((usage.bits(), crate::arena::size_class(bytes.max(4)), count))
     }
 
     /// Bytes a range download of `bytes` takes a buffer of.
