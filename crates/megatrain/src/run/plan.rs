@@ -62,9 +62,9 @@ impl DeviceBytes {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub host: MemoryReport,
-    /// Gradient staging on the host, in transfer chunks of at most the
-    /// default's 32 MiB (`plan_ranks::staging_bytes` with one rank): the
-    /// chunk being downloaded and those queued for the optimizer.
+    /// Gradient chunks on the host, of at most the default's 32 MiB
+    /// (`plan_ranks::staging_bytes` with one rank): on a GPU those on their
+    /// way down and those the optimizer reads where they landed.
     pub host_staging: u64,
     pub device: DeviceBytes,
 }

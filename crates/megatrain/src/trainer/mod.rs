@@ -168,6 +168,14 @@ struct Handoff<'s, 't, E: Executor> {
 /// Chunks of one layer's gradients in flight at once.
 const CHUNKS_IN_FLIGHT: usize = 2;
 
+/// Chunk-sized host buffers a step's gradients take at most on one rank:
+/// [`CHUNKS_IN_FLIGHT`] for each of the two layers on their way down, and,
+/// where the optimizer reads chunks where they landed (`in_place`), those
+/// queued for it, the one it reads and the one being sent.
+pub(crate) fn gradient_chunks_held(optimizer_queue: usize, in_place: bool) -> usize {
+    2 * CHUNKS_IN_FLIGHT + if in_place { optimizer_queue + 2 } else { 0 }
+}
+
 impl<'t, E: Executor> Handoff<'_, 't, E> {
     /// Starts the download of the last remaining layer's gradients, then
     /// completes the previous layer's.
@@ -585,13 +593,12 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
-        // Chunks in flight on the device side (the previous layer's and the
-        // next one's), plus, handed over in place, those queued for the
-        // optimizer, the one it reads and the one being sent.
         let in_place = dist.is_none();
-        let lent = if in_place { config.optimizer_queue + 2 } else { 0 };
         let largest = tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
-        ex.reserve_downloads(chunk.min(largest), 2 * CHUNKS_IN_FLIGHT + lent)?;
+        ex.reserve_downloads(
+            chunk.min(largest),
+            gradient_chunks_held(config.optimizer_queue, in_place),
+        )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
         let loss = std::thread::scope(|scope| -> Result<f64> {
