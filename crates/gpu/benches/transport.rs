@@ -8,7 +8,11 @@
 //! For each transport and payload (f32 bytes, 16 MiB .. 1 GiB; on a CPU
 //! adapter up to 256 MiB, which RAM holds five times over): GB/s of an
 //! upload (`load_weights` into alternating slots, until the device holds
-//! it), a download (`begin_download` + `finish_download`) and both at once
+//! it), a download (`begin_download` + `finish_download`: copied out of the
+//! readback buffer, widened), a download read in place as the step's
+//! optimizer reads gradients (`begin_download_range` +
+//! `finish_download_in_place`: the bytes in host memory, no host copy,
+//! which is what PyTorch's pinned `copy_` also ends with) and both at once
 //! (a download in flight while the next layer is written), medians of
 //! `--reps`; then where each transfer's time went, from the transport's
 //! own counters (`TransportStats`): the CPU's writes into mapped memory,
@@ -118,6 +122,7 @@ fn torch(sizes: &[u64], reps: usize) -> Option<Vec<serde_json::Value>> {
 struct Row {
     up: f64,
     down: f64,
+    down_in_place: f64,
     both: f64,
     /// Mean wall ms of the timed uploads and downloads (for the rest column).
     up_ms: f64,
@@ -147,7 +152,7 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
     let grads = g.zeros(&shape).unwrap();
     let mut out = vec![0.0f32; n];
     let bytes = 4 * n as u64;
-    let (mut tu, mut td, mut tb) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut tu, mut td, mut tp, mut tb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut i = 0;
     // Two warm-up rounds (four uploads: every ring entry made, the copy
     // threads started), then the timed reps.
@@ -167,6 +172,16 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
         let t_down = t.elapsed().as_secs_f64();
         let s2 = g.transport_stats();
         let t = Instant::now();
+        let d = g
+            .begin_download_range(std::slice::from_ref(&grads), 0..n)
+            .unwrap();
+        let landed = g
+            .finish_download_in_place(d)
+            .unwrap()
+            .expect("an f32 download lands in place");
+        let t_place = t.elapsed().as_secs_f64();
+        drop(landed);
+        let t = Instant::now();
         let d = g.begin_download(vec![grads.clone()]).unwrap();
         drop(up(i));
         i += 1;
@@ -176,6 +191,7 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
         if rep > 1 {
             tu.push(t_up);
             td.push(t_down);
+            tp.push(t_place);
             tb.push(t_both);
             let (u, dn) = (s1.since(&s0), s2.since(&s1));
             up_stats = up_stats.plus(&u);
@@ -188,6 +204,7 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
         down_ms: mean(&td),
         up: gbs(bytes, median(tu)),
         down: gbs(bytes, median(td)),
+        down_in_place: gbs(bytes, median(tp)),
         both: gbs(2 * bytes, median(tb)),
         up_stats,
         down_stats,
@@ -308,13 +325,14 @@ fn main() {
     };
     println!(
         "\nGB/s (1e9 B/s), medians of {} after two warm-up rounds; upload = load_weights until resident, \
-         download = begin+finish, both = a download in flight while the next layer is uploaded \
+         download = begin+finish (copied out, widened), in place = the download read where it landed \
+         (the step's gradients), both = a download in flight while the next layer is uploaded \
          (2× the bytes). torch = PyTorch copy_ on CUDA, pinned (pageable in brackets).\n",
         a.reps
     );
     println!(
-        "| transport | MiB | upload | download | both | torch up | torch down | torch both |\n\
-         |---|---|---|---|---|---|---|---|"
+        "| transport | MiB | upload | download | in place | both | torch up | torch down | torch both |\n\
+         |---|---|---|---|---|---|---|---|---|"
     );
     let mut phases = Vec::new();
     for &t in &choices {
@@ -332,9 +350,10 @@ fn main() {
         for &mib in &sizes {
             let r = measure(&g, mib, a.reps);
             println!(
-                "| {t} | {mib} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} |",
+                "| {t} | {mib} | {:.2} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} |",
                 r.up,
                 r.down,
+                r.down_in_place,
                 r.both,
                 peer_at(mib, "up_pinned_gbs"),
                 peer_at(mib, "up_pageable_gbs"),
