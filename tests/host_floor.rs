@@ -161,3 +161,56 @@ fn warm_steps_stay_within_the_host_work_budget() {
         assert!(over.is_empty(), "{what}: per step {}", over.join(", "));
     }
 }
+
+/// The optimizer reads each gradient chunk where it landed and gives its
+/// buffer back when it is done, at its own pace: however many chunks it
+/// lets queue (1 or 4), with chunks smaller than every layer (dozens per
+/// layer, a short tail each), the readback buffers are the ones reserved
+/// at the first step (3 more for a queue 3 longer: none made on demand)
+/// and all a warm step needs, every chunk is read in place, and no staging
+/// buffer is taken.
+#[test]
+fn gradients_read_in_place_make_no_buffer_once_warm() {
+    let model = common::llama_tiny(2);
+    let mut made = Vec::new();
+    for queue in [1, 4] {
+        let ex = GpuExecutor::with_options(
+            GpuContext::host_floor().unwrap(),
+            GpuOptions {
+                transport: TransportChoice::Staging,
+                ..GpuOptions::default()
+            },
+        );
+        let config = TrainerConfig {
+            optimizer_queue: queue,
+            transfer_chunk: 1021,
+            ..TrainerConfig::default()
+        };
+        let mut tr = common::trainer(ex, &model, common::copies(TransportDType::F32), 3, config);
+        let start = tr.executor().transport_stats();
+        let step = |tr: &mut Trainer<GpuExecutor>, i| {
+            tr.step(&[common::GPU_STREAM.batch(model.vocab_size, i, 2, 16)], 1e-3)
+                .unwrap();
+        };
+        step(&mut tr, 0);
+        step(&mut tr, 1);
+        let before = tr.executor().transport_stats();
+        for i in 2..6 {
+            step(&mut tr, i);
+        }
+        let d = tr.executor().transport_stats().since(&before);
+        made.push(tr.executor().transport_stats().since(&start).buffers_created);
+        assert_eq!(
+            d.buffers_created, 0,
+            "queue {queue}: buffers made once warm: {d:?}"
+        );
+        assert!(d.downloads > 4 * 3 * 40, "queue {queue}: {d:?}");
+        assert_eq!(d.downloads_in_place, d.downloads, "queue {queue}: {d:?}");
+        assert_eq!(tr.staging_bytes(), 0, "queue {queue}");
+    }
+    assert_eq!(
+        made[1],
+        made[0] + 3,
+        "host buffers made with queues 1 and 4: {made:?}"
+    );
+}
