@@ -68,6 +68,22 @@ impl Grad<'_> {
     }
 }
 
+impl<'a> Grad<'a> {
+    /// The elements before `mid` and from it, each kept as this gradient is.
+    fn split_at(self, mid: usize) -> (Grad<'a>, Grad<'a>) {
+        match self {
+            Grad::Read(g) => {
+                let (a, b) = g.split_at(mid);
+                (Grad::Read(a), Grad::Read(b))
+            }
+            Grad::Mut(g) => {
+                let (a, b) = g.split_at_mut(mid);
+                (Grad::Mut(a), Grad::Mut(b))
+            }
+        }
+    }
+}
+
 impl<'a> From<&'a [f32]> for Grad<'a> {
     fn from(g: &'a [f32]) -> Self {
         Grad::Read(g)
@@ -221,16 +237,7 @@ struct Job<'a> {
 impl<'a> Job<'a> {
     fn split_at(self, mid: usize) -> (Job<'a>, Job<'a>) {
         let (p0, p1) = self.p.split_at_mut(mid);
-        let (g0, g1) = match self.g {
-            Grad::Read(g) => {
-                let (a, b) = g.split_at(mid);
-                (Grad::Read(a), Grad::Read(b))
-            }
-            Grad::Mut(g) => {
-                let (a, b) = g.split_at_mut(mid);
-                (Grad::Mut(a), Grad::Mut(b))
-            }
-        };
+        let (g0, g1) = self.g.split_at(mid);
         let (m0, m1) = self.m.split_at_mut(mid);
         let (v0, v1) = self.v.split_at_mut(mid);
         let (t0, t1) = match self.t {
