@@ -144,6 +144,12 @@ steps)
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-copy.json" \
         >"$OUT/anchor-tinyllama-copy.log" 2>&1
     summary+=("tinyllama anchor, downloads copied (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-copy.log" | tail -1)")
+    # And with every upload copied by the host through mapped memory (the
+    # default has the device copy each layer from the registered tier).
+    MEGATRAIN_UPLOADS=copy timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
+        --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-upcopy.json" \
+        >"$OUT/anchor-tinyllama-upcopy.log" 2>&1
+    summary+=("tinyllama anchor, uploads copied by the host (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-upcopy.log" | tail -1)")
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45

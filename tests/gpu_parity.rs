@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::GPU_STREAM;
 use megatrain::data::Batch;
 use megatrain::trainer::{Trainer, TrainerConfig};
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
 use megatrain_tier::TransportDType;
@@ -187,10 +187,15 @@ fn gpt2_nano_streamed_training_matches_cpu_for_20_steps() {
 }
 
 fn gpu_with(ctx: Arc<GpuContext>, transport: TransportChoice) -> GpuExecutor {
+    gpu_uploading(ctx, transport, Uploads::default())
+}
+
+fn gpu_uploading(ctx: Arc<GpuContext>, transport: TransportChoice, uploads: Uploads) -> GpuExecutor {
     GpuExecutor::with_options(
         ctx,
         GpuOptions {
             transport,
+            uploads,
             ..GpuOptions::default()
         },
     )
@@ -199,19 +204,31 @@ fn gpu_with(ctx: Arc<GpuContext>, transport: TransportChoice) -> GpuExecutor {
 /// Each transport forced, so neither is only ever reached through `auto`'s
 /// measurement: staging with one block per slot group (K = 1, a ring of
 /// two), mapped with K = 2 (a ring of three the backward wraps around).
+/// Uploads are copied by the host there, so that both transports carry
+/// them; then the device copies them from the registered tier itself
+/// (forced on: `auto` leaves a CPU adapter such as lavapipe to the host).
 #[test]
 fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
+    if ctx.can_import_host_memory() {
+        check_training_on(
+            gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Direct),
+            &model,
+            1,
+            TransportDType::F32,
+            20,
+        );
+    }
     check_training_on(
-        gpu_with(ctx.clone(), TransportChoice::Staging),
+        gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Copy),
         &model,
         1,
         TransportDType::F32,
         20,
     );
     check_training_on(
-        gpu_with(ctx, TransportChoice::Mapped),
+        gpu_uploading(ctx, TransportChoice::Mapped, Uploads::Copy),
         &model,
         2,
         TransportDType::F32,
@@ -300,8 +317,14 @@ fn device_peak_does_not_grow_with_depth() {
 fn warm_steps_allocate_nothing_on_the_device() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
-    for (transport, k) in [(TransportChoice::Staging, 1), (TransportChoice::Mapped, 2)] {
-        let mut tr = trainer(gpu_with(ctx.clone(), transport), &model, k);
+    let direct = ctx.can_import_host_memory();
+    for (transport, k, uploads) in [
+        (TransportChoice::Staging, 1, Uploads::Copy),
+        (TransportChoice::Mapped, 2, Uploads::Copy),
+        (TransportChoice::Staging, 2, Uploads::Direct),
+    ] {
+        let mut tr = trainer(gpu_uploading(ctx.clone(), transport, uploads), &model, k);
+        let transport = format!("{transport}, {uploads} uploads");
         let counts = |tr: &Trainer<GpuExecutor>| {
             let g = tr.executor();
             (
@@ -367,6 +390,16 @@ fn warm_steps_allocate_nothing_on_the_device() {
             0,
             "{transport}: gradients copied into staging"
         );
+        // Where the device reads the tier itself, it copies every matrix.
+        let s = tr.executor().transport_stats();
+        let want_direct = direct && uploads == Uploads::Direct;
+        assert_eq!(s.bytes_up_direct > 0, want_direct, "{transport}: {s:?}");
+        if want_direct {
+            assert!(
+                tr.tier().layers().iter().all(|l| l.is_registered()),
+                "{transport}: every layer registered"
+            );
+        }
     }
 }
 

@@ -17,7 +17,11 @@
 //! `--reps`; then where each transfer's time went, from the transport's
 //! own counters (`TransportStats`): the CPU's writes into mapped memory,
 //! unmap/submit, waits on compute queued before a copy, waits on the copy
-//! itself, and the CPU's reads out of mapped memory. Beside it PyTorch's
+//! itself, and the CPU's reads out of mapped memory. Where the device
+//! imports host memory (`VK_EXT_external_memory_host`), a `direct` row
+//! uploads from registered, page-aligned host memory as the step does from
+//! its tier: the device copies it, the CPU writes nothing (its downloads
+//! are the staging transport's). Beside it PyTorch's
 //! pinned `copy_` of the same sizes (`benches/torch_copy.py`) where torch
 //! with CUDA imports.
 //!
@@ -30,7 +34,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::{
     DType, Executor, HostSlice, Shape, TransportStats, Transpose, WeightSlot, WeightUpload,
 };
@@ -131,9 +135,72 @@ struct Row {
     down_stats: TransportStats,
 }
 
-fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
+/// Page-aligned f32s, as the tier's transport copies are (a registration
+/// covers whole pages only).
+struct PageAligned {
+    ptr: *mut f32,
+    n: usize,
+}
+
+impl PageAligned {
+    fn layout(n: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align((4 * n).next_multiple_of(4096).max(4096), 4096).unwrap()
+    }
+
+    fn new(n: usize) -> Self {
+        // SAFETY: a non-zero size and a power-of-two alignment.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(n)) } as *mut f32;
+        assert!(!ptr.is_null(), "out of memory");
+        PageAligned { ptr, n }
+    }
+
+    fn pages(&self) -> &[u8] {
+        // SAFETY: the whole allocation, zeroed at creation.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, Self::layout(self.n).size()) }
+    }
+}
+
+impl std::ops::Deref for PageAligned {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `n` f32s allocated in `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.n) }
+    }
+}
+
+impl std::ops::DerefMut for PageAligned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`, through the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.n) }
+    }
+}
+
+impl Drop for PageAligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr as *mut u8, Self::layout(self.n)) }
+    }
+}
+
+/// `direct`: the host memory registered, so uploads are copies the device
+/// makes from it (the step's tier, `MEGATRAIN_UPLOADS=direct`).
+fn measure(g: &GpuExecutor, mib: u64, reps: usize, direct: bool) -> Row {
     let n = (mib << 20) as usize / 4;
-    let host: Vec<f32> = (0..n).map(|i| (i % 4093) as f32).collect();
+    let mut host = PageAligned::new(n);
+    host.iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i % 4093) as f32);
+    // SAFETY: `host` outlives the registration (dropped first, below), and
+    // it is never written after the first upload.
+    let registration = match direct {
+        true => Some(
+            unsafe { g.register_host(host.pages()) }
+                .unwrap()
+                .expect("host memory registers"),
+        ),
+        false => None,
+    };
     let shape = Shape::new([n]);
     let up = |i: usize| {
         g.load_weights(
@@ -198,6 +265,7 @@ fn measure(g: &GpuExecutor, mib: u64, reps: usize) -> Row {
             down_stats = down_stats.plus(&dn);
         }
     }
+    drop(registration);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64 * 1e3;
     Row {
         up_ms: mean(&tu),
@@ -335,7 +403,19 @@ fn main() {
          |---|---|---|---|---|---|---|---|---|"
     );
     let mut phases = Vec::new();
-    for &t in &choices {
+    // Direct: the staging transport's downloads, uploads copied by the
+    // device from registered host memory.
+    let direct = ctx.can_import_host_memory() && a.transport.is_none_or(|t| t == TransportChoice::Staging);
+    let rows = choices
+        .iter()
+        .map(|&t| (t, false))
+        .chain(direct.then_some((TransportChoice::Staging, true)));
+    for (t, direct) in rows {
+        let name = if direct {
+            "direct".to_string()
+        } else {
+            t.to_string()
+        };
         let g = GpuExecutor::with_options(
             Arc::clone(&ctx),
             GpuOptions {
@@ -343,14 +423,15 @@ fn main() {
                 staging_depth: a.depth,
                 staging_chunk_bytes: a.chunk_mib.map(|m| m << 20),
                 copy_threads: a.threads,
+                uploads: if direct { Uploads::Direct } else { Uploads::Copy },
                 ..Default::default()
             },
         );
         g.warm_up();
         for &mib in &sizes {
-            let r = measure(&g, mib, a.reps);
+            let r = measure(&g, mib, a.reps, direct);
             println!(
-                "| {t} | {mib} | {:.2} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} |",
+                "| {name} | {mib} | {:.2} | {:.2} | {:.2} | {:.2} | {} ({}) | {} ({}) | {} |",
                 r.up,
                 r.down,
                 r.down_in_place,
@@ -361,7 +442,7 @@ fn main() {
                 peer_at(mib, "down_pageable_gbs"),
                 peer_at(mib, "both_pinned_gbs"),
             );
-            phases.push((t, mib, r));
+            phases.push((name.clone(), mib, r));
         }
     }
     println!(

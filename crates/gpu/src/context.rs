@@ -62,6 +62,10 @@ pub struct GpuContext {
     pub info: AdapterReport,
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
+    /// Whether host memory can be imported (`VK_EXT_external_memory_host`).
+    pub(crate) host_import: Option<crate::host_import::HostImport>,
+    /// The host ranges imported so far.
+    pub(crate) host_registry: crate::host_import::Registry,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -280,11 +284,26 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|source| GpuError::RequestDevice {
-                adapter: info.name.clone(),
-                source,
-            })?;
+        // Only `copy` turns the import off here; the executor's options
+        // check the variable's value (`GpuOptions::with_env`).
+        let copy_uploads = std::env::var(crate::host_import::UPLOADS_ENV).is_ok_and(|v| v == "copy");
+        let opened = match copy_uploads {
+            true => None,
+            false => crate::host_import::open_device(&adapter, &desc),
+        };
+        let (device, queue, host_import) = match opened {
+            Some((device, queue, import)) => (device, queue, Some(import)),
+            None => {
+                let (device, queue) =
+                    pollster::block_on(adapter.request_device(&desc)).map_err(|source| {
+                        GpuError::RequestDevice {
+                            adapter: info.name.clone(),
+                            source,
+                        }
+                    })?;
+                (device, queue, None)
+            }
+        };
         Ok(Arc::new(GpuContext {
             coop,
             lavapipe_coop,
@@ -294,6 +313,8 @@ impl GpuContext {
             info,
             features,
             limits,
+            host_import,
+            host_registry: Default::default(),
         }))
     }
 
@@ -322,6 +343,12 @@ impl GpuContext {
     /// `GpuContext::host_floor` (feature `host-floor`) to measure the host.
     pub fn is_host_floor(&self) -> bool {
         self.adapter.get_info().backend == wgpu::Backend::Noop
+    }
+
+    /// Whether the device reads registered host memory itself
+    /// ([`crate::GpuExecutor`]'s `register_host`).
+    pub fn can_import_host_memory(&self) -> bool {
+        self.host_import.is_some()
     }
 
     pub fn has_timestamps(&self) -> bool {

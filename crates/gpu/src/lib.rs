@@ -11,6 +11,7 @@ mod error;
 mod exec;
 #[cfg(feature = "host-floor")]
 mod host_floor;
+mod host_import;
 mod kernels;
 mod profile;
 mod simt;
@@ -29,6 +30,7 @@ pub use exec::{
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
+pub use host_import::{UPLOADS_ENV, Uploads};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;

@@ -17,8 +17,8 @@
 use std::ops::Range;
 
 use crate::{
-    ComputePrecision, DType, Download, Error, HostSlice, HostTensor, Landed, Result, Shape, TransportInfo,
-    TransportStats, WeightSlot, WeightUpload,
+    ComputePrecision, DType, Download, Error, HostRegistration, HostSlice, HostTensor, Landed, Result, Shape,
+    TransportInfo, TransportStats, WeightSlot, WeightUpload,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -373,6 +373,23 @@ pub trait Executor {
         }
         out.copy_from_slice(&self.download(t)?.to_f32_vec()[range]);
         Ok(())
+    }
+
+    /// Lets the executor read `region` by itself from now on: a
+    /// [`Executor::load_weights`] of tensors inside it becomes a copy the
+    /// device makes, with no host copy first. `Ok(None)` where the
+    /// executor cannot (no device, no import support, a driver refusal):
+    /// loads from the region are then copied as before. The default cannot.
+    ///
+    /// # Safety
+    /// While the registration lives, `region` stays allocated at the same
+    /// address; and once a load has read from it, the caller writes those
+    /// bytes again only after work queued after that load has completed
+    /// (a later download finished), because the device reads them when the
+    /// load's copy runs, not when `load_weights` returns.
+    unsafe fn register_host(&self, region: &[u8]) -> Result<Option<HostRegistration>> {
+        let _ = region;
+        Ok(None)
     }
 
     /// Chooses how layers will move, for layers of about `layer_bytes`

@@ -24,4 +24,6 @@ pub use precision::{
     ComputePrecision, F16_OPERAND_BOUND_LOG2, f16_scale_exponent, mul_pow2, pow2, round_f16_scaled,
 };
 pub use shape::Shape;
-pub use transport::{Download, Landed, LandedF32, TransportInfo, TransportStats, WeightSlot, WeightUpload};
+pub use transport::{
+    Download, HostRegistration, Landed, LandedF32, TransportInfo, TransportStats, WeightSlot, WeightUpload,
+};

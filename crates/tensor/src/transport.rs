@@ -121,6 +121,27 @@ impl std::fmt::Debug for Landed {
     }
 }
 
+/// Host memory an executor reads by itself, from
+/// [`crate::Executor::register_host`]: uploads from it are copies the
+/// device makes (direct memory access), with no host copy into staging
+/// memory first. Dropping it ends the registration and waits until the
+/// executor no longer reads the memory; keep it beside the memory and drop
+/// it first.
+pub struct HostRegistration(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>);
+
+impl HostRegistration {
+    /// Wraps whatever ends the executor's registration when dropped.
+    pub fn new(inner: impl std::any::Any + Send + Sync) -> Self {
+        HostRegistration(Box::new(inner))
+    }
+}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostRegistration")
+    }
+}
+
 /// How an executor moves layers, and why it chose that way.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportInfo {
@@ -169,6 +190,10 @@ pub struct TransportStats {
     /// Host-visible buffers created (staging entries, readback buffers):
     /// constant once warm.
     pub buffers_created: u64,
+    /// Bytes of [`TransportStats::bytes_up`] the device copied from
+    /// registered host memory itself ([`crate::Executor::register_host`]):
+    /// the CPU wrote none of them.
+    pub bytes_up_direct: u64,
 }
 
 impl TransportStats {
@@ -221,7 +246,8 @@ impl TransportStats {
             down_wait_copy_ns,
             down_read_ns,
             downloads_in_place,
-            buffers_created
+            buffers_created,
+            bytes_up_direct
         )
     }
 }

@@ -178,6 +178,12 @@ impl<T: Element> AlignedBuf<T> {
         }
     }
 
+    /// Every byte of the mapping: the elements, then zeros to the end of
+    /// the last page (page-aligned start and length).
+    pub fn pages(&self) -> &[u8] {
+        self.map.as_ref().map_or(&[], |m| &m[..])
+    }
+
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         match &mut self.map {
             Some(m) => bytemuck::cast_slice_mut(&mut m[..self.len * size_of::<T>()]),

@@ -3,7 +3,7 @@
 //! [`ParamTable`].
 
 use half::{bf16, f16};
-use megatrain_tensor::{DType, ParamSpec, ParamTable, convert};
+use megatrain_tensor::{DType, HostRegistration, ParamSpec, ParamTable, convert};
 use rayon::prelude::*;
 
 use crate::buf::{AlignedBuf, Backing, padded_bytes};
@@ -171,6 +171,10 @@ pub struct LayerSlab {
     params: AlignedBuf<f32>,
     m: AlignedBuf<f32>,
     v: AlignedBuf<f32>,
+    /// The executor's registration of the transport copy: declared before
+    /// it so that it is dropped first (its drop waits until the device no
+    /// longer reads the pages).
+    registration: Option<HostRegistration>,
     transport: Transport,
     grads: Option<AlignedBuf<f32>>,
     step: u64,
@@ -210,6 +214,7 @@ impl LayerSlab {
             params,
             m,
             v,
+            registration: None,
             transport,
             grads,
             step: 0,
@@ -282,6 +287,27 @@ impl LayerSlab {
             Transport::BF16(b) => TransportRef::BF16(b),
             Transport::F16(b) => TransportRef::F16(b),
         }
+    }
+
+    /// The whole pages the transport copy occupies (the copy, then zeros
+    /// to the page's end): what an executor registers to read it by itself.
+    pub fn transport_pages(&self) -> &[u8] {
+        match &self.transport {
+            Transport::F32(b) => b.pages(),
+            Transport::BF16(b) => b.pages(),
+            Transport::F16(b) => b.pages(),
+        }
+    }
+
+    /// Keeps an executor's registration of [`LayerSlab::transport_pages`]
+    /// for as long as the pages live (replacing an earlier one).
+    pub fn keep_registration(&mut self, r: HostRegistration) {
+        self.registration = Some(r);
+    }
+
+    /// Whether an executor reads the transport copy by itself.
+    pub fn is_registered(&self) -> bool {
+        self.registration.is_some()
     }
 
     pub fn step(&self) -> u64 {

@@ -67,13 +67,18 @@ pub struct Record {
     /// Share of the optimizer's busy time hidden behind the step.
     pub optimizer_hidden: f64,
     pub bytes_uploaded_per_step: u64,
+    /// The part of the uploads the device copied from the tier itself
+    /// (registered host memory, `MEGATRAIN_UPLOADS=direct`): no host copy.
+    #[serde(default)]
+    pub bytes_uploaded_direct_per_step: u64,
     pub bytes_downloaded_per_step: u64,
     pub bus_bytes_per_step: u64,
     pub bus_crossings: f64,
-    /// Bus bytes ÷ the time spent moving them (the executor's transport
-    /// counters: CPU copies, submits, waits on the copies themselves, not
-    /// on compute queued before them); without counters (the CPU
-    /// executor), ÷ the time inside upload and download calls.
+    /// Bus bytes the host moved ÷ the time spent moving them (the
+    /// executor's transport counters: CPU copies, submits, waits on the
+    /// copies themselves, not on compute queued before them); without
+    /// counters (the CPU executor), ÷ the time inside upload and download
+    /// calls. Direct uploads are left out: no host time goes with them.
     pub bus_gb_s: f64,
     /// Time inside transfer calls spent moving bytes, and waiting for
     /// compute queued before a copy (means over the timed steps, ms).
@@ -267,6 +272,7 @@ impl Record {
         let (model_flops, hw_flops) = flops(model, n_params, n_blocks, spec.batch, spec.seq_len);
         let up = mean(&steps, |m| m.bytes_uploaded as f64) as u64;
         let down = mean(&steps, |m| m.bytes_downloaded as f64) as u64;
+        let direct = mean(&steps, |m| m.bytes_uploaded_direct as f64) as u64;
         let bus_ms = mean(&steps, |m| {
             if m.bus_ms > 0.0 {
                 m.bus_ms
@@ -307,11 +313,12 @@ impl Record {
             optimizer_busy_ms: mean(&steps, |m| m.optimizer_ms),
             optimizer_hidden: mean(&steps, |m| m.optimizer_hidden),
             bytes_uploaded_per_step: up,
+            bytes_uploaded_direct_per_step: direct,
             bytes_downloaded_per_step: down,
             bus_bytes_per_step: up + down,
             bus_crossings: mean(&steps, StepMetrics::bus_crossings),
             bus_gb_s: if bus_ms > 0.0 {
-                (up + down) as f64 / (bus_ms / 1e3) / 1e9
+                (up - direct.min(up) + down) as f64 / (bus_ms / 1e3) / 1e9
             } else {
                 0.0
             },

@@ -1,8 +1,8 @@
 //! Kernel families named in the environment, for comparing them on one GPU
 //! without a rebuild (`megatrain train`, `cargo xtask bench-throughput`).
 //! Each changes the order of f32 sums, so they are measurement settings,
-//! not run options; so is how downloads reach the optimizer, which changes
-//! no value. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
+//! not run options; so is how downloads reach the optimizer and how
+//! uploads leave the host, which change no value. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
 //! is made instead, so that it reaches the test suites too.)
 
 use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
@@ -69,6 +69,17 @@ impl std::str::FromStr for F16Maxima {
     }
 }
 
+impl std::str::FromStr for crate::Uploads {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(
+            s,
+            [crate::Uploads::Auto, crate::Uploads::Direct, crate::Uploads::Copy].into_iter(),
+        )
+    }
+}
+
 impl std::str::FromStr for crate::Downloads {
     type Err = String;
 
@@ -104,8 +115,9 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
     /// [`F16_ATTENTION_ENV`] name, and the ways [`F16_OPERANDS_ENV`],
-    /// [`F16_MAXIMA_ENV`] and [`DOWNLOADS_ENV`] name, where set; a value that names none is
-    /// refused with the list of names.
+    /// [`F16_MAXIMA_ENV`], [`DOWNLOADS_ENV`] and [`crate::UPLOADS_ENV`]
+    /// name, where set; a value that names none is refused with the list
+    /// of names.
     pub fn with_env(mut self) -> Result<Self, GpuError> {
         if let Some(m) = from_env(F16_MATMUL_ENV)? {
             self.f16_matmul = m;
@@ -121,6 +133,9 @@ impl GpuOptions {
         }
         if let Some(d) = from_env(DOWNLOADS_ENV)? {
             self.downloads = d;
+        }
+        if let Some(u) = from_env(crate::UPLOADS_ENV)? {
+            self.uploads = u;
         }
         Ok(self)
     }
@@ -155,6 +170,9 @@ mod tests {
         }
         for d in [crate::Downloads::InPlace, crate::Downloads::Copy] {
             assert_eq!(d.to_string().parse::<crate::Downloads>(), Ok(d));
+        }
+        for u in [crate::Uploads::Auto, crate::Uploads::Direct, crate::Uploads::Copy] {
+            assert_eq!(u.to_string().parse::<crate::Uploads>(), Ok(u));
         }
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");

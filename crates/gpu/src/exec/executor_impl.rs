@@ -2,8 +2,8 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor,
-    HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope,
-    Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads,
+    NormOut, Result, Rope, Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -86,6 +86,19 @@ impl Executor for GpuExecutor {
 
     fn load_weights(&self, slot: WeightSlot, params: &[WeightUpload<'_>]) -> Result<Vec<GpuTensor>> {
         self.load_weights_impl(slot, params)
+    }
+
+    unsafe fn register_host(&self, region: &[u8]) -> Result<Option<HostRegistration>> {
+        let cpu = self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu;
+        match self.uploads {
+            crate::Uploads::Copy => return Ok(None),
+            crate::Uploads::Auto if cpu => return Ok(None),
+            _ => {}
+        }
+        // SAFETY: the caller keeps `region` allocated while the
+        // registration lives (this method's contract).
+        let r = unsafe { crate::host_import::register(&self.ctx, region) }?;
+        Ok(r.map(HostRegistration::new))
     }
 
     fn begin_download(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {

@@ -102,6 +102,11 @@ pub struct GpuOptions {
     /// Whether the optimizer reads gradient downloads in place (`InPlace`)
     /// or from a copy (`Copy`, for timing).
     pub downloads: crate::Downloads,
+    /// Whether uploads from registered host memory are copied by the
+    /// device (`Direct`, where it can import host memory; `Auto`: so too,
+    /// except on CPU adapters) or always by the CPU through mapped memory
+    /// (`Copy`, for timing).
+    pub uploads: crate::Uploads,
     /// Rounds Q, K and V into copies before the tensor-core attention too,
     /// as the SIMT kernels need them (for checking that staging rounds
     /// them the same).
@@ -140,6 +145,7 @@ pub struct GpuExecutor {
     f16_operands: F16Operands,
     f16_maxima: F16Maxima,
     downloads: crate::Downloads,
+    uploads: crate::Uploads,
     /// f16 operand copies recorded (`operand_f16_copies`).
     f16_copies: std::sync::atomic::AtomicU64,
     pub(crate) loop_budget: usize,
@@ -256,6 +262,7 @@ impl GpuExecutor {
             f16_operands: opts.f16_operands,
             f16_maxima: opts.f16_maxima,
             downloads: opts.downloads,
+            uploads: opts.uploads,
             f16_copies: Default::default(),
             loop_budget: opts.loop_budget.unwrap_or_else(|| {
                 let info = &ctx.info;

@@ -12,6 +12,7 @@ use megatrain_tensor::{
 
 use super::{GpuExecutor, GpuOptions};
 use crate::GpuError;
+use crate::host_import::Region;
 use crate::tensor::{GpuTensor, storage_bytes};
 use crate::transport::{
     Image, Link, MapState, MappedTransport, PendingRead, ReadbackPool, SlotBuffer, StagingTransport,
@@ -208,7 +209,12 @@ impl GpuExecutor {
             .into());
         }
         let mut st = self.transport.lock().expect("transport poisoned");
-        let choice = self.resolve_transport(&mut st)?;
+        let direct = self.direct_sources(params);
+        // A slot the device copies into: never a mapped one.
+        let choice = match direct.iter().any(Option::is_some) {
+            true => TransportChoice::Staging,
+            false => self.resolve_transport(&mut st)?,
+        };
         let fits = st
             .slots
             .get(&slot)
@@ -254,6 +260,16 @@ impl GpuExecutor {
                 self.bind_groups.clear();
             }
         }
+        if direct.iter().any(Option::is_some) {
+            let s = st.slots.get_mut(&slot).expect("slot just ensured");
+            s.buffer.buf.note_write();
+            let buf = s.buffer.buf.clone();
+            let stats = &mut st.stats;
+            self.load_direct(params, &offsets, &direct, buf.buffer(), stats);
+            stats.uploads += 1;
+            stats.bytes_up += bytes;
+            return Ok(st.slots[&slot].tensors.clone());
+        }
         let image = Image::new(params, &offsets, bytes);
         st.pool();
         let TransportState {
@@ -274,6 +290,65 @@ impl GpuExecutor {
         s.buffer.buf.note_write();
         t.write(&self.link(), &mut s.buffer, &image, pool, stats)?;
         Ok(s.tensors.clone())
+    }
+
+    /// For each upload, the registered host range it lies in and its byte
+    /// offset there, where the device can copy it as it is: stored as
+    /// held (not widened) and 4-byte aligned, the copy granule.
+    fn direct_sources(&self, params: &[WeightUpload<'_>]) -> Vec<Option<(Arc<Region>, u64)>> {
+        if self.uploads == crate::Uploads::Copy || self.ctx.host_registry.len() == 0 {
+            return vec![None; params.len()];
+        }
+        params
+            .iter()
+            .map(|p| {
+                if p.dtype != p.data.dtype() {
+                    return None;
+                }
+                let b = p.data.as_bytes();
+                let at = b.as_ptr() as usize;
+                // The copy moves whole words: up to 3 bytes past the end.
+                let n = storage_bytes(p.dtype, p.data.len()) as usize;
+                let r = self.ctx.host_registry.find(at, at + n)?;
+                let off = (at - r.start) as u64;
+                off.is_multiple_of(4).then_some((r, off))
+            })
+            .collect()
+    }
+
+    /// Loads a layer the device copies from registered host memory
+    /// (`direct[i]`); the tensors that are not there (widened vectors, an
+    /// unaligned or unregistered source) go through wgpu's own staging.
+    /// All of it lands after the ops recorded before (the link flushes
+    /// them first), which is when the slot's previous weights are done.
+    fn load_direct(
+        &self,
+        params: &[WeightUpload<'_>],
+        offsets: &[u64],
+        direct: &[Option<(Arc<Region>, u64)>],
+        slot: &wgpu::Buffer,
+        stats: &mut TransportStats,
+    ) {
+        let t = Instant::now();
+        let link = self.link();
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        for ((p, &at), src) in params.iter().zip(offsets).zip(direct) {
+            let n = storage_bytes(p.dtype, p.data.len());
+            match src {
+                Some((region, off)) => {
+                    enc.copy_buffer_to_buffer(&region.buffer, *off, slot, at, n);
+                    stats.bytes_up_direct += p.held_bytes();
+                }
+                None => {
+                    let mut held = vec![0u8; n as usize];
+                    Image::new(std::slice::from_ref(p), &[0], n)
+                        .write(0, wgpu::WriteOnly::from(&mut held[..]));
+                    self.ctx.queue.write_buffer(slot, at, &held);
+                }
+            }
+        }
+        link.submit_copy(enc);
+        stats.up_submit_ns += crate::transport::nanos(t.elapsed());
     }
 
     pub(crate) fn begin_download_impl(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {

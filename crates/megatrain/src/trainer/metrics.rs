@@ -43,6 +43,10 @@ pub struct StepMetrics {
     /// bf16 transport, vectors (norm gains, biases) are held as f32 and
     /// count 4 bytes an element.
     pub bytes_uploaded: u64,
+    /// The part of `bytes_uploaded` the device copied from the tier itself
+    /// (registered host memory): the host spent no time moving it, so it
+    /// is left out of [`StepMetrics::bus_gb_s`].
+    pub bytes_uploaded_direct: u64,
     pub bytes_downloaded: u64,
     /// Bytes of every layer's transport copy: `bytes_uploaded / transport_bytes`
     /// is the number of times the weights crossed the bus this step (a
@@ -78,8 +82,11 @@ pub struct StepMetrics {
 }
 
 impl StepMetrics {
-    /// Bytes moved both ways ÷ the time spent moving them, GB/s; without
-    /// the executor's transport counters, ÷ the time inside transfer calls.
+    /// Bytes the host moved both ways ÷ the time spent moving them, GB/s;
+    /// without the executor's transport counters, ÷ the time inside
+    /// transfer calls. Uploads the device copied from the tier by itself
+    /// are not counted: no host time goes with them (transfer-only mode's
+    /// wall-clock rate covers them).
     pub fn bus_gb_s(&self) -> f64 {
         let ms = if self.bus_ms > 0.0 {
             self.bus_ms
@@ -87,7 +94,9 @@ impl StepMetrics {
             self.upload_ms + self.download_ms
         };
         if ms > 0.0 {
-            (self.bytes_uploaded + self.bytes_downloaded) as f64 / (ms / 1e3) / 1e9
+            (self.bytes_uploaded - self.bytes_uploaded_direct + self.bytes_downloaded) as f64
+                / (ms / 1e3)
+                / 1e9
         } else {
             0.0
         }

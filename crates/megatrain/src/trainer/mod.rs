@@ -320,6 +320,25 @@ impl<T> Falling<T> {
     }
 }
 
+/// Lets the executor read each layer's transport copy by itself (uploads
+/// become copies the device makes; see [`Executor::register_host`]).
+/// Layers already registered (a tier handed on from another trainer) keep
+/// their registration.
+fn register_transport_copies<E: Executor>(ex: &E, tier: &mut HostTier) -> Result<()> {
+    for slab in tier.layers_mut().iter_mut().filter(|s| !s.is_registered()) {
+        // SAFETY: the slab keeps the registration and drops it before its
+        // transport copy (`LayerSlab::keep_registration`). The step writes
+        // a layer's transport copy (the optimizer) only once that layer's
+        // gradients have landed, and they are computed after every load of
+        // the layer in the step; the spill window never moves a transport
+        // copy (they stay in RAM).
+        if let Some(r) = unsafe { ex.register_host(slab.transport_pages()) }? {
+            slab.keep_registration(r);
+        }
+    }
+    Ok(())
+}
+
 /// Milliseconds since `t`.
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -377,7 +396,16 @@ impl<E: Executor> Trainer<E> {
             .max()
             .unwrap_or(0)
             .min(chunk_bytes);
-        let transport = ex.prepare_transport(layer_bytes, grad_bytes)?;
+        let mut transport = ex.prepare_transport(layer_bytes, grad_bytes)?;
+        let mut tier = tier;
+        register_transport_copies(&ex, &mut tier)?;
+        let registered = tier.layers().iter().filter(|s| s.is_registered()).count();
+        if let Some(t) = transport.as_mut().filter(|_| registered > 0) {
+            t.reason.push_str(&format!(
+                "; the device copies the uploads of {registered} of {} layers from the tier itself (registered host memory)",
+                tier.len()
+            ));
+        }
         Ok(Trainer {
             adamw: AdamW::new(config.adamw)?,
             ex,
@@ -524,6 +552,7 @@ impl<E: Executor> Trainer<E> {
         if let (Some(a), Some(b)) = (bus_before, self.ex.transport_stats()) {
             let d = b.since(&a);
             m.bus_ms = d.up_bus_ms() + d.down_bus_ms();
+            m.bytes_uploaded_direct = d.bytes_up_direct;
             m.transfer_wait_compute_ms = d.wait_compute_ms();
         }
         m.step_ms = ms(t_step);
