@@ -141,10 +141,14 @@ pub(crate) unsafe fn register(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Opt
         });
     }
     // SAFETY: forwarded from the caller.
-    let Some(buffer) = (unsafe { vk::import(ctx, start, end - start) }) else {
+    let Some((buffer, covered)) = (unsafe { vk::import(ctx, start, end - start) }) else {
         return Ok(None);
     };
-    ctx.host_registry.add(Arc::new(Region { start, end, buffer }));
+    ctx.host_registry.add(Arc::new(Region {
+        start,
+        end: start + covered,
+        buffer,
+    }));
     Ok(Some(Registration {
         ctx: ctx.clone(),
         start,
@@ -220,13 +224,18 @@ mod vk {
     }
 
     /// A `COPY_SRC` buffer over the host bytes `start..start + size`
-    /// (aligned to the device's import alignment), or `None` where the
-    /// driver refuses them.
+    /// (aligned to the device's import alignment) and the bytes it covers
+    /// from `start` (all of them unless the driver pads buffers), or
+    /// `None` where the driver refuses them.
     ///
     /// # Safety
     /// The bytes stay allocated until the buffer is destroyed and the
     /// device has been waited on.
-    pub(super) unsafe fn import(ctx: &GpuContext, start: usize, size: usize) -> Option<wgpu::Buffer> {
+    pub(super) unsafe fn import(
+        ctx: &GpuContext,
+        start: usize,
+        size: usize,
+    ) -> Option<(wgpu::Buffer, usize)> {
         let size = size as u64;
         // SAFETY: Vulkan objects made here are destroyed here on failure,
         // or handed to wgpu-hal (`from_raw_managed`), which destroys the
@@ -242,14 +251,25 @@ mod vk {
                 (ext.fp().get_memory_host_pointer_properties_ext)(dev.handle(), HANDLE, ptr, &mut host)
                     .result()
                     .ok()?;
-                let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(HANDLE);
-                let info = vk::BufferCreateInfo::default()
-                    .size(size)
-                    .usage(vk::BufferUsageFlags::TRANSFER_SRC)
-                    .sharing_mode(vk::SharingMode::EXCLUSIVE)
-                    .push_next(&mut external);
-                let buffer = dev.create_buffer(&info, None).ok()?;
-                let req = dev.get_buffer_memory_requirements(buffer);
+                let make = |bytes: u64| {
+                    let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(HANDLE);
+                    let info = vk::BufferCreateInfo::default()
+                        .size(bytes)
+                        .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+                        .sharing_mode(vk::SharingMode::EXCLUSIVE)
+                        .push_next(&mut external);
+                    let buffer = dev.create_buffer(&info, None).ok()?;
+                    Some((buffer, dev.get_buffer_memory_requirements(buffer), bytes))
+                };
+                let (mut buffer, mut req, mut bytes) = make(size)?;
+                if req.size > size {
+                    // A driver that pads buffers past the import's
+                    // granule: a buffer over the whole padded units only
+                    // (tensors past its end are copied by the host).
+                    dev.destroy_buffer(buffer, None);
+                    let unit = req.alignment.max(1);
+                    (buffer, req, bytes) = make(Some(size / unit * unit).filter(|&b| b > 0)?)?;
+                }
                 let types = instance.get_physical_device_memory_properties(hal.raw_physical_device());
                 // Host-coherent only: the CPU writes through its own
                 // pointer, never through a Vulkan mapping it could flush.
@@ -281,17 +301,22 @@ mod vk {
                     dev.free_memory(memory, None);
                     return None;
                 }
-                wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, size)
+                (
+                    wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, bytes),
+                    bytes,
+                )
             };
-            Some(ctx.device.create_buffer_from_hal::<Vulkan>(
+            let (hal_buffer, bytes) = hal_buffer;
+            let buffer = ctx.device.create_buffer_from_hal::<Vulkan>(
                 hal_buffer,
                 &wgpu::BufferDescriptor {
                     label: Some("registered host memory"),
-                    size,
+                    size: bytes,
                     usage: wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: false,
                 },
-            ))
+            );
+            Some((buffer, bytes as usize))
         }
     }
 }
@@ -310,7 +335,11 @@ mod vk {
         None
     }
 
-    pub(super) unsafe fn import(_ctx: &GpuContext, _start: usize, _size: usize) -> Option<wgpu::Buffer> {
+    pub(super) unsafe fn import(
+        _ctx: &GpuContext,
+        _start: usize,
+        _size: usize,
+    ) -> Option<(wgpu::Buffer, usize)> {
         None
     }
 }
