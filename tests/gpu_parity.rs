@@ -236,6 +236,49 @@ fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
     );
 }
 
+/// The trainer registers every layer's transport copy with the device and
+/// the registrations end with it (none left to read freed memory).
+#[test]
+fn registrations_end_with_the_trainer() {
+    if common::ctx().is_none() {
+        return;
+    }
+    // A device of its own: the shared one's registry changes with the
+    // tests running beside this one.
+    let ctx = GpuContext::new().unwrap();
+    if !ctx.can_import_host_memory() {
+        return;
+    }
+    let model = common::llama_tiny(2);
+    let before = ctx.registered_host_ranges();
+    assert_eq!(before, 0);
+    let mut tr = trainer(
+        gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Direct),
+        &model,
+        1,
+    );
+    let layers = tr.tier().len();
+    assert_eq!(ctx.registered_host_ranges(), before + layers);
+    assert!(
+        tr.transport_info()
+            .unwrap()
+            .reason
+            .contains("from the tier itself")
+    );
+    tr.step(&[GPU_STREAM.batch(model.vocab_size, 0, 2, 24)], 1e-3)
+        .unwrap();
+    drop(tr);
+    assert_eq!(ctx.registered_host_ranges(), before);
+    // `copy` registers nothing.
+    let tr = trainer(
+        gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Copy),
+        &model,
+        1,
+    );
+    assert!(tr.tier().layers().iter().all(|l| !l.is_registered()));
+    assert_eq!(ctx.registered_host_ranges(), before);
+}
+
 /// bf16 transport copies: matrices travel and are read as bf16, norm gains
 /// (and gpt2's biases) travel as bf16 and are widened by the executor.
 ///

@@ -351,6 +351,12 @@ impl GpuContext {
         self.host_import.is_some()
     }
 
+    /// Host ranges registered with the device now (each layer's transport
+    /// copy while a trainer holds it).
+    pub fn registered_host_ranges(&self) -> usize {
+        self.host_registry.len()
+    }
+
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
     }
