@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use common::GPU_STREAM;
 use megatrain::data::Batch;
+use megatrain::dist::local::{LocalComm, local_group};
+use megatrain::dist::{Collective, DistConfig};
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
@@ -277,6 +279,100 @@ fn registrations_end_with_the_trainer() {
     );
     assert!(tr.tier().layers().iter().all(|l| !l.is_registered()));
     assert_eq!(ctx.registered_host_ranges(), before);
+}
+
+/// `steps` steps of rank `comm` (2 rows of a 4-row batch each): every
+/// layer's parameters after gathering, the transport counters, the
+/// staging peak.
+fn dp_rank<E: Executor>(
+    mut t: Trainer<E>,
+    comm: LocalComm,
+    shard: bool,
+    steps: u64,
+) -> (Vec<Vec<f32>>, Option<megatrain_tensor::TransportStats>, u64) {
+    let rank = comm.rank();
+    t.set_distributed(DistConfig {
+        comm: Arc::new(comm),
+        shard_optimizer: shard,
+    })
+    .unwrap();
+    let vocab = t.model().vocab_size;
+    for step in 0..steps {
+        let b = GPU_STREAM.rows(vocab, step, 4, 2 * rank..2 * rank + 2, 24);
+        t.step(&[b], 1e-3).unwrap();
+    }
+    t.gather_state().unwrap();
+    let params = t.tier().layers().iter().map(|l| l.params().to_vec()).collect();
+    (params, t.executor().transport_stats(), t.staging_bytes())
+}
+
+/// Data parallel on the GPU: two ranks (threads, [`local_group`]), each
+/// with its own executor, replicated and sharded optimizer, gradients in
+/// chunks of 1021 elements that the reduction sends from where they
+/// landed, uploads from the registered tier; the result follows the same
+/// ranks on the CPU executor as a single GPU run follows the CPU.
+#[test]
+fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
+    let steps = 5u64;
+    let rank_run = |gpu: bool, comm: LocalComm, shard: bool| {
+        let config = TrainerConfig {
+            checkpoint_every: 1,
+            chunk_rows: 32,
+            adamw: common::adamw(),
+            transfer_chunk: 1021,
+            ..TrainerConfig::default()
+        };
+        let tier = common::copies(TransportDType::F32);
+        match gpu {
+            true => {
+                let ex = gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Direct);
+                dp_rank(common::trainer(ex, &model, tier, 3, config), comm, shard, steps)
+            }
+            false => dp_rank(
+                common::trainer(CpuExecutor::new(), &model, tier, 3, config),
+                comm,
+                shard,
+                steps,
+            ),
+        }
+    };
+    for shard in [false, true] {
+        let ranks = |gpu: bool| {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = local_group(2)
+                    .into_iter()
+                    .map(|c| s.spawn(move || rank_run(gpu, c, shard)))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            })
+        };
+        let (cpu, gpu) = (ranks(false), ranks(true));
+        for (rank, (_, stats, staged)) in gpu.iter().enumerate() {
+            let stats = stats.unwrap();
+            assert!(
+                stats.downloads_in_place > 0,
+                "shard {shard}, rank {rank}: the reduction sends gradients where they landed"
+            );
+            // Only the receive buffers of the reductions are staged.
+            assert!(
+                *staged <= 2 * 4 * 1021,
+                "shard {shard}, rank {rank}: {staged} bytes staged"
+            );
+            if ctx.can_import_host_memory() {
+                assert!(stats.bytes_up_direct > 0, "shard {shard}, rank {rank}");
+            }
+        }
+        let worst = cpu[0]
+            .0
+            .iter()
+            .zip(&gpu[0].0)
+            .map(|(c, g)| rel_norm_err(g, c))
+            .fold(0.0f64, f64::max);
+        eprintln!("data parallel, shard {shard}: GPU ranks vs CPU ranks, worst layer {worst:e}");
+        assert!(worst <= 1e-5, "shard {shard}: {worst:e}");
+    }
 }
 
 /// bf16 transport copies: matrices travel and are read as bf16, norm gains

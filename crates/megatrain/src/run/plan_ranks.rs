@@ -70,17 +70,16 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> RankByt
 
 /// Host gradient staging of a run whose largest layer has `max_layer`
 /// elements. Gradients move in transfer chunks (the default's), none sized
-/// by a layer. On one rank: on a GPU the readback buffers the optimizer
-/// reads in place (`gradient_chunks_held`; the CPU executor's staging
-/// takes fewer). On several ranks: the one being filled and those queued
-/// for the worker, plus two reductions in flight with their gradient and
-/// receive buffers each (`trainer/reduce.rs`).
+/// by a layer. On a GPU the readback buffers the optimizer (and on several
+/// ranks, the reduction) reads in place (`gradient_chunks_held`; the CPU
+/// executor's staging takes fewer); on several ranks also the receive
+/// buffers of two reductions in flight (`trainer/reduce.rs`).
 pub(crate) fn staging_bytes(max_layer: u64, ranks: usize) -> u64 {
     let chunk = max_layer.min(crate::trainer::DEFAULT_TRANSFER_CHUNK as u64);
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
     let chunks = match ranks {
-        1 => crate::trainer::gradient_chunks_held(queue, true),
-        _ => queue + 5,
+        1 => crate::trainer::gradient_chunks_held(queue, false),
+        _ => crate::trainer::gradient_chunks_held(queue, true) + 2,
     };
     4 * chunk * chunks as u64
 }

@@ -155,9 +155,6 @@ struct Handoff<'s, 't, E: Executor> {
     pool: &'s StagingPool,
     update: bool,
     chunk: usize,
-    /// Hand gradients over where they landed when the executor can (the
-    /// data parallel worker sends and receives in its buffers instead).
-    in_place: bool,
     /// Whether the last download was a host copy (nothing in flight).
     host_copies: bool,
     /// Layers not handed over yet.
@@ -168,12 +165,13 @@ struct Handoff<'s, 't, E: Executor> {
 /// Chunks of one layer's gradients in flight at once.
 const CHUNKS_IN_FLIGHT: usize = 2;
 
-/// Chunk-sized host buffers a step's gradients take at most on one rank:
-/// [`CHUNKS_IN_FLIGHT`] for each of the two layers on their way down, and,
-/// where the optimizer reads chunks where they landed (`in_place`), those
-/// queued for it, the one it reads and the one being sent.
-pub(crate) fn gradient_chunks_held(optimizer_queue: usize, in_place: bool) -> usize {
-    2 * CHUNKS_IN_FLIGHT + if in_place { optimizer_queue + 2 } else { 0 }
+/// Chunk-sized host buffers a step's gradients take at most where the
+/// optimizer reads chunks where they landed: [`CHUNKS_IN_FLIGHT`] for each
+/// of the two layers on their way down, those queued for the optimizer,
+/// the one it reads and the one being sent; with several ranks (`dist`)
+/// also the one whose reduction is in flight.
+pub(crate) fn gradient_chunks_held(optimizer_queue: usize, dist: bool) -> usize {
+    2 * CHUNKS_IN_FLIGHT + optimizer_queue + 2 + usize::from(dist)
 }
 
 impl<'t, E: Executor> Handoff<'_, 't, E> {
@@ -242,18 +240,15 @@ impl<E: Executor> Handoff<'_, '_, E> {
     /// Completes one chunk's download of `len` elements: in place where
     /// the executor can, else copied into a staging buffer.
     fn finish(&self, d: Download<E::Tensor>, grads: &[E::Tensor], len: usize) -> Result<Grads> {
-        let d = match self.in_place {
-            true => match self.ex.finish_download_in_place(d)? {
-                Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
-                Ok(values) => {
-                    return Err(TrainError::Internal(format!(
-                        "a gradient chunk of {len} elements landed as {}",
-                        values.len()
-                    )));
-                }
-                Err(d) => d,
-            },
-            false => d,
+        let d = match self.ex.finish_download_in_place(d)? {
+            Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
+            Ok(values) => {
+                return Err(TrainError::Internal(format!(
+                    "a gradient chunk of {len} elements landed as {}",
+                    values.len()
+                )));
+            }
+            Err(d) => d,
         };
         let mut staging = self.pool.take(len);
         match self.ex.finish_download_range(d, grads, &mut staging) {
@@ -622,11 +617,10 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
-        let in_place = dist.is_none();
         let largest = tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
         ex.reserve_downloads(
             chunk.min(largest),
-            gradient_chunks_held(config.optimizer_queue, in_place),
+            gradient_chunks_held(config.optimizer_queue, dist.is_some()),
         )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
@@ -644,7 +638,6 @@ impl<E: Executor> Trainer<E> {
                 pool,
                 update,
                 chunk,
-                in_place,
                 host_copies: false,
                 remaining: tier.layers_mut(),
                 pending: None,

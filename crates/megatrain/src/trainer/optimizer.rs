@@ -58,19 +58,6 @@ impl Grads {
             pool.give(v);
         }
     }
-
-    /// The gradients in a staging buffer of `pool` that the caller may
-    /// write (a landed buffer is copied into one).
-    pub fn into_staged(self, pool: &StagingPool) -> Vec<f32> {
-        match self {
-            Grads::Staged(v) => v,
-            Grads::Landed(l) => {
-                let mut v = pool.take(l.len());
-                v.copy_from_slice(&l);
-                v
-            }
-        }
-    }
 }
 
 /// The layer whose chunks a worker is receiving.

@@ -40,7 +40,7 @@ use std::time::Instant;
 use megatrain_tier::LayerSlab;
 
 use super::distributed::update_range;
-use super::optimizer::{Job, Shared, accumulate};
+use super::optimizer::{Grads, Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
 use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges};
@@ -214,9 +214,10 @@ struct Reducing {
     /// The chunk ends its layer.
     ends: bool,
     update: bool,
-    /// The gradient sent (a staging buffer, or empty when it is the held
-    /// block's chunk).
-    send: Vec<f32>,
+    /// The gradient sent (where it landed, or a staging buffer; `None`
+    /// when it is the held block's chunk). Only read: the sum lands in
+    /// `recv`.
+    send: Option<Grads>,
     /// Where the sum lands: the whole chunk, or this rank's part of it.
     recv: Vec<f32>,
 }
@@ -257,14 +258,14 @@ impl<'a> DistWorker<'a, '_> {
                 accumulate(held, &grads);
                 self.rep.busy_ms += ms(t);
                 grads.release(self.sh.pool);
-                Vec::new()
+                None
             }
-            // The reduction sends and receives in this buffer.
-            None => grads.into_staged(self.sh.pool),
+            // The reduction reads the chunk where it is.
+            None => Some(grads),
         };
         if !self.last {
-            if !send.is_empty() {
-                self.sh.pool.give(send);
+            if let Some(send) = send {
+                send.release(self.sh.pool);
                 return Err(TrainError::Internal(format!(
                     "layer {}: gradients must be held to accumulate micro-batches",
                     slab.index()
@@ -295,14 +296,14 @@ impl<'a> DistWorker<'a, '_> {
     }
 
     /// Starts the reduction of a chunk (`send`, or the held block's chunk
-    /// when empty).
+    /// when `None`).
     fn start(
         &mut self,
         at: usize,
         chunk: Range<usize>,
         ends: bool,
         update: bool,
-        send: Vec<f32>,
+        send: Option<Grads>,
     ) -> Result<Reducing, TrainError> {
         let index = self.arrivals.slabs[at].index();
         let comm = self.dist.comm();
@@ -312,9 +313,15 @@ impl<'a> DistWorker<'a, '_> {
         let recv_len = if sharded { parts[comm.rank()].len() } else { n };
         let mut recv = self.sh.pool.take(recv_len);
         let slab = &mut *self.arrivals.slabs[at];
-        let src: *const f32 = match slab.grads_in(chunk.clone()) {
-            Some(held) if send.is_empty() => held.as_ptr(),
-            _ => send.as_ptr(),
+        let src: *const f32 = match (&send, slab.grads_in(chunk.clone())) {
+            (Some(g), _) => g.as_ptr(),
+            (None, Some(held)) => held.as_ptr(),
+            (None, None) => {
+                self.sh.pool.give(recv);
+                return Err(TrainError::Internal(format!(
+                    "layer {index}: a chunk to reduce with neither gradients nor a held block"
+                )));
+            }
         };
         let t = Instant::now();
         // SAFETY: `send` and `recv` move into the returned `Reducing` with
@@ -337,8 +344,8 @@ impl<'a> DistWorker<'a, '_> {
             Ok(op) => op,
             Err(e) => {
                 self.sh.pool.give(recv);
-                if !send.is_empty() {
-                    self.sh.pool.give(send);
+                if let Some(send) = send {
+                    send.release(self.sh.pool);
                 }
                 return Err(TrainError::Internal(e.to_string()));
             }
@@ -369,8 +376,8 @@ impl<'a> DistWorker<'a, '_> {
             mut recv,
         } = r;
         let waited = wait(op, &mut self.rep);
-        if !send.is_empty() {
-            self.sh.pool.give(send);
+        if let Some(send) = send {
+            send.release(self.sh.pool);
         }
         if let Err(e) = waited {
             self.sh.pool.give(recv);
