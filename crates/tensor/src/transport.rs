@@ -127,12 +127,17 @@ impl std::fmt::Debug for Landed {
 /// memory first. Dropping it ends the registration and waits until the
 /// executor no longer reads the memory; keep it beside the memory and drop
 /// it first.
-pub struct HostRegistration(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>);
+pub struct HostRegistration {
+    /// Held only to be dropped.
+    _guard: Box<dyn std::any::Any + Send + Sync>,
+}
 
 impl HostRegistration {
     /// Wraps whatever ends the executor's registration when dropped.
-    pub fn new(inner: impl std::any::Any + Send + Sync) -> Self {
-        HostRegistration(Box::new(inner))
+    pub fn new(guard: impl std::any::Any + Send + Sync) -> Self {
+        HostRegistration {
+            _guard: Box::new(guard),
+        }
     }
 }
 

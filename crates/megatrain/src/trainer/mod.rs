@@ -323,10 +323,12 @@ fn register_transport_copies<E: Executor>(ex: &E, tier: &mut HostTier) -> Result
     for slab in tier.layers_mut().iter_mut().filter(|s| !s.is_registered()) {
         // SAFETY: the slab keeps the registration and drops it before its
         // transport copy (`LayerSlab::keep_registration`). The step writes
-        // a layer's transport copy (the optimizer) only once that layer's
-        // gradients have landed, and they are computed after every load of
-        // the layer in the step; the spill window never moves a transport
-        // copy (they stay in RAM).
+        // a layer's transport copy (AdamW, or the data parallel all-gather)
+        // only once that layer's gradients have landed, and they are
+        // computed after every load of the layer in the step; the spill
+        // window never moves a transport copy (they stay in RAM); outside
+        // a step every load has completed (the step and the evaluation end
+        // with a finished download).
         if let Some(r) = unsafe { ex.register_host(slab.transport_pages()) }? {
             slab.keep_registration(r);
         }
@@ -438,7 +440,8 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Mutable tier access (checkpoint loading); transport copies must be
-    /// refreshed after parameters change.
+    /// refreshed after parameters change. Layers put in through it are not
+    /// registered with the executor: their uploads are copied by the host.
     pub fn tier_mut(&mut self) -> &mut HostTier {
         &mut self.tier
     }
