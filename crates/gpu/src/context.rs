@@ -285,8 +285,9 @@ impl GpuContext {
             trace: wgpu::Trace::Off,
         };
         // Only `copy` turns the import off here; the executor's options
-        // check the variable's value (`GpuOptions::with_env`).
-        let copy_uploads = std::env::var(crate::host_import::UPLOADS_ENV).is_ok_and(|v| v == "copy");
+        // refuse a value that names no setting (`GpuOptions::with_env`).
+        let copy_uploads = std::env::var(crate::host_import::UPLOADS_ENV)
+            .is_ok_and(|v| v.parse::<crate::Uploads>() == Ok(crate::Uploads::Copy));
         let opened = match copy_uploads {
             true => None,
             false => crate::host_import::open_device(&adapter, &desc),

@@ -50,87 +50,80 @@ impl Drop for Pages {
     }
 }
 
-/// Where each tensor of the test layer sits in the pages, in bytes.
-const A_AT: usize = 0; // f32 [5, 7]: copied by the device
-const B_AT: usize = 256; // bf16 [3, 11], odd length: copied by the device
-const C_AT: usize = 512; // bf16 [13] held as f32: widened by the host
-const D_AT: usize = 770; // bf16 [2, 5] at 2 mod 4: copied by the host
-const E_AT: usize = 4000; // f16 [8, 25] across a page boundary: by the device
+/// The test layer in the pages: byte offset, shape, stored and held dtype.
+/// The device copies an f32 matrix, an odd-length bf16 matrix and an f16
+/// matrix across a page boundary; the host widens a bf16 vector to f32 and
+/// copies a bf16 matrix at 2 mod 4.
+const LAYOUT: [(usize, &[usize], DType, DType); 5] = [
+    (0, &[5, 7], DType::F32, DType::F32),
+    (256, &[3, 11], DType::BF16, DType::BF16),
+    (512, &[13], DType::BF16, DType::F32),
+    (770, &[2, 5], DType::BF16, DType::BF16),
+    (4000, &[8, 25], DType::F16, DType::F16),
+];
 
+/// Writes each tensor of [`LAYOUT`], its values a function of `seed`.
 fn fill(p: &mut Pages, seed: f32) {
     let b = p.bytes_mut();
-    let mut put = |at: usize, bytes: &[u8]| b[at..at + bytes.len()].copy_from_slice(bytes);
-    let a: Vec<f32> = (0..35).map(|i| seed + i as f32 * 0.5).collect();
-    put(A_AT, bytemuck::cast_slice(&a));
-    let v: Vec<bf16> = (0..33).map(|i| bf16::from_f32(seed - i as f32)).collect();
-    put(B_AT, bytemuck::cast_slice(&v));
-    let v: Vec<bf16> = (0..13).map(|i| bf16::from_f32(seed * 2.0 + i as f32)).collect();
-    put(C_AT, bytemuck::cast_slice(&v));
-    let v: Vec<bf16> = (0..10).map(|i| bf16::from_f32(-seed + i as f32 * 0.25)).collect();
-    put(D_AT, bytemuck::cast_slice(&v));
-    let v: Vec<f16> = (0..200).map(|i| f16::from_f32(seed + i as f32 * 0.125)).collect();
-    put(E_AT, bytemuck::cast_slice(&v));
-}
-
-struct Shapes([Shape; 5]);
-
-impl Shapes {
-    fn new() -> Self {
-        Shapes([
-            Shape::new([5, 7]),
-            Shape::new([3, 11]),
-            Shape::new([13]),
-            Shape::new([2, 5]),
-            Shape::new([8, 25]),
-        ])
-    }
-
-    fn uploads<'a>(&'a self, p: &'a Pages) -> Vec<WeightUpload<'a>> {
-        let s = &self.0;
-        vec![
-            WeightUpload {
-                shape: &s[0],
-                data: HostSlice::F32(p.at(A_AT, 35)),
-                dtype: DType::F32,
-            },
-            WeightUpload {
-                shape: &s[1],
-                data: HostSlice::BF16(p.at(B_AT, 33)),
-                dtype: DType::BF16,
-            },
-            WeightUpload {
-                shape: &s[2],
-                data: HostSlice::BF16(p.at(C_AT, 13)),
-                dtype: DType::F32,
-            },
-            WeightUpload {
-                shape: &s[3],
-                data: HostSlice::BF16(p.at(D_AT, 10)),
-                dtype: DType::BF16,
-            },
-            WeightUpload {
-                shape: &s[4],
-                data: HostSlice::F16(p.at(E_AT, 200)),
-                dtype: DType::F16,
-            },
-        ]
+    for (t, &(at, dims, stored, _)) in LAYOUT.iter().enumerate() {
+        let n: usize = dims.iter().product();
+        let x = |j: usize| seed * (t + 1) as f32 - j as f32 * 0.25;
+        let bytes: Vec<u8> = match stored {
+            DType::F32 => (0..n).flat_map(|j| x(j).to_le_bytes()).collect(),
+            DType::BF16 => (0..n).flat_map(|j| bf16::from_f32(x(j)).to_le_bytes()).collect(),
+            DType::F16 => (0..n).flat_map(|j| f16::from_f32(x(j)).to_le_bytes()).collect(),
+        };
+        b[at..at + bytes.len()].copy_from_slice(&bytes);
     }
 }
 
-/// Bytes of the tensors the device copies itself: A, B and E.
+/// [`LAYOUT`]'s tensors as they lie in `p`, stored dtype, with their shapes.
+fn slices<'a>(p: &'a Pages, shapes: &'a [Shape]) -> Vec<(HostSlice<'a>, &'a Shape, DType)> {
+    LAYOUT
+        .iter()
+        .zip(shapes)
+        .map(|(&(at, _, stored, held), shape)| {
+            let n = shape.numel();
+            let data = match stored {
+                DType::F32 => HostSlice::F32(p.at(at, n)),
+                DType::BF16 => HostSlice::BF16(p.at(at, n)),
+                DType::F16 => HostSlice::F16(p.at(at, n)),
+            };
+            (data, shape, held)
+        })
+        .collect()
+}
+
+fn shapes() -> Vec<Shape> {
+    LAYOUT
+        .iter()
+        .map(|&(_, dims, _, _)| Shape::new(dims.to_vec()))
+        .collect()
+}
+
+fn uploads<'a>(p: &'a Pages, shapes: &'a [Shape]) -> Vec<WeightUpload<'a>> {
+    slices(p, shapes)
+        .into_iter()
+        .map(|(data, shape, dtype)| WeightUpload { shape, data, dtype })
+        .collect()
+}
+
+/// Bytes of the tensors the device copies itself: the f32, the odd bf16
+/// and the f16 matrix.
 const DIRECT_BYTES: u64 = 35 * 4 + 33 * 2 + 200 * 2;
 
-fn expected(p: &Pages) -> Vec<f32> {
-    let mut v: Vec<f32> = p.at::<f32>(A_AT, 35).to_vec();
-    v.extend(p.at::<bf16>(B_AT, 33).iter().map(|x| x.to_f32()));
-    v.extend(p.at::<bf16>(C_AT, 13).iter().map(|x| x.to_f32()));
-    v.extend(p.at::<bf16>(D_AT, 10).iter().map(|x| x.to_f32()));
-    v.extend(p.at::<f16>(E_AT, 200).iter().map(|x| x.to_f32()));
+fn expected(p: &Pages, shapes: &[Shape]) -> Vec<f32> {
+    let mut v = Vec::new();
+    for (data, shape, _) in slices(p, shapes) {
+        let mut wide = vec![0.0; shape.numel()];
+        data.widen_into(&mut wide);
+        v.extend(wide);
+    }
     v
 }
 
-fn loaded(g: &GpuExecutor, slot: WeightSlot, shapes: &Shapes, p: &Pages) -> Vec<f32> {
-    let w = g.load_weights(slot, &shapes.uploads(p)).unwrap();
+fn loaded(g: &GpuExecutor, slot: WeightSlot, shapes: &[Shape], p: &Pages) -> Vec<f32> {
+    let w = g.load_weights(slot, &uploads(p, shapes)).unwrap();
     let d = g.begin_download(w).unwrap();
     let mut out = vec![f32::NAN; 291];
     g.finish_download(d, &mut out).unwrap();
@@ -161,12 +154,12 @@ fn registered_host_memory_is_copied_by_the_device_and_only_where_it_can_be() {
             ..Default::default()
         },
     );
-    let shapes = Shapes::new();
+    let shapes = shapes();
     let mut pages = Pages::new(2);
     fill(&mut pages, 1.0);
     // Before registering: every byte copied by the host.
     let s0 = g.transport_stats();
-    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages));
+    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages, &shapes));
     assert_eq!(g.transport_stats().since(&s0).bytes_up_direct, 0);
 
     // SAFETY: `pages` outlives the registration (dropped below first), and
@@ -177,31 +170,31 @@ fn registered_host_memory_is_copied_by_the_device_and_only_where_it_can_be() {
     assert!(again.to_string().contains("already registered"), "{again}");
 
     let s0 = g.transport_stats();
-    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages));
+    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages, &shapes));
     let s = g.transport_stats().since(&s0);
     assert_eq!(s.bytes_up_direct, DIRECT_BYTES, "A, B and E only");
     assert_eq!(s.uploads, 1);
 
     // New contents are read at the next load: nothing is cached.
     fill(&mut pages, -3.0);
-    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages));
+    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages, &shapes));
 
     // Two slots loaded before either is read.
     let other = WeightSlot { kind: 1, index: 1 };
-    let w1 = g.load_weights(SLOT, &shapes.uploads(&pages)).unwrap();
-    let w2 = g.load_weights(other, &shapes.uploads(&pages)).unwrap();
+    let w1 = g.load_weights(SLOT, &uploads(&pages, &shapes)).unwrap();
+    let w2 = g.load_weights(other, &uploads(&pages, &shapes)).unwrap();
     for w in [w1, w2] {
         let d = g.begin_download(w).unwrap();
         let mut out = vec![f32::NAN; 291];
         g.finish_download(d, &mut out).unwrap();
-        assert_eq!(out, expected(&pages));
+        assert_eq!(out, expected(&pages, &shapes));
     }
 
     // Ended: the host copies again.
     drop(reg);
     fill(&mut pages, 7.0);
     let s0 = g.transport_stats();
-    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages));
+    assert_eq!(loaded(&g, SLOT, &shapes, &pages), expected(&pages, &shapes));
     assert_eq!(g.transport_stats().since(&s0).bytes_up_direct, 0);
 
     // Less than a page holds no whole page: nothing to import.

@@ -210,8 +210,9 @@ impl GpuExecutor {
         }
         let mut st = self.transport.lock().expect("transport poisoned");
         let direct = self.direct_sources(params);
+        let any_direct = direct.iter().any(Option::is_some);
         // A slot the device copies into: never a mapped one.
-        let choice = match direct.iter().any(Option::is_some) {
+        let choice = match any_direct {
             true => TransportChoice::Staging,
             false => self.resolve_transport(&mut st)?,
         };
@@ -260,7 +261,7 @@ impl GpuExecutor {
                 self.bind_groups.clear();
             }
         }
-        if direct.iter().any(Option::is_some) {
+        if any_direct {
             let s = st.slots.get_mut(&slot).expect("slot just ensured");
             s.buffer.buf.note_write();
             let buf = s.buffer.buf.clone();
