@@ -61,7 +61,7 @@ case $stage in
 targets)
     echo f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
         download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit \
-        epilogue operand_maxima gpu_f16_maxima
+        epilogue operand_maxima gpu_f16_maxima host_import
     exit 0
     ;;
 checks)
@@ -82,6 +82,9 @@ checks)
     t operand_maxima
     t gpu_f16_maxima --nocapture
     t transport_bytes
+    # Uploads from registered host memory, on the copy queue (a second
+    # queue of the device's: the first place it runs beside the kernels).
+    t host_import --nocapture
     t download_range
     t gpu_parity --nocapture
     t transfer_chunks
@@ -150,6 +153,13 @@ steps)
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-upcopy.json" \
         >"$OUT/anchor-tinyllama-upcopy.log" 2>&1
     summary+=("tinyllama anchor, uploads copied by the host (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-upcopy.log" | tail -1)")
+    # And with the device's copies from the tier on wgpu's queue instead
+    # of the copy queue (the default where the device has a second
+    # queue): what running uploads beside the kernels saves.
+    MEGATRAIN_COPY_QUEUE=off timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
+        --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-onequeue.json" \
+        >"$OUT/anchor-tinyllama-onequeue.log" 2>&1
+    summary+=("tinyllama anchor, copies on wgpu's queue (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-onequeue.log" | tail -1)")
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45

@@ -14,7 +14,7 @@ use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::trainer::{Trainer, TrainerConfig};
-use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
+use megatrain_gpu::{CopyQueueChoice, GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
 use megatrain_tier::TransportDType;
@@ -208,18 +208,33 @@ fn gpu_uploading(ctx: Arc<GpuContext>, transport: TransportChoice, uploads: Uplo
 /// two), mapped with K = 2 (a ring of three the backward wraps around).
 /// Uploads are copied by the host there, so that both transports carry
 /// them; then the device copies them from the registered tier itself
-/// (forced on: `auto` leaves a CPU adapter such as lavapipe to the host).
+/// (forced on: `auto` leaves a CPU adapter such as lavapipe to the host),
+/// on the copy queue.
 #[test]
 fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
     if ctx.can_import_host_memory() {
+        // On the copy queue: the device's own second queue where it has
+        // one, else wgpu's queue (lavapipe), where the bookkeeping runs.
+        let own = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
+        let side = match own.copy_queue() {
+            Some(_) => own,
+            None => GpuContext::with_copy_queue(CopyQueueChoice::Shared).unwrap(),
+        };
+        eprintln!("copy queue: {:?}", side.copy_queue());
         check_training_on(
-            gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Direct),
+            gpu_uploading(side.clone(), TransportChoice::Staging, Uploads::Direct),
             &model,
             1,
             TransportDType::F32,
             20,
+        );
+        let q = side.copy_queue_stats().expect("opened with a copy queue");
+        // Every block load but the first two overwrites a slot kernels read.
+        assert!(
+            q.copies > 20 && q.copies_after_use > 0 && q.submissions_waiting > 0,
+            "{q:?}"
         );
     }
     check_training_on(

@@ -29,6 +29,9 @@
 //! same time on wgpu's one queue: a host-to-device copy alone, a long
 //! matmul alone, then both submitted back to back (each order); 100%
 //! overlap means together they take the longer of the two, 0% their sum.
+//! Where the device imports host memory, the same for the step's upload
+//! (`load_weights` from registered memory), which runs on the copy queue
+//! where the device has one (`MEGATRAIN_COPY_QUEUE`, `crate::copy_queue`).
 
 use std::process::Command;
 use std::sync::Arc;
@@ -283,12 +286,18 @@ fn per(ns: u64, n: u64) -> f64 {
     if n == 0 { 0.0 } else { ns as f64 / n as f64 / 1e6 }
 }
 
-fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
-    let bytes: u64 = if ctx.info.device_type == "Cpu" {
+/// Bytes the overlap measurement copies.
+fn overlap_bytes(ctx: &GpuContext) -> u64 {
+    if ctx.info.device_type == "Cpu" {
         32 << 20
     } else {
         1 << 30
-    };
+    }
+}
+
+/// A plain buffer copy on wgpu's queue against a matmul.
+fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
+    let bytes = overlap_bytes(ctx);
     let src = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("overlap host"),
         size: bytes,
@@ -307,6 +316,55 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
         enc.copy_buffer_to_buffer(&src, 0, &dst, 0, bytes);
         ctx.queue.submit([enc.finish()]);
     };
+    overlap_of(ctx, g, reps, &copy, bytes, "a buffer copy on wgpu's one queue");
+}
+
+/// The step's upload, `load_weights` from registered host memory, against
+/// a matmul: on the copy queue where the device has one
+/// (`MEGATRAIN_COPY_QUEUE`), else on wgpu's queue.
+fn overlap_direct(ctx: &Arc<GpuContext>, reps: usize) {
+    let bytes = overlap_bytes(ctx);
+    let g = GpuExecutor::with_options(
+        Arc::clone(ctx),
+        GpuOptions {
+            uploads: Uploads::Direct,
+            ..Default::default()
+        },
+    );
+    g.warm_up();
+    let n = bytes as usize / 4;
+    let host = PageAligned::new(n);
+    // SAFETY: `host` outlives the registration (dropped first, below) and
+    // is never written.
+    let registration = unsafe { g.register_host(host.pages()) }
+        .unwrap()
+        .expect("host memory registers");
+    let shape = Shape::new([n]);
+    let load = || {
+        drop(
+            g.load_weights(
+                WeightSlot { kind: 0, index: 0 },
+                &[WeightUpload {
+                    shape: &shape,
+                    data: HostSlice::F32(&host),
+                    dtype: DType::F32,
+                }],
+            )
+            .unwrap(),
+        )
+    };
+    let what = match ctx.copy_queue() {
+        Some((q, _)) => format!("load_weights from registered memory on the copy queue, {q}"),
+        None => "load_weights from registered memory on wgpu's queue (no copy queue)".into(),
+    };
+    overlap_of(ctx, &g, reps, &load, bytes, &what);
+    drop(registration);
+}
+
+/// `copy` (of `bytes`) alone, a matmul sized to take about as long alone,
+/// then both back to back in each order: 100% overlap means together they
+/// take the longer of the two, 0% their sum.
+fn overlap_of(ctx: &GpuContext, g: &GpuExecutor, reps: usize, copy: &dyn Fn(), bytes: u64, what: &str) {
     let wait = || g.synchronize().unwrap();
     let time = |f: &dyn Fn()| {
         let mut v = Vec::new();
@@ -320,7 +378,7 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
         }
         median(v)
     };
-    let t_copy = time(&copy);
+    let t_copy = time(copy);
     // A matmul sized to take about as long as the copy.
     let mut n = if ctx.info.device_type == "Cpu" {
         128usize
@@ -331,7 +389,10 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
     loop {
         let a = g.zeros(&Shape::new([n, n])).unwrap();
         let b = g.zeros(&Shape::new([n, n])).unwrap();
-        let mm = || drop(g.matmul(&a, &b, None, Transpose::NN).unwrap());
+        let mm = || {
+            drop(g.matmul(&a, &b, None, Transpose::NN).unwrap());
+            g.flush();
+        };
         t_kernel = time(&mm);
         if t_kernel >= 0.7 * t_copy || n >= 16384 {
             let t_kc = time(&|| {
@@ -345,7 +406,7 @@ fn overlap(ctx: &Arc<GpuContext>, g: &GpuExecutor, reps: usize) {
             let frac =
                 |both: f64| ((t_copy + t_kernel - both) / t_copy.min(t_kernel)).clamp(-1.0, 1.0) * 100.0;
             println!(
-                "\noverlap on one queue ({}): copy {} MiB host→device {t_copy:.2} ms alone; \
+                "\noverlap, {what} ({}): copy {} MiB host→device {t_copy:.2} ms alone; \
                  matmul {n}³ {t_kernel:.2} ms alone; kernel then copy {t_kc:.2} ms ({:.0}% overlap); \
                  copy then kernel {t_ck:.2} ms ({:.0}% overlap); 100% = together they take the longer, \
                  0% = their sum",
@@ -485,5 +546,8 @@ fn main() {
         let g = GpuExecutor::new(Arc::clone(&ctx));
         g.warm_up();
         overlap(&ctx, &g, a.reps);
+        if ctx.can_import_host_memory() {
+            overlap_direct(&ctx, a.reps);
+        }
     }
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::GpuError;
+use crate::copy_queue::{CopyQueue, CopyQueueChoice};
 
 /// Optional features used when the adapter has them.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
@@ -66,6 +67,9 @@ pub struct GpuContext {
     pub(crate) host_import: Option<crate::host_import::HostImport>,
     /// The host ranges imported so far.
     pub(crate) host_registry: crate::host_import::Registry,
+    /// Where uploads from those ranges are copied, if not on `queue`
+    /// (`crate::copy_queue`). It holds a clone of `device`.
+    pub(crate) copy_queue: Option<Arc<CopyQueue>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -149,6 +153,17 @@ impl GpuContext {
     /// data parallel ranks on one machine pass their local rank so each
     /// gets its own GPU.
     pub fn with_adapter_choice(wanted: Option<&str>, nth: usize) -> Result<Arc<Self>, GpuError> {
+        Self::choose(wanted, nth, CopyQueueChoice::from_env()?)
+    }
+
+    /// [`GpuContext::new`] with the copy queue chosen by the caller
+    /// instead of [`crate::COPY_QUEUE_ENV`].
+    pub fn with_copy_queue(copy: CopyQueueChoice) -> Result<Arc<Self>, GpuError> {
+        let wanted = std::env::var(ADAPTER_ENV).ok().filter(|s| !s.is_empty());
+        Self::choose(wanted.as_deref(), 0, copy)
+    }
+
+    fn choose(wanted: Option<&str>, nth: usize, copy: CopyQueueChoice) -> Result<Arc<Self>, GpuError> {
         if wanted.is_some_and(|w| w.eq_ignore_ascii_case(NOOP_ADAPTER)) {
             return Self::noop_by_name();
         }
@@ -203,7 +218,7 @@ impl GpuContext {
                 same.swap_remove(pick)
             }
         };
-        Self::open(adapter)
+        Self::open(adapter, copy)
     }
 
     #[cfg(feature = "host-floor")]
@@ -223,7 +238,7 @@ impl GpuContext {
     /// Opens a device on `adapter` with its own limits and the optional
     /// features it has (cooperative matrices where the tensor-core kernels
     /// can use them).
-    pub(crate) fn open(adapter: wgpu::Adapter) -> Result<Arc<Self>, GpuError> {
+    pub(crate) fn open(adapter: wgpu::Adapter, copy: CopyQueueChoice) -> Result<Arc<Self>, GpuError> {
         let ai = adapter.get_info();
         let info = AdapterReport {
             name: ai.name.clone(),
@@ -290,10 +305,12 @@ impl GpuContext {
             .is_ok_and(|v| v.parse::<crate::Uploads>() == Ok(crate::Uploads::Copy));
         let opened = match copy_uploads {
             true => None,
-            false => crate::host_import::open_device(&adapter, &desc),
+            false => crate::host_import::open_device(&adapter, &desc, copy),
         };
-        let (device, queue, host_import) = match opened {
-            Some((device, queue, import)) => (device, queue, Some(import)),
+        let (device, queue, host_import, copy_queue) = match opened {
+            Some((device, queue, import, copy_queue)) => {
+                (device, queue, Some(import), copy_queue.map(Arc::new))
+            }
             None => {
                 let (device, queue) =
                     pollster::block_on(adapter.request_device(&desc)).map_err(|source| {
@@ -302,7 +319,7 @@ impl GpuContext {
                             source,
                         }
                     })?;
-                (device, queue, None)
+                (device, queue, None, None)
             }
         };
         Ok(Arc::new(GpuContext {
@@ -316,6 +333,7 @@ impl GpuContext {
             limits,
             host_import,
             host_registry: Default::default(),
+            copy_queue,
         }))
     }
 
@@ -369,8 +387,23 @@ impl GpuContext {
             .min(self.limits.max_buffer_size)
     }
 
-    /// Blocks until all submitted work is done.
+    /// The device's copy queue (`MEGATRAIN_COPY_QUEUE`): what it is and
+    /// whether its copies run beside the kernels; `None` where uploads
+    /// from registered host memory go on wgpu's queue.
+    pub fn copy_queue(&self) -> Option<(String, bool)> {
+        self.copy_queue.as_ref().map(|q| (q.describe(), q.overlaps()))
+    }
+
+    /// What the copy queue did so far, where there is one.
+    pub fn copy_queue_stats(&self) -> Option<crate::CopyQueueStats> {
+        self.copy_queue.as_ref().map(|q| q.stats())
+    }
+
+    /// Blocks until all submitted work is done, the copy queue's included.
     pub fn wait(&self) -> Result<(), GpuError> {
+        if let Some(q) = &self.copy_queue {
+            q.wait_idle()?;
+        }
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())

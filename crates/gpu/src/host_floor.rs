@@ -77,7 +77,7 @@ impl GpuContext {
                 wanted: HOST_FLOOR_ADAPTER.into(),
                 available: "none: wgpu was built without its noop backend".into(),
             })?;
-        Self::open(adapter)
+        Self::open(adapter, crate::copy_queue::CopyQueueChoice::Off)
     }
 }
 

@@ -107,6 +107,10 @@ pub(crate) struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(r) = self.ctx.host_registry.remove(self.start) {
+            // The copy queue's copies are not wgpu's: wait for them first.
+            if let Some(q) = &self.ctx.copy_queue {
+                let _ = q.wait_idle();
+            }
             r.buffer.destroy();
             drop(r);
             // Destruction is deferred to the end of the last submission
@@ -166,6 +170,7 @@ mod vk {
 
     use super::HostImport;
     use crate::GpuContext;
+    use crate::copy_queue::{CopyQueue, CopyQueueChoice};
 
     const HANDLE: vk::ExternalMemoryHandleTypeFlags = vk::ExternalMemoryHandleTypeFlags::HOST_ALLOCATION_EXT;
 
@@ -175,12 +180,15 @@ mod vk {
     pub(crate) fn open_device(
         adapter: &wgpu::Adapter,
         desc: &wgpu::DeviceDescriptor<'_>,
-    ) -> Option<(wgpu::Device, wgpu::Queue, HostImport)> {
+        copy: CopyQueueChoice,
+    ) -> Option<(wgpu::Device, wgpu::Queue, HostImport, Option<CopyQueue>)> {
         // SAFETY: the hal adapter is only read, and the device it opens is
         // handed straight to wgpu with the features and limits it was
         // opened with; the callback only adds an extension the physical
-        // device lists (wgpu-hal's rule for it).
+        // device lists (wgpu-hal's rule for it) and a queue of a family it
+        // lists (`copy_queue::add_queue`).
         unsafe {
+            let pick;
             let open = {
                 let hal = adapter.as_hal::<Vulkan>()?;
                 let instance = hal.shared_instance().raw_instance();
@@ -197,9 +205,13 @@ mod vk {
                 if props.api_version < vk::API_VERSION_1_1 {
                     return None;
                 }
+                pick = crate::copy_queue::pick(instance, phd, copy);
                 let add: Box<wgpu::hal::vulkan::CreateDeviceCallback<'_>> = Box::new(move |args| {
                     if !args.extensions.contains(&name) {
                         args.extensions.push(name);
+                    }
+                    if let Some(p) = pick {
+                        crate::copy_queue::add_queue(p, args.queue_create_infos);
                     }
                 });
                 hal.open_with_callback(
@@ -219,7 +231,8 @@ mod vk {
                 host.min_imported_host_pointer_alignment
             };
             let (device, queue) = adapter.create_device_from_hal(open, desc).ok()?;
-            Some((device, queue, HostImport { align: align.max(1) }))
+            let copy_queue = pick.and_then(|p| CopyQueue::new(&device, p));
+            Some((device, queue, HostImport { align: align.max(1) }, copy_queue))
         }
     }
 
@@ -251,12 +264,18 @@ mod vk {
                 (ext.fp().get_memory_host_pointer_properties_ext)(dev.handle(), HANDLE, ptr, &mut host)
                     .result()
                     .ok()?;
+                // A copy queue of another family reads it too.
+                let (mode, families) = match &ctx.copy_queue {
+                    Some(q) => q.sharing(),
+                    None => (vk::SharingMode::EXCLUSIVE, &[][..]),
+                };
                 let make = |bytes: u64| {
                     let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(HANDLE);
                     let info = vk::BufferCreateInfo::default()
                         .size(bytes)
                         .usage(vk::BufferUsageFlags::TRANSFER_SRC)
-                        .sharing_mode(vk::SharingMode::EXCLUSIVE)
+                        .sharing_mode(mode)
+                        .queue_family_indices(families)
                         .push_next(&mut external);
                     let buffer = dev.create_buffer(&info, None).ok()?;
                     Some((buffer, dev.get_buffer_memory_requirements(buffer), bytes))
@@ -327,11 +346,13 @@ mod vk {
     //! would rather bind host memory directly, which wgpu 30 cannot either).
     use super::HostImport;
     use crate::GpuContext;
+    use crate::copy_queue::{CopyQueue, CopyQueueChoice};
 
     pub(crate) fn open_device(
         _adapter: &wgpu::Adapter,
         _desc: &wgpu::DeviceDescriptor<'_>,
-    ) -> Option<(wgpu::Device, wgpu::Queue, HostImport)> {
+        _copy: CopyQueueChoice,
+    ) -> Option<(wgpu::Device, wgpu::Queue, HostImport, Option<CopyQueue>)> {
         None
     }
 

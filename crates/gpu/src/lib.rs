@@ -6,6 +6,7 @@ mod arena;
 mod context;
 mod coop;
 mod coop_attention;
+mod copy_queue;
 pub mod diagnose;
 mod error;
 mod exec;
@@ -22,6 +23,7 @@ pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, LAVAPIPE_COOP_ENV, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopTile, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
+pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;
 pub use exec::{
     BindGroupStats, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV,

@@ -7,8 +7,10 @@ mod common;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 
+use std::sync::Arc;
+
 use common::ctx;
-use megatrain_gpu::{GpuExecutor, GpuOptions, Uploads};
+use megatrain_gpu::{CopyQueueChoice, GpuContext, GpuExecutor, GpuOptions, Uploads};
 use megatrain_tensor::{DType, Executor, HostSlice, Shape, WeightSlot, WeightUpload, bf16, f16};
 
 const PAGE: usize = 4096;
@@ -132,9 +134,36 @@ fn loaded(g: &GpuExecutor, slot: WeightSlot, shapes: &[Shape], p: &Pages) -> Vec
 
 const SLOT: WeightSlot = WeightSlot { kind: 1, index: 0 };
 
+/// A device whose copies from registered memory run on a copy queue: a
+/// queue of their own where the device has a second one, else wgpu's own
+/// (lavapipe: the synchronization runs, nothing overlaps). `None` without
+/// host memory import.
+fn copy_queue_ctx() -> Option<Arc<GpuContext>> {
+    ctx()?;
+    let own = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
+    let c = match own.copy_queue() {
+        Some(_) => own,
+        None => GpuContext::with_copy_queue(CopyQueueChoice::Shared).unwrap(),
+    };
+    c.can_import_host_memory().then_some(c)
+}
+
 #[test]
 fn registered_host_memory_is_copied_by_the_device_and_only_where_it_can_be() {
     let Some(ctx) = ctx() else { return };
+    direct_uploads(ctx);
+}
+
+/// The same on the copy queue.
+#[test]
+fn registered_host_memory_is_copied_on_the_copy_queue() {
+    let Some(ctx) = copy_queue_ctx() else { return };
+    let (what, _) = ctx.copy_queue().expect("opened with one");
+    eprintln!("copy queue: {what}");
+    direct_uploads(ctx);
+}
+
+fn direct_uploads(ctx: Arc<GpuContext>) {
     let copy_env = std::env::var(megatrain_gpu::UPLOADS_ENV).is_ok_and(|v| v == "copy");
     if ctx.info.name.contains("llvmpipe") && !copy_env {
         assert!(
@@ -222,4 +251,83 @@ fn copy_uploads_never_register_and_auto_only_off_the_cpu() {
         let r = unsafe { g.register_host(pages.bytes()) }.unwrap();
         assert_eq!(r.is_some(), want, "{uploads}");
     }
+}
+
+/// The copy queue overwrites a slot only after the kernels queued before
+/// that read it, and kernels and downloads queued after a copy see it.
+/// Two registered page sets, so the host never writes memory a copy may
+/// still be reading.
+#[test]
+fn the_copy_queue_orders_its_copies_with_the_kernels_around_them() {
+    let Some(ctx) = copy_queue_ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx.clone(),
+        GpuOptions {
+            poison_outputs: true,
+            uploads: Uploads::Direct,
+            ..Default::default()
+        },
+    );
+    let shapes = shapes();
+    let (mut a, mut b) = (Pages::new(2), Pages::new(2));
+    fill(&mut a, 1.0);
+    fill(&mut b, -2.5);
+    // SAFETY: both outlive their registrations (dropped first below) and
+    // are not written while registered.
+    let ra = unsafe { g.register_host(a.bytes()) }
+        .unwrap()
+        .expect("page-aligned");
+    let rb = unsafe { g.register_host(b.bytes()) }
+        .unwrap()
+        .expect("page-aligned");
+    let s0 = g.transport_stats();
+    let q0 = ctx.copy_queue_stats().unwrap();
+    let mut queued = Vec::new();
+    for round in 0..3 {
+        for (p, src) in [(&a, 'a'), (&b, 'b')] {
+            // Into the same slot each time: each copy must wait for the
+            // kernel queued just before it, which reads the slot.
+            let w = g.load_weights(SLOT, &uploads(p, &shapes)).unwrap();
+            // The f32 matrix comes by the copy queue, the vector (widened
+            // by the host) by wgpu's queue.
+            let doubled = g.scale(&w[0], 2.0).unwrap();
+            let tripled = g.scale(&w[2], 3.0).unwrap();
+            queued.push((round, src, doubled, tripled));
+        }
+    }
+    // The last load, read by a download straight from the slot.
+    let w = g.load_weights(SLOT, &uploads(&a, &shapes)).unwrap();
+    let d = g.begin_download(w).unwrap();
+    let mut out = vec![f32::NAN; 291];
+    g.finish_download(d, &mut out).unwrap();
+    assert_eq!(out, expected(&a, &shapes));
+    // Seven copies; each but the first overwrote a slot a kernel read;
+    // each batch of kernels after a copy waited for it, and the download
+    // for the last one.
+    let q = ctx.copy_queue_stats().unwrap();
+    assert_eq!(q.copies - q0.copies, 7);
+    assert_eq!(q.copies_after_use - q0.copies_after_use, 6);
+    assert_eq!(q.submissions_waiting - q0.submissions_waiting, 7);
+    for (round, src, doubled, tripled) in queued {
+        let p = if src == 'a' { &a } else { &b };
+        let want = expected(p, &shapes);
+        let got = g.download(&doubled).unwrap();
+        let twice: Vec<f32> = want[..35].iter().map(|x| 2.0 * x).collect();
+        assert_eq!(
+            got.as_f32().unwrap(),
+            twice,
+            "round {round}, pages {src}: the copied matrix"
+        );
+        let got = g.download(&tripled).unwrap();
+        let thrice: Vec<f32> = want[68..81].iter().map(|x| 3.0 * x).collect();
+        assert_eq!(
+            got.as_f32().unwrap(),
+            thrice,
+            "round {round}, pages {src}: the widened vector"
+        );
+    }
+    let s = g.transport_stats().since(&s0);
+    assert_eq!(s.bytes_up_direct, 7 * DIRECT_BYTES);
+    drop((ra, rb));
+    assert_eq!(ctx.registered_host_ranges(), 0);
 }

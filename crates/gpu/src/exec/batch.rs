@@ -11,8 +11,9 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::copy_queue::CopyQueue;
 use crate::tensor::GpuTensor;
 
 /// Bytes of parameter blocks one batch may hold in the shared uniform buffer
@@ -99,10 +100,12 @@ pub(crate) struct Submitter {
     op_submissions: AtomicU64,
     transfer_submissions: AtomicU64,
     waits: AtomicU64,
+    /// The device's copy queue, whose copies some submissions wait for.
+    side: Option<Arc<CopyQueue>>,
 }
 
 impl Submitter {
-    pub fn new(device: &wgpu::Device, max_ops: usize) -> Self {
+    pub fn new(device: &wgpu::Device, max_ops: usize, side: Option<Arc<CopyQueue>>) -> Self {
         Submitter {
             batch: Mutex::new(Batch::default()),
             uniforms: device.create_buffer(&wgpu::BufferDescriptor {
@@ -118,7 +121,28 @@ impl Submitter {
             op_submissions: AtomicU64::new(0),
             transfer_submissions: AtomicU64::new(0),
             waits: AtomicU64::new(0),
+            side,
         }
+    }
+
+    /// Every submission goes through here: with a copy queue, it waits
+    /// for the copies into the buffers it `uses`, and marks its end for
+    /// the copies that will overwrite them.
+    fn submit(
+        &self,
+        queue: &wgpu::Queue,
+        cmds: impl IntoIterator<Item = wgpu::CommandBuffer>,
+        uses: impl Fn(&wgpu::Buffer) -> bool,
+    ) -> wgpu::SubmissionIndex {
+        match &self.side {
+            Some(q) => q.submit_wgpu(queue, uses, || queue.submit(cmds)),
+            None => queue.submit(cmds),
+        }
+    }
+
+    /// An empty submission: a mark that the work before it is queued.
+    pub fn submit_mark(&self, queue: &wgpu::Queue) -> wgpu::SubmissionIndex {
+        self.submit(queue, [], |_| false)
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Batch> {
@@ -131,7 +155,7 @@ impl Submitter {
         if !b.params.is_empty() {
             queue.write_buffer(&self.uniforms, 0, &b.params);
         }
-        queue.submit([enc.finish()]);
+        self.submit(queue, [enc.finish()], |buf| b.touched.contains(buf));
         self.ops.fetch_add(b.ops as u64, Ordering::Relaxed);
         self.dispatches.fetch_add(b.dispatches as u64, Ordering::Relaxed);
         self.passes.fetch_add(b.passes as u64, Ordering::Relaxed);
@@ -149,27 +173,30 @@ impl Submitter {
         self.flush_locked(&mut b, queue);
     }
 
-    /// Submits `cmds` after the pending batch.
+    /// Submits `cmds`, which use the buffers `uses` names, after the
+    /// pending batch.
     pub fn submit_after_batch(
         &self,
         queue: &wgpu::Queue,
         cmds: impl IntoIterator<Item = wgpu::CommandBuffer>,
+        uses: &[&wgpu::Buffer],
     ) -> wgpu::SubmissionIndex {
         let mut b = self.lock();
         self.flush_locked(&mut b, queue);
         self.transfer_submissions.fetch_add(1, Ordering::Relaxed);
-        queue.submit(cmds)
+        self.submit(queue, cmds, |buf| uses.contains(&buf))
     }
 
-    /// Submits a transfer's commands; the caller flushed the batch under the
-    /// same lock.
+    /// Submits a transfer's commands, which use the buffers `uses` names;
+    /// the caller flushed the batch under the same lock.
     pub fn submit_transfer_locked(
         &self,
         queue: &wgpu::Queue,
         cmd: wgpu::CommandBuffer,
+        uses: &[&wgpu::Buffer],
     ) -> wgpu::SubmissionIndex {
         self.transfer_submissions.fetch_add(1, Ordering::Relaxed);
-        queue.submit([cmd])
+        self.submit(queue, [cmd], |buf| uses.contains(&buf))
     }
 
     /// `queue.write_buffer`, after the batch if a pending op uses `buf`

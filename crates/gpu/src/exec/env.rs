@@ -89,7 +89,7 @@ impl std::str::FromStr for crate::Downloads {
 }
 
 /// The value whose name is `s`, or the list of names.
-fn named<T: std::fmt::Display>(s: &str, all: impl Iterator<Item = T>) -> Result<T, String> {
+pub(crate) fn named<T: std::fmt::Display>(s: &str, all: impl Iterator<Item = T>) -> Result<T, String> {
     let mut names = Vec::new();
     for v in all {
         let name = v.to_string();

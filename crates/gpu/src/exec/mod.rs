@@ -43,6 +43,7 @@ use crate::{GpuContext, GpuError};
 pub(crate) use batch::Submitter;
 use bind_groups::BindGroupCache;
 pub(crate) use binding::View;
+pub(crate) use env::named;
 pub(crate) use record::{Op, grid_for};
 
 /// Options that change how the executor runs, not what it computes.
@@ -240,7 +241,11 @@ impl GpuExecutor {
             period_ns: ctx.queue.get_timestamp_period() as f64,
         });
         GpuExecutor {
-            submitter: Submitter::new(&ctx.device, opts.batch_ops.unwrap_or(batch::DEFAULT_BATCH_OPS)),
+            submitter: Submitter::new(
+                &ctx.device,
+                opts.batch_ops.unwrap_or(batch::DEFAULT_BATCH_OPS),
+                ctx.copy_queue.clone(),
+            ),
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
             arena: Arena::new(ctx.device.clone()),
             kernels: KernelRegistry::new(

@@ -12,6 +12,7 @@ use megatrain_tensor::{
 
 use super::{GpuExecutor, GpuOptions};
 use crate::GpuError;
+use crate::copy_queue::CopyQueue;
 use crate::host_import::Region;
 use crate::tensor::{GpuTensor, storage_bytes};
 use crate::transport::{
@@ -27,6 +28,24 @@ struct Slot {
     bytes: u64,
     by: TransportChoice,
     tensors: Vec<GpuTensor>,
+    /// Set where the copy queue writes the slot (its buffer was made by it).
+    side: Option<SideSlot>,
+}
+
+/// The copies out of one registered range: (its offset, the slot's
+/// offset, bytes).
+type RangeCopies = (Arc<Region>, Vec<(u64, u64, u64)>);
+
+/// A slot buffer the copy queue tracks, until the slot lets it go.
+struct SideSlot {
+    queue: Arc<CopyQueue>,
+    buf: wgpu::Buffer,
+}
+
+impl Drop for SideSlot {
+    fn drop(&mut self) {
+        self.queue.forget(&self.buf);
+    }
 }
 
 pub(crate) struct TransportState {
@@ -167,7 +186,11 @@ impl GpuExecutor {
     /// The transport in use, if decided.
     pub fn transport_info(&self) -> Option<TransportInfo> {
         let st = self.transport.lock().expect("transport poisoned");
-        st.active.as_ref().map(|(_, info)| info.clone())
+        let mut info = st.active.as_ref().map(|(_, info)| info.clone())?;
+        if let (Some((what, _)), false) = (self.ctx.copy_queue(), self.uploads == crate::Uploads::Copy) {
+            info.reason += &format!("; device copies from registered host memory run on {what}");
+        }
+        Some(info)
     }
 
     /// Where the time of the transfers went so far (see [`TransportStats`]).
@@ -216,19 +239,37 @@ impl GpuExecutor {
             true => TransportChoice::Staging,
             false => self.resolve_transport(&mut st)?,
         };
-        let fits = st
-            .slots
-            .get(&slot)
-            .is_some_and(|s| s.by == choice && s.layout == layout && s.bytes == bytes);
+        // The copy queue writes it: a buffer of its making.
+        let side_queue = self.ctx.copy_queue.as_ref().filter(|_| any_direct);
+        let fits = st.slots.get(&slot).is_some_and(|s| {
+            s.by == choice
+                && s.layout == layout
+                && s.bytes == bytes
+                && s.side.is_some() == side_queue.is_some()
+        });
         if !fits {
             let (t, _) = st.transport_and_slots(choice);
             let (usage, mapped) = (t.slot_usage(), t.slot_mapped_at_creation());
-            let raw = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("weight slot"),
-                size: bytes,
-                usage,
-                mapped_at_creation: mapped,
+            let made = side_queue.and_then(|q| {
+                let raw = q.create_buffer(&self.ctx.device, bytes, "weight slot (copy queue)")?;
+                let side = SideSlot {
+                    queue: q.clone(),
+                    buf: raw.clone(),
+                };
+                Some((raw, side))
             });
+            let (raw, side) = match made {
+                Some((raw, side)) => (raw, Some(side)),
+                None => {
+                    let raw = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("weight slot"),
+                        size: bytes,
+                        usage,
+                        mapped_at_creation: mapped,
+                    });
+                    (raw, None)
+                }
+            };
             let buf = Arc::new(self.arena.adopt(raw));
             let tensors = layout
                 .iter()
@@ -255,6 +296,7 @@ impl GpuExecutor {
                 bytes,
                 by: choice,
                 tensors,
+                side,
             };
             if st.slots.insert(slot, slot_state).is_some() {
                 // Groups over the replaced buffer would keep it alive.
@@ -265,8 +307,12 @@ impl GpuExecutor {
             let s = st.slots.get_mut(&slot).expect("slot just ensured");
             s.buffer.buf.note_write();
             let buf = s.buffer.buf.clone();
+            let side = s.side.as_ref().map(|q| q.queue.clone());
             let stats = &mut st.stats;
-            self.load_direct(params, &offsets, &direct, buf.buffer(), stats);
+            match side {
+                Some(q) => self.load_direct_side(&q, params, &offsets, &direct, &buf, stats)?,
+                None => self.load_direct(params, &offsets, &direct, buf.buffer(), stats),
+            }
             stats.uploads += 1;
             stats.bytes_up += bytes;
             return Ok(st.slots[&slot].tensors.clone());
@@ -340,16 +386,60 @@ impl GpuExecutor {
                     enc.copy_buffer_to_buffer(&region.buffer, *off, slot, at, n);
                     stats.bytes_up_direct += p.held_bytes();
                 }
-                None => {
-                    let mut held = vec![0u8; n as usize];
-                    Image::new(std::slice::from_ref(p), &[0], n)
-                        .write(0, wgpu::WriteOnly::from(&mut held[..]));
-                    self.ctx.queue.write_buffer(slot, at, &held);
-                }
+                None => self.write_held(p, slot, at),
             }
         }
-        link.submit_copy(enc);
+        link.submit_copy(enc, &[slot]);
         stats.up_submit_ns += crate::transport::nanos(t.elapsed());
+    }
+
+    /// An upload the device cannot copy as it is (a widened vector, an
+    /// unregistered source): through wgpu's own staging, landing before
+    /// the next submission's commands.
+    fn write_held(&self, p: &WeightUpload<'_>, slot: &wgpu::Buffer, at: u64) {
+        let n = storage_bytes(p.dtype, p.data.len());
+        let mut held = vec![0u8; n as usize];
+        Image::new(std::slice::from_ref(p), &[0], n).write(0, wgpu::WriteOnly::from(&mut held[..]));
+        self.ctx.queue.write_buffer(slot, at, &held);
+    }
+
+    /// [`GpuExecutor::load_direct`] on the copy queue: one submission per
+    /// registered range, after the last kernel that read the slot, and
+    /// the first submission that uses the slot next waits for it there,
+    /// not here (`crate::copy_queue`).
+    fn load_direct_side(
+        &self,
+        queue: &CopyQueue,
+        params: &[WeightUpload<'_>],
+        offsets: &[u64],
+        direct: &[Option<(Arc<Region>, u64)>],
+        slot: &Arc<crate::arena::PooledBuffer>,
+        stats: &mut TransportStats,
+    ) -> Result<()> {
+        let t = Instant::now();
+        // Every kernel that reads the slot must be submitted (and so
+        // counted) before the copy that overwrites it is.
+        self.flush();
+        let mut by_region: Vec<RangeCopies> = Vec::new();
+        for ((p, &at), src) in params.iter().zip(offsets).zip(direct) {
+            let n = storage_bytes(p.dtype, p.data.len());
+            match src {
+                Some((region, off)) => {
+                    stats.bytes_up_direct += p.held_bytes();
+                    match by_region.iter_mut().find(|(r, _)| Arc::ptr_eq(r, region)) {
+                        Some((_, copies)) => copies.push((*off, at, n)),
+                        None => by_region.push((region.clone(), vec![(*off, at, n)])),
+                    }
+                }
+                None => self.write_held(p, slot.buffer(), at),
+            }
+        }
+        for (region, copies) in by_region {
+            let keep: Vec<Arc<dyn std::any::Any + Send + Sync>> = vec![region.clone(), slot.clone()];
+            queue.copy(&region.buffer, slot.buffer(), &copies, keep)?;
+        }
+        stats.up_submit_ns += crate::transport::nanos(t.elapsed());
+        Ok(())
     }
 
     pub(crate) fn begin_download_impl(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {

@@ -92,18 +92,21 @@ pub(crate) struct Link<'a> {
 }
 
 impl Link<'_> {
-    pub fn submit(&self, enc: wgpu::CommandEncoder) -> wgpu::SubmissionIndex {
-        self.submitter.submit_after_batch(self.queue, [enc.finish()])
+    /// Submits `enc`, whose commands use the buffers `uses`.
+    pub fn submit(&self, enc: wgpu::CommandEncoder, uses: &[&wgpu::Buffer]) -> wgpu::SubmissionIndex {
+        self.submitter
+            .submit_after_batch(self.queue, [enc.finish()], uses)
     }
 
-    /// Submits a copy after an empty submission that marks the end of the
-    /// work queued before it, so a later wait can tell compute from copy.
-    pub fn submit_copy(&self, enc: wgpu::CommandEncoder) -> Copying {
+    /// Submits a copy (using the buffers `uses`) after an empty submission
+    /// that marks the end of the work queued before it, so a later wait
+    /// can tell compute from copy.
+    pub fn submit_copy(&self, enc: wgpu::CommandEncoder, uses: &[&wgpu::Buffer]) -> Copying {
         let cmd = enc.finish();
         let mut b = self.submitter.lock();
         self.submitter.flush_locked(&mut b, self.queue);
-        let before = self.queue.submit([]);
-        let copy = self.submitter.submit_transfer_locked(self.queue, cmd);
+        let before = self.submitter.submit_mark(self.queue);
+        let copy = self.submitter.submit_transfer_locked(self.queue, cmd, uses);
         Copying { before, copy }
     }
 

@@ -215,7 +215,7 @@ impl ReadbackPool {
         );
         let mut enc = link.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &rb, 0, bytes);
-        let copy = link.submit(enc);
+        let copy = link.submit(enc, &[buf]);
         let map = MapState::default();
         map.map(&rb, wgpu::MapMode::Read, bytes);
         // On an error the buffer is dropped, never pooled half-mapped.
@@ -324,7 +324,8 @@ impl ReadbackPool {
             enc.copy_buffer_to_buffer(t.buffer(), from, &buf, at, len);
             at += len;
         }
-        let copy = link.submit_copy(enc);
+        let sources: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0.buffer()).collect();
+        let copy = link.submit_copy(enc, &sources);
         let map = MapState::default();
         map.map(&buf, wgpu::MapMode::Read, bytes.max(4));
         stats.down_submit_ns += nanos(t0.elapsed());

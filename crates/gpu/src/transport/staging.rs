@@ -127,7 +127,7 @@ impl Transport for StagingTransport {
             e.buf.unmap();
             let mut enc = link.device.create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(&e.buf, 0, slot.buf.buffer(), at, n);
-            e.copy = Some(link.submit_copy(enc));
+            e.copy = Some(link.submit_copy(enc, &[slot.buf.buffer()]));
             let size = e.buf.size();
             e.map.map(&e.buf, wgpu::MapMode::Write, size);
             stats.up_submit_ns += nanos(t2.elapsed());
