@@ -14,7 +14,7 @@ use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::trainer::{Trainer, TrainerConfig};
-use megatrain_gpu::{CopyQueueChoice, GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
+use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
 use megatrain_tier::TransportDType;
@@ -214,14 +214,9 @@ fn gpu_uploading(ctx: Arc<GpuContext>, transport: TransportChoice, uploads: Uplo
 fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
-    if ctx.can_import_host_memory() {
-        // On the copy queue: the device's own second queue where it has
-        // one, else wgpu's queue (lavapipe), where the bookkeeping runs.
-        let own = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
-        let side = match own.copy_queue() {
-            Some(_) => own,
-            None => GpuContext::with_copy_queue(CopyQueueChoice::Shared).unwrap(),
-        };
+    // On the copy queue: the device's own second queue where it has one,
+    // else wgpu's queue (lavapipe), where the bookkeeping runs.
+    if let Some(side) = common::copy_queue_ctx() {
         eprintln!("copy queue: {:?}", side.copy_queue());
         check_training_on(
             gpu_uploading(side.clone(), TransportChoice::Staging, Uploads::Direct),
@@ -231,7 +226,8 @@ fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
             20,
         );
         let q = side.copy_queue_stats().expect("opened with a copy queue");
-        // Every block load but the first two overwrites a slot kernels read.
+        // Every block load but the first two overwrites a slot kernels
+        // read, and so does every gradient download (its staging).
         assert!(
             q.copies > 20 && q.copies_after_use > 0 && q.submissions_waiting > 0,
             "{q:?}"
@@ -472,13 +468,22 @@ fn warm_steps_allocate_nothing_on_the_device() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
     let direct = ctx.can_import_host_memory();
-    for (transport, k, uploads) in [
-        (TransportChoice::Staging, 1, Uploads::Copy),
-        (TransportChoice::Mapped, 2, Uploads::Copy),
-        (TransportChoice::Staging, 2, Uploads::Direct),
-    ] {
+    let side = common::copy_queue_ctx();
+    let cases = [
+        (&ctx, TransportChoice::Staging, 1, Uploads::Copy),
+        (&ctx, TransportChoice::Mapped, 2, Uploads::Copy),
+        (&ctx, TransportChoice::Staging, 2, Uploads::Direct),
+    ];
+    // And with downloads and uploads on the copy queue.
+    let on_side = side
+        .as_ref()
+        .map(|c| (c, TransportChoice::Staging, 2, Uploads::Direct));
+    for (ctx, transport, k, uploads) in cases.into_iter().chain(on_side) {
         let mut tr = trainer(gpu_uploading(ctx.clone(), transport, uploads), &model, k);
-        let transport = format!("{transport}, {uploads} uploads");
+        let queue = ctx
+            .copy_queue()
+            .map_or(String::new(), |(q, _)| format!(", copy queue {q}"));
+        let transport = format!("{transport}, {uploads} uploads{queue}");
         let counts = |tr: &Trainer<GpuExecutor>| {
             let g = tr.executor();
             (

@@ -206,8 +206,8 @@ mod vk {
     struct Target {
         /// `compute` value of the last wgpu submission that used it.
         last_use: u64,
-        /// `copies` value of the last copy into it.
-        written: u64,
+        /// `copies` value of the last copy that read or wrote it.
+        copy_use: u64,
     }
 
     /// A copy submitted and what it must keep alive until done.
@@ -357,7 +357,7 @@ mod vk {
             for (buf, t) in s.targets.iter_mut() {
                 if uses(buf) {
                     t.last_use = value;
-                    wait = wait.max(t.written);
+                    wait = wait.max(t.copy_use);
                 }
             }
             // SAFETY: semaphores of this device, staged for the submission
@@ -378,7 +378,9 @@ mod vk {
         }
 
         /// Makes a device-local buffer of `bytes` for both queues
-        /// (`STORAGE | COPY_DST | COPY_SRC`) and starts tracking it.
+        /// (`STORAGE | COPY_DST | COPY_SRC`) and starts tracking it: a
+        /// weight slot the queue writes, or the staging a download is
+        /// copied through (the queue reads it).
         pub(crate) fn create_buffer(
             &self,
             device: &wgpu::Device,
@@ -454,15 +456,19 @@ mod vk {
             self.lock().targets.remove(buf);
         }
 
-        /// Copies `regions` (byte offsets and lengths) from `src` into
-        /// `dst`, a buffer of [`CopyQueue::create_buffer`], after the last
-        /// wgpu submission that used `dst`. `keep` stays alive until the
-        /// copy is done. Returns the copy's `copies` value.
+        /// Copies `regions` (source offset, destination offset, bytes)
+        /// from `src` into `dst` after the last wgpu submission that used
+        /// either, where it is one of [`CopyQueue::create_buffer`]'s (the
+        /// other side is registered host memory). `to_host`: `dst` is host
+        /// memory the CPU reads after [`CopyQueue::wait_for`] the value.
+        /// `keep` stays alive until the copy is done. Returns the copy's
+        /// `copies` value.
         pub(crate) fn copy(
             &self,
             src: &wgpu::Buffer,
             dst: &wgpu::Buffer,
             regions: &[(u64, u64, u64)],
+            to_host: bool,
             keep: Vec<Arc<dyn Any + Send + Sync>>,
         ) -> Result<u64, crate::GpuError> {
             let fail = |what: &str, e: vk::Result| crate::GpuError::Unsupported {
@@ -471,13 +477,17 @@ mod vk {
             };
             let mut s = self.lock();
             self.reclaim(&mut s);
-            let Some(target) = s.targets.get(dst) else {
+            let after = [src, dst]
+                .iter()
+                .filter_map(|b| s.targets.get(*b))
+                .map(|t| t.last_use)
+                .max();
+            let Some(after) = after else {
                 return Err(crate::GpuError::Unsupported {
                     op: "copy queue",
-                    detail: "the destination was not made by the copy queue".into(),
+                    detail: "neither side of the copy was made by the copy queue".into(),
                 });
             };
-            let after = target.last_use;
             let value = s.copies + 1;
             let copies: Vec<vk::BufferCopy> = regions
                 .iter()
@@ -519,6 +529,22 @@ mod vk {
                     if !copies.is_empty() {
                         self.raw.cmd_copy_buffer(cmd, src_raw, dst_raw, &copies);
                     }
+                    if to_host {
+                        // The device's writes made visible to the host's
+                        // reads after its wait on the semaphore.
+                        let barrier = vk::MemoryBarrier::default()
+                            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                            .dst_access_mask(vk::AccessFlags::HOST_READ);
+                        self.raw.cmd_pipeline_barrier(
+                            cmd,
+                            vk::PipelineStageFlags::TRANSFER,
+                            vk::PipelineStageFlags::HOST,
+                            vk::DependencyFlags::empty(),
+                            &[barrier],
+                            &[],
+                            &[],
+                        );
+                    }
                     self.raw.end_command_buffer(cmd)
                 });
                 if let Err(e) = recorded {
@@ -558,8 +584,22 @@ mod vk {
             s.copies = value;
             s.stats.copies += 1;
             s.stats.copies_after_use += u64::from(after > 0);
-            s.targets.get_mut(dst).expect("checked above").written = value;
+            for b in [src, dst] {
+                if let Some(t) = s.targets.get_mut(b) {
+                    t.copy_use = value;
+                }
+            }
             Ok(value)
+        }
+
+        /// Blocks until copy `value` is done.
+        pub(crate) fn wait_for(&self, value: u64) -> Result<(), crate::GpuError> {
+            let (sems, values) = ([self.copies], [value]);
+            let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
+            // SAFETY: a wait on this device's semaphore for a value a
+            // submitted copy signals.
+            unsafe { self.raw.wait_semaphores(&info, u64::MAX) }
+                .map_err(|e| crate::GpuError::Poll(format!("waiting for the copy queue: {e}")))
         }
 
         /// Recycles the command buffers of finished copies and lets go of
@@ -586,12 +626,7 @@ mod vk {
         /// Blocks until every copy submitted so far is done.
         pub(crate) fn wait_idle(&self) -> Result<(), crate::GpuError> {
             let last = self.lock().copies;
-            let (sems, values) = ([self.copies], [last]);
-            let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
-            // SAFETY: a wait on this device's semaphore for a value a
-            // submitted copy signals.
-            unsafe { self.raw.wait_semaphores(&info, u64::MAX) }
-                .map_err(|e| crate::GpuError::Poll(format!("waiting for the copy queue: {e}")))?;
+            self.wait_for(last)?;
             let mut s = self.lock();
             self.reclaim(&mut s);
             Ok(())
@@ -655,8 +690,12 @@ mod vk {
             _: &wgpu::Buffer,
             _: &wgpu::Buffer,
             _: &[(u64, u64, u64)],
+            _: bool,
             _: Vec<Arc<dyn Any + Send + Sync>>,
         ) -> Result<u64, crate::GpuError> {
+            match *self {}
+        }
+        pub(crate) fn wait_for(&self, _: u64) -> Result<(), crate::GpuError> {
             match *self {}
         }
         pub(crate) fn wait_idle(&self) -> Result<(), crate::GpuError> {

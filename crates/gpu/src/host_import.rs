@@ -145,7 +145,7 @@ pub(crate) unsafe fn register(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Opt
         });
     }
     // SAFETY: forwarded from the caller.
-    let Some((buffer, covered)) = (unsafe { vk::import(ctx, start, end - start) }) else {
+    let Some((buffer, covered)) = (unsafe { vk::import(ctx, start, end - start, false) }) else {
         return Ok(None);
     };
     ctx.host_registry.add(Arc::new(Region {
@@ -157,6 +157,81 @@ pub(crate) unsafe fn register(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Opt
         ctx: ctx.clone(),
         start,
     }))
+}
+
+/// Host memory of its own that the device copies into: where a download
+/// on the copy queue lands, read by the CPU where it is. Page-aligned (to
+/// the import alignment) and imported whole.
+pub(crate) struct HostBuffer {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+    pub buffer: wgpu::Buffer,
+    ctx: Arc<GpuContext>,
+}
+
+// SAFETY: the memory is owned by the value; the device writes it only
+// between a copy's submission and the wait that precedes every read.
+unsafe impl Send for HostBuffer {}
+unsafe impl Sync for HostBuffer {}
+
+impl HostBuffer {
+    /// `bytes` (at least 4) of zeroed host memory the device can copy
+    /// into; `None` where it cannot import them whole.
+    pub fn new(ctx: &Arc<GpuContext>, bytes: u64) -> Option<HostBuffer> {
+        let align = ctx.host_import?.align.max(4096) as usize;
+        let size = (bytes.max(4) as usize).next_multiple_of(align);
+        let layout = std::alloc::Layout::from_size_align(size, align).ok()?;
+        // SAFETY: a non-zero size and a power-of-two alignment.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: the memory stays allocated until `drop`, which destroys
+        // the buffer and waits for the device first.
+        match unsafe { vk::import(ctx, ptr as usize, size, true) } {
+            Some((buffer, covered)) if covered as u64 >= bytes => Some(HostBuffer {
+                ptr,
+                layout,
+                buffer,
+                ctx: ctx.clone(),
+            }),
+            other => {
+                if let Some((buffer, _)) = other {
+                    buffer.destroy();
+                    let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+                }
+                // SAFETY: allocated above with this layout; no buffer over it.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+                None
+            }
+        }
+    }
+
+    /// Bytes the buffer holds.
+    pub fn size(&self) -> u64 {
+        self.layout.size() as u64
+    }
+
+    /// The memory, as the device last left it: read only after waiting
+    /// for the copy that wrote it.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `layout.size()` bytes allocated in `new`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // No copy may still write the memory when it is freed.
+        if let Some(q) = &self.ctx.copy_queue {
+            let _ = q.wait_idle();
+        }
+        self.buffer.destroy();
+        let _ = self.ctx.device.poll(wgpu::PollType::wait_indefinitely());
+        // SAFETY: allocated in `new` with this layout; the buffer over it
+        // is destroyed and the device waited for.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
 }
 
 pub(crate) use vk::open_device;
@@ -236,10 +311,10 @@ mod vk {
         }
     }
 
-    /// A `COPY_SRC` buffer over the host bytes `start..start + size`
-    /// (aligned to the device's import alignment) and the bytes it covers
-    /// from `start` (all of them unless the driver pads buffers), or
-    /// `None` where the driver refuses them.
+    /// A `COPY_SRC` buffer (`COPY_DST` with `dst`) over the host bytes
+    /// `start..start + size` (aligned to the device's import alignment)
+    /// and the bytes it covers from `start` (all of them unless the driver
+    /// pads buffers), or `None` where the driver refuses them.
     ///
     /// # Safety
     /// The bytes stay allocated until the buffer is destroyed and the
@@ -248,8 +323,13 @@ mod vk {
         ctx: &GpuContext,
         start: usize,
         size: usize,
+        dst: bool,
     ) -> Option<(wgpu::Buffer, usize)> {
         let size = size as u64;
+        let (vk_usage, usage) = match dst {
+            false => (vk::BufferUsageFlags::TRANSFER_SRC, wgpu::BufferUsages::COPY_SRC),
+            true => (vk::BufferUsageFlags::TRANSFER_DST, wgpu::BufferUsages::COPY_DST),
+        };
         // SAFETY: Vulkan objects made here are destroyed here on failure,
         // or handed to wgpu-hal (`from_raw_managed`), which destroys the
         // buffer and frees the memory when wgpu destroys the buffer.
@@ -273,7 +353,7 @@ mod vk {
                     let mut external = vk::ExternalMemoryBufferCreateInfo::default().handle_types(HANDLE);
                     let info = vk::BufferCreateInfo::default()
                         .size(bytes)
-                        .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+                        .usage(vk_usage)
                         .sharing_mode(mode)
                         .queue_family_indices(families)
                         .push_next(&mut external);
@@ -331,7 +411,7 @@ mod vk {
                 &wgpu::BufferDescriptor {
                     label: Some("registered host memory"),
                     size: bytes,
-                    usage: wgpu::BufferUsages::COPY_SRC,
+                    usage,
                     mapped_at_creation: false,
                 },
             );
@@ -360,6 +440,7 @@ mod vk {
         _ctx: &GpuContext,
         _start: usize,
         _size: usize,
+        _dst: bool,
     ) -> Option<(wgpu::Buffer, usize)> {
         None
     }

@@ -283,7 +283,7 @@ impl GpuExecutor {
             timestamps,
             bind_groups: BindGroupCache::default(),
             transport_choice: opts.transport,
-            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts)),
+            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts, &ctx)),
             rope_tables: Default::default(),
             ctx,
         }

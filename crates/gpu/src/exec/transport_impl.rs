@@ -16,8 +16,8 @@ use crate::copy_queue::CopyQueue;
 use crate::host_import::Region;
 use crate::tensor::{GpuTensor, storage_bytes};
 use crate::transport::{
-    Image, Link, MapState, MappedTransport, PendingRead, ReadbackPool, SlotBuffer, StagingTransport,
-    Transport, TransportChoice, copy_pool,
+    Image, Link, MapState, MappedTransport, PendingRead, ReadbackPool, SideReadback, SlotBuffer,
+    StagingTransport, Transport, TransportChoice, copy_pool,
 };
 
 /// One weight slot: a buffer laid out for one table, the tensors over it,
@@ -64,7 +64,7 @@ pub(crate) struct TransportState {
 }
 
 impl TransportState {
-    pub(crate) fn new(opts: &GpuOptions) -> Self {
+    pub(crate) fn new(opts: &GpuOptions, ctx: &Arc<crate::GpuContext>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         TransportState {
             active: None,
@@ -76,7 +76,7 @@ impl TransportState {
             ),
             mapped: MappedTransport,
             slots: HashMap::new(),
-            readback: ReadbackPool::default(),
+            readback: ReadbackPool::new(SideReadback::new(ctx)),
             pending: HashMap::new(),
             next_ticket: 0,
             stats: TransportStats::default(),
@@ -186,11 +186,18 @@ impl GpuExecutor {
     /// The transport in use, if decided.
     pub fn transport_info(&self) -> Option<TransportInfo> {
         let st = self.transport.lock().expect("transport poisoned");
-        let mut info = st.active.as_ref().map(|(_, info)| info.clone())?;
-        if let (Some((what, _)), false) = (self.ctx.copy_queue(), self.uploads == crate::Uploads::Copy) {
-            info.reason += &format!("; device copies from registered host memory run on {what}");
+        st.active
+            .as_ref()
+            .map(|(_, info)| self.naming_copy_queue(info.clone()))
+    }
+
+    /// `info`, saying where the device's own copies run if not on wgpu's
+    /// queue.
+    fn naming_copy_queue(&self, mut info: TransportInfo) -> TransportInfo {
+        if let Some((what, _)) = self.ctx.copy_queue() {
+            info.reason += &format!("; downloads, and uploads the device copies itself, run on {what}");
         }
-        Some(info)
+        info
     }
 
     /// Where the time of the transfers went so far (see [`TransportStats`]).
@@ -436,7 +443,7 @@ impl GpuExecutor {
         }
         for (region, copies) in by_region {
             let keep: Vec<Arc<dyn std::any::Any + Send + Sync>> = vec![region.clone(), slot.clone()];
-            queue.copy(&region.buffer, slot.buffer(), &copies, keep)?;
+            queue.copy(&region.buffer, slot.buffer(), &copies, false, keep)?;
         }
         stats.up_submit_ns += crate::transport::nanos(t.elapsed());
         Ok(())
@@ -447,7 +454,7 @@ impl GpuExecutor {
         let choice = self.resolve_transport(&mut st)?;
         let usage = st.transport_and_slots(choice).0.readback_usage();
         let TransportState { readback, stats, .. } = &mut *st;
-        let p = readback.begin(&self.link(), usage, &tensors, stats);
+        let p = readback.begin(&self.link(), usage, &tensors, stats)?;
         let (id, numel) = (st.next_ticket, p.numel);
         st.next_ticket += 1;
         st.pending.insert(id, p);
@@ -472,7 +479,7 @@ impl GpuExecutor {
         let choice = self.resolve_transport(&mut st)?;
         let usage = st.transport_and_slots(choice).0.readback_usage();
         let TransportState { readback, stats, .. } = &mut *st;
-        let p = readback.begin_range(&self.link(), usage, tensors, range, stats);
+        let p = readback.begin_range(&self.link(), usage, tensors, range, stats)?;
         let (id, numel) = (st.next_ticket, p.numel);
         st.next_ticket += 1;
         st.pending.insert(id, p);
@@ -519,8 +526,7 @@ impl GpuExecutor {
             return Ok(());
         }
         let TransportState { readback, stats, .. } = &mut *st;
-        readback.reserve(&self.link(), usage, bytes, count, stats);
-        Ok(())
+        readback.reserve(&self.link(), usage, bytes, count, stats)
     }
 
     pub(crate) fn finish_download_in_place_impl(
@@ -555,6 +561,10 @@ impl GpuExecutor {
     /// download — each the median of 5, summed. Parts are timed apart so
     /// that slow compute (a CPU adapter) does not drown the difference.
     pub(crate) fn prepare_transport_impl(&self, layer_bytes: u64, grad_bytes: u64) -> Result<TransportInfo> {
+        Ok(self.naming_copy_queue(self.choose_transport(layer_bytes, grad_bytes)?))
+    }
+
+    fn choose_transport(&self, layer_bytes: u64, grad_bytes: u64) -> Result<TransportInfo> {
         let set = |c: TransportChoice, reason: String, measured: Vec<(String, f64)>| {
             let mut st = self.transport.lock().expect("transport poisoned");
             st.set_active(c, reason, measured)

@@ -64,6 +64,7 @@ impl std::fmt::Display for Downloads {
 mod image;
 mod mapped;
 mod readback;
+mod side_readback;
 mod staging;
 
 use std::sync::Arc;
@@ -78,6 +79,7 @@ use crate::arena::PooledBuffer;
 pub(crate) use image::Image;
 pub(crate) use mapped::MappedTransport;
 pub(crate) use readback::{PendingRead, ReadbackPool};
+pub(crate) use side_readback::SideReadback;
 pub(crate) use staging::{
     DEFAULT_CHUNK as DEFAULT_STAGING_CHUNK, DEFAULT_DEPTH as DEFAULT_STAGING_DEPTH, StagingTransport,
 };

@@ -2,7 +2,8 @@
 //! compute: the layer's gradient tensors are copied into one readback buffer
 //! and its mapping is requested at once; the host collects the bytes later,
 //! after the device has moved on to the next layer. Single-tensor downloads
-//! use the same pool and wait.
+//! use the same pool and wait. On a device with a copy queue, range
+//! downloads go there instead (`side_readback`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use std::time::Instant;
 
 use megatrain_tensor::{DType, Error, Landed, LandedF32, Result, TransportStats};
 
+use super::side_readback::{Landing, SideReadback};
 use super::{Copying, Link, MapState, nanos};
 use crate::GpuError;
 use crate::tensor::GpuTensor;
@@ -24,6 +26,8 @@ pub(crate) struct ReadbackPool {
     /// (usage bits, size class, count) of the last [`ReadbackPool::reserve`]:
     /// range downloads of that usage up to the class take a buffer of it.
     reserved: Option<(u32, u64, usize)>,
+    /// Where range downloads go on a device with a copy queue.
+    side: Option<SideReadback>,
 }
 
 #[derive(Default)]
@@ -63,35 +67,58 @@ impl Drop for InPlace {
 
 /// One download in flight.
 pub(crate) struct PendingRead {
-    buf: wgpu::Buffer,
-    map: MapState,
-    copy: Copying,
+    at: At,
     /// (dtype, elements, byte offset) of each tensor, in order.
     layout: Vec<(DType, usize, u64)>,
     bytes: u64,
     pub numel: usize,
 }
 
-impl PendingRead {
-    /// Waits for the copy and the mapping, counting the time as the
-    /// download's.
-    fn wait(&self, link: &Link<'_>, stats: &mut TransportStats) -> Result<()> {
-        link.wait_copy(
-            &self.copy,
-            &self.map,
-            &mut stats.down_wait_compute_ns,
-            &mut stats.down_wait_copy_ns,
-        )
-    }
+/// Where a download lands.
+enum At {
+    /// A readback buffer wgpu copies into and maps.
+    Mapped {
+        buf: wgpu::Buffer,
+        map: MapState,
+        copy: Copying,
+    },
+    /// Host memory the copy queue copies into.
+    Side(Landing),
 }
 
 impl ReadbackPool {
+    /// A pool whose range downloads go through `side` where given.
+    pub fn new(side: Option<SideReadback>) -> Self {
+        ReadbackPool {
+            side,
+            ..Default::default()
+        }
+    }
+
     /// Host-visible bytes the pool owns: parked, or lent out as
     /// [`Landed`] values.
     pub fn pooled_bytes(&self) -> u64 {
         let lent = self.lent.lock().expect("readback pool poisoned");
         let back: u64 = lent.back.iter().map(|b| b.size()).sum();
-        self.free.values().flatten().map(|b| b.size()).sum::<u64>() + lent.bytes + back
+        let side = self.side.as_ref().map_or(0, SideReadback::host_bytes);
+        self.free.values().flatten().map(|b| b.size()).sum::<u64>() + lent.bytes + back + side
+    }
+
+    /// Waits for `p` to land, counting the time as the download's.
+    fn wait(&self, link: &Link<'_>, p: &PendingRead, stats: &mut TransportStats) -> Result<()> {
+        match &p.at {
+            At::Mapped { map, copy, .. } => link.wait_copy(
+                copy,
+                map,
+                &mut stats.down_wait_compute_ns,
+                &mut stats.down_wait_copy_ns,
+            ),
+            At::Side(l) => self
+                .side
+                .as_ref()
+                .expect("a side landing has its pool")
+                .wait(l, stats),
+        }
     }
 
     /// Makes `count` buffers of `usage` for downloads of up to `bytes`
@@ -109,14 +136,18 @@ impl ReadbackPool {
         bytes: u64,
         count: usize,
         stats: &mut TransportStats,
-    ) {
+    ) -> Result<()> {
         let class = crate::arena::size_class(bytes.max(4));
         self.reserved = Some((usage.bits(), class, count));
+        if let Some(side) = &mut self.side {
+            return side.reserve(class, count, stats);
+        }
         let free = self.free.get(&(usage.bits(), class)).map_or(0, Vec::len);
         for _ in free..count {
             let b = Self::make(link, usage, class, stats);
             self.recycle(b);
         }
+        Ok(())
     }
 
     /// Whether [`ReadbackPool::reserve`] was last asked for the same.
@@ -145,21 +176,30 @@ impl ReadbackPool {
         if p.layout.iter().any(|&(dtype, _, _)| dtype != DType::F32) {
             return Ok(Err(p));
         }
-        p.wait(link, stats)?;
+        self.wait(link, &p, stats)?;
         debug_assert_eq!(p.bytes, 4 * p.numel as u64, "f32 pieces skip nothing");
-        let view = p
-            .buf
-            .get_mapped_range(0..p.bytes.max(4))
-            .map_err(|e| GpuError::Map(e.to_string()))?;
+        let (buf, map, copy) = match p.at {
+            At::Side(l) => {
+                stats.downloads_in_place += 1;
+                let side = self.side.as_ref().expect("a side landing has its pool");
+                return Ok(Ok(side.lend(l, p.numel)));
+            }
+            At::Mapped { buf, map, copy } => (buf, map, copy),
+        };
+        let view = match buf.get_mapped_range(0..p.bytes.max(4)) {
+            Ok(v) => v,
+            Err(e) => return Err(GpuError::Map(e.to_string()).into()),
+        };
         if view.as_ptr().align_offset(align_of::<f32>()) != 0 {
             drop(view);
-            return Ok(Err(p));
+            let at = At::Mapped { buf, map, copy };
+            return Ok(Err(PendingRead { at, ..p }));
         }
         stats.downloads_in_place += 1;
-        self.lent.lock().expect("readback pool poisoned").bytes += p.buf.size();
+        self.lent.lock().expect("readback pool poisoned").bytes += buf.size();
         Ok(Ok(Landed::new(InPlace {
             view: Some(view),
-            buf: p.buf,
+            buf,
             len: p.numel,
             home: Arc::clone(&self.lent),
         })))
@@ -172,7 +212,7 @@ impl ReadbackPool {
         usage: wgpu::BufferUsages,
         tensors: &[GpuTensor],
         stats: &mut TransportStats,
-    ) -> PendingRead {
+    ) -> Result<PendingRead> {
         let total = tensors.iter().map(|t| t.numel()).sum();
         self.begin_range(link, usage, tensors, 0..total, stats)
     }
@@ -188,7 +228,7 @@ impl ReadbackPool {
         pool: &rayon::ThreadPool,
         stats: &mut TransportStats,
     ) -> Result<()> {
-        p.wait(link, stats)?;
+        self.wait(link, &p, stats)?;
         let t = Instant::now();
         let result = if out.len() != p.numel {
             Err(Error::shape(
@@ -199,8 +239,17 @@ impl ReadbackPool {
             Self::decode(&p, out, pool)
         };
         stats.down_read_ns += nanos(t.elapsed());
-        p.buf.unmap();
-        self.recycle(p.buf);
+        match p.at {
+            At::Mapped { buf, .. } => {
+                buf.unmap();
+                self.recycle(buf);
+            }
+            At::Side(l) => self
+                .side
+                .as_mut()
+                .expect("a side landing has its pool")
+                .recycle(l),
+        }
         result
     }
 
@@ -272,11 +321,15 @@ impl ReadbackPool {
     }
 
     fn decode(p: &PendingRead, out: &mut [f32], pool: &rayon::ThreadPool) -> Result<()> {
-        let view = p
-            .buf
-            .get_mapped_range(0..p.bytes.max(4))
-            .map_err(|e| GpuError::Map(e.to_string()))?;
-        super::image::read_par(pool, &view, &p.layout, out);
+        match &p.at {
+            At::Mapped { buf, .. } => {
+                let view = buf
+                    .get_mapped_range(0..p.bytes.max(4))
+                    .map_err(|e| GpuError::Map(e.to_string()))?;
+                super::image::read_par(pool, &view, &p.layout, out);
+            }
+            At::Side(l) => super::image::read_par(pool, &l.bytes()[..p.bytes as usize], &p.layout, out),
+        }
         Ok(())
     }
 }
@@ -295,7 +348,7 @@ impl ReadbackPool {
         tensors: &[GpuTensor],
         range: std::ops::Range<usize>,
         stats: &mut TransportStats,
-    ) -> PendingRead {
+    ) -> Result<PendingRead> {
         let t0 = Instant::now();
         // (tensor, source byte offset, bytes to copy, skipped leading bytes, elements).
         let mut pieces = Vec::new();
@@ -317,7 +370,24 @@ impl ReadbackPool {
             layout.push((t.dtype, n, bytes + skip));
             bytes += len;
         }
-        let buf = self.take(link, usage, self.reserved_class(usage, bytes), stats);
+        let class = self.reserved_class(usage, bytes);
+        if let Some(side) = &mut self.side {
+            let pieces: Vec<_> = pieces
+                .iter()
+                .map(|&(t, from, len, _, _)| (t.buffer(), from, len))
+                .collect();
+            let l = side.begin(link, &pieces, crate::arena::size_class(class.max(4)), stats)?;
+            stats.down_submit_ns += nanos(t0.elapsed());
+            stats.downloads += 1;
+            stats.bytes_down += bytes;
+            return Ok(PendingRead {
+                at: At::Side(l),
+                numel: range.len(),
+                layout,
+                bytes,
+            });
+        }
+        let buf = self.take(link, usage, class, stats);
         let mut enc = link.device.create_command_encoder(&Default::default());
         let mut at = 0;
         for &(t, from, len, _, _) in &pieces {
@@ -331,13 +401,11 @@ impl ReadbackPool {
         stats.down_submit_ns += nanos(t0.elapsed());
         stats.downloads += 1;
         stats.bytes_down += bytes;
-        PendingRead {
-            buf,
-            map,
-            copy,
+        Ok(PendingRead {
+            at: At::Mapped { buf, map, copy },
             numel: range.len(),
             layout,
             bytes,
-        }
+        })
     }
 }

@@ -1,0 +1,239 @@
+//! Downloads on the copy queue (`crate::copy_queue`), so that a layer's
+//! gradients cross the bus while the next layer's backward runs.
+//!
+//! The gradients lie in wgpu's buffers, which only wgpu's queue family may
+//! read without an ownership transfer. So wgpu's queue first copies them
+//! into a staging buffer both families share (device to device, at the
+//! memory's speed, inside the step's own submission order), and the copy
+//! queue then moves the staging buffer into host memory of the pool's own
+//! (imported, `host_import::HostBuffer`), where the optimizer reads it once
+//! the copy's value is reached. A few staging buffers per size class take
+//! turns; reusing one waits (on the device) for the copy queue's read of
+//! it, which the copy queue's bookkeeping does by itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use megatrain_tensor::{Landed, LandedF32, Result, TransportStats};
+
+use super::{Link, nanos};
+use crate::copy_queue::CopyQueue;
+use crate::host_import::HostBuffer;
+use crate::{GpuContext, GpuError};
+
+/// Staging buffers per size class: downloads in flight at once before one
+/// waits for the copy queue to finish reading an earlier one.
+const RING: usize = 4;
+
+pub(crate) struct SideReadback {
+    ctx: Arc<GpuContext>,
+    queue: Arc<CopyQueue>,
+    /// Host buffers not in use, by size class.
+    free: HashMap<u64, Vec<HostBuffer>>,
+    lent: Arc<Mutex<Lent>>,
+    staging: HashMap<u64, Ring>,
+}
+
+#[derive(Default)]
+struct Ring {
+    bufs: Vec<wgpu::Buffer>,
+    next: usize,
+}
+
+#[derive(Default)]
+struct Lent {
+    bytes: u64,
+    back: Vec<HostBuffer>,
+}
+
+/// A download on its way into host memory: done once the copy queue
+/// reaches `value`.
+pub(crate) struct Landing {
+    host: HostBuffer,
+    value: u64,
+}
+
+impl Landing {
+    /// The bytes, once [`SideReadback::wait`] returned.
+    pub fn bytes(&self) -> &[u8] {
+        self.host.bytes()
+    }
+}
+
+/// A download's f32 values read where they landed; the host buffer goes
+/// back to the pool when dropped.
+struct InHost {
+    host: Option<HostBuffer>,
+    len: usize,
+    home: Arc<Mutex<Lent>>,
+}
+
+impl LandedF32 for InHost {
+    fn as_f32(&self) -> &[f32] {
+        let host = self.host.as_ref().expect("held until dropped");
+        bytemuck::cast_slice(&host.bytes()[..4 * self.len])
+    }
+}
+
+impl Drop for InHost {
+    fn drop(&mut self) {
+        let host = self.host.take().expect("held until dropped");
+        // A poisoned pool (a panic elsewhere) just frees the buffer.
+        if let Ok(mut lent) = self.home.lock() {
+            lent.bytes -= host.size();
+            lent.back.push(host);
+        }
+    }
+}
+
+impl SideReadback {
+    /// The pool of a device with a copy queue.
+    pub fn new(ctx: &Arc<GpuContext>) -> Option<Self> {
+        Some(SideReadback {
+            queue: ctx.copy_queue.clone()?,
+            ctx: ctx.clone(),
+            free: HashMap::new(),
+            lent: Default::default(),
+            staging: HashMap::new(),
+        })
+    }
+
+    /// Host bytes the pool owns: free, lent out, or given back.
+    pub fn host_bytes(&self) -> u64 {
+        let lent = self.lent.lock().expect("download pool poisoned");
+        let parked: u64 = self
+            .free
+            .values()
+            .flatten()
+            .chain(&lent.back)
+            .map(HostBuffer::size)
+            .sum();
+        parked + lent.bytes
+    }
+
+    /// Makes `count` host buffers of `class` bytes and the staging ring.
+    pub fn reserve(&mut self, class: u64, count: usize, stats: &mut TransportStats) -> Result<()> {
+        self.take_back();
+        let have = self.free.get(&class).map_or(0, Vec::len);
+        for _ in have..count {
+            let h = self.make_host(class, stats)?;
+            self.free.entry(class).or_default().push(h);
+        }
+        for _ in 0..RING.min(count) {
+            self.next_staging(class, stats)?;
+        }
+        Ok(())
+    }
+
+    fn take_back(&mut self) {
+        let back = std::mem::take(&mut self.lent.lock().expect("download pool poisoned").back);
+        for h in back {
+            self.free.entry(h.size()).or_default().push(h);
+        }
+    }
+
+    fn make_host(&self, class: u64, stats: &mut TransportStats) -> Result<HostBuffer> {
+        stats.buffers_created += 1;
+        Ok(
+            HostBuffer::new(&self.ctx, class).ok_or_else(|| GpuError::Unsupported {
+                op: "download",
+                detail: format!("the device cannot import {class} bytes of host memory for a download"),
+            })?,
+        )
+    }
+
+    fn take_host(&mut self, class: u64, stats: &mut TransportStats) -> Result<HostBuffer> {
+        self.take_back();
+        match self.free.get_mut(&class).and_then(Vec::pop) {
+            Some(h) => Ok(h),
+            None => self.make_host(class, stats),
+        }
+    }
+
+    /// The class's next staging buffer, made while the ring is short.
+    fn next_staging(&mut self, class: u64, stats: &mut TransportStats) -> Result<wgpu::Buffer> {
+        let ring = self.staging.entry(class).or_default();
+        if ring.bufs.len() < RING {
+            stats.buffers_created += 1;
+            let b = self
+                .queue
+                .create_buffer(&self.ctx.device, class, "download staging (copy queue)")
+                .ok_or_else(|| GpuError::Unsupported {
+                    op: "download",
+                    detail: format!("no device memory for a {class}-byte download staging buffer"),
+                })?;
+            ring.bufs.push(b);
+        }
+        let b = ring.bufs[ring.next % ring.bufs.len()].clone();
+        ring.next += 1;
+        Ok(b)
+    }
+
+    /// Copies `pieces` (buffer, byte offset, bytes: 4-byte multiples) one
+    /// after another into a staging buffer of `class` bytes on wgpu's
+    /// queue, then on to host memory on the copy queue.
+    pub fn begin(
+        &mut self,
+        link: &Link<'_>,
+        pieces: &[(&wgpu::Buffer, u64, u64)],
+        class: u64,
+        stats: &mut TransportStats,
+    ) -> Result<Landing> {
+        let bytes: u64 = pieces.iter().map(|p| p.2).sum();
+        let staging = self.next_staging(class, stats)?;
+        let host = self.take_host(class, stats)?;
+        let mut enc = link.device.create_command_encoder(&Default::default());
+        let mut at = 0;
+        for &(buf, from, len) in pieces {
+            enc.copy_buffer_to_buffer(buf, from, &staging, at, len);
+            at += len;
+        }
+        let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
+        uses.push(&staging);
+        link.submit(enc, &uses);
+        let regions = [(0, 0, bytes)];
+        let regions = if bytes > 0 { &regions[..] } else { &[] };
+        let value = self.queue.copy(
+            &staging,
+            &host.buffer,
+            regions,
+            true,
+            vec![Arc::new(staging.clone())],
+        )?;
+        Ok(Landing { host, value })
+    }
+
+    /// Blocks until `l` is in host memory.
+    pub fn wait(&self, l: &Landing, stats: &mut TransportStats) -> Result<()> {
+        let t = Instant::now();
+        self.queue.wait_for(l.value)?;
+        stats.down_wait_copy_ns += nanos(t.elapsed());
+        Ok(())
+    }
+
+    /// `l`'s first `len` f32 values, lent until dropped (after `wait`).
+    pub fn lend(&self, l: Landing, len: usize) -> Landed {
+        self.lent.lock().expect("download pool poisoned").bytes += l.host.size();
+        Landed::new(InHost {
+            host: Some(l.host),
+            len,
+            home: self.lent.clone(),
+        })
+    }
+
+    /// Takes `l`'s host buffer back (after it was read).
+    pub fn recycle(&mut self, l: Landing) {
+        self.free.entry(l.host.size()).or_default().push(l.host);
+    }
+}
+
+impl Drop for SideReadback {
+    fn drop(&mut self) {
+        for ring in self.staging.values() {
+            for b in &ring.bufs {
+                self.queue.forget(b);
+            }
+        }
+    }
+}
