@@ -450,6 +450,13 @@ mod vk {
             Some(buffer)
         }
 
+        /// Whether every copy that used `buf` is done.
+        pub(crate) fn idle(&self, buf: &wgpu::Buffer) -> bool {
+            let used = self.lock().targets.get(buf).map_or(0, |t| t.copy_use);
+            // SAFETY: a query of this device's semaphore.
+            used == 0 || unsafe { self.raw.get_semaphore_counter_value(self.copies) }.is_ok_and(|v| v >= used)
+        }
+
         /// Stops tracking `buf` (its owner let it go). Copies still in
         /// flight keep it alive themselves.
         pub(crate) fn forget(&self, buf: &wgpu::Buffer) {
@@ -683,6 +690,9 @@ mod vk {
             match *self {}
         }
         pub(crate) fn forget(&self, _: &wgpu::Buffer) {
+            match *self {}
+        }
+        pub(crate) fn idle(&self, _: &wgpu::Buffer) -> bool {
             match *self {}
         }
         pub(crate) fn copy(

@@ -178,8 +178,8 @@ impl HostBuffer {
     /// `bytes` (at least 4) of zeroed host memory the device can copy
     /// into; `None` where it cannot import them whole.
     pub fn new(ctx: &Arc<GpuContext>, bytes: u64) -> Option<HostBuffer> {
-        let align = ctx.host_import?.align.max(4096) as usize;
-        let size = (bytes.max(4) as usize).next_multiple_of(align);
+        let size = Self::size_for(ctx, bytes)? as usize;
+        let align = Self::align(ctx)? as usize;
         let layout = std::alloc::Layout::from_size_align(size, align).ok()?;
         // SAFETY: a non-zero size and a power-of-two alignment.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -205,6 +205,15 @@ impl HostBuffer {
                 None
             }
         }
+    }
+
+    fn align(ctx: &GpuContext) -> Option<u64> {
+        Some(ctx.host_import?.align.max(4096))
+    }
+
+    /// Bytes a buffer for `bytes` holds (whole import units).
+    pub fn size_for(ctx: &GpuContext, bytes: u64) -> Option<u64> {
+        Some(bytes.max(4).next_multiple_of(Self::align(ctx)?))
     }
 
     /// Bytes the buffer holds.

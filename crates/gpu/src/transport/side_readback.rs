@@ -7,9 +7,10 @@
 //! memory's speed, inside the step's own submission order), and the copy
 //! queue then moves the staging buffer into host memory of the pool's own
 //! (imported, `host_import::HostBuffer`), where the optimizer reads it once
-//! the copy's value is reached. A few staging buffers per size class take
-//! turns; reusing one waits (on the device) for the copy queue's read of
-//! it, which the copy queue's bookkeeping does by itself.
+//! the copy's value is reached. A download takes a staging buffer the copy
+//! queue is done reading, or a new one (up to a few per size class); past
+//! that, reusing one waits on the device for the copy queue's read of it,
+//! which the copy queue's bookkeeping does by itself.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,8 @@ const RING: usize = 4;
 pub(crate) struct SideReadback {
     ctx: Arc<GpuContext>,
     queue: Arc<CopyQueue>,
-    /// Host buffers not in use, by size class.
+    /// Host buffers not in use, by size (their class rounded up to whole
+    /// import units, `HostBuffer::size_for`).
     free: HashMap<u64, Vec<HostBuffer>>,
     lent: Arc<Mutex<Lent>>,
     staging: HashMap<u64, Ring>,
@@ -88,12 +90,18 @@ impl Drop for InHost {
 }
 
 impl SideReadback {
-    /// The pool of a device with a copy queue.
+    /// The pool of a device with a copy queue, if the device imports host
+    /// memory to copy into (tried once here: where it does not, downloads
+    /// stay on wgpu's queue).
     pub fn new(ctx: &Arc<GpuContext>) -> Option<Self> {
+        ctx.copy_queue.as_ref()?;
+        let probe = HostBuffer::new(ctx, 4096)?;
+        let mut free = HashMap::new();
+        free.insert(probe.size(), vec![probe]);
         Some(SideReadback {
             queue: ctx.copy_queue.clone()?,
             ctx: ctx.clone(),
-            free: HashMap::new(),
+            free,
             lent: Default::default(),
             staging: HashMap::new(),
         })
@@ -115,13 +123,18 @@ impl SideReadback {
     /// Makes `count` host buffers of `class` bytes and the staging ring.
     pub fn reserve(&mut self, class: u64, count: usize, stats: &mut TransportStats) -> Result<()> {
         self.take_back();
-        let have = self.free.get(&class).map_or(0, Vec::len);
+        let key = self.key(class);
+        let have = self.free.get(&key).map_or(0, Vec::len);
         for _ in have..count {
             let h = self.make_host(class, stats)?;
-            self.free.entry(class).or_default().push(h);
+            self.free.entry(key).or_default().push(h);
         }
-        for _ in 0..RING.min(count) {
-            self.next_staging(class, stats)?;
+        // The whole ring: downloads begun back to back each take one.
+        let ring = self.staging.entry(class).or_default();
+        for _ in ring.bufs.len()..RING.min(count) {
+            stats.buffers_created += 1;
+            let b = self.make_staging(class)?;
+            self.staging.entry(class).or_default().bufs.push(b);
         }
         Ok(())
     }
@@ -143,31 +156,46 @@ impl SideReadback {
         )
     }
 
+    fn key(&self, class: u64) -> u64 {
+        HostBuffer::size_for(&self.ctx, class).unwrap_or(class)
+    }
+
     fn take_host(&mut self, class: u64, stats: &mut TransportStats) -> Result<HostBuffer> {
         self.take_back();
-        match self.free.get_mut(&class).and_then(Vec::pop) {
+        let key = self.key(class);
+        match self.free.get_mut(&key).and_then(Vec::pop) {
             Some(h) => Ok(h),
             None => self.make_host(class, stats),
         }
     }
 
-    /// The class's next staging buffer, made while the ring is short.
+    /// A staging buffer of `class` bytes: one the copy queue is done
+    /// reading, else a new one while there are fewer than [`RING`], else
+    /// the next in turn (whose reuse then waits on the device).
     fn next_staging(&mut self, class: u64, stats: &mut TransportStats) -> Result<wgpu::Buffer> {
         let ring = self.staging.entry(class).or_default();
+        if let Some(b) = ring.bufs.iter().find(|b| self.queue.idle(b)) {
+            return Ok(b.clone());
+        }
         if ring.bufs.len() < RING {
             stats.buffers_created += 1;
-            let b = self
-                .queue
-                .create_buffer(&self.ctx.device, class, "download staging (copy queue)")
-                .ok_or_else(|| GpuError::Unsupported {
-                    op: "download",
-                    detail: format!("no device memory for a {class}-byte download staging buffer"),
-                })?;
-            ring.bufs.push(b);
+            let b = self.make_staging(class)?;
+            self.staging.entry(class).or_default().bufs.push(b.clone());
+            return Ok(b);
         }
         let b = ring.bufs[ring.next % ring.bufs.len()].clone();
         ring.next += 1;
         Ok(b)
+    }
+
+    fn make_staging(&self, class: u64) -> Result<wgpu::Buffer> {
+        Ok(self
+            .queue
+            .create_buffer(&self.ctx.device, class, "download staging (copy queue)")
+            .ok_or_else(|| GpuError::Unsupported {
+                op: "download",
+                detail: format!("no device memory for a {class}-byte download staging buffer"),
+            })?)
     }
 
     /// Copies `pieces` (buffer, byte offset, bytes: 4-byte multiples) one
