@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
 use megatrain_adamw::AdamWConfig;
-use megatrain_gpu::{CopyQueueChoice, GpuContext};
+use megatrain_gpu::GpuContext;
 use megatrain_tensor::Executor;
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{ModelConfig, gpt2_nano, preset};
@@ -41,12 +41,8 @@ pub fn ctx() -> Option<Arc<GpuContext>> {
 /// `None` without an adapter or host memory import.
 pub fn copy_queue_ctx() -> Option<Arc<GpuContext>> {
     ctx()?;
-    let own = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
-    let c = match own.copy_queue() {
-        Some(_) => own,
-        None => GpuContext::with_copy_queue(CopyQueueChoice::Shared).unwrap(),
-    };
-    c.can_import_host_memory().then_some(c)
+    let c = GpuContext::with_some_copy_queue().unwrap();
+    c.copy_queue().is_some().then_some(c)
 }
 
 /// A synthetic corpus, tokens `(i * 7919 + i / div) % vocab` for

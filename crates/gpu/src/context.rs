@@ -163,6 +163,19 @@ impl GpuContext {
         Self::choose(wanted.as_deref(), 0, copy)
     }
 
+    /// A device whose copies run on a copy queue however many queues it
+    /// has: its own second one where it offers one (`Auto`), else wgpu's
+    /// queue (`Shared`), for tests that must run the copy queue's
+    /// bookkeeping on a device with one queue. `copy_queue()` is `None`
+    /// only where the device imports no host memory.
+    pub fn with_some_copy_queue() -> Result<Arc<Self>, GpuError> {
+        let own = Self::with_copy_queue(CopyQueueChoice::Auto)?;
+        match own.copy_queue {
+            Some(_) => Ok(own),
+            None => Self::with_copy_queue(CopyQueueChoice::Shared),
+        }
+    }
+
     fn choose(wanted: Option<&str>, nth: usize, copy: CopyQueueChoice) -> Result<Arc<Self>, GpuError> {
         if wanted.is_some_and(|w| w.eq_ignore_ascii_case(NOOP_ADAPTER)) {
             return Self::noop_by_name();

@@ -397,18 +397,7 @@ mod vk {
                     .allocation_size(size)
                     .memory_type_index(ty)
                     .push_next(&mut import);
-                let memory = match dev.allocate_memory(&alloc, None) {
-                    Ok(m) => m,
-                    Err(_) => {
-                        dev.destroy_buffer(buffer, None);
-                        return None;
-                    }
-                };
-                if dev.bind_buffer_memory(buffer, memory, 0).is_err() {
-                    dev.destroy_buffer(buffer, None);
-                    dev.free_memory(memory, None);
-                    return None;
-                }
+                let memory = crate::copy_queue::allocate_bound(dev, buffer, &alloc)?;
                 (
                     wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, bytes),
                     bytes,

@@ -140,18 +140,34 @@ const SLOT: WeightSlot = WeightSlot { kind: 1, index: 0 };
 /// host memory import.
 fn copy_queue_ctx() -> Option<Arc<GpuContext>> {
     ctx()?;
-    let own = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
-    let c = match own.copy_queue() {
-        Some(_) => own,
-        None => GpuContext::with_copy_queue(CopyQueueChoice::Shared).unwrap(),
-    };
-    c.can_import_host_memory().then_some(c)
+    let c = GpuContext::with_some_copy_queue().unwrap();
+    c.copy_queue().is_some().then_some(c)
 }
 
 #[test]
 fn registered_host_memory_is_copied_by_the_device_and_only_where_it_can_be() {
     let Some(ctx) = ctx() else { return };
     direct_uploads(ctx);
+}
+
+/// Which queue each choice opens: lavapipe has one queue (family 0,
+/// count 1), so `auto` finds none there and `shared` takes wgpu's own.
+#[test]
+fn each_copy_queue_choice_opens_the_queue_it_names() {
+    let Some(ctx) = ctx() else { return };
+    if !ctx.info.name.contains("llvmpipe") || !ctx.can_import_host_memory() {
+        eprintln!("{}: not lavapipe; choices not pinned here", ctx.info);
+        return;
+    }
+    for (choice, want) in [
+        (CopyQueueChoice::Auto, None),
+        (CopyQueueChoice::Off, None),
+        (CopyQueueChoice::Shared, Some(false)),
+    ] {
+        let c = GpuContext::with_copy_queue(choice).unwrap();
+        assert_eq!(c.copy_queue().map(|(_, overlaps)| overlaps), want, "{choice}");
+        assert_eq!(c.copy_queue_stats().is_some(), want.is_some(), "{choice}");
+    }
 }
 
 /// The same on the copy queue.

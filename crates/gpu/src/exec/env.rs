@@ -174,6 +174,12 @@ mod tests {
         for u in [crate::Uploads::Auto, crate::Uploads::Direct, crate::Uploads::Copy] {
             assert_eq!(u.to_string().parse::<crate::Uploads>(), Ok(u));
         }
+        use crate::CopyQueueChoice as Q;
+        for q in [Q::Auto, Q::Off, Q::Shared] {
+            assert_eq!(q.to_string().parse::<Q>(), Ok(q));
+        }
+        let e = "on".parse::<Q>().unwrap_err();
+        assert!(e.contains("auto") && e.contains("shared"), "{e}");
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");
     }
