@@ -220,6 +220,7 @@ impl GpuExecutor {
             usage: crate::arena::USAGE,
             mapped_at_creation: false,
         });
+        let arena = Arena::new(ctx.device.clone());
         let timestamps = ctx.has_timestamps().then(|| Timestamps {
             set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("op timestamps"),
@@ -247,7 +248,7 @@ impl GpuExecutor {
                 ctx.copy_queue.clone(),
             ),
             uniform_align: ctx.limits.min_uniform_buffer_offset_alignment as u64,
-            arena: Arena::new(ctx.device.clone()),
+            arena: arena.clone(),
             kernels: KernelRegistry::new(
                 opts.shader_checks || std::env::var(SHADER_CHECKS_ENV).is_ok_and(|v| v == "1"),
             ),
@@ -283,7 +284,7 @@ impl GpuExecutor {
             timestamps,
             bind_groups: BindGroupCache::default(),
             transport_choice: opts.transport,
-            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts, &ctx)),
+            transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts, &ctx, &arena)),
             rope_tables: Default::default(),
             ctx,
         }

@@ -64,7 +64,11 @@ pub(crate) struct TransportState {
 }
 
 impl TransportState {
-    pub(crate) fn new(opts: &GpuOptions, ctx: &Arc<crate::GpuContext>) -> Self {
+    pub(crate) fn new(
+        opts: &GpuOptions,
+        ctx: &Arc<crate::GpuContext>,
+        arena: &Arc<crate::arena::Arena>,
+    ) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         TransportState {
             active: None,
@@ -76,7 +80,7 @@ impl TransportState {
             ),
             mapped: MappedTransport,
             slots: HashMap::new(),
-            readback: ReadbackPool::new(SideReadback::new(ctx)),
+            readback: ReadbackPool::new(SideReadback::new(ctx, arena)),
             pending: HashMap::new(),
             next_ticket: 0,
             stats: TransportStats::default(),

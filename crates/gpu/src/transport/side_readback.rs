@@ -19,6 +19,7 @@ use std::time::Instant;
 use megatrain_tensor::{Landed, LandedF32, Result, TransportStats};
 
 use super::{Link, nanos};
+use crate::arena::{Arena, PooledBuffer};
 use crate::copy_queue::CopyQueue;
 use crate::host_import::HostBuffer;
 use crate::{GpuContext, GpuError};
@@ -30,6 +31,8 @@ const RING: usize = 4;
 pub(crate) struct SideReadback {
     ctx: Arc<GpuContext>,
     queue: Arc<CopyQueue>,
+    /// Counts the staging ring as the executor's device memory.
+    arena: Arc<Arena>,
     /// Host buffers not in use, by size (their class rounded up to whole
     /// import units, `HostBuffer::size_for`).
     free: HashMap<u64, Vec<HostBuffer>>,
@@ -39,7 +42,7 @@ pub(crate) struct SideReadback {
 
 #[derive(Default)]
 struct Ring {
-    bufs: Vec<wgpu::Buffer>,
+    bufs: Vec<Arc<PooledBuffer>>,
     next: usize,
 }
 
@@ -93,7 +96,7 @@ impl SideReadback {
     /// The pool of a device with a copy queue, if the device imports host
     /// memory to copy into (tried once here: where it does not, downloads
     /// stay on wgpu's queue).
-    pub fn new(ctx: &Arc<GpuContext>) -> Option<Self> {
+    pub fn new(ctx: &Arc<GpuContext>, arena: &Arc<Arena>) -> Option<Self> {
         ctx.copy_queue.as_ref()?;
         let probe = HostBuffer::new(ctx, 4096)?;
         let mut free = HashMap::new();
@@ -101,6 +104,7 @@ impl SideReadback {
         Some(SideReadback {
             queue: ctx.copy_queue.clone()?,
             ctx: ctx.clone(),
+            arena: arena.clone(),
             free,
             lent: Default::default(),
             staging: HashMap::new(),
@@ -172,9 +176,9 @@ impl SideReadback {
     /// A staging buffer of `class` bytes: one the copy queue is done
     /// reading, else a new one while there are fewer than [`RING`], else
     /// the next in turn (whose reuse then waits on the device).
-    fn next_staging(&mut self, class: u64, stats: &mut TransportStats) -> Result<wgpu::Buffer> {
+    fn next_staging(&mut self, class: u64, stats: &mut TransportStats) -> Result<Arc<PooledBuffer>> {
         let ring = self.staging.entry(class).or_default();
-        if let Some(b) = ring.bufs.iter().find(|b| self.queue.idle(b)) {
+        if let Some(b) = ring.bufs.iter().find(|b| self.queue.idle(b.buffer())) {
             return Ok(b.clone());
         }
         if ring.bufs.len() < RING {
@@ -188,14 +192,15 @@ impl SideReadback {
         Ok(b)
     }
 
-    fn make_staging(&self, class: u64) -> Result<wgpu::Buffer> {
-        Ok(self
+    fn make_staging(&self, class: u64) -> Result<Arc<PooledBuffer>> {
+        let b = self
             .queue
             .create_buffer(&self.ctx.device, class, "download staging (copy queue)")
             .ok_or_else(|| GpuError::Unsupported {
                 op: "download",
                 detail: format!("no device memory for a {class}-byte download staging buffer"),
-            })?)
+            })?;
+        Ok(Arc::new(self.arena.adopt(b)))
     }
 
     /// Copies `pieces` (buffer, byte offset, bytes: 4-byte multiples) one
@@ -214,20 +219,20 @@ impl SideReadback {
         let mut enc = link.device.create_command_encoder(&Default::default());
         let mut at = 0;
         for &(buf, from, len) in pieces {
-            enc.copy_buffer_to_buffer(buf, from, &staging, at, len);
+            enc.copy_buffer_to_buffer(buf, from, staging.buffer(), at, len);
             at += len;
         }
         let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
-        uses.push(&staging);
+        uses.push(staging.buffer());
         link.submit(enc, &uses);
         let regions = [(0, 0, bytes)];
         let regions = if bytes > 0 { &regions[..] } else { &[] };
         let value = self.queue.copy(
-            &staging,
+            staging.buffer(),
             &host.buffer,
             regions,
             true,
-            vec![Arc::new(staging.clone())],
+            vec![staging.clone()],
         )?;
         Ok(Landing { host, value })
     }
@@ -260,7 +265,7 @@ impl Drop for SideReadback {
     fn drop(&mut self) {
         for ring in self.staging.values() {
             for b in &ring.bufs {
-                self.queue.forget(b);
+                self.queue.forget(b.buffer());
             }
         }
     }
