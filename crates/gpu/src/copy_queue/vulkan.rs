@@ -19,6 +19,9 @@ pub(super) struct Target {
     copy_use: u64,
 }
 
+/// How long a host wait for one copy may take before it is an error.
+const STALL: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A copy submitted and what it must keep alive until done.
 struct InFlight {
     value: u64,
@@ -351,13 +354,24 @@ impl CopyQueue {
     }
 
     /// Blocks until copy `value` is done.
+    /// Bounded by [`STALL`]: a copy is one layer, so a wait that long is
+    /// a stalled queue, reported instead of hanging the run.
     pub(crate) fn wait_for(&self, value: u64) -> Result<(), crate::GpuError> {
         let (sems, values) = ([self.copies], [value]);
         let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
         // SAFETY: a wait on this device's semaphore for a value a
         // submitted copy signals.
-        unsafe { self.raw.wait_semaphores(&info, u64::MAX) }
-            .map_err(|e| crate::GpuError::Poll(format!("waiting for the copy queue: {e}")))
+        match unsafe { self.raw.wait_semaphores(&info, STALL.as_nanos() as u64) } {
+            Ok(()) => Ok(()),
+            Err(vk::Result::TIMEOUT) => Err(crate::GpuError::Poll(format!(
+                "the copy queue ({}) did not finish copy {value} in {} s; \
+                 {}=off keeps the device's copies on wgpu's queue",
+                self.describe(),
+                STALL.as_secs(),
+                super::COPY_QUEUE_ENV
+            ))),
+            Err(e) => Err(crate::GpuError::Poll(format!("waiting for the copy queue: {e}"))),
+        }
     }
 
     /// Recycles the command buffers of finished copies and lets go of
@@ -402,7 +416,7 @@ impl Drop for CopyQueue {
         // SAFETY: the waits are for values submitted on this device;
         // afterwards nothing made here is in use.
         unsafe {
-            let _ = self.raw.wait_semaphores(&info, 60_000_000_000);
+            let _ = self.raw.wait_semaphores(&info, STALL.as_nanos() as u64);
             s.in_flight.clear();
             self.raw.destroy_command_pool(s.pool, None);
             self.raw.destroy_semaphore(self.copies, None);
