@@ -153,9 +153,10 @@ steps)
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-upcopy.json" \
         >"$OUT/anchor-tinyllama-upcopy.log" 2>&1
     summary+=("tinyllama anchor, uploads copied by the host (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-upcopy.log" | tail -1)")
-    # And with the device's copies from the tier on wgpu's queue instead
-    # of the copy queue (the default where the device has a second
-    # queue): what running uploads beside the kernels saves.
+    # And with the device's copies (uploads from the tier, gradient
+    # downloads) on wgpu's queue instead of the copy queue (the default
+    # where the device has a second queue): what running the bus beside
+    # the kernels saves.
     MEGATRAIN_COPY_QUEUE=off timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-onequeue.json" \
         >"$OUT/anchor-tinyllama-onequeue.log" 2>&1
