@@ -320,10 +320,7 @@ impl GpuExecutor {
             let buf = s.buffer.buf.clone();
             let side = s.side.as_ref().map(|q| q.queue.clone());
             let stats = &mut st.stats;
-            match side {
-                Some(q) => self.load_direct_side(&q, params, &offsets, &direct, &buf, stats)?,
-                None => self.load_direct(params, &offsets, &direct, buf.buffer(), stats),
-            }
+            self.load_direct(side.as_deref(), params, &offsets, &direct, &buf, stats)?;
             stats.uploads += 1;
             stats.bytes_up += bytes;
             return Ok(st.slots[&slot].tensors.clone());
@@ -375,52 +372,17 @@ impl GpuExecutor {
     }
 
     /// Loads a layer the device copies from registered host memory
-    /// (`direct[i]`); the tensors that are not there (widened vectors, an
+    /// (`direct[i]`): one copy per tensor, grouped by registered range,
+    /// on the copy queue where `side` names it (one submission per range,
+    /// after the last kernel that read the slot; the first submission
+    /// that uses the slot next waits for it there, not here), else on
+    /// wgpu's queue. The tensors that are not there (widened vectors, an
     /// unaligned or unregistered source) go through wgpu's own staging.
-    /// All of it lands after the ops recorded before (the link flushes
-    /// them first), which is when the slot's previous weights are done.
+    /// All of it lands after the ops recorded before (submitted first
+    /// here), which is when the slot's previous weights are done.
     fn load_direct(
         &self,
-        params: &[WeightUpload<'_>],
-        offsets: &[u64],
-        direct: &[Option<(Arc<Region>, u64)>],
-        slot: &wgpu::Buffer,
-        stats: &mut TransportStats,
-    ) {
-        let t = Instant::now();
-        let link = self.link();
-        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        for ((p, &at), src) in params.iter().zip(offsets).zip(direct) {
-            let n = storage_bytes(p.dtype, p.data.len());
-            match src {
-                Some((region, off)) => {
-                    enc.copy_buffer_to_buffer(&region.buffer, *off, slot, at, n);
-                    stats.bytes_up_direct += p.held_bytes();
-                }
-                None => self.write_held(p, slot, at),
-            }
-        }
-        link.submit_copy(enc, &[slot]);
-        stats.up_submit_ns += crate::transport::nanos(t.elapsed());
-    }
-
-    /// An upload the device cannot copy as it is (a widened vector, an
-    /// unregistered source): through wgpu's own staging, landing before
-    /// the next submission's commands.
-    fn write_held(&self, p: &WeightUpload<'_>, slot: &wgpu::Buffer, at: u64) {
-        let n = storage_bytes(p.dtype, p.data.len());
-        let mut held = vec![0u8; n as usize];
-        Image::new(std::slice::from_ref(p), &[0], n).write(0, wgpu::WriteOnly::from(&mut held[..]));
-        self.ctx.queue.write_buffer(slot, at, &held);
-    }
-
-    /// [`GpuExecutor::load_direct`] on the copy queue: one submission per
-    /// registered range, after the last kernel that read the slot, and
-    /// the first submission that uses the slot next waits for it there,
-    /// not here (`crate::copy_queue`).
-    fn load_direct_side(
-        &self,
-        queue: &CopyQueue,
+        side: Option<&CopyQueue>,
         params: &[WeightUpload<'_>],
         offsets: &[u64],
         direct: &[Option<(Arc<Region>, u64)>],
@@ -428,9 +390,7 @@ impl GpuExecutor {
         stats: &mut TransportStats,
     ) -> Result<()> {
         let t = Instant::now();
-        // Every kernel that reads the slot must be submitted (and so
-        // counted) before the copy that overwrites it is.
-        self.flush();
+        let link = self.link();
         let mut by_region: Vec<RangeCopies> = Vec::new();
         for ((p, &at), src) in params.iter().zip(offsets).zip(direct) {
             let n = storage_bytes(p.dtype, p.data.len());
@@ -445,12 +405,35 @@ impl GpuExecutor {
                 None => self.write_held(p, slot.buffer(), at),
             }
         }
-        for (region, copies) in by_region {
-            let keep: Vec<Arc<dyn std::any::Any + Send + Sync>> = vec![region.clone(), slot.clone()];
-            queue.copy(&region.buffer, slot.buffer(), &copies, false, keep)?;
+        match side {
+            Some(queue) => {
+                for (region, copies) in by_region {
+                    let keep: Vec<Arc<dyn std::any::Any + Send + Sync>> = vec![region.clone(), slot.clone()];
+                    queue.copy(&region.buffer, slot.buffer(), &copies, false, keep)?;
+                }
+            }
+            None => {
+                let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+                for (region, copies) in &by_region {
+                    for &(off, at, n) in copies {
+                        enc.copy_buffer_to_buffer(&region.buffer, off, slot.buffer(), at, n);
+                    }
+                }
+                link.submit_copy(enc, &[slot.buffer()]);
+            }
         }
         stats.up_submit_ns += crate::transport::nanos(t.elapsed());
         Ok(())
+    }
+
+    /// An upload the device cannot copy as it is (a widened vector, an
+    /// unregistered source): through wgpu's own staging, landing before
+    /// the next submission's commands.
+    fn write_held(&self, p: &WeightUpload<'_>, slot: &wgpu::Buffer, at: u64) {
+        let n = storage_bytes(p.dtype, p.data.len());
+        let mut held = vec![0u8; n as usize];
+        Image::new(std::slice::from_ref(p), &[0], n).write(0, wgpu::WriteOnly::from(&mut held[..]));
+        self.ctx.queue.write_buffer(slot, at, &held);
     }
 
     pub(crate) fn begin_download_impl(&self, tensors: Vec<GpuTensor>) -> Result<Download<GpuTensor>> {

@@ -186,10 +186,9 @@ impl ReadbackPool {
             }
             At::Mapped { buf, map, copy } => (buf, map, copy),
         };
-        let view = match buf.get_mapped_range(0..p.bytes.max(4)) {
-            Ok(v) => v,
-            Err(e) => return Err(GpuError::Map(e.to_string()).into()),
-        };
+        let view = buf
+            .get_mapped_range(0..p.bytes.max(4))
+            .map_err(|e| GpuError::Map(e.to_string()))?;
         if view.as_ptr().align_offset(align_of::<f32>()) != 0 {
             drop(view);
             let at = At::Mapped { buf, map, copy };
