@@ -15,6 +15,7 @@ mod f16_copy;
 mod host_work;
 mod matmul;
 mod matmul_epilogue;
+mod matmul_product;
 mod maxima;
 mod norm;
 mod record;

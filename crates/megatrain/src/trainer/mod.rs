@@ -31,6 +31,7 @@
 //! gradients; the update overlaps the last micro-batch's backward.
 
 mod distributed;
+mod handoff;
 mod metrics;
 mod modes;
 mod optimizer;
@@ -39,13 +40,11 @@ mod setup;
 mod spill_window;
 mod upload;
 
-use std::collections::VecDeque;
-use std::ops::Range;
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
 use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
-use megatrain_tensor::{Download, Executor, Shape, TensorHandle, TransportInfo};
+use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
     HeadOut, block_backward, block_forward, embedding_forward, embedding_grads, head_forward_backward,
@@ -54,13 +53,15 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
+pub(crate) use handoff::gradient_chunks_held;
+use handoff::{Falling, Handoff};
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
-use optimizer::{Grads, Job, Shared, worker};
+use optimizer::{Job, Shared, worker};
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier};
-use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads};
+use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots};
 pub use upload::{held_bytes, load_layer, upload_layer, uploads_of, weight_uploads};
 
 #[derive(Debug, thiserror::Error)]
@@ -134,185 +135,6 @@ pub struct Trainer<E: Executor> {
     spill: WindowConfig,
     /// Data parallel training (`None`: this process trains alone).
     dist: Option<DistState>,
-}
-
-/// The device side's end of the gradient hand-over, one layer deep: a
-/// layer's download starts as soon as its gradients exist and is finished
-/// (and the layer sent to the optimizer) only after the next layer's
-/// backward has been issued, so the executor computes while bytes travel.
-/// Layers are handed over last first, in the order of [`LayerSlab`]s.
-///
-/// Every layer moves in chunks of at most `chunk` elements, at most
-/// [`CHUNKS_IN_FLIGHT`] of a layer at a time, so no readback or staging
-/// buffer is sized by the largest layer (the embedding or the head, whose
-/// size grows with the vocabulary); a layer of one or two chunks moves as
-/// a whole layer did. Downloads that are host copies (nothing in flight)
-/// are finished at once: deferring them would overlap nothing and keep the
-/// layer's gradient tensors alive through the next layer's backward.
-struct Handoff<'s, 't, E: Executor> {
-    ex: &'s E,
-    tx: SyncSender<Job<'t>>,
-    pool: &'s StagingPool,
-    update: bool,
-    chunk: usize,
-    /// Whether the last download was a host copy (nothing in flight).
-    host_copies: bool,
-    /// Layers not handed over yet.
-    remaining: &'t mut [LayerSlab],
-    pending: Option<Pending<'t, E::Tensor>>,
-}
-
-/// Chunks of one layer's gradients in flight at once.
-const CHUNKS_IN_FLIGHT: usize = 2;
-
-/// Chunk-sized host buffers a step's gradients take at most where the
-/// optimizer reads chunks where they landed: [`CHUNKS_IN_FLIGHT`] for each
-/// of the two layers on their way down, those queued for the optimizer,
-/// the one it reads and the one being sent; with several ranks (`dist`)
-/// also the one whose reduction is in flight.
-pub(crate) fn gradient_chunks_held(optimizer_queue: usize, dist: bool) -> usize {
-    2 * CHUNKS_IN_FLIGHT + optimizer_queue + 2 + usize::from(dist)
-}
-
-impl<'t, E: Executor> Handoff<'_, 't, E> {
-    /// Starts the download of the last remaining layer's gradients, then
-    /// completes the previous layer's.
-    fn push(&mut self, grads: Vec<E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        let (slab, rest) = std::mem::take(&mut self.remaining)
-            .split_last_mut()
-            .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
-        self.remaining = rest;
-        let bytes = check_grads(slab, &grads)?;
-        m.bytes_downloaded += bytes;
-        let mut p = Pending::new(slab, grads);
-        self.begin_more(&mut p, m)?;
-        let deferred = p.chunks.in_flight.front().is_some_and(|(_, d)| d.in_flight());
-        self.host_copies = !deferred;
-        if let Some(previous) = self.pending.replace(p) {
-            self.drain(previous, m)?;
-        }
-        if !deferred {
-            self.flush(m)?;
-        }
-        Ok(())
-    }
-
-    /// Completes the last download (end of backward).
-    fn flush(&mut self, m: &mut StepMetrics) -> Result<()> {
-        match self.pending.take() {
-            Some(last) => self.drain(last, m),
-            None => Ok(()),
-        }
-    }
-
-    /// Begins the layer's next chunks, up to [`CHUNKS_IN_FLIGHT`].
-    fn begin_more(&self, p: &mut Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        let t = Instant::now();
-        p.chunks.begin_more(self.ex, self.chunk)?;
-        m.download_ms += ms(t);
-        Ok(())
-    }
-
-    /// Finishes every chunk of `p` in order, sending each to the optimizer.
-    fn drain(&self, mut p: Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
-        while let Some((r, d)) = p.chunks.in_flight.pop_front() {
-            let t = Instant::now();
-            let grads = self.finish(d, &p.chunks.grads, r.len());
-            m.download_ms += ms(t);
-            let grads = grads?;
-            self.begin_more(&mut p, m)?;
-            let t = Instant::now();
-            self.tx
-                .send(Job {
-                    slab: p.slab.take(),
-                    range: r,
-                    grads,
-                    update: self.update,
-                })
-                .map_err(|_| TrainError::Internal("optimizer worker stopped".into()))?;
-            m.optimizer_wait_ms += ms(t);
-        }
-        Ok(())
-    }
-}
-
-impl<E: Executor> Handoff<'_, '_, E> {
-    /// Completes one chunk's download of `len` elements: in place where
-    /// the executor can, else copied into a staging buffer.
-    fn finish(&self, d: Download<E::Tensor>, grads: &[E::Tensor], len: usize) -> Result<Grads> {
-        let d = match self.ex.finish_download_in_place(d)? {
-            Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
-            Ok(values) => {
-                return Err(TrainError::Internal(format!(
-                    "a gradient chunk of {len} elements landed as {}",
-                    values.len()
-                )));
-            }
-            Err(d) => d,
-        };
-        let mut staging = self.pool.take(len);
-        match self.ex.finish_download_range(d, grads, &mut staging) {
-            Ok(()) => Ok(Grads::Staged(staging)),
-            Err(e) => {
-                self.pool.give(staging);
-                Err(e.into())
-            }
-        }
-    }
-}
-
-/// A layer whose gradients are coming down in chunks, handed to the
-/// optimizer with the layer.
-struct Pending<'t, T> {
-    /// The layer, until its first chunk is sent with it.
-    slab: Option<&'t mut LayerSlab>,
-    chunks: Falling<T>,
-}
-
-impl<'t, T> Pending<'t, T> {
-    fn new(slab: &'t mut LayerSlab, grads: Vec<T>) -> Self {
-        Pending {
-            chunks: Falling::new(slab.numel(), grads),
-            slab: Some(slab),
-        }
-    }
-}
-
-/// A layer's gradients coming down in chunks: the step's hand-over and
-/// the transfer-only mode move them the same way.
-struct Falling<T> {
-    /// The gradient tensors (table order), kept until every chunk is in.
-    grads: Vec<T>,
-    numel: usize,
-    /// First element not begun yet.
-    next: usize,
-    begun_all: bool,
-    in_flight: VecDeque<(Range<usize>, Download<T>)>,
-}
-
-impl<T> Falling<T> {
-    fn new(numel: usize, grads: Vec<T>) -> Self {
-        Falling {
-            grads,
-            numel,
-            next: 0,
-            begun_all: false,
-            in_flight: VecDeque::new(),
-        }
-    }
-
-    /// Begins the next chunks of at most `chunk` elements, up to
-    /// [`CHUNKS_IN_FLIGHT`] in flight.
-    fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E, chunk: usize) -> Result<()> {
-        while self.in_flight.len() < CHUNKS_IN_FLIGHT && !self.begun_all {
-            let r = self.next..(self.next + chunk).min(self.numel);
-            let d = ex.begin_download_range(&self.grads, r.clone())?;
-            self.next = r.end;
-            self.begun_all = self.next == self.numel;
-            self.in_flight.push_back((r, d));
-        }
-        Ok(())
-    }
 }
 
 /// Lets the executor read each layer's transport copy by itself (uploads
@@ -635,16 +457,7 @@ impl<E: Executor> Trainer<E> {
                     ..WorkerReport::default()
                 }),
             });
-            let mut h = Handoff {
-                ex,
-                tx,
-                pool,
-                update,
-                chunk,
-                host_copies: false,
-                remaining: tier.layers_mut(),
-                pending: None,
-            };
+            let mut h = Handoff::new(ex, tx, pool, update, chunk, tier.layers_mut());
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();

@@ -3,7 +3,7 @@
 //! Streamed layers go into fixed weight slots ([`Slots`]) so that an
 //! executor with device memory reuses one residence per slot instead of
 //! allocating per upload; gradients come back through a download that is
-//! finished one layer later (`Handoff` in the trainer module).
+//! finished one layer later (`Handoff` in `handoff.rs`).
 
 use std::collections::VecDeque;
 
