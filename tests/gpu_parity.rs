@@ -218,6 +218,7 @@ fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
     // else wgpu's queue (lavapipe), where the bookkeeping runs.
     if let Some(side) = common::copy_queue_ctx() {
         eprintln!("copy queue: {:?}", side.copy_queue());
+        let q0 = side.copy_queue_stats().expect("opened with a copy queue");
         check_training_on(
             gpu_uploading(side.clone(), TransportChoice::Staging, Uploads::Direct),
             &model,
@@ -228,10 +229,12 @@ fn llama_tiny_streamed_training_matches_cpu_over_each_transport() {
         let q = side.copy_queue_stats().expect("opened with a copy queue");
         // Every block load but the first two overwrites a slot kernels
         // read, and so does every gradient download (its staging).
-        assert!(
-            q.copies > 20 && q.copies_after_use > 0 && q.submissions_waiting > 0,
-            "{q:?}"
+        let (copies, after, waiting) = (
+            q.copies - q0.copies,
+            q.copies_after_use - q0.copies_after_use,
+            q.submissions_waiting - q0.submissions_waiting,
         );
+        assert!(copies > 20 && after > 0 && waiting > 0, "{q:?} since {q0:?}");
     }
     check_training_on(
         gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Copy),

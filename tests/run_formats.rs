@@ -163,7 +163,10 @@ fn plan_arithmetic_matches_hand_computation() {
     // 4·B·T·(6C + 2q + 2kv + 3I) + 4·B·H·T·2 = 4·16·1104 + 512.
     assert_eq!(d.recompute, 70656 + 512);
     assert_eq!(d.head, 2 * 16 * 256 * 4);
-    assert_eq!(d.total(), 500992 + 184832 + 8192 + 8192 + 71168 + 32768);
+    // A copy queue's download staging: four buffers of the chunk's size
+    // class (184832 bytes rounded to a quarter of a power of two).
+    assert_eq!(d.download_staging, 4 * 196_608);
+    assert_eq!(d.total(), 500992 + 184832 + 8192 + 8192 + 71168 + 32768 + 786_432);
     // bf16 transport halves the matrices only; K = 2 holds one checkpoint
     // and recomputes two blocks.
     let bf = PlanInput {

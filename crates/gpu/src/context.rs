@@ -70,6 +70,8 @@ pub struct GpuContext {
     /// Where uploads from those ranges are copied, if not on `queue`
     /// (`crate::copy_queue`). It holds a clone of `device`.
     pub(crate) copy_queue: Option<Arc<CopyQueue>>,
+    /// Why the copy queue `auto` picked was let go as the device opened.
+    copy_queue_refused: Option<String>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -335,7 +337,7 @@ impl GpuContext {
                 (device, queue, None, None)
             }
         };
-        Ok(Arc::new(GpuContext {
+        let ctx = Arc::new(GpuContext {
             coop,
             lavapipe_coop,
             adapter,
@@ -347,7 +349,49 @@ impl GpuContext {
             host_import,
             host_registry: Default::default(),
             copy_queue,
-        }))
+            copy_queue_refused: None,
+        });
+        match ctx.copy_queue.is_some() {
+            true => ctx.checked_copy_queue(copy, |c| {
+                crate::copy_queue::round_trip(c, crate::copy_queue::CHECK_BOUND)
+            }),
+            false => Ok(ctx),
+        }
+    }
+
+    /// The context as opened where its copy queue passes `check` (one
+    /// round trip through both queues, `copy_queue::round_trip`). Where
+    /// it fails, a queue `auto` picked is let go: the device is opened
+    /// again without one (a stalled copy may hold wgpu's queue too, behind
+    /// the submission that waits for it), with the reason kept for the
+    /// transport's report ([`GpuContext::copy_queue_refused`]); a `shared`
+    /// queue, asked for by name, is an error.
+    pub(crate) fn checked_copy_queue(
+        self: Arc<Self>,
+        copy: CopyQueueChoice,
+        check: impl FnOnce(&Arc<Self>) -> Result<(), crate::copy_queue::Failed>,
+    ) -> Result<Arc<Self>, GpuError> {
+        let failed = match check(&self) {
+            Ok(()) => return Ok(self),
+            Err(f) => f,
+        };
+        let what = self.copy_queue.as_ref().map(|q| q.describe()).unwrap_or_default();
+        let reason = format!("the copy queue ({what}) failed its check as the device opened: {failed}");
+        if copy == CopyQueueChoice::Shared {
+            return Err(GpuError::Unsupported {
+                op: "copy queue",
+                detail: reason,
+            });
+        }
+        let mut without = Self::open(self.adapter.clone(), CopyQueueChoice::Off)?;
+        Arc::get_mut(&mut without)
+            .expect("opened just now, held nowhere else")
+            .copy_queue_refused = Some(reason);
+        if let crate::copy_queue::Failed::Stalled(_) = failed {
+            // Its queues may still copy into memory the check gave them.
+            std::mem::forget(self);
+        }
+        Ok(without)
     }
 
     /// Tensor-core matmuls are available (see `tensor_cores_usable`).
@@ -405,6 +449,12 @@ impl GpuContext {
     /// from registered host memory go on wgpu's queue.
     pub fn copy_queue(&self) -> Option<(String, bool)> {
         self.copy_queue.as_ref().map(|q| (q.describe(), q.overlaps()))
+    }
+
+    /// Why the device's copies run on wgpu's queue although `auto` found
+    /// a second queue: it failed its check as the device opened.
+    pub fn copy_queue_refused(&self) -> Option<&str> {
+        self.copy_queue_refused.as_deref()
     }
 
     /// What the copy queue did so far, where there is one.

@@ -159,7 +159,8 @@ pub(crate) unsafe fn register(ctx: &Arc<GpuContext>, bytes: &[u8]) -> Result<Opt
     }))
 }
 
-/// Host memory of its own that the device copies into: where a download
+/// Host memory of its own that the device copies into (and the copy
+/// queue's check as the device opens, out of): where a download
 /// on the copy queue lands, read by the CPU where it is. Page-aligned (to
 /// the import alignment) and imported whole.
 pub(crate) struct HostBuffer {
@@ -226,6 +227,14 @@ impl HostBuffer {
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `layout.size()` bytes allocated in `new`.
         unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+
+    /// The memory, to fill before a copy reads it (no copy may be
+    /// reading or writing it meanwhile).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `layout.size()` bytes allocated in `new`, borrowed
+        // mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
     }
 }
 
@@ -320,7 +329,7 @@ mod vk {
         }
     }
 
-    /// A `COPY_SRC` buffer (`COPY_DST` with `dst`) over the host bytes
+    /// A `COPY_SRC` buffer (`COPY_DST` too with `dst`) over the host bytes
     /// `start..start + size` (aligned to the device's import alignment)
     /// and the bytes it covers from `start` (all of them unless the driver
     /// pads buffers), or `None` where the driver refuses them.
@@ -337,7 +346,11 @@ mod vk {
         let size = size as u64;
         let (vk_usage, usage) = match dst {
             false => (vk::BufferUsageFlags::TRANSFER_SRC, wgpu::BufferUsages::COPY_SRC),
-            true => (vk::BufferUsageFlags::TRANSFER_DST, wgpu::BufferUsages::COPY_DST),
+            // Both ways: the copy queue's check also copies out of one.
+            true => (
+                vk::BufferUsageFlags::TRANSFER_DST | vk::BufferUsageFlags::TRANSFER_SRC,
+                wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            ),
         };
         // SAFETY: Vulkan objects made here are destroyed here on failure,
         // or handed to wgpu-hal (`from_raw_managed`), which destroys the

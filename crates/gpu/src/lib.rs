@@ -36,4 +36,4 @@ pub use host_import::{UPLOADS_ENV, Uploads};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
-pub use transport::{Downloads, TransportChoice};
+pub use transport::{Downloads, TransportChoice, download_staging_bytes};

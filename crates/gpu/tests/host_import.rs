@@ -10,7 +10,9 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::Arc;
 
 use common::ctx;
-use megatrain_gpu::{CopyQueueChoice, GpuContext, GpuExecutor, GpuOptions, Uploads};
+use megatrain_gpu::{
+    CopyQueueChoice, CopyQueueStats, GpuContext, GpuExecutor, GpuOptions, Uploads, download_staging_bytes,
+};
 use megatrain_tensor::{DType, Executor, HostSlice, Shape, WeightSlot, WeightUpload, bf16, f16};
 
 const PAGE: usize = 4096;
@@ -166,8 +168,40 @@ fn each_copy_queue_choice_opens_the_queue_it_names() {
     ] {
         let c = GpuContext::with_copy_queue(choice).unwrap();
         assert_eq!(c.copy_queue().map(|(_, overlaps)| overlaps), want, "{choice}");
-        assert_eq!(c.copy_queue_stats().is_some(), want.is_some(), "{choice}");
+        assert_eq!(c.copy_queue_refused(), None, "{choice}");
+        // A queue is checked as the device opens: a copy up, wgpu's copy
+        // waiting for it, and a copy down after that.
+        let checked = CopyQueueStats {
+            copies: 2,
+            copies_after_use: 1,
+            submissions_waiting: 1,
+        };
+        assert_eq!(c.copy_queue_stats(), want.map(|_| checked), "{choice}");
     }
+}
+
+/// Downloads on the copy queue stage through a ring of device buffers:
+/// device memory the executor counts, as much as `megatrain plan` adds for
+/// it, made when downloads are reserved and not again.
+#[test]
+fn the_download_staging_ring_is_the_device_memory_the_plan_counts() {
+    let Some(ctx) = copy_queue_ctx() else { return };
+    let g = GpuExecutor::new(ctx);
+    // Fewer reserved than the ring holds, then more (the ring's cap), in
+    // two size classes.
+    for (elems, count) in [(1021, 2), (300_001, 9)] {
+        let before = g.memory().live_bytes;
+        g.reserve_downloads(elems, count).unwrap();
+        let ring = g.memory().live_bytes - before;
+        assert_eq!(
+            ring,
+            download_staging_bytes(4 * elems as u64, count),
+            "{elems} × {count}"
+        );
+        g.reserve_downloads(elems, count).unwrap();
+        assert_eq!(g.memory().live_bytes - before, ring, "{elems} × {count} again");
+    }
+    assert_eq!(download_staging_bytes(4 * 300_001, 9), 4 * 1_310_720);
 }
 
 /// The same on the copy queue.
@@ -176,6 +210,12 @@ fn registered_host_memory_is_copied_on_the_copy_queue() {
     let Some(ctx) = copy_queue_ctx() else { return };
     let (what, _) = ctx.copy_queue().expect("opened with one");
     eprintln!("copy queue: {what}");
+    // Where `auto` let a queue go as the device opened, why (a GPU
+    // session reads this first).
+    let auto = GpuContext::with_copy_queue(CopyQueueChoice::Auto).unwrap();
+    if let Some(why) = auto.copy_queue_refused() {
+        eprintln!("auto: {why}");
+    }
     direct_uploads(ctx);
 }
 

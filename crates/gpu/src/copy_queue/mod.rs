@@ -92,6 +92,29 @@ pub struct CopyQueueStats {
     pub submissions_waiting: u64,
 }
 
+/// How long the copy queue's check as the device opens may take: it moves
+/// two pages.
+pub(crate) const CHECK_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why the copy queue's check failed.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The queue finished (wrong bytes, or a copy it could not queue): it
+    /// is idle and may be dropped.
+    Idle(String),
+    /// It did not finish within the bound: what it was given must never
+    /// be freed, the queue included.
+    Stalled(String),
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Idle(w) | Failed::Stalled(w) => f.write_str(w),
+        }
+    }
+}
+
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 mod buffers;
 #[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
@@ -99,13 +122,17 @@ mod none;
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 mod pick;
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+mod probe;
+#[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 mod vulkan;
 
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 pub(crate) use buffers::allocate_bound;
 #[cfg(any(target_vendor = "apple", target_arch = "wasm32"))]
-pub(crate) use none::CopyQueue;
+pub(crate) use none::{CopyQueue, round_trip};
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 pub(crate) use pick::{QueuePick, add_queue, pick};
+#[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+pub(crate) use probe::round_trip;
 #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
 pub(crate) use vulkan::CopyQueue;

@@ -22,6 +22,15 @@ pub(super) struct Target {
 /// How long a host wait for one copy may take before it is an error.
 const STALL: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// Why a bounded wait for a copy ended without it.
+#[derive(Debug)]
+pub(crate) enum Waited {
+    /// The bound passed: the copy may still run (or never will).
+    Stalled,
+    /// The wait itself failed (a lost device).
+    Failed(vk::Result),
+}
+
 /// A copy submitted and what it must keep alive until done.
 struct InFlight {
     value: u64,
@@ -357,21 +366,34 @@ impl CopyQueue {
     /// Bounded by [`STALL`]: a copy is one layer, so a wait that long is
     /// a stalled queue, reported instead of hanging the run.
     pub(crate) fn wait_for(&self, value: u64) -> Result<(), crate::GpuError> {
-        let (sems, values) = ([self.copies], [value]);
-        let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
-        // SAFETY: a wait on this device's semaphore for a value a
-        // submitted copy signals.
-        match unsafe { self.raw.wait_semaphores(&info, STALL.as_nanos() as u64) } {
-            Ok(()) => Ok(()),
-            Err(vk::Result::TIMEOUT) => Err(crate::GpuError::Poll(format!(
+        self.wait_within(value, STALL).map_err(|e| match e {
+            Waited::Stalled => crate::GpuError::Poll(format!(
                 "the copy queue ({}) did not finish copy {value} in {} s; \
                  {}=off keeps the device's copies on wgpu's queue",
                 self.describe(),
                 STALL.as_secs(),
                 super::COPY_QUEUE_ENV
-            ))),
-            Err(e) => Err(crate::GpuError::Poll(format!("waiting for the copy queue: {e}"))),
+            )),
+            Waited::Failed(e) => crate::GpuError::Poll(format!("waiting for the copy queue: {e}")),
+        })
+    }
+
+    /// Blocks until copy `value` is done or `bound` has passed.
+    pub(crate) fn wait_within(&self, value: u64, bound: std::time::Duration) -> Result<(), Waited> {
+        let (sems, values) = ([self.copies], [value]);
+        let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
+        // SAFETY: a wait on this device's semaphore for a value a
+        // submitted copy signals.
+        match unsafe { self.raw.wait_semaphores(&info, bound.as_nanos() as u64) } {
+            Ok(()) => Ok(()),
+            Err(vk::Result::TIMEOUT) => Err(Waited::Stalled),
+            Err(e) => Err(Waited::Failed(e)),
         }
+    }
+
+    /// The value of the last copy submitted.
+    pub(crate) fn last_copy(&self) -> u64 {
+        self.lock().copies
     }
 
     /// Recycles the command buffers of finished copies and lets go of
@@ -397,8 +419,7 @@ impl CopyQueue {
 
     /// Blocks until every copy submitted so far is done.
     pub(crate) fn wait_idle(&self) -> Result<(), crate::GpuError> {
-        let last = self.lock().copies;
-        self.wait_for(last)?;
+        self.wait_for(self.last_copy())?;
         let mut s = self.lock();
         self.reclaim(&mut s);
         Ok(())

@@ -196,10 +196,13 @@ impl GpuExecutor {
     }
 
     /// `info`, saying where the device's own copies run if not on wgpu's
-    /// queue.
+    /// queue, or why the copy queue was let go.
     fn naming_copy_queue(&self, mut info: TransportInfo) -> TransportInfo {
         if let Some((what, _)) = self.ctx.copy_queue() {
             info.reason += &format!("; downloads, and uploads the device copies itself, run on {what}");
+        }
+        if let Some(why) = self.ctx.copy_queue_refused() {
+            info.reason += &format!("; {why}, so every copy runs on wgpu's queue");
         }
         info
     }

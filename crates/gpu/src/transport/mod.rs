@@ -80,6 +80,7 @@ pub(crate) use image::Image;
 pub(crate) use mapped::MappedTransport;
 pub(crate) use readback::{PendingRead, ReadbackPool};
 pub(crate) use side_readback::SideReadback;
+pub use side_readback::staging_bytes as download_staging_bytes;
 pub(crate) use staging::{
     DEFAULT_CHUNK as DEFAULT_STAGING_CHUNK, DEFAULT_DEPTH as DEFAULT_STAGING_DEPTH, StagingTransport,
 };

@@ -28,6 +28,13 @@ use crate::{GpuContext, GpuError};
 /// waits for the copy queue to finish reading an earlier one.
 const RING: usize = 4;
 
+/// Device bytes of the staging ring that downloads of up to `bytes` each,
+/// `count` reserved (`Executor::reserve_downloads`), take on a device with
+/// a copy queue: what `megatrain plan` counts beside the executor's tensors.
+pub fn staging_bytes(bytes: u64, count: usize) -> u64 {
+    RING.min(count) as u64 * crate::arena::size_class(bytes.max(4))
+}
+
 pub(crate) struct SideReadback {
     ctx: Arc<GpuContext>,
     queue: Arc<CopyQueue>,

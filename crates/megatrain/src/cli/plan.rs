@@ -183,6 +183,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("recompute", d.recompute),
         ("head", d.head),
         ("f16 copies", d.f16_copies),
+        ("downloads", d.download_staging),
         ("total", d.total()),
     ] {
         println!("  {k:<11}{:>14}", gib(v));

@@ -19,7 +19,11 @@
 //!   matmuls read f16 copies of their f32 operands, kept while the operand
 //!   lives — the K blocks' matmul inputs, B·T·(2C + q + I) halfs each (the
 //!   two norm outputs, the attention output, the MLP activation), and the
-//!   head chunk's logit gradient, rows·V halfs.
+//!   head chunk's logit gradient, rows·V halfs;
+//! - download staging (a device with a copy queue, `MEGATRAIN_COPY_QUEUE`):
+//!   the gradients pass through a ring of up to four buffers of the
+//!   download chunk's size on their way down
+//!   (`megatrain_gpu::download_staging_bytes`).
 
 use megatrain_tier::{MemoryReport, TierConfig, TransportDType, plan as tier_plan};
 use megatrain_zoo::ModelConfig;
@@ -45,6 +49,7 @@ pub struct DeviceBytes {
     pub recompute: u64,
     pub head: u64,
     pub f16_copies: u64,
+    pub download_staging: u64,
 }
 
 impl DeviceBytes {
@@ -56,6 +61,7 @@ impl DeviceBytes {
             + self.recompute
             + self.head
             + self.f16_copies
+            + self.download_staging
     }
 }
 
@@ -108,6 +114,9 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let rows = (input.chunk_rows as u64).min(b * t);
     let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + model.intermediate_size as u64);
     let f16 = input.transport == TransportDType::F16;
+    let chunk = max_layer.min(crate::trainer::DEFAULT_TRANSFER_CHUNK as u64);
+    let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
+    let chunks = crate::trainer::gradient_chunks_held(queue, false);
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
         gradients: 4 * max_layer,
@@ -120,6 +129,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         } else {
             0
         },
+        download_staging: megatrain_gpu::download_staging_bytes(4 * chunk, chunks),
     };
     Ok(Plan {
         host,
