@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Failed;
+use super::vulkan::Waited;
 use crate::GpuContext;
 use crate::host_import::HostBuffer;
 
@@ -61,10 +62,10 @@ pub(super) fn check(ctx: &Arc<GpuContext>, bound: Duration, swap: bool) -> Resul
     if let Err(w) = waited {
         // A queue that may still run a copy keeps its memory forever.
         std::mem::forget((up, down, a, b));
-        return Err(Failed::Stalled(format!(
-            "the round trip did not finish in {} s ({w:?})",
-            bound.as_secs_f64()
-        )));
+        return Err(Failed::Stalled(match w {
+            Waited::Stalled => format!("the round trip did not finish in {} s", bound.as_secs_f64()),
+            Waited::Failed(e) => format!("waiting for the round trip failed: {e}"),
+        }));
     }
     let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
     for buf in [&a, &b] {
