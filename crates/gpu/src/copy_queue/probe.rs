@@ -28,10 +28,9 @@ pub(crate) fn round_trip(ctx: &Arc<GpuContext>, bound: Duration) -> Result<(), F
 /// so the comparison must fail (its test).
 pub(super) fn check(ctx: &Arc<GpuContext>, bound: Duration, swap: bool) -> Result<(), Failed> {
     let q = ctx.copy_queue.as_ref().expect("checked only with a copy queue");
-    let idle = |what: String| Failed::Idle(what);
     let host = || {
         HostBuffer::new(ctx, BYTES)
-            .ok_or_else(|| idle(format!("{BYTES} bytes of host memory could not be imported")))
+            .ok_or_else(|| Failed::Idle(format!("{BYTES} bytes of host memory could not be imported")))
     };
     let (mut up, down) = (host()?, host()?);
     let sent: Vec<u32> = (0..BYTES as u32 / 4)
@@ -40,7 +39,7 @@ pub(super) fn check(ctx: &Arc<GpuContext>, bound: Duration, swap: bool) -> Resul
     up.bytes_mut()[..BYTES as usize].copy_from_slice(bytemuck::cast_slice(&sent));
     let device = || {
         q.create_buffer(&ctx.device, BYTES, "copy queue check")
-            .ok_or_else(|| idle("no device memory for the check".into()))
+            .ok_or_else(|| Failed::Idle("no device memory for the check".into()))
     };
     let (a, b) = (device()?, device()?);
     let half = BYTES / 2;
@@ -72,13 +71,13 @@ pub(super) fn check(ctx: &Arc<GpuContext>, bound: Duration, swap: bool) -> Resul
         q.forget(buf);
         buf.destroy();
     }
-    queued.map_err(|e| idle(format!("a copy could not be queued: {e}")))?;
+    queued.map_err(|e| Failed::Idle(format!("a copy could not be queued: {e}")))?;
     let got: &[u32] = bytemuck::cast_slice(&down.bytes()[..BYTES as usize]);
     let (h, n) = (half as usize / 4, sent.len());
     let want = sent[h..].iter().chain(&sent[..h]);
     match got.iter().zip(want).position(|(g, w)| g != w) {
         None => Ok(()),
-        Some(i) => Err(idle(format!(
+        Some(i) => Err(Failed::Idle(format!(
             "word {i} of {n} came back as {:#010x}, sent as {:#010x}",
             got[i],
             sent[(i + h) % n]
