@@ -586,17 +586,33 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
         (common::llama_tiny(2), 1e-4),
         (common::llama_head_dim_64(2), 4e-4),
     ] {
-        f16_training_follows(ctx.clone(), &model, cpu_bound);
+        f16_training_follows(|| GpuExecutor::new(ctx.clone()), &model, cpu_bound);
+    }
+    // And on the device as a GPU that imports host memory runs it: the
+    // uploads copied by the device from the registered tier and the
+    // gradients brought down, all on the copy queue (wgpu's own on
+    // lavapipe, where the ordering runs but nothing overlaps), around the
+    // tensor-core kernels where the adapter has them.
+    if let Some(side) = common::copy_queue_ctx() {
+        let q0 = side.copy_queue_stats().expect("opened with a copy queue");
+        let direct = || gpu_uploading(side.clone(), TransportChoice::Staging, Uploads::Direct);
+        let up = f16_training_follows(direct, &common::llama_tiny(2), 1e-4);
+        let q = side.copy_queue_stats().expect("opened with a copy queue");
+        assert!(up > 0, "no upload was copied by the device");
+        assert!(q.copies > q0.copies + 20, "{q:?} since {q0:?}");
     }
 }
 
-fn f16_training_follows(ctx: Arc<GpuContext>, model: &ModelConfig, cpu_bound: f64) {
+/// Trains `model` for 20 steps in f32 and f16 on executors `gpu` makes and
+/// in f16 on the CPU; checks the losses against each other and returns the
+/// bytes the f16 run's device copied from registered host memory.
+fn f16_training_follows(gpu: impl Fn() -> GpuExecutor, model: &ModelConfig, cpu_bound: f64) -> u64 {
     use megatrain_tensor::ComputePrecision;
-    let mut g16 = GpuExecutor::new(ctx.clone());
+    let mut g16 = gpu();
     g16.set_compute_precision(ComputePrecision::F16).unwrap();
     let mut c16 = CpuExecutor::new();
     c16.set_compute_precision(ComputePrecision::F16).unwrap();
-    let mut f32_run = trainer_with(GpuExecutor::new(ctx), model, 2, TransportDType::F32);
+    let mut f32_run = trainer_with(gpu(), model, 2, TransportDType::F32);
     let mut gpu16 = trainer_with(g16, model, 2, TransportDType::F16);
     let mut cpu16 = trainer_with(c16, model, 2, TransportDType::F16);
     let (mut worst_f32, mut worst_cpu) = (0.0f64, 0.0f64);
@@ -627,6 +643,7 @@ fn f16_training_follows(ctx: Arc<GpuContext>, model: &ModelConfig, cpu_bound: f6
         worst_f32 > 1e-7,
         "f16 losses equal f32's: the rounding is not applied"
     );
+    gpu16.executor().transport_stats().bytes_up_direct
 }
 
 /// An evaluation of several batches moves the model over the bus once per
