@@ -10,7 +10,10 @@
 # TinyLlama step beside PyTorch), then at once, on the still-warm machine,
 # `second` (about 3 minutes: the Qwen2.5-7B anchor, issue 17's headline).
 # `checks`, `kernels`, `steps` and `mainjob` are the whole of it, four calls
-# of under 10 minutes each, for a session lent more device time.
+# of under 10 minutes each, for a session lent more device time. BUDGET=N
+# (seconds; first 480, second 200, the others 540) fits a stage to what the
+# device tool's `status` says is left: each item gets its own timeout
+# inside it, the most important first.
 #
 # Here (the dev machine), from the repository root (the mainjob stage also
 # needs nanoGPT's snapshot: the fetch tool, github:karpathy/nanoGPT, then
