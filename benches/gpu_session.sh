@@ -62,12 +62,15 @@ note() {
     echo "$1" >>"$DEST/$stage-summary.txt"
 }
 
-# Keeps a bench-throughput run's result: a heading, then its two table
+# Keeps a bench-throughput run's result: a heading, its steps as they
+# ended (all a run cut short by its timeout leaves), then its two table
 # rows (throughput with the peer ratios; split, bus, host B/param and
 # overlap), its peers and its host peak by kind.
 rows() {
     note "$1:"
-    while IFS= read -r line; do note "  $line"; done < <(grep -E '^\| [a-z]|^- (peer|host peak)' "$2" | grep -v '^| config')
+    while IFS= read -r line; do note "  $line"; done < <(
+        grep -E '^  \[[^]]*\] (step [0-9]|transport )|^\| [a-z]|^- (peer|host peak)' "$2" | grep -v '^| config' | cut -c1-900
+    )
 }
 
 # Seconds the next command may run: at most CAP, leaving RESERVE for the
