@@ -5,7 +5,7 @@ use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
 use megatrain::run::Precision;
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor};
 use megatrain_tensor::{CpuExecutor, Executor};
@@ -114,6 +114,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         checkpoint_every: spec.checkpoint_every,
         chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size, ex.logits_chunk_bytes()),
         adamw: AdamWConfig::default(),
+        transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
     if let Some(b) = spec.transfer_chunk {

@@ -118,7 +118,8 @@ pub struct Args {
     #[arg(long, value_parser = parse_bytes)]
     spill_window: Option<u64>,
     /// Most gradient bytes (f32) the trainer moves and stages at once
-    /// (default the trainer's, 32M): larger layers come down in chunks.
+    /// (default the CLI's: 4 bytes per 512 parameters, between 4M and
+    /// 32M): larger layers come down in chunks.
     #[arg(long, value_parser = parse_bytes)]
     transfer_chunk: Option<u64>,
     /// The GPU transport knobs, as `megatrain train` takes them.

@@ -11,7 +11,7 @@ use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
 use megatrain::dist::{Collective, DistConfig};
-use megatrain::trainer::{Trainer, TrainerConfig};
+use megatrain::trainer::{Trainer, TrainerConfig, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::rss;
@@ -107,6 +107,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
             megatrain_tensor::HOST_LOGITS_CHUNK_BYTES,
         ),
         adamw: AdamWConfig::default(),
+        transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
     if let Some(b) = spec.transfer_chunk {

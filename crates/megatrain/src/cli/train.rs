@@ -91,7 +91,8 @@ pub struct TrainArgs {
     #[arg(long)]
     transport: Option<TransportChoice>,
     /// Most gradient bytes (f32) moved down and staged at once, e.g. 16M
-    /// (default 32M); larger layers come down in chunks. Changes no result.
+    /// (default 4 bytes per 512 parameters, between 4M and 32M); larger
+    /// layers come down in chunks. Changes no result.
     #[arg(long, value_parser = super::parse_bytes)]
     transfer_chunk: Option<u64>,
     #[command(flatten)]

@@ -192,8 +192,9 @@ pub struct TrainOptions {
     /// bytes (`None`: the trainer's default, 384 MiB). A device option:
     /// changing it on resume changes no result.
     pub spill_window: Option<u64>,
-    /// Most gradient bytes (f32) moved and staged at once (`None`: the
-    /// trainer's 32 MiB). A device option, like the three below.
+    /// Most gradient bytes (f32) moved and staged at once (`None`: sized by
+    /// the model, `trainer::transfer_chunk_for`). A device option, like the
+    /// three below.
     pub transfer_chunk: Option<u64>,
     /// The GPU transport's knobs, flattened: their keys sit beside the
     /// others in a config file and a run's saved options.

@@ -68,7 +68,7 @@ impl DeviceBytes {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub host: MemoryReport,
-    /// Gradient chunks on the host, of at most the default's 32 MiB
+    /// Gradient chunks on the host, of the default's size for the model
     /// (`plan_ranks::staging_bytes` with one rank): on a GPU those on their
     /// way down and those the optimizer reads where they landed.
     pub host_staging: u64,
@@ -114,7 +114,8 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let rows = (input.chunk_rows as u64).min(b * t);
     let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + model.intermediate_size as u64);
     let f16 = input.transport == TransportDType::F16;
-    let chunk = max_layer.min(crate::trainer::DEFAULT_TRANSFER_CHUNK as u64);
+    let params = model.param_count() as u64;
+    let chunk = max_layer.min(crate::trainer::transfer_chunk_for(params) as u64);
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
     let chunks = crate::trainer::gradient_chunks_held(queue, false);
     let device = DeviceBytes {
@@ -133,7 +134,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     };
     Ok(Plan {
         host,
-        host_staging: super::plan_ranks::staging_bytes(max_layer, 1),
+        host_staging: super::plan_ranks::staging_bytes(max_layer, params, 1),
         device,
     })
 }
@@ -158,6 +159,52 @@ mod tests {
         assert_eq!((e.read_bytes, e.written_bytes), (12_000_000_000, 12_000_000_000));
         assert!((e.seconds - 12.0).abs() < 1e-9);
         assert_eq!(disk_estimate(&MemoryReport::default(), 1.0, 1.0).seconds, 0.0);
+    }
+
+    /// The gradient chunks a GPU run holds on the host are sized by the
+    /// model: 1/16 byte per parameter for TinyLlama-1.1B, where 32 MiB
+    /// chunks held 0.24; 32 MiB from 4.3B parameters up (Qwen2.5-7B), and
+    /// the 4 MiB floor (never above the largest layer) for small models.
+    #[test]
+    fn gradient_chunks_on_the_host_are_sized_by_the_model() {
+        use crate::trainer::{DEFAULT_TRANSFER_CHUNK, gradient_chunks_held, transfer_chunk_for};
+        let held =
+            gradient_chunks_held(crate::trainer::TrainerConfig::default().optimizer_queue, false) as u64;
+        let input = PlanInput {
+            batch: 1,
+            seq_len: 1024,
+            checkpoint_every: 1,
+            chunk_rows: 256,
+            transport: TransportDType::BF16,
+            hold_grads: false,
+        };
+        let staging = |name: &str| {
+            let model = megatrain_zoo::preset(name, None).unwrap();
+            let p = plan(&model, &input, &TierConfig::default()).unwrap();
+            (
+                model.param_count() as u64,
+                p.host_staging,
+                p.device.download_staging,
+            )
+        };
+        let (n, host, _) = staging("tinyllama-1.1b");
+        assert_eq!(host, held * 4 * (n / 512));
+        let per_param = host as f64 / n as f64;
+        assert!((0.062..=0.0625).contains(&per_param), "{per_param} B/param");
+        let (n, host, _) = staging("qwen2.5-7b");
+        assert!(n > 512 * DEFAULT_TRANSFER_CHUNK as u64);
+        assert_eq!(host, held * 4 * DEFAULT_TRANSFER_CHUNK as u64);
+        assert_eq!(transfer_chunk_for(0), DEFAULT_TRANSFER_CHUNK / 8);
+        // llama-tiny's largest layer is under the floor: chunks of a layer.
+        let (_, host, download) = staging("llama-tiny");
+        let tables = megatrain_zoo::preset("llama-tiny", None).unwrap().layer_tables();
+        let max_layer = tables.iter().map(|t| t.numel() as u64).max().unwrap();
+        assert!(max_layer < (DEFAULT_TRANSFER_CHUNK / 8) as u64);
+        assert_eq!(host, held * 4 * max_layer);
+        assert_eq!(
+            download,
+            megatrain_gpu::download_staging_bytes(4 * max_layer, held as usize)
+        );
     }
 }
 

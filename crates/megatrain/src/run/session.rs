@@ -389,7 +389,7 @@ pub fn train_with<E: Executor>(
         optimizer_queue: 2,
         transfer_chunk: match opts.transfer_chunk {
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
-            None => crate::trainer::DEFAULT_TRANSFER_CHUNK,
+            None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),
         },
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;

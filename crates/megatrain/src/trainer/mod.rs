@@ -105,8 +105,21 @@ pub struct TrainerConfig {
 }
 
 /// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
-/// gradients (the spill window's chunk, so its chunks line up).
+/// gradients (the spill window's chunk, so its chunks line up), and the
+/// most [`transfer_chunk_for`] gives.
 pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
+
+/// The transfer chunk (elements) a run of `params` parameters takes where
+/// none is named (`megatrain train`, `plan`, `bench-throughput`): 1/512 of
+/// the parameters, between 1 Mi and [`DEFAULT_TRANSFER_CHUNK`] (4 and 32
+/// MiB of f32). The host holds a fixed number of chunks
+/// (`gradient_chunks_held`: 8 on a GPU), so they cost at most 1/16 byte
+/// per parameter from 537M parameters up, where 32 MiB chunks cost 268 MB
+/// whatever the model (0.24 B/param for TinyLlama-1.1B). Changes no result.
+pub fn transfer_chunk_for(params: u64) -> usize {
+    let floor = (DEFAULT_TRANSFER_CHUNK / 8) as u64;
+    (params / 512).clamp(floor, DEFAULT_TRANSFER_CHUNK as u64) as usize
+}
 
 impl Default for TrainerConfig {
     fn default() -> Self {
