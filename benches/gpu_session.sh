@@ -239,6 +239,13 @@ steps)
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-onequeue.json" \
         >"$OUT/anchor-tinyllama-onequeue.log" 2>&1
     note "tinyllama anchor, copies on wgpu's queue (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-onequeue.log" | tail -1)"
+    # And with 32 MiB transfer chunks, the default before it was sized by
+    # the model (8.6 MB here): what the 4x more chunks cost a step, beside
+    # the host peak they save (0.18 B/param by arithmetic).
+    timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --no-peer --transfer-chunk 32M --json "$OUT/anchor-tinyllama-chunk32.json" \
+        >"$OUT/anchor-tinyllama-chunk32.log" 2>&1
+    note "tinyllama anchor, 32 MiB transfer chunks (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-chunk32.log" | head -1)"
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
