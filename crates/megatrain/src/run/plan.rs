@@ -68,8 +68,8 @@ impl DeviceBytes {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub host: MemoryReport,
-    /// Gradient chunks on the host, of the default's size for the model
-    /// (`plan_ranks::staging_bytes` with one rank): on a GPU those on their
+    /// Gradient chunks on the host, of the trainer's default size for the
+    /// model and budget (`plan_ranks::staging_bytes` with one rank): on a GPU those on their
     /// way down and those the optimizer reads where they landed.
     pub host_staging: u64,
     pub device: DeviceBytes,
@@ -114,8 +114,13 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let rows = (input.chunk_rows as u64).min(b * t);
     let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + model.intermediate_size as u64);
     let f16 = input.transport == TransportDType::F16;
-    let params = model.param_count() as u64;
-    let chunk = max_layer.min(crate::trainer::transfer_chunk_for(params) as u64);
+    // The trainer's chunk: the model's default, aligned to the default
+    // spill window where the budget spills layers.
+    let mut chunk = crate::trainer::transfer_chunk_for(model.param_count() as u64);
+    if host.disk.total() > 0 {
+        chunk = crate::trainer::spill_aligned(chunk, megatrain_tier::WindowConfig::default().chunk_elems);
+    }
+    let chunk = max_layer.min(chunk as u64);
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
     let chunks = crate::trainer::gradient_chunks_held(queue, false);
     let device = DeviceBytes {
@@ -134,7 +139,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     };
     Ok(Plan {
         host,
-        host_staging: super::plan_ranks::staging_bytes(max_layer, params, 1),
+        host_staging: super::plan_ranks::staging_bytes(chunk, 1),
         device,
     })
 }
@@ -191,6 +196,17 @@ mod tests {
         assert_eq!(host, held * 4 * (n / 512));
         let per_param = host as f64 / n as f64;
         assert!((0.062..=0.0625).contains(&per_param), "{per_param} B/param");
+        // Where layers spill, the trainer rounds the chunk up to the spill
+        // window's (32 MiB by default), and so does the plan.
+        let spilled = TierConfig {
+            ram_budget_bytes: Some(8 << 30),
+            spill_dir: Some(std::env::temp_dir()),
+            ..TierConfig::default()
+        };
+        let model = megatrain_zoo::preset("tinyllama-1.1b", None).unwrap();
+        let p = plan(&model, &input, &spilled).unwrap();
+        assert!(p.host.disk.total() > 0, "{:?}", p.host);
+        assert_eq!(p.host_staging, held * 4 * DEFAULT_TRANSFER_CHUNK as u64);
         let (n, host, _) = staging("qwen2.5-7b");
         assert!(n > 512 * DEFAULT_TRANSFER_CHUNK as u64);
         assert_eq!(host, held * 4 * DEFAULT_TRANSFER_CHUNK as u64);

@@ -64,18 +64,19 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> RankByt
             b.gradients += megatrain_tier::padded_bytes(n, 4);
         }
     }
-    b.staging = staging_bytes(max_layer, model.param_count() as u64, ranks);
+    let chunk = crate::trainer::transfer_chunk_for(model.param_count() as u64);
+    b.staging = staging_bytes(max_layer.min(chunk as u64), ranks);
     b
 }
 
-/// Host gradient staging of a run of `params` parameters whose largest
-/// layer has `max_layer`. Gradients move in transfer chunks (the default's
-/// for that many parameters, `transfer_chunk_for`), none sized by a layer. On a GPU the readback buffers the optimizer (and on several
-/// ranks, the reduction) reads in place (`gradient_chunks_held`; the CPU
-/// executor's staging takes fewer); on several ranks also the receive
-/// buffers of two reductions in flight (`trainer/reduce.rs`).
-pub(crate) fn staging_bytes(max_layer: u64, params: u64, ranks: usize) -> u64 {
-    let chunk = max_layer.min(crate::trainer::transfer_chunk_for(params) as u64);
+/// Host gradient staging of a run whose gradients move in transfer chunks
+/// of `chunk` elements (the trainer's default for the model, and never
+/// more than its largest layer), none sized by a layer. On a GPU the
+/// readback buffers the optimizer (and on several ranks, the reduction)
+/// reads in place (`gradient_chunks_held`; the CPU executor's staging
+/// takes fewer); on several ranks also the receive buffers of two
+/// reductions in flight (`trainer/reduce.rs`).
+pub(crate) fn staging_bytes(chunk: u64, ranks: usize) -> u64 {
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
     let chunks = match ranks {
         1 => crate::trainer::gradient_chunks_held(queue, false),

@@ -121,6 +121,13 @@ pub fn transfer_chunk_for(params: u64) -> usize {
     (params / 512).clamp(floor, DEFAULT_TRANSFER_CHUNK as u64) as usize
 }
 
+/// A transfer chunk of `chunk` elements where layers spill: rounded up to
+/// whole chunks of the spill window (`window` elements), since a spilled
+/// layer's update reads the window chunk by chunk.
+pub(crate) fn spill_aligned(chunk: usize, window: usize) -> usize {
+    chunk.div_ceil(window.max(1)) * window.max(1)
+}
+
 impl Default for TrainerConfig {
     fn default() -> Self {
         TrainerConfig {
@@ -301,7 +308,7 @@ impl<E: Executor> Trainer<E> {
     fn transfer_chunk(&self) -> usize {
         let c = self.config.transfer_chunk;
         match self.tier.has_spill() {
-            true => c.div_ceil(self.spill.chunk_elems.max(1)) * self.spill.chunk_elems.max(1),
+            true => spill_aligned(c, self.spill.chunk_elems),
             false => c,
         }
     }
