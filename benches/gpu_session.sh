@@ -207,30 +207,30 @@ steps)
     note "gpt2-nano host floor (rc $?): $(grep -A4 '^Host work' "$OUT/floor-gpt2-nano.log" | tail -1)"
     timeout "$(left 260 200)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
-    note "tinyllama anchor (rc $?): $(grep -E 'tokens/s|host peak|^step .* wall' "$OUT/anchor-tinyllama.log" | tail -4 | tr '\n' ' ')"
+    rows "tinyllama anchor (rc $?)" "$OUT/anchor-tinyllama.log"
     timeout "$(left 400 60)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 --no-peer \
         --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
-    note "qwen anchor (rc $?): $(grep -E 'tokens/s|host peak' "$OUT/anchor-qwen.log" | tail -3 | tr '\n' ' ')"
+    rows "qwen anchor (rc $?)" "$OUT/anchor-qwen.log"
     # TinyLlama again with every output's max left to an absmax scan
     # instead of folded by the products (the f16 table beside the step
     # time says what was scanned): what the fold saves.
     MEGATRAIN_F16_MAXIMA=scan timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-scan.json" \
         >"$OUT/anchor-tinyllama-scan.log" 2>&1
-    note "tinyllama anchor, maxima scanned (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-scan.log" | tail -1)"
+    note "tinyllama anchor, maxima scanned (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-scan.log" | head -1)"
     # And with the gradients copied out of the readback buffers before
     # the optimizer reads them (the default reads them in place): what the
     # copy cost the host, beside the step time.
     MEGATRAIN_DOWNLOADS=copy timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-copy.json" \
         >"$OUT/anchor-tinyllama-copy.log" 2>&1
-    note "tinyllama anchor, downloads copied (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-copy.log" | tail -1)"
+    note "tinyllama anchor, downloads copied (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-copy.log" | head -1)"
     # And with every upload copied by the host through mapped memory (the
     # default has the device copy each layer from the registered tier).
     MEGATRAIN_UPLOADS=copy timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-upcopy.json" \
         >"$OUT/anchor-tinyllama-upcopy.log" 2>&1
-    note "tinyllama anchor, uploads copied by the host (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-upcopy.log" | tail -1)"
+    note "tinyllama anchor, uploads copied by the host (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-upcopy.log" | head -1)"
     # And with the device's copies (uploads from the tier, gradient
     # downloads) on wgpu's queue instead of the copy queue (the default
     # where the device has a second queue): what running the bus beside
@@ -238,7 +238,7 @@ steps)
     MEGATRAIN_COPY_QUEUE=off timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --no-peer --json "$OUT/anchor-tinyllama-onequeue.json" \
         >"$OUT/anchor-tinyllama-onequeue.log" 2>&1
-    note "tinyllama anchor, copies on wgpu's queue (rc $?): $(grep -E 'tokens/s' "$OUT/anchor-tinyllama-onequeue.log" | tail -1)"
+    note "tinyllama anchor, copies on wgpu's queue (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-onequeue.log" | head -1)"
     # And with 32 MiB transfer chunks, the default before it was sized by
     # the model (8.6 MB here): what the 4x more chunks cost a step, beside
     # the host peak they save (0.18 B/param by arithmetic).
