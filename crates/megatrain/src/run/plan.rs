@@ -69,8 +69,9 @@ impl DeviceBytes {
 pub struct Plan {
     pub host: MemoryReport,
     /// Gradient chunks on the host, of the trainer's default size for the
-    /// model and budget (`plan_ranks::staging_bytes` with one rank): on a GPU those on their
-    /// way down and those the optimizer reads where they landed.
+    /// model and budget (`plan_ranks::staging_bytes` with one rank): on a
+    /// GPU those on their way down and those the optimizer reads where
+    /// they landed.
     pub host_staging: u64,
     pub device: DeviceBytes,
 }
