@@ -252,28 +252,48 @@ fn coop_cases() -> Vec<Case> {
     v
 }
 
-#[test]
-fn emulated_tensor_core_kernels_match_host_reference() {
-    let Some(c) = ctx() else { return };
-    for tile in [CoopTile::Simple64, CoopTile::Small64, CoopTile::Small16x64] {
-        let g = f16_executor(
-            c.clone(),
-            GpuOptions {
-                f16_matmul: F16Matmul::CoopEmulated(tile),
-                ..Default::default()
-            },
-        );
-        for case in coop_cases() {
-            check(&g, &case, DType::F32, 1.0);
-            // f16 B is a weight: never the transposed-A side of a product.
-            if !case.t.a {
-                check(&g, &case, DType::F16, 1.0);
-            }
+/// Every case of `coop_cases` on emulated tile `tile`, on a device of its
+/// own (`own_ctx`): each tile is a family of kernels that lavapipe takes a
+/// minute to compile, so the tiles run side by side.
+fn emulated_tile_matches_host_reference(tile: CoopTile) {
+    let Some(c) = own_ctx() else { return };
+    let g = f16_executor(
+        c,
+        GpuOptions {
+            f16_matmul: F16Matmul::CoopEmulated(tile),
+            ..Default::default()
+        },
+    );
+    for case in coop_cases() {
+        check(&g, &case, DType::F32, 1.0);
+        // f16 B is a weight: never the transposed-A side of a product.
+        if !case.t.a {
+            check(&g, &case, DType::F16, 1.0);
         }
-        check_rounding(&g, &format!("{}_sw", tile.name()));
     }
-    // Operands bound as several ranges (the chunked path, accumulating K
-    // blocks into C), on one tile: lavapipe compiles these kernels slowly.
+    check_rounding(&g, &format!("{}_sw", tile.name()));
+}
+
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_simple64() {
+    emulated_tile_matches_host_reference(CoopTile::Simple64);
+}
+
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_small64() {
+    emulated_tile_matches_host_reference(CoopTile::Small64);
+}
+
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_small16x64() {
+    emulated_tile_matches_host_reference(CoopTile::Small16x64);
+}
+
+/// Operands bound as several ranges (the chunked path, accumulating K
+/// blocks into C), on one emulated tile.
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_chunked() {
+    let Some(c) = own_ctx() else { return };
     let g = f16_executor(
         c,
         GpuOptions {
@@ -389,7 +409,8 @@ fn product_bits(g: &GpuExecutor, c: &Case, b_dtype: DType) -> Vec<Vec<u32>> {
 /// everywhere and on every real tile where the adapter has them.
 #[test]
 fn operand_copies_give_the_bits_of_staging() {
-    let Some(c) = ctx() else { return };
+    // A device of its own: its emulated kernels compile beside the others'.
+    let Some(c) = own_ctx() else { return };
     let with = |f16_matmul, f16_operands, max_binding_bytes| {
         f16_executor(
             c.clone(),

@@ -64,6 +64,18 @@ pub fn ctx() -> Option<Arc<GpuContext>> {
     CTX.get_or_init(init).clone()
 }
 
+/// A device of the caller's own on [`ctx`]'s adapter, for a test whose
+/// kernels lavapipe takes minutes to compile. lavapipe compiles a kernel
+/// when a submission first runs it, one submission at a time per device,
+/// so tests on [`ctx`]'s device compile one after another whatever the test
+/// threads; on devices of their own they compile side by side (on CI's 2
+/// cores, with an empty shader cache: attention_f16 in 215 s instead of
+/// 437, f16 in 103 instead of 188).
+pub fn own_ctx() -> Option<Arc<GpuContext>> {
+    ctx()?;
+    Some(GpuContext::new().expect("a second device on the adapter that ctx() opened"))
+}
+
 /// The shared executor, with NaN-poisoned outputs; `None` means skip.
 pub fn gpu() -> Option<&'static GpuExecutor> {
     GPU.get_or_init(|| {
