@@ -35,6 +35,15 @@ pub fn ctx() -> Option<Arc<GpuContext>> {
     .clone()
 }
 
+/// A device of the caller's own on [`ctx`]'s adapter, for a test whose
+/// kernels lavapipe takes minutes to compile: it compiles a kernel when a
+/// submission first runs it, one submission at a time per device, so tests
+/// on [`ctx`]'s device compile one after another whatever the test threads.
+pub fn own_ctx() -> Option<Arc<GpuContext>> {
+    ctx()?;
+    Some(GpuContext::new().expect("a second device on the adapter that ctx() opened"))
+}
+
 /// A device of its own whose downloads, and uploads from registered host
 /// memory, run on a copy queue: a second queue where the device has one,
 /// else wgpu's own (lavapipe: the synchronization runs, nothing overlaps).
