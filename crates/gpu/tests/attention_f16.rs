@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::*;
 use std::sync::Arc;
 
+use common::*;
 use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor};
