@@ -7,7 +7,19 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cli::{bin, corpus, refused, run, s};
+use common::cli::{bin, corpus, refused, repeated, run, s};
+
+#[test]
+fn a_message_that_says_its_cause_twice_is_caught() {
+    let twice =
+        "error: /x.txt: No such file or directory (os error 2): No such file or directory (os error 2)";
+    assert_eq!(
+        repeated(twice).as_deref(),
+        Some("No such file or directory (os error 2)")
+    );
+    assert_eq!(repeated("error: backend: a: b: a: b").as_deref(), Some("a: b"));
+    assert_eq!(repeated("error: --lr -1: must be a finite number ≥ 0"), None);
+}
 
 #[test]
 fn bad_inputs_are_named() {
@@ -26,7 +38,24 @@ fn bad_inputs_are_named() {
     };
     check(
         &["--preset", "gpt2-nano", "--data", "/no/such/file.txt"],
-        &["/no/such/file.txt"],
+        &["/no/such/file.txt", "No such file"],
+    );
+    let empty = t.join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&empty)],
+        &["empty.txt: no data"],
+    );
+    check(
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--val-data",
+            s(&empty),
+        ],
+        &["empty.txt: no data"],
     );
     check(&["--preset", "gpt3", "--data", s(&data)], &["gpt3", "gpt2-nano"]);
     check(&["--data", s(&data)], &["--preset"]);
@@ -125,6 +154,10 @@ fn bad_inputs_are_named() {
         }
     }
     refused(&["plan", "--preset", "nope"], &["nope"]);
+    refused(
+        &["plan", "--model", s(&t.join("nothing"))],
+        &["nothing/config.json", "No such file"],
+    );
     refused(
         &["plan", "--preset", "llama-tiny", "--host-mem", "12 parsecs"],
         &["parsecs"],

@@ -13,7 +13,8 @@ pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().unwrap()
 }
 
-/// Fails with a message that contains every `needle`, and never panics.
+/// Fails with a message that contains every `needle`, says nothing twice,
+/// and never panics.
 pub fn refused(args: &[&str], needles: &[&str]) {
     let out = run(args);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -22,6 +23,28 @@ pub fn refused(args: &[&str], needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "{args:?}: '{n}' not in: {err}");
     }
+    for line in err.lines() {
+        assert!(
+            repeated(line).is_none(),
+            "{args:?}: says '{}' twice: {err}",
+            repeated(line).unwrap()
+        );
+    }
+}
+
+/// A run of ": "-separated parts of `line` said twice in a row, as an
+/// error that quotes its cause and also returns it as its `source()`
+/// prints under `{:#}` ("x.txt: No such file: No such file").
+pub fn repeated(line: &str) -> Option<String> {
+    let parts: Vec<&str> = line.split(": ").collect();
+    for len in 1..=parts.len() / 2 {
+        for i in 0..=parts.len() - 2 * len {
+            if parts[i..i + len] == parts[i + len..i + 2 * len] {
+                return Some(parts[i..i + len].join(": "));
+            }
+        }
+    }
+    None
 }
 
 pub fn s(p: &Path) -> &str {

@@ -327,13 +327,12 @@ impl GpuContext {
                 (device, queue, Some(import), copy_queue.map(Arc::new))
             }
             None => {
-                let (device, queue) =
-                    pollster::block_on(adapter.request_device(&desc)).map_err(|source| {
-                        GpuError::RequestDevice {
-                            adapter: info.name.clone(),
-                            source,
-                        }
-                    })?;
+                let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|cause| {
+                    GpuError::RequestDevice {
+                        adapter: info.name.clone(),
+                        cause,
+                    }
+                })?;
                 (device, queue, None, None)
             }
         };

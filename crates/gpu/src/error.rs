@@ -9,11 +9,10 @@ pub enum GpuError {
     NoAdapter { diagnosis: String },
     #[error("MEGATRAIN_ADAPTER={wanted:?} matches none of the adapters: {available}")]
     AdapterNotFound { wanted: String, available: String },
-    #[error("requesting a device on adapter '{adapter}' failed: {source}")]
+    #[error("requesting a device on adapter '{adapter}' failed: {cause}")]
     RequestDevice {
         adapter: String,
-        #[source]
-        source: wgpu::RequestDeviceError,
+        cause: wgpu::RequestDeviceError,
     },
     #[error("adapter '{adapter}' is too small for the kernels: {detail}")]
     Limits { adapter: String, detail: String },

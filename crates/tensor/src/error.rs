@@ -23,7 +23,7 @@ pub enum Error {
     #[error("{op}: invalid argument: {detail}")]
     Invalid { op: &'static str, detail: String },
     #[error("backend: {0}")]
-    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    Backend(Box<dyn std::error::Error + Send + Sync>),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -119,7 +119,7 @@ fn write_safetensors(
         let _ = std::fs::remove_file(&tmp);
         return Err(match e {
             // A full disk is named as such (and keeps its errno).
-            SafeTensorError::IoError(source) => TierError::io(path, source),
+            SafeTensorError::IoError(cause) => TierError::io(path, cause),
             e => TierError::Serialize {
                 file: path.to_path_buf(),
                 detail: e.to_string(),
@@ -133,7 +133,7 @@ fn write_safetensors(
         use std::os::unix::fs::PermissionsExt;
         if let Err(e) = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)) {
             let _ = std::fs::remove_file(&tmp);
-            return Err(TierError::Io { path: tmp, source: e });
+            return Err(TierError::Io { path: tmp, cause: e });
         }
     }
     persist(&tmp, path)
@@ -155,7 +155,7 @@ pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()>
         Err(e) => {
             return Err(TierError::Io {
                 path: meta_path,
-                source: e,
+                cause: e,
             });
         }
     }
@@ -467,7 +467,7 @@ pub fn read_latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(TierError::Io { path, source: e }),
+        Err(e) => return Err(TierError::Io { path, cause: e }),
     };
     let name = text.trim_end_matches('\n');
     check_pointer_name(&path, name)?;

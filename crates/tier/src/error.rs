@@ -5,12 +5,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TierError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{}: {cause}", path.display())]
+    Io { path: PathBuf, cause: std::io::Error },
     /// The filesystem is full (ENOSPC), a quota is exhausted (EDQUOT) or a
     /// file-size limit was hit (EFBIG), writing or preallocating `path`.
     #[error(
@@ -107,12 +103,12 @@ pub fn is_disk_full(e: &std::io::Error) -> bool {
 
 impl TierError {
     /// An I/O error about `path`, as [`TierError::DiskFull`] when it is one.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         let path = path.into();
-        if is_disk_full(&source) {
-            TierError::DiskFull { path, cause: source }
+        if is_disk_full(&cause) {
+            TierError::DiskFull { path, cause }
         } else {
-            TierError::Io { path, source }
+            TierError::Io { path, cause }
         }
     }
 
@@ -123,6 +119,6 @@ impl TierError {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: impl Into<PathBuf>) -> Result<T> {
-        self.map_err(|source| TierError::io(path, source))
+        self.map_err(|cause| TierError::io(path, cause))
     }
 }

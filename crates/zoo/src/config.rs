@@ -188,9 +188,9 @@ impl ModelConfig {
     /// Parses config text; `path` is only used to name the source in errors.
     pub fn from_json_str(text: &str, path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let value: Value = serde_json::from_str(text).map_err(|source| ZooError::Json {
+        let value: Value = serde_json::from_str(text).map_err(|cause| ZooError::Json {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         Self::from_json(value, path)
     }

@@ -3,18 +3,10 @@ use std::path::PathBuf;
 /// Errors of the zoo. Each variant names the file, field or tensor at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ZooError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
+    #[error("{path}: invalid JSON: {cause}")]
+    Json { path: PathBuf, cause: serde_json::Error },
     #[error("{path}: unknown architecture '{name}' (supported: {supported})")]
     UnknownArchitecture {
         path: PathBuf,
@@ -65,10 +57,10 @@ pub enum ZooError {
 pub type Result<T, E = ZooError> = std::result::Result<T, E>;
 
 impl ZooError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         ZooError::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
 

@@ -106,9 +106,9 @@ impl HfCheckpoint {
         let mut where_ = HashMap::new();
         if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(|e| ZooError::io(&index_path, e))?;
-            let index: Value = serde_json::from_str(&text).map_err(|source| ZooError::Json {
+            let index: Value = serde_json::from_str(&text).map_err(|cause| ZooError::Json {
                 path: index_path.clone(),
-                source,
+                cause,
             })?;
             let map = index
                 .get("weight_map")

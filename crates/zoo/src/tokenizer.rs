@@ -77,9 +77,9 @@ impl CharTokenizer {
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| ZooError::io(path, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| ZooError::Json {
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|cause| ZooError::Json {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         let bad = |detail: String| ZooError::Tokenizer {
             path: path.to_path_buf(),

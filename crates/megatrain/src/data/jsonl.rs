@@ -77,9 +77,9 @@ pub(super) fn load_jsonl(
     enc: &dyn TextEncoder,
     t: &ChatTemplate,
 ) -> Result<TokenData, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+    let text = std::fs::read_to_string(path).map_err(|cause| DataError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     let mut b = Builder {
         path,

@@ -5,9 +5,9 @@ use super::jsonl::{ChatTemplate, load_jsonl};
 use super::{DataError, TextEncoder, TokenData};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
-    move |source| DataError::Io {
+    move |cause| DataError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 

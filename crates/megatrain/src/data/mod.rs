@@ -40,12 +40,8 @@ impl TokenData {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
     #[error("{path}: no data (the file or directory holds no tokens)")]
     Empty { path: PathBuf },
     #[error("{path}: {len} bytes is not a whole number of little-endian u16 tokens")]

@@ -8,7 +8,7 @@ use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, HF_TOKENIZER_FILE, ModelConf
 use serde_json::Value;
 
 use super::error::{Result, RunError};
-use crate::data::{ChatTemplate, TextEncoder};
+use crate::data::{ChatTemplate, DataError, TextEncoder};
 
 /// Files beside an HF `tokenizer.json` that HF loaders read too.
 const HF_SIDE_FILES: &[&str] = &["tokenizer_config.json", "special_tokens_map.json"];
@@ -207,7 +207,12 @@ pub fn copy_atomic(src: &Path, dst: &Path) -> Result<()> {
 /// records plus the chat template.
 pub fn char_vocab(corpora: &[&Path]) -> Result<CharTokenizer> {
     let mut text = String::new();
+    let mut jsonl = false;
     for &p in corpora {
+        let before = text.len();
+        // A .jsonl with lines but no strings in them is left to its loader,
+        // which names the line at fault.
+        let mut has_text = false;
         if p.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(p)
                 .map_err(RunError::io(p))?
@@ -218,29 +223,41 @@ pub fn char_vocab(corpora: &[&Path]) -> Result<CharTokenizer> {
             for f in files {
                 text.push_str(&std::fs::read_to_string(&f).map_err(RunError::io(&f))?);
             }
-            continue;
-        }
-        match p.extension().and_then(|e| e.to_str()) {
-            Some("bin") => {
-                return Err(RunError::file(
-                    p,
-                    "a .bin holds token ids already; a char vocabulary cannot be built from it \
-                     (pass --vocab-size, or --tokenizer with the tokenizer that made it)",
-                ));
-            }
-            Some("jsonl") => {
-                let body = std::fs::read_to_string(p).map_err(RunError::io(p))?;
-                for line in body.lines().filter(|l| !l.trim().is_empty()) {
-                    if let Ok(v) = serde_json::from_str::<Value>(line) {
-                        collect_strings(&v, &mut text);
+        } else {
+            match p.extension().and_then(|e| e.to_str()) {
+                Some("bin") => {
+                    return Err(RunError::file(
+                        p,
+                        "a .bin holds token ids already; a char vocabulary cannot be built from it \
+                         (pass --vocab-size, or --tokenizer with the tokenizer that made it)",
+                    ));
+                }
+                Some("jsonl") => {
+                    jsonl = true;
+                    let body = std::fs::read_to_string(p).map_err(RunError::io(p))?;
+                    has_text = !body.trim().is_empty();
+                    for line in body.lines().filter(|l| !l.trim().is_empty()) {
+                        if let Ok(v) = serde_json::from_str::<Value>(line) {
+                            collect_strings(&v, &mut text);
+                        }
                     }
                 }
-                let t = ChatTemplate::default();
-                for s in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
-                    text.push_str(s);
-                }
+                _ => text.push_str(&std::fs::read_to_string(p).map_err(RunError::io(p))?),
             }
-            _ => text.push_str(&std::fs::read_to_string(p).map_err(RunError::io(p))?),
+        }
+        // Said here, naming the file: past this point an empty corpus is a
+        // vocabulary of 0, which the model's config refuses naming none.
+        if text.len() == before && !has_text {
+            return Err(DataError::Empty {
+                path: p.to_path_buf(),
+            }
+            .into());
+        }
+    }
+    if jsonl {
+        let t = ChatTemplate::default();
+        for s in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
+            text.push_str(s);
         }
     }
     Ok(CharTokenizer::from_corpus(&text))

@@ -7,6 +7,10 @@ use crate::data::DataError;
 use crate::trainer::TrainError;
 
 /// Everything a command can refuse or fail with; each names its input.
+///
+/// Every message in the workspace's errors is whole: a variant that quotes
+/// the error it wraps does not also return it as `source()`, so the
+/// binary's `{:#}`, which prints the chain, says it once.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
@@ -21,12 +25,8 @@ pub enum RunError {
     Tensor(#[from] megatrain_tensor::Error),
     #[error(transparent)]
     Dist(#[from] crate::dist::DistError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
     #[error("{path}: {detail}")]
     File { path: PathBuf, detail: String },
     /// A bad option: its name, the value given and why it is refused.
@@ -43,7 +43,7 @@ pub enum RunError {
 impl RunError {
     pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> RunError {
         let path = path.into();
-        move |source| RunError::Io { path, source }
+        move |cause| RunError::Io { path, cause }
     }
 
     pub fn file(path: impl Into<PathBuf>, detail: impl Into<String>) -> RunError {
