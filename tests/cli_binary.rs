@@ -294,6 +294,31 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         out.status.success() && line.starts_with("loss ") && line.contains("perplexity"),
         "{line}"
     );
+
+    // One flipped bit in the data of a checkpoint's file (the last byte
+    // belongs to a tensor) is refused by everything that reads it, naming
+    // the file, and the checkpoint stays where it was.
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let path = a.join("ckpt-40").join(f);
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let needles = [s(&path), "CRC-32"];
+        refused(
+            &["train", "--resume", s(&a), "--steps", "41", "--quiet"],
+            &needles,
+        );
+        if f == "model.safetensors" {
+            refused(&["export", "--run", s(&a), "--out", s(&t.join("hf2"))], &needles);
+            refused(&["sample", "--model", s(&a), "--tokens", "2"], &needles);
+            let eval = ["eval", "--model", s(&a), "--data", s(&data), "--device", "cpu"];
+            refused(&eval, &needles);
+        }
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+    }
+    assert_eq!(latest_step(&a), Some(40));
+    assert!(!t.join("hf2").join("model.safetensors").exists());
 }
 
 #[test]

@@ -5,9 +5,10 @@
 //! - `optimizer.safetensors`: `<param>.exp_avg` and `<param>.exp_avg_sq`
 //!   (AdamW `m` and `v`, f32) and `megatrain.layer_steps` (u64, one AdamW
 //!   step count per layer);
-//! - `checkpoint.json`: format tag, layer and parameter counts, and the
-//!   trainer's own metadata under `extra`. Written last: a directory without
-//!   it is an incomplete checkpoint and does not load.
+//! - `checkpoint.json`: format tag, layer and parameter counts, the CRC-32
+//!   of every tensor of both files ([`crate::crc`]), and the trainer's own
+//!   metadata under `extra`. Written last: a directory without it is an
+//!   incomplete checkpoint and does not load.
 //!
 //! Every file goes through a temporary file in the same directory that is
 //! synced and renamed ([`crate::atomic`]). Tensors are serialised straight
@@ -20,17 +21,18 @@
 //! checkpoint is complete.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use rayon::prelude::*;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use serde_json::{Value, json};
 
 use crate::atomic::{persist, sync_dir, temp_path, write_atomic};
+use crate::crc::{self, Crc32Table, copy_le_f32, crc32};
 use crate::error::{IoContext, Result, TierError};
 use crate::tier::HostTier;
 
@@ -108,13 +110,53 @@ impl View for &Out<'_> {
     }
 }
 
+/// A tensor whose CRC-32 is taken when the writer asks for its bytes, so
+/// that a spilled layer is read from its disk once for both.
+struct Hashed<'a> {
+    out: &'a Out<'a>,
+    crc: Cell<Option<u32>>,
+}
+
+impl View for &Hashed<'_> {
+    fn dtype(&self) -> Dtype {
+        self.out.dtype()
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.out.shape()
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let data = self.out.data();
+        self.crc.set(Some(crc32(&data)));
+        data
+    }
+
+    fn data_len(&self) -> usize {
+        self.out.data_len()
+    }
+}
+
+/// Writes `tensors` to `path` and returns the CRC-32 of each.
 fn write_safetensors(
     path: &Path,
     tensors: &[(String, Out<'_>)],
     meta: HashMap<String, String>,
-) -> Result<()> {
+) -> Result<BTreeMap<String, u32>> {
     let tmp = temp_path(path);
-    let res = safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), &tmp);
+    let hashed: Vec<(&str, Hashed<'_>)> = tensors
+        .iter()
+        .map(|(n, out)| {
+            (
+                n.as_str(),
+                Hashed {
+                    out,
+                    crc: Cell::new(None),
+                },
+            )
+        })
+        .collect();
+    let res = safetensors::serialize_to_file(hashed.iter().map(|(n, h)| (*n, h)), Some(meta), &tmp);
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
         return Err(match e {
@@ -136,7 +178,11 @@ fn write_safetensors(
             return Err(TierError::Io { path: tmp, cause: e });
         }
     }
-    persist(&tmp, path)
+    persist(&tmp, path)?;
+    Ok(hashed
+        .iter()
+        .map(|(n, h)| (n.to_string(), h.crc.get().expect("the writer read every tensor")))
+        .collect())
 }
 
 /// Writes a complete checkpoint of `tier` into `dir` (created if needed).
@@ -199,8 +245,16 @@ pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()>
     ));
 
     let st_meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_safetensors(&dir.join(MODEL_FILE), &model, st_meta.clone())?;
-    write_safetensors(&dir.join(OPTIMIZER_FILE), &optim, st_meta)?;
+    let table = Crc32Table::from([
+        (
+            MODEL_FILE.to_string(),
+            write_safetensors(&dir.join(MODEL_FILE), &model, st_meta.clone())?,
+        ),
+        (
+            OPTIMIZER_FILE.to_string(),
+            write_safetensors(&dir.join(OPTIMIZER_FILE), &optim, st_meta)?,
+        ),
+    ]);
 
     let meta = json!({
         "format": FORMAT,
@@ -209,6 +263,7 @@ pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()>
         "n_params": tier.n_params(),
         "transport": tier.config().transport.to_string(),
         "files": [MODEL_FILE, OPTIMIZER_FILE],
+        crc::KEY: crc::to_json(&table),
         "extra": extra,
     });
     let text = serde_json::to_vec_pretty(&meta).expect("a JSON value always serialises");
@@ -217,6 +272,11 @@ pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()>
 
 /// Reads `checkpoint.json` only.
 pub fn read_checkpoint_meta(dir: &Path) -> Result<CheckpointMeta> {
+    read_meta(dir).map(|(meta, _)| meta)
+}
+
+/// `checkpoint.json`, with its CRCs where it has them.
+pub(crate) fn read_meta(dir: &Path) -> Result<(CheckpointMeta, Option<Crc32Table>)> {
     let path = dir.join(META_FILE);
     let text = std::fs::read(&path).at(&path)?;
     let bad = |detail: String| TierError::Meta {
@@ -240,22 +300,23 @@ pub fn read_checkpoint_meta(dir: &Path) -> Result<CheckpointMeta> {
             .and_then(Value::as_u64)
             .ok_or_else(|| bad(format!("missing '{k}'")))
     };
-    Ok(CheckpointMeta {
+    let meta = CheckpointMeta {
         n_layers: field("n_layers")? as usize,
         n_params: field("n_params")?,
         layer_steps: Vec::new(),
         extra: v.get("extra").cloned().unwrap_or(Value::Null),
-    })
+    };
+    Ok((meta, crc::from_json(&v).map_err(bad)?))
 }
 
 /// An opened, header-validated safetensors file.
-struct StFile {
-    path: PathBuf,
+pub(crate) struct StFile {
+    pub(crate) path: PathBuf,
     map: Mmap,
 }
 
 impl StFile {
-    fn open(path: PathBuf) -> Result<Self> {
+    pub(crate) fn open(path: PathBuf) -> Result<Self> {
         let file = File::open(&path).at(&path)?;
         // SAFETY: checkpoint files are only ever replaced by rename, never
         // modified in place, so the mapped contents do not change under us.
@@ -263,7 +324,7 @@ impl StFile {
         Ok(StFile { path, map })
     }
 
-    fn parse(&self) -> Result<SafeTensors<'_>> {
+    pub(crate) fn parse(&self) -> Result<SafeTensors<'_>> {
         SafeTensors::deserialize(&self.map).map_err(|e| {
             let tensor = match &e {
                 SafeTensorError::InvalidOffset(name) | SafeTensorError::TensorNotFound(name) => {
@@ -329,7 +390,7 @@ impl StFile {
     /// Lets the kernel drop the mapped pages of a tensor already copied, so
     /// that loading adds at most one tensor's worth of file pages to the
     /// resident set (peak RSS is what the memory budget is measured by).
-    fn release(&self, data: &[u8]) {
+    pub(crate) fn release(&self, data: &[u8]) {
         #[cfg(unix)]
         {
             let off = data.as_ptr() as usize - self.map.as_ptr() as usize;
@@ -364,30 +425,18 @@ fn first_truncated_tensor(buf: &[u8]) -> Option<String> {
         .map(|(_, k)| k)
 }
 
-fn copy_le_f32(src: &[u8], dst: &mut [f32]) {
-    const CHUNK: usize = 1 << 14;
-    let conv = |s: &[u8], d: &mut [f32]| {
-        for (d, b) in d.iter_mut().zip(s.chunks_exact(4)) {
-            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    };
-    if dst.len() < 1 << 16 {
-        conv(src, dst);
-    } else {
-        dst.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK * 4))
-            .for_each(|(d, s)| conv(s, d));
-    }
-}
-
 /// Loads the checkpoint in `dir` into `tier`, which must have been built
-/// from the same parameter tables. Everything is validated (every tensor
-/// present, f32, right shape; no unknown tensors; layer and parameter
-/// counts) before the first byte of the tier is overwritten, so a bad
-/// checkpoint leaves the tier as it was. Transport copies are refreshed and
-/// spilled layers evicted from the resident set.
+/// from the same parameter tables. Everything but the data's CRCs is
+/// validated (every tensor present, f32, right shape; no unknown tensors;
+/// layer and parameter counts; a CRC for each tensor) before the first byte
+/// of the tier is overwritten, so such a bad checkpoint leaves the tier as
+/// it was. The CRCs are checked as each tensor is copied, which reads the
+/// files once rather than twice: after a [`TierError::Corrupt`] naming a
+/// tensor whose bytes changed, the tier holds part of the checkpoint and
+/// is not to be used. Transport copies are refreshed and spilled layers
+/// evicted from the resident set.
 pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta> {
-    let mut meta = read_checkpoint_meta(dir)?;
+    let (mut meta, crcs) = read_meta(dir)?;
     let meta_path = dir.join(META_FILE);
     if meta.n_layers != tier.len() || meta.n_params != tier.n_params() {
         return Err(TierError::Meta {
@@ -420,28 +469,47 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
             model_names.insert(spec.name.clone());
             optim_names.insert(ma);
             optim_names.insert(va);
-            plan.push((l, spec.range(), p, m, v));
+            plan.push((l, spec.range(), spec.name.clone(), p, m, v));
         }
     }
     model.reject_unexpected(&model_st, &model_names)?;
     optim.reject_unexpected(&optim_st, &optim_names)?;
+    let model_crcs = crc::expected(
+        crcs.as_ref(),
+        &meta_path,
+        MODEL_FILE,
+        model_names.iter().map(String::as_str),
+    )?;
+    let optim_crcs = crc::expected(
+        crcs.as_ref(),
+        &meta_path,
+        OPTIMIZER_FILE,
+        optim_names.iter().map(String::as_str),
+    )?;
+    let check = |file: &StFile, crcs: &Option<HashMap<String, u32>>, name: &str, got: u32| match crcs {
+        Some(c) if c[name] != got => Err(crc::mismatch(&file.path, name, c[name], got)),
+        _ => Ok(()),
+    };
     let steps_view = optim.expect(&optim_st, STEPS_TENSOR, Dtype::U64, &[tier.len()])?;
+    check(&optim, &optim_crcs, STEPS_TENSOR, crc32(steps_view.data()))?;
     let steps: Vec<u64> = steps_view
         .data()
         .chunks_exact(8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8-byte chunk")))
         .collect();
 
-    // Copy pass.
-    for (l, range, p, m, v) in plan {
-        let layer = &mut tier.layers_mut()[l];
-        let parts = layer.parts_mut();
-        copy_le_f32(p.data(), &mut parts.params[range.clone()]);
+    // Copy pass, each tensor's CRC taken from the bytes as they are copied.
+    for (l, range, name, p, m, v) in plan {
+        let parts = tier.layers_mut()[l].parts_mut();
+        let got = copy_le_f32(p.data(), &mut parts.params[range.clone()]);
         model.release(p.data());
-        copy_le_f32(m.data(), &mut parts.m[range.clone()]);
+        check(&model, &model_crcs, &name, got)?;
+        let got = copy_le_f32(m.data(), &mut parts.m[range.clone()]);
         optim.release(m.data());
-        copy_le_f32(v.data(), &mut parts.v[range]);
+        check(&optim, &optim_crcs, &exp_avg_name(&name), got)?;
+        let got = copy_le_f32(v.data(), &mut parts.v[range]);
         optim.release(v.data());
+        check(&optim, &optim_crcs, &exp_avg_sq_name(&name), got)?;
     }
     for (layer, &s) in tier.layers_mut().iter_mut().zip(&steps) {
         layer.set_step(s);

@@ -53,12 +53,15 @@
 //! fsync) straight from the slabs; a run directory's `latest` file names
 //! the current checkpoint ([`write_latest`], [`read_latest`]). Loading
 //! validates every tensor's presence, dtype and shape before writing
-//! anything into the tier. [`rss`] reads the process's current
+//! anything into the tier, and each tensor's CRC-32 (kept in
+//! `checkpoint.json`) as it copies it; [`verify_checkpoint_file`] checks
+//! one file's CRCs alone. [`rss`] reads the process's current
 //! and peak resident set size for the bytes-per-parameter measurement.
 
 pub mod atomic;
 mod buf;
 mod checkpoint;
+mod crc;
 mod error;
 mod report;
 pub mod rss;
@@ -71,6 +74,7 @@ pub use checkpoint::{
     CheckpointMeta, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
     exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
 };
+pub use crc::verify_checkpoint_file;
 pub use error::{Result, TierError, is_disk_full};
 pub use report::{BytesByKind, MemoryReport};
 pub use slab::{

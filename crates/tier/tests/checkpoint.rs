@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use common::{fill, tables};
 use megatrain_tier::{
     HostTier, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, TierConfig, TierError, TransportDType, TransportRef,
-    load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
+    load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, verify_checkpoint_file,
+    write_latest,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -220,6 +221,91 @@ fn garbage_header_names_the_file() {
     std::fs::write(&path, b"short").unwrap();
     let err = load_checkpoint(&ckpt, &mut tier).unwrap_err();
     assert!(matches!(err, TierError::Corrupt { .. }), "{err}");
+}
+
+/// Flips one bit of `tensor`'s data in `file`, the file's layout unchanged.
+fn flip_bit(ckpt: &Path, file: &str, tensor: &str) {
+    rewrite(&ckpt.join(file), |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == tensor).unwrap();
+        t.3[1] ^= 0x10;
+    });
+}
+
+#[test]
+fn a_flipped_bit_in_the_data_is_named_by_its_crc() {
+    for (file, tensor) in [
+        (MODEL_FILE, "layers.1.w"),
+        (OPTIMIZER_FILE, "layers.2.b.exp_avg_sq"),
+        (OPTIMIZER_FILE, STEPS_TENSOR),
+    ] {
+        let (_run, ckpt, _) = saved(3);
+        assert!(verify_checkpoint_file(&ckpt, file).is_ok());
+        flip_bit(&ckpt, file, tensor);
+        let path = ckpt.join(file).display().to_string();
+        for err in [
+            load_checkpoint(&ckpt, &mut new_tier(None)).unwrap_err(),
+            verify_checkpoint_file(&ckpt, file).unwrap_err(),
+        ] {
+            let msg = err.to_string();
+            assert!(matches!(err, TierError::Corrupt { .. }), "{msg}");
+            assert!(
+                msg.contains(&path) && msg.contains(&format!("'{tensor}'")),
+                "{msg}"
+            );
+            assert!(msg.contains("CRC-32"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn crcs_are_checked_where_a_checkpoint_has_them() {
+    let meta_path = |ckpt: &Path| ckpt.join("checkpoint.json");
+    let edit_meta = |ckpt: &Path, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(meta_path(ckpt)).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(meta_path(ckpt), serde_json::to_vec(&v).unwrap()).unwrap();
+    };
+    // One per tensor of each file, in checkpoint.json.
+    let (_run, ckpt, tier) = saved(6);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(meta_path(&ckpt)).unwrap()).unwrap();
+    assert_eq!(v["crc32"][MODEL_FILE].as_object().unwrap().len(), 6);
+    assert_eq!(v["crc32"][OPTIMIZER_FILE].as_object().unwrap().len(), 13);
+
+    // A checkpoint written before CRCs loads as before.
+    edit_meta(&ckpt, &|v| {
+        v.as_object_mut().unwrap().remove("crc32");
+    });
+    let mut back = new_tier(None);
+    load_checkpoint(&ckpt, &mut back).unwrap();
+    assert_same(&tier, &back);
+    assert!(verify_checkpoint_file(&ckpt, MODEL_FILE).is_ok());
+
+    // A table without a tensor is refused before anything is written.
+    let (_run, ckpt, _) = saved(6);
+    edit_meta(&ckpt, &|v| {
+        v["crc32"][MODEL_FILE]
+            .as_object_mut()
+            .unwrap()
+            .remove("layers.0.b");
+    });
+    let err = load_fails(&ckpt, "checkpoint.json", "layers.0.b");
+    assert!(matches!(err, TierError::Meta { .. }), "{err}");
+    assert!(matches!(
+        verify_checkpoint_file(&ckpt, MODEL_FILE),
+        Err(TierError::Meta { .. })
+    ));
+
+    // So is one that is not hex.
+    let (_run, ckpt, _) = saved(6);
+    edit_meta(&ckpt, &|v| {
+        v["crc32"][OPTIMIZER_FILE]["layers.0.b.exp_avg"] = "zz".into()
+    });
+    let err = load_checkpoint(&ckpt, &mut new_tier(None)).unwrap_err();
+    assert!(
+        matches!(err, TierError::Meta { .. }) && err.to_string().contains("layers.0.b.exp_avg"),
+        "{err}"
+    );
 }
 
 #[test]

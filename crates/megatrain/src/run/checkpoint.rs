@@ -155,8 +155,17 @@ pub fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
 
 /// A model directory from what the user named: a run directory (its
 /// `latest` checkpoint, or `ckpt-<step>` with `step`), a checkpoint
-/// directory, or a Hugging Face model directory.
+/// directory, or a Hugging Face model directory. A checkpoint's weights are
+/// checked against the CRCs it was written with before anything reads them.
 pub fn resolve_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
+    let dir = find_model_dir(path, step)?;
+    if dir.join(megatrain_tier::META_FILE).exists() {
+        megatrain_tier::verify_checkpoint_file(&dir, megatrain_tier::MODEL_FILE)?;
+    }
+    Ok(dir)
+}
+
+fn find_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
     if !path.exists() {
         return Err(RunError::file(path, "no such file or directory"));
     }
