@@ -76,6 +76,32 @@ fn bad_inputs_are_named() {
         &["--batch 0"],
     );
     check(
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--lr",
+            "1e-3",
+            "--min-lr",
+            "0.5",
+        ],
+        &["--min-lr 0.5", "--lr 0.001"],
+    );
+    check(
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--seq-len",
+            "32",
+            "--host-budget",
+            "1K",
+        ],
+        &["--host-budget 1024", "transport copies", "megatrain plan"],
+    );
+    check(
         &["--preset", "gpt2-nano", "--data", s(&data), "--precision", "fp8"],
         &["fp8"],
     );

@@ -402,6 +402,16 @@ impl TrainOptions {
         };
         finite_nonneg("lr", self.lr)?;
         finite_nonneg("min-lr", self.min_lr())?;
+        if self.min_lr() > self.lr {
+            return Err(RunError::option(
+                "min-lr",
+                self.min_lr(),
+                format!(
+                    "is above --lr {}: the schedule decays from --lr down to --min-lr",
+                    self.lr
+                ),
+            ));
+        }
         finite_nonneg("weight-decay", self.weight_decay)?;
         finite_nonneg("grad-clip", self.grad_clip)?;
         if !(self.eps.is_finite() && self.eps > 0.0) {

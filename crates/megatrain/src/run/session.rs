@@ -313,6 +313,24 @@ fn evaluate_split<E: Executor>(
     Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
 }
 
+/// A tier that does not fit `--host-budget`, said as a refusal of the flag.
+fn over_budget(e: RunError, opts: &TrainOptions) -> RunError {
+    use crate::trainer::TrainError;
+    use megatrain_tier::TierError::{BudgetExceeded, TransportOverBudget};
+    match (&e, opts.host_budget) {
+        (
+            RunError::Tier(t @ (BudgetExceeded { .. } | TransportOverBudget { .. }))
+            | RunError::Train(TrainError::Tier(t @ (BudgetExceeded { .. } | TransportOverBudget { .. }))),
+            Some(budget),
+        ) => RunError::option(
+            "host-budget",
+            budget,
+            format!("{t} (`megatrain plan` with the same flags shows what fits)"),
+        ),
+        _ => e,
+    }
+}
+
 pub fn tier_config(opts: &TrainOptions) -> TierConfig {
     TierConfig {
         transport: opts.precision.transport(),
@@ -369,12 +387,15 @@ pub fn train_with<E: Executor>(
     let tcfg = tier_config(opts);
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
-            let mut tier = HostTier::new(p.model.layer_tables(), tcfg)?;
+            let mut tier =
+                HostTier::new(p.model.layer_tables(), tcfg).map_err(|e| over_budget(e.into(), opts))?;
             load_checkpoint(ckpt, &mut tier)?;
             tier
         }
-        (None, Some(dir)) => load_tier(&HfCheckpoint::open(dir)?, tcfg)?,
-        (None, None) => init_tier(&p.model, tcfg, opts.seed)?,
+        (None, Some(dir)) => {
+            load_tier(&HfCheckpoint::open(dir)?, tcfg).map_err(|e| over_budget(e.into(), opts))?
+        }
+        (None, None) => init_tier(&p.model, tcfg, opts.seed).map_err(|e| over_budget(e.into(), opts))?,
     };
     let config = TrainerConfig {
         checkpoint_every: opts.checkpoint_every,
