@@ -234,6 +234,22 @@ impl ModelConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
+        // A zero or negative epsilon divides by zero in the norms, and a
+        // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
+        let eps_name = if self.arch.is_gpt2() {
+            "layer_norm_epsilon"
+        } else {
+            "rms_norm_eps"
+        };
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return Err(format!("{eps_name} {} must be a positive number", self.norm_eps));
+        }
+        if !self.arch.is_gpt2() && !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!(
+                "rope_theta {} must be a positive number",
+                self.rope_theta
+            ));
+        }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",

@@ -120,6 +120,27 @@ fn bad_values_are_named() {
     assert!(parse(v).unwrap_err().to_string().contains("hidden_act"));
     let err = ModelConfig::from_json_str("{not json", "x/config.json").unwrap_err();
     assert!(err.to_string().contains("x/config.json"));
+    // Values that would train to a NaN loss, refused by name.
+    for (field, value) in [
+        ("rms_norm_eps", json!(0.0)),
+        ("rms_norm_eps", json!(-1e-6)),
+        ("rope_theta", json!(-10000.0)),
+        ("rope_theta", json!(0)),
+    ] {
+        let mut v = llama_v4();
+        v[field] = value.clone();
+        let msg = bad_msg(v);
+        assert!(
+            msg.contains(&format!("{field} ")) && msg.contains("must be a positive number"),
+            "{field} = {value}: {msg}"
+        );
+    }
+    let mut v = json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": 65, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+    });
+    v["layer_norm_epsilon"] = json!(-1);
+    assert!(bad_msg(v).contains("layer_norm_epsilon -1"));
 }
 
 #[test]
