@@ -244,7 +244,8 @@ impl ModelConfig {
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
             return Err(format!("{eps_name} {} must be a positive number", self.norm_eps));
         }
-        if !self.arch.is_gpt2() && !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+        let rope_ok = self.rope_theta.is_finite() && self.rope_theta > 0.0;
+        if !self.arch.is_gpt2() && !rope_ok {
             return Err(format!(
                 "rope_theta {} must be a positive number",
                 self.rope_theta
