@@ -501,15 +501,34 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
     // Copy pass, each tensor's CRC taken from the bytes as they are copied.
     for (l, range, name, p, m, v) in plan {
         let parts = tier.layers_mut()[l].parts_mut();
-        let got = copy_le_f32(p.data(), &mut parts.params[range.clone()]);
-        model.release(p.data());
-        check(&model, &model_crcs, &name, got)?;
-        let got = copy_le_f32(m.data(), &mut parts.m[range.clone()]);
-        optim.release(m.data());
-        check(&optim, &optim_crcs, &exp_avg_name(&name), got)?;
-        let got = copy_le_f32(v.data(), &mut parts.v[range]);
-        optim.release(v.data());
-        check(&optim, &optim_crcs, &exp_avg_sq_name(&name), got)?;
+        let copies = [
+            (
+                &model,
+                &model_crcs,
+                p,
+                &mut parts.params[range.clone()],
+                name.clone(),
+            ),
+            (
+                &optim,
+                &optim_crcs,
+                m,
+                &mut parts.m[range.clone()],
+                exp_avg_name(&name),
+            ),
+            (
+                &optim,
+                &optim_crcs,
+                v,
+                &mut parts.v[range],
+                exp_avg_sq_name(&name),
+            ),
+        ];
+        for (file, crcs, t, dst, tensor) in copies {
+            let got = copy_le_f32(t.data(), dst);
+            file.release(t.data());
+            check(file, crcs, &tensor, got)?;
+        }
     }
     for (layer, &s) in tier.layers_mut().iter_mut().zip(&steps) {
         layer.set_step(s);
