@@ -383,4 +383,26 @@ fn plan_reports_host_and_device_bytes() {
     };
     assert_eq!(per_param("f16"), per_param("bf16"));
     assert_ne!(per_param("f16"), per_param("f32"));
+    // Ranks with a budget that spills: the sharded bytes are said to be
+    // those of a run without it, as training refuses the two together.
+    let args = [
+        "plan",
+        "--preset",
+        "tinyllama-1.1b",
+        "--ranks",
+        "2",
+        "--disk-gbps",
+        "1",
+    ];
+    let text = String::from_utf8(run(&args).stdout).unwrap();
+    assert!(
+        text.contains("the busiest rank):") && !text.contains("spilled"),
+        "{text}"
+    );
+    let text = String::from_utf8(run(&[&args[..], &["--host-budget", "8G"]].concat()).stdout).unwrap();
+    assert!(
+        text.contains("the busiest rank), without --host-budget:")
+            && text.contains("--shard-optimizer false"),
+        "{text}"
+    );
 }

@@ -150,9 +150,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.ranks > 1 {
         let r = per_rank(&model, &tier, a.ranks);
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
+        // The trainer refuses a sharded optimizer over spilled layers
+        // (`Trainer::set_distributed`), so the sharded bytes are those of
+        // a run without the budget.
+        let spills = p.host.first_spilled.is_some();
         println!(
-            "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",
-            a.ranks
+            "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank){}:",
+            a.ranks,
+            if spills { ", without --host-budget" } else { "" }
         );
         for (k, v) in [
             ("params", r.params),
@@ -169,6 +174,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             a.ranks,
             gib(a.ranks as u64 * r.total())
         );
+        if spills {
+            println!(
+                "  layers spilled to disk take --shard-optimizer false (a sharded optimizer over spilled \
+                 layers is not supported yet): each rank then holds the tier above, spilled the same way"
+            );
+        }
     }
     let d = &p.device;
     println!(
