@@ -348,6 +348,44 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
 }
 
 #[test]
+fn keep_checkpoints_removes_older_ones_after_each_save() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let a = t.join("a");
+    let ckpts = |run: &Path| {
+        let mut v: Vec<String> = std::fs::read_dir(run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("ckpt"))
+            .collect();
+        v.sort();
+        v
+    };
+    let mut args = train_args(s(&data), s(&a), "5");
+    args.extend(["--keep-checkpoints", "2"]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ckpts(&a), ["ckpt-4", "ckpt-5"]);
+    // A resume may change it (it changes no result) and prunes by the new
+    // number.
+    let out = run(&[
+        "train",
+        "--resume",
+        s(&a),
+        "--steps",
+        "7",
+        "--keep-checkpoints",
+        "1",
+        "--quiet",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("keep_checkpoints"), "{err}");
+    assert_eq!(ckpts(&a), ["ckpt-7"]);
+    assert_eq!(latest_step(&a), Some(7));
+}
+
+#[test]
 fn plan_reports_host_and_device_bytes() {
     let out = run(&[
         "plan",

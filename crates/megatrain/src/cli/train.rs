@@ -108,6 +108,10 @@ pub struct TrainArgs {
     eval_batches: Option<usize>,
     #[arg(long)]
     save_every: Option<u64>,
+    /// Keep only the newest N checkpoints, removing older ones after each
+    /// save (0: keep all) [default: 0].
+    #[arg(long)]
+    keep_checkpoints: Option<u64>,
     #[arg(long)]
     log_every: Option<u64>,
     /// Run directory (checkpoints, metrics.jsonl, loss.svg).
@@ -198,6 +202,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         eval_every,
         eval_batches,
         save_every,
+        keep_checkpoints,
         log_every,
         out,
         shard_optimizer,

@@ -63,6 +63,58 @@ pub fn checkpoint_name(step: u64) -> String {
     format!("ckpt-{step}")
 }
 
+/// The step of a checkpoint directory's name, as [`checkpoint_name`] writes
+/// it (so `ckpt-007` is not one).
+fn checkpoint_step(name: &str) -> Option<u64> {
+    let step = name.strip_prefix("ckpt-")?.parse().ok()?;
+    (checkpoint_name(step) == name).then_some(step)
+}
+
+/// Marks a checkpoint directory being removed: out of the `ckpt-<step>`
+/// names, so a kill midway leaves no half-removed checkpoint under one.
+const REMOVING: &str = ".removing";
+
+/// Removes the checkpoints of `run` older than the newest `keep` (≥ 1) up
+/// to the one `latest` names; any past it were never pointed at and are
+/// replaced as the run reaches them. Each is renamed away before it is
+/// deleted, and what a kill left of an earlier removal goes too. Returns
+/// the checkpoints removed.
+pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
+    assert!(keep >= 1, "keep_checkpoints 0 keeps all and never prunes");
+    let Some(latest) = read_latest(run)? else {
+        return Ok(Vec::new());
+    };
+    let Some(latest) = latest
+        .file_name()
+        .and_then(|n| checkpoint_step(&n.to_string_lossy()))
+    else {
+        return Ok(Vec::new());
+    };
+    let mut steps = Vec::new();
+    for entry in std::fs::read_dir(run).map_err(RunError::io(run))? {
+        let entry = entry.map_err(RunError::io(run))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".ckpt-") && name.ends_with(REMOVING) {
+            std::fs::remove_dir_all(entry.path()).map_err(RunError::io(entry.path()))?;
+        } else if let Some(step) = checkpoint_step(&name).filter(|&s| s <= latest)
+            && entry.path().is_dir()
+        {
+            steps.push(step);
+        }
+    }
+    steps.sort_unstable();
+    let stale = &steps[..steps.len().saturating_sub(keep as usize)];
+    let mut removed = Vec::new();
+    for &step in stale {
+        let dir = run.join(checkpoint_name(step));
+        let away = run.join(format!(".{}{REMOVING}", checkpoint_name(step)));
+        std::fs::rename(&dir, &away).map_err(RunError::io(&dir))?;
+        std::fs::remove_dir_all(&away).map_err(RunError::io(&away))?;
+        removed.push(dir);
+    }
+    Ok(removed)
+}
+
 /// Writes checkpoint `ckpt-<step>` of `run` and then points `latest` at it.
 pub fn save_run_checkpoint(
     run: &Path,
@@ -191,5 +243,48 @@ fn find_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
             }
             Ok(path.to_path_buf())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pruning_keeps_the_newest_up_to_latest_and_nothing_else_it_does_not_own() {
+        let run = tempfile::tempdir().unwrap();
+        let run = run.path();
+        for name in [
+            "ckpt-1",
+            "ckpt-2",
+            "ckpt-3",
+            "ckpt-5",
+            "ckpt-007",
+            ".ckpt-9.removing",
+        ] {
+            std::fs::create_dir(run.join(name)).unwrap();
+            std::fs::write(run.join(name).join("model.safetensors"), b"x").unwrap();
+        }
+        std::fs::write(run.join("ckpt-4"), b"a file, not a checkpoint").unwrap();
+        assert!(
+            prune_checkpoints(run, 2).unwrap().is_empty(),
+            "no latest: nothing to go by"
+        );
+        write_latest(run, "ckpt-3").unwrap();
+        assert_eq!(prune_checkpoints(run, 2).unwrap(), vec![run.join("ckpt-1")]);
+        let mut left: Vec<String> = std::fs::read_dir(run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        // ckpt-5 is past latest (never pointed at); ckpt-007 is not a name
+        // this run writes; the leftover of a killed removal is gone.
+        assert_eq!(
+            left,
+            ["ckpt-007", "ckpt-2", "ckpt-3", "ckpt-4", "ckpt-5", "latest"]
+        );
+        assert_eq!(prune_checkpoints(run, 1).unwrap(), vec![run.join("ckpt-2")]);
+        assert!(prune_checkpoints(run, 1).unwrap().is_empty());
+        assert!(run.join("ckpt-3").is_dir());
     }
 }

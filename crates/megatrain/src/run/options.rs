@@ -183,6 +183,9 @@ pub struct TrainOptions {
     pub eval_batches: usize,
     /// Save a checkpoint every this many steps (0: only at the end).
     pub save_every: u64,
+    /// Keep only the newest this many checkpoints, removing older ones
+    /// after each save (0: keep all). Changes no result.
+    pub keep_checkpoints: u64,
     /// Plain progress line every this many steps (off a terminal).
     pub log_every: u64,
     pub out: PathBuf,
@@ -245,6 +248,7 @@ impl Default for TrainOptions {
             eval_every: 250,
             eval_batches: 20,
             save_every: 500,
+            keep_checkpoints: 0,
             log_every: 10,
             out: PathBuf::from("out"),
             host_budget: None,

@@ -11,7 +11,9 @@ use megatrain_tier::{HostTier, TierConfig, load_checkpoint};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
 
-use super::checkpoint::{TrainState, latest_checkpoint, read_train_state, save_run_checkpoint};
+use super::checkpoint::{
+    TrainState, latest_checkpoint, prune_checkpoints, read_train_state, save_run_checkpoint,
+};
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
 use super::knobs::TransportKnobs;
@@ -120,6 +122,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                 ![
                     "steps",
                     "out",
+                    "keep_checkpoints",
                     "transport",
                     "ranks",
                     "spill_window",
@@ -547,6 +550,9 @@ pub fn train_with<E: Executor>(
             trainer.gather_state()?;
             if lead {
                 let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
+                if opts.keep_checkpoints > 0 {
+                    prune_checkpoints(out, opts.keep_checkpoints)?;
+                }
                 trainer.release_unowned()?;
                 progress.saved(step, &dir);
                 summary.checkpoint = Some(dir);
