@@ -60,7 +60,15 @@ fn nanogpt_bin_is_little_endian_u16() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("train.bin");
     std::fs::write(&p, [1u8, 0, 0xfe, 0x00, 7, 0]).unwrap();
-    assert_eq!(load(&p).unwrap().tokens, vec![1, 254, 7]);
+    let d = load(&p).unwrap();
+    assert_eq!(d.tokens, vec![1, 254, 7]);
+    // Read in place, not copied into the process's memory; a validation
+    // split keeps both parts on the map.
+    assert!(d.tokens.is_mapped());
+    let (t, v) = split_validation(d, 0.34).unwrap();
+    assert!(t.tokens.is_mapped() && v.tokens.is_mapped());
+    assert_eq!(t.tokens, vec![1, 254]);
+    assert_eq!(v.tokens, vec![7]);
 
     std::fs::write(&p, [1u8, 0, 0x2c, 0x01]).unwrap();
     match load(&p) {
@@ -127,7 +135,7 @@ fn alpaca_counts_only_the_response_and_eos() {
     let text: String = d
         .tokens
         .iter()
-        .map(|&c| if c == 0 { '|' } else { c as u8 as char })
+        .map(|c| if c == 0 { '|' } else { c as u8 as char })
         .collect();
     assert_eq!(text, "UxAyz|UqIiAr|");
     let mask: String = d
@@ -158,7 +166,7 @@ fn sharegpt_counts_assistant_turns() {
     let text: String = d
         .tokens
         .iter()
-        .map(|&c| if c == 0 { '|' } else { c as u8 as char })
+        .map(|c| if c == 0 { '|' } else { c as u8 as char })
         .collect();
     assert_eq!(text, "SsUhAg|UkAm|");
     let mask: String = d

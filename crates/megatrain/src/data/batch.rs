@@ -89,10 +89,10 @@ pub fn draw_rows(
         for i in 0..seq_len {
             let at = (start + i) % n;
             let next = (start + i + 1) % n;
-            inputs.push(data.tokens[at]);
+            inputs.push(data.tokens.get(at));
             let counted = data.loss_mask.as_ref().is_none_or(|m| m[next]);
             targets.push(if counted {
-                data.tokens[next] as i32
+                data.tokens.get(next) as i32
             } else {
                 IGNORE_INDEX
             });

@@ -33,7 +33,8 @@ struct Builder<'a> {
     path: &'a Path,
     line: usize,
     enc: &'a dyn TextEncoder,
-    out: TokenData,
+    tokens: Vec<u32>,
+    mask: Vec<bool>,
 }
 
 impl Builder<'_> {
@@ -42,16 +43,15 @@ impl Builder<'_> {
             .enc
             .encode(text)
             .map_err(|detail| self.err(format!("tokenizer: {detail}")))?;
-        let mask = self.out.loss_mask.get_or_insert_with(Vec::new);
-        mask.extend(std::iter::repeat_n(counted, ids.len()));
-        self.out.tokens.extend(ids);
+        self.mask.extend(std::iter::repeat_n(counted, ids.len()));
+        self.tokens.extend(ids);
         Ok(())
     }
 
     fn push_eos(&mut self) {
         if let Some(eos) = self.enc.eos() {
-            self.out.tokens.push(eos);
-            self.out.loss_mask.get_or_insert_with(Vec::new).push(true);
+            self.tokens.push(eos);
+            self.mask.push(true);
         }
     }
 
@@ -85,10 +85,8 @@ pub(super) fn load_jsonl(
         path,
         line: 0,
         enc,
-        out: TokenData {
-            tokens: Vec::new(),
-            loss_mask: Some(Vec::new()),
-        },
+        tokens: Vec::new(),
+        mask: Vec::new(),
     };
     for (i, line) in text.lines().enumerate() {
         b.line = i + 1;
@@ -104,7 +102,10 @@ pub(super) fn load_jsonl(
             return Err(b.err("record has neither 'instruction' (alpaca) nor 'conversations' (sharegpt)"));
         }
     }
-    Ok(b.out)
+    Ok(TokenData {
+        tokens: b.tokens.into(),
+        loss_mask: Some(b.mask),
+    })
 }
 
 fn alpaca(b: &mut Builder, rec: &Value, t: &ChatTemplate) -> Result<(), DataError> {

@@ -2,7 +2,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::jsonl::{ChatTemplate, load_jsonl};
-use super::{DataError, TextEncoder, TokenData};
+use super::{DataError, TextEncoder, TokenData, Tokens};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
     move |cause| DataError::Io {
@@ -27,7 +27,10 @@ pub fn load_tokens(
             Some("jsonl") => load_jsonl(path, enc, template)?,
             _ => {
                 let text = fs::read_to_string(path).map_err(io(path))?;
-                encode(path, &text, enc)?
+                TokenData {
+                    tokens: encode(path, &text, enc)?.into(),
+                    loss_mask: None,
+                }
             }
         }
     };
@@ -40,14 +43,10 @@ pub fn load_tokens(
     Ok(data)
 }
 
-fn encode(path: &Path, text: &str, enc: &dyn TextEncoder) -> Result<TokenData, DataError> {
-    let tokens = enc.encode(text).map_err(|detail| DataError::Tokenize {
+fn encode(path: &Path, text: &str, enc: &dyn TextEncoder) -> Result<Vec<u32>, DataError> {
+    enc.encode(text).map_err(|detail| DataError::Tokenize {
         path: path.to_path_buf(),
         detail,
-    })?;
-    Ok(TokenData {
-        tokens,
-        loss_mask: None,
     })
 }
 
@@ -61,37 +60,46 @@ fn load_text_dir(dir: &Path, enc: &dyn TextEncoder) -> Result<TokenData, DataErr
     let mut tokens = Vec::new();
     for f in &files {
         let text = fs::read_to_string(f).map_err(io(f))?;
-        tokens.extend(encode(f, &text, enc)?.tokens);
+        tokens.extend(encode(f, &text, enc)?);
     }
     Ok(TokenData {
-        tokens,
+        tokens: tokens.into(),
         loss_mask: None,
     })
 }
 
+/// A `.bin` read in place through a memory map (see [`Tokens`]): like
+/// nanoGPT's `np.memmap`, the file must not be truncated or rewritten while
+/// a run reads it.
 fn load_bin(path: &Path) -> Result<TokenData, DataError> {
-    let bytes = fs::read(path).map_err(io(path))?;
-    if bytes.len() % 2 != 0 {
+    let file = fs::File::open(path).map_err(io(path))?;
+    let len = file.metadata().map_err(io(path))?.len();
+    if len % 2 != 0 {
         return Err(DataError::OddBin {
             path: path.to_path_buf(),
-            len: bytes.len() as u64,
+            len,
         });
     }
-    let tokens = bytes
-        .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]) as u32)
-        .collect();
+    let tokens = if len == 0 {
+        Tokens::from(Vec::new())
+    } else {
+        // SAFETY: the map is read only; the file is the user's data set,
+        // which (as documented above) nothing changes while it is read.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+        Tokens::mapped_u16(map)
+    };
     Ok(TokenData {
         tokens,
         loss_mask: None,
     })
 }
 
-fn check_vocab(path: &Path, tokens: &[u32], vocab: usize) -> Result<(), DataError> {
-    match tokens.iter().position(|&t| t as usize >= vocab) {
+fn check_vocab(path: &Path, tokens: &Tokens, vocab: usize) -> Result<(), DataError> {
+    let bound = u32::try_from(vocab).unwrap_or(u32::MAX);
+    match tokens.first_at_least(bound) {
         Some(index) => Err(DataError::TokenOutOfRange {
             path: path.to_path_buf(),
-            id: tokens[index],
+            id: tokens.get(index),
             index,
             vocab,
         }),

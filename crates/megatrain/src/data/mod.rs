@@ -4,10 +4,12 @@
 mod batch;
 mod jsonl;
 mod load;
+mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use jsonl::ChatTemplate;
 pub use load::{load_tokens, split_validation};
+pub use tokens::Tokens;
 
 use std::path::PathBuf;
 
@@ -24,7 +26,7 @@ pub trait TextEncoder {
 /// loss counts (false for instruction prompts); `None` counts everything.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenData {
-    pub tokens: Vec<u32>,
+    pub tokens: Tokens,
     pub loss_mask: Option<Vec<bool>>,
 }
 

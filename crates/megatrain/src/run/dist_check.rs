@@ -16,7 +16,7 @@ fn fingerprint(d: &TokenData) -> Value {
         h ^= x;
         h = h.wrapping_mul(0x0100_0000_01b3);
     };
-    for &t in &d.tokens {
+    for t in d.tokens.iter() {
         eat(t as u64);
     }
     if let Some(m) = &d.loss_mask {

@@ -1,0 +1,223 @@
+//! The ids of a token stream: decoded into memory (text, `.jsonl`), or read
+//! in place from a nanoGPT `.bin` (u16, little-endian) through a memory
+//! map. A corpus of billions of tokens then costs page cache, which the
+//! kernel can reclaim, instead of 4 bytes a token of the process's own
+//! memory beside the host tier (a 9B-token corpus was 36 GB of it).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+
+#[derive(Clone)]
+pub struct Tokens(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Owned(Vec<u32>),
+    /// Ids `range` of the map's u16s.
+    Mapped {
+        map: Arc<Mmap>,
+        range: Range<usize>,
+    },
+}
+
+/// Tokens per task when a mapped stream is scanned on every core.
+const SCAN_PART: usize = 1 << 20;
+
+impl Tokens {
+    /// The u16 ids of a whole `.bin` map (of an even length).
+    pub(crate) fn mapped_u16(map: Mmap) -> Tokens {
+        assert!(map.len().is_multiple_of(2), "a .bin of whole u16 ids");
+        let range = 0..map.len() / 2;
+        Tokens(Repr::Mapped {
+            map: Arc::new(map),
+            range,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Owned(v) => v.len(),
+            Repr::Mapped { range, .. } => range.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the ids are read in place from a file.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Repr::Mapped { .. })
+    }
+
+    /// Id `i`; panics past the end, like a slice.
+    pub fn get(&self, i: usize) -> u32 {
+        match &self.0 {
+            Repr::Owned(v) => v[i],
+            Repr::Mapped { map, range } => {
+                assert!(i < range.len(), "token {i} of {}", range.len());
+                let at = 2 * (range.start + i);
+                u16::from_le_bytes([map[at], map[at + 1]]) as u32
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    pub fn to_vec(&self) -> Vec<u32> {
+        match &self.0 {
+            Repr::Owned(v) => v.clone(),
+            Repr::Mapped { .. } => self.iter().collect(),
+        }
+    }
+
+    /// Keeps ids `..at` and returns `at..` (as `Vec::split_off`); a mapped
+    /// stream's two parts share the map.
+    pub fn split_off(&mut self, at: usize) -> Tokens {
+        match &mut self.0 {
+            Repr::Owned(v) => Tokens(Repr::Owned(v.split_off(at))),
+            Repr::Mapped { map, range } => {
+                assert!(at <= range.len(), "split at {at} of {}", range.len());
+                let mid = range.start + at;
+                let tail = mid..range.end;
+                range.end = mid;
+                Tokens(Repr::Mapped {
+                    map: Arc::clone(map),
+                    range: tail,
+                })
+            }
+        }
+    }
+
+    /// The index of the first id ≥ `bound`, on every core for a mapped
+    /// stream (one read of the file, whose pages leave the resident set
+    /// again as each part is scanned: a run touches only what it samples).
+    pub fn first_at_least(&self, bound: u32) -> Option<usize> {
+        match &self.0 {
+            Repr::Owned(v) => v.iter().position(|&t| t >= bound),
+            Repr::Mapped { map, range } => map[2 * range.start..2 * range.end]
+                .par_chunks(2 * SCAN_PART)
+                .enumerate()
+                .find_map_first(|(part, bytes)| {
+                    let found = bytes
+                        .chunks_exact(2)
+                        .position(|b| u16::from_le_bytes([b[0], b[1]]) as u32 >= bound)
+                        .map(|i| part * SCAN_PART + i);
+                    release(map, bytes);
+                    found
+                }),
+        }
+    }
+}
+
+/// Lets the kernel drop `bytes` (a part of `map`) from the resident set;
+/// they stay in the page cache and a later read maps them again.
+fn release(map: &Mmap, bytes: &[u8]) {
+    #[cfg(unix)]
+    {
+        let off = bytes.as_ptr() as usize - map.as_ptr() as usize;
+        // SAFETY: a read-only map of a file nothing modifies: after
+        // DONTNEED a later access reads the same bytes from the file.
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, bytes.len()) };
+    }
+    #[cfg(not(unix))]
+    let _ = (map, bytes);
+}
+
+impl From<Vec<u32>> for Tokens {
+    fn from(v: Vec<u32>) -> Self {
+        Tokens(Repr::Owned(v))
+    }
+}
+
+impl FromIterator<u32> for Tokens {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        Tokens(Repr::Owned(iter.into_iter().collect()))
+    }
+}
+
+impl PartialEq for Tokens {
+    fn eq(&self, other: &Tokens) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Tokens {}
+
+impl PartialEq<Vec<u32>> for Tokens {
+    fn eq(&self, other: &Vec<u32>) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter().copied())
+    }
+}
+
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 64;
+        let kind = if self.is_mapped() { "mapped" } else { "owned" };
+        write!(f, "Tokens({kind}, {} ids: ", self.len())?;
+        f.debug_list().entries(self.iter().take(SHOWN)).finish()?;
+        if self.len() > SHOWN {
+            write!(f, " …")?;
+        }
+        write!(f, ")")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapped(ids: &[u16]) -> (tempfile::NamedTempFile, Tokens) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        // SAFETY: a file of this test's own, not changed while mapped.
+        let map = unsafe { Mmap::map(f.as_file()) }.unwrap();
+        (f, Tokens::mapped_u16(map))
+    }
+
+    #[test]
+    fn a_mapped_stream_reads_as_the_owned_one_and_splits_alike() {
+        let ids: Vec<u16> = (0..1000u32).map(|i| (i * 7919 % 65536) as u16).collect();
+        let (_f, mut m) = mapped(&ids);
+        let mut o: Tokens = ids.iter().map(|&t| t as u32).collect();
+        assert!(m.is_mapped() && !o.is_mapped());
+        assert_eq!(m, o);
+        assert_eq!(m.get(999), 999 * 7919 % 65536);
+        let (mt, ot) = (m.split_off(900), o.split_off(900));
+        assert_eq!((m.len(), mt.len()), (900, 100));
+        assert!(mt.is_mapped());
+        assert_eq!((&m, &mt), (&o, &ot));
+        assert_eq!(mt.to_vec(), ot.to_vec());
+        assert_eq!(mt.get(0), ids[900] as u32);
+    }
+
+    #[test]
+    fn the_first_id_past_a_bound_is_found_across_parts() {
+        let mut ids = vec![3u16; 2 * SCAN_PART + 10];
+        ids[SCAN_PART + 5] = 300;
+        ids[2 * SCAN_PART + 1] = 400;
+        let (_f, mut m) = mapped(&ids);
+        let o: Tokens = ids.iter().map(|&t| t as u32).collect();
+        for t in [&m, &o] {
+            assert_eq!(t.first_at_least(256), Some(SCAN_PART + 5));
+            assert_eq!(t.first_at_least(301), Some(2 * SCAN_PART + 1));
+            assert_eq!(t.first_at_least(401), None);
+        }
+        let tail = m.split_off(SCAN_PART + 6);
+        assert_eq!(tail.first_at_least(256), Some(SCAN_PART - 5));
+    }
+
+    #[test]
+    #[should_panic(expected = "token 5 of 5")]
+    fn reading_past_the_end_panics_as_a_slice_does() {
+        let (_f, m) = mapped(&[1, 2, 3, 4, 5]);
+        m.get(5);
+    }
+}
