@@ -116,6 +116,13 @@ impl Tokens {
     }
 }
 
+/// FNV-1a, 64-bit.
+fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
+    words.fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ x).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Lets the kernel drop `bytes` (a part of `map`) from the resident set;
 /// they stay in the page cache and a later read maps them again.
 fn release(map: &Mmap, bytes: &[u8]) {
@@ -128,6 +135,33 @@ fn release(map: &Mmap, bytes: &[u8]) {
     }
     #[cfg(not(unix))]
     let _ = (map, bytes);
+}
+
+impl Tokens {
+    /// FNV-1a of each part of `SCAN_PART` ids, on every core (a mapped
+    /// stream's pages handed back as each part is read), then FNV-1a over
+    /// those: equal for equal ids, whether owned or mapped.
+    pub fn fingerprint(&self) -> u64 {
+        let parts: Vec<u64> = match &self.0 {
+            Repr::Owned(v) => v
+                .par_chunks(SCAN_PART)
+                .map(|ids| fnv1a(ids.iter().map(|&t| t as u64)))
+                .collect(),
+            Repr::Mapped { map, range } => map[2 * range.start..2 * range.end]
+                .par_chunks(2 * SCAN_PART)
+                .map(|bytes| {
+                    let h = fnv1a(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64),
+                    );
+                    release(map, bytes);
+                    h
+                })
+                .collect(),
+        };
+        fnv1a(parts.into_iter())
+    }
 }
 
 impl From<Vec<u32>> for Tokens {
@@ -212,6 +246,24 @@ mod tests {
         }
         let tail = m.split_off(SCAN_PART + 6);
         assert_eq!(tail.first_at_least(256), Some(SCAN_PART - 5));
+    }
+
+    #[test]
+    fn the_fingerprint_is_of_the_ids_alone() {
+        let ids: Vec<u16> = (0..SCAN_PART as u32 + 77).map(|i| (i % 50_000) as u16).collect();
+        let (_f, m) = mapped(&ids);
+        let mut o: Tokens = ids.iter().map(|&t| t as u32).collect();
+        assert_eq!(m.fingerprint(), o.fingerprint());
+        let one = o.fingerprint();
+        o = o
+            .iter()
+            .enumerate()
+            .map(|(i, t)| if i == SCAN_PART + 3 { t + 1 } else { t })
+            .collect();
+        assert_ne!(o.fingerprint(), one);
+        let mut short = m.clone();
+        short.split_off(ids.len() - 1);
+        assert_ne!(short.fingerprint(), one);
     }
 
     #[test]

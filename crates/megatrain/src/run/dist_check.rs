@@ -8,17 +8,16 @@ use super::session::Prepared;
 use crate::data::TokenData;
 use crate::dist::{Collective, check_same};
 
-/// FNV-1a over the tokens and the loss mask: ranks that loaded different
-/// files (or the same path with other contents) disagree here.
+/// FNV-1a over the tokens (by parts, [`crate::data::Tokens::fingerprint`])
+/// and the loss mask: ranks that loaded different files (or the same path
+/// with other contents) disagree here.
 fn fingerprint(d: &TokenData) -> Value {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |x: u64| {
         h ^= x;
         h = h.wrapping_mul(0x0100_0000_01b3);
     };
-    for t in d.tokens.iter() {
-        eat(t as u64);
-    }
+    eat(d.tokens.fingerprint());
     if let Some(m) = &d.loss_mask {
         for &b in m {
             eat(b as u64 + 2);
