@@ -97,6 +97,7 @@ pub fn draw_rows(
                 IGNORE_INDEX
             });
         }
+        data.tokens.release_window(start, seq_len + 1);
     }
     Ok(Batch {
         batch: rows.len(),

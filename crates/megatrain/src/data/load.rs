@@ -40,6 +40,7 @@ pub fn load_tokens(
         });
     }
     check_vocab(path, &data.tokens, enc.vocab_size())?;
+    data.tokens.expect_scattered_reads();
     Ok(data)
 }
 
