@@ -33,6 +33,7 @@ mod hf_export;
 mod hf_load;
 mod init;
 pub mod layers;
+mod long_text;
 mod model;
 mod presets;
 mod tables;

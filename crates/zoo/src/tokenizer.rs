@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::hf_export::write_atomic;
+use crate::long_text::{MARGIN, PIECE, encode_in_pieces};
 use crate::{Result, ZooError};
 
 /// File name of a char vocabulary inside a checkpoint directory.
@@ -168,13 +169,26 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Tokenizer::Hf { path, inner } => {
-                inner
-                    .encode(text, false)
-                    .map(|e| e.get_ids().to_vec())
-                    .map_err(|e| ZooError::Tokenizer {
-                        path: path.clone(),
-                        detail: format!("encode: {e}"),
+                let err = |e: tokenizers::Error| ZooError::Tokenizer {
+                    path: path.clone(),
+                    detail: format!("encode: {e}"),
+                };
+                let pieces = if text.len() > 2 * PIECE {
+                    encode_in_pieces(text, PIECE, MARGIN, |s| {
+                        let e = inner.encode(s, false)?;
+                        Ok((e.get_ids().to_vec(), e.get_offsets().to_vec()))
                     })
+                    .map_err(err)?
+                } else {
+                    None
+                };
+                match pieces {
+                    Some(ids) => Ok(ids),
+                    None => inner
+                        .encode(text, false)
+                        .map(|e| e.get_ids().to_vec())
+                        .map_err(err),
+                }
             }
             Tokenizer::Char(c) => c.encode(text),
             Tokenizer::Byte => Ok(text.bytes().map(u32::from).collect()),
