@@ -190,6 +190,16 @@ mod tests {
         }
     }
 
+    /// `text` in pieces of `piece` bytes (more than 200k ids in all, so
+    /// there are joins) gives the ids of encoding it whole.
+    fn assert_pieces_give_the_whole(t: &tokenizers::Tokenizer, text: &str, piece: usize) {
+        let whole = t.encode(text, false).unwrap().get_ids().to_vec();
+        assert!(whole.len() > 200_000 && text.len() > 8 * piece);
+        let got = encode_in_pieces(text, piece, 4 << 10, hf(t)).unwrap();
+        let len = got.as_ref().map_or(0, Vec::len);
+        assert!(got == Some(whole), "{len} ids from the pieces");
+    }
+
     #[test]
     fn a_byte_level_bpe_in_pieces_gives_the_whole_texts_ids() {
         let p = concat!(
@@ -197,15 +207,7 @@ mod tests {
             "/tests/fixtures/tokenizer/tokenizer.json"
         );
         let t = tokenizers::Tokenizer::from_file(p).unwrap();
-        let text = corpus();
-        let whole = t.encode(text.as_str(), false).unwrap().get_ids().to_vec();
-        let got = encode_in_pieces(&text, 64 << 10, 4 << 10, hf(&t)).unwrap();
-        assert!(
-            got.as_ref() == Some(&whole),
-            "{} of {} ids",
-            got.map_or(0, |g| g.len()),
-            whole.len()
-        );
+        assert_pieces_give_the_whole(&t, &corpus(), 64 << 10);
     }
 
     /// Llama's (SentencePiece) arrangement: "▁" prepended to the text and
@@ -241,15 +243,7 @@ mod tests {
                 "merges": merges.iter().map(|(a, b)| [a, b]).collect::<Vec<_>>()}
         });
         let t: tokenizers::Tokenizer = json.to_string().parse().unwrap();
-        let whole = t.encode(text.as_str(), false).unwrap().get_ids().to_vec();
-        assert!(whole.len() > 200_000);
-        let got = encode_in_pieces(&text, 32 << 10, 4 << 10, hf(&t)).unwrap();
-        assert!(
-            got.as_ref() == Some(&whole),
-            "{} of {} ids",
-            got.map_or(0, |g| g.len()),
-            whole.len()
-        );
+        assert_pieces_give_the_whole(&t, &text, 32 << 10);
     }
 
     #[test]
