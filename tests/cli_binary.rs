@@ -347,6 +347,56 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     assert!(!t.join("hf2").join("model.safetensors").exists());
 }
 
+/// A run of `steps` that saves only at its end.
+fn unsaved_args<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
+    let mut v = train_args(data, out, steps);
+    let at = v.iter().position(|a| *a == "--save-every").unwrap();
+    v[at + 1] = "0";
+    v
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_saves_the_step_under_way_and_the_run_resumes_bit_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let (a, b) = (t.join("a"), t.join("b"));
+    let steps = "400";
+    let out = run(&unsaved_args(s(&data), s(&a), steps));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let child = bin()
+        .args(unsaved_args(s(&data), s(&b), steps))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let logged = |r: &Path| std::fs::read_to_string(r.join("metrics.jsonl")).map_or(0, |m| m.lines().count());
+    let t0 = Instant::now();
+    while logged(&b) < 5 && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // SAFETY: a plain kill(2) of the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    let stopped = latest_step(&b).expect("a checkpoint of the step under way");
+    assert!((5..400).contains(&stopped), "stopped at {stopped}");
+    assert!(
+        err.contains(&format!("interrupted by SIGTERM after step {stopped}")) && err.contains("--resume"),
+        "{err}"
+    );
+
+    let out = run(&["train", "--resume", s(&b), "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let x = std::fs::read(a.join("ckpt-400").join(f)).unwrap();
+        let y = std::fs::read(b.join("ckpt-400").join(f)).unwrap();
+        assert!(x == y, "{f} differs after SIGTERM at {stopped} and resume");
+    }
+}
+
 #[test]
 fn keep_checkpoints_removes_older_ones_after_each_save() {
     let tmp = tempfile::tempdir().unwrap();

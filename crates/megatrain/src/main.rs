@@ -17,9 +17,13 @@ fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<cli::Interrupted>() {
+            // Already said, with the checkpoint it saved.
+            Some(i) => std::process::ExitCode::from((128 + i.0).clamp(0, 255) as u8),
+            None => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -10,6 +10,7 @@ mod sample;
 mod train;
 
 use clap::{Parser, Subcommand};
+pub use train::Interrupted;
 
 #[derive(Parser, Debug)]
 #[command(

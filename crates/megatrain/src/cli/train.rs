@@ -7,8 +7,8 @@ use anyhow::Context;
 use clap::Args;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, TransportKnobs, latest_checkpoint,
-    prepare, read_train_state, train_with,
+    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, TransportKnobs, interrupt,
+    latest_checkpoint, prepare, read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
 
@@ -224,6 +224,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let (rank, size) = (comm.rank(), comm.size());
     match run_on(a, Some(comm.clone())) {
         Ok(()) => Ok(()),
+        // Every rank stopped after the same step; rank 0 saved it.
+        Err(e) if e.is::<Interrupted>() => Err(e),
         Err(e) => {
             eprintln!("error: rank {rank} of {size}: {e:#}");
             comm.abort(1)
@@ -298,7 +300,23 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
         comm,
         shard_optimizer: o.shard_optimizer,
     });
+    interrupt::install();
     let summary = on_executor!(exec, ex => train_with(ex, &p, None, &mut progress, dist))?;
+    if let Some(signal) = summary.interrupted {
+        if rank == 0 {
+            eprintln!(
+                "interrupted by {} after step {}: checkpoint {}; continue with `megatrain train --resume {}`",
+                interrupt::signal_name(signal),
+                summary.step,
+                summary
+                    .checkpoint
+                    .as_ref()
+                    .map_or("none".into(), |c| c.display().to_string()),
+                o.out.display()
+            );
+        }
+        return Err(Interrupted(signal).into());
+    }
     if rank != 0 {
         return Ok(());
     }
@@ -322,3 +340,16 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
     );
     Ok(())
 }
+
+/// A run a signal ended after saving its last step: the process exits with
+/// 128 + the signal, as a shell reports a process the signal ended.
+#[derive(Debug)]
+pub struct Interrupted(pub i32);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "interrupted by {}", interrupt::signal_name(self.0))
+    }
+}
+
+impl std::error::Error for Interrupted {}

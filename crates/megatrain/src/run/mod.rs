@@ -8,6 +8,7 @@ mod dist_check;
 mod encoder;
 mod error;
 mod generate;
+pub mod interrupt;
 mod knobs;
 mod metrics_log;
 mod options;

@@ -66,6 +66,9 @@ pub struct Summary {
     pub tokens: u64,
     pub train_s: f64,
     pub checkpoint: Option<PathBuf>,
+    /// The signal that ended the run early, at `step`, with a checkpoint
+    /// of it ([`super::interrupt`]).
+    pub interrupted: Option<i32>,
 }
 
 fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
@@ -468,6 +471,7 @@ pub fn train_with<E: Executor>(
         tokens,
         train_s: prior_s,
         checkpoint: p.resume.as_ref().map(|(c, _)| c.clone()),
+        interrupted: None,
     };
     progress.begin(start, opts.steps);
     let t0 = Instant::now();
@@ -545,7 +549,8 @@ pub fn train_with<E: Executor>(
             }
         }
         summary.train_s = prior_s + t0.elapsed().as_secs_f64();
-        if due(opts.save_every) || Some(step) == stop_at {
+        summary.interrupted = interrupted(dist.as_ref())?;
+        if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() {
             let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
             trainer.gather_state()?;
             if lead {
@@ -560,6 +565,9 @@ pub fn train_with<E: Executor>(
                 summary.checkpoint = Some(out.join(super::checkpoint::checkpoint_name(step)));
             }
         }
+        if summary.interrupted.is_some() {
+            break;
+        }
     }
     if let Some(log) = &log {
         write_plot(out, log.records())?;
@@ -567,6 +575,16 @@ pub fn train_with<E: Executor>(
     summary.train_s = prior_s + t0.elapsed().as_secs_f64();
     progress.finish();
     Ok(summary)
+}
+
+/// Whether a signal asked the run to stop ([`super::interrupt`]), decided
+/// by every rank together so that all stop after the same step.
+fn interrupted(dist: Option<&DistConfig>) -> Result<Option<i32>> {
+    let local = super::interrupt::requested();
+    let Some(d) = dist else { return Ok(local) };
+    let mut x = [local.is_some() as u8 as f64, local.unwrap_or(0) as f64];
+    d.comm.sum_f64(&mut x)?;
+    Ok((x[0] > 0.0).then(|| local.unwrap_or((x[1] / x[0]).round() as i32)))
 }
 
 /// Parameters of every layer, for comparing runs bit for bit.
