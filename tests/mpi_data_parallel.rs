@@ -518,3 +518,56 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     );
     assert_eq!(latest(&run), run.join(format!("ckpt-{}", step + 1)));
 }
+
+#[test]
+fn sigterm_to_one_rank_stops_all_after_the_same_step_with_a_checkpoint_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let run = dir.path().join("run");
+    let mut args = train_args("gpt2-nano", &data, &run, 2, &[]);
+    for (k, v) in [
+        ("--steps", "100000"),
+        ("--save-every", "0"),
+        ("--eval-every", "0"),
+    ] {
+        let at = args.iter().position(|a| a == k).unwrap();
+        args[at + 1] = v.into();
+    }
+    let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let job = mpirun(2)
+        .arg(bin())
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let logged = || std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |m| m.lines().count());
+    while logged() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(60), "no steps within 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Rank 1 alone hears it; rank 0, which saves, learns it in the step's
+    // agreement.
+    let pid = rank_pid(job.id(), 1).expect("rank 1 among mpirun's children");
+    check(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .output()
+            .unwrap(),
+        "kill",
+    );
+    let out = job.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let last = metric(&run, "loss").last().unwrap().0;
+    assert_eq!(latest(&run), run.join(format!("ckpt-{last}")), "{err}");
+    assert!(
+        err.contains(&format!("interrupted by SIGTERM after step {last}")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("MPI_ABORT"),
+        "the ranks stopped together, not by abort: {err}"
+    );
+}
