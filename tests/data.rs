@@ -4,7 +4,7 @@ use std::path::Path;
 
 use megatrain::data::{
     ChatTemplate, DataError, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch, load_tokens,
-    split_validation,
+    load_tokens_cached, split_validation,
 };
 
 /// Bytes as tokens, with 0 as end-of-sequence: enough to see every boundary.
@@ -270,4 +270,92 @@ fn validation_split_takes_the_tail() {
     assert_eq!(v.loss_mask.unwrap().len(), 2);
     assert!(split_validation(stream(3), 1.0).is_err());
     assert!(split_validation(stream(3), -0.1).is_err());
+}
+
+/// Bytes as tokens, counting its calls, with a cache key of choice.
+struct Counted {
+    key: Option<&'static str>,
+    calls: std::cell::Cell<usize>,
+}
+
+impl TextEncoder for Counted {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.calls.set(self.calls.get() + 1);
+        Bytes.encode(text)
+    }
+    fn eos(&self) -> Option<u32> {
+        None
+    }
+    fn vocab_size(&self) -> usize {
+        256
+    }
+    fn cache_key(&self) -> Option<String> {
+        self.key.map(String::from)
+    }
+}
+
+#[test]
+fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, cache) = (dir.path().join("corpus.txt"), dir.path().join("tokens"));
+    std::fs::write(&text, "hello world").unwrap();
+    let t = ChatTemplate::default();
+    let enc = |key| Counted {
+        key,
+        calls: std::cell::Cell::new(0),
+    };
+    let cached = |e: &Counted| load_tokens_cached(&text, e, &t, Some(&cache)).unwrap();
+    let files = || {
+        let mut v: Vec<String> = std::fs::read_dir(&cache)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    let want: Vec<u32> = "hello world".bytes().map(u32::from).collect();
+
+    let k1 = enc(Some("k1"));
+    let first = cached(&k1);
+    assert_eq!((first.tokens.clone(), k1.calls.get()), (want.clone().into(), 1));
+    assert!(first.tokens.is_mapped(), "written, then mapped");
+    assert_eq!(files().len(), 1);
+    let again = cached(&k1);
+    assert_eq!(
+        (again.tokens.is_mapped(), k1.calls.get()),
+        (true, 1),
+        "mapped, not tokenized"
+    );
+    assert_eq!(again.tokens, want);
+
+    // Another tokenizer: tokenized again, the old ids removed.
+    let k2 = enc(Some("k2"));
+    cached(&k2);
+    assert_eq!(k2.calls.get(), 1);
+    let after_k2 = files();
+    assert!(
+        after_k2.len() == 1 && after_k2[0].starts_with("corpus.txt-"),
+        "{after_k2:?}"
+    );
+    // An edited text: the same.
+    std::fs::write(&text, "hello, world!").unwrap();
+    assert_eq!(
+        cached(&k2).tokens,
+        "hello, world!".bytes().map(u32::from).collect::<Vec<_>>()
+    );
+    assert_eq!(k2.calls.get(), 2);
+    assert!(files().len() == 1 && files() != after_k2);
+    // A cache file of another data set that shares the prefix stays.
+    std::fs::write(cache.join("corpus.txt-x-0123456789abcdef.u32"), [0u8; 4]).unwrap();
+    std::fs::write(&text, "once more").unwrap();
+    cached(&k2);
+    assert_eq!(files().len(), 2);
+    // A tokenizer without a key caches nothing.
+    let none = enc(None);
+    let other = dir.path().join("other.txt");
+    std::fs::write(&other, "abc").unwrap();
+    let d = load_tokens_cached(&other, &none, &t, Some(&cache)).unwrap();
+    assert!(!d.tokens.is_mapped() && files().len() == 2);
 }

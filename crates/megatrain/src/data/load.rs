@@ -1,6 +1,7 @@
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use super::cache::{cached_text, text_files};
 use super::jsonl::{ChatTemplate, load_jsonl};
 use super::{DataError, TextEncoder, TokenData, Tokens};
 
@@ -19,18 +20,30 @@ pub fn load_tokens(
     enc: &dyn TextEncoder,
     template: &ChatTemplate,
 ) -> Result<TokenData, DataError> {
-    let data = if path.is_dir() {
-        load_text_dir(path, enc)?
-    } else {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("bin") => load_bin(path)?,
-            Some("jsonl") => load_jsonl(path, enc, template)?,
-            _ => {
-                let text = fs::read_to_string(path).map_err(io(path))?;
-                TokenData {
-                    tokens: encode(path, &text, enc)?.into(),
-                    loss_mask: None,
-                }
+    load_tokens_cached(path, enc, template, None)
+}
+
+/// [`load_tokens`], with a text's ids (a file or a directory of `.txt`)
+/// kept in `cache` and mapped from there by the next run that loads the
+/// same text with the same tokenizer (see `data/cache.rs`).
+pub fn load_tokens_cached(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    template: &ChatTemplate,
+    cache: Option<&Path>,
+) -> Result<TokenData, DataError> {
+    let ext = path.extension().and_then(|e| e.to_str());
+    let data = match ext {
+        Some("bin") if !path.is_dir() => load_bin(path)?,
+        Some("jsonl") if !path.is_dir() => load_jsonl(path, enc, template)?,
+        _ => {
+            let tokenize = || encode_text(path, enc);
+            TokenData {
+                tokens: match cache {
+                    Some(dir) => cached_text(path, enc, dir, tokenize)?,
+                    None => tokenize()?.into(),
+                },
+                loss_mask: None,
             }
         }
     };
@@ -51,22 +64,14 @@ fn encode(path: &Path, text: &str, enc: &dyn TextEncoder) -> Result<Vec<u32>, Da
     })
 }
 
-fn load_text_dir(dir: &Path, enc: &dyn TextEncoder) -> Result<TokenData, DataError> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(io(dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    files.sort();
+/// The ids of a text file, or of a directory's `.txt` files in name order.
+fn encode_text(path: &Path, enc: &dyn TextEncoder) -> Result<Vec<u32>, DataError> {
     let mut tokens = Vec::new();
-    for f in &files {
+    for f in &text_files(path)? {
         let text = fs::read_to_string(f).map_err(io(f))?;
         tokens.extend(encode(f, &text, enc)?);
     }
-    Ok(TokenData {
-        tokens: tokens.into(),
-        loss_mask: None,
-    })
+    Ok(tokens)
 }
 
 /// A `.bin` read in place through a memory map (see [`Tokens`]): like
@@ -87,7 +92,7 @@ fn load_bin(path: &Path) -> Result<TokenData, DataError> {
         // SAFETY: the map is read only; the file is the user's data set,
         // which (as documented above) nothing changes while it is read.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-        Tokens::mapped_u16(map)
+        Tokens::mapped(map, 2)
     };
     Ok(TokenData {
         tokens,

@@ -2,13 +2,14 @@
 //! instruction `.jsonl`, and the batches drawn from them.
 
 mod batch;
+mod cache;
 mod jsonl;
 mod load;
 mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use jsonl::ChatTemplate;
-pub use load::{load_tokens, split_validation};
+pub use load::{load_tokens, load_tokens_cached, split_validation};
 pub use tokens::Tokens;
 
 use std::path::PathBuf;
@@ -20,6 +21,11 @@ pub trait TextEncoder {
     /// Appended after each instruction example so the model learns to stop.
     fn eos(&self) -> Option<u32>;
     fn vocab_size(&self) -> usize;
+    /// What decides the ids `encode` gives (the tokenizer's file, say), for
+    /// naming a text's cached ids; `None` caches nothing.
+    fn cache_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A token stream. `loss_mask[i]` says whether `tokens[i]` is a target the

@@ -1,6 +1,6 @@
-//! The ids of a token stream: decoded into memory (text, `.jsonl`), or read
-//! in place from a nanoGPT `.bin` (u16, little-endian) through a memory
-//! map. A corpus of billions of tokens then costs page cache, which the
+//! The ids of a token stream: decoded into memory (`.jsonl`, short texts),
+//! or read in place through a memory map from a nanoGPT `.bin` (u16,
+//! little-endian) or a text's cached ids (u32, [`super::cache`]). A corpus of billions of tokens then costs page cache, which the
 //! kernel can reclaim, instead of 4 bytes a token of the process's own
 //! memory beside the host tier (a 9B-token corpus was 36 GB of it).
 
@@ -17,28 +17,48 @@ pub struct Tokens(Repr);
 #[derive(Clone)]
 enum Repr {
     Owned(Vec<u32>),
-    /// Ids `range` of the map's u16s.
+    /// Ids `range` of the map's little-endian ids of `width` bytes (2, 4).
     Mapped {
         map: Arc<Mmap>,
         range: Range<usize>,
+        width: usize,
     },
+}
+
+/// The id in `b`, little-endian, of its 2 or 4 bytes.
+fn decode(b: &[u8]) -> u32 {
+    match *b {
+        [x, y] => u16::from_le_bytes([x, y]) as u32,
+        [x, y, z, w] => u32::from_le_bytes([x, y, z, w]),
+        _ => unreachable!("ids are 2 or 4 bytes"),
+    }
 }
 
 /// Tokens per task when a mapped stream is scanned on every core.
 const SCAN_PART: usize = 1 << 20;
 
 impl Tokens {
-    /// The u16 ids of a whole `.bin` map (of an even length).
-    pub(crate) fn mapped_u16(map: Mmap) -> Tokens {
-        assert!(map.len().is_multiple_of(2), "a .bin of whole u16 ids");
+    /// The ids of a whole map, little-endian, of `width` bytes each (2 for
+    /// a `.bin`, 4 for a text's cached ids); the map's length is a multiple.
+    pub(crate) fn mapped(map: Mmap, width: usize) -> Tokens {
+        assert!(
+            matches!(width, 2 | 4) && map.len().is_multiple_of(width),
+            "whole ids"
+        );
         // Read whole first (the vocabulary check): ahead of the reads.
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
-        let range = 0..map.len() / 2;
+        let range = 0..map.len() / width;
         Tokens(Repr::Mapped {
             map: Arc::new(map),
             range,
+            width,
         })
+    }
+
+    /// The ids of a map's part, as its bytes (one id every `width`).
+    fn bytes<'a>(map: &'a Mmap, range: &Range<usize>, width: usize) -> &'a [u8] {
+        &map[width * range.start..width * range.end]
     }
 
     pub fn len(&self) -> usize {
@@ -69,13 +89,13 @@ impl Tokens {
     /// row left ≈ 64 KiB in the resident set: 214 MB more peak RSS after
     /// 3,600 rows of a 1 GB `.bin` (BENCHMARKS.md), growing all run long.
     pub fn release_window(&self, start: usize, len: usize) {
-        let Repr::Mapped { map, range } = &self.0 else {
+        let Repr::Mapped { map, range, width } = &self.0 else {
             return;
         };
         let n = range.len();
         let start = start % n.max(1);
         let end = start + len.min(n);
-        let byte = |id: usize| 2 * (range.start + id);
+        let byte = |id: usize| width * (range.start + id);
         release_around(map, byte(start), byte(end.min(n)));
         if end > n {
             release_around(map, byte(0), byte(end - n));
@@ -91,10 +111,10 @@ impl Tokens {
     pub fn get(&self, i: usize) -> u32 {
         match &self.0 {
             Repr::Owned(v) => v[i],
-            Repr::Mapped { map, range } => {
+            Repr::Mapped { map, range, width } => {
                 assert!(i < range.len(), "token {i} of {}", range.len());
-                let at = 2 * (range.start + i);
-                u16::from_le_bytes([map[at], map[at + 1]]) as u32
+                let at = width * (range.start + i);
+                decode(&map[at..at + width])
             }
         }
     }
@@ -115,7 +135,7 @@ impl Tokens {
     pub fn split_off(&mut self, at: usize) -> Tokens {
         match &mut self.0 {
             Repr::Owned(v) => Tokens(Repr::Owned(v.split_off(at))),
-            Repr::Mapped { map, range } => {
+            Repr::Mapped { map, range, width } => {
                 assert!(at <= range.len(), "split at {at} of {}", range.len());
                 let mid = range.start + at;
                 let tail = mid..range.end;
@@ -123,6 +143,7 @@ impl Tokens {
                 Tokens(Repr::Mapped {
                     map: Arc::clone(map),
                     range: tail,
+                    width: *width,
                 })
             }
         }
@@ -134,13 +155,13 @@ impl Tokens {
     pub fn first_at_least(&self, bound: u32) -> Option<usize> {
         match &self.0 {
             Repr::Owned(v) => v.iter().position(|&t| t >= bound),
-            Repr::Mapped { map, range } => map[2 * range.start..2 * range.end]
-                .par_chunks(2 * SCAN_PART)
+            Repr::Mapped { map, range, width } => Self::bytes(map, range, *width)
+                .par_chunks(width * SCAN_PART)
                 .enumerate()
                 .find_map_first(|(part, bytes)| {
                     let found = bytes
-                        .chunks_exact(2)
-                        .position(|b| u16::from_le_bytes([b[0], b[1]]) as u32 >= bound)
+                        .chunks_exact(*width)
+                        .position(|b| decode(b) >= bound)
                         .map(|i| part * SCAN_PART + i);
                     release(map, bytes);
                     found
@@ -180,14 +201,10 @@ impl Tokens {
                 .par_chunks(SCAN_PART)
                 .map(|ids| fnv1a(ids.iter().map(|&t| t as u64)))
                 .collect(),
-            Repr::Mapped { map, range } => map[2 * range.start..2 * range.end]
-                .par_chunks(2 * SCAN_PART)
+            Repr::Mapped { map, range, width } => Self::bytes(map, range, *width)
+                .par_chunks(width * SCAN_PART)
                 .map(|bytes| {
-                    let h = fnv1a(
-                        bytes
-                            .chunks_exact(2)
-                            .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64),
-                    );
+                    let h = fnv1a(bytes.chunks_exact(*width).map(|b| decode(b) as u64));
                     release(map, bytes);
                     h
                 })
@@ -259,7 +276,7 @@ mod tests {
         std::io::Write::write_all(&mut f, &bytes).unwrap();
         // SAFETY: a file of this test's own, not changed while mapped.
         let map = unsafe { Mmap::map(f.as_file()) }.unwrap();
-        (f, Tokens::mapped_u16(map))
+        (f, Tokens::mapped(map, 2))
     }
 
     #[test]

@@ -40,6 +40,22 @@ impl TextEncoder for Encoder {
     fn vocab_size(&self) -> usize {
         self.vocab_limit.unwrap_or_else(|| self.tokenizer.vocab_size())
     }
+
+    /// The tokenizer's kind and contents: an HF file's bytes (hashed), a
+    /// char vocabulary's characters.
+    fn cache_key(&self) -> Option<String> {
+        match &self.tokenizer {
+            Tokenizer::Hf { path, .. } => {
+                let bytes = std::fs::read(path).ok()?;
+                let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                    (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+                });
+                Some(format!("hf {} {h:016x}", bytes.len()))
+            }
+            Tokenizer::Char(c) => Some(format!("char {}", c.chars().iter().collect::<String>())),
+            Tokenizer::Byte => Some("byte".into()),
+        }
+    }
 }
 
 /// The kind name recorded in a run's state (`hf`, `char`, `byte`).

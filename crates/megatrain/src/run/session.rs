@@ -20,7 +20,7 @@ use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
-use crate::data::{ChatTemplate, Sampling, TokenData, draw_rows, load_tokens, split_validation};
+use crate::data::{ChatTemplate, Sampling, TokenData, draw_rows, load_tokens_cached, split_validation};
 use crate::dist::{Collective, DistConfig};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
@@ -213,9 +213,12 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     encoder.vocab_limit = Some(model.vocab_size);
 
     let template = ChatTemplate::default();
-    let all = load_tokens(&data_path, &encoder, &template)?;
+    // A text's ids are cached in the run directory: a resume maps them.
+    let cache = opts.out.join(TOKENS_DIR);
+    let load = |path: &Path| load_tokens_cached(path, &encoder, &template, Some(&cache));
+    let all = load(&data_path)?;
     let (train, val, val_name) = match &opts.val_data {
-        Some(vp) => (all, Some(load_tokens(vp, &encoder, &template)?), vp.clone()),
+        Some(vp) => (all, Some(load(vp)?), vp.clone()),
         None if opts.val_fraction > 0.0 => {
             let (t, v) = split_validation(all, opts.val_fraction)?;
             let name = PathBuf::from(format!(
@@ -586,6 +589,9 @@ fn interrupted(dist: Option<&DistConfig>) -> Result<Option<i32>> {
     d.comm.sum_f64(&mut x)?;
     Ok((x[0] > 0.0).then(|| local.unwrap_or((x[1] / x[0]).round() as i32)))
 }
+
+/// Where a run keeps its texts' token ids (`data/cache.rs`).
+pub const TOKENS_DIR: &str = "tokens";
 
 /// Parameters of every layer, for comparing runs bit for bit.
 pub fn tier_params(tier: &HostTier) -> Vec<Vec<f32>> {

@@ -1,0 +1,156 @@
+//! A text's token ids kept beside the run, so that a restart or a resume
+//! maps them instead of tokenizing the corpus again, and the run holds them
+//! as page cache rather than 4 bytes a token of its own memory.
+//!
+//! A cached file is named by a hash of what made it: the text's files
+//! (path, length, modification time) and the tokenizer
+//! ([`TextEncoder::cache_key`]). A change of either gives another name, and
+//! the files of the same data under other names are removed as a new one
+//! is written. The ids are u32, little-endian, written to a temporary file,
+//! synced and renamed, so a file under a cache name is always whole.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::{DataError, TextEncoder, Tokens};
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
+    move |cause| DataError::Io {
+        path: path.to_path_buf(),
+        cause,
+    }
+}
+
+const EXT: &str = "u32";
+
+/// FNV-1a, 64-bit, over byte strings.
+struct Fnv(u64);
+
+impl Fnv {
+    fn eat(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator, so that ("ab", "c") and ("a", "bc") differ.
+        self.0 = (self.0 ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
+/// The files a text source reads: itself, or a directory's `.txt` files.
+pub(super) fn text_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(path)
+        .map_err(io(path))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The cache file of `path`'s ids under `enc` in `dir`, or `None` where the
+/// tokenizer gives no key.
+fn cache_file(path: &Path, enc: &dyn TextEncoder, dir: &Path) -> Result<Option<PathBuf>, DataError> {
+    let Some(key) = enc.cache_key() else {
+        return Ok(None);
+    };
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    h.eat(key.as_bytes());
+    for f in text_files(path)? {
+        let meta = fs::metadata(&f).map_err(io(&f))?;
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        h.eat(f.to_string_lossy().as_bytes());
+        h.eat(&meta.len().to_le_bytes());
+        h.eat(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
+    }
+    Ok(Some(dir.join(format!("{}-{:016x}.{EXT}", stem(path), h.0))))
+}
+
+fn stem(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or("data".into(), |n| n.to_string_lossy().into_owned());
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Whether `name` is `<stem>-<16 hex digits>.u32`.
+fn is_cache_of(name: &str, stem: &str) -> bool {
+    name.strip_prefix(stem)
+        .and_then(|r| r.strip_prefix('-'))
+        .and_then(|r| r.strip_suffix(&format!(".{EXT}")))
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn map(path: &Path) -> Result<Tokens, DataError> {
+    let file = fs::File::open(path).map_err(io(path))?;
+    // SAFETY: a cache file is only ever replaced by rename, never changed
+    // in place, so the mapped bytes do not change under the map.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
+    Ok(Tokens::mapped(map, 4))
+}
+
+/// The ids of the text at `path`: mapped from `dir` where an earlier run
+/// cached them, else from `tokenize` and then written there and mapped.
+pub(super) fn cached_text(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    dir: &Path,
+    tokenize: impl FnOnce() -> Result<Vec<u32>, DataError>,
+) -> Result<Tokens, DataError> {
+    let Some(file) = cache_file(path, enc, dir)? else {
+        return tokenize().map(Tokens::from);
+    };
+    if fs::metadata(&file).is_ok_and(|m| m.len() > 0 && m.len().is_multiple_of(4)) {
+        return map(&file);
+    }
+    let ids = tokenize()?;
+    if ids.is_empty() {
+        return Ok(Tokens::from(ids));
+    }
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let name = file
+        .file_name()
+        .expect("a file name")
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
+        for id in &ids {
+            w.write_all(&id.to_le_bytes())?;
+        }
+        w.flush()?;
+        drop(w);
+        f.sync_all()?;
+        fs::rename(&tmp, &file)
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(io(&file)(e));
+    }
+    // The same data under an older key (another tokenizer, an edited file).
+    let stem = stem(path);
+    for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if n != name && is_cache_of(&n, &stem) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    drop(ids);
+    map(&file)
+}
