@@ -213,9 +213,10 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     encoder.vocab_limit = Some(model.vocab_size);
 
     let template = ChatTemplate::default();
-    // A text's ids are cached in the run directory: a resume maps them.
-    let cache = opts.out.join(TOKENS_DIR);
-    let load = |path: &Path| load_tokens_cached(path, &encoder, &template, Some(&cache));
+    // A text's ids are cached in the run directory, once it exists (a run
+    // refused before it starts writes nothing): the next resume maps them.
+    let cache = opts.out.is_dir().then(|| opts.out.join(TOKENS_DIR));
+    let load = |path: &Path| load_tokens_cached(path, &encoder, &template, cache.as_deref());
     let all = load(&data_path)?;
     let (train, val, val_name) = match &opts.val_data {
         Some(vp) => (all, Some(load(vp)?), vp.clone()),
