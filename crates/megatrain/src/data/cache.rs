@@ -13,29 +13,9 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{DataError, TextEncoder, Tokens};
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
-    move |cause| DataError::Io {
-        path: path.to_path_buf(),
-        cause,
-    }
-}
+use super::{DataError, Fnv1a, TextEncoder, Tokens, io};
 
 const EXT: &str = "u32";
-
-/// FNV-1a, 64-bit, over byte strings.
-struct Fnv(u64);
-
-impl Fnv {
-    fn eat(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        // A separator, so that ("ab", "c") and ("a", "bc") differ.
-        self.0 = (self.0 ^ 0xff).wrapping_mul(0x0100_0000_01b3);
-    }
-}
 
 /// The files a text source reads: itself, or a directory's `.txt` files.
 pub(super) fn text_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
@@ -51,25 +31,40 @@ pub(super) fn text_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     Ok(files)
 }
 
-/// The cache file of `path`'s ids under `enc` in `dir`, or `None` where the
-/// tokenizer gives no key.
-fn cache_file(path: &Path, enc: &dyn TextEncoder, dir: &Path) -> Result<Option<PathBuf>, DataError> {
+/// The cache file in `dir` of the ids of `path` (whose text is `files`)
+/// under `enc`, or `None` where the tokenizer gives no key.
+fn cache_file(
+    path: &Path,
+    files: &[PathBuf],
+    enc: &dyn TextEncoder,
+    dir: &Path,
+) -> Result<Option<PathBuf>, DataError> {
     let Some(key) = enc.cache_key() else {
         return Ok(None);
     };
-    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-    h.eat(key.as_bytes());
-    for f in text_files(path)? {
-        let meta = fs::metadata(&f).map_err(io(&f))?;
+    let mut h = Fnv1a::default();
+    // Each field ends with a separator word, so that ("ab", "c") and
+    // ("a", "bc") differ.
+    let mut eat = |bytes: &[u8]| {
+        h.bytes(bytes);
+        h.word(0xff);
+    };
+    eat(key.as_bytes());
+    for f in files {
+        let meta = fs::metadata(f).map_err(io(f))?;
         let mtime = meta
             .modified()
             .ok()
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        h.eat(f.to_string_lossy().as_bytes());
-        h.eat(&meta.len().to_le_bytes());
-        h.eat(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
+        eat(f.to_string_lossy().as_bytes());
+        eat(&meta.len().to_le_bytes());
+        eat(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
     }
-    Ok(Some(dir.join(format!("{}-{:016x}.{EXT}", stem(path), h.0))))
+    Ok(Some(dir.join(format!(
+        "{}-{:016x}.{EXT}",
+        stem(path),
+        h.finish()
+    ))))
 }
 
 fn stem(path: &Path) -> String {
@@ -103,15 +98,17 @@ fn map(path: &Path) -> Result<Tokens, DataError> {
     Ok(Tokens::mapped(map, 4))
 }
 
-/// The ids of the text at `path`: mapped from `dir` where an earlier run
-/// cached them, else from `tokenize` and then written there and mapped.
+/// The ids of the text at `path` (its `files`): mapped from `dir` where an
+/// earlier run cached them, else from `tokenize` and then written there
+/// and mapped.
 pub(super) fn cached_text(
     path: &Path,
+    files: &[PathBuf],
     enc: &dyn TextEncoder,
     dir: &Path,
     tokenize: impl FnOnce() -> Result<Vec<u32>, DataError>,
 ) -> Result<Tokens, DataError> {
-    let Some(file) = cache_file(path, enc, dir)? else {
+    let Some(file) = cache_file(path, files, enc, dir)? else {
         return tokenize().map(Tokens::from);
     };
     if fs::metadata(&file).is_ok_and(|m| m.len() > 0 && m.len().is_multiple_of(4)) {

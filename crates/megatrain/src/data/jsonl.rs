@@ -77,10 +77,7 @@ pub(super) fn load_jsonl(
     enc: &dyn TextEncoder,
     t: &ChatTemplate,
 ) -> Result<TokenData, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|cause| DataError::Io {
-        path: path.to_path_buf(),
-        cause,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(super::io(path))?;
     let mut b = Builder {
         path,
         line: 0,

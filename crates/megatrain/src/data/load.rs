@@ -1,16 +1,9 @@
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::cache::{cached_text, text_files};
 use super::jsonl::{ChatTemplate, load_jsonl};
-use super::{DataError, TextEncoder, TokenData, Tokens};
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
-    move |cause| DataError::Io {
-        path: path.to_path_buf(),
-        cause,
-    }
-}
+use super::{DataError, TextEncoder, TokenData, Tokens, io};
 
 /// Loads `path` by its kind: a directory of `.txt` files (sorted by name and
 /// concatenated), a `.bin` of little-endian u16 tokens (nanoGPT), a `.jsonl`
@@ -37,10 +30,11 @@ pub fn load_tokens_cached(
         Some("bin") if !path.is_dir() => load_bin(path)?,
         Some("jsonl") if !path.is_dir() => load_jsonl(path, enc, template)?,
         _ => {
-            let tokenize = || encode_text(path, enc);
+            let files = text_files(path)?;
+            let tokenize = || encode_text(&files, enc);
             TokenData {
                 tokens: match cache {
-                    Some(dir) => cached_text(path, enc, dir, tokenize)?,
+                    Some(dir) => cached_text(path, &files, enc, dir, tokenize)?,
                     None => tokenize()?.into(),
                 },
                 loss_mask: None,
@@ -64,10 +58,10 @@ fn encode(path: &Path, text: &str, enc: &dyn TextEncoder) -> Result<Vec<u32>, Da
     })
 }
 
-/// The ids of a text file, or of a directory's `.txt` files in name order.
-fn encode_text(path: &Path, enc: &dyn TextEncoder) -> Result<Vec<u32>, DataError> {
+/// The ids of text `files`, one after the other.
+fn encode_text(files: &[PathBuf], enc: &dyn TextEncoder) -> Result<Vec<u32>, DataError> {
     let mut tokens = Vec::new();
-    for f in &text_files(path)? {
+    for f in files {
         let text = fs::read_to_string(f).map_err(io(f))?;
         tokens.extend(encode(f, &text, enc)?);
     }

@@ -3,16 +3,26 @@
 
 mod batch;
 mod cache;
+mod fnv;
 mod jsonl;
 mod load;
 mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
+pub use fnv::Fnv1a;
 pub use jsonl::ChatTemplate;
 pub use load::{load_tokens, load_tokens_cached, split_validation};
 pub use tokens::Tokens;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// An I/O error about `path`.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
+    move |cause| DataError::Io {
+        path: path.to_path_buf(),
+        cause,
+    }
+}
 
 /// What the data layer needs of a tokenizer; the zoo's tokenizers are
 /// adapted to it by the facade.

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
+use super::Fnv1a;
+
 #[derive(Clone)]
 pub struct Tokens(Repr);
 
@@ -170,13 +172,6 @@ impl Tokens {
     }
 }
 
-/// FNV-1a, 64-bit.
-fn fnv1a(words: impl Iterator<Item = u64>) -> u64 {
-    words.fold(0xcbf2_9ce4_8422_2325, |h, x| {
-        (h ^ x).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// Lets the kernel drop `bytes` (a part of `map`) from the resident set;
 /// they stay in the page cache and a later read maps them again.
 fn release(map: &Mmap, bytes: &[u8]) {
@@ -199,18 +194,18 @@ impl Tokens {
         let parts: Vec<u64> = match &self.0 {
             Repr::Owned(v) => v
                 .par_chunks(SCAN_PART)
-                .map(|ids| fnv1a(ids.iter().map(|&t| t as u64)))
+                .map(|ids| Fnv1a::of(ids.iter().map(|&t| t as u64)))
                 .collect(),
             Repr::Mapped { map, range, width } => Self::bytes(map, range, *width)
                 .par_chunks(width * SCAN_PART)
                 .map(|bytes| {
-                    let h = fnv1a(bytes.chunks_exact(*width).map(|b| decode(b) as u64));
+                    let h = Fnv1a::of(bytes.chunks_exact(*width).map(|b| decode(b) as u64));
                     release(map, bytes);
                     h
                 })
                 .collect(),
         };
-        fnv1a(parts.into_iter())
+        Fnv1a::of(parts)
     }
 }
 

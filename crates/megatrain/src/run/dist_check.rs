@@ -5,24 +5,15 @@ use serde_json::{Value, json};
 
 use super::error::Result;
 use super::session::Prepared;
-use crate::data::TokenData;
+use crate::data::{Fnv1a, TokenData};
 use crate::dist::{Collective, check_same};
 
 /// FNV-1a over the tokens (by parts, [`crate::data::Tokens::fingerprint`])
 /// and the loss mask: ranks that loaded different files (or the same path
 /// with other contents) disagree here.
 fn fingerprint(d: &TokenData) -> Value {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |x: u64| {
-        h ^= x;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    };
-    eat(d.tokens.fingerprint());
-    if let Some(m) = &d.loss_mask {
-        for &b in m {
-            eat(b as u64 + 2);
-        }
-    }
+    let mask = d.loss_mask.iter().flatten().map(|&b| b as u64 + 2);
+    let h = Fnv1a::of(std::iter::once(d.tokens.fingerprint()).chain(mask));
     json!({"tokens": d.len(), "fnv1a": format!("{h:016x}")})
 }
 

@@ -8,7 +8,7 @@ use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, HF_TOKENIZER_FILE, ModelConf
 use serde_json::Value;
 
 use super::error::{Result, RunError};
-use crate::data::{ChatTemplate, DataError, TextEncoder};
+use crate::data::{ChatTemplate, DataError, Fnv1a, TextEncoder};
 
 /// Files beside an HF `tokenizer.json` that HF loaders read too.
 const HF_SIDE_FILES: &[&str] = &["tokenizer_config.json", "special_tokens_map.json"];
@@ -47,10 +47,9 @@ impl TextEncoder for Encoder {
         match &self.tokenizer {
             Tokenizer::Hf { path, .. } => {
                 let bytes = std::fs::read(path).ok()?;
-                let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-                    (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-                });
-                Some(format!("hf {} {h:016x}", bytes.len()))
+                let mut h = Fnv1a::default();
+                h.bytes(&bytes);
+                Some(format!("hf {} {:016x}", bytes.len(), h.finish()))
             }
             Tokenizer::Char(c) => Some(format!("char {}", c.chars().iter().collect::<String>())),
             Tokenizer::Byte => Some("byte".into()),
