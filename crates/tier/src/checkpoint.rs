@@ -391,18 +391,7 @@ impl StFile {
     /// that loading adds at most one tensor's worth of file pages to the
     /// resident set (peak RSS is what the memory budget is measured by).
     pub(crate) fn release(&self, data: &[u8]) {
-        #[cfg(unix)]
-        {
-            let off = data.as_ptr() as usize - self.map.as_ptr() as usize;
-            // SAFETY: a read-only map of a file that is not modified: after
-            // DONTNEED a later access re-reads the same bytes from the file.
-            let _ = unsafe {
-                self.map
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, data.len())
-            };
-        }
-        #[cfg(not(unix))]
-        let _ = data;
+        crate::rss::release_mapped(&self.map, data);
     }
 }
 

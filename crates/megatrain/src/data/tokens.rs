@@ -8,6 +8,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use megatrain_tier::rss::release_mapped;
 use memmap2::Mmap;
 use rayon::prelude::*;
 
@@ -165,25 +166,11 @@ impl Tokens {
                         .chunks_exact(*width)
                         .position(|b| decode(b) >= bound)
                         .map(|i| part * SCAN_PART + i);
-                    release(map, bytes);
+                    release_mapped(map, bytes);
                     found
                 }),
         }
     }
-}
-
-/// Lets the kernel drop `bytes` (a part of `map`) from the resident set;
-/// they stay in the page cache and a later read maps them again.
-fn release(map: &Mmap, bytes: &[u8]) {
-    #[cfg(unix)]
-    {
-        let off = bytes.as_ptr() as usize - map.as_ptr() as usize;
-        // SAFETY: a read-only map of a file nothing modifies: after
-        // DONTNEED a later access reads the same bytes from the file.
-        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, bytes.len()) };
-    }
-    #[cfg(not(unix))]
-    let _ = (map, bytes);
 }
 
 impl Tokens {
@@ -200,7 +187,7 @@ impl Tokens {
                 .par_chunks(width * SCAN_PART)
                 .map(|bytes| {
                     let h = Fnv1a::of(bytes.chunks_exact(*width).map(|b| decode(b) as u64));
-                    release(map, bytes);
+                    release_mapped(map, bytes);
                     h
                 })
                 .collect(),
@@ -213,13 +200,13 @@ impl Tokens {
 /// `fault_around_bytes`), aligned in the address space.
 const FAULT_AROUND: usize = 64 << 10;
 
-/// [`release`] of bytes `from..to` of `map` widened to the
+/// [`release_mapped`] of bytes `from..to` of `map` widened to the
 /// [`FAULT_AROUND`] blocks that hold them.
 fn release_around(map: &Mmap, from: usize, to: usize) {
     let base = map.as_ptr() as usize;
     let lo = ((base + from) & !(FAULT_AROUND - 1)).max(base) - base;
     let hi = ((base + to).next_multiple_of(FAULT_AROUND) - base).min(map.len());
-    release(map, &map[lo..hi]);
+    release_mapped(map, &map[lo..hi]);
 }
 
 impl From<Vec<u32>> for Tokens {
