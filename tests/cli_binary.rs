@@ -217,6 +217,16 @@ fn train_args<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// Checkpoint `step` of runs `a` and `b` holds the same bytes of weights
+/// and of AdamW state.
+fn assert_same_weights_and_moments(a: &Path, b: &Path, step: u64, what: &str) {
+    for f in ["model.safetensors", "optimizer.safetensors"] {
+        let x = std::fs::read(a.join(format!("ckpt-{step}")).join(f)).unwrap();
+        let y = std::fs::read(b.join(format!("ckpt-{step}")).join(f)).unwrap();
+        assert!(x == y, "{f} differs {what}");
+    }
+}
+
 fn latest_step(run: &Path) -> Option<u64> {
     let name = std::fs::read_to_string(run.join("latest")).ok()?;
     name.trim().strip_prefix("ckpt-")?.parse().ok()
@@ -244,11 +254,7 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     let out = run(&["train", "--resume", s(&b), "--quiet"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(latest_step(&b), Some(40));
-    for f in ["model.safetensors", "optimizer.safetensors"] {
-        let x = std::fs::read(a.join("ckpt-40").join(f)).unwrap();
-        let y = std::fs::read(b.join("ckpt-40").join(f)).unwrap();
-        assert!(x == y, "{f} differs after kill at {killed_at} and resume");
-    }
+    assert_same_weights_and_moments(&a, &b, 40, &format!("after kill at {killed_at} and resume"));
     let steps_logged = |r: &Path| {
         std::fs::read_to_string(r.join("metrics.jsonl"))
             .unwrap()
@@ -390,11 +396,7 @@ fn sigterm_saves_the_step_under_way_and_the_run_resumes_bit_exact() {
 
     let out = run(&["train", "--resume", s(&b), "--quiet"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for f in ["model.safetensors", "optimizer.safetensors"] {
-        let x = std::fs::read(a.join("ckpt-400").join(f)).unwrap();
-        let y = std::fs::read(b.join("ckpt-400").join(f)).unwrap();
-        assert!(x == y, "{f} differs after SIGTERM at {stopped} and resume");
-    }
+    assert_same_weights_and_moments(&a, &b, 400, &format!("after SIGTERM at {stopped} and resume"));
 }
 
 #[test]

@@ -417,6 +417,14 @@ fn ranks_with_different_settings_refuse_to_start() {
     assert!(!out.join("metrics.jsonl").exists() && !out.join("latest").exists());
 }
 
+/// Gives each flag `k` of `args` the value `v`.
+fn set(args: &mut [String], flags: &[(&str, &str)]) {
+    for (k, v) in flags {
+        let at = args.iter().position(|a| a == k).unwrap();
+        args[at + 1] = v.to_string();
+    }
+}
+
 /// Rank `rank`'s process among `mpirun`'s children.
 fn rank_pid(mpirun: u32, rank: usize) -> Option<u32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -446,14 +454,14 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     let data = corpus(dir.path());
     let run = dir.path().join("run");
     let mut args = train_args("gpt2-nano", &data, &run, 2, &["--shard-optimizer", "true"]);
-    for (k, v) in [
-        ("--steps", "100000"),
-        ("--save-every", "1"),
-        ("--eval-every", "0"),
-    ] {
-        let at = args.iter().position(|a| a == k).unwrap();
-        args[at + 1] = v.into();
-    }
+    set(
+        &mut args,
+        &[
+            ("--steps", "100000"),
+            ("--save-every", "1"),
+            ("--eval-every", "0"),
+        ],
+    );
     let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
     let mut job = mpirun(2)
         .arg(bin())
@@ -525,14 +533,14 @@ fn sigterm_to_one_rank_stops_all_after_the_same_step_with_a_checkpoint_of_it() {
     let data = corpus(dir.path());
     let run = dir.path().join("run");
     let mut args = train_args("gpt2-nano", &data, &run, 2, &[]);
-    for (k, v) in [
-        ("--steps", "100000"),
-        ("--save-every", "0"),
-        ("--eval-every", "0"),
-    ] {
-        let at = args.iter().position(|a| a == k).unwrap();
-        args[at + 1] = v.into();
-    }
+    set(
+        &mut args,
+        &[
+            ("--steps", "100000"),
+            ("--save-every", "0"),
+            ("--eval-every", "0"),
+        ],
+    );
     let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
     let job = mpirun(2)
         .arg(bin())
