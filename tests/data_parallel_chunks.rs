@@ -37,8 +37,8 @@ struct Case {
     /// Micro-batches per step (more than one holds gradients).
     micro: usize,
     clip: Option<f64>,
-    /// Every layer but the embedding spills to disk (replicated only: a
-    /// sharded optimizer refuses spilled layers).
+    /// Every layer but the embedding spills to disk (a sharded optimizer
+    /// then moves each rank's page-aligned shard through the spill window).
     spill: bool,
 }
 
@@ -109,6 +109,8 @@ struct Run {
     params: Vec<Vec<f32>>,
     transport: Vec<Vec<Vec<u8>>>,
     staging: Vec<u64>,
+    /// Per rank: bytes read from spill files over the run.
+    spill_read: Vec<u64>,
 }
 
 fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
@@ -125,13 +127,16 @@ fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalCom
     let global = ROWS * case.ranks;
     let rows = rank * global / ranks..(rank + 1) * global / ranks;
     let mut losses = Vec::new();
+    let mut spill_read = 0;
     for step in 0..STEPS {
         let micro: Vec<Batch> = (0..case.micro)
             .map(|k| {
                 common::CHUNK_STREAM.rows(model.vocab_size, step * 10 + k as u64, global, rows.clone(), 9)
             })
             .collect();
-        losses.push(t.step(&micro, 3e-3).unwrap().loss);
+        let m = t.step(&micro, 3e-3).unwrap();
+        losses.push(m.loss);
+        spill_read += m.spill_read_bytes;
     }
     t.gather_state().unwrap();
     let layers = t.tier().layers();
@@ -140,6 +145,7 @@ fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalCom
         params: layers.iter().map(|s| s.params().to_vec()).collect(),
         transport: vec![layers.iter().map(|s| s.transport().as_bytes().to_vec()).collect()],
         staging: vec![t.staging_bytes()],
+        spill_read: vec![spill_read],
     }
 }
 
@@ -160,6 +166,7 @@ fn run(model: &ModelConfig, case: Case, chunk: usize) -> Run {
     for r in runs {
         all.transport.extend(r.transport);
         all.staging.extend(r.staging);
+        all.spill_read.extend(r.spill_read);
     }
     all
 }
@@ -229,22 +236,44 @@ fn gpt2_chunks_change_no_result_across_ranks() {
     check(&common::gpt2_two_blocks(), cases());
 }
 
-/// Replicated optimizer over a tier that spills: each chunk's sum goes
-/// through the spill window (chunks on the window's boundaries).
+/// An optimizer over a tier that spills: each chunk's sum goes through the
+/// spill window (chunks on the window's boundaries). Replicated, every
+/// rank reads and writes whole layers; sharded, each its own page-aligned
+/// range of them, which straddles the transfer chunks (layers of 30–40 Ki
+/// elements, chunks of 32 Ki).
 #[test]
 fn spilled_layers_reduce_in_chunks() {
     let mut v = Vec::new();
-    for (ranks, micro, clip) in [(2, 1, None), (3, 2, None), (2, 1, Some(0.05))] {
-        v.push(Case {
-            ranks,
-            shard: false,
-            transport: TransportDType::BF16,
-            micro,
-            clip,
-            spill: true,
-        });
+    for shard in [false, true] {
+        for (ranks, transport, micro, clip) in [
+            (2, TransportDType::BF16, 1, None),
+            (3, TransportDType::BF16, 2, None),
+            (2, TransportDType::BF16, 1, Some(0.05)),
+            (3, TransportDType::F32, 1, Some(0.05)),
+        ] {
+            v.push(Case {
+                ranks,
+                shard,
+                transport,
+                micro,
+                clip,
+                spill: true,
+            });
+        }
     }
-    check(&common::llama_tiny(2), v);
+    check(&common::llama_tiny(2), v.clone());
+    // Sharded, the ranks together read what one replicated rank reads,
+    // each a part of it.
+    for case in v.into_iter().filter(|c| c.shard) {
+        let sharded = run(&common::llama_tiny(2), case, CHUNK).spill_read;
+        let whole = run(&common::llama_tiny(2), Case { shard: false, ..case }, CHUNK).spill_read[0];
+        assert!(whole > 0, "{case:?}");
+        assert_eq!(sharded.iter().sum::<u64>(), whole, "{case:?}: {sharded:?}");
+        assert!(
+            sharded.iter().all(|&b| 0 < b && b < whole),
+            "{case:?}: {sharded:?} of {whole}"
+        );
+    }
 }
 
 /// Every rank's staging holds chunk-sized buffers only: the one being

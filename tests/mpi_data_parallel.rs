@@ -389,6 +389,60 @@ fn checkpoint_of_two_ranks_resumes_on_one_and_on_three() {
     }
 }
 
+/// A sharded optimizer over layers spilled to disk (each rank reads and
+/// writes only its page-aligned shard of its spill files): 2 ranks train
+/// what one process with the global batch trains in RAM, and their
+/// checkpoint resumes on 3 ranks, still sharded and spilling.
+#[test]
+fn sharded_optimizer_over_spilled_layers_equals_one_rank_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let whole = dir.path().join("whole");
+    run_alone(&train_args(
+        "llama-tiny",
+        &data,
+        &whole,
+        6,
+        &["--decay-steps", "10"],
+    ));
+    // Transport copies (~0.5 MB) plus the embedding: the blocks and the
+    // head spill.
+    let spill = [
+        "--decay-steps",
+        "10",
+        "--shard-optimizer",
+        "true",
+        "--host-budget",
+        "800K",
+    ];
+    let run = dir.path().join("two-then-three");
+    let mut first = train_args("llama-tiny", &data, &run, 3, &spill);
+    set(&mut first, &[("--steps", "5")]);
+    run_mpi(2, &first);
+    let resume: Vec<String> = [
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--steps",
+        "10",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    run_mpi(3, &resume);
+    assert_same_run(&whole, &run, "sharded over spilled layers, 2 ranks then 3");
+    let spilled = metric(&run, "spill_read_bytes");
+    assert!(
+        spilled.len() == 10 && spilled.iter().all(|&(_, b)| b > 0.0),
+        "every step reads its shard of the spill files: {spilled:?}"
+    );
+    let left = std::fs::read_dir(run.join("spill")).map_or(0, |d| d.count());
+    assert_eq!(left, 0, "spill files left behind");
+}
+
 #[test]
 fn ranks_with_different_settings_refuse_to_start() {
     let dir = tempfile::tempdir().unwrap();

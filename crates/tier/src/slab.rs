@@ -403,6 +403,7 @@ impl LayerSlab {
             p: self.params.spill_region()?.clone(),
             m: self.m.spill_region()?.clone(),
             v: self.v.spill_region()?.clone(),
+            range: 0..self.numel(),
         })
     }
 

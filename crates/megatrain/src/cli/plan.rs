@@ -150,9 +150,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.ranks > 1 {
         let r = per_rank(&model, &tier, a.ranks);
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
-        // The trainer refuses a sharded optimizer over spilled layers
-        // (`Trainer::set_distributed`), so the sharded bytes are those of
-        // a run without the budget.
+        // The per-rank table is that of a run without the budget (where
+        // layers spill, the tier's placement above decides).
         let spills = p.host.first_spilled.is_some();
         println!(
             "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank){}:",
@@ -176,8 +175,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         );
         if spills {
             println!(
-                "  layers spilled to disk take --shard-optimizer false (a sharded optimizer over spilled \
-                 layers is not supported yet): each rank then holds the tier above, spilled the same way"
+                "  with --host-budget each rank places layers as in the tier above; with the optimizer \
+                 sharded a rank keeps 1/N of its RAM layers' p, m, v resident and moves only its 1/N \
+                 of the spilled ones through the disk; with --shard-optimizer false it holds the tier above"
             );
         }
     }

@@ -6,6 +6,10 @@
 //! update of a range is exactly the update of the whole slab restricted to
 //! it; the one per-element input that depends on the position, the decay
 //! mask, is cut to the range.
+//!
+//! A layer spilled to disk is cut on whole pages instead
+//! ([`shard_ranges_aligned`]): its rank reads and writes only its own range
+//! of the spill files, with direct I/O, which wants page-aligned offsets.
 
 use std::ops::Range;
 
@@ -19,7 +23,23 @@ pub fn shard_range(n: usize, rank: usize, size: usize) -> Range<usize> {
 
 /// Every rank's range, in rank order.
 pub fn shard_ranges(n: usize, size: usize) -> Vec<Range<usize>> {
-    (0..size).map(|r| shard_range(n, r, size)).collect()
+    shard_ranges_aligned(n, size, 1)
+}
+
+/// Every rank's range, in rank order, each starting on a multiple of
+/// `align` elements (the last ends at `n`): the balanced cut of
+/// [`shard_range`] with each boundary moved to the nearest multiple, so
+/// each length is within `align` of n / size. A layer shorter than `align`
+/// per rank leaves some ranks nothing.
+pub fn shard_ranges_aligned(n: usize, size: usize, align: usize) -> Vec<Range<usize>> {
+    let align = align.max(1);
+    let at = |r: usize| {
+        let x = shard_range(n, r, size).start;
+        ((x + align / 2) / align * align).min(n)
+    };
+    (0..size)
+        .map(|r| at(r)..if r + 1 == size { n } else { at(r + 1) })
+        .collect()
 }
 
 /// Every rank's part of elements `chunk` of a layer cut by `ranges` (every
@@ -69,6 +89,28 @@ mod tests {
                 assert!(hi - lo <= 1, "n {n} size {size}: {rs:?}");
             }
         }
+    }
+
+    #[test]
+    fn aligned_ranges_cover_the_slab_on_multiples_and_balance() {
+        for n in [0, 1, 1023, 1024, 5000, 4096 * 3 + 17, 100_000] {
+            for size in 1..=5 {
+                let rs = shard_ranges_aligned(n, size, 1024);
+                assert_eq!(rs.len(), size);
+                assert_eq!(rs[0].start, 0);
+                assert_eq!(rs[size - 1].end, n);
+                for w in rs.windows(2) {
+                    assert_eq!(w[0].end, w[1].start, "n {n} size {size}");
+                    assert!(w[0].end % 1024 == 0 || w[0].end == n, "n {n} size {size}: {rs:?}");
+                }
+                let share = n as f64 / size as f64;
+                assert!(
+                    rs.iter().all(|r| (r.len() as f64 - share).abs() <= 1024.0 + 1.0),
+                    "n {n} size {size}: {rs:?}"
+                );
+            }
+        }
+        assert_eq!(shard_ranges_aligned(1001, 3, 1), shard_ranges(1001, 3));
     }
 
     #[test]

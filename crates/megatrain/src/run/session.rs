@@ -562,12 +562,12 @@ pub fn train_with<E: Executor>(
                 if opts.keep_checkpoints > 0 {
                     prune_checkpoints(out, opts.keep_checkpoints)?;
                 }
-                trainer.release_unowned()?;
                 progress.saved(step, &dir);
                 summary.checkpoint = Some(dir);
             } else {
                 summary.checkpoint = Some(out.join(super::checkpoint::checkpoint_name(step)));
             }
+            trainer.release_unowned()?;
         }
         if summary.interrupted.is_some() {
             break;

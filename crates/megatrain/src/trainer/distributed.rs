@@ -6,12 +6,13 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, Transport, clip_coefficient, grad_norm_sq};
+use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{LayerSlab, TransportMut};
+use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
 
-use super::optimizer::sub_mask;
+use super::optimizer::{adamw_transport, sub_mask};
 use super::reduce::DistState;
+use super::spill_window;
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
 use crate::dist::{DistConfig, Elem};
 
@@ -32,29 +33,24 @@ impl<E: Executor> Trainer<E> {
                 dist.comm.size()
             )));
         }
-        if dist.shard_optimizer && self.tier.has_spill() {
-            // A rank's shard would be read and written in place through the
-            // spill files' maps, racing the spill window's own I/O.
-            return Err(TrainError::Config(
-                "a sharded optimizer with layers spilled to disk (--host-budget) is not supported yet: \
-                 raise --host-budget or train with --shard-optimizer false"
-                    .into(),
-            ));
-        }
-        let numels: Vec<usize> = self.tier.layers().iter().map(|s| s.numel()).collect();
-        self.dist = Some(DistState::new(dist, &numels));
+        self.dist = Some(DistState::new(dist, self.tier.layers()));
         self.release_unowned()
     }
 
     /// With a sharded optimizer, hands the pages of p, m and v outside this
     /// rank's ranges back to the kernel: what makes host memory per rank
-    /// 12/N bytes per parameter plus the transport copy. Call after
+    /// 12/N bytes per parameter plus the transport copy. A spilled layer's
+    /// pages all go (its shard is read through the spill window, and what
+    /// was written through its maps stays in the file). Call after
     /// [`Trainer::gather_state`] has made them resident on rank 0.
     pub fn release_unowned(&mut self) -> Result<()> {
         let Some(d) = &self.dist else { return Ok(()) };
         if d.config.shard_optimizer {
             for slab in self.tier.layers_mut() {
-                slab.release_outside(d.own(slab.index()))?;
+                match slab.is_spilled() {
+                    true => slab.evict()?,
+                    false => slab.release_outside(d.own(slab.index()))?,
+                }
             }
         }
         Ok(())
@@ -104,12 +100,24 @@ impl<E: Executor> Trainer<E> {
         m.comm_ms += ms(t);
         let norm = sq[0].sqrt();
         let coef = clip_coefficient(norm, max_norm);
+        // Spilled layers' shards, first layer first (the order below).
+        let window = spill_window::start_forward(&self.tier, Some(d), self.spill)?;
         let mut ops = Vec::with_capacity(self.tier.len());
         for slab in self.tier.layers_mut() {
             let i = slab.index();
             let (own, all) = (d.own(i), 0..slab.numel());
-            let (base, elem) =
-                update_range(slab, None, own, all, true, &self.adamw, &self.masks[i], lr, coef)?;
+            let (base, elem) = update_range(
+                slab,
+                None,
+                own,
+                all,
+                true,
+                window.as_ref(),
+                &self.adamw,
+                &self.masks[i],
+                lr,
+                coef,
+            )?;
             // SAFETY: the transport copies are not touched until every
             // operation in `ops` has been waited on below (or dropped, which
             // waits), before this function returns.
@@ -122,6 +130,9 @@ impl<E: Executor> Trainer<E> {
             op.wait().map_err(engine_err)?;
         }
         m.comm_ms += ms(t);
+        if let Some(w) = window {
+            spill_window::record(m, &w.finish()?);
+        }
         Ok(norm)
     }
 
@@ -141,39 +152,34 @@ impl<E: Executor> Trainer<E> {
             for buf in [parts.params, parts.m, parts.v] {
                 d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
             }
+            // A spilled layer's pages go back at once (what rank 0 received
+            // is in the page cache, and its spill file, for the save).
+            slab.evict()?;
         }
         Ok(())
     }
 }
 
-/// The transport copy's range `r` (of the elements `t` covers) as the
-/// optimizer writes it, and `t`'s first element as the gather moves it.
-fn transport_parts(t: TransportMut<'_>, r: Range<usize>) -> (Transport<'_>, *mut u8, Elem) {
+/// The transport copy's first element, as the all-gather moves it.
+fn transport_base(t: &mut TransportMut<'_>) -> (*mut u8, Elem) {
     match t {
-        TransportMut::F32(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F32(&mut t[r]), p, Elem::F32)
-        }
-        TransportMut::BF16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::Bf16(&mut t[r]), p, Elem::U16)
-        }
-        TransportMut::F16(t) => {
-            let p = t.as_mut_ptr().cast();
-            (Transport::F16(&mut t[r]), p, Elem::U16)
-        }
+        TransportMut::F32(t) => (t.as_mut_ptr().cast(), Elem::F32),
+        TransportMut::BF16(t) => (t.as_mut_ptr().cast(), Elem::U16),
+        TransportMut::F16(t) => (t.as_mut_ptr().cast(), Elem::U16),
     }
 }
 
 /// AdamW on elements `r` of `slab` (possibly none: this rank's shard may
 /// miss a chunk) with their summed gradient (`grad`, or the held
-/// gradient's when `None`); `mask` is the whole layer's. Zeroes the held
+/// gradient's when `None`); `mask` is the whole layer's. A spilled layer's
+/// p, m and v come from `window` (which must be open then, over this
+/// rank's ranges), a layer in RAM is updated in place. Zeroes the held
 /// gradient's elements `zero` (which hold `r`) for the next step. `ends`:
 /// this is the layer's last update of the step, so its step count (bias
 /// correction) moves on, by one whatever the number of chunks. Touches
-/// only elements `zero` (no reference to the rest of the layer, where
-/// other chunks' collectives may be in flight) and returns the transport
-/// copy's pointer at element `zero.start`.
+/// only elements `zero` of the layer's buffers (no reference to the rest,
+/// where other chunks' collectives may be in flight) and returns the
+/// transport copy's pointer at element `zero.start`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn update_range(
     slab: &mut LayerSlab,
@@ -181,53 +187,90 @@ pub(super) fn update_range(
     r: Range<usize>,
     zero: Range<usize>,
     ends: bool,
+    window: Option<&SpillWindow>,
     adamw: &AdamW,
     mask: &DecayMask,
     lr: f32,
     grad_scale: f32,
 ) -> Result<(*mut u8, Elem), TrainError> {
-    let index = slab.index();
-    if r.start < zero.start || r.end > zero.end || zero.end > slab.numel() {
+    let (index, numel) = (slab.index(), slab.numel());
+    if r.start < zero.start || r.end > zero.end || zero.end > numel {
         return Err(TrainError::Internal(format!(
-            "layer {index}: update of {r:?} outside {zero:?} (of {})",
-            slab.numel()
+            "layer {index}: update of {r:?} outside {zero:?} (of {numel})"
         )));
     }
-    let sub;
-    let mask = if r == (0..slab.numel()) {
-        mask
-    } else {
-        sub = sub_mask(mask, r.clone())?;
-        &sub
+    let window = match window {
+        Some(w) if slab.is_spilled() => Some(w),
+        None if slab.is_spilled() && !r.is_empty() => {
+            return Err(TrainError::Internal(format!(
+                "layer {index} is spilled but no spill window is open"
+            )));
+        }
+        _ => None,
     };
-    // `r` within the elements `zero` the slices cover.
-    let rel = r.start - zero.start..r.end - zero.start;
+    // Positions within the elements `zero` the slices cover.
+    let local = |x: &Range<usize>| x.start - zero.start..x.end - zero.start;
     let base = {
-        let parts = slab.parts_in(zero);
+        let parts = slab.parts_in(zero.clone());
         let mut held = parts.grads;
-        let (transport, base, elem) = transport_parts(parts.transport, rel.clone());
-        if !r.is_empty() {
-            let grad = match (grad, held.as_deref_mut()) {
-                (Some(g), _) => g,
-                (None, Some(h)) => &mut h[rel.clone()],
-                (None, None) => {
-                    return Err(TrainError::Internal(format!(
-                        "layer {index}: no gradient to apply"
-                    )));
-                }
+        let mut transport = parts.transport;
+        let base = transport_base(&mut transport);
+        let mut grad = match (grad, held.as_deref_mut()) {
+            _ if r.is_empty() => None,
+            (Some(g), _) => Some(g),
+            (None, Some(h)) => Some(&mut h[local(&r)]),
+            (None, None) => {
+                return Err(TrainError::Internal(format!(
+                    "layer {index}: no gradient to apply"
+                )));
+            }
+        };
+        // Every piece of a step at the layer's step count: the count moves
+        // once, below.
+        let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
+        let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
+            let g = grad.as_deref_mut().expect("a non-empty range has a gradient");
+            let sub;
+            let mask = if piece == (0..numel) {
+                mask
+            } else {
+                sub = sub_mask(mask, piece.clone())?;
+                &sub
             };
-            let update = SlabUpdate::new(
-                &mut parts.params[rel.clone()],
-                grad,
-                &mut parts.m[rel.clone()],
-                &mut parts.v[rel],
-            )
-            .decay(mask)
-            .transport(transport)
-            .grad_scale(grad_scale);
-            // Every chunk of a step at the layer's step count: the count
-            // moves once, below.
+            let update = SlabUpdate::new(p, &mut g[at(&piece)], m, v)
+                .decay(mask)
+                .transport(adamw_transport(&mut transport, local(&piece)))
+                .grad_scale(grad_scale);
             adamw.step(&mut SlabState::at_step(*parts.step), lr, update)?;
+            Ok::<(), TrainError>(())
+        };
+        match window {
+            Some(w) => {
+                let mut done = r.start;
+                while done < r.end {
+                    let mut chunk = w.next(index)?;
+                    let piece = chunk.range();
+                    if piece.start != done || piece.end > r.end {
+                        return Err(TrainError::Internal(format!(
+                            "layer {index}: spill chunk {piece:?} does not fit update {r:?} at {done}"
+                        )));
+                    }
+                    let (p, m, v) = chunk.parts_mut();
+                    apply(piece.clone(), p, m, v)?;
+                    w.give_back(chunk)?;
+                    done = piece.end;
+                }
+            }
+            None if !r.is_empty() => {
+                let l = local(&r);
+                apply(
+                    r.clone(),
+                    &mut parts.params[l.clone()],
+                    &mut parts.m[l.clone()],
+                    &mut parts.v[l],
+                )?;
+            }
+            None => {}
         }
         if ends {
             *parts.step += 1;
@@ -235,7 +278,7 @@ pub(super) fn update_range(
         if let Some(h) = held {
             h.fill(0.0);
         }
-        (base, elem)
+        base
     };
     if ends {
         slab.evict()?;

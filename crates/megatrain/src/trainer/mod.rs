@@ -407,7 +407,7 @@ impl<E: Executor> Trainer<E> {
             global_grad_norm(&grads)
         };
         let coef = clip_coefficient(norm, max_norm);
-        let window = spill_window::start_forward(&self.tier, self.spill)?;
+        let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
         for slab in self.tier.layers_mut() {
             let mask = &self.masks[slab.index()];
             let all = 0..slab.numel();
@@ -452,7 +452,7 @@ impl<E: Executor> Trainer<E> {
         let k = config.checkpoint_every;
         // Read-ahead starts now, so the forward hides the first reads.
         let window = match update {
-            true => spill_window::start_backward(tier, *spill)?,
+            true => spill_window::start_backward(tier, dist, *spill)?,
             false => None,
         };
         let shared = Shared {

@@ -37,26 +37,34 @@ use std::ops::Range;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_tier::LayerSlab;
+use megatrain_tier::{LayerSlab, PAGE};
 
 use super::distributed::update_range;
 use super::optimizer::{Grads, Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
-use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges};
+use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges, shard_ranges_aligned};
 
 /// A trainer's part in data parallel training: the communicator, and for a
 /// sharded optimizer every layer's ranges.
 pub(super) struct DistState {
     pub config: DistConfig,
-    /// Per layer: every rank's range of the flat slab, in rank order.
+    /// Per layer: every rank's range of the flat slab, in rank order
+    /// (on whole pages for a spilled layer, whose rank moves only its own
+    /// range through the spill window).
     pub ranges: Vec<Vec<Range<usize>>>,
 }
 
 impl DistState {
-    pub fn new(config: DistConfig, numels: &[usize]) -> Self {
+    pub fn new(config: DistConfig, layers: &[LayerSlab]) -> Self {
         let size = config.comm.size();
-        let ranges = numels.iter().map(|&n| shard_ranges(n, size)).collect();
+        let ranges = layers
+            .iter()
+            .map(|s| match s.is_spilled() {
+                true => shard_ranges_aligned(s.numel(), size, PAGE / 4),
+                false => shard_ranges(s.numel(), size),
+            })
+            .collect();
         DistState { config, ranges }
     }
 
@@ -414,6 +422,7 @@ impl<'a> DistWorker<'a, '_> {
                 own.clone(),
                 zero,
                 ends,
+                sh.window,
                 sh.adamw,
                 mask,
                 sh.lr,

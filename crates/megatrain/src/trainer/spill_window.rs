@@ -12,26 +12,52 @@
 use std::ops::Range;
 
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
-use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, WindowConfig};
+use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, SpilledLayer, WindowConfig};
 
 use super::optimizer::{adamw_transport, chosen_grad, sub_mask, update_slab};
+use super::reduce::DistState;
 use super::{Result, StepMetrics, TrainError};
+
+/// The tier's spilled layers in the backward's order (last layer first),
+/// each cut to this rank's range where the optimizer is sharded (a rank
+/// reads and writes only its shard of the spill files).
+fn spilled(tier: &HostTier, dist: Option<&DistState>) -> Result<Vec<SpilledLayer>> {
+    let own = dist.filter(|d| d.config.shard_optimizer);
+    tier.spilled_backward()
+        .into_iter()
+        .map(|l| match own {
+            Some(d) => {
+                let r = d.own(l.layer);
+                Ok(l.only(r)?)
+            }
+            None => Ok(l),
+        })
+        .collect()
+}
 
 /// A window over the tier's spilled layers in the backward's order (last
 /// layer first), or `None` when nothing is spilled.
-pub(super) fn start_backward(tier: &HostTier, config: WindowConfig) -> Result<Option<SpillWindow>> {
+pub(super) fn start_backward(
+    tier: &HostTier,
+    dist: Option<&DistState>,
+    config: WindowConfig,
+) -> Result<Option<SpillWindow>> {
     if !tier.has_spill() {
         return Ok(None);
     }
-    Ok(Some(SpillWindow::start(tier.spilled_backward(), config)?))
+    Ok(Some(SpillWindow::start(spilled(tier, dist)?, config)?))
 }
 
 /// The same, first layer first (the clipping mode updates in table order).
-pub(super) fn start_forward(tier: &HostTier, config: WindowConfig) -> Result<Option<SpillWindow>> {
+pub(super) fn start_forward(
+    tier: &HostTier,
+    dist: Option<&DistState>,
+    config: WindowConfig,
+) -> Result<Option<SpillWindow>> {
     if !tier.has_spill() {
         return Ok(None);
     }
-    let mut layers = tier.spilled_backward();
+    let mut layers = spilled(tier, dist)?;
     layers.reverse();
     Ok(Some(SpillWindow::start(layers, config)?))
 }

@@ -3,6 +3,7 @@
 //! offsets.
 
 use std::fs::{File, OpenOptions};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -171,7 +172,8 @@ impl SpillRegion {
     }
 }
 
-/// A spilled layer's p, m and v files.
+/// A spilled layer's p, m and v files, and the elements of them a
+/// [`crate::SpillWindow`] moves.
 #[derive(Debug, Clone)]
 pub struct SpilledLayer {
     pub layer: usize,
@@ -179,9 +181,31 @@ pub struct SpilledLayer {
     pub p: SpillRegion,
     pub m: SpillRegion,
     pub v: SpillRegion,
+    /// The whole layer, or the part of it one rank of a sharded optimizer
+    /// owns (starting on a page, see [`SpilledLayer::only`]).
+    pub range: Range<usize>,
 }
 
 impl SpilledLayer {
+    /// The same files, moving only elements `range`; it must start on a
+    /// page ([`PAGE`] / 4 elements), since the window's I/O is direct.
+    pub fn only(self, range: Range<usize>) -> Result<Self> {
+        let l = SpilledLayer { range, ..self };
+        l.check_range()?;
+        Ok(l)
+    }
+
+    pub(super) fn check_range(&self) -> Result<()> {
+        let r = &self.range;
+        if r.start > r.end || r.end > self.numel || (!r.is_empty() && !r.start.is_multiple_of(PAGE / 4)) {
+            return Err(TierError::Spill(format!(
+                "layer {}: elements {r:?} of {} do not start on a page of its spill files",
+                self.layer, self.numel
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn regions(&self) -> [&SpillRegion; 3] {
         [&self.p, &self.m, &self.v]
     }

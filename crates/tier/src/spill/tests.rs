@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::window::io_bytes;
 use super::*;
-use crate::buf::AlignedBuf;
+use crate::buf::{AlignedBuf, PAGE};
 use crate::error::TierError;
 
 /// A spilled "layer" of `n` elements with p = i, m = 2i, v = 3i.
@@ -26,6 +26,7 @@ fn layer(dir: &Path, index: usize, n: usize) -> (SpilledLayer, [AlignedBuf<f32>;
         p: r(0),
         m: r(1),
         v: r(2),
+        range: 0..n,
     };
     (l, bufs)
 }
@@ -84,6 +85,73 @@ fn chunks_come_in_order_and_updates_reach_the_files() {
             assert_eq!(*v, 0.5);
         }
     }
+}
+
+/// A rank of a sharded optimizer moves only its range of each layer: the
+/// chunks start where the range does, are cut on the window's grid (where
+/// the trainer's transfer chunks are cut), read and write only that range,
+/// and leave the rest of the files as they were. An empty range moves
+/// nothing; a range off a page is refused.
+#[test]
+fn a_range_of_a_layer_moves_alone_on_the_grid() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 3 * CHUNK_ALIGN + 17;
+    let page = PAGE / 4;
+    let cases = [
+        (4, CHUNK_ALIGN + 5 * page..n),
+        (2, 7 * page..CHUNK_ALIGN - page),
+        (0, 0..0),
+    ];
+    let mut held = Vec::new();
+    let mut layers = Vec::new();
+    for (i, r) in &cases {
+        let (l, b) = layer(dir.path(), *i, n);
+        layers.push(l.only(r.clone()).unwrap());
+        held.push(b);
+    }
+    let config = WindowConfig {
+        chunk_elems: CHUNK_ALIGN,
+        depth: 2,
+    };
+    let w = SpillWindow::start(layers, config).unwrap();
+    let mut bytes = 0;
+    for (i, r) in &cases {
+        let mut cuts = Vec::new();
+        let mut done = r.start;
+        while done < r.end {
+            let mut c = w.next(*i).unwrap();
+            let got = c.range();
+            assert_eq!(got.start, done);
+            cuts.push(got.clone());
+            let (p, _, _) = c.parts_mut();
+            for (j, e) in got.clone().enumerate() {
+                assert_eq!(p[j], e as f32 + *i as f32 * 1e6);
+                p[j] = -1.0;
+            }
+            bytes += 3 * io_bytes(got.len()) as u64;
+            done = got.end;
+            w.give_back(c).unwrap();
+        }
+        for c in &cuts[..cuts.len().saturating_sub(1)] {
+            assert_eq!(c.end % CHUNK_ALIGN, 0, "layer {i}: {cuts:?}");
+        }
+    }
+    let s = w.finish().unwrap();
+    assert_eq!((s.bytes_read, s.bytes_written), (bytes, bytes));
+    for ((i, r), b) in cases.iter().zip(&held) {
+        for (e, p) in b[0].iter().enumerate() {
+            let want = if r.contains(&e) {
+                -1.0
+            } else {
+                e as f32 + *i as f32 * 1e6
+            };
+            assert_eq!(*p, want, "layer {i} element {e}");
+        }
+    }
+    let (l, _h) = layer(dir.path(), 9, n);
+    let err = l.clone().only(3..page).unwrap_err().to_string();
+    assert!(err.contains("layer 9") && err.contains("3..1024"), "{err}");
+    assert!(l.only(0..n + 1).is_err());
 }
 
 #[test]

@@ -99,6 +99,23 @@ impl Chunk {
     }
 }
 
+/// The chunks of elements `range` in order: cut where `range` crosses a
+/// multiple of `grid` (the window's configured chunk), so they start where
+/// the range does (a rank's shard of a layer) and otherwise on the same
+/// boundaries as the trainer's transfer chunks, which are multiples of the
+/// grid; each is at most `grid` long.
+fn pieces(range: Range<usize>, grid: usize) -> impl Iterator<Item = Range<usize>> {
+    let mut start = range.start;
+    std::iter::from_fn(move || {
+        (start < range.end).then(|| {
+            let end = ((start / grid + 1) * grid).min(range.end);
+            let r = start..end;
+            start = end;
+            r
+        })
+    })
+}
+
 /// Bytes the I/O of `n` elements covers: whole pages (the file is padded).
 pub(super) fn io_bytes(n: usize) -> usize {
     (n * 4).div_ceil(PAGE) * PAGE
@@ -143,13 +160,16 @@ impl SpillWindow {
     /// will ask for them). Buffers are allocated here, once per window.
     pub fn start(layers: Vec<SpilledLayer>, config: WindowConfig) -> Result<Self> {
         let config = config.normalized();
-        let max = layers.iter().map(|l| l.numel).max().unwrap_or(0);
-        let chunk = config
-            .chunk_elems
-            .min(max.div_ceil(CHUNK_ALIGN).max(1) * CHUNK_ALIGN);
+        let grid = config.chunk_elems;
+        let max = layers.iter().map(|l| l.range.len()).max().unwrap_or(0);
+        // Buffers no longer than the longest range needs.
+        let chunk = grid.min(max.div_ceil(CHUNK_ALIGN).max(1) * CHUNK_ALIGN);
+        for l in &layers {
+            l.check_range()?;
+        }
         let sets = layers
             .iter()
-            .map(|l| l.numel.div_ceil(chunk))
+            .map(|l| pieces(l.range.clone(), grid).count())
             .sum::<usize>()
             .min(config.depth);
         let (free_tx, free_rx) = channel::<ChunkBufs>();
@@ -176,9 +196,7 @@ impl SpillWindow {
                         for r in l.regions() {
                             r.check_len()?;
                         }
-                        let mut start = 0;
-                        while start < l.numel {
-                            let end = (start + chunk).min(l.numel);
+                        for Range { start, end } in pieces(l.range.clone(), grid) {
                             let Ok(mut bufs) = free_rx.recv() else {
                                 return Ok(()); // the window is shutting down
                             };
@@ -200,7 +218,6 @@ impl SpillWindow {
                             if ready_tx.send(Ok(c)).is_err() {
                                 return Ok(());
                             }
-                            start = end;
                         }
                     }
                     Ok(())
