@@ -473,14 +473,15 @@ fn plan_reports_host_and_device_bytes() {
     };
     assert_eq!(per_param("f16"), per_param("bf16"));
     assert_ne!(per_param("f16"), per_param("f32"));
-    // Ranks with a budget that spills: the sharded bytes are said to be
-    // those of a run without it, as training refuses the two together.
+    // Ranks with a budget: each rank counts its share of p, m, v, so a
+    // budget that spills a whole tier (8 GiB of TinyLlama's 16) holds the
+    // sharded one in RAM, and a smaller one spills fewer layers.
     let args = [
         "plan",
         "--preset",
         "tinyllama-1.1b",
         "--ranks",
-        "2",
+        "4",
         "--disk-gbps",
         "1",
     ];
@@ -490,9 +491,14 @@ fn plan_reports_host_and_device_bytes() {
         "{text}"
     );
     let text = String::from_utf8(run(&[&args[..], &["--host-budget", "8G"]].concat()).stdout).unwrap();
+    let sharded = text.split("per rank of 4").nth(1).unwrap();
+    assert!(text.contains("layers 7.. spilled to disk"), "{text}");
+    assert!(!sharded.contains("spilled"), "{text}");
+    assert!(sharded.contains("rank 0 while saving a checkpoint"), "{text}");
+    let text = String::from_utf8(run(&[&args[..], &["--host-budget", "6G"]].concat()).stdout).unwrap();
+    let sharded = text.split("per rank of 4").nth(1).unwrap();
     assert!(
-        text.contains("the busiest rank), without --host-budget:")
-            && text.contains("moves only its 1/N of the spilled ones through the disk"),
+        sharded.contains("layers 14..24 spilled") && sharded.contains("its 1/4 of p, m, v"),
         "{text}"
     );
 }

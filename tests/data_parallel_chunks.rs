@@ -18,7 +18,7 @@ use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
-use megatrain_tier::{CHUNK_ALIGN, TierConfig, TransportDType, WindowConfig, padded_bytes};
+use megatrain_tier::{CHUNK_ALIGN, Shard, TierConfig, TransportDType, WindowConfig, padded_bytes};
 use megatrain_zoo::ModelConfig;
 
 /// Smaller than every layer of the test models, and prime.
@@ -78,9 +78,18 @@ fn budget(model: &ModelConfig, transport: TransportDType, hold: bool) -> u64 {
     copies + if hold { 4 } else { 3 } * padded_bytes(tables[0].numel(), 4)
 }
 
-fn trainer(model: &ModelConfig, case: Case, chunk: usize, dir: &Path) -> Trainer<CpuExecutor> {
+/// The trainer of one rank (`shard`: a sharded rank's tier, which keeps
+/// only its share of p, m, v; `None` on one process).
+fn trainer(
+    model: &ModelConfig,
+    case: Case,
+    chunk: usize,
+    dir: &Path,
+    shard: Option<Shard>,
+) -> Trainer<CpuExecutor> {
     let hold_grads = case.micro > 1 || case.clip.is_some();
     let tier = TierConfig {
+        shard,
         transport: case.transport,
         hold_grads,
         ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
@@ -116,7 +125,11 @@ struct Run {
 fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), case.ranks));
     let dir = tempfile::tempdir().unwrap();
-    let mut t = trainer(model, case, chunk, dir.path());
+    let shard = comm.as_ref().filter(|_| case.shard).map(|c| Shard {
+        rank: c.rank(),
+        ranks: c.size(),
+    });
+    let mut t = trainer(model, case, chunk, dir.path(), shard);
     if let Some(c) = comm {
         t.set_distributed(DistConfig {
             comm: Arc::new(c),

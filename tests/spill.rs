@@ -47,6 +47,7 @@ fn run(
     let model = common::llama_tiny(8);
     let spill = budget.map(|_| tempfile::tempdir().unwrap());
     let tier_config = TierConfig {
+        shard: None,
         transport,
         hold_grads: hold,
         ram_budget_bytes: budget,

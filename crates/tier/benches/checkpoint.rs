@@ -27,6 +27,7 @@ fn tier() -> HostTier {
         })
         .collect();
     let cfg = TierConfig {
+        shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
         ram_budget_bytes: None,

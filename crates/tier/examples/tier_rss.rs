@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect();
     let config = TierConfig {
+        shard: None,
         transport,
         hold_grads: false,
         ram_budget_bytes: budget,

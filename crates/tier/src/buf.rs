@@ -257,7 +257,11 @@ impl<T: Element> AlignedBuf<T> {
     pub fn release(&mut self, range: std::ops::Range<usize>) -> Result<()> {
         let size = size_of::<T>();
         let start = (range.start * size).div_ceil(PAGE) * PAGE;
-        let end = (range.end.min(self.len) * size) / PAGE * PAGE;
+        // The block's last page is whole in the map (its tail is padding).
+        let end = match range.end >= self.len {
+            true => Self::bytes_for(self.len),
+            false => (range.end * size) / PAGE * PAGE,
+        };
         #[cfg(unix)]
         if let (Some(m), true) = (&self.map, start < end) {
             // SAFETY: `&mut self` guarantees no outstanding borrows of the

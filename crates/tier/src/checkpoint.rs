@@ -488,41 +488,46 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
         .collect();
 
     // Copy pass, each tensor's CRC taken from the bytes as they are copied.
-    for (l, range, name, p, m, v) in plan {
-        let parts = tier.layers_mut()[l].parts_mut();
-        let copies = [
-            (
-                &model,
-                &model_crcs,
-                p,
-                &mut parts.params[range.clone()],
-                name.clone(),
-            ),
-            (
-                &optim,
-                &optim_crcs,
-                m,
-                &mut parts.m[range.clone()],
-                exp_avg_name(&name),
-            ),
-            (
-                &optim,
-                &optim_crcs,
-                v,
-                &mut parts.v[range],
-                exp_avg_sq_name(&name),
-            ),
-        ];
-        for (file, crcs, t, dst, tensor) in copies {
-            let got = copy_le_f32(t.data(), dst);
-            file.release(t.data());
-            check(file, crcs, &tensor, got)?;
+    // A layer is finished (step, transport copy, pages handed back) as soon
+    // as its tensors are in, so a sharded rank never holds more than one
+    // whole layer beyond its share.
+    let mut plan = plan.into_iter().peekable();
+    for (l, &step) in steps.iter().enumerate() {
+        while let Some((_, range, name, p, m, v)) = plan.next_if(|e| e.0 == l) {
+            let parts = tier.layers_mut()[l].parts_mut();
+            let copies = [
+                (
+                    &model,
+                    &model_crcs,
+                    p,
+                    &mut parts.params[range.clone()],
+                    name.clone(),
+                ),
+                (
+                    &optim,
+                    &optim_crcs,
+                    m,
+                    &mut parts.m[range.clone()],
+                    exp_avg_name(&name),
+                ),
+                (
+                    &optim,
+                    &optim_crcs,
+                    v,
+                    &mut parts.v[range],
+                    exp_avg_sq_name(&name),
+                ),
+            ];
+            for (file, crcs, t, dst, tensor) in copies {
+                let got = copy_le_f32(t.data(), dst);
+                file.release(t.data());
+                check(file, crcs, &tensor, got)?;
+            }
         }
-    }
-    for (layer, &s) in tier.layers_mut().iter_mut().zip(&steps) {
-        layer.set_step(s);
+        let layer = &mut tier.layers_mut()[l];
+        layer.set_step(step);
         layer.refresh_transport();
-        layer.evict()?;
+        layer.settle()?;
     }
     meta.layer_steps = steps;
     Ok(meta)

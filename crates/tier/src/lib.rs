@@ -30,6 +30,13 @@
 //! faults its pages in again (they are clean, reclaimable file pages);
 //! loading evicts as it goes.
 //!
+//! With a sharded optimizer ([`TierConfig::shard`]) a rank keeps only its
+//! range of each RAM layer's p, m and v resident ([`shard`] says which):
+//! the budget counts the largest rank's share of them, loading hands the
+//! rest of each layer back as soon as the layer is written
+//! ([`LayerSlab::settle`]), and a spilled layer's rank moves only its range
+//! through the window.
+//!
 //! Measured with `cargo run --release -p megatrain-tier --example tier_rss`:
 //! a fully touched 300M-parameter tier with bf16 transport peaks at 14.00
 //! bytes of RSS per parameter (loading a checkpoint into it: 14.18, one
@@ -65,6 +72,7 @@ mod crc;
 mod error;
 mod report;
 pub mod rss;
+pub mod shard;
 mod slab;
 mod spill;
 mod tier;
@@ -77,6 +85,7 @@ pub use checkpoint::{
 pub use crc::verify_checkpoint_file;
 pub use error::{Result, TierError, is_disk_full};
 pub use report::{BytesByKind, MemoryReport};
+pub use shard::Shard;
 pub use slab::{
     LayerSlab, SlabMut, Transport, TransportDType, TransportMut, TransportRef, refresh_transport,
 };

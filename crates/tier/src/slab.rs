@@ -178,6 +178,9 @@ pub struct LayerSlab {
     transport: Transport,
     grads: Option<AlignedBuf<f32>>,
     step: u64,
+    /// The elements of p, m and v this process keeps (a rank of a sharded
+    /// optimizer owns a range; otherwise the whole layer).
+    own: std::ops::Range<usize>,
 }
 
 impl LayerSlab {
@@ -218,6 +221,7 @@ impl LayerSlab {
             transport,
             grads,
             step: 0,
+            own: 0..n,
         })
     }
 
@@ -405,6 +409,35 @@ impl LayerSlab {
             v: self.v.spill_region()?.clone(),
             range: 0..self.numel(),
         })
+    }
+
+    /// The elements of p, m and v this process keeps resident.
+    pub fn own(&self) -> std::ops::Range<usize> {
+        self.own.clone()
+    }
+
+    /// Makes this process keep only elements `own` of p, m and v (a rank
+    /// of a sharded optimizer); [`LayerSlab::settle`] hands the rest back.
+    pub fn set_own(&mut self, own: std::ops::Range<usize>) {
+        assert!(
+            own.start <= own.end && own.end <= self.numel(),
+            "{own:?} of {}",
+            self.numel()
+        );
+        self.own = own;
+    }
+
+    /// After the layer was written whole (loaded, initialised, gathered for
+    /// a checkpoint): a spilled layer's pages all go back (see
+    /// [`LayerSlab::evict`]), a RAM layer's outside [`LayerSlab::own`].
+    pub fn settle(&mut self) -> Result<()> {
+        if self.is_spilled() {
+            self.evict()
+        } else if self.own != (0..self.numel()) {
+            self.release_outside(self.own.clone())
+        } else {
+            Ok(())
+        }
     }
 
     /// Releases the resident pages of params, `m` and `v` outside `keep`

@@ -8,6 +8,7 @@ use megatrain_tensor::{ParamSpec, ParamTable};
 use crate::buf::Backing;
 use crate::error::{Result, TierError};
 use crate::report::{BytesByKind, MemoryReport};
+use crate::shard::{Shard, layer_ranges, resident_block_bytes};
 use crate::slab::{LayerSlab, TransportDType, layer_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -22,6 +23,11 @@ pub struct TierConfig {
     /// Where spilled layers' memory-mapped files go. Needed only when the
     /// budget is smaller than the model.
     pub spill_dir: Option<PathBuf>,
+    /// This process is one rank of a sharded optimizer: it keeps only its
+    /// range of every RAM layer's p, m and v resident, and the budget
+    /// counts the largest rank's share of them (the same placement on
+    /// every rank). `None`: whole layers.
+    pub shard: Option<Shard>,
 }
 
 /// Decides placement and counts bytes without allocating anything.
@@ -32,12 +38,15 @@ pub struct TierConfig {
 /// their p/m/v (and gradients) in RAM in order until the next layer would
 /// exceed the budget; that layer and all later ones spill. A prefix rule
 /// keeps placement predictable: which layers are on disk depends only on
-/// the budget, never on layer sizes further along.
+/// the budget, never on layer sizes further along. With a sharded
+/// optimizer a layer in RAM counts the largest rank's share of its p, m
+/// and v (held gradients stay whole); a spilled layer's files are whole.
 pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> {
     let per_layer: Vec<BytesByKind> = tables
         .iter()
         .map(|t| layer_bytes(t.numel(), config.transport, config.hold_grads))
         .collect();
+    let ranks = config.shard.map_or(1, |s| s.ranks);
     let mut report = MemoryReport {
         n_params: tables.iter().map(|t| t.numel() as u64).sum(),
         n_layers: tables.len(),
@@ -51,11 +60,12 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
             budget,
         });
     }
-    for (i, b) in per_layer.iter().enumerate() {
+    for (i, (b, t)) in per_layer.iter().zip(tables).enumerate() {
         let movable = BytesByKind { transport: 0, ..*b };
-        let fits = report.first_spilled.is_none() && report.ram.total() + movable.total() <= budget;
+        let resident = resident_share(movable, t.numel(), ranks);
+        let fits = report.first_spilled.is_none() && report.ram.total() + resident.total() <= budget;
         if fits {
-            report.ram += movable;
+            report.ram += resident;
         } else {
             report.first_spilled.get_or_insert(i);
             report.disk += movable;
@@ -72,6 +82,20 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
         });
     }
     Ok(report)
+}
+
+/// What a RAM layer whose p, m, v bytes are `b` keeps resident on the
+/// busiest of `ranks` ranks of a sharded optimizer.
+fn resident_share(b: BytesByKind, numel: usize, ranks: usize) -> BytesByKind {
+    if ranks <= 1 {
+        return b;
+    }
+    let block = resident_block_bytes(numel, ranks);
+    BytesByKind {
+        params: block,
+        moments: 2 * block,
+        ..b
+    }
 }
 
 /// The host tier: one [`LayerSlab`] per layer.
@@ -120,7 +144,13 @@ impl HostTier {
             };
             let slab = LayerSlab::new(i, table, config.transport, config.hold_grads, backing);
             match slab {
-                Ok(s) => layers.push(s),
+                Ok(mut s) => {
+                    if let Some(sh) = config.shard {
+                        let own = layer_ranges(s.numel(), s.is_spilled(), sh.ranks)[sh.rank].clone();
+                        s.set_own(own);
+                    }
+                    layers.push(s)
+                }
                 Err(e) => {
                     drop(layers);
                     if let Some(d) = &created_dir {
@@ -206,9 +236,13 @@ impl HostTier {
             n_layers: self.layers.len(),
             ..MemoryReport::default()
         };
+        let ranks = self.config.shard.map_or(1, |s| s.ranks);
         for l in &self.layers {
             let (ram, disk) = l.bytes();
-            r.ram += ram;
+            r.ram += match l.is_spilled() {
+                true => ram,
+                false => resident_share(ram, l.numel(), ranks),
+            };
             r.disk += disk;
             if l.is_spilled() && r.first_spilled.is_none() {
                 r.first_spilled = Some(l.index());

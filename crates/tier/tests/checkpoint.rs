@@ -3,10 +3,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{fill, tables};
+use megatrain_tier::shard::layer_ranges;
 use megatrain_tier::{
-    HostTier, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, TierConfig, TierError, TransportDType, TransportRef,
-    load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, verify_checkpoint_file,
-    write_latest,
+    HostTier, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, Shard, TierConfig, TierError, TransportDType,
+    TransportRef, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint,
+    verify_checkpoint_file, write_latest,
 };
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -16,6 +17,7 @@ const DIMS: [(usize, usize); 3] = [(3, 5), (7, 4), (2, 9)];
 
 fn new_tier(spill: Option<&Path>) -> HostTier {
     let cfg = TierConfig {
+        shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
         // Room for the transport copies and layer 0 only: layers 1, 2 spill.
@@ -368,4 +370,67 @@ fn latest_pointer_rejects_paths() {
     std::fs::write(run.path().join("latest"), "../../etc\n").unwrap();
     let err = read_latest(run.path()).unwrap_err();
     assert!(err.to_string().contains("latest"), "{err}");
+}
+
+/// A checkpoint loaded into each rank's tier of a sharded optimizer (4
+/// ranks, the last layer spilled): every rank holds its own range of each
+/// RAM layer's p, m and v with the checkpoint's bits and has handed the
+/// rest back (an anonymous page handed back reads as zero), holds every
+/// spilled layer whole in its file, and has the whole transport copy.
+#[test]
+fn a_sharded_rank_loads_its_share_and_the_whole_transport_copy() {
+    let dims = [(64, 63), (128, 31), (32, 127)]; // 4095, 3999, 4191 elements
+    let run = tempfile::tempdir().unwrap();
+    let ckpt = run.path().join("ckpt");
+    let mut whole = HostTier::new(tables(&dims), TierConfig::default()).unwrap();
+    fill(&mut whole, 3);
+    save_checkpoint(&ckpt, &whole, &json!({})).unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    for rank in 0..4 {
+        let shard = Shard { rank, ranks: 4 };
+        let cfg = TierConfig {
+            // f32 transport copies (4 + 4 + 5 pages) and the two first
+            // layers' shares (3 blocks of a page, plus the one a range
+            // boundary straddles): the last layer spills.
+            ram_budget_bytes: Some((13 + 2 * 6) * 4096),
+            spill_dir: Some(spill.path().to_path_buf()),
+            shard: Some(shard),
+            ..TierConfig::default()
+        };
+        let mut tier = HostTier::new(tables(&dims), cfg.clone()).unwrap();
+        assert_eq!(tier.report().first_spilled, Some(2), "rank {rank}");
+        assert_eq!(tier.report(), megatrain_tier::plan(&tables(&dims), &cfg).unwrap());
+        load_checkpoint(&ckpt, &mut tier).unwrap();
+        for (a, b) in whole.layers().iter().zip(tier.layers()) {
+            let n = a.numel();
+            let own = layer_ranges(n, b.is_spilled(), 4)[rank].clone();
+            assert_eq!(b.own(), own);
+            assert_eq!(a.transport().as_bytes(), b.transport().as_bytes(), "rank {rank}");
+            for (x, y) in [(a.params(), b.params()), (a.m(), b.m()), (a.v(), b.v())] {
+                assert_eq!(bits(&x[own.clone()]), bits(&y[own.clone()]), "rank {rank}");
+                if b.is_spilled() {
+                    assert_eq!(
+                        bits(x),
+                        bits(y),
+                        "rank {rank}: a spilled layer stays whole in its file"
+                    );
+                    continue;
+                }
+                // Whole pages outside the range were handed back.
+                let page = 1024;
+                let first_page_after = (own.end.div_ceil(page) * page).min(n);
+                assert!(
+                    y[first_page_after..].iter().all(|&v| v == 0.0),
+                    "rank {rank} layer {}: pages after {own:?} kept",
+                    b.index()
+                );
+                let last_page_before = own.start / page * page;
+                assert!(
+                    y[..last_page_before].iter().all(|&v| v == 0.0),
+                    "rank {rank} layer {}: pages before {own:?} kept",
+                    b.index()
+                );
+            }
+        }
+    }
 }

@@ -75,6 +75,7 @@ fn plan_equals_actual() {
         for hold_grads in [false, true] {
             for budget in [None, Some(0u64), Some(200_000), Some(1 << 40)] {
                 let cfg = TierConfig {
+                    shard: None,
                     transport,
                     hold_grads,
                     ram_budget_bytes: budget,
@@ -102,6 +103,7 @@ fn small_budget_spills_a_suffix_to_disk() {
     // Room for the transport copies and exactly two layers' p, m, v.
     let budget = transport_all + 2 * 3 * per_layer_f32;
     let cfg = TierConfig {
+        shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
         ram_budget_bytes: Some(budget),
@@ -325,6 +327,7 @@ mod odd_sizes {
             let dir = tempfile::tempdir().unwrap();
             let t = tables(&dims);
             let cfg = TierConfig {
+                shard: None,
                 transport: [TransportDType::F32, TransportDType::BF16, TransportDType::F16][transport],
                 hold_grads: grads,
                 ram_budget_bytes: budget,

@@ -53,6 +53,7 @@ fn precision(spec: &Spec) -> anyhow::Result<Precision> {
 
 pub(super) fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
     let config = TierConfig {
+        shard: None,
         transport: precision(spec)?.transport(),
         hold_grads: false,
         ram_budget_bytes: spec.host_budget,

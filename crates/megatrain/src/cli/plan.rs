@@ -105,6 +105,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         bus_gbps: a.bus_gbps,
     };
     let tier = TierConfig {
+        shard: None,
         transport,
         hold_grads: a.hold_grads,
         ram_budget_bytes: a.host_budget,
@@ -148,38 +149,46 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         );
     }
     if a.ranks > 1 {
-        let r = per_rank(&model, &tier, a.ranks);
+        let r = per_rank(&model, &tier, a.ranks)?;
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
-        // The per-rank table is that of a run without the budget (where
-        // layers spill, the tier's placement above decides).
-        let spills = p.host.first_spilled.is_some();
         println!(
-            "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank){}:",
-            a.ranks,
-            if spills { ", without --host-budget" } else { "" }
+            "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",
+            a.ranks
         );
-        for (k, v) in [
-            ("params", r.params),
-            ("moments", r.moments),
-            ("transport", r.transport),
-            ("gradients", r.gradients),
-            ("staging", r.staging),
-            ("total", r.total()),
+        for (k, v, d) in [
+            ("params", r.host.ram.params, r.host.disk.params),
+            ("moments", r.host.ram.moments, r.host.disk.moments),
+            ("transport", r.host.ram.transport, 0),
+            ("gradients", r.host.ram.gradients, r.host.disk.gradients),
+            ("staging", r.staging, 0),
+            ("total", r.total(), r.host.disk.total()),
         ] {
-            println!("  {k:<11}{:>14} {:>7.2} B/param", gib(v), per(v));
+            println!(
+                "  {k:<11}{:>14} {:>7.2} B/param  {:>14} disk",
+                gib(v),
+                per(v),
+                gib(d)
+            );
+        }
+        if let Some(first) = r.host.first_spilled {
+            println!(
+                "  layers {first}..{} spilled (each rank's own files); per step each rank reads and writes \
+                 {} of them (its 1/{} of p, m, v{})",
+                r.host.n_layers,
+                gib(r.disk_per_step),
+                a.ranks,
+                if a.hold_grads { ", its gradients whole" } else { "" }
+            );
         }
         println!(
             "  all {} ranks on one machine: at most {} (each rank holds a whole transport copy)",
             a.ranks,
             gib(a.ranks as u64 * r.total())
         );
-        if spills {
-            println!(
-                "  with --host-budget each rank places layers as in the tier above; with the optimizer \
-                 sharded a rank keeps 1/N of its RAM layers' p, m, v resident and moves only its 1/N \
-                 of the spilled ones through the disk; with --shard-optimizer false it holds the tier above"
-            );
-        }
+        println!(
+            "  rank 0 while saving a checkpoint: {} more (it gathers the RAM layers' p, m, v whole)",
+            gib(r.save_gather)
+        );
     }
     let d = &p.device;
     println!(

@@ -1,72 +1,64 @@
 //! `megatrain plan --ranks N`: host bytes per rank of data parallel
-//! training with the optimizer sharded (ZeRO-1/2): each rank keeps its 1/N
-//! of every layer's p, m and v resident (the pages of the rest are handed
-//! back), and a whole transport copy; held gradients stay whole.
+//! training with the optimizer sharded (ZeRO-1/2), placed as the trainer
+//! places them ([`TierConfig::shard`]): each rank keeps its 1/N of every RAM
+//! layer's p, m and v resident (the pages of the rest are handed back) and
+//! a whole transport copy; held gradients stay whole; under a budget the
+//! layers that do not fit spill, and each rank moves its 1/N of them
+//! through the disk.
 
-use megatrain_tier::{PAGE, TierConfig};
+use megatrain_tier::{MemoryReport, Shard, TierConfig, padded_bytes};
 use megatrain_zoo::ModelConfig;
 
-use crate::dist::shard_range;
+use super::error::Result;
 
-/// Resident host bytes of the busiest rank (the largest shards).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What the busiest rank (the largest shards) holds.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RankBytes {
     pub ranks: usize,
-    pub params: u64,
-    /// `m` and `v` together.
-    pub moments: u64,
-    pub transport: u64,
-    pub gradients: u64,
+    /// The tier's resident bytes and its spill files.
+    pub host: MemoryReport,
     /// Gradient staging and the receive buffers of the reductions in
     /// flight, chunk-sized.
     pub staging: u64,
+    /// Bytes of spill files read (and as many written) per step: this
+    /// rank's share of the spilled p, m, v, and its held gradients whole.
+    pub disk_per_step: u64,
+    /// What rank 0 adds while saving a checkpoint: it gathers every RAM
+    /// layer's p, m and v whole.
+    pub save_gather: u64,
 }
 
 impl RankBytes {
+    /// RAM in training (not while rank 0 saves).
     pub fn total(&self) -> u64 {
-        self.params + self.moments + self.transport + self.gradients + self.staging
+        self.host.ram.total() + self.staging
     }
 }
 
-/// Whole pages of `elems` f32, plus the one a shard boundary can straddle.
-fn shard_pages(elems: usize) -> u64 {
-    if elems == 0 {
-        0
-    } else {
-        ((elems * 4).div_ceil(PAGE) as u64 + 1) * PAGE as u64
-    }
-}
-
-/// Per-rank host bytes on `ranks` ranks with a sharded optimizer. Rank
-/// N−1 holds the largest range of every layer (ranges differ by at most one
-/// element), so it is the one counted.
-pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> RankBytes {
+/// The busiest rank's bytes on `ranks` ranks with a sharded optimizer,
+/// under `tier`'s budget.
+pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<RankBytes> {
     let ranks = ranks.max(1);
     let tables = model.layer_tables();
-    let mut b = RankBytes {
-        ranks,
-        ..RankBytes::default()
+    let cfg = TierConfig {
+        shard: (ranks > 1).then_some(Shard { rank: 0, ranks }),
+        ..tier.clone()
     };
-    let mut max_layer = 0u64;
-    for t in &tables {
-        let n = t.numel();
-        max_layer = max_layer.max(n as u64);
-        let own = shard_range(n, ranks - 1, ranks).len();
-        let pages = if ranks == 1 {
-            megatrain_tier::padded_bytes(n, 4)
-        } else {
-            shard_pages(own).min(megatrain_tier::padded_bytes(n, 4))
-        };
-        b.params += pages;
-        b.moments += 2 * pages;
-        b.transport += megatrain_tier::padded_bytes(n, tier.transport.size_in_bytes());
-        if tier.hold_grads {
-            b.gradients += megatrain_tier::padded_bytes(n, 4);
-        }
-    }
+    let host = megatrain_tier::plan(&tables, &cfg)?;
+    let in_ram = host.first_spilled.unwrap_or(tables.len());
+    let whole: u64 = tables[..in_ram]
+        .iter()
+        .map(|t| 3 * padded_bytes(t.numel(), 4))
+        .sum();
+    let max_layer = tables.iter().map(|t| t.numel() as u64).max().unwrap_or(0);
     let chunk = crate::trainer::transfer_chunk_for(model.param_count() as u64);
-    b.staging = staging_bytes(max_layer.min(chunk as u64), ranks);
-    b
+    Ok(RankBytes {
+        ranks,
+        staging: staging_bytes(max_layer.min(chunk as u64), ranks),
+        disk_per_step: (host.disk.params + host.disk.moments).div_ceil(ranks as u64) + host.disk.gradients,
+        save_gather: whole.saturating_sub(host.ram.params + host.ram.moments),
+        host,
+    })
 }
 
 /// Host gradient staging of a run whose gradients move in transfer chunks
@@ -93,14 +85,43 @@ mod tests {
     fn sharding_divides_p_m_v_and_keeps_the_transport_whole() {
         let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
         let tier = TierConfig::default();
-        let one = per_rank(&model, &tier, 1);
-        let four = per_rank(&model, &tier, 4);
-        assert_eq!(one.transport, four.transport);
+        let one = per_rank(&model, &tier, 1).unwrap();
+        let four = per_rank(&model, &tier, 4).unwrap();
+        assert_eq!(one.host.ram.transport, four.host.ram.transport);
         let n: u64 = model.layer_tables().iter().map(|t| t.numel() as u64).sum();
         // p alone on one rank: 4 bytes a parameter, page-rounded per layer.
-        assert!(one.params >= 4 * n);
-        assert!(four.params * 4 >= one.params, "a quarter, not less");
-        assert!(four.params < one.params / 2, "{four:?} vs {one:?}");
-        assert_eq!(four.moments, 2 * four.params);
+        assert!(one.host.ram.params >= 4 * n);
+        assert!(
+            four.host.ram.params * 4 >= one.host.ram.params,
+            "a quarter, not less"
+        );
+        assert!(
+            four.host.ram.params < one.host.ram.params / 2,
+            "{four:?} vs {one:?}"
+        );
+        assert_eq!(four.host.ram.moments, 2 * four.host.ram.params);
+        assert_eq!(one.save_gather, 0);
+        assert_eq!(
+            four.save_gather,
+            one.host.ram.params + one.host.ram.moments - four.host.ram.params - four.host.ram.moments
+        );
+    }
+
+    /// Under a budget, sharding keeps more layers in RAM (each counts its
+    /// share), and a rank moves its share of the spilled ones.
+    #[test]
+    fn a_budget_holds_more_layers_when_sharded() {
+        let model = megatrain_zoo::preset("tinyllama-1.1b", None).unwrap();
+        let tier = TierConfig {
+            ram_budget_bytes: Some(6 << 30),
+            spill_dir: Some("/nonexistent".into()),
+            ..TierConfig::default()
+        };
+        let one = per_rank(&model, &tier, 1).unwrap();
+        let four = per_rank(&model, &tier, 4).unwrap();
+        let (f1, f4) = (one.host.first_spilled.unwrap(), four.host.first_spilled.unwrap());
+        assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
+        assert!(four.host.ram.total() <= 6 << 30);
+        assert!(four.disk_per_step < one.disk_per_step / 4 + (1 << 20), "{four:?}");
     }
 }

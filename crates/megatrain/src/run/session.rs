@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::{Executor, TransportInfo};
-use megatrain_tier::{HostTier, TierConfig, load_checkpoint};
+use megatrain_tier::{HostTier, Shard, TierConfig, load_checkpoint};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
 
@@ -341,12 +341,18 @@ fn over_budget(e: RunError, opts: &TrainOptions) -> RunError {
     }
 }
 
-pub fn tier_config(opts: &TrainOptions) -> TierConfig {
+/// The tier of rank `rank` of the run (a sharded optimizer's rank keeps
+/// its share of p, m, v, and the budget counts that share).
+pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
     TierConfig {
         transport: opts.precision.transport(),
         hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
         ram_budget_bytes: opts.host_budget,
         spill_dir: opts.host_budget.map(|_| opts.out.join("spill")),
+        shard: (opts.shard_optimizer && opts.ranks > 1).then_some(Shard {
+            rank,
+            ranks: opts.ranks,
+        }),
     }
 }
 
@@ -394,7 +400,7 @@ pub fn train_with<E: Executor>(
     }
     let lead = rank == 0;
     std::fs::create_dir_all(out).map_err(RunError::io(out))?;
-    let tcfg = tier_config(opts);
+    let tcfg = tier_config(opts, rank);
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
             let mut tier =

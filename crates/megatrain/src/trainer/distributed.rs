@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
+use megatrain_tier::{LayerSlab, Shard, SpillWindow, TransportMut};
 
 use super::optimizer::{adamw_transport, sub_mask};
 use super::reduce::DistState;
@@ -31,6 +31,24 @@ impl<E: Executor> Trainer<E> {
                 "rank {} of {} ranks",
                 dist.comm.rank(),
                 dist.comm.size()
+            )));
+        }
+        // A tier placed for a sharded rank holds only that rank's share
+        // of its RAM layers.
+        let (rank, ranks) = (dist.comm.rank(), dist.comm.size());
+        if let Some(sh) = self.tier.config().shard
+            && (!dist.shard_optimizer || sh != (Shard { rank, ranks }))
+        {
+            return Err(TrainError::Config(format!(
+                "the host tier was placed for rank {} of {} with a sharded optimizer, \
+                 but this trainer is rank {rank} of {ranks} with the optimizer {}",
+                sh.rank,
+                sh.ranks,
+                if dist.shard_optimizer {
+                    "sharded"
+                } else {
+                    "replicated"
+                }
             )));
         }
         self.dist = Some(DistState::new(dist, self.tier.layers()));

@@ -37,13 +37,14 @@ use std::ops::Range;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_tier::{LayerSlab, PAGE};
+use megatrain_tier::LayerSlab;
+use megatrain_tier::shard::layer_ranges;
 
 use super::distributed::update_range;
 use super::optimizer::{Grads, Job, Shared, accumulate};
 use super::spill_window::update_any;
 use super::{TrainError, ms};
-use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges, shard_ranges, shard_ranges_aligned};
+use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges};
 
 /// A trainer's part in data parallel training: the communicator, and for a
 /// sharded optimizer every layer's ranges.
@@ -60,10 +61,7 @@ impl DistState {
         let size = config.comm.size();
         let ranges = layers
             .iter()
-            .map(|s| match s.is_spilled() {
-                true => shard_ranges_aligned(s.numel(), size, PAGE / 4),
-                false => shard_ranges(s.numel(), size),
-            })
+            .map(|s| layer_ranges(s.numel(), s.is_spilled(), size))
             .collect();
         DistState { config, ranges }
     }

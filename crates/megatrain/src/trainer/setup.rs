@@ -13,7 +13,7 @@ pub fn init_tier(model: &ModelConfig, config: TierConfig, seed: u64) -> Result<H
         let table = slab.table().clone();
         init_layer_into(model, &table, layer, seed, slab.params_mut())?;
         slab.refresh_transport();
-        slab.evict()?;
+        slab.settle()?;
     }
     Ok(tier)
 }
@@ -25,7 +25,7 @@ pub fn load_tier(ckpt: &HfCheckpoint, config: TierConfig) -> Result<HostTier> {
         let table = slab.table().clone();
         ckpt.read_layer_into(&table, slab.params_mut())?;
         slab.refresh_transport();
-        slab.evict()?;
+        slab.settle()?;
     }
     Ok(tier)
 }
