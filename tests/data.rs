@@ -38,6 +38,21 @@ impl TextEncoder for Tiny {
     }
 }
 
+/// Only a vocabulary size: for token files, which need no encoding.
+struct Vocab(usize);
+
+impl TextEncoder for Vocab {
+    fn encode(&self, _text: &str) -> Result<Vec<u32>, String> {
+        Err("a token file is not encoded".into())
+    }
+    fn eos(&self) -> Option<u32> {
+        None
+    }
+    fn vocab_size(&self) -> usize {
+        self.0
+    }
+}
+
 fn load(path: &Path) -> Result<TokenData, DataError> {
     load_tokens(path, &Bytes, &ChatTemplate::default())
 }
@@ -82,8 +97,41 @@ fn nanogpt_bin_is_little_endian_u16() {
     }
     std::fs::write(&p, [1u8, 0, 2]).unwrap();
     let err = load(&p).unwrap_err();
-    assert!(matches!(err, DataError::OddBin { len: 3, .. }), "{err}");
+    assert!(matches!(err, DataError::OddBin { len: 3, bits: 16, .. }), "{err}");
     assert!(err.to_string().contains("train.bin"), "{err}");
+}
+
+/// A `.u32` holds ids past u16 (Qwen2.5's 151,936, Llama-3's 128,256),
+/// read in place like a `.bin`; a length that is not whole u32s, or an id
+/// past the vocabulary, is named.
+#[test]
+fn u32_token_files_are_little_endian_u32() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("train.u32");
+    let ids = [7u32, 151_935, 65_536, 0];
+    std::fs::write(&p, ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let d = load_tokens(&p, &Vocab(151_936), &ChatTemplate::default()).unwrap();
+    assert!(d.tokens.is_mapped());
+    assert_eq!(d.tokens, ids.to_vec());
+    let err = load_tokens(&p, &Vocab(151_935), &ChatTemplate::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DataError::TokenOutOfRange {
+                id: 151_935,
+                index: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    std::fs::write(&p, [1u8, 0, 0, 0, 2, 0]).unwrap();
+    let err = load_tokens(&p, &Vocab(10), &ChatTemplate::default()).unwrap_err();
+    assert!(matches!(err, DataError::OddBin { len: 6, bits: 32, .. }), "{err}");
+    assert!(
+        err.to_string().contains("train.u32") && err.to_string().contains("u32 tokens"),
+        "{err}"
+    );
 }
 
 #[test]

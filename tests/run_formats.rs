@@ -65,6 +65,15 @@ fn text_file_directory_and_bin_train() {
     assert_eq!(p.model.vocab_size, 50);
     assert_eq!(p.train.len() + p.val.as_ref().unwrap().len(), 400);
     train_ok(o);
+    // The same ids as u32: the same run.
+    let ids: Vec<u8> = (0..400u32).flat_map(|i| (i % 50).to_le_bytes()).collect();
+    std::fs::write(t.join("train.u32"), ids).unwrap();
+    let mut o = small(t.join("train.u32"), &t.join("r3b"), "gpt2-nano");
+    o.vocab_size = Some(50);
+    let q = prepare(o.clone(), false).unwrap();
+    assert_eq!(q.train.tokens, p.train.tokens);
+    assert_eq!(q.val.as_ref().unwrap().tokens, p.val.as_ref().unwrap().tokens);
+    train_ok(o);
     // Llama with byte tokens over the same text.
     train_ok(small(t.join("a.txt"), &t.join("r4"), "llama-tiny"));
 }

@@ -22,7 +22,7 @@ pub struct EvalArgs {
     model: PathBuf,
     #[arg(long)]
     step: Option<u64>,
-    /// Text, directory of .txt, .bin or .jsonl (the loss counts responses only).
+    /// Text, directory of .txt, .bin, .u32 or .jsonl (the loss counts responses only).
     #[arg(long)]
     data: PathBuf,
     /// Default: the model's context, at most 256.

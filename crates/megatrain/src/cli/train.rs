@@ -24,7 +24,7 @@ pub struct TrainArgs {
     /// Preset to train from scratch: gpt2-nano, gpt2-124m, llama-tiny, tinyllama-1.1b, ...
     #[arg(long)]
     preset: Option<String>,
-    /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), or alpaca/sharegpt .jsonl.
+    /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), .u32 (u32 tokens), or alpaca/sharegpt .jsonl.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Validation data (default: the last --val-fraction of --data).

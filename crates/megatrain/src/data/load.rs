@@ -6,8 +6,9 @@ use super::jsonl::{ChatTemplate, load_jsonl};
 use super::{DataError, TextEncoder, TokenData, Tokens, io};
 
 /// Loads `path` by its kind: a directory of `.txt` files (sorted by name and
-/// concatenated), a `.bin` of little-endian u16 tokens (nanoGPT), a `.jsonl`
-/// of alpaca or sharegpt records, or any other file as UTF-8 text.
+/// concatenated), a `.bin` of little-endian u16 tokens (nanoGPT), a `.u32`
+/// of little-endian u32 tokens (vocabularies past 65,536), a `.jsonl` of
+/// alpaca or sharegpt records, or any other file as UTF-8 text.
 pub fn load_tokens(
     path: &Path,
     enc: &dyn TextEncoder,
@@ -27,7 +28,9 @@ pub fn load_tokens_cached(
 ) -> Result<TokenData, DataError> {
     let ext = path.extension().and_then(|e| e.to_str());
     let data = match ext {
-        Some("bin") if !path.is_dir() => load_bin(path)?,
+        Some(ext) if !path.is_dir() && id_width(ext).is_some() => {
+            load_ids(path, id_width(ext).expect("a token file"))?
+        }
         Some("jsonl") if !path.is_dir() => load_jsonl(path, enc, template)?,
         _ => {
             let files = text_files(path)?;
@@ -68,16 +71,37 @@ fn encode_text(files: &[PathBuf], enc: &dyn TextEncoder) -> Result<Vec<u32>, Dat
     Ok(tokens)
 }
 
-/// A `.bin` read in place through a memory map (see [`Tokens`]): like
-/// nanoGPT's `np.memmap`, the file must not be truncated or rewritten while
-/// a run reads it.
-fn load_bin(path: &Path) -> Result<TokenData, DataError> {
+/// Whether `path` is a token file (`.bin`, `.u32`): ids, not text.
+pub fn is_token_file(path: &Path) -> bool {
+    !path.is_dir()
+        && path
+            .extension()
+            .and_then(|e| e.to_str())
+            .and_then(id_width)
+            .is_some()
+}
+
+/// Bytes per id of a token file with extension `ext` (`.bin`: nanoGPT's
+/// u16; `.u32`), or `None` for other files.
+pub fn id_width(ext: &str) -> Option<usize> {
+    match ext {
+        "bin" => Some(2),
+        "u32" => Some(4),
+        _ => None,
+    }
+}
+
+/// A token file of little-endian ids of `width` bytes, read in place
+/// through a memory map (see [`Tokens`]): like nanoGPT's `np.memmap`, the
+/// file must not be truncated or rewritten while a run reads it.
+fn load_ids(path: &Path, width: usize) -> Result<TokenData, DataError> {
     let file = fs::File::open(path).map_err(io(path))?;
     let len = file.metadata().map_err(io(path))?.len();
-    if len % 2 != 0 {
+    if !len.is_multiple_of(width as u64) {
         return Err(DataError::OddBin {
             path: path.to_path_buf(),
             len,
+            bits: 8 * width,
         });
     }
     let tokens = if len == 0 {
@@ -86,7 +110,7 @@ fn load_bin(path: &Path) -> Result<TokenData, DataError> {
         // SAFETY: the map is read only; the file is the user's data set,
         // which (as documented above) nothing changes while it is read.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-        Tokens::mapped(map, 2)
+        Tokens::mapped(map, width)
     };
     Ok(TokenData {
         tokens,

@@ -1,5 +1,6 @@
-//! Training data: token streams from text, nanoGPT `.bin` files and
-//! instruction `.jsonl`, and the batches drawn from them.
+//! Training data: token streams from text, token files (nanoGPT's u16
+//! `.bin`, u32 `.u32`) and instruction `.jsonl`, and the batches drawn from
+//! them.
 
 mod batch;
 mod cache;
@@ -11,7 +12,7 @@ mod tokens;
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use fnv::Fnv1a;
 pub use jsonl::ChatTemplate;
-pub use load::{load_tokens, load_tokens_cached, split_validation};
+pub use load::{id_width, is_token_file, load_tokens, load_tokens_cached, split_validation};
 pub use tokens::Tokens;
 
 use std::path::{Path, PathBuf};
@@ -62,8 +63,8 @@ pub enum DataError {
     Io { path: PathBuf, cause: std::io::Error },
     #[error("{path}: no data (the file or directory holds no tokens)")]
     Empty { path: PathBuf },
-    #[error("{path}: {len} bytes is not a whole number of little-endian u16 tokens")]
-    OddBin { path: PathBuf, len: u64 },
+    #[error("{path}: {len} bytes is not a whole number of little-endian u{bits} tokens")]
+    OddBin { path: PathBuf, len: u64, bits: usize },
     #[error("{path}: token {id} at index {index} is outside the vocabulary of {vocab}")]
     TokenOutOfRange {
         path: PathBuf,

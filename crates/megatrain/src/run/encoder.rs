@@ -24,7 +24,7 @@ pub struct Encoder {
     /// The HF directory or file the tokenizer was read from.
     source: Option<PathBuf>,
     /// Token ids the data may hold: the model's vocabulary once it is known
-    /// (a `.bin` stream needs no tokenizer, only ids below it).
+    /// (a token file needs no tokenizer, only ids below it).
     pub vocab_limit: Option<usize>,
 }
 
@@ -121,7 +121,7 @@ impl Encoder {
                         let tok = Tokenizer::from_hf_file(&file)?;
                         return Ok(Encoder::new(tok, model_cfg.as_ref(), Some(file)));
                     }
-                    let token_data = corpora.iter().all(|p| p.extension().is_some_and(|e| e == "bin"));
+                    let token_data = corpora.iter().all(|p| crate::data::is_token_file(p));
                     return match Tokenizer::from_dir(dir)? {
                         Some(tok) => Ok(Encoder::new(tok, model_cfg.as_ref(), None)),
                         // Token ids need no tokenizer to train; bytes decode samples.
@@ -132,7 +132,7 @@ impl Encoder {
                         )),
                     };
                 }
-                let token_data = corpora.iter().any(|p| p.extension().is_some_and(|e| e == "bin"));
+                let token_data = corpora.iter().any(|p| crate::data::is_token_file(p));
                 if preset == Some("gpt2-nano") && !token_data {
                     Encoder::choose("char", None, preset, corpora)
                 } else {
@@ -240,11 +240,13 @@ pub fn char_vocab(corpora: &[&Path]) -> Result<CharTokenizer> {
             }
         } else {
             match p.extension().and_then(|e| e.to_str()) {
-                Some("bin") => {
+                Some(ext) if crate::data::id_width(ext).is_some() => {
                     return Err(RunError::file(
                         p,
-                        "a .bin holds token ids already; a char vocabulary cannot be built from it \
-                         (pass --vocab-size, or --tokenizer with the tokenizer that made it)",
+                        format!(
+                            "a .{ext} holds token ids already; a char vocabulary cannot be built from it \
+                             (pass --vocab-size, or --tokenizer with the tokenizer that made it)"
+                        ),
                     ));
                 }
                 Some("jsonl") => {

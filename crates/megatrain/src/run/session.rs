@@ -192,9 +192,9 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         };
         (model, encoder, None)
     };
-    // Token files (.bin) hold ids already: the tokenizer only decodes
-    // samples, so only text must fit the model's vocabulary.
-    let is_bin = |p: &Path| p.extension().is_some_and(|e| e == "bin");
+    // Token files (.bin, .u32) hold ids already: the tokenizer only
+    // decodes samples, so only text must fit the model's vocabulary.
+    let is_bin = crate::data::is_token_file;
     let encodes_text = !is_bin(&data_path) || opts.val_data.as_deref().is_some_and(|v| !is_bin(v));
     if encodes_text && encoder.tokenizer.vocab_size() > model.vocab_size {
         return Err(RunError::option(
