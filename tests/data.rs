@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use megatrain::data::{
-    ChatTemplate, DataError, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch, load_tokens,
-    load_tokens_cached, split_validation,
+    ChatTemplate, DataError, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch, keep_in_cache,
+    load_tokens, load_tokens_cached, split_validation,
 };
 
 /// Bytes as tokens, with 0 as end-of-sequence: enough to see every boundary.
@@ -406,4 +406,45 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
     std::fs::write(&other, "abc").unwrap();
     let d = load_tokens_cached(&other, &none, &t, Some(&cache)).unwrap();
     assert!(!d.tokens.is_mapped() && files().len() == 2);
+}
+
+/// Ids tokenized before a run directory existed (a fresh run) move there
+/// once it does: the same ids, mapped, a validation split's two parts as
+/// two ranges of one file that a later load maps without tokenizing.
+/// Token files, `.jsonl` and ids mapped already stay as they are.
+#[test]
+fn ids_held_in_memory_move_to_the_cache_and_are_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (text, cache) = (dir.path().join("corpus.txt"), dir.path().join("run/tokens"));
+    std::fs::write(&text, "hello world, once more").unwrap();
+    let t = ChatTemplate::default();
+    let k = Counted {
+        key: Some("k"),
+        calls: std::cell::Cell::new(0),
+    };
+    let all = load_tokens(&text, &k, &t).unwrap();
+    let want = all.tokens.to_vec();
+    let (mut train, mut val) = split_validation(all, 0.25).unwrap();
+    let (tl, vl) = (train.tokens.to_vec(), val.tokens.to_vec());
+    assert!(!train.tokens.is_mapped());
+    keep_in_cache(&text, &k, &cache, &mut [&mut train, &mut val]).unwrap();
+    assert!(train.tokens.is_mapped() && val.tokens.is_mapped());
+    assert_eq!((train.tokens.to_vec(), val.tokens.to_vec()), (tl, vl));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    let again = load_tokens_cached(&text, &k, &t, Some(&cache)).unwrap();
+    assert_eq!(
+        (again.tokens.to_vec(), k.calls.get()),
+        (want, 1),
+        "mapped, not tokenized"
+    );
+
+    // Mapped already, or not a text: nothing is written.
+    let other = dir.path().join("other");
+    keep_in_cache(&text, &k, &other, &mut [&mut train]).unwrap();
+    let bin = dir.path().join("ids.bin");
+    std::fs::write(&bin, [1u8, 0, 2, 0]).unwrap();
+    let mut ids = load_tokens(&bin, &k, &t).unwrap();
+    ids.tokens = ids.tokens.to_vec().into();
+    keep_in_cache(&bin, &k, &other, &mut [&mut ids]).unwrap();
+    assert!(!ids.tokens.is_mapped() && !other.exists());
 }

@@ -28,8 +28,14 @@ fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
 }
 
 fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
-    let p = prepare(opts, false).unwrap();
-    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
+    let mut p = prepare(opts, false).unwrap();
+    let s = train(
+        megatrain_tensor::CpuExecutor::new(),
+        &mut p,
+        None,
+        &mut QuietProgress,
+    )
+    .unwrap();
     assert_eq!(s.step, 2);
     assert!(s.loss.unwrap().is_finite());
     s
@@ -48,6 +54,10 @@ fn text_file_directory_and_bin_train() {
     std::fs::write(dir.join("skip.md"), "ignored ~~~").unwrap();
     let s = train_ok(small(t.join("a.txt"), &t.join("r1"), "gpt2-nano"));
     assert!(s.val_loss.unwrap().is_finite());
+    // A fresh run's text ids went to its run directory (the next resume
+    // maps them); a token file's did not.
+    let cached = |run: &str| std::fs::read_dir(t.join(run).join("tokens")).map_or(0, |d| d.count());
+    assert_eq!(cached("r1"), 1);
     let p = prepare(small(dir.clone(), &t.join("r2"), "gpt2-nano"), false).unwrap();
     assert_eq!(p.model.vocab_size, {
         let mut c: Vec<char> = (text.clone() + &text.to_uppercase()).chars().collect();
@@ -65,6 +75,7 @@ fn text_file_directory_and_bin_train() {
     assert_eq!(p.model.vocab_size, 50);
     assert_eq!(p.train.len() + p.val.as_ref().unwrap().len(), 400);
     train_ok(o);
+    assert_eq!(cached("r3"), 0);
     // The same ids as u32: the same run.
     let ids: Vec<u8> = (0..400u32).flat_map(|i| (i % 50).to_le_bytes()).collect();
     std::fs::write(t.join("train.u32"), ids).unwrap();
@@ -273,8 +284,14 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
 }
 
 fn train_ok_steps(opts: TrainOptions, steps: u64) {
-    let p = prepare(opts, false).unwrap();
-    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
+    let mut p = prepare(opts, false).unwrap();
+    let s = train(
+        megatrain_tensor::CpuExecutor::new(),
+        &mut p,
+        None,
+        &mut QuietProgress,
+    )
+    .unwrap();
     assert_eq!(s.step, steps);
 }
 
@@ -314,10 +331,16 @@ fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
         preset: None,
         ..small(t.join("d.bin"), &t.join("ft"), "")
     };
-    let p = prepare(opts.clone(), false).unwrap();
+    let mut p = prepare(opts.clone(), false).unwrap();
     assert_eq!(p.model.vocab_size, 101);
     let before = HfCheckpoint::open(&hf).unwrap().read_layer(1).unwrap().1;
-    let s = train(megatrain_tensor::CpuExecutor::new(), &p, None, &mut QuietProgress).unwrap();
+    let s = train(
+        megatrain_tensor::CpuExecutor::new(),
+        &mut p,
+        None,
+        &mut QuietProgress,
+    )
+    .unwrap();
     let after = HfCheckpoint::open(s.checkpoint.unwrap()).unwrap();
     assert_eq!(after.config.vocab_size, 101);
     let moved = after.read_layer(1).unwrap().1;

@@ -44,10 +44,12 @@ fn an_executor_without_f16_refuses_the_run_before_it_starts() {
         out: out.clone(),
         ..TrainOptions::default()
     };
-    let p = prepare(opts, false).unwrap();
+    let mut p = prepare(opts, false).unwrap();
     let gpu = forced();
     let name = ctx.info.name.clone();
-    let err = train(gpu, &p, None, &mut QuietProgress).unwrap_err().to_string();
+    let err = train(gpu, &mut p, None, &mut QuietProgress)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--precision f16"), "{err}");
     assert!(err.contains(&name), "'{name}' not in: {err}");
     assert!(!out.exists(), "the refused run wrote {}", out.display());

@@ -37,10 +37,10 @@ fn options(data: &Path, out: &Path) -> TrainOptions {
 }
 
 fn run(opts: TrainOptions, resume: bool, stop_at: Option<u64>) {
-    let p = prepare(opts, resume).unwrap();
+    let mut p = prepare(opts, resume).unwrap();
     train(
         megatrain_tensor::CpuExecutor::new(),
-        &p,
+        &mut p,
         stop_at,
         &mut QuietProgress,
     )

@@ -242,13 +242,13 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
     // batch unless --batch is given.
     let batch_given = a.resume.is_none() || a.batch.is_some();
     let opts = opts.on_ranks(ranks, batch_given)?;
-    let p = prepare(opts, a.resume.is_some())?;
+    let mut p = prepare(opts, a.resume.is_some())?;
     if !a.quiet {
         for w in &p.warnings {
             eprintln!("warning: resuming with a changed setting: {w}");
         }
     }
-    let o = &p.opts;
+    let o = &p.opts.clone();
     let n_params: usize = p.model.layer_tables().iter().map(|t| t.numel()).sum();
     if !a.quiet {
         eprintln!(
@@ -301,7 +301,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
         shard_optimizer: o.shard_optimizer,
     });
     interrupt::install();
-    let summary = on_executor!(exec, ex => train_with(ex, &p, None, &mut progress, dist))?;
+    let summary = on_executor!(exec, ex => train_with(ex, &mut p, None, &mut progress, dist))?;
     if let Some(signal) = summary.interrupted {
         if rank == 0 {
             eprintln!(

@@ -118,6 +118,38 @@ pub(super) fn cached_text(
     if ids.is_empty() {
         return Ok(Tokens::from(ids));
     }
+    store(path, &file, dir, &[&Tokens::from(ids)])
+}
+
+/// The ids of a text already in memory (`parts`, in order: the whole
+/// text's, or a validation split's two parts), written to `dir` under the
+/// name [`cached_text`] reads, and mapped from there: the same ids, each
+/// part a range of the map. `None` where the tokenizer gives no key.
+pub(super) fn keep_text(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    dir: &Path,
+    parts: &[&Tokens],
+) -> Result<Option<Vec<Tokens>>, DataError> {
+    let files = text_files(path)?;
+    let Some(file) = cache_file(path, &files, enc, dir)? else {
+        return Ok(None);
+    };
+    let mut whole = store(path, &file, dir, parts)?;
+    let mut out = Vec::with_capacity(parts.len());
+    for p in &parts[..parts.len() - 1] {
+        let rest = whole.split_off(p.len());
+        out.push(whole);
+        whole = rest;
+    }
+    out.push(whole);
+    Ok(Some(out))
+}
+
+/// Writes `parts` one after the other as `file` (a temporary file, synced,
+/// then renamed), removes the same text's files under older keys, and maps
+/// the new one.
+fn store(path: &Path, file: &Path, dir: &Path, parts: &[&Tokens]) -> Result<Tokens, DataError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
     let name = file
         .file_name()
@@ -128,17 +160,17 @@ pub(super) fn cached_text(
     let written = (|| {
         let mut f = fs::File::create(&tmp)?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-        for id in &ids {
+        for id in parts.iter().flat_map(|p| p.iter()) {
             w.write_all(&id.to_le_bytes())?;
         }
         w.flush()?;
         drop(w);
         f.sync_all()?;
-        fs::rename(&tmp, &file)
+        fs::rename(&tmp, file)
     })();
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
-        return Err(io(&file)(e));
+        return Err(io(file)(e));
     }
     // The same data under an older key (another tokenizer, an edited file).
     let stem = stem(path);
@@ -148,6 +180,5 @@ pub(super) fn cached_text(
             let _ = fs::remove_file(e.path());
         }
     }
-    drop(ids);
-    map(&file)
+    map(file)
 }

@@ -1,7 +1,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::cache::{cached_text, text_files};
+use super::cache::{cached_text, keep_text, text_files};
 use super::jsonl::{ChatTemplate, load_jsonl};
 use super::{DataError, TextEncoder, TokenData, Tokens, io};
 
@@ -52,6 +52,36 @@ pub fn load_tokens_cached(
     check_vocab(path, &data.tokens, enc.vocab_size())?;
     data.tokens.expect_scattered_reads();
     Ok(data)
+}
+
+/// A text's ids held in memory (`parts`: the whole text's, or a validation
+/// split's two parts in order) moved to `cache` as [`load_tokens_cached`]
+/// keeps them, and mapped from there. A fresh run calls this once its run
+/// directory exists, so that it holds the ids as page cache rather than 4
+/// bytes a token of its own memory, and its first resume maps them. Token
+/// files, `.jsonl`, ids mapped already and tokenizers with no cache key are
+/// left as they are.
+pub fn keep_in_cache(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    cache: &Path,
+    parts: &mut [&mut TokenData],
+) -> Result<(), DataError> {
+    let text = !is_token_file(path) && path.extension().is_none_or(|e| e != "jsonl") || path.is_dir();
+    let in_memory = parts
+        .iter()
+        .all(|p| !p.tokens.is_mapped() && p.loss_mask.is_none());
+    if !text || !in_memory || parts.is_empty() {
+        return Ok(());
+    }
+    let held: Vec<&Tokens> = parts.iter().map(|p| &p.tokens).collect();
+    if let Some(mapped) = keep_text(path, enc, cache, &held)? {
+        for (p, t) in parts.iter_mut().zip(mapped) {
+            t.expect_scattered_reads();
+            p.tokens = t;
+        }
+    }
+    Ok(())
 }
 
 fn encode(path: &Path, text: &str, enc: &dyn TextEncoder) -> Result<Vec<u32>, DataError> {

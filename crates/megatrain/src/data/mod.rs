@@ -12,7 +12,7 @@ mod tokens;
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use fnv::Fnv1a;
 pub use jsonl::ChatTemplate;
-pub use load::{id_width, is_token_file, load_tokens, load_tokens_cached, split_validation};
+pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use tokens::Tokens;
 
 use std::path::{Path, PathBuf};

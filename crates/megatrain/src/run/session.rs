@@ -20,7 +20,9 @@ use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, TrainOptions};
 use super::plot::write_plot;
-use crate::data::{ChatTemplate, Sampling, TokenData, draw_rows, load_tokens_cached, split_validation};
+use crate::data::{
+    ChatTemplate, Sampling, TokenData, draw_rows, keep_in_cache, load_tokens_cached, split_validation,
+};
 use crate::dist::{Collective, DistConfig};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
@@ -263,6 +265,24 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     })
 }
 
+/// A fresh run's text ids, tokenized before its run directory existed,
+/// written there and mapped (a resume's were mapped by [`prepare`]).
+fn keep_ids(p: &mut Prepared) -> Result<()> {
+    let dir = p.opts.out.join(TOKENS_DIR);
+    let data = p.opts.data.clone().expect("validated");
+    let enc = &p.encoder;
+    match (&p.opts.val_data, &mut p.val) {
+        // The validation split is the text's tail.
+        (None, Some(v)) => keep_in_cache(&data, enc, &dir, &mut [&mut p.train, v])?,
+        (Some(vp), Some(v)) => {
+            keep_in_cache(&data, enc, &dir, &mut [&mut p.train])?;
+            keep_in_cache(vp, enc, &dir, &mut [v])?;
+        }
+        (_, None) => keep_in_cache(&data, enc, &dir, &mut [&mut p.train])?,
+    }
+    Ok(())
+}
+
 fn model_name(o: &TrainOptions) -> String {
     match (&o.model, &o.preset) {
         (Some(m), _) => format!("--model {}", m.display()),
@@ -361,7 +381,7 @@ pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
 /// the same result as never stopping).
 pub fn train<E: Executor>(
     ex: E,
-    p: &Prepared,
+    p: &mut Prepared,
     stop_at: Option<u64>,
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
@@ -373,15 +393,17 @@ pub fn train<E: Executor>(
 /// were started with the same settings, model and data before the first
 /// step; each draws its rows of every batch; rank 0 alone writes metrics,
 /// plots and checkpoints (with a sharded optimizer it gathers the state
-/// first). `progress` hears only rank 0's steps.
+/// first). `progress` hears only rank 0's steps. Once the run has
+/// started, a text's ids held in `p` move to the run directory and are
+/// mapped from there ([`keep_in_cache`]).
 pub fn train_with<E: Executor>(
     mut ex: E,
-    p: &Prepared,
+    p: &mut Prepared,
     stop_at: Option<u64>,
     progress: &mut dyn Progress,
     dist: Option<DistConfig>,
 ) -> Result<Summary> {
-    let opts = &p.opts;
+    let opts = &p.opts.clone();
     // Before anything is allocated or written: an executor that cannot
     // compute in the asked precision ends the run here, naming itself.
     ex.set_compute_precision(opts.precision.compute())
@@ -439,6 +461,7 @@ pub fn train_with<E: Executor>(
             ..d
         })?;
     }
+    keep_ids(p)?;
     let mut quiet = QuietProgress;
     let progress: &mut dyn Progress = if lead { progress } else { &mut quiet };
     if let Some(info) = trainer.transport_info() {
