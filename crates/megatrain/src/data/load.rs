@@ -96,7 +96,14 @@ fn encode_text(files: &[PathBuf], enc: &dyn TextEncoder) -> Result<Vec<u32>, Dat
     let mut tokens = Vec::new();
     for f in files {
         let text = fs::read_to_string(f).map_err(io(f))?;
-        tokens.extend(encode(f, &text, enc)?);
+        let ids = encode(f, &text, enc)?;
+        drop(text);
+        // The first file's ids are moved, not copied: one text's ids in
+        // memory at a time, not two.
+        match tokens.is_empty() {
+            true => tokens = ids,
+            false => tokens.extend(ids),
+        }
     }
     Ok(tokens)
 }
