@@ -437,6 +437,38 @@ fn keep_checkpoints_removes_older_ones_after_each_save() {
     assert_eq!(latest_step(&a), Some(7));
 }
 
+/// `megatrain plan … | head -1`: the reader stops, and the plan ends as
+/// other tools do (SIGPIPE), never with a panic in `println!`.
+#[cfg(unix)]
+#[test]
+fn plan_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    // A pipe whose reader is gone before the plan starts.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = common::cli::bin()
+        .args([
+            "plan",
+            "--preset",
+            "tinyllama-1.1b",
+            "--ranks",
+            "4",
+            "--disk-gbps",
+            "1",
+        ])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {err}");
+}
+
 #[test]
 fn plan_reports_host_and_device_bytes() {
     let out = run(&[

@@ -15,6 +15,14 @@ fn main() -> std::process::ExitCode {
     // Freed tensors leave the RSS at once (see the function).
     megatrain_tier::rss::return_large_frees_to_os();
     let args = cli::Cli::parse();
+    #[cfg(unix)]
+    if cli::prints_for_a_pipe(&args) {
+        // SAFETY: restoring a signal's default action, before any thread
+        // starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli::run(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<cli::Interrupted>() {

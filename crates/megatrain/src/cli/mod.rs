@@ -38,6 +38,15 @@ enum Command {
     Plan(plan::PlanArgs),
 }
 
+/// Whether the subcommand writes its results to stdout for a reader that
+/// may stop early (`megatrain plan … | head`): one that then ends the way
+/// other command-line tools do, by SIGPIPE, not with a panic in `println!`.
+/// Training keeps Rust's ignored SIGPIPE: under MPI its ranks talk over
+/// sockets, where a closed peer must be an error, not a signal.
+pub fn prints_for_a_pipe(cli: &Cli) -> bool {
+    !matches!(cli.command, Command::Train(_))
+}
+
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Train(a) => train::run(*a),
