@@ -69,6 +69,9 @@ pub struct AlignedBuf<T: Element> {
     /// The spill file's name where it could not be unlinked at creation.
     #[cfg_attr(unix, allow(dead_code))]
     path: Option<PathBuf>,
+    /// A spill file's bytes with blocks reserved (the whole map but for a
+    /// sharded rank's file, which holds its range).
+    reserved: Option<u64>,
     _elem: std::marker::PhantomData<T>,
 }
 
@@ -93,13 +96,27 @@ impl<T: Element> AlignedBuf<T> {
             on_disk: false,
             region: None,
             path: None,
+            reserved: None,
             _elem: std::marker::PhantomData,
         })
     }
 
-    /// A zeroed buffer backed by a new sparse file in `dir`; `label` goes
-    /// into the file name to make stray files recognisable.
+    /// A zeroed buffer backed by a new file in `dir` with all its blocks
+    /// reserved; `label` goes into the file name to make stray files
+    /// recognisable.
     pub fn zeroed_on_disk(len: usize, dir: &Path, label: &str) -> Result<Self> {
+        Self::zeroed_on_disk_reserving(len, dir, label, 0..len)
+    }
+
+    /// [`AlignedBuf::zeroed_on_disk`] with blocks reserved for the pages of
+    /// elements `reserve` only: the rest is a hole, which must never be
+    /// written through the map (a full disk would then raise SIGBUS).
+    pub fn zeroed_on_disk_reserving(
+        len: usize,
+        dir: &Path,
+        label: &str,
+        reserve: std::ops::Range<usize>,
+    ) -> Result<Self> {
         let bytes = Self::bytes_for(len);
         if bytes == 0 {
             let mut b = Self::zeroed(0)?;
@@ -108,7 +125,16 @@ impl<T: Element> AlignedBuf<T> {
         }
         let n = SPILL_COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("megatrain-spill-{}-{n}-{label}.bin", std::process::id()));
-        let (file, direct) = open_spill_file(&path, bytes as u64)?;
+        let size = size_of::<T>();
+        let reserve = match reserve.is_empty() {
+            true => 0..0,
+            false => {
+                (reserve.start * size / PAGE * PAGE) as u64
+                    ..((reserve.end * size).div_ceil(PAGE) * PAGE).min(bytes) as u64
+            }
+        };
+        let reserved = reserve.end - reserve.start;
+        let (file, direct) = open_spill_file(&path, bytes as u64, reserve)?;
         // SAFETY: the file was just created by us with `create_new` and (on
         // Unix) is unlinked below, so no other process can change its size
         // or contents under the map.
@@ -134,14 +160,27 @@ impl<T: Element> AlignedBuf<T> {
             on_disk: true,
             region: Some(region),
             path,
+            reserved: Some(reserved),
             _elem: std::marker::PhantomData,
         })
     }
 
     pub fn new(len: usize, backing: &Backing, label: &str) -> Result<Self> {
+        Self::new_reserving(len, backing, label, 0..len)
+    }
+
+    /// [`AlignedBuf::new`], reserving only elements `reserve` of a file
+    /// (see [`AlignedBuf::zeroed_on_disk_reserving`]; RAM is reserved by
+    /// touching it, so it is the same there).
+    pub fn new_reserving(
+        len: usize,
+        backing: &Backing,
+        label: &str,
+        reserve: std::ops::Range<usize>,
+    ) -> Result<Self> {
         match backing {
             Backing::Ram => Self::zeroed(len),
-            Backing::Disk(dir) => Self::zeroed_on_disk(len, dir, label),
+            Backing::Disk(dir) => Self::zeroed_on_disk_reserving(len, dir, label, reserve),
         }
     }
 
@@ -168,7 +207,8 @@ impl<T: Element> AlignedBuf<T> {
 
     /// Bytes reserved (whole pages), which is what the memory report counts.
     pub fn reserved_bytes(&self) -> u64 {
-        self.map.as_ref().map_or(0, |m| m.len() as u64)
+        self.reserved
+            .unwrap_or_else(|| self.map.as_ref().map_or(0, |m| m.len() as u64))
     }
 
     pub fn as_slice(&self) -> &[T] {

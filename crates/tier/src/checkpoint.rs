@@ -32,7 +32,7 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use serde_json::{Value, json};
 
 use crate::atomic::{persist, sync_dir, temp_path, write_atomic};
-use crate::crc::{self, Crc32Table, copy_le_f32, crc32};
+use crate::crc::{self, Crc32Table, copy_le_f32, copy_le_f32_part, crc32};
 use crate::error::{IoContext, Result, TierError};
 use crate::tier::HostTier;
 
@@ -489,44 +489,36 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
 
     // Copy pass, each tensor's CRC taken from the bytes as they are copied.
     // A layer is finished (step, transport copy, pages handed back) as soon
-    // as its tensors are in, so a sharded rank never holds more than one
-    // whole layer beyond its share.
+    // as its tensors are in. A rank of a sharded optimizer copies only its
+    // range of m and v (its parameters go whole into the transport copy),
+    // so it never holds more than one layer's parameters beyond its share
+    // and writes nothing outside its range of a spilled layer's files.
     let mut plan = plan.into_iter().peekable();
     for (l, &step) in steps.iter().enumerate() {
-        while let Some((_, range, name, p, m, v)) = plan.next_if(|e| e.0 == l) {
-            let parts = tier.layers_mut()[l].parts_mut();
-            let copies = [
-                (
-                    &model,
-                    &model_crcs,
-                    p,
-                    &mut parts.params[range.clone()],
-                    name.clone(),
-                ),
-                (
-                    &optim,
-                    &optim_crcs,
-                    m,
-                    &mut parts.m[range.clone()],
-                    exp_avg_name(&name),
-                ),
-                (
-                    &optim,
-                    &optim_crcs,
-                    v,
-                    &mut parts.v[range],
-                    exp_avg_sq_name(&name),
-                ),
-            ];
-            for (file, crcs, t, dst, tensor) in copies {
-                let got = copy_le_f32(t.data(), dst);
-                file.release(t.data());
-                check(file, crcs, &tensor, got)?;
+        let entries: Vec<_> = std::iter::from_fn(|| plan.next_if(|e| e.0 == l)).collect();
+        let layer = &mut tier.layers_mut()[l];
+        let own = layer.own();
+        layer.fill_params(|params: &mut [f32]| {
+            for (_, range, name, p, _, _) in &entries {
+                let got = copy_le_f32(p.data(), &mut params[range.clone()]);
+                model.release(p.data());
+                check(&model, &model_crcs, name, got)?;
+            }
+            Ok::<(), TierError>(())
+        })?;
+        let parts = layer.parts_mut();
+        for (_, range, name, _, m, v) in &entries {
+            // The tensor's elements within this rank's range.
+            let keep = own.start.clamp(range.start, range.end) - range.start
+                ..own.end.clamp(range.start, range.end) - range.start;
+            let (pm, pv) = (&mut parts.m[range.clone()], &mut parts.v[range.clone()]);
+            for (t, dst, tensor) in [(m, pm, exp_avg_name(name)), (v, pv, exp_avg_sq_name(name))] {
+                let got = copy_le_f32_part(t.data(), dst, keep.clone());
+                optim.release(t.data());
+                check(&optim, &optim_crcs, &tensor, got)?;
             }
         }
-        let layer = &mut tier.layers_mut()[l];
         layer.set_step(step);
-        layer.refresh_transport();
         layer.settle()?;
     }
     meta.layer_steps = steps;

@@ -72,6 +72,20 @@ pub(crate) fn copy_le_f32(src: &[u8], dst: &mut [f32]) -> u32 {
         .finalize()
 }
 
+/// The CRC-32 of all of `src` (little-endian f32), copying only its
+/// elements `keep` into the same places of `dst` (a sharded rank's part of
+/// a tensor); [`copy_le_f32`] where `keep` is all of it.
+pub(crate) fn copy_le_f32_part(src: &[u8], dst: &mut [f32], keep: std::ops::Range<usize>) -> u32 {
+    if keep == (0..dst.len()) {
+        return copy_le_f32(src, dst);
+    }
+    copy_le_f32(&src[4 * keep.start..4 * keep.end], &mut dst[keep]);
+    src.par_chunks(PART)
+        .map(hasher_of)
+        .reduce_with(join)
+        .map_or_else(|| hasher_of(&[]).finalize(), |h| h.finalize())
+}
+
 pub(crate) fn to_json(table: &Crc32Table) -> Value {
     table
         .iter()

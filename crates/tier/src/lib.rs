@@ -35,7 +35,11 @@
 //! the budget counts the largest rank's share of them, loading hands the
 //! rest of each layer back as soon as the layer is written
 //! ([`LayerSlab::settle`]), and a spilled layer's rank moves only its range
-//! through the window.
+//! through the window. The spill files of a rank other than 0 reserve
+//! blocks for its range only and nothing writes outside it
+//! ([`LayerSlab::fill_params`] stages a layer's parameters in RAM for the
+//! transport copy); rank 0's hold whole layers, which it gathers for
+//! checkpoints.
 //!
 //! Measured with `cargo run --release -p megatrain-tier --example tier_rss`:
 //! a fully touched 300M-parameter tier with bf16 transport peaks at 14.00

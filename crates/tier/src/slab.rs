@@ -181,6 +181,10 @@ pub struct LayerSlab {
     /// The elements of p, m and v this process keeps (a rank of a sharded
     /// optimizer owns a range; otherwise the whole layer).
     own: std::ops::Range<usize>,
+    /// The elements of p, m and v whose blocks a spilled layer's files
+    /// hold: the whole layer, or a sharded rank's range (nothing is ever
+    /// written through the maps outside it).
+    reserved: std::ops::Range<usize>,
 }
 
 impl LayerSlab {
@@ -197,10 +201,30 @@ impl LayerSlab {
         backing: &Backing,
     ) -> Result<Self> {
         let n = table.numel();
+        Self::new_shard(index, table, transport, hold_grads, backing, 0..n, 0..n)
+    }
+
+    /// [`LayerSlab::new`] for a rank of a sharded optimizer that keeps
+    /// elements `own` of p, m and v, and whose spill files reserve blocks
+    /// for elements `reserved` only (its range; rank 0, which gathers whole
+    /// layers for checkpoints, the whole layer). Held gradients are whole.
+    pub fn new_shard(
+        index: usize,
+        table: ParamTable,
+        transport: TransportDType,
+        hold_grads: bool,
+        backing: &Backing,
+        own: std::ops::Range<usize>,
+        reserved: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        let n = table.numel();
+        assert!(own.end <= n && reserved.end <= n, "{own:?} {reserved:?} of {n}");
         let label = format!("layer{index}");
-        let params = AlignedBuf::new(n, backing, &format!("{label}-params"))?;
-        let m = AlignedBuf::new(n, backing, &format!("{label}-m"))?;
-        let v = AlignedBuf::new(n, backing, &format!("{label}-v"))?;
+        let block =
+            |kind: &str| AlignedBuf::new_reserving(n, backing, &format!("{label}-{kind}"), reserved.clone());
+        let params = block("params")?;
+        let m = block("m")?;
+        let v = block("v")?;
         let grads = if hold_grads {
             Some(AlignedBuf::new(n, backing, &format!("{label}-grads"))?)
         } else {
@@ -221,7 +245,8 @@ impl LayerSlab {
             transport,
             grads,
             step: 0,
-            own: 0..n,
+            own,
+            reserved,
         })
     }
 
@@ -416,15 +441,35 @@ impl LayerSlab {
         self.own.clone()
     }
 
-    /// Makes this process keep only elements `own` of p, m and v (a rank
-    /// of a sharded optimizer); [`LayerSlab::settle`] hands the rest back.
-    pub fn set_own(&mut self, own: std::ops::Range<usize>) {
-        assert!(
-            own.start <= own.end && own.end <= self.numel(),
-            "{own:?} of {}",
-            self.numel()
-        );
-        self.own = own;
+    /// The elements of p, m and v whose blocks this slab's spill files
+    /// hold (see [`LayerSlab::new_shard`]).
+    pub fn reserved(&self) -> std::ops::Range<usize> {
+        self.reserved.clone()
+    }
+
+    /// Writes the whole layer's parameters with `fill` and rewrites the
+    /// transport copy from them. Where the spill files hold only this
+    /// rank's range, `fill` writes into a RAM buffer of the layer instead,
+    /// whose own range is then copied in: nothing is written into the
+    /// files' holes. Call [`LayerSlab::settle`] after.
+    pub fn fill_params<E: From<TierError>>(
+        &mut self,
+        fill: impl FnOnce(&mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let n = self.numel();
+        if self.reserved == (0..n) {
+            fill(self.params.as_mut_slice())?;
+            self.refresh_transport();
+            return Ok(());
+        }
+        let mut whole = AlignedBuf::<f32>::zeroed(n)?;
+        fill(whole.as_mut_slice())?;
+        let own = self.own.clone();
+        let parts = self.parts_mut();
+        let mut t = parts.transport;
+        refresh_transport(&whole, &mut t);
+        parts.params[own.clone()].copy_from_slice(&whole[own]);
+        Ok(())
     }
 
     /// After the layer was written whole (loaded, initialised, gathered for

@@ -1,6 +1,7 @@
 //! All layers' slabs, placed in RAM or on disk by a byte budget.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::PathBuf;
 
 use megatrain_tensor::{ParamSpec, ParamTable};
@@ -68,7 +69,8 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
             report.ram += resident;
         } else {
             report.first_spilled.get_or_insert(i);
-            report.disk += movable;
+            let (_, reserved) = shard_of(t.numel(), true, config.shard);
+            report.disk += spilled_bytes(movable, reserved, t.numel());
         }
     }
     if report.first_spilled.is_some() && config.spill_dir.is_none() {
@@ -82,6 +84,39 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
         });
     }
     Ok(report)
+}
+
+/// The elements of a layer of `n` elements that a rank keeps (its range)
+/// and that its spill files hold: its range too where the layer is spilled
+/// on a rank other than 0 (rank 0 gathers whole layers for checkpoints),
+/// else the whole layer.
+fn shard_of(n: usize, spilled: bool, shard: Option<Shard>) -> (Range<usize>, Range<usize>) {
+    let Some(sh) = shard else { return (0..n, 0..n) };
+    let own = layer_ranges(n, spilled, sh.ranks)[sh.rank].clone();
+    let reserved = match spilled && sh.rank != 0 {
+        true => own.clone(),
+        false => 0..n,
+    };
+    (own, reserved)
+}
+
+/// Bytes of a spilled layer's p, m and v files that hold blocks: the pages
+/// of elements `reserved` of each.
+fn spilled_bytes(b: BytesByKind, reserved: Range<usize>, numel: usize) -> BytesByKind {
+    if reserved == (0..numel) {
+        return b;
+    }
+    let pages = ((reserved.end * 4).div_ceil(crate::PAGE) - reserved.start * 4 / crate::PAGE) as u64;
+    let block = if reserved.is_empty() {
+        0
+    } else {
+        pages * crate::PAGE as u64
+    };
+    BytesByKind {
+        params: block,
+        moments: 2 * block,
+        ..b
+    }
 }
 
 /// What a RAM layer whose p, m, v bytes are `b` keeps resident on the
@@ -142,15 +177,19 @@ impl HostTier {
                 (Some(disk), Some(f)) if i >= f => disk,
                 _ => &Backing::Ram,
             };
-            let slab = LayerSlab::new(i, table, config.transport, config.hold_grads, backing);
+            let n = table.numel();
+            let (own, reserved) = shard_of(n, matches!(backing, Backing::Disk(_)), config.shard);
+            let slab = LayerSlab::new_shard(
+                i,
+                table,
+                config.transport,
+                config.hold_grads,
+                backing,
+                own,
+                reserved,
+            );
             match slab {
-                Ok(mut s) => {
-                    if let Some(sh) = config.shard {
-                        let own = layer_ranges(s.numel(), s.is_spilled(), sh.ranks)[sh.rank].clone();
-                        s.set_own(own);
-                    }
-                    layers.push(s)
-                }
+                Ok(s) => layers.push(s),
                 Err(e) => {
                     drop(layers);
                     if let Some(d) = &created_dir {

@@ -374,9 +374,11 @@ fn latest_pointer_rejects_paths() {
 
 /// A checkpoint loaded into each rank's tier of a sharded optimizer (4
 /// ranks, the last layer spilled): every rank holds its own range of each
-/// RAM layer's p, m and v with the checkpoint's bits and has handed the
-/// rest back (an anonymous page handed back reads as zero), holds every
-/// spilled layer whole in its file, and has the whole transport copy.
+/// layer's p, m and v with the checkpoint's bits and the whole transport
+/// copy; it has handed the rest of a RAM layer back (an anonymous page
+/// handed back reads as zero); a spilled layer's files hold blocks for its
+/// range only (rank 0's whole layers: it gathers them for checkpoints),
+/// and nothing was written outside it.
 #[test]
 fn a_sharded_rank_loads_its_share_and_the_whole_transport_copy() {
     let dims = [(64, 63), (128, 31), (32, 127)]; // 4095, 3999, 4191 elements
@@ -406,14 +408,28 @@ fn a_sharded_rank_loads_its_share_and_the_whole_transport_copy() {
             let own = layer_ranges(n, b.is_spilled(), 4)[rank].clone();
             assert_eq!(b.own(), own);
             assert_eq!(a.transport().as_bytes(), b.transport().as_bytes(), "rank {rank}");
+            if let Some(files) = b.spilled() {
+                let pages =
+                    |r: &std::ops::Range<usize>| ((r.end * 4).div_ceil(4096) - r.start * 4 / 4096) as u64;
+                let want = if rank == 0 { pages(&(0..n)) } else { pages(&own) };
+                assert_eq!(b.reserved(), if rank == 0 { 0..n } else { own.clone() });
+                for f in [&files.p, &files.m, &files.v] {
+                    let got = f.allocated_bytes().unwrap();
+                    assert!(
+                        got <= want * 4096 && got > 0,
+                        "rank {rank}: {got} bytes on disk for {want} pages"
+                    );
+                }
+            }
             for (x, y) in [(a.params(), b.params()), (a.m(), b.m()), (a.v(), b.v())] {
                 assert_eq!(bits(&x[own.clone()]), bits(&y[own.clone()]), "rank {rank}");
                 if b.is_spilled() {
-                    assert_eq!(
-                        bits(x),
-                        bits(y),
-                        "rank {rank}: a spilled layer stays whole in its file"
-                    );
+                    if rank != 0 {
+                        assert!(
+                            y[..own.start].iter().chain(&y[own.end..]).all(|&v| v == 0.0),
+                            "rank {rank}: written outside its range of a spilled layer"
+                        );
+                    }
                     continue;
                 }
                 // Whole pages outside the range were handed back.

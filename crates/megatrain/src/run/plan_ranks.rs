@@ -15,8 +15,11 @@ use super::error::Result;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RankBytes {
     pub ranks: usize,
-    /// The tier's resident bytes and its spill files.
+    /// The tier's resident bytes and its spill files (rank 0's, whose
+    /// files hold whole layers: it gathers them for checkpoints).
     pub host: MemoryReport,
+    /// The spill files of every other rank, which hold its range only.
+    pub disk_other: u64,
     /// Gradient staging and the receive buffers of the reductions in
     /// flight, chunk-sized.
     pub staging: u64,
@@ -45,6 +48,11 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<
         ..tier.clone()
     };
     let host = megatrain_tier::plan(&tables, &cfg)?;
+    let other = TierConfig {
+        shard: (ranks > 1).then_some(Shard { rank: 1, ranks }),
+        ..tier.clone()
+    };
+    let disk_other = megatrain_tier::plan(&tables, &other)?.disk.total();
     let in_ram = host.first_spilled.unwrap_or(tables.len());
     let whole: u64 = tables[..in_ram]
         .iter()
@@ -57,6 +65,7 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<
         staging: staging_bytes(max_layer.min(chunk as u64), ranks),
         disk_per_step: (host.disk.params + host.disk.moments).div_ceil(ranks as u64) + host.disk.gradients,
         save_gather: whole.saturating_sub(host.ram.params + host.ram.moments),
+        disk_other,
         host,
     })
 }
@@ -123,5 +132,11 @@ mod tests {
         assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
         assert!(four.host.ram.total() <= 6 << 30);
         assert!(four.disk_per_step < one.disk_per_step / 4 + (1 << 20), "{four:?}");
+        // Rank 0's files hold whole layers, the others' a quarter.
+        let whole = four.host.disk.params + four.host.disk.moments;
+        assert!(
+            four.disk_other < whole / 3 && four.disk_other > whole / 5,
+            "{four:?}"
+        );
     }
 }

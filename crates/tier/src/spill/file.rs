@@ -10,10 +10,12 @@ use std::sync::Arc;
 use crate::buf::PAGE;
 use crate::error::{IoContext, Result, TierError};
 
-/// Opens a new spill file at `path` and reserves `bytes` for it. Returns
-/// the file and whether it is open for direct I/O. On failure nothing is
-/// left at `path`.
-pub(crate) fn open_spill_file(path: &Path, bytes: u64) -> Result<(File, bool)> {
+/// Opens a new spill file of `bytes` at `path` and reserves the blocks of
+/// its bytes `reserve` (page-aligned; the rest stays a hole that nothing
+/// may write through a map: a rank of a sharded optimizer reserves only
+/// its range). Returns the file and whether it is open for direct I/O. On
+/// failure nothing is left at `path`.
+pub(crate) fn open_spill_file(path: &Path, bytes: u64, reserve: Range<u64>) -> Result<(File, bool)> {
     let open = |direct: bool| {
         let mut o = OpenOptions::new();
         o.read(true).write(true).create_new(true);
@@ -31,28 +33,37 @@ pub(crate) fn open_spill_file(path: &Path, bytes: u64) -> Result<(File, bool)> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).at(path)?, false),
         Err(e) => return Err(e).at(path),
     };
-    if let Err(e) = preallocate(&file, bytes) {
+    if let Err(e) = preallocate(&file, bytes, reserve) {
         let _ = std::fs::remove_file(path);
         return Err(e).at(path);
     }
     Ok((file, direct))
 }
 
-/// Reserves the file's blocks so that ENOSPC comes now, not at write-back.
-/// Falls back to a sparse `set_len` where the filesystem cannot allocate.
-fn preallocate(file: &File, bytes: u64) -> std::io::Result<()> {
+/// Reserves the blocks of bytes `reserve` of a file of `bytes`, so that
+/// ENOSPC comes now, not at write-back (or as SIGBUS, through a map).
+/// Falls back to a sparse file where the filesystem cannot allocate.
+fn preallocate(file: &File, bytes: u64, reserve: Range<u64>) -> std::io::Result<()> {
+    file.set_len(bytes)?;
+    let reserve = reserve.start.min(bytes)..reserve.end.min(bytes);
     #[cfg(unix)]
-    {
+    if !reserve.is_empty() {
         use std::os::fd::AsRawFd;
         // SAFETY: a valid open descriptor; the call only changes the file.
-        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as libc::off_t) };
+        let rc = unsafe {
+            libc::posix_fallocate(
+                file.as_raw_fd(),
+                reserve.start as libc::off_t,
+                (reserve.end - reserve.start) as libc::off_t,
+            )
+        };
         match rc {
-            0 => return Ok(()),
-            libc::EOPNOTSUPP | libc::EINVAL => {}
+            0 | libc::EOPNOTSUPP | libc::EINVAL => {}
             e => return Err(std::io::Error::from_raw_os_error(e)),
         }
     }
-    file.set_len(bytes)
+    let _ = reserve;
+    Ok(())
 }
 
 /// One spill file, for positioned I/O: every offset and length a multiple
@@ -87,6 +98,17 @@ impl SpillRegion {
 
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// Bytes of disk the file holds (its allocated blocks).
+    pub fn allocated_bytes(&self) -> Result<u64> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            Ok(self.file.metadata().at(&self.path)?.blocks() * 512)
+        }
+        #[cfg(not(unix))]
+        Ok(self.bytes)
     }
 
     /// The file still has the length it was created with.

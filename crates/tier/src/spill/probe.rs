@@ -26,7 +26,7 @@ pub fn measure_disk_bandwidth(dir: &Path, bytes: u64) -> Result<DiskBandwidth> {
     std::fs::create_dir_all(dir).at(dir)?;
     let bytes = (bytes.max(BLOCK as u64) / BLOCK as u64) * BLOCK as u64;
     let path = dir.join(format!("megatrain-disk-probe-{}.bin", std::process::id()));
-    let (file, direct) = open_spill_file(&path, bytes)?;
+    let (file, direct) = open_spill_file(&path, bytes, 0..bytes)?;
     let region = SpillRegion::new(Arc::new(file), path.clone(), bytes, direct);
     let res = (|| {
         let mut buf = AlignedBuf::<u8>::zeroed(BLOCK)?;
