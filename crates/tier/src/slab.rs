@@ -424,7 +424,8 @@ impl LayerSlab {
     }
 
     /// The files behind a spilled layer's p, m and v, for
-    /// [`crate::SpillWindow`]; `None` for a layer in RAM.
+    /// [`crate::SpillWindow`], moving [`LayerSlab::own`]; `None` for a
+    /// layer in RAM.
     pub fn spilled(&self) -> Option<crate::SpilledLayer> {
         Some(crate::SpilledLayer {
             layer: self.index,
@@ -432,7 +433,7 @@ impl LayerSlab {
             p: self.params.spill_region()?.clone(),
             m: self.m.spill_region()?.clone(),
             v: self.v.spill_region()?.clone(),
-            range: 0..self.numel(),
+            range: self.own.clone(),
         })
     }
 

@@ -67,7 +67,8 @@ pub fn keep_in_cache(
     cache: &Path,
     parts: &mut [&mut TokenData],
 ) -> Result<(), DataError> {
-    let text = !is_token_file(path) && path.extension().is_none_or(|e| e != "jsonl") || path.is_dir();
+    let jsonl = path.extension().is_some_and(|e| e == "jsonl");
+    let text = path.is_dir() || !(is_token_file(path) || jsonl);
     let in_memory = parts
         .iter()
         .all(|p| !p.tokens.is_mapped() && p.loss_mask.is_none());
