@@ -9,7 +9,7 @@ use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier, transfer_
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor};
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{HostTier, TierConfig, WindowConfig, rss};
+use megatrain_tier::{HostTier, Shard, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
 use super::floor::{HostCounters, NOOP_DEVICE, StepCounters, noop_context};
@@ -51,9 +51,11 @@ fn precision(spec: &Spec) -> anyhow::Result<Precision> {
         .map_err(|e: String| anyhow::anyhow!("--precision: {e}"))
 }
 
-pub(super) fn tier_for(spec: &Spec, model: &ModelConfig) -> anyhow::Result<HostTier> {
+/// The tier `spec` trains (`shard`: placed for a rank of a sharded
+/// optimizer, as `megatrain train` places it).
+pub(super) fn tier_for(spec: &Spec, model: &ModelConfig, shard: Option<Shard>) -> anyhow::Result<HostTier> {
     let config = TierConfig {
-        shard: None,
+        shard,
         transport: precision(spec)?.transport(),
         hold_grads: false,
         ram_budget_bytes: spec.host_budget,
@@ -108,7 +110,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         .with_context(|| format!("--precision {p}"))?;
     let model = spec.model()?;
     let device_name = ex.name();
-    let tier = tier_for(spec, &model)?;
+    let tier = tier_for(spec, &model, None)?;
     let tier_report = tier.report();
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {

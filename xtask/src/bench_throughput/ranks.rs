@@ -14,7 +14,7 @@ use megatrain::dist::{Collective, DistConfig};
 use megatrain::trainer::{Trainer, TrainerConfig, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::CpuExecutor;
-use megatrain_tier::rss;
+use megatrain_tier::{Shard, rss};
 use serde::{Deserialize, Serialize};
 
 use super::child::tier_for;
@@ -99,7 +99,8 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         "--ranks runs the CPU executor only (one rank per GPU is future work)"
     );
     let model = spec.model()?;
-    let tier = tier_for(spec, &model)?;
+    let shard = (rs.shard_optimizer && comm.is_some()).then_some(Shard { rank, ranks });
+    let tier = tier_for(spec, &model, shard)?;
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
         chunk_rows: megatrain_zoo::default_chunk_rows(
