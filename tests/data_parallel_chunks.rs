@@ -16,9 +16,12 @@ use std::sync::Arc;
 use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig};
-use megatrain::trainer::{Trainer, TrainerConfig};
+use megatrain::trainer::{TrainError, Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
-use megatrain_tier::{CHUNK_ALIGN, Shard, TierConfig, TransportDType, WindowConfig, padded_bytes};
+use megatrain_tier::{
+    CHUNK_ALIGN, HostTier, Shard, TierConfig, TransportDType, WindowConfig, load_checkpoint, padded_bytes,
+    save_checkpoint_gathered,
+};
 use megatrain_zoo::ModelConfig;
 
 /// Smaller than every layer of the test models, and prime.
@@ -122,14 +125,21 @@ struct Run {
     spill_read: Vec<u64>,
 }
 
-fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
+/// One rank's trainer after `STEPS` steps (its spill files in `dir`), its
+/// losses and the bytes it read from spill files.
+fn train_rank(
+    model: &ModelConfig,
+    case: Case,
+    chunk: usize,
+    comm: Option<LocalComm>,
+    dir: &Path,
+) -> (Trainer<CpuExecutor>, Vec<f64>, u64) {
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), case.ranks));
-    let dir = tempfile::tempdir().unwrap();
     let shard = comm.as_ref().filter(|_| case.shard).map(|c| Shard {
         rank: c.rank(),
         ranks: c.size(),
     });
-    let mut t = trainer(model, case, chunk, dir.path(), shard);
+    let mut t = trainer(model, case, chunk, dir, shard);
     if let Some(c) = comm {
         t.set_distributed(DistConfig {
             comm: Arc::new(c),
@@ -151,6 +161,12 @@ fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalCom
         losses.push(m.loss);
         spill_read += m.spill_read_bytes;
     }
+    (t, losses, spill_read)
+}
+
+fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, losses, spill_read) = train_rank(model, case, chunk, comm, dir.path());
     t.gather_state().unwrap();
     let layers = t.tier().layers();
     Run {
@@ -323,5 +339,70 @@ fn rank_staging_is_sized_by_the_chunk() {
                 }
             }
         }
+    }
+}
+
+/// Rank 0 writes a sharded run's checkpoint layer by layer, gathering each
+/// layer just before writing it and handing back what is not its own right
+/// after: the checkpoint holds what the ranks trained (the parameters
+/// `gather_state` brings to rank 0, bit for bit), and afterwards rank 0's
+/// RAM layers keep only their share resident (whole pages outside it read
+/// as zero, as handed-back anonymous pages do).
+#[test]
+fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
+    let model = common::llama_tiny(2);
+    for (ranks, spill) in [(2, false), (3, false), (2, true)] {
+        let case = Case {
+            ranks,
+            shard: true,
+            transport: TransportDType::BF16,
+            micro: 1,
+            clip: None,
+            spill,
+        };
+        let want = run(&model, case, CHUNK).params;
+        let ckpt = tempfile::tempdir().unwrap();
+        let model = &model;
+        let ckpt_dir = ckpt.path();
+        std::thread::scope(|s| {
+            for c in local_group(ranks) {
+                s.spawn(move || {
+                    let rank = c.rank();
+                    let dir = tempfile::tempdir().unwrap();
+                    let (mut t, _, _) = train_rank(model, case, CHUNK, Some(c), dir.path());
+                    let saved = t
+                        .save_on_rank0(|tier, gather| {
+                            save_checkpoint_gathered(ckpt_dir, tier, &serde_json::Value::Null, gather)
+                                .map_err(TrainError::from)
+                        })
+                        .unwrap();
+                    assert_eq!(saved.is_some(), rank == 0);
+                    for slab in t.tier().layers().iter().filter(|s| !s.is_spilled()) {
+                        let (own, p) = (slab.own(), slab.params());
+                        let before = own.start / 1024 * 1024;
+                        let after = (own.end.div_ceil(1024) * 1024).min(p.len());
+                        assert!(
+                            p[..before].iter().chain(&p[after..]).all(|&x| x == 0.0),
+                            "{case:?} rank {rank} layer {}: kept more than {own:?}",
+                            slab.index()
+                        );
+                    }
+                });
+            }
+        });
+        let mut tier = HostTier::new(
+            model.layer_tables(),
+            TierConfig {
+                transport: TransportDType::BF16,
+                ..TierConfig::default()
+            },
+        )
+        .unwrap();
+        load_checkpoint(ckpt_dir, &mut tier).unwrap();
+        let got: Vec<Vec<f32>> = tier.layers().iter().map(|s| s.params().to_vec()).collect();
+        assert!(
+            got == want,
+            "{case:?}: the checkpoint differs from the gathered state"
+        );
     }
 }

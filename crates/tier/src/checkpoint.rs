@@ -11,8 +11,11 @@
 //!   incomplete checkpoint and does not load.
 //!
 //! Every file goes through a temporary file in the same directory that is
-//! synced and renamed ([`crate::atomic`]). Tensors are serialised straight
-//! from the slabs (no second in-memory copy of the model); safetensors is
+//! synced and renamed ([`crate::atomic`]). Tensors are written layer by
+//! layer (`stream.rs`: the header, made by the safetensors crate, lists
+//! every offset first), straight from the slabs, so rank 0 of a sharded
+//! optimizer gathers one layer at a time ([`save_checkpoint_gathered`])
+//! and no second in-memory copy of the model is made; safetensors is
 //! little-endian, which is the slabs' native layout on every target we
 //! build for (big-endian hosts get a converted copy per tensor).
 //!
@@ -21,19 +24,20 @@
 //! checkpoint is complete.
 
 use std::borrow::Cow;
-use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::{Value, json};
 
-use crate::atomic::{persist, sync_dir, temp_path, write_atomic};
+use crate::atomic::{sync_dir, write_atomic};
 use crate::crc::{self, Crc32Table, copy_le_f32, copy_le_f32_part, crc32};
 use crate::error::{IoContext, Result, TierError};
+use crate::slab::LayerSlab;
+use crate::stream::{Planned, StreamFile};
 use crate::tier::HostTier;
 
 pub const MODEL_FILE: &str = "model.safetensors";
@@ -65,12 +69,6 @@ pub fn exp_avg_sq_name(param: &str) -> String {
     format!("{param}.exp_avg_sq")
 }
 
-/// A tensor to serialise, borrowing the slab.
-enum Out<'a> {
-    F32 { shape: &'a [usize], data: &'a [f32] },
-    U64 { shape: [usize; 1], data: Vec<u64> },
-}
-
 fn le_bytes<T: bytemuck::Pod>(data: &[T], to_le: impl Fn(&T) -> T) -> Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         Cow::Borrowed(bytemuck::cast_slice(data))
@@ -80,109 +78,8 @@ fn le_bytes<T: bytemuck::Pod>(data: &[T], to_le: impl Fn(&T) -> T) -> Cow<'_, [u
     }
 }
 
-impl View for &Out<'_> {
-    fn dtype(&self) -> Dtype {
-        match self {
-            Out::F32 { .. } => Dtype::F32,
-            Out::U64 { .. } => Dtype::U64,
-        }
-    }
-
-    fn shape(&self) -> &[usize] {
-        match self {
-            Out::F32 { shape, .. } => shape,
-            Out::U64 { shape, .. } => shape,
-        }
-    }
-
-    fn data(&self) -> Cow<'_, [u8]> {
-        match self {
-            Out::F32 { data, .. } => le_bytes(data, |x| f32::from_bits(x.to_bits().to_le())),
-            Out::U64 { data, .. } => le_bytes(data, |x| x.to_le()),
-        }
-    }
-
-    fn data_len(&self) -> usize {
-        match self {
-            Out::F32 { data, .. } => data.len() * 4,
-            Out::U64 { data, .. } => data.len() * 8,
-        }
-    }
-}
-
-/// A tensor whose CRC-32 is taken when the writer asks for its bytes, so
-/// that a spilled layer is read from its disk once for both.
-struct Hashed<'a> {
-    out: &'a Out<'a>,
-    crc: Cell<Option<u32>>,
-}
-
-impl View for &Hashed<'_> {
-    fn dtype(&self) -> Dtype {
-        self.out.dtype()
-    }
-
-    fn shape(&self) -> &[usize] {
-        self.out.shape()
-    }
-
-    fn data(&self) -> Cow<'_, [u8]> {
-        let data = self.out.data();
-        self.crc.set(Some(crc32(&data)));
-        data
-    }
-
-    fn data_len(&self) -> usize {
-        self.out.data_len()
-    }
-}
-
-/// Writes `tensors` to `path` and returns the CRC-32 of each.
-fn write_safetensors(
-    path: &Path,
-    tensors: &[(String, Out<'_>)],
-    meta: HashMap<String, String>,
-) -> Result<BTreeMap<String, u32>> {
-    let tmp = temp_path(path);
-    let hashed: Vec<(&str, Hashed<'_>)> = tensors
-        .iter()
-        .map(|(n, out)| {
-            (
-                n.as_str(),
-                Hashed {
-                    out,
-                    crc: Cell::new(None),
-                },
-            )
-        })
-        .collect();
-    let res = safetensors::serialize_to_file(hashed.iter().map(|(n, h)| (*n, h)), Some(meta), &tmp);
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(match e {
-            // A full disk is named as such (and keeps its errno).
-            SafeTensorError::IoError(cause) => TierError::io(path, cause),
-            e => TierError::Serialize {
-                file: path.to_path_buf(),
-                detail: e.to_string(),
-            },
-        });
-    }
-    // safetensors writes through a 0600 temporary; give the checkpoint the
-    // usual permissions of a data file.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Err(e) = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(TierError::Io { path: tmp, cause: e });
-        }
-    }
-    persist(&tmp, path)?;
-    Ok(hashed
-        .iter()
-        .map(|(n, h)| (n.to_string(), h.crc.get().expect("the writer read every tensor")))
-        .collect())
+fn f32_bytes(data: &[f32]) -> Cow<'_, [u8]> {
+    le_bytes(data, |x| f32::from_bits(x.to_bits().to_le()))
 }
 
 /// Writes a complete checkpoint of `tier` into `dir` (created if needed).
@@ -193,6 +90,68 @@ fn write_safetensors(
 /// so a crash half-way leaves an incomplete (refused) checkpoint rather
 /// than a silent mix of old and new files.
 pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()> {
+    let shape = Shape::of(tier);
+    write_checkpoint(dir, shape, extra, |l, put| put(&tier.layers()[l]))
+}
+
+/// [`save_checkpoint`] by rank 0 of a sharded optimizer: `gather` brings a
+/// layer's p, m and v whole into its slab just before the layer is written,
+/// and [`LayerSlab::settle`] hands back what is not this rank's right
+/// after, so the tier holds at most one layer whole beyond its share.
+/// `gather` is called once per layer, in layer order (the order of the
+/// other ranks' side of the collectives).
+pub fn save_checkpoint_gathered(
+    dir: &Path,
+    tier: &mut HostTier,
+    extra: &Value,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> Result<()>,
+) -> Result<()> {
+    let shape = Shape::of(tier);
+    write_checkpoint(dir, shape, extra, |l, put| {
+        let slab = &mut tier.layers_mut()[l];
+        gather(slab)?;
+        put(slab)?;
+        slab.settle()
+    })
+}
+
+/// What a checkpoint's headers and `checkpoint.json` say of a tier.
+struct Shape {
+    /// Per layer, its tensors: name, shape.
+    layers: Vec<Vec<(String, Vec<usize>)>>,
+    steps: Vec<u64>,
+    n_params: u64,
+    transport: String,
+}
+
+impl Shape {
+    fn of(tier: &HostTier) -> Self {
+        Shape {
+            layers: tier
+                .layers()
+                .iter()
+                .map(|l| {
+                    l.table()
+                        .iter()
+                        .map(|s| (s.name.clone(), s.shape.dims().to_vec()))
+                        .collect()
+                })
+                .collect(),
+            steps: tier.layers().iter().map(LayerSlab::step).collect(),
+            n_params: tier.n_params(),
+            transport: tier.config().transport.to_string(),
+        }
+    }
+}
+
+/// Writes both tensor files layer by layer (`visit(l, put)` hands layer
+/// `l`'s slab to `put`), then `checkpoint.json`.
+fn write_checkpoint(
+    dir: &Path,
+    shape: Shape,
+    extra: &Value,
+    mut visit: impl FnMut(usize, &mut dyn FnMut(&LayerSlab) -> Result<()>) -> Result<()>,
+) -> Result<()> {
     std::fs::create_dir_all(dir).at(dir)?;
     let meta_path = dir.join(META_FILE);
     match std::fs::remove_file(&meta_path) {
@@ -205,63 +164,53 @@ pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()>
             });
         }
     }
-
-    let mut model = Vec::new();
-    let mut optim = Vec::new();
-    for layer in tier.layers() {
-        for spec in layer.table().iter() {
-            let r = spec.range();
-            let shape = spec.shape.dims();
-            model.push((
-                spec.name.clone(),
-                Out::F32 {
-                    shape,
-                    data: &layer.params()[r.clone()],
-                },
-            ));
-            optim.push((
-                exp_avg_name(&spec.name),
-                Out::F32 {
-                    shape,
-                    data: &layer.m()[r.clone()],
-                },
-            ));
-            optim.push((
-                exp_avg_sq_name(&spec.name),
-                Out::F32 {
-                    shape,
-                    data: &layer.v()[r],
-                },
-            ));
-        }
-    }
-    let steps: Vec<u64> = tier.layers().iter().map(|l| l.step()).collect();
-    optim.push((
-        STEPS_TENSOR.to_string(),
-        Out::U64 {
-            shape: [steps.len()],
-            data: steps,
-        },
-    ));
-
+    let planned = |name: String, dtype: Dtype, shape: &[usize]| Planned {
+        name,
+        dtype,
+        shape: shape.to_vec(),
+    };
+    let tensors = shape.layers.iter().flatten();
+    let model_plan: Vec<Planned> = tensors
+        .clone()
+        .map(|(n, s)| planned(n.clone(), Dtype::F32, s))
+        .collect();
+    // The u64 step counts first: every tensor then starts 8-byte aligned
+    // in the data section whatever the f32 counts.
+    let optim_plan: Vec<Planned> =
+        std::iter::once(planned(STEPS_TENSOR.into(), Dtype::U64, &[shape.steps.len()]))
+            .chain(tensors.flat_map(|(n, s)| {
+                [
+                    planned(exp_avg_name(n), Dtype::F32, s),
+                    planned(exp_avg_sq_name(n), Dtype::F32, s),
+                ]
+            }))
+            .collect();
     let st_meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut model = StreamFile::create(&dir.join(MODEL_FILE), &model_plan, st_meta.clone())?;
+    let mut optim = StreamFile::create(&dir.join(OPTIMIZER_FILE), &optim_plan, st_meta)?;
+    optim.put(STEPS_TENSOR, &le_bytes(&shape.steps, |x| x.to_le()))?;
+    for l in 0..shape.layers.len() {
+        visit(l, &mut |slab: &LayerSlab| {
+            for spec in slab.table().iter() {
+                let r = spec.range();
+                model.put(&spec.name, &f32_bytes(&slab.params()[r.clone()]))?;
+                optim.put(&exp_avg_name(&spec.name), &f32_bytes(&slab.m()[r.clone()]))?;
+                optim.put(&exp_avg_sq_name(&spec.name), &f32_bytes(&slab.v()[r]))?;
+            }
+            Ok(())
+        })?;
+    }
     let table = Crc32Table::from([
-        (
-            MODEL_FILE.to_string(),
-            write_safetensors(&dir.join(MODEL_FILE), &model, st_meta.clone())?,
-        ),
-        (
-            OPTIMIZER_FILE.to_string(),
-            write_safetensors(&dir.join(OPTIMIZER_FILE), &optim, st_meta)?,
-        ),
+        (MODEL_FILE.to_string(), model.finish()?),
+        (OPTIMIZER_FILE.to_string(), optim.finish()?),
     ]);
 
     let meta = json!({
         "format": FORMAT,
         "version": VERSION,
-        "n_layers": tier.len(),
-        "n_params": tier.n_params(),
-        "transport": tier.config().transport.to_string(),
+        "n_layers": shape.layers.len(),
+        "n_params": shape.n_params,
+        "transport": shape.transport,
         "files": [MODEL_FILE, OPTIMIZER_FILE],
         crc::KEY: crc::to_json(&table),
         "extra": extra,

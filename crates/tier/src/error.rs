@@ -66,6 +66,9 @@ pub enum TierError {
     },
     #[error("{}: cannot write safetensors: {detail}", file.display())]
     Serialize { file: PathBuf, detail: String },
+    /// Bringing a sharded layer whole to the rank that saves it failed.
+    #[error("gathering layer {layer} for the checkpoint: {detail}")]
+    Gather { layer: usize, detail: String },
     #[error("{}: invalid checkpoint metadata: {detail}", file.display())]
     Meta { file: PathBuf, detail: String },
 }

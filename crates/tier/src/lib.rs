@@ -79,12 +79,14 @@ pub mod rss;
 pub mod shard;
 mod slab;
 mod spill;
+mod stream;
 mod tier;
 
 pub use buf::{AlignedBuf, Backing, Element, PAGE, padded_bytes};
 pub use checkpoint::{
     CheckpointMeta, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
-    exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint, write_latest,
+    exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint,
+    save_checkpoint_gathered, write_latest,
 };
 pub use crc::verify_checkpoint_file;
 pub use error::{Result, TierError, is_disk_full};

@@ -201,9 +201,9 @@ fn truncated_file_names_the_cut_tensor() {
     let (_run, ckpt, _) = saved(2);
     let path = ckpt.join(MODEL_FILE);
     let bytes = std::fs::read(&path).unwrap();
-    // The data section is sorted by name: layers.2.w is last.
+    // The data section is in layer and table order: layers.2.b is last.
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
-    let err = load_fails(&ckpt, MODEL_FILE, "layers.2.w");
+    let err = load_fails(&ckpt, MODEL_FILE, "layers.2.b");
     assert!(matches!(err, TierError::Corrupt { .. }));
     assert!(err.to_string().contains("truncated"), "{err}");
 }

@@ -11,7 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-use megatrain_tier::{HostTier, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest};
+use megatrain_tier::{
+    HostTier, LayerSlab, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest,
+};
 use megatrain_zoo::ModelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -116,9 +118,14 @@ pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
 }
 
 /// Writes checkpoint `ckpt-<step>` of `run` and then points `latest` at it.
+/// `gather` is called on each layer, in order, just before it is written
+/// (rank 0 of a sharded optimizer gathers the layer there; see
+/// `Trainer::save_on_rank0`); a checkpoint that exists already is not
+/// written again, and `gather` is then not called.
 pub fn save_run_checkpoint(
     run: &Path,
-    tier: &HostTier,
+    tier: &mut HostTier,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
     model: &ModelConfig,
     encoder: &Encoder,
     state: &TrainState,
@@ -135,7 +142,7 @@ pub fn save_run_checkpoint(
         std::fs::remove_dir_all(&dir).map_err(RunError::io(&dir))?;
     }
     let previous = read_latest(run)?;
-    write_checkpoint_files(run, &dir, tier, model, encoder, state).map_err(|e| {
+    write_checkpoint_files(run, &dir, tier, gather, model, encoder, state).map_err(|e| {
         // Never pointed at: remove what was written (on a full disk this
         // frees the space again) and say which checkpoint still stands.
         if read_latest(run).ok().flatten().as_deref() != Some(dir.as_path()) {
@@ -153,7 +160,8 @@ pub fn save_run_checkpoint(
 fn write_checkpoint_files(
     run: &Path,
     dir: &Path,
-    tier: &HostTier,
+    tier: &mut HostTier,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
     model: &ModelConfig,
     encoder: &Encoder,
     state: &TrainState,
@@ -166,7 +174,8 @@ fn write_checkpoint_files(
     let state_json = serde_json::to_value(state).expect("state serialises");
     let text = serde_json::to_vec_pretty(&state_json).expect("JSON value");
     write_atomic(&dir.join(STATE_FILE), &text)?;
-    megatrain_tier::save_checkpoint(dir, tier, &serde_json::json!({ "train_state": state_json }))?;
+    let extra = serde_json::json!({ "train_state": state_json });
+    megatrain_tier::save_checkpoint_gathered(dir, tier, &extra, gather)?;
     write_latest(run, &name)?;
     Ok(())
 }

@@ -585,16 +585,18 @@ pub fn train_with<E: Executor>(
         summary.interrupted = interrupted(dist.as_ref())?;
         if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() {
             let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
-            trainer.gather_state()?;
-            if lead {
-                let dir = save_run_checkpoint(out, trainer.tier(), &p.model, &p.encoder, &state)?;
-                if opts.keep_checkpoints > 0 {
-                    prune_checkpoints(out, opts.keep_checkpoints)?;
+            let saved = trainer.save_on_rank0(|tier, gather| {
+                save_run_checkpoint(out, tier, gather, &p.model, &p.encoder, &state)
+            })?;
+            match saved {
+                Some(dir) => {
+                    if opts.keep_checkpoints > 0 {
+                        prune_checkpoints(out, opts.keep_checkpoints)?;
+                    }
+                    progress.saved(step, &dir);
+                    summary.checkpoint = Some(dir);
                 }
-                progress.saved(step, &dir);
-                summary.checkpoint = Some(dir);
-            } else {
-                summary.checkpoint = Some(out.join(super::checkpoint::checkpoint_name(step)));
+                None => summary.checkpoint = Some(out.join(super::checkpoint::checkpoint_name(step))),
             }
             trainer.release_unowned()?;
         }

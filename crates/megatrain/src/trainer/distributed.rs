@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{LayerSlab, Shard, SpillWindow, TransportMut};
+use megatrain_tier::{HostTier, LayerSlab, Shard, SpillWindow, TierError, TransportMut};
 
 use super::optimizer::{adamw_transport, sub_mask};
 use super::reduce::DistState;
@@ -165,17 +165,70 @@ impl<E: Executor> Trainer<E> {
             return Ok(());
         }
         for slab in self.tier.layers_mut() {
-            let ranges = &d.ranges[slab.index()];
-            let parts = slab.parts_mut();
-            for buf in [parts.params, parts.m, parts.v] {
-                d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
-            }
+            gather_layer(d, slab)?;
             // A spilled layer's pages go back at once (what rank 0 received
             // is in the page cache, and its spill file, for the save).
             slab.evict()?;
         }
         Ok(())
     }
+
+    /// A checkpoint written by rank 0 through `save`, which gets the tier
+    /// and a hook to call on each layer, in order, just before writing it
+    /// ([`megatrain_tier::save_checkpoint_gathered`]): with a sharded
+    /// optimizer the hook brings the layer's p, m and v whole to rank 0, so
+    /// rank 0 holds one layer whole at a time, not the model. The other
+    /// ranks take part in the same gathers and return `None`. Rank 0 makes
+    /// every gather the others make even when `save` writes nothing (the
+    /// checkpoint exists already) or stops early.
+    pub fn save_on_rank0<R, Err: From<TrainError>>(
+        &mut self,
+        save: impl FnOnce(
+            &mut HostTier,
+            &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
+        ) -> std::result::Result<R, Err>,
+    ) -> std::result::Result<Option<R>, Err> {
+        let rank = self.dist.as_ref().map_or(0, |d| d.config.comm.rank());
+        let sharded = self.dist.as_ref().is_some_and(|d| d.config.shard_optimizer);
+        if rank != 0 {
+            self.gather_state()?;
+            return Ok(None);
+        }
+        let Trainer { tier, dist, .. } = self;
+        let Some(d) = dist.as_ref().filter(|_| sharded) else {
+            return save(tier, &mut |_| Ok(())).map(Some);
+        };
+        let mut next = 0;
+        let saved = save(tier, &mut |slab| {
+            if slab.index() != next {
+                return Err(TierError::Gather {
+                    layer: slab.index(),
+                    detail: format!("asked for out of order (layer {next} is next)"),
+                });
+            }
+            next += 1;
+            gather_layer(d, slab).map_err(|e| TierError::Gather {
+                layer: slab.index(),
+                detail: e.to_string(),
+            })
+        });
+        for slab in &mut tier.layers_mut()[next..] {
+            gather_layer(d, slab)?;
+            slab.settle().map_err(TrainError::from)?;
+        }
+        saved.map(Some)
+    }
+}
+
+/// Rank 0's side of bringing every rank's range of a layer's p, m and v to
+/// it, or another rank's side of sending its own.
+fn gather_layer(d: &DistState, slab: &mut LayerSlab) -> Result<()> {
+    let ranges = &d.ranges[slab.index()];
+    let parts = slab.parts_mut();
+    for buf in [parts.params, parts.m, parts.v] {
+        d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
+    }
+    Ok(())
 }
 
 /// The transport copy's first element, as the all-gather moves it.
