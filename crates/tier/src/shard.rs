@@ -59,7 +59,7 @@ pub fn layer_ranges(n: usize, spilled: bool, ranks: usize) -> Vec<Range<usize>> 
 /// Resident bytes of one f32 block (p, m or v) of a layer of `n` elements
 /// in RAM on the rank with the largest range: its whole pages, plus the one
 /// a range boundary can straddle, never more than the whole block.
-pub(crate) fn resident_block_bytes(n: usize, ranks: usize) -> u64 {
+pub fn resident_block_bytes(n: usize, ranks: usize) -> u64 {
     let whole = padded_bytes(n, 4);
     if ranks <= 1 {
         return whole;

@@ -191,7 +191,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             gib(a.ranks as u64 * r.total())
         );
         println!(
-            "  rank 0 while saving a checkpoint: {} more (it gathers the RAM layers' p, m, v whole)",
+            "  rank 0 while saving a checkpoint: {} more (it gathers one layer's p, m, v whole at a time)",
             gib(r.save_gather)
         );
     }

@@ -6,6 +6,7 @@
 //! layers that do not fit spill, and each rank moves its 1/N of them
 //! through the disk.
 
+use megatrain_tier::shard::resident_block_bytes;
 use megatrain_tier::{MemoryReport, Shard, TierConfig, padded_bytes};
 use megatrain_zoo::ModelConfig;
 
@@ -26,8 +27,9 @@ pub struct RankBytes {
     /// Bytes of spill files read (and as many written) per step: this
     /// rank's share of the spilled p, m, v, and its held gradients whole.
     pub disk_per_step: u64,
-    /// What rank 0 adds while saving a checkpoint: it gathers every RAM
-    /// layer's p, m and v whole.
+    /// What rank 0 adds while saving a checkpoint: it gathers one layer's
+    /// p, m and v whole at a time (the largest RAM layer's, beyond its
+    /// share).
     pub save_gather: u64,
 }
 
@@ -54,17 +56,19 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<
     };
     let disk_other = megatrain_tier::plan(&tables, &other)?.disk.total();
     let in_ram = host.first_spilled.unwrap_or(tables.len());
-    let whole: u64 = tables[..in_ram]
+    let share = |n: usize| 3 * resident_block_bytes(n, ranks);
+    let save_gather = tables[..in_ram]
         .iter()
-        .map(|t| 3 * padded_bytes(t.numel(), 4))
-        .sum();
+        .map(|t| 3 * padded_bytes(t.numel(), 4) - share(t.numel()))
+        .max()
+        .unwrap_or(0);
     let max_layer = tables.iter().map(|t| t.numel() as u64).max().unwrap_or(0);
     let chunk = crate::trainer::transfer_chunk_for(model.param_count() as u64);
     Ok(RankBytes {
         ranks,
         staging: staging_bytes(max_layer.min(chunk as u64), ranks),
         disk_per_step: (host.disk.params + host.disk.moments).div_ceil(ranks as u64) + host.disk.gradients,
-        save_gather: whole.saturating_sub(host.ram.params + host.ram.moments),
+        save_gather,
         disk_other,
         host,
     })
@@ -110,10 +114,14 @@ mod tests {
         );
         assert_eq!(four.host.ram.moments, 2 * four.host.ram.params);
         assert_eq!(one.save_gather, 0);
-        assert_eq!(
-            four.save_gather,
-            one.host.ram.params + one.host.ram.moments - four.host.ram.params - four.host.ram.moments
-        );
+        // One layer whole, less its share: the one where that is most.
+        let most = model
+            .layer_tables()
+            .iter()
+            .map(|t| 3 * (padded_bytes(t.numel(), 4) - resident_block_bytes(t.numel(), 4)))
+            .max()
+            .unwrap();
+        assert!(most > 0 && four.save_gather == most, "{four:?}");
     }
 
     /// Under a budget, sharding keeps more layers in RAM (each counts its
