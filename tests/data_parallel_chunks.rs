@@ -347,7 +347,8 @@ fn rank_staging_is_sized_by_the_chunk() {
 /// after: the checkpoint holds what the ranks trained (the parameters
 /// `gather_state` brings to rank 0, bit for bit), and afterwards rank 0's
 /// RAM layers keep only their share resident (whole pages outside it read
-/// as zero, as handed-back anonymous pages do).
+/// as zero, as handed-back anonymous pages do) and its spill files still
+/// hold blocks for its range only (a spilled layer is gathered into RAM).
 #[test]
 fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
     let model = common::llama_tiny(2);
@@ -377,6 +378,19 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
                         })
                         .unwrap();
                     assert_eq!(saved.is_some(), rank == 0);
+                    for slab in t.tier().layers().iter().filter(|s| s.is_spilled()) {
+                        let own = slab.own();
+                        let pages = ((own.end * 4).div_ceil(4096) - own.start * 4 / 4096) as u64;
+                        let files = slab.spilled().unwrap();
+                        for f in [&files.p, &files.m, &files.v] {
+                            let got = f.allocated_bytes().unwrap();
+                            assert!(
+                                got <= pages * 4096,
+                                "{case:?} rank {rank} layer {}: {got} bytes on disk for {own:?}",
+                                slab.index()
+                            );
+                        }
+                    }
                     for slab in t.tier().layers().iter().filter(|s| !s.is_spilled()) {
                         let (own, p) = (slab.own(), slab.params());
                         let before = own.start / 1024 * 1024;

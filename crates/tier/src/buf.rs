@@ -205,6 +205,16 @@ impl<T: Element> AlignedBuf<T> {
         self.region.as_ref()
     }
 
+    /// Reserves blocks for the whole of a spill file that holds a range
+    /// only, so that it may be written anywhere (a no-op in RAM).
+    pub fn reserve_all(&mut self) -> Result<()> {
+        if let Some(r) = &self.region {
+            r.reserve_all()?;
+            self.reserved = Some(r.bytes());
+        }
+        Ok(())
+    }
+
     /// Bytes reserved (whole pages), which is what the memory report counts.
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved

@@ -28,12 +28,14 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use megatrain_tensor::ParamTable;
 use memmap2::Mmap;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::{Value, json};
 
 use crate::atomic::{sync_dir, write_atomic};
+use crate::buf::AlignedBuf;
 use crate::crc::{self, Crc32Table, copy_le_f32, copy_le_f32_part, crc32};
 use crate::error::{IoContext, Result, TierError};
 use crate::slab::LayerSlab;
@@ -91,28 +93,63 @@ fn f32_bytes(data: &[f32]) -> Cow<'_, [u8]> {
 /// than a silent mix of old and new files.
 pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()> {
     let shape = Shape::of(tier);
-    write_checkpoint(dir, shape, extra, |l, put| put(&tier.layers()[l]))
+    write_checkpoint(dir, shape, extra, |l, put| put(Layer::of(&tier.layers()[l])))
+}
+
+/// A layer's p, m and v gathered whole into RAM, for a layer whose slab
+/// cannot hold them (a spilled layer whose files hold one rank's range).
+pub struct Gathered {
+    pub params: AlignedBuf<f32>,
+    pub m: AlignedBuf<f32>,
+    pub v: AlignedBuf<f32>,
 }
 
 /// [`save_checkpoint`] by rank 0 of a sharded optimizer: `gather` brings a
-/// layer's p, m and v whole into its slab just before the layer is written,
-/// and [`LayerSlab::settle`] hands back what is not this rank's right
-/// after, so the tier holds at most one layer whole beyond its share.
-/// `gather` is called once per layer, in layer order (the order of the
-/// other ranks' side of the collectives).
+/// layer's p, m and v whole just before the layer is written, into its slab
+/// (returning `None`) or into RAM buffers it returns, and
+/// [`LayerSlab::settle`] hands back what is not this rank's right after, so
+/// the process holds at most one layer whole beyond its share. `gather` is
+/// called once per layer, in layer order (the order of the other ranks'
+/// side of the collectives).
 pub fn save_checkpoint_gathered(
     dir: &Path,
     tier: &mut HostTier,
     extra: &Value,
-    gather: &mut dyn FnMut(&mut LayerSlab) -> Result<()>,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> Result<Option<Gathered>>,
 ) -> Result<()> {
     let shape = Shape::of(tier);
     write_checkpoint(dir, shape, extra, |l, put| {
         let slab = &mut tier.layers_mut()[l];
-        gather(slab)?;
-        put(slab)?;
+        match gather(slab)? {
+            Some(g) => put(Layer {
+                table: slab.table(),
+                params: &g.params,
+                m: &g.m,
+                v: &g.v,
+            })?,
+            None => put(Layer::of(slab))?,
+        }
         slab.settle()
     })
+}
+
+/// The whole state of one layer, as the writer reads it.
+struct Layer<'a> {
+    table: &'a ParamTable,
+    params: &'a [f32],
+    m: &'a [f32],
+    v: &'a [f32],
+}
+
+impl<'a> Layer<'a> {
+    fn of(slab: &'a LayerSlab) -> Self {
+        Layer {
+            table: slab.table(),
+            params: slab.params(),
+            m: slab.m(),
+            v: slab.v(),
+        }
+    }
 }
 
 /// What a checkpoint's headers and `checkpoint.json` say of a tier.
@@ -145,12 +182,12 @@ impl Shape {
 }
 
 /// Writes both tensor files layer by layer (`visit(l, put)` hands layer
-/// `l`'s slab to `put`), then `checkpoint.json`.
+/// `l`'s state to `put`), then `checkpoint.json`.
 fn write_checkpoint(
     dir: &Path,
     shape: Shape,
     extra: &Value,
-    mut visit: impl FnMut(usize, &mut dyn FnMut(&LayerSlab) -> Result<()>) -> Result<()>,
+    mut visit: impl FnMut(usize, &mut dyn FnMut(Layer<'_>) -> Result<()>) -> Result<()>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).at(dir)?;
     let meta_path = dir.join(META_FILE);
@@ -190,12 +227,12 @@ fn write_checkpoint(
     let mut optim = StreamFile::create(&dir.join(OPTIMIZER_FILE), &optim_plan, st_meta)?;
     optim.put(STEPS_TENSOR, &le_bytes(&shape.steps, |x| x.to_le()))?;
     for l in 0..shape.layers.len() {
-        visit(l, &mut |slab: &LayerSlab| {
-            for spec in slab.table().iter() {
+        visit(l, &mut |layer: Layer<'_>| {
+            for spec in layer.table.iter() {
                 let r = spec.range();
-                model.put(&spec.name, &f32_bytes(&slab.params()[r.clone()]))?;
-                optim.put(&exp_avg_name(&spec.name), &f32_bytes(&slab.m()[r.clone()]))?;
-                optim.put(&exp_avg_sq_name(&spec.name), &f32_bytes(&slab.v()[r]))?;
+                model.put(&spec.name, &f32_bytes(&layer.params[r.clone()]))?;
+                optim.put(&exp_avg_name(&spec.name), &f32_bytes(&layer.m[r.clone()]))?;
+                optim.put(&exp_avg_sq_name(&spec.name), &f32_bytes(&layer.v[r]))?;
             }
             Ok(())
         })?;

@@ -35,11 +35,10 @@
 //! the budget counts the largest rank's share of them, loading hands the
 //! rest of each layer back as soon as the layer is written
 //! ([`LayerSlab::settle`]), and a spilled layer's rank moves only its range
-//! through the window. The spill files of a rank other than 0 reserve
-//! blocks for its range only and nothing writes outside it
-//! ([`LayerSlab::fill_params`] stages a layer's parameters in RAM for the
-//! transport copy); rank 0's hold whole layers, which it gathers for
-//! checkpoints.
+//! through the window. Its spill files reserve blocks for its range only
+//! and nothing writes outside it ([`LayerSlab::fill_params`] stages a
+//! layer's parameters in RAM for the transport copy; rank 0 gathers a
+//! spilled layer for a checkpoint into RAM, [`Gathered`]).
 //!
 //! Measured with `cargo run --release -p megatrain-tier --example tier_rss`:
 //! a fully touched 300M-parameter tier with bf16 transport peaks at 14.00
@@ -84,7 +83,7 @@ mod tier;
 
 pub use buf::{AlignedBuf, Backing, Element, PAGE, padded_bytes};
 pub use checkpoint::{
-    CheckpointMeta, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
+    CheckpointMeta, Gathered, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
     exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint,
     save_checkpoint_gathered, write_latest,
 };

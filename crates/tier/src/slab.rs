@@ -206,8 +206,8 @@ impl LayerSlab {
 
     /// [`LayerSlab::new`] for a rank of a sharded optimizer that keeps
     /// elements `own` of p, m and v, and whose spill files reserve blocks
-    /// for elements `reserved` only (its range; rank 0, which gathers whole
-    /// layers for checkpoints, the whole layer). Held gradients are whole.
+    /// for elements `reserved` only (its range, for a spilled layer). Held
+    /// gradients are whole.
     pub fn new_shard(
         index: usize,
         table: ParamTable,
@@ -446,6 +446,18 @@ impl LayerSlab {
     /// hold (see [`LayerSlab::new_shard`]).
     pub fn reserved(&self) -> std::ops::Range<usize> {
         self.reserved.clone()
+    }
+
+    /// Lets the whole layer be written: a spilled layer's files that hold
+    /// this rank's range only reserve the rest too.
+    pub fn reserve_all(&mut self) -> Result<()> {
+        if self.reserved != (0..self.numel()) {
+            self.params.reserve_all()?;
+            self.m.reserve_all()?;
+            self.v.reserve_all()?;
+            self.reserved = 0..self.numel();
+        }
+        Ok(())
     }
 
     /// Writes the whole layer's parameters with `fill` and rewrites the

@@ -88,15 +88,12 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
 
 /// The elements of a layer of `n` elements that a rank keeps (its range)
 /// and that its spill files hold: its range too where the layer is spilled
-/// on a rank other than 0 (rank 0 gathers whole layers for checkpoints),
-/// else the whole layer.
+/// (rank 0 gathers a spilled layer for a checkpoint into RAM, one layer at
+/// a time), else the whole layer.
 fn shard_of(n: usize, spilled: bool, shard: Option<Shard>) -> (Range<usize>, Range<usize>) {
     let Some(sh) = shard else { return (0..n, 0..n) };
     let own = layer_ranges(n, spilled, sh.ranks)[sh.rank].clone();
-    let reserved = match spilled && sh.rank != 0 {
-        true => own.clone(),
-        false => 0..n,
-    };
+    let reserved = if spilled { own.clone() } else { 0..n };
     (own, reserved)
 }
 

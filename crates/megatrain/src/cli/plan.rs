@@ -172,17 +172,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         if let Some(first) = r.host.first_spilled {
             println!(
-                "  layers {first}..{} spilled; per step each rank reads and writes {} of its files \
-                 (its 1/{} of p, m, v{})",
+                "  layers {first}..{} spilled; each rank's spill files hold {}, which it reads and writes \
+                 every step (its 1/{} of p, m, v{})",
                 r.host.n_layers,
                 gib(r.disk_per_step),
                 a.ranks,
                 if a.hold_grads { ", its gradients whole" } else { "" }
-            );
-            println!(
-                "  spill files: rank 0 {} (whole layers, gathered for checkpoints), every other rank {}",
-                gib(r.host.disk.total()),
-                gib(r.disk_other)
             );
         }
         println!(

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use megatrain_tier::{
-    HostTier, LayerSlab, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest,
+    Gathered, HostTier, LayerSlab, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest,
 };
 use megatrain_zoo::ModelConfig;
 use serde::{Deserialize, Serialize};
@@ -125,7 +125,7 @@ pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
 pub fn save_run_checkpoint(
     run: &Path,
     tier: &mut HostTier,
-    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<Option<Gathered>>,
     model: &ModelConfig,
     encoder: &Encoder,
     state: &TrainState,
@@ -161,7 +161,7 @@ fn write_checkpoint_files(
     run: &Path,
     dir: &Path,
     tier: &mut HostTier,
-    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
+    gather: &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<Option<Gathered>>,
     model: &ModelConfig,
     encoder: &Encoder,
     state: &TrainState,

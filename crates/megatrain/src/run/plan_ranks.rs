@@ -16,11 +16,9 @@ use super::error::Result;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RankBytes {
     pub ranks: usize,
-    /// The tier's resident bytes and its spill files (rank 0's, whose
-    /// files hold whole layers: it gathers them for checkpoints).
+    /// The tier's resident bytes and its spill files (its range of each
+    /// spilled layer, and its held gradients whole).
     pub host: MemoryReport,
-    /// The spill files of every other rank, which hold its range only.
-    pub disk_other: u64,
     /// Gradient staging and the receive buffers of the reductions in
     /// flight, chunk-sized.
     pub staging: u64,
@@ -50,11 +48,6 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<
         ..tier.clone()
     };
     let host = megatrain_tier::plan(&tables, &cfg)?;
-    let other = TierConfig {
-        shard: (ranks > 1).then_some(Shard { rank: 1, ranks }),
-        ..tier.clone()
-    };
-    let disk_other = megatrain_tier::plan(&tables, &other)?.disk.total();
     let in_ram = host.first_spilled.unwrap_or(tables.len());
     let share = |n: usize| 3 * resident_block_bytes(n, ranks);
     let save_gather = tables[..in_ram]
@@ -67,9 +60,8 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<
     Ok(RankBytes {
         ranks,
         staging: staging_bytes(max_layer.min(chunk as u64), ranks),
-        disk_per_step: (host.disk.params + host.disk.moments).div_ceil(ranks as u64) + host.disk.gradients,
+        disk_per_step: host.disk.total(),
         save_gather,
-        disk_other,
         host,
     })
 }
@@ -140,11 +132,12 @@ mod tests {
         assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
         assert!(four.host.ram.total() <= 6 << 30);
         assert!(four.disk_per_step < one.disk_per_step / 4 + (1 << 20), "{four:?}");
-        // Rank 0's files hold whole layers, the others' a quarter.
-        let whole = four.host.disk.params + four.host.disk.moments;
-        assert!(
-            four.disk_other < whole / 3 && four.disk_other > whole / 5,
-            "{four:?}"
-        );
+        // A rank's spill files hold a quarter of the spilled layers.
+        let spilled: u64 = model.layer_tables()[f4..]
+            .iter()
+            .map(|t| 12 * t.numel() as u64)
+            .sum();
+        let disk = four.host.disk.total();
+        assert!(disk > spilled / 4 && disk < spilled / 4 + (1 << 20), "{four:?}");
     }
 }

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{HostTier, LayerSlab, Shard, SpillWindow, TierError, TransportMut};
+use megatrain_tier::{
+    AlignedBuf, Gathered, HostTier, LayerSlab, Shard, SpillWindow, TierError, TransportMut,
+};
 
 use super::optimizer::{adamw_transport, sub_mask};
 use super::reduce::DistState;
@@ -155,16 +157,22 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// With a sharded optimizer, brings every rank's range of p, m and v to
-    /// rank 0, so rank 0's tier holds the whole state (for a checkpoint).
-    /// Other ranks' tiers are unchanged. A no-op otherwise. Parameters
-    /// outside a rank's ranges are stale (or released) on every other rank:
-    /// only the transport copies are whole everywhere.
+    /// rank 0, so rank 0's tier holds the whole state (to compare ranks'
+    /// results; a checkpoint gathers one layer at a time instead, see
+    /// [`Trainer::save_on_rank0`]). Rank 0's spill files then hold whole
+    /// layers. Other ranks' tiers are unchanged. A no-op otherwise.
+    /// Parameters outside a rank's ranges are stale (or released) on every
+    /// other rank: only the transport copies are whole everywhere.
     pub fn gather_state(&mut self) -> Result<()> {
         let Some(d) = &self.dist else { return Ok(()) };
         if !d.config.shard_optimizer {
             return Ok(());
         }
+        let root = d.config.comm.rank() == 0;
         for slab in self.tier.layers_mut() {
+            if root {
+                slab.reserve_all()?;
+            }
             gather_layer(d, slab)?;
             // A spilled layer's pages go back at once (what rank 0 received
             // is in the page cache, and its spill file, for the save).
@@ -176,16 +184,19 @@ impl<E: Executor> Trainer<E> {
     /// A checkpoint written by rank 0 through `save`, which gets the tier
     /// and a hook to call on each layer, in order, just before writing it
     /// ([`megatrain_tier::save_checkpoint_gathered`]): with a sharded
-    /// optimizer the hook brings the layer's p, m and v whole to rank 0, so
-    /// rank 0 holds one layer whole at a time, not the model. The other
-    /// ranks take part in the same gathers and return `None`. Rank 0 makes
-    /// every gather the others make even when `save` writes nothing (the
-    /// checkpoint exists already) or stops early.
+    /// optimizer the hook brings the layer's p, m and v whole to rank 0,
+    /// into the slab, or for a spilled layer (whose files hold rank 0's
+    /// range only) into RAM buffers it returns; so rank 0 holds one layer
+    /// whole at a time, not the model, and writes nothing outside its range
+    /// of its spill files. The other ranks take part in the same gathers
+    /// and return `None`. Rank 0 makes every gather the others make even
+    /// when `save` writes nothing (the checkpoint exists already) or stops
+    /// early.
     pub fn save_on_rank0<R, Err: From<TrainError>>(
         &mut self,
         save: impl FnOnce(
             &mut HostTier,
-            &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<()>,
+            &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<Option<Gathered>>,
         ) -> std::result::Result<R, Err>,
     ) -> std::result::Result<Option<R>, Err> {
         let rank = self.dist.as_ref().map_or(0, |d| d.config.comm.rank());
@@ -196,28 +207,57 @@ impl<E: Executor> Trainer<E> {
         }
         let Trainer { tier, dist, .. } = self;
         let Some(d) = dist.as_ref().filter(|_| sharded) else {
-            return save(tier, &mut |_| Ok(())).map(Some);
+            return save(tier, &mut |_| Ok(None)).map(Some);
         };
         let mut next = 0;
         let saved = save(tier, &mut |slab| {
-            if slab.index() != next {
+            let layer = slab.index();
+            if layer != next {
                 return Err(TierError::Gather {
-                    layer: slab.index(),
+                    layer,
                     detail: format!("asked for out of order (layer {next} is next)"),
                 });
             }
             next += 1;
-            gather_layer(d, slab).map_err(|e| TierError::Gather {
-                layer: slab.index(),
+            gather_for_save(d, slab).map_err(|e| TierError::Gather {
+                layer,
                 detail: e.to_string(),
             })
         });
         for slab in &mut tier.layers_mut()[next..] {
-            gather_layer(d, slab)?;
+            gather_for_save(d, slab)?;
             slab.settle().map_err(TrainError::from)?;
         }
         saved.map(Some)
     }
+}
+
+/// Rank 0's gather of one layer for a checkpoint: into the slab, or where
+/// its spill files hold rank 0's range only, into RAM buffers (rank 0's
+/// range copied from the slab, the others' received).
+fn gather_for_save(d: &DistState, slab: &mut LayerSlab) -> Result<Option<Gathered>> {
+    let n = slab.numel();
+    if slab.reserved() == (0..n) {
+        gather_layer(d, slab)?;
+        return Ok(None);
+    }
+    let own = slab.own();
+    let ranges = &d.ranges[slab.index()];
+    let whole = || AlignedBuf::<f32>::zeroed(n).map_err(TrainError::from);
+    let mut g = Gathered {
+        params: whole()?,
+        m: whole()?,
+        v: whole()?,
+    };
+    for (dst, src) in [
+        (&mut g.params, slab.params()),
+        (&mut g.m, slab.m()),
+        (&mut g.v, slab.v()),
+    ] {
+        dst[own.clone()].copy_from_slice(&src[own.clone()]);
+        d.comm().gather_f32_to_root(dst, ranges).map_err(engine_err)?;
+    }
+    Ok(Some(g))
 }
 
 /// Rank 0's side of bringing every rank's range of a layer's p, m and v to

@@ -45,7 +45,11 @@ pub(crate) fn open_spill_file(path: &Path, bytes: u64, reserve: Range<u64>) -> R
 /// Falls back to a sparse file where the filesystem cannot allocate.
 fn preallocate(file: &File, bytes: u64, reserve: Range<u64>) -> std::io::Result<()> {
     file.set_len(bytes)?;
-    let reserve = reserve.start.min(bytes)..reserve.end.min(bytes);
+    reserve_blocks(file, reserve.start.min(bytes)..reserve.end.min(bytes))
+}
+
+/// Reserves the blocks of bytes `reserve` of `file` (within its length).
+pub(crate) fn reserve_blocks(file: &File, reserve: Range<u64>) -> std::io::Result<()> {
     #[cfg(unix)]
     if !reserve.is_empty() {
         use std::os::fd::AsRawFd;
@@ -98,6 +102,11 @@ impl SpillRegion {
 
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// Reserves blocks for the whole file (see [`reserve_blocks`]).
+    pub(crate) fn reserve_all(&self) -> Result<()> {
+        reserve_blocks(&self.file, 0..self.bytes).at(&self.path)
     }
 
     /// Bytes of disk the file holds (its allocated blocks).
