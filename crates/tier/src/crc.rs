@@ -39,22 +39,29 @@ fn join(mut a: Hasher, b: Hasher) -> Hasher {
     a
 }
 
-/// The CRC-32 (IEEE) of `bytes`.
-pub(crate) fn crc32(bytes: &[u8]) -> u32 {
+/// The hasher of `bytes`, on every core for more than a part.
+fn hashed(bytes: &[u8]) -> Hasher {
     if bytes.len() <= PART {
-        return crc32fast::hash(bytes);
+        return hasher_of(bytes);
     }
     bytes
         .par_chunks(PART)
         .map(hasher_of)
         .reduce_with(join)
         .expect("more than one part")
-        .finalize()
 }
 
-/// Fills `dst` from the little-endian f32s of `src` and returns the CRC-32
+/// The CRC-32 (IEEE) of `bytes`.
+pub(crate) fn crc32(bytes: &[u8]) -> u32 {
+    if bytes.len() <= PART {
+        return crc32fast::hash(bytes);
+    }
+    hashed(bytes).finalize()
+}
+
+/// Fills `dst` from the little-endian f32s of `src` and returns the hasher
 /// of `src`, each slice hashed while it is in cache for the copy.
-pub(crate) fn copy_le_f32(src: &[u8], dst: &mut [f32]) -> u32 {
+fn copy_hashed(src: &[u8], dst: &mut [f32]) -> Hasher {
     let conv = |s: &[u8], d: &mut [f32]| {
         for (d, b) in d.iter_mut().zip(s.chunks_exact(4)) {
             *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -62,28 +69,28 @@ pub(crate) fn copy_le_f32(src: &[u8], dst: &mut [f32]) -> u32 {
         hasher_of(s)
     };
     if src.len() <= PART {
-        return conv(src, dst).finalize();
+        return conv(src, dst);
     }
     dst.par_chunks_mut(PART / 4)
         .zip(src.par_chunks(PART))
         .map(|(d, s)| conv(s, d))
         .reduce_with(join)
         .expect("more than one part")
-        .finalize()
+}
+
+/// Fills `dst` from the little-endian f32s of `src` and returns the CRC-32
+/// of `src`, each slice hashed while it is in cache for the copy.
+pub(crate) fn copy_le_f32(src: &[u8], dst: &mut [f32]) -> u32 {
+    copy_hashed(src, dst).finalize()
 }
 
 /// The CRC-32 of all of `src` (little-endian f32), copying only its
 /// elements `keep` into the same places of `dst` (a sharded rank's part of
-/// a tensor); [`copy_le_f32`] where `keep` is all of it.
+/// a tensor): the part is hashed as it is copied, the rest on its own.
 pub(crate) fn copy_le_f32_part(src: &[u8], dst: &mut [f32], keep: std::ops::Range<usize>) -> u32 {
-    if keep == (0..dst.len()) {
-        return copy_le_f32(src, dst);
-    }
-    copy_le_f32(&src[4 * keep.start..4 * keep.end], &mut dst[keep]);
-    src.par_chunks(PART)
-        .map(hasher_of)
-        .reduce_with(join)
-        .map_or_else(|| hasher_of(&[]).finalize(), |h| h.finalize())
+    let (a, b) = (4 * keep.start, 4 * keep.end);
+    let part = copy_hashed(&src[a..b], &mut dst[keep]);
+    join(join(hashed(&src[..a]), part), hashed(&src[b..])).finalize()
 }
 
 pub(crate) fn to_json(table: &Crc32Table) -> Value {
@@ -217,6 +224,30 @@ mod tests {
             assert_eq!(copy_le_f32(&b, &mut dst), crc32fast::hash(&b), "{floats} floats");
             for (d, s) in dst.iter().zip(b.chunks_exact(4)) {
                 assert_eq!(d.to_bits(), u32::from_le_bytes(s.try_into().unwrap()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_part_is_copied_alone_and_the_crc_is_of_the_whole() {
+        let floats = 5 * PART / 4 + 1;
+        let b = bytes(4 * floats);
+        for keep in [
+            0..0,
+            0..floats,
+            3..floats - 2,
+            PART / 4 - 1..PART / 4 + 5,
+            floats..floats,
+        ] {
+            let mut dst = vec![-1f32; floats];
+            let crc = copy_le_f32_part(&b, &mut dst, keep.clone());
+            assert_eq!(crc, crc32fast::hash(&b), "{keep:?}");
+            for (i, (d, s)) in dst.iter().zip(b.chunks_exact(4)).enumerate() {
+                let want = match keep.contains(&i) {
+                    true => u32::from_le_bytes(s.try_into().unwrap()),
+                    false => (-1f32).to_bits(),
+                };
+                assert_eq!(d.to_bits(), want, "{keep:?} element {i}");
             }
         }
     }
