@@ -24,6 +24,7 @@
 //! `madvise`) it made filling a 300M-parameter tier 2-3x slower (direct
 //! compaction on fault), measured with the `tier_rss` example.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +50,19 @@ impl Element for u8 {}
 pub const fn padded_bytes(numel: usize, elem_size: usize) -> u64 {
     let b = (numel * elem_size) as u64;
     b.div_ceil(PAGE as u64) * PAGE as u64
+}
+
+/// The bytes of a buffer of `numel` elements of `elem_size` bytes whose
+/// blocks a spill file reserves for elements `reserve`: the whole pages
+/// that hold them, none for an empty range.
+pub(crate) fn reserved_span(numel: usize, elem_size: usize, reserve: Range<usize>) -> Range<u64> {
+    if reserve.is_empty() {
+        return 0..0;
+    }
+    let page = PAGE as u64;
+    let start = (reserve.start * elem_size) as u64 / page * page;
+    let end = padded_bytes(reserve.end, elem_size).min(padded_bytes(numel, elem_size));
+    start..end
 }
 
 /// Where a buffer lives.
@@ -125,14 +139,7 @@ impl<T: Element> AlignedBuf<T> {
         }
         let n = SPILL_COUNTER.fetch_add(1, Ordering::Relaxed);
         let path = dir.join(format!("megatrain-spill-{}-{n}-{label}.bin", std::process::id()));
-        let size = size_of::<T>();
-        let reserve = match reserve.is_empty() {
-            true => 0..0,
-            false => {
-                (reserve.start * size / PAGE * PAGE) as u64
-                    ..((reserve.end * size).div_ceil(PAGE) * PAGE).min(bytes) as u64
-            }
-        };
+        let reserve = reserved_span(len, size_of::<T>(), reserve);
         let reserved = reserve.end - reserve.start;
         let (file, direct) = open_spill_file(&path, bytes as u64, reserve)?;
         // SAFETY: the file was just created by us with `create_new` and (on

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use megatrain_tensor::{ParamSpec, ParamTable};
 
-use crate::buf::Backing;
+use crate::buf::{Backing, reserved_span};
 use crate::error::{Result, TierError};
 use crate::report::{BytesByKind, MemoryReport};
 use crate::shard::{Shard, layer_ranges, resident_block_bytes};
@@ -100,15 +100,8 @@ fn shard_of(n: usize, spilled: bool, shard: Option<Shard>) -> (Range<usize>, Ran
 /// Bytes of a spilled layer's p, m and v files that hold blocks: the pages
 /// of elements `reserved` of each.
 fn spilled_bytes(b: BytesByKind, reserved: Range<usize>, numel: usize) -> BytesByKind {
-    if reserved == (0..numel) {
-        return b;
-    }
-    let pages = ((reserved.end * 4).div_ceil(crate::PAGE) - reserved.start * 4 / crate::PAGE) as u64;
-    let block = if reserved.is_empty() {
-        0
-    } else {
-        pages * crate::PAGE as u64
-    };
+    let span = reserved_span(numel, 4, reserved);
+    let block = span.end - span.start;
     BytesByKind {
         params: block,
         moments: 2 * block,
