@@ -19,7 +19,7 @@ mod shard;
 use std::sync::Arc;
 
 pub use check::check_same;
-pub use shard::{chunk_ranges, shard_mask, shard_range, shard_ranges, shard_ranges_aligned};
+pub use shard::{chunk_ranges, shard_range, shard_ranges, shard_ranges_aligned};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {

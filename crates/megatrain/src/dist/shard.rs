@@ -1,13 +1,11 @@
 //! The collective side of a sharded optimizer's ranges (which rank owns
-//! what is [`megatrain_tier::shard`]): every rank's part of a chunk, and the
-//! decay mask cut to a range. AdamW is element-wise, so an update of a
-//! range is exactly the update of the whole slab restricted to it; the one
-//! per-element input that depends on the position, the decay mask, is cut
-//! to the range.
+//! what is [`megatrain_tier::shard`]): every rank's part of a chunk. AdamW
+//! is element-wise, so an update of a range is exactly the update of the
+//! whole slab restricted to it; the one per-element input that depends on
+//! the position, the decay mask, is cut to the range by the trainer
+//! (`trainer/optimizer.rs::part_mask`).
 
 use std::ops::Range;
-
-use megatrain_adamw::DecayMask;
 
 pub use megatrain_tier::shard::{shard_range, shard_ranges, shard_ranges_aligned};
 
@@ -20,21 +18,6 @@ pub use megatrain_tier::shard::{shard_range, shard_ranges, shard_ranges_aligned}
 pub fn chunk_ranges(ranges: &[Range<usize>], chunk: &Range<usize>) -> Vec<Range<usize>> {
     let cut = |x: usize| x.clamp(chunk.start, chunk.end) - chunk.start;
     ranges.iter().map(|r| cut(r.start)..cut(r.end)).collect()
-}
-
-/// The decay mask of `range` of a slab whose mask is `mask`.
-pub fn shard_mask(mask: &DecayMask, range: &Range<usize>) -> DecayMask {
-    match mask {
-        DecayMask::All => DecayMask::All,
-        DecayMask::None => DecayMask::None,
-        DecayMask::Ranges { ranges, .. } => {
-            let cut = ranges.iter().filter_map(|r| {
-                let (s, e) = (r.start.max(range.start), r.end.min(range.end));
-                (s < e).then(|| s - range.start..e - range.start)
-            });
-            DecayMask::from_ranges(range.len(), cut).expect("a cut of disjoint in-bounds ranges")
-        }
-    }
 }
 
 #[cfg(test)]
@@ -70,22 +53,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn mask_cut_agrees_with_the_whole_mask() {
-        let mask = DecayMask::from_ranges(20, [2..5, 8..9, 12..20]).unwrap();
-        for size in 1..=6 {
-            for r in shard_ranges(20, size) {
-                let cut = shard_mask(&mask, &r);
-                for (i, g) in r.clone().enumerate() {
-                    assert_eq!(cut.decays(i), mask.decays(g), "range {r:?} element {g}");
-                }
-                if let DecayMask::Ranges { len, .. } = cut {
-                    assert_eq!(len, r.len());
-                }
-            }
-        }
-        assert_eq!(shard_mask(&DecayMask::All, &(3..7)), DecayMask::All);
     }
 }

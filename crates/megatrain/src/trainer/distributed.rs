@@ -12,7 +12,7 @@ use megatrain_tier::{
     AlignedBuf, Gathered, HostTier, LayerSlab, Shard, SpillWindow, TierError, TransportMut,
 };
 
-use super::optimizer::{adamw_transport, sub_mask};
+use super::optimizer::{adamw_transport, part_mask};
 use super::reduce::DistState;
 use super::spill_window;
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
@@ -341,15 +341,9 @@ pub(super) fn update_range(
         let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
         let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
             let g = grad.as_deref_mut().expect("a non-empty range has a gradient");
-            let sub;
-            let mask = if piece == (0..numel) {
-                mask
-            } else {
-                sub = sub_mask(mask, piece.clone())?;
-                &sub
-            };
+            let mask = part_mask(mask, piece.clone(), numel)?;
             let update = SlabUpdate::new(p, &mut g[at(&piece)], m, v)
-                .decay(mask)
+                .decay(&mask)
                 .transport(adamw_transport(&mut transport, local(&piece)))
                 .grad_scale(grad_scale);
             adamw.step(&mut SlabState::at_step(*parts.step), lr, update)?;

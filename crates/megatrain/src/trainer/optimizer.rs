@@ -3,6 +3,7 @@
 //! (p, m, v and its transport copy) while the device goes on with earlier
 //! layers.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::mpsc::Receiver;
@@ -229,13 +230,7 @@ pub(super) fn update_slab(
     let index = slab.index();
     let numel = slab.numel();
     let last = r.end == numel;
-    let sub;
-    let mask = if r == (0..numel) {
-        mask
-    } else {
-        sub = sub_mask(mask, r.clone())?;
-        &sub
-    };
+    let mask = part_mask(mask, r.clone(), numel)?;
     let n = r.len();
     let parts = slab.parts_in(r);
     let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
@@ -243,7 +238,7 @@ pub(super) fn update_slab(
     let transport = adamw_transport(&mut transport, 0..n);
     let mut state = SlabState::at_step(*parts.step);
     let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)
-        .decay(mask)
+        .decay(&mask)
         .transport(transport)
         .zero_grad(zero)
         .grad_scale(grad_scale);
@@ -255,6 +250,19 @@ pub(super) fn update_slab(
         slab.evict()?;
     }
     Ok(())
+}
+
+/// The decay mask of elements `r` of a slab of `numel` elements whose mask
+/// is `mask`: `mask` itself for the whole slab, else [`sub_mask`].
+pub(super) fn part_mask(
+    mask: &DecayMask,
+    r: Range<usize>,
+    numel: usize,
+) -> Result<Cow<'_, DecayMask>, TrainError> {
+    match r == (0..numel) {
+        true => Ok(Cow::Borrowed(mask)),
+        false => sub_mask(mask, r).map(Cow::Owned),
+    }
 }
 
 /// The decay mask of elements `r` of a slab, re-based to 0.

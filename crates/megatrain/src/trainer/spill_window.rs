@@ -14,7 +14,7 @@ use std::ops::Range;
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
 use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, SpilledLayer, WindowConfig};
 
-use super::optimizer::{adamw_transport, chosen_grad, sub_mask, update_slab};
+use super::optimizer::{adamw_transport, chosen_grad, part_mask, update_slab};
 use super::reduce::DistState;
 use super::{Result, StepMetrics, TrainError};
 
@@ -127,7 +127,7 @@ fn update_spilled(
                 "layer {index}: spill chunk {w:?} does not fit gradient chunk {r:?} at {done}"
             )));
         }
-        let sub = sub_mask(mask, w.clone())?;
+        let sub = part_mask(mask, w.clone(), numel)?;
         let t = adamw_transport(&mut transport, w.start - r.start..w.end - r.start);
         let (p, m, v) = chunk.parts_mut();
         let mut state = SlabState::at_step(first);
@@ -151,7 +151,26 @@ fn update_spilled(
 
 #[cfg(test)]
 mod tests {
+    use super::super::optimizer::sub_mask;
     use super::*;
+
+    /// A slab's mask cut to each rank's range, for ranks of every size.
+    #[test]
+    fn mask_cut_agrees_with_the_whole_mask() {
+        let mask = DecayMask::from_ranges(20, [2..5, 8..9, 12..20]).unwrap();
+        for size in 1..=6 {
+            for r in crate::dist::shard_ranges(20, size) {
+                let cut = part_mask(&mask, r.clone(), 20).unwrap();
+                for (i, g) in r.clone().enumerate() {
+                    assert_eq!(cut.decays(i), mask.decays(g), "range {r:?} element {g}");
+                }
+                if let DecayMask::Ranges { len, .. } = *cut {
+                    assert_eq!(len, r.len());
+                }
+            }
+        }
+        assert_eq!(*part_mask(&DecayMask::All, 3..7, 20).unwrap(), DecayMask::All);
+    }
 
     #[test]
     fn sub_masks_rebase_and_clip() {
