@@ -105,6 +105,23 @@ fn train_args(preset: &str, data: &Path, out: &Path, batch: usize, extra: &[&str
     a
 }
 
+/// `train --resume run` up to `steps`, on the CPU, quietly.
+fn resume_args(run: &Path, steps: u64) -> Vec<String> {
+    [
+        "train",
+        "--resume",
+        run.to_str().unwrap(),
+        "--steps",
+        &steps.to_string(),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn run_alone(args: &[String]) -> Output {
     check(
         Command::new(bin())
@@ -357,21 +374,7 @@ fn checkpoint_of_two_ranks_resumes_on_one_and_on_three() {
                 .unwrap(),
             "cp",
         );
-        let resume = |run: &Path| -> Vec<String> {
-            [
-                "train",
-                "--resume",
-                run.to_str().unwrap(),
-                "--steps",
-                "10",
-                "--device",
-                "cpu",
-                "--quiet",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
+        let resume = |run: &Path| resume_args(run, 10);
         run_alone(&resume(&two));
         run_mpi(3, &resume(&three));
         assert_same_run(&whole, &two, &format!("2 ranks then 1, shard {shard}"));
@@ -419,20 +422,7 @@ fn sharded_optimizer_over_spilled_layers_equals_one_rank_and_resumes() {
     let mut first = train_args("llama-tiny", &data, &run, 3, &spill);
     set(&mut first, &[("--steps", "5")]);
     run_mpi(2, &first);
-    let resume: Vec<String> = [
-        "train",
-        "--resume",
-        run.to_str().unwrap(),
-        "--steps",
-        "10",
-        "--device",
-        "cpu",
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    run_mpi(3, &resume);
+    run_mpi(3, &resume_args(&run, 10));
     assert_same_run(&whole, &run, "sharded over spilled layers, 2 ranks then 3");
     let spilled = metric(&run, "spill_read_bytes");
     assert!(
@@ -564,18 +554,11 @@ fn a_killed_rank_ends_the_job_and_the_last_checkpoint_stays_valid() {
     let step: u64 = before.file_name().unwrap().to_str().unwrap()["ckpt-".len()..]
         .parse()
         .unwrap();
-    let resume = [
-        "train",
-        "--resume",
-        run.to_str().unwrap(),
-        "--steps",
-        &(step + 1).to_string(),
-        "--device",
-        "cpu",
-        "--quiet",
-    ];
     check(
-        Command::new(bin()).args(resume).output().unwrap(),
+        Command::new(bin())
+            .args(resume_args(&run, step + 1))
+            .output()
+            .unwrap(),
         "resume after the kill",
     );
     assert_eq!(latest(&run), run.join(format!("ckpt-{}", step + 1)));

@@ -27,15 +27,20 @@ fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
     }
 }
 
-fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
+/// A fresh run of `opts` on the CPU, to its end.
+fn trained(opts: TrainOptions) -> megatrain::run::Summary {
     let mut p = prepare(opts, false).unwrap();
-    let s = train(
+    train(
         megatrain_tensor::CpuExecutor::new(),
         &mut p,
         None,
         &mut QuietProgress,
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
+    let s = trained(opts);
     assert_eq!(s.step, 2);
     assert!(s.loss.unwrap().is_finite());
     s
@@ -284,15 +289,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
 }
 
 fn train_ok_steps(opts: TrainOptions, steps: u64) {
-    let mut p = prepare(opts, false).unwrap();
-    let s = train(
-        megatrain_tensor::CpuExecutor::new(),
-        &mut p,
-        None,
-        &mut QuietProgress,
-    )
-    .unwrap();
-    assert_eq!(s.step, steps);
+    assert_eq!(trained(opts).step, steps);
 }
 
 #[test]
