@@ -97,6 +97,7 @@ fn trainer(
         hold_grads,
         ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
         spill_dir: case.spill.then(|| dir.join("spill")),
+        shared_transport: None,
     };
     let config = TrainerConfig {
         transfer_chunk: chunk,
@@ -144,6 +145,7 @@ fn train_rank(
         t.set_distributed(DistConfig {
             comm: Arc::new(c),
             shard_optimizer: case.shard,
+            shared: None,
         })
         .unwrap();
     }

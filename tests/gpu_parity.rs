@@ -308,6 +308,7 @@ fn dp_rank<E: Executor>(
     t.set_distributed(DistConfig {
         comm: Arc::new(comm),
         shard_optimizer: shard,
+        shared: None,
     })
     .unwrap();
     let vocab = t.model().vocab_size;

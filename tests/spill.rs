@@ -53,6 +53,7 @@ fn run(
         ram_budget_bytes: budget,
         // A directory that does not exist yet: the tier creates it.
         spill_dir: spill.as_ref().map(|d| d.path().join("spill")),
+        shared_transport: None,
     };
     let config = TrainerConfig {
         optimizer_queue: 2,

@@ -32,6 +32,7 @@ fn tier() -> HostTier {
         hold_grads: false,
         ram_budget_bytes: None,
         spill_dir: None,
+        shared_transport: None,
     };
     let mut tier = HostTier::new(tables, cfg).unwrap();
     for layer in tier.layers_mut() {

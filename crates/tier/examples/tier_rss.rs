@@ -42,6 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         hold_grads: false,
         ram_budget_bytes: budget,
         spill_dir: budget.map(|_| std::env::temp_dir()),
+        shared_transport: None,
     };
     let planned = plan(&tables, &config)?;
     println!("plan:\n{planned}");

@@ -172,6 +172,34 @@ impl<T: Element> AlignedBuf<T> {
         })
     }
 
+    /// A buffer of `len` elements mapped from bytes `offset..` of `file`,
+    /// a file other processes map too (a machine's shared transport
+    /// copies, [`crate::shared`]): its contents are the file's, and RAM
+    /// (the file lives on a memory filesystem), counted as reserved here.
+    pub fn shared(len: usize, file: &std::fs::File, offset: u64, path: &Path) -> Result<Self> {
+        let bytes = Self::bytes_for(len);
+        let map = if bytes == 0 {
+            None
+        } else {
+            // SAFETY: the file keeps its length while mapped (every process
+            // maps it whole-length-checked and none truncates it), and each
+            // process writes only its own ranges of it (the trainer's rule),
+            // so no reference made through this map sees a write it does
+            // not order with a barrier first.
+            let map = unsafe { MmapOptions::new().offset(offset).len(bytes).map_mut(file) };
+            Some(map.at(path)?)
+        };
+        Ok(AlignedBuf {
+            map,
+            len,
+            on_disk: false,
+            region: None,
+            path: None,
+            reserved: None,
+            _elem: std::marker::PhantomData,
+        })
+    }
+
     pub fn new(len: usize, backing: &Backing, label: &str) -> Result<Self> {
         Self::new_reserving(len, backing, label, 0..len)
     }

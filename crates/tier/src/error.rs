@@ -15,6 +15,22 @@ pub enum TierError {
         path.display()
     )]
     DiskFull { path: PathBuf, cause: std::io::Error },
+    /// The memory filesystem a machine's ranks share their transport
+    /// copies in has no room for them.
+    #[error(
+        "{}: {cause}: no room for the {needed} bytes of transport copies this machine's ranks \
+         share; enlarge that filesystem (a container's /dev/shm is often 64 MiB: `docker run \
+         --shm-size`), give another with --shm-dir, or hold a copy per rank with \
+         --share-transport false",
+        path.display()
+    )]
+    SharedFull {
+        path: PathBuf,
+        needed: u64,
+        cause: std::io::Error,
+    },
+    #[error("{}: shared transport copies: {detail}", path.display())]
+    Shared { path: PathBuf, detail: String },
     #[error("{}: spill file has {got} bytes, expected {expected}", path.display())]
     SpillLength { path: PathBuf, expected: u64, got: u64 },
     #[error("spill window: {0}")]

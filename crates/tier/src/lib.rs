@@ -76,6 +76,7 @@ mod error;
 mod report;
 pub mod rss;
 pub mod shard;
+pub mod shared;
 mod slab;
 mod spill;
 mod stream;
@@ -91,6 +92,7 @@ pub use crc::verify_checkpoint_file;
 pub use error::{Result, TierError, is_disk_full};
 pub use report::{BytesByKind, MemoryReport};
 pub use shard::Shard;
+pub use shared::{SharedFile, SharedTransport, create_shared_transport};
 pub use slab::{
     LayerSlab, SlabMut, Transport, TransportDType, TransportMut, TransportRef, refresh_transport,
 };

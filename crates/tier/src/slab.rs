@@ -150,6 +150,20 @@ pub fn refresh_transport(params: &[f32], transport: &mut TransportMut<'_>) {
     }
 }
 
+/// [`refresh_transport`] of elements `ranges` only, each written through
+/// a slice of its own (see [`AlignedBuf::range_mut`]): where the copy is
+/// shared, other processes write the rest meanwhile.
+fn refresh_ranges(params: &[f32], transport: &mut Transport, ranges: &[std::ops::Range<usize>]) {
+    for r in ranges {
+        let src = &params[r.clone()];
+        match transport {
+            Transport::F32(t) => copy_f32(src, t.range_mut(r.clone())),
+            Transport::BF16(t) => convert::f32_to_bf16_into(src, t.range_mut(r.clone())),
+            Transport::F16(t) => convert::f32_to_f16_sat_into(src, t.range_mut(r.clone())),
+        }
+    }
+}
+
 /// Reserved bytes of one layer by kind, for a given placement. The single
 /// formula behind both [`LayerSlab::bytes`] and [`crate::plan`].
 pub(crate) fn layer_bytes(numel: usize, transport: TransportDType, hold_grads: bool) -> BytesByKind {
@@ -185,6 +199,11 @@ pub struct LayerSlab {
     /// hold: the whole layer, or a sharded rank's range (nothing is ever
     /// written through the maps outside it).
     reserved: std::ops::Range<usize>,
+    /// The elements of the transport copy this process writes when it
+    /// rewrites the copy from the params: the whole layer, or, where the
+    /// machine's ranks share the copy, its ranks' ranges
+    /// ([`crate::SharedTransport::writes`]).
+    transport_writes: Vec<std::ops::Range<usize>>,
 }
 
 impl LayerSlab {
@@ -247,7 +266,40 @@ impl LayerSlab {
             step: 0,
             own,
             reserved,
+            transport_writes: vec![0..n],
         })
+    }
+
+    /// Maps the transport copy from bytes `offset..` of `file`, which the
+    /// machine's other ranks map too, and from now on rewrites only the
+    /// elements `writes` of it from the params. Call before an executor
+    /// registers the copy.
+    pub fn share_transport(
+        &mut self,
+        file: &std::fs::File,
+        offset: u64,
+        path: &std::path::Path,
+        writes: Vec<std::ops::Range<usize>>,
+    ) -> Result<()> {
+        assert!(
+            self.registration.is_none(),
+            "layer {}: shared after registration",
+            self.index
+        );
+        let n = self.numel();
+        self.transport = match self.transport {
+            Transport::F32(_) => Transport::F32(AlignedBuf::shared(n, file, offset, path)?),
+            Transport::BF16(_) => Transport::BF16(AlignedBuf::shared(n, file, offset, path)?),
+            Transport::F16(_) => Transport::F16(AlignedBuf::shared(n, file, offset, path)?),
+        };
+        self.transport_writes = writes;
+        Ok(())
+    }
+
+    /// The elements of the transport copy this process writes (see
+    /// [`LayerSlab::share_transport`]).
+    pub fn transport_writes(&self) -> &[std::ops::Range<usize>] {
+        &self.transport_writes
     }
 
     pub fn index(&self) -> usize {
@@ -478,10 +530,8 @@ impl LayerSlab {
         let mut whole = AlignedBuf::<f32>::zeroed(n)?;
         fill(whole.as_mut_slice())?;
         let own = self.own.clone();
-        let parts = self.parts_mut();
-        let mut t = parts.transport;
-        refresh_transport(&whole, &mut t);
-        parts.params[own.clone()].copy_from_slice(&whole[own]);
+        refresh_ranges(&whole, &mut self.transport, &self.transport_writes);
+        self.params[own.clone()].copy_from_slice(&whole[own]);
         Ok(())
     }
 
@@ -510,11 +560,10 @@ impl LayerSlab {
         Ok(())
     }
 
-    /// Rewrites the transport copy from the fp32 params.
+    /// Rewrites the transport copy from the fp32 params (where the copy is
+    /// shared, the elements this process writes).
     pub fn refresh_transport(&mut self) {
-        let parts = self.parts_mut();
-        let mut t = parts.transport;
-        refresh_transport(parts.params, &mut t);
+        refresh_ranges(&self.params, &mut self.transport, &self.transport_writes);
     }
 
     /// Reserved bytes by kind: `(ram, disk)`.

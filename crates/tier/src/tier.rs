@@ -10,6 +10,7 @@ use crate::buf::{Backing, reserved_span};
 use crate::error::{Result, TierError};
 use crate::report::{BytesByKind, MemoryReport};
 use crate::shard::{Shard, layer_ranges, resident_block_bytes};
+use crate::shared::{SharedTransport, shared_layout};
 use crate::slab::{LayerSlab, TransportDType, layer_bytes};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -29,6 +30,21 @@ pub struct TierConfig {
     /// counts the largest rank's share of them (the same placement on
     /// every rank). `None`: whole layers.
     pub shard: Option<Shard>,
+    /// With [`TierConfig::shard`]: the transport copies are one file the
+    /// machine's ranks map together ([`crate::shared`]), and the budget
+    /// counts this rank's share of them. `None`: a copy of its own.
+    pub shared_transport: Option<SharedTransport>,
+}
+
+impl TierConfig {
+    /// The transport copies' bytes this rank counts: all of them, or its
+    /// share of a machine's.
+    fn transport_share(&self, bytes: u64) -> u64 {
+        match &self.shared_transport {
+            Some(s) => bytes.div_ceil(s.local.max(1) as u64),
+            None => bytes,
+        }
+    }
 }
 
 /// Decides placement and counts bytes without allocating anything.
@@ -41,7 +57,8 @@ pub struct TierConfig {
 /// keeps placement predictable: which layers are on disk depends only on
 /// the budget, never on layer sizes further along. With a sharded
 /// optimizer a layer in RAM counts the largest rank's share of its p, m
-/// and v (held gradients stay whole); a spilled layer's files are whole.
+/// and v (held gradients stay whole); a spilled layer's files hold the
+/// rank's range; transport copies a machine shares count its share.
 pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> {
     let per_layer: Vec<BytesByKind> = tables
         .iter()
@@ -53,7 +70,7 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
         n_layers: tables.len(),
         ..MemoryReport::default()
     };
-    report.ram.transport = per_layer.iter().map(|b| b.transport).sum();
+    report.ram.transport = config.transport_share(per_layer.iter().map(|b| b.transport).sum());
     let budget = config.ram_budget_bytes.unwrap_or(u64::MAX);
     if report.ram.transport > budget {
         return Err(TierError::TransportOverBudget {
@@ -84,6 +101,41 @@ pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> 
         });
     }
     Ok(report)
+}
+
+/// Opens the file of a machine's shared transport copies, checking that it
+/// was made for these layers, and each layer's offset in it.
+fn open_shared(
+    s: &SharedTransport,
+    tables: &[ParamTable],
+    config: &TierConfig,
+) -> Result<(std::fs::File, Vec<u64>)> {
+    let bad = |detail: String| TierError::Shared {
+        path: s.path.clone(),
+        detail,
+    };
+    let Some(sh) = config.shard else {
+        return Err(bad(
+            "only the ranks of a sharded optimizer share transport copies".into(),
+        ));
+    };
+    if let Some(&r) = s.writes.iter().find(|&&r| r >= sh.ranks) {
+        return Err(bad(format!("rank {r} of {} ranks", sh.ranks)));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&s.path)
+        .map_err(|e| TierError::io(&s.path, e))?;
+    let (offsets, bytes) = shared_layout(tables, config.transport);
+    let got = file.metadata().map_err(|e| TierError::io(&s.path, e))?.len();
+    if got != bytes {
+        return Err(bad(format!(
+            "{got} bytes, but this model's {} copies need {bytes}",
+            config.transport
+        )));
+    }
+    Ok((file, offsets))
 }
 
 /// The elements of a layer of `n` elements that a rank keeps (its range)
@@ -153,6 +205,10 @@ impl HostTier {
             }
         }
         let report = plan(&tables, &config)?;
+        let shared = match &config.shared_transport {
+            Some(s) => Some((s, open_shared(s, &tables, &config)?)),
+            None => None,
+        };
         let spill = config.spill_dir.clone().map(Backing::Disk);
         let mut created_dir = None;
         if let (Some(dir), Some(_)) = (&config.spill_dir, report.first_spilled)
@@ -169,6 +225,7 @@ impl HostTier {
             };
             let n = table.numel();
             let (own, reserved) = shard_of(n, matches!(backing, Backing::Disk(_)), config.shard);
+            let spilled = matches!(backing, Backing::Disk(_));
             let slab = LayerSlab::new_shard(
                 i,
                 table,
@@ -177,7 +234,14 @@ impl HostTier {
                 backing,
                 own,
                 reserved,
-            );
+            )
+            .and_then(|mut slab| {
+                if let (Some((s, (file, offsets))), Some(sh)) = (&shared, config.shard) {
+                    let writes = s.layer_writes(n, spilled, sh.ranks);
+                    slab.share_transport(file, offsets[i], &s.path, writes)?;
+                }
+                Ok(slab)
+            });
             match slab {
                 Ok(s) => layers.push(s),
                 Err(e) => {
@@ -277,6 +341,7 @@ impl HostTier {
                 r.first_spilled = Some(l.index());
             }
         }
+        r.ram.transport = self.config.transport_share(r.ram.transport);
         r
     }
 }

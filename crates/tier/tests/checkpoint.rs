@@ -23,6 +23,7 @@ fn new_tier(spill: Option<&Path>) -> HostTier {
         // Room for the transport copies and layer 0 only: layers 1, 2 spill.
         ram_budget_bytes: spill.map(|_| 3 * 4096 + 3 * 4096),
         spill_dir: spill.map(Path::to_path_buf),
+        shared_transport: None,
     };
     HostTier::new(tables(&DIMS), cfg).unwrap()
 }

@@ -76,6 +76,7 @@ fn plan_equals_actual() {
             for budget in [None, Some(0u64), Some(200_000), Some(1 << 40)] {
                 let cfg = TierConfig {
                     shard: None,
+                    shared_transport: None,
                     transport,
                     hold_grads,
                     ram_budget_bytes: budget,
@@ -104,6 +105,7 @@ fn small_budget_spills_a_suffix_to_disk() {
     let budget = transport_all + 2 * 3 * per_layer_f32;
     let cfg = TierConfig {
         shard: None,
+        shared_transport: None,
         transport: TransportDType::BF16,
         hold_grads: false,
         ram_budget_bytes: Some(budget),
@@ -328,6 +330,7 @@ mod odd_sizes {
             let t = tables(&dims);
             let cfg = TierConfig {
                 shard: None,
+                shared_transport: None,
                 transport: [TransportDType::F32, TransportDType::BF16, TransportDType::F16][transport],
                 hold_grads: grads,
                 ram_budget_bytes: budget,

@@ -64,6 +64,7 @@ pub(super) fn tier_for(spec: &Spec, model: &ModelConfig, shard: Option<Shard>) -
                 .clone()
                 .unwrap_or_else(|| std::env::temp_dir().join("megatrain-bench-spill"))
         }),
+        shared_transport: None,
     };
     Ok(match &spec.model_dir {
         Some(dir) => load_tier(&HfCheckpoint::open(dir)?, config)?,

@@ -119,6 +119,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         tr.set_distributed(DistConfig {
             comm: c,
             shard_optimizer: rs.shard_optimizer,
+            shared: None,
         })?;
     }
     let global = spec.batch * ranks;

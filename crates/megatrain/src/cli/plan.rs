@@ -110,6 +110,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         hold_grads: a.hold_grads,
         ram_budget_bytes: a.host_budget,
         spill_dir: a.host_budget.map(|_| a.spill_dir.clone()),
+        shared_transport: None,
     };
     let p = plan(&model, &input, &tier)?;
     println!("host (fp32 weights and AdamW moments, {} transport):", transport);

@@ -121,6 +121,15 @@ pub struct TrainArgs {
     /// (ZeRO-1/2) instead of all of it (true | false).
     #[arg(long)]
     shard_optimizer: Option<bool>,
+    /// With a sharded optimizer, the ranks of a machine map one transport
+    /// copy (in --shm-dir) instead of holding one each (true | false)
+    /// [default: true].
+    #[arg(long)]
+    share_transport: Option<bool>,
+    /// Memory filesystem for the transport copies a machine's ranks share
+    /// [default: /dev/shm].
+    #[arg(long)]
+    shm_dir: Option<PathBuf>,
     /// Host RAM for the tier (e.g. 20G); layers past it spill to <out>/spill.
     #[arg(long, value_parser = super::parse_bytes)]
     host_budget: Option<u64>,
@@ -206,6 +215,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         log_every,
         out,
         shard_optimizer,
+        share_transport,
+        shm_dir,
     );
     o.knobs = o.knobs.overridden_by(a.knobs);
     if let Some(run) = &a.resume {
@@ -270,7 +281,9 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                 "data parallel: {ranks} ranks × batch {} = global batch {}; optimizer {}",
                 o.batch,
                 o.global_batch(),
-                if o.shard_optimizer {
+                if o.shard_optimizer && o.share_transport {
+                    "sharded (each rank owns 1/N of p, m, v; a machine's ranks share one transport copy)"
+                } else if o.shard_optimizer {
                     "sharded (each rank owns 1/N of p, m, v)"
                 } else {
                     "replicated"
@@ -299,6 +312,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
     let dist = comm.map(|comm| DistConfig {
         comm,
         shard_optimizer: o.shard_optimizer,
+        shared: None,
     });
     interrupt::install();
     let summary = on_executor!(exec, ex => train_with(ex, &mut p, None, &mut progress, dist))?;

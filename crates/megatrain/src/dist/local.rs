@@ -24,26 +24,41 @@ pub struct LocalComm {
     next: Mutex<u64>,
 }
 
-/// Ranks `0..size` of one group, to be moved into one thread each.
+/// Ranks `0..size` of one group, to be moved into one thread each: one
+/// machine, as far as [`Collective::split_machine`] tells.
 pub fn local_group(size: usize) -> Vec<LocalComm> {
-    let group = Arc::new(Group {
-        size,
-        state: Mutex::new(State::default()),
-        cv: Condvar::new(),
-    });
+    local_machines(size, size)
+}
+
+/// [`local_group`] on machines of `per_machine` consecutive ranks each (the
+/// last may hold fewer), for [`Collective::split_machine`].
+pub fn local_machines(size: usize, per_machine: usize) -> Vec<LocalComm> {
+    let group = Group::new(size, per_machine.max(1));
     (0..size)
-        .map(|rank| LocalComm {
-            rank,
-            group: group.clone(),
-            next: Mutex::new(0),
-        })
+        .map(|rank| LocalComm::new(rank, group.clone()))
         .collect()
 }
 
 struct Group {
     size: usize,
+    per_machine: usize,
     state: Mutex<State>,
     cv: Condvar,
+    /// Groups made by splitting this one, by the split's operation
+    /// number and colour: the first rank to get there makes it.
+    parts: Mutex<HashMap<(u64, usize), Arc<Group>>>,
+}
+
+impl Group {
+    fn new(size: usize, per_machine: usize) -> Arc<Self> {
+        Arc::new(Group {
+            size,
+            per_machine,
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            parts: Mutex::new(HashMap::new()),
+        })
+    }
 }
 
 #[derive(Default)]
@@ -212,6 +227,14 @@ unsafe fn sum_into(out: *mut f32, len: usize, posts: &[Post], at: usize) {
 }
 
 impl LocalComm {
+    fn new(rank: usize, group: Arc<Group>) -> Self {
+        LocalComm {
+            rank,
+            group,
+            next: Mutex::new(0),
+        }
+    }
+
     /// Posts this rank's part of its next operation.
     fn post(&self, post: Post) -> Result<Box<dyn InFlight>> {
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
@@ -298,6 +321,39 @@ impl Collective for LocalComm {
         buf.truncate(n);
         *bytes = buf;
         Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // An operation completes when every rank has waited on it.
+        let ranges = vec![0..0; self.size()];
+        // SAFETY: no rank's range holds an element, so no byte is read or
+        // written.
+        unsafe { self.start_all_gather(std::ptr::NonNull::dangling().as_ptr(), Elem::U16, &ranges) }?.wait()
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>> {
+        let seq = *self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let mut colors = vec![0.0; self.size()];
+        colors[self.rank] = color as f64;
+        self.sum_f64(&mut colors)?;
+        let same: Vec<usize> = (0..self.size()).filter(|&r| colors[r] == color as f64).collect();
+        let rank = same
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("this rank has its colour");
+        let group = self
+            .group
+            .parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((seq, color))
+            .or_insert_with(|| Group::new(same.len(), same.len()))
+            .clone();
+        Ok(Arc::new(LocalComm::new(rank, group)))
+    }
+
+    fn split_machine(&self) -> Result<Arc<dyn Collective>> {
+        self.split(self.rank / self.group.per_machine)
     }
 
     fn gather_f32_to_root(&self, buf: &mut [f32], ranges: &[Range<usize>]) -> Result<()> {

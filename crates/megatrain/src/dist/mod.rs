@@ -12,6 +12,7 @@
 
 mod check;
 pub mod local;
+pub mod machines;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod shard;
@@ -19,6 +20,7 @@ mod shard;
 use std::sync::Arc;
 
 pub use check::check_same;
+pub use machines::{Machines, Sharing, share_transport};
 pub use shard::{chunk_ranges, shard_range, shard_ranges, shard_ranges_aligned};
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +100,15 @@ pub trait Collective: Send + Sync {
     fn sum_f64(&self, x: &mut [f64]) -> Result<()>;
     /// Blocking: replaces `bytes` with rank 0's.
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>) -> Result<()>;
+    /// Blocks until every rank has called it; what a rank wrote to memory
+    /// other ranks map before it is visible to them after it.
+    fn barrier(&self) -> Result<()>;
+    /// A communicator of the ranks that passed the same `color`, in rank
+    /// order: a collective.
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>>;
+    /// A communicator of the ranks on this rank's machine (those that can
+    /// map one file together), in rank order: a collective.
+    fn split_machine(&self) -> Result<Arc<dyn Collective>>;
     /// Blocking gather of f32 shards into `buf` on rank 0: rank k's
     /// `buf[ranges[k]]` lands at the same place of rank 0's `buf`. Other
     /// ranks' `buf` outside their range is left alone.
@@ -126,8 +137,8 @@ pub trait Collective: Send + Sync {
         ranges: &[std::ops::Range<usize>],
     ) -> Result<Box<dyn InFlight>>;
     /// Starts an in-place all-gather: rank k's `buf[ranges[k]]` (elements
-    /// of `elem`; `ranges` cover `buf` in rank order, some possibly empty)
-    /// is copied into every rank's `buf`.
+    /// of `elem`; `ranges` disjoint, in rank order, some possibly empty) is
+    /// copied into every rank's `buf`.
     ///
     /// # Safety
     /// `buf` must stay valid, and untouched, until the returned operation
@@ -153,6 +164,11 @@ pub struct DistConfig {
     /// all-gathered; otherwise gradients are all-reduced and every rank
     /// updates every layer.
     pub shard_optimizer: bool,
+    /// With a sharded optimizer: the machines whose ranks share their
+    /// transport copies, for a tier built with
+    /// [`megatrain_tier::TierConfig::shared_transport`] (see
+    /// [`machines`]). `None`: each rank holds a copy.
+    pub shared: Option<Machines>,
 }
 
 impl std::fmt::Debug for DistConfig {
@@ -162,6 +178,7 @@ impl std::fmt::Debug for DistConfig {
             .field("size", &self.comm.size())
             .field("engine", &self.comm.engine())
             .field("shard_optimizer", &self.shard_optimizer)
+            .field("shared", &self.shared)
             .finish()
     }
 }

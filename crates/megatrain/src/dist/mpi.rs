@@ -11,11 +11,12 @@
 
 use std::ffi::c_int;
 use std::ops::Range;
+use std::sync::Arc;
 
 use mpi::environment::{Threading, Universe};
 use mpi::ffi;
 use mpi::raw::AsRaw;
-use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::topology::{Color, Communicator, SimpleCommunicator};
 
 use super::{Collective, DistError, Elem, InFlight, Result};
 
@@ -26,11 +27,13 @@ const ENGINE: &str = "MPI";
 const POLL: std::time::Duration = std::time::Duration::from_micros(50);
 
 pub struct MpiComm {
+    /// The run's ranks, or a part of them ([`Collective::split`]).
     world: SimpleCommunicator,
     rank: usize,
     size: usize,
-    // Finalises MPI when dropped; declared last so the communicator goes first.
-    _universe: Universe,
+    // Finalises MPI when the last communicator is dropped; declared last so
+    // that this one is freed first.
+    _universe: Arc<Universe>,
 }
 
 // SAFETY: MPI handles are plain integers or pointers into the MPI library,
@@ -136,12 +139,20 @@ impl MpiComm {
             )));
         }
         let world = universe.world();
-        Ok(Some(MpiComm {
+        Ok(Some(Self::over(world, Arc::new(universe))))
+    }
+
+    fn over(world: SimpleCommunicator, universe: Arc<Universe>) -> Self {
+        MpiComm {
             rank: world.rank() as usize,
             size: world.size() as usize,
             world,
             _universe: universe,
-        }))
+        }
+    }
+
+    fn part(&self, comm: SimpleCommunicator) -> Arc<dyn Collective> {
+        Arc::new(Self::over(comm, self._universe.clone()))
     }
 
     fn comm(&self) -> ffi::MPI_Comm {
@@ -219,6 +230,30 @@ impl Collective for MpiComm {
         check("MPI_Bcast", unsafe {
             ffi::MPI_Bcast(bytes.as_mut_ptr().cast(), n, ffi::RSMPI_UINT8_T, 0, self.comm())
         })
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // MPI orders the barrier's memory effects in the library; the fences
+        // keep the compiler from moving this rank's writes across it.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: a blocking collective on a valid communicator.
+        check("MPI_Barrier", unsafe { ffi::MPI_Barrier(self.comm()) })?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn split(&self, color: usize) -> Result<Arc<dyn Collective>> {
+        let color = c_int::try_from(color)
+            .map_err(|_| DistError::Invalid(format!("split colour {color} out of range")))?;
+        let part = self
+            .world
+            .split_by_color(Color::with_value(color))
+            .ok_or_else(|| DistError::Invalid("MPI_Comm_split gave no communicator".into()))?;
+        Ok(self.part(part))
+    }
+
+    fn split_machine(&self) -> Result<Arc<dyn Collective>> {
+        Ok(self.part(self.world.split_shared(self.rank as c_int)))
     }
 
     fn gather_f32_to_root(&self, buf: &mut [f32], ranges: &[Range<usize>]) -> Result<()> {
@@ -313,7 +348,7 @@ impl Collective for MpiComm {
     fn abort(&self, code: i32) -> ! {
         // SAFETY: aborting is valid at any time after initialisation.
         unsafe {
-            ffi::MPI_Abort(self.comm(), code);
+            ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code);
         }
         std::process::exit(code)
     }

@@ -210,6 +210,12 @@ pub struct TrainOptions {
     /// With several ranks, shard p, m, v across them (ZeRO-1/2): each rank
     /// updates 1/ranks of every layer.
     pub shard_optimizer: bool,
+    /// With a sharded optimizer, the ranks of a machine map one transport
+    /// copy instead of holding one each (`dist::machines`). A device
+    /// option: it changes no result.
+    pub share_transport: bool,
+    /// The memory filesystem the shared transport copies live in.
+    pub shm_dir: PathBuf,
 }
 
 impl Default for TrainOptions {
@@ -257,6 +263,8 @@ impl Default for TrainOptions {
             knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
+            share_transport: true,
+            shm_dir: PathBuf::from("/dev/shm"),
         }
     }
 }

@@ -23,7 +23,7 @@ use super::plot::write_plot;
 use crate::data::{
     ChatTemplate, Sampling, TokenData, draw_rows, keep_in_cache, load_tokens_cached, split_validation,
 };
-use crate::dist::{Collective, DistConfig};
+use crate::dist::{Collective, DistConfig, share_transport};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
@@ -132,6 +132,8 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "ranks",
                     "spill_window",
                     "transfer_chunk",
+                    "share_transport",
+                    "shm_dir",
                 ]
                 .iter()
                 .chain(&TransportKnobs::KEYS)
@@ -361,6 +363,21 @@ fn over_budget(e: RunError, opts: &TrainOptions) -> RunError {
     }
 }
 
+/// A shared transport copy that could not be made, naming `--shm-dir`.
+fn shm_error(e: RunError, opts: &TrainOptions) -> RunError {
+    match e {
+        RunError::Tier(megatrain_tier::TierError::Io { cause, .. }) => RunError::option(
+            "shm-dir",
+            opts.shm_dir.display(),
+            format!(
+                "{cause}: the ranks of a machine share their transport copies there; give a \
+                 memory filesystem they can all write, or --share-transport false"
+            ),
+        ),
+        e => e,
+    }
+}
+
 /// The tier of rank `rank` of the run (a sharded optimizer's rank keeps
 /// its share of p, m, v, and the budget counts that share).
 pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
@@ -373,6 +390,7 @@ pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
             rank,
             ranks: opts.ranks,
         }),
+        shared_transport: None,
     }
 }
 
@@ -422,7 +440,16 @@ pub fn train_with<E: Executor>(
     }
     let lead = rank == 0;
     std::fs::create_dir_all(out).map_err(RunError::io(out))?;
-    let tcfg = tier_config(opts, rank);
+    let mut tcfg = tier_config(opts, rank);
+    // Before the tier: a machine's ranks map the copies one of them makes.
+    let sharing = match &dist {
+        Some(d) if tcfg.shard.is_some() && opts.share_transport => {
+            share_transport(&*d.comm, &opts.shm_dir, &p.model.layer_tables(), tcfg.transport)
+                .map_err(|e| shm_error(e, opts))?
+        }
+        _ => None,
+    };
+    tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
             let mut tier =
@@ -458,9 +485,12 @@ pub fn train_with<E: Executor>(
     if let Some(d) = dist.clone() {
         trainer.set_distributed(DistConfig {
             shard_optimizer: opts.shard_optimizer,
+            shared: sharing.as_ref().map(|s| s.machines.clone()),
             ..d
         })?;
     }
+    // Every rank of the machine has mapped the copies: the name can go.
+    drop(sharing);
     keep_ids(p)?;
     let mut quiet = QuietProgress;
     let progress: &mut dyn Progress = if lead { progress } else { &mut quiet };

@@ -53,8 +53,42 @@ impl<E: Executor> Trainer<E> {
                 }
             )));
         }
+        let shares = self.tier.config().shared_transport.is_some();
+        if let Some(m) = &dist.shared {
+            if !shares || !dist.shard_optimizer {
+                return Err(TrainError::Config(
+                    "ranks share transport copies only with a sharded optimizer, over a tier \
+                     that maps them (TierConfig::shared_transport)"
+                        .into(),
+                ));
+            }
+            // Every rank of the machine has mapped the copies and written its
+            // ranges of them: the creator may drop the file's name, and the
+            // first upload sees the whole copy.
+            m.node.barrier().map_err(engine_err)?;
+        } else if shares {
+            return Err(TrainError::Config(
+                "the tier maps transport copies shared by a machine's ranks, but the trainer \
+                 was not told which ranks (DistConfig::shared)"
+                    .into(),
+            ));
+        }
         self.dist = Some(DistState::new(dist, self.tier.layers()));
         self.release_unowned()
+    }
+
+    /// Where a machine's ranks share their transport copies: waits until
+    /// every one of them has written its ranges of this step's update, so
+    /// that the next upload (on any of them) reads the whole update.
+    pub(super) fn settle_shared_copies(&self, m: &mut StepMetrics) -> Result<()> {
+        let Some(machines) = self.dist.as_ref().and_then(|d| d.config.shared.as_ref()) else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        machines.node.barrier().map_err(engine_err)?;
+        m.comm_ms += ms(t);
+        m.comm_wait_ms += ms(t);
+        Ok(())
     }
 
     /// With a sharded optimizer, hands the pages of p, m and v outside this
@@ -141,9 +175,10 @@ impl<E: Executor> Trainer<E> {
             // SAFETY: the transport copies are not touched until every
             // operation in `ops` has been waited on below (or dropped, which
             // waits), before this function returns.
-            let op = unsafe { d.comm().start_all_gather(base, elem, &d.ranges[i]) }.map_err(engine_err)?;
-            m.comm_bytes += (elem.size() * d.own(i).len()) as u64;
-            ops.push(op);
+            if let Some((op, bytes)) = unsafe { d.gather_transport(base, elem, &d.ranges[i]) }? {
+                m.comm_bytes += bytes;
+                ops.push(op);
+            }
         }
         let t = Instant::now();
         for op in ops {

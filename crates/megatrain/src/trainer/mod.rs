@@ -377,6 +377,7 @@ impl<E: Executor> Trainer<E> {
             m.optimizer_wait_ms += busy;
             m.grad_norm = Some(norm);
         }
+        self.settle_shared_copies(&mut m)?;
         m.counted = counted as u64;
         m.loss = if counted > 0 {
             loss_sum / counted as f64

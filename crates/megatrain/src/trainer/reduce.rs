@@ -73,6 +73,38 @@ impl DistState {
     pub fn own(&self, layer: usize) -> Range<usize> {
         self.ranges[layer][self.config.comm.rank()].clone()
     }
+
+    /// Starts bringing every rank's `parts` of a chunk of a transport copy
+    /// (`base` is the chunk's first element) to this rank's copy: an
+    /// all-gather, between machines only where their ranks share a copy
+    /// (none on one machine). Returns it with the bytes this rank put in.
+    ///
+    /// # Safety
+    /// As [`Collective::start_all_gather`] for `base` and `parts`.
+    pub unsafe fn gather_transport(
+        &self,
+        base: *mut u8,
+        elem: crate::dist::Elem,
+        parts: &[Range<usize>],
+    ) -> Result<Option<(Box<dyn InFlight>, u64)>, TrainError> {
+        let mine = parts[self.config.comm.rank()].len();
+        let bytes = (elem.size() * mine) as u64;
+        let err = |e: crate::dist::DistError| TrainError::Internal(e.to_string());
+        match &self.config.shared {
+            None => {
+                let op = unsafe { self.comm().start_all_gather(base, elem, parts) }.map_err(err)?;
+                Ok(Some((op, bytes)))
+            }
+            Some(m) => match &m.cross {
+                None => Ok(None),
+                Some(cross) => {
+                    let peers: Vec<Range<usize>> = m.peers.iter().map(|&r| parts[r].clone()).collect();
+                    let op = unsafe { cross.start_all_gather(base, elem, &peers) }.map_err(err)?;
+                    Ok(Some((op, bytes)))
+                }
+            },
+        }
+    }
 }
 
 /// What the worker did besides AdamW.
@@ -450,11 +482,11 @@ impl<'a> DistWorker<'a, '_> {
             // gather has been waited on, and no reference to this chunk's
             // elements is made again this step: later updates reach the
             // copy only through `parts_in` of their own chunks.
-            let op = unsafe { comm.start_all_gather(base, elem, &parts) }
-                .map_err(|e| TrainError::Internal(e.to_string()))?;
+            if let Some((op, bytes)) = unsafe { self.dist.gather_transport(base, elem, &parts) }? {
+                self.rep.comm_bytes += bytes;
+                self.gathering.push_back(op);
+            }
             self.rep.comm_ms += ms(t);
-            self.rep.comm_bytes += (elem.size() * own.len()) as u64;
-            self.gathering.push_back(op);
         }
         Ok(())
     }

@@ -40,7 +40,7 @@ mod tests;
 mod window;
 
 pub use clock::SpillStats;
-pub(crate) use file::open_spill_file;
 pub use file::{SpillRegion, SpilledLayer};
+pub(crate) use file::{open_spill_file, reserve_blocks};
 pub use probe::{DiskBandwidth, measure_disk_bandwidth};
 pub use window::{CHUNK_ALIGN, Chunk, SpillWindow, WindowConfig};

@@ -1,0 +1,152 @@
+//! The ranks of a run grouped by machine, and the transport copies each
+//! machine's ranks share ([`megatrain_tier::shared`]).
+//!
+//! With a sharded optimizer each rank writes its range of every layer's
+//! transport copy after its update. Ranks of one machine map one copy, so
+//! nothing moves between them: a barrier of the machine's ranks at the end
+//! of a step orders every rank's writes before the next step's uploads.
+//! Where the run spans machines, the ranks with the same index on their
+//! machines all-gather their ranges as before (each receives the others'
+//! into the one copy its machine shares), which asks every machine for the
+//! same number of ranks; otherwise every rank keeps a copy of its own.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use megatrain_tensor::ParamTable;
+use megatrain_tier::{SharedFile, SharedTransport, TransportDType, create_shared_transport};
+
+use super::{Collective, DistError, Result};
+
+/// Set to split ranks into machines of this many consecutive ranks instead
+/// of by the memory they can share: exercises the multi-machine path on
+/// one machine (tests), nothing else.
+pub const RANKS_PER_MACHINE_ENV: &str = "MEGATRAIN_RANKS_PER_MACHINE";
+
+/// The ranks of this rank's machine, and its peers on the others.
+#[derive(Clone)]
+pub struct Machines {
+    /// The ranks of this machine (they can map one file together).
+    pub node: Arc<dyn Collective>,
+    /// The ranks with this rank's index on every machine, one each, in
+    /// rank order; `None` when one machine holds every rank.
+    pub cross: Option<Arc<dyn Collective>>,
+    /// The run's rank of each member of `cross`, in its order (this
+    /// rank's alone on one machine).
+    pub peers: Vec<usize>,
+}
+
+impl std::fmt::Debug for Machines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machines")
+            .field("local", &(self.node.rank(), self.node.size()))
+            .field("peers", &self.peers)
+            .finish()
+    }
+}
+
+impl Machines {
+    /// Groups `comm`'s ranks by machine (a collective: every rank calls
+    /// it). `None` when no machine holds more than one rank, or machines
+    /// hold different numbers of ranks (nothing to share, or no peer on
+    /// some machine to receive a range into its copy).
+    pub fn of(comm: &dyn Collective) -> Result<Option<Self>> {
+        let per = match std::env::var(RANKS_PER_MACHINE_ENV) {
+            Ok(v) => Some(v.parse::<usize>().ok().filter(|&k| k > 0).ok_or_else(|| {
+                DistError::Invalid(format!("{RANKS_PER_MACHINE_ENV}={v}: expected a positive count"))
+            })?),
+            Err(_) => None,
+        };
+        let node = match per {
+            Some(k) => comm.split(comm.rank() / k)?,
+            None => comm.split_machine()?,
+        };
+        let (size, rank) = (comm.size(), comm.rank());
+        // Every rank's index on its machine and its machine's size.
+        let mut local = vec![0.0; 2 * size];
+        local[2 * rank] = node.rank() as f64;
+        local[2 * rank + 1] = node.size() as f64;
+        comm.sum_f64(&mut local)?;
+        let sizes: Vec<usize> = (0..size).map(|r| local[2 * r + 1] as usize).collect();
+        let uniform = sizes.iter().all(|&s| s == sizes[0]);
+        // Every rank splits again, so that none waits for ever in it.
+        let cross = comm.split(node.rank())?;
+        if !uniform || sizes[0] < 2 {
+            return Ok(None);
+        }
+        let peers: Vec<usize> = (0..size)
+            .filter(|&r| local[2 * r] as usize == node.rank())
+            .collect();
+        Ok(Some(Machines {
+            node,
+            cross: (peers.len() > 1).then_some(cross),
+            peers,
+        }))
+    }
+
+    /// Ranks whose ranges of every layer this rank writes in its machine's
+    /// copy: its own, which it updates, and its peers', which it receives.
+    pub fn writes(&self) -> Vec<usize> {
+        self.peers.clone()
+    }
+}
+
+/// A machine's shared transport copies as one rank takes part in them.
+pub struct Sharing {
+    pub machines: Machines,
+    /// What the tier maps ([`megatrain_tier::TierConfig::shared_transport`]).
+    pub tier: SharedTransport,
+    /// On the rank that created the file: its name, to drop once every
+    /// rank of the machine has mapped it (after
+    /// [`crate::trainer::Trainer::set_distributed`]).
+    pub file: Option<SharedFile>,
+}
+
+/// Creates (on one rank of each machine) the file of the transport copies
+/// the machine's ranks share, in `dir`, and tells the others its name: a
+/// collective. `None` where sharing does not apply ([`Machines::of`]).
+pub fn share_transport(
+    comm: &dyn Collective,
+    dir: &Path,
+    tables: &[ParamTable],
+    transport: TransportDType,
+) -> crate::run::Result<Option<Sharing>> {
+    let Some(machines) = Machines::of(comm)? else {
+        return Ok(None);
+    };
+    let node = &*machines.node;
+    // The creator's failure reaches the others as an empty name, so that
+    // every rank of the machine returns an error instead of waiting.
+    let (file, made) = match node.rank() {
+        0 => match create_shared_transport(dir, tables, transport) {
+            Ok(f) => (Some(f), Ok(())),
+            Err(e) => (None, Err(e)),
+        },
+        _ => (None, Ok(())),
+    };
+    let mut name = file
+        .as_ref()
+        .map(|f| f.path().as_os_str().as_encoded_bytes().to_vec())
+        .unwrap_or_default();
+    node.broadcast_bytes(&mut name)?;
+    made?;
+    if name.is_empty() {
+        return Err(DistError::Invalid(format!(
+            "rank 0 of this machine could not create the shared transport copies in {}",
+            dir.display()
+        ))
+        .into());
+    }
+    #[cfg(unix)]
+    let path = std::path::PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+        name,
+    ));
+    #[cfg(not(unix))]
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&name).into_owned());
+    let tier = SharedTransport {
+        path,
+        writes: machines.writes(),
+        local: node.size(),
+    };
+    Ok(Some(Sharing { machines, tier, file }))
+}

@@ -1,0 +1,182 @@
+//! Transport copies shared by the ranks of one machine.
+//!
+//! A rank of a sharded optimizer updates only its range of every layer,
+//! yet uploads whole layers, so each rank used to hold a whole transport
+//! copy: N ranks on one machine held N copies (2 B/param each in bf16,
+//! beside 12/N of p, m and v). Instead the machine's ranks map one file on
+//! a memory filesystem (`/dev/shm`): the copies are held once per machine,
+//! and after an update nothing moves between them; each rank writes its
+//! own range ([`SharedTransport::writes`]) and a barrier makes the writes
+//! visible before the next upload (the trainer's side of it).
+//!
+//! One rank of the machine creates the file with [`create_shared_transport`]
+//! at its full length with every page reserved (so a filesystem too small
+//! is an error at start, not a `SIGBUS` at the first write); every rank
+//! maps it through [`crate::TierConfig::shared_transport`]; once all have,
+//! the creator's [`SharedFile`] is dropped and the name goes, so no exit
+//! path leaves the file behind after that.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use megatrain_tensor::ParamTable;
+
+use crate::buf::padded_bytes;
+use crate::error::{Result, TierError, is_disk_full};
+use crate::shard::layer_ranges;
+use crate::slab::TransportDType;
+
+/// How this process takes part in a transport copy its machine shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedTransport {
+    /// The file every rank of the machine maps.
+    pub path: PathBuf,
+    /// The ranks (of the sharded optimizer's) whose range of every layer
+    /// this process writes: its own, and, where the run spans machines,
+    /// those of the ranks with its local index on the other machines (it
+    /// receives them there).
+    pub writes: Vec<usize>,
+    /// Ranks on this machine: the budget counts this share of the copies.
+    pub local: usize,
+}
+
+impl SharedTransport {
+    /// Elements of a layer of `n` elements this process writes, in order:
+    /// its [`SharedTransport::writes`] ranks' ranges of the layer as the
+    /// sharded optimizer cuts it (`spilled`: on pages).
+    pub fn layer_writes(&self, n: usize, spilled: bool, ranks: usize) -> Vec<Range<usize>> {
+        let all = layer_ranges(n, spilled, ranks);
+        let mut w: Vec<_> = self.writes.iter().map(|&r| all[r].clone()).collect();
+        w.sort_by_key(|r| r.start);
+        w
+    }
+}
+
+/// Each layer's byte offset in the shared file (whole pages each, in
+/// layer order) and the file's length.
+pub fn shared_layout(tables: &[ParamTable], transport: TransportDType) -> (Vec<u64>, u64) {
+    let mut at = 0;
+    let offsets = tables
+        .iter()
+        .map(|t| {
+            let o = at;
+            at += padded_bytes(t.numel(), transport.size_in_bytes());
+            o
+        })
+        .collect();
+    (offsets, at)
+}
+
+/// The file a machine's transport copies live in, removed when dropped.
+#[derive(Debug)]
+pub struct SharedFile {
+    path: PathBuf,
+}
+
+impl SharedFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SharedFile {
+    fn drop(&mut self) {
+        // The maps keep the memory; only the name goes.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+static SHARED_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Creates, in `dir`, the zeroed file of every layer's transport copy, its
+/// pages all reserved.
+pub fn create_shared_transport(
+    dir: &Path,
+    tables: &[ParamTable],
+    transport: TransportDType,
+) -> Result<SharedFile> {
+    let (_, bytes) = shared_layout(tables, transport);
+    let n = SHARED_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path = dir.join(format!(
+        "megatrain-transport-{}-{nanos}-{n}.shm",
+        std::process::id()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|e| TierError::io(&path, e))?;
+    let shared = SharedFile { path };
+    let full = |cause| TierError::SharedFull {
+        path: shared.path.clone(),
+        needed: bytes,
+        cause,
+    };
+    file.set_len(bytes).map_err(|e| match is_disk_full(&e) {
+        true => full(e),
+        false => TierError::io(&shared.path, e),
+    })?;
+    crate::spill::reserve_blocks(&file, 0..bytes).map_err(|e| match is_disk_full(&e) {
+        true => full(e),
+        false => TierError::io(&shared.path, e),
+    })?;
+    Ok(shared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tables(sizes: &[usize]) -> Vec<ParamTable> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut t = ParamTable::new();
+                t.push(format!("w{i}"), vec![n], true).unwrap();
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layers_sit_on_pages_in_order() {
+        let t = tables(&[1, 2048, 2049, 0, 5]);
+        let (at, len) = shared_layout(&t, TransportDType::BF16);
+        assert_eq!(at, [0, 4096, 8192, 16384, 16384]);
+        assert_eq!(len, 20480);
+        let (at, len) = shared_layout(&t, TransportDType::F32);
+        assert_eq!(at, [0, 4096, 12288, 24576, 24576]);
+        assert_eq!(len, 28672);
+    }
+
+    #[test]
+    fn the_file_is_whole_and_goes_with_its_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tables(&[3000, 70]);
+        let f = create_shared_transport(dir.path(), &t, TransportDType::BF16).unwrap();
+        assert_eq!(std::fs::metadata(f.path()).unwrap().len(), 12288);
+        let path = f.path().to_path_buf();
+        drop(f);
+        assert!(!path.exists());
+        let err =
+            create_shared_transport(Path::new("/nonexistent/shm"), &t, TransportDType::BF16).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/shm"), "{err}");
+    }
+
+    #[test]
+    fn a_process_writes_its_ranks_ranges_in_order() {
+        let s = SharedTransport {
+            path: PathBuf::new(),
+            writes: vec![3, 1],
+            local: 2,
+        };
+        assert_eq!(s.layer_writes(100, false, 4), [25..50, 75..100]);
+        assert_eq!(s.layer_writes(5000, true, 4), [1024..2048, 4096..5000]);
+    }
+}
