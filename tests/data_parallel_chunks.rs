@@ -14,13 +14,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use megatrain::data::Batch;
-use megatrain::dist::local::{LocalComm, local_group};
-use megatrain::dist::{Collective, DistConfig};
+use megatrain::dist::local::{LocalComm, local_group, local_machines};
+use megatrain::dist::{Collective, DistConfig, share_transport};
 use megatrain::trainer::{TrainError, Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{
-    CHUNK_ALIGN, HostTier, Shard, TierConfig, TransportDType, WindowConfig, load_checkpoint, padded_bytes,
-    save_checkpoint_gathered,
+    CHUNK_ALIGN, HostTier, Shard, SharedTransport, TierConfig, TransportDType, WindowConfig, load_checkpoint,
+    padded_bytes, save_checkpoint_gathered,
 };
 use megatrain_zoo::ModelConfig;
 
@@ -43,6 +43,9 @@ struct Case {
     /// Every layer but the embedding spills to disk (a sharded optimizer
     /// then moves each rank's page-aligned shard through the spill window).
     spill: bool,
+    /// Ranks per machine that map one transport copy (sharded only);
+    /// `None`: a copy per rank.
+    machine: Option<usize>,
 }
 
 fn cases() -> Vec<Case> {
@@ -63,6 +66,7 @@ fn cases() -> Vec<Case> {
                     micro,
                     clip,
                     spill: false,
+                    machine: None,
                 });
             }
         }
@@ -89,6 +93,7 @@ fn trainer(
     chunk: usize,
     dir: &Path,
     shard: Option<Shard>,
+    shared: Option<SharedTransport>,
 ) -> Trainer<CpuExecutor> {
     let hold_grads = case.micro > 1 || case.clip.is_some();
     let tier = TierConfig {
@@ -97,7 +102,7 @@ fn trainer(
         hold_grads,
         ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
         spill_dir: case.spill.then(|| dir.join("spill")),
-        shared_transport: None,
+        shared_transport: shared,
     };
     let config = TrainerConfig {
         transfer_chunk: chunk,
@@ -124,6 +129,8 @@ struct Run {
     staging: Vec<u64>,
     /// Per rank: bytes read from spill files over the run.
     spill_read: Vec<u64>,
+    /// Per rank: bytes put into collectives over the run.
+    comm_bytes: Vec<u64>,
 }
 
 /// One rank's trainer after `STEPS` steps (its spill files in `dir`), its
@@ -134,25 +141,48 @@ fn train_rank(
     chunk: usize,
     comm: Option<LocalComm>,
     dir: &Path,
-) -> (Trainer<CpuExecutor>, Vec<f64>, u64) {
+) -> (Trainer<CpuExecutor>, Vec<f64>, u64, u64) {
     let (rank, ranks) = comm.as_ref().map_or((0, 1), |c| (c.rank(), case.ranks));
     let shard = comm.as_ref().filter(|_| case.shard).map(|c| Shard {
         rank: c.rank(),
         ranks: c.size(),
     });
-    let mut t = trainer(model, case, chunk, dir, shard);
+    let sharing = match (&comm, case.machine) {
+        (Some(c), Some(_)) => {
+            let s = share_transport(c, dir, &model.layer_tables(), case.transport).unwrap();
+            Some(s.expect("the case's machines share"))
+        }
+        _ => None,
+    };
+    let mut t = trainer(
+        model,
+        case,
+        chunk,
+        dir,
+        shard,
+        sharing.as_ref().map(|s| s.tier.clone()),
+    );
     if let Some(c) = comm {
         t.set_distributed(DistConfig {
             comm: Arc::new(c),
             shard_optimizer: case.shard,
-            shared: None,
+            shared: sharing.as_ref().map(|s| s.machines.clone()),
         })
         .unwrap();
     }
+    // Every rank has mapped the copies: their file's name goes.
+    drop(sharing);
+    let left = std::fs::read_dir(dir).unwrap().flatten();
+    assert!(
+        left.filter(|e| e.file_name().to_string_lossy().contains("transport"))
+            .count()
+            == 0
+    );
     let global = ROWS * case.ranks;
     let rows = rank * global / ranks..(rank + 1) * global / ranks;
     let mut losses = Vec::new();
     let mut spill_read = 0;
+    let mut comm_bytes = 0;
     for step in 0..STEPS {
         let micro: Vec<Batch> = (0..case.micro)
             .map(|k| {
@@ -162,13 +192,14 @@ fn train_rank(
         let m = t.step(&micro, 3e-3).unwrap();
         losses.push(m.loss);
         spill_read += m.spill_read_bytes;
+        comm_bytes += m.comm_bytes;
     }
-    (t, losses, spill_read)
+    (t, losses, spill_read, comm_bytes)
 }
 
 fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalComm>) -> Run {
     let dir = tempfile::tempdir().unwrap();
-    let (mut t, losses, spill_read) = train_rank(model, case, chunk, comm, dir.path());
+    let (mut t, losses, spill_read, comm_bytes) = train_rank(model, case, chunk, comm, dir.path());
     t.gather_state().unwrap();
     let layers = t.tier().layers();
     Run {
@@ -177,12 +208,16 @@ fn rank_run(model: &ModelConfig, case: Case, chunk: usize, comm: Option<LocalCom
         transport: vec![layers.iter().map(|s| s.transport().as_bytes().to_vec()).collect()],
         staging: vec![t.staging_bytes()],
         spill_read: vec![spill_read],
+        comm_bytes: vec![comm_bytes],
     }
 }
 
 /// `case.ranks` ranks, as threads.
 fn run(model: &ModelConfig, case: Case, chunk: usize) -> Run {
-    let comms = local_group(case.ranks);
+    let comms = match case.machine {
+        Some(per) => local_machines(case.ranks, per),
+        None => local_group(case.ranks),
+    };
     let mut runs: Vec<Run> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
@@ -198,6 +233,7 @@ fn run(model: &ModelConfig, case: Case, chunk: usize) -> Run {
         all.transport.extend(r.transport);
         all.staging.extend(r.staging);
         all.spill_read.extend(r.spill_read);
+        all.comm_bytes.extend(r.comm_bytes);
     }
     all
 }
@@ -289,6 +325,7 @@ fn spilled_layers_reduce_in_chunks() {
                 micro,
                 clip,
                 spill: true,
+                machine: None,
             });
         }
     }
@@ -304,6 +341,62 @@ fn spilled_layers_reduce_in_chunks() {
             sharded.iter().all(|&b| 0 < b && b < whole),
             "{case:?}: {sharded:?} of {whole}"
         );
+    }
+}
+
+/// A machine's ranks mapping one transport copy train what ranks holding
+/// a copy each train, bit for bit, and see the same whole copy after every
+/// run: on one machine (nothing of the copy moves between ranks), and on
+/// two machines of two ranks (the ranks with the same index all-gather
+/// into their machine's copy), with held gradients, clipping and spilled
+/// layers.
+#[test]
+fn ranks_sharing_transport_copies_train_as_ranks_holding_their_own() {
+    let model = common::llama_tiny(2);
+    let whole: Vec<usize> = model.layer_tables().iter().map(|t| t.numel()).collect();
+    for (ranks, per, transport, micro, clip, spill) in [
+        (2, 2, TransportDType::BF16, 1, None, false),
+        (3, 3, TransportDType::F32, 2, None, false),
+        (3, 3, TransportDType::BF16, 1, Some(0.05), true),
+        (4, 2, TransportDType::BF16, 1, None, false),
+        (4, 2, TransportDType::F32, 2, Some(0.05), true),
+    ] {
+        let own = Case {
+            ranks,
+            shard: true,
+            transport,
+            micro,
+            clip,
+            spill,
+            machine: None,
+        };
+        let shared = Case {
+            machine: Some(per),
+            ..own
+        };
+        let (a, b) = (run(&model, own, CHUNK), run(&model, shared, CHUNK));
+        assert_eq!(a.losses, b.losses, "{shared:?}: losses");
+        assert!(a.params == b.params, "{shared:?}: parameters differ");
+        assert!(
+            b.transport.iter().all(|t| *t == a.transport[0]),
+            "{shared:?}: a rank's copy differs"
+        );
+        if per == ranks {
+            // One machine: the ranks moved only gradients, each as many
+            // bytes fewer as its ranges of the copy hold, every step.
+            for (rank, (x, y)) in a.comm_bytes.iter().zip(&b.comm_bytes).enumerate() {
+                let ranges: u64 = whole
+                    .iter()
+                    .enumerate()
+                    .map(|(l, &n)| {
+                        let spilled = spill && l > 0;
+                        megatrain_tier::shard::layer_ranges(n, spilled, ranks)[rank].len() as u64
+                    })
+                    .sum();
+                let gathered = STEPS * ranges * transport.size_in_bytes() as u64;
+                assert_eq!(x - y, gathered, "{shared:?} rank {rank}: {x} vs {y} bytes");
+            }
+        }
     }
 }
 
@@ -330,6 +423,7 @@ fn rank_staging_is_sized_by_the_chunk() {
                     micro,
                     clip: None,
                     spill: false,
+                    machine: None,
                 };
                 let r = run(&model, case, CHUNK);
                 for (rank, &peak) in r.staging.iter().enumerate() {
@@ -362,6 +456,7 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
             micro: 1,
             clip: None,
             spill,
+            machine: None,
         };
         let want = run(&model, case, CHUNK).params;
         let ckpt = tempfile::tempdir().unwrap();
@@ -372,7 +467,7 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
                 s.spawn(move || {
                     let rank = c.rank();
                     let dir = tempfile::tempdir().unwrap();
-                    let (mut t, _, _) = train_rank(model, case, CHUNK, Some(c), dir.path());
+                    let (mut t, ..) = train_rank(model, case, CHUNK, Some(c), dir.path());
                     let saved = t
                         .save_on_rank0(|tier, gather| {
                             save_checkpoint_gathered(ckpt_dir, tier, &serde_json::Value::Null, gather)

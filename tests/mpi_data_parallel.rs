@@ -134,8 +134,14 @@ fn run_alone(args: &[String]) -> Output {
 }
 
 fn run_mpi(np: usize, args: &[String]) -> Output {
+    run_mpi_env(np, args, &[])
+}
+
+fn run_mpi_env(np: usize, args: &[String], env: &[(&str, &str)]) -> Output {
     let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
-    check(mpirun(np).arg(bin()).args(args).output().unwrap(), "mpirun")
+    let mut c = mpirun(np);
+    c.envs(env.iter().copied());
+    check(c.arg(bin()).args(args).output().unwrap(), "mpirun")
 }
 
 /// `(step, loss or val_loss)` of every metrics line that has it.
@@ -431,6 +437,60 @@ fn sharded_optimizer_over_spilled_layers_equals_one_rank_and_resumes() {
     );
     let left = std::fs::read_dir(run.join("spill")).map_or(0, |d| d.count());
     assert_eq!(left, 0, "spill files left behind");
+}
+
+/// A machine's ranks of a sharded optimizer map one transport copy (the
+/// default): they train the bits that ranks holding a copy each train, on
+/// one machine and split into two machines of two ranks (the ranks with
+/// the same index all-gather between them), and leave no file behind in
+/// `--shm-dir`. A `--shm-dir` that cannot hold the file ends every rank
+/// with an error that names it.
+#[test]
+fn ranks_sharing_one_transport_copy_train_as_ranks_holding_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let shm = dir.path().join("shm");
+    std::fs::create_dir(&shm).unwrap();
+    let sharded = ["--shard-optimizer", "true", "--precision", "bf16"];
+    for (np, per) in [(2, "2"), (4, "2")] {
+        let (own, shared) = (
+            dir.path().join(format!("own{np}")),
+            dir.path().join(format!("shared{np}")),
+        );
+        let mut a = train_args("llama-tiny", &data, &own, 2, &sharded);
+        a.extend(["--share-transport", "false"].map(String::from));
+        run_mpi(np, &a);
+        let mut b = train_args("llama-tiny", &data, &shared, 2, &sharded);
+        b.extend(["--shm-dir", shm.to_str().unwrap()].map(String::from));
+        run_mpi_env(np, &b, &[("MEGATRAIN_RANKS_PER_MACHINE", per)]);
+        let what = format!("{np} ranks, machines of {per}");
+        for key in ["loss", "val_loss"] {
+            assert_eq!(metric(&own, key), metric(&shared, key), "{what}: {key}");
+        }
+        let (x, y) = (
+            tensors(&latest(&own).join("model.safetensors")),
+            tensors(&latest(&shared).join("model.safetensors")),
+        );
+        assert!(!x.is_empty() && x == y, "{what}: parameters differ");
+        assert_eq!(
+            std::fs::read_dir(&shm).unwrap().count(),
+            0,
+            "{what}: a file left in --shm-dir"
+        );
+    }
+    let missing = dir.path().join("no-such-shm");
+    let mut c = train_args("llama-tiny", &data, &dir.path().join("bad"), 2, &sharded);
+    c.extend(["--shm-dir", missing.to_str().unwrap()].map(String::from));
+    let out = {
+        let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
+        mpirun(2).arg(bin()).args(&c).output().unwrap()
+    };
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--shm-dir") && err.contains(missing.to_str().unwrap()),
+        "{err}"
+    );
 }
 
 #[test]

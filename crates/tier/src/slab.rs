@@ -266,7 +266,7 @@ impl LayerSlab {
             step: 0,
             own,
             reserved,
-            transport_writes: vec![0..n],
+            transport_writes: std::iter::once(0..n).collect(),
         })
     }
 

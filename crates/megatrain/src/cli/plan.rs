@@ -43,6 +43,10 @@ pub struct PlanArgs {
     /// print the host bytes of each rank.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
+    /// With --ranks: the ranks (all on this machine) map one transport copy,
+    /// as `train --share-transport` (true | false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    share_transport: bool,
     /// Device memory to compare with, e.g. 24G (wgpu does not report it).
     #[arg(long, value_parser = super::parse_bytes)]
     device_mem: Option<u64>,
@@ -150,7 +154,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         );
     }
     if a.ranks > 1 {
-        let r = per_rank(&model, &tier, a.ranks)?;
+        let r = per_rank(&model, &tier, a.ranks, a.share_transport)?;
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
         println!(
             "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",
@@ -182,9 +186,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             );
         }
         println!(
-            "  all {} ranks on one machine: at most {} (each rank holds a whole transport copy)",
+            "  all {} ranks on one machine: at most {} ({})",
             a.ranks,
-            gib(a.ranks as u64 * r.total())
+            gib(a.ranks as u64 * r.total()),
+            if a.share_transport {
+                "they map one transport copy, each counting its share; --share-transport false: a copy each"
+            } else {
+                "each rank holds a whole transport copy"
+            }
         );
         println!(
             "  rank 0 while saving a checkpoint: {} more (it gathers one layer's p, m, v whole at a time)",

@@ -468,6 +468,54 @@ mod tests {
     }
 
     #[test]
+    fn splits_group_ranks_by_colour_and_machine() {
+        let comms = local_machines(5, 2);
+        let out: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let m = c.split_machine().unwrap();
+                        let odd = c.split(c.rank() % 2).unwrap();
+                        // Each part sums on its own.
+                        let mut x = [c.rank() as f64];
+                        odd.sum_f64(&mut x).unwrap();
+                        m.barrier().unwrap();
+                        c.barrier().unwrap();
+                        (m.rank(), m.size(), odd.rank(), odd.size(), x[0])
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(
+            out,
+            [
+                (0, 2, 0, 3, 6.0),
+                (1, 2, 0, 2, 4.0),
+                (0, 2, 1, 3, 6.0),
+                (1, 2, 1, 2, 4.0),
+                (0, 1, 2, 3, 6.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_barrier_waits_for_every_rank() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let arrived = AtomicUsize::new(0);
+        let seen = on_ranks(3, |c| {
+            if c.rank() == 2 {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            arrived.fetch_add(1, Ordering::SeqCst);
+            c.barrier().unwrap();
+            arrived.load(Ordering::SeqCst)
+        });
+        assert_eq!(seen, [3, 3, 3]);
+    }
+
+    #[test]
     fn gather_to_root_fills_rank_zero_only() {
         let out = on_ranks(2, |c| {
             let ranges = [0..2, 2..5];

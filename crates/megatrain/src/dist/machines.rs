@@ -150,3 +150,54 @@ pub fn share_transport(
     };
     Ok(Some(Sharing { machines, tier, file }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::local::local_machines;
+
+    /// Per rank: its index and machine size, whether it has peers on other
+    /// machines, and their ranks.
+    type Seen = Option<(usize, usize, bool, Vec<usize>)>;
+
+    fn on(size: usize, per: usize) -> Vec<Seen> {
+        let comms = local_machines(size, per);
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        Machines::of(c)
+                            .unwrap()
+                            .map(|m| (m.node.rank(), m.node.size(), m.cross.is_some(), m.peers))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn ranks_group_by_machine_with_peers_of_the_same_index() {
+        assert_eq!(
+            on(3, 3),
+            [
+                Some((0, 3, false, vec![0])),
+                Some((1, 3, false, vec![1])),
+                Some((2, 3, false, vec![2]))
+            ]
+        );
+        assert_eq!(
+            on(4, 2),
+            [
+                Some((0, 2, true, vec![0, 2])),
+                Some((1, 2, true, vec![1, 3])),
+                Some((0, 2, true, vec![0, 2])),
+                Some((1, 2, true, vec![1, 3]))
+            ]
+        );
+        // Nothing to share, or a machine short of a peer.
+        assert_eq!(on(2, 1), [None, None]);
+        assert_eq!(on(3, 2), [None, None, None]);
+    }
+}

@@ -225,6 +225,10 @@ impl Collective for MpiComm {
             ffi::MPI_Bcast(len.as_mut_ptr().cast(), 8, ffi::RSMPI_UINT8_T, 0, self.comm())
         })?;
         bytes.resize(len[0] as usize, 0);
+        if bytes.is_empty() {
+            // An empty Vec's pointer is 1, which is MPI_IN_PLACE to Open MPI.
+            return Ok(());
+        }
         let n = count(|| "a broadcast".into(), bytes.len())?;
         // SAFETY: `bytes` holds `n` bytes on every rank for the blocking call.
         check("MPI_Bcast", unsafe {

@@ -2,12 +2,13 @@
 //! training with the optimizer sharded (ZeRO-1/2), placed as the trainer
 //! places them ([`TierConfig::shard`]): each rank keeps its 1/N of every RAM
 //! layer's p, m and v resident (the pages of the rest are handed back) and
-//! a whole transport copy; held gradients stay whole; under a budget the
+//! a whole transport copy, or its share of the one the machine's ranks
+//! map together; held gradients stay whole; under a budget the
 //! layers that do not fit spill, and each rank moves its 1/N of them
 //! through the disk.
 
 use megatrain_tier::shard::resident_block_bytes;
-use megatrain_tier::{MemoryReport, Shard, TierConfig, padded_bytes};
+use megatrain_tier::{MemoryReport, Shard, SharedTransport, TierConfig, padded_bytes};
 use megatrain_zoo::ModelConfig;
 
 use super::error::Result;
@@ -39,12 +40,19 @@ impl RankBytes {
 }
 
 /// The busiest rank's bytes on `ranks` ranks with a sharded optimizer,
-/// under `tier`'s budget.
-pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize) -> Result<RankBytes> {
+/// under `tier`'s budget; `shared`: all on one machine, mapping one
+/// transport copy (`--share-transport true`), each counting its share.
+pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize, shared: bool) -> Result<RankBytes> {
     let ranks = ranks.max(1);
     let tables = model.layer_tables();
+    let shard = (ranks > 1).then_some(Shard { rank: 0, ranks });
     let cfg = TierConfig {
-        shard: (ranks > 1).then_some(Shard { rank: 0, ranks }),
+        shard,
+        shared_transport: shard.filter(|_| shared).map(|_| SharedTransport {
+            path: Default::default(),
+            writes: vec![0],
+            local: ranks,
+        }),
         ..tier.clone()
     };
     let host = megatrain_tier::plan(&tables, &cfg)?;
@@ -90,8 +98,8 @@ mod tests {
     fn sharding_divides_p_m_v_and_keeps_the_transport_whole() {
         let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
         let tier = TierConfig::default();
-        let one = per_rank(&model, &tier, 1).unwrap();
-        let four = per_rank(&model, &tier, 4).unwrap();
+        let one = per_rank(&model, &tier, 1, false).unwrap();
+        let four = per_rank(&model, &tier, 4, false).unwrap();
         assert_eq!(one.host.ram.transport, four.host.ram.transport);
         let n: u64 = model.layer_tables().iter().map(|t| t.numel() as u64).sum();
         // p alone on one rank: 4 bytes a parameter, page-rounded per layer.
@@ -126,8 +134,8 @@ mod tests {
             spill_dir: Some("/nonexistent".into()),
             ..TierConfig::default()
         };
-        let one = per_rank(&model, &tier, 1).unwrap();
-        let four = per_rank(&model, &tier, 4).unwrap();
+        let one = per_rank(&model, &tier, 1, false).unwrap();
+        let four = per_rank(&model, &tier, 4, false).unwrap();
         let (f1, f4) = (one.host.first_spilled.unwrap(), four.host.first_spilled.unwrap());
         assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
         assert!(four.host.ram.total() <= 6 << 30);
@@ -139,5 +147,35 @@ mod tests {
             .sum();
         let disk = four.host.disk.total();
         assert!(disk > spilled / 4 && disk < spilled / 4 + (1 << 20), "{four:?}");
+    }
+
+    /// Ranks of one machine that map one transport copy count a quarter
+    /// of it each, so under a budget more layers stay in RAM.
+    #[test]
+    fn a_machine_s_ranks_count_their_share_of_one_transport_copy() {
+        let model = megatrain_zoo::preset("tinyllama-1.1b", None).unwrap();
+        let tier = TierConfig {
+            transport: megatrain_tier::TransportDType::BF16,
+            ram_budget_bytes: Some(3 << 30),
+            spill_dir: Some("/nonexistent".into()),
+            ..TierConfig::default()
+        };
+        let own = per_rank(&model, &tier, 4, false).unwrap();
+        let shared = per_rank(&model, &tier, 4, true).unwrap();
+        assert_eq!(shared.host.ram.transport, own.host.ram.transport.div_ceil(4));
+        let (a, b) = (
+            own.host.first_spilled.unwrap(),
+            shared.host.first_spilled.unwrap(),
+        );
+        assert!(
+            b > a,
+            "first spilled layer: {a} with a copy each, {b} sharing one"
+        );
+        assert!(shared.host.ram.total() <= 3 << 30);
+        // One rank alone has nothing to share.
+        assert_eq!(
+            per_rank(&model, &tier, 1, true).unwrap(),
+            per_rank(&model, &tier, 1, false).unwrap()
+        );
     }
 }

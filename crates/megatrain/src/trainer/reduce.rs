@@ -46,6 +46,10 @@ use super::spill_window::update_any;
 use super::{TrainError, ms};
 use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges};
 
+/// A gather of a chunk of a transport copy in flight, and the bytes this
+/// rank put into it.
+pub(super) type Gather = (Box<dyn InFlight>, u64);
+
 /// A trainer's part in data parallel training: the communicator, and for a
 /// sharded optimizer every layer's ranges.
 pub(super) struct DistState {
@@ -86,7 +90,7 @@ impl DistState {
         base: *mut u8,
         elem: crate::dist::Elem,
         parts: &[Range<usize>],
-    ) -> Result<Option<(Box<dyn InFlight>, u64)>, TrainError> {
+    ) -> Result<Option<Gather>, TrainError> {
         let mine = parts[self.config.comm.rank()].len();
         let bytes = (elem.size() * mine) as u64;
         let err = |e: crate::dist::DistError| TrainError::Internal(e.to_string());
