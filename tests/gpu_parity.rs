@@ -12,12 +12,12 @@ use std::sync::Arc;
 use common::GPU_STREAM;
 use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
-use megatrain::dist::{Collective, DistConfig};
+use megatrain::dist::{Collective, DistConfig, Sharing, share_transport};
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
-use megatrain_tier::TransportDType;
+use megatrain_tier::{Shard, TierConfig, TransportDType};
 use megatrain_zoo::{ModelConfig, download_grads, forward_backward, gpt2_nano, init_layer, upload_layer};
 
 /// Loss and every parameter gradient of one full forward/backward.
@@ -302,15 +302,17 @@ fn dp_rank<E: Executor>(
     mut t: Trainer<E>,
     comm: LocalComm,
     shard: bool,
+    sharing: Option<Sharing>,
     steps: u64,
 ) -> (Vec<Vec<f32>>, Option<megatrain_tensor::TransportStats>, u64) {
     let rank = comm.rank();
     t.set_distributed(DistConfig {
         comm: Arc::new(comm),
         shard_optimizer: shard,
-        shared: None,
+        shared: sharing.as_ref().map(|s| s.machines.clone()),
     })
     .unwrap();
+    drop(sharing);
     let vocab = t.model().vocab_size;
     for step in 0..steps {
         let b = GPU_STREAM.rows(vocab, step, 4, 2 * rank..2 * rank + 2, 24);
@@ -324,14 +326,16 @@ fn dp_rank<E: Executor>(
 /// Data parallel on the GPU: two ranks (threads, [`local_group`]), each
 /// with its own executor, replicated and sharded optimizer, gradients in
 /// chunks of 1021 elements that the reduction sends from where they
-/// landed, uploads from the registered tier; the result follows the same
-/// ranks on the CPU executor as a single GPU run follows the CPU.
+/// landed, uploads from the registered tier (with a sharded optimizer also
+/// from the one transport copy both ranks map); the result follows the
+/// same ranks on the CPU executor as a single GPU run follows the CPU.
 #[test]
 fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
     let steps = 5u64;
-    let rank_run = |gpu: bool, comm: LocalComm, shard: bool| {
+    let shm = tempfile::tempdir().unwrap();
+    let rank_run = |gpu: bool, comm: LocalComm, shard: bool, share: bool| {
         let config = TrainerConfig {
             checkpoint_every: 1,
             chunk_rows: 32,
@@ -339,26 +343,43 @@ fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
             transfer_chunk: 1021,
             ..TrainerConfig::default()
         };
-        let tier = common::copies(TransportDType::F32);
+        let sharing = share
+            .then(|| share_transport(&comm, shm.path(), &model.layer_tables(), TransportDType::F32).unwrap())
+            .flatten();
+        let tier = TierConfig {
+            shard: shard.then_some(Shard {
+                rank: comm.rank(),
+                ranks: 2,
+            }),
+            shared_transport: sharing.as_ref().map(|s| s.tier.clone()),
+            ..common::copies(TransportDType::F32)
+        };
         match gpu {
             true => {
                 let ex = gpu_uploading(ctx.clone(), TransportChoice::Staging, Uploads::Direct);
-                dp_rank(common::trainer(ex, &model, tier, 3, config), comm, shard, steps)
+                dp_rank(
+                    common::trainer(ex, &model, tier, 3, config),
+                    comm,
+                    shard,
+                    sharing,
+                    steps,
+                )
             }
             false => dp_rank(
                 common::trainer(CpuExecutor::new(), &model, tier, 3, config),
                 comm,
                 shard,
+                sharing,
                 steps,
             ),
         }
     };
-    for shard in [false, true] {
+    for (shard, share) in [(false, false), (true, false), (true, true)] {
         let ranks = |gpu: bool| {
             std::thread::scope(|s| {
                 let hs: Vec<_> = local_group(2)
                     .into_iter()
-                    .map(|c| s.spawn(move || rank_run(gpu, c, shard)))
+                    .map(|c| s.spawn(move || rank_run(gpu, c, shard, share)))
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
             })
@@ -368,15 +389,18 @@ fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
             let stats = stats.unwrap();
             assert!(
                 stats.downloads_in_place > 0,
-                "shard {shard}, rank {rank}: the reduction sends gradients where they landed"
+                "shard {shard}, share {share}, rank {rank}: the reduction sends gradients where they landed"
             );
             // Only the receive buffers of the reductions are staged.
             assert!(
                 *staged <= 2 * 4 * 1021,
-                "shard {shard}, rank {rank}: {staged} bytes staged"
+                "shard {shard}, share {share}, rank {rank}: {staged} bytes staged"
             );
             if ctx.can_import_host_memory() {
-                assert!(stats.bytes_up_direct > 0, "shard {shard}, rank {rank}");
+                assert!(
+                    stats.bytes_up_direct > 0,
+                    "shard {shard}, share {share}, rank {rank}"
+                );
             }
         }
         let worst = cpu[0]
@@ -385,8 +409,10 @@ fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
             .zip(&gpu[0].0)
             .map(|(c, g)| rel_norm_err(g, c))
             .fold(0.0f64, f64::max);
-        eprintln!("data parallel, shard {shard}: GPU ranks vs CPU ranks, worst layer {worst:e}");
-        assert!(worst <= 1e-5, "shard {shard}: {worst:e}");
+        eprintln!(
+            "data parallel, shard {shard}, share {share}: GPU ranks vs CPU ranks, worst layer {worst:e}"
+        );
+        assert!(worst <= 1e-5, "shard {shard}, share {share}: {worst:e}");
     }
 }
 

@@ -167,7 +167,11 @@ fn register_transport_copies<E: Executor>(ex: &E, tier: &mut HostTier) -> Result
         // transport copy (`LayerSlab::keep_registration`). The step writes
         // a layer's transport copy (AdamW, or the data parallel all-gather)
         // only once that layer's gradients have landed, and they are
-        // computed after every load of the layer in the step; the spill
+        // computed after every load of the layer in the step. Where a
+        // machine's ranks share the copy, another rank writes its range
+        // of a layer once the reduction of that layer's gradients, which
+        // needs this rank's, is in, and the step ends with a barrier of
+        // them all. The spill
         // window never moves a transport copy (they stay in RAM); outside
         // a step every load has completed (the step and the evaluation end
         // with a finished download).
