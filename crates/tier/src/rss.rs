@@ -7,6 +7,21 @@ pub fn current_rss_bytes() -> Option<u64> {
     status_field("VmRSS:")
 }
 
+/// Current proportional set size in bytes (`Pss` of
+/// `/proc/self/smaps_rollup`): a page the process shares with k others
+/// counts 1/(k+1), so the ranks' figures add up to the machine's memory
+/// where they map one transport copy ([`crate::shared`]), which RSS counts
+/// whole in each.
+pub fn current_pss_bytes() -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+        parse_kb_field(&rollup, "Pss:")
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// Peak resident set size in bytes since start or the last
 /// [`reset_peak_rss`] (`VmHWM`).
 pub fn peak_rss_bytes() -> Option<u64> {

@@ -9,7 +9,7 @@ use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier, transfer_
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor};
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{HostTier, Shard, TierConfig, WindowConfig, rss};
+use megatrain_tier::{HostTier, Shard, SharedTransport, TierConfig, WindowConfig, rss};
 use megatrain_zoo::{HfCheckpoint, ModelConfig};
 
 use super::floor::{HostCounters, NOOP_DEVICE, StepCounters, noop_context};
@@ -45,15 +45,21 @@ pub fn run(spec: &Spec) -> anyhow::Result<Record> {
     }
 }
 
-fn precision(spec: &Spec) -> anyhow::Result<Precision> {
+pub(super) fn precision(spec: &Spec) -> anyhow::Result<Precision> {
     spec.precision
         .parse()
         .map_err(|e: String| anyhow::anyhow!("--precision: {e}"))
 }
 
 /// The tier `spec` trains (`shard`: placed for a rank of a sharded
-/// optimizer, as `megatrain train` places it).
-pub(super) fn tier_for(spec: &Spec, model: &ModelConfig, shard: Option<Shard>) -> anyhow::Result<HostTier> {
+/// optimizer, as `megatrain train` places it, mapping `shared` transport
+/// copies where the machine's ranks share them).
+pub(super) fn tier_for(
+    spec: &Spec,
+    model: &ModelConfig,
+    shard: Option<Shard>,
+    shared: Option<SharedTransport>,
+) -> anyhow::Result<HostTier> {
     let config = TierConfig {
         shard,
         transport: precision(spec)?.transport(),
@@ -64,7 +70,7 @@ pub(super) fn tier_for(spec: &Spec, model: &ModelConfig, shard: Option<Shard>) -
                 .clone()
                 .unwrap_or_else(|| std::env::temp_dir().join("megatrain-bench-spill"))
         }),
-        shared_transport: None,
+        shared_transport: shared,
     };
     Ok(match &spec.model_dir {
         Some(dir) => load_tier(&HfCheckpoint::open(dir)?, config)?,
@@ -111,7 +117,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         .with_context(|| format!("--precision {p}"))?;
     let model = spec.model()?;
     let device_name = ex.name();
-    let tier = tier_for(spec, &model, None)?;
+    let tier = tier_for(spec, &model, None, None)?;
     let tier_report = tier.report();
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {

@@ -141,6 +141,10 @@ pub struct Args {
     /// With --ranks: shard the optimizer across ranks (ZeRO-1/2).
     #[arg(long)]
     shard_optimizer: bool,
+    /// With --shard-optimizer: the ranks map one transport copy in /dev/shm,
+    /// as `megatrain train` does by default (true | false).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    share_transport: bool,
     /// With --ranks: compute threads of every process (the baseline's too).
     #[arg(long, default_value_t = 1)]
     threads_per_rank: usize,
@@ -447,7 +451,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.ranks > 1 {
         println!(
             "{}",
-            ranks::run(&specs, a.ranks, a.shard_optimizer, a.threads_per_rank, a.rounds)?
+            ranks::run(
+                &specs,
+                a.ranks,
+                a.shard_optimizer,
+                a.share_transport,
+                a.threads_per_rank,
+                a.rounds,
+            )?
         );
         return Ok(());
     }

@@ -4,13 +4,14 @@
 //! with the same per-rank batch; scaling efficiency is the N-rank
 //! throughput over N times the baseline's (weak scaling; 1.0 is ideal).
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
-use megatrain::dist::{Collective, DistConfig};
+use megatrain::dist::{Collective, DistConfig, share_transport};
 use megatrain::trainer::{Trainer, TrainerConfig, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::CpuExecutor;
@@ -29,6 +30,9 @@ pub struct RankSpec {
     pub spec: Spec,
     pub ranks: usize,
     pub shard_optimizer: bool,
+    /// With a sharded optimizer: the ranks map one transport copy.
+    #[serde(default)]
+    pub share_transport: bool,
 }
 
 /// Rank 0's view of one run.
@@ -49,6 +53,13 @@ pub struct RankRecord {
     /// the whole state that initialisation writes before a sharded rank
     /// hands back the pages it does not own).
     pub rss_bytes: u64,
+    /// Rank 0's proportional set size then: its share of the transport
+    /// copy the ranks map together, where they do.
+    #[serde(default)]
+    pub pss_bytes: u64,
+    /// The ranks mapped one transport copy (a sharded optimizer's default).
+    #[serde(default)]
+    pub shared_transport: bool,
     /// Rank 0's gradient staging peak (`Trainer::staging_bytes`): chunks
     /// in flight, bounded by the transfer chunk, not by the largest layer.
     #[serde(default)]
@@ -100,7 +111,16 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     );
     let model = spec.model()?;
     let shard = (rs.shard_optimizer && comm.is_some()).then_some(Shard { rank, ranks });
-    let tier = tier_for(spec, &model, shard)?;
+    // The machine's ranks map one transport copy, as `train` does by
+    // default with a sharded optimizer.
+    let sharing = match (&comm, shard) {
+        (Some(c), Some(_)) if rs.share_transport => {
+            let transport = super::child::precision(spec)?.transport();
+            share_transport(&**c, Path::new("/dev/shm"), &model.layer_tables(), transport)?
+        }
+        _ => None,
+    };
+    let tier = tier_for(spec, &model, shard, sharing.as_ref().map(|s| s.tier.clone()))?;
     let mut config = TrainerConfig {
         checkpoint_every: spec.checkpoint_every,
         chunk_rows: megatrain_zoo::default_chunk_rows(
@@ -119,9 +139,11 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         tr.set_distributed(DistConfig {
             comm: c,
             shard_optimizer: rs.shard_optimizer,
-            shared: None,
+            shared: sharing.as_ref().map(|s| s.machines.clone()),
         })?;
     }
+    let shared_transport = sharing.is_some();
+    drop(sharing);
     let global = spec.batch * ranks;
     let data = synthetic(model.vocab_size, (global * (spec.seq_len + 1)).max(4096));
     let rows = rank * spec.batch..(rank + 1) * spec.batch;
@@ -164,6 +186,8 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         comm_wait_ms: steps.iter().map(|m| m.comm_wait_ms).sum::<f64>() / n,
         comm_bytes_per_step: steps.last().map_or(0, |m| m.comm_bytes),
         rss_bytes: rss::current_rss_bytes().unwrap_or(0),
+        pss_bytes: rss::current_pss_bytes().unwrap_or(0),
+        shared_transport,
         staging_bytes: tr.staging_bytes(),
         loss_last: steps.last().map_or(f64::NAN, |m| m.loss),
     }))
@@ -218,14 +242,15 @@ pub fn run(
     specs: &[Spec],
     ranks: usize,
     shard: bool,
+    share: bool,
     threads: usize,
     rounds: usize,
 ) -> anyhow::Result<String> {
     anyhow::ensure!(rounds >= 1, "--rounds must be at least 1");
     anyhow::ensure!(ranks >= 2, "--ranks {ranks}: give at least 2 for a scaling run");
     let mut table = String::from(
-        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | staging rank 0 | efficiency |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| config | ranks | optimizer | global batch | step ms | tokens/s | comm ms | comm waited ms | comm MB/step | RSS rank 0 | PSS rank 0 | staging rank 0 | efficiency |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in specs {
         let mut spec = s.clone();
@@ -237,6 +262,7 @@ pub fn run(
                     spec: spec.clone(),
                     ranks: n,
                     shard_optimizer: shard && n > 1,
+                    share_transport: share,
                 };
                 eprintln!(
                     "== {} on {n} rank(s), round {} of {rounds} ==",
@@ -258,11 +284,13 @@ pub fn run(
         let base = rows[0].tokens_per_s;
         for r in &rows {
             table += &format!(
-                "| {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} MiB | {:.2} MiB | {:.3} |\n",
+                "| {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.1} MiB | {:.1} MiB | {:.2} MiB | {:.3} |\n",
                 spec.label,
                 r.ranks,
                 if r.ranks == 1 {
                     "alone"
+                } else if r.shared_transport {
+                    "sharded, one copy"
                 } else if r.shard_optimizer {
                     "sharded"
                 } else {
@@ -275,6 +303,7 @@ pub fn run(
                 r.comm_wait_ms,
                 r.comm_bytes_per_step as f64 / 1e6,
                 r.rss_bytes as f64 / (1 << 20) as f64,
+                r.pss_bytes as f64 / (1 << 20) as f64,
                 r.staging_bytes as f64 / (1 << 20) as f64,
                 r.tokens_per_s / (r.ranks as f64 * base),
             );
