@@ -150,6 +150,13 @@ fn train_rank(
     let sharing = match (&comm, case.machine) {
         (Some(c), Some(_)) => {
             let s = share_transport(c, dir, &model.layer_tables(), case.transport).unwrap();
+            // Every rank has opened the copies: the creator's file is gone.
+            let left = std::fs::read_dir(dir).unwrap().flatten();
+            assert_eq!(
+                left.filter(|e| e.file_name().to_string_lossy().contains("transport"))
+                    .count(),
+                0
+            );
             Some(s.expect("the case's machines share"))
         }
         _ => None,
@@ -170,14 +177,7 @@ fn train_rank(
         })
         .unwrap();
     }
-    // Every rank has mapped the copies: their file's name goes.
-    drop(sharing);
-    let left = std::fs::read_dir(dir).unwrap().flatten();
-    assert!(
-        left.filter(|e| e.file_name().to_string_lossy().contains("transport"))
-            .count()
-            == 0
-    );
+
     let global = ROWS * case.ranks;
     let rows = rank * global / ranks..(rank + 1) * global / ranks;
     let mut losses = Vec::new();

@@ -312,7 +312,6 @@ fn dp_rank<E: Executor>(
         shared: sharing.as_ref().map(|s| s.machines.clone()),
     })
     .unwrap();
-    drop(sharing);
     let vocab = t.model().vocab_size;
     for step in 0..steps {
         let b = GPU_STREAM.rows(vocab, step, 4, 2 * rank..2 * rank + 2, 24);

@@ -12,12 +12,14 @@
 //! One rank of the machine creates the file with [`create_shared_transport`]
 //! at its full length with every page reserved (so a filesystem too small
 //! is an error at start, not a `SIGBUS` at the first write); every rank
-//! maps it through [`crate::TierConfig::shared_transport`]; once all have,
-//! the creator's [`SharedFile`] is dropped and the name goes, so no exit
-//! path leaves the file behind after that.
+//! opens it; once all have, the creator's [`SharedFile`] is dropped and the
+//! name goes, so no exit path leaves the file behind after that; each maps
+//! it through [`crate::TierConfig::shared_transport`].
 
+use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use megatrain_tensor::ParamTable;
@@ -28,10 +30,15 @@ use crate::shard::layer_ranges;
 use crate::slab::TransportDType;
 
 /// How this process takes part in a transport copy its machine shares.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SharedTransport {
-    /// The file every rank of the machine maps.
+    /// The file every rank of the machine maps (its name, for messages,
+    /// and for opening it where `file` is not given).
     pub path: PathBuf,
+    /// The file, opened while it still had its name: the name goes as soon
+    /// as every rank has opened it ([`SharedFile`]), so that a rank that
+    /// dies later leaves no file behind.
+    pub file: Option<Arc<File>>,
     /// The ranks (of the sharded optimizer's) whose range of every layer
     /// this process writes: its own, and, where the run spans machines,
     /// those of the ranks with its local index on the other machines (it
@@ -40,6 +47,21 @@ pub struct SharedTransport {
     /// Ranks on this machine: the budget counts this share of the copies.
     pub local: usize,
 }
+
+/// Equal where they map the same file (by name, or by the same open
+/// file) the same way.
+impl PartialEq for SharedTransport {
+    fn eq(&self, o: &Self) -> bool {
+        let same_file = match (&self.file, &o.file) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        same_file && self.path == o.path && self.writes == o.writes && self.local == o.local
+    }
+}
+
+impl Eq for SharedTransport {}
 
 impl SharedTransport {
     /// Elements of a layer of `n` elements this process writes, in order:
@@ -173,6 +195,7 @@ mod tests {
     fn a_process_writes_its_ranks_ranges_in_order() {
         let s = SharedTransport {
             path: PathBuf::new(),
+            file: None,
             writes: vec![3, 1],
             local: 2,
         };

@@ -122,11 +122,11 @@ fn open_shared(
     if let Some(&r) = s.writes.iter().find(|&&r| r >= sh.ranks) {
         return Err(bad(format!("rank {r} of {} ranks", sh.ranks)));
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&s.path)
-        .map_err(|e| TierError::io(&s.path, e))?;
+    let file = match &s.file {
+        Some(f) => f.try_clone(),
+        None => std::fs::OpenOptions::new().read(true).write(true).open(&s.path),
+    }
+    .map_err(|e| TierError::io(&s.path, e))?;
     let (offsets, bytes) = shared_layout(tables, config.transport);
     let got = file.metadata().map_err(|e| TierError::io(&s.path, e))?.len();
     if got != bytes {

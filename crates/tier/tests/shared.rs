@@ -70,6 +70,7 @@ fn ranks_write_their_ranges_of_one_copy() {
                 .map(|rank| {
                     let shared = SharedTransport {
                         path: file.path().to_path_buf(),
+                        file: None,
                         writes: vec![rank],
                         local: ranks,
                     };
@@ -121,6 +122,7 @@ fn a_file_made_for_another_model_or_without_shards_is_refused() {
     let other = create_shared_transport(dir.path(), &tables[..2], TransportDType::BF16).unwrap();
     let shared = SharedTransport {
         path: other.path().to_path_buf(),
+        file: None,
         writes: vec![0],
         local: 2,
     };

@@ -143,7 +143,6 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         })?;
     }
     let shared_transport = sharing.is_some();
-    drop(sharing);
     let global = spec.batch * ranks;
     let data = synthetic(model.vocab_size, (global * (spec.seq_len + 1)).max(4096));
     let rows = rank * spec.batch..(rank + 1) * spec.batch;

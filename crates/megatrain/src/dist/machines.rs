@@ -10,11 +10,11 @@
 //! into the one copy its machine shares), which asks every machine for the
 //! same number of ranks; otherwise every rank keeps a copy of its own.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use megatrain_tensor::ParamTable;
-use megatrain_tier::{SharedFile, SharedTransport, TransportDType, create_shared_transport};
+use megatrain_tier::{SharedTransport, TransportDType, create_shared_transport};
 
 use super::{Collective, DistError, Result};
 
@@ -94,17 +94,16 @@ impl Machines {
 /// A machine's shared transport copies as one rank takes part in them.
 pub struct Sharing {
     pub machines: Machines,
-    /// What the tier maps ([`megatrain_tier::TierConfig::shared_transport`]).
+    /// What the tier maps ([`megatrain_tier::TierConfig::shared_transport`]):
+    /// the file, opened, its name already gone.
     pub tier: SharedTransport,
-    /// On the rank that created the file: its name, to drop once every
-    /// rank of the machine has mapped it (after
-    /// [`crate::trainer::Trainer::set_distributed`]).
-    pub file: Option<SharedFile>,
 }
 
 /// Creates (on one rank of each machine) the file of the transport copies
-/// the machine's ranks share, in `dir`, and tells the others its name: a
-/// collective. `None` where sharing does not apply ([`Machines::of`]).
+/// the machine's ranks share, in `dir`, and opens it on every rank: a
+/// collective. The file's name is gone when this returns, on every rank
+/// and whatever failed, so no exit from here on leaves a file behind.
+/// `None` where sharing does not apply ([`Machines::of`]).
 pub fn share_transport(
     comm: &dyn Collective,
     dir: &Path,
@@ -115,40 +114,66 @@ pub fn share_transport(
         return Ok(None);
     };
     let node = &*machines.node;
-    // The creator's failure reaches the others as an empty name, so that
-    // every rank of the machine returns an error instead of waiting.
-    let (file, made) = match node.rank() {
-        0 => match create_shared_transport(dir, tables, transport) {
-            Ok(f) => (Some(f), Ok(())),
-            Err(e) => (None, Err(e)),
-        },
-        _ => (None, Ok(())),
+    let made = match node.rank() {
+        0 => create_shared_transport(dir, tables, transport).map(Some),
+        _ => Ok(None),
     };
-    let mut name = file
-        .as_ref()
-        .map(|f| f.path().as_os_str().as_encoded_bytes().to_vec())
-        .unwrap_or_default();
+    // A failure to create reaches the others as an empty name.
+    let mut name = match &made {
+        Ok(Some(f)) => f.path().as_os_str().as_encoded_bytes().to_vec(),
+        _ => Vec::new(),
+    };
     node.broadcast_bytes(&mut name)?;
-    made?;
-    if name.is_empty() {
-        return Err(DistError::Invalid(format!(
-            "rank 0 of this machine could not create the shared transport copies in {}",
-            dir.display()
-        ))
-        .into());
-    }
     #[cfg(unix)]
-    let path = std::path::PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
+    let path = PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(
         name,
     ));
     #[cfg(not(unix))]
-    let path = std::path::PathBuf::from(String::from_utf8_lossy(&name).into_owned());
+    let path = PathBuf::from(String::from_utf8_lossy(&name).into_owned());
+    let opened = match path.as_os_str().is_empty() {
+        true => None,
+        false => Some(open(&path)),
+    };
+    // Every rank says whether it opened the file before its name goes.
+    let mut failed = [match &opened {
+        Some(Ok(_)) => 0.0,
+        _ => 1.0,
+    }];
+    node.sum_f64(&mut failed)?;
+    drop(made?);
+    let file = match opened {
+        Some(Ok(f)) if failed[0] == 0.0 => f,
+        Some(Err(e)) => return Err(e.into()),
+        None => {
+            return Err(DistError::Invalid(format!(
+                "rank 0 of this machine could not create the shared transport copies in {}",
+                dir.display()
+            ))
+            .into());
+        }
+        Some(Ok(_)) => {
+            return Err(DistError::Invalid(format!(
+                "another rank of this machine could not open the shared transport copies {}",
+                path.display()
+            ))
+            .into());
+        }
+    };
     let tier = SharedTransport {
         path,
+        file: Some(Arc::new(file)),
         writes: machines.writes(),
         local: node.size(),
     };
-    Ok(Some(Sharing { machines, tier, file }))
+    Ok(Some(Sharing { machines, tier }))
+}
+
+fn open(path: &Path) -> megatrain_tier::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| megatrain_tier::TierError::io(path, e))
 }
 
 #[cfg(test)]

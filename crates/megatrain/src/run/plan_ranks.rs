@@ -50,6 +50,7 @@ pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize, shared: bo
         shard,
         shared_transport: shard.filter(|_| shared).map(|_| SharedTransport {
             path: Default::default(),
+            file: None,
             writes: vec![0],
             local: ranks,
         }),

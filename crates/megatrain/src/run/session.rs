@@ -441,7 +441,8 @@ pub fn train_with<E: Executor>(
     let lead = rank == 0;
     std::fs::create_dir_all(out).map_err(RunError::io(out))?;
     let mut tcfg = tier_config(opts, rank);
-    // Before the tier: a machine's ranks map the copies one of them makes.
+    // Before the tier: a machine's ranks map the copies one of them makes
+    // (opened by all, its name gone, before this goes on).
     let sharing = match &dist {
         Some(d) if tcfg.shard.is_some() && opts.share_transport => {
             share_transport(&*d.comm, &opts.shm_dir, &p.model.layer_tables(), tcfg.transport)
@@ -489,8 +490,6 @@ pub fn train_with<E: Executor>(
             ..d
         })?;
     }
-    // Every rank of the machine has mapped the copies: the name can go.
-    drop(sharing);
     keep_ids(p)?;
     let mut quiet = QuietProgress;
     let progress: &mut dyn Progress = if lead { progress } else { &mut quiet };

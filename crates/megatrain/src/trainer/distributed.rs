@@ -62,9 +62,8 @@ impl<E: Executor> Trainer<E> {
                         .into(),
                 ));
             }
-            // Every rank of the machine has mapped the copies and written its
-            // ranges of them: the creator may drop the file's name, and the
-            // first upload sees the whole copy.
+            // Every rank of the machine has written its ranges of the copies
+            // (loading wrote them): the first upload sees the whole copy.
             m.node.barrier().map_err(engine_err)?;
         } else if shares {
             return Err(TrainError::Config(
