@@ -74,6 +74,18 @@ impl Progress for CliProgress {
         }
     }
 
+    fn shared_transport(&mut self, shared: Result<(usize, &Path), &str>) {
+        if !self.quiet {
+            self.line(match shared {
+                Ok((n, dir)) => format!(
+                    "transport copies: one per machine, mapped by its {n} ranks (in {})",
+                    dir.display()
+                ),
+                Err(why) => format!("transport copies: one per rank ({why})"),
+            });
+        }
+    }
+
     fn begin(&mut self, start: u64, _total: u64) {
         self.first = start;
         self.start = std::time::Instant::now();

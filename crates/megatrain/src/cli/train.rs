@@ -281,9 +281,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                 "data parallel: {ranks} ranks × batch {} = global batch {}; optimizer {}",
                 o.batch,
                 o.global_batch(),
-                if o.shard_optimizer && o.share_transport {
-                    "sharded (each rank owns 1/N of p, m, v; a machine's ranks share one transport copy)"
-                } else if o.shard_optimizer {
+                if o.shard_optimizer {
                     "sharded (each rank owns 1/N of p, m, v)"
                 } else {
                     "replicated"

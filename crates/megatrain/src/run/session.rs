@@ -50,6 +50,10 @@ pub struct Prepared {
 pub trait Progress {
     /// The executor's transport choice, where it made one (once, at start).
     fn transport(&mut self, _info: &TransportInfo) {}
+    /// With a sharded optimizer on several ranks (once, at start): how many
+    /// ranks of this machine map one transport copy in `dir`; `None` where
+    /// each holds its own although sharing was asked for, with the reason.
+    fn shared_transport(&mut self, _shared: Result<(usize, &Path), &str>) {}
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}
     fn eval(&mut self, _step: u64, _val_loss: f64) {}
@@ -451,6 +455,13 @@ pub fn train_with<E: Executor>(
         _ => None,
     };
     tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
+    let shared_note: Option<Result<(usize, PathBuf), &str>> = match &sharing {
+        Some(s) => Some(Ok((s.machines.node.size(), opts.shm_dir.clone()))),
+        None if tcfg.shard.is_some() && opts.share_transport => Some(Err(
+            "no machine holds more than one rank, or machines hold different numbers of ranks",
+        )),
+        None => None,
+    };
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
             let mut tier =
@@ -495,6 +506,9 @@ pub fn train_with<E: Executor>(
     let progress: &mut dyn Progress = if lead { progress } else { &mut quiet };
     if let Some(info) = trainer.transport_info() {
         progress.transport(info);
+    }
+    if let Some(n) = &shared_note {
+        progress.shared_transport(n.as_ref().map(|(k, d)| (*k, d.as_path())).map_err(|e| *e));
     }
 
     let (start, mut tokens, prior_s) = match &p.resume {
