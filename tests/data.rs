@@ -190,7 +190,7 @@ fn alpaca_counts_only_the_response_and_eos() {
         .loss_mask
         .unwrap()
         .iter()
-        .map(|&m| if m { '1' } else { '0' })
+        .map(|m| if m { '1' } else { '0' })
         .collect();
     assert_eq!(mask, "0001110000011");
 }
@@ -221,7 +221,7 @@ fn sharegpt_counts_assistant_turns() {
         .loss_mask
         .unwrap()
         .iter()
-        .map(|&m| if m { '1' } else { '0' })
+        .map(|m| if m { '1' } else { '0' })
         .collect();
     assert_eq!(mask, "000001100011");
 }
@@ -301,7 +301,7 @@ fn random_sampling_is_seeded_and_in_range() {
 #[test]
 fn masked_targets_are_ignored_and_short_data_is_an_error() {
     let mut d = stream(6);
-    d.loss_mask = Some(vec![true, false, true, true, false, true]);
+    d.loss_mask = Some(vec![true, false, true, true, false, true].into());
     let b = draw_batch(&d, Sampling::Sequential, 0, 1, 5, Path::new("mem")).unwrap();
     assert_eq!(b.targets, vec![IGNORE_INDEX, 2, 3, IGNORE_INDEX, 5]);
     let err = draw_batch(&d, Sampling::Sequential, 0, 1, 6, Path::new("short.txt")).unwrap_err();
@@ -311,7 +311,7 @@ fn masked_targets_are_ignored_and_short_data_is_an_error() {
 #[test]
 fn validation_split_takes_the_tail() {
     let mut d = stream(20);
-    d.loss_mask = Some(vec![true; 20]);
+    d.loss_mask = Some(vec![true; 20].into());
     let (t, v) = split_validation(d, 0.1).unwrap();
     assert_eq!(t.tokens, (0..18).collect::<Vec<_>>());
     assert_eq!(v.tokens, vec![18, 19]);
@@ -323,12 +323,12 @@ fn validation_split_takes_the_tail() {
 /// Bytes as tokens, counting its calls, with a cache key of choice.
 struct Counted {
     key: Option<&'static str>,
-    calls: std::cell::Cell<usize>,
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl TextEncoder for Counted {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.calls.set(self.calls.get() + 1);
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Bytes.encode(text)
     }
     fn eos(&self) -> Option<u32> {
@@ -350,7 +350,7 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
     let t = ChatTemplate::default();
     let enc = |key| Counted {
         key,
-        calls: std::cell::Cell::new(0),
+        calls: std::sync::atomic::AtomicUsize::new(0),
     };
     let cached = |e: &Counted| load_tokens_cached(&text, e, &t, Some(&cache)).unwrap();
     let files = || {
@@ -367,12 +367,21 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
 
     let k1 = enc(Some("k1"));
     let first = cached(&k1);
-    assert_eq!((first.tokens.clone(), k1.calls.get()), (want.clone().into(), 1));
+    assert_eq!(
+        (
+            first.tokens.clone(),
+            k1.calls.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+        (want.clone().into(), 1)
+    );
     assert!(first.tokens.is_mapped(), "written, then mapped");
     assert_eq!(files().len(), 1);
     let again = cached(&k1);
     assert_eq!(
-        (again.tokens.is_mapped(), k1.calls.get()),
+        (
+            again.tokens.is_mapped(),
+            k1.calls.load(std::sync::atomic::Ordering::SeqCst)
+        ),
         (true, 1),
         "mapped, not tokenized"
     );
@@ -381,7 +390,7 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
     // Another tokenizer: tokenized again, the old ids removed.
     let k2 = enc(Some("k2"));
     cached(&k2);
-    assert_eq!(k2.calls.get(), 1);
+    assert_eq!(k2.calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     let after_k2 = files();
     assert!(
         after_k2.len() == 1 && after_k2[0].starts_with("corpus.txt-"),
@@ -393,7 +402,7 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
         cached(&k2).tokens,
         "hello, world!".bytes().map(u32::from).collect::<Vec<_>>()
     );
-    assert_eq!(k2.calls.get(), 2);
+    assert_eq!(k2.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert!(files().len() == 1 && files() != after_k2);
     // A cache file of another data set that shares the prefix stays.
     std::fs::write(cache.join("corpus.txt-x-0123456789abcdef.u32"), [0u8; 4]).unwrap();
@@ -411,7 +420,7 @@ fn a_texts_ids_are_cached_by_text_and_tokenizer_and_mapped_from_there() {
 /// Ids tokenized before a run directory existed (a fresh run) move there
 /// once it does: the same ids, mapped, a validation split's two parts as
 /// two ranges of one file that a later load maps without tokenizing.
-/// Token files, `.jsonl` and ids mapped already stay as they are.
+/// Token files and ids mapped already stay as they are.
 #[test]
 fn ids_held_in_memory_move_to_the_cache_and_are_mapped() {
     let dir = tempfile::tempdir().unwrap();
@@ -420,31 +429,103 @@ fn ids_held_in_memory_move_to_the_cache_and_are_mapped() {
     let t = ChatTemplate::default();
     let k = Counted {
         key: Some("k"),
-        calls: std::cell::Cell::new(0),
+        calls: std::sync::atomic::AtomicUsize::new(0),
     };
     let all = load_tokens(&text, &k, &t).unwrap();
     let want = all.tokens.to_vec();
     let (mut train, mut val) = split_validation(all, 0.25).unwrap();
     let (tl, vl) = (train.tokens.to_vec(), val.tokens.to_vec());
     assert!(!train.tokens.is_mapped());
-    keep_in_cache(&text, &k, &cache, &mut [&mut train, &mut val]).unwrap();
+    keep_in_cache(&text, &k, &t, &cache, &mut [&mut train, &mut val]).unwrap();
     assert!(train.tokens.is_mapped() && val.tokens.is_mapped());
     assert_eq!((train.tokens.to_vec(), val.tokens.to_vec()), (tl, vl));
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
     let again = load_tokens_cached(&text, &k, &t, Some(&cache)).unwrap();
     assert_eq!(
-        (again.tokens.to_vec(), k.calls.get()),
+        (
+            again.tokens.to_vec(),
+            k.calls.load(std::sync::atomic::Ordering::SeqCst)
+        ),
         (want, 1),
         "mapped, not tokenized"
     );
 
     // Mapped already, or not a text: nothing is written.
     let other = dir.path().join("other");
-    keep_in_cache(&text, &k, &other, &mut [&mut train]).unwrap();
+    keep_in_cache(&text, &k, &t, &other, &mut [&mut train]).unwrap();
     let bin = dir.path().join("ids.bin");
     std::fs::write(&bin, [1u8, 0, 2, 0]).unwrap();
     let mut ids = load_tokens(&bin, &k, &t).unwrap();
     ids.tokens = ids.tokens.to_vec().into();
-    keep_in_cache(&bin, &k, &other, &mut [&mut ids]).unwrap();
+    keep_in_cache(&bin, &k, &t, &other, &mut [&mut ids]).unwrap();
     assert!(!ids.tokens.is_mapped() && !other.exists());
+}
+
+/// An instruction set's ids and loss mask are kept like a text's ids: a
+/// fresh run's (held in memory, with a validation split) move to the cache
+/// and are mapped, each mask in its ids' top bits; a later load maps them
+/// without tokenizing, and draws the same batches; another chat template
+/// or an edited file tokenizes again and replaces the file.
+#[test]
+fn instruction_ids_and_masks_are_cached_and_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, cache) = (dir.path().join("sft.jsonl"), dir.path().join("run/tokens"));
+    let records = "{\"instruction\":\"add\",\"input\":\"2 2\",\"output\":\"4\"}\n\
+                   {\"conversations\":[{\"from\":\"human\",\"value\":\"hi\"},{\"from\":\"gpt\",\"value\":\"hello\"}]}\n"
+        .repeat(20);
+    std::fs::write(&data, &records).unwrap();
+    let t = ChatTemplate::default();
+    let k = Counted {
+        key: Some("k"),
+        calls: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let calls = || k.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let all = load_tokens(&data, &k, &t).unwrap();
+    let mask: Vec<bool> = all.loss_mask.as_ref().unwrap().iter().collect();
+    assert!(mask.contains(&true) && mask.contains(&false));
+    let (mut train, mut val) = split_validation(all.clone(), 0.25).unwrap();
+    let (want_train, want_val) = (train.clone(), val.clone());
+    keep_in_cache(&data, &k, &t, &cache, &mut [&mut train, &mut val]).unwrap();
+    assert!(train.tokens.is_mapped() && val.tokens.is_mapped());
+    assert_eq!((&train, &val), (&want_train, &want_val));
+    let names: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.len() == 1 && names[0].ends_with(".u32m"), "{names:?}");
+
+    let tokenized = calls();
+    let again = load_tokens_cached(&data, &k, &t, Some(&cache)).unwrap();
+    assert_eq!(
+        (again.tokens.is_mapped(), calls()),
+        (true, tokenized),
+        "mapped, not tokenized"
+    );
+    assert_eq!(again, all);
+    for i in 0..5 {
+        let s = Sampling::Random { seed: 3 };
+        let (a, b) = (
+            draw_batch(&again, s, i, 2, 8, &data).unwrap(),
+            draw_batch(&all, s, i, 2, 8, &data).unwrap(),
+        );
+        assert_eq!(
+            (a.counted(), a.inputs, a.targets),
+            (b.counted(), b.inputs, b.targets)
+        );
+    }
+
+    // Another template shapes other ids: tokenized again, one file kept.
+    let t2 = ChatTemplate {
+        assistant: "### Answer:\n".into(),
+        ..ChatTemplate::default()
+    };
+    let other = load_tokens_cached(&data, &k, &t2, Some(&cache)).unwrap();
+    assert!(calls() > tokenized && other.tokens.is_mapped() && other.tokens != all.tokens);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    // An edited file: the same.
+    let before = calls();
+    std::fs::write(&data, records.replace("hello", "howdy")).unwrap();
+    let edited = load_tokens_cached(&data, &k, &t2, Some(&cache)).unwrap();
+    assert!(calls() > before && edited.tokens != other.tokens);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
 }

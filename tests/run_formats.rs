@@ -112,7 +112,7 @@ fn alpaca_and_sharegpt_count_only_responses() {
             let o = small(t.join(f), &t.join(format!("{out}-{preset}")), preset);
             let p = prepare(o.clone(), false).unwrap();
             let mask = p.train.loss_mask.as_ref().unwrap();
-            let counted = mask.iter().filter(|&&m| m).count();
+            let counted = mask.iter().filter(|&m| m).count();
             assert!(
                 counted > 0 && counted < mask.len() / 2,
                 "{f}: {counted} of {}",

@@ -90,7 +90,7 @@ pub fn draw_rows(
             let at = (start + i) % n;
             let next = (start + i + 1) % n;
             inputs.push(data.tokens.get(at));
-            let counted = data.loss_mask.as_ref().is_none_or(|m| m[next]);
+            let counted = data.loss_mask.as_ref().is_none_or(|m| m.get(next));
             targets.push(if counted {
                 data.tokens.get(next) as i32
             } else {

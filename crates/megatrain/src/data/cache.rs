@@ -1,21 +1,30 @@
-//! A text's token ids kept beside the run, so that a restart or a resume
-//! maps them instead of tokenizing the corpus again, and the run holds them
-//! as page cache rather than 4 bytes a token of its own memory.
+//! A text's or an instruction set's token ids kept beside the run, so that
+//! a restart or a resume maps them instead of tokenizing the corpus again,
+//! and the run holds them as page cache rather than 4 bytes a token of its
+//! own memory.
 //!
-//! A cached file is named by a hash of what made it: the text's files
-//! (path, length, modification time) and the tokenizer
-//! ([`TextEncoder::cache_key`]). A change of either gives another name, and
-//! the files of the same data under other names are removed as a new one
-//! is written. The ids are u32, little-endian, written to a temporary file,
-//! synced and renamed, so a file under a cache name is always whole.
+//! A cached file is named by a hash of what made it: the data's files
+//! (path, length, modification time), the tokenizer
+//! ([`TextEncoder::cache_key`]) and, for `.jsonl`, the chat template. A
+//! change of any gives another name, and the files of the same data under
+//! other names are removed as a new one is written. The ids are u32,
+//! little-endian (`.u32`); an instruction set's carry its loss mask in
+//! each word's top bit (`.u32m`, see [`FLAG`]). Each is written to a
+//! temporary file, synced and renamed, so a file under a cache name is
+//! always whole.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::{DataError, Fnv1a, TextEncoder, Tokens, io};
+use super::tokens::FLAG;
+use super::{ChatTemplate, DataError, Fnv1a, Mask, TextEncoder, TokenData, Tokens, io};
 
+/// A text's ids.
 const EXT: &str = "u32";
+/// An instruction set's ids, each word's top bit set where the loss does
+/// not count the token.
+const EXT_MASKED: &str = "u32m";
 
 /// The files a text source reads: itself, or a directory's `.txt` files.
 pub(super) fn text_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
@@ -31,13 +40,31 @@ pub(super) fn text_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     Ok(files)
 }
 
-/// The cache file in `dir` of the ids of `path` (whose text is `files`)
+/// What a cached file holds: a text's ids, or an instruction set's, which
+/// the chat template shapes too.
+#[derive(Clone, Copy)]
+enum Kind<'a> {
+    Text,
+    Records(&'a ChatTemplate),
+}
+
+impl Kind<'_> {
+    fn ext(self) -> &'static str {
+        match self {
+            Kind::Text => EXT,
+            Kind::Records(_) => EXT_MASKED,
+        }
+    }
+}
+
+/// The cache file in `dir` of the ids of `path` (whose data is `files`)
 /// under `enc`, or `None` where the tokenizer gives no key.
 fn cache_file(
     path: &Path,
     files: &[PathBuf],
     enc: &dyn TextEncoder,
     dir: &Path,
+    kind: Kind,
 ) -> Result<Option<PathBuf>, DataError> {
     let Some(key) = enc.cache_key() else {
         return Ok(None);
@@ -50,6 +77,11 @@ fn cache_file(
         h.word(0xff);
     };
     eat(key.as_bytes());
+    if let Kind::Records(t) = kind {
+        for part in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
+            eat(part.as_bytes());
+        }
+    }
     for f in files {
         let meta = fs::metadata(f).map_err(io(f))?;
         let mtime = meta
@@ -61,9 +93,10 @@ fn cache_file(
         eat(&mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
     }
     Ok(Some(dir.join(format!(
-        "{}-{:016x}.{EXT}",
+        "{}-{:016x}.{}",
         stem(path),
-        h.finish()
+        h.finish(),
+        kind.ext()
     ))))
 }
 
@@ -82,20 +115,28 @@ fn stem(path: &Path) -> String {
         .collect()
 }
 
-/// Whether `name` is `<stem>-<16 hex digits>.u32`.
-fn is_cache_of(name: &str, stem: &str) -> bool {
+/// Whether `name` is `<stem>-<16 hex digits>.<ext>`.
+fn is_cache_of(name: &str, stem: &str, ext: &str) -> bool {
     name.strip_prefix(stem)
         .and_then(|r| r.strip_prefix('-'))
-        .and_then(|r| r.strip_suffix(&format!(".{EXT}")))
+        .and_then(|r| r.strip_suffix(&format!(".{ext}")))
         .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-fn map(path: &Path) -> Result<Tokens, DataError> {
+fn map(path: &Path, kind: Kind) -> Result<Tokens, DataError> {
     let file = fs::File::open(path).map_err(io(path))?;
     // SAFETY: a cache file is only ever replaced by rename, never changed
     // in place, so the mapped bytes do not change under the map.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io(path))?;
-    Ok(Tokens::mapped(map, 4))
+    Ok(match kind {
+        Kind::Text => Tokens::mapped(map, 4),
+        Kind::Records(_) => Tokens::mapped_flagged(map),
+    })
+}
+
+/// Whether `file` holds whole words (a cache file that is there at all).
+fn is_whole(file: &Path) -> bool {
+    fs::metadata(file).is_ok_and(|m| m.len() > 0 && m.len().is_multiple_of(4))
 }
 
 /// The ids of the text at `path` (its `files`): mapped from `dir` where an
@@ -108,17 +149,68 @@ pub(super) fn cached_text(
     dir: &Path,
     tokenize: impl FnOnce() -> Result<Vec<u32>, DataError>,
 ) -> Result<Tokens, DataError> {
-    let Some(file) = cache_file(path, files, enc, dir)? else {
+    let Some(file) = cache_file(path, files, enc, dir, Kind::Text)? else {
         return tokenize().map(Tokens::from);
     };
-    if fs::metadata(&file).is_ok_and(|m| m.len() > 0 && m.len().is_multiple_of(4)) {
-        return map(&file);
+    if is_whole(&file) {
+        return map(&file, Kind::Text);
     }
     let ids = tokenize()?;
     if ids.is_empty() {
         return Ok(Tokens::from(ids));
     }
-    store(path, &file, dir, &[&Tokens::from(ids)])
+    let ids = Tokens::from(ids);
+    store(path, &file, dir, Kind::Text, &mut ids.iter())
+}
+
+/// The ids and loss mask of the instruction set at `path` under `enc` and
+/// template `t`: mapped from `dir` where an earlier run cached them, else
+/// from `tokenize` and then written there and mapped.
+pub(super) fn cached_records(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    t: &ChatTemplate,
+    dir: &Path,
+    tokenize: impl FnOnce() -> Result<TokenData, DataError>,
+) -> Result<TokenData, DataError> {
+    let kind = Kind::Records(t);
+    let Some(file) = cache_file(path, &[path.to_path_buf()], enc, dir, kind)? else {
+        return tokenize();
+    };
+    if is_whole(&file) {
+        return Ok(masked(map(&file, kind)?));
+    }
+    let data = tokenize()?;
+    if data.is_empty() || !fits_flag(&data) {
+        return Ok(data);
+    }
+    let ids = store(path, &file, dir, kind, &mut words(&[&data]))?;
+    Ok(masked(ids))
+}
+
+/// A flagged stream's ids with the mask its flags carry.
+fn masked(ids: Tokens) -> TokenData {
+    TokenData {
+        loss_mask: Some(Mask::in_ids(ids.clone())),
+        tokens: ids,
+    }
+}
+
+/// Whether every id leaves the flag bit free (any real vocabulary does;
+/// one that does not is not cached, and the vocabulary check names it).
+fn fits_flag(d: &TokenData) -> bool {
+    d.tokens.first_at_least(FLAG).is_none()
+}
+
+/// The words of `parts` one after the other: each id, flagged where the
+/// loss does not count it.
+fn words<'a>(parts: &'a [&'a TokenData]) -> impl Iterator<Item = u32> + 'a {
+    parts.iter().flat_map(|p| {
+        p.tokens.iter().enumerate().map(move |(i, id)| {
+            let counted = p.loss_mask.as_ref().is_none_or(|m| m.get(i));
+            if counted { id } else { id | FLAG }
+        })
+    })
 }
 
 /// The ids of a text already in memory (`parts`, in order: the whole
@@ -132,24 +224,65 @@ pub(super) fn keep_text(
     parts: &[&Tokens],
 ) -> Result<Option<Vec<Tokens>>, DataError> {
     let files = text_files(path)?;
-    let Some(file) = cache_file(path, &files, enc, dir)? else {
+    let Some(file) = cache_file(path, &files, enc, dir, Kind::Text)? else {
         return Ok(None);
     };
-    let mut whole = store(path, &file, dir, parts)?;
-    let mut out = Vec::with_capacity(parts.len());
-    for p in &parts[..parts.len() - 1] {
-        let rest = whole.split_off(p.len());
+    let whole = store(
+        path,
+        &file,
+        dir,
+        Kind::Text,
+        &mut parts.iter().flat_map(|p| p.iter()),
+    )?;
+    let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    Ok(Some(cut(whole, &lens)))
+}
+
+/// An instruction set's ids and masks already in memory (`parts`, in
+/// order), written to `dir` under the name [`cached_records`] reads, and
+/// mapped from there: the same ids and masks, each part a range of the
+/// map. `None` where the tokenizer gives no key or an id takes the flag
+/// bit.
+pub(super) fn keep_records(
+    path: &Path,
+    enc: &dyn TextEncoder,
+    t: &ChatTemplate,
+    dir: &Path,
+    parts: &[&TokenData],
+) -> Result<Option<Vec<TokenData>>, DataError> {
+    let kind = Kind::Records(t);
+    let Some(file) = cache_file(path, &[path.to_path_buf()], enc, dir, kind)? else {
+        return Ok(None);
+    };
+    if !parts.iter().all(|p| fits_flag(p)) {
+        return Ok(None);
+    }
+    let whole = store(path, &file, dir, kind, &mut words(parts))?;
+    let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    Ok(Some(cut(whole, &lens).into_iter().map(masked).collect()))
+}
+
+/// `whole` cut into consecutive parts of `lens` ids (they sum to its length).
+fn cut(mut whole: Tokens, lens: &[usize]) -> Vec<Tokens> {
+    let mut out = Vec::with_capacity(lens.len());
+    for &n in &lens[..lens.len().saturating_sub(1)] {
+        let rest = whole.split_off(n);
         out.push(whole);
         whole = rest;
     }
     out.push(whole);
-    Ok(Some(out))
+    out
 }
 
-/// Writes `parts` one after the other as `file` (a temporary file, synced,
-/// then renamed), removes the same text's files under older keys, and maps
-/// the new one.
-fn store(path: &Path, file: &Path, dir: &Path, parts: &[&Tokens]) -> Result<Tokens, DataError> {
+/// Writes `words` as `file` (a temporary file, synced, then renamed),
+/// removes the same data's files under older keys, and maps the new one.
+fn store(
+    path: &Path,
+    file: &Path,
+    dir: &Path,
+    kind: Kind,
+    words: &mut dyn Iterator<Item = u32>,
+) -> Result<Tokens, DataError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
     let name = file
         .file_name()
@@ -160,8 +293,8 @@ fn store(path: &Path, file: &Path, dir: &Path, parts: &[&Tokens]) -> Result<Toke
     let written = (|| {
         let mut f = fs::File::create(&tmp)?;
         let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut f);
-        for id in parts.iter().flat_map(|p| p.iter()) {
-            w.write_all(&id.to_le_bytes())?;
+        for word in words {
+            w.write_all(&word.to_le_bytes())?;
         }
         w.flush()?;
         drop(w);
@@ -176,9 +309,9 @@ fn store(path: &Path, file: &Path, dir: &Path, parts: &[&Tokens]) -> Result<Toke
     let stem = stem(path);
     for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if n != name && is_cache_of(&n, &stem) {
+        if n != name && is_cache_of(&n, &stem, kind.ext()) {
             let _ = fs::remove_file(e.path());
         }
     }
-    map(file)
+    map(file, kind)
 }

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use rayon::prelude::*;
 use serde_json::Value;
 
 use super::{DataError, TextEncoder, TokenData};
@@ -72,37 +73,65 @@ fn field<'v>(obj: &'v Value, key: &str) -> Result<&'v str, String> {
     }
 }
 
+/// Records tokenized together, on every core, before they are appended
+/// in order: bounds what is held beside the stream to a batch of them.
+const RECORDS_PER_BATCH: usize = 4096;
+
 pub(super) fn load_jsonl(
     path: &Path,
     enc: &dyn TextEncoder,
     t: &ChatTemplate,
 ) -> Result<TokenData, DataError> {
     let text = std::fs::read_to_string(path).map_err(super::io(path))?;
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| (i + 1, l))
+        .collect();
+    let (mut tokens, mut mask) = (Vec::new(), Vec::new());
+    for batch in lines.chunks(RECORDS_PER_BATCH) {
+        let records: Vec<Result<Builder, DataError>> = batch
+            .par_iter()
+            .map(|&(line, text)| record(path, line, text, enc, t))
+            .collect();
+        // In line order, so the first bad line is the one named.
+        for r in records {
+            let b = r?;
+            tokens.extend(b.tokens);
+            mask.extend(b.mask);
+        }
+    }
+    Ok(TokenData {
+        tokens: tokens.into(),
+        loss_mask: Some(mask.into()),
+    })
+}
+
+/// The tokens and mask of the record on line `line`.
+fn record<'a>(
+    path: &'a Path,
+    line: usize,
+    text: &str,
+    enc: &'a dyn TextEncoder,
+    t: &ChatTemplate,
+) -> Result<Builder<'a>, DataError> {
     let mut b = Builder {
         path,
-        line: 0,
+        line,
         enc,
         tokens: Vec::new(),
         mask: Vec::new(),
     };
-    for (i, line) in text.lines().enumerate() {
-        b.line = i + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let rec: Value = serde_json::from_str(line).map_err(|e| b.err(format!("invalid JSON: {e}")))?;
-        if rec.get("conversations").is_some() {
-            sharegpt(&mut b, &rec, t)?;
-        } else if rec.get("instruction").is_some() {
-            alpaca(&mut b, &rec, t)?;
-        } else {
-            return Err(b.err("record has neither 'instruction' (alpaca) nor 'conversations' (sharegpt)"));
-        }
+    let rec: Value = serde_json::from_str(text).map_err(|e| b.err(format!("invalid JSON: {e}")))?;
+    if rec.get("conversations").is_some() {
+        sharegpt(&mut b, &rec, t)?;
+    } else if rec.get("instruction").is_some() {
+        alpaca(&mut b, &rec, t)?;
+    } else {
+        return Err(b.err("record has neither 'instruction' (alpaca) nor 'conversations' (sharegpt)"));
     }
-    Ok(TokenData {
-        tokens: b.tokens.into(),
-        loss_mask: Some(b.mask),
-    })
+    Ok(b)
 }
 
 fn alpaca(b: &mut Builder, rec: &Value, t: &ChatTemplate) -> Result<(), DataError> {

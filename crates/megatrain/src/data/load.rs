@@ -1,7 +1,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::cache::{cached_text, keep_text, text_files};
+use super::cache::{cached_records, cached_text, keep_records, keep_text, text_files};
 use super::jsonl::{ChatTemplate, load_jsonl};
 use super::{DataError, TextEncoder, TokenData, Tokens, io};
 
@@ -17,9 +17,10 @@ pub fn load_tokens(
     load_tokens_cached(path, enc, template, None)
 }
 
-/// [`load_tokens`], with a text's ids (a file or a directory of `.txt`)
-/// kept in `cache` and mapped from there by the next run that loads the
-/// same text with the same tokenizer (see `data/cache.rs`).
+/// [`load_tokens`], with a text's ids (a file or a directory of `.txt`) or
+/// an instruction set's ids and loss mask kept in `cache` and mapped from
+/// there by the next run that loads the same data with the same tokenizer
+/// (and template; see `data/cache.rs`).
 pub fn load_tokens_cached(
     path: &Path,
     enc: &dyn TextEncoder,
@@ -31,7 +32,10 @@ pub fn load_tokens_cached(
         Some(ext) if !path.is_dir() && id_width(ext).is_some() => {
             load_ids(path, id_width(ext).expect("a token file"))?
         }
-        Some("jsonl") if !path.is_dir() => load_jsonl(path, enc, template)?,
+        Some("jsonl") if !path.is_dir() => match cache {
+            Some(dir) => cached_records(path, enc, template, dir, || load_jsonl(path, enc, template))?,
+            None => load_jsonl(path, enc, template)?,
+        },
         _ => {
             let files = text_files(path)?;
             let tokenize = || encode_text(&files, enc);
@@ -54,33 +58,44 @@ pub fn load_tokens_cached(
     Ok(data)
 }
 
-/// A text's ids held in memory (`parts`: the whole text's, or a validation
-/// split's two parts in order) moved to `cache` as [`load_tokens_cached`]
-/// keeps them, and mapped from there. A fresh run calls this once its run
-/// directory exists, so that it holds the ids as page cache rather than 4
-/// bytes a token of its own memory, and its first resume maps them. Token
-/// files, `.jsonl`, ids mapped already and tokenizers with no cache key are
-/// left as they are.
+/// A text's ids or an instruction set's ids and masks held in memory
+/// (`parts`: the whole data's, or a validation split's two parts in order)
+/// moved to `cache` as [`load_tokens_cached`] keeps them, and mapped from
+/// there. A fresh run calls this once its run directory exists, so that it
+/// holds them as page cache rather than 4 bytes a token of its own memory,
+/// and its first resume maps them. Token files, data mapped already and
+/// tokenizers with no cache key are left as they are.
 pub fn keep_in_cache(
     path: &Path,
     enc: &dyn TextEncoder,
+    template: &ChatTemplate,
     cache: &Path,
     parts: &mut [&mut TokenData],
 ) -> Result<(), DataError> {
-    let jsonl = path.extension().is_some_and(|e| e == "jsonl");
-    let text = path.is_dir() || !(is_token_file(path) || jsonl);
-    let in_memory = parts
-        .iter()
-        .all(|p| !p.tokens.is_mapped() && p.loss_mask.is_none());
-    if !text || !in_memory || parts.is_empty() {
+    let jsonl = !path.is_dir() && path.extension().is_some_and(|e| e == "jsonl");
+    let in_memory = parts.iter().all(|p| !p.tokens.is_mapped());
+    if is_token_file(path) || !in_memory || parts.is_empty() {
         return Ok(());
     }
-    let held: Vec<&Tokens> = parts.iter().map(|p| &p.tokens).collect();
-    if let Some(mapped) = keep_text(path, enc, cache, &held)? {
-        for (p, t) in parts.iter_mut().zip(mapped) {
-            t.expect_scattered_reads();
-            p.tokens = t;
+    let held: Vec<&TokenData> = parts.iter().map(|p| &**p).collect();
+    let mapped = match jsonl {
+        true => keep_records(path, enc, template, cache, &held)?,
+        false if held.iter().all(|p| p.loss_mask.is_none()) => {
+            let ids: Vec<&Tokens> = held.iter().map(|p| &p.tokens).collect();
+            keep_text(path, enc, cache, &ids)?.map(|ts| {
+                ts.into_iter()
+                    .map(|tokens| TokenData {
+                        tokens,
+                        loss_mask: None,
+                    })
+                    .collect()
+            })
         }
+        false => None,
+    };
+    for (p, d) in parts.iter_mut().zip(mapped.into_iter().flatten()) {
+        d.tokens.expect_scattered_reads();
+        **p = d;
     }
     Ok(())
 }

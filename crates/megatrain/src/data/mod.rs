@@ -7,12 +7,14 @@ mod cache;
 mod fnv;
 mod jsonl;
 mod load;
+mod mask;
 mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
 pub use fnv::Fnv1a;
 pub use jsonl::ChatTemplate;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
+pub use mask::Mask;
 pub use tokens::Tokens;
 
 use std::path::{Path, PathBuf};
@@ -26,8 +28,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
 }
 
 /// What the data layer needs of a tokenizer; the zoo's tokenizers are
-/// adapted to it by the facade.
-pub trait TextEncoder {
+/// adapted to it by the facade. `Sync`: instruction records are
+/// tokenized on every core.
+pub trait TextEncoder: Sync {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
     /// Appended after each instruction example so the model learns to stop.
     fn eos(&self) -> Option<u32>;
@@ -44,7 +47,7 @@ pub trait TextEncoder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenData {
     pub tokens: Tokens,
-    pub loss_mask: Option<Vec<bool>>,
+    pub loss_mask: Option<Mask>,
 }
 
 impl TokenData {

@@ -20,20 +20,35 @@ pub struct Tokens(Repr);
 #[derive(Clone)]
 enum Repr {
     Owned(Vec<u32>),
-    /// Ids `range` of the map's little-endian ids of `width` bytes (2, 4).
+    /// Ids `range` of the map's little-endian ids of `width` bytes (2, 4);
+    /// `flagged`: each u32 word's top bit is not part of the id but a flag
+    /// ([`FLAG`]: instruction data's cached ids carry their loss mask so).
     Mapped {
         map: Arc<Mmap>,
         range: Range<usize>,
         width: usize,
+        flagged: bool,
     },
 }
 
-/// The id in `b`, little-endian, of its 2 or 4 bytes.
-fn decode(b: &[u8]) -> u32 {
+/// The bit of a flagged stream's words that is not part of the id: set
+/// where the loss does not count the token (`.jsonl` prompts).
+pub(crate) const FLAG: u32 = 1 << 31;
+
+/// The word in `b`, little-endian, of its 2 or 4 bytes.
+fn word(b: &[u8]) -> u32 {
     match *b {
         [x, y] => u16::from_le_bytes([x, y]) as u32,
         [x, y, z, w] => u32::from_le_bytes([x, y, z, w]),
         _ => unreachable!("ids are 2 or 4 bytes"),
+    }
+}
+
+/// The id of the word in `b` (less the flag of a flagged stream).
+fn decode(b: &[u8], flagged: bool) -> u32 {
+    match flagged {
+        true => word(b) & !FLAG,
+        false => word(b),
     }
 }
 
@@ -44,6 +59,16 @@ impl Tokens {
     /// The ids of a whole map, little-endian, of `width` bytes each (2 for
     /// a `.bin`, 4 for a text's cached ids); the map's length is a multiple.
     pub(crate) fn mapped(map: Mmap, width: usize) -> Tokens {
+        Self::mapped_as(map, width, false)
+    }
+
+    /// A map of u32 words whose top bit is a flag ([`FLAG`]), not part of
+    /// the id: read by [`Tokens::flagged`].
+    pub(crate) fn mapped_flagged(map: Mmap) -> Tokens {
+        Self::mapped_as(map, 4, true)
+    }
+
+    fn mapped_as(map: Mmap, width: usize, flagged: bool) -> Tokens {
         assert!(
             matches!(width, 2 | 4) && map.len().is_multiple_of(width),
             "whole ids"
@@ -56,6 +81,7 @@ impl Tokens {
             map: Arc::new(map),
             range,
             width,
+            flagged,
         })
     }
 
@@ -92,7 +118,10 @@ impl Tokens {
     /// row left ≈ 64 KiB in the resident set: 214 MB more peak RSS after
     /// 3,600 rows of a 1 GB `.bin` (BENCHMARKS.md), growing all run long.
     pub fn release_window(&self, start: usize, len: usize) {
-        let Repr::Mapped { map, range, width } = &self.0 else {
+        let Repr::Mapped {
+            map, range, width, ..
+        } = &self.0
+        else {
             return;
         };
         let n = range.len();
@@ -114,10 +143,35 @@ impl Tokens {
     pub fn get(&self, i: usize) -> u32 {
         match &self.0 {
             Repr::Owned(v) => v[i],
-            Repr::Mapped { map, range, width } => {
-                assert!(i < range.len(), "token {i} of {}", range.len());
-                let at = width * (range.start + i);
-                decode(&map[at..at + width])
+            Repr::Mapped {
+                map,
+                range,
+                width,
+                flagged,
+            } => decode(Self::at(map, range, *width, i), *flagged),
+        }
+    }
+
+    /// The bytes of word `i` of a map's part.
+    fn at<'a>(map: &'a Mmap, range: &Range<usize>, width: usize, i: usize) -> &'a [u8] {
+        assert!(i < range.len(), "token {i} of {}", range.len());
+        let at = width * (range.start + i);
+        &map[at..at + width]
+    }
+
+    /// Whether token `i` carries the flag ([`FLAG`]): never for a stream
+    /// that is not flagged. Panics past the end, like a slice.
+    pub(crate) fn flagged(&self, i: usize) -> bool {
+        match &self.0 {
+            Repr::Mapped {
+                map,
+                range,
+                flagged: true,
+                ..
+            } => word(Self::at(map, range, 4, i)) & FLAG != 0,
+            _ => {
+                assert!(i < self.len(), "token {i} of {}", self.len());
+                false
             }
         }
     }
@@ -138,7 +192,12 @@ impl Tokens {
     pub fn split_off(&mut self, at: usize) -> Tokens {
         match &mut self.0 {
             Repr::Owned(v) => Tokens(Repr::Owned(v.split_off(at))),
-            Repr::Mapped { map, range, width } => {
+            Repr::Mapped {
+                map,
+                range,
+                width,
+                flagged,
+            } => {
                 assert!(at <= range.len(), "split at {at} of {}", range.len());
                 let mid = range.start + at;
                 let tail = mid..range.end;
@@ -147,6 +206,7 @@ impl Tokens {
                     map: Arc::clone(map),
                     range: tail,
                     width: *width,
+                    flagged: *flagged,
                 })
             }
         }
@@ -158,13 +218,18 @@ impl Tokens {
     pub fn first_at_least(&self, bound: u32) -> Option<usize> {
         match &self.0 {
             Repr::Owned(v) => v.iter().position(|&t| t >= bound),
-            Repr::Mapped { map, range, width } => Self::bytes(map, range, *width)
+            Repr::Mapped {
+                map,
+                range,
+                width,
+                flagged,
+            } => Self::bytes(map, range, *width)
                 .par_chunks(width * SCAN_PART)
                 .enumerate()
                 .find_map_first(|(part, bytes)| {
                     let found = bytes
                         .chunks_exact(*width)
-                        .position(|b| decode(b) >= bound)
+                        .position(|b| decode(b, *flagged) >= bound)
                         .map(|i| part * SCAN_PART + i);
                     release_mapped(map, bytes);
                     found
@@ -183,10 +248,15 @@ impl Tokens {
                 .par_chunks(SCAN_PART)
                 .map(|ids| Fnv1a::of(ids.iter().map(|&t| t as u64)))
                 .collect(),
-            Repr::Mapped { map, range, width } => Self::bytes(map, range, *width)
+            Repr::Mapped {
+                map,
+                range,
+                width,
+                flagged,
+            } => Self::bytes(map, range, *width)
                 .par_chunks(width * SCAN_PART)
                 .map(|bytes| {
-                    let h = Fnv1a::of(bytes.chunks_exact(*width).map(|b| decode(b) as u64));
+                    let h = Fnv1a::of(bytes.chunks_exact(*width).map(|b| decode(b, *flagged) as u64));
                     release_mapped(map, bytes);
                     h
                 })

@@ -12,7 +12,7 @@ use crate::dist::{Collective, check_same};
 /// and the loss mask: ranks that loaded different files (or the same path
 /// with other contents) disagree here.
 fn fingerprint(d: &TokenData) -> Value {
-    let mask = d.loss_mask.iter().flatten().map(|&b| b as u64 + 2);
+    let mask = d.loss_mask.iter().flat_map(|m| m.iter()).map(|b| b as u64 + 2);
     let h = Fnv1a::of(std::iter::once(d.tokens.fingerprint()).chain(mask));
     json!({"tokens": d.len(), "fnv1a": format!("{h:016x}")})
 }

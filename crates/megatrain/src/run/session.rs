@@ -220,7 +220,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     encoder.vocab_limit = Some(model.vocab_size);
 
-    let template = ChatTemplate::default();
+    let template = chat_template(&opts);
     // A text's ids are cached in the run directory, once it exists (a run
     // refused before it starts writes nothing): the next resume maps them.
     let cache = opts.out.is_dir().then(|| opts.out.join(TOKENS_DIR));
@@ -271,20 +271,27 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     })
 }
 
-/// A fresh run's text ids, tokenized before its run directory existed,
-/// written there and mapped (a resume's were mapped by [`prepare`]).
+/// The template `.jsonl` records are laid out with (one for every run
+/// today; the cache keys on it).
+fn chat_template(_opts: &TrainOptions) -> ChatTemplate {
+    ChatTemplate::default()
+}
+
+/// A fresh run's ids (and instruction masks), tokenized before its run
+/// directory existed, written there and mapped (a resume's were mapped by
+/// [`prepare`]).
 fn keep_ids(p: &mut Prepared) -> Result<()> {
     let dir = p.opts.out.join(TOKENS_DIR);
     let data = p.opts.data.clone().expect("validated");
-    let enc = &p.encoder;
+    let (enc, t) = (&p.encoder, &chat_template(&p.opts));
     match (&p.opts.val_data, &mut p.val) {
-        // The validation split is the text's tail.
-        (None, Some(v)) => keep_in_cache(&data, enc, &dir, &mut [&mut p.train, v])?,
+        // The validation split is the data's tail.
+        (None, Some(v)) => keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train, v])?,
         (Some(vp), Some(v)) => {
-            keep_in_cache(&data, enc, &dir, &mut [&mut p.train])?;
-            keep_in_cache(vp, enc, &dir, &mut [v])?;
+            keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train])?;
+            keep_in_cache(vp, enc, t, &dir, &mut [v])?;
         }
-        (_, None) => keep_in_cache(&data, enc, &dir, &mut [&mut p.train])?,
+        (_, None) => keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train])?,
     }
     Ok(())
 }
