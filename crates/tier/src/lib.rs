@@ -38,7 +38,10 @@
 //! through the window. Its spill files reserve blocks for its range only
 //! and nothing writes outside it ([`LayerSlab::fill_params`] stages a
 //! layer's parameters in RAM for the transport copy; rank 0 gathers a
-//! spilled layer for a checkpoint into RAM, [`Gathered`]).
+//! spilled layer for a checkpoint into RAM, [`Gathered`]). The ranks of one
+//! machine can also map one set of transport copies from a file on a memory
+//! filesystem ([`TierConfig::shared_transport`], [`shared`]): each writes
+//! only its ranks' ranges of it and counts its share against the budget.
 //!
 //! Measured with `cargo run --release -p megatrain-tier --example tier_rss`:
 //! a fully touched 300M-parameter tier with bf16 transport peaks at 14.00
