@@ -527,10 +527,25 @@ fn plan_reports_host_and_device_bytes() {
     assert!(text.contains("layers 7.. spilled to disk"), "{text}");
     assert!(!sharded.contains("spilled"), "{text}");
     assert!(sharded.contains("rank 0 while saving a checkpoint"), "{text}");
-    let text = String::from_utf8(run(&[&args[..], &["--host-budget", "6G"]].concat()).stdout).unwrap();
+    // A copy per rank (f32 copies: 4 B a parameter).
+    let own = ["--host-budget", "6G", "--share-transport", "false"];
+    let text = String::from_utf8(run(&[&args[..], &own].concat()).stdout).unwrap();
     let sharded = text.split("per rank of 4").nth(1).unwrap();
     assert!(
         sharded.contains("layers 14..24 spilled") && sharded.contains("its 1/4 of p, m, v"),
         "{text}"
     );
+    // The machine's ranks mapping one copy, each counting a quarter of it:
+    // a budget below the copies, which one process cannot take, holds
+    // layers ..15 of each rank.
+    let out = run(&[&args[..], &["--host-budget", "3G"]].concat());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    let (one, sharded) = text.split_once("per rank of 4").unwrap();
+    assert!(one.contains("one process: transport copies alone need"), "{text}");
+    assert!(
+        sharded.contains("layers 15..24 spilled") && sharded.contains("they map one transport copy"),
+        "{text}"
+    );
+    assert!(!sharded.contains("host:"), "{text}");
 }

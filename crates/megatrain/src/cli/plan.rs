@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, Machine, PlanInput, Precision, bus_cover, disk_estimate, mem_available, per_rank, plan,
+    BusCover, Machine, PlanInput, Precision, RunError, bus_cover, disk_estimate, mem_available, per_rank,
+    plan,
 };
-use megatrain_tier::TierConfig;
+use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
 
 use super::gib;
@@ -116,42 +117,65 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         spill_dir: a.host_budget.map(|_| a.spill_dir.clone()),
         shared_transport: None,
     };
-    let p = plan(&model, &input, &tier)?;
-    println!("host (fp32 weights and AdamW moments, {} transport):", transport);
-    println!("{}", p.host);
-    println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
-    println!("  needed     {:>14}", gib(p.host_total()));
-    if let Some(first) = p.host.first_spilled {
-        let (read, write, how) = match a.disk_gbps {
-            Some(g) => (g, g, "given".to_string()),
-            None => {
-                let bw = megatrain_tier::measure_disk_bandwidth(&a.spill_dir, 256 << 20)?;
-                (
-                    bw.read_gb_s,
-                    bw.write_gb_s,
-                    format!(
-                        "measured on {} with a 256 MiB scratch file{}",
-                        a.spill_dir.display(),
-                        if bw.direct { ", O_DIRECT" } else { "" }
-                    ),
-                )
-            }
-        };
-        let e = disk_estimate(&p.host, read, write);
-        println!(
-            "disk: layers {first}..{} past --host-budget {}: per step {} read and {} written \
-             (p, m, v{} of every spilled layer)",
-            p.host.n_layers,
-            gib(a.host_budget.unwrap_or(0)),
-            gib(e.read_bytes),
-            gib(e.written_bytes),
-            if a.hold_grads { ", gradients" } else { "" }
-        );
-        println!(
-            "  at {read:.2} GB/s read, {write:.2} GB/s write ({how}): {:.1} s of disk time per step, \
-             hidden only where the forward and backward take at least as long",
-            e.seconds
-        );
+    // With ranks, a budget may hold each rank's share but not one
+    // process's whole tier: that process is then only noted.
+    let one = match plan(&model, &input, &tier) {
+        Ok(p) => Some(p),
+        Err(RunError::Tier(e @ (TierError::TransportOverBudget { .. } | TierError::BudgetExceeded { .. })))
+            if a.ranks > 1 =>
+        {
+            println!("one process: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let whole = TierConfig {
+        ram_budget_bytes: None,
+        spill_dir: None,
+        ..tier.clone()
+    };
+    let one_fits = one.is_some();
+    let p = match one {
+        Some(p) => p,
+        None => plan(&model, &input, &whole)?,
+    };
+    if one_fits {
+        println!("host (fp32 weights and AdamW moments, {} transport):", transport);
+        println!("{}", p.host);
+        println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
+        println!("  needed     {:>14}", gib(p.host_total()));
+        if let Some(first) = p.host.first_spilled {
+            let (read, write, how) = match a.disk_gbps {
+                Some(g) => (g, g, "given".to_string()),
+                None => {
+                    let bw = megatrain_tier::measure_disk_bandwidth(&a.spill_dir, 256 << 20)?;
+                    (
+                        bw.read_gb_s,
+                        bw.write_gb_s,
+                        format!(
+                            "measured on {} with a 256 MiB scratch file{}",
+                            a.spill_dir.display(),
+                            if bw.direct { ", O_DIRECT" } else { "" }
+                        ),
+                    )
+                }
+            };
+            let e = disk_estimate(&p.host, read, write);
+            println!(
+                "disk: layers {first}..{} past --host-budget {}: per step {} read and {} written \
+                 (p, m, v{} of every spilled layer)",
+                p.host.n_layers,
+                gib(a.host_budget.unwrap_or(0)),
+                gib(e.read_bytes),
+                gib(e.written_bytes),
+                if a.hold_grads { ", gradients" } else { "" }
+            );
+            println!(
+                "  at {read:.2} GB/s read, {write:.2} GB/s write ({how}): {:.1} s of disk time per step, \
+                 hidden only where the forward and backward take at least as long",
+                e.seconds
+            );
+        }
     }
     if a.ranks > 1 {
         let r = per_rank(&model, &tier, a.ranks, a.share_transport)?;
@@ -221,8 +245,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(c) = bus_cover(&model, a.seq_len, transport, machine) {
         print_cover(&c, machine, a.batch, a.seq_len);
     }
-    let host_mem = a.host_mem.or_else(mem_available);
-    match host_mem {
+    match a.host_mem.or_else(mem_available) {
+        _ if !one_fits => {}
         Some(m) => println!(
             "host: {} needed, {} available: {}",
             gib(p.host_total()),
