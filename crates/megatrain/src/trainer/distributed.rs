@@ -1,22 +1,19 @@
 //! The [`Trainer`]'s data parallel side outside the per-chunk pipeline
 //! (which is in `reduce.rs`): joining a communicator, the global target
-//! count, clipping with a sharded optimizer, gathering sharded state for
-//! a checkpoint, and the update of a rank's part of a layer.
+//! count, clipping with a sharded optimizer, and gathering sharded state
+//! for a checkpoint.
 
-use std::ops::Range;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate, clip_coefficient, grad_norm_sq};
+use megatrain_adamw::{clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{
-    AlignedBuf, Gathered, HostTier, LayerSlab, Shard, SpillWindow, TierError, TransportMut,
-};
+use megatrain_tier::{AlignedBuf, Gathered, HostTier, LayerSlab, Shard, TierError};
 
-use super::optimizer::{adamw_transport, part_mask};
 use super::reduce::DistState;
 use super::spill_window;
+use super::update::{Hyper, Part, update_part};
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
-use crate::dist::{DistConfig, Elem};
+use crate::dist::DistConfig;
 
 fn engine_err(e: crate::dist::DistError) -> TrainError {
     TrainError::Internal(e.to_string())
@@ -158,19 +155,19 @@ impl<E: Executor> Trainer<E> {
         let mut ops = Vec::with_capacity(self.tier.len());
         for slab in self.tier.layers_mut() {
             let i = slab.index();
-            let (own, all) = (d.own(i), 0..slab.numel());
-            let (base, elem) = update_range(
-                slab,
-                None,
-                own,
-                all,
-                true,
-                window.as_ref(),
-                &self.adamw,
-                &self.masks[i],
+            let part = Part {
+                grad: None,
+                r: d.own(i),
+                zero: 0..slab.numel(),
+                ends: true,
+            };
+            let h = Hyper {
+                adamw: &self.adamw,
+                mask: &self.masks[i],
                 lr,
-                coef,
-            )?;
+                grad_scale: coef,
+            };
+            let (base, elem) = update_part(slab, part, window.as_ref(), h)?;
             // SAFETY: the transport copies are not touched until every
             // operation in `ops` has been waited on below (or dropped, which
             // waits), before this function returns.
@@ -303,124 +300,4 @@ fn gather_layer(d: &DistState, slab: &mut LayerSlab) -> Result<()> {
         d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
     }
     Ok(())
-}
-
-/// The transport copy's first element, as the all-gather moves it.
-fn transport_base(t: &mut TransportMut<'_>) -> (*mut u8, Elem) {
-    match t {
-        TransportMut::F32(t) => (t.as_mut_ptr().cast(), Elem::F32),
-        TransportMut::BF16(t) => (t.as_mut_ptr().cast(), Elem::U16),
-        TransportMut::F16(t) => (t.as_mut_ptr().cast(), Elem::U16),
-    }
-}
-
-/// AdamW on elements `r` of `slab` (possibly none: this rank's shard may
-/// miss a chunk) with their summed gradient (`grad`, or the held
-/// gradient's when `None`); `mask` is the whole layer's. A spilled layer's
-/// p, m and v come from `window` (which must be open then, over this
-/// rank's ranges), a layer in RAM is updated in place. Zeroes the held
-/// gradient's elements `zero` (which hold `r`) for the next step. `ends`:
-/// this is the layer's last update of the step, so its step count (bias
-/// correction) moves on, by one whatever the number of chunks. Touches
-/// only elements `zero` of the layer's buffers (no reference to the rest,
-/// where other chunks' collectives may be in flight) and returns the
-/// transport copy's pointer at element `zero.start`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn update_range(
-    slab: &mut LayerSlab,
-    grad: Option<&mut [f32]>,
-    r: Range<usize>,
-    zero: Range<usize>,
-    ends: bool,
-    window: Option<&SpillWindow>,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<(*mut u8, Elem), TrainError> {
-    let (index, numel) = (slab.index(), slab.numel());
-    if r.start < zero.start || r.end > zero.end || zero.end > numel {
-        return Err(TrainError::Internal(format!(
-            "layer {index}: update of {r:?} outside {zero:?} (of {numel})"
-        )));
-    }
-    let window = match window {
-        Some(w) if slab.is_spilled() => Some(w),
-        None if slab.is_spilled() && !r.is_empty() => {
-            return Err(TrainError::Internal(format!(
-                "layer {index} is spilled but no spill window is open"
-            )));
-        }
-        _ => None,
-    };
-    // Positions within the elements `zero` the slices cover.
-    let local = |x: &Range<usize>| x.start - zero.start..x.end - zero.start;
-    let base = {
-        let parts = slab.parts_in(zero.clone());
-        let mut held = parts.grads;
-        let mut transport = parts.transport;
-        let base = transport_base(&mut transport);
-        let mut grad = match (grad, held.as_deref_mut()) {
-            _ if r.is_empty() => None,
-            (Some(g), _) => Some(g),
-            (None, Some(h)) => Some(&mut h[local(&r)]),
-            (None, None) => {
-                return Err(TrainError::Internal(format!(
-                    "layer {index}: no gradient to apply"
-                )));
-            }
-        };
-        // Every piece of a step at the layer's step count: the count moves
-        // once, below.
-        let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
-        let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
-            let g = grad.as_deref_mut().expect("a non-empty range has a gradient");
-            let mask = part_mask(mask, piece.clone(), numel)?;
-            let update = SlabUpdate::new(p, &mut g[at(&piece)], m, v)
-                .decay(&mask)
-                .transport(adamw_transport(&mut transport, local(&piece)))
-                .grad_scale(grad_scale);
-            adamw.step(&mut SlabState::at_step(*parts.step), lr, update)?;
-            Ok::<(), TrainError>(())
-        };
-        match window {
-            Some(w) => {
-                let mut done = r.start;
-                while done < r.end {
-                    let mut chunk = w.next(index)?;
-                    let piece = chunk.range();
-                    if piece.start != done || piece.end > r.end {
-                        return Err(TrainError::Internal(format!(
-                            "layer {index}: spill chunk {piece:?} does not fit update {r:?} at {done}"
-                        )));
-                    }
-                    let (p, m, v) = chunk.parts_mut();
-                    apply(piece.clone(), p, m, v)?;
-                    w.give_back(chunk)?;
-                    done = piece.end;
-                }
-            }
-            None if !r.is_empty() => {
-                let l = local(&r);
-                apply(
-                    r.clone(),
-                    &mut parts.params[l.clone()],
-                    &mut parts.m[l.clone()],
-                    &mut parts.v[l],
-                )?;
-            }
-            None => {}
-        }
-        if ends {
-            *parts.step += 1;
-        }
-        if let Some(h) = held {
-            h.fill(0.0);
-        }
-        base
-    };
-    if ends {
-        slab.evict()?;
-    }
-    Ok(base)
 }

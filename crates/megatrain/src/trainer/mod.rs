@@ -38,7 +38,10 @@ mod optimizer;
 mod reduce;
 mod setup;
 mod spill_window;
+mod update;
 mod upload;
+
+use update::{Hyper, Part, update_part};
 
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
@@ -414,9 +417,14 @@ impl<E: Executor> Trainer<E> {
         let coef = clip_coefficient(norm, max_norm);
         let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
         for slab in self.tier.layers_mut() {
-            let mask = &self.masks[slab.index()];
-            let all = 0..slab.numel();
-            spill_window::update_any(slab, None, all, window.as_ref(), &self.adamw, mask, lr, coef)?;
+            let h = Hyper {
+                adamw: &self.adamw,
+                mask: &self.masks[slab.index()],
+                lr,
+                grad_scale: coef,
+            };
+            let all = Part::of(slab.numel(), None, 0..slab.numel());
+            update_part(slab, all, window.as_ref(), h)?;
         }
         if let Some(w) = window {
             spill_window::record(m, &w.finish()?);

@@ -22,7 +22,7 @@ use megatrain_zoo::layers::{
     block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, sum_losses,
 };
 
-use super::optimizer::update_slab;
+use super::update::{Hyper, Part, update_part};
 use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
 use super::{Falling, Result, TrainError, Trainer, ms};
 use crate::data::Batch;
@@ -269,16 +269,13 @@ impl<E: Executor> Trainer<E> {
         let start = Instant::now();
         for slab in self.tier.layers_mut() {
             let len = slab.numel();
-            let mask = &self.masks[slab.index()];
-            update_slab(
-                slab,
-                Some(&grad[..len]),
-                0..len,
-                &self.adamw,
-                mask,
-                lr as f32,
-                1.0,
-            )?;
+            let h = Hyper {
+                adamw: &self.adamw,
+                mask: &self.masks[slab.index()],
+                lr: lr as f32,
+                grad_scale: 1.0,
+            };
+            update_part(slab, Part::of(len, Some(&grad[..len]), 0..len), None, h)?;
         }
         Ok(ms(start))
     }

@@ -9,13 +9,13 @@ use std::sync::Mutex;
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, DecayMask, Grad, SlabState, SlabUpdate, Transport};
+use megatrain_adamw::{AdamW, DecayMask};
 use megatrain_tensor::Landed;
-use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
+use megatrain_tier::{LayerSlab, SpillWindow};
 use rayon::prelude::*;
 
 use super::TrainError;
-use super::spill_window::update_any;
+use super::update::{Hyper, Part, update_part};
 
 /// One chunk of a layer's gradients, handed from the step to the
 /// optimizer. A layer's chunks come in order, the first one with the layer
@@ -126,6 +126,18 @@ pub(super) struct Shared<'a> {
     pub window: Option<&'a SpillWindow>,
 }
 
+impl Shared<'_> {
+    /// The step's hyperparameters for a layer whose decay mask is `mask`.
+    pub fn hyper<'m>(&'m self, mask: &'m DecayMask) -> Hyper<'m> {
+        Hyper {
+            adamw: self.adamw,
+            mask,
+            lr: self.lr,
+            grad_scale: 1.0,
+        }
+    }
+}
+
 /// Reused gradient staging buffers: one per chunk in flight, never one per
 /// layer per step.
 #[derive(Debug, Default)]
@@ -186,72 +198,6 @@ pub(super) fn accumulate(acc: &mut [f32], x: &[f32]) {
         .for_each(|(a, x)| a.iter_mut().zip(x).for_each(|(a, x)| *a += x));
 }
 
-/// The gradient an update applies: the one given (read only), else the
-/// slab's held one, which the update then zeroes (the `bool`) for the next
-/// step.
-pub(super) fn chosen_grad<'a>(
-    index: usize,
-    given: Option<&'a [f32]>,
-    held: Option<&'a mut [f32]>,
-) -> Result<(Grad<'a>, bool), TrainError> {
-    match (given, held) {
-        (Some(g), _) => Ok((Grad::Read(g), false)),
-        (None, Some(h)) => Ok((Grad::Mut(h), true)),
-        (None, None) => Err(TrainError::Internal(format!(
-            "layer {index}: no gradient to apply"
-        ))),
-    }
-}
-
-/// Elements `r` of a transport copy, as the fused AdamW pass writes them.
-pub(super) fn adamw_transport<'a>(t: &'a mut TransportMut<'_>, r: Range<usize>) -> Transport<'a> {
-    match t {
-        TransportMut::F32(t) => Transport::F32(&mut t[r]),
-        TransportMut::BF16(t) => Transport::Bf16(&mut t[r]),
-        TransportMut::F16(t) => Transport::F16(&mut t[r]),
-    }
-}
-
-/// AdamW on elements `r` of one slab with gradient `grad` (exactly those
-/// elements), or the held gradient when `None`, writing the transport copy
-/// in the same pass. AdamW is elementwise, so a layer updated chunk by chunk
-/// gets the bits of one updated whole; the step count advances (and a
-/// spilled layer's pages are dropped) with the chunk that ends the layer.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn update_slab(
-    slab: &mut LayerSlab,
-    grad: Option<&[f32]>,
-    r: Range<usize>,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<(), TrainError> {
-    let index = slab.index();
-    let numel = slab.numel();
-    let last = r.end == numel;
-    let mask = part_mask(mask, r.clone(), numel)?;
-    let n = r.len();
-    let parts = slab.parts_in(r);
-    let (grad, zero) = chosen_grad(index, grad, parts.grads)?;
-    let mut transport = parts.transport;
-    let transport = adamw_transport(&mut transport, 0..n);
-    let mut state = SlabState::at_step(*parts.step);
-    let update = SlabUpdate::new(parts.params, grad, parts.m, parts.v)
-        .decay(&mask)
-        .transport(transport)
-        .zero_grad(zero)
-        .grad_scale(grad_scale);
-    adamw.step(&mut state, lr, update)?;
-    if last {
-        *parts.step = state.step();
-        // A spilled layer's pages would otherwise stay resident and break
-        // the RAM budget; the next step maps them back in.
-        slab.evict()?;
-    }
-    Ok(())
-}
-
 /// The decay mask of elements `r` of a slab of `numel` elements whose mask
 /// is `mask`: `mask` itself for the whole slab, else [`sub_mask`].
 pub(super) fn part_mask(
@@ -297,12 +243,16 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
             Some(held) => {
                 accumulate(held, &grads);
                 if update && last {
-                    update_any(slab, None, 0..slab.numel(), sh.window, sh.adamw, mask, sh.lr, 1.0)
+                    let all = Part::of(slab.numel(), None, 0..slab.numel());
+                    update_part(slab, all, sh.window, sh.hyper(mask)).map(drop)
                 } else {
                     Ok(())
                 }
             }
-            None if update => update_any(slab, Some(&grads), range, sh.window, sh.adamw, mask, sh.lr, 1.0),
+            None if update => {
+                let part = Part::of(slab.numel(), Some(&grads), range);
+                update_part(slab, part, sh.window, sh.hyper(mask)).map(drop)
+            }
             None => Err(TrainError::Internal(format!(
                 "layer {index}: gradients must be held to accumulate micro-batches"
             ))),

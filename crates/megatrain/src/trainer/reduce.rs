@@ -40,9 +40,8 @@ use std::time::Instant;
 use megatrain_tier::LayerSlab;
 use megatrain_tier::shard::layer_ranges;
 
-use super::distributed::update_range;
 use super::optimizer::{Grads, Job, Shared, accumulate};
-use super::spill_window::update_any;
+use super::update::{Part, update_part};
 use super::{TrainError, ms};
 use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges};
 
@@ -415,7 +414,7 @@ impl<'a> DistWorker<'a, '_> {
             ends,
             update,
             send,
-            mut recv,
+            recv,
         } = r;
         let waited = wait(op, &mut self.rep);
         if let Some(send) = send {
@@ -447,22 +446,15 @@ impl<'a> DistWorker<'a, '_> {
             self.rep.busy_ms += ms(t);
             return Ok(());
         }
-        let mask = &sh.masks[index];
+        let h = sh.hyper(&sh.masks[index]);
         let result = if sharded {
-            let zero = chunk.clone();
-            update_range(
-                slab,
-                Some(&mut recv),
-                own.clone(),
-                zero,
+            let part = Part {
+                grad: Some(&recv),
+                r: own.clone(),
+                zero: chunk.clone(),
                 ends,
-                sh.window,
-                sh.adamw,
-                mask,
-                sh.lr,
-                1.0,
-            )
-            .map(Some)
+            };
+            update_part(slab, part, sh.window, h).map(Some)
         } else {
             // A held block takes the sum and is zeroed by the update's own
             // pass (before a spilled layer's pages are dropped with its
@@ -474,7 +466,13 @@ impl<'a> DistWorker<'a, '_> {
                 }
                 None => Some(&recv[..]),
             };
-            update_any(slab, grad, chunk.clone(), sh.window, sh.adamw, mask, sh.lr, 1.0).map(|()| None)
+            let part = Part {
+                grad,
+                r: chunk.clone(),
+                zero: chunk.clone(),
+                ends,
+            };
+            update_part(slab, part, sh.window, h).map(|_| None)
         };
         sh.pool.give(recv);
         self.rep.busy_ms += ms(t);

@@ -9,14 +9,10 @@
 //! elementwise, so a layer updated chunk by chunk gets the same bits as one
 //! updated whole; the step count advances once per layer.
 
-use std::ops::Range;
+use megatrain_tier::{HostTier, SpillStats, SpillWindow, SpilledLayer, WindowConfig};
 
-use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
-use megatrain_tier::{HostTier, LayerSlab, SpillStats, SpillWindow, SpilledLayer, WindowConfig};
-
-use super::optimizer::{adamw_transport, chosen_grad, part_mask, update_slab};
 use super::reduce::DistState;
-use super::{Result, StepMetrics, TrainError};
+use super::{Result, StepMetrics};
 
 /// The tier's spilled layers in the backward's order (last layer first),
 /// each cut to this rank's range where the optimizer is sharded (a rank
@@ -75,84 +71,10 @@ pub(super) fn record(m: &mut StepMetrics, s: &SpillStats) {
     };
 }
 
-/// AdamW on elements `r` of one layer (`grad` holds exactly those, or
-/// `None` for the held gradient): through the window when the layer is
-/// spilled and a window is open, else in place ([`update_slab`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn update_any(
-    slab: &mut LayerSlab,
-    grad: Option<&[f32]>,
-    r: Range<usize>,
-    window: Option<&SpillWindow>,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<()> {
-    match window {
-        Some(w) if slab.is_spilled() && slab.numel() > 0 => {
-            update_spilled(slab, grad, r, w, adamw, mask, lr, grad_scale)
-        }
-        _ => update_slab(slab, grad, r, adamw, mask, lr, grad_scale),
-    }
-}
-
-/// The window hands a layer out in chunks of its own size, in order; a
-/// gradient chunk must end on one of their boundaries (the trainer's
-/// transfer chunk is a multiple of the window's, see `transfer_chunk`).
-#[allow(clippy::too_many_arguments)]
-fn update_spilled(
-    slab: &mut LayerSlab,
-    grad: Option<&[f32]>,
-    r: Range<usize>,
-    window: &SpillWindow,
-    adamw: &AdamW,
-    mask: &DecayMask,
-    lr: f32,
-    grad_scale: f32,
-) -> Result<()> {
-    let index = slab.index();
-    let numel = slab.numel();
-    let parts = slab.parts_in(r.clone());
-    let (mut grad, zero) = chosen_grad(index, grad, parts.grads)?;
-    let mut transport = parts.transport;
-    let first = *parts.step;
-    let mut next_step = first;
-    let mut done = r.start;
-    while done < r.end {
-        let mut chunk = window.next(index)?;
-        let w = chunk.range();
-        if w.start != done || w.end > r.end {
-            return Err(TrainError::Internal(format!(
-                "layer {index}: spill chunk {w:?} does not fit gradient chunk {r:?} at {done}"
-            )));
-        }
-        let sub = part_mask(mask, w.clone(), numel)?;
-        let t = adamw_transport(&mut transport, w.start - r.start..w.end - r.start);
-        let (p, m, v) = chunk.parts_mut();
-        let mut state = SlabState::at_step(first);
-        let update = SlabUpdate::new(p, grad.part(w.start - r.start..w.end - r.start), m, v)
-            .decay(&sub)
-            .transport(t)
-            .zero_grad(zero)
-            .grad_scale(grad_scale);
-        adamw.step(&mut state, lr, update)?;
-        next_step = state.step();
-        window.give_back(chunk)?;
-        done = w.end;
-    }
-    if r.end == numel {
-        *parts.step = next_step;
-        // Held gradients stay on their memory map: drop their pages.
-        slab.evict()?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::optimizer::sub_mask;
-    use super::*;
+    use super::super::optimizer::{part_mask, sub_mask};
+    use megatrain_adamw::DecayMask;
 
     /// A slab's mask cut to each rank's range, for ranks of every size.
     #[test]

@@ -1,0 +1,182 @@
+//! AdamW on a part of one layer: the single update every optimizer path
+//! of the step runs (the worker's chunks, clipping mode, the data parallel
+//! worker's shards, the optimizer-only mode), in RAM or through the spill
+//! window, writing the layer's transport copy in the same pass.
+
+use std::ops::Range;
+
+use megatrain_adamw::{AdamW, DecayMask, Grad, SlabState, SlabUpdate, Transport};
+use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
+
+use super::TrainError;
+use super::optimizer::part_mask;
+use crate::dist::Elem;
+
+/// What [`update_part`] is asked to do to one layer.
+pub(super) struct Part<'g> {
+    /// The summed gradient of exactly elements `r` (read only: where it
+    /// landed, or a reduction's receive buffer), or `None` for the layer's
+    /// held gradient.
+    pub grad: Option<&'g [f32]>,
+    /// The elements updated (possibly none: a rank's shard may miss a
+    /// chunk).
+    pub r: Range<usize>,
+    /// The elements of the held gradient zeroed for the next step; they
+    /// hold `r` (a rank of a sharded optimizer also zeroes the stale sums
+    /// around its shard).
+    pub zero: Range<usize>,
+    /// This is the layer's last update of the step: its step count (bias
+    /// correction) moves on, once whatever the number of chunks, and a
+    /// spilled layer's pages are dropped.
+    pub ends: bool,
+}
+
+impl<'g> Part<'g> {
+    /// Elements `r` of a layer of `numel` elements, ending it where they
+    /// reach its end.
+    pub fn of(numel: usize, grad: Option<&'g [f32]>, r: Range<usize>) -> Part<'g> {
+        Part {
+            grad,
+            ends: r.end == numel,
+            zero: r.clone(),
+            r,
+        }
+    }
+}
+
+/// The hyperparameters of one step's updates.
+#[derive(Clone, Copy)]
+pub(super) struct Hyper<'a> {
+    pub adamw: &'a AdamW,
+    /// The whole layer's decay mask.
+    pub mask: &'a DecayMask,
+    pub lr: f32,
+    pub grad_scale: f32,
+}
+
+/// Elements `r` of a transport copy, as the fused AdamW pass writes them.
+pub(super) fn adamw_transport<'a>(t: &'a mut TransportMut<'_>, r: Range<usize>) -> Transport<'a> {
+    match t {
+        TransportMut::F32(t) => Transport::F32(&mut t[r]),
+        TransportMut::BF16(t) => Transport::Bf16(&mut t[r]),
+        TransportMut::F16(t) => Transport::F16(&mut t[r]),
+    }
+}
+
+/// The transport copy's first element, as an all-gather moves it.
+fn transport_base(t: &mut TransportMut<'_>) -> (*mut u8, Elem) {
+    match t {
+        TransportMut::F32(t) => (t.as_mut_ptr().cast(), Elem::F32),
+        TransportMut::BF16(t) => (t.as_mut_ptr().cast(), Elem::U16),
+        TransportMut::F16(t) => (t.as_mut_ptr().cast(), Elem::U16),
+    }
+}
+
+/// AdamW on `part` of `slab`, writing its transport copy in the same pass.
+/// A spilled layer's p, m and v come chunk by chunk from `window` where one
+/// is open (over this process's ranges; a gradient chunk then ends on the
+/// window's boundaries, see `Trainer::transfer_chunk`), else the layer is
+/// updated in place. The held gradient's elements `r` are zeroed in the
+/// AdamW pass, the rest of `zero` after it. AdamW is elementwise, so a
+/// layer updated part by part gets the bits of one updated whole.
+///
+/// Touches only elements `part.zero` of the layer's buffers (no reference
+/// to the rest, where other chunks' collectives may be in flight, or other
+/// ranks write a shared transport copy) and returns the transport copy's
+/// pointer at element `zero.start`.
+pub(super) fn update_part(
+    slab: &mut LayerSlab,
+    part: Part<'_>,
+    window: Option<&SpillWindow>,
+    h: Hyper<'_>,
+) -> Result<(*mut u8, Elem), TrainError> {
+    let Part { grad, r, zero, ends } = part;
+    let (index, numel) = (slab.index(), slab.numel());
+    if r.start < zero.start || r.end > zero.end || zero.end > numel {
+        return Err(TrainError::Internal(format!(
+            "layer {index}: update of {r:?} outside {zero:?} (of {numel})"
+        )));
+    }
+    let window = window.filter(|_| slab.is_spilled() && numel > 0);
+    // Positions within the elements `zero` the slices cover.
+    let local = |x: &Range<usize>| x.start - zero.start..x.end - zero.start;
+    let base = {
+        let parts = slab.parts_in(zero.clone());
+        let mut transport = parts.transport;
+        let base = transport_base(&mut transport);
+        let mut held = parts.grads;
+        // The held gradient is ours to zero as the update reads it.
+        let (mut g, fused) = match (grad, held.as_deref_mut()) {
+            _ if r.is_empty() => (None, false),
+            (Some(g), _) => (Some(Grad::Read(g)), false),
+            (None, Some(h)) => (Some(Grad::Mut(&mut h[local(&r)])), true),
+            (None, None) => {
+                return Err(TrainError::Internal(format!(
+                    "layer {index}: no gradient to apply"
+                )));
+            }
+        };
+        // Every piece of a step at the layer's step count: the count moves
+        // once, below.
+        let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
+        let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
+            let g = g.as_mut().expect("a non-empty range has a gradient");
+            let mask = part_mask(h.mask, piece.clone(), numel)?;
+            let update = SlabUpdate::new(p, g.part(at(&piece)), m, v)
+                .decay(&mask)
+                .transport(adamw_transport(&mut transport, local(&piece)))
+                .zero_grad(fused)
+                .grad_scale(h.grad_scale);
+            h.adamw.step(&mut SlabState::at_step(*parts.step), h.lr, update)?;
+            Ok::<(), TrainError>(())
+        };
+        match window {
+            Some(w) => {
+                let mut done = r.start;
+                while done < r.end {
+                    let mut chunk = w.next(index)?;
+                    let piece = chunk.range();
+                    if piece.start != done || piece.end > r.end {
+                        return Err(TrainError::Internal(format!(
+                            "layer {index}: spill chunk {piece:?} does not fit update {r:?} at {done}"
+                        )));
+                    }
+                    let (p, m, v) = chunk.parts_mut();
+                    apply(piece.clone(), p, m, v)?;
+                    w.give_back(chunk)?;
+                    done = piece.end;
+                }
+            }
+            None if !r.is_empty() => {
+                let l = local(&r);
+                apply(
+                    r.clone(),
+                    &mut parts.params[l.clone()],
+                    &mut parts.m[l.clone()],
+                    &mut parts.v[l],
+                )?;
+            }
+            None => {}
+        }
+        if ends {
+            *parts.step += 1;
+        }
+        if let Some(h) = held {
+            let l = local(&r);
+            match fused {
+                true => {
+                    h[..l.start].fill(0.0);
+                    h[l.end..].fill(0.0);
+                }
+                false => h.fill(0.0),
+            }
+        }
+        base
+    };
+    if ends {
+        // A spilled layer's pages would otherwise stay resident and break
+        // the RAM budget; the next step maps them back in.
+        slab.evict()?;
+    }
+    Ok(base)
+}
