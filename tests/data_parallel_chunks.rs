@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group, local_machines};
-use megatrain::dist::{Collective, DistConfig, share_transport};
+use megatrain::dist::{Collective, DistConfig, Shared, share_transport};
 use megatrain::trainer::{TrainError, Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{
@@ -149,7 +149,7 @@ fn train_rank(
     });
     let sharing = match (&comm, case.machine) {
         (Some(c), Some(_)) => {
-            let s = share_transport(c, dir, &model.layer_tables(), case.transport).unwrap();
+            let s = share_transport(c, dir, &model.layer_tables(), case.transport, true).unwrap();
             // Every rank has opened the copies: the creator's file is gone.
             let left = std::fs::read_dir(dir).unwrap().flatten();
             assert_eq!(
@@ -157,7 +157,10 @@ fn train_rank(
                     .count(),
                 0
             );
-            Some(s.expect("the case's machines share"))
+            match s {
+                Shared::Yes(s) => Some(s),
+                Shared::No(why) => panic!("{case:?}: {why}"),
+            }
         }
         _ => None,
     };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::GPU_STREAM;
 use megatrain::data::Batch;
 use megatrain::dist::local::{LocalComm, local_group};
-use megatrain::dist::{Collective, DistConfig, Sharing, share_transport};
+use megatrain::dist::{Collective, DistConfig, Shared, Sharing, share_transport};
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
 use megatrain_tensor::testing::rel_norm_err;
@@ -342,9 +342,19 @@ fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
             transfer_chunk: 1021,
             ..TrainerConfig::default()
         };
-        let sharing = share
-            .then(|| share_transport(&comm, shm.path(), &model.layer_tables(), TransportDType::F32).unwrap())
-            .flatten();
+        let sharing = share.then(|| {
+            match share_transport(
+                &comm,
+                shm.path(),
+                &model.layer_tables(),
+                TransportDType::F32,
+                true,
+            ) {
+                Ok(Shared::Yes(s)) => s,
+                Ok(Shared::No(why)) => panic!("{why}"),
+                Err(e) => panic!("{e}"),
+            }
+        });
         let tier = TierConfig {
             shard: shard.then_some(Shard {
                 rank: comm.rank(),

@@ -480,18 +480,34 @@ fn ranks_sharing_one_transport_copy_train_as_ranks_holding_their_own() {
             "{what}: a file left in --shm-dir"
         );
     }
+    // A --shm-dir that cannot hold the file: asked for, the ranks stop and
+    // name it; by default they hold a copy each, train the same, and say why.
     let missing = dir.path().join("no-such-shm");
-    let mut c = train_args("llama-tiny", &data, &dir.path().join("bad"), 2, &sharded);
-    c.extend(["--shm-dir", missing.to_str().unwrap()].map(String::from));
-    let out = {
+    let job = |out: &str, share: &str| {
+        let mut c = train_args("llama-tiny", &data, &dir.path().join(out), 2, &sharded);
+        c.retain(|a| a != "--quiet");
+        c.extend(["--shm-dir", missing.to_str().unwrap(), "--share-transport", share].map(String::from));
         let _one = MPI_JOBS.lock().unwrap_or_else(|e| e.into_inner());
         mpirun(2).arg(bin()).args(&c).output().unwrap()
     };
+    let out = job("refused", "true");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains("--shm-dir") && err.contains(missing.to_str().unwrap()),
         "{err}"
+    );
+    let out = job("fell-back", "auto");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("transport copies: one per rank (") && err.contains(missing.to_str().unwrap()),
+        "{err}"
+    );
+    let fell_back = dir.path().join("fell-back");
+    assert_eq!(
+        metric(&dir.path().join("own2"), "loss"),
+        metric(&fell_back, "loss")
     );
 }
 

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use megatrain::run::{
-    PlanInput, QuietProgress, Resident, SampleOptions, TrainOptions, generate, latest_checkpoint, pick, plan,
-    prepare, train,
+    PlanInput, QuietProgress, Resident, SampleOptions, ShareTransport, TrainOptions, generate,
+    latest_checkpoint, pick, plan, prepare, train,
 };
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{HfCheckpoint, preset};
@@ -150,6 +150,22 @@ fn toml_config_is_overridden_by_later_settings() {
         TrainOptions::default().transport,
         megatrain_gpu::TransportChoice::Auto
     );
+    // `share-transport`: a name, or a boolean for true and false.
+    for (text, want) in [
+        ("share-transport = \"auto\"\n", ShareTransport::Auto),
+        ("share-transport = true\n", ShareTransport::True),
+        ("share-transport = \"false\"\n", ShareTransport::False),
+        ("share_transport = false\n", ShareTransport::False),
+    ] {
+        let o = TrainOptions::default().overlay_toml(text, &path).unwrap();
+        assert_eq!(o.share_transport, want, "{text}");
+    }
+    assert_eq!(TrainOptions::default().share_transport, ShareTransport::Auto);
+    let err = TrainOptions::default()
+        .overlay_toml("share-transport = \"yes\"\n", &path)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown share-transport 'yes'"), "{err}");
     let err = TrainOptions::default()
         .overlay_toml("transport = \"dma\"\n", &path)
         .unwrap_err()

@@ -20,8 +20,7 @@ pub enum TierError {
     #[error(
         "{}: {cause}: no room for the {needed} bytes of transport copies this machine's ranks \
          share; enlarge that filesystem (a container's /dev/shm is often 64 MiB: `docker run \
-         --shm-size`), give another with --shm-dir, or hold a copy per rank with \
-         --share-transport false",
+         --shm-size`) or give another with --shm-dir",
         path.display()
     )]
     SharedFull {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_rows};
-use megatrain::dist::{Collective, DistConfig, share_transport};
+use megatrain::dist::{Collective, DistConfig, Shared, share_transport};
 use megatrain::trainer::{Trainer, TrainerConfig, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::CpuExecutor;
@@ -116,7 +116,16 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     let sharing = match (&comm, shard) {
         (Some(c), Some(_)) if rs.share_transport => {
             let transport = super::child::precision(spec)?.transport();
-            share_transport(&**c, Path::new("/dev/shm"), &model.layer_tables(), transport)?
+            match share_transport(
+                &**c,
+                Path::new("/dev/shm"),
+                &model.layer_tables(),
+                transport,
+                true,
+            )? {
+                Shared::Yes(s) => Some(s),
+                Shared::No(why) => anyhow::bail!("{why}"),
+            }
         }
         _ => None,
     };

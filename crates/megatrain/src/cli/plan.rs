@@ -121,9 +121,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     // process's whole tier: that process is then only noted.
     let one = match plan(&model, &input, &tier) {
         Ok(p) => Some(p),
-        Err(RunError::Tier(e @ (TierError::TransportOverBudget { .. } | TierError::BudgetExceeded { .. })))
-            if a.ranks > 1 =>
-        {
+        Err(RunError::Tier(
+            e @ (TierError::TransportOverBudget { .. } | TierError::BudgetExceeded { .. }),
+        )) if a.ranks > 1 => {
             println!("one process: {e}");
             None
         }

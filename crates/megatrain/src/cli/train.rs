@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, Precision, SamplingKind, Schedule, TrainOptions, TransportKnobs, interrupt,
+    DeviceChoice, Precision, SamplingKind, Schedule, ShareTransport, TrainOptions, TransportKnobs, interrupt,
     latest_checkpoint, prepare, read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
@@ -122,10 +122,11 @@ pub struct TrainArgs {
     #[arg(long)]
     shard_optimizer: Option<bool>,
     /// With a sharded optimizer, the ranks of a machine map one transport
-    /// copy (in --shm-dir) instead of holding one each (true | false)
-    /// [default: true].
+    /// copy (in --shm-dir) instead of holding one each: auto (where it can
+    /// be done, saying why not otherwise), true (or stop), false
+    /// [default: auto].
     #[arg(long)]
-    share_transport: Option<bool>,
+    share_transport: Option<ShareTransport>,
     /// Memory filesystem for the transport copies a machine's ranks share
     /// [default: /dev/shm].
     #[arg(long)]

@@ -99,19 +99,39 @@ pub struct Sharing {
     pub tier: SharedTransport,
 }
 
+/// What [`share_transport`] came to, the same on every rank.
+pub enum Shared {
+    /// The ranks of each machine map one copy.
+    Yes(Sharing),
+    /// Every rank holds a copy of its own, for this reason.
+    No(String),
+}
+
 /// Creates (on one rank of each machine) the file of the transport copies
 /// the machine's ranks share, in `dir`, and opens it on every rank: a
 /// collective. The file's name is gone when this returns, on every rank
 /// and whatever failed, so no exit from here on leaves a file behind.
-/// `None` where sharing does not apply ([`Machines::of`]).
+///
+/// Where it cannot be done anywhere (machines with unequal numbers of
+/// ranks, no room in `dir`, a rank that cannot open the file), every rank
+/// of the run holds a copy of its own ([`Shared::No`]: the ranks must agree,
+/// for their collectives to match), or, when `required`, every rank
+/// returns an error: its own, or one that names the failure elsewhere.
 pub fn share_transport(
     comm: &dyn Collective,
     dir: &Path,
     tables: &[ParamTable],
     transport: TransportDType,
-) -> crate::run::Result<Option<Sharing>> {
+    required: bool,
+) -> crate::run::Result<Shared> {
+    let refuse = |why: String| match required {
+        true => Err(DistError::Invalid(format!("{why} (--share-transport true)")).into()),
+        false => Ok(Shared::No(why)),
+    };
     let Some(machines) = Machines::of(comm)? else {
-        return Ok(None);
+        return refuse(
+            "no machine holds more than one rank, or machines hold different numbers of ranks".into(),
+        );
     };
     let node = &*machines.node;
     let made = match node.rank() {
@@ -130,42 +150,44 @@ pub fn share_transport(
     ));
     #[cfg(not(unix))]
     let path = PathBuf::from(String::from_utf8_lossy(&name).into_owned());
-    let opened = match path.as_os_str().is_empty() {
-        true => None,
-        false => Some(open(&path)),
+    let (guard, made) = match made {
+        Ok(guard) => (guard, None),
+        Err(e) => (None, Some(e)),
     };
-    // Every rank says whether it opened the file before its name goes.
-    let mut failed = [match &opened {
-        Some(Ok(_)) => 0.0,
-        _ => 1.0,
-    }];
-    node.sum_f64(&mut failed)?;
-    drop(made?);
-    let file = match opened {
-        Some(Ok(f)) if failed[0] == 0.0 => f,
-        Some(Err(e)) => return Err(e.into()),
-        None => {
-            return Err(DistError::Invalid(format!(
-                "rank 0 of this machine could not create the shared transport copies in {}",
-                dir.display()
-            ))
-            .into());
+    // This rank's failure, if any: its own error where it has one.
+    let opened: crate::run::Result<std::fs::File> = match (made, path.as_os_str().is_empty()) {
+        (Some(e), _) => Err(e.into()),
+        (None, true) => Err(DistError::Invalid(format!(
+            "rank 0 of this machine could not create the shared transport copies in {}",
+            dir.display()
+        ))
+        .into()),
+        (None, false) => open(&path).map_err(Into::into),
+    };
+    // Every rank of the run says whether it opened the file before any
+    // name goes (and all fall back together).
+    let mut failed = [opened.is_err() as u8 as f64];
+    comm.sum_f64(&mut failed)?;
+    drop(guard);
+    match opened {
+        Ok(file) if failed[0] == 0.0 => {
+            let tier = SharedTransport {
+                path,
+                file: Some(Arc::new(file)),
+                writes: machines.writes(),
+                local: node.size(),
+            };
+            Ok(Shared::Yes(Sharing { machines, tier }))
         }
-        Some(Ok(_)) => {
-            return Err(DistError::Invalid(format!(
-                "another rank of this machine could not open the shared transport copies {}",
-                path.display()
-            ))
-            .into());
-        }
-    };
-    let tier = SharedTransport {
-        path,
-        file: Some(Arc::new(file)),
-        writes: machines.writes(),
-        local: node.size(),
-    };
-    Ok(Some(Sharing { machines, tier }))
+        Err(e) if required => Err(e),
+        Err(e) => Ok(Shared::No(e.to_string())),
+        Ok(_) => refuse(format!(
+            "{} of {} ranks could not map shared transport copies (in {} on their machines)",
+            failed[0],
+            comm.size(),
+            dir.display()
+        )),
+    }
 }
 
 fn open(path: &Path) -> megatrain_tier::Result<std::fs::File> {

@@ -20,7 +20,7 @@ mod shard;
 use std::sync::Arc;
 
 pub use check::check_same;
-pub use machines::{Machines, Sharing, share_transport};
+pub use machines::{Machines, Shared, Sharing, share_transport};
 pub use shard::{chunk_ranges, shard_range, shard_ranges, shard_ranges_aligned};
 
 #[derive(Debug, thiserror::Error)]

@@ -65,6 +65,39 @@ pub enum DeviceChoice {
     Cpu,
 }
 
+/// Whether the ranks of a machine map one transport copy (with a sharded
+/// optimizer; see `dist::machines`). A config file may also say `true` or
+/// `false` as booleans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ShareTransport {
+    /// Where it can be done: otherwise (no room in `--shm-dir`, a rank
+    /// that cannot open the file, machines with unequal numbers of ranks)
+    /// every rank holds a copy, and the run says why at start.
+    #[default]
+    Auto,
+    /// Always: a run where it cannot be done stops with the reason.
+    True,
+    /// Never: every rank holds a copy.
+    False,
+}
+
+impl<'de> Deserialize<'de> for ShareTransport {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Flag(bool),
+            Name(String),
+        }
+        match Given::deserialize(d)? {
+            Given::Flag(true) => Ok(ShareTransport::True),
+            Given::Flag(false) => Ok(ShareTransport::False),
+            Given::Name(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SamplingKind {
@@ -111,6 +144,8 @@ parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => 
 parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
+parse_lowercase!(ShareTransport, "share-transport", "auto" => ShareTransport::Auto,
+    "true" => ShareTransport::True, "false" => ShareTransport::False);
 
 /// [`TransportChoice`] as its name (`auto`, `staging`, `mapped`).
 mod transport_name {
@@ -213,7 +248,7 @@ pub struct TrainOptions {
     /// With a sharded optimizer, the ranks of a machine map one transport
     /// copy instead of holding one each (`dist::machines`). A device
     /// option: it changes no result.
-    pub share_transport: bool,
+    pub share_transport: ShareTransport,
     /// The memory filesystem the shared transport copies live in.
     pub shm_dir: PathBuf,
 }
@@ -263,7 +298,7 @@ impl Default for TrainOptions {
             knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
-            share_transport: true,
+            share_transport: ShareTransport::Auto,
             shm_dir: PathBuf::from("/dev/shm"),
         }
     }

@@ -18,12 +18,12 @@ use super::encoder::Encoder;
 use super::error::{Result, RunError};
 use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
-use super::options::{SamplingKind, TrainOptions};
+use super::options::{SamplingKind, ShareTransport, TrainOptions};
 use super::plot::write_plot;
 use crate::data::{
     ChatTemplate, Sampling, TokenData, draw_rows, keep_in_cache, load_tokens_cached, split_validation,
 };
-use crate::dist::{Collective, DistConfig, share_transport};
+use crate::dist::{Collective, DistConfig, Shared, share_transport};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
@@ -382,7 +382,7 @@ fn shm_error(e: RunError, opts: &TrainOptions) -> RunError {
             opts.shm_dir.display(),
             format!(
                 "{cause}: the ranks of a machine share their transport copies there; give a \
-                 memory filesystem they can all write, or --share-transport false"
+                 memory filesystem they can all write, or --share-transport auto|false"
             ),
         ),
         e => e,
@@ -454,21 +454,26 @@ pub fn train_with<E: Executor>(
     let mut tcfg = tier_config(opts, rank);
     // Before the tier: a machine's ranks map the copies one of them makes
     // (opened by all, its name gone, before this goes on).
-    let sharing = match &dist {
-        Some(d) if tcfg.shard.is_some() && opts.share_transport => {
-            share_transport(&*d.comm, &opts.shm_dir, &p.model.layer_tables(), tcfg.transport)
-                .map_err(|e| shm_error(e, opts))?
+    let shared = match &dist {
+        Some(d) if tcfg.shard.is_some() && opts.share_transport != ShareTransport::False => {
+            let required = opts.share_transport == ShareTransport::True;
+            let tables = p.model.layer_tables();
+            Some(
+                share_transport(&*d.comm, &opts.shm_dir, &tables, tcfg.transport, required)
+                    .map_err(|e| shm_error(e, opts))?,
+            )
         }
         _ => None,
     };
-    tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
-    let shared_note: Option<Result<(usize, PathBuf), &str>> = match &sharing {
-        Some(s) => Some(Ok((s.machines.node.size(), opts.shm_dir.clone()))),
-        None if tcfg.shard.is_some() && opts.share_transport => Some(Err(
-            "no machine holds more than one rank, or machines hold different numbers of ranks",
-        )),
-        None => None,
+    let (sharing, shared_note) = match shared {
+        Some(Shared::Yes(s)) => {
+            let note = Ok((s.machines.node.size(), opts.shm_dir.clone()));
+            (Some(s), Some(note))
+        }
+        Some(Shared::No(why)) => (None, Some(Err(why))),
+        None => (None, None),
     };
+    tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
             let mut tier =
@@ -515,7 +520,7 @@ pub fn train_with<E: Executor>(
         progress.transport(info);
     }
     if let Some(n) = &shared_note {
-        progress.shared_transport(n.as_ref().map(|(k, d)| (*k, d.as_path())).map_err(|e| *e));
+        progress.shared_transport(n.as_ref().map(|(k, d)| (*k, d.as_path())).map_err(|e| e.as_str()));
     }
 
     let (start, mut tokens, prior_s) = match &p.resume {
