@@ -121,10 +121,15 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
                 Path::new("/dev/shm"),
                 &model.layer_tables(),
                 transport,
-                true,
+                false,
             )? {
                 Shared::Yes(s) => Some(s),
-                Shared::No(why) => anyhow::bail!("{why}"),
+                Shared::No(why) => {
+                    if rank == 0 {
+                        eprintln!("  transport copies: one per rank ({why})");
+                    }
+                    None
+                }
             }
         }
         _ => None,
