@@ -548,4 +548,12 @@ fn plan_reports_host_and_device_bytes() {
         "{text}"
     );
     assert!(!sharded.contains("host:"), "{text}");
+    // Machines of 2 ranks: each counts half of its machine's copy.
+    let two = ["--ranks-per-machine", "2", "--host-budget", "3G"];
+    let text = String::from_utf8(run(&[&args[..], &two].concat()).stdout).unwrap();
+    assert!(text.contains("each machine of 2 ranks: at most"), "{text}");
+    assert!(
+        text.contains("transport        2.05 GiB    2.00 B/param"),
+        "{text}"
+    );
 }

@@ -44,10 +44,14 @@ pub struct PlanArgs {
     /// print the host bytes of each rank.
     #[arg(long, default_value_t = 1)]
     ranks: usize,
-    /// With --ranks: the ranks (all on this machine) map one transport copy,
-    /// as `train --share-transport` (true | false).
+    /// With --ranks: the ranks of a machine map one transport copy, as
+    /// `train --share-transport` does (true | false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     share_transport: bool,
+    /// With --ranks: ranks on each machine (default: all on one). Machines
+    /// with unequal numbers of ranks hold a copy per rank.
+    #[arg(long)]
+    ranks_per_machine: Option<usize>,
     /// Device memory to compare with, e.g. 24G (wgpu does not report it).
     #[arg(long, value_parser = super::parse_bytes)]
     device_mem: Option<u64>,
@@ -178,7 +182,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
     }
     if a.ranks > 1 {
-        let r = per_rank(&model, &tier, a.ranks, a.share_transport)?;
+        let k = a.ranks_per_machine.unwrap_or(a.ranks);
+        if k == 0 || k > a.ranks {
+            anyhow::bail!("--ranks-per-machine {k}: must be 1 to --ranks {}", a.ranks);
+        }
+        let shared = (a.share_transport && a.ranks.is_multiple_of(k)).then_some(k);
+        let r = per_rank(&model, &tier, a.ranks, shared)?;
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
         println!(
             "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",
@@ -209,14 +218,21 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 if a.hold_grads { ", its gradients whole" } else { "" }
             );
         }
+        let machine = match k == a.ranks {
+            true => format!("all {k} ranks on one machine"),
+            false if k == 1 => "each machine of 1 rank".to_string(),
+            false => format!("each machine of {k} ranks"),
+        };
         println!(
-            "  all {} ranks on one machine: at most {} ({})",
-            a.ranks,
-            gib(a.ranks as u64 * r.total()),
-            if a.share_transport {
-                "they map one transport copy, each counting its share; --share-transport false: a copy each"
-            } else {
-                "each rank holds a whole transport copy"
+            "  {machine}: at most {} ({})",
+            gib(k as u64 * r.total()),
+            match shared {
+                Some(k) if k > 1 => {
+                    "they map one transport copy, each counting its share; --share-transport false: a copy each"
+                }
+                _ if a.share_transport && k > 1 =>
+                    "machines of unequal ranks: each rank holds a transport copy",
+                _ => "each rank holds a whole transport copy",
             }
         );
         println!(

@@ -40,19 +40,25 @@ impl RankBytes {
 }
 
 /// The busiest rank's bytes on `ranks` ranks with a sharded optimizer,
-/// under `tier`'s budget; `shared`: all on one machine, mapping one
-/// transport copy (`--share-transport true`), each counting its share.
-pub fn per_rank(model: &ModelConfig, tier: &TierConfig, ranks: usize, shared: bool) -> Result<RankBytes> {
+/// under `tier`'s budget; `shared`: machines of this many ranks each map
+/// one transport copy (`train --share-transport`), each rank counting its
+/// share; `None`: a copy per rank.
+pub fn per_rank(
+    model: &ModelConfig,
+    tier: &TierConfig,
+    ranks: usize,
+    shared: Option<usize>,
+) -> Result<RankBytes> {
     let ranks = ranks.max(1);
     let tables = model.layer_tables();
     let shard = (ranks > 1).then_some(Shard { rank: 0, ranks });
     let cfg = TierConfig {
         shard,
-        shared_transport: shard.filter(|_| shared).map(|_| SharedTransport {
+        shared_transport: shard.and(shared).filter(|&k| k > 1).map(|local| SharedTransport {
             path: Default::default(),
             file: None,
             writes: vec![0],
-            local: ranks,
+            local,
         }),
         ..tier.clone()
     };
@@ -99,8 +105,8 @@ mod tests {
     fn sharding_divides_p_m_v_and_keeps_the_transport_whole() {
         let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
         let tier = TierConfig::default();
-        let one = per_rank(&model, &tier, 1, false).unwrap();
-        let four = per_rank(&model, &tier, 4, false).unwrap();
+        let one = per_rank(&model, &tier, 1, None).unwrap();
+        let four = per_rank(&model, &tier, 4, None).unwrap();
         assert_eq!(one.host.ram.transport, four.host.ram.transport);
         let n: u64 = model.layer_tables().iter().map(|t| t.numel() as u64).sum();
         // p alone on one rank: 4 bytes a parameter, page-rounded per layer.
@@ -135,8 +141,8 @@ mod tests {
             spill_dir: Some("/nonexistent".into()),
             ..TierConfig::default()
         };
-        let one = per_rank(&model, &tier, 1, false).unwrap();
-        let four = per_rank(&model, &tier, 4, false).unwrap();
+        let one = per_rank(&model, &tier, 1, None).unwrap();
+        let four = per_rank(&model, &tier, 4, None).unwrap();
         let (f1, f4) = (one.host.first_spilled.unwrap(), four.host.first_spilled.unwrap());
         assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
         assert!(four.host.ram.total() <= 6 << 30);
@@ -161,8 +167,8 @@ mod tests {
             spill_dir: Some("/nonexistent".into()),
             ..TierConfig::default()
         };
-        let own = per_rank(&model, &tier, 4, false).unwrap();
-        let shared = per_rank(&model, &tier, 4, true).unwrap();
+        let own = per_rank(&model, &tier, 4, None).unwrap();
+        let shared = per_rank(&model, &tier, 4, Some(4)).unwrap();
         assert_eq!(shared.host.ram.transport, own.host.ram.transport.div_ceil(4));
         let (a, b) = (
             own.host.first_spilled.unwrap(),
@@ -175,8 +181,8 @@ mod tests {
         assert!(shared.host.ram.total() <= 3 << 30);
         // One rank alone has nothing to share.
         assert_eq!(
-            per_rank(&model, &tier, 1, true).unwrap(),
-            per_rank(&model, &tier, 1, false).unwrap()
+            per_rank(&model, &tier, 1, Some(1)).unwrap(),
+            per_rank(&model, &tier, 1, None).unwrap()
         );
     }
 }
