@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, Machine, PlanInput, Precision, RunError, bus_cover, disk_estimate, mem_available, per_rank,
-    plan,
+    BusCover, Machine, PlanInput, Precision, RunError, ShareTransport, bus_cover, disk_estimate,
+    mem_available, per_rank, plan,
 };
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
@@ -45,9 +45,10 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1)]
     ranks: usize,
     /// With --ranks: the ranks of a machine map one transport copy, as
-    /// `train --share-transport` does (true | false).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    share_transport: bool,
+    /// `train --share-transport` does (auto and true: they do; false)
+    /// [default: auto].
+    #[arg(long, default_value = "auto")]
+    share_transport: ShareTransport,
     /// With --ranks: ranks on each machine (default: all on one). Machines
     /// with unequal numbers of ranks hold a copy per rank.
     #[arg(long)]
@@ -186,7 +187,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         if k == 0 || k > a.ranks {
             anyhow::bail!("--ranks-per-machine {k}: must be 1 to --ranks {}", a.ranks);
         }
-        let shared = (a.share_transport && a.ranks.is_multiple_of(k)).then_some(k);
+        let share = a.share_transport != ShareTransport::False;
+        let shared = (share && a.ranks.is_multiple_of(k)).then_some(k);
         let r = per_rank(&model, &tier, a.ranks, shared)?;
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
         println!(
@@ -230,8 +232,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 Some(k) if k > 1 => {
                     "they map one transport copy, each counting its share; --share-transport false: a copy each"
                 }
-                _ if a.share_transport && k > 1 =>
-                    "machines of unequal ranks: each rank holds a transport copy",
+                _ if share && k > 1 => "machines of unequal ranks: each rank holds a transport copy",
                 _ => "each rank holds a whole transport copy",
             }
         );
