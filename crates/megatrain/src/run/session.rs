@@ -51,8 +51,9 @@ pub trait Progress {
     /// The executor's transport choice, where it made one (once, at start).
     fn transport(&mut self, _info: &TransportInfo) {}
     /// With a sharded optimizer on several ranks (once, at start): how many
-    /// ranks of this machine map one transport copy in `dir`; `None` where
-    /// each holds its own although sharing was asked for, with the reason.
+    /// ranks of this machine map one transport copy, and in which
+    /// directory; or, where each holds its own although sharing was asked
+    /// for, why.
     fn shared_transport(&mut self, _shared: Result<(usize, &Path), &str>) {}
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}
