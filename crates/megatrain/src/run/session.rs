@@ -357,8 +357,10 @@ fn evaluate_split<E: Executor>(
     Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
 }
 
-/// A tier that does not fit `--host-budget`, said as a refusal of the flag.
-fn over_budget(e: RunError, opts: &TrainOptions) -> RunError {
+/// A tier that does not fit `--host-budget`, said as a refusal of the flag
+/// (`copies`: why each rank holds a transport copy of its own where the
+/// machine's ranks were to share one).
+fn over_budget(e: RunError, opts: &TrainOptions, copies: Option<&str>) -> RunError {
     use crate::trainer::TrainError;
     use megatrain_tier::TierError::{BudgetExceeded, TransportOverBudget};
     match (&e, opts.host_budget) {
@@ -369,7 +371,13 @@ fn over_budget(e: RunError, opts: &TrainOptions) -> RunError {
         ) => RunError::option(
             "host-budget",
             budget,
-            format!("{t} (`megatrain plan` with the same flags shows what fits)"),
+            match copies {
+                None => format!("{t} (`megatrain plan` with the same flags shows what fits)"),
+                Some(why) => format!(
+                    "{t}: each rank holds a transport copy of its own, as its machine's ranks could \
+                     not share one ({why})"
+                ),
+            },
         ),
         _ => e,
     }
@@ -475,17 +483,23 @@ pub fn train_with<E: Executor>(
         None => (None, None),
     };
     tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
+    let why_own = match &shared_note {
+        Some(Err(why)) => Some(why.as_str()),
+        _ => None,
+    };
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
-            let mut tier =
-                HostTier::new(p.model.layer_tables(), tcfg).map_err(|e| over_budget(e.into(), opts))?;
+            let mut tier = HostTier::new(p.model.layer_tables(), tcfg)
+                .map_err(|e| over_budget(e.into(), opts, why_own))?;
             load_checkpoint(ckpt, &mut tier)?;
             tier
         }
         (None, Some(dir)) => {
-            load_tier(&HfCheckpoint::open(dir)?, tcfg).map_err(|e| over_budget(e.into(), opts))?
+            load_tier(&HfCheckpoint::open(dir)?, tcfg).map_err(|e| over_budget(e.into(), opts, why_own))?
         }
-        (None, None) => init_tier(&p.model, tcfg, opts.seed).map_err(|e| over_budget(e.into(), opts))?,
+        (None, None) => {
+            init_tier(&p.model, tcfg, opts.seed).map_err(|e| over_budget(e.into(), opts, why_own))?
+        }
     };
     let config = TrainerConfig {
         checkpoint_every: opts.checkpoint_every,
