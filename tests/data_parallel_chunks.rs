@@ -350,23 +350,26 @@ fn spilled_layers_reduce_in_chunks() {
 /// A machine's ranks mapping one transport copy train what ranks holding
 /// a copy each train, bit for bit, and see the same whole copy after every
 /// run: on one machine (nothing of the copy moves between ranks), and on
-/// two machines of two ranks (the ranks with the same index all-gather
-/// into their machine's copy), with held gradients, clipping and spilled
-/// layers.
+/// two machines of two ranks (sharded, the ranks with the same index
+/// all-gather into their machine's copy; replicated, each writes its
+/// peers' ranges too), with held gradients, clipping and spilled layers.
 #[test]
 fn ranks_sharing_transport_copies_train_as_ranks_holding_their_own() {
     let model = common::llama_tiny(2);
     let whole: Vec<usize> = model.layer_tables().iter().map(|t| t.numel()).collect();
-    for (ranks, per, transport, micro, clip, spill) in [
-        (2, 2, TransportDType::BF16, 1, None, false),
-        (3, 3, TransportDType::F32, 2, None, false),
-        (3, 3, TransportDType::BF16, 1, Some(0.05), true),
-        (4, 2, TransportDType::BF16, 1, None, false),
-        (4, 2, TransportDType::F32, 2, Some(0.05), true),
+    for (ranks, per, shard, transport, micro, clip, spill) in [
+        (2, 2, true, TransportDType::BF16, 1, None, false),
+        (3, 3, true, TransportDType::F32, 2, None, false),
+        (3, 3, true, TransportDType::BF16, 1, Some(0.05), true),
+        (4, 2, true, TransportDType::BF16, 1, None, false),
+        (4, 2, true, TransportDType::F32, 2, Some(0.05), true),
+        (2, 2, false, TransportDType::BF16, 1, None, false),
+        (3, 3, false, TransportDType::F32, 2, Some(0.05), true),
+        (4, 2, false, TransportDType::BF16, 2, None, true),
     ] {
         let own = Case {
             ranks,
-            shard: true,
+            shard,
             transport,
             micro,
             clip,
@@ -384,7 +387,11 @@ fn ranks_sharing_transport_copies_train_as_ranks_holding_their_own() {
             b.transport.iter().all(|t| *t == a.transport[0]),
             "{shared:?}: a rank's copy differs"
         );
-        if per == ranks {
+        if !shard {
+            // Replicated: no copy was ever gathered; each rank writes its
+            // share of the machine's copy instead of all of it.
+            assert_eq!(a.comm_bytes, b.comm_bytes, "{shared:?}");
+        } else if per == ranks {
             // One machine: the ranks moved only gradients, each as many
             // bytes fewer as its ranges of the copy hold, every step.
             for (rank, (x, y)) in a.comm_bytes.iter().zip(&b.comm_bytes).enumerate() {

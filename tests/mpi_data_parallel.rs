@@ -441,12 +441,13 @@ fn sharded_optimizer_over_spilled_layers_equals_one_rank_and_resumes() {
     assert_eq!(left, 0, "spill files left behind");
 }
 
-/// A machine's ranks of a sharded optimizer map one transport copy (the
-/// default): they train the bits that ranks holding a copy each train, on
-/// one machine and split into two machines of two ranks (the ranks with
-/// the same index all-gather between them), and leave no file behind in
-/// `--shm-dir`. A `--shm-dir` that cannot hold the file ends every rank
-/// with an error that names it.
+/// A machine's ranks map one transport copy (the default): they train the
+/// bits that ranks holding a copy each train, on one machine and split
+/// into two machines of two ranks (sharded, the ranks with the same index
+/// all-gather between them; replicated, each writes its peers' ranges),
+/// and leave no file behind in `--shm-dir`. A `--shm-dir` that cannot
+/// hold the file ends every rank with an error that names it where sharing
+/// was asked for, and otherwise each holds a copy and says why.
 #[test]
 fn ranks_sharing_one_transport_copy_train_as_ranks_holding_their_own() {
     let dir = tempfile::tempdir().unwrap();
@@ -454,18 +455,19 @@ fn ranks_sharing_one_transport_copy_train_as_ranks_holding_their_own() {
     let shm = dir.path().join("shm");
     std::fs::create_dir(&shm).unwrap();
     let sharded = ["--shard-optimizer", "true", "--precision", "bf16"];
-    for (np, per) in [(2, "2"), (4, "2")] {
+    let replicated = ["--shard-optimizer", "false", "--precision", "bf16"];
+    for (np, per, mode) in [(2, "2", sharded), (4, "2", sharded), (4, "2", replicated)] {
         let (own, shared) = (
-            dir.path().join(format!("own{np}")),
-            dir.path().join(format!("shared{np}")),
+            dir.path().join(format!("own{np}{}", mode[1])),
+            dir.path().join(format!("shared{np}{}", mode[1])),
         );
-        let mut a = train_args("llama-tiny", &data, &own, 2, &sharded);
+        let mut a = train_args("llama-tiny", &data, &own, 2, &mode);
         a.extend(["--share-transport", "false"].map(String::from));
         run_mpi(np, &a);
-        let mut b = train_args("llama-tiny", &data, &shared, 2, &sharded);
+        let mut b = train_args("llama-tiny", &data, &shared, 2, &mode);
         b.extend(["--shm-dir", shm.to_str().unwrap()].map(String::from));
         run_mpi_env(np, &b, &[("MEGATRAIN_RANKS_PER_MACHINE", per)]);
-        let what = format!("{np} ranks, machines of {per}");
+        let what = format!("{np} ranks, machines of {per}, {mode:?}");
         for key in ["loss", "val_loss"] {
             assert_eq!(metric(&own, key), metric(&shared, key), "{what}: {key}");
         }
@@ -506,7 +508,7 @@ fn ranks_sharing_one_transport_copy_train_as_ranks_holding_their_own() {
     );
     let fell_back = dir.path().join("fell-back");
     assert_eq!(
-        metric(&dir.path().join("own2"), "loss"),
+        metric(&dir.path().join("own2true"), "loss"),
         metric(&fell_back, "loss")
     );
 }

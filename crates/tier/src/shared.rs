@@ -1,13 +1,15 @@
 //! Transport copies shared by the ranks of one machine.
 //!
-//! A rank of a sharded optimizer updates only its range of every layer,
-//! yet uploads whole layers, so each rank used to hold a whole transport
-//! copy: N ranks on one machine held N copies (2 B/param each in bf16,
-//! beside 12/N of p, m and v). Instead the machine's ranks map one file on
-//! a memory filesystem (`/dev/shm`): the copies are held once per machine,
-//! and after an update nothing moves between them; each rank writes its
-//! own range ([`SharedTransport::writes`]) and a barrier makes the writes
-//! visible before the next upload (the trainer's side of it).
+//! Every rank of data parallel training uploads whole layers, so each used
+//! to hold a whole transport copy: N ranks on one machine held N copies
+//! (2 B/param each in bf16, beside 12/N of p, m and v with a sharded
+//! optimizer). Instead the machine's ranks map one file on a memory
+//! filesystem (`/dev/shm`): the copies are held once per machine, and
+//! after an update nothing moves between them; each rank writes its own
+//! range ([`SharedTransport::writes`]: the range a sharded rank updates, or
+//! a replicated rank's share of the layer it updates whole) and a barrier
+//! makes the writes visible before the next upload (the trainer's side of
+//! it).
 //!
 //! One rank of the machine creates the file with [`create_shared_transport`]
 //! at its full length with every page reserved (so a filesystem too small
@@ -39,11 +41,14 @@ pub struct SharedTransport {
     /// as every rank has opened it ([`SharedFile`]), so that a rank that
     /// dies later leaves no file behind.
     pub file: Option<Arc<File>>,
-    /// The ranks (of the sharded optimizer's) whose range of every layer
-    /// this process writes: its own, and, where the run spans machines,
-    /// those of the ranks with its local index on the other machines (it
-    /// receives them there).
+    /// The ranks whose range of every layer this process writes: its own,
+    /// and, where the run spans machines, those of the ranks with its local
+    /// index on the other machines (it receives them there, or with a
+    /// replicated optimizer computes them itself).
     pub writes: Vec<usize>,
+    /// Ranks of the run: a layer is cut into this many ranges, as a
+    /// sharded optimizer cuts it ([`layer_ranges`]).
+    pub ranks: usize,
     /// Ranks on this machine: the budget counts this share of the copies.
     pub local: usize,
 }
@@ -57,7 +62,11 @@ impl PartialEq for SharedTransport {
             (None, None) => true,
             _ => false,
         };
-        same_file && self.path == o.path && self.writes == o.writes && self.local == o.local
+        same_file
+            && self.path == o.path
+            && self.writes == o.writes
+            && self.ranks == o.ranks
+            && self.local == o.local
     }
 }
 
@@ -65,10 +74,10 @@ impl Eq for SharedTransport {}
 
 impl SharedTransport {
     /// Elements of a layer of `n` elements this process writes, in order:
-    /// its [`SharedTransport::writes`] ranks' ranges of the layer as the
+    /// its [`SharedTransport::writes`] ranks' ranges of the layer as a
     /// sharded optimizer cuts it (`spilled`: on pages).
-    pub fn layer_writes(&self, n: usize, spilled: bool, ranks: usize) -> Vec<Range<usize>> {
-        let all = layer_ranges(n, spilled, ranks);
+    pub fn layer_writes(&self, n: usize, spilled: bool) -> Vec<Range<usize>> {
+        let all = layer_ranges(n, spilled, self.ranks);
         let mut w: Vec<_> = self.writes.iter().map(|&r| all[r].clone()).collect();
         w.sort_by_key(|r| r.start);
         w
@@ -197,9 +206,10 @@ mod tests {
             path: PathBuf::new(),
             file: None,
             writes: vec![3, 1],
+            ranks: 4,
             local: 2,
         };
-        assert_eq!(s.layer_writes(100, false, 4), [25..50, 75..100]);
-        assert_eq!(s.layer_writes(5000, true, 4), [1024..2048, 4096..5000]);
+        assert_eq!(s.layer_writes(100, false), [25..50, 75..100]);
+        assert_eq!(s.layer_writes(5000, true), [1024..2048, 4096..5000]);
     }
 }

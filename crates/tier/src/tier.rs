@@ -30,9 +30,9 @@ pub struct TierConfig {
     /// counts the largest rank's share of them (the same placement on
     /// every rank). `None`: whole layers.
     pub shard: Option<Shard>,
-    /// With [`TierConfig::shard`]: the transport copies are one file the
-    /// machine's ranks map together ([`crate::shared`]), and the budget
-    /// counts this rank's share of them. `None`: a copy of its own.
+    /// The transport copies are one file the machine's ranks map together
+    /// ([`crate::shared`]), and the budget counts this rank's share of
+    /// them. `None`: a copy of its own.
     pub shared_transport: Option<SharedTransport>,
 }
 
@@ -114,13 +114,14 @@ fn open_shared(
         path: s.path.clone(),
         detail,
     };
-    let Some(sh) = config.shard else {
-        return Err(bad(
-            "only the ranks of a sharded optimizer share transport copies".into(),
-        ));
-    };
-    if let Some(&r) = s.writes.iter().find(|&&r| r >= sh.ranks) {
-        return Err(bad(format!("rank {r} of {} ranks", sh.ranks)));
+    if let Some(sh) = config.shard.filter(|sh| sh.ranks != s.ranks) {
+        return Err(bad(format!(
+            "cut for {} ranks, but the optimizer is sharded over {}",
+            s.ranks, sh.ranks
+        )));
+    }
+    if let Some(&r) = s.writes.iter().find(|&&r| r >= s.ranks) {
+        return Err(bad(format!("rank {r} of {} ranks", s.ranks)));
     }
     let file = match &s.file {
         Some(f) => f.try_clone(),
@@ -236,8 +237,8 @@ impl HostTier {
                 reserved,
             )
             .and_then(|mut slab| {
-                if let (Some((s, (file, offsets))), Some(sh)) = (&shared, config.shard) {
-                    let writes = s.layer_writes(n, spilled, sh.ranks);
+                if let Some((s, (file, offsets))) = &shared {
+                    let writes = s.layer_writes(n, spilled);
                     slab.share_transport(file, offsets[i], &s.path, writes)?;
                 }
                 Ok(slab)

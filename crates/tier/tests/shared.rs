@@ -1,6 +1,8 @@
 //! Transport copies shared by a machine's ranks: every rank's tier maps one
 //! file, each writes only its ranks' ranges of it, together they make the
-//! copy one tier of its own makes, and each counts its share of it.
+//! copy one tier of its own makes, and each counts its share of it, with a
+//! sharded optimizer's tiers (a share of p, m, v each) and with whole ones
+//! (a replicated optimizer).
 
 mod common;
 
@@ -61,7 +63,7 @@ fn ranks_write_their_ranges_of_one_copy() {
     let tables = common::tables(&DIMS);
     let want = alone(&tables);
     let dir = tempfile::tempdir().unwrap();
-    for ranks in [2, 3] {
+    for (ranks, sharded) in [(2, true), (3, true), (3, false)] {
         for spill in [false, true] {
             let spill_dir = dir.path().join("spill");
             let spill = spill.then_some(spill_dir.as_path());
@@ -72,9 +74,11 @@ fn ranks_write_their_ranges_of_one_copy() {
                         path: file.path().to_path_buf(),
                         file: None,
                         writes: vec![rank],
+                        ranks,
                         local: ranks,
                     };
-                    let cfg = config(Some(Shard { rank, ranks }), spill, Some(shared));
+                    let shard = sharded.then_some(Shard { rank, ranks });
+                    let cfg = config(shard, spill, Some(shared));
                     HostTier::new(tables.clone(), cfg).unwrap()
                 })
                 .collect();
@@ -116,7 +120,7 @@ fn ranks_write_their_ranges_of_one_copy() {
 }
 
 #[test]
-fn a_file_made_for_another_model_or_without_shards_is_refused() {
+fn a_file_made_for_another_model_or_cut_for_other_ranks_is_refused() {
     let tables = common::tables(&DIMS);
     let dir = tempfile::tempdir().unwrap();
     let other = create_shared_transport(dir.path(), &tables[..2], TransportDType::BF16).unwrap();
@@ -124,6 +128,7 @@ fn a_file_made_for_another_model_or_without_shards_is_refused() {
         path: other.path().to_path_buf(),
         file: None,
         writes: vec![0],
+        ranks: 2,
         local: 2,
     };
     let shard = Some(Shard { rank: 0, ranks: 2 });
@@ -133,8 +138,13 @@ fn a_file_made_for_another_model_or_without_shards_is_refused() {
         msg.contains(&other.path().display().to_string()) && msg.contains("bytes"),
         "{msg}"
     );
-    let err = HostTier::new(tables.clone(), config(None, None, Some(shared.clone()))).unwrap_err();
-    assert!(err.to_string().contains("sharded optimizer"), "{err}");
+    let three = Some(Shard { rank: 0, ranks: 3 });
+    let err = HostTier::new(tables.clone(), config(three, None, Some(shared.clone()))).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cut for 2 ranks, but the optimizer is sharded over 3"),
+        "{err}"
+    );
     let bad = SharedTransport {
         writes: vec![2],
         ..shared

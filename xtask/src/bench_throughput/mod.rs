@@ -141,8 +141,8 @@ pub struct Args {
     /// With --ranks: shard the optimizer across ranks (ZeRO-1/2).
     #[arg(long)]
     shard_optimizer: bool,
-    /// With --shard-optimizer: the ranks map one transport copy in /dev/shm,
-    /// as `megatrain train` does by default (true | false).
+    /// With --ranks: the ranks map one transport copy in /dev/shm, as
+    /// `megatrain train` does by default (true | false).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     share_transport: bool,
     /// With --ranks: compute threads of every process (the baseline's too).

@@ -112,9 +112,9 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     let model = spec.model()?;
     let shard = (rs.shard_optimizer && comm.is_some()).then_some(Shard { rank, ranks });
     // The machine's ranks map one transport copy, as `train` does by
-    // default with a sharded optimizer.
-    let sharing = match (&comm, shard) {
-        (Some(c), Some(_)) if rs.share_transport => {
+    // default.
+    let sharing = match &comm {
+        Some(c) if rs.share_transport => {
             let transport = super::child::precision(spec)?.transport();
             match share_transport(
                 &**c,
@@ -275,7 +275,7 @@ pub fn run(
                     spec: spec.clone(),
                     ranks: n,
                     shard_optimizer: shard && n > 1,
-                    share_transport: share,
+                    share_transport: share && n > 1,
                 };
                 eprintln!(
                     "== {} on {n} rank(s), round {} of {rounds} ==",
@@ -302,12 +302,13 @@ pub fn run(
                 r.ranks,
                 if r.ranks == 1 {
                     "alone"
-                } else if r.shared_transport {
-                    "sharded, one copy"
-                } else if r.shard_optimizer {
-                    "sharded"
                 } else {
-                    "replicated"
+                    match (r.shard_optimizer, r.shared_transport) {
+                        (true, true) => "sharded, one copy",
+                        (true, false) => "sharded",
+                        (false, true) => "replicated, one copy",
+                        (false, false) => "replicated",
+                    }
                 },
                 r.tokens_per_step / spec.seq_len as u64,
                 r.step_ms,

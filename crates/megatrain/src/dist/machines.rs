@@ -175,6 +175,7 @@ pub fn share_transport(
                 path,
                 file: Some(Arc::new(file)),
                 writes: machines.writes(),
+                ranks: comm.size(),
                 local: node.size(),
             };
             Ok(Shared::Yes(Sharing { machines, tier }))

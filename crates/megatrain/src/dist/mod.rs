@@ -164,9 +164,8 @@ pub struct DistConfig {
     /// all-gathered; otherwise gradients are all-reduced and every rank
     /// updates every layer.
     pub shard_optimizer: bool,
-    /// With a sharded optimizer: the machines whose ranks share their
-    /// transport copies, for a tier built with
-    /// [`megatrain_tier::TierConfig::shared_transport`] (see
+    /// The machines whose ranks share their transport copies, for a tier
+    /// built with [`megatrain_tier::TierConfig::shared_transport`] (see
     /// [`machines`]). `None`: each rank holds a copy.
     pub shared: Option<Machines>,
 }

@@ -58,6 +58,7 @@ pub fn per_rank(
             path: Default::default(),
             file: None,
             writes: vec![0],
+            ranks,
             local,
         }),
         ..tier.clone()

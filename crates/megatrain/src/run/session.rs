@@ -464,7 +464,7 @@ pub fn train_with<E: Executor>(
     // Before the tier: a machine's ranks map the copies one of them makes
     // (opened by all, its name gone, before this goes on).
     let shared = match &dist {
-        Some(d) if tcfg.shard.is_some() && opts.share_transport != ShareTransport::False => {
+        Some(d) if d.comm.size() > 1 && opts.share_transport != ShareTransport::False => {
             let required = opts.share_transport == ShareTransport::True;
             let tables = p.model.layer_tables();
             Some(

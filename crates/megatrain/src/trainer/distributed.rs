@@ -52,10 +52,10 @@ impl<E: Executor> Trainer<E> {
         }
         let shares = self.tier.config().shared_transport.is_some();
         if let Some(m) = &dist.shared {
-            if !shares || !dist.shard_optimizer {
+            if !shares {
                 return Err(TrainError::Config(
-                    "ranks share transport copies only with a sharded optimizer, over a tier \
-                     that maps them (TierConfig::shared_transport)"
+                    "ranks share transport copies only over a tier that maps them \
+                     (TierConfig::shared_transport)"
                         .into(),
                 ));
             }

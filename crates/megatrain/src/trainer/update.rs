@@ -72,7 +72,31 @@ fn transport_base(t: &mut TransportMut<'_>) -> (*mut u8, Elem) {
     }
 }
 
-/// AdamW on `part` of `slab`, writing its transport copy in the same pass.
+/// `piece` cut where the ranges `writes` (sorted, disjoint) begin and end:
+/// each part, and whether it lies in one of them.
+fn segments(piece: &Range<usize>, writes: &[Range<usize>]) -> Vec<(Range<usize>, bool)> {
+    let mut out = Vec::new();
+    let mut at = piece.start;
+    for w in writes {
+        let (lo, hi) = (w.start.max(at), w.end.min(piece.end));
+        if lo >= hi {
+            continue;
+        }
+        if at < lo {
+            out.push((at..lo, false));
+        }
+        out.push((lo..hi, true));
+        at = hi;
+    }
+    if at < piece.end {
+        out.push((at..piece.end, false));
+    }
+    out
+}
+
+/// AdamW on `part` of `slab`, writing its transport copy in the same pass
+/// (where the machine's ranks share the copy, only this process's ranges
+/// of it, [`LayerSlab::transport_writes`]).
 /// A spilled layer's p, m and v come chunk by chunk from `window` where one
 /// is open (over this process's ranges; a gradient chunk then ends on the
 /// window's boundaries, see `Trainer::transfer_chunk`), else the layer is
@@ -98,6 +122,9 @@ pub(super) fn update_part(
         )));
     }
     let window = window.filter(|_| slab.is_spilled() && numel > 0);
+    // The elements of the transport copy this process writes: where the
+    // machine's ranks share the copy, the rest of it is other ranks'.
+    let writes = slab.transport_writes().to_vec();
     // Positions within the elements `zero` the slices cover.
     let local = |x: &Range<usize>| x.start - zero.start..x.end - zero.start;
     let base = {
@@ -121,13 +148,19 @@ pub(super) fn update_part(
         let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
         let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
             let g = g.as_mut().expect("a non-empty range has a gradient");
-            let mask = part_mask(h.mask, piece.clone(), numel)?;
-            let update = SlabUpdate::new(p, g.part(at(&piece)), m, v)
-                .decay(&mask)
-                .transport(adamw_transport(&mut transport, local(&piece)))
-                .zero_grad(fused)
-                .grad_scale(h.grad_scale);
-            h.adamw.step(&mut SlabState::at_step(*parts.step), h.lr, update)?;
+            for (seg, copy) in segments(&piece, &writes) {
+                let l = seg.start - piece.start..seg.end - piece.start;
+                let mask = part_mask(h.mask, seg.clone(), numel)?;
+                let mut update =
+                    SlabUpdate::new(&mut p[l.clone()], g.part(at(&seg)), &mut m[l.clone()], &mut v[l])
+                        .decay(&mask)
+                        .zero_grad(fused)
+                        .grad_scale(h.grad_scale);
+                if copy {
+                    update = update.transport(adamw_transport(&mut transport, local(&seg)));
+                }
+                h.adamw.step(&mut SlabState::at_step(*parts.step), h.lr, update)?;
+            }
             Ok::<(), TrainError>(())
         };
         match window {
@@ -179,4 +212,32 @@ pub(super) fn update_part(
         slab.evict()?;
     }
     Ok(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segments;
+
+    #[test]
+    fn a_piece_is_cut_where_the_written_ranges_are() {
+        let w = [10..20, 30..40];
+        assert_eq!(
+            segments(&(0..50), &w),
+            [
+                (0..10, false),
+                (10..20, true),
+                (20..30, false),
+                (30..40, true),
+                (40..50, false)
+            ]
+        );
+        assert_eq!(
+            segments(&(12..35), &w),
+            [(12..20, true), (20..30, false), (30..35, true)]
+        );
+        assert_eq!(segments(&(20..30), &w), [(20..30, false)]);
+        let whole = std::iter::once(0..50).collect::<Vec<_>>();
+        assert_eq!(segments(&(0..50), &whole), [(0..50, true)]);
+        assert!(segments(&(5..5), &w).is_empty());
+    }
 }
