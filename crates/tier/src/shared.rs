@@ -47,7 +47,8 @@ pub struct SharedTransport {
     /// replicated optimizer computes them itself).
     pub writes: Vec<usize>,
     /// Ranks of the run: a layer is cut into this many ranges, as a
-    /// sharded optimizer cuts it ([`layer_ranges`]).
+    /// sharded optimizer cuts it ([`layer_ranges`]), whichever optimizer
+    /// the run has.
     pub ranks: usize,
     /// Ranks on this machine: the budget counts this share of the copies.
     pub local: usize,

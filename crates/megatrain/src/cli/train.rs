@@ -121,10 +121,9 @@ pub struct TrainArgs {
     /// (ZeRO-1/2) instead of all of it (true | false).
     #[arg(long)]
     shard_optimizer: Option<bool>,
-    /// With a sharded optimizer, the ranks of a machine map one transport
-    /// copy (in --shm-dir) instead of holding one each: auto (where it can
-    /// be done, saying why not otherwise), true (or stop), false
-    /// [default: auto].
+    /// Under mpirun: the ranks of a machine map one transport copy (in
+    /// --shm-dir) instead of holding one each: auto (where it can be done,
+    /// saying why not otherwise), true (or stop), false [default: auto].
     #[arg(long)]
     share_transport: Option<ShareTransport>,
     /// Memory filesystem for the transport copies a machine's ranks share

@@ -1,14 +1,16 @@
 //! The ranks of a run grouped by machine, and the transport copies each
 //! machine's ranks share ([`megatrain_tier::shared`]).
 //!
-//! With a sharded optimizer each rank writes its range of every layer's
-//! transport copy after its update. Ranks of one machine map one copy, so
-//! nothing moves between them: a barrier of the machine's ranks at the end
-//! of a step orders every rank's writes before the next step's uploads.
-//! Where the run spans machines, the ranks with the same index on their
-//! machines all-gather their ranges as before (each receives the others'
-//! into the one copy its machine shares), which asks every machine for the
-//! same number of ranks; otherwise every rank keeps a copy of its own.
+//! Each rank writes its range of every layer's transport copy after its
+//! update (the range a sharded optimizer updates, or its share of the
+//! whole layer a replicated one updates). Ranks of one machine map one
+//! copy, so nothing moves between them: a barrier of the machine's ranks at
+//! the end of a step orders every rank's writes before the next step's
+//! uploads. Where the run spans machines, each rank also writes the ranges
+//! of the ranks with its index on the other machines (sharded, it receives
+//! them by an all-gather among those ranks; replicated, it has computed
+//! them), which asks every machine for the same number of ranks; otherwise
+//! every rank keeps a copy of its own.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

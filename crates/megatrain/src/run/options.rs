@@ -65,9 +65,9 @@ pub enum DeviceChoice {
     Cpu,
 }
 
-/// Whether the ranks of a machine map one transport copy (with a sharded
-/// optimizer; see `dist::machines`). A config file may also say `true` or
-/// `false` as booleans.
+/// Whether the ranks of a machine map one transport copy (see
+/// `dist::machines`). A config file may also say `true` or `false` as
+/// booleans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ShareTransport {
@@ -245,9 +245,9 @@ pub struct TrainOptions {
     /// With several ranks, shard p, m, v across them (ZeRO-1/2): each rank
     /// updates 1/ranks of every layer.
     pub shard_optimizer: bool,
-    /// With a sharded optimizer, the ranks of a machine map one transport
-    /// copy instead of holding one each (`dist::machines`). A device
-    /// option: it changes no result.
+    /// With several ranks, those of a machine map one transport copy
+    /// instead of holding one each (`dist::machines`). A device option: it
+    /// changes no result.
     pub share_transport: ShareTransport,
     /// The memory filesystem the shared transport copies live in.
     pub shm_dir: PathBuf,

@@ -50,7 +50,7 @@ pub struct Prepared {
 pub trait Progress {
     /// The executor's transport choice, where it made one (once, at start).
     fn transport(&mut self, _info: &TransportInfo) {}
-    /// With a sharded optimizer on several ranks (once, at start): how many
+    /// On several ranks (once, at start): how many
     /// ranks of this machine map one transport copy, and in which
     /// directory; or, where each holds its own although sharing was asked
     /// for, why.
