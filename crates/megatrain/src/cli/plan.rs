@@ -134,15 +134,18 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let whole = TierConfig {
-        ram_budget_bytes: None,
-        spill_dir: None,
-        ..tier.clone()
-    };
     let one_fits = one.is_some();
     let p = match one {
         Some(p) => p,
-        None => plan(&model, &input, &whole)?,
+        // The device side does not depend on the budget.
+        None => {
+            let whole = TierConfig {
+                ram_budget_bytes: None,
+                spill_dir: None,
+                ..tier.clone()
+            };
+            plan(&model, &input, &whole)?
+        }
     };
     if one_fits {
         println!("host (fp32 weights and AdamW moments, {} transport):", transport);
