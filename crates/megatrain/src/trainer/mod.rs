@@ -290,10 +290,10 @@ impl<E: Executor> Trainer<E> {
 
     /// Mutable tier access (checkpoint loading); transport copies must be
     /// refreshed after parameters change (where a machine's ranks share
-    /// them, by every rank, each writing its ranges, before any uploads
-    /// again: the next step's barrier does not come first). Layers put in
-    /// through it are not registered with the executor: their uploads are
-    /// copied by the host.
+    /// them, every rank refreshes its ranges, and the ranks must meet at a
+    /// collective before any of them uploads again: a step's own barrier
+    /// comes only at its end). Layers put in through it are not registered
+    /// with the executor: their uploads are copied by the host.
     pub fn tier_mut(&mut self) -> &mut HostTier {
         &mut self.tier
     }
