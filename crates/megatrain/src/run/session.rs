@@ -624,11 +624,17 @@ pub fn train_with<E: Executor>(
         obj.insert("bus_crossings".into(), json!(m.bus_crossings()));
         let finite = m.loss.is_finite();
         let due = |every: u64| (every > 0 && step.is_multiple_of(every)) || step == opts.steps;
+        // A signal that came during the step skips its evaluation: the
+        // checkpoint comes first (a machine's notice before it is taken back
+        // may not leave time for both). One during the evaluation is seen
+        // right after it.
+        summary.interrupted = interrupted(dist.as_ref())?;
         let mut evaluated = None;
-        if finite && due(opts.eval_every) && p.val.is_some() {
+        if finite && summary.interrupted.is_none() && due(opts.eval_every) && p.val.is_some() {
             let v = eval(&trainer)?.unwrap_or(f64::NAN);
             obj.insert("val_loss".into(), json!(v));
             evaluated = Some(v);
+            summary.interrupted = interrupted(dist.as_ref())?;
         }
         if let Some(log) = &mut log {
             log.append(rec.clone())?;
@@ -652,7 +658,6 @@ pub fn train_with<E: Executor>(
             }
         }
         summary.train_s = prior_s + t0.elapsed().as_secs_f64();
-        summary.interrupted = interrupted(dist.as_ref())?;
         if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() {
             let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
             let saved = trainer.save_on_rank0(|tier, gather| {
