@@ -94,16 +94,16 @@ static SPILL_COUNTER: AtomicU64 = AtomicU64::new(0);
 impl<T: Element> AlignedBuf<T> {
     /// A zeroed buffer in RAM.
     pub fn zeroed(len: usize) -> Result<Self> {
+        Self::in_ram(len, |bytes| {
+            MmapOptions::new().len(bytes).map_anon().at("<anonymous memory>")
+        })
+    }
+
+    /// A buffer in RAM of `len` elements, its pages mapped by `map` (given
+    /// their length; not called for an empty buffer).
+    fn in_ram(len: usize, map: impl FnOnce(usize) -> Result<MmapMut>) -> Result<Self> {
         let bytes = Self::bytes_for(len);
-        let map = if bytes == 0 {
-            None
-        } else {
-            let map = MmapOptions::new()
-                .len(bytes)
-                .map_anon()
-                .at("<anonymous memory>")?;
-            Some(map)
-        };
+        let map = if bytes == 0 { None } else { Some(map(bytes)?) };
         Ok(AlignedBuf {
             map,
             len,
@@ -177,26 +177,13 @@ impl<T: Element> AlignedBuf<T> {
     /// copies, [`crate::shared`]): its contents are the file's, and RAM
     /// (the file lives on a memory filesystem), counted as reserved here.
     pub fn shared(len: usize, file: &std::fs::File, offset: u64, path: &Path) -> Result<Self> {
-        let bytes = Self::bytes_for(len);
-        let map = if bytes == 0 {
-            None
-        } else {
+        Self::in_ram(len, |bytes| {
             // SAFETY: the file keeps its length while mapped (every process
             // maps it whole-length-checked and none truncates it), and each
             // process writes only its own ranges of it (the trainer's rule),
             // so no reference made through this map sees a write it does
             // not order with a barrier first.
-            let map = unsafe { MmapOptions::new().offset(offset).len(bytes).map_mut(file) };
-            Some(map.at(path)?)
-        };
-        Ok(AlignedBuf {
-            map,
-            len,
-            on_disk: false,
-            region: None,
-            path: None,
-            reserved: None,
-            _elem: std::marker::PhantomData,
+            unsafe { MmapOptions::new().offset(offset).len(bytes).map_mut(file) }.at(path)
         })
     }
 
