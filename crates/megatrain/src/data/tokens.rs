@@ -52,6 +52,20 @@ fn decode(b: &[u8], flagged: bool) -> u32 {
     }
 }
 
+/// The ids of a part of a mapped stream, decoded as they are read.
+struct Ids<'a> {
+    words: std::slice::ChunksExact<'a, u8>,
+    flagged: bool,
+}
+
+impl Iterator for Ids<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        self.words.next().map(|b| decode(b, self.flagged))
+    }
+}
+
 /// Tokens per task when a mapped stream is scanned on every core.
 const SCAN_PART: usize = 1 << 20;
 
@@ -218,23 +232,43 @@ impl Tokens {
     pub fn first_at_least(&self, bound: u32) -> Option<usize> {
         match &self.0 {
             Repr::Owned(v) => v.iter().position(|&t| t >= bound),
-            Repr::Mapped {
-                map,
-                range,
-                width,
-                flagged,
-            } => Self::bytes(map, range, *width)
+            Repr::Mapped { .. } => self
+                .scan_mapped(|part, mut ids| ids.position(|t| t >= bound).map(|i| part * SCAN_PART + i))?
+                .find_map_first(|found| found),
+        }
+    }
+
+    /// A mapped stream's ids in parts of `SCAN_PART`, on every core: `f` of
+    /// each part's index and ids, the part's pages handed back once `f` has
+    /// read them. `None` for ids held in memory.
+    fn scan_mapped<'a, R: Send + 'a>(
+        &'a self,
+        f: impl Fn(usize, Ids<'_>) -> R + Sync + Send + 'a,
+    ) -> Option<impl IndexedParallelIterator<Item = R> + 'a> {
+        let Repr::Mapped {
+            map,
+            range,
+            width,
+            flagged,
+        } = &self.0
+        else {
+            return None;
+        };
+        let (width, flagged) = (*width, *flagged);
+        Some(
+            Self::bytes(map, range, width)
                 .par_chunks(width * SCAN_PART)
                 .enumerate()
-                .find_map_first(|(part, bytes)| {
-                    let found = bytes
-                        .chunks_exact(*width)
-                        .position(|b| decode(b, *flagged) >= bound)
-                        .map(|i| part * SCAN_PART + i);
+                .map(move |(part, bytes)| {
+                    let ids = Ids {
+                        words: bytes.chunks_exact(width),
+                        flagged,
+                    };
+                    let r = f(part, ids);
                     release_mapped(map, bytes);
-                    found
+                    r
                 }),
-        }
+        )
     }
 }
 
@@ -248,18 +282,9 @@ impl Tokens {
                 .par_chunks(SCAN_PART)
                 .map(|ids| Fnv1a::of(ids.iter().map(|&t| t as u64)))
                 .collect(),
-            Repr::Mapped {
-                map,
-                range,
-                width,
-                flagged,
-            } => Self::bytes(map, range, *width)
-                .par_chunks(width * SCAN_PART)
-                .map(|bytes| {
-                    let h = Fnv1a::of(bytes.chunks_exact(*width).map(|b| decode(b, *flagged) as u64));
-                    release_mapped(map, bytes);
-                    h
-                })
+            Repr::Mapped { .. } => self
+                .scan_mapped(|_, ids| Fnv1a::of(ids.map(u64::from)))
+                .expect("a mapped stream")
                 .collect(),
         };
         Fnv1a::of(parts)
