@@ -437,6 +437,17 @@ fn keep_checkpoints_removes_older_ones_after_each_save() {
     assert_eq!(latest_step(&a), Some(7));
 }
 
+/// `plan` for TinyLlama on 4 ranks, the disk's speed given.
+const PLAN_4_RANKS: [&str; 7] = [
+    "plan",
+    "--preset",
+    "tinyllama-1.1b",
+    "--ranks",
+    "4",
+    "--disk-gbps",
+    "1",
+];
+
 /// `megatrain plan … | head -1`: the reader stops, and the plan ends as
 /// other tools do (SIGPIPE), never with a panic in `println!`.
 #[cfg(unix)]
@@ -449,15 +460,7 @@ fn plan_into_a_closed_pipe_ends_quietly() {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
     let mut child = common::cli::bin()
-        .args([
-            "plan",
-            "--preset",
-            "tinyllama-1.1b",
-            "--ranks",
-            "4",
-            "--disk-gbps",
-            "1",
-        ])
+        .args(PLAN_4_RANKS)
         .stdout(writer)
         .stderr(Stdio::piped())
         .spawn()
@@ -508,15 +511,7 @@ fn plan_reports_host_and_device_bytes() {
     // Ranks with a budget: each rank counts its share of p, m, v, so a
     // budget that spills a whole tier (8 GiB of TinyLlama's 16) holds the
     // sharded one in RAM, and a smaller one spills fewer layers.
-    let args = [
-        "plan",
-        "--preset",
-        "tinyllama-1.1b",
-        "--ranks",
-        "4",
-        "--disk-gbps",
-        "1",
-    ];
+    let args = PLAN_4_RANKS;
     let text = String::from_utf8(run(&args).stdout).unwrap();
     assert!(
         text.contains("the busiest rank):") && !text.contains("spilled"),
