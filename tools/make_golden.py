@@ -21,6 +21,7 @@ Nothing is downloaded. Usage (from the repository root):
 
 import argparse
 import json
+import math
 import shutil
 import types
 from pathlib import Path
@@ -161,6 +162,58 @@ CASES = {
         7,
         torch.float32,
     ),
+    # Llama 3.1's RoPE scaling (`rope_type` llama3) with an original context
+    # of 64, so that head_dim 16 has pairs kept, blended and divided.
+    "llama3_rope": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=88,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            ),
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+        ),
+        14,
+        torch.float32,
+    ),
+    # Qwen2 with YaRN (factor 4 over an original context of 32): blended
+    # frequencies and cos/sin scaled by the attention factor.
+    "qwen2_yarn": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=79,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                original_max_position_embeddings=32,
+            ),
+            max_position_embeddings=128,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
 }
 
 
@@ -197,13 +250,58 @@ def _rmsnorm64(self, x):
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
 
 
-def _rope64(theta, dim):
+def inv_freq64(cfg, dim):
+    """The inverse frequencies transformers gives `cfg` (in float32), formed
+    in float64: `modeling_rope_utils`' formulas for the rope types megatrain
+    implements, ported so the reference keeps every digit."""
+    p = cfg.rope_parameters
+    theta, kind = p["rope_theta"], p.get("rope_type", "default")
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / p["factor"], 1.0
+    if kind == "llama3":
+        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        old = p["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        out = torch.where(wavelen > old / low, inv / factor, inv)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, blended, out), 1.0
+    assert kind == "yarn", kind
+    old = p["original_max_position_embeddings"]
+    factor = p.get("factor") or cfg.max_position_embeddings / old
 
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    att = p.get("attention_factor")
+    if att is None:
+        m, all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        att = mscale(factor, m) / mscale(factor, all_dim) if m and all_dim else mscale(factor)
+    fast, slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def corr(rot):
+        return dim * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = corr(fast), corr(slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    keep = 1 - ramp
+    return inv / factor * (1 - keep) + inv * keep, att
+
+
+def _rope64(inv, att):
     def forward(self, x, position_ids):
         freqs = position_ids[..., None].to(torch.float64) * inv
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)
 
     return forward
 
@@ -217,11 +315,11 @@ def patch_float64(model):
         if name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name.endswith("RotaryEmbedding"):
-            params = getattr(cfg, "rope_parameters", None) or {}
-            theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-            assert params.get("rope_type", "default") == "default"
-            dim = m.inv_freq.shape[0] * 2
-            m.forward = types.MethodType(_rope64(theta, dim), m)
+            inv, att = inv_freq64(cfg, m.inv_freq.shape[0] * 2)
+            # The port must give transformers' own numbers, to its float32.
+            assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
+            assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
+            m.forward = types.MethodType(_rope64(inv, att), m)
 
 
 def randomize(model, gen):
@@ -326,16 +424,80 @@ def make_tokenizer(out: Path):
     print(f"tokenizer: vocab {len(tok)}")
 
 
+# Configs (as a config.json writes them) whose RoPE scaling transformers
+# computes for `rope_scaling.json`: released models' own fields and each
+# optional knob of the formulas, in v4 (`rope_scaling`, `type`) and v5
+# (`rope_parameters`) spellings.
+LLAMA_32_1B = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=2048,
+    intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    max_position_embeddings=131072, rope_theta=500000.0,
+    rope_scaling=dict(factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                      original_max_position_embeddings=8192, rope_type="llama3"),
+)
+QWEN25_7B = dict(
+    architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=152064, hidden_size=3584,
+    intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+    max_position_embeddings=32768, rope_theta=1000000.0,
+)
+ROPE_SCALINGS = {
+    "llama-3.2-1b": LLAMA_32_1B,
+    "llama-3.1-8b": {**LLAMA_32_1B, "hidden_size": 4096, "num_attention_heads": 32,
+                     "rope_scaling": {**LLAMA_32_1B["rope_scaling"], "factor": 8.0}},
+    "llama3-v5": {**{k: v for k, v in LLAMA_32_1B.items() if k not in ("rope_theta", "rope_scaling")},
+                  "rope_parameters": {**LLAMA_32_1B["rope_scaling"], "rope_theta": 500000.0}},
+    "linear-v4-type": {**LLAMA_32_1B, "rope_scaling": {"type": "linear", "factor": 2.0}},
+    "dynamic": {**LLAMA_32_1B, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    "qwen2.5-7b-yarn": {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 32768}},
+    "yarn-mscale": {**QWEN25_7B, "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
+                                                  "mscale_all_dim": 1.0,
+                                                  "original_max_position_embeddings": 4096}},
+    "yarn-knobs": {**QWEN25_7B, "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+                                                    "attention_factor": 0.9, "beta_fast": 16.0, "beta_slow": 2.0,
+                                                    "truncate": False, "original_max_position_embeddings": 2048}},
+    "yarn-no-original": {**QWEN25_7B, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+    "yarn-top-level-original": {**QWEN25_7B, "original_max_position_embeddings": 8192,
+                                "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 4096}},
+}
+
+
+def make_rope_scaling(out: Path):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    cases = {}
+    for name, fields in ROPE_SCALINGS.items():
+        qwen = fields["model_type"] == "qwen2"
+        cfg_cls, emb_cls = (Qwen2Config, Qwen2RotaryEmbedding) if qwen else (LlamaConfig, LlamaRotaryEmbedding)
+        kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+        emb = emb_cls(config=cfg_cls(**json.loads(json.dumps(kwargs))))
+        cases[name] = {
+            "config": fields,
+            "inv_freq": emb.inv_freq.tolist(),
+            "attention_factor": float(emb.attention_scaling),
+        }
+    (out / "rope_scaling.json").write_text(json.dumps(cases, indent=1) + "\n")
+    print(f"rope_scaling: {len(cases)} configs")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="crates/zoo/tests/fixtures")
+    ap.add_argument("--only", nargs="+", metavar="CASE", help="write only these cases (or 'tokenizer', 'rope_scaling')")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
+    wanted = lambda name: args.only is None or name in args.only
     for i, (name, (cfg_cls, model_cls, kwargs, seq, dtype)) in enumerate(CASES.items()):
-        make_case(out, name, cfg_cls, model_cls, kwargs, seq, dtype, seed=1000 + i)
-    make_tokenizer(out)
+        if wanted(name):
+            make_case(out, name, cfg_cls, model_cls, kwargs, seq, dtype, seed=1000 + i)
+    if wanted("tokenizer"):
+        make_tokenizer(out)
+    if wanted("rope_scaling"):
+        make_rope_scaling(out)
 
 
 if __name__ == "__main__":

@@ -629,10 +629,7 @@ fn rope_folds_its_outputs_maxima() {
                     let x = g
                         .upload(&HostTensor::from_f32(vec![b, t, h, d], x.to_f32_vec()).unwrap())
                         .unwrap();
-                    let rope = Rope {
-                        theta: 10000.0,
-                        offset,
-                    };
+                    let rope = Rope::plain(10000.0, offset);
                     for (name, y) in [
                         ("rope", g.rope(&x, rope).unwrap()),
                         ("rope_backward", g.rope_backward(&x, rope).unwrap()),

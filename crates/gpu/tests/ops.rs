@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use megatrain_gpu::GpuExecutor;
-use megatrain_tensor::{DType, Executor, F64Executor, HostTensor, Rope, Shape};
+use megatrain_tensor::{DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape};
 use proptest::prelude::*;
 
 fn both() -> Vec<&'static GpuExecutor> {
@@ -130,7 +130,7 @@ proptest! {
                       offset in 0usize..3000, seed in any::<u64>()) {
         let c = cpu();
         let x = rand_host(seed, &[b, t, h, 2 * half]);
-        let rope = Rope { theta: 10000.0, offset };
+        let rope = Rope::plain(10000.0, offset);
         let cx = cpu_up!(c, &x);
         for g in both() {
             let gx = up(g, &x);
@@ -211,7 +211,7 @@ proptest! {
     }
 }
 
-/// RoPE's angle tables are built once per (θ, D) and grown when a call
+/// RoPE's angle tables are built once per (θ, scaling, D) and grown when a call
 /// reaches past them: every call gives the CPU's rotation (on a fresh
 /// executor, so the first call builds), and a warm call records only its
 /// dispatch — no queue write, so nothing forces the pending batch out.
@@ -232,9 +232,39 @@ fn rope_tables_are_kept_grown_and_shared() {
         let x = rand_host(3, &[2, 19, 3, 14]);
         let y = rand_host(4, &[1, 19, 2, 8]);
         let (gx, gy, cx, cy) = (up(&g, &x), up(&g, &y), cpu_up!(c, &x), cpu_up!(c, &y));
-        // Past the first table, back inside it, another θ, another D, far past.
-        for (offset, theta) in [(0, 1e4), (5000, 1e4), (3, 1e4), (7, 5e5), (40_000, 1e4)] {
-            let rope = Rope { theta, offset };
+        let llama3 = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_positions: 64.0,
+        };
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_positions: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: 1.1386,
+        };
+        // Past the first table, back inside it, another θ, another D, far
+        // past, then the same θ with each scaling (tables of their own).
+        let none = RopeScaling::None;
+        for (offset, theta, scaling) in [
+            (0, 1e4, none),
+            (5000, 1e4, none),
+            (3, 1e4, none),
+            (7, 5e5, none),
+            (40_000, 1e4, none),
+            (7, 1e4, llama3),
+            (7, 1e4, yarn),
+            (7, 1e4, none),
+            (300, 1e4, RopeScaling::Linear { factor: 2.0 }),
+        ] {
+            let rope = Rope {
+                theta,
+                offset,
+                scaling,
+            };
             for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
                 assert_close(
                     "rope",
@@ -250,10 +280,7 @@ fn rope_tables_are_kept_grown_and_shared() {
                 );
             }
         }
-        let rope = Rope {
-            theta: 1e4,
-            offset: 17,
-        };
+        let rope = Rope::plain(1e4, 17);
         let round = || g.rope_backward(&g.rope(&gx, rope).unwrap(), rope).unwrap();
         // Two rounds warm the pool to what a round needs beside the last
         // result; the last four are counted.

@@ -127,10 +127,7 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("add_layernorm dw", down(&g.dw)));
 
     let (q, k, v, datt) = (up(&i.q), up(&i.k), up(&i.v), up(&i.datt));
-    let rope = Rope {
-        theta: 10000.0,
-        offset: 3,
-    };
+    let rope = Rope::plain(10000.0, 3);
     let qr = ex.rope(&q, rope).unwrap();
     let kr = ex.rope(&k, rope).unwrap();
     out.push(("rope", down(&qr)));

@@ -11,6 +11,7 @@ mod host;
 mod op_types;
 mod params;
 mod precision;
+mod rope_scaling;
 mod shape;
 pub mod testing;
 mod transport;
@@ -27,6 +28,7 @@ pub use params::{ParamSpec, ParamTable};
 pub use precision::{
     ComputePrecision, F16_OPERAND_BOUND_LOG2, f16_scale_exponent, mul_pow2, pow2, round_f16_scaled,
 };
+pub use rope_scaling::RopeScaling;
 pub use shape::Shape;
 pub use transport::{
     Download, HostRegistration, Landed, LandedF32, TransportInfo, TransportStats, WeightSlot, WeightUpload,

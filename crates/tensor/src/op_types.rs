@@ -2,7 +2,7 @@
 //! trait: which operands a matmul reads transposed, which gradients a
 //! backward must produce, and what each forward and backward returns.
 
-use crate::{DType, Error, Result, Shape};
+use crate::{DType, Error, Result, RopeScaling, Shape};
 
 /// Which matmul operands are read transposed. `a` is `[.., M, K]`, or
 /// `[.., K, M]` when `a` is set; `b` is `[K, N]`, or `[N, K]` when `b` is set
@@ -144,4 +144,16 @@ pub struct Rope {
     pub theta: f64,
     /// Position of the first token of the sequence.
     pub offset: usize,
+    pub scaling: RopeScaling,
+}
+
+impl Rope {
+    /// Unscaled frequencies with base `theta`, from position `offset`.
+    pub fn plain(theta: f64, offset: usize) -> Rope {
+        Rope {
+            theta,
+            offset,
+            scaling: RopeScaling::None,
+        }
+    }
 }

@@ -107,35 +107,11 @@ fn fused_add_norm_shape_errors() {
 
 #[test]
 fn rope_errors() {
-    let msg = shape_err(
-        EX.rope(
-            &r(1, &[1, 2, 3, 5]),
-            Rope {
-                theta: 1e4,
-                offset: 0,
-            },
-        ),
-        "rope",
-    );
+    let msg = shape_err(EX.rope(&r(1, &[1, 2, 3, 5]), Rope::plain(1e4, 0)), "rope");
     assert!(msg.contains("5"), "{msg}");
+    shape_err(EX.rope(&r(1, &[2, 3, 4]), Rope::plain(1e4, 0)), "rope");
     shape_err(
-        EX.rope(
-            &r(1, &[2, 3, 4]),
-            Rope {
-                theta: 1e4,
-                offset: 0,
-            },
-        ),
-        "rope",
-    );
-    shape_err(
-        EX.rope_backward(
-            &r(1, &[1, 1, 1, 3]),
-            Rope {
-                theta: 1e4,
-                offset: 0,
-            },
-        ),
+        EX.rope_backward(&r(1, &[1, 1, 1, 3]), Rope::plain(1e4, 0)),
         "rope_backward",
     );
 }

@@ -123,45 +123,20 @@ fn cross_entropy_is_stable_for_huge_logits() {
 #[test]
 fn rope_at_position_zero_is_identity_and_rotates_later() {
     let x = EX.upload(&random_tensor(3, [1, 1, 2, 4])).unwrap();
-    let y = EX
-        .rope(
-            &x,
-            Rope {
-                theta: 10000.0,
-                offset: 0,
-            },
-        )
-        .unwrap();
+    let y = EX.rope(&x, Rope::plain(10000.0, 0)).unwrap();
     assert_eq!(y.data(), x.data());
     // Position 1, D = 2: a single frequency 1, angle 1 rad.
     let x = up(&[1, 2, 1, 2], &[0., 0., 1., 0.]);
-    let y = EX
-        .rope(
-            &x,
-            Rope {
-                theta: 10000.0,
-                offset: 0,
-            },
-        )
-        .unwrap();
+    let y = EX.rope(&x, Rope::plain(10000.0, 0)).unwrap();
     close(y.data(), &[0., 0., 1f32.cos(), 1f32.sin()], 1e-7);
     // offset shifts positions: token 0 at offset 1 equals token 1 at offset 0.
     let y1 = EX
-        .rope(
-            &up(&[1, 1, 1, 2], &[1., 0.]),
-            Rope {
-                theta: 10000.0,
-                offset: 1,
-            },
-        )
+        .rope(&up(&[1, 1, 1, 2], &[1., 0.]), Rope::plain(10000.0, 1))
         .unwrap();
     close(y1.data(), &y.data()[2..], 0.0);
     // the backward undoes the forward
     let x = EX.upload(&random_tensor(4, [2, 3, 2, 6])).unwrap();
-    let rope = Rope {
-        theta: 500.0,
-        offset: 11,
-    };
+    let rope = Rope::plain(500.0, 11);
     let back = EX.rope_backward(&EX.rope(&x, rope).unwrap(), rope).unwrap();
     close(back.data(), x.data(), 1e-6);
 }
@@ -177,15 +152,7 @@ fn rope_second_frequency_uses_theta() {
             .map(|(i, _)| if i % 4 == 1 { 1.0 } else { 0.0 })
             .collect::<Vec<_>>(),
     );
-    let y = EX
-        .rope(
-            &x,
-            Rope {
-                theta: 10000.0,
-                offset: 0,
-            },
-        )
-        .unwrap();
+    let y = EX.rope(&x, Rope::plain(10000.0, 0)).unwrap();
     let a = 3.0f64 * 0.01;
     close(&y.data()[12..], &[0., a.cos() as f32, 0., a.sin() as f32], 1e-7);
 }

@@ -3,7 +3,9 @@
 //! The scalar objective is Σ output · cotangent with a random cotangent.
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
-use megatrain_tensor::{CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, Shape, TensorHandle, Transpose};
+use megatrain_tensor::{
+    CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, TensorHandle, Transpose,
+};
 
 type T = CpuTensor<f64>;
 const EX: F64Executor = F64Executor::new();
@@ -178,16 +180,28 @@ fn add_layernorm_backward() {
 
 #[test]
 fn rope_backward_with_offset() {
-    let rope = Rope {
-        theta: 10000.0,
-        offset: 7,
+    // YaRN's attention factor makes the map a rotation times a gain: its
+    // backward is the rotation back times the same gain.
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_positions: 16.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        truncate: true,
+        attention_factor: 1.25,
     };
-    let x = rand_t(8, &[2, 3, 2, 6]);
-    let cot = rand_t(9, &[2, 3, 2, 6]);
-    let dx = EX.rope_backward(&cot, rope).unwrap();
-    grad_check("rope", &[x], &[dx.data()], |i| {
-        dot(EX.rope(&i[0], rope).unwrap().data(), cot.data())
-    });
+    for scaling in [RopeScaling::None, yarn] {
+        let rope = Rope {
+            scaling,
+            ..Rope::plain(10000.0, 7)
+        };
+        let x = rand_t(8, &[2, 3, 2, 6]);
+        let cot = rand_t(9, &[2, 3, 2, 6]);
+        let dx = EX.rope_backward(&cot, rope).unwrap();
+        grad_check("rope", &[x], &[dx.data()], |i| {
+            dot(EX.rope(&i[0], rope).unwrap().data(), cot.data())
+        });
+    }
 }
 
 fn attention_check(b: usize, tt: usize, hq: usize, hkv: usize, d: usize, seed: u64) {

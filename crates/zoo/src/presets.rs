@@ -2,6 +2,8 @@
 //! reads sizes from the config and its tables; weights come from
 //! [`crate::init_layer`] (seeded) or from a checkpoint.
 
+use megatrain_tensor::RopeScaling;
+
 use crate::config::synthetic_path;
 use crate::{Arch, ModelConfig, Result, ZooError};
 
@@ -16,7 +18,20 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama-2-13b",
     "qwen2.5-14b",
     "llama-3-70b",
+    "llama-3.2-1b",
+    "llama-3.1-8b",
 ];
+
+/// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
+/// beside the factor).
+fn llama31_rope(factor: f64) -> RopeScaling {
+    RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_positions: 8192.0,
+    }
+}
 
 fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> ModelConfig {
     ModelConfig {
@@ -31,6 +46,8 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         max_position_embeddings: ctx,
         norm_eps: 1e-5,
         rope_theta: 0.0,
+        rope_scaling: RopeScaling::None,
+        dynamic_rope_limit: None,
         tie_word_embeddings: true,
         qkv_bias: true,
         o_bias: true,
@@ -68,6 +85,8 @@ fn llama(s: LlamaShape) -> ModelConfig {
         max_position_embeddings: s.ctx,
         norm_eps: s.eps,
         rope_theta: s.theta,
+        rope_scaling: RopeScaling::None,
+        dynamic_rope_limit: None,
         tie_word_embeddings: false,
         qkv_bias: s.arch == Arch::Qwen2,
         o_bias: false,
@@ -87,9 +106,9 @@ pub fn gpt2_nano(vocab: usize) -> ModelConfig {
 
 /// A preset by name. `vocab` overrides the vocabulary size; `gpt2-nano` needs
 /// it (its vocabulary is the corpus's characters). The benchmark shapes
-/// (TinyLlama and larger) are the real models' tensor shapes; `llama-3-70b`
-/// uses plain RoPE with theta 500000 (the llama3 frequency scaling of the
-/// released model changes no shape and is not implemented).
+/// (TinyLlama and larger) are the real models' tensor shapes and RoPE:
+/// `llama-3-70b` is Llama 3 (8k context, plain RoPE), `llama-3.2-1b` and
+/// `llama-3.1-8b` carry Llama 3.1's frequency scaling.
 pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
     use Arch::*;
     let l = |arch, vocab, hidden, inter, layers, heads, kv, ctx, theta, eps| {
@@ -124,6 +143,15 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "llama-2-13b" => l(Llama, 32000, 5120, 13824, 40, 40, 40, 4096, 10000.0, 1e-5),
         "qwen2.5-14b" => l(Qwen2, 152064, 5120, 13824, 48, 40, 8, 32768, 1e6, 1e-5),
         "llama-3-70b" => l(Llama, 128256, 8192, 28672, 80, 64, 8, 8192, 500000.0, 1e-5),
+        "llama-3.2-1b" => ModelConfig {
+            tie_word_embeddings: true,
+            rope_scaling: llama31_rope(32.0),
+            ..l(Llama, 128256, 2048, 8192, 16, 32, 8, 131072, 500000.0, 1e-5)
+        },
+        "llama-3.1-8b" => ModelConfig {
+            rope_scaling: llama31_rope(8.0),
+            ..l(Llama, 128256, 4096, 14336, 32, 32, 8, 131072, 500000.0, 1e-5)
+        },
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -66,18 +66,71 @@ fn rope_theta_inside_rope_parameters_wins_over_default() {
 
 #[test]
 fn unsupported_rope_scaling_is_refused_by_name() {
-    for (field, val) in [
-        ("rope_scaling", json!({"rope_type": "llama3", "factor": 8.0})),
-        ("rope_scaling", json!({"type": "linear", "factor": 2.0})),
-        ("rope_parameters", json!({"rope_type": "yarn", "rope_theta": 1e6})),
+    for (field, val, named) in [
+        (
+            "rope_scaling",
+            json!({"rope_type": "longrope", "factor": 8.0}),
+            "longrope",
+        ),
+        ("rope_scaling", json!({"type": "su", "factor": 2.0}), "su"),
+        (
+            "rope_parameters",
+            json!({"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5}),
+            "partial_rotary_factor",
+        ),
     ] {
         let mut v = llama_v4();
         v.as_object_mut().unwrap().insert(field.into(), val);
         let err = parse(v).unwrap_err();
         assert!(matches!(err, ZooError::Unsupported { .. }), "{err:?}");
         let msg = err.to_string();
-        assert!(msg.contains(field) && msg.contains("dir/config.json"), "{msg}");
+        assert!(
+            msg.contains(field) && msg.contains(named) && msg.contains("dir/config.json"),
+            "{msg}"
+        );
     }
+}
+
+#[test]
+fn rope_scaling_fields_that_cannot_work_are_named() {
+    for (val, named) in [
+        (
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0}),
+            "high_freq_factor",
+        ),
+        (
+            json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192}),
+            "low_freq_factor",
+        ),
+        (json!({"rope_type": "linear"}), "factor"),
+        (json!({"rope_type": "linear", "factor": -2.0}), "factor"),
+        (json!({"rope_type": "yarn", "factor": "big"}), "factor"),
+        (
+            json!({"rope_type": "yarn", "factor": 4.0, "truncate": 1}),
+            "truncate",
+        ),
+        (
+            json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.0}),
+            "attention_factor",
+        ),
+    ] {
+        let mut v = llama_v4();
+        v["rope_scaling"] = val.clone();
+        let msg = bad_msg(v);
+        assert!(msg.contains(&format!("rope_scaling.{named}")), "{val}: {msg}");
+    }
+}
+
+#[test]
+fn dynamic_rope_runs_within_its_context_only() {
+    let mut v = llama_v4();
+    v["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 2.0});
+    let cfg = parse(v).unwrap();
+    assert_eq!(cfg.rope_scaling, megatrain_tensor::RopeScaling::None);
+    cfg.check_seq_len(2048).unwrap();
+    let msg = cfg.check_seq_len(2049).unwrap_err().to_string();
+    assert!(msg.contains("2049") && msg.contains("dynamic RoPE"), "{msg}");
 }
 
 #[test]

@@ -14,6 +14,8 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("qwen2.5-7b", 7_615_616_512),
         ("qwen2.5-14b", 14_770_033_664),
         ("llama-3-70b", 70_553_706_496),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("llama-3.1-8b", 8_030_261_248),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");

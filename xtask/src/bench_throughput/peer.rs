@@ -46,6 +46,8 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
         "head_dim": model.head_dim,
         "inter": model.intermediate_size,
         "eps": model.norm_eps,
+        // The peer rotates by unscaled frequencies: a RoPE scaling changes
+        // the angles, not the work.
         "theta": model.rope_theta,
         "tie": model.tie_word_embeddings,
         "qkv_bias": model.qkv_bias,

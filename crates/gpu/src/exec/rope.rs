@@ -3,7 +3,7 @@
 //! The cos/sin tables are built on the host in f64 (an f32 angle pos·θ^(−2i/D)
 //! loses ~1e-4 rad at positions in the thousands), with the CPU reference's
 //! own function, so both executors rotate by the same f32 values. They are
-//! built once per (θ, D) and kept on the device: a Qwen2.5-7B step at
+//! built once per (θ, scaling, D) and kept on the device: a Qwen2.5-7B step at
 //! T = 1024 rotates 168 times, and rebuilding the table each time cost the
 //! recording thread 11 M `sin_cos` per step and two queue writes per call,
 //! each of which could force the pending batch onto the queue.
@@ -26,33 +26,38 @@ const STORE_MAX: u32 = 1;
 /// when it doubles past the end.
 const MIN_POSITIONS: usize = 256;
 
-/// The angle tables of one (θ, D): `[positions, D/2]` each, position 0 first.
+/// The angle tables of one (θ, scaling, D): `[positions, D/2]` each,
+/// position 0 first.
 pub(crate) struct RopeTable {
     positions: usize,
     cos: GpuTensor,
     sin: GpuTensor,
 }
 
-/// Tables by (θ's bits, D). A table that grows replaces the old one, whose
+/// Tables by [`TableKey`]. A table that grows replaces the old one, whose
 /// buffer goes back to the pool while an op may still be pending on it;
 /// that is safe as for any temporary: a later op that writes it comes after
 /// in queue order, and a queue write into it first submits the pending
 /// batch (`batch.rs`).
 #[derive(Default)]
-pub(crate) struct RopeTables(Mutex<HashMap<(u64, usize), RopeTable>>);
+pub(crate) struct RopeTables(Mutex<HashMap<TableKey, RopeTable>>);
+
+/// θ's bits, the scaling's key, D.
+type TableKey = (u64, [u64; 7], usize);
 
 impl GpuExecutor {
-    /// The (θ, D) tables, cos and sin, covering at least positions
-    /// `0..end`; builds or grows them when they do not.
-    fn rope_table(&self, theta: f64, dim: usize, end: usize) -> Result<(GpuTensor, GpuTensor)> {
+    /// The tables of `rope`'s θ and scaling for heads of `dim`, cos and
+    /// sin, covering at least positions `0..end`; builds or grows them when
+    /// they do not.
+    fn rope_table(&self, rope: Rope, dim: usize, end: usize) -> Result<(GpuTensor, GpuTensor)> {
         let mut map = self.rope_tables.0.lock().unwrap();
-        let key = (theta.to_bits(), dim);
+        let key = (rope.theta.to_bits(), rope.scaling.key(), dim);
         if let Some(t) = map.get(&key).filter(|t| t.positions >= end) {
             return Ok((t.cos.clone(), t.sin.clone()));
         }
         let have = map.get(&key).map_or(0, |t| t.positions);
         let positions = end.max(2 * have).max(MIN_POSITIONS);
-        let (cos, sin) = rope_tables::<f32>(positions, dim, theta, 0);
+        let (cos, sin) = rope_tables::<f32>(positions, dim, Rope { offset: 0, ..rope });
         let table = RopeTable {
             positions,
             cos: self.upload_words(bytemuck::cast_slice(&cos))?,
@@ -87,7 +92,7 @@ impl GpuExecutor {
                 format!("positions {} + T = {t} pass the kernel's u32 range", rope.offset),
             )
         })?;
-        let (cos_t, sin_t) = self.rope_table(rope.theta, dim, end)?;
+        let (cos_t, sin_t) = self.rope_table(rope, dim, end)?;
         // Only the call's positions are bound: a table grown by a long
         // generation may pass the storage-binding limit as a whole.
         let (cv, sv) = (

@@ -45,8 +45,7 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1)]
     ranks: usize,
     /// With --ranks: the ranks of a machine map one transport copy, as
-    /// `train --share-transport` does (auto and true: they do; false)
-    /// [default: auto].
+    /// `train --share-transport` does (auto and true: they do; false).
     #[arg(long, default_value = "auto")]
     share_transport: ShareTransport,
     /// With --ranks: ranks on each machine (default: all on one). Machines

@@ -113,6 +113,7 @@ pub(super) fn forward<E: Executor>(
     let rope = Rope {
         theta: cfg.rope_theta,
         offset: 0,
+        scaling: cfg.rope_scaling,
     };
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
@@ -189,6 +190,7 @@ pub(super) fn backward<E: Executor>(
     let rope = Rope {
         theta: cfg.rope_theta,
         offset: 0,
+        scaling: cfg.rope_scaling,
     };
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");

@@ -16,6 +16,8 @@ pub const CASES: &[&str] = &[
     "mistral_f16",
     "qwen2",
     "qwen3",
+    "llama3_rope",
+    "qwen2_yarn",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

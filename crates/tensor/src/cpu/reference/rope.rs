@@ -3,26 +3,29 @@
 
 use rayon::prelude::*;
 
+use crate::Rope;
 use crate::cpu::Real;
 
-/// `(cos, sin)` tables `[t, d/2]` of positions `offset..offset + t`: the
-/// angle of position p and pair i is p·θ^(−2i/d). Angles are formed in f64
-/// whatever `F` is, so the f32 reference differs from exact only by the
-/// final rounding (an f32 angle would lose ~1e-4 rad at positions in the
-/// thousands). The GPU executor builds its device tables with this too.
-pub fn rope_tables<F: Real>(t: usize, d: usize, theta: f64, offset: usize) -> (Vec<F>, Vec<F>) {
+/// `(cos, sin)` tables `[t, d/2]` of positions `rope.offset..+t`: the angle
+/// of position p and pair i is p·f_i, f_i the scaled inverse frequency
+/// ([`RopeScaling::inv_freq`](crate::RopeScaling::inv_freq); θ^(−2i/d)
+/// unscaled), and both tables carry the scaling's attention factor.
+/// Angles are formed in f64 whatever `F` is, so the f32 reference differs
+/// from exact only by the final rounding (an f32 angle would lose ~1e-4 rad
+/// at positions in the thousands). The GPU executor builds its device
+/// tables with this too.
+pub fn rope_tables<F: Real>(t: usize, d: usize, rope: Rope) -> (Vec<F>, Vec<F>) {
     let half = d / 2;
-    let inv_freq: Vec<f64> = (0..half)
-        .map(|i| theta.powf(-((2 * i) as f64) / d as f64))
-        .collect();
+    let inv_freq = rope.scaling.inv_freq(rope.theta, d);
+    let gain = rope.scaling.attention_factor();
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
     for ti in 0..t {
-        let pos = (offset + ti) as f64;
+        let pos = (rope.offset + ti) as f64;
         for &f in &inv_freq {
             let (s, c) = (pos * f).sin_cos();
-            cos.push(F::from_f64(c));
-            sin.push(F::from_f64(s));
+            cos.push(F::from_f64(gain * c));
+            sin.push(F::from_f64(gain * s));
         }
     }
     (cos, sin)
@@ -31,8 +34,10 @@ pub fn rope_tables<F: Real>(t: usize, d: usize, theta: f64, offset: usize) -> (V
 /// Rotates `x: [b, t, h, d]` (`dims`), token `ti` at position `offset + ti`:
 /// for `i < d/2`, `y[i] = x[i]·cos − x[i+d/2]·sin` and
 /// `y[i+d/2] = x[i+d/2]·cos + x[i]·sin`. With `inverse` the angle is negated,
-/// which is the backward (the rotation is orthogonal). `d` must be even.
-pub fn rope<F: Real>(x: &[F], dims: [usize; 4], theta: f64, offset: usize, inverse: bool) -> Vec<F> {
+/// which is the backward: the map is a rotation times the scaling's
+/// attention factor, so its transpose is the rotation back times the same
+/// factor. `d` must be even.
+pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: Rope, inverse: bool) -> Vec<F> {
     let [b, t, h, d] = dims;
     assert!(d % 2 == 0, "rope: head dim {d} is odd");
     assert_eq!(x.len(), b * t * h * d, "rope: x length");
@@ -41,7 +46,7 @@ pub fn rope<F: Real>(x: &[F], dims: [usize; 4], theta: f64, offset: usize, inver
         return y;
     }
     let half = d / 2;
-    let (cos, sin) = rope_tables::<F>(t, d, theta, offset);
+    let (cos, sin) = rope_tables::<F>(t, d, rope);
     y.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .enumerate()

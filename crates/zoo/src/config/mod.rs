@@ -7,11 +7,15 @@
 //! the field. Optional fields take the default of the transformers config
 //! class, so that a file means here what it means to `transformers`.
 
+mod rope;
+
 use std::path::{Path, PathBuf};
 
+use megatrain_tensor::RopeScaling;
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
+use rope::parse_rope;
 
 /// Model families and the HF `architectures` entry each one answers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,6 +80,12 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// RoPE base (unused by GPT-2).
     pub rope_theta: f64,
+    /// RoPE frequency scaling (`rope_type` llama3, yarn, linear).
+    pub rope_scaling: RopeScaling,
+    /// `dynamic` RoPE's context: past it transformers changes θ with each
+    /// longer batch, which is not implemented, so longer sequences are
+    /// refused; within it the frequencies are the default ones.
+    pub dynamic_rope_limit: Option<usize>,
     pub tie_word_embeddings: bool,
     /// Biases on q, k and v projections (Qwen2; Llama/Qwen3 `attention_bias`).
     pub qkv_bias: bool,
@@ -293,6 +303,17 @@ impl ModelConfig {
                 ),
             ));
         }
+        if let Some(limit) = self.dynamic_rope_limit
+            && seq > limit
+        {
+            return Err(ZooError::invalid(
+                "sequence length",
+                format!(
+                    "{seq} tokens exceed max_position_embeddings = {limit}, past which dynamic RoPE \
+                     changes its base with the batch; only its frequencies within that context are implemented"
+                ),
+            ));
+        }
         if let Some(w) = self.sliding_window
             && seq > w
         {
@@ -359,6 +380,9 @@ impl ModelConfig {
             })
         };
         let obj = v.as_object_mut().expect("object");
+        if let Some(scaling) = rope::scaling_json(self.rope_scaling) {
+            obj.insert("rope_scaling".into(), scaling);
+        }
         obj.insert("architectures".into(), json!([self.arch.hf_architecture()]));
         obj.insert("model_type".into(), json!(self.arch.model_type()));
         obj.insert("vocab_size".into(), json!(self.vocab_size));
@@ -449,6 +473,8 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         max_position_embeddings: f.req_usize("n_positions")?,
         norm_eps: f.opt_f64("layer_norm_epsilon")?.unwrap_or(1e-5),
         rope_theta: 0.0,
+        rope_scaling: RopeScaling::None,
+        dynamic_rope_limit: None,
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         qkv_bias: true,
         o_bias: true,
@@ -458,52 +484,6 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         dtype: None,
         raw: None,
     })
-}
-
-/// RoPE base from v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`)
-/// fields; any scaling other than the default is refused, never ignored.
-fn parse_rope(f: &Fields) -> Result<f64> {
-    let top_theta = f.opt_f64("rope_theta")?;
-    let mut theta = top_theta;
-    let mut check_type = |field: &str, obj: &Value| -> Result<()> {
-        let Some(m) = obj.as_object() else {
-            return Err(f.bad(field, format!("expected an object, got {obj}")));
-        };
-        let kind = m
-            .get("rope_type")
-            .or_else(|| m.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
-            return Err(f.unsupported(format!(
-                "{field} of type '{kind}' (only default RoPE is implemented)"
-            )));
-        }
-        if let Some(p) = m.get("partial_rotary_factor").and_then(Value::as_f64)
-            && p != 1.0
-        {
-            return Err(f.unsupported(format!("{field}.partial_rotary_factor = {p}")));
-        }
-        if let Some(t) = m.get("rope_theta").filter(|v| !v.is_null()) {
-            theta = Some(
-                t.as_f64()
-                    .ok_or_else(|| f.bad(&format!("{field}.rope_theta"), format!("got {t}")))?,
-            );
-        }
-        Ok(())
-    };
-    if let Some(p) = f.get("rope_parameters") {
-        check_type("rope_parameters", p)?;
-    }
-    if let Some(s) = f.get("rope_scaling") {
-        check_type("rope_scaling", s)?;
-    }
-    if let Some(p) = f.opt_f64("partial_rotary_factor")?
-        && p != 1.0
-    {
-        return Err(f.unsupported(format!("partial_rotary_factor = {p}")));
-    }
-    Ok(theta.unwrap_or(10000.0))
 }
 
 fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
@@ -530,7 +510,15 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     if act != "silu" {
         return Err(f.unsupported(format!("hidden_act '{act}' (only silu is implemented)")));
     }
-    let rope_theta = parse_rope(f)?;
+    let default_positions = match arch {
+        Arch::Mistral => 4096 * 32,
+        Arch::Qwen2 | Arch::Qwen3 => 32768,
+        _ => 2048,
+    };
+    let max_positions = f
+        .opt_usize("max_position_embeddings")?
+        .unwrap_or(default_positions);
+    let rope = parse_rope(f, max_positions)?;
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
         Arch::Llama => (
@@ -564,11 +552,6 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             "layer_types entry {t} (only full_attention is implemented)"
         )));
     }
-    let default_positions = match arch {
-        Arch::Mistral => 4096 * 32,
-        Arch::Qwen2 | Arch::Qwen3 => 32768,
-        _ => 2048,
-    };
     Ok(ModelConfig {
         arch,
         vocab_size: f.req_usize("vocab_size")?,
@@ -578,11 +561,11 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         num_kv_heads: kv_heads,
         head_dim,
         intermediate_size: f.req_usize("intermediate_size")?,
-        max_position_embeddings: f
-            .opt_usize("max_position_embeddings")?
-            .unwrap_or(default_positions),
+        max_position_embeddings: max_positions,
         norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta,
+        rope_theta: rope.theta,
+        rope_scaling: rope.scaling,
+        dynamic_rope_limit: rope.dynamic_limit,
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qkv_bias,
         o_bias,

@@ -1,0 +1,229 @@
+//! RoPE fields of a Llama-family `config.json`: the base θ and the scaling,
+//! from transformers v4 (`rope_theta`, `rope_scaling`) or v5
+//! (`rope_parameters`) spellings, with transformers' defaults filled in
+//! (`modeling_rope_utils`: `standardize_rope_params` and the
+//! `_compute_*_parameters` functions). A scaling we do not implement is
+//! refused by name, never ignored.
+
+use serde_json::{Map, Value};
+
+use megatrain_tensor::RopeScaling;
+
+use super::Fields;
+use crate::Result;
+
+/// What the RoPE fields say.
+pub(super) struct RopeFields {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+    /// `dynamic` RoPE: the context up to which its frequencies are the
+    /// default ones (transformers changes θ with each longer batch).
+    pub dynamic_limit: Option<usize>,
+}
+
+/// One scaling object (`rope_parameters` or `rope_scaling`), named
+/// `field` in errors.
+struct Obj<'f, 'a> {
+    f: &'f Fields<'a>,
+    field: &'static str,
+    m: &'a Map<String, Value>,
+}
+
+impl Obj<'_, '_> {
+    fn num(&self, key: &str) -> Result<Option<f64>> {
+        match self.m.get(key).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(v) => v.as_f64().filter(|x| x.is_finite()).map(Some).ok_or_else(|| {
+                self.f.bad(
+                    &format!("{}.{key}", self.field),
+                    format!("expected a number, got {v}"),
+                )
+            }),
+        }
+    }
+
+    /// A number that must be present and positive.
+    fn positive(&self, key: &str, value: Option<f64>) -> Result<f64> {
+        let name = format!("{}.{key}", self.field);
+        match value {
+            Some(x) if x > 0.0 => Ok(x),
+            Some(x) => Err(self.f.bad(&name, format!("{x} must be positive"))),
+            None => Err(self.f.bad(&name, "required by this rope_type")),
+        }
+    }
+
+    fn req(&self, key: &str) -> Result<f64> {
+        self.positive(key, self.num(key)?)
+    }
+
+    /// The pretraining context: the top-level field wins where a config
+    /// has one (Phi-3's arrangement), then the scaling's own, then
+    /// `max_position_embeddings`, as `standardize_rope_params` orders them.
+    fn original_max(&self, max_positions: usize) -> Result<f64> {
+        let top = self.f.opt_f64("original_max_position_embeddings")?;
+        let own = self.num("original_max_position_embeddings")?;
+        let key = "original_max_position_embeddings";
+        self.positive(key, Some(top.or(own).unwrap_or(max_positions as f64)))
+    }
+}
+
+/// Reads θ and the scaling of a model whose context is `max_positions`.
+pub(super) fn parse_rope(f: &Fields, max_positions: usize) -> Result<RopeFields> {
+    let mut theta = f.opt_f64("rope_theta")?;
+    // v5's `rope_parameters` wins over v4's `rope_scaling` where both are
+    // written, as its `rope_theta` does over the top-level one.
+    let mut chosen = None;
+    for field in ["rope_scaling", "rope_parameters"] {
+        let Some(v) = f.get(field) else { continue };
+        let m = v
+            .as_object()
+            .ok_or_else(|| f.bad(field, format!("expected an object, got {v}")))?;
+        let obj = Obj { f, field, m };
+        if let Some(t) = obj.num("rope_theta")? {
+            theta = Some(t);
+        }
+        if let Some(p) = obj.num("partial_rotary_factor")?
+            && p != 1.0
+        {
+            return Err(f.unsupported(format!("{field}.partial_rotary_factor = {p}")));
+        }
+        chosen = Some(obj);
+    }
+    if let Some(p) = f.opt_f64("partial_rotary_factor")?
+        && p != 1.0
+    {
+        return Err(f.unsupported(format!("partial_rotary_factor = {p}")));
+    }
+    let theta = theta.unwrap_or(10000.0);
+    let mut out = RopeFields {
+        theta,
+        scaling: RopeScaling::None,
+        dynamic_limit: None,
+    };
+    let Some(o) = chosen else { return Ok(out) };
+    let kind =
+        o.m.get("rope_type")
+            .or_else(|| o.m.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+    out.scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: o.req("factor")?,
+        },
+        "dynamic" => {
+            o.req("factor")?;
+            out.dynamic_limit = Some(max_positions);
+            RopeScaling::None
+        }
+        "llama3" => {
+            let (low, high) = (o.req("low_freq_factor")?, o.req("high_freq_factor")?);
+            if low >= high {
+                let field = format!("{}.low_freq_factor", o.field);
+                return Err(f.bad(&field, format!("{low} must be below high_freq_factor {high}")));
+            }
+            RopeScaling::Llama3 {
+                factor: o.req("factor")?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_positions: o.original_max(max_positions)?,
+            }
+        }
+        "yarn" => yarn(&o, max_positions)?,
+        other => {
+            return Err(f.unsupported(format!(
+                "{} of type '{other}' (implemented: default, linear, dynamic, llama3, yarn)",
+                o.field
+            )));
+        }
+    };
+    Ok(out)
+}
+
+fn yarn(o: &Obj, max_positions: usize) -> Result<RopeScaling> {
+    let original = o.original_max(max_positions)?;
+    // DeepSeek-V3 leaves `factor` null: the ratio of the two contexts.
+    let factor = o.positive(
+        "factor",
+        Some(o.num("factor")?.unwrap_or(max_positions as f64 / original)),
+    )?;
+    let mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = match o.num("attention_factor")? {
+        Some(a) => o.positive("attention_factor", Some(a))?,
+        None => match (o.num("mscale")?, o.num("mscale_all_dim")?) {
+            // transformers tests both for truth: a 0 counts as absent.
+            (Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(factor, m) / mscale(factor, all),
+            _ => mscale(factor, 1.0),
+        },
+    };
+    let truncate = match o.m.get("truncate").filter(|v| !v.is_null()) {
+        None => true,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            o.f.bad(
+                &format!("{}.truncate", o.field),
+                format!("expected a boolean, got {v}"),
+            )
+        })?,
+    };
+    // `or`: transformers reads `beta_fast or 32`, so a 0 means the default.
+    let beta = |key: &str, default: f64| -> Result<f64> {
+        let b = o.num(key)?.filter(|&b| b != 0.0).unwrap_or(default);
+        o.positive(key, Some(b))
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_positions: original,
+        beta_fast: beta("beta_fast", 32.0)?,
+        beta_slow: beta("beta_slow", 1.0)?,
+        truncate,
+        attention_factor,
+    })
+}
+
+/// The v4 `rope_scaling` object of `scaling`, for a generated
+/// `config.json` (presets'; a parsed config writes back its own fields, so
+/// `dynamic`, which only parsing gives, keeps its factor); `None` for
+/// plain RoPE.
+pub(super) fn scaling_json(scaling: RopeScaling) -> Option<Value> {
+    use serde_json::json;
+    // Contexts are whole numbers of tokens in every config.json.
+    let positions = |p: f64| json!(p as u64);
+    Some(match scaling {
+        RopeScaling::None => return None,
+        RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_positions,
+        } => json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": positions(original_max_positions),
+        }),
+        RopeScaling::Yarn {
+            factor,
+            original_max_positions,
+            beta_fast,
+            beta_slow,
+            truncate,
+            attention_factor,
+        } => json!({
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": positions(original_max_positions),
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "truncate": truncate,
+            "attention_factor": attention_factor,
+        }),
+    })
+}
