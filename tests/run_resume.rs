@@ -249,3 +249,50 @@ fn default_chunk_rows_resolve_from_the_vocabulary_and_old_runs_keep_256() {
     assert_eq!(saved.options.chunk_rows, Some(256));
     assert!(prepare(saved.options, true).unwrap().warnings.is_empty());
 }
+
+/// A Phi-3 model (the zoo's fixture: fused `qkv_proj` and `gate_up_proj`)
+/// resumes exactly, and its checkpoints hold the tensors transformers
+/// saved, by the same names and shapes, so they load as Phi-3 again.
+#[test]
+fn a_phi3_run_resumes_exactly_and_saves_the_tensors_transformers_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/phi3");
+    let ids: Vec<u8> = (0..900u16)
+        .flat_map(|i| ((i * 13 + i / 7) % 87).to_le_bytes())
+        .collect();
+    std::fs::write(t.join("d.bin"), ids).unwrap();
+    let (a, b) = (t.join("a"), t.join("b"));
+    let oa = TrainOptions {
+        model: Some(fixture.clone()),
+        preset: None,
+        data: Some(t.join("d.bin")),
+        ..options(&t.join("d.bin"), &a)
+    };
+    let ob = TrainOptions {
+        out: b.clone(),
+        ..oa.clone()
+    };
+    run(oa, false, None);
+    run(ob.clone(), false, Some(3));
+    run(ob, true, None);
+    assert!(ckpt_bytes(&a) == ckpt_bytes(&b), "the resumed Phi-3 run differs");
+    let names = |file: &Path| {
+        let bytes = std::fs::read(file).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut v: Vec<_> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape().to_vec()))
+            .collect();
+        v.sort();
+        v
+    };
+    let saved = latest_checkpoint(&a).unwrap();
+    assert_eq!(
+        names(&saved.join("model.safetensors")),
+        names(&fixture.join("model.safetensors"))
+    );
+    let loaded = megatrain_zoo::load_hf_dir(&saved).unwrap();
+    assert_eq!(loaded.config.arch, megatrain_zoo::Arch::Phi3);
+}

@@ -38,6 +38,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -212,6 +214,31 @@ CASES = {
             tie_word_embeddings=False,
         ),
         11,
+        torch.float32,
+    ),
+    # Phi-3: fused qkv_proj and gate_up_proj, GQA, a sliding window longer
+    # than the sequence, untied.
+    "phi3": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=87,
+            hidden_size=48,
+            intermediate_size=72,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            original_max_position_embeddings=64,
+            sliding_window=16,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        ),
+        12,
         torch.float32,
     ),
 }

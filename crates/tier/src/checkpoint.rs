@@ -122,7 +122,7 @@ pub fn save_checkpoint_gathered(
         let slab = &mut tier.layers_mut()[l];
         match gather(slab)? {
             Some(g) => put(Layer {
-                table: slab.table(),
+                table: slab.file_table(),
                 params: &g.params,
                 m: &g.m,
                 v: &g.v,
@@ -144,7 +144,7 @@ struct Layer<'a> {
 impl<'a> Layer<'a> {
     fn of(slab: &'a LayerSlab) -> Self {
         Layer {
-            table: slab.table(),
+            table: slab.file_table(),
             params: slab.params(),
             m: slab.m(),
             v: slab.v(),
@@ -168,7 +168,7 @@ impl Shape {
                 .layers()
                 .iter()
                 .map(|l| {
-                    l.table()
+                    l.file_table()
                         .iter()
                         .map(|s| (s.name.clone(), s.shape.dims().to_vec()))
                         .collect()
@@ -435,7 +435,7 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
     let mut optim_names = HashSet::from([STEPS_TENSOR.to_string()]);
     let mut plan = Vec::new();
     for (l, layer) in tier.layers().iter().enumerate() {
-        for spec in layer.table().iter() {
+        for spec in layer.file_table().iter() {
             let dims = spec.shape.dims();
             let p = model.expect(&model_st, &spec.name, Dtype::F32, dims)?;
             let (ma, va) = (exp_avg_name(&spec.name), exp_avg_sq_name(&spec.name));

@@ -51,6 +51,10 @@ pub enum TierError {
         first: usize,
         second: usize,
     },
+    #[error("{got} checkpoint file tables for a tier of {layers} layers")]
+    FileTables { got: usize, layers: usize },
+    #[error("layer {layer}: the checkpoint file's tensors cover {file} elements, the layer has {table}")]
+    FileTable { layer: usize, file: usize, table: usize },
     #[error("layer {layer} has no parameter named '{name}'")]
     UnknownParam { layer: usize, name: String },
     #[error("layer index {index} out of range (the tier has {len} layers)")]

@@ -182,6 +182,10 @@ pub(crate) fn layer_bytes(numel: usize, transport: TransportDType, hold_grads: b
 pub struct LayerSlab {
     index: usize,
     table: ParamTable,
+    /// The tensors a checkpoint file holds, where they are not the
+    /// table's own (Phi-3's fused projections): the same elements, in
+    /// the same order, cut into other tensors.
+    file_table: Option<ParamTable>,
     params: AlignedBuf<f32>,
     m: AlignedBuf<f32>,
     v: AlignedBuf<f32>,
@@ -257,6 +261,7 @@ impl LayerSlab {
         Ok(LayerSlab {
             index,
             table,
+            file_table: None,
             params,
             m,
             v,
@@ -308,6 +313,27 @@ impl LayerSlab {
 
     pub fn table(&self) -> &ParamTable {
         &self.table
+    }
+
+    /// The tensors of this layer in a checkpoint file: [`Self::table`],
+    /// or what [`Self::set_file_table`] gave.
+    pub fn file_table(&self) -> &ParamTable {
+        self.file_table.as_ref().unwrap_or(&self.table)
+    }
+
+    /// Names the layer's elements in checkpoint files by `file` instead of
+    /// the table: `file` lays out the same elements in the same order (its
+    /// tensors may join consecutive entries of the table).
+    pub fn set_file_table(&mut self, file: ParamTable) -> Result<()> {
+        if file.numel() != self.table.numel() {
+            return Err(TierError::FileTable {
+                layer: self.index,
+                file: file.numel(),
+                table: self.table.numel(),
+            });
+        }
+        self.file_table = Some(file);
+        Ok(())
     }
 
     pub fn numel(&self) -> usize {

@@ -282,6 +282,21 @@ impl HostTier {
         &self.layers
     }
 
+    /// Names each layer's elements in checkpoint files by `files` (one
+    /// table per layer; see [`LayerSlab::set_file_table`]).
+    pub fn set_file_tables(&mut self, files: Vec<ParamTable>) -> Result<()> {
+        if files.len() != self.layers.len() {
+            return Err(TierError::FileTables {
+                got: files.len(),
+                layers: self.layers.len(),
+            });
+        }
+        for (slab, file) in self.layers.iter_mut().zip(files) {
+            slab.set_file_table(file)?;
+        }
+        Ok(())
+    }
+
     /// Mutable slabs; disjoint borrows of several layers (e.g. one updated
     /// by the optimizer while another is uploaded) via `split_at_mut`.
     pub fn layers_mut(&mut self) -> &mut [LayerSlab] {

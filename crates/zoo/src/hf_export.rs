@@ -181,13 +181,14 @@ pub fn export_hf_dir(
         };
         let mut tensors = Vec::new();
         for &l in layers {
-            for spec in tables[l].iter() {
-                tensors.push((
-                    spec.name.clone(),
-                    tensor_out(&slabs[l][spec.range()], spec.shape.dims(), opts.dtype),
-                ));
+            for spec in config.hf_table(&tables[l]).iter() {
                 weight_map.insert(spec.name.clone(), file.clone());
                 total += spec.numel() as u64 * elem;
+                let values = &slabs[l][spec.range()];
+                tensors.push((
+                    spec.name.clone(),
+                    tensor_out(values, spec.shape.dims(), opts.dtype),
+                ));
             }
         }
         write_safetensors(&dir.join(&file), tensors)?;

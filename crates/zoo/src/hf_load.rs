@@ -235,7 +235,8 @@ impl HfCheckpoint {
         Ok(())
     }
 
-    /// Fills one layer's slab, laid out by `table`.
+    /// Fills one layer's slab, laid out by `table`, from the checkpoint's
+    /// tensors ([`ModelConfig::hf_table`]).
     pub fn read_layer_into(&self, table: &ParamTable, slab: &mut [f32]) -> Result<()> {
         if slab.len() != table.numel() {
             return Err(ZooError::invalid(
@@ -247,7 +248,7 @@ impl HfCheckpoint {
                 ),
             ));
         }
-        for spec in table.iter() {
+        for spec in self.config.hf_table(table).iter() {
             self.read_tensor_into(spec, &mut slab[spec.range()])?;
         }
         Ok(())

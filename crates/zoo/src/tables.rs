@@ -133,6 +133,62 @@ impl ModelConfig {
         Ok(t)
     }
 
+    /// The tensors of `table` (a layer's) as Hugging Face checkpoints
+    /// store them, over the same slab: the table itself, except that
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj` join the consecutive q,
+    /// k, v and gate, up entries (rows of an `[out, in]` matrix are
+    /// contiguous, so the fused tensor is exactly their concatenation).
+    /// Loading, exporting and run checkpoints go through this.
+    pub fn hf_table(&self, table: &ParamTable) -> ParamTable {
+        let specs = table.iter().as_slice();
+        if self.arch != Arch::Phi3 {
+            return table.clone();
+        }
+        // (the parts' names, in table order; the fused tensor's name)
+        let fusions: [(&[&str], &str); 2] = [
+            (
+                &[
+                    "self_attn.q_proj.weight",
+                    "self_attn.k_proj.weight",
+                    "self_attn.v_proj.weight",
+                ],
+                "self_attn.qkv_proj.weight",
+            ),
+            (
+                &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+                "mlp.gate_up_proj.weight",
+            ),
+        ];
+        let mut out = ParamTable::new();
+        let mut i = 0;
+        while i < specs.len() {
+            let fusion = fusions.iter().find_map(|&(names, fused)| {
+                let prefix = specs[i].name.strip_suffix(names[0])?;
+                let parts = &specs[i..i + names.len()];
+                let named = parts
+                    .iter()
+                    .zip(names)
+                    .all(|(s, n)| s.name == format!("{prefix}{n}"));
+                assert!(named, "{names:?} are consecutive in a Phi-3 table");
+                Some((format!("{prefix}{fused}"), parts))
+            });
+            let (name, parts) = fusion.unwrap_or((specs[i].name.clone(), &specs[i..=i]));
+            let rows = parts.iter().map(|s| s.shape.dims()[0]).sum();
+            let mut shape = parts[0].shape.dims().to_vec();
+            shape[0] = rows;
+            out.push(name, shape, parts[0].decay)
+                .expect("the table's names are unique, and so are the fused ones");
+            i += parts.len();
+        }
+        debug_assert_eq!(out.numel(), table.numel());
+        out
+    }
+
+    /// [`Self::hf_table`] of every layer.
+    pub fn hf_tables(&self) -> Vec<ParamTable> {
+        self.layer_tables().iter().map(|t| self.hf_table(t)).collect()
+    }
+
     /// Parameters of the whole model (a tied head counted once).
     pub fn param_count(&self) -> usize {
         (0..self.num_layers_total())

@@ -19,6 +19,19 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// Name and shape of every tensor of a safetensors file, sorted by name.
+fn tensor_shapes(path: &std::path::Path) -> Vec<(String, Vec<usize>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.shape().to_vec()))
+        .collect();
+    out.sort();
+    out
+}
+
 fn slabs(m: &megatrain_zoo::LoadedModel) -> Vec<&[f32]> {
     m.slabs.iter().map(Vec::as_slice).collect()
 }
@@ -36,6 +49,13 @@ fn export_then_load_is_exact_for_every_case() {
             ExportOptions::default(),
         )
         .unwrap();
+        // The names and shapes transformers saved (Phi-3's fused tensors
+        // joined again).
+        assert_eq!(
+            tensor_shapes(&dir.path().join("model.safetensors")),
+            tensor_shapes(&fixture(case).join("model.safetensors")),
+            "{case}"
+        );
         let back = load_hf_dir(dir.path()).unwrap();
         assert_eq!(back.slabs, m.slabs, "{case}");
         assert_eq!(back.tables, m.tables, "{case}");

@@ -237,6 +237,25 @@ fn family_specific_fields() {
     );
     v["sliding_window"] = Value::Null;
     assert_eq!(parse(v).unwrap().sliding_window, None);
+
+    // Phi-3: no window unless one is written (Phi-3-mini-4k: 2047); every
+    // RoPE scaling is longrope to transformers, so refused.
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Phi3ForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (c.arch, c.sliding_window, c.qkv_bias, c.mlp_bias),
+        (Arch::Phi3, None, false, false)
+    );
+    v["sliding_window"] = json!(2047);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.check_seq_len(2047).is_ok() && c.check_seq_len(2048).is_err());
+    v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
+    let err = parse(v).unwrap_err();
+    assert!(
+        matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("longrope"),
+        "{err}"
+    );
 }
 
 #[test]

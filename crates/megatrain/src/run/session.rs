@@ -24,7 +24,7 @@ use crate::data::{
     ChatTemplate, Sampling, TokenData, draw_rows, keep_in_cache, load_tokens_cached, split_validation,
 };
 use crate::dist::{Collective, DistConfig, Shared, share_transport};
-use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier};
+use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier, new_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
 /// training batches of the same index.
@@ -489,8 +489,7 @@ pub fn train_with<E: Executor>(
     };
     let tier = match (&p.resume, &opts.model) {
         (Some((ckpt, _)), _) => {
-            let mut tier = HostTier::new(p.model.layer_tables(), tcfg)
-                .map_err(|e| over_budget(e.into(), opts, why_own))?;
+            let mut tier = new_tier(&p.model, tcfg).map_err(|e| over_budget(e.into(), opts, why_own))?;
             load_checkpoint(ckpt, &mut tier)?;
             tier
         }

@@ -63,7 +63,7 @@ pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, worker};
 use reduce::{DistState, WorkerReport, dist_worker};
-pub use setup::{init_tier, load_tier};
+pub use setup::{init_tier, load_tier, new_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots};
 pub use upload::{held_bytes, load_layer, upload_layer, uploads_of, weight_uploads};
 

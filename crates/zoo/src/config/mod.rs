@@ -25,13 +25,23 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Phi-3 and Phi-4: Llama's block with q, k, v and gate, up each
+    /// stored as one fused tensor (split and joined at load and export).
+    Phi3,
 }
 
-const SUPPORTED: &str =
-    "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
+                         Qwen3ForCausalLM, Phi3ForCausalLM";
 
 impl Arch {
-    pub const ALL: [Arch; 5] = [Arch::Gpt2, Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+    pub const ALL: [Arch; 6] = [
+        Arch::Gpt2,
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Phi3,
+    ];
 
     pub fn hf_architecture(self) -> &'static str {
         match self {
@@ -40,6 +50,7 @@ impl Arch {
             Arch::Mistral => "MistralForCausalLM",
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
+            Arch::Phi3 => "Phi3ForCausalLM",
         }
     }
 
@@ -50,6 +61,7 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -399,7 +411,7 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
             }
-            Arch::Mistral => {
+            Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             Arch::Qwen2 => {
@@ -513,12 +525,20 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let default_positions = match arch {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 => 32768,
+        Arch::Phi3 => 4096,
         _ => 2048,
     };
     let max_positions = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(default_positions);
     let rope = parse_rope(f, max_positions)?;
+    if arch == Arch::Phi3 && (rope.scaling != RopeScaling::None || rope.dynamic_limit.is_some()) {
+        // Phi3Config reads its scalings ("su", "yarn") as longrope.
+        return Err(f.unsupported(
+            "rope_scaling / rope_parameters of a Phi-3 model: transformers reads every Phi-3 scaling \
+             as longrope, which is not implemented (only default RoPE is)",
+        ));
+    }
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
         Arch::Llama => (
@@ -537,6 +557,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             Some(Value::Null) => None,
             Some(v) => Some(f.usize_of("sliding_window", v)?),
         },
+        // Phi3Config has no window unless one is written (Phi-3-mini-4k:
+        // 2047).
+        Arch::Phi3 => f.opt_usize("sliding_window")?,
         Arch::Qwen2 | Arch::Qwen3 => {
             if f.opt_bool("use_sliding_window")?.unwrap_or(false) {
                 return Err(f.unsupported("use_sliding_window = true"));

@@ -1,4 +1,4 @@
-//! Llama-family block (Llama, Mistral, Qwen2, Qwen3): pre-RMSNorm attention
+//! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3): pre-RMSNorm attention
 //! with RoPE and grouped-query heads, SwiGLU MLP. Optional q/k/v and o
 //! biases, MLP biases, and Qwen3's per-head RMSNorm of q and k before RoPE.
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.

@@ -18,6 +18,7 @@ pub const CASES: &[&str] = &[
     "qwen3",
     "llama3_rope",
     "qwen2_yarn",
+    "phi3",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
