@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use megatrain::data::{
-    ChatTemplate, DataError, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch, keep_in_cache,
-    load_tokens, load_tokens_cached, split_validation,
+    ChatTemplate, DataError, Headers, IGNORE_INDEX, Sampling, TextEncoder, TokenData, draw_batch,
+    keep_in_cache, load_tokens, load_tokens_cached, split_validation,
 };
 
 /// Bytes as tokens, with 0 as end-of-sequence: enough to see every boundary.
@@ -168,12 +168,12 @@ fn vocabulary_is_checked_on_text() {
 fn alpaca_counts_only_the_response_and_eos() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("a.jsonl");
-    let t = ChatTemplate {
+    let t = ChatTemplate::Headers(Headers {
         system: "S{text}".into(),
         user: "U{text}".into(),
         user_with_input: "U{text}I{input}".into(),
         assistant: "A".into(),
-    };
+    });
     std::fs::write(
         &p,
         "{\"instruction\":\"x\",\"input\":\"\",\"output\":\"yz\"}\n\n{\"instruction\":\"q\",\"input\":\"i\",\"output\":\"r\"}\n",
@@ -199,12 +199,12 @@ fn alpaca_counts_only_the_response_and_eos() {
 fn sharegpt_counts_assistant_turns() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("s.jsonl");
-    let t = ChatTemplate {
+    let t = ChatTemplate::Headers(Headers {
         system: "S{text}".into(),
         user: "U{text}".into(),
         user_with_input: "unused".into(),
         assistant: "A".into(),
-    };
+    });
     std::fs::write(
         &p,
         r#"{"conversations":[{"from":"system","value":"s"},{"from":"human","value":"h"},{"from":"gpt","value":"g"},{"from":"human","value":"k"},{"from":"gpt","value":"m"}]}"#,
@@ -237,10 +237,21 @@ fn bad_jsonl_names_file_line_and_field() {
             "field 'output' must be a string",
         ),
         ("not json", "invalid JSON"),
-        ("{\"text\":\"x\"}", "neither"),
+        (
+            "{\"text\":\"x\"}",
+            "neither 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages'",
+        ),
         (
             "{\"conversations\":[{\"from\":\"bot\",\"value\":\"v\"}]}",
-            "unknown role 'bot'",
+            "turn 0: unknown role 'bot'",
+        ),
+        (
+            "{\"messages\":[{\"role\":\"user\"}]}",
+            "messages[0]: missing field 'content'",
+        ),
+        (
+            "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+            "messages[0]: field 'content' must be a string",
         ),
         (
             "{\"conversations\":[{\"from\":\"gpt\"}]}",
@@ -515,10 +526,10 @@ fn instruction_ids_and_masks_are_cached_and_mapped() {
     }
 
     // Another template shapes other ids: tokenized again, one file kept.
-    let t2 = ChatTemplate {
+    let t2 = ChatTemplate::Headers(Headers {
         assistant: "### Answer:\n".into(),
-        ..ChatTemplate::default()
-    };
+        ..Headers::default()
+    });
     let other = load_tokens_cached(&data, &k, &t2, Some(&cache)).unwrap();
     assert!(calls() > tokenized && other.tokens.is_mapped() && other.tokens != all.tokens);
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::data::{ChatTemplate, Sampling, load_tokens};
+use megatrain::data::{Sampling, load_tokens};
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, evaluate, resolve_model_dir,
+    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, evaluate, read_train_state, resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_gpu::TransportChoice;
@@ -36,6 +36,10 @@ pub struct EvalArgs {
     /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
     #[arg(long)]
     tokenizer: Option<String>,
+    /// How .jsonl records become text, as `train --chat-template` (default:
+    /// the run's, for a run's checkpoint; else auto).
+    #[arg(long)]
+    chat_template: Option<String>,
     /// auto | gpu | cpu.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
@@ -60,7 +64,11 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     }
     cfg.check_seq_len(seq)
         .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
-    let data = load_tokens(&a.data, &enc, &ChatTemplate::default())?;
+    let spec = match &a.chat_template {
+        Some(spec) => spec.clone(),
+        None => read_train_state(&dir).map_or_else(|_| "auto".into(), |s| s.options.chat_template),
+    };
+    let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
     let per_batch = a.batch * seq;
     let whole = (data.len().saturating_sub(1) / per_batch).max(1);
     let batches = a.batches.unwrap_or(whole);

@@ -27,6 +27,7 @@ const HF_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
     "char_vocab.json",
 ];
 

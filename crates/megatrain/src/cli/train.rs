@@ -24,7 +24,7 @@ pub struct TrainArgs {
     /// Preset to train from scratch: gpt2-nano, gpt2-124m, llama-tiny, tinyllama-1.1b, ...
     #[arg(long)]
     preset: Option<String>,
-    /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), .u32 (u32 tokens), or alpaca/sharegpt .jsonl.
+    /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), .u32 (u32 tokens), or alpaca/sharegpt/chat .jsonl.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Validation data (default: the last --val-fraction of --data).
@@ -35,6 +35,11 @@ pub struct TrainArgs {
     /// auto | char | byte | path to tokenizer.json.
     #[arg(long)]
     tokenizer: Option<String>,
+    /// How .jsonl records become text: auto (the tokenizer's own chat template
+    /// where it ships one, else alpaca) | alpaca | path to a Jinja file or a
+    /// tokenizer_config.json [default: auto].
+    #[arg(long)]
+    chat_template: Option<String>,
     #[arg(long)]
     vocab_size: Option<usize>,
     #[arg(long)]
@@ -190,6 +195,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         a,
         val_fraction,
         tokenizer,
+        chat_template,
         seq_len,
         batch,
         grad_accum,

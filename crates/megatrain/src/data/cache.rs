@@ -78,7 +78,7 @@ fn cache_file(
     };
     eat(key.as_bytes());
     if let Kind::Records(t) = kind {
-        for part in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
+        for part in t.key_parts() {
             eat(part.as_bytes());
         }
     }

@@ -1,34 +1,16 @@
-//! Instruction data: alpaca (`instruction`, `input`, `output`) and sharegpt
-//! (`conversations: [{from, value}]`) records, one JSON object per line. The
-//! loss counts only response tokens (and the end-of-sequence after them).
+//! Instruction data, one JSON object per line: alpaca (`instruction`,
+//! `input`, `output`), sharegpt (`conversations: [{from, value}]`) and
+//! chat (`messages: [{role, content}]`) records. The loss counts only
+//! response tokens (and what ends them: the end-of-sequence id after
+//! headers, a template's own end-of-turn tokens).
 
 use std::path::Path;
 
 use rayon::prelude::*;
 use serde_json::Value;
 
+use super::chat::{ChatTemplate, Headers, Message, Renderer};
 use super::{DataError, TextEncoder, TokenData};
-
-/// The text placed around prompts and responses. The default is the
-/// Stanford Alpaca prompt; sharegpt turns use the same headers by role.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatTemplate {
-    pub system: String,
-    pub user: String,
-    pub user_with_input: String,
-    pub assistant: String,
-}
-
-impl Default for ChatTemplate {
-    fn default() -> Self {
-        ChatTemplate {
-            system: "{text}\n\n".into(),
-            user: "### Instruction:\n{text}\n\n".into(),
-            user_with_input: "### Instruction:\n{text}\n\n### Input:\n{input}\n\n".into(),
-            assistant: "### Response:\n".into(),
-        }
-    }
-}
 
 struct Builder<'a> {
     path: &'a Path,
@@ -89,11 +71,15 @@ pub(super) fn load_jsonl(
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| (i + 1, l))
         .collect();
+    let form = match t {
+        ChatTemplate::Headers(h) => Form::Headers(h),
+        ChatTemplate::Jinja(j) => Form::Jinja(Box::new(Renderer::new(j).map_err(DataError::Template)?)),
+    };
     let (mut tokens, mut mask) = (Vec::new(), Vec::new());
     for batch in lines.chunks(RECORDS_PER_BATCH) {
         let records: Vec<Result<Builder, DataError>> = batch
             .par_iter()
-            .map(|&(line, text)| record(path, line, text, enc, t))
+            .map(|&(line, text)| record(path, line, text, enc, &form))
             .collect();
         // In line order, so the first bad line is the one named.
         for r in records {
@@ -108,13 +94,19 @@ pub(super) fn load_jsonl(
     })
 }
 
+/// How records become text: headers, or a compiled template.
+enum Form<'a> {
+    Headers(&'a Headers),
+    Jinja(Box<Renderer>),
+}
+
 /// The tokens and mask of the record on line `line`.
 fn record<'a>(
     path: &'a Path,
     line: usize,
     text: &str,
     enc: &'a dyn TextEncoder,
-    t: &ChatTemplate,
+    form: &Form,
 ) -> Result<Builder<'a>, DataError> {
     let mut b = Builder {
         path,
@@ -124,17 +116,94 @@ fn record<'a>(
         mask: Vec::new(),
     };
     let rec: Value = serde_json::from_str(text).map_err(|e| b.err(format!("invalid JSON: {e}")))?;
-    if rec.get("conversations").is_some() {
-        sharegpt(&mut b, &rec, t)?;
-    } else if rec.get("instruction").is_some() {
-        alpaca(&mut b, &rec, t)?;
-    } else {
-        return Err(b.err("record has neither 'instruction' (alpaca) nor 'conversations' (sharegpt)"));
+    match form {
+        Form::Headers(h) if rec.get("instruction").is_some() => alpaca_headers(&mut b, &rec, h)?,
+        Form::Headers(h) => {
+            let messages = messages(&rec).map_err(|d| b.err(d))?;
+            headers(&mut b, &messages, h)?;
+        }
+        Form::Jinja(r) => {
+            let messages = messages(&rec).map_err(|d| b.err(d))?;
+            for (text, counted) in r.pieces(&messages).map_err(|d| b.err(d))? {
+                b.push(&text, counted)?;
+            }
+        }
     }
     Ok(b)
 }
 
-fn alpaca(b: &mut Builder, rec: &Value, t: &ChatTemplate) -> Result<(), DataError> {
+/// A record's conversation: `messages` as written, `conversations` with
+/// sharegpt's roles named as chat templates name them, an alpaca record
+/// as a user turn (the instruction, a blank line and the input) and the
+/// response.
+fn messages(rec: &Value) -> Result<Vec<Message>, String> {
+    let (key, turns) = match (rec.get("messages"), rec.get("conversations")) {
+        (Some(m), _) => ("messages", m),
+        (None, Some(c)) => ("conversations", c),
+        (None, None) if rec.get("instruction").is_some() => {
+            let instruction = field(rec, "instruction")?;
+            let output = field(rec, "output")?;
+            let user = match rec.get("input") {
+                None | Some(Value::Null) => instruction.to_string(),
+                Some(_) => match field(rec, "input")? {
+                    "" => instruction.to_string(),
+                    input => format!("{instruction}\n\n{input}"),
+                },
+            };
+            return Ok(vec![
+                Message {
+                    role: "user".into(),
+                    content: user,
+                },
+                Message {
+                    role: "assistant".into(),
+                    content: output.into(),
+                },
+            ]);
+        }
+        (None, None) => {
+            return Err(
+                "record has neither 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages' (chat)"
+                    .into(),
+            );
+        }
+    };
+    let Some(turns) = turns.as_array() else {
+        return Err(format!("'{key}' must be an array"));
+    };
+    if turns.is_empty() {
+        return Err(format!("'{key}' is empty"));
+    }
+    turns
+        .iter()
+        .enumerate()
+        .map(|(k, turn)| {
+            let at = |d: String| format!("{key}[{k}]: {d}");
+            let (role, content) = match (turn.get("role"), turn.get("from")) {
+                (Some(_), _) => (
+                    field(turn, "role").map_err(at)?,
+                    field(turn, "content").map_err(at)?,
+                ),
+                (None, Some(_)) => (
+                    field(turn, "from").map_err(at)?,
+                    field(turn, "value").map_err(at)?,
+                ),
+                (None, None) => return Err(at("missing field 'role' (or sharegpt's 'from')".into())),
+            };
+            let role = match role {
+                "human" => "user",
+                "gpt" => "assistant",
+                other => other,
+            };
+            Ok(Message {
+                role: role.into(),
+                content: content.into(),
+            })
+        })
+        .collect()
+}
+
+fn alpaca_headers(b: &mut Builder, rec: &Value, t: &Headers) -> Result<(), DataError> {
     let instruction = field(rec, "instruction").map_err(|d| b.err(d))?;
     let output = field(rec, "output").map_err(|d| b.err(d))?;
     let input = match rec.get("input") {
@@ -154,27 +223,20 @@ fn alpaca(b: &mut Builder, rec: &Value, t: &ChatTemplate) -> Result<(), DataErro
     Ok(())
 }
 
-fn sharegpt(b: &mut Builder, rec: &Value, t: &ChatTemplate) -> Result<(), DataError> {
-    let Some(turns) = rec["conversations"].as_array() else {
-        return Err(b.err("'conversations' must be an array"));
-    };
-    if turns.is_empty() {
-        return Err(b.err("'conversations' is empty"));
-    }
-    for (k, turn) in turns.iter().enumerate() {
-        let from = field(turn, "from").map_err(|d| b.err(format!("conversations[{k}]: {d}")))?;
-        let value = field(turn, "value").map_err(|d| b.err(format!("conversations[{k}]: {d}")))?;
-        match from {
-            "system" => b.push(&t.system.replace("{text}", value), false)?,
-            "human" | "user" => b.push(&t.user.replace("{text}", value), false)?,
-            "gpt" | "assistant" => {
+fn headers(b: &mut Builder, messages: &[Message], t: &Headers) -> Result<(), DataError> {
+    for (k, m) in messages.iter().enumerate() {
+        match m.role.as_str() {
+            "system" => b.push(&t.system.replace("{text}", &m.content), false)?,
+            "user" => b.push(&t.user.replace("{text}", &m.content), false)?,
+            "assistant" => {
                 b.push(&t.assistant, false)?;
-                b.push(value, true)?;
+                b.push(&m.content, true)?;
                 b.push_eos();
             }
             other => {
                 return Err(b.err(format!(
-                    "conversations[{k}]: unknown role '{other}' (expected system, human, user, gpt or assistant)"
+                    "turn {k}: unknown role '{other}' (the headers know system, human, user, gpt and \
+                     assistant; a chat template may know it: --chat-template)"
                 )));
             }
         }

@@ -2,7 +2,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::cache::{cached_records, cached_text, keep_records, keep_text, text_files};
-use super::jsonl::{ChatTemplate, load_jsonl};
+use super::chat::ChatTemplate;
+use super::jsonl::load_jsonl;
 use super::{DataError, TextEncoder, TokenData, Tokens, io};
 
 /// Loads `path` by its kind: a directory of `.txt` files (sorted by name and

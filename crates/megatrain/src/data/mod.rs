@@ -1,18 +1,21 @@
 //! Training data: token streams from text, token files (nanoGPT's u16
-//! `.bin`, u32 `.u32`) and instruction `.jsonl`, and the batches drawn from
-//! them.
+//! `.bin`, u32 `.u32`) and instruction `.jsonl` (rendered by a chat
+//! template), and the batches drawn from them.
 
 mod batch;
 mod cache;
+mod chat;
 mod fnv;
+mod jinja;
 mod jsonl;
 mod load;
 mod mask;
 mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
+pub use chat::{ChatTemplate, Headers, JinjaTemplate, Message};
 pub use fnv::Fnv1a;
-pub use jsonl::ChatTemplate;
+pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
 pub use tokens::Tokens;
@@ -81,6 +84,9 @@ pub enum DataError {
         line: usize,
         detail: String,
     },
+    /// A chat template that does not compile (its file named first).
+    #[error("{0}")]
+    Template(String),
     #[error("{path}: tokenizer: {detail}")]
     Tokenize { path: PathBuf, detail: String },
     #[error("{path}: {len} tokens is too short for sequences of {seq_len} (+1 target)")]

@@ -8,10 +8,15 @@ use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, HF_TOKENIZER_FILE, ModelConf
 use serde_json::Value;
 
 use super::error::{Result, RunError};
-use crate::data::{ChatTemplate, DataError, Fnv1a, TextEncoder};
+use crate::data::{ChatTemplate, DataError, Fnv1a, Headers, JinjaTemplate, TextEncoder};
 
 /// Files beside an HF `tokenizer.json` that HF loaders read too.
-const HF_SIDE_FILES: &[&str] = &["tokenizer_config.json", "special_tokens_map.json"];
+const HF_SIDE_FILES: &[&str] = &[TOKENIZER_CONFIG, "special_tokens_map.json", CHAT_TEMPLATE_FILE];
+
+/// An HF tokenizer's settings: special token strings, the chat template.
+const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+/// Where transformers 4.43 and later save a tokenizer's chat template.
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// Special tokens that end a sequence in the common HF vocabularies.
 const EOS_NAMES: &[&str] = &["</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>"];
@@ -188,6 +193,102 @@ impl Encoder {
     pub fn source(&self) -> Option<&Path> {
         self.source.as_deref()
     }
+
+    /// The template `.jsonl` records are rendered with. `spec` is `auto`
+    /// (the template shipped beside the tokenizer: `chat_template.jinja`,
+    /// else `chat_template` in `tokenizer_config.json`; the Alpaca headers
+    /// where there is none), `alpaca`, or a path: a Jinja file or a
+    /// `tokenizer_config.json`. A template's `bos_token` and `eos_token`
+    /// are the tokenizer's, from its `tokenizer_config.json`.
+    pub fn chat_template(&self, spec: &str) -> Result<ChatTemplate> {
+        let side = self.source.as_deref().and_then(Path::parent);
+        let (source, origin) = match spec {
+            "alpaca" => return Ok(ChatTemplate::default()),
+            "auto" => {
+                let Some(dir) = side else {
+                    return Ok(ChatTemplate::default());
+                };
+                let file = dir.join(CHAT_TEMPLATE_FILE);
+                let config = dir.join(TOKENIZER_CONFIG);
+                if file.is_file() {
+                    (read_text(&file)?, file)
+                } else if let Some(t) = config_template(&config)? {
+                    (t, config)
+                } else {
+                    return Ok(ChatTemplate::default());
+                }
+            }
+            path => {
+                let file = PathBuf::from(path);
+                let is_config = file.extension().is_some_and(|e| e == "json");
+                let source = match is_config {
+                    true => config_template(&file)?.ok_or_else(|| {
+                        RunError::option("chat-template", path, "the file has no chat_template")
+                    })?,
+                    false => read_text(&file)?,
+                };
+                (source, file)
+            }
+        };
+        if matches!(self.tokenizer, Tokenizer::Char(_)) {
+            return Err(RunError::option(
+                "chat-template",
+                spec,
+                "a char vocabulary is built from the data and the Alpaca headers, not from what a \
+                 template writes; use --chat-template alpaca or a Hugging Face tokenizer",
+            ));
+        }
+        let tokens = side.map(|d| d.join(TOKENIZER_CONFIG)).filter(|p| p.is_file());
+        let config = match &tokens {
+            Some(p) => serde_json::from_str(&read_text(p)?).map_err(|e| RunError::file(p, e.to_string()))?,
+            None => Value::Null,
+        };
+        let token = |key: &str| match config.get(key) {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+            _ => String::new(),
+        };
+        Ok(ChatTemplate::Jinja(JinjaTemplate {
+            source,
+            bos_token: token("bos_token"),
+            eos_token: token("eos_token"),
+            origin,
+        }))
+    }
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(RunError::io(path))
+}
+
+/// The `chat_template` of a `tokenizer_config.json`: a string, or of a
+/// list of named templates the one named `default`.
+fn config_template(path: &Path) -> Result<Option<String>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let v: Value =
+        serde_json::from_str(&read_text(path)?).map_err(|e| RunError::file(path, e.to_string()))?;
+    match v.get("chat_template") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(list)) => {
+            let default = list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"));
+            match default.and_then(|t| t.get("template")).and_then(Value::as_str) {
+                Some(s) => Ok(Some(s.to_string())),
+                None => Err(RunError::file(
+                    path,
+                    "chat_template lists no template named 'default'",
+                )),
+            }
+        }
+        Some(other) => Err(RunError::file(
+            path,
+            format!("chat_template must be a string or a list of named templates, found {other}"),
+        )),
+    }
 }
 
 /// Copies a file through a synced temporary in the target's directory and
@@ -272,7 +373,7 @@ pub fn char_vocab(corpora: &[&Path]) -> Result<CharTokenizer> {
         }
     }
     if jsonl {
-        let t = ChatTemplate::default();
+        let t = Headers::default();
         for s in [&t.system, &t.user, &t.user_with_input, &t.assistant] {
             text.push_str(s);
         }

@@ -161,6 +161,10 @@ mod transport_name {
     }
 }
 
+fn alpaca() -> String {
+    "alpaca".into()
+}
+
 /// The settings of a training run. Defaults follow nanoGPT where it has one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -177,6 +181,12 @@ pub struct TrainOptions {
     /// `auto` (the model's tokenizer.json; char for gpt2-nano; else byte),
     /// `char`, `byte`, or a path to a `tokenizer.json`.
     pub tokenizer: String,
+    /// How `.jsonl` records become text: `auto` (the tokenizer's own chat
+    /// template where it ships one, else the Alpaca headers), `alpaca`, or
+    /// a path to a Jinja template or a `tokenizer_config.json`. Runs saved
+    /// before the option existed rendered with the Alpaca headers.
+    #[serde(default = "alpaca")]
+    pub chat_template: String,
     /// Vocabulary of a preset (default: the tokenizer's; for `.bin` data
     /// without a tokenizer, the largest token + 1 for gpt2-nano).
     pub vocab_size: Option<usize>,
@@ -262,6 +272,7 @@ impl Default for TrainOptions {
             val_data: None,
             val_fraction: 0.1,
             tokenizer: "auto".into(),
+            chat_template: "auto".into(),
             vocab_size: None,
             seq_len: 256,
             batch: 12,

@@ -36,6 +36,8 @@ pub struct Prepared {
     pub opts: TrainOptions,
     pub model: ModelConfig,
     pub encoder: Encoder,
+    /// How `.jsonl` records become text (`opts.chat_template` resolved).
+    pub template: ChatTemplate,
     pub train: TokenData,
     pub val: Option<TokenData>,
     pub train_name: PathBuf,
@@ -221,7 +223,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     encoder.vocab_limit = Some(model.vocab_size);
 
-    let template = chat_template(&opts);
+    let template = encoder.chat_template(&opts.chat_template)?;
     // A text's ids are cached in the run directory, once it exists (a run
     // refused before it starts writes nothing): the next resume maps them.
     let cache = opts.out.is_dir().then(|| opts.out.join(TOKENS_DIR));
@@ -264,6 +266,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         opts,
         model,
         encoder,
+        template,
         train,
         val,
         val_name,
@@ -272,19 +275,13 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     })
 }
 
-/// The template `.jsonl` records are laid out with (one for every run
-/// today; the cache keys on it).
-fn chat_template(_opts: &TrainOptions) -> ChatTemplate {
-    ChatTemplate::default()
-}
-
 /// A fresh run's ids (and instruction masks), tokenized before its run
 /// directory existed, written there and mapped (a resume's were mapped by
 /// [`prepare`]).
 fn keep_ids(p: &mut Prepared) -> Result<()> {
     let dir = p.opts.out.join(TOKENS_DIR);
     let data = p.opts.data.clone().expect("validated");
-    let (enc, t) = (&p.encoder, &chat_template(&p.opts));
+    let (enc, t) = (&p.encoder, &p.template);
     match (&p.opts.val_data, &mut p.val) {
         // The validation split is the data's tail.
         (None, Some(v)) => keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train, v])?,

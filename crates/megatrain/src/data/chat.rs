@@ -1,0 +1,266 @@
+//! How an instruction record's messages become text, and which of it the
+//! loss counts: fixed headers (the Stanford Alpaca prompt by default), or
+//! the model's own Jinja chat template as Hugging Face tokenizers ship it
+//! (`chat_template` of `tokenizer_config.json`, or `chat_template.jinja`),
+//! rendered as transformers' `apply_chat_template` renders it.
+//!
+//! A template renders whole conversations, so the text of an assistant
+//! turn is found by rendering prefixes of the conversation: the messages
+//! before the turn with the generation prompt, then through the turn. The
+//! turn's text (its content and the template's end-of-turn tokens) lies
+//! between the two, and only it is counted. A template whose renderings of
+//! a conversation are not prefixes of one another (one that rewrites
+//! earlier turns by what follows) cannot be cut so, and is refused by line.
+
+use std::path::PathBuf;
+
+use minijinja::{Environment, Value, context};
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `system`, `user`, `assistant` (or another role a template knows).
+    pub role: String,
+    pub content: String,
+}
+
+/// Text placed around prompts and responses, `{text}` (and `{input}`)
+/// standing for the record's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Headers {
+    pub system: String,
+    pub user: String,
+    pub user_with_input: String,
+    pub assistant: String,
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers {
+            system: "{text}\n\n".into(),
+            user: "### Instruction:\n{text}\n\n".into(),
+            user_with_input: "### Instruction:\n{text}\n\n### Input:\n{input}\n\n".into(),
+            assistant: "### Response:\n".into(),
+        }
+    }
+}
+
+/// A Jinja chat template with the token strings it refers to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JinjaTemplate {
+    pub source: String,
+    pub bos_token: String,
+    pub eos_token: String,
+    /// Where the template was read (named in errors; not part of what
+    /// decides the text).
+    pub origin: PathBuf,
+}
+
+/// How `.jsonl` records become text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChatTemplate {
+    /// Headers by role; each response is followed by the tokenizer's
+    /// end-of-sequence id.
+    Headers(Headers),
+    /// The model's template; its own end-of-turn tokens end responses.
+    Jinja(JinjaTemplate),
+}
+
+impl Default for ChatTemplate {
+    /// The Stanford Alpaca headers.
+    fn default() -> Self {
+        ChatTemplate::Headers(Headers::default())
+    }
+}
+
+impl ChatTemplate {
+    /// What decides the text of a record, for naming cached ids.
+    pub fn key_parts(&self) -> Vec<&str> {
+        match self {
+            ChatTemplate::Headers(h) => vec![&h.system, &h.user, &h.user_with_input, &h.assistant],
+            ChatTemplate::Jinja(j) => vec!["jinja", &j.source, &j.bos_token, &j.eos_token],
+        }
+    }
+}
+
+/// A compiled Jinja template, shared by the threads that render records.
+pub struct Renderer {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+/// A piece of a rendered conversation and whether the loss counts it.
+pub type Piece = (String, bool);
+
+impl Renderer {
+    /// Compiles `t` in the environment transformers renders templates in
+    /// ([`super::jinja`]).
+    pub fn new(t: &JinjaTemplate) -> Result<Renderer, String> {
+        let env = super::jinja::environment(t.source.clone())
+            .map_err(|e| format!("{}: chat template: {e:#}", t.origin.display()))?;
+        Ok(Renderer {
+            env,
+            bos: t.bos_token.clone(),
+            eos: t.eos_token.clone(),
+        })
+    }
+
+    fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, String> {
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| context! { role => &m.role, content => &m.content })
+            .collect();
+        let ctx = context! {
+            messages => msgs,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+            add_generation_prompt => add_generation_prompt,
+        };
+        let t = self.env.get_template("chat").expect("added in new");
+        t.render(ctx).map_err(|e| format!("chat template: {e:#}"))
+    }
+
+    /// The conversation as pieces of text in order, the assistant turns
+    /// counted (see the module's doc). A template may close a conversation
+    /// that asks for no generation prompt with its `eos_token` (Phi-3's
+    /// does): a turn's rendering may end with it where the whole
+    /// conversation goes on, and it is counted only after the last turn,
+    /// where it is in the text.
+    pub fn pieces(&self, messages: &[Message]) -> Result<Vec<Piece>, String> {
+        let full = self.render(messages, false)?;
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for (k, m) in messages.iter().enumerate() {
+            if m.role != "assistant" {
+                continue;
+            }
+            let before = self.render(&messages[..k], true)?;
+            let through = self.render(&messages[..=k], false)?;
+            let closed = through
+                .strip_suffix(self.eos.as_str())
+                .filter(|_| !self.eos.is_empty());
+            let end = [Some(through.as_str()), closed]
+                .into_iter()
+                .flatten()
+                .find(|t| full.starts_with(t))
+                .map(str::len);
+            let turn = end.and_then(|e| full.get(before.len()..e)).unwrap_or_default();
+            if before.len() < at || !full.starts_with(&before) || !turn.contains(m.content.trim()) {
+                return Err(format!(
+                    "the chat template does not render messages[{k}] (assistant) as a continuation of \
+                     the messages before it, so its text cannot be told apart from theirs; use \
+                     --chat-template alpaca, or a template file that renders turns in order"
+                ));
+            }
+            pieces.push((full[at..before.len()].to_string(), false));
+            pieces.push((turn.to_string(), true));
+            at = before.len() + turn.len();
+        }
+        pieces.push((full[at..].to_string(), false));
+        pieces.retain(|(text, _)| !text.is_empty());
+        Ok(pieces)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+                          {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    fn renderer(source: &str) -> Renderer {
+        Renderer::new(&JinjaTemplate {
+            source: source.into(),
+            bos_token: "<s>".into(),
+            eos_token: "</s>".into(),
+            origin: "t.jinja".into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn assistant_turns_and_their_end_tokens_are_the_counted_pieces() {
+        let r = renderer(CHATML);
+        let conv = [
+            msg("system", "Be brief."),
+            msg("user", "Hi"),
+            msg("assistant", "Hello!"),
+            msg("user", "Bye"),
+            msg("assistant", "Bye!"),
+        ];
+        let pieces = r.pieces(&conv).unwrap();
+        let counted: Vec<&str> = pieces.iter().filter(|p| p.1).map(|p| p.0.as_str()).collect();
+        assert_eq!(counted, ["Hello!<|im_end|>\n", "Bye!<|im_end|>\n"]);
+        let whole: String = pieces.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(whole, r.render(&conv, false).unwrap());
+        assert!(pieces[0].0.ends_with("<|im_start|>assistant\n") && !pieces[0].1);
+    }
+
+    #[test]
+    fn text_written_only_at_the_end_is_counted_only_there() {
+        // Phi-3's arrangement: eos_token closes a conversation that asks
+        // for no generation prompt.
+        let r = renderer(
+            "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}<|end|>\n{% endfor %}\
+             {% if add_generation_prompt %}<|assistant|>\n{% else %}{{ eos_token }}{% endif %}",
+        );
+        let conv = [
+            msg("user", "a"),
+            msg("assistant", "b"),
+            msg("user", "c"),
+            msg("assistant", "d"),
+        ];
+        let counted: Vec<String> = r
+            .pieces(&conv)
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.1)
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(counted, ["b<|end|>\n", "d<|end|>\n</s>"]);
+    }
+
+    #[test]
+    fn a_template_that_rewrites_earlier_turns_is_refused() {
+        // Renders the last assistant turn differently from earlier ones.
+        let r = renderer(
+            "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[old]{% endif %}\
+             {{ m.content }}|{% endfor %}",
+        );
+        let conv = [
+            msg("user", "a"),
+            msg("assistant", "b"),
+            msg("user", "c"),
+            msg("assistant", "d"),
+        ];
+        let err = r.pieces(&conv).unwrap_err();
+        assert!(
+            err.contains("messages[1]") && err.contains("--chat-template alpaca"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn raise_exception_and_bad_syntax_are_errors() {
+        let r = renderer("{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}");
+        let err = r.pieces(&[msg("assistant", "x")]).unwrap_err();
+        assert!(err.contains("user first"), "{err}");
+        let bad = Renderer::new(&JinjaTemplate {
+            source: "{% for %}".into(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+            origin: "dir/tokenizer_config.json".into(),
+        });
+        let err = bad.err().unwrap();
+        assert!(err.contains("dir/tokenizer_config.json: chat template"), "{err}");
+    }
+}
