@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use megatrain::data::{ChatTemplate, JinjaTemplate, TextEncoder, load_tokens, strftime_utc};
+use megatrain::data::{ChatTemplate, JinjaTemplate, Offsets, TextEncoder, load_tokens, strftime_utc};
 use serde_json::{Value, json};
 
 struct Bytes;
@@ -257,4 +257,75 @@ fn a_run_trains_on_records_rendered_by_a_template_file() {
     let old: TrainOptions = serde_json::from_value(json!({"tokenizer": "byte"})).unwrap();
     assert_eq!(old.chat_template, "alpaca");
     assert_eq!(TrainOptions::default().chat_template, "auto");
+}
+
+/// Like a SentencePiece tokenizer that puts a marker before every text it
+/// encodes: tokenized piece by piece, a conversation would get one before
+/// every piece. With offsets it is encoded whole, as the model sees it.
+struct Marking;
+
+impl TextEncoder for Marking {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(std::iter::once(1).chain(text.bytes().map(u32::from)).collect())
+    }
+    fn encode_with_offsets(&self, text: &str) -> Option<Result<Offsets, String>> {
+        let starts = std::iter::once(0).chain(0..text.len()).collect();
+        Some(self.encode(text).map(|ids| (ids, starts)))
+    }
+    fn eos(&self) -> Option<u32> {
+        Some(0)
+    }
+    fn vocab_size(&self) -> usize {
+        256
+    }
+}
+
+#[test]
+fn a_conversation_is_tokenized_whole_where_the_tokenizer_gives_offsets() {
+    let doc = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let case = &doc["cases"][3];
+    let p = dir.path().join("w.jsonl");
+    let record = json!({ "messages": case["messages"] });
+    std::fs::write(&p, format!("{record}\n{record}\n")).unwrap();
+    let t = template(&doc, case["template"].as_str().unwrap());
+    let whole = load_tokens(&p, &Marking, &t).unwrap();
+    let ids: Vec<u32> = whole.tokens.iter().collect();
+    let mask: Vec<bool> = whole.loss_mask.unwrap().iter().collect();
+    assert_eq!(
+        ids.iter().filter(|&&i| i == 1).count(),
+        2,
+        "one marker per record"
+    );
+    // Past the markers, the same bytes and the same counted bytes as
+    // tokenized piece by piece.
+    let kept: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] != 1).collect();
+    let ids: Vec<u32> = kept.iter().map(|&i| ids[i]).collect();
+    let mask: Vec<bool> = kept.iter().map(|&i| mask[i]).collect();
+    let parts = load_tokens(&p, &Bytes, &t).unwrap();
+    assert_eq!(ids, parts.tokens.iter().collect::<Vec<_>>());
+    assert_eq!(mask, parts.loss_mask.unwrap().iter().collect::<Vec<_>>());
+}
+
+/// With a Hugging Face tokenizer a conversation's ids are those of
+/// transformers' `apply_chat_template(tokenize=True)`.
+#[test]
+fn a_hugging_face_tokenizer_gives_transformers_ids() {
+    use megatrain::run::Encoder;
+    let doc = fixture();
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_tokenizer/tokenizer.json");
+    let enc = Encoder::choose(tok.to_str().unwrap(), None, None, &[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut compared = 0;
+    for (i, case) in doc["cases"].as_array().unwrap().iter().enumerate() {
+        let Some(want) = case.get("ids") else { continue };
+        let want: Vec<u32> = serde_json::from_value(want.clone()).unwrap();
+        let p = dir.path().join(format!("h{i}.jsonl"));
+        std::fs::write(&p, format!("{}\n", json!({ "messages": case["messages"] }))).unwrap();
+        let t = template(&doc, case["template"].as_str().unwrap());
+        let got = load_tokens(&p, &enc, &t).unwrap();
+        assert_eq!(got.tokens.iter().collect::<Vec<_>>(), want, "case {i}");
+        compared += 1;
+    }
+    assert_eq!(compared, 8);
 }

@@ -12,8 +12,9 @@ conversation, it writes the text transformers renders for the whole
 conversation and the assistant turns' text, cut the way
 `crates/megatrain/src/data/chat.rs` documents (renders of the messages
 before a turn with the generation prompt, and through it; a trailing
-`eos_token` only counted where the conversation ends). The Rust test
-`tests/chat_templates.rs` renders the same and compares.
+`eos_token` only counted where the conversation ends), and the ids
+`apply_chat_template(tokenize=True)` gives with the zoo's BPE fixture. The
+Rust test `tests/chat_templates.rs` renders the same and compares.
 
 Today's date (`strftime_now("%d %b %Y")`) is written as `<DATE>`.
 Usage (from the repository root):
@@ -161,16 +162,28 @@ def main():
 
         for msgs in CONVERSATIONS:
             full, turns = counted(render, msgs)
-            cases.append(
-                {
-                    "template": name,
-                    "messages": msgs,
-                    "full": full.replace(today, "<DATE>"),
-                    "counted": [t.replace(today, "<DATE>") for t in turns],
-                }
-            )
+            case = {
+                "template": name,
+                "messages": msgs,
+                "full": full.replace(today, "<DATE>"),
+                "counted": [t.replace(today, "<DATE>") for t in turns],
+            }
+            # The ids transformers gives the conversation (its
+            # apply_chat_template(tokenize=True)), by the fixture's BPE;
+            # the date's text varies, so only for templates without one.
+            if today not in full:
+                case["ids"] = tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
+            cases.append(case)
     out = Path(__file__).resolve().parent.parent / "tests/fixtures/chat_templates.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    # The tokenizer the ids are of: the BPE fixture with "<s>" and "</s>"
+    # added as special tokens.
+    tok.chat_template = None
+    tdir = out.parent / "chat_tokenizer"
+    tok.save_pretrained(tdir)
+    for f in tdir.iterdir():
+        if f.name != "tokenizer.json":
+            f.unlink()
     doc = {"bos_token": BOS, "eos_token": EOS, "templates": TEMPLATES, "cases": cases}
     out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     print(f"{out}: {len(cases)} cases")

@@ -213,6 +213,24 @@ impl Tokenizer {
         }
     }
 
+    /// Token ids of `text` (as [`Self::encode`], in one piece) and the byte
+    /// offset in `text` at which each token starts: what tells which
+    /// tokens of a rendered conversation lie in which of its parts.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<usize>)> {
+        match self {
+            Tokenizer::Hf { path, inner } => {
+                let e = inner.encode(text, false).map_err(|e| ZooError::Tokenizer {
+                    path: path.clone(),
+                    detail: format!("encode: {e}"),
+                })?;
+                let starts = e.get_offsets().iter().map(|o| o.0).collect();
+                Ok((e.get_ids().to_vec(), starts))
+            }
+            Tokenizer::Char(c) => Ok((c.encode(text)?, text.char_indices().map(|(i, _)| i).collect())),
+            Tokenizer::Byte => Ok((text.bytes().map(u32::from).collect(), (0..text.len()).collect())),
+        }
+    }
+
     /// Text of `ids`; byte-level decoding replaces invalid UTF-8 with U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         match self {

@@ -11,6 +11,9 @@
 //! between the two, and only it is counted. A template whose renderings of
 //! a conversation are not prefixes of one another (one that rewrites
 //! earlier turns by what follows) cannot be cut so, and is refused by line.
+//! The loader then encodes the conversation whole, as the model will see
+//! it, and counts the tokens that start in counted text
+//! ([`super::TextEncoder::encode_with_offsets`]).
 
 use std::path::PathBuf;
 

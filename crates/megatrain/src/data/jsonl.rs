@@ -9,7 +9,7 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde_json::Value;
 
-use super::chat::{ChatTemplate, Headers, Message, Renderer};
+use super::chat::{ChatTemplate, Headers, Message, Piece, Renderer};
 use super::{DataError, TextEncoder, TokenData};
 
 struct Builder<'a> {
@@ -27,6 +27,33 @@ impl Builder<'_> {
             .encode(text)
             .map_err(|detail| self.err(format!("tokenizer: {detail}")))?;
         self.mask.extend(std::iter::repeat_n(counted, ids.len()));
+        self.tokens.extend(ids);
+        Ok(())
+    }
+
+    /// A rendered conversation, encoded whole as the model will see it
+    /// where the tokenizer gives offsets (a token is counted where it
+    /// starts in a counted piece), else piece by piece.
+    fn push_rendered(&mut self, pieces: &[Piece]) -> Result<(), DataError> {
+        let text: String = pieces.iter().map(|p| p.0.as_str()).collect();
+        let Some(encoded) = self.enc.encode_with_offsets(&text) else {
+            for (piece, counted) in pieces {
+                self.push(piece, *counted)?;
+            }
+            return Ok(());
+        };
+        let (ids, starts) = encoded.map_err(|detail| self.err(format!("tokenizer: {detail}")))?;
+        // (end byte, counted) of each piece, in order.
+        let mut ends = Vec::with_capacity(pieces.len());
+        let mut end = 0;
+        for (piece, counted) in pieces {
+            end += piece.len();
+            ends.push((end, *counted));
+        }
+        let counted = starts
+            .iter()
+            .map(|&s| ends.iter().find(|e| s < e.0).is_some_and(|e| e.1));
+        self.mask.extend(counted);
         self.tokens.extend(ids);
         Ok(())
     }
@@ -124,9 +151,8 @@ fn record<'a>(
         }
         Form::Jinja(r) => {
             let messages = messages(&rec).map_err(|d| b.err(d))?;
-            for (text, counted) in r.pieces(&messages).map_err(|d| b.err(d))? {
-                b.push(&text, counted)?;
-            }
+            let pieces = r.pieces(&messages).map_err(|d| b.err(d))?;
+            b.push_rendered(&pieces)?;
         }
     }
     Ok(b)

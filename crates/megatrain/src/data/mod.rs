@@ -30,11 +30,20 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DataError + '_ {
     }
 }
 
+/// A text's ids and the byte offset at which each token starts.
+pub type Offsets = (Vec<u32>, Vec<usize>);
+
 /// What the data layer needs of a tokenizer; the zoo's tokenizers are
 /// adapted to it by the facade. `Sync`: instruction records are
 /// tokenized on every core.
 pub trait TextEncoder: Sync {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// `text`'s ids (encoded whole) and the byte offset at which each token
+    /// starts, where the tokenizer can say; `None` has a rendered
+    /// conversation tokenized part by part instead.
+    fn encode_with_offsets(&self, _text: &str) -> Option<Result<Offsets, String>> {
+        None
+    }
     /// Appended after each instruction example so the model learns to stop.
     fn eos(&self) -> Option<u32>;
     fn vocab_size(&self) -> usize;

@@ -8,7 +8,7 @@ use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, HF_TOKENIZER_FILE, ModelConf
 use serde_json::Value;
 
 use super::error::{Result, RunError};
-use crate::data::{ChatTemplate, DataError, Fnv1a, Headers, JinjaTemplate, TextEncoder};
+use crate::data::{ChatTemplate, DataError, Fnv1a, Headers, JinjaTemplate, Offsets, TextEncoder};
 
 /// Files beside an HF `tokenizer.json` that HF loaders read too.
 const HF_SIDE_FILES: &[&str] = &[TOKENIZER_CONFIG, "special_tokens_map.json", CHAT_TEMPLATE_FILE];
@@ -36,6 +36,14 @@ pub struct Encoder {
 impl TextEncoder for Encoder {
     fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, String> {
         self.tokenizer.encode(text).map_err(|e| e.to_string())
+    }
+
+    fn encode_with_offsets(&self, text: &str) -> Option<std::result::Result<Offsets, String>> {
+        Some(
+            self.tokenizer
+                .encode_with_offsets(text)
+                .map_err(|e| e.to_string()),
+        )
     }
 
     fn eos(&self) -> Option<u32> {
