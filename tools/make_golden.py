@@ -36,6 +36,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -239,6 +241,29 @@ CASES = {
             pad_token_id=2,
         ),
         12,
+        torch.float32,
+    ),
+    # OLMo 2: norms after attention and MLP, q/k RMSNorm over whole
+    # projections, GQA, untied.
+    "olmo2": (
+        Olmo2Config,
+        Olmo2ForCausalLM,
+        dict(
+            vocab_size=93,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=0,
+        ),
+        10,
         torch.float32,
     ),
 }

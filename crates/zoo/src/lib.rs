@@ -1,6 +1,6 @@
 //! megatrain-zoo: model families as code (GPT-2, Llama, Mistral, Qwen2,
-//! Qwen3, Phi-3), Hugging Face checkpoint import/export, tokenizers and
-//! presets.
+//! Qwen3, Phi-3, OLMo 2), Hugging Face checkpoint import/export, tokenizers
+//! and presets.
 //!
 //! - [`ModelConfig`]: parsed from `config.json` (v4 and v5 field names) or a
 //!   [`preset`]; [`ModelConfig::layer_tables`] gives one

@@ -84,6 +84,27 @@ impl ModelConfig {
                 t.push(format!("{p}.mlp.c_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.c_proj.bias"), [c], false)?;
             }
+            (LayerKind::Block(i), Arch::Olmo2) => {
+                let p = format!("model.layers.{i}");
+                let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
+                for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                    t.push(format!("{p}.self_attn.{name}.weight"), [rows, c], true)?;
+                    if self.qkv_bias {
+                        t.push(format!("{p}.self_attn.{name}.bias"), [rows], false)?;
+                    }
+                }
+                t.push(format!("{p}.self_attn.o_proj.weight"), [c, q], true)?;
+                if self.o_bias {
+                    t.push(format!("{p}.self_attn.o_proj.bias"), [c], false)?;
+                }
+                t.push(format!("{p}.self_attn.q_norm.weight"), [q], false)?;
+                t.push(format!("{p}.self_attn.k_norm.weight"), [kv], false)?;
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.mlp.gate_proj.weight"), [f, c], true)?;
+                t.push(format!("{p}.mlp.up_proj.weight"), [f, c], true)?;
+                t.push(format!("{p}.mlp.down_proj.weight"), [c, f], true)?;
+                t.push(format!("{p}.post_feedforward_layernorm.weight"), [c], false)?;
+            }
             (LayerKind::Block(i), _) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f, d) = (self.q_dim(), self.kv_dim(), self.intermediate_size, self.head_dim);

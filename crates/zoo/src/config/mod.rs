@@ -28,19 +28,23 @@ pub enum Arch {
     /// Phi-3 and Phi-4: Llama's block with q, k, v and gate, up each
     /// stored as one fused tensor (split and joined at load and export).
     Phi3,
+    /// OLMo 2: norms after the attention and the MLP rather than before,
+    /// and RMSNorms of the whole q and k projections.
+    Olmo2,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                         Qwen3ForCausalLM, Phi3ForCausalLM";
+                         Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM";
 
 impl Arch {
-    pub const ALL: [Arch; 6] = [
+    pub const ALL: [Arch; 7] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
         Arch::Qwen2,
         Arch::Qwen3,
         Arch::Phi3,
+        Arch::Olmo2,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -51,6 +55,7 @@ impl Arch {
             Arch::Qwen2 => "Qwen2ForCausalLM",
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
+            Arch::Olmo2 => "Olmo2ForCausalLM",
         }
     }
 
@@ -62,6 +67,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
+            Arch::Olmo2 => "olmo2",
         }
     }
 
@@ -411,6 +417,9 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
             }
+            Arch::Olmo2 => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+            }
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
@@ -546,7 +555,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 => (attention_bias, attention_bias, false),
+        Arch::Qwen3 | Arch::Olmo2 => (attention_bias, attention_bias, false),
         Arch::Qwen2 => (true, false, false),
         _ => (false, false, false),
     };

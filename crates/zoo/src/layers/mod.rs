@@ -8,7 +8,7 @@
 //!
 //! - [`embedding_forward`] / [`embedding_backward`] — layer 0;
 //! - [`block_forward`] → `(y, BlockSaved)`, [`block_backward`] — the decoder
-//!   blocks; drop `BlockSaved` for a checkpointed forward, keep it when
+//!   blocks (GPT-2's, the Llama family's, OLMo 2's); drop `BlockSaved` for a checkpointed forward, keep it when
 //!   recomputing;
 //! - [`head_forward_backward`] — final norm, LM head and cross-entropy in
 //!   chunks of rows, and its backward; [`head_logits`] and [`head_loss`] run
@@ -19,6 +19,7 @@
 
 mod block_gpt2;
 mod block_llama;
+mod block_olmo2;
 mod embedding;
 mod head;
 
@@ -26,12 +27,13 @@ use megatrain_tensor::{Executor, Shape, TensorHandle, Transpose};
 
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
+pub use block_olmo2::Olmo2Saved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
 };
 
-use crate::{ModelConfig, Result, ZooError};
+use crate::{Arch, ModelConfig, Result, ZooError};
 
 /// Targets equal to this are not counted in the loss (HF convention).
 pub const IGNORE_INDEX: i32 = -100;
@@ -41,6 +43,7 @@ pub const IGNORE_INDEX: i32 = -100;
 pub enum BlockSaved<T> {
     Gpt2(Box<Gpt2Saved<T>>),
     Llama(Box<LlamaSaved<T>>),
+    Olmo2(Box<Olmo2Saved<T>>),
 }
 
 /// One decoder block: `x: [B, T, C]` → `y: [B, T, C]`.
@@ -52,12 +55,19 @@ pub fn block_forward<E: Executor>(
 ) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
     check_x(cfg, x, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
-    if cfg.arch.is_gpt2() {
-        let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
-        Ok((y, BlockSaved::Gpt2(Box::new(s))))
-    } else {
-        let (y, s) = block_llama::forward(cfg, ex, w, x)?;
-        Ok((y, BlockSaved::Llama(Box::new(s))))
+    match cfg.arch {
+        Arch::Gpt2 => {
+            let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
+            Ok((y, BlockSaved::Gpt2(Box::new(s))))
+        }
+        Arch::Olmo2 => {
+            let (y, s) = block_olmo2::forward(cfg, ex, w, x)?;
+            Ok((y, BlockSaved::Olmo2(Box::new(s))))
+        }
+        _ => {
+            let (y, s) = block_llama::forward(cfg, ex, w, x)?;
+            Ok((y, BlockSaved::Llama(Box::new(s))))
+        }
     }
 }
 
@@ -70,8 +80,11 @@ pub fn block_backward<E: Executor>(
     dy: &E::Tensor,
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
     match saved {
-        BlockSaved::Gpt2(s) if cfg.arch.is_gpt2() => block_gpt2::backward(cfg, ex, w, s, dy),
-        BlockSaved::Llama(s) if !cfg.arch.is_gpt2() => block_llama::backward(cfg, ex, w, s, dy),
+        BlockSaved::Gpt2(s) if cfg.arch == Arch::Gpt2 => block_gpt2::backward(cfg, ex, w, s, dy),
+        BlockSaved::Olmo2(s) if cfg.arch == Arch::Olmo2 => block_olmo2::backward(cfg, ex, w, s, dy),
+        BlockSaved::Llama(s) if !matches!(cfg.arch, Arch::Gpt2 | Arch::Olmo2) => {
+            block_llama::backward(cfg, ex, w, s, dy)
+        }
         _ => Err(ZooError::invalid(
             "block_backward",
             format!("saved activations do not belong to a {:?} block", cfg.arch),

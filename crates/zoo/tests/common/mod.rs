@@ -19,6 +19,7 @@ pub const CASES: &[&str] = &[
     "llama3_rope",
     "qwen2_yarn",
     "phi3",
+    "olmo2",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
