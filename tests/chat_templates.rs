@@ -329,3 +329,28 @@ fn a_hugging_face_tokenizer_gives_transformers_ids() {
     }
     assert_eq!(compared, 8);
 }
+
+/// A chat reply ends at any end-of-sequence id the model names: the
+/// tokenizer's, `config.json`'s and `generation_config.json`'s (a list in
+/// Llama 3's instruct models).
+#[test]
+fn stop_ids_gather_every_end_of_sequence_id() {
+    use megatrain::run::Encoder;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let tok = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_tokenizer/tokenizer.json");
+    std::fs::copy(&tok, dir.join("tokenizer.json")).unwrap();
+    let mut model = megatrain_zoo::preset("llama-tiny", Some(302)).unwrap();
+    model.raw = Some(json!({"eos_token_id": 301}));
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [301, 7, 999]}"#,
+    )
+    .unwrap();
+    let enc = Encoder::choose(dir.join("tokenizer.json").to_str().unwrap(), None, None, &[]).unwrap();
+    // 999 is past the vocabulary.
+    assert_eq!(enc.stop_ids(&model, dir).unwrap(), [7, 301]);
+    std::fs::write(dir.join("generation_config.json"), "{oops").unwrap();
+    let err = enc.stop_ids(&model, dir).unwrap_err().to_string();
+    assert!(err.contains("generation_config.json"), "{err}");
+}

@@ -152,6 +152,10 @@ fn bad_inputs_are_named() {
     refused(&["train", "--resume", s(&t.join("nothing"))], &["nothing"]);
     refused(&["sample", "--model", s(&t.join("nothing"))], &["nothing"]);
     refused(
+        &["sample", "--model", s(&t.join("nothing")), "--system", "be brief"],
+        &["--chat"],
+    );
+    refused(
         &["export", "--run", s(t), "--out", s(&t.join("x"))],
         &["not a run directory"],
     );
@@ -293,6 +297,21 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     assert!(
         text.starts_with("O Romeo") && text.chars().count() >= 27,
         "{text:?}"
+    );
+    // A char vocabulary cannot spell the Alpaca headers a chat prompt is
+    // rendered with: refused, naming the rendering.
+    refused(
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt",
+            "O Romeo",
+            "--chat",
+            "--tokens",
+            "2",
+        ],
+        &["rendered by the chat template", "### Instruction"],
     );
     let again = run(&[
         "sample",

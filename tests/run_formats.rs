@@ -302,6 +302,10 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     let x = generate(&ex, &model, &prompt, warm).unwrap();
     assert_eq!(x, generate(&ex, &model, &prompt, warm).unwrap(), "seeded");
     assert!(generate(&ex, &model, &[], greedy).is_err());
+    // A stop id ends the reply before it.
+    let c = enc.tokenizer.encode("c").unwrap();
+    let until = megatrain::run::generate_until(&ex, &model, &prompt, greedy, &c).unwrap();
+    assert_eq!(enc.tokenizer.decode(&until).unwrap(), "ab");
 }
 
 fn train_ok_steps(opts: TrainOptions, steps: u64) {

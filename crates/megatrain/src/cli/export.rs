@@ -28,6 +28,7 @@ const HF_FILES: &[&str] = &[
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",
+    "generation_config.json",
     "char_vocab.json",
 ];
 

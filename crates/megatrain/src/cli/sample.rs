@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use megatrain::data::Message;
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, generate,
-    resolve_model_dir,
+    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, generate_until,
+    read_train_state, resolve_model_dir,
 };
 use megatrain_gpu::TransportChoice;
 use megatrain_tensor::Executor;
@@ -23,6 +24,17 @@ pub struct SampleArgs {
     step: Option<u64>,
     #[arg(long, default_value = "\n")]
     prompt: String,
+    /// Take --prompt as a user's message: render it with the chat template
+    /// and print the model's reply, which ends at an end-of-turn id.
+    #[arg(long)]
+    chat: bool,
+    /// With --chat: a system message before the prompt.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// With --chat: the template, as `train --chat-template` (default: the
+    /// run's, for a run's checkpoint; else auto).
+    #[arg(long, requires = "chat")]
+    chat_template: Option<String>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 500)]
     tokens: usize,
@@ -50,10 +62,21 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     let dir = resolve_model_dir(&a.model, a.step)?;
     let ckpt = HfCheckpoint::open(&dir)?;
     let enc = Encoder::from_dir(&dir, Some(&ckpt.config))?;
-    let prompt = enc
-        .tokenizer
-        .encode(&a.prompt)
-        .map_err(|e| anyhow::anyhow!("--prompt {:?}: {e}", a.prompt))?;
+    let text = match a.chat {
+        true => chat_prompt(&a, &enc, &dir)?,
+        false => a.prompt.clone(),
+    };
+    let stop = match a.chat {
+        true => enc.stop_ids(&ckpt.config, &dir)?,
+        false => Vec::new(),
+    };
+    let prompt = enc.tokenizer.encode(&text).map_err(|e| match a.chat {
+        true => anyhow::anyhow!(
+            "--prompt {:?} rendered by the chat template ({text:?}): {e}",
+            a.prompt
+        ),
+        false => anyhow::anyhow!("--prompt {:?}: {e}", a.prompt),
+    })?;
     let opts = SampleOptions {
         tokens: a.tokens,
         temperature: a.temperature,
@@ -66,9 +89,29 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         ex.set_compute_precision(a.precision.compute())
             .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
         let model = Resident::load_as(&ex, &ckpt, a.precision.transport())?;
-        generate(&ex, &model, &prompt, opts)?
+        generate_until(&ex, &model, &prompt, opts, &stop)?
     });
-    let text = enc.tokenizer.decode(&ids)?;
-    println!("{}{}", a.prompt, text);
+    let reply = enc.tokenizer.decode(&ids)?;
+    match a.chat {
+        true => println!("{reply}"),
+        false => println!("{}{}", a.prompt, reply),
+    }
     Ok(())
+}
+
+/// The chat template's generation prompt for `--system` and `--prompt`.
+fn chat_prompt(a: &SampleArgs, enc: &Encoder, dir: &std::path::Path) -> anyhow::Result<String> {
+    let spec = match &a.chat_template {
+        Some(spec) => spec.clone(),
+        None => read_train_state(dir).map_or_else(|_| "auto".into(), |s| s.options.chat_template),
+    };
+    let message = |role: &str, content: &str| Message {
+        role: role.into(),
+        content: content.into(),
+    };
+    let mut messages: Vec<Message> = a.system.iter().map(|s| message("system", s)).collect();
+    messages.push(message("user", &a.prompt));
+    enc.chat_template(&spec)?
+        .generation_prompt(&messages)
+        .map_err(|e| RunError::option("chat-template", &spec, e).into())
 }

@@ -86,6 +86,28 @@ impl ChatTemplate {
     }
 }
 
+impl ChatTemplate {
+    /// The text that prompts a model to answer the last of `messages`: the
+    /// template's rendering with its generation prompt, or the headers of
+    /// the turns and the assistant's header.
+    pub fn generation_prompt(&self, messages: &[Message]) -> Result<String, String> {
+        let h = match self {
+            ChatTemplate::Jinja(j) => return Renderer::new(j)?.render(messages, true),
+            ChatTemplate::Headers(h) => h,
+        };
+        let mut text = String::new();
+        for m in messages {
+            match m.role.as_str() {
+                "system" => text += &h.system.replace("{text}", &m.content),
+                "user" => text += &h.user.replace("{text}", &m.content),
+                "assistant" => text += &format!("{}{}", h.assistant, m.content),
+                other => return Err(format!("role '{other}' has no header")),
+            }
+        }
+        Ok(text + &h.assistant)
+    }
+}
+
 /// A compiled Jinja template, shared by the threads that render records.
 pub struct Renderer {
     env: Environment<'static>,
@@ -230,6 +252,28 @@ mod tests {
             .map(|p| p.0)
             .collect();
         assert_eq!(counted, ["b<|end|>\n", "d<|end|>\n</s>"]);
+    }
+
+    #[test]
+    fn a_generation_prompt_ends_where_the_reply_begins() {
+        let conv = [msg("system", "S"), msg("user", "Hi")];
+        let jinja = ChatTemplate::Jinja(JinjaTemplate {
+            source: CHATML.into(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+            origin: "t".into(),
+        });
+        assert_eq!(
+            jinja.generation_prompt(&conv).unwrap(),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let alpaca = ChatTemplate::default().generation_prompt(&conv).unwrap();
+        assert_eq!(alpaca, "S\n\n### Instruction:\nHi\n\n### Response:\n");
+        assert!(
+            ChatTemplate::default()
+                .generation_prompt(&[msg("tool", "x")])
+                .is_err()
+        );
     }
 
     #[test]

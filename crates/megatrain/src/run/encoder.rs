@@ -10,8 +10,15 @@ use serde_json::Value;
 use super::error::{Result, RunError};
 use crate::data::{ChatTemplate, DataError, Fnv1a, Headers, JinjaTemplate, Offsets, TextEncoder};
 
-/// Files beside an HF `tokenizer.json` that HF loaders read too.
-const HF_SIDE_FILES: &[&str] = &[TOKENIZER_CONFIG, "special_tokens_map.json", CHAT_TEMPLATE_FILE];
+/// Files beside an HF `tokenizer.json` that travel with it into
+/// checkpoints: what HF loaders read beside it, the chat template, and
+/// `generation_config.json` (a chat model's end-of-turn ids).
+const HF_SIDE_FILES: &[&str] = &[
+    TOKENIZER_CONFIG,
+    "special_tokens_map.json",
+    CHAT_TEMPLATE_FILE,
+    "generation_config.json",
+];
 
 /// An HF tokenizer's settings: special token strings, the chat template.
 const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
@@ -262,6 +269,35 @@ impl Encoder {
             eos_token: token("eos_token"),
             origin,
         }))
+    }
+}
+
+impl Encoder {
+    /// The ids that end a chat model's reply: the end-of-sequence ids of
+    /// the model's `config.json` and of `generation_config.json` in `dir`
+    /// (each a number or a list: Llama 3's instruct models list their
+    /// end-of-turn id there), and the tokenizer's own.
+    pub fn stop_ids(&self, model: &ModelConfig, dir: &Path) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self.eos.into_iter().collect();
+        let generation = dir.join("generation_config.json");
+        let generation: Option<Value> = match generation.is_file() {
+            true => Some(
+                serde_json::from_str(&read_text(&generation)?)
+                    .map_err(|e| RunError::file(&generation, e.to_string()))?,
+            ),
+            false => None,
+        };
+        for v in [model.raw.as_ref(), generation.as_ref()].into_iter().flatten() {
+            match v.get("eos_token_id") {
+                Some(Value::Number(n)) => ids.extend(n.as_u64().map(|x| x as u32)),
+                Some(Value::Array(a)) => ids.extend(a.iter().filter_map(Value::as_u64).map(|x| x as u32)),
+                _ => {}
+            }
+        }
+        ids.retain(|&i| (i as usize) < model.vocab_size);
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
     }
 }
 

@@ -129,6 +129,18 @@ pub fn generate<E: Executor>(
     prompt: &[u32],
     opts: SampleOptions,
 ) -> Result<Vec<u32>> {
+    generate_until(ex, model, prompt, opts, &[])
+}
+
+/// [`generate`], ending before the first token that is one of `stop` (a
+/// chat model's end-of-turn and end-of-sequence ids).
+pub fn generate_until<E: Executor>(
+    ex: &E,
+    model: &Resident<E>,
+    prompt: &[u32],
+    opts: SampleOptions,
+    stop: &[u32],
+) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(RunError::option(
             "prompt",
@@ -152,6 +164,9 @@ pub fn generate<E: Executor>(
         let window = &ids[ids.len().saturating_sub(context)..];
         let logits = model.next_logits(ex, window)?;
         let next = pick(&logits, opts.temperature, opts.top_k, &mut rng);
+        if stop.contains(&next) {
+            break;
+        }
         ids.push(next);
         out.push(next);
     }
