@@ -354,3 +354,70 @@ fn stop_ids_gather_every_end_of_sequence_id() {
     let err = enc.stop_ids(&model, dir).unwrap_err().to_string();
     assert!(err.contains("generation_config.json"), "{err}");
 }
+
+/// The template and the end-of-turn ids travel with the tokenizer into a
+/// run's checkpoints, so the trained model renders and stops as it was
+/// trained to.
+#[test]
+fn a_checkpoint_keeps_the_template_and_the_end_of_turn_ids() {
+    use megatrain::run::{Encoder, QuietProgress, TrainOptions, latest_checkpoint, prepare, train};
+    let doc = fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let tok = t.join("tok");
+    std::fs::create_dir(&tok).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_tokenizer/tokenizer.json");
+    std::fs::copy(src, tok.join("tokenizer.json")).unwrap();
+    let chatml = doc["templates"]["chatml_default_system"].as_str().unwrap();
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": chatml});
+    std::fs::write(tok.join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        tok.join("generation_config.json"),
+        r#"{"eos_token_id": [301, 5]}"#,
+    )
+    .unwrap();
+    let record =
+        json!({"messages": [{"role": "user", "content": "ping"}, {"role": "assistant", "content": "pong"}]});
+    std::fs::write(t.join("d.jsonl"), format!("{record}\n").repeat(30)).unwrap();
+    let opts = TrainOptions {
+        preset: Some("llama-tiny".into()),
+        vocab_size: Some(302),
+        data: Some(t.join("d.jsonl")),
+        tokenizer: tok.join("tokenizer.json").to_string_lossy().into_owned(),
+        seq_len: 16,
+        batch: 2,
+        steps: 1,
+        eval_every: 0,
+        val_fraction: 0.0,
+        out: t.join("run"),
+        ..TrainOptions::default()
+    };
+    let mut p = prepare(opts, false).unwrap();
+    assert!(
+        matches!(p.template, ChatTemplate::Jinja(_)),
+        "auto found the tokenizer's template"
+    );
+    train(
+        megatrain_tensor::CpuExecutor::new(),
+        &mut p,
+        None,
+        &mut QuietProgress,
+    )
+    .unwrap();
+    let ckpt = latest_checkpoint(&t.join("run")).unwrap();
+    let model = megatrain_zoo::ModelConfig::from_dir(&ckpt).unwrap();
+    let enc = Encoder::from_dir(&ckpt, Some(&model)).unwrap();
+    let prompt = enc
+        .chat_template("auto")
+        .unwrap()
+        .generation_prompt(&[megatrain::data::Message {
+            role: "user".into(),
+            content: "ping".into(),
+        }])
+        .unwrap();
+    assert!(
+        prompt.ends_with("<|im_start|>user\nping<|im_end|>\n<|im_start|>assistant\n"),
+        "{prompt}"
+    );
+    assert_eq!(enc.stop_ids(&model, &ckpt).unwrap(), [5, 301]);
+}
