@@ -449,3 +449,65 @@ fn a_sharded_rank_loads_its_share_and_the_whole_transport_copy() {
         }
     }
 }
+
+/// File tables name a layer's elements otherwise in checkpoints (Phi-3's
+/// fused projections): a layer's two tensors saved as one and loaded back
+/// exactly; a file table that covers another number of elements is
+/// refused, naming the layer.
+#[test]
+fn file_tables_join_tensors_in_checkpoints() {
+    let joined = |t: &megatrain_tensor::ParamTable, l: usize| {
+        let mut f = megatrain_tensor::ParamTable::new();
+        f.push(format!("layers.{l}.wb"), [t.numel()], true).unwrap();
+        f
+    };
+    let with_files = |tier: &mut HostTier| {
+        let files = tier
+            .layers()
+            .iter()
+            .enumerate()
+            .map(|(l, s)| joined(s.table(), l))
+            .collect();
+        tier.set_file_tables(files).unwrap();
+    };
+    let run = tempfile::tempdir().unwrap();
+    let ckpt = run.path().join("step-000001");
+    let mut tier = new_tier(None);
+    fill(&mut tier, 9);
+    with_files(&mut tier);
+    save_checkpoint(&ckpt, &tier, &json!({})).unwrap();
+    let bytes = std::fs::read(ckpt.join(MODEL_FILE)).unwrap();
+    let mut names: Vec<String> = SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .names()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["layers.0.wb", "layers.1.wb", "layers.2.wb"]);
+    let mut back = new_tier(None);
+    with_files(&mut back);
+    load_checkpoint(&ckpt, &mut back).unwrap();
+    assert_same(&tier, &back);
+    // A tier that names its tensors by its tables does not load them.
+    assert!(load_checkpoint(&ckpt, &mut new_tier(None)).is_err());
+    let mut short = megatrain_tensor::ParamTable::new();
+    short.push("x", [3], true).unwrap();
+    let err = tier.layers_mut()[1].set_file_table(short).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TierError::FileTable {
+                layer: 1,
+                file: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = tier.set_file_tables(Vec::new()).unwrap_err();
+    assert!(
+        matches!(err, TierError::FileTables { got: 0, layers: 3 }),
+        "{err}"
+    );
+}
