@@ -121,22 +121,62 @@ impl Drop for SharedFile {
 
 static SHARED_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Shared copies are named `megatrain-transport-<pid>-<nanos>-<n>.shm`,
+/// `<pid>` the process that made them.
+const SHARED_PREFIX: &str = "megatrain-transport-";
+
+/// Age past which a copy whose creator is gone is taken for abandoned:
+/// longer than the machine's ranks take to open a new one and unlink it.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the shared copies in `dir` that a run killed while creating
+/// them left behind (their name is unlinked once every rank has opened
+/// them, so only a kill in between leaves one): files named by a process
+/// that no longer exists, older than a minute. A memory filesystem would
+/// hold their pages until the machine restarts. Linux only (`/proc`).
+fn remove_abandoned(dir: &Path) {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(SHARED_PREFIX))
+            .filter(|n| n.ends_with(".shm"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE_AFTER));
+        if old && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Creates, in `dir`, the zeroed file of every layer's transport copy, its
-/// pages all reserved.
+/// pages all reserved (after removing copies abandoned there by killed
+/// runs).
 pub fn create_shared_transport(
     dir: &Path,
     tables: &[ParamTable],
     transport: TransportDType,
 ) -> Result<SharedFile> {
+    remove_abandoned(dir);
     let (_, bytes) = shared_layout(tables, transport);
     let n = SHARED_COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let path = dir.join(format!(
-        "megatrain-transport-{}-{nanos}-{n}.shm",
-        std::process::id()
-    ));
+    let path = dir.join(format!("{SHARED_PREFIX}{}-{nanos}-{n}.shm", std::process::id()));
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -185,6 +225,31 @@ mod tests {
         let (at, len) = shared_layout(&t, TransportDType::F32);
         assert_eq!(at, [0, 4096, 12288, 24576, 24576]);
         assert_eq!(len, 28672);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn copies_abandoned_by_killed_runs_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, age_s: u64| {
+            let p = dir.path().join(name);
+            let f = std::fs::File::create(&p).unwrap();
+            let t = std::time::SystemTime::now() - std::time::Duration::from_secs(age_s);
+            f.set_modified(t).unwrap();
+            p
+        };
+        // pid 4194305 is past Linux's largest (2^22).
+        let dead_old = file("megatrain-transport-4194305-1-0.shm", 3600);
+        let dead_new = file("megatrain-transport-4194305-2-0.shm", 0);
+        let alive = file(
+            &format!("megatrain-transport-{}-3-0.shm", std::process::id()),
+            3600,
+        );
+        let other = file("megatrain-transport-notes.txt", 3600);
+        let f = create_shared_transport(dir.path(), &tables(&[8]), TransportDType::BF16).unwrap();
+        assert!(!dead_old.exists(), "a dead run's old copy is removed");
+        assert!(dead_new.exists() && alive.exists() && other.exists());
+        assert!(f.path().exists());
     }
 
     #[test]
