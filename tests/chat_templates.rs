@@ -225,7 +225,7 @@ fn a_run_trains_on_records_rendered_by_a_template_file() {
     std::fs::write(t.join("d.jsonl"), format!("{record}\n").repeat(40)).unwrap();
     let opts = TrainOptions {
         preset: Some("llama-tiny".into()),
-        data: Some(t.join("d.jsonl")),
+        data: vec![t.join("d.jsonl")],
         tokenizer: "byte".into(),
         chat_template: t.join("chat.jinja").to_string_lossy().into_owned(),
         seq_len: 16,
@@ -239,10 +239,16 @@ fn a_run_trains_on_records_rendered_by_a_template_file() {
     };
     let mut p = prepare(opts, false).unwrap();
     assert!(matches!(p.template, ChatTemplate::Jinja(_)));
-    let ids: Vec<u32> = p.train.tokens.iter().take(34).collect();
+    let ids: Vec<u32> = p.train.parts[0].tokens.iter().take(34).collect();
     let text: String = ids.iter().map(|&i| i as u8 as char).collect();
     assert_eq!(text, "<user>ping</user><assistant>pong</");
-    let counted: Vec<bool> = p.train.loss_mask.as_ref().unwrap().iter().take(34).collect();
+    let counted: Vec<bool> = p.train.parts[0]
+        .loss_mask
+        .as_ref()
+        .unwrap()
+        .iter()
+        .take(34)
+        .collect();
     assert!(counted[..28].iter().all(|c| !c) && counted[28..].iter().all(|&c| c));
     train(
         megatrain_tensor::CpuExecutor::new(),
@@ -382,7 +388,7 @@ fn a_checkpoint_keeps_the_template_and_the_end_of_turn_ids() {
     let opts = TrainOptions {
         preset: Some("llama-tiny".into()),
         vocab_size: Some(302),
-        data: Some(t.join("d.jsonl")),
+        data: vec![t.join("d.jsonl")],
         tokenizer: tok.join("tokenizer.json").to_string_lossy().into_owned(),
         seq_len: 16,
         batch: 2,

@@ -152,6 +152,20 @@ fn bad_inputs_are_named() {
     refused(&["train", "--resume", s(&t.join("nothing"))], &["nothing"]);
     refused(&["sample", "--model", s(&t.join("nothing"))], &["nothing"]);
     refused(
+        &[
+            "train",
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            "a.txt",
+            "--data",
+            "b.txt",
+            "--data-weights",
+            "1",
+        ],
+        &["--data-weights 1", "1 weights for 2"],
+    );
+    refused(
         &["sample", "--model", s(&t.join("nothing")), "--system", "be brief"],
         &["--chat"],
     );

@@ -540,3 +540,55 @@ fn instruction_ids_and_masks_are_cached_and_mapped() {
     assert!(calls() > before && edited.tokens != other.tokens);
     assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
 }
+
+/// A mixture: each row comes whole from one source, the sources' shares
+/// follow the weights, the draw is a function of (seed, batch, row), and
+/// one source alone draws exactly what `draw_rows` does.
+#[test]
+fn a_mixture_draws_whole_rows_by_weight() {
+    use megatrain::data::{Mix, draw_mix_rows, draw_rows};
+    use std::path::PathBuf;
+    let a = stream(500);
+    let b = TokenData {
+        tokens: (1000..1300).collect(),
+        loss_mask: None,
+    };
+    let mix = Mix {
+        parts: vec![a.clone(), b],
+        weights: vec![3.0, 1.0],
+    };
+    let names = [PathBuf::from("a"), PathBuf::from("b")];
+    let s = Sampling::Random { seed: 11 };
+    let (mut rows_a, mut rows_b) = (0, 0);
+    for i in 0..200 {
+        let batch = draw_mix_rows(&mix, s, i, 8, 0..8, 16, &names).unwrap();
+        assert_eq!(batch, draw_mix_rows(&mix, s, i, 8, 0..8, 16, &names).unwrap());
+        // Rows 2..5 of the batch are those rows of the whole batch.
+        let part = draw_mix_rows(&mix, s, i, 8, 2..5, 16, &names).unwrap();
+        assert_eq!(part.inputs, batch.inputs[2 * 16..5 * 16]);
+        for row in batch.inputs.chunks(16) {
+            match (row.iter().all(|&t| t < 500), row.iter().all(|&t| t >= 1000)) {
+                (true, false) => rows_a += 1,
+                (false, true) => rows_b += 1,
+                _ => panic!("a row mixes sources: {row:?}"),
+            }
+        }
+    }
+    // 1600 rows at 3:1: 1200 ± 4σ (σ ≈ 17).
+    assert!((1130..=1270).contains(&rows_a), "{rows_a} of {}", rows_a + rows_b);
+    let alone = Mix::one(a.clone());
+    for i in 0..5 {
+        assert_eq!(
+            draw_mix_rows(&alone, s, i, 4, 0..4, 16, &names[..1]).unwrap(),
+            draw_rows(&a, s, i, 4, 0..4, 16, &names[0]).unwrap()
+        );
+    }
+    let short = Mix {
+        parts: vec![a, stream(10)],
+        weights: vec![1.0, 1.0],
+    };
+    let err = draw_mix_rows(&short, s, 0, 4, 0..4, 16, &names)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("b:") && err.contains("16"), "{err}");
+}

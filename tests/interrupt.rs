@@ -44,7 +44,7 @@ fn a_signal_during_a_step_skips_its_evaluation_and_saves_it() {
     let out = tmp.path().join("run");
     let opts = TrainOptions {
         preset: Some("gpt2-nano".into()),
-        data: Some(data),
+        data: vec![data],
         seq_len: 16,
         batch: 2,
         steps: 10,

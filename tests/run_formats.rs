@@ -15,7 +15,7 @@ use rand::SeedableRng;
 fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
     TrainOptions {
         preset: Some(preset.into()),
-        data: Some(data),
+        data: vec![data],
         seq_len: 8,
         batch: 2,
         steps: 2,
@@ -87,8 +87,11 @@ fn text_file_directory_and_bin_train() {
     let mut o = small(t.join("train.u32"), &t.join("r3b"), "gpt2-nano");
     o.vocab_size = Some(50);
     let q = prepare(o.clone(), false).unwrap();
-    assert_eq!(q.train.tokens, p.train.tokens);
-    assert_eq!(q.val.as_ref().unwrap().tokens, p.val.as_ref().unwrap().tokens);
+    assert_eq!(q.train.parts[0].tokens, p.train.parts[0].tokens);
+    assert_eq!(
+        q.val.as_ref().unwrap().parts[0].tokens,
+        p.val.as_ref().unwrap().parts[0].tokens
+    );
     train_ok(o);
     // Llama with byte tokens over the same text.
     train_ok(small(t.join("a.txt"), &t.join("r4"), "llama-tiny"));
@@ -111,7 +114,7 @@ fn alpaca_and_sharegpt_count_only_responses() {
         for preset in ["gpt2-nano", "llama-tiny"] {
             let o = small(t.join(f), &t.join(format!("{out}-{preset}")), preset);
             let p = prepare(o.clone(), false).unwrap();
-            let mask = p.train.loss_mask.as_ref().unwrap();
+            let mask = p.train.parts[0].loss_mask.as_ref().unwrap();
             let counted = mask.iter().filter(|&m| m).count();
             assert!(
                 counted > 0 && counted < mask.len() / 2,
@@ -371,7 +374,7 @@ fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
     .unwrap();
     std::fs::write(t.join("a.txt"), "hello world ".repeat(50)).unwrap();
     let text = TrainOptions {
-        data: Some(t.join("a.txt")),
+        data: vec![t.join("a.txt")],
         out: t.join("ft2"),
         ..opts
     };

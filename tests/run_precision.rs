@@ -36,7 +36,7 @@ fn an_executor_without_f16_refuses_the_run_before_it_starts() {
     let out = tmp.path().join("run");
     let opts = TrainOptions {
         preset: Some("gpt2-nano".into()),
-        data: Some(data),
+        data: vec![data],
         seq_len: 8,
         batch: 2,
         steps: 2,

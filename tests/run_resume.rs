@@ -22,7 +22,7 @@ pub fn corpus(dir: &Path) -> PathBuf {
 fn options(data: &Path, out: &Path) -> TrainOptions {
     TrainOptions {
         preset: Some("gpt2-nano".into()),
-        data: Some(data.to_path_buf()),
+        data: vec![data.to_path_buf()],
         seq_len: 16,
         batch: 3,
         steps: 6,
@@ -266,7 +266,7 @@ fn a_phi3_run_resumes_exactly_and_saves_the_tensors_transformers_reads() {
     let oa = TrainOptions {
         model: Some(fixture.clone()),
         preset: None,
-        data: Some(t.join("d.bin")),
+        data: vec![t.join("d.bin")],
         ..options(&t.join("d.bin"), &a)
     };
     let ob = TrainOptions {
@@ -295,4 +295,76 @@ fn a_phi3_run_resumes_exactly_and_saves_the_tensors_transformers_reads() {
     );
     let loaded = megatrain_zoo::load_hf_dir(&saved).unwrap();
     assert_eq!(loaded.config.arch, megatrain_zoo::Arch::Phi3);
+}
+
+/// Two sources drawn 1:3: each keeps its own validation tail, the run
+/// resumes bit for bit, and settings that cannot work are refused by name.
+#[test]
+fn a_mixture_of_sources_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let first = corpus(t);
+    let second = t.join("second.txt");
+    std::fs::write(&second, "ALL: Speak, speak! We are resolved.\n".repeat(30)).unwrap();
+    let (a, b) = (t.join("a"), t.join("b"));
+    let oa = TrainOptions {
+        data: vec![first.clone(), second.clone()],
+        data_weights: vec![1.0, 3.0],
+        ..options(&first, &a)
+    };
+    let p = prepare(oa.clone(), false).unwrap();
+    assert_eq!(
+        (p.train.parts.len(), p.train.weights.clone()),
+        (2, vec![1.0, 3.0])
+    );
+    let val = p.val.as_ref().unwrap();
+    assert_eq!(val.parts.len(), 2, "each source keeps its tail for validation");
+    assert!(p.val_names[1].to_string_lossy().contains("second.txt (last 10%)"));
+    let ob = TrainOptions {
+        out: b.clone(),
+        ..oa.clone()
+    };
+    run(oa.clone(), false, None);
+    run(ob.clone(), false, Some(3));
+    run(ob, true, None);
+    assert!(ckpt_bytes(&a) == ckpt_bytes(&b), "the resumed mixture differs");
+    assert_eq!(losses(&a), losses(&b));
+    let state = read_train_state(&latest_checkpoint(&a).unwrap()).unwrap();
+    assert_eq!(state.options.data, [first.clone(), second.clone()]);
+    // One source is still written as one path, as before several existed.
+    let one = TrainOptions {
+        data: vec![first.clone()],
+        ..TrainOptions::default()
+    };
+    let v = serde_json::to_value(&one).unwrap();
+    assert_eq!(v["data"], serde_json::json!(first));
+    assert!(v.get("data_weights").is_none());
+    let back: TrainOptions = serde_json::from_value(v).unwrap();
+    assert_eq!(back.data, vec![first.clone()]);
+    // Refused: weights that do not match the sources, or are not positive,
+    // and reading several sources in order.
+    let refused = |o: TrainOptions, needle: &str| {
+        let err = match prepare(o, false) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle), "{err}");
+    };
+    let fresh = |tweak: &dyn Fn(&mut TrainOptions)| {
+        let mut o = TrainOptions {
+            out: t.join("c"),
+            ..oa.clone()
+        };
+        tweak(&mut o);
+        o
+    };
+    refused(
+        fresh(&|o| o.data_weights = vec![1.0]),
+        "--data-weights 1: gives 1 weights for 2",
+    );
+    refused(fresh(&|o| o.data_weights = vec![1.0, 0.0]), "positive");
+    refused(
+        fresh(&|o| o.sampling = megatrain::run::SamplingKind::Sequential),
+        "several --data sources",
+    );
 }

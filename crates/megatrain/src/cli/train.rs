@@ -25,8 +25,13 @@ pub struct TrainArgs {
     #[arg(long)]
     preset: Option<String>,
     /// Text file, directory of .txt, nanoGPT .bin (u16 tokens), .u32 (u32 tokens), or alpaca/sharegpt/chat .jsonl.
+    /// Give it several times to train on a mixture (see --data-weights).
     #[arg(long)]
-    data: Option<PathBuf>,
+    data: Vec<PathBuf>,
+    /// With several --data: each source's share of the rows, e.g. 3,1
+    /// (default: by their sizes, as if they were one stream).
+    #[arg(long, value_delimiter = ',')]
+    data_weights: Option<Vec<f64>>,
     /// Validation data (default: the last --val-fraction of --data).
     #[arg(long)]
     val_data: Option<PathBuf>,
@@ -180,7 +185,6 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         a,
         model,
         preset,
-        data,
         val_data,
         vocab_size,
         min_lr,
@@ -190,9 +194,13 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         transfer_chunk,
         chunk_rows
     );
+    if !a.data.is_empty() {
+        o.data = a.data.clone();
+    }
     overlay!(
         o,
         a,
+        data_weights,
         val_fraction,
         tokenizer,
         chat_template,
@@ -307,6 +315,17 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             o.seq_len,
             o.out.display()
         );
+        if p.train.parts.len() > 1 {
+            let total: f64 = p.train.weights.iter().sum();
+            for ((name, part), w) in p.train_names.iter().zip(&p.train.parts).zip(&p.train.weights) {
+                eprintln!(
+                    "  {}: {} train tokens, {:.1}% of the rows",
+                    name.display(),
+                    part.len(),
+                    100.0 * w / total
+                );
+            }
+        }
         if let Some((ckpt, s)) = &p.resume {
             eprintln!("resuming from {} (step {})", ckpt.display(), s.step);
         }

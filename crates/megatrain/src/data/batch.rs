@@ -76,33 +76,137 @@ pub fn draw_rows(
             seq_len,
         });
     }
-    let mut inputs = Vec::with_capacity(rows.len() * seq_len);
-    let mut targets = Vec::with_capacity(rows.len() * seq_len);
-    for b in rows.start as u64..rows.end as u64 {
-        let start = match sampling {
-            Sampling::Sequential => ((index * batch as u64 + b) * seq_len as u64 % n as u64) as usize,
-            Sampling::Random { seed } => {
-                let h = splitmix64(seed ^ splitmix64(index.wrapping_mul(0x1_0000_0001).wrapping_add(b)));
-                (h % (n - seq_len) as u64) as usize
-            }
-        };
-        for i in 0..seq_len {
-            let at = (start + i) % n;
-            let next = (start + i + 1) % n;
-            inputs.push(data.tokens.get(at));
-            let counted = data.loss_mask.as_ref().is_none_or(|m| m.get(next));
-            targets.push(if counted {
-                data.tokens.get(next) as i32
-            } else {
-                IGNORE_INDEX
-            });
-        }
-        data.tokens.release_window(start, seq_len + 1);
-    }
-    Ok(Batch {
+    let mut out = Batch {
         batch: rows.len(),
         seq_len,
-        inputs,
-        targets,
-    })
+        inputs: Vec::with_capacity(rows.len() * seq_len),
+        targets: Vec::with_capacity(rows.len() * seq_len),
+    };
+    for b in rows.start as u64..rows.end as u64 {
+        push_row(data, sampling, index, batch, b, seq_len, &mut out);
+    }
+    Ok(out)
+}
+
+/// Appends row `b` of batch number `index` to `out` (`data` holds more
+/// than `seq_len` tokens).
+fn push_row(
+    data: &TokenData,
+    sampling: Sampling,
+    index: u64,
+    batch: usize,
+    b: u64,
+    seq_len: usize,
+    out: &mut Batch,
+) {
+    let n = data.len();
+    let start = match sampling {
+        Sampling::Sequential => ((index * batch as u64 + b) * seq_len as u64 % n as u64) as usize,
+        Sampling::Random { seed } => {
+            let h = splitmix64(seed ^ splitmix64(index.wrapping_mul(0x1_0000_0001).wrapping_add(b)));
+            (h % (n - seq_len) as u64) as usize
+        }
+    };
+    for i in 0..seq_len {
+        let at = (start + i) % n;
+        let next = (start + i + 1) % n;
+        out.inputs.push(data.tokens.get(at));
+        let counted = data.loss_mask.as_ref().is_none_or(|m| m.get(next));
+        out.targets.push(if counted {
+            data.tokens.get(next) as i32
+        } else {
+            IGNORE_INDEX
+        });
+    }
+    data.tokens.release_window(start, seq_len + 1);
+}
+
+/// Several token streams drawn from by weight: each row of a batch comes
+/// whole from one of them, picked by a hash of the seed, the batch number
+/// and the row, so a mixture is as reproducible as one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mix {
+    pub parts: Vec<TokenData>,
+    /// Each part's share of the rows (positive; need not sum to 1).
+    pub weights: Vec<f64>,
+}
+
+impl Mix {
+    /// One stream alone.
+    pub fn one(data: TokenData) -> Mix {
+        Mix {
+            parts: vec![data],
+            weights: vec![1.0],
+        }
+    }
+
+    /// Tokens of every part.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(TokenData::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The part row `b` of batch number `index` is drawn from.
+    pub fn part_of(&self, seed: u64, index: u64, b: u64) -> usize {
+        let total: f64 = self.weights.iter().sum();
+        let h = splitmix64(seed ^ MIX_SALT ^ splitmix64(index.wrapping_mul(0x1_0000_0001).wrapping_add(b)));
+        // 53 bits: an f64 in [0, 1).
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let mut acc = 0.0;
+        for (i, w) in self.weights.iter().enumerate() {
+            acc += w;
+            if u < acc {
+                return i;
+            }
+        }
+        self.weights.len() - 1
+    }
+}
+
+/// Mixed into the seed for picking a row's part, so the pick and the
+/// offset within the part are independent draws.
+const MIX_SALT: u64 = 0x6d69_7874_7572_6573;
+
+/// [`draw_rows`] from a mixture (`names[i]` names part `i` in errors):
+/// with one part, exactly what [`draw_rows`] draws from it.
+#[allow(clippy::too_many_arguments)]
+pub fn draw_mix_rows(
+    mix: &Mix,
+    sampling: Sampling,
+    index: u64,
+    batch: usize,
+    rows: std::ops::Range<usize>,
+    seq_len: usize,
+    names: &[std::path::PathBuf],
+) -> Result<Batch, DataError> {
+    if let [one] = mix.parts.as_slice() {
+        return draw_rows(one, sampling, index, batch, rows, seq_len, &names[0]);
+    }
+    let Sampling::Random { seed } = sampling else {
+        panic!("a mixture draws random rows (validated with the options)");
+    };
+    assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
+    for (part, name) in mix.parts.iter().zip(names) {
+        if part.len() < seq_len + 1 {
+            return Err(DataError::TooShort {
+                path: name.clone(),
+                len: part.len(),
+                seq_len,
+            });
+        }
+    }
+    let mut out = Batch {
+        batch: rows.len(),
+        seq_len,
+        inputs: Vec::with_capacity(rows.len() * seq_len),
+        targets: Vec::with_capacity(rows.len() * seq_len),
+    };
+    for b in rows.start as u64..rows.end as u64 {
+        let part = &mix.parts[mix.part_of(seed, index, b)];
+        push_row(part, sampling, index, batch, b, seq_len, &mut out);
+    }
+    Ok(out)
 }

@@ -12,7 +12,7 @@ mod load;
 mod mask;
 mod tokens;
 
-pub use batch::{Batch, IGNORE_INDEX, Sampling, draw_batch, draw_rows};
+pub use batch::{Batch, IGNORE_INDEX, Mix, Sampling, draw_batch, draw_mix_rows, draw_rows};
 pub use chat::{ChatTemplate, Headers, JinjaTemplate, Message};
 pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;

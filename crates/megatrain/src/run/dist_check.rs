@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use super::error::Result;
 use super::session::Prepared;
-use crate::data::{Fnv1a, TokenData};
+use crate::data::{Fnv1a, Mix, TokenData};
 use crate::dist::{Collective, check_same};
 
 /// FNV-1a over the tokens (by parts, [`crate::data::Tokens::fingerprint`])
@@ -17,6 +17,11 @@ fn fingerprint(d: &TokenData) -> Value {
     json!({"tokens": d.len(), "fnv1a": format!("{h:016x}")})
 }
 
+/// Each source's [`fingerprint`], with the weights they are drawn by.
+fn fingerprints(m: &Mix) -> Value {
+    json!({"parts": m.parts.iter().map(fingerprint).collect::<Vec<_>>(), "weights": m.weights})
+}
+
 /// Fails on every rank, naming the differing settings, when any rank was
 /// started with another configuration than rank 0.
 pub fn same_everywhere(comm: &dyn Collective, p: &Prepared) -> Result<()> {
@@ -24,8 +29,8 @@ pub fn same_everywhere(comm: &dyn Collective, p: &Prepared) -> Result<()> {
         "options": serde_json::to_value(&p.opts).expect("options serialise"),
         "model": p.model.to_hf_json("float32"),
         "tokenizer": p.encoder.kind(),
-        "train data": fingerprint(&p.train),
-        "validation data": p.val.as_ref().map(fingerprint),
+        "train data": fingerprints(&p.train),
+        "validation data": p.val.as_ref().map(fingerprints),
         "resumed checkpoint": p.resume.as_ref().map(|(c, s)| json!({"dir": c, "step": s.step})),
     });
     Ok(check_same(comm, "settings", &value)?)

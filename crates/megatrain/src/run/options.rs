@@ -161,6 +161,36 @@ mod transport_name {
     }
 }
 
+/// Training data as one path (a string, as runs before several sources
+/// wrote it, and still for one) or a list of them.
+mod data_paths {
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        match paths {
+            [] => s.serialize_none(),
+            [one] => one.serialize(s),
+            many => many.serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            One(PathBuf),
+            Many(Vec<PathBuf>),
+        }
+        Ok(match Option::<Given>::deserialize(d)? {
+            None => Vec::new(),
+            Some(Given::One(p)) => vec![p],
+            Some(Given::Many(v)) => v,
+        })
+    }
+}
+
 fn alpaca() -> String {
     "alpaca".into()
 }
@@ -173,7 +203,14 @@ pub struct TrainOptions {
     pub model: Option<PathBuf>,
     /// A preset name (random init); see `megatrain plan --help`.
     pub preset: Option<String>,
-    pub data: Option<PathBuf>,
+    /// The training data: one source, or several drawn from by
+    /// `data_weights`.
+    #[serde(with = "data_paths")]
+    pub data: Vec<PathBuf>,
+    /// Each source's share of the rows, in the order of `data` (empty: by
+    /// their sizes, as if they were one stream).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_weights: Vec<f64>,
     pub val_data: Option<PathBuf>,
     /// Share of the end of the training stream held out for validation when
     /// there is no `val_data`.
@@ -268,7 +305,8 @@ impl Default for TrainOptions {
         TrainOptions {
             model: None,
             preset: None,
-            data: None,
+            data: Vec::new(),
+            data_weights: Vec::new(),
             val_data: None,
             val_fraction: 0.1,
             tokenizer: "auto".into(),
@@ -496,8 +534,39 @@ impl TrainOptions {
             )),
             _ => Ok(()),
         }?;
-        if self.data.is_none() {
+        if self.data.is_empty() {
             return Err(RunError::Config("no training data: give --data <path>".into()));
+        }
+        let weights = self
+            .data_weights
+            .iter()
+            .map(|w| format!("{w}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        if !self.data_weights.is_empty() && self.data_weights.len() != self.data.len() {
+            return Err(RunError::option(
+                "data-weights",
+                &weights,
+                format!(
+                    "gives {} weights for {} --data sources",
+                    self.data_weights.len(),
+                    self.data.len()
+                ),
+            ));
+        }
+        if self.data_weights.iter().any(|w| !(w.is_finite() && *w > 0.0)) {
+            return Err(RunError::option(
+                "data-weights",
+                &weights,
+                "every weight must be a positive number",
+            ));
+        }
+        if self.data.len() > 1 && self.sampling == SamplingKind::Sequential {
+            return Err(RunError::option(
+                "sampling",
+                "sequential",
+                "reads one stream in order; several --data sources are drawn from at random",
+            ));
         }
         Ok(())
     }

@@ -21,7 +21,8 @@ use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, ShareTransport, TrainOptions};
 use super::plot::write_plot;
 use crate::data::{
-    ChatTemplate, Sampling, TokenData, draw_rows, keep_in_cache, load_tokens_cached, split_validation,
+    Batch, ChatTemplate, Mix, Sampling, TokenData, draw_mix_rows, draw_rows, keep_in_cache,
+    load_tokens_cached, split_validation,
 };
 use crate::dist::{Collective, DistConfig, Shared, share_transport};
 use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier, new_tier};
@@ -38,10 +39,13 @@ pub struct Prepared {
     pub encoder: Encoder,
     /// How `.jsonl` records become text (`opts.chat_template` resolved).
     pub template: ChatTemplate,
-    pub train: TokenData,
-    pub val: Option<TokenData>,
-    pub train_name: PathBuf,
-    pub val_name: PathBuf,
+    /// The training sources, drawn from by weight.
+    pub train: Mix,
+    /// The validation set: `--val-data`, or each source's tail.
+    pub val: Option<Mix>,
+    /// Names of `train`'s and `val`'s parts, for errors.
+    pub train_names: Vec<PathBuf>,
+    pub val_names: Vec<PathBuf>,
     /// The checkpoint to resume from and its state.
     pub resume: Option<(PathBuf, TrainState)>,
     /// Settings that differ from the resumed run's.
@@ -99,7 +103,7 @@ fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
 /// the run's latest checkpoint and `opts` must name the same model.
 pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     opts.validate()?;
-    let data_path = opts.data.clone().expect("validated");
+    let data_paths = opts.data.clone();
     let mut warnings = Vec::new();
     let (model, mut encoder, resume) = if resume {
         let ckpt = latest_checkpoint(&opts.out)?;
@@ -165,7 +169,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                 "already holds a run; continue it with --resume, or pick another --out",
             ));
         }
-        let mut corpora = vec![data_path.as_path()];
+        let mut corpora: Vec<&Path> = data_paths.iter().map(PathBuf::as_path).collect();
         corpora.extend(opts.val_data.as_deref());
         let encoder = Encoder::choose(
             &opts.tokenizer,
@@ -206,7 +210,8 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     // Token files (.bin, .u32) hold ids already: the tokenizer only
     // decodes samples, so only text must fit the model's vocabulary.
     let is_bin = crate::data::is_token_file;
-    let encodes_text = !is_bin(&data_path) || opts.val_data.as_deref().is_some_and(|v| !is_bin(v));
+    let encodes_text =
+        data_paths.iter().any(|d| !is_bin(d)) || opts.val_data.as_deref().is_some_and(|v| !is_bin(v));
     if encodes_text && encoder.tokenizer.vocab_size() > model.vocab_size {
         return Err(RunError::option(
             "tokenizer",
@@ -228,48 +233,65 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     // refused before it starts writes nothing): the next resume maps them.
     let cache = opts.out.is_dir().then(|| opts.out.join(TOKENS_DIR));
     let load = |path: &Path| load_tokens_cached(path, &encoder, &template, cache.as_deref());
-    let all = load(&data_path)?;
-    let (train, val, val_name) = match &opts.val_data {
-        Some(vp) => (all, Some(load(vp)?), vp.clone()),
-        None if opts.val_fraction > 0.0 => {
+    // Each source, and its tail for validation where there is no
+    // validation set of its own.
+    let (mut train, mut val, mut train_names, mut val_names) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for path in &data_paths {
+        let all = load(path)?;
+        if opts.val_data.is_none() && opts.val_fraction > 0.0 {
             let (t, v) = split_validation(all, opts.val_fraction)?;
-            let name = PathBuf::from(format!(
+            train.push(t);
+            val.push(v);
+            val_names.push(PathBuf::from(format!(
                 "{} (last {}%)",
-                data_path.display(),
+                path.display(),
                 opts.val_fraction * 100.0
-            ));
-            (t, Some(v), name)
+            )));
+        } else {
+            train.push(all);
         }
-        None => (all, None, PathBuf::new()),
-    };
+        train_names.push(path.clone());
+    }
+    if let Some(vp) = &opts.val_data {
+        val.push(load(vp)?);
+        val_names.push(vp.clone());
+    }
     let need = opts.seq_len + 1;
-    if train.len() < need {
-        return Err(crate::data::DataError::TooShort {
-            path: data_path.clone(),
-            len: train.len(),
-            seq_len: opts.seq_len,
+    for (d, name) in train.iter().zip(&train_names).chain(val.iter().zip(&val_names)) {
+        if d.len() < need {
+            return Err(crate::data::DataError::TooShort {
+                path: name.clone(),
+                len: d.len(),
+                seq_len: opts.seq_len,
+            }
+            .into());
         }
-        .into());
     }
-    if let Some(v) = &val
-        && v.len() < need
-    {
-        return Err(crate::data::DataError::TooShort {
-            path: val_name.clone(),
-            len: v.len(),
-            seq_len: opts.seq_len,
-        }
-        .into());
-    }
+    // Rows by the given weights, else by the sources' sizes (as one stream
+    // would give them).
+    let weights = |parts: &[TokenData]| match opts.data_weights.as_slice() {
+        [] => parts.iter().map(|d| d.len() as f64).collect(),
+        given if given.len() == parts.len() => given.to_vec(),
+        _ => vec![1.0],
+    };
+    let val = (!val.is_empty()).then(|| Mix {
+        weights: weights(&val),
+        parts: val,
+    });
+    let train = Mix {
+        weights: weights(&train),
+        parts: train,
+    };
     Ok(Prepared {
-        train_name: data_path,
+        train_names,
         opts,
         model,
         encoder,
         template,
         train,
         val,
-        val_name,
+        val_names,
         resume,
         warnings,
     })
@@ -280,16 +302,17 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
 /// [`prepare`]).
 fn keep_ids(p: &mut Prepared) -> Result<()> {
     let dir = p.opts.out.join(TOKENS_DIR);
-    let data = p.opts.data.clone().expect("validated");
     let (enc, t) = (&p.encoder, &p.template);
-    match (&p.opts.val_data, &mut p.val) {
-        // The validation split is the data's tail.
-        (None, Some(v)) => keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train, v])?,
-        (Some(vp), Some(v)) => {
-            keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train])?;
-            keep_in_cache(vp, enc, t, &dir, &mut [v])?;
+    let tails = p.opts.val_data.is_none();
+    for (i, (path, train)) in p.opts.data.iter().zip(&mut p.train.parts).enumerate() {
+        match p.val.as_mut().filter(|_| tails) {
+            // The validation split is the source's tail.
+            Some(v) => keep_in_cache(path, enc, t, &dir, &mut [train, &mut v.parts[i]])?,
+            None => keep_in_cache(path, enc, t, &dir, &mut [train])?,
         }
-        (_, None) => keep_in_cache(&data, enc, t, &dir, &mut [&mut p.train])?,
+    }
+    if let (Some(vp), Some(v), false) = (&p.opts.val_data, &mut p.val, tails) {
+        keep_in_cache(vp, enc, t, &dir, &mut [&mut v.parts[0]])?;
     }
     Ok(())
 }
@@ -320,28 +343,26 @@ pub fn evaluate<E: Executor>(
     batches: usize,
     sampling: Sampling,
 ) -> Result<f64> {
-    evaluate_split(trainer, data, name, batch, seq_len, batches, sampling, None)
+    let draw = |i, rows| draw_rows(data, sampling, i, batch, rows, seq_len, name);
+    evaluate_split(trainer, draw, batch, batches, None)
 }
 
-/// [`evaluate`], split across the ranks of `comm` when given: each
-/// evaluates its rows of the global batch `batch` and the sums are added,
-/// so N ranks report what one rank with the global batch would.
-#[allow(clippy::too_many_arguments)]
+/// [`evaluate`] of the rows `draw` gives (batch number, rows of it), split
+/// across the ranks of `comm` when given: each evaluates its rows of the
+/// global batch `batch` and the sums are added, so N ranks report what one
+/// rank with the global batch would.
 fn evaluate_split<E: Executor>(
     trainer: &Trainer<E>,
-    data: &TokenData,
-    name: &Path,
+    draw: impl Fn(u64, std::ops::Range<usize>) -> std::result::Result<Batch, crate::data::DataError>,
     batch: usize,
-    seq_len: usize,
     batches: usize,
-    sampling: Sampling,
     comm: Option<&dyn Collective>,
 ) -> Result<f64> {
     let (rank, ranks) = comm.map_or((0, 1), |c| (c.rank(), c.size()));
     let per = batch / ranks;
     let rows = rank * per..(rank + 1) * per;
     let drawn = (0..batches as u64)
-        .map(|i| draw_rows(data, sampling, i, batch, rows.clone(), seq_len, name))
+        .map(|i| draw(i, rows.clone()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut x = [0.0, 0.0];
     for (s, c) in trainer.eval_losses(&drawn)? {
@@ -550,17 +571,9 @@ pub fn train_with<E: Executor>(
     };
     let eval = |t: &Trainer<E>| -> Result<Option<f64>> {
         let Some(v) = &p.val else { return Ok(None) };
-        evaluate_split(
-            t,
-            v,
-            &p.val_name,
-            opts.global_batch(),
-            opts.seq_len,
-            opts.eval_batches,
-            eval_sampling,
-            dist.as_ref().map(|d| &*d.comm),
-        )
-        .map(Some)
+        let (batch, seq) = (opts.global_batch(), opts.seq_len);
+        let draw = |i, rows| draw_mix_rows(v, eval_sampling, i, batch, rows, seq, &p.val_names);
+        evaluate_split(t, draw, batch, opts.eval_batches, dist.as_ref().map(|d| &*d.comm)).map(Some)
     };
     let end = stop_at.unwrap_or(opts.steps).min(opts.steps);
     let mut summary = Summary {
@@ -589,14 +602,14 @@ pub fn train_with<E: Executor>(
         let rows = rank * opts.batch..(rank + 1) * opts.batch;
         let micro = (0..ga)
             .map(|m| {
-                draw_rows(
+                draw_mix_rows(
                     &p.train,
                     draw,
                     s * ga + m,
                     opts.global_batch(),
                     rows.clone(),
                     opts.seq_len,
-                    &p.train_name,
+                    &p.train_names,
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
