@@ -63,12 +63,12 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 }
 
 /// OLMo 2's block (norms after the sublayers, whole-projection q/k norms)
-/// and the scaled RoPEs (llama3, YaRN with its attention factor), in the
-/// zoo's golden fixtures' shapes.
+/// and the scaled RoPEs (llama3, YaRN with its attention factor, LongRoPE
+/// past its original context), in the zoo's golden fixtures' shapes.
 #[test]
 fn olmo2_and_scaled_rope_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
-    for case in ["olmo2", "llama3_rope", "qwen2_yarn"] {
+    for case in ["olmo2", "llama3_rope", "qwen2_yarn", "phi3_longrope"] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }
 }

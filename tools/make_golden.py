@@ -243,6 +243,35 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Phi-3.5's LongRoPE over an original context of 8, so a sequence of 12
+    # uses the long factors; attention factor from the contexts' ratio.
+    "phi3_longrope": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=71,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            max_position_embeddings=128,
+            original_max_position_embeddings=8,
+            rope_scaling=dict(
+                type="longrope",
+                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 1.5, 2.5, 4.0, 6.5, 9.0],
+            ),
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        ),
+        12,
+        torch.float32,
+    ),
     # OLMo 2: norms after attention and MLP, q/k RMSNorm over whole
     # projections, GQA, untied.
     "olmo2": (
@@ -302,15 +331,24 @@ def _rmsnorm64(self, x):
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
 
 
-def inv_freq64(cfg, dim):
+def inv_freq64(cfg, dim, end=0):
     """The inverse frequencies transformers gives `cfg` (in float32), formed
     in float64: `modeling_rope_utils`' formulas for the rope types megatrain
-    implements, ported so the reference keeps every digit."""
+    implements, ported so the reference keeps every digit. `end`: one past
+    the largest position of the forward (LongRoPE picks its factors by it)."""
     p = cfg.rope_parameters
     theta, kind = p["rope_theta"], p.get("rope_type", "default")
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if kind == "default":
         return inv, 1.0
+    if kind == "longrope":
+        old = p["original_max_position_embeddings"]
+        factor = p.get("factor") or cfg.max_position_embeddings / old
+        att = p.get("attention_factor")
+        if att is None:
+            att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
+        ext = p["long_factor"] if end > old else p["short_factor"]
+        return inv / torch.tensor(ext, dtype=torch.float64), att
     if kind == "linear":
         return inv / p["factor"], 1.0
     if kind == "llama3":
@@ -349,8 +387,9 @@ def inv_freq64(cfg, dim):
     return inv / factor * (1 - keep) + inv * keep, att
 
 
-def _rope64(inv, att):
+def _rope64(cfg, dim):
     def forward(self, x, position_ids):
+        inv, att = inv_freq64(cfg, dim, int(position_ids.max()) + 1)
         freqs = position_ids[..., None].to(torch.float64) * inv
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)
@@ -367,11 +406,12 @@ def patch_float64(model):
         if name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name.endswith("RotaryEmbedding"):
-            inv, att = inv_freq64(cfg, m.inv_freq.shape[0] * 2)
+            dim = m.inv_freq.shape[0] * 2
+            inv, att = inv_freq64(cfg, dim)
             # The port must give transformers' own numbers, to its float32.
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
-            m.forward = types.MethodType(_rope64(inv, att), m)
+            m.forward = types.MethodType(_rope64(cfg, dim), m)
 
 
 def randomize(model, gen):
@@ -492,6 +532,13 @@ QWEN25_7B = dict(
     intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
     max_position_embeddings=32768, rope_theta=1000000.0,
 )
+PHI35 = dict(
+    architectures=["Phi3ForCausalLM"], model_type="phi3", vocab_size=32064, hidden_size=3072,
+    intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+    max_position_embeddings=131072, original_max_position_embeddings=4096, rope_theta=10000.0,
+    rope_scaling=dict(type="longrope", short_factor=[1.0 + 0.02 * i for i in range(48)],
+                      long_factor=[1.0 + 0.9 * i for i in range(48)]),
+)
 ROPE_SCALINGS = {
     "llama-3.2-1b": LLAMA_32_1B,
     "llama-3.1-8b": {**LLAMA_32_1B, "hidden_size": 4096, "num_attention_heads": 32,
@@ -512,23 +559,47 @@ ROPE_SCALINGS = {
     "yarn-top-level-original": {**QWEN25_7B, "original_max_position_embeddings": 8192,
                                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                                  "original_max_position_embeddings": 4096}},
+    # Phi-3.5-mini's shape and arrangement (top-level original context,
+    # `type: longrope`, no factor), within and past the original context.
+    "phi3.5-longrope-short": {**PHI35, "end": 4096},
+    "phi3.5-longrope-long": {**PHI35, "end": 4097},
+    # Phi-3's older `su` (transformers 5 needs the original context inside).
+    "phi3-su": {
+        **PHI35,
+        "rope_scaling": {**PHI35["rope_scaling"], "type": "su", "original_max_position_embeddings": 4096},
+        "end": 9000,
+    },
 }
 
 
 def make_rope_scaling(out: Path):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
+    classes = {
+        "llama": (LlamaConfig, LlamaRotaryEmbedding),
+        "qwen2": (Qwen2Config, Qwen2RotaryEmbedding),
+        "phi3": (Phi3Config, Phi3RotaryEmbedding),
+    }
     cases = {}
-    for name, fields in ROPE_SCALINGS.items():
-        qwen = fields["model_type"] == "qwen2"
-        cfg_cls, emb_cls = (Qwen2Config, Qwen2RotaryEmbedding) if qwen else (LlamaConfig, LlamaRotaryEmbedding)
+    for name, given in ROPE_SCALINGS.items():
+        fields = {k: v for k, v in given.items() if k != "end"}
+        cfg_cls, emb_cls = classes[fields["model_type"]]
         kwargs = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
-        emb = emb_cls(config=cfg_cls(**json.loads(json.dumps(kwargs))))
+        cfg = cfg_cls(**json.loads(json.dumps(kwargs)))
+        emb = emb_cls(config=cfg)
+        inv, att = emb.inv_freq, emb.attention_scaling
+        if "end" in given:
+            # The frequencies of a forward whose positions end there (what
+            # transformers' dynamic update computes for LongRoPE).
+            inv, att = ROPE_INIT_FUNCTIONS[cfg.rope_parameters["rope_type"]](cfg, None, given["end"])
         cases[name] = {
             "config": fields,
-            "inv_freq": emb.inv_freq.tolist(),
-            "attention_factor": float(emb.attention_scaling),
+            "end": given.get("end"),
+            "inv_freq": inv.tolist(),
+            "attention_factor": float(att),
         }
     (out / "rope_scaling.json").write_text(json.dumps(cases, indent=1) + "\n")
     print(f"rope_scaling: {len(cases)} configs")

@@ -631,8 +631,8 @@ fn rope_folds_its_outputs_maxima() {
                         .unwrap();
                     let rope = Rope::plain(10000.0, offset);
                     for (name, y) in [
-                        ("rope", g.rope(&x, rope).unwrap()),
-                        ("rope_backward", g.rope_backward(&x, rope).unwrap()),
+                        ("rope", g.rope(&x, rope.clone()).unwrap()),
+                        ("rope_backward", g.rope_backward(&x, rope.clone()).unwrap()),
                     ] {
                         let flat = g.reshape(&y, &Shape::new([rows, d])).unwrap();
                         check_stored_max(&g, &format!("{what}: {name}"), &y, &flat, &w, maxima);

@@ -134,9 +134,9 @@ proptest! {
         let cx = cpu_up!(c, &x);
         for g in both() {
             let gx = up(g, &x);
-            assert_close("rope", &down(g, &g.rope(&gx, rope).unwrap()), &down_cpu(&c, &c.rope(&cx, rope).unwrap()), TOL_F32);
-            assert_close("rope_backward", &down(g, &g.rope_backward(&gx, rope).unwrap()),
-                &down_cpu(&c, &c.rope_backward(&cx, rope).unwrap()), TOL_F32);
+            assert_close("rope", &down(g, &g.rope(&gx, rope.clone()).unwrap()), &down_cpu(&c, &c.rope(&cx, rope.clone()).unwrap()), TOL_F32);
+            assert_close("rope_backward", &down(g, &g.rope_backward(&gx, rope.clone()).unwrap()),
+                &down_cpu(&c, &c.rope_backward(&cx, rope.clone()).unwrap()), TOL_F32);
         }
     }
 
@@ -246,19 +246,30 @@ fn rope_tables_are_kept_grown_and_shared() {
             truncate: true,
             attention_factor: 1.1386,
         };
+        let long_rope = RopeScaling::LongRope {
+            short: vec![1.0, 1.2, 1.5, 1.9, 2.4, 3.0, 3.7].into(),
+            long: vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0].into(),
+            original_max_positions: 64.0,
+            attention_factor: 1.3,
+        };
         // Past the first table, back inside it, another θ, another D, far
         // past, then the same θ with each scaling (tables of their own).
-        let none = RopeScaling::None;
+
         for (offset, theta, scaling) in [
-            (0, 1e4, none),
-            (5000, 1e4, none),
-            (3, 1e4, none),
-            (7, 5e5, none),
-            (40_000, 1e4, none),
+            (0, 1e4, RopeScaling::None),
+            (5000, 1e4, RopeScaling::None),
+            (3, 1e4, RopeScaling::None),
+            (7, 5e5, RopeScaling::None),
+            (40_000, 1e4, RopeScaling::None),
             (7, 1e4, llama3),
             (7, 1e4, yarn),
-            (7, 1e4, none),
+            (7, 1e4, RopeScaling::None),
             (300, 1e4, RopeScaling::Linear { factor: 2.0 }),
+            // Short factors (positions end at 26 ≤ 64), long ones, and
+            // short ones again (not from the long table).
+            (7, 1e4, long_rope.clone()),
+            (300, 1e4, long_rope.clone()),
+            (7, 1e4, long_rope.clone()),
         ] {
             let rope = Rope {
                 theta,
@@ -268,20 +279,23 @@ fn rope_tables_are_kept_grown_and_shared() {
             for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
                 assert_close(
                     "rope",
-                    &down(&g, &g.rope(gt, rope).unwrap()),
-                    &down_cpu(&c, &c.rope(ct, rope).unwrap()),
+                    &down(&g, &g.rope(gt, rope.clone()).unwrap()),
+                    &down_cpu(&c, &c.rope(ct, rope.clone()).unwrap()),
                     TOL_F32,
                 );
                 assert_close(
                     "rope_backward",
-                    &down(&g, &g.rope_backward(gt, rope).unwrap()),
-                    &down_cpu(&c, &c.rope_backward(ct, rope).unwrap()),
+                    &down(&g, &g.rope_backward(gt, rope.clone()).unwrap()),
+                    &down_cpu(&c, &c.rope_backward(ct, rope.clone()).unwrap()),
                     TOL_F32,
                 );
             }
         }
         let rope = Rope::plain(1e4, 17);
-        let round = || g.rope_backward(&g.rope(&gx, rope).unwrap(), rope).unwrap();
+        let round = || {
+            g.rope_backward(&g.rope(&gx, rope.clone()).unwrap(), rope.clone())
+                .unwrap()
+        };
         // Two rounds warm the pool to what a round needs beside the last
         // result; the last four are counted.
         let mut back = round();

@@ -128,10 +128,13 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
 
     let (q, k, v, datt) = (up(&i.q), up(&i.k), up(&i.v), up(&i.datt));
     let rope = Rope::plain(10000.0, 3);
-    let qr = ex.rope(&q, rope).unwrap();
-    let kr = ex.rope(&k, rope).unwrap();
+    let qr = ex.rope(&q, rope.clone()).unwrap();
+    let kr = ex.rope(&k, rope.clone()).unwrap();
     out.push(("rope", down(&qr)));
-    out.push(("rope backward", down(&ex.rope_backward(&datt, rope).unwrap())));
+    out.push((
+        "rope backward",
+        down(&ex.rope_backward(&datt, rope.clone()).unwrap()),
+    ));
     let a = ex.attention(&qr, &kr, &v).unwrap();
     out.push(("attention", down(&a.out)));
     out.push(("attention lse", down(&a.lse)));

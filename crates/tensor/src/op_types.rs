@@ -139,7 +139,7 @@ pub struct CrossEntropyOut<T> {
 
 /// Rotary embedding parameters: half-split `rotate_half` layout over the full
 /// head dimension, as Hugging Face Llama/Mistral/Qwen use it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
     pub theta: f64,
     /// Position of the first token of the sequence.

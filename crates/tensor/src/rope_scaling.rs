@@ -1,17 +1,19 @@
 //! RoPE frequency scaling as Hugging Face's `rope_type`s define it
 //! (`transformers.modeling_rope_utils`): the per-pair inverse frequencies
 //! and the factor on cos and sin. Llama 3.x ships with `llama3`, long-context
-//! Qwen and DeepSeek distillations with `yarn`.
+//! Qwen and DeepSeek distillations with `yarn`, Phi-3's 128k models and
+//! Phi-3.5 with `longrope`.
 //!
 //! Everything is formed in f64; transformers forms the frequencies in f32,
 //! so the two agree to f32 rounding (`tools/make_golden.py` checks that
 //! before writing its float64 references with these formulas).
 
 use std::f64::consts::PI;
+use std::sync::Arc;
 
 /// How the frequencies of a rotary embedding are scaled. Every variant's
 /// numbers are the config's, resolved (defaults filled in) by the loader.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum RopeScaling {
     /// θ^(−2i/d): `default`, and `dynamic` within its original context.
     #[default]
@@ -38,16 +40,38 @@ pub enum RopeScaling {
         truncate: bool,
         attention_factor: f64,
     },
+    /// LongRoPE (Phi-3's 128k models, Phi-3.5): each pair's frequency
+    /// divided by a factor of its own, from `short` while the positions
+    /// stay within the original context and from `long` past it; cos and
+    /// sin multiplied by `attention_factor`.
+    LongRope {
+        short: Arc<[f64]>,
+        long: Arc<[f64]>,
+        original_max_positions: f64,
+        attention_factor: f64,
+    },
 }
 
 impl RopeScaling {
     /// The inverse frequency of each of the `d / 2` pairs of a head of `d`
-    /// dimensions with base `theta`.
-    pub fn inv_freq(&self, theta: f64, d: usize) -> Vec<f64> {
+    /// dimensions with base `theta`, for a call whose positions end before
+    /// `end` (LongRoPE's factors depend on it, as transformers picks them
+    /// by the largest position of a forward).
+    pub fn inv_freq(&self, theta: f64, d: usize, end: usize) -> Vec<f64> {
         let half = d / 2;
         let base: Vec<f64> = (0..half)
             .map(|i| theta.powf(-((2 * i) as f64) / d as f64))
             .collect();
+        if let RopeScaling::LongRope { .. } = self {
+            let factors = self.long_rope_factors(end).expect("long rope");
+            // A config's lists are checked against its head_dim on load.
+            assert!(
+                factors.len() >= half,
+                "{} LongRoPE factors for {half} pairs",
+                factors.len()
+            );
+            return base.iter().zip(factors.iter()).map(|(f, x)| f / x).collect();
+        }
         match *self {
             RopeScaling::None => base,
             RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
@@ -99,20 +123,50 @@ impl RopeScaling {
                     })
                     .collect()
             }
+            RopeScaling::LongRope { .. } => unreachable!("returned above"),
+        }
+    }
+
+    /// LongRoPE's factors for positions ending before `end`.
+    fn long_rope_factors(&self, end: usize) -> Option<&Arc<[f64]>> {
+        match self {
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_max_positions,
+                ..
+            } => Some(if end as f64 > *original_max_positions {
+                long
+            } else {
+                short
+            }),
+            _ => None,
         }
     }
 
     /// The factor on cos and sin (YaRN's attention temperature; 1 else).
     pub fn attention_factor(&self) -> f64 {
         match *self {
-            RopeScaling::Yarn { attention_factor, .. } => attention_factor,
+            RopeScaling::Yarn { attention_factor, .. } | RopeScaling::LongRope { attention_factor, .. } => {
+                attention_factor
+            }
             _ => 1.0,
         }
     }
 
-    /// The scaling's numbers as bits: a key for tables built from it.
-    pub fn key(&self) -> [u64; 7] {
+    /// The scaling's numbers as bits, for a call whose positions end
+    /// before `end`: a key for tables built from it.
+    pub fn key(&self, end: usize) -> [u64; 7] {
         let b = f64::to_bits;
+        if let (Some(factors), RopeScaling::LongRope { attention_factor, .. }) =
+            (self.long_rope_factors(end), self)
+        {
+            // FNV-1a over the factors in use.
+            let h = factors.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+                (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+            return [4, h, factors.len() as u64, b(*attention_factor), 0, 0, 0];
+        }
         match *self {
             RopeScaling::None => [0; 7],
             RopeScaling::Linear { factor } => [1, b(factor), 0, 0, 0, 0, 0],
@@ -146,6 +200,7 @@ impl RopeScaling {
                 b(attention_factor),
                 0,
             ],
+            RopeScaling::LongRope { .. } => unreachable!("returned above"),
         }
     }
 }
@@ -163,8 +218,8 @@ mod tests {
 
     #[test]
     fn linear_divides_every_frequency() {
-        let base = RopeScaling::None.inv_freq(10000.0, 16);
-        let lin = RopeScaling::Linear { factor: 4.0 }.inv_freq(10000.0, 16);
+        let base = RopeScaling::None.inv_freq(10000.0, 16, 8);
+        let lin = RopeScaling::Linear { factor: 4.0 }.inv_freq(10000.0, 16, 8);
         close(&lin, &base.iter().map(|f| f / 4.0).collect::<Vec<_>>());
         assert_eq!(base[0], 1.0);
     }
@@ -177,8 +232,8 @@ mod tests {
             high_freq_factor: 4.0,
             original_max_positions: 64.0,
         };
-        let base = RopeScaling::None.inv_freq(10000.0, 16);
-        let got = s.inv_freq(10000.0, 16);
+        let base = RopeScaling::None.inv_freq(10000.0, 16, 8);
+        let got = s.inv_freq(10000.0, 16, 8);
         let wavelen = |f: f64| 2.0 * PI / f;
         let (mut kept, mut divided, mut blended) = (0, 0, 0);
         for (&g, &f) in got.iter().zip(&base) {
@@ -209,8 +264,8 @@ mod tests {
             truncate: true,
             attention_factor: 1.1386,
         };
-        let base = RopeScaling::None.inv_freq(10000.0, 128);
-        let got = s.inv_freq(10000.0, 128);
+        let base = RopeScaling::None.inv_freq(10000.0, 128, 8);
+        let got = s.inv_freq(10000.0, 128, 8);
         assert_eq!(got[0], base[0]);
         assert_eq!(got[63], base[63] / 4.0);
         assert!(got.windows(2).all(|w| w[1] < w[0]), "still decreasing");
@@ -222,8 +277,25 @@ mod tests {
     fn keys_tell_scalings_apart() {
         let a = RopeScaling::Linear { factor: 2.0 };
         let b = RopeScaling::Linear { factor: 2.5 };
-        assert_ne!(a.key(), b.key());
-        assert_ne!(a.key(), RopeScaling::None.key());
-        assert_eq!(a.key(), a.key());
+        assert_ne!(a.key(8), b.key(8));
+        assert_ne!(a.key(8), RopeScaling::None.key(8));
+        assert_eq!(a.key(8), a.key(8));
+    }
+
+    #[test]
+    fn long_rope_divides_by_the_short_factors_within_the_context_and_the_long_past_it() {
+        let s = RopeScaling::LongRope {
+            short: vec![1.0, 2.0, 3.0, 4.0].into(),
+            long: vec![5.0, 6.0, 7.0, 8.0].into(),
+            original_max_positions: 64.0,
+            attention_factor: 1.2,
+        };
+        let base = RopeScaling::None.inv_freq(10000.0, 8, 8);
+        let want = |x: [f64; 4]| base.iter().zip(x).map(|(f, x)| f / x).collect::<Vec<_>>();
+        assert_eq!(s.inv_freq(10000.0, 8, 64), want([1.0, 2.0, 3.0, 4.0]));
+        assert_eq!(s.inv_freq(10000.0, 8, 65), want([5.0, 6.0, 7.0, 8.0]));
+        assert_eq!(s.attention_factor(), 1.2);
+        assert_eq!(s.key(10), s.key(64));
+        assert_ne!(s.key(64), s.key(65));
     }
 }

@@ -137,7 +137,9 @@ fn rope_at_position_zero_is_identity_and_rotates_later() {
     // the backward undoes the forward
     let x = EX.upload(&random_tensor(4, [2, 3, 2, 6])).unwrap();
     let rope = Rope::plain(500.0, 11);
-    let back = EX.rope_backward(&EX.rope(&x, rope).unwrap(), rope).unwrap();
+    let back = EX
+        .rope_backward(&EX.rope(&x, rope.clone()).unwrap(), rope)
+        .unwrap();
     close(back.data(), x.data(), 1e-6);
 }
 

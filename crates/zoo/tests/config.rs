@@ -69,8 +69,8 @@ fn unsupported_rope_scaling_is_refused_by_name() {
     for (field, val, named) in [
         (
             "rope_scaling",
-            json!({"rope_type": "longrope", "factor": 8.0}),
-            "longrope",
+            json!({"rope_type": "mrope", "factor": 8.0}),
+            "mrope",
         ),
         ("rope_scaling", json!({"type": "su", "factor": 2.0}), "su"),
         (
@@ -250,11 +250,26 @@ fn family_specific_fields() {
     v["sliding_window"] = json!(2047);
     let c = parse(v.clone()).unwrap();
     assert!(c.check_seq_len(2047).is_ok() && c.check_seq_len(2048).is_err());
+    // Phi3Config reads `yarn` and `su` as longrope, and knows no other.
     v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
-    let err = parse(v).unwrap_err();
+    let msg = parse(v.clone()).unwrap_err().to_string();
     assert!(
-        matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("longrope"),
+        msg.contains("rope_scaling.short_factor") && msg.contains("required"),
+        "{msg}"
+    );
+    v["rope_scaling"] = json!({"type": "linear", "factor": 4.0});
+    let err = parse(v.clone()).unwrap_err();
+    assert!(
+        matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("only longrope"),
         "{err}"
+    );
+    // Factors must cover head_dim / 2 = 32 pairs.
+    v["rope_scaling"] =
+        json!({"type": "longrope", "short_factor": vec![1.0; 3], "long_factor": vec![1.0; 3]});
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(
+        msg.contains("short_factor has 3 factors") && msg.contains("32 pairs"),
+        "{msg}"
     );
 }
 

@@ -12,12 +12,13 @@ fn every_config_gives_the_frequencies_transformers_computes() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/rope_scaling.json");
     let cases: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let cases = cases.as_object().unwrap();
-    assert!(cases.len() >= 10);
+    assert!(cases.len() >= 13);
     for (name, case) in cases {
         let cfg =
             ModelConfig::from_json(case["config"].clone(), name).unwrap_or_else(|e| panic!("{name}: {e}"));
         let want: Vec<f64> = serde_json::from_value(case["inv_freq"].clone()).unwrap();
-        let got = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim);
+        let end = case["end"].as_u64().unwrap_or(1) as usize;
+        let got = cfg.rope_scaling.inv_freq(cfg.rope_theta, cfg.head_dim, end);
         assert_eq!(got.len(), want.len(), "{name}");
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             // f32 rounding of transformers' own arithmetic, a few ulps.

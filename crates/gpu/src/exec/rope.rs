@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use megatrain_tensor::cpu::reference::rope_tables;
+use megatrain_tensor::cpu::reference::rope_tables_for;
 use megatrain_tensor::{Error, Result, Rope};
 
 use super::{GpuExecutor, f, grid_for, need_f32, u};
@@ -49,15 +49,20 @@ impl GpuExecutor {
     /// The tables of `rope`'s θ and scaling for heads of `dim`, cos and
     /// sin, covering at least positions `0..end`; builds or grows them when
     /// they do not.
-    fn rope_table(&self, rope: Rope, dim: usize, end: usize) -> Result<(GpuTensor, GpuTensor)> {
+    fn rope_table(&self, rope: &Rope, dim: usize, end: usize) -> Result<(GpuTensor, GpuTensor)> {
         let mut map = self.rope_tables.0.lock().unwrap();
-        let key = (rope.theta.to_bits(), rope.scaling.key(), dim);
+        let key = (rope.theta.to_bits(), rope.scaling.key(end), dim);
         if let Some(t) = map.get(&key).filter(|t| t.positions >= end) {
             return Ok((t.cos.clone(), t.sin.clone()));
         }
         let have = map.get(&key).map_or(0, |t| t.positions);
         let positions = end.max(2 * have).max(MIN_POSITIONS);
-        let (cos, sin) = rope_tables::<f32>(positions, dim, Rope { offset: 0, ..rope });
+        let from_zero = Rope {
+            offset: 0,
+            ..rope.clone()
+        };
+        // The frequencies of this call's positions, over the table's.
+        let (cos, sin) = rope_tables_for::<f32>(positions, dim, &from_zero, end);
         let table = RopeTable {
             positions,
             cos: self.upload_words(bytemuck::cast_slice(&cos))?,
@@ -92,7 +97,7 @@ impl GpuExecutor {
                 format!("positions {} + T = {t} pass the kernel's u32 range", rope.offset),
             )
         })?;
-        let (cos_t, sin_t) = self.rope_table(rope, dim, end)?;
+        let (cos_t, sin_t) = self.rope_table(&rope, dim, end)?;
         // Only the call's positions are bound: a table grown by a long
         // generation may pass the storage-binding limit as a whole.
         let (cv, sv) = (

@@ -531,7 +531,7 @@ impl<F: Real> Executor for RefExecutor<F> {
         let dims = rope_dims("rope", x)?;
         Ok(out(
             x.shape().clone(),
-            r::rope(f32_data("rope", x)?, dims, rope, false),
+            r::rope(f32_data("rope", x)?, dims, &rope, false),
         ))
     }
 
@@ -539,7 +539,7 @@ impl<F: Real> Executor for RefExecutor<F> {
         let dims = rope_dims("rope_backward", dy)?;
         Ok(out(
             dy.shape().clone(),
-            r::rope(f32_data("rope_backward", dy)?, dims, rope, true),
+            r::rope(f32_data("rope_backward", dy)?, dims, &rope, true),
         ))
     }
 

@@ -288,6 +288,18 @@ impl ModelConfig {
         if !self.arch.is_gpt2() && !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
+        if let RopeScaling::LongRope { short, long, .. } = &self.rope_scaling {
+            let pairs = self.head_dim / 2;
+            for (name, factors) in [("short_factor", short), ("long_factor", long)] {
+                if factors.len() != pairs {
+                    return Err(format!(
+                        "rope_scaling {name} has {} factors; head_dim {} has {pairs} pairs",
+                        factors.len(),
+                        self.head_dim
+                    ));
+                }
+            }
+        }
         if self.arch.is_gpt2() && self.head_dim * self.num_heads != self.hidden_size {
             return Err(format!(
                 "n_embd {} is not a multiple of n_head {}",
@@ -398,7 +410,7 @@ impl ModelConfig {
             })
         };
         let obj = v.as_object_mut().expect("object");
-        if let Some(scaling) = rope::scaling_json(self.rope_scaling) {
+        if let Some(scaling) = rope::scaling_json(&self.rope_scaling) {
             obj.insert("rope_scaling".into(), scaling);
         }
         obj.insert("architectures".into(), json!([self.arch.hf_architecture()]));
@@ -540,14 +552,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let max_positions = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(default_positions);
-    let rope = parse_rope(f, max_positions)?;
-    if arch == Arch::Phi3 && (rope.scaling != RopeScaling::None || rope.dynamic_limit.is_some()) {
-        // Phi3Config reads its scalings ("su", "yarn") as longrope.
-        return Err(f.unsupported(
-            "rope_scaling / rope_parameters of a Phi-3 model: transformers reads every Phi-3 scaling \
-             as longrope, which is not implemented (only default RoPE is)",
-        ));
-    }
+    let rope = parse_rope(f, max_positions, arch == Arch::Phi3)?;
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
         Arch::Llama => (

@@ -68,7 +68,9 @@ impl Obj<'_, '_> {
 }
 
 /// Reads θ and the scaling of a model whose context is `max_positions`.
-pub(super) fn parse_rope(f: &Fields, max_positions: usize) -> Result<RopeFields> {
+/// `phi3`: the scaling is Phi3Config's, which reads `su` and `yarn` as
+/// `longrope` and knows no other.
+pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result<RopeFields> {
     let mut theta = f.opt_f64("rope_theta")?;
     // v5's `rope_parameters` wins over v4's `rope_scaling` where both are
     // written, as its `rope_theta` does over the top-level one.
@@ -106,6 +108,17 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize) -> Result<RopeFields>
             .or_else(|| o.m.get("type"))
             .and_then(Value::as_str)
             .unwrap_or("default");
+    let kind = match kind {
+        "su" | "yarn" if phi3 => "longrope",
+        "default" | "longrope" => kind,
+        other if phi3 => {
+            return Err(f.unsupported(format!(
+                "{} of type '{other}' for a Phi-3 model (Phi3Config knows only longrope)",
+                o.field
+            )));
+        }
+        other => other,
+    };
     out.scaling = match kind {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
@@ -130,14 +143,48 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize) -> Result<RopeFields>
             }
         }
         "yarn" => yarn(&o, max_positions)?,
+        "longrope" => long_rope(&o, max_positions)?,
         other => {
             return Err(f.unsupported(format!(
-                "{} of type '{other}' (implemented: default, linear, dynamic, llama3, yarn)",
+                "{} of type '{other}' (implemented: default, linear, dynamic, llama3, yarn, longrope)",
                 o.field
             )));
         }
     };
     Ok(out)
+}
+
+fn long_rope(o: &Obj, max_positions: usize) -> Result<RopeScaling> {
+    let original = o.original_max(max_positions)?;
+    let list = |key: &str| -> Result<std::sync::Arc<[f64]>> {
+        let name = format!("{}.{key}", o.field);
+        let v =
+            o.m.get(key)
+                .ok_or_else(|| o.f.bad(&name, "required by this rope_type"))?;
+        let xs = v
+            .as_array()
+            .ok_or_else(|| o.f.bad(&name, format!("expected a list of numbers, got {v}")))?;
+        xs.iter()
+            .map(|x| match x.as_f64() {
+                Some(f) if f.is_finite() && f > 0.0 => Ok(f),
+                _ => Err(o.f.bad(&name, format!("{x} is not a positive number"))),
+            })
+            .collect::<Result<Vec<f64>>>()
+            .map(Into::into)
+    };
+    let (short, long) = (list("short_factor")?, list("long_factor")?);
+    let factor = o.num("factor")?.unwrap_or(max_positions as f64 / original);
+    let attention_factor = match o.num("attention_factor")? {
+        Some(a) => o.positive("attention_factor", Some(a))?,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / original.ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short,
+        long,
+        original_max_positions: original,
+        attention_factor,
+    })
 }
 
 fn yarn(o: &Obj, max_positions: usize) -> Result<RopeScaling> {
@@ -190,11 +237,11 @@ fn yarn(o: &Obj, max_positions: usize) -> Result<RopeScaling> {
 /// `config.json` (presets'; a parsed config writes back its own fields, so
 /// `dynamic`, which only parsing gives, keeps its factor); `None` for
 /// plain RoPE.
-pub(super) fn scaling_json(scaling: RopeScaling) -> Option<Value> {
+pub(super) fn scaling_json(scaling: &RopeScaling) -> Option<Value> {
     use serde_json::json;
     // Contexts are whole numbers of tokens in every config.json.
     let positions = |p: f64| json!(p as u64);
-    Some(match scaling {
+    Some(match *scaling {
         RopeScaling::None => return None,
         RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
         RopeScaling::Llama3 {
@@ -223,6 +270,18 @@ pub(super) fn scaling_json(scaling: RopeScaling) -> Option<Value> {
             "beta_fast": beta_fast,
             "beta_slow": beta_slow,
             "truncate": truncate,
+            "attention_factor": attention_factor,
+        }),
+        RopeScaling::LongRope {
+            ref short,
+            ref long,
+            original_max_positions,
+            attention_factor,
+        } => json!({
+            "rope_type": "longrope",
+            "short_factor": &short[..],
+            "long_factor": &long[..],
+            "original_max_position_embeddings": positions(original_max_positions),
             "attention_factor": attention_factor,
         }),
     })

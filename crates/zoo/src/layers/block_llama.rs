@@ -113,7 +113,7 @@ pub(super) fn forward<E: Executor>(
     let rope = Rope {
         theta: cfg.rope_theta,
         offset: 0,
-        scaling: cfg.rope_scaling,
+        scaling: cfg.rope_scaling.clone(),
     };
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
@@ -131,7 +131,7 @@ pub(super) fn forward<E: Executor>(
         }
         None => (None, None, q, k),
     };
-    let q = ex.rope(&qn, rope)?;
+    let q = ex.rope(&qn, rope.clone())?;
     let k = ex.rope(&kn, rope)?;
     let att = ex.attention(&q, &k, &v)?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
@@ -190,7 +190,7 @@ pub(super) fn backward<E: Executor>(
     let rope = Rope {
         theta: cfg.rope_theta,
         offset: 0,
-        scaling: cfg.rope_scaling,
+        scaling: cfg.rope_scaling.clone(),
     };
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
@@ -223,7 +223,7 @@ pub(super) fn backward<E: Executor>(
     let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let mut dq = ex.rope_backward(&ga.dq, rope)?;
+    let mut dq = ex.rope_backward(&ga.dq, rope.clone())?;
     let mut dk = ex.rope_backward(&ga.dk, rope)?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         let gq = ex.rmsnorm_backward(q_pre, &w[qi], &qn.rstd, &dq)?;

@@ -98,7 +98,7 @@ fn rope(cfg: &ModelConfig) -> Rope {
     Rope {
         theta: cfg.rope_theta,
         offset: 0,
-        scaling: cfg.rope_scaling,
+        scaling: cfg.rope_scaling.clone(),
     }
 }
 

@@ -20,6 +20,7 @@ pub const CASES: &[&str] = &[
     "qwen2_yarn",
     "phi3",
     "olmo2",
+    "phi3_longrope",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

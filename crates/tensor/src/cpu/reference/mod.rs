@@ -26,4 +26,4 @@ pub use norm::{
     add_layernorm, add_layernorm_backward, add_rmsnorm, add_rmsnorm_backward, layernorm, layernorm_backward,
     rmsnorm, rmsnorm_backward,
 };
-pub use rope::{rope, rope_tables};
+pub use rope::{rope, rope_tables, rope_tables_for};

@@ -14,9 +14,16 @@ use crate::cpu::Real;
 /// from exact only by the final rounding (an f32 angle would lose ~1e-4 rad
 /// at positions in the thousands). The GPU executor builds its device
 /// tables with this too.
-pub fn rope_tables<F: Real>(t: usize, d: usize, rope: Rope) -> (Vec<F>, Vec<F>) {
+pub fn rope_tables<F: Real>(t: usize, d: usize, rope: &Rope) -> (Vec<F>, Vec<F>) {
+    rope_tables_for(t, d, rope, rope.offset + t)
+}
+
+/// [`rope_tables`] with the frequencies of a call whose positions end
+/// before `end` (LongRoPE's factors depend on it; a table built past a
+/// call's positions must still hold that call's frequencies).
+pub fn rope_tables_for<F: Real>(t: usize, d: usize, rope: &Rope, end: usize) -> (Vec<F>, Vec<F>) {
     let half = d / 2;
-    let inv_freq = rope.scaling.inv_freq(rope.theta, d);
+    let inv_freq = rope.scaling.inv_freq(rope.theta, d, end);
     let gain = rope.scaling.attention_factor();
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
@@ -37,7 +44,7 @@ pub fn rope_tables<F: Real>(t: usize, d: usize, rope: Rope) -> (Vec<F>, Vec<F>) 
 /// which is the backward: the map is a rotation times the scaling's
 /// attention factor, so its transpose is the rotation back times the same
 /// factor. `d` must be even.
-pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: Rope, inverse: bool) -> Vec<F> {
+pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: &Rope, inverse: bool) -> Vec<F> {
     let [b, t, h, d] = dims;
     assert!(d % 2 == 0, "rope: head dim {d} is odd");
     assert_eq!(x.len(), b * t * h * d, "rope: x length");
