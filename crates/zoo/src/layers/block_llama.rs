@@ -3,26 +3,24 @@
 //! biases, MLP biases, and Qwen3's per-head RMSNorm of q and k before RoPE.
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{
-    AddNormOut, AttentionOut, Executor, MatmulGrads, MatmulNeeds, NormOut, Rope, TensorHandle, Transpose,
-};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, Rope, TensorHandle, Transpose};
 
-use super::{check_weights, linear, shape};
+use super::{Linear, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Layout {
     ln1: usize,
-    q: (usize, Option<usize>),
-    k: (usize, Option<usize>),
-    v: (usize, Option<usize>),
-    o: (usize, Option<usize>),
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
     qk_norm: Option<(usize, usize)>,
     ln2: usize,
-    gate: (usize, Option<usize>),
-    up: (usize, Option<usize>),
-    down: (usize, Option<usize>),
+    gate: Linear,
+    up: Linear,
+    down: Linear,
     len: usize,
 }
 
@@ -91,15 +89,6 @@ pub struct LlamaSaved<T> {
     s: T,
 }
 
-fn lin<E: Executor>(
-    ex: &E,
-    x: &E::Tensor,
-    w: &[E::Tensor],
-    (wi, bi): (usize, Option<usize>),
-) -> Result<E::Tensor> {
-    linear(ex, x, &w[wi], bi.map(|i| &w[i]), Transpose::NT)
-}
-
 pub(super) fn forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -159,22 +148,6 @@ pub(super) fn forward<E: Executor>(
         s,
     };
     Ok((y, saved))
-}
-
-/// Stores a linear layer's weight and bias gradients at their table slots.
-fn put<T>(grads: &mut [Option<T>], (wi, bi): (usize, Option<usize>), g: MatmulGrads<T>) {
-    grads[wi] = g.db;
-    if let Some(bi) = bi {
-        grads[bi] = g.dbias;
-    }
-}
-
-fn needs(bias: Option<usize>) -> MatmulNeeds {
-    MatmulNeeds {
-        da: true,
-        db: true,
-        dbias: bias.is_some(),
-    }
 }
 
 pub(super) fn backward<E: Executor>(

@@ -3,20 +3,18 @@
 //! of q and k over their whole projections (not per head) before RoPE.
 //! Attention and the SwiGLU MLP are Llama's; optional attention biases.
 
-use megatrain_tensor::{
-    AttentionOut, Executor, MatmulGrads, MatmulNeeds, NormOut, Rope, TensorHandle, Transpose,
-};
+use megatrain_tensor::{AttentionOut, Executor, NormOut, Rope, TensorHandle, Transpose};
 
-use super::{check_weights, linear, shape};
+use super::{Linear, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
 #[derive(Debug, Clone, Copy)]
 struct Layout {
-    q: (usize, Option<usize>),
-    k: (usize, Option<usize>),
-    v: (usize, Option<usize>),
-    o: (usize, Option<usize>),
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
     q_norm: usize,
     k_norm: usize,
     post_att: usize,
@@ -85,15 +83,6 @@ pub struct Olmo2Saved<T> {
     mn: NormOut<T>,
 }
 
-fn lin<E: Executor>(
-    ex: &E,
-    x: &E::Tensor,
-    w: &[E::Tensor],
-    (wi, bi): (usize, Option<usize>),
-) -> Result<E::Tensor> {
-    linear(ex, x, &w[wi], bi.map(|i| &w[i]), Transpose::NT)
-}
-
 fn rope(cfg: &ModelConfig) -> Rope {
     Rope {
         theta: cfg.rope_theta,
@@ -154,21 +143,6 @@ pub(super) fn forward<E: Executor>(
         mn,
     };
     Ok((y, saved))
-}
-
-fn put<T>(grads: &mut [Option<T>], (wi, bi): (usize, Option<usize>), g: MatmulGrads<T>) {
-    grads[wi] = g.db;
-    if let Some(bi) = bi {
-        grads[bi] = g.dbias;
-    }
-}
-
-fn needs(bias: Option<usize>) -> MatmulNeeds {
-    MatmulNeeds {
-        da: true,
-        db: true,
-        dbias: bias.is_some(),
-    }
 }
 
 pub(super) fn backward<E: Executor>(

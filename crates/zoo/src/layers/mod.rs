@@ -23,7 +23,7 @@ mod block_olmo2;
 mod embedding;
 mod head;
 
-use megatrain_tensor::{Executor, Shape, TensorHandle, Transpose};
+use megatrain_tensor::{Executor, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose};
 
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
@@ -126,4 +126,30 @@ pub(crate) fn linear<E: Executor>(
     t: Transpose,
 ) -> Result<E::Tensor> {
     Ok(ex.matmul(x, w, b, t)?)
+}
+
+/// A linear layer of a block's table: weight `wi`, optional bias `bi`.
+pub(crate) type Linear = (usize, Option<usize>);
+
+/// `x @ wᵀ + b` of the `nn.Linear` at `(wi, bi)` of a block's weights.
+fn lin<E: Executor>(ex: &E, x: &E::Tensor, w: &[E::Tensor], (wi, bi): Linear) -> Result<E::Tensor> {
+    linear(ex, x, &w[wi], bi.map(|i| &w[i]), Transpose::NT)
+}
+
+/// Stores a linear layer's weight and bias gradients at their table slots.
+fn put<T>(grads: &mut [Option<T>], (wi, bi): Linear, g: MatmulGrads<T>) {
+    grads[wi] = g.db;
+    if let Some(bi) = bi {
+        grads[bi] = g.dbias;
+    }
+}
+
+/// The gradients a linear layer's backward produces: the input's, the
+/// weight's, and the bias's where it has one.
+fn needs(bias: Option<usize>) -> MatmulNeeds {
+    MatmulNeeds {
+        da: true,
+        db: true,
+        dbias: bias.is_some(),
+    }
 }
