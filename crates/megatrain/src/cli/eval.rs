@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 use megatrain::data::{Sampling, load_tokens};
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, evaluate, read_train_state, resolve_model_dir,
+    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, chat_template_spec, evaluate,
+    resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_gpu::TransportChoice;
@@ -64,10 +65,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     }
     cfg.check_seq_len(seq)
         .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
-    let spec = match &a.chat_template {
-        Some(spec) => spec.clone(),
-        None => read_train_state(&dir).map_or_else(|_| "auto".into(), |s| s.options.chat_template),
-    };
+    let spec = chat_template_spec(&dir, a.chat_template.as_deref());
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
     let per_batch = a.batch * seq;
     let whole = (data.len().saturating_sub(1) / per_batch).max(1);

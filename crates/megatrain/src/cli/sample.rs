@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 use megatrain::data::Message;
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, generate_until,
-    read_train_state, resolve_model_dir,
+    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, chat_template_spec,
+    generate_until, resolve_model_dir,
 };
 use megatrain_gpu::TransportChoice;
 use megatrain_tensor::Executor;
@@ -101,10 +101,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
 
 /// The chat template's generation prompt for `--system` and `--prompt`.
 fn chat_prompt(a: &SampleArgs, enc: &Encoder, dir: &std::path::Path) -> anyhow::Result<String> {
-    let spec = match &a.chat_template {
-        Some(spec) => spec.clone(),
-        None => read_train_state(dir).map_or_else(|_| "auto".into(), |s| s.options.chat_template),
-    };
+    let spec = chat_template_spec(dir, a.chat_template.as_deref());
     let message = |role: &str, content: &str| Message {
         role: role.into(),
         content: content.into(),

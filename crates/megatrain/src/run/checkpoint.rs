@@ -180,6 +180,16 @@ fn write_checkpoint_files(
     Ok(())
 }
 
+/// The `--chat-template` a command on model directory `dir` renders with:
+/// `given`, else the one the run trained with where `dir` is a run's
+/// checkpoint, else `auto`.
+pub fn chat_template_spec(dir: &Path, given: Option<&str>) -> String {
+    match given {
+        Some(spec) => spec.to_string(),
+        None => read_train_state(dir).map_or_else(|_| "auto".into(), |s| s.options.chat_template),
+    }
+}
+
 /// The train state of a complete checkpoint (from `checkpoint.json`, which
 /// exists only once every file is in place).
 pub fn read_train_state(ckpt: &Path) -> Result<TrainState> {

@@ -18,8 +18,8 @@ mod plot;
 mod session;
 
 pub use checkpoint::{
-    CONFIG_FILE, STATE_FILE, TrainState, checkpoint_name, latest_checkpoint, prune_checkpoints,
-    read_train_state, resolve_model_dir, save_run_checkpoint,
+    CONFIG_FILE, STATE_FILE, TrainState, chat_template_spec, checkpoint_name, latest_checkpoint,
+    prune_checkpoints, read_train_state, resolve_model_dir, save_run_checkpoint,
 };
 pub use cover::{BusCover, Machine, bus_cover};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
