@@ -95,16 +95,33 @@ impl ChatTemplate {
             ChatTemplate::Jinja(j) => return Renderer::new(j)?.render(messages, true),
             ChatTemplate::Headers(h) => h,
         };
-        let mut text = String::new();
-        for m in messages {
+        let text: String = h.pieces(messages)?.into_iter().map(|p| p.0).collect();
+        Ok(text + &h.assistant)
+    }
+}
+
+impl Headers {
+    /// `messages` as pieces of text in order, each assistant reply counted
+    /// (its header not).
+    pub fn pieces(&self, messages: &[Message]) -> Result<Vec<Piece>, String> {
+        let mut pieces = Vec::with_capacity(messages.len() + 1);
+        for (k, m) in messages.iter().enumerate() {
             match m.role.as_str() {
-                "system" => text += &h.system.replace("{text}", &m.content),
-                "user" => text += &h.user.replace("{text}", &m.content),
-                "assistant" => text += &format!("{}{}", h.assistant, m.content),
-                other => return Err(format!("role '{other}' has no header")),
+                "system" => pieces.push((self.system.replace("{text}", &m.content), false)),
+                "user" => pieces.push((self.user.replace("{text}", &m.content), false)),
+                "assistant" => {
+                    pieces.push((self.assistant.clone(), false));
+                    pieces.push((m.content.clone(), true));
+                }
+                other => {
+                    return Err(format!(
+                        "turn {k}: unknown role '{other}' (the headers know system, human, user, gpt and \
+                         assistant; a chat template may know it: --chat-template)"
+                    ));
+                }
             }
         }
-        Ok(text + &h.assistant)
+        Ok(pieces)
     }
 }
 

@@ -249,22 +249,12 @@ fn alpaca_headers(b: &mut Builder, rec: &Value, t: &Headers) -> Result<(), DataE
     Ok(())
 }
 
+/// `messages` under headers, each reply followed by the end-of-sequence id.
 fn headers(b: &mut Builder, messages: &[Message], t: &Headers) -> Result<(), DataError> {
-    for (k, m) in messages.iter().enumerate() {
-        match m.role.as_str() {
-            "system" => b.push(&t.system.replace("{text}", &m.content), false)?,
-            "user" => b.push(&t.user.replace("{text}", &m.content), false)?,
-            "assistant" => {
-                b.push(&t.assistant, false)?;
-                b.push(&m.content, true)?;
-                b.push_eos();
-            }
-            other => {
-                return Err(b.err(format!(
-                    "turn {k}: unknown role '{other}' (the headers know system, human, user, gpt and \
-                     assistant; a chat template may know it: --chat-template)"
-                )));
-            }
+    for (text, counted) in t.pieces(messages).map_err(|d| b.err(d))? {
+        b.push(&text, counted)?;
+        if counted {
+            b.push_eos();
         }
     }
     Ok(())
