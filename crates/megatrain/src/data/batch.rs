@@ -67,14 +67,32 @@ pub fn draw_rows(
     seq_len: usize,
     name: &std::path::Path,
 ) -> Result<Batch, DataError> {
+    let (parts, names) = (std::slice::from_ref(data), std::slice::from_ref(&name));
+    draw_parts(parts, names, |_| 0, sampling, index, batch, rows, seq_len)
+}
+
+/// Rows `rows` of batch number `index`, row `b` drawn from
+/// `parts[part_of(b)]` (`names[i]` names part `i` in errors).
+#[allow(clippy::too_many_arguments)]
+fn draw_parts<N: AsRef<std::path::Path>>(
+    parts: &[TokenData],
+    names: &[N],
+    part_of: impl Fn(u64) -> usize,
+    sampling: Sampling,
+    index: u64,
+    batch: usize,
+    rows: std::ops::Range<usize>,
+    seq_len: usize,
+) -> Result<Batch, DataError> {
     assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
-    let n = data.len();
-    if n < seq_len + 1 {
-        return Err(DataError::TooShort {
-            path: name.to_path_buf(),
-            len: n,
-            seq_len,
-        });
+    for (part, name) in parts.iter().zip(names) {
+        if part.len() < seq_len + 1 {
+            return Err(DataError::TooShort {
+                path: name.as_ref().to_path_buf(),
+                len: part.len(),
+                seq_len,
+            });
+        }
     }
     let mut out = Batch {
         batch: rows.len(),
@@ -83,7 +101,7 @@ pub fn draw_rows(
         targets: Vec::with_capacity(rows.len() * seq_len),
     };
     for b in rows.start as u64..rows.end as u64 {
-        push_row(data, sampling, index, batch, b, seq_len, &mut out);
+        push_row(&parts[part_of(b)], sampling, index, batch, b, seq_len, &mut out);
     }
     Ok(out)
 }
@@ -188,25 +206,6 @@ pub fn draw_mix_rows(
     let Sampling::Random { seed } = sampling else {
         panic!("a mixture draws random rows (validated with the options)");
     };
-    assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
-    for (part, name) in mix.parts.iter().zip(names) {
-        if part.len() < seq_len + 1 {
-            return Err(DataError::TooShort {
-                path: name.clone(),
-                len: part.len(),
-                seq_len,
-            });
-        }
-    }
-    let mut out = Batch {
-        batch: rows.len(),
-        seq_len,
-        inputs: Vec::with_capacity(rows.len() * seq_len),
-        targets: Vec::with_capacity(rows.len() * seq_len),
-    };
-    for b in rows.start as u64..rows.end as u64 {
-        let part = &mix.parts[mix.part_of(seed, index, b)];
-        push_row(part, sampling, index, batch, b, seq_len, &mut out);
-    }
-    Ok(out)
+    let part_of = |b| mix.part_of(seed, index, b);
+    draw_parts(&mix.parts, names, part_of, sampling, index, batch, rows, seq_len)
 }
