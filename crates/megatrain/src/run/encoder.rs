@@ -217,27 +217,31 @@ impl Encoder {
     /// are the tokenizer's, from its `tokenizer_config.json`.
     pub fn chat_template(&self, spec: &str) -> Result<ChatTemplate> {
         let side = self.source.as_deref().and_then(Path::parent);
-        let (source, origin) = match spec {
-            "alpaca" => return Ok(ChatTemplate::default()),
-            "auto" => {
-                let Some(dir) = side else {
-                    return Ok(ChatTemplate::default());
-                };
+        let side = match (spec, side) {
+            ("alpaca", _) | ("auto", None) => return Ok(ChatTemplate::default()),
+            (_, side) => side,
+        };
+        // The tokenizer's settings, read once: its token strings, and
+        // under `auto` its template.
+        let config_path = side.map(|d| d.join(TOKENIZER_CONFIG)).filter(|p| p.is_file());
+        let config = config_path.as_deref().map(read_json).transpose()?;
+        let (source, origin) = match (spec, side) {
+            ("auto", Some(dir)) => {
                 let file = dir.join(CHAT_TEMPLATE_FILE);
-                let config = dir.join(TOKENIZER_CONFIG);
-                if file.is_file() {
-                    (read_text(&file)?, file)
-                } else if let Some(t) = config_template(&config)? {
-                    (t, config)
-                } else {
-                    return Ok(ChatTemplate::default());
+                let in_config = match (&config_path, &config) {
+                    (Some(p), Some(v)) => template_in(v, p)?.map(|t| (t, p.clone())),
+                    _ => None,
+                };
+                match (file.is_file(), in_config) {
+                    (true, _) => (read_text(&file)?, file),
+                    (false, Some(found)) => found,
+                    (false, None) => return Ok(ChatTemplate::default()),
                 }
             }
-            path => {
+            (path, _) => {
                 let file = PathBuf::from(path);
-                let is_config = file.extension().is_some_and(|e| e == "json");
-                let source = match is_config {
-                    true => config_template(&file)?.ok_or_else(|| {
+                let source = match file.extension().is_some_and(|e| e == "json") {
+                    true => template_in(&read_json(&file)?, &file)?.ok_or_else(|| {
                         RunError::option("chat-template", path, "the file has no chat_template")
                     })?,
                     false => read_text(&file)?,
@@ -253,12 +257,7 @@ impl Encoder {
                  template writes; use --chat-template alpaca or a Hugging Face tokenizer",
             ));
         }
-        let tokens = side.map(|d| d.join(TOKENIZER_CONFIG)).filter(|p| p.is_file());
-        let config = match &tokens {
-            Some(p) => serde_json::from_str(&read_text(p)?).map_err(|e| RunError::file(p, e.to_string()))?,
-            None => Value::Null,
-        };
-        let token = |key: &str| match config.get(key) {
+        let token = |key: &str| match config.as_ref().and_then(|c| c.get(key)) {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
             _ => String::new(),
@@ -280,13 +279,7 @@ impl Encoder {
     pub fn stop_ids(&self, model: &ModelConfig, dir: &Path) -> Result<Vec<u32>> {
         let mut ids: Vec<u32> = self.eos.into_iter().collect();
         let generation = dir.join("generation_config.json");
-        let generation: Option<Value> = match generation.is_file() {
-            true => Some(
-                serde_json::from_str(&read_text(&generation)?)
-                    .map_err(|e| RunError::file(&generation, e.to_string()))?,
-            ),
-            false => None,
-        };
+        let generation = generation.is_file().then(|| read_json(&generation)).transpose()?;
         for v in [model.raw.as_ref(), generation.as_ref()].into_iter().flatten() {
             match v.get("eos_token_id") {
                 Some(Value::Number(n)) => ids.extend(n.as_u64().map(|x| x as u32)),
@@ -305,15 +298,15 @@ fn read_text(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(RunError::io(path))
 }
 
-/// The `chat_template` of a `tokenizer_config.json`: a string, or of a
-/// list of named templates the one named `default`.
-fn config_template(path: &Path) -> Result<Option<String>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let v: Value =
-        serde_json::from_str(&read_text(path)?).map_err(|e| RunError::file(path, e.to_string()))?;
-    match v.get("chat_template") {
+fn read_json(path: &Path) -> Result<Value> {
+    serde_json::from_str(&read_text(path)?).map_err(|e| RunError::file(path, e.to_string()))
+}
+
+/// The `chat_template` of a `tokenizer_config.json` (`config`, read from
+/// `path`): a string, or of a list of named templates the one named
+/// `default`.
+fn template_in(config: &Value, path: &Path) -> Result<Option<String>> {
+    match config.get("chat_template") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(list)) => {
