@@ -268,12 +268,11 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             .into());
         }
     }
-    // Rows by the given weights, else by the sources' sizes (as one stream
-    // would give them).
+    // Rows by the given weights, else by the parts' sizes (as one stream
+    // would give them; `--val-data` is one part, whatever the weights).
     let weights = |parts: &[TokenData]| match opts.data_weights.as_slice() {
-        [] => parts.iter().map(|d| d.len() as f64).collect(),
         given if given.len() == parts.len() => given.to_vec(),
-        _ => vec![1.0],
+        _ => parts.iter().map(|d| d.len() as f64).collect(),
     };
     let val = (!val.is_empty()).then(|| Mix {
         weights: weights(&val),
