@@ -62,16 +62,6 @@ impl RopeScaling {
         let base: Vec<f64> = (0..half)
             .map(|i| theta.powf(-((2 * i) as f64) / d as f64))
             .collect();
-        if let RopeScaling::LongRope { .. } = self {
-            let factors = self.long_rope_factors(end).expect("long rope");
-            // A config's lists are checked against its head_dim on load.
-            assert!(
-                factors.len() >= half,
-                "{} LongRoPE factors for {half} pairs",
-                factors.len()
-            );
-            return base.iter().zip(factors.iter()).map(|(f, x)| f / x).collect();
-        }
         match *self {
             RopeScaling::None => base,
             RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
@@ -123,7 +113,16 @@ impl RopeScaling {
                     })
                     .collect()
             }
-            RopeScaling::LongRope { .. } => unreachable!("returned above"),
+            RopeScaling::LongRope { .. } => {
+                let factors = self.long_rope_factors(end).expect("long rope");
+                // A config's lists are checked against its head_dim on load.
+                assert!(
+                    factors.len() >= half,
+                    "{} LongRoPE factors for {half} pairs",
+                    factors.len()
+                );
+                base.iter().zip(factors.iter()).map(|(f, x)| f / x).collect()
+            }
         }
     }
 
@@ -158,15 +157,6 @@ impl RopeScaling {
     /// before `end`: a key for tables built from it.
     pub fn key(&self, end: usize) -> [u64; 7] {
         let b = f64::to_bits;
-        if let (Some(factors), RopeScaling::LongRope { attention_factor, .. }) =
-            (self.long_rope_factors(end), self)
-        {
-            // FNV-1a over the factors in use.
-            let h = factors.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
-                (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
-            });
-            return [4, h, factors.len() as u64, b(*attention_factor), 0, 0, 0];
-        }
         match *self {
             RopeScaling::None => [0; 7],
             RopeScaling::Linear { factor } => [1, b(factor), 0, 0, 0, 0, 0],
@@ -200,7 +190,14 @@ impl RopeScaling {
                 b(attention_factor),
                 0,
             ],
-            RopeScaling::LongRope { .. } => unreachable!("returned above"),
+            RopeScaling::LongRope { attention_factor, .. } => {
+                let factors = self.long_rope_factors(end).expect("long rope");
+                // FNV-1a over the factors in use.
+                let h = factors.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+                    (h ^ x.to_bits()).wrapping_mul(0x0000_0100_0000_01b3)
+                });
+                [4, h, factors.len() as u64, b(attention_factor), 0, 0, 0]
+            }
         }
     }
 }
