@@ -635,6 +635,11 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     ] {
         f16_training_follows(|| GpuExecutor::new(ctx.clone()), &model, cpu_bound);
     }
+    // The losses above hold whichever attention ran; the tensor-core one
+    // must also have passed its check against the SIMT kernels (at D = 64)
+    // where the adapter has cooperative matrices, not been let go.
+    let refused = ctx.coop_attention_refused();
+    assert!(refused.is_empty(), "{}: {refused:?}", ctx.info);
     // And on the device as a GPU that imports host memory runs it: the
     // uploads copied by the device from the registered tier and the
     // gradients brought down, all on the copy queue (wgpu's own on
@@ -722,12 +727,13 @@ fn evaluation_streams_the_model_once_per_group() {
 /// The kernels run without wgpu's runtime checks (`Kernel::UNCHECKED`).
 /// Had one indexed past a workgroup or private array, the checked build
 /// (every such index clamped to the array) would read something else, so
-/// three steps in each build must agree bit for bit: losses, parameters
-/// and transport copies. llama-tiny in f32 and in f16 on the emulated
+/// three steps in each build must agree: bit for bit on lavapipe (losses,
+/// parameters and transport copies), within rounding where the driver
+/// compiles the two builds differently (`alike`). llama-tiny in f32 and in f16 on the emulated
 /// tensor-core matmul and attention kernels, and gpt2-nano (LayerNorm,
 /// GELU, biases) in f32.
 #[test]
-fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
+fn kernels_without_runtime_checks_train_as_with_them() {
     use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
     use megatrain_tensor::ComputePrecision;
     let Some(ctx) = common::ctx() else { return };
@@ -750,7 +756,7 @@ fn kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
 /// those of the test next to it (the two that CI runs on Mesa 26's
 /// lavapipe).
 #[test]
-fn tensor_core_kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
+fn tensor_core_kernels_without_runtime_checks_train_as_with_them() {
     use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
     use megatrain_tensor::ComputePrecision;
     let Some(ctx) = common::own_ctx() else { return };
@@ -767,8 +773,25 @@ fn tensor_core_kernels_without_runtime_checks_train_bit_for_bit_as_with_them() {
     );
 }
 
+/// ‖a − b‖ / ‖b‖.
+fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += (f64::from(*x) - f64::from(*y)).powi(2);
+        n += f64::from(*y).powi(2);
+    }
+    (d / n.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 /// Three steps of `model` on `ctx` with the kernels' runtime checks and
-/// without: the same losses, parameters and transport copies, bit for bit.
+/// without: the same losses, parameters and transport copies, bit for bit
+/// on a CPU adapter (lavapipe). A GPU's compiler may fuse a product and a
+/// sum into one rounding in one build and not the other (SPIR-V lets it
+/// contract; the checks' branches split some pairs apart: NVIDIA's does,
+/// 7e-9 apart in the loss after one update on the H200, gpt2-nano's
+/// parameters 3.6e-6 after three Adam steps), so there the losses must
+/// agree to 1e-6 and each layer's parameters to 1e-4 relative, which an
+/// index past an array, reading another element or 0, would not.
 fn train_alike_with_and_without_checks(
     ctx: &Arc<GpuContext>,
     model: &ModelConfig,
@@ -794,26 +817,44 @@ fn train_alike_with_and_without_checks(
                 t.step(std::slice::from_ref(&b), 1e-3).unwrap().loss.to_bits()
             })
             .collect();
-        let state: Vec<(Vec<u32>, Vec<u8>)> = t
+        let state: Vec<(Vec<f32>, Vec<u8>)> = t
             .tier()
             .layers()
             .iter()
-            .map(|l| {
-                let p = l.params().iter().map(|x| x.to_bits()).collect();
-                (p, l.transport().as_bytes().to_vec())
-            })
+            .map(|l| (l.params().to_vec(), l.transport().as_bytes().to_vec()))
             .collect();
         (losses, state)
     };
     let (checked, unchecked) = (run(true), run(false));
-    assert_eq!(
-        checked.0, unchecked.0,
-        "{:?} {precision:?}: losses differ with and without shader checks",
-        model.arch
-    );
-    assert!(
-        checked.1 == unchecked.1,
-        "{:?} {precision:?}: parameters or transport copies differ with and without shader checks",
-        model.arch
-    );
+    let what = format!("{:?} {precision:?}", model.arch);
+    if ctx.info.device_type == "Cpu" {
+        assert_eq!(
+            checked.0, unchecked.0,
+            "{what}: losses differ with and without shader checks"
+        );
+        let bits = |s: &[(Vec<f32>, Vec<u8>)]| -> Vec<(Vec<u32>, Vec<u8>)> {
+            s.iter()
+                .map(|(p, t)| (p.iter().map(|x| x.to_bits()).collect(), t.clone()))
+                .collect()
+        };
+        assert!(
+            bits(&checked.1) == bits(&unchecked.1),
+            "{what}: parameters or transport copies differ with and without shader checks"
+        );
+        return;
+    }
+    for (step, (a, b)) in checked.0.iter().zip(&unchecked.0).enumerate() {
+        let (a, b) = (f64::from_bits(*a), f64::from_bits(*b));
+        assert!(
+            (a - b).abs() <= 1e-6 * a.abs(),
+            "{what}: step {step} loss {a} with shader checks, {b} without"
+        );
+    }
+    for (layer, (a, b)) in checked.1.iter().zip(&unchecked.1).enumerate() {
+        let d = rel_norm_diff(&a.0, &b.0);
+        assert!(
+            d <= 1e-4,
+            "{what}: layer {layer}'s parameters differ by {d:e} (relative norm) with and without shader checks"
+        );
+    }
 }

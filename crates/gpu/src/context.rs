@@ -72,6 +72,9 @@ pub struct GpuContext {
     pub(crate) copy_queue: Option<Arc<CopyQueue>>,
     /// Why the copy queue `auto` picked was let go as the device opened.
     copy_queue_refused: Option<String>,
+    /// The tensor-core attention's check against the SIMT kernels on this
+    /// device, per head dimension (`exec/attention_check.rs`).
+    pub(crate) coop_attention_checks: std::sync::Mutex<std::collections::BTreeMap<usize, Result<(), String>>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -349,6 +352,7 @@ impl GpuContext {
             host_registry: Default::default(),
             copy_queue,
             copy_queue_refused: None,
+            coop_attention_checks: Default::default(),
         });
         match ctx.copy_queue.is_some() {
             true => ctx.checked_copy_queue(copy, |c| {
@@ -454,6 +458,20 @@ impl GpuContext {
     /// a second queue: it failed its check as the device opened.
     pub fn copy_queue_refused(&self) -> Option<&str> {
         self.copy_queue_refused.as_deref()
+    }
+
+    /// Head dimensions whose tensor-core attention `F16Attention::Auto`
+    /// let go on this device, and why: it did not match the SIMT kernels
+    /// when first asked for (`GpuExecutor::coop_attention_kernel`).
+    pub fn coop_attention_refused(&self) -> Vec<(usize, String)> {
+        let checks = self
+            .coop_attention_checks
+            .lock()
+            .expect("attention checks poisoned");
+        checks
+            .iter()
+            .filter_map(|(&d, r)| r.as_ref().err().map(|e| (d, e.clone())))
+            .collect()
     }
 
     /// What the copy queue did so far, where there is one.

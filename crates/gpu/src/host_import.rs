@@ -410,7 +410,7 @@ mod vk {
                     .allocation_size(size)
                     .memory_type_index(ty)
                     .push_next(&mut import);
-                let memory = crate::copy_queue::allocate_bound(dev, buffer, &alloc)?;
+                let memory = crate::copy_queue::allocate_bound(dev, buffer, &alloc).ok()?;
                 (
                     wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, bytes),
                     bytes,

@@ -18,7 +18,7 @@ pub(super) fn raw_buffer(b: &wgpu::Buffer) -> Result<vk::Buffer, crate::GpuError
 }
 
 /// Allocates `alloc` and binds it to `buffer`; on failure destroys the
-/// buffer and whatever was allocated.
+/// buffer and whatever was allocated, and says which call failed and how.
 ///
 /// # Safety
 /// `buffer` is a buffer of `dev` with no memory bound, and `alloc` is
@@ -27,19 +27,25 @@ pub(crate) unsafe fn allocate_bound(
     dev: &ash::Device,
     buffer: vk::Buffer,
     alloc: &vk::MemoryAllocateInfo<'_>,
-) -> Option<vk::DeviceMemory> {
+) -> Result<vk::DeviceMemory, String> {
     // SAFETY: forwarded from the caller.
     unsafe {
-        let Ok(memory) = dev.allocate_memory(alloc, None) else {
-            dev.destroy_buffer(buffer, None);
-            return None;
+        let memory = match dev.allocate_memory(alloc, None) {
+            Ok(m) => m,
+            Err(e) => {
+                dev.destroy_buffer(buffer, None);
+                return Err(format!(
+                    "vkAllocateMemory of {} bytes (memory type {}): {e}",
+                    alloc.allocation_size, alloc.memory_type_index
+                ));
+            }
         };
-        if dev.bind_buffer_memory(buffer, memory, 0).is_err() {
+        if let Err(e) = dev.bind_buffer_memory(buffer, memory, 0) {
             dev.destroy_buffer(buffer, None);
             dev.free_memory(memory, None);
-            return None;
+            return Err(format!("vkBindBufferMemory: {e}"));
         }
-        Some(memory)
+        Ok(memory)
     }
 }
 
@@ -53,7 +59,7 @@ impl CopyQueue {
         device: &wgpu::Device,
         bytes: u64,
         label: &str,
-    ) -> Option<wgpu::Buffer> {
+    ) -> Result<wgpu::Buffer, String> {
         let usage = vk::BufferUsageFlags::STORAGE_BUFFER
             | vk::BufferUsageFlags::TRANSFER_DST
             | vk::BufferUsageFlags::TRANSFER_SRC;
@@ -62,14 +68,18 @@ impl CopyQueue {
         // which frees them when wgpu destroys the buffer) or are
         // destroyed here on failure.
         let buffer = unsafe {
-            let hal = device.as_hal::<Vulkan>()?;
+            let hal = device
+                .as_hal::<Vulkan>()
+                .ok_or_else(|| "not a Vulkan device".to_string())?;
             let dev = hal.raw_device();
             let info = vk::BufferCreateInfo::default()
                 .size(bytes)
                 .usage(usage)
                 .sharing_mode(mode)
                 .queue_family_indices(families);
-            let buffer = dev.create_buffer(&info, None).ok()?;
+            let buffer = dev
+                .create_buffer(&info, None)
+                .map_err(|e| format!("vkCreateBuffer of {bytes} bytes: {e}"))?;
             let req = dev.get_buffer_memory_requirements(buffer);
             let instance = hal.shared_instance().raw_instance();
             let types = instance.get_physical_device_memory_properties(hal.raw_physical_device());
@@ -86,7 +96,10 @@ impl CopyQueue {
                 .or_else(|| (0..types.memory_type_count).find(|&i| ok(i, vk::MemoryPropertyFlags::empty())));
             let Some(ty) = ty else {
                 dev.destroy_buffer(buffer, None);
-                return None;
+                return Err(format!(
+                    "no device-local memory type among the buffer's (bits {:#x})",
+                    req.memory_type_bits
+                ));
             };
             let alloc = vk::MemoryAllocateInfo::default()
                 .allocation_size(req.size)
@@ -104,6 +117,6 @@ impl CopyQueue {
             )
         };
         self.lock().targets.insert(buffer.clone(), Target::default());
-        Some(buffer)
+        Ok(buffer)
     }
 }

@@ -22,7 +22,7 @@ impl CopyQueue {
     ) -> R {
         match *self {}
     }
-    pub(crate) fn create_buffer(&self, _: &wgpu::Device, _: u64, _: &str) -> Option<wgpu::Buffer> {
+    pub(crate) fn create_buffer(&self, _: &wgpu::Device, _: u64, _: &str) -> Result<wgpu::Buffer, String> {
         match *self {}
     }
     pub(crate) fn forget(&self, _: &wgpu::Buffer) {

@@ -39,7 +39,7 @@ pub(super) fn check(ctx: &Arc<GpuContext>, bound: Duration, swap: bool) -> Resul
     up.bytes_mut()[..BYTES as usize].copy_from_slice(bytemuck::cast_slice(&sent));
     let device = || {
         q.create_buffer(&ctx.device, BYTES, "copy queue check")
-            .ok_or_else(|| Failed::Idle("no device memory for the check".into()))
+            .map_err(|e| Failed::Idle(format!("no device memory for the check: {e}")))
     };
     let (a, b) = (device()?, device()?);
     let half = BYTES / 2;

@@ -19,18 +19,25 @@ const NO_MAX_SLOT: u32 = u32::MAX;
 
 impl GpuExecutor {
     /// The attention family in use for head dimension `d` under F16:
-    /// `Some(emulated)` for the tensor-core kernels, `None` for SIMT.
+    /// `Some(emulated)` for the tensor-core kernels, `None` for SIMT. `Auto`
+    /// takes the tensor cores only where they matched the SIMT kernels on
+    /// this device (`attention_check.rs`).
     pub(crate) fn coop_attention_kernel(&self, d: usize) -> Option<bool> {
         let family = CoopAttention::HEAD_DIMS.contains(&(d as u32));
         match self.f16_attention {
-            F16Attention::Auto => (family && self.ctx.has_cooperative_matrix()).then_some(false),
+            F16Attention::Auto => {
+                (family && self.ctx.has_cooperative_matrix() && self.coop_attention_checked(d))
+                    .then_some(false)
+            }
             F16Attention::Simt => None,
             F16Attention::Coop => family.then_some(false),
             F16Attention::CoopEmulated => family.then_some(true),
         }
     }
 
-    /// The attention kernel family `Auto` resolves to on this adapter.
+    /// The attention kernel family `Auto` resolves to on this adapter
+    /// (at a head dimension where its check passes:
+    /// [`crate::GpuContext::coop_attention_refused`] lists the others).
     pub fn f16_attention_kernel(&self) -> F16Attention {
         match self.f16_attention {
             F16Attention::Auto if self.ctx.has_cooperative_matrix() => F16Attention::Coop,

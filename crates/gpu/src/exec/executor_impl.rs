@@ -13,15 +13,24 @@ impl Executor for GpuExecutor {
     type Tensor = GpuTensor;
 
     /// The adapter, and under F16 the kernel families in use (records of
-    /// runs with `MEGATRAIN_F16_MATMUL` / `_ATTENTION` say which ran).
+    /// runs with `MEGATRAIN_F16_MATMUL` / `_ATTENTION` say which ran), with
+    /// the head dimensions where `auto` let the tensor-core attention go.
     fn name(&self) -> String {
         match self.precision {
-            ComputePrecision::F16 => format!(
-                "gpu: {} (f16 kernels: matmul {}, attention {})",
-                self.ctx.info,
-                self.f16_matmul_kernel(),
-                self.f16_attention_kernel()
-            ),
+            ComputePrecision::F16 => {
+                let refused: String = self
+                    .ctx
+                    .coop_attention_refused()
+                    .iter()
+                    .map(|(d, why)| format!("; D {d}: {why}"))
+                    .collect();
+                format!(
+                    "gpu: {} (f16 kernels: matmul {}, attention {}{refused})",
+                    self.ctx.info,
+                    self.f16_matmul_kernel(),
+                    self.f16_attention_kernel()
+                )
+            }
             ComputePrecision::F32 => format!("gpu: {}", self.ctx.info),
         }
     }

@@ -265,7 +265,9 @@ impl GpuExecutor {
             let (t, _) = st.transport_and_slots(choice);
             let (usage, mapped) = (t.slot_usage(), t.slot_mapped_at_creation());
             let made = side_queue.and_then(|q| {
-                let raw = q.create_buffer(&self.ctx.device, bytes, "weight slot (copy queue)")?;
+                let raw = q
+                    .create_buffer(&self.ctx.device, bytes, "weight slot (copy queue)")
+                    .ok()?;
                 let side = SideSlot {
                     queue: q.clone(),
                     buf: raw.clone(),

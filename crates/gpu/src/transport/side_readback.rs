@@ -203,9 +203,9 @@ impl SideReadback {
         let b = self
             .queue
             .create_buffer(&self.ctx.device, class, "download staging (copy queue)")
-            .ok_or_else(|| GpuError::Unsupported {
+            .map_err(|e| GpuError::Unsupported {
                 op: "download",
-                detail: format!("no device memory for a {class}-byte download staging buffer"),
+                detail: format!("no device memory for a {class}-byte download staging buffer ({e})"),
             })?;
         Ok(Arc::new(self.arena.adopt(b)))
     }
