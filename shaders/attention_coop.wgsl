@@ -59,9 +59,27 @@ const LDP: u32 = BC + 8u;
 // One f32 region of 16 x BC per subgroup (S; dP in the backward).
 const SCR: u32 = SG * 16u * BC;
 
-var<workgroup> sm: array<half, SM>;
-var<workgroup> s_s: array<f32, NSCR * SCR>;
-var<workgroup> stat_s: array<f32, STAT>;
+// All of a kernel's workgroup memory is one variable, in this order: the
+// f16 tiles at offset 0, every region of them (and the f32 scratch after
+// them) a multiple of 16 bytes long. Cooperative loads and stores need
+// their pointers 16-byte aligned (VUID-RuntimeSpirv-OpCooperativeMatrixLoadKHR-08986),
+// and how a driver places separate variables is its own: with the small
+// atomics as variables of their own, NVIDIA's (580.159.04, H200) read the
+// tiles as if shifted, the forward's output off by a relative 1.4, while
+// lavapipe, which needs no alignment, was right. The two atomics are in
+// every pass's struct (the dq pass uses neither).
+struct Shared {
+    sm: array<half, SM>,
+    s_s: array<f32, NSCR * SCR>,
+    stat_s: array<f32, STAT>,
+    // Set by any row whose max was raised past an earlier one in the
+    // forward's tile (`fwd`).
+    rescale: atomic<u32>,
+    // The largest max_bits a workgroup wrote (`out_max`).
+    wg_max: atomic<u32>,
+}
+
+var<workgroup> wg: Shared;
 
 var<private> li: u32;
 var<private> e_q: i32;
@@ -121,13 +139,13 @@ fn scaled(x: f32, s: Pow2Steps) -> half {
 }
 
 fn put_half4(at: u32, h: vec4<half>) {
-    sm[at] = h.x;
-    sm[at + 1u] = h.y;
-    sm[at + 2u] = h.z;
-    sm[at + 3u] = h.w;
+    wg.sm[at] = h.x;
+    wg.sm[at + 1u] = h.y;
+    wg.sm[at + 2u] = h.z;
+    wg.sm[at + 3u] = h.w;
 }
 
-// Four elements scaled into f16's range and converted, to sm[at..at + 4].
+// Four elements scaled into f16's range and converted, to wg.sm[at..at + 4].
 fn put4(at: u32, x: vec4<f32>, s: Pow2Steps) {
     put_half4(at, to_half4(apply4(x, s)));
 }
@@ -262,8 +280,6 @@ const NO_MAX: f32 = -3.0e38;
 // its running sum.
 var<private> m_run: f32;
 var<private> l_run: f32;
-// Set by any row whose max was raised past an earlier one in this tile.
-var<workgroup> rescale: atomic<u32>;
 
 fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
     for (var e = li; e < BR * D / 4u; e += THREADS) {
@@ -279,7 +295,7 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
 }
 
 // Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
-// rows' rescaling factors into stat_s[BR..], `rescale` set where one is not
+// rows' rescaling factors into wg.stat_s[BR..], `rescale` set where one is not
 // 1 for a row that had a max. Each lane takes half a row (half_col: the 32
 // lanes on 32 different banks, where one lane a row at the same column put
 // them all on one); the halves' maxima meet through stat_s, whose factors
@@ -295,14 +311,14 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         if j0 + c <= row.pos {
-            pm = max(pm, apply(s_s[base + c], f) * p.scale);
+            pm = max(pm, apply(wg.s_s[base + c], f) * p.scale);
         }
     }
-    stat_s[select(r, BR + r, hi)] = pm;
+    wg.stat_s[select(r, BR + r, hi)] = pm;
     workgroupBarrier();
     // Each lane reads only its partner's slot, so the low lane may put the
     // factor in the high lane's slot at once.
-    let mx = max(pm, stat_s[select(BR + r, r, hi)]);
+    let mx = max(pm, wg.stat_s[select(BR + r, r, hi)]);
     var m = m_run;
     if mx > m_run + RAISE {
         m = mx;
@@ -313,15 +329,15 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
         let c = half_col(lane, k);
         var pr = 0.0;
         if j0 + c <= row.pos {
-            pr = exp(apply(s_s[base + c], f) * p.scale - m);
+            pr = exp(apply(wg.s_s[base + c], f) * p.scale - m);
         }
         l += pr;
-        sm[P_S + r * LDP + c] = to_half(pr);
+        wg.sm[P_S + r * LDP + c] = to_half(pr);
     }
     if !hi {
-        stat_s[BR + r] = corr;
+        wg.stat_s[BR + r] = corr;
         if m != m_run && m_run != NO_MAX {
-            atomicStore(&rescale, 1u);
+            atomicStore(&wg.rescale, 1u);
         }
     }
     m_run = m;
@@ -334,24 +350,24 @@ fn rescale_rows(sg: u32, lane: u32, u: u32) {
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
         let i = sg * 16u * BC + u * 256u + e;
-        s_s[i] = s_s[i] * stat_s[BR + sg * 16u + e / 16u];
+        wg.s_s[i] = wg.s_s[i] * wg.stat_s[BR + sg * 16u + e / 16u];
     }
 }
 
-// The rows' sums (the two halves') into stat_s[..BR], and lse out. The
+// The rows' sums (the two halves') into wg.stat_s[..BR], and lse out. The
 // tile loop ended after the products, which read no statistics; write_o
 // reads the sums after the barrier that follows O's way into s_s.
 fn finish_sums(sg: u32, lane: u32, b: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
-    stat_s[select(r, BR + r, lane >= 16u)] = l_run;
+    wg.stat_s[select(r, BR + r, lane >= 16u)] = l_run;
     workgroupBarrier();
     if lane < 16u {
         let row = q_row(p0, np, g, r);
-        let l = stat_s[r] + stat_s[BR + r];
+        let l = wg.stat_s[r] + wg.stat_s[BR + r];
         if row.valid {
             lse_io[p.lse_off + row_at(b, row.head, row.pos)] = m_run + log(l);
         }
-        stat_s[r] = l;
+        wg.stat_s[r] = l;
     }
 }
 
@@ -365,7 +381,7 @@ fn write_o(sg: u32, lane: u32, df: u32, u: u32, b: u32, p0: u32, np: u32, g: u32
         let row = q_row(p0, np, g, rr);
         if row.valid {
             let oi = p.o_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
-            let o = apply(s_s[sg * 16u * BC + u * 256u + e], f) / stat_s[rr];
+            let o = apply(wg.s_s[sg * 16u * BC + u * 256u + e], f) / wg.stat_s[rr];
             o_out[oi] = o;
             note_max(o);
         }
@@ -383,12 +399,11 @@ fn write_o(sg: u32, lane: u32, df: u32, u: u32, b: u32, p0: u32, np: u32, g: u32
 
 const NO_MAX_SLOT: u32 = 0xffffffffu;
 
-var<workgroup> wg_max: atomic<u32>;
 var<private> my_max: u32;
 
 fn init_max() {
     if li == 0u {
-        atomicStore(&wg_max, 0u);
+        atomicStore(&wg.wg_max, 0u);
     }
 }
 
@@ -402,10 +417,10 @@ fn store_max(wid: vec3<u32>, nwg: vec3<u32>) {
     if p.max_off == NO_MAX_SLOT {
         return;
     }
-    atomicMax(&wg_max, my_max);
+    atomicMax(&wg.wg_max, my_max);
     workgroupBarrier();
     if li == 0u {
-        out_max[p.max_off + (wid.z * nwg.y + wid.y) * nwg.x + wid.x] = atomicLoad(&wg_max);
+        out_max[p.max_off + (wid.z * nwg.y + wid.y) * nwg.x + wid.x] = atomicLoad(&wg.wg_max);
     }
 }
 
@@ -424,12 +439,12 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
     var pr = 0.0;
     var ds = 0.0;
     if ok {
-        pr = exp(apply(s_s[si], up_s) * p.scale - lse);
-        ds = pr * (apply(s_s[SCR + si], up_dp) - delta);
+        pr = exp(apply(wg.s_s[si], up_s) * p.scale - lse);
+        ds = pr * (apply(wg.s_s[SCR + si], up_dp) - delta);
     }
     let pi = (sg * 16u + rr) * LDP + c;
-    sm[P_S + pi] = to_half(pr);
-    sm[DS_S + pi] = scaled(ds, down_ds);
+    wg.sm[P_S + pi] = to_half(pr);
+    wg.sm[DS_S + pi] = scaled(ds, down_ds);
 }
 
 //// dq
@@ -457,8 +472,8 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
             let i = row_at(b, row.head, row.pos);
             ld = vec2<f32>(lse_in[p.lse_off + i], dd_in[p.dd_off + i]);
         }
-        stat_s[li] = ld.x;
-        stat_s[BR + li] = ld.y;
+        wg.stat_s[li] = ld.x;
+        wg.stat_s[BR + li] = ld.y;
     }
 }
 
@@ -468,7 +483,7 @@ fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let row = q_row(p0, np, g, r);
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        p_ds(sg, rr, c, j0 + c <= row.pos, stat_s[r], stat_s[BR + r]);
+        p_ds(sg, rr, c, j0 + c <= row.pos, wg.stat_s[r], wg.stat_s[BR + r]);
     }
 }
 
@@ -479,7 +494,7 @@ fn store_dq(sg: u32, lane: u32, df: u32, b: u32, p0: u32, np: u32, g: u32) {
         let row = q_row(p0, np, g, sg * 16u + e / 16u);
         if row.valid {
             let i = p.dq_off + q_at(b, row.pos, row.head, df * 16u + e % 16u);
-            dq_out[i] = apply(s_s[sg * 16u * BC + e], f) * p.scale;
+            dq_out[i] = apply(wg.s_s[sg * 16u * BC + e], f) * p.scale;
         }
     }
 }
@@ -511,8 +526,8 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
             let ri = row_at(b, h, i);
             ld = vec2<f32>(lse_in[p.lse_off + ri], dd_in[p.dd_off + ri]);
         }
-        stat_s[li] = ld.x;
-        stat_s[BC + li] = ld.y;
+        wg.stat_s[li] = ld.x;
+        wg.stat_s[BC + li] = ld.y;
     }
 }
 
@@ -524,7 +539,7 @@ fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         let i = i0 + c;
-        p_ds(sg, rr, c, i >= j && i < p.t, stat_s[c], stat_s[BC + c]);
+        p_ds(sg, rr, c, i >= j && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
     }
 }
 
@@ -540,7 +555,7 @@ fn store_dkv(sg: u32, lane: u32, df: u32, b: u32, j0: u32, g: u32, is_k: bool) {
         let j = j0 + sg * 16u + e / 16u;
         if j < p.t {
             let i = kv_at(b, j, g, df * 16u + e % 16u);
-            let x = apply(s_s[sg * 16u * BC + e], f) * sc;
+            let x = apply(wg.s_s[sg * 16u * BC + e], f) * sc;
             if is_k {
                 dk_out[p.dk_off + i] = x;
             } else {

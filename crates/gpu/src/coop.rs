@@ -423,6 +423,27 @@ mod tests {
         }
     }
 
+    /// Cooperative loads and stores need 16-byte aligned pointers, and a
+    /// driver places workgroup variables in an order of its own: with every
+    /// array a multiple of 16 bytes long, each starts on 16 bytes whatever
+    /// the order (attention_coop.wgsl's `Shared` says what happened where
+    /// one was not).
+    #[test]
+    fn every_workgroup_array_is_a_multiple_of_16_bytes() {
+        for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
+            let s = v.tile.shape();
+            let ((ar, ac), (br, bc)) = v.operand_tiles();
+            let bufs = if s.double_buffer { 2 } else { 1 };
+            for (name, bytes) in [
+                ("a_s", bufs * ar * (ac + 8) * 2),
+                ("b_s", bufs * br * (bc + 8) * 2),
+                ("c_s", s.sg_m * s.sg_n * 256 * 4),
+            ] {
+                assert_eq!(bytes % 16, 0, "{} {name}: {bytes} B", v.label());
+            }
+        }
+    }
+
     #[test]
     fn every_marker_is_replaced() {
         for v in CoopMatmul::all() {

@@ -135,16 +135,8 @@ impl CoopAttention {
     pub fn workgroup_bytes(&self) -> u32 {
         let t = self.tile();
         let half = if self.emulated { 4 } else { 2 };
-        // The forward's `rescale` and `wg_max`, dkv's `wg_max`.
-        let atomics = match self.pass {
-            AttnPass::Fwd => 2,
-            AttnPass::Dq => 0,
-            AttnPass::Dkv => 1,
-        };
-        self.layout()[6] * half
-            + self.scratch_regions() * t.sg * 16 * t.bc * 4
-            + self.stat_len() * 4
-            + 4 * atomics
+        // `rescale` and `wg_max`, in every pass's `Shared`.
+        self.layout()[6] * half + self.scratch_regions() * t.sg * 16 * t.bc * 4 + self.stat_len() * 4 + 4 * 2
     }
 
     pub fn label(&self) -> String {
@@ -219,7 +211,7 @@ impl CoopAttention {
             out.push_str(section(name));
         }
         if self.emulated {
-            out.push_str(&crate::coop::emulation("sm", "sm", "s_s"));
+            out.push_str(&crate::coop::emulation("wg.sm", "wg.sm", "wg.s_s"));
         }
         if self.pass != AttnPass::Dq {
             out.push_str(section("out_max"));
@@ -417,13 +409,13 @@ impl CoopAttention {
         );
         let _ = writeln!(
             m,
-            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        if workgroupUniformLoad(&rescale) != 0u {{",
+            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        if workgroupUniformLoad(&wg.rescale) != 0u {{",
             g.store("acc", "ci", "ldc")
         );
         through_scratch(m, g, (nd, nb), "            ", true, |m, _, u| {
             let _ = writeln!(m, "                rescale_rows(sg, lane, {u}u);");
         });
-        m.push_str("            if li == 0u {\n                atomicStore(&rescale, 0u);\n            }\n        }\n");
+        m.push_str("            if li == 0u {\n                atomicStore(&wg.rescale, 0u);\n            }\n        }\n");
         // O += P V, P's fragments loaded once per tile.
         fragments(m, g, "        ", &P_ROWS, kf);
         for f in 0..nd {
@@ -465,7 +457,7 @@ impl Gen {
             format!("Frag({idx}, {stride}, {row_major})")
         } else {
             let f = if row_major { "coopLoadT" } else { "coopLoad" };
-            format!("{f}<coop_mat16x16<f16, {role}>>(&sm[{idx}], {stride})")
+            format!("{f}<coop_mat16x16<f16, {role}>>(&wg.sm[{idx}], {stride})")
         }
     }
 
@@ -482,7 +474,7 @@ impl Gen {
         if self.emu {
             format!("emu_load_t({idx}, {stride}, lane)")
         } else {
-            format!("coopLoadT<coop_mat16x16<f32, C>>(&s_s[{idx}], {stride})")
+            format!("coopLoadT<coop_mat16x16<f32, C>>(&wg.s_s[{idx}], {stride})")
         }
     }
 
@@ -490,7 +482,7 @@ impl Gen {
         if self.emu {
             format!("emu_store_t({acc}, {idx}, {stride}, lane);")
         } else {
-            format!("coopStoreT({acc}, &s_s[{idx}], {stride});")
+            format!("coopStoreT({acc}, &wg.s_s[{idx}], {stride});")
         }
     }
 }
@@ -645,6 +637,19 @@ mod tests {
             } else {
                 assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
             }
+        }
+    }
+
+    /// `Shared` (attention_coop.wgsl) puts s_s and stat_s after the f16
+    /// tiles: each starts on 16 bytes, as cooperative loads and stores need.
+    #[test]
+    fn scratch_starts_on_16_bytes() {
+        for v in CoopAttention::all().into_iter().filter(|v| !v.emulated) {
+            let t = v.tile();
+            let sm = v.layout()[6] * 2;
+            let s_s = v.scratch_regions() * t.sg * 16 * t.bc * 4;
+            assert_eq!(sm % 16, 0, "{}: sm {sm} B", v.label());
+            assert_eq!(s_s % 16, 0, "{}: s_s {s_s} B", v.label());
         }
     }
 

@@ -1,13 +1,16 @@
 //! `F16Attention::Auto` takes the tensor-core attention at a head dimension
 //! only once it has matched the SIMT kernels on the device. Its kernels
-//! pass every check on Mesa's lavapipe (software and cooperative-matrix
+//! passed every check on Mesa's lavapipe (software and cooperative-matrix
 //! builds) yet computed garbage on an NVIDIA H200 (driver 580.159.04,
-//! 2026-11-27: forward relative error 1.4, NaN gradients) while the
-//! tensor-core matmuls are right there, so a driver's reading of them is
-//! not taken on trust: a run with the wrong attention trains, with no error,
-//! to a wrong model. One small causal case per head dimension (two query
-//! heads on one kv head, partial tiles), forward and backward through both
-//! families on the same inputs, costs a few pipelines once per device.
+//! 2026-11-27: forward relative error 1.4) while the tensor-core matmuls
+//! were right there. The likely cause, cooperative loads from workgroup
+//! memory the driver did not place on 16 bytes, is removed (`Shared` in
+//! attention_coop.wgsl) but has not run on a GPU since; and whatever a
+//! driver makes of these kernels, a run with a wrong attention trains, with
+//! no error, to a wrong model, so it is not taken on trust. One small
+//! causal case per head dimension (two query heads on one kv head, partial
+//! tiles), forward and backward through both families on the same inputs,
+//! costs a few pipelines once per device.
 
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{ComputePrecision, Executor, HostTensor};
