@@ -104,7 +104,16 @@ impl CopyQueue {
             let alloc = vk::MemoryAllocateInfo::default()
                 .allocation_size(req.size)
                 .memory_type_index(ty);
-            let memory = allocate_bound(dev, buffer, &alloc)?;
+            let memory = allocate_bound(dev, buffer, &alloc).map_err(|e| {
+                // What an out-of-memory on a large device needs to be read:
+                // the heap, and how many buffers this queue holds.
+                let heap = types.memory_types[ty as usize].heap_index as usize;
+                format!(
+                    "{e}; heap {heap} of {} MiB; {} copy-queue buffers live",
+                    types.memory_heaps[heap].size >> 20,
+                    self.lock().targets.len()
+                )
+            })?;
             let hal_buffer = wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, req.size);
             device.create_buffer_from_hal::<Vulkan>(
                 hal_buffer,
