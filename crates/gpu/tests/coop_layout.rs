@@ -4,11 +4,12 @@
 //! the tensor-core kernels keep their f16 tiles where alignment does not
 //! depend on it: first in one struct (attention_coop.wgsl's `Shared`), or
 //! in arrays whose lengths are all multiples of 16 bytes (the matmul's).
-//! This product of two fragments from workgroup memory must come out
-//! exactly in the struct layout; the same product from a tile declared
-//! after two 4-byte atomics (the attention's old layout, which computed
-//! garbage on an NVIDIA H200) is reported, not asserted: it tells what this
-//! driver does with that layout. Where the adapter has no cooperative
+//! A product of two fragments from workgroup memory must come out exactly
+//! in the struct layout, with B row- or column-major and at A's stride or
+//! the attention's (two strides in one array, as there); the same product
+//! from a tile declared after two 4-byte atomics (the attention's old
+//! layout, which computed garbage on an NVIDIA H200) is reported, not
+//! asserted: it tells what this driver does with that layout. Where the adapter has no cooperative
 //! matrices (Debian's lavapipe) nothing runs; Mesa 26's lavapipe
 //! (`tools/lavapipe_coop.sh`) and GPUs run both.
 
@@ -16,13 +17,27 @@ mod common;
 
 use wgpu::util::DeviceExt;
 
-/// The tile `t` (f16 integers 0..63, exact) and a product of its two
-/// halves through the tensor cores, stored row-major; the struct or the
-/// separate-variable form of the declarations.
-fn kernel(in_struct: bool) -> String {
-    let (decls, t, c, flag, flag2) = if in_struct {
+/// How a probe lays out and reads its tile.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The tile first in one struct (else after two atomics, apart).
+    in_struct: bool,
+    /// B read column-major (K in the attention's S = Q·Kᵀ) or row-major.
+    b_col_major: bool,
+    /// B's stride in halfs (A's is 32): 72 is the attention's at D = 64,
+    /// two strides in one array as there.
+    b_stride: u32,
+}
+
+const A_AT: usize = 0;
+const B_AT: usize = 2048;
+
+/// The tile `t` (f16 integers 0..63, exact) and a product of two of its
+/// fragments through the tensor cores, stored row-major.
+fn kernel(p: Probe) -> String {
+    let (decls, t, c, flag, flag2) = if p.in_struct {
         (
-            "struct Shared {\n    t: array<f16, 1024>,\n    c: array<f32, 256>,\n    flag: atomic<u32>,\n    flag2: atomic<u32>,\n}\nvar<workgroup> wg: Shared;\n",
+            "struct Shared {\n    t: array<f16, 4096>,\n    c: array<f32, 256>,\n    flag: atomic<u32>,\n    flag2: atomic<u32>,\n}\nvar<workgroup> wg: Shared;\n",
             "wg.t",
             "wg.c",
             "wg.flag",
@@ -30,13 +45,14 @@ fn kernel(in_struct: bool) -> String {
         )
     } else {
         (
-            "var<workgroup> flag: atomic<u32>;\nvar<workgroup> flag2: atomic<u32>;\nvar<workgroup> t: array<f16, 1024>;\nvar<workgroup> c: array<f32, 256>;\n",
+            "var<workgroup> flag: atomic<u32>;\nvar<workgroup> flag2: atomic<u32>;\nvar<workgroup> t: array<f16, 4096>;\nvar<workgroup> c: array<f32, 256>;\n",
             "t",
             "c",
             "flag",
             "flag2",
         )
     };
+    let load_b = if p.b_col_major { "coopLoad" } else { "coopLoadT" };
     format!(
         "enable f16;\nenable wgpu_cooperative_matrix;\n\
          @group(0) @binding(0) var<storage, read_write> out: array<f32>;\n{decls}\
@@ -44,15 +60,16 @@ fn kernel(in_struct: bool) -> String {
          fn main(@builtin(local_invocation_index) li: u32) {{\n\
          \x20   atomicMax(&{flag}, li);\n\
          \x20   atomicMax(&{flag2}, li + 1u);\n\
-         \x20   for (var i = li; i < 1024u; i += 32u) {{\n\
+         \x20   for (var i = li; i < 4096u; i += 32u) {{\n\
          \x20       {t}[i] = f16(f32(i % 64u));\n\
          \x20   }}\n\
          \x20   workgroupBarrier();\n\
-         \x20   let s = 32u;\n\
-         \x20   let ia = 0u;\n\
-         \x20   let ib = 512u;\n\
-         \x20   let a = coopLoadT<coop_mat16x16<f16, A>>(&{t}[ia], s);\n\
-         \x20   let b = coopLoadT<coop_mat16x16<f16, B>>(&{t}[ib], s);\n\
+         \x20   let sa = 32u;\n\
+         \x20   let sb = {sb}u;\n\
+         \x20   let ia = {A_AT}u;\n\
+         \x20   let ib = {B_AT}u;\n\
+         \x20   let a = coopLoadT<coop_mat16x16<f16, A>>(&{t}[ia], sa);\n\
+         \x20   let b = {load_b}<coop_mat16x16<f16, B>>(&{t}[ib], sb);\n\
          \x20   let z = coopMultiplyAdd(a, b, coop_mat16x16<f32, C>());\n\
          \x20   let at = 0u;\n\
          \x20   let ld = 16u;\n\
@@ -64,17 +81,25 @@ fn kernel(in_struct: bool) -> String {
          \x20   if li == 0u {{\n\
          \x20       out[256] = f32(atomicLoad(&{flag}) + atomicLoad(&{flag2}));\n\
          \x20   }}\n\
-         }}\n"
+         }}\n",
+        sb = p.b_stride
     )
 }
 
-/// C = A·B with A(m, k) = t[32m + k] and B(k, n) = t[512 + 32k + n].
-fn want() -> Vec<f32> {
+/// C = A·B with A(m, k) = t[A_AT + 32m + k] and B(k, n) at B_AT + k·stride
+/// + n (row-major) or B_AT + n·stride + k (column-major).
+fn want(p: Probe) -> Vec<f32> {
     let t = |i: usize| (i % 64) as f32;
+    let s = p.b_stride as usize;
     (0..256)
         .map(|e| {
             let (m, n) = (e / 16, e % 16);
-            (0..16).map(|k| t(32 * m + k) * t(512 + 32 * k + n)).sum()
+            (0..16)
+                .map(|k| {
+                    let b = if p.b_col_major { n * s + k } else { k * s + n };
+                    t(A_AT + 32 * m + k) * t(B_AT + b)
+                })
+                .sum()
         })
         .collect()
 }
@@ -128,6 +153,13 @@ fn run(ctx: &megatrain_gpu::GpuContext, src: &str) -> Vec<f32> {
     bytemuck::cast_slice::<u8, f32>(&view).to_vec()
 }
 
+/// Products of `want` that came out otherwise.
+fn wrong(ctx: &megatrain_gpu::GpuContext, p: Probe) -> usize {
+    let got = run(ctx, &kernel(p));
+    assert_eq!(got[256], 63.0, "{p:?}: the atomics");
+    got[..256].iter().zip(&want(p)).filter(|(a, b)| a != b).count()
+}
+
 #[test]
 fn tiles_first_in_one_struct_load_exactly() {
     let Some(ctx) = common::ctx() else { return };
@@ -135,16 +167,26 @@ fn tiles_first_in_one_struct_load_exactly() {
         eprintln!("no cooperative matrices on {}: NOT tested here", ctx.info);
         return;
     }
-    let want = want();
-    let got = run(&ctx, &kernel(true));
-    assert_eq!(&got[..256], &want[..], "{}: the struct layout", ctx.info);
-    assert_eq!(got[256], 63.0, "the atomics");
-    let apart = run(&ctx, &kernel(false));
-    let wrong = apart[..256].iter().zip(&want).filter(|(a, b)| a != b).count();
+    // What the tensor-core kernels rely on: B row- or column-major, its
+    // stride the same as A's or another, in the one struct.
+    for (b_col_major, b_stride) in [(false, 32), (true, 32), (false, 72), (true, 72)] {
+        let p = Probe {
+            in_struct: true,
+            b_col_major,
+            b_stride,
+        };
+        assert_eq!(wrong(&ctx, p), 0, "{}: {p:?}", ctx.info);
+    }
+    let apart = Probe {
+        in_struct: false,
+        b_col_major: false,
+        b_stride: 32,
+    };
+    let n = wrong(&ctx, apart);
     eprintln!(
-        "{}: tile declared after two 4-byte atomics: {wrong} of 256 products wrong{}",
+        "{}: tile declared after two 4-byte atomics: {n} of 256 products wrong{}",
         ctx.info,
-        if wrong > 0 {
+        if n > 0 {
             " (this driver does not place it on 16 bytes)"
         } else {
             ""
