@@ -729,9 +729,9 @@ fn evaluation_streams_the_model_once_per_group() {
 /// (every such index clamped to the array) would read something else, so
 /// three steps in each build must agree: bit for bit on lavapipe (losses,
 /// parameters and transport copies), within rounding where the driver
-/// compiles the two builds differently (`alike`). llama-tiny in f32 and in f16 on the emulated
-/// tensor-core matmul and attention kernels, and gpt2-nano (LayerNorm,
-/// GELU, biases) in f32.
+/// compiles the two builds differently (`train_alike_with_and_without_checks`).
+/// llama-tiny in f32 and in f16 on the emulated tensor-core matmul and
+/// attention kernels, and gpt2-nano (LayerNorm, GELU, biases) in f32.
 #[test]
 fn kernels_without_runtime_checks_train_as_with_them() {
     use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
@@ -771,16 +771,6 @@ fn tensor_core_kernels_without_runtime_checks_train_as_with_them() {
         TransportDType::F16,
         (F16Matmul::Coop(CoopTile::Tile128), F16Attention::Coop),
     );
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn rel_norm_diff(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut n) = (0.0f64, 0.0f64);
-    for (x, y) in a.iter().zip(b) {
-        d += (f64::from(*x) - f64::from(*y)).powi(2);
-        n += f64::from(*y).powi(2);
-    }
-    (d / n.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// Three steps of `model` on `ctx` with the kernels' runtime checks and
@@ -851,7 +841,7 @@ fn train_alike_with_and_without_checks(
         );
     }
     for (layer, (a, b)) in checked.1.iter().zip(&unchecked.1).enumerate() {
-        let d = rel_norm_diff(&a.0, &b.0);
+        let d = rel_norm_err(&a.0, &b.0);
         assert!(
             d <= 1e-4,
             "{what}: layer {layer}'s parameters differ by {d:e} (relative norm) with and without shader checks"

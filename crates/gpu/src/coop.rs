@@ -189,12 +189,20 @@ impl CoopMatmul {
     /// Bytes of workgroup memory: the f16 operand tiles (padded rows, one or
     /// two buffers) and one f32 fragment per subgroup for the epilogue.
     pub fn workgroup_bytes(&self) -> u32 {
+        self.workgroup_arrays().iter().map(|a| a.1).sum()
+    }
+
+    /// Bytes of each workgroup array the variant declares.
+    fn workgroup_arrays(&self) -> [(&'static str, u32); 3] {
         let s = self.tile.shape();
         let ((ar, ac), (br, bc)) = self.operand_tiles();
         let bufs = if s.double_buffer { 2 } else { 1 };
-        let halfs = bufs * (ar * (ac + 8) + br * (bc + 8));
         let elem = if self.emulated { 4 } else { 2 };
-        halfs * elem + s.sg_m * s.sg_n * 256 * 4
+        [
+            ("a_s", bufs * ar * (ac + 8) * elem),
+            ("b_s", bufs * br * (bc + 8) * elem),
+            ("c_s", s.sg_m * s.sg_n * 256 * 4),
+        ]
     }
 
     pub fn label(&self) -> String {
@@ -431,14 +439,7 @@ mod tests {
     #[test]
     fn every_workgroup_array_is_a_multiple_of_16_bytes() {
         for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
-            let s = v.tile.shape();
-            let ((ar, ac), (br, bc)) = v.operand_tiles();
-            let bufs = if s.double_buffer { 2 } else { 1 };
-            for (name, bytes) in [
-                ("a_s", bufs * ar * (ac + 8) * 2),
-                ("b_s", bufs * br * (bc + 8) * 2),
-                ("c_s", s.sg_m * s.sg_n * 256 * 4),
-            ] {
+            for (name, bytes) in v.workgroup_arrays() {
                 assert_eq!(bytes % 16, 0, "{} {name}: {bytes} B", v.label());
             }
         }

@@ -131,12 +131,22 @@ impl CoopAttention {
         2 * t.br().max(t.bc)
     }
 
-    /// Bytes of workgroup memory the variant declares.
-    pub fn workgroup_bytes(&self) -> u32 {
+    /// Bytes of each member of the variant's `Shared`, in order: the
+    /// tiles, the f32 scratch, the statistics, `rescale` and `wg_max`.
+    fn shared_members(&self) -> [u32; 4] {
         let t = self.tile();
         let half = if self.emulated { 4 } else { 2 };
-        // `rescale` and `wg_max`, in every pass's `Shared`.
-        self.layout()[6] * half + self.scratch_regions() * t.sg * 16 * t.bc * 4 + self.stat_len() * 4 + 4 * 2
+        [
+            self.layout()[6] * half,
+            self.scratch_regions() * t.sg * 16 * t.bc * 4,
+            self.stat_len() * 4,
+            4 * 2,
+        ]
+    }
+
+    /// Bytes of workgroup memory the variant declares.
+    pub fn workgroup_bytes(&self) -> u32 {
+        self.shared_members().iter().sum()
     }
 
     pub fn label(&self) -> String {
@@ -645,9 +655,7 @@ mod tests {
     #[test]
     fn scratch_starts_on_16_bytes() {
         for v in CoopAttention::all().into_iter().filter(|v| !v.emulated) {
-            let t = v.tile();
-            let sm = v.layout()[6] * 2;
-            let s_s = v.scratch_regions() * t.sg * 16 * t.bc * 4;
+            let [sm, s_s, ..] = v.shared_members();
             assert_eq!(sm % 16, 0, "{}: sm {sm} B", v.label());
             assert_eq!(s_s % 16, 0, "{}: s_s {s_s} B", v.label());
         }
