@@ -28,6 +28,32 @@ const LOADS: u32 = BM * BK / 256u;
 var<workgroup> As: array<vec4<f32>, BK * BM / 4u>;
 var<workgroup> Bs: array<vec4<f32>, BK * BN / 4u>;
 
+// Four outputs of row gm from column gn0 (those inside C): unscaled, plus
+// bias, plus C when accumulating, through the epilogue.
+fn store_c4(v: vec4<f32>, c_base: u32, gm: u32, gn0: u32) {
+    if gm >= p.m {
+        return;
+    }
+    for (var c = 0u; c < 4u; c++) {
+        let gn = gn0 + c;
+        if gn >= p.n {
+            return;
+        }
+        var x = unscale(v[c]);
+        if (p.flags & HAS_BIAS) != 0u {
+            x += bias[p.bias_off + gn];
+        }
+        var idx = c_base + gm * p.ldc + gn;
+        if (p.flags & TRANS_C) != 0u {
+            idx = c_base + gn * p.ldc + gm;
+        }
+        if (p.flags & ACCUMULATE) != 0u {
+            x += C[idx];
+        }
+        C[idx] = epilogue(idx, x);
+    }
+}
+
 @compute @workgroup_size(16, 16, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -45,10 +71,11 @@ fn main(
     let tx = lid.x;
     let ty = lid.y;
 
-    var acc: array<vec4<f32>, TM * TV>;
-    for (var i = 0u; i < TM * TV; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
+    // Indexed by constants only: one index a compiler cannot resolve puts
+    // the whole array in local memory, every access of the K loop included.
+    // Sized for the 128 tile (TM = 8, TV = 2); the 64 tile (TM = 4, TV = 1)
+    // uses the first four and the compiler drops the rest.
+    var acc: array<vec4<f32>, 16>;
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // Each thread loads LOADS elements of each tile; consecutive threads
@@ -98,47 +125,65 @@ fn main(
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var b: array<vec4<f32>, TV>;
-            for (var j = 0u; j < TV; j++) {
-                b[j] = Bs[kk * BV + tx * TV + j];
-            }
-            for (var iv = 0u; iv < TM / 4u; iv++) {
-                let a = As[kk * AV + ty * (TM / 4u) + iv];
-                for (var j = 0u; j < TV; j++) {
-                    acc[(iv * 4u) * TV + j] += a.x * b[j];
-                    acc[(iv * 4u + 1u) * TV + j] += a.y * b[j];
-                    acc[(iv * 4u + 2u) * TV + j] += a.z * b[j];
-                    acc[(iv * 4u + 3u) * TV + j] += a.w * b[j];
-                }
+            let ar = kk * AV + ty * (TM / 4u);
+            let br = kk * BV + tx * TV;
+            let a0 = As[ar];
+            let b0 = Bs[br];
+            if TV == 1u {
+                acc[0] += a0.x * b0;
+                acc[1] += a0.y * b0;
+                acc[2] += a0.z * b0;
+                acc[3] += a0.w * b0;
+            } else {
+                // TM = 8, TV = 2: acc[2r + j] is row r, vec4 j.
+                let a1 = As[ar + 1u];
+                let b1 = Bs[br + 1u];
+                acc[0] += a0.x * b0;
+                acc[1] += a0.x * b1;
+                acc[2] += a0.y * b0;
+                acc[3] += a0.y * b1;
+                acc[4] += a0.z * b0;
+                acc[5] += a0.z * b1;
+                acc[6] += a0.w * b0;
+                acc[7] += a0.w * b1;
+                acc[8] += a1.x * b0;
+                acc[9] += a1.x * b1;
+                acc[10] += a1.y * b0;
+                acc[11] += a1.y * b1;
+                acc[12] += a1.z * b0;
+                acc[13] += a1.z * b1;
+                acc[14] += a1.w * b0;
+                acc[15] += a1.w * b1;
             }
         }
         workgroupBarrier();
     }
 
     let c_base = p.c_off + wid.z * p.c_bstride;
-    for (var i = 0u; i < TM; i++) {
-        let gm = m0 + ty * TM + i;
-        if gm >= p.m {
-            break;
-        }
-        for (var j = 0u; j < TN; j++) {
-            let gn = n0 + tx * TN + j;
-            if gn >= p.n {
-                break;
-            }
-            var v = unscale(acc[i * TV + j / 4u][j % 4u]);
-            if (p.flags & HAS_BIAS) != 0u {
-                v += bias[p.bias_off + gn];
-            }
-            var idx = c_base + gm * p.ldc + gn;
-            if (p.flags & TRANS_C) != 0u {
-                idx = c_base + gn * p.ldc + gm;
-            }
-            if (p.flags & ACCUMULATE) != 0u {
-                v += C[idx];
-            }
-            C[idx] = epilogue(idx, v);
-        }
+    let r0 = m0 + ty * TM;
+    let c0 = n0 + tx * TN;
+    if TV == 1u {
+        store_c4(acc[0], c_base, r0 + 0u, c0);
+        store_c4(acc[1], c_base, r0 + 1u, c0);
+        store_c4(acc[2], c_base, r0 + 2u, c0);
+        store_c4(acc[3], c_base, r0 + 3u, c0);
+    } else {
+        store_c4(acc[0], c_base, r0 + 0u, c0);
+        store_c4(acc[1], c_base, r0 + 0u, c0 + 4u);
+        store_c4(acc[2], c_base, r0 + 1u, c0);
+        store_c4(acc[3], c_base, r0 + 1u, c0 + 4u);
+        store_c4(acc[4], c_base, r0 + 2u, c0);
+        store_c4(acc[5], c_base, r0 + 2u, c0 + 4u);
+        store_c4(acc[6], c_base, r0 + 3u, c0);
+        store_c4(acc[7], c_base, r0 + 3u, c0 + 4u);
+        store_c4(acc[8], c_base, r0 + 4u, c0);
+        store_c4(acc[9], c_base, r0 + 4u, c0 + 4u);
+        store_c4(acc[10], c_base, r0 + 5u, c0);
+        store_c4(acc[11], c_base, r0 + 5u, c0 + 4u);
+        store_c4(acc[12], c_base, r0 + 6u, c0);
+        store_c4(acc[13], c_base, r0 + 6u, c0 + 4u);
+        store_c4(acc[14], c_base, r0 + 7u, c0);
+        store_c4(acc[15], c_base, r0 + 7u, c0 + 4u);
     }
     fold_maxima(li, wid, nwg);
 }

@@ -78,32 +78,59 @@ fn load_tiles(li: u32, a_base: u32, b_base: u32, m0: u32, n0: u32, k0: u32) {
     rb[1] = load_b4(ib + b_step);
 }
 
-fn store_tiles(li: u32, half: u32) {
+// One vec4 of each tile into workgroup memory; `e` is the vec4's index in
+// the tile.
+fn store_vec4s(e: u32, half: u32, ra_e: vec4<f32>, rb_e: vec4<f32>) {
     let base = half * BK;
-    for (var r = 0u; r < 2u; r++) {
-        let e = li + r * 256u;
-        let a = op_a4(ra[r]);
-        if TA {
-            As[(base + e / AV) * AV + e % AV] = a;
-        } else {
-            let m = e / 4u;
-            let k = 4u * (e % 4u);
-            As[(base + k) * AV + m / 4u][m % 4u] = a.x;
-            As[(base + k + 1u) * AV + m / 4u][m % 4u] = a.y;
-            As[(base + k + 2u) * AV + m / 4u][m % 4u] = a.z;
-            As[(base + k + 3u) * AV + m / 4u][m % 4u] = a.w;
+    let a = op_a4(ra_e);
+    if TA {
+        As[(base + e / AV) * AV + e % AV] = a;
+    } else {
+        let m = e / 4u;
+        let k = 4u * (e % 4u);
+        As[(base + k) * AV + m / 4u][m % 4u] = a.x;
+        As[(base + k + 1u) * AV + m / 4u][m % 4u] = a.y;
+        As[(base + k + 2u) * AV + m / 4u][m % 4u] = a.z;
+        As[(base + k + 3u) * AV + m / 4u][m % 4u] = a.w;
+    }
+    let b = op_b4(rb_e);
+    if TB {
+        let n = e / 4u;
+        let k = 4u * (e % 4u);
+        Bs[(base + k) * BV + n / 4u][n % 4u] = b.x;
+        Bs[(base + k + 1u) * BV + n / 4u][n % 4u] = b.y;
+        Bs[(base + k + 2u) * BV + n / 4u][n % 4u] = b.z;
+        Bs[(base + k + 3u) * BV + n / 4u][n % 4u] = b.w;
+    } else {
+        Bs[(base + e / BV) * BV + e % BV] = b;
+    }
+}
+
+// Private arrays are indexed by constants only (here and in the
+// accumulators): one index a compiler cannot resolve puts the whole array
+// in local memory, every access of the K loop included.
+fn store_tiles(li: u32, half: u32) {
+    store_vec4s(li, half, ra[0], rb[0]);
+    store_vec4s(li + 256u, half, ra[1], rb[1]);
+}
+
+// Four outputs of row gm, columns gn0..gn0+4: unscaled, plus bias, plus C
+// when accumulating, through the epilogue.
+fn store_c4(v: vec4<f32>, c_base: u32, gm: u32, gn0: u32) {
+    for (var c = 0u; c < 4u; c++) {
+        let gn = gn0 + c;
+        var x = unscale(v[c]);
+        if (p.flags & HAS_BIAS) != 0u {
+            x += bias[p.bias_off + gn];
         }
-        let b = op_b4(rb[r]);
-        if TB {
-            let n = e / 4u;
-            let k = 4u * (e % 4u);
-            Bs[(base + k) * BV + n / 4u][n % 4u] = b.x;
-            Bs[(base + k + 1u) * BV + n / 4u][n % 4u] = b.y;
-            Bs[(base + k + 2u) * BV + n / 4u][n % 4u] = b.z;
-            Bs[(base + k + 3u) * BV + n / 4u][n % 4u] = b.w;
-        } else {
-            Bs[(base + e / BV) * BV + e % BV] = b;
+        var idx = c_base + gm * p.ldc + gn;
+        if (p.flags & TRANS_C) != 0u {
+            idx = c_base + gn * p.ldc + gm;
         }
+        if (p.flags & ACCUMULATE) != 0u {
+            x += C[idx];
+        }
+        C[idx] = epilogue(idx, x);
     }
 }
 
@@ -125,9 +152,6 @@ fn main(
     // acc[2 * r + h]: output row r (0..4: 4ty + r; 4..8: 64 + 4ty + r - 4),
     // columns 4tx.. (h = 0) or 64 + 4tx.. (h = 1).
     var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
 
     let steps = p.k / BK;
     load_tiles(li, a_base, b_base, m0, n0, 0u);
@@ -170,27 +194,24 @@ fn main(
     }
 
     let c_base = p.c_off + wid.z * p.c_bstride;
-    for (var r = 0u; r < 8u; r++) {
-        let gm = m0 + select(64u + 4u * ty + r - 4u, 4u * ty + r, r < 4u);
-        for (var h = 0u; h < 2u; h++) {
-            let v = acc[2u * r + h];
-            let gn0 = n0 + h * 64u + 4u * tx;
-            for (var c = 0u; c < 4u; c++) {
-                let gn = gn0 + c;
-                var x = unscale(v[c]);
-                if (p.flags & HAS_BIAS) != 0u {
-                    x += bias[p.bias_off + gn];
-                }
-                var idx = c_base + gm * p.ldc + gn;
-                if (p.flags & TRANS_C) != 0u {
-                    idx = c_base + gn * p.ldc + gm;
-                }
-                if (p.flags & ACCUMULATE) != 0u {
-                    x += C[idx];
-                }
-                C[idx] = epilogue(idx, x);
-            }
-        }
-    }
+    // acc[2r + h] is row r0 + r (r < 4) or r0 + 60 + r, columns c0 + 64h.
+    let r0 = m0 + 4u * ty;
+    let c0 = n0 + 4u * tx;
+    store_c4(acc[0], c_base, r0 + 0u, c0);
+    store_c4(acc[1], c_base, r0 + 0u, c0 + 64u);
+    store_c4(acc[2], c_base, r0 + 1u, c0);
+    store_c4(acc[3], c_base, r0 + 1u, c0 + 64u);
+    store_c4(acc[4], c_base, r0 + 2u, c0);
+    store_c4(acc[5], c_base, r0 + 2u, c0 + 64u);
+    store_c4(acc[6], c_base, r0 + 3u, c0);
+    store_c4(acc[7], c_base, r0 + 3u, c0 + 64u);
+    store_c4(acc[8], c_base, r0 + 64u, c0);
+    store_c4(acc[9], c_base, r0 + 64u, c0 + 64u);
+    store_c4(acc[10], c_base, r0 + 65u, c0);
+    store_c4(acc[11], c_base, r0 + 65u, c0 + 64u);
+    store_c4(acc[12], c_base, r0 + 66u, c0);
+    store_c4(acc[13], c_base, r0 + 66u, c0 + 64u);
+    store_c4(acc[14], c_base, r0 + 67u, c0);
+    store_c4(acc[15], c_base, r0 + 67u, c0 + 64u);
     fold_maxima(li, wid, nwg);
 }
