@@ -112,9 +112,11 @@ first)
     # lavapipe have run them), and does the streamed step match the CPU
     # and float64 here (issue 18.1)?
     # Whether this driver places a tile declared after small variables on
-    # 16 bytes (the attention's garbage on the H200 in session 22).
+    # 16 bytes, and loads f32 accumulators back exactly (the attention's
+    # rescale of O; the matmuls never do): its garbage on the H200 in
+    # session 22.
     cap=20 t coop_layout --nocapture
-    grep -E 'products wrong' "$OUT/test-coop_layout.log"
+    grep -E 'products wrong|loaded back' "$OUT/test-coop_layout.log"
     cap=60 t f16 --nocapture
     cap=60 t attention_f16 --nocapture
     grep -E 'relative error' "$OUT/test-attention_f16.log" | head -4

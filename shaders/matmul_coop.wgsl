@@ -18,10 +18,13 @@
 // barrier per step separates the writes of a buffer from its last reads.
 //
 // The sections of this file are put together per variant by
-// crates/gpu/src/coop.rs, which also generates the constants and the
+// crates/gpu/src/coop.rs, which also generates the constants, the
 // unrolled fragment code (every index and stride handed to a cooperative
 // load or store is a `let` of its own: naga's SPIR-V writer cannot emit
-// one built inside the call). Interior variants read only whole tiles with
+// one built inside the call) and the unrolled operand loaders over the
+// sections' `fetch_X_at` / `stage_X_at` (each register a private variable:
+// an array indexed in a loop the driver does not unroll lives in local
+// memory). Interior variants read only whole tiles with
 // K a multiple of BK, through vector loads; edge variants check every index
 // and read scalars. Storage variables are not named A, B or C, which the
 // cooperative-matrix extension reserves.
@@ -73,227 +76,185 @@ fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
 
 //// a_vec
 @group(0) @binding(1) var<storage, read> a_in: array<vec4<f32>>;
-const LA: u32 = A_ROWS * A_COLS / 4u / THREADS;
-var<private> ra: array<vec4<f32>, LA>;
+alias AReg = vec4<f32>;
 
-fn fetch_a(base: u32, m0: u32, k0: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let v = li + i * THREADS;
-        let r = v / (A_COLS / 4u);
-        let c = (v % (A_COLS / 4u)) * 4u;
-        let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
-        ra[i] = a_in[(base + g) / 4u];
-    }
+fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+    let v = li + i * THREADS;
+    let r = v / (A_COLS / 4u);
+    let c = (v % (A_COLS / 4u)) * 4u;
+    let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
+    return a_in[(base + g) / 4u];
 }
 
-fn stage_a(buf: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let v = li + i * THREADS;
-        let r = v / (A_COLS / 4u);
-        let c = (v % (A_COLS / 4u)) * 4u;
-        let h = to_half4(apply4(ra[i], sc.a));
-        let s = buf * A_TILE + r * LDA_S + c;
-        a_s[s] = h.x;
-        a_s[s + 1u] = h.y;
-        a_s[s + 2u] = h.z;
-        a_s[s + 3u] = h.w;
-    }
+fn stage_a_at(i: u32, buf: u32, x: AReg) {
+    let v = li + i * THREADS;
+    let r = v / (A_COLS / 4u);
+    let c = (v % (A_COLS / 4u)) * 4u;
+    let h = to_half4(apply4(x, sc.a));
+    let s = buf * A_TILE + r * LDA_S + c;
+    a_s[s] = h.x;
+    a_s[s + 1u] = h.y;
+    a_s[s + 2u] = h.z;
+    a_s[s + 3u] = h.w;
 }
 
 //// a_edge
 @group(0) @binding(1) var<storage, read> a_in: array<f32>;
-const LA: u32 = A_ROWS * A_COLS / THREADS;
-var<private> ra: array<f32, LA>;
+alias AReg = f32;
 
-fn fetch_a(base: u32, m0: u32, k0: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let e = li + i * THREADS;
-        let r = e / A_COLS;
-        let c = e % A_COLS;
-        let gm = m0 + select(r, c, TA);
-        let gk = k0 + select(c, r, TA);
-        var x = 0.0;
-        if gm < p.m && gk < p.k {
-            x = a_in[base + select(gm * p.lda + gk, gk * p.lda + gm, TA)];
-        }
-        ra[i] = x;
+fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+    let e = li + i * THREADS;
+    let r = e / A_COLS;
+    let c = e % A_COLS;
+    let gm = m0 + select(r, c, TA);
+    let gk = k0 + select(c, r, TA);
+    var x = 0.0;
+    if gm < p.m && gk < p.k {
+        x = a_in[base + select(gm * p.lda + gk, gk * p.lda + gm, TA)];
     }
+    return x;
 }
 
-fn stage_a(buf: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let e = li + i * THREADS;
-        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = to_half(apply(ra[i], sc.a));
-    }
+fn stage_a_at(i: u32, buf: u32, x: AReg) {
+    let e = li + i * THREADS;
+    a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = to_half(apply(x, sc.a));
 }
 
 //// a_f16_vec
 // An f16 copy of A made under its tensor's scale (f16_copy.wgsl), copied
 // into the tile unchanged (`load_a4`: generated).
-const LA: u32 = A_ROWS * A_COLS / 4u / THREADS;
-var<private> ra: array<vec4<half>, LA>;
+alias AReg = vec4<half>;
 
-fn fetch_a(base: u32, m0: u32, k0: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let v = li + i * THREADS;
-        let r = v / (A_COLS / 4u);
-        let c = (v % (A_COLS / 4u)) * 4u;
-        let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
-        ra[i] = load_a4((base + g) / 4u);
-    }
+fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+    let v = li + i * THREADS;
+    let r = v / (A_COLS / 4u);
+    let c = (v % (A_COLS / 4u)) * 4u;
+    let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
+    return load_a4((base + g) / 4u);
 }
 
-fn stage_a(buf: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let v = li + i * THREADS;
-        let r = v / (A_COLS / 4u);
-        let c = (v % (A_COLS / 4u)) * 4u;
-        let h = ra[i];
-        let s = buf * A_TILE + r * LDA_S + c;
-        a_s[s] = h.x;
-        a_s[s + 1u] = h.y;
-        a_s[s + 2u] = h.z;
-        a_s[s + 3u] = h.w;
-    }
+fn stage_a_at(i: u32, buf: u32, h: AReg) {
+    let v = li + i * THREADS;
+    let r = v / (A_COLS / 4u);
+    let c = (v % (A_COLS / 4u)) * 4u;
+    let s = buf * A_TILE + r * LDA_S + c;
+    a_s[s] = h.x;
+    a_s[s + 1u] = h.y;
+    a_s[s + 2u] = h.z;
+    a_s[s + 3u] = h.w;
 }
 
 //// a_f16_edge
 // (`load_a1`: generated.)
-const LA: u32 = A_ROWS * A_COLS / THREADS;
-var<private> ra: array<half, LA>;
+alias AReg = half;
 
-fn fetch_a(base: u32, m0: u32, k0: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let e = li + i * THREADS;
-        let r = e / A_COLS;
-        let c = e % A_COLS;
-        let gm = m0 + select(r, c, TA);
-        let gk = k0 + select(c, r, TA);
-        var x = half(0.0);
-        if gm < p.m && gk < p.k {
-            x = load_a1(base + select(gm * p.lda + gk, gk * p.lda + gm, TA));
-        }
-        ra[i] = x;
+fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+    let e = li + i * THREADS;
+    let r = e / A_COLS;
+    let c = e % A_COLS;
+    let gm = m0 + select(r, c, TA);
+    let gk = k0 + select(c, r, TA);
+    var x = half(0.0);
+    if gm < p.m && gk < p.k {
+        x = load_a1(base + select(gm * p.lda + gk, gk * p.lda + gm, TA));
     }
+    return x;
 }
 
-fn stage_a(buf: u32) {
-    for (var i = 0u; i < LA; i++) {
-        let e = li + i * THREADS;
-        a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = ra[i];
-    }
+fn stage_a_at(i: u32, buf: u32, x: AReg) {
+    let e = li + i * THREADS;
+    a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = x;
 }
 
 //// b_f32_vec
 @group(0) @binding(2) var<storage, read> b_in: array<vec4<f32>>;
-const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
-var<private> rb: array<vec4<f32>, LB>;
+alias BReg = vec4<f32>;
 
-fn fetch_b(base: u32, n0: u32, k0: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let v = li + i * THREADS;
-        let r = v / (B_COLS / 4u);
-        let c = (v % (B_COLS / 4u)) * 4u;
-        let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
-        rb[i] = b_in[(base + g) / 4u];
-    }
+fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
+    let v = li + i * THREADS;
+    let r = v / (B_COLS / 4u);
+    let c = (v % (B_COLS / 4u)) * 4u;
+    let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
+    return b_in[(base + g) / 4u];
 }
 
-fn stage_b(buf: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let v = li + i * THREADS;
-        let r = v / (B_COLS / 4u);
-        let c = (v % (B_COLS / 4u)) * 4u;
-        let h = to_half4(apply4(rb[i], sc.b));
-        let s = buf * B_TILE + r * LDB_S + c;
-        b_s[s] = h.x;
-        b_s[s + 1u] = h.y;
-        b_s[s + 2u] = h.z;
-        b_s[s + 3u] = h.w;
-    }
+fn stage_b_at(i: u32, buf: u32, x: BReg) {
+    let v = li + i * THREADS;
+    let r = v / (B_COLS / 4u);
+    let c = (v % (B_COLS / 4u)) * 4u;
+    let h = to_half4(apply4(x, sc.b));
+    let s = buf * B_TILE + r * LDB_S + c;
+    b_s[s] = h.x;
+    b_s[s + 1u] = h.y;
+    b_s[s + 2u] = h.z;
+    b_s[s + 3u] = h.w;
 }
 
 //// b_f32_edge
 @group(0) @binding(2) var<storage, read> b_in: array<f32>;
-const LB: u32 = B_ROWS * B_COLS / THREADS;
-var<private> rb: array<f32, LB>;
+alias BReg = f32;
 
-fn fetch_b(base: u32, n0: u32, k0: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let e = li + i * THREADS;
-        let r = e / B_COLS;
-        let c = e % B_COLS;
-        let gk = k0 + select(r, c, TB);
-        let gn = n0 + select(c, r, TB);
-        var x = 0.0;
-        if gn < p.n && gk < p.k {
-            x = b_in[base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB)];
-        }
-        rb[i] = x;
+fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
+    let e = li + i * THREADS;
+    let r = e / B_COLS;
+    let c = e % B_COLS;
+    let gk = k0 + select(r, c, TB);
+    let gn = n0 + select(c, r, TB);
+    var x = 0.0;
+    if gn < p.n && gk < p.k {
+        x = b_in[base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB)];
     }
+    return x;
 }
 
-fn stage_b(buf: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let e = li + i * THREADS;
-        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = to_half(apply(rb[i], sc.b));
-    }
+fn stage_b_at(i: u32, buf: u32, x: BReg) {
+    let e = li + i * THREADS;
+    b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = to_half(apply(x, sc.b));
 }
 
 //// b_f16_vec
 // f16 weights, copied into the tile unchanged (`load_b4`: generated).
-const LB: u32 = B_ROWS * B_COLS / 4u / THREADS;
-var<private> rb: array<vec4<half>, LB>;
+alias BReg = vec4<half>;
 
-fn fetch_b(base: u32, n0: u32, k0: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let v = li + i * THREADS;
-        let r = v / (B_COLS / 4u);
-        let c = (v % (B_COLS / 4u)) * 4u;
-        let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
-        rb[i] = load_b4((base + g) / 4u);
-    }
+fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
+    let v = li + i * THREADS;
+    let r = v / (B_COLS / 4u);
+    let c = (v % (B_COLS / 4u)) * 4u;
+    let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
+    return load_b4((base + g) / 4u);
 }
 
-fn stage_b(buf: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let v = li + i * THREADS;
-        let r = v / (B_COLS / 4u);
-        let c = (v % (B_COLS / 4u)) * 4u;
-        let h = rb[i];
-        let s = buf * B_TILE + r * LDB_S + c;
-        b_s[s] = h.x;
-        b_s[s + 1u] = h.y;
-        b_s[s + 2u] = h.z;
-        b_s[s + 3u] = h.w;
-    }
+fn stage_b_at(i: u32, buf: u32, h: BReg) {
+    let v = li + i * THREADS;
+    let r = v / (B_COLS / 4u);
+    let c = (v % (B_COLS / 4u)) * 4u;
+    let s = buf * B_TILE + r * LDB_S + c;
+    b_s[s] = h.x;
+    b_s[s + 1u] = h.y;
+    b_s[s + 2u] = h.z;
+    b_s[s + 3u] = h.w;
 }
 
 //// b_f16_edge
 // (`load_b1`: generated.)
-const LB: u32 = B_ROWS * B_COLS / THREADS;
-var<private> rb: array<half, LB>;
+alias BReg = half;
 
-fn fetch_b(base: u32, n0: u32, k0: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let e = li + i * THREADS;
-        let r = e / B_COLS;
-        let c = e % B_COLS;
-        let gk = k0 + select(r, c, TB);
-        let gn = n0 + select(c, r, TB);
-        var x = half(0.0);
-        if gn < p.n && gk < p.k {
-            x = load_b1(base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB));
-        }
-        rb[i] = x;
+fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
+    let e = li + i * THREADS;
+    let r = e / B_COLS;
+    let c = e % B_COLS;
+    let gk = k0 + select(r, c, TB);
+    let gn = n0 + select(c, r, TB);
+    var x = half(0.0);
+    if gn < p.n && gk < p.k {
+        x = load_b1(base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB));
     }
+    return x;
 }
 
-fn stage_b(buf: u32) {
-    for (var i = 0u; i < LB; i++) {
-        let e = li + i * THREADS;
-        b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = rb[i];
-    }
+fn stage_b_at(i: u32, buf: u32, x: BReg) {
+    let e = li + i * THREADS;
+    b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = x;
 }
 
 //// half_hw

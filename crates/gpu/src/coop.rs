@@ -1,6 +1,7 @@
 //! The tensor-core matmul family: WGSL for each variant, put together from
 //! the sections of `shaders/matmul_coop.wgsl` and generated code (tile
-//! constants, the unrolled fragment loads, multiply-adds and stores).
+//! constants, the unrolled fragment loads, multiply-adds and stores, and
+//! the unrolled operand loaders).
 //!
 //! A variant is an instantiation, not a branch: layout (ta, tb, tc), tile
 //! shape, edge handling and the B operand's storage are all compile-time
@@ -292,6 +293,9 @@ impl CoopMatmul {
             (true, false) => "b_f16_vec",
             (true, true) => "b_f16_edge",
         }));
+        let per_reg = if self.edge { 1 } else { 4 };
+        out.push_str(&operand_registers('a', "m0", ar * ac / per_reg / threads));
+        out.push_str(&operand_registers('b', "n0", br * bc / per_reg / threads));
 
         let mut acc = String::new();
         let acc_ty = if self.emulated {
@@ -387,6 +391,30 @@ impl CoopMatmul {
         out.push_str(&main);
         out
     }
+}
+
+/// `fetch_X` (global memory into this thread's registers for the next K
+/// step) and `stage_X` (those registers into workgroup buffer `buf`) of
+/// operand `x`, over its `n` registers per thread: the sections'
+/// `fetch_X_at` / `stage_X_at` unrolled, each register a private variable
+/// of its own. A private array would do in a loop, but one index a compiler
+/// does not resolve puts the whole array in local memory.
+fn operand_registers(x: char, origin: &str, n: u32) -> String {
+    let reg = x.to_ascii_uppercase();
+    let mut out = String::new();
+    for i in 0..n {
+        let _ = writeln!(out, "var<private> r{x}{i}: {reg}Reg;");
+    }
+    let _ = writeln!(out, "\nfn fetch_{x}(base: u32, {origin}: u32, k0: u32) {{");
+    for i in 0..n {
+        let _ = writeln!(out, "    r{x}{i} = fetch_{x}_at({i}u, base, {origin}, k0);");
+    }
+    let _ = writeln!(out, "}}\n\nfn stage_{x}(buf: u32) {{");
+    for i in 0..n {
+        let _ = writeln!(out, "    stage_{x}_at({i}u, buf, r{x}{i});");
+    }
+    out.push_str("}\n\n");
+    out
 }
 
 /// The loaders of an f16-stored operand (`name` a or b, at `binding`):

@@ -9,9 +9,12 @@
 //! the attention's (two strides in one array, as there); the same product
 //! from a tile declared after two 4-byte atomics (the attention's old
 //! layout, which computed garbage on an NVIDIA H200) is reported, not
-//! asserted: it tells what this driver does with that layout. Where the adapter has no cooperative
-//! matrices (Debian's lavapipe) nothing runs; Mesa 26's lavapipe
-//! (`tools/lavapipe_coop.sh`) and GPUs run both.
+//! asserted: it tells what this driver does with that layout. And an f32
+//! accumulator stored, loaded back (`coopLoadT` of a C matrix: the
+//! attention's forward does this to rescale O, the matmul never does) and
+//! multiplied into must round-trip exactly. Where the adapter has no
+//! cooperative matrices (Debian's lavapipe) nothing runs; Mesa 26's
+//! lavapipe (`tools/lavapipe_coop.sh`) and GPUs run them.
 
 mod common;
 
@@ -104,7 +107,8 @@ fn want(p: Probe) -> Vec<f32> {
         .collect()
 }
 
-fn run(ctx: &megatrain_gpu::GpuContext, src: &str) -> Vec<f32> {
+/// Runs `src` (one workgroup) and reads back `out`'s first `len` floats.
+fn run(ctx: &megatrain_gpu::GpuContext, src: &str, len: usize) -> Vec<f32> {
     let device = &ctx.device;
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("coop layout"),
@@ -118,7 +122,7 @@ fn run(ctx: &megatrain_gpu::GpuContext, src: &str) -> Vec<f32> {
         compilation_options: Default::default(),
         cache: None,
     });
-    let bytes = 257 * 4;
+    let bytes = len * 4;
     let out = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: Some("out"),
         contents: &vec![0u8; bytes],
@@ -155,7 +159,7 @@ fn run(ctx: &megatrain_gpu::GpuContext, src: &str) -> Vec<f32> {
 
 /// Products of `want` that came out otherwise.
 fn wrong(ctx: &megatrain_gpu::GpuContext, p: Probe) -> usize {
-    let got = run(ctx, &kernel(p));
+    let got = run(ctx, &kernel(p), 257);
     assert_eq!(got[256], 63.0, "{p:?}: the atomics");
     got[..256].iter().zip(&want(p)).filter(|(a, b)| a != b).count()
 }
@@ -192,4 +196,78 @@ fn tiles_first_in_one_struct_load_exactly() {
             ""
         }
     );
+}
+
+/// The attention forward's rescale of O in one workgroup, on exact values:
+/// f32 accumulators loaded from an f32 scratch array that follows the f16
+/// tile in the struct (`s`: values i % 61), once stored straight back (a
+/// round trip) and once as the C of a product of two tile fragments.
+/// `out[0..256]` is the round trip of s[0..256], `out[256..512]` is
+/// A·B + s[256..512] with A, B as in `kernel` (B row-major, stride 32).
+const ACCUMULATOR_PROBE: &str = "enable f16;
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+struct Shared {
+    t: array<f16, 4096>,
+    s: array<f32, 1024>,
+    flag: atomic<u32>,
+}
+var<workgroup> wg: Shared;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) li: u32) {
+    atomicMax(&wg.flag, li);
+    for (var i = li; i < 4096u; i += 32u) {
+        wg.t[i] = f16(f32(i % 64u));
+    }
+    for (var i = li; i < 1024u; i += 32u) {
+        wg.s[i] = f32(i % 61u);
+    }
+    workgroupBarrier();
+    let ld = 16u;
+    let sa = 32u;
+    let i0 = 0u;
+    let i1 = 256u;
+    let i2 = 512u;
+    let i3 = 768u;
+    let ia = 0u;
+    let ib = 2048u;
+    let c0 = coopLoadT<coop_mat16x16<f32, C>>(&wg.s[i0], ld);
+    let c1 = coopLoadT<coop_mat16x16<f32, C>>(&wg.s[i1], ld);
+    let a = coopLoadT<coop_mat16x16<f16, A>>(&wg.t[ia], sa);
+    let b = coopLoadT<coop_mat16x16<f16, B>>(&wg.t[ib], sa);
+    let z = coopMultiplyAdd(a, b, c1);
+    workgroupBarrier();
+    coopStoreT(c0, &wg.s[i2], ld);
+    coopStoreT(z, &wg.s[i3], ld);
+    workgroupBarrier();
+    for (var i = li; i < 512u; i += 32u) {
+        out[i] = wg.s[512u + i];
+    }
+}
+";
+
+#[test]
+fn accumulators_load_back_exactly() {
+    let Some(ctx) = common::ctx() else { return };
+    if !ctx.has_cooperative_matrix() {
+        eprintln!("no cooperative matrices on {}: NOT tested here", ctx.info);
+        return;
+    }
+    let got = run(&ctx, ACCUMULATOR_PROBE, 512);
+    let s = |i: usize| (i % 61) as f32;
+    let t = |i: usize| (i % 64) as f32;
+    let round_trip: Vec<f32> = (0..256).map(s).collect();
+    let product: Vec<f32> = (0..256)
+        .map(|e| {
+            let (m, n) = (e / 16, e % 16);
+            s(256 + e) + (0..16).map(|k| t(32 * m + k) * t(2048 + 32 * k + n)).sum::<f32>()
+        })
+        .collect();
+    let wrong = |got: &[f32], want: &[f32]| got.iter().zip(want).filter(|(a, b)| a != b).count();
+    let (w0, w1) = (wrong(&got[..256], &round_trip), wrong(&got[256..], &product));
+    eprintln!(
+        "{}: accumulators loaded back: round trip {w0} of 256 wrong, as C of a product {w1} of 256 wrong",
+        ctx.info
+    );
+    assert_eq!((w0, w1), (0, 0), "{}: first values {:?}", ctx.info, &got[..8]);
 }
