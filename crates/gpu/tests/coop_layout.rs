@@ -27,8 +27,10 @@ struct Probe {
     in_struct: bool,
     /// B read column-major (K in the attention's S = Q·Kᵀ) or row-major.
     b_col_major: bool,
-    /// B's stride in halfs (A's is 32): 72 is the attention's at D = 64,
-    /// two strides in one array as there.
+    /// A's and B's strides in halfs: 72 is the attention's at D = 64 (Q
+    /// and K both at it), 32 the matmul's A at K step 32; two strides in
+    /// one array as there.
+    a_stride: u32,
     b_stride: u32,
 }
 
@@ -67,7 +69,7 @@ fn kernel(p: Probe) -> String {
          \x20       {t}[i] = f16(f32(i % 64u));\n\
          \x20   }}\n\
          \x20   workgroupBarrier();\n\
-         \x20   let sa = 32u;\n\
+         \x20   let sa = {sa}u;\n\
          \x20   let sb = {sb}u;\n\
          \x20   let ia = {A_AT}u;\n\
          \x20   let ib = {B_AT}u;\n\
@@ -85,11 +87,12 @@ fn kernel(p: Probe) -> String {
          \x20       out[256] = f32(atomicLoad(&{flag}) + atomicLoad(&{flag2}));\n\
          \x20   }}\n\
          }}\n",
+        sa = p.a_stride,
         sb = p.b_stride
     )
 }
 
-/// C = A·B with A(m, k) = t[A_AT + 32m + k] and B(k, n) at B_AT + k·stride
+/// C = A·B with A(m, k) = t[A_AT + m·a_stride + k] and B(k, n) at B_AT + k·stride
 /// + n (row-major) or B_AT + n·stride + k (column-major).
 fn want(p: Probe) -> Vec<f32> {
     let t = |i: usize| (i % 64) as f32;
@@ -100,7 +103,7 @@ fn want(p: Probe) -> Vec<f32> {
             (0..16)
                 .map(|k| {
                     let b = if p.b_col_major { n * s + k } else { k * s + n };
-                    t(A_AT + 32 * m + k) * t(B_AT + b)
+                    t(A_AT + p.a_stride as usize * m + k) * t(B_AT + b)
                 })
                 .sum()
         })
@@ -171,12 +174,15 @@ fn tiles_first_in_one_struct_load_exactly() {
         eprintln!("no cooperative matrices on {}: NOT tested here", ctx.info);
         return;
     }
-    // What the tensor-core kernels rely on: B row- or column-major, its
-    // stride the same as A's or another, in the one struct.
-    for (b_col_major, b_stride) in [(false, 32), (true, 32), (false, 72), (true, 72)] {
+    // What the tensor-core kernels rely on: B row- or column-major, at the
+    // matmul's strides and the attention's, in the one struct.
+    for (b_col_major, a_stride, b_stride) in
+        [(false, 32, 32), (true, 32, 32), (false, 72, 72), (true, 72, 72)]
+    {
         let p = Probe {
             in_struct: true,
             b_col_major,
+            a_stride,
             b_stride,
         };
         assert_eq!(wrong(&ctx, p), 0, "{}: {p:?}", ctx.info);
@@ -184,6 +190,7 @@ fn tiles_first_in_one_struct_load_exactly() {
     let apart = Probe {
         in_struct: false,
         b_col_major: false,
+        a_stride: 32,
         b_stride: 32,
     };
     let n = wrong(&ctx, apart);
