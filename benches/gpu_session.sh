@@ -128,7 +128,11 @@ first)
     # criterion rows cut to that shape.
     cap=100 b matmul '^matmul/(f16_coop128_8192|f16_coop128x256_8192|f16_coop128_4096x3584|8192x)' \
         --warm-up-time 1 --measurement-time 2
-    cap=100 b attention '^attention_f16/fwd_Coop_B4_T2048_Hq32_' --warm-up-time 1 --measurement-time 2
+    # Same run: the f32 attention (f32 and bf16 precision, and f16 where
+    # the tensor-core one is refused), a row over four subgroup lanes
+    # against one thread per row, at a TinyLlama-like shape.
+    cap=130 b attention '^attention(_f16/fwd_Coop_B4_T2048_Hq32_|/(one_row_)?(fwd|bwd)_B8_T1024)' \
+        --warm-up-time 1 --measurement-time 2
     # The bus (issue 14: ≥ 45 GB/s each way, ≥ 0.8 of torch's pinned
     # copy_) and whether the copy queue runs beside a kernel.
     cap=60 b transport --reps 3 --sizes 64,1024 --overlap

@@ -12,40 +12,10 @@
 // iterations of one invocation (llvmpipe stops every loop after 65535
 // back-edges in total, silently); one dispatch elsewhere.
 
-struct Params {
-    t: u32, hq: u32, hkv: u32, d: u32,
-    scale: f32, q_off: u32, k_off: u32, v_off: u32,
-    o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
-    dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
-    r_begin: u32, r_end: u32, max_off: u32, _p1: u32,
-}
-
-const FIRST: u32 = 1u;
-const LAST: u32 = 2u;
-// Under F16 attention's out (forward) and dv (backward) are operands of
-// the projections' f16 products: with STORE_MAX each workgroup of the LAST
-// dispatch stores the max_bits (max_bits.wgsl) of what it wrote at
-// OMAX[max_off + its index], which absmax.wgsl folds when a product first
-// reads them, so nothing scans them.
-const STORE_MAX: u32 = 4u;
-
 const DM: u32 = 128u;
 const RB: u32 = 64u; // rows (threads) per workgroup
 const KB: u32 = 16u; // key rows per tile in forward and dq
 const QB: u32 = 8u;  // query rows per tile in dk/dv
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> Q: array<f32>;
-@group(0) @binding(2) var<storage, read> K: array<f32>;
-@group(0) @binding(3) var<storage, read> V: array<f32>;
-@group(0) @binding(4) var<storage, read_write> O: array<f32>;
-@group(0) @binding(5) var<storage, read_write> LSE: array<f32>;
-@group(0) @binding(6) var<storage, read> DO: array<f32>;
-@group(0) @binding(7) var<storage, read_write> DQ: array<f32>;
-@group(0) @binding(8) var<storage, read_write> DK: array<f32>;
-@group(0) @binding(9) var<storage, read_write> DV: array<f32>;
-@group(0) @binding(10) var<storage, read_write> DD: array<f32>;
-@group(0) @binding(11) var<storage, read_write> OMAX: array<u32>;
 
 // 16 KiB in all, the WebGPU minimum for workgroup memory. dkv uses only
 // QB * DM = 1024 entries of each for its tiles and keeps the tile's lse and
@@ -53,18 +23,6 @@ const QB: u32 = 8u;  // query rows per tile in dk/dv
 var<workgroup> T1: array<f32, 2048>; // KB * DM
 var<workgroup> T2: array<f32, 2048>;
 const STATS: u32 = 1024u;
-
-fn q_idx(b: u32, t: u32, h: u32) -> u32 {
-    return ((b * p.t + t) * p.hq + h) * p.d;
-}
-
-fn kv_idx(b: u32, t: u32, g: u32) -> u32 {
-    return ((b * p.t + t) * p.hkv + g) * p.d;
-}
-
-fn row_idx(b: u32, h: u32, t: u32) -> u32 {
-    return (b * p.hq + h) * p.t + t;
-}
 
 // Loads KB key and value rows starting at j0 of kv head g into T1 / T2.
 fn load_kv_tile(b: u32, g: u32, j0: u32, tid: u32) {

@@ -2,6 +2,10 @@
 //! useful (causal) score and value FLOPs: 2·2·B·Hq·D·T(T+1)/2 forward,
 //! 2.5x that backward.
 //!
+//! `attention` times the f32 kernels: a row's D over four subgroup lanes
+//! (`fwd_…`, `bwd_…`, where the adapter has subgroups and D is a multiple
+//! of 16) and one thread per row (`one_row_fwd_…`, `one_row_bwd_…`).
+//!
 //! `attention_f16` times the F16 compute precision: the tensor-core flash
 //! attention family on adapters with cooperative matrices, at the
 //! Llama-7B/Qwen-7B (32/8 heads) and Qwen2.5-7B (28/4) shapes, B = 4, D =
@@ -24,37 +28,49 @@ use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
 
 fn bench(c: &mut Criterion) {
     let Some(g) = common::executor() else { return };
+    // The f32 kernels a row's D splits over four subgroup lanes, where the
+    // adapter allows it, and the kernels with one thread per row
+    // (`one_row_…`) on the same shapes.
+    let one_row = GpuExecutor::with_options(
+        g.context().clone(),
+        GpuOptions {
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
     let mut shapes = vec![(1, 256, 8, 2, 64), (1, 512, 8, 2, 64)];
     if common::is_real_gpu(&g) {
         shapes.extend([(4, 2048, 32, 8, 128), (8, 1024, 12, 12, 64)]);
     }
     let mut group = c.benchmark_group("attention");
     group.sample_size(10);
-    for (b, t, hq, hkv, d) in shapes {
-        let q = g.upload(&common::rand(1, &[b, t, hq, d])).unwrap();
-        let k = g.upload(&common::rand(2, &[b, t, hkv, d])).unwrap();
-        let v = g.upload(&common::rand(3, &[b, t, hkv, d])).unwrap();
-        let dout = g.upload(&common::rand(4, &[b, t, hq, d])).unwrap();
-        let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
-        let name = format!("B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
-        group.throughput(Throughput::Elements(flops));
-        group.bench_function(format!("fwd_{name}"), |bench| {
-            bench.iter(|| {
-                let o = g.attention(&q, &k, &v).unwrap();
-                g.synchronize().unwrap();
-                o
-            })
-        });
-        let fwd = g.attention(&q, &k, &v).unwrap();
-        // Backward recomputes the scores and does 4 more products: ~2.5x forward.
-        group.throughput(Throughput::Elements(flops * 5 / 2));
-        group.bench_function(format!("bwd_{name}"), |bench| {
-            bench.iter(|| {
-                let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
-                g.synchronize().unwrap();
-                gr
-            })
-        });
+    for (tag, g) in [("", &g), ("one_row_", &one_row)] {
+        for &(b, t, hq, hkv, d) in &shapes {
+            let q = g.upload(&common::rand(1, &[b, t, hq, d])).unwrap();
+            let k = g.upload(&common::rand(2, &[b, t, hkv, d])).unwrap();
+            let v = g.upload(&common::rand(3, &[b, t, hkv, d])).unwrap();
+            let dout = g.upload(&common::rand(4, &[b, t, hq, d])).unwrap();
+            let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
+            let name = format!("B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
+            group.throughput(Throughput::Elements(flops));
+            group.bench_function(format!("{tag}fwd_{name}"), |bench| {
+                bench.iter(|| {
+                    let o = g.attention(&q, &k, &v).unwrap();
+                    g.synchronize().unwrap();
+                    o
+                })
+            });
+            let fwd = g.attention(&q, &k, &v).unwrap();
+            // Backward recomputes the scores and does 4 more products: ~2.5x forward.
+            group.throughput(Throughput::Elements(flops * 5 / 2));
+            group.bench_function(format!("{tag}bwd_{name}"), |bench| {
+                bench.iter(|| {
+                    let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
+                    g.synchronize().unwrap();
+                    gr
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -75,6 +75,9 @@ pub struct GpuContext {
     /// The tensor-core attention's check against the SIMT kernels on this
     /// device, per head dimension (`exec/attention_check.rs`).
     pub(crate) coop_attention_checks: std::sync::Mutex<std::collections::BTreeMap<usize, Result<(), String>>>,
+    /// The adapter's smallest subgroup (0 where it has no subgroup
+    /// operations, or did not say).
+    subgroup_min: u32,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -353,6 +356,11 @@ impl GpuContext {
             copy_queue,
             copy_queue_refused: None,
             coop_attention_checks: Default::default(),
+            subgroup_min: if features.contains(wgpu::Features::SUBGROUP) {
+                ai.subgroup_min_size
+            } else {
+                0
+            },
         });
         match ctx.copy_queue.is_some() {
             true => ctx.checked_copy_queue(copy, |c| {
@@ -395,6 +403,15 @@ impl GpuContext {
             std::mem::forget(self);
         }
         Ok(without)
+    }
+
+    /// Whether the f32 attention can split a row of head dimension `d` over
+    /// four subgroup lanes (`attention_lanes.wgsl`): subgroup operations in
+    /// subgroups of at least 4, and the kernels' workgroup memory.
+    pub fn attention_lanes(&self, d: usize) -> bool {
+        crate::kernels::attn_lanes_fit(d)
+            && self.subgroup_min >= 4
+            && self.limits.max_compute_workgroup_storage_size >= crate::kernels::attn_lanes_workgroup_bytes(d)
     }
 
     /// Tensor-core matmuls are available (see `tensor_cores_usable`).

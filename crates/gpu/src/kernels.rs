@@ -27,6 +27,8 @@ const ROW_MAX: &str = include_str!("../../../shaders/row_max.wgsl");
 const NORMS: &[&str] = &[MAX_BITS, NORM, ROW_MAX];
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
+const ATTENTION_PARAMS: &str = include_str!("../../../shaders/attention_params.wgsl");
+const ATTENTION_LANES: &str = include_str!("../../../shaders/attention_lanes.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
@@ -168,6 +170,21 @@ pub enum Kernel {
     AttnDkv {
         d: u32,
     },
+    /// The same kernels with each row's D split over 4 subgroup lanes
+    /// (attention_lanes.wgsl), `d` compiled in: where the adapter has
+    /// subgroups and `attn_lanes_fit` takes the head dimension.
+    AttnFwdLanes {
+        d: u32,
+    },
+    AttnDqLanes {
+        d: u32,
+    },
+    AttnDkvLanes {
+        d: u32,
+    },
+    AttnDeltaLanes {
+        d: u32,
+    },
     /// Rounds an attention operand to f16 under its tensor's scale.
     AttnRound16,
     /// A tensor-core flash-attention kernel (real ones need cooperative
@@ -233,6 +250,14 @@ impl Kernel {
         ]);
         for d in std::iter::once(0).chain(ATTN_HEAD_DIMS) {
             v.extend([AttnFwd { d }, AttnDq { d }, AttnDkv { d }]);
+        }
+        for d in ATTN_LANE_DIMS {
+            v.extend([
+                AttnFwdLanes { d },
+                AttnDeltaLanes { d },
+                AttnDqLanes { d },
+                AttnDkvLanes { d },
+            ]);
         }
         v
     }
@@ -348,9 +373,17 @@ impl Kernel {
             AddLnBwd => (NORMS, "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
             Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
-            AttnDelta => (&[MAX_BITS, ATTENTION], "attn_delta", &[4, 6, 10]),
+            AttnDelta => (
+                &[MAX_BITS, ATTENTION_PARAMS, ATTENTION],
+                "attn_delta",
+                &[4, 6, 10],
+            ),
             AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
+            AttnFwdLanes { d } => return attention_lanes(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
+            AttnDeltaLanes { d } => return attention_lanes(d, "attn_delta", &[4, 6, 10]),
+            AttnDqLanes { d } => return attention_lanes(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
+            AttnDkvLanes { d } => return attention_lanes(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             CrossEntropy => (
                 &[MAX_BITS, CROSS_ENTROPY, ROW_MAX],
@@ -382,10 +415,73 @@ pub fn attn_head_dim(d: usize) -> u32 {
     ATTN_HEAD_DIMS.into_iter().find(|&x| x as usize == d).unwrap_or(0)
 }
 
+/// Head dimensions whose lanes kernels `Kernel::all` lists (compiled
+/// ahead by the tests): the zoo's families'. Any other `attn_lanes_fit`
+/// D compiles when first used.
+pub const ATTN_LANE_DIMS: [u32; 5] = [32, 64, 80, 96, 128];
+
+/// Whether the lanes kernels (attention_lanes.wgsl) take head dimension
+/// `d`: four lanes of whole vec4s, at most 128 (the f32 kernels' bound).
+pub fn attn_lanes_fit(d: usize) -> bool {
+    d.is_multiple_of(16) && (16..=128).contains(&d)
+}
+
+/// Workgroup memory of the lanes kernels at head dimension `d`: two tiles
+/// of 16 rows and the statistics (attention_lanes.wgsl's T1, T2, S1, S2).
+pub fn attn_lanes_workgroup_bytes(d: usize) -> u32 {
+    (2 * 16 * d * 4 + 256 * 4 + 16 * 4) as u32
+}
+
+/// attention_lanes.wgsl with entry `entry`, D compiled in and its
+/// `// unroll` blocks repeated D / 16 times.
+fn attention_lanes(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
+    assert!(attn_lanes_fit(d as usize), "lanes attention at head dim {d}");
+    KernelSpec {
+        source: [
+            &format!("const D: u32 = {d}u;\n"),
+            MAX_BITS,
+            ATTENTION_PARAMS,
+            &unroll(ATTENTION_LANES, d / 16),
+        ]
+        .concat(),
+        entry,
+        bindings,
+    }
+}
+
+/// `src` with the lines between each `// unroll` line and the next
+/// `// end` line written `n` times, `UV` replaced by 0u, 1u, … in the
+/// copies (so a loop over a row's vec4s indexes its arrays by constants).
+fn unroll(src: &str, n: u32) -> String {
+    let mut out = String::with_capacity(src.len() * 2);
+    let mut block: Option<Vec<&str>> = None;
+    for line in src.lines() {
+        match (line.trim(), block.as_mut()) {
+            ("// unroll", None) => block = Some(Vec::new()),
+            ("// end", Some(lines)) => {
+                for i in 0..n {
+                    for l in lines.iter() {
+                        out.push_str(&l.replace("UV", &format!("{i}u")));
+                        out.push('\n');
+                    }
+                }
+                block = None;
+            }
+            (_, Some(lines)) => lines.push(line),
+            (_, None) => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    assert!(block.is_none(), "an `// unroll` block without its `// end`");
+    out
+}
+
 /// attention.wgsl with entry `entry`; for `d` > 0 with D compiled in: DM
 /// (the arrays' length) is D and every read of the parameter `p.d` is DM.
 fn attention(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
-    let mut source = [MAX_BITS, ATTENTION].concat();
+    let mut source = [MAX_BITS, ATTENTION_PARAMS, ATTENTION].concat();
     if d > 0 {
         const GENERAL: &str = "const DM: u32 = 128u;";
         assert!(source.contains(GENERAL), "attention.wgsl declares no {GENERAL}");

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use megatrain_gpu::GpuExecutor;
+use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape};
 use proptest::prelude::*;
 
@@ -383,33 +383,52 @@ fn profile_reports_each_op_kind() {
 
 #[test]
 fn attention_head_dims_several_row_blocks() {
-    // D = 128 fills the general kernels' register arrays, 48 runs them
-    // below it, 32 and 64 run the kernels with D compiled in
-    // (`ATTN_HEAD_DIMS`); T = 150 spans three 64-row blocks with a ragged
-    // last one.
-    let Some(g) = gpu() else { return };
-    let c = cpu();
+    // Each D on both f32 families: a row over four subgroup lanes
+    // (attention_lanes.wgsl, D a multiple of 16, where the adapter has
+    // subgroups) and one thread per row (attention.wgsl: D = 128 fills the
+    // general kernels' register arrays, 48 runs them below it, 32 and 64
+    // run the kernels with D compiled in, `ATTN_HEAD_DIMS`). T = 150 spans
+    // three 64-row blocks with a ragged last one.
+    let Some(lanes) = gpu() else { return };
+    let one_row = GpuExecutor::with_options(
+        lanes.context().clone(),
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
     for d in [128, 48, 64, 32] {
-        let (b, t, hq, hkv) = (1, 150, 4, 2);
-        let q = rand_host(11 + d as u64, &[b, t, hq, d]);
-        let k = rand_host(12 + d as u64, &[b, t, hkv, d]);
-        let v = rand_host(13 + d as u64, &[b, t, hkv, d]);
-        let dout = rand_host(14 + d as u64, &[b, t, hq, d]);
-        let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-        let r = c.attention(&cq, &ck, &cv).unwrap();
-        let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
-        let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-        let o = g.attention(&gq, &gk, &gv).unwrap();
-        let what = |s: &str| format!("D = {d}: {s}");
-        assert_close(&what("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
-        assert_close(&what("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
-        let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
-        assert_close(&what("dq"), &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
-        assert_close(&what("dk"), &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
-        assert_close(&what("dv"), &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+        assert!(
+            lanes.context().attention_lanes(d),
+            "{}: no lanes attention at D = {d}",
+            lanes.context().info
+        );
     }
-    let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
-    assert!(g.attention(&too_wide, &too_wide, &too_wide).is_err());
+    let c = cpu();
+    for (family, g) in [("lanes", lanes), ("one row", &one_row)] {
+        for d in [128, 48, 64, 32] {
+            let (b, t, hq, hkv) = (1, 150, 4, 2);
+            let q = rand_host(11 + d as u64, &[b, t, hq, d]);
+            let k = rand_host(12 + d as u64, &[b, t, hkv, d]);
+            let v = rand_host(13 + d as u64, &[b, t, hkv, d]);
+            let dout = rand_host(14 + d as u64, &[b, t, hq, d]);
+            let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+            let r = c.attention(&cq, &ck, &cv).unwrap();
+            let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+            let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
+            let o = g.attention(&gq, &gk, &gv).unwrap();
+            let what = |s: &str| format!("{family}, D = {d}: {s}");
+            assert_close(&what("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+            assert_close(&what("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+            let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+            assert_close(&what("dq"), &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+            assert_close(&what("dk"), &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+            assert_close(&what("dv"), &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+        }
+        let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
+        assert!(g.attention(&too_wide, &too_wide, &too_wide).is_err());
+    }
 }
 
 #[test]

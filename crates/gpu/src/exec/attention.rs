@@ -127,8 +127,8 @@ impl GpuExecutor {
         let lse = self.alloc_f32([d.b, d.hq, d.t])?;
         // Running softmax sums between key ranges.
         let lsum = self.alloc_f32([d.b, d.hq, d.t])?;
-        // Per key: two D-loops and the tile-load share.
-        let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
+        let lanes = self.lanes(d);
+        let keys = self.key_ranges(d, lanes);
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let scale = 1.0 / (d.d as f32).sqrt();
         let rows = d.t.div_ceil(RB);
@@ -167,14 +167,13 @@ impl GpuExecutor {
                     0,
                 ];
                 let grid = [rows as u32, d.hq as u32, nb as u32];
-                op.dispatch(
-                    Kernel::AttnFwd {
+                let kernel = match lanes {
+                    true => Kernel::AttnFwdLanes { d: u(d.d) },
+                    false => Kernel::AttnFwd {
                         d: attn_head_dim(d.d),
                     },
-                    &params,
-                    &[qv, kv, vv, ov, lv, sv, mv],
-                    grid,
-                );
+                };
+                op.dispatch(kernel, &params, &[qv, kv, vv, ov, lv, sv, mv], grid);
             }
         }
         op.finish()?;
@@ -226,51 +225,81 @@ impl GpuExecutor {
         fwd: &AttentionOut<GpuTensor>,
         dout: &GpuTensor,
     ) -> Result<AttentionGrads<GpuTensor>> {
-        let keys = ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget);
-        // dk/dv: per query of every head of the group, two D-loops and two more.
+        let lanes = self.lanes(d);
+        let keys = self.key_ranges(d, lanes);
         let group = d.hq / d.hkv;
-        let queries = ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget);
+        let queries = match lanes {
+            // Per query of every head of the group, one loop iteration and
+            // a share of the tile's loads.
+            true => ranges(d.t, KB, 2 * group, 2 * d.d, self.loop_budget),
+            // Per query of every head of the group, two D-loops and two more.
+            false => ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget),
+        };
         let rows = d.t.div_ceil(RB);
         let hd = attn_head_dim(d.d);
+        let (dq_kernel, dkv_kernel) = match lanes {
+            true => (
+                Kernel::AttnDqLanes { d: u(d.d) },
+                Kernel::AttnDkvLanes { d: u(d.d) },
+            ),
+            false => (Kernel::AttnDq { d: hd }, Kernel::AttnDkv { d: hd }),
+        };
         let fold = self.folds_maxima();
         let slots = self.maxima_slots(fold, rows * d.hkv * d.b)?;
-        let grads = self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, |op, b0, nb, c| {
-            let mv = self.maxima_view(&slots, (b0 * rows * d.hkv, nb * rows * d.hkv), c.dv)?;
-            let with = |fl: u32, r0: usize, r1: usize| {
-                let mut p = c.params(d).to_vec();
-                p[15..19].copy_from_slice(&[fl, u(r0), u(r1), mv.elem_off]);
-                p
-            };
-            for (ri, &(r0, r1)) in keys.iter().enumerate() {
-                let params = with(flags(ri, keys.len()), r0, r1);
-                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
-                op.dispatch(
-                    Kernel::AttnDq { d: hd },
-                    &params,
-                    &views,
-                    [rows as u32, d.hq as u32, nb as u32],
-                );
-            }
-            for (ri, &(r0, r1)) in queries.iter().enumerate() {
-                let fl = flags(ri, queries.len()) | if fold { STORE_MAX } else { 0 };
-                let params = with(fl, r0, r1);
-                let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta, mv];
-                op.dispatch(
-                    Kernel::AttnDkv { d: hd },
-                    &params,
-                    &views,
-                    [rows as u32, d.hkv as u32, nb as u32],
-                );
-            }
-            Ok(())
-        })?;
+        let delta = match lanes {
+            true => Kernel::AttnDeltaLanes { d: u(d.d) },
+            false => Kernel::AttnDelta,
+        };
+        let grads =
+            self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, delta, |op, b0, nb, c| {
+                let mv = self.maxima_view(&slots, (b0 * rows * d.hkv, nb * rows * d.hkv), c.dv)?;
+                let with = |fl: u32, r0: usize, r1: usize| {
+                    let mut p = c.params(d).to_vec();
+                    p[15..19].copy_from_slice(&[fl, u(r0), u(r1), mv.elem_off]);
+                    p
+                };
+                for (ri, &(r0, r1)) in keys.iter().enumerate() {
+                    let params = with(flags(ri, keys.len()), r0, r1);
+                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
+                    op.dispatch(dq_kernel, &params, &views, [rows as u32, d.hq as u32, nb as u32]);
+                }
+                for (ri, &(r0, r1)) in queries.iter().enumerate() {
+                    let fl = flags(ri, queries.len()) | if fold { STORE_MAX } else { 0 };
+                    let params = with(fl, r0, r1);
+                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta, mv];
+                    op.dispatch(
+                        dkv_kernel,
+                        &params,
+                        &views,
+                        [rows as u32, d.hkv as u32, nb as u32],
+                    );
+                }
+                Ok(())
+            })?;
         self.remember_maxima_slots(&grads.dv, slots);
         Ok(grads)
     }
 
+    /// Whether the f32 attention of `d` runs on the lanes kernels
+    /// (attention_lanes.wgsl: a row's D over four subgroup lanes).
+    fn lanes(&self, d: &Dims) -> bool {
+        self.attention_lanes && self.ctx.attention_lanes(d.d)
+    }
+
+    /// The key ranges of the forward and dq dispatches (one, except under a
+    /// loop budget).
+    fn key_ranges(&self, d: &Dims, lanes: bool) -> Vec<(usize, usize)> {
+        match lanes {
+            // Per key one loop iteration and a share of the tile's loads.
+            true => ranges(d.t, KB, 2, 2 * d.d, self.loop_budget),
+            // Per key two D-loops and the tile-load share.
+            false => ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget),
+        }
+    }
+
     /// What every attention backward does around its own kernels: allocates
     /// dq, dk, dv and delta, and for each chunk of the batch that fits the
-    /// bindings computes delta = rowsum(dO ∘ O) (attention.wgsl's kernel, on
+    /// bindings computes delta = rowsum(dO ∘ O) (kernel `delta`, on
     /// `dout`), then calls `each` with the chunk's first batch, count and views
     /// (dO as the kernels read it from `dout_in`: `dout` itself, or its f16
     /// copy for the tensor-core kernels).
@@ -280,6 +309,7 @@ impl GpuExecutor {
         [q, k, v, dout]: [&GpuTensor; 4],
         dout_in: &GpuTensor,
         fwd: &AttentionOut<GpuTensor>,
+        delta_kernel: Kernel,
         mut each: impl FnMut(&mut Op<'_>, usize, usize, &BwdViews<'_>) -> Result<()>,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let dq = self.alloc_f32(q.shape.clone())?;
@@ -305,7 +335,7 @@ impl GpuExecutor {
             let mut params = c.params(d);
             params[15..18].copy_from_slice(&[3, 0, u(d.t)]);
             op.dispatch(
-                Kernel::AttnDelta,
+                delta_kernel,
                 &params,
                 &[c.o, c.dout, c.delta],
                 [d.t.div_ceil(RB) as u32, d.hq as u32, nb as u32],

@@ -242,36 +242,43 @@ impl GpuExecutor {
         let sv = self.full(maxima)?;
         let blocks = Self::coop_grid(&vdkv, d, 1)[0] as usize * d.hkv;
         let slots = self.maxima_slots(self.folds_maxima(), blocks * d.b)?;
-        let grads = self.attention_backward_chunks(d, [q, k, v, dout], dout_in, fwd, |op, b0, nb, c| {
-            let mv = self.maxima_view(&slots, (b0 * blocks, nb * blocks), c.dv)?;
-            vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout_in)])?;
-            let offs = [
-                c.q.elem_off,
-                c.k.elem_off,
-                c.v.elem_off,
-                0,
-                c.lse.elem_off,
-                c.dout_in.elem_off,
-                c.dq.elem_off,
-                c.dk.elem_off,
-                c.dv.elem_off,
-                c.delta.elem_off,
-            ];
-            op.dispatch(
-                Kernel::AttnCoop(vdq),
-                &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT),
-                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
-                Self::coop_grid(&vdq, d, nb),
-            );
-            let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
-            op.dispatch(
-                Kernel::AttnCoop(vdkv),
-                &coop_params(d, offs, [0, 1, 2, 3], max_off),
-                &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv],
-                Self::coop_grid(&vdkv, d, nb),
-            );
-            Ok(())
-        })?;
+        let grads = self.attention_backward_chunks(
+            d,
+            [q, k, v, dout],
+            dout_in,
+            fwd,
+            Kernel::AttnDelta,
+            |op, b0, nb, c| {
+                let mv = self.maxima_view(&slots, (b0 * blocks, nb * blocks), c.dv)?;
+                vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout_in)])?;
+                let offs = [
+                    c.q.elem_off,
+                    c.k.elem_off,
+                    c.v.elem_off,
+                    0,
+                    c.lse.elem_off,
+                    c.dout_in.elem_off,
+                    c.dq.elem_off,
+                    c.dk.elem_off,
+                    c.dv.elem_off,
+                    c.delta.elem_off,
+                ];
+                op.dispatch(
+                    Kernel::AttnCoop(vdq),
+                    &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT),
+                    &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
+                    Self::coop_grid(&vdq, d, nb),
+                );
+                let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
+                op.dispatch(
+                    Kernel::AttnCoop(vdkv),
+                    &coop_params(d, offs, [0, 1, 2, 3], max_off),
+                    &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv],
+                    Self::coop_grid(&vdkv, d, nb),
+                );
+                Ok(())
+            },
+        )?;
         self.remember_maxima_slots(&grads.dv, slots);
         Ok(grads)
     }

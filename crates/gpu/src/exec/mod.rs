@@ -64,6 +64,10 @@ pub struct GpuOptions {
     /// Runs every SIMT product wholly on the checked kernel, without the
     /// 128-tile interior pipelines (for comparing the two).
     pub checked_matmul_only: bool,
+    /// Runs the f32 attention on the kernels with one thread per row even
+    /// where a row's D could be split over subgroup lanes (for comparing
+    /// the two; `GpuContext::attention_lanes`).
+    pub one_row_attention: bool,
     /// Most loop iterations one shader invocation may run; work is split over
     /// more dispatches to stay under it. `None`: the adapter's own (llvmpipe
     /// silently ends every loop after 65535 back-edges per invocation; other
@@ -132,6 +136,8 @@ pub struct GpuExecutor {
     poison: bool,
     matmul_tile: Option<u32>,
     simt_interior: bool,
+    /// Whether the f32 attention may take the lanes kernels.
+    attention_lanes: bool,
     f16_matmul: F16Matmul,
     f16_attention: F16Attention,
     copy_attention_operands: bool,
@@ -259,6 +265,7 @@ impl GpuExecutor {
             poison: opts.poison_outputs,
             matmul_tile: opts.matmul_tile,
             simt_interior: !opts.checked_matmul_only,
+            attention_lanes: !opts.one_row_attention,
             f16_matmul: opts.f16_matmul,
             f16_attention: opts.f16_attention,
             copy_attention_operands: opts.copy_attention_operands,
