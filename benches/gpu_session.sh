@@ -126,7 +126,7 @@ first)
     # attention prints every 7B shape's forward and backward (≥ 150 and
     # ≥ 75 TFLOP/s at B4 T2048 32/8 D128) and SDPA's beside them, the
     # criterion rows cut to that shape.
-    cap=100 b matmul '^matmul/(f16_coop128_8192|f16_coop128x256_8192|f16_coop128_4096x3584|8192x)' \
+    cap=100 b matmul '^matmul/(f16_coop128_8192|f16_coop128x256_8192|f16_coop128w4_8192|f16_coop128_4096x3584|8192x)' \
         --warm-up-time 1 --measurement-time 2
     # Same run: the f32 attention (f32 and bf16 precision, and f16 where
     # the tensor-core one is refused), a row over four subgroup lanes
@@ -179,7 +179,7 @@ checks)
     t transfer_chunks
     ;;
 kernels)
-    # matmul: f32 interior vs checked_ rows, f16 SIMT and the three
+    # matmul: f32 interior vs checked_ rows, f16 SIMT and the four
     # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes (targets:
     # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
     # f16_coop128_stage_ rows convert f32 operands as they stage them

@@ -9,8 +9,9 @@
 // matmul_bf16.wgsl, matmul_f16.wgsl) and the compute precision: `op_a`,
 // `op_b` applied to each operand element on its way into workgroup memory
 // and `unscale` to each result (matmul_exact.wgsl; matmul_scale.wgsl with
-// matmul_round16.wgsl for f16 operands), and `epilogue`, applied to each
-// element as it is stored (matmul_epilogue.wgsl).
+// matmul_round16.wgsl for f16 operands), `epilogue`, applied to each
+// element as it is stored (matmul_epilogue.wgsl), and `store_c4`, which
+// stores them (matmul_store.wgsl).
 
 @group(0) @binding(1) var<storage, read> A: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -27,32 +28,6 @@ const LOADS: u32 = BM * BK / 256u;
 // As[k * AV + m / 4][m % 4]: for each k, the BM rows of the tile as vec4s.
 var<workgroup> As: array<vec4<f32>, BK * BM / 4u>;
 var<workgroup> Bs: array<vec4<f32>, BK * BN / 4u>;
-
-// Four outputs of row gm from column gn0 (those inside C): unscaled, plus
-// bias, plus C when accumulating, through the epilogue.
-fn store_c4(v: vec4<f32>, c_base: u32, gm: u32, gn0: u32) {
-    if gm >= p.m {
-        return;
-    }
-    for (var c = 0u; c < 4u; c++) {
-        let gn = gn0 + c;
-        if gn >= p.n {
-            return;
-        }
-        var x = unscale(v[c]);
-        if (p.flags & HAS_BIAS) != 0u {
-            x += bias[p.bias_off + gn];
-        }
-        var idx = c_base + gm * p.ldc + gn;
-        if (p.flags & TRANS_C) != 0u {
-            idx = c_base + gn * p.ldc + gm;
-        }
-        if (p.flags & ACCUMULATE) != 0u {
-            x += C[idx];
-        }
-        C[idx] = epilogue(idx, x);
-    }
-}
 
 @compute @workgroup_size(16, 16, 1)
 fn main(

@@ -114,26 +114,6 @@ fn store_tiles(li: u32, half: u32) {
     store_vec4s(li + 256u, half, ra[1], rb[1]);
 }
 
-// Four outputs of row gm, columns gn0..gn0+4: unscaled, plus bias, plus C
-// when accumulating, through the epilogue.
-fn store_c4(v: vec4<f32>, c_base: u32, gm: u32, gn0: u32) {
-    for (var c = 0u; c < 4u; c++) {
-        let gn = gn0 + c;
-        var x = unscale(v[c]);
-        if (p.flags & HAS_BIAS) != 0u {
-            x += bias[p.bias_off + gn];
-        }
-        var idx = c_base + gm * p.ldc + gn;
-        if (p.flags & TRANS_C) != 0u {
-            idx = c_base + gn * p.ldc + gm;
-        }
-        if (p.flags & ACCUMULATE) != 0u {
-            x += C[idx];
-        }
-        C[idx] = epilogue(idx, x);
-    }
-}
-
 @compute @workgroup_size(16, 16, 1)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,

@@ -7,7 +7,7 @@
 //! `checked_…` (the same products wholly on the checked kernel, as before
 //! the interior pipelines),
 //! `f16_simt_…` (the same kernel rounding operands to f16) and
-//! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…` (the tensor-core
+//! `f16_coop64_…`, `f16_coop128_…`, `f16_coop128x256_…`, `f16_coop128w4_…` (the tensor-core
 //! tiles, only where the adapter has cooperative matrices, reading the f16
 //! copies of f32 operands: made once per value of A and B, so outside the
 //! timed loop, as a training step makes each once for several products),
@@ -143,7 +143,15 @@ fn bench(c: &mut Criterion) {
     let f16 = |k: F16Matmul| f16_with(k, false);
     let mut kernels = vec![F16Matmul::Simt];
     if ctx.has_cooperative_matrix() {
-        kernels.extend([CoopTile::Simple64, CoopTile::Tile128, CoopTile::Tile128x256].map(F16Matmul::Coop));
+        kernels.extend(
+            [
+                CoopTile::Simple64,
+                CoopTile::Tile128,
+                CoopTile::Tile128x256,
+                CoopTile::Tile128w4,
+            ]
+            .map(F16Matmul::Coop),
+        );
     } else {
         eprintln!("adapter has no cooperative matrices: tensor-core rows skipped");
     }

@@ -26,6 +26,11 @@ pub enum CoopTile {
     Tile128,
     /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
     Tile128x256,
+    /// 128x128, 4 subgroups of 4x4 fragments, K step 32, double-buffered:
+    /// Tile128's tile with 8 fragment loads per 16 products (Tile128 has 6
+    /// per 8) and half the threads, each carrying twice the operand
+    /// registers.
+    Tile128w4,
     /// 64x64, 4 subgroups of 2x2 fragments, K step 16, double-buffered:
     /// the tuned tiles' code at a size whose software-emulated variant fits
     /// lavapipe's 32 KiB of workgroup memory.
@@ -60,10 +65,11 @@ impl TileShape {
 }
 
 impl CoopTile {
-    pub const ALL: [CoopTile; 5] = [
+    pub const ALL: [CoopTile; 6] = [
         CoopTile::Simple64,
         CoopTile::Tile128,
         CoopTile::Tile128x256,
+        CoopTile::Tile128w4,
         CoopTile::Small64,
         CoopTile::Small16x64,
     ];
@@ -94,6 +100,14 @@ impl CoopTile {
                 sg_n: 4,
                 double_buffer: true,
             },
+            CoopTile::Tile128w4 => TileShape {
+                bm: 128,
+                bn: 128,
+                bk: 32,
+                sg_m: 2,
+                sg_n: 2,
+                double_buffer: true,
+            },
             CoopTile::Small64 => TileShape {
                 bm: 64,
                 bn: 64,
@@ -118,6 +132,7 @@ impl CoopTile {
             CoopTile::Simple64 => "coop64",
             CoopTile::Tile128 => "coop128",
             CoopTile::Tile128x256 => "coop128x256",
+            CoopTile::Tile128w4 => "coop128w4",
             CoopTile::Small64 => "coop64db",
             CoopTile::Small16x64 => "coop16x64",
         }

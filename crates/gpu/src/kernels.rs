@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+pub(crate) const MATMUL_STORE: &str = include_str!("../../../shaders/matmul_store.wgsl");
 pub(crate) const MATMUL_PARAMS: &str = include_str!("../../../shaders/matmul_params.wgsl");
 const TILE64: &str = include_str!("../../../shaders/matmul_tile64.wgsl");
 const TILE128: &str = include_str!("../../../shaders/matmul_tile128.wgsl");
@@ -310,9 +311,19 @@ impl Kernel {
                 };
                 let epi = epilogue_source(v.epi, v.f16, FoldScratch::SimtTiles);
                 let source = if v.f16 {
-                    [MATMUL_PARAMS, tile, b, MATMUL_SCALE, MATMUL_ROUND16, &epi, MATMUL].concat()
+                    [
+                        MATMUL_PARAMS,
+                        tile,
+                        b,
+                        MATMUL_SCALE,
+                        MATMUL_ROUND16,
+                        &epi,
+                        MATMUL_STORE,
+                        MATMUL,
+                    ]
+                    .concat()
                 } else {
-                    [MATMUL_PARAMS, tile, b, MATMUL_EXACT, &epi, MATMUL].concat()
+                    [MATMUL_PARAMS, tile, b, MATMUL_EXACT, &epi, MATMUL_STORE, MATMUL].concat()
                 };
                 return KernelSpec {
                     source,

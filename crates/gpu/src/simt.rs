@@ -78,6 +78,7 @@ impl SimtInterior {
             b,
             &precision,
             &crate::kernels::epilogue_source(self.epi, self.f16, crate::kernels::FoldScratch::SimtTiles),
+            crate::kernels::MATMUL_STORE,
             BODY,
         ]
         .concat()

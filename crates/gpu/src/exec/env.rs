@@ -8,7 +8,7 @@
 use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
-/// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`,
+/// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`, `coop128w4`,
 /// `coop64db`, `coop16x64`) or one with `_sw` (emulated).
 pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
 /// `auto`, `simt`, `coop` or `coop_sw` (emulated).
