@@ -610,6 +610,35 @@ mod tests {
     }
 
     #[test]
+    fn unroll_repeats_each_block_with_its_index() {
+        let src = "a\n    // unroll\nx[UV] = y_UV;\n    // end\nb\n";
+        assert_eq!(unroll(src, 2), "a\nx[0u] = y_0u;\nx[1u] = y_1u;\nb\n");
+        assert_eq!(unroll(src, 0), "a\nb\n");
+        let open = std::panic::catch_unwind(|| unroll("// unroll\nx\n", 1));
+        assert!(open.is_err(), "a block without its end is refused");
+    }
+
+    /// The lanes kernels' workgroup memory as naga lays out the module,
+    /// against what `GpuContext::attention_lanes` checks the adapter for.
+    #[test]
+    fn lanes_attention_workgroup_bytes_are_the_modules() {
+        for d in ATTN_LANE_DIMS {
+            let src = Kernel::AttnDkvLanes { d }.spec().source;
+            let module = naga::front::wgsl::parse_str(&src).expect("lanes attention parses");
+            let mut layouter = naga::proc::Layouter::default();
+            layouter.update(module.to_ctx()).expect("layout");
+            let bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| layouter[g.ty].size)
+                .sum();
+            assert_eq!(bytes, attn_lanes_workgroup_bytes(d as usize), "D = {d}");
+            assert!(bytes <= 32 << 10, "D = {d}: {bytes} bytes past lavapipe's 32 KiB");
+        }
+    }
+
+    #[test]
     fn head_dim_compiled_in_replaces_only_the_parameter() {
         assert_eq!(
             replace_token("p.d + p.dd_off * p.d;", "p.d", "DM"),
