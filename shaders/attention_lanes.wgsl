@@ -13,8 +13,9 @@
 // Same flags, ranges, layouts and order of each row's sums over keys as
 // attention.wgsl; a dot product adds its D terms in another order.
 // Control flow is uniform in every loop that shuffles: keys past a row's
-// causal limit (or past the range, or past T) are computed and masked, so a
-// tile's rows all take the same path. The host generates the prelude
+// causal limit (or past the range, or past T) are computed and masked (the
+// row's state kept by a select, so a masked key's values never reach it,
+// not even as 0 · inf), so a tile's rows all take the same path. The host generates the prelude
 // (`const D`) and repeats each `// unroll` block NV times with UV = 0, 1,
 // ... (crates/gpu/src/kernels.rs), so every array index is a constant.
 
@@ -142,7 +143,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             let pr = select(0.0, exp(s - mn), live);
             l = l * corr + pr;
             // unroll
-            acc[UV] = acc[UV] * corr + pr * T2[t + UV * L];
+            acc[UV] = select(acc[UV], acc[UV] * corr + pr * T2[t + UV * L], live);
             // end
             m = mn;
         }
@@ -247,7 +248,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             let live = valid && j <= i && j < p.r_end;
             let ds = select(0.0, exp(s - lse) * (dp - delta), live);
             // unroll
-            dq[UV] += ds * T1[t + UV * L];
+            dq[UV] = select(dq[UV], dq[UV] + ds * T1[t + UV * L], live);
             // end
         }
     }
@@ -335,8 +336,8 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 let pr = select(0.0, exp(s - S1[ii]), live);
                 let ds = pr * (dp - S2[ii]);
                 // unroll
-                dv[UV] += pr * T2[t + UV * L];
-                dk[UV] += ds * T1[t + UV * L];
+                dv[UV] = select(dv[UV], dv[UV] + pr * T2[t + UV * L], live);
+                dk[UV] = select(dk[UV], dk[UV] + ds * T1[t + UV * L], live);
                 // end
             }
         }

@@ -299,7 +299,7 @@ impl GpuExecutor {
 
     /// What every attention backward does around its own kernels: allocates
     /// dq, dk, dv and delta, and for each chunk of the batch that fits the
-    /// bindings computes delta = rowsum(dO ∘ O) (kernel `delta`, on
+    /// bindings computes delta = rowsum(dO ∘ O) (`delta_kernel`, on
     /// `dout`), then calls `each` with the chunk's first batch, count and views
     /// (dO as the kernels read it from `dout_in`: `dout` itself, or its f16
     /// copy for the tensor-core kernels).
