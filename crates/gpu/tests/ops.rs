@@ -447,7 +447,7 @@ fn in_place_ops_do_not_leak_through_shared_buffers() {
     assert_eq!(down(g, &a), x.to_f32_vec());
 }
 
-/// Attention, norm and embedding backward split over several dispatches (as
+/// Attention (both f32 families), norm and embedding backward split over several dispatches (as
 /// on llvmpipe for long sequences), forced here by a tiny loop budget.
 #[test]
 fn work_split_under_a_small_loop_budget() {
@@ -475,6 +475,35 @@ fn work_split_under_a_small_loop_budget() {
     assert_close("dq", &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
     assert_close("dk", &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
     assert_close("dv", &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+
+    // A key costs the lanes kernels (D = 32) about one loop
+    // iteration, so it takes a smaller budget to split them: 100 cuts T =
+    // 100 into key and query ranges of 16.
+    let lanes = &GpuExecutor::with_options(
+        g.context().clone(),
+        megatrain_gpu::GpuOptions {
+            poison_outputs: true,
+            loop_budget: Some(100),
+            ..Default::default()
+        },
+    );
+    assert!(lanes.context().attention_lanes(32));
+    let d = 32;
+    let q = rand_host(25, &[b, t, hq, d]);
+    let k = rand_host(26, &[b, t, hkv, d]);
+    let v = rand_host(27, &[b, t, hkv, d]);
+    let dout = rand_host(28, &[b, t, hq, d]);
+    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+    let r = c.attention(&cq, &ck, &cv).unwrap();
+    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+    let (gq, gk, gv, gd) = (up(lanes, &q), up(lanes, &k), up(lanes, &v), up(lanes, &dout));
+    let o = lanes.attention(&gq, &gk, &gv).unwrap();
+    assert_close("lanes out", &down(lanes, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+    assert_close("lanes lse", &down(lanes, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+    let gg = lanes.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+    assert_close("lanes dq", &down(lanes, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+    assert_close("lanes dk", &down(lanes, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+    assert_close("lanes dv", &down(lanes, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
 
     let rows = 4500;
     let x = rand_host(31, &[rows, 3]);
