@@ -103,6 +103,13 @@ b() {
     local log="$OUT/bench-$name.log"
     timeout "$(left "${cap:-420}")" "$P/bench/$name" --bench "$@" >"$log" 2>&1
     note "bench $name (rc $?): see $log"
+    # Each criterion row's median throughput (Gelem/s: GFLOP/s for the
+    # kernels, GB/s for bytes), so the summary carries the numbers.
+    while IFS= read -r line; do note "  $line"; done < <(
+        awk '/^[A-Za-z0-9_]+\/[^ ]+( +time:.*)?$/ {id=$1; done=0}
+            /thrpt:/ && !done {for (i = 1; i <= NF; i++) if ($i ~ /^\[/) {
+                if ($(i+2) !~ /%/) {print id ": " $(i+2), $(i+3); done=1}; break}}' "$log"
+    )
 }
 
 case $stage in
