@@ -100,15 +100,17 @@ t() {
 b() {
     local name=$1
     shift
-    local log="$OUT/bench-$name.log"
+    local log="$OUT/bench-$name${tag:-}.log"
     timeout "$(left "${cap:-420}")" "$P/bench/$name" --bench "$@" >"$log" 2>&1
     note "bench $name (rc $?): see $log"
     # Each criterion row's median throughput (Gelem/s: GFLOP/s for the
-    # kernels, GB/s for bytes), so the summary carries the numbers.
+    # kernels, GB/s for bytes), and `bench transport`'s GB/s rows, so the
+    # summary carries the numbers.
     while IFS= read -r line; do note "  $line"; done < <(
         awk '/^[A-Za-z0-9_]+\/[^ ]+( +time:.*)?$/ {id=$1; done=0}
             /thrpt:/ && !done {for (i = 1; i <= NF; i++) if ($i ~ /^\[/) {
                 if ($(i+2) !~ /%/) {print id ": " $(i+2), $(i+3); done=1}; break}}' "$log"
+        awk -F'|' '/^\| (staging|mapped|direct) \| [0-9]+ \|/ && NF == 11' "$log"
     )
 }
 
@@ -143,6 +145,10 @@ first)
     # The bus (issue 14: ≥ 45 GB/s each way, ≥ 0.8 of torch's pinned
     # copy_) and whether the copy queue runs beside a kernel.
     cap=60 b transport --reps 3 --sizes 64,1024 --overlap
+    # Whole downloads in one piece, as before 2026-11-27 (the default above
+    # decodes one piece while the next copies): the download column's ratio.
+    tag=-one-piece cap=30 b transport --reps 3 --sizes 64,1024 --no-torch --transport staging \
+        --download-pieces 1
     # One whole TinyLlama step beside PyTorch in bf16 autocast (issue 17:
     # ≥ 0.5×), its overlap efficiency (one of each isolated mode), the host
     # peak by kind (issue 18.2: ≤ 14.3 B/param) and a per-op profile.
@@ -199,7 +205,8 @@ kernels)
     # The bus: GB/s up, down, both per size and transport, where the time
     # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
     b transport --reps 5 --overlap
-    b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
+    tag=-depth8 b transport --reps 5 --sizes 64,256,1024 --no-torch --depth 8 --chunk-mib 16
+    tag=-one-piece b transport --reps 5 --no-torch --download-pieces 1
     # Per-op cost of small ops submitted one by one and in batches.
     b submit --reps 9
     # The MLP's products with the activation at their store against the

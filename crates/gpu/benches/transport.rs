@@ -2,8 +2,10 @@
 //!
 //! `cargo bench -p megatrain-gpu --bench transport -- [--reps N] [--max-mib M]
 //! [--sizes 16,64,256,1024] [--transport staging|mapped] [--overlap] [--no-torch]
-//! [--depth N] [--chunk-mib M] [--threads N]` (the last three: the staging
-//! ring's entries and their size, the copy threads; defaults 4, 32, cores ≤ 16)
+//! [--depth N] [--chunk-mib M] [--threads N] [--download-pieces N]` (the
+//! staging ring's entries and their size, the copy threads; defaults 4, 32,
+//! cores ≤ 16; and the most pieces a whole download of 16 MiB or more
+//! travels in, each decoded while the next copies: default 8, 1 as before)
 //!
 //! For each transport and payload (f32 bytes, 16 MiB .. 1 GiB; on a CPU
 //! adapter up to 256 MiB, which RAM holds five times over): GB/s of an
@@ -52,6 +54,7 @@ struct Args {
     depth: Option<usize>,
     chunk_mib: Option<u64>,
     threads: Option<usize>,
+    download_pieces: Option<usize>,
 }
 
 fn args() -> Args {
@@ -65,6 +68,7 @@ fn args() -> Args {
         depth: None,
         chunk_mib: None,
         threads: None,
+        download_pieces: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(s) = it.next() {
@@ -84,6 +88,9 @@ fn args() -> Args {
             "--depth" => a.depth = Some(val("--depth").parse().expect("--depth N")),
             "--chunk-mib" => a.chunk_mib = Some(val("--chunk-mib").parse().expect("--chunk-mib M")),
             "--threads" => a.threads = Some(val("--threads").parse().expect("--threads N")),
+            "--download-pieces" => {
+                a.download_pieces = Some(val("--download-pieces").parse().expect("--download-pieces N"))
+            }
             "--overlap" => a.overlap = true,
             "--no-torch" => a.torch = false,
             // cargo bench passes --bench; criterion-style filters are ignored.
@@ -484,6 +491,7 @@ fn main() {
                 staging_depth: a.depth,
                 staging_chunk_bytes: a.chunk_mib.map(|m| m << 20),
                 copy_threads: a.threads,
+                download_pieces: a.download_pieces,
                 uploads: if direct { Uploads::Direct } else { Uploads::Copy },
                 ..Default::default()
             },

@@ -36,4 +36,7 @@ pub use host_import::{UPLOADS_ENV, Uploads};
 pub use kernels::Kernel;
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
-pub use transport::{Downloads, TransportChoice, download_staging_bytes};
+pub use transport::{
+    DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES, Downloads, TransportChoice,
+    download_staging_bytes,
+};

@@ -98,3 +98,81 @@ fn ranges_past_the_end_are_refused() {
         assert!(err.to_string().contains("destination"), "{err}");
     }
 }
+
+/// A whole download past `DOWNLOAD_SPLIT_BYTES` travels in pieces (each
+/// decoded while the next copies): an f32, a bf16 and an f16 tensor of odd
+/// sizes, so that pieces are cut inside 16-bit tensors and across tensor
+/// boundaries, come back as the CPU executor gives them; two such
+/// downloads in flight at once finish in either order; asked in place, a
+/// download in pieces comes back for `finish_download`; a destination of
+/// the wrong length is refused, and the pool's buffers still serve the
+/// next download. The same with `download_pieces: Some(1)` (one piece, as
+/// before).
+#[test]
+fn large_downloads_in_pieces_match_the_cpu_executor() {
+    let split = megatrain_gpu::DOWNLOAD_SPLIT_BYTES as usize;
+    let shapes: [(usize, DType); 3] = [
+        (split / 8 + 3, DType::F32),
+        (split / 2 + 1, DType::BF16),
+        (1_000_003, DType::F16),
+    ];
+    let hosts: Vec<HostTensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, d))| {
+            HostTensor::from_f32(Shape::new(vec![n]), random_f32(60 + i as u64, n))
+                .unwrap()
+                .to_dtype(d)
+        })
+        .collect();
+    let bytes: usize = shapes.iter().map(|&(n, d)| n * d.size_in_bytes()).sum();
+    assert!(bytes >= split, "{bytes} bytes do not reach the split");
+    let c = cpu();
+    let ct: Vec<_> = hosts.iter().map(|h| c.upload(h).unwrap()).collect();
+    let total: usize = shapes.iter().map(|s| s.0).sum();
+    let mut want = vec![0.0f32; total];
+    let d = c.begin_download(ct).unwrap();
+    c.finish_download(d, &mut want).unwrap();
+    let one_piece = ctx().map(|c| {
+        GpuExecutor::with_options(
+            c,
+            GpuOptions {
+                download_pieces: Some(1),
+                ..Default::default()
+            },
+        )
+    });
+    let families = executors().into_iter().map(|g| (true, g));
+    for (pieces, g) in families.chain(one_piece.map(|g| (false, g))) {
+        let gt: Vec<_> = hosts.iter().map(|h| g.upload(h).unwrap()).collect();
+        let first = g.begin_download(gt.clone()).unwrap();
+        let second = g.begin_download(gt.clone()).unwrap();
+        let (mut a, mut b) = (vec![f32::NAN; total], vec![f32::NAN; total]);
+        g.finish_download(second, &mut b).unwrap();
+        g.finish_download(first, &mut a).unwrap();
+        assert!(
+            a == want && b == want,
+            "{}: pieces differ from the CPU's",
+            g.name()
+        );
+        let f32_only = g.upload(&hosts[0].to_dtype(DType::F32)).unwrap();
+        let big = vec![f32_only.clone(), f32_only.clone(), f32_only.clone(), f32_only];
+        let n: usize = big.iter().map(|t| t.numel()).sum();
+        let d = g.begin_download(big).unwrap();
+        let mut got = vec![f32::NAN; n];
+        match (pieces, g.finish_download_in_place(d).unwrap()) {
+            (true, Ok(_)) => panic!("{}: a download in pieces landed in one place", g.name()),
+            (false, Ok(landed)) => got.copy_from_slice(&landed),
+            (_, Err(d)) => g.finish_download(d, &mut got).unwrap(),
+        }
+        let h0 = hosts[0].to_f32_vec();
+        assert!(got.chunks(h0.len()).all(|c| c == h0), "{}: f32 pieces", g.name());
+        let d = g.begin_download(gt.clone()).unwrap();
+        let err = g.finish_download(d, &mut vec![0.0; total - 1]).unwrap_err();
+        assert!(err.to_string().contains("destination"), "{err}");
+        let d = g.begin_download(gt).unwrap();
+        let mut again = vec![f32::NAN; total];
+        g.finish_download(d, &mut again).unwrap();
+        assert!(again == want, "{}: after a refused destination", g.name());
+    }
+}

@@ -79,6 +79,11 @@ pub struct GpuOptions {
     /// The kernels of matmuls under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_matmul: F16Matmul,
+    /// Most pieces a whole download of at least
+    /// [`crate::DOWNLOAD_SPLIT_BYTES`] is copied in, each decoded while the
+    /// next copies (`None`: [`crate::DOWNLOAD_PARTS`]; 1: one piece, as
+    /// before; for comparing the two).
+    pub download_pieces: Option<usize>,
     /// Entries in the staging transport's ring (`None`: 4).
     pub staging_depth: Option<usize>,
     /// Largest piece of a layer one staging entry carries; larger layers

@@ -80,7 +80,10 @@ impl TransportState {
             ),
             mapped: MappedTransport,
             slots: HashMap::new(),
-            readback: ReadbackPool::new(SideReadback::new(ctx, arena)),
+            readback: ReadbackPool::new(
+                SideReadback::new(ctx, arena),
+                opts.download_pieces.unwrap_or(crate::transport::DOWNLOAD_PARTS),
+            ),
             pending: HashMap::new(),
             next_ticket: 0,
             stats: TransportStats::default(),

@@ -78,6 +78,7 @@ use crate::arena::PooledBuffer;
 
 pub(crate) use image::Image;
 pub(crate) use mapped::MappedTransport;
+pub use readback::{DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES};
 pub(crate) use readback::{PendingRead, ReadbackPool};
 pub(crate) use side_readback::SideReadback;
 pub use side_readback::staging_bytes as download_staging_bytes;

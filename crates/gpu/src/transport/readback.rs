@@ -28,6 +28,8 @@ pub(crate) struct ReadbackPool {
     reserved: Option<(u32, u64, usize)>,
     /// Where range downloads go on a device with a copy queue.
     side: Option<SideReadback>,
+    /// Most pieces of a whole download (`GpuOptions::download_pieces`).
+    max_pieces: usize,
 }
 
 #[derive(Default)]
@@ -65,13 +67,27 @@ impl Drop for InPlace {
     }
 }
 
+/// Whole downloads of at least this many bytes are copied in consecutive
+/// pieces (at most [`DOWNLOAD_PARTS`], none under [`DOWNLOAD_PIECE_MIN`]),
+/// each its own copy and landing, so that the host decodes one piece while
+/// the bus carries the next: the time is the copy's plus one piece's
+/// decoding, not the two added.
+pub const DOWNLOAD_SPLIT_BYTES: u64 = 16 << 20;
+pub const DOWNLOAD_PARTS: usize = 8;
+/// Smallest piece: each costs a submission and a wait of its own.
+pub const DOWNLOAD_PIECE_MIN: u64 = 8 << 20;
+
 /// One download in flight.
 pub(crate) struct PendingRead {
     at: At,
     /// (dtype, elements, byte offset) of each tensor, in order.
     layout: Vec<(DType, usize, u64)>,
     bytes: u64,
+    /// Elements of the whole download (this piece and `rest`).
     pub numel: usize,
+    /// The download's later pieces, in order (a large download begun
+    /// whole), still copying while this one is decoded.
+    rest: Vec<PendingRead>,
 }
 
 /// Where a download lands.
@@ -87,10 +103,12 @@ enum At {
 }
 
 impl ReadbackPool {
-    /// A pool whose range downloads go through `side` where given.
-    pub fn new(side: Option<SideReadback>) -> Self {
+    /// A pool whose range downloads go through `side` where given, and
+    /// whose large whole downloads travel in up to `max_pieces` pieces.
+    pub fn new(side: Option<SideReadback>, max_pieces: usize) -> Self {
         ReadbackPool {
             side,
+            max_pieces,
             ..Default::default()
         }
     }
@@ -173,7 +191,8 @@ impl ReadbackPool {
         p: PendingRead,
         stats: &mut TransportStats,
     ) -> Result<std::result::Result<Landed, PendingRead>> {
-        if p.layout.iter().any(|&(dtype, _, _)| dtype != DType::F32) {
+        // A download in pieces lands in several buffers: not one slice.
+        if !p.rest.is_empty() || p.layout.iter().any(|&(dtype, _, _)| dtype != DType::F32) {
             return Ok(Err(p));
         }
         self.wait(link, &p, stats)?;
@@ -212,14 +231,68 @@ impl ReadbackPool {
         tensors: &[GpuTensor],
         stats: &mut TransportStats,
     ) -> Result<PendingRead> {
-        let total = tensors.iter().map(|t| t.numel()).sum();
-        self.begin_range(link, usage, tensors, 0..total, stats)
+        let total: usize = tensors.iter().map(|t| t.numel()).sum();
+        let bytes: u64 = tensors
+            .iter()
+            .map(|t| (t.numel() * t.dtype.size_in_bytes()) as u64)
+            .sum();
+        let pieces = (bytes / DOWNLOAD_PIECE_MIN).clamp(1, self.max_pieces.max(1) as u64) as usize;
+        if bytes < DOWNLOAD_SPLIT_BYTES || pieces < 2 {
+            return self.begin_range(link, usage, tensors, 0..total, stats);
+        }
+        let step = total.div_ceil(pieces);
+        let mut parts = Vec::with_capacity(pieces);
+        for s in (0..total).step_by(step) {
+            parts.push(self.begin_range(link, usage, tensors, s..(s + step).min(total), stats)?);
+        }
+        let mut head = parts.remove(0);
+        head.numel = total;
+        head.rest = parts;
+        Ok(head)
     }
 
     /// Waits for `p`, widens its tensors to f32 into `out` on `pool`'s
     /// threads and recycles the buffer (also when `out` has the wrong
-    /// length, which is an error).
+    /// length, which is an error); piece by piece where `p` has several,
+    /// each decoded while the later ones still copy.
     pub fn finish(
+        &mut self,
+        link: &Link<'_>,
+        mut p: PendingRead,
+        out: &mut [f32],
+        pool: &rayon::ThreadPool,
+        stats: &mut TransportStats,
+    ) -> Result<()> {
+        if p.rest.is_empty() {
+            return self.finish_piece(link, p, out, pool, stats);
+        }
+        let rest = std::mem::take(&mut p.rest);
+        let total = p.numel;
+        p.numel -= rest.iter().map(|r| r.numel).sum::<usize>();
+        let mut result = match out.len() == total {
+            true => Ok(()),
+            false => Err(Error::shape(
+                "finish_download",
+                format!("{total} elements into a destination of {}", out.len()),
+            )),
+        };
+        // Every piece lands and goes back to the pool, also after an error.
+        let mut left = if result.is_ok() { out } else { &mut [][..] };
+        for piece in std::iter::once(p).chain(rest) {
+            let n = if result.is_ok() { piece.numel } else { 0 };
+            let (here, later) = std::mem::take(&mut left).split_at_mut(n);
+            left = later;
+            let r = match result.is_ok() {
+                true => self.finish_piece(link, piece, here, pool, stats),
+                false => self.finish_piece(link, piece, &mut [], pool, stats).or(Ok(())),
+            };
+            result = result.and(r);
+        }
+        result
+    }
+
+    /// [`ReadbackPool::finish`] of one piece.
+    fn finish_piece(
         &mut self,
         link: &Link<'_>,
         p: PendingRead,
@@ -384,6 +457,7 @@ impl ReadbackPool {
                 numel: range.len(),
                 layout,
                 bytes,
+                rest: Vec::new(),
             });
         }
         let buf = self.take(link, usage, class, stats);
@@ -405,6 +479,7 @@ impl ReadbackPool {
             numel: range.len(),
             layout,
             bytes,
+            rest: Vec::new(),
         })
     }
 }
