@@ -11,13 +11,14 @@
 // the same softmax statistics.
 //
 // Same flags, ranges, layouts and order of each row's sums over keys as
-// attention.wgsl; a dot product adds its D terms in another order.
-// Control flow is uniform in every loop that shuffles: keys past a row's
-// causal limit (or past the range, or past T) are computed and masked (the
-// row's state kept by a select, so a masked key's values never reach it,
-// not even as 0 · inf), so a tile's rows all take the same path. The host generates the prelude
-// (`const D`) and repeats each `// unroll` block NV times with UV = 0, 1,
-// ... (crates/gpu/src/kernels.rs), so every array index is a constant.
+// attention.wgsl; a dot product adds its D terms in another order (delta
+// too: this file's `attn_delta`). Control flow is uniform in every loop
+// that shuffles: keys past a row's causal limit (or past the range, or
+// past T) are computed and masked, the row's state kept by a select (so a
+// masked key's values never reach it, not even as 0 · inf), and a tile's
+// rows all take the same path. The host generates the prelude (`const D`)
+// and repeats each `// unroll` block NV times with UV = 0, 1, …
+// (crates/gpu/src/kernels.rs), so every array index is a constant.
 
 const L: u32 = 4u;
 const NV: u32 = D / 16u; // vec4s of a row per lane
