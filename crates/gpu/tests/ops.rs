@@ -381,6 +381,33 @@ fn profile_reports_each_op_kind() {
     assert!(snap.iter().all(|(_, t)| t.count >= 1));
 }
 
+/// Attention forward and backward of `g` against the CPU's on random
+/// inputs of (B, T, Hq, Hkv, D) drawn from `seed`.
+fn attention_matches_cpu(
+    g: &GpuExecutor,
+    (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    seed: u64,
+    what: &str,
+) {
+    let c = cpu();
+    let q = rand_host(seed, &[b, t, hq, d]);
+    let k = rand_host(seed + 1, &[b, t, hkv, d]);
+    let v = rand_host(seed + 2, &[b, t, hkv, d]);
+    let dout = rand_host(seed + 3, &[b, t, hq, d]);
+    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
+    let r = c.attention(&cq, &ck, &cv).unwrap();
+    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
+    let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
+    let o = g.attention(&gq, &gk, &gv).unwrap();
+    let of = |s: &str| format!("{what}: {s}");
+    assert_close(&of("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
+    assert_close(&of("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
+    let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
+    assert_close(&of("dq"), &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
+    assert_close(&of("dk"), &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
+    assert_close(&of("dv"), &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+}
+
 #[test]
 fn attention_head_dims_several_row_blocks() {
     // Each D on both f32 families: a row over four subgroup lanes
@@ -405,26 +432,9 @@ fn attention_head_dims_several_row_blocks() {
             lanes.context().info
         );
     }
-    let c = cpu();
     for (family, g) in [("lanes", lanes), ("one row", &one_row)] {
         for d in [128, 48, 64, 32] {
-            let (b, t, hq, hkv) = (1, 150, 4, 2);
-            let q = rand_host(11 + d as u64, &[b, t, hq, d]);
-            let k = rand_host(12 + d as u64, &[b, t, hkv, d]);
-            let v = rand_host(13 + d as u64, &[b, t, hkv, d]);
-            let dout = rand_host(14 + d as u64, &[b, t, hq, d]);
-            let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-            let r = c.attention(&cq, &ck, &cv).unwrap();
-            let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
-            let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-            let o = g.attention(&gq, &gk, &gv).unwrap();
-            let what = |s: &str| format!("{family}, D = {d}: {s}");
-            assert_close(&what("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
-            assert_close(&what("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
-            let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
-            assert_close(&what("dq"), &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
-            assert_close(&what("dk"), &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
-            assert_close(&what("dv"), &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+            attention_matches_cpu(g, (1, 150, 4, 2, d), 11 + d as u64, &format!("{family}, D = {d}"));
         }
         let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
         assert!(g.attention(&too_wide, &too_wide, &too_wide).is_err());
@@ -459,26 +469,10 @@ fn work_split_under_a_small_loop_budget() {
     };
     let g = &GpuExecutor::with_options(ctx, opts);
     let c = cpu();
-    let (b, t, hq, hkv, d) = (2, 100, 4, 2, 24);
-    let q = rand_host(21, &[b, t, hq, d]);
-    let k = rand_host(22, &[b, t, hkv, d]);
-    let v = rand_host(23, &[b, t, hkv, d]);
-    let dout = rand_host(24, &[b, t, hq, d]);
-    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-    let r = c.attention(&cq, &ck, &cv).unwrap();
-    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
-    let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-    let o = g.attention(&gq, &gk, &gv).unwrap();
-    assert_close("out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
-    assert_close("lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
-    let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
-    assert_close("dq", &down(g, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
-    assert_close("dk", &down(g, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
-    assert_close("dv", &down(g, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
-
-    // A key costs the lanes kernels (D = 32) about one loop
-    // iteration, so it takes a smaller budget to split them: 100 cuts T =
-    // 100 into key and query ranges of 16.
+    attention_matches_cpu(g, (2, 100, 4, 2, 24), 21, "one row, D = 24");
+    // A key costs the lanes kernels (D = 32) about one loop iteration, so
+    // it takes a smaller budget to split them: 100 cuts T = 100 into key
+    // and query ranges of 16.
     let lanes = &GpuExecutor::with_options(
         g.context().clone(),
         megatrain_gpu::GpuOptions {
@@ -488,22 +482,7 @@ fn work_split_under_a_small_loop_budget() {
         },
     );
     assert!(lanes.context().attention_lanes(32));
-    let d = 32;
-    let q = rand_host(25, &[b, t, hq, d]);
-    let k = rand_host(26, &[b, t, hkv, d]);
-    let v = rand_host(27, &[b, t, hkv, d]);
-    let dout = rand_host(28, &[b, t, hq, d]);
-    let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-    let r = c.attention(&cq, &ck, &cv).unwrap();
-    let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
-    let (gq, gk, gv, gd) = (up(lanes, &q), up(lanes, &k), up(lanes, &v), up(lanes, &dout));
-    let o = lanes.attention(&gq, &gk, &gv).unwrap();
-    assert_close("lanes out", &down(lanes, &o.out), &down_cpu(&c, &r.out), TOL_F32);
-    assert_close("lanes lse", &down(lanes, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
-    let gg = lanes.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
-    assert_close("lanes dq", &down(lanes, &gg.dq), &down_cpu(&c, &rg.dq), TOL_F32);
-    assert_close("lanes dk", &down(lanes, &gg.dk), &down_cpu(&c, &rg.dk), TOL_F32);
-    assert_close("lanes dv", &down(lanes, &gg.dv), &down_cpu(&c, &rg.dv), TOL_F32);
+    attention_matches_cpu(lanes, (2, 100, 4, 2, 32), 25, "lanes, D = 32");
 
     let rows = 4500;
     let x = rand_host(31, &[rows, 3]);
