@@ -24,7 +24,7 @@
 // one built inside the call) and the unrolled operand loaders over the
 // sections' `fetch_X_at` / `stage_X_at` (each register a private variable:
 // an array indexed in a loop the driver does not unroll lives in local
-// memory). Interior variants read only whole tiles with
+// memory); one set of operand sections serves A and B, X put in. Interior variants read only whole tiles with
 // K a multiple of BK, through vector loads; edge variants check every index
 // and read scalars. Storage variables are not named A, B or C, which the
 // cooperative-matrix extension reserves.
@@ -74,187 +74,96 @@ fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
     }
 }
 
-//// a_vec
-@group(0) @binding(1) var<storage, read> a_in: array<vec4<f32>>;
-alias AReg = vec4<f32>;
-
-fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+//// x_vec
+// Operand X of an interior variant (whole tiles, K a multiple of BK), a
+// vec4 at a time. crates/gpu/src/coop.rs puts in, for X, the operand's
+// names (a or b), its binding for BINDING, X_KROWS (the tile's rows run
+// along K: A transposed, B not) and X_OUTER (M or N). The storage sections
+// below give `load_X4` (four elements from global memory) and `tile_X4`
+// (those four as f16 tile values).
+fn fetch_X_at(i: u32, base: u32, o0: u32, k0: u32) -> XReg {
     let v = li + i * THREADS;
-    let r = v / (A_COLS / 4u);
-    let c = (v % (A_COLS / 4u)) * 4u;
-    let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
-    return a_in[(base + g) / 4u];
+    let r = v / (X_COLS / 4u);
+    let c = (v % (X_COLS / 4u)) * 4u;
+    let g = select((o0 + r) * p.ldX + k0 + c, (k0 + r) * p.ldX + o0 + c, X_KROWS);
+    return load_X4((base + g) / 4u);
 }
 
-fn stage_a_at(i: u32, buf: u32, x: AReg) {
+fn stage_X_at(i: u32, buf: u32, x: XReg) {
     let v = li + i * THREADS;
-    let r = v / (A_COLS / 4u);
-    let c = (v % (A_COLS / 4u)) * 4u;
-    let h = to_half4(apply4(x, sc.a));
-    let s = buf * A_TILE + r * LDA_S + c;
-    a_s[s] = h.x;
-    a_s[s + 1u] = h.y;
-    a_s[s + 2u] = h.z;
-    a_s[s + 3u] = h.w;
+    let r = v / (X_COLS / 4u);
+    let c = (v % (X_COLS / 4u)) * 4u;
+    let h = tile_X4(x);
+    let s = buf * X_TILE + r * LDX_S + c;
+    X_s[s] = h.x;
+    X_s[s + 1u] = h.y;
+    X_s[s + 2u] = h.z;
+    X_s[s + 3u] = h.w;
 }
 
-//// a_edge
-@group(0) @binding(1) var<storage, read> a_in: array<f32>;
-alias AReg = f32;
-
-fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
+//// x_edge
+// Operand X of an edge variant, an element at a time, every index checked
+// (`load_X1`, `tile_X1`).
+fn fetch_X_at(i: u32, base: u32, o0: u32, k0: u32) -> XReg {
     let e = li + i * THREADS;
-    let r = e / A_COLS;
-    let c = e % A_COLS;
-    let gm = m0 + select(r, c, TA);
-    let gk = k0 + select(c, r, TA);
-    var x = 0.0;
-    if gm < p.m && gk < p.k {
-        x = a_in[base + select(gm * p.lda + gk, gk * p.lda + gm, TA)];
+    let r = e / X_COLS;
+    let c = e % X_COLS;
+    let go = o0 + select(r, c, X_KROWS);
+    let gk = k0 + select(c, r, X_KROWS);
+    var x = XReg(0.0);
+    if go < X_OUTER && gk < p.k {
+        x = load_X1(base + select(go * p.ldX + gk, gk * p.ldX + go, X_KROWS));
     }
     return x;
 }
 
-fn stage_a_at(i: u32, buf: u32, x: AReg) {
+fn stage_X_at(i: u32, buf: u32, x: XReg) {
     let e = li + i * THREADS;
-    a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = to_half(apply(x, sc.a));
+    X_s[buf * X_TILE + (e / X_COLS) * LDX_S + e % X_COLS] = tile_X1(x);
 }
 
-//// a_f16_vec
-// An f16 copy of A made under its tensor's scale (f16_copy.wgsl), copied
-// into the tile unchanged (`load_a4`: generated).
-alias AReg = vec4<half>;
+//// f32_vec
+// An f32 operand, scaled and converted as it is staged
+// (F16Operands::Stage).
+@group(0) @binding(BINDING) var<storage, read> X_in: array<vec4<f32>>;
+alias XReg = vec4<f32>;
 
-fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
-    let v = li + i * THREADS;
-    let r = v / (A_COLS / 4u);
-    let c = (v % (A_COLS / 4u)) * 4u;
-    let g = select((m0 + r) * p.lda + k0 + c, (k0 + r) * p.lda + m0 + c, TA);
-    return load_a4((base + g) / 4u);
+fn load_X4(i: u32) -> XReg {
+    return X_in[i];
 }
 
-fn stage_a_at(i: u32, buf: u32, h: AReg) {
-    let v = li + i * THREADS;
-    let r = v / (A_COLS / 4u);
-    let c = (v % (A_COLS / 4u)) * 4u;
-    let s = buf * A_TILE + r * LDA_S + c;
-    a_s[s] = h.x;
-    a_s[s + 1u] = h.y;
-    a_s[s + 2u] = h.z;
-    a_s[s + 3u] = h.w;
+fn tile_X4(x: XReg) -> vec4<half> {
+    return to_half4(apply4(x, sc.X));
 }
 
-//// a_f16_edge
-// (`load_a1`: generated.)
-alias AReg = half;
+//// f32_edge
+@group(0) @binding(BINDING) var<storage, read> X_in: array<f32>;
+alias XReg = f32;
 
-fn fetch_a_at(i: u32, base: u32, m0: u32, k0: u32) -> AReg {
-    let e = li + i * THREADS;
-    let r = e / A_COLS;
-    let c = e % A_COLS;
-    let gm = m0 + select(r, c, TA);
-    let gk = k0 + select(c, r, TA);
-    var x = half(0.0);
-    if gm < p.m && gk < p.k {
-        x = load_a1(base + select(gm * p.lda + gk, gk * p.lda + gm, TA));
-    }
+fn load_X1(i: u32) -> XReg {
+    return X_in[i];
+}
+
+fn tile_X1(x: XReg) -> half {
+    return to_half(apply(x, sc.X));
+}
+
+//// f16_vec
+// An f16-stored operand (a weight's f16 transport copy, or an f32
+// operand's f16 copy made under its tensor's scale, f16_copy.wgsl), copied
+// into the tile unchanged; `load_X4` from f16_hw or f16_sw.
+alias XReg = vec4<half>;
+
+fn tile_X4(x: XReg) -> vec4<half> {
     return x;
 }
 
-fn stage_a_at(i: u32, buf: u32, x: AReg) {
-    let e = li + i * THREADS;
-    a_s[buf * A_TILE + (e / A_COLS) * LDA_S + e % A_COLS] = x;
-}
+//// f16_edge
+// (`load_X1` from f16_edge_hw or f16_edge_sw.)
+alias XReg = half;
 
-//// b_f32_vec
-@group(0) @binding(2) var<storage, read> b_in: array<vec4<f32>>;
-alias BReg = vec4<f32>;
-
-fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
-    let v = li + i * THREADS;
-    let r = v / (B_COLS / 4u);
-    let c = (v % (B_COLS / 4u)) * 4u;
-    let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
-    return b_in[(base + g) / 4u];
-}
-
-fn stage_b_at(i: u32, buf: u32, x: BReg) {
-    let v = li + i * THREADS;
-    let r = v / (B_COLS / 4u);
-    let c = (v % (B_COLS / 4u)) * 4u;
-    let h = to_half4(apply4(x, sc.b));
-    let s = buf * B_TILE + r * LDB_S + c;
-    b_s[s] = h.x;
-    b_s[s + 1u] = h.y;
-    b_s[s + 2u] = h.z;
-    b_s[s + 3u] = h.w;
-}
-
-//// b_f32_edge
-@group(0) @binding(2) var<storage, read> b_in: array<f32>;
-alias BReg = f32;
-
-fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
-    let e = li + i * THREADS;
-    let r = e / B_COLS;
-    let c = e % B_COLS;
-    let gk = k0 + select(r, c, TB);
-    let gn = n0 + select(c, r, TB);
-    var x = 0.0;
-    if gn < p.n && gk < p.k {
-        x = b_in[base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB)];
-    }
+fn tile_X1(x: XReg) -> half {
     return x;
-}
-
-fn stage_b_at(i: u32, buf: u32, x: BReg) {
-    let e = li + i * THREADS;
-    b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = to_half(apply(x, sc.b));
-}
-
-//// b_f16_vec
-// f16 weights, copied into the tile unchanged (`load_b4`: generated).
-alias BReg = vec4<half>;
-
-fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
-    let v = li + i * THREADS;
-    let r = v / (B_COLS / 4u);
-    let c = (v % (B_COLS / 4u)) * 4u;
-    let g = select((k0 + r) * p.ldb + n0 + c, (n0 + r) * p.ldb + k0 + c, TB);
-    return load_b4((base + g) / 4u);
-}
-
-fn stage_b_at(i: u32, buf: u32, h: BReg) {
-    let v = li + i * THREADS;
-    let r = v / (B_COLS / 4u);
-    let c = (v % (B_COLS / 4u)) * 4u;
-    let s = buf * B_TILE + r * LDB_S + c;
-    b_s[s] = h.x;
-    b_s[s + 1u] = h.y;
-    b_s[s + 2u] = h.z;
-    b_s[s + 3u] = h.w;
-}
-
-//// b_f16_edge
-// (`load_b1`: generated.)
-alias BReg = half;
-
-fn fetch_b_at(i: u32, base: u32, n0: u32, k0: u32) -> BReg {
-    let e = li + i * THREADS;
-    let r = e / B_COLS;
-    let c = e % B_COLS;
-    let gk = k0 + select(r, c, TB);
-    let gn = n0 + select(c, r, TB);
-    var x = half(0.0);
-    if gn < p.n && gk < p.k {
-        x = load_b1(base + select(gk * p.ldb + gn, gn * p.ldb + gk, TB));
-    }
-    return x;
-}
-
-fn stage_b_at(i: u32, buf: u32, x: BReg) {
-    let e = li + i * THREADS;
-    b_s[buf * B_TILE + (e / B_COLS) * LDB_S + e % B_COLS] = x;
 }
 
 //// half_hw
@@ -284,9 +193,7 @@ fn to_half4(v: vec4<f32>) -> vec4<half> {
 }
 
 //// f16_hw
-// An f16-stored operand (a weight's f16 transport copy, or an operand's f16
-// copy): crates/gpu/src/coop.rs instantiates these loaders per operand,
-// putting its name (a or b) for X and its binding for BINDING.
+// The f16-stored operand's loads, in hardware f16.
 @group(0) @binding(BINDING) var<storage, read> X_in: array<vec4<f16>>;
 
 fn load_X4(i: u32) -> vec4<half> {

@@ -291,23 +291,20 @@ impl CoopMatmul {
         if self.emulated {
             out.push_str(&emulation("a_s", "b_s", "c_s"));
         }
-        for (stored_f16, name, binding) in [(self.a_f16, "a", "1"), (self.b_f16, "b", "2")] {
-            if stored_f16 {
-                out.push_str(&f16_loads(self.edge, self.emulated, name, binding));
+        for (x, stored_f16) in [('a', self.a_f16), ('b', self.b_f16)] {
+            let storage: &[&str] = match (stored_f16, self.edge, self.emulated) {
+                (false, false, _) => &["f32_vec"],
+                (false, true, _) => &["f32_edge"],
+                (true, false, false) => &["f16_hw", "f16_vec"],
+                (true, true, false) => &["f16_edge_hw", "f16_edge"],
+                (true, false, true) => &["f16_sw", "f16_vec"],
+                (true, true, true) => &["f16_edge_sw", "f16_edge"],
+            };
+            for name in storage {
+                out.push_str(&operand_section(name, x));
             }
+            out.push_str(&operand_section(if self.edge { "x_edge" } else { "x_vec" }, x));
         }
-        out.push_str(section(match (self.a_f16, self.edge) {
-            (false, false) => "a_vec",
-            (false, true) => "a_edge",
-            (true, false) => "a_f16_vec",
-            (true, true) => "a_f16_edge",
-        }));
-        out.push_str(section(match (self.b_f16, self.edge) {
-            (false, false) => "b_f32_vec",
-            (false, true) => "b_f32_edge",
-            (true, false) => "b_f16_vec",
-            (true, true) => "b_f16_edge",
-        }));
         let per_reg = if self.edge { 1 } else { 4 };
         out.push_str(&operand_registers('a', "m0", ar * ac / per_reg / threads));
         out.push_str(&operand_registers('b', "n0", br * bc / per_reg / threads));
@@ -432,19 +429,30 @@ fn operand_registers(x: char, origin: &str, n: u32) -> String {
     out
 }
 
-/// The loaders of an f16-stored operand (`name` a or b, at `binding`):
-/// matmul_coop.wgsl's `f16_…` sections with the operand's names put in.
-fn f16_loads(edge: bool, emulated: bool, name: &str, binding: &str) -> String {
-    let sec = match (edge, emulated) {
-        (false, false) => "f16_hw",
-        (true, false) => "f16_edge_hw",
-        (false, true) => "f16_sw",
-        (true, true) => "f16_edge_sw",
+/// Section `name` of matmul_coop.wgsl for operand `x` (`'a'` or `'b'`):
+/// the operand's names, leading dimension, scale, binding, orientation
+/// (X_KROWS: the tile's rows run along K) and outer extent put in for X.
+fn operand_section(name: &str, x: char) -> String {
+    let up = x.to_ascii_uppercase();
+    let (krows, outer, binding) = match x {
+        'a' => ("TA", "p.m", 1),
+        _ => ("(!TB)", "p.n", 2),
     };
-    section(sec)
+    section(name)
         .replace("@binding(BINDING)", &format!("@binding({binding})"))
-        .replace("X_in", &format!("{name}_in"))
-        .replace("load_X", &format!("load_{name}"))
+        .replace("X_KROWS", krows)
+        .replace("X_OUTER", outer)
+        .replace("LDX_S", &format!("LD{up}_S"))
+        .replace("X_COLS", &format!("{up}_COLS"))
+        .replace("X_TILE", &format!("{up}_TILE"))
+        .replace("XReg", &format!("{up}Reg"))
+        .replace("p.ldX", &format!("p.ld{x}"))
+        .replace("sc.X", &format!("sc.{x}"))
+        .replace("X_in", &format!("{x}_in"))
+        .replace("X_s[", &format!("{x}_s["))
+        .replace("_X_at", &format!("_{x}_at"))
+        .replace("_X4", &format!("_{x}4"))
+        .replace("_X1", &format!("_{x}1"))
 }
 
 /// The software cooperative-matrix operations (matmul_coop.wgsl's
@@ -494,6 +502,15 @@ mod tests {
             let src = v.source();
             assert!(!src.contains("//{{"), "{}: marker left", v.label());
             assert!(!src.contains("////"), "{}: section header left", v.label());
+            // The operand sections' placeholders, outside comments.
+            let code: String = src.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+            let placeholders = [
+                "_X_at", "X_COLS", "X_TILE", "X_KROWS", "X_OUTER", "X_in", "X_s[", "LDX_S", "_X4", "_X1",
+                "XReg", "p.ldX", "sc.X", "BINDING",
+            ];
+            for placeholder in placeholders {
+                assert!(!code.contains(placeholder), "{}: {placeholder} left", v.label());
+            }
         }
     }
 }
