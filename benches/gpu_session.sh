@@ -135,8 +135,12 @@ first)
     # attention prints every 7B shape's forward and backward (≥ 150 and
     # ≥ 75 TFLOP/s at B4 T2048 32/8 D128) and SDPA's beside them, the
     # criterion rows cut to that shape.
-    cap=100 b matmul '^matmul/(f16_coop128_8192|f16_coop128x256_8192|f16_coop128w4_8192|f16_coop128_4096x3584|8192x)' \
-        --warm-up-time 1 --measurement-time 2
+    # The sweep (f16_sweep_ rows) times CoopTile::SWEEP's shapes: the
+    # default tile in groups of tile rows, a K step of 64 on one buffer,
+    # larger and smaller tiles; each checked against f32 first.
+    MEGATRAIN_COOP_SWEEP=default cap=150 b matmul \
+        '^matmul/(f16_coop128_8192|f16_coop128w4_8192|f16_coop128_4096x3584|8192x|f16_sweep_)' \
+        --warm-up-time 0.5 --measurement-time 1
     # Same run: the f32 attention (f32 and bf16 precision, and f16 where
     # the tensor-core one is refused), a row over four subgroup lanes
     # against one thread per row, at a TinyLlama-like shape.
@@ -193,13 +197,14 @@ checks)
     t transfer_chunks
     ;;
 kernels)
-    # matmul: f32 interior vs checked_ rows, f16 SIMT and the four
-    # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes (targets:
+    # matmul: f32 interior vs checked_ rows, f16 SIMT, the four
+    # tensor-core tiles and the swept shapes (f16_sweep_) at 4096³, 8192³
+    # and the 7B MLP shapes (targets:
     # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
     # f16_coop128_stage_ rows convert f32 operands as they stage them
     # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep),
     # and f16_copy_ rows time making a copy.
-    b matmul --warm-up-time 1 --measurement-time 2
+    MEGATRAIN_COOP_SWEEP=default b matmul --warm-up-time 1 --measurement-time 2
     # Flash attention f16 at the 7B shapes with torch SDPA beside it
     # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).
     b attention attention_f16 --warm-up-time 1 --measurement-time 2

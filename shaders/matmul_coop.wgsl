@@ -13,9 +13,12 @@
 // and the fragments are read with coopLoad (column-major) or coopLoadT
 // (row-major) to match. Rows are padded by 8 halfs (16 bytes: the
 // alignment cooperative loads want) so that consecutive rows start on
-// different banks. With two buffers the next tile's global reads are in
-// flight (in registers) while the current one is multiplied, and one
-// barrier per step separates the writes of a buffer from its last reads.
+// different banks. The K loop (crates/gpu/src/coop_tile.rs, KLoop) has
+// the next tile's global reads in flight (in registers) while the current
+// one is multiplied, with two buffers and one barrier per step
+// (loop_double) or with one buffer and two (loop_prefetch: half the
+// workgroup memory, so a longer K step fits); loop_single reads, stages
+// and multiplies in turn.
 //
 // The sections of this file are put together per variant by
 // crates/gpu/src/coop.rs, which also generates the constants, the
@@ -72,6 +75,24 @@ fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
         }
         c_out[ci] = epilogue(ci, v);
     }
+}
+
+// The tile (column, row) of this dispatch's grid that workgroup `wid`
+// computes: as dispatched where GROUP_M is 1, else down GROUP_M tile rows
+// (fewer in the last group) before the next column, so that the
+// workgroups resident at once read fewer distinct A and B tiles and find
+// more of them in L2. A bijection of the grid; the maxima slots stay
+// indexed by `wid`.
+fn grid_tile(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    if GROUP_M == 1u {
+        return wid.xy;
+    }
+    let lin = wid.y * nwg.x + wid.x;
+    let per_group = GROUP_M * nwg.x;
+    let first = lin / per_group * GROUP_M;
+    let rows = min(nwg.y - first, GROUP_M);
+    let i = lin % per_group;
+    return vec2(i / rows, first + i % rows);
 }
 
 //// x_vec
@@ -284,8 +305,9 @@ fn main(
     let lane = li % 32u;
     let wm0 = (sg / SG_N) * (FM * 16u);
     let wn0 = (sg % SG_N) * (FN * 16u);
-    let m0 = (wid.y + p.tile_y0) * BM;
-    let n0 = (wid.x + p.tile_x0) * BN;
+    let tile = grid_tile(wid, nwg);
+    let m0 = (tile.y + p.tile_y0) * BM;
+    let n0 = (tile.x + p.tile_x0) * BN;
     let a_base = p.a_off + wid.z * p.a_bstride;
     let b_base = p.b_off + wid.z * p.b_bstride;
     let c_base = p.c_off + wid.z * p.c_bstride;
@@ -320,6 +342,23 @@ fn main(
             stage_a(1u - cur);
             stage_b(1u - cur);
         }
+        workgroupBarrier();
+    }
+
+//// loop_prefetch
+    fetch_a(a_base, m0, 0u);
+    fetch_b(b_base, n0, 0u);
+    for (var t = 0u; t < nk; t++) {
+        stage_a(0u);
+        stage_b(0u);
+        workgroupBarrier();
+        if t + 1u < nk {
+            fetch_a(a_base, m0, (t + 1u) * BK);
+            fetch_b(b_base, n0, (t + 1u) * BK);
+        }
+        let abuf = 0u;
+        let bbuf = 0u;
+//{{MMA}}
         workgroupBarrier();
     }
 

@@ -15,7 +15,9 @@
 //! stages them, `F16Operands::Stage`), and
 //! `shader_checks_…` (one f32 and one f16 product compiled with wgpu's
 //! runtime checks, as every kernel was before they were turned off), and
-//! `f16_copy_…` (an operand's max scan and f16 copy, in bytes moved).
+//! `f16_copy_…` (an operand's max scan and f16 copy, in bytes moved), and,
+//! where `MEGATRAIN_COOP_SWEEP` names tile shapes (`default` for
+//! `CoopTile::SWEEP`), `f16_sweep_{shape}_…` at 8192³ and a 7B MLP forward.
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
 //! --bench matmul -- f16_coop128_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
@@ -158,6 +160,7 @@ fn bench(c: &mut Criterion) {
     for &k in &kernels {
         run(c, &f16(k), Some(&g), &format!("f16_{k}_"), &f16_shapes);
     }
+    sweep(c, &g, real);
     // The default tile converting f32 operands as it stages them, instead
     // of reading their f16 copies (made once, outside the timed loop, since
     // A and B do not change between iterations).
@@ -232,6 +235,93 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 }
+
+/// The tile shapes `MEGATRAIN_COOP_SWEEP` names (`default`: `CoopTile::SWEEP`;
+/// else shapes or tile names joined by commas), each timed at 8192³ and a
+/// 7B MLP forward (1024 and 256 x 200 x 300 where the adapter is not a
+/// real GPU) after its result is checked against the f32 kernel's,
+/// computed once per shape. Rows `f16_sweep_{tile}_…`.
+fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
+    let Ok(list) = std::env::var(SWEEP_ENV) else {
+        return;
+    };
+    if !g.context().has_cooperative_matrix() {
+        eprintln!("{SWEEP_ENV}: adapter has no cooperative matrices, no sweep");
+        return;
+    }
+    let names: Vec<String> = match list.trim() {
+        "default" => CoopTile::SWEEP.iter().map(|s| s.to_string()).collect(),
+        l => l.split(',').map(|s| s.trim().to_string()).collect(),
+    };
+    let tiles: Vec<CoopTile> = names
+        .iter()
+        .map(|n| CoopTile::parse(n).unwrap_or_else(|e| panic!("{SWEEP_ENV}: {e}")))
+        .collect();
+    let shapes: Vec<Shape> = if real {
+        vec![
+            (8192, 8192, 8192, Transpose::NN, DType::F32),
+            (4096, 3584, 18944, Transpose::NT, DType::F16),
+        ]
+    } else {
+        vec![
+            (1024, 1024, 1024, Transpose::NN, DType::F32),
+            (256, 200, 300, Transpose::NT, DType::F16),
+        ]
+    };
+    let mut group = c.benchmark_group("matmul");
+    group.sample_size(10);
+    for (i, &(m, k, n, t, dt)) in shapes.iter().enumerate() {
+        let ad = if t.a { [k, m] } else { [m, k] };
+        let bd = if t.b { [n, k] } else { [k, n] };
+        let (ha, hb) = (
+            common::rand(10 + i as u64, &ad),
+            common::rand(20 + i as u64, &bd).to_dtype(dt),
+        );
+        let want = g
+            .download(
+                &g.matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, t)
+                    .unwrap(),
+            )
+            .unwrap()
+            .to_f32_vec();
+        for &tile in &tiles {
+            let mut e = GpuExecutor::with_options(
+                g.context().clone(),
+                GpuOptions {
+                    f16_matmul: F16Matmul::Coop(tile),
+                    ..Default::default()
+                },
+            );
+            e.set_compute_precision(ComputePrecision::F16).unwrap();
+            let (a, b) = (e.upload(&ha).unwrap(), e.upload(&hb).unwrap());
+            let got = e
+                .download(&e.matmul(&a, &b, None, t).unwrap())
+                .unwrap()
+                .to_f32_vec();
+            let err = rel_norm_err(&got, &want);
+            assert!(
+                err < 3e-3,
+                "{}: {m}x{k}x{n}: relative error {err:e} against f32",
+                tile.name()
+            );
+            group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+            group.bench_function(
+                format!("f16_sweep_{}_{m}x{k}x{n}_{}_{dt}", tile.name(), layout(t)),
+                |bench| {
+                    bench.iter(|| {
+                        let y = e.matmul(&a, &b, None, t).unwrap();
+                        e.synchronize().unwrap();
+                        y
+                    })
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+/// Names the tile shapes [`sweep`] times.
+const SWEEP_ENV: &str = "MEGATRAIN_COOP_SWEEP";
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();

@@ -12,132 +12,7 @@ use std::fmt::Write;
 const SCALE: &str = include_str!("../../../shaders/matmul_scale.wgsl");
 const COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 
-/// Workgroup memory the tuned variants may use: NVIDIA's Vulkan limit.
-pub const WORKGROUP_BYTES_MAX: u32 = 48 << 10;
-
-/// The workgroup tiles of the tensor-core kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CoopTile {
-    /// 64x64, 4 subgroups of 2x2 fragments, K step 32, one buffer and two
-    /// barriers per step: the shape of the kernel first checked on an H100
-    /// (29 TFLOP/s), kept beside the tuned ones as a reference.
-    Simple64,
-    /// 128x128, 8 subgroups of 4x2 fragments, K step 32, double-buffered.
-    Tile128,
-    /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
-    Tile128x256,
-    /// 128x128, 4 subgroups of 4x4 fragments, K step 32, double-buffered:
-    /// Tile128's tile with 8 fragment loads per 16 products (Tile128 has 6
-    /// per 8) and half the threads, each carrying twice the operand
-    /// registers.
-    Tile128w4,
-    /// 64x64, 4 subgroups of 2x2 fragments, K step 16, double-buffered:
-    /// the tuned tiles' code at a size whose software-emulated variant fits
-    /// lavapipe's 32 KiB of workgroup memory.
-    Small64,
-    /// 16x64, 2 subgroups of 1x2 fragments, K step 16, double-buffered: an
-    /// uneven fragment block and subgroup grid, for the same purpose.
-    Small16x64,
-}
-
-/// Sizes of a [`CoopTile`]: the workgroup's tile of C, its K step, and how
-/// its subgroups divide the tile.
-#[derive(Debug, Clone, Copy)]
-pub struct TileShape {
-    pub bm: u32,
-    pub bn: u32,
-    pub bk: u32,
-    /// Subgroups along M and along N.
-    pub sg_m: u32,
-    pub sg_n: u32,
-    pub double_buffer: bool,
-}
-
-impl TileShape {
-    /// 16x16 fragments per subgroup along M and N.
-    pub fn frags(&self) -> (u32, u32) {
-        (self.bm / self.sg_m / 16, self.bn / self.sg_n / 16)
-    }
-
-    pub fn threads(&self) -> u32 {
-        self.sg_m * self.sg_n * 32
-    }
-}
-
-impl CoopTile {
-    pub const ALL: [CoopTile; 6] = [
-        CoopTile::Simple64,
-        CoopTile::Tile128,
-        CoopTile::Tile128x256,
-        CoopTile::Tile128w4,
-        CoopTile::Small64,
-        CoopTile::Small16x64,
-    ];
-
-    pub fn shape(self) -> TileShape {
-        match self {
-            CoopTile::Simple64 => TileShape {
-                bm: 64,
-                bn: 64,
-                bk: 32,
-                sg_m: 2,
-                sg_n: 2,
-                double_buffer: false,
-            },
-            CoopTile::Tile128 => TileShape {
-                bm: 128,
-                bn: 128,
-                bk: 32,
-                sg_m: 2,
-                sg_n: 4,
-                double_buffer: true,
-            },
-            CoopTile::Tile128x256 => TileShape {
-                bm: 128,
-                bn: 256,
-                bk: 16,
-                sg_m: 2,
-                sg_n: 4,
-                double_buffer: true,
-            },
-            CoopTile::Tile128w4 => TileShape {
-                bm: 128,
-                bn: 128,
-                bk: 32,
-                sg_m: 2,
-                sg_n: 2,
-                double_buffer: true,
-            },
-            CoopTile::Small64 => TileShape {
-                bm: 64,
-                bn: 64,
-                bk: 16,
-                sg_m: 2,
-                sg_n: 2,
-                double_buffer: true,
-            },
-            CoopTile::Small16x64 => TileShape {
-                bm: 16,
-                bn: 64,
-                bk: 16,
-                sg_m: 1,
-                sg_n: 2,
-                double_buffer: true,
-            },
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CoopTile::Simple64 => "coop64",
-            CoopTile::Tile128 => "coop128",
-            CoopTile::Tile128x256 => "coop128x256",
-            CoopTile::Tile128w4 => "coop128w4",
-            CoopTile::Small64 => "coop64db",
-            CoopTile::Small16x64 => "coop16x64",
-        }
-    }
-}
+pub use crate::coop_tile::{CoopTile, KLoop, TileShape, WORKGROUP_BYTES_MAX};
 
 /// One tensor-core matmul pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -170,14 +45,16 @@ pub struct CoopMatmul {
 impl CoopMatmul {
     /// Every variant, for compiling them all (tests) and warming up.
     pub fn all() -> Vec<CoopMatmul> {
-        let mut v = Vec::new();
-        for tile in CoopTile::ALL {
-            for bits in 0..256u32 {
+        CoopTile::ALL.into_iter().flat_map(CoopMatmul::variants).collect()
+    }
+
+    /// Every variant of one tile: layouts, edges, epilogue, emulation, and
+    /// f32 or f16 B with f32 A, or f16 A with f16 B.
+    pub fn variants(tile: CoopTile) -> Vec<CoopMatmul> {
+        (0..256u32)
+            .map(|bits| {
                 let f = |i: u32| (bits >> i) & 1 == 1;
-                if f(7) && !f(4) {
-                    continue;
-                }
-                v.push(CoopMatmul {
+                CoopMatmul {
                     tile,
                     ta: f(0),
                     tb: f(1),
@@ -187,10 +64,10 @@ impl CoopMatmul {
                     emulated: f(5),
                     epi: f(6),
                     a_f16: f(7),
-                });
-            }
-        }
-        v
+                }
+            })
+            .filter(|v| v.b_f16 || !v.a_f16)
+            .collect()
     }
 
     /// Rows and columns (columns contiguous) of the A and B tiles as they lie
@@ -212,7 +89,7 @@ impl CoopMatmul {
     fn workgroup_arrays(&self) -> [(&'static str, u32); 3] {
         let s = self.tile.shape();
         let ((ar, ac), (br, bc)) = self.operand_tiles();
-        let bufs = if s.double_buffer { 2 } else { 1 };
+        let bufs = s.k_loop.buffers();
         let elem = if self.emulated { 4 } else { 2 };
         [
             ("a_s", bufs * ar * (ac + 8) * elem),
@@ -266,7 +143,12 @@ impl CoopMatmul {
             "const SG_M: u32 = {}u;\nconst SG_N: u32 = {}u;\nconst FM: u32 = {fm}u;\nconst FN: u32 = {fnn}u;",
             s.sg_m, s.sg_n
         );
-        let _ = writeln!(out, "const NBUF: u32 = {}u;", if s.double_buffer { 2 } else { 1 });
+        let _ = writeln!(
+            out,
+            "const NBUF: u32 = {}u;\nconst GROUP_M: u32 = {}u;",
+            s.k_loop.buffers(),
+            s.group_m
+        );
         let _ = writeln!(
             out,
             "const TA: bool = {};\nconst TB: bool = {};\nconst TC: bool = {};\nconst EDGE: bool = {};",
@@ -390,10 +272,10 @@ impl CoopMatmul {
             }
         }
 
-        let body = section(if s.double_buffer {
-            "loop_double"
-        } else {
-            "loop_single"
+        let body = section(match s.k_loop {
+            KLoop::Single => "loop_single",
+            KLoop::Prefetch => "loop_prefetch",
+            KLoop::Double => "loop_double",
         })
         .replace("//{{MMA}}\n", &mma);
         let main = section("main")
@@ -474,9 +356,19 @@ pub(crate) fn section(name: &str) -> &'static str {
 mod tests {
     use super::*;
 
+    /// The named tiles' variants and the hardware ones of every shape the
+    /// bench sweeps.
+    fn named_and_swept() -> Vec<CoopMatmul> {
+        let swept = CoopTile::SWEEP.iter().map(|n| CoopTile::parse(n).unwrap());
+        CoopMatmul::all()
+            .into_iter()
+            .chain(swept.flat_map(CoopMatmul::variants).filter(|v| !v.emulated))
+            .collect()
+    }
+
     #[test]
     fn every_variant_fits_nvidia_workgroup_memory() {
-        for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
+        for v in named_and_swept().into_iter().filter(|v| !v.emulated) {
             let bytes = v.workgroup_bytes();
             assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
         }
@@ -489,16 +381,27 @@ mod tests {
     /// one was not).
     #[test]
     fn every_workgroup_array_is_a_multiple_of_16_bytes() {
-        for v in CoopMatmul::all().into_iter().filter(|v| !v.emulated) {
+        for v in named_and_swept().into_iter().filter(|v| !v.emulated) {
             for (name, bytes) in v.workgroup_arrays() {
                 assert_eq!(bytes % 16, 0, "{} {name}: {bytes} B", v.label());
             }
         }
     }
 
+    /// What `TileShape::check` accepts is what the generator builds and
+    /// what fits: its own count of workgroup memory bounds the variants'.
+    #[test]
+    fn a_checked_shape_bounds_its_variants_workgroup_memory() {
+        for v in named_and_swept().into_iter().filter(|v| !v.emulated) {
+            let shape = v.tile.shape();
+            assert_eq!(shape.check(), Ok(()), "{}", v.label());
+            assert!(v.workgroup_bytes() <= shape.workgroup_bytes(2), "{}", v.label());
+        }
+    }
+
     #[test]
     fn every_marker_is_replaced() {
-        for v in CoopMatmul::all() {
+        for v in named_and_swept() {
             let src = v.source();
             assert!(!src.contains("//{{"), "{}: marker left", v.label());
             assert!(!src.contains("////"), "{}: section header left", v.label());

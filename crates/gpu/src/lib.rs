@@ -6,6 +6,7 @@ mod arena;
 mod context;
 mod coop;
 mod coop_attention;
+mod coop_tile;
 mod copy_queue;
 pub mod diagnose;
 mod error;
@@ -21,7 +22,7 @@ mod transport;
 
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, LAVAPIPE_COOP_ENV, NOOP_ADAPTER};
-pub use coop::{CoopMatmul, CoopTile, TileShape};
+pub use coop::{CoopMatmul, CoopTile, KLoop, TileShape};
 pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
 pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;

@@ -8,7 +8,7 @@
 
 mod common;
 
-use megatrain_gpu::{CoopAttention, CoopMatmul, Kernel};
+use megatrain_gpu::{CoopAttention, CoopMatmul, CoopTile, Kernel};
 use naga::valid::Capabilities;
 
 fn compile(v: &CoopMatmul) -> Result<Vec<u32>, String> {
@@ -47,6 +47,33 @@ fn every_tensor_core_variant_compiles_to_spirv() {
         "{} of {} variants fail:\n{}",
         failed.len(),
         all.len(),
+        failed.join("\n")
+    );
+}
+
+/// The hardware variants of every shape the matmul bench sweeps
+/// (`CoopTile::SWEEP`), which a GPU session may time or train with
+/// (`MEGATRAIN_F16_MATMUL`) on a driver that sees them first.
+#[test]
+fn every_swept_tile_shape_compiles_to_spirv() {
+    let mut failed = Vec::new();
+    let mut n = 0;
+    for name in CoopTile::SWEEP {
+        let tile = CoopTile::parse(name).unwrap();
+        for v in CoopMatmul::variants(tile).iter().filter(|v| !v.emulated) {
+            n += 1;
+            match std::panic::catch_unwind(|| compile(v)) {
+                Ok(Ok(words)) => assert!(words.len() > 100, "{}: empty module", v.label()),
+                Ok(Err(e)) => failed.push(format!("{}:\n{e}", v.label())),
+                Err(_) => failed.push(format!("{}: naga panicked", v.label())),
+            }
+        }
+    }
+    assert_eq!(n, CoopTile::SWEEP.len() * 96);
+    assert!(
+        failed.is_empty(),
+        "{} of {n} variants fail:\n{}",
+        failed.len(),
         failed.join("\n")
     );
 }

@@ -289,6 +289,55 @@ fn emulated_tensor_core_kernels_match_host_reference_small16x64() {
     emulated_tile_matches_host_reference(CoopTile::Small16x64);
 }
 
+/// Tile shapes written out (`coop_tile.rs`), emulated as the named tiles
+/// are: the prefetching K loop (one buffer, the next step's loads in
+/// flight), and workgroups walking two tile rows before the next column
+/// (`coop_cases`' 96 rows are three: the last group is short).
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_prefetch_g2() {
+    emulated_tile_matches_host_reference(CoopTile::parse("coop32x32x32_2x1_prefetch_g2").unwrap());
+}
+
+/// Workgroups walking three tile rows (`coop_cases`' 64 rows are four,
+/// its 96 six) on the double-buffered loop, and on the edge strips.
+#[test]
+fn emulated_tensor_core_kernels_match_host_reference_double_g3() {
+    emulated_tile_matches_host_reference(CoopTile::parse("coop16x64x16_1x2_double_g3").unwrap());
+}
+
+/// Every shape the matmul bench sweeps (`CoopTile::SWEEP`), where the
+/// adapter has cooperative matrices: whole tiles in groups of tile rows
+/// (five rows of 128: a short group), M and N edges, K not a multiple of
+/// the K step, three layouts, f32 and f16 B.
+#[test]
+fn swept_tile_shapes_match_host_reference() {
+    for name in CoopTile::SWEEP {
+        let Some(g) = coop(CoopTile::parse(name).unwrap()) else {
+            return;
+        };
+        for (i, &(m, n, k)) in [(640, 384, 128), (300, 260, 100)].iter().enumerate() {
+            for (j, t) in [Transpose::NN, Transpose::NT, Transpose::TN]
+                .into_iter()
+                .enumerate()
+            {
+                let c = Case {
+                    batch: if i == 1 && j == 0 { vec![2] } else { vec![] },
+                    m,
+                    n,
+                    k,
+                    t,
+                    shared_b: false,
+                    bias: j == 1,
+                    seed: 200 + (i * 3 + j) as u64,
+                };
+                check(&g, &c, DType::F32, 1.0);
+                check(&g, &c, DType::F16, 1.0);
+            }
+        }
+        eprintln!("{name}: matches");
+    }
+}
+
 /// Operands bound as several ranges (the chunked path, accumulating K
 /// blocks into C), on one emulated tile.
 #[test]
@@ -556,7 +605,7 @@ fn operands_round_to_nearest_even_bit_for_bit() {
     }
     for tile in CoopTile::ALL {
         if let Some(g) = coop(tile) {
-            check_rounding(&g, tile.name());
+            check_rounding(&g, &tile.name());
         }
     }
 }
@@ -682,7 +731,7 @@ fn scaled_operands_keep_f16_precision(sa: f32, sb: f32, flushes: bool) {
     }
     for tile in CoopTile::ALL {
         if let Some(g) = coop(tile) {
-            run(&g, tile.name());
+            run(&g, &tile.name());
         }
     }
 }
@@ -726,7 +775,7 @@ fn f16_weights_keep_subnormals() {
     }
     for tile in CoopTile::ALL {
         if let Some(g) = coop(tile) {
-            check(&g, tile.name());
+            check(&g, &tile.name());
         }
     }
 }

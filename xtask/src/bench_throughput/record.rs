@@ -164,6 +164,66 @@ pub struct HostPeak {
     pub baseline: u64,
     /// `peak_rss` minus every figure above.
     pub other: i64,
+    /// The peak of each part of the run (`None` where the peak could not
+    /// be reset between them); `peak_rss` is the largest.
+    #[serde(default)]
+    pub phases: Option<PhasePeaks>,
+}
+
+/// The parts of a bench run whose RSS peaks are told apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Phase {
+    /// Model, tier and trainer made: the device opened, the transport
+    /// prepared.
+    Setup,
+    /// The warm-up steps (the first compiles every pipeline).
+    Warmup,
+    /// The timed steps.
+    Steps,
+}
+
+/// Peak RSS of each [`Phase`], bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhasePeaks {
+    pub setup: u64,
+    pub warmup: u64,
+    pub steps: u64,
+}
+
+/// Measures [`PhasePeaks`]: each [`PeakPhases::end`] reads the peak since
+/// the last and resets it (`rss::reset_peak_rss`, Linux).
+pub struct PeakPhases {
+    peaks: PhasePeaks,
+    ok: bool,
+}
+
+impl PeakPhases {
+    pub fn start() -> PeakPhases {
+        PeakPhases {
+            peaks: PhasePeaks::default(),
+            ok: megatrain_tier::rss::peak_rss_bytes().is_some(),
+        }
+    }
+
+    pub fn end(&mut self, phase: Phase) {
+        let peak = megatrain_tier::rss::peak_rss_bytes().unwrap_or(0);
+        match phase {
+            Phase::Setup => self.peaks.setup = peak,
+            Phase::Warmup => self.peaks.warmup = peak,
+            Phase::Steps => self.peaks.steps = peak,
+        }
+        self.ok &= megatrain_tier::rss::reset_peak_rss();
+    }
+
+    /// The peaks, where every reset worked.
+    pub fn recorded(&self) -> Option<PhasePeaks> {
+        self.ok.then_some(self.peaks)
+    }
+
+    /// The whole run's peak, from the phases'.
+    pub fn overall(&self) -> Option<u64> {
+        self.recorded().map(|p| p.setup.max(p.warmup).max(p.steps))
+    }
 }
 
 impl HostPeak {
@@ -191,6 +251,7 @@ impl HostPeak {
             executor_tensors,
             baseline,
             other: peak_rss as i64 - counted as i64,
+            phases: None,
         }
     }
 

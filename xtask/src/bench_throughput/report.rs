@@ -148,6 +148,16 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
                 h.peak_rss as f64 / n,
                 kinds.join(", ")
             );
+            if let Some(p) = h.phases {
+                let _ = writeln!(
+                    s,
+                    "- host peak by phase {}: setup {:.3}, warm-up (pipelines compiled) {:.3}, timed steps {:.3} B/param",
+                    r.spec.label,
+                    p.setup as f64 / n,
+                    p.warmup as f64 / n,
+                    p.steps as f64 / n
+                );
+            }
         }
     }
     for (label, why) in failures {

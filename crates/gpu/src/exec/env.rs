@@ -9,7 +9,9 @@ use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
 /// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop128x256`, `coop128w4`,
-/// `coop64db`, `coop16x64`) or one with `_sw` (emulated).
+/// `coop64db`, `coop16x64`, or a shape written out as `TileShape::name`
+/// writes it, e.g. `coop128x128x64_2x2_prefetch_g8`) or one with `_sw`
+/// (emulated).
 pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
 /// `auto`, `simt`, `coop` or `coop_sw` (emulated).
 pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
@@ -29,7 +31,18 @@ impl std::str::FromStr for F16Matmul {
             .chain([F16Matmul::Simt])
             .chain(CoopTile::ALL.iter().map(|&t| F16Matmul::Coop(t)))
             .chain(CoopTile::ALL.iter().map(|&t| F16Matmul::CoopEmulated(t)));
-        named(s, all)
+        named(s, all).or_else(|named_err| {
+            // A tile shape written out (coop_tile.rs), for timing shapes.
+            let (base, emulated) = match s.strip_suffix("_sw") {
+                Some(b) => (b, true),
+                None => (s, false),
+            };
+            match crate::TileShape::parse(base) {
+                Ok(shape) if emulated => Ok(F16Matmul::CoopEmulated(CoopTile::Shape(shape))),
+                Ok(shape) => Ok(F16Matmul::Coop(CoopTile::Shape(shape))),
+                Err(shape_err) => Err(format!("{named_err}, or a tile shape; as a shape, {shape_err}")),
+            }
+        })
     }
 }
 
@@ -182,5 +195,15 @@ mod tests {
         assert!(e.contains("auto") && e.contains("shared"), "{e}");
         let e = "coop256".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128x256") && e.contains("simt"), "{e}");
+        // Shapes written out, hardware and emulated.
+        for name in CoopTile::SWEEP {
+            let t = CoopTile::parse(name).unwrap();
+            assert_eq!(name.parse::<F16Matmul>(), Ok(F16Matmul::Coop(t)));
+            let sw = format!("{name}_sw");
+            assert_eq!(sw.parse::<F16Matmul>(), Ok(F16Matmul::CoopEmulated(t)));
+            assert_eq!(F16Matmul::CoopEmulated(t).to_string(), sw);
+        }
+        let e = "coop128x128x64_2x4_double".parse::<F16Matmul>().unwrap_err();
+        assert!(e.contains("coop128w4") && e.contains("workgroup memory"), "{e}");
     }
 }

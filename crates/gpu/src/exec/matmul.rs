@@ -34,7 +34,7 @@ impl std::fmt::Display for F16Matmul {
         match self {
             F16Matmul::Auto => f.write_str("auto"),
             F16Matmul::Simt => f.write_str("simt"),
-            F16Matmul::Coop(t) => f.write_str(t.name()),
+            F16Matmul::Coop(t) => f.write_str(&t.name()),
             F16Matmul::CoopEmulated(t) => write!(f, "{}_sw", t.name()),
         }
     }

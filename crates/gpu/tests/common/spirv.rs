@@ -76,7 +76,13 @@ pub fn every_kernel() -> Vec<(String, String, &'static str)> {
             (format!("{k:?}"), s.source, s.entry)
         })
         .collect();
-    for v in CoopMatmul::all() {
+    // The named tiles, and the hardware variants of the bench's swept shapes.
+    let swept = megatrain_gpu::CoopTile::SWEEP
+        .iter()
+        .map(|n| megatrain_gpu::CoopTile::parse(n).unwrap())
+        .flat_map(CoopMatmul::variants)
+        .filter(|v| !v.emulated);
+    for v in CoopMatmul::all().into_iter().chain(swept) {
         let s = Kernel::MatmulCoop(v).spec();
         all.push((v.label(), s.source, s.entry));
     }
