@@ -144,8 +144,13 @@ first)
     # Same run: the f32 attention (f32 and bf16 precision, and f16 where
     # the tensor-core one is refused), a row over four subgroup lanes
     # against one thread per row, at a TinyLlama-like shape.
-    cap=115 b attention '^attention(_f16/fwd_Coop_B4_T2048_Hq32_|/(one_row_)?(fwd|bwd)_B8_T1024)' \
+    # With the tensor-core attention right, its tile sets
+    # (AttnTiles::SWEEP: the sweep rows, each set checked first) at the
+    # same shape; each set's tiles and both rates into the summary.
+    MEGATRAIN_ATTN_SWEEP=default cap=160 b attention \
+        '^attention(_f16/fwd_Coop_B4_T2048_Hq32_|_f16/(fwd|bwd)_sweep|/(one_row_)?(fwd|bwd)_B8_T1024)' \
         --warm-up-time 1 --measurement-time 2
+    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
     # The bus (issue 14: ≥ 45 GB/s each way, ≥ 0.8 of torch's pinned
     # copy_) and whether the copy queue runs beside a kernel.
     cap=60 b transport --reps 3 --sizes 64,1024 --overlap
@@ -207,7 +212,7 @@ kernels)
     MEGATRAIN_COOP_SWEEP=default b matmul --warm-up-time 1 --measurement-time 2
     # Flash attention f16 at the 7B shapes with torch SDPA beside it
     # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).
-    b attention attention_f16 --warm-up-time 1 --measurement-time 2
+    MEGATRAIN_ATTN_SWEEP=default b attention attention_f16 --warm-up-time 1 --measurement-time 2
     # The bus: GB/s up, down, both per size and transport, where the time
     # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
     b transport --reps 5 --overlap

@@ -15,14 +15,16 @@
 //! summary adds a forward that makes them, "fwd fresh") and, on a GPU,
 //! converting as they stage (`…_stage_…` rows, T = 2048); then it runs
 //! `benches/torch_sdpa.py` for PyTorch's figure on the same shapes where
-//! torch with CUDA imports.
+//! torch with CUDA imports. Where `MEGATRAIN_ATTN_SWEEP` names tile sets
+//! (`default`: `AttnTiles::SWEEP`), `fwd_sweep{i}_…`/`bwd_sweep{i}_…` time
+//! each at B4 T2048 32/8 D128.
 
 mod common;
 
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
-use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
 
@@ -250,9 +252,86 @@ fn bench_f16(c: &mut Criterion) {
     }
 }
 
+/// Names the tensor-core attention tile sets [`bench_f16_sweep`] times.
+const ATTN_SWEEP_ENV: &str = "MEGATRAIN_ATTN_SWEEP";
+
+/// The tile sets `MEGATRAIN_ATTN_SWEEP` names (`default`: `AttnTiles::SWEEP`;
+/// else sets joined by `;`, each as `MEGATRAIN_F16_ATTENTION_TILES` takes
+/// it), forward and backward at issue 13's shape (B4 T2048 32/8 D128; one
+/// small shape where the adapter's cooperative matrices are not a GPU's),
+/// each set checked against the CPU reference first: rows
+/// `fwd_sweep{i}_…` and `bwd_sweep{i}_…`, and a summary line per set.
+fn bench_f16_sweep(c: &mut Criterion) {
+    let Ok(list) = std::env::var(ATTN_SWEEP_ENV) else {
+        return;
+    };
+    let Some(probe) = common::executor() else { return };
+    if !probe.context().has_cooperative_matrix() {
+        eprintln!("{ATTN_SWEEP_ENV}: adapter has no cooperative matrices, no sweep");
+        return;
+    }
+    let (b, t, hq, hkv, d) = if common::is_real_gpu(&probe) {
+        (4, 2048, 32, 8, 128)
+    } else {
+        (1, 64, 4, 2, 64)
+    };
+    drop(probe);
+    let sets: Vec<String> = match list.trim() {
+        "default" => AttnTiles::SWEEP.iter().map(|s| s.to_string()).collect(),
+        l => l.split(';').map(|s| s.trim().to_string()).collect(),
+    };
+    let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
+    let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
+    let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
+    let mut summary = Vec::new();
+    let mut group = c.benchmark_group("attention_f16");
+    group.sample_size(10);
+    for (i, set) in sets.iter().enumerate() {
+        let tiles: AttnTiles = set.parse().unwrap_or_else(|e| panic!("{ATTN_SWEEP_ENV}: {e}"));
+        let opts = GpuOptions {
+            attention_tiles: tiles,
+            ..Default::default()
+        };
+        let Some(g) = f16_executor(F16Attention::Coop, opts) else {
+            return;
+        };
+        check(&g, t.min(256), hq, hkv, d);
+        let [q, k, v, dout] = hs.each_ref().map(|h| g.upload(h).unwrap());
+        let name = format!("sweep{i}_B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
+        let fwd_run = || {
+            let o = g.attention(&q, &k, &v).unwrap();
+            g.synchronize().unwrap();
+            o
+        };
+        group.throughput(Throughput::Elements(flops));
+        group.bench_function(format!("fwd_{name}"), |bench| bench.iter(fwd_run));
+        let fwd = g.attention(&q, &k, &v).unwrap();
+        let bwd_run = || {
+            let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
+            g.synchronize().unwrap();
+            gr
+        };
+        group.throughput(Throughput::Elements(flops * 5 / 2));
+        group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
+        let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
+        summary.push(format!(
+            "megatrain f16 {name} ({tiles}): fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
+            tf * 1e3,
+            flops as f64 / tf / 1e12,
+            tb * 1e3,
+            2.5 * flops as f64 / tb / 1e12
+        ));
+    }
+    group.finish();
+    for line in &summary {
+        println!("{line}");
+    }
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     bench_f16(&mut c);
+    bench_f16_sweep(&mut c);
     c.final_summary();
 }

@@ -37,6 +37,9 @@ pub struct CoopAttention {
     /// (`F16Operands::Copy`), else as f32, scaled and converted as they are
     /// staged.
     pub f16_in: bool,
+    /// A tile other than the pass's default ([`CoopAttention::tile`]), for
+    /// timing tiles (`MEGATRAIN_F16_ATTENTION_TILES`).
+    pub shape: Option<AttnTile>,
 }
 
 /// Head dimensions up to which dK/dV keeps K's and V's fragments in
@@ -46,10 +49,15 @@ const KV_RESIDENT_D: u32 = 80;
 
 /// Sizes of a variant: subgroups (16 resident rows each) and the rows of
 /// each streamed tile.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttnTile {
     pub sg: u32,
     pub bc: u32,
+    /// The forward's and dq's resident block (Q; Q and dO) staged in the
+    /// region the streamed tiles use: its fragments are in registers before
+    /// the first streamed tile is staged (after a barrier), so the region
+    /// is free by then. Less workgroup memory, for larger tiles.
+    pub share: bool,
 }
 
 impl AttnTile {
@@ -57,11 +65,148 @@ impl AttnTile {
     pub fn br(&self) -> u32 {
         self.sg * 16
     }
+
+    /// `sg{SG}bc{BC}`, with `s` where the regions are shared.
+    pub fn name(&self) -> String {
+        format!("sg{}bc{}{}", self.sg, self.bc, if self.share { "s" } else { "" })
+    }
+
+    /// The tile [`AttnTile::name`] writes, checked for `pass`.
+    pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
+        let bad = |why: &str| format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s)");
+        let (body, share) = match s.strip_suffix('s') {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        let (sg, bc) = body
+            .strip_prefix("sg")
+            .and_then(|r| r.split_once("bc"))
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, s for shared regions"))?;
+        let num = |x: &str| {
+            x.parse::<u32>()
+                .map_err(|_| bad(&format!("'{x}' is not a number")))
+        };
+        let t = AttnTile {
+            sg: num(sg)?,
+            bc: num(bc)?,
+            share,
+        };
+        t.check(pass).map_err(|why| bad(&why))?;
+        Ok(t)
+    }
+
+    /// Whether the generator builds this tile for `pass` (workgroup memory
+    /// is the adapter's to judge, at dispatch).
+    pub fn check(&self, pass: AttnPass) -> Result<(), String> {
+        if self.sg == 0 || 32 * self.sg > crate::coop_tile::THREADS_MAX {
+            return Err(format!(
+                "{} subgroups: from 1 to {}",
+                self.sg,
+                crate::coop_tile::THREADS_MAX / 32
+            ));
+        }
+        if self.bc == 0 || !self.bc.is_multiple_of(16) {
+            return Err(format!("{} keys a tile: a positive multiple of 16", self.bc));
+        }
+        // The statistics of a streamed tile are loaded one row an invocation.
+        if self.bc > 32 * self.sg {
+            return Err(format!(
+                "{} keys a tile for {} invocations: at most one each",
+                self.bc,
+                32 * self.sg
+            ));
+        }
+        if self.share && pass == AttnPass::Dkv {
+            return Err("dkv keeps K's and V's tiles for the whole kernel: nothing to share".into());
+        }
+        Ok(())
+    }
+}
+
+/// A tile for each pass: `None` keeps the pass's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttnTiles {
+    pub fwd: Option<AttnTile>,
+    pub dq: Option<AttnTile>,
+    pub dkv: Option<AttnTile>,
+}
+
+impl AttnTiles {
+    pub fn get(&self, pass: AttnPass) -> Option<AttnTile> {
+        match pass {
+            AttnPass::Fwd => self.fwd,
+            AttnPass::Dq => self.dq,
+            AttnPass::Dkv => self.dkv,
+        }
+    }
+
+    /// The tile sets the attention bench times when `MEGATRAIN_ATTN_SWEEP`
+    /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
+    /// workgroup memory at D = 128 and below.
+    pub const SWEEP: [&'static str; 5] = [
+        "fwd=sg4bc32s,dq=sg2bc32s,dkv=sg1bc32",
+        "fwd=sg2bc64s,dq=sg4bc16s,dkv=sg2bc16",
+        "fwd=sg8bc16s,dq=sg2bc32,dkv=sg2bc32",
+        "fwd=sg2bc32,dq=sg2bc16,dkv=sg1bc16",
+        "fwd=sg4bc16,dq=sg1bc32,dkv=sg2bc32",
+    ];
+}
+
+impl std::fmt::Display for AttnTiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = [("fwd", self.fwd), ("dq", self.dq), ("dkv", self.dkv)]
+            .into_iter()
+            .filter_map(|(p, t)| t.map(|t| format!("{p}={}", t.name())))
+            .collect();
+        f.write_str(if parts.is_empty() { "default" } else { "" })?;
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl std::str::FromStr for AttnTiles {
+    type Err = String;
+
+    /// `pass=tile` pairs joined by commas (`fwd=sg2bc64s,dkv=sg1bc32`), or
+    /// `default`.
+    fn from_str(s: &str) -> Result<AttnTiles, String> {
+        let mut t = AttnTiles::default();
+        if s == "default" {
+            return Ok(t);
+        }
+        for part in s.split(',') {
+            let (pass, tile) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}': want pass=tile, the pass fwd, dq or dkv"))?;
+            let (slot, pass) = match pass {
+                "fwd" => (&mut t.fwd, AttnPass::Fwd),
+                "dq" => (&mut t.dq, AttnPass::Dq),
+                "dkv" => (&mut t.dkv, AttnPass::Dkv),
+                other => return Err(format!("'{other}' is not a pass: fwd, dq or dkv")),
+            };
+            *slot = Some(AttnTile::parse(tile, pass)?);
+        }
+        Ok(t)
+    }
 }
 
 impl CoopAttention {
     /// The head dimensions the family is generated for (the zoo's).
     pub const HEAD_DIMS: [u32; 4] = [64, 80, 96, 128];
+
+    /// The hardware variants of every tile set [`AttnTiles::SWEEP`] names.
+    pub fn swept() -> Vec<CoopAttention> {
+        let mut v = Vec::new();
+        for tiles in AttnTiles::SWEEP {
+            let tiles: AttnTiles = tiles.parse().expect("a sweep's tiles parse");
+            for base in CoopAttention::all().into_iter().filter(|b| !b.emulated) {
+                v.push(CoopAttention {
+                    shape: tiles.get(base.pass),
+                    ..base
+                });
+            }
+        }
+        v
+    }
 
     pub fn all() -> Vec<CoopAttention> {
         let mut v = Vec::new();
@@ -74,6 +219,7 @@ impl CoopAttention {
                             d,
                             emulated,
                             f16_in,
+                            shape: None,
                         });
                     }
                 }
@@ -83,34 +229,40 @@ impl CoopAttention {
     }
 
     pub fn tile(&self) -> AttnTile {
-        match (self.emulated, self.pass) {
+        let t = |sg, bc| AttnTile { sg, bc, share: false };
+        match (self.shape, self.emulated, self.pass) {
+            (Some(s), ..) => s,
             // The forward's D = 64 at the hardware's BC, which fits 32 KiB
             // in f32, so that its rounds of two O fragments run here too.
-            (true, AttnPass::Fwd) if self.d <= 64 => AttnTile { sg: 1, bc: 32 },
-            (true, _) => AttnTile { sg: 1, bc: 16 },
-            (false, AttnPass::Fwd) => AttnTile { sg: 4, bc: 32 },
-            (false, _) => AttnTile { sg: 2, bc: 32 },
+            (None, true, AttnPass::Fwd) if self.d <= 64 => t(1, 32),
+            (None, true, _) => t(1, 16),
+            (None, false, AttnPass::Fwd) => t(4, 32),
+            (None, false, _) => t(2, 32),
         }
     }
 
     /// Offsets (in halfs) of the f16 regions in `sm` and its length:
     /// (Q_S, K_S, V_S, DO_S, P_S, DS_S, SM). Unused regions are empty.
+    /// With a shared tile the forward's and dq's resident block starts at 0
+    /// too, under the streamed tiles (`AttnTile::share`).
     fn layout(&self) -> [u32; 7] {
         let t = self.tile();
         let (lds, ldp, br, bc) = (self.d + 8, t.bc + 8, t.br(), t.bc);
         match self.pass {
             AttnPass::Fwd => {
-                let k = br * lds;
+                let k = if t.share { 0 } else { br * lds };
                 let v = k + bc * lds;
                 let p = v + bc * lds;
-                [0, k, v, p, p, p + br * ldp, p + br * ldp]
+                let end = (p + br * ldp).max(br * lds);
+                [0, k, v, p, p, p + br * ldp, end]
             }
             AttnPass::Dq => {
                 let dout = br * lds;
-                let k = 2 * br * lds;
+                let k = if t.share { 0 } else { 2 * br * lds };
                 let v = k + bc * lds;
                 let p = v + bc * lds;
-                [0, k, v, dout, p, p + br * ldp, p + 2 * br * ldp]
+                let end = (p + 2 * br * ldp).max(2 * br * lds);
+                [0, k, v, dout, p, p + br * ldp, end]
             }
             AttnPass::Dkv => {
                 let v = br * lds;
@@ -156,10 +308,11 @@ impl CoopAttention {
             AttnPass::Dkv => "dkv",
         };
         format!(
-            "flash_{pass}_d{}{}{}",
+            "flash_{pass}_d{}{}{}{}",
             self.d,
             if self.emulated { "_sw" } else { "" },
-            if self.f16_in { "_in16" } else { "" }
+            if self.f16_in { "_in16" } else { "" },
+            self.shape.map_or(String::new(), |t| format!("_{}", t.name()))
         )
     }
 
@@ -184,6 +337,13 @@ impl CoopAttention {
     pub fn source(&self) -> String {
         let t = self.tile();
         assert!(self.d.is_multiple_of(16) && t.bc.is_multiple_of(16));
+        // Emulated fragments are read where they lie, in the loop: the
+        // resident block must stay staged.
+        assert!(
+            !(t.share && self.emulated),
+            "{}: shared regions on emulated fragments",
+            self.label()
+        );
         let [q_s, k_s, v_s, do_s, p_s, ds_s, sm] = self.layout();
         let mut out = String::with_capacity(32 << 10);
         if !self.emulated {
@@ -631,6 +791,16 @@ mod tests {
     use crate::coop::WORKGROUP_BYTES_MAX;
 
     #[test]
+    fn every_swept_variant_fits_nvidia_workgroup_memory() {
+        for v in CoopAttention::swept() {
+            let bytes = v.workgroup_bytes();
+            assert!(bytes <= WORKGROUP_BYTES_MAX, "{}: {bytes} B", v.label());
+            let [sm, s_s, ..] = v.shared_members();
+            assert_eq!((sm % 16, s_s % 16), (0, 0), "{}", v.label());
+        }
+    }
+
+    #[test]
     fn every_variant_fits_its_workgroup_memory() {
         for v in CoopAttention::all() {
             let bytes = v.workgroup_bytes();
@@ -673,9 +843,13 @@ mod tests {
         }
     }
 
+    /// The regions a kernel uses at once never overlap: the resident
+    /// block's and the streamed tiles' among themselves; and, unless the
+    /// tile shares them (the resident block only staged before the first
+    /// streamed tile), the two with each other.
     #[test]
     fn regions_do_not_overlap() {
-        for v in CoopAttention::all() {
+        for v in CoopAttention::all().into_iter().chain(CoopAttention::swept()) {
             let t = v.tile();
             let [q, k, vv, dout, p, ds, sm] = v.layout();
             let (lds, ldp) = (v.d + 8, t.bc + 8);
@@ -683,21 +857,36 @@ mod tests {
                 AttnPass::Dkv => (t.bc, t.br()),
                 AttnPass::Fwd | AttnPass::Dq => (t.br(), t.bc),
             };
-            let mut spans = vec![
-                (q, q + qr * lds),
-                (k, k + kr * lds),
-                (vv, vv + kr * lds),
-                (p, p + t.br() * ldp),
-            ];
-            if v.pass != AttnPass::Fwd {
-                spans.push((dout, dout + qr * lds));
-                spans.push((ds, ds + t.br() * ldp));
+            // (resident, streamed) spans.
+            let mut resident = Vec::new();
+            let mut streamed = vec![(p, p + t.br() * ldp)];
+            let (qs, ks) = ((q, q + qr * lds), (k, k + kr * lds));
+            let vs = (vv, vv + kr * lds);
+            match v.pass {
+                AttnPass::Dkv => {
+                    resident.extend([ks, vs]);
+                    streamed.extend([qs, (dout, dout + qr * lds), (ds, ds + t.br() * ldp)]);
+                }
+                AttnPass::Fwd => {
+                    resident.push(qs);
+                    streamed.extend([ks, vs]);
+                }
+                AttnPass::Dq => {
+                    resident.extend([qs, (dout, dout + qr * lds)]);
+                    streamed.extend([ks, vs, (ds, ds + t.br() * ldp)]);
+                }
             }
-            spans.sort();
-            for w in spans.windows(2) {
-                assert!(w[0].1 <= w[1].0, "{}: {spans:?}", v.label());
+            let mut sets = vec![resident.clone(), streamed.clone()];
+            if !t.share {
+                sets.push(resident.into_iter().chain(streamed).collect());
             }
-            assert!(spans.last().unwrap().1 <= sm, "{}", v.label());
+            for mut spans in sets {
+                spans.sort();
+                for w in spans.windows(2) {
+                    assert!(w[0].1 <= w[1].0, "{}: {spans:?}", v.label());
+                }
+                assert!(spans.last().unwrap().1 <= sm, "{}", v.label());
+            }
         }
     }
 }

@@ -23,13 +23,13 @@ mod transport;
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, LAVAPIPE_COOP_ENV, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopTile, KLoop, TileShape};
-pub use coop_attention::{AttnPass, AttnTile, CoopAttention};
+pub use coop_attention::{AttnPass, AttnTile, AttnTiles, CoopAttention};
 pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;
 pub use exec::{
-    BindGroupStats, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV,
-    F16Attention, F16Matmul, F16Maxima, F16Operands, GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV,
-    SubmitStats,
+    BindGroupStats, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV,
+    F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention, F16Matmul, F16Maxima, F16Operands, GpuExecutor,
+    GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};

@@ -30,6 +30,18 @@ fn executor_with(
     copy_attention_operands: bool,
     f16_operands: F16Operands,
 ) -> Option<GpuExecutor> {
+    executor_opts(
+        c,
+        kind,
+        GpuOptions {
+            copy_attention_operands,
+            f16_operands,
+            ..Default::default()
+        },
+    )
+}
+
+fn executor_opts(c: Arc<GpuContext>, kind: F16Attention, opts: GpuOptions) -> Option<GpuExecutor> {
     if kind == F16Attention::Coop && !c.has_cooperative_matrix() {
         eprintln!(
             "adapter '{}' has no 16x16x16 f16 cooperative matrices: tensor-core attention NOT tested here",
@@ -42,9 +54,7 @@ fn executor_with(
         GpuOptions {
             poison_outputs: true,
             f16_attention: kind,
-            copy_attention_operands,
-            f16_operands,
-            ..Default::default()
+            ..opts
         },
     );
     g.set_compute_precision(ComputePrecision::F16).unwrap();
@@ -360,6 +370,75 @@ fn tensor_core_kernels_match_the_reference() {
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
     check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
+}
+
+/// Tiles other than the passes' defaults (`AttnTiles`), emulated: a
+/// forward block of 32 rows over 16-key tiles (the largest other tile
+/// lavapipe's 32 KiB hold in f32), on the D = 64 cases, the partial key
+/// tiles and the rising maxima; and the shared regions, which need real
+/// cooperative matrices (emulated fragments are read where they lie),
+/// refused by name.
+#[test]
+fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
+    let tiles = |s: &str| GpuOptions {
+        attention_tiles: s.parse().unwrap(),
+        ..Default::default()
+    };
+    let Some(g) = own_ctx().and_then(|c| executor_opts(c, F16Attention::CoopEmulated, tiles("fwd=sg2bc16")))
+    else {
+        return;
+    };
+    for (i, c) in CASES.into_iter().enumerate().filter(|(_, c)| c.d == 64) {
+        check(&g, c, 60 + i as u64, TOL_COOP, true).unwrap();
+    }
+    let long = Case {
+        b: 1,
+        t: 70,
+        hq: 2,
+        hkv: 1,
+        d: 64,
+    };
+    check(&g, long, 65, TOL_COOP, true).unwrap();
+    check_inputs(&g, long, rising(long, 66), TOL_COOP, false).unwrap();
+    let shared = executor_opts(
+        g.context().clone(),
+        F16Attention::CoopEmulated,
+        tiles("fwd=sg2bc16s"),
+    )
+    .unwrap();
+    let e = check(&shared, long, 67, TOL_COOP, false).unwrap_err();
+    assert!(
+        e.contains("sg2bc16s") && e.contains("real cooperative matrices"),
+        "{e}"
+    );
+}
+
+/// Every tile set the attention bench sweeps (`AttnTiles::SWEEP`: shared
+/// regions, other block and key tiles), where the adapter has cooperative
+/// matrices, on the awkward cases and several blocks of every kind.
+#[test]
+fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
+    for (n, tiles) in megatrain_gpu::AttnTiles::SWEEP.into_iter().enumerate() {
+        let opts = GpuOptions {
+            attention_tiles: tiles.parse().unwrap(),
+            ..Default::default()
+        };
+        let Some(g) = ctx().and_then(|c| executor_opts(c, F16Attention::Coop, opts)) else {
+            return;
+        };
+        for (i, c) in CASES.into_iter().chain([CASE_128]).enumerate() {
+            check(&g, c, 70 + (10 * n + i) as u64, TOL_COOP, true).unwrap();
+        }
+        let big = Case {
+            b: 1,
+            t: 150,
+            hq: 8,
+            hkv: 2,
+            d: 64,
+        };
+        check_inputs(&g, big, rising(big, 79 + 10 * n as u64), TOL_COOP, true).unwrap();
+        eprintln!("{tiles}: matches");
+    }
 }
 
 /// The tensor-core kernels round Q, K and V to f16 as they stage them

@@ -82,6 +82,11 @@ fn every_swept_tile_shape_compiles_to_spirv() {
 fn every_flash_attention_variant_compiles_to_spirv() {
     let all = CoopAttention::all();
     assert_eq!(all.len(), 3 * 4 * 2 * 2);
+    // And the hardware variants of every tile set the attention bench
+    // sweeps (AttnTiles::SWEEP).
+    let swept = CoopAttention::swept();
+    assert_eq!(swept.len(), megatrain_gpu::AttnTiles::SWEEP.len() * 3 * 4 * 2);
+    let all: Vec<CoopAttention> = all.into_iter().chain(swept).collect();
     let mut failed = Vec::new();
     for v in &all {
         match std::panic::catch_unwind(|| compile_source(&Kernel::AttnCoop(*v).spec().source, v.emulated)) {

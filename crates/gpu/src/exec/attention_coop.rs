@@ -105,7 +105,26 @@ impl GpuExecutor {
             d: d.d as u32,
             emulated,
             f16_in: self.f16_operands == F16Operands::Copy,
+            shape: self.attention_tiles.get(pass),
         };
+        let t = v.tile();
+        if emulated && t.share {
+            return Err(Error::invalid(
+                name,
+                format!("{}: shared regions need real cooperative matrices", v.label()),
+            ));
+        }
+        let group = d.hq / d.hkv;
+        if pass != AttnPass::Dkv && group > t.br() as usize {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{}: a block of {} rows cannot hold a group of {group} query heads",
+                    v.label(),
+                    t.br()
+                ),
+            ));
+        }
         let have = self.ctx.workgroup_bytes();
         if v.workgroup_bytes() > have {
             return Err(Error::invalid(
@@ -117,7 +136,6 @@ impl GpuExecutor {
                 ),
             ));
         }
-        let t = v.tile();
         let tiles = match pass {
             AttnPass::Fwd | AttnPass::Dq => d.t.div_ceil(t.bc as usize),
             AttnPass::Dkv => (d.hq / d.hkv) * d.t.div_ceil(t.bc as usize),

@@ -15,6 +15,9 @@ use crate::{CoopTile, GpuError};
 pub const F16_MATMUL_ENV: &str = "MEGATRAIN_F16_MATMUL";
 /// `auto`, `simt`, `coop` or `coop_sw` (emulated).
 pub const F16_ATTENTION_ENV: &str = "MEGATRAIN_F16_ATTENTION";
+/// The tensor-core attention's tiles, `pass=tile` pairs joined by commas
+/// (`fwd=sg2bc64s,dq=sg2bc32s,dkv=sg1bc32`; `AttnTile::name`), or `default`.
+pub const F16_ATTENTION_TILES_ENV: &str = "MEGATRAIN_F16_ATTENTION_TILES";
 /// `copy` or `stage`: where the tensor-core matmuls convert f32 operands.
 pub const F16_OPERANDS_ENV: &str = "MEGATRAIN_F16_OPERANDS";
 /// `fold` or `scan`: where the max|x| of a product's output comes from.
@@ -127,7 +130,7 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
-    /// [`F16_ATTENTION_ENV`] name, and the ways [`F16_OPERANDS_ENV`],
+    /// [`F16_ATTENTION_ENV`] name, the tiles [`F16_ATTENTION_TILES_ENV`] names, and the ways [`F16_OPERANDS_ENV`],
     /// [`F16_MAXIMA_ENV`], [`DOWNLOADS_ENV`] and [`crate::UPLOADS_ENV`]
     /// name, where set; a value that names none is refused with the list
     /// of names.
@@ -137,6 +140,9 @@ impl GpuOptions {
         }
         if let Some(a) = from_env(F16_ATTENTION_ENV)? {
             self.f16_attention = a;
+        }
+        if let Some(t) = from_env(F16_ATTENTION_TILES_ENV)? {
+            self.attention_tiles = t;
         }
         if let Some(o) = from_env(F16_OPERANDS_ENV)? {
             self.f16_operands = o;
@@ -202,6 +208,29 @@ mod tests {
             let sw = format!("{name}_sw");
             assert_eq!(sw.parse::<F16Matmul>(), Ok(F16Matmul::CoopEmulated(t)));
             assert_eq!(F16Matmul::CoopEmulated(t).to_string(), sw);
+        }
+        for tiles in crate::AttnTiles::SWEEP {
+            let t = tiles.parse::<crate::AttnTiles>().unwrap();
+            assert_eq!(t.to_string(), tiles);
+            assert_eq!(t.to_string().parse::<crate::AttnTiles>(), Ok(t));
+        }
+        assert_eq!(
+            "default".parse::<crate::AttnTiles>(),
+            Ok(crate::AttnTiles::default())
+        );
+        assert_eq!(crate::AttnTiles::default().to_string(), "default");
+        for (bad, why) in [
+            ("fwd=sg4bc24", "multiple of 16"),
+            ("fwd=sg1bc64", "at most one each"),
+            ("dkv=sg2bc32s", "nothing to share"),
+            ("bwd=sg2bc32", "not a pass"),
+            ("fwd:sg2bc32", "want pass=tile"),
+            ("fwd=sg0bc32", "subgroups"),
+            ("fwd=bc32", "want sg"),
+            ("fwd=sgxbc32", "not a number"),
+        ] {
+            let e = bad.parse::<crate::AttnTiles>().unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
         }
         let e = "coop128x128x64_2x4_double".parse::<F16Matmul>().unwrap_err();
         assert!(e.contains("coop128w4") && e.contains("workgroup memory"), "{e}");

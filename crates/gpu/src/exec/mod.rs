@@ -26,7 +26,10 @@ mod transport_impl;
 pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
-pub use env::{DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV};
+pub use env::{
+    DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV,
+    F16_OPERANDS_ENV,
+};
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
 pub use matmul::F16Matmul;
@@ -95,6 +98,10 @@ pub struct GpuOptions {
     /// The kernels of attention under the F16 compute precision (`Auto`:
     /// tensor cores where the adapter has cooperative matrices).
     pub f16_attention: F16Attention,
+    /// The tensor-core attention's tiles where not the passes' defaults
+    /// (for timing them; `Auto`'s check on first use is per context and
+    /// head dimension, whatever the tiles).
+    pub attention_tiles: crate::AttnTiles,
     /// Most ops recorded into one queue submission (`None`: 256; 1 submits
     /// op by op). Whatever needs the queue (a transfer, a read, a wait)
     /// submits the batch first, so this changes only how often the host
@@ -145,6 +152,7 @@ pub struct GpuExecutor {
     attention_lanes: bool,
     f16_matmul: F16Matmul,
     f16_attention: F16Attention,
+    attention_tiles: crate::AttnTiles,
     copy_attention_operands: bool,
     precision: megatrain_tensor::ComputePrecision,
     /// Whether f16 operands' maxima and f16 copies are remembered with
@@ -273,6 +281,7 @@ impl GpuExecutor {
             attention_lanes: !opts.one_row_attention,
             f16_matmul: opts.f16_matmul,
             f16_attention: opts.f16_attention,
+            attention_tiles: opts.attention_tiles,
             copy_attention_operands: opts.copy_attention_operands,
             precision: Default::default(),
             cache_maxima: !opts.recompute_operand_maxima,

@@ -86,7 +86,7 @@ pub fn every_kernel() -> Vec<(String, String, &'static str)> {
         let s = Kernel::MatmulCoop(v).spec();
         all.push((v.label(), s.source, s.entry));
     }
-    for v in CoopAttention::all() {
+    for v in CoopAttention::all().into_iter().chain(CoopAttention::swept()) {
         let s = Kernel::AttnCoop(v).spec();
         all.push((v.label(), s.source, s.entry));
     }
