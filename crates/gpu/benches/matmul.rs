@@ -25,9 +25,11 @@
 mod common;
 
 use criterion::{Criterion, Throughput};
-use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions};
+use std::cell::OnceCell;
+
+use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{ComputePrecision, DType, Executor, Transpose};
+use megatrain_tensor::{ComputePrecision, DType, Executor, HostTensor, Transpose};
 
 type Shape = (usize, usize, usize, Transpose, DType);
 
@@ -35,35 +37,48 @@ fn layout(t: Transpose) -> String {
     format!("{}{}", if t.a { "T" } else { "N" }, if t.b { "T" } else { "N" })
 }
 
+/// Random operands for product (m, k, n, t) with B in `dt`, on the host.
+fn operands(seed: u64, (m, k, n, t, dt): Shape) -> (HostTensor, HostTensor) {
+    let ad = if t.a { [k, m] } else { [m, k] };
+    let bd = if t.b { [n, k] } else { [k, n] };
+    (common::rand(seed, &ad), common::rand(seed + 1, &bd).to_dtype(dt))
+}
+
+/// Fails above f16's rounding against the reference product.
+fn check_against(what: &str, got: &GpuTensor, g: &GpuExecutor, want: &[f32]) {
+    let got = g.download(got).unwrap().to_f32_vec();
+    let err = rel_norm_err(&got, want);
+    assert!(err < 3e-3, "{what}: relative error {err:e} against f32");
+}
+
+/// One row per shape. Each row's operands are made, and its product first
+/// checked against `reference`'s, only where criterion's filter selects
+/// it (inside the row's routine, once): a GPU session's minutes are few,
+/// and 8192² random operands and an f32 reference product take seconds.
 fn run(c: &mut Criterion, g: &GpuExecutor, reference: Option<&GpuExecutor>, tag: &str, shapes: &[Shape]) {
     let mut group = c.benchmark_group("matmul");
     group.sample_size(10);
-    for &(m, k, n, t, dt) in shapes {
-        let ad = if t.a { [k, m] } else { [m, k] };
-        let bd = if t.b { [n, k] } else { [k, n] };
-        let (ha, hb) = (common::rand(1, &ad), common::rand(2, &bd).to_dtype(dt));
-        let a = g.upload(&ha).unwrap();
-        let b = g.upload(&hb).unwrap();
-        if let Some(r) = reference {
-            let want = r
-                .download(
-                    &r.matmul(&r.upload(&ha).unwrap(), &r.upload(&hb).unwrap(), None, t)
-                        .unwrap(),
-                )
-                .unwrap()
-                .to_f32_vec();
-            let got = g
-                .download(&g.matmul(&a, &b, None, t).unwrap())
-                .unwrap()
-                .to_f32_vec();
-            let err = rel_norm_err(&got, &want);
-            assert!(err < 3e-3, "{tag}{m}x{k}x{n}: relative error {err:e} against f32");
-        }
-        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+    for &shape in shapes {
+        let (m, k, n, t, dt) = shape;
         let name = format!("{tag}{m}x{k}x{n}_{}_{dt}", layout(t));
-        group.bench_function(name, |bench| {
+        let ready = OnceCell::new();
+        let setup = || {
+            let (ha, hb) = operands(1, shape);
+            let (a, b) = (g.upload(&ha).unwrap(), g.upload(&hb).unwrap());
+            if let Some(r) = reference {
+                let want = r
+                    .matmul(&r.upload(&ha).unwrap(), &r.upload(&hb).unwrap(), None, t)
+                    .unwrap();
+                let want = r.download(&want).unwrap().to_f32_vec();
+                check_against(&name, &g.matmul(&a, &b, None, t).unwrap(), g, &want);
+            }
+            (a, b)
+        };
+        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        group.bench_function(&name, |bench| {
+            let (a, b) = ready.get_or_init(setup);
             bench.iter(|| {
-                let y = g.matmul(&a, &b, None, t).unwrap();
+                let y = g.matmul(a, b, None, t).unwrap();
                 g.synchronize().unwrap();
                 y
             })
@@ -223,11 +238,12 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul");
     group.sample_size(10);
     for &(rows, cols) in sizes {
-        let x = fresh.upload(&common::rand(5, &[rows, cols])).unwrap();
+        let x = OnceCell::new();
         group.throughput(Throughput::Bytes(10 * (rows * cols) as u64));
         group.bench_function(format!("f16_copy_{rows}x{cols}"), |bench| {
+            let x = x.get_or_init(|| fresh.upload(&common::rand(5, &[rows, cols])).unwrap());
             bench.iter(|| {
-                let h = fresh.f16_operand(&x).unwrap();
+                let h = fresh.f16_operand(x).unwrap();
                 fresh.synchronize().unwrap();
                 h
             })
@@ -270,21 +286,20 @@ fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
     };
     let mut group = c.benchmark_group("matmul");
     group.sample_size(10);
-    for (i, &(m, k, n, t, dt)) in shapes.iter().enumerate() {
-        let ad = if t.a { [k, m] } else { [m, k] };
-        let bd = if t.b { [n, k] } else { [k, n] };
-        let (ha, hb) = (
-            common::rand(10 + i as u64, &ad),
-            common::rand(20 + i as u64, &bd).to_dtype(dt),
-        );
-        let want = g
-            .download(
-                &g.matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, t)
-                    .unwrap(),
-            )
-            .unwrap()
-            .to_f32_vec();
+    for (i, &shape) in shapes.iter().enumerate() {
+        let (m, k, n, t, dt) = shape;
+        // As in `run`: made and checked only for rows the filter selects;
+        // the reference once per shape.
+        let reference = OnceCell::new();
+        let want = || {
+            let (ha, hb) = operands(10 + 2 * i as u64, shape);
+            let y = g
+                .matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, t)
+                .unwrap();
+            (ha, hb, g.download(&y).unwrap().to_f32_vec())
+        };
         for &tile in &tiles {
+            let name = format!("f16_sweep_{}_{m}x{k}x{n}_{}_{dt}", tile.name(), layout(t));
             let mut e = GpuExecutor::with_options(
                 g.context().clone(),
                 GpuOptions {
@@ -293,28 +308,22 @@ fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
                 },
             );
             e.set_compute_precision(ComputePrecision::F16).unwrap();
-            let (a, b) = (e.upload(&ha).unwrap(), e.upload(&hb).unwrap());
-            let got = e
-                .download(&e.matmul(&a, &b, None, t).unwrap())
-                .unwrap()
-                .to_f32_vec();
-            let err = rel_norm_err(&got, &want);
-            assert!(
-                err < 3e-3,
-                "{}: {m}x{k}x{n}: relative error {err:e} against f32",
-                tile.name()
-            );
+            let ready = OnceCell::new();
+            let setup = || {
+                let (ha, hb, want) = reference.get_or_init(want);
+                let (a, b) = (e.upload(ha).unwrap(), e.upload(hb).unwrap());
+                check_against(&name, &e.matmul(&a, &b, None, t).unwrap(), &e, want);
+                (a, b)
+            };
             group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-            group.bench_function(
-                format!("f16_sweep_{}_{m}x{k}x{n}_{}_{dt}", tile.name(), layout(t)),
-                |bench| {
-                    bench.iter(|| {
-                        let y = e.matmul(&a, &b, None, t).unwrap();
-                        e.synchronize().unwrap();
-                        y
-                    })
-                },
-            );
+            group.bench_function(&name, |bench| {
+                let (a, b) = ready.get_or_init(setup);
+                bench.iter(|| {
+                    let y = e.matmul(a, b, None, t).unwrap();
+                    e.synchronize().unwrap();
+                    y
+                })
+            });
         }
     }
     group.finish();

@@ -179,8 +179,8 @@ impl TileShape {
     /// hold f32 and may not fit where this does).
     pub fn check(&self) -> Result<(), String> {
         let s = self;
-        if s.sg_m == 0 || s.sg_n == 0 || s.bk == 0 {
-            return Err("sizes must be positive".into());
+        if s.sg_m == 0 || s.sg_n == 0 || s.bk == 0 || s.group_m == 0 {
+            return Err("sizes and the group must be positive".into());
         }
         if !s.bm.is_multiple_of(16 * s.sg_m) || !s.bn.is_multiple_of(16 * s.sg_n) || s.bm == 0 || s.bn == 0 {
             return Err(format!(
