@@ -21,12 +21,14 @@
 
 mod common;
 
+use std::cell::{OnceCell, RefCell};
 use std::time::Instant;
 
-use criterion::{Criterion, Throughput};
-use megatrain_gpu::{AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
+use megatrain_gpu::{AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor};
+use megatrain_tensor::{AttentionOut, ComputePrecision, CpuExecutor, Executor, HostTensor};
 
 fn bench(c: &mut Criterion) {
     let Some(g) = common::executor() else { return };
@@ -129,6 +131,85 @@ fn check(g: &GpuExecutor, t: usize, hq: usize, hkv: usize, d: usize) {
     eprintln!("checked T{t}_Hq{hq}_Hkv{hkv}_D{d} against the CPU F16 reference");
 }
 
+fn dims_name((b, t, hq, hkv, d): Dims) -> String {
+    format!("B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}")
+}
+
+/// A shape whose rows ran: its host inputs, the executor's medians of
+/// five forwards and backwards, and its causal FLOPs.
+struct Timed {
+    hs: [HostTensor; 4],
+    flops: u64,
+    fwd_s: f64,
+    bwd_s: f64,
+}
+
+impl Timed {
+    fn rates(&self) -> String {
+        format!(
+            "fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
+            self.fwd_s * 1e3,
+            self.flops as f64 / self.fwd_s / 1e12,
+            self.bwd_s * 1e3,
+            2.5 * self.flops as f64 / self.bwd_s / 1e12
+        )
+    }
+}
+
+/// Rows `fwd_{name}` and `bwd_{name}` of `g` at `dims`. The inputs are
+/// made (and `first` run: the check against the CPU reference) only where
+/// criterion's filter selects a row, so that a GPU session's minutes go to
+/// the rows it asked for; `None` where it selected neither.
+fn time_rows(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    g: &GpuExecutor,
+    dims: Dims,
+    name: &str,
+    first: impl Fn(&GpuExecutor),
+) -> Option<Timed> {
+    let (b, t, hq, hkv, d) = dims;
+    let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
+    let ready = OnceCell::new();
+    let setup = || {
+        first(g);
+        let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
+        let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
+        let up = hs.each_ref().map(|h| g.upload(h).unwrap());
+        let fwd = g.attention(&up[0], &up[1], &up[2]).unwrap();
+        (hs, up, fwd)
+    };
+    let fwd_run = |[q, k, v, _]: &[GpuTensor; 4]| {
+        let o = g.attention(q, k, v).unwrap();
+        g.synchronize().unwrap();
+        o
+    };
+    let bwd_run = |[q, k, v, dout]: &[GpuTensor; 4], fwd: &AttentionOut<GpuTensor>| {
+        let gr = g.attention_backward(q, k, v, fwd, dout).unwrap();
+        g.synchronize().unwrap();
+        gr
+    };
+    group.throughput(Throughput::Elements(flops));
+    group.bench_function(format!("fwd_{name}"), |bench| {
+        let (_, up, _) = ready.get_or_init(setup);
+        bench.iter(|| fwd_run(up))
+    });
+    // Backward recomputes the scores and does 4 more products: ~2.5x forward.
+    group.throughput(Throughput::Elements(flops * 5 / 2));
+    group.bench_function(format!("bwd_{name}"), |bench| {
+        let (_, up, fwd) = ready.get_or_init(setup);
+        bench.iter(|| bwd_run(up, fwd))
+    });
+    let (hs, up, fwd) = ready.into_inner()?;
+    let fwd_s = median(5, || drop(fwd_run(&up)));
+    let bwd_s = median(5, || drop(bwd_run(&up, &fwd)));
+    Some(Timed {
+        hs,
+        flops,
+        fwd_s,
+        bwd_s,
+    })
+}
+
 /// Median seconds of `f` over `n` runs after one warm-up.
 fn median(n: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -179,52 +260,34 @@ fn bench_f16(c: &mut Criterion) {
     let Some(fresh) = f16_executor(kind, fresh_opts) else {
         return;
     };
-    let mut checked = Vec::new();
+    let checked = RefCell::new(Vec::new());
     let mut summary = Vec::new();
     let mut group = c.benchmark_group("attention_f16");
     group.sample_size(10);
     for (way, opts) in ways {
         let Some(g) = f16_executor(kind, opts) else { return };
-        for &(b, t, hq, hkv, d) in &shapes {
+        for &dims in &shapes {
             // Staging is timed at the T only: the comparison, not
             // every shape again, within the GPU session's budget.
-            if !way.is_empty() && t != 2048 {
+            if !way.is_empty() && dims.1 != 2048 {
                 continue;
             }
-            if !checked.contains(&(hq, hkv, d)) {
-                check(&g, t.min(256), hq, hkv, d);
-                checked.push((hq, hkv, d));
-            }
-            let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
-            let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
-            let [q, k, v, dout] = hs.each_ref().map(|h| g.upload(h).unwrap());
-            let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
-            let name = format!("{kind:?}{way}_B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
-            let fwd_run = || {
-                let o = g.attention(&q, &k, &v).unwrap();
-                g.synchronize().unwrap();
-                o
+            let name = format!("{kind:?}{way}_{}", dims_name(dims));
+            // Checked once per (Hq, Hkv, D), on the executor of the first
+            // row the filter selects.
+            let check_once = |g: &GpuExecutor| {
+                let (_, t, hq, hkv, d) = dims;
+                if !checked.borrow().contains(&(hq, hkv, d)) {
+                    check(g, t.min(256), hq, hkv, d);
+                    checked.borrow_mut().push((hq, hkv, d));
+                }
             };
-            group.throughput(Throughput::Elements(flops));
-            group.bench_function(format!("fwd_{name}"), |bench| bench.iter(fwd_run));
-            let fwd = g.attention(&q, &k, &v).unwrap();
-            let bwd_run = || {
-                let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
-                g.synchronize().unwrap();
-                gr
+            let Some(ops) = time_rows(&mut group, &g, dims, &name, check_once) else {
+                continue;
             };
-            group.throughput(Throughput::Elements(flops * 5 / 2));
-            group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
-            let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
-            let mut line = format!(
-                "megatrain f16 {name}: fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
-                tf * 1e3,
-                flops as f64 / tf / 1e12,
-                tb * 1e3,
-                2.5 * flops as f64 / tb / 1e12
-            );
+            let mut line = format!("megatrain f16 {name}: {}", ops.rates());
             if way.is_empty() {
-                let [q, k, v] = [&hs[0], &hs[1], &hs[2]].map(|h| fresh.upload(h).unwrap());
+                let [q, k, v] = [&ops.hs[0], &ops.hs[1], &ops.hs[2]].map(|h| fresh.upload(h).unwrap());
                 let tn = median(5, || {
                     drop(fresh.attention(&q, &k, &v).unwrap());
                     fresh.synchronize().unwrap();
@@ -232,7 +295,7 @@ fn bench_f16(c: &mut Criterion) {
                 line += &format!(
                     ", fwd fresh (max scans and f16 copies of Q, K, V included) {:.3} ms {:.2} TFLOP/s",
                     tn * 1e3,
-                    flops as f64 / tn / 1e12
+                    ops.flops as f64 / tn / 1e12
                 );
             }
             summary.push(line);
@@ -242,7 +305,9 @@ fn bench_f16(c: &mut Criterion) {
     for line in &summary {
         println!("{line}");
     }
-    if real {
+    // PyTorch's figure where any of ours was timed (its import alone takes
+    // seconds of a GPU session).
+    if real && !summary.is_empty() {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../benches/torch_sdpa.py");
         match std::process::Command::new("python3").arg(script).status() {
             Ok(s) if s.success() => {}
@@ -270,7 +335,7 @@ fn bench_f16_sweep(c: &mut Criterion) {
         eprintln!("{ATTN_SWEEP_ENV}: adapter has no cooperative matrices, no sweep");
         return;
     }
-    let (b, t, hq, hkv, d) = if common::is_real_gpu(&probe) {
+    let dims: Dims = if common::is_real_gpu(&probe) {
         (4, 2048, 32, 8, 128)
     } else {
         (1, 64, 4, 2, 64)
@@ -280,9 +345,6 @@ fn bench_f16_sweep(c: &mut Criterion) {
         "default" => AttnTiles::SWEEP.iter().map(|s| s.to_string()).collect(),
         l => l.split(';').map(|s| s.trim().to_string()).collect(),
     };
-    let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
-    let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
-    let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
     let mut summary = Vec::new();
     let mut group = c.benchmark_group("attention_f16");
     group.sample_size(10);
@@ -295,32 +357,11 @@ fn bench_f16_sweep(c: &mut Criterion) {
         let Some(g) = f16_executor(F16Attention::Coop, opts) else {
             return;
         };
-        check(&g, t.min(256), hq, hkv, d);
-        let [q, k, v, dout] = hs.each_ref().map(|h| g.upload(h).unwrap());
-        let name = format!("sweep{i}_B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}");
-        let fwd_run = || {
-            let o = g.attention(&q, &k, &v).unwrap();
-            g.synchronize().unwrap();
-            o
-        };
-        group.throughput(Throughput::Elements(flops));
-        group.bench_function(format!("fwd_{name}"), |bench| bench.iter(fwd_run));
-        let fwd = g.attention(&q, &k, &v).unwrap();
-        let bwd_run = || {
-            let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
-            g.synchronize().unwrap();
-            gr
-        };
-        group.throughput(Throughput::Elements(flops * 5 / 2));
-        group.bench_function(format!("bwd_{name}"), |bench| bench.iter(bwd_run));
-        let (tf, tb) = (median(5, || drop(fwd_run())), median(5, || drop(bwd_run())));
-        summary.push(format!(
-            "megatrain f16 {name} ({tiles}): fwd {:.3} ms {:.2} TFLOP/s, bwd {:.3} ms {:.2} TFLOP/s",
-            tf * 1e3,
-            flops as f64 / tf / 1e12,
-            tb * 1e3,
-            2.5 * flops as f64 / tb / 1e12
-        ));
+        let name = format!("sweep{i}_{}", dims_name(dims));
+        let first = |g: &GpuExecutor| check(g, dims.1.min(256), dims.2, dims.3, dims.4);
+        if let Some(ops) = time_rows(&mut group, &g, dims, &name, first) {
+            summary.push(format!("megatrain f16 {name} ({tiles}): {}", ops.rates()));
+        }
     }
     group.finish();
     for line in &summary {
