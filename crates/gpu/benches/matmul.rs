@@ -24,7 +24,8 @@
 
 mod common;
 
-use criterion::{Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 use std::cell::OnceCell;
 
 use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
@@ -61,7 +62,6 @@ fn run(c: &mut Criterion, g: &GpuExecutor, reference: Option<&GpuExecutor>, tag:
     for &shape in shapes {
         let (m, k, n, t, dt) = shape;
         let name = format!("{tag}{m}x{k}x{n}_{}_{dt}", layout(t));
-        let ready = OnceCell::new();
         let setup = || {
             let (ha, hb) = operands(1, shape);
             let (a, b) = (g.upload(&ha).unwrap(), g.upload(&hb).unwrap());
@@ -74,17 +74,30 @@ fn run(c: &mut Criterion, g: &GpuExecutor, reference: Option<&GpuExecutor>, tag:
             }
             (a, b)
         };
-        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-        group.bench_function(&name, |bench| {
-            let (a, b) = ready.get_or_init(setup);
-            bench.iter(|| {
-                let y = g.matmul(a, b, None, t).unwrap();
-                g.synchronize().unwrap();
-                y
-            })
-        });
+        product_row(&mut group, g, &name, shape, setup);
     }
     group.finish();
+}
+
+/// Row `name`: `g`'s product of `shape` over the operands `setup` makes
+/// (once, when the filter selects the row).
+fn product_row(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    g: &GpuExecutor,
+    name: &str,
+    (m, k, n, t, _): Shape,
+    setup: impl Fn() -> (GpuTensor, GpuTensor),
+) {
+    let ready = OnceCell::new();
+    group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+    group.bench_function(name, |bench| {
+        let (a, b) = ready.get_or_init(&setup);
+        bench.iter(|| {
+            let y = g.matmul(a, b, None, t).unwrap();
+            g.synchronize().unwrap();
+            y
+        })
+    });
 }
 
 fn bench(c: &mut Criterion) {
@@ -308,22 +321,13 @@ fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
                 },
             );
             e.set_compute_precision(ComputePrecision::F16).unwrap();
-            let ready = OnceCell::new();
             let setup = || {
                 let (ha, hb, want) = reference.get_or_init(want);
                 let (a, b) = (e.upload(ha).unwrap(), e.upload(hb).unwrap());
                 check_against(&name, &e.matmul(&a, &b, None, t).unwrap(), &e, want);
                 (a, b)
             };
-            group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
-            group.bench_function(&name, |bench| {
-                let (a, b) = ready.get_or_init(setup);
-                bench.iter(|| {
-                    let y = e.matmul(a, b, None, t).unwrap();
-                    e.synchronize().unwrap();
-                    y
-                })
-            });
+            product_row(&mut group, &e, &name, shape, setup);
         }
     }
     group.finish();
