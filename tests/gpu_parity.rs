@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use common::GPU_STREAM;
@@ -344,7 +345,14 @@ fn data_parallel_gpu_ranks_follow_the_cpu_ranks() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
     let steps = 5u64;
-    let shm = tempfile::tempdir().unwrap();
+    // Where `megatrain train` shares them by default (`--shm-dir`): a
+    // memory filesystem. A disk file's shared mapping is another kind of
+    // page for a driver importing host memory to pin.
+    let shm = match Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm"),
+        false => tempfile::tempdir(),
+    }
+    .unwrap();
     let rank_run = |gpu: bool, comm: LocalComm, shard: bool, share: bool| {
         let config = TrainerConfig {
             checkpoint_every: 1,
