@@ -6,6 +6,7 @@ mod arena;
 mod context;
 mod coop;
 mod coop_attention;
+mod coop_attention_tile;
 mod coop_tile;
 mod copy_queue;
 pub mod diagnose;

@@ -1,0 +1,148 @@
+//! The tensor-core attention's tiles: each pass's default
+//! (`CoopAttention::tile`) and any other named `sg{N}bc{M}[s]`, per pass
+//! (`MEGATRAIN_F16_ATTENTION_TILES`, and the attention bench's
+//! `MEGATRAIN_ATTN_SWEEP`), as `crate::coop_tile` names the matmul's.
+
+use crate::coop_attention::AttnPass;
+
+/// Sizes of a variant: subgroups (16 resident rows each) and the rows of
+/// each streamed tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttnTile {
+    pub sg: u32,
+    pub bc: u32,
+    /// The forward's and dq's resident block (Q; Q and dO) staged in the
+    /// region the streamed tiles use: its fragments are in registers before
+    /// the first streamed tile is staged (after a barrier), so the region
+    /// is free by then. Less workgroup memory, for larger tiles.
+    pub share: bool,
+}
+
+impl AttnTile {
+    /// Rows of the resident block.
+    pub fn br(&self) -> u32 {
+        self.sg * 16
+    }
+
+    /// `sg{SG}bc{BC}`, with `s` where the regions are shared.
+    pub fn name(&self) -> String {
+        format!("sg{}bc{}{}", self.sg, self.bc, if self.share { "s" } else { "" })
+    }
+
+    /// The tile [`AttnTile::name`] writes, checked for `pass`.
+    pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
+        let bad = |why: &str| format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s)");
+        let (body, share) = match s.strip_suffix('s') {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        let (sg, bc) = body
+            .strip_prefix("sg")
+            .and_then(|r| r.split_once("bc"))
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, s for shared regions"))?;
+        let num = |x: &str| {
+            x.parse::<u32>()
+                .map_err(|_| bad(&format!("'{x}' is not a number")))
+        };
+        let t = AttnTile {
+            sg: num(sg)?,
+            bc: num(bc)?,
+            share,
+        };
+        t.check(pass).map_err(|why| bad(&why))?;
+        Ok(t)
+    }
+
+    /// Whether the generator builds this tile for `pass` (workgroup memory
+    /// is the adapter's to judge, at dispatch).
+    pub fn check(&self, pass: AttnPass) -> Result<(), String> {
+        if self.sg == 0 || 32 * self.sg > crate::coop_tile::THREADS_MAX {
+            return Err(format!(
+                "{} subgroups: from 1 to {}",
+                self.sg,
+                crate::coop_tile::THREADS_MAX / 32
+            ));
+        }
+        if self.bc == 0 || !self.bc.is_multiple_of(16) {
+            return Err(format!("{} keys a tile: a positive multiple of 16", self.bc));
+        }
+        // The statistics of a streamed tile are loaded one row an invocation.
+        if self.bc > 32 * self.sg {
+            return Err(format!(
+                "{} keys a tile for {} invocations: at most one each",
+                self.bc,
+                32 * self.sg
+            ));
+        }
+        if self.share && pass == AttnPass::Dkv {
+            return Err("dkv keeps K's and V's tiles for the whole kernel: nothing to share".into());
+        }
+        Ok(())
+    }
+}
+
+/// A tile for each pass: `None` keeps the pass's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttnTiles {
+    pub fwd: Option<AttnTile>,
+    pub dq: Option<AttnTile>,
+    pub dkv: Option<AttnTile>,
+}
+
+impl AttnTiles {
+    pub fn get(&self, pass: AttnPass) -> Option<AttnTile> {
+        match pass {
+            AttnPass::Fwd => self.fwd,
+            AttnPass::Dq => self.dq,
+            AttnPass::Dkv => self.dkv,
+        }
+    }
+
+    /// The tile sets the attention bench times when `MEGATRAIN_ATTN_SWEEP`
+    /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
+    /// workgroup memory at D = 128 and below.
+    pub const SWEEP: [&'static str; 5] = [
+        "fwd=sg4bc32s,dq=sg2bc32s,dkv=sg1bc32",
+        "fwd=sg2bc64s,dq=sg4bc16s,dkv=sg2bc16",
+        "fwd=sg8bc16s,dq=sg2bc32,dkv=sg2bc32",
+        "fwd=sg2bc32,dq=sg2bc16,dkv=sg1bc16",
+        "fwd=sg4bc16,dq=sg1bc32,dkv=sg2bc32",
+    ];
+}
+
+impl std::fmt::Display for AttnTiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = [("fwd", self.fwd), ("dq", self.dq), ("dkv", self.dkv)]
+            .into_iter()
+            .filter_map(|(p, t)| t.map(|t| format!("{p}={}", t.name())))
+            .collect();
+        f.write_str(if parts.is_empty() { "default" } else { "" })?;
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl std::str::FromStr for AttnTiles {
+    type Err = String;
+
+    /// `pass=tile` pairs joined by commas (`fwd=sg2bc64s,dkv=sg1bc32`), or
+    /// `default`.
+    fn from_str(s: &str) -> Result<AttnTiles, String> {
+        let mut t = AttnTiles::default();
+        if s == "default" {
+            return Ok(t);
+        }
+        for part in s.split(',') {
+            let (pass, tile) = part
+                .split_once('=')
+                .ok_or_else(|| format!("'{part}': want pass=tile, the pass fwd, dq or dkv"))?;
+            let (slot, pass) = match pass {
+                "fwd" => (&mut t.fwd, AttnPass::Fwd),
+                "dq" => (&mut t.dq, AttnPass::Dq),
+                "dkv" => (&mut t.dkv, AttnPass::Dkv),
+                other => return Err(format!("'{other}' is not a pass: fwd, dq or dkv")),
+            };
+            *slot = Some(AttnTile::parse(tile, pass)?);
+        }
+        Ok(t)
+    }
+}
