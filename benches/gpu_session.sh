@@ -45,8 +45,6 @@ DEST=${OUT:-/tmp/gpu-session}
 OUT=/tmp/gpu-session-logs/$stage
 rm -rf "$OUT" && mkdir -p "$OUT" "$DEST"
 summary=()
-# The device tool ends a call at 600 s; the stage keeps under BUDGET, and
-# the two stages of a 15-minute lease under their share of it.
 # The fastest tensor-core tiles `first`'s sweeps found, for the anchor
 # runs after them (in `first`, and in `second` on the same warm machine):
 # the swept matmul shape with the highest rate at 8192³ where it beats the
@@ -84,6 +82,8 @@ pick_tiles() {
     note "tiles picked for the anchors: $(if [ -s "$PICKED" ]; then tr '\n' ' ' <"$PICKED"; else echo "none (the defaults)"; fi)"
 }
 
+# The device tool ends a call at 600 s; the stage keeps under BUDGET, and
+# the two stages of a 15-minute lease under their share of it.
 case $stage in
 first) BUDGET=${BUDGET:-480} ;;
 second) BUDGET=${BUDGET:-200} ;;
@@ -218,7 +218,10 @@ second)
     # on one GPU, and its streamed pattern would need the host memory again.
     # On the tiles `first`'s sweeps picked, where it ran on this machine.
     # shellcheck disable=SC1090
-    [ -f "$PICKED" ] && . "$PICKED" && note "tiles: $(tr '\n' ' ' <"$PICKED")"
+    if [ -s "$PICKED" ]; then
+        . "$PICKED"
+        note "tiles: $(tr '\n' ' ' <"$PICKED")"
+    fi
     timeout "$(left 400)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
         --mode-reps 1 --no-peer --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     rows "qwen anchor (rc $?)" "$OUT/anchor-qwen.log"
@@ -249,9 +252,9 @@ checks)
     t transfer_chunks
     ;;
 kernels)
-    # matmul: f32 interior vs checked_ rows, f16 SIMT, the four
-    # tensor-core tiles and the swept shapes (f16_sweep_) at 4096³, 8192³
-    # and the 7B MLP shapes (targets:
+    # matmul: f32 interior vs checked_ rows, f16 SIMT and the four
+    # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes, and the
+    # swept shapes (f16_sweep_) at 8192³ and a 7B MLP forward (targets:
     # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
     # f16_coop128_stage_ rows convert f32 operands as they stage them
     # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep),
