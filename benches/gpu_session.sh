@@ -47,30 +47,37 @@ rm -rf "$OUT" && mkdir -p "$OUT" "$DEST"
 summary=()
 # The fastest tensor-core tiles `first`'s sweeps found, for the anchor
 # runs after them (in `first`, and in `second` on the same warm machine):
-# the swept matmul shape with the highest rate at 8192³ where it beats the
-# default tile's by 5 %, and the attention tile set with the least forward
+# the swept matmul shape with the best rates at 8192³ and the 7B MLP
+# forward (geometric mean) where it beats the default tile's by 5 %, and
+# the attention tile set with the least forward
 # + backward time at issue 13's shape where it beats the default tiles' by
 # 5 %. Written to $PICKED as exports; each anchor's summary says which ran.
 PICKED=/tmp/gpu-session-picked.env
-PICK_MATMUL=${PICK_MATMUL:-8192x8192x8192_NN_f32}
+PICK_MATMUL=${PICK_MATMUL:-8192x8192x8192_NN_f32 4096x3584x18944_NT_f16}
 PICK_ATTN=${PICK_ATTN:-B4_T2048_Hq32_Hkv8_D128}
 pick_tiles() {
     : >"$PICKED"
-    # Each f16 row's median in Gelem/s (GFLOP/s): "tile rate" per line.
-    local rates best
-    rates=$(awk -v shape="_$PICK_MATMUL" '
+    # Each f16 row's median in Gelem/s (GFLOP/s) at the PICK_MATMUL
+    # shapes, "tile shape rate" a line; a tile's score is the geometric
+    # mean of its rates, where it has one at every shape.
+    local best
+    best=$(awk -v shapes="$PICK_MATMUL" '
+        BEGIN {n = split(shapes, want, " ")}
         /^matmul\/f16_/ {id = $1; seen = 0}
         /thrpt:/ && id != "" && !seen {
             for (i = 1; i <= NF; i++) if ($i ~ /^\[/) {v = $(i + 2); u = $(i + 3); break}
             seen = 1
-            if (u ~ /%/ || index(id, shape) == 0) next
+            if (u ~ /%/ || id ~ /_stage_/) next
             f = (u == "Gelem/s") ? 1 : (u == "Melem/s") ? 1e-3 : (u == "Kelem/s") ? 1e-6 : 1e-9
-            t = id; sub(/^matmul\/f16_(sweep_)?/, "", t); sub(shape "$", "", t)
-            print t, v * f
+            for (j = 1; j <= n; j++) if (index(id, "_" want[j]) > 0) {
+                t = id; sub(/^matmul\/f16_(sweep_)?/, "", t); sub("_" want[j] "$", "", t)
+                logs[t] += log(v * f); count[t]++
+            }
+        }
+        END {
+            for (t in count) if (count[t] == n && (b == "" || logs[t] > logs[b])) b = t
+            if (b != "" && b != "coop128" && count["coop128"] == n && logs[b] - logs["coop128"] > n * log(1.05)) print b
         }' "$OUT/bench-matmul.log" 2>/dev/null)
-    best=$(echo "$rates" | awk -v d=coop128 '
-        $1 == d {dr = $2} $2 > br {b = $1; br = $2}
-        END {if (b != "" && dr > 0 && b != d && br > 1.05 * dr) print b}')
     [ -n "$best" ] && echo "export MEGATRAIN_F16_MATMUL=$best" >>"$PICKED"
     # "tiles fwd_ms bwd_ms" of the default ("default") and each swept set.
     best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms.*/\3 \4 \5/p" \
