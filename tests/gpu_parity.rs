@@ -643,10 +643,13 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     ] {
         f16_training_follows(|| GpuExecutor::new(ctx.clone()), &model, cpu_bound);
     }
-    // The losses above hold whichever attention ran; the tensor-core one
-    // must also have passed its check against the SIMT kernels (at D = 64)
+    // The losses above hold whichever attention and matmul ran; the
+    // tensor-core ones must also have passed their checks against the
+    // SIMT kernels (the attention at D = 64, the default matmul tile)
     // where the adapter has cooperative matrices, not been let go.
     let refused = ctx.coop_attention_refused();
+    assert!(refused.is_empty(), "{}: {refused:?}", ctx.info);
+    let refused = ctx.coop_matmul_refused();
     assert!(refused.is_empty(), "{}: {refused:?}", ctx.info);
     // And on the device as a GPU that imports host memory runs it: the
     // uploads copied by the device from the registered tier and the

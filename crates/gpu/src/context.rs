@@ -75,6 +75,10 @@ pub struct GpuContext {
     /// The tensor-core attention's check against the SIMT kernels on this
     /// device, per head dimension (`exec/attention_check.rs`).
     pub(crate) coop_attention_checks: std::sync::Mutex<std::collections::BTreeMap<usize, Result<(), String>>>,
+    /// Whether each tensor-core matmul tile matched the SIMT kernel on this
+    /// device (`exec/matmul_check.rs`).
+    pub(crate) coop_matmul_checks:
+        std::sync::Mutex<std::collections::HashMap<crate::CoopTile, Result<(), String>>>,
     /// The adapter's smallest subgroup (0 where it has no subgroup
     /// operations, or did not say).
     subgroup_min: u32,
@@ -356,6 +360,7 @@ impl GpuContext {
             copy_queue,
             copy_queue_refused: None,
             coop_attention_checks: Default::default(),
+            coop_matmul_checks: Default::default(),
             subgroup_min: if features.contains(wgpu::Features::SUBGROUP) {
                 ai.subgroup_min_size
             } else {
@@ -488,6 +493,17 @@ impl GpuContext {
         checks
             .iter()
             .filter_map(|(&d, r)| r.as_ref().err().map(|e| (d, e.clone())))
+            .collect()
+    }
+
+    /// Tensor-core matmul tiles `F16Matmul::Auto` let go on this device,
+    /// and why: they did not match the SIMT kernel when first asked for
+    /// (`GpuExecutor::f16_matmul_kernel`).
+    pub fn coop_matmul_refused(&self) -> Vec<(String, String)> {
+        let checks = self.coop_matmul_checks.lock().expect("matmul checks poisoned");
+        checks
+            .iter()
+            .filter_map(|(t, r)| r.as_ref().err().map(|e| (t.name(), e.clone())))
             .collect()
     }
 

@@ -305,6 +305,25 @@ fn emulated_tensor_core_kernels_match_host_reference_double_g3() {
     emulated_tile_matches_host_reference(CoopTile::parse("coop16x64x16_1x2_double_g3").unwrap());
 }
 
+/// `F16Matmul::Auto` takes the default tensor-core tile only once it has
+/// matched the SIMT kernel on the device (`exec/matmul_check.rs`): where
+/// the adapter has cooperative matrices the check runs on first asking and
+/// passes (the tile is right here), and nothing is refused; elsewhere
+/// Auto is the SIMT kernel and nothing is checked.
+#[test]
+fn auto_takes_the_default_tile_once_it_matches_the_simt_kernel() {
+    let Some(c) = own_ctx() else { return };
+    let g = f16_executor(c.clone(), GpuOptions::default());
+    let kernel = g.f16_matmul_kernel();
+    assert_eq!(c.coop_matmul_refused(), vec![]);
+    if c.has_cooperative_matrix() {
+        assert_eq!(kernel, F16Matmul::Coop(CoopTile::Tile128));
+        assert!(g.name().contains("matmul coop128"), "{}", g.name());
+    } else {
+        assert_eq!(kernel, F16Matmul::Simt);
+    }
+}
+
 /// Every shape the matmul bench sweeps (`CoopTile::SWEEP`), where the
 /// adapter has cooperative matrices: whole tiles in groups of tile rows
 /// (five rows of 128: a short group), M and N edges, K not a multiple of

@@ -14,7 +14,8 @@ impl Executor for GpuExecutor {
 
     /// The adapter, and under F16 the kernel families in use (records of
     /// runs with `MEGATRAIN_F16_MATMUL` / `_ATTENTION` say which ran), with
-    /// the head dimensions where `auto` let the tensor-core attention go.
+    /// the head dimensions where `auto` let the tensor-core attention go,
+    /// and the tile where it let the tensor-core matmul go.
     fn name(&self) -> String {
         match self.precision {
             ComputePrecision::F16 => {
@@ -23,6 +24,12 @@ impl Executor for GpuExecutor {
                     .coop_attention_refused()
                     .iter()
                     .map(|(d, why)| format!("; D {d}: {why}"))
+                    .chain(
+                        self.ctx
+                            .coop_matmul_refused()
+                            .iter()
+                            .map(|(_, why)| format!("; {why}")),
+                    )
                     .collect();
                 format!(
                     "gpu: {} (f16 kernels: matmul {}, attention {}{refused})",

@@ -89,10 +89,16 @@ pub(crate) struct Mm {
 }
 
 impl GpuExecutor {
-    /// The f16 matmul kernel family in use (Auto resolved for this adapter).
+    /// The f16 matmul kernel family in use (Auto resolved for this adapter:
+    /// the default tile where the adapter has cooperative matrices and the
+    /// tile matched the SIMT kernel there, `matmul_check.rs`).
     pub fn f16_matmul_kernel(&self) -> F16Matmul {
         match self.f16_matmul {
-            F16Matmul::Auto if self.ctx.has_cooperative_matrix() => F16Matmul::Coop(CoopTile::Tile128),
+            F16Matmul::Auto
+                if self.ctx.has_cooperative_matrix() && self.coop_matmul_checked(CoopTile::Tile128) =>
+            {
+                F16Matmul::Coop(CoopTile::Tile128)
+            }
             F16Matmul::Auto => F16Matmul::Simt,
             k => k,
         }

@@ -15,6 +15,7 @@ mod executor_impl;
 mod f16_copy;
 mod host_work;
 mod matmul;
+mod matmul_check;
 mod matmul_epilogue;
 mod matmul_product;
 mod maxima;
