@@ -220,9 +220,12 @@ impl PeakPhases {
         self.ok.then_some(self.peaks)
     }
 
-    /// The whole run's peak, from the phases'.
+    /// The whole run's peak, the largest phase's: right even where a reset
+    /// failed (the next phase's reading then covers both), `None` where
+    /// the peak cannot be read.
     pub fn overall(&self) -> Option<u64> {
-        self.recorded().map(|p| p.setup.max(p.warmup).max(p.steps))
+        let p = self.peaks;
+        Some(p.setup.max(p.warmup).max(p.steps)).filter(|&m| m > 0)
     }
 }
 
