@@ -74,11 +74,10 @@ pub struct GpuContext {
     copy_queue_refused: Option<String>,
     /// The tensor-core attention's check against the SIMT kernels on this
     /// device, per head dimension (`exec/attention_check.rs`).
-    pub(crate) coop_attention_checks: std::sync::Mutex<std::collections::BTreeMap<usize, Result<(), String>>>,
+    pub(crate) coop_attention_checks: crate::device_checks::DeviceChecks<usize>,
     /// Whether each tensor-core matmul tile matched the SIMT kernel on this
     /// device (`exec/matmul_check.rs`).
-    pub(crate) coop_matmul_checks:
-        std::sync::Mutex<std::collections::HashMap<crate::CoopTile, Result<(), String>>>,
+    pub(crate) coop_matmul_checks: crate::device_checks::DeviceChecks<crate::CoopTile>,
     /// The adapter's smallest subgroup (0 where it has no subgroup
     /// operations, or did not say).
     subgroup_min: u32,
@@ -486,25 +485,15 @@ impl GpuContext {
     /// let go on this device, and why: it did not match the SIMT kernels
     /// when first asked for (`GpuExecutor::coop_attention_kernel`).
     pub fn coop_attention_refused(&self) -> Vec<(usize, String)> {
-        let checks = self
-            .coop_attention_checks
-            .lock()
-            .expect("attention checks poisoned");
-        checks
-            .iter()
-            .filter_map(|(&d, r)| r.as_ref().err().map(|e| (d, e.clone())))
-            .collect()
+        self.coop_attention_checks.refused()
     }
 
     /// Tensor-core matmul tiles `F16Matmul::Auto` let go on this device,
     /// and why: they did not match the SIMT kernel when first asked for
     /// (`GpuExecutor::f16_matmul_kernel`).
     pub fn coop_matmul_refused(&self) -> Vec<(String, String)> {
-        let checks = self.coop_matmul_checks.lock().expect("matmul checks poisoned");
-        checks
-            .iter()
-            .filter_map(|(t, r)| r.as_ref().err().map(|e| (t.name(), e.clone())))
-            .collect()
+        let refused = self.coop_matmul_checks.refused();
+        refused.into_iter().map(|(t, why)| (t.name(), why)).collect()
     }
 
     /// What the copy queue did so far, where there is one.

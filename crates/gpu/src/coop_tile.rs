@@ -13,7 +13,7 @@ pub const WORKGROUP_BYTES_MAX: u32 = 48 << 10;
 pub const THREADS_MAX: u32 = 1024;
 
 /// The workgroup tiles of the tensor-core kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CoopTile {
     /// 64x64, 4 subgroups of 2x2 fragments, K step 32, one buffer and two
     /// barriers per step: the shape of the kernel first checked on an H100
@@ -42,7 +42,7 @@ pub enum CoopTile {
 }
 
 /// How a K step's operand tiles reach workgroup memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum KLoop {
     /// One buffer: each step reads its tiles from global memory, stages
     /// them, and multiplies (two barriers a step, no loads in flight
@@ -79,7 +79,7 @@ impl KLoop {
 /// Sizes of a [`CoopTile`]: the workgroup's tile of C, its K step, how its
 /// subgroups divide the tile, how the K loop stages operands, and the
 /// order in which workgroups take the tiles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TileShape {
     pub bm: u32,
     pub bn: u32,

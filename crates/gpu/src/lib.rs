@@ -9,6 +9,7 @@ mod coop_attention;
 mod coop_attention_tile;
 mod coop_tile;
 mod copy_queue;
+mod device_checks;
 pub mod diagnose;
 mod error;
 mod exec;

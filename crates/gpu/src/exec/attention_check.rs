@@ -28,15 +28,9 @@ impl GpuExecutor {
     /// Whether the tensor-core attention at head dimension `d` matched the
     /// SIMT kernels on this device, checked on first asking.
     pub(crate) fn coop_attention_checked(&self, d: usize) -> bool {
-        let mut checks = self
-            .ctx
+        self.ctx
             .coop_attention_checks
-            .lock()
-            .expect("attention checks poisoned");
-        checks
-            .entry(d)
-            .or_insert_with(|| self.compare_attention_families(d))
-            .is_ok()
+            .passed(d, || self.compare_attention_families(d))
     }
 
     fn compare_attention_families(&self, d: usize) -> Result<(), String> {

@@ -92,8 +92,9 @@ impl GpuExecutor {
     /// The f16 matmul kernel family in use (Auto resolved for this adapter:
     /// the default tile where the adapter has cooperative matrices and the
     /// tile matched the SIMT kernel there, `matmul_check.rs`).
+    /// Resolved once per executor: every product asks.
     pub fn f16_matmul_kernel(&self) -> F16Matmul {
-        match self.f16_matmul {
+        *self.f16_matmul_resolved.get_or_init(|| match self.f16_matmul {
             F16Matmul::Auto
                 if self.ctx.has_cooperative_matrix() && self.coop_matmul_checked(CoopTile::Tile128) =>
             {
@@ -101,7 +102,7 @@ impl GpuExecutor {
             }
             F16Matmul::Auto => F16Matmul::Simt,
             k => k,
-        }
+        })
     }
 
     pub(crate) fn matmul_impl(

@@ -23,15 +23,9 @@ impl GpuExecutor {
     /// Whether tensor-core tile `tile` matched the SIMT kernel on this
     /// device, checked on first asking.
     pub(crate) fn coop_matmul_checked(&self, tile: CoopTile) -> bool {
-        let mut checks = self
-            .ctx
+        self.ctx
             .coop_matmul_checks
-            .lock()
-            .expect("matmul checks poisoned");
-        checks
-            .entry(tile)
-            .or_insert_with(|| self.compare_matmul_families(tile))
-            .is_ok()
+            .passed(tile, || self.compare_matmul_families(tile))
     }
 
     fn compare_matmul_families(&self, tile: CoopTile) -> Result<(), String> {

@@ -152,6 +152,8 @@ pub struct GpuExecutor {
     /// Whether the f32 attention may take the lanes kernels.
     attention_lanes: bool,
     f16_matmul: F16Matmul,
+    /// `f16_matmul` with `Auto` resolved (`f16_matmul_kernel`).
+    f16_matmul_resolved: std::sync::OnceLock<F16Matmul>,
     f16_attention: F16Attention,
     attention_tiles: crate::AttnTiles,
     copy_attention_operands: bool,
@@ -281,6 +283,7 @@ impl GpuExecutor {
             simt_interior: !opts.checked_matmul_only,
             attention_lanes: !opts.one_row_attention,
             f16_matmul: opts.f16_matmul,
+            f16_matmul_resolved: Default::default(),
             f16_attention: opts.f16_attention,
             attention_tiles: opts.attention_tiles,
             copy_attention_operands: opts.copy_attention_operands,
