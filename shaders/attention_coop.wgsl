@@ -1,7 +1,7 @@
 //// common
 // Flash attention on tensor cores (cooperative matrices, f16 operands, f32
-// accumulation) under the F16 compute precision (precision.rs): causal,
-// grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
+// accumulation) under the F16 compute precision (precision.rs): causal
+// (in a sliding window where p.window > 0: attention_mask.wgsl), grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
 // [B, T, Hkv, D], lse and delta [B, Hq, T]). Q, K, V and dO arrive as f16
 // copies under their tensors' powers of two 2^-e (f16_copy.wgsl: rounded
 // as the F16 precision rounds), staged as they are; or (F16Operands::Stage)
@@ -21,13 +21,14 @@
 //   rounded to f16 and O += PV accumulates in cooperative accumulators
 //   (Q's fragments are loaded once, P's once per tile), rescaled through
 //   workgroup memory only when a row's max rises by more than RAISE; tiles
-//   past the block's last position are never loaded.
+//   past the block's last position, or before its first position's window,
+//   are never loaded.
 // - dq: the same blocks with dO; per K/V tile S and dP = dO·Vᵀ, P from the
 //   saved lse, dS = P∘(dP − delta) rounded to f16 under the power of two
 //   that bounds it, dQ += dS·K in cooperative accumulators.
 // - dkv: a block of BR keys of one kv head stays resident; for every query
-//   head of the group, query tiles from the block's first key on stream
-//   through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
+//   head of the group, query tiles from the block's first key to the
+//   window's end of its last stream through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
 //   cooperative accumulators, complete sums with no atomics.
 // Every loop bound is uniform across the workgroup (barriers inside).
 // Storage variables are not named A, B or C.
@@ -38,6 +39,8 @@ struct Params {
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, q_slot: u32,
     k_slot: u32, v_slot: u32, do_slot: u32, max_off: u32,
+    // attention_mask.wgsl's.
+    window: u32, _p1: u32, _p2: u32, _p3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -310,7 +313,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     var pm = m_run;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        if j0 + c <= row.pos {
+        if sees(row.pos, j0 + c) {
             pm = max(pm, apply(wg.s_s[base + c], f) * p.scale);
         }
     }
@@ -328,7 +331,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         var pr = 0.0;
-        if j0 + c <= row.pos {
+        if sees(row.pos, j0 + c) {
             pr = exp(apply(wg.s_s[base + c], f) * p.scale - m);
         }
         l += pr;
@@ -483,7 +486,7 @@ fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let row = q_row(p0, np, g, r);
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        p_ds(sg, rr, c, j0 + c <= row.pos, wg.stat_s[r], wg.stat_s[BR + r]);
+        p_ds(sg, rr, c, sees(row.pos, j0 + c), wg.stat_s[r], wg.stat_s[BR + r]);
     }
 }
 
@@ -539,7 +542,7 @@ fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         let i = i0 + c;
-        p_ds(sg, rr, c, i >= j && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
+        p_ds(sg, rr, c, sees(i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
     }
 }
 

@@ -8,7 +8,7 @@ struct Params {
     scale: f32, q_off: u32, k_off: u32, v_off: u32,
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
-    r_begin: u32, r_end: u32, max_off: u32, _p1: u32,
+    r_begin: u32, r_end: u32, max_off: u32, window: u32,
 }
 
 const FIRST: u32 = 1u;

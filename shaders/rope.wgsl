@@ -1,4 +1,7 @@
-// Rotary embedding, half-split (`rotate_half`) layout. cos/sin come from a
+// Rotary embedding, half-split (`rotate_half`) layout over the first 2·half
+// entries of each row of d (the rest copied: a partial rotary factor, as
+// Phi-4-mini's 96 of 128). One invocation per pair or copied entry: per
+// row, d − half of them. cos/sin come from a
 // table the host computed in f64 ([positions, D/2], kept on the device),
 // because an f32 angle pos·inv_freq loses ~1e-4 rad at positions in the
 // thousands. The bound range starts at or before the sequence's first
@@ -7,7 +10,7 @@
 struct Params {
     n: u32, t: u32, h: u32, half: u32,
     x_off: u32, y_off: u32, row0: u32, sign: f32,
-    tab_off: u32, flags: u32, max_off: u32,
+    tab_off: u32, flags: u32, max_off: u32, d: u32,
 }
 
 // Under F16 the rotated q and k (and their gradients) are f16 operands of
@@ -33,19 +36,27 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = wg * 256u + lid.x;
     var m = 0u;
     if i < p.n {
-        let row = i / p.half;
-        let j = i % p.half;
-        let pos = ((p.row0 + row) / p.h) % p.t;
-        let c = COS[p.tab_off + pos * p.half + j];
-        let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
-        let d = 2u * p.half;
-        let x1 = X[p.x_off + row * d + j];
-        let x2 = X[p.x_off + row * d + j + p.half];
-        let y1 = x1 * c - x2 * s;
-        let y2 = x2 * c + x1 * s;
-        Y[p.y_off + row * d + j] = y1;
-        Y[p.y_off + row * d + j + p.half] = y2;
-        m = max(max_bits(y1), max_bits(y2));
+        let per = p.d - p.half;
+        let row = i / per;
+        let j = i % per;
+        let d = p.d;
+        if j < p.half {
+            let pos = ((p.row0 + row) / p.h) % p.t;
+            let c = COS[p.tab_off + pos * p.half + j];
+            let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
+            let x1 = X[p.x_off + row * d + j];
+            let x2 = X[p.x_off + row * d + j + p.half];
+            let y1 = x1 * c - x2 * s;
+            let y2 = x2 * c + x1 * s;
+            Y[p.y_off + row * d + j] = y1;
+            Y[p.y_off + row * d + j + p.half] = y2;
+            m = max(max_bits(y1), max_bits(y2));
+        } else {
+            // Entry half + j, past the rotated 2·half.
+            let x = X[p.x_off + row * d + p.half + j];
+            Y[p.y_off + row * d + p.half + j] = x;
+            m = max_bits(x);
+        }
     }
     // The flags are the same for the whole dispatch: uniform.
     if (p.flags & STORE_MAX) != 0u {

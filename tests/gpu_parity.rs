@@ -63,13 +63,23 @@ fn gpt2_nano_forward_backward_matches_cpu() {
     check_forward_backward(&gpt2_nano(65));
 }
 
-/// OLMo 2's block (norms after the sublayers, whole-projection q/k norms)
-/// and the scaled RoPEs (llama3, YaRN with its attention factor, LongRoPE
-/// past its original context), in the zoo's golden fixtures' shapes.
+/// OLMo 2's block (norms after the sublayers, whole-projection q/k norms),
+/// the scaled RoPEs (llama3, YaRN with its attention factor, LongRoPE past
+/// its original context), sliding windows (Mistral's of 4 keys, Qwen2's
+/// of 3) and Phi-4-mini's partial rotation (12 of 16 entries, under
+/// LongRoPE, in a window of 5), in the zoo's golden fixtures' shapes.
 #[test]
-fn olmo2_and_scaled_rope_forward_backward_match_cpu() {
+fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
-    for case in ["olmo2", "llama3_rope", "qwen2_yarn", "phi3_longrope"] {
+    for case in [
+        "olmo2",
+        "llama3_rope",
+        "qwen2_yarn",
+        "phi3_longrope",
+        "mistral_window",
+        "qwen2_window",
+        "phi3_partial",
+    ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }
 }

@@ -295,6 +295,83 @@ CASES = {
         10,
         torch.float32,
     ),
+    # Mistral with a sliding window of 4 over 11 positions: each query sees
+    # only its last 4 keys (kv > q - window), GQA, stored f32.
+    "mistral_window": (
+        MistralConfig,
+        MistralForCausalLM,
+        dict(
+            vocab_size=79,
+            hidden_size=48,
+            intermediate_size=72,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            sliding_window=4,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # Qwen2 with use_sliding_window on every layer (max_window_layers = 0),
+    # a window of 3 over 10 positions.
+    "qwen2_window": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=73,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=3,
+            max_window_layers=0,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        ),
+        10,
+        torch.float32,
+    ),
+    # Phi-4-mini's arrangement: a partial rotary factor of 0.75 (12 of each
+    # head's 16 entries rotate, the last 4 pass through) under LongRoPE
+    # (6 factors, long ones past an original context of 8), and a sliding
+    # window of 5 over 12 positions.
+    "phi3_partial": (
+        Phi3Config,
+        Phi3ForCausalLM,
+        dict(
+            vocab_size=67,
+            hidden_size=64,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            partial_rotary_factor=0.75,
+            max_position_embeddings=128,
+            original_max_position_embeddings=8,
+            rope_scaling=dict(
+                type="longrope",
+                short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
+                long_factor=[1.0, 1.7, 3.0, 5.0, 8.0, 12.0],
+            ),
+            sliding_window=5,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=2,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 

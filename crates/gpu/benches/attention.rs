@@ -28,7 +28,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use megatrain_gpu::{AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{AttentionOut, ComputePrecision, CpuExecutor, Executor, HostTensor};
+use megatrain_tensor::{AttentionOut, AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor};
 
 fn bench(c: &mut Criterion) {
     let Some(g) = common::executor() else { return };
@@ -59,12 +59,12 @@ fn bench(c: &mut Criterion) {
             group.throughput(Throughput::Elements(flops));
             group.bench_function(format!("{tag}fwd_{name}"), |bench| {
                 bench.iter(|| {
-                    let o = g.attention(&q, &k, &v).unwrap();
+                    let o = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
                     g.synchronize().unwrap();
                     o
                 })
             });
-            let fwd = g.attention(&q, &k, &v).unwrap();
+            let fwd = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
             // Backward recomputes the scores and does 4 more products: ~2.5x forward.
             group.throughput(Throughput::Elements(flops * 5 / 2));
             group.bench_function(format!("{tag}bwd_{name}"), |bench| {
@@ -107,9 +107,9 @@ fn check(g: &GpuExecutor, t: usize, hq: usize, hkv: usize, d: usize) {
     ];
     let c: Vec<_> = hs.iter().map(|h| cpu.upload(h).unwrap()).collect();
     let x: Vec<_> = hs.iter().map(|h| g.upload(h).unwrap()).collect();
-    let rf = cpu.attention(&c[0], &c[1], &c[2]).unwrap();
+    let rf = cpu.attention(&c[0], &c[1], &c[2], AttnMask::CAUSAL).unwrap();
     let rg = cpu.attention_backward(&c[0], &c[1], &c[2], &rf, &c[3]).unwrap();
-    let of = g.attention(&x[0], &x[1], &x[2]).unwrap();
+    let of = g.attention(&x[0], &x[1], &x[2], AttnMask::CAUSAL).unwrap();
     let og = g.attention_backward(&x[0], &x[1], &x[2], &of, &x[3]).unwrap();
     let pairs = [
         ("out", &of.out, &rf.out),
@@ -175,11 +175,11 @@ fn time_rows(
         let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
         let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
         let up = hs.each_ref().map(|h| g.upload(h).unwrap());
-        let fwd = g.attention(&up[0], &up[1], &up[2]).unwrap();
+        let fwd = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL).unwrap();
         (hs, up, fwd)
     };
     let fwd_run = |[q, k, v, _]: &[GpuTensor; 4]| {
-        let o = g.attention(q, k, v).unwrap();
+        let o = g.attention(q, k, v, AttnMask::CAUSAL).unwrap();
         g.synchronize().unwrap();
         o
     };
@@ -289,7 +289,7 @@ fn bench_f16(c: &mut Criterion) {
             if way.is_empty() {
                 let [q, k, v] = [&ops.hs[0], &ops.hs[1], &ops.hs[2]].map(|h| fresh.upload(h).unwrap());
                 let tn = median(5, || {
-                    drop(fresh.attention(&q, &k, &v).unwrap());
+                    drop(fresh.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap());
                     fresh.synchronize().unwrap();
                 });
                 line += &format!(

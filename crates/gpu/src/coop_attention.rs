@@ -231,6 +231,7 @@ impl CoopAttention {
         out.push_str(MAX_BITS);
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
+        out.push_str(crate::kernels::ATTENTION_MASK);
         let inputs: &[&str] = match (self.f16_in, self.emulated) {
             (false, _) => &["in_f32", "in_vec"],
             (true, false) => &["in_f16_hw", "in_vec"],
@@ -301,7 +302,7 @@ impl CoopAttention {
                 m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    stage_q_do(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n    workgroupBarrier();\n");
                 fragments(&mut m, &g, "    ", &Q_ROWS, nd);
                 fragments(&mut m, &g, "    ", &DO_ROWS, nd);
-                m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
+                m.push_str("    for (var j0 = first_key(p0) / BC * BC; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
                 score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
@@ -347,7 +348,7 @@ impl CoopAttention {
                     fragments(&mut m, &g, "    ", &K_ROWS, nd);
                     fragments(&mut m, &g, "    ", &V_ROWS, nd);
                 }
-                m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < p.t; i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
+                m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < query_end(j0 + BR - 1u); i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
                 m.push_str("            for (var qf = 0u; qf < BC / 16u; qf++) {\n");
                 if !resident {
                     fragments(&mut m, &g, "                ", &K_ROWS, nd);
@@ -420,7 +421,7 @@ impl CoopAttention {
         for f in 0..nd {
             let _ = writeln!(m, "    var o{f} = {};", g.zero());
         }
-        m.push_str("    for (var j0 = 0u; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
+        m.push_str("    for (var j0 = first_key(p0) / BC * BC; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
         // S = Q Kᵀ, 16 x BC per subgroup, into s_s.
         let _ = writeln!(
             m,

@@ -29,6 +29,7 @@ const NORMS: &[&str] = &[MAX_BITS, NORM, ROW_MAX];
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ATTENTION_PARAMS: &str = include_str!("../../../shaders/attention_params.wgsl");
+pub(crate) const ATTENTION_MASK: &str = include_str!("../../../shaders/attention_mask.wgsl");
 const ATTENTION_LANES: &str = include_str!("../../../shaders/attention_lanes.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
@@ -385,7 +386,7 @@ impl Kernel {
             Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
             AttnDelta => (
-                &[MAX_BITS, ATTENTION_PARAMS, ATTENTION],
+                &[MAX_BITS, ATTENTION_PARAMS, ATTENTION_MASK, ATTENTION],
                 "attn_delta",
                 &[4, 6, 10],
             ),
@@ -452,6 +453,7 @@ fn attention_lanes(d: u32, entry: &'static str, bindings: &'static [u32]) -> Ker
             &format!("const D: u32 = {d}u;\n"),
             MAX_BITS,
             ATTENTION_PARAMS,
+            ATTENTION_MASK,
             &unroll(ATTENTION_LANES, d / 16),
         ]
         .concat(),
@@ -492,7 +494,7 @@ fn unroll(src: &str, n: u32) -> String {
 /// attention.wgsl with entry `entry`; for `d` > 0 with D compiled in: DM
 /// (the arrays' length) is D and every read of the parameter `p.d` is DM.
 fn attention(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
-    let mut source = [MAX_BITS, ATTENTION_PARAMS, ATTENTION].concat();
+    let mut source = [MAX_BITS, ATTENTION_PARAMS, ATTENTION_MASK, ATTENTION].concat();
     if d > 0 {
         const GENERAL: &str = "const DM: u32 = 128u;";
         assert!(source.contains(GENERAL), "attention.wgsl declares no {GENERAL}");

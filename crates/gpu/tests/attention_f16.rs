@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::*;
 use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
-use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor};
+use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor};
 
 const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
@@ -68,6 +68,22 @@ struct Case {
     hq: usize,
     hkv: usize,
     d: usize,
+    /// Keys a query sees (a sliding window); 0: every key up to it.
+    w: usize,
+}
+
+impl Case {
+    fn mask(&self) -> AttnMask {
+        match self.w {
+            0 => AttnMask::CAUSAL,
+            w => AttnMask::sliding(w),
+        }
+    }
+
+    /// The same shape in a sliding window of `w` keys.
+    const fn window(self, w: usize) -> Case {
+        Case { w, ..self }
+    }
 }
 
 struct Inputs {
@@ -128,9 +144,9 @@ fn check_inputs(g: &GpuExecutor, c: Case, x: Inputs, tol: f64, backward: bool) -
         cpu.upload(&x.v).unwrap(),
         cpu.upload(&x.dout).unwrap(),
     );
-    let rf = cpu.attention(&cq, &ck, &cv).unwrap();
+    let rf = cpu.attention(&cq, &ck, &cv, c.mask()).unwrap();
     let (gq, gk, gv, gd) = (up(g, &x.q), up(g, &x.k), up(g, &x.v), up(g, &x.dout));
-    let of = g.attention(&gq, &gk, &gv).map_err(|e| e.to_string())?;
+    let of = g.attention(&gq, &gk, &gv, c.mask()).map_err(|e| e.to_string())?;
     let what = |s: &str| format!("{c:?} {s}");
     let (go, ro) = (down(g, &of.out), down_cpu(&cpu, &rf.out));
     let (gl, rl) = (down(g, &of.lse), down_cpu(&cpu, &rf.lse));
@@ -195,7 +211,8 @@ fn dqk_terms(c: Case, x: &Inputs) -> [f64; 2] {
         for h in 0..c.hq {
             for i in 0..c.t {
                 let (qi, oi) = (row(&q, b, i, h, c.hq), row(&o, b, i, h, c.hq));
-                let s: Vec<f64> = (0..=i)
+                let j0 = c.mask().first_key(i);
+                let s: Vec<f64> = (j0..=i)
                     .map(|j| {
                         scale
                             * qi.iter()
@@ -206,7 +223,7 @@ fn dqk_terms(c: Case, x: &Inputs) -> [f64; 2] {
                     .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = s.iter().map(|y| (y - m).exp()).sum();
-                for (j, sj) in s.iter().enumerate() {
+                for (j, sj) in (j0..).zip(&s) {
                     let (kj, vj) = (row(&k, b, j, h / group, c.hkv), row(&v, b, j, h / group, c.hkv));
                     let dp: f64 = oi.iter().zip(&vj).map(|(a, b)| (a * b).abs()).sum();
                     let a = scale * (sj - m).exp() / z * dp;
@@ -255,6 +272,7 @@ const CASES: [Case; 4] = [
         hq: 6,
         hkv: 2,
         d: 80,
+        w: 0,
     },
     Case {
         b: 1,
@@ -262,6 +280,7 @@ const CASES: [Case; 4] = [
         hq: 4,
         hkv: 1,
         d: 64,
+        w: 0,
     },
     Case {
         b: 1,
@@ -269,6 +288,7 @@ const CASES: [Case; 4] = [
         hq: 8,
         hkv: 1,
         d: 64,
+        w: 0,
     },
     Case {
         b: 2,
@@ -276,8 +296,19 @@ const CASES: [Case; 4] = [
         hq: 2,
         hkv: 2,
         d: 96,
+        w: 0,
     },
 ];
+/// Sliding windows: one key, a window inside one key tile, one past the
+/// first row block of GQA 8/1, and the D = 128 case's keys of the window
+/// more than one tile long.
+const WINDOWED: [Case; 4] = [
+    CASES[0].window(1),
+    CASES[0].window(5),
+    CASES[2].window(3),
+    CASE_128.window(33),
+];
+
 /// D = 128: the forward everywhere; the emulated backward's tiles exceed
 /// 32 KiB of workgroup memory in f32 and are refused where that is the cap.
 const CASE_128: Case = Case {
@@ -286,6 +317,7 @@ const CASE_128: Case = Case {
     hq: 3,
     hkv: 1,
     d: 128,
+    w: 0,
 };
 
 #[test]
@@ -295,6 +327,9 @@ fn simt_kernels_match_the_reference_on_rounded_operands() {
     };
     for (i, c) in CASES.into_iter().chain([CASE_128]).enumerate() {
         check(&g, c, 10 + i as u64, TOL_SIMT, true).unwrap();
+    }
+    for (i, c) in WINDOWED.into_iter().enumerate() {
+        check(&g, c, 15 + i as u64, TOL_SIMT, true).unwrap();
     }
 }
 
@@ -318,9 +353,18 @@ fn emulated_kernels_match_the_reference(d: usize) {
             hq: 2,
             hkv: 1,
             d: 64,
+            w: 0,
         };
         check(&g, tiles, 25, TOL_COOP, false).unwrap();
         check_inputs(&g, tiles, rising(tiles, 26), TOL_COOP, true).unwrap();
+        // In windows: tiles before a block's window skipped, a query tile
+        // past a key block's window never staged.
+        for (i, c) in [tiles.window(20), tiles.window(1), CASES[2].window(3)]
+            .into_iter()
+            .enumerate()
+        {
+            check(&g, c, 27 + i as u64, TOL_COOP, true).unwrap();
+        }
     }
     if d == CASE_128.d {
         check(&g, CASE_128, 30, TOL_COOP, false).unwrap();
@@ -367,9 +411,13 @@ fn tensor_core_kernels_match_the_reference() {
         hq: 32,
         hkv: 8,
         d: 128,
+        w: 0,
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
     check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
+    for (i, c) in WINDOWED.into_iter().chain([big.window(100)]).enumerate() {
+        check(&g, c, 52 + i as u64, TOL_COOP, true).unwrap();
+    }
 }
 
 /// Tiles other than the passes' defaults (`AttnTiles`), emulated: a
@@ -397,6 +445,7 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
         hq: 2,
         hkv: 1,
         d: 64,
+        w: 0,
     };
     check(&g, long, 65, TOL_COOP, true).unwrap();
     check_inputs(&g, long, rising(long, 66), TOL_COOP, false).unwrap();
@@ -435,8 +484,10 @@ fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
             hq: 8,
             hkv: 2,
             d: 64,
+            w: 0,
         };
         check_inputs(&g, big, rising(big, 79 + 10 * n as u64), TOL_COOP, true).unwrap();
+        check(&g, big.window(45), 78 + 10 * n as u64, TOL_COOP, true).unwrap();
         eprintln!("{tiles}: matches");
     }
 }
@@ -474,7 +525,7 @@ fn tensor_core_staging_rounds_exactly_as_the_copies_do() {
             let run = |g: &GpuExecutor| -> Vec<Vec<u32>> {
                 let up = |h: &HostTensor| g.upload(h).unwrap();
                 let (q, k, v, d) = (up(&x.q), up(&x.k), up(&x.v), up(&x.dout));
-                let f = g.attention(&q, &k, &v).unwrap();
+                let f = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
                 let gr = g.attention_backward(&q, &k, &v, &f, &d).unwrap();
                 [&f.out, &f.lse, &gr.dq, &gr.dk, &gr.dv]
                     .iter()

@@ -20,7 +20,7 @@ use megatrain_gpu::{
     CoopTile, F16Attention, F16Matmul, F16Maxima, GpuExecutor, GpuOptions, GpuTensor, TransportChoice,
 };
 use megatrain_tensor::{
-    ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
+    AttnMask, ComputePrecision, DType, Executor, HostSlice, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
     WeightSlot, WeightUpload,
 };
 
@@ -611,7 +611,9 @@ fn norms_fold_their_outputs_maxima() {
 /// backward) are attention's and the projections' operands: under F16
 /// each workgroup keeps its max, folded when a product reads them; spikes
 /// in the first, a middle or the last (batch, position, head) row, at
-/// offset 0 and 5, on one binding and on row chunks; `Scan` scans.
+/// offset 0 and 5, on one binding and on row chunks; rotating the whole
+/// head and its first 10 entries, the largest then one passed through;
+/// `Scan` scans.
 #[test]
 fn rope_folds_its_outputs_maxima() {
     let (b, t, h, d) = (2, 9, 3, 16);
@@ -622,14 +624,21 @@ fn rope_folds_its_outputs_maxima() {
                 return;
             };
             for spike in [0, rows / 2, rows - 1] {
-                for offset in [0, 5] {
-                    let what =
-                        format!("{maxima}, bindings {bindings:?}, spike in row {spike}, offset {offset}");
-                    let x = spiked(spike as u64, rows, d, spike);
+                for (offset, rotary_dim) in [(0, None), (5, None), (5, Some(10))] {
+                    let what = format!(
+                        "{maxima}, bindings {bindings:?}, spike in row {spike}, offset {offset}, rotating {rotary_dim:?}"
+                    );
+                    let mut x = spiked(spike as u64, rows, d, spike).to_f32_vec();
+                    if rotary_dim.is_some() {
+                        x[spike * d + d - 1] = 4096.0;
+                    }
                     let x = g
-                        .upload(&HostTensor::from_f32(vec![b, t, h, d], x.to_f32_vec()).unwrap())
+                        .upload(&HostTensor::from_f32(vec![b, t, h, d], x).unwrap())
                         .unwrap();
-                    let rope = Rope::plain(10000.0, offset);
+                    let rope = Rope {
+                        rotary_dim,
+                        ..Rope::plain(10000.0, offset)
+                    };
                     for (name, y) in [
                         ("rope", g.rope(&x, rope.clone()).unwrap()),
                         ("rope_backward", g.rope_backward(&x, rope.clone()).unwrap()),
@@ -689,7 +698,7 @@ fn attention_folds_its_outputs_maxima() {
                 };
                 let (q, k) = (up(1, hq, None), up(2, hkv, None));
                 let (v, dout) = (up(3, hkv, Some(1)), up(4, hq, Some(3)));
-                let fwd = g.attention(&q, &k, &v).unwrap();
+                let fwd = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
                 let flat = g.reshape(&fwd.out, &Shape::new([b * t * hq, d])).unwrap();
                 check_stored_max(&g, &format!("{what}: out"), &fwd.out, &flat, &w, maxima);
                 let grads = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();

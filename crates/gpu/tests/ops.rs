@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
-use megatrain_tensor::{DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape};
+use megatrain_tensor::{AttnMask, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape};
 use proptest::prelude::*;
 
 fn both() -> Vec<&'static GpuExecutor> {
@@ -127,10 +127,11 @@ proptest! {
 
     #[test]
     fn rope_both_ways(b in 1usize..3, t in 1usize..20, h in 1usize..4, half in 1usize..12,
-                      offset in 0usize..3000, seed in any::<u64>()) {
+                      pass in 0usize..4, offset in 0usize..3000, seed in any::<u64>()) {
         let c = cpu();
-        let x = rand_host(seed, &[b, t, h, 2 * half]);
-        let rope = Rope::plain(10000.0, offset);
+        // `pass` entries after the rotated ones go through unrotated.
+        let x = rand_host(seed, &[b, t, h, 2 * half + pass]);
+        let rope = Rope { rotary_dim: (pass > 0).then_some(2 * half), ..Rope::plain(10000.0, offset) };
         let cx = cpu_up!(c, &x);
         for g in both() {
             let gx = up(g, &x);
@@ -142,20 +143,22 @@ proptest! {
 
     #[test]
     fn attention_gqa(b in 1usize..3, t in 1usize..80, hkv in 1usize..3, group in 1usize..4,
-                     d in prop::sample::select(vec![1usize, 4, 7, 16, 32, 64]), seed in any::<u64>()) {
+                     d in prop::sample::select(vec![1usize, 4, 7, 16, 32, 64]),
+                     window in prop::sample::select(vec![0usize, 0, 1, 3, 17, 70]), seed in any::<u64>()) {
         let c = cpu();
         let hq = hkv * group;
+        let mask = if window == 0 { AttnMask::CAUSAL } else { AttnMask::sliding(window) };
         let q = rand_host(seed, &[b, t, hq, d]);
         let k = rand_host(seed ^ 1, &[b, t, hkv, d]);
         let v = rand_host(seed ^ 2, &[b, t, hkv, d]);
         let dout = rand_host(seed ^ 3, &[b, t, hq, d]);
         let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-        let r = c.attention(&cq, &ck, &cv).unwrap();
+        let r = c.attention(&cq, &ck, &cv, mask).unwrap();
         let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
         let gs: Vec<&GpuExecutor> = if t * hq * d * 4 + 256 <= 4096 { both() } else { gpu().into_iter().collect() };
         for g in gs {
             let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-            let o = g.attention(&gq, &gk, &gv).unwrap();
+            let o = g.attention(&gq, &gk, &gv, mask).unwrap();
             assert_close("attention out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
             assert_close("attention lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
             let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
@@ -253,9 +256,11 @@ fn rope_tables_are_kept_grown_and_shared() {
             attention_factor: 1.3,
         };
         // Past the first table, back inside it, another θ, another D, far
-        // past, then the same θ with each scaling (tables of their own).
+        // past, then the same θ with each scaling (tables of their own);
+        // each whole and rotating only 6 entries of the heads of 14 and 8
+        // (tables of a 6-wide head, the rest passed through).
 
-        for (offset, theta, scaling) in [
+        for case in [
             (0, 1e4, RopeScaling::None),
             (5000, 1e4, RopeScaling::None),
             (3, 1e4, RopeScaling::None),
@@ -270,11 +275,16 @@ fn rope_tables_are_kept_grown_and_shared() {
             (7, 1e4, long_rope.clone()),
             (300, 1e4, long_rope.clone()),
             (7, 1e4, long_rope.clone()),
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|(o, t, s)| [None, Some(6)].map(|r| (o, t, s.clone(), r)))
+        {
+            let (offset, theta, scaling, rotary_dim) = case;
             let rope = Rope {
                 theta,
                 offset,
                 scaling,
+                rotary_dim,
             };
             for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
                 assert_close(
@@ -382,10 +392,24 @@ fn profile_reports_each_op_kind() {
 }
 
 /// Attention forward and backward of `g` against the CPU's on random
-/// inputs of (B, T, Hq, Hkv, D) drawn from `seed`.
+/// inputs of (B, T, Hq, Hkv, D) drawn from `seed`, causal and in a sliding
+/// window of `window` keys.
 fn attention_matches_cpu(
     g: &GpuExecutor,
     (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    window: usize,
+    seed: u64,
+    what: &str,
+) {
+    for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+        attention_matches_cpu_in(g, (b, t, hq, hkv, d), mask, seed, &format!("{what}, {mask:?}"));
+    }
+}
+
+fn attention_matches_cpu_in(
+    g: &GpuExecutor,
+    (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    mask: AttnMask,
     seed: u64,
     what: &str,
 ) {
@@ -395,10 +419,10 @@ fn attention_matches_cpu(
     let v = rand_host(seed + 2, &[b, t, hkv, d]);
     let dout = rand_host(seed + 3, &[b, t, hq, d]);
     let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-    let r = c.attention(&cq, &ck, &cv).unwrap();
+    let r = c.attention(&cq, &ck, &cv, mask).unwrap();
     let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
     let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-    let o = g.attention(&gq, &gk, &gv).unwrap();
+    let o = g.attention(&gq, &gk, &gv, mask).unwrap();
     let of = |s: &str| format!("{what}: {s}");
     assert_close(&of("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
     assert_close(&of("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
@@ -434,10 +458,21 @@ fn attention_head_dims_several_row_blocks() {
     }
     for (family, g) in [("lanes", lanes), ("one row", &one_row)] {
         for d in [128, 48, 64, 32] {
-            attention_matches_cpu(g, (1, 150, 4, 2, d), 11 + d as u64, &format!("{family}, D = {d}"));
+            // A window of 40: the second and third row blocks start on keys
+            // inside a tile, and key blocks end their queries early.
+            attention_matches_cpu(
+                g,
+                (1, 150, 4, 2, d),
+                40,
+                11 + d as u64,
+                &format!("{family}, D = {d}"),
+            );
         }
         let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
-        assert!(g.attention(&too_wide, &too_wide, &too_wide).is_err());
+        assert!(
+            g.attention(&too_wide, &too_wide, &too_wide, AttnMask::CAUSAL)
+                .is_err()
+        );
     }
 }
 
@@ -469,7 +504,7 @@ fn work_split_under_a_small_loop_budget() {
     };
     let g = &GpuExecutor::with_options(ctx, opts);
     let c = cpu();
-    attention_matches_cpu(g, (2, 100, 4, 2, 24), 21, "one row, D = 24");
+    attention_matches_cpu(g, (2, 100, 4, 2, 24), 37, 21, "one row, D = 24");
     // A key costs the lanes kernels (D = 32) about one loop iteration, so
     // it takes a smaller budget to split them: 100 cuts T = 100 into key
     // and query ranges of 16.
@@ -482,7 +517,7 @@ fn work_split_under_a_small_loop_budget() {
         },
     );
     assert!(lanes.context().attention_lanes(32));
-    attention_matches_cpu(lanes, (2, 100, 4, 2, 32), 25, "lanes, D = 32");
+    attention_matches_cpu(lanes, (2, 100, 4, 2, 32), 37, 25, "lanes, D = 32");
 
     let rows = 4500;
     let x = rand_host(31, &[rows, 3]);

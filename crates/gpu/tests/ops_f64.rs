@@ -14,7 +14,7 @@ mod common;
 
 use common::*;
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Transpose};
+use megatrain_tensor::{AttnMask, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Transpose};
 
 /// A GPU result may be this many times further from f64 than the CPU's.
 const RATIO: f64 = 4.0;
@@ -135,7 +135,7 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
         "rope backward",
         down(&ex.rope_backward(&datt, rope.clone()).unwrap()),
     ));
-    let a = ex.attention(&qr, &kr, &v).unwrap();
+    let a = ex.attention(&qr, &kr, &v, AttnMask::CAUSAL).unwrap();
     out.push(("attention", down(&a.out)));
     out.push(("attention lse", down(&a.lse)));
     let g = ex.attention_backward(&qr, &kr, &v, &a, &datt).unwrap();

@@ -17,10 +17,10 @@
 use std::ops::Range;
 
 use crate::{
-    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Error,
-    HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result,
-    Rope, Shape, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
-    compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
+    Error, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut,
+    Result, Rope, Shape, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload,
+    compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
     compose_matmul_backward_gelu, compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_swiglu,
 };
 
@@ -546,12 +546,14 @@ pub trait Executor {
 
     /// Causal softmax(q kᵀ / sqrt(D)) v with grouped-query heads: q is
     /// `[B, T, Hq, D]`, k and v are `[B, T, Hkv, D]`, Hq a multiple of Hkv;
-    /// query head h reads kv head h / (Hq / Hkv).
+    /// query head h reads kv head h / (Hq / Hkv); each query sees the keys
+    /// `mask` leaves it. The backward follows the forward's mask.
     fn attention(
         &self,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
+        mask: AttnMask,
     ) -> Result<AttentionOut<Self::Tensor>>;
     fn attention_backward(
         &self,

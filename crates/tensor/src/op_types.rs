@@ -114,12 +114,67 @@ pub struct NormGrads<T> {
     pub db: Option<T>,
 }
 
+/// Which keys each query row attends to. Every mask is causal; with a
+/// sliding window (Mistral's, Phi-3's) query `i` sees only the `window` keys
+/// `i + 1 − window ..= i`, as transformers' `sliding_window_overlay` does
+/// (`kv_idx > q_idx − sliding_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct AttnMask {
+    /// Keys a query sees, itself included; `None`: every key up to it.
+    pub window: Option<usize>,
+}
+
+impl AttnMask {
+    /// Every key up to the query's own.
+    pub const CAUSAL: AttnMask = AttnMask { window: None };
+
+    pub fn sliding(window: usize) -> AttnMask {
+        AttnMask { window: Some(window) }
+    }
+
+    /// A window of 0 keys would leave a row nothing to attend to.
+    pub fn check(self, op: &'static str) -> Result<()> {
+        match self.window {
+            Some(0) => Err(Error::invalid(op, "a sliding window of 0 keys")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The first key query `i` sees.
+    pub fn first_key(self, i: usize) -> usize {
+        match self.window {
+            Some(w) => (i + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// One past the last query (of `t`) that sees key `j`.
+    pub fn query_end(self, j: usize, t: usize) -> usize {
+        match self.window {
+            Some(w) => j.saturating_add(w).min(t),
+            None => t,
+        }
+    }
+
+    /// The window as the GPU kernels take it for a sequence of `t`: 0 where
+    /// it hides nothing (none, or at least `t` keys), so that `j + window`
+    /// never passes `2t` there.
+    pub fn kernel_window(self, t: usize) -> u32 {
+        match self.window {
+            Some(w) if w < t => w as u32,
+            _ => 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct AttentionOut<T> {
     /// `[B, T, Hq, D]`.
     pub out: T,
     /// `[B, Hq, T]`: log-sum-exp of each query row's scaled scores.
     pub lse: T,
+    /// The mask the forward ran under, which its backward follows.
+    pub mask: AttnMask,
 }
 
 #[derive(Debug)]
@@ -137,14 +192,19 @@ pub struct CrossEntropyOut<T> {
     pub dlogits: T,
 }
 
-/// Rotary embedding parameters: half-split `rotate_half` layout over the full
-/// head dimension, as Hugging Face Llama/Mistral/Qwen use it.
+/// Rotary embedding parameters: half-split `rotate_half` layout over the
+/// head dimension, as Hugging Face Llama/Mistral/Qwen use it, or over its
+/// leading `rotary_dim` entries, the rest passed through (Phi-3's
+/// `partial_rotary_factor`: Phi-4-mini rotates 96 of 128).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rope {
     pub theta: f64,
     /// Position of the first token of the sequence.
     pub offset: usize,
     pub scaling: RopeScaling,
+    /// Leading entries of each head that rotate; `None`: all of them. Its
+    /// frequencies are those of a head of this size.
+    pub rotary_dim: Option<usize>,
 }
 
 impl Rope {
@@ -154,6 +214,24 @@ impl Rope {
             theta,
             offset,
             scaling: RopeScaling::None,
+            rotary_dim: None,
         }
+    }
+
+    /// How many leading entries of a head of `d` rotate: `rotary_dim` or
+    /// `d`, which must be even and at most `d` (and `rotary_dim` positive).
+    pub fn rotated(&self, op: &'static str, d: usize) -> Result<usize> {
+        let r = self.rotary_dim.unwrap_or(d);
+        if r > d || !r.is_multiple_of(2) || self.rotary_dim == Some(0) {
+            let what = match self.rotary_dim {
+                Some(r) => format!("rotary_dim {r} of head dim {d}"),
+                None => format!("head dim {d}"),
+            };
+            return Err(Error::shape(
+                op,
+                format!("{what} must be even, positive and at most the head dim"),
+            ));
+        }
+        Ok(r)
     }
 }

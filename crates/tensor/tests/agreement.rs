@@ -4,8 +4,8 @@
 
 use megatrain_tensor::testing::{SeededRng, random_tensor};
 use megatrain_tensor::{
-    CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Shape, TensorHandle,
-    Transpose,
+    AttnMask, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Shape,
+    TensorHandle, Transpose,
 };
 use proptest::prelude::*;
 
@@ -121,22 +121,29 @@ proptest! {
     }
 
     #[test]
-    fn rope_fwd_bwd(b in dim(), t in dim(), h in dim(), half in dim(), offset in 0usize..5000, seed in 0u64..1000) {
-        let rope = Rope::plain(10000.0, offset);
-        let (x32, x64) = both(seed, &[b, t, h, 2 * half]);
+    fn rope_fwd_bwd(b in dim(), t in dim(), h in dim(), half in dim(), pass in 0usize..3, offset in 0usize..5000,
+                    seed in 0u64..1000) {
+        // `pass` entries after the rotated ones go through unrotated.
+        let rope = Rope { rotary_dim: (pass > 0).then_some(2 * half), ..Rope::plain(10000.0, offset) };
+        let (x32, x64) = both(seed, &[b, t, h, 2 * half + pass]);
         agree("rope", &E32.rope(&x32, rope.clone()).unwrap(), &E64.rope(&x64, rope.clone()).unwrap())?;
         agree("rope_backward", &E32.rope_backward(&x32, rope.clone()).unwrap(), &E64.rope_backward(&x64, rope.clone()).unwrap())?;
     }
 
     #[test]
     fn attention_fwd_bwd(
-        b in 1usize..3, t in dim(), hkv in 1usize..4, group in 1usize..4, d in dim(), seed in 0u64..1000,
+        b in 1usize..3, t in dim(), hkv in 1usize..4, group in 1usize..4, d in dim(), window in 0usize..6,
+        seed in 0u64..1000,
     ) {
         let hq = hkv * group;
+        let mask = match window {
+            0 => AttnMask::CAUSAL,
+            w => AttnMask::sliding(w),
+        };
         let (q32, q64) = both(seed, &[b, t, hq, d]);
         let (k32, k64) = both(seed + 1, &[b, t, hkv, d]);
         let (v32, v64) = both(seed + 2, &[b, t, hkv, d]);
-        let (o32, o64) = (E32.attention(&q32, &k32, &v32).unwrap(), E64.attention(&q64, &k64, &v64).unwrap());
+        let (o32, o64) = (E32.attention(&q32, &k32, &v32, mask).unwrap(), E64.attention(&q64, &k64, &v64, mask).unwrap());
         agree("attention out", &o32.out, &o64.out)?;
         agree("attention lse", &o32.lse, &o64.lse)?;
         let (d32, d64) = both(seed + 3, &[b, t, hq, d]);

@@ -2,7 +2,7 @@
 
 use megatrain_tensor::testing::random_tensor;
 use megatrain_tensor::{
-    CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
+    AttnMask, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -114,29 +114,59 @@ fn rope_errors() {
         EX.rope_backward(&r(1, &[1, 1, 1, 3]), Rope::plain(1e4, 0)),
         "rope_backward",
     );
+    // A partial rotation needs an even count within the head.
+    for bad in [3, 10] {
+        let rope = Rope {
+            rotary_dim: Some(bad),
+            ..Rope::plain(1e4, 0)
+        };
+        let msg = shape_err(EX.rope(&r(1, &[1, 2, 3, 8]), rope), "rope");
+        assert!(msg.contains(&format!("rotary_dim {bad} of head dim 8")), "{msg}");
+    }
+    // An odd head passes its last entry through.
+    let rope = Rope {
+        rotary_dim: Some(4),
+        ..Rope::plain(1e4, 0)
+    };
+    assert!(EX.rope(&r(1, &[1, 2, 3, 5]), rope).is_ok());
 }
 
 #[test]
 fn attention_errors() {
     let q = r(1, &[1, 3, 3, 4]);
     let kv = r(2, &[1, 3, 2, 4]);
-    shape_err(EX.attention(&q, &kv, &kv), "attention"); // 3 heads over 2
+    shape_err(EX.attention(&q, &kv, &kv, AttnMask::CAUSAL), "attention"); // 3 heads over 2
     shape_err(
-        EX.attention(&r(1, &[1, 3, 2, 4]), &r(2, &[1, 3, 2, 5]), &r(3, &[1, 3, 2, 5])),
+        EX.attention(
+            &r(1, &[1, 3, 2, 4]),
+            &r(2, &[1, 3, 2, 5]),
+            &r(3, &[1, 3, 2, 5]),
+            AttnMask::CAUSAL,
+        ),
         "attention",
     );
     shape_err(
-        EX.attention(&r(1, &[1, 3, 2, 4]), &kv, &r(3, &[1, 2, 2, 4])),
+        EX.attention(&r(1, &[1, 3, 2, 4]), &kv, &r(3, &[1, 2, 2, 4]), AttnMask::CAUSAL),
         "attention",
     );
     shape_err(
-        EX.attention(&r(1, &[1, 3, 2, 4]), &r(2, &[1, 3, 0, 4]), &r(3, &[1, 3, 0, 4])),
+        EX.attention(
+            &r(1, &[1, 3, 2, 4]),
+            &r(2, &[1, 3, 0, 4]),
+            &r(3, &[1, 3, 0, 4]),
+            AttnMask::CAUSAL,
+        ),
         "attention",
     );
     let q = r(1, &[1, 3, 2, 4]);
-    let mut fw = EX.attention(&q, &kv, &kv).unwrap();
+    let mut fw = EX.attention(&q, &kv, &kv, AttnMask::CAUSAL).unwrap();
     fw.lse = r(4, &[1, 3, 2]);
     shape_err(EX.attention_backward(&q, &kv, &kv, &fw, &q), "attention_backward");
+    let e = EX
+        .attention(&q, &kv, &kv, AttnMask::sliding(0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attention") && e.contains("window of 0"), "{e}");
 }
 
 #[test]

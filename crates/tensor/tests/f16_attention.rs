@@ -6,7 +6,7 @@
 
 use half::f16;
 use megatrain_tensor::testing::{SeededRng, rel_norm_err};
-use megatrain_tensor::{ComputePrecision, CpuExecutor, Executor, HostTensor, f16_scale_exponent};
+use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor, f16_scale_exponent};
 
 const F32: CpuExecutor = CpuExecutor::new();
 const F16: CpuExecutor = CpuExecutor::with_precision(ComputePrecision::F16);
@@ -27,6 +27,8 @@ struct Dims {
     hq: usize,
     hkv: usize,
     d: usize,
+    /// Keys a query sees; 0: all up to it.
+    window: usize,
 }
 
 impl Dims {
@@ -46,8 +48,8 @@ struct Grads {
     dv: Vec<f64>,
 }
 
-/// Causal attention and its gradients in f64 through the full probability
-/// matrix of each (batch, head).
+/// Causal attention (in a sliding window where `window` > 0) and its
+/// gradients in f64 through the full probability matrix of each (batch, head).
 fn reference(n: Dims, q: &[f64], k: &[f64], v: &[f64], dout: &[f64]) -> Grads {
     let sc = 1.0 / (n.d as f64).sqrt();
     let mut g = Grads {
@@ -62,28 +64,34 @@ fn reference(n: Dims, q: &[f64], k: &[f64], v: &[f64], dout: &[f64]) -> Grads {
         for h in 0..n.hq {
             for i in 0..n.t {
                 let qi = &q[n.q(b, i, h)..][..n.d];
-                let s: Vec<f64> = (0..=i)
-                    .map(|j| dot(qi, &k[n.kv(b, j, h)..][..n.d]) * sc)
+                // transformers' sliding window: kv > q - window.
+                let keys: Vec<usize> = (0..=i).filter(|&j| n.window == 0 || j + n.window > i).collect();
+                let s: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| dot(qi, &k[n.kv(b, j, h)..][..n.d]) * sc)
                     .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
                 let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
                 let lse = m + l.ln();
                 g.lse[(b * n.hq + h) * n.t + i] = lse;
                 let p: Vec<f64> = s.iter().map(|x| (x - lse).exp()).collect();
-                for (j, &pj) in p.iter().enumerate() {
+                for (&j, &pj) in keys.iter().zip(&p) {
                     for e in 0..n.d {
                         g.out[n.q(b, i, h) + e] += pj * v[n.kv(b, j, h) + e];
                     }
                 }
                 let go = &dout[n.q(b, i, h)..][..n.d];
-                let dp: Vec<f64> = (0..=i).map(|j| dot(go, &v[n.kv(b, j, h)..][..n.d])).collect();
+                let dp: Vec<f64> = keys
+                    .iter()
+                    .map(|&j| dot(go, &v[n.kv(b, j, h)..][..n.d]))
+                    .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for j in 0..=i {
-                    let ds = p[j] * (dp[j] - delta) * sc;
+                for (x, &j) in keys.iter().enumerate() {
+                    let ds = p[x] * (dp[x] - delta) * sc;
                     for e in 0..n.d {
                         g.dq[n.q(b, i, h) + e] += ds * k[n.kv(b, j, h) + e];
                         g.dk[n.kv(b, j, h) + e] += ds * q[n.q(b, i, h) + e];
-                        g.dv[n.kv(b, j, h) + e] += p[j] * go[e];
+                        g.dv[n.kv(b, j, h) + e] += p[x] * go[e];
                     }
                 }
             }
@@ -104,7 +112,11 @@ fn run(ex: &CpuExecutor, n: Dims, x: [&[f32]; 4]) -> [Vec<f32>; 5] {
     };
     let (qs, ks) = (vec![n.b, n.t, n.hq, n.d], vec![n.b, n.t, n.hkv, n.d]);
     let (q, k, v, dout) = (t(qs.clone(), x[0]), t(ks.clone(), x[1]), t(ks, x[2]), t(qs, x[3]));
-    let f = ex.attention(&q, &k, &v).unwrap();
+    let mask = match n.window {
+        0 => AttnMask::CAUSAL,
+        w => AttnMask::sliding(w),
+    };
+    let f = ex.attention(&q, &k, &v, mask).unwrap();
     let g = ex.attention_backward(&q, &k, &v, &f, &dout).unwrap();
     [&f.out, &f.lse, &g.dq, &g.dk, &g.dv].map(|t| t.data().to_vec())
 }
@@ -142,6 +154,7 @@ fn f16_attention_is_f32_attention_of_the_rounded_operands() {
             hq: 6,
             hkv: 2,
             d: 80,
+            window: 0,
         },
         Dims {
             b: 1,
@@ -149,6 +162,7 @@ fn f16_attention_is_f32_attention_of_the_rounded_operands() {
             hq: 4,
             hkv: 1,
             d: 64,
+            window: 0,
         },
         Dims {
             b: 1,
@@ -156,6 +170,7 @@ fn f16_attention_is_f32_attention_of_the_rounded_operands() {
             hq: 8,
             hkv: 1,
             d: 16,
+            window: 0,
         },
         Dims {
             b: 3,
@@ -163,10 +178,26 @@ fn f16_attention_is_f32_attention_of_the_rounded_operands() {
             hq: 2,
             hkv: 2,
             d: 24,
+            window: 0,
         },
     ];
     for (i, n) in cases.into_iter().enumerate() {
         check(n, 7 + i as u64, [1.0, 1.0, 1.0, 1.0]);
+    }
+}
+
+#[test]
+fn f16_attention_in_a_sliding_window() {
+    for (i, (t, window)) in [(13, 4), (37, 1), (9, 8)].into_iter().enumerate() {
+        let n = Dims {
+            b: 2,
+            t,
+            hq: 6,
+            hkv: 2,
+            d: 24,
+            window,
+        };
+        check(n, 20 + i as u64, [1.0, 1.0, 1.0, 1.0]);
     }
 }
 
@@ -180,6 +211,7 @@ fn each_operand_is_scaled_on_its_own() {
         hq: 2,
         hkv: 1,
         d: 32,
+        window: 0,
     };
     check(n, 3, [1e-6, 3e5, 1e-9, 1e7]);
     check(n, 4, [2e4, 1e-5, 6e6, 1e-12]);
@@ -193,6 +225,7 @@ fn f32_attention_is_unchanged() {
         hq: 3,
         hkv: 1,
         d: 8,
+        window: 0,
     };
     let mut rng = SeededRng::new(11);
     let lens = [n.hq, n.hkv, n.hkv, n.hq].map(|h| n.b * n.t * h * n.d);

@@ -2,7 +2,8 @@
 
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{
-    CpuExecutor, DType, Executor, HostTensor, Rope, Shape, TensorHandle, Transpose, bf16,
+    AttnMask, CpuExecutor, CpuTensor, DType, Executor, HostTensor, Rope, RopeScaling, Shape, TensorHandle,
+    Transpose, bf16,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -144,6 +145,38 @@ fn rope_at_position_zero_is_identity_and_rotates_later() {
 }
 
 #[test]
+fn partial_rope_rotates_the_leading_entries_as_a_head_of_their_size() {
+    // Heads of 10 rotating 6: entries 0..6 as a whole head of 6 would turn
+    // (frequencies of a 6-wide head), 6..10 untouched.
+    let (b, t, h, d, r) = (2, 5, 3, 10, 6);
+    let hx = random_tensor(4, [b, t, h, d]);
+    let x = hx.to_f32_vec();
+    let lead: Vec<f32> = x.chunks(d).flat_map(|row| row[..r].to_vec()).collect();
+    let scaling = RopeScaling::Linear { factor: 2.0 };
+    let part = Rope {
+        rotary_dim: Some(r),
+        scaling: scaling.clone(),
+        ..Rope::plain(500.0, 3)
+    };
+    let whole = Rope {
+        scaling,
+        ..Rope::plain(500.0, 3)
+    };
+    for inverse in [false, true] {
+        let go = |x: &CpuTensor<f32>, rope: Rope| match inverse {
+            false => EX.rope(x, rope).unwrap(),
+            true => EX.rope_backward(x, rope).unwrap(),
+        };
+        let y = go(&EX.upload(&hx).unwrap(), part.clone());
+        let want = go(&up(&[b, t, h, r], &lead), whole.clone());
+        for (row, (yr, xr)) in y.data().chunks(d).zip(x.chunks(d)).enumerate() {
+            assert_eq!(&yr[..r], &want.data()[row * r..][..r], "row {row} rotated part");
+            assert_eq!(&yr[r..], &xr[r..], "row {row} passed through");
+        }
+    }
+}
+
+#[test]
 fn rope_second_frequency_uses_theta() {
     // D = 4: frequencies 1 and theta^(-1/2) = 0.01 for theta = 10000.
     let x = up(
@@ -164,7 +197,7 @@ fn attention_with_one_token_returns_v() {
     let q = EX.upload(&random_tensor(1, [2, 1, 4, 3])).unwrap();
     let k = EX.upload(&random_tensor(2, [2, 1, 2, 3])).unwrap();
     let v = EX.upload(&random_tensor(3, [2, 1, 2, 3])).unwrap();
-    let o = EX.attention(&q, &k, &v).unwrap();
+    let o = EX.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
     let vd = v.data();
     for b in 0..2 {
         for h in 0..4 {
@@ -185,9 +218,70 @@ fn attention_is_causal_and_averages_equal_scores() {
     let q = up(&[1, 3, 1, 2], &[0.; 6]);
     let k = EX.upload(&random_tensor(5, [1, 3, 1, 2])).unwrap();
     let v = up(&[1, 3, 1, 2], &[1., 2., 3., 4., 5., 6.]);
-    let o = EX.attention(&q, &k, &v).unwrap();
+    let o = EX.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
     close(o.out.data(), &[1., 2., 2., 3., 3., 4.], 1e-6);
     close(o.lse.data(), &[0., 2f32.ln(), 3f32.ln()], 1e-6);
+}
+
+#[test]
+fn sliding_window_averages_only_the_last_keys() {
+    // q = 0 again: with a window of 2, token t outputs the mean of v[t-1..=t].
+    let q = up(&[1, 4, 1, 1], &[0.; 4]);
+    let k = EX.upload(&random_tensor(5, [1, 4, 1, 1])).unwrap();
+    let v = up(&[1, 4, 1, 1], &[1., 2., 4., 8.]);
+    let o = EX.attention(&q, &k, &v, AttnMask::sliding(2)).unwrap();
+    close(o.out.data(), &[1., 1.5, 3., 6.], 1e-6);
+    close(o.lse.data(), &[0., 2f32.ln(), 2f32.ln(), 2f32.ln()], 1e-6);
+    assert_eq!(o.mask, AttnMask::sliding(2));
+    // A window of one key is that key's value.
+    let o1 = EX.attention(&q, &k, &v, AttnMask::sliding(1)).unwrap();
+    close(o1.out.data(), v.data(), 0.0);
+}
+
+#[test]
+fn sliding_window_ignores_keys_before_it_and_covers_causal_when_wide() {
+    let (b, t, hq, hkv, d, w) = (2, 9, 4, 2, 5, 3);
+    let q = EX.upload(&random_tensor(1, [b, t, hq, d])).unwrap();
+    let hk = random_tensor(2, [b, t, hkv, d]);
+    let hv = random_tensor(3, [b, t, hkv, d]);
+    let (k, v) = (EX.upload(&hk).unwrap(), EX.upload(&hv).unwrap());
+    let o = EX.attention(&q, &k, &v, AttnMask::sliding(w)).unwrap();
+    // Keys 0..=2 changed: only queries up to 2 + w - 1 = 4 may move.
+    let bump = |h: &HostTensor| {
+        let mut x = h.to_f32_vec();
+        for bi in 0..b {
+            for j in 0..3 {
+                for e in 0..hkv * d {
+                    x[(bi * t + j) * hkv * d + e] += 0.75;
+                }
+            }
+        }
+        EX.upload(&HostTensor::from_f32(h.shape().dims().to_vec(), x).unwrap())
+            .unwrap()
+    };
+    let o2 = EX
+        .attention(&q, &bump(&hk), &bump(&hv), AttnMask::sliding(w))
+        .unwrap();
+    let row = hq * d;
+    for bi in 0..b {
+        for ti in 0..t {
+            let (a, c) = (
+                &o.out.data()[(bi * t + ti) * row..][..row],
+                &o2.out.data()[(bi * t + ti) * row..][..row],
+            );
+            match ti < 3 + w - 1 {
+                true => assert!(a != c, "query {ti} sees the changed keys"),
+                false => assert_eq!(a, c, "query {ti} is past the window of the changed keys"),
+            }
+        }
+    }
+    // A window of at least T keys is plain causal attention, bit for bit.
+    let causal = EX.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
+    for wide in [t, t + 7] {
+        let o = EX.attention(&q, &k, &v, AttnMask::sliding(wide)).unwrap();
+        assert_eq!(o.out.data(), causal.out.data());
+        assert_eq!(o.lse.data(), causal.lse.data());
+    }
 }
 
 #[test]
@@ -270,6 +364,7 @@ fn f64_and_f32_executors_agree_on_random_inputs() {
             &EX.upload(&hq).unwrap(),
             &EX.upload(&hk).unwrap(),
             &EX.upload(&hv).unwrap(),
+            AttnMask::CAUSAL,
         )
         .unwrap();
     let o64 = e64
@@ -277,6 +372,7 @@ fn f64_and_f32_executors_agree_on_random_inputs() {
             &e64.upload(&hq).unwrap(),
             &e64.upload(&hk).unwrap(),
             &e64.upload(&hv).unwrap(),
+            AttnMask::CAUSAL,
         )
         .unwrap();
     assert!(rel_norm_err(o32.out.data(), o64.out.data()) < 1e-6);

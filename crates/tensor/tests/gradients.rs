@@ -4,7 +4,8 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, TensorHandle, Transpose,
+    AttnMask, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, TensorHandle,
+    Transpose,
 };
 
 type T = CpuTensor<f64>;
@@ -190,9 +191,10 @@ fn rope_backward_with_offset() {
         truncate: true,
         attention_factor: 1.25,
     };
-    for scaling in [RopeScaling::None, yarn] {
+    for (scaling, rotary_dim) in [(RopeScaling::None, None), (yarn.clone(), None), (yarn, Some(4))] {
         let rope = Rope {
             scaling,
+            rotary_dim,
             ..Rope::plain(10000.0, 7)
         };
         let x = rand_t(8, &[2, 3, 2, 6]);
@@ -204,24 +206,35 @@ fn rope_backward_with_offset() {
     }
 }
 
-fn attention_check(b: usize, tt: usize, hq: usize, hkv: usize, d: usize, seed: u64) {
+#[allow(clippy::too_many_arguments)]
+fn attention_check(b: usize, tt: usize, hq: usize, hkv: usize, d: usize, mask: AttnMask, seed: u64) {
     let q = rand_t(seed, &[b, tt, hq, d]);
     let k = rand_t(seed + 1, &[b, tt, hkv, d]);
     let v = rand_t(seed + 2, &[b, tt, hkv, d]);
-    let fw = EX.attention(&q, &k, &v).unwrap();
+    let fw = EX.attention(&q, &k, &v, mask).unwrap();
     let cot = rand_t(seed + 3, &[b, tt, hq, d]);
     let g = EX.attention_backward(&q, &k, &v, &fw, &cot).unwrap();
-    let name = format!("attention b{b} t{tt} hq{hq} hkv{hkv} d{d}");
+    let name = format!("attention b{b} t{tt} hq{hq} hkv{hkv} d{d} {mask:?}");
     grad_check(&name, &[q, k, v], &[g.dq.data(), g.dk.data(), g.dv.data()], |i| {
-        dot(EX.attention(&i[0], &i[1], &i[2]).unwrap().out.data(), cot.data())
+        dot(
+            EX.attention(&i[0], &i[1], &i[2], mask).unwrap().out.data(),
+            cot.data(),
+        )
     });
 }
 
 #[test]
 fn attention_backward_mha_and_gqa() {
-    attention_check(2, 5, 2, 2, 3, 10);
-    attention_check(1, 4, 4, 2, 4, 20);
-    attention_check(2, 3, 4, 1, 2, 30);
+    attention_check(2, 5, 2, 2, 3, AttnMask::CAUSAL, 10);
+    attention_check(1, 4, 4, 2, 4, AttnMask::CAUSAL, 20);
+    attention_check(2, 3, 4, 1, 2, AttnMask::CAUSAL, 30);
+}
+
+#[test]
+fn attention_backward_in_a_sliding_window() {
+    attention_check(2, 7, 2, 2, 3, AttnMask::sliding(3), 40);
+    attention_check(1, 6, 4, 2, 4, AttnMask::sliding(1), 50);
+    attention_check(1, 5, 6, 2, 3, AttnMask::sliding(2), 60);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `config.json` parsing: v4 and v5 field names, defaults, and errors that
 //! name the file and the field.
 
+use megatrain_tensor::AttnMask;
 use megatrain_zoo::{Arch, ModelConfig, ZooError};
 use serde_json::{Value, json};
 
@@ -198,13 +199,49 @@ fn bad_values_are_named() {
 
 #[test]
 fn family_specific_fields() {
-    // Qwen2: q/k/v biases always, no o bias; sliding window refused when on.
+    // Qwen2: q/k/v biases always, no o bias.
     let mut v = llama_v4();
     v["architectures"] = json!(["Qwen2ForCausalLM"]);
     let c = parse(v.clone()).unwrap();
     assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    assert_eq!(c.sliding_window, None);
+    // use_sliding_window puts the window on layers from max_window_layers
+    // (default 28) on: none of these 22, or all of them.
     v["use_sliding_window"] = json!(true);
-    assert!(matches!(parse(v).unwrap_err(), ZooError::Unsupported { .. }));
+    assert_eq!(parse(v.clone()).unwrap().sliding_window, None);
+    v["max_window_layers"] = json!(0);
+    assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(4096));
+    v["sliding_window"] = json!(64);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.attn_mask(), AttnMask::sliding(64));
+    // A window on some layers only is refused, and says where.
+    v["max_window_layers"] = json!(1);
+    let msg = parse(v.clone()).unwrap_err().to_string();
+    assert!(msg.contains("sliding window of 64 on 21 of 22 layers"), "{msg}");
+    // layer_types decides where it is written.
+    v["layer_types"] = json!(vec!["sliding_attention"; 22]);
+    assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(64));
+    let mut mixed = vec!["sliding_attention"; 22];
+    mixed[5] = "full_attention";
+    v["layer_types"] = json!(mixed);
+    assert!(matches!(
+        parse(v.clone()).unwrap_err(),
+        ZooError::Unsupported { .. }
+    ));
+    v["layer_types"] = json!(vec!["sliding_attention"; 2]);
+    assert!(
+        parse(v.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("2 entries for num_hidden_layers = 22")
+    );
+    v["layer_types"] = json!(vec!["chunked_attention"; 22]);
+    assert!(
+        parse(v.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("chunked_attention")
+    );
 
     // Qwen3: q/k norms, head_dim defaults to 128 (Qwen3Config), explicit wins.
     let mut v = llama_v4();
@@ -222,21 +259,21 @@ fn family_specific_fields() {
     let c = parse(v).unwrap();
     assert!(c.qkv_bias && c.o_bias && c.mlp_bias);
 
-    // Mistral: default window 4096, null means none; sequences past it refused.
+    // Mistral: default window 4096, null means none; sequences past it run
+    // under it; a window of 0 is an error that names the field.
     let mut v = llama_v4();
     v["architectures"] = json!(["MistralForCausalLM"]);
     assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(4096));
     v["sliding_window"] = json!(16);
     let c = parse(v.clone()).unwrap();
-    assert!(c.check_seq_len(16).is_ok());
-    assert!(
-        c.check_seq_len(17)
-            .unwrap_err()
-            .to_string()
-            .contains("sliding_window")
-    );
+    assert!(c.check_seq_len(17).is_ok());
+    assert_eq!(c.attn_mask(), AttnMask::sliding(16));
+    v["sliding_window"] = json!(0);
+    let msg = parse(v.clone()).unwrap_err().to_string();
+    assert!(msg.contains("sliding_window") && msg.contains("0 keys"), "{msg}");
     v["sliding_window"] = Value::Null;
-    assert_eq!(parse(v).unwrap().sliding_window, None);
+    let c = parse(v).unwrap();
+    assert_eq!((c.sliding_window, c.attn_mask()), (None, AttnMask::CAUSAL));
 
     // Phi-3: no window unless one is written (Phi-3-mini-4k: 2047); every
     // RoPE scaling is longrope to transformers, so refused.
@@ -249,7 +286,8 @@ fn family_specific_fields() {
     );
     v["sliding_window"] = json!(2047);
     let c = parse(v.clone()).unwrap();
-    assert!(c.check_seq_len(2047).is_ok() && c.check_seq_len(2048).is_err());
+    assert!(c.check_seq_len(4096).is_ok());
+    assert_eq!(c.attn_mask(), AttnMask::sliding(2047));
     // Phi3Config reads `yarn` and `su` as longrope, and knows no other.
     v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
     let msg = parse(v.clone()).unwrap_err().to_string();
@@ -266,11 +304,42 @@ fn family_specific_fields() {
     // Factors must cover head_dim / 2 = 32 pairs.
     v["rope_scaling"] =
         json!({"type": "longrope", "short_factor": vec![1.0; 3], "long_factor": vec![1.0; 3]});
-    let msg = parse(v).unwrap_err().to_string();
+    let msg = parse(v.clone()).unwrap_err().to_string();
     assert!(
         msg.contains("short_factor has 3 factors") && msg.contains("32 pairs"),
         "{msg}"
     );
+    // Phi-4-mini's partial rotary factor: int(64 · 0.75) = 48 entries
+    // rotate, and LongRoPE's factors cover their 24 pairs.
+    v["partial_rotary_factor"] = json!(0.75);
+    let msg = parse(v.clone()).unwrap_err().to_string();
+    assert!(
+        msg.contains("the 48 rotated entries of each head have 24 pairs"),
+        "{msg}"
+    );
+    v["rope_scaling"] =
+        json!({"type": "longrope", "short_factor": vec![1.0; 24], "long_factor": vec![2.0; 24]});
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.rotary_dim, c.rope().rotary_dim), (Some(48), Some(48)));
+    // transformers v5 writes it inside rope_parameters.
+    let mut v5 = v.clone();
+    v5.as_object_mut().unwrap().remove("partial_rotary_factor");
+    v5["rope_scaling"]["partial_rotary_factor"] = json!(0.75);
+    assert_eq!(parse(v5).unwrap().rotary_dim, Some(48));
+    // A factor of 1 rotates everything; outside (0, 1] it is named.
+    v["rope_scaling"] = Value::Null;
+    v["partial_rotary_factor"] = json!(1.0);
+    assert_eq!(parse(v.clone()).unwrap().rotary_dim, None);
+    v["partial_rotary_factor"] = json!(1.5);
+    let msg = parse(v.clone()).unwrap_err().to_string();
+    assert!(
+        msg.contains("partial_rotary_factor") && msg.contains("(0, 1]"),
+        "{msg}"
+    );
+    // An odd count of entries cannot rotate in pairs.
+    v["partial_rotary_factor"] = json!(0.3);
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(msg.contains("RoPE rotates 19 of head_dim 64"), "{msg}");
 }
 
 #[test]

@@ -112,3 +112,34 @@ fn golden_f64_executor_is_tighter() {
         eprintln!("{case:>16} f64: loss {l:.1e}  worst grad {g:.1e}  logits {lg:.1e}");
     }
 }
+
+/// The window cases would fail the golden comparison without their window:
+/// it changes the loss well past the tolerances above. (phi3_partial's
+/// partial rotation needs no such check: its 6 LongRoPE factors cover only
+/// the 12 rotated entries' pairs, and would not load for all 16.)
+#[test]
+fn the_window_cases_depend_on_their_window() {
+    for case in ["mistral_window", "qwen2_window", "phi3_partial"] {
+        let golden = read_golden(case);
+        let mut model = load_hf_dir(fixture(case)).unwrap();
+        assert!(model.config.sliding_window.take().is_some(), "{case}");
+        let ex = F64Executor::new();
+        let ids_g = &golden["input_ids"];
+        let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
+        let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
+        let targets: Vec<i32> = golden["targets"].values.iter().map(|&v| v as i32).collect();
+        let weights: Vec<Vec<_>> = model
+            .tables
+            .iter()
+            .zip(&model.slabs)
+            .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
+            .collect();
+        let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
+        let want = golden["loss"].values[0];
+        let err = ((out.loss - want) / want).abs();
+        assert!(
+            err > 1e-4,
+            "{case}: the loss without the window is off by only {err:e}"
+        );
+    }
+}

@@ -187,12 +187,10 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(msg.contains("target -5"), "{msg}");
     assert!(forward_backward(cfg, &ex, &w, &ids, &targets[1..], b, t, 4).is_err());
     assert!(forward_backward(cfg, &ex, &w, &ids, &targets, b, t, 0).is_err());
-    // Sequences beyond Mistral's sliding window (16) are refused.
+    // Sequences past Mistral's sliding window (16) run: the window masks
+    // their earlier keys (golden case mistral_window).
     let long: Vec<u32> = (0..17).map(|i| i % 50).collect();
-    let msg = embedding_forward(cfg, &ex, &w[0], &long, 1, 17)
-        .unwrap_err()
-        .to_string();
-    assert!(msg.contains("sliding_window"), "{msg}");
+    assert!(embedding_forward(cfg, &ex, &w[0], &long, 1, 17).is_ok());
     // Weights of another layer kind.
     let x = embedding_forward(cfg, &ex, &w[0], &ids, b, t).unwrap();
     assert!(block_forward(cfg, &ex, &w[0], &x).is_err());

@@ -36,6 +36,15 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
         );
         "llama"
     };
+    // A window shorter than the sequence skips work the peer's causal
+    // attention would do: the ratio would not compare like with like.
+    if let Some(w) = model.sliding_window {
+        anyhow::ensure!(
+            w >= spec.seq_len,
+            "the peer has no sliding window ({w} keys, shorter than the {} tokens of a sequence)",
+            spec.seq_len
+        );
+    }
     Ok(json!({
         "arch": arch,
         "vocab": model.vocab_size,
@@ -46,8 +55,9 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
         "head_dim": model.head_dim,
         "inter": model.intermediate_size,
         "eps": model.norm_eps,
-        // The peer rotates by unscaled frequencies: a RoPE scaling changes
-        // the angles, not the work.
+        // The peer rotates whole heads by unscaled frequencies: a RoPE
+        // scaling changes the angles, a partial rotation a few copies, not
+        // the work.
         "theta": model.rope_theta,
         "tie": model.tie_word_embeddings,
         "qkv_bias": model.qkv_bias,

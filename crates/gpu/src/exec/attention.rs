@@ -1,9 +1,10 @@
-//! Fused causal attention (online-softmax forward, recomputing backward).
+//! Fused causal attention (online-softmax forward, recomputing backward),
+//! in a sliding window where the mask has one.
 //! Under the F16 compute precision the operands are first rounded
 //! (`attention_coop.rs`), then run on the tensor-core family or on these
 //! f32 kernels.
 
-use megatrain_tensor::{AttentionGrads, AttentionOut, ComputePrecision, Error, Result};
+use megatrain_tensor::{AttentionGrads, AttentionOut, AttnMask, ComputePrecision, Error, Result};
 
 use super::{GpuExecutor, Op, View, f, need_f32, u};
 use crate::kernels::{Kernel, attn_head_dim};
@@ -57,10 +58,15 @@ pub(crate) struct Dims {
     pub hq: usize,
     pub hkv: usize,
     pub d: usize,
+    /// The mask and its window as the kernels take it
+    /// ([`AttnMask::kernel_window`]).
+    pub mask: AttnMask,
+    pub window: u32,
 }
 
 impl GpuExecutor {
-    pub(crate) fn attn_dims(op: &'static str, q: &GpuTensor, k: &GpuTensor, v: &GpuTensor) -> Result<Dims> {
+    pub(crate) fn attn_dims(op: &'static str, [q, k, v]: [&GpuTensor; 3], mask: AttnMask) -> Result<Dims> {
+        mask.check(op)?;
         for x in [q, k, v] {
             need_f32(op, x)?;
         }
@@ -92,6 +98,8 @@ impl GpuExecutor {
             hq: qd[2],
             hkv: kd[2],
             d: qd[3],
+            mask,
+            window: mask.kernel_window(qd[1]),
         })
     }
 
@@ -100,8 +108,9 @@ impl GpuExecutor {
         q: &GpuTensor,
         k: &GpuTensor,
         v: &GpuTensor,
+        mask: AttnMask,
     ) -> Result<AttentionOut<GpuTensor>> {
-        let d = Self::attn_dims("attention", q, k, v)?;
+        let d = Self::attn_dims("attention", [q, k, v], mask)?;
         if self.precision == ComputePrecision::F16 {
             let coop = self.coop_attention_kernel(d.d);
             let xs = [q, k, v];
@@ -164,7 +173,7 @@ impl GpuExecutor {
                     u(r0),
                     u(r1),
                     mv.elem_off,
-                    0,
+                    d.window,
                 ];
                 let grid = [rows as u32, d.hq as u32, nb as u32];
                 let kernel = match lanes {
@@ -178,7 +187,11 @@ impl GpuExecutor {
         }
         op.finish()?;
         self.remember_maxima_slots(&out, slots);
-        Ok(AttentionOut { out, lse })
+        Ok(AttentionOut {
+            out,
+            lse,
+            mask: d.mask,
+        })
     }
 
     pub(crate) fn attention_backward_impl(
@@ -190,7 +203,7 @@ impl GpuExecutor {
         dout: &GpuTensor,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let name = "attention_backward";
-        let d = Self::attn_dims(name, q, k, v)?;
+        let d = Self::attn_dims(name, [q, k, v], fwd.mask)?;
         need_f32(name, dout)?;
         if dout.shape != q.shape || fwd.out.shape != q.shape || fwd.lse.numel() != d.b * d.hq * d.t {
             return Err(Error::shape(
@@ -363,11 +376,12 @@ pub(super) struct BwdViews<'a> {
 }
 
 impl BwdViews<'_> {
-    /// attention.wgsl's `Params` for these views, key or query range and
-    /// flags (15..18) left zero.
+    /// attention.wgsl's `Params` for these views, key or query range,
+    /// flags and maxima slot (15..19) left zero.
     fn params(&self, d: &Dims) -> [u32; 20] {
         let mut p = [0u32; 20];
         p[..5].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d), f(1.0 / (d.d as f32).sqrt())]);
+        p[19] = d.window;
         let offs = [
             self.q, self.k, self.v, self.o, self.lse, self.dout, self.dq, self.dk, self.dv, self.delta,
         ];

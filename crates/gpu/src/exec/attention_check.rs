@@ -13,7 +13,7 @@
 //! costs a few pipelines once per device.
 
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
-use megatrain_tensor::{ComputePrecision, Executor, HostTensor};
+use megatrain_tensor::{AttnMask, ComputePrecision, Executor, HostTensor};
 
 use super::{GpuExecutor, GpuOptions};
 use crate::F16Attention;
@@ -48,7 +48,7 @@ impl GpuExecutor {
             g.set_compute_precision(ComputePrecision::F16)?;
             let up = |seed: u64, h: usize| g.upload(&random_tensor(seed, [1, t, h, d]));
             let (q, k, v, dout) = (up(1, hq)?, up(2, hkv)?, up(3, hkv)?, up(4, hq)?);
-            let f = g.attention(&q, &k, &v)?;
+            let f = g.attention(&q, &k, &v, AttnMask::CAUSAL)?;
             let b = g.attention_backward(&q, &k, &v, &f, &dout)?;
             [&f.out, &f.lse, &b.dq, &b.dk, &b.dv]
                 .into_iter()

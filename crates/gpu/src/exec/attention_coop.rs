@@ -237,7 +237,11 @@ impl GpuExecutor {
         }
         op.finish()?;
         self.remember_maxima_slots(&out, slots);
-        Ok(AttentionOut { out, lse })
+        Ok(AttentionOut {
+            out,
+            lse,
+            mask: d.mask,
+        })
     }
 
     pub(crate) fn attention_backward_coop(
@@ -322,9 +326,9 @@ fn vec4_ready(name: &'static str, views: &[(&str, &View<'_>)]) -> Result<()> {
 }
 
 /// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
-/// dk, dv, delta, the scale slots of q, k, v, dout and where the output's
-/// maxima go (`NO_MAX_SLOT`: nowhere).
-fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 20] {
+/// dk, dv, delta, the scale slots of q, k, v, dout, where the output's
+/// maxima go (`NO_MAX_SLOT`: nowhere) and the window.
+fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 24] {
     [
         u(d.t),
         u(d.hq),
@@ -346,5 +350,9 @@ fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 2
         slots[2],
         slots[3],
         max_off,
+        d.window,
+        0,
+        0,
+        0,
     ]
 }

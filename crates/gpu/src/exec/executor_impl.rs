@@ -1,9 +1,9 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Download, Executor,
-    HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads,
-    NormOut, Result, Rope, Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
+    Executor, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats,
+    NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -391,8 +391,14 @@ impl Executor for GpuExecutor {
         self.rope_impl(dy, rope, -1.0)
     }
 
-    fn attention(&self, q: &GpuTensor, k: &GpuTensor, v: &GpuTensor) -> Result<AttentionOut<GpuTensor>> {
-        self.attention_impl(q, k, v)
+    fn attention(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        mask: AttnMask,
+    ) -> Result<AttentionOut<GpuTensor>> {
+        self.attention_impl(q, k, v, mask)
     }
 
     fn attention_backward(

@@ -26,8 +26,8 @@ const STORE_MAX: u32 = 1;
 /// when it doubles past the end.
 const MIN_POSITIONS: usize = 256;
 
-/// The angle tables of one (θ, scaling, D): `[positions, D/2]` each,
-/// position 0 first.
+/// The angle tables of one (θ, scaling, rotated D): `[positions, D/2]`
+/// each, position 0 first.
 pub(crate) struct RopeTable {
     positions: usize,
     cos: GpuTensor,
@@ -42,7 +42,7 @@ pub(crate) struct RopeTable {
 #[derive(Default)]
 pub(crate) struct RopeTables(Mutex<HashMap<TableKey, RopeTable>>);
 
-/// θ's bits, the scaling's key, D.
+/// θ's bits, the scaling's key, the rotated D.
 type TableKey = (u64, [u64; 7], usize);
 
 impl GpuExecutor {
@@ -77,17 +77,19 @@ impl GpuExecutor {
         let name = if sign > 0.0 { "rope" } else { "rope_backward" };
         need_f32(name, x)?;
         let d = x.dims();
-        if d.len() != 4 || !d[3].is_multiple_of(2) {
-            return Err(Error::shape(
-                name,
-                format!("x {} must be [B, T, H, D] with D even", x.shape),
-            ));
+        if d.len() != 4 {
+            return Err(Error::shape(name, format!("x {} must be [B, T, H, D]", x.shape)));
         }
         let (t, h, dim) = (d[1], d[2], d[3]);
-        let half = dim / 2;
+        let rot = rope
+            .rotated(name, dim)
+            .map_err(|e| Error::shape(name, format!("x {}: {e}", x.shape)))?;
+        let half = rot / 2;
+        // Per row: a pair per rotated two, and the entries passed through.
+        let per_row = dim - half;
         let y = self.alloc_f32(x.shape.clone())?;
         let rows = d[0] * t * h;
-        if rows == 0 || half == 0 {
+        if rows == 0 || per_row == 0 {
             return Ok(y);
         }
         let end = rope.offset.checked_add(t).filter(|&e| u32::try_from(e).is_ok());
@@ -97,7 +99,7 @@ impl GpuExecutor {
                 format!("positions {} + T = {t} pass the kernel's u32 range", rope.offset),
             )
         })?;
-        let (cos_t, sin_t) = self.rope_table(&rope, dim, end)?;
+        let (cos_t, sin_t) = self.rope_table(&rope, rot, end)?;
         // Only the call's positions are bound: a table grown by a long
         // generation may pass the storage-binding limit as a whole.
         let (cv, sv) = (
@@ -107,7 +109,7 @@ impl GpuExecutor {
         debug_assert_eq!(cv.elem_off, sv.elem_off, "the two tables are laid out alike");
         let mut op = self.op(name);
         let chunks = self.row_chunks(rows, &[dim])?;
-        let grid = |nr: usize| grid_for((nr * half).div_ceil(256));
+        let grid = |nr: usize| grid_for((nr * per_row).div_ceil(256));
         // Under F16 one max word per workgroup (`STORE_MAX` in rope.wgsl),
         // remembered with y and folded when a product first reads it.
         let slots: usize = chunks
@@ -121,7 +123,7 @@ impl GpuExecutor {
             let yv = self.view(&y, r0 * dim, nr * dim)?;
             let maxv = self.maxima_view(&partials, (0, slots), yv)?;
             let params = [
-                u(nr * half),
+                u(nr * per_row),
                 u(t),
                 u(h),
                 u(half),
@@ -132,6 +134,7 @@ impl GpuExecutor {
                 cv.elem_off,
                 partials.as_ref().map_or(0, |_| STORE_MAX),
                 maxv.elem_off + u(base),
+                u(dim),
             ];
             let g = grid(nr);
             op.dispatch(Kernel::Rope, &params, &[xv, cv, sv, yv, maxv], g);

@@ -12,9 +12,9 @@ use crate::cpu::reference::{self as r, AttnDims};
 use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
-    AddNormOut, AttentionGrads, AttentionOut, ComputePrecision, CrossEntropyOut, DType, Error, Executor,
-    HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, TensorHandle,
-    Transpose,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Error,
+    Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape,
+    TensorHandle, Transpose,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -149,13 +149,13 @@ pub(super) fn row_stat<F: Real>(op: &'static str, x: &T<F>, s: &T<F>, name: &str
     Ok(())
 }
 
-fn rope_dims<F>(op: &'static str, x: &T<F>) -> Result<[usize; 4]> {
+fn rope_dims<F>(op: &'static str, x: &T<F>, rope: &Rope) -> Result<[usize; 4]> {
     match *x.dims() {
-        [b, t, h, d] if d % 2 == 0 => Ok([b, t, h, d]),
-        [_, _, _, d] => Err(Error::shape(
-            op,
-            format!("x {}: head dim {d} must be even", x.shape()),
-        )),
+        [b, t, h, d] => {
+            rope.rotated(op, d)
+                .map_err(|e| Error::shape(op, format!("x {}: {e}", x.shape())))?;
+            Ok([b, t, h, d])
+        }
         _ => Err(Error::shape(op, format!("x {} must be [B, T, H, D]", x.shape()))),
     }
 }
@@ -180,7 +180,14 @@ fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDi
     if hkv == 0 || hq % hkv != 0 {
         return Err(err("Hq must be a multiple of Hkv"));
     }
-    Ok(AttnDims { b, t, hq, hkv, d })
+    Ok(AttnDims {
+        b,
+        t,
+        hq,
+        hkv,
+        d,
+        mask: AttnMask::CAUSAL,
+    })
 }
 
 impl<F: Real> Executor for RefExecutor<F> {
@@ -528,7 +535,7 @@ impl<F: Real> Executor for RefExecutor<F> {
     }
 
     fn rope(&self, x: &T<F>, rope: Rope) -> Result<T<F>> {
-        let dims = rope_dims("rope", x)?;
+        let dims = rope_dims("rope", x, &rope)?;
         Ok(out(
             x.shape().clone(),
             r::rope(f32_data("rope", x)?, dims, &rope, false),
@@ -536,16 +543,20 @@ impl<F: Real> Executor for RefExecutor<F> {
     }
 
     fn rope_backward(&self, dy: &T<F>, rope: Rope) -> Result<T<F>> {
-        let dims = rope_dims("rope_backward", dy)?;
+        let dims = rope_dims("rope_backward", dy, &rope)?;
         Ok(out(
             dy.shape().clone(),
             r::rope(f32_data("rope_backward", dy)?, dims, &rope, true),
         ))
     }
 
-    fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttentionOut<T<F>>> {
+    fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>, mask: AttnMask) -> Result<AttentionOut<T<F>>> {
         let op = "attention";
-        let d = attn_dims(op, q, k, v)?;
+        mask.check(op)?;
+        let d = AttnDims {
+            mask,
+            ..attn_dims(op, q, k, v)?
+        };
         let (qd, kd, vd) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
         let (o, lse) = match self.precision {
             ComputePrecision::F32 => r::attention(qd, kd, vd, d),
@@ -554,6 +565,7 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
             lse: out(Shape::new([d.b, d.hq, d.t]), lse),
+            mask,
         })
     }
 
@@ -566,7 +578,11 @@ impl<F: Real> Executor for RefExecutor<F> {
         dout: &T<F>,
     ) -> Result<AttentionGrads<T<F>>> {
         let op = "attention_backward";
-        let d = attn_dims(op, q, k, v)?;
+        fwd.mask.check(op)?;
+        let d = AttnDims {
+            mask: fwd.mask,
+            ..attn_dims(op, q, k, v)?
+        };
         same_shape(op, "q vs out", q, &fwd.out)?;
         same_shape(op, "q vs dout", q, dout)?;
         if fwd.lse.dims() != [d.b, d.hq, d.t] {

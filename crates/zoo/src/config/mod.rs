@@ -11,7 +11,7 @@ mod rope;
 
 use std::path::{Path, PathBuf};
 
-use megatrain_tensor::RopeScaling;
+use megatrain_tensor::{AttnMask, Rope, RopeScaling};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
@@ -100,6 +100,10 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     /// RoPE frequency scaling (`rope_type` llama3, yarn, linear).
     pub rope_scaling: RopeScaling,
+    /// Leading entries of each head that RoPE rotates (Phi-3's
+    /// `partial_rotary_factor`: Phi-4-mini's 0.75 rotates 96 of 128), the
+    /// rest passed through; `None`: all of them.
+    pub rotary_dim: Option<usize>,
     /// `dynamic` RoPE's context: past it transformers changes θ with each
     /// longer batch, which is not implemented, so longer sequences are
     /// refused; within it the frequencies are the default ones.
@@ -113,7 +117,9 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
-    /// Mistral's sliding window: sequences up to this length are exact.
+    /// Keys each query attends to, itself included, on every layer
+    /// (Mistral's and Phi-3's `sliding_window`; Qwen's where
+    /// `use_sliding_window` puts it on every layer); `None`: all before it.
     pub sliding_window: Option<usize>,
     /// `torch_dtype` / `dtype` as written in the file (informational).
     pub dtype: Option<String>,
@@ -288,14 +294,22 @@ impl ModelConfig {
         if !self.arch.is_gpt2() && !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
+        let rotated = self.rotary_dim.unwrap_or(self.head_dim);
+        if let Some(r) = self.rotary_dim
+            && (r == 0 || r > self.head_dim || !r.is_multiple_of(2))
+        {
+            return Err(format!(
+                "RoPE rotates {r} of head_dim {}: it must rotate an even, positive number of entries at most head_dim",
+                self.head_dim
+            ));
+        }
         if let RopeScaling::LongRope { short, long, .. } = &self.rope_scaling {
-            let pairs = self.head_dim / 2;
+            let pairs = rotated / 2;
             for (name, factors) in [("short_factor", short), ("long_factor", long)] {
                 if factors.len() != pairs {
                     return Err(format!(
-                        "rope_scaling {name} has {} factors; head_dim {} has {pairs} pairs",
+                        "rope_scaling {name} has {} factors; the {rotated} rotated entries of each head have {pairs} pairs",
                         factors.len(),
-                        self.head_dim
                     ));
                 }
             }
@@ -344,17 +358,24 @@ impl ModelConfig {
                 ),
             ));
         }
-        if let Some(w) = self.sliding_window
-            && seq > w
-        {
-            return Err(ZooError::invalid(
-                "sequence length",
-                format!(
-                    "{seq} tokens exceed sliding_window = {w}; only full causal attention is implemented"
-                ),
-            ));
-        }
         Ok(())
+    }
+
+    /// The rotary embedding of every layer, from position 0.
+    pub fn rope(&self) -> Rope {
+        Rope {
+            theta: self.rope_theta,
+            offset: 0,
+            scaling: self.rope_scaling.clone(),
+            rotary_dim: self.rotary_dim,
+        }
+    }
+
+    /// The attention mask of every layer.
+    pub fn attn_mask(&self) -> AttnMask {
+        AttnMask {
+            window: self.sliding_window,
+        }
     }
 
     /// The HF `config.json` for this model, with `torch_dtype`/`dtype` set to
@@ -435,12 +456,15 @@ impl ModelConfig {
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
-            Arch::Qwen2 => {
-                obj.insert("use_sliding_window".into(), json!(false));
-            }
-            Arch::Qwen3 => {
-                obj.insert("attention_bias".into(), json!(self.qkv_bias));
-                obj.insert("use_sliding_window".into(), json!(false));
+            Arch::Qwen2 | Arch::Qwen3 => {
+                if self.arch == Arch::Qwen3 {
+                    obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                }
+                obj.insert("use_sliding_window".into(), json!(self.sliding_window.is_some()));
+                if let Some(w) = self.sliding_window {
+                    obj.insert("sliding_window".into(), json!(w));
+                    obj.insert("max_window_layers".into(), json!(0));
+                }
             }
         }
         v
@@ -507,6 +531,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         norm_eps: f.opt_f64("layer_norm_epsilon")?.unwrap_or(1e-5),
         rope_theta: 0.0,
         rope_scaling: RopeScaling::None,
+        rotary_dim: None,
         dynamic_rope_limit: None,
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         qkv_bias: true,
@@ -553,6 +578,18 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         .opt_usize("max_position_embeddings")?
         .unwrap_or(default_positions);
     let rope = parse_rope(f, max_positions, arch == Arch::Phi3)?;
+    // transformers rotates int(head_dim · factor) entries; only Phi-3's
+    // attention splits q and k around them (Llama's would fail to broadcast).
+    let rotary_dim = match rope.partial {
+        None => None,
+        Some(p) if arch == Arch::Phi3 => Some((head_dim as f64 * p) as usize),
+        Some(p) => {
+            return Err(f.unsupported(format!(
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi-3 here)",
+                rope.partial_field
+            )));
+        }
+    };
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
         Arch::Llama => (
@@ -564,36 +601,13 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Qwen2 => (true, false, false),
         _ => (false, false, false),
     };
-    let sliding_window = match arch {
-        // MistralConfig defaults to a 4096 window; null means none.
-        Arch::Mistral => match f.obj.get("sliding_window") {
-            None => Some(4096),
-            Some(Value::Null) => None,
-            Some(v) => Some(f.usize_of("sliding_window", v)?),
-        },
-        // Phi3Config has no window unless one is written (Phi-3-mini-4k:
-        // 2047).
-        Arch::Phi3 => f.opt_usize("sliding_window")?,
-        Arch::Qwen2 | Arch::Qwen3 => {
-            if f.opt_bool("use_sliding_window")?.unwrap_or(false) {
-                return Err(f.unsupported("use_sliding_window = true"));
-            }
-            None
-        }
-        _ => None,
-    };
-    if let Some(types) = f.get("layer_types").and_then(Value::as_array)
-        && let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention"))
-    {
-        return Err(f.unsupported(format!(
-            "layer_types entry {t} (only full_attention is implemented)"
-        )));
-    }
+    let layers = f.req_usize("num_hidden_layers")?;
+    let sliding_window = parse_sliding_window(f, arch, layers)?;
     Ok(ModelConfig {
         arch,
         vocab_size: f.req_usize("vocab_size")?,
         hidden_size: hidden,
-        num_layers: f.req_usize("num_hidden_layers")?,
+        num_layers: layers,
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,
@@ -602,6 +616,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         rope_theta: rope.theta,
         rope_scaling: rope.scaling,
+        rotary_dim,
         dynamic_rope_limit: rope.dynamic_limit,
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
         qkv_bias,
@@ -612,6 +627,72 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         dtype: None,
         raw: None,
     })
+}
+
+/// The window every layer's attention keeps, as transformers reads the
+/// config (MistralConfig defaults `sliding_window` to 4096, null meaning
+/// none; Phi3Config has none unless written, Phi-3-mini-4k's is 2047; Qwen's
+/// applies only under `use_sliding_window`, to the layers from
+/// `max_window_layers` on). An explicit `layer_types` list decides which
+/// layers slide. A window on some layers and not others is refused.
+fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<Option<usize>> {
+    let window = |default: Option<usize>| -> Result<Option<usize>> {
+        let w = match f.obj.get("sliding_window") {
+            None => default,
+            Some(Value::Null) => None,
+            Some(v) => Some(f.usize_of("sliding_window", v)?),
+        };
+        if w == Some(0) {
+            return Err(f.bad(
+                "sliding_window",
+                "a window of 0 keys leaves a query nothing to attend to",
+            ));
+        }
+        Ok(w)
+    };
+    let (w, mut sliding) = match arch {
+        Arch::Mistral => (window(Some(4096))?, vec![true; layers]),
+        Arch::Phi3 => (window(None)?, vec![true; layers]),
+        Arch::Qwen2 | Arch::Qwen3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
+            true => {
+                let from = f.opt_usize("max_window_layers")?.unwrap_or(28);
+                (window(Some(4096))?, (0..layers).map(|i| i >= from).collect())
+            }
+            false => (None, vec![false; layers]),
+        },
+        _ => (None, vec![false; layers]),
+    };
+    if let Some(types) = f.get("layer_types").and_then(Value::as_array) {
+        if types.len() != layers {
+            return Err(f.bad(
+                "layer_types",
+                format!("{} entries for num_hidden_layers = {layers}", types.len()),
+            ));
+        }
+        sliding = types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(false),
+                Some("sliding_attention") => Ok(true),
+                _ => Err(f.unsupported(format!(
+                    "layer_types entry {t} (full_attention and sliding_attention are implemented)"
+                ))),
+            })
+            .collect::<Result<_>>()?;
+    }
+    let Some(w) = w else {
+        return Ok(None);
+    };
+    match (sliding.iter().all(|&s| s), sliding.iter().any(|&s| s)) {
+        (true, _) => Ok(Some(w)),
+        (false, false) => Ok(None),
+        (false, true) => {
+            let n = sliding.iter().filter(|&&s| s).count();
+            Err(f.unsupported(format!(
+                "a sliding window of {w} on {n} of {layers} layers (a window on every layer or on none is implemented)"
+            )))
+        }
+    }
 }
 
 /// A path for configs that never came from a file.

@@ -19,6 +19,10 @@ pub(super) struct RopeFields {
     /// `dynamic` RoPE: the context up to which its frequencies are the
     /// default ones (transformers changes θ with each longer batch).
     pub dynamic_limit: Option<usize>,
+    /// `partial_rotary_factor` where it is below 1, and the field that says
+    /// so.
+    pub partial: Option<f64>,
+    pub partial_field: String,
 }
 
 /// One scaling object (`rope_parameters` or `rope_scaling`), named
@@ -75,6 +79,7 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result
     // v5's `rope_parameters` wins over v4's `rope_scaling` where both are
     // written, as its `rope_theta` does over the top-level one.
     let mut chosen = None;
+    let mut partial: Option<(f64, String)> = None;
     for field in ["rope_scaling", "rope_parameters"] {
         let Some(v) = f.get(field) else { continue };
         let m = v
@@ -84,23 +89,32 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result
         if let Some(t) = obj.num("rope_theta")? {
             theta = Some(t);
         }
-        if let Some(p) = obj.num("partial_rotary_factor")?
-            && p != 1.0
-        {
-            return Err(f.unsupported(format!("{field}.partial_rotary_factor = {p}")));
+        if let Some(p) = obj.num("partial_rotary_factor")? {
+            partial = Some((p, format!("{field}.partial_rotary_factor")));
         }
         chosen = Some(obj);
     }
-    if let Some(p) = f.opt_f64("partial_rotary_factor")?
-        && p != 1.0
-    {
-        return Err(f.unsupported(format!("partial_rotary_factor = {p}")));
+    // As transformers' config classes move it, the top-level factor only
+    // where the scaling object has none.
+    if let (None, Some(p)) = (&partial, f.opt_f64("partial_rotary_factor")?) {
+        partial = Some((p, "partial_rotary_factor".into()));
     }
+    if let Some((p, field)) = &partial
+        && !(*p > 0.0 && *p <= 1.0)
+    {
+        return Err(f.bad(field, format!("{p} must be in (0, 1]")));
+    }
+    let (partial, partial_field) = match partial {
+        Some((p, field)) if p < 1.0 => (Some(p), field),
+        _ => (None, String::new()),
+    };
     let theta = theta.unwrap_or(10000.0);
     let mut out = RopeFields {
         theta,
         scaling: RopeScaling::None,
         dynamic_limit: None,
+        partial,
+        partial_field,
     };
     let Some(o) = chosen else { return Ok(out) };
     let kind =

@@ -3,7 +3,7 @@
 //! biases, MLP biases, and Qwen3's per-head RMSNorm of q and k before RoPE.
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, Rope, TensorHandle, Transpose};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{Linear, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
@@ -99,11 +99,7 @@ pub(super) fn forward<E: Executor>(
     check_weights(w, l.len(), "llama block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
-    let rope = Rope {
-        theta: cfg.rope_theta,
-        offset: 0,
-        scaling: cfg.rope_scaling.clone(),
-    };
+    let rope = cfg.rope();
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
 
@@ -122,7 +118,7 @@ pub(super) fn forward<E: Executor>(
     };
     let q = ex.rope(&qn, rope.clone())?;
     let k = ex.rope(&kn, rope)?;
-    let att = ex.attention(&q, &k, &v)?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask())?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
@@ -160,11 +156,7 @@ pub(super) fn backward<E: Executor>(
     let l = Layout::new(cfg);
     check_weights(w, l.len(), "llama block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let rope = Rope {
-        theta: cfg.rope_theta,
-        offset: 0,
-        scaling: cfg.rope_scaling.clone(),
-    };
+    let rope = cfg.rope();
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 

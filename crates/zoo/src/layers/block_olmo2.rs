@@ -3,7 +3,7 @@
 //! of q and k over their whole projections (not per head) before RoPE.
 //! Attention and the SwiGLU MLP are Llama's; optional attention biases.
 
-use megatrain_tensor::{AttentionOut, Executor, NormOut, Rope, TensorHandle, Transpose};
+use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{Linear, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
@@ -83,14 +83,6 @@ pub struct Olmo2Saved<T> {
     mn: NormOut<T>,
 }
 
-fn rope(cfg: &ModelConfig) -> Rope {
-    Rope {
-        theta: cfg.rope_theta,
-        offset: 0,
-        scaling: cfg.rope_scaling.clone(),
-    }
-}
-
 pub(super) fn forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -109,9 +101,9 @@ pub(super) fn forward<E: Executor>(
     let v = ex.reshape(&lin(ex, x, w, l.v)?, &ks)?;
     let qn = ex.rmsnorm(&q_pre, &w[l.q_norm], eps)?;
     let kn = ex.rmsnorm(&k_pre, &w[l.k_norm], eps)?;
-    let q = ex.rope(&ex.reshape(&qn.y, &qs)?, rope(cfg))?;
-    let k = ex.rope(&ex.reshape(&kn.y, &ks)?, rope(cfg))?;
-    let att = ex.attention(&q, &k, &v)?;
+    let q = ex.rope(&ex.reshape(&qn.y, &qs)?, cfg.rope())?;
+    let k = ex.rope(&ex.reshape(&kn.y, &ks)?, cfg.rope())?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask())?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let on = ex.rmsnorm(&o, &w[l.post_att], eps)?;
@@ -186,11 +178,11 @@ pub(super) fn backward<E: Executor>(
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
     let dq = ex.reshape(
-        &ex.rope_backward(&ga.dq, rope(cfg))?,
+        &ex.rope_backward(&ga.dq, cfg.rope())?,
         &shape(&[b, t, cfg.q_dim()]),
     )?;
     let dk = ex.reshape(
-        &ex.rope_backward(&ga.dk, rope(cfg))?,
+        &ex.rope_backward(&ga.dk, cfg.rope())?,
         &shape(&[b, t, cfg.kv_dim()]),
     )?;
     let gq = ex.rmsnorm_backward(&s.q_pre, &w[l.q_norm], &s.qn.rstd, &dq)?;

@@ -21,6 +21,9 @@ pub const CASES: &[&str] = &[
     "phi3",
     "olmo2",
     "phi3_longrope",
+    "mistral_window",
+    "qwen2_window",
+    "phi3_partial",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

@@ -1,12 +1,15 @@
-//! Causal grouped-query attention. The forward keeps only the log-sum-exp of
-//! each query row; the backward recomputes probabilities from it, one row at
-//! a time, so no T×T matrix ever exists.
+//! Causal grouped-query attention, optionally within a sliding window. The
+//! forward keeps only the log-sum-exp of each query row; the backward
+//! recomputes probabilities from it, one row at a time, so no T×T matrix
+//! ever exists.
 
 use rayon::prelude::*;
 
+use crate::AttnMask;
 use crate::cpu::Real;
 
-/// `q: [b, t, hq, d]`, `k, v: [b, t, hkv, d]`, `hq` a multiple of `hkv`.
+/// `q: [b, t, hq, d]`, `k, v: [b, t, hkv, d]`, `hq` a multiple of `hkv`;
+/// query `i` sees keys `mask.first_key(i) ..= i`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnDims {
     pub b: usize,
@@ -14,6 +17,7 @@ pub struct AttnDims {
     pub hq: usize,
     pub hkv: usize,
     pub d: usize,
+    pub mask: AttnMask,
 }
 
 impl AttnDims {
@@ -38,7 +42,14 @@ fn dot<F: Real>(a: &[F], b: &[F]) -> F {
 /// Returns `(out [b, t, hq, d], lse [b, hq, t])` of causal
 /// `softmax(q kᵀ / sqrt(d)) v`; query head `h` reads kv head `h / (hq / hkv)`.
 pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, Vec<F>) {
-    let AttnDims { b, t, hq, hkv, d } = dm;
+    let AttnDims {
+        b,
+        t,
+        hq,
+        hkv,
+        d,
+        mask,
+    } = dm;
     dm.check(q.len(), k.len());
     assert_eq!(v.len(), k.len(), "attention: v length");
     let group = hq / hkv;
@@ -56,15 +67,16 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, V
             let mut p = vec![F::zero(); t];
             for ti in 0..t {
                 let qr = &q[qi(bi, ti, h)..][..d];
-                let p = &mut p[..=ti];
-                for (j, s) in p.iter_mut().enumerate() {
+                let j0 = mask.first_key(ti);
+                let p = &mut p[j0..=ti];
+                for (j, s) in (j0..).zip(p.iter_mut()) {
                     *s = dot(qr, &k[ki(bi, j, g)..][..d]) * scale;
                 }
                 let mx = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
                 p.iter_mut().for_each(|s| *s = (*s - mx).exp());
                 let l: F = p.iter().copied().sum();
                 let o = &mut out[ti * d..(ti + 1) * d];
-                for (j, &pj) in p.iter().enumerate() {
+                for (j, &pj) in (j0..).zip(p.iter()) {
                     let w = pj / l;
                     o.iter_mut()
                         .zip(&v[ki(bi, j, g)..][..d])
@@ -99,7 +111,14 @@ pub fn attention_backward<F: Real>(
     dout: &[F],
     dm: AttnDims,
 ) -> (Vec<F>, Vec<F>, Vec<F>) {
-    let AttnDims { b, t, hq, hkv, d } = dm;
+    let AttnDims {
+        b,
+        t,
+        hq,
+        hkv,
+        d,
+        mask,
+    } = dm;
     dm.check(q.len(), k.len());
     assert!(
         v.len() == k.len() && out.len() == q.len() && dout.len() == q.len(),
@@ -132,7 +151,8 @@ pub fn attention_backward<F: Real>(
                     let l = lse[(bi * hq + h) * t + ti];
                     let delta = dot(gr, orow);
                     let dqr = &mut dq[(hl * t + ti) * d..][..d];
-                    for (j, pj) in p[..=ti].iter_mut().enumerate() {
+                    let j0 = mask.first_key(ti);
+                    for (j, pj) in (j0..).zip(p[j0..=ti].iter_mut()) {
                         let (kr, vr) = (&k[ki(bi, j, g)..][..d], &v[ki(bi, j, g)..][..d]);
                         *pj = (dot(qr, kr) * scale - l).exp();
                         let ds = *pj * (dot(gr, vr) - delta) * scale;

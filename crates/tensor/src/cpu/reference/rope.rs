@@ -1,12 +1,13 @@
 //! Rotary position embedding, Hugging Face `rotate_half` (half-split) layout
-//! over the whole head dimension.
+//! over the whole head dimension or its leading `rotary_dim` entries.
 
 use rayon::prelude::*;
 
 use crate::Rope;
 use crate::cpu::Real;
 
-/// `(cos, sin)` tables `[t, d/2]` of positions `rope.offset..+t`: the angle
+/// `(cos, sin)` tables `[t, d/2]` of positions `rope.offset..+t` for `d`
+/// rotated entries: the angle
 /// of position p and pair i is p·f_i, f_i the scaled inverse frequency
 /// ([`RopeScaling::inv_freq`](crate::RopeScaling::inv_freq); θ^(−2i/d)
 /// unscaled), and both tables carry the scaling's attention factor.
@@ -39,21 +40,22 @@ pub fn rope_tables_for<F: Real>(t: usize, d: usize, rope: &Rope, end: usize) -> 
 }
 
 /// Rotates `x: [b, t, h, d]` (`dims`), token `ti` at position `offset + ti`:
-/// for `i < d/2`, `y[i] = x[i]·cos − x[i+d/2]·sin` and
-/// `y[i+d/2] = x[i+d/2]·cos + x[i]·sin`. With `inverse` the angle is negated,
-/// which is the backward: the map is a rotation times the scaling's
-/// attention factor, so its transpose is the rotation back times the same
-/// factor. `d` must be even.
+/// with `r` the rotated entries ([`Rope::rotated`]), for `i < r/2`,
+/// `y[i] = x[i]·cos − x[i+r/2]·sin` and `y[i+r/2] = x[i+r/2]·cos + x[i]·sin`,
+/// and `y[i] = x[i]` from `r` on. With `inverse` the angle is negated, which
+/// is the backward: the map is a rotation times the scaling's attention
+/// factor, so its transpose is the rotation back times the same factor
+/// (and the identity on the entries passed through).
 pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: &Rope, inverse: bool) -> Vec<F> {
     let [b, t, h, d] = dims;
-    assert!(d % 2 == 0, "rope: head dim {d} is odd");
+    let r = rope.rotated("rope", d).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(x.len(), b * t * h * d, "rope: x length");
     let mut y = vec![F::zero(); x.len()];
     if d == 0 {
         return y;
     }
-    let half = d / 2;
-    let (cos, sin) = rope_tables::<F>(t, d, rope);
+    let half = r / 2;
+    let (cos, sin) = rope_tables::<F>(t, r, rope);
     y.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .enumerate()
@@ -66,6 +68,7 @@ pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: &Rope, inverse: bool) -> V
                 yr[i] = x1 * c[i] - x2 * s;
                 yr[i + half] = x2 * c[i] + x1 * s;
             }
+            yr[r..].copy_from_slice(&xr[r..]);
         });
     y
 }
