@@ -66,8 +66,9 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// OLMo 2's block (norms after the sublayers, whole-projection q/k norms),
 /// the scaled RoPEs (llama3, YaRN with its attention factor, LongRoPE past
 /// its original context), sliding windows (Mistral's of 4 keys, Qwen2's
-/// of 3) and Phi-4-mini's partial rotation (12 of 16 entries, under
-/// LongRoPE, in a window of 5), in the zoo's golden fixtures' shapes.
+/// of 3 on every block and of 4 on blocks 1-2), Phi-4-mini's partial
+/// rotation (12 of 16 entries, under LongRoPE, in a window of 5) and
+/// OLMo 3's blocks by kind, in the zoo's golden fixtures' shapes.
 #[test]
 fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -79,6 +80,8 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "mistral_window",
         "qwen2_window",
         "phi3_partial",
+        "qwen2_window_layers",
+        "olmo3",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

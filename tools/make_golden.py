@@ -38,6 +38,8 @@ from transformers import (
     MistralForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -372,6 +374,54 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Qwen2 with use_sliding_window from block 1 of 3 on (max_window_layers
+    # = 1): block 0 attends to every earlier key, blocks 1 and 2 to 4.
+    "qwen2_window_layers": (
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        dict(
+            vocab_size=71,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # OLMo 3: OLMo 2's block; blocks 0-2 slide (window 3), block 3 attends
+    # to all; YaRN (factor 4 over an original context of 4) on block 3
+    # only, the sliding blocks' RoPE plain, θ 500000 (Olmo3Config's).
+    "olmo3": (
+        Olmo3Config,
+        Olmo3ForCausalLM,
+        dict(
+            vocab_size=89,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            sliding_window=3,
+            max_position_embeddings=64,
+            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4),
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=0,
+        ),
+        10,
+        torch.float32,
+    ),
 }
 
 
@@ -482,6 +532,22 @@ def patch_float64(model):
         name = type(m).__name__
         if name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
+            # OLMo 3: one set of frequencies per block kind.
+            kinds = {}
+            for kind in m.layer_types:
+                kcfg = types.SimpleNamespace(
+                    rope_parameters=cfg.rope_parameters[kind],
+                    max_position_embeddings=cfg.max_position_embeddings,
+                )
+                dim = getattr(m, f"{kind}_inv_freq").shape[0] * 2
+                inv, att = inv_freq64(kcfg, dim)
+                assert torch.allclose(inv, getattr(m, f"{kind}_inv_freq").to(torch.float64), rtol=1e-6, atol=0)
+                assert abs(att - getattr(m, f"{kind}_attention_scaling")) < 1e-12
+                kinds[kind] = _rope64(kcfg, dim)
+            m.forward = types.MethodType(
+                lambda self, x, position_ids, layer_type: kinds[layer_type](self, x, position_ids), m
+            )
         elif name.endswith("RotaryEmbedding"):
             dim = m.inv_freq.shape[0] * 2
             inv, att = inv_freq64(cfg, dim)

@@ -74,6 +74,12 @@ fn main() -> AnyResult<()> {
         "mistral_f16",
         "qwen2",
         "qwen3",
+        "phi3",
+        "olmo2",
+        "mistral_window",
+        "qwen2_window_layers",
+        "phi3_partial",
+        "olmo3",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

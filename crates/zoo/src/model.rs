@@ -99,8 +99,8 @@ pub fn forward_backward<E: Executor>(
     check_layers(cfg, weights)?;
     let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq)?;
     let mut saved = Vec::with_capacity(cfg.num_layers);
-    for w in &weights[1..=cfg.num_layers] {
-        let (y, s) = block_forward(cfg, ex, w, &x)?;
+    for (layer, w) in weights[1..=cfg.num_layers].iter().enumerate() {
+        let (y, s) = block_forward(cfg, ex, layer, w, &x)?;
         saved.push(s);
         x = y;
     }
@@ -120,8 +120,8 @@ pub fn forward_backward<E: Executor>(
     grads.push(vec![]);
     let mut dx = head.dx;
     let mut block_grads = Vec::with_capacity(cfg.num_layers);
-    for (w, s) in weights[1..=cfg.num_layers].iter().zip(&saved).rev() {
-        let (d, g) = block_backward(cfg, ex, w, s, &dx)?;
+    for (layer, (w, s)) in weights[1..=cfg.num_layers].iter().zip(&saved).enumerate().rev() {
+        let (d, g) = block_backward(cfg, ex, layer, w, s, &dx)?;
         block_grads.push(g);
         dx = d;
     }
@@ -147,8 +147,8 @@ pub fn forward_logits<E: Executor>(
 ) -> Result<E::Tensor> {
     check_layers(cfg, weights)?;
     let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq)?;
-    for w in &weights[1..=cfg.num_layers] {
-        x = layers::block_forward(cfg, ex, w, &x)?.0;
+    for (layer, w) in weights[1..=cfg.num_layers].iter().enumerate() {
+        x = layers::block_forward(cfg, ex, layer, w, &x)?.0;
     }
     head_logits(
         cfg,

@@ -55,6 +55,8 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         mlp_bias: true,
         qk_norm: false,
         sliding_window: None,
+        sliding_layers: None,
+        sliding_rope: None,
         dtype: None,
         raw: None,
     }
@@ -95,6 +97,8 @@ fn llama(s: LlamaShape) -> ModelConfig {
         mlp_bias: false,
         qk_norm: s.arch == Arch::Qwen3,
         sliding_window: None,
+        sliding_layers: None,
+        sliding_rope: None,
         dtype: None,
         raw: None,
     }

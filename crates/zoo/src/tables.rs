@@ -84,7 +84,7 @@ impl ModelConfig {
                 t.push(format!("{p}.mlp.c_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.c_proj.bias"), [c], false)?;
             }
-            (LayerKind::Block(i), Arch::Olmo2) => {
+            (LayerKind::Block(i), Arch::Olmo2 | Arch::Olmo3) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
                 for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {

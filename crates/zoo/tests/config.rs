@@ -1,7 +1,7 @@
 //! `config.json` parsing: v4 and v5 field names, defaults, and errors that
 //! name the file and the field.
 
-use megatrain_tensor::AttnMask;
+use megatrain_tensor::{AttnMask, RopeScaling};
 use megatrain_zoo::{Arch, ModelConfig, ZooError};
 use serde_json::{Value, json};
 
@@ -213,21 +213,28 @@ fn family_specific_fields() {
     assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(4096));
     v["sliding_window"] = json!(64);
     let c = parse(v.clone()).unwrap();
-    assert_eq!(c.attn_mask(), AttnMask::sliding(64));
-    // A window on some layers only is refused, and says where.
+    assert_eq!(
+        (c.attn_mask(0), c.attn_mask(21)),
+        (AttnMask::sliding(64), AttnMask::sliding(64))
+    );
+    // From block 1 on.
     v["max_window_layers"] = json!(1);
-    let msg = parse(v.clone()).unwrap_err().to_string();
-    assert!(msg.contains("sliding window of 64 on 21 of 22 layers"), "{msg}");
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (c.attn_mask(0), c.attn_mask(1)),
+        (AttnMask::CAUSAL, AttnMask::sliding(64))
+    );
+    assert!(!c.slides(0) && c.slides(1) && c.slides(21));
     // layer_types decides where it is written.
     v["layer_types"] = json!(vec!["sliding_attention"; 22]);
-    assert_eq!(parse(v.clone()).unwrap().sliding_window, Some(64));
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.sliding_window, c.sliding_layers), (Some(64), None));
     let mut mixed = vec!["sliding_attention"; 22];
     mixed[5] = "full_attention";
     v["layer_types"] = json!(mixed);
-    assert!(matches!(
-        parse(v.clone()).unwrap_err(),
-        ZooError::Unsupported { .. }
-    ));
+    let c = parse(v.clone()).unwrap();
+    assert!(c.slides(4) && !c.slides(5) && c.slides(6));
+    assert_eq!(c.attn_mask(5), AttnMask::CAUSAL);
     v["layer_types"] = json!(vec!["sliding_attention"; 2]);
     assert!(
         parse(v.clone())
@@ -267,13 +274,13 @@ fn family_specific_fields() {
     v["sliding_window"] = json!(16);
     let c = parse(v.clone()).unwrap();
     assert!(c.check_seq_len(17).is_ok());
-    assert_eq!(c.attn_mask(), AttnMask::sliding(16));
+    assert_eq!(c.attn_mask(3), AttnMask::sliding(16));
     v["sliding_window"] = json!(0);
     let msg = parse(v.clone()).unwrap_err().to_string();
     assert!(msg.contains("sliding_window") && msg.contains("0 keys"), "{msg}");
     v["sliding_window"] = Value::Null;
     let c = parse(v).unwrap();
-    assert_eq!((c.sliding_window, c.attn_mask()), (None, AttnMask::CAUSAL));
+    assert_eq!((c.sliding_window, c.attn_mask(0)), (None, AttnMask::CAUSAL));
 
     // Phi-3: no window unless one is written (Phi-3-mini-4k: 2047); every
     // RoPE scaling is longrope to transformers, so refused.
@@ -287,7 +294,7 @@ fn family_specific_fields() {
     v["sliding_window"] = json!(2047);
     let c = parse(v.clone()).unwrap();
     assert!(c.check_seq_len(4096).is_ok());
-    assert_eq!(c.attn_mask(), AttnMask::sliding(2047));
+    assert_eq!(c.attn_mask(0), AttnMask::sliding(2047));
     // Phi3Config reads `yarn` and `su` as longrope, and knows no other.
     v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
     let msg = parse(v.clone()).unwrap_err().to_string();
@@ -320,7 +327,7 @@ fn family_specific_fields() {
     v["rope_scaling"] =
         json!({"type": "longrope", "short_factor": vec![1.0; 24], "long_factor": vec![2.0; 24]});
     let c = parse(v.clone()).unwrap();
-    assert_eq!((c.rotary_dim, c.rope().rotary_dim), (Some(48), Some(48)));
+    assert_eq!((c.rotary_dim, c.rope(0).rotary_dim), (Some(48), Some(48)));
     // transformers v5 writes it inside rope_parameters.
     let mut v5 = v.clone();
     v5.as_object_mut().unwrap().remove("partial_rotary_factor");
@@ -376,4 +383,61 @@ fn generated_config_parses_back() {
         back.dtype = None;
         assert_eq!(back, c, "{name}");
     }
+}
+
+/// OLMo 3 as transformers reads it: three blocks of four slide (window 4096
+/// unless written), θ 500000 unless written, and the RoPE scaling only on
+/// the full-attention blocks, whether written v4-style (one `rope_theta`,
+/// `rope_scaling` for the full blocks) or v5-style (`rope_parameters` per
+/// block kind).
+#[test]
+fn olmo3_windows_and_ropes_by_block_kind() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Olmo3ForCausalLM"]);
+    v.as_object_mut().unwrap().remove("rope_theta");
+    v["num_hidden_layers"] = json!(8);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.arch, Arch::Olmo3);
+    assert!(c.arch.has_post_norms());
+    let slides: Vec<bool> = (0..8).map(|i| c.slides(i)).collect();
+    assert_eq!(slides, [true, true, true, false, true, true, true, false]);
+    assert_eq!(c.attn_mask(0), AttnMask::sliding(4096));
+    assert_eq!(c.attn_mask(3), AttnMask::CAUSAL);
+    assert_eq!((c.rope(0).theta, c.rope(3).theta), (5e5, 5e5));
+    assert_eq!(c.sliding_rope, None);
+
+    // v4: rope_scaling is the full blocks' only.
+    v["rope_theta"] = json!(1e6);
+    v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192});
+    let c = parse(v.clone()).unwrap();
+    assert!(matches!(c.rope(3).scaling, RopeScaling::Yarn { .. }));
+    assert_eq!(c.rope(0).scaling, RopeScaling::None);
+    assert_eq!((c.rope(0).theta, c.rope(3).theta), (1e6, 1e6));
+
+    // v5: each kind its own; a bad field is named with its kind.
+    let o = v.as_object_mut().unwrap();
+    o.remove("rope_theta");
+    o.remove("rope_scaling");
+    v["rope_parameters"] = json!({
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    });
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.rope(3).scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!((c.rope(3).theta, c.rope(1).theta), (1e6, 1e4));
+    assert_eq!(c.rope(1).scaling, RopeScaling::None);
+    v["rope_parameters"]["full_attention"]["factor"] = json!(-1.0);
+    let msg = parse(v.clone()).unwrap_err().to_string();
+    assert!(msg.contains("rope_parameters.full_attention.factor"), "{msg}");
+
+    // An explicit layer_types and window win.
+    v["rope_parameters"]["full_attention"]["factor"] = json!(2.0);
+    v["sliding_window"] = json!(512);
+    let mut kinds = vec!["full_attention"; 8];
+    kinds[2] = "sliding_attention";
+    v["layer_types"] = json!(kinds);
+    let c = parse(v).unwrap();
+    let slides: Vec<bool> = (0..8).map(|i| c.slides(i)).collect();
+    assert_eq!(slides, [false, false, true, false, false, false, false, false]);
+    assert_eq!(c.attn_mask(2), AttnMask::sliding(512));
 }

@@ -7,7 +7,7 @@ mod common;
 use common::{CASES, Golden, fixture, read_golden, rel_norm_err};
 use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};
 use megatrain_tensor::{CpuExecutor, F64Executor, TensorHandle};
-use megatrain_zoo::{forward_backward, forward_logits, load_hf_dir, upload_layer};
+use megatrain_zoo::{ModelConfig, forward_backward, forward_logits, load_hf_dir, upload_layer};
 
 struct Tol {
     loss: f64,
@@ -113,16 +113,32 @@ fn golden_f64_executor_is_tighter() {
     }
 }
 
-/// The window cases would fail the golden comparison without their window:
-/// it changes the loss well past the tolerances above. (phi3_partial's
-/// partial rotation needs no such check: its 6 LongRoPE factors cover only
-/// the 12 rotated entries' pairs, and would not load for all 16.)
+/// The window cases would fail the golden comparison without their window
+/// (and OLMo 3's with YaRN on every block): each changes the loss well
+/// past the tolerances above. (phi3_partial's partial rotation needs no
+/// such check: its 6 LongRoPE factors cover only the 12 rotated entries'
+/// pairs, and would not load for all 16.)
 #[test]
 fn the_window_cases_depend_on_their_window() {
-    for case in ["mistral_window", "qwen2_window", "phi3_partial"] {
+    fn window(c: &mut ModelConfig) -> bool {
+        c.sliding_window.take().is_some()
+    }
+    fn sliding_rope(c: &mut ModelConfig) -> bool {
+        c.sliding_rope.take().is_some()
+    }
+    type Drop = fn(&mut ModelConfig) -> bool;
+    let cases: [(&str, Drop); 6] = [
+        ("mistral_window", window),
+        ("qwen2_window", window),
+        ("phi3_partial", window),
+        ("qwen2_window_layers", window),
+        ("olmo3", window),
+        ("olmo3", sliding_rope),
+    ];
+    for (case, drop) in cases {
         let golden = read_golden(case);
         let mut model = load_hf_dir(fixture(case)).unwrap();
-        assert!(model.config.sliding_window.take().is_some(), "{case}");
+        assert!(drop(&mut model.config), "{case}");
         let ex = F64Executor::new();
         let ids_g = &golden["input_ids"];
         let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
@@ -137,9 +153,6 @@ fn the_window_cases_depend_on_their_window() {
         let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
         let want = golden["loss"].values[0];
         let err = ((out.loss - want) / want).abs();
-        assert!(
-            err > 1e-4,
-            "{case}: the loss without the window is off by only {err:e}"
-        );
+        assert!(err > 1e-4, "{case}: the loss without it is off by only {err:e}");
     }
 }

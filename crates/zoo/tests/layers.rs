@@ -56,7 +56,7 @@ fn streamed_micro_batch(
     let l = cfg.num_layers;
     let mut inputs = vec![embedding_forward(cfg, &ex, &w[0], ids, b, t).unwrap()];
     for (i, wl) in w[1..=l].iter().enumerate() {
-        let (y, _dropped) = block_forward(cfg, &ex, wl, &inputs[i]).unwrap();
+        let (y, _dropped) = block_forward(cfg, &ex, i, wl, &inputs[i]).unwrap();
         inputs.push(y);
     }
     let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
@@ -65,8 +65,8 @@ fn streamed_micro_batch(
     grads[l + 1] = head.grads;
     let mut dx = head.dx;
     for i in (0..l).rev() {
-        let (_, saved) = block_forward(cfg, &ex, &w[i + 1], &inputs[i]).unwrap(); // recompute
-        let (d, g) = block_backward(cfg, &ex, &w[i + 1], &saved, &dx).unwrap();
+        let (_, saved) = block_forward(cfg, &ex, i, &w[i + 1], &inputs[i]).unwrap(); // recompute
+        let (d, g) = block_backward(cfg, &ex, i, &w[i + 1], &saved, &dx).unwrap();
         grads[i + 1] = g;
         dx = d;
     }
@@ -161,8 +161,8 @@ fn head_chunking_does_not_change_results() {
     }
     let x = {
         let mut x = embedding_forward(&m.config, &ex, &w[0], &ids, b, t).unwrap();
-        for wl in &w[1..=m.config.num_layers] {
-            x = block_forward(&m.config, &ex, wl, &x).unwrap().0;
+        for (i, wl) in w[1..=m.config.num_layers].iter().enumerate() {
+            x = block_forward(&m.config, &ex, i, wl, &x).unwrap().0;
         }
         x
     };
@@ -193,7 +193,10 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(embedding_forward(cfg, &ex, &w[0], &long, 1, 17).is_ok());
     // Weights of another layer kind.
     let x = embedding_forward(cfg, &ex, &w[0], &ids, b, t).unwrap();
-    assert!(block_forward(cfg, &ex, &w[0], &x).is_err());
+    assert!(block_forward(cfg, &ex, 0, &w[0], &x).is_err());
+    // A block past the model's.
+    let msg = block_forward(cfg, &ex, 2, &w[1], &x).unwrap_err().to_string();
+    assert!(msg.contains("block 2 of a model of 2 blocks"), "{msg}");
     let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 4);
     assert!(tied_head.is_err(), "untied head refuses an embedding table");
 }

@@ -70,8 +70,8 @@ impl<E: Executor> Resident<E> {
         let cfg = &self.model;
         let t = ids.len();
         let mut x = embedding_forward(cfg, ex, &self.weights[0], ids, 1, t)?;
-        for w in &self.weights[1..=cfg.num_layers] {
-            x = block_forward(cfg, ex, w, &x)?.0;
+        for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
+            x = block_forward(cfg, ex, layer, w, &x)?.0;
         }
         let x2 = ex.reshape(&x, &Shape::new(vec![t, cfg.hidden_size]))?;
         let last = ex.slice_rows(&x2, t - 1, 1)?;

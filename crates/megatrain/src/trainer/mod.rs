@@ -522,7 +522,7 @@ impl<E: Executor> Trainer<E> {
             for i in 0..n_blocks {
                 let slot = slots.take()?;
                 let w = load(slot, &h.remaining[1 + i], m)?;
-                let (y, _) = block_forward(cfg, ex, &w, &x)?;
+                let (y, _) = block_forward(cfg, ex, i, &w, &x)?;
                 slots.release(slot);
                 if i % k == 0 {
                     checkpoints.push(x);
@@ -570,14 +570,14 @@ impl<E: Executor> Trainer<E> {
                     .collect::<Result<Vec<_>>>()?;
                 let mut x = checkpoints.pop().expect("one checkpoint per block group");
                 let mut saved = Vec::with_capacity(e - s);
-                for (_, w) in &ws {
-                    let (y, sv) = block_forward(cfg, ex, w, &x)?;
+                for (i, (_, w)) in (s..e).zip(&ws) {
+                    let (y, sv) = block_forward(cfg, ex, i, w, &x)?;
                     saved.push(sv);
                     x = y;
                 }
                 drop(x);
-                for ((slot, w), sv) in ws.iter().zip(saved).rev() {
-                    let (d, grads) = block_backward(cfg, ex, w, &sv, &dx)?;
+                for (i, ((slot, w), sv)) in (s..e).zip(ws.iter().zip(saved)).rev() {
+                    let (d, grads) = block_backward(cfg, ex, i, w, &sv, &dx)?;
                     slots.release(*slot);
                     drop(sv);
                     dx = d;
@@ -659,11 +659,11 @@ impl<E: Executor> Trainer<E> {
             .iter()
             .map(|b| embedding_forward(cfg, ex, &emb_w, &b.inputs, b.batch, b.seq_len))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        for slab in &layers[1..=n] {
+        for (i, slab) in layers[1..=n].iter().enumerate() {
             let slot = slots.take()?;
             let (w, _) = load_layer(ex, slot, slab)?;
             for x in &mut xs {
-                *x = block_forward(cfg, ex, &w, x)?.0;
+                *x = block_forward(cfg, ex, i, &w, x)?.0;
             }
             slots.release(slot);
         }

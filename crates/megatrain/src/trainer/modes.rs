@@ -119,7 +119,7 @@ impl<E: Executor> Trainer<E> {
         let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t)?;
         let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
         for i in 0..n_blocks {
-            let (y, _) = block_forward(cfg, ex, &w.layers[1 + i], &x)?;
+            let (y, _) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
             if i % k == 0 {
                 checkpoints.push(x);
             }
@@ -143,13 +143,13 @@ impl<E: Executor> Trainer<E> {
             let mut h = checkpoints.pop().expect("one checkpoint per block group");
             let mut saved = Vec::with_capacity(e - s);
             for i in s..e {
-                let (y, sv) = block_forward(cfg, ex, &w.layers[1 + i], &h)?;
+                let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &h)?;
                 saved.push(sv);
                 h = y;
             }
             drop(h);
             for (i, sv) in (s..e).zip(saved).rev() {
-                let (d, _grads) = block_backward(cfg, ex, &w.layers[1 + i], &sv, &dx)?;
+                let (d, _grads) = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx)?;
                 dx = d;
             }
         }

@@ -15,7 +15,7 @@ use megatrain_tensor::{AttnMask, Rope, RopeScaling};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
-use rope::parse_rope;
+use rope::{parse_olmo3_rope, parse_rope};
 
 /// Model families and the HF `architectures` entry each one answers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,13 +31,16 @@ pub enum Arch {
     /// OLMo 2: norms after the attention and the MLP rather than before,
     /// and RMSNorms of the whole q and k projections.
     Olmo2,
+    /// OLMo 3: OLMo 2's block, a sliding window on three blocks of four,
+    /// and the RoPE scaling on the others only.
+    Olmo3,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                         Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM";
+                         Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM";
 
 impl Arch {
-    pub const ALL: [Arch; 7] = [
+    pub const ALL: [Arch; 8] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -45,6 +48,7 @@ impl Arch {
         Arch::Qwen3,
         Arch::Phi3,
         Arch::Olmo2,
+        Arch::Olmo3,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Arch {
             Arch::Qwen3 => "Qwen3ForCausalLM",
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Olmo2 => "Olmo2ForCausalLM",
+            Arch::Olmo3 => "Olmo3ForCausalLM",
         }
     }
 
@@ -68,6 +73,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
             Arch::Olmo2 => "olmo2",
+            Arch::Olmo3 => "olmo3",
         }
     }
 
@@ -79,6 +85,12 @@ impl Arch {
     /// (RMSNorm, RoPE, SwiGLU).
     pub fn is_gpt2(self) -> bool {
         self == Arch::Gpt2
+    }
+
+    /// OLMo's block: norms after the sublayers, q/k norms over the whole
+    /// projections.
+    pub fn has_post_norms(self) -> bool {
+        matches!(self, Arch::Olmo2 | Arch::Olmo3)
     }
 }
 
@@ -117,10 +129,16 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3).
     pub qk_norm: bool,
-    /// Keys each query attends to, itself included, on every layer
-    /// (Mistral's and Phi-3's `sliding_window`; Qwen's where
-    /// `use_sliding_window` puts it on every layer); `None`: all before it.
+    /// Keys each query attends to, itself included, on the layers that
+    /// slide (Mistral's and Phi-3's `sliding_window`, Qwen's under
+    /// `use_sliding_window`, OLMo 3's); `None`: all before it, everywhere.
     pub sliding_window: Option<usize>,
+    /// Which blocks the window applies to (`layer_types`' `sliding_attention`
+    /// entries, Qwen's from `max_window_layers` on); `None`: every block.
+    pub sliding_layers: Option<Vec<bool>>,
+    /// θ and scaling of the sliding blocks' RoPE where it differs from the
+    /// others' (OLMo 3 scales only its full-attention blocks' RoPE).
+    pub sliding_rope: Option<(f64, RopeScaling)>,
     /// `torch_dtype` / `dtype` as written in the file (informational).
     pub dtype: Option<String>,
     /// The parsed `config.json`, written back (with its dtype updated) on
@@ -361,20 +379,33 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// The rotary embedding of every layer, from position 0.
-    pub fn rope(&self) -> Rope {
+    /// Whether block `layer`'s attention keeps to the sliding window.
+    pub fn slides(&self, layer: usize) -> bool {
+        self.sliding_window.is_some()
+            && self
+                .sliding_layers
+                .as_ref()
+                .is_none_or(|s| s.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The rotary embedding of block `layer`, from position 0.
+    pub fn rope(&self, layer: usize) -> Rope {
+        let (theta, scaling) = match &self.sliding_rope {
+            Some((theta, scaling)) if self.slides(layer) => (*theta, scaling.clone()),
+            _ => (self.rope_theta, self.rope_scaling.clone()),
+        };
         Rope {
-            theta: self.rope_theta,
+            theta,
             offset: 0,
-            scaling: self.rope_scaling.clone(),
+            scaling,
             rotary_dim: self.rotary_dim,
         }
     }
 
-    /// The attention mask of every layer.
-    pub fn attn_mask(&self) -> AttnMask {
+    /// The attention mask of block `layer`.
+    pub fn attn_mask(&self, layer: usize) -> AttnMask {
         AttnMask {
-            window: self.sliding_window,
+            window: self.sliding_window.filter(|_| self.slides(layer)),
         }
     }
 
@@ -450,8 +481,11 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
             }
-            Arch::Olmo2 => {
+            Arch::Olmo2 | Arch::Olmo3 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                if self.arch == Arch::Olmo3 {
+                    obj.insert("sliding_window".into(), json!(self.sliding_window));
+                }
             }
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
@@ -466,6 +500,13 @@ impl ModelConfig {
                     obj.insert("max_window_layers".into(), json!(0));
                 }
             }
+        }
+        if let Some(sliding) = &self.sliding_layers {
+            let kind = |s: &bool| if *s { "sliding_attention" } else { "full_attention" };
+            obj.insert(
+                "layer_types".into(),
+                json!(sliding.iter().map(kind).collect::<Vec<_>>()),
+            );
         }
         v
     }
@@ -539,6 +580,8 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         mlp_bias: true,
         qk_norm: false,
         sliding_window: None,
+        sliding_layers: None,
+        sliding_rope: None,
         dtype: None,
         raw: None,
     })
@@ -577,7 +620,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let max_positions = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(default_positions);
-    let rope = parse_rope(f, max_positions, arch == Arch::Phi3)?;
+    let (rope, sliding_rope) = match arch {
+        Arch::Olmo3 => parse_olmo3_rope(f, max_positions)?,
+        _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
+    };
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
     // attention splits q and k around them (Llama's would fail to broadcast).
     let rotary_dim = match rope.partial {
@@ -597,12 +643,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 | Arch::Olmo2 => (attention_bias, attention_bias, false),
+        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 => (attention_bias, attention_bias, false),
         Arch::Qwen2 => (true, false, false),
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
-    let sliding_window = parse_sliding_window(f, arch, layers)?;
+    let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers)?;
     Ok(ModelConfig {
         arch,
         vocab_size: f.req_usize("vocab_size")?,
@@ -624,18 +670,20 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         mlp_bias,
         qk_norm: arch == Arch::Qwen3,
         sliding_window,
+        sliding_layers,
+        sliding_rope,
         dtype: None,
         raw: None,
     })
 }
 
-/// The window every layer's attention keeps, as transformers reads the
-/// config (MistralConfig defaults `sliding_window` to 4096, null meaning
-/// none; Phi3Config has none unless written, Phi-3-mini-4k's is 2047; Qwen's
-/// applies only under `use_sliding_window`, to the layers from
-/// `max_window_layers` on). An explicit `layer_types` list decides which
-/// layers slide. A window on some layers and not others is refused.
-fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<Option<usize>> {
+/// The sliding window and the blocks that keep to it (`None`: all), as
+/// transformers reads the config: MistralConfig defaults `sliding_window`
+/// to 4096, null meaning none; Phi3Config has none unless written
+/// (Phi-3-mini-4k's is 2047); Qwen's applies only under
+/// `use_sliding_window`, to the blocks from `max_window_layers` on. An
+/// explicit `layer_types` list decides which blocks slide.
+fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<(Option<usize>, Option<Vec<bool>>)> {
     let window = |default: Option<usize>| -> Result<Option<usize>> {
         let w = match f.obj.get("sliding_window") {
             None => default,
@@ -653,6 +701,11 @@ fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<Option<
     let (w, mut sliding) = match arch {
         Arch::Mistral => (window(Some(4096))?, vec![true; layers]),
         Arch::Phi3 => (window(None)?, vec![true; layers]),
+        // Olmo3Config: three blocks of four slide, the fourth attends to all.
+        Arch::Olmo3 => (
+            window(Some(4096))?,
+            (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
+        ),
         Arch::Qwen2 | Arch::Qwen3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => {
                 let from = f.opt_usize("max_window_layers")?.unwrap_or(28);
@@ -680,19 +733,13 @@ fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<Option<
             })
             .collect::<Result<_>>()?;
     }
-    let Some(w) = w else {
-        return Ok(None);
-    };
-    match (sliding.iter().all(|&s| s), sliding.iter().any(|&s| s)) {
-        (true, _) => Ok(Some(w)),
-        (false, false) => Ok(None),
-        (false, true) => {
-            let n = sliding.iter().filter(|&&s| s).count();
-            Err(f.unsupported(format!(
-                "a sliding window of {w} on {n} of {layers} layers (a window on every layer or on none is implemented)"
-            )))
-        }
-    }
+    Ok(
+        match (w, sliding.iter().all(|&s| s), sliding.iter().any(|&s| s)) {
+            (None, ..) | (_, _, false) => (None, None),
+            (Some(w), true, _) => (Some(w), None),
+            (Some(w), false, true) => (Some(w), Some(sliding)),
+        },
+    )
 }
 
 /// A path for configs that never came from a file.

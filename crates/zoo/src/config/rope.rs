@@ -75,6 +75,67 @@ impl Obj<'_, '_> {
 /// `phi3`: the scaling is Phi3Config's, which reads `su` and `yarn` as
 /// `longrope` and knows no other.
 pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result<RopeFields> {
+    parse_rope_from(f, max_positions, phi3, 10000.0)
+}
+
+/// OLMo 3's RoPE: its full-attention blocks' and (where they differ) its
+/// sliding blocks'. transformers v5 writes `rope_parameters` per block
+/// kind (`full_attention`, `sliding_attention`); v4 wrote one `rope_theta`
+/// for both and a `rope_scaling` for the full-attention blocks only.
+/// Olmo3Config's θ is 500000 where none is written.
+pub(super) fn parse_olmo3_rope(
+    f: &Fields,
+    max_positions: usize,
+) -> Result<(RopeFields, Option<(f64, RopeScaling)>)> {
+    const THETA: f64 = 500000.0;
+    let per_kind = f
+        .get("rope_parameters")
+        .and_then(Value::as_object)
+        .filter(|m| m.contains_key("full_attention") || m.contains_key("sliding_attention"));
+    let Some(kinds) = per_kind else {
+        let full = parse_rope_from(f, max_positions, false, THETA)?;
+        let differs = full.scaling != RopeScaling::None;
+        let sliding = (full.theta, RopeScaling::None);
+        return Ok((full, Some(sliding).filter(|_| differs)));
+    };
+    // Each kind's object read as a config whose rope_parameters it is.
+    let kind = |name: &str| -> Result<RopeFields> {
+        let mut obj = f.obj.clone();
+        obj.remove("rope_scaling");
+        match kinds.get(name) {
+            Some(v) => obj.insert("rope_parameters".into(), v.clone()),
+            None => obj.remove("rope_parameters"),
+        };
+        parse_rope_from(
+            &Fields {
+                obj: &obj,
+                path: f.path,
+            },
+            max_positions,
+            false,
+            THETA,
+        )
+        .map_err(|e| match e {
+            crate::ZooError::BadField { path, field, detail } => crate::ZooError::BadField {
+                path,
+                field: field.replacen("rope_parameters", &format!("rope_parameters.{name}"), 1),
+                detail,
+            },
+            e => e,
+        })
+    };
+    let (full, sliding) = (kind("full_attention")?, kind("sliding_attention")?);
+    if sliding.partial.is_some() || sliding.dynamic_limit.is_some() {
+        return Err(
+            f.unsupported("rope_parameters.sliding_attention with a partial rotary factor or dynamic RoPE")
+        );
+    }
+    let sliding = (sliding.theta, sliding.scaling);
+    let differs = sliding.0 != full.theta || sliding.1 != full.scaling;
+    Ok((full, Some(sliding).filter(|_| differs)))
+}
+
+fn parse_rope_from(f: &Fields, max_positions: usize, phi3: bool, default_theta: f64) -> Result<RopeFields> {
     let mut theta = f.opt_f64("rope_theta")?;
     // v5's `rope_parameters` wins over v4's `rope_scaling` where both are
     // written, as its `rope_theta` does over the top-level one.
@@ -108,7 +169,7 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result
         Some((p, field)) if p < 1.0 => (Some(p), field),
         _ => (None, String::new()),
     };
-    let theta = theta.unwrap_or(10000.0);
+    let theta = theta.unwrap_or(default_theta);
     let mut out = RopeFields {
         theta,
         scaling: RopeScaling::None,

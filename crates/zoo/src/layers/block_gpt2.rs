@@ -53,7 +53,7 @@ pub(super) fn forward<E: Executor>(
     let mut parts = ex.split_last(&qkv, &[c, c, c])?.into_iter();
     let mut next = || ex.reshape(&parts.next().expect("three parts"), &heads);
     let (q, k, v) = (next()?, next()?, next()?);
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask())?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(0))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;

@@ -92,6 +92,7 @@ pub struct LlamaSaved<T> {
 pub(super) fn forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
 ) -> Result<(E::Tensor, LlamaSaved<E::Tensor>)> {
@@ -99,7 +100,7 @@ pub(super) fn forward<E: Executor>(
     check_weights(w, l.len(), "llama block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
-    let rope = cfg.rope();
+    let rope = cfg.rope(layer);
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
 
@@ -118,7 +119,7 @@ pub(super) fn forward<E: Executor>(
     };
     let q = ex.rope(&qn, rope.clone())?;
     let k = ex.rope(&kn, rope)?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask())?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
@@ -149,6 +150,7 @@ pub(super) fn forward<E: Executor>(
 pub(super) fn backward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     s: &LlamaSaved<E::Tensor>,
     dy: &E::Tensor,
@@ -156,7 +158,7 @@ pub(super) fn backward<E: Executor>(
     let l = Layout::new(cfg);
     check_weights(w, l.len(), "llama block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let rope = cfg.rope();
+    let rope = cfg.rope(layer);
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 

@@ -86,6 +86,7 @@ pub struct Olmo2Saved<T> {
 pub(super) fn forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
 ) -> Result<(E::Tensor, Olmo2Saved<E::Tensor>)> {
@@ -101,9 +102,9 @@ pub(super) fn forward<E: Executor>(
     let v = ex.reshape(&lin(ex, x, w, l.v)?, &ks)?;
     let qn = ex.rmsnorm(&q_pre, &w[l.q_norm], eps)?;
     let kn = ex.rmsnorm(&k_pre, &w[l.k_norm], eps)?;
-    let q = ex.rope(&ex.reshape(&qn.y, &qs)?, cfg.rope())?;
-    let k = ex.rope(&ex.reshape(&kn.y, &ks)?, cfg.rope())?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask())?;
+    let q = ex.rope(&ex.reshape(&qn.y, &qs)?, cfg.rope(layer))?;
+    let k = ex.rope(&ex.reshape(&kn.y, &ks)?, cfg.rope(layer))?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let on = ex.rmsnorm(&o, &w[l.post_att], eps)?;
@@ -140,6 +141,7 @@ pub(super) fn forward<E: Executor>(
 pub(super) fn backward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     s: &Olmo2Saved<E::Tensor>,
     dy: &E::Tensor,
@@ -178,11 +180,11 @@ pub(super) fn backward<E: Executor>(
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
     let dq = ex.reshape(
-        &ex.rope_backward(&ga.dq, cfg.rope())?,
+        &ex.rope_backward(&ga.dq, cfg.rope(layer))?,
         &shape(&[b, t, cfg.q_dim()]),
     )?;
     let dk = ex.reshape(
-        &ex.rope_backward(&ga.dk, cfg.rope())?,
+        &ex.rope_backward(&ga.dk, cfg.rope(layer))?,
         &shape(&[b, t, cfg.kv_dim()]),
     )?;
     let gq = ex.rmsnorm_backward(&s.q_pre, &w[l.q_norm], &s.qn.rstd, &dq)?;

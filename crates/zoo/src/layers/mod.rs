@@ -46,50 +46,66 @@ pub enum BlockSaved<T> {
     Olmo2(Box<Olmo2Saved<T>>),
 }
 
-/// One decoder block: `x: [B, T, C]` → `y: [B, T, C]`.
+/// Decoder block `layer` (0-based; its attention mask and RoPE may be its
+/// own: [`ModelConfig::attn_mask`], [`ModelConfig::rope`]): `x: [B, T, C]`
+/// → `y: [B, T, C]`.
 pub fn block_forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
 ) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
     check_x(cfg, x, "block_forward")?;
+    check_layer(cfg, layer, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
     match cfg.arch {
         Arch::Gpt2 => {
             let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
             Ok((y, BlockSaved::Gpt2(Box::new(s))))
         }
-        Arch::Olmo2 => {
-            let (y, s) = block_olmo2::forward(cfg, ex, w, x)?;
+        Arch::Olmo2 | Arch::Olmo3 => {
+            let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Olmo2(Box::new(s))))
         }
         _ => {
-            let (y, s) = block_llama::forward(cfg, ex, w, x)?;
+            let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
         }
     }
 }
 
-/// Backward of one block: returns `dx` and the weight gradients.
+/// Backward of block `layer`: returns `dx` and the weight gradients.
 pub fn block_backward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
+    layer: usize,
     w: &[E::Tensor],
     saved: &BlockSaved<E::Tensor>,
     dy: &E::Tensor,
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    check_layer(cfg, layer, "block_backward")?;
     match saved {
         BlockSaved::Gpt2(s) if cfg.arch == Arch::Gpt2 => block_gpt2::backward(cfg, ex, w, s, dy),
-        BlockSaved::Olmo2(s) if cfg.arch == Arch::Olmo2 => block_olmo2::backward(cfg, ex, w, s, dy),
-        BlockSaved::Llama(s) if !matches!(cfg.arch, Arch::Gpt2 | Arch::Olmo2) => {
-            block_llama::backward(cfg, ex, w, s, dy)
+        BlockSaved::Olmo2(s) if cfg.arch.has_post_norms() => block_olmo2::backward(cfg, ex, layer, w, s, dy),
+        BlockSaved::Llama(s) if !cfg.arch.is_gpt2() && !cfg.arch.has_post_norms() => {
+            block_llama::backward(cfg, ex, layer, w, s, dy)
         }
         _ => Err(ZooError::invalid(
             "block_backward",
             format!("saved activations do not belong to a {:?} block", cfg.arch),
         )),
     }
+}
+
+fn check_layer(cfg: &ModelConfig, layer: usize, op: &'static str) -> Result<()> {
+    if layer >= cfg.num_layers {
+        return Err(ZooError::invalid(
+            op,
+            format!("block {layer} of a model of {} blocks", cfg.num_layers),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn check_weights<T>(w: &[T], expected: usize, op: &'static str) -> Result<()> {

@@ -24,6 +24,8 @@ pub const CASES: &[&str] = &[
     "mistral_window",
     "qwen2_window",
     "phi3_partial",
+    "qwen2_window_layers",
+    "olmo3",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
