@@ -6,14 +6,16 @@ For each template below (written for these tests in the shapes of the
 families' released templates: a Llama 3 header format with the system
 message pulled out and a date line, ChatML with a default system message,
 Phi-3's role tags closed by `eos_token`, Mistral's `[INST]` pairs with
-`raise_exception` and no generation prompt, and one that leans on
-`namespace`, loop controls, Python string methods and `tojson`) and each
-conversation, it writes the text transformers renders for the whole
-conversation and the assistant turns' text, cut the way
-`crates/megatrain/src/data/chat.rs` documents (renders of the messages
-before a turn with the generation prompt, and through it; a trailing
-`eos_token` only counted where the conversation ends), and the ids
-`apply_chat_template(tokenize=True)` gives with the zoo's BPE fixture. The
+`raise_exception` and no generation prompt, one that leans on
+`namespace`, loop controls, Python string methods and `tojson`, and
+Qwen3's, which drops earlier turns' reasoning) and each conversation, it
+writes the text transformers renders for the whole conversation and the
+assistant turns' text, cut the way `crates/megatrain/src/data/chat.rs`
+documents (renders of the messages before a turn with the generation
+prompt, and through it; a trailing `eos_token` only counted where the
+conversation ends; one rendering per assistant turn where a template
+rewrites earlier turns), and the ids `apply_chat_template(tokenize=True)`
+gives with the zoo's BPE fixture. The
 Rust test `tests/chat_templates.rs` renders the same and compares.
 
 Today's date (`strftime_now("%d %b %Y")`) is written as `<DATE>`.
@@ -104,12 +106,42 @@ NAMESPACE_AND_METHODS = """{%- set ns = namespace(system='', late=false) %}
 {%- if add_generation_prompt %}{{ '<ASSISTANT>' }}{% endif %}
 """
 
+# Qwen3's arrangement: the reasoning (`<think>...</think>`) of assistant
+# turns before the last user message is dropped, and the turns after it
+# carry a think block, empty where they had none: each rendering rewrites
+# the turns before, so a conversation is cut once per assistant turn.
+QWEN3_STYLE = """{%- set ns = namespace(last_query_index=messages|length - 1) %}
+{%- for m in messages %}
+    {%- if m.role == 'user' %}{%- set ns.last_query_index = loop.index0 %}{%- endif %}
+{%- endfor %}
+{%- for m in messages %}
+    {%- if m.role == 'assistant' %}
+        {%- set content = m.content %}
+        {%- set reasoning = '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
 TEMPLATES = {
     "llama3_style": LLAMA3_STYLE,
     "chatml_default_system": CHATML_DEFAULT_SYSTEM,
     "phi3_style": PHI3_STYLE,
     "mistral_style": MISTRAL_STYLE,
     "namespace_and_methods": NAMESPACE_AND_METHODS,
+    "qwen3_style": QWEN3_STYLE,
 }
 
 CONVERSATIONS = [
@@ -127,26 +159,50 @@ CONVERSATIONS = [
     ],
 ]
 
+# A conversation with reasoning in its replies (Qwen3's template only).
+REASONING = [
+    [
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "<think>\nTwo and two.\n</think>\n\n4"},
+        {"role": "user", "content": "Times 3?"},
+        {"role": "assistant", "content": "<think>\n4 · 3\n</think>\n\n12"},
+    ],
+]
+
 BOS, EOS = "<s>", "</s>"
 
 
 def counted(render, msgs):
-    """The assistant turns' text, cut as chat.rs cuts it."""
+    """The assistant turns' text, cut as chat.rs cuts it, and the
+    conversations rendered (one, or one per assistant turn where the
+    template rewrites earlier turns)."""
     full = render(msgs, False)
     out = []
-    for k, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
+    turns = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
+    for k in turns:
         before = render(msgs[:k], True)
         through = render(msgs[: k + 1], False)
-        assert full.startswith(before)
-        if not full.startswith(through):
-            assert through.endswith(EOS) and full.startswith(through[: -len(EOS)])
+        if not full.startswith(through) and through.endswith(EOS):
             through = through[: -len(EOS)]
+        if not (full.startswith(before) and full.startswith(through)):
+            break
         turn = full[len(before) : len(through)]
-        assert m["content"].strip() in turn
+        if msgs[k]["content"].strip() not in turn:
+            break
         out.append(turn)
-    return full, out
+    else:
+        return full, out, [msgs]
+    # One rendering per assistant turn, only its last turn counted.
+    full, out = "", []
+    for k in turns:
+        before = render(msgs[:k], True)
+        through = render(msgs[: k + 1], False)
+        assert through.startswith(before)
+        turn = through[len(before) :]
+        assert msgs[k]["content"].strip().split("</think>")[-1].strip() in turn
+        full += through
+        out.append(turn)
+    return full, out, [msgs[: k + 1] for k in turns]
 
 
 def main():
@@ -160,8 +216,8 @@ def main():
         def render(msgs, gen):
             return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
 
-        for msgs in CONVERSATIONS:
-            full, turns = counted(render, msgs)
+        for msgs in CONVERSATIONS + (REASONING if name == "qwen3_style" else []):
+            full, turns, renderings = counted(render, msgs)
             case = {
                 "template": name,
                 "messages": msgs,
@@ -172,7 +228,9 @@ def main():
             # apply_chat_template(tokenize=True)), by the fixture's BPE;
             # the date's text varies, so only for templates without one.
             if today not in full:
-                case["ids"] = tok.apply_chat_template(msgs, tokenize=True, return_dict=False)
+                case["ids"] = [
+                    i for r in renderings for i in tok.apply_chat_template(r, tokenize=True, return_dict=False)
+                ]
             cases.append(case)
     out = Path(__file__).resolve().parent.parent / "tests/fixtures/chat_templates.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,11 +9,15 @@
 //! before the turn with the generation prompt, then through the turn. The
 //! turn's text (its content and the template's end-of-turn tokens) lies
 //! between the two, and only it is counted. A template whose renderings of
-//! a conversation are not prefixes of one another (one that rewrites
-//! earlier turns by what follows) cannot be cut so, and is refused by line.
-//! The loader then encodes the conversation whole, as the model will see
-//! it, and counts the tokens that start in counted text
-//! ([`super::TextEncoder::encode_with_offsets`]).
+//! a conversation are not prefixes of one another rewrites earlier turns by
+//! what follows (Qwen3's drops the reasoning of the turns before the last
+//! user message): then the conversation becomes one rendering per
+//! assistant turn, the messages through it, as the template renders them
+//! when that turn is the one generated, and only that turn is counted in
+//! it, as transformers-based trainers split such conversations. A turn
+//! even that cannot find is refused by line. The loader encodes each
+//! rendering whole, as the model will see it, and counts the tokens that
+//! start in counted text ([`super::TextEncoder::encode_with_offsets`]).
 
 use std::path::PathBuf;
 
@@ -163,12 +167,47 @@ impl Renderer {
         t.render(ctx).map_err(|e| format!("chat template: {e:#}"))
     }
 
-    /// The conversation as pieces of text in order, the assistant turns
-    /// counted (see the module's doc). A template may close a conversation
-    /// that asks for no generation prompt with its `eos_token` (Phi-3's
-    /// does): a turn's rendering may end with it where the whole
-    /// conversation goes on, and it is counted only after the last turn,
-    /// where it is in the text.
+    /// The conversation as renderings of pieces of text in order, the
+    /// assistant turns counted: one rendering where the template renders
+    /// turns in order, else one per assistant turn (see the module's doc).
+    pub fn renderings(&self, messages: &[Message]) -> Result<Vec<Vec<Piece>>, String> {
+        let whole = match self.pieces(messages) {
+            Ok(pieces) => return Ok(vec![pieces]),
+            Err(e) => e,
+        };
+        let turns: Vec<usize> = (0..messages.len())
+            .filter(|&k| messages[k].role == "assistant")
+            .collect();
+        if turns.len() < 2 {
+            return Err(whole);
+        }
+        turns
+            .into_iter()
+            .map(|k| {
+                let before = self.render(&messages[..k], true)?;
+                let through = self.render(&messages[..=k], false)?;
+                // A reasoning template may lay out the think block its own
+                // way: the answer after it must be there.
+                let content = messages[k].content.as_str();
+                let answer = content.rsplit("</think>").next().unwrap_or(content).trim();
+                match through.strip_prefix(before.as_str()) {
+                    Some(turn) if turn.contains(answer) => {
+                        let mut p = vec![(before.clone(), false), (turn.to_string(), true)];
+                        p.retain(|(text, _)| !text.is_empty());
+                        Ok(p)
+                    }
+                    _ => Err(whole.clone()),
+                }
+            })
+            .collect()
+    }
+
+    /// The conversation as one rendering's pieces of text in order, the
+    /// assistant turns counted (see the module's doc). A template may close
+    /// a conversation that asks for no generation prompt with its
+    /// `eos_token` (Phi-3's does): a turn's rendering may end with it where
+    /// the whole conversation goes on, and it is counted only after the
+    /// last turn, where it is in the text.
     pub fn pieces(&self, messages: &[Message]) -> Result<Vec<Piece>, String> {
         let full = self.render(messages, false)?;
         let mut pieces = Vec::new();
@@ -191,8 +230,8 @@ impl Renderer {
             if before.len() < at || !full.starts_with(&before) || !turn.contains(m.content.trim()) {
                 return Err(format!(
                     "the chat template does not render messages[{k}] (assistant) as a continuation of \
-                     the messages before it, so its text cannot be told apart from theirs; use \
-                     --chat-template alpaca, or a template file that renders turns in order"
+                     the messages before it, even as the last turn, so its text cannot be told apart \
+                     from theirs; use --chat-template alpaca, or a template file that renders turns in order"
                 ));
             }
             pieces.push((full[at..before.len()].to_string(), false));
@@ -294,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn a_template_that_rewrites_earlier_turns_is_refused() {
+    fn a_template_that_rewrites_earlier_turns_renders_once_per_turn() {
         // Renders the last assistant turn differently from earlier ones.
         let r = renderer(
             "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}[old]{% endif %}\
@@ -307,10 +346,42 @@ mod tests {
             msg("assistant", "d"),
         ];
         let err = r.pieces(&conv).unwrap_err();
-        assert!(
-            err.contains("messages[1]") && err.contains("--chat-template alpaca"),
-            "{err}"
+        assert!(err.contains("messages[1]"), "{err}");
+        let piece = |t: &str, c: bool| (t.to_string(), c);
+        assert_eq!(
+            r.renderings(&conv).unwrap(),
+            [
+                vec![piece("a|", false), piece("b|", true)],
+                vec![piece("a|[old]b|c|", false), piece("d|", true)],
+            ]
         );
+        // A conversation rendered in order stays one rendering.
+        let r = renderer(CHATML);
+        assert_eq!(r.renderings(&conv).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_turn_not_even_rendered_after_its_prompt_is_refused() {
+        // The generation prompt is not how the template opens a reply.
+        let r = renderer(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}\
+             {% if add_generation_prompt %}<reply>{% endif %}",
+        );
+        for conv in [
+            vec![msg("user", "a"), msg("assistant", "b")],
+            vec![
+                msg("user", "a"),
+                msg("assistant", "b"),
+                msg("user", "c"),
+                msg("assistant", "d"),
+            ],
+        ] {
+            let err = r.renderings(&conv).unwrap_err();
+            assert!(
+                err.contains("messages[1]") && err.contains("--chat-template alpaca"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

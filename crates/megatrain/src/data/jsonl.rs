@@ -151,8 +151,9 @@ fn record<'a>(
         }
         Form::Jinja(r) => {
             let messages = messages(&rec).map_err(|d| b.err(d))?;
-            let pieces = r.pieces(&messages).map_err(|d| b.err(d))?;
-            b.push_rendered(&pieces)?;
+            for pieces in r.renderings(&messages).map_err(|d| b.err(d))? {
+                b.push_rendered(&pieces)?;
+            }
         }
     }
     Ok(b)
