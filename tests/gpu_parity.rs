@@ -44,12 +44,30 @@ fn check_forward_backward(model: &ModelConfig) {
     let (gpu_loss, gpu_grads) = grads_of(&gpu, model, &b);
     let rel = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
     assert!(rel <= 1e-5, "loss {gpu_loss} vs {cpu_loss} (rel {rel})");
-    for (l, table) in model.layer_tables().iter().enumerate() {
-        for p in table.iter() {
-            let (g, c) = (&gpu_grads[l][p.range()], &cpu_grads[l][p.range()]);
-            let e = rel_norm_err(g, c);
-            assert!(e <= 1e-4, "gradient of {} differs by {e} (relative norm)", p.name);
-        }
+    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+    let tables = model.layer_tables();
+    let params = || {
+        tables
+            .iter()
+            .enumerate()
+            .flat_map(|(l, t)| t.iter().map(move |p| (l, p)))
+    };
+    // Where a gradient vanishes (a NoPE block's k bias: the softmax cancels
+    // a shift of every key's score alike) both sides hold only rounding;
+    // its error is measured against the largest gradient's norm.
+    let largest = params()
+        .map(|(l, p)| norm(&cpu_grads[l][p.range()]))
+        .fold(0.0, f64::max);
+    for (l, p) in params() {
+        let (g, c) = (&gpu_grads[l][p.range()], &cpu_grads[l][p.range()]);
+        let e = match norm(c) < 1e-6 * largest {
+            true => {
+                let diff: Vec<f32> = g.iter().zip(c).map(|(a, b)| a - b).collect();
+                norm(&diff) / largest
+            }
+            false => rel_norm_err(g, c),
+        };
+        assert!(e <= 1e-4, "gradient of {} differs by {e} (relative norm)", p.name);
     }
 }
 
@@ -68,7 +86,8 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// its original context), sliding windows (Mistral's of 4 keys, Qwen2's
 /// of 3 on every block and of 4 on blocks 1-2), Phi-4-mini's partial
 /// rotation (12 of 16 entries, under LongRoPE, in a window of 5) and
-/// OLMo 3's blocks by kind, in the zoo's golden fixtures' shapes.
+/// OLMo 3's blocks by kind, and SmolLM3's NoPE block, in the zoo's golden
+/// fixtures' shapes.
 #[test]
 fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -82,6 +101,7 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "phi3_partial",
         "qwen2_window_layers",
         "olmo3",
+        "smollm3",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

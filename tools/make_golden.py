@@ -40,6 +40,8 @@ from transformers import (
     Olmo2ForCausalLM,
     Olmo3Config,
     Olmo3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -420,6 +422,31 @@ CASES = {
             eos_token_id=0,
         ),
         10,
+        torch.float32,
+    ),
+    # SmolLM3: Llama's block with q/k/v/o biases; block 3 of 4 without
+    # RoPE (NoPE), and under use_sliding_window that block slides (window
+    # 4); θ 2000000 (SmolLM3Config's); tied embeddings (its default).
+    "smollm3": (
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=72,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            attention_bias=True,
+            use_sliding_window=True,
+            sliding_window=4,
+            max_position_embeddings=64,
+            pad_token_id=1,
+            bos_token_id=2,
+            eos_token_id=0,
+        ),
+        11,
         torch.float32,
     ),
 }

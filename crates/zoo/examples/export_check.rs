@@ -80,6 +80,7 @@ fn main() -> AnyResult<()> {
         "qwen2_window_layers",
         "phi3_partial",
         "olmo3",
+        "smollm3",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

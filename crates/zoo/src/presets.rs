@@ -57,6 +57,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         sliding_window: None,
         sliding_layers: None,
         sliding_rope: None,
+        nope_layers: None,
         dtype: None,
         raw: None,
     }
@@ -99,6 +100,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         sliding_window: None,
         sliding_layers: None,
         sliding_rope: None,
+        nope_layers: None,
         dtype: None,
         raw: None,
     }

@@ -441,3 +441,47 @@ fn olmo3_windows_and_ropes_by_block_kind() {
     assert_eq!(slides, [false, false, true, false, false, false, false, false]);
     assert_eq!(c.attn_mask(2), AttnMask::sliding(512));
 }
+
+/// SmolLM3 as transformers reads it: every fourth block without RoPE
+/// (`no_rope_layer_interval`, or `no_rope_layers` as written), under
+/// `use_sliding_window` those blocks slide, θ 2000000 and tied embeddings
+/// unless written.
+#[test]
+fn smollm3_nope_blocks_and_their_windows() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["SmolLM3ForCausalLM"]);
+    v.as_object_mut().unwrap().remove("rope_theta");
+    v.as_object_mut().unwrap().remove("tie_word_embeddings");
+    v["num_hidden_layers"] = json!(8);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (c.arch, c.rope_theta, c.tie_word_embeddings),
+        (Arch::SmolLM3, 2e6, true)
+    );
+    let ropes: Vec<bool> = (0..8).map(|i| c.has_rope(i)).collect();
+    assert_eq!(ropes, [true, true, true, false, true, true, true, false]);
+    assert!((0..8).all(|i| c.attn_mask(i) == AttnMask::CAUSAL));
+    v["no_rope_layer_interval"] = json!(2);
+    let c = parse(v.clone()).unwrap();
+    assert!(!c.has_rope(1) && c.has_rope(2) && !c.has_rope(3));
+    v["no_rope_layers"] = json!([1, 1, 1, 1, 1, 0, 1, 1]);
+    v["use_sliding_window"] = json!(true);
+    v["sliding_window"] = json!(64);
+    let c = parse(v.clone()).unwrap();
+    assert!(!c.has_rope(5) && c.has_rope(3));
+    assert_eq!(
+        (c.attn_mask(5), c.attn_mask(4)),
+        (AttnMask::sliding(64), AttnMask::CAUSAL)
+    );
+    // Every block rotating is no NoPE at all.
+    v["no_rope_layers"] = json!(vec![1; 8]);
+    assert_eq!(parse(v.clone()).unwrap().nope_layers, None);
+    for (bad, named) in [
+        (json!([1, 0]), "num_hidden_layers = 8"),
+        (json!([1, 2, 1, 1, 1, 1, 1, 1]), "2 is neither"),
+    ] {
+        v["no_rope_layers"] = bad;
+        let msg = parse(v.clone()).unwrap_err().to_string();
+        assert!(msg.contains("no_rope_layers") && msg.contains(named), "{msg}");
+    }
+}

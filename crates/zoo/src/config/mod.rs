@@ -15,7 +15,7 @@ use megatrain_tensor::{AttnMask, Rope, RopeScaling};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
-use rope::{parse_olmo3_rope, parse_rope};
+use rope::{parse_olmo3_rope, parse_rope, parse_rope_with_theta};
 
 /// Model families and the HF `architectures` entry each one answers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,13 +34,17 @@ pub enum Arch {
     /// OLMo 3: OLMo 2's block, a sliding window on three blocks of four,
     /// and the RoPE scaling on the others only.
     Olmo3,
+    /// SmolLM3: Llama's block, no positional encoding at all (NoPE) in
+    /// every fourth block.
+    SmolLM3,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
-                         Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM";
+                         Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
+                         SmolLM3ForCausalLM";
 
 impl Arch {
-    pub const ALL: [Arch; 8] = [
+    pub const ALL: [Arch; 9] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -49,6 +53,7 @@ impl Arch {
         Arch::Phi3,
         Arch::Olmo2,
         Arch::Olmo3,
+        Arch::SmolLM3,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -61,6 +66,7 @@ impl Arch {
             Arch::Phi3 => "Phi3ForCausalLM",
             Arch::Olmo2 => "Olmo2ForCausalLM",
             Arch::Olmo3 => "Olmo3ForCausalLM",
+            Arch::SmolLM3 => "SmolLM3ForCausalLM",
         }
     }
 
@@ -74,6 +80,7 @@ impl Arch {
             Arch::Phi3 => "phi3",
             Arch::Olmo2 => "olmo2",
             Arch::Olmo3 => "olmo3",
+            Arch::SmolLM3 => "smollm3",
         }
     }
 
@@ -139,6 +146,9 @@ pub struct ModelConfig {
     /// θ and scaling of the sliding blocks' RoPE where it differs from the
     /// others' (OLMo 3 scales only its full-attention blocks' RoPE).
     pub sliding_rope: Option<(f64, RopeScaling)>,
+    /// Blocks whose attention has no positional encoding (SmolLM3's NoPE
+    /// blocks); `None`: every block rotates q and k.
+    pub nope_layers: Option<Vec<bool>>,
     /// `torch_dtype` / `dtype` as written in the file (informational).
     pub dtype: Option<String>,
     /// The parsed `config.json`, written back (with its dtype updated) on
@@ -312,6 +322,20 @@ impl ModelConfig {
         if !self.arch.is_gpt2() && !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
+        for (name, per_block) in [
+            ("sliding_layers", &self.sliding_layers),
+            ("nope_layers", &self.nope_layers),
+        ] {
+            if let Some(v) = per_block
+                && v.len() != self.num_layers
+            {
+                return Err(format!(
+                    "{name} lists {} blocks of num_hidden_layers {}",
+                    v.len(),
+                    self.num_layers
+                ));
+            }
+        }
         let rotated = self.rotary_dim.unwrap_or(self.head_dim);
         if let Some(r) = self.rotary_dim
             && (r == 0 || r > self.head_dim || !r.is_multiple_of(2))
@@ -388,7 +412,15 @@ impl ModelConfig {
                 .is_none_or(|s| s.get(layer).copied().unwrap_or(false))
     }
 
-    /// The rotary embedding of block `layer`, from position 0.
+    /// Whether block `layer` rotates q and k at all.
+    pub fn has_rope(&self, layer: usize) -> bool {
+        self.nope_layers
+            .as_ref()
+            .is_none_or(|n| !n.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The rotary embedding of block `layer`, from position 0 (which it
+    /// applies where [`ModelConfig::has_rope`]).
     pub fn rope(&self, layer: usize) -> Rope {
         let (theta, scaling) = match &self.sliding_rope {
             Some((theta, scaling)) if self.slides(layer) => (*theta, scaling.clone()),
@@ -477,9 +509,13 @@ impl ModelConfig {
                 obj.insert("bos_token_id".into(), json!(special));
                 obj.insert("eos_token_id".into(), json!(special));
             }
-            Arch::Llama => {
+            Arch::Llama | Arch::SmolLM3 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
+                if let Some(nope) = &self.nope_layers {
+                    let uses_rope: Vec<u8> = nope.iter().map(|&n| u8::from(!n)).collect();
+                    obj.insert("no_rope_layers".into(), json!(uses_rope));
+                }
             }
             Arch::Olmo2 | Arch::Olmo3 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -582,6 +618,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         sliding_window: None,
         sliding_layers: None,
         sliding_rope: None,
+        nope_layers: None,
         dtype: None,
         raw: None,
     })
@@ -613,7 +650,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     }
     let default_positions = match arch {
         Arch::Mistral => 4096 * 32,
-        Arch::Qwen2 | Arch::Qwen3 => 32768,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
         Arch::Phi3 => 4096,
         _ => 2048,
     };
@@ -622,6 +659,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         .unwrap_or(default_positions);
     let (rope, sliding_rope) = match arch {
         Arch::Olmo3 => parse_olmo3_rope(f, max_positions)?,
+        Arch::SmolLM3 => (parse_rope_with_theta(f, max_positions, 2e6)?, None),
         _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
     };
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
@@ -638,7 +676,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     };
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
-        Arch::Llama => (
+        Arch::Llama | Arch::SmolLM3 => (
             attention_bias,
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
@@ -648,7 +686,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
-    let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers)?;
+    let nope_layers = parse_nope_layers(f, arch, layers)?;
+    let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers, nope_layers.as_deref())?;
     Ok(ModelConfig {
         arch,
         vocab_size: f.req_usize("vocab_size")?,
@@ -664,7 +703,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         rope_scaling: rope.scaling,
         rotary_dim,
         dynamic_rope_limit: rope.dynamic_limit,
-        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+        // SmolLM3Config ties them unless told otherwise.
+        tie_word_embeddings: f
+            .opt_bool("tie_word_embeddings")?
+            .unwrap_or(arch == Arch::SmolLM3),
         qkv_bias,
         o_bias,
         mlp_bias,
@@ -672,6 +714,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         sliding_window,
         sliding_layers,
         sliding_rope,
+        nope_layers,
         dtype: None,
         raw: None,
     })
@@ -683,7 +726,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
 /// (Phi-3-mini-4k's is 2047); Qwen's applies only under
 /// `use_sliding_window`, to the blocks from `max_window_layers` on. An
 /// explicit `layer_types` list decides which blocks slide.
-fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<(Option<usize>, Option<Vec<bool>>)> {
+fn parse_sliding_window(
+    f: &Fields,
+    arch: Arch,
+    layers: usize,
+    nope: Option<&[bool]>,
+) -> Result<(Option<usize>, Option<Vec<bool>>)> {
     let window = |default: Option<usize>| -> Result<Option<usize>> {
         let w = match f.obj.get("sliding_window") {
             None => default,
@@ -706,6 +754,14 @@ fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<(Option
             window(Some(4096))?,
             (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
         ),
+        // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
+        Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
+            true => (
+                window(None)?,
+                (0..layers).map(|i| nope.is_some_and(|n| n[i])).collect(),
+            ),
+            false => (None, vec![false; layers]),
+        },
         Arch::Qwen2 | Arch::Qwen3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => {
                 let from = f.opt_usize("max_window_layers")?.unwrap_or(28);
@@ -740,6 +796,40 @@ fn parse_sliding_window(f: &Fields, arch: Arch, layers: usize) -> Result<(Option
             (Some(w), false, true) => (Some(w), Some(sliding)),
         },
     )
+}
+
+/// SmolLM3's blocks without RoPE (`no_rope_layers`, 1 where a block
+/// rotates; by default every `no_rope_layer_interval`-th, 4th, has none);
+/// `None` for every other family, and where every block rotates.
+fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec<bool>>> {
+    if arch != Arch::SmolLM3 {
+        return Ok(None);
+    }
+    let nope: Vec<bool> = match f.get("no_rope_layers") {
+        Some(v) => {
+            let list = v.as_array().filter(|l| l.len() == layers).ok_or_else(|| {
+                f.bad(
+                    "no_rope_layers",
+                    format!("expected a list of num_hidden_layers = {layers} 0s and 1s, got {v}"),
+                )
+            })?;
+            list.iter()
+                .map(|x| match x.as_u64() {
+                    Some(0) => Ok(true),
+                    Some(1) => Ok(false),
+                    _ => Err(f.bad("no_rope_layers", format!("{x} is neither 0 nor 1"))),
+                })
+                .collect::<Result<_>>()?
+        }
+        None => {
+            let every = f.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(f.bad("no_rope_layer_interval", "must be positive"));
+            }
+            (0..layers).map(|i| (i + 1) % every == 0).collect()
+        }
+    };
+    Ok(Some(nope).filter(|n| n.iter().any(|&x| x)))
 }
 
 /// A path for configs that never came from a file.

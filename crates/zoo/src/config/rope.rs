@@ -78,6 +78,12 @@ pub(super) fn parse_rope(f: &Fields, max_positions: usize, phi3: bool) -> Result
     parse_rope_from(f, max_positions, phi3, 10000.0)
 }
 
+/// [`parse_rope`] for a family whose config class has another default θ
+/// (SmolLM3Config's is 2000000).
+pub(super) fn parse_rope_with_theta(f: &Fields, max_positions: usize, theta: f64) -> Result<RopeFields> {
+    parse_rope_from(f, max_positions, false, theta)
+}
+
 /// OLMo 3's RoPE: its full-attention blocks' and (where they differ) its
 /// sliding blocks'. transformers v5 writes `rope_parameters` per block
 /// kind (`full_attention`, `sliding_attention`); v4 wrote one `rope_theta`

@@ -117,8 +117,11 @@ pub(super) fn forward<E: Executor>(
         }
         None => (None, None, q, k),
     };
-    let q = ex.rope(&qn, rope.clone())?;
-    let k = ex.rope(&kn, rope)?;
+    // SmolLM3's NoPE blocks attend without positions.
+    let (q, k) = match cfg.has_rope(layer) {
+        true => (ex.rope(&qn, rope.clone())?, ex.rope(&kn, rope)?),
+        false => (qn, kn),
+    };
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
@@ -190,8 +193,13 @@ pub(super) fn backward<E: Executor>(
     let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let mut dq = ex.rope_backward(&ga.dq, rope.clone())?;
-    let mut dk = ex.rope_backward(&ga.dk, rope)?;
+    let (mut dq, mut dk) = match cfg.has_rope(layer) {
+        true => (
+            ex.rope_backward(&ga.dq, rope.clone())?,
+            ex.rope_backward(&ga.dk, rope)?,
+        ),
+        false => (ga.dq, ga.dk),
+    };
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         let gq = ex.rmsnorm_backward(q_pre, &w[qi], &qn.rstd, &dq)?;
         let gk = ex.rmsnorm_backward(k_pre, &w[ki], &kn.rstd, &dk)?;

@@ -26,6 +26,7 @@ pub const CASES: &[&str] = &[
     "phi3_partial",
     "qwen2_window_layers",
     "olmo3",
+    "smollm3",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
