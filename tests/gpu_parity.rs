@@ -102,6 +102,7 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "qwen2_window_layers",
         "olmo3",
         "smollm3",
+        "granite",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -81,6 +81,7 @@ fn main() -> AnyResult<()> {
         "phi3_partial",
         "olmo3",
         "smollm3",
+        "granite",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -485,3 +485,29 @@ fn smollm3_nope_blocks_and_their_windows() {
         assert!(msg.contains("no_rope_layers") && msg.contains(named), "{msg}");
     }
 }
+
+/// Granite's multipliers, each 1 unless written and positive where it is.
+#[test]
+fn granite_multipliers() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["GraniteForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    let ones = megatrain_zoo::Multipliers {
+        embedding: 1.0,
+        residual: 1.0,
+        attention: 1.0,
+        logits: 1.0,
+    };
+    assert_eq!((c.arch, c.multipliers), (Arch::Granite, Some(ones)));
+    v["embedding_multiplier"] = json!(12.0);
+    v["logits_scaling"] = json!(16);
+    let m = parse(v.clone()).unwrap().multipliers.unwrap();
+    assert_eq!((m.embedding, m.logits, m.residual), (12.0, 16.0, 1.0));
+    v["residual_multiplier"] = json!(-0.2);
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(
+        msg.contains("residual_multiplier") && msg.contains("positive"),
+        "{msg}"
+    );
+    assert_eq!(parse(llama_v4()).unwrap().multipliers, None);
+}

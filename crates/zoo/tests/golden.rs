@@ -132,7 +132,7 @@ fn golden_f64_executor_is_tighter() {
 
 /// The window cases would fail the golden comparison without their window
 /// (and OLMo 3's with YaRN on every block, SmolLM3's with RoPE on every
-/// block): each changes the loss well
+/// block, Granite's without its multipliers): each changes the loss well
 /// past the tolerances above. (phi3_partial's partial rotation needs no
 /// such check: its 6 LongRoPE factors cover only the 12 rotated entries'
 /// pairs, and would not load for all 16.)
@@ -148,7 +148,10 @@ fn the_window_cases_depend_on_their_window() {
     fn rope_everywhere(c: &mut ModelConfig) -> bool {
         c.nope_layers.take().is_some()
     }
-    let cases: [(&str, Drop); 8] = [
+    fn unscaled(c: &mut ModelConfig) -> bool {
+        c.multipliers.take().is_some()
+    }
+    let cases: [(&str, Drop); 9] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -157,6 +160,7 @@ fn the_window_cases_depend_on_their_window() {
         ("olmo3", sliding_rope),
         ("smollm3", window),
         ("smollm3", rope_everywhere),
+        ("granite", unscaled),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

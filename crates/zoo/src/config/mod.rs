@@ -37,14 +37,29 @@ pub enum Arch {
     /// SmolLM3: Llama's block, no positional encoding at all (NoPE) in
     /// every fourth block.
     SmolLM3,
+    /// IBM Granite 3: Llama's block with its four multipliers
+    /// ([`Multipliers`]).
+    Granite,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
-                         SmolLM3ForCausalLM";
+                         SmolLM3ForCausalLM, GraniteForCausalLM";
+
+/// Granite's scalings of a Llama model: the embeddings' output times
+/// `embedding`, each block's sublayer outputs times `residual` before they
+/// join the residual stream, attention scores times `attention` (instead
+/// of 1/√head_dim), and the logits divided by `logits`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Multipliers {
+    pub embedding: f64,
+    pub residual: f64,
+    pub attention: f64,
+    pub logits: f64,
+}
 
 impl Arch {
-    pub const ALL: [Arch; 9] = [
+    pub const ALL: [Arch; 10] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -54,6 +69,7 @@ impl Arch {
         Arch::Olmo2,
         Arch::Olmo3,
         Arch::SmolLM3,
+        Arch::Granite,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -67,6 +83,7 @@ impl Arch {
             Arch::Olmo2 => "Olmo2ForCausalLM",
             Arch::Olmo3 => "Olmo3ForCausalLM",
             Arch::SmolLM3 => "SmolLM3ForCausalLM",
+            Arch::Granite => "GraniteForCausalLM",
         }
     }
 
@@ -81,6 +98,7 @@ impl Arch {
             Arch::Olmo2 => "olmo2",
             Arch::Olmo3 => "olmo3",
             Arch::SmolLM3 => "smollm3",
+            Arch::Granite => "granite",
         }
     }
 
@@ -149,6 +167,8 @@ pub struct ModelConfig {
     /// Blocks whose attention has no positional encoding (SmolLM3's NoPE
     /// blocks); `None`: every block rotates q and k.
     pub nope_layers: Option<Vec<bool>>,
+    /// Granite's scalings; `None` for every other family.
+    pub multipliers: Option<Multipliers>,
     /// `torch_dtype` / `dtype` as written in the file (informational).
     pub dtype: Option<String>,
     /// The parsed `config.json`, written back (with its dtype updated) on
@@ -509,9 +529,15 @@ impl ModelConfig {
                 obj.insert("bos_token_id".into(), json!(special));
                 obj.insert("eos_token_id".into(), json!(special));
             }
-            Arch::Llama | Arch::SmolLM3 => {
+            Arch::Llama | Arch::SmolLM3 | Arch::Granite => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("mlp_bias".into(), json!(self.mlp_bias));
+                if let Some(m) = &self.multipliers {
+                    obj.insert("embedding_multiplier".into(), json!(m.embedding));
+                    obj.insert("residual_multiplier".into(), json!(m.residual));
+                    obj.insert("attention_multiplier".into(), json!(m.attention));
+                    obj.insert("logits_scaling".into(), json!(m.logits));
+                }
                 if let Some(nope) = &self.nope_layers {
                     let uses_rope: Vec<u8> = nope.iter().map(|&n| u8::from(!n)).collect();
                     obj.insert("no_rope_layers".into(), json!(uses_rope));
@@ -619,6 +645,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         sliding_layers: None,
         sliding_rope: None,
         nope_layers: None,
+        multipliers: None,
         dtype: None,
         raw: None,
     })
@@ -676,7 +703,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     };
     let attention_bias = f.opt_bool("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias, mlp_bias) = match arch {
-        Arch::Llama | Arch::SmolLM3 => (
+        Arch::Llama | Arch::SmolLM3 | Arch::Granite => (
             attention_bias,
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
@@ -715,6 +742,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         sliding_layers,
         sliding_rope,
         nope_layers,
+        multipliers: parse_multipliers(f, arch)?,
         dtype: None,
         raw: None,
     })
@@ -796,6 +824,25 @@ fn parse_sliding_window(
             (Some(w), false, true) => (Some(w), Some(sliding)),
         },
     )
+}
+
+/// Granite's four scalings (GraniteConfig defaults each to 1).
+fn parse_multipliers(f: &Fields, arch: Arch) -> Result<Option<Multipliers>> {
+    if arch != Arch::Granite {
+        return Ok(None);
+    }
+    let read = |field: &str| -> Result<f64> {
+        match f.opt_f64(field)?.unwrap_or(1.0) {
+            x if x.is_finite() && x > 0.0 => Ok(x),
+            x => Err(f.bad(field, format!("{x} must be positive"))),
+        }
+    };
+    Ok(Some(Multipliers {
+        embedding: read("embedding_multiplier")?,
+        residual: read("residual_multiplier")?,
+        attention: read("attention_multiplier")?,
+        logits: read("logits_scaling")?,
+    }))
 }
 
 /// SmolLM3's blocks without RoPE (`no_rope_layers`, 1 where a block

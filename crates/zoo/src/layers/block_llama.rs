@@ -122,14 +122,15 @@ pub(super) fn forward<E: Executor>(
         true => (ex.rope(&qn, rope.clone())?, ex.rope(&kn, rope)?),
         false => (qn, kn),
     };
+    let q = times(ex, q, q_factor(cfg))?;
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
-    let o = lin(ex, &a, w, l.o)?;
+    let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let gate = lin(ex, &n2.y, w, l.gate)?;
     // The up projection with the activation applied where it is stored.
     let (up, s) = ex.matmul_swiglu(&n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), Transpose::NT, &gate)?;
-    let d = lin(ex, &s, w, l.down)?;
+    let d = times(ex, lin(ex, &s, w, l.down)?, residual(cfg))?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
         x: ex.reshape(x, x.shape())?,
@@ -167,10 +168,11 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The down projection's input gradient carried on through SwiGLU.
+    let dd = times_ref(ex, dy, residual(cfg))?;
     let (gd, dgate, dup) = ex.matmul_backward_swiglu(
         &s.s,
         &w[l.down.0],
-        dy,
+        dd.as_ref().unwrap_or(dy),
         Transpose::NT,
         needs(l.down.1),
         &s.gate,
@@ -189,17 +191,20 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &dx2, Transpose::NT, needs(l.o.1))?;
+    let dout = times_ref(ex, &dx2, residual(cfg))?;
+    let dout = dout.as_ref().unwrap_or(&dx2);
+    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], dout, Transpose::NT, needs(l.o.1))?;
     let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let (mut dq, mut dk) = match cfg.has_rope(layer) {
+    let (dq, mut dk) = match cfg.has_rope(layer) {
         true => (
             ex.rope_backward(&ga.dq, rope.clone())?,
             ex.rope_backward(&ga.dk, rope)?,
         ),
         false => (ga.dq, ga.dk),
     };
+    let mut dq = times(ex, dq, q_factor(cfg))?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         let gq = ex.rmsnorm_backward(q_pre, &w[qi], &qn.rstd, &dq)?;
         let gk = ex.rmsnorm_backward(k_pre, &w[ki], &kn.rstd, &dk)?;
@@ -229,4 +234,29 @@ pub(super) fn backward<E: Executor>(
     let dx = n1.dx;
     let grads = grads.into_iter().map(take).collect();
     Ok((dx, grads))
+}
+
+/// Granite's sublayer outputs' scale before they join the residual stream.
+fn residual(cfg: &ModelConfig) -> Option<f64> {
+    cfg.multipliers.map(|m| m.residual)
+}
+
+/// Granite scales attention scores by its `attention` multiplier instead
+/// of 1/√head_dim, which the attention op applies: q carries the ratio.
+fn q_factor(cfg: &ModelConfig) -> Option<f64> {
+    cfg.multipliers
+        .map(|m| m.attention * (cfg.head_dim as f64).sqrt())
+}
+
+/// `x` times `s`, where there is one.
+fn times<E: Executor>(ex: &E, x: E::Tensor, s: Option<f64>) -> Result<E::Tensor> {
+    Ok(match s {
+        Some(s) => ex.scale(&x, s as f32)?,
+        None => x,
+    })
+}
+
+/// `x` times `s` where there is one (`None`: `x` as it is).
+fn times_ref<E: Executor>(ex: &E, x: &E::Tensor, s: Option<f64>) -> Result<Option<E::Tensor>> {
+    Ok(s.map(|s| ex.scale(x, s as f32)).transpose()?)
 }

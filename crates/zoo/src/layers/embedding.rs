@@ -50,6 +50,10 @@ pub fn embedding_forward<E: Executor>(
         let p = ex.embedding(&positions(batch, seq), &w[1])?;
         ex.add_assign(&mut x, &p)?;
     }
+    // Granite scales what the table gives.
+    if let Some(m) = cfg.multipliers {
+        x = ex.scale(&x, m.embedding as f32)?;
+    }
     Ok(ex.reshape(&x, &shape(&[batch, seq, cfg.hidden_size]))?)
 }
 
@@ -95,7 +99,10 @@ pub fn embedding_grads<E: Executor>(
             format!("dx has shape {:?}, expected [{batch}, {seq}, {c}]", dx.dims()),
         ));
     }
-    let dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
+    let mut dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
+    if let Some(m) = cfg.multipliers {
+        dx = ex.scale(&dx, m.embedding as f32)?;
+    }
     let table_shape = &shapes[0];
     let mut dwte = match tied_grad {
         Some(g) if g.shape() == table_shape => g,

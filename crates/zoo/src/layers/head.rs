@@ -77,32 +77,50 @@ fn head_matrix<'a, E: Executor>(
     Ok(m)
 }
 
+/// The final RMSNorm's gain with Granite's `logits_scaling` s folded in
+/// (logits / s = W·(x̂ ∘ g) / s = W·(x̂ ∘ g/s)); `None` without one. Its
+/// gradient is then that of g/s, to be divided by s ([`unfold_gain`]).
+fn folded_gain<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
+    Ok(match cfg.multipliers {
+        Some(m) if !cfg.arch.is_gpt2() => Some(ex.scale(&w[0], (1.0 / m.logits) as f32)?),
+        _ => None,
+    })
+}
+
+/// The gradient of the stored gain from that of the folded one.
+fn unfold_gain<E: Executor>(cfg: &ModelConfig, ex: &E, dg: E::Tensor) -> Result<E::Tensor> {
+    Ok(match cfg.multipliers {
+        Some(m) if !cfg.arch.is_gpt2() => ex.scale(&dg, (1.0 / m.logits) as f32)?,
+        _ => dg,
+    })
+}
+
 fn norm_fwd<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
-    w: &[E::Tensor],
+    (w, gain): (&[E::Tensor], &E::Tensor),
     x: &E::Tensor,
 ) -> Result<NormOut<E::Tensor>> {
     let eps = cfg.norm_eps as f32;
     Ok(if cfg.arch.is_gpt2() {
-        ex.layernorm(x, &w[0], &w[1], eps)?
+        ex.layernorm(x, gain, &w[1], eps)?
     } else {
-        ex.rmsnorm(x, &w[0], eps)?
+        ex.rmsnorm(x, gain, eps)?
     })
 }
 
 fn norm_bwd<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
-    w: &[E::Tensor],
+    gain: &E::Tensor,
     x: &E::Tensor,
     n: &NormOut<E::Tensor>,
     dy: &E::Tensor,
 ) -> Result<NormGrads<E::Tensor>> {
     Ok(if cfg.arch.is_gpt2() {
-        ex.layernorm_backward(x, &w[0], n.mean.as_ref().expect("layernorm mean"), &n.rstd, dy)?
+        ex.layernorm_backward(x, gain, n.mean.as_ref().expect("layernorm mean"), &n.rstd, dy)?
     } else {
-        ex.rmsnorm_backward(x, &w[0], &n.rstd, dy)?
+        ex.rmsnorm_backward(x, gain, &n.rstd, dy)?
     })
 }
 
@@ -166,6 +184,8 @@ pub fn head_forward_backward<E: Executor>(
     }
     let c = cfg.hidden_size;
     let x2 = ex.reshape(x, &shape(&[rows, c]))?;
+    let folded = folded_gain(cfg, ex, w)?;
+    let gain = folded.as_ref().unwrap_or(&w[0]);
     let mut dx = ex.zeros(&shape(&[rows, c]))?;
     let mut dwh: Option<E::Tensor> = None;
     let mut dnorm: Option<(E::Tensor, Option<E::Tensor>)> = None;
@@ -176,7 +196,7 @@ pub fn head_forward_backward<E: Executor>(
         let len = chunk_rows.min(rows - start);
         let tgt = &targets[start..start + len];
         let xc = ex.slice_rows(&x2, start, len)?;
-        let n = norm_fwd(cfg, ex, w, &xc)?;
+        let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
         let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         drop(logits);
@@ -197,7 +217,7 @@ pub fn head_forward_backward<E: Executor>(
                 g
             }
         };
-        let ng = norm_bwd(cfg, ex, w, &xc, &n, &g.da.expect("requested"))?;
+        let ng = norm_bwd(cfg, ex, gain, &xc, &n, &g.da.expect("requested"))?;
         match &mut dnorm {
             Some((dw, db)) => {
                 ex.add_assign(dw, &ng.dw)?;
@@ -222,7 +242,7 @@ pub fn head_forward_backward<E: Executor>(
         Some(d) => d,
         None => ex.zeros(wh.shape())?,
     };
-    let mut grads = vec![dnw];
+    let mut grads = vec![unfold_gain(cfg, ex, dnw)?];
     grads.extend(dnb);
     let tied_grad = if cfg.tie_word_embeddings {
         Some(dwh)
@@ -251,7 +271,8 @@ pub fn head_logits<E: Executor>(
     const OP: &str = "head_logits";
     let wh = head_matrix::<E>(cfg, w, tied, OP)?;
     rows_of(cfg, x, OP)?;
-    let n = norm_fwd(cfg, ex, w, x)?;
+    let folded = folded_gain(cfg, ex, w)?;
+    let n = norm_fwd(cfg, ex, (w, folded.as_ref().unwrap_or(&w[0])), x)?;
     Ok(ex.matmul(&n.y, wh, None, Transpose::NT)?)
 }
 
@@ -273,12 +294,14 @@ pub fn head_loss<E: Executor>(
         return Err(ZooError::invalid(OP, "chunk_rows must be positive"));
     }
     let x2 = ex.reshape(x, &shape(&[rows, cfg.hidden_size]))?;
+    let folded = folded_gain(cfg, ex, w)?;
+    let gain = folded.as_ref().unwrap_or(&w[0]);
     let mut chunk_losses = Vec::new();
     let mut start = 0;
     while start < rows {
         let len = chunk_rows.min(rows - start);
         let xc = ex.slice_rows(&x2, start, len)?;
-        let n = norm_fwd(cfg, ex, w, &xc)?;
+        let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
         let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
         chunk_losses.push(ce.losses);

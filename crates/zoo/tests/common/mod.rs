@@ -27,6 +27,7 @@ pub const CASES: &[&str] = &[
     "qwen2_window_layers",
     "olmo3",
     "smollm3",
+    "granite",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
