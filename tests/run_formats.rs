@@ -287,6 +287,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         temperature: 0.0,
         top_k: 0,
         seed: 1,
+        decodable: 0,
     };
     let enc = megatrain::run::Encoder::from_dir(&ckpt, None).unwrap();
     let prompt = enc.tokenizer.encode("abc").unwrap();
@@ -305,6 +306,16 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     let x = generate(&ex, &model, &prompt, warm).unwrap();
     assert_eq!(x, generate(&ex, &model, &prompt, warm).unwrap(), "seeded");
     assert!(generate(&ex, &model, &[], greedy).is_err());
+    // Only ids the tokenizer decodes are picked.
+    for opts in [greedy, warm] {
+        let only = SampleOptions { decodable: 2, ..opts };
+        assert!(
+            generate(&ex, &model, &prompt, only)
+                .unwrap()
+                .iter()
+                .all(|&t| t < 2)
+        );
+    }
     // A stop id ends the reply before it.
     let c = enc.tokenizer.encode("c").unwrap();
     let until = megatrain::run::generate_until(&ex, &model, &prompt, greedy, &c).unwrap();

@@ -82,6 +82,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         temperature: a.temperature,
         top_k: a.top_k,
         seed: a.seed,
+        decodable: enc.tokenizer.vocab_size(),
     };
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
     let ids = on_executor!(exec, ex => {

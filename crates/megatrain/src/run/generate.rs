@@ -21,6 +21,10 @@ pub struct SampleOptions {
     /// Keep the k most likely tokens (0 or ≥ vocabulary: all).
     pub top_k: usize,
     pub seed: u64,
+    /// Ids the tokenizer can decode: only those below it are picked (a
+    /// model's embedding rows are often padded past its tokenizer's
+    /// vocabulary: Phi-3's 32064 for 32011 tokens). 0: every id.
+    pub decodable: usize,
 }
 
 /// A model's weights resident on an executor.
@@ -163,7 +167,11 @@ pub fn generate_until<E: Executor>(
     for _ in 0..opts.tokens {
         let window = &ids[ids.len().saturating_sub(context)..];
         let logits = model.next_logits(ex, window)?;
-        let next = pick(&logits, opts.temperature, opts.top_k, &mut rng);
+        let n = match opts.decodable {
+            0 => logits.len(),
+            d => d.min(logits.len()),
+        };
+        let next = pick(&logits[..n], opts.temperature, opts.top_k, &mut rng);
         if stop.contains(&next) {
             break;
         }
