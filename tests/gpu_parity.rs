@@ -103,6 +103,7 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "olmo3",
         "smollm3",
         "granite",
+        "starcoder2",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -44,6 +44,8 @@ from transformers import (
     SmolLM3ForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -478,6 +480,29 @@ CASES = {
             eos_token_id=0,
         ),
         10,
+        torch.float32,
+    ),
+    # StarCoder2: LayerNorms and every linear with biases, a GELU (tanh)
+    # MLP, GQA with RoPE, a sliding window of 5 over 12 positions, tied.
+    "starcoder2": (
+        Starcoder2Config,
+        Starcoder2ForCausalLM,
+        dict(
+            vocab_size=85,
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            norm_epsilon=1e-5,
+            rope_theta=100000.0,
+            sliding_window=5,
+            use_bias=True,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        12,
         torch.float32,
     ),
 }

@@ -82,6 +82,7 @@ fn main() -> AnyResult<()> {
         "olmo3",
         "smollm3",
         "granite",
+        "starcoder2",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -105,6 +105,33 @@ impl ModelConfig {
                 t.push(format!("{p}.mlp.down_proj.weight"), [c, f], true)?;
                 t.push(format!("{p}.post_feedforward_layernorm.weight"), [c], false)?;
             }
+            (LayerKind::Block(i), Arch::Starcoder2) => {
+                let p = format!("model.layers.{i}");
+                let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
+                let bias = self.qkv_bias;
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.input_layernorm.bias"), [c], false)?;
+                let linears = [
+                    ("self_attn.q_proj", [q, c]),
+                    ("self_attn.k_proj", [kv, c]),
+                    ("self_attn.v_proj", [kv, c]),
+                    ("self_attn.o_proj", [c, q]),
+                ];
+                for (name, shape) in linears {
+                    t.push(format!("{p}.{name}.weight"), shape, true)?;
+                    if bias {
+                        t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
+                    }
+                }
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.post_attention_layernorm.bias"), [c], false)?;
+                for (name, shape) in [("mlp.c_fc", [f, c]), ("mlp.c_proj", [c, f])] {
+                    t.push(format!("{p}.{name}.weight"), shape, true)?;
+                    if bias {
+                        t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
+                    }
+                }
+            }
             (LayerKind::Block(i), _) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f, d) = (self.q_dim(), self.kv_dim(), self.intermediate_size, self.head_dim);
@@ -135,6 +162,13 @@ impl ModelConfig {
                     if self.mlp_bias {
                         t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
                     }
+                }
+            }
+            (LayerKind::Head, Arch::Starcoder2) => {
+                t.push("model.norm.weight", [c], false)?;
+                t.push("model.norm.bias", [c], false)?;
+                if !self.tie_word_embeddings {
+                    t.push("lm_head.weight", [v, c], true)?;
                 }
             }
             (LayerKind::Head, Arch::Gpt2) => {

@@ -511,3 +511,31 @@ fn granite_multipliers() {
     );
     assert_eq!(parse(llama_v4()).unwrap().multipliers, None);
 }
+
+/// StarCoder2 as transformers reads it: `use_bias` on every linear layer
+/// (default true), `norm_epsilon`, GELU's tanh approximation only, tied
+/// embeddings and no window unless written.
+#[test]
+fn starcoder2_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Starcoder2ForCausalLM"]);
+    let o = v.as_object_mut().unwrap();
+    o.remove("rms_norm_eps");
+    o.remove("tie_word_embeddings");
+    let c = parse(v.clone()).unwrap();
+    assert!(c.arch.has_layernorm() && c.qkv_bias && c.o_bias && c.mlp_bias);
+    assert_eq!(
+        (c.norm_eps, c.tie_word_embeddings, c.sliding_window),
+        (1e-5, true, None)
+    );
+    v["use_bias"] = json!(false);
+    v["norm_epsilon"] = json!(1e-6);
+    v["sliding_window"] = json!(4096);
+    let c = parse(v.clone()).unwrap();
+    assert!(!c.qkv_bias && !c.mlp_bias);
+    assert_eq!((c.norm_eps, c.attn_mask(7)), (1e-6, AttnMask::sliding(4096)));
+    v["hidden_act"] = json!("gelu");
+    let err = parse(v).unwrap_err();
+    assert!(matches!(err, ZooError::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("gelu_pytorch_tanh"), "{err}");
+}

@@ -7,7 +7,7 @@ mod common;
 use common::{CASES, Golden, fixture, read_golden, rel_norm_err};
 use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};
 use megatrain_tensor::{CpuExecutor, F64Executor, TensorHandle};
-use megatrain_zoo::{ModelConfig, forward_backward, forward_logits, load_hf_dir, upload_layer};
+use megatrain_zoo::{Arch, ModelConfig, forward_backward, forward_logits, load_hf_dir, upload_layer};
 
 struct Tol {
     loss: f64,
@@ -151,7 +151,7 @@ fn the_window_cases_depend_on_their_window() {
     fn unscaled(c: &mut ModelConfig) -> bool {
         c.multipliers.take().is_some()
     }
-    let cases: [(&str, Drop); 9] = [
+    let cases: [(&str, Drop); 10] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -161,6 +161,7 @@ fn the_window_cases_depend_on_their_window() {
         ("smollm3", window),
         ("smollm3", rope_everywhere),
         ("granite", unscaled),
+        ("starcoder2", window),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);
@@ -181,5 +182,20 @@ fn the_window_cases_depend_on_their_window() {
         let want = golden["loss"].values[0];
         let err = ((out.loss - want) / want).abs();
         assert!(err > 1e-4, "{case}: the loss without it is off by only {err:e}");
+    }
+}
+
+/// Every family the zoo loads has a golden case above.
+#[test]
+fn every_architecture_has_a_golden_case() {
+    let covered: Vec<Arch> = CASES
+        .iter()
+        .map(|case| ModelConfig::from_dir(fixture(case)).unwrap().arch)
+        .collect();
+    for arch in Arch::ALL {
+        assert!(
+            covered.contains(&arch),
+            "{arch:?} has no golden fixture (tools/make_golden.py)"
+        );
     }
 }

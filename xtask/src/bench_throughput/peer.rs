@@ -30,8 +30,12 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
         "gpt2"
     } else {
         anyhow::ensure!(
-            !model.qk_norm && !model.o_bias && !model.mlp_bias && !model.arch.has_post_norms(),
-            "the peer has no {:?} variant (q/k norms, o/mlp biases or OLMo 2's norms)",
+            !model.qk_norm
+                && !model.o_bias
+                && !model.mlp_bias
+                && !model.arch.has_post_norms()
+                && !model.arch.has_layernorm(),
+            "the peer has no {:?} variant (q/k norms, o/mlp biases, OLMo's or StarCoder2's norms)",
             model.arch
         );
         "llama"

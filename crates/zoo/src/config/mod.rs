@@ -40,11 +40,14 @@ pub enum Arch {
     /// IBM Granite 3: Llama's block with its four multipliers
     /// ([`Multipliers`]).
     Granite,
+    /// StarCoder2: LayerNorms with biases and a GELU MLP (GPT-2's) around
+    /// grouped-query attention with RoPE and a sliding window.
+    Starcoder2,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
-                         SmolLM3ForCausalLM, GraniteForCausalLM";
+                         SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -59,7 +62,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 10] = [
+    pub const ALL: [Arch; 11] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -70,6 +73,7 @@ impl Arch {
         Arch::Olmo3,
         Arch::SmolLM3,
         Arch::Granite,
+        Arch::Starcoder2,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -84,6 +88,7 @@ impl Arch {
             Arch::Olmo3 => "Olmo3ForCausalLM",
             Arch::SmolLM3 => "SmolLM3ForCausalLM",
             Arch::Granite => "GraniteForCausalLM",
+            Arch::Starcoder2 => "Starcoder2ForCausalLM",
         }
     }
 
@@ -99,6 +104,7 @@ impl Arch {
             Arch::Olmo3 => "olmo3",
             Arch::SmolLM3 => "smollm3",
             Arch::Granite => "granite",
+            Arch::Starcoder2 => "starcoder2",
         }
     }
 
@@ -110,6 +116,12 @@ impl Arch {
     /// (RMSNorm, RoPE, SwiGLU).
     pub fn is_gpt2(self) -> bool {
         self == Arch::Gpt2
+    }
+
+    /// LayerNorms with biases (GPT-2's and StarCoder2's) rather than
+    /// RMSNorms.
+    pub fn has_layernorm(self) -> bool {
+        matches!(self, Arch::Gpt2 | Arch::Starcoder2)
     }
 
     /// OLMo's block: norms after the sublayers, q/k norms over the whole
@@ -318,10 +330,10 @@ impl ModelConfig {
         }
         // A zero or negative epsilon divides by zero in the norms, and a
         // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
-        let eps_name = if self.arch.is_gpt2() {
-            "layer_norm_epsilon"
-        } else {
-            "rms_norm_eps"
+        let eps_name = match self.arch {
+            Arch::Gpt2 => "layer_norm_epsilon",
+            Arch::Starcoder2 => "norm_epsilon",
+            _ => "rms_norm_eps",
         };
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
             return Err(format!("{eps_name} {} must be a positive number", self.norm_eps));
@@ -552,6 +564,12 @@ impl ModelConfig {
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
+            Arch::Starcoder2 => {
+                obj.insert("sliding_window".into(), json!(self.sliding_window));
+                obj.insert("use_bias".into(), json!(self.qkv_bias));
+                obj.insert("norm_epsilon".into(), json!(self.norm_eps));
+                obj.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
+            }
             Arch::Qwen2 | Arch::Qwen3 => {
                 if self.arch == Arch::Qwen3 {
                     obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -671,13 +689,25 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             hidden / heads
         }
     };
-    let act = f.opt_str("hidden_act")?.unwrap_or("silu");
-    if act != "silu" {
-        return Err(f.unsupported(format!("hidden_act '{act}' (only silu is implemented)")));
+    // StarCoder2's MLP is GELU's tanh approximation (our gelu), every
+    // other family's SwiGLU.
+    let (act, implemented) = match arch {
+        Arch::Starcoder2 => (
+            f.opt_str("hidden_act")?.unwrap_or("gelu_pytorch_tanh"),
+            ["gelu_pytorch_tanh", "gelu_new"].as_slice(),
+        ),
+        _ => (f.opt_str("hidden_act")?.unwrap_or("silu"), ["silu"].as_slice()),
+    };
+    if !implemented.contains(&act) {
+        return Err(f.unsupported(format!(
+            "hidden_act '{act}' (implemented for {arch:?}: {})",
+            implemented.join(", ")
+        )));
     }
     let default_positions = match arch {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
+        Arch::Starcoder2 => 4096,
         Arch::Phi3 => 4096,
         _ => 2048,
     };
@@ -710,6 +740,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         ),
         Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 => (attention_bias, attention_bias, false),
         Arch::Qwen2 => (true, false, false),
+        Arch::Starcoder2 => {
+            let b = f.opt_bool("use_bias")?.unwrap_or(true);
+            (b, b, b)
+        }
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
@@ -725,15 +759,18 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         head_dim,
         intermediate_size: f.req_usize("intermediate_size")?,
         max_position_embeddings: max_positions,
-        norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+        norm_eps: match arch {
+            Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
+            _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+        },
         rope_theta: rope.theta,
         rope_scaling: rope.scaling,
         rotary_dim,
         dynamic_rope_limit: rope.dynamic_limit,
-        // SmolLM3Config ties them unless told otherwise.
+        // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
         tie_word_embeddings: f
             .opt_bool("tie_word_embeddings")?
-            .unwrap_or(arch == Arch::SmolLM3),
+            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2)),
         qkv_bias,
         o_bias,
         mlp_bias,
@@ -776,7 +813,7 @@ fn parse_sliding_window(
     };
     let (w, mut sliding) = match arch {
         Arch::Mistral => (window(Some(4096))?, vec![true; layers]),
-        Arch::Phi3 => (window(None)?, vec![true; layers]),
+        Arch::Phi3 | Arch::Starcoder2 => (window(None)?, vec![true; layers]),
         // Olmo3Config: three blocks of four slide, the fourth attends to all.
         Arch::Olmo3 => (
             window(Some(4096))?,

@@ -45,7 +45,7 @@ pub struct HeadOut<T> {
 }
 
 fn n_weights(cfg: &ModelConfig) -> usize {
-    let norm = if cfg.arch.is_gpt2() { 2 } else { 1 };
+    let norm = if cfg.arch.has_layernorm() { 2 } else { 1 };
     norm + usize::from(!cfg.tie_word_embeddings)
 }
 
@@ -82,7 +82,7 @@ fn head_matrix<'a, E: Executor>(
 /// gradient is then that of g/s, to be divided by s ([`unfold_gain`]).
 fn folded_gain<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
     Ok(match cfg.multipliers {
-        Some(m) if !cfg.arch.is_gpt2() => Some(ex.scale(&w[0], (1.0 / m.logits) as f32)?),
+        Some(m) if !cfg.arch.has_layernorm() => Some(ex.scale(&w[0], (1.0 / m.logits) as f32)?),
         _ => None,
     })
 }
@@ -90,7 +90,7 @@ fn folded_gain<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Resul
 /// The gradient of the stored gain from that of the folded one.
 fn unfold_gain<E: Executor>(cfg: &ModelConfig, ex: &E, dg: E::Tensor) -> Result<E::Tensor> {
     Ok(match cfg.multipliers {
-        Some(m) if !cfg.arch.is_gpt2() => ex.scale(&dg, (1.0 / m.logits) as f32)?,
+        Some(m) if !cfg.arch.has_layernorm() => ex.scale(&dg, (1.0 / m.logits) as f32)?,
         _ => dg,
     })
 }
@@ -102,7 +102,7 @@ fn norm_fwd<E: Executor>(
     x: &E::Tensor,
 ) -> Result<NormOut<E::Tensor>> {
     let eps = cfg.norm_eps as f32;
-    Ok(if cfg.arch.is_gpt2() {
+    Ok(if cfg.arch.has_layernorm() {
         ex.layernorm(x, gain, &w[1], eps)?
     } else {
         ex.rmsnorm(x, gain, eps)?
@@ -117,7 +117,7 @@ fn norm_bwd<E: Executor>(
     n: &NormOut<E::Tensor>,
     dy: &E::Tensor,
 ) -> Result<NormGrads<E::Tensor>> {
-    Ok(if cfg.arch.is_gpt2() {
+    Ok(if cfg.arch.has_layernorm() {
         ex.layernorm_backward(x, gain, n.mean.as_ref().expect("layernorm mean"), &n.rstd, dy)?
     } else {
         ex.rmsnorm_backward(x, gain, &n.rstd, dy)?
@@ -235,7 +235,10 @@ pub fn head_forward_backward<E: Executor>(
         Some(d) => d,
         None => (
             ex.zeros(w[0].shape())?,
-            cfg.arch.is_gpt2().then(|| ex.zeros(w[1].shape())).transpose()?,
+            cfg.arch
+                .has_layernorm()
+                .then(|| ex.zeros(w[1].shape()))
+                .transpose()?,
         ),
     };
     let dwh = match dwh {

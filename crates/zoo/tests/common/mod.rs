@@ -28,6 +28,7 @@ pub const CASES: &[&str] = &[
     "olmo3",
     "smollm3",
     "granite",
+    "starcoder2",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
