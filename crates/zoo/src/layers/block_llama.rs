@@ -5,7 +5,7 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, shape};
+use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -216,20 +216,8 @@ pub(super) fn backward<E: Executor>(
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
-    let mut dn1: Option<E::Tensor> = None;
-    for (d, lw) in [(&dq, l.q), (&dk, l.k), (&dv, l.v)] {
-        // k's and v's input gradients added into q's by the products.
-        let g = match &mut dn1 {
-            Some(acc) => ex.matmul_backward_da_into(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1), acc)?,
-            None => {
-                let mut g = ex.matmul_backward(&s.n1.y, &w[lw.0], d, Transpose::NT, needs(lw.1))?;
-                dn1 = Some(take(g.da.take()));
-                g
-            }
-        };
-        put(&mut grads, lw, g);
-    }
-    let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &take(dn1), &dx2)?;
+    let dn1 = qkv_backward(ex, &s.n1.y, w, [(&dq, l.q), (&dk, l.k), (&dv, l.v)], &mut grads)?;
+    let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &dn1, &dx2)?;
     grads[l.ln1] = Some(n1.dw);
     let dx = n1.dx;
     let grads = grads.into_iter().map(take).collect();

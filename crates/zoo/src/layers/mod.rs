@@ -162,6 +162,31 @@ fn lin<E: Executor>(ex: &E, x: &E::Tensor, w: &[E::Tensor], (wi, bi): Linear) ->
     linear(ex, x, &w[wi], bi.map(|i| &w[i]), Transpose::NT)
 }
 
+/// The input gradient of the q, k and v projections that read `x` (k's and
+/// v's added into q's by the products themselves), their weight and bias
+/// gradients stored at their table slots.
+fn qkv_backward<E: Executor>(
+    ex: &E,
+    x: &E::Tensor,
+    w: &[E::Tensor],
+    parts: [(&E::Tensor, Linear); 3],
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let mut dx: Option<E::Tensor> = None;
+    for (d, lw) in parts {
+        let g = match &mut dx {
+            Some(acc) => ex.matmul_backward_da_into(x, &w[lw.0], d, Transpose::NT, needs(lw.1), acc)?,
+            None => {
+                let mut g = ex.matmul_backward(x, &w[lw.0], d, Transpose::NT, needs(lw.1))?;
+                dx = g.da.take();
+                g
+            }
+        };
+        put(grads, lw, g);
+    }
+    Ok(dx.expect("the first part's input gradient, requested"))
+}
+
 /// Stores a linear layer's weight and bias gradients at their table slots.
 fn put<T>(grads: &mut [Option<T>], (wi, bi): Linear, g: MatmulGrads<T>) {
     grads[wi] = g.db;
