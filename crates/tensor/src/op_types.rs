@@ -148,14 +148,6 @@ impl AttnMask {
         }
     }
 
-    /// One past the last query (of `t`) that sees key `j`.
-    pub fn query_end(self, j: usize, t: usize) -> usize {
-        match self.window {
-            Some(w) => j.saturating_add(w).min(t),
-            None => t,
-        }
-    }
-
     /// The window as the GPU kernels take it for a sequence of `t`: 0 where
     /// it hides nothing (none, or at least `t` keys), so that `j + window`
     /// never passes `2t` there.
