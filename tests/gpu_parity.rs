@@ -104,6 +104,7 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "smollm3",
         "granite",
         "starcoder2",
+        "llama_dynamic",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -505,6 +505,27 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Llama with dynamic NTK RoPE (factor 2) past its context of 8: 12
+    # positions, so the forward's base is the scaled one.
+    "llama_dynamic": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(
+            vocab_size=77,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            rope_scaling=dict(rope_type="dynamic", factor=2.0),
+            max_position_embeddings=8,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 
@@ -551,6 +572,14 @@ def inv_freq64(cfg, dim, end=0):
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if kind == "default":
         return inv, 1.0
+    if kind == "dynamic":
+        # transformers' dynamic NTK, for a forward whose positions end at
+        # `end`: a larger base past max_position_embeddings.
+        m = cfg.max_position_embeddings
+        if end <= m:
+            return inv, 1.0
+        base = theta * ((p["factor"] * end / m) - (p["factor"] - 1)) ** (dim / (dim - 2))
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)), 1.0
     if kind == "longrope":
         old = p["original_max_position_embeddings"]
         factor = p.get("factor") or cfg.max_position_embeddings / old
@@ -773,6 +802,10 @@ ROPE_SCALINGS = {
                   "rope_parameters": {**LLAMA_32_1B["rope_scaling"], "rope_theta": 500000.0}},
     "linear-v4-type": {**LLAMA_32_1B, "rope_scaling": {"type": "linear", "factor": 2.0}},
     "dynamic": {**LLAMA_32_1B, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+    # Past max_position_embeddings: the base a forward ending there gets.
+    "dynamic-past": {**LLAMA_32_1B, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "end": 200000},
+    "dynamic-far-past": {**LLAMA_32_1B, "rope_scaling": {"rope_type": "dynamic", "factor": 3.5},
+                         "end": 1000000},
     "qwen2.5-7b-yarn": {**QWEN25_7B, "rope_scaling": {"type": "yarn", "factor": 4.0,
                                                       "original_max_position_embeddings": 32768}},
     "yarn-mscale": {**QWEN25_7B, "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,

@@ -15,9 +15,16 @@ use std::sync::Arc;
 /// numbers are the config's, resolved (defaults filled in) by the loader.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub enum RopeScaling {
-    /// θ^(−2i/d): `default`, and `dynamic` within its original context.
+    /// θ^(−2i/d): `default`.
     #[default]
     None,
+    /// Dynamic NTK (`dynamic`): θ^(−2i/d) while the positions end within
+    /// `max_positions`; past it, for positions ending at `end`, the base
+    /// θ·(factor·end/max_positions − (factor − 1))^(d/(d−2)). transformers
+    /// keeps the longest forward's frequencies until a forward fits the
+    /// original context again; here every forward takes its own, which is
+    /// the same for a run at one sequence length.
+    Dynamic { factor: f64, max_positions: f64 },
     /// Positions divided by `factor` (`linear`).
     Linear { factor: f64 },
     /// Llama 3.1: long wavelengths divided by `factor`, short ones kept,
@@ -64,6 +71,18 @@ impl RopeScaling {
             .collect();
         match *self {
             RopeScaling::None => base,
+            RopeScaling::Dynamic {
+                factor,
+                max_positions,
+            } => match end as f64 > max_positions {
+                false => base,
+                true => {
+                    let dn = d as f64;
+                    let theta =
+                        theta * (factor * end as f64 / max_positions - (factor - 1.0)).powf(dn / (dn - 2.0));
+                    (0..half).map(|i| theta.powf(-((2 * i) as f64) / dn)).collect()
+                }
+            },
             RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
             RopeScaling::Llama3 {
                 factor,
@@ -159,6 +178,14 @@ impl RopeScaling {
         let b = f64::to_bits;
         match *self {
             RopeScaling::None => [0; 7],
+            // Past its context, every end its own frequencies.
+            RopeScaling::Dynamic {
+                factor,
+                max_positions,
+            } => {
+                let past = if end as f64 > max_positions { end as u64 } else { 0 };
+                [5, b(factor), b(max_positions), past, 0, 0, 0]
+            }
             RopeScaling::Linear { factor } => [1, b(factor), 0, 0, 0, 0, 0],
             RopeScaling::Llama3 {
                 factor,

@@ -83,6 +83,7 @@ fn main() -> AnyResult<()> {
         "smollm3",
         "granite",
         "starcoder2",
+        "llama_dynamic",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -123,15 +123,37 @@ fn rope_scaling_fields_that_cannot_work_are_named() {
     }
 }
 
+/// Dynamic NTK RoPE: plain frequencies while a forward's positions end
+/// within max_position_embeddings (2048 here), a larger base past it, one
+/// for each end (transformers' formula; `rope_scaling.rs` checks the numbers
+/// against transformers' own).
 #[test]
-fn dynamic_rope_runs_within_its_context_only() {
+fn dynamic_rope_scales_past_its_context() {
     let mut v = llama_v4();
     v["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 2.0});
     let cfg = parse(v).unwrap();
-    assert_eq!(cfg.rope_scaling, megatrain_tensor::RopeScaling::None);
-    cfg.check_seq_len(2048).unwrap();
-    let msg = cfg.check_seq_len(2049).unwrap_err().to_string();
-    assert!(msg.contains("2049") && msg.contains("dynamic RoPE"), "{msg}");
+    assert_eq!(
+        cfg.rope_scaling,
+        RopeScaling::Dynamic {
+            factor: 2.0,
+            max_positions: 2048.0
+        }
+    );
+    cfg.check_seq_len(8192).unwrap();
+    let (theta, d) = (cfg.rope_theta, cfg.head_dim);
+    let plain = RopeScaling::None.inv_freq(theta, d, 2048);
+    assert_eq!(cfg.rope_scaling.inv_freq(theta, d, 2048), plain);
+    let (past, further) = (
+        cfg.rope_scaling.inv_freq(theta, d, 2049),
+        cfg.rope_scaling.inv_freq(theta, d, 4096),
+    );
+    // Pair 0 always turns at 1 rad per position; the rest slow down more
+    // the further the positions go.
+    assert_eq!((past[0], further[0]), (1.0, 1.0));
+    assert!(past[5] < plain[5] && further[5] < past[5]);
+    assert_ne!(cfg.rope_scaling.key(2048), cfg.rope_scaling.key(2049));
+    assert_ne!(cfg.rope_scaling.key(2049), cfg.rope_scaling.key(4096));
+    assert_eq!(cfg.rope_scaling.key(100), cfg.rope_scaling.key(2048));
 }
 
 #[test]

@@ -151,7 +151,10 @@ fn the_window_cases_depend_on_their_window() {
     fn unscaled(c: &mut ModelConfig) -> bool {
         c.multipliers.take().is_some()
     }
-    let cases: [(&str, Drop); 10] = [
+    fn plain_rope(c: &mut ModelConfig) -> bool {
+        std::mem::take(&mut c.rope_scaling) != megatrain_tensor::RopeScaling::None
+    }
+    let cases: [(&str, Drop); 11] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -162,6 +165,7 @@ fn the_window_cases_depend_on_their_window() {
         ("smollm3", rope_everywhere),
         ("granite", unscaled),
         ("starcoder2", window),
+        ("llama_dynamic", plain_rope),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

@@ -69,5 +69,11 @@ fn released_configs_read_as_their_rope_type() {
             ..
         }
     ));
-    assert_eq!(parse("dynamic").dynamic_rope_limit, Some(131072));
+    assert_eq!(
+        parse("dynamic").rope_scaling,
+        RopeScaling::Dynamic {
+            factor: 2.0,
+            max_positions: 131072.0
+        }
+    );
 }

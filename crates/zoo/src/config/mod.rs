@@ -147,16 +147,13 @@ pub struct ModelConfig {
     pub norm_eps: f64,
     /// RoPE base (unused by GPT-2).
     pub rope_theta: f64,
-    /// RoPE frequency scaling (`rope_type` llama3, yarn, linear).
+    /// RoPE frequency scaling (`rope_type` llama3, yarn, linear, longrope,
+    /// dynamic).
     pub rope_scaling: RopeScaling,
     /// Leading entries of each head that RoPE rotates (Phi-3's
     /// `partial_rotary_factor`: Phi-4-mini's 0.75 rotates 96 of 128), the
     /// rest passed through; `None`: all of them.
     pub rotary_dim: Option<usize>,
-    /// `dynamic` RoPE's context: past it transformers changes θ with each
-    /// longer batch, which is not implemented, so longer sequences are
-    /// refused; within it the frequencies are the default ones.
-    pub dynamic_rope_limit: Option<usize>,
     pub tie_word_embeddings: bool,
     /// Biases on q, k and v projections (Qwen2; Llama/Qwen3 `attention_bias`).
     pub qkv_bias: bool,
@@ -421,17 +418,6 @@ impl ModelConfig {
                 ),
             ));
         }
-        if let Some(limit) = self.dynamic_rope_limit
-            && seq > limit
-        {
-            return Err(ZooError::invalid(
-                "sequence length",
-                format!(
-                    "{seq} tokens exceed max_position_embeddings = {limit}, past which dynamic RoPE \
-                     changes its base with the batch; only its frequencies within that context are implemented"
-                ),
-            ));
-        }
         Ok(())
     }
 
@@ -653,7 +639,6 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         rope_theta: 0.0,
         rope_scaling: RopeScaling::None,
         rotary_dim: None,
-        dynamic_rope_limit: None,
         tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(true),
         qkv_bias: true,
         o_bias: true,
@@ -766,7 +751,6 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         rope_theta: rope.theta,
         rope_scaling: rope.scaling,
         rotary_dim,
-        dynamic_rope_limit: rope.dynamic_limit,
         // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
         tie_word_embeddings: f
             .opt_bool("tie_word_embeddings")?

@@ -16,9 +16,6 @@ use crate::Result;
 pub(super) struct RopeFields {
     pub theta: f64,
     pub scaling: RopeScaling,
-    /// `dynamic` RoPE: the context up to which its frequencies are the
-    /// default ones (transformers changes θ with each longer batch).
-    pub dynamic_limit: Option<usize>,
     /// `partial_rotary_factor` where it is below 1, and the field that says
     /// so.
     pub partial: Option<f64>,
@@ -131,10 +128,8 @@ pub(super) fn parse_olmo3_rope(
         })
     };
     let (full, sliding) = (kind("full_attention")?, kind("sliding_attention")?);
-    if sliding.partial.is_some() || sliding.dynamic_limit.is_some() {
-        return Err(
-            f.unsupported("rope_parameters.sliding_attention with a partial rotary factor or dynamic RoPE")
-        );
+    if sliding.partial.is_some() {
+        return Err(f.unsupported("rope_parameters.sliding_attention with a partial rotary factor"));
     }
     let sliding = (sliding.theta, sliding.scaling);
     let differs = sliding.0 != full.theta || sliding.1 != full.scaling;
@@ -179,7 +174,6 @@ fn parse_rope_from(f: &Fields, max_positions: usize, phi3: bool, default_theta: 
     let mut out = RopeFields {
         theta,
         scaling: RopeScaling::None,
-        dynamic_limit: None,
         partial,
         partial_field,
     };
@@ -205,11 +199,12 @@ fn parse_rope_from(f: &Fields, max_positions: usize, phi3: bool, default_theta: 
         "linear" => RopeScaling::Linear {
             factor: o.req("factor")?,
         },
-        "dynamic" => {
-            o.req("factor")?;
-            out.dynamic_limit = Some(max_positions);
-            RopeScaling::None
-        }
+        // transformers' dynamic NTK scales past max_position_embeddings
+        // itself (not the original context other types name).
+        "dynamic" => RopeScaling::Dynamic {
+            factor: o.req("factor")?,
+            max_positions: max_positions as f64,
+        },
         "llama3" => {
             let (low, high) = (o.req("low_freq_factor")?, o.req("high_freq_factor")?);
             if low >= high {
@@ -315,9 +310,8 @@ fn yarn(o: &Obj, max_positions: usize) -> Result<RopeScaling> {
 }
 
 /// The v4 `rope_scaling` object of `scaling`, for a generated
-/// `config.json` (presets'; a parsed config writes back its own fields, so
-/// `dynamic`, which only parsing gives, keeps its factor); `None` for
-/// plain RoPE.
+/// `config.json` (presets'; a parsed config writes back its own fields);
+/// `None` for plain RoPE.
 pub(super) fn scaling_json(scaling: &RopeScaling) -> Option<Value> {
     use serde_json::json;
     // Contexts are whole numbers of tokens in every config.json.
@@ -325,6 +319,7 @@ pub(super) fn scaling_json(scaling: &RopeScaling) -> Option<Value> {
     Some(match *scaling {
         RopeScaling::None => return None,
         RopeScaling::Linear { factor } => json!({"rope_type": "linear", "factor": factor}),
+        RopeScaling::Dynamic { factor, .. } => json!({"rope_type": "dynamic", "factor": factor}),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,

@@ -29,6 +29,7 @@ pub const CASES: &[&str] = &[
     "smollm3",
     "granite",
     "starcoder2",
+    "llama_dynamic",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
