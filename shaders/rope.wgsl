@@ -19,6 +19,8 @@ struct Params {
 // its index], which absmax.wgsl folds when a product first reads them, so
 // nothing scans them.
 const STORE_MAX: u32 = 1u;
+// Pairs of neighbours (2j, 2j + 1), GLM's layout, rather than (j, j + half).
+const INTERLEAVED: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
@@ -44,12 +46,18 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let pos = ((p.row0 + row) / p.h) % p.t;
             let c = COS[p.tab_off + pos * p.half + j];
             let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
-            let x1 = X[p.x_off + row * d + j];
-            let x2 = X[p.x_off + row * d + j + p.half];
+            var a = j;
+            var b = j + p.half;
+            if (p.flags & INTERLEAVED) != 0u {
+                a = 2u * j;
+                b = 2u * j + 1u;
+            }
+            let x1 = X[p.x_off + row * d + a];
+            let x2 = X[p.x_off + row * d + b];
             let y1 = x1 * c - x2 * s;
             let y2 = x2 * c + x1 * s;
-            Y[p.y_off + row * d + j] = y1;
-            Y[p.y_off + row * d + j + p.half] = y2;
+            Y[p.y_off + row * d + a] = y1;
+            Y[p.y_off + row * d + b] = y2;
             m = max(max_bits(y1), max_bits(y2));
         } else {
             // Entry half + j, past the rotated 2·half.

@@ -105,6 +105,8 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "granite",
         "starcoder2",
         "llama_dynamic",
+        "glm",
+        "glm4",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

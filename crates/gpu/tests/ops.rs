@@ -127,11 +127,12 @@ proptest! {
 
     #[test]
     fn rope_both_ways(b in 1usize..3, t in 1usize..20, h in 1usize..4, half in 1usize..12,
-                      pass in 0usize..4, offset in 0usize..3000, seed in any::<u64>()) {
+                      pass in 0usize..4, interleaved in any::<bool>(), offset in 0usize..3000,
+                      seed in any::<u64>()) {
         let c = cpu();
         // `pass` entries after the rotated ones go through unrotated.
         let x = rand_host(seed, &[b, t, h, 2 * half + pass]);
-        let rope = Rope { rotary_dim: (pass > 0).then_some(2 * half), ..Rope::plain(10000.0, offset) };
+        let rope = Rope { rotary_dim: (pass > 0).then_some(2 * half), interleaved, ..Rope::plain(10000.0, offset) };
         let cx = cpu_up!(c, &x);
         for g in both() {
             let gx = up(g, &x);
@@ -258,7 +259,8 @@ fn rope_tables_are_kept_grown_and_shared() {
         // Past the first table, back inside it, another θ, another D, far
         // past, then the same θ with each scaling (tables of their own);
         // each whole and rotating only 6 entries of the heads of 14 and 8
-        // (tables of a 6-wide head, the rest passed through).
+        // (tables of a 6-wide head, the rest passed through), in halves and
+        // in neighbouring pairs (GLM's).
 
         for case in [
             (0, 1e4, RopeScaling::None),
@@ -277,14 +279,16 @@ fn rope_tables_are_kept_grown_and_shared() {
             (7, 1e4, long_rope.clone()),
         ]
         .into_iter()
-        .flat_map(|(o, t, s)| [None, Some(6)].map(|r| (o, t, s.clone(), r)))
-        {
-            let (offset, theta, scaling, rotary_dim) = case;
+        .flat_map(|(o, t, s)| {
+            [(None, false), (Some(6), false), (Some(6), true)].map(|(r, i)| (o, t, s.clone(), r, i))
+        }) {
+            let (offset, theta, scaling, rotary_dim, interleaved) = case;
             let rope = Rope {
                 theta,
                 offset,
                 scaling,
                 rotary_dim,
+                interleaved,
             };
             for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
                 assert_close(

@@ -197,6 +197,9 @@ pub struct Rope {
     /// Leading entries of each head that rotate; `None`: all of them. Its
     /// frequencies are those of a head of this size.
     pub rotary_dim: Option<usize>,
+    /// Pairs of neighbours (2i, 2i+1), GLM's (and GPT-J's) layout, rather
+    /// than `rotate_half`'s (i, i + r/2).
+    pub interleaved: bool,
 }
 
 impl Rope {
@@ -207,6 +210,7 @@ impl Rope {
             offset,
             scaling: RopeScaling::None,
             rotary_dim: None,
+            interleaved: false,
         }
     }
 

@@ -191,10 +191,16 @@ fn rope_backward_with_offset() {
         truncate: true,
         attention_factor: 1.25,
     };
-    for (scaling, rotary_dim) in [(RopeScaling::None, None), (yarn.clone(), None), (yarn, Some(4))] {
+    for (scaling, rotary_dim, interleaved) in [
+        (RopeScaling::None, None, false),
+        (yarn.clone(), None, false),
+        (yarn.clone(), Some(4), false),
+        (yarn, Some(4), true),
+    ] {
         let rope = Rope {
             scaling,
             rotary_dim,
+            interleaved,
             ..Rope::plain(10000.0, 7)
         };
         let x = rand_t(8, &[2, 3, 2, 6]);

@@ -84,6 +84,8 @@ fn main() -> AnyResult<()> {
         "granite",
         "starcoder2",
         "llama_dynamic",
+        "glm",
+        "glm4",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

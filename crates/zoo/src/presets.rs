@@ -58,6 +58,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         sliding_rope: None,
         nope_layers: None,
         multipliers: None,
+        pad_token_id: None,
         dtype: None,
         raw: None,
     }
@@ -101,6 +102,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         sliding_rope: None,
         nope_layers: None,
         multipliers: None,
+        pad_token_id: None,
         dtype: None,
         raw: None,
     }

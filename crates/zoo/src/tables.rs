@@ -156,12 +156,19 @@ impl ModelConfig {
                     t.push(format!("{p}.self_attn.q_norm.weight"), [d], false)?;
                     t.push(format!("{p}.self_attn.k_norm.weight"), [d], false)?;
                 }
+                let sandwich = self.arch.has_sandwich_norms();
+                if sandwich {
+                    t.push(format!("{p}.post_self_attn_layernorm.weight"), [c], false)?;
+                }
                 t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
                 for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
                     t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
                     if self.mlp_bias {
                         t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
                     }
+                }
+                if sandwich {
+                    t.push(format!("{p}.post_mlp_layernorm.weight"), [c], false)?;
                 }
             }
             (LayerKind::Head, Arch::Starcoder2) => {
@@ -190,30 +197,31 @@ impl ModelConfig {
 
     /// The tensors of `table` (a layer's) as Hugging Face checkpoints
     /// store them, over the same slab: the table itself, except that
-    /// Phi-3's fused `qkv_proj` and `gate_up_proj` join the consecutive q,
-    /// k, v and gate, up entries (rows of an `[out, in]` matrix are
+    /// Phi-3's fused `qkv_proj` and `gate_up_proj` (GLM's `gate_up_proj`)
+    /// join the consecutive q, k, v and gate, up entries (rows of an `[out, in]` matrix are
     /// contiguous, so the fused tensor is exactly their concatenation).
     /// Loading, exporting and run checkpoints go through this.
     pub fn hf_table(&self, table: &ParamTable) -> ParamTable {
         let specs = table.iter().as_slice();
-        if self.arch != Arch::Phi3 {
-            return table.clone();
-        }
         // (the parts' names, in table order; the fused tensor's name)
-        let fusions: [(&[&str], &str); 2] = [
-            (
-                &[
-                    "self_attn.q_proj.weight",
-                    "self_attn.k_proj.weight",
-                    "self_attn.v_proj.weight",
-                ],
-                "self_attn.qkv_proj.weight",
-            ),
-            (
-                &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
-                "mlp.gate_up_proj.weight",
-            ),
-        ];
+        let qkv: (&[&str], &str) = (
+            &[
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+            ],
+            "self_attn.qkv_proj.weight",
+        );
+        let gate_up: (&[&str], &str) = (
+            &["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+            "mlp.gate_up_proj.weight",
+        );
+        let fusions: &[(&[&str], &str)] = match self.arch {
+            Arch::Phi3 => &[qkv, gate_up],
+            // GLM stores q, k and v (with their biases) apart.
+            Arch::Glm | Arch::Glm4 => &[gate_up],
+            _ => return table.clone(),
+        };
         let mut out = ParamTable::new();
         let mut i = 0;
         while i < specs.len() {
@@ -224,7 +232,7 @@ impl ModelConfig {
                     .iter()
                     .zip(names)
                     .all(|(s, n)| s.name == format!("{prefix}{n}"));
-                assert!(named, "{names:?} are consecutive in a Phi-3 table");
+                assert!(named, "{names:?} are consecutive in a {:?} table", self.arch);
                 Some((format!("{prefix}{fused}"), parts))
             });
             let (name, parts) = fusion.unwrap_or((specs[i].name.clone(), &specs[i..=i]));

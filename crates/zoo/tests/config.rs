@@ -561,3 +561,42 @@ fn starcoder2_fields() {
     assert!(matches!(err, ZooError::Unsupported { .. }), "{err}");
     assert!(err.to_string().contains("gelu_pytorch_tanh"), "{err}");
 }
+
+/// GLM as transformers reads it: q/k/v biases unless written otherwise,
+/// head_dim 128 and half of each head rotated (in neighbouring pairs)
+/// unless written; GLM-4-0414 adds the sandwich norms.
+#[test]
+fn glm_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["GlmForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.qkv_bias && !c.o_bias && !c.mlp_bias && c.arch.is_glm());
+    assert_eq!((c.head_dim, c.rotary_dim), (128, Some(64)));
+    assert!(c.rope(0).interleaved && !c.arch.has_sandwich_norms());
+    v["head_dim"] = json!(64);
+    v["partial_rotary_factor"] = json!(1.0);
+    v["attention_bias"] = json!(false);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.rotary_dim, c.qkv_bias), (None, false));
+    v["architectures"] = json!(["Glm4ForCausalLM"]);
+    let c = parse(v).unwrap();
+    assert!(c.arch.has_sandwich_norms());
+    let names: Vec<String> = c
+        .hf_table(&c.layer_table(1).unwrap())
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    for n in [
+        "mlp.gate_up_proj.weight",
+        "post_self_attn_layernorm.weight",
+        "post_mlp_layernorm.weight",
+    ] {
+        assert!(names.contains(&format!("model.layers.0.{n}")), "{n}: {names:?}");
+    }
+    assert!(names.contains(&"model.layers.0.self_attn.q_proj.weight".to_string()));
+    // Phi-3's partial factor, not Llama's.
+    let mut v = llama_v4();
+    v["partial_rotary_factor"] = json!(0.5);
+    let msg = parse(v).unwrap_err().to_string();
+    assert!(msg.contains("only to Phi-3 and GLM"), "{msg}");
+}

@@ -8,7 +8,7 @@ mod common;
 use common::{fixture, read_golden, rel_norm_err};
 use megatrain_tensor::{CpuExecutor, CpuTensor, Executor};
 use megatrain_zoo::layers::{
-    MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward,
+    MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward, embedding_grads,
     head_forward_backward, head_loss,
 };
 use megatrain_zoo::{
@@ -199,4 +199,49 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(msg.contains("block 2 of a model of 2 blocks"), "{msg}");
     let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 4);
     assert!(tied_head.is_err(), "untied head refuses an embedding table");
+}
+
+/// transformers' `nn.Embedding(padding_idx = pad_token_id)`: the lookup
+/// gives the pad token's row no gradient; a tied head's gradient for that
+/// row stays (embedding_grads adds the lookup's onto it).
+#[test]
+fn the_pad_tokens_row_gets_no_gradient_from_the_lookup() {
+    use megatrain_tensor::Shape;
+    use megatrain_tensor::testing::random_tensor;
+    let ex = CpuExecutor::new();
+    let mut cfg = preset("llama-tiny", Some(11)).unwrap();
+    cfg.pad_token_id = Some(3);
+    let (b, t, c, v) = (2, 5, cfg.hidden_size, 11);
+    let ids: Vec<u32> = vec![3, 1, 4, 1, 5, 9, 2, 6, 3, 3];
+    let dx = ex.upload(&random_tensor(1, [b, t, c])).unwrap();
+    let dxv = dx.data().to_vec();
+    let tied = random_tensor(2, [v, c]);
+    let shapes = [Shape::new([v, c])];
+    for with_tied in [false, true] {
+        let head = with_tied.then(|| ex.upload(&tied).unwrap());
+        let g = embedding_grads(&cfg, &ex, &shapes, &ids, b, t, &dx, head).unwrap();
+        let g = g[0].data().to_vec();
+        let start = |r: usize| {
+            if with_tied {
+                tied.to_f32_vec()[r * c..(r + 1) * c].to_vec()
+            } else {
+                vec![0.0; c]
+            }
+        };
+        for r in 0..v {
+            let mut want = start(r);
+            if r != 3 {
+                for pos in (0..ids.len()).filter(|&p| ids[p] as usize == r) {
+                    for (w, x) in want.iter_mut().zip(&dxv[pos * c..(pos + 1) * c]) {
+                        *w += x;
+                    }
+                }
+            }
+            assert_eq!(&g[r * c..(r + 1) * c], &want[..], "row {r}, tied {with_tied}");
+        }
+    }
+    // Without a pad token, its row gathers its positions' gradients.
+    cfg.pad_token_id = None;
+    let g = embedding_grads(&cfg, &ex, &shapes, &ids, b, t, &dx, None).unwrap();
+    assert!(g[0].data()[3 * c..4 * c].iter().any(|&x| x != 0.0));
 }

@@ -18,8 +18,9 @@ use super::{GpuExecutor, f, grid_for, need_f32, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
-/// `STORE_MAX` of `shaders/rope.wgsl`.
+/// `STORE_MAX` and `INTERLEAVED` of `shaders/rope.wgsl`.
 const STORE_MAX: u32 = 1;
+const INTERLEAVED: u32 = 2;
 
 /// Positions a new table covers at least: a training step's T is usually
 /// within it, and a generation growing one token at a time rebuilds only
@@ -132,7 +133,7 @@ impl GpuExecutor {
                 u(r0),
                 f(sign),
                 cv.elem_off,
-                partials.as_ref().map_or(0, |_| STORE_MAX),
+                partials.as_ref().map_or(0, |_| STORE_MAX) | if rope.interleaved { INTERLEAVED } else { 0 },
                 maxv.elem_off + u(base),
                 u(dim),
             ];

@@ -43,11 +43,18 @@ pub enum Arch {
     /// StarCoder2: LayerNorms with biases and a GELU MLP (GPT-2's) around
     /// grouped-query attention with RoPE and a sliding window.
     Starcoder2,
+    /// GLM-4 (`glm`): Llama's block with q/k/v biases, gate and up stored
+    /// as one tensor, and RoPE on half of each head in neighbouring pairs.
+    Glm,
+    /// GLM-4-0414 (`glm4`): GLM's, with norms after the attention and the
+    /// MLP as well as before.
+    Glm4,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
-                         SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM";
+                         SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
+                         Glm4ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -62,7 +69,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 11] = [
+    pub const ALL: [Arch; 13] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -74,6 +81,8 @@ impl Arch {
         Arch::SmolLM3,
         Arch::Granite,
         Arch::Starcoder2,
+        Arch::Glm,
+        Arch::Glm4,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -89,6 +98,8 @@ impl Arch {
             Arch::SmolLM3 => "SmolLM3ForCausalLM",
             Arch::Granite => "GraniteForCausalLM",
             Arch::Starcoder2 => "Starcoder2ForCausalLM",
+            Arch::Glm => "GlmForCausalLM",
+            Arch::Glm4 => "Glm4ForCausalLM",
         }
     }
 
@@ -105,6 +116,8 @@ impl Arch {
             Arch::SmolLM3 => "smollm3",
             Arch::Granite => "granite",
             Arch::Starcoder2 => "starcoder2",
+            Arch::Glm => "glm",
+            Arch::Glm4 => "glm4",
         }
     }
 
@@ -122,6 +135,17 @@ impl Arch {
     /// RMSNorms.
     pub fn has_layernorm(self) -> bool {
         matches!(self, Arch::Gpt2 | Arch::Starcoder2)
+    }
+
+    /// GLM's: RoPE on neighbouring pairs, gate and up stored as one tensor.
+    pub fn is_glm(self) -> bool {
+        matches!(self, Arch::Glm | Arch::Glm4)
+    }
+
+    /// GLM-4-0414's Llama block with norms after the attention and the MLP
+    /// (on their outputs, before the residual adds) as well as before.
+    pub fn has_sandwich_norms(self) -> bool {
+        self == Arch::Glm4
     }
 
     /// OLMo's block: norms after the sublayers, q/k norms over the whole
@@ -178,6 +202,10 @@ pub struct ModelConfig {
     pub nope_layers: Option<Vec<bool>>,
     /// Granite's scalings; `None` for every other family.
     pub multipliers: Option<Multipliers>,
+    /// The token whose embedding row the lookup gives no gradient:
+    /// transformers builds every family's but GPT-2's embedding as
+    /// `nn.Embedding(padding_idx = pad_token_id)`.
+    pub pad_token_id: Option<usize>,
     /// `torch_dtype` / `dtype` as written in the file (informational).
     pub dtype: Option<String>,
     /// The parsed `config.json`, written back (with its dtype updated) on
@@ -449,6 +477,7 @@ impl ModelConfig {
             offset: 0,
             scaling,
             rotary_dim: self.rotary_dim,
+            interleaved: self.arch.is_glm(),
         }
     }
 
@@ -540,6 +569,13 @@ impl ModelConfig {
                     let uses_rope: Vec<u8> = nope.iter().map(|&n| u8::from(!n)).collect();
                     obj.insert("no_rope_layers".into(), json!(uses_rope));
                 }
+            }
+            Arch::Glm | Arch::Glm4 => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert(
+                    "partial_rotary_factor".into(),
+                    json!(self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64)),
+                );
             }
             Arch::Olmo2 | Arch::Olmo3 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -649,6 +685,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         sliding_rope: None,
         nope_layers: None,
         multipliers: None,
+        pad_token_id: None,
         dtype: None,
         raw: None,
     })
@@ -660,8 +697,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
     let head_dim = match f.opt_usize("head_dim")? {
         Some(d) => d,
-        // Qwen3Config's default head_dim is 128, not hidden / heads.
-        None if arch == Arch::Qwen3 => 128,
+        // Qwen3Config's and GlmConfig's default head_dim is 128, not
+        // hidden / heads.
+        None if matches!(arch, Arch::Qwen3 | Arch::Glm | Arch::Glm4) => 128,
         None => {
             if hidden % heads != 0 {
                 return Err(f.bad(
@@ -692,8 +730,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let default_positions = match arch {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
-        Arch::Starcoder2 => 4096,
-        Arch::Phi3 => 4096,
+        Arch::Starcoder2 | Arch::Phi3 => 4096,
+        Arch::Glm | Arch::Glm4 => 131072,
         _ => 2048,
     };
     let max_positions = f
@@ -705,13 +743,19 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
     };
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
-    // attention splits q and k around them (Llama's would fail to broadcast).
-    let rotary_dim = match rope.partial {
+    // and GLM's attention split q and k around them (Llama's would fail to
+    // broadcast). GlmConfig's factor is 0.5 unless written.
+    let partial = match (rope.partial, arch.is_glm()) {
+        (Some(p), _) => Some(p),
+        (None, true) => Some(0.5),
+        (None, false) => None,
+    };
+    let rotary_dim = match partial.filter(|&p| p < 1.0) {
         None => None,
-        Some(p) if arch == Arch::Phi3 => Some((head_dim as f64 * p) as usize),
+        Some(p) if arch == Arch::Phi3 || arch.is_glm() => Some((head_dim as f64 * p) as usize),
         Some(p) => {
             return Err(f.unsupported(format!(
-                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi-3 here)",
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi-3 and GLM here)",
                 rope.partial_field
             )));
         }
@@ -725,6 +769,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         ),
         Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 => (attention_bias, attention_bias, false),
         Arch::Qwen2 => (true, false, false),
+        // GlmConfig's attention_bias (true unless written) is q, k and v's.
+        Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
             let b = f.opt_bool("use_bias")?.unwrap_or(true);
             (b, b, b)
@@ -746,6 +792,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
+            Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
         rope_theta: rope.theta,
@@ -764,6 +811,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         sliding_rope,
         nope_layers,
         multipliers: parse_multipliers(f, arch)?,
+        pad_token_id: padding_idx(f)?,
         dtype: None,
         raw: None,
     })
@@ -845,6 +893,24 @@ fn parse_sliding_window(
             (Some(w), false, true) => (Some(w), Some(sliding)),
         },
     )
+}
+
+/// The embedding row `nn.Embedding(padding_idx = pad_token_id)` freezes:
+/// a negative id counts from the end, as PyTorch counts it; one past the
+/// vocabulary (which PyTorch would refuse) freezes nothing.
+fn padding_idx(f: &Fields) -> Result<Option<usize>> {
+    let vocab = f.req_usize("vocab_size")?;
+    let Some(v) = f.get("pad_token_id") else {
+        return Ok(None);
+    };
+    let p = v
+        .as_i64()
+        .ok_or_else(|| f.bad("pad_token_id", format!("expected an integer, got {v}")))?;
+    let p = match p >= 0 {
+        true => Some(p as usize),
+        false => vocab.checked_sub(p.unsigned_abs() as usize),
+    };
+    Ok(p.filter(|&p| p < vocab))
 }
 
 /// Granite's four scalings (GraniteConfig defaults each to 1).

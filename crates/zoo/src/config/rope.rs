@@ -16,7 +16,7 @@ use crate::Result;
 pub(super) struct RopeFields {
     pub theta: f64,
     pub scaling: RopeScaling,
-    /// `partial_rotary_factor` where it is below 1, and the field that says
+    /// `partial_rotary_factor` where it is written, and the field that says
     /// so.
     pub partial: Option<f64>,
     pub partial_field: String,
@@ -128,7 +128,7 @@ pub(super) fn parse_olmo3_rope(
         })
     };
     let (full, sliding) = (kind("full_attention")?, kind("sliding_attention")?);
-    if sliding.partial.is_some() {
+    if sliding.partial.is_some_and(|p| p < 1.0) {
         return Err(f.unsupported("rope_parameters.sliding_attention with a partial rotary factor"));
     }
     let sliding = (sliding.theta, sliding.scaling);
@@ -167,8 +167,8 @@ fn parse_rope_from(f: &Fields, max_positions: usize, phi3: bool, default_theta: 
         return Err(f.bad(field, format!("{p} must be in (0, 1]")));
     }
     let (partial, partial_field) = match partial {
-        Some((p, field)) if p < 1.0 => (Some(p), field),
-        _ => (None, String::new()),
+        Some((p, field)) => (Some(p), field),
+        None => (None, "partial_rotary_factor".to_string()),
     };
     let theta = theta.unwrap_or(default_theta);
     let mut out = RopeFields {

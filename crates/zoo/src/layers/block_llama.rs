@@ -1,6 +1,8 @@
-//! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3): pre-RMSNorm attention
-//! with RoPE and grouped-query heads, SwiGLU MLP. Optional q/k/v and o
-//! biases, MLP biases, and Qwen3's per-head RMSNorm of q and k before RoPE.
+//! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3,
+//! Granite, GLM): pre-RMSNorm attention with RoPE and grouped-query heads,
+//! SwiGLU MLP. Optional q/k/v and o biases, MLP biases, Qwen3's per-head
+//! RMSNorm of q and k before RoPE, and GLM-4-0414's RMSNorms of the
+//! attention's and the MLP's outputs before the residual adds.
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
@@ -17,10 +19,13 @@ pub(crate) struct Layout {
     v: Linear,
     o: Linear,
     qk_norm: Option<(usize, usize)>,
+    /// The norms of the attention's and the MLP's outputs (GLM-4-0414).
+    post_attn: Option<usize>,
     ln2: usize,
     gate: Linear,
     up: Linear,
     down: Linear,
+    post_mlp: Option<usize>,
     len: usize,
 }
 
@@ -41,6 +46,8 @@ impl Layout {
         let v = lin(cfg.qkv_bias);
         let o = lin(cfg.o_bias);
         let qk_norm = cfg.qk_norm.then(|| (next(), next()));
+        let sandwich = cfg.arch.has_sandwich_norms();
+        let post_attn = sandwich.then(&mut next);
         let ln2 = next();
         let mut lin = |bias: bool| {
             let w = next();
@@ -49,6 +56,7 @@ impl Layout {
         let gate = lin(cfg.mlp_bias);
         let up = lin(cfg.mlp_bias);
         let down = lin(cfg.mlp_bias);
+        let post_mlp = sandwich.then(&mut next);
         Layout {
             ln1,
             q,
@@ -56,10 +64,12 @@ impl Layout {
             v,
             o,
             qk_norm,
+            post_attn,
             ln2,
             gate,
             up,
             down,
+            post_mlp,
             len: n,
         }
     }
@@ -87,6 +97,10 @@ pub struct LlamaSaved<T> {
     gate: T,
     up: T,
     s: T,
+    /// The attention's and the MLP's outputs before their norms, with the
+    /// norms' (GLM-4-0414).
+    post_attn: Option<(T, NormOut<T>)>,
+    post_mlp: Option<(T, NormOut<T>)>,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -126,11 +140,13 @@ pub(super) fn forward<E: Executor>(
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
+    let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| &w[i]), eps)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let gate = lin(ex, &n2.y, w, l.gate)?;
     // The up projection with the activation applied where it is stored.
     let (up, s) = ex.matmul_swiglu(&n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), Transpose::NT, &gate)?;
     let d = times(ex, lin(ex, &s, w, l.down)?, residual(cfg))?;
+    let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| &w[i]), eps)?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
         x: ex.reshape(x, x.shape())?,
@@ -147,6 +163,8 @@ pub(super) fn forward<E: Executor>(
         gate,
         up,
         s,
+        post_attn,
+        post_mlp,
     };
     Ok((y, saved))
 }
@@ -168,11 +186,13 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The down projection's input gradient carried on through SwiGLU.
-    let dd = times_ref(ex, dy, residual(cfg))?;
+    let dpost = post_norm_backward(ex, &s.post_mlp, l.post_mlp, w, dy, &mut grads)?;
+    let dy_mlp = dpost.as_ref().unwrap_or(dy);
+    let dd = times_ref(ex, dy_mlp, residual(cfg))?;
     let (gd, dgate, dup) = ex.matmul_backward_swiglu(
         &s.s,
         &w[l.down.0],
-        dd.as_ref().unwrap_or(dy),
+        dd.as_ref().unwrap_or(dy_mlp),
         Transpose::NT,
         needs(l.down.1),
         &s.gate,
@@ -191,8 +211,10 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let dout = times_ref(ex, &dx2, residual(cfg))?;
-    let dout = dout.as_ref().unwrap_or(&dx2);
+    let dpost = post_norm_backward(ex, &s.post_attn, l.post_attn, w, &dx2, &mut grads)?;
+    let dx2_attn = dpost.as_ref().unwrap_or(&dx2);
+    let dout = times_ref(ex, dx2_attn, residual(cfg))?;
+    let dout = dout.as_ref().unwrap_or(dx2_attn);
     let mut go = ex.matmul_backward(&s.a, &w[l.o.0], dout, Transpose::NT, needs(l.o.1))?;
     let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(&mut grads, l.o, go);
@@ -247,4 +269,37 @@ fn times<E: Executor>(ex: &E, x: E::Tensor, s: Option<f64>) -> Result<E::Tensor>
 /// `x` times `s` where there is one (`None`: `x` as it is).
 fn times_ref<E: Executor>(ex: &E, x: &E::Tensor, s: Option<f64>) -> Result<Option<E::Tensor>> {
     Ok(s.map(|s| ex.scale(x, s as f32)).transpose()?)
+}
+
+/// GLM-4-0414's norm of a sublayer's output (`w`) before its residual add:
+/// the normed output and what its backward needs; `x` as it is without one.
+#[allow(clippy::type_complexity)]
+fn post_norm<E: Executor>(
+    ex: &E,
+    x: E::Tensor,
+    w: Option<&E::Tensor>,
+    eps: f32,
+) -> Result<(E::Tensor, Option<(E::Tensor, NormOut<E::Tensor>)>)> {
+    let Some(w) = w else { return Ok((x, None)) };
+    let n = ex.rmsnorm(&x, w, eps)?;
+    Ok((ex.reshape(&n.y, n.y.shape())?, Some((x, n))))
+}
+
+/// The gradient of a sublayer's output through its post norm, from that of
+/// the normed output, the norm's weight gradient stored at `at`; `None`
+/// without one.
+fn post_norm_backward<E: Executor>(
+    ex: &E,
+    saved: &Option<(E::Tensor, NormOut<E::Tensor>)>,
+    at: Option<usize>,
+    w: &[E::Tensor],
+    dy: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<Option<E::Tensor>> {
+    let (Some((x, n)), Some(i)) = (saved, at) else {
+        return Ok(None);
+    };
+    let g = ex.rmsnorm_backward(x, &w[i], &n.rstd, dy)?;
+    grads[i] = Some(g.dw);
+    Ok(Some(g.dx))
 }

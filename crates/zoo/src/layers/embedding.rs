@@ -114,7 +114,19 @@ pub fn embedding_grads<E: Executor>(
         }
         None => ex.zeros(table_shape)?,
     };
+    // transformers' nn.Embedding(padding_idx = pad_token_id) gives the pad
+    // token's row no gradient from the lookup (a tied head's still reaches
+    // it): that row keeps what it held before the scatter.
+    let pad = cfg.pad_token_id.filter(|&p| ids.contains(&(p as u32)));
+    let kept = match pad {
+        // A copy: the scatter writes the table in place.
+        Some(p) => Some(ex.scale(&ex.slice_rows(&dwte, p, 1)?, 1.0)?),
+        None => None,
+    };
     ex.embedding_backward(ids, &dx, &mut dwte)?;
+    if let (Some(p), Some(row)) = (pad, kept) {
+        ex.write_rows(&mut dwte, p, &row)?;
+    }
     let mut grads = vec![dwte];
     if cfg.arch.is_gpt2() {
         let mut dwpe = ex.zeros(&shapes[1])?;

@@ -30,6 +30,8 @@ pub const CASES: &[&str] = &[
     "granite",
     "starcoder2",
     "llama_dynamic",
+    "glm",
+    "glm4",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

@@ -40,9 +40,10 @@ pub fn rope_tables_for<F: Real>(t: usize, d: usize, rope: &Rope, end: usize) -> 
 }
 
 /// Rotates `x: [b, t, h, d]` (`dims`), token `ti` at position `offset + ti`:
-/// with `r` the rotated entries ([`Rope::rotated`]), for `i < r/2`,
-/// `y[i] = x[i]·cos − x[i+r/2]·sin` and `y[i+r/2] = x[i+r/2]·cos + x[i]·sin`,
-/// and `y[i] = x[i]` from `r` on. With `inverse` the angle is negated, which
+/// with `r` the rotated entries ([`Rope::rotated`]), for `i < r/2` and
+/// pair `(a, b)` = `(i, i+r/2)` (or `(2i, 2i+1)`, [`Rope::interleaved`]),
+/// `y[a] = x[a]·cos − x[b]·sin` and `y[b] = x[b]·cos + x[a]·sin`, and
+/// `y[i] = x[i]` from `r` on. With `inverse` the angle is negated, which
 /// is the backward: the map is a rotation times the scaling's attention
 /// factor, so its transpose is the rotation back times the same factor
 /// (and the identity on the entries passed through).
@@ -64,9 +65,13 @@ pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: &Rope, inverse: bool) -> V
             let (c, s) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
             for i in 0..half {
                 let s = if inverse { -s[i] } else { s[i] };
-                let (x1, x2) = (xr[i], xr[i + half]);
-                yr[i] = x1 * c[i] - x2 * s;
-                yr[i + half] = x2 * c[i] + x1 * s;
+                let (a, b) = match rope.interleaved {
+                    false => (i, i + half),
+                    true => (2 * i, 2 * i + 1),
+                };
+                let (x1, x2) = (xr[a], xr[b]);
+                yr[a] = x1 * c[i] - x2 * s;
+                yr[b] = x2 * c[i] + x1 * s;
             }
             yr[r..].copy_from_slice(&xr[r..]);
         });
