@@ -107,6 +107,7 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "llama_dynamic",
         "glm",
         "glm4",
+        "exaone4",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -50,6 +50,8 @@ from transformers import (
     GlmForCausalLM,
     Glm4Config,
     Glm4ForCausalLM,
+    Exaone4Config,
+    Exaone4ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -576,6 +578,28 @@ CASES = {
             eos_token_id=0,
         ),
         10,
+        torch.float32,
+    ),
+    # EXAONE 4: OLMo 2's post-norm block with q/k norms per head; blocks
+    # 0-2 slide (window 3), block 3 attends to all without RoPE.
+    "exaone4": (
+        Exaone4Config,
+        Exaone4ForCausalLM,
+        dict(
+            vocab_size=79,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            sliding_window=3,
+            sliding_window_pattern=4,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
         torch.float32,
     ),
 }

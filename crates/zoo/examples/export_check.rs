@@ -86,6 +86,7 @@ fn main() -> AnyResult<()> {
         "llama_dynamic",
         "glm",
         "glm4",
+        "exaone4",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -84,7 +84,7 @@ impl ModelConfig {
                 t.push(format!("{p}.mlp.c_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.c_proj.bias"), [c], false)?;
             }
-            (LayerKind::Block(i), Arch::Olmo2 | Arch::Olmo3) => {
+            (LayerKind::Block(i), Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
                 for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
@@ -97,8 +97,12 @@ impl ModelConfig {
                 if self.o_bias {
                     t.push(format!("{p}.self_attn.o_proj.bias"), [c], false)?;
                 }
-                t.push(format!("{p}.self_attn.q_norm.weight"), [q], false)?;
-                t.push(format!("{p}.self_attn.k_norm.weight"), [kv], false)?;
+                let (qn, kn) = match self.arch.has_head_qk_norms() {
+                    true => (self.head_dim, self.head_dim),
+                    false => (q, kv),
+                };
+                t.push(format!("{p}.self_attn.q_norm.weight"), [qn], false)?;
+                t.push(format!("{p}.self_attn.k_norm.weight"), [kn], false)?;
                 t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
                 t.push(format!("{p}.mlp.gate_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.up_proj.weight"), [f, c], true)?;

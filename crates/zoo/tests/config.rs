@@ -600,3 +600,58 @@ fn glm_fields() {
     let msg = parse(v).unwrap_err().to_string();
     assert!(msg.contains("only to Phi-3 and GLM"), "{msg}");
 }
+
+/// EXAONE 4 as transformers reads it: a window (4096 unless written) on
+/// all blocks but every `sliding_window_pattern`-th (4 unless written; the
+/// letters "LLLG" say the same), those without RoPE; q/k norms per head.
+#[test]
+fn exaone4_windows_and_nope_blocks() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Exaone4ForCausalLM"]);
+    v["num_hidden_layers"] = json!(8);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.arch.has_post_norms() && c.arch.has_head_qk_norms());
+    let kinds: Vec<(bool, bool)> = (0..8).map(|i| (c.slides(i), c.has_rope(i))).collect();
+    let (l, g) = ((true, true), (false, false));
+    assert_eq!(kinds, [l, l, l, g, l, l, l, g]);
+    assert_eq!(c.attn_mask(0), AttnMask::sliding(4096));
+    for (pattern, slides) in [
+        (json!("LG"), [true, false, true, false, true, false, true, false]),
+        (json!(3), [true, true, false, true, true, false, true, true]),
+    ] {
+        v["sliding_window_pattern"] = pattern;
+        let c = parse(v.clone()).unwrap();
+        assert_eq!((0..8).map(|i| c.slides(i)).collect::<Vec<_>>(), slides);
+        assert!((0..8).all(|i| c.slides(i) == c.has_rope(i)));
+    }
+    for bad in [json!("LXG"), json!(0)] {
+        v["sliding_window_pattern"] = bad;
+        assert!(
+            parse(v.clone())
+                .unwrap_err()
+                .to_string()
+                .contains("sliding_window_pattern")
+        );
+    }
+    let t = c_table_names(
+        &parse({
+            let mut v = v.clone();
+            v["sliding_window_pattern"] = json!(4);
+            v
+        })
+        .unwrap(),
+    );
+    assert!(
+        t.iter()
+            .any(|(n, d)| n.ends_with("q_norm.weight") && *d == vec![64]),
+        "{t:?}"
+    );
+}
+
+fn c_table_names(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    c.layer_table(1)
+        .unwrap()
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.dims().to_vec()))
+        .collect()
+}

@@ -154,7 +154,7 @@ fn the_window_cases_depend_on_their_window() {
     fn plain_rope(c: &mut ModelConfig) -> bool {
         std::mem::take(&mut c.rope_scaling) != megatrain_tensor::RopeScaling::None
     }
-    let cases: [(&str, Drop); 11] = [
+    let cases: [(&str, Drop); 13] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -166,6 +166,8 @@ fn the_window_cases_depend_on_their_window() {
         ("granite", unscaled),
         ("starcoder2", window),
         ("llama_dynamic", plain_rope),
+        ("exaone4", window),
+        ("exaone4", rope_everywhere),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

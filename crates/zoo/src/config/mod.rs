@@ -49,12 +49,15 @@ pub enum Arch {
     /// GLM-4-0414 (`glm4`): GLM's, with norms after the attention and the
     /// MLP as well as before.
     Glm4,
+    /// EXAONE 4: OLMo 2's block with q/k norms per head; a sliding window
+    /// on three blocks of four, the fourth without RoPE.
+    Exaone4,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
-                         Glm4ForCausalLM";
+                         Glm4ForCausalLM, Exaone4ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -69,7 +72,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 13] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -83,6 +86,7 @@ impl Arch {
         Arch::Starcoder2,
         Arch::Glm,
         Arch::Glm4,
+        Arch::Exaone4,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -100,6 +104,7 @@ impl Arch {
             Arch::Starcoder2 => "Starcoder2ForCausalLM",
             Arch::Glm => "GlmForCausalLM",
             Arch::Glm4 => "Glm4ForCausalLM",
+            Arch::Exaone4 => "Exaone4ForCausalLM",
         }
     }
 
@@ -118,6 +123,7 @@ impl Arch {
             Arch::Starcoder2 => "starcoder2",
             Arch::Glm => "glm",
             Arch::Glm4 => "glm4",
+            Arch::Exaone4 => "exaone4",
         }
     }
 
@@ -151,7 +157,13 @@ impl Arch {
     /// OLMo's block: norms after the sublayers, q/k norms over the whole
     /// projections.
     pub fn has_post_norms(self) -> bool {
-        matches!(self, Arch::Olmo2 | Arch::Olmo3)
+        matches!(self, Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4)
+    }
+
+    /// EXAONE 4's q/k norms over each head rather than (OLMo's) the whole
+    /// projection.
+    pub fn has_head_qk_norms(self) -> bool {
+        self == Arch::Exaone4
     }
 }
 
@@ -577,9 +589,9 @@ impl ModelConfig {
                     json!(self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64)),
                 );
             }
-            Arch::Olmo2 | Arch::Olmo3 => {
+            Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
-                if self.arch == Arch::Olmo3 {
+                if self.arch != Arch::Olmo2 {
                     obj.insert("sliding_window".into(), json!(self.sliding_window));
                 }
             }
@@ -768,6 +780,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
         Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 => (attention_bias, attention_bias, false),
+        Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
@@ -851,6 +864,9 @@ fn parse_sliding_window(
             window(Some(4096))?,
             (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
         ),
+        // Exaone4Config: `sliding_window_pattern` N (default 4) slides all
+        // but every N-th block; written as letters ("LLLG"), L slides.
+        Arch::Exaone4 => (window(Some(4096))?, exaone4_pattern(f, layers)?),
         // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
         Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => (
@@ -932,10 +948,37 @@ fn parse_multipliers(f: &Fields, arch: Arch) -> Result<Option<Multipliers>> {
     }))
 }
 
+/// EXAONE 4's sliding blocks from `sliding_window_pattern`.
+fn exaone4_pattern(f: &Fields, layers: usize) -> Result<Vec<bool>> {
+    let field = "sliding_window_pattern";
+    match f.get(field) {
+        None => Ok((0..layers).map(|i| (i + 1) % 4 != 0).collect()),
+        Some(Value::String(s)) if !s.is_empty() && s.chars().all(|c| c == 'L' || c == 'G') => {
+            let kinds: Vec<bool> = s.chars().map(|c| c == 'L').collect();
+            Ok((0..layers).map(|i| kinds[i % kinds.len()]).collect())
+        }
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => Ok((0..layers).map(|i| !(i as u64 + 1).is_multiple_of(n)).collect()),
+            _ => Err(f.bad(
+                field,
+                format!("expected a positive integer or letters L and G, got {v}"),
+            )),
+        },
+    }
+}
+
 /// SmolLM3's blocks without RoPE (`no_rope_layers`, 1 where a block
 /// rotates; by default every `no_rope_layer_interval`-th, 4th, has none);
 /// `None` for every other family, and where every block rotates.
 fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec<bool>>> {
+    if arch == Arch::Exaone4 {
+        // Its full-attention blocks rotate nothing where others slide.
+        let (window, sliding) = parse_sliding_window(f, arch, layers, None)?;
+        return Ok(match (window, sliding) {
+            (Some(_), Some(s)) => Some(s.iter().map(|&x| !x).collect()),
+            _ => None,
+        });
+    }
     if arch != Arch::SmolLM3 {
         return Ok(None);
     }

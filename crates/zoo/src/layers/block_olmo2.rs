@@ -1,6 +1,7 @@
-//! OLMo 2 block: norms after the sublayers instead of before them,
-//! `y = h + norm_ff(mlp(h))` with `h = x + norm_att(attn(x))`, and RMSNorms
-//! of q and k over their whole projections (not per head) before RoPE.
+//! OLMo 2 block (OLMo 3's, EXAONE 4's): norms after the sublayers instead
+//! of before them, `y = h + norm_ff(mlp(h))` with `h = x + norm_att(attn(x))`,
+//! and RMSNorms of q and k before RoPE, over their whole projections (OLMo)
+//! or per head (EXAONE 4, whose full-attention blocks have no RoPE).
 //! Attention and the SwiGLU MLP are Llama's; optional attention biases.
 
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
@@ -60,7 +61,8 @@ impl Layout {
 #[derive(Debug)]
 pub struct Olmo2Saved<T> {
     x: T,
-    /// q and k projections before their norms, `[B, T, H·D]`, and the norms.
+    /// q and k projections before their norms, `[B, T, H·D]` (`[B, T, H, D]`
+    /// with norms per head), and the norms.
     q_pre: T,
     qn: NormOut<T>,
     k_pre: T,
@@ -97,13 +99,18 @@ pub(super) fn forward<E: Executor>(
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
 
-    let q_pre = lin(ex, x, w, l.q)?;
-    let k_pre = lin(ex, x, w, l.k)?;
+    let (mut q_pre, mut k_pre) = (lin(ex, x, w, l.q)?, lin(ex, x, w, l.k)?);
+    if cfg.arch.has_head_qk_norms() {
+        (q_pre, k_pre) = (ex.reshape(&q_pre, &qs)?, ex.reshape(&k_pre, &ks)?);
+    }
     let v = ex.reshape(&lin(ex, x, w, l.v)?, &ks)?;
     let qn = ex.rmsnorm(&q_pre, &w[l.q_norm], eps)?;
     let kn = ex.rmsnorm(&k_pre, &w[l.k_norm], eps)?;
-    let q = ex.rope(&ex.reshape(&qn.y, &qs)?, cfg.rope(layer))?;
-    let k = ex.rope(&ex.reshape(&kn.y, &ks)?, cfg.rope(layer))?;
+    let (q, k) = (ex.reshape(&qn.y, &qs)?, ex.reshape(&kn.y, &ks)?);
+    let (q, k) = match cfg.has_rope(layer) {
+        true => (ex.rope(&q, cfg.rope(layer))?, ex.rope(&k, cfg.rope(layer))?),
+        false => (q, k),
+    };
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
@@ -179,23 +186,27 @@ pub(super) fn backward<E: Executor>(
     let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(&mut grads, l.o, go);
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let dq = ex.reshape(
-        &ex.rope_backward(&ga.dq, cfg.rope(layer))?,
-        &shape(&[b, t, cfg.q_dim()]),
-    )?;
-    let dk = ex.reshape(
-        &ex.rope_backward(&ga.dk, cfg.rope(layer))?,
-        &shape(&[b, t, cfg.kv_dim()]),
-    )?;
+    let (dq, dk) = match cfg.has_rope(layer) {
+        true => (
+            ex.rope_backward(&ga.dq, cfg.rope(layer))?,
+            ex.rope_backward(&ga.dk, cfg.rope(layer))?,
+        ),
+        false => (ga.dq, ga.dk),
+    };
+    // As the norms saw q and k: whole projections, or heads.
+    let dq = ex.reshape(&dq, s.q_pre.shape())?;
+    let dk = ex.reshape(&dk, s.k_pre.shape())?;
     let gq = ex.rmsnorm_backward(&s.q_pre, &w[l.q_norm], &s.qn.rstd, &dq)?;
     let gk = ex.rmsnorm_backward(&s.k_pre, &w[l.k_norm], &s.kn.rstd, &dk)?;
     grads[l.q_norm] = Some(gq.dw);
     grads[l.k_norm] = Some(gk.dw);
+    let dq = ex.reshape(&gq.dx, &shape(&[b, t, cfg.q_dim()]))?;
+    let dk = ex.reshape(&gk.dx, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
     // q's, k's and v's input gradients summed into dh, which already holds
     // the residual's.
     let mut dx = dh;
-    for (d, lw) in [(&gq.dx, l.q), (&gk.dx, l.k), (&dv, l.v)] {
+    for (d, lw) in [(&dq, l.q), (&dk, l.k), (&dv, l.v)] {
         let g = ex.matmul_backward_da_into(&s.x, &w[lw.0], d, Transpose::NT, needs(lw.1), &mut dx)?;
         put(&mut grads, lw, g);
     }

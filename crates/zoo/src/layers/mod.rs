@@ -67,7 +67,7 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
             Ok((y, BlockSaved::Gpt2(Box::new(s))))
         }
-        Arch::Olmo2 | Arch::Olmo3 => {
+        Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
             let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Olmo2(Box::new(s))))
         }

@@ -32,6 +32,7 @@ pub const CASES: &[&str] = &[
     "llama_dynamic",
     "glm",
     "glm4",
+    "exaone4",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
