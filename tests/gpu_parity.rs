@@ -86,10 +86,11 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// its original context), sliding windows (Mistral's of 4 keys, Qwen2's
 /// of 3 on every block and of 4 on blocks 1-2), Phi-4-mini's partial
 /// rotation (12 of 16 entries, under LongRoPE, in a window of 5) and
-/// OLMo 3's blocks by kind, and SmolLM3's NoPE block, in the zoo's golden
-/// fixtures' shapes.
+/// OLMo 3's blocks by kind, SmolLM3's NoPE block, and the other families
+/// added with them (Granite, StarCoder2, GLM, EXAONE 4, Phi-2, tied too),
+/// in the zoo's golden fixtures' shapes.
 #[test]
-fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
+fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
     for case in [
         "olmo2",
@@ -108,9 +109,14 @@ fn olmo2_rope_variants_and_windows_forward_backward_match_cpu() {
         "glm",
         "glm4",
         "exaone4",
+        "phi2",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }
+    // Phi-2's LM head bias beside a tied matrix.
+    let mut tied = ModelConfig::from_dir(fixtures.join("phi2")).unwrap();
+    tied.tie_word_embeddings = true;
+    check_forward_backward(&tied);
 }
 
 fn trainer<E: Executor>(ex: E, model: &ModelConfig, k: usize) -> Trainer<E> {

@@ -52,6 +52,8 @@ from transformers import (
     Glm4ForCausalLM,
     Exaone4Config,
     Exaone4ForCausalLM,
+    PhiConfig,
+    PhiForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -600,6 +602,30 @@ CASES = {
             tie_word_embeddings=False,
         ),
         11,
+        torch.float32,
+    ),
+    # Phi-2: attention and GELU MLP side by side from one LayerNorm, biases
+    # everywhere (the LM head's too), RoPE on part of each head (Phi-2's
+    # 0.4; 0.375 here: 6 of 16 entries), GQA.
+    "phi2": (
+        PhiConfig,
+        PhiForCausalLM,
+        dict(
+            vocab_size=87,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            partial_rotary_factor=0.375,
+            layer_norm_eps=1e-5,
+            rope_theta=10000.0,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        12,
         torch.float32,
     ),
 }

@@ -87,6 +87,7 @@ fn main() -> AnyResult<()> {
         "glm",
         "glm4",
         "exaone4",
+        "phi2",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -136,6 +136,24 @@ impl ModelConfig {
                     }
                 }
             }
+            (LayerKind::Block(i), Arch::Phi) => {
+                let p = format!("model.layers.{i}");
+                let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.input_layernorm.bias"), [c], false)?;
+                let linears = [
+                    ("self_attn.q_proj", [q, c]),
+                    ("self_attn.k_proj", [kv, c]),
+                    ("self_attn.v_proj", [kv, c]),
+                    ("self_attn.dense", [c, q]),
+                    ("mlp.fc1", [f, c]),
+                    ("mlp.fc2", [c, f]),
+                ];
+                for (name, shape) in linears {
+                    t.push(format!("{p}.{name}.weight"), shape, true)?;
+                    t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
+                }
+            }
             (LayerKind::Block(i), _) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f, d) = (self.q_dim(), self.kv_dim(), self.intermediate_size, self.head_dim);
@@ -174,6 +192,14 @@ impl ModelConfig {
                 if sandwich {
                     t.push(format!("{p}.post_mlp_layernorm.weight"), [c], false)?;
                 }
+            }
+            (LayerKind::Head, Arch::Phi) => {
+                t.push("model.final_layernorm.weight", [c], false)?;
+                t.push("model.final_layernorm.bias", [c], false)?;
+                if !self.tie_word_embeddings {
+                    t.push("lm_head.weight", [v, c], true)?;
+                }
+                t.push("lm_head.bias", [v], false)?;
             }
             (LayerKind::Head, Arch::Starcoder2) => {
                 t.push("model.norm.weight", [c], false)?;

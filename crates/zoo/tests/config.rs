@@ -598,7 +598,7 @@ fn glm_fields() {
     let mut v = llama_v4();
     v["partial_rotary_factor"] = json!(0.5);
     let msg = parse(v).unwrap_err().to_string();
-    assert!(msg.contains("only to Phi-3 and GLM"), "{msg}");
+    assert!(msg.contains("only to Phi, Phi-3 and GLM"), "{msg}");
 }
 
 /// EXAONE 4 as transformers reads it: a window (4096 unless written) on
@@ -654,4 +654,32 @@ fn c_table_names(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         .iter()
         .map(|s| (s.name.clone(), s.shape.dims().to_vec()))
         .collect()
+}
+
+/// Phi-1.5/Phi-2 as transformers reads them: biases everywhere, the LM
+/// head's too; half of each head rotated unless written; q/k LayerNorms
+/// refused by name.
+#[test]
+fn phi_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["PhiForCausalLM"]);
+    let c = parse(v.clone()).unwrap();
+    assert!(c.arch.has_layernorm() && c.arch.has_head_bias() && c.qkv_bias && c.o_bias && c.mlp_bias);
+    assert_eq!(c.rotary_dim, Some(32));
+    let head = c_table_names(&c).into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert!(head.iter().any(|n| n.ends_with("mlp.fc1.bias")), "{head:?}");
+    let last = c.layer_table(c.num_layers + 1).unwrap();
+    let names: Vec<&str> = last.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "model.final_layernorm.weight",
+            "model.final_layernorm.bias",
+            "lm_head.weight",
+            "lm_head.bias"
+        ]
+    );
+    v["qk_layernorm"] = json!(true);
+    let err = parse(v).unwrap_err();
+    assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("qk_layernorm"));
 }

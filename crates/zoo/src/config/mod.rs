@@ -52,12 +52,16 @@ pub enum Arch {
     /// EXAONE 4: OLMo 2's block with q/k norms per head; a sliding window
     /// on three blocks of four, the fourth without RoPE.
     Exaone4,
+    /// Phi-1.5 and Phi-2 (`phi`): attention and a GELU MLP side by side
+    /// from one LayerNorm, biases everywhere (the LM head's too), RoPE on
+    /// part of each head.
+    Phi,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
-                         Glm4ForCausalLM, Exaone4ForCausalLM";
+                         Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -72,7 +76,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 14] = [
+    pub const ALL: [Arch; 15] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -87,6 +91,7 @@ impl Arch {
         Arch::Glm,
         Arch::Glm4,
         Arch::Exaone4,
+        Arch::Phi,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -105,6 +110,7 @@ impl Arch {
             Arch::Glm => "GlmForCausalLM",
             Arch::Glm4 => "Glm4ForCausalLM",
             Arch::Exaone4 => "Exaone4ForCausalLM",
+            Arch::Phi => "PhiForCausalLM",
         }
     }
 
@@ -124,6 +130,7 @@ impl Arch {
             Arch::Glm => "glm",
             Arch::Glm4 => "glm4",
             Arch::Exaone4 => "exaone4",
+            Arch::Phi => "phi",
         }
     }
 
@@ -140,7 +147,12 @@ impl Arch {
     /// LayerNorms with biases (GPT-2's and StarCoder2's) rather than
     /// RMSNorms.
     pub fn has_layernorm(self) -> bool {
-        matches!(self, Arch::Gpt2 | Arch::Starcoder2)
+        matches!(self, Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi)
+    }
+
+    /// An LM head with a bias (Phi-2's).
+    pub fn has_head_bias(self) -> bool {
+        self == Arch::Phi
     }
 
     /// GLM's: RoPE on neighbouring pairs, gate and up stored as one tensor.
@@ -369,6 +381,7 @@ impl ModelConfig {
         // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
         let eps_name = match self.arch {
             Arch::Gpt2 => "layer_norm_epsilon",
+            Arch::Phi => "layer_norm_eps",
             Arch::Starcoder2 => "norm_epsilon",
             _ => "rms_norm_eps",
         };
@@ -598,6 +611,14 @@ impl ModelConfig {
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
+            Arch::Phi => {
+                obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
+                obj.insert("hidden_act".into(), json!("gelu_new"));
+                obj.insert(
+                    "partial_rotary_factor".into(),
+                    json!(self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64)),
+                );
+            }
             Arch::Starcoder2 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
                 obj.insert("use_bias".into(), json!(self.qkv_bias));
@@ -731,6 +752,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             f.opt_str("hidden_act")?.unwrap_or("gelu_pytorch_tanh"),
             ["gelu_pytorch_tanh", "gelu_new"].as_slice(),
         ),
+        Arch::Phi => (
+            f.opt_str("hidden_act")?.unwrap_or("gelu_new"),
+            ["gelu_new", "gelu_pytorch_tanh"].as_slice(),
+        ),
         _ => (f.opt_str("hidden_act")?.unwrap_or("silu"), ["silu"].as_slice()),
     };
     if !implemented.contains(&act) {
@@ -757,17 +782,20 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
     // and GLM's attention split q and k around them (Llama's would fail to
     // broadcast). GlmConfig's factor is 0.5 unless written.
-    let partial = match (rope.partial, arch.is_glm()) {
+    let partial = match (rope.partial, arch.is_glm() || arch == Arch::Phi) {
         (Some(p), _) => Some(p),
+        // GlmConfig's and PhiConfig's factor unless written.
         (None, true) => Some(0.5),
         (None, false) => None,
     };
     let rotary_dim = match partial.filter(|&p| p < 1.0) {
         None => None,
-        Some(p) if arch == Arch::Phi3 || arch.is_glm() => Some((head_dim as f64 * p) as usize),
+        Some(p) if matches!(arch, Arch::Phi3 | Arch::Phi) || arch.is_glm() => {
+            Some((head_dim as f64 * p) as usize)
+        }
         Some(p) => {
             return Err(f.unsupported(format!(
-                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi-3 and GLM here)",
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3 and GLM here)",
                 rope.partial_field
             )));
         }
@@ -788,6 +816,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             let b = f.opt_bool("use_bias")?.unwrap_or(true);
             (b, b, b)
         }
+        Arch::Phi => {
+            if f.opt_bool("qk_layernorm")?.unwrap_or(false) {
+                return Err(f.unsupported("qk_layernorm = true"));
+            }
+            (true, true, true)
+        }
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
@@ -805,6 +839,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
+            Arch::Phi => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },

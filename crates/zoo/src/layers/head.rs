@@ -44,23 +44,32 @@ pub struct HeadOut<T> {
     pub tied_grad: Option<T>,
 }
 
-fn n_weights(cfg: &ModelConfig) -> usize {
-    let norm = if cfg.arch.has_layernorm() { 2 } else { 1 };
-    norm + usize::from(!cfg.tie_word_embeddings)
+/// The final norm's tensors: a gain, and a bias for LayerNorm.
+fn n_norm(cfg: &ModelConfig) -> usize {
+    if cfg.arch.has_layernorm() { 2 } else { 1 }
 }
 
-/// The LM head matrix `[V, C]`: the head's own, or the tied embedding table.
+fn n_weights(cfg: &ModelConfig) -> usize {
+    n_norm(cfg) + usize::from(!cfg.tie_word_embeddings) + usize::from(cfg.arch.has_head_bias())
+}
+
+/// The LM head matrix `[V, C]` (the head's own, or the tied embedding
+/// table) and its bias `[V]` where it has one (Phi-2's, last in the table).
 fn head_matrix<'a, E: Executor>(
     cfg: &ModelConfig,
     w: &'a [E::Tensor],
     tied: Option<&'a E::Tensor>,
     op: &'static str,
-) -> Result<&'a E::Tensor> {
+) -> Result<(&'a E::Tensor, Option<&'a E::Tensor>)> {
     check_weights(w, n_weights(cfg), op)?;
+    let bias = cfg
+        .arch
+        .has_head_bias()
+        .then(|| w.last().expect("the bias is last"));
     let m = match (cfg.tie_word_embeddings, tied) {
         (true, Some(t)) => t,
         (true, None) => return Err(ZooError::invalid(op, "tied head needs the embedding table")),
-        (false, None) => w.last().expect("untied head has its matrix"),
+        (false, None) => &w[n_norm(cfg)],
         (false, Some(_)) => return Err(ZooError::invalid(op, "untied head was given an embedding table")),
     };
     if m.dims() != [cfg.vocab_size, cfg.hidden_size] {
@@ -74,7 +83,7 @@ fn head_matrix<'a, E: Executor>(
             ),
         ));
     }
-    Ok(m)
+    Ok((m, bias))
 }
 
 /// The final RMSNorm's gain with Granite's `logits_scaling` s folded in
@@ -176,7 +185,7 @@ pub fn head_forward_backward<E: Executor>(
     chunk_rows: usize,
 ) -> Result<HeadOut<E::Tensor>> {
     const OP: &str = "head_forward_backward";
-    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    let (wh, bias) = head_matrix::<E>(cfg, w, tied, OP)?;
     let rows = rows_of(cfg, x, OP)?;
     check_targets(rows, targets, cfg.vocab_size, OP)?;
     if chunk_rows == 0 {
@@ -188,6 +197,7 @@ pub fn head_forward_backward<E: Executor>(
     let gain = folded.as_ref().unwrap_or(&w[0]);
     let mut dx = ex.zeros(&shape(&[rows, c]))?;
     let mut dwh: Option<E::Tensor> = None;
+    let mut dbias: Option<E::Tensor> = None;
     let mut dnorm: Option<(E::Tensor, Option<E::Tensor>)> = None;
     // Left unread (see `HeadOut::losses`).
     let mut chunk_losses = Vec::new();
@@ -197,7 +207,7 @@ pub fn head_forward_backward<E: Executor>(
         let tgt = &targets[start..start + len];
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
-        let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
+        let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         drop(logits);
         chunk_losses.push(ce.losses);
@@ -206,10 +216,10 @@ pub fn head_forward_backward<E: Executor>(
         let needs = MatmulNeeds {
             da: true,
             db: dwh.is_none(),
-            dbias: false,
+            dbias: bias.is_some(),
         };
         let (dy, t) = (&ce.dlogits, Transpose::NT);
-        let g = match &mut dwh {
+        let mut g = match &mut dwh {
             Some(acc) => ex.matmul_backward_into(&n.y, wh, dy, t, needs, acc)?,
             None => {
                 let mut g = ex.matmul_backward(&n.y, wh, dy, t, needs)?;
@@ -217,6 +227,11 @@ pub fn head_forward_backward<E: Executor>(
                 g
             }
         };
+        match (&mut dbias, g.dbias.take()) {
+            (Some(acc), Some(d)) => ex.add_assign(acc, &d)?,
+            (None, d) => dbias = d,
+            (Some(_), None) => {}
+        }
         let ng = norm_bwd(cfg, ex, gain, &xc, &n, &g.da.expect("requested"))?;
         match &mut dnorm {
             Some((dw, db)) => {
@@ -253,6 +268,12 @@ pub fn head_forward_backward<E: Executor>(
         grads.push(dwh);
         None
     };
+    if let Some(b) = bias {
+        grads.push(match dbias {
+            Some(d) => d,
+            None => ex.zeros(b.shape())?,
+        });
+    }
     Ok(HeadOut {
         losses: chunk_losses,
         counted,
@@ -272,11 +293,11 @@ pub fn head_logits<E: Executor>(
     x: &E::Tensor,
 ) -> Result<E::Tensor> {
     const OP: &str = "head_logits";
-    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    let (wh, bias) = head_matrix::<E>(cfg, w, tied, OP)?;
     rows_of(cfg, x, OP)?;
     let folded = folded_gain(cfg, ex, w)?;
     let n = norm_fwd(cfg, ex, (w, folded.as_ref().unwrap_or(&w[0])), x)?;
-    Ok(ex.matmul(&n.y, wh, None, Transpose::NT)?)
+    Ok(ex.matmul(&n.y, wh, bias, Transpose::NT)?)
 }
 
 /// Forward-only loss: `(loss_sum, counted)`, `chunk_rows` rows at a time.
@@ -290,7 +311,7 @@ pub fn head_loss<E: Executor>(
     chunk_rows: usize,
 ) -> Result<(f64, usize)> {
     const OP: &str = "head_loss";
-    let wh = head_matrix::<E>(cfg, w, tied, OP)?;
+    let (wh, bias) = head_matrix::<E>(cfg, w, tied, OP)?;
     let rows = rows_of(cfg, x, OP)?;
     check_targets(rows, targets, cfg.vocab_size, OP)?;
     if chunk_rows == 0 {
@@ -305,7 +326,7 @@ pub fn head_loss<E: Executor>(
         let len = chunk_rows.min(rows - start);
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
-        let logits = ex.matmul(&n.y, wh, None, Transpose::NT)?;
+        let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
         chunk_losses.push(ce.losses);
         start += len;

@@ -8,7 +8,7 @@
 //!
 //! - [`embedding_forward`] / [`embedding_backward`] — layer 0;
 //! - [`block_forward`] → `(y, BlockSaved)`, [`block_backward`] — the decoder
-//!   blocks (GPT-2's, the Llama family's, OLMo's, StarCoder2's); drop
+//!   blocks (GPT-2's, the Llama family's, OLMo's, StarCoder2's, Phi-2's); drop
 //!   `BlockSaved` for a checkpointed forward, keep it when recomputing;
 //! - [`head_forward_backward`] — final norm, LM head and cross-entropy in
 //!   chunks of rows, and its backward; [`head_logits`] and [`head_loss`] run
@@ -20,6 +20,7 @@
 mod block_gpt2;
 mod block_llama;
 mod block_olmo2;
+mod block_phi;
 mod block_starcoder2;
 mod embedding;
 mod head;
@@ -29,6 +30,7 @@ use megatrain_tensor::{Executor, MatmulGrads, MatmulNeeds, Shape, TensorHandle, 
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
 pub use block_olmo2::Olmo2Saved;
+pub use block_phi::PhiSaved;
 pub use block_starcoder2::Starcoder2Saved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
@@ -47,6 +49,7 @@ pub enum BlockSaved<T> {
     Llama(Box<LlamaSaved<T>>),
     Olmo2(Box<Olmo2Saved<T>>),
     Starcoder2(Box<Starcoder2Saved<T>>),
+    Phi(Box<PhiSaved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -75,6 +78,10 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_starcoder2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Starcoder2(Box::new(s))))
         }
+        Arch::Phi => {
+            let (y, s) = block_phi::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Phi(Box::new(s))))
+        }
         _ => {
             let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
@@ -98,6 +105,7 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Starcoder2(s) if cfg.arch == Arch::Starcoder2 => {
             block_starcoder2::backward(cfg, ex, layer, w, s, dy)
         }
+        BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy)
         }

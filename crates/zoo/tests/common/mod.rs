@@ -33,6 +33,7 @@ pub const CASES: &[&str] = &[
     "glm",
     "glm4",
     "exaone4",
+    "phi2",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

@@ -1,0 +1,125 @@
+//! Phi-1.5 / Phi-2 block: one LayerNorm (with bias) feeds the attention
+//! and the GELU MLP side by side, `y = x + attn(n) + mlp(n)` with
+//! `n = layernorm(x)`; q/k/v, the attention's `dense` output and the MLP's
+//! `fc1`/`fc2` all with biases; RoPE on part of each head. `nn.Linear`
+//! weights are `[out, in]`, read with `Transpose::NT`.
+
+use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
+
+use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use crate::{ModelConfig, Result};
+
+/// Positions of a block's tensors in its table (mirrors `layer_table`).
+const LN_W: usize = 0;
+const LN_B: usize = 1;
+const Q: Linear = (2, Some(3));
+const K: Linear = (4, Some(5));
+const V: Linear = (6, Some(7));
+const DENSE: Linear = (8, Some(9));
+const FC1: Linear = (10, Some(11));
+const FC2: Linear = (12, Some(13));
+const N: usize = 14;
+
+#[derive(Debug)]
+pub struct PhiSaved<T> {
+    x: T,
+    n: NormOut<T>,
+    /// Rotated q, k and v, `[B, T, H, D]`.
+    q: T,
+    k: T,
+    v: T,
+    att: AttentionOut<T>,
+    a: T,
+    /// The MLP's product before and after GELU.
+    f: T,
+    g: T,
+}
+
+pub(super) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, PhiSaved<E::Tensor>)> {
+    check_weights(w, N, "phi block_forward")?;
+    let eps = cfg.norm_eps as f32;
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
+    let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
+    let rope = cfg.rope(layer);
+
+    let n = ex.layernorm(x, &w[LN_W], &w[LN_B], eps)?;
+    let q = ex.rope(&ex.reshape(&lin(ex, &n.y, w, Q)?, &qs)?, rope.clone())?;
+    let k = ex.rope(&ex.reshape(&lin(ex, &n.y, w, K)?, &ks)?, rope)?;
+    let v = ex.reshape(&lin(ex, &n.y, w, V)?, &ks)?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
+    let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
+    let o = lin(ex, &a, w, DENSE)?;
+    // The activation applied where the product is stored.
+    let (f, g) = ex.matmul_gelu(&n.y, &w[FC1.0], FC1.1.map(|i| &w[i]), Transpose::NT)?;
+    let m = lin(ex, &g, w, FC2)?;
+    let y = ex.add(&ex.add(x, &o)?, &m)?;
+    let saved = PhiSaved {
+        x: ex.reshape(x, x.shape())?,
+        n,
+        q,
+        k,
+        v,
+        att,
+        a,
+        f,
+        g,
+    };
+    Ok((y, saved))
+}
+
+pub(super) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    s: &PhiSaved<E::Tensor>,
+    dy: &E::Tensor,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    check_weights(w, N, "phi block_backward")?;
+    let (b, t) = (dy.dims()[0], dy.dims()[1]);
+    let rope = cfg.rope(layer);
+    let mut grads: Vec<Option<E::Tensor>> = (0..N).map(|_| None).collect();
+    let take = |o: Option<E::Tensor>| o.expect("requested gradient");
+
+    // dy reaches x directly, and the MLP's and the attention's outputs.
+    let mut gm = ex.matmul_backward_gelu(&s.g, &w[FC2.0], dy, Transpose::NT, needs(FC2.1), &s.f)?;
+    let df = take(gm.da.take());
+    put(&mut grads, FC2, gm);
+    let mut gfc = ex.matmul_backward(&s.n.y, &w[FC1.0], &df, Transpose::NT, needs(FC1.1))?;
+    let dn_mlp = take(gfc.da.take());
+    put(&mut grads, FC1, gfc);
+
+    let mut go = ex.matmul_backward(&s.a, &w[DENSE.0], dy, Transpose::NT, needs(DENSE.1))?;
+    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
+    put(&mut grads, DENSE, go);
+    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
+    let dq = ex.reshape(
+        &ex.rope_backward(&ga.dq, rope.clone())?,
+        &shape(&[b, t, cfg.q_dim()]),
+    )?;
+    let dk = ex.reshape(&ex.rope_backward(&ga.dk, rope)?, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let mut dn = qkv_backward(ex, &s.n.y, w, [(&dq, Q), (&dk, K), (&dv, V)], &mut grads)?;
+    ex.add_assign(&mut dn, &dn_mlp)?;
+
+    // The norm's input is x, which dy also reaches directly.
+    let gn = ex.add_layernorm_backward(
+        &s.x,
+        &w[LN_W],
+        s.n.mean.as_ref().expect("layernorm mean"),
+        &s.n.rstd,
+        &dn,
+        dy,
+    )?;
+    grads[LN_W] = Some(gn.dw);
+    grads[LN_B] = Some(gn.db.expect("layernorm bias grad"));
+    let grads = grads.into_iter().map(take).collect();
+    Ok((gn.dx, grads))
+}
