@@ -110,6 +110,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "glm4",
         "exaone4",
         "phi2",
+        "cohere2",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

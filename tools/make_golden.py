@@ -54,6 +54,8 @@ from transformers import (
     Exaone4ForCausalLM,
     PhiConfig,
     PhiForCausalLM,
+    Cohere2Config,
+    Cohere2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -628,6 +630,32 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Cohere 2 (Command R7B): attention and SwiGLU MLP side by side from
+    # one LayerNorm without bias; blocks 0-2 slide (window 4) with RoPE in
+    # neighbouring pairs, block 3 attends to all without RoPE; logits times
+    # 0.25; tied; pad token 0.
+    "cohere2": (
+        Cohere2Config,
+        Cohere2ForCausalLM,
+        dict(
+            vocab_size=91,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            layer_norm_eps=1e-5,
+            rope_theta=10000.0,
+            logit_scale=0.25,
+            sliding_window=4,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=5,
+            eos_token_id=6,
+        ),
+        11,
+        torch.float32,
+    ),
 }
 
 
@@ -728,14 +756,33 @@ def inv_freq64(cfg, dim, end=0):
     return inv / factor * (1 - keep) + inv * keep, att
 
 
-def _rope64(cfg, dim):
+def _rope64(cfg, dim, interleave=False):
     def forward(self, x, position_ids):
         inv, att = inv_freq64(cfg, dim, int(position_ids.max()) + 1)
         freqs = position_ids[..., None].to(torch.float64) * inv
-        emb = torch.cat((freqs, freqs), dim=-1)
+        # Cohere lays the frequencies out pair by pair, everyone else in halves.
+        emb = torch.repeat_interleave(freqs, 2, dim=-1) if interleave else torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)
 
     return forward
+
+
+def _cohere_ln64(self, x):
+    """Cohere's LayerNorm (no bias) without its cast to float32."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    return self.weight * ((x - mean) * torch.rsqrt(var + self.variance_epsilon))
+
+
+def _cohere2_rotary64():
+    """Cohere 2's apply_rotary_pos_emb without its cast to float32."""
+    from transformers.models.cohere2 import modeling_cohere2 as mc2
+
+    def apply(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + mc2.rotate_half(q) * sin, k * cos + mc2.rotate_half(k) * sin
+
+    mc2.apply_rotary_pos_emb = apply
 
 
 def patch_float64(model):
@@ -746,6 +793,8 @@ def patch_float64(model):
         name = type(m).__name__
         if name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name == "Cohere2LayerNorm":
+            m.forward = types.MethodType(_cohere_ln64, m)
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
             # OLMo 3: one set of frequencies per block kind.
             kinds = {}
@@ -768,7 +817,10 @@ def patch_float64(model):
             # The port must give transformers' own numbers, to its float32.
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
-            m.forward = types.MethodType(_rope64(cfg, dim), m)
+            interleave = name == "Cohere2RotaryEmbedding"
+            if interleave:
+                _cohere2_rotary64()
+            m.forward = types.MethodType(_rope64(cfg, dim, interleave), m)
 
 
 def randomize(model, gen):

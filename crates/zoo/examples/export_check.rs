@@ -88,6 +88,7 @@ fn main() -> AnyResult<()> {
         "glm4",
         "exaone4",
         "phi2",
+        "cohere2",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

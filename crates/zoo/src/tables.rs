@@ -136,6 +136,26 @@ impl ModelConfig {
                     }
                 }
             }
+            (LayerKind::Block(i), Arch::Cohere2) => {
+                let p = format!("model.layers.{i}");
+                let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                let linears = [
+                    ("self_attn.q_proj", [q, c]),
+                    ("self_attn.k_proj", [kv, c]),
+                    ("self_attn.v_proj", [kv, c]),
+                    ("self_attn.o_proj", [c, q]),
+                ];
+                for (name, shape) in linears {
+                    t.push(format!("{p}.{name}.weight"), shape, true)?;
+                    if self.qkv_bias {
+                        t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
+                    }
+                }
+                for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
+                    t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
+                }
+            }
             (LayerKind::Block(i), Arch::Phi) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);

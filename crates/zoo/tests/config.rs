@@ -683,3 +683,32 @@ fn phi_fields() {
     let err = parse(v).unwrap_err();
     assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("qk_layernorm"));
 }
+
+/// Cohere 2 as transformers reads it: head_dim hidden / heads whatever is
+/// written, a window (4096 unless written) on all blocks but every
+/// `sliding_window_pattern`-th, those without RoPE, RoPE in neighbouring
+/// pairs, logits times `logit_scale` (0.0625 unless written), tied, its
+/// LayerNorms without bias.
+#[test]
+fn cohere2_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Cohere2ForCausalLM"]);
+    v["head_dim"] = json!(999);
+    v.as_object_mut().unwrap().remove("tie_word_embeddings");
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (c.head_dim, c.logit_scale, c.logits_factor()),
+        (64, Some(0.0625), Some(0.0625))
+    );
+    assert!(c.tie_word_embeddings && c.arch.has_layernorm() && !c.arch.norm_has_bias());
+    assert!(c.rope(0).interleaved && c.has_rope(0) && !c.has_rope(3));
+    assert_eq!(
+        (c.attn_mask(2), c.attn_mask(3)),
+        (AttnMask::sliding(4096), AttnMask::CAUSAL)
+    );
+    let names: Vec<String> = c_table_names(&c).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names[0], "model.layers.0.input_layernorm.weight");
+    assert!(!names.iter().any(|n| n.contains("post_attention")), "{names:?}");
+    v["logit_scale"] = json!(-1.0);
+    assert!(parse(v).unwrap_err().to_string().contains("logit_scale"));
+}

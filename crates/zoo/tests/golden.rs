@@ -154,7 +154,10 @@ fn the_window_cases_depend_on_their_window() {
     fn plain_rope(c: &mut ModelConfig) -> bool {
         std::mem::take(&mut c.rope_scaling) != megatrain_tensor::RopeScaling::None
     }
-    let cases: [(&str, Drop); 13] = [
+    fn unscaled_logits(c: &mut ModelConfig) -> bool {
+        c.logit_scale.take().is_some()
+    }
+    let cases: [(&str, Drop); 16] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -168,6 +171,9 @@ fn the_window_cases_depend_on_their_window() {
         ("llama_dynamic", plain_rope),
         ("exaone4", window),
         ("exaone4", rope_everywhere),
+        ("cohere2", window),
+        ("cohere2", rope_everywhere),
+        ("cohere2", unscaled_logits),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

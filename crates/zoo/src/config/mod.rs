@@ -56,12 +56,17 @@ pub enum Arch {
     /// from one LayerNorm, biases everywhere (the LM head's too), RoPE on
     /// part of each head.
     Phi,
+    /// Cohere Command R7B / Command A (`cohere2`): attention and a SwiGLU
+    /// MLP side by side from one LayerNorm without bias, a sliding window
+    /// with RoPE (in neighbouring pairs) on three blocks of four, the
+    /// fourth attending to all without RoPE; logits times `logit_scale`.
+    Cohere2,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
-                         Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM";
+                         Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, Cohere2ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -76,7 +81,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 15] = [
+    pub const ALL: [Arch; 16] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -92,6 +97,7 @@ impl Arch {
         Arch::Glm4,
         Arch::Exaone4,
         Arch::Phi,
+        Arch::Cohere2,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -111,6 +117,7 @@ impl Arch {
             Arch::Glm4 => "Glm4ForCausalLM",
             Arch::Exaone4 => "Exaone4ForCausalLM",
             Arch::Phi => "PhiForCausalLM",
+            Arch::Cohere2 => "Cohere2ForCausalLM",
         }
     }
 
@@ -131,6 +138,7 @@ impl Arch {
             Arch::Glm4 => "glm4",
             Arch::Exaone4 => "exaone4",
             Arch::Phi => "phi",
+            Arch::Cohere2 => "cohere2",
         }
     }
 
@@ -147,7 +155,17 @@ impl Arch {
     /// LayerNorms with biases (GPT-2's and StarCoder2's) rather than
     /// RMSNorms.
     pub fn has_layernorm(self) -> bool {
-        matches!(self, Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi)
+        matches!(self, Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi | Arch::Cohere2)
+    }
+
+    /// Whether its LayerNorms have biases (Cohere's have none).
+    pub fn norm_has_bias(self) -> bool {
+        self.has_layernorm() && self != Arch::Cohere2
+    }
+
+    /// RoPE on neighbouring pairs (2i, 2i+1): GLM's and Cohere's.
+    pub fn interleaved_rope(self) -> bool {
+        matches!(self, Arch::Glm | Arch::Glm4 | Arch::Cohere2)
     }
 
     /// An LM head with a bias (Phi-2's).
@@ -226,6 +244,8 @@ pub struct ModelConfig {
     pub nope_layers: Option<Vec<bool>>,
     /// Granite's scalings; `None` for every other family.
     pub multipliers: Option<Multipliers>,
+    /// Cohere's factor on the logits.
+    pub logit_scale: Option<f64>,
     /// The token whose embedding row the lookup gives no gradient:
     /// transformers builds every family's but GPT-2's embedding as
     /// `nn.Embedding(padding_idx = pad_token_id)`.
@@ -381,7 +401,7 @@ impl ModelConfig {
         // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
         let eps_name = match self.arch {
             Arch::Gpt2 => "layer_norm_epsilon",
-            Arch::Phi => "layer_norm_eps",
+            Arch::Phi | Arch::Cohere2 => "layer_norm_eps",
             Arch::Starcoder2 => "norm_epsilon",
             _ => "rms_norm_eps",
         };
@@ -502,7 +522,16 @@ impl ModelConfig {
             offset: 0,
             scaling,
             rotary_dim: self.rotary_dim,
-            interleaved: self.arch.is_glm(),
+            interleaved: self.arch.interleaved_rope(),
+        }
+    }
+
+    /// What the logits are multiplied by (Granite divides them by its
+    /// `logits_scaling`, Cohere multiplies them by its `logit_scale`).
+    pub fn logits_factor(&self) -> Option<f64> {
+        match (self.multipliers, self.logit_scale) {
+            (Some(m), _) => Some(1.0 / m.logits),
+            (None, s) => s,
         }
     }
 
@@ -609,6 +638,12 @@ impl ModelConfig {
                 }
             }
             Arch::Mistral | Arch::Phi3 => {
+                obj.insert("sliding_window".into(), json!(self.sliding_window));
+            }
+            Arch::Cohere2 => {
+                obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("logit_scale".into(), json!(self.logit_scale));
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             Arch::Phi => {
@@ -718,6 +753,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         sliding_rope: None,
         nope_layers: None,
         multipliers: None,
+        logit_scale: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -729,6 +765,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let heads = f.req_usize("num_attention_heads")?;
     let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
     let head_dim = match f.opt_usize("head_dim")? {
+        // Cohere2Config sets hidden / heads whatever is written.
+        _ if arch == Arch::Cohere2 && hidden % heads == 0 => hidden / heads,
         Some(d) => d,
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
         // hidden / heads.
@@ -768,6 +806,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 => 4096,
+        Arch::Cohere2 => 8192,
         Arch::Glm | Arch::Glm4 => 131072,
         _ => 2048,
     };
@@ -816,6 +855,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             let b = f.opt_bool("use_bias")?.unwrap_or(true);
             (b, b, b)
         }
+        Arch::Cohere2 => (attention_bias, attention_bias, false),
         Arch::Phi => {
             if f.opt_bool("qk_layernorm")?.unwrap_or(false) {
                 return Err(f.unsupported("qk_layernorm = true"));
@@ -839,7 +879,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
-            Arch::Phi => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
+            Arch::Phi | Arch::Cohere2 => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
@@ -849,7 +889,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
         tie_word_embeddings: f
             .opt_bool("tie_word_embeddings")?
-            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2)),
+            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2 | Arch::Cohere2)),
         qkv_bias,
         o_bias,
         mlp_bias,
@@ -859,6 +899,13 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         sliding_rope,
         nope_layers,
         multipliers: parse_multipliers(f, arch)?,
+        logit_scale: match arch {
+            Arch::Cohere2 => match f.opt_f64("logit_scale")?.unwrap_or(0.0625) {
+                s if s.is_finite() && s > 0.0 => Some(s),
+                s => return Err(f.bad("logit_scale", format!("{s} must be positive"))),
+            },
+            _ => None,
+        },
         pad_token_id: padding_idx(f)?,
         dtype: None,
         raw: None,
@@ -901,7 +948,7 @@ fn parse_sliding_window(
         ),
         // Exaone4Config: `sliding_window_pattern` N (default 4) slides all
         // but every N-th block; written as letters ("LLLG"), L slides.
-        Arch::Exaone4 => (window(Some(4096))?, exaone4_pattern(f, layers)?),
+        Arch::Exaone4 | Arch::Cohere2 => (window(Some(4096))?, exaone4_pattern(f, layers)?),
         // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
         Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => (
@@ -983,7 +1030,7 @@ fn parse_multipliers(f: &Fields, arch: Arch) -> Result<Option<Multipliers>> {
     }))
 }
 
-/// EXAONE 4's sliding blocks from `sliding_window_pattern`.
+/// EXAONE 4's and Cohere 2's sliding blocks from `sliding_window_pattern`.
 fn exaone4_pattern(f: &Fields, layers: usize) -> Result<Vec<bool>> {
     let field = "sliding_window_pattern";
     match f.get(field) {
@@ -1006,8 +1053,8 @@ fn exaone4_pattern(f: &Fields, layers: usize) -> Result<Vec<bool>> {
 /// rotates; by default every `no_rope_layer_interval`-th, 4th, has none);
 /// `None` for every other family, and where every block rotates.
 fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec<bool>>> {
-    if arch == Arch::Exaone4 {
-        // Its full-attention blocks rotate nothing where others slide.
+    if matches!(arch, Arch::Exaone4 | Arch::Cohere2) {
+        // Their full-attention blocks rotate nothing where others slide.
         let (window, sliding) = parse_sliding_window(f, arch, layers, None)?;
         return Ok(match (window, sliding) {
             (Some(_), Some(s)) => Some(s.iter().map(|&x| !x).collect()),

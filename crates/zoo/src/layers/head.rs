@@ -44,9 +44,9 @@ pub struct HeadOut<T> {
     pub tied_grad: Option<T>,
 }
 
-/// The final norm's tensors: a gain, and a bias for LayerNorm.
+/// The final norm's tensors: a gain, and a bias for most LayerNorms.
 fn n_norm(cfg: &ModelConfig) -> usize {
-    if cfg.arch.has_layernorm() { 2 } else { 1 }
+    if cfg.arch.norm_has_bias() { 2 } else { 1 }
 }
 
 fn n_weights(cfg: &ModelConfig) -> usize {
@@ -86,35 +86,45 @@ fn head_matrix<'a, E: Executor>(
     Ok((m, bias))
 }
 
-/// The final RMSNorm's gain with Granite's `logits_scaling` s folded in
-/// (logits / s = W·(x̂ ∘ g) / s = W·(x̂ ∘ g/s)); `None` without one. Its
-/// gradient is then that of g/s, to be divided by s ([`unfold_gain`]).
+/// The final norm's gain with a factor s on the logits folded in (logits ·
+/// s = W·(x̂ ∘ g) · s = W·(x̂ ∘ g·s): Granite's 1/`logits_scaling`, Cohere's
+/// `logit_scale`; the norm has no bias then); `None` without one. Its
+/// gradient is then that of g·s, to be multiplied by s ([`unfold_gain`]).
 fn folded_gain<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
-    Ok(match cfg.multipliers {
-        Some(m) if !cfg.arch.has_layernorm() => Some(ex.scale(&w[0], (1.0 / m.logits) as f32)?),
+    Ok(match cfg.logits_factor() {
+        Some(s) if !cfg.arch.norm_has_bias() => Some(ex.scale(&w[0], s as f32)?),
         _ => None,
     })
 }
 
 /// The gradient of the stored gain from that of the folded one.
 fn unfold_gain<E: Executor>(cfg: &ModelConfig, ex: &E, dg: E::Tensor) -> Result<E::Tensor> {
-    Ok(match cfg.multipliers {
-        Some(m) if !cfg.arch.has_layernorm() => ex.scale(&dg, (1.0 / m.logits) as f32)?,
+    Ok(match cfg.logits_factor() {
+        Some(s) if !cfg.arch.norm_has_bias() => ex.scale(&dg, s as f32)?,
         _ => dg,
+    })
+}
+
+/// The final LayerNorm's bias: the head's, or zeros where it has none
+/// (Cohere's); `None` for RMSNorm.
+fn norm_bias<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
+    Ok(match (cfg.arch.has_layernorm(), cfg.arch.norm_has_bias()) {
+        (true, true) => Some(ex.reshape(&w[1], w[1].shape())?),
+        (true, false) => Some(ex.zeros(w[0].shape())?),
+        (false, _) => None,
     })
 }
 
 fn norm_fwd<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
-    (w, gain): (&[E::Tensor], &E::Tensor),
+    (gain, bias): (&E::Tensor, Option<&E::Tensor>),
     x: &E::Tensor,
 ) -> Result<NormOut<E::Tensor>> {
     let eps = cfg.norm_eps as f32;
-    Ok(if cfg.arch.has_layernorm() {
-        ex.layernorm(x, gain, &w[1], eps)?
-    } else {
-        ex.rmsnorm(x, gain, eps)?
+    Ok(match bias {
+        Some(b) => ex.layernorm(x, gain, b, eps)?,
+        None => ex.rmsnorm(x, gain, eps)?,
     })
 }
 
@@ -195,6 +205,7 @@ pub fn head_forward_backward<E: Executor>(
     let x2 = ex.reshape(x, &shape(&[rows, c]))?;
     let folded = folded_gain(cfg, ex, w)?;
     let gain = folded.as_ref().unwrap_or(&w[0]);
+    let bias_n = norm_bias(cfg, ex, w)?;
     let mut dx = ex.zeros(&shape(&[rows, c]))?;
     let mut dwh: Option<E::Tensor> = None;
     let mut dbias: Option<E::Tensor> = None;
@@ -206,7 +217,7 @@ pub fn head_forward_backward<E: Executor>(
         let len = chunk_rows.min(rows - start);
         let tgt = &targets[start..start + len];
         let xc = ex.slice_rows(&x2, start, len)?;
-        let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
+        let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
         let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         drop(logits);
@@ -261,7 +272,7 @@ pub fn head_forward_backward<E: Executor>(
         None => ex.zeros(wh.shape())?,
     };
     let mut grads = vec![unfold_gain(cfg, ex, dnw)?];
-    grads.extend(dnb);
+    grads.extend(dnb.filter(|_| cfg.arch.norm_has_bias()));
     let tied_grad = if cfg.tie_word_embeddings {
         Some(dwh)
     } else {
@@ -296,7 +307,8 @@ pub fn head_logits<E: Executor>(
     let (wh, bias) = head_matrix::<E>(cfg, w, tied, OP)?;
     rows_of(cfg, x, OP)?;
     let folded = folded_gain(cfg, ex, w)?;
-    let n = norm_fwd(cfg, ex, (w, folded.as_ref().unwrap_or(&w[0])), x)?;
+    let bias_n = norm_bias(cfg, ex, w)?;
+    let n = norm_fwd(cfg, ex, (folded.as_ref().unwrap_or(&w[0]), bias_n.as_ref()), x)?;
     Ok(ex.matmul(&n.y, wh, bias, Transpose::NT)?)
 }
 
@@ -320,12 +332,13 @@ pub fn head_loss<E: Executor>(
     let x2 = ex.reshape(x, &shape(&[rows, cfg.hidden_size]))?;
     let folded = folded_gain(cfg, ex, w)?;
     let gain = folded.as_ref().unwrap_or(&w[0]);
+    let bias_n = norm_bias(cfg, ex, w)?;
     let mut chunk_losses = Vec::new();
     let mut start = 0;
     while start < rows {
         let len = chunk_rows.min(rows - start);
         let xc = ex.slice_rows(&x2, start, len)?;
-        let n = norm_fwd(cfg, ex, (w, gain), &xc)?;
+        let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
         let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
         let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
         chunk_losses.push(ce.losses);

@@ -8,7 +8,8 @@
 //!
 //! - [`embedding_forward`] / [`embedding_backward`] — layer 0;
 //! - [`block_forward`] → `(y, BlockSaved)`, [`block_backward`] — the decoder
-//!   blocks (GPT-2's, the Llama family's, OLMo's, StarCoder2's, Phi-2's); drop
+//!   blocks (GPT-2's, the Llama family's, OLMo's, StarCoder2's, Phi-2's,
+//!   Cohere 2's); drop
 //!   `BlockSaved` for a checkpointed forward, keep it when recomputing;
 //! - [`head_forward_backward`] — final norm, LM head and cross-entropy in
 //!   chunks of rows, and its backward; [`head_logits`] and [`head_loss`] run
@@ -17,6 +18,7 @@
 //! A tied head reads the embedding table (passed as `tied`) and returns its
 //! gradient for it separately; [`embedding_backward`] accumulates onto it.
 
+mod block_cohere2;
 mod block_gpt2;
 mod block_llama;
 mod block_olmo2;
@@ -27,6 +29,7 @@ mod head;
 
 use megatrain_tensor::{Executor, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose};
 
+pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
 pub use block_olmo2::Olmo2Saved;
@@ -50,6 +53,7 @@ pub enum BlockSaved<T> {
     Olmo2(Box<Olmo2Saved<T>>),
     Starcoder2(Box<Starcoder2Saved<T>>),
     Phi(Box<PhiSaved<T>>),
+    Cohere2(Box<Cohere2Saved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -82,6 +86,10 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_phi::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Phi(Box::new(s))))
         }
+        Arch::Cohere2 => {
+            let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Cohere2(Box::new(s))))
+        }
         _ => {
             let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
@@ -106,6 +114,9 @@ pub fn block_backward<E: Executor>(
             block_starcoder2::backward(cfg, ex, layer, w, s, dy)
         }
         BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
+        BlockSaved::Cohere2(s) if cfg.arch == Arch::Cohere2 => {
+            block_cohere2::backward(cfg, ex, layer, w, s, dy)
+        }
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy)
         }

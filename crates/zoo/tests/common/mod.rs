@@ -34,6 +34,7 @@ pub const CASES: &[&str] = &[
     "glm4",
     "exaone4",
     "phi2",
+    "cohere2",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
