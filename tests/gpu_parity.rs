@@ -111,6 +111,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "exaone4",
         "phi2",
         "cohere2",
+        "cohere",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

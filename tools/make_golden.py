@@ -20,6 +20,7 @@ Nothing is downloaded. Usage (from the repository root):
 """
 
 import argparse
+import importlib
 import json
 import math
 import shutil
@@ -56,6 +57,8 @@ from transformers import (
     PhiForCausalLM,
     Cohere2Config,
     Cohere2ForCausalLM,
+    CohereConfig,
+    CohereForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -656,6 +659,31 @@ CASES = {
         11,
         torch.float32,
     ),
+    # Cohere Command R: Cohere 2's block on every block with RoPE, no window;
+    # logits times 0.5, untied, head_dim written (not hidden / heads).
+    "cohere": (
+        CohereConfig,
+        CohereForCausalLM,
+        dict(
+            vocab_size=93,
+            hidden_size=48,
+            intermediate_size=72,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            layer_norm_eps=1e-5,
+            rope_theta=10000.0,
+            logit_scale=0.5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            bos_token_id=5,
+            eos_token_id=6,
+        ),
+        10,
+        torch.float32,
+    ),
 }
 
 
@@ -774,15 +802,15 @@ def _cohere_ln64(self, x):
     return self.weight * ((x - mean) * torch.rsqrt(var + self.variance_epsilon))
 
 
-def _cohere2_rotary64():
-    """Cohere 2's apply_rotary_pos_emb without its cast to float32."""
-    from transformers.models.cohere2 import modeling_cohere2 as mc2
+def _cohere_rotary64(module):
+    """Cohere's (or Cohere 2's) apply_rotary_pos_emb, in `module`, without
+    its cast to float32."""
 
     def apply(q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return q * cos + mc2.rotate_half(q) * sin, k * cos + mc2.rotate_half(k) * sin
+        return q * cos + module.rotate_half(q) * sin, k * cos + module.rotate_half(k) * sin
 
-    mc2.apply_rotary_pos_emb = apply
+    module.apply_rotary_pos_emb = apply
 
 
 def patch_float64(model):
@@ -793,7 +821,7 @@ def patch_float64(model):
         name = type(m).__name__
         if name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
-        elif name == "Cohere2LayerNorm":
+        elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
             # OLMo 3: one set of frequencies per block kind.
@@ -817,9 +845,9 @@ def patch_float64(model):
             # The port must give transformers' own numbers, to its float32.
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
-            interleave = name == "Cohere2RotaryEmbedding"
+            interleave = name in ("CohereRotaryEmbedding", "Cohere2RotaryEmbedding")
             if interleave:
-                _cohere2_rotary64()
+                _cohere_rotary64(importlib.import_module(type(m).__module__))
             m.forward = types.MethodType(_rope64(cfg, dim, interleave), m)
 
 

@@ -89,6 +89,7 @@ fn main() -> AnyResult<()> {
         "exaone4",
         "phi2",
         "cohere2",
+        "cohere",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

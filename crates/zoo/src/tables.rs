@@ -136,7 +136,7 @@ impl ModelConfig {
                     }
                 }
             }
-            (LayerKind::Block(i), Arch::Cohere2) => {
+            (LayerKind::Block(i), Arch::Cohere | Arch::Cohere2) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
                 t.push(format!("{p}.input_layernorm.weight"), [c], false)?;

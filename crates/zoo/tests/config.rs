@@ -710,5 +710,19 @@ fn cohere2_fields() {
     assert_eq!(names[0], "model.layers.0.input_layernorm.weight");
     assert!(!names.iter().any(|n| n.contains("post_attention")), "{names:?}");
     v["logit_scale"] = json!(-1.0);
-    assert!(parse(v).unwrap_err().to_string().contains("logit_scale"));
+    assert!(parse(v.clone()).unwrap_err().to_string().contains("logit_scale"));
+    // Command R: the same block, RoPE everywhere, no window, head_dim as
+    // written; Command R+'s per-head q/k LayerNorms refused by name.
+    v["architectures"] = json!(["CohereForCausalLM"]);
+    v["logit_scale"] = json!(0.5);
+    v["head_dim"] = json!(32);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (c.head_dim, c.logits_factor(), c.sliding_window),
+        (32, Some(0.5), None)
+    );
+    assert!((0..22).all(|i| c.has_rope(i)) && c.rope(0).interleaved);
+    v["use_qk_norm"] = json!(true);
+    let err = parse(v).unwrap_err();
+    assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("use_qk_norm"));
 }

@@ -157,7 +157,7 @@ fn the_window_cases_depend_on_their_window() {
     fn unscaled_logits(c: &mut ModelConfig) -> bool {
         c.logit_scale.take().is_some()
     }
-    let cases: [(&str, Drop); 16] = [
+    let cases: [(&str, Drop); 17] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -174,6 +174,7 @@ fn the_window_cases_depend_on_their_window() {
         ("cohere2", window),
         ("cohere2", rope_everywhere),
         ("cohere2", unscaled_logits),
+        ("cohere", unscaled_logits),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

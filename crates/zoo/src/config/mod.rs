@@ -56,6 +56,9 @@ pub enum Arch {
     /// from one LayerNorm, biases everywhere (the LM head's too), RoPE on
     /// part of each head.
     Phi,
+    /// Cohere Command R (`cohere`): Cohere 2's block without the window,
+    /// RoPE (in neighbouring pairs) on every block.
+    Cohere,
     /// Cohere Command R7B / Command A (`cohere2`): attention and a SwiGLU
     /// MLP side by side from one LayerNorm without bias, a sliding window
     /// with RoPE (in neighbouring pairs) on three blocks of four, the
@@ -66,7 +69,8 @@ pub enum Arch {
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
-                         Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, Cohere2ForCausalLM";
+                         Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
+                         Cohere2ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -81,7 +85,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 16] = [
+    pub const ALL: [Arch; 17] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -97,6 +101,7 @@ impl Arch {
         Arch::Glm4,
         Arch::Exaone4,
         Arch::Phi,
+        Arch::Cohere,
         Arch::Cohere2,
     ];
 
@@ -117,6 +122,7 @@ impl Arch {
             Arch::Glm4 => "Glm4ForCausalLM",
             Arch::Exaone4 => "Exaone4ForCausalLM",
             Arch::Phi => "PhiForCausalLM",
+            Arch::Cohere => "CohereForCausalLM",
             Arch::Cohere2 => "Cohere2ForCausalLM",
         }
     }
@@ -138,6 +144,7 @@ impl Arch {
             Arch::Glm4 => "glm4",
             Arch::Exaone4 => "exaone4",
             Arch::Phi => "phi",
+            Arch::Cohere => "cohere",
             Arch::Cohere2 => "cohere2",
         }
     }
@@ -155,17 +162,26 @@ impl Arch {
     /// LayerNorms with biases (GPT-2's and StarCoder2's) rather than
     /// RMSNorms.
     pub fn has_layernorm(self) -> bool {
-        matches!(self, Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi | Arch::Cohere2)
+        matches!(
+            self,
+            Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi | Arch::Cohere | Arch::Cohere2
+        )
+    }
+
+    /// Cohere's: attention and MLP side by side from one LayerNorm without
+    /// bias.
+    pub fn is_cohere(self) -> bool {
+        matches!(self, Arch::Cohere | Arch::Cohere2)
     }
 
     /// Whether its LayerNorms have biases (Cohere's have none).
     pub fn norm_has_bias(self) -> bool {
-        self.has_layernorm() && self != Arch::Cohere2
+        self.has_layernorm() && !self.is_cohere()
     }
 
     /// RoPE on neighbouring pairs (2i, 2i+1): GLM's and Cohere's.
     pub fn interleaved_rope(self) -> bool {
-        matches!(self, Arch::Glm | Arch::Glm4 | Arch::Cohere2)
+        self.is_glm() || self.is_cohere()
     }
 
     /// An LM head with a bias (Phi-2's).
@@ -401,7 +417,7 @@ impl ModelConfig {
         // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
         let eps_name = match self.arch {
             Arch::Gpt2 => "layer_norm_epsilon",
-            Arch::Phi | Arch::Cohere2 => "layer_norm_eps",
+            Arch::Phi | Arch::Cohere | Arch::Cohere2 => "layer_norm_eps",
             Arch::Starcoder2 => "norm_epsilon",
             _ => "rms_norm_eps",
         };
@@ -640,11 +656,13 @@ impl ModelConfig {
             Arch::Mistral | Arch::Phi3 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
-            Arch::Cohere2 => {
+            Arch::Cohere | Arch::Cohere2 => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("logit_scale".into(), json!(self.logit_scale));
-                obj.insert("sliding_window".into(), json!(self.sliding_window));
+                if self.arch == Arch::Cohere2 {
+                    obj.insert("sliding_window".into(), json!(self.sliding_window));
+                }
             }
             Arch::Phi => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
@@ -806,7 +824,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 => 4096,
-        Arch::Cohere2 => 8192,
+        Arch::Cohere | Arch::Cohere2 => 8192,
         Arch::Glm | Arch::Glm4 => 131072,
         _ => 2048,
     };
@@ -855,7 +873,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             let b = f.opt_bool("use_bias")?.unwrap_or(true);
             (b, b, b)
         }
-        Arch::Cohere2 => (attention_bias, attention_bias, false),
+        Arch::Cohere | Arch::Cohere2 => {
+            if f.opt_bool("use_qk_norm")?.unwrap_or(false) {
+                return Err(f.unsupported("use_qk_norm = true (per-head q/k LayerNorms of Command R+)"));
+            }
+            (attention_bias, attention_bias, false)
+        }
         Arch::Phi => {
             if f.opt_bool("qk_layernorm")?.unwrap_or(false) {
                 return Err(f.unsupported("qk_layernorm = true"));
@@ -879,7 +902,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
-            Arch::Phi | Arch::Cohere2 => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
+            Arch::Phi | Arch::Cohere | Arch::Cohere2 => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
@@ -889,7 +912,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
         tie_word_embeddings: f
             .opt_bool("tie_word_embeddings")?
-            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2 | Arch::Cohere2)),
+            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2) || arch.is_cohere()),
         qkv_bias,
         o_bias,
         mlp_bias,
@@ -899,12 +922,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         sliding_rope,
         nope_layers,
         multipliers: parse_multipliers(f, arch)?,
-        logit_scale: match arch {
-            Arch::Cohere2 => match f.opt_f64("logit_scale")?.unwrap_or(0.0625) {
+        logit_scale: match arch.is_cohere() {
+            true => match f.opt_f64("logit_scale")?.unwrap_or(0.0625) {
                 s if s.is_finite() && s > 0.0 => Some(s),
                 s => return Err(f.bad("logit_scale", format!("{s} must be positive"))),
             },
-            _ => None,
+            false => None,
         },
         pad_token_id: padding_idx(f)?,
         dtype: None,

@@ -1,7 +1,7 @@
-//! Cohere 2 block (Command R7B, Command A): one LayerNorm without bias feeds
-//! the attention and the SwiGLU MLP side by side, `y = x + attn(n) + mlp(n)`
-//! with `n = layernorm(x)`; the sliding blocks rotate q and k (in
-//! neighbouring pairs), the full-attention blocks do not. Optional biases
+//! Cohere block (Command R; Cohere 2's: Command R7B, Command A): one
+//! LayerNorm without bias feeds the attention and the SwiGLU MLP side by
+//! side, `y = x + attn(n) + mlp(n)` with `n = layernorm(x)`; q and k rotate
+//! in neighbouring pairs (in Cohere 2, on the sliding blocks only). Optional biases
 //! on q/k/v/o. `nn.Linear` weights are `[out, in]`, read with
 //! `Transpose::NT`.
 

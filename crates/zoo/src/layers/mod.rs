@@ -86,7 +86,7 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_phi::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Phi(Box::new(s))))
         }
-        Arch::Cohere2 => {
+        Arch::Cohere | Arch::Cohere2 => {
             let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Cohere2(Box::new(s))))
         }
@@ -114,9 +114,7 @@ pub fn block_backward<E: Executor>(
             block_starcoder2::backward(cfg, ex, layer, w, s, dy)
         }
         BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
-        BlockSaved::Cohere2(s) if cfg.arch == Arch::Cohere2 => {
-            block_cohere2::backward(cfg, ex, layer, w, s, dy)
-        }
+        BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy)
         }

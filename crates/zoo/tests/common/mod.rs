@@ -35,6 +35,7 @@ pub const CASES: &[&str] = &[
     "exaone4",
     "phi2",
     "cohere2",
+    "cohere",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
