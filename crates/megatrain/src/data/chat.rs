@@ -139,6 +139,14 @@ pub struct Renderer {
 /// A piece of a rendered conversation and whether the loss counts it.
 pub type Piece = (String, bool);
 
+/// Assistant turn `k` of a conversation: the messages before it rendered
+/// with the generation prompt, and the messages through it.
+struct TurnText {
+    k: usize,
+    before: String,
+    through: String,
+}
+
 impl Renderer {
     /// Compiles `t` in the environment transformers renders templates in
     /// ([`super::jinja`]).
@@ -171,28 +179,25 @@ impl Renderer {
     /// assistant turns counted: one rendering where the template renders
     /// turns in order, else one per assistant turn (see the module's doc).
     pub fn renderings(&self, messages: &[Message]) -> Result<Vec<Vec<Piece>>, String> {
-        let whole = match self.pieces(messages) {
+        let full = self.render(messages, false)?;
+        let turns = self.turn_texts(messages)?;
+        let whole = match self.cut_whole(&full, messages, &turns) {
             Ok(pieces) => return Ok(vec![pieces]),
             Err(e) => e,
         };
-        let turns: Vec<usize> = (0..messages.len())
-            .filter(|&k| messages[k].role == "assistant")
-            .collect();
         if turns.len() < 2 {
             return Err(whole);
         }
         turns
-            .into_iter()
-            .map(|k| {
-                let before = self.render(&messages[..k], true)?;
-                let through = self.render(&messages[..=k], false)?;
+            .iter()
+            .map(|t| {
                 // A reasoning template may lay out the think block its own
                 // way: the answer after it must be there.
-                let content = messages[k].content.as_str();
+                let content = messages[t.k].content.as_str();
                 let answer = content.rsplit("</think>").next().unwrap_or(content).trim();
-                match through.strip_prefix(before.as_str()) {
+                match t.through.strip_prefix(t.before.as_str()) {
                     Some(turn) if turn.contains(answer) => {
-                        let mut p = vec![(before.clone(), false), (turn.to_string(), true)];
+                        let mut p = vec![(t.before.clone(), false), (turn.to_string(), true)];
                         p.retain(|(text, _)| !text.is_empty());
                         Ok(p)
                     }
@@ -202,22 +207,40 @@ impl Renderer {
             .collect()
     }
 
+    /// The whole-conversation cut alone, which the tests look at.
+    #[cfg(test)]
+    fn pieces(&self, messages: &[Message]) -> Result<Vec<Piece>, String> {
+        let full = self.render(messages, false)?;
+        self.cut_whole(&full, messages, &self.turn_texts(messages)?)
+    }
+
+    /// The two renderings around each assistant turn, which both ways of
+    /// cutting a conversation read.
+    fn turn_texts(&self, messages: &[Message]) -> Result<Vec<TurnText>, String> {
+        (0..messages.len())
+            .filter(|&k| messages[k].role == "assistant")
+            .map(|k| {
+                Ok(TurnText {
+                    k,
+                    before: self.render(&messages[..k], true)?,
+                    through: self.render(&messages[..=k], false)?,
+                })
+            })
+            .collect()
+    }
+
     /// The conversation as one rendering's pieces of text in order, the
-    /// assistant turns counted (see the module's doc). A template may close
-    /// a conversation that asks for no generation prompt with its
+    /// assistant turns counted (see the module's doc), cut from the whole
+    /// conversation's rendering and the turns'. A template may close a
+    /// conversation that asks for no generation prompt with its
     /// `eos_token` (Phi-3's does): a turn's rendering may end with it where
     /// the whole conversation goes on, and it is counted only after the
     /// last turn, where it is in the text.
-    pub fn pieces(&self, messages: &[Message]) -> Result<Vec<Piece>, String> {
-        let full = self.render(messages, false)?;
+    fn cut_whole(&self, full: &str, messages: &[Message], turns: &[TurnText]) -> Result<Vec<Piece>, String> {
         let mut pieces = Vec::new();
         let mut at = 0;
-        for (k, m) in messages.iter().enumerate() {
-            if m.role != "assistant" {
-                continue;
-            }
-            let before = self.render(&messages[..k], true)?;
-            let through = self.render(&messages[..=k], false)?;
+        for TurnText { k, before, through } in turns {
+            let (k, m) = (*k, &messages[*k]);
             let closed = through
                 .strip_suffix(self.eos.as_str())
                 .filter(|_| !self.eos.is_empty());
@@ -227,7 +250,7 @@ impl Renderer {
                 .find(|t| full.starts_with(t))
                 .map(str::len);
             let turn = end.and_then(|e| full.get(before.len()..e)).unwrap_or_default();
-            if before.len() < at || !full.starts_with(&before) || !turn.contains(m.content.trim()) {
+            if before.len() < at || !full.starts_with(before.as_str()) || !turn.contains(m.content.trim()) {
                 return Err(format!(
                     "the chat template does not render messages[{k}] (assistant) as a continuation of \
                      the messages before it, even as the last turn, so its text cannot be told apart \
