@@ -16,7 +16,7 @@ use megatrain::dist::local::{LocalComm, local_group};
 use megatrain::dist::{Collective, DistConfig, Shared, Sharing, share_transport};
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, TransportChoice, Uploads};
-use megatrain_tensor::testing::rel_norm_err;
+use megatrain_tensor::testing::{norm, rel_norm_err, rel_norm_err_or_scaled};
 use megatrain_tensor::{CpuExecutor, Executor, F64Executor};
 use megatrain_tier::{Shard, TierConfig, TransportDType};
 use megatrain_zoo::{ModelConfig, download_grads, forward_backward, gpt2_nano, init_layer, upload_layer};
@@ -44,7 +44,6 @@ fn check_forward_backward(model: &ModelConfig) {
     let (gpu_loss, gpu_grads) = grads_of(&gpu, model, &b);
     let rel = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
     assert!(rel <= 1e-5, "loss {gpu_loss} vs {cpu_loss} (rel {rel})");
-    let norm = |v: &[f32]| v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
     let tables = model.layer_tables();
     let params = || {
         tables
@@ -60,13 +59,7 @@ fn check_forward_backward(model: &ModelConfig) {
         .fold(0.0, f64::max);
     for (l, p) in params() {
         let (g, c) = (&gpu_grads[l][p.range()], &cpu_grads[l][p.range()]);
-        let e = match norm(c) < 1e-6 * largest {
-            true => {
-                let diff: Vec<f32> = g.iter().zip(c).map(|(a, b)| a - b).collect();
-                norm(&diff) / largest
-            }
-            false => rel_norm_err(g, c),
-        };
+        let e = rel_norm_err_or_scaled(g, c, largest, 1e-6);
         assert!(e <= 1e-4, "gradient of {} differs by {e} (relative norm)", p.name);
     }
 }

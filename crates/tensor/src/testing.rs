@@ -64,6 +64,28 @@ pub fn rel_norm_err<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) 
     num.sqrt() / den.sqrt().max(1e-300)
 }
 
+/// The Euclidean norm, in f64.
+pub fn norm<A: Copy + Into<f64>>(a: &[A]) -> f64 {
+    a.iter().map(|&x| x.into() * x.into()).sum::<f64>().sqrt()
+}
+
+/// [`rel_norm_err`], except where `b` vanishes beside `scale` (its norm
+/// below `vanishing · scale`): there both sides hold only rounding (a
+/// gradient the model makes exactly 0), and the error is `‖a − b‖ / scale`.
+pub fn rel_norm_err_or_scaled<A: Copy + Into<f64>, B: Copy + Into<f64>>(
+    a: &[A],
+    b: &[B],
+    scale: f64,
+    vanishing: f64,
+) -> f64 {
+    if norm(b) >= vanishing * scale {
+        return rel_norm_err(a, b);
+    }
+    assert_eq!(a.len(), b.len(), "rel_norm_err_or_scaled: lengths differ");
+    let diff: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| x.into() - y.into()).collect();
+    norm(&diff) / scale
+}
+
 /// Central differences `(f(x + h eᵢ) − f(x − h eᵢ)) / 2h` for every `i`.
 pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f64> {
     let mut xp = x.to_vec();

@@ -4,8 +4,9 @@
 
 mod common;
 
-use common::{CASES, Golden, fixture, read_golden, rel_norm_err};
+use common::{CASES, Golden, fixture, read_golden};
 use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};
+use megatrain_tensor::testing::{norm, rel_norm_err, rel_norm_err_or_scaled};
 use megatrain_tensor::{CpuExecutor, F64Executor, TensorHandle};
 use megatrain_zoo::{Arch, ModelConfig, forward_backward, forward_logits, load_hf_dir, upload_layer};
 
@@ -55,7 +56,6 @@ fn check_case<F: Real>(case: &str, ex: &RefExecutor<F>, tol: &Tol, chunk_rows: u
 
     let mut worst = 0.0f64;
     let mut seen = 0;
-    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
     // The scale a gradient's error is measured against where its own
     // vanishes: a block without RoPE (SmolLM3's NoPE) adds k's bias to every
     // key's score of a query alike, which the softmax cancels, so that
@@ -79,13 +79,7 @@ fn check_case<F: Real>(case: &str, ex: &RefExecutor<F>, tol: &Tol, chunk_rows: u
             let want = g(&format!("grad.{}", spec.name));
             assert_eq!(want.shape, spec.shape.dims(), "{case}: {}", spec.name);
             let got = &slab[spec.range()];
-            let err = match norm(&want.values) < 1e-9 * largest {
-                true => {
-                    let diff: Vec<f64> = got.iter().zip(&want.values).map(|(a, b)| a - b).collect();
-                    norm(&diff) / largest
-                }
-                false => rel_norm_err(got, &want.values),
-            };
+            let err = rel_norm_err_or_scaled(got, &want.values, largest, 1e-9);
             assert!(
                 err < tol.grad,
                 "{case}: grad of {} rel norm err {err:e}",

@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{fixture, read_golden, rel_norm_err};
+use common::{fixture, read_golden};
+use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, CpuTensor, Executor};
 use megatrain_zoo::layers::{
     MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward, embedding_grads,

@@ -84,11 +84,3 @@ pub fn read_golden(case: &str) -> HashMap<String, Golden> {
         })
         .collect()
 }
-
-/// ‖a − b‖ / ‖b‖.
-pub fn rel_norm_err(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den.max(1e-300)).sqrt()
-}
