@@ -642,10 +642,6 @@ impl ModelConfig {
             }
             Arch::Glm | Arch::Glm4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
-                obj.insert(
-                    "partial_rotary_factor".into(),
-                    json!(self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64)),
-                );
             }
             Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -667,10 +663,6 @@ impl ModelConfig {
             Arch::Phi => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_new"));
-                obj.insert(
-                    "partial_rotary_factor".into(),
-                    json!(self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64)),
-                );
             }
             Arch::Starcoder2 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
@@ -688,6 +680,12 @@ impl ModelConfig {
                     obj.insert("max_window_layers".into(), json!(0));
                 }
             }
+        }
+        // Written wherever a head rotates in part, and for Phi and GLM,
+        // whose config classes default to 0.5.
+        if self.rotary_dim.is_some() || self.arch == Arch::Phi || self.arch.is_glm() {
+            let factor = self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64);
+            obj.insert("partial_rotary_factor".into(), json!(factor));
         }
         if let Some(sliding) = &self.sliding_layers {
             let kind = |s: &bool| if *s { "sliding_attention" } else { "full_attention" };
@@ -888,8 +886,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
-    let nope_layers = parse_nope_layers(f, arch, layers)?;
-    let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers, nope_layers.as_deref())?;
+    // SmolLM3's windows follow its NoPE blocks; EXAONE 4's and Cohere 2's
+    // full-attention blocks, where others slide, rotate nothing.
+    let smollm3_nope = parse_nope_layers(f, arch, layers)?;
+    let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers, smollm3_nope.as_deref())?;
+    let nope_layers = match arch {
+        Arch::Exaone4 | Arch::Cohere2 => sliding_layers.as_ref().map(|s| s.iter().map(|&x| !x).collect()),
+        _ => smollm3_nope,
+    };
     Ok(ModelConfig {
         arch,
         vocab_size: f.req_usize("vocab_size")?,
@@ -1076,14 +1080,6 @@ fn exaone4_pattern(f: &Fields, layers: usize) -> Result<Vec<bool>> {
 /// rotates; by default every `no_rope_layer_interval`-th, 4th, has none);
 /// `None` for every other family, and where every block rotates.
 fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec<bool>>> {
-    if matches!(arch, Arch::Exaone4 | Arch::Cohere2) {
-        // Their full-attention blocks rotate nothing where others slide.
-        let (window, sliding) = parse_sliding_window(f, arch, layers, None)?;
-        return Ok(match (window, sliding) {
-            (Some(_), Some(s)) => Some(s.iter().map(|&x| !x).collect()),
-            _ => None,
-        });
-    }
     if arch != Arch::SmolLM3 {
         return Ok(None);
     }
