@@ -1,4 +1,4 @@
-// SwiGLU and GELU (tanh approximation), forward and backward, one thread
+// SwiGLU, GeGLU and GELU (tanh approximation), forward and backward, one thread
 // per element. The functions are activation_fns.wgsl's (put before this).
 
 struct Params {
@@ -52,5 +52,25 @@ fn gelu_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
         Y[p.o4 + i] = act_gelu_grad(A[p.o1 + i], B[p.o2 + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn geglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Y[p.o4 + i] = act_geglu(A[p.o1 + i], B[p.o2 + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn geglu_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        let d = act_geglu_grads(A[p.o1 + i], B[p.o2 + i], C[p.o3 + i]);
+        Y[p.o4 + i] = d.x;
+        Y2[p.o5 + i] = d.y;
     }
 }

@@ -38,3 +38,13 @@ fn act_gelu_grad(x: f32, dy: f32) -> f32 {
     let dt = GELU_K * (1.0 + 3.0 * GELU_A * x * x);
     return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dt);
 }
+
+// gelu(g) · u (GeGLU).
+fn act_geglu(g: f32, u: f32) -> f32 {
+    return act_gelu(g) * u;
+}
+
+// (dgate, dup) of gelu(g) · u for the gradient dy.
+fn act_geglu_grads(g: f32, u: f32, dy: f32) -> vec2<f32> {
+    return vec2(act_gelu_grad(g, dy * u), dy * act_gelu(g));
+}

@@ -13,15 +13,19 @@
 // iterations of one invocation (llvmpipe stops every loop after 65535
 // back-edges in total, silently); one dispatch elsewhere.
 
+// As written, the kernels of any D ≤ 128. The host (kernels.rs,
+// `AttnHeadDim`) compiles variants with D compiled in, and for D up to 256
+// with DM = 256 on tiles of half the rows (KB = 8, QB = 4), so that the
+// tiles still fit the same 2 × 2048 floats.
 const DM: u32 = 128u;
 const RB: u32 = 64u; // rows (threads) per workgroup
 const KB: u32 = 16u; // key rows per tile in forward and dq
 const QB: u32 = 8u;  // query rows per tile in dk/dv
 
 // 16 KiB in all, the WebGPU minimum for workgroup memory. dkv uses only
-// QB * DM = 1024 entries of each for its tiles and keeps the tile's lse and
+// QB * DM ≤ 1024 entries of each for its tiles and keeps the tile's lse and
 // delta rows at STATS.
-var<workgroup> T1: array<f32, 2048>; // KB * DM
+var<workgroup> T1: array<f32, 2048>; // ≥ KB * DM
 var<workgroup> T2: array<f32, 2048>;
 const STATS: u32 = 1024u;
 

@@ -43,6 +43,15 @@ fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
 }
 
+@compute @workgroup_size(256)
+fn add_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Z[p.o2 + i] = X[p.o0 + i] + p.s;
+    }
+}
+
 // Copies a block of `w` columns of every row: the body of split_last / concat_last.
 @compute @workgroup_size(256)
 fn copy_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

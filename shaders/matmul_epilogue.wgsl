@@ -50,6 +50,17 @@ fn epilogue_value(i: u32, v: f32) -> f32 {
         put_aux(i, act_swiglu(aux0[i], v));
         return v;
     }
+    if kind == EPI_GEGLU_BWD {
+        // As EPI_SWIGLU_BWD for gelu(gate) · up.
+        let d = act_geglu_grads(aux0[i], aux1[i], v);
+        put_aux(i, d.y);
+        return d.x;
+    }
+    if kind == EPI_GEGLU_FWD {
+        // As EPI_SWIGLU_FWD: aux_out = gelu(gate) · up.
+        put_aux(i, act_geglu(aux0[i], v));
+        return v;
+    }
     return v;
 }
 

@@ -26,6 +26,8 @@ const EPI_GELU_BWD: u32 = 1u;
 const EPI_SWIGLU_BWD: u32 = 2u;
 const EPI_GELU_FWD: u32 = 3u;
 const EPI_SWIGLU_FWD: u32 = 4u;
+const EPI_GEGLU_BWD: u32 = 5u;
+const EPI_GEGLU_FWD: u32 = 6u;
 // Fold max|x| of what is stored into the output maxima
 // (matmul_epilogue.wgsl's `maxima` sections; f16 pipelines only).
 const STORE_MAX: u32 = 256u;

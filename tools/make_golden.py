@@ -59,6 +59,8 @@ from transformers import (
     Cohere2ForCausalLM,
     CohereConfig,
     CohereForCausalLM,
+    Gemma3TextConfig,
+    Gemma3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -684,6 +686,37 @@ CASES = {
         10,
         torch.float32,
     ),
+    # Gemma 3 (text): sandwich norms with gains 1 + w, q/k norms per head,
+    # GeGLU, embeddings times sqrt(48), scores times 24^-1/2 (not 16's),
+    # GQA 4/1 (Gemma 3 1B's); blocks 0, 1, 3 slide (window 4) with RoPE
+    # theta 500, block 2 attends to all with theta 10000 scaled linearly by
+    # 2; tied; pad token 0.
+    "gemma3": (
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            rope_local_base_freq=500.0,
+            rope_scaling=dict(rope_type="linear", factor=2.0),
+            sliding_window=4,
+            sliding_window_pattern=3,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+        ),
+        11,
+        torch.float32,
+    ),
 }
 
 
@@ -718,6 +751,12 @@ def _softmax64(input, dim=None, _stacklevel=3, dtype=None):
 def _rmsnorm64(self, x):
     var = x.pow(2).mean(-1, keepdim=True)
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
+
+
+def _gemma_rmsnorm64(self, x):
+    """Gemma's RMSNorm (gain 1 + w) without its cast to float32."""
+    var = x.pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(var + self.eps)) * (1.0 + self.weight)
 
 
 def inv_freq64(cfg, dim, end=0):
@@ -819,12 +858,20 @@ def patch_float64(model):
     cfg = model.config
     for m in model.modules():
         name = type(m).__name__
-        if name.endswith("RMSNorm"):
+        if name == "Gemma3RMSNorm":
+            m.forward = types.MethodType(_gemma_rmsnorm64, m)
+        elif name == "Gemma3TextScaledWordEmbedding":
+            # sqrt(hidden) as a float32 model holds it (the buffer takes
+            # the dtype the model is built in; a float32 build here,
+            # float64 when from_pretrained builds in float64).
+            with torch.no_grad():
+                m.embed_scale.copy_(torch.tensor(m.scalar_embed_scale, dtype=torch.float32))
+        elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
-            # OLMo 3: one set of frequencies per block kind.
+            # OLMo 3, Gemma 3: one set of frequencies per block kind.
             kinds = {}
             for kind in m.layer_types:
                 kcfg = types.SimpleNamespace(

@@ -4,13 +4,18 @@
 //!
 //! `attention` times the f32 kernels: a row's D over four subgroup lanes
 //! (`fwd_…`, `bwd_…`, where the adapter has subgroups and D is a multiple
-//! of 16) and one thread per row (`one_row_fwd_…`, `one_row_bwd_…`).
+//! of 16) and one thread per row (`one_row_fwd_…`, `one_row_bwd_…`); on a
+//! GPU also at Gemma 3 1B's heads (4/1, D = 256: one thread per row in
+//! both).
 //!
 //! `attention_f16` times the F16 compute precision: the tensor-core flash
 //! attention family on adapters with cooperative matrices, at the
 //! Llama-7B/Qwen-7B (32/8 heads) and Qwen2.5-7B (28/4) shapes, B = 4, D =
-//! 128, T = 1024, 2048, 4096 (elsewhere one small shape on the emulated
-//! kernels), each checked against the CPU F16 reference first (B = 1, T =
+//! 128, T = 1024, 2048, 4096, and at T = 8192 (B = 1) causal and in
+//! Mistral-7B's window of 4096 keys (`_W4096`, its FLOPs counted over the
+//! keys the window leaves); elsewhere one small shape, causal and in a
+//! window, on the emulated kernels. Each is checked against the CPU F16
+//! reference first (B = 1, T =
 //! 256, same heads): reading f16 copies of Q, K and V (the default; the
 //! summary adds a forward that makes them, "fwd fresh") and, on a GPU,
 //! converting as they stage (`…_stage_…` rows, T = 2048); then it runs
@@ -44,7 +49,8 @@ fn bench(c: &mut Criterion) {
     );
     let mut shapes = vec![(1, 256, 8, 2, 64), (1, 512, 8, 2, 64)];
     if common::is_real_gpu(&g) {
-        shapes.extend([(4, 2048, 32, 8, 128), (8, 1024, 12, 12, 64)]);
+        // Gemma 3 1B's heads (4/1, D = 256) run only on these kernels.
+        shapes.extend([(4, 2048, 32, 8, 128), (8, 1024, 12, 12, 64), (4, 2048, 4, 1, 256)]);
     }
     let mut group = c.benchmark_group("attention");
     group.sample_size(10);
@@ -135,6 +141,13 @@ fn dims_name((b, t, hq, hkv, d): Dims) -> String {
     format!("B{b}_T{t}_Hq{hq}_Hkv{hkv}_D{d}")
 }
 
+/// The forward's useful score and value FLOPs: 2·2·B·Hq·D per (query, key)
+/// pair the mask lets through.
+fn attn_flops((b, t, hq, _, d): Dims, mask: AttnMask) -> u64 {
+    let pairs: usize = (0..t).map(|i| i + 1 - mask.first_key(i)).sum();
+    4 * (b * hq * d * pairs) as u64
+}
+
 /// A shape whose rows ran: its host inputs, the executor's medians of
 /// five forwards and backwards, and its causal FLOPs.
 struct Timed {
@@ -163,23 +176,23 @@ impl Timed {
 fn time_rows(
     group: &mut BenchmarkGroup<'_, WallTime>,
     g: &GpuExecutor,
-    dims: Dims,
+    (dims, mask): (Dims, AttnMask),
     name: &str,
     first: impl Fn(&GpuExecutor),
 ) -> Option<Timed> {
     let (b, t, hq, hkv, d) = dims;
-    let flops = 4 * (b * hq * d * t * (t + 1) / 2) as u64;
+    let flops = attn_flops(dims, mask);
     let ready = OnceCell::new();
     let setup = || {
         first(g);
         let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
         let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
         let up = hs.each_ref().map(|h| g.upload(h).unwrap());
-        let fwd = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL).unwrap();
+        let fwd = g.attention(&up[0], &up[1], &up[2], mask).unwrap();
         (hs, up, fwd)
     };
     let fwd_run = |[q, k, v, _]: &[GpuTensor; 4]| {
-        let o = g.attention(q, k, v, AttnMask::CAUSAL).unwrap();
+        let o = g.attention(q, k, v, mask).unwrap();
         g.synchronize().unwrap();
         o
     };
@@ -228,16 +241,24 @@ fn bench_f16(c: &mut Criterion) {
     let Some(probe) = common::executor() else { return };
     let real = common::is_real_gpu(&probe) && probe.context().has_cooperative_matrix();
     drop(probe);
-    let (kind, shapes): (_, Vec<Dims>) = if real {
+    let causal = AttnMask::CAUSAL;
+    let (kind, shapes): (_, Vec<(Dims, AttnMask)>) = if real {
         let mut v = Vec::new();
         for (hq, hkv) in [(32, 8), (28, 4)] {
             for t in [1024, 2048, 4096] {
-                v.push((4, t, hq, hkv, 128));
+                v.push(((4, t, hq, hkv, 128), causal));
             }
         }
+        // The window's skipped tiles, against the same T causal.
+        v.push(((1, 8192, 32, 8, 128), causal));
+        v.push(((1, 8192, 32, 8, 128), AttnMask::sliding(4096)));
         (F16Attention::Coop, v)
     } else {
-        (F16Attention::CoopEmulated, vec![(1, 64, 4, 2, 64)])
+        let small = (1, 64, 4, 2, 64);
+        (
+            F16Attention::CoopEmulated,
+            vec![(small, causal), (small, AttnMask::sliding(20))],
+        )
     };
     // The default reads f16 copies of Q, K, V (and dO), made once per value:
     // the fwd_/bwd_ rows reuse them (as a step's backward does the forward's);
@@ -266,13 +287,14 @@ fn bench_f16(c: &mut Criterion) {
     group.sample_size(10);
     for (way, opts) in ways {
         let Some(g) = f16_executor(kind, opts) else { return };
-        for &dims in &shapes {
+        for &(dims, mask) in &shapes {
             // Staging is timed at the T only: the comparison, not
             // every shape again, within the GPU session's budget.
             if !way.is_empty() && dims.1 != 2048 {
                 continue;
             }
-            let name = format!("{kind:?}{way}_{}", dims_name(dims));
+            let window = mask.window.map_or(String::new(), |w| format!("_W{w}"));
+            let name = format!("{kind:?}{way}_{}{window}", dims_name(dims));
             // Checked once per (Hq, Hkv, D), on the executor of the first
             // row the filter selects.
             let check_once = |g: &GpuExecutor| {
@@ -282,14 +304,14 @@ fn bench_f16(c: &mut Criterion) {
                     checked.borrow_mut().push((hq, hkv, d));
                 }
             };
-            let Some(ops) = time_rows(&mut group, &g, dims, &name, check_once) else {
+            let Some(ops) = time_rows(&mut group, &g, (dims, mask), &name, check_once) else {
                 continue;
             };
             let mut line = format!("megatrain f16 {name}: {}", ops.rates());
             if way.is_empty() {
                 let [q, k, v] = [&ops.hs[0], &ops.hs[1], &ops.hs[2]].map(|h| fresh.upload(h).unwrap());
                 let tn = median(5, || {
-                    drop(fresh.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap());
+                    drop(fresh.attention(&q, &k, &v, mask).unwrap());
                     fresh.synchronize().unwrap();
                 });
                 line += &format!(
@@ -359,7 +381,7 @@ fn bench_f16_sweep(c: &mut Criterion) {
         };
         let name = format!("sweep{i}_{}", dims_name(dims));
         let first = |g: &GpuExecutor| check(g, dims.1.min(256), dims.2, dims.3, dims.4);
-        if let Some(ops) = time_rows(&mut group, &g, dims, &name, first) {
+        if let Some(ops) = time_rows(&mut group, &g, (dims, AttnMask::CAUSAL), &name, first) {
             summary.push(format!("megatrain f16 {name} ({tiles}): {}", ops.rates()));
         }
     }

@@ -140,11 +140,14 @@ pub enum Kernel {
     Add,
     AddAssign,
     Scale,
+    AddScalar,
     CopyCols,
     SumRows,
     SumRowsPart,
     Swiglu,
     SwigluBwd,
+    Geglu,
+    GegluBwd,
     Gelu,
     GeluBwd,
     RmsFwd,
@@ -159,18 +162,18 @@ pub enum Kernel {
     AddRmsBwd,
     AddLnBwd,
     Rope,
-    /// The f32 attention kernels, `d` the head dimension compiled in (one
-    /// of `ATTN_HEAD_DIMS`) or 0 for any D ≤ 128 read from the
-    /// parameters (`attn_head_dim` picks).
+    /// The f32 attention kernels, `d` the head dimensions they take: one
+    /// compiled in, or any up to 128 or 256 read from the parameters
+    /// ([`AttnHeadDim::of`] picks).
     AttnFwd {
-        d: u32,
+        d: AttnHeadDim,
     },
     AttnDelta,
     AttnDq {
-        d: u32,
+        d: AttnHeadDim,
     },
     AttnDkv {
-        d: u32,
+        d: AttnHeadDim,
     },
     /// The same kernels with each row's D split over 4 subgroup lanes
     /// (attention_lanes.wgsl), `d` compiled in: where the adapter has
@@ -223,11 +226,14 @@ impl Kernel {
             Add,
             AddAssign,
             Scale,
+            AddScalar,
             CopyCols,
             SumRows,
             SumRowsPart,
             Swiglu,
             SwigluBwd,
+            Geglu,
+            GegluBwd,
             Gelu,
             GeluBwd,
             RmsFwd,
@@ -250,7 +256,8 @@ impl Kernel {
             GatherF16,
             ScatterAdd,
         ]);
-        for d in std::iter::once(0).chain(ATTN_HEAD_DIMS) {
+        let dims = ATTN_HEAD_DIMS.map(AttnHeadDim::Fixed);
+        for d in [AttnHeadDim::Any, AttnHeadDim::AnyWide].into_iter().chain(dims) {
             v.extend([AttnFwd { d }, AttnDq { d }, AttnDkv { d }]);
         }
         for d in ATTN_LANE_DIMS {
@@ -365,11 +372,14 @@ impl Kernel {
             Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
             AddAssign => (&[ELEMENTWISE], "add_assign", &[1, 3]),
             Scale => (&[ELEMENTWISE], "scale", &[1, 3]),
+            AddScalar => (&[ELEMENTWISE], "add_scalar", &[1, 3]),
             CopyCols => (&[ELEMENTWISE], "copy_cols", &[1, 3]),
             SumRows => (&[ELEMENTWISE], "sum_rows", &[1, 3]),
             SumRowsPart => (&[ELEMENTWISE], "sum_rows_part", &[1, 3]),
             Swiglu => (&[ACTIVATION_FNS, ACTIVATION], "swiglu", &[1, 2, 4]),
             SwigluBwd => (&[ACTIVATION_FNS, ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
+            Geglu => (&[ACTIVATION_FNS, ACTIVATION], "geglu", &[1, 2, 4]),
+            GegluBwd => (&[ACTIVATION_FNS, ACTIVATION], "geglu_bwd", &[1, 2, 3, 4, 5]),
             Gelu => (&[ACTIVATION_FNS, ACTIVATION], "gelu", &[1, 4]),
             GeluBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_bwd", &[1, 2, 4]),
             RmsFwd => (NORMS, "rms_fwd", &[1, 2, 4, 5, 11]),
@@ -419,12 +429,74 @@ impl Kernel {
 /// the general ones: each thread's row vectors are arrays of D floats
 /// indexed by loop counters, which a compiler keeps in registers only when
 /// D is a constant (they live in local memory otherwise, on GPUs). 32 is
-/// gpt2-nano's (the README's main job), 64 GPT-2's and TinyLlama's.
-pub const ATTN_HEAD_DIMS: [u32; 2] = [32, 64];
+/// gpt2-nano's (the README's main job), 64 GPT-2's and TinyLlama's, 256
+/// Gemma 2's and 3's (on the wide tiles, [`AttnHeadDim::kb`]).
+pub const ATTN_HEAD_DIMS: [u32; 3] = [32, 64, 256];
 
-/// The f32 attention kernels' `d` for head dimension `d`.
-pub fn attn_head_dim(d: usize) -> u32 {
-    ATTN_HEAD_DIMS.into_iter().find(|&x| x as usize == d).unwrap_or(0)
+/// The largest head dimension of the f32 attention kernels (attention.wgsl
+/// with [`AttnHeadDim::AnyWide`]'s arrays).
+pub const ATTN_MAX_HEAD_DIM: usize = 256;
+
+/// attention.wgsl's DM, KB and QB as written: the arrays of the kernels
+/// with [`AttnHeadDim::Any`], and the tiles of every kernel whose D is at
+/// most 128.
+const ATTN_DM: u32 = 128;
+const ATTN_KB: u32 = 16;
+const ATTN_QB: u32 = 8;
+/// attention.wgsl's tiles T1 and T2 (16 KiB together, the WebGPU minimum
+/// of workgroup memory), and where dkv keeps its tile's statistics in them.
+const ATTN_TILE: u32 = 2048;
+const ATTN_STATS: u32 = 1024;
+
+/// The head dimensions an f32 attention kernel (attention.wgsl) takes,
+/// which fix its arrays' length DM and its tiles: up to DM = 128 a key tile
+/// of KB = 16 rows (forward, dq) and a query tile of QB = 8 (dkv); past it
+/// KB = 8 and QB = 4, so that the tiles still fill no more than their
+/// 2 × 2048 floats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttnHeadDim {
+    /// Exactly D, compiled in (one of [`ATTN_HEAD_DIMS`]): DM = D.
+    Fixed(u32),
+    /// Any D ≤ 128, read from the parameters.
+    Any,
+    /// Any D ≤ 256, read from the parameters, on the wide tiles.
+    AnyWide,
+}
+
+impl AttnHeadDim {
+    /// The kernels of head dimension `d` (at most [`ATTN_MAX_HEAD_DIM`]):
+    /// compiled in where `d` is one of [`ATTN_HEAD_DIMS`], else the general
+    /// ones that hold it.
+    pub fn of(d: usize) -> AttnHeadDim {
+        match ATTN_HEAD_DIMS.into_iter().find(|&x| x as usize == d) {
+            Some(x) => AttnHeadDim::Fixed(x),
+            None if d <= ATTN_DM as usize => AttnHeadDim::Any,
+            None => AttnHeadDim::AnyWide,
+        }
+    }
+
+    /// The length of the kernels' row arrays: the most D they take.
+    pub fn dm(self) -> u32 {
+        match self {
+            AttnHeadDim::Fixed(d) => d,
+            AttnHeadDim::Any => ATTN_DM,
+            AttnHeadDim::AnyWide => 2 * ATTN_DM,
+        }
+    }
+
+    fn wide(self) -> bool {
+        self.dm() > ATTN_DM
+    }
+
+    /// Key rows per tile of the forward and dq kernels.
+    pub fn kb(self) -> usize {
+        (if self.wide() { ATTN_KB / 2 } else { ATTN_KB }) as usize
+    }
+
+    /// Query rows per tile of the dkv kernel.
+    pub fn qb(self) -> usize {
+        (if self.wide() { ATTN_QB / 2 } else { ATTN_QB }) as usize
+    }
 }
 
 /// Head dimensions whose lanes kernels `Kernel::all` lists (compiled
@@ -491,14 +563,40 @@ fn unroll(src: &str, n: u32) -> String {
     out
 }
 
-/// attention.wgsl with entry `entry`; for `d` > 0 with D compiled in: DM
-/// (the arrays' length) is D and every read of the parameter `p.d` is DM.
-fn attention(d: u32, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
+/// attention.wgsl with entry `entry` for head dimensions `d`: DM (the
+/// arrays' length) is `d.dm()`, KB and QB are `d`'s tiles, and with D
+/// compiled in every read of the parameter `p.d` is DM. The kernels of
+/// [`AttnHeadDim::Any`] and of the compiled-in D ≤ 128 keep the file's tiles.
+fn attention(d: AttnHeadDim, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
     let mut source = [MAX_BITS, ATTENTION_PARAMS, ATTENTION_MASK, ATTENTION].concat();
-    if d > 0 {
-        const GENERAL: &str = "const DM: u32 = 128u;";
-        assert!(source.contains(GENERAL), "attention.wgsl declares no {GENERAL}");
-        source = source.replace(GENERAL, &format!("const DM: u32 = {d}u;"));
+    let (dm, kb, qb) = (d.dm(), d.kb() as u32, d.qb() as u32);
+    assert!(
+        (1..=ATTN_MAX_HEAD_DIM as u32).contains(&dm)
+            && kb * dm <= ATTN_TILE
+            && qb * dm <= ATTN_STATS
+            && ATTN_STATS + qb <= ATTN_TILE,
+        "attention kernels of {d:?}: tiles of {kb} and {qb} rows of {dm} past their workgroup memory"
+    );
+    let mut set = |name: &str, was: u32, to: u32| {
+        let decl = |v: u32| format!("const {name}: u32 = {v}u;");
+        assert!(
+            source.contains(&decl(was)),
+            "attention.wgsl declares no {}",
+            decl(was)
+        );
+        if to != was {
+            source = source.replace(&decl(was), &decl(to));
+        }
+    };
+    set("DM", ATTN_DM, dm);
+    set("KB", ATTN_KB, kb);
+    set("QB", ATTN_QB, qb);
+    set("STATS", ATTN_STATS, ATTN_STATS);
+    assert!(
+        source.contains(&format!("array<f32, {ATTN_TILE}>")),
+        "attention.wgsl's tiles are not {ATTN_TILE} floats"
+    );
+    if let AttnHeadDim::Fixed(_) = d {
         source = replace_token(&source, "p.d", "DM");
     }
     KernelSpec {
@@ -646,8 +744,63 @@ mod tests {
             replace_token("p.d + p.dd_off * p.d;", "p.d", "DM"),
             "DM + p.dd_off * DM;"
         );
-        let src = Kernel::AttnDq { d: 32 }.spec().source;
+        let src = Kernel::AttnDq {
+            d: AttnHeadDim::Fixed(32),
+        }
+        .spec()
+        .source;
         assert!(src.contains("const DM: u32 = 32u;") && !src.contains("p.d ") && src.contains("p.dd_off"));
-        assert_eq!((attn_head_dim(64), attn_head_dim(48)), (64, 0));
+        use AttnHeadDim::*;
+        let picked = [64, 48, 128, 1, 256, 129, 200].map(AttnHeadDim::of);
+        assert_eq!(picked, [Fixed(64), Any, Any, Any, Fixed(256), AnyWide, AnyWide]);
+    }
+
+    /// Every f32 attention kernel's tiles and arrays as naga lays out the
+    /// module: the tiles within WebGPU's 16 KiB of workgroup memory, DM,
+    /// KB and QB those the host takes (`AttnHeadDim`), the kernels up to
+    /// D = 128 on the file's own tiles and the general ones on its arrays.
+    #[test]
+    fn attention_variants_fit_16_kib_on_their_tiles() {
+        use AttnHeadDim::*;
+        for d in [Any, AnyWide].into_iter().chain(ATTN_HEAD_DIMS.map(Fixed)) {
+            for k in [Kernel::AttnFwd { d }, Kernel::AttnDq { d }, Kernel::AttnDkv { d }] {
+                let src = k.spec().source;
+                let module = naga::front::wgsl::parse_str(&src).expect("attention parses");
+                let mut layouter = naga::proc::Layouter::default();
+                layouter.update(module.to_ctx()).expect("layout");
+                let bytes: u32 = module
+                    .global_variables
+                    .iter()
+                    .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                    .map(|(_, g)| layouter[g.ty].size)
+                    .sum();
+                assert_eq!(bytes, 16 << 10, "{k:?}");
+                let has = |c: &str, v: usize| src.contains(&format!("const {c}: u32 = {v}u;"));
+                assert!(
+                    has("DM", d.dm() as usize) && has("KB", d.kb()) && has("QB", d.qb()),
+                    "{k:?}"
+                );
+                assert_eq!(d.wide(), d.dm() > 128, "{k:?}");
+                assert_eq!((d.kb(), d.qb()), if d.wide() { (8, 4) } else { (16, 8) }, "{k:?}");
+                assert_eq!(
+                    src.contains("p.d;") || src.contains("p.d)"),
+                    !matches!(d, Fixed(_))
+                );
+            }
+        }
+        assert_eq!((Any.dm(), AnyWide.dm()), (128, ATTN_MAX_HEAD_DIM as u32));
+        let narrow = Kernel::AttnFwd { d: Any }.spec().source;
+        assert_eq!(
+            narrow,
+            [
+                MAX_BITS,
+                ATTENTION_PARAMS,
+                ATTENTION_MASK,
+                ATTENTION,
+                PER_PIPELINE
+            ]
+            .concat(),
+            "the general kernels up to 128 are attention.wgsl as written"
+        );
     }
 }

@@ -333,6 +333,101 @@ fn simt_kernels_match_the_reference_on_rounded_operands() {
     }
 }
 
+/// Head dimension 256 (Gemma 2's and 3's), which the tensor-core family
+/// and the lanes kernels do not take: Gemma 3 1B's four query heads on one
+/// kv head at T = 37 (partial tiles) and T = 1, in a window of 5, and the
+/// general wide kernels at D = 200 over two batches.
+const CASES_256: [Case; 4] = [
+    Case {
+        b: 1,
+        t: 37,
+        hq: 4,
+        hkv: 1,
+        d: 256,
+        w: 0,
+    },
+    Case {
+        b: 1,
+        t: 1,
+        hq: 4,
+        hkv: 1,
+        d: 256,
+        w: 0,
+    },
+    Case {
+        b: 1,
+        t: 37,
+        hq: 4,
+        hkv: 1,
+        d: 256,
+        w: 5,
+    },
+    Case {
+        b: 2,
+        t: 20,
+        hq: 2,
+        hkv: 2,
+        d: 200,
+        w: 0,
+    },
+];
+
+/// At D = 256 `Auto` runs the SIMT kernels (their wide variants) on the
+/// rounded operands whatever the adapter has, held to the SIMT tolerance.
+#[test]
+fn head_dim_256_runs_the_simt_kernels_on_rounded_operands() {
+    let Some(g) = ctx().and_then(|c| executor(c, F16Attention::Auto)) else {
+        return;
+    };
+    for (i, case) in CASES_256.into_iter().enumerate() {
+        let start = std::time::Instant::now();
+        check(&g, case, 90 + i as u64, TOL_SIMT, true).unwrap();
+        eprintln!("{case:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// The tensor-core family asked for by name at a head dimension it has
+/// no kernels for (256) is refused, naming it, forward and backward.
+#[test]
+fn tensor_core_kernels_refuse_head_dims_they_lack() {
+    let Some(c) = ctx() else { return };
+    for kind in [F16Attention::CoopEmulated, F16Attention::Coop] {
+        let Some(g) = executor(c.clone(), kind) else {
+            continue;
+        };
+        let case = Case {
+            b: 1,
+            t: 5,
+            hq: 2,
+            hkv: 1,
+            d: 256,
+            w: 0,
+        };
+        let x = inputs(case, 95);
+        let (q, k, v, dout) = (up(&g, &x.q), up(&g, &x.k), up(&g, &x.v), up(&g, &x.dout));
+        let refused = |e: megatrain_tensor::Error| {
+            let e = e.to_string();
+            assert!(
+                e.contains("head dim 256") && e.contains(&format!("{kind:?}")),
+                "{e}"
+            );
+        };
+        refused(
+            g.attention(&q, &k, &v, AttnMask::CAUSAL)
+                .expect_err("no D = 256 kernels"),
+        );
+        let fwd = megatrain_tensor::AttentionOut {
+            out: up(&g, &x.dout),
+            lse: up(&g, &HostTensor::zeros([1, 2, 5])),
+            mask: AttnMask::CAUSAL,
+        };
+        refused(
+            g.attention_backward(&q, &k, &v, &fwd, &dout)
+                .expect_err("no D = 256 kernels"),
+        );
+    }
+}
+
 /// The emulated kernels of head dimension `d` against the reference, on a
 /// device of their own (`own_ctx`): each head dimension is a set of kernels
 /// lavapipe takes a minute or two to compile, so the four run side by side.

@@ -1,6 +1,6 @@
 //! The matmuls fused with an activation on the GPU (the epilogues of
 //! `shaders/matmul_epilogue.wgsl`): `matmul_gelu`, `matmul_swiglu`,
-//! `matmul_backward_gelu`, `matmul_backward_swiglu` against the same
+//! `matmul_geglu` and their backwards against the same
 //! executor's composition of the unfused ops (the product's bits exactly;
 //! the activation within `ULPS`, see there) and against the CPU reference,
 //! on awkward shapes, batched rows, a batched `b` and a transposed `a`
@@ -14,8 +14,9 @@ mod common;
 use common::*;
 use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::{
-    ComputePrecision, CpuExecutor, Executor, HostTensor, MatmulNeeds, Transpose,
-    compose_matmul_backward_gelu, compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_swiglu,
+    ComputePrecision, CpuExecutor, Executor, Glu, HostTensor, MatmulNeeds, Transpose,
+    compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
+    compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 /// How far the fused activation may be from the standalone kernel's, in
@@ -238,7 +239,39 @@ fn check(g: &GpuExecutor, cpu: &CpuExecutor, what: &str) {
             &dc(&rdu),
             TOL_F32,
         );
-        let _ = (cgate, cupm);
+
+        // GeGLU, forward and backward: gelu(gate) · up.
+        let (u, s) = g.matmul_geglu(&a, &b, Some(&bias), t, &gate).unwrap();
+        let (wu, ws) = compose_matmul_glu(g, &a, &b, Some(&bias), t, &gate, Glu::Gelu).unwrap();
+        assert_bits(&format!("{what}: geglu fwd up"), &d(&u), &d(&wu), 0);
+        assert_bits(&format!("{what}: geglu fwd s"), &d(&s), &d(&ws), ULPS);
+        assert_remembered_max(g, &format!("{what}: geglu fwd s"), &s);
+        let (_, rs) = cpu.matmul_geglu(&ca, &cb, Some(&cbias), t, &cgate).unwrap();
+        assert_close(&format!("{what}: geglu fwd s vs CPU"), &d(&s), &dc(&rs), TOL_F32);
+        let (gr, dg, du) = g
+            .matmul_backward_geglu(&a, &b, &dout, t, needs, &pre, &upm)
+            .unwrap();
+        let (_, wdg, wdu) =
+            compose_matmul_backward_glu(g, &a, &b, &dout, t, needs, &pre, &upm, Glu::Gelu).unwrap();
+        let (_, rdg, rdu) = cpu
+            .matmul_backward_geglu(&ca, &cb, &cdout, t, needs, &cpre, &cupm)
+            .unwrap();
+        assert!(gr.da.is_none(), "{what}: geglu da was not asked for");
+        assert_bits(&format!("{what}: geglu bwd dgate"), &d(&dg), &d(&wdg), ULPS);
+        assert_bits(&format!("{what}: geglu bwd dup"), &d(&du), &d(&wdu), ULPS);
+        assert_remembered_max(g, &format!("{what}: geglu bwd dgate"), &dg);
+        assert_close(
+            &format!("{what}: geglu bwd dgate vs CPU"),
+            &d(&dg),
+            &dc(&rdg),
+            TOL_F32,
+        );
+        assert_close(
+            &format!("{what}: geglu bwd dup vs CPU"),
+            &d(&du),
+            &dc(&rdu),
+            TOL_F32,
+        );
     }
 }
 

@@ -51,6 +51,12 @@ proptest! {
             let (rg, ru) = c.swiglu_backward(&cx4, &cy, &cdy).unwrap();
             assert_close("swiglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
             assert_close("swiglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
+            assert_close("geglu", &down(g, &g.geglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.geglu(&cx4, &cy).unwrap()), TOL_F32);
+            let (dg, du) = g.geglu_backward(&gx4, &gy, &gdy).unwrap();
+            let (rg, ru) = c.geglu_backward(&cx4, &cy, &cdy).unwrap();
+            assert_close("geglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
+            assert_close("geglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
+            assert_close("add_scalar", &down(g, &g.add_scalar(&gx, 1.25).unwrap()), &down_cpu(&c, &c.add_scalar(&cx, 1.25).unwrap()), TOL_F32);
         }
     }
 
@@ -443,7 +449,8 @@ fn attention_head_dims_several_row_blocks() {
     // subgroups) and one thread per row (attention.wgsl: D = 128 fills the
     // general kernels' register arrays, 48 runs them below it, 32 and 64
     // run the kernels with D compiled in, `ATTN_HEAD_DIMS`). T = 150 spans
-    // three 64-row blocks with a ragged last one.
+    // three 64-row blocks with a ragged last one. (D past 128:
+    // `attention_head_dim_256`.)
     let Some(lanes) = gpu() else { return };
     let one_row = GpuExecutor::with_options(
         lanes.context().clone(),
@@ -472,10 +479,136 @@ fn attention_head_dims_several_row_blocks() {
                 &format!("{family}, D = {d}"),
             );
         }
-        let too_wide = up(g, &rand_host(1, &[1, 2, 1, 130]));
+        let too_wide = up(g, &rand_host(1, &[1, 2, 1, 257]));
         assert!(
             g.attention(&too_wide, &too_wide, &too_wide, AttnMask::CAUSAL)
                 .is_err()
+        );
+    }
+}
+
+/// Head dimension 256 (Gemma 2's and 3's): past the lanes kernels' 128, on
+/// the one-row kernels' wide variants (DM = 256 on tiles of 8 keys and 4
+/// queries), D = 256 compiled in and the general ones reading D from the
+/// parameters (200, 129). Gemma 3 1B's four query heads on one kv head at
+/// T = 37 (a partial key tile and row block; windows of 5 keys, inside a
+/// tile and across two), T = 1, and two batches of T = 70 (a second row
+/// block starting inside a window of 20); each causal and in its window.
+#[test]
+fn attention_head_dim_256() {
+    let Some(g) = gpu() else { return };
+    assert!(!g.context().attention_lanes(256));
+    for (shape, window, seed) in [
+        ((1, 37, 4, 1, 256), 5, 101),
+        ((1, 1, 4, 1, 256), 1, 102),
+        ((2, 70, 2, 1, 256), 20, 103),
+        ((1, 37, 4, 1, 200), 9, 104),
+        ((1, 19, 2, 2, 129), 3, 105),
+    ] {
+        let start = std::time::Instant::now();
+        attention_matches_cpu(g, shape, window, seed, &format!("{shape:?}"));
+        eprintln!("{shape:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// D = 256 split into ranges of the wide tiles' 8 keys (forward, dq) and
+/// 4 queries (dk/dv) by a small loop budget, as on llvmpipe at long T.
+#[test]
+fn attention_head_dim_256_split_under_a_small_loop_budget() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            loop_budget: Some(2000),
+            ..Default::default()
+        },
+    );
+    attention_matches_cpu(&g, (1, 37, 4, 1, 256), 11, 111, "D = 256 in ranges");
+}
+
+/// A head dimension past the f32 kernels' 256 is refused by name, forward
+/// and backward.
+#[test]
+fn attention_head_dims_past_256_are_refused() {
+    let Some(g) = gpu() else { return };
+    for d in [257, 264] {
+        let x = up(g, &rand_host(1, &[1, 2, 2, d]));
+        let e = g
+            .attention(&x, &x, &x, AttnMask::CAUSAL)
+            .expect_err("D past 256")
+            .to_string();
+        assert!(e.contains(&format!("head dim {d}")) && e.contains("256"), "{e}");
+        let fwd = megatrain_tensor::AttentionOut {
+            out: up(g, &rand_host(2, &[1, 2, 2, d])),
+            lse: g.zeros(&Shape::new([1, 2, 2])).unwrap(),
+            mask: AttnMask::CAUSAL,
+        };
+        let e = g
+            .attention_backward(&x, &x, &x, &fwd, &x)
+            .expect_err("D past 256")
+            .to_string();
+        assert!(e.contains(&format!("head dim {d}")) && e.contains("256"), "{e}");
+    }
+}
+
+/// The other ops of a Gemma block on heads of 256: RoPE (θ of its local
+/// and global layers, positions far along) both ways, and the per-head
+/// RMSNorm of q and k over rows of 256, forward and backward.
+#[test]
+fn rope_and_head_norm_at_head_dim_256() {
+    let c = cpu();
+    let f = F64Executor::new();
+    let x = rand_host(121, &[2, 37, 4, 256]);
+    let w = rand_host(122, &[256]);
+    let dy = rand_host(123, &[2, 37, 4, 256]);
+    let (cx, cw, cdy) = (cpu_up!(c, &x), cpu_up!(c, &w), cpu_up!(c, &dy));
+    let (fx, fw, fdy) = (cpu_up!(f, &x), cpu_up!(f, &w), cpu_up!(f, &dy));
+    let down_f = |t: &<F64Executor as Executor>::Tensor| f.download(t).unwrap().to_f32_vec();
+    let fr = f.rmsnorm(&fx, &fw, 1e-6).unwrap();
+    let exact_dx = down_f(&f.rmsnorm_backward(&fx, &fw, &fr.rstd, &fdy).unwrap().dx);
+    let rstd = down_f(&fr.rstd);
+    for (i, g) in both().into_iter().enumerate() {
+        let (gx, gw, gdy) = (up(g, &x), up(g, &w), up(g, &dy));
+        // Not under 4 KiB bindings: a call binds its positions' rows of
+        // the angle tables whole (37 × 128 here).
+        let ropes = if i == 0 {
+            vec![Rope::plain(1e4, 0), Rope::plain(1e6, 3000)]
+        } else {
+            Vec::new()
+        };
+        for rope in ropes {
+            assert_close(
+                "rope, D = 256",
+                &down(g, &g.rope(&gx, rope.clone()).unwrap()),
+                &down_cpu(&c, &c.rope(&cx, rope.clone()).unwrap()),
+                TOL_F32,
+            );
+            assert_close(
+                "rope_backward, D = 256",
+                &down(g, &g.rope_backward(&gx, rope.clone()).unwrap()),
+                &down_cpu(&c, &c.rope_backward(&cx, rope.clone()).unwrap()),
+                TOL_F32,
+            );
+        }
+        let o = g.rmsnorm(&gx, &gw, 1e-6).unwrap();
+        let r = c.rmsnorm(&cx, &cw, 1e-6).unwrap();
+        assert_close("head rmsnorm y", &down(g, &o.y), &down_cpu(&c, &r.y), TOL_F32);
+        assert_close(
+            "head rmsnorm rstd",
+            &down(g, &o.rstd),
+            &down_cpu(&c, &r.rstd),
+            TOL_F32,
+        );
+        let gg = g.rmsnorm_backward(&gx, &gw, &o.rstd, &gdy).unwrap();
+        let rg = c.rmsnorm_backward(&cx, &cw, &r.rstd, &cdy).unwrap();
+        let (wh, dyh) = (w.to_f32_vec(), dy.to_f32_vec());
+        assert_dx_close("head rmsnorm dx", &down(g, &gg.dx), &exact_dx, &rstd, &wh, &dyh);
+        assert_close(
+            "head rmsnorm dw",
+            &down(g, &gg.dw),
+            &down_cpu(&c, &rg.dw),
+            TOL_F32,
         );
     }
 }

@@ -3,8 +3,8 @@
 //! runs), and the reference each fused kernel is compared with.
 
 use crate::{
-    AddNormOut, DType, Error, Executor, MatmulGrads, MatmulNeeds, NormGrads, Result, Shape, TensorHandle,
-    Transpose,
+    AddNormOut, DType, Error, Executor, Glu, MatmulGrads, MatmulNeeds, NormGrads, Result, Shape,
+    TensorHandle, Transpose,
 };
 
 /// [`Executor::add_rmsnorm`] from the unfused ops (its provided default).
@@ -112,9 +112,26 @@ pub fn compose_matmul_swiglu<E: Executor + ?Sized>(
     t: Transpose,
     gate: &E::Tensor,
 ) -> Result<(E::Tensor, E::Tensor)> {
+    compose_matmul_glu(ex, a, b, bias, t, gate, Glu::Silu)
+}
+
+/// [`Executor::matmul_swiglu`] or [`Executor::matmul_geglu`] (as `glu`
+/// says) from the unfused ops.
+pub fn compose_matmul_glu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    bias: Option<&E::Tensor>,
+    t: Transpose,
+    gate: &E::Tensor,
+    glu: Glu,
+) -> Result<(E::Tensor, E::Tensor)> {
     let up = ex.matmul(a, b, bias, t)?;
-    check_act_operand("matmul_swiglu", "gate", gate, up.shape(), "the product's shape")?;
-    let s = ex.swiglu(gate, &up)?;
+    check_act_operand(glu.matmul_op(), "gate", gate, up.shape(), "the product's shape")?;
+    let s = match glu {
+        Glu::Silu => ex.swiglu(gate, &up)?,
+        Glu::Gelu => ex.geglu(gate, &up)?,
+    };
     Ok((up, s))
 }
 
@@ -147,12 +164,32 @@ pub fn compose_matmul_backward_swiglu<E: Executor + ?Sized>(
     gate: &E::Tensor,
     up: &E::Tensor,
 ) -> Result<(MatmulGrads<E::Tensor>, E::Tensor, E::Tensor)> {
-    const OP: &str = "matmul_backward_swiglu";
-    check_act_operand(OP, "gate", gate, a.shape(), "a's shape")?;
-    check_act_operand(OP, "up", up, a.shape(), "a's shape")?;
+    compose_matmul_backward_glu(ex, a, b, dout, t, needs, gate, up, Glu::Silu)
+}
+
+/// [`Executor::matmul_backward_swiglu`] or
+/// [`Executor::matmul_backward_geglu`] (as `glu` says) from the unfused ops.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+pub fn compose_matmul_backward_glu<E: Executor + ?Sized>(
+    ex: &E,
+    a: &E::Tensor,
+    b: &E::Tensor,
+    dout: &E::Tensor,
+    t: Transpose,
+    needs: MatmulNeeds,
+    gate: &E::Tensor,
+    up: &E::Tensor,
+    glu: Glu,
+) -> Result<(MatmulGrads<E::Tensor>, E::Tensor, E::Tensor)> {
+    let op = glu.matmul_backward_op();
+    check_act_operand(op, "gate", gate, a.shape(), "a's shape")?;
+    check_act_operand(op, "up", up, a.shape(), "a's shape")?;
     let mut g = ex.matmul_backward(a, b, dout, t, MatmulNeeds { da: true, ..needs })?;
     let ds = g.da.take().expect("da was requested");
-    let (dgate, dup) = ex.swiglu_backward(gate, up, &ds)?;
+    let (dgate, dup) = match glu {
+        Glu::Silu => ex.swiglu_backward(gate, up, &ds)?,
+        Glu::Gelu => ex.geglu_backward(gate, up, &ds)?,
+    };
     Ok((g, dgate, dup))
 }
 

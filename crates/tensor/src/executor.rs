@@ -18,10 +18,11 @@ use std::ops::Range;
 
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
-    Error, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut,
-    Result, Rope, Shape, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload,
+    Error, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads,
+    NormOut, Result, Rope, Shape, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload,
     compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
-    compose_matmul_backward_gelu, compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_swiglu,
+    compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
+    compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -305,8 +306,11 @@ pub trait Executor {
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
     /// acc += x, same element count.
     fn add_assign(&self, acc: &mut Self::Tensor, x: &Self::Tensor) -> Result<()>;
-    /// s · x.
-    fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+    /// s · x, `s` rounded to the executor's precision (f32 but for the
+    /// f64 reference executor, which keeps every digit of a model's factors).
+    fn scale(&self, x: &Self::Tensor, s: f64) -> Result<Self::Tensor>;
+    /// x + c (Gemma's norms' gains are 1 + their weights), `c` as `scale`'s.
+    fn add_scalar(&self, x: &Self::Tensor, c: f64) -> Result<Self::Tensor>;
 
     // ---- matmul --------------------------------------------------------
 
@@ -446,6 +450,35 @@ pub trait Executor {
         compose_matmul_backward_swiglu(self, a, b, dout, t, needs, gate, up)
     }
 
+    /// `up = op(a) @ op(b) + bias` and [`geglu`](Self::geglu)`(gate, up)`:
+    /// returns `(up, s)`, as [`matmul_swiglu`](Self::matmul_swiglu).
+    fn matmul_geglu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        t: Transpose,
+        gate: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        compose_matmul_glu(self, a, b, bias, t, gate, Glu::Gelu)
+    }
+
+    /// [`matmul_backward_swiglu`](Self::matmul_backward_swiglu) of a
+    /// product whose `a` is `geglu(gate, up)`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn matmul_backward_geglu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        dout: &Self::Tensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+    ) -> Result<(MatmulGrads<Self::Tensor>, Self::Tensor, Self::Tensor)> {
+        compose_matmul_backward_glu(self, a, b, dout, t, needs, gate, up, Glu::Gelu)
+    }
+
     // ---- norms ---------------------------------------------------------
 
     /// y = x / sqrt(mean(x²) + eps) · w, over the last dimension. `w` is `[C]`.
@@ -570,6 +603,17 @@ pub trait Executor {
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
     /// Returns (dgate, dup).
     fn swiglu_backward(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        dy: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// gelu(gate) · up (GeGLU, Gemma's MLP), [`gelu`](Self::gelu)'s tanh
+    /// approximation.
+    fn geglu(&self, gate: &Self::Tensor, up: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Returns (dgate, dup).
+    fn geglu_backward(
         &self,
         gate: &Self::Tensor,
         up: &Self::Tensor,

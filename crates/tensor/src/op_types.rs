@@ -20,6 +20,33 @@ impl Transpose {
     pub const TT: Transpose = Transpose { a: true, b: true };
 }
 
+/// The activation that gates a GLU MLP's up projection: `act(gate) · up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    /// SwiGLU (Llama's): silu(gate) · up.
+    Silu,
+    /// GeGLU (Gemma's): gelu(gate) · up, GELU's tanh approximation.
+    Gelu,
+}
+
+impl Glu {
+    /// The name of the fused forward op ([`Executor::matmul_swiglu`](crate::Executor::matmul_swiglu) or [`Executor::matmul_geglu`](crate::Executor::matmul_geglu)).
+    pub fn matmul_op(self) -> &'static str {
+        match self {
+            Glu::Silu => "matmul_swiglu",
+            Glu::Gelu => "matmul_geglu",
+        }
+    }
+
+    /// The name of the fused backward op.
+    pub fn matmul_backward_op(self) -> &'static str {
+        match self {
+            Glu::Silu => "matmul_backward_swiglu",
+            Glu::Gelu => "matmul_backward_geglu",
+        }
+    }
+}
+
 /// Which gradients a matmul backward must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulNeeds {

@@ -164,6 +164,11 @@ proptest! {
         let (a64, b64) = E64.swiglu_backward(&g64, &u64_, &d64).unwrap();
         agree("swiglu dgate", &a32, &a64)?;
         agree("swiglu dup", &b32, &b64)?;
+        agree("geglu", &E32.geglu(&g32, &u32_).unwrap(), &E64.geglu(&g64, &u64_).unwrap())?;
+        let (a32, b32) = E32.geglu_backward(&g32, &u32_, &d32).unwrap();
+        let (a64, b64) = E64.geglu_backward(&g64, &u64_, &d64).unwrap();
+        agree("geglu dgate", &a32, &a64)?;
+        agree("geglu dup", &b32, &b64)?;
         agree("gelu", &E32.gelu(&g32).unwrap(), &E64.gelu(&g64).unwrap())?;
         agree("gelu dx", &E32.gelu_backward(&g32, &d32).unwrap(), &E64.gelu_backward(&g64, &d64).unwrap())?;
     }

@@ -223,6 +223,8 @@ fn data_movement_errors() {
     shape_err(EX.add(&x, &r(2, &[3, 4])), "add");
     shape_err(EX.add_assign(&mut d, &r(2, &[13])), "add_assign");
     shape_err(EX.swiglu(&x, &r(2, &[3, 4])), "swiglu");
+    shape_err(EX.geglu(&x, &r(2, &[3, 4])), "geglu");
+    shape_err(EX.geglu_backward(&x, &x, &r(2, &[3, 4])), "geglu_backward");
     shape_err(EX.gelu_backward(&x, &r(2, &[3, 4])), "gelu_backward");
 }
 

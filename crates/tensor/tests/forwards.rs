@@ -295,6 +295,9 @@ fn activations_known_values() {
         |v: f32| 0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
     close(g.data(), &[0., gelu(1.), gelu(-1.)], 1e-6);
     close(&g.data()[1..2], &[0.841192], 1e-5);
+    // GeGLU is gelu(gate) · up.
+    let y = EX.geglu(&x, &up(&[3], &[2., 3., -0.5])).unwrap();
+    close(y.data(), &[0., 3. * gelu(1.), -0.5 * gelu(-1.)], 1e-6);
 }
 
 #[test]
@@ -345,6 +348,7 @@ fn elementwise_ops() {
     let (a, b) = (up(&[2, 2], &[1., 2., 3., 4.]), up(&[2, 2], &[10., 20., 30., 40.]));
     assert_eq!(EX.add(&a, &b).unwrap().data(), [11., 22., 33., 44.]);
     assert_eq!(EX.scale(&a, -2.0).unwrap().data(), [-2., -4., -6., -8.]);
+    assert_eq!(EX.add_scalar(&a, 1.5).unwrap().data(), [2.5, 3.5, 4.5, 5.5]);
     let mut acc = a.clone();
     EX.add_assign(&mut acc, &EX.reshape(&b, &Shape::new([4])).unwrap())
         .unwrap();

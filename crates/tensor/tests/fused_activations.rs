@@ -6,9 +6,9 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    ComputePrecision, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Shape,
-    TensorHandle, Transpose, compose_matmul_backward_gelu, compose_matmul_backward_swiglu,
-    compose_matmul_gelu, compose_matmul_swiglu,
+    ComputePrecision, CpuExecutor, CpuTensor, Executor, F64Executor, Glu, HostTensor, MatmulNeeds, Shape,
+    TensorHandle, Transpose, compose_matmul_backward_gelu, compose_matmul_backward_glu,
+    compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 type T = CpuTensor<f64>;
@@ -155,6 +155,14 @@ fn fused_equals_composition<E: Executor>(ex: &E, what: &str) {
             "{what}: matmul_swiglu"
         );
 
+        let (u, s) = ex.matmul_geglu(&a, &b, Some(&bias), t, &gate).unwrap();
+        let (cu, cs) = compose_matmul_glu(ex, &a, &b, Some(&bias), t, &gate, Glu::Gelu).unwrap();
+        assert_eq!(
+            (bits(ex, &u), bits(ex, &s)),
+            (bits(ex, &cu), bits(ex, &cs)),
+            "{what}: matmul_geglu"
+        );
+
         let gr = ex
             .matmul_backward_gelu(&a, &b, &dout, t, MatmulNeeds::ALL, &y2)
             .unwrap();
@@ -185,6 +193,17 @@ fn fused_equals_composition<E: Executor>(ex: &E, what: &str) {
             bits(ex, gr.db.as_ref().unwrap()),
             bits(ex, cr.db.as_ref().unwrap()),
             "{what}: swiglu db"
+        );
+
+        let (_, dg, du) = ex
+            .matmul_backward_geglu(&a, &b, &dout, t, MatmulNeeds::ALL, &y2, &a)
+            .unwrap();
+        let (_, cdg, cdu) =
+            compose_matmul_backward_glu(ex, &a, &b, &dout, t, MatmulNeeds::ALL, &y2, &a, Glu::Gelu).unwrap();
+        assert_eq!(
+            (bits(ex, &dg), bits(ex, &du)),
+            (bits(ex, &cdg), bits(ex, &cdu)),
+            "{what}: geglu"
         );
     }
 }

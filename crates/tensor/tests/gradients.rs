@@ -254,6 +254,16 @@ fn swiglu_backward() {
 }
 
 #[test]
+fn geglu_backward() {
+    let (g, u) = (rand_t(4, &[3, 5]), rand_t(5, &[3, 5]));
+    let cot = rand_t(6, &[3, 5]);
+    let (dg, du) = EX.geglu_backward(&g, &u, &cot).unwrap();
+    grad_check("geglu", &[g, u], &[dg.data(), du.data()], |i| {
+        dot(EX.geglu(&i[0], &i[1]).unwrap().data(), cot.data())
+    });
+}
+
+#[test]
 fn gelu_backward() {
     // Spread inputs over [-4, 4] to cover both tails.
     let x = t(

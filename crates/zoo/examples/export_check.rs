@@ -90,6 +90,7 @@ fn main() -> AnyResult<()> {
         "phi2",
         "cohere2",
         "cohere",
+        "gemma3",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

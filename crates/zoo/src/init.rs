@@ -1,7 +1,8 @@
 //! Seeded random initialisation, one layer at a time.
 //!
 //! Matrices and embeddings are drawn from N(0, 0.02²) (HF's
-//! `initializer_range`), biases are zero and norm gains one. GPT-2 scales its
+//! `initializer_range`), biases are zero and norm gains one (Gemma's
+//! weights zero: its gains are `1 + w`). GPT-2 scales its
 //! residual projections (`attn.c_proj`, `mlp.c_proj`) by 1/sqrt(2·n_layer),
 //! as GPT-2 and nanoGPT do.
 //!
@@ -35,7 +36,7 @@ fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
     if name.ends_with(".bias") {
         Init::Const(0.0)
     } else if !decay {
-        Init::Const(1.0)
+        Init::Const(1.0 - cfg.arch.norm_gain_offset().unwrap_or(0.0) as f32)
     } else if cfg.arch.is_gpt2() && name.ends_with("c_proj.weight") {
         Init::Normal(INIT_STD / (2.0 * cfg.num_layers as f32).sqrt())
     } else {

@@ -20,6 +20,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama-3-70b",
     "llama-3.2-1b",
     "llama-3.1-8b",
+    "gemma-3-1b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -59,6 +60,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         nope_layers: None,
         multipliers: None,
         logit_scale: None,
+        query_pre_attn_scalar: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -104,10 +106,42 @@ fn llama(s: LlamaShape) -> ModelConfig {
         nope_layers: None,
         multipliers: None,
         logit_scale: None,
+        query_pre_attn_scalar: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
     }
+}
+
+/// Gemma 3 1B (`google/gemma-3-1b-pt`'s config.json, the fields its
+/// config class would default written out): read as a checkpoint's would
+/// be, with no file behind it.
+fn gemma3_1b() -> Result<ModelConfig> {
+    let v = serde_json::json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": 262144,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 32768,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "pad_token_id": 0,
+        "tie_word_embeddings": true,
+    });
+    let mut cfg = ModelConfig::from_json(v, synthetic_path("gemma-3-1b"))?;
+    // Written from the fields (like every preset's), not from this literal.
+    cfg.raw = None;
+    Ok(cfg)
 }
 
 /// The nanoGPT shakespeare-char CPU configuration (4 layers, 4 heads, width
@@ -164,6 +198,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
             rope_scaling: llama31_rope(8.0),
             ..l(Llama, 128256, 4096, 14336, 32, 32, 8, 131072, 500000.0, 1e-5)
         },
+        "gemma-3-1b" => gemma3_1b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -199,10 +199,23 @@ impl ModelConfig {
                     t.push(format!("{p}.self_attn.k_norm.weight"), [d], false)?;
                 }
                 let sandwich = self.arch.has_sandwich_norms();
+                // The norms after the attention, before the MLP and after it.
+                let [post_attn, pre_mlp, post_mlp] = match self.arch {
+                    Arch::Gemma3 => [
+                        "post_attention_layernorm",
+                        "pre_feedforward_layernorm",
+                        "post_feedforward_layernorm",
+                    ],
+                    _ => [
+                        "post_self_attn_layernorm",
+                        "post_attention_layernorm",
+                        "post_mlp_layernorm",
+                    ],
+                };
                 if sandwich {
-                    t.push(format!("{p}.post_self_attn_layernorm.weight"), [c], false)?;
+                    t.push(format!("{p}.{post_attn}.weight"), [c], false)?;
                 }
-                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                t.push(format!("{p}.{pre_mlp}.weight"), [c], false)?;
                 for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
                     t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
                     if self.mlp_bias {
@@ -210,7 +223,7 @@ impl ModelConfig {
                     }
                 }
                 if sandwich {
-                    t.push(format!("{p}.post_mlp_layernorm.weight"), [c], false)?;
+                    t.push(format!("{p}.{post_mlp}.weight"), [c], false)?;
                 }
             }
             (LayerKind::Head, Arch::Phi) => {

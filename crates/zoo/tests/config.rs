@@ -726,3 +726,127 @@ fn cohere2_fields() {
     let err = parse(v).unwrap_err();
     assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("use_qk_norm"));
 }
+
+/// Gemma 3 as transformers reads it: head_dim 256, θ 1e6 on the full
+/// blocks and `rope_local_base_freq` (10000) on the sliding ones, five of
+/// six blocks sliding (window 4096), `rope_scaling` on the full blocks
+/// only, scores times `query_pre_attn_scalar`^−½ (256), embeddings times
+/// √hidden, tied, pad token 0 where none is written; its norm names, GeGLU,
+/// gains 1 + w. Softcapped logits and bidirectional attention are refused.
+#[test]
+fn gemma3_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Gemma3ForCausalLM"]);
+    v["model_type"] = json!("gemma3_text");
+    v["num_hidden_layers"] = json!(12);
+    v["vocab_size"] = json!(262144);
+    let o = v.as_object_mut().unwrap();
+    for k in ["rope_theta", "tie_word_embeddings", "max_position_embeddings"] {
+        o.remove(k);
+    }
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (
+            c.head_dim,
+            c.rope_theta,
+            c.max_position_embeddings,
+            c.pad_token_id
+        ),
+        (256, 1e6, 131072, Some(0))
+    );
+    assert!(c.tie_word_embeddings && c.qk_norm && c.arch.has_sandwich_norms());
+    assert_eq!(
+        (c.arch.glu(), c.arch.norm_gain_offset()),
+        (megatrain_tensor::Glu::Gelu, Some(1.0))
+    );
+    assert_eq!(c.rope(0).theta, 10000.0);
+    assert_eq!(c.rope(5).theta, 1e6);
+    assert_eq!(
+        (c.attn_mask(4), c.attn_mask(5), c.attn_mask(11)),
+        (AttnMask::sliding(4096), AttnMask::CAUSAL, AttnMask::CAUSAL)
+    );
+    // Scores times 256^-1/2 = head_dim's: q is left as it is.
+    assert_eq!(c.q_factor(), None);
+    assert_eq!(c.embedding_factor(), Some(2048f64.sqrt() as f32 as f64));
+    let names: Vec<String> = c_table_names(&c).into_iter().map(|(n, _)| n).collect();
+    for norm in [
+        "input_layernorm",
+        "self_attn.q_norm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ] {
+        assert!(
+            names.contains(&format!("model.layers.0.{norm}.weight")),
+            "{norm}: {names:?}"
+        );
+    }
+
+    // v4's spelling: rope_theta and rope_scaling are the full blocks'.
+    v["rope_theta"] = json!(500000.0);
+    v["rope_local_base_freq"] = json!(20000.0);
+    v["rope_scaling"] = json!({"rope_type": "linear", "factor": 8.0});
+    v["query_pre_attn_scalar"] = json!(168);
+    v["head_dim"] = json!(128);
+    v["pad_token_id"] = Value::Null;
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.rope(5).theta, 500000.0);
+    assert_eq!(c.rope(5).scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((c.rope(0).theta, c.rope(0).scaling), (20000.0, RopeScaling::None));
+    assert!((c.q_factor().unwrap() - (128.0f64 / 168.0).sqrt()).abs() < 1e-15);
+    assert_eq!(c.pad_token_id, None);
+    // v5's: one rope_parameters per block kind.
+    let o = v.as_object_mut().unwrap();
+    for k in ["rope_theta", "rope_local_base_freq", "rope_scaling"] {
+        o.remove(k);
+    }
+    v["rope_parameters"] = json!({
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
+    });
+    let v5 = parse(v.clone()).unwrap();
+    assert_eq!((v5.rope(5), v5.rope(0)), (c.rope(5), c.rope(0)));
+
+    for (field, value) in [
+        ("final_logit_softcapping", json!(30.0)),
+        ("use_bidirectional_attention", json!(true)),
+        ("hidden_activation", json!("gelu")),
+    ] {
+        let mut bad = v.clone();
+        bad[field] = value;
+        let err = parse(bad).unwrap_err();
+        assert!(
+            matches!(err, ZooError::Unsupported { .. })
+                && err.to_string().contains(field.split('_').next().unwrap()),
+            "{field}: {err}"
+        );
+    }
+    v["query_pre_attn_scalar"] = json!(0);
+    assert!(
+        parse(v)
+            .unwrap_err()
+            .to_string()
+            .contains("query_pre_attn_scalar")
+    );
+}
+
+/// Where a config omits `pad_token_id`, its class's default id is the
+/// embedding row transformers freezes; an explicit null freezes none.
+#[test]
+fn absent_pad_token_ids_take_the_class_default() {
+    for (arch, id) in [
+        ("Olmo2ForCausalLM", Some(1)),
+        ("CohereForCausalLM", Some(0)),
+        ("Phi3ForCausalLM", Some(32000)),
+        ("LlamaForCausalLM", None),
+        // Past this vocabulary of 32000: nothing to freeze.
+        ("SmolLM3ForCausalLM", None),
+    ] {
+        let mut v = llama_v4();
+        v["architectures"] = json!([arch]);
+        v["vocab_size"] = json!(32064);
+        assert_eq!(parse(v.clone()).unwrap().pad_token_id, id, "{arch}");
+        v["pad_token_id"] = Value::Null;
+        assert_eq!(parse(v).unwrap().pad_token_id, None, "{arch}");
+    }
+}

@@ -151,7 +151,10 @@ fn the_window_cases_depend_on_their_window() {
     fn unscaled_logits(c: &mut ModelConfig) -> bool {
         c.logit_scale.take().is_some()
     }
-    let cases: [(&str, Drop); 17] = [
+    fn head_dim_scores(c: &mut ModelConfig) -> bool {
+        c.query_pre_attn_scalar.take().is_some()
+    }
+    let cases: [(&str, Drop); 20] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -169,6 +172,9 @@ fn the_window_cases_depend_on_their_window() {
         ("cohere2", rope_everywhere),
         ("cohere2", unscaled_logits),
         ("cohere", unscaled_logits),
+        ("gemma3", window),
+        ("gemma3", sliding_rope),
+        ("gemma3", head_dim_scores),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

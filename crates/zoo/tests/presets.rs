@@ -16,6 +16,7 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("llama-3-70b", 70_553_706_496),
         ("llama-3.2-1b", 1_235_814_400),
         ("llama-3.1-8b", 8_030_261_248),
+        ("gemma-3-1b", 999_885_952),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");

@@ -34,8 +34,9 @@ pub fn peer_spec(spec: &Spec, model: &ModelConfig, mode: &str) -> anyhow::Result
                 && !model.o_bias
                 && !model.mlp_bias
                 && !model.arch.has_post_norms()
+                && !model.arch.has_sandwich_norms()
                 && !model.arch.has_layernorm(),
-            "the peer has no {:?} variant (q/k norms, o/mlp biases, OLMo's or StarCoder2's norms)",
+            "the peer has no {:?} variant (q/k norms, o/mlp biases, OLMo's, GLM-4-0414's or StarCoder2's norms)",
             model.arch
         );
         "llama"

@@ -7,16 +7,18 @@
 use megatrain_tensor::{AttentionGrads, AttentionOut, AttnMask, ComputePrecision, Error, Result};
 
 use super::{GpuExecutor, Op, View, f, need_f32, u};
-use crate::kernels::{Kernel, attn_head_dim};
+use crate::kernels::{ATTN_MAX_HEAD_DIM, AttnHeadDim, Kernel};
 use crate::tensor::GpuTensor;
 
-/// Largest head dimension the kernels hold in registers (attention.wgsl DM).
-const MAX_HEAD_DIM: usize = 128;
-/// Rows per workgroup (attention.wgsl RB).
+/// Largest head dimension of the f32 kernels (attention.wgsl's DM of the
+/// wide variant); the lanes and tensor-core families take fewer.
+const MAX_HEAD_DIM: usize = ATTN_MAX_HEAD_DIM;
+/// Rows per workgroup (attention.wgsl and attention_lanes.wgsl RB).
 const RB: usize = 64;
-/// Key and query tile heights (attention.wgsl KB, QB).
-const KB: usize = 16;
-const QB: usize = 8;
+/// Rows per tile of the lanes kernels (attention_lanes.wgsl KB); the
+/// one-row kernels' tiles are their variant's ([`AttnHeadDim::kb`],
+/// [`AttnHeadDim::qb`]).
+const LANES_KB: usize = 16;
 
 /// Consecutive ranges of `0..t`, each a multiple of `unit` long, such that
 /// a thread looping `per_item` iterations per item stays within `budget`.
@@ -45,10 +47,12 @@ pub enum F16Attention {
     Auto,
     /// The f32 SIMT kernels on the rounded operands (any adapter).
     Simt,
-    /// The tensor-core family (the adapter must have cooperative matrices).
+    /// The tensor-core family (the adapter must have cooperative matrices;
+    /// a head dimension it has no kernels for is refused).
     Coop,
     /// The tensor-core family with the cooperative-matrix operations
-    /// emulated in plain WGSL (any adapter, slowly; for tests).
+    /// emulated in plain WGSL (any adapter, slowly; for tests; refused at
+    /// a head dimension the family has no kernels for).
     CoopEmulated,
 }
 
@@ -89,7 +93,10 @@ impl GpuExecutor {
         if qd[3] > MAX_HEAD_DIM {
             return Err(Error::invalid(
                 op,
-                format!("head dim {} exceeds the kernel's {MAX_HEAD_DIM}", qd[3]),
+                format!(
+                    "head dim {} exceeds the attention kernels' largest, {MAX_HEAD_DIM}",
+                    qd[3]
+                ),
             ));
         }
         Ok(Dims {
@@ -112,7 +119,7 @@ impl GpuExecutor {
     ) -> Result<AttentionOut<GpuTensor>> {
         let d = Self::attn_dims("attention", [q, k, v], mask)?;
         if self.precision == ComputePrecision::F16 {
-            let coop = self.coop_attention_kernel(d.d);
+            let coop = self.coop_attention_kernel("attention", d.d)?;
             let xs = [q, k, v];
             let copy = coop.is_none() || self.copy_attention_operands;
             let (r, maxima) = self.round_operands("attention", &xs, &[copy; 3])?;
@@ -179,7 +186,7 @@ impl GpuExecutor {
                 let kernel = match lanes {
                     true => Kernel::AttnFwdLanes { d: u(d.d) },
                     false => Kernel::AttnFwd {
-                        d: attn_head_dim(d.d),
+                        d: AttnHeadDim::of(d.d),
                     },
                 };
                 op.dispatch(kernel, &params, &[qv, kv, vv, ov, lv, sv, mv], grid);
@@ -216,7 +223,7 @@ impl GpuExecutor {
         }
         if self.precision == ComputePrecision::F16 {
             // dO is read unstaged too (delta = rowsum(dO∘O)): always copied.
-            let coop = self.coop_attention_kernel(d.d);
+            let coop = self.coop_attention_kernel(name, d.d)?;
             let xs = [q, k, v, dout];
             let copy = coop.is_none() || self.copy_attention_operands;
             let (r, maxima) = self.round_operands(name, &xs, &[copy, copy, copy, true])?;
@@ -241,15 +248,15 @@ impl GpuExecutor {
         let lanes = self.lanes(d);
         let keys = self.key_ranges(d, lanes);
         let group = d.hq / d.hkv;
+        let hd = AttnHeadDim::of(d.d);
         let queries = match lanes {
             // Per query of every head of the group, one loop iteration and
             // a share of the tile's loads.
-            true => ranges(d.t, KB, 2 * group, 2 * d.d, self.loop_budget),
+            true => ranges(d.t, LANES_KB, 2 * group, 2 * d.d, self.loop_budget),
             // Per query of every head of the group, two D-loops and two more.
-            false => ranges(d.t, QB, group * (4 * d.d + 4), 6 * d.d, self.loop_budget),
+            false => ranges(d.t, hd.qb(), group * (4 * d.d + 4), 6 * d.d, self.loop_budget),
         };
         let rows = d.t.div_ceil(RB);
-        let hd = attn_head_dim(d.d);
         let (dq_kernel, dkv_kernel) = match lanes {
             true => (
                 Kernel::AttnDqLanes { d: u(d.d) },
@@ -304,9 +311,17 @@ impl GpuExecutor {
     fn key_ranges(&self, d: &Dims, lanes: bool) -> Vec<(usize, usize)> {
         match lanes {
             // Per key one loop iteration and a share of the tile's loads.
-            true => ranges(d.t, KB, 2, 2 * d.d, self.loop_budget),
-            // Per key two D-loops and the tile-load share.
-            false => ranges(d.t, KB, 2 * d.d + 4, 4 * d.d, self.loop_budget),
+            true => ranges(d.t, LANES_KB, 2, 2 * d.d, self.loop_budget),
+            // Per key two D-loops, the key loop's and the tile loop's
+            // iterations, and the tile-load share (D / RB a key: 4 at
+            // D = 256, taken as at least 2).
+            false => ranges(
+                d.t,
+                AttnHeadDim::of(d.d).kb(),
+                2 * d.d + 2 + d.d.div_ceil(RB).max(2),
+                4 * d.d,
+                self.loop_budget,
+            ),
         }
     }
 

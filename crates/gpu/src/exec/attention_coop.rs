@@ -21,17 +21,31 @@ impl GpuExecutor {
     /// The attention family in use for head dimension `d` under F16:
     /// `Some(emulated)` for the tensor-core kernels, `None` for SIMT. `Auto`
     /// takes the tensor cores only where they matched the SIMT kernels on
-    /// this device (`attention_check.rs`).
-    pub(crate) fn coop_attention_kernel(&self, d: usize) -> Option<bool> {
+    /// this device (`attention_check.rs`), and the SIMT kernels at a head
+    /// dimension the family has no kernels for; the family asked for by
+    /// name is refused there.
+    pub(crate) fn coop_attention_kernel(&self, op: &'static str, d: usize) -> Result<Option<bool>> {
         let family = CoopAttention::HEAD_DIMS.contains(&(d as u32));
+        let named = |emulated: bool| match family {
+            true => Ok(Some(emulated)),
+            false => Err(Error::invalid(
+                op,
+                format!(
+                    "F16Attention::{:?} was asked for, but the tensor-core attention has no kernels \
+                     for head dim {d} (only {:?}; F16Attention::Auto or Simt runs the SIMT kernels there)",
+                    self.f16_attention,
+                    CoopAttention::HEAD_DIMS
+                ),
+            )),
+        };
         match self.f16_attention {
-            F16Attention::Auto => {
-                (family && self.ctx.has_cooperative_matrix() && self.coop_attention_checked(d))
-                    .then_some(false)
-            }
-            F16Attention::Simt => None,
-            F16Attention::Coop => family.then_some(false),
-            F16Attention::CoopEmulated => family.then_some(true),
+            F16Attention::Auto => Ok((family
+                && self.ctx.has_cooperative_matrix()
+                && self.coop_attention_checked(d))
+            .then_some(false)),
+            F16Attention::Simt => Ok(None),
+            F16Attention::Coop => named(false),
+            F16Attention::CoopEmulated => named(true),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Elementwise ops, activations and layout copies.
 
-use megatrain_tensor::{DType, Error, Result, Shape};
+use megatrain_tensor::{DType, Error, Glu, Result, Shape};
 
 use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
@@ -66,6 +66,15 @@ impl GpuExecutor {
         let y = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise("scale", Kernel::Scale, &[x, &y], x.numel(), |n, o| {
             vec![u(n), o[0], 0, o[1], f(s), 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    pub(crate) fn add_scalar_impl(&self, x: &GpuTensor, c: f32) -> Result<GpuTensor> {
+        need_f32("add_scalar", x)?;
+        let y = self.alloc_f32(x.shape.clone())?;
+        self.run_elementwise("add_scalar", Kernel::AddScalar, &[x, &y], x.numel(), |n, o| {
+            vec![u(n), o[0], 0, o[1], f(c), 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
     }
@@ -155,37 +164,44 @@ impl GpuExecutor {
         Ok(out)
     }
 
-    pub(crate) fn swiglu_impl(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
-        need_f32("swiglu", gate)?;
-        need_f32("swiglu", up)?;
-        same_shape("swiglu", gate, up)?;
+    /// `act(gate) · up`, the activation as `glu` says.
+    pub(crate) fn glu_impl(&self, glu: Glu, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
+        let (name, kernel) = match glu {
+            Glu::Silu => ("swiglu", Kernel::Swiglu),
+            Glu::Gelu => ("geglu", Kernel::Geglu),
+        };
+        need_f32(name, gate)?;
+        need_f32(name, up)?;
+        same_shape(name, gate, up)?;
         let y = self.alloc_f32(gate.shape.clone())?;
-        self.run_elementwise("swiglu", Kernel::Swiglu, &[gate, up, &y], y.numel(), |n, o| {
+        self.run_elementwise(name, kernel, &[gate, up, &y], y.numel(), |n, o| {
             vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
         })?;
         Ok(y)
     }
 
-    pub(crate) fn swiglu_backward_impl(
+    /// (dgate, dup) of [`glu_impl`](Self::glu_impl).
+    pub(crate) fn glu_backward_impl(
         &self,
+        glu: Glu,
         gate: &GpuTensor,
         up: &GpuTensor,
         dy: &GpuTensor,
     ) -> Result<(GpuTensor, GpuTensor)> {
+        let (name, kernel) = match glu {
+            Glu::Silu => ("swiglu_backward", Kernel::SwigluBwd),
+            Glu::Gelu => ("geglu_backward", Kernel::GegluBwd),
+        };
         for t in [gate, up, dy] {
-            need_f32("swiglu_backward", t)?;
+            need_f32(name, t)?;
         }
-        same_shape("swiglu_backward", gate, up)?;
-        same_shape("swiglu_backward", gate, dy)?;
+        same_shape(name, gate, up)?;
+        same_shape(name, gate, dy)?;
         let dg = self.alloc_f32(gate.shape.clone())?;
         let du = self.alloc_f32(gate.shape.clone())?;
-        self.run_elementwise(
-            "swiglu_backward",
-            Kernel::SwigluBwd,
-            &[gate, up, dy, &dg, &du],
-            dg.numel(),
-            |n, o| vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0],
-        )?;
+        self.run_elementwise(name, kernel, &[gate, up, dy, &dg, &du], dg.numel(), |n, o| {
+            vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0]
+        })?;
         Ok((dg, du))
     }
 

@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
-    Executor, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats,
+    Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats,
     NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
@@ -207,8 +207,12 @@ impl Executor for GpuExecutor {
         self.add_assign_impl(acc, x)
     }
 
-    fn scale(&self, x: &GpuTensor, s: f32) -> Result<GpuTensor> {
-        self.scale_impl(x, s)
+    fn scale(&self, x: &GpuTensor, s: f64) -> Result<GpuTensor> {
+        self.scale_impl(x, s as f32)
+    }
+
+    fn add_scalar(&self, x: &GpuTensor, c: f64) -> Result<GpuTensor> {
+        self.add_scalar_impl(x, c as f32)
     }
 
     fn matmul(
@@ -262,7 +266,7 @@ impl Executor for GpuExecutor {
         t: Transpose,
         gate: &GpuTensor,
     ) -> Result<(GpuTensor, GpuTensor)> {
-        self.matmul_act_impl("matmul_swiglu", a, b, bias, t, Some(gate))
+        self.matmul_act_impl("matmul_swiglu", a, b, bias, t, Some((Glu::Silu, gate)))
     }
 
     fn matmul_backward_gelu(
@@ -287,7 +291,31 @@ impl Executor for GpuExecutor {
         gate: &GpuTensor,
         up: &GpuTensor,
     ) -> Result<(MatmulGrads<GpuTensor>, GpuTensor, GpuTensor)> {
-        self.matmul_backward_swiglu_impl(a, b, dout, t, needs, gate, up)
+        self.matmul_backward_glu_impl(Glu::Silu, a, b, dout, t, needs, gate, up)
+    }
+
+    fn matmul_geglu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        t: Transpose,
+        gate: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.matmul_act_impl("matmul_geglu", a, b, bias, t, Some((Glu::Gelu, gate)))
+    }
+
+    fn matmul_backward_geglu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        dout: &GpuTensor,
+        t: Transpose,
+        needs: MatmulNeeds,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+    ) -> Result<(MatmulGrads<GpuTensor>, GpuTensor, GpuTensor)> {
+        self.matmul_backward_glu_impl(Glu::Gelu, a, b, dout, t, needs, gate, up)
     }
 
     fn matmul_backward_da_into(
@@ -413,7 +441,7 @@ impl Executor for GpuExecutor {
     }
 
     fn swiglu(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
-        self.swiglu_impl(gate, up)
+        self.glu_impl(Glu::Silu, gate, up)
     }
 
     fn swiglu_backward(
@@ -422,7 +450,20 @@ impl Executor for GpuExecutor {
         up: &GpuTensor,
         dy: &GpuTensor,
     ) -> Result<(GpuTensor, GpuTensor)> {
-        self.swiglu_backward_impl(gate, up, dy)
+        self.glu_backward_impl(Glu::Silu, gate, up, dy)
+    }
+
+    fn geglu(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {
+        self.glu_impl(Glu::Gelu, gate, up)
+    }
+
+    fn geglu_backward(
+        &self,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.glu_backward_impl(Glu::Gelu, gate, up, dy)
     }
 
     fn gelu(&self, x: &GpuTensor) -> Result<GpuTensor> {

@@ -1,12 +1,12 @@
 //! Matmuls whose store applies the activation beside them
-//! (`shaders/matmul_epilogue.wgsl`): GELU and SwiGLU where their input is
+//! (`shaders/matmul_epilogue.wgsl`): GELU, SwiGLU and GeGLU where their input is
 //! produced (forward), and their backward where their output's gradient
 //! is produced, so that the activation costs no pass of its own over the
 //! MLP's intermediates. Where the epilogue cannot see whole sums
 //! (`matmul_epi` says so: K split over dispatches) the product and the
 //! standalone activation kernel run one after the other.
 
-use megatrain_tensor::{Error, MatmulGrads, MatmulNeeds, Result, Transpose, check_act_operand};
+use megatrain_tensor::{Error, Glu, MatmulGrads, MatmulNeeds, Result, Transpose, check_act_operand};
 
 use super::matmul::{DaOut, Scales};
 use super::{GpuExecutor, View, need_f32};
@@ -22,16 +22,21 @@ pub(super) const EPI_SHIFT: u32 = 5;
 pub(crate) enum Epilogue<'a> {
     /// The product is the activation's output gradient: C = gelu'(pre) ⊙ it.
     GeluBwd { pre: &'a GpuTensor },
-    /// The product is ds: C = dgate, `dup` = dup.
-    SwigluBwd {
+    /// The product is ds of `act(gate) · up`: C = dgate, `dup` = dup.
+    GluBwd {
+        glu: Glu,
         gate: &'a GpuTensor,
         up: &'a GpuTensor,
         dup: &'a GpuTensor,
     },
     /// C = the product f, `g` = gelu(f).
     GeluFwd { g: &'a GpuTensor },
-    /// C = the product up, `s` = silu(gate) · up.
-    SwigluFwd { gate: &'a GpuTensor, s: &'a GpuTensor },
+    /// C = the product up, `s` = act(gate) · up.
+    GluFwd {
+        glu: Glu,
+        gate: &'a GpuTensor,
+        s: &'a GpuTensor,
+    },
 }
 
 impl<'a> Epilogue<'a> {
@@ -39,9 +44,11 @@ impl<'a> Epilogue<'a> {
     pub(super) fn kind(&self) -> u32 {
         match self {
             Epilogue::GeluBwd { .. } => 1,
-            Epilogue::SwigluBwd { .. } => 2,
+            Epilogue::GluBwd { glu: Glu::Silu, .. } => 2,
             Epilogue::GeluFwd { .. } => 3,
-            Epilogue::SwigluFwd { .. } => 4,
+            Epilogue::GluFwd { glu: Glu::Silu, .. } => 4,
+            Epilogue::GluBwd { glu: Glu::Gelu, .. } => 5,
+            Epilogue::GluFwd { glu: Glu::Gelu, .. } => 6,
         }
     }
 
@@ -49,9 +56,9 @@ impl<'a> Epilogue<'a> {
     pub(super) fn operands(&self) -> [Option<&'a GpuTensor>; 3] {
         match *self {
             Epilogue::GeluBwd { pre } => [Some(pre), None, None],
-            Epilogue::SwigluBwd { gate, up, dup } => [Some(gate), Some(up), Some(dup)],
+            Epilogue::GluBwd { gate, up, dup, .. } => [Some(gate), Some(up), Some(dup)],
             Epilogue::GeluFwd { g } => [None, None, Some(g)],
-            Epilogue::SwigluFwd { gate, s } => [Some(gate), None, Some(s)],
+            Epilogue::GluFwd { gate, s, .. } => [Some(gate), None, Some(s)],
         }
     }
 }
@@ -86,7 +93,7 @@ impl GpuExecutor {
     }
 
     /// `op(a) @ op(b) + bias` into a fresh C and the activation of it:
-    /// GELU, or SwiGLU with `gate`. Returns (C, activation).
+    /// GELU, or a GLU (SwiGLU, GeGLU) with `gate`. Returns (C, activation).
     pub(crate) fn matmul_act_impl(
         &self,
         name: &'static str,
@@ -94,7 +101,7 @@ impl GpuExecutor {
         b: &GpuTensor,
         bias: Option<&GpuTensor>,
         t: Transpose,
-        gate: Option<&GpuTensor>,
+        gate: Option<(Glu, &GpuTensor)>,
     ) -> Result<(GpuTensor, GpuTensor)> {
         let g = self.geometry(name, a, b, t)?;
         if let Some(bias) = bias {
@@ -106,12 +113,12 @@ impl GpuExecutor {
         let mut out_dims = g.batch_dims.clone();
         out_dims.extend([g.m, g.n]);
         let c = self.alloc_f32(out_dims)?;
-        if let Some(gate) = gate {
+        if let Some((_, gate)) = gate {
             check_act_operand(name, "gate", gate, &c.shape, "the product's shape")?;
         }
         let y = self.alloc_f32(c.shape.clone())?;
         let epi = match gate {
-            Some(gate) => Epilogue::SwigluFwd { gate, s: &y },
+            Some((glu, gate)) => Epilogue::GluFwd { glu, gate, s: &y },
             None => Epilogue::GeluFwd { g: &y },
         };
         let mut op = self.op(name);
@@ -130,7 +137,7 @@ impl GpuExecutor {
         self.matmul_raw(&mut op, a, b, bias, &c, d, scales)?;
         op.finish()?;
         let y = match gate {
-            Some(gate) => self.swiglu_impl(gate, &c)?,
+            Some((glu, gate)) => self.glu_impl(glu, gate, &c)?,
             None => self.gelu_impl(&c)?,
         };
         Ok((c, y))
@@ -162,12 +169,13 @@ impl GpuExecutor {
         Ok(g)
     }
 
-    /// SwiGLU's backward fused into `matmul_backward`'s `da` product:
-    /// returns the other gradients, dgate and dup. One op with the
-    /// weight's and bias's gradients.
+    /// A GLU's (SwiGLU's, GeGLU's) backward fused into `matmul_backward`'s
+    /// `da` product: returns the other gradients, dgate and dup. One op
+    /// with the weight's and bias's gradients.
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    pub(crate) fn matmul_backward_swiglu_impl(
+    pub(crate) fn matmul_backward_glu_impl(
         &self,
+        glu: Glu,
         a: &GpuTensor,
         b: &GpuTensor,
         dout: &GpuTensor,
@@ -176,18 +184,26 @@ impl GpuExecutor {
         gate: &GpuTensor,
         up: &GpuTensor,
     ) -> Result<(MatmulGrads<GpuTensor>, GpuTensor, GpuTensor)> {
-        const OP: &str = "matmul_backward_swiglu";
-        check_act_operand(OP, "gate", gate, &a.shape, "a's shape")?;
-        check_act_operand(OP, "up", up, &a.shape, "a's shape")?;
+        let op = glu.matmul_backward_op();
+        check_act_operand(op, "gate", gate, &a.shape, "a's shape")?;
+        check_act_operand(op, "up", up, &a.shape, "a's shape")?;
         let dgate = self.alloc_f32(a.shape.clone())?;
         let dup = self.alloc_f32(a.shape.clone())?;
-        let epi = DaOut::Epi(&dgate, Epilogue::SwigluBwd { gate, up, dup: &dup });
-        let (g, fused) = self.backward(OP, a, b, dout, t, MatmulNeeds { da: false, ..needs }, epi, None)?;
+        let epi = DaOut::Epi(
+            &dgate,
+            Epilogue::GluBwd {
+                glu,
+                gate,
+                up,
+                dup: &dup,
+            },
+        );
+        let (g, fused) = self.backward(op, a, b, dout, t, MatmulNeeds { da: false, ..needs }, epi, None)?;
         let (dgate, dup) = if fused {
             (dgate, dup)
         } else {
             drop(dup);
-            self.swiglu_backward_impl(gate, up, &dgate)?
+            self.glu_backward_impl(glu, gate, up, &dgate)?
         };
         Ok((g, dgate, dup))
     }

@@ -395,11 +395,19 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok(())
     }
 
-    fn scale(&self, x: &T<F>, s: f32) -> Result<T<F>> {
-        let s = F::from_f32(s);
+    fn scale(&self, x: &T<F>, s: f64) -> Result<T<F>> {
+        let s = F::from_f64(s);
         Ok(out(
             x.shape().clone(),
             f32_data("scale", x)?.par_iter().map(|&v| v * s).collect(),
+        ))
+    }
+
+    fn add_scalar(&self, x: &T<F>, c: f64) -> Result<T<F>> {
+        let c = F::from_f64(c);
+        Ok(out(
+            x.shape().clone(),
+            f32_data("add_scalar", x)?.par_iter().map(|&v| v + c).collect(),
         ))
     }
 
@@ -625,6 +633,22 @@ impl<F: Real> Executor for RefExecutor<F> {
         same_shape(op, "gate vs up", gate, up)?;
         same_shape(op, "gate vs dy", gate, dy)?;
         let (dg, du) = r::swiglu_backward(f32_data(op, gate)?, f32_data(op, up)?, f32_data(op, dy)?);
+        Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
+    }
+
+    fn geglu(&self, gate: &T<F>, up: &T<F>) -> Result<T<F>> {
+        same_shape("geglu", "gate vs up", gate, up)?;
+        Ok(out(
+            gate.shape().clone(),
+            r::geglu(f32_data("geglu", gate)?, f32_data("geglu", up)?),
+        ))
+    }
+
+    fn geglu_backward(&self, gate: &T<F>, up: &T<F>, dy: &T<F>) -> Result<(T<F>, T<F>)> {
+        let op = "geglu_backward";
+        same_shape(op, "gate vs up", gate, up)?;
+        same_shape(op, "gate vs dy", gate, dy)?;
+        let (dg, du) = r::geglu_backward(f32_data(op, gate)?, f32_data(op, up)?, f32_data(op, dy)?);
         Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
     }
 

@@ -11,11 +11,11 @@ mod rope;
 
 use std::path::{Path, PathBuf};
 
-use megatrain_tensor::{AttnMask, Rope, RopeScaling};
+use megatrain_tensor::{AttnMask, Glu, Rope, RopeScaling};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
-use rope::{parse_olmo3_rope, parse_rope, parse_rope_with_theta};
+use rope::{parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
 /// Model families and the HF `architectures` entry each one answers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,13 +64,20 @@ pub enum Arch {
     /// with RoPE (in neighbouring pairs) on three blocks of four, the
     /// fourth attending to all without RoPE; logits times `logit_scale`.
     Cohere2,
+    /// Gemma 3 (`gemma3_text`, the text-only checkpoints): Llama's block
+    /// with norms after the attention and the MLP as well as before, q/k
+    /// norms per head, a GeGLU MLP, RMSNorm gains stored as `1 + weight`'s
+    /// weight, embeddings times √hidden, attention scores times
+    /// `query_pre_attn_scalar`^−½; a sliding window on five blocks of six,
+    /// their RoPE with θ of its own.
+    Gemma3,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
-                         Cohere2ForCausalLM";
+                         Cohere2ForCausalLM, Gemma3ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -85,7 +92,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 17] = [
+    pub const ALL: [Arch; 18] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -103,6 +110,7 @@ impl Arch {
         Arch::Phi,
         Arch::Cohere,
         Arch::Cohere2,
+        Arch::Gemma3,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -124,6 +132,7 @@ impl Arch {
             Arch::Phi => "PhiForCausalLM",
             Arch::Cohere => "CohereForCausalLM",
             Arch::Cohere2 => "Cohere2ForCausalLM",
+            Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -146,6 +155,7 @@ impl Arch {
             Arch::Phi => "phi",
             Arch::Cohere => "cohere",
             Arch::Cohere2 => "cohere2",
+            Arch::Gemma3 => "gemma3_text",
         }
     }
 
@@ -194,10 +204,26 @@ impl Arch {
         matches!(self, Arch::Glm | Arch::Glm4)
     }
 
-    /// GLM-4-0414's Llama block with norms after the attention and the MLP
-    /// (on their outputs, before the residual adds) as well as before.
+    /// GLM-4-0414's and Gemma 3's Llama block with norms after the
+    /// attention and the MLP (on their outputs, before the residual adds)
+    /// as well as before.
     pub fn has_sandwich_norms(self) -> bool {
-        self == Arch::Glm4
+        matches!(self, Arch::Glm4 | Arch::Gemma3)
+    }
+
+    /// What its RMSNorms add to their stored weights to get their gains:
+    /// Gemma's store `gain − 1` (`x̂ · (1 + w)`).
+    pub fn norm_gain_offset(self) -> Option<f64> {
+        (self == Arch::Gemma3).then_some(1.0)
+    }
+
+    /// The activation gating its GLU MLP's up projection (GeGLU for Gemma,
+    /// SwiGLU for the rest of the Llama family).
+    pub fn glu(self) -> Glu {
+        match self {
+            Arch::Gemma3 => Glu::Gelu,
+            _ => Glu::Silu,
+        }
     }
 
     /// OLMo's block: norms after the sublayers, q/k norms over the whole
@@ -262,6 +288,9 @@ pub struct ModelConfig {
     pub multipliers: Option<Multipliers>,
     /// Cohere's factor on the logits.
     pub logit_scale: Option<f64>,
+    /// Gemma's: attention scores are scaled by its −½ power instead of
+    /// head_dim's.
+    pub query_pre_attn_scalar: Option<f64>,
     /// The token whose embedding row the lookup gives no gradient:
     /// transformers builds every family's but GPT-2's embedding as
     /// `nn.Embedding(padding_idx = pad_token_id)`.
@@ -551,6 +580,29 @@ impl ModelConfig {
         }
     }
 
+    /// What the embeddings' output is multiplied by: Granite's
+    /// `embedding_multiplier`; Gemma's √hidden, rounded to f32 as
+    /// transformers' buffer holds it.
+    pub fn embedding_factor(&self) -> Option<f64> {
+        match (self.multipliers, self.arch) {
+            (Some(m), _) => Some(m.embedding),
+            (None, Arch::Gemma3) => Some((self.hidden_size as f64).sqrt() as f32 as f64),
+            _ => None,
+        }
+    }
+
+    /// What q is multiplied by so that the attention op's 1/√head_dim
+    /// scales the scores as the family does: Granite's
+    /// `attention_multiplier`, Gemma's `query_pre_attn_scalar`^−½.
+    pub fn q_factor(&self) -> Option<f64> {
+        let d = self.head_dim as f64;
+        match (self.multipliers, self.query_pre_attn_scalar) {
+            (Some(m), _) => Some(m.attention * d.sqrt()),
+            (None, Some(s)) if s != d => Some((d / s).sqrt()),
+            _ => None,
+        }
+    }
+
     /// The attention mask of block `layer`.
     pub fn attn_mask(&self, layer: usize) -> AttnMask {
         AttnMask {
@@ -619,6 +671,10 @@ impl ModelConfig {
         obj.insert("vocab_size".into(), json!(self.vocab_size));
         obj.insert("tie_word_embeddings".into(), json!(self.tie_word_embeddings));
         obj.insert("initializer_range".into(), json!(0.02));
+        if !self.arch.is_gpt2() {
+            // Written, so that no config class's default id applies.
+            obj.insert("pad_token_id".into(), json!(self.pad_token_id));
+        }
         match self.arch {
             Arch::Gpt2 => {
                 // GPT2Config defaults to token 50256, which a char vocabulary lacks.
@@ -663,6 +719,15 @@ impl ModelConfig {
             Arch::Phi => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_new"));
+            }
+            Arch::Gemma3 => {
+                obj.remove("hidden_act");
+                obj.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("sliding_window".into(), json!(self.sliding_window));
+                obj.insert("query_pre_attn_scalar".into(), json!(self.query_pre_attn_scalar));
+                let local = self.sliding_rope.as_ref().map_or(self.rope_theta, |r| r.0);
+                obj.insert("rope_local_base_freq".into(), json!(local));
             }
             Arch::Starcoder2 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
@@ -770,6 +835,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         nope_layers: None,
         multipliers: None,
         logit_scale: None,
+        query_pre_attn_scalar: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -785,8 +851,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         _ if arch == Arch::Cohere2 && hidden % heads == 0 => hidden / heads,
         Some(d) => d,
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
-        // hidden / heads.
+        // hidden / heads; Gemma3TextConfig's 256.
         None if matches!(arch, Arch::Qwen3 | Arch::Glm | Arch::Glm4) => 128,
+        None if arch == Arch::Gemma3 => 256,
         None => {
             if hidden % heads != 0 {
                 return Err(f.bad(
@@ -810,8 +877,16 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             f.opt_str("hidden_act")?.unwrap_or("gelu_new"),
             ["gelu_new", "gelu_pytorch_tanh"].as_slice(),
         ),
+        // Gemma3TextConfig names it hidden_activation.
+        Arch::Gemma3 => (
+            f.opt_str("hidden_activation")?.unwrap_or("gelu_pytorch_tanh"),
+            ["gelu_pytorch_tanh", "gelu_new"].as_slice(),
+        ),
         _ => (f.opt_str("hidden_act")?.unwrap_or("silu"), ["silu"].as_slice()),
     };
+    if arch == Arch::Gemma3 {
+        refuse_gemma3_options(f)?;
+    }
     if !implemented.contains(&act) {
         return Err(f.unsupported(format!(
             "hidden_act '{act}' (implemented for {arch:?}: {})",
@@ -823,14 +898,17 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 => 4096,
         Arch::Cohere | Arch::Cohere2 => 8192,
-        Arch::Glm | Arch::Glm4 => 131072,
+        Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
         _ => 2048,
     };
     let max_positions = f
         .opt_usize("max_position_embeddings")?
         .unwrap_or(default_positions);
     let (rope, sliding_rope) = match arch {
-        Arch::Olmo3 => parse_olmo3_rope(f, max_positions)?,
+        Arch::Olmo3 => parse_kinds_rope(f, max_positions, 500000.0, None)?,
+        // Gemma3TextConfig: θ 1e6 on the full-attention blocks, the sliding
+        // blocks' `rope_local_base_freq` (10000) in a v4 config.
+        Arch::Gemma3 => parse_kinds_rope(f, max_positions, 1e6, Some(("rope_local_base_freq", 10000.0)))?,
         Arch::SmolLM3 => (parse_rope_with_theta(f, max_positions, 2e6)?, None),
         _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
     };
@@ -862,7 +940,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 => (attention_bias, attention_bias, false),
+        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
@@ -916,11 +994,11 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
         tie_word_embeddings: f
             .opt_bool("tie_word_embeddings")?
-            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2) || arch.is_cohere()),
+            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2 | Arch::Gemma3) || arch.is_cohere()),
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: arch == Arch::Qwen3,
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
         sliding_window,
         sliding_layers,
         sliding_rope,
@@ -933,7 +1011,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             },
             false => None,
         },
-        pad_token_id: padding_idx(f)?,
+        query_pre_attn_scalar: match arch {
+            Arch::Gemma3 => match f.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0) {
+                s if s.is_finite() && s > 0.0 => Some(s),
+                s => return Err(f.bad("query_pre_attn_scalar", format!("{s} must be positive"))),
+            },
+            _ => None,
+        },
+        pad_token_id: padding_idx(f, arch)?,
         dtype: None,
         raw: None,
     })
@@ -975,7 +1060,9 @@ fn parse_sliding_window(
         ),
         // Exaone4Config: `sliding_window_pattern` N (default 4) slides all
         // but every N-th block; written as letters ("LLLG"), L slides.
-        Arch::Exaone4 | Arch::Cohere2 => (window(Some(4096))?, exaone4_pattern(f, layers)?),
+        Arch::Exaone4 | Arch::Cohere2 => (window(Some(4096))?, sliding_pattern(f, layers, 4)?),
+        // Gemma3TextConfig: five blocks of six slide.
+        Arch::Gemma3 => (window(Some(4096))?, sliding_pattern(f, layers, 6)?),
         // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
         Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => (
@@ -1022,11 +1109,21 @@ fn parse_sliding_window(
 
 /// The embedding row `nn.Embedding(padding_idx = pad_token_id)` freezes:
 /// a negative id counts from the end, as PyTorch counts it; one past the
-/// vocabulary (which PyTorch would refuse) freezes nothing.
-fn padding_idx(f: &Fields) -> Result<Option<usize>> {
+/// vocabulary (which PyTorch would refuse) freezes nothing. Where the
+/// field is absent (not null), the config class's default.
+fn padding_idx(f: &Fields, arch: Arch) -> Result<Option<usize>> {
     let vocab = f.req_usize("vocab_size")?;
+    let default = match arch {
+        Arch::Cohere | Arch::Cohere2 | Arch::Gemma3 => Some(0),
+        Arch::Olmo2 | Arch::Olmo3 => Some(1),
+        Arch::Phi3 => Some(32000),
+        Arch::SmolLM3 => Some(128004),
+        Arch::Glm | Arch::Glm4 => Some(151329),
+        _ => None,
+    };
     let Some(v) = f.get("pad_token_id") else {
-        return Ok(None);
+        let absent = !f.obj.contains_key("pad_token_id");
+        return Ok(default.filter(|&p| absent && p < vocab));
     };
     let p = v
         .as_i64()
@@ -1057,11 +1154,13 @@ fn parse_multipliers(f: &Fields, arch: Arch) -> Result<Option<Multipliers>> {
     }))
 }
 
-/// EXAONE 4's and Cohere 2's sliding blocks from `sliding_window_pattern`.
-fn exaone4_pattern(f: &Fields, layers: usize) -> Result<Vec<bool>> {
+/// EXAONE 4's, Cohere 2's and Gemma 3's sliding blocks from
+/// `sliding_window_pattern` (every `default`-th block attends to all
+/// unless written).
+fn sliding_pattern(f: &Fields, layers: usize, default: usize) -> Result<Vec<bool>> {
     let field = "sliding_window_pattern";
     match f.get(field) {
-        None => Ok((0..layers).map(|i| (i + 1) % 4 != 0).collect()),
+        None => Ok((0..layers).map(|i| (i + 1) % default != 0).collect()),
         Some(Value::String(s)) if !s.is_empty() && s.chars().all(|c| c == 'L' || c == 'G') => {
             let kinds: Vec<bool> = s.chars().map(|c| c == 'L').collect();
             Ok((0..layers).map(|i| kinds[i % kinds.len()]).collect())
@@ -1108,6 +1207,23 @@ fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec
         }
     };
     Ok(Some(nope).filter(|n| n.iter().any(|&x| x)))
+}
+
+/// Gemma 3 options megatrain does not run, refused by name:
+/// `final_logit_softcapping` (Gemma 2's; transformers' Gemma 3 applies it
+/// where written), and bidirectional attention (EmbeddingGemma).
+/// `attn_logit_softcapping` is read by no Gemma 3 attention in
+/// transformers, so it is ignored here too.
+fn refuse_gemma3_options(f: &Fields) -> Result<()> {
+    if let Some(cap) = f.opt_f64("final_logit_softcapping")? {
+        return Err(f.unsupported(format!(
+            "final_logit_softcapping = {cap} (tanh soft-capping of the logits is not implemented)"
+        )));
+    }
+    if f.opt_bool("use_bidirectional_attention")?.unwrap_or(false) {
+        return Err(f.unsupported("use_bidirectional_attention = true (megatrain trains causal models)"));
+    }
+    Ok(())
 }
 
 /// A path for configs that never came from a file.

@@ -81,34 +81,49 @@ pub(super) fn parse_rope_with_theta(f: &Fields, max_positions: usize, theta: f64
     parse_rope_from(f, max_positions, false, theta)
 }
 
-/// OLMo 3's RoPE: its full-attention blocks' and (where they differ) its
-/// sliding blocks'. transformers v5 writes `rope_parameters` per block
-/// kind (`full_attention`, `sliding_attention`); v4 wrote one `rope_theta`
-/// for both and a `rope_scaling` for the full-attention blocks only.
-/// Olmo3Config's θ is 500000 where none is written.
-pub(super) fn parse_olmo3_rope(
+/// RoPE per block kind: the full-attention blocks' and (where they
+/// differ) the sliding blocks'. transformers v5 writes `rope_parameters`
+/// per block kind (`full_attention`, `sliding_attention`); v4 wrote a
+/// `rope_scaling` for the full-attention blocks only, and a `rope_theta`
+/// for both (OLMo 3: `sliding_theta` `None`) or for the full-attention
+/// blocks only, the sliding blocks' θ in a field of its own
+/// (`sliding_theta`: that field and its default; Gemma 3's
+/// `rope_local_base_freq`, 10000). `full_theta`: the config class's θ
+/// where none is written (Olmo3Config's 500000, Gemma3TextConfig's 1e6).
+pub(super) fn parse_kinds_rope(
     f: &Fields,
     max_positions: usize,
+    full_theta: f64,
+    sliding_theta: Option<(&str, f64)>,
 ) -> Result<(RopeFields, Option<(f64, RopeScaling)>)> {
-    const THETA: f64 = 500000.0;
     let per_kind = f
         .get("rope_parameters")
         .and_then(Value::as_object)
         .filter(|m| m.contains_key("full_attention") || m.contains_key("sliding_attention"));
     let Some(kinds) = per_kind else {
-        let full = parse_rope_from(f, max_positions, false, THETA)?;
-        let differs = full.scaling != RopeScaling::None;
-        let sliding = (full.theta, RopeScaling::None);
+        let full = parse_rope_from(f, max_positions, false, full_theta)?;
+        let theta = match sliding_theta {
+            Some((field, default)) => f.opt_f64(field)?.unwrap_or(default),
+            None => full.theta,
+        };
+        let sliding = (theta, RopeScaling::None);
+        let differs = sliding.0 != full.theta || full.scaling != RopeScaling::None;
         return Ok((full, Some(sliding).filter(|_| differs)));
     };
     // Each kind's object read as a config whose rope_parameters it is.
-    let kind = |name: &str| -> Result<RopeFields> {
+    let kind = |name: &str, sliding: bool| -> Result<RopeFields> {
         let mut obj = f.obj.clone();
         obj.remove("rope_scaling");
         match kinds.get(name) {
             Some(v) => obj.insert("rope_parameters".into(), v.clone()),
             None => obj.remove("rope_parameters"),
         };
+        let mut default = full_theta;
+        if let (true, Some((field, d))) = (sliding, sliding_theta) {
+            // The top-level θ is the full-attention blocks'.
+            obj.remove("rope_theta");
+            default = f.opt_f64(field)?.unwrap_or(d);
+        }
         parse_rope_from(
             &Fields {
                 obj: &obj,
@@ -116,7 +131,7 @@ pub(super) fn parse_olmo3_rope(
             },
             max_positions,
             false,
-            THETA,
+            default,
         )
         .map_err(|e| match e {
             crate::ZooError::BadField { path, field, detail } => crate::ZooError::BadField {
@@ -127,7 +142,7 @@ pub(super) fn parse_olmo3_rope(
             e => e,
         })
     };
-    let (full, sliding) = (kind("full_attention")?, kind("sliding_attention")?);
+    let (full, sliding) = (kind("full_attention", false)?, kind("sliding_attention", true)?);
     if sliding.partial.is_some_and(|p| p < 1.0) {
         return Err(f.unsupported("rope_parameters.sliding_attention with a partial rotary factor"));
     }

@@ -1,13 +1,17 @@
 //! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3,
-//! Granite, GLM): pre-RMSNorm attention with RoPE and grouped-query heads,
-//! SwiGLU MLP. Optional q/k/v and o biases, MLP biases, Qwen3's per-head
-//! RMSNorm of q and k before RoPE, and GLM-4-0414's RMSNorms of the
-//! attention's and the MLP's outputs before the residual adds.
+//! Granite, GLM, Gemma 3): pre-RMSNorm attention with RoPE and
+//! grouped-query heads, SwiGLU MLP (Gemma's GeGLU). Optional q/k/v and o
+//! biases, MLP biases, Qwen3's and Gemma's per-head RMSNorm of q and k
+//! before RoPE, and GLM-4-0414's and Gemma's RMSNorms of the attention's
+//! and the MLP's outputs before the residual adds. Gemma's norms' gains
+//! are `1 + w` ([`Gains`]).
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use super::{
+    Gains, Linear, check_weights, lin, matmul_backward_glu, matmul_glu, needs, put, qkv_backward, shape,
+};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -77,6 +81,17 @@ impl Layout {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// The table slots of the block's norms.
+    fn norms(&self) -> Vec<usize> {
+        let qk = self.qk_norm.map(|(q, k)| [q, k]);
+        [self.ln1, self.ln2]
+            .into_iter()
+            .chain(qk.into_iter().flatten())
+            .chain(self.post_attn)
+            .chain(self.post_mlp)
+            .collect()
+    }
 }
 
 #[derive(Debug)]
@@ -117,15 +132,16 @@ pub(super) fn forward<E: Executor>(
     let rope = cfg.rope(layer);
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
+    let g = Gains::new(cfg, ex, w, &l.norms())?;
 
-    let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
+    let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
     let q = ex.reshape(&lin(ex, &n1.y, w, l.q)?, &qs)?;
     let k = ex.reshape(&lin(ex, &n1.y, w, l.k)?, &ks)?;
     let v = ex.reshape(&lin(ex, &n1.y, w, l.v)?, &ks)?;
     let (q_pre, k_pre, qn, kn) = match l.qk_norm {
         Some((qi, ki)) => {
-            let qn = ex.rmsnorm(&q, &w[qi], eps)?;
-            let kn = ex.rmsnorm(&k, &w[ki], eps)?;
+            let qn = ex.rmsnorm(&q, g.get(w, qi), eps)?;
+            let kn = ex.rmsnorm(&k, g.get(w, ki), eps)?;
             let (qy, ky) = (ex.reshape(&qn.y, &qs)?, ex.reshape(&kn.y, &ks)?);
             (Some((q, qn)), Some((k, kn)), qy, ky)
         }
@@ -136,17 +152,17 @@ pub(super) fn forward<E: Executor>(
         true => (ex.rope(&qn, rope.clone())?, ex.rope(&kn, rope)?),
         false => (qn, kn),
     };
-    let q = times(ex, q, q_factor(cfg))?;
+    let q = times(ex, q, cfg.q_factor())?;
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
-    let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| &w[i]), eps)?;
-    let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
+    let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| g.get(w, i)), eps)?;
+    let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, g.get(w, l.ln2), eps)?;
     let gate = lin(ex, &n2.y, w, l.gate)?;
     // The up projection with the activation applied where it is stored.
-    let (up, s) = ex.matmul_swiglu(&n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), Transpose::NT, &gate)?;
+    let (up, s) = matmul_glu(cfg, ex, &n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), &gate)?;
     let d = times(ex, lin(ex, &s, w, l.down)?, residual(cfg))?;
-    let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| &w[i]), eps)?;
+    let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| g.get(w, i)), eps)?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
         x: ex.reshape(x, x.shape())?,
@@ -181,23 +197,17 @@ pub(super) fn backward<E: Executor>(
     check_weights(w, l.len(), "llama block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
     let rope = cfg.rope(layer);
+    let g = Gains::new(cfg, ex, w, &l.norms())?;
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // MLP.
-    // The down projection's input gradient carried on through SwiGLU.
-    let dpost = post_norm_backward(ex, &s.post_mlp, l.post_mlp, w, dy, &mut grads)?;
+    // The down projection's input gradient carried on through the GLU.
+    let dpost = post_norm_backward(ex, &s.post_mlp, l.post_mlp, &g, w, dy, &mut grads)?;
     let dy_mlp = dpost.as_ref().unwrap_or(dy);
     let dd = times_ref(ex, dy_mlp, residual(cfg))?;
-    let (gd, dgate, dup) = ex.matmul_backward_swiglu(
-        &s.s,
-        &w[l.down.0],
-        dd.as_ref().unwrap_or(dy_mlp),
-        Transpose::NT,
-        needs(l.down.1),
-        &s.gate,
-        &s.up,
-    )?;
+    let dd = dd.as_ref().unwrap_or(dy_mlp);
+    let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &s.s, &w[l.down.0], dd, l.down.1, &s.gate, &s.up)?;
     put(&mut grads, l.down, gd);
     let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
     let mut dn2 = take(gg.da.take());
@@ -206,12 +216,12 @@ pub(super) fn backward<E: Executor>(
     put(&mut grads, l.gate, gg);
     put(&mut grads, l.up, gu);
     // x2 flows on past the norm: its gradient is the norm's plus dy.
-    let n2 = ex.add_rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2, dy)?;
+    let n2 = ex.add_rmsnorm_backward(&s.x2, g.get(w, l.ln2), &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
     let dx2 = n2.dx;
 
     // Attention.
-    let dpost = post_norm_backward(ex, &s.post_attn, l.post_attn, w, &dx2, &mut grads)?;
+    let dpost = post_norm_backward(ex, &s.post_attn, l.post_attn, &g, w, &dx2, &mut grads)?;
     let dx2_attn = dpost.as_ref().unwrap_or(&dx2);
     let dout = times_ref(ex, dx2_attn, residual(cfg))?;
     let dout = dout.as_ref().unwrap_or(dx2_attn);
@@ -226,10 +236,10 @@ pub(super) fn backward<E: Executor>(
         ),
         false => (ga.dq, ga.dk),
     };
-    let mut dq = times(ex, dq, q_factor(cfg))?;
+    let mut dq = times(ex, dq, cfg.q_factor())?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
-        let gq = ex.rmsnorm_backward(q_pre, &w[qi], &qn.rstd, &dq)?;
-        let gk = ex.rmsnorm_backward(k_pre, &w[ki], &kn.rstd, &dk)?;
+        let gq = ex.rmsnorm_backward(q_pre, g.get(w, qi), &qn.rstd, &dq)?;
+        let gk = ex.rmsnorm_backward(k_pre, g.get(w, ki), &kn.rstd, &dk)?;
         grads[qi] = Some(gq.dw);
         grads[ki] = Some(gk.dw);
         dq = gq.dx;
@@ -239,7 +249,7 @@ pub(super) fn backward<E: Executor>(
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let dn1 = qkv_backward(ex, &s.n1.y, w, [(&dq, l.q), (&dk, l.k), (&dv, l.v)], &mut grads)?;
-    let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &dn1, &dx2)?;
+    let n1 = ex.add_rmsnorm_backward(&s.x, g.get(w, l.ln1), &s.n1.rstd, &dn1, &dx2)?;
     grads[l.ln1] = Some(n1.dw);
     let dx = n1.dx;
     let grads = grads.into_iter().map(take).collect();
@@ -251,27 +261,21 @@ fn residual(cfg: &ModelConfig) -> Option<f64> {
     cfg.multipliers.map(|m| m.residual)
 }
 
-/// Granite scales attention scores by its `attention` multiplier instead
-/// of 1/√head_dim, which the attention op applies: q carries the ratio.
-fn q_factor(cfg: &ModelConfig) -> Option<f64> {
-    cfg.multipliers
-        .map(|m| m.attention * (cfg.head_dim as f64).sqrt())
-}
-
 /// `x` times `s`, where there is one.
 fn times<E: Executor>(ex: &E, x: E::Tensor, s: Option<f64>) -> Result<E::Tensor> {
     Ok(match s {
-        Some(s) => ex.scale(&x, s as f32)?,
+        Some(s) => ex.scale(&x, s)?,
         None => x,
     })
 }
 
 /// `x` times `s` where there is one (`None`: `x` as it is).
 fn times_ref<E: Executor>(ex: &E, x: &E::Tensor, s: Option<f64>) -> Result<Option<E::Tensor>> {
-    Ok(s.map(|s| ex.scale(x, s as f32)).transpose()?)
+    Ok(s.map(|s| ex.scale(x, s)).transpose()?)
 }
 
-/// GLM-4-0414's norm of a sublayer's output (`w`) before its residual add:
+/// GLM-4-0414's and Gemma's norm of a sublayer's output (gain `w`) before
+/// its residual add:
 /// the normed output and what its backward needs; `x` as it is without one.
 #[allow(clippy::type_complexity)]
 fn post_norm<E: Executor>(
@@ -292,6 +296,7 @@ fn post_norm_backward<E: Executor>(
     ex: &E,
     saved: &Option<(E::Tensor, NormOut<E::Tensor>)>,
     at: Option<usize>,
+    g: &Gains<E::Tensor>,
     w: &[E::Tensor],
     dy: &E::Tensor,
     grads: &mut [Option<E::Tensor>],
@@ -299,7 +304,7 @@ fn post_norm_backward<E: Executor>(
     let (Some((x, n)), Some(i)) = (saved, at) else {
         return Ok(None);
     };
-    let g = ex.rmsnorm_backward(x, &w[i], &n.rstd, dy)?;
-    grads[i] = Some(g.dw);
-    Ok(Some(g.dx))
+    let n = ex.rmsnorm_backward(x, g.get(w, i), &n.rstd, dy)?;
+    grads[i] = Some(n.dw);
+    Ok(Some(n.dx))
 }

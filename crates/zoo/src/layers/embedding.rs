@@ -50,9 +50,9 @@ pub fn embedding_forward<E: Executor>(
         let p = ex.embedding(&positions(batch, seq), &w[1])?;
         ex.add_assign(&mut x, &p)?;
     }
-    // Granite scales what the table gives.
-    if let Some(m) = cfg.multipliers {
-        x = ex.scale(&x, m.embedding as f32)?;
+    // Granite and Gemma scale what the table gives.
+    if let Some(s) = cfg.embedding_factor() {
+        x = ex.scale(&x, s)?;
     }
     Ok(ex.reshape(&x, &shape(&[batch, seq, cfg.hidden_size]))?)
 }
@@ -100,8 +100,8 @@ pub fn embedding_grads<E: Executor>(
         ));
     }
     let mut dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
-    if let Some(m) = cfg.multipliers {
-        dx = ex.scale(&dx, m.embedding as f32)?;
+    if let Some(s) = cfg.embedding_factor() {
+        dx = ex.scale(&dx, s)?;
     }
     let table_shape = &shapes[0];
     let mut dwte = match tied_grad {

@@ -86,21 +86,27 @@ fn head_matrix<'a, E: Executor>(
     Ok((m, bias))
 }
 
-/// The final norm's gain with a factor s on the logits folded in (logits ·
-/// s = W·(x̂ ∘ g) · s = W·(x̂ ∘ g·s): Granite's 1/`logits_scaling`, Cohere's
-/// `logit_scale`; the norm has no bias then); `None` without one. Its
+/// The final norm's gain where it is not its stored weight: Gemma's
+/// `1 + w`, and with a factor s on the logits folded in (logits · s =
+/// W·(x̂ ∘ g) · s = W·(x̂ ∘ g·s): Granite's 1/`logits_scaling`, Cohere's
+/// `logit_scale`; the norm has no bias then); `None` where it is. Its
 /// gradient is then that of g·s, to be multiplied by s ([`unfold_gain`]).
 fn folded_gain<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
+    let offset = match cfg.arch.norm_gain_offset() {
+        Some(c) => Some(ex.add_scalar(&w[0], c)?),
+        None => None,
+    };
+    let g = offset.as_ref().unwrap_or(&w[0]);
     Ok(match cfg.logits_factor() {
-        Some(s) if !cfg.arch.norm_has_bias() => Some(ex.scale(&w[0], s as f32)?),
-        _ => None,
+        Some(s) if !cfg.arch.norm_has_bias() => Some(ex.scale(g, s)?),
+        _ => offset,
     })
 }
 
 /// The gradient of the stored gain from that of the folded one.
 fn unfold_gain<E: Executor>(cfg: &ModelConfig, ex: &E, dg: E::Tensor) -> Result<E::Tensor> {
     Ok(match cfg.logits_factor() {
-        Some(s) if !cfg.arch.norm_has_bias() => ex.scale(&dg, s as f32)?,
+        Some(s) if !cfg.arch.norm_has_bias() => ex.scale(&dg, s)?,
         _ => dg,
     })
 }

@@ -27,7 +27,7 @@ mod block_starcoder2;
 mod embedding;
 mod head;
 
-use megatrain_tensor::{Executor, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose};
+use megatrain_tensor::{Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose};
 
 pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
@@ -220,4 +220,68 @@ fn needs(bias: Option<usize>) -> MatmulNeeds {
         db: true,
         dbias: bias.is_some(),
     }
+}
+
+/// The RMSNorm gains of a block whose family stores them offset (Gemma's
+/// `1 + w`), computed from their weights; read through [`Gains::get`],
+/// which gives the weight itself where there is no offset. The gradient
+/// of a gain is its weight's.
+pub(crate) struct Gains<T>(Vec<Option<T>>);
+
+impl<T> Gains<T> {
+    /// The gains of the norms at table slots `norms`.
+    pub(crate) fn new<E: Executor<Tensor = T>>(
+        cfg: &ModelConfig,
+        ex: &E,
+        w: &[T],
+        norms: &[usize],
+    ) -> Result<Self> {
+        let mut g: Vec<Option<T>> = (0..w.len()).map(|_| None).collect();
+        if let Some(c) = cfg.arch.norm_gain_offset() {
+            for &i in norms {
+                g[i] = Some(ex.add_scalar(&w[i], c)?);
+            }
+        }
+        Ok(Gains(g))
+    }
+
+    pub(crate) fn get<'a>(&'a self, w: &'a [T], i: usize) -> &'a T {
+        self.0[i].as_ref().unwrap_or(&w[i])
+    }
+}
+
+/// `up = a @ upᵀ + bias` and the family's GLU of it with `gate`
+/// ([`Arch::glu`]): `(up, s)`.
+fn matmul_glu<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    a: &E::Tensor,
+    up: &E::Tensor,
+    bias: Option<&E::Tensor>,
+    gate: &E::Tensor,
+) -> Result<(E::Tensor, E::Tensor)> {
+    Ok(match cfg.arch.glu() {
+        Glu::Silu => ex.matmul_swiglu(a, up, bias, Transpose::NT, gate)?,
+        Glu::Gelu => ex.matmul_geglu(a, up, bias, Transpose::NT, gate)?,
+    })
+}
+
+/// The down projection's backward carried on through the family's GLU:
+/// its gradients, dgate and dup.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn matmul_backward_glu<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    s: &E::Tensor,
+    down: &E::Tensor,
+    dout: &E::Tensor,
+    bias: Option<usize>,
+    gate: &E::Tensor,
+    up: &E::Tensor,
+) -> Result<(MatmulGrads<E::Tensor>, E::Tensor, E::Tensor)> {
+    let (t, n) = (Transpose::NT, needs(bias));
+    Ok(match cfg.arch.glu() {
+        Glu::Silu => ex.matmul_backward_swiglu(s, down, dout, t, n, gate, up)?,
+        Glu::Gelu => ex.matmul_backward_geglu(s, down, dout, t, n, gate, up)?,
+    })
 }

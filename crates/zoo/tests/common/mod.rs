@@ -36,6 +36,7 @@ pub const CASES: &[&str] = &[
     "phi2",
     "cohere2",
     "cohere",
+    "gemma3",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

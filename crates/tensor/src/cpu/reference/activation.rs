@@ -1,4 +1,4 @@
-//! SwiGLU and GELU (tanh approximation), elementwise.
+//! SwiGLU, GeGLU and GELU (tanh approximation), elementwise.
 
 use rayon::prelude::*;
 
@@ -70,4 +70,33 @@ pub fn gelu_backward<F: Real>(x: &[F], dy: &[F]) -> Vec<F> {
         let du = c * (F::one() + three * a * x * x);
         dy * (half * (F::one() + th) + half * x * (F::one() - th * th) * du)
     })
+}
+
+/// `gelu(gate) · up` (Gemma's MLP: `gelu_pytorch_tanh`, [`gelu`]'s
+/// approximation).
+pub fn geglu<F: Real>(gate: &[F], up: &[F]) -> Vec<F> {
+    let (c, a) = gelu_consts::<F>();
+    let half = F::from_f64(0.5);
+    map2(gate, up, |g, u| {
+        half * g * (F::one() + (c * (g + a * g * g * g)).tanh()) * u
+    })
+}
+
+/// Returns `(dgate, dup)` of [`geglu`].
+pub fn geglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<F>) {
+    assert_eq!(dy.len(), gate.len(), "geglu_backward: dy length");
+    assert_eq!(up.len(), gate.len(), "geglu_backward: up length");
+    let (c, a) = gelu_consts::<F>();
+    let (half, three) = (F::from_f64(0.5), F::from_f64(3.0));
+    let pairs: Vec<(F, F)> = (gate, up, dy)
+        .into_par_iter()
+        .with_min_len(CHUNK)
+        .map(|(&g, &u, &dy)| {
+            let th = (c * (g + a * g * g * g)).tanh();
+            let du = c * (F::one() + three * a * g * g);
+            let dgelu = half * (F::one() + th) + half * g * (F::one() - th * th) * du;
+            (dy * u * dgelu, dy * half * g * (F::one() + th))
+        })
+        .collect();
+    pairs.into_iter().unzip()
 }

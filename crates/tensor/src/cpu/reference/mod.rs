@@ -14,7 +14,7 @@ mod matmul;
 mod norm;
 mod rope;
 
-pub use activation::{gelu, gelu_backward, swiglu, swiglu_backward};
+pub use activation::{geglu, geglu_backward, gelu, gelu_backward, swiglu, swiglu_backward};
 pub use attention::{AttnDims, attention, attention_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
