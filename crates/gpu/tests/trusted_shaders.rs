@@ -24,10 +24,13 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "Add",
         "AddAssign",
         "Scale",
+        "AddScalar",
         "Gelu",
         "GeluBwd",
         "Swiglu",
         "SwigluBwd",
+        "Geglu",
+        "GegluBwd",
         "AttnRound16",
         "F16Copy",
     ];
