@@ -36,7 +36,7 @@ pub use exec::{
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
 pub use host_import::{UPLOADS_ENV, Uploads};
-pub use kernels::{AttnHeadDim, Kernel};
+pub use kernels::{ATTN_HEAD_DIMS, ATTN_MAX_HEAD_DIM, AttnHeadDim, Kernel};
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
 pub use transport::{
