@@ -718,21 +718,26 @@ mod tests {
         assert!(open.is_err(), "a block without its end is refused");
     }
 
+    /// The workgroup memory of a kernel's source as naga lays it out.
+    fn workgroup_bytes(src: &str) -> u32 {
+        let module = naga::front::wgsl::parse_str(src).expect("the kernel parses");
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).expect("layout");
+        module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size)
+            .sum()
+    }
+
     /// The lanes kernels' workgroup memory as naga lays out the module,
     /// against what `GpuContext::attention_lanes` checks the adapter for.
     #[test]
     fn lanes_attention_workgroup_bytes_are_the_modules() {
         for d in ATTN_LANE_DIMS {
             let src = Kernel::AttnDkvLanes { d }.spec().source;
-            let module = naga::front::wgsl::parse_str(&src).expect("lanes attention parses");
-            let mut layouter = naga::proc::Layouter::default();
-            layouter.update(module.to_ctx()).expect("layout");
-            let bytes: u32 = module
-                .global_variables
-                .iter()
-                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                .map(|(_, g)| layouter[g.ty].size)
-                .sum();
+            let bytes = workgroup_bytes(&src);
             assert_eq!(bytes, attn_lanes_workgroup_bytes(d as usize), "D = {d}");
             assert!(bytes <= 32 << 10, "D = {d}: {bytes} bytes past lavapipe's 32 KiB");
         }
@@ -765,15 +770,7 @@ mod tests {
         for d in [Any, AnyWide].into_iter().chain(ATTN_HEAD_DIMS.map(Fixed)) {
             for k in [Kernel::AttnFwd { d }, Kernel::AttnDq { d }, Kernel::AttnDkv { d }] {
                 let src = k.spec().source;
-                let module = naga::front::wgsl::parse_str(&src).expect("attention parses");
-                let mut layouter = naga::proc::Layouter::default();
-                layouter.update(module.to_ctx()).expect("layout");
-                let bytes: u32 = module
-                    .global_variables
-                    .iter()
-                    .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                    .map(|(_, g)| layouter[g.ty].size)
-                    .sum();
+                let bytes = workgroup_bytes(&src);
                 assert_eq!(bytes, 16 << 10, "{k:?}");
                 let has = |c: &str, v: usize| src.contains(&format!("const {c}: u32 = {v}u;"));
                 assert!(
