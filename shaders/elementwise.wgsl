@@ -52,6 +52,28 @@ fn add_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
+// cap · tanh(x / cap) (cap in p.s), Gemma 2's final logit soft-capping;
+// tanh_safe is activation_fns.wgsl's (put before this file).
+@compute @workgroup_size(256)
+fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Z[p.o2 + i] = p.s * tanh_safe(X[p.o0 + i] / p.s);
+    }
+}
+
+// dx = dy · (1 − (y / cap)²) from the capped y (X) and dy (Y).
+@compute @workgroup_size(256)
+fn softcap_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        let t = X[p.o0 + i] / p.s;
+        Z[p.o2 + i] = Y[p.o1 + i] * (1.0 - t * t);
+    }
+}
+
 // Copies a block of `w` columns of every row: the body of split_last / concat_last.
 @compute @workgroup_size(256)
 fn copy_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -19,10 +19,10 @@ use std::ops::Range;
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
     Error, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads,
-    NormOut, Result, Rope, Shape, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload,
-    compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
-    compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
-    compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
+    NormOut, Result, Rope, Shape, SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot,
+    WeightUpload, compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm,
+    compose_add_rmsnorm_backward, compose_matmul_backward_gelu, compose_matmul_backward_glu,
+    compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -619,6 +619,11 @@ pub trait Executor {
         up: &Self::Tensor,
         dy: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// `cap · tanh(x / cap)` (Gemma 2's final logit soft-capping).
+    fn softcap(&self, x: &Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
+    /// `dx` from the capped `y` and `dy`: `dy · (1 − (y / cap)²)`.
+    fn softcap_backward(&self, y: &Self::Tensor, dy: &Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
 
     /// GELU, tanh approximation (GPT-2's `gelu_new`).
     fn gelu(&self, x: &Self::Tensor) -> Result<Self::Tensor>;

@@ -141,22 +141,81 @@ pub struct NormGrads<T> {
     pub db: Option<T>,
 }
 
-/// Which keys each query row attends to. Every mask is causal; with a
-/// sliding window (Mistral's, Phi-3's) query `i` sees only the `window` keys
+/// Which keys each query row attends to, and how its scores are shaped
+/// before the softmax. Every mask is causal; with a sliding window
+/// (Mistral's, Phi-3's) query `i` sees only the `window` keys
 /// `i + 1 − window ..= i`, as transformers' `sliding_window_overlay` does
-/// (`kv_idx > q_idx − sliding_window`).
+/// (`kv_idx > q_idx − sliding_window`). With a soft cap (Gemma 2's
+/// `attn_logit_softcapping`) each scaled score `s` becomes
+/// `cap · tanh(s / cap)` before the mask and the softmax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub struct AttnMask {
     /// Keys a query sees, itself included; `None`: every key up to it.
     pub window: Option<usize>,
+    /// `None`: the scores as they are.
+    pub softcap: Option<SoftCap>,
+}
+
+/// A soft cap `cap > 0` (finite): `x ↦ cap · tanh(x / cap)`, which bounds
+/// `x` to (−cap, cap) and is the identity near 0. Its derivative,
+/// `1 − tanh²`, is `1 − (y / cap)²` of the capped `y`, so a backward needs
+/// only what the forward stored.
+#[derive(Debug, Clone, Copy)]
+pub struct SoftCap(f32);
+
+impl SoftCap {
+    /// Refuses a cap that is not positive and finite, naming `op`.
+    pub fn new(cap: f32, op: &'static str) -> Result<SoftCap> {
+        if cap.is_finite() && cap > 0.0 {
+            Ok(SoftCap(cap))
+        } else {
+            Err(Error::invalid(
+                op,
+                format!("a soft cap must be positive and finite, not {cap}"),
+            ))
+        }
+    }
+
+    pub fn get(self) -> f32 {
+        self.0
+    }
+}
+
+// By bits, so that the cap can key pipelines and caches (a cap is never NaN).
+impl PartialEq for SoftCap {
+    fn eq(&self, other: &SoftCap) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for SoftCap {}
+
+impl std::hash::Hash for SoftCap {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
 }
 
 impl AttnMask {
     /// Every key up to the query's own.
-    pub const CAUSAL: AttnMask = AttnMask { window: None };
+    pub const CAUSAL: AttnMask = AttnMask {
+        window: None,
+        softcap: None,
+    };
 
     pub fn sliding(window: usize) -> AttnMask {
-        AttnMask { window: Some(window) }
+        AttnMask {
+            window: Some(window),
+            softcap: None,
+        }
+    }
+
+    /// The same mask with its scores soft-capped at `cap`.
+    pub fn with_softcap(self, cap: SoftCap) -> AttnMask {
+        AttnMask {
+            softcap: Some(cap),
+            ..self
+        }
     }
 
     /// A window of 0 keys would leave a row nothing to attend to.

@@ -4,7 +4,7 @@
 
 use megatrain_tensor::testing::{SeededRng, random_tensor};
 use megatrain_tensor::{
-    AttnMask, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Shape,
+    AttnMask, CpuExecutor, CpuTensor, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Shape, SoftCap,
     TensorHandle, Transpose,
 };
 use proptest::prelude::*;
@@ -133,12 +133,16 @@ proptest! {
     #[test]
     fn attention_fwd_bwd(
         b in 1usize..3, t in dim(), hkv in 1usize..4, group in 1usize..4, d in dim(), window in 0usize..6,
-        seed in 0u64..1000,
+        cap in prop::sample::select(vec![0.0f32, 0.2, 1.0, 50.0]), seed in 0u64..1000,
     ) {
         let hq = hkv * group;
         let mask = match window {
             0 => AttnMask::CAUSAL,
             w => AttnMask::sliding(w),
+        };
+        let mask = match cap {
+            0.0 => mask,
+            c => mask.with_softcap(SoftCap::new(c, "test").unwrap()),
         };
         let (q32, q64) = both(seed, &[b, t, hq, d]);
         let (k32, k64) = both(seed + 1, &[b, t, hkv, d]);
@@ -171,6 +175,10 @@ proptest! {
         agree("geglu dup", &b32, &b64)?;
         agree("gelu", &E32.gelu(&g32).unwrap(), &E64.gelu(&g64).unwrap())?;
         agree("gelu dx", &E32.gelu_backward(&g32, &d32).unwrap(), &E64.gelu_backward(&g64, &d64).unwrap())?;
+        let cap = SoftCap::new(0.7, "test").unwrap();
+        let (y32, y64) = (E32.softcap(&g32, cap).unwrap(), E64.softcap(&g64, cap).unwrap());
+        agree("softcap", &y32, &y64)?;
+        agree("softcap dx", &E32.softcap_backward(&y32, &d32, cap).unwrap(), &E64.softcap_backward(&y64, &d64, cap).unwrap())?;
     }
 
     #[test]

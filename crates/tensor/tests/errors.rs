@@ -2,7 +2,8 @@
 
 use megatrain_tensor::testing::random_tensor;
 use megatrain_tensor::{
-    AttnMask, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, Transpose,
+    AttnMask, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, SoftCap,
+    Transpose,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -167,6 +168,24 @@ fn attention_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("attention") && e.contains("window of 0"), "{e}");
+}
+
+#[test]
+fn soft_caps_must_be_positive_and_finite() {
+    for cap in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = SoftCap::new(cap, "config.json attn_logit_softcapping")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("attn_logit_softcapping") && e.contains(&cap.to_string()),
+            "{e}"
+        );
+    }
+    let cap = SoftCap::new(30.0, "test").unwrap();
+    shape_err(
+        EX.softcap_backward(&r(1, &[2, 3]), &r(2, &[3, 2]), cap),
+        "softcap_backward",
+    );
 }
 
 #[test]

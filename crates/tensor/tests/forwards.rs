@@ -2,8 +2,8 @@
 
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{
-    AttnMask, CpuExecutor, CpuTensor, DType, Executor, HostTensor, Rope, RopeScaling, Shape, TensorHandle,
-    Transpose, bf16,
+    AttnMask, CpuExecutor, CpuTensor, DType, Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
+    TensorHandle, Transpose, bf16,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -298,6 +298,45 @@ fn activations_known_values() {
     // GeGLU is gelu(gate) · up.
     let y = EX.geglu(&x, &up(&[3], &[2., 3., -0.5])).unwrap();
     close(y.data(), &[0., 3. * gelu(1.), -0.5 * gelu(-1.)], 1e-6);
+}
+
+#[test]
+fn softcap_known_values() {
+    let cap = SoftCap::new(2.0, "test").unwrap();
+    let x = up(&[4], &[0., 1., -3., 1e4]);
+    let y = EX.softcap(&x, cap).unwrap();
+    close(
+        y.data(),
+        &[0., 2. * 0.5f32.tanh(), 2. * (-1.5f32).tanh(), 2.],
+        1e-6,
+    );
+    // The slope is 1 at 0 and 0 where the cap is reached.
+    let dx = EX.softcap_backward(&y, &up(&[4], &[3.; 4]), cap).unwrap();
+    let t = 0.5f32.tanh();
+    close(
+        dx.data(),
+        &[3., 3. * (1. - t * t), 3. * (1. - 1.5f32.tanh().powi(2)), 0.],
+        1e-5,
+    );
+}
+
+/// Two keys with raw scores 0 and 4 (q·k / √1): capped at 1, the second
+/// scores tanh(4) instead, so the weights are softmax([0, tanh 4]).
+#[test]
+fn soft_capped_attention_weighs_the_capped_scores() {
+    let q = up(&[1, 2, 1, 1], &[1., 4.]);
+    let k = up(&[1, 2, 1, 1], &[0., 1.]);
+    let v = up(&[1, 2, 1, 1], &[10., 20.]);
+    let mask = AttnMask::CAUSAL.with_softcap(SoftCap::new(1.0, "test").unwrap());
+    let o = EX.attention(&q, &k, &v, mask).unwrap();
+    assert_eq!(o.mask, mask);
+    let s = 4.0f32.tanh();
+    let w = s.exp() / (1.0 + s.exp());
+    close(o.out.data(), &[10., 10. * (1. - w) + 20. * w], 1e-5);
+    close(&o.lse.data()[1..], &[(1.0 + s.exp()).ln()], 1e-6);
+    // Uncapped, the second key would take nearly all the weight.
+    let plain = EX.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
+    assert!(plain.out.data()[1] > 19.6);
 }
 
 #[test]

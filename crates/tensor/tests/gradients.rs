@@ -4,7 +4,7 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttnMask, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, TensorHandle,
+    AttnMask, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, SoftCap, TensorHandle,
     Transpose,
 };
 
@@ -241,6 +241,31 @@ fn attention_backward_in_a_sliding_window() {
     attention_check(2, 7, 2, 2, 3, AttnMask::sliding(3), 40);
     attention_check(1, 6, 4, 2, 4, AttnMask::sliding(1), 50);
     attention_check(1, 5, 6, 2, 3, AttnMask::sliding(2), 60);
+}
+
+/// Caps small enough that tanh bends most scores (inputs are in [-1, 1]).
+#[test]
+fn attention_backward_with_soft_capped_scores() {
+    let cap = |c| SoftCap::new(c, "test").unwrap();
+    attention_check(2, 5, 2, 2, 3, AttnMask::CAUSAL.with_softcap(cap(0.3)), 70);
+    attention_check(1, 6, 4, 2, 4, AttnMask::sliding(3).with_softcap(cap(0.5)), 80);
+    attention_check(1, 4, 4, 1, 2, AttnMask::CAUSAL.with_softcap(cap(50.0)), 90);
+}
+
+#[test]
+fn softcap_backward() {
+    // Inputs over [-4, 4] against a cap of 1.5: the flat tails and the middle.
+    let x = t(
+        &[2, 8],
+        &random_f64(7, 16).iter().map(|v| 4.0 * v).collect::<Vec<_>>(),
+    );
+    let cap = SoftCap::new(1.5, "test").unwrap();
+    let cot = rand_t(8, &[2, 8]);
+    let y = EX.softcap(&x, cap).unwrap();
+    let dx = EX.softcap_backward(&y, &cot, cap).unwrap();
+    grad_check("softcap", &[x], &[dx.data()], |i| {
+        dot(EX.softcap(&i[0], cap).unwrap().data(), cot.data())
+    });
 }
 
 #[test]

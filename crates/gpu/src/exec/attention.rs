@@ -71,6 +71,12 @@ pub(crate) struct Dims {
 impl GpuExecutor {
     pub(crate) fn attn_dims(op: &'static str, [q, k, v]: [&GpuTensor; 3], mask: AttnMask) -> Result<Dims> {
         mask.check(op)?;
+        if mask.softcap.is_some() {
+            return Err(Error::invalid(
+                op,
+                "soft-capped scores are not implemented on the GPU yet",
+            ));
+        }
         for x in [q, k, v] {
             need_f32(op, x)?;
         }

@@ -1,6 +1,6 @@
 //! Elementwise ops, activations and layout copies.
 
-use megatrain_tensor::{DType, Error, Glu, Result, Shape};
+use megatrain_tensor::{DType, Error, Glu, Result, Shape, SoftCap};
 
 use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
 use crate::kernels::Kernel;
@@ -77,6 +77,32 @@ impl GpuExecutor {
             vec![u(n), o[0], 0, o[1], f(c), 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
+    }
+
+    pub(crate) fn softcap_impl(&self, x: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+        need_f32("softcap", x)?;
+        let y = self.alloc_f32(x.shape.clone())?;
+        self.run_elementwise("softcap", Kernel::Softcap, &[x, &y], x.numel(), |n, o| {
+            vec![u(n), o[0], 0, o[1], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    pub(crate) fn softcap_backward_impl(
+        &self,
+        y: &GpuTensor,
+        dy: &GpuTensor,
+        cap: SoftCap,
+    ) -> Result<GpuTensor> {
+        const OP: &str = "softcap_backward";
+        need_f32(OP, y)?;
+        need_f32(OP, dy)?;
+        same_shape(OP, y, dy)?;
+        let dx = self.alloc_f32(y.shape.clone())?;
+        self.run_elementwise(OP, Kernel::SoftcapBwd, &[y, dy, &dx], y.numel(), |n, o| {
+            vec![u(n), o[0], o[1], o[2], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(dx)
     }
 
     /// `out` (w wide) = the column sums of the `rows` rows of `x`, in

@@ -3,7 +3,7 @@
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
     Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats,
-    NormGrads, NormOut, Result, Rope, Shape, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -464,6 +464,14 @@ impl Executor for GpuExecutor {
         dy: &GpuTensor,
     ) -> Result<(GpuTensor, GpuTensor)> {
         self.glu_backward_impl(Glu::Gelu, gate, up, dy)
+    }
+
+    fn softcap(&self, x: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+        self.softcap_impl(x, cap)
+    }
+
+    fn softcap_backward(&self, y: &GpuTensor, dy: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+        self.softcap_backward_impl(y, dy, cap)
     }
 
     fn gelu(&self, x: &GpuTensor) -> Result<GpuTensor> {

@@ -14,7 +14,7 @@ use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Error,
     Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape,
-    TensorHandle, Transpose,
+    SoftCap, TensorHandle, Transpose,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -650,6 +650,21 @@ impl<F: Real> Executor for RefExecutor<F> {
         same_shape(op, "gate vs dy", gate, dy)?;
         let (dg, du) = r::geglu_backward(f32_data(op, gate)?, f32_data(op, up)?, f32_data(op, dy)?);
         Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
+    }
+
+    fn softcap(&self, x: &T<F>, cap: SoftCap) -> Result<T<F>> {
+        let cap = F::from_f64(cap.get() as f64);
+        Ok(out(x.shape().clone(), r::softcap(f32_data("softcap", x)?, cap)))
+    }
+
+    fn softcap_backward(&self, y: &T<F>, dy: &T<F>, cap: SoftCap) -> Result<T<F>> {
+        let op = "softcap_backward";
+        same_shape(op, "y vs dy", y, dy)?;
+        let cap = F::from_f64(cap.get() as f64);
+        Ok(out(
+            y.shape().clone(),
+            r::softcap_backward(f32_data(op, y)?, f32_data(op, dy)?, cap),
+        ))
     }
 
     fn gelu(&self, x: &T<F>) -> Result<T<F>> {

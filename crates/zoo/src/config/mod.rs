@@ -607,6 +607,7 @@ impl ModelConfig {
     pub fn attn_mask(&self, layer: usize) -> AttnMask {
         AttnMask {
             window: self.sliding_window.filter(|_| self.slides(layer)),
+            softcap: None,
         }
     }
 

@@ -1,4 +1,4 @@
-//! SwiGLU, GeGLU and GELU (tanh approximation), elementwise.
+//! SwiGLU, GeGLU, GELU (tanh approximation) and the soft cap, elementwise.
 
 use rayon::prelude::*;
 
@@ -99,4 +99,14 @@ pub fn geglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<F
         })
         .collect();
     pairs.into_iter().unzip()
+}
+
+/// `cap · tanh(x / cap)` (Gemma 2's final logit soft-capping).
+pub fn softcap<F: Real>(x: &[F], cap: F) -> Vec<F> {
+    map2(x, x, |x, _| cap * (x / cap).tanh())
+}
+
+/// `dx` of [`softcap`] from its output `y`: `dy · (1 − (y / cap)²)`.
+pub fn softcap_backward<F: Real>(y: &[F], dy: &[F], cap: F) -> Vec<F> {
+    map2(y, dy, |y, dy| dy * (F::one() - (y / cap) * (y / cap)))
 }

@@ -35,12 +35,43 @@ impl AttnDims {
     }
 }
 
+/// A scaled score as the softmax sees it (soft-capped where the mask says),
+/// and the derivative of that with respect to the scaled score.
+#[derive(Clone, Copy)]
+struct Scores<F> {
+    cap: Option<F>,
+}
+
+impl<F: Real> Scores<F> {
+    fn of(mask: AttnMask) -> Scores<F> {
+        Scores {
+            cap: mask.softcap.map(|c| F::from_f64(c.get() as f64)),
+        }
+    }
+
+    fn shape(self, s: F) -> F {
+        match self.cap {
+            Some(c) => c * (s / c).tanh(),
+            None => s,
+        }
+    }
+
+    /// d shape(s) / ds at `y = shape(s)`.
+    fn slope(self, y: F) -> F {
+        match self.cap {
+            Some(c) => F::one() - (y / c) * (y / c),
+            None => F::one(),
+        }
+    }
+}
+
 fn dot<F: Real>(a: &[F], b: &[F]) -> F {
     a.iter().zip(b).fold(F::zero(), |s, (&x, &y)| s + x * y)
 }
 
 /// Returns `(out [b, t, hq, d], lse [b, hq, t])` of causal
-/// `softmax(q kᵀ / sqrt(d)) v`; query head `h` reads kv head `h / (hq / hkv)`.
+/// `softmax(q kᵀ / sqrt(d)) v` (the scores soft-capped where `mask` says);
+/// query head `h` reads kv head `h / (hq / hkv)`.
 pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, Vec<F>) {
     let AttnDims {
         b,
@@ -54,6 +85,7 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, V
     assert_eq!(v.len(), k.len(), "attention: v length");
     let group = hq / hkv;
     let scale: F = dm.scale();
+    let scores = Scores::<F>::of(mask);
     let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
     let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
 
@@ -70,7 +102,7 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, V
                 let j0 = mask.first_key(ti);
                 let p = &mut p[j0..=ti];
                 for (j, s) in (j0..).zip(p.iter_mut()) {
-                    *s = dot(qr, &k[ki(bi, j, g)..][..d]) * scale;
+                    *s = scores.shape(dot(qr, &k[ki(bi, j, g)..][..d]) * scale);
                 }
                 let mx = p.iter().fold(F::neg_infinity(), |m, &s| m.max(s));
                 p.iter_mut().for_each(|s| *s = (*s - mx).exp());
@@ -127,6 +159,7 @@ pub fn attention_backward<F: Real>(
     assert_eq!(lse.len(), b * hq * t, "attention_backward: lse length");
     let group = hq / hkv;
     let scale: F = dm.scale();
+    let scores = Scores::<F>::of(mask);
     let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
     let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
 
@@ -154,8 +187,9 @@ pub fn attention_backward<F: Real>(
                     let j0 = mask.first_key(ti);
                     for (j, pj) in (j0..).zip(p[j0..=ti].iter_mut()) {
                         let (kr, vr) = (&k[ki(bi, j, g)..][..d], &v[ki(bi, j, g)..][..d]);
-                        *pj = (dot(qr, kr) * scale - l).exp();
-                        let ds = *pj * (dot(gr, vr) - delta) * scale;
+                        let y = scores.shape(dot(qr, kr) * scale);
+                        *pj = (y - l).exp();
+                        let ds = *pj * (dot(gr, vr) - delta) * scores.slope(y) * scale;
                         dqr.iter_mut().zip(kr).for_each(|(a, &x)| *a = *a + ds * x);
                         let dkr = &mut dk[j * d..(j + 1) * d];
                         dkr.iter_mut().zip(qr).for_each(|(a, &x)| *a = *a + ds * x);

@@ -14,7 +14,9 @@ mod matmul;
 mod norm;
 mod rope;
 
-pub use activation::{geglu, geglu_backward, gelu, gelu_backward, swiglu, swiglu_backward};
+pub use activation::{
+    geglu, geglu_backward, gelu, gelu_backward, softcap, softcap_backward, swiglu, swiglu_backward,
+};
 pub use attention::{AttnDims, attention, attention_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
