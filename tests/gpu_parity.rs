@@ -106,6 +106,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "cohere2",
         "cohere",
         "gemma3",
+        "gemma2",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

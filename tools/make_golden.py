@@ -61,6 +61,8 @@ from transformers import (
     CohereForCausalLM,
     Gemma3TextConfig,
     Gemma3ForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -717,6 +719,35 @@ CASES = {
         11,
         torch.float32,
     ),
+    # Gemma 2: Gemma 3's block without q/k norms; scores soft-capped at 2
+    # and logits at 1.5 (their defaults, 50 and 30, would barely bend this
+    # small model's), scores times 20^-1/2; blocks 0 and 2 slide (window 4),
+    # block 1 attends to all; RoPE theta 500 on every block; GQA 4/2; tied.
+    "gemma2": (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=20,
+            rms_norm_eps=1e-6,
+            rope_theta=500.0,
+            sliding_window=4,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=1.5,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=1,
+        ),
+        11,
+        torch.float32,
+    ),
 }
 
 
@@ -858,9 +889,9 @@ def patch_float64(model):
     cfg = model.config
     for m in model.modules():
         name = type(m).__name__
-        if name == "Gemma3RMSNorm":
+        if name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
             m.forward = types.MethodType(_gemma_rmsnorm64, m)
-        elif name == "Gemma3TextScaledWordEmbedding":
+        elif name in ("Gemma2TextScaledWordEmbedding", "Gemma3TextScaledWordEmbedding"):
             # sqrt(hidden) as a float32 model holds it (the buffer takes
             # the dtype the model is built in; a float32 build here,
             # float64 when from_pretrained builds in float64).

@@ -91,6 +91,7 @@ fn main() -> AnyResult<()> {
         "cohere2",
         "cohere",
         "gemma3",
+        "gemma2",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -21,6 +21,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama-3.2-1b",
     "llama-3.1-8b",
     "gemma-3-1b",
+    "gemma-2-2b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -61,6 +62,8 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        attn_softcap: None,
+        final_softcap: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -107,6 +110,8 @@ fn llama(s: LlamaShape) -> ModelConfig {
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        attn_softcap: None,
+        final_softcap: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -114,31 +119,67 @@ fn llama(s: LlamaShape) -> ModelConfig {
 }
 
 /// Gemma 3 1B (`google/gemma-3-1b-pt`'s config.json, the fields its
-/// config class would default written out): read as a checkpoint's would
-/// be, with no file behind it.
+/// config class would default written out).
 fn gemma3_1b() -> Result<ModelConfig> {
-    let v = serde_json::json!({
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
-        "vocab_size": 262144,
-        "hidden_size": 1152,
-        "intermediate_size": 6912,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "head_dim": 256,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "max_position_embeddings": 32768,
-        "query_pre_attn_scalar": 256,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "rope_local_base_freq": 10000.0,
-        "sliding_window": 512,
-        "sliding_window_pattern": 6,
-        "pad_token_id": 0,
-        "tie_word_embeddings": true,
-    });
-    let mut cfg = ModelConfig::from_json(v, synthetic_path("gemma-3-1b"))?;
+    hf_preset(
+        "gemma-3-1b",
+        serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "vocab_size": 262144,
+            "hidden_size": 1152,
+            "intermediate_size": 6912,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": 32768,
+            "query_pre_attn_scalar": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+            "pad_token_id": 0,
+            "tie_word_embeddings": true,
+        }),
+    )
+}
+
+/// Gemma 2 2B (`google/gemma-2-2b`'s config.json, the fields its config
+/// class would default written out).
+fn gemma2_2b() -> Result<ModelConfig> {
+    hf_preset(
+        "gemma-2-2b",
+        serde_json::json!({
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "vocab_size": 256000,
+            "hidden_size": 2304,
+            "intermediate_size": 9216,
+            "num_hidden_layers": 26,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": 8192,
+            "query_pre_attn_scalar": 256,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "sliding_window": 4096,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "pad_token_id": 0,
+            "tie_word_embeddings": true,
+        }),
+    )
+}
+
+/// A preset read from an HF config as a checkpoint's would be, with no
+/// file behind it.
+fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
+    let mut cfg = ModelConfig::from_json(v, synthetic_path(name))?;
     // Written from the fields (like every preset's), not from this literal.
     cfg.raw = None;
     Ok(cfg)
@@ -199,6 +240,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
             ..l(Llama, 128256, 4096, 14336, 32, 32, 8, 131072, 500000.0, 1e-5)
         },
         "gemma-3-1b" => gemma3_1b()?,
+        "gemma-2-2b" => gemma2_2b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

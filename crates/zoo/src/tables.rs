@@ -201,7 +201,7 @@ impl ModelConfig {
                 let sandwich = self.arch.has_sandwich_norms();
                 // The norms after the attention, before the MLP and after it.
                 let [post_attn, pre_mlp, post_mlp] = match self.arch {
-                    Arch::Gemma3 => [
+                    Arch::Gemma2 | Arch::Gemma3 => [
                         "post_attention_layernorm",
                         "pre_feedforward_layernorm",
                         "post_feedforward_layernorm",

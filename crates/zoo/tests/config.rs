@@ -1,7 +1,7 @@
 //! `config.json` parsing: v4 and v5 field names, defaults, and errors that
 //! name the file and the field.
 
-use megatrain_tensor::{AttnMask, RopeScaling};
+use megatrain_tensor::{AttnMask, RopeScaling, SoftCap};
 use megatrain_zoo::{Arch, ModelConfig, ZooError};
 use serde_json::{Value, json};
 
@@ -727,12 +727,99 @@ fn cohere2_fields() {
     assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("use_qk_norm"));
 }
 
+fn cap(c: f32) -> SoftCap {
+    SoftCap::new(c, "test").unwrap()
+}
+
+/// Gemma 2 as transformers reads it: Gemma 3's defaults where they share
+/// them, but 8192 positions, one RoPE (θ 10000), every other block sliding
+/// from the first, no q/k norms, and scores and logits soft-capped (50 and
+/// 30) unless written (null: not at all).
+#[test]
+fn gemma2_fields() {
+    let mut v = llama_v4();
+    v["architectures"] = json!(["Gemma2ForCausalLM"]);
+    v["model_type"] = json!("gemma2");
+    v["num_hidden_layers"] = json!(5);
+    let o = v.as_object_mut().unwrap();
+    for k in [
+        "rope_theta",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "pad_token_id",
+    ] {
+        o.remove(k);
+    }
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(
+        (
+            c.head_dim,
+            c.rope_theta,
+            c.max_position_embeddings,
+            c.pad_token_id
+        ),
+        (256, 10000.0, 8192, Some(0))
+    );
+    assert!(c.tie_word_embeddings && !c.qk_norm && c.arch.has_sandwich_norms());
+    assert_eq!(
+        (c.arch.glu(), c.arch.norm_gain_offset()),
+        (megatrain_tensor::Glu::Gelu, Some(1.0))
+    );
+    assert_eq!(
+        (c.attn_softcap, c.final_softcap),
+        (Some(cap(50.0)), Some(cap(30.0)))
+    );
+    let capped = |m: AttnMask| m.with_softcap(cap(50.0));
+    assert_eq!(
+        (0..5).map(|i| c.attn_mask(i)).collect::<Vec<_>>(),
+        [
+            capped(AttnMask::sliding(4096)),
+            capped(AttnMask::CAUSAL),
+            capped(AttnMask::sliding(4096)),
+            capped(AttnMask::CAUSAL),
+            capped(AttnMask::sliding(4096)),
+        ]
+    );
+    assert!((0..5).all(|i| c.rope(i).theta == 10000.0));
+    assert_eq!(c.q_factor(), None);
+    assert_eq!(c.embedding_factor(), Some(2048f64.sqrt() as f32 as f64));
+    let names: Vec<String> = c_table_names(&c).into_iter().map(|(n, _)| n).collect();
+    assert!(!names.iter().any(|n| n.contains("q_norm")), "{names:?}");
+    assert!(names.contains(&"model.layers.0.post_feedforward_layernorm.weight".to_string()));
+
+    v["attn_logit_softcapping"] = Value::Null;
+    v["final_logit_softcapping"] = json!(12.5);
+    v["query_pre_attn_scalar"] = json!(144);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.attn_softcap, c.final_softcap), (None, Some(cap(12.5))));
+    assert_eq!(c.attn_mask(0), AttnMask::sliding(4096));
+    assert!((c.q_factor().unwrap() - (256.0f64 / 144.0).sqrt()).abs() < 1e-15);
+
+    for (field, value) in [
+        ("attn_logit_softcapping", json!(0.0)),
+        ("final_logit_softcapping", json!(-30.0)),
+        ("attn_logit_softcapping", json!("50")),
+    ] {
+        let mut bad = v.clone();
+        bad[field] = value;
+        let err = parse(bad).unwrap_err();
+        assert!(
+            matches!(err, ZooError::BadField { .. }) && err.to_string().contains(field),
+            "{field}: {err}"
+        );
+    }
+    let mut bad = v.clone();
+    bad["use_bidirectional_attention"] = json!(true);
+    assert!(matches!(parse(bad).unwrap_err(), ZooError::Unsupported { .. }));
+}
+
 /// Gemma 3 as transformers reads it: head_dim 256, θ 1e6 on the full
 /// blocks and `rope_local_base_freq` (10000) on the sliding ones, five of
 /// six blocks sliding (window 4096), `rope_scaling` on the full blocks
 /// only, scores times `query_pre_attn_scalar`^−½ (256), embeddings times
 /// √hidden, tied, pad token 0 where none is written; its norm names, GeGLU,
-/// gains 1 + w. Softcapped logits and bidirectional attention are refused.
+/// gains 1 + w; logits soft-capped only where written, scores never.
+/// Bidirectional attention is refused.
 #[test]
 fn gemma3_fields() {
     let mut v = llama_v4();
@@ -807,8 +894,15 @@ fn gemma3_fields() {
     let v5 = parse(v.clone()).unwrap();
     assert_eq!((v5.rope(5), v5.rope(0)), (c.rope(5), c.rope(0)));
 
+    assert_eq!((c.attn_softcap, c.final_softcap), (None, None));
+    let mut capped = v.clone();
+    capped["final_logit_softcapping"] = json!(30.0);
+    capped["attn_logit_softcapping"] = json!(50.0);
+    let capped = parse(capped).unwrap();
+    assert_eq!(capped.final_softcap, Some(cap(30.0)));
+    assert_eq!((capped.attn_softcap, capped.attn_mask(0).softcap), (None, None));
+
     for (field, value) in [
-        ("final_logit_softcapping", json!(30.0)),
         ("use_bidirectional_attention", json!(true)),
         ("hidden_activation", json!("gelu")),
     ] {

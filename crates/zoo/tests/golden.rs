@@ -154,7 +154,13 @@ fn the_window_cases_depend_on_their_window() {
     fn head_dim_scores(c: &mut ModelConfig) -> bool {
         c.query_pre_attn_scalar.take().is_some()
     }
-    let cases: [(&str, Drop); 20] = [
+    fn uncapped_scores(c: &mut ModelConfig) -> bool {
+        c.attn_softcap.take().is_some()
+    }
+    fn uncapped_logits(c: &mut ModelConfig) -> bool {
+        c.final_softcap.take().is_some()
+    }
+    let cases: [(&str, Drop); 24] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -175,6 +181,10 @@ fn the_window_cases_depend_on_their_window() {
         ("gemma3", window),
         ("gemma3", sliding_rope),
         ("gemma3", head_dim_scores),
+        ("gemma2", window),
+        ("gemma2", head_dim_scores),
+        ("gemma2", uncapped_scores),
+        ("gemma2", uncapped_logits),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

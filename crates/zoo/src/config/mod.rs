@@ -11,7 +11,7 @@ mod rope;
 
 use std::path::{Path, PathBuf};
 
-use megatrain_tensor::{AttnMask, Glu, Rope, RopeScaling};
+use megatrain_tensor::{AttnMask, Glu, Rope, RopeScaling, SoftCap};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
@@ -64,6 +64,11 @@ pub enum Arch {
     /// with RoPE (in neighbouring pairs) on three blocks of four, the
     /// fourth attending to all without RoPE; logits times `logit_scale`.
     Cohere2,
+    /// Gemma 2 (`gemma2`): Gemma 3's block without its q/k norms, the
+    /// attention scores and the logits soft-capped (`cap · tanh(x / cap)`,
+    /// `attn_logit_softcapping` 50, `final_logit_softcapping` 30), a sliding
+    /// window on every other block, one RoPE.
+    Gemma2,
     /// Gemma 3 (`gemma3_text`, the text-only checkpoints): Llama's block
     /// with norms after the attention and the MLP as well as before, q/k
     /// norms per head, a GeGLU MLP, RMSNorm gains stored as `1 + weight`'s
@@ -77,7 +82,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
-                         Cohere2ForCausalLM, Gemma3ForCausalLM";
+                         Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -92,7 +97,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 18] = [
+    pub const ALL: [Arch; 19] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -110,6 +115,7 @@ impl Arch {
         Arch::Phi,
         Arch::Cohere,
         Arch::Cohere2,
+        Arch::Gemma2,
         Arch::Gemma3,
     ];
 
@@ -132,6 +138,7 @@ impl Arch {
             Arch::Phi => "PhiForCausalLM",
             Arch::Cohere => "CohereForCausalLM",
             Arch::Cohere2 => "Cohere2ForCausalLM",
+            Arch::Gemma2 => "Gemma2ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
         }
     }
@@ -155,6 +162,7 @@ impl Arch {
             Arch::Phi => "phi",
             Arch::Cohere => "cohere",
             Arch::Cohere2 => "cohere2",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
         }
     }
@@ -204,25 +212,31 @@ impl Arch {
         matches!(self, Arch::Glm | Arch::Glm4)
     }
 
-    /// GLM-4-0414's and Gemma 3's Llama block with norms after the
+    /// Gemma 2's and Gemma 3's: GeGLU, gains stored as `gain − 1`,
+    /// sandwich norms, √hidden embeddings, `query_pre_attn_scalar`.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma2 | Arch::Gemma3)
+    }
+
+    /// GLM-4-0414's and Gemma's Llama block with norms after the
     /// attention and the MLP (on their outputs, before the residual adds)
     /// as well as before.
     pub fn has_sandwich_norms(self) -> bool {
-        matches!(self, Arch::Glm4 | Arch::Gemma3)
+        self == Arch::Glm4 || self.is_gemma()
     }
 
     /// What its RMSNorms add to their stored weights to get their gains:
     /// Gemma's store `gain − 1` (`x̂ · (1 + w)`).
     pub fn norm_gain_offset(self) -> Option<f64> {
-        (self == Arch::Gemma3).then_some(1.0)
+        self.is_gemma().then_some(1.0)
     }
 
     /// The activation gating its GLU MLP's up projection (GeGLU for Gemma,
     /// SwiGLU for the rest of the Llama family).
     pub fn glu(self) -> Glu {
-        match self {
-            Arch::Gemma3 => Glu::Gelu,
-            _ => Glu::Silu,
+        match self.is_gemma() {
+            true => Glu::Gelu,
+            false => Glu::Silu,
         }
     }
 
@@ -291,6 +305,12 @@ pub struct ModelConfig {
     /// Gemma's: attention scores are scaled by its −½ power instead of
     /// head_dim's.
     pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2's `attn_logit_softcapping`: every block's scaled attention
+    /// scores become `cap · tanh(s / cap)`.
+    pub attn_softcap: Option<SoftCap>,
+    /// Gemma's `final_logit_softcapping`: the logits become
+    /// `cap · tanh(z / cap)` (after any other factor on them).
+    pub final_softcap: Option<SoftCap>,
     /// The token whose embedding row the lookup gives no gradient:
     /// transformers builds every family's but GPT-2's embedding as
     /// `nn.Embedding(padding_idx = pad_token_id)`.
@@ -586,7 +606,7 @@ impl ModelConfig {
     pub fn embedding_factor(&self) -> Option<f64> {
         match (self.multipliers, self.arch) {
             (Some(m), _) => Some(m.embedding),
-            (None, Arch::Gemma3) => Some((self.hidden_size as f64).sqrt() as f32 as f64),
+            (None, a) if a.is_gemma() => Some((self.hidden_size as f64).sqrt() as f32 as f64),
             _ => None,
         }
     }
@@ -603,11 +623,12 @@ impl ModelConfig {
         }
     }
 
-    /// The attention mask of block `layer`.
+    /// The attention mask of block `layer`, its scores soft-capped where
+    /// the family caps them.
     pub fn attn_mask(&self, layer: usize) -> AttnMask {
         AttnMask {
             window: self.sliding_window.filter(|_| self.slides(layer)),
-            softcap: None,
+            softcap: self.attn_softcap,
         }
     }
 
@@ -721,14 +742,22 @@ impl ModelConfig {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_new"));
             }
-            Arch::Gemma3 => {
+            Arch::Gemma2 | Arch::Gemma3 => {
                 obj.remove("hidden_act");
                 obj.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
                 obj.insert("query_pre_attn_scalar".into(), json!(self.query_pre_attn_scalar));
-                let local = self.sliding_rope.as_ref().map_or(self.rope_theta, |r| r.0);
-                obj.insert("rope_local_base_freq".into(), json!(local));
+                // Written even where absent (null), so that no class
+                // default applies on the way back.
+                let cap = |c: Option<SoftCap>| json!(c.map(|c| c.get()));
+                obj.insert("final_logit_softcapping".into(), cap(self.final_softcap));
+                if self.arch == Arch::Gemma2 {
+                    obj.insert("attn_logit_softcapping".into(), cap(self.attn_softcap));
+                } else {
+                    let local = self.sliding_rope.as_ref().map_or(self.rope_theta, |r| r.0);
+                    obj.insert("rope_local_base_freq".into(), json!(local));
+                }
             }
             Arch::Starcoder2 => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
@@ -837,6 +866,8 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        attn_softcap: None,
+        final_softcap: None,
         pad_token_id: None,
         dtype: None,
         raw: None,
@@ -852,9 +883,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         _ if arch == Arch::Cohere2 && hidden % heads == 0 => hidden / heads,
         Some(d) => d,
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
-        // hidden / heads; Gemma3TextConfig's 256.
+        // hidden / heads; Gemma2Config's and Gemma3TextConfig's 256.
         None if matches!(arch, Arch::Qwen3 | Arch::Glm | Arch::Glm4) => 128,
-        None if arch == Arch::Gemma3 => 256,
+        None if arch.is_gemma() => 256,
         None => {
             if hidden % heads != 0 {
                 return Err(f.bad(
@@ -878,15 +909,15 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             f.opt_str("hidden_act")?.unwrap_or("gelu_new"),
             ["gelu_new", "gelu_pytorch_tanh"].as_slice(),
         ),
-        // Gemma3TextConfig names it hidden_activation.
-        Arch::Gemma3 => (
+        // Gemma's configs name it hidden_activation.
+        Arch::Gemma2 | Arch::Gemma3 => (
             f.opt_str("hidden_activation")?.unwrap_or("gelu_pytorch_tanh"),
             ["gelu_pytorch_tanh", "gelu_new"].as_slice(),
         ),
         _ => (f.opt_str("hidden_act")?.unwrap_or("silu"), ["silu"].as_slice()),
     };
-    if arch == Arch::Gemma3 {
-        refuse_gemma3_options(f)?;
+    if arch.is_gemma() && f.opt_bool("use_bidirectional_attention")?.unwrap_or(false) {
+        return Err(f.unsupported("use_bidirectional_attention = true (megatrain trains causal models)"));
     }
     if !implemented.contains(&act) {
         return Err(f.unsupported(format!(
@@ -898,7 +929,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Mistral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 => 4096,
-        Arch::Cohere | Arch::Cohere2 => 8192,
+        Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
         _ => 2048,
     };
@@ -941,7 +972,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma3 => (attention_bias, attention_bias, false),
+        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 => {
+            (attention_bias, attention_bias, false)
+        }
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
@@ -993,9 +1026,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         rope_scaling: rope.scaling,
         rotary_dim,
         // SmolLM3Config and Starcoder2Config tie them unless told otherwise.
-        tie_word_embeddings: f
-            .opt_bool("tie_word_embeddings")?
-            .unwrap_or(matches!(arch, Arch::SmolLM3 | Arch::Starcoder2 | Arch::Gemma3) || arch.is_cohere()),
+        tie_word_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(
+            matches!(arch, Arch::SmolLM3 | Arch::Starcoder2) || arch.is_cohere() || arch.is_gemma(),
+        ),
         qkv_bias,
         o_bias,
         mlp_bias,
@@ -1013,16 +1046,48 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             false => None,
         },
         query_pre_attn_scalar: match arch {
-            Arch::Gemma3 => match f.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0) {
+            Arch::Gemma2 | Arch::Gemma3 => match f.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0) {
                 s if s.is_finite() && s > 0.0 => Some(s),
                 s => return Err(f.bad("query_pre_attn_scalar", format!("{s} must be positive"))),
             },
+            _ => None,
+        },
+        // Gemma2Config caps both unless written (null: not at all);
+        // Gemma3TextConfig caps the logits only where written, and no
+        // Gemma 3 attention in transformers reads `attn_logit_softcapping`.
+        attn_softcap: match arch {
+            Arch::Gemma2 => softcap(f, "attn_logit_softcapping", 50.0)?,
+            _ => None,
+        },
+        final_softcap: match arch {
+            Arch::Gemma2 => softcap(f, "final_logit_softcapping", 30.0)?,
+            Arch::Gemma3 => f
+                .get("final_logit_softcapping")
+                .map(|_| softcap(f, "final_logit_softcapping", 0.0))
+                .transpose()?
+                .flatten(),
             _ => None,
         },
         pad_token_id: padding_idx(f, arch)?,
         dtype: None,
         raw: None,
     })
+}
+
+/// A soft cap as transformers reads it: `default` where the field is
+/// absent, none where it is null.
+fn softcap(f: &Fields, field: &'static str, default: f64) -> Result<Option<SoftCap>> {
+    let cap = match f.obj.get(field) {
+        None => default,
+        Some(Value::Null) => return Ok(None),
+        Some(_) => f.opt_f64(field)?.expect("present and not null"),
+    };
+    match cap.is_finite() && cap > 0.0 {
+        true => Ok(Some(
+            SoftCap::new(cap as f32, field).map_err(|e| f.bad(field, e.to_string()))?,
+        )),
+        false => Err(f.bad(field, format!("{cap} must be a positive number"))),
+    }
 }
 
 /// The sliding window and the blocks that keep to it (`None`: all), as
@@ -1062,8 +1127,10 @@ fn parse_sliding_window(
         // Exaone4Config: `sliding_window_pattern` N (default 4) slides all
         // but every N-th block; written as letters ("LLLG"), L slides.
         Arch::Exaone4 | Arch::Cohere2 => (window(Some(4096))?, sliding_pattern(f, layers, 4)?),
-        // Gemma3TextConfig: five blocks of six slide.
+        // Gemma3TextConfig: five blocks of six slide; Gemma2Config: every
+        // other, from the first.
         Arch::Gemma3 => (window(Some(4096))?, sliding_pattern(f, layers, 6)?),
+        Arch::Gemma2 => (window(Some(4096))?, sliding_pattern(f, layers, 2)?),
         // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
         Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => (
@@ -1115,7 +1182,7 @@ fn parse_sliding_window(
 fn padding_idx(f: &Fields, arch: Arch) -> Result<Option<usize>> {
     let vocab = f.req_usize("vocab_size")?;
     let default = match arch {
-        Arch::Cohere | Arch::Cohere2 | Arch::Gemma3 => Some(0),
+        Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 | Arch::Gemma3 => Some(0),
         Arch::Olmo2 | Arch::Olmo3 => Some(1),
         Arch::Phi3 => Some(32000),
         Arch::SmolLM3 => Some(128004),
@@ -1208,23 +1275,6 @@ fn parse_nope_layers(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Vec
         }
     };
     Ok(Some(nope).filter(|n| n.iter().any(|&x| x)))
-}
-
-/// Gemma 3 options megatrain does not run, refused by name:
-/// `final_logit_softcapping` (Gemma 2's; transformers' Gemma 3 applies it
-/// where written), and bidirectional attention (EmbeddingGemma).
-/// `attn_logit_softcapping` is read by no Gemma 3 attention in
-/// transformers, so it is ignored here too.
-fn refuse_gemma3_options(f: &Fields) -> Result<()> {
-    if let Some(cap) = f.opt_f64("final_logit_softcapping")? {
-        return Err(f.unsupported(format!(
-            "final_logit_softcapping = {cap} (tanh soft-capping of the logits is not implemented)"
-        )));
-    }
-    if f.opt_bool("use_bidirectional_attention")?.unwrap_or(false) {
-        return Err(f.unsupported("use_bidirectional_attention = true (megatrain trains causal models)"));
-    }
-    Ok(())
 }
 
 /// A path for configs that never came from a file.

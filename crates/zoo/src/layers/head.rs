@@ -111,6 +111,22 @@ fn unfold_gain<E: Executor>(cfg: &ModelConfig, ex: &E, dg: E::Tensor) -> Result<
     })
 }
 
+/// The logits of the normed rows `n`, soft-capped where the family caps
+/// them (Gemma's `final_logit_softcapping`).
+fn logits<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    n: &E::Tensor,
+    wh: &E::Tensor,
+    bias: Option<&E::Tensor>,
+) -> Result<E::Tensor> {
+    let z = ex.matmul(n, wh, bias, Transpose::NT)?;
+    Ok(match cfg.final_softcap {
+        Some(cap) => ex.softcap(&z, cap)?,
+        None => z,
+    })
+}
+
 /// The final LayerNorm's bias: the head's, or zeros where it has none
 /// (Cohere's); `None` for RMSNorm.
 fn norm_bias<E: Executor>(cfg: &ModelConfig, ex: &E, w: &[E::Tensor]) -> Result<Option<E::Tensor>> {
@@ -224,10 +240,21 @@ pub fn head_forward_backward<E: Executor>(
         let tgt = &targets[start..start + len];
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
-        let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
+        let logits = logits(cfg, ex, &n.y, wh, bias)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
-        drop(logits);
         chunk_losses.push(ce.losses);
+        // Under a soft cap the chunk briefly holds a third logits-sized
+        // tensor here (a cross-entropy that applied the cap's slope itself
+        // would not).
+        let dlogits = match cfg.final_softcap {
+            Some(cap) => {
+                let d = ex.softcap_backward(&logits, &ce.dlogits, cap)?;
+                drop(ce.dlogits);
+                d
+            }
+            None => ce.dlogits,
+        };
+        drop(logits);
         // The first chunk's gradient starts the sum; later chunks add
         // theirs in place, with no head-sized temporary per chunk.
         let needs = MatmulNeeds {
@@ -235,7 +262,7 @@ pub fn head_forward_backward<E: Executor>(
             db: dwh.is_none(),
             dbias: bias.is_some(),
         };
-        let (dy, t) = (&ce.dlogits, Transpose::NT);
+        let (dy, t) = (&dlogits, Transpose::NT);
         let mut g = match &mut dwh {
             Some(acc) => ex.matmul_backward_into(&n.y, wh, dy, t, needs, acc)?,
             None => {
@@ -315,7 +342,7 @@ pub fn head_logits<E: Executor>(
     let folded = folded_gain(cfg, ex, w)?;
     let bias_n = norm_bias(cfg, ex, w)?;
     let n = norm_fwd(cfg, ex, (folded.as_ref().unwrap_or(&w[0]), bias_n.as_ref()), x)?;
-    Ok(ex.matmul(&n.y, wh, bias, Transpose::NT)?)
+    logits(cfg, ex, &n.y, wh, bias)
 }
 
 /// Forward-only loss: `(loss_sum, counted)`, `chunk_rows` rows at a time.
@@ -345,7 +372,7 @@ pub fn head_loss<E: Executor>(
         let len = chunk_rows.min(rows - start);
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
-        let logits = ex.matmul(&n.y, wh, bias, Transpose::NT)?;
+        let logits = logits(cfg, ex, &n.y, wh, bias)?;
         let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0)?;
         chunk_losses.push(ce.losses);
         start += len;

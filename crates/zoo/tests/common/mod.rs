@@ -37,6 +37,7 @@ pub const CASES: &[&str] = &[
     "cohere2",
     "cohere",
     "gemma3",
+    "gemma2",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
