@@ -63,6 +63,8 @@ from transformers import (
     Gemma3ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -748,6 +750,46 @@ CASES = {
         11,
         torch.float32,
     ),
+    # Gemma 3's multimodal class (the 4B, 12B and 27B checkpoints): a text
+    # stack like gemma3's (GQA 4/2, blocks 0 and 1 slide, window 4, RoPE
+    # theta 300 there) under `language_model.`, beside a one-block vision
+    # tower and the projector, which megatrain leaves out. The golden holds
+    # text-only logits and the text stack's gradients under Gemma3ForCausalLM's
+    # names.
+    "gemma3_mm": (
+        Gemma3Config,
+        Gemma3ForConditionalGeneration,
+        dict(
+            text_config=dict(
+                vocab_size=97,
+                hidden_size=48,
+                intermediate_size=80,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                rope_theta=10000.0,
+                rope_local_base_freq=300.0,
+                sliding_window=4,
+                sliding_window_pattern=3,
+                max_position_embeddings=64,
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=94,
+            eoi_token_index=95,
+            image_token_index=96,
+        ),
+        9,
+        torch.float32,
+    ),
 }
 
 
@@ -886,7 +928,8 @@ def _cohere_rotary64(module):
 def patch_float64(model):
     """Keeps every computation of `model` in float64 (see module docstring)."""
     torch.nn.functional.softmax = _softmax64
-    cfg = model.config
+    # A multimodal model's RoPE reads its text config.
+    cfg = model.config.get_text_config()
     for m in model.modules():
         name = type(m).__name__
         if name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
@@ -971,7 +1014,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     model = model.to(torch.float64)
     model.eval()
     patch_float64(model)
-    ids = torch.randint(0, cfg.vocab_size, (BATCH, seq + 1), generator=gen)
+    ids = torch.randint(0, cfg.get_text_config().vocab_size, (BATCH, seq + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
     targets[0, 2] = -100
     targets[1, -1] = -100
@@ -986,6 +1029,13 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         "loss": loss.detach().reshape(1),
     }
     for pname, p in model.named_parameters():
+        if pname.startswith("model.language_model."):
+            # A multimodal model's text stack, under the text model's names.
+            pname = "model." + pname.removeprefix("model.language_model.")
+        elif p.grad is None:
+            # Its vision tower and projector, which text never reaches.
+            assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
+            continue
         golden["grad." + pname] = p.grad.to(torch.float32).contiguous()
     save_file(golden, case_dir / "golden.safetensors")
     n = sum(p.numel() for p in model.parameters())

@@ -92,6 +92,7 @@ fn main() -> AnyResult<()> {
         "cohere",
         "gemma3",
         "gemma2",
+        "gemma3_mm",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

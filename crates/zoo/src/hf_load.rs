@@ -167,39 +167,48 @@ impl HfCheckpoint {
         }
     }
 
-    /// Finds a tensor by its HF name; GPT-2 checkpoints saved without the
-    /// `transformer.` prefix (the original OpenAI conversion) are accepted.
-    fn find(&self, name: &str) -> Option<(&Shard, &TensorInfo)> {
-        let mut candidates = vec![name];
-        if let Some(stripped) = name.strip_prefix("transformer.") {
-            candidates.push(stripped);
+    /// The names a tensor may have in this checkpoint: its HF name; for
+    /// GPT-2 also without the `transformer.` prefix (the original OpenAI
+    /// conversion); for a multimodal model's text stack, its places in the
+    /// multimodal checkpoint.
+    fn candidates(&self, name: &str) -> Vec<String> {
+        if self.config.text_of.is_some() {
+            return crate::config::checkpoint_names(name);
         }
-        candidates.into_iter().find_map(|n| {
-            let shard = &self.shards[*self.where_.get(n)?];
-            shard.tensors.get(n).map(|info| (shard, info))
+        let mut candidates = vec![name.to_string()];
+        if let Some(stripped) = name.strip_prefix("transformer.") {
+            candidates.push(stripped.to_string());
+        }
+        candidates
+    }
+
+    /// The tensor, its shard and the name it has there.
+    fn find(&self, name: &str) -> Option<(&Shard, &TensorInfo, String)> {
+        self.candidates(name).into_iter().find_map(|n| {
+            let shard = &self.shards[*self.where_.get(&n)?];
+            shard.tensors.get(&n).map(|info| (shard, info, n))
         })
     }
 
     /// Reads one tensor into `out` (fp32, `spec.numel()` elements).
     pub fn read_tensor_into(&self, spec: &ParamSpec, out: &mut [f32]) -> Result<()> {
-        let (shard, info) = match self.find(&spec.name) {
+        let (shard, info, tensor) = match self.find(&spec.name) {
             Some(found) => found,
             None => {
+                // Named as the checkpoint would hold it.
+                let tensor = self.candidates(&spec.name).swap_remove(0);
                 let file = self
                     .where_
-                    .get(&spec.name)
+                    .get(&tensor)
                     .map(|&i| self.shards[i].path.clone())
                     .unwrap_or_else(|| self.expected_file());
-                return Err(ZooError::MissingTensor {
-                    file,
-                    tensor: spec.name.clone(),
-                });
+                return Err(ZooError::MissingTensor { file, tensor });
             }
         };
         if info.shape != spec.shape.dims() {
             return Err(ZooError::TensorShape {
                 file: shard.path.clone(),
-                tensor: spec.name.clone(),
+                tensor,
                 expected: spec.shape.dims().to_vec(),
                 got: info.shape.clone(),
             });
@@ -227,7 +236,7 @@ impl HfCheckpoint {
             other => {
                 return Err(ZooError::TensorDType {
                     file: shard.path.clone(),
-                    tensor: spec.name.clone(),
+                    tensor,
                     got: format!("{other:?}"),
                 });
             }

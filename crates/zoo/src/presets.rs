@@ -67,6 +67,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         pad_token_id: None,
         dtype: None,
         raw: None,
+        text_of: None,
     }
 }
 
@@ -115,6 +116,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         pad_token_id: None,
         dtype: None,
         raw: None,
+        text_of: None,
     }
 }
 

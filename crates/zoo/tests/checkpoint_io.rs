@@ -50,10 +50,15 @@ fn export_then_load_is_exact_for_every_case() {
         )
         .unwrap();
         // The names and shapes transformers saved (Phi-3's fused tensors
-        // joined again).
+        // joined again); of a multimodal model, its text model's alone.
+        let saved = tensor_shapes(&fixture(case).join("model.safetensors"));
+        let text_only = saved.into_iter().filter_map(|(n, shape)| match m.config.text_of {
+            Some(_) => n.strip_prefix("language_model.").map(|n| (n.to_string(), shape)),
+            None => Some((n, shape)),
+        });
         assert_eq!(
             tensor_shapes(&dir.path().join("model.safetensors")),
-            tensor_shapes(&fixture(case).join("model.safetensors")),
+            text_only.collect::<Vec<_>>(),
             "{case}"
         );
         let back = load_hf_dir(dir.path()).unwrap();
@@ -65,6 +70,7 @@ fn export_then_load_is_exact_for_every_case() {
         let mut orig = m.config.clone();
         orig.raw = None;
         orig.dtype = None;
+        orig.text_of = None;
         assert_eq!(cfg, orig, "{case}");
         assert_eq!(back.config.dtype.as_deref(), Some("float32"), "{case}");
     }
@@ -206,6 +212,70 @@ fn missing_tensor_names_file_and_tensor() {
     assert!(matches!(err, ZooError::MissingTensor { .. }), "{err:?}");
     let msg = message(err);
     assert!(msg.contains("model.safetensors") && msg.contains(name), "{msg}");
+}
+
+/// A multimodal checkpoint's text tensors are named where it holds them.
+#[test]
+fn multimodal_errors_name_the_text_stack_tensor() {
+    let dir = broken_copy("gemma3_mm");
+    let name = "language_model.model.layers.2.mlp.up_proj.weight";
+    rewrite_tensor(dir.path(), name, Dtype::F32, vec![80, 47], false);
+    let msg = message(load_hf_dir(dir.path()).unwrap_err());
+    assert!(msg.contains(name) && msg.contains("47"), "{msg}");
+    rewrite_tensor(dir.path(), name, Dtype::F32, vec![], true);
+    let err = load_hf_dir(dir.path()).unwrap_err();
+    assert!(matches!(err, ZooError::MissingTensor { .. }), "{err:?}");
+    assert!(message(err).contains(name));
+}
+
+/// Its text stack under transformers 4.5x's other prefix
+/// (`model.language_model.`) loads the same, and the export is the text
+/// model alone, under its own names.
+#[test]
+fn multimodal_text_stack_loads_under_either_prefix_and_exports_alone() {
+    let want = load_hf_dir(fixture("gemma3_mm")).unwrap();
+    assert_eq!(want.config.text_of, Some("Gemma3ForConditionalGeneration"));
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixture("gemma3_mm"), dir.path());
+    let file = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let renamed: Vec<(String, TensorView<'_>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| match n.strip_prefix("language_model.model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), t),
+            None => (n, t),
+        })
+        .collect();
+    safetensors::serialize_to_file(renamed, None, &file).unwrap();
+    let got = load_hf_dir(dir.path()).unwrap();
+    assert_eq!(got.slabs, want.slabs);
+
+    let out = tempfile::tempdir().unwrap();
+    let slabs: Vec<&[f32]> = got.slabs.iter().map(Vec::as_slice).collect();
+    export_hf_dir(
+        out.path(),
+        &got.config,
+        &got.tables,
+        &slabs,
+        ExportOptions::default(),
+    )
+    .unwrap();
+    let names: Vec<String> = tensor_shapes(&out.path().join("model.safetensors"))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| n.starts_with("model.") && !n.contains("language_model")),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n.contains("vision")));
+    let back = load_hf_dir(out.path()).unwrap();
+    assert_eq!((back.config.text_of, back.slabs), (None, got.slabs));
+    assert_eq!(back.config.raw.unwrap()["architectures"][0], "Gemma3ForCausalLM");
 }
 
 #[test]

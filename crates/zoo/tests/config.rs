@@ -813,6 +813,102 @@ fn gemma2_fields() {
     assert!(matches!(parse(bad).unwrap_err(), ZooError::Unsupported { .. }));
 }
 
+/// google/gemma-3-4b-pt's config.json (vision_config cut short): the text
+/// model's config nested, most of its shape left to Gemma3TextConfig's
+/// defaults; the token ids and dtype outside it.
+fn gemma3_4b_multimodal() -> Value {
+    json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "eos_token_id": [1, 106],
+        "image_token_index": 262144,
+        "initializer_range": 0.02,
+        "mm_tokens_per_image": 256,
+        "model_type": "gemma3",
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024
+        },
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.50.0.dev0",
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}
+    })
+}
+
+/// The multimodal class loads as its text model: Gemma3TextConfig's
+/// defaults fill what `text_config` leaves out (vocabulary 262208, 8/4
+/// heads), and it is written back as that text model.
+#[test]
+fn gemma3_multimodal_reads_its_text_config() {
+    let c = parse(gemma3_4b_multimodal()).unwrap();
+    assert_eq!(
+        (c.arch, c.text_of),
+        (Arch::Gemma3, Some("Gemma3ForConditionalGeneration"))
+    );
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_layers,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
+        (262208, 2560, 34, 8, 4, 256)
+    );
+    // The language model of Gemma 3 4B.
+    assert_eq!(c.param_count(), 3_880_263_168);
+    assert_eq!(c.rope(5).scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!((c.rope(0).theta, c.rope(0).scaling), (10000.0, RopeScaling::None));
+    assert_eq!(
+        (c.attn_mask(0), c.attn_mask(5)),
+        (AttnMask::sliding(1024), AttnMask::CAUSAL)
+    );
+    assert!(c.tie_word_embeddings);
+    assert_eq!((c.dtype.as_deref(), c.pad_token_id), (Some("bfloat16"), Some(0)));
+    let out = c.to_hf_json("float32");
+    assert_eq!(
+        (&out["architectures"], &out["model_type"], &out["eos_token_id"]),
+        (
+            &json!(["Gemma3ForCausalLM"]),
+            &json!("gemma3_text"),
+            &json!([1, 106])
+        )
+    );
+    assert!(out.get("vision_config").is_none() && out.get("text_config").is_none());
+    let back = parse(out).unwrap();
+    assert_eq!((back.text_of, back.param_count()), (None, c.param_count()));
+
+    let mut v = gemma3_4b_multimodal();
+    v["text_config"]["model_type"] = json!("llama");
+    let err = parse(v).unwrap_err();
+    assert!(
+        matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("llama"),
+        "{err}"
+    );
+    let mut v = gemma3_4b_multimodal();
+    v.as_object_mut().unwrap().remove("text_config");
+    let err = parse(v).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ZooError::MissingField {
+                field: "text_config",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut v = gemma3_4b_multimodal();
+    v["text_config"]["num_hidden_layers"] = json!(0);
+    assert!(parse(v).unwrap_err().to_string().contains("num_hidden_layers"));
+}
+
 /// Gemma 3 as transformers reads it: head_dim 256, θ 1e6 on the full
 /// blocks and `rope_local_base_freq` (10000) on the sliding ones, five of
 /// six blocks sliding (window 4096), `rope_scaling` on the full blocks

@@ -193,6 +193,13 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                         ),
                     ));
                 }
+                if let Some(class) = m.text_of {
+                    warnings.push(format!(
+                        "{} is a {class}: its text model trains alone (the vision tower and projector are not loaded), and checkpoints and exports hold that text model ({})",
+                        dir.display(),
+                        m.arch.hf_architecture()
+                    ));
+                }
                 m
             }
             (None, Some(name)) => {

@@ -17,6 +17,9 @@ use serde_json::{Map, Value};
 use crate::{Result, ZooError};
 use rope::{parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
+mod multimodal;
+pub(crate) use multimodal::checkpoint_names;
+
 /// Model families and the HF `architectures` entry each one answers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -320,6 +323,10 @@ pub struct ModelConfig {
     /// The parsed `config.json`, written back (with its dtype updated) on
     /// export so that fields we do not model survive the round trip.
     pub raw: Option<Value>,
+    /// The multimodal class (`Gemma3ForConditionalGeneration`) whose text
+    /// model this is: read from its checkpoint's `language_model.` tensors,
+    /// written (in run checkpoints and exports) as the text model alone.
+    pub text_of: Option<&'static str>,
 }
 
 struct Fields<'a> {
@@ -431,6 +438,11 @@ impl ModelConfig {
             detail: "expected a JSON object".into(),
         })?;
         let f = Fields { obj, path };
+        if let Some(class) = multimodal::multimodal_class(&f) {
+            let mut cfg = Self::from_json(multimodal::text_config(&f, class)?, path)?;
+            cfg.text_of = Some(class);
+            return Ok(cfg);
+        }
         let arch = parse_arch(&f)?;
         let dtype = match f.opt_str("dtype")? {
             Some(s) => Some(s.to_string()),
@@ -871,6 +883,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         pad_token_id: None,
         dtype: None,
         raw: None,
+        text_of: None,
     })
 }
 
@@ -1071,6 +1084,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         pad_token_id: padding_idx(f, arch)?,
         dtype: None,
         raw: None,
+        text_of: None,
     })
 }
 

@@ -38,6 +38,7 @@ pub const CASES: &[&str] = &[
     "cohere",
     "gemma3",
     "gemma2",
+    "gemma3_mm",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
