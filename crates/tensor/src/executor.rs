@@ -625,6 +625,11 @@ pub trait Executor {
     /// `dx` from the capped `y` and `dy`: `dy · (1 − (y / cap)²)`.
     fn softcap_backward(&self, y: &Self::Tensor, dy: &Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
 
+    /// The exact GELU, `0.5 · x · (1 + erf(x / √2))` (`hidden_act`
+    /// `gelu`: GPT-NeoX's and Pythia's).
+    fn gelu_erf(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
+    fn gelu_erf_backward(&self, x: &Self::Tensor, dy: &Self::Tensor) -> Result<Self::Tensor>;
+
     /// GELU, tanh approximation (GPT-2's `gelu_new`).
     fn gelu(&self, x: &Self::Tensor) -> Result<Self::Tensor>;
     fn gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor) -> Result<Self::Tensor>;

@@ -175,6 +175,8 @@ proptest! {
         agree("geglu dup", &b32, &b64)?;
         agree("gelu", &E32.gelu(&g32).unwrap(), &E64.gelu(&g64).unwrap())?;
         agree("gelu dx", &E32.gelu_backward(&g32, &d32).unwrap(), &E64.gelu_backward(&g64, &d64).unwrap())?;
+        agree("gelu_erf", &E32.gelu_erf(&g32).unwrap(), &E64.gelu_erf(&g64).unwrap())?;
+        agree("gelu_erf dx", &E32.gelu_erf_backward(&g32, &d32).unwrap(), &E64.gelu_erf_backward(&g64, &d64).unwrap())?;
         let cap = SoftCap::new(0.7, "test").unwrap();
         let (y32, y64) = (E32.softcap(&g32, cap).unwrap(), E64.softcap(&g64, cap).unwrap());
         agree("softcap", &y32, &y64)?;

@@ -300,6 +300,23 @@ fn activations_known_values() {
     close(y.data(), &[0., 3. * gelu(1.), -0.5 * gelu(-1.)], 1e-6);
 }
 
+/// x · Φ(x), Φ the standard normal CDF (values from scipy.stats.norm.cdf).
+#[test]
+fn gelu_erf_known_values() {
+    let x = up(&[5], &[0., 1., -1., 3., -6.]);
+    let y = EX.gelu_erf(&x).unwrap();
+    close(
+        y.data(),
+        &[0., 0.8413447460685429, -0.15865525393145707, 2.995950245, -5.9e-9],
+        1e-6,
+    );
+    // The slope Φ(x) + x·φ(x): ½ at 0, 1.0833 at 1.
+    let dx = EX
+        .gelu_erf_backward(&up(&[2], &[0., 1.]), &up(&[2], &[1., 1.]))
+        .unwrap();
+    close(dx.data(), &[0.5, 0.8413447460685429 + 0.24197072451914337], 1e-6);
+}
+
 #[test]
 fn softcap_known_values() {
     let cap = SoftCap::new(2.0, "test").unwrap();

@@ -253,6 +253,19 @@ fn attention_backward_with_soft_capped_scores() {
 }
 
 #[test]
+fn gelu_erf_backward() {
+    let x = t(
+        &[2, 8],
+        &random_f64(9, 16).iter().map(|v| 4.0 * v).collect::<Vec<_>>(),
+    );
+    let cot = rand_t(10, &[2, 8]);
+    let dx = EX.gelu_erf_backward(&x, &cot).unwrap();
+    grad_check("gelu_erf", &[x], &[dx.data()], |i| {
+        dot(EX.gelu_erf(&i[0]).unwrap().data(), cot.data())
+    });
+}
+
+#[test]
 fn softcap_backward() {
     // Inputs over [-4, 4] against a cap of 1.5: the flat tails and the middle.
     let x = t(

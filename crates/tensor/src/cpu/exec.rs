@@ -667,6 +667,19 @@ impl<F: Real> Executor for RefExecutor<F> {
         ))
     }
 
+    fn gelu_erf(&self, x: &T<F>) -> Result<T<F>> {
+        Ok(out(x.shape().clone(), r::gelu_erf(f32_data("gelu_erf", x)?)))
+    }
+
+    fn gelu_erf_backward(&self, x: &T<F>, dy: &T<F>) -> Result<T<F>> {
+        let op = "gelu_erf_backward";
+        same_shape(op, "x vs dy", x, dy)?;
+        Ok(out(
+            x.shape().clone(),
+            r::gelu_erf_backward(f32_data(op, x)?, f32_data(op, dy)?),
+        ))
+    }
+
     fn gelu(&self, x: &T<F>) -> Result<T<F>> {
         Ok(out(x.shape().clone(), r::gelu(f32_data("gelu", x)?)))
     }

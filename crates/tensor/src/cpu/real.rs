@@ -47,6 +47,11 @@ pub trait Real: Float + Send + Sync + Debug + Default + Sum + 'static {
     /// self · 2^e, exact wherever the result is a normal value of the type
     /// (for f32 also where 2^e itself is not an f32).
     fn mul_pow2(self, e: i32) -> Self;
+
+    /// The error function, through libm's f64 one (`f32` rounds it once).
+    fn erf(self) -> Self {
+        Self::from_f64(libm::erf(self.widen()))
+    }
 }
 
 impl Real for f32 {

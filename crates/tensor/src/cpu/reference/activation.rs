@@ -1,4 +1,5 @@
-//! SwiGLU, GeGLU, GELU (tanh approximation) and the soft cap, elementwise.
+//! SwiGLU, GeGLU, GELU (the tanh approximation and the exact, erf one) and
+//! the soft cap, elementwise.
 
 use rayon::prelude::*;
 
@@ -109,4 +110,22 @@ pub fn softcap<F: Real>(x: &[F], cap: F) -> Vec<F> {
 /// `dx` of [`softcap`] from its output `y`: `dy · (1 − (y / cap)²)`.
 pub fn softcap_backward<F: Real>(y: &[F], dy: &[F], cap: F) -> Vec<F> {
     map2(y, dy, |y, dy| dy * (F::one() - (y / cap) * (y / cap)))
+}
+
+/// `0.5 · x · (1 + erf(x / √2))`, the exact GELU (`hidden_act` `gelu`:
+/// GPT-NeoX's, Pythia's).
+pub fn gelu_erf<F: Real>(x: &[F]) -> Vec<F> {
+    let (half, r2) = (F::from_f64(0.5), F::from_f64(std::f64::consts::FRAC_1_SQRT_2));
+    map2(x, x, |x, _| half * x * (F::one() + (x * r2).erf()))
+}
+
+/// `dx` of [`gelu_erf`]: `dy · (Φ(x) + x · φ(x))`.
+pub fn gelu_erf_backward<F: Real>(x: &[F], dy: &[F]) -> Vec<F> {
+    let (half, r2) = (F::from_f64(0.5), F::from_f64(std::f64::consts::FRAC_1_SQRT_2));
+    // 1/√(2π).
+    let pdf = F::from_f64(0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+    map2(x, dy, |x, dy| {
+        let cdf = half * (F::one() + (x * r2).erf());
+        dy * (cdf + x * pdf * (-half * x * x).exp())
+    })
 }
