@@ -1,6 +1,7 @@
 // Fused causal attention with grouped-query heads, in a sliding window
-// where p.window > 0 (attention_mask.wgsl). No T×T matrix ever exists
-// in device memory: the forward keeps a running max and sum per query row
+// where p.window > 0 (attention_mask.wgsl), the scores soft-capped where
+// p.softcap > 0 (`capped`). No T×T matrix ever exists in device memory:
+// the forward keeps a running max and sum per query row
 // (online softmax) and stores only out and lse; the backward recomputes the
 // probabilities from lse. Layouts: q/out/dout [B, T, Hq, D], k/v [B, T, Hkv, D],
 // lse and delta [B, Hq, T]. One thread owns one row; tiles of the other side
@@ -28,6 +29,32 @@ const QB: u32 = 8u;  // query rows per tile in dk/dv
 var<workgroup> T1: array<f32, 2048>; // ≥ KB * DM
 var<workgroup> T2: array<f32, 2048>;
 const STATS: u32 = 1024u;
+
+// A scaled score as the softmax sees it: where p.softcap > 0 (Gemma 2),
+// cap · tanh(s / cap), so that lse is of the capped scores; tanh_precise
+// (activation_fns.wgsl) because a driver's tanh through exp is inf/inf past
+// |s / cap| ≈ 44, which small caps reach, and near 0 loses digits that a
+// cap of 50 multiplies into every score. A branch on a uniform rather
+// than compiled-in variants with and without a cap: every invocation takes
+// the same side, it costs a compare beside each score's D-long dot product,
+// and variants would double the pipelines of every head dimension.
+fn capped(s: f32) -> f32 {
+    if p.softcap > 0.0 {
+        return p.softcap * tanh_precise(s / p.softcap);
+    }
+    return s;
+}
+
+// d capped(s) / ds from the capped y: 1 − (y / cap)², 1 without a cap. The
+// backward multiplies each dS by it; the 1/√D of the scaled score stays
+// where it was (q or k pre-scaled, dq or dk scaled by the LAST dispatch).
+fn capped_slope(y: f32) -> f32 {
+    if p.softcap > 0.0 {
+        let c = y / p.softcap;
+        return 1.0 - c * c;
+    }
+    return 1.0;
+}
 
 // Loads KB key and value rows starting at j0 of kv head g into T1 / T2.
 fn load_kv_tile(b: u32, g: u32, j0: u32, tid: u32) {
@@ -105,10 +132,11 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         if valid {
             let jn = min(min(KB, i + 1u - min(i + 1u, j0)), p.r_end - j0);
             for (var jj = first_key(i) - min(first_key(i), j0); jj < jn; jj++) {
-                var s = 0.0;
+                var raw = 0.0;
                 for (var dd = 0u; dd < p.d; dd++) {
-                    s += q[dd] * T1[jj * p.d + dd];
+                    raw += q[dd] * T1[jj * p.d + dd];
                 }
+                let s = capped(raw);
                 let mn = max(m, s);
                 let corr = exp(m - mn);
                 let pr = exp(s - mn);
@@ -158,7 +186,9 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     DD[p.dd_off + row_idx(b, h, i)] = s;
 }
 
-// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) k_j. grid: (ceil(T/RB), Hq, B)
+// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) slope_ij k_j, slope_ij the
+// capped_slope of the capped score (1 without a cap).
+// grid: (ceil(T/RB), Hq, B)
 @compute @workgroup_size(64)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let b = wid.z;
@@ -197,7 +227,8 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
                     s += q[dd] * T1[jj * p.d + dd];
                     dp += dout[dd] * T2[jj * p.d + dd];
                 }
-                let ds = exp(s - lse) * (dp - delta);
+                let y = capped(s);
+                let ds = exp(y - lse) * (dp - delta) * capped_slope(y);
                 for (var dd = 0u; dd < p.d; dd++) {
                     dq[dd] += ds * T1[jj * p.d + dd];
                 }
@@ -275,8 +306,9 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                             s += k[dd] * T1[ii * p.d + dd];
                             dp += v[dd] * T2[ii * p.d + dd];
                         }
-                        let pr = exp(s - T1[STATS + ii]);
-                        let ds = pr * (dp - T2[STATS + ii]);
+                        let y = capped(s);
+                        let pr = exp(y - T1[STATS + ii]);
+                        let ds = pr * (dp - T2[STATS + ii]) * capped_slope(y);
                         for (var dd = 0u; dd < p.d; dd++) {
                             dv[dd] += pr * T2[ii * p.d + dd];
                             dk[dd] += ds * T1[ii * p.d + dd];

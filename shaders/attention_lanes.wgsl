@@ -11,8 +11,9 @@
 // the same softmax statistics.
 //
 // Same flags, ranges, layouts and order of each row's sums over keys as
-// attention.wgsl; a dot product adds its D terms in another order (delta
-// too: this file's `attn_delta`). Control flow is uniform in every loop
+// attention.wgsl, but no soft cap (p.softcap: the host runs attention.wgsl
+// where a mask has one); a dot product adds its D terms in another order
+// (delta too: this file's `attn_delta`). Control flow is uniform in every loop
 // that shuffles: keys past a row's causal limit (or before its window, or
 // past the range, or past T) are computed and masked, the row's state kept by a select (so a
 // masked key's values never reach it, not even as 0 · inf), and a tile's

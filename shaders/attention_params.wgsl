@@ -9,6 +9,10 @@ struct Params {
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
     r_begin: u32, r_end: u32, max_off: u32, window: u32,
+    // Gemma 2's soft cap of the scaled scores, 0 for none: attention.wgsl's
+    // `capped`. The lanes kernels do not read it (the host never runs them
+    // with a cap).
+    softcap: f32, _p1: u32, _p2: u32, _p3: u32,
 }
 
 const FIRST: u32 = 1u;

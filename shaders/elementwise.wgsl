@@ -53,13 +53,13 @@ fn add_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 }
 
 // cap · tanh(x / cap) (cap in p.s), Gemma 2's final logit soft-capping;
-// tanh_safe is activation_fns.wgsl's (put before this file).
+// tanh_precise is activation_fns.wgsl's (put before this file).
 @compute @workgroup_size(256)
 fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        Z[p.o2 + i] = p.s * tanh_safe(X[p.o0 + i] / p.s);
+        Z[p.o2 + i] = p.s * tanh_precise(X[p.o0 + i] / p.s);
     }
 }
 

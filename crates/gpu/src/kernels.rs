@@ -19,6 +19,10 @@ const MATMUL_ROUND16: &str = include_str!("../../../shaders/matmul_round16.wgsl"
 const ABSMAX: &str = include_str!("../../../shaders/absmax.wgsl");
 const MAX_BITS: &str = include_str!("../../../shaders/max_bits.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
+/// elementwise.wgsl and the activation functions its softcap kernels call:
+/// every kernel of the file needs them, since a module must resolve every
+/// name in it, used by its entry point or not.
+const ELEMENTWISE_SOURCES: [&str; 2] = [ACTIVATION_FNS, ELEMENTWISE];
 const ACTIVATION: &str = include_str!("../../../shaders/activation.wgsl");
 pub(crate) const ACTIVATION_FNS: &str = include_str!("../../../shaders/activation_fns.wgsl");
 const EPILOGUE: &str = include_str!("../../../shaders/matmul_epilogue.wgsl");
@@ -32,6 +36,15 @@ const ATTENTION_PARAMS: &str = include_str!("../../../shaders/attention_params.w
 pub(crate) const ATTENTION_MASK: &str = include_str!("../../../shaders/attention_mask.wgsl");
 const ATTENTION_LANES: &str = include_str!("../../../shaders/attention_lanes.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
+/// attention.wgsl and what it reads: the activation functions for the soft
+/// cap's `tanh_precise`, the maxima's bits, the shared parameters and mask.
+const ATTENTION_SOURCES: [&str; 5] = [
+    ACTIVATION_FNS,
+    MAX_BITS,
+    ATTENTION_PARAMS,
+    ATTENTION_MASK,
+    ATTENTION,
+];
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
@@ -374,15 +387,15 @@ impl Kernel {
             F16Copy => (&[MATMUL_SCALE, F16_COPY], "main", &[1, 2, 5]),
             AbsmaxF32 => (&[MAX_BITS, ABSMAX], "absmax_f32", &[1, 3]),
             AbsmaxBf16 => (&[MAX_BITS, ABSMAX], "absmax_bf16", &[2, 3]),
-            Add => (&[ELEMENTWISE], "add", &[1, 2, 3]),
-            AddAssign => (&[ELEMENTWISE], "add_assign", &[1, 3]),
-            Scale => (&[ELEMENTWISE], "scale", &[1, 3]),
-            AddScalar => (&[ELEMENTWISE], "add_scalar", &[1, 3]),
-            Softcap => (&[ACTIVATION_FNS, ELEMENTWISE], "softcap", &[1, 3]),
-            SoftcapBwd => (&[ACTIVATION_FNS, ELEMENTWISE], "softcap_bwd", &[1, 2, 3]),
-            CopyCols => (&[ELEMENTWISE], "copy_cols", &[1, 3]),
-            SumRows => (&[ELEMENTWISE], "sum_rows", &[1, 3]),
-            SumRowsPart => (&[ELEMENTWISE], "sum_rows_part", &[1, 3]),
+            Add => (&ELEMENTWISE_SOURCES, "add", &[1, 2, 3]),
+            AddAssign => (&ELEMENTWISE_SOURCES, "add_assign", &[1, 3]),
+            Scale => (&ELEMENTWISE_SOURCES, "scale", &[1, 3]),
+            AddScalar => (&ELEMENTWISE_SOURCES, "add_scalar", &[1, 3]),
+            Softcap => (&ELEMENTWISE_SOURCES, "softcap", &[1, 3]),
+            SoftcapBwd => (&ELEMENTWISE_SOURCES, "softcap_bwd", &[1, 2, 3]),
+            CopyCols => (&ELEMENTWISE_SOURCES, "copy_cols", &[1, 3]),
+            SumRows => (&ELEMENTWISE_SOURCES, "sum_rows", &[1, 3]),
+            SumRowsPart => (&ELEMENTWISE_SOURCES, "sum_rows_part", &[1, 3]),
             Swiglu => (&[ACTIVATION_FNS, ACTIVATION], "swiglu", &[1, 2, 4]),
             SwigluBwd => (&[ACTIVATION_FNS, ACTIVATION], "swiglu_bwd", &[1, 2, 3, 4, 5]),
             Geglu => (&[ACTIVATION_FNS, ACTIVATION], "geglu", &[1, 2, 4]),
@@ -402,11 +415,7 @@ impl Kernel {
             AddLnBwd => (NORMS, "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
             Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
             AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
-            AttnDelta => (
-                &[MAX_BITS, ATTENTION_PARAMS, ATTENTION_MASK, ATTENTION],
-                "attn_delta",
-                &[4, 6, 10],
-            ),
+            AttnDelta => (&ATTENTION_SOURCES, "attn_delta", &[4, 6, 10]),
             AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
             AttnFwdLanes { d } => return attention_lanes(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
@@ -575,7 +584,7 @@ fn unroll(src: &str, n: u32) -> String {
 /// compiled in every read of the parameter `p.d` is DM. The kernels of
 /// [`AttnHeadDim::Any`] and of the compiled-in D ≤ 128 keep the file's tiles.
 fn attention(d: AttnHeadDim, entry: &'static str, bindings: &'static [u32]) -> KernelSpec {
-    let mut source = [MAX_BITS, ATTENTION_PARAMS, ATTENTION_MASK, ATTENTION].concat();
+    let mut source = ATTENTION_SOURCES.concat();
     let (dm, kb, qb) = (d.dm(), d.kb() as u32, d.qb() as u32);
     assert!(
         (1..=ATTN_MAX_HEAD_DIM as u32).contains(&dm)
@@ -796,14 +805,7 @@ mod tests {
         let narrow = Kernel::AttnFwd { d: Any }.spec().source;
         assert_eq!(
             narrow,
-            [
-                MAX_BITS,
-                ATTENTION_PARAMS,
-                ATTENTION_MASK,
-                ATTENTION,
-                PER_PIPELINE
-            ]
-            .concat(),
+            ATTENTION_SOURCES.concat() + PER_PIPELINE,
             "the general kernels up to 128 are attention.wgsl as written"
         );
     }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::*;
 use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
-use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor};
+use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor, SoftCap};
 
 const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
@@ -70,19 +70,43 @@ struct Case {
     d: usize,
     /// Keys a query sees (a sliding window); 0: every key up to it.
     w: usize,
+    /// The scores' soft cap (Gemma 2's); 0: none.
+    cap: f32,
 }
 
 impl Case {
     fn mask(&self) -> AttnMask {
-        match self.w {
+        let mask = match self.w {
             0 => AttnMask::CAUSAL,
             w => AttnMask::sliding(w),
+        };
+        if self.cap > 0.0 {
+            mask.with_softcap(SoftCap::new(self.cap, "test").unwrap())
+        } else {
+            mask
         }
     }
 
     /// The same shape in a sliding window of `w` keys.
     const fn window(self, w: usize) -> Case {
         Case { w, ..self }
+    }
+
+    /// The same case with its scores soft-capped at `cap`.
+    const fn capped(self, cap: f32) -> Case {
+        Case { cap, ..self }
+    }
+
+    /// A scaled score as the softmax sees it (soft-capped where the case
+    /// says), and its derivative with respect to the scaled score.
+    fn shape(&self, s: f64) -> (f64, f64) {
+        if self.cap > 0.0 {
+            let cap = self.cap as f64;
+            let t = (s / cap).tanh();
+            (cap * t, 1.0 - t * t)
+        } else {
+            (s, 1.0)
+        }
     }
 }
 
@@ -188,7 +212,8 @@ fn check_inputs(g: &GpuExecutor, c: Case, x: Inputs, tol: f64, backward: bool) -
 /// summation order makes of dP − D (the tensor cores' differs from the f32
 /// sum of D). So dQ and dK are held to `tol` of themselves or to `TERMS` of
 /// the norm of their terms' magnitudes, whichever is larger: scale · Σⱼ
-/// P_ij (|dO_i|·|V_j|) |K_j| for dQ (|Q_i| for dK), in f64 from the inputs.
+/// P_ij (|dO_i|·|V_j|) |K_j| for dQ (|Q_i| for dK), times the soft cap's
+/// slope where the case has one, in f64 from the inputs.
 /// A missing or wrong term is off by a fair fraction of that norm.
 const TERMS: f64 = 1e-5;
 
@@ -212,21 +237,23 @@ fn dqk_terms(c: Case, x: &Inputs) -> [f64; 2] {
             for i in 0..c.t {
                 let (qi, oi) = (row(&q, b, i, h, c.hq), row(&o, b, i, h, c.hq));
                 let j0 = c.mask().first_key(i);
-                let s: Vec<f64> = (j0..=i)
+                let s: Vec<(f64, f64)> = (j0..=i)
                     .map(|j| {
-                        scale
-                            * qi.iter()
-                                .zip(row(&k, b, j, h / group, c.hkv))
-                                .map(|(a, b)| a * b)
-                                .sum::<f64>()
+                        c.shape(
+                            scale
+                                * qi.iter()
+                                    .zip(row(&k, b, j, h / group, c.hkv))
+                                    .map(|(a, b)| a * b)
+                                    .sum::<f64>(),
+                        )
                     })
                     .collect();
-                let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = s.iter().map(|y| (y - m).exp()).sum();
-                for (j, sj) in (j0..).zip(&s) {
+                let m = s.iter().map(|y| y.0).fold(f64::MIN, f64::max);
+                let z: f64 = s.iter().map(|y| (y.0 - m).exp()).sum();
+                for (j, &(sj, slope)) in (j0..).zip(&s) {
                     let (kj, vj) = (row(&k, b, j, h / group, c.hkv), row(&v, b, j, h / group, c.hkv));
                     let dp: f64 = oi.iter().zip(&vj).map(|(a, b)| (a * b).abs()).sum();
-                    let a = scale * (sj - m).exp() / z * dp;
+                    let a = scale * (sj - m).exp() / z * dp * slope;
                     let (iq, ik) = (
                         ((b * c.t + i) * c.hq + h) * d,
                         ((b * c.t + j) * c.hkv + h / group) * d,
@@ -273,6 +300,7 @@ const CASES: [Case; 4] = [
         hkv: 2,
         d: 80,
         w: 0,
+        cap: 0.0,
     },
     Case {
         b: 1,
@@ -281,6 +309,7 @@ const CASES: [Case; 4] = [
         hkv: 1,
         d: 64,
         w: 0,
+        cap: 0.0,
     },
     Case {
         b: 1,
@@ -289,6 +318,7 @@ const CASES: [Case; 4] = [
         hkv: 1,
         d: 64,
         w: 0,
+        cap: 0.0,
     },
     Case {
         b: 2,
@@ -297,6 +327,7 @@ const CASES: [Case; 4] = [
         hkv: 2,
         d: 96,
         w: 0,
+        cap: 0.0,
     },
 ];
 /// Sliding windows: one key, a window inside one key tile, one past the
@@ -318,6 +349,7 @@ const CASE_128: Case = Case {
     hkv: 1,
     d: 128,
     w: 0,
+    cap: 0.0,
 };
 
 #[test]
@@ -345,6 +377,7 @@ const CASES_256: [Case; 4] = [
         hkv: 1,
         d: 256,
         w: 0,
+        cap: 0.0,
     },
     Case {
         b: 1,
@@ -353,6 +386,7 @@ const CASES_256: [Case; 4] = [
         hkv: 1,
         d: 256,
         w: 0,
+        cap: 0.0,
     },
     Case {
         b: 1,
@@ -361,6 +395,7 @@ const CASES_256: [Case; 4] = [
         hkv: 1,
         d: 256,
         w: 5,
+        cap: 0.0,
     },
     Case {
         b: 2,
@@ -369,6 +404,7 @@ const CASES_256: [Case; 4] = [
         hkv: 2,
         d: 200,
         w: 0,
+        cap: 0.0,
     },
 ];
 
@@ -402,6 +438,7 @@ fn tensor_core_kernels_refuse_head_dims_they_lack() {
             hkv: 1,
             d: 256,
             w: 0,
+            cap: 0.0,
         };
         let x = inputs(case, 95);
         let (q, k, v, dout) = (up(&g, &x.q), up(&g, &x.k), up(&g, &x.v), up(&g, &x.dout));
@@ -428,6 +465,76 @@ fn tensor_core_kernels_refuse_head_dims_they_lack() {
     }
 }
 
+/// Soft-capped scores (Gemma 2's), which neither the tensor-core family
+/// nor the lanes kernels apply: `Auto` runs the one-row SIMT kernels on
+/// the rounded operands, the backward as the forward's mask says, held to
+/// the SIMT tolerance, at head dimensions the tensor cores (80, 64) or the
+/// lanes kernels (64, 128) would take uncapped, and at 256. Scores here
+/// are about ±1 (q, k scaled by 2 and 1.5): caps of 0.5 and 1 bend most,
+/// Gemma 2's 50 few.
+#[test]
+fn soft_capped_scores_run_the_simt_kernels_under_auto() {
+    let Some(g) = ctx().and_then(|c| executor(c, F16Attention::Auto)) else {
+        return;
+    };
+    let cases = [
+        CASES[0].capped(0.5),
+        WINDOWED[2].capped(1.0),
+        CASE_128.capped(50.0),
+        CASES_256[2].capped(0.5),
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let start = std::time::Instant::now();
+        check(&g, case, 200 + i as u64, TOL_SIMT, true).unwrap();
+        eprintln!("{case:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// The tensor-core family asked for by name with a soft cap, which it does
+/// not apply, is refused, naming the cap, forward and backward (the
+/// backward by the forward's mask).
+#[test]
+fn tensor_core_kernels_refuse_a_soft_cap() {
+    let Some(c) = ctx() else { return };
+    for kind in [F16Attention::CoopEmulated, F16Attention::Coop] {
+        let Some(g) = executor(c.clone(), kind) else {
+            continue;
+        };
+        let case = Case {
+            b: 1,
+            t: 5,
+            hq: 2,
+            hkv: 1,
+            d: 64,
+            w: 0,
+            cap: 0.0,
+        }
+        .capped(30.0);
+        let x = inputs(case, 97);
+        let (q, k, v, dout) = (up(&g, &x.q), up(&g, &x.k), up(&g, &x.v), up(&g, &x.dout));
+        let refused = |e: megatrain_tensor::Error| {
+            let e = e.to_string();
+            assert!(
+                e.contains("soft cap") && e.contains("30") && e.contains(&format!("{kind:?}")),
+                "{e}"
+            );
+        };
+        refused(
+            g.attention(&q, &k, &v, case.mask())
+                .expect_err("no soft cap in the tensor-core kernels"),
+        );
+        let fwd = megatrain_tensor::AttentionOut {
+            out: up(&g, &x.dout),
+            lse: up(&g, &HostTensor::zeros([1, 2, 5])),
+            mask: case.mask(),
+        };
+        refused(
+            g.attention_backward(&q, &k, &v, &fwd, &dout)
+                .expect_err("no soft cap in the tensor-core kernels"),
+        );
+    }
+}
+
 /// The emulated kernels of head dimension `d` against the reference, on a
 /// device of their own (`own_ctx`): each head dimension is a set of kernels
 /// lavapipe takes a minute or two to compile, so the four run side by side.
@@ -449,6 +556,7 @@ fn emulated_kernels_match_the_reference(d: usize) {
             hkv: 1,
             d: 64,
             w: 0,
+            cap: 0.0,
         };
         check(&g, tiles, 25, TOL_COOP, false).unwrap();
         check_inputs(&g, tiles, rising(tiles, 26), TOL_COOP, true).unwrap();
@@ -507,6 +615,7 @@ fn tensor_core_kernels_match_the_reference() {
         hkv: 8,
         d: 128,
         w: 0,
+        cap: 0.0,
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
     check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
@@ -541,6 +650,7 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
         hkv: 1,
         d: 64,
         w: 0,
+        cap: 0.0,
     };
     check(&g, long, 65, TOL_COOP, true).unwrap();
     check_inputs(&g, long, rising(long, 66), TOL_COOP, false).unwrap();
@@ -580,6 +690,7 @@ fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
             hkv: 2,
             d: 64,
             w: 0,
+            cap: 0.0,
         };
         check_inputs(&g, big, rising(big, 79 + 10 * n as u64), TOL_COOP, true).unwrap();
         check(&g, big.window(45), 78 + 10 * n as u64, TOL_COOP, true).unwrap();

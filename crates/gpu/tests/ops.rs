@@ -6,7 +6,9 @@ mod common;
 
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
-use megatrain_tensor::{AttnMask, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape};
+use megatrain_tensor::{
+    AttnMask, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
+};
 use proptest::prelude::*;
 
 fn both() -> Vec<&'static GpuExecutor> {
@@ -57,6 +59,12 @@ proptest! {
             assert_close("geglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
             assert_close("geglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
             assert_close("add_scalar", &down(g, &g.add_scalar(&gx, 1.25).unwrap()), &down_cpu(&c, &c.add_scalar(&cx, 1.25).unwrap()), TOL_F32);
+            // A cap of 2 bends most of x4 (to ±6) and saturates its tails.
+            let cap = SoftCap::new(2.0, "test").unwrap();
+            let (gs, cs) = (g.softcap(&gx4, cap).unwrap(), c.softcap(&cx4, cap).unwrap());
+            assert_close("softcap", &down(g, &gs), &down_cpu(&c, &cs), TOL_F32);
+            assert_close("softcap_backward", &down(g, &g.softcap_backward(&gs, &gdy, cap).unwrap()),
+                &down_cpu(&c, &c.softcap_backward(&cs, &cdy, cap).unwrap()), TOL_F32);
         }
     }
 
@@ -151,10 +159,12 @@ proptest! {
     #[test]
     fn attention_gqa(b in 1usize..3, t in 1usize..80, hkv in 1usize..3, group in 1usize..4,
                      d in prop::sample::select(vec![1usize, 4, 7, 16, 32, 64]),
-                     window in prop::sample::select(vec![0usize, 0, 1, 3, 17, 70]), seed in any::<u64>()) {
+                     window in prop::sample::select(vec![0usize, 0, 1, 3, 17, 70]),
+                     cap in prop::sample::select(vec![0.0f32, 0.0, 0.4, 50.0]), seed in any::<u64>()) {
         let c = cpu();
         let hq = hkv * group;
         let mask = if window == 0 { AttnMask::CAUSAL } else { AttnMask::sliding(window) };
+        let mask = if cap > 0.0 { mask.with_softcap(SoftCap::new(cap, "test").unwrap()) } else { mask };
         let q = rand_host(seed, &[b, t, hq, d]);
         let k = rand_host(seed ^ 1, &[b, t, hkv, d]);
         let v = rand_host(seed ^ 2, &[b, t, hkv, d]);
@@ -525,6 +535,120 @@ fn attention_head_dim_256_split_under_a_small_loop_budget() {
         },
     );
     attention_matches_cpu(&g, (1, 37, 4, 1, 256), 11, 111, "D = 256 in ranges");
+}
+
+/// Soft-capped scores (Gemma 2's `attn_logit_softcapping`) on the one-row
+/// kernels of every head-dimension variant: D = 16 (`Any`), 64 (compiled
+/// in, where the adapter's lanes kernels would take it uncapped), 256
+/// (compiled in, wide tiles) and 200 (`AnyWide`); GQA, a partial key tile
+/// and row block (T = 37, 70), causal and in a window. Inputs in [−1, 1]
+/// give scores of about ±1/3 (±1 at most for these D), so caps of 0.3 and
+/// 1 bend most of them and saturate some, and Gemma 2's 50 barely any.
+#[test]
+fn attention_soft_capped_head_dims() {
+    let Some(g) = gpu() else { return };
+    assert!(g.context().attention_lanes(64));
+    let cap = |c: f32| SoftCap::new(c, "test").unwrap();
+    for (shape, window, caps, seed) in [
+        ((2, 37, 4, 2, 16), 5, [0.3, 50.0], 301),
+        ((1, 70, 4, 1, 64), 20, [1.0, 50.0], 302),
+        ((1, 37, 4, 1, 256), 9, [0.3, 50.0], 303),
+        ((1, 37, 2, 1, 200), 9, [0.5, 1.0], 304),
+    ] {
+        let start = std::time::Instant::now();
+        for c in caps {
+            for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+                let mask = mask.with_softcap(cap(c));
+                attention_matches_cpu_in(g, shape, mask, seed, &format!("{shape:?}, {mask:?}"));
+            }
+        }
+        eprintln!("{shape:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// Soft-capped scores split into key and query ranges by a small loop
+/// budget (the cap carried through every dispatch): D = 256 on the wide
+/// tiles and D = 24 on the narrow ones.
+#[test]
+fn attention_soft_capped_split_under_a_small_loop_budget() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            loop_budget: Some(2000),
+            ..Default::default()
+        },
+    );
+    let cap = SoftCap::new(0.5, "test").unwrap();
+    for (shape, window, seed) in [((1, 37, 4, 1, 256), 11, 311), ((2, 70, 4, 2, 24), 37, 312)] {
+        for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+            let mask = mask.with_softcap(cap);
+            attention_matches_cpu_in(&g, shape, mask, seed, &format!("{shape:?} in ranges, {mask:?}"));
+        }
+    }
+}
+
+/// The soft cap on its own, both ways, over more elements than a
+/// workgroup's 256 and not a multiple of them, at a cap that bends most
+/// of the inputs (scaled to ±6) and at Gemma 2's final-logit 30.
+#[test]
+fn softcap_both_ways_past_one_workgroup() {
+    let c = cpu();
+    let x = rand_host(321, &[7, 211]);
+    let dy = rand_host(322, &[7, 211]);
+    let (cx, cdy) = (c.scale(&cpu_up!(c, &x), 6.0).unwrap(), cpu_up!(c, &dy));
+    for g in both() {
+        let (gx, gdy) = (g.scale(&up(g, &x), 6.0).unwrap(), up(g, &dy));
+        for cap in [0.5, 30.0] {
+            let cap = SoftCap::new(cap, "test").unwrap();
+            let (gy, cy) = (g.softcap(&gx, cap).unwrap(), c.softcap(&cx, cap).unwrap());
+            assert_close(
+                &format!("softcap {cap:?}"),
+                &down(g, &gy),
+                &down_cpu(&c, &cy),
+                TOL_F32,
+            );
+            assert_close(
+                &format!("softcap_backward {cap:?}"),
+                &down(g, &g.softcap_backward(&gy, &gdy, cap).unwrap()),
+                &down_cpu(&c, &c.softcap_backward(&cy, &cdy, cap).unwrap()),
+                TOL_F32,
+            );
+        }
+    }
+}
+
+/// The soft cap's tanh (activation_fns.wgsl's `tanh_precise`) within a few
+/// ulps of float64's over [−60, 60], at arguments down to the smallest
+/// normal f32 (where a tanh through exp returns 0) and at the largest, and
+/// never NaN.
+#[test]
+fn softcap_tanh_is_within_a_few_ulps_everywhere() {
+    let Some(g) = gpu() else { return };
+    let mut xs: Vec<f32> = (0..=200_000).map(|i| (i as f32 - 100_000.0) * 6e-4).collect();
+    for sign in [1.0f32, -1.0] {
+        xs.extend((0..=760).map(|i| sign * 10f32.powf(-37.9 + i as f32 * 0.1)));
+        xs.extend([0.625, 0.624_999_94, 0.625_000_06, f32::MAX].map(|x| sign * x));
+    }
+    let n = xs.len();
+    let x = HostTensor::from_f32(Shape::new([n]), xs.clone()).unwrap();
+    let y = down(
+        g,
+        &g.softcap(&up(g, &x), SoftCap::new(1.0, "test").unwrap()).unwrap(),
+    );
+    let worst = xs
+        .iter()
+        .zip(&y)
+        .map(|(&x, &y)| {
+            assert!(y.is_finite(), "tanh({x}) = {y}");
+            let exact = (x as f64).tanh();
+            let ulp = (exact.abs() as f32).max(f32::MIN_POSITIVE) as f64 * f32::EPSILON as f64;
+            ((y as f64 - exact).abs() / ulp, x)
+        })
+        .fold((0.0, 0.0), |w, e| if e.0 > w.0 { e } else { w });
+    eprintln!("worst {:.2} ulps at {}", worst.0, worst.1);
+    assert!(worst.0 <= 4.0, "tanh({}) {} ulps off", worst.1, worst.0);
 }
 
 /// A head dimension past the f32 kernels' 256 is refused by name, forward

@@ -14,7 +14,7 @@ mod common;
 
 use common::*;
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{AttnMask, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, Transpose};
+use megatrain_tensor::{AttnMask, Executor, F64Executor, HostTensor, MatmulNeeds, Rope, SoftCap, Transpose};
 
 /// A GPU result may be this many times further from f64 than the CPU's.
 const RATIO: f64 = 4.0;
@@ -142,6 +142,41 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("attention dq", down(&g.dq)));
     out.push(("attention dk", down(&g.dk)));
     out.push(("attention dv", down(&g.dv)));
+    // Soft-capped scores: in a window at a cap that bends most of them, and
+    // at Gemma 2's 50, which leaves these (about ±1) nearly as they are, so
+    // that only a tanh accurate near 0 keeps them as close as the CPU's.
+    let capped = [
+        (
+            AttnMask::sliding(16),
+            0.5,
+            [
+                "cap 0.5 attention",
+                "cap 0.5 lse",
+                "cap 0.5 dq",
+                "cap 0.5 dk",
+                "cap 0.5 dv",
+            ],
+        ),
+        (
+            AttnMask::CAUSAL,
+            50.0,
+            [
+                "cap 50 attention",
+                "cap 50 lse",
+                "cap 50 dq",
+                "cap 50 dk",
+                "cap 50 dv",
+            ],
+        ),
+    ];
+    for (mask, cap, names) in capped {
+        let mask = mask.with_softcap(SoftCap::new(cap, "test").unwrap());
+        let a = ex.attention(&qr, &kr, &v, mask).unwrap();
+        let g = ex.attention_backward(&qr, &kr, &v, &a, &datt).unwrap();
+        for (name, t) in names.into_iter().zip([&a.out, &a.lse, &g.dq, &g.dk, &g.dv]) {
+            out.push((name, down(t)));
+        }
+    }
 
     // Scaled so that the activations see their tails.
     let x6 = ex.scale(&x, 6.0).unwrap();
@@ -151,6 +186,15 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("swiglu dup", down(&du)));
     out.push(("gelu", down(&ex.gelu(&x6).unwrap())));
     out.push(("gelu backward", down(&ex.gelu_backward(&x6, &dy).unwrap())));
+    for (cap, names) in [
+        (2.0, ["softcap 2", "softcap 2 backward"]),
+        (30.0, ["softcap 30", "softcap 30 backward"]),
+    ] {
+        let cap = SoftCap::new(cap, "test").unwrap();
+        let y = ex.softcap(&x6, cap).unwrap();
+        out.push((names[0], down(&y)));
+        out.push((names[1], down(&ex.softcap_backward(&y, &dy, cap).unwrap())));
+    }
     // The MLP's products with the activation applied at their store: the
     // forward's [ROWS, F] product, the backward's input gradient [ROWS, F].
     let gate6 = ex.scale(&dmm, 6.0).unwrap();

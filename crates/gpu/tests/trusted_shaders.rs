@@ -25,6 +25,8 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "AddAssign",
         "Scale",
         "AddScalar",
+        "Softcap",
+        "SoftcapBwd",
         "Gelu",
         "GeluBwd",
         "Swiglu",

@@ -1,5 +1,7 @@
 //! Fused causal attention (online-softmax forward, recomputing backward),
-//! in a sliding window where the mask has one.
+//! in a sliding window where the mask has one, its scores soft-capped where
+//! the mask has a cap (only the one-row f32 kernels, attention.wgsl, take
+//! one).
 //! Under the F16 compute precision the operands are first rounded
 //! (`attention_coop.rs`), then run on the tensor-core family or on these
 //! f32 kernels.
@@ -41,18 +43,19 @@ fn flags(i: usize, n: usize) -> u32 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum F16Attention {
     /// The tensor-core family where the adapter has cooperative matrices
-    /// (and the head dimension is one of the family's), else the SIMT
-    /// kernels on the rounded operands.
+    /// (and the head dimension is one of the family's, and the mask has no
+    /// soft cap), else the SIMT kernels on the rounded operands.
     #[default]
     Auto,
     /// The f32 SIMT kernels on the rounded operands (any adapter).
     Simt,
     /// The tensor-core family (the adapter must have cooperative matrices;
-    /// a head dimension it has no kernels for is refused).
+    /// a head dimension it has no kernels for is refused, and so is a
+    /// soft-capped mask).
     Coop,
     /// The tensor-core family with the cooperative-matrix operations
     /// emulated in plain WGSL (any adapter, slowly; for tests; refused at
-    /// a head dimension the family has no kernels for).
+    /// a head dimension the family has no kernels for or a soft cap).
     CoopEmulated,
 }
 
@@ -68,15 +71,16 @@ pub(crate) struct Dims {
     pub window: u32,
 }
 
+impl Dims {
+    /// attention_params.wgsl's `softcap`: the cap's bits, 0 for none.
+    fn softcap(&self) -> u32 {
+        self.mask.softcap.map_or(0, |c| f(c.get()))
+    }
+}
+
 impl GpuExecutor {
     pub(crate) fn attn_dims(op: &'static str, [q, k, v]: [&GpuTensor; 3], mask: AttnMask) -> Result<Dims> {
         mask.check(op)?;
-        if mask.softcap.is_some() {
-            return Err(Error::invalid(
-                op,
-                "soft-capped scores are not implemented on the GPU yet",
-            ));
-        }
         for x in [q, k, v] {
             need_f32(op, x)?;
         }
@@ -125,7 +129,7 @@ impl GpuExecutor {
     ) -> Result<AttentionOut<GpuTensor>> {
         let d = Self::attn_dims("attention", [q, k, v], mask)?;
         if self.precision == ComputePrecision::F16 {
-            let coop = self.coop_attention_kernel("attention", d.d)?;
+            let coop = self.coop_attention_kernel("attention", &d)?;
             let xs = [q, k, v];
             let copy = coop.is_none() || self.copy_attention_operands;
             let (r, maxima) = self.round_operands("attention", &xs, &[copy; 3])?;
@@ -187,6 +191,10 @@ impl GpuExecutor {
                     u(r1),
                     mv.elem_off,
                     d.window,
+                    d.softcap(),
+                    0,
+                    0,
+                    0,
                 ];
                 let grid = [rows as u32, d.hq as u32, nb as u32];
                 let kernel = match lanes {
@@ -229,7 +237,7 @@ impl GpuExecutor {
         }
         if self.precision == ComputePrecision::F16 {
             // dO is read unstaged too (delta = rowsum(dO∘O)): always copied.
-            let coop = self.coop_attention_kernel(name, d.d)?;
+            let coop = self.coop_attention_kernel(name, &d)?;
             let xs = [q, k, v, dout];
             let copy = coop.is_none() || self.copy_attention_operands;
             let (r, maxima) = self.round_operands(name, &xs, &[copy, copy, copy, true])?;
@@ -307,9 +315,10 @@ impl GpuExecutor {
     }
 
     /// Whether the f32 attention of `d` runs on the lanes kernels
-    /// (attention_lanes.wgsl: a row's D over four subgroup lanes).
+    /// (attention_lanes.wgsl: a row's D over four subgroup lanes). They
+    /// have no soft cap: soft-capped scores run one thread per row.
     fn lanes(&self, d: &Dims) -> bool {
-        self.attention_lanes && self.ctx.attention_lanes(d.d)
+        self.attention_lanes && d.mask.softcap.is_none() && self.ctx.attention_lanes(d.d)
     }
 
     /// The key ranges of the forward and dq dispatches (one, except under a
@@ -399,10 +408,11 @@ pub(super) struct BwdViews<'a> {
 impl BwdViews<'_> {
     /// attention.wgsl's `Params` for these views, key or query range,
     /// flags and maxima slot (15..19) left zero.
-    fn params(&self, d: &Dims) -> [u32; 20] {
-        let mut p = [0u32; 20];
+    fn params(&self, d: &Dims) -> [u32; 24] {
+        let mut p = [0u32; 24];
         p[..5].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d), f(1.0 / (d.d as f32).sqrt())]);
         p[19] = d.window;
+        p[20] = d.softcap();
         let offs = [
             self.q, self.k, self.v, self.o, self.lse, self.dout, self.dq, self.dk, self.dv, self.delta,
         ];

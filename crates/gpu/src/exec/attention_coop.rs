@@ -18,17 +18,19 @@ use crate::tensor::GpuTensor;
 const NO_MAX_SLOT: u32 = u32::MAX;
 
 impl GpuExecutor {
-    /// The attention family in use for head dimension `d` under F16:
-    /// `Some(emulated)` for the tensor-core kernels, `None` for SIMT. `Auto`
-    /// takes the tensor cores only where they matched the SIMT kernels on
-    /// this device (`attention_check.rs`), and the SIMT kernels at a head
-    /// dimension the family has no kernels for; the family asked for by
-    /// name is refused there.
-    pub(crate) fn coop_attention_kernel(&self, op: &'static str, d: usize) -> Result<Option<bool>> {
+    /// The attention family in use for `dims` under F16: `Some(emulated)`
+    /// for the tensor-core kernels, `None` for SIMT. `Auto` takes the
+    /// tensor cores only where they matched the SIMT kernels on this device
+    /// (`attention_check.rs`), and the SIMT kernels at a head dimension the
+    /// family has no kernels for or with a soft cap, which it does not
+    /// apply; the family asked for by name is refused there. The backward
+    /// asks with the forward's mask, so it takes the forward's family.
+    pub(crate) fn coop_attention_kernel(&self, op: &'static str, dims: &Dims) -> Result<Option<bool>> {
+        let d = dims.d;
         let family = CoopAttention::HEAD_DIMS.contains(&(d as u32));
-        let named = |emulated: bool| match family {
-            true => Ok(Some(emulated)),
-            false => Err(Error::invalid(
+        let named = |emulated: bool| match (family, dims.mask.softcap) {
+            (true, None) => Ok(Some(emulated)),
+            (false, _) => Err(Error::invalid(
                 op,
                 format!(
                     "F16Attention::{:?} was asked for, but the tensor-core attention has no kernels \
@@ -37,9 +39,19 @@ impl GpuExecutor {
                     CoopAttention::HEAD_DIMS
                 ),
             )),
+            (true, Some(cap)) => Err(Error::invalid(
+                op,
+                format!(
+                    "F16Attention::{:?} was asked for, but the tensor-core attention has no soft cap \
+                     (the mask's is {}; F16Attention::Auto or Simt runs the SIMT kernels there)",
+                    self.f16_attention,
+                    cap.get()
+                ),
+            )),
         };
         match self.f16_attention {
             F16Attention::Auto => Ok((family
+                && dims.mask.softcap.is_none()
                 && self.ctx.has_cooperative_matrix()
                 && self.coop_attention_checked(d))
             .then_some(false)),
