@@ -1,4 +1,5 @@
-// SwiGLU, GeGLU and GELU (tanh approximation), forward and backward, one thread
+// SwiGLU, GeGLU, GELU (the tanh approximation and the exact one), forward
+// and backward, one thread
 // per element. The functions are activation_fns.wgsl's (put before this).
 
 struct Params {
@@ -34,6 +35,24 @@ fn swiglu_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         let d = act_swiglu_grads(A[p.o1 + i], B[p.o2 + i], C[p.o3 + i]);
         Y[p.o4 + i] = d.x;
         Y2[p.o5 + i] = d.y;
+    }
+}
+
+@compute @workgroup_size(256)
+fn gelu_erf(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Y[p.o4 + i] = act_gelu_erf(A[p.o1 + i]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn gelu_erf_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Y[p.o4 + i] = act_gelu_erf_grad(A[p.o1 + i], B[p.o2 + i]);
     }
 }
 

@@ -45,6 +45,33 @@ fn act_swiglu_grads(g: f32, u: f32, dy: f32) -> vec2<f32> {
     return vec2(dy * u * s * (1.0 + g * (1.0 - s)), dy * g * s);
 }
 
+// erf through erfc's Chebyshev fit (Numerical Recipes' erfcc: fractional
+// error under 1.2e-7), which stays accurate in the tails where 1 − erf is
+// what matters; exp underflows to 0 there rather than overflowing.
+fn erf_fit(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277))))))));
+    let erfc = t * exp(-z * z + poly);
+    return sign(x) * (1.0 - erfc);
+}
+
+const FRAC_1_SQRT_2: f32 = 0.7071067811865476;
+const FRAC_1_SQRT_2PI: f32 = 0.3989422804014327;
+
+// The exact GELU, 0.5 · x · (1 + erf(x / √2)) (GPT-NeoX's `gelu`).
+fn act_gelu_erf(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + erf_fit(x * FRAC_1_SQRT_2));
+}
+
+// dy · (Φ(x) + x · φ(x)).
+fn act_gelu_erf_grad(x: f32, dy: f32) -> f32 {
+    let cdf = 0.5 * (1.0 + erf_fit(x * FRAC_1_SQRT_2));
+    return dy * (cdf + x * FRAC_1_SQRT_2PI * exp(-0.5 * x * x));
+}
+
 fn act_gelu(x: f32) -> f32 {
     let t = tanh_safe(GELU_K * (x + GELU_A * x * x * x));
     return 0.5 * x * (1.0 + t);

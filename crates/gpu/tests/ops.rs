@@ -48,6 +48,9 @@ proptest! {
             assert_close("gelu", &down(g, &g.gelu(&gx4).unwrap()), &down_cpu(&c, &c.gelu(&cx4).unwrap()), TOL_F32);
             assert_close("gelu_backward", &down(g, &g.gelu_backward(&gx4, &gdy).unwrap()),
                 &down_cpu(&c, &c.gelu_backward(&cx4, &cdy).unwrap()), TOL_F32);
+            assert_close("gelu_erf", &down(g, &g.gelu_erf(&gx4).unwrap()), &down_cpu(&c, &c.gelu_erf(&cx4).unwrap()), TOL_F32);
+            assert_close("gelu_erf_backward", &down(g, &g.gelu_erf_backward(&gx4, &gdy).unwrap()),
+                &down_cpu(&c, &c.gelu_erf_backward(&cx4, &cdy).unwrap()), TOL_F32);
             assert_close("swiglu", &down(g, &g.swiglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.swiglu(&cx4, &cy).unwrap()), TOL_F32);
             let (dg, du) = g.swiglu_backward(&gx4, &gy, &gdy).unwrap();
             let (rg, ru) = c.swiglu_backward(&cx4, &cy, &cdy).unwrap();

@@ -186,6 +186,11 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     out.push(("swiglu dup", down(&du)));
     out.push(("gelu", down(&ex.gelu(&x6).unwrap())));
     out.push(("gelu backward", down(&ex.gelu_backward(&x6, &dy).unwrap())));
+    out.push(("gelu_erf", down(&ex.gelu_erf(&x6).unwrap())));
+    out.push((
+        "gelu_erf backward",
+        down(&ex.gelu_erf_backward(&x6, &dy).unwrap()),
+    ));
     for (cap, names) in [
         (2.0, ["softcap 2", "softcap 2 backward"]),
         (30.0, ["softcap 30", "softcap 30 backward"]),

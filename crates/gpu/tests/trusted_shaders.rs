@@ -29,6 +29,8 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "SoftcapBwd",
         "Gelu",
         "GeluBwd",
+        "GeluErf",
+        "GeluErfBwd",
         "Swiglu",
         "SwigluBwd",
         "Geglu",

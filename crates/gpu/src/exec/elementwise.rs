@@ -255,6 +255,27 @@ impl GpuExecutor {
         Ok(dx)
     }
 
+    pub(crate) fn gelu_erf_impl(&self, x: &GpuTensor) -> Result<GpuTensor> {
+        need_f32("gelu_erf", x)?;
+        let y = self.alloc_f32(x.shape.clone())?;
+        self.run_elementwise("gelu_erf", Kernel::GeluErf, &[x, &y], y.numel(), |n, o| {
+            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    pub(crate) fn gelu_erf_backward_impl(&self, x: &GpuTensor, dy: &GpuTensor) -> Result<GpuTensor> {
+        const OP: &str = "gelu_erf_backward";
+        need_f32(OP, x)?;
+        need_f32(OP, dy)?;
+        same_shape(OP, x, dy)?;
+        let dx = self.alloc_f32(x.shape.clone())?;
+        self.run_elementwise(OP, Kernel::GeluErfBwd, &[x, dy, &dx], dx.numel(), |n, o| {
+            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
+        })?;
+        Ok(dx)
+    }
+
     // ---- layout ---------------------------------------------------------
 
     pub(crate) fn reshape_impl(&self, t: &GpuTensor, shape: &Shape) -> Result<GpuTensor> {

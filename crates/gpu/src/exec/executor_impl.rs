@@ -474,6 +474,14 @@ impl Executor for GpuExecutor {
         self.softcap_backward_impl(y, dy, cap)
     }
 
+    fn gelu_erf(&self, x: &GpuTensor) -> Result<GpuTensor> {
+        self.gelu_erf_impl(x)
+    }
+
+    fn gelu_erf_backward(&self, x: &GpuTensor, dy: &GpuTensor) -> Result<GpuTensor> {
+        self.gelu_erf_backward_impl(x, dy)
+    }
+
     fn gelu(&self, x: &GpuTensor) -> Result<GpuTensor> {
         self.gelu_impl(x)
     }
