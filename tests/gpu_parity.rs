@@ -80,8 +80,10 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// of 3 on every block and of 4 on blocks 1-2), Phi-4-mini's partial
 /// rotation (12 of 16 entries, under LongRoPE, in a window of 5) and
 /// OLMo 3's blocks by kind, SmolLM3's NoPE block, and the other families
-/// added with them (Granite, StarCoder2, GLM, EXAONE 4, Phi-2, tied too),
-/// in the zoo's golden fixtures' shapes.
+/// added with them (Granite, StarCoder2, GLM, EXAONE 4, Phi-2, tied too;
+/// Gemma 2's soft-capped scores and logits; GPT-NeoX's fused head-by-head
+/// q/k/v and exact GELU, side by side and in sequence), in the zoo's
+/// golden fixtures' shapes.
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -107,6 +109,8 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "cohere",
         "gemma3",
         "gemma2",
+        "gpt_neox",
+        "gpt_neox_seq",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

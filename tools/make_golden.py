@@ -65,6 +65,8 @@ from transformers import (
     Gemma2ForCausalLM,
     Gemma3Config,
     Gemma3ForConditionalGeneration,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Phi3Config,
@@ -790,19 +792,69 @@ CASES = {
         9,
         torch.float32,
     ),
+    # GPT-NeoX (Pythia): two LayerNorms feeding attention and MLP side by
+    # side, q/k/v fused head by head, RoPE on a quarter of each head (4 of
+    # 16, theta 500), the exact GELU, biases everywhere, untied; v4 names
+    # (rotary_pct, rotary_emb_base) in its config.json.
+    "gpt_neox": (
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=0.25,
+            rotary_emb_base=500.0,
+            max_position_embeddings=64,
+            layer_norm_eps=1e-5,
+            hidden_act="gelu",
+            use_parallel_residual=True,
+            tie_word_embeddings=False,
+        ),
+        10,
+        torch.float32,
+    ),
+    # GPT-NeoX one sublayer after the other, half of each head rotated,
+    # the tanh GELU, no attention biases, a tied head.
+    "gpt_neox_seq": (
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        dict(
+            vocab_size=89,
+            hidden_size=48,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            rotary_pct=0.5,
+            max_position_embeddings=64,
+            hidden_act="gelu_new",
+            use_parallel_residual=False,
+            attention_bias=False,
+            tie_word_embeddings=True,
+        ),
+        9,
+        torch.float32,
+    ),
 }
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
 # (`torch_dtype`, top-level `rope_theta`), so both spellings are covered.
-V4_STYLE = {"llama_gqa", "gpt2"}
+V4_STYLE = {"llama_gqa", "gpt2", "gpt_neox"}
 
 
 def to_v4_config(path: Path):
     cfg = json.loads(path.read_text())
     cfg["torch_dtype"] = cfg.pop("dtype")
     rope = cfg.pop("rope_parameters", None)
-    if rope is not None:
+    if rope is not None and cfg["model_type"] == "gpt_neox":
+        # GPTNeoXConfig's own v4 names.
+        assert rope["rope_type"] == "default"
+        cfg["rotary_emb_base"] = rope["rope_theta"]
+        cfg["rotary_pct"] = rope["partial_rotary_factor"]
+    elif rope is not None:
         assert rope["rope_type"] == "default"
         cfg["rope_theta"] = rope["rope_theta"]
         cfg["rope_scaling"] = None
@@ -1032,6 +1084,9 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         if pname.startswith("model.language_model."):
             # A multimodal model's text stack, under the text model's names.
             pname = "model." + pname.removeprefix("model.language_model.")
+        elif pname == "lm_head.weight" and cfg.model_type == "gpt_neox":
+            # transformers 5 renames GPT-NeoX's head on load, and back on save.
+            pname = "embed_out.weight"
         elif p.grad is None:
             # Its vision tower and projector, which text never reaches.
             assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname

@@ -93,6 +93,8 @@ fn main() -> AnyResult<()> {
         "gemma3",
         "gemma2",
         "gemma3_mm",
+        "gpt_neox",
+        "gpt_neox_seq",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

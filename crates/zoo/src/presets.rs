@@ -22,6 +22,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "llama-3.1-8b",
     "gemma-3-1b",
     "gemma-2-2b",
+    "pythia-1b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -62,6 +63,8 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        parallel_residual: false,
+        exact_gelu: false,
         attn_softcap: None,
         final_softcap: None,
         pad_token_id: None,
@@ -111,6 +114,8 @@ fn llama(s: LlamaShape) -> ModelConfig {
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        parallel_residual: false,
+        exact_gelu: false,
         attn_softcap: None,
         final_softcap: None,
         pad_token_id: None,
@@ -174,6 +179,31 @@ fn gemma2_2b() -> Result<ModelConfig> {
             "final_logit_softcapping": 30.0,
             "pad_token_id": 0,
             "tie_word_embeddings": true,
+        }),
+    )
+}
+
+/// Pythia 1B (`EleutherAI/pythia-1b`'s config.json).
+fn pythia_1b() -> Result<ModelConfig> {
+    hf_preset(
+        "pythia-1b",
+        serde_json::json!({
+            "architectures": ["GPTNeoXForCausalLM"],
+            "model_type": "gpt_neox",
+            "vocab_size": 50304,
+            "hidden_size": 2048,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 8,
+            "hidden_act": "gelu",
+            "max_position_embeddings": 2048,
+            "layer_norm_eps": 1e-5,
+            "rotary_emb_base": 10000,
+            "rotary_pct": 0.25,
+            "use_parallel_residual": true,
+            "tie_word_embeddings": false,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
         }),
     )
 }
@@ -243,6 +273,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         },
         "gemma-3-1b" => gemma3_1b()?,
         "gemma-2-2b" => gemma2_2b()?,
+        "pythia-1b" => pythia_1b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

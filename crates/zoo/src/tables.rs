@@ -34,10 +34,10 @@ impl ModelConfig {
 
     /// HF name of the token embedding, which a tied head reads as its weight.
     pub fn embedding_name(&self) -> &'static str {
-        if self.arch.is_gpt2() {
-            "transformer.wte.weight"
-        } else {
-            "model.embed_tokens.weight"
+        match self.arch {
+            Arch::Gpt2 => "transformer.wte.weight",
+            Arch::GptNeox => "gpt_neox.embed_in.weight",
+            _ => "model.embed_tokens.weight",
         }
     }
 
@@ -66,7 +66,7 @@ impl ModelConfig {
                 t.push("transformer.wpe.weight", [self.max_position_embeddings, c], true)?;
             }
             (LayerKind::Embedding, _) => {
-                t.push("model.embed_tokens.weight", [v, c], true)?;
+                t.push(self.embedding_name(), [v, c], true)?;
             }
             (LayerKind::Block(i), Arch::Gpt2) => {
                 let p = format!("transformer.h.{i}");
@@ -156,6 +156,27 @@ impl ModelConfig {
                     t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
                 }
             }
+            (LayerKind::Block(i), Arch::GptNeox) => {
+                // In block_neox's Layout order.
+                let p = format!("gpt_neox.layers.{i}");
+                let f = self.intermediate_size;
+                for norm in ["input_layernorm", "post_attention_layernorm"] {
+                    t.push(format!("{p}.{norm}.weight"), [c], false)?;
+                    t.push(format!("{p}.{norm}.bias"), [c], false)?;
+                }
+                let linears = [
+                    ("attention.query_key_value", [3 * c, c], self.qkv_bias),
+                    ("attention.dense", [c, c], self.o_bias),
+                    ("mlp.dense_h_to_4h", [f, c], true),
+                    ("mlp.dense_4h_to_h", [c, f], true),
+                ];
+                for (name, shape, bias) in linears {
+                    t.push(format!("{p}.{name}.weight"), shape, true)?;
+                    if bias {
+                        t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
+                    }
+                }
+            }
             (LayerKind::Block(i), Arch::Phi) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
@@ -239,6 +260,13 @@ impl ModelConfig {
                 t.push("model.norm.bias", [c], false)?;
                 if !self.tie_word_embeddings {
                     t.push("lm_head.weight", [v, c], true)?;
+                }
+            }
+            (LayerKind::Head, Arch::GptNeox) => {
+                t.push("gpt_neox.final_layer_norm.weight", [c], false)?;
+                t.push("gpt_neox.final_layer_norm.bias", [c], false)?;
+                if !self.tie_word_embeddings {
+                    t.push("embed_out.weight", [v, c], true)?;
                 }
             }
             (LayerKind::Head, Arch::Gpt2) => {

@@ -598,7 +598,7 @@ fn glm_fields() {
     let mut v = llama_v4();
     v["partial_rotary_factor"] = json!(0.5);
     let msg = parse(v).unwrap_err().to_string();
-    assert!(msg.contains("only to Phi, Phi-3 and GLM"), "{msg}");
+    assert!(msg.contains("only to Phi, Phi-3, GLM and GPT-NeoX"), "{msg}");
 }
 
 /// EXAONE 4 as transformers reads it: a window (4096 unless written) on
@@ -725,6 +725,98 @@ fn cohere2_fields() {
     v["use_qk_norm"] = json!(true);
     let err = parse(v).unwrap_err();
     assert!(matches!(err, ZooError::Unsupported { .. }) && err.to_string().contains("use_qk_norm"));
+}
+
+/// EleutherAI/pythia-160m's config.json as its v4 checkpoint writes it.
+fn pythia_v4() -> Value {
+    json!({
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "hidden_act": "gelu",
+        "hidden_size": 768,
+        "initializer_range": 0.02,
+        "intermediate_size": 3072,
+        "layer_norm_eps": 1e-05,
+        "max_position_embeddings": 2048,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "rotary_emb_base": 10000,
+        "rotary_pct": 0.25,
+        "tie_word_embeddings": false,
+        "torch_dtype": "float16",
+        "transformers_version": "4.24.0",
+        "use_cache": true,
+        "use_parallel_residual": true,
+        "vocab_size": 50304
+    })
+}
+
+/// GPT-NeoX as transformers reads it: v4's `rotary_emb_base` and
+/// `rotary_pct` (0.25 unless written) or v5's `rope_parameters`, the exact
+/// GELU under `gelu`, biases unless `attention_bias` is false (the MLP's
+/// always), untied, LayerNorms with biases, `use_parallel_residual`.
+#[test]
+fn gpt_neox_fields() {
+    let c = parse(pythia_v4()).unwrap();
+    assert_eq!(c.arch, Arch::GptNeox);
+    assert_eq!(
+        (c.head_dim, c.num_kv_heads, c.rotary_dim, c.rope_theta),
+        (64, 12, Some(16), 10000.0)
+    );
+    assert!(c.exact_gelu && c.parallel_residual && !c.tie_word_embeddings);
+    assert!(c.qkv_bias && c.o_bias && c.mlp_bias && c.arch.norm_has_bias());
+    // Pythia-160m's published count.
+    assert_eq!(c.param_count(), 162_322_944);
+    let names: Vec<String> = c_table_names(&c).into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"gpt_neox.layers.0.attention.query_key_value.weight".to_string()));
+    assert_eq!(
+        c.layer_table(13).unwrap().iter().last().unwrap().name,
+        "embed_out.weight"
+    );
+
+    let mut v = pythia_v4();
+    for k in [
+        "rotary_pct",
+        "rotary_emb_base",
+        "use_parallel_residual",
+        "hidden_act",
+    ] {
+        v.as_object_mut().unwrap().remove(k);
+    }
+    v["attention_bias"] = json!(false);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.rotary_dim, c.rope_theta), (Some(16), 10000.0));
+    assert!(c.exact_gelu && c.parallel_residual && !c.qkv_bias && !c.o_bias && c.mlp_bias);
+    // v5's spelling wins over v4's.
+    v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5});
+    v["rotary_pct"] = json!(0.25);
+    v["hidden_act"] = json!("gelu_new");
+    v["use_parallel_residual"] = json!(false);
+    let c = parse(v.clone()).unwrap();
+    assert_eq!((c.rotary_dim, c.rope_theta), (Some(32), 500.0));
+    assert!(!c.exact_gelu && !c.parallel_residual);
+    // Written back, the config parses to itself.
+    let mut generated = c.clone();
+    generated.raw = None;
+    let back = parse(generated.to_hf_json("float32")).unwrap();
+    assert_eq!(
+        (back.rotary_dim, back.rope_theta, back.exact_gelu),
+        (Some(32), 500.0, false)
+    );
+    assert!(!back.parallel_residual && !back.qkv_bias);
+
+    for (field, value) in [
+        ("rotary_pct", json!(0.0)),
+        ("rotary_pct", json!(1.5)),
+        ("hidden_act", json!("relu")),
+    ] {
+        let mut bad = pythia_v4();
+        bad[field] = value;
+        let err = parse(bad).unwrap_err().to_string();
+        assert!(err.contains(field.split('_').next().unwrap()), "{field}: {err}");
+    }
 }
 
 fn cap(c: f32) -> SoftCap {

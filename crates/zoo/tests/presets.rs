@@ -18,6 +18,7 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("llama-3.1-8b", 8_030_261_248),
         ("gemma-3-1b", 999_885_952),
         ("gemma-2-2b", 2_614_341_888),
+        ("pythia-1b", 1_011_781_632),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");

@@ -79,13 +79,20 @@ pub enum Arch {
     /// `query_pre_attn_scalar`^−½; a sliding window on five blocks of six,
     /// their RoPE with θ of its own.
     Gemma3,
+    /// GPT-NeoX (`gpt_neox`: Pythia, GPT-NeoX-20B): two LayerNorms with
+    /// biases feeding the attention and the GELU MLP side by side
+    /// (`use_parallel_residual`, or one after the other), q/k/v fused head
+    /// by head, RoPE on a quarter of each head unless written, untied
+    /// `embed_in` / `embed_out`.
+    GptNeox,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
                          Qwen3ForCausalLM, Phi3ForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
-                         Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM";
+                         Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
+                         GPTNeoXForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -100,7 +107,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 19] = [
+    pub const ALL: [Arch; 20] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -120,6 +127,7 @@ impl Arch {
         Arch::Cohere2,
         Arch::Gemma2,
         Arch::Gemma3,
+        Arch::GptNeox,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -143,6 +151,7 @@ impl Arch {
             Arch::Cohere2 => "Cohere2ForCausalLM",
             Arch::Gemma2 => "Gemma2ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
+            Arch::GptNeox => "GPTNeoXForCausalLM",
         }
     }
 
@@ -167,6 +176,7 @@ impl Arch {
             Arch::Cohere2 => "cohere2",
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
+            Arch::GptNeox => "gpt_neox",
         }
     }
 
@@ -180,12 +190,11 @@ impl Arch {
         self == Arch::Gpt2
     }
 
-    /// LayerNorms with biases (GPT-2's and StarCoder2's) rather than
-    /// RMSNorms.
+    /// LayerNorms (with biases but for Cohere's) rather than RMSNorms.
     pub fn has_layernorm(self) -> bool {
         matches!(
             self,
-            Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi | Arch::Cohere | Arch::Cohere2
+            Arch::Gpt2 | Arch::Starcoder2 | Arch::Phi | Arch::Cohere | Arch::Cohere2 | Arch::GptNeox
         )
     }
 
@@ -308,6 +317,13 @@ pub struct ModelConfig {
     /// Gemma's: attention scores are scaled by its −½ power instead of
     /// head_dim's.
     pub query_pre_attn_scalar: Option<f64>,
+    /// GPT-NeoX's `use_parallel_residual`: the MLP (after a norm of its own)
+    /// reads the block's input beside the attention rather than after it.
+    /// Phi's and Cohere's side-by-side blocks are their architectures'.
+    pub parallel_residual: bool,
+    /// A GELU MLP's exact, erf GELU (GPT-NeoX's `hidden_act` `gelu`) rather
+    /// than the tanh approximation.
+    pub exact_gelu: bool,
     /// Gemma 2's `attn_logit_softcapping`: every block's scaled attention
     /// scores become `cap · tanh(s / cap)`.
     pub attn_softcap: Option<SoftCap>,
@@ -478,7 +494,7 @@ impl ModelConfig {
         // RoPE base ≤ 0 gives NaN angles: both show only as a NaN loss.
         let eps_name = match self.arch {
             Arch::Gpt2 => "layer_norm_epsilon",
-            Arch::Phi | Arch::Cohere | Arch::Cohere2 => "layer_norm_eps",
+            Arch::Phi | Arch::Cohere | Arch::Cohere2 | Arch::GptNeox => "layer_norm_eps",
             Arch::Starcoder2 => "norm_epsilon",
             _ => "rms_norm_eps",
         };
@@ -754,6 +770,19 @@ impl ModelConfig {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_new"));
             }
+            Arch::GptNeox => {
+                obj.remove("num_key_value_heads");
+                obj.remove("head_dim");
+                obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
+                let act = if self.exact_gelu { "gelu" } else { "gelu_new" };
+                obj.insert("hidden_act".into(), json!(act));
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("use_parallel_residual".into(), json!(self.parallel_residual));
+                // GPTNeoXConfig's own names for θ and the rotated share.
+                obj.insert("rotary_emb_base".into(), json!(self.rope_theta));
+                let pct = self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64);
+                obj.insert("rotary_pct".into(), json!(pct));
+            }
             Arch::Gemma2 | Arch::Gemma3 => {
                 obj.remove("hidden_act");
                 obj.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
@@ -878,6 +907,8 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         multipliers: None,
         logit_scale: None,
         query_pre_attn_scalar: None,
+        parallel_residual: false,
+        exact_gelu: false,
         attn_softcap: None,
         final_softcap: None,
         pad_token_id: None,
@@ -922,6 +953,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             f.opt_str("hidden_act")?.unwrap_or("gelu_new"),
             ["gelu_new", "gelu_pytorch_tanh"].as_slice(),
         ),
+        // GPTNeoXConfig's `gelu` is the exact GELU, the others its tanh
+        // approximation.
+        Arch::GptNeox => (
+            f.opt_str("hidden_act")?.unwrap_or("gelu"),
+            ["gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"].as_slice(),
+        ),
         // Gemma's configs name it hidden_activation.
         Arch::Gemma2 | Arch::Gemma3 => (
             f.opt_str("hidden_activation")?.unwrap_or("gelu_pytorch_tanh"),
@@ -955,6 +992,11 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // blocks' `rope_local_base_freq` (10000) in a v4 config.
         Arch::Gemma3 => parse_kinds_rope(f, max_positions, 1e6, Some(("rope_local_base_freq", 10000.0)))?,
         Arch::SmolLM3 => (parse_rope_with_theta(f, max_positions, 2e6)?, None),
+        // GPTNeoXConfig's v4 name for θ.
+        Arch::GptNeox => {
+            let base = f.opt_f64("rotary_emb_base")?.unwrap_or(10000.0);
+            (parse_rope_with_theta(f, max_positions, base)?, None)
+        }
         _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
     };
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
@@ -964,16 +1006,21 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         (Some(p), _) => Some(p),
         // GlmConfig's and PhiConfig's factor unless written.
         (None, true) => Some(0.5),
+        // GPTNeoXConfig's, under its v4 name `rotary_pct`, 0.25 unless written.
+        (None, false) if arch == Arch::GptNeox => match f.opt_f64("rotary_pct")?.unwrap_or(0.25) {
+            p if p > 0.0 && p <= 1.0 => Some(p),
+            p => return Err(f.bad("rotary_pct", format!("{p} must be in (0, 1]"))),
+        },
         (None, false) => None,
     };
     let rotary_dim = match partial.filter(|&p| p < 1.0) {
         None => None,
-        Some(p) if matches!(arch, Arch::Phi3 | Arch::Phi) || arch.is_glm() => {
+        Some(p) if matches!(arch, Arch::Phi3 | Arch::Phi | Arch::GptNeox) || arch.is_glm() => {
             Some((head_dim as f64 * p) as usize)
         }
         Some(p) => {
             return Err(f.unsupported(format!(
-                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3 and GLM here)",
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3, GLM and GPT-NeoX here)",
                 rope.partial_field
             )));
         }
@@ -1008,6 +1055,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             }
             (true, true, true)
         }
+        // GPTNeoXConfig's attention_bias (true unless written) is the
+        // fused projection's and `dense`'s; the MLP's are always there.
+        Arch::GptNeox => {
+            let b = f.opt_bool("attention_bias")?.unwrap_or(true);
+            (b, b, true)
+        }
         _ => (false, false, false),
     };
     let layers = f.req_usize("num_hidden_layers")?;
@@ -1031,7 +1084,9 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
-            Arch::Phi | Arch::Cohere | Arch::Cohere2 => f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5),
+            Arch::Phi | Arch::Cohere | Arch::Cohere2 | Arch::GptNeox => {
+                f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5)
+            }
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
@@ -1081,6 +1136,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
                 .flatten(),
             _ => None,
         },
+        parallel_residual: arch == Arch::GptNeox && f.opt_bool("use_parallel_residual")?.unwrap_or(true),
+        exact_gelu: act == "gelu",
         pad_token_id: padding_idx(f, arch)?,
         dtype: None,
         raw: None,

@@ -9,7 +9,7 @@
 //! - [`embedding_forward`] / [`embedding_backward`] — layer 0;
 //! - [`block_forward`] → `(y, BlockSaved)`, [`block_backward`] — the decoder
 //!   blocks (GPT-2's, the Llama family's, OLMo's, StarCoder2's, Phi-2's,
-//!   Cohere 2's); drop
+//!   Cohere 2's, GPT-NeoX's); drop
 //!   `BlockSaved` for a checkpointed forward, keep it when recomputing;
 //! - [`head_forward_backward`] — final norm, LM head and cross-entropy in
 //!   chunks of rows, and its backward; [`head_logits`] and [`head_loss`] run
@@ -21,6 +21,7 @@
 mod block_cohere2;
 mod block_gpt2;
 mod block_llama;
+mod block_neox;
 mod block_olmo2;
 mod block_phi;
 mod block_starcoder2;
@@ -32,6 +33,7 @@ use megatrain_tensor::{Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHan
 pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
+pub use block_neox::NeoxSaved;
 pub use block_olmo2::Olmo2Saved;
 pub use block_phi::PhiSaved;
 pub use block_starcoder2::Starcoder2Saved;
@@ -54,6 +56,7 @@ pub enum BlockSaved<T> {
     Starcoder2(Box<Starcoder2Saved<T>>),
     Phi(Box<PhiSaved<T>>),
     Cohere2(Box<Cohere2Saved<T>>),
+    Neox(Box<NeoxSaved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -90,6 +93,10 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Cohere2(Box::new(s))))
         }
+        Arch::GptNeox => {
+            let (y, s) = block_neox::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Neox(Box::new(s))))
+        }
         _ => {
             let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
@@ -115,6 +122,7 @@ pub fn block_backward<E: Executor>(
         }
         BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
+        BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy)
         }

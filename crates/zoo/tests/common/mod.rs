@@ -39,6 +39,8 @@ pub const CASES: &[&str] = &[
     "gemma3",
     "gemma2",
     "gemma3_mm",
+    "gpt_neox",
+    "gpt_neox_seq",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

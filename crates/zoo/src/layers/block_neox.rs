@@ -1,0 +1,225 @@
+//! GPT-NeoX block (Pythia, GPT-NeoX-20B): two LayerNorms (with biases), one
+//! before the attention and one before the GELU MLP, which run side by side
+//! (`y = x + attn(ln1(x)) + mlp(ln2(x))`) under `use_parallel_residual`
+//! and one after the other otherwise; q, k and v from one fused
+//! `query_key_value` projection laid out head by head (`[H, 3, D]` rows),
+//! RoPE on part of each head, biases on every linear layer under
+//! `attention_bias` (the MLP's always). `nn.Linear` weights are
+//! `[out, in]`, read with `Transpose::NT`.
+
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
+
+use super::{Linear, check_weights, lin, needs, put, shape};
+use crate::{ModelConfig, Result};
+
+/// Positions of a block's tensors in its table (mirrors `layer_table`).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ln1: (usize, usize),
+    ln2: (usize, usize),
+    qkv: Linear,
+    dense: Linear,
+    fc1: Linear,
+    fc2: Linear,
+    len: usize,
+}
+
+impl Layout {
+    fn new(cfg: &ModelConfig) -> Layout {
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n - 1
+        };
+        let ln1 = (next(), next());
+        let ln2 = (next(), next());
+        let bias = cfg.qkv_bias;
+        let qkv = (next(), bias.then(&mut next));
+        let dense = (next(), cfg.o_bias.then(&mut next));
+        let fc1 = (next(), Some(next()));
+        let fc2 = (next(), Some(next()));
+        Layout {
+            ln1,
+            ln2,
+            qkv,
+            dense,
+            fc1,
+            fc2,
+            len: n,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct NeoxSaved<T> {
+    x: T,
+    n1: NormOut<T>,
+    /// Rotated q, k and v, `[B, T, H, D]`.
+    q: T,
+    k: T,
+    v: T,
+    att: AttentionOut<T>,
+    a: T,
+    /// x + attn, the second norm's input, where the MLP follows the
+    /// attention (beside it, the norm reads x).
+    x2: Option<T>,
+    n2: NormOut<T>,
+    /// The MLP's product before and after GELU.
+    f: T,
+    g: T,
+}
+
+/// `(f, gelu(f))` of the MLP's first product: the exact GELU (`hidden_act`
+/// `gelu`, Pythia's) after the product, the tanh one where it is stored.
+fn mlp_up<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    n: &E::Tensor,
+    w: &[E::Tensor],
+    fc1: Linear,
+) -> Result<(E::Tensor, E::Tensor)> {
+    if cfg.exact_gelu {
+        let f = lin(ex, n, w, fc1)?;
+        let g = ex.gelu_erf(&f)?;
+        return Ok((f, g));
+    }
+    Ok(ex.matmul_gelu(n, &w[fc1.0], fc1.1.map(|i| &w[i]), Transpose::NT)?)
+}
+
+pub(super) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, NeoxSaved<E::Tensor>)> {
+    let l = Layout::new(cfg);
+    check_weights(w, l.len, "gpt_neox block_forward")?;
+    let eps = cfg.norm_eps as f32;
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let (h, d) = (cfg.num_heads, cfg.head_dim);
+    let rope = cfg.rope(layer);
+
+    let n1 = ex.layernorm(x, &w[l.ln1.0], &w[l.ln1.1], eps)?;
+    let qkv = ex.reshape(&lin(ex, &n1.y, w, l.qkv)?, &shape(&[b, t, h, 3 * d]))?;
+    let mut parts = ex.split_last(&qkv, &[d, d, d])?.into_iter();
+    let mut part = || parts.next().expect("three parts");
+    let (q, k, v) = (part(), part(), part());
+    drop(qkv);
+    let q = ex.rope(&q, rope.clone())?;
+    let k = ex.rope(&k, rope)?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
+    let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
+    let o = lin(ex, &a, w, l.dense)?;
+    let (x2, n2) = match cfg.parallel_residual {
+        true => (None, ex.layernorm(x, &w[l.ln2.0], &w[l.ln2.1], eps)?),
+        false => {
+            let AddNormOut { h, norm } = ex.add_layernorm(x, &o, &w[l.ln2.0], &w[l.ln2.1], eps)?;
+            (Some(h), norm)
+        }
+    };
+    let (f, g) = mlp_up(cfg, ex, &n2.y, w, l.fc1)?;
+    let m = lin(ex, &g, w, l.fc2)?;
+    let y = match &x2 {
+        None => ex.add(&ex.add(x, &o)?, &m)?,
+        Some(x2) => ex.add(x2, &m)?,
+    };
+    let saved = NeoxSaved {
+        x: ex.reshape(x, x.shape())?,
+        n1,
+        q,
+        k,
+        v,
+        att,
+        a,
+        x2,
+        n2,
+        f,
+        g,
+    };
+    Ok((y, saved))
+}
+
+pub(super) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    s: &NeoxSaved<E::Tensor>,
+    dy: &E::Tensor,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    let l = Layout::new(cfg);
+    check_weights(w, l.len, "gpt_neox block_backward")?;
+    let (b, t) = (dy.dims()[0], dy.dims()[1]);
+    let (h, d) = (cfg.num_heads, cfg.head_dim);
+    let rope = cfg.rope(layer);
+    let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
+    let take = |o: Option<E::Tensor>| o.expect("requested gradient");
+
+    // MLP.
+    let df = if cfg.exact_gelu {
+        let mut gm = ex.matmul_backward(&s.g, &w[l.fc2.0], dy, Transpose::NT, needs(l.fc2.1))?;
+        let dg = take(gm.da.take());
+        put(&mut grads, l.fc2, gm);
+        ex.gelu_erf_backward(&s.f, &dg)?
+    } else {
+        // The product's input gradient carried on through GELU.
+        let mut gm = ex.matmul_backward_gelu(&s.g, &w[l.fc2.0], dy, Transpose::NT, needs(l.fc2.1), &s.f)?;
+        let df = take(gm.da.take());
+        put(&mut grads, l.fc2, gm);
+        df
+    };
+    let mut gfc = ex.matmul_backward(&s.n2.y, &w[l.fc1.0], &df, Transpose::NT, needs(l.fc1.1))?;
+    let dn2 = take(gfc.da.take());
+    put(&mut grads, l.fc1, gfc);
+    let mean2 = s.n2.mean.as_ref().expect("layernorm mean");
+    // Side by side, the second norm's input gradient joins x's at the end;
+    // one after the other, x2 = x + attn carries it with dy into the attention.
+    let (dx_mlp, dx2) = match &s.x2 {
+        None => {
+            let n2 = ex.layernorm_backward(&s.x, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2)?;
+            grads[l.ln2.0] = Some(n2.dw);
+            grads[l.ln2.1] = Some(n2.db.expect("layernorm bias grad"));
+            (Some(n2.dx), None)
+        }
+        Some(x2) => {
+            let n2 = ex.add_layernorm_backward(x2, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2, dy)?;
+            grads[l.ln2.0] = Some(n2.dw);
+            grads[l.ln2.1] = Some(n2.db.expect("layernorm bias grad"));
+            (None, Some(n2.dx))
+        }
+    };
+    let dres = dx2.as_ref().unwrap_or(dy);
+
+    // Attention.
+    let mut go = ex.matmul_backward(&s.a, &w[l.dense.0], dres, Transpose::NT, needs(l.dense.1))?;
+    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, h, d]))?;
+    put(&mut grads, l.dense, go);
+    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
+    let dq = ex.rope_backward(&ga.dq, rope.clone())?;
+    let dk = ex.rope_backward(&ga.dk, rope)?;
+    let dqkv = ex.reshape(
+        &ex.concat_last(&[&dq, &dk, &ga.dv])?,
+        &shape(&[b, t, 3 * cfg.q_dim()]),
+    )?;
+    drop((dq, dk, ga));
+    let mut gqkv = ex.matmul_backward(&s.n1.y, &w[l.qkv.0], &dqkv, Transpose::NT, needs(l.qkv.1))?;
+    let dn1 = take(gqkv.da.take());
+    put(&mut grads, l.qkv, gqkv);
+    let n1 = ex.add_layernorm_backward(
+        &s.x,
+        &w[l.ln1.0],
+        s.n1.mean.as_ref().expect("layernorm mean"),
+        &s.n1.rstd,
+        &dn1,
+        dres,
+    )?;
+    grads[l.ln1.0] = Some(n1.dw);
+    grads[l.ln1.1] = Some(n1.db.expect("layernorm bias grad"));
+    let mut dx = n1.dx;
+    if let Some(d) = dx_mlp {
+        ex.add_assign(&mut dx, &d)?;
+    }
+    let grads = grads.into_iter().map(take).collect();
+    Ok((dx, grads))
+}
