@@ -52,25 +52,26 @@ fn add_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// cap · tanh(x / cap) (cap in p.s), Gemma 2's final logit soft-capping;
+// Z = cap · tanh(Z / cap) in place (cap in p.s), Gemma's final logit
+// soft-capping: a chunk of logits is capped without a second copy of it.
 // tanh_precise is activation_fns.wgsl's (put before this file).
 @compute @workgroup_size(256)
 fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        Z[p.o2 + i] = p.s * tanh_precise(X[p.o0 + i] / p.s);
+        Z[p.o2 + i] = p.s * tanh_precise(Z[p.o2 + i] / p.s);
     }
 }
 
-// dx = dy · (1 − (y / cap)²) from the capped y (X) and dy (Y).
+// dy (Z) ·= 1 − (y / cap)² in place, from the capped y (X).
 @compute @workgroup_size(256)
 fn softcap_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
         let t = X[p.o0 + i] / p.s;
-        Z[p.o2 + i] = Y[p.o1 + i] * (1.0 - t * t);
+        Z[p.o2 + i] = Z[p.o2 + i] * (1.0 - t * t);
     }
 }
 

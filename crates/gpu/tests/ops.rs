@@ -64,10 +64,10 @@ proptest! {
             assert_close("add_scalar", &down(g, &g.add_scalar(&gx, 1.25).unwrap()), &down_cpu(&c, &c.add_scalar(&cx, 1.25).unwrap()), TOL_F32);
             // A cap of 2 bends most of x4 (to ±6) and saturates its tails.
             let cap = SoftCap::new(2.0, "test").unwrap();
-            let (gs, cs) = (g.softcap(&gx4, cap).unwrap(), c.softcap(&cx4, cap).unwrap());
+            let (gs, cs) = (g.softcap(gx4.clone(), cap).unwrap(), c.softcap(cx4.clone(), cap).unwrap());
             assert_close("softcap", &down(g, &gs), &down_cpu(&c, &cs), TOL_F32);
-            assert_close("softcap_backward", &down(g, &g.softcap_backward(&gs, &gdy, cap).unwrap()),
-                &down_cpu(&c, &c.softcap_backward(&cs, &cdy, cap).unwrap()), TOL_F32);
+            assert_close("softcap_backward", &down(g, &g.softcap_backward(&gs, gdy.clone(), cap).unwrap()),
+                &down_cpu(&c, &c.softcap_backward(&cs, cdy.clone(), cap).unwrap()), TOL_F32);
         }
     }
 
@@ -594,7 +594,9 @@ fn attention_soft_capped_split_under_a_small_loop_budget() {
 
 /// The soft cap on its own, both ways, over more elements than a
 /// workgroup's 256 and not a multiple of them, at a cap that bends most
-/// of the inputs (scaled to ±6) and at Gemma 2's final-logit 30.
+/// of the inputs (scaled to ±6) and at Gemma 2's final-logit 30. Both caps
+/// run on clones of the same inputs: an in-place op that wrote through a
+/// buffer another handle shares would fail the second.
 #[test]
 fn softcap_both_ways_past_one_workgroup() {
     let c = cpu();
@@ -605,7 +607,10 @@ fn softcap_both_ways_past_one_workgroup() {
         let (gx, gdy) = (g.scale(&up(g, &x), 6.0).unwrap(), up(g, &dy));
         for cap in [0.5, 30.0] {
             let cap = SoftCap::new(cap, "test").unwrap();
-            let (gy, cy) = (g.softcap(&gx, cap).unwrap(), c.softcap(&cx, cap).unwrap());
+            let (gy, cy) = (
+                g.softcap(gx.clone(), cap).unwrap(),
+                c.softcap(cx.clone(), cap).unwrap(),
+            );
             assert_close(
                 &format!("softcap {cap:?}"),
                 &down(g, &gy),
@@ -614,8 +619,8 @@ fn softcap_both_ways_past_one_workgroup() {
             );
             assert_close(
                 &format!("softcap_backward {cap:?}"),
-                &down(g, &g.softcap_backward(&gy, &gdy, cap).unwrap()),
-                &down_cpu(&c, &c.softcap_backward(&cy, &cdy, cap).unwrap()),
+                &down(g, &g.softcap_backward(&gy, gdy.clone(), cap).unwrap()),
+                &down_cpu(&c, &c.softcap_backward(&cy, cdy.clone(), cap).unwrap()),
                 TOL_F32,
             );
         }
@@ -638,7 +643,7 @@ fn softcap_tanh_is_within_a_few_ulps_everywhere() {
     let x = HostTensor::from_f32(Shape::new([n]), xs.clone()).unwrap();
     let y = down(
         g,
-        &g.softcap(&up(g, &x), SoftCap::new(1.0, "test").unwrap()).unwrap(),
+        &g.softcap(up(g, &x), SoftCap::new(1.0, "test").unwrap()).unwrap(),
     );
     let worst = xs
         .iter()

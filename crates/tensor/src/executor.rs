@@ -620,10 +620,13 @@ pub trait Executor {
         dy: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
-    /// `cap · tanh(x / cap)` (Gemma 2's final logit soft-capping).
-    fn softcap(&self, x: &Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
-    /// `dx` from the capped `y` and `dy`: `dy · (1 − (y / cap)²)`.
-    fn softcap_backward(&self, y: &Self::Tensor, dy: &Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
+    /// `cap · tanh(x / cap)` (Gemma's final logit soft-capping), in `x`'s
+    /// own storage where no other handle shares it: the LM head caps a
+    /// chunk of logits without a second logits-sized tensor.
+    fn softcap(&self, x: Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
+    /// `dx` from the capped `y` and `dy`: `dy · (1 − (y / cap)²)`, in `dy`'s
+    /// storage as [`softcap`](Self::softcap) is in `x`'s.
+    fn softcap_backward(&self, y: &Self::Tensor, dy: Self::Tensor, cap: SoftCap) -> Result<Self::Tensor>;
 
     /// The exact GELU, `0.5 · x · (1 + erf(x / √2))` (`hidden_act`
     /// `gelu`: GPT-NeoX's and Pythia's).

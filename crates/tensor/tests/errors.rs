@@ -183,7 +183,7 @@ fn soft_caps_must_be_positive_and_finite() {
     }
     let cap = SoftCap::new(30.0, "test").unwrap();
     shape_err(
-        EX.softcap_backward(&r(1, &[2, 3]), &r(2, &[3, 2]), cap),
+        EX.softcap_backward(&r(1, &[2, 3]), r(2, &[3, 2]), cap),
         "softcap_backward",
     );
 }

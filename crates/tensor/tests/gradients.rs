@@ -274,10 +274,10 @@ fn softcap_backward() {
     );
     let cap = SoftCap::new(1.5, "test").unwrap();
     let cot = rand_t(8, &[2, 8]);
-    let y = EX.softcap(&x, cap).unwrap();
-    let dx = EX.softcap_backward(&y, &cot, cap).unwrap();
+    let y = EX.softcap(x.clone(), cap).unwrap();
+    let dx = EX.softcap_backward(&y, cot.clone(), cap).unwrap();
     grad_check("softcap", &[x], &[dx.data()], |i| {
-        dot(EX.softcap(&i[0], cap).unwrap().data(), cot.data())
+        dot(EX.softcap(i[0].clone(), cap).unwrap().data(), cot.data())
     });
 }
 

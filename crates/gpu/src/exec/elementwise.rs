@@ -79,30 +79,32 @@ impl GpuExecutor {
         Ok(y)
     }
 
-    pub(crate) fn softcap_impl(&self, x: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
-        need_f32("softcap", x)?;
-        let y = self.alloc_f32(x.shape.clone())?;
-        self.run_elementwise("softcap", Kernel::Softcap, &[x, &y], x.numel(), |n, o| {
-            vec![u(n), o[0], 0, o[1], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
+    /// Caps `x` in place (a copy first where its buffer is shared).
+    pub(crate) fn softcap_impl(&self, mut x: GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+        need_f32("softcap", &x)?;
+        self.make_unique(&mut x)?;
+        self.run_elementwise("softcap", Kernel::Softcap, &[&x], x.numel(), |n, o| {
+            vec![u(n), 0, 0, o[0], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
         })?;
-        Ok(y)
+        Ok(x)
     }
 
+    /// Scales `dy` in place by the cap's slope at the capped `y`.
     pub(crate) fn softcap_backward_impl(
         &self,
         y: &GpuTensor,
-        dy: &GpuTensor,
+        mut dy: GpuTensor,
         cap: SoftCap,
     ) -> Result<GpuTensor> {
         const OP: &str = "softcap_backward";
         need_f32(OP, y)?;
-        need_f32(OP, dy)?;
-        same_shape(OP, y, dy)?;
-        let dx = self.alloc_f32(y.shape.clone())?;
-        self.run_elementwise(OP, Kernel::SoftcapBwd, &[y, dy, &dx], y.numel(), |n, o| {
-            vec![u(n), o[0], o[1], o[2], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
+        need_f32(OP, &dy)?;
+        same_shape(OP, y, &dy)?;
+        self.make_unique(&mut dy)?;
+        self.run_elementwise(OP, Kernel::SoftcapBwd, &[y, &dy], y.numel(), |n, o| {
+            vec![u(n), o[0], 0, o[1], f(cap.get()), 0, 0, 0, 0, 0, 0, 0]
         })?;
-        Ok(dx)
+        Ok(dy)
     }
 
     /// `out` (w wide) = the column sums of the `rows` rows of `x`, in

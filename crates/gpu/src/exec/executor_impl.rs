@@ -466,11 +466,11 @@ impl Executor for GpuExecutor {
         self.glu_backward_impl(Glu::Gelu, gate, up, dy)
     }
 
-    fn softcap(&self, x: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+    fn softcap(&self, x: GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
         self.softcap_impl(x, cap)
     }
 
-    fn softcap_backward(&self, y: &GpuTensor, dy: &GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
+    fn softcap_backward(&self, y: &GpuTensor, dy: GpuTensor, cap: SoftCap) -> Result<GpuTensor> {
         self.softcap_backward_impl(y, dy, cap)
     }
 

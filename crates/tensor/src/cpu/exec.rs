@@ -652,19 +652,18 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
     }
 
-    fn softcap(&self, x: &T<F>, cap: SoftCap) -> Result<T<F>> {
-        let cap = F::from_f64(cap.get() as f64);
-        Ok(out(x.shape().clone(), r::softcap(f32_data("softcap", x)?, cap)))
+    fn softcap(&self, mut x: T<F>, cap: SoftCap) -> Result<T<F>> {
+        f32_data("softcap", &x)?;
+        r::softcap(x.data_mut(), F::from_f64(cap.get() as f64));
+        Ok(x)
     }
 
-    fn softcap_backward(&self, y: &T<F>, dy: &T<F>, cap: SoftCap) -> Result<T<F>> {
+    fn softcap_backward(&self, y: &T<F>, mut dy: T<F>, cap: SoftCap) -> Result<T<F>> {
         let op = "softcap_backward";
-        same_shape(op, "y vs dy", y, dy)?;
-        let cap = F::from_f64(cap.get() as f64);
-        Ok(out(
-            y.shape().clone(),
-            r::softcap_backward(f32_data(op, y)?, f32_data(op, dy)?, cap),
-        ))
+        same_shape(op, "y vs dy", y, &dy)?;
+        f32_data(op, &dy)?;
+        r::softcap_backward(f32_data(op, y)?, dy.data_mut(), F::from_f64(cap.get() as f64));
+        Ok(dy)
     }
 
     fn gelu_erf(&self, x: &T<F>) -> Result<T<F>> {

@@ -122,7 +122,7 @@ fn logits<E: Executor>(
 ) -> Result<E::Tensor> {
     let z = ex.matmul(n, wh, bias, Transpose::NT)?;
     Ok(match cfg.final_softcap {
-        Some(cap) => ex.softcap(&z, cap)?,
+        Some(cap) => ex.softcap(z, cap)?,
         None => z,
     })
 }
@@ -243,15 +243,8 @@ pub fn head_forward_backward<E: Executor>(
         let logits = logits(cfg, ex, &n.y, wh, bias)?;
         let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale)?;
         chunk_losses.push(ce.losses);
-        // Under a soft cap the chunk briefly holds a third logits-sized
-        // tensor here (a cross-entropy that applied the cap's slope itself
-        // would not).
         let dlogits = match cfg.final_softcap {
-            Some(cap) => {
-                let d = ex.softcap_backward(&logits, &ce.dlogits, cap)?;
-                drop(ce.dlogits);
-                d
-            }
+            Some(cap) => ex.softcap_backward(&logits, ce.dlogits, cap)?,
             None => ce.dlogits,
         };
         drop(logits);

@@ -102,14 +102,22 @@ pub fn geglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<F
     pairs.into_iter().unzip()
 }
 
-/// `cap · tanh(x / cap)` (Gemma 2's final logit soft-capping).
-pub fn softcap<F: Real>(x: &[F], cap: F) -> Vec<F> {
-    map2(x, x, |x, _| cap * (x / cap).tanh())
+/// `x ← cap · tanh(x / cap)` (Gemma's final logit soft-capping).
+pub fn softcap<F: Real>(x: &mut [F], cap: F) {
+    x.par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh()));
 }
 
-/// `dx` of [`softcap`] from its output `y`: `dy · (1 − (y / cap)²)`.
-pub fn softcap_backward<F: Real>(y: &[F], dy: &[F], cap: F) -> Vec<F> {
-    map2(y, dy, |y, dy| dy * (F::one() - (y / cap) * (y / cap)))
+/// `dy ← dx` of [`softcap`] from its output `y`: `dy · (1 − (y / cap)²)`.
+pub fn softcap_backward<F: Real>(y: &[F], dy: &mut [F], cap: F) {
+    assert_eq!(y.len(), dy.len(), "softcap_backward: lengths");
+    dy.par_chunks_mut(CHUNK)
+        .zip(y.par_chunks(CHUNK))
+        .for_each(|(d, y)| {
+            d.iter_mut()
+                .zip(y)
+                .for_each(|(d, &y)| *d = *d * (F::one() - (y / cap) * (y / cap)))
+        });
 }
 
 /// `0.5 · x · (1 + erf(x / √2))`, the exact GELU (`hidden_act` `gelu`:
