@@ -1,7 +1,7 @@
 // Fused causal attention with grouped-query heads, in a sliding window
 // where p.window > 0 (attention_mask.wgsl), the scores soft-capped where
-// p.softcap > 0 (`capped`). No T×T matrix ever exists in device memory:
-// the forward keeps a running max and sum per query row
+// p.softcap > 0 (attention_params.wgsl's `capped`). No T×T matrix ever
+// exists in device memory: the forward keeps a running max and sum per query row
 // (online softmax) and stores only out and lse; the backward recomputes the
 // probabilities from lse. Layouts: q/out/dout [B, T, Hq, D], k/v [B, T, Hkv, D],
 // lse and delta [B, Hq, T]. One thread owns one row; tiles of the other side
@@ -29,32 +29,6 @@ const QB: u32 = 8u;  // query rows per tile in dk/dv
 var<workgroup> T1: array<f32, 2048>; // ≥ KB * DM
 var<workgroup> T2: array<f32, 2048>;
 const STATS: u32 = 1024u;
-
-// A scaled score as the softmax sees it: where p.softcap > 0 (Gemma 2),
-// cap · tanh(s / cap), so that lse is of the capped scores; tanh_precise
-// (activation_fns.wgsl) because a driver's tanh through exp is inf/inf past
-// |s / cap| ≈ 44, which small caps reach, and near 0 loses digits that a
-// cap of 50 multiplies into every score. A branch on a uniform rather
-// than compiled-in variants with and without a cap: every invocation takes
-// the same side, it costs a compare beside each score's D-long dot product,
-// and variants would double the pipelines of every head dimension.
-fn capped(s: f32) -> f32 {
-    if p.softcap > 0.0 {
-        return p.softcap * tanh_precise(s / p.softcap);
-    }
-    return s;
-}
-
-// d capped(s) / ds from the capped y: 1 − (y / cap)², 1 without a cap. The
-// backward multiplies each dS by it; the 1/√D of the scaled score stays
-// where it was (q or k pre-scaled, dq or dk scaled by the LAST dispatch).
-fn capped_slope(y: f32) -> f32 {
-    if p.softcap > 0.0 {
-        let c = y / p.softcap;
-        return 1.0 - c * c;
-    }
-    return 1.0;
-}
 
 // Loads KB key and value rows starting at j0 of kv head g into T1 / T2.
 fn load_kv_tile(b: u32, g: u32, j0: u32, tid: u32) {

@@ -10,11 +10,12 @@
 // lavapipe put in one subgroup of at least 4). Every lane of a row computes
 // the same softmax statistics.
 //
-// Same flags, ranges, layouts and order of each row's sums over keys as
-// attention.wgsl, but no soft cap (p.softcap: the host runs attention.wgsl
-// where a mask has one); a dot product adds its D terms in another order
-// (delta too: this file's `attn_delta`). Control flow is uniform in every loop
-// that shuffles: keys past a row's causal limit (or before its window, or
+// Same flags, ranges, layouts, soft cap (attention_params.wgsl's `capped`
+// and `capped_slope`, so tanh_precise from activation_fns.wgsl) and order
+// of each row's sums over keys as attention.wgsl; a dot product adds its D
+// terms in another order (delta too: this file's `attn_delta`). Control
+// flow is uniform in every loop that shuffles (the cap's branch is on a
+// uniform): keys past a row's causal limit (or before its window, or
 // past the range, or past T) are computed and masked, the row's state kept by a select (so a
 // masked key's values never reach it, not even as 0 · inf), and a tile's
 // rows all take the same path. The host generates the prelude (`const D`)
@@ -138,7 +139,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             // unroll
             part += dot(q[UV], T1[t + UV * L]);
             // end
-            let s = row_sum(part);
+            let s = capped(row_sum(part));
             let live = valid && sees(i, j) && j < p.r_end;
             let mn = select(m, max(m, s), live);
             let corr = exp(m - mn);
@@ -208,7 +209,9 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
-// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) k_j. grid: (ceil(T/RB), Hq, B)
+// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) slope_ij k_j, slope_ij the
+// capped_slope of the capped score (1 without a cap).
+// grid: (ceil(T/RB), Hq, B)
 @compute @workgroup_size(256)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let lane = li % L;
@@ -245,10 +248,10 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             ps += dot(q[UV], T1[t + UV * L]);
             pp += dot(dout[UV], T2[t + UV * L]);
             // end
-            let s = row_sum(ps);
+            let y = capped(row_sum(ps));
             let dp = row_sum(pp);
             let live = valid && sees(i, j) && j < p.r_end;
-            let ds = select(0.0, exp(s - lse) * (dp - delta), live);
+            let ds = select(0.0, exp(y - lse) * (dp - delta) * capped_slope(y), live);
             // unroll
             dq[UV] = select(dq[UV], dq[UV] + ds * T1[t + UV * L], live);
             // end
@@ -332,11 +335,11 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 ps += dot(k[UV], T1[t + UV * L]);
                 pp += dot(v[UV], T2[t + UV * L]);
                 // end
-                let s = row_sum(ps);
+                let y = capped(row_sum(ps));
                 let dp = row_sum(pp);
                 let live = valid && sees(i, j) && i < i_end;
-                let pr = select(0.0, exp(s - S1[ii]), live);
-                let ds = pr * (dp - S2[ii]);
+                let pr = select(0.0, exp(y - S1[ii]), live);
+                let ds = pr * (dp - S2[ii]) * capped_slope(y);
                 // unroll
                 dv[UV] = select(dv[UV], dv[UV] + pr * T2[t + UV * L], live);
                 dk[UV] = select(dk[UV], dk[UV] + ds * T1[t + UV * L], live);

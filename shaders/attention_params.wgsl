@@ -1,7 +1,8 @@
 // What the attention kernels share (attention.wgsl, one thread per row;
 // attention_lanes.wgsl, a row's D split over lanes): their parameters,
-// flags and bindings, and where a row lies in q/k/v [B, T, H, D] and in the
-// per-row statistics [B, Hq, T].
+// flags and bindings, where a row lies in q/k/v [B, T, H, D] and in the
+// per-row statistics [B, Hq, T], and the scores' soft cap (`capped`, which
+// calls activation_fns.wgsl's tanh_precise: put that file before this).
 
 struct Params {
     t: u32, hq: u32, hkv: u32, d: u32,
@@ -9,9 +10,8 @@ struct Params {
     o_off: u32, lse_off: u32, do_off: u32, dq_off: u32,
     dk_off: u32, dv_off: u32, dd_off: u32, flags: u32,
     r_begin: u32, r_end: u32, max_off: u32, window: u32,
-    // Gemma 2's soft cap of the scaled scores, 0 for none: attention.wgsl's
-    // `capped`. The lanes kernels do not read it (the host never runs them
-    // with a cap).
+    // Gemma 2's soft cap of the scaled scores, 0 for none: `capped` below,
+    // which both families (attention.wgsl, attention_lanes.wgsl) apply.
     softcap: f32, _p1: u32, _p2: u32, _p3: u32,
 }
 
@@ -49,3 +49,28 @@ fn row_idx(b: u32, h: u32, t: u32) -> u32 {
     return (b * p.hq + h) * p.t + t;
 }
 
+// A scaled score as the softmax sees it: where p.softcap > 0 (Gemma 2),
+// cap · tanh(s / cap), so that lse is of the capped scores; tanh_precise
+// (activation_fns.wgsl) because a driver's tanh through exp is inf/inf past
+// |s / cap| ≈ 44, which small caps reach, and near 0 loses digits that a
+// cap of 50 multiplies into every score. A branch on a uniform rather
+// than compiled-in variants with and without a cap: every invocation takes
+// the same side, it costs a compare beside each score's D-long dot product,
+// and variants would double the pipelines of every head dimension.
+fn capped(s: f32) -> f32 {
+    if p.softcap > 0.0 {
+        return p.softcap * tanh_precise(s / p.softcap);
+    }
+    return s;
+}
+
+// d capped(s) / ds from the capped y: 1 − (y / cap)², 1 without a cap. The
+// backward multiplies each dS by it; the 1/√D of the scaled score stays
+// where it was (q or k pre-scaled, dq or dk scaled by the LAST dispatch).
+fn capped_slope(y: f32) -> f32 {
+    if p.softcap > 0.0 {
+        let c = y / p.softcap;
+        return 1.0 - c * c;
+    }
+    return 1.0;
+}

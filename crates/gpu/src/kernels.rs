@@ -37,7 +37,9 @@ pub(crate) const ATTENTION_MASK: &str = include_str!("../../../shaders/attention
 const ATTENTION_LANES: &str = include_str!("../../../shaders/attention_lanes.wgsl");
 const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 /// attention.wgsl and what it reads: the activation functions for the soft
-/// cap's `tanh_precise`, the maxima's bits, the shared parameters and mask.
+/// cap's `tanh_precise` (attention_params.wgsl's `capped`; the lanes
+/// kernels take them too), the maxima's bits, the shared parameters and
+/// mask.
 const ATTENTION_SOURCES: [&str; 5] = [
     ACTIVATION_FNS,
     MAX_BITS,
@@ -545,6 +547,7 @@ fn attention_lanes(d: u32, entry: &'static str, bindings: &'static [u32]) -> Ker
     KernelSpec {
         source: [
             &format!("const D: u32 = {d}u;\n"),
+            ACTIVATION_FNS,
             MAX_BITS,
             ATTENTION_PARAMS,
             ATTENTION_MASK,

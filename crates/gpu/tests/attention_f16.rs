@@ -465,16 +465,25 @@ fn tensor_core_kernels_refuse_head_dims_they_lack() {
     }
 }
 
-/// Soft-capped scores (Gemma 2's), which neither the tensor-core family
-/// nor the lanes kernels apply: `Auto` runs the one-row SIMT kernels on
-/// the rounded operands, the backward as the forward's mask says, held to
-/// the SIMT tolerance, at head dimensions the tensor cores (80, 64) or the
-/// lanes kernels (64, 128) would take uncapped, and at 256. Scores here
-/// are about ±1 (q, k scaled by 2 and 1.5): caps of 0.5 and 1 bend most,
-/// Gemma 2's 50 few.
+/// Soft-capped scores (Gemma 2's), which the tensor-core family does not
+/// apply: `Auto` runs the SIMT kernels on the rounded operands, the
+/// backward as the forward's mask says, held to the SIMT tolerance, at
+/// head dimensions the tensor cores (80, 64) would take uncapped, and at
+/// 256. Both SIMT families: the lanes kernels (the default at 80, 64 and
+/// Gemma 2 27B's 128, multiples of 16 up to 128) and one thread per row
+/// (every case). Scores here are about ±1 (q, k scaled by 2 and 1.5):
+/// caps of 0.5 and 1 bend most, Gemma 2's 50 few.
 #[test]
 fn soft_capped_scores_run_the_simt_kernels_under_auto() {
-    let Some(g) = ctx().and_then(|c| executor(c, F16Attention::Auto)) else {
+    let Some(c) = ctx() else { return };
+    let Some(lanes) = executor(c.clone(), F16Attention::Auto) else {
+        return;
+    };
+    let one_row = GpuOptions {
+        one_row_attention: true,
+        ..Default::default()
+    };
+    let Some(one_row) = executor_opts(c.clone(), F16Attention::Auto, one_row) else {
         return;
     };
     let cases = [
@@ -483,10 +492,20 @@ fn soft_capped_scores_run_the_simt_kernels_under_auto() {
         CASE_128.capped(50.0),
         CASES_256[2].capped(0.5),
     ];
-    for (i, case) in cases.into_iter().enumerate() {
-        let start = std::time::Instant::now();
-        check(&g, case, 200 + i as u64, TOL_SIMT, true).unwrap();
-        eprintln!("{case:?}: {:.1} s", start.elapsed().as_secs_f64());
+    for (family, g) in [("lanes", &lanes), ("one row", &one_row)] {
+        for (i, case) in cases.into_iter().enumerate() {
+            if family == "lanes" && !c.attention_lanes(case.d) {
+                assert_eq!(
+                    case.d, 256,
+                    "{}: no lanes attention at D = {}",
+                    c.info.name, case.d
+                );
+                continue;
+            }
+            let start = std::time::Instant::now();
+            check(g, case, 200 + i as u64, TOL_SIMT, true).unwrap();
+            eprintln!("{family}, {case:?}: {:.1} s", start.elapsed().as_secs_f64());
+        }
     }
 }
 

@@ -541,16 +541,23 @@ fn attention_head_dim_256_split_under_a_small_loop_budget() {
 }
 
 /// Soft-capped scores (Gemma 2's `attn_logit_softcapping`) on the one-row
-/// kernels of every head-dimension variant: D = 16 (`Any`), 64 (compiled
-/// in, where the adapter's lanes kernels would take it uncapped), 256
-/// (compiled in, wide tiles) and 200 (`AnyWide`); GQA, a partial key tile
-/// and row block (T = 37, 70), causal and in a window. Inputs in [−1, 1]
-/// give scores of about ±1/3 (±1 at most for these D), so caps of 0.3 and
-/// 1 bend most of them and saturate some, and Gemma 2's 50 barely any.
+/// kernels of every head-dimension variant (lanes kernels off): D = 16
+/// (`Any`), 64 (compiled in), 256 (compiled in, wide tiles) and 200
+/// (`AnyWide`); GQA, a partial key tile and row block (T = 37, 70), causal
+/// and in a window. Inputs in [−1, 1] give scores of about ±1/3 (±1 at
+/// most for these D), so caps of 0.3 and 1 bend most of them and saturate
+/// some, and Gemma 2's 50 barely any.
 #[test]
 fn attention_soft_capped_head_dims() {
-    let Some(g) = gpu() else { return };
-    assert!(g.context().attention_lanes(64));
+    let Some(ctx) = ctx() else { return };
+    let g = &GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
     let cap = |c: f32| SoftCap::new(c, "test").unwrap();
     for (shape, window, caps, seed) in [
         ((2, 37, 4, 2, 16), 5, [0.3, 50.0], 301),
@@ -569,25 +576,66 @@ fn attention_soft_capped_head_dims() {
     }
 }
 
+/// Soft-capped scores on the lanes kernels (attention_lanes.wgsl, D a
+/// multiple of 16 up to 128, which the default executor runs them at):
+/// D = 16 with GQA, 64, and Gemma 2 27B's 128 over several row blocks
+/// (T = 70, 150), causal and in a window, at caps of 0.5 (most scores bent)
+/// and Gemma 2's 50, forward and backward against the CPU.
+#[test]
+fn attention_soft_capped_lanes() {
+    let Some(g) = gpu() else { return };
+    let cap = |c: f32| SoftCap::new(c, "test").unwrap();
+    for (shape, window, seed) in [
+        ((2, 37, 4, 2, 16), 5, 321),
+        ((1, 70, 4, 1, 64), 20, 322),
+        ((1, 150, 2, 1, 128), 40, 323),
+    ] {
+        assert!(
+            g.context().attention_lanes(shape.4),
+            "{}: no lanes attention at D = {}",
+            g.context().info,
+            shape.4
+        );
+        let start = std::time::Instant::now();
+        for c in [0.5, 50.0] {
+            for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+                let mask = mask.with_softcap(cap(c));
+                attention_matches_cpu_in(g, shape, mask, seed, &format!("lanes, {shape:?}, {mask:?}"));
+            }
+        }
+        eprintln!("lanes {shape:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
 /// Soft-capped scores split into key and query ranges by a small loop
 /// budget (the cap carried through every dispatch): D = 256 on the wide
-/// tiles and D = 24 on the narrow ones.
+/// tiles and D = 24 on the narrow ones, and the lanes kernels at D = 32
+/// (a budget of 100 cuts T = 100 into ranges of 16, as in
+/// `work_split_under_a_small_loop_budget`).
 #[test]
 fn attention_soft_capped_split_under_a_small_loop_budget() {
     let Some(ctx) = ctx() else { return };
-    let g = GpuExecutor::with_options(
-        ctx,
-        GpuOptions {
-            poison_outputs: true,
-            loop_budget: Some(2000),
-            ..Default::default()
-        },
-    );
+    let with_budget = |budget: usize| {
+        GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                poison_outputs: true,
+                loop_budget: Some(budget),
+                ..Default::default()
+            },
+        )
+    };
+    let (g, lanes) = (with_budget(2000), with_budget(100));
+    assert!(lanes.context().attention_lanes(32));
     let cap = SoftCap::new(0.5, "test").unwrap();
-    for (shape, window, seed) in [((1, 37, 4, 1, 256), 11, 311), ((2, 70, 4, 2, 24), 37, 312)] {
+    for (g, shape, window, seed) in [
+        (&g, (1, 37, 4, 1, 256), 11, 311),
+        (&g, (2, 70, 4, 2, 24), 37, 312),
+        (&lanes, (2, 100, 4, 2, 32), 37, 313),
+    ] {
         for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
             let mask = mask.with_softcap(cap);
-            attention_matches_cpu_in(&g, shape, mask, seed, &format!("{shape:?} in ranges, {mask:?}"));
+            attention_matches_cpu_in(g, shape, mask, seed, &format!("{shape:?} in ranges, {mask:?}"));
         }
     }
 }

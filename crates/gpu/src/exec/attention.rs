@@ -1,7 +1,7 @@
 //! Fused causal attention (online-softmax forward, recomputing backward),
 //! in a sliding window where the mask has one, its scores soft-capped where
-//! the mask has a cap (only the one-row f32 kernels, attention.wgsl, take
-//! one).
+//! the mask has a cap (both f32 families: attention.wgsl and
+//! attention_lanes.wgsl; not the tensor-core kernels).
 //! Under the F16 compute precision the operands are first rounded
 //! (`attention_coop.rs`), then run on the tensor-core family or on these
 //! f32 kernels.
@@ -315,10 +315,10 @@ impl GpuExecutor {
     }
 
     /// Whether the f32 attention of `d` runs on the lanes kernels
-    /// (attention_lanes.wgsl: a row's D over four subgroup lanes). They
-    /// have no soft cap: soft-capped scores run one thread per row.
+    /// (attention_lanes.wgsl: a row's D over four subgroup lanes, soft cap
+    /// and all).
     fn lanes(&self, d: &Dims) -> bool {
-        self.attention_lanes && d.mask.softcap.is_none() && self.ctx.attention_lanes(d.d)
+        self.attention_lanes && self.ctx.attention_lanes(d.d)
     }
 
     /// The key ranges of the forward and dq dispatches (one, except under a
