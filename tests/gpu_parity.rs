@@ -111,6 +111,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "gemma2",
         "gpt_neox",
         "gpt_neox_seq",
+        "gpt2_erf",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -837,6 +837,26 @@ CASES = {
         9,
         torch.float32,
     ),
+    # GPT-2 with the exact GELU (`activation_function` `gelu`, as
+    # Cerebras-GPT's), an MLP of 80.
+    "gpt2_erf": (
+        GPT2Config,
+        GPT2LMHeadModel,
+        dict(
+            vocab_size=83,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            n_inner=80,
+            n_positions=64,
+            activation_function="gelu",
+            tie_word_embeddings=True,
+            bos_token_id=0,
+            eos_token_id=0,
+        ),
+        10,
+        torch.float32,
+    ),
 }
 
 

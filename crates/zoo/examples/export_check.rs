@@ -95,6 +95,7 @@ fn main() -> AnyResult<()> {
         "gemma3_mm",
         "gpt_neox",
         "gpt_neox_seq",
+        "gpt2_erf",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -209,6 +209,34 @@ fn the_window_cases_depend_on_their_window() {
 }
 
 /// Every family the zoo loads has a golden case above.
+/// The exact-GELU cases tell the erf GELU from its tanh approximation:
+/// with the approximation their float64 logits miss the golden ones by far
+/// more than `golden_f64_executor_is_tighter` allows (1e-9).
+#[test]
+fn the_exact_gelu_cases_depend_on_the_erf() {
+    for case in ["gpt_neox", "gpt2_erf"] {
+        let golden = read_golden(case);
+        let mut model = load_hf_dir(fixture(case)).unwrap();
+        assert!(std::mem::take(&mut model.config.exact_gelu), "{case}");
+        let ex = F64Executor::new();
+        let ids_g = &golden["input_ids"];
+        let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
+        let weights: Vec<Vec<_>> = model
+            .tables
+            .iter()
+            .zip(&model.slabs)
+            .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
+            .collect();
+        let logits =
+            forward_logits(&model.config, &ex, &weights, &ids, ids_g.shape[0], ids_g.shape[1]).unwrap();
+        let err = rel_norm_err(logits.data(), &golden["logits"].values);
+        assert!(
+            err > 1e-6,
+            "{case}: the tanh GELU's logits are off by only {err:e}"
+        );
+    }
+}
+
 #[test]
 fn every_architecture_has_a_golden_case() {
     let covered: Vec<Arch> = CASES

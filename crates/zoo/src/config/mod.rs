@@ -692,7 +692,7 @@ impl ModelConfig {
                 "n_positions": self.max_position_embeddings,
                 "n_inner": self.intermediate_size,
                 "layer_norm_epsilon": self.norm_eps,
-                "activation_function": "gelu_new",
+                "activation_function": if self.exact_gelu { "gelu" } else { "gelu_new" },
                 "resid_pdrop": 0.0,
                 "embd_pdrop": 0.0,
                 "attn_pdrop": 0.0,
@@ -867,9 +867,11 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         return Err(f.bad("n_embd", format!("{hidden} is not a multiple of n_head {heads}")));
     }
     let act = f.opt_str("activation_function")?.unwrap_or("gelu_new");
-    if !matches!(act, "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast") {
+    // `gelu` is the exact GELU (Cerebras-GPT's), the others its tanh
+    // approximation.
+    if !matches!(act, "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" | "gelu") {
         return Err(f.unsupported(format!(
-            "activation_function '{act}' (only the tanh GELU approximation is implemented)"
+            "activation_function '{act}' (implemented: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast)"
         )));
     }
     for (field, bad_value, default) in [
@@ -908,7 +910,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         logit_scale: None,
         query_pre_attn_scalar: None,
         parallel_residual: false,
-        exact_gelu: false,
+        exact_gelu: act == "gelu",
         attn_softcap: None,
         final_softcap: None,
         pad_token_id: None,

@@ -3,7 +3,7 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose};
 
-use super::{check_weights, linear, shape};
+use super::{check_weights, linear, matmul_backward_gelu, matmul_gelu, shape};
 use crate::{ModelConfig, Result};
 
 const LN1_W: usize = 0;
@@ -57,8 +57,7 @@ pub(super) fn forward<E: Executor>(
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;
-    // The activation applied where the product is stored.
-    let (f, g) = ex.matmul_gelu(&n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
+    let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
     let m = linear(ex, &g, &w[MLP_W], Some(&w[MLP_B]), Transpose::NN)?;
     let y = ex.add(&x2, &m)?;
     let saved = Gpt2Saved {
@@ -91,7 +90,16 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let gm = ex.matmul_backward_gelu(&s.g, &w[MLP_W], dy, Transpose::NN, MatmulNeeds::ALL, &s.f)?;
+    let gm = matmul_backward_gelu(
+        cfg,
+        ex,
+        &s.g,
+        &w[MLP_W],
+        dy,
+        Transpose::NN,
+        MatmulNeeds::ALL,
+        &s.f,
+    )?;
     let df = take(gm.da);
     let gfc = ex.matmul_backward(&s.n2.y, &w[FC_W], &df, Transpose::NN, MatmulNeeds::ALL)?;
     // x2 flows on past the norm: its gradient is the norm's plus dy.

@@ -9,7 +9,7 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, shape};
+use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -69,23 +69,6 @@ pub struct NeoxSaved<T> {
     g: T,
 }
 
-/// `(f, gelu(f))` of the MLP's first product: the exact GELU (`hidden_act`
-/// `gelu`, Pythia's) after the product, the tanh one where it is stored.
-fn mlp_up<E: Executor>(
-    cfg: &ModelConfig,
-    ex: &E,
-    n: &E::Tensor,
-    w: &[E::Tensor],
-    fc1: Linear,
-) -> Result<(E::Tensor, E::Tensor)> {
-    if cfg.exact_gelu {
-        let f = lin(ex, n, w, fc1)?;
-        let g = ex.gelu_erf(&f)?;
-        return Ok((f, g));
-    }
-    Ok(ex.matmul_gelu(n, &w[fc1.0], fc1.1.map(|i| &w[i]), Transpose::NT)?)
-}
-
 pub(super) fn forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -118,7 +101,7 @@ pub(super) fn forward<E: Executor>(
             (Some(h), norm)
         }
     };
-    let (f, g) = mlp_up(cfg, ex, &n2.y, w, l.fc1)?;
+    let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[l.fc1.0], l.fc1.1.map(|i| &w[i]), Transpose::NT)?;
     let m = lin(ex, &g, w, l.fc2)?;
     let y = match &x2 {
         None => ex.add(&ex.add(x, &o)?, &m)?,
@@ -157,18 +140,19 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // MLP.
-    let df = if cfg.exact_gelu {
-        let mut gm = ex.matmul_backward(&s.g, &w[l.fc2.0], dy, Transpose::NT, needs(l.fc2.1))?;
-        let dg = take(gm.da.take());
-        put(&mut grads, l.fc2, gm);
-        ex.gelu_erf_backward(&s.f, &dg)?
-    } else {
-        // The product's input gradient carried on through GELU.
-        let mut gm = ex.matmul_backward_gelu(&s.g, &w[l.fc2.0], dy, Transpose::NT, needs(l.fc2.1), &s.f)?;
-        let df = take(gm.da.take());
-        put(&mut grads, l.fc2, gm);
-        df
-    };
+    // The projection's input gradient carried on through GELU.
+    let mut gm = matmul_backward_gelu(
+        cfg,
+        ex,
+        &s.g,
+        &w[l.fc2.0],
+        dy,
+        Transpose::NT,
+        needs(l.fc2.1),
+        &s.f,
+    )?;
+    let df = take(gm.da.take());
+    put(&mut grads, l.fc2, gm);
     let mut gfc = ex.matmul_backward(&s.n2.y, &w[l.fc1.0], &df, Transpose::NT, needs(l.fc1.1))?;
     let dn2 = take(gfc.da.take());
     put(&mut grads, l.fc1, gfc);

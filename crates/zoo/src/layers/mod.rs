@@ -220,6 +220,46 @@ fn put<T>(grads: &mut [Option<T>], (wi, bi): Linear, g: MatmulGrads<T>) {
     }
 }
 
+/// `(f, gelu(f))` of `f = x @ w(ᵀ) + b`: the tanh GELU applied where the
+/// product is stored, or the exact (erf) one after it where the config's
+/// activation is that (`exact_gelu`: GPT-NeoX's and GPT-2's `gelu`).
+fn matmul_gelu<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    x: &E::Tensor,
+    w: &E::Tensor,
+    b: Option<&E::Tensor>,
+    t: Transpose,
+) -> Result<(E::Tensor, E::Tensor)> {
+    if cfg.exact_gelu {
+        let f = ex.matmul(x, w, b, t)?;
+        let g = ex.gelu_erf(&f)?;
+        return Ok((f, g));
+    }
+    Ok(ex.matmul_gelu(x, w, b, t)?)
+}
+
+/// The backward of `gelu(f) @ w(ᵀ)` given `g = gelu(f)` and `f`, its input
+/// gradient carried on through the GELU to `f` (as [`matmul_gelu`] chose it).
+#[allow(clippy::too_many_arguments)]
+fn matmul_backward_gelu<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    g: &E::Tensor,
+    w: &E::Tensor,
+    dy: &E::Tensor,
+    t: Transpose,
+    needs: MatmulNeeds,
+    f: &E::Tensor,
+) -> Result<MatmulGrads<E::Tensor>> {
+    if cfg.exact_gelu {
+        let mut gm = ex.matmul_backward(g, w, dy, t, needs)?;
+        gm.da = gm.da.map(|dg| ex.gelu_erf_backward(f, &dg)).transpose()?;
+        return Ok(gm);
+    }
+    Ok(ex.matmul_backward_gelu(g, w, dy, t, needs, f)?)
+}
+
 /// The gradients a linear layer's backward produces: the input's, the
 /// weight's, and the bias's where it has one.
 fn needs(bias: Option<usize>) -> MatmulNeeds {

@@ -41,6 +41,7 @@ pub const CASES: &[&str] = &[
     "gemma3_mm",
     "gpt_neox",
     "gpt_neox_seq",
+    "gpt2_erf",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
