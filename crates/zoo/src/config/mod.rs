@@ -454,9 +454,9 @@ impl ModelConfig {
             detail: "expected a JSON object".into(),
         })?;
         let f = Fields { obj, path };
-        if let Some(class) = multimodal::multimodal_class(&f) {
-            let mut cfg = Self::from_json(multimodal::text_config(&f, class)?, path)?;
-            cfg.text_of = Some(class);
+        if let Some(mm) = multimodal::multimodal_class(&f) {
+            let mut cfg = Self::from_json(multimodal::text_config(&f, mm)?, path)?;
+            cfg.text_of = Some(mm.0);
             return Ok(cfg);
         }
         let arch = parse_arch(&f)?;

@@ -15,8 +15,11 @@ use serde_json::{Map, Value, json};
 use super::Fields;
 use crate::{Result, ZooError};
 
-/// The multimodal classes whose text model loads, and the text model's class.
-const TEXT_OF: &[(&str, &str, &str)] = &[(
+/// A multimodal class whose text model loads: its name, the text model's
+/// class and model type.
+pub(super) type TextOf = (&'static str, &'static str, &'static str);
+
+const TEXT_OF: &[TextOf] = &[(
     "Gemma3ForConditionalGeneration",
     "Gemma3ForCausalLM",
     "gemma3_text",
@@ -34,19 +37,15 @@ const GEMMA3_TEXT_DEFAULTS: &[(&str, u64)] = &[
 ];
 
 /// The multimodal class `f` names, if it is one whose text model loads.
-pub(super) fn multimodal_class(f: &Fields) -> Option<&'static str> {
+pub(super) fn multimodal_class(f: &Fields) -> Option<&'static TextOf> {
     let name = f.get("architectures")?.as_array()?.first()?.as_str()?;
-    TEXT_OF.iter().find(|(mm, ..)| *mm == name).map(|(mm, ..)| *mm)
+    TEXT_OF.iter().find(|(mm, ..)| *mm == name)
 }
 
 /// The text model's config as its own `config.json` would be: `text_config`
 /// with the class defaults written out, its class and model type, and the
 /// outer config's token ids, dtype and tying where it has none of its own.
-pub(super) fn text_config(f: &Fields, class: &str) -> Result<Value> {
-    let &(_, text_class, text_type) = TEXT_OF
-        .iter()
-        .find(|(mm, ..)| *mm == class)
-        .expect("a class multimodal_class found");
+pub(super) fn text_config(f: &Fields, &(class, text_class, text_type): &TextOf) -> Result<Value> {
     let nested = f.get("text_config").ok_or_else(|| ZooError::MissingField {
         path: f.path.to_path_buf(),
         field: "text_config",

@@ -33,8 +33,7 @@ impl Layout {
         };
         let ln1 = (next(), next());
         let ln2 = (next(), next());
-        let bias = cfg.qkv_bias;
-        let qkv = (next(), bias.then(&mut next));
+        let qkv = (next(), cfg.qkv_bias.then(&mut next));
         let dense = (next(), cfg.o_bias.then(&mut next));
         let fc1 = (next(), Some(next()));
         let fc2 = (next(), Some(next()));
@@ -159,19 +158,15 @@ pub(super) fn backward<E: Executor>(
     let mean2 = s.n2.mean.as_ref().expect("layernorm mean");
     // Side by side, the second norm's input gradient joins x's at the end;
     // one after the other, x2 = x + attn carries it with dy into the attention.
+    let n2 = match &s.x2 {
+        None => ex.layernorm_backward(&s.x, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2)?,
+        Some(x2) => ex.add_layernorm_backward(x2, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2, dy)?,
+    };
+    grads[l.ln2.0] = Some(n2.dw);
+    grads[l.ln2.1] = Some(n2.db.expect("layernorm bias grad"));
     let (dx_mlp, dx2) = match &s.x2 {
-        None => {
-            let n2 = ex.layernorm_backward(&s.x, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2)?;
-            grads[l.ln2.0] = Some(n2.dw);
-            grads[l.ln2.1] = Some(n2.db.expect("layernorm bias grad"));
-            (Some(n2.dx), None)
-        }
-        Some(x2) => {
-            let n2 = ex.add_layernorm_backward(x2, &w[l.ln2.0], mean2, &s.n2.rstd, &dn2, dy)?;
-            grads[l.ln2.0] = Some(n2.dw);
-            grads[l.ln2.1] = Some(n2.db.expect("layernorm bias grad"));
-            (None, Some(n2.dx))
-        }
+        None => (Some(n2.dx), None),
+        Some(_) => (None, Some(n2.dx)),
     };
     let dres = dx2.as_ref().unwrap_or(dy);
 

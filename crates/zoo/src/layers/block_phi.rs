@@ -6,7 +6,7 @@
 
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, qkv_backward, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -56,8 +56,7 @@ pub(super) fn forward<E: Executor>(
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, DENSE)?;
-    // The activation applied where the product is stored.
-    let (f, g) = ex.matmul_gelu(&n.y, &w[FC1.0], FC1.1.map(|i| &w[i]), Transpose::NT)?;
+    let (f, g) = matmul_gelu(cfg, ex, &n.y, &w[FC1.0], FC1.1.map(|i| &w[i]), Transpose::NT)?;
     let m = lin(ex, &g, w, FC2)?;
     let y = ex.add(&ex.add(x, &o)?, &m)?;
     let saved = PhiSaved {
@@ -89,7 +88,7 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // dy reaches x directly, and the MLP's and the attention's outputs.
-    let mut gm = ex.matmul_backward_gelu(&s.g, &w[FC2.0], dy, Transpose::NT, needs(FC2.1), &s.f)?;
+    let mut gm = matmul_backward_gelu(cfg, ex, &s.g, &w[FC2.0], dy, Transpose::NT, needs(FC2.1), &s.f)?;
     let df = take(gm.da.take());
     put(&mut grads, FC2, gm);
     let mut gfc = ex.matmul_backward(&s.n.y, &w[FC1.0], &df, Transpose::NT, needs(FC1.1))?;

@@ -7,7 +7,7 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, qkv_backward, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -100,8 +100,7 @@ pub(super) fn forward<E: Executor>(
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[l.ln2.0], &w[l.ln2.1], eps)?;
-    // The activation applied where the product is stored.
-    let (f, g) = ex.matmul_gelu(&n2.y, &w[l.fc.0], l.fc.1.map(|i| &w[i]), Transpose::NT)?;
+    let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[l.fc.0], l.fc.1.map(|i| &w[i]), Transpose::NT)?;
     let m = lin(ex, &g, w, l.proj)?;
     let y = ex.add(&x2, &m)?;
     let saved = Starcoder2Saved {
@@ -137,7 +136,16 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let mut gm = ex.matmul_backward_gelu(&s.g, &w[l.proj.0], dy, Transpose::NT, needs(l.proj.1), &s.f)?;
+    let mut gm = matmul_backward_gelu(
+        cfg,
+        ex,
+        &s.g,
+        &w[l.proj.0],
+        dy,
+        Transpose::NT,
+        needs(l.proj.1),
+        &s.f,
+    )?;
     let df = take(gm.da.take());
     put(&mut grads, l.proj, gm);
     let mut gfc = ex.matmul_backward(&s.n2.y, &w[l.fc.0], &df, Transpose::NT, needs(l.fc.1))?;

@@ -102,10 +102,21 @@ pub fn geglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<F
     pairs.into_iter().unzip()
 }
 
+/// `cap · tanh(x / cap)`, the soft cap of one value (the attention's
+/// scores take it too).
+pub(crate) fn capped<F: Real>(x: F, cap: F) -> F {
+    cap * (x / cap).tanh()
+}
+
+/// The soft cap's derivative at the capped `y`: `1 − (y / cap)²`.
+pub(crate) fn capped_slope<F: Real>(y: F, cap: F) -> F {
+    F::one() - (y / cap) * (y / cap)
+}
+
 /// `x ← cap · tanh(x / cap)` (Gemma's final logit soft-capping).
 pub fn softcap<F: Real>(x: &mut [F], cap: F) {
     x.par_chunks_mut(CHUNK)
-        .for_each(|c| c.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh()));
+        .for_each(|c| c.iter_mut().for_each(|x| *x = capped(*x, cap)));
 }
 
 /// `dy ← dx` of [`softcap`] from its output `y`: `dy · (1 − (y / cap)²)`.
@@ -116,7 +127,7 @@ pub fn softcap_backward<F: Real>(y: &[F], dy: &mut [F], cap: F) {
         .for_each(|(d, y)| {
             d.iter_mut()
                 .zip(y)
-                .for_each(|(d, &y)| *d = *d * (F::one() - (y / cap) * (y / cap)))
+                .for_each(|(d, &y)| *d = *d * capped_slope(y, cap))
         });
 }
 

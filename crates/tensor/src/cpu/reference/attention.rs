@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::activation::{capped, capped_slope};
 use crate::AttnMask;
 use crate::cpu::Real;
 
@@ -50,18 +51,12 @@ impl<F: Real> Scores<F> {
     }
 
     fn shape(self, s: F) -> F {
-        match self.cap {
-            Some(c) => c * (s / c).tanh(),
-            None => s,
-        }
+        self.cap.map_or(s, |c| capped(s, c))
     }
 
     /// d shape(s) / ds at `y = shape(s)`.
     fn slope(self, y: F) -> F {
-        match self.cap {
-            Some(c) => F::one() - (y / c) * (y / c),
-            None => F::one(),
-        }
+        self.cap.map_or(F::one(), |c| capped_slope(y, c))
     }
 }
 
