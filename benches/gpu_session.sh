@@ -77,7 +77,7 @@ pick_tiles() {
         }
         END {
             for (t in count) if (count[t] == n && (b == "" || logs[t] > logs[b])) b = t
-            if (b != "" && b != "coop128" && count["coop128"] == n && logs[b] - logs["coop128"] > n * log(1.05)) print b
+            if (b != "" && b != "coop256x128" && count["coop256x128"] == n && logs[b] - logs["coop256x128"] > n * log(1.05)) print b
         }' "$OUT/bench-matmul.log" 2>/dev/null)
     [ -n "$best" ] && echo "export MEGATRAIN_F16_MATMUL=$best" >>"$PICKED"
     # "tiles fwd_ms bwd_ms" of the default ("default") and each swept set.
@@ -187,7 +187,7 @@ first)
     # default tile in groups of tile rows, a K step of 64 on one buffer,
     # larger and smaller tiles; each checked against f32 first.
     MEGATRAIN_COOP_SWEEP=default cap=150 b matmul \
-        '^matmul/(f16_coop128_8192|f16_coop128w4_8192|f16_coop128_4096x3584|8192x|f16_sweep_)' \
+        '^matmul/(f16_coop128_8192|f16_coop256x128_8192|f16_coop256x128_4096x3584|8192x|f16_sweep_)' \
         --warm-up-time 0.5 --measurement-time 1
     # Same run: the f32 attention (f32 and bf16 precision, and f16 where
     # the tensor-core one is refused), a row over four subgroup lanes
@@ -268,7 +268,7 @@ kernels)
     # tensor-core tiles at 4096³, 8192³ and the 7B MLP shapes, and the
     # swept shapes (f16_sweep_) at 8192³ and a 7B MLP forward (targets:
     # ≥ 300 TFLOP/s at 8192³, ≥ 250 at the 7B shapes, f32 ≥ 25); the
-    # f16_coop128_stage_ rows convert f32 operands as they stage them
+    # f16_coop256x128_stage_ rows convert f32 operands as they stage them
     # instead of reading f16 copies (MEGATRAIN_F16_OPERANDS: which to keep),
     # and f16_copy_ rows time making a copy.
     MEGATRAIN_COOP_SWEEP=default b matmul --warm-up-time 1 --measurement-time 2

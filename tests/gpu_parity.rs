@@ -826,7 +826,7 @@ fn tensor_core_kernels_without_runtime_checks_train_as_with_them() {
         &common::llama_head_dim_64(2),
         ComputePrecision::F16,
         TransportDType::F16,
-        (F16Matmul::Coop(CoopTile::Tile128), F16Attention::Coop),
+        (F16Matmul::Coop(CoopTile::DEFAULT), F16Attention::Coop),
     );
 }
 

@@ -95,8 +95,20 @@ impl CoopAttention {
             // in f32, so that its rounds of two O fragments run here too.
             (None, true, AttnPass::Fwd) if self.d <= 64 => t(1, 32),
             (None, true, _) => t(1, 16),
-            (None, false, AttnPass::Fwd) => t(4, 32),
-            (None, false, _) => t(2, 32),
+            // The H200 sweep of 2026-11-28 at B4 T2048 32/8 D128 (BENCHMARKS.md):
+            // the forward on 8 subgroups and 16-key tiles, Q staged under the
+            // streamed tiles, 3.56 ms where sg4bc32 took 6.87; dq on 4 and
+            // dkv on 2 subgroups, both with 16-key tiles, 21.8 ms for the
+            // backward where sg2bc32 for both took 31.7.
+            (None, false, AttnPass::Fwd) => AttnTile {
+                share: true,
+                ..t(8, 16)
+            },
+            (None, false, AttnPass::Dq) => AttnTile {
+                share: true,
+                ..t(4, 16)
+            },
+            (None, false, AttnPass::Dkv) => t(2, 16),
         }
     }
 

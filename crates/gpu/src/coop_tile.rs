@@ -19,8 +19,15 @@ pub enum CoopTile {
     /// barriers per step: the shape of the kernel first checked on an H100
     /// (29 TFLOP/s), kept beside the tuned ones as a reference.
     Simple64,
-    /// 128x128, 8 subgroups of 4x2 fragments, K step 32, double-buffered.
+    /// 128x128, 8 subgroups of 4x2 fragments, K step 32, double-buffered:
+    /// the default until the H200 sweep of 2026-11-28 (BENCHMARKS.md).
     Tile128,
+    /// 256x128, 8 subgroups of 4x4 fragments, K step 32 on one buffer with
+    /// the next step's tiles prefetched into registers, workgroups walking
+    /// 8 tile rows (L2 order): the default. On the H200 it ran 8192³ at
+    /// 166 TFLOP/s and the 7B MLP product at 159, where Tile128 ran 124
+    /// and 117 (session 28's sweep, the fastest at the 7B shape).
+    Tile256x128,
     /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
     Tile128x256,
     /// 128x128, 4 subgroups of 4x4 fragments, K step 32, double-buffered:
@@ -223,9 +230,13 @@ impl TileShape {
 }
 
 impl CoopTile {
-    pub const ALL: [CoopTile; 6] = [
+    /// The tile `F16Matmul::Auto` takes where it matches the SIMT kernel.
+    pub const DEFAULT: CoopTile = CoopTile::Tile256x128;
+
+    pub const ALL: [CoopTile; 7] = [
         CoopTile::Simple64,
         CoopTile::Tile128,
+        CoopTile::Tile256x128,
         CoopTile::Tile128x256,
         CoopTile::Tile128w4,
         CoopTile::Small64,
@@ -233,20 +244,22 @@ impl CoopTile {
     ];
 
     /// The shapes the matmul bench times when `MEGATRAIN_COOP_SWEEP` is
-    /// `default` (BENCHMARKS.md says why each): the default tile in L2
-    /// order, a K step of 64 without a second buffer, larger tiles per
-    /// workgroup, and fewer threads each carrying more.
+    /// `default` (BENCHMARKS.md says why each): around the default that
+    /// the sweep of 2026-11-28 chose (256x128, prefetch, 8 tile rows):
+    /// other walks, 16 subgroups each with half the fragments, a K step of
+    /// 16 double-buffered, one buffer without prefetch, 256x256, and the
+    /// runner-up 128x256 and 128x128x64 for reference.
     pub const SWEEP: [&'static str; 10] = [
-        "coop128x128x32_2x4_double_g8",
-        "coop128x128x64_2x4_prefetch",
-        "coop128x128x64_2x4_prefetch_g8",
-        "coop128x128x64_2x2_prefetch",
-        "coop128x128x32_2x2_double_g8",
-        "coop128x256x32_2x4_prefetch",
+        "coop256x128x32_4x2_prefetch_g4",
+        "coop256x128x32_4x2_prefetch_g16",
+        "coop256x128x32_8x2_prefetch_g8",
+        "coop256x128x32_4x4_prefetch_g8",
+        "coop256x128x16_4x2_double_g8",
+        "coop256x128x32_4x2_single_g8",
+        "coop256x256x16_4x4_prefetch_g8",
+        "coop128x256x32_2x8_prefetch_g8",
         "coop128x256x32_2x4_prefetch_g8",
-        "coop256x128x32_4x2_prefetch_g8",
-        "coop64x128x32_2x2_double",
-        "coop128x128x32_2x4_prefetch",
+        "coop128x128x64_2x4_prefetch_g8",
     ];
 
     pub fn shape(self) -> TileShape {
@@ -266,6 +279,10 @@ impl CoopTile {
             CoopTile::Tile128w4 => t(128, 128, 32, 2, 2, KLoop::Double),
             CoopTile::Small64 => t(64, 64, 16, 2, 2, KLoop::Double),
             CoopTile::Small16x64 => t(16, 64, 16, 1, 2, KLoop::Double),
+            CoopTile::Tile256x128 => TileShape {
+                group_m: 8,
+                ..t(256, 128, 32, 4, 2, KLoop::Prefetch)
+            },
             CoopTile::Shape(s) => s,
         }
     }
@@ -274,6 +291,7 @@ impl CoopTile {
         match self {
             CoopTile::Simple64 => "coop64",
             CoopTile::Tile128 => "coop128",
+            CoopTile::Tile256x128 => "coop256x128",
             CoopTile::Tile128x256 => "coop128x256",
             CoopTile::Tile128w4 => "coop128w4",
             CoopTile::Small64 => "coop64db",

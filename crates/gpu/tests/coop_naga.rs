@@ -31,9 +31,10 @@ fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
 #[test]
 fn every_tensor_core_variant_compiles_to_spirv() {
     let all = CoopMatmul::all();
-    // Six tiles; every layout, edge, epilogue and emulation; f32 or f16 B
+    // Seven tiles; every layout, edge, epilogue and emulation; f32 or f16 B
     // with f32 A, and f16 A with f16 B.
-    assert_eq!(all.len(), 6 * 64 * 3);
+    assert_eq!(all.len(), CoopTile::ALL.len() * 64 * 3);
+    assert_eq!(CoopTile::ALL.len(), 7);
     let mut failed = Vec::new();
     for v in &all {
         match std::panic::catch_unwind(|| compile(v)) {

@@ -317,8 +317,8 @@ fn auto_takes_the_default_tile_once_it_matches_the_simt_kernel() {
     let kernel = g.f16_matmul_kernel();
     assert_eq!(c.coop_matmul_refused(), vec![]);
     if c.has_cooperative_matrix() {
-        assert_eq!(kernel, F16Matmul::Coop(CoopTile::Tile128));
-        assert!(g.name().contains("matmul coop128"), "{}", g.name());
+        assert_eq!(kernel, F16Matmul::Coop(CoopTile::DEFAULT));
+        assert!(g.name().contains("matmul coop256x128"), "{}", g.name());
     } else {
         assert_eq!(kernel, F16Matmul::Simt);
     }
@@ -494,7 +494,7 @@ fn operand_copies_give_the_bits_of_staging() {
     families.push((F16Matmul::CoopEmulated(CoopTile::Small64), Some(16 << 10)));
     if c.has_cooperative_matrix() {
         families.extend(CoopTile::ALL.map(|t| (F16Matmul::Coop(t), None)));
-        families.push((F16Matmul::Coop(CoopTile::Tile128), Some(64 << 10)));
+        families.push((F16Matmul::Coop(CoopTile::DEFAULT), Some(64 << 10)));
     }
     for (family, binding) in families {
         let (copy, stage) = (

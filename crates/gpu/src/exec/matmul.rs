@@ -96,9 +96,9 @@ impl GpuExecutor {
     pub fn f16_matmul_kernel(&self) -> F16Matmul {
         *self.f16_matmul_resolved.get_or_init(|| match self.f16_matmul {
             F16Matmul::Auto
-                if self.ctx.has_cooperative_matrix() && self.coop_matmul_checked(CoopTile::Tile128) =>
+                if self.ctx.has_cooperative_matrix() && self.coop_matmul_checked(CoopTile::DEFAULT) =>
             {
-                F16Matmul::Coop(CoopTile::Tile128)
+                F16Matmul::Coop(CoopTile::DEFAULT)
             }
             F16Matmul::Auto => F16Matmul::Simt,
             k => k,
