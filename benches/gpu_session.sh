@@ -9,10 +9,13 @@
 # kernels' rates against the issues' targets and sweeps of their tiles,
 # the bus, one whole TinyLlama step beside PyTorch on the fastest tiles,
 # and the streamed step's parity), then at once, on the still-warm machine,
-# `second` (about 3 minutes: the Qwen2.5-7B anchor, issue 17's headline).
+# `second` (about 4 minutes: the Qwen2.5-7B anchor, issue 17's headline,
+# with all of a layer's gradient chunks in flight, then as the defaults
+# run it). Session 28 spent 531 s holding the machine for `first` (its
+# start included) and 110 s for a `second` of one Qwen run.
 # `checks`, `kernels`, `steps` and `mainjob` are the whole of it, four calls
 # of under 10 minutes each, for a session lent more device time. BUDGET=N
-# (seconds; first 480, second 200, the others 540) fits a stage to what the
+# (seconds; first 480, second 250, the others 540) fits a stage to what the
 # device tool's `status` says is left: each item gets its own timeout
 # inside it, the most important first.
 #
@@ -20,6 +23,9 @@
 # needs nanoGPT's snapshot: the fetch tool, github:karpathy/nanoGPT, then
 # `bash benches/nanogpt_main_job.sh carry /work/.mirror/karpathy+nanoGPT/repo`):
 #   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
+# (what `first` and `second` run: 23 MB packed. `targets-all` adds what
+# `checks` and the rest run, 49 MB, which with the repository's 19 MB is
+# over the 64 MiB that may travel: pack those for a later call.)
 # Then the device tool's `run`, carry [".carry", ".gl"], timeout_s 600:
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh first'    # 15-minute lease, call 1
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh second'   # call 2, at once
@@ -35,8 +41,12 @@
 # commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-stage=${1:?usage: gpu_session.sh targets|first|second|checks|kernels|steps|mainjob}
+stage=${1:?usage: gpu_session.sh targets|targets-all|first|second|checks|kernels|steps|mainjob}
 if [ "$stage" = targets ]; then
+    echo coop_layout f16 attention_f16 matmul attention transport gpu_parity
+    exit 0
+fi
+if [ "$stage" = targets-all ]; then
     echo coop_layout f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
         download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit \
         epilogue operand_maxima gpu_f16_maxima host_import
@@ -94,7 +104,7 @@ pick_tiles() {
 # the two stages of a 15-minute lease under their share of it.
 case $stage in
 first) BUDGET=${BUDGET:-480} ;;
-second) BUDGET=${BUDGET:-200} ;;
+second) BUDGET=${BUDGET:-250} ;;
 *) BUDGET=${BUDGET:-540} ;;
 esac
 T0=$SECONDS
@@ -213,15 +223,19 @@ first)
         --mode-reps 1 --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
     rows "tinyllama anchor (rc $?)" "$OUT/anchor-tinyllama.log"
     sed -n '/^per-op profile/,/in no op/p' "$OUT/anchor-tinyllama.log" | head -30
+    # The same step with every gradient chunk of a layer begun as its
+    # gradients exist (session 28: with two in flight, a chunk begun after
+    # the next layer's backward was queued waits for it, and the device
+    # idles while the rest of the layer comes down; step ≈ compute-only +
+    # optimizer-only there): step time and host peak against the row above.
+    timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --mode-reps 0 --no-peer --chunks-in-flight 0 --json "$OUT/anchor-tinyllama-inflight.json" \
+        >"$OUT/anchor-tinyllama-inflight.log" 2>&1
+    rows "tinyllama anchor, all of a layer's chunks in flight (rc $?)" "$OUT/anchor-tinyllama-inflight.log"
     # The streamed step against the CPU and float64 (issue 18.1), after
     # the anchor so that the sweeps and the anchor get the budget first
     # (session 22 ran it: two known failures; `checks` runs it too).
     cap=100 t gpu_parity --nocapture
-    # Whole downloads in one piece, as before 2026-11-27 (the transport run
-    # above decodes one piece while the next copies): the download
-    # column's ratio, if time is left.
-    tag=-one-piece cap=30 b transport --reps 3 --sizes 64,1024 --no-torch --transport staging \
-        --download-pieces 1
     ;;
 second)
     # A 15-minute lease's second call, made at once on the warm machine:
@@ -234,6 +248,13 @@ second)
         . "$PICKED"
         note "tiles: $(tr '\n' ' ' <"$PICKED")"
     fi
+    # First with every gradient chunk of a layer in flight (the change
+    # session 28's profile asks for: 1,306 tokens/s there, step 6.27 s ≈
+    # compute-only 3.77 + optimizer 2.41), then as the defaults run it.
+    timeout "$(left 130 100)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
+        --mode-reps 0 --no-peer --chunks-in-flight 0 --json "$OUT/anchor-qwen-inflight.json" \
+        >"$OUT/anchor-qwen-inflight.log" 2>&1
+    rows "qwen anchor, all of a layer's chunks in flight (rc $?)" "$OUT/anchor-qwen-inflight.log"
     timeout "$(left 400)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
         --mode-reps 1 --no-peer --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     rows "qwen anchor (rc $?)" "$OUT/anchor-qwen.log"

@@ -3,7 +3,9 @@
 //! chunks of an awkward size (smaller than every layer, not a divisor of
 //! any), on the CPU executor and on the GPU (lavapipe here), f32 and bf16
 //! transport, tied and untied heads, with gradient accumulation and with
-//! exact clipping. Also: the staging pool is sized by the chunk.
+//! exact clipping; nor does how many chunks of a layer are in flight at
+//! once (the default's few, or all of the layer's). Also: the staging pool
+//! is sized by the chunk.
 
 mod common;
 
@@ -37,6 +39,16 @@ struct Case {
 }
 
 fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, chunk: usize) -> Trainer<E> {
+    trainer_in_flight(ex, model, case, chunk, TrainerConfig::default().chunks_in_flight)
+}
+
+fn trainer_in_flight<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    case: Case,
+    chunk: usize,
+    chunks_in_flight: usize,
+) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: case.micro > 1 || case.clip.is_some(),
@@ -44,6 +56,7 @@ fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, chunk: usize) ->
     };
     let config = TrainerConfig {
         transfer_chunk: chunk,
+        chunks_in_flight,
         ..common::k2_config(case.clip)
     };
     common::trainer(ex, model, tier, 5, config)
@@ -93,11 +106,15 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig) {
     for case in cases() {
         let whole = train(trainer(make(), model, case, WHOLE), case);
         let chunked = train(trainer(make(), model, case, CHUNK), case);
+        // Every chunk of a layer begun as its gradients exist.
+        let all_begun = train(trainer_in_flight(make(), model, case, CHUNK, 0), case);
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
         assert!(whole.0.iter().all(|l| l.is_finite()), "{what}: {:?}", whole.0);
-        assert_eq!(whole.0, chunked.0, "{what}: losses");
-        assert!(whole.1 == chunked.1, "{what}: parameters differ");
-        assert!(whole.2 == chunked.2, "{what}: transport copies differ");
+        for (how, run) in [("chunked", &chunked), ("all chunks in flight", &all_begun)] {
+            assert_eq!(whole.0, run.0, "{what}, {how}: losses");
+            assert!(whole.1 == run.1, "{what}, {how}: parameters differ");
+            assert!(whole.2 == run.2, "{what}, {how}: transport copies differ");
+        }
     }
 }
 
@@ -156,15 +173,22 @@ fn transfer_only_moves_a_steps_bytes<E: Executor>(make: impl Fn() -> E, check: i
         clip: None,
     };
     let [model, _] = models(false);
-    for chunk in [CHUNK, WHOLE] {
-        let mut t = trainer(make(), &model, case, chunk);
+    // (chunk, chunks of a layer in flight): the default's few, and all.
+    for (chunk, in_flight) in [(CHUNK, 2), (WHOLE, 2), (CHUNK, 0)] {
+        let mut t = trainer_in_flight(make(), &model, case, chunk, in_flight);
         let moved = t.transfer_only().unwrap();
         check(t.executor());
         let step = t
             .step(&[CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9)], 1e-3)
             .unwrap();
-        assert_eq!(moved.bytes_downloaded, step.bytes_downloaded, "chunk {chunk}");
-        assert_eq!(moved.bytes_uploaded, step.bytes_uploaded, "chunk {chunk}");
+        assert_eq!(
+            moved.bytes_downloaded, step.bytes_downloaded,
+            "chunk {chunk}, {in_flight}"
+        );
+        assert_eq!(
+            moved.bytes_uploaded, step.bytes_uploaded,
+            "chunk {chunk}, {in_flight}"
+        );
         assert!(moved.ms > 0.0);
     }
 }

@@ -130,6 +130,9 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     if let Some(b) = spec.transfer_chunk {
         config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
     }
+    if let Some(n) = spec.chunks_in_flight {
+        config.chunks_in_flight = n;
+    }
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
     if let Some(w) = spec.spill_window {
         tr.set_spill_window(WindowConfig::from_bytes(w, 4));

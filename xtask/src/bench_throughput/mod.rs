@@ -122,6 +122,11 @@ pub struct Args {
     /// 32M): larger layers come down in chunks.
     #[arg(long, value_parser = parse_bytes)]
     transfer_chunk: Option<u64>,
+    /// Chunks of one layer's gradients whose downloads are in flight at
+    /// once (default the trainer's, 2; 0: the whole layer, begun as its
+    /// gradients exist): the host holds more, the device waits less.
+    #[arg(long)]
+    chunks_in_flight: Option<usize>,
     /// The GPU transport knobs, as `megatrain train` takes them.
     #[command(flatten)]
     knobs: TransportKnobs,
@@ -215,6 +220,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         spill_dir: None,
         spill_window: a.spill_window,
         transfer_chunk: a.transfer_chunk,
+        chunks_in_flight: a.chunks_in_flight,
         knobs: a.knobs,
         profile: a.profile,
     }

@@ -148,6 +148,9 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     if let Some(b) = spec.transfer_chunk {
         config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
     }
+    if let Some(n) = spec.chunks_in_flight {
+        config.chunks_in_flight = n;
+    }
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;
     if let Some(c) = comm.clone() {
         tr.set_distributed(DistConfig {

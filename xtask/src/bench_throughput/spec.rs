@@ -48,6 +48,9 @@ pub struct Spec {
     /// Gradient bytes moved at once (default the trainer's).
     #[serde(default)]
     pub transfer_chunk: Option<u64>,
+    /// Gradient chunks of a layer in flight at once (default the trainer's).
+    #[serde(default)]
+    pub chunks_in_flight: Option<usize>,
     /// The GPU transport's knobs (default the executor's), flattened.
     #[serde(flatten)]
     pub knobs: TransportKnobs,
@@ -144,6 +147,7 @@ pub(crate) fn test_spec() -> Spec {
         spill_dir: None,
         spill_window: None,
         transfer_chunk: None,
+        chunks_in_flight: None,
         knobs: TransportKnobs::default(),
         profile: false,
     }

@@ -123,7 +123,8 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     }
     let chunk = max_layer.min(chunk as u64);
     let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
-    let chunks = crate::trainer::gradient_chunks_held(queue, false);
+    let in_flight = crate::trainer::TrainerConfig::default().chunks_in_flight;
+    let chunks = crate::trainer::gradient_chunks_held(queue, false, in_flight);
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
         gradients: 4 * max_layer,
@@ -174,8 +175,8 @@ mod tests {
     #[test]
     fn gradient_chunks_on_the_host_are_sized_by_the_model() {
         use crate::trainer::{DEFAULT_TRANSFER_CHUNK, gradient_chunks_held, transfer_chunk_for};
-        let held =
-            gradient_chunks_held(crate::trainer::TrainerConfig::default().optimizer_queue, false) as u64;
+        let d = crate::trainer::TrainerConfig::default();
+        let held = gradient_chunks_held(d.optimizer_queue, false, d.chunks_in_flight) as u64;
         let input = PlanInput {
             batch: 1,
             seq_len: 1024,

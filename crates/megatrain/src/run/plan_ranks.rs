@@ -90,10 +90,11 @@ pub fn per_rank(
 /// takes fewer); on several ranks also the receive buffers of two
 /// reductions in flight (`trainer/reduce.rs`).
 pub(crate) fn staging_bytes(chunk: u64, ranks: usize) -> u64 {
-    let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
+    let d = crate::trainer::TrainerConfig::default();
+    let (queue, in_flight) = (d.optimizer_queue, d.chunks_in_flight);
     let chunks = match ranks {
-        1 => crate::trainer::gradient_chunks_held(queue, false),
-        _ => crate::trainer::gradient_chunks_held(queue, true) + 2,
+        1 => crate::trainer::gradient_chunks_held(queue, false, in_flight),
+        _ => crate::trainer::gradient_chunks_held(queue, true, in_flight) + 2,
     };
     4 * chunk * chunks as u64
 }

@@ -539,6 +539,7 @@ pub fn train_with<E: Executor>(
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),
         },
+        ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {

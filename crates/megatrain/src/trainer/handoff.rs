@@ -21,7 +21,7 @@ use super::{Result, StagingPool, StepMetrics, TrainError, ms};
 /// Layers are handed over last first, in the order of [`LayerSlab`]s.
 ///
 /// Every layer moves in chunks of at most `chunk` elements, at most
-/// [`CHUNKS_IN_FLIGHT`] of a layer at a time, so no readback or staging
+/// `in_flight` of a layer at a time ([`chunks_in_flight`]), so no readback or staging
 /// buffer is sized by the largest layer (the embedding or the head, whose
 /// size grows with the vocabulary); a layer of one or two chunks moves as
 /// a whole layer did. Downloads that are host copies (nothing in flight)
@@ -33,6 +33,7 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     pool: &'s StagingPool,
     update: bool,
     chunk: usize,
+    in_flight: usize,
     /// Whether the last download was a host copy (nothing in flight).
     pub(super) host_copies: bool,
     /// Layers not handed over yet.
@@ -40,16 +41,23 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     pending: Option<Pending<'t, E::Tensor>>,
 }
 
-/// Chunks of one layer's gradients in flight at once.
-const CHUNKS_IN_FLIGHT: usize = 2;
+/// Chunks of one layer's gradients in flight at once: `configured`
+/// (`TrainerConfig::chunks_in_flight`), where 0 means all of the largest
+/// layer's chunks of `chunk` elements.
+pub(crate) fn chunks_in_flight(configured: usize, largest: usize, chunk: usize) -> usize {
+    match configured {
+        0 => largest.div_ceil(chunk.max(1)).max(1),
+        n => n,
+    }
+}
 
 /// Chunk-sized host buffers a step's gradients take at most where the
-/// optimizer reads chunks where they landed: [`CHUNKS_IN_FLIGHT`] for each
-/// of the two layers on their way down, those queued for the optimizer,
-/// the one it reads and the one being sent; with several ranks (`dist`)
-/// also the one whose reduction is in flight.
-pub(crate) fn gradient_chunks_held(optimizer_queue: usize, dist: bool) -> usize {
-    2 * CHUNKS_IN_FLIGHT + optimizer_queue + 2 + usize::from(dist)
+/// optimizer reads chunks where they landed: `in_flight` for each of the
+/// two layers on their way down, those queued for the optimizer, the one
+/// it reads and the one being sent; with several ranks (`dist`) also the
+/// one whose reduction is in flight.
+pub(crate) fn gradient_chunks_held(optimizer_queue: usize, dist: bool, in_flight: usize) -> usize {
+    2 * in_flight + optimizer_queue + 2 + usize::from(dist)
 }
 
 impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
@@ -60,7 +68,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         tx: SyncSender<Job<'t>>,
         pool: &'s StagingPool,
         update: bool,
-        chunk: usize,
+        (chunk, in_flight): (usize, usize),
         remaining: &'t mut [LayerSlab],
     ) -> Self {
         Handoff {
@@ -69,6 +77,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             pool,
             update,
             chunk,
+            in_flight,
             host_copies: false,
             remaining,
             pending: None,
@@ -84,7 +93,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         self.remaining = rest;
         let bytes = check_grads(slab, &grads)?;
         m.bytes_downloaded += bytes;
-        let mut p = Pending::new(slab, grads);
+        let mut p = Pending::new(slab, grads, self.in_flight);
         self.begin_more(&mut p, m)?;
         let deferred = p.chunks.in_flight.front().is_some_and(|(_, d)| d.in_flight());
         self.host_copies = !deferred;
@@ -105,7 +114,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         }
     }
 
-    /// Begins the layer's next chunks, up to [`CHUNKS_IN_FLIGHT`].
+    /// Begins the layer's next chunks, up to its `in_flight`.
     fn begin_more(&self, p: &mut Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
         let t = Instant::now();
         p.chunks.begin_more(self.ex, self.chunk)?;
@@ -170,9 +179,9 @@ struct Pending<'t, T> {
 }
 
 impl<'t, T> Pending<'t, T> {
-    fn new(slab: &'t mut LayerSlab, grads: Vec<T>) -> Self {
+    fn new(slab: &'t mut LayerSlab, grads: Vec<T>, in_flight: usize) -> Self {
         Pending {
-            chunks: Falling::new(slab.numel(), grads),
+            chunks: Falling::new(slab.numel(), grads, in_flight),
             slab: Some(slab),
         }
     }
@@ -187,24 +196,27 @@ pub(super) struct Falling<T> {
     /// First element not begun yet.
     next: usize,
     begun_all: bool,
+    /// Most chunks in flight at once.
+    limit: usize,
     pub(super) in_flight: VecDeque<(Range<usize>, Download<T>)>,
 }
 
 impl<T> Falling<T> {
-    pub(super) fn new(numel: usize, grads: Vec<T>) -> Self {
+    pub(super) fn new(numel: usize, grads: Vec<T>, limit: usize) -> Self {
         Falling {
             grads,
             numel,
             next: 0,
             begun_all: false,
+            limit: limit.max(1),
             in_flight: VecDeque::new(),
         }
     }
 
-    /// Begins the next chunks of at most `chunk` elements, up to
-    /// [`CHUNKS_IN_FLIGHT`] in flight.
+    /// Begins the next chunks of at most `chunk` elements, up to the
+    /// limit in flight.
     pub(super) fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E, chunk: usize) -> Result<()> {
-        while self.in_flight.len() < CHUNKS_IN_FLIGHT && !self.begun_all {
+        while self.in_flight.len() < self.limit && !self.begun_all {
             let r = self.next..(self.next + chunk).min(self.numel);
             let d = ex.begin_download_range(&self.grads, r.clone())?;
             self.next = r.end;

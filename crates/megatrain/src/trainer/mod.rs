@@ -56,8 +56,8 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
-pub(crate) use handoff::gradient_chunks_held;
 use handoff::{Falling, Handoff};
+pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
@@ -105,6 +105,15 @@ pub struct TrainerConfig {
     /// host staging and the executor's readback buffers are sized by it
     /// rather than by the largest layer. Results do not depend on it.
     pub transfer_chunk: usize,
+    /// Chunks of one layer's gradients whose downloads are in flight at
+    /// once (0: all of the layer's, begun as soon as its gradients exist).
+    /// With a few, the host holds a few chunks, but a chunk begun after
+    /// the next layer's backward was queued waits for that backward, and
+    /// the rest of the layer comes down while the device idles (session
+    /// 28's H200 profile); with all, the layer crosses during the next
+    /// layer's backward, and the host holds up to two layers of gradients.
+    /// Results do not depend on it.
+    pub chunks_in_flight: usize,
 }
 
 /// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
@@ -140,6 +149,7 @@ impl Default for TrainerConfig {
             grad_clip: None,
             optimizer_queue: 2,
             transfer_chunk: DEFAULT_TRANSFER_CHUNK,
+            chunks_in_flight: 2,
         }
     }
 }
@@ -479,9 +489,10 @@ impl<E: Executor> Trainer<E> {
             window: window.as_ref(),
         };
         let largest = tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
+        let in_flight = chunks_in_flight(config.chunks_in_flight, largest, chunk);
         ex.reserve_downloads(
             chunk.min(largest),
-            gradient_chunks_held(config.optimizer_queue, dist.is_some()),
+            gradient_chunks_held(config.optimizer_queue, dist.is_some(), in_flight),
         )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
@@ -493,7 +504,7 @@ impl<E: Executor> Trainer<E> {
                     ..WorkerReport::default()
                 }),
             });
-            let mut h = Handoff::new(ex, tx, pool, update, chunk, tier.layers_mut());
+            let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut());
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();

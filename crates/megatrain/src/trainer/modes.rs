@@ -24,7 +24,7 @@ use megatrain_zoo::layers::{
 
 use super::update::{Hyper, Part, update_part};
 use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
-use super::{Falling, Result, TrainError, Trainer, ms};
+use super::{Falling, Result, TrainError, Trainer, chunks_in_flight, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -167,7 +167,7 @@ impl<E: Executor> Trainer<E> {
     /// into the step's slots and in its order (blocks twice, the backward's
     /// a group of K at a time; embedding and head once) and every layer's
     /// fp32 gradient bytes down, pipelined one layer deep like the step's
-    /// and in the step's chunks (`transfer_chunk`, `CHUNKS_IN_FLIGHT` of
+    /// and in the step's chunks (`transfer_chunk`, `chunks_in_flight` of
     /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
     /// before the clock starts; each download takes a reshaped handle of
@@ -200,6 +200,7 @@ impl<E: Executor> Trainer<E> {
         let head_g = zeros(&layers[n - 1])?;
         let chunk = self.transfer_chunk();
         let largest = layers.iter().map(LayerSlab::numel).max().unwrap_or(0);
+        let in_flight = chunks_in_flight(self.config.chunks_in_flight, largest, chunk);
         let mut staging = vec![0.0f32; largest.min(chunk)];
         let mut out = TransferOnly {
             ms: 0.0,
@@ -220,7 +221,7 @@ impl<E: Executor> Trainer<E> {
                 .map(|t| ex.reshape(t, t.shape()))
                 .collect::<megatrain_tensor::Result<Vec<_>>>()?;
             check_grads(&layers[layer], &alias)?;
-            let mut p = Falling::new(layers[layer].numel(), alias);
+            let mut p = Falling::new(layers[layer].numel(), alias, in_flight);
             p.begin_more(ex, chunk)?;
             if let Some(prev) = pending.replace(p) {
                 out.bytes_downloaded += drain(ex, prev, chunk, &mut staging)?;
