@@ -137,6 +137,26 @@ fn gpu_chunks_change_no_result() {
     }
 }
 
+/// The same where downloads go through the copy queue's staging ring
+/// (`side_readback`; on lavapipe the queue is wgpu's own, the
+/// synchronization all there): with all of a layer's chunks in flight the
+/// ring holds more buffers than its fewest, each reused only once the copy
+/// queue has read it.
+#[test]
+fn gpu_chunks_change_no_result_on_the_copy_queue() {
+    if common::ctx().is_none() {
+        return;
+    }
+    let ctx = megatrain_gpu::GpuContext::with_some_copy_queue().unwrap();
+    if ctx.copy_queue().is_none() {
+        eprintln!("no copy queue (no host memory import): NOT tested here");
+        return;
+    }
+    for model in models(false) {
+        check(|| GpuExecutor::new(ctx.clone()), &model);
+    }
+}
+
 /// The pool holds chunk-sized buffers only: the one being filled, those
 /// queued for the optimizer, the one it works on, never a whole layer.
 #[test]

@@ -24,15 +24,24 @@ use crate::copy_queue::CopyQueue;
 use crate::host_import::HostBuffer;
 use crate::{GpuContext, GpuError};
 
-/// Staging buffers per size class: downloads in flight at once before one
-/// waits for the copy queue to finish reading an earlier one.
+/// Fewest staging buffers per size class: downloads in flight at once
+/// before one waits for the copy queue to finish reading an earlier one.
 const RING: usize = 4;
+
+/// Staging buffers of a size class where `count` downloads of it are
+/// reserved: half of them (the trainer reserves the chunks of two layers
+/// in flight, and begins one layer's at a time), at least [`RING`]. Fewer
+/// than a layer's chunks in flight would have wgpu's queue, and the next
+/// layer's backward queued behind the copies, wait for the copy queue.
+fn ring_len(count: usize) -> usize {
+    (count / 2).max(RING).min(count.max(1))
+}
 
 /// Device bytes of the staging ring that downloads of up to `bytes` each,
 /// `count` reserved (`Executor::reserve_downloads`), take on a device with
 /// a copy queue: what `megatrain plan` counts beside the executor's tensors.
 pub fn staging_bytes(bytes: u64, count: usize) -> u64 {
-    RING.min(count) as u64 * crate::arena::size_class(bytes.max(4))
+    ring_len(count) as u64 * crate::arena::size_class(bytes.max(4))
 }
 
 pub(crate) struct SideReadback {
@@ -47,10 +56,21 @@ pub(crate) struct SideReadback {
     staging: HashMap<u64, Ring>,
 }
 
-#[derive(Default)]
 struct Ring {
     bufs: Vec<Arc<PooledBuffer>>,
     next: usize,
+    /// Most buffers ([`ring_len`] of the last reservation).
+    len: usize,
+}
+
+impl Default for Ring {
+    fn default() -> Self {
+        Ring {
+            bufs: Vec::new(),
+            next: 0,
+            len: RING,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -142,7 +162,8 @@ impl SideReadback {
         }
         // The whole ring: downloads begun back to back each take one.
         let ring = self.staging.entry(class).or_default();
-        for _ in ring.bufs.len()..RING.min(count) {
+        ring.len = ring.len.max(ring_len(count));
+        for _ in ring.bufs.len()..ring_len(count) {
             stats.buffers_created += 1;
             let b = self.make_staging(class)?;
             self.staging.entry(class).or_default().bufs.push(b);
@@ -181,14 +202,15 @@ impl SideReadback {
     }
 
     /// A staging buffer of `class` bytes: one the copy queue is done
-    /// reading, else a new one while there are fewer than [`RING`], else
+    /// reading, else a new one while there are fewer than the ring's
+    /// length ([`ring_len`]), else
     /// the next in turn (whose reuse then waits on the device).
     fn next_staging(&mut self, class: u64, stats: &mut TransportStats) -> Result<Arc<PooledBuffer>> {
         let ring = self.staging.entry(class).or_default();
         if let Some(b) = ring.bufs.iter().find(|b| self.queue.idle(b.buffer())) {
             return Ok(b.clone());
         }
-        if ring.bufs.len() < RING {
+        if ring.bufs.len() < ring.len {
             stats.buffers_created += 1;
             let b = self.make_staging(class)?;
             self.staging.entry(class).or_default().bufs.push(b.clone());
