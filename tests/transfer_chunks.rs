@@ -141,7 +141,8 @@ fn gpu_chunks_change_no_result() {
 /// (`side_readback`; on lavapipe the queue is wgpu's own, the
 /// synchronization all there): with all of a layer's chunks in flight the
 /// ring holds more buffers than its fewest, each reused only once the copy
-/// queue has read it.
+/// queue has read it. And with each layer's chunks taken from one device
+/// copy of the layer (`DownloadStaging::Layer`).
 #[test]
 fn gpu_chunks_change_no_result_on_the_copy_queue() {
     if common::ctx().is_none() {
@@ -154,6 +155,11 @@ fn gpu_chunks_change_no_result_on_the_copy_queue() {
     }
     for model in models(false) {
         check(|| GpuExecutor::new(ctx.clone()), &model);
+        let layer = megatrain_gpu::GpuOptions {
+            download_staging: megatrain_gpu::DownloadStaging::Layer,
+            ..Default::default()
+        };
+        check(|| GpuExecutor::with_options(ctx.clone(), layer.clone()), &model);
     }
 }
 

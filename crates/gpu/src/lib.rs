@@ -29,9 +29,9 @@ pub use coop_attention::{AttnPass, AttnTile, AttnTiles, CoopAttention};
 pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;
 pub use exec::{
-    BindGroupStats, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV,
-    F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention, F16Matmul, F16Maxima, F16Operands, GpuExecutor,
-    GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
+    BindGroupStats, DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV,
+    F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention, F16Matmul, F16Maxima, F16Operands,
+    GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};
@@ -40,6 +40,6 @@ pub use kernels::{ATTN_HEAD_DIMS, ATTN_MAX_HEAD_DIM, AttnHeadDim, Kernel};
 pub use profile::{OpTiming, TimingSource};
 pub use tensor::GpuTensor;
 pub use transport::{
-    DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES, Downloads, TransportChoice,
-    download_staging_bytes,
+    DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES, DownloadStaging, Downloads,
+    LAYER_COPY_MAX_BYTES, TransportChoice, download_staging_bytes,
 };

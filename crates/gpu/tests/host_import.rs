@@ -13,7 +13,7 @@ use common::ctx;
 use megatrain_gpu::{
     CopyQueueChoice, CopyQueueStats, GpuContext, GpuExecutor, GpuOptions, Uploads, download_staging_bytes,
 };
-use megatrain_tensor::{DType, Executor, HostSlice, Shape, WeightSlot, WeightUpload, bf16, f16};
+use megatrain_tensor::{DType, Executor, HostSlice, HostTensor, Shape, WeightSlot, WeightUpload, bf16, f16};
 
 const PAGE: usize = 4096;
 
@@ -388,4 +388,86 @@ fn the_copy_queue_orders_its_copies_with_the_kernels_around_them() {
     assert_eq!(s.bytes_up_direct, 7 * DIRECT_BYTES);
     drop((ra, rb));
     assert_eq!(ctx.registered_host_ranges(), 0);
+}
+
+/// `DownloadStaging::Layer`: a layer's chunks come from one device copy of
+/// the whole layer, made as its first chunk is begun, and the copy queue
+/// takes each chunk from there. Begun as the trainer begins them (two of
+/// layer A, two of layer B, then the rest of A, then a new step's A in the
+/// same buffers with new values, then the rest of B), every chunk holds
+/// its own layer's values of the moment its layer's first chunk was begun,
+/// and the copies are device memory (one buffer per layer in flight).
+#[test]
+fn a_layers_chunks_come_from_one_copy_of_the_layer() {
+    let Some(ctx) = copy_queue_ctx() else { return };
+    let opts = GpuOptions {
+        download_staging: megatrain_gpu::DownloadStaging::Layer,
+        ..Default::default()
+    };
+    let g = GpuExecutor::with_options(ctx, opts);
+    let values = |seed: f32, n: usize| -> Vec<f32> { (0..n).map(|i| seed + i as f32 * 0.25).collect() };
+    let layer = |seed: f32| -> (Vec<megatrain_gpu::GpuTensor>, Vec<f32>) {
+        // Awkward sizes, two tensors: chunks cross from one to the other.
+        let (a, b) = (values(seed, 3001), values(seed + 1e4, 1999));
+        let t = vec![
+            g.upload(&HostTensor::from_f32(Shape::new([3001]), a.clone()).unwrap())
+                .unwrap(),
+            g.upload(&HostTensor::from_f32(Shape::new([1999]), b.clone()).unwrap())
+                .unwrap(),
+        ];
+        (t, [a, b].concat())
+    };
+    let chunk = 1021;
+    let ranges: Vec<_> = (0..5000usize.div_ceil(chunk))
+        .map(|c| c * chunk..((c + 1) * chunk).min(5000))
+        .collect();
+    let take = |d: megatrain_tensor::Download<megatrain_gpu::GpuTensor>| -> Vec<f32> {
+        match g.finish_download_in_place(d).unwrap() {
+            Ok(landed) => landed.to_vec(),
+            Err(_) => panic!("a copy-queue download lands in place"),
+        }
+    };
+    let (a, a_want) = layer(1.0);
+    let (b, b_want) = layer(-7.0);
+    let before = g.memory().live_bytes;
+    let mut a_first: Vec<_> = ranges[..2]
+        .iter()
+        .map(|r| g.begin_download_range(&a, r.clone()).unwrap())
+        .collect();
+    let b_first: Vec<_> = ranges[..2]
+        .iter()
+        .map(|r| g.begin_download_range(&b, r.clone()).unwrap())
+        .collect();
+    let copies = g.memory().live_bytes - before;
+    assert!(
+        copies >= 2 * 5000 * 4,
+        "two layers copied on the device: {copies} B"
+    );
+    for r in &ranges[2..] {
+        a_first.push(g.begin_download_range(&a, r.clone()).unwrap());
+    }
+    let got_a: Vec<f32> = a_first.into_iter().flat_map(take).collect();
+    assert_eq!(got_a, a_want, "layer A");
+    // A new step's gradients in A's buffers: its first chunk copies anew.
+    let a2_want = values(5.0, 5000);
+    let a2 = vec![
+        g.upload(&HostTensor::from_f32(Shape::new([3001]), a2_want[..3001].to_vec()).unwrap())
+            .unwrap(),
+        g.upload(&HostTensor::from_f32(Shape::new([1999]), a2_want[3001..].to_vec()).unwrap())
+            .unwrap(),
+    ];
+    let a2_got: Vec<f32> = ranges
+        .iter()
+        .map(|r| g.begin_download_range(&a2, r.clone()).unwrap())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flat_map(take)
+        .collect();
+    assert_eq!(a2_got, a2_want, "layer A again");
+    let mut b_all = b_first;
+    for r in &ranges[2..] {
+        b_all.push(g.begin_download_range(&b, r.clone()).unwrap());
+    }
+    let got_b: Vec<f32> = b_all.into_iter().flat_map(take).collect();
+    assert_eq!(got_b, b_want, "layer B, begun before A's rest and A's next step");
 }

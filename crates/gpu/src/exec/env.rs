@@ -25,6 +25,9 @@ pub const F16_MAXIMA_ENV: &str = "MEGATRAIN_F16_MAXIMA";
 /// `in_place` or `copy`: how gradient downloads reach the optimizer (no
 /// effect on any value).
 pub const DOWNLOADS_ENV: &str = "MEGATRAIN_DOWNLOADS";
+/// `chunk` or `layer`: where a layer's gradient chunks are copied from on
+/// a device with a copy queue (no effect on any value).
+pub const DOWNLOAD_STAGING_ENV: &str = "MEGATRAIN_DOWNLOAD_STAGING";
 
 impl std::str::FromStr for F16Matmul {
     type Err = String;
@@ -96,6 +99,17 @@ impl std::str::FromStr for crate::Uploads {
     }
 }
 
+impl std::str::FromStr for crate::DownloadStaging {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(
+            s,
+            [crate::DownloadStaging::Chunk, crate::DownloadStaging::Layer].into_iter(),
+        )
+    }
+}
+
 impl std::str::FromStr for crate::Downloads {
     type Err = String;
 
@@ -131,7 +145,7 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
     /// [`F16_ATTENTION_ENV`] name, the tiles [`F16_ATTENTION_TILES_ENV`] names, and the ways [`F16_OPERANDS_ENV`],
-    /// [`F16_MAXIMA_ENV`], [`DOWNLOADS_ENV`] and [`crate::UPLOADS_ENV`]
+    /// [`F16_MAXIMA_ENV`], [`DOWNLOADS_ENV`], [`DOWNLOAD_STAGING_ENV`] and [`crate::UPLOADS_ENV`]
     /// name, where set; a value that names none is refused with the list
     /// of names.
     pub fn with_env(mut self) -> Result<Self, GpuError> {
@@ -152,6 +166,9 @@ impl GpuOptions {
         }
         if let Some(d) = from_env(DOWNLOADS_ENV)? {
             self.downloads = d;
+        }
+        if let Some(s) = from_env(DOWNLOAD_STAGING_ENV)? {
+            self.download_staging = s;
         }
         if let Some(u) = from_env(crate::UPLOADS_ENV)? {
             self.uploads = u;
@@ -186,6 +203,9 @@ mod tests {
         }
         for m in [F16Maxima::Fold, F16Maxima::Scan] {
             assert_eq!(m.to_string().parse::<F16Maxima>(), Ok(m));
+        }
+        for s in [crate::DownloadStaging::Chunk, crate::DownloadStaging::Layer] {
+            assert_eq!(s.to_string().parse::<crate::DownloadStaging>(), Ok(s));
         }
         for d in [crate::Downloads::InPlace, crate::Downloads::Copy] {
             assert_eq!(d.to_string().parse::<crate::Downloads>(), Ok(d));

@@ -28,8 +28,8 @@ pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
 pub use env::{
-    DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV,
-    F16_OPERANDS_ENV,
+    DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV,
+    F16_MAXIMA_ENV, F16_OPERANDS_ENV,
 };
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
@@ -122,6 +122,10 @@ pub struct GpuOptions {
     /// Whether the optimizer reads gradient downloads in place (`InPlace`)
     /// or from a copy (`Copy`, for timing).
     pub downloads: crate::Downloads,
+    /// Where a layer's gradient chunks are copied from on a device with a
+    /// copy queue (`Chunk`: each on its own; `Layer`: one device copy of
+    /// the whole layer).
+    pub download_staging: crate::DownloadStaging,
     /// Whether uploads from registered host memory are copied by the
     /// device (`Direct`, where it can import host memory; `Auto`: so too,
     /// except on CPU adapters) or always by the CPU through mapped memory

@@ -83,6 +83,7 @@ impl TransportState {
             readback: ReadbackPool::new(
                 SideReadback::new(ctx, arena),
                 opts.download_pieces.unwrap_or(crate::transport::DOWNLOAD_PARTS),
+                opts.download_staging == crate::DownloadStaging::Layer,
             ),
             pending: HashMap::new(),
             next_ticket: 0,

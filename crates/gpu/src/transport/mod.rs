@@ -61,6 +61,32 @@ impl std::fmt::Display for Downloads {
     }
 }
 
+/// Where the chunks of a layer's gradient download are taken from, on a
+/// device with a copy queue (`MEGATRAIN_DOWNLOAD_STAGING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DownloadStaging {
+    /// Each chunk copied on wgpu's queue into a staging buffer as it is
+    /// begun, then to the host on the copy queue: a chunk begun after the
+    /// next layer's backward was queued waits for that backward.
+    #[default]
+    Chunk,
+    /// The whole layer copied on wgpu's queue (at the device memory's
+    /// speed) as its first chunk is begun, each chunk then to the host on
+    /// the copy queue alone, whenever it is begun: device memory for two
+    /// or three layers' f32 gradients (up to `LAYER_COPY_MAX_BYTES` a
+    /// layer) instead of host memory for their chunks.
+    Layer,
+}
+
+impl std::fmt::Display for DownloadStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DownloadStaging::Chunk => "chunk",
+            DownloadStaging::Layer => "layer",
+        })
+    }
+}
+
 mod image;
 mod mapped;
 mod readback;
@@ -78,7 +104,7 @@ use crate::arena::PooledBuffer;
 
 pub(crate) use image::Image;
 pub(crate) use mapped::MappedTransport;
-pub use readback::{DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES};
+pub use readback::{DOWNLOAD_PARTS, DOWNLOAD_PIECE_MIN, DOWNLOAD_SPLIT_BYTES, LAYER_COPY_MAX_BYTES};
 pub(crate) use readback::{PendingRead, ReadbackPool};
 pub(crate) use side_readback::SideReadback;
 pub use side_readback::staging_bytes as download_staging_bytes;

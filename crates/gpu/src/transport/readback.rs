@@ -30,7 +30,32 @@ pub(crate) struct ReadbackPool {
     side: Option<SideReadback>,
     /// Most pieces of a whole download (`GpuOptions::download_pieces`).
     max_pieces: usize,
+    /// `DownloadStaging::Layer`: a layer's chunks come from one copy of the
+    /// whole layer made as its first chunk is begun.
+    layer_staging: bool,
+    /// Those copies, each until its layer's last chunk is begun: the
+    /// trainer begins a layer's first chunks before it has begun the last
+    /// of the layer before.
+    layers: Vec<LayerCopy>,
 }
+
+/// Layer copies kept at most (a caller that never begins a layer's last
+/// chunk leaves its copy behind; the oldest goes first).
+const LAYER_COPIES_KEPT: usize = 3;
+
+/// The whole of a layer's gradients copied on the device
+/// (`SideReadback::snapshot`), for its chunks.
+struct LayerCopy {
+    /// The tensors copied: (buffer, byte offset, elements) of each.
+    of: Vec<(wgpu::Buffer, u64, usize)>,
+    buf: Arc<crate::arena::PooledBuffer>,
+}
+
+/// Largest layer copied whole under `DownloadStaging::Layer` (its f32
+/// gradients); larger ones (a large vocabulary's embedding or head) come
+/// down chunk by chunk as before, so that no device buffer is sized by the
+/// vocabulary twice over.
+pub const LAYER_COPY_MAX_BYTES: u64 = 1 << 30;
 
 #[derive(Default)]
 struct Lent {
@@ -104,11 +129,14 @@ enum At {
 
 impl ReadbackPool {
     /// A pool whose range downloads go through `side` where given, and
-    /// whose large whole downloads travel in up to `max_pieces` pieces.
-    pub fn new(side: Option<SideReadback>, max_pieces: usize) -> Self {
+    /// whose large whole downloads travel in up to `max_pieces` pieces;
+    /// with `layer_staging`, a layer's chunks come from one device copy of
+    /// the layer (where `side` is given).
+    pub fn new(side: Option<SideReadback>, max_pieces: usize, layer_staging: bool) -> Self {
         ReadbackPool {
             side,
             max_pieces,
+            layer_staging,
             ..Default::default()
         }
     }
@@ -443,6 +471,61 @@ impl ReadbackPool {
             bytes += len;
         }
         let class = self.reserved_class(usage, bytes);
+        let total: usize = tensors.iter().map(GpuTensor::numel).sum();
+        let all_f32 = tensors.iter().all(|t| t.dtype == DType::F32);
+        if let Some(side) = &mut self.side
+            && self.layer_staging
+            && all_f32
+            && range.len() < total
+            && 4 * total as u64 <= LAYER_COPY_MAX_BYTES
+        {
+            let of: Vec<_> = tensors
+                .iter()
+                .map(|t| (t.buffer().clone(), t.offset, t.numel()))
+                .collect();
+            let known = self.layers.iter().position(|l| l.of == of);
+            let at = match known {
+                // A first chunk copies the layer afresh: new gradients may
+                // lie in the buffers of an earlier step's.
+                Some(i) if range.start > 0 => i,
+                _ => {
+                    if let Some(i) = known {
+                        self.layers.remove(i);
+                    }
+                    if self.layers.len() == LAYER_COPIES_KEPT {
+                        self.layers.remove(0);
+                    }
+                    let whole: Vec<_> = tensors
+                        .iter()
+                        .map(|t| (t.buffer(), t.offset, 4 * t.numel() as u64))
+                        .collect();
+                    let buf = side.snapshot(link, &whole)?;
+                    self.layers.push(LayerCopy { of, buf });
+                    self.layers.len() - 1
+                }
+            };
+            let copy = self.layers[at].buf.clone();
+            let l = side.begin_from(
+                &copy,
+                4 * range.start as u64,
+                bytes,
+                crate::arena::size_class(class.max(4)),
+                stats,
+            )?;
+            if range.end == total {
+                self.layers.remove(at);
+            }
+            stats.down_submit_ns += nanos(t0.elapsed());
+            stats.downloads += 1;
+            stats.bytes_down += bytes;
+            return Ok(PendingRead {
+                at: At::Side(l),
+                numel: range.len(),
+                layout,
+                bytes,
+                rest: Vec::new(),
+            });
+        }
         if let Some(side) = &mut self.side {
             let pieces: Vec<_> = pieces
                 .iter()

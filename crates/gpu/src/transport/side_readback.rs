@@ -54,6 +54,8 @@ pub(crate) struct SideReadback {
     free: HashMap<u64, Vec<HostBuffer>>,
     lent: Arc<Mutex<Lent>>,
     staging: HashMap<u64, Ring>,
+    /// Whole layers' gradients, by size class (`DownloadStaging::Layer`).
+    layers: HashMap<u64, Ring>,
 }
 
 struct Ring {
@@ -135,6 +137,7 @@ impl SideReadback {
             free,
             lent: Default::default(),
             staging: HashMap::new(),
+            layers: HashMap::new(),
         })
     }
 
@@ -266,6 +269,75 @@ impl SideReadback {
         Ok(Landing { host, value })
     }
 
+    /// Copies `pieces` (buffer, byte offset, bytes: 4-byte multiples) one
+    /// after another into a device buffer of the copy queue's on wgpu's
+    /// queue, as one submission right after the work queued so far: the
+    /// chunks [`SideReadback::begin_from`] then takes from it are the copy
+    /// queue's alone, and wait for nothing wgpu's queue takes up later
+    /// (the next layer's backward). A buffer is taken again only once
+    /// nothing holds it but this pool: neither the caller (whose layer's
+    /// chunks are not all begun) nor a copy the copy queue has not
+    /// finished. So a size class holds two or three: the one the copy
+    /// queue reads, the next layer's, and one whose last copies finished
+    /// but are not yet reclaimed.
+    pub fn snapshot(
+        &mut self,
+        link: &Link<'_>,
+        pieces: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Arc<PooledBuffer>> {
+        let bytes: u64 = pieces.iter().map(|p| p.2).sum();
+        let class = crate::arena::size_class(bytes.max(4));
+        let ring = self.layers.entry(class).or_default();
+        let buf = match ring.bufs.iter().find(|b| Arc::strong_count(b) == 1) {
+            Some(b) => b.clone(),
+            None => {
+                let b = Arc::new(
+                    self.arena.adopt(
+                        self.queue
+                            .create_buffer(&self.ctx.device, class, "layer gradients (copy queue)")
+                            .map_err(|e| GpuError::Unsupported {
+                                op: "download",
+                                detail: format!(
+                                    "no device memory for a {class}-byte copy of a layer's gradients ({e})"
+                                ),
+                            })?,
+                    ),
+                );
+                ring.bufs.push(b.clone());
+                b
+            }
+        };
+        let mut enc = link.device.create_command_encoder(&Default::default());
+        let mut at = 0;
+        for &(src, from, len) in pieces {
+            enc.copy_buffer_to_buffer(src, from, buf.buffer(), at, len);
+            at += len;
+        }
+        let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
+        uses.push(buf.buffer());
+        link.submit(enc, &uses);
+        Ok(buf)
+    }
+
+    /// Bytes `offset..offset + bytes` of `src` (a [`SideReadback::snapshot`])
+    /// into host memory of `class` bytes, on the copy queue alone.
+    pub fn begin_from(
+        &mut self,
+        src: &Arc<PooledBuffer>,
+        offset: u64,
+        bytes: u64,
+        class: u64,
+        stats: &mut TransportStats,
+    ) -> Result<Landing> {
+        let host = self.take_host(class, stats)?;
+        let regions = [(offset, 0, bytes)];
+        let regions = if bytes > 0 { &regions[..] } else { &[] };
+        let value = self
+            .queue
+            .copy(src.buffer(), &host.buffer, regions, true, vec![src.clone()])?;
+        Ok(Landing { host, value })
+    }
+
     /// Blocks until `l` is in host memory.
     pub fn wait(&self, l: &Landing, stats: &mut TransportStats) -> Result<()> {
         let t = Instant::now();
@@ -292,7 +364,7 @@ impl SideReadback {
 
 impl Drop for SideReadback {
     fn drop(&mut self) {
-        for ring in self.staging.values() {
+        for ring in self.staging.values().chain(self.layers.values()) {
             for b in &ring.bufs {
                 self.queue.forget(b.buffer());
             }
