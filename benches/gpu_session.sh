@@ -5,18 +5,18 @@
 # A session drawn for a GPU has 15 minutes of device time, the machine's
 # start (1-2 minutes) and every idle second included, and a machine goes
 # back 30 s after a call. So the plan is two calls made back to back:
-# `first` (about 8 minutes: is every tensor-core kernel right there, the
-# kernels' rates against the issues' targets and sweeps of their tiles,
-# the bus, one whole TinyLlama step beside PyTorch on the fastest tiles,
-# the same step with each of two other gradient hand-overs, and the
+# `first` (about 8 minutes: is every tensor-core kernel right there, one
+# whole TinyLlama step beside PyTorch on the default tiles, the same step
+# with each of two other gradient hand-overs, the kernels' rates against
+# the issues' targets and sweeps of tiles around the defaults, and the
 # streamed step's parity), then at once, on the still-warm machine,
 # `second` (about 4 minutes: the Qwen2.5-7B anchor, issue 17's headline,
-# with all of a layer's gradient chunks in flight, then as the defaults
-# run it). Session 28 spent 531 s holding the machine for `first` (its
+# with the hand-over and tiles `first` picked, then as the defaults run
+# it where those differ). Session 28 spent 531 s holding the machine for `first` (its
 # start included) and 110 s for a `second` of one Qwen run.
 # `checks`, `kernels`, `steps` and `mainjob` are the whole of it, four calls
 # of under 10 minutes each, for a session lent more device time. BUDGET=N
-# (seconds; first 480, second 250, the others 540) fits a stage to what the
+# (seconds; first 500, second 250, the others 540) fits a stage to what the
 # device tool's `status` says is left: each item gets its own timeout
 # inside it, the most important first.
 #
@@ -128,7 +128,7 @@ pick_handoff() {
 # The device tool ends a call at 600 s; the stage keeps under BUDGET, and
 # the two stages of a 15-minute lease under their share of it.
 case $stage in
-first) BUDGET=${BUDGET:-480} ;;
+first) BUDGET=${BUDGET:-500} ;;
 second) BUDGET=${BUDGET:-250} ;;
 *) BUDGET=${BUDGET:-540} ;;
 esac
@@ -197,10 +197,13 @@ b() {
 case $stage in
 first)
     # A 15-minute lease's first call. Does every tensor-core kernel compute
-    # the right thing on this GPU (issues 12, 13; only emulated and Mesa
-    # lavapipe have run them), which tiles are fastest, what a TinyLlama
-    # step does on them, and, with what time is left, does the streamed
-    # step match the CPU and float64 here (issue 18.1)?
+    # the right thing on this GPU with the default tiles, what a TinyLlama
+    # step does on them beside PyTorch, which of three gradient hand-overs
+    # is fastest (issue 17: session 28 found the GPU and the CPU AdamW
+    # taking turns), and with what time is left, which tiles around the
+    # defaults are faster (issues 12, 13) and does the streamed step match
+    # the CPU and float64 here (issue 18.1)? Session 28 measured the
+    # sweeps first; the anchors and the hand-over come first now.
     # Whether this driver places a tile declared after small variables on
     # 16 bytes, and loads f32 accumulators back exactly (the attention's
     # rescale of O; the matmuls never do): its garbage on the H200 in
@@ -209,42 +212,15 @@ first)
     grep -E 'products wrong|loaded back' "$OUT/test-coop_layout.log"
     # (The swept shapes' and tiles' own tests are left to `checks`: each
     # is a set of pipelines to compile, and the sweeps below check what
-    # they time first.)
-    cap=60 t f16 --nocapture --skip swept_tile_shapes
-    cap=60 t attention_f16 --nocapture --skip with_swept_tiles
+    # they time first.) Session 28: 30 s and 16 s on the H200.
+    cap=45 t f16 --nocapture --skip swept_tile_shapes
+    cap=45 t attention_f16 --nocapture --skip with_swept_tiles
     grep -E 'relative error' "$OUT/test-attention_f16.log" | head -4
-    # The rates against the targets: the f16 tiles at 8192³ and a 7B MLP
-    # product (≥ 300 and ≥ 250 TFLOP/s), f32 at 8192³ (≥ 25); flash
-    # attention prints every 7B shape's forward and backward (≥ 150 and
-    # ≥ 75 TFLOP/s at B4 T2048 32/8 D128) and SDPA's beside them, the
-    # criterion rows cut to that shape.
-    # The sweep (f16_sweep_ rows) times CoopTile::SWEEP's shapes: the
-    # default tile in groups of tile rows, a K step of 64 on one buffer,
-    # larger and smaller tiles; each checked against f32 first.
-    MEGATRAIN_COOP_SWEEP=default cap=150 b matmul \
-        '^matmul/(f16_coop128_8192|f16_coop256x128_8192|f16_coop256x128_4096x3584|8192x|f16_sweep_)' \
-        --warm-up-time 0.5 --measurement-time 1
-    # Same run: the f32 attention (f32 and bf16 precision, and f16 where
-    # the tensor-core one is refused), a row over four subgroup lanes
-    # against one thread per row, at a TinyLlama-like shape.
-    # With the tensor-core attention right, its tile sets
-    # (AttnTiles::SWEEP: the sweep rows, each set checked first) at the
-    # same shape; each set's tiles and both rates into the summary.
-    MEGATRAIN_ATTN_SWEEP=default cap=160 b attention \
-        '^attention(_f16/fwd_Coop_B4_T2048_Hq32_|_f16/(fwd|bwd)_sweep|/(one_row_)?(fwd|bwd)_B8_T1024)' \
-        --warm-up-time 1 --measurement-time 2
-    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
-    pick_tiles
-    # The bus (issue 14: ≥ 45 GB/s each way, ≥ 0.8 of torch's pinned
-    # copy_) and whether the copy queue runs beside a kernel.
-    cap=60 b transport --reps 3 --sizes 64,1024 --overlap
     # One whole TinyLlama step beside PyTorch in bf16 autocast (issue 17:
     # ≥ 0.5×), its overlap efficiency (one of each isolated mode), the host
     # peak by kind (issue 18.2: ≤ 14.3 B/param) and a per-op profile, on
-    # the tiles the sweeps picked.
-    # shellcheck disable=SC1090
-    . "$PICKED"
-    timeout "$(left 400)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+    # the default tiles (session 28's fastest). 98 s there.
+    timeout "$(left 120)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --mode-reps 1 --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
     rows "tinyllama anchor (rc $?)" "$OUT/anchor-tinyllama.log"
     sed -n '/^per-op profile/,/in no op/p' "$OUT/anchor-tinyllama.log" | head -30
@@ -252,23 +228,44 @@ first)
     # gradients exist (session 28: with two in flight, a chunk begun after
     # the next layer's backward was queued waits for it, and the device
     # idles while the rest of the layer comes down; step ≈ compute-only +
-    # optimizer-only there): step time and host peak against the row above.
-    timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+    # optimizer busy there): step time and host peak against the row above.
+    timeout "$(left 50)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --mode-reps 0 --no-peer --chunks-in-flight 0 --json "$OUT/anchor-tinyllama-inflight.json" \
         >"$OUT/anchor-tinyllama-inflight.log" 2>&1
     rows "tinyllama anchor, all of a layer's chunks in flight (rc $?)" "$OUT/anchor-tinyllama-inflight.log"
     # And with two in flight, each layer's chunks taken from one device
     # copy of the layer made as its first chunk is begun (the host bound
     # kept; device memory for two or three layers' gradients instead).
-    MEGATRAIN_DOWNLOAD_STAGING=layer timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 \
+    MEGATRAIN_DOWNLOAD_STAGING=layer timeout "$(left 50)" xtask bench-throughput --anchor tinyllama-8x1024 \
         --steps 3 --warmup 1 --mode-reps 0 --no-peer --json "$OUT/anchor-tinyllama-layercopy.json" \
         >"$OUT/anchor-tinyllama-layercopy.log" 2>&1
     rows "tinyllama anchor, chunks from a copy of the layer (rc $?)" "$OUT/anchor-tinyllama-layercopy.log"
+    # The rates against the targets: the f16 tiles at 8192³ and a 7B MLP
+    # product (≥ 300 and ≥ 250 TFLOP/s), f32 at 8192³ (≥ 25); flash
+    # attention prints every 7B shape's forward and backward (≥ 150 and
+    # ≥ 75 TFLOP/s at B4 T2048 32/8 D128) and SDPA's beside them, the
+    # criterion rows cut to that shape.
+    # The sweep (f16_sweep_ rows) times CoopTile::SWEEP's shapes, around
+    # the default; each checked against f32 first. Shorter samples than
+    # session 28's (about 2 minutes each there).
+    MEGATRAIN_COOP_SWEEP=default cap=90 b matmul \
+        '^matmul/(f16_coop256x128_8192|f16_coop256x128_4096x3584|8192x|f16_sweep_)' \
+        --warm-up-time 0.3 --measurement-time 0.7
+    # Same run: the f32 attention (f32 and bf16 precision, and f16 where
+    # the tensor-core one is refused), a row over four subgroup lanes
+    # against one thread per row, at a TinyLlama-like shape.
+    # The tensor-core attention's tile sets (AttnTiles::SWEEP: the sweep
+    # rows, each set checked first) at issue 13's shape; each set's tiles
+    # and both rates into the summary.
+    MEGATRAIN_ATTN_SWEEP=default cap=90 b attention \
+        '^attention(_f16/fwd_Coop_B4_T2048_Hq32_|_f16/(fwd|bwd)_sweep|/(one_row_)?(fwd|bwd)_B8_T1024)' \
+        --warm-up-time 0.5 --measurement-time 1
+    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
+    pick_tiles
     pick_handoff
-    # The streamed step against the CPU and float64 (issue 18.1), after
-    # the anchor so that the sweeps and the anchor get the budget first
-    # (session 22 ran it: two known failures; `checks` runs it too).
-    cap=100 t gpu_parity --nocapture
+    # The streamed step against the CPU and float64 (issue 18.1), last
+    # (session 28: 16 of 16 in 5.5 s on the H200, with the old tiles).
+    cap=30 t gpu_parity --nocapture
     ;;
 second)
     # A 15-minute lease's second call, made at once on the warm machine:
