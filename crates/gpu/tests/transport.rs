@@ -295,6 +295,10 @@ fn auto_measures_both_transports_and_keeps_the_faster() {
         assert_eq!(info.name, "staging");
     }
     assert_eq!(g.transport_info(), Some(info.clone()));
+    // Nor does it leave host-visible buffers behind: its staging ring and
+    // the readback buffers of its whole downloads (1 MiB each; on the
+    // H200 a TinyLlama run held ~45 MB of them through every step).
+    assert_eq!(g.transport_host_bytes(), 0, "after the calibration");
     // The calibration's slots are gone; the chosen transport works.
     let l = Layer::new(3);
     let w = g.load_weights(SLOT, &l.uploads()).unwrap();

@@ -635,11 +635,15 @@ impl GpuExecutor {
             parts.push(format!("{c} {u:.2} up + {r:.2} read + {d:.2} down"));
             measured.push((c.to_string(), u + r + d));
         }
-        self.transport
-            .lock()
-            .expect("transport poisoned")
-            .slots
-            .retain(|s, _| s.kind != CALIBRATION_KIND);
+        {
+            // What the calibration made and the step does not use: its
+            // slots, the staging ring (remade if staging uploads come), and
+            // the parked readback buffers of its whole downloads.
+            let mut st = self.transport.lock().expect("transport poisoned");
+            st.slots.retain(|s, _| s.kind != CALIBRATION_KIND);
+            st.staging.release();
+            st.readback.release_parked();
+        }
         self.bind_groups.clear();
         let best = if measured[1].1 < measured[0].1 {
             TransportChoice::Mapped

@@ -141,6 +141,14 @@ impl ReadbackPool {
         }
     }
 
+    /// Lets the parked readback buffers go (remade when a download needs
+    /// one): after the transport's calibration its gradient-sized whole
+    /// downloads leave some that the step's chunked downloads (the copy
+    /// queue's, or the reserved class) never take.
+    pub fn release_parked(&mut self) {
+        self.free.clear();
+    }
+
     /// Host-visible bytes the pool owns: parked, or lent out as
     /// [`Landed`] values.
     pub fn pooled_bytes(&self) -> u64 {

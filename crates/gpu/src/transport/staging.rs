@@ -54,6 +54,16 @@ impl StagingTransport {
         }
     }
 
+    /// Lets the ring's buffers go (remade on the next write): after the
+    /// transport's calibration, where the step's uploads take another way
+    /// (mapped, or the device's copies from the tier), they would hold
+    /// host-visible memory for nothing. A copy still queued from one keeps
+    /// it alive until done (wgpu defers the destruction).
+    pub fn release(&mut self) {
+        self.ring.iter_mut().for_each(|e| *e = None);
+        self.next = 0;
+    }
+
     /// Host-visible bytes held by the ring.
     pub fn ring_bytes(&self) -> u64 {
         self.ring.iter().flatten().map(|e| e.buf.size()).sum()
