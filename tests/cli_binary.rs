@@ -206,6 +206,42 @@ fn bad_inputs_are_named() {
         &["plan", "--preset", "llama-tiny", "--host-mem", "12 parsecs"],
         &["parsecs"],
     );
+    refused(
+        &["plan", "--preset", "llama-tiny", "--adamw-gparams", "0"],
+        &["--adamw-gparams 0"],
+    );
+}
+
+/// `plan`'s batch suggestion weighs the host's AdamW beside the bus: for
+/// Qwen2.5-7B at the default machine numbers the update, not the bus,
+/// decides it, and a host five times as fast leaves it to the bus.
+#[test]
+fn plan_weighs_the_hosts_adamw() {
+    let text = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--preset",
+            "qwen2.5-7b",
+            "--precision",
+            "f16",
+            "--batch",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let t = text(&[]);
+    assert!(
+        t.contains("AdamW-bound") && t.contains("--batch 18 at --seq-len 1024"),
+        "{t}"
+    );
+    let t = text(&["--adamw-gparams", "21"]);
+    assert!(
+        t.contains("the backward covers it") && t.contains("--batch 7 at --seq-len 1024"),
+        "{t}"
+    );
 }
 
 fn train_args<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {

@@ -73,6 +73,11 @@ pub struct PlanArgs {
     /// (default: H100 PCIe Gen5 pinned copies).
     #[arg(long, default_value_t = Machine::H100.bus_gbps)]
     bus_gbps: f64,
+    /// Parameters the host's AdamW updates per second, in G, for the same
+    /// suggestion (default: measured on an H200 machine's 16 cores; the
+    /// update is bound by host memory bandwidth, ~30 bytes a parameter).
+    #[arg(long, default_value_t = Machine::H100.adamw_gparams)]
+    adamw_gparams: f64,
 }
 
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
@@ -104,7 +109,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     {
         anyhow::bail!("--disk-gbps {g}: must be positive");
     }
-    for (flag, v) in [("--gpu-tflops", a.gpu_tflops), ("--bus-gbps", a.bus_gbps)] {
+    for (flag, v) in [
+        ("--gpu-tflops", a.gpu_tflops),
+        ("--bus-gbps", a.bus_gbps),
+        ("--adamw-gparams", a.adamw_gparams),
+    ] {
         if !(v.is_finite() && v > 0.0) {
             anyhow::bail!("{flag} {v}: must be positive");
         }
@@ -112,6 +121,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let machine = Machine {
         gpu_tflops: a.gpu_tflops,
         bus_gbps: a.bus_gbps,
+        adamw_gparams: a.adamw_gparams,
     };
     let tier = TierConfig {
         shard: None,
@@ -297,8 +307,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
 fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
     let ms = |s: f64| s * 1e3;
     println!(
-        "compute vs bus, assuming {} TFLOP/s sustained and {} GB/s each way (--gpu-tflops, --bus-gbps):",
-        m.gpu_tflops, m.bus_gbps
+        "compute vs bus and the host's AdamW, assuming {} TFLOP/s sustained, {} GB/s each way and \
+         {} G parameters/s of AdamW (--gpu-tflops, --bus-gbps, --adamw-gparams):",
+        m.gpu_tflops, m.bus_gbps, m.adamw_gparams
     );
     println!(
         "  per block and step: {} over the bus ({:.2} ms: transport copy up twice, f32 gradients down); \
@@ -309,11 +320,16 @@ fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
         c.block_compute_s(m, 1) * 1e6
     );
     println!(
-        "  compute covers the bus from {} tokens per step: --batch {} at --seq-len {seq_len}",
-        c.tokens_to_cover, c.batch_to_cover
+        "  compute covers the bus from {} tokens per step, and a block's backward its AdamW ({:.2} ms) \
+         from {}: --batch {} at --seq-len {seq_len}",
+        c.tokens_to_cover,
+        ms(c.block_adamw_s(m)),
+        c.tokens_to_cover_adamw,
+        c.batch_to_cover
     );
     let tokens = (batch * seq_len) as u64;
     let (compute, bus) = (c.block_compute_s(m, tokens), c.block_bus_s(m));
+    let (backward, adamw) = (c.block_backward_s(m, tokens), c.block_adamw_s(m));
     println!(
         "  at --batch {batch} ({tokens} tokens): per block {:.2} ms of compute vs {:.2} ms of bus: {}",
         ms(compute),
@@ -325,10 +341,28 @@ fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
         }
     );
     println!(
+        "  and {:.2} ms of backward vs {:.2} ms of AdamW: {}",
+        ms(backward),
+        ms(adamw),
+        if backward >= adamw {
+            "the backward covers it".to_string()
+        } else {
+            format!(
+                "AdamW-bound (the backward covers {:.0}% of it)",
+                100.0 * backward / adamw
+            )
+        }
+    );
+    let step = c
+        .step_compute_s(m, tokens)
+        .max(c.step_bus_s(m))
+        .max(c.step_adamw_s(m));
+    println!(
         "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention), \
-         {:.1} ms of bus, {:.0} tokens/s if the larger is all it takes",
+         {:.1} ms of bus, {:.1} ms of AdamW, {:.0} tokens/s if the largest is all it takes",
         ms(c.step_compute_s(m, tokens)),
         ms(c.step_bus_s(m)),
-        tokens as f64 / c.step_compute_s(m, tokens).max(c.step_bus_s(m))
+        ms(c.step_adamw_s(m)),
+        tokens as f64 / step
     );
 }

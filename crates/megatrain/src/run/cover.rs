@@ -18,6 +18,15 @@
 //! Both sides are linear in the parameter count, so the suggested token
 //! count hardly depends on the model: ≈ bus bytes per parameter ×
 //! TFLOP/s ÷ (6 × GB/s).
+//!
+//! The host's AdamW is the third resource: block i's update runs while the
+//! GPU computes the backward of the blocks before it, so a block's
+//! backward (4 FLOPs per parameter and two thirds of attention's) must
+//! take as long as its update for the step not to wait on the CPU. The
+//! update moves ~30 bytes a parameter through host memory whatever the
+//! batch, so at the GPU's target rate it wants more tokens than the bus
+//! does (the H200 machine's 16 cores: 4.2 G parameters/s, so about 17,000
+//! tokens for any dense model at 300 TFLOP/s).
 
 use megatrain_tier::TransportDType;
 use megatrain_zoo::ModelConfig;
@@ -29,15 +38,22 @@ pub struct Machine {
     pub gpu_tflops: f64,
     /// Host↔device bandwidth each way, in GB/s.
     pub bus_gbps: f64,
+    /// Parameters the host's AdamW updates per second, in G (memory-bound:
+    /// ~30 bytes each; the fp32 update and the transport copy).
+    pub adamw_gparams: f64,
 }
 
 impl Machine {
     /// The H100 targets of the open issues: 300 TFLOP/s of f16 tensor-core
     /// work sustained (MegaTrain's 7B anchor runs at about 272) and 55 GB/s
     /// pinned copies each way over PCIe Gen5.
+    /// The host's AdamW at 4.2 G parameters/s: Qwen2.5-7B's 7.6 G in
+    /// 1.80 s on the H200 machine's 16 cores (session 28, optimizer-only
+    /// mode; 2.41 s of work inside its step).
     pub const H100: Machine = Machine {
         gpu_tflops: 300.0,
         bus_gbps: 55.0,
+        adamw_gparams: 4.2,
     };
 }
 
@@ -48,14 +64,22 @@ pub struct BusCover {
     pub block_bus_bytes: u64,
     /// Model FLOPs per token of that block at the given sequence length.
     pub block_flops_per_token: f64,
+    /// Parameters of that block (what its AdamW update reads).
+    pub block_params: u64,
     /// Bus bytes per step of every layer (blocks, embedding and head).
     pub step_bus_bytes: u64,
     /// Model FLOPs per token of every layer.
     pub step_flops_per_token: f64,
+    /// Parameters of every layer (what the step's AdamW updates).
+    pub step_params: u64,
     /// Tokens per step at which a block's compute takes as long as its bus
     /// bytes; more tokens and the block is compute-bound.
     pub tokens_to_cover: u64,
-    /// The smallest batch of `seq_len` sequences with at least that many tokens.
+    /// Tokens per step at which a block's backward takes as long as its
+    /// AdamW update on the host.
+    pub tokens_to_cover_adamw: u64,
+    /// The smallest batch of `seq_len` sequences with at least as many
+    /// tokens as both counts.
     pub batch_to_cover: usize,
 }
 
@@ -68,6 +92,23 @@ impl BusCover {
     /// Seconds of one block's compute at `tokens` per step.
     pub fn block_compute_s(&self, m: Machine, tokens: u64) -> f64 {
         self.block_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// Seconds of one block's AdamW update on the host.
+    pub fn block_adamw_s(&self, m: Machine) -> f64 {
+        self.block_params as f64 / (m.adamw_gparams * 1e9)
+    }
+
+    /// Seconds of one block's backward at `tokens` per step: 4 of the 6
+    /// FLOPs a parameter and two thirds of attention's.
+    pub fn block_backward_s(&self, m: Machine, tokens: u64) -> f64 {
+        let attention = self.block_flops_per_token - 6.0 * self.block_params as f64;
+        (4.0 * self.block_params as f64 + attention * 2.0 / 3.0) * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// Seconds of the whole step's AdamW on the host.
+    pub fn step_adamw_s(&self, m: Machine) -> f64 {
+        self.step_params as f64 / (m.adamw_gparams * 1e9)
     }
 
     /// Seconds of the whole step's bus bytes.
@@ -90,7 +131,7 @@ pub fn bus_cover(
     m: Machine,
 ) -> Option<BusCover> {
     let ok = |v: f64| v.is_finite() && v > 0.0;
-    if !ok(m.gpu_tflops) || !ok(m.bus_gbps) || seq_len == 0 {
+    if !ok(m.gpu_tflops) || !ok(m.bus_gbps) || !ok(m.adamw_gparams) || seq_len == 0 {
         return None;
     }
     let tables = model.layer_tables();
@@ -126,13 +167,24 @@ pub fn bus_cover(
     } else {
         0
     };
+    let adamw_s = block_params as f64 / (m.adamw_gparams * 1e9);
+    let bwd_s_per_token = (4.0 * block_params as f64 + attention * 2.0 / 3.0) / (m.gpu_tflops * 1e12);
+    let tokens_to_cover_adamw = if bwd_s_per_token > 0.0 {
+        (adamw_s / bwd_s_per_token).ceil() as u64
+    } else {
+        0
+    };
+    let tokens = tokens_to_cover.max(tokens_to_cover_adamw);
     Some(BusCover {
         block_bus_bytes,
         block_flops_per_token,
+        block_params,
         step_bus_bytes: blocks_bus + ends,
         step_flops_per_token: blocks_flops + head_flops,
+        step_params: tables.iter().map(|t| t.numel() as u64).sum(),
         tokens_to_cover,
-        batch_to_cover: (tokens_to_cover.div_ceil(seq_len as u64) as usize).max(1),
+        tokens_to_cover_adamw,
+        batch_to_cover: (tokens.div_ceil(seq_len as u64) as usize).max(1),
     })
 }
 
@@ -171,8 +223,9 @@ mod tests {
         // 8 B/param × 300e12 / (55e9 × (6 + attention's 6·2048·1024 / 44M
         // params = 0.29 FLOP a parameter)) ≈ 6,940 tokens: batch 7 of 1024.
         assert!((6_900..7_000).contains(&t), "{t}");
-        assert_eq!(c.batch_to_cover, t.div_ceil(1024) as usize);
-        assert_eq!(c.batch_to_cover, 7);
+        // The AdamW count is larger here: the batch covers both.
+        assert!(c.tokens_to_cover_adamw > t);
+        assert_eq!(c.batch_to_cover, c.tokens_to_cover_adamw.div_ceil(1024) as usize);
         // A bus twice as fast halves the tokens; a GPU twice as fast doubles them.
         let fast_bus = bus_cover(&m, 1024, TransportDType::F16, Machine { bus_gbps: 110.0, ..h }).unwrap();
         assert!(fast_bus.tokens_to_cover.abs_diff(t / 2) <= 1);
@@ -187,6 +240,54 @@ mod tests {
         )
         .unwrap();
         assert!(fast_gpu.tokens_to_cover.abs_diff(2 * t) <= 1);
+    }
+
+    /// A block's AdamW at 4.2 G parameters/s against its backward at 300
+    /// TFLOP/s: Qwen2.5-7B's blocks (233M parameters) take 55.6 ms of
+    /// update, 4 × 233M + two thirds of 6 × 3584 × 1024 FLOPs a token of
+    /// backward, so ≈ 17,800 tokens; a host twice as fast halves it.
+    #[test]
+    fn tokens_to_cover_balance_backward_and_adamw() {
+        let m = preset("qwen2.5-7b", None).unwrap();
+        let h = Machine::H100;
+        let c = bus_cover(&m, 1024, TransportDType::F16, h).unwrap();
+        let n = block_params(&m);
+        assert_eq!(c.block_params, n);
+        assert!((c.block_adamw_s(h) - n as f64 / 4.2e9).abs() < 1e-12);
+        let bwd = (4.0 * n as f64 + 4.0 * 3584.0 * 1024.0) / 300e12;
+        assert!((c.block_backward_s(h, 1) - bwd).abs() < 1e-18);
+        let t = c.tokens_to_cover_adamw;
+        assert!(c.block_backward_s(h, t) >= c.block_adamw_s(h));
+        assert!(c.block_backward_s(h, t - 1) < c.block_adamw_s(h));
+        assert!((17_000..18_500).contains(&t), "{t}");
+        assert_eq!(c.batch_to_cover, t.div_ceil(1024) as usize);
+        let fast_host = bus_cover(
+            &m,
+            1024,
+            TransportDType::F16,
+            Machine {
+                adamw_gparams: 8.4,
+                ..h
+            },
+        )
+        .unwrap();
+        assert!(fast_host.tokens_to_cover_adamw.abs_diff(t / 2) <= 1);
+        // With a host five times as fast, the bus decides the batch.
+        let faster = bus_cover(
+            &m,
+            1024,
+            TransportDType::F16,
+            Machine {
+                adamw_gparams: 21.0,
+                ..h
+            },
+        )
+        .unwrap();
+        assert!(faster.tokens_to_cover > faster.tokens_to_cover_adamw);
+        assert_eq!(
+            faster.batch_to_cover,
+            faster.tokens_to_cover.div_ceil(1024) as usize
+        );
     }
 
     #[test]
@@ -230,6 +331,11 @@ mod tests {
             let h = Machine::H100;
             assert!(bus_cover(&m, 64, TransportDType::F32, Machine { gpu_tflops: bad, ..h }).is_none());
             assert!(bus_cover(&m, 64, TransportDType::F32, Machine { bus_gbps: bad, ..h }).is_none());
+            let adamw = Machine {
+                adamw_gparams: bad,
+                ..h
+            };
+            assert!(bus_cover(&m, 64, TransportDType::F32, adamw).is_none());
         }
         assert!(bus_cover(&m, 0, TransportDType::F32, Machine::H100).is_none());
     }
