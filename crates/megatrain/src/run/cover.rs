@@ -103,7 +103,7 @@ impl BusCover {
     /// FLOPs a parameter and two thirds of attention's.
     pub fn block_backward_s(&self, m: Machine, tokens: u64) -> f64 {
         let attention = self.block_flops_per_token - 6.0 * self.block_params as f64;
-        (4.0 * self.block_params as f64 + attention * 2.0 / 3.0) * tokens as f64 / (m.gpu_tflops * 1e12)
+        backward_flops_per_token(self.block_params, attention) * tokens as f64 / (m.gpu_tflops * 1e12)
     }
 
     /// Seconds of the whole step's AdamW on the host.
@@ -120,6 +120,12 @@ impl BusCover {
     pub fn step_compute_s(&self, m: Machine, tokens: u64) -> f64 {
         self.step_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
     }
+}
+
+/// A block's backward FLOPs per token: 4 per parameter and two thirds of
+/// attention's (`attention`: its forward and backward FLOPs per token).
+fn backward_flops_per_token(params: u64, attention: f64) -> f64 {
+    4.0 * params as f64 + attention * 2.0 / 3.0
 }
 
 /// The estimate for `model` at sequence length `seq_len`; `None` when the
@@ -168,7 +174,7 @@ pub fn bus_cover(
         0
     };
     let adamw_s = block_params as f64 / (m.adamw_gparams * 1e9);
-    let bwd_s_per_token = (4.0 * block_params as f64 + attention * 2.0 / 3.0) / (m.gpu_tflops * 1e12);
+    let bwd_s_per_token = backward_flops_per_token(block_params, attention) / (m.gpu_tflops * 1e12);
     let tokens_to_cover_adamw = if bwd_s_per_token > 0.0 {
         (adamw_s / bwd_s_per_token).ceil() as u64
     } else {
