@@ -249,7 +249,7 @@ first)
     # the default; each checked against f32 first. Shorter samples than
     # session 28's (about 2 minutes each there).
     MEGATRAIN_COOP_SWEEP=default cap=90 b matmul \
-        '^matmul/(f16_coop256x128_8192|f16_coop256x128_4096x3584|8192x|f16_sweep_)' \
+        '^matmul/(f16_coop256x128_8192|f16_coop256x128_4096x3584|f16_coop(128|256x128)_8192x2048x256|8192x8192|f16_sweep_)' \
         --warm-up-time 0.3 --measurement-time 0.7
     # Same run: the f32 attention (f32 and bf16 precision, and f16 where
     # the tensor-core one is refused), a row over four subgroup lanes

@@ -145,6 +145,10 @@ fn bench(c: &mut Criterion) {
             (4096, 18944, 3584, nt, DType::F16),
             (4096, 18944, 3584, nn, DType::F16),
             (18944, 4096, 3584, tn, DType::F32),
+            // TinyLlama's K and V projections at 8×1024 tokens: N = 256
+            // gives a 256×128 tile 64 workgroups, the 128 tile 128 (the
+            // H200 has 132 multiprocessors).
+            (8192, 2048, 256, nt, DType::F16),
         ]
     } else {
         vec![(256, 256, 256, nn, DType::F32), (256, 200, 300, nt, DType::F16)]
