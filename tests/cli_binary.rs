@@ -173,28 +173,34 @@ fn bad_inputs_are_named() {
         &["export", "--run", s(t), "--out", s(&t.join("x"))],
         &["not a run directory"],
     );
-    // A kernel family named in the environment that names none (on the
-    // GPU, where it is read; lavapipe in CI).
-    let out = bin()
-        .env("MEGATRAIN_F16_MATMUL", "coop256")
-        .args(["train", "--device", "gpu", "--quiet", "--out", s(&out)])
-        .args([
-            "--preset",
-            "gpt2-nano",
-            "--data",
-            s(&data),
-            "--steps",
-            "1",
-            "--seq-len",
-            "16",
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    if !err.contains("no GPU adapter") {
-        assert!(!out.status.success() && !err.contains("panicked"), "{err}");
-        for n in ["MEGATRAIN_F16_MATMUL=\"coop256\"", "coop128x256", "simt"] {
-            assert!(err.contains(n), "'{n}' not in: {err}");
+    // A kernel family, or a download staging, named in the environment
+    // that names none (on the GPU, where they are read; lavapipe in CI).
+    for (var, value, names) in [
+        ("MEGATRAIN_F16_MATMUL", "coop256", &["coop128x256", "simt"][..]),
+        ("MEGATRAIN_DOWNLOAD_STAGING", "layers", &["chunk", "layer"][..]),
+    ] {
+        let out = bin()
+            .env(var, value)
+            .args(["train", "--device", "gpu", "--quiet", "--out", s(&out)])
+            .args([
+                "--preset",
+                "gpt2-nano",
+                "--data",
+                s(&data),
+                "--steps",
+                "1",
+                "--seq-len",
+                "16",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !err.contains("no GPU adapter") {
+            assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+            assert!(err.contains(&format!("{var}=\"{value}\"")), "{err}");
+            for n in names {
+                assert!(err.contains(n), "'{n}' not in: {err}");
+            }
         }
     }
     refused(&["plan", "--preset", "nope"], &["nope"]);
