@@ -74,7 +74,10 @@ pub enum DownloadStaging {
     /// speed) as its first chunk is begun, each chunk then to the host on
     /// the copy queue alone, whenever it is begun: device memory for two
     /// or three layers' f32 gradients (up to `LAYER_COPY_MAX_BYTES` a
-    /// layer) instead of host memory for their chunks.
+    /// layer) instead of host memory for their chunks. Chunks begun in
+    /// order, each continuing the last, hold the values the tensors had
+    /// when the first was begun (the trainer's gradients, which nothing
+    /// writes after their backward); any other chunk copies anew.
     Layer,
 }
 

@@ -49,6 +49,9 @@ struct LayerCopy {
     /// The tensors copied: (buffer, byte offset, elements) of each.
     of: Vec<(wgpu::Buffer, u64, usize)>,
     buf: Arc<crate::arena::PooledBuffer>,
+    /// The element the next chunk taken from it starts at: a chunk that
+    /// does not continue the last copies the layer afresh.
+    next: usize,
 }
 
 /// Largest layer copied whole under `DownloadStaging::Layer` (its f32
@@ -493,9 +496,10 @@ impl ReadbackPool {
                 .collect();
             let known = self.layers.iter().position(|l| l.of == of);
             let at = match known {
-                // A first chunk copies the layer afresh: new gradients may
-                // lie in the buffers of an earlier step's.
-                Some(i) if range.start > 0 => i,
+                // Only the chunk that continues the last one reads the
+                // copy: any other (a first chunk, new gradients in the
+                // buffers of an earlier step's) copies the layer afresh.
+                Some(i) if range.start > 0 && self.layers[i].next == range.start => i,
                 _ => {
                     if let Some(i) = known {
                         self.layers.remove(i);
@@ -508,10 +512,11 @@ impl ReadbackPool {
                         .map(|t| (t.buffer(), t.offset, 4 * t.numel() as u64))
                         .collect();
                     let buf = side.snapshot(link, &whole)?;
-                    self.layers.push(LayerCopy { of, buf });
+                    self.layers.push(LayerCopy { of, buf, next: 0 });
                     self.layers.len() - 1
                 }
             };
+            self.layers[at].next = range.end;
             let copy = self.layers[at].buf.clone();
             let l = side.begin_from(
                 &copy,
