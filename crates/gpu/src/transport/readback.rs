@@ -484,67 +484,53 @@ impl ReadbackPool {
         let class = self.reserved_class(usage, bytes);
         let total: usize = tensors.iter().map(GpuTensor::numel).sum();
         let all_f32 = tensors.iter().all(|t| t.dtype == DType::F32);
-        if let Some(side) = &mut self.side
-            && self.layer_staging
-            && all_f32
-            && range.len() < total
-            && 4 * total as u64 <= LAYER_COPY_MAX_BYTES
-        {
-            let of: Vec<_> = tensors
-                .iter()
-                .map(|t| (t.buffer().clone(), t.offset, t.numel()))
-                .collect();
-            let known = self.layers.iter().position(|l| l.of == of);
-            let at = match known {
-                // Only the chunk that continues the last one reads the
-                // copy: any other (a first chunk, new gradients in the
-                // buffers of an earlier step's) copies the layer afresh.
-                Some(i) if range.start > 0 && self.layers[i].next == range.start => i,
-                _ => {
-                    if let Some(i) = known {
-                        self.layers.remove(i);
-                    }
-                    if self.layers.len() == LAYER_COPIES_KEPT {
-                        self.layers.remove(0);
-                    }
-                    let whole: Vec<_> = tensors
-                        .iter()
-                        .map(|t| (t.buffer(), t.offset, 4 * t.numel() as u64))
-                        .collect();
-                    let buf = side.snapshot(link, &whole)?;
-                    self.layers.push(LayerCopy { of, buf, next: 0 });
-                    self.layers.len() - 1
-                }
-            };
-            self.layers[at].next = range.end;
-            let copy = self.layers[at].buf.clone();
-            let l = side.begin_from(
-                &copy,
-                4 * range.start as u64,
-                bytes,
-                crate::arena::size_class(class.max(4)),
-                stats,
-            )?;
-            if range.end == total {
-                self.layers.remove(at);
-            }
-            stats.down_submit_ns += nanos(t0.elapsed());
-            stats.downloads += 1;
-            stats.bytes_down += bytes;
-            return Ok(PendingRead {
-                at: At::Side(l),
-                numel: range.len(),
-                layout,
-                bytes,
-                rest: Vec::new(),
-            });
-        }
         if let Some(side) = &mut self.side {
-            let pieces: Vec<_> = pieces
-                .iter()
-                .map(|&(t, from, len, _, _)| (t.buffer(), from, len))
-                .collect();
-            let l = side.begin(link, &pieces, crate::arena::size_class(class.max(4)), stats)?;
+            let host_class = crate::arena::size_class(class.max(4));
+            let l = if self.layer_staging
+                && all_f32
+                && range.len() < total
+                && 4 * total as u64 <= LAYER_COPY_MAX_BYTES
+            {
+                let of: Vec<_> = tensors
+                    .iter()
+                    .map(|t| (t.buffer().clone(), t.offset, t.numel()))
+                    .collect();
+                let known = self.layers.iter().position(|l| l.of == of);
+                let at = match known {
+                    // Only the chunk that continues the last one reads the
+                    // copy: any other (a first chunk, new gradients in the
+                    // buffers of an earlier step's) copies the layer afresh.
+                    Some(i) if range.start > 0 && self.layers[i].next == range.start => i,
+                    _ => {
+                        if let Some(i) = known {
+                            self.layers.remove(i);
+                        }
+                        if self.layers.len() == LAYER_COPIES_KEPT {
+                            self.layers.remove(0);
+                        }
+                        let whole: Vec<_> = tensors
+                            .iter()
+                            .map(|t| (t.buffer(), t.offset, 4 * t.numel() as u64))
+                            .collect();
+                        let buf = side.snapshot(link, &whole)?;
+                        self.layers.push(LayerCopy { of, buf, next: 0 });
+                        self.layers.len() - 1
+                    }
+                };
+                self.layers[at].next = range.end;
+                let copy = self.layers[at].buf.clone();
+                let l = side.begin_from(&copy, 4 * range.start as u64, bytes, host_class, stats)?;
+                if range.end == total {
+                    self.layers.remove(at);
+                }
+                l
+            } else {
+                let pieces: Vec<_> = pieces
+                    .iter()
+                    .map(|&(t, from, len, _, _)| (t.buffer(), from, len))
+                    .collect();
+                side.begin(link, &pieces, host_class, stats)?
+            };
             stats.down_submit_ns += nanos(t0.elapsed());
             stats.downloads += 1;
             stats.bytes_down += bytes;

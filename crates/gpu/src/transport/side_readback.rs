@@ -247,26 +247,8 @@ impl SideReadback {
     ) -> Result<Landing> {
         let bytes: u64 = pieces.iter().map(|p| p.2).sum();
         let staging = self.next_staging(class, stats)?;
-        let host = self.take_host(class, stats)?;
-        let mut enc = link.device.create_command_encoder(&Default::default());
-        let mut at = 0;
-        for &(buf, from, len) in pieces {
-            enc.copy_buffer_to_buffer(buf, from, staging.buffer(), at, len);
-            at += len;
-        }
-        let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
-        uses.push(staging.buffer());
-        link.submit(enc, &uses);
-        let regions = [(0, 0, bytes)];
-        let regions = if bytes > 0 { &regions[..] } else { &[] };
-        let value = self.queue.copy(
-            staging.buffer(),
-            &host.buffer,
-            regions,
-            true,
-            vec![staging.clone()],
-        )?;
-        Ok(Landing { host, value })
+        gather(link, pieces, staging.buffer());
+        self.begin_from(&staging, 0, bytes, class, stats)
     }
 
     /// Copies `pieces` (buffer, byte offset, bytes: 4-byte multiples) one
@@ -307,20 +289,13 @@ impl SideReadback {
                 b
             }
         };
-        let mut enc = link.device.create_command_encoder(&Default::default());
-        let mut at = 0;
-        for &(src, from, len) in pieces {
-            enc.copy_buffer_to_buffer(src, from, buf.buffer(), at, len);
-            at += len;
-        }
-        let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
-        uses.push(buf.buffer());
-        link.submit(enc, &uses);
+        gather(link, pieces, buf.buffer());
         Ok(buf)
     }
 
-    /// Bytes `offset..offset + bytes` of `src` (a [`SideReadback::snapshot`])
-    /// into host memory of `class` bytes, on the copy queue alone.
+    /// Bytes `offset..offset + bytes` of `src` (a staging buffer, or a
+    /// [`SideReadback::snapshot`]) into host memory of `class` bytes, on
+    /// the copy queue alone.
     pub fn begin_from(
         &mut self,
         src: &Arc<PooledBuffer>,
@@ -360,6 +335,20 @@ impl SideReadback {
     pub fn recycle(&mut self, l: Landing) {
         self.free.entry(l.host.size()).or_default().push(l.host);
     }
+}
+
+/// Copies `pieces` (buffer, byte offset, bytes) one after another into
+/// `dst` on wgpu's queue, as one submission after the work queued so far.
+fn gather(link: &Link<'_>, pieces: &[(&wgpu::Buffer, u64, u64)], dst: &wgpu::Buffer) {
+    let mut enc = link.device.create_command_encoder(&Default::default());
+    let mut at = 0;
+    for &(src, from, len) in pieces {
+        enc.copy_buffer_to_buffer(src, from, dst, at, len);
+        at += len;
+    }
+    let mut uses: Vec<&wgpu::Buffer> = pieces.iter().map(|p| p.0).collect();
+    uses.push(dst);
+    link.submit(enc, &uses);
 }
 
 impl Drop for SideReadback {
