@@ -27,7 +27,10 @@
 # (what `first` and `second` run: 23 MB packed. `targets-checks` packs
 # what `checks` runs, 39 MB, which fits beside the repository's 19 MB;
 # `targets-all` packs everything, 49 MB, which does not: over the 64 MiB
-# that may travel.)
+# that may travel. Both sets together, `$(bash benches/gpu_session.sh
+# targets) $(bash benches/gpu_session.sh targets-checks)`, pack 45.5 MB:
+# 65.3 MB with the tree on 2026-11-28, just under 64 MiB, so one pack can
+# serve `first`, `second` and a `checks` call.)
 # Then the device tool's `run`, carry [".carry", ".gl"], timeout_s 600:
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh first'    # 15-minute lease, call 1
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh second'   # call 2, at once
