@@ -7,7 +7,9 @@
 
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use super::{
+    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, qkv_backward, shape,
+};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -138,20 +140,25 @@ pub(super) fn backward<E: Executor>(
     grads[l.gate] = gg.db;
     grads[l.up] = gu.db;
 
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], dy, Transpose::NT, needs(l.o.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
-    put(&mut grads, l.o, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let (dq, dk) = match cfg.has_rope(layer) {
-        true => (
-            ex.rope_backward(&ga.dq, cfg.rope(layer))?,
-            ex.rope_backward(&ga.dk, cfg.rope(layer))?,
-        ),
-        false => (ga.dq, ga.dk),
-    };
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.o,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        dy,
+        &mut grads,
+    )?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
-    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let mut dn = qkv_backward(ex, &s.n.y, w, [(&dq, l.q), (&dk, l.k), (&dv, l.v)], &mut grads)?;
     ex.add_assign(&mut dn, &dn_mlp)?;
 

@@ -10,7 +10,8 @@
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{
-    Gains, Linear, check_weights, lin, matmul_backward_glu, matmul_glu, needs, put, qkv_backward, shape,
+    AttnSaved, Gains, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_glu,
+    matmul_glu, needs, put, qkv_backward, shape,
 };
 use crate::{ModelConfig, Result};
 
@@ -196,7 +197,6 @@ pub(super) fn backward<E: Executor>(
     let l = Layout::new(cfg);
     check_weights(w, l.len(), "llama block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let rope = cfg.rope(layer);
     let g = Gains::new(cfg, ex, w, &l.norms())?;
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len()).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
@@ -225,17 +225,22 @@ pub(super) fn backward<E: Executor>(
     let dx2_attn = dpost.as_ref().unwrap_or(&dx2);
     let dout = times_ref(ex, dx2_attn, residual(cfg))?;
     let dout = dout.as_ref().unwrap_or(dx2_attn);
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], dout, Transpose::NT, needs(l.o.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
-    put(&mut grads, l.o, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let (dq, mut dk) = match cfg.has_rope(layer) {
-        true => (
-            ex.rope_backward(&ga.dq, rope.clone())?,
-            ex.rope_backward(&ga.dk, rope)?,
-        ),
-        false => (ga.dq, ga.dk),
-    };
+    let (dq, mut dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.o,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        dout,
+        &mut grads,
+    )?;
     let mut dq = times(ex, dq, cfg.q_factor())?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         let gq = ex.rmsnorm_backward(q_pre, g.get(w, qi), &qn.rstd, &dq)?;
@@ -247,7 +252,7 @@ pub(super) fn backward<E: Executor>(
     }
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
-    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let dn1 = qkv_backward(ex, &s.n1.y, w, [(&dq, l.q), (&dk, l.k), (&dv, l.v)], &mut grads)?;
     let n1 = ex.add_rmsnorm_backward(&s.x, g.get(w, l.ln1), &s.n1.rstd, &dn1, &dx2)?;
     grads[l.ln1] = Some(n1.dw);

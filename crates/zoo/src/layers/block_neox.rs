@@ -9,7 +9,10 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, shape};
+use super::{
+    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
+    needs, put, shape,
+};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -133,8 +136,6 @@ pub(super) fn backward<E: Executor>(
     let l = Layout::new(cfg);
     check_weights(w, l.len, "gpt_neox block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let (h, d) = (cfg.num_heads, cfg.head_dim);
-    let rope = cfg.rope(layer);
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
@@ -171,17 +172,27 @@ pub(super) fn backward<E: Executor>(
     let dres = dx2.as_ref().unwrap_or(dy);
 
     // Attention.
-    let mut go = ex.matmul_backward(&s.a, &w[l.dense.0], dres, Transpose::NT, needs(l.dense.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, h, d]))?;
-    put(&mut grads, l.dense, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let dq = ex.rope_backward(&ga.dq, rope.clone())?;
-    let dk = ex.rope_backward(&ga.dk, rope)?;
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.dense,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        dres,
+        &mut grads,
+    )?;
     let dqkv = ex.reshape(
-        &ex.concat_last(&[&dq, &dk, &ga.dv])?,
+        &ex.concat_last(&[&dq, &dk, &dv])?,
         &shape(&[b, t, 3 * cfg.q_dim()]),
     )?;
-    drop((dq, dk, ga));
+    drop((dq, dk, dv));
     let mut gqkv = ex.matmul_backward(&s.n1.y, &w[l.qkv.0], &dqkv, Transpose::NT, needs(l.qkv.1))?;
     let dn1 = take(gqkv.da.take());
     put(&mut grads, l.qkv, gqkv);

@@ -6,7 +6,7 @@
 
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, needs, put, shape};
+use super::{AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -182,17 +182,22 @@ pub(super) fn backward<E: Executor>(
     // Attention: dh reaches x directly and through norm_att(attn(x)).
     let gon = ex.rmsnorm_backward(&s.o, &w[l.post_att], &s.on.rstd, &dh)?;
     grads[l.post_att] = Some(gon.dw);
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &gon.dx, Transpose::NT, needs(l.o.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
-    put(&mut grads, l.o, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let (dq, dk) = match cfg.has_rope(layer) {
-        true => (
-            ex.rope_backward(&ga.dq, cfg.rope(layer))?,
-            ex.rope_backward(&ga.dk, cfg.rope(layer))?,
-        ),
-        false => (ga.dq, ga.dk),
-    };
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.o,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        &gon.dx,
+        &mut grads,
+    )?;
     // As the norms saw q and k: whole projections, or heads.
     let dq = ex.reshape(&dq, s.q_pre.shape())?;
     let dk = ex.reshape(&dk, s.k_pre.shape())?;
@@ -202,7 +207,7 @@ pub(super) fn backward<E: Executor>(
     grads[l.k_norm] = Some(gk.dw);
     let dq = ex.reshape(&gq.dx, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&gk.dx, &shape(&[b, t, cfg.kv_dim()]))?;
-    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;
     // q's, k's and v's input gradients summed into dh, which already holds
     // the residual's.
     let mut dx = dh;

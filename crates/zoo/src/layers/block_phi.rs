@@ -6,7 +6,10 @@
 
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, qkv_backward, shape};
+use super::{
+    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
+    needs, put, qkv_backward, shape,
+};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -83,7 +86,6 @@ pub(super) fn backward<E: Executor>(
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
     check_weights(w, N, "phi block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let rope = cfg.rope(layer);
     let mut grads: Vec<Option<E::Tensor>> = (0..N).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
@@ -95,16 +97,25 @@ pub(super) fn backward<E: Executor>(
     let dn_mlp = take(gfc.da.take());
     put(&mut grads, FC1, gfc);
 
-    let mut go = ex.matmul_backward(&s.a, &w[DENSE.0], dy, Transpose::NT, needs(DENSE.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
-    put(&mut grads, DENSE, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let dq = ex.reshape(
-        &ex.rope_backward(&ga.dq, rope.clone())?,
-        &shape(&[b, t, cfg.q_dim()]),
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        DENSE,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        dy,
+        &mut grads,
     )?;
-    let dk = ex.reshape(&ex.rope_backward(&ga.dk, rope)?, &shape(&[b, t, cfg.kv_dim()]))?;
-    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
+    let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let mut dn = qkv_backward(ex, &s.n.y, w, [(&dq, Q), (&dk, K), (&dv, V)], &mut grads)?;
     ex.add_assign(&mut dn, &dn_mlp)?;
 

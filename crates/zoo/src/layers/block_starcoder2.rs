@@ -7,7 +7,10 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::{Linear, check_weights, lin, matmul_backward_gelu, matmul_gelu, needs, put, qkv_backward, shape};
+use super::{
+    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
+    needs, put, qkv_backward, shape,
+};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -130,7 +133,6 @@ pub(super) fn backward<E: Executor>(
     let l = Layout::new(cfg);
     check_weights(w, l.len, "starcoder2 block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
-    let rope = cfg.rope(layer);
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
@@ -165,15 +167,25 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &dx2, Transpose::NT, needs(l.o.1))?;
-    let da = ex.reshape(&take(go.da.take()), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
-    put(&mut grads, l.o, go);
-    let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
-    let dq = ex.rope_backward(&ga.dq, rope.clone())?;
-    let dk = ex.rope_backward(&ga.dk, rope)?;
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.o,
+        AttnSaved {
+            a: &s.a,
+            q: &s.q,
+            k: &s.k,
+            v: &s.v,
+            att: &s.att,
+        },
+        &dx2,
+        &mut grads,
+    )?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
-    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;
     let dn1 = qkv_backward(ex, &s.n1.y, w, [(&dq, l.q), (&dk, l.k), (&dv, l.v)], &mut grads)?;
     let n1 = ex.add_layernorm_backward(
         &s.x,

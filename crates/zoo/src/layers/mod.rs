@@ -28,7 +28,9 @@ mod block_starcoder2;
 mod embedding;
 mod head;
 
-use megatrain_tensor::{Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose};
+use megatrain_tensor::{
+    AttentionOut, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
+};
 
 pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
@@ -210,6 +212,48 @@ fn qkv_backward<E: Executor>(
         put(grads, lw, g);
     }
     Ok(dx.expect("the first part's input gradient, requested"))
+}
+
+/// The saved tensors of a block's attention: its input `a` of the output
+/// projection ([B, T, q_dim]), q, k, v as the kernel read them, and its
+/// forward's output.
+pub(crate) struct AttnSaved<'s, T> {
+    pub a: &'s T,
+    pub q: &'s T,
+    pub k: &'s T,
+    pub v: &'s T,
+    pub att: &'s AttentionOut<T>,
+}
+
+/// The attention's backward from `dout`, the gradient of its output
+/// projection `o`'s output: the projection's weight (and bias) gradients
+/// stored at their table slots, then dq, dk, dv as [B, T, heads, D], with
+/// RoPE undone on dq and dk where block `layer` has it.
+#[allow(clippy::too_many_arguments)]
+fn attention_backward_from_output<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    o: Linear,
+    s: AttnSaved<'_, E::Tensor>,
+    dout: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<(E::Tensor, E::Tensor, E::Tensor)> {
+    let (b, t) = (dout.dims()[0], dout.dims()[1]);
+    let mut go = ex.matmul_backward(s.a, &w[o.0], dout, Transpose::NT, needs(o.1))?;
+    let da = go.da.take().expect("requested gradient");
+    let da = ex.reshape(&da, &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
+    put(grads, o, go);
+    let ga = ex.attention_backward(s.q, s.k, s.v, s.att, &da)?;
+    let (dq, dk) = match cfg.has_rope(layer) {
+        true => (
+            ex.rope_backward(&ga.dq, cfg.rope(layer))?,
+            ex.rope_backward(&ga.dk, cfg.rope(layer))?,
+        ),
+        false => (ga.dq, ga.dk),
+    };
+    Ok((dq, dk, ga.dv))
 }
 
 /// Stores a linear layer's weight and bias gradients at their table slots.
