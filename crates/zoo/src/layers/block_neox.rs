@@ -10,7 +10,7 @@
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{
-    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
+    AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     needs, put, shape,
 };
 use crate::{ModelConfig, Result};
@@ -141,21 +141,7 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let mut gm = matmul_backward_gelu(
-        cfg,
-        ex,
-        &s.g,
-        &w[l.fc2.0],
-        dy,
-        Transpose::NT,
-        needs(l.fc2.1),
-        &s.f,
-    )?;
-    let df = take(gm.da.take());
-    put(&mut grads, l.fc2, gm);
-    let mut gfc = ex.matmul_backward(&s.n2.y, &w[l.fc1.0], &df, Transpose::NT, needs(l.fc1.1))?;
-    let dn2 = take(gfc.da.take());
-    put(&mut grads, l.fc1, gfc);
+    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc1, l.fc2), &s.n2.y, (&s.f, &s.g), dy, &mut grads)?;
     let mean2 = s.n2.mean.as_ref().expect("layernorm mean");
     // Side by side, the second norm's input gradient joins x's at the end;
     // one after the other, x2 = x + attn carries it with dy into the attention.

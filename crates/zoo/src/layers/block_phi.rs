@@ -7,8 +7,8 @@
 use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{
-    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
-    needs, put, qkv_backward, shape,
+    AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
+    qkv_backward, shape,
 };
 use crate::{ModelConfig, Result};
 
@@ -90,12 +90,7 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // dy reaches x directly, and the MLP's and the attention's outputs.
-    let mut gm = matmul_backward_gelu(cfg, ex, &s.g, &w[FC2.0], dy, Transpose::NT, needs(FC2.1), &s.f)?;
-    let df = take(gm.da.take());
-    put(&mut grads, FC2, gm);
-    let mut gfc = ex.matmul_backward(&s.n.y, &w[FC1.0], &df, Transpose::NT, needs(FC1.1))?;
-    let dn_mlp = take(gfc.da.take());
-    put(&mut grads, FC1, gfc);
+    let dn_mlp = gelu_mlp_backward(cfg, ex, w, (FC1, FC2), &s.n.y, (&s.f, &s.g), dy, &mut grads)?;
 
     let (dq, dk, dv) = attention_backward_from_output(
         cfg,

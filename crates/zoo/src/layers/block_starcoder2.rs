@@ -8,8 +8,8 @@
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
 use super::{
-    AttnSaved, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_gelu, matmul_gelu,
-    needs, put, qkv_backward, shape,
+    AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
+    qkv_backward, shape,
 };
 use crate::{ModelConfig, Result};
 
@@ -138,21 +138,7 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let mut gm = matmul_backward_gelu(
-        cfg,
-        ex,
-        &s.g,
-        &w[l.proj.0],
-        dy,
-        Transpose::NT,
-        needs(l.proj.1),
-        &s.f,
-    )?;
-    let df = take(gm.da.take());
-    put(&mut grads, l.proj, gm);
-    let mut gfc = ex.matmul_backward(&s.n2.y, &w[l.fc.0], &df, Transpose::NT, needs(l.fc.1))?;
-    let dn2 = take(gfc.da.take());
-    put(&mut grads, l.fc, gfc);
+    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc, l.proj), &s.n2.y, (&s.f, &s.g), dy, &mut grads)?;
     // x2 flows on past the norm: its gradient is the norm's plus dy.
     let n2 = ex.add_layernorm_backward(
         &s.x2,

@@ -256,6 +256,29 @@ fn attention_backward_from_output<E: Executor>(
     Ok((dq, dk, ga.dv))
 }
 
+/// The backward of a GELU MLP, `out(gelu(f))` with `f = inp(x)` (`g` the
+/// saved GELU output), from `dy`: its weight and bias gradients stored at
+/// their table slots, the gradient of `x` returned.
+#[allow(clippy::too_many_arguments)]
+fn gelu_mlp_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    (inp, out): (Linear, Linear),
+    x: &E::Tensor,
+    (f, g): (&E::Tensor, &E::Tensor),
+    dy: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let mut gm = matmul_backward_gelu(cfg, ex, g, &w[out.0], dy, Transpose::NT, needs(out.1), f)?;
+    let df = gm.da.take().expect("requested gradient");
+    put(grads, out, gm);
+    let mut gi = ex.matmul_backward(x, &w[inp.0], &df, Transpose::NT, needs(inp.1))?;
+    let dx = gi.da.take().expect("requested gradient");
+    put(grads, inp, gi);
+    Ok(dx)
+}
+
 /// Stores a linear layer's weight and bias gradients at their table slots.
 fn put<T>(grads: &mut [Option<T>], (wi, bi): Linear, g: MatmulGrads<T>) {
     grads[wi] = g.db;
