@@ -31,6 +31,14 @@
 //   window's end of its last stream through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
 //   cooperative accumulators, complete sums with no atomics.
 // Every loop bound is uniform across the workgroup (barriers inside).
+// Between a tile's products and the lanes' work on their results (S and dP
+// through s_s, the softmax's halves of a row, P and dS back into f16
+// tiles) only a subgroup's own rows are touched: `row_sync()` (generated)
+// is a workgroup barrier, or under LOCAL (tile suffix `l`, on adapters
+// whose subgroups are the 32 lanes of these kernels' subgroups) a
+// subgroup barrier, so that subgroups wait for each other only where the
+// streamed tiles are staged; the forward's rescale is then the subgroup's
+// own choice (`raised`, by vote).
 // Storage variables are not named A, B or C.
 
 struct Params {
@@ -297,13 +305,19 @@ fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
     }
 }
 
+// Whether this lane's row had its max raised past an earlier one in the
+// last tile (both lanes of a row agree): the subgroup's vote decides its
+// rescale where rows synchronise within subgroups (LOCAL).
+var<private> raised: bool;
+
 // Online softmax of one tile of S (f32, from s_s): P (f16) into P_S and the
-// rows' rescaling factors into wg.stat_s[BR..], `rescale` set where one is not
-// 1 for a row that had a max. Each lane takes half a row (half_col: the 32
-// lanes on 32 different banks, where one lane a row at the same column put
-// them all on one); the halves' maxima meet through stat_s, whose factors
-// from the last tile were read before the barriers ahead of this tile's
-// products. Called by every lane (it holds a barrier).
+// rows' rescaling factors into wg.stat_s[BR..], `rescale` set (`raised`,
+// under LOCAL) where one is not 1 for a row that had a max. Each lane takes
+// half a row (half_col: the 32 lanes on 32 different banks, where one lane
+// a row at the same column put them all on one); the halves' maxima meet
+// through stat_s, whose factors from the last tile were read before the
+// row_sync ahead of this tile's products. Called by every lane (it holds a
+// barrier).
 fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
@@ -318,7 +332,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
         }
     }
     wg.stat_s[select(r, BR + r, hi)] = pm;
-    workgroupBarrier();
+    row_sync();
     // Each lane reads only its partner's slot, so the low lane may put the
     // factor in the high lane's slot at once.
     let mx = max(pm, wg.stat_s[select(BR + r, r, hi)]);
@@ -337,9 +351,10 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
         l += pr;
         wg.sm[P_S + r * LDP + c] = to_half(pr);
     }
+    raised = m != m_run && m_run != NO_MAX;
     if !hi {
         wg.stat_s[BR + r] = corr;
-        if m != m_run && m_run != NO_MAX {
+        if raised && !LOCAL {
             atomicStore(&wg.rescale, 1u);
         }
     }

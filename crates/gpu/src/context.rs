@@ -9,6 +9,8 @@ use crate::copy_queue::{CopyQueue, CopyQueueChoice};
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SHADER_F16)
     .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SUBGROUP_BARRIER)
+    .union(wgpu::Features::PASSTHROUGH_SHADERS)
     .union(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
 
 /// What the tensor-core kernels need of a device.
@@ -421,6 +423,21 @@ impl GpuContext {
     /// Tensor-core matmuls are available (see `tensor_cores_usable`).
     pub fn has_cooperative_matrix(&self) -> bool {
         self.coop
+    }
+
+    /// Whether the tensor-core attention's rows may synchronise within
+    /// their subgroup (`AttnTile::local`): subgroup barriers, SPIR-V of
+    /// our own (`crate::passthrough`), and subgroups that are the kernels'
+    /// 32 lanes (`tensor_cores_usable` asks that of hardware; lavapipe's
+    /// are 8 lanes, each computing a whole 32-lane subgroup's fragments).
+    pub fn has_subgroup_local_rows(&self) -> bool {
+        self.coop
+            && !self.lavapipe_coop
+            && self.features.contains(
+                wgpu::Features::SUBGROUP
+                    | wgpu::Features::SUBGROUP_BARRIER
+                    | wgpu::Features::PASSTHROUGH_SHADERS,
+            )
     }
 
     /// Whether the tensor-core kernels run on lavapipe ([`LAVAPIPE_COOP_ENV`]).

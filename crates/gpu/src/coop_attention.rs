@@ -88,7 +88,13 @@ impl CoopAttention {
     }
 
     pub fn tile(&self) -> AttnTile {
-        let t = |sg, bc| AttnTile { sg, bc, share: false };
+        let t = |sg, bc| AttnTile {
+            sg,
+            bc,
+            share: false,
+            prefetch: false,
+            local: false,
+        };
         match (self.shape, self.emulated, self.pass) {
             (Some(s), ..) => s,
             // The forward's D = 64 at the hardware's BC, which fits 32 KiB
@@ -217,9 +223,21 @@ impl CoopAttention {
         );
         let [q_s, k_s, v_s, do_s, p_s, ds_s, sm] = self.layout();
         let mut out = String::with_capacity(32 << 10);
+        assert!(
+            !(t.local && self.emulated),
+            "{}: subgroup-local rows on emulated fragments",
+            self.label()
+        );
         if !self.emulated {
-            out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n\n");
+            out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
         }
+        if t.local {
+            // A subgroup's rescale runs cooperative loads and stores under
+            // its own vote: uniform within the subgroup, as the extension
+            // asks, which naga's workgroup-wide analysis cannot tell.
+            out.push_str("diagnostic(off, derivative_uniformity);\n");
+        }
+        out.push('\n');
         let _ = writeln!(out, "// Variant {}", self.label());
         let _ = writeln!(
             out,
@@ -235,9 +253,15 @@ impl CoopAttention {
         );
         let _ = writeln!(
             out,
-            "const NSCR: u32 = {}u;\nconst STAT: u32 = {}u;\n",
+            "const NSCR: u32 = {}u;\nconst STAT: u32 = {}u;\nconst LOCAL: bool = {};\n\nfn row_sync() {{\n    {}();\n}}\n",
             self.scratch_regions(),
-            self.stat_len()
+            self.stat_len(),
+            t.local,
+            if t.local {
+                "subgroupBarrier"
+            } else {
+                "workgroupBarrier"
+            }
         );
         out.push_str(SCALE);
         out.push_str(MAX_BITS);
@@ -270,8 +294,101 @@ impl CoopAttention {
                 out.push_str(section(if self.pass == AttnPass::Dq { "dq" } else { "dkv" }));
             }
         }
+        if t.prefetch {
+            out.push_str(&self.prefetch_fns());
+        }
         out.push_str(&self.main());
         out
+    }
+
+    /// Registers (`In4`s) each invocation holds per operand of a
+    /// prefetched tile: BC rows of D, four elements each, over the
+    /// workgroup.
+    fn prefetch_regs(&self) -> u32 {
+        let t = self.tile();
+        (t.bc * self.d / 4).div_ceil(32 * t.sg)
+    }
+
+    /// A prefetching variant's loaders: `fetch_…` reads the streamed tile
+    /// (the forward's and dq's K and V rows j0.., dkv's Q and dO rows i0..
+    /// of head h with their lse and delta) into private variables, one a
+    /// register (unrolled: an array indexed in a loop lives in local
+    /// memory where the driver does not unroll it), and `put_…` stages
+    /// them as `stage_kv` / `stage_q_tile` would have.
+    fn prefetch_fns(&self) -> String {
+        let n = self.prefetch_regs();
+        let dkv = self.pass == AttnPass::Dkv;
+        let (x, y) = if dkv { ("pq", "pd") } else { ("pk", "pv") };
+        let mut m = String::from("\n// Prefetched tile (generated).\n");
+        for r in 0..n {
+            let _ = writeln!(m, "var<private> {x}{r}: In4;\nvar<private> {y}{r}: In4;");
+        }
+        // The element and its row and column; `{body}` where it is in the tile.
+        let each = |m: &mut String, body: &dyn Fn(u32) -> String| {
+            for r in 0..n {
+                let _ = writeln!(
+                    m,
+                    "    {{\n        let e = li + {r}u * THREADS;\n        if e < BC * D / 4u {{\n            let r = e / (D / 4u);\n            let c = e % (D / 4u) * 4u;\n{}        }}\n    }}",
+                    body(r)
+                );
+            }
+        };
+        if dkv {
+            m.push_str("var<private> p_ld: vec2<f32>;\n\nfn fetch_q_tile(b: u32, i0: u32, h: u32) {\n");
+            each(&mut m, &|r| {
+                format!(
+                    "            let i = i0 + r;\n            {x}{r} = In4(0.0);\n            {y}{r} = In4(0.0);\n            if i < p.t {{\n                let qi = q_at(b, i, h, c);\n                {x}{r} = read_q((p.q_off + qi) / 4u);\n                {y}{r} = read_do((p.do_off + qi) / 4u);\n            }}\n"
+                )
+            });
+            m.push_str("    p_ld = vec2<f32>(0.0);\n    let i = i0 + li;\n    if li < BC && i < p.t {\n        let ri = row_at(b, h, i);\n        p_ld = vec2<f32>(lse_in[p.lse_off + ri], dd_in[p.dd_off + ri]);\n    }\n}\n\nfn put_q_tile() {\n");
+            each(&mut m, &|r| {
+                format!(
+                    "            put_in4(Q_S + r * LDS + c, {x}{r}, down_q);\n            put_in4(DO_S + r * LDS + c, {y}{r}, down_do);\n"
+                )
+            });
+            m.push_str("    if li < BC {\n        wg.stat_s[li] = p_ld.x;\n        wg.stat_s[BC + li] = p_ld.y;\n    }\n}\n");
+        } else {
+            m.push_str("\nfn fetch_kv(b: u32, j0: u32, g: u32) {\n");
+            each(&mut m, &|r| {
+                format!(
+                    "            let j = j0 + r;\n            {x}{r} = In4(0.0);\n            {y}{r} = In4(0.0);\n            if j < p.t {{\n                let i = kv_at(b, j, g, c);\n                {x}{r} = read_k((p.k_off + i) / 4u);\n                {y}{r} = read_v((p.v_off + i) / 4u);\n            }}\n"
+                )
+            });
+            m.push_str("}\n\nfn put_kv() {\n");
+            each(&mut m, &|r| {
+                format!(
+                    "            put_in4(K_S + r * LDS + c, {x}{r}, down_k);\n            put_in4(V_S + r * LDS + c, {y}{r}, down_v);\n"
+                )
+            });
+            m.push_str("}\n");
+        }
+        m
+    }
+
+    /// The top of the loop over the streamed K/V tiles of the forward and
+    /// dq, from the first key tile to `kend`: a barrier (the last tile's
+    /// products are done with the region), the tile staged, a barrier;
+    /// prefetching, the tile is staged from registers and the next one's
+    /// reads issued after the second barrier (the first one's before the
+    /// loop, `first_fetch`).
+    fn kv_loop_head(&self) -> &'static str {
+        if self.tile().prefetch {
+            "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        put_kv();\n        workgroupBarrier();\n        if j0 + BC < kend {\n            fetch_kv(b, j0 + BC, g);\n        }\n"
+        } else {
+            "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n"
+        }
+    }
+
+    /// Before the resident block is staged: the K/V loop's bounds and,
+    /// prefetching, its first tile's reads (into registers only, so they
+    /// may be in flight while the block is staged, even in a region the
+    /// tiles share with it).
+    fn kv_loop_bounds(&self) -> &'static str {
+        if self.tile().prefetch {
+            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(p0) / BC * BC;\n    if j_first < kend {\n        fetch_kv(b, j_first, g);\n    }\n"
+        } else {
+            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(p0) / BC * BC;\n"
+        }
     }
 
     fn main(&self) -> String {
@@ -311,14 +428,15 @@ impl CoopAttention {
                 for f in 0..nd {
                     let _ = writeln!(m, "    var dq{f} = {};", g.zero());
                 }
-                m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    stage_q_do(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n    workgroupBarrier();\n");
+                m.push_str(self.kv_loop_bounds());
+                m.push_str("    stage_q_do(b, p0, np, g);\n    workgroupBarrier();\n");
                 fragments(&mut m, &g, "    ", &Q_ROWS, nd);
                 fragments(&mut m, &g, "    ", &DO_ROWS, nd);
-                m.push_str("    for (var j0 = first_key(p0) / BC * BC; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
+                m.push_str(self.kv_loop_head());
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
                 score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
-                m.push_str("        }\n        workgroupBarrier();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        workgroupBarrier();\n");
+                m.push_str("        }\n        row_sync();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        row_sync();\n");
                 fragments(&mut m, &g, "        ", &DS_ROWS, kf);
                 for f in 0..nd {
                     let b = format!("K_S + {}u", 16 * f);
@@ -349,7 +467,12 @@ impl CoopAttention {
                 for f in 0..nd {
                     let _ = writeln!(m, "    var dk{f} = {};\n    var dv{f} = {};", g.zero(), g.zero());
                 }
-                m.push_str("    let j0 = wid.x * BR;\n    stage_kv(K_S, V_S, b, j0, g, BR);\n");
+                m.push_str("    let j0 = wid.x * BR;\n    let i_first = j0 / BC * BC;\n    let i_end = query_end(j0 + BR - 1u);\n");
+                if self.tile().prefetch {
+                    // Registers only: in flight while the key block is staged.
+                    m.push_str("    fetch_q_tile(b, i_first, g * p.group);\n");
+                }
+                m.push_str("    stage_kv(K_S, V_S, b, j0, g, BR);\n");
                 // K's and V's fragments stay in registers for the whole
                 // kernel up to D = KV_RESIDENT_D; past it, beside the 2·D/16
                 // accumulators, they would spill, so they are loaded per
@@ -360,7 +483,14 @@ impl CoopAttention {
                     fragments(&mut m, &g, "    ", &K_ROWS, nd);
                     fragments(&mut m, &g, "    ", &V_ROWS, nd);
                 }
-                m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = j0 / BC * BC; i0 < query_end(j0 + BR - 1u); i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
+                if self.tile().prefetch {
+                    // The next tile is the next of this head's, or the
+                    // first of the next head's (every head has one: i_first
+                    // ≤ j0 < i_end).
+                    m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = i_first; i0 < i_end; i0 += BC) {\n            workgroupBarrier();\n            put_q_tile();\n            workgroupBarrier();\n            if i0 + BC < i_end {\n                fetch_q_tile(b, i0 + BC, h);\n            } else if hh + 1u < p.group {\n                fetch_q_tile(b, i_first, h + 1u);\n            }\n");
+                } else {
+                    m.push_str("    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = i_first; i0 < i_end; i0 += BC) {\n            workgroupBarrier();\n            stage_q_tile(b, i0, h);\n            workgroupBarrier();\n");
+                }
                 m.push_str("            for (var qf = 0u; qf < BC / 16u; qf++) {\n");
                 if !resident {
                     fragments(&mut m, &g, "                ", &K_ROWS, nd);
@@ -378,7 +508,7 @@ impl CoopAttention {
                     "ct",
                     "SCR + cs",
                 );
-                m.push_str("            }\n            workgroupBarrier();\n            ds_tile_dkv(sg, lane, j0, i0);\n            workgroupBarrier();\n");
+                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, j0, i0);\n            row_sync();\n");
                 fragments(&mut m, &g, "            ", &P_ROWS, kf);
                 fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {
@@ -428,12 +558,15 @@ impl CoopAttention {
     /// pair of barriers when rows are rescaled and at the end.
     fn forward(&self, m: &mut String, g: &Gen, nd: u32, nb: u32) {
         let kf = self.tile().bc / 16;
-        m.push_str("    let np = BR / p.group;\n    let p0 = wid.x * np;\n    m_run = NO_MAX;\n    l_run = 0.0;\n    stage_q(b, p0, np, g);\n    let kend = min(p.t, p0 + np);\n    workgroupBarrier();\n");
+        m.push_str(self.kv_loop_bounds());
+        m.push_str(
+            "    m_run = NO_MAX;\n    l_run = 0.0;\n    stage_q(b, p0, np, g);\n    workgroupBarrier();\n",
+        );
         fragments(m, g, "    ", &Q_ROWS, nd);
         for f in 0..nd {
             let _ = writeln!(m, "    var o{f} = {};", g.zero());
         }
-        m.push_str("    for (var j0 = first_key(p0) / BC * BC; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n");
+        m.push_str(self.kv_loop_head());
         // S = Q Kᵀ, 16 x BC per subgroup, into s_s.
         let _ = writeln!(
             m,
@@ -449,15 +582,28 @@ impl CoopAttention {
             ("K_S + jf * 16u * LDS", "16u", "lds", false),
             nd,
         );
+        // The rows' P and factors are in before the products read them:
+        // through the workgroup-uniform load of `rescale`, or (LOCAL) a
+        // subgroup barrier, the subgroup then choosing its rescale alone.
+        let (rescale_if, sync) = if self.tile().local {
+            ("row_sync();\n        if subgroupAny(raised) {", "row_sync")
+        } else {
+            ("if workgroupUniformLoad(&wg.rescale) != 0u {", "workgroupBarrier")
+        };
         let _ = writeln!(
             m,
-            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        workgroupBarrier();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        if workgroupUniformLoad(&wg.rescale) != 0u {{",
+            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        {rescale_if}",
             g.store("acc", "ci", "ldc")
         );
-        through_scratch(m, g, (nd, nb), "            ", true, |m, _, u| {
+        through_scratch(m, g, (nd, nb), "            ", (true, sync), |m, _, u| {
             let _ = writeln!(m, "                rescale_rows(sg, lane, {u}u);");
         });
-        m.push_str("            if li == 0u {\n                atomicStore(&wg.rescale, 0u);\n            }\n        }\n");
+        if !self.tile().local {
+            m.push_str(
+                "            if li == 0u {\n                atomicStore(&wg.rescale, 0u);\n            }\n",
+            );
+        }
+        m.push_str("        }\n");
         // O += P V, P's fragments loaded once per tile.
         fragments(m, g, "        ", &P_ROWS, kf);
         for f in 0..nd {
@@ -473,7 +619,7 @@ impl CoopAttention {
             );
         }
         m.push_str("    }\n    finish_sums(sg, lane, b, p0, np, g);\n");
-        through_scratch(m, g, (nd, nb), "    ", false, |m, df, u| {
+        through_scratch(m, g, (nd, nb), "    ", (false, "workgroupBarrier"), |m, df, u| {
             let _ = writeln!(m, "        write_o(sg, lane, {df}u, {u}u, b, p0, np, g);");
         });
         m.push_str("    store_max(wid, nwg);\n");
@@ -600,16 +746,16 @@ fn product(m: &mut String, g: &Gen, indent: &str, acc: &str, a: &Frags, b: (&str
 }
 
 /// The forward's `nd` accumulators o0, o1, ... through the subgroup's s_s
-/// region, `nb` per round: stored, a barrier, `visit(fragment, block)` per
-/// fragment (the lanes' work on them), a barrier; and with `back`, loaded
-/// again (the rescale), with a barrier before the next round reuses the
-/// region.
+/// region, `nb` per round: stored, a barrier (`sync`: the WGSL function
+/// called), `visit(fragment, block)` per fragment (the lanes' work on
+/// them), a barrier; and with `back`, loaded again (the rescale), with a
+/// barrier before the next round reuses the region.
 fn through_scratch(
     m: &mut String,
     g: &Gen,
     (nd, nb): (u32, u32),
     indent: &str,
-    back: bool,
+    (back, sync): (bool, &str),
     visit: impl Fn(&mut String, u32, u32),
 ) {
     for d0 in (0..nd).step_by(nb as usize) {
@@ -622,11 +768,11 @@ fn through_scratch(
                 g.store(&format!("o{}", d0 + u), &format!("c{u}"), "ld16")
             );
         }
-        let _ = writeln!(m, "{indent}    workgroupBarrier();");
+        let _ = writeln!(m, "{indent}    {sync}();");
         for u in 0..nb {
             visit(m, d0 + u, u);
         }
-        let _ = writeln!(m, "{indent}    workgroupBarrier();");
+        let _ = writeln!(m, "{indent}    {sync}();");
         if back {
             for u in 0..nb {
                 let _ = writeln!(
@@ -636,7 +782,7 @@ fn through_scratch(
                     g.load_c(&format!("c{u}"), "ld16")
                 );
             }
-            let _ = writeln!(m, "{indent}    workgroupBarrier();");
+            let _ = writeln!(m, "{indent}    {sync}();");
         }
         let _ = writeln!(m, "{indent}}}");
     }

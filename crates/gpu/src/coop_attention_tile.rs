@@ -1,5 +1,5 @@
 //! The tensor-core attention's tiles: each pass's default
-//! (`CoopAttention::tile`) and any other named `sg{N}bc{M}[s]`, per pass
+//! (`CoopAttention::tile`) and any other named `sg{N}bc{M}[s][p]`, per pass
 //! (`MEGATRAIN_F16_ATTENTION_TILES`, and the attention bench's
 //! `MEGATRAIN_ATTN_SWEEP`), as `crate::coop_tile` names the matmul's.
 
@@ -16,6 +16,18 @@ pub struct AttnTile {
     /// the first streamed tile is staged (after a barrier), so the region
     /// is free by then. Less workgroup memory, for larger tiles.
     pub share: bool,
+    /// The next streamed tile read from global memory into registers
+    /// while the current one is multiplied, and staged from them after the
+    /// barrier that ends it (as the matmul's `loop_prefetch`), so that its
+    /// reads' latency is hidden behind the tile's products rather than
+    /// waited out between two barriers.
+    pub prefetch: bool,
+    /// Rows synchronised within their subgroup between a tile's products
+    /// and the lanes' work on them (`row_sync`: a subgroup barrier, not a
+    /// workgroup one; `shaders/attention_coop.wgsl`). Only where the
+    /// adapter's subgroups are the kernels' 32 lanes (not lavapipe's 8,
+    /// nor the emulated variants).
+    pub local: bool,
 }
 
 impl AttnTile {
@@ -24,22 +36,39 @@ impl AttnTile {
         self.sg * 16
     }
 
-    /// `sg{SG}bc{BC}`, with `s` where the regions are shared.
+    /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
+    /// the streamed tiles are prefetched and `l` where rows synchronise
+    /// within their subgroup.
     pub fn name(&self) -> String {
-        format!("sg{}bc{}{}", self.sg, self.bc, if self.share { "s" } else { "" })
+        format!(
+            "sg{}bc{}{}{}{}",
+            self.sg,
+            self.bc,
+            if self.share { "s" } else { "" },
+            if self.prefetch { "p" } else { "" },
+            if self.local { "l" } else { "" }
+        )
     }
 
     /// The tile [`AttnTile::name`] writes, checked for `pass`.
     pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
-        let bad = |why: &str| format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s)");
-        let (body, share) = match s.strip_suffix('s') {
+        let bad = |why: &str| format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl)");
+        let (body, local) = match s.strip_suffix('l') {
             Some(b) => (b, true),
             None => (s, false),
+        };
+        let (body, prefetch) = match body.strip_suffix('p') {
+            Some(b) => (b, true),
+            None => (body, false),
+        };
+        let (body, share) = match body.strip_suffix('s') {
+            Some(b) => (b, true),
+            None => (body, false),
         };
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
-            .ok_or_else(|| bad("want sg{SG}bc{BC}, s for shared regions"))?;
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows"))?;
         let num = |x: &str| {
             x.parse::<u32>()
                 .map_err(|_| bad(&format!("'{x}' is not a number")))
@@ -48,6 +77,8 @@ impl AttnTile {
             sg: num(sg)?,
             bc: num(bc)?,
             share,
+            prefetch,
+            local,
         };
         t.check(pass).map_err(|why| bad(&why))?;
         Ok(t)
@@ -100,16 +131,20 @@ impl AttnTiles {
 
     /// The tile sets the attention bench times when `MEGATRAIN_ATTN_SWEEP`
     /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
-    /// workgroup memory at D = 128 and below. Around the defaults that the
-    /// sweep of 2026-11-28 chose: each set changes one of dq and dkv
-    /// against the default of the other, so that their shares of the
-    /// backward come apart, and the forward tries its neighbours.
-    pub const SWEEP: [&'static str; 5] = [
+    /// workgroup memory at D = 128 and below. The bench may be cut short,
+    /// so the first sets are the ones that matter most: the defaults with
+    /// their streamed tiles prefetched (`p`), then also with rows
+    /// synchronised within subgroups (`l`), then `l` alone, then the
+    /// larger key tiles that prefetching may make worth their workgroup
+    /// memory; last, around the defaults the sweep of 2026-11-28 chose,
+    /// sets that change one of dq and dkv against the default of the other.
+    pub const SWEEP: [&'static str; 6] = [
+        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg2bc16p",
+        "fwd=sg8bc16spl,dq=sg4bc16spl,dkv=sg2bc16pl",
+        "fwd=sg8bc16sl,dq=sg4bc16sl,dkv=sg2bc16l",
+        "fwd=sg4bc32sp,dq=sg2bc32sp,dkv=sg3bc16p",
         "fwd=sg4bc16,dq=sg4bc16s,dkv=sg2bc32",
-        "fwd=sg4bc16s,dq=sg2bc16s,dkv=sg2bc16",
-        "fwd=sg6bc16s,dq=sg3bc16s,dkv=sg2bc16",
         "fwd=sg2bc16s,dq=sg4bc16s,dkv=sg3bc16",
-        "fwd=sg4bc32s,dq=sg2bc32s,dkv=sg2bc16",
     ];
 }
 

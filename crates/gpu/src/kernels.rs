@@ -325,6 +325,19 @@ impl Kernel {
     /// device's robust buffer access, which wgpu always enables.
     pub const UNCHECKED: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks::unchecked();
 
+    /// Whether the kernel's SPIR-V is ours (`crate::passthrough`), not
+    /// wgpu's: the tensor-core attention with subgroup-local rows, whose
+    /// subgroup barriers naga writes without workgroup-memory semantics.
+    pub fn own_spirv(self) -> bool {
+        matches!(self, Kernel::AttnCoop(v) if v.tile().local)
+    }
+
+    /// The SPIR-V an [`Kernel::own_spirv`] kernel's `spec()` becomes, as
+    /// the device gets it (for the validator's tests).
+    pub fn own_spirv_words(source: &str, entry: &str, checked: bool) -> Result<Vec<u32>, String> {
+        crate::passthrough::compile(source, entry, checked).map(|c| c.words)
+    }
+
     pub fn spec(self) -> KernelSpec {
         let mut spec = self.spec_body();
         spec.source.push_str(PER_PIPELINE);
@@ -660,12 +673,16 @@ pub struct Pipeline {
 pub struct KernelRegistry {
     cache: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
     checks: wgpu::ShaderRuntimeChecks,
+    /// Every tensor-core attention kernel from our own SPIR-V
+    /// (`GpuOptions::own_spirv`).
+    own_attention: bool,
 }
 
 impl KernelRegistry {
     /// `checked`: compile with all of wgpu's runtime checks (for hunting an
-    /// index out of bounds), else [`Kernel::UNCHECKED`].
-    pub fn new(checked: bool) -> Self {
+    /// index out of bounds), else [`Kernel::UNCHECKED`]; `own_attention`:
+    /// every tensor-core attention kernel from our own SPIR-V.
+    pub fn new(checked: bool, own_attention: bool) -> Self {
         KernelRegistry {
             cache: Mutex::default(),
             checks: if checked {
@@ -673,6 +690,7 @@ impl KernelRegistry {
             } else {
                 Kernel::UNCHECKED
             },
+            own_attention,
         }
     }
 
@@ -682,6 +700,9 @@ impl KernelRegistry {
             .entry(k)
             .or_insert_with(|| {
                 let spec = k.spec();
+                if k.own_spirv() || (self.own_attention && matches!(k, Kernel::AttnCoop(_))) {
+                    return Arc::new(own_spirv_pipeline(device, spec, self.checks.bounds_checks));
+                }
                 let desc = wgpu::ShaderModuleDescriptor {
                     label: Some(spec.entry),
                     source: wgpu::ShaderSource::Wgsl(spec.source.into()),
@@ -712,6 +733,66 @@ impl KernelRegistry {
         for k in Kernel::all() {
             self.get(device, k);
         }
+    }
+}
+
+/// A pipeline from SPIR-V we write (`crate::passthrough`), with the
+/// layout wgpu would have derived: group 0, the buffers the entry point uses.
+fn own_spirv_pipeline(device: &wgpu::Device, spec: KernelSpec, checked: bool) -> Pipeline {
+    let label = spec.entry;
+    let c = crate::passthrough::compile(&spec.source, spec.entry, checked)
+        .unwrap_or_else(|e| panic!("kernel '{label}': our SPIR-V: {e}"));
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = c
+        .bindings
+        .iter()
+        .map(|&(binding, ty)| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(label),
+        entries: &entries,
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(label),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let (x, y, z) = (c.workgroup_size[0], c.workgroup_size[1], c.workgroup_size[2]);
+    // SAFETY: naga validated the module and wrote it, and the one change
+    // made to it (`passthrough.rs`) is checked by spirv-val in CI
+    // (tests/spirv_val.rs); the layout is read from the same module.
+    let module = unsafe {
+        device.create_shader_module_passthrough(wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(label),
+            entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                name: spec.entry.into(),
+                workgroup_size: (x, y, z),
+            }]),
+            spirv: Some(std::borrow::Cow::Owned(c.words)),
+            ..Default::default()
+        })
+    };
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some(spec.entry),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    Pipeline {
+        pipeline,
+        layout,
+        entry: spec.entry,
+        bindings: spec.bindings,
     }
 }
 

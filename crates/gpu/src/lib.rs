@@ -17,6 +17,7 @@ mod exec;
 mod host_floor;
 mod host_import;
 mod kernels;
+mod passthrough;
 mod profile;
 mod simt;
 mod tensor;

@@ -23,7 +23,12 @@ fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
     let caps = if emulated {
         Capabilities::SHADER_FLOAT16_IN_FLOAT32
     } else {
-        Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
+        // Subgroups and their barriers: the attention's subgroup-local
+        // rows (`AttnTile::local`), which run only where the device has both.
+        Capabilities::COOPERATIVE_MATRIX
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::SUBGROUP
+            | Capabilities::SUBGROUP_BARRIER
     };
     common::spirv::compile(src, "main", caps, false)
 }

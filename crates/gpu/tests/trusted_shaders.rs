@@ -39,7 +39,7 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "F16Copy",
     ];
     let (mut rows, mut failed) = (Vec::new(), Vec::new());
-    for (label, src, entry) in every_kernel() {
+    for (label, src, entry, _) in every_kernel() {
         let both = std::panic::catch_unwind(|| -> Result<(usize, usize), String> {
             let with = instructions(&spirv(&src, entry, true)?);
             Ok((with, instructions(&spirv(&src, entry, false)?)))

@@ -140,6 +140,15 @@ impl GpuExecutor {
                 format!("{}: shared regions need real cooperative matrices", v.label()),
             ));
         }
+        if t.local && (emulated || !self.ctx.has_subgroup_local_rows()) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{}: subgroup-local rows need real cooperative matrices on 32-lane subgroups with subgroup barriers",
+                    v.label()
+                ),
+            ));
+        }
         let group = d.hq / d.hkv;
         if pass != AttnPass::Dkv && group > t.br() as usize {
             return Err(Error::invalid(

@@ -229,6 +229,11 @@ mod tests {
             assert_eq!(sw.parse::<F16Matmul>(), Ok(F16Matmul::CoopEmulated(t)));
             assert_eq!(F16Matmul::CoopEmulated(t).to_string(), sw);
         }
+        let t = "fwd=sg8bc16sp,dq=sg4bc16p,dkv=sg2bc16p"
+            .parse::<crate::AttnTiles>()
+            .unwrap();
+        assert!(t.fwd.unwrap().share && t.fwd.unwrap().prefetch);
+        assert!(!t.dq.unwrap().share && t.dq.unwrap().prefetch && t.dkv.unwrap().prefetch);
         for tiles in crate::AttnTiles::SWEEP {
             let t = tiles.parse::<crate::AttnTiles>().unwrap();
             assert_eq!(t.to_string(), tiles);
@@ -248,6 +253,9 @@ mod tests {
             ("fwd=sg0bc32", "subgroups"),
             ("fwd=bc32", "want sg"),
             ("fwd=sgxbc32", "not a number"),
+            // Shared, then prefetched: in that order only.
+            ("fwd=sg4bc16ps", "not a number"),
+            ("dkv=sg2bc16sp", "nothing to share"),
         ] {
             let e = bad.parse::<crate::AttnTiles>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");

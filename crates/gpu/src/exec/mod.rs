@@ -139,6 +139,11 @@ pub struct GpuOptions {
     /// bounding, division guards): slower, for hunting an index out of
     /// bounds. Also on when `MEGATRAIN_SHADER_CHECKS=1`.
     pub shader_checks: bool,
+    /// Builds every tensor-core attention kernel from SPIR-V of our own
+    /// (`crate::passthrough`), not only those that need it (subgroup-local
+    /// rows): for checking that path on any device, emulated variants
+    /// included, and for timing it against wgpu's for the same kernel.
+    pub own_spirv: bool,
 }
 
 /// Environment variable that turns on [`GpuOptions::shader_checks`].
@@ -279,6 +284,7 @@ impl GpuExecutor {
             arena: arena.clone(),
             kernels: KernelRegistry::new(
                 opts.shader_checks || std::env::var(SHADER_CHECKS_ENV).is_ok_and(|v| v == "1"),
+                opts.own_spirv,
             ),
             max_binding,
             align,

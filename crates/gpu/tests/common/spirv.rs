@@ -13,7 +13,8 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 pub const DEVICE_CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
     .union(Capabilities::SHADER_FLOAT16)
     .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
-    .union(Capabilities::SUBGROUP);
+    .union(Capabilities::SUBGROUP)
+    .union(Capabilities::SUBGROUP_BARRIER);
 
 /// naga's SPIR-V options, checked or not.
 pub fn options(checked: bool) -> spv::Options<'static> {
@@ -66,14 +67,15 @@ pub fn instructions(words: &[u32]) -> usize {
     n
 }
 
-/// Every kernel the executor can build, as (label, WGSL, entry point): the
-/// registry's kernels and each tensor-core variant, emulated ones included.
-pub fn every_kernel() -> Vec<(String, String, &'static str)> {
-    let mut all: Vec<(String, String, &'static str)> = Kernel::all()
+/// Every kernel the executor can build, as (label, WGSL, entry point,
+/// whether its SPIR-V is ours: `Kernel::own_spirv`): the registry's kernels
+/// and each tensor-core variant, emulated ones included.
+pub fn every_kernel() -> Vec<(String, String, &'static str, bool)> {
+    let mut all: Vec<(String, String, &'static str, bool)> = Kernel::all()
         .into_iter()
         .map(|k| {
             let s = k.spec();
-            (format!("{k:?}"), s.source, s.entry)
+            (format!("{k:?}"), s.source, s.entry, k.own_spirv())
         })
         .collect();
     // The named tiles, and the hardware variants of the bench's swept shapes.
@@ -83,12 +85,14 @@ pub fn every_kernel() -> Vec<(String, String, &'static str)> {
         .flat_map(CoopMatmul::variants)
         .filter(|v| !v.emulated);
     for v in CoopMatmul::all().into_iter().chain(swept) {
-        let s = Kernel::MatmulCoop(v).spec();
-        all.push((v.label(), s.source, s.entry));
+        let k = Kernel::MatmulCoop(v);
+        let s = k.spec();
+        all.push((v.label(), s.source, s.entry, k.own_spirv()));
     }
     for v in CoopAttention::all().into_iter().chain(CoopAttention::swept()) {
-        let s = Kernel::AttnCoop(v).spec();
-        all.push((v.label(), s.source, s.entry));
+        let k = Kernel::AttnCoop(v);
+        let s = k.spec();
+        all.push((v.label(), s.source, s.entry, k.own_spirv()));
     }
     all
 }
