@@ -332,6 +332,14 @@ impl Kernel {
         matches!(self, Kernel::AttnCoop(v) if v.tile().local)
     }
 
+    /// naga's SPIR-V options as wgpu-hal 30 sets them for a Vulkan 1.3
+    /// device with robustBufferAccess2, with wgpu's runtime checks
+    /// (`checked`) or without ([`Kernel::UNCHECKED`]): what our own SPIR-V
+    /// is written with, and what the tests compile every kernel with.
+    pub fn spirv_options(checked: bool) -> naga::back::spv::Options<'static> {
+        crate::passthrough::options(checked)
+    }
+
     /// The SPIR-V an [`Kernel::own_spirv`] kernel's `spec()` becomes, as
     /// the device gets it (for the validator's tests).
     pub fn own_spirv_words(source: &str, entry: &str, checked: bool) -> Result<Vec<u32>, String> {

@@ -111,7 +111,7 @@ pub(crate) fn compile(src: &str, entry: &str, checked: bool) -> Result<Compiled,
 /// enabled, which Vulkan 1.3 requires of every device. naga's polyfill
 /// instead stores one zero constant of the whole `Shared` struct, which
 /// llvmpipe took over 15 minutes to compile for one attention kernel.
-fn options(checked: bool) -> spv::Options<'static> {
+pub(crate) fn options(checked: bool) -> spv::Options<'static> {
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy::*};
     spv::Options {
         lang_version: (1, 6),

@@ -16,22 +16,10 @@ pub const DEVICE_CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
     .union(Capabilities::SUBGROUP)
     .union(Capabilities::SUBGROUP_BARRIER);
 
-/// naga's SPIR-V options, checked or not.
+/// naga's SPIR-V options, checked or not: the library's, which our own
+/// SPIR-V (`Kernel::own_spirv`) is written with too.
 pub fn options(checked: bool) -> spv::Options<'static> {
-    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy::*};
-    spv::Options {
-        lang_version: (1, 6),
-        bounds_check_policies: BoundsCheckPolicies {
-            index: if checked { Restrict } else { Unchecked },
-            buffer: Unchecked,
-            image_load: Unchecked,
-            binding_array: Unchecked,
-        },
-        zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
-        force_loop_bounding: checked,
-        emit_int_div_checks: checked,
-        ..Default::default()
-    }
+    Kernel::spirv_options(checked)
 }
 
 /// SPIR-V of entry point `entry` of `src`, validated with `caps`.
