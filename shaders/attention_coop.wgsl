@@ -583,3 +583,27 @@ fn store_dkv(sg: u32, lane: u32, df: u32, b: u32, j0: u32, g: u32, is_k: bool) {
         }
     }
 }
+
+//// dq_atomic
+// dk/dv's dQ (AttnTile::fused_dq, FlashAttention-2's backward): per query
+// tile, dQ of its rows += dSᵀ·K over the workgroup's keys, one 16 x 16 block
+// at a time through the subgroup's s_s (at `at`), added to dq_acc with f32
+// atomics (the host zeroes it first). A subgroup with fewer blocks than
+// another repeats its last one (its products stay uniform) and adds
+// nothing for it (`valid`).
+@group(0) @binding(8) var<storage, read_write> dq_acc: array<atomic<f32>>;
+
+fn add_dq(lane: u32, at: u32, valid: bool, qf: u32, df: u32, b: u32, i0: u32, h: u32) {
+    if !valid {
+        return;
+    }
+    let f = pow2_steps(ds_exponent() + e_k);
+    for (var r = 0u; r < 8u; r++) {
+        let e = r * 32u + lane;
+        let i = i0 + qf * 16u + e / 16u;
+        if i < p.t {
+            let x = apply(wg.s_s[at + e], f) * p.scale;
+            atomicAdd(&dq_acc[p.dq_off + q_at(b, i, h, df * 16u + e % 16u)], x);
+        }
+    }
+}

@@ -11,6 +11,7 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::TIMESTAMP_QUERY
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::SUBGROUP_BARRIER)
     .union(wgpu::Features::PASSTHROUGH_SHADERS)
+    .union(wgpu::Features::SHADER_FLOAT32_ATOMIC)
     .union(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
 
 /// What the tensor-core kernels need of a device.
@@ -433,11 +434,17 @@ impl GpuContext {
     pub fn has_subgroup_local_rows(&self) -> bool {
         self.coop
             && !self.lavapipe_coop
-            && self.features.contains(
-                wgpu::Features::SUBGROUP
-                    | wgpu::Features::SUBGROUP_BARRIER
-                    | wgpu::Features::PASSTHROUGH_SHADERS,
-            )
+            && self.has_own_spirv()
+            && self
+                .features
+                .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER)
+    }
+
+    /// Whether kernels may be built from SPIR-V of our own
+    /// (`crate::passthrough`): a Vulkan device with passthrough shaders.
+    pub fn has_own_spirv(&self) -> bool {
+        self.adapter.get_info().backend == wgpu::Backend::Vulkan
+            && self.features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
     }
 
     /// Whether the tensor-core kernels run on lavapipe ([`LAVAPIPE_COOP_ENV`]).

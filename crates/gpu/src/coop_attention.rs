@@ -94,6 +94,7 @@ impl CoopAttention {
             share: false,
             prefetch: false,
             local: false,
+            fused_dq: false,
         };
         match (self.shape, self.emulated, self.pass) {
             (Some(s), ..) => s,
@@ -205,7 +206,8 @@ impl CoopAttention {
         let products = match self.pass {
             AttnPass::Fwd => 2,
             AttnPass::Dq => 3,
-            AttnPass::Dkv => 4,
+            // dQ's blocks too where dk/dv adds them (`fused_dq`).
+            AttnPass::Dkv => 4 + usize::from(t.fused_dq),
         };
         products * frags * (mma + 1) + 2 * bc * d / threads + 4 * bc + d
     }
@@ -292,6 +294,9 @@ impl CoopAttention {
                     "do_vec"
                 }));
                 out.push_str(section(if self.pass == AttnPass::Dq { "dq" } else { "dkv" }));
+                if t.fused_dq {
+                    out.push_str(section("dq_atomic"));
+                }
             }
         }
         if t.prefetch {
@@ -532,6 +537,9 @@ impl CoopAttention {
                         kf,
                     );
                 }
+                if self.tile().fused_dq {
+                    self.fused_dq(&mut m, &g, nd);
+                }
                 m.push_str("        }\n    }\n");
                 for f in 0..nd {
                     for (name, is_k) in [("dk", true), ("dv", false)] {
@@ -551,6 +559,62 @@ impl CoopAttention {
         }
         m.push_str("}\n");
         m
+    }
+
+    /// dk/dv's dQ for the tile (`AttnTile::fused_dq`): the (BC/16)·(D/16)
+    /// blocks of dSᵀ·K dealt round the subgroups, each summed over the
+    /// workgroup's keys (every subgroup's rows of dSᵀ, so behind a
+    /// workgroup barrier), then through the subgroup's two s_s regions in
+    /// turn to `add_dq`.
+    fn fused_dq(&self, m: &mut String, g: &Gen, nd: u32) {
+        let t = self.tile();
+        let blocks = t.bc / 16 * nd;
+        let per = blocks.div_ceil(t.sg);
+        if t.local {
+            m.push_str("            workgroupBarrier();\n");
+        }
+        for u in 0..per {
+            let _ = writeln!(
+                m,
+                "            {{\n                let blk = min(sg + {u}u * SG, {}u);\n                let qf = blk / {nd}u;\n                let df = blk % {nd}u;\n                acc = {};",
+                blocks - 1,
+                g.zero()
+            );
+            // A: dSᵀ's block (queries qf, keys kf) read column-major from
+            // DS_S, whose rows are keys; B: K's (keys kf, columns df).
+            if g.emu {
+                let _ = writeln!(
+                    m,
+                    "                for (var kf = 0u; kf < SG; kf++) {{\n                    let ia = DS_S + kf * 16u * LDP + qf * 16u;\n                    let ib = K_S + kf * 16u * LDS + df * 16u;\n                    acc = {};\n                }}",
+                    g.mma(
+                        &g.load("A", "ia", "ldp", false),
+                        &g.load("B", "ib", "lds", true),
+                        "acc"
+                    )
+                );
+            } else {
+                for kf in 0..t.sg {
+                    let _ = writeln!(
+                        m,
+                        "                {{\n                    let ia = DS_S + {}u * LDP + qf * 16u;\n                    let ib = K_S + {}u * LDS + df * 16u;\n                    let fa = {};\n                    acc = {};\n                }}",
+                        16 * kf,
+                        16 * kf,
+                        g.load("A", "ia", "ldp", false),
+                        g.mma("fa", &g.load("B", "ib", "lds", true), "acc")
+                    );
+                }
+            }
+            let _ = writeln!(
+                m,
+                "                let at = {}cs;\n                {}\n                row_sync();\n                add_dq(lane, at, sg + {u}u * SG < {blocks}u, qf, df, b, i0, h);",
+                if u % 2 == 1 { "SCR + " } else { "" },
+                g.store("acc", "at", "ld16")
+            );
+            if u + 2 < per {
+                m.push_str("                row_sync();\n");
+            }
+            m.push_str("            }\n");
+        }
     }
 
     /// The forward's body: Q's fragments loaded once, O in `nd`

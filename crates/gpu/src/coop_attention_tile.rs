@@ -28,6 +28,12 @@ pub struct AttnTile {
     /// adapter's subgroups are the kernels' 32 lanes (not lavapipe's 8,
     /// nor the emulated variants).
     pub local: bool,
+    /// dk/dv only: dQ accumulated by the same kernel (FlashAttention-2's
+    /// backward), each tile's dSᵀ·K added to dQ with f32 atomics, so the
+    /// dq pass, which recomputes S and dP, does not run. dQ's sums then
+    /// come in whatever order the workgroups reach them: not bit for bit
+    /// the same from run to run.
+    pub fused_dq: bool,
 }
 
 impl AttnTile {
@@ -37,25 +43,32 @@ impl AttnTile {
     }
 
     /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
-    /// the streamed tiles are prefetched and `l` where rows synchronise
-    /// within their subgroup.
+    /// the streamed tiles are prefetched, `l` where rows synchronise
+    /// within their subgroup and `q` where dk/dv accumulates dQ too.
     pub fn name(&self) -> String {
         format!(
-            "sg{}bc{}{}{}{}",
+            "sg{}bc{}{}{}{}{}",
             self.sg,
             self.bc,
             if self.share { "s" } else { "" },
             if self.prefetch { "p" } else { "" },
-            if self.local { "l" } else { "" }
+            if self.local { "l" } else { "" },
+            if self.fused_dq { "q" } else { "" }
         )
     }
 
     /// The tile [`AttnTile::name`] writes, checked for `pass`.
     pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
-        let bad = |why: &str| format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl)");
-        let (body, local) = match s.strip_suffix('l') {
+        let bad = |why: &str| {
+            format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq)")
+        };
+        let (body, fused_dq) = match s.strip_suffix('q') {
             Some(b) => (b, true),
             None => (s, false),
+        };
+        let (body, local) = match body.strip_suffix('l') {
+            Some(b) => (b, true),
+            None => (body, false),
         };
         let (body, prefetch) = match body.strip_suffix('p') {
             Some(b) => (b, true),
@@ -68,7 +81,7 @@ impl AttnTile {
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
-            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows"))?;
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows, q for dQ in dk/dv"))?;
         let num = |x: &str| {
             x.parse::<u32>()
                 .map_err(|_| bad(&format!("'{x}' is not a number")))
@@ -79,6 +92,7 @@ impl AttnTile {
             share,
             prefetch,
             local,
+            fused_dq,
         };
         t.check(pass).map_err(|why| bad(&why))?;
         Ok(t)
@@ -108,6 +122,9 @@ impl AttnTile {
         if self.share && pass == AttnPass::Dkv {
             return Err("dkv keeps K's and V's tiles for the whole kernel: nothing to share".into());
         }
+        if self.fused_dq && pass != AttnPass::Dkv {
+            return Err("only dkv accumulates dQ (q)".into());
+        }
         Ok(())
     }
 }
@@ -133,15 +150,16 @@ impl AttnTiles {
     /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
     /// workgroup memory at D = 128 and below. The bench may be cut short,
     /// so the first sets are the ones that matter most: the defaults with
-    /// their streamed tiles prefetched (`p`), then also with rows
-    /// synchronised within subgroups (`l`), then `l` alone, then the
-    /// larger key tiles that prefetching may make worth their workgroup
-    /// memory; last, around the defaults the sweep of 2026-11-28 chose,
-    /// sets that change one of dq and dkv against the default of the other.
+    /// their streamed tiles prefetched (`p`), then also with dQ added by
+    /// dk/dv (`q`: no dq pass), then with rows synchronised within
+    /// subgroups (`l`), then the larger key tiles that prefetching may make
+    /// worth their workgroup memory; last, around the defaults the sweep
+    /// of 2026-11-28 chose, sets that change one of dq and dkv against the
+    /// default of the other.
     pub const SWEEP: [&'static str; 6] = [
         "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg2bc16p",
+        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg2bc16pq",
         "fwd=sg8bc16spl,dq=sg4bc16spl,dkv=sg2bc16pl",
-        "fwd=sg8bc16sl,dq=sg4bc16sl,dkv=sg2bc16l",
         "fwd=sg4bc32sp,dq=sg2bc32sp,dkv=sg3bc16p",
         "fwd=sg4bc16,dq=sg4bc16s,dkv=sg2bc32",
         "fwd=sg2bc16s,dq=sg4bc16s,dkv=sg3bc16",

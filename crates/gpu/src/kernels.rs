@@ -327,9 +327,12 @@ impl Kernel {
 
     /// Whether the kernel's SPIR-V is ours (`crate::passthrough`), not
     /// wgpu's: the tensor-core attention with subgroup-local rows, whose
-    /// subgroup barriers naga writes without workgroup-memory semantics.
+    /// subgroup barriers naga writes without workgroup-memory semantics,
+    /// and the hardware dk/dv that adds dQ with f32 atomics, whose Device
+    /// scope naga writes without the capability the Vulkan memory model
+    /// asks for it.
     pub fn own_spirv(self) -> bool {
-        matches!(self, Kernel::AttnCoop(v) if v.tile().local)
+        matches!(self, Kernel::AttnCoop(v) if v.tile().local || (v.tile().fused_dq && !v.emulated))
     }
 
     /// naga's SPIR-V options as wgpu-hal 30 sets them for a Vulkan 1.3
@@ -403,6 +406,7 @@ impl Kernel {
                 let bindings: &'static [u32] = match v.pass {
                     AttnPass::Fwd => &[1, 2, 3, 4, 5, 6, 12],
                     AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11],
+                    AttnPass::Dkv if v.tile().fused_dq => &[1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12],
                     AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11, 12],
                 };
                 return KernelSpec {

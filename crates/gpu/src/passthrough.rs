@@ -12,6 +12,16 @@
 //! mean what `__syncwarp()` means: the subgroup's workgroup-memory accesses
 //! ordered around it. So its semantics become AcquireRelease|WorkgroupMemory,
 //! the semantics naga gives `workgroupBarrier()`, at subgroup scope.
+//!
+//! And one declaration: under the Vulkan memory model (which naga takes
+//! for every module with cooperative matrices) naga writes storage-buffer
+//! atomics at Device scope without the VulkanMemoryModelDeviceScope
+//! capability that scope needs there (spirv-val: "Use of device scope with
+//! VulkanKHR memory model requires the VulkanMemoryModelDeviceScopeKHR
+//! capability"). The dk/dv kernels that add dQ with f32 atomics
+//! (`AttnTile::fused_dq`) are such modules; the capability is declared
+//! for them, and the device has it: wgpu-hal enables
+//! vulkanMemoryModelDeviceScope wherever it enables cooperative matrices.
 
 use naga::back::spv;
 use naga::valid::{Capabilities, SubgroupOperationSet, ValidationFlags, Validator};
@@ -24,6 +34,10 @@ pub(crate) struct Compiled {
     pub workgroup_size: [u32; 3],
 }
 
+const OP_CAPABILITY: u32 = 17;
+const OP_MEMORY_MODEL: u32 = 14;
+const MEMORY_MODEL_VULKAN: u32 = 3;
+const CAP_VULKAN_MEMORY_MODEL_DEVICE_SCOPE: u32 = 5346;
 const OP_CONSTANT: u32 = 43;
 const OP_CONTROL_BARRIER: u32 = 224;
 const SUBGROUP_MEMORY: u32 = 0x80;
@@ -97,6 +111,7 @@ pub(crate) fn compile(src: &str, entry: &str, checked: bool) -> Result<Compiled,
         .collect();
     let mut words = spv::write_vec(&module, &info, &opts, Some(&pipeline)).map_err(|e| e.to_string())?;
     subgroup_barriers_order_workgroup_memory(&mut words)?;
+    declare_device_scope(&mut words)?;
     Ok(Compiled {
         words,
         bindings,
@@ -141,6 +156,30 @@ fn instructions(words: &[u32]) -> Result<Vec<(usize, u32, usize)>, String> {
         at += count;
     }
     Ok(out)
+}
+
+/// Declares VulkanMemoryModelDeviceScope in a module under the Vulkan
+/// memory model that does not (after its other capabilities). Returns
+/// whether it did.
+pub(crate) fn declare_device_scope(words: &mut Vec<u32>) -> Result<bool, String> {
+    let ins = instructions(words)?;
+    let vulkan = ins
+        .iter()
+        .any(|&(at, op, count)| op == OP_MEMORY_MODEL && count == 3 && words[at + 2] == MEMORY_MODEL_VULKAN);
+    let caps: Vec<(usize, u32)> = ins
+        .iter()
+        .filter(|i| i.1 == OP_CAPABILITY && i.2 == 2)
+        .map(|&(at, ..)| (at, words[at + 1]))
+        .collect();
+    if !vulkan || caps.iter().any(|c| c.1 == CAP_VULKAN_MEMORY_MODEL_DEVICE_SCOPE) {
+        return Ok(false);
+    }
+    let after = caps.last().map_or(5, |c| c.0 + 2);
+    words.splice(
+        after..after,
+        [(2 << 16) | OP_CAPABILITY, CAP_VULKAN_MEMORY_MODEL_DEVICE_SCOPE],
+    );
+    Ok(true)
 }
 
 /// Every `OpControlBarrier` whose semantics name SubgroupMemory gets
@@ -299,6 +338,45 @@ fn main(@builtin(local_invocation_index) li: u32) {
         assert_eq!(barriers(&words), [(3, 3, 0x108), (3, 3, 0x108)]);
         assert_eq!(words[3], bound + 1);
         assert!(instructions(&words).is_ok());
+    }
+
+    /// A module with cooperative matrices (so the Vulkan memory model) and
+    /// a storage atomic gets the device-scope capability, once; one
+    /// without either gets nothing.
+    #[test]
+    fn device_scope_is_declared_under_the_vulkan_memory_model_only() {
+        let coop = "enable f16;
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read_write> acc: array<atomic<f32>>;
+var<workgroup> s: array<f16, 256>;
+var<workgroup> t: array<f32, 256>;
+@compute @workgroup_size(32, 1, 1)
+fn main(@builtin(local_invocation_index) li: u32) {
+    let i = 0u;
+    let n = 16u;
+    let a = coopLoad<coop_mat16x16<f16, A>>(&s[i], n);
+    let b = coopLoad<coop_mat16x16<f16, B>>(&s[i], n);
+    let c = coopMultiplyAdd(a, b, coop_mat16x16<f32, C>());
+    coopStore(c, &t[i], n);
+    workgroupBarrier();
+    atomicAdd(&acc[li], t[li]);
+}
+";
+        let has = |w: &[u32]| {
+            instructions(w)
+                .unwrap()
+                .iter()
+                .filter(|&&(at, op, _)| {
+                    op == OP_CAPABILITY && w[at + 1] == CAP_VULKAN_MEMORY_MODEL_DEVICE_SCOPE
+                })
+                .count()
+        };
+        let c = compile(coop, "main", false).unwrap();
+        assert_eq!(has(&c.words), 1);
+        let mut again = c.words.clone();
+        assert_eq!(declare_device_scope(&mut again), Ok(false));
+        let plain = compile(SRC, "main", false).unwrap();
+        assert_eq!(has(&plain.words), 0);
     }
 
     #[test]

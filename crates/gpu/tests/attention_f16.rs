@@ -683,6 +683,29 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
         tiles("fwd=sg2bc16p,dq=sg1bc16p,dkv=sg1bc16p"),
     )
     .unwrap();
+    // dQ added by dk/dv with f32 atomics (no dq pass), where the adapter
+    // has them (lavapipe does): from every key block and query head of a
+    // group into the same rows, 16-key blocks on T = 70.
+    let fused = executor_opts(
+        g.context().clone(),
+        F16Attention::CoopEmulated,
+        tiles("dkv=sg1bc16pq"),
+    )
+    .unwrap();
+    if g.context()
+        .features
+        .contains(wgpu::Features::SHADER_FLOAT32_ATOMIC)
+    {
+        for (i, c) in CASES.into_iter().enumerate().filter(|(_, c)| c.d == 64) {
+            check(&fused, c, 100 + i as u64, TOL_COOP, true).unwrap();
+        }
+        check(&fused, long, 105, TOL_COOP, true).unwrap();
+        check_inputs(&fused, long, rising(long, 106), TOL_COOP, true).unwrap();
+        check(&fused, long.window(20), 107, TOL_COOP, true).unwrap();
+    } else {
+        let e = check(&fused, long, 108, TOL_COOP, true).unwrap_err();
+        assert!(e.contains("f32 atomics"), "{e}");
+    }
     for (i, c) in CASES.into_iter().enumerate().filter(|(_, c)| c.d == 64) {
         check(&pre, c, 80 + i as u64, TOL_COOP, true).unwrap();
     }

@@ -20,8 +20,9 @@ fn compile(v: &CoopMatmul) -> Result<Vec<u32>, String> {
 fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
     // The software variants need neither (only unpack2x16float, which every
     // wgpu adapter offers).
+    // f32 atomics: dk/dv's dQ (`AttnTile::fused_dq`), on devices that have them.
     let caps = if emulated {
-        Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SHADER_FLOAT32_ATOMIC
     } else {
         // Subgroups and their barriers: the attention's subgroup-local
         // rows (`AttnTile::local`), which run only where the device has both.
@@ -29,6 +30,7 @@ fn compile_source(src: &str, emulated: bool) -> Result<Vec<u32>, String> {
             | Capabilities::SHADER_FLOAT16
             | Capabilities::SUBGROUP
             | Capabilities::SUBGROUP_BARRIER
+            | Capabilities::SHADER_FLOAT32_ATOMIC
     };
     common::spirv::compile(src, "main", caps, false)
 }

@@ -285,7 +285,7 @@ impl GpuExecutor {
             false => Kernel::AttnDelta,
         };
         let grads =
-            self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, delta, |op, b0, nb, c| {
+            self.attention_backward_chunks(d, [q, k, v, dout], dout, fwd, delta, false, |op, b0, nb, c| {
                 let mv = self.maxima_view(&slots, (b0 * rows * d.hkv, nb * rows * d.hkv), c.dv)?;
                 let with = |fl: u32, r0: usize, r1: usize| {
                     let mut p = c.params(d).to_vec();
@@ -345,7 +345,9 @@ impl GpuExecutor {
     /// bindings computes delta = rowsum(dO ∘ O) (`delta_kernel`, on
     /// `dout`), then calls `each` with the chunk's first batch, count and views
     /// (dO as the kernels read it from `dout_in`: `dout` itself, or its f16
-    /// copy for the tensor-core kernels).
+    /// copy for the tensor-core kernels). With `zero_dq`, dq starts at 0 (for
+    /// kernels that add into it).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_backward_chunks(
         &self,
         d: &Dims,
@@ -353,6 +355,7 @@ impl GpuExecutor {
         dout_in: &GpuTensor,
         fwd: &AttentionOut<GpuTensor>,
         delta_kernel: Kernel,
+        zero_dq: bool,
         mut each: impl FnMut(&mut Op<'_>, usize, usize, &BwdViews<'_>) -> Result<()>,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let dq = self.alloc_f32(q.shape.clone())?;
@@ -361,6 +364,9 @@ impl GpuExecutor {
         let delta = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
         let mut op = self.op("attention_backward");
+        if zero_dq {
+            op.clear(dq.buffer(), dq.byte_len());
+        }
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
             let c = BwdViews {
                 q: self.view(q, b0 * qe, nb * qe)?,

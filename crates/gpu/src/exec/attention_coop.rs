@@ -140,6 +140,17 @@ impl GpuExecutor {
                 format!("{}: shared regions need real cooperative matrices", v.label()),
             ));
         }
+        let atomics = self.ctx.features.contains(wgpu::Features::SHADER_FLOAT32_ATOMIC);
+        // The hardware variant's SPIR-V is ours (`Kernel::own_spirv`).
+        if t.fused_dq && !(atomics && (emulated || self.ctx.has_own_spirv())) {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "{}: dQ in dk/dv needs f32 atomics in storage buffers (and, on tensor cores, a Vulkan device)",
+                    v.label()
+                ),
+            ));
+        }
         if t.local && (emulated || !self.ctx.has_subgroup_local_rows()) {
             return Err(Error::invalid(
                 name,
@@ -288,8 +299,13 @@ impl GpuExecutor {
         emulated: bool,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let name = "attention_backward";
-        let vdq = self.coop_variant(name, AttnPass::Dq, d, emulated)?;
         let vdkv = self.coop_variant(name, AttnPass::Dkv, d, emulated)?;
+        // dk/dv adds dQ in (AttnTile::fused_dq): no dq pass.
+        let fused = vdkv.tile().fused_dq;
+        let vdq = match fused {
+            true => None,
+            false => Some(self.coop_variant(name, AttnPass::Dq, d, emulated)?),
+        };
         let mut op = self.op(name);
         let copies = self.coop_inputs(&mut op, [q, k, v, dout], maxima)?;
         op.finish()?;
@@ -305,6 +321,7 @@ impl GpuExecutor {
             dout_in,
             fwd,
             Kernel::AttnDelta,
+            vdq.is_none(),
             |op, b0, nb, c| {
                 let mv = self.maxima_view(&slots, (b0 * blocks, nb * blocks), c.dv)?;
                 vec4_ready(name, &[("q", &c.q), ("k", &c.k), ("v", &c.v), ("dO", &c.dout_in)])?;
@@ -320,19 +337,22 @@ impl GpuExecutor {
                     c.dv.elem_off,
                     c.delta.elem_off,
                 ];
+                let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
+                let params = coop_params(d, offs, [0, 1, 2, 3], max_off);
+                let grid = Self::coop_grid(&vdkv, d, nb);
+                let Some(vdq) = vdq else {
+                    let views = [c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.dk, c.dv, c.delta, mv];
+                    op.dispatch(Kernel::AttnCoop(vdkv), &params, &views, grid);
+                    return Ok(());
+                };
                 op.dispatch(
                     Kernel::AttnCoop(vdq),
                     &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT),
                     &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
                     Self::coop_grid(&vdq, d, nb),
                 );
-                let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
-                op.dispatch(
-                    Kernel::AttnCoop(vdkv),
-                    &coop_params(d, offs, [0, 1, 2, 3], max_off),
-                    &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv],
-                    Self::coop_grid(&vdkv, d, nb),
-                );
+                let views = [c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv];
+                op.dispatch(Kernel::AttnCoop(vdkv), &params, &views, grid);
                 Ok(())
             },
         )?;

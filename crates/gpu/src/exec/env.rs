@@ -229,11 +229,14 @@ mod tests {
             assert_eq!(sw.parse::<F16Matmul>(), Ok(F16Matmul::CoopEmulated(t)));
             assert_eq!(F16Matmul::CoopEmulated(t).to_string(), sw);
         }
-        let t = "fwd=sg8bc16sp,dq=sg4bc16p,dkv=sg2bc16p"
+        let t = "fwd=sg8bc16sp,dq=sg4bc16pl,dkv=sg2bc16plq"
             .parse::<crate::AttnTiles>()
             .unwrap();
-        assert!(t.fwd.unwrap().share && t.fwd.unwrap().prefetch);
-        assert!(!t.dq.unwrap().share && t.dq.unwrap().prefetch && t.dkv.unwrap().prefetch);
+        let (f, q, kv) = (t.fwd.unwrap(), t.dq.unwrap(), t.dkv.unwrap());
+        assert!(f.share && f.prefetch && !f.local);
+        assert!(!q.share && q.prefetch && q.local && !q.fused_dq);
+        assert!(kv.prefetch && kv.local && kv.fused_dq);
+        assert_eq!(t.to_string(), "fwd=sg8bc16sp,dq=sg4bc16pl,dkv=sg2bc16plq");
         for tiles in crate::AttnTiles::SWEEP {
             let t = tiles.parse::<crate::AttnTiles>().unwrap();
             assert_eq!(t.to_string(), tiles);
@@ -256,6 +259,7 @@ mod tests {
             // Shared, then prefetched: in that order only.
             ("fwd=sg4bc16ps", "not a number"),
             ("dkv=sg2bc16sp", "nothing to share"),
+            ("dq=sg2bc16pq", "only dkv"),
         ] {
             let e = bad.parse::<crate::AttnTiles>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");

@@ -141,7 +141,7 @@ pub struct GpuOptions {
     pub shader_checks: bool,
     /// Builds every tensor-core attention kernel from SPIR-V of our own
     /// (`crate::passthrough`), not only those that need it (subgroup-local
-    /// rows): for checking that path on any device, emulated variants
+    /// rows): for checking that path on any Vulkan device, emulated variants
     /// included, and for timing it against wgpu's for the same kernel.
     pub own_spirv: bool,
 }

@@ -14,7 +14,8 @@ pub const DEVICE_CAPS: Capabilities = Capabilities::COOPERATIVE_MATRIX
     .union(Capabilities::SHADER_FLOAT16)
     .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32)
     .union(Capabilities::SUBGROUP)
-    .union(Capabilities::SUBGROUP_BARRIER);
+    .union(Capabilities::SUBGROUP_BARRIER)
+    .union(Capabilities::SHADER_FLOAT32_ATOMIC);
 
 /// naga's SPIR-V options, checked or not: the library's, which our own
 /// SPIR-V (`Kernel::own_spirv`) is written with too.
