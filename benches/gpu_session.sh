@@ -340,6 +340,12 @@ kernels)
     # Flash attention f16 at the 7B shapes with torch SDPA beside it
     # (targets at B4 T2048 32/8 D128: ≥ 150 forward, ≥ 75 backward).
     MEGATRAIN_ATTN_SWEEP=default b attention attention_f16 --warm-up-time 1 --measurement-time 2
+    # The same sets at TinyLlama's shape (D = 64, GQA 8/1): AttnTiles is one
+    # set for every head dimension, chosen at D = 128; this says whether
+    # D = 64 wants others (its anchor's env can name them).
+    tag=-d64 MEGATRAIN_ATTN_SWEEP=default MEGATRAIN_ATTN_SWEEP_SHAPE=B8_T1024_Hq32_Hkv4_D64 \
+        b attention 'attention_f16/(fwd|bwd)_sweep' --warm-up-time 1 --measurement-time 2
+    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention-d64.log")
     # The bus: GB/s up, down, both per size and transport, where the time
     # goes, PyTorch's pinned copy_, and whether a copy overlaps a kernel.
     b transport --reps 5 --overlap

@@ -342,10 +342,24 @@ fn bench_f16(c: &mut Criterion) {
 /// Names the tensor-core attention tile sets [`bench_f16_sweep`] times.
 const ATTN_SWEEP_ENV: &str = "MEGATRAIN_ATTN_SWEEP";
 
+/// The shape the sweep times (`B4_T2048_Hq32_Hkv8_D128`, as the rows name
+/// it) where not issue 13's: e.g. TinyLlama's `B8_T1024_Hq32_Hkv4_D64`,
+/// whose head dimension may want other tiles.
+const ATTN_SWEEP_SHAPE_ENV: &str = "MEGATRAIN_ATTN_SWEEP_SHAPE";
+
+/// The dims [`dims_name`] writes.
+fn parse_dims(s: &str) -> Option<Dims> {
+    let mut it = s.split('_');
+    let mut num = |prefix: &str| it.next()?.strip_prefix(prefix)?.parse::<usize>().ok();
+    let dims = (num("B")?, num("T")?, num("Hq")?, num("Hkv")?, num("D")?);
+    (it.next().is_none() && dims.3 > 0 && dims.2 % dims.3 == 0).then_some(dims)
+}
+
 /// The tile sets `MEGATRAIN_ATTN_SWEEP` names (`default`: `AttnTiles::SWEEP`;
 /// else sets joined by `;`, each as `MEGATRAIN_F16_ATTENTION_TILES` takes
 /// it), forward and backward at issue 13's shape (B4 T2048 32/8 D128; one
-/// small shape where the adapter's cooperative matrices are not a GPU's),
+/// small shape where the adapter's cooperative matrices are not a GPU's;
+/// `MEGATRAIN_ATTN_SWEEP_SHAPE` names another),
 /// each set checked against the CPU reference first: rows
 /// `fwd_sweep{i}_…` and `bwd_sweep{i}_…`, and a summary line per set.
 fn bench_f16_sweep(c: &mut Criterion) {
@@ -357,10 +371,12 @@ fn bench_f16_sweep(c: &mut Criterion) {
         eprintln!("{ATTN_SWEEP_ENV}: adapter has no cooperative matrices, no sweep");
         return;
     }
-    let dims: Dims = if common::is_real_gpu(&probe) {
-        (4, 2048, 32, 8, 128)
-    } else {
-        (1, 64, 4, 2, 64)
+    let dims: Dims = match std::env::var(ATTN_SWEEP_SHAPE_ENV) {
+        Ok(shape) => parse_dims(&shape).unwrap_or_else(|| {
+            panic!("{ATTN_SWEEP_SHAPE_ENV}: '{shape}' is not B{{b}}_T{{t}}_Hq{{hq}}_Hkv{{hkv}}_D{{d}}")
+        }),
+        Err(_) if common::is_real_gpu(&probe) => (4, 2048, 32, 8, 128),
+        Err(_) => (1, 64, 4, 2, 64),
     };
     drop(probe);
     let sets: Vec<String> = match list.trim() {
