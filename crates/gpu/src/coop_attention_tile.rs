@@ -62,22 +62,11 @@ impl AttnTile {
         let bad = |why: &str| {
             format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq)")
         };
-        let (body, fused_dq) = match s.strip_suffix('q') {
-            Some(b) => (b, true),
-            None => (s, false),
-        };
-        let (body, local) = match body.strip_suffix('l') {
-            Some(b) => (b, true),
-            None => (body, false),
-        };
-        let (body, prefetch) = match body.strip_suffix('p') {
-            Some(b) => (b, true),
-            None => (body, false),
-        };
-        let (body, share) = match body.strip_suffix('s') {
-            Some(b) => (b, true),
-            None => (body, false),
-        };
+        // The suffixes, last first: `name` writes them in the order s, p, l, q.
+        let (body, fused_dq) = strip_flag(s, 'q');
+        let (body, local) = strip_flag(body, 'l');
+        let (body, prefetch) = strip_flag(body, 'p');
+        let (body, share) = strip_flag(body, 's');
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
@@ -127,6 +116,11 @@ impl AttnTile {
         }
         Ok(())
     }
+}
+
+/// `s` without its last character where that is `flag`, and whether it was.
+fn strip_flag(s: &str, flag: char) -> (&str, bool) {
+    s.strip_suffix(flag).map_or((s, false), |body| (body, true))
 }
 
 /// A tile for each pass: `None` keeps the pass's default.

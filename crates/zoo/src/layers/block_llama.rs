@@ -225,22 +225,8 @@ pub(super) fn backward<E: Executor>(
     let dx2_attn = dpost.as_ref().unwrap_or(&dx2);
     let dout = times_ref(ex, dx2_attn, residual(cfg))?;
     let dout = dout.as_ref().unwrap_or(dx2_attn);
-    let (dq, mut dk, dv) = attention_backward_from_output(
-        cfg,
-        ex,
-        layer,
-        w,
-        l.o,
-        AttnSaved {
-            a: &s.a,
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
-            att: &s.att,
-        },
-        dout,
-        &mut grads,
-    )?;
+    let (dq, mut dk, dv) =
+        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), dout, &mut grads)?;
     let mut dq = times(ex, dq, cfg.q_factor())?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         let gq = ex.rmsnorm_backward(q_pre, g.get(w, qi), &qn.rstd, &dq)?;

@@ -158,22 +158,8 @@ pub(super) fn backward<E: Executor>(
     let dres = dx2.as_ref().unwrap_or(dy);
 
     // Attention.
-    let (dq, dk, dv) = attention_backward_from_output(
-        cfg,
-        ex,
-        layer,
-        w,
-        l.dense,
-        AttnSaved {
-            a: &s.a,
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
-            att: &s.att,
-        },
-        dres,
-        &mut grads,
-    )?;
+    let (dq, dk, dv) =
+        attention_backward_from_output(cfg, ex, layer, w, l.dense, attn_saved!(s), dres, &mut grads)?;
     let dqkv = ex.reshape(
         &ex.concat_last(&[&dq, &dk, &dv])?,
         &shape(&[b, t, 3 * cfg.q_dim()]),

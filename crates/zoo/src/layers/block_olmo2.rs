@@ -182,22 +182,8 @@ pub(super) fn backward<E: Executor>(
     // Attention: dh reaches x directly and through norm_att(attn(x)).
     let gon = ex.rmsnorm_backward(&s.o, &w[l.post_att], &s.on.rstd, &dh)?;
     grads[l.post_att] = Some(gon.dw);
-    let (dq, dk, dv) = attention_backward_from_output(
-        cfg,
-        ex,
-        layer,
-        w,
-        l.o,
-        AttnSaved {
-            a: &s.a,
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
-            att: &s.att,
-        },
-        &gon.dx,
-        &mut grads,
-    )?;
+    let (dq, dk, dv) =
+        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), &gon.dx, &mut grads)?;
     // As the norms saw q and k: whole projections, or heads.
     let dq = ex.reshape(&dq, s.q_pre.shape())?;
     let dk = ex.reshape(&dk, s.k_pre.shape())?;

@@ -92,22 +92,8 @@ pub(super) fn backward<E: Executor>(
     // dy reaches x directly, and the MLP's and the attention's outputs.
     let dn_mlp = gelu_mlp_backward(cfg, ex, w, (FC1, FC2), &s.n.y, (&s.f, &s.g), dy, &mut grads)?;
 
-    let (dq, dk, dv) = attention_backward_from_output(
-        cfg,
-        ex,
-        layer,
-        w,
-        DENSE,
-        AttnSaved {
-            a: &s.a,
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
-            att: &s.att,
-        },
-        dy,
-        &mut grads,
-    )?;
+    let (dq, dk, dv) =
+        attention_backward_from_output(cfg, ex, layer, w, DENSE, attn_saved!(s), dy, &mut grads)?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;

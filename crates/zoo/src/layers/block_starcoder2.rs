@@ -153,22 +153,8 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let (dq, dk, dv) = attention_backward_from_output(
-        cfg,
-        ex,
-        layer,
-        w,
-        l.o,
-        AttnSaved {
-            a: &s.a,
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
-            att: &s.att,
-        },
-        &dx2,
-        &mut grads,
-    )?;
+    let (dq, dk, dv) =
+        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), &dx2, &mut grads)?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;

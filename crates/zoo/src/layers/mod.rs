@@ -18,6 +18,20 @@
 //! A tied head reads the embedding table (passed as `tied`) and returns its
 //! gradient for it separately; [`embedding_backward`] accumulates onto it.
 
+/// The [`AttnSaved`] view of a block's saved tensors `$s` (every block's
+/// saved struct names them `a`, `q`, `k`, `v` and `att`).
+macro_rules! attn_saved {
+    ($s:expr) => {
+        AttnSaved {
+            a: &$s.a,
+            q: &$s.q,
+            k: &$s.k,
+            v: &$s.v,
+            att: &$s.att,
+        }
+    };
+}
+
 mod block_cohere2;
 mod block_gpt2;
 mod block_llama;
