@@ -1,6 +1,6 @@
 //! Kernels whose SPIR-V we write ourselves: naga's WGSL front end and
 //! validator, then its SPIR-V writer with the options wgpu-hal uses, then
-//! one fix, then the module goes to the driver as it is
+//! one fix and one declaration, then the module goes to the driver as it is
 //! (`create_shader_module_passthrough`), with a pipeline layout read from
 //! naga's module where wgpu would have derived it.
 //!
@@ -45,7 +45,8 @@ const WORKGROUP_MEMORY: u32 = 0x100;
 
 /// Compiles entry point `entry` of `src` as wgpu-hal would for a Vulkan
 /// 1.3 device (per pipeline, with the runtime checks or without), then
-/// gives its subgroup barriers workgroup-memory semantics.
+/// gives its subgroup barriers workgroup-memory semantics and, under the
+/// Vulkan memory model, declares device scope.
 pub(crate) fn compile(src: &str, entry: &str, checked: bool) -> Result<Compiled, String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::all())
@@ -124,8 +125,8 @@ pub(crate) fn compile(src: &str, entry: &str, checked: bool) -> Result<Compiled,
 /// Workgroup memory is zeroed (WGSL's semantics) by the driver, as
 /// wgpu-hal asks of a device whose shaderZeroInitializeWorkgroupMemory it
 /// enabled, which Vulkan 1.3 requires of every device. naga's polyfill
-/// instead stores one zero constant of the whole `Shared` struct, which
-/// llvmpipe took over 15 minutes to compile for one attention kernel.
+/// instead stores one zero constant of the whole `Shared` struct: llvmpipe
+/// had not finished compiling one attention kernel so after 16 minutes.
 pub(crate) fn options(checked: bool) -> spv::Options<'static> {
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy::*};
     spv::Options {
