@@ -134,6 +134,27 @@ pick_handoff() {
     note "gradient hand-over picked for qwen: ${best:-the defaults}"
 }
 
+# Whether keeping activations (`first`'s TinyLlama run with
+# --keep-activations all) beat the default step by 5 %: then `second` runs
+# Qwen2.5-7B keeping as many blocks as `megatrain plan` says fit 90 % of
+# this GPU's memory (all 28 on an H200 by its estimate, 94 GB).
+pick_keep() {
+    local step mib n
+    step() { sed -nE 's/^\| tinyllama-1.1b[^|]*\| gpu \| f16 \| [^|]+\| [^|]+\| [^|]+\| [^|]+\| [^|]+\| ([0-9.]+) .*/\1/p' "$1" 2>/dev/null | head -1; }
+    local d k
+    d=$(step "$OUT/anchor-tinyllama.log")
+    k=$(step "$OUT/anchor-tinyllama-kept.log")
+    if [ -z "$d" ] || [ -z "$k" ] || ! awk -v d="$d" -v k="$k" 'BEGIN {exit !(k < 0.95 * d)}'; then
+        note "activations kept for qwen: none (tinyllama step kept ${k:-?} ms, default ${d:-?} ms)"
+        return
+    fi
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    n=$(megatrain plan --preset qwen2.5-7b --batch 8 --seq-len 1024 --precision f16 --host-mem 1T \
+        --device-mem "$((${mib:-0} * 9 / 10))M" 2>/dev/null | sed -nE 's/.*the last ([0-9]+) of [0-9]+ blocks can keep.*/\1/p')
+    [ -n "$n" ] && [ "$n" -gt 0 ] && echo "export KEEP_FLAGS=\"--keep-activations $n\"" >>"$PICKED"
+    note "activations kept for qwen: ${n:-none} of 28 blocks (${mib:-?} MiB on the GPU; tinyllama step kept $k ms, default $d ms)"
+}
+
 # The device tool ends a call at 600 s; the stage keeps under BUDGET, and
 # the two stages of a 15-minute lease under their share of it.
 case $stage in
@@ -249,6 +270,14 @@ first)
         --steps 3 --warmup 1 --mode-reps 0 --no-peer --json "$OUT/anchor-tinyllama-layercopy.json" \
         >"$OUT/anchor-tinyllama-layercopy.log" 2>&1
     rows "tinyllama anchor, chunks from a copy of the layer (rc $?)" "$OUT/anchor-tinyllama-layercopy.log"
+    # And keeping every block's activations from its forward to its
+    # backward (no recompute: a quarter of the blocks' products and an
+    # attention forward a block saved; `megatrain plan` estimates 30 GB on
+    # the device): step time and device peak against the first row.
+    timeout "$(left 50)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --mode-reps 0 --no-peer --keep-activations all --json "$OUT/anchor-tinyllama-kept.json" \
+        >"$OUT/anchor-tinyllama-kept.log" 2>&1
+    rows "tinyllama anchor, every block's activations kept (rc $?)" "$OUT/anchor-tinyllama-kept.log"
     # The rates against the targets: the f16 tiles at 8192³ and a 7B MLP
     # product (≥ 300 and ≥ 250 TFLOP/s), f32 at 8192³ (≥ 25); flash
     # attention prints every 7B shape's forward and backward (≥ 150 and
@@ -272,6 +301,7 @@ first)
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
     pick_tiles
     pick_handoff
+    pick_keep
     # The streamed step against the CPU and float64 (issue 18.1), last
     # (session 28: 16 of 16 in 5.5 s on the H200, with the old tiles).
     cap=30 t gpu_parity --nocapture
@@ -294,10 +324,10 @@ second)
     # with what time is left.
     # shellcheck disable=SC2086
     timeout "$(left 400 100)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
-        --mode-reps 1 --no-peer ${HANDOFF_FLAGS:-} --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
-    rows "qwen anchor (rc $?; hand-over: ${HANDOFF_FLAGS:-} ${MEGATRAIN_DOWNLOAD_STAGING:+MEGATRAIN_DOWNLOAD_STAGING=$MEGATRAIN_DOWNLOAD_STAGING})" "$OUT/anchor-qwen.log"
-    if [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}" ]; then
-        unset HANDOFF_FLAGS MEGATRAIN_DOWNLOAD_STAGING
+        --mode-reps 1 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
+    rows "qwen anchor (rc $?; hand-over: ${HANDOFF_FLAGS:-} ${MEGATRAIN_DOWNLOAD_STAGING:+MEGATRAIN_DOWNLOAD_STAGING=$MEGATRAIN_DOWNLOAD_STAGING}; ${KEEP_FLAGS:-no activations kept})" "$OUT/anchor-qwen.log"
+    if [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ]; then
+        unset HANDOFF_FLAGS MEGATRAIN_DOWNLOAD_STAGING KEEP_FLAGS
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
             --mode-reps 0 --no-peer --json "$OUT/anchor-qwen-default.json" >"$OUT/anchor-qwen-default.log" 2>&1
         rows "qwen anchor, the default hand-over (rc $?)" "$OUT/anchor-qwen-default.log"

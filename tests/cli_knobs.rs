@@ -152,6 +152,16 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--staging-chunk-mib", "8"],
         &["--staging-chunk-mib is a GPU transport option"],
     );
+    check(
+        "cpu",
+        &["--seq-len", "16", "--keep-activations", "5"],
+        &["--keep-activations 5", "the model has 4 blocks", "`all`"],
+    );
+    check(
+        "cpu",
+        &["--keep-activations", "most"],
+        &["--keep-activations", "'most'", "`all`"],
+    );
     let toml = t.join("knobs.toml");
     std::fs::write(&toml, "staging-depth = 0\n").unwrap();
     check("gpu", &["--config", s(&toml)], &["--staging-depth 0"]);
@@ -165,6 +175,17 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--transfer-chunk", "4K"],
     ));
     assert_eq!(whole, chunked);
+    // Every block's activations kept, or the last two: no recompute there,
+    // the same training.
+    for keep in ["all", "2"] {
+        let kept = final_loss(&train(
+            &data,
+            &t.join(format!("kept-{keep}")),
+            "cpu",
+            &["--keep-activations", keep],
+        ));
+        assert_eq!(whole, kept, "--keep-activations {keep}");
+    }
 }
 
 /// On a GPU adapter (lavapipe in CI): the knobs reach the executor and the

@@ -905,3 +905,120 @@ fn train_alike_with_and_without_checks(
         );
     }
 }
+
+/// Keeping the last blocks' activations from the forward instead of
+/// recomputing them trains bit for bit as recomputing does, on any adapter
+/// (the same kernels on the same inputs): llama-tiny in f32 and in f16 (the
+/// emulated tensor-core matmul), gpt2-nano in f32, with a block kept and
+/// two in a group, and with every block kept.
+#[test]
+fn kept_activations_train_bit_for_bit_as_recomputed() {
+    use megatrain_gpu::{CoopTile, F16Attention, F16Matmul};
+    use megatrain_tensor::ComputePrecision;
+    let Some(ctx) = common::ctx() else { return };
+    for (model, precision, transport) in [
+        (common::llama_tiny(3), ComputePrecision::F32, TransportDType::F32),
+        (common::llama_tiny(3), ComputePrecision::F16, TransportDType::F16),
+        (gpt2_nano(65), ComputePrecision::F32, TransportDType::F32),
+    ] {
+        let run = |k: usize, keep: usize| {
+            let mut gpu = GpuExecutor::with_options(
+                ctx.clone(),
+                GpuOptions {
+                    f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+                    f16_attention: F16Attention::Simt,
+                    ..GpuOptions::default()
+                },
+            );
+            gpu.set_compute_precision(precision).unwrap();
+            let config = TrainerConfig {
+                checkpoint_every: k,
+                keep_activations: keep,
+                chunk_rows: 32,
+                adamw: common::adamw(),
+                ..TrainerConfig::default()
+            };
+            let mut t = common::trainer(gpu, &model, common::copies(transport), 3, config);
+            let losses: Vec<u64> = (0..3)
+                .map(|step| {
+                    let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
+                    t.step(std::slice::from_ref(&b), 1e-3).unwrap().loss.to_bits()
+                })
+                .collect();
+            let params: Vec<Vec<u32>> = t
+                .tier()
+                .layers()
+                .iter()
+                .map(|l| l.params().iter().map(|x| x.to_bits()).collect())
+                .collect();
+            (losses, params)
+        };
+        let what = format!("{:?} {precision:?}", model.arch);
+        let recomputed = run(1, 0);
+        for (k, keep) in [(2, 1), (1, model.num_layers)] {
+            let kept = run(k, keep);
+            assert_eq!(kept.0, recomputed.0, "{what}, K = {k}, {keep} kept: losses");
+            assert!(kept.1 == recomputed.1, "{what}, K = {k}, {keep} kept: parameters");
+        }
+    }
+}
+
+/// What keeping every block's activations adds to the device peak, against
+/// what `megatrain plan` estimates it adds. `plan --device-mem` picks the
+/// count from the estimate, so it may fall short of the device's by at most
+/// a tenth (the arena rounds buffers up to size classes), and be no more
+/// than half again as large (a useless pick). On lavapipe on 2026-11-28:
+/// +1,616,128 B measured, +1,861,632 B planned.
+#[test]
+fn kept_activations_cost_what_the_plan_says() {
+    use megatrain::run::{PlanInput, plan};
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(8);
+    let (b, t) = (2, 32);
+    let batch = GPU_STREAM.batch(model.vocab_size, 0, b, t);
+    let peak = |keep: usize| {
+        let config = TrainerConfig {
+            keep_activations: keep,
+            chunk_rows: 32,
+            adamw: common::adamw(),
+            ..TrainerConfig::default()
+        };
+        let mut tr = common::trainer(
+            GpuExecutor::new(ctx.clone()),
+            &model,
+            common::copies(TransportDType::F32),
+            3,
+            config,
+        );
+        tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+        tr.step(std::slice::from_ref(&batch), 1e-3)
+            .unwrap()
+            .device_peak_bytes
+    };
+    let planned = |keep: usize| {
+        let input = PlanInput {
+            batch: b,
+            seq_len: t,
+            checkpoint_every: 1,
+            keep_activations: keep,
+            chunk_rows: 32,
+            transport: TransportDType::F32,
+            hold_grads: false,
+        };
+        plan(&model, &input, &TierConfig::default())
+            .unwrap()
+            .device
+            .total()
+    };
+    let (measured, estimated) = (peak(8) - peak(0), planned(8) - planned(0));
+    eprintln!("keeping 8 blocks' activations: device peak +{measured} B, plan +{estimated} B");
+    assert!(measured > 0, "kept activations must show in the device peak");
+    assert!(
+        estimated as f64 >= 0.9 * measured as f64,
+        "the plan under-estimates kept activations: +{estimated} B planned, +{measured} B measured"
+    );
+    assert!(
+        estimated as f64 <= 1.5 * measured as f64,
+        "the plan over-estimates kept activations: +{estimated} B planned, +{measured} B measured"
+    );
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use megatrain::run::{
     PlanInput, QuietProgress, Resident, SampleOptions, ShareTransport, TrainOptions, generate,
-    latest_checkpoint, pick, plan, prepare, train,
+    latest_checkpoint, most_kept, pick, plan, prepare, train,
 };
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{HfCheckpoint, preset};
@@ -189,6 +189,7 @@ fn plan_arithmetic_matches_hand_computation() {
         batch: 2,
         seq_len: 8,
         checkpoint_every: 1,
+        keep_activations: 0,
         chunk_rows: 256,
         transport: TransportDType::F32,
         hold_grads: false,
@@ -231,17 +232,47 @@ fn plan_arithmetic_matches_hand_computation() {
     assert_eq!(q.device.recompute, 2 * 71168);
     assert_eq!((d.f16_copies, q.device.f16_copies), (0, 0));
     // f16 transport computes in f16: the tensor-core kernels' f16 copies of
-    // the K blocks' matmul inputs, 2·B·T·(2C + q + I) bytes each, and of the
-    // head chunk's logit gradient, 2·rows·V.
+    // the K blocks' matmul inputs, 2·B·T·(2C + q + I) bytes each, and (in
+    // the head's line) of the head chunk's logit gradient, 2·rows·V.
     let f = PlanInput {
         transport: TransportDType::F16,
         ..bf
     };
     let h = plan(&m, &f, &TierConfig::default()).unwrap();
+    assert_eq!(h.device.f16_copies, 2 * (2 * 16 * (128 + 64 + 176)));
+    assert_eq!(h.device.head, d.head + 2 * 16 * 256);
+    // Blocks that keep their activations: their saved tensors (and f16
+    // copies) from the forward on, no checkpoint, and a group to recompute
+    // only where some block is not kept.
+    let keep = |keep_activations, transport| {
+        let i = PlanInput {
+            keep_activations,
+            transport,
+            ..input
+        };
+        plan(&m, &i, &TierConfig::default()).unwrap().device
+    };
+    let one = keep(1, TransportDType::F32);
     assert_eq!(
-        h.device.f16_copies,
-        2 * (2 * 16 * (128 + 64 + 176)) + 2 * 16 * 256
+        (one.kept, one.recompute, one.checkpoints),
+        (71168, 71168, 2 * 8 * 64 * 4)
     );
+    let all = keep(2, TransportDType::F32);
+    assert_eq!((all.kept, all.recompute, all.checkpoints), (2 * 71168, 0, 0));
+    assert_eq!(all.total(), d.total() - d.recompute - d.checkpoints + 2 * 71168);
+    // The kept blocks are freed before a group is recomputed: the larger of
+    // the two counts, not both.
+    assert_eq!(one.total(), d.total() - 2 * 8 * 64 * 4);
+    let all_f16 = keep(2, TransportDType::F16);
+    assert_eq!(all_f16.kept, 2 * (71168 + 2 * 16 * (128 + 64 + 176)));
+    assert_eq!(all_f16.f16_copies, 0);
+    // `plan --device-mem` picks the most kept blocks that fit.
+    let most = |mem| most_kept(&m, &input, &TierConfig::default(), mem).unwrap();
+    assert!(one.total() < all.total());
+    assert_eq!(most(all.total()), Some(2));
+    assert_eq!(most(all.total() - 1), Some(1));
+    assert_eq!(most(one.total()), Some(1));
+    assert_eq!(most(one.total() - 1), None);
     // Host: 14 bytes per parameter with bf16 transport (plus page padding).
     let per = q.host.ram.total() as f64 / q.host.n_params as f64;
     assert!((14.0..15.0).contains(&per), "{per}");

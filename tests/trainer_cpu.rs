@@ -31,6 +31,24 @@ fn trainer(model: &ModelConfig, k: usize, hold: bool, clip: Option<f64>) -> Trai
     common::trainer(CpuExecutor::new(), model, tier, SEED, config)
 }
 
+/// K, the last `keep` blocks keeping their activations, gradients held
+/// (so that a step may take several micro-batches).
+fn trainer_keeping(model: &ModelConfig, k: usize, keep: usize, hold: bool) -> Trainer<CpuExecutor> {
+    let tier = TierConfig {
+        transport: TransportDType::F32,
+        hold_grads: hold,
+        ..TierConfig::default()
+    };
+    let config = TrainerConfig {
+        checkpoint_every: k,
+        keep_activations: keep,
+        chunk_rows: 7,
+        adamw: common::adamw(),
+        ..TrainerConfig::default()
+    };
+    common::trainer(CpuExecutor::new(), model, tier, SEED, config)
+}
+
 fn params(t: &Trainer<CpuExecutor>) -> Vec<Vec<f32>> {
     t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
 }
@@ -144,6 +162,45 @@ fn checkpoint_interval_does_not_change_training() {
         "recompute must reproduce the forward exactly"
     );
     assert_eq!(runs[0].1, runs[1].1);
+}
+
+/// Keeping the last blocks' activations from the forward instead of
+/// recomputing them changes no bit of training, nor what crosses the bus:
+/// some blocks kept and the rest in groups (one short), every block kept,
+/// with and without micro-batches, and the compute-only mode's loss.
+#[test]
+fn kept_activations_do_not_change_training() {
+    for model in [common::llama_tiny(3), gpt2_nano(65)] {
+        let v = model.vocab_size;
+        let mut runs = Vec::new();
+        for (k, keep) in [(1, 0), (2, 1), (1, 2), (3, 3), (2, 3)] {
+            let mut t = trainer_keeping(&model, k, keep, true);
+            let mut losses = Vec::new();
+            let mut bytes = Vec::new();
+            for s in 0..3 {
+                let micro = [
+                    TRAINER_STREAM.batch(v, 2 * s, 2, 9),
+                    TRAINER_STREAM.batch(v, 2 * s + 1, 2, 9),
+                ];
+                let m = t.step(&micro[..1 + s as usize % 2], 3e-3).unwrap();
+                losses.push(m.loss);
+                bytes.push((m.bytes_uploaded, m.bytes_downloaded));
+            }
+            let w = t.resident_weights().unwrap();
+            let only = t
+                .compute_only(&w, &TRAINER_STREAM.batch(v, 9, 2, 9))
+                .unwrap()
+                .loss_sum;
+            runs.push(((k, keep), losses, bytes, params(&t), only));
+        }
+        let (first, rest) = runs.split_first().unwrap();
+        for r in rest {
+            assert_eq!(r.1, first.1, "{:?}: losses", r.0);
+            assert_eq!(r.2, first.2, "{:?}: bytes over the bus", r.0);
+            assert!(r.3 == first.3, "{:?}: parameters differ", r.0);
+            assert_eq!(r.4, first.4, "{:?}: compute-only loss", r.0);
+        }
+    }
 }
 
 #[test]
@@ -333,6 +390,17 @@ fn bad_configurations_are_refused() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("hold"), "{err}");
+    let too_many_kept = TrainerConfig {
+        keep_activations: 4,
+        ..TrainerConfig::default()
+    };
+    let err = Trainer::new(ex(), model.clone(), tier(), too_many_kept)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("keep_activations (4)") && err.to_string().contains("3 blocks"),
+        "{err}"
+    );
     let mut other = model.clone();
     other.num_layers = 2;
     assert!(Trainer::new(ex(), other, tier(), TrainerConfig::default()).is_err());

@@ -133,6 +133,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     if let Some(n) = spec.chunks_in_flight {
         config.chunks_in_flight = n;
     }
+    config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
     if let Some(w) = spec.spill_window {
         tr.set_spill_window(WindowConfig::from_bytes(w, 4));

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
-use megatrain::run::TransportKnobs;
+use megatrain::run::{KeepActivations, TransportKnobs};
 use megatrain_gpu::TransportChoice;
 use record::Record;
 use spec::Spec;
@@ -127,6 +127,11 @@ pub struct Args {
     /// gradients exist): the host holds more, the device waits less.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
+    /// The last N blocks (or `all`) keep their activations from forward to
+    /// backward, which then recomputes only the others (default 0, as
+    /// `megatrain train`).
+    #[arg(long, default_value = "0")]
+    keep_activations: KeepActivations,
     /// The GPU transport knobs, as `megatrain train` takes them.
     #[command(flatten)]
     knobs: TransportKnobs,
@@ -197,6 +202,10 @@ fn root() -> PathBuf {
 }
 
 fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
+    let label = match a.keep_activations {
+        KeepActivations::Blocks(0) => label,
+        k => format!("{label} keep {k}"),
+    };
     Spec {
         label,
         preset: None,
@@ -221,6 +230,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         spill_window: a.spill_window,
         transfer_chunk: a.transfer_chunk,
         chunks_in_flight: a.chunks_in_flight,
+        keep_activations: a.keep_activations,
         knobs: a.knobs,
         profile: a.profile,
     }

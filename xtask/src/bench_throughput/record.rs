@@ -3,11 +3,12 @@
 //! FLOPs (stated in BENCHMARKS.md):
 //! - model FLOPs per step = 6 · N · tokens, N = every parameter (embedding
 //!   and head included);
-//! - hardware FLOPs per step = model FLOPs + 2 · N_blocks · tokens (the
-//!   block forward recomputed in backward) + causal attention:
-//!   4 · (2 · B · T² · Hq · D) per block (forward, recompute, and a backward
-//!   of twice the forward; 2·B·T²·Hq·D is QKᵀ and PV at half of the dense
-//!   count for the causal mask).
+//! - hardware FLOPs per step = model FLOPs + 2 · N_blocks · tokens · R / L
+//!   (the forward of the R of L blocks recomputed in backward: all but
+//!   those `--keep-activations` keeps) + causal attention:
+//!   (3 + [recomputed]) · (2 · B · T² · Hq · D) per block (forward, a
+//!   backward of twice the forward, and the recompute; 2·B·T²·Hq·D is QKᵀ
+//!   and PV at half of the dense count for the causal mask).
 
 use megatrain::StepMetrics;
 use megatrain_tensor::TransportInfo;
@@ -301,12 +302,22 @@ fn mean(steps: &[StepMetrics], f: impl Fn(&StepMetrics) -> f64) -> f64 {
     }
 }
 
-/// Model and hardware FLOPs of one step (see the module docs).
-pub fn flops(model: &ModelConfig, n_params: u64, n_blocks: u64, batch: usize, seq: usize) -> (f64, f64) {
+/// Model and hardware FLOPs of one step (see the module docs), with
+/// `recomputed` of the model's blocks recomputed in backward.
+pub fn flops(
+    model: &ModelConfig,
+    n_params: u64,
+    n_blocks: u64,
+    (batch, seq): (usize, usize),
+    recomputed: usize,
+) -> (f64, f64) {
     let tokens = (batch * seq) as f64;
     let model_flops = 6.0 * n_params as f64 * tokens;
     let attn_fwd = 2.0 * batch as f64 * (seq * seq) as f64 * (model.num_heads * model.head_dim) as f64;
-    let hw = model_flops + 2.0 * n_blocks as f64 * tokens + 4.0 * attn_fwd * model.num_layers as f64;
+    let share = recomputed as f64 / model.num_layers.max(1) as f64;
+    let blocks = model.num_layers as f64;
+    let hw =
+        model_flops + 2.0 * n_blocks as f64 * tokens * share + (3.0 * blocks + recomputed as f64) * attn_fwd;
     (model_flops, hw)
 }
 
@@ -333,7 +344,10 @@ impl Record {
         let tokens = spec.tokens_per_step();
         let step_ms = median(&steps.iter().map(|m| m.step_ms).collect::<Vec<_>>());
         let secs = step_ms / 1e3;
-        let (model_flops, hw_flops) = flops(model, n_params, n_blocks, spec.batch, spec.seq_len);
+        let kept = spec.keep_activations.blocks(model.num_layers).unwrap_or(0);
+        let recomputed = model.num_layers - kept;
+        let (model_flops, hw_flops) =
+            flops(model, n_params, n_blocks, (spec.batch, spec.seq_len), recomputed);
         let up = mean(&steps, |m| m.bytes_uploaded as f64) as u64;
         let down = mean(&steps, |m| m.bytes_downloaded as f64) as u64;
         let direct = mean(&steps, |m| m.bytes_uploaded_direct as f64) as u64;
@@ -430,10 +444,18 @@ mod tests {
     #[test]
     fn flops_follow_the_stated_formulas() {
         let m = preset("llama-tiny", None).unwrap();
-        let (model, hw) = flops(&m, 1000, 600, 2, 8);
+        let l = m.num_layers;
+        let (model, hw) = flops(&m, 1000, 600, (2, 8), l);
         assert_eq!(model, 6.0 * 1000.0 * 16.0);
         let attn = 2.0 * 2.0 * 64.0 * (m.num_heads * m.head_dim) as f64;
-        assert_eq!(hw, model + 2.0 * 600.0 * 16.0 + 4.0 * attn * m.num_layers as f64);
+        assert_eq!(hw, model + 2.0 * 600.0 * 16.0 + 4.0 * attn * l as f64);
+        // Every block kept: no recompute, attention three times the forward.
+        let (_, kept) = flops(&m, 1000, 600, (2, 8), 0);
+        assert_eq!(kept, model + 3.0 * attn * l as f64);
+        // One of two blocks kept: half the blocks' recompute.
+        assert_eq!(l, 2);
+        let (_, half) = flops(&m, 1000, 600, (2, 8), 1);
+        assert_eq!(half, model + 600.0 * 16.0 + 7.0 * attn);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail, ensure};
-use megatrain::run::TransportKnobs;
+use megatrain::run::{KeepActivations, TransportKnobs};
 use megatrain_gpu::TransportChoice;
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde::{Deserialize, Serialize};
@@ -51,6 +51,9 @@ pub struct Spec {
     /// Gradient chunks of a layer in flight at once (default the trainer's).
     #[serde(default)]
     pub chunks_in_flight: Option<usize>,
+    /// The last blocks that keep their activations (not recomputed).
+    #[serde(default)]
+    pub keep_activations: KeepActivations,
     /// The GPU transport's knobs (default the executor's), flattened.
     #[serde(flatten)]
     pub knobs: TransportKnobs,
@@ -148,6 +151,7 @@ pub(crate) fn test_spec() -> Spec {
         spill_window: None,
         transfer_chunk: None,
         chunks_in_flight: None,
+        keep_activations: KeepActivations::NONE,
         knobs: TransportKnobs::default(),
         profile: false,
     }

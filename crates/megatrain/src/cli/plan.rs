@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, Machine, PlanInput, Precision, RunError, ShareTransport, bus_cover, disk_estimate,
-    mem_available, per_rank, plan,
+    BusCover, KeepActivations, Machine, PlanInput, Precision, RunError, ShareTransport, bus_cover,
+    disk_estimate, mem_available, most_kept, per_rank, plan,
 };
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
@@ -31,6 +31,11 @@ pub struct PlanArgs {
     precision: Precision,
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
+    /// The last N blocks (or `all`) keep their activations from forward to
+    /// backward, as `train --keep-activations` (with --device-mem, the plan
+    /// also prints the most that fit).
+    #[arg(long, default_value = "0")]
+    keep_activations: KeepActivations,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
     chunk_rows: Option<usize>,
@@ -100,6 +105,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         batch: a.batch,
         seq_len: a.seq_len,
         checkpoint_every: a.checkpoint_every,
+        keep_activations: a.keep_activations.blocks(model.num_layers)?,
         chunk_rows,
         transport,
         hold_grads: a.hold_grads,
@@ -144,17 +150,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     };
     let one_fits = one.is_some();
+    // The device side does not depend on the budget.
+    let whole = TierConfig {
+        ram_budget_bytes: None,
+        spill_dir: None,
+        ..tier.clone()
+    };
     let p = match one {
         Some(p) => p,
-        // The device side does not depend on the budget.
-        None => {
-            let whole = TierConfig {
-                ram_budget_bytes: None,
-                spill_dir: None,
-                ..tier.clone()
-            };
-            plan(&model, &input, &whole)?
-        }
+        None => plan(&model, &input, &whole)?,
     };
     if one_fits {
         println!("host (fp32 weights and AdamW moments, {} transport):", transport);
@@ -255,8 +259,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let d = &p.device;
     println!(
-        "device (batch {} × seq {}, checkpoint every {} blocks), estimated:",
-        a.batch, a.seq_len, a.checkpoint_every
+        "device (batch {} × seq {}, checkpoint every {} blocks, the last {} of {} keeping their activations), \
+         estimated:",
+        a.batch, a.seq_len, a.checkpoint_every, input.keep_activations, model.num_layers
     );
     for (k, v) in [
         ("weights", d.weights),
@@ -264,6 +269,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("checkpoints", d.checkpoints),
         ("hidden", d.hidden),
         ("recompute", d.recompute),
+        ("kept", d.kept),
         ("head", d.head),
         ("f16 copies", d.f16_copies),
         ("downloads", d.download_staging),
@@ -289,16 +295,31 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         None => println!("host: available memory unknown (pass --host-mem)"),
     }
     match a.device_mem {
-        Some(m) => println!(
-            "device: {} needed, {} given: {}",
-            gib(d.total()),
-            gib(m),
-            if d.total() <= m {
-                "fits"
-            } else {
-                "does NOT fit (lower --batch or --seq-len)"
+        Some(m) => {
+            println!(
+                "device: {} needed, {} given: {}",
+                gib(d.total()),
+                gib(m),
+                if d.total() <= m {
+                    "fits"
+                } else {
+                    "does NOT fit (lower --batch or --seq-len)"
+                }
+            );
+            if let Some(n) = most_kept(&model, &input, &whole, m)? {
+                println!(
+                    "  the last {n} of {} blocks can keep their activations in it (--keep-activations {}): \
+                     the backward recomputes {} blocks",
+                    model.num_layers,
+                    if n == model.num_layers {
+                        "all".to_string()
+                    } else {
+                        n.to_string()
+                    },
+                    model.num_layers - n
+                );
             }
-        ),
+        }
         None => println!("device: compare the total with your GPU's memory (or pass --device-mem)"),
     }
     Ok(())

@@ -9,6 +9,7 @@ mod encoder;
 mod error;
 mod generate;
 pub mod interrupt;
+mod keep;
 mod knobs;
 mod metrics_log;
 mod options;
@@ -25,13 +26,14 @@ pub use cover::{BusCover, Machine, bus_cover};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, generate_until, pick};
+pub use keep::KeepActivations;
 pub use knobs::{
     MAX_COPY_THREADS, MAX_STAGING_CHUNK_MIB, MAX_STAGING_DEPTH, MAX_TRANSFER_CHUNK, TransportKnobs,
     transfer_chunk_elems,
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, ShareTransport, TrainOptions};
-pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, plan};
+pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, most_kept, plan};
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{

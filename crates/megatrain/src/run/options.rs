@@ -9,6 +9,7 @@ use megatrain_tier::TransportDType;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, RunError};
+use super::keep::KeepActivations;
 use super::knobs::{TransportKnobs, transfer_chunk_elems};
 use crate::schedule::ScheduleKind;
 
@@ -247,6 +248,10 @@ pub struct TrainOptions {
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
+    /// The last blocks whose activations stay on the device from their
+    /// forward to their backward, which then recomputes only the others
+    /// (a count or `all`). A device option: it changes no result.
+    pub keep_activations: KeepActivations,
     /// Rows of the LM head per chunk; `None` (the default):
     /// [`megatrain_zoo::default_chunk_rows`] of the model's vocabulary and
     /// the executor's memory (larger chunks on a GPU than on the host). A
@@ -330,6 +335,7 @@ impl Default for TrainOptions {
             grad_clip: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
+            keep_activations: KeepActivations::NONE,
             chunk_rows: None,
             device: DeviceChoice::Auto,
             transport: TransportChoice::Auto,

@@ -8,18 +8,23 @@
 //!   the next upload in flight); matrices in the transport dtype, vectors
 //!   f32 (they are widened on upload);
 //! - gradients: one layer's f32 gradients, the largest layer;
-//! - checkpoints: ⌈L/K⌉ block inputs of B·T·C floats;
 //! - hidden: the running activation and its gradient, 2·B·T·C floats;
+//! - checkpoints: one block input of B·T·C floats per recomputed group;
 //! - recompute: K blocks' saved tensors, each B·T·(6C + 2·q + 2·kv + 3·I)
 //!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
 //!   pre-activation, activation and up projection), plus the attention's
 //!   per-row softmax statistics B·H·T·2 floats;
-//! - head: logits and their gradient for one chunk, 2·rows·V floats;
+//! - kept: the saved tensors of the blocks kept from the forward to their
+//!   backward (`--keep-activations`), with their f16 copies under f16.
+//!   They are freed before any group is recomputed, so `total` counts the
+//!   larger of kept and recompute (with its f16 copies), not both;
+//! - head: logits and their gradient for one chunk, 2·rows·V floats, and
+//!   under f16 the gradient's f16 copy, rows·V halfs;
 //! - f16 copies (f16 transport, which computes in f16): the tensor-core
 //!   matmuls read f16 copies of their f32 operands, kept while the operand
-//!   lives — the K blocks' matmul inputs, B·T·(2C + q + I) halfs each (the
-//!   two norm outputs, the attention output, the MLP activation), and the
-//!   head chunk's logit gradient, rows·V halfs;
+//!   lives — the K recomputed blocks' matmul inputs, B·T·(2C + q + I)
+//!   halfs each (the two norm outputs, the attention output, the MLP
+//!   activation);
 //! - download staging (a device with a copy queue, `MEGATRAIN_COPY_QUEUE`):
 //!   the gradients pass through a ring of up to four buffers of the
 //!   download chunk's size on their way down
@@ -35,6 +40,8 @@ pub struct PlanInput {
     pub batch: usize,
     pub seq_len: usize,
     pub checkpoint_every: usize,
+    /// The last blocks that keep their activations (`TrainerConfig::keep_activations`).
+    pub keep_activations: usize,
     pub chunk_rows: usize,
     pub transport: TransportDType,
     pub hold_grads: bool,
@@ -47,6 +54,7 @@ pub struct DeviceBytes {
     pub checkpoints: u64,
     pub hidden: u64,
     pub recompute: u64,
+    pub kept: u64,
     pub head: u64,
     pub f16_copies: u64,
     pub download_staging: u64,
@@ -58,9 +66,8 @@ impl DeviceBytes {
             + self.gradients
             + self.checkpoints
             + self.hidden
-            + self.recompute
+            + self.kept.max(self.recompute + self.f16_copies)
             + self.head
-            + self.f16_copies
             + self.download_staging
     }
 }
@@ -107,6 +114,9 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         .max()
         .unwrap_or(0);
     let k_eff = k.min(n_blocks.max(1));
+    let split =
+        crate::trainer::Recompute::new(model.num_layers, input.checkpoint_every, input.keep_activations);
+    let (group, kept) = (split.group_len() as u64, split.kept().len() as u64);
     let saved_per_block = 4
         * b
         * t
@@ -128,15 +138,17 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
         gradients: 4 * max_layer,
-        checkpoints: n_blocks.div_ceil(k) * b * t * c * 4,
+        checkpoints: split.checkpoint_count() as u64 * b * t * c * 4,
         hidden: 2 * b * t * c * 4,
-        recompute: k_eff * saved_per_block,
-        head: 2 * rows * model.vocab_size as u64 * 4,
-        f16_copies: if f16 {
-            k_eff * copied_per_block + 2 * rows * model.vocab_size as u64
-        } else {
-            0
-        },
+        recompute: group * saved_per_block,
+        kept: kept * (saved_per_block + if f16 { copied_per_block } else { 0 }),
+        head: 2 * rows * model.vocab_size as u64 * 4
+            + if f16 {
+                2 * rows * model.vocab_size as u64
+            } else {
+                0
+            },
+        f16_copies: if f16 { group * copied_per_block } else { 0 },
         download_staging: megatrain_gpu::download_staging_bytes(4 * chunk, chunks),
     };
     Ok(Plan {
@@ -181,6 +193,7 @@ mod tests {
             batch: 1,
             seq_len: 1024,
             checkpoint_every: 1,
+            keep_activations: 0,
             chunk_rows: 256,
             transport: TransportDType::BF16,
             hold_grads: false,
@@ -224,6 +237,32 @@ mod tests {
             megatrain_gpu::download_staging_bytes(4 * max_layer, held as usize)
         );
     }
+}
+
+/// The most of the last blocks that can keep their activations
+/// (`--keep-activations`) with the device estimate's total within
+/// `device_mem`, or `None` where no count fits.
+pub fn most_kept(
+    model: &ModelConfig,
+    input: &PlanInput,
+    tier: &TierConfig,
+    device_mem: u64,
+) -> Result<Option<usize>> {
+    let mut best = None;
+    for keep in 0..=model.num_layers {
+        let p = plan(
+            model,
+            &PlanInput {
+                keep_activations: keep,
+                ..*input
+            },
+            tier,
+        )?;
+        if p.device.total() <= device_mem {
+            best = Some(keep);
+        }
+    }
+    Ok(best)
 }
 
 /// Disk traffic of a step for the layers past the host budget, and the

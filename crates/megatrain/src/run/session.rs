@@ -143,6 +143,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "ranks",
                     "spill_window",
                     "transfer_chunk",
+                    "keep_activations",
                     "share_transport",
                     "shm_dir",
                 ]
@@ -233,6 +234,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     model
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
+    opts.keep_activations.blocks(model.num_layers)?;
     encoder.vocab_limit = Some(model.vocab_size);
 
     let template = encoder.chat_template(&opts.chat_template)?;
@@ -539,6 +541,7 @@ pub fn train_with<E: Executor>(
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),
         },
+        keep_activations: opts.keep_activations.blocks(p.model.num_layers)?,
         ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;

@@ -4,14 +4,16 @@
 //! executor receives one layer at a time:
 //!
 //! 1. forward: each layer's transport copy is uploaded and run; only the
-//!    input of every K-th block (the checkpoints) is kept;
+//!    input of every K-th block (the checkpoints) is kept, and what the
+//!    last [`TrainerConfig::keep_activations`] blocks saved (`recompute.rs`);
 //! 2. loss: final norm, LM head and cross-entropy in chunks of rows, with
 //!    its backward at once;
-//! 3. backward, one block of K layers at a time, last first: the block's
-//!    layers are uploaded once, its forward is recomputed from the
-//!    checkpoint keeping activations, then each layer's backward runs and
-//!    its gradients start down to the host at once (finished after the
-//!    next layer's backward has been issued);
+//! 3. backward, last first: each kept block's layer is uploaded again and
+//!    its backward runs on what its forward saved; then one group of K
+//!    blocks at a time, the group's layers uploaded once, its forward
+//!    recomputed from the checkpoint keeping activations, then each
+//!    layer's backward runs and its gradients start down to the host at
+//!    once (finished after the next layer's backward has been issued);
 //! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
 //!    on each layer as its gradients land (and rewrites its transport copy)
 //!    while the executor goes on with earlier layers.
@@ -35,6 +37,7 @@ mod handoff;
 mod metrics;
 mod modes;
 mod optimizer;
+mod recompute;
 mod reduce;
 mod setup;
 mod spill_window;
@@ -62,6 +65,7 @@ pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, worker};
+pub(crate) use recompute::Recompute;
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier, new_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots};
@@ -114,6 +118,12 @@ pub struct TrainerConfig {
     /// layer's backward, and the host holds up to two layers of gradients.
     /// Results do not depend on it.
     pub chunks_in_flight: usize,
+    /// The last this many blocks keep what their forward saved on the
+    /// executor until their backward, which then does not recompute them
+    /// (at most the model's blocks; `recompute.rs`). Costs their saved
+    /// tensors' memory on the executor, saves a quarter of their FLOPs.
+    /// Results do not depend on it.
+    pub keep_activations: usize,
 }
 
 /// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
@@ -150,6 +160,7 @@ impl Default for TrainerConfig {
             optimizer_queue: 2,
             transfer_chunk: DEFAULT_TRANSFER_CHUNK,
             chunks_in_flight: 2,
+            keep_activations: 0,
         }
     }
 }
@@ -213,6 +224,12 @@ impl<E: Executor> Trainer<E> {
             return Err(TrainError::Config(format!(
                 "checkpoint_every ({}), chunk_rows ({}), optimizer_queue ({}) and transfer_chunk ({}) must be positive",
                 config.checkpoint_every, config.chunk_rows, config.optimizer_queue, config.transfer_chunk
+            )));
+        }
+        if config.keep_activations > model.num_layers {
+            return Err(TrainError::Config(format!(
+                "keep_activations ({}) is more than the model's {} blocks",
+                config.keep_activations, model.num_layers
             )));
         }
         if let Some(c) = config.grad_clip {
@@ -476,6 +493,7 @@ impl<E: Executor> Trainer<E> {
         let (b, t) = (batch.batch, batch.seq_len);
         let n_blocks = cfg.num_layers;
         let k = config.checkpoint_every;
+        let plan = Recompute::new(n_blocks, k, config.keep_activations);
         // Read-ahead starts now, so the forward hides the first reads.
         let window = match update {
             true => spill_window::start_backward(tier, dist, *spill)?,
@@ -514,7 +532,8 @@ impl<E: Executor> Trainer<E> {
                 Ok(w)
             };
 
-            // 1. Forward, keeping the input of every K-th block.
+            // 1. Forward, keeping the input of every K-th recomputed
+            // block and what the kept blocks saved.
             let t_fwd = Instant::now();
             let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
             let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
@@ -529,13 +548,16 @@ impl<E: Executor> Trainer<E> {
                 drop(emb_w);
                 Vec::new()
             };
-            let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
+            let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
+            let mut kept = Vec::with_capacity(plan.kept().len());
             for i in 0..n_blocks {
                 let slot = slots.take()?;
                 let w = load(slot, &h.remaining[1 + i], m)?;
-                let (y, _) = block_forward(cfg, ex, i, &w, &x)?;
+                let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
                 slots.release(slot);
-                if i % k == 0 {
+                if plan.keeps(i) {
+                    kept.push(sv);
+                } else if plan.checkpoints(i) {
                     checkpoints.push(x);
                 }
                 x = y;
@@ -567,12 +589,21 @@ impl<E: Executor> Trainer<E> {
             h.push(grads, m)?;
             m.loss_ms += ms(t_loss);
 
-            // 3. Backward, K blocks at a time, last first. A group's K
-            // blocks sit in distinct slots; each is released once its
-            // backward is issued.
+            // 3. Backward, last block first: the kept blocks one at a
+            // time, then the rest K at a time, each group's forward
+            // recomputed from its checkpoint. A group's K blocks sit in
+            // distinct slots; each is released once its backward is issued.
             let t_bwd = Instant::now();
-            for g in (0..checkpoints.len()).rev() {
-                let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+            for (i, sv) in plan.kept().zip(kept).rev() {
+                let slot = slots.take()?;
+                let w = load(slot, &h.remaining[1 + i], m)?;
+                let (d, grads) = block_backward(cfg, ex, i, &w, &sv, &dx)?;
+                slots.release(slot);
+                drop(sv);
+                dx = d;
+                h.push(grads, m)?;
+            }
+            for (s, e) in plan.groups().rev().map(|g| (g.start, g.end)) {
                 let ws = (s..e)
                     .map(|i| {
                         let slot = slots.take()?;

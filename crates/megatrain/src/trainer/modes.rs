@@ -4,8 +4,8 @@
 //! `step time ÷ max(compute, transfer, optimizer)` says how close the step
 //! comes to the bound set by its slowest part.
 //!
-//! - [`Trainer::compute_only`]: forward, loss, block recompute and backward
-//!   with every weight already resident ([`Trainer::resident_weights`]);
+//! - [`Trainer::compute_only`]: forward, loss, block recompute (of the
+//!   blocks the step does not keep) and backward with every weight already resident ([`Trainer::resident_weights`]);
 //!   gradients are made on the executor and dropped, nothing is uploaded,
 //!   downloaded or updated.
 //! - [`Trainer::transfer_only`]: the step's uploads (embedding and head
@@ -24,7 +24,7 @@ use megatrain_zoo::layers::{
 
 use super::update::{Hyper, Part, update_part};
 use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
-use super::{Falling, Result, TrainError, Trainer, chunks_in_flight, ms};
+use super::{Falling, Recompute, Result, TrainError, Trainer, chunks_in_flight, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -97,7 +97,7 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Forward, loss, recompute and backward of one micro-batch with the
-    /// step's checkpointing, on resident weights; gradients stay on the
+    /// step's checkpointing and kept activations, on resident weights; gradients stay on the
     /// executor and are dropped. The time ends when the executor has
     /// finished the embedding backward.
     pub fn compute_only(&self, w: &ResidentWeights<E>, batch: &Batch) -> Result<ComputeOnly> {
@@ -113,14 +113,17 @@ impl<E: Executor> Trainer<E> {
         let counted = batch.counted();
         let grad_scale = if counted > 0 { 1.0 / counted as f32 } else { 0.0 };
         let (b, t) = (batch.batch, batch.seq_len);
-        let k = config.checkpoint_every;
+        let plan = Recompute::new(n_blocks, config.checkpoint_every, config.keep_activations);
         let start = Instant::now();
         let emb_w = &w.layers[0];
         let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t)?;
-        let mut checkpoints = Vec::with_capacity(n_blocks.div_ceil(k));
+        let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
+        let mut kept = Vec::with_capacity(plan.kept().len());
         for i in 0..n_blocks {
-            let (y, _) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
-            if i % k == 0 {
+            let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
+            if plan.keeps(i) {
+                kept.push(sv);
+            } else if plan.checkpoints(i) {
                 checkpoints.push(x);
             }
             x = y;
@@ -138,8 +141,10 @@ impl<E: Executor> Trainer<E> {
         )?;
         drop(x);
         let mut dx = head.dx;
-        for g in (0..checkpoints.len()).rev() {
-            let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+        for (i, sv) in plan.kept().zip(kept).rev() {
+            dx = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx)?.0;
+        }
+        for (s, e) in plan.groups().rev().map(|g| (g.start, g.end)) {
             let mut h = checkpoints.pop().expect("one checkpoint per block group");
             let mut saved = Vec::with_capacity(e - s);
             for i in s..e {
@@ -183,6 +188,7 @@ impl<E: Executor> Trainer<E> {
         }
         let n_blocks = n - 2;
         let k = self.config.checkpoint_every;
+        let plan = Recompute::new(n_blocks, k, self.config.keep_activations);
         // One set of gradient-shaped buffers per layer kind: embedding,
         // block (all blocks share shapes) and head.
         let zeros = |slab: &LayerSlab| -> Result<Vec<E::Tensor>> {
@@ -237,10 +243,17 @@ impl<E: Executor> Trainer<E> {
         }
         drop(up(HEAD_SLOT, &layers[n - 1], &mut out)?);
         down(n - 1, &head_g, &mut out)?;
-        // Backward: each group of blocks again, last first, its gradients
-        // down; then the embedding's.
-        for g in (0..n_blocks.div_ceil(k)).rev() {
-            let (s, e) = (g * k, ((g + 1) * k).min(n_blocks));
+        // Backward: each block again, last first, its gradients down (the
+        // kept blocks one at a time, the rest a group of K at a time);
+        // then the embedding's.
+        for i in plan.kept().rev() {
+            let slot = slots.take()?;
+            let w = up(slot, &layers[1 + i], &mut out)?;
+            down(1 + i, &block_g, &mut out)?;
+            slots.release(slot);
+            drop(w);
+        }
+        for (s, e) in plan.groups().rev().map(|g| (g.start, g.end)) {
             let ws = (s..e)
                 .map(|i| {
                     let slot = slots.take()?;

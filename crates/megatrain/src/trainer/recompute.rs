@@ -1,0 +1,108 @@
+//! Which blocks' activations the backward recomputes, and which it finds
+//! kept from the forward.
+//!
+//! The backward of a block reads what its forward saved (norm outputs,
+//! q/k/v, the attention's statistics, the MLP's pre-activations): many
+//! times the block's input (24× for Qwen2.5-7B). Keeping all of it for every block is what a
+//! framework with the whole model resident does; a streamed step keeps
+//! only every K-th block input (a checkpoint) and recomputes each group's
+//! forward before its backward, which costs a second forward (2 FLOPs a
+//! parameter a token, a quarter of the step's products). Where device
+//! memory holds more than that, the last `keep` blocks keep what their
+//! forward saved until their backward and are not recomputed. The last
+//! ones, because the backward reaches them first: their activations are
+//! freed first, before any group is recomputed, so the peak is the larger
+//! of the two, not their sum. Results do not depend on the split: a
+//! recomputed forward is the same ops on the same inputs.
+
+use std::ops::Range;
+
+/// The split of a model's blocks between kept and recomputed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Recompute {
+    n_blocks: usize,
+    k: usize,
+    /// The first block whose forward's saved tensors are kept.
+    kept_from: usize,
+}
+
+impl Recompute {
+    /// `n_blocks` blocks, checkpoints every `k` (≥ 1), the last `keep`
+    /// (at most `n_blocks`) kept.
+    pub fn new(n_blocks: usize, k: usize, keep: usize) -> Self {
+        Recompute {
+            n_blocks,
+            k: k.max(1),
+            kept_from: n_blocks - keep.min(n_blocks),
+        }
+    }
+
+    /// Whether block `i` keeps what its forward saved.
+    pub fn keeps(&self, i: usize) -> bool {
+        i >= self.kept_from
+    }
+
+    /// Whether block `i`'s input is kept as a checkpoint.
+    pub fn checkpoints(&self, i: usize) -> bool {
+        i < self.kept_from && i.is_multiple_of(self.k)
+    }
+
+    /// The blocks whose saved tensors are kept.
+    pub fn kept(&self) -> Range<usize> {
+        self.kept_from..self.n_blocks
+    }
+
+    /// How many checkpoints the forward keeps: one per recomputed group.
+    pub fn checkpoint_count(&self) -> usize {
+        self.kept_from.div_ceil(self.k)
+    }
+
+    /// The recomputed groups of at most K blocks, first to last (the
+    /// backward walks them last first), each starting at a checkpoint.
+    pub fn groups(&self) -> impl DoubleEndedIterator<Item = Range<usize>> + use<> {
+        let (k, end) = (self.k, self.kept_from);
+        (0..self.checkpoint_count()).map(move |g| g * k..((g + 1) * k).min(end))
+    }
+
+    /// The most blocks recomputed at once (0 when every block is kept).
+    pub fn group_len(&self) -> usize {
+        self.k.min(self.kept_from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_blocks_are_the_last_and_the_rest_group_from_checkpoints() {
+        let r = Recompute::new(7, 3, 2);
+        assert_eq!(r.kept(), 5..7);
+        assert_eq!(r.groups().collect::<Vec<_>>(), vec![0..3, 3..5]);
+        assert_eq!(r.checkpoint_count(), 2);
+        let cps: Vec<usize> = (0..7).filter(|&i| r.checkpoints(i)).collect();
+        assert_eq!(cps, vec![0, 3]);
+        assert!((0..5).all(|i| !r.keeps(i)) && (5..7).all(|i| r.keeps(i)));
+        assert_eq!(r.group_len(), 3);
+        // Every block is either kept or in exactly one group.
+        let mut seen: Vec<usize> = r.groups().flatten().chain(r.kept()).collect();
+        seen.sort();
+        assert_eq!(seen, (0..7).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn nothing_kept_is_the_checkpointed_step_and_everything_kept_recomputes_nothing() {
+        let none = Recompute::new(5, 2, 0);
+        assert_eq!(none.kept(), 5..5);
+        assert_eq!(none.groups().collect::<Vec<_>>(), vec![0..2, 2..4, 4..5]);
+        assert_eq!(none.group_len(), 2);
+        let all = Recompute::new(5, 2, 5);
+        assert_eq!(all.kept(), 0..5);
+        assert_eq!(all.groups().count(), 0);
+        assert_eq!((all.checkpoint_count(), all.group_len()), (0, 0));
+        assert!((0..5).all(|i| !all.checkpoints(i)));
+        // More than the model's blocks keeps them all.
+        assert_eq!(Recompute::new(5, 2, 9), all);
+        assert_eq!(Recompute::new(0, 1, 3).groups().count(), 0);
+    }
+}
