@@ -10,6 +10,7 @@ mod coop_attention_tile;
 mod coop_tile;
 mod copy_queue;
 mod device_checks;
+mod device_memory;
 pub mod diagnose;
 mod error;
 mod exec;

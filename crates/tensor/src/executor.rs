@@ -46,6 +46,15 @@ pub struct MemoryStats {
     pub peak_bytes: u64,
 }
 
+/// Where an executor's tensors live, and how much room its own memory has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorMemory {
+    /// Host memory, beside the tier (the CPU executor, software GPUs).
+    Host,
+    /// A device's own memory: its size where the device reports one.
+    Device(Option<u64>),
+}
+
 /// Bytes of f32 logits a default LM-head chunk holds where an executor's
 /// tensors live in host memory (the CPU executor, software GPUs): they add
 /// to the process's peak beside the tier, so they are kept small.
@@ -276,6 +285,12 @@ pub trait Executor {
 
     /// Starts a new peak for [`Executor::memory_stats`].
     fn reset_peak_memory(&self) {}
+
+    /// Where this executor's tensors live ([`TensorMemory::Host`] unless it
+    /// has memory of its own).
+    fn tensor_memory(&self) -> TensorMemory {
+        TensorMemory::Host
+    }
 
     /// Bytes of f32 logits one default LM-head chunk may hold in this
     /// executor's memory ([`HOST_LOGITS_CHUNK_BYTES`] unless it has its own).

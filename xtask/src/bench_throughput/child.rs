@@ -4,7 +4,7 @@
 use anyhow::Context;
 use megatrain::StepMetrics;
 use megatrain::data::{Batch, Sampling, TokenData, draw_batch};
-use megatrain::run::Precision;
+use megatrain::run::{KeepActivations, PlanInput, Precision, Room};
 use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier, transfer_chunk_for};
 use megatrain_adamw::AdamWConfig;
 use megatrain_gpu::{GpuContext, GpuExecutor};
@@ -133,7 +133,29 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     if let Some(n) = spec.chunks_in_flight {
         config.chunks_in_flight = n;
     }
-    config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
+    let input = PlanInput {
+        batch: spec.batch,
+        seq_len: spec.seq_len,
+        checkpoint_every: spec.checkpoint_every,
+        keep_activations: 0,
+        chunk_rows: config.chunk_rows,
+        transport: p.transport(),
+        hold_grads: false,
+    };
+    let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());
+    let kept = spec.keep_activations.resolve(&model, &input, &room)?;
+    config.keep_activations = kept.blocks;
+    if spec.keep_activations == KeepActivations::Auto {
+        eprintln!(
+            "  activations: the last {} of {} blocks kept ({})",
+            kept.blocks, model.num_layers, kept.why
+        );
+    }
+    // The record counts FLOPs by the blocks kept, not by how they were named.
+    let spec = &Spec {
+        keep_activations: KeepActivations::Blocks(kept.blocks),
+        ..spec.clone()
+    };
     let mut tr = Trainer::new(ex, model.clone(), tier, config)?;
     if let Some(w) = spec.spill_window {
         tr.set_spill_window(WindowConfig::from_bytes(w, 4));

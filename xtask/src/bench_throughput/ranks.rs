@@ -151,6 +151,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     if let Some(n) = spec.chunks_in_flight {
         config.chunks_in_flight = n;
     }
+    // `auto` keeps none here: the ranks share this machine's memory.
     config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;
     if let Some(c) = comm.clone() {

@@ -167,6 +167,14 @@ impl Executor for GpuExecutor {
     /// A software adapter's memory is the host's. The noop device (host
     /// floor) stands for an H100 but reports a CPU (wgpu 30 ignores its
     /// `device_type` option): it chunks as a GPU does.
+    fn tensor_memory(&self) -> megatrain_tensor::TensorMemory {
+        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
+            megatrain_tensor::TensorMemory::Host
+        } else {
+            megatrain_tensor::TensorMemory::Device(self.ctx.device_memory_bytes())
+        }
+    }
+
     fn logits_chunk_bytes(&self) -> usize {
         if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
             megatrain_tensor::HOST_LOGITS_CHUNK_BYTES

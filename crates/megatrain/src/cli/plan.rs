@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, KeepActivations, Machine, PlanInput, Precision, RunError, ShareTransport, bus_cover,
+    BusCover, KeepActivations, Machine, PlanInput, Precision, Room, RunError, ShareTransport, bus_cover,
     disk_estimate, mem_available, most_kept, per_rank, plan,
 };
 use megatrain_tier::{TierConfig, TierError};
@@ -32,9 +32,11 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
     /// The last N blocks (or `all`) keep their activations from forward to
-    /// backward, as `train --keep-activations` (with --device-mem, the plan
-    /// also prints the most that fit).
-    #[arg(long, default_value = "0")]
+    /// backward, as `train --keep-activations`; `auto` (the default, as
+    /// `train`'s) decides as a run on a GPU of --device-mem does, and keeps
+    /// none without it. With --device-mem the plan also prints the most
+    /// that fit in all of it.
+    #[arg(long, default_value = "auto")]
     keep_activations: KeepActivations,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
@@ -101,15 +103,24 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
     let transport = a.precision.transport();
-    let input = PlanInput {
+    let mut input = PlanInput {
         batch: a.batch,
         seq_len: a.seq_len,
         checkpoint_every: a.checkpoint_every,
-        keep_activations: a.keep_activations.blocks(model.num_layers)?,
+        keep_activations: 0,
         chunk_rows,
         transport,
         hold_grads: a.hold_grads,
     };
+    let room = match a.device_mem {
+        Some(m) => Room::Device(m),
+        None => Room::Unknown(
+            "no --device-mem to size it by; a run sizes it by the GPU's memory, or on the CPU by the host's"
+                .into(),
+        ),
+    };
+    let kept = a.keep_activations.resolve(&model, &input, &room)?;
+    input.keep_activations = kept.blocks;
     if let Some(g) = a.disk_gbps
         && !(g.is_finite() && g > 0.0)
     {
@@ -259,9 +270,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let d = &p.device;
     println!(
-        "device (batch {} × seq {}, checkpoint every {} blocks, the last {} of {} keeping their activations), \
+        "device (batch {} × seq {}, checkpoint every {} blocks, the last {} of {} keeping their activations: {}), \
          estimated:",
-        a.batch, a.seq_len, a.checkpoint_every, input.keep_activations, model.num_layers
+        a.batch, a.seq_len, a.checkpoint_every, input.keep_activations, model.num_layers, kept.why
     );
     for (k, v) in [
         ("weights", d.weights),

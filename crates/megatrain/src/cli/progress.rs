@@ -53,6 +53,19 @@ fn num(r: &Value, k: &str) -> f64 {
 }
 
 /// `transport: mapped (<reason>) [staging 1.20 ms, mapped 0.80 ms per layer up, read and down]`.
+/// The run's start line on activations kept from forward to backward.
+pub fn activations_line(kept: usize, blocks: usize, why: &str) -> String {
+    match kept {
+        0 => format!("activations: recomputed for every block from its checkpoint ({why})"),
+        k if k == blocks => {
+            format!("activations: kept for every block from forward to backward, none recomputed ({why})")
+        }
+        k => format!(
+            "activations: kept for the last {k} of {blocks} blocks from forward to backward, the others recomputed ({why})"
+        ),
+    }
+}
+
 pub fn transport_line(info: &TransportInfo) -> String {
     let measured: Vec<String> = info
         .measured_ms
@@ -83,6 +96,12 @@ impl Progress for CliProgress {
                 ),
                 Err(why) => format!("transport copies: one per rank ({why})"),
             });
+        }
+    }
+
+    fn activations(&mut self, kept: usize, blocks: usize, why: &str) {
+        if !self.quiet {
+            self.line(activations_line(kept, blocks, why));
         }
     }
 
@@ -149,6 +168,22 @@ impl Progress for CliProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn activations_line_says_how_many_are_kept_and_why() {
+        assert_eq!(
+            activations_line(0, 4, "auto: none (x)"),
+            "activations: recomputed for every block from its checkpoint (auto: none (x))"
+        );
+        assert_eq!(
+            activations_line(4, 4, "--keep-activations all"),
+            "activations: kept for every block from forward to backward, none recomputed (--keep-activations all)"
+        );
+        assert_eq!(
+            activations_line(3, 28, "why"),
+            "activations: kept for the last 3 of 28 blocks from forward to backward, the others recomputed (why)"
+        );
+    }
 
     #[test]
     fn transport_line_names_choice_reason_and_measurements() {

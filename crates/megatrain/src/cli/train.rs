@@ -89,10 +89,11 @@ pub struct TrainArgs {
     /// Keep every K-th block input; backward recomputes K blocks at a time.
     #[arg(long)]
     checkpoint_every: Option<usize>,
-    /// The last N blocks (or `all`) keep their activations on the device
-    /// from forward to backward, which then recomputes only the others:
-    /// a quarter less of their compute, for their activations' memory
-    /// (`megatrain plan` prints it). Changes no result [default: 0].
+    /// The last N blocks (`all`, or `auto`: as many as `megatrain plan`
+    /// estimates fit in half the executor's memory) keep their activations
+    /// from forward to backward, which then recomputes only the others: a
+    /// quarter less of their compute, for their activations' memory.
+    /// Changes no result [default: auto].
     #[arg(long)]
     keep_activations: Option<KeepActivations>,
     /// Rows of the LM head at once (default: at least 256, more while

@@ -5,19 +5,75 @@
 
 use std::str::FromStr;
 
+use megatrain_tensor::TensorMemory;
+use megatrain_tier::TierConfig;
+use megatrain_zoo::ModelConfig;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::{Result, RunError};
+use super::plan::{PlanInput, mem_available, most_kept};
 
-/// A count of blocks, or all of the model's. A device option: it changes
-/// no result, only device memory and time.
+/// A count of blocks, all of the model's, or as many as fit. A device
+/// option: it changes no result, only memory and time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeepActivations {
-    /// The last N blocks (0, the default: every block is recomputed from
-    /// its checkpoint).
+    /// The last N blocks (0: every block is recomputed from its
+    /// checkpoint).
     Blocks(usize),
     /// Every block: the backward recomputes nothing.
     All,
+    /// As many of the last blocks as `megatrain plan`'s estimate of the
+    /// executor's memory fits in [`AUTO_SHARE`] of it ([`Room`]).
+    Auto,
+}
+
+/// The share of the executor's memory `auto` lets the plan's whole
+/// estimate take. Half: the plan's estimate fell 12 % short of an H200's
+/// measured device peak (session 28, Qwen2.5-7B at 8×1024, none kept),
+/// and the device is not the run's alone (the driver, a display, another
+/// process); on the host the tier, the page cache and the rest of the
+/// machine live beside it.
+pub const AUTO_SHARE: f64 = 0.5;
+
+/// What `auto` may fill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Room {
+    /// A device's own memory of this many bytes.
+    Device(u64),
+    /// Host memory the executor's tensors share with the rest of the
+    /// process: this many bytes available now (after the tier).
+    Host(u64),
+    /// Nothing to size by, and why (auto keeps none).
+    Unknown(String),
+}
+
+impl Room {
+    /// The room of an executor whose tensors live in `memory`: a device's
+    /// own memory, or the host's available memory where they live there
+    /// (read now: after the tier is made, it is what is left). Unknown with
+    /// several `ranks` (they may share either) or a host budget (the host's
+    /// memory is the tier's).
+    pub fn of(memory: TensorMemory, ranks: usize, host_budget: bool) -> Room {
+        match memory {
+            _ if ranks > 1 => Room::Unknown("several ranks may share this machine's memory".into()),
+            TensorMemory::Device(Some(b)) => Room::Device(b),
+            TensorMemory::Device(None) => Room::Unknown("the device does not report its memory".into()),
+            TensorMemory::Host if host_budget => {
+                Room::Unknown("--host-budget: the host's memory is the tier's".into())
+            }
+            TensorMemory::Host => match mem_available() {
+                Some(b) => Room::Host(b),
+                None => Room::Unknown("the host's available memory is unknown".into()),
+            },
+        }
+    }
+}
+
+/// What a run keeps, and why (the line a run prints at its start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub blocks: usize,
+    pub why: String,
 }
 
 impl Default for KeepActivations {
@@ -30,10 +86,12 @@ impl KeepActivations {
     pub const NONE: KeepActivations = KeepActivations::Blocks(0);
 
     /// The block count for a model of `num_layers` blocks; a count past
-    /// them is refused, naming both.
+    /// them is refused, naming both. `auto` is decided later, by
+    /// [`KeepActivations::resolve`]: here it counts as none.
     pub fn blocks(self, num_layers: usize) -> Result<usize> {
         match self {
             KeepActivations::All => Ok(num_layers),
+            KeepActivations::Auto => Ok(0),
             KeepActivations::Blocks(n) if n <= num_layers => Ok(n),
             KeepActivations::Blocks(n) => Err(RunError::option(
                 "keep-activations",
@@ -42,6 +100,41 @@ impl KeepActivations {
             )),
         }
     }
+
+    /// The blocks a run of `model` shaped as `input` keeps (its own
+    /// `keep_activations` is ignored), `auto` sized by `room`.
+    pub fn resolve(self, model: &ModelConfig, input: &PlanInput, room: &Room) -> Result<Kept> {
+        let n = model.num_layers;
+        let (space, what) = match (self, room) {
+            (KeepActivations::Auto, Room::Device(b)) => (*b, "the device's"),
+            (KeepActivations::Auto, Room::Host(b)) => (*b, "the host's available"),
+            (KeepActivations::Auto, Room::Unknown(why)) => {
+                return Ok(Kept {
+                    blocks: 0,
+                    why: format!("auto: none ({why})"),
+                });
+            }
+            (k, _) => {
+                return Ok(Kept {
+                    blocks: k.blocks(n)?,
+                    why: format!("--keep-activations {k}"),
+                });
+            }
+        };
+        let tier = TierConfig {
+            transport: input.transport,
+            ..TierConfig::default()
+        };
+        let budget = (space as f64 * AUTO_SHARE) as u64;
+        let blocks = most_kept(model, input, &tier, budget)?.unwrap_or(0);
+        Ok(Kept {
+            blocks,
+            why: format!(
+                "auto: what `megatrain plan` estimates fits in half of {what} {:.1} GiB",
+                space as f64 / (1u64 << 30) as f64
+            ),
+        })
+    }
 }
 
 impl std::fmt::Display for KeepActivations {
@@ -49,6 +142,7 @@ impl std::fmt::Display for KeepActivations {
         match self {
             KeepActivations::Blocks(n) => write!(f, "{n}"),
             KeepActivations::All => f.write_str("all"),
+            KeepActivations::Auto => f.write_str("auto"),
         }
     }
 }
@@ -59,20 +153,23 @@ impl FromStr for KeepActivations {
     fn from_str(s: &str) -> Result<Self, String> {
         match s.trim() {
             "all" => Ok(KeepActivations::All),
+            "auto" => Ok(KeepActivations::Auto),
             n => n
                 .parse()
                 .map(KeepActivations::Blocks)
-                .map_err(|_| format!("'{s}': expected a number of blocks or `all`")),
+                .map_err(|_| format!("'{s}': expected a number of blocks, `all` or `auto`")),
         }
     }
 }
 
-/// A count as a TOML integer, `all` as a string (either is read back).
+/// A count as a TOML integer, `all` and `auto` as strings (each is read
+/// back).
 impl Serialize for KeepActivations {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             KeepActivations::Blocks(n) => s.serialize_u64(*n as u64),
             KeepActivations::All => s.serialize_str("all"),
+            KeepActivations::Auto => s.serialize_str("auto"),
         }
     }
 }
@@ -102,13 +199,14 @@ mod tests {
             ("0", KeepActivations::NONE),
             ("3", KeepActivations::Blocks(3)),
             ("all", KeepActivations::All),
+            ("auto", KeepActivations::Auto),
         ] {
             assert_eq!(s.parse::<KeepActivations>().unwrap(), k);
             assert_eq!(k.to_string(), s);
         }
         for bad in ["", "-1", "some", "2.5"] {
             let e = bad.parse::<KeepActivations>().unwrap_err();
-            assert!(e.contains("`all`"), "{e}");
+            assert!(e.contains("`all` or `auto`"), "{e}");
         }
         assert_eq!(KeepActivations::All.blocks(22).unwrap(), 22);
         assert_eq!(KeepActivations::Blocks(22).blocks(22).unwrap(), 22);
@@ -128,6 +226,7 @@ mod tests {
         for (text, k) in [
             ("keep = 4", KeepActivations::Blocks(4)),
             ("keep = \"all\"", KeepActivations::All),
+            ("keep = \"auto\"", KeepActivations::Auto),
         ] {
             let o: O = toml::from_str(text).unwrap();
             assert_eq!(o.keep, k);
@@ -135,5 +234,76 @@ mod tests {
         }
         let e = toml::from_str::<O>("keep = \"most\"").unwrap_err().to_string();
         assert!(e.contains("`all`"), "{e}");
+    }
+
+    /// `auto` keeps the most blocks whose plan fits half the room, none
+    /// where there is no room to size by; a count or `all` ignores the
+    /// room.
+    #[test]
+    fn auto_keeps_what_the_plan_fits_in_half_the_room() {
+        use megatrain_tensor::TensorMemory;
+        use megatrain_tier::TransportDType;
+        let mut model = megatrain_zoo::preset("llama-tiny", None).unwrap();
+        model.num_layers = 4;
+        let input = PlanInput {
+            batch: 2,
+            seq_len: 8,
+            checkpoint_every: 1,
+            keep_activations: 0,
+            chunk_rows: 256,
+            transport: TransportDType::F32,
+            hold_grads: false,
+        };
+        let total = |keep| {
+            let i = PlanInput {
+                keep_activations: keep,
+                ..input
+            };
+            super::super::plan::plan(&model, &i, &TierConfig::default())
+                .unwrap()
+                .device
+                .total()
+        };
+        let auto = |room: Room| KeepActivations::Auto.resolve(&model, &input, &room).unwrap();
+        assert_eq!(auto(Room::Device(2 * total(4))).blocks, 4);
+        assert_eq!(auto(Room::Device(2 * total(2))).blocks, 2);
+        assert_eq!(auto(Room::Host(2 * total(3))).blocks, 3);
+        let k = auto(Room::Device(2 * total(4) - 2));
+        assert_eq!(k.blocks, 3, "{k:?}");
+        assert!(
+            k.why.starts_with("auto:") && k.why.contains("half of the device's"),
+            "{}",
+            k.why
+        );
+        assert_eq!(auto(Room::Device(1)).blocks, 0);
+        let none = auto(Room::Unknown("no room".into()));
+        assert_eq!((none.blocks, none.why.as_str()), (0, "auto: none (no room)"));
+        let tiny = Room::Device(1);
+        assert_eq!(
+            KeepActivations::All
+                .resolve(&model, &input, &tiny)
+                .unwrap()
+                .blocks,
+            4
+        );
+        assert_eq!(
+            KeepActivations::Blocks(2)
+                .resolve(&model, &input, &tiny)
+                .unwrap()
+                .blocks,
+            2
+        );
+        assert!(KeepActivations::Blocks(5).resolve(&model, &input, &tiny).is_err());
+        // Several ranks or a host budget leave nothing to size by.
+        assert!(matches!(
+            Room::of(TensorMemory::Device(Some(8)), 2, false),
+            Room::Unknown(_)
+        ));
+        assert!(matches!(Room::of(TensorMemory::Host, 1, true), Room::Unknown(_)));
+        assert_eq!(Room::of(TensorMemory::Device(Some(8)), 1, false), Room::Device(8));
+        assert!(matches!(
+            Room::of(TensorMemory::Device(None), 1, false),
+            Room::Unknown(_)
+        ));
     }
 }

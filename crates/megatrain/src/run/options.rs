@@ -248,9 +248,11 @@ pub struct TrainOptions {
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
-    /// The last blocks whose activations stay on the device from their
-    /// forward to their backward, which then recomputes only the others
-    /// (a count or `all`). A device option: it changes no result.
+    /// The last blocks whose activations stay on the executor from their
+    /// forward to their backward, which then recomputes only the others:
+    /// a count, `all`, or `auto` (the default: as many as
+    /// `megatrain plan` estimates fit in half the executor's memory). A
+    /// device option: it changes no result.
     pub keep_activations: KeepActivations,
     /// Rows of the LM head per chunk; `None` (the default):
     /// [`megatrain_zoo::default_chunk_rows`] of the model's vocabulary and
@@ -335,7 +337,7 @@ impl Default for TrainOptions {
             grad_clip: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
-            keep_activations: KeepActivations::NONE,
+            keep_activations: KeepActivations::Auto,
             chunk_rows: None,
             device: DeviceChoice::Auto,
             transport: TransportChoice::Auto,

@@ -16,9 +16,11 @@ use super::checkpoint::{
 };
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
+use super::keep::Room;
 use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
 use super::options::{SamplingKind, ShareTransport, TrainOptions};
+use super::plan::PlanInput;
 use super::plot::write_plot;
 use crate::data::{
     Batch, ChatTemplate, Mix, Sampling, TokenData, draw_mix_rows, draw_rows, keep_in_cache,
@@ -61,6 +63,9 @@ pub trait Progress {
     /// directory; or, where each holds its own although sharing was asked
     /// for, why.
     fn shared_transport(&mut self, _shared: Result<(usize, &Path), &str>) {}
+    /// How many of the model's blocks keep their activations from forward
+    /// to backward (`--keep-activations`), and why (once, at start).
+    fn activations(&mut self, _kept: usize, _blocks: usize, _why: &str) {}
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}
     fn eval(&mut self, _step: u64, _val_loss: f64) {}
@@ -526,9 +531,23 @@ pub fn train_with<E: Executor>(
             init_tier(&p.model, tcfg, opts.seed).map_err(|e| over_budget(e.into(), opts, why_own))?
         }
     };
+    let chunk_rows = opts.chunk_rows(p.model.vocab_size, ex.logits_chunk_bytes());
+    let kept = opts.keep_activations.resolve(
+        &p.model,
+        &PlanInput {
+            batch: opts.batch,
+            seq_len: opts.seq_len,
+            checkpoint_every: opts.checkpoint_every,
+            keep_activations: 0,
+            chunk_rows,
+            transport: opts.precision.transport(),
+            hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
+        },
+        &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
+    )?;
     let config = TrainerConfig {
         checkpoint_every: opts.checkpoint_every,
-        chunk_rows: opts.chunk_rows(p.model.vocab_size, ex.logits_chunk_bytes()),
+        chunk_rows,
         adamw: AdamWConfig {
             beta1: opts.beta1 as f32,
             beta2: opts.beta2 as f32,
@@ -541,7 +560,7 @@ pub fn train_with<E: Executor>(
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),
         },
-        keep_activations: opts.keep_activations.blocks(p.model.num_layers)?,
+        keep_activations: kept.blocks,
         ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
@@ -561,6 +580,7 @@ pub fn train_with<E: Executor>(
     if let Some(info) = trainer.transport_info() {
         progress.transport(info);
     }
+    progress.activations(kept.blocks, p.model.num_layers, &kept.why);
     if let Some(n) = &shared_note {
         progress.shared_transport(n.as_ref().map(|(k, d)| (*k, d.as_path())).map_err(|e| e.as_str()));
     }
