@@ -6,7 +6,7 @@
 //! - hardware FLOPs per step = model FLOPs + 2 · N_blocks · tokens · R / L
 //!   (the forward of the R of L blocks recomputed in backward: all but
 //!   those `--keep-activations` keeps) + causal attention:
-//!   (3 + [recomputed]) · (2 · B · T² · Hq · D) per block (forward, a
+//!   (3, or 4 where recomputed) · (2 · B · T² · Hq · D) per block (forward, a
 //!   backward of twice the forward, and the recompute; 2·B·T²·Hq·D is QKᵀ
 //!   and PV at half of the dense count for the causal mask).
 
