@@ -15,36 +15,43 @@ use megatrain_zoo::{ModelConfig, forward_backward, gpt2_nano, upload_layer};
 const SEED: u64 = 1234;
 
 fn trainer(model: &ModelConfig, k: usize, hold: bool, clip: Option<f64>) -> Trainer<CpuExecutor> {
-    let tier = TierConfig {
-        transport: TransportDType::F32,
-        hold_grads: hold,
-        ..TierConfig::default()
-    };
-    let config = TrainerConfig {
-        checkpoint_every: k,
-        chunk_rows: 7,
-        adamw: common::adamw(),
-        grad_clip: clip,
-        optimizer_queue: 2,
-        ..TrainerConfig::default()
-    };
-    common::trainer(CpuExecutor::new(), model, tier, SEED, config)
+    trainer_with(
+        model,
+        TrainerConfig {
+            checkpoint_every: k,
+            grad_clip: clip,
+            ..TrainerConfig::default()
+        },
+        hold,
+    )
 }
 
-/// K, the last `keep` blocks keeping their activations, gradients held
-/// (so that a step may take several micro-batches).
+/// K, the last `keep` blocks keeping their activations.
 fn trainer_keeping(model: &ModelConfig, k: usize, keep: usize, hold: bool) -> Trainer<CpuExecutor> {
+    trainer_with(
+        model,
+        TrainerConfig {
+            checkpoint_every: k,
+            keep_activations: keep,
+            ..TrainerConfig::default()
+        },
+        hold,
+    )
+}
+
+/// `config` with this file's head chunk and AdamW, f32 transport,
+/// gradients held where `hold` (for clipping and micro-batches).
+fn trainer_with(model: &ModelConfig, config: TrainerConfig, hold: bool) -> Trainer<CpuExecutor> {
     let tier = TierConfig {
         transport: TransportDType::F32,
         hold_grads: hold,
         ..TierConfig::default()
     };
     let config = TrainerConfig {
-        checkpoint_every: k,
-        keep_activations: keep,
         chunk_rows: 7,
         adamw: common::adamw(),
-        ..TrainerConfig::default()
+        optimizer_queue: 2,
+        ..config
     };
     common::trainer(CpuExecutor::new(), model, tier, SEED, config)
 }
