@@ -241,9 +241,9 @@ fn plan_arithmetic_matches_hand_computation() {
     let h = plan(&m, &f, &TierConfig::default()).unwrap();
     assert_eq!(h.device.f16_copies, 2 * (2 * 16 * (128 + 64 + 176)));
     assert_eq!(h.device.head, d.head + 2 * 16 * 256);
-    // Blocks that keep their activations: their saved tensors (and f16
-    // copies) from the forward on, no checkpoint, and a group to recompute
-    // only where some block is not kept.
+    // Blocks that keep their activations: their weights (a slot each) and
+    // saved tensors (and f16 copies) from the forward on, no checkpoint,
+    // and a group to recompute only where some block is not kept.
     let keep = |keep_activations, transport| {
         let i = PlanInput {
             keep_activations,
@@ -253,18 +253,28 @@ fn plan_arithmetic_matches_hand_computation() {
         plan(&m, &i, &TierConfig::default()).unwrap().device
     };
     let one = keep(1, TransportDType::F32);
+    let block = 4 * 46208;
     assert_eq!(
         (one.kept, one.recompute, one.checkpoints),
-        (71168, 71168, 2 * 8 * 64 * 4)
+        (block + 71168, 71168, 2 * 8 * 64 * 4)
     );
     let all = keep(2, TransportDType::F32);
-    assert_eq!((all.kept, all.recompute, all.checkpoints), (2 * 71168, 0, 0));
-    assert_eq!(all.total(), d.total() - d.recompute - d.checkpoints + 2 * 71168);
+    assert_eq!(
+        (all.kept, all.recompute, all.checkpoints),
+        (2 * (block + 71168), 0, 0)
+    );
+    assert_eq!(
+        all.total(),
+        d.total() - d.recompute - d.checkpoints + 2 * (block + 71168)
+    );
     // The kept blocks are freed before a group is recomputed: the larger of
     // the two counts, not both.
-    assert_eq!(one.total(), d.total() - 2 * 8 * 64 * 4);
+    assert_eq!(one.total(), d.total() - 2 * 8 * 64 * 4 - 71168 + block + 71168);
     let all_f16 = keep(2, TransportDType::F16);
-    assert_eq!(all_f16.kept, 2 * (71168 + 2 * 16 * (128 + 64 + 176)));
+    assert_eq!(
+        all_f16.kept,
+        2 * ((46080 * 2 + 128 * 4) + 71168 + 2 * 16 * (128 + 64 + 176))
+    );
     assert_eq!(all_f16.f16_copies, 0);
     // `plan --device-mem` picks the most kept blocks that fit.
     let most = |mem| most_kept(&m, &input, &TierConfig::default(), mem).unwrap();
@@ -272,7 +282,8 @@ fn plan_arithmetic_matches_hand_computation() {
     assert_eq!(most(all.total()), Some(2));
     assert_eq!(most(all.total() - 1), Some(1));
     assert_eq!(most(one.total()), Some(1));
-    assert_eq!(most(one.total() - 1), None);
+    assert_eq!(most(d.total()), Some(0));
+    assert_eq!(most(d.total() - 1), None);
     // Host: 14 bytes per parameter with bf16 transport (plus page padding).
     let per = q.host.ram.total() as f64 / q.host.n_params as f64;
     assert!((14.0..15.0).contains(&per), "{per}");

@@ -127,9 +127,10 @@ pub struct Args {
     /// gradients exist): the host holds more, the device waits less.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
-    /// The last N blocks (or `all`) keep their activations from forward to
-    /// backward, which then recomputes only the others (default 0, as
-    /// `megatrain train`).
+    /// The last N blocks (`all`, or `auto` as `megatrain train` decides)
+    /// keep their weights and activations from forward to backward, which
+    /// then uploads and recomputes only the others (default 0: the
+    /// streamed step as designed, comparable with earlier rows).
     #[arg(long, default_value = "0")]
     keep_activations: KeepActivations,
     /// The GPU transport knobs, as `megatrain train` takes them.

@@ -51,7 +51,7 @@ pub struct Spec {
     /// Gradient chunks of a layer in flight at once (default the trainer's).
     #[serde(default)]
     pub chunks_in_flight: Option<usize>,
-    /// The last blocks that keep their activations (not recomputed).
+    /// The last blocks that keep their weights and activations (not uploaded again nor recomputed).
     #[serde(default)]
     pub keep_activations: KeepActivations,
     /// The GPU transport's knobs (default the executor's), flattened.

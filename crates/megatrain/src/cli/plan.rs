@@ -31,10 +31,10 @@ pub struct PlanArgs {
     precision: Precision,
     #[arg(long, default_value_t = 1)]
     checkpoint_every: usize,
-    /// The last N blocks (or `all`) keep their activations from forward to
-    /// backward, as `train --keep-activations`; `auto` (the default, as
-    /// `train`'s) decides as a run on a GPU of --device-mem does, and keeps
-    /// none without it. With --device-mem the plan also prints the most
+    /// The last N blocks (or `all`) keep their weights and activations from
+    /// forward to backward, as `train --keep-activations`; `auto` (the
+    /// default, as `train`'s) decides as a run on a GPU of --device-mem
+    /// does, and keeps none without it. With --device-mem the plan also prints the most
     /// that fit in all of it.
     #[arg(long, default_value = "auto")]
     keep_activations: KeepActivations,
@@ -270,7 +270,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let d = &p.device;
     println!(
-        "device (batch {} × seq {}, checkpoint every {} blocks, the last {} of {} keeping their activations: {}), \
+        "device (batch {} × seq {}, checkpoint every {} blocks, the last {} of {} keeping their weights and activations: {}), \
          estimated:",
         a.batch, a.seq_len, a.checkpoint_every, input.keep_activations, model.num_layers, kept.why
     );
@@ -319,7 +319,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             );
             if let Some(n) = most_kept(&model, &input, &whole, m)? {
                 println!(
-                    "  the last {n} of {} blocks can keep their activations in it (--keep-activations {}): \
+                    "  the last {n} of {} blocks can keep their weights and activations in it (--keep-activations {}): \
                      the backward recomputes {} blocks",
                     model.num_layers,
                     if n == model.num_layers {

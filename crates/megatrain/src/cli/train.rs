@@ -90,10 +90,11 @@ pub struct TrainArgs {
     #[arg(long)]
     checkpoint_every: Option<usize>,
     /// The last N blocks (`all`, or `auto`: as many as `megatrain plan`
-    /// estimates fit in half the executor's memory) keep their activations
-    /// from forward to backward, which then recomputes only the others: a
-    /// quarter less of their compute, for their activations' memory.
-    /// Changes no result [default: auto].
+    /// estimates fit in half the executor's memory) keep their weights and
+    /// activations from forward to backward, which then uploads and
+    /// recomputes only the others: a quarter less of their compute and one
+    /// crossing of the bus, for that memory. Changes no result [default:
+    /// auto].
     #[arg(long)]
     keep_activations: Option<KeepActivations>,
     /// Rows of the LM head at once (default: at least 256, more while

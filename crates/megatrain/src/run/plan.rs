@@ -14,8 +14,9 @@
 //!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
 //!   pre-activation, activation and up projection), plus the attention's
 //!   per-row softmax statistics B·H·T·2 floats;
-//! - kept: the saved tensors of the blocks kept from the forward to their
-//!   backward (`--keep-activations`), with their f16 copies under f16.
+//! - kept: the weights and saved tensors of the blocks kept from the
+//!   forward to their backward (`--keep-activations`), with the saved
+//!   tensors' f16 copies under f16, each in a weight slot of its own.
 //!   They are freed before any group is recomputed, so `total` counts the
 //!   larger of kept and recompute (with its f16 copies), not both;
 //! - head: logits and their gradient for one chunk, 2·rows·V floats, and
@@ -40,7 +41,7 @@ pub struct PlanInput {
     pub batch: usize,
     pub seq_len: usize,
     pub checkpoint_every: usize,
-    /// The last blocks that keep their activations (`TrainerConfig::keep_activations`).
+    /// The last blocks that keep their weights and activations (`TrainerConfig::keep_activations`).
     pub keep_activations: usize,
     pub chunk_rows: usize,
     pub transport: TransportDType,
@@ -141,7 +142,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         checkpoints: split.checkpoint_count() as u64 * b * t * c * 4,
         hidden: 2 * b * t * c * 4,
         recompute: group * saved_per_block,
-        kept: kept * (saved_per_block + if f16 { copied_per_block } else { 0 }),
+        kept: kept * (block_max + saved_per_block + if f16 { copied_per_block } else { 0 }),
         head: 2 * rows * model.vocab_size as u64 * 4
             + if f16 {
                 2 * rows * model.vocab_size as u64
@@ -239,7 +240,7 @@ mod tests {
     }
 }
 
-/// The most of the last blocks that can keep their activations
+/// The most of the last blocks that can keep their weights and activations
 /// (`--keep-activations`) with the device estimate's total within
 /// `device_mem`, or `None` where no count fits.
 pub fn most_kept(

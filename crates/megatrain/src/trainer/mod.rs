@@ -4,13 +4,14 @@
 //! executor receives one layer at a time:
 //!
 //! 1. forward: each layer's transport copy is uploaded and run; only the
-//!    input of every K-th block (the checkpoints) is kept, and what the
-//!    last [`TrainerConfig::keep_activations`] blocks saved (`recompute.rs`);
+//!    input of every K-th block (the checkpoints) is kept, and the weights
+//!    and saved tensors of the last [`TrainerConfig::keep_activations`]
+//!    blocks (`recompute.rs`);
 //! 2. loss: final norm, LM head and cross-entropy in chunks of rows, with
 //!    its backward at once;
-//! 3. backward, last first: each kept block's layer is uploaded again and
-//!    its backward runs on what its forward saved; then one group of K
-//!    blocks at a time, the group's layers uploaded once, its forward
+//! 3. backward, last first: each kept block's backward runs on the weights
+//!    and activations its forward left; then one group of K blocks at a
+//!    time, the group's layers uploaded once, its forward
 //!    recomputed from the checkpoint keeping activations, then each
 //!    layer's backward runs and its gradients start down to the host at
 //!    once (finished after the next layer's backward has been issued);
@@ -21,7 +22,7 @@
 //! The embedding weights stay resident from the forward to the embedding
 //! backward (a tied head reads them too) and the head runs its backward
 //! right after its forward, so those two layers cross the bus once per
-//! micro-batch; every block crosses twice.
+//! micro-batch; so do the kept blocks, and every other block crosses twice.
 //!
 //! Layers go into fixed weight slots of the executor (embedding, head, and
 //! K + 1 for blocks) so a device reuses their residences; see `Slots` in
@@ -118,11 +119,12 @@ pub struct TrainerConfig {
     /// layer's backward, and the host holds up to two layers of gradients.
     /// Results do not depend on it.
     pub chunks_in_flight: usize,
-    /// The last this many blocks keep what their forward saved on the
-    /// executor until their backward, which then does not recompute them
-    /// (at most the model's blocks; `recompute.rs`). Costs their saved
-    /// tensors' memory on the executor, saves a quarter of their FLOPs.
-    /// Results do not depend on it.
+    /// The last this many blocks keep their weights and what their forward
+    /// saved on the executor until their backward, which then neither
+    /// uploads nor recomputes them (at most the model's blocks;
+    /// `recompute.rs`). Costs that memory on the executor, saves a quarter
+    /// of their FLOPs and one of their two crossings of the bus. Results
+    /// do not depend on it.
     pub keep_activations: usize,
 }
 
@@ -551,14 +553,20 @@ impl<E: Executor> Trainer<E> {
             let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
             let mut kept = Vec::with_capacity(plan.kept().len());
             for i in 0..n_blocks {
-                let slot = slots.take()?;
+                let keeps = plan.keeps(i);
+                let slot = match keeps {
+                    true => slots.kept(i - plan.kept().start),
+                    false => slots.take()?,
+                };
                 let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
-                slots.release(slot);
-                if plan.keeps(i) {
-                    kept.push(sv);
-                } else if plan.checkpoints(i) {
-                    checkpoints.push(x);
+                if keeps {
+                    kept.push((w, sv));
+                } else {
+                    slots.release(slot);
+                    if plan.checkpoints(i) {
+                        checkpoints.push(x);
+                    }
                 }
                 x = y;
             }
@@ -589,17 +597,15 @@ impl<E: Executor> Trainer<E> {
             h.push(grads, m)?;
             m.loss_ms += ms(t_loss);
 
-            // 3. Backward, last block first: the kept blocks one at a
-            // time, then the rest K at a time, each group's forward
-            // recomputed from its checkpoint. A group's K blocks sit in
-            // distinct slots; each is released once its backward is issued.
+            // 3. Backward, last block first: the kept blocks on the weights
+            // and activations their forward left, then the rest K at a
+            // time, each group uploaded again and its forward recomputed
+            // from its checkpoint. A group's K blocks sit in distinct
+            // slots; each is released once its backward is issued.
             let t_bwd = Instant::now();
-            for (i, sv) in plan.kept().zip(kept).rev() {
-                let slot = slots.take()?;
-                let w = load(slot, &h.remaining[1 + i], m)?;
+            for (i, (w, sv)) in plan.kept().zip(kept).rev() {
                 let (d, grads) = block_backward(cfg, ex, i, &w, &sv, &dx)?;
-                slots.release(slot);
-                drop(sv);
+                drop((w, sv));
                 dx = d;
                 h.push(grads, m)?;
             }

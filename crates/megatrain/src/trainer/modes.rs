@@ -8,8 +8,8 @@
 //!   blocks the step does not keep) and backward with every weight already resident ([`Trainer::resident_weights`]);
 //!   gradients are made on the executor and dropped, nothing is uploaded,
 //!   downloaded or updated.
-//! - [`Trainer::transfer_only`]: the step's uploads (embedding and head
-//!   once, each block twice) and a download of every layer's gradient
+//! - [`Trainer::transfer_only`]: the step's uploads (embedding, head and
+//!   kept blocks once, each other block twice) and a download of every layer's gradient
 //!   bytes, with no compute.
 //! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
 //!   gradient buffer, on the calling thread.
@@ -170,7 +170,7 @@ impl<E: Executor> Trainer<E> {
 
     /// The step's bus traffic without its compute: every transport copy up
     /// into the step's slots and in its order (blocks twice, the backward's
-    /// a group of K at a time; embedding and head once) and every layer's
+    /// a group of K at a time; embedding, head and kept blocks once) and every layer's
     /// fp32 gradient bytes down, pipelined one layer deep like the step's
     /// and in the step's chunks (`transfer_chunk`, `chunks_in_flight` of
     /// a layer at a time), so its host staging is one chunk, not a layer.
@@ -234,23 +234,26 @@ impl<E: Executor> Trainer<E> {
             }
             Ok(())
         };
-        // Forward: every layer once (the head's upload is its only one).
+        // Forward: every layer once (the head's upload is its only one, and
+        // so is a kept block's).
         drop(up(EMBEDDING_SLOT, &layers[0], &mut out)?);
-        for slab in &layers[1..n - 1] {
+        let mut kept = Vec::with_capacity(plan.kept().len());
+        for (i, slab) in layers[1..n - 1].iter().enumerate() {
+            if plan.keeps(i) {
+                kept.push(up(slots.kept(i - plan.kept().start), slab, &mut out)?);
+                continue;
+            }
             let slot = slots.take()?;
             drop(up(slot, slab, &mut out)?);
             slots.release(slot);
         }
         drop(up(HEAD_SLOT, &layers[n - 1], &mut out)?);
         down(n - 1, &head_g, &mut out)?;
-        // Backward: each block again, last first, its gradients down (the
-        // kept blocks one at a time, the rest a group of K at a time);
-        // then the embedding's.
-        for i in plan.kept().rev() {
-            let slot = slots.take()?;
-            let w = up(slot, &layers[1 + i], &mut out)?;
+        // Backward, last first: each block's gradients down, the kept
+        // blocks' on the weights of the forward, the rest uploaded again a
+        // group of K at a time; then the embedding's.
+        for (i, w) in plan.kept().zip(kept).rev() {
             down(1 + i, &block_g, &mut out)?;
-            slots.release(slot);
             drop(w);
         }
         for (s, e) in plan.groups().rev().map(|g| (g.start, g.end)) {
@@ -315,6 +318,15 @@ mod tests {
     }
 
     fn trainer(model: &ModelConfig, k: usize, transport: TransportDType) -> Trainer<CpuExecutor> {
+        trainer_keeping(model, k, 0, transport)
+    }
+
+    fn trainer_keeping(
+        model: &ModelConfig,
+        k: usize,
+        keep: usize,
+        transport: TransportDType,
+    ) -> Trainer<CpuExecutor> {
         let tier = init_tier(
             model,
             TierConfig {
@@ -326,6 +338,7 @@ mod tests {
         .unwrap();
         let config = TrainerConfig {
             checkpoint_every: k,
+            keep_activations: keep,
             chunk_rows: 5,
             adamw: AdamWConfig::default(),
             ..TrainerConfig::default()
@@ -366,13 +379,18 @@ mod tests {
     fn transfer_only_moves_the_bytes_of_a_step() {
         for model in models() {
             for transport in [TransportDType::F32, TransportDType::BF16, TransportDType::F16] {
-                let b = batch(model.vocab_size as u32, 2, 9);
-                let mut tr = trainer(&model, 2, transport);
-                let t = tr.transfer_only().unwrap();
-                let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
-                assert_eq!(t.bytes_uploaded, step.bytes_uploaded, "{transport:?}");
-                assert_eq!(t.bytes_downloaded, step.bytes_downloaded, "{transport:?}");
-                assert_eq!(t.bytes_downloaded, 4 * tr.tier().n_params());
+                // None kept, one kept beside a group, all kept: a kept
+                // block's weights cross once.
+                for keep in [0, 1, model.num_layers] {
+                    let what = format!("{transport:?}, {keep} kept");
+                    let b = batch(model.vocab_size as u32, 2, 9);
+                    let mut tr = trainer_keeping(&model, 2, keep, transport);
+                    let t = tr.transfer_only().unwrap();
+                    let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
+                    assert_eq!(t.bytes_uploaded, step.bytes_uploaded, "{what}");
+                    assert_eq!(t.bytes_downloaded, step.bytes_downloaded, "{what}");
+                    assert_eq!(t.bytes_downloaded, 4 * tr.tier().n_params());
+                }
             }
         }
     }

@@ -1,19 +1,23 @@
-//! Which blocks' activations the backward recomputes, and which it finds
-//! kept from the forward.
+//! Which blocks the backward recomputes, and which it finds kept from the
+//! forward.
 //!
 //! The backward of a block reads what its forward saved (norm outputs,
 //! q/k/v, the attention's statistics, the MLP's pre-activations): many
-//! times the block's input (24× for Qwen2.5-7B). Keeping all of it for every block is what a
-//! framework with the whole model resident does; a streamed step keeps
-//! only every K-th block input (a checkpoint) and recomputes each group's
-//! forward before its backward, which costs a second forward (2 FLOPs a
-//! parameter a token, a quarter of the step's products). Where device
-//! memory holds more than that, the last `keep` blocks keep what their
-//! forward saved until their backward and are not recomputed. The last
-//! ones, because the backward reaches them first: their activations are
-//! freed first, before any group is recomputed, so the peak is the larger
-//! of the two, not their sum. Results do not depend on the split: a
-//! recomputed forward is the same ops on the same inputs.
+//! times the block's input (24× for Qwen2.5-7B). Keeping all of it for
+//! every block is what a framework with the whole model resident does; a
+//! streamed step keeps only every K-th block input (a checkpoint), uploads
+//! each group of K blocks again and recomputes its forward before its
+//! backward: a second forward (2 FLOPs a parameter a token, a quarter of
+//! the step's products) and a second crossing of the bus. Where device
+//! memory holds more than that, the last `keep` blocks keep their weights
+//! and what their forward saved until their backward, which neither
+//! uploads nor recomputes them. The last ones, because the backward
+//! reaches them first: their memory is freed first, before any group is
+//! recomputed, so the peak is the larger of the two, not their sum.
+//! Results do not depend on the split: a recomputed forward is the same
+//! ops on the same inputs, and a kept block's weights are the transport
+//! copy the backward would upload (the optimizer rewrites it only once
+//! the block's gradients are in).
 
 use std::ops::Range;
 

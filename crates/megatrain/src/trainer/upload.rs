@@ -38,12 +38,15 @@ const BLOCK_KIND: usize = 1;
 #[derive(Debug)]
 pub(super) struct Slots {
     free: VecDeque<usize>,
+    /// K + 1: the slots taken in turn.
+    turns: usize,
 }
 
 impl Slots {
     pub fn new(checkpoint_every: usize) -> Self {
         Slots {
             free: (0..=checkpoint_every).collect(),
+            turns: checkpoint_every + 1,
         }
     }
 
@@ -57,6 +60,16 @@ impl Slots {
             kind: BLOCK_KIND,
             index,
         })
+    }
+
+    /// The slot of the `j`-th kept block (`recompute.rs`): its own, past
+    /// the K + 1 the others take turns in, since its weights stay from its
+    /// forward to its backward.
+    pub fn kept(&self, j: usize) -> WeightSlot {
+        WeightSlot {
+            kind: BLOCK_KIND,
+            index: self.turns + j,
+        }
     }
 
     /// Hands `slot` back once the last op reading its weights was issued.
