@@ -139,7 +139,7 @@ pick_handoff() {
 # Qwen2.5-7B keeping as many blocks as `megatrain plan` says fit 85 % of
 # this GPU's memory: the plan fell 12 % short of the H200's device peak
 # with none kept (14.8 against 16.9 GB at 8×1024); all 28 on an H200 by
-# its estimate (101 GB), 19 on an 80 GB H100.
+# its estimate (106.5 GiB), 16 on an 80 GB H100.
 pick_keep() {
     local step mib n
     step() { sed -nE 's/^\| tinyllama-1.1b[^|]*\| gpu \| f16 \| [^|]+\| [^|]+\| [^|]+\| [^|]+\| [^|]+\| ([0-9.]+) .*/\1/p' "$1" 2>/dev/null | head -1; }
@@ -272,10 +272,11 @@ first)
         --steps 3 --warmup 1 --mode-reps 0 --no-peer --json "$OUT/anchor-tinyllama-layercopy.json" \
         >"$OUT/anchor-tinyllama-layercopy.log" 2>&1
     rows "tinyllama anchor, chunks from a copy of the layer (rc $?)" "$OUT/anchor-tinyllama-layercopy.log"
-    # And keeping every block's activations from its forward to its
-    # backward (no recompute: a quarter of the blocks' products and an
-    # attention forward a block saved; `megatrain plan` estimates 30 GB on
-    # the device): step time and device peak against the first row.
+    # And keeping every block's weights and activations from its forward to
+    # its backward (no recompute: a quarter of the blocks' products and an
+    # attention forward a block saved, and the block's second upload;
+    # `megatrain plan` estimates 31.8 GiB on the device): step time and
+    # device peak against the first row.
     timeout "$(left 50)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --mode-reps 0 --no-peer --keep-activations all --json "$OUT/anchor-tinyllama-kept.json" \
         >"$OUT/anchor-tinyllama-kept.log" 2>&1
