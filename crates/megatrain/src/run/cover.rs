@@ -8,7 +8,10 @@
 //! - bus bytes per step of a block: its transport copy twice (the forward
 //!   and the backward's recompute each upload it) plus its f32 gradients
 //!   once, summed because wgpu has one queue (copies in the two directions
-//!   are not assumed to overlap); the embedding and the head cross once;
+//!   are not assumed to overlap); the embedding and the head cross once,
+//!   and so do blocks kept from forward to backward (`--keep-activations`),
+//!   which this counts as crossing twice: for a run that keeps some, the
+//!   suggestion errs on the large side;
 //! - compute per token of a block: model FLOPs, 6 per parameter (forward 2,
 //!   backward 4) plus causal attention, 6·q_dim·T (the two T×T products
 //!   over the average T/2 visible keys, forward and backward). The
