@@ -137,9 +137,10 @@ pick_handoff() {
 # Whether keeping activations (`first`'s TinyLlama run with
 # --keep-activations all) beat the default step by 5 %: then `second` runs
 # Qwen2.5-7B keeping as many blocks as `megatrain plan` says fit 85 % of
-# this GPU's memory: the plan fell 12 % short of the H200's device peak
-# with none kept (14.8 against 16.9 GB at 8×1024); all 28 on an H200 by
-# its estimate (106.5 GiB), 16 on an 80 GB H100.
+# this GPU's memory: the plan fell 7 % short of the H200's device peak
+# with none kept (15.7 against 16.9 GB at 8×1024, counting two layers'
+# gradients); all 28 on an H200 by its estimate (107.3 GiB), 16 on an
+# 80 GB H100.
 pick_keep() {
     local step mib n
     step() { sed -nE 's/^\| tinyllama-1.1b[^|]*\| gpu \| f16 \| [^|]+\| [^|]+\| [^|]+\| [^|]+\| [^|]+\| ([0-9.]+) .*/\1/p' "$1" 2>/dev/null | head -1; }

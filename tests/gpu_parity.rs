@@ -978,8 +978,12 @@ fn kept_activations_train_bit_for_bit_as_recomputed() {
 /// peak, against what `megatrain plan` estimates it adds. `plan --device-mem` picks the
 /// count from the estimate, so it may fall short of the device's by at most
 /// a tenth (the arena rounds buffers up to size classes), and be no more
-/// than half again as large (a useless pick). On lavapipe on 2026-11-28:
-/// +2,725,120 B measured, +3,340,288 B planned.
+/// than half again as large (a useless pick); and the whole peak may not
+/// pass the plan's total by more than a tenth. On lavapipe on
+/// 2026-11-28: +2,725,120 B measured, +3,340,288 B planned; peaks
+/// 1,487,616 and 4,212,736 B against 2,171,136 and 5,511,424 planned (the
+/// plan counts a copy queue's download staging, which lavapipe's default
+/// device does not make).
 #[test]
 fn kept_activations_cost_what_the_plan_says() {
     use megatrain::run::{PlanInput, plan};
@@ -1021,7 +1025,15 @@ fn kept_activations_cost_what_the_plan_says() {
             .device
             .total()
     };
-    let (measured, estimated) = (peak(8) - peak(0), planned(8) - planned(0));
+    let (peaks, plans) = ([peak(0), peak(8)], [planned(0), planned(8)]);
+    for (keep, (p, q)) in [0, 8].iter().zip(peaks.iter().zip(&plans)) {
+        eprintln!("{keep} kept: device peak {p} B, plan {q} B");
+        assert!(
+            *p as f64 <= 1.1 * *q as f64,
+            "{keep} kept: device peak {p} B over the plan's {q} B"
+        );
+    }
+    let (measured, estimated) = (peaks[1] - peaks[0], plans[1] - plans[0]);
     eprintln!("keeping 8 blocks' weights and activations: device peak +{measured} B, plan +{estimated} B");
     assert!(measured > 0, "kept activations must show in the device peak");
     assert!(

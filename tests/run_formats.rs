@@ -202,7 +202,8 @@ fn plan_arithmetic_matches_hand_computation() {
     assert_eq!(p.host_staging, 8 * 4 * 46208);
     let d = p.device;
     assert_eq!(d.weights, 65536 + 65792 + 2 * 46208 * 4);
-    assert_eq!(d.gradients, 4 * 46208);
+    // Two neighbouring layers' gradients: the two blocks'.
+    assert_eq!(d.gradients, 4 * 2 * 46208);
     assert_eq!(d.checkpoints, 2 * (2 * 8 * 64 * 4));
     assert_eq!(d.hidden, 2 * (2 * 8 * 64 * 4));
     // 4·B·T·(6C + 2q + 2kv + 3I) + 4·B·H·T·2 = 4·16·1104 + 512.
@@ -211,7 +212,10 @@ fn plan_arithmetic_matches_hand_computation() {
     // A copy queue's download staging: four buffers of the chunk's size
     // class (184832 bytes rounded to a quarter of a power of two).
     assert_eq!(d.download_staging, 4 * 196_608);
-    assert_eq!(d.total(), 500992 + 184832 + 8192 + 8192 + 71168 + 32768 + 786_432);
+    assert_eq!(
+        d.total(),
+        500992 + 2 * 184832 + 8192 + 8192 + 71168 + 32768 + 786_432
+    );
     // bf16 transport halves the matrices only; K = 2 holds one checkpoint
     // and recomputes two blocks.
     let bf = PlanInput {

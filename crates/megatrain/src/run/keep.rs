@@ -28,9 +28,9 @@ pub enum KeepActivations {
 }
 
 /// The share of the executor's memory `auto` lets the plan's whole
-/// estimate take. Half: the plan's estimate fell 12 % short of an H200's
-/// measured device peak (session 28, Qwen2.5-7B at 8×1024, none kept),
-/// and the device is not the run's alone (the driver, a display, another
+/// estimate take. Half: the plan's estimate fell 7 % short of an H200's
+/// measured device peak (session 28, Qwen2.5-7B at 8×1024, none kept;
+/// nobody has measured one with blocks kept on a GPU yet), and the device is not the run's alone (the driver, a display, another
 /// process); on the host the tier, the page cache and the rest of the
 /// machine live beside it.
 pub const AUTO_SHARE: f64 = 0.5;

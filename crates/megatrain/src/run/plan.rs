@@ -7,7 +7,10 @@
 //!   head + 2·K block layers (K for the block being recomputed, doubled for
 //!   the next upload in flight); matrices in the transport dtype, vectors
 //!   f32 (they are widened on upload);
-//! - gradients: one layer's f32 gradients, the largest layer;
+//! - gradients: two layers' f32 gradients, the largest neighbours (a
+//!   layer's stay until its download is finished, after the next layer's
+//!   backward: the head's beside the last block's, for a large
+//!   vocabulary);
 //! - hidden: the running activation and its gradient, 2·B·T·C floats;
 //! - checkpoints: one block input of B·T·C floats per recomputed group;
 //! - recompute: K blocks' saved tensors, each B·T·(6C + 2·q + 2·kv + 3·I)
@@ -138,7 +141,11 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let chunks = crate::trainer::gradient_chunks_held(queue, false, in_flight);
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
-        gradients: 4 * max_layer,
+        gradients: 4 * tables
+            .windows(2)
+            .map(|w| (w[0].numel() + w[1].numel()) as u64)
+            .max()
+            .unwrap_or(max_layer),
         checkpoints: split.checkpoint_count() as u64 * b * t * c * 4,
         hidden: 2 * b * t * c * 4,
         recompute: group * saved_per_block,
