@@ -276,7 +276,7 @@ first)
     # And keeping every block's weights and activations from its forward to
     # its backward (no recompute: a quarter of the blocks' products and an
     # attention forward a block saved, and the block's second upload;
-    # `megatrain plan` estimates 31.8 GiB on the device): step time and
+    # `megatrain plan` estimates 31.9 GiB on the device): step time and
     # device peak against the first row.
     timeout "$(left 50)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
         --mode-reps 0 --no-peer --keep-activations all --json "$OUT/anchor-tinyllama-kept.json" \

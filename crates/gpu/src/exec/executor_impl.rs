@@ -164,9 +164,9 @@ impl Executor for GpuExecutor {
         GpuExecutor::reset_peak_memory(self);
     }
 
-    /// A software adapter's memory is the host's. The noop device (host
-    /// floor) stands for an H100 but reports a CPU (wgpu 30 ignores its
-    /// `device_type` option): it chunks as a GPU does.
+    /// Host memory on a software adapter; a GPU's own memory otherwise,
+    /// sized by its Vulkan device-local heap (the noop device reports
+    /// none: `--keep-activations auto` keeps nothing there).
     fn tensor_memory(&self) -> megatrain_tensor::TensorMemory {
         if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
             megatrain_tensor::TensorMemory::Host
@@ -175,6 +175,9 @@ impl Executor for GpuExecutor {
         }
     }
 
+    /// A software adapter's memory is the host's. The noop device (host
+    /// floor) stands for an H100 but reports a CPU (wgpu 30 ignores its
+    /// `device_type` option): it chunks as a GPU does.
     fn logits_chunk_bytes(&self) -> usize {
         if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
             megatrain_tensor::HOST_LOGITS_CHUNK_BYTES

@@ -1,6 +1,6 @@
-//! `--keep-activations`: how many of the last blocks keep what their
-//! forward saved until their backward instead of being recomputed
-//! (`TrainerConfig::keep_activations`). Shared by `megatrain train`,
+//! `--keep-activations`: how many of the last blocks keep their weights
+//! and what their forward saved until their backward instead of being
+//! uploaded again and recomputed (`TrainerConfig::keep_activations`). Shared by `megatrain train`,
 //! `megatrain plan` and `cargo xtask bench-throughput`.
 
 use std::str::FromStr;
@@ -30,9 +30,10 @@ pub enum KeepActivations {
 /// The share of the executor's memory `auto` lets the plan's whole
 /// estimate take. Half: the plan's estimate fell 7 % short of an H200's
 /// measured device peak (session 28, Qwen2.5-7B at 8×1024, none kept;
-/// nobody has measured one with blocks kept on a GPU yet), and the device is not the run's alone (the driver, a display, another
-/// process); on the host the tier, the page cache and the rest of the
-/// machine live beside it.
+/// nobody has measured one with blocks kept on a GPU yet), and the device
+/// is not the run's alone (the driver, a display, another process); on the
+/// host the tier, the page cache and the rest of the machine live beside
+/// it.
 pub const AUTO_SHARE: f64 = 0.5;
 
 /// What `auto` may fill.
@@ -76,6 +77,8 @@ pub struct Kept {
     pub why: String,
 }
 
+/// None: `bench-throughput`'s default, the streamed step as designed
+/// (`train` and `plan` default to `auto`).
 impl Default for KeepActivations {
     fn default() -> Self {
         KeepActivations::NONE
@@ -218,7 +221,7 @@ mod tests {
     }
 
     #[test]
-    fn toml_takes_a_count_or_all() {
+    fn toml_takes_a_count_all_or_auto() {
         #[derive(Deserialize, Serialize, PartialEq, Debug)]
         struct O {
             keep: KeepActivations,

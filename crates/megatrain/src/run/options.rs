@@ -248,8 +248,9 @@ pub struct TrainOptions {
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
-    /// The last blocks whose activations stay on the executor from their
-    /// forward to their backward, which then recomputes only the others:
+    /// The last blocks whose weights and activations stay on the executor
+    /// from their forward to their backward, which then uploads and
+    /// recomputes only the others:
     /// a count, `all`, or `auto` (the default: as many as
     /// `megatrain plan` estimates fit in half the executor's memory). A
     /// device option: it changes no result.

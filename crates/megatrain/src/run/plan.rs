@@ -17,9 +17,9 @@
 //!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
 //!   pre-activation, activation and up projection), plus the attention's
 //!   per-row softmax statistics B·H·T·2 floats;
-//! - kept: the weights and saved tensors of the blocks kept from the
-//!   forward to their backward (`--keep-activations`), with the saved
-//!   tensors' f16 copies under f16, each in a weight slot of its own.
+//! - kept: the weights (a slot each) and saved tensors of the blocks kept
+//!   from the forward to their backward (`--keep-activations`), with the
+//!   saved tensors' f16 copies under f16.
 //!   They are freed before any group is recomputed, so `total` counts the
 //!   larger of kept and recompute (with its f16 copies), not both;
 //! - head: logits and their gradient for one chunk, 2·rows·V floats, and
@@ -44,7 +44,8 @@ pub struct PlanInput {
     pub batch: usize,
     pub seq_len: usize,
     pub checkpoint_every: usize,
-    /// The last blocks that keep their weights and activations (`TrainerConfig::keep_activations`).
+    /// The last blocks that keep their weights and activations
+    /// (`TrainerConfig::keep_activations`).
     pub keep_activations: usize,
     pub chunk_rows: usize,
     pub transport: TransportDType,

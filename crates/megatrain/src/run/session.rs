@@ -63,8 +63,9 @@ pub trait Progress {
     /// directory; or, where each holds its own although sharing was asked
     /// for, why.
     fn shared_transport(&mut self, _shared: Result<(usize, &Path), &str>) {}
-    /// How many of the model's blocks keep their weights and activations from forward
-    /// to backward (`--keep-activations`), and why (once, at start).
+    /// How many of the model's blocks keep their weights and activations
+    /// from forward to backward (`--keep-activations`), and why (once, at
+    /// start).
     fn activations(&mut self, _kept: usize, _blocks: usize, _why: &str) {}
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}

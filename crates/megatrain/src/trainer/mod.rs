@@ -11,10 +11,10 @@
 //!    its backward at once;
 //! 3. backward, last first: each kept block's backward runs on the weights
 //!    and activations its forward left; then one group of K blocks at a
-//!    time, the group's layers uploaded once, its forward
-//!    recomputed from the checkpoint keeping activations, then each
-//!    layer's backward runs and its gradients start down to the host at
-//!    once (finished after the next layer's backward has been issued);
+//!    time, the group's layers uploaded once, its forward recomputed from
+//!    the checkpoint keeping activations, then each layer's backward runs
+//!    and its gradients start down to the host at once (finished after the
+//!    next layer's backward has been issued);
 //! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
 //!    on each layer as its gradients land (and rewrites its transport copy)
 //!    while the executor goes on with earlier layers.

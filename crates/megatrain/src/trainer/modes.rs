@@ -5,12 +5,12 @@
 //! comes to the bound set by its slowest part.
 //!
 //! - [`Trainer::compute_only`]: forward, loss, block recompute (of the
-//!   blocks the step does not keep) and backward with every weight already resident ([`Trainer::resident_weights`]);
-//!   gradients are made on the executor and dropped, nothing is uploaded,
-//!   downloaded or updated.
+//!   blocks the step does not keep) and backward with every weight already
+//!   resident ([`Trainer::resident_weights`]); gradients are made on the
+//!   executor and dropped, nothing is uploaded, downloaded or updated.
 //! - [`Trainer::transfer_only`]: the step's uploads (embedding, head and
-//!   kept blocks once, each other block twice) and a download of every layer's gradient
-//!   bytes, with no compute.
+//!   kept blocks once, each other block twice) and a download of every
+//!   layer's gradient bytes, with no compute.
 //! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
 //!   gradient buffer, on the calling thread.
 
@@ -97,8 +97,8 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Forward, loss, recompute and backward of one micro-batch with the
-    /// step's checkpointing and kept activations, on resident weights; gradients stay on the
-    /// executor and are dropped. The time ends when the executor has
+    /// step's checkpointing and kept activations, on resident weights;
+    /// gradients stay on the executor and are dropped. The time ends when the executor has
     /// finished the embedding backward.
     pub fn compute_only(&self, w: &ResidentWeights<E>, batch: &Batch) -> Result<ComputeOnly> {
         let (ex, cfg, config) = (&self.ex, &self.model, &self.config);
@@ -170,8 +170,8 @@ impl<E: Executor> Trainer<E> {
 
     /// The step's bus traffic without its compute: every transport copy up
     /// into the step's slots and in its order (blocks twice, the backward's
-    /// a group of K at a time; embedding, head and kept blocks once) and every layer's
-    /// fp32 gradient bytes down, pipelined one layer deep like the step's
+    /// a group of K at a time; embedding, head and kept blocks once) and
+    /// every layer's fp32 gradient bytes down, pipelined one layer deep like the step's
     /// and in the step's chunks (`transfer_chunk`, `chunks_in_flight` of
     /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
