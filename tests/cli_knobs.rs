@@ -175,8 +175,8 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--transfer-chunk", "4K"],
     ));
     assert_eq!(whole, chunked);
-    // Every block's activations kept, or the last two: no recompute there,
-    // the same training.
+    // Every block kept from forward to backward, or the last two: no
+    // recompute there, the same training.
     for keep in ["all", "2"] {
         let kept = final_loss(&train(
             &data,

@@ -917,9 +917,9 @@ fn train_alike_with_and_without_checks(
     }
 }
 
-/// Keeping the last blocks' activations from the forward instead of
-/// recomputing them trains bit for bit as recomputing does, on any adapter
-/// (the same kernels on the same inputs): llama-tiny in f32 and in f16 (the
+/// Keeping the last blocks' weights and activations from the forward
+/// instead of uploading and recomputing them trains bit for bit as
+/// recomputing does, on any adapter (the same kernels on the same inputs): llama-tiny in f32 and in f16 (the
 /// emulated tensor-core matmul), gpt2-nano in f32, with a block kept and
 /// two in a group, and with every block kept.
 #[test]

@@ -43,6 +43,7 @@ fn run(
     clip: Option<f64>,
     budget: Option<u64>,
     window: WindowConfig,
+    keep: usize,
 ) -> Run {
     let model = common::llama_tiny(8);
     let spill = budget.map(|_| tempfile::tempdir().unwrap());
@@ -57,6 +58,7 @@ fn run(
     };
     let config = TrainerConfig {
         optimizer_queue: 2,
+        keep_activations: keep,
         ..common::k2_config(clip)
     };
     let mut trainer = common::trainer(CpuExecutor::new(), &model, tier_config, 77, config);
@@ -97,17 +99,21 @@ fn spilled_run_equals_all_ram_run_bit_for_bit() {
         depth: 6,
     };
     let cases = [
-        // (transport, hold, clip, micro-batches)
-        (TransportDType::F32, false, None, 1),
-        (TransportDType::BF16, false, None, 1),
-        (TransportDType::F32, true, None, 2),
-        (TransportDType::BF16, true, Some(0.05), 1),
+        // (transport, hold, clip, micro-batches, blocks the spilled run
+        // keeps from forward to backward: its updates come in the same
+        // order, sooner)
+        (TransportDType::F32, false, None, 1, 0),
+        (TransportDType::BF16, false, None, 1, 0),
+        (TransportDType::F32, true, None, 2, 0),
+        (TransportDType::BF16, true, Some(0.05), 1, 0),
+        (TransportDType::BF16, false, None, 1, 8),
+        (TransportDType::F32, true, None, 2, 3),
     ];
-    for (transport, hold, clip, micro) in cases {
-        let label = format!("{transport:?} hold {hold} clip {clip:?} micro {micro}");
+    for (transport, hold, clip, micro, keep) in cases {
+        let label = format!("{transport:?} hold {hold} clip {clip:?} micro {micro} kept {keep}");
         let budget = budget_keeping(&model, transport, hold, 3);
-        let mut ram = run(transport, hold, clip, None, window);
-        let mut disk = run(transport, hold, clip, Some(budget), window);
+        let mut ram = run(transport, hold, clip, None, window, 0);
+        let mut disk = run(transport, hold, clip, Some(budget), window, keep);
         let report = disk.trainer.tier().report();
         let spilled = disk
             .trainer
