@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, KeepActivations, Machine, PlanInput, Precision, Room, RunError, ShareTransport, bus_cover,
-    disk_estimate, mem_available, most_kept, per_rank, plan,
+    BusCover, KeepActivations, Machine, PlanInput, Precision, Room, RunError, ShareTransport,
+    bus_cover_keeping, disk_estimate, mem_available, most_kept, per_rank, plan,
 };
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
@@ -288,8 +288,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ] {
         println!("  {k:<11}{:>14}", gib(v));
     }
-    if let Some(c) = bus_cover(&model, a.seq_len, transport, machine) {
-        print_cover(&c, machine, a.batch, a.seq_len);
+    if let Some(c) = bus_cover_keeping(&model, a.seq_len, transport, input.keep_activations, machine) {
+        let ups = if input.keep_activations == model.num_layers {
+            "once"
+        } else {
+            "twice"
+        };
+        print_cover(&c, machine, (a.batch, a.seq_len), ups);
     }
     match a.host_mem.or_else(mem_available) {
         _ if !one_fits => {}
@@ -336,7 +341,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
+/// `ups`: how often a block's transport copy goes up ("once" where every
+/// block is kept from forward to backward).
+fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: &str) {
     let ms = |s: f64| s * 1e3;
     println!(
         "compute vs bus and the host's AdamW, assuming {} TFLOP/s sustained, {} GB/s each way and \
@@ -344,7 +351,7 @@ fn print_cover(c: &BusCover, m: Machine, batch: usize, seq_len: usize) {
         m.gpu_tflops, m.bus_gbps, m.adamw_gparams
     );
     println!(
-        "  per block and step: {} over the bus ({:.2} ms: transport copy up twice, f32 gradients down); \
+        "  per block and step: {} over the bus ({:.2} ms: transport copy up {ups}, f32 gradients down); \
          {:.3} GFLOP per token ({:.3} µs)",
         gib(c.block_bus_bytes),
         ms(c.block_bus_s(m)),

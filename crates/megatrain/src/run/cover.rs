@@ -9,9 +9,10 @@
 //!   and the backward's recompute each upload it) plus its f32 gradients
 //!   once, summed because wgpu has one queue (copies in the two directions
 //!   are not assumed to overlap); the embedding and the head cross once,
-//!   and so do blocks kept from forward to backward (`--keep-activations`),
-//!   which this counts as crossing twice: for a run that keeps some, the
-//!   suggestion errs on the large side;
+//!   and so do blocks kept from forward to backward (`--keep-activations`,
+//!   [`bus_cover_keeping`]). The per-block count is a recomputed block's
+//!   wherever one is, so keeping some blocks does not change the
+//!   suggestion; keeping them all halves its uploads;
 //! - compute per token of a block: model FLOPs, 6 per parameter (forward 2,
 //!   backward 4) plus causal attention, 6·q_dim·T (the two T×T products
 //!   over the average T/2 visible keys, forward and backward). The
@@ -139,6 +140,18 @@ pub fn bus_cover(
     transport: TransportDType,
     m: Machine,
 ) -> Option<BusCover> {
+    bus_cover_keeping(model, seq_len, transport, 0, m)
+}
+
+/// [`bus_cover`] for a run whose last `kept` blocks stay on the device from
+/// forward to backward and cross the bus once.
+pub fn bus_cover_keeping(
+    model: &ModelConfig,
+    seq_len: usize,
+    transport: TransportDType,
+    kept: usize,
+    m: Machine,
+) -> Option<BusCover> {
     let ok = |v: f64| v.is_finite() && v > 0.0;
     if !ok(m.gpu_tflops) || !ok(m.bus_gbps) || !ok(m.adamw_gparams) || seq_len == 0 {
         return None;
@@ -153,7 +166,8 @@ pub fn bus_cover(
         .map(|t| t.numel() as u64)
         .max()
         .unwrap_or(0);
-    let block_bus_bytes = crossing(block_params, 2);
+    let kept = kept.min(n_blocks);
+    let block_bus_bytes = crossing(block_params, if kept == n_blocks { 1 } else { 2 });
     let block_flops_per_token = 6.0 * block_params as f64 + attention;
     let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
         .iter()
@@ -161,7 +175,8 @@ pub fn bus_cover(
         .sum();
     let blocks_bus: u64 = tables[1..1 + n_blocks]
         .iter()
-        .map(|t| crossing(t.numel() as u64, 2))
+        .enumerate()
+        .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
         .sum();
     let blocks_flops: f64 = tables[1..1 + n_blocks]
         .iter()
@@ -330,6 +345,16 @@ mod tests {
         let n_ends = (tables[0].numel() + tables[tables.len() - 1].numel()) as u64;
         // Blocks cross twice (4 + 4 bytes) plus 4 of gradients; the ends once.
         assert_eq!(c.step_bus_bytes, 12 * (n_all - n_ends) + 8 * n_ends);
+        // Kept blocks cross once: one kept of four leaves the per-block
+        // count (a recomputed block's); all four kept halve it.
+        let n_block = tables[1].numel() as u64;
+        let one = bus_cover_keeping(&m, 64, TransportDType::F32, 1, Machine::H100).unwrap();
+        assert_eq!(one.step_bus_bytes, c.step_bus_bytes - 4 * n_block);
+        assert_eq!(one.block_bus_bytes, c.block_bus_bytes);
+        let all = bus_cover_keeping(&m, 64, TransportDType::F32, 4, Machine::H100).unwrap();
+        assert_eq!(all.step_bus_bytes, 8 * n_all);
+        assert_eq!(all.block_bus_bytes, 8 * n_block);
+        assert!(all.tokens_to_cover < c.tokens_to_cover);
         assert!(c.step_compute_s(Machine::H100, 1) > c.block_compute_s(Machine::H100, 1));
     }
 

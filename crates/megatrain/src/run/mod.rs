@@ -22,7 +22,7 @@ pub use checkpoint::{
     CONFIG_FILE, STATE_FILE, TrainState, chat_template_spec, checkpoint_name, latest_checkpoint,
     prune_checkpoints, read_train_state, resolve_model_dir, save_run_checkpoint,
 };
-pub use cover::{BusCover, Machine, bus_cover};
+pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{Resident, SampleOptions, generate, generate_until, pick};
