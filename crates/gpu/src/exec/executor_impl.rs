@@ -9,6 +9,10 @@ use megatrain_tensor::{
 use super::GpuExecutor;
 use crate::tensor::GpuTensor;
 
+/// The device memory the noop device (host floor) stands for: an H100's
+/// 80 GB.
+const HOST_FLOOR_DEVICE_BYTES: u64 = 80_000_000_000;
+
 impl Executor for GpuExecutor {
     type Tensor = GpuTensor;
 
@@ -165,13 +169,17 @@ impl Executor for GpuExecutor {
     }
 
     /// Host memory on a software adapter; a GPU's own memory otherwise,
-    /// sized by its Vulkan device-local heap (the noop device reports
-    /// none: `--keep-activations auto` keeps nothing there).
+    /// sized by its Vulkan device-local heap. The noop device (host floor)
+    /// has none to report and stands for an H100: its 80 GB, so that
+    /// `--keep-activations auto` keeps there what it would keep on one.
     fn tensor_memory(&self) -> megatrain_tensor::TensorMemory {
-        if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu && !self.ctx.is_host_floor() {
-            megatrain_tensor::TensorMemory::Host
+        use megatrain_tensor::TensorMemory;
+        if self.ctx.is_host_floor() {
+            TensorMemory::Device(Some(HOST_FLOOR_DEVICE_BYTES))
+        } else if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu {
+            TensorMemory::Host
         } else {
-            megatrain_tensor::TensorMemory::Device(self.ctx.device_memory_bytes())
+            TensorMemory::Device(self.ctx.device_memory_bytes())
         }
     }
 
