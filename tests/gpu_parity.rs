@@ -126,8 +126,19 @@ fn trainer<E: Executor>(ex: E, model: &ModelConfig, k: usize) -> Trainer<E> {
 }
 
 fn trainer_with<E: Executor>(ex: E, model: &ModelConfig, k: usize, transport: TransportDType) -> Trainer<E> {
+    trainer_keeping(ex, model, (k, 0), transport)
+}
+
+/// K and the last `keep` blocks kept from forward to backward.
+fn trainer_keeping<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    (k, keep): (usize, usize),
+    transport: TransportDType,
+) -> Trainer<E> {
     let config = TrainerConfig {
         checkpoint_every: k,
+        keep_activations: keep,
         chunk_rows: 32,
         adamw: common::adamw(),
         ..TrainerConfig::default()
@@ -587,15 +598,8 @@ fn warm_steps_allocate_nothing_on_the_device() {
         .as_ref()
         .map(|c| (c, TransportChoice::Staging, 2, Uploads::Direct, 0));
     for (ctx, transport, k, uploads, keep) in cases.into_iter().chain(on_side) {
-        let config = TrainerConfig {
-            checkpoint_every: k,
-            keep_activations: keep,
-            chunk_rows: 32,
-            adamw: common::adamw(),
-            ..TrainerConfig::default()
-        };
         let gpu = gpu_uploading(ctx.clone(), transport, uploads);
-        let mut tr = common::trainer(gpu, &model, common::copies(TransportDType::F32), 3, config);
+        let mut tr = trainer_keeping(gpu, &model, (k, keep), TransportDType::F32);
         let queue = ctx
             .copy_queue()
             .map_or(String::new(), |(q, _)| format!(", copy queue {q}"));
@@ -942,14 +946,7 @@ fn kept_activations_train_bit_for_bit_as_recomputed() {
                 },
             );
             gpu.set_compute_precision(precision).unwrap();
-            let config = TrainerConfig {
-                checkpoint_every: k,
-                keep_activations: keep,
-                chunk_rows: 32,
-                adamw: common::adamw(),
-                ..TrainerConfig::default()
-            };
-            let mut t = common::trainer(gpu, &model, common::copies(transport), 3, config);
+            let mut t = trainer_keeping(gpu, &model, (k, keep), transport);
             let losses: Vec<u64> = (0..3)
                 .map(|step| {
                     let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
@@ -992,18 +989,11 @@ fn kept_activations_cost_what_the_plan_says() {
     let (b, t) = (2, 32);
     let batch = GPU_STREAM.batch(model.vocab_size, 0, b, t);
     let peak = |keep: usize| {
-        let config = TrainerConfig {
-            keep_activations: keep,
-            chunk_rows: 32,
-            adamw: common::adamw(),
-            ..TrainerConfig::default()
-        };
-        let mut tr = common::trainer(
+        let mut tr = trainer_keeping(
             GpuExecutor::new(ctx.clone()),
             &model,
-            common::copies(TransportDType::F32),
-            3,
-            config,
+            (1, keep),
+            TransportDType::F32,
         );
         tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
         tr.step(std::slice::from_ref(&batch), 1e-3)

@@ -515,6 +515,8 @@ pub fn train_with<E: Executor>(
         None => (None, None),
     };
     tcfg.shared_transport = sharing.as_ref().map(|s| s.tier.clone());
+    // The plan that sizes `--keep-activations auto` holds gradients as the tier does.
+    let hold_grads = tcfg.hold_grads;
     let why_own = match &shared_note {
         Some(Err(why)) => Some(why.as_str()),
         _ => None,
@@ -542,7 +544,7 @@ pub fn train_with<E: Executor>(
             keep_activations: 0,
             chunk_rows,
             transport: opts.precision.transport(),
-            hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
+            hold_grads,
         },
         &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
     )?;
