@@ -52,6 +52,17 @@ fn add_scalar(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
+// Row r of X (rows of p.w elements) times Y[p.o1 + r]: a mixture-of-experts
+// block's routing weights, uploaded by the host as f32.
+@compute @workgroup_size(256)
+fn scale_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Z[p.o2 + i] = X[p.o0 + i] * Y[p.o1 + i / p.w];
+    }
+}
+
 // Z = cap · tanh(Z / cap) in place (cap in p.s), Gemma's final logit
 // soft-capping: a chunk of logits is capped without a second copy of it.
 // tanh_precise is activation_fns.wgsl's (put before this file).

@@ -1,8 +1,10 @@
 // RMSNorm and LayerNorm over the last dimension, forward and backward, and
 // the same fused with the residual add in front of them (`add_*`): the
 // forward writes h = x + r beside the norm of h, the backward adds the
-// stream's gradient dh to dx, so neither needs a pass of its own. One
-// workgroup of 256 threads per row; sums reduce through workgroup memory.
+// stream's gradient dh to dx, so neither needs a pass of its own. Also the
+// row dot products of a mixture-of-experts block's routing-weight gradient
+// (`row_dots`). One workgroup of 256 threads per row; sums reduce through
+// workgroup memory.
 
 struct Params {
     rows: u32, c: u32, eps: f32, flags: u32,
@@ -309,6 +311,27 @@ fn add_ln_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         mx = max(mx, max_bits(dx));
     }
     store_row_max(t, row, mx);
+}
+
+// O5[row] = Σ_i X[row, i] · B3[row, i]: the dot product of each row of
+// two same-shaped matrices (the gradient of a row's scale).
+@compute @workgroup_size(256)
+fn row_dots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) t: u32) {
+    let row = row_id(wid, nwg);
+    if row >= p.rows {
+        return;
+    }
+    let xb = p.x_off + row * p.c;
+    let bb = p.b3_off + row * p.c;
+    var s = 0.0;
+    for (var i = t; i < p.c; i += 256u) {
+        s += X[xb + i] * B3[bb + i];
+    }
+    let tot = reduce2(t, s, 0.0);
+    if t == 0u {
+        O5[p.o5_off + row] = tot.x;
+    }
 }
 
 // dw[c] += Σ_rows dy·x̂, db[c] += Σ_rows dy; one thread per column. Always

@@ -83,7 +83,9 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// added with them (Granite, StarCoder2, GLM, EXAONE 4, Phi-2, tied too;
 /// Gemma 2's soft-capped scores and logits; GPT-NeoX's fused head-by-head
 /// q/k/v and exact GELU, side by side and in sequence), in the zoo's
-/// golden fixtures' shapes.
+/// golden fixtures' shapes; and the mixtures of experts (Mixtral's, one
+/// with experts no token chose, Qwen3-MoE's with a dense block between
+/// routed ones and without renormalisation).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -112,6 +114,10 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "gpt_neox",
         "gpt_neox_seq",
         "gpt2_erf",
+        "mixtral",
+        "mixtral_sparse",
+        "qwen3_moe",
+        "qwen3_moe_raw",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }
@@ -256,6 +262,14 @@ fn llama_tiny_streamed_training_matches_cpu_for_20_steps() {
 #[test]
 fn gpt2_nano_streamed_training_matches_cpu_for_20_steps() {
     check_training(&gpt2_nano(65));
+}
+
+/// Routing on the host from the GPU's router scores, the experts' rows
+/// gathered, scaled and scattered back, and the routing weights' gradient
+/// from the GPU's row dot products.
+#[test]
+fn mixtral_tiny_streamed_training_matches_cpu_for_20_steps() {
+    check_training(&common::mixtral_tiny(2));
 }
 
 fn gpu_with(ctx: Arc<GpuContext>, transport: TransportChoice) -> GpuExecutor {

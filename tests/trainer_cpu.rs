@@ -153,6 +153,14 @@ fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&gpt2_nano(65));
 }
 
+/// A mixture of experts streams as any block: routed and dense blocks,
+/// recomputed (routing again) for every K.
+#[test]
+fn moe_streamed_step_matches_whole_model_reference_for_every_k() {
+    check_one_step_matches_reference(&common::mixtral_tiny(3));
+    check_one_step_matches_reference(&common::qwen3_moe_fixture());
+}
+
 #[test]
 fn checkpoint_interval_does_not_change_training() {
     let model = common::llama_tiny(3);

@@ -73,6 +73,10 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 BATCH = 2
@@ -857,6 +861,95 @@ CASES = {
         10,
         torch.float32,
     ),
+    # Mixtral: 4 experts, 2 per token renormalised, GQA, untied.
+    "mixtral": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(
+            vocab_size=101,
+            hidden_size=48,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        13,
+        torch.float32,
+    ),
+    # Qwen3-MoE: 6 experts, 3 per token renormalised, per-head q/k norms,
+    # the middle block dense (mlp_only_layers).
+    "qwen3_moe": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=72,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=6,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # Mixtral with more experts than tokens (8, one a token, 2 × 3
+    # tokens): at least two experts serve no token and get zero gradients.
+    "mixtral_sparse": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(
+            vocab_size=53,
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            num_local_experts=8,
+            num_experts_per_tok=1,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        3,
+        torch.float32,
+    ),
+    # Qwen3-MoE without renormalising the top-k probabilities.
+    "qwen3_moe_raw": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            vocab_size=89,
+            hidden_size=32,
+            intermediate_size=40,
+            moe_intermediate_size=20,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=8,
+            num_experts=5,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        ),
+        9,
+        torch.float32,
+    ),
 }
 
 
@@ -997,6 +1090,44 @@ def _cohere_rotary64(module):
     module.apply_rotary_pos_emb = apply
 
 
+def _router64(self, hidden_states):
+    """A MoE router (Mixtral's, Qwen3-MoE's) with its softmax in the
+    model's float64 rather than float32; Mixtral always renormalises the
+    top k, Qwen3-MoE under norm_topk_prob."""
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = F.linear(hidden_states, self.weight)
+    probs = _softmax(logits, dim=-1, dtype=torch.float64)
+    top, idx = torch.topk(probs, self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), idx
+
+
+def expert_grads(pname, grad, saved_names):
+    """transformers 5 holds a MoE block's experts fused (`experts.gate_up_proj`
+    [E, 2F, C] in gate, up order; `experts.down_proj` [E, C, F]) and writes
+    them per expert: the gradient under the names the checkpoint has."""
+    prefix, kind = pname.rsplit(".", 1)
+    mlp = prefix.removesuffix(".experts")
+    names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    mixtral = mlp.replace(".mlp", ".block_sparse_moe") + ".experts.0.w1.weight" in saved_names
+    if mixtral:
+        mlp = mlp.replace(".mlp", ".block_sparse_moe")
+        names = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    else:
+        names = {v: v for v in names.values()}
+    out = {}
+    for e in range(grad.shape[0]):
+        if kind == "gate_up_proj":
+            f = grad.shape[1] // 2
+            out[f"{mlp}.experts.{e}.{names['gate_proj']}.weight"] = grad[e, :f]
+            out[f"{mlp}.experts.{e}.{names['up_proj']}.weight"] = grad[e, f:]
+        else:
+            assert kind == "down_proj", pname
+            out[f"{mlp}.experts.{e}.{names['down_proj']}.weight"] = grad[e]
+    return out
+
+
 def patch_float64(model):
     """Keeps every computation of `model` in float64 (see module docstring)."""
     torch.nn.functional.softmax = _softmax64
@@ -1014,6 +1145,8 @@ def patch_float64(model):
                 m.embed_scale.copy_(torch.tensor(m.scalar_embed_scale, dtype=torch.float32))
         elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
+        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter"):
+            m.forward = types.MethodType(_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
@@ -1050,7 +1183,11 @@ def randomize(model, gen):
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("bias"):
+            if name.endswith("mlp.gate.weight"):
+                # A MoE router: scores far enough apart that the choice of
+                # experts is clear of rounding.
+                p.copy_(r)
+            elif name.endswith("bias"):
                 p.copy_(0.1 * r)
             elif p.ndim == 1:
                 p.copy_(1.0 + 0.2 * r)
@@ -1066,6 +1203,9 @@ def cross_entropy(logits, targets):
 def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     cfg = cfg_cls(**kwargs, attn_implementation="eager")
+    if "experts" in " ".join(kwargs):
+        # The per-expert loop, which runs in float64 (grouped_mm does not).
+        cfg._experts_implementation = "eager"
     for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
         if hasattr(cfg, k):
             setattr(cfg, k, 0.0)
@@ -1100,7 +1240,17 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         "logits": logits.detach().to(torch.float64).contiguous(),
         "loss": loss.detach().reshape(1),
     }
+    from safetensors import safe_open
+
+    with safe_open(case_dir / "model.safetensors", "pt") as f:
+        saved_names = set(f.keys())
     for pname, p in model.named_parameters():
+        if pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            for n, g in expert_grads(pname, p.grad, saved_names).items():
+                golden["grad." + n] = g.to(torch.float32).contiguous()
+            continue
+        if ".mlp.gate.weight" in pname and pname.replace(".mlp.", ".block_sparse_moe.") in saved_names:
+            pname = pname.replace(".mlp.", ".block_sparse_moe.")
         if pname.startswith("model.language_model."):
             # A multimodal model's text stack, under the text model's names.
             pname = "model." + pname.removeprefix("model.language_model.")
@@ -1112,6 +1262,8 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
             assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
             continue
         golden["grad." + pname] = p.grad.to(torch.float32).contiguous()
+    missing = [k for k in golden if k.startswith("grad.") and k[5:] not in saved_names and k[5:] != "lm_head.weight"]
+    assert not missing or name.startswith("gemma3_mm"), f"{name}: gradients under names the checkpoint lacks: {missing}"
     save_file(golden, case_dir / "golden.safetensors")
     n = sum(p.numel() for p in model.parameters())
     print(f"{name}: {n} params, seq {seq}, loss {loss.item():.6f}, stored {store_dtype}")

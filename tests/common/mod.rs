@@ -121,6 +121,20 @@ pub fn llama_tiny(layers: usize) -> ModelConfig {
     c
 }
 
+/// mixtral-tiny with `layers` blocks (4 experts, 2 a token).
+pub fn mixtral_tiny(layers: usize) -> ModelConfig {
+    let mut c = preset("mixtral-tiny", None).unwrap();
+    c.num_layers = layers;
+    c
+}
+
+/// Qwen3-MoE's fixture (6 experts, 3 a token renormalised, the middle
+/// of its three blocks dense).
+pub fn qwen3_moe_fixture() -> ModelConfig {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/qwen3_moe");
+    ModelConfig::from_dir(dir).unwrap()
+}
+
 /// llama-tiny with two heads of 64 (one K/V head), the narrowest head the
 /// tensor-core flash attention has.
 pub fn llama_head_dim_64(layers: usize) -> ModelConfig {

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{
-    AttnMask, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
+    AttnMask, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap, TensorHandle,
 };
 use proptest::prelude::*;
 
@@ -672,6 +672,121 @@ fn softcap_both_ways_past_one_workgroup() {
                 TOL_F32,
             );
         }
+    }
+}
+
+/// Shapes for `scale_rows` and `row_dots`: one element, rank 3, rows past
+/// a workgroup's 256 columns, more rows than one 4 KiB binding holds, and
+/// no rows (or no columns) at all.
+const ROW_SHAPES: [&[usize]; 7] = [
+    &[1, 1],
+    &[3, 5, 7],
+    &[37, 129],
+    &[2, 300, 67],
+    &[5],
+    &[0, 5],
+    &[2, 0, 4],
+];
+
+/// A mixture-of-experts block's routing weights on each row (`scale_rows`,
+/// with weights of more digits than f32 holds, zero and negative ones) and
+/// their gradient (`row_dots`) against the CPU's; no rows gives an empty
+/// result.
+#[test]
+fn scale_rows_and_row_dots_match_cpu() {
+    let c = cpu();
+    for (i, &dims) in ROW_SHAPES.iter().enumerate() {
+        let seed = 400 + i as u64;
+        let (x, y) = (rand_host(seed, dims), rand_host(seed ^ 5, dims));
+        let (cx, cy) = (cpu_up!(c, &x), cpu_up!(c, &y));
+        let rows = x.shape().numel().checked_div(*dims.last().unwrap()).unwrap_or(0);
+        let w: Vec<f64> = (0..rows)
+            .map(|r| match r % 5 {
+                0 => 1.0 / 3.0,
+                1 => 0.0,
+                2 => -2.5e-3,
+                _ => 1.0 + r as f64 * std::f64::consts::PI,
+            })
+            .collect();
+        let want_s = down_cpu(&c, &c.scale_rows(&cx, &w).unwrap());
+        let want_d = c.row_dots(&cx, &cy).unwrap();
+        assert_eq!(want_d.dims(), [rows], "{dims:?}");
+        let want_d = down_cpu(&c, &want_d);
+        for g in both() {
+            let (gx, gy) = (up(g, &x), up(g, &y));
+            let s = g.scale_rows(&gx, &w).unwrap();
+            assert_eq!(s.dims(), dims, "{dims:?}");
+            assert_close(&format!("scale_rows {dims:?}"), &down(g, &s), &want_s, 0.0);
+            let d = g.row_dots(&gx, &gy).unwrap();
+            assert_eq!(d.dims(), [rows], "{dims:?}");
+            assert_close(&format!("row_dots {dims:?}"), &down(g, &d), &want_d, TOL_F32);
+        }
+    }
+}
+
+/// More rows than one grid dimension's 65535 workgroups: `row_dots` runs
+/// one workgroup per row on a 2-D grid.
+#[test]
+fn row_dots_past_one_grid_dimension() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let (x, y) = (rand_host(61, &[65_600, 2]), rand_host(62, &[65_600, 2]));
+    let want = down_cpu(&c, &c.row_dots(&cpu_up!(c, &x), &cpu_up!(c, &y)).unwrap());
+    let w: Vec<f64> = (0..65_600).map(|r| r as f64 * 1e-3 - 7.0).collect();
+    let want_s = down_cpu(&c, &c.scale_rows(&cpu_up!(c, &x), &w).unwrap());
+    let (gx, gy) = (up(g, &x), up(g, &y));
+    assert_close(
+        "row_dots of 65600 rows",
+        &down(g, &g.row_dots(&gx, &gy).unwrap()),
+        &want,
+        TOL_F32,
+    );
+    assert_close(
+        "scale_rows of 65600 rows",
+        &down(g, &g.scale_rows(&gx, &w).unwrap()),
+        &want_s,
+        0.0,
+    );
+}
+
+/// A weight count that is not the row count, mismatched shapes, a scalar
+/// and a non-f32 tensor are errors naming the op, as on the CPU.
+#[test]
+fn scale_rows_and_row_dots_refuse_bad_shapes() {
+    let c = cpu();
+    let x = rand_host(1, &[3, 4]);
+    let other = rand_host(2, &[4, 3]);
+    let scalar = HostTensor::from_f32(Shape::new(Vec::<usize>::new()), vec![1.0]).unwrap();
+    let (cx, co, cs) = (cpu_up!(c, &x), cpu_up!(c, &other), cpu_up!(c, &scalar));
+    for w in [&[1.0; 2][..], &[1.0; 4], &[], &[1.0; 12]] {
+        assert!(c.scale_rows(&cx, w).is_err(), "cpu, {} weights", w.len());
+    }
+    assert!(c.scale_rows(&cs, &[1.0]).is_err() && c.row_dots(&cs, &cs).is_err());
+    assert!(c.row_dots(&cx, &co).is_err());
+    for g in both() {
+        let (gx, go, gs) = (up(g, &x), up(g, &other), up(g, &scalar));
+        for w in [&[1.0; 2][..], &[1.0; 4], &[], &[1.0; 12]] {
+            let e = g.scale_rows(&gx, w).expect_err("wrong weight count").to_string();
+            assert!(e.contains("scale_rows") && e.contains("[3, 4]"), "{e}");
+        }
+        let e = g
+            .scale_rows(&gs, &[1.0])
+            .expect_err("a scalar has no rows")
+            .to_string();
+        assert!(e.contains("scale_rows"), "{e}");
+        let e = g.row_dots(&gx, &go).expect_err("mismatched shapes").to_string();
+        assert!(
+            e.contains("row_dots") && e.contains("[3, 4]") && e.contains("[4, 3]"),
+            "{e}"
+        );
+        let e = g
+            .row_dots(&gs, &gs)
+            .expect_err("a scalar has no rows")
+            .to_string();
+        assert!(e.contains("row_dots"), "{e}");
+        let gb = up(g, &x.to_dtype(DType::BF16));
+        assert!(g.scale_rows(&gb, &[1.0; 3]).is_err());
+        assert!(g.row_dots(&gb, &gx).is_err() && g.row_dots(&gx, &gb).is_err());
     }
 }
 

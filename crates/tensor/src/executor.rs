@@ -326,6 +326,14 @@ pub trait Executor {
     fn scale(&self, x: &Self::Tensor, s: f64) -> Result<Self::Tensor>;
     /// x + c (Gemma's norms' gains are 1 + their weights), `c` as `scale`'s.
     fn add_scalar(&self, x: &Self::Tensor, c: f64) -> Result<Self::Tensor>;
+    /// Row `r` of `x` (all leading dimensions flattened) times `w[r]`, the
+    /// weights rounded as `scale`'s factor (a mixture-of-experts block's
+    /// routing weights, which the host computes). Its backward is itself
+    /// towards `x` and [`Executor::row_dots`] towards `w`.
+    fn scale_rows(&self, x: &Self::Tensor, w: &[f64]) -> Result<Self::Tensor>;
+    /// `[rows]`: the dot product of each row of `a` with the same row of
+    /// `b` (same shapes, rows as in `scale_rows`).
+    fn row_dots(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
 
     // ---- matmul --------------------------------------------------------
 

@@ -358,3 +358,46 @@ fn cross_entropy_gradient_with_ignored_rows() {
     assert_eq!(out.losses.data()[1], 0.0);
     assert!(out.dlogits.data()[6..12].iter().all(|&g| g == 0.0));
 }
+
+/// `scale_rows(x, w)`'s gradients are `scale_rows(dy, w)` towards x and
+/// `row_dots(dy, x)` towards w (how a mixture of experts' backward forms
+/// them); `row_dots(a, b)`'s are `scale_rows(b, dy)` and `scale_rows(a, dy)`.
+#[test]
+fn scale_rows_and_row_dots() {
+    for (seed, shape) in [(900, vec![1usize, 1]), (910, vec![4, 3]), (920, vec![2, 3, 5])] {
+        let rows = shape[..shape.len() - 1].iter().product::<usize>();
+        let x = rand_t(seed, &shape);
+        let w = rand_t(seed + 1, &[rows]);
+        let cot = rand_t(seed + 2, &shape);
+        let dx = EX.scale_rows(&cot, w.data()).unwrap();
+        let dw = EX.row_dots(&cot, &x).unwrap();
+        grad_check(
+            "scale_rows",
+            &[x.clone(), w.clone()],
+            &[dx.data(), dw.data()],
+            |ins| dot(EX.scale_rows(&ins[0], ins[1].data()).unwrap().data(), cot.data()),
+        );
+        let b = rand_t(seed + 3, &shape);
+        let cot = rand_t(seed + 4, &[rows]);
+        let da = EX.scale_rows(&b, cot.data()).unwrap();
+        let db = EX.scale_rows(&x, cot.data()).unwrap();
+        grad_check(
+            "row_dots",
+            &[x.clone(), b.clone()],
+            &[da.data(), db.data()],
+            |ins| dot(EX.row_dots(&ins[0], &ins[1]).unwrap().data(), cot.data()),
+        );
+    }
+    // A weight per row, and operands of one shape, or an error naming them.
+    let x = rand_t(930, &[3, 4]);
+    let msg = EX.scale_rows(&x, &[1.0, 2.0]).unwrap_err().to_string();
+    assert!(msg.contains("scale_rows") && msg.contains("3 rows"), "{msg}");
+    let msg = EX.row_dots(&x, &rand_t(931, &[4, 3])).unwrap_err().to_string();
+    assert!(msg.contains("row_dots"), "{msg}");
+    assert_eq!(
+        EX.row_dots(&rand_t(932, &[0, 4]), &rand_t(933, &[0, 4]))
+            .unwrap()
+            .dims(),
+        [0]
+    );
+}

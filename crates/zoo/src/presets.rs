@@ -23,6 +23,9 @@ pub const PRESET_NAMES: &[&str] = &[
     "gemma-3-1b",
     "gemma-2-2b",
     "pythia-1b",
+    "mixtral-tiny",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -71,6 +74,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         dtype: None,
         raw: None,
         text_of: None,
+        moe: None,
     }
 }
 
@@ -122,6 +126,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         dtype: None,
         raw: None,
         text_of: None,
+        moe: None,
     }
 }
 
@@ -208,6 +213,86 @@ fn pythia_1b() -> Result<ModelConfig> {
     )
 }
 
+/// A small Mixtral (4 experts, 2 a token) for tests and quick runs.
+fn mixtral_tiny() -> Result<ModelConfig> {
+    hf_preset(
+        "mixtral-tiny",
+        serde_json::json!({
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 256,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
+/// Mixtral 8x7B (`mistralai/Mixtral-8x7B-v0.1`'s config.json): 46.7 B
+/// parameters, 12.9 B read per token.
+fn mixtral_8x7b() -> Result<ModelConfig> {
+    hf_preset(
+        "mixtral-8x7b",
+        serde_json::json!({
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "vocab_size": 32000,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 32768,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 1e6,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "router_aux_loss_coef": 0.02,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
+/// Qwen3-30B-A3B (`Qwen/Qwen3-30B-A3B`'s config.json): 30.5 B parameters,
+/// 128 experts of which 8 a token, 3.3 B read per token.
+fn qwen3_30b_a3b() -> Result<ModelConfig> {
+    hf_preset(
+        "qwen3-30b-a3b",
+        serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "vocab_size": 151936,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "norm_topk_prob": true,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "use_sliding_window": false,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -274,6 +359,9 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "gemma-3-1b" => gemma3_1b()?,
         "gemma-2-2b" => gemma2_2b()?,
         "pythia-1b" => pythia_1b()?,
+        "mixtral-tiny" => mixtral_tiny()?,
+        "mixtral-8x7b" => mixtral_8x7b()?,
+        "qwen3-30b-a3b" => qwen3_30b_a3b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -11,7 +11,7 @@
 
 use megatrain_tensor::ParamTable;
 
-use crate::{Arch, ModelConfig, Result};
+use crate::{Arch, ModelConfig, Moe, Result};
 
 /// What a layer index of a model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,10 +237,17 @@ impl ModelConfig {
                     t.push(format!("{p}.{post_attn}.weight"), [c], false)?;
                 }
                 t.push(format!("{p}.{pre_mlp}.weight"), [c], false)?;
-                for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
-                    t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
-                    if self.mlp_bias {
-                        t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
+                match self.moe.as_ref().filter(|m| m.routes(i)) {
+                    Some(moe) => self.push_experts(&mut t, &p, moe)?,
+                    None => {
+                        for (name, shape) in
+                            [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])]
+                        {
+                            t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
+                            if self.mlp_bias {
+                                t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
+                            }
+                        }
                     }
                 }
                 if sandwich {
@@ -284,6 +291,25 @@ impl ModelConfig {
             }
         }
         Ok(t)
+    }
+
+    /// A routed MLP's router `[E, C]`, then each expert's gate and up
+    /// `[F, C]` and down `[C, F]`, under the checkpoints' per-expert names
+    /// (transformers 5 holds them fused in memory and writes them apart).
+    fn push_experts(&self, t: &mut ParamTable, p: &str, moe: &Moe) -> Result<()> {
+        let (c, f) = (self.hidden_size, moe.expert_size);
+        let (mlp, [gate, up, down]) = match self.arch {
+            Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
+        };
+        t.push(format!("{p}.{mlp}.gate.weight"), [moe.num_experts, c], true)?;
+        for e in 0..moe.num_experts {
+            let x = format!("{p}.{mlp}.experts.{e}");
+            t.push(format!("{x}.{gate}.weight"), [f, c], true)?;
+            t.push(format!("{x}.{up}.weight"), [f, c], true)?;
+            t.push(format!("{x}.{down}.weight"), [c, f], true)?;
+        }
+        Ok(())
     }
 
     /// The tensors of `table` (a layer's) as Hugging Face checkpoints
@@ -347,6 +373,28 @@ impl ModelConfig {
     pub fn param_count(&self) -> usize {
         (0..self.num_layers_total())
             .map(|l| self.layer_table(l).expect("in range").numel())
+            .sum()
+    }
+
+    /// Parameters of layer `layer` that one token's products read: its
+    /// table's, less the experts of a routed block that the token is not
+    /// sent to (what a mixture of experts' FLOPs per token count).
+    pub fn active_params_of(&self, layer: usize) -> usize {
+        let all = self.layer_table(layer).map_or(0, |t| t.numel());
+        match (self.layer_kind(layer), &self.moe) {
+            (Some(LayerKind::Block(i)), Some(moe)) if moe.routes(i) => {
+                let expert = 3 * moe.expert_size * self.hidden_size;
+                all - (moe.num_experts - moe.top_k) * expert
+            }
+            _ => all,
+        }
+    }
+
+    /// [`Self::active_params_of`] summed over the model: its parameter
+    /// count but for a mixture of experts.
+    pub fn active_param_count(&self) -> usize {
+        (0..self.num_layers_total())
+            .map(|l| self.active_params_of(l))
             .sum()
     }
 }

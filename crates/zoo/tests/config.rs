@@ -1132,3 +1132,115 @@ fn absent_pad_token_ids_take_the_class_default() {
         assert_eq!(parse(v).unwrap().pad_token_id, None, "{arch}");
     }
 }
+
+#[test]
+fn mixture_of_experts_fields() {
+    let mixtral = |extra: Value| {
+        let mut v = llama_v4();
+        let o = v.as_object_mut().unwrap();
+        o.insert("architectures".into(), json!(["MixtralForCausalLM"]));
+        o.insert("model_type".into(), json!("mixtral"));
+        for (k, x) in extra.as_object().unwrap() {
+            o.insert(k.clone(), x.clone());
+        }
+        v
+    };
+    // MixtralConfig's defaults: 8 experts, 2 a token, renormalised, on
+    // every block, each as wide as intermediate_size; no window.
+    let c = parse(mixtral(json!({}))).unwrap();
+    assert_eq!(c.arch, Arch::Mixtral);
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_size, m.norm_topk),
+        (8, 2, 5632, true)
+    );
+    assert!(m.sparse_layers.is_none() && (0..22).all(|i| m.routes(i)));
+    assert_eq!(c.sliding_window, None);
+    // transformers' alias for the count, and a conflict between the two.
+    let c = parse(mixtral(json!({"num_experts": 4}))).unwrap();
+    assert_eq!(c.moe.unwrap().num_experts, 4);
+    let msg = bad_msg(mixtral(json!({"num_experts": 4, "num_local_experts": 8})));
+    assert!(msg.contains("num_local_experts") && msg.contains("4"), "{msg}");
+
+    // What changes training beyond the loss is refused, named.
+    for (extra, needle) in [
+        (json!({"router_jitter_noise": 0.01}), "router_jitter_noise"),
+        (json!({"output_router_logits": true}), "output_router_logits"),
+        (json!({"num_experts_per_tok": 9}), "num_experts_per_tok"),
+    ] {
+        let msg = bad_msg(mixtral(extra));
+        assert!(
+            msg.contains(needle) && msg.contains("dir/config.json"),
+            "{needle}: {msg}"
+        );
+    }
+
+    let qwen = |extra: Value| {
+        let mut v = json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "vocab_size": 1000,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
+        }
+        v
+    };
+    // Qwen3MoeConfig's defaults: 128 experts of 768, 8 a token, not
+    // renormalised; head_dim 128 and per-head q/k norms as Qwen3's.
+    let c = parse(qwen(json!({}))).unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_size, m.norm_topk),
+        (128, 8, 768, false)
+    );
+    assert!(c.qk_norm && c.head_dim == 128 && m.sparse_layers.is_none());
+    // Every second block routes, but for block 3 (mlp_only_layers); a dense
+    // block's table is the dense MLP's.
+    let c = parse(qwen(
+        json!({"decoder_sparse_step": 2, "mlp_only_layers": [3], "num_experts": 4,
+        "num_experts_per_tok": 2}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().unwrap();
+    let routes: Vec<bool> = (0..6).map(|i| m.routes(i)).collect();
+    assert_eq!(routes, [false, true, false, false, false, true]);
+    let names = |layer: usize| -> Vec<String> {
+        c.layer_table(layer + 1)
+            .unwrap()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    };
+    assert!(names(0).contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
+    assert!(names(1).contains(&"model.layers.1.mlp.gate.weight".to_string()));
+    assert!(names(1).contains(&"model.layers.1.mlp.experts.3.down_proj.weight".to_string()));
+    assert!(!names(1).iter().any(|n| n.ends_with("mlp.gate_proj.weight")));
+    // No experts, or no block that routes: a dense model.
+    assert!(parse(qwen(json!({"num_experts": 0}))).unwrap().moe.is_none());
+    assert!(
+        parse(qwen(json!({"decoder_sparse_step": 7})))
+            .unwrap()
+            .moe
+            .is_none()
+    );
+    let msg = bad_msg(qwen(json!({"mlp_only_layers": [6]})));
+    assert!(
+        msg.contains("mlp_only_layers") && msg.contains("block 6"),
+        "{msg}"
+    );
+    // Written back, a config reads as itself.
+    let back = parse(c.to_hf_json("float32")).unwrap();
+    assert_eq!(back.moe, c.moe);
+    for name in ["mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b"] {
+        let p = megatrain_zoo::preset(name, None).unwrap();
+        let back = parse(p.to_hf_json("float32")).unwrap();
+        assert_eq!((back.arch, &back.moe), (p.arch, &p.moe), "{name}");
+        assert_eq!(back.param_count(), p.param_count(), "{name}");
+    }
+}

@@ -118,8 +118,20 @@ fn golden_f64_executor_is_tighter() {
         grad: 3e-7,
         logits: 1e-9,
     };
+    // A routed block's scores come down to the host, and their gradient
+    // goes back up, as f32 (the routing weights themselves as f64): the
+    // mixture-of-experts cases agree to f32's precision there, not f64's.
+    let routed = Tol {
+        loss: 1e-7,
+        grad: 1e-6,
+        logits: 1e-7,
+    };
     for case in CASES {
-        let (l, g, lg) = check_case(case, &F64Executor::new(), &tol, 7);
+        let moe = ModelConfig::from_dir(fixture(case))
+            .expect("config")
+            .moe
+            .is_some();
+        let (l, g, lg) = check_case(case, &F64Executor::new(), if moe { &routed } else { &tol }, 7);
         eprintln!("{case:>16} f64: loss {l:.1e}  worst grad {g:.1e}  logits {lg:.1e}");
     }
 }

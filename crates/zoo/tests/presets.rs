@@ -19,10 +19,26 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("gemma-3-1b", 999_885_952),
         ("gemma-2-2b", 2_614_341_888),
         ("pythia-1b", 1_011_781_632),
+        ("mixtral-8x7b", 46_702_792_704),
+        ("qwen3-30b-a3b", 30_532_122_624),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
         assert_eq!(cfg.layer_tables().len(), cfg.num_layers + 2);
+        if cfg.moe.is_none() {
+            assert_eq!(
+                cfg.active_param_count(),
+                params,
+                "{name}: every parameter is read"
+            );
+        }
+    }
+    // What each token reads: the published 12.9 B and 3.3 B.
+    for (name, active) in [
+        ("mixtral-8x7b", 12_879_925_248usize),
+        ("qwen3-30b-a3b", 3_353_032_704),
+    ] {
+        assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }
 }
 

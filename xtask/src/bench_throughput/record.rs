@@ -335,11 +335,11 @@ impl Record {
         staging: u64,
         transport: Option<&TransportInfo>,
     ) -> Record {
-        let tables = model.layer_tables();
-        let n_params: u64 = tables.iter().map(|t| t.numel() as u64).sum();
-        let n_blocks: u64 = (0..tables.len())
+        // A mixture of experts' FLOPs count the experts a token is sent to.
+        let n_params = model.active_param_count() as u64;
+        let n_blocks: u64 = (0..model.num_layers_total())
             .filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))))
-            .map(|l| tables[l].numel() as u64)
+            .map(|l| model.active_params_of(l) as u64)
             .sum();
         let tokens = spec.tokens_per_step();
         let step_ms = median(&steps.iter().map(|m| m.step_ms).collect::<Vec<_>>());

@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{DType, Error, Glu, Result, Shape, SoftCap};
 
-use super::{GpuExecutor, Op, View, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, Op, View, f, grid_for, need_f32, rows_and_width, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -76,6 +76,56 @@ impl GpuExecutor {
         self.run_elementwise("add_scalar", Kernel::AddScalar, &[x, &y], x.numel(), |n, o| {
             vec![u(n), o[0], 0, o[1], f(c), 0, 0, 0, 0, 0, 0, 0]
         })?;
+        Ok(y)
+    }
+
+    /// Row `r` of `x` times `w[r]`, the weights rounded to f32 and
+    /// uploaded beside it.
+    pub(crate) fn scale_rows_impl(&self, x: &GpuTensor, w: &[f64]) -> Result<GpuTensor> {
+        const OP: &str = "scale_rows";
+        need_f32(OP, x)?;
+        let (rows, c) = rows_and_width(x);
+        if x.shape.rank() == 0 || rows != w.len() {
+            return Err(Error::shape(
+                OP,
+                format!("x {} has {rows} rows, given {} weights", x.shape, w.len()),
+            ));
+        }
+        let y = self.alloc_f32(x.shape.clone())?;
+        if y.numel() == 0 {
+            return Ok(y);
+        }
+        let words: Vec<u32> = w.iter().map(|&s| f(s as f32)).collect();
+        let wt = self.upload_words(&words)?;
+        let mut op = self.op(OP);
+        for (r0, nr) in self.row_chunks(rows, &[c])? {
+            let xv = self.view(x, r0 * c, nr * c)?;
+            let wv = self.view(&wt, r0, nr)?;
+            let yv = self.view(&y, r0 * c, nr * c)?;
+            let n = nr * c;
+            let params = [
+                u(n),
+                xv.elem_off,
+                wv.elem_off,
+                yv.elem_off,
+                0,
+                u(nr),
+                u(c),
+                0,
+                0,
+                0,
+                0,
+                0,
+            ];
+            op.dispatch(
+                Kernel::ScaleRows,
+                &params,
+                &[xv, wv, yv],
+                grid_for(n.div_ceil(256)),
+            );
+        }
+        op.keep(wt);
+        op.finish()?;
         Ok(y)
     }
 

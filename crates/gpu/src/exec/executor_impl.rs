@@ -234,6 +234,14 @@ impl Executor for GpuExecutor {
         self.add_scalar_impl(x, c as f32)
     }
 
+    fn scale_rows(&self, x: &GpuTensor, w: &[f64]) -> Result<GpuTensor> {
+        self.scale_rows_impl(x, w)
+    }
+
+    fn row_dots(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        self.row_dots_impl(a, b)
+    }
+
     fn matmul(
         &self,
         a: &GpuTensor,

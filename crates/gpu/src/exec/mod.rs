@@ -232,6 +232,14 @@ pub(crate) fn same_shape(op: &'static str, a: &GpuTensor, b: &GpuTensor) -> Resu
     Ok(())
 }
 
+/// `(rows, width)` of `t` read as rows of its last dimension, the leading
+/// dimensions flattened (no rows where the last dimension is 0), as the
+/// CPU reference counts them for `scale_rows` and `row_dots`.
+pub(crate) fn rows_and_width(t: &GpuTensor) -> (usize, usize) {
+    let c = t.dims().last().copied().unwrap_or(0);
+    (t.numel().checked_div(c).unwrap_or(0), c)
+}
+
 impl GpuExecutor {
     /// Opens the adapter `GpuContext::new` picks (honouring `MEGATRAIN_ADAPTER`).
     pub fn from_env() -> std::result::Result<Self, GpuError> {

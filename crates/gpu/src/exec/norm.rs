@@ -1,8 +1,9 @@
-//! RMSNorm and LayerNorm, alone or fused with the residual add before them.
+//! RMSNorm and LayerNorm, alone or fused with the residual add before them,
+//! and the row dot products that share their row reduction.
 
 use megatrain_tensor::{Error, NormGrads, NormOut, Result};
 
-use super::{GpuExecutor, f, grid_for, need_f32, same_shape, u};
+use super::{GpuExecutor, f, grid_for, need_f32, rows_and_width, same_shape, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
@@ -258,6 +259,46 @@ impl GpuExecutor {
         self.remember_maxima_slots(&dx, rowmax);
         op.finish()?;
         Ok(NormGrads { dx, dw, db })
+    }
+
+    /// `[rows]`: the dot product of each row of `a` with the same row of
+    /// `b`, one workgroup per row.
+    pub(crate) fn row_dots_impl(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {
+        const OP: &str = "row_dots";
+        need_f32(OP, a)?;
+        need_f32(OP, b)?;
+        if a.shape != b.shape || a.shape.rank() == 0 {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "a {} and b {} must be the same shape of rank ≥ 1",
+                    a.shape, b.shape
+                ),
+            ));
+        }
+        let (rows, c) = rows_and_width(a);
+        let out = self.alloc_f32([rows])?;
+        if rows == 0 {
+            return Ok(out);
+        }
+        let mut op = self.op(OP);
+        for (r0, nr) in self.row_chunks(rows, &[c])? {
+            let av = self.view(a, r0 * c, nr * c)?;
+            let bv = self.view(b, r0 * c, nr * c)?;
+            let ov = self.view(&out, r0, nr)?;
+            let p = NormParams {
+                rows: u(nr),
+                c: u(c),
+                x: av.elem_off,
+                b3: bv.elem_off,
+                o5: ov.elem_off,
+                ..Default::default()
+            }
+            .words();
+            op.dispatch(Kernel::RowDots, &p, &[av, bv, ov], grid_for(nr));
+        }
+        op.finish()?;
+        Ok(out)
     }
 
     /// Column sums dw += Σ dy·x̂ (and db += Σ dy) over `rows` rows. One

@@ -70,6 +70,8 @@ pub struct BusCover {
     pub block_flops_per_token: f64,
     /// Parameters of that block (what its AdamW update reads).
     pub block_params: u64,
+    /// Those a token's products read (fewer in a mixture of experts).
+    pub block_active_params: u64,
     /// Bus bytes per step of every layer (blocks, embedding and head).
     pub step_bus_bytes: u64,
     /// Model FLOPs per token of every layer.
@@ -106,8 +108,8 @@ impl BusCover {
     /// Seconds of one block's backward at `tokens` per step: 4 of the 6
     /// FLOPs a parameter and two thirds of attention's.
     pub fn block_backward_s(&self, m: Machine, tokens: u64) -> f64 {
-        let attention = self.block_flops_per_token - 6.0 * self.block_params as f64;
-        backward_flops_per_token(self.block_params, attention) * tokens as f64 / (m.gpu_tflops * 1e12)
+        let attention = self.block_flops_per_token - 6.0 * self.block_active_params as f64;
+        backward_flops_per_token(self.block_active_params, attention) * tokens as f64 / (m.gpu_tflops * 1e12)
     }
 
     /// Seconds of the whole step's AdamW on the host.
@@ -168,7 +170,13 @@ pub fn bus_cover_keeping(
         .unwrap_or(0);
     let kept = kept.min(n_blocks);
     let block_bus_bytes = crossing(block_params, if kept == n_blocks { 1 } else { 2 });
-    let block_flops_per_token = 6.0 * block_params as f64 + attention;
+    // A mixture of experts' products read only the experts a token is
+    // sent to; its bus and AdamW move them all.
+    let block_active = (1..1 + n_blocks)
+        .map(|l| model.active_params_of(l) as u64)
+        .max()
+        .unwrap_or(0);
+    let block_flops_per_token = 6.0 * block_active as f64 + attention;
     let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
         .iter()
         .map(|t| crossing(t.numel() as u64, 1))
@@ -178,9 +186,8 @@ pub fn bus_cover_keeping(
         .enumerate()
         .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
         .sum();
-    let blocks_flops: f64 = tables[1..1 + n_blocks]
-        .iter()
-        .map(|t| 6.0 * t.numel() as f64 + attention)
+    let blocks_flops: f64 = (1..1 + n_blocks)
+        .map(|l| 6.0 * model.active_params_of(l) as f64 + attention)
         .sum();
     // The head's matmul reads a V×C matrix whether or not it is tied.
     let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
@@ -192,7 +199,7 @@ pub fn bus_cover_keeping(
         0
     };
     let adamw_s = block_params as f64 / (m.adamw_gparams * 1e9);
-    let bwd_s_per_token = backward_flops_per_token(block_params, attention) / (m.gpu_tflops * 1e12);
+    let bwd_s_per_token = backward_flops_per_token(block_active, attention) / (m.gpu_tflops * 1e12);
     let tokens_to_cover_adamw = if bwd_s_per_token > 0.0 {
         (adamw_s / bwd_s_per_token).ceil() as u64
     } else {
@@ -203,6 +210,7 @@ pub fn bus_cover_keeping(
         block_bus_bytes,
         block_flops_per_token,
         block_params,
+        block_active_params: block_active,
         step_bus_bytes: blocks_bus + ends,
         step_flops_per_token: blocks_flops + head_flops,
         step_params: tables.iter().map(|t| t.numel() as u64).sum(),

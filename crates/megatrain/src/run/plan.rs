@@ -104,6 +104,28 @@ fn layer_device_bytes(table: &megatrain_tensor::ParamTable, transport: Transport
         .sum()
 }
 
+/// Per token, the values a block's MLP saves for its backward and the
+/// width of its products' inputs past the norm's (f16 copies under
+/// `--precision f16`), the larger block's where dense and routed blocks
+/// mix: a dense MLP's gate, up and activation, and its activation; a routed
+/// one's for each of the k experts a token visits, with the gathered input
+/// and the expert's output besides.
+fn mlp_per_token(model: &ModelConfig) -> (u64, u64) {
+    let (c, f) = (model.hidden_size as u64, model.intermediate_size as u64);
+    let dense = (3 * f, f);
+    match &model.moe {
+        Some(m) => {
+            let (k, e) = (m.top_k as u64, m.expert_size as u64);
+            let routed = (k * (2 * c + 3 * e), k * (c + e));
+            match (0..model.num_layers).all(|i| m.routes(i)) {
+                true => routed,
+                false => (routed.0.max(dense.0), routed.1.max(dense.1)),
+            }
+        }
+        None => dense,
+    }
+}
+
 pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result<Plan> {
     let tables = model.layer_tables();
     let host = tier_plan(&tables, tier)?;
@@ -122,13 +144,12 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let split =
         crate::trainer::Recompute::new(model.num_layers, input.checkpoint_every, input.keep_activations);
     let (group, kept) = (split.group_len() as u64, split.kept().len() as u64);
-    let saved_per_block = 4
-        * b
-        * t
-        * (6 * c + 2 * model.q_dim() as u64 + 2 * model.kv_dim() as u64 + 3 * model.intermediate_size as u64)
-        + 4 * b * model.num_heads as u64 * t * 2;
+    let (mlp_saved, mlp_copied) = mlp_per_token(model);
+    let saved_per_block =
+        4 * b * t * (6 * c + 2 * model.q_dim() as u64 + 2 * model.kv_dim() as u64 + mlp_saved)
+            + 4 * b * model.num_heads as u64 * t * 2;
     let rows = (input.chunk_rows as u64).min(b * t);
-    let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + model.intermediate_size as u64);
+    let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + mlp_copied);
     let f16 = input.transport == TransportDType::F16;
     // The trainer's chunk: the model's default, aligned to the default
     // spill window where the budget spills layers.

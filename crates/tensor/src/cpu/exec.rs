@@ -411,6 +411,43 @@ impl<F: Real> Executor for RefExecutor<F> {
         ))
     }
 
+    fn scale_rows(&self, x: &T<F>, w: &[f64]) -> Result<T<F>> {
+        let xs = f32_data("scale_rows", x)?;
+        let c = row_width("scale_rows", x, w.len())?;
+        let mut y = xs.to_vec();
+        if c > 0 {
+            y.par_chunks_mut(c).zip(w).for_each(|(row, &s)| {
+                let s = F::from_f64(s);
+                row.iter_mut().for_each(|v| *v = *v * s);
+            });
+        }
+        Ok(out(x.shape().clone(), y))
+    }
+
+    fn row_dots(&self, a: &T<F>, b: &T<F>) -> Result<T<F>> {
+        if a.shape() != b.shape() || a.shape().rank() == 0 {
+            return Err(Error::shape(
+                "row_dots",
+                format!(
+                    "a {} and b {} must be the same shape of rank ≥ 1",
+                    a.shape(),
+                    b.shape()
+                ),
+            ));
+        }
+        let (av, bv) = (f32_data("row_dots", a)?, f32_data("row_dots", b)?);
+        let c = *a.dims().last().expect("rank ≥ 1");
+        let rows = a.numel().checked_div(c).unwrap_or(0);
+        let dots = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let (x, y) = (&av[r * c..(r + 1) * c], &bv[r * c..(r + 1) * c]);
+                x.iter().zip(y).fold(F::zero(), |acc, (&p, &q)| acc + p * q)
+            })
+            .collect();
+        Ok(out(Shape::from(&[rows][..]), dots))
+    }
+
     fn matmul(&self, a: &T<F>, b: &T<F>, bias: Option<&T<F>>, t: Transpose) -> Result<T<F>> {
         self.matmul_impl(a, b, bias, t)
     }
@@ -755,4 +792,18 @@ impl<F: Real> Executor for RefExecutor<F> {
             dlogits: out(logits.shape().clone(), dlogits),
         })
     }
+}
+
+/// The row width of `x` when it has `rows` rows (all leading dimensions
+/// flattened), or a shape error naming both.
+fn row_width<F: Real>(op: &'static str, x: &T<F>, rows: usize) -> Result<usize> {
+    let c = x.dims().last().copied().unwrap_or(0);
+    let have = x.numel().checked_div(c).unwrap_or(0);
+    if x.shape().rank() == 0 || have != rows {
+        return Err(Error::shape(
+            op,
+            format!("x {} has {have} rows, given {rows} weights", x.shape()),
+        ));
+    }
+    Ok(c)
 }

@@ -17,7 +17,9 @@ use serde_json::{Map, Value};
 use crate::{Result, ZooError};
 use rope::{parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
+mod moe;
 mod multimodal;
+pub use moe::Moe;
 pub(crate) use multimodal::checkpoint_names;
 
 /// Model families and the HF `architectures` entry each one answers to.
@@ -85,6 +87,14 @@ pub enum Arch {
     /// by head, RoPE on a quarter of each head unless written, untied
     /// `embed_in` / `embed_out`.
     GptNeox,
+    /// Mixtral (`mixtral`): Mistral's block with a routed MLP ([`Moe`]),
+    /// each token's output the top-k experts' weighted by their router
+    /// probabilities renormalised over those k.
+    Mixtral,
+    /// Qwen3-MoE (`qwen3_moe`): Qwen3's block with a routed MLP ([`Moe`])
+    /// on its sparse blocks, the probabilities renormalised under
+    /// `norm_topk_prob`.
+    Qwen3Moe,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -92,7 +102,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                         GPTNeoXForCausalLM";
+                         GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -107,7 +117,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 20] = [
+    pub const ALL: [Arch; 22] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -128,6 +138,8 @@ impl Arch {
         Arch::Gemma2,
         Arch::Gemma3,
         Arch::GptNeox,
+        Arch::Mixtral,
+        Arch::Qwen3Moe,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -152,6 +164,8 @@ impl Arch {
             Arch::Gemma2 => "Gemma2ForCausalLM",
             Arch::Gemma3 => "Gemma3ForCausalLM",
             Arch::GptNeox => "GPTNeoXForCausalLM",
+            Arch::Mixtral => "MixtralForCausalLM",
+            Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 
@@ -177,6 +191,8 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3_text",
             Arch::GptNeox => "gpt_neox",
+            Arch::Mixtral => "mixtral",
+            Arch::Qwen3Moe => "qwen3_moe",
         }
     }
 
@@ -343,6 +359,9 @@ pub struct ModelConfig {
     /// model this is: read from its checkpoint's `language_model.` tensors,
     /// written (in run checkpoints and exports) as the text model alone.
     pub text_of: Option<&'static str>,
+    /// The routed MLP of Mixtral's and Qwen3-MoE's sparse blocks; `None`:
+    /// every block's MLP is dense.
+    pub moe: Option<Moe>,
 }
 
 struct Fields<'a> {
@@ -551,6 +570,9 @@ impl ModelConfig {
                 }
             }
         }
+        if let Some(moe) = &self.moe {
+            moe.validate(self.num_layers)?;
+        }
         if self.arch.is_gpt2() && self.head_dim * self.num_heads != self.hidden_size {
             return Err(format!(
                 "n_embd {} is not a multiple of n_head {}",
@@ -755,7 +777,7 @@ impl ModelConfig {
                     obj.insert("sliding_window".into(), json!(self.sliding_window));
                 }
             }
-            Arch::Mistral | Arch::Phi3 => {
+            Arch::Mistral | Arch::Phi3 | Arch::Mixtral => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             Arch::Cohere | Arch::Cohere2 => {
@@ -806,8 +828,8 @@ impl ModelConfig {
                 obj.insert("norm_epsilon".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
             }
-            Arch::Qwen2 | Arch::Qwen3 => {
-                if self.arch == Arch::Qwen3 {
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                if self.arch != Arch::Qwen2 {
                     obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 }
                 obj.insert("use_sliding_window".into(), json!(self.sliding_window.is_some()));
@@ -822,6 +844,9 @@ impl ModelConfig {
         if self.rotary_dim.is_some() || self.arch == Arch::Phi || self.arch.is_glm() {
             let factor = self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64);
             obj.insert("partial_rotary_factor".into(), json!(factor));
+        }
+        if let Some(moe) = &self.moe {
+            moe.write_json(self.arch, obj);
         }
         if let Some(sliding) = &self.sliding_layers {
             let kind = |s: &bool| if *s { "sliding_attention" } else { "full_attention" };
@@ -917,6 +942,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         dtype: None,
         raw: None,
         text_of: None,
+        moe: None,
     })
 }
 
@@ -930,7 +956,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Some(d) => d,
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
         // hidden / heads; Gemma2Config's and Gemma3TextConfig's 256.
-        None if matches!(arch, Arch::Qwen3 | Arch::Glm | Arch::Glm4) => 128,
+        None if matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Glm | Arch::Glm4) => 128,
         None if arch.is_gemma() => 256,
         None => {
             if hidden % heads != 0 {
@@ -978,8 +1004,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         )));
     }
     let default_positions = match arch {
-        Arch::Mistral => 4096 * 32,
-        Arch::Qwen2 | Arch::Qwen3 | Arch::SmolLM3 => 32768,
+        Arch::Mistral | Arch::Mixtral => 4096 * 32,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
@@ -1034,7 +1060,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 => {
+        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 => {
             (attention_bias, attention_bias, false)
         }
         Arch::Exaone4 => (false, false, false),
@@ -1102,7 +1128,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
         sliding_window,
         sliding_layers,
         sliding_rope,
@@ -1144,6 +1170,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         dtype: None,
         raw: None,
         text_of: None,
+        moe: moe::parse(f, arch, layers)?,
     })
 }
 
@@ -1191,7 +1218,7 @@ fn parse_sliding_window(
     };
     let (w, mut sliding) = match arch {
         Arch::Mistral => (window(Some(4096))?, vec![true; layers]),
-        Arch::Phi3 | Arch::Starcoder2 => (window(None)?, vec![true; layers]),
+        Arch::Phi3 | Arch::Starcoder2 | Arch::Mixtral => (window(None)?, vec![true; layers]),
         // Olmo3Config: three blocks of four slide, the fourth attends to all.
         Arch::Olmo3 => (
             window(Some(4096))?,
@@ -1212,13 +1239,15 @@ fn parse_sliding_window(
             ),
             false => (None, vec![false; layers]),
         },
-        Arch::Qwen2 | Arch::Qwen3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
-            true => {
-                let from = f.opt_usize("max_window_layers")?.unwrap_or(28);
-                (window(Some(4096))?, (0..layers).map(|i| i >= from).collect())
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+            match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
+                true => {
+                    let from = f.opt_usize("max_window_layers")?.unwrap_or(28);
+                    (window(Some(4096))?, (0..layers).map(|i| i >= from).collect())
+                }
+                false => (None, vec![false; layers]),
             }
-            false => (None, vec![false; layers]),
-        },
+        }
         _ => (None, vec![false; layers]),
     };
     if let Some(types) = f.get("layer_types").and_then(Value::as_array) {

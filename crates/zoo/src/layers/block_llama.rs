@@ -9,11 +9,12 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::moe::{self, Experts, MoeSaved};
 use super::{
     AttnSaved, Gains, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_glu,
     matmul_glu, needs, put, qkv_backward, shape,
 };
-use crate::{ModelConfig, Result};
+use crate::{ModelConfig, Result, ZooError};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
 #[derive(Debug, Clone, Copy)]
@@ -27,15 +28,21 @@ pub(crate) struct Layout {
     /// The norms of the attention's and the MLP's outputs (GLM-4-0414).
     post_attn: Option<usize>,
     ln2: usize,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    mlp: Mlp,
     post_mlp: Option<usize>,
     len: usize,
 }
 
+/// A block's MLP: dense, or routed among experts (Mixtral's, Qwen3-MoE's
+/// sparse blocks).
+#[derive(Debug, Clone, Copy)]
+enum Mlp {
+    Dense { gate: Linear, up: Linear, down: Linear },
+    Routed(Experts),
+}
+
 impl Layout {
-    pub(crate) fn new(cfg: &ModelConfig) -> Layout {
+    pub(crate) fn new(cfg: &ModelConfig, layer: usize) -> Layout {
         let mut n = 0;
         let mut next = || {
             n += 1;
@@ -54,13 +61,30 @@ impl Layout {
         let sandwich = cfg.arch.has_sandwich_norms();
         let post_attn = sandwich.then(&mut next);
         let ln2 = next();
-        let mut lin = |bias: bool| {
-            let w = next();
-            (w, bias.then(&mut next))
+        let mlp = match cfg.moe.as_ref().filter(|m| m.routes(layer)) {
+            Some(moe) => {
+                let router = next();
+                let first = next();
+                (1..3 * moe.num_experts).for_each(|_| {
+                    next();
+                });
+                Mlp::Routed(Experts {
+                    router,
+                    first,
+                    count: moe.num_experts,
+                })
+            }
+            None => {
+                let mut lin = |bias: bool| {
+                    let w = next();
+                    (w, bias.then(&mut next))
+                };
+                let gate = lin(cfg.mlp_bias);
+                let up = lin(cfg.mlp_bias);
+                let down = lin(cfg.mlp_bias);
+                Mlp::Dense { gate, up, down }
+            }
         };
-        let gate = lin(cfg.mlp_bias);
-        let up = lin(cfg.mlp_bias);
-        let down = lin(cfg.mlp_bias);
         let post_mlp = sandwich.then(&mut next);
         Layout {
             ln1,
@@ -71,9 +95,7 @@ impl Layout {
             qk_norm,
             post_attn,
             ln2,
-            gate,
-            up,
-            down,
+            mlp,
             post_mlp,
             len: n,
         }
@@ -95,6 +117,13 @@ impl Layout {
     }
 }
 
+/// What a block's MLP forward left for its backward.
+#[derive(Debug)]
+enum MlpSaved<T> {
+    Dense { gate: T, up: T, s: T },
+    Routed(MoeSaved<T>),
+}
+
 #[derive(Debug)]
 pub struct LlamaSaved<T> {
     x: T,
@@ -110,9 +139,7 @@ pub struct LlamaSaved<T> {
     a: T,
     x2: T,
     n2: NormOut<T>,
-    gate: T,
-    up: T,
-    s: T,
+    mlp: MlpSaved<T>,
     /// The attention's and the MLP's outputs before their norms, with the
     /// norms' (GLM-4-0414).
     post_attn: Option<(T, NormOut<T>)>,
@@ -126,7 +153,7 @@ pub(super) fn forward<E: Executor>(
     w: &[E::Tensor],
     x: &E::Tensor,
 ) -> Result<(E::Tensor, LlamaSaved<E::Tensor>)> {
-    let l = Layout::new(cfg);
+    let l = Layout::new(cfg, layer);
     check_weights(w, l.len(), "llama block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
@@ -159,10 +186,21 @@ pub(super) fn forward<E: Executor>(
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
     let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| g.get(w, i)), eps)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, g.get(w, l.ln2), eps)?;
-    let gate = lin(ex, &n2.y, w, l.gate)?;
-    // The up projection with the activation applied where it is stored.
-    let (up, s) = matmul_glu(cfg, ex, &n2.y, &w[l.up.0], l.up.1.map(|i| &w[i]), &gate)?;
-    let d = times(ex, lin(ex, &s, w, l.down)?, residual(cfg))?;
+    let (d, mlp) = match (l.mlp, &cfg.moe) {
+        (Mlp::Dense { gate, up, down }, _) => {
+            let g = lin(ex, &n2.y, w, gate)?;
+            // The up projection with the activation applied where it is stored.
+            let (u, s) = matmul_glu(cfg, ex, &n2.y, &w[up.0], up.1.map(|i| &w[i]), &g)?;
+            let d = lin(ex, &s, w, down)?;
+            (d, MlpSaved::Dense { gate: g, up: u, s })
+        }
+        (Mlp::Routed(experts), Some(moe)) => {
+            let (d, saved) = moe::forward(cfg, moe, ex, w, experts, &n2.y)?;
+            (d, MlpSaved::Routed(saved))
+        }
+        (Mlp::Routed(_), None) => unreachable!("a routed layout comes from the config's experts"),
+    };
+    let d = times(ex, d, residual(cfg))?;
     let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| g.get(w, i)), eps)?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
@@ -177,9 +215,7 @@ pub(super) fn forward<E: Executor>(
         a,
         x2,
         n2,
-        gate,
-        up,
-        s,
+        mlp,
         post_attn,
         post_mlp,
     };
@@ -194,7 +230,7 @@ pub(super) fn backward<E: Executor>(
     s: &LlamaSaved<E::Tensor>,
     dy: &E::Tensor,
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
-    let l = Layout::new(cfg);
+    let l = Layout::new(cfg, layer);
     check_weights(w, l.len(), "llama block_backward")?;
     let (b, t) = (dy.dims()[0], dy.dims()[1]);
     let g = Gains::new(cfg, ex, w, &l.norms())?;
@@ -207,14 +243,37 @@ pub(super) fn backward<E: Executor>(
     let dy_mlp = dpost.as_ref().unwrap_or(dy);
     let dd = times_ref(ex, dy_mlp, residual(cfg))?;
     let dd = dd.as_ref().unwrap_or(dy_mlp);
-    let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &s.s, &w[l.down.0], dd, l.down.1, &s.gate, &s.up)?;
-    put(&mut grads, l.down, gd);
-    let mut gg = ex.matmul_backward(&s.n2.y, &w[l.gate.0], &dgate, Transpose::NT, needs(l.gate.1))?;
-    let mut dn2 = take(gg.da.take());
-    // up's input gradient added into gate's by the product itself.
-    let gu = ex.matmul_backward_da_into(&s.n2.y, &w[l.up.0], &dup, Transpose::NT, needs(l.up.1), &mut dn2)?;
-    put(&mut grads, l.gate, gg);
-    put(&mut grads, l.up, gu);
+    let dn2 = match (l.mlp, &s.mlp, &cfg.moe) {
+        (
+            Mlp::Dense { gate, up, down },
+            MlpSaved::Dense {
+                gate: g,
+                up: u,
+                s: sw,
+            },
+            _,
+        ) => {
+            let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, sw, &w[down.0], dd, down.1, g, u)?;
+            put(&mut grads, down, gd);
+            let mut gg = ex.matmul_backward(&s.n2.y, &w[gate.0], &dgate, Transpose::NT, needs(gate.1))?;
+            let mut dn2 = take(gg.da.take());
+            // up's input gradient added into gate's by the product itself.
+            let gu =
+                ex.matmul_backward_da_into(&s.n2.y, &w[up.0], &dup, Transpose::NT, needs(up.1), &mut dn2)?;
+            put(&mut grads, gate, gg);
+            put(&mut grads, up, gu);
+            dn2
+        }
+        (Mlp::Routed(experts), MlpSaved::Routed(saved), Some(moe)) => {
+            moe::backward(cfg, moe, ex, w, experts, &s.n2.y, saved, dd, &mut grads)?
+        }
+        _ => {
+            return Err(ZooError::invalid(
+                "llama block_backward",
+                format!("block {layer}'s saved MLP is not the kind its layout has"),
+            ));
+        }
+    };
     // x2 flows on past the norm: its gradient is the norm's plus dy.
     let n2 = ex.add_rmsnorm_backward(&s.x2, g.get(w, l.ln2), &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);

@@ -41,6 +41,7 @@ mod block_phi;
 mod block_starcoder2;
 mod embedding;
 mod head;
+mod moe;
 
 use megatrain_tensor::{
     AttentionOut, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
@@ -57,6 +58,7 @@ pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
 };
+pub use moe::MoeSaved;
 
 use crate::{Arch, ModelConfig, Result, ZooError};
 

@@ -42,6 +42,10 @@ pub const CASES: &[&str] = &[
     "gpt_neox",
     "gpt_neox_seq",
     "gpt2_erf",
+    "mixtral",
+    "qwen3_moe",
+    "qwen3_moe_raw",
+    "mixtral_sparse",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

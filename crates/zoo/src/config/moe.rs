@@ -1,0 +1,166 @@
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): which blocks route each
+//! token to `top_k` of `num_experts` SwiGLU experts, as the transformers
+//! config classes read their fields.
+
+use serde_json::{Value, json};
+
+use super::{Arch, Fields};
+use crate::Result;
+
+/// The routed MLP of a family's sparse blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moe {
+    pub num_experts: usize,
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Each expert's MLP width (Mixtral's `intermediate_size`, Qwen3-MoE's
+    /// `moe_intermediate_size`).
+    pub expert_size: usize,
+    /// Whether the top-k routing probabilities are divided by their sum
+    /// (Mixtral always; Qwen3-MoE under `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Which blocks route (Qwen3-MoE's `decoder_sparse_step` and
+    /// `mlp_only_layers`; the others keep a dense MLP of
+    /// `intermediate_size`); `None`: every block.
+    pub sparse_layers: Option<Vec<bool>>,
+}
+
+impl Moe {
+    /// Whether block `layer` routes.
+    pub fn routes(&self, layer: usize) -> bool {
+        self.sparse_layers
+            .as_ref()
+            .is_none_or(|s| s.get(layer).copied().unwrap_or(false))
+    }
+
+    pub(super) fn validate(&self, layers: usize) -> std::result::Result<(), String> {
+        if self.num_experts == 0 || self.expert_size == 0 {
+            return Err("a mixture of experts needs experts of positive width".into());
+        }
+        if self.top_k == 0 || self.top_k > self.num_experts {
+            return Err(format!(
+                "num_experts_per_tok {} must be between 1 and the {} experts",
+                self.top_k, self.num_experts
+            ));
+        }
+        if let Some(s) = &self.sparse_layers
+            && s.len() != layers
+        {
+            return Err(format!(
+                "the sparse blocks list {} blocks of num_hidden_layers {layers}",
+                s.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fields [`parse`] reads back to this.
+    pub(super) fn write_json(&self, arch: Arch, obj: &mut serde_json::Map<String, Value>) {
+        obj.insert("num_experts_per_tok".into(), json!(self.top_k));
+        obj.insert("output_router_logits".into(), json!(false));
+        match arch {
+            Arch::Mixtral => {
+                obj.insert("num_local_experts".into(), json!(self.num_experts));
+                obj.insert("router_jitter_noise".into(), json!(0.0));
+            }
+            _ => {
+                obj.insert("num_experts".into(), json!(self.num_experts));
+                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
+                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
+                obj.insert("decoder_sparse_step".into(), json!(1));
+                let dense: Vec<usize> = match &self.sparse_layers {
+                    Some(s) => (0..s.len()).filter(|&i| !s[i]).collect(),
+                    None => vec![],
+                };
+                obj.insert("mlp_only_layers".into(), json!(dense));
+            }
+        }
+    }
+}
+
+/// The routed MLP of a Mixtral or Qwen3-MoE config (`None` for the other
+/// families, and for a Qwen3-MoE config with no experts or no sparse
+/// block). What transformers does only while training beyond the loss
+/// (router jitter, the load-balancing loss under `output_router_logits`)
+/// is refused rather than left out.
+pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>> {
+    let (num_experts, top_k, expert_size, norm_topk, sparse) = match arch {
+        Arch::Mixtral => {
+            let jitter = f.opt_f64("router_jitter_noise")?.unwrap_or(0.0);
+            if jitter != 0.0 {
+                return Err(f.unsupported(format!(
+                    "router_jitter_noise = {jitter} (megatrain routes without jitter)"
+                )));
+            }
+            (
+                experts(f, "num_local_experts", "num_experts")?.unwrap_or(8),
+                f.opt_usize("num_experts_per_tok")?.unwrap_or(2),
+                f.req_usize("intermediate_size")?,
+                true,
+                None,
+            )
+        }
+        Arch::Qwen3Moe => {
+            let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(f.bad("decoder_sparse_step", "must be positive"));
+            }
+            let dense = match f.get("mlp_only_layers") {
+                None => vec![],
+                Some(v) => v
+                    .as_array()
+                    .and_then(|l| l.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
+                    .ok_or_else(|| {
+                        f.bad(
+                            "mlp_only_layers",
+                            format!("expected a list of block indices, got {v}"),
+                        )
+                    })?,
+            };
+            if let Some(&i) = dense.iter().find(|&&i| i >= layers) {
+                return Err(f.bad(
+                    "mlp_only_layers",
+                    format!("block {i} of a model of num_hidden_layers {layers}"),
+                ));
+            }
+            let sparse: Vec<bool> = (0..layers)
+                .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
+                .collect();
+            (
+                experts(f, "num_experts", "num_local_experts")?.unwrap_or(128),
+                f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
+                f.opt_usize("moe_intermediate_size")?.unwrap_or(768),
+                f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                Some(sparse),
+            )
+        }
+        _ => return Ok(None),
+    };
+    if f.opt_bool("output_router_logits")?.unwrap_or(false) {
+        return Err(f.unsupported(
+            "output_router_logits = true (the router's load-balancing loss is not implemented; \
+             transformers adds it to the loss only under this flag)",
+        ));
+    }
+    if num_experts == 0 || sparse.as_ref().is_some_and(|s| !s.iter().any(|&x| x)) {
+        return Ok(None);
+    }
+    let sparse_layers = sparse.filter(|s| !s.iter().all(|&x| x));
+    Ok(Some(Moe {
+        num_experts,
+        top_k,
+        expert_size,
+        norm_topk,
+        sparse_layers,
+    }))
+}
+
+/// The expert count under the family's own name or the other one, which
+/// its config class maps onto it (transformers 5 writes Qwen3-MoE's as
+/// `num_local_experts`; the Hub's files say `num_experts`).
+fn experts(f: &Fields, own: &str, alias: &str) -> Result<Option<usize>> {
+    match (f.opt_usize(own)?, f.opt_usize(alias)?) {
+        (Some(a), Some(b)) if a != b => Err(f.bad(own, format!("{a} experts, but {alias} says {b}"))),
+        (a, b) => Ok(a.or(b)),
+    }
+}

@@ -1,0 +1,326 @@
+//! The routed MLP of Mixtral's and Qwen3-MoE's sparse blocks.
+//!
+//! A linear router scores every expert for each token; the host reads the
+//! scores (`[N, E]`, small beside the block), takes their softmax and
+//! each token's top k, and from them each expert's rows: which tokens it
+//! serves and with what weight. An expert gathers its rows of the input
+//! (`embedding` over the input as a table), runs its SwiGLU MLP, scales
+//! each output row by its weight (`scale_rows`) and scatter-adds it into
+//! the block's output (`embedding_backward`, whose ids are unique within
+//! an expert). The routing is kept for the backward, which therefore
+//! takes the same experts: a recomputed forward routes identically, since
+//! it scores the same input with the same weights.
+//!
+//! The backward gathers each expert's rows of the output gradient; their
+//! dot products with the expert's unscaled outputs (`row_dots`) are the
+//! gradients of its routing weights, which the host carries back through
+//! the top-k renormalisation and the softmax to the router's scores and
+//! uploads for the router's own backward. The selection itself has no
+//! gradient, as in transformers.
+//!
+//! As transformers does, the softmax is taken in f32 or wider (here f64,
+//! from scores the executor downloads as f32) and an expert no token
+//! chose costs nothing forward and gives zero gradients.
+
+use megatrain_tensor::{Executor, HostSlice, TensorHandle, Transpose};
+
+use super::{matmul_backward_glu, matmul_glu, needs, shape};
+use crate::{ModelConfig, Moe, Result, ZooError};
+
+/// Positions in a block's table of its router and experts: the router at
+/// `router`, expert e's gate, up and down at `first + 3e` and the two
+/// after it (as `tables.rs` pushes them).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Experts {
+    pub router: usize,
+    pub first: usize,
+    pub count: usize,
+}
+
+impl Experts {
+    /// The slots of expert `e`'s gate, up and down projections.
+    fn of(&self, e: usize) -> [usize; 3] {
+        let g = self.first + 3 * e;
+        [g, g + 1, g + 2]
+    }
+}
+
+/// The tokens one expert serves, and what its forward left.
+#[derive(Debug)]
+struct ExpertSaved<T> {
+    expert: usize,
+    /// Rows of the block's `[N, C]` input, ascending.
+    rows: Vec<u32>,
+    /// Each row's routing weight.
+    weights: Vec<f64>,
+    /// Each row's rank among its token's k choices.
+    ranks: Vec<usize>,
+    x: T,
+    gate: T,
+    up: T,
+    s: T,
+    /// The expert's outputs before their weights.
+    y: T,
+}
+
+/// What a routed MLP's backward needs from its forward.
+#[derive(Debug)]
+pub struct MoeSaved<T> {
+    /// Each token's router probabilities, `[N, E]`.
+    probs: Vec<f64>,
+    /// Each token's k chosen experts, best first, `[N, k]`.
+    picks: Vec<usize>,
+    experts: Vec<ExpertSaved<T>>,
+}
+
+/// The routing of `n` tokens from their router scores: each token's
+/// softmax over the experts and its `k` most probable (ties to the lower
+/// index), with their weights (renormalised over the k under
+/// `norm_topk`).
+fn route(scores: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<usize>, Vec<f64>) {
+    let (e, k) = (moe.num_experts, moe.top_k);
+    let mut probs = vec![0.0f64; n * e];
+    let mut picks = vec![0usize; n * k];
+    let mut weights = vec![0.0f64; n * k];
+    for t in 0..n {
+        let row = &scores[t * e..(t + 1) * e];
+        let p = &mut probs[t * e..(t + 1) * e];
+        let max = row.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+        p.iter_mut().zip(row).for_each(|(p, &s)| *p = (s - max).exp());
+        let sum: f64 = p.iter().sum();
+        p.iter_mut().for_each(|p| *p /= sum);
+        let mut order: Vec<usize> = (0..e).collect();
+        // total_cmp orders a NaN (a diverged run's) above every number:
+        // the pick is still some k distinct experts.
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let chosen = &order[..k];
+        let total: f64 = chosen.iter().map(|&x| p[x]).sum();
+        for (j, &x) in chosen.iter().enumerate() {
+            picks[t * k + j] = x;
+            weights[t * k + j] = match moe.norm_topk {
+                true => p[x] / total,
+                false => p[x],
+            };
+        }
+    }
+    (probs, picks, weights)
+}
+
+/// The routed MLP of `x: [B, T, C]` (the block's normed input): `[B, T, C]`.
+pub(crate) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    moe: &Moe,
+    ex: &E,
+    w: &[E::Tensor],
+    l: Experts,
+    x: &E::Tensor,
+) -> Result<(E::Tensor, MoeSaved<E::Tensor>)> {
+    let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+    let n = b * t;
+    let x2 = ex.reshape(x, &shape(&[n, c]))?;
+    let scores = ex.matmul(&x2, &w[l.router], None, Transpose::NT)?;
+    let mut host = vec![0.0f32; n * moe.num_experts];
+    ex.download_into(&scores, &mut host)?;
+    let host: Vec<f64> = host.into_iter().map(f64::from).collect();
+    let (probs, picks, weights) = route(&host, n, moe);
+    let mut out = ex.zeros(&shape(&[n, c]))?;
+    let mut experts = Vec::new();
+    for e in 0..l.count {
+        let (mut rows, mut ws, mut ranks) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, &p) in picks.iter().enumerate() {
+            if p == e {
+                rows.push((i / moe.top_k) as u32);
+                ws.push(weights[i]);
+                ranks.push(i % moe.top_k);
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let [gi, ui, di] = l.of(e);
+        let xe = ex.embedding(&rows, &x2)?;
+        let gate = ex.matmul(&xe, &w[gi], None, Transpose::NT)?;
+        let (up, s) = matmul_glu(cfg, ex, &xe, &w[ui], None, &gate)?;
+        let y = ex.matmul(&s, &w[di], None, Transpose::NT)?;
+        ex.embedding_backward(&rows, &ex.scale_rows(&y, &ws)?, &mut out)?;
+        experts.push(ExpertSaved {
+            expert: e,
+            rows,
+            weights: ws,
+            ranks,
+            x: xe,
+            gate,
+            up,
+            s,
+            y,
+        });
+    }
+    let saved = MoeSaved {
+        probs,
+        picks,
+        experts,
+    };
+    Ok((ex.reshape(&out, &shape(&[b, t, c]))?, saved))
+}
+
+/// The backward of [`forward`] from `dy: [B, T, C]`: the input's gradient,
+/// the router's and every expert's weight gradients stored at their
+/// table slots.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    moe: &Moe,
+    ex: &E,
+    w: &[E::Tensor],
+    l: Experts,
+    x: &E::Tensor,
+    s: &MoeSaved<E::Tensor>,
+    dy: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+    let (n, k, ne) = (b * t, moe.top_k, moe.num_experts);
+    if s.probs.len() != n * ne {
+        return Err(ZooError::invalid(
+            "moe backward",
+            format!(
+                "routing saved for {} tokens, the input has {n}",
+                s.probs.len() / ne
+            ),
+        ));
+    }
+    let x2 = ex.reshape(x, &shape(&[n, c]))?;
+    let dy2 = ex.reshape(dy, &shape(&[n, c]))?;
+    let mut dx = ex.zeros(&shape(&[n, c]))?;
+    // d loss / d routing weight, for each token's k choices.
+    let mut dweights = vec![0.0f64; n * k];
+    let mut dots = Vec::new();
+    for es in &s.experts {
+        let [gi, ui, di] = l.of(es.expert);
+        let dys = ex.embedding(&es.rows, &dy2)?;
+        dots.resize(es.rows.len(), 0.0f32);
+        ex.download_into(&ex.row_dots(&dys, &es.y)?, &mut dots)?;
+        for ((&row, &rank), &d) in es.rows.iter().zip(&es.ranks).zip(&dots) {
+            dweights[row as usize * k + rank] = d as f64;
+        }
+        let dye = ex.scale_rows(&dys, &es.weights)?;
+        let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &es.s, &w[di], &dye, None, &es.gate, &es.up)?;
+        grads[di] = gd.db;
+        let mut gg = ex.matmul_backward(&es.x, &w[gi], &dgate, Transpose::NT, needs(None))?;
+        let mut dxe = gg.da.take().expect("requested gradient");
+        let gu = ex.matmul_backward_da_into(&es.x, &w[ui], &dup, Transpose::NT, needs(None), &mut dxe)?;
+        grads[gi] = gg.db;
+        grads[ui] = gu.db;
+        ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
+    }
+    for e in 0..l.count {
+        for (i, &slot) in l.of(e).iter().enumerate() {
+            if grads[slot].is_none() {
+                let dims = w[slot].dims().to_vec();
+                debug_assert!(i < 3);
+                grads[slot] = Some(ex.zeros(&shape(&dims))?);
+            }
+        }
+    }
+    let dscores = router_backward(&s.probs, &s.picks, &dweights, n, moe);
+    let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
+    let gr = ex.matmul_backward_da_into(&x2, &w[l.router], &ds, Transpose::NT, needs(None), &mut dx)?;
+    grads[l.router] = gr.db;
+    Ok(ex.reshape(&dx, &shape(&[b, t, c]))?)
+}
+
+/// The gradient of the router's scores `[N, E]` from those of each
+/// token's k routing weights: back through the renormalisation over the
+/// k (where `norm_topk`) and the softmax; an expert not chosen has a
+/// probability the loss never read.
+fn router_backward(probs: &[f64], picks: &[usize], dweights: &[f64], n: usize, moe: &Moe) -> Vec<f32> {
+    let (e, k) = (moe.num_experts, moe.top_k);
+    let mut out = vec![0.0f32; n * e];
+    let mut dp = vec![0.0f64; e];
+    for t in 0..n {
+        let p = &probs[t * e..(t + 1) * e];
+        let pk = &picks[t * k..(t + 1) * k];
+        let dw = &dweights[t * k..(t + 1) * k];
+        dp.iter_mut().for_each(|d| *d = 0.0);
+        match moe.norm_topk {
+            // w_j = p_j / S with S = Σ p_i: dp_j = (dw_j − Σ_i dw_i w_i) / S.
+            true => {
+                let total: f64 = pk.iter().map(|&x| p[x]).sum();
+                let mean: f64 = pk.iter().zip(dw).map(|(&x, &d)| d * p[x] / total).sum();
+                for (&x, &d) in pk.iter().zip(dw) {
+                    dp[x] = (d - mean) / total;
+                }
+            }
+            false => {
+                for (&x, &d) in pk.iter().zip(dw) {
+                    dp[x] = d;
+                }
+            }
+        }
+        let inner: f64 = p.iter().zip(&dp).map(|(p, d)| p * d).sum();
+        for (o, (p, d)) in out[t * e..(t + 1) * e].iter_mut().zip(p.iter().zip(&dp)) {
+            *o = (p * (d - inner)) as f32;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moe(e: usize, k: usize, norm: bool) -> Moe {
+        Moe {
+            num_experts: e,
+            top_k: k,
+            expert_size: 4,
+            norm_topk: norm,
+            sparse_layers: None,
+        }
+    }
+
+    /// The weights' loss `Σ c_j w_j` by finite differences of the scores
+    /// against `router_backward`, with and without renormalisation.
+    #[test]
+    fn router_backward_matches_finite_differences() {
+        let scores = [0.3, -1.2, 0.9, 0.1, 2.0, -0.4, 0.05, 0.7, -0.3, 1.1];
+        let (n, e, k) = (2, 5, 2);
+        let coef = [0.7f64, -1.3, 0.4, 2.1];
+        for norm in [false, true] {
+            let m = moe(e, k, norm);
+            let (probs, picks, _) = route(&scores, n, &m);
+            let loss = |s: &[f64]| {
+                let (_, pk, w) = route(s, n, &m);
+                assert_eq!(pk, picks, "the step must not change the choice");
+                w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
+            };
+            let got = router_backward(&probs, &picks, &coef, n, &m);
+            for i in 0..scores.len() {
+                let h = 1e-6;
+                let (mut up, mut dn) = (scores, scores);
+                up[i] += h;
+                dn[i] -= h;
+                let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
+                assert!(
+                    (fd - got[i] as f64).abs() < 1e-6,
+                    "norm {norm} score {i}: fd {fd} vs {}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn route_takes_the_k_most_probable_and_renormalises() {
+        let m = moe(4, 2, true);
+        let (probs, picks, w) = route(&[0.0, 2.0, 1.0, 2.0], 1, &m);
+        assert_eq!(picks, [1, 3], "ties go to the lower index");
+        assert!((probs.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!((w[0] - 0.5).abs() < 1e-12 && (w[1] - 0.5).abs() < 1e-12);
+        let (_, _, w) = route(&[0.0, 2.0, 1.0, 2.0], 1, &moe(4, 2, false));
+        assert!(
+            (w[0] - probs[1]).abs() < 1e-12,
+            "without renormalising, the probability itself"
+        );
+    }
+}
