@@ -40,7 +40,10 @@ def main():
         sys.exit(f"no exports under {out}")
     for d in dirs:
         ref = load_file(d / "rust_logits.safetensors")
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager")
+        # A mixture of experts' per-expert loop runs in float64 (grouped_mm does not).
+        model = AutoModelForCausalLM.from_pretrained(
+            d, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+        )
         model.eval()
         patch_float64(model)
         with torch.no_grad():

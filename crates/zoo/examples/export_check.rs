@@ -96,6 +96,10 @@ fn main() -> AnyResult<()> {
         "gpt_neox",
         "gpt_neox_seq",
         "gpt2_erf",
+        "mixtral",
+        "mixtral_sparse",
+        "qwen3_moe",
+        "qwen3_moe_raw",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();
@@ -132,6 +136,7 @@ fn main() -> AnyResult<()> {
     for (name, cfg) in [
         ("llama-tiny", preset("llama-tiny", None)?),
         ("gpt2-nano", preset("gpt2-nano", Some(65))?),
+        ("mixtral-tiny", preset("mixtral-tiny", None)?),
     ] {
         let tables = cfg.layer_tables();
         let slabs: Vec<Vec<f32>> = (0..cfg.num_layers_total())
