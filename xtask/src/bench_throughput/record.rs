@@ -335,19 +335,29 @@ impl Record {
         staging: u64,
         transport: Option<&TransportInfo>,
     ) -> Record {
-        // A mixture of experts' FLOPs count the experts a token is sent to.
-        let n_params = model.active_param_count() as u64;
-        let n_blocks: u64 = (0..model.num_layers_total())
-            .filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))))
-            .map(|l| model.active_params_of(l) as u64)
+        let blocks = || {
+            (0..model.num_layers_total())
+                .filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))))
+        };
+        let n_params = model.param_count() as u64;
+        let n_blocks: u64 = blocks()
+            .map(|l| model.layer_table(l).map_or(0, |t| t.numel() as u64))
             .sum();
+        // A mixture of experts' FLOPs count the experts a token is sent to.
+        let active = model.active_param_count() as u64;
+        let active_blocks: u64 = blocks().map(|l| model.active_params_of(l) as u64).sum();
         let tokens = spec.tokens_per_step();
         let step_ms = median(&steps.iter().map(|m| m.step_ms).collect::<Vec<_>>());
         let secs = step_ms / 1e3;
         let kept = spec.keep_activations.blocks(model.num_layers).unwrap_or(0);
         let recomputed = model.num_layers - kept;
-        let (model_flops, hw_flops) =
-            flops(model, n_params, n_blocks, (spec.batch, spec.seq_len), recomputed);
+        let (model_flops, hw_flops) = flops(
+            model,
+            active,
+            active_blocks,
+            (spec.batch, spec.seq_len),
+            recomputed,
+        );
         let up = mean(&steps, |m| m.bytes_uploaded as f64) as u64;
         let down = mean(&steps, |m| m.bytes_downloaded as f64) as u64;
         let direct = mean(&steps, |m| m.bytes_uploaded_direct as f64) as u64;

@@ -192,17 +192,13 @@ pub(crate) fn backward<E: Executor>(
     let x2 = ex.reshape(x, &shape(&[n, c]))?;
     let dy2 = ex.reshape(dy, &shape(&[n, c]))?;
     let mut dx = ex.zeros(&shape(&[n, c]))?;
-    // d loss / d routing weight, for each token's k choices.
-    let mut dweights = vec![0.0f64; n * k];
-    let mut dots = Vec::new();
+    // Each expert's rows' d loss / d routing weight, brought to the host
+    // together after the experts' backward (one wait, not one an expert).
+    let mut dots = Vec::with_capacity(s.experts.len());
     for es in &s.experts {
         let [gi, ui, di] = l.of(es.expert);
         let dys = ex.embedding(&es.rows, &dy2)?;
-        dots.resize(es.rows.len(), 0.0f32);
-        ex.download_into(&ex.row_dots(&dys, &es.y)?, &mut dots)?;
-        for ((&row, &rank), &d) in es.rows.iter().zip(&es.ranks).zip(&dots) {
-            dweights[row as usize * k + rank] = d as f64;
-        }
+        dots.push(ex.row_dots(&dys, &es.y)?);
         let dye = ex.scale_rows(&dys, &es.weights)?;
         let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &es.s, &w[di], &dye, None, &es.gate, &es.up)?;
         grads[di] = gd.db;
@@ -220,6 +216,19 @@ pub(crate) fn backward<E: Executor>(
                 debug_assert!(i < 3);
                 grads[slot] = Some(ex.zeros(&shape(&dims))?);
             }
+        }
+    }
+    let mut host = vec![0.0f32; s.experts.iter().map(|es| es.rows.len()).sum()];
+    if !dots.is_empty() {
+        ex.download_into(&ex.concat_last(&dots.iter().collect::<Vec<_>>())?, &mut host)?;
+    }
+    // For each token's k choices.
+    let mut dweights = vec![0.0f64; n * k];
+    let mut at = 0;
+    for es in &s.experts {
+        for (&row, &rank) in es.rows.iter().zip(&es.ranks) {
+            dweights[row as usize * k + rank] = host[at] as f64;
+            at += 1;
         }
     }
     let dscores = router_backward(&s.probs, &s.picks, &dweights, n, moe);
