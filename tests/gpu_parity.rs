@@ -85,7 +85,7 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// q/k/v and exact GELU, side by side and in sequence), in the zoo's
 /// golden fixtures' shapes; and the mixtures of experts (Mixtral's, one
 /// with experts no token chose, Qwen3-MoE's with a dense block between
-/// routed ones and without renormalisation).
+/// routed ones and without renormalisation, OLMoE's).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -118,6 +118,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "mixtral_sparse",
         "qwen3_moe",
         "qwen3_moe_raw",
+        "olmoe",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

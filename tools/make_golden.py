@@ -77,6 +77,8 @@ from transformers import (
     MixtralForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
 )
 
 BATCH = 2
@@ -927,6 +929,30 @@ CASES = {
         3,
         torch.float32,
     ),
+    # OLMoE: RMSNorms of the whole q and k projections, 5 experts, 2 a
+    # token, not renormalised; GQA.
+    "olmoe": (
+        OlmoeConfig,
+        OlmoeForCausalLM,
+        dict(
+            vocab_size=71,
+            hidden_size=48,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_experts=5,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            bos_token_id=None,
+            eos_token_id=None,
+            tie_word_embeddings=False,
+        ),
+        10,
+        torch.float32,
+    ),
     # Qwen3-MoE without renormalising the top-k probabilities.
     "qwen3_moe_raw": (
         Qwen3MoeConfig,
@@ -1145,7 +1171,7 @@ def patch_float64(model):
                 m.embed_scale.copy_(torch.tensor(m.scalar_embed_scale, dtype=torch.float32))
         elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
-        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter"):
+        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
             m.forward = types.MethodType(_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)

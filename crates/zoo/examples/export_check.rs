@@ -100,6 +100,7 @@ fn main() -> AnyResult<()> {
         "mixtral_sparse",
         "qwen3_moe",
         "qwen3_moe_raw",
+        "olmoe",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

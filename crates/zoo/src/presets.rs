@@ -26,6 +26,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "mixtral-tiny",
     "mixtral-8x7b",
     "qwen3-30b-a3b",
+    "olmoe-1b-7b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -293,6 +294,33 @@ fn qwen3_30b_a3b() -> Result<ModelConfig> {
     )
 }
 
+/// OLMoE-1B-7B (`allenai/OLMoE-1B-7B-0125`'s config.json): 6.9 B
+/// parameters, 64 experts of which 8 a token, 1.3 B read per token.
+fn olmoe_1b_7b() -> Result<ModelConfig> {
+    hf_preset(
+        "olmoe-1b-7b",
+        serde_json::json!({
+            "architectures": ["OlmoeForCausalLM"],
+            "model_type": "olmoe",
+            "vocab_size": 50304,
+            "hidden_size": 2048,
+            "intermediate_size": 1024,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "num_experts": 64,
+            "num_experts_per_tok": 8,
+            "norm_topk_prob": false,
+            "clip_qkv": null,
+            "pad_token_id": 1,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -362,6 +390,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "mixtral-tiny" => mixtral_tiny()?,
         "mixtral-8x7b" => mixtral_8x7b()?,
         "qwen3-30b-a3b" => qwen3_30b_a3b()?,
+        "olmoe-1b-7b" => olmoe_1b_7b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -216,8 +216,12 @@ impl ModelConfig {
                     t.push(format!("{p}.self_attn.o_proj.bias"), [c], false)?;
                 }
                 if self.qk_norm {
-                    t.push(format!("{p}.self_attn.q_norm.weight"), [d], false)?;
-                    t.push(format!("{p}.self_attn.k_norm.weight"), [d], false)?;
+                    let (qn, kn) = match self.arch.has_full_qk_norms() {
+                        true => (q, kv),
+                        false => (d, d),
+                    };
+                    t.push(format!("{p}.self_attn.q_norm.weight"), [qn], false)?;
+                    t.push(format!("{p}.self_attn.k_norm.weight"), [kn], false)?;
                 }
                 let sandwich = self.arch.has_sandwich_norms();
                 // The norms after the attention, before the MLP and after it.

@@ -1237,7 +1237,47 @@ fn mixture_of_experts_fields() {
     // Written back, a config reads as itself.
     let back = parse(c.to_hf_json("float32")).unwrap();
     assert_eq!(back.moe, c.moe);
-    for name in ["mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b"] {
+    // OLMoE: its norms of q and k span the whole projections; clip_qkv
+    // (a clamp none of its releases has) is refused.
+    let olmoe = json!({
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    });
+    let c = parse(olmoe.clone()).unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_size, m.norm_topk),
+        (64, 8, 128, false)
+    );
+    assert_eq!(c.pad_token_id, Some(1));
+    let t = c.layer_table(1).unwrap();
+    assert_eq!(
+        t.get("model.layers.0.self_attn.q_norm.weight")
+            .unwrap()
+            .shape
+            .dims(),
+        [256]
+    );
+    assert_eq!(
+        t.get("model.layers.0.self_attn.k_norm.weight")
+            .unwrap()
+            .shape
+            .dims(),
+        [128]
+    );
+    let mut clipped = olmoe;
+    clipped
+        .as_object_mut()
+        .unwrap()
+        .insert("clip_qkv".into(), json!(8.0));
+    assert!(bad_msg(clipped).contains("clip_qkv"));
+    for name in ["mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b"] {
         let p = megatrain_zoo::preset(name, None).unwrap();
         let back = parse(p.to_hf_json("float32")).unwrap();
         assert_eq!((back.arch, &back.moe), (p.arch, &p.moe), "{name}");

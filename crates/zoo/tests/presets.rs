@@ -21,6 +21,7 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("pythia-1b", 1_011_781_632),
         ("mixtral-8x7b", 46_702_792_704),
         ("qwen3-30b-a3b", 30_532_122_624),
+        ("olmoe-1b-7b", 6_919_161_856),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");

@@ -95,6 +95,10 @@ pub enum Arch {
     /// on its sparse blocks, the probabilities renormalised under
     /// `norm_topk_prob`.
     Qwen3Moe,
+    /// OLMoE (`olmoe`): Llama's block with RMSNorms of the whole q and k
+    /// projections (OLMo 2's, before the residual rather than after) and
+    /// a routed MLP ([`Moe`]) on every block.
+    Olmoe,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -102,7 +106,8 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          SmolLM3ForCausalLM, GraniteForCausalLM, Starcoder2ForCausalLM, GlmForCausalLM, \
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                         GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM";
+                         GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
+                         OlmoeForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -117,7 +122,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 22] = [
+    pub const ALL: [Arch; 23] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -140,6 +145,7 @@ impl Arch {
         Arch::GptNeox,
         Arch::Mixtral,
         Arch::Qwen3Moe,
+        Arch::Olmoe,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -166,6 +172,7 @@ impl Arch {
             Arch::GptNeox => "GPTNeoXForCausalLM",
             Arch::Mixtral => "MixtralForCausalLM",
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Arch::Olmoe => "OlmoeForCausalLM",
         }
     }
 
@@ -193,6 +200,7 @@ impl Arch {
             Arch::GptNeox => "gpt_neox",
             Arch::Mixtral => "mixtral",
             Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Olmoe => "olmoe",
         }
     }
 
@@ -278,6 +286,12 @@ impl Arch {
     /// projection.
     pub fn has_head_qk_norms(self) -> bool {
         self == Arch::Exaone4
+    }
+
+    /// OLMoE's Llama block with q/k norms over the whole projections
+    /// (the Llama family's others norm each head).
+    pub fn has_full_qk_norms(self) -> bool {
+        self == Arch::Olmoe
     }
 }
 
@@ -771,6 +785,10 @@ impl ModelConfig {
             Arch::Glm | Arch::Glm4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
             }
+            Arch::Olmoe => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("clip_qkv".into(), json!(null));
+            }
             Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 if self.arch != Arch::Olmo2 {
@@ -997,6 +1015,11 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     if arch.is_gemma() && f.opt_bool("use_bidirectional_attention")?.unwrap_or(false) {
         return Err(f.unsupported("use_bidirectional_attention = true (megatrain trains causal models)"));
     }
+    if arch == Arch::Olmoe && f.get("clip_qkv").is_some() {
+        return Err(
+            f.unsupported("clip_qkv (OLMoE's clamp of q, k and v; the released checkpoints have none)")
+        );
+    }
     if !implemented.contains(&act) {
         return Err(f.unsupported(format!(
             "hidden_act '{act}' (implemented for {arch:?}: {})",
@@ -1006,7 +1029,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let default_positions = match arch {
         Arch::Mistral | Arch::Mixtral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => 32768,
-        Arch::Starcoder2 | Arch::Phi3 => 4096,
+        Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
         _ => 2048,
@@ -1060,9 +1083,13 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             attention_bias,
             f.opt_bool("mlp_bias")?.unwrap_or(false),
         ),
-        Arch::Qwen3 | Arch::Qwen3Moe | Arch::Olmo2 | Arch::Olmo3 | Arch::Gemma2 | Arch::Gemma3 => {
-            (attention_bias, attention_bias, false)
-        }
+        Arch::Qwen3
+        | Arch::Qwen3Moe
+        | Arch::Olmo2
+        | Arch::Olmo3
+        | Arch::Gemma2
+        | Arch::Gemma3
+        | Arch::Olmoe => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
@@ -1128,7 +1155,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Olmoe),
         sliding_window,
         sliding_layers,
         sliding_rope,
@@ -1285,7 +1312,7 @@ fn padding_idx(f: &Fields, arch: Arch) -> Result<Option<usize>> {
     let vocab = f.req_usize("vocab_size")?;
     let default = match arch {
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 | Arch::Gemma3 => Some(0),
-        Arch::Olmo2 | Arch::Olmo3 => Some(1),
+        Arch::Olmo2 | Arch::Olmo3 | Arch::Olmoe => Some(1),
         Arch::Phi3 => Some(32000),
         Arch::SmolLM3 => Some(128004),
         Arch::Glm | Arch::Glm4 => Some(151329),

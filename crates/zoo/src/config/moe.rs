@@ -1,4 +1,4 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): which blocks route each
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE): which blocks route each
 //! token to `top_k` of `num_experts` SwiGLU experts, as the transformers
 //! config classes read their fields.
 
@@ -63,6 +63,10 @@ impl Moe {
                 obj.insert("num_local_experts".into(), json!(self.num_experts));
                 obj.insert("router_jitter_noise".into(), json!(0.0));
             }
+            Arch::Olmoe => {
+                obj.insert("num_experts".into(), json!(self.num_experts));
+                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
+            }
             _ => {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
@@ -100,6 +104,13 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                 None,
             )
         }
+        Arch::Olmoe => (
+            experts(f, "num_experts", "num_local_experts")?.unwrap_or(64),
+            f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
+            f.req_usize("intermediate_size")?,
+            f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            None,
+        ),
         Arch::Qwen3Moe => {
             let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
             if step == 0 {

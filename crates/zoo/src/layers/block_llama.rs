@@ -1,5 +1,6 @@
 //! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3,
-//! Granite, GLM, Gemma 3): pre-RMSNorm attention with RoPE and
+//! Granite, GLM, Gemma 3; Mixtral, Qwen3-MoE and OLMoE with their routed
+//! MLPs, `moe.rs`): pre-RMSNorm attention with RoPE and
 //! grouped-query heads, SwiGLU MLP (Gemma's GeGLU). Optional q/k/v and o
 //! biases, MLP biases, Qwen3's and Gemma's per-head RMSNorm of q and k
 //! before RoPE, and GLM-4-0414's and Gemma's RMSNorms of the attention's
@@ -163,8 +164,14 @@ pub(super) fn forward<E: Executor>(
     let g = Gains::new(cfg, ex, w, &l.norms())?;
 
     let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
-    let q = ex.reshape(&lin(ex, &n1.y, w, l.q)?, &qs)?;
-    let k = ex.reshape(&lin(ex, &n1.y, w, l.k)?, &ks)?;
+    // OLMoE norms the whole projections, the others each head.
+    let full = cfg.arch.has_full_qk_norms();
+    let (qs_norm, ks_norm) = match full {
+        true => (shape(&[b, t, cfg.q_dim()]), shape(&[b, t, cfg.kv_dim()])),
+        false => (qs.clone(), ks.clone()),
+    };
+    let q = ex.reshape(&lin(ex, &n1.y, w, l.q)?, &qs_norm)?;
+    let k = ex.reshape(&lin(ex, &n1.y, w, l.k)?, &ks_norm)?;
     let v = ex.reshape(&lin(ex, &n1.y, w, l.v)?, &ks)?;
     let (q_pre, k_pre, qn, kn) = match l.qk_norm {
         Some((qi, ki)) => {
@@ -173,7 +180,7 @@ pub(super) fn forward<E: Executor>(
             let (qy, ky) = (ex.reshape(&qn.y, &qs)?, ex.reshape(&kn.y, &ks)?);
             (Some((q, qn)), Some((k, kn)), qy, ky)
         }
-        None => (None, None, q, k),
+        None => (None, None, ex.reshape(&q, &qs)?, ex.reshape(&k, &ks)?),
     };
     // SmolLM3's NoPE blocks attend without positions.
     let (q, k) = match cfg.has_rope(layer) {
@@ -288,8 +295,10 @@ pub(super) fn backward<E: Executor>(
         attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), dout, &mut grads)?;
     let mut dq = times(ex, dq, cfg.q_factor())?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
-        let gq = ex.rmsnorm_backward(q_pre, g.get(w, qi), &qn.rstd, &dq)?;
-        let gk = ex.rmsnorm_backward(k_pre, g.get(w, ki), &kn.rstd, &dk)?;
+        // In the norms' own shapes (the whole projections' for OLMoE).
+        let (dq_n, dk_n) = (ex.reshape(&dq, q_pre.shape())?, ex.reshape(&dk, k_pre.shape())?);
+        let gq = ex.rmsnorm_backward(q_pre, g.get(w, qi), &qn.rstd, &dq_n)?;
+        let gk = ex.rmsnorm_backward(k_pre, g.get(w, ki), &kn.rstd, &dk_n)?;
         grads[qi] = Some(gq.dw);
         grads[ki] = Some(gk.dw);
         dq = gq.dx;

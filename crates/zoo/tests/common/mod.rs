@@ -46,6 +46,7 @@ pub const CASES: &[&str] = &[
     "qwen3_moe",
     "qwen3_moe_raw",
     "mixtral_sparse",
+    "olmoe",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
