@@ -743,6 +743,14 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     }
 }
 
+/// The same for a mixture of experts, whose router scores (an f16
+/// product too) decide each token's experts on the host.
+#[test]
+fn mixtral_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
+    let Some(ctx) = common::ctx() else { return };
+    f16_training_follows(|| GpuExecutor::new(ctx.clone()), &common::mixtral_tiny(2), 1e-4);
+}
+
 /// Trains `model` for 20 steps in f32 and f16 on executors `gpu` makes and
 /// in f16 on the CPU; checks the losses against each other and returns the
 /// bytes the f16 run's device copied from registered host memory.

@@ -187,7 +187,7 @@ fn checkpoint_interval_does_not_change_training() {
 /// twice; the gradients come down as before.
 #[test]
 fn kept_activations_do_not_change_training() {
-    for model in [common::llama_tiny(3), gpt2_nano(65)] {
+    for model in [common::llama_tiny(3), gpt2_nano(65), common::mixtral_tiny(3)] {
         let v = model.vocab_size;
         let mut runs = Vec::new();
         for (k, keep) in [(1, 0), (2, 1), (1, 2), (3, 3), (2, 3)] {
