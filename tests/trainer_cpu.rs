@@ -159,6 +159,14 @@ fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
 fn moe_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&common::mixtral_tiny(3));
     check_one_step_matches_reference(&common::qwen3_moe_fixture());
+    // With the routers' load-balancing loss, which the streamed step forms
+    // from every routed block's forward before the first backward.
+    let mut balanced = common::mixtral_tiny(3);
+    balanced.moe.as_mut().unwrap().aux_loss_coef = Some(0.05);
+    check_one_step_matches_reference(&balanced);
+    let mut dense_between = common::qwen3_moe_fixture();
+    dense_between.moe.as_mut().unwrap().aux_loss_coef = Some(0.1);
+    check_one_step_matches_reference(&dense_between);
 }
 
 #[test]

@@ -953,6 +953,56 @@ CASES = {
         10,
         torch.float32,
     ),
+    # Mixtral with the routers' load-balancing loss (output_router_logits)
+    # added to the loss.
+    "mixtral_aux": (
+        MixtralConfig,
+        MixtralForCausalLM,
+        dict(
+            vocab_size=61,
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            output_router_logits=True,
+            router_aux_loss_coef=0.05,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        7,
+        torch.float32,
+    ),
+    # Qwen3-MoE's load-balancing loss over its routed blocks only (the
+    # middle one dense), the top k not renormalised.
+    "qwen3_moe_aux": (
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        dict(
+            vocab_size=67,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=5,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            output_router_logits=True,
+            router_aux_loss_coef=0.1,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        8,
+        torch.float32,
+    ),
     # Qwen3-MoE without renormalising the top-k probabilities.
     "qwen3_moe_raw": (
         Qwen3MoeConfig,
@@ -1256,8 +1306,12 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
     targets[0, 2] = -100
     targets[1, -1] = -100
-    logits = model(input_ids=inputs).logits
+    out = model(input_ids=inputs)
+    logits = out.logits
     loss = cross_entropy(logits, targets)
+    if getattr(cfg, "output_router_logits", False):
+        # transformers' own loss adds the routers' load-balancing loss so.
+        loss = loss + cfg.router_aux_loss_coef * out.aux_loss
     loss.backward()
 
     golden = {

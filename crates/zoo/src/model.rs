@@ -118,21 +118,24 @@ pub fn forward_backward<E: Executor>(
     )?;
     let mut grads: Vec<Vec<E::Tensor>> = Vec::with_capacity(cfg.num_layers_total());
     grads.push(vec![]);
+    let stats: Vec<_> = saved.iter().filter_map(|s| s.router_stats()).collect();
+    let aux = layers::RouterAux::new(cfg, &stats, 1.0);
     let mut dx = head.dx;
     let mut block_grads = Vec::with_capacity(cfg.num_layers);
     for (layer, (w, s)) in weights[1..=cfg.num_layers].iter().zip(&saved).enumerate().rev() {
-        let (d, g) = block_backward(cfg, ex, layer, w, s, &dx)?;
+        let (d, g) = block_backward(cfg, ex, layer, w, s, &dx, aux.as_ref())?;
         block_grads.push(g);
         dx = d;
     }
     grads[0] = embedding_backward(cfg, ex, &weights[0], ids, batch, seq, &dx, head.tied_grad)?;
     grads.extend(block_grads.into_iter().rev());
     grads.push(head.grads);
+    // Cross-entropy, and the routers' load-balancing loss where the model adds it.
     let loss = if counted > 0 {
         crate::layers::sum_losses(ex, &head.losses)? / counted as f64
     } else {
         0.0
-    };
+    } + aux.map_or(0.0, |a| a.loss);
     Ok(StepOut { loss, counted, grads })
 }
 

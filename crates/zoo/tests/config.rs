@@ -1165,8 +1165,11 @@ fn mixture_of_experts_fields() {
     // What changes training beyond the loss is refused, named.
     for (extra, needle) in [
         (json!({"router_jitter_noise": 0.01}), "router_jitter_noise"),
-        (json!({"output_router_logits": true}), "output_router_logits"),
         (json!({"num_experts_per_tok": 9}), "num_experts_per_tok"),
+        (
+            json!({"output_router_logits": true, "router_aux_loss_coef": -1.0}),
+            "router_aux_loss_coef",
+        ),
     ] {
         let msg = bad_msg(mixtral(extra));
         assert!(
@@ -1174,6 +1177,24 @@ fn mixture_of_experts_fields() {
             "{needle}: {msg}"
         );
     }
+
+    // The load-balancing loss only under output_router_logits, with the
+    // class's coefficient unless written (OLMoE's below).
+    assert_eq!(
+        parse(mixtral(json!({}))).unwrap().moe.unwrap().aux_loss_coef,
+        None
+    );
+    let only = parse(mixtral(json!({"router_aux_loss_coef": 0.02}))).unwrap();
+    assert_eq!(only.moe.unwrap().aux_loss_coef, None);
+    let on = parse(mixtral(json!({"output_router_logits": true}))).unwrap();
+    assert_eq!(on.moe.as_ref().unwrap().aux_loss_coef, Some(0.001));
+    let back = parse(on.to_hf_json("float32")).unwrap();
+    assert_eq!(back.moe, on.moe);
+    let on = parse(mixtral(
+        json!({"output_router_logits": true, "router_aux_loss_coef": 0.02}),
+    ))
+    .unwrap();
+    assert_eq!(on.moe.unwrap().aux_loss_coef, Some(0.02));
 
     let qwen = |extra: Value| {
         let mut v = json!({
@@ -1271,6 +1292,11 @@ fn mixture_of_experts_fields() {
             .dims(),
         [128]
     );
+    let mut on = olmoe.clone();
+    on.as_object_mut()
+        .unwrap()
+        .insert("output_router_logits".into(), json!(true));
+    assert_eq!(parse(on).unwrap().moe.unwrap().aux_loss_coef, Some(0.01));
     let mut clipped = olmoe;
     clipped
         .as_object_mut()

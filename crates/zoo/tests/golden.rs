@@ -138,7 +138,9 @@ fn golden_f64_executor_is_tighter() {
 
 /// The window cases would fail the golden comparison without their window
 /// (and OLMo 3's with YaRN on every block, SmolLM3's with RoPE on every
-/// block, Granite's without its multipliers): each changes the loss well
+/// block, Granite's without its multipliers, the mixtures of experts
+/// without their load-balancing loss or the renormalisation of their top
+/// k): each changes the loss well
 /// past the tolerances above. (phi3_partial's partial rotation needs no
 /// such check: its 6 LongRoPE factors cover only the 12 rotated entries'
 /// pairs, and would not load for all 16.)
@@ -172,7 +174,13 @@ fn the_window_cases_depend_on_their_window() {
     fn uncapped_logits(c: &mut ModelConfig) -> bool {
         c.final_softcap.take().is_some()
     }
-    let cases: [(&str, Drop); 24] = [
+    fn unbalanced(c: &mut ModelConfig) -> bool {
+        c.moe.as_mut().is_some_and(|m| m.aux_loss_coef.take().is_some())
+    }
+    fn unnormalised(c: &mut ModelConfig) -> bool {
+        c.moe.as_mut().is_some_and(|m| std::mem::take(&mut m.norm_topk))
+    }
+    let cases: [(&str, Drop); 27] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -197,6 +205,9 @@ fn the_window_cases_depend_on_their_window() {
         ("gemma2", head_dim_scores),
         ("gemma2", uncapped_scores),
         ("gemma2", uncapped_logits),
+        ("mixtral_aux", unbalanced),
+        ("qwen3_moe_aux", unbalanced),
+        ("mixtral", unnormalised),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

@@ -67,7 +67,7 @@ fn streamed_micro_batch(
     let mut dx = head.dx;
     for i in (0..l).rev() {
         let (_, saved) = block_forward(cfg, &ex, i, &w[i + 1], &inputs[i]).unwrap(); // recompute
-        let (d, g) = block_backward(cfg, &ex, i, &w[i + 1], &saved, &dx).unwrap();
+        let (d, g) = block_backward(cfg, &ex, i, &w[i + 1], &saved, &dx, None).unwrap();
         grads[i + 1] = g;
         dx = d;
     }

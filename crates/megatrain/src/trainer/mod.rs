@@ -54,8 +54,8 @@ use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficien
 use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
-    HeadOut, block_backward, block_forward, embedding_forward, embedding_grads, head_forward_backward,
-    head_loss, sum_losses,
+    HeadOut, RouterAux, block_backward, block_forward, embedding_forward, embedding_grads,
+    head_forward_backward, head_loss, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
 
@@ -384,19 +384,28 @@ impl<E: Executor> Trainer<E> {
         m.comm_ms += count_ms;
         m.comm_wait_ms += count_ms;
         let mut loss_sum = 0.0;
+        // A mixture of experts' load-balancing loss is each forward's, as
+        // transformers computes it, averaged over the step's micro-batches
+        // on every rank.
+        let ranks = self.dist.as_ref().map_or(1, |d| d.comm().size());
+        let aux_weight = 1.0 / (micro.len() * ranks) as f64;
+        let mut aux_loss = 0.0;
         for (k, batch) in micro.iter().enumerate() {
             let last = k + 1 == micro.len();
             let update = last && self.config.grad_clip.is_none();
-            loss_sum += self.micro_batch(batch, grad_scale, update, last, lr as f32, &mut m)?;
+            let (l, a) =
+                self.micro_batch(batch, (grad_scale, aux_weight), update, last, lr as f32, &mut m)?;
+            loss_sum += l;
+            aux_loss += a;
             m.tokens += (batch.batch * batch.seq_len) as u64;
         }
         if let Some(d) = &self.dist {
             let t = Instant::now();
-            let mut x = [loss_sum];
+            let mut x = [loss_sum, aux_loss];
             d.comm()
                 .sum_f64(&mut x)
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
-            loss_sum = x[0];
+            (loss_sum, aux_loss) = (x[0], x[1]);
             // Every rank draws batches of the same shape.
             m.tokens *= d.comm().size() as u64;
             m.ranks = d.comm().size() as u64;
@@ -422,7 +431,7 @@ impl<E: Executor> Trainer<E> {
             loss_sum / counted as f64
         } else {
             0.0
-        };
+        } + aux_loss;
         m.optimizer_hidden = if m.optimizer_ms > 0.0 {
             (1.0 - m.optimizer_wait_ms / m.optimizer_ms).clamp(0.0, 1.0)
         } else {
@@ -465,18 +474,21 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Forward, loss and backward of one micro-batch; gradients go to the
-    /// optimizer worker (accumulated, and applied when `update`). Returns
-    /// the micro-batch's loss sum.
+    /// optimizer worker (accumulated, and applied when `update`). The
+    /// cross-entropy's gradient is scaled by `grad_scale`, the routers'
+    /// load-balancing loss (where the model adds one) by `aux_weight`.
+    /// Returns the micro-batch's cross-entropy sum and its weighted
+    /// load-balancing loss.
     #[allow(clippy::too_many_arguments)]
     fn micro_batch(
         &mut self,
         batch: &Batch,
-        grad_scale: f32,
+        (grad_scale, aux_weight): (f32, f64),
         update: bool,
         last: bool,
         lr: f32,
         m: &mut StepMetrics,
-    ) -> Result<f64> {
+    ) -> Result<(f64, f64)> {
         let chunk = self.transfer_chunk();
         let Trainer {
             ex,
@@ -516,7 +528,7 @@ impl<E: Executor> Trainer<E> {
         )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
 
-        let loss = std::thread::scope(|scope| -> Result<f64> {
+        let loss = std::thread::scope(|scope| -> Result<(f64, f64)> {
             let opt = scope.spawn(move || match dist {
                 Some(d) => dist_worker(rx, shared, d, last),
                 None => worker(rx, shared).map(|busy_ms| WorkerReport {
@@ -552,6 +564,7 @@ impl<E: Executor> Trainer<E> {
             };
             let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
             let mut kept = Vec::with_capacity(plan.kept().len());
+            let mut stats = Vec::new();
             for i in 0..n_blocks {
                 let keeps = plan.keeps(i);
                 let slot = match keeps {
@@ -560,6 +573,7 @@ impl<E: Executor> Trainer<E> {
                 };
                 let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
+                stats.extend(sv.router_stats());
                 if keeps {
                     kept.push((w, sv));
                 } else {
@@ -571,6 +585,7 @@ impl<E: Executor> Trainer<E> {
                 x = y;
             }
             m.forward_ms += ms(t_fwd);
+            let aux = RouterAux::new(cfg, &stats, aux_weight);
 
             // 2. Loss and its backward.
             let t_loss = Instant::now();
@@ -604,7 +619,7 @@ impl<E: Executor> Trainer<E> {
             // slots; each is released once its backward is issued.
             let t_bwd = Instant::now();
             for (i, (w, sv)) in plan.kept().zip(kept).rev() {
-                let (d, grads) = block_backward(cfg, ex, i, &w, &sv, &dx)?;
+                let (d, grads) = block_backward(cfg, ex, i, &w, &sv, &dx, aux.as_ref())?;
                 drop((w, sv));
                 dx = d;
                 h.push(grads, m)?;
@@ -625,7 +640,7 @@ impl<E: Executor> Trainer<E> {
                 }
                 drop(x);
                 for (i, ((slot, w), sv)) in (s..e).zip(ws.iter().zip(saved)).rev() {
-                    let (d, grads) = block_backward(cfg, ex, i, w, &sv, &dx)?;
+                    let (d, grads) = block_backward(cfg, ex, i, w, &sv, &dx, aux.as_ref())?;
                     slots.release(*slot);
                     drop(sv);
                     dx = d;
@@ -659,7 +674,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
             m.comm_wait_ms += rep.waited_after(t_wait);
-            Ok(loss_sum)
+            Ok((loss_sum, aux.map_or(0.0, |a| a.loss)))
         });
         // The last writes behind: the host waits for them (the next step
         // reads these files).

@@ -19,7 +19,8 @@ use std::time::Instant;
 use megatrain_tensor::{Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 use megatrain_zoo::layers::{
-    block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward, sum_losses,
+    RouterAux, block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
+    sum_losses,
 };
 
 use super::update::{Hyper, Part, update_part};
@@ -119,8 +120,10 @@ impl<E: Executor> Trainer<E> {
         let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t)?;
         let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
         let mut kept = Vec::with_capacity(plan.kept().len());
+        let mut stats = Vec::new();
         for i in 0..n_blocks {
             let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
+            stats.extend(sv.router_stats());
             if plan.keeps(i) {
                 kept.push(sv);
             } else if plan.checkpoints(i) {
@@ -140,9 +143,10 @@ impl<E: Executor> Trainer<E> {
             config.chunk_rows,
         )?;
         drop(x);
+        let aux = RouterAux::new(cfg, &stats, 1.0);
         let mut dx = head.dx;
         for (i, sv) in plan.kept().zip(kept).rev() {
-            dx = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx)?.0;
+            dx = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx, aux.as_ref())?.0;
         }
         for (s, e) in plan.groups().rev().map(|g| (g.start, g.end)) {
             let mut h = checkpoints.pop().expect("one checkpoint per block group");
@@ -154,7 +158,7 @@ impl<E: Executor> Trainer<E> {
             }
             drop(h);
             for (i, sv) in (s..e).zip(saved).rev() {
-                let (d, _grads) = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx)?;
+                let (d, _grads) = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx, aux.as_ref())?;
                 dx = d;
             }
         }

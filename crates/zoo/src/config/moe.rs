@@ -23,6 +23,10 @@ pub struct Moe {
     /// `mlp_only_layers`; the others keep a dense MLP of
     /// `intermediate_size`); `None`: every block.
     pub sparse_layers: Option<Vec<bool>>,
+    /// The factor of the routers' load-balancing loss added to the loss
+    /// (`router_aux_loss_coef` where `output_router_logits` is set, as
+    /// transformers adds it); `None`: the loss is the cross-entropy alone.
+    pub aux_loss_coef: Option<f64>,
 }
 
 impl Moe {
@@ -57,7 +61,10 @@ impl Moe {
     /// The fields [`parse`] reads back to this.
     pub(super) fn write_json(&self, arch: Arch, obj: &mut serde_json::Map<String, Value>) {
         obj.insert("num_experts_per_tok".into(), json!(self.top_k));
-        obj.insert("output_router_logits".into(), json!(false));
+        obj.insert("output_router_logits".into(), json!(self.aux_loss_coef.is_some()));
+        if let Some(c) = self.aux_loss_coef {
+            obj.insert("router_aux_loss_coef".into(), json!(c));
+        }
         match arch {
             Arch::Mixtral => {
                 obj.insert("num_local_experts".into(), json!(self.num_experts));
@@ -85,8 +92,7 @@ impl Moe {
 /// The routed MLP of a Mixtral or Qwen3-MoE config (`None` for the other
 /// families, and for a Qwen3-MoE config with no experts or no sparse
 /// block). What transformers does only while training beyond the loss
-/// (router jitter, the load-balancing loss under `output_router_logits`)
-/// is refused rather than left out.
+/// (router jitter) is refused rather than left out.
 pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>> {
     let (num_experts, top_k, expert_size, norm_topk, sparse) = match arch {
         Arch::Mixtral => {
@@ -147,12 +153,18 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         }
         _ => return Ok(None),
     };
-    if f.opt_bool("output_router_logits")?.unwrap_or(false) {
-        return Err(f.unsupported(
-            "output_router_logits = true (the router's load-balancing loss is not implemented; \
-             transformers adds it to the loss only under this flag)",
-        ));
-    }
+    // transformers adds the routers' load-balancing loss only under
+    // output_router_logits; the config classes' coefficients unless written.
+    let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) {
+        true => {
+            let default = if arch == Arch::Olmoe { 0.01 } else { 0.001 };
+            match f.opt_f64("router_aux_loss_coef")?.unwrap_or(default) {
+                c if c.is_finite() && c >= 0.0 => Some(c),
+                c => return Err(f.bad("router_aux_loss_coef", format!("{c} must be a number ≥ 0"))),
+            }
+        }
+        false => None,
+    };
     if num_experts == 0 || sparse.as_ref().is_some_and(|s| !s.iter().any(|&x| x)) {
         return Ok(None);
     }
@@ -163,6 +175,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         expert_size,
         norm_topk,
         sparse_layers,
+        aux_loss_coef,
     }))
 }
 

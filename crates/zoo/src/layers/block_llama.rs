@@ -10,7 +10,7 @@
 
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
-use super::moe::{self, Experts, MoeSaved};
+use super::moe::{self, Experts, MoeSaved, RouterAux, RouterStats};
 use super::{
     AttnSaved, Gains, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_glu,
     matmul_glu, needs, put, qkv_backward, shape,
@@ -125,6 +125,16 @@ enum MlpSaved<T> {
     Routed(MoeSaved<T>),
 }
 
+impl<T> LlamaSaved<T> {
+    /// The routing statistics of a routed block's forward.
+    pub(super) fn router_stats(&self) -> Option<RouterStats> {
+        match &self.mlp {
+            MlpSaved::Routed(m) => Some(m.stats()),
+            MlpSaved::Dense { .. } => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct LlamaSaved<T> {
     x: T,
@@ -236,6 +246,7 @@ pub(super) fn backward<E: Executor>(
     w: &[E::Tensor],
     s: &LlamaSaved<E::Tensor>,
     dy: &E::Tensor,
+    aux: Option<&RouterAux>,
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
     let l = Layout::new(cfg, layer);
     check_weights(w, l.len(), "llama block_backward")?;
@@ -272,7 +283,7 @@ pub(super) fn backward<E: Executor>(
             dn2
         }
         (Mlp::Routed(experts), MlpSaved::Routed(saved), Some(moe)) => {
-            moe::backward(cfg, moe, ex, w, experts, &s.n2.y, saved, dd, &mut grads)?
+            moe::backward(cfg, moe, ex, w, experts, &s.n2.y, saved, dd, aux, &mut grads)?
         }
         _ => {
             return Err(ZooError::invalid(

@@ -58,7 +58,7 @@ pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
 };
-pub use moe::MoeSaved;
+pub use moe::{MoeSaved, RouterAux, RouterStats};
 
 use crate::{Arch, ModelConfig, Result, ZooError};
 
@@ -122,7 +122,22 @@ pub fn block_forward<E: Executor>(
     }
 }
 
+impl<T> BlockSaved<T> {
+    /// What a routed block's forward tells the routers' load-balancing
+    /// loss ([`RouterAux`]); `None` for a dense block.
+    pub fn router_stats(&self) -> Option<RouterStats> {
+        match self {
+            BlockSaved::Llama(s) => s.router_stats(),
+            _ => None,
+        }
+    }
+}
+
 /// Backward of block `layer`: returns `dx` and the weight gradients.
+/// `aux` is the routers' load-balancing loss of the forward that saved
+/// `saved` ([`RouterAux::new`] over every routed block's
+/// [`BlockSaved::router_stats`]): required where the model adds one
+/// (`output_router_logits`), `None` otherwise.
 pub fn block_backward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -130,6 +145,7 @@ pub fn block_backward<E: Executor>(
     w: &[E::Tensor],
     saved: &BlockSaved<E::Tensor>,
     dy: &E::Tensor,
+    aux: Option<&RouterAux>,
 ) -> Result<(E::Tensor, Vec<E::Tensor>)> {
     check_layer(cfg, layer, "block_backward")?;
     match saved {
@@ -142,7 +158,7 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
-            block_llama::backward(cfg, ex, layer, w, s, dy)
+            block_llama::backward(cfg, ex, layer, w, s, dy, aux)
         }
         _ => Err(ZooError::invalid(
             "block_backward",

@@ -66,11 +66,77 @@ struct ExpertSaved<T> {
 /// What a routed MLP's backward needs from its forward.
 #[derive(Debug)]
 pub struct MoeSaved<T> {
+    num_experts: usize,
     /// Each token's router probabilities, `[N, E]`.
     probs: Vec<f64>,
     /// Each token's k chosen experts, best first, `[N, k]`.
     picks: Vec<usize>,
     experts: Vec<ExpertSaved<T>>,
+}
+
+impl<T> MoeSaved<T> {
+    /// What the load-balancing loss reads of this block's routing.
+    pub fn stats(&self) -> RouterStats {
+        let e = self.num_experts;
+        let mut chosen = vec![0.0; e];
+        self.picks.iter().for_each(|&x| chosen[x] += 1.0);
+        let mut probs = vec![0.0; e];
+        for row in self.probs.chunks(e) {
+            probs.iter_mut().zip(row).for_each(|(s, p)| *s += p);
+        }
+        RouterStats {
+            tokens: self.probs.len() / e,
+            chosen,
+            probs,
+        }
+    }
+}
+
+/// What a routed block's forward tells the routers' load-balancing loss:
+/// over its `tokens`, how often each expert was among a token's k, and
+/// the sum of each expert's router probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterStats {
+    pub tokens: usize,
+    pub chosen: Vec<f64>,
+    pub probs: Vec<f64>,
+}
+
+/// The routers' load-balancing loss of one forward, as transformers adds
+/// it under `output_router_logits`: `coef · E · Σ_e f_e · P_e`, where over
+/// the tokens of every routed block together f_e is the share of choices
+/// that went to expert e (k a token) and P_e its mean router
+/// probability. The choices carry no gradient, so the loss's gradient
+/// with respect to each token's probability of expert e is the same
+/// constant in every routed block: `dprob[e]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterAux {
+    pub loss: f64,
+    pub dprob: Vec<f64>,
+}
+
+impl RouterAux {
+    /// The loss of the routed blocks' `stats` from one forward, times
+    /// `weight` (the share of a step's loss this forward's is: a step of
+    /// several micro-batches averages theirs); `None` where the model
+    /// adds no such loss or no block routed.
+    pub fn new(cfg: &ModelConfig, stats: &[RouterStats], weight: f64) -> Option<RouterAux> {
+        let moe = cfg.moe.as_ref()?;
+        let coef = moe.aux_loss_coef?;
+        let e = moe.num_experts;
+        let n = stats.iter().map(|s| s.tokens).sum::<usize>() as f64;
+        if n == 0.0 {
+            return None;
+        }
+        let mean = |f: fn(&RouterStats) -> &[f64], x: usize| stats.iter().map(|s| f(s)[x]).sum::<f64>() / n;
+        let share: Vec<f64> = (0..e).map(|x| mean(|s| &s.chosen, x)).collect();
+        let prob: Vec<f64> = (0..e).map(|x| mean(|s| &s.probs, x)).collect();
+        let scale = weight * coef * e as f64;
+        Some(RouterAux {
+            loss: scale * share.iter().zip(&prob).map(|(f, p)| f * p).sum::<f64>(),
+            dprob: share.iter().map(|f| scale * f / n).collect(),
+        })
+    }
 }
 
 /// The routing of `n` tokens from their router scores: each token's
@@ -156,6 +222,7 @@ pub(crate) fn forward<E: Executor>(
         });
     }
     let saved = MoeSaved {
+        num_experts: moe.num_experts,
         probs,
         picks,
         experts,
@@ -176,10 +243,26 @@ pub(crate) fn backward<E: Executor>(
     x: &E::Tensor,
     s: &MoeSaved<E::Tensor>,
     dy: &E::Tensor,
+    aux: Option<&RouterAux>,
     grads: &mut [Option<E::Tensor>],
 ) -> Result<E::Tensor> {
     let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     let (n, k, ne) = (b * t, moe.top_k, moe.num_experts);
+    let aux = match (aux, moe.aux_loss_coef) {
+        (Some(a), Some(_)) if a.dprob.len() == ne => Some(a.dprob.as_slice()),
+        (None, None) => None,
+        (a, c) => {
+            let given = a.map_or("none".to_string(), |a| {
+                format!("one for {} experts", a.dprob.len())
+            });
+            return Err(ZooError::invalid(
+                "moe backward",
+                format!(
+                    "the model's load-balancing loss coefficient is {c:?} over {ne} experts; its gradient given: {given}"
+                ),
+            ));
+        }
+    };
     if s.probs.len() != n * ne {
         return Err(ZooError::invalid(
             "moe backward",
@@ -231,7 +314,7 @@ pub(crate) fn backward<E: Executor>(
             at += 1;
         }
     }
-    let dscores = router_backward(&s.probs, &s.picks, &dweights, n, moe);
+    let dscores = router_backward(&s.probs, &s.picks, &dweights, aux, n, moe);
     let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
     let gr = ex.matmul_backward_da_into(&x2, &w[l.router], &ds, Transpose::NT, needs(None), &mut dx)?;
     grads[l.router] = gr.db;
@@ -241,8 +324,16 @@ pub(crate) fn backward<E: Executor>(
 /// The gradient of the router's scores `[N, E]` from those of each
 /// token's k routing weights: back through the renormalisation over the
 /// k (where `norm_topk`) and the softmax; an expert not chosen has a
-/// probability the loss never read.
-fn router_backward(probs: &[f64], picks: &[usize], dweights: &[f64], n: usize, moe: &Moe) -> Vec<f32> {
+/// probability only the load-balancing loss reads (its `aux` gradient,
+/// the same for every token).
+fn router_backward(
+    probs: &[f64],
+    picks: &[usize],
+    dweights: &[f64],
+    aux: Option<&[f64]>,
+    n: usize,
+    moe: &Moe,
+) -> Vec<f32> {
     let (e, k) = (moe.num_experts, moe.top_k);
     let mut out = vec![0.0f32; n * e];
     let mut dp = vec![0.0f64; e];
@@ -250,19 +341,22 @@ fn router_backward(probs: &[f64], picks: &[usize], dweights: &[f64], n: usize, m
         let p = &probs[t * e..(t + 1) * e];
         let pk = &picks[t * k..(t + 1) * k];
         let dw = &dweights[t * k..(t + 1) * k];
-        dp.iter_mut().for_each(|d| *d = 0.0);
+        match aux {
+            Some(a) => dp.copy_from_slice(a),
+            None => dp.iter_mut().for_each(|d| *d = 0.0),
+        }
         match moe.norm_topk {
             // w_j = p_j / S with S = Σ p_i: dp_j = (dw_j − Σ_i dw_i w_i) / S.
             true => {
                 let total: f64 = pk.iter().map(|&x| p[x]).sum();
                 let mean: f64 = pk.iter().zip(dw).map(|(&x, &d)| d * p[x] / total).sum();
                 for (&x, &d) in pk.iter().zip(dw) {
-                    dp[x] = (d - mean) / total;
+                    dp[x] += (d - mean) / total;
                 }
             }
             false => {
                 for (&x, &d) in pk.iter().zip(dw) {
-                    dp[x] = d;
+                    dp[x] += d;
                 }
             }
         }
@@ -285,6 +379,7 @@ mod tests {
             expert_size: 4,
             norm_topk: norm,
             sparse_layers: None,
+            aux_loss_coef: None,
         }
     }
 
@@ -303,7 +398,7 @@ mod tests {
                 assert_eq!(pk, picks, "the step must not change the choice");
                 w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
             };
-            let got = router_backward(&probs, &picks, &coef, n, &m);
+            let got = router_backward(&probs, &picks, &coef, None, n, &m);
             for i in 0..scores.len() {
                 let h = 1e-6;
                 let (mut up, mut dn) = (scores, scores);

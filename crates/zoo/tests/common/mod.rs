@@ -47,6 +47,8 @@ pub const CASES: &[&str] = &[
     "qwen3_moe_raw",
     "mixtral_sparse",
     "olmoe",
+    "mixtral_aux",
+    "qwen3_moe_aux",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
