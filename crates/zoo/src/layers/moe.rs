@@ -189,17 +189,17 @@ pub(crate) fn forward<E: Executor>(
     ex.download_into(&scores, &mut host)?;
     let host: Vec<f64> = host.into_iter().map(f64::from).collect();
     let (probs, picks, weights) = route(&host, n, moe);
+    // Each expert's rows (ascending), their weights and ranks.
+    let mut serves: Vec<(Vec<u32>, Vec<f64>, Vec<usize>)> = vec![Default::default(); l.count];
+    for (i, (&p, &wt)) in picks.iter().zip(&weights).enumerate() {
+        let (rows, ws, ranks) = &mut serves[p];
+        rows.push((i / moe.top_k) as u32);
+        ws.push(wt);
+        ranks.push(i % moe.top_k);
+    }
     let mut out = ex.zeros(&shape(&[n, c]))?;
     let mut experts = Vec::new();
-    for e in 0..l.count {
-        let (mut rows, mut ws, mut ranks) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, &p) in picks.iter().enumerate() {
-            if p == e {
-                rows.push((i / moe.top_k) as u32);
-                ws.push(weights[i]);
-                ranks.push(i % moe.top_k);
-            }
-        }
+    for (e, (rows, ws, ranks)) in serves.into_iter().enumerate() {
         if rows.is_empty() {
             continue;
         }
@@ -292,13 +292,10 @@ pub(crate) fn backward<E: Executor>(
         grads[ui] = gu.db;
         ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
     }
-    for e in 0..l.count {
-        for (i, &slot) in l.of(e).iter().enumerate() {
-            if grads[slot].is_none() {
-                let dims = w[slot].dims().to_vec();
-                debug_assert!(i < 3);
-                grads[slot] = Some(ex.zeros(&shape(&dims))?);
-            }
+    // The experts no token chose.
+    for slot in (0..l.count).flat_map(|e| l.of(e)) {
+        if grads[slot].is_none() {
+            grads[slot] = Some(ex.zeros(w[slot].shape())?);
         }
     }
     let mut host = vec![0.0f32; s.experts.iter().map(|es| es.rows.len()).sum()];
@@ -383,22 +380,36 @@ mod tests {
         }
     }
 
-    /// The weights' loss `Σ c_j w_j` by finite differences of the scores
-    /// against `router_backward`, with and without renormalisation.
+    /// The loss `Σ c_j w_j` of the routing weights, plus `Σ a_e p_e` of
+    /// every probability where a load-balancing gradient `a` is given, by
+    /// finite differences of the scores against `router_backward`, with
+    /// and without renormalisation.
     #[test]
     fn router_backward_matches_finite_differences() {
         let scores = [0.3, -1.2, 0.9, 0.1, 2.0, -0.4, 0.05, 0.7, -0.3, 1.1];
         let (n, e, k) = (2, 5, 2);
         let coef = [0.7f64, -1.3, 0.4, 2.1];
-        for norm in [false, true] {
+        let balance = [0.2f64, -0.5, 0.9, 0.0, 0.3];
+        for (norm, aux) in [
+            (false, None),
+            (true, None),
+            (false, Some(&balance)),
+            (true, Some(&balance)),
+        ] {
             let m = moe(e, k, norm);
             let (probs, picks, _) = route(&scores, n, &m);
             let loss = |s: &[f64]| {
-                let (_, pk, w) = route(s, n, &m);
+                let (p, pk, w) = route(s, n, &m);
                 assert_eq!(pk, picks, "the step must not change the choice");
-                w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
+                let a: f64 = aux.map_or(0.0, |a| {
+                    p.chunks(e)
+                        .flat_map(|row| row.iter().zip(a))
+                        .map(|(p, a)| p * a)
+                        .sum()
+                });
+                w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>() + a
             };
-            let got = router_backward(&probs, &picks, &coef, None, n, &m);
+            let got = router_backward(&probs, &picks, &coef, aux.map(|a| a.as_slice()), n, &m);
             for i in 0..scores.len() {
                 let h = 1e-6;
                 let (mut up, mut dn) = (scores, scores);
