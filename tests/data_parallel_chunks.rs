@@ -306,6 +306,13 @@ fn gpt2_chunks_change_no_result_across_ranks() {
     check(&common::gpt2_two_blocks(), cases());
 }
 
+/// Each rank routes its own tokens; a token's experts do not depend on the
+/// others', so the ranks together train as one process with their batch.
+#[test]
+fn mixtral_chunks_change_no_result_across_ranks() {
+    check(&common::mixtral_tiny(2), cases());
+}
+
 /// An optimizer over a tier that spills: each chunk's sum goes through the
 /// spill window (chunks on the window's boundaries). Replicated, every
 /// rank reads and writes whole layers; sharded, each its own page-aligned
