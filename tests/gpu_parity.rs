@@ -85,7 +85,8 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// q/k/v and exact GELU, side by side and in sequence), in the zoo's
 /// golden fixtures' shapes; and the mixtures of experts (Mixtral's, one
 /// with experts no token chose, Qwen3-MoE's with a dense block between
-/// routed ones and without renormalisation, OLMoE's).
+/// routed ones and without renormalisation, OLMoE's, Qwen2-MoE's with
+/// its gated shared expert).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -119,6 +120,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "qwen3_moe",
         "qwen3_moe_raw",
         "olmoe",
+        "qwen2_moe",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

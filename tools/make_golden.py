@@ -79,6 +79,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
     OlmoeConfig,
     OlmoeForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
 )
 
 BATCH = 2
@@ -1003,6 +1005,31 @@ CASES = {
         8,
         torch.float32,
     ),
+    # Qwen2-MoE: q/k/v biases, 4 experts, 2 a token, beside a shared
+    # expert under its sigmoid gate; the last block dense.
+    "qwen2_moe": (
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        dict(
+            vocab_size=83,
+            hidden_size=32,
+            intermediate_size=40,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            mlp_only_layers=[2],
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        9,
+        torch.float32,
+    ),
     # Qwen3-MoE without renormalising the top-k probabilities.
     "qwen3_moe_raw": (
         Qwen3MoeConfig,
@@ -1221,7 +1248,7 @@ def patch_float64(model):
                 m.embed_scale.copy_(torch.tensor(m.scalar_embed_scale, dtype=torch.float32))
         elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
-        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
+        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter"):
             m.forward = types.MethodType(_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)

@@ -128,11 +128,16 @@ pub fn mixtral_tiny(layers: usize) -> ModelConfig {
     c
 }
 
+/// The config of the zoo's golden fixture `case`.
+pub fn zoo_fixture(case: &str) -> ModelConfig {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
+    ModelConfig::from_dir(dir.join(case)).unwrap()
+}
+
 /// Qwen3-MoE's fixture (6 experts, 3 a token renormalised, the middle
 /// of its three blocks dense).
 pub fn qwen3_moe_fixture() -> ModelConfig {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/qwen3_moe");
-    ModelConfig::from_dir(dir).unwrap()
+    zoo_fixture("qwen3_moe")
 }
 
 /// llama-tiny with two heads of 64 (one K/V head), the narrowest head the

@@ -101,6 +101,7 @@ fn main() -> AnyResult<()> {
         "qwen3_moe",
         "qwen3_moe_raw",
         "olmoe",
+        "qwen2_moe",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -27,6 +27,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "mixtral-8x7b",
     "qwen3-30b-a3b",
     "olmoe-1b-7b",
+    "qwen1.5-moe-a2.7b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -321,6 +322,37 @@ fn olmoe_1b_7b() -> Result<ModelConfig> {
     )
 }
 
+/// Qwen1.5-MoE-A2.7B (`Qwen/Qwen1.5-MoE-A2.7B`'s config.json): 14.3 B
+/// parameters, 60 experts of which 4 a token beside a shared expert,
+/// 2.7 B read per token.
+fn qwen15_moe_a27b() -> Result<ModelConfig> {
+    hf_preset(
+        "qwen1.5-moe-a2.7b",
+        serde_json::json!({
+            "architectures": ["Qwen2MoeForCausalLM"],
+            "model_type": "qwen2_moe",
+            "vocab_size": 151936,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "moe_intermediate_size": 1408,
+            "shared_expert_intermediate_size": 5632,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6,
+            "num_experts": 60,
+            "num_experts_per_tok": 4,
+            "norm_topk_prob": false,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "use_sliding_window": false,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -391,6 +423,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "mixtral-8x7b" => mixtral_8x7b()?,
         "qwen3-30b-a3b" => qwen3_30b_a3b()?,
         "olmoe-1b-7b" => olmoe_1b_7b()?,
+        "qwen1.5-moe-a2.7b" => qwen15_moe_a27b()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

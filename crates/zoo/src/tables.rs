@@ -298,7 +298,8 @@ impl ModelConfig {
     }
 
     /// A routed MLP's router `[E, C]`, then each expert's gate and up
-    /// `[F, C]` and down `[C, F]`, under the checkpoints' per-expert names
+    /// `[F, C]` and down `[C, F]` (then Qwen2-MoE's shared expert and its
+    /// gate `[1, C]`), under the checkpoints' per-expert names
     /// (transformers 5 holds them fused in memory and writes them apart).
     fn push_experts(&self, t: &mut ParamTable, p: &str, moe: &Moe) -> Result<()> {
         let (c, f) = (self.hidden_size, moe.expert_size);
@@ -312,6 +313,13 @@ impl ModelConfig {
             t.push(format!("{x}.{gate}.weight"), [f, c], true)?;
             t.push(format!("{x}.{up}.weight"), [f, c], true)?;
             t.push(format!("{x}.{down}.weight"), [c, f], true)?;
+        }
+        if let Some(s) = moe.shared_expert {
+            let x = format!("{p}.{mlp}.shared_expert");
+            t.push(format!("{x}.gate_proj.weight"), [s, c], true)?;
+            t.push(format!("{x}.up_proj.weight"), [s, c], true)?;
+            t.push(format!("{x}.down_proj.weight"), [c, s], true)?;
+            t.push(format!("{p}.{mlp}.shared_expert_gate.weight"), [1, c], true)?;
         }
         Ok(())
     }

@@ -1303,7 +1303,55 @@ fn mixture_of_experts_fields() {
         .unwrap()
         .insert("clip_qkv".into(), json!(8.0));
     assert!(bad_msg(clipped).contains("clip_qkv"));
-    for name in ["mixtral-tiny", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b"] {
+    // Qwen2-MoE: q/k/v biases unless qkv_bias is false, Qwen2MoeConfig's
+    // defaults, and the shared expert with its gate after the experts.
+    let q2 = json!({
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    });
+    let c = parse(q2.clone()).unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_size,
+            m.norm_topk,
+            m.shared_expert
+        ),
+        (60, 4, 1408, false, Some(5632))
+    );
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    let names: Vec<String> = c.layer_table(1).unwrap().iter().map(|p| p.name.clone()).collect();
+    let tail = &names[names.len() - 4..];
+    assert_eq!(
+        tail,
+        [
+            "model.layers.0.mlp.shared_expert.gate_proj.weight",
+            "model.layers.0.mlp.shared_expert.up_proj.weight",
+            "model.layers.0.mlp.shared_expert.down_proj.weight",
+            "model.layers.0.mlp.shared_expert_gate.weight",
+        ]
+    );
+    let mut unbiased = q2;
+    unbiased
+        .as_object_mut()
+        .unwrap()
+        .insert("qkv_bias".into(), json!(false));
+    let back = parse(parse(unbiased).unwrap().to_hf_json("float32")).unwrap();
+    assert!(!back.qkv_bias && back.moe.unwrap().shared_expert == Some(5632));
+    for name in [
+        "mixtral-tiny",
+        "mixtral-8x7b",
+        "qwen3-30b-a3b",
+        "olmoe-1b-7b",
+        "qwen1.5-moe-a2.7b",
+    ] {
         let p = megatrain_zoo::preset(name, None).unwrap();
         let back = parse(p.to_hf_json("float32")).unwrap();
         assert_eq!((back.arch, &back.moe), (p.arch, &p.moe), "{name}");

@@ -22,6 +22,7 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("mixtral-8x7b", 46_702_792_704),
         ("qwen3-30b-a3b", 30_532_122_624),
         ("olmoe-1b-7b", 6_919_161_856),
+        ("qwen1.5-moe-a2.7b", 14_315_784_192),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -34,10 +35,12 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
             );
         }
     }
-    // What each token reads: the published 12.9 B and 3.3 B.
+    // What each token reads: the published 12.9 B, 3.3 B, 1.3 B and 2.7 B.
     for (name, active) in [
         ("mixtral-8x7b", 12_879_925_248usize),
         ("qwen3-30b-a3b", 3_353_032_704),
+        ("olmoe-1b-7b", 1_282_017_280),
+        ("qwen1.5-moe-a2.7b", 2_689_173_504),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }

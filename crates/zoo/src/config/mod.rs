@@ -99,6 +99,10 @@ pub enum Arch {
     /// projections (OLMo 2's, before the residual rather than after) and
     /// a routed MLP ([`Moe`]) on every block.
     Olmoe,
+    /// Qwen2-MoE (`qwen2_moe`: Qwen1.5-MoE, Qwen2-57B-A14B): Qwen2's block
+    /// (q/k/v biases) with a routed MLP ([`Moe`]) beside a shared expert
+    /// that every token takes, scaled by a sigmoid gate of its own.
+    Qwen2Moe,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -107,7 +111,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
-                         OlmoeForCausalLM";
+                         OlmoeForCausalLM, Qwen2MoeForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -122,7 +126,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 23] = [
+    pub const ALL: [Arch; 24] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -146,6 +150,7 @@ impl Arch {
         Arch::Mixtral,
         Arch::Qwen3Moe,
         Arch::Olmoe,
+        Arch::Qwen2Moe,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -173,6 +178,7 @@ impl Arch {
             Arch::Mixtral => "MixtralForCausalLM",
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::Olmoe => "OlmoeForCausalLM",
+            Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 
@@ -201,6 +207,7 @@ impl Arch {
             Arch::Mixtral => "mixtral",
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Olmoe => "olmoe",
+            Arch::Qwen2Moe => "qwen2_moe",
         }
     }
 
@@ -846,9 +853,15 @@ impl ModelConfig {
                 obj.insert("norm_epsilon".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
             }
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
-                if self.arch != Arch::Qwen2 {
-                    obj.insert("attention_bias".into(), json!(self.qkv_bias));
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
+                match self.arch {
+                    Arch::Qwen2 => {}
+                    Arch::Qwen2Moe => {
+                        obj.insert("qkv_bias".into(), json!(self.qkv_bias));
+                    }
+                    _ => {
+                        obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                    }
                 }
                 obj.insert("use_sliding_window".into(), json!(self.sliding_window.is_some()));
                 if let Some(w) = self.sliding_window {
@@ -1028,7 +1041,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     }
     let default_positions = match arch {
         Arch::Mistral | Arch::Mixtral => 4096 * 32,
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::SmolLM3 => 32768,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
@@ -1092,6 +1105,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         | Arch::Olmoe => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
+        // Qwen2MoeConfig's qkv_bias (true unless written).
+        Arch::Qwen2Moe => (f.opt_bool("qkv_bias")?.unwrap_or(true), false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
@@ -1266,7 +1281,7 @@ fn parse_sliding_window(
             ),
             false => (None, vec![false; layers]),
         },
-        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
             match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
                 true => {
                     let from = f.opt_usize("max_window_layers")?.unwrap_or(28);

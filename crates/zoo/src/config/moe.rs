@@ -1,4 +1,4 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE): which blocks route each
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): which blocks route each
 //! token to `top_k` of `num_experts` SwiGLU experts, as the transformers
 //! config classes read their fields.
 
@@ -27,6 +27,9 @@ pub struct Moe {
     /// (`router_aux_loss_coef` where `output_router_logits` is set, as
     /// transformers adds it); `None`: the loss is the cross-entropy alone.
     pub aux_loss_coef: Option<f64>,
+    /// The width of Qwen2-MoE's shared expert, which every token takes
+    /// beside its k, scaled by `sigmoid(x · shared_expert_gate)`.
+    pub shared_expert: Option<usize>,
 }
 
 impl Moe {
@@ -40,6 +43,9 @@ impl Moe {
     pub(super) fn validate(&self, layers: usize) -> std::result::Result<(), String> {
         if self.num_experts == 0 || self.expert_size == 0 {
             return Err("a mixture of experts needs experts of positive width".into());
+        }
+        if self.shared_expert == Some(0) {
+            return Err("shared_expert_intermediate_size must be positive".into());
         }
         if self.top_k == 0 || self.top_k > self.num_experts {
             return Err(format!(
@@ -75,6 +81,9 @@ impl Moe {
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
             }
             _ => {
+                if let Some(w) = self.shared_expert {
+                    obj.insert("shared_expert_intermediate_size".into(), json!(w));
+                }
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
@@ -117,7 +126,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             f.opt_bool("norm_topk_prob")?.unwrap_or(false),
             None,
         ),
-        Arch::Qwen3Moe => {
+        Arch::Qwen3Moe | Arch::Qwen2Moe => {
             let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
             if step == 0 {
                 return Err(f.bad("decoder_sparse_step", "must be positive"));
@@ -143,10 +152,14 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             let sparse: Vec<bool> = (0..layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
                 .collect();
+            // Qwen2MoeConfig's defaults, else Qwen3MoeConfig's.
+            let qwen2 = arch == Arch::Qwen2Moe;
             (
-                experts(f, "num_experts", "num_local_experts")?.unwrap_or(128),
-                f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
-                f.opt_usize("moe_intermediate_size")?.unwrap_or(768),
+                experts(f, "num_experts", "num_local_experts")?.unwrap_or(if qwen2 { 60 } else { 128 }),
+                f.opt_usize("num_experts_per_tok")?
+                    .unwrap_or(if qwen2 { 4 } else { 8 }),
+                f.opt_usize("moe_intermediate_size")?
+                    .unwrap_or(if qwen2 { 1408 } else { 768 }),
                 f.opt_bool("norm_topk_prob")?.unwrap_or(false),
                 Some(sparse),
             )
@@ -176,6 +189,10 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         norm_topk,
         sparse_layers,
         aux_loss_coef,
+        shared_expert: match arch {
+            Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
+            _ => None,
+        },
     }))
 }
 

@@ -69,10 +69,12 @@ impl Layout {
                 (1..3 * moe.num_experts).for_each(|_| {
                     next();
                 });
+                let shared = moe.shared_expert.map(|_| [next(), next(), next(), next()]);
                 Mlp::Routed(Experts {
                     router,
                     first,
                     count: moe.num_experts,
+                    shared,
                 })
             }
             None => {

@@ -1,4 +1,5 @@
-//! The routed MLP of Mixtral's and Qwen3-MoE's sparse blocks.
+//! The routed MLP of Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's
+//! sparse blocks (Qwen2-MoE's with a shared expert beside the routed ones).
 //!
 //! A linear router scores every expert for each token; the host reads the
 //! scores (`[N, E]`, small beside the block), takes their softmax and
@@ -29,12 +30,14 @@ use crate::{ModelConfig, Moe, Result, ZooError};
 
 /// Positions in a block's table of its router and experts: the router at
 /// `router`, expert e's gate, up and down at `first + 3e` and the two
-/// after it (as `tables.rs` pushes them).
+/// after it, then a shared expert's gate, up, down and sigmoid gate (as
+/// `tables.rs` pushes them).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Experts {
     pub router: usize,
     pub first: usize,
     pub count: usize,
+    pub shared: Option<[usize; 4]>,
 }
 
 impl Experts {
@@ -63,10 +66,22 @@ struct ExpertSaved<T> {
     y: T,
 }
 
+/// Qwen2-MoE's shared expert: its products' activations, its output
+/// before the gate, and each token's gate `sigmoid(x · w)`.
+#[derive(Debug)]
+struct SharedSaved<T> {
+    gate: T,
+    up: T,
+    s: T,
+    y: T,
+    sig: Vec<f64>,
+}
+
 /// What a routed MLP's backward needs from its forward.
 #[derive(Debug)]
 pub struct MoeSaved<T> {
     num_experts: usize,
+    shared: Option<SharedSaved<T>>,
     /// Each token's router probabilities, `[N, E]`.
     probs: Vec<f64>,
     /// Each token's k chosen experts, best first, `[N, k]`.
@@ -184,10 +199,28 @@ pub(crate) fn forward<E: Executor>(
     let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     let n = b * t;
     let x2 = ex.reshape(x, &shape(&[n, c]))?;
+    let ne = moe.num_experts;
     let scores = ex.matmul(&x2, &w[l.router], None, Transpose::NT)?;
-    let mut host = vec![0.0f32; n * moe.num_experts];
+    // A shared expert's gate comes down with the scores, as their last
+    // column: one wait.
+    let (scores, cols) = match l.shared {
+        Some([.., si]) => {
+            let z = ex.matmul(&x2, &w[si], None, Transpose::NT)?;
+            (ex.concat_last(&[&scores, &z])?, ne + 1)
+        }
+        None => (scores, ne),
+    };
+    let mut host = vec![0.0f32; n * cols];
     ex.download_into(&scores, &mut host)?;
-    let host: Vec<f64> = host.into_iter().map(f64::from).collect();
+    let rows = host.chunks(cols);
+    let sig: Vec<f64> = match l.shared {
+        Some(_) => rows
+            .clone()
+            .map(|r| 1.0 / (1.0 + (-(r[ne] as f64)).exp()))
+            .collect(),
+        None => Vec::new(),
+    };
+    let host: Vec<f64> = rows.flat_map(|r| r[..ne].iter().map(|&v| v as f64)).collect();
     let (probs, picks, weights) = route(&host, n, moe);
     // Each expert's rows (ascending), their weights and ranks.
     let mut serves: Vec<(Vec<u32>, Vec<f64>, Vec<usize>)> = vec![Default::default(); l.count];
@@ -221,8 +254,19 @@ pub(crate) fn forward<E: Executor>(
             y,
         });
     }
+    let shared = match l.shared {
+        Some([gi, ui, di, _]) => {
+            let gate = ex.matmul(&x2, &w[gi], None, Transpose::NT)?;
+            let (up, s) = matmul_glu(cfg, ex, &x2, &w[ui], None, &gate)?;
+            let y = ex.matmul(&s, &w[di], None, Transpose::NT)?;
+            ex.add_assign(&mut out, &ex.scale_rows(&y, &sig)?)?;
+            Some(SharedSaved { gate, up, s, y, sig })
+        }
+        None => None,
+    };
     let saved = MoeSaved {
         num_experts: moe.num_experts,
+        shared,
         probs,
         picks,
         experts,
@@ -292,13 +336,26 @@ pub(crate) fn backward<E: Executor>(
         grads[ui] = gu.db;
         ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
     }
+    // The shared expert's output gradient, its gate's with the experts'
+    // routing weights' (a last row-dot, for each token).
+    if let (Some([gi, ui, di, _]), Some(sh)) = (l.shared, &s.shared) {
+        dots.push(ex.row_dots(&dy2, &sh.y)?);
+        let dys = ex.scale_rows(&dy2, &sh.sig)?;
+        let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &sh.s, &w[di], &dys, None, &sh.gate, &sh.up)?;
+        grads[di] = gd.db;
+        let gg = ex.matmul_backward_da_into(&x2, &w[gi], &dgate, Transpose::NT, needs(None), &mut dx)?;
+        let gu = ex.matmul_backward_da_into(&x2, &w[ui], &dup, Transpose::NT, needs(None), &mut dx)?;
+        grads[gi] = gg.db;
+        grads[ui] = gu.db;
+    }
     // The experts no token chose.
     for slot in (0..l.count).flat_map(|e| l.of(e)) {
         if grads[slot].is_none() {
             grads[slot] = Some(ex.zeros(w[slot].shape())?);
         }
     }
-    let mut host = vec![0.0f32; s.experts.iter().map(|es| es.rows.len()).sum()];
+    let shared_rows = if s.shared.is_some() { n } else { 0 };
+    let mut host = vec![0.0f32; s.experts.iter().map(|es| es.rows.len()).sum::<usize>() + shared_rows];
     if !dots.is_empty() {
         ex.download_into(&ex.concat_last(&dots.iter().collect::<Vec<_>>())?, &mut host)?;
     }
@@ -310,6 +367,17 @@ pub(crate) fn backward<E: Executor>(
             dweights[row as usize * k + rank] = host[at] as f64;
             at += 1;
         }
+    }
+    if let (Some([.., si]), Some(sh)) = (l.shared, &s.shared) {
+        // d sigmoid(z) / dz = σ(1 − σ).
+        let dz: Vec<f32> = host[at..]
+            .iter()
+            .zip(&sh.sig)
+            .map(|(&d, &g)| (d as f64 * g * (1.0 - g)) as f32)
+            .collect();
+        let dz = ex.upload_slice(&shape(&[n, 1]), HostSlice::F32(&dz))?;
+        let gs = ex.matmul_backward_da_into(&x2, &w[si], &dz, Transpose::NT, needs(None), &mut dx)?;
+        grads[si] = gs.db;
     }
     let dscores = router_backward(&s.probs, &s.picks, &dweights, aux, n, moe);
     let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
@@ -377,6 +445,7 @@ mod tests {
             norm_topk: norm,
             sparse_layers: None,
             aux_loss_coef: None,
+            shared_expert: None,
         }
     }
 

@@ -49,6 +49,7 @@ pub const CASES: &[&str] = &[
     "olmoe",
     "mixtral_aux",
     "qwen3_moe_aux",
+    "qwen2_moe",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
