@@ -117,8 +117,7 @@ fn mlp_per_token(model: &ModelConfig) -> (u64, u64) {
         Some(m) => {
             let (k, e) = (m.top_k as u64, m.expert_size as u64);
             // Qwen2-MoE's shared expert: a dense MLP's, and its output.
-            let sh = m.shared_expert.map_or(0, |s| s as u64);
-            let shared = (sh > 0).then_some((3 * sh + c, sh)).unwrap_or((0, 0));
+            let shared = m.shared_expert.map_or((0, 0), |s| (3 * s as u64 + c, s as u64));
             let routed = (k * (2 * c + 3 * e) + shared.0, k * (c + e) + shared.1);
             match (0..model.num_layers).all(|i| m.routes(i)) {
                 true => routed,
