@@ -1,6 +1,7 @@
-//! megatrain-zoo: model families as code (GPT-2, Llama, Mistral, Qwen2,
-//! Qwen3, Phi-3, OLMo 2), Hugging Face checkpoint import/export, tokenizers
-//! and presets.
+//! megatrain-zoo: model families as code ([`Arch`]: GPT-2, the Llama
+//! family, OLMo, Phi, GLM, Cohere, Gemma, GPT-NeoX, and the mixtures of
+//! experts Mixtral, Qwen3-MoE, OLMoE and Qwen2-MoE), Hugging Face
+//! checkpoint import/export, tokenizers and presets.
 //!
 //! - [`ModelConfig`]: parsed from `config.json` (v4 and v5 field names) or a
 //!   [`preset`]; [`ModelConfig::layer_tables`] gives one
