@@ -570,6 +570,14 @@ fn plan_reports_host_and_device_bytes() {
     let out = run(&["plan", "--preset", "llama-2-7b", "--host-mem", "24G"]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("does NOT fit"), "{text}");
+    // A mixture of experts holds every expert; a token reads k of them.
+    let out = run(&["plan", "--preset", "olmoe-1b-7b", "--host-mem", "1T"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("6919161856 parameters")
+            && text.contains("1282017280 of the parameters read per token (64 experts, 8 a token)"),
+        "{text}"
+    );
     // An f16 transport copy costs what a bf16 one does: 2 bytes a parameter.
     let per_param = |precision: &str| {
         let out = run(&["plan", "--preset", "llama-tiny", "--precision", precision]);

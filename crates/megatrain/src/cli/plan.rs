@@ -174,6 +174,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if one_fits {
         println!("host (fp32 weights and AdamW moments, {} transport):", transport);
         println!("{}", p.host);
+        if let Some(m) = &model.moe {
+            // Every expert is held, moved and updated; a token reads k.
+            println!(
+                "  {} of the parameters read per token ({} experts, {} a token)",
+                model.active_param_count(),
+                m.num_experts,
+                m.top_k
+            );
+        }
         println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
         println!("  needed     {:>14}", gib(p.host_total()));
         if let Some(first) = p.host.first_spilled {

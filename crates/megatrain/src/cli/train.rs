@@ -284,9 +284,18 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
     }
     let o = &p.opts.clone();
     let n_params: usize = p.model.layer_tables().iter().map(|t| t.numel()).sum();
+    // A mixture of experts: how many, how many a token, what it reads.
+    let experts = p.model.moe.as_ref().map_or(String::new(), |m| {
+        format!(
+            ", {} experts, {} a token: {:.2}M read per token",
+            m.num_experts,
+            m.top_k,
+            p.model.active_param_count() as f64 / 1e6
+        )
+    });
     if !a.quiet {
         eprintln!(
-            "model: {} ({:?}, {} layers, width {}, vocab {}, {:.2}M parameters); tokenizer: {}",
+            "model: {} ({:?}, {} layers, width {}, vocab {}, {:.2}M parameters{experts}); tokenizer: {}",
             o.model
                 .as_ref()
                 .map(|m| m.display().to_string())
