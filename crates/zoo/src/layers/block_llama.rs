@@ -1,6 +1,6 @@
 //! Llama-family block (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3,
-//! Granite, GLM, Gemma 3; Mixtral, Qwen3-MoE and OLMoE with their routed
-//! MLPs, `moe.rs`): pre-RMSNorm attention with RoPE and
+//! Granite, GLM, Gemma 3; Mixtral, Qwen3-MoE, OLMoE and Qwen2-MoE with
+//! their routed MLPs, `moe.rs`): pre-RMSNorm attention with RoPE and
 //! grouped-query heads, SwiGLU MLP (Gemma's GeGLU). Optional q/k/v and o
 //! biases, MLP biases, Qwen3's and Gemma's per-head RMSNorm of q and k
 //! before RoPE, and GLM-4-0414's and Gemma's RMSNorms of the attention's
@@ -34,7 +34,7 @@ pub(crate) struct Layout {
     len: usize,
 }
 
-/// A block's MLP: dense, or routed among experts (Mixtral's, Qwen3-MoE's
+/// A block's MLP: dense, or routed among experts (a mixture of experts'
 /// sparse blocks).
 #[derive(Debug, Clone, Copy)]
 enum Mlp {
