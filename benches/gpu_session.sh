@@ -38,6 +38,7 @@
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh kernels'  # matmul, attention, bus, submits
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh steps'    # whole streamed steps
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh mainjob'  # README main job vs nanoGPT
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh moe'      # a mixture of experts' step
 # Each stage prints a short summary last (the device tool returns the tail
 # of the output) and leaves two files in $OUT: the summary, written as each
 # item ends (so a stage cut short still returns what it measured), and a
@@ -46,7 +47,7 @@
 # commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|first|second|checks|kernels|steps|mainjob}
+stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|first|second|checks|kernels|steps|mainjob|moe}
 if [ "$stage" = targets ]; then
     echo coop_layout f16 attention_f16 matmul attention transport gpu_parity
     exit 0
@@ -453,6 +454,19 @@ steps)
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
     done
+    ;;
+moe)
+    # A mixture of experts at the anchor batch (BENCHMARKS.md, "mixtures
+    # of experts"; never timed on a GPU): OLMoE-1B-7B, 6.9 B parameters
+    # (90.5 GiB of host memory), 64 experts of which 8 a token, f16,
+    # profiled: how much of its step is the experts' many small products
+    # and the host's wait for each routed block's scores.
+    timeout "$(left 480)" xtask bench-throughput --preset olmoe-1b-7b --device gpu --precision f16 \
+        --batch 8 --seq-len 1024 --steps 2 --warmup 1 --mode-reps 0 --no-peer --profile \
+        --json "$OUT/moe-olmoe.json" >"$OUT/moe-olmoe.log" 2>&1
+    rows "olmoe-1b-7b 8x1024 f16 (rc $?)" "$OUT/moe-olmoe.log"
+    echo "-- per-op profile in $OUT/moe-olmoe.log"
+    sed -n '/^per-op profile/,/in no op/p' "$OUT/moe-olmoe.log" | head -45
     ;;
 mainjob)
     # The README's main job on this GPU against karpathy/nanoGPT in the
