@@ -388,25 +388,26 @@ impl ModelConfig {
             .sum()
     }
 
-    /// Parameters of layer `layer` that one token's products read: its
-    /// table's, less the experts of a routed block that the token is not
-    /// sent to (what a mixture of experts' FLOPs per token count).
-    pub fn active_params_of(&self, layer: usize) -> usize {
-        let all = self.layer_table(layer).map_or(0, |t| t.numel());
+    /// Parameters of layer `layer` that one token's products do not read:
+    /// the experts of a routed block that the token is not sent to (a
+    /// mixture of experts' FLOPs per token count the table's numel less
+    /// these); 0 for every other layer. From the config alone, so a
+    /// caller holding the tables builds none.
+    pub fn unread_params_of(&self, layer: usize) -> usize {
         match (self.layer_kind(layer), &self.moe) {
             (Some(LayerKind::Block(i)), Some(moe)) if moe.routes(i) => {
-                let expert = 3 * moe.expert_size * self.hidden_size;
-                all - (moe.num_experts - moe.top_k) * expert
+                (moe.num_experts - moe.top_k) * 3 * moe.expert_size * self.hidden_size
             }
-            _ => all,
+            _ => 0,
         }
     }
 
-    /// [`Self::active_params_of`] summed over the model: its parameter
-    /// count but for a mixture of experts.
+    /// Parameters one token's products read: [`Self::param_count`] less
+    /// [`Self::unread_params_of`] every layer.
     pub fn active_param_count(&self) -> usize {
-        (0..self.num_layers_total())
-            .map(|l| self.active_params_of(l))
-            .sum()
+        let unread: usize = (0..self.num_layers_total())
+            .map(|l| self.unread_params_of(l))
+            .sum();
+        self.param_count() - unread
     }
 }

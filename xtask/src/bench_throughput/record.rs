@@ -335,17 +335,15 @@ impl Record {
         staging: u64,
         transport: Option<&TransportInfo>,
     ) -> Record {
-        let blocks = || {
-            (0..model.num_layers_total())
-                .filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))))
-        };
-        let n_params = model.param_count() as u64;
-        let n_blocks: u64 = blocks()
-            .map(|l| model.layer_table(l).map_or(0, |t| t.numel() as u64))
-            .sum();
+        let tables = model.layer_tables();
+        let n_params: u64 = tables.iter().map(|t| t.numel() as u64).sum();
+        let blocks =
+            || (0..tables.len()).filter(|&l| matches!(model.layer_kind(l), Some(LayerKind::Block(_))));
+        let n_blocks: u64 = blocks().map(|l| tables[l].numel() as u64).sum();
         // A mixture of experts' FLOPs count the experts a token is sent to.
-        let active = model.active_param_count() as u64;
-        let active_blocks: u64 = blocks().map(|l| model.active_params_of(l) as u64).sum();
+        let unread = |l: usize| model.unread_params_of(l) as u64;
+        let active = n_params - (0..tables.len()).map(unread).sum::<u64>();
+        let active_blocks = n_blocks - blocks().map(unread).sum::<u64>();
         let tokens = spec.tokens_per_step();
         let step_ms = median(&steps.iter().map(|m| m.step_ms).collect::<Vec<_>>());
         let secs = step_ms / 1e3;

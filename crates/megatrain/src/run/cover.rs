@@ -172,10 +172,8 @@ pub fn bus_cover_keeping(
     let block_bus_bytes = crossing(block_params, if kept == n_blocks { 1 } else { 2 });
     // A mixture of experts' products read only the experts a token is
     // sent to; its bus and AdamW move them all.
-    let block_active = (1..1 + n_blocks)
-        .map(|l| model.active_params_of(l) as u64)
-        .max()
-        .unwrap_or(0);
+    let active = |l: usize| (tables[l].numel() - model.unread_params_of(l)) as u64;
+    let block_active = (1..1 + n_blocks).map(active).max().unwrap_or(0);
     let block_flops_per_token = 6.0 * block_active as f64 + attention;
     let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
         .iter()
@@ -187,7 +185,7 @@ pub fn bus_cover_keeping(
         .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
         .sum();
     let blocks_flops: f64 = (1..1 + n_blocks)
-        .map(|l| 6.0 * model.active_params_of(l) as f64 + attention)
+        .map(|l| 6.0 * active(l) as f64 + attention)
         .sum();
     // The head's matmul reads a V×C matrix whether or not it is tied.
     let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
