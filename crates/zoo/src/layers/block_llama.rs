@@ -8,12 +8,12 @@
 //! are `1 + w` ([`Gains`]).
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle};
 
 use super::moe::{self, Experts, MoeSaved, RouterAux, RouterStats};
 use super::{
-    AttnSaved, Gains, Linear, attention_backward_from_output, check_weights, lin, matmul_backward_glu,
-    matmul_glu, needs, put, qkv_backward, shape,
+    AttnSaved, Gains, GluSaved, Linear, attention_backward_from_output, check_weights, glu_mlp,
+    glu_mlp_backward, lin, qkv_backward, shape,
 };
 use crate::{ModelConfig, Result, ZooError};
 
@@ -123,7 +123,7 @@ impl Layout {
 /// What a block's MLP forward left for its backward.
 #[derive(Debug)]
 enum MlpSaved<T> {
-    Dense { gate: T, up: T, s: T },
+    Dense(GluSaved<T>),
     Routed(MoeSaved<T>),
 }
 
@@ -132,7 +132,7 @@ impl<T> LlamaSaved<T> {
     pub(super) fn router_stats(&self) -> Option<RouterStats> {
         match &self.mlp {
             MlpSaved::Routed(m) => Some(m.stats()),
-            MlpSaved::Dense { .. } => None,
+            MlpSaved::Dense(_) => None,
         }
     }
 }
@@ -207,11 +207,8 @@ pub(super) fn forward<E: Executor>(
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, g.get(w, l.ln2), eps)?;
     let (d, mlp) = match (l.mlp, &cfg.moe) {
         (Mlp::Dense { gate, up, down }, _) => {
-            let g = lin(ex, &n2.y, w, gate)?;
-            // The up projection with the activation applied where it is stored.
-            let (u, s) = matmul_glu(cfg, ex, &n2.y, &w[up.0], up.1.map(|i| &w[i]), &g)?;
-            let d = lin(ex, &s, w, down)?;
-            (d, MlpSaved::Dense { gate: g, up: u, s })
+            let (d, saved) = glu_mlp(cfg, ex, &n2.y, w, [gate, up, down])?;
+            (d, MlpSaved::Dense(saved))
         }
         (Mlp::Routed(experts), Some(moe)) => {
             let (d, saved) = moe::forward(cfg, moe, ex, w, experts, &n2.y)?;
@@ -264,25 +261,9 @@ pub(super) fn backward<E: Executor>(
     let dd = times_ref(ex, dy_mlp, residual(cfg))?;
     let dd = dd.as_ref().unwrap_or(dy_mlp);
     let dn2 = match (l.mlp, &s.mlp, &cfg.moe) {
-        (
-            Mlp::Dense { gate, up, down },
-            MlpSaved::Dense {
-                gate: g,
-                up: u,
-                s: sw,
-            },
-            _,
-        ) => {
-            let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, sw, &w[down.0], dd, down.1, g, u)?;
-            put(&mut grads, down, gd);
-            let mut gg = ex.matmul_backward(&s.n2.y, &w[gate.0], &dgate, Transpose::NT, needs(gate.1))?;
-            let mut dn2 = take(gg.da.take());
-            // up's input gradient added into gate's by the product itself.
-            let gu =
-                ex.matmul_backward_da_into(&s.n2.y, &w[up.0], &dup, Transpose::NT, needs(up.1), &mut dn2)?;
-            put(&mut grads, gate, gg);
-            put(&mut grads, up, gu);
-            dn2
+        (Mlp::Dense { gate, up, down }, MlpSaved::Dense(saved), _) => {
+            let d = glu_mlp_backward(cfg, ex, &s.n2.y, w, [gate, up, down], saved, dd, None, &mut grads)?;
+            take(d)
         }
         (Mlp::Routed(experts), MlpSaved::Routed(saved), Some(moe)) => {
             moe::backward(cfg, moe, ex, w, experts, &s.n2.y, saved, dd, aux, &mut grads)?

@@ -413,6 +413,72 @@ fn matmul_glu<E: Executor>(
     })
 }
 
+/// A GLU MLP's gate, up and down projections, at their table slots.
+pub(crate) type GluLinears = [Linear; 3];
+
+/// What a GLU MLP's forward leaves for its backward: `gate(x)`, `up(x)`
+/// and the activation of their product.
+#[derive(Debug)]
+pub(crate) struct GluSaved<T> {
+    gate: T,
+    up: T,
+    s: T,
+}
+
+/// `down(act(gate(x)) · up(x))` with the family's GLU: the output and
+/// what its backward needs. The dense Llama-family MLP, each expert of a
+/// routed one and Qwen2-MoE's shared expert.
+fn glu_mlp<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    x: &E::Tensor,
+    w: &[E::Tensor],
+    [gate, up, down]: GluLinears,
+) -> Result<(E::Tensor, GluSaved<E::Tensor>)> {
+    let g = lin(ex, x, w, gate)?;
+    // The up projection with the activation applied where it is stored.
+    let (u, s) = matmul_glu(cfg, ex, x, &w[up.0], up.1.map(|i| &w[i]), &g)?;
+    let y = lin(ex, &s, w, down)?;
+    Ok((y, GluSaved { gate: g, up: u, s }))
+}
+
+/// The backward of [`glu_mlp`] from `dy`: its weight (and bias) gradients
+/// stored at their table slots; the gradient of `x` added into `into`
+/// where one is given (then `None`), else returned.
+#[allow(clippy::too_many_arguments)]
+fn glu_mlp_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    x: &E::Tensor,
+    w: &[E::Tensor],
+    [gate, up, down]: GluLinears,
+    s: &GluSaved<E::Tensor>,
+    dy: &E::Tensor,
+    into: Option<&mut E::Tensor>,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<Option<E::Tensor>> {
+    let t = Transpose::NT;
+    let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &s.s, &w[down.0], dy, down.1, &s.gate, &s.up)?;
+    put(grads, down, gd);
+    let (gg, gu, dx) = match into {
+        Some(acc) => {
+            let gg = ex.matmul_backward_da_into(x, &w[gate.0], &dgate, t, needs(gate.1), acc)?;
+            let gu = ex.matmul_backward_da_into(x, &w[up.0], &dup, t, needs(up.1), acc)?;
+            (gg, gu, None)
+        }
+        None => {
+            let mut gg = ex.matmul_backward(x, &w[gate.0], &dgate, t, needs(gate.1))?;
+            let mut dx = gg.da.take().expect("requested gradient");
+            // up's input gradient added into gate's by the product itself.
+            let gu = ex.matmul_backward_da_into(x, &w[up.0], &dup, t, needs(up.1), &mut dx)?;
+            (gg, gu, Some(dx))
+        }
+    };
+    put(grads, gate, gg);
+    put(grads, up, gu);
+    Ok(dx)
+}
+
 /// The down projection's backward carried on through the family's GLU:
 /// its gradients, dgate and dup.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]

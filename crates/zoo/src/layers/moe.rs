@@ -25,7 +25,7 @@
 
 use megatrain_tensor::{Executor, HostSlice, TensorHandle, Transpose};
 
-use super::{matmul_backward_glu, matmul_glu, needs, shape};
+use super::{GluLinears, GluSaved, glu_mlp, glu_mlp_backward, needs, shape};
 use crate::{ModelConfig, Moe, Result, ZooError};
 
 /// Positions in a block's table of its router and experts: the router at
@@ -46,6 +46,17 @@ impl Experts {
         let g = self.first + 3 * e;
         [g, g + 1, g + 2]
     }
+
+    /// Expert `e`'s projections (no biases).
+    fn linears(&self, e: usize) -> GluLinears {
+        self.of(e).map(|i| (i, None))
+    }
+
+    /// The shared expert's projections and its gate's slot.
+    fn shared(&self) -> Option<(GluLinears, usize)> {
+        self.shared
+            .map(|[g, u, d, s]| ([(g, None), (u, None), (d, None)], s))
+    }
 }
 
 /// The tokens one expert serves, and what its forward left.
@@ -59,9 +70,7 @@ struct ExpertSaved<T> {
     /// Each row's rank among its token's k choices.
     ranks: Vec<usize>,
     x: T,
-    gate: T,
-    up: T,
-    s: T,
+    mlp: GluSaved<T>,
     /// The expert's outputs before their weights.
     y: T,
 }
@@ -70,9 +79,7 @@ struct ExpertSaved<T> {
 /// before the gate, and each token's gate `sigmoid(x · w)`.
 #[derive(Debug)]
 struct SharedSaved<T> {
-    gate: T,
-    up: T,
-    s: T,
+    mlp: GluSaved<T>,
     y: T,
     sig: Vec<f64>,
 }
@@ -203,8 +210,8 @@ pub(crate) fn forward<E: Executor>(
     let scores = ex.matmul(&x2, &w[l.router], None, Transpose::NT)?;
     // A shared expert's gate comes down with the scores, as their last
     // column: one wait.
-    let (scores, cols) = match l.shared {
-        Some([.., si]) => {
+    let (scores, cols) = match l.shared() {
+        Some((_, si)) => {
             let z = ex.matmul(&x2, &w[si], None, Transpose::NT)?;
             (ex.concat_last(&[&scores, &z])?, ne + 1)
         }
@@ -213,7 +220,7 @@ pub(crate) fn forward<E: Executor>(
     let mut host = vec![0.0f32; n * cols];
     ex.download_into(&scores, &mut host)?;
     let rows = host.chunks(cols);
-    let sig: Vec<f64> = match l.shared {
+    let sig: Vec<f64> = match l.shared() {
         Some(_) => rows
             .clone()
             .map(|r| 1.0 / (1.0 + (-(r[ne] as f64)).exp()))
@@ -236,11 +243,8 @@ pub(crate) fn forward<E: Executor>(
         if rows.is_empty() {
             continue;
         }
-        let [gi, ui, di] = l.of(e);
         let xe = ex.embedding(&rows, &x2)?;
-        let gate = ex.matmul(&xe, &w[gi], None, Transpose::NT)?;
-        let (up, s) = matmul_glu(cfg, ex, &xe, &w[ui], None, &gate)?;
-        let y = ex.matmul(&s, &w[di], None, Transpose::NT)?;
+        let (y, mlp) = glu_mlp(cfg, ex, &xe, w, l.linears(e))?;
         ex.embedding_backward(&rows, &ex.scale_rows(&y, &ws)?, &mut out)?;
         experts.push(ExpertSaved {
             expert: e,
@@ -248,19 +252,15 @@ pub(crate) fn forward<E: Executor>(
             weights: ws,
             ranks,
             x: xe,
-            gate,
-            up,
-            s,
+            mlp,
             y,
         });
     }
-    let shared = match l.shared {
-        Some([gi, ui, di, _]) => {
-            let gate = ex.matmul(&x2, &w[gi], None, Transpose::NT)?;
-            let (up, s) = matmul_glu(cfg, ex, &x2, &w[ui], None, &gate)?;
-            let y = ex.matmul(&s, &w[di], None, Transpose::NT)?;
+    let shared = match l.shared() {
+        Some((linears, _)) => {
+            let (y, mlp) = glu_mlp(cfg, ex, &x2, w, linears)?;
             ex.add_assign(&mut out, &ex.scale_rows(&y, &sig)?)?;
-            Some(SharedSaved { gate, up, s, y, sig })
+            Some(SharedSaved { mlp, y, sig })
         }
         None => None,
     };
@@ -323,30 +323,19 @@ pub(crate) fn backward<E: Executor>(
     // together after the experts' backward (one wait, not one an expert).
     let mut dots = Vec::with_capacity(s.experts.len());
     for es in &s.experts {
-        let [gi, ui, di] = l.of(es.expert);
         let dys = ex.embedding(&es.rows, &dy2)?;
         dots.push(ex.row_dots(&dys, &es.y)?);
         let dye = ex.scale_rows(&dys, &es.weights)?;
-        let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &es.s, &w[di], &dye, None, &es.gate, &es.up)?;
-        grads[di] = gd.db;
-        let mut gg = ex.matmul_backward(&es.x, &w[gi], &dgate, Transpose::NT, needs(None))?;
-        let mut dxe = gg.da.take().expect("requested gradient");
-        let gu = ex.matmul_backward_da_into(&es.x, &w[ui], &dup, Transpose::NT, needs(None), &mut dxe)?;
-        grads[gi] = gg.db;
-        grads[ui] = gu.db;
-        ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
+        let linears = l.linears(es.expert);
+        let dxe = glu_mlp_backward(cfg, ex, &es.x, w, linears, &es.mlp, &dye, None, grads)?;
+        ex.embedding_backward(&es.rows, &dxe.expect("returned without `into`"), &mut dx)?;
     }
     // The shared expert's output gradient, its gate's with the experts'
     // routing weights' (a last row-dot, for each token).
-    if let (Some([gi, ui, di, _]), Some(sh)) = (l.shared, &s.shared) {
+    if let (Some((linears, _)), Some(sh)) = (l.shared(), &s.shared) {
         dots.push(ex.row_dots(&dy2, &sh.y)?);
         let dys = ex.scale_rows(&dy2, &sh.sig)?;
-        let (gd, dgate, dup) = matmul_backward_glu(cfg, ex, &sh.s, &w[di], &dys, None, &sh.gate, &sh.up)?;
-        grads[di] = gd.db;
-        let gg = ex.matmul_backward_da_into(&x2, &w[gi], &dgate, Transpose::NT, needs(None), &mut dx)?;
-        let gu = ex.matmul_backward_da_into(&x2, &w[ui], &dup, Transpose::NT, needs(None), &mut dx)?;
-        grads[gi] = gg.db;
-        grads[ui] = gu.db;
+        glu_mlp_backward(cfg, ex, &x2, w, linears, &sh.mlp, &dys, Some(&mut dx), grads)?;
     }
     // The experts no token chose.
     for slot in (0..l.count).flat_map(|e| l.of(e)) {
@@ -368,7 +357,7 @@ pub(crate) fn backward<E: Executor>(
             at += 1;
         }
     }
-    if let (Some([.., si]), Some(sh)) = (l.shared, &s.shared) {
+    if let (Some((_, si)), Some(sh)) = (l.shared(), &s.shared) {
         // d sigmoid(z) / dz = σ(1 − σ).
         let dz: Vec<f32> = host[at..]
             .iter()
