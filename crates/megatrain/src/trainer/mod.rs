@@ -573,7 +573,7 @@ impl<E: Executor> Trainer<E> {
                 };
                 let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
-                stats.extend(sv.router_stats());
+                stats.extend(sv.router_stats(cfg));
                 if keeps {
                     kept.push((w, sv));
                 } else {

@@ -123,7 +123,7 @@ impl<E: Executor> Trainer<E> {
         let mut stats = Vec::new();
         for i in 0..n_blocks {
             let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
-            stats.extend(sv.router_stats());
+            stats.extend(sv.router_stats(cfg));
             if plan.keeps(i) {
                 kept.push(sv);
             } else if plan.checkpoints(i) {

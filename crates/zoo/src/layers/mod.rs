@@ -124,8 +124,10 @@ pub fn block_forward<E: Executor>(
 
 impl<T> BlockSaved<T> {
     /// What a routed block's forward tells the routers' load-balancing
-    /// loss ([`RouterAux`]); `None` for a dense block.
-    pub fn router_stats(&self) -> Option<RouterStats> {
+    /// loss ([`RouterAux`]); `None` for a dense block, and where `cfg`
+    /// adds no such loss (the sums run over every token and expert).
+    pub fn router_stats(&self, cfg: &ModelConfig) -> Option<RouterStats> {
+        cfg.moe.as_ref()?.aux_loss_coef?;
         match self {
             BlockSaved::Llama(s) => s.router_stats(),
             _ => None,
