@@ -1,6 +1,6 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): which blocks route each
-//! token to `top_k` of `num_experts` SwiGLU experts, as the transformers
-//! config classes read their fields.
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): which
+//! blocks route each token to `top_k` of `num_experts` SwiGLU experts, as
+//! the transformers config classes read their fields.
 
 use serde_json::{Value, json};
 
@@ -98,9 +98,9 @@ impl Moe {
     }
 }
 
-/// The routed MLP of a Mixtral or Qwen3-MoE config (`None` for the other
-/// families, and for a Qwen3-MoE config with no experts or no sparse
-/// block). What transformers does only while training beyond the loss
+/// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE config
+/// (`None` for the other families, and for one with no experts or no
+/// sparse block). What transformers does only while training beyond the loss
 /// (router jitter) is refused rather than left out.
 pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>> {
     let (num_experts, top_k, expert_size, norm_topk, sparse) = match arch {
