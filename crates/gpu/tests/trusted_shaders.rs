@@ -33,6 +33,8 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "GeluErfBwd",
         "Swiglu",
         "SwigluBwd",
+        "SwigluClamped",
+        "SwigluClampedBwd",
         "Geglu",
         "GegluBwd",
         "AttnRound16",

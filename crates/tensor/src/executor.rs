@@ -17,9 +17,9 @@
 use std::ops::Range;
 
 use crate::{
-    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
-    Error, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads,
-    NormOut, Result, Rope, Shape, SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
+    Download, Error, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds,
+    NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot,
     WeightUpload, compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm,
     compose_add_rmsnorm_backward, compose_matmul_backward_gelu, compose_matmul_backward_glu,
     compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
@@ -630,6 +630,22 @@ pub trait Executor {
         gate: &Self::Tensor,
         up: &Self::Tensor,
         dy: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// GPT-OSS's clamped SwiGLU: `g = min(gate, limit)`,
+    /// `u = clamp(up, −limit, limit)`, `g · σ(alpha · g) · (u + 1)`, the
+    /// constants of `c` rounded as `scale`'s factor.
+    fn swiglu_clamped(&self, gate: &Self::Tensor, up: &Self::Tensor, c: ClampedGlu) -> Result<Self::Tensor>;
+    /// Returns (dgate, dup). The clamps pass the gradient where they left
+    /// the value as it was, bounds included, and stop it where they bound
+    /// it (torch's `clamp`): `dgate` is 0 where `gate > limit`, `dup` where
+    /// `|up| > limit`.
+    fn swiglu_clamped_backward(
+        &self,
+        gate: &Self::Tensor,
+        up: &Self::Tensor,
+        dy: &Self::Tensor,
+        c: ClampedGlu,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
     /// gelu(gate) · up (GeGLU, Gemma's MLP), [`gelu`](Self::gelu)'s tanh

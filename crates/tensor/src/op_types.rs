@@ -47,6 +47,44 @@ impl Glu {
     }
 }
 
+/// GPT-OSS's clamped SwiGLU's constants (`swiglu_alpha`, `swiglu_limit`):
+/// `g = min(gate, limit)`, `u = clamp(up, −limit, limit)`,
+/// `y = g · σ(alpha · g) · (u + 1)`. Kept as f64, as the configs give
+/// them, so that the f64 reference computes with 1.702 and not its f32
+/// rounding; f32 executors round them once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedGlu {
+    pub alpha: f64,
+    pub limit: f64,
+}
+
+impl ClampedGlu {
+    /// Refuses an `alpha` or `limit` that is not positive and finite,
+    /// naming `op`.
+    pub fn new(alpha: f64, limit: f64, op: &'static str) -> Result<ClampedGlu> {
+        let c = ClampedGlu { alpha, limit };
+        c.check(op)?;
+        Ok(c)
+    }
+
+    /// [`ClampedGlu::new`]'s check, for constants built field by field
+    /// (every executor checks them with this).
+    pub fn check(self, op: &'static str) -> Result<()> {
+        let ok = |x: f64| x.is_finite() && x > 0.0;
+        if ok(self.alpha) && ok(self.limit) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                op,
+                format!(
+                    "a clamped SwiGLU's alpha and limit must be positive and finite, not {} and {}",
+                    self.alpha, self.limit
+                ),
+            ))
+        }
+    }
+}
+
 /// Which gradients a matmul backward must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulNeeds {

@@ -2,8 +2,8 @@
 
 use megatrain_tensor::testing::random_tensor;
 use megatrain_tensor::{
-    AttnMask, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope, Shape, SoftCap,
-    Transpose,
+    AttnMask, ClampedGlu, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope,
+    Shape, SoftCap, Transpose,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -168,6 +168,29 @@ fn attention_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("attention") && e.contains("window of 0"), "{e}");
+}
+
+#[test]
+fn clamped_glu_constants_must_be_positive_and_finite() {
+    for (alpha, limit) in [(0.0, 7.0), (1.702, -1.0), (f64::NAN, 7.0), (1.702, f64::INFINITY)] {
+        let e = ClampedGlu::new(alpha, limit, "config.json swiglu_limit")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("swiglu_limit") && e.contains(&limit.to_string()),
+            "{e}"
+        );
+    }
+    let c = ClampedGlu::new(1.702, 7.0, "test").unwrap();
+    let msg = shape_err(
+        EX.swiglu_clamped(&r(1, &[2, 3]), &r(2, &[3, 2]), c),
+        "swiglu_clamped",
+    );
+    assert!(msg.contains("[2, 3]") && msg.contains("[3, 2]"), "{msg}");
+    shape_err(
+        EX.swiglu_clamped_backward(&r(1, &[2, 3]), &r(2, &[2, 3]), &r(3, &[6]), c),
+        "swiglu_clamped_backward",
+    );
 }
 
 #[test]

@@ -4,8 +4,8 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttnMask, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, SoftCap, TensorHandle,
-    Transpose,
+    AttnMask, ClampedGlu, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, SoftCap,
+    TensorHandle, Transpose,
 };
 
 type T = CpuTensor<f64>;
@@ -289,6 +289,77 @@ fn swiglu_backward() {
     grad_check("swiglu", &[g, u], &[dg.data(), du.data()], |i| {
         dot(EX.swiglu(&i[0], &i[1]).unwrap().data(), cot.data())
     });
+}
+
+/// `n` values uniform in ±`scale` from `seed`.
+fn scaled(seed: u64, n: usize, scale: f64) -> Vec<f64> {
+    random_f64(seed, n).into_iter().map(|v| scale * v).collect()
+}
+
+/// [`scaled`], each value moved off the clamps' kinks at `±limit` (by more
+/// than the differences' step reaches), so that the finite differences
+/// see one side of each.
+fn off_kinks(seed: u64, n: usize, scale: f64, limit: f64) -> Vec<f64> {
+    scaled(seed, n, scale)
+        .into_iter()
+        .map(|x| {
+            if (x.abs() - limit).abs() < 1e-2 {
+                x + 5e-2
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+/// GPT-OSS's constants (alpha 1.702, limit 7) with inputs over ±10, and a
+/// limit of 0.5 with inputs over ±1: in both, elements on each side of
+/// every clamp.
+#[test]
+fn swiglu_clamped_backward() {
+    for (seed, alpha, limit, scale) in [(11, 1.702, 7.0, 10.0), (21, 0.9, 0.5, 1.0)] {
+        let c = ClampedGlu::new(alpha, limit, "test").unwrap();
+        let g = t(&[3, 7], &off_kinks(seed, 21, scale, limit));
+        let u = t(&[3, 7], &off_kinks(seed + 1, 21, scale, limit));
+        let (above, outside) = (
+            g.data().iter().filter(|&&x| x > limit).count(),
+            u.data().iter().filter(|&&x| x.abs() > limit).count(),
+        );
+        assert!(above > 0 && outside > 0, "the clamps are not exercised");
+        let cot = rand_t(seed + 2, &[3, 7]);
+        let (dg, du) = EX.swiglu_clamped_backward(&g, &u, &cot, c).unwrap();
+        grad_check(
+            &format!("swiglu_clamped {c:?}"),
+            &[g, u],
+            &[dg.data(), du.data()],
+            |i| dot(EX.swiglu_clamped(&i[0], &i[1], c).unwrap().data(), cot.data()),
+        );
+    }
+}
+
+/// At the clamps' bounds themselves the gradient passes (torch's `clamp`
+/// backward, `min ≤ x ≤ max`), just past them it stops.
+#[test]
+fn swiglu_clamped_bounds_pass_the_gradient() {
+    let c = ClampedGlu::new(1.702, 7.0, "test").unwrap();
+    let past = 7.0f64.next_up();
+    let g = t(&[4], &[7.0, past, 0.5, 0.5]);
+    let u = t(&[4], &[0.5, 0.5, 7.0, -7.0]);
+    let dy = t(&[4], &[1.0; 4]);
+    let (dg, du) = EX.swiglu_clamped_backward(&g, &u, &dy, c).unwrap();
+    let s = |x: f64| 1.0 / (1.0 + (-1.702 * x).exp());
+    let dglu = |x: f64| s(x) + 1.702 * x * s(x) * (1.0 - s(x));
+    assert_eq!(dg.data()[..2], [1.5 * dglu(7.0), 0.0]);
+    assert!((dg.data()[2] - 8.0 * dglu(0.5)).abs() < 1e-15);
+    assert!((dg.data()[3] + 6.0 * dglu(0.5)).abs() < 1e-15);
+    for (i, x) in [(0, 7.0), (1, 7.0), (2, 0.5), (3, 0.5)] {
+        assert!((du.data()[i] - x * s(x)).abs() < 1e-15, "dup {i}");
+    }
+    let beyond = t(&[2], &[7.0f64.next_up(), -7.0f64.next_up()]);
+    let (_, du) = EX
+        .swiglu_clamped_backward(&t(&[2], &[0.5; 2]), &beyond, &t(&[2], &[1.0; 2]), c)
+        .unwrap();
+    assert_eq!(du.data(), [0.0, 0.0]);
 }
 
 #[test]

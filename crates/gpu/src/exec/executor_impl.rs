@@ -1,9 +1,10 @@
 //! The `Executor` trait, delegating to the op implementations.
 
 use megatrain_tensor::{
-    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Download,
-    Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats,
-    NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
+    Download, Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds,
+    MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, Transpose, WeightSlot,
+    WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -465,6 +466,20 @@ impl Executor for GpuExecutor {
         dout: &GpuTensor,
     ) -> Result<AttentionGrads<GpuTensor>> {
         self.attention_backward_impl(q, k, v, fwd, dout)
+    }
+
+    fn swiglu_clamped(&self, gate: &GpuTensor, up: &GpuTensor, c: ClampedGlu) -> Result<GpuTensor> {
+        self.swiglu_clamped_impl(gate, up, c)
+    }
+
+    fn swiglu_clamped_backward(
+        &self,
+        gate: &GpuTensor,
+        up: &GpuTensor,
+        dy: &GpuTensor,
+        c: ClampedGlu,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.swiglu_clamped_backward_impl(gate, up, dy, c)
     }
 
     fn swiglu(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {

@@ -8,6 +8,7 @@ mod batch;
 mod bind_groups;
 mod binding;
 mod buffers;
+mod clamped_glu;
 mod elementwise;
 mod embed_loss;
 mod env;

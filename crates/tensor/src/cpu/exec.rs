@@ -12,9 +12,9 @@ use crate::cpu::reference::{self as r, AttnDims};
 use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
-    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ComputePrecision, CrossEntropyOut, DType, Error,
-    Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape,
-    SoftCap, TensorHandle, Transpose,
+    AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
+    Error, Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope,
+    Shape, SoftCap, TensorHandle, Transpose,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -670,6 +670,39 @@ impl<F: Real> Executor for RefExecutor<F> {
         same_shape(op, "gate vs up", gate, up)?;
         same_shape(op, "gate vs dy", gate, dy)?;
         let (dg, du) = r::swiglu_backward(f32_data(op, gate)?, f32_data(op, up)?, f32_data(op, dy)?);
+        Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
+    }
+
+    fn swiglu_clamped(&self, gate: &T<F>, up: &T<F>, c: ClampedGlu) -> Result<T<F>> {
+        let op = "swiglu_clamped";
+        c.check(op)?;
+        same_shape(op, "gate vs up", gate, up)?;
+        let (alpha, limit) = (F::from_f64(c.alpha), F::from_f64(c.limit));
+        Ok(out(
+            gate.shape().clone(),
+            r::swiglu_clamped(f32_data(op, gate)?, f32_data(op, up)?, alpha, limit),
+        ))
+    }
+
+    fn swiglu_clamped_backward(
+        &self,
+        gate: &T<F>,
+        up: &T<F>,
+        dy: &T<F>,
+        c: ClampedGlu,
+    ) -> Result<(T<F>, T<F>)> {
+        let op = "swiglu_clamped_backward";
+        c.check(op)?;
+        same_shape(op, "gate vs up", gate, up)?;
+        same_shape(op, "gate vs dy", gate, dy)?;
+        let (alpha, limit) = (F::from_f64(c.alpha), F::from_f64(c.limit));
+        let (dg, du) = r::swiglu_clamped_backward(
+            f32_data(op, gate)?,
+            f32_data(op, up)?,
+            f32_data(op, dy)?,
+            alpha,
+            limit,
+        );
         Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
     }
 

@@ -1,5 +1,5 @@
-//! SwiGLU, GeGLU, GELU (the tanh approximation and the exact, erf one) and
-//! the soft cap, elementwise.
+//! SwiGLU (plain and GPT-OSS's clamped one), GeGLU, GELU (the tanh
+//! approximation and the exact, erf one) and the soft cap, elementwise.
 
 use rayon::prelude::*;
 
@@ -41,6 +41,66 @@ pub fn swiglu_backward<F: Real>(gate: &[F], up: &[F], dy: &[F]) -> (Vec<F>, Vec<
             let s = sigmoid(g);
             let dsilu = s * (F::one() + g * (F::one() - s));
             (dy * u * dsilu, dy * g * s)
+        })
+        .collect();
+    pairs.into_iter().unzip()
+}
+
+/// The clamps of GPT-OSS's SwiGLU, `(min(gate, limit), clamp(up, ±limit))`,
+/// written as comparisons so that a NaN passes through as torch's `clamp`
+/// lets it (`F::min` would drop it).
+fn clamped<F: Real>(gate: F, up: F, limit: F) -> (F, F) {
+    let g = if gate > limit { limit } else { gate };
+    let u = if up > limit {
+        limit
+    } else if up < -limit {
+        -limit
+    } else {
+        up
+    };
+    (g, u)
+}
+
+/// GPT-OSS's clamped SwiGLU, `(u + 1) · (g · σ(g · alpha))` of the clamped
+/// `g` and `u`, in transformers' order of operations (its f64 golden
+/// values are compared with this).
+pub fn swiglu_clamped<F: Real>(gate: &[F], up: &[F], alpha: F, limit: F) -> Vec<F> {
+    map2(gate, up, |g, u| {
+        let (g, u) = clamped(g, u, limit);
+        (u + F::one()) * (g * sigmoid(g * alpha))
+    })
+}
+
+/// Returns `(dgate, dup)` of [`swiglu_clamped`]: zero where a clamp bound
+/// its input (`gate > limit`, `|up| > limit`), the bounds themselves
+/// passing it, as torch's `clamp` backward does.
+pub fn swiglu_clamped_backward<F: Real>(
+    gate: &[F],
+    up: &[F],
+    dy: &[F],
+    alpha: F,
+    limit: F,
+) -> (Vec<F>, Vec<F>) {
+    assert_eq!(dy.len(), gate.len(), "swiglu_clamped_backward: dy length");
+    assert_eq!(up.len(), gate.len(), "swiglu_clamped_backward: up length");
+    let pairs: Vec<(F, F)> = (gate, up, dy)
+        .into_par_iter()
+        .with_min_len(CHUNK)
+        .map(|(&gate, &up, &dy)| {
+            let (g, u) = clamped(gate, up, limit);
+            let s = sigmoid(g * alpha);
+            let dglu = s + alpha * g * s * (F::one() - s);
+            let dg = if gate <= limit {
+                dy * (u + F::one()) * dglu
+            } else {
+                F::zero()
+            };
+            let du = if up >= -limit && up <= limit {
+                dy * g * s
+            } else {
+                F::zero()
+            };
+            (dg, du)
         })
         .collect();
     pairs.into_iter().unzip()

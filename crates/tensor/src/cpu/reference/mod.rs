@@ -16,7 +16,7 @@ mod rope;
 
 pub use activation::{
     geglu, geglu_backward, gelu, gelu_backward, gelu_erf, gelu_erf_backward, softcap, softcap_backward,
-    swiglu, swiglu_backward,
+    swiglu, swiglu_backward, swiglu_clamped, swiglu_clamped_backward,
 };
 pub use attention::{AttnDims, attention, attention_backward};
 pub(crate) use embedding::check_ids;
