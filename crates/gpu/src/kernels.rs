@@ -47,6 +47,7 @@ const ATTENTION_SOURCES: [&str; 5] = [
     ATTENTION_MASK,
     ATTENTION,
 ];
+const ATTENTION_SINKS: &str = include_str!("../../../shaders/attention_sinks.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
@@ -219,6 +220,11 @@ pub enum Kernel {
     },
     /// Rounds an attention operand to f16 under its tensor's scale.
     AttnRound16,
+    /// GPT-OSS's attention sinks (attention_sinks.wgsl): each row of an
+    /// attention output scaled by its σ(lse − sink), and each row's term
+    /// of the sinks' gradient.
+    AttnSinkScale,
+    AttnSinkRows,
     /// A tensor-core flash-attention kernel (real ones need cooperative
     /// matrices; emulated ones run anywhere).
     AttnCoop(crate::coop_attention::CoopAttention),
@@ -285,6 +291,8 @@ impl Kernel {
             Rope,
             AttnDelta,
             AttnRound16,
+            AttnSinkScale,
+            AttnSinkRows,
             CrossEntropy,
             GatherF32,
             GatherBf16,
@@ -475,6 +483,8 @@ impl Kernel {
             AttnDqLanes { d } => return attention_lanes(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
             AttnDkvLanes { d } => return attention_lanes(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
+            AttnSinkScale => (&[ATTENTION_SINKS], "sink_scale", &[1, 2, 3, 5]),
+            AttnSinkRows => (&[ATTENTION_SINKS], "sink_rows", &[1, 2, 3, 4, 5]),
             CrossEntropy => (
                 &[MAX_BITS, CROSS_ENTROPY, ROW_MAX],
                 "cross_entropy",

@@ -1144,3 +1144,223 @@ fn swiglu_clamped_refuses_bad_inputs() {
         assert!(g.swiglu_clamped_backward(&gx, &gx, &gb, glu).is_err());
     }
 }
+
+/// Sinks for `hq` heads: σ near 1 (a sink far below the scores), near 0
+/// (far above), and between.
+fn sink_values(hq: usize) -> Vec<f32> {
+    [-30.0, 3.0, -2.0, 0.0, 0.7, 30.0]
+        .into_iter()
+        .cycle()
+        .take(hq)
+        .collect()
+}
+
+/// The sink ops both ways against the CPU's, on the CPU attention's output
+/// and log-sum-exp for (B, T, Hq, D) = (2, 5, 6, 80) (a batch is past a
+/// 4 KiB binding: rows of one batch at a time there), T = 1 (whole batches
+/// per binding) and a row block's worth of T = 37 at D = 64; then the
+/// whole sink attention on the GPU, its attention's output and lse
+/// included, against the CPU's.
+#[test]
+fn attention_sinks_match_cpu() {
+    let c = cpu();
+    for (i, (b, t, hq, d)) in [(2, 5, 6, 80), (2, 1, 6, 80), (1, 37, 4, 64)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 800 + 10 * i as u64;
+        let q = cpu_up!(c, &rand_host(seed, &[b, t, hq, d]));
+        let kv = cpu_up!(c, &rand_host(seed + 1, &[b, t, 2, d]));
+        let fw = c.attention(&q, &kv, &kv, AttnMask::CAUSAL).unwrap();
+        let (o, lse) = (c.download(&fw.out).unwrap(), c.download(&fw.lse).unwrap());
+        let sinks = HostTensor::from_f32(Shape::new([hq]), sink_values(hq)).unwrap();
+        let dout = rand_host(seed + 2, &[b, t, hq, d]);
+        let cs = cpu_up!(c, &sinks);
+        let os = c.attention_sinks(&fw, &cs).unwrap();
+        let (dx, ds) = c
+            .attention_sinks_backward(&os, &fw.lse, &cs, &cpu_up!(c, &dout))
+            .unwrap();
+        let (want_os, want_dx, want_ds) = (down_cpu(&c, &os), down_cpu(&c, &dx), down_cpu(&c, &ds));
+        for g in both() {
+            let what = |s: &str| format!("{s} (B, T, Hq, D) = {:?}", (b, t, hq, d));
+            let gfw = megatrain_tensor::AttentionOut {
+                out: up(g, &o),
+                lse: up(g, &lse),
+                mask: AttnMask::CAUSAL,
+            };
+            let gs = up(g, &sinks);
+            let gos = g.attention_sinks(&gfw, &gs).unwrap();
+            assert_eq!(gos.dims(), [b, t, hq, d]);
+            assert_close(&what("attention_sinks"), &down(g, &gos), &want_os, TOL_F32);
+            let (gdx, gds) = g
+                .attention_sinks_backward(&gos, &gfw.lse, &gs, &up(g, &dout))
+                .unwrap();
+            assert_eq!(gds.dims(), [hq]);
+            assert_close(&what("sinks' dout"), &down(g, &gdx), &want_dx, TOL_F32);
+            assert_close(&what("dsinks"), &down(g, &gds), &want_ds, TOL_F32);
+        }
+    }
+    // End to end on the device: attention, sinks, and back through both.
+    let Some(g) = gpu() else { return };
+    let (b, t, hq, hkv, d) = (2, 37, 6, 2, 64);
+    let (q, k, v) = (
+        rand_host(901, &[b, t, hq, d]),
+        rand_host(902, &[b, t, hkv, d]),
+        rand_host(903, &[b, t, hkv, d]),
+    );
+    let sinks = HostTensor::from_f32(Shape::new([hq]), sink_values(hq)).unwrap();
+    let dout = rand_host(904, &[b, t, hq, d]);
+    let run_cpu = {
+        let (q, k, v, s, dy) = (
+            cpu_up!(c, &q),
+            cpu_up!(c, &k),
+            cpu_up!(c, &v),
+            cpu_up!(c, &sinks),
+            cpu_up!(c, &dout),
+        );
+        let fw = c.attention(&q, &k, &v, AttnMask::sliding(9)).unwrap();
+        let fw = megatrain_tensor::AttentionOut {
+            out: c.attention_sinks(&fw, &s).unwrap(),
+            ..fw
+        };
+        let (dx, ds) = c.attention_sinks_backward(&fw.out, &fw.lse, &s, &dy).unwrap();
+        let gr = c.attention_backward(&q, &k, &v, &fw, &dx).unwrap();
+        [&fw.out, &ds, &gr.dq, &gr.dk, &gr.dv].map(|x| down_cpu(&c, x))
+    };
+    let (gq, gk, gv, gs, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &sinks), up(g, &dout));
+    let fw = g.attention(&gq, &gk, &gv, AttnMask::sliding(9)).unwrap();
+    let fw = megatrain_tensor::AttentionOut {
+        out: g.attention_sinks(&fw, &gs).unwrap(),
+        ..fw
+    };
+    let (dx, ds) = g.attention_sinks_backward(&fw.out, &fw.lse, &gs, &gd).unwrap();
+    let gr = g.attention_backward(&gq, &gk, &gv, &fw, &dx).unwrap();
+    for (name, got, want) in ["out", "dsinks", "dq", "dk", "dv"]
+        .into_iter()
+        .zip([&fw.out, &ds, &gr.dq, &gr.dk, &gr.dv])
+        .zip(&run_cpu)
+        .map(|((n, x), w)| (n, down(g, x), w))
+    {
+        assert_close(&format!("sink attention {name}"), &got, want, TOL_F32);
+    }
+}
+
+/// More rows (b, t, h) than one grid dimension's 65535 workgroups of 256
+/// threads hold, so both kernels run on a 2-D grid: D = 1 keeps it to
+/// 64 MiB a tensor. The sinks' gradient, a sum over 262,200 rows, against
+/// the f64 executor's (the f32 one's sequential sum is further off).
+#[test]
+fn attention_sinks_past_one_grid_dimension() {
+    let Some(g) = gpu() else { return };
+    let (b, t, hq) = (2, 131_100, 64);
+    assert!(b * t * hq > 65_535 * 256);
+    let f = F64Executor::new();
+    let (o, lse) = (rand_host(911, &[b, t, hq, 1]), rand_host(912, &[b, hq, t]));
+    let sinks = HostTensor::from_f32(Shape::new([hq]), sink_values(hq)).unwrap();
+    let dout = rand_host(913, &[b, t, hq, 1]);
+    let ffw = megatrain_tensor::AttentionOut {
+        out: cpu_up!(f, &o),
+        lse: cpu_up!(f, &lse),
+        mask: AttnMask::CAUSAL,
+    };
+    let fs = cpu_up!(f, &sinks);
+    let fos = f.attention_sinks(&ffw, &fs).unwrap();
+    let (fdx, fds) = f
+        .attention_sinks_backward(&fos, &ffw.lse, &fs, &cpu_up!(f, &dout))
+        .unwrap();
+    let down_f = |x: &<F64Executor as Executor>::Tensor| f.download(x).unwrap().to_f32_vec();
+    let gfw = megatrain_tensor::AttentionOut {
+        out: up(g, &o),
+        lse: up(g, &lse),
+        mask: AttnMask::CAUSAL,
+    };
+    let gs = up(g, &sinks);
+    let gos = g.attention_sinks(&gfw, &gs).unwrap();
+    assert_close(
+        "attention_sinks past one grid dimension",
+        &down(g, &gos),
+        &down_f(&fos),
+        TOL_F32,
+    );
+    let (gdx, gds) = g
+        .attention_sinks_backward(&gos, &gfw.lse, &gs, &up(g, &dout))
+        .unwrap();
+    assert_close(
+        "sinks' dout past one grid dimension",
+        &down(g, &gdx),
+        &down_f(&fdx),
+        TOL_F32,
+    );
+    assert_close("dsinks of 262,200 rows", &down(g, &gds), &down_f(&fds), 1e-4);
+}
+
+/// Sinks that are not one per head, an lse of the output's layout rather
+/// than [B, Hq, T], an output not [B, T, Hq, D], a dout of another shape
+/// and bf16 sinks are errors naming the op and the shapes, as on the CPU;
+/// and rows past the loop budget are refused.
+#[test]
+fn attention_sinks_refuse_bad_shapes() {
+    let (o, lse) = (rand_host(1, &[2, 3, 4, 5]), rand_host(2, &[2, 4, 3]));
+    let (sinks, short) = (rand_host(3, &[4]), rand_host(4, &[3]));
+    let (lse_btn, flat) = (rand_host(5, &[2, 3, 4]), rand_host(6, &[6, 4, 5]));
+    for g in both() {
+        let fw = |out: &HostTensor, lse: &HostTensor| megatrain_tensor::AttentionOut {
+            out: up(g, out),
+            lse: up(g, lse),
+            mask: AttnMask::CAUSAL,
+        };
+        let e = g
+            .attention_sinks(&fw(&o, &lse), &up(g, &short))
+            .expect_err("3 sinks")
+            .to_string();
+        assert!(
+            e.contains("attention_sinks") && e.contains("sinks [3]") && e.contains("[4]"),
+            "{e}"
+        );
+        let e = g
+            .attention_sinks(&fw(&o, &lse_btn), &up(g, &sinks))
+            .expect_err("lse")
+            .to_string();
+        assert!(e.contains("lse [2, 3, 4]") && e.contains("[2, 4, 3]"), "{e}");
+        let e = g
+            .attention_sinks(&fw(&flat, &lse), &up(g, &sinks))
+            .expect_err("rank 3")
+            .to_string();
+        assert!(e.contains("attention_sinks") && e.contains("[6, 4, 5]"), "{e}");
+        let (go, gl, gs) = (up(g, &o), up(g, &lse), up(g, &sinks));
+        let e = g
+            .attention_sinks_backward(&go, &gl, &gs, &up(g, &flat))
+            .expect_err("dout")
+            .to_string();
+        assert!(
+            e.contains("attention_sinks_backward") && e.contains("dout [6, 4, 5]"),
+            "{e}"
+        );
+        assert!(g.attention_sinks_backward(&go, &go, &gs, &go).is_err());
+        let gb = up(g, &sinks.to_dtype(DType::BF16));
+        assert!(g.attention_sinks(&fw(&o, &lse), &gb).is_err());
+        assert!(g.attention_sinks_backward(&go, &gl, &gb, &go).is_err());
+        assert!(g.attention_sinks_backward(&go, &gl, &gs, &go).is_ok());
+    }
+    // Rows longer than the loop budget (llvmpipe's would end sink_rows'
+    // loop early) are refused rather than summed in part.
+    let Some(ctx) = ctx() else { return };
+    let opts = GpuOptions {
+        loop_budget: Some(100),
+        ..Default::default()
+    };
+    let g = GpuExecutor::with_options(ctx, opts);
+    let (o, lse) = (
+        up(&g, &rand_host(7, &[1, 2, 1, 200])),
+        up(&g, &rand_host(8, &[1, 1, 2])),
+    );
+    let s = up(&g, &rand_host(9, &[1]));
+    let e = g
+        .attention_sinks_backward(&o, &lse, &s, &o)
+        .expect_err("rows past the loop budget")
+        .to_string();
+    assert!(
+        e.contains("attention_sinks_backward") && e.contains("loop budget"),
+        "{e}"
+    );
+}

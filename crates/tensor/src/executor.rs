@@ -620,6 +620,32 @@ pub trait Executor {
         dout: &Self::Tensor,
     ) -> Result<AttentionGrads<Self::Tensor>>;
 
+    /// GPT-OSS's attention sinks: one learned logit per query head,
+    /// `sinks: [Hq]` (f32), joins every row's softmax, taking its share of
+    /// the probability with no value vector. From the plain attention's
+    /// `fwd` that is a rescaling of each row,
+    /// `O_s[b,t,h,:] = O[b,t,h,:] · σ(lse[b,h,t] − sinks[h])` (σ the
+    /// logistic sigmoid), so the attention kernels stay as they are.
+    fn attention_sinks(&self, fwd: &AttentionOut<Self::Tensor>, sinks: &Self::Tensor)
+    -> Result<Self::Tensor>;
+    /// Backward of [`attention_sinks`](Self::attention_sinks) from its
+    /// output `out` (`O_s`), the plain attention's `lse`, `sinks` and
+    /// `dout` (`dO_s`), with `σ` recomputed per row. Returns
+    /// `(σ · dO_s, dsinks)`, `dsinks[h] = −Σ_{b,t} (dO_s · O_s)(1 − σ)`
+    /// (`[Hq]`, summed in a fixed order). The first, given to
+    /// [`attention_backward`](Self::attention_backward) with
+    /// `AttentionOut { out: O_s, lse, mask }`, gives exactly the sink
+    /// attention's dq, dk and dv: the backward's probabilities from `lse`
+    /// are the sink's divided by σ, and its `rowsum(dout ∘ out)` is then
+    /// the sink softmax's own.
+    fn attention_sinks_backward(
+        &self,
+        out: &Self::Tensor,
+        lse: &Self::Tensor,
+        sinks: &Self::Tensor,
+        dout: &Self::Tensor,
+    ) -> Result<(Self::Tensor, Self::Tensor)>;
+
     // ---- activations ---------------------------------------------------
 
     /// silu(gate) · up.

@@ -293,6 +293,39 @@ pub struct AttentionOut<T> {
     pub mask: AttnMask,
 }
 
+/// `[B, T, Hq, D]` of an attention output `out` whose `lse` is
+/// `[B, Hq, T]` and whose `sinks` are `[Hq]` (and `dout`, where given, of
+/// `out`'s shape), or an error naming `op` and the shapes: what
+/// [`Executor::attention_sinks`](crate::Executor::attention_sinks) and its
+/// backward take (every executor checks them with this).
+pub fn attention_sinks_dims(
+    op: &'static str,
+    out: &Shape,
+    lse: &Shape,
+    sinks: &Shape,
+    dout: Option<&Shape>,
+) -> Result<[usize; 4]> {
+    let dims = <[usize; 4]>::try_from(out.dims())
+        .map_err(|_| Error::shape(op, format!("out {out} must be [B, T, Hq, D]")))?;
+    let [b, t, hq, _] = dims;
+    if lse.dims() != [b, hq, t] {
+        return Err(Error::shape(
+            op,
+            format!("lse {lse} must be [{b}, {hq}, {t}] for out {out}"),
+        ));
+    }
+    if sinks.dims() != [hq] {
+        return Err(Error::shape(
+            op,
+            format!("sinks {sinks} must be [{hq}], one per query head of out {out}"),
+        ));
+    }
+    if let Some(d) = dout.filter(|&d| d != out) {
+        return Err(Error::shape(op, format!("dout {d} must have out's shape {out}")));
+    }
+    Ok(dims)
+}
+
 #[derive(Debug)]
 pub struct AttentionGrads<T> {
     pub dq: T,

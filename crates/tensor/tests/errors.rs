@@ -171,6 +171,45 @@ fn attention_errors() {
 }
 
 #[test]
+fn attention_sinks_errors() {
+    let (q, kv) = (r(1, &[2, 3, 4, 5]), r(2, &[2, 3, 2, 5]));
+    let fw = EX.attention(&q, &kv, &kv, AttnMask::CAUSAL).unwrap();
+    let msg = shape_err(EX.attention_sinks(&fw, &r(3, &[2])), "attention_sinks");
+    assert!(msg.contains("sinks [2]") && msg.contains("[4]"), "{msg}");
+    let bad = megatrain_tensor::AttentionOut {
+        out: r(4, &[2, 3, 4, 5]),
+        lse: r(5, &[2, 3, 4]),
+        mask: AttnMask::CAUSAL,
+    };
+    let msg = shape_err(EX.attention_sinks(&bad, &r(3, &[4])), "attention_sinks");
+    assert!(
+        msg.contains("lse [2, 3, 4]") && msg.contains("[2, 4, 3]"),
+        "{msg}"
+    );
+    let flat = megatrain_tensor::AttentionOut {
+        out: r(4, &[6, 4, 5]),
+        ..bad
+    };
+    shape_err(EX.attention_sinks(&flat, &r(3, &[4])), "attention_sinks");
+    let op = "attention_sinks_backward";
+    let sinks = r(3, &[4]);
+    let msg = shape_err(
+        EX.attention_sinks_backward(&fw.out, &fw.lse, &sinks, &r(6, &[2, 3, 4, 4])),
+        op,
+    );
+    assert!(msg.contains("dout [2, 3, 4, 4]"), "{msg}");
+    shape_err(EX.attention_sinks_backward(&fw.out, &fw.out, &sinks, &fw.out), op);
+    shape_err(
+        EX.attention_sinks_backward(&fw.out, &fw.lse, &r(3, &[1, 4]), &fw.out),
+        op,
+    );
+    assert!(
+        EX.attention_sinks_backward(&fw.out, &fw.lse, &sinks, &fw.out)
+            .is_ok()
+    );
+}
+
+#[test]
 fn clamped_glu_constants_must_be_positive_and_finite() {
     for (alpha, limit) in [(0.0, 7.0), (1.702, -1.0), (f64::NAN, 7.0), (1.702, f64::INFINITY)] {
         let e = ClampedGlu::new(alpha, limit, "config.json swiglu_limit")

@@ -334,6 +334,39 @@ fn swiglu_clamped_known_values() {
     );
 }
 
+/// A sink is one more column of every row's softmax, with no value: the
+/// sink attention's output against that softmax written out in f64.
+#[test]
+fn attention_sinks_is_a_softmax_with_a_sink_column() {
+    let (b, t, hq, hkv, d) = (2, 4, 4, 2, 3);
+    let q = EX.upload(&random_tensor(61, [b, t, hq, d])).unwrap();
+    let k = EX.upload(&random_tensor(62, [b, t, hkv, d])).unwrap();
+    let v = EX.upload(&random_tensor(63, [b, t, hkv, d])).unwrap();
+    let sinks = up(&[hq], &[-2.0, 0.0, 0.7, 3.0]);
+    let fw = EX.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
+    let os = EX.attention_sinks(&fw, &sinks).unwrap();
+    let (qd, kd, vd) = (q.data(), k.data(), v.data());
+    let mut want = vec![0.0f32; os.numel()];
+    for (bi, ti, h) in (0..b).flat_map(|bi| (0..t).flat_map(move |ti| (0..hq).map(move |h| (bi, ti, h)))) {
+        let (qr, g) = (&qd[((bi * t + ti) * hq + h) * d..][..d], h / (hq / hkv));
+        let kv = |x: &[f32], j: usize| x[((bi * t + j) * hkv + g) * d..][..d].to_vec();
+        let scores: Vec<f64> = (0..=ti)
+            .map(|j| {
+                let s: f64 = qr.iter().zip(kv(kd, j)).map(|(&a, b)| a as f64 * b as f64).sum();
+                s / (d as f64).sqrt()
+            })
+            .collect();
+        let sink = sinks.data()[h] as f64;
+        let z: f64 = scores.iter().map(|s| s.exp()).sum::<f64>() + sink.exp();
+        for (j, s) in scores.iter().enumerate() {
+            for (e, &vv) in kv(vd, j).iter().enumerate() {
+                want[((bi * t + ti) * hq + h) * d + e] += (s.exp() / z * vv as f64) as f32;
+            }
+        }
+    }
+    close(os.data(), &want, 1e-6);
+}
+
 /// x · Φ(x), Φ the standard normal CDF (values from scipy.stats.norm.cdf).
 #[test]
 fn gelu_erf_known_values() {

@@ -4,8 +4,8 @@
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling, Shape, SoftCap,
-    TensorHandle, Transpose,
+    AttentionOut, AttnMask, ClampedGlu, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling,
+    Shape, SoftCap, TensorHandle, Transpose,
 };
 
 type T = CpuTensor<f64>;
@@ -360,6 +360,75 @@ fn swiglu_clamped_bounds_pass_the_gradient() {
         .swiglu_clamped_backward(&t(&[2], &[0.5; 2]), &beyond, &t(&[2], &[1.0; 2]), c)
         .unwrap();
     assert_eq!(du.data(), [0.0, 0.0]);
+}
+
+/// The sink op alone: its first gradient is `∂/∂out` with `lse` held
+/// fixed, its second `∂/∂sinks`, of Σ c · O_s. Sinks over ±3 put σ
+/// anywhere in (0, 1).
+#[test]
+fn attention_sinks_backward_alone() {
+    for (seed, [b, tt, hq, d]) in [(31, [2, 5, 3, 4]), (41, [1, 1, 2, 3])] {
+        let o = rand_t(seed, &[b, tt, hq, d]);
+        let lse = t(&[b, hq, tt], &scaled(seed + 1, b * hq * tt, 2.0));
+        let sinks = t(&[hq], &scaled(seed + 2, hq, 3.0));
+        let cot = rand_t(seed + 3, &[b, tt, hq, d]);
+        let fwd = |o: &T, sinks: &T| {
+            let f = AttentionOut {
+                out: o.clone(),
+                lse: lse.clone(),
+                mask: AttnMask::CAUSAL,
+            };
+            EX.attention_sinks(&f, sinks).unwrap()
+        };
+        let os = fwd(&o, &sinks);
+        let (dout, dsinks) = EX.attention_sinks_backward(&os, &lse, &sinks, &cot).unwrap();
+        assert_eq!((dout.dims(), dsinks.dims()), (o.dims(), &[hq][..]));
+        grad_check(
+            "attention_sinks",
+            &[o, sinks],
+            &[dout.data(), dsinks.data()],
+            |i| dot(fwd(&i[0], &i[1]).data(), cot.data()),
+        );
+    }
+}
+
+/// The sink attention end to end, as GPT-OSS's layer forms it: `attention`
+/// then `attention_sinks`; backward `attention_sinks_backward`, then
+/// `attention_backward` of `AttentionOut { out: O_s, lse, mask }` with its
+/// `σ · dO_s`. dq, dk, dv and dsinks against finite differences of q, k, v
+/// and the sinks; MHA, GQA, a sliding window and a soft cap.
+#[test]
+fn attention_with_sinks_end_to_end() {
+    let cap = SoftCap::new(0.5, "test").unwrap();
+    for (seed, (b, tt, hq, hkv, d), mask) in [
+        (50, (2, 5, 2, 2, 3), AttnMask::CAUSAL),
+        (60, (1, 6, 4, 2, 4), AttnMask::sliding(3)),
+        (70, (1, 4, 4, 1, 2), AttnMask::CAUSAL.with_softcap(cap)),
+        (80, (2, 1, 2, 1, 3), AttnMask::CAUSAL),
+    ] {
+        let q = rand_t(seed, &[b, tt, hq, d]);
+        let k = rand_t(seed + 1, &[b, tt, hkv, d]);
+        let v = rand_t(seed + 2, &[b, tt, hkv, d]);
+        let sinks = t(&[hq], &scaled(seed + 3, hq, 2.0));
+        let cot = rand_t(seed + 4, &[b, tt, hq, d]);
+        let forward = |i: &[T]| {
+            let fw = EX.attention(&i[0], &i[1], &i[2], mask).unwrap();
+            let os = EX.attention_sinks(&fw, &i[3]).unwrap();
+            AttentionOut { out: os, ..fw }
+        };
+        let fw = forward(&[q.clone(), k.clone(), v.clone(), sinks.clone()]);
+        let (dout, dsinks) = EX
+            .attention_sinks_backward(&fw.out, &fw.lse, &sinks, &cot)
+            .unwrap();
+        let g = EX.attention_backward(&q, &k, &v, &fw, &dout).unwrap();
+        let name = format!("sink attention b{b} t{tt} hq{hq} hkv{hkv} d{d} {mask:?}");
+        grad_check(
+            &name,
+            &[q, k, v, sinks],
+            &[g.dq.data(), g.dk.data(), g.dv.data(), dsinks.data()],
+            |i| dot(forward(i).out.data(), cot.data()),
+        );
+    }
 }
 
 #[test]

@@ -468,6 +468,20 @@ impl Executor for GpuExecutor {
         self.attention_backward_impl(q, k, v, fwd, dout)
     }
 
+    fn attention_sinks(&self, fwd: &AttentionOut<GpuTensor>, sinks: &GpuTensor) -> Result<GpuTensor> {
+        self.attention_sinks_impl(fwd, sinks)
+    }
+
+    fn attention_sinks_backward(
+        &self,
+        out: &GpuTensor,
+        lse: &GpuTensor,
+        sinks: &GpuTensor,
+        dout: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.attention_sinks_backward_impl(out, lse, sinks, dout)
+    }
+
     fn swiglu_clamped(&self, gate: &GpuTensor, up: &GpuTensor, c: ClampedGlu) -> Result<GpuTensor> {
         self.swiglu_clamped_impl(gate, up, c)
     }

@@ -4,6 +4,7 @@
 mod attention;
 mod attention_check;
 mod attention_coop;
+mod attention_sinks;
 mod batch;
 mod bind_groups;
 mod binding;

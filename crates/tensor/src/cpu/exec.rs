@@ -14,7 +14,7 @@ use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     Error, Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope,
-    Shape, SoftCap, TensorHandle, Transpose,
+    Shape, SoftCap, TensorHandle, Transpose, attention_sinks_dims,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -655,6 +655,36 @@ impl<F: Real> Executor for RefExecutor<F> {
             dk: out(k.shape().clone(), dk),
             dv: out(v.shape().clone(), dv),
         })
+    }
+
+    fn attention_sinks(&self, fwd: &AttentionOut<T<F>>, sinks: &T<F>) -> Result<T<F>> {
+        let op = "attention_sinks";
+        let dims = attention_sinks_dims(op, fwd.out.shape(), fwd.lse.shape(), sinks.shape(), None)?;
+        let (o, l, s) = (
+            f32_data(op, &fwd.out)?,
+            f32_data(op, &fwd.lse)?,
+            f32_data(op, sinks)?,
+        );
+        Ok(out(fwd.out.shape().clone(), r::attention_sinks(o, l, s, dims)))
+    }
+
+    fn attention_sinks_backward(
+        &self,
+        o: &T<F>,
+        lse: &T<F>,
+        sinks: &T<F>,
+        dout: &T<F>,
+    ) -> Result<(T<F>, T<F>)> {
+        let op = "attention_sinks_backward";
+        let dims = attention_sinks_dims(op, o.shape(), lse.shape(), sinks.shape(), Some(dout.shape()))?;
+        let (dx, ds) = r::attention_sinks_backward(
+            f32_data(op, o)?,
+            f32_data(op, lse)?,
+            f32_data(op, sinks)?,
+            f32_data(op, dout)?,
+            dims,
+        );
+        Ok((out(o.shape().clone(), dx), out(sinks.shape().clone(), ds)))
     }
 
     fn swiglu(&self, gate: &T<F>, up: &T<F>) -> Result<T<F>> {

@@ -7,6 +7,7 @@
 
 mod activation;
 mod attention;
+mod attention_sinks;
 mod embedding;
 mod layout;
 mod loss;
@@ -19,6 +20,7 @@ pub use activation::{
     swiglu, swiglu_backward, swiglu_clamped, swiglu_clamped_backward,
 };
 pub use attention::{AttnDims, attention, attention_backward};
+pub use attention_sinks::{attention_sinks, attention_sinks_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
