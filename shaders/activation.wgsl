@@ -106,31 +106,33 @@ fn clamped_glu_inputs(g: f32, u: f32) -> vec2<f32> {
     return vec2(gc, uc);
 }
 
-// (u + 1) · (g · σ(g · alpha)) of the clamped g and u, the reference's order.
+// GPT-OSS's gate and up come from one product, interleaved (gate at 2i,
+// up at 2i + 1): output i reads A[2i], A[2i + 1]. (u + 1) · (g · σ(g · alpha))
+// of the clamped g and u, the reference's order.
 @compute @workgroup_size(256)
 fn swiglu_clamped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        let c = clamped_glu_inputs(A[p.o1 + i], B[p.o2 + i]);
+        let c = clamped_glu_inputs(A[p.o1 + 2u * i], A[p.o1 + 2u * i + 1u]);
         Y[p.o4 + i] = (c.y + 1.0) * (c.x * sigmoid(c.x * p.alpha));
     }
 }
 
-// (dgate, dup): each 0 where its clamp bound the input, the bounds
-// themselves passing the gradient (torch's clamp backward).
+// d(gate, up), interleaved as gate_up: each 0 where its clamp bound the
+// input, the bounds themselves passing the gradient (torch's clamp backward).
 @compute @workgroup_size(256)
 fn swiglu_clamped_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        let gate = A[p.o1 + i];
-        let up = B[p.o2 + i];
-        let dy = C[p.o3 + i];
+        let gate = A[p.o1 + 2u * i];
+        let up = A[p.o1 + 2u * i + 1u];
+        let dy = B[p.o2 + i];
         let c = clamped_glu_inputs(gate, up);
         let s = sigmoid(c.x * p.alpha);
         let dglu = s + p.alpha * c.x * s * (1.0 - s);
-        Y[p.o4 + i] = select(0.0, dy * (c.y + 1.0) * dglu, gate <= p.limit);
-        Y2[p.o5 + i] = select(0.0, dy * c.x * s, up >= -p.limit && up <= p.limit);
+        Y[p.o4 + 2u * i] = select(0.0, dy * (c.y + 1.0) * dglu, gate <= p.limit);
+        Y[p.o4 + 2u * i + 1u] = select(0.0, dy * c.x * s, up >= -p.limit && up <= p.limit);
     }
 }

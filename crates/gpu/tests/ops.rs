@@ -1044,53 +1044,59 @@ fn clamped_glus() -> [ClampedGlu; 2] {
     ]
 }
 
-/// Gate and up projections over ±10 for `c`, with elements exactly at its
-/// clamps' bounds (gate = limit, up = ±limit, where the gradient passes)
-/// and just past them (where it stops).
-fn clamped_glu_inputs(seed: u64, dims: &[usize], c: ClampedGlu) -> (HostTensor, HostTensor) {
+/// GPT-OSS's gate/up product `[.., 2F]` over ±10 for `c` (gate and up
+/// interleaved), with pairs exactly at its clamps' bounds (gate = limit,
+/// up = ±limit, where the gradient passes) and just past them (where it
+/// stops). `dims` are the output's.
+fn clamped_glu_input(seed: u64, dims: &[usize], c: ClampedGlu) -> HostTensor {
     let l = c.limit as f32;
-    let mut g = rand_host(seed, dims).to_f32_vec();
-    let mut u = rand_host(seed ^ 3, dims).to_f32_vec();
-    g.iter_mut().chain(u.iter_mut()).for_each(|x| *x *= 10.0);
+    let mut gu = rand_host(seed, &[dims.iter().product::<usize>() * 2]).to_f32_vec();
+    gu.iter_mut().for_each(|x| *x *= 10.0);
     let edges = [
         (l, l),
         (l.next_up(), -l),
         (-l, l.next_up()),
         (0.25, (-l).next_down()),
     ];
-    for (i, &(ge, ue)) in edges.iter().enumerate().take(g.len()) {
-        (g[i], u[i]) = (ge, ue);
+    for (i, &(ge, ue)) in edges.iter().enumerate().take(gu.len() / 2) {
+        (gu[2 * i], gu[2 * i + 1]) = (ge, ue);
     }
-    let t = |v| HostTensor::from_f32(Shape::new(dims.to_vec()), v).unwrap();
-    (t(g), t(u))
+    let mut wide = dims.to_vec();
+    *wide.last_mut().expect("not empty") *= 2;
+    HostTensor::from_f32(Shape::new(wide), gu).unwrap()
 }
 
 /// The clamped SwiGLU both ways against the CPU's, at both constants: one
-/// element, rank 3, and past a workgroup's 256 elements and a 4 KiB
-/// binding; the bound elements checked one by one too.
+/// pair, rank 3, and past a workgroup's 256 outputs and a 4 KiB binding;
+/// the bound pairs checked one by one too.
 #[test]
 fn swiglu_clamped_matches_cpu() {
     let c = cpu();
     for (i, dims) in [&[1][..], &[3, 5, 7], &[7, 311]].into_iter().enumerate() {
         for glu in clamped_glus() {
             let what = |s: &str| format!("{s} {dims:?} {glu:?}");
-            let (gate, upv) = clamped_glu_inputs(700 + i as u64, dims, glu);
+            let gate_up = clamped_glu_input(700 + i as u64, dims, glu);
             let dy = rand_host(710 + i as u64, dims);
-            let (cg, cu, cd) = (cpu_up!(c, &gate), cpu_up!(c, &upv), cpu_up!(c, &dy));
-            let want = down_cpu(&c, &c.swiglu_clamped(&cg, &cu, glu).unwrap());
-            let (wg, wu) = c.swiglu_clamped_backward(&cg, &cu, &cd, glu).unwrap();
-            let (wg, wu) = (down_cpu(&c, &wg), down_cpu(&c, &wu));
+            let (cx, cd) = (cpu_up!(c, &gate_up), cpu_up!(c, &dy));
+            let want = down_cpu(&c, &c.swiglu_clamped(&cx, glu).unwrap());
+            let wd = down_cpu(&c, &c.swiglu_clamped_backward(&cx, &cd, glu).unwrap());
             for g in both() {
-                let (gg, gu, gd) = (up(g, &gate), up(g, &upv), up(g, &dy));
-                let y = down(g, &g.swiglu_clamped(&gg, &gu, glu).unwrap());
+                let (gx, gd) = (up(g, &gate_up), up(g, &dy));
+                let yt = g.swiglu_clamped(&gx, glu).unwrap();
+                assert_eq!(yt.shape().dims(), dims, "{}", what("output shape"));
+                let y = down(g, &yt);
                 assert_close(&what("swiglu_clamped"), &y, &want, TOL_F32);
-                let (dg, du) = g.swiglu_clamped_backward(&gg, &gu, &gd, glu).unwrap();
-                let (dg, du) = (down(g, &dg), down(g, &du));
-                assert_close(&what("swiglu_clamped dgate"), &dg, &wg, TOL_F32);
-                assert_close(&what("swiglu_clamped dup"), &du, &wu, TOL_F32);
-                for e in 0..dg.len().min(4) {
-                    let (cpu_zero, gpu_zero) = ((wg[e] == 0.0, wu[e] == 0.0), (dg[e] == 0.0, du[e] == 0.0));
-                    assert_eq!(gpu_zero, cpu_zero, "{}: element {e}", what("gradient stopped"));
+                let d = down(g, &g.swiglu_clamped_backward(&gx, &gd, glu).unwrap());
+                assert_close(&what("swiglu_clamped d(gate_up)"), &d, &wd, TOL_F32);
+                for e in 0..d.len().min(8) {
+                    assert_eq!(
+                        d[e] == 0.0,
+                        wd[e] == 0.0,
+                        "{}: entry {e}",
+                        what("gradient stopped")
+                    );
+                }
+                for e in 0..y.len().min(4) {
                     assert!(
                         (y[e] - want[e]).abs() <= 1e-5 * want[e].abs().max(1.0),
                         "{}",
@@ -1100,9 +1106,10 @@ fn swiglu_clamped_matches_cpu() {
             }
             if dims.iter().product::<usize>() >= 4 {
                 // Gate at the limit and up at ±limit pass the gradient; past them it stops.
-                assert!(wg[0] != 0.0 && wu[0] != 0.0 && wu[1] != 0.0, "{}", what("bounds"));
+                let (g, u) = (|p: usize| wd[2 * p], |p: usize| wd[2 * p + 1]);
+                assert!(g(0) != 0.0 && u(0) != 0.0 && u(1) != 0.0, "{}", what("bounds"));
                 assert!(
-                    wg[1] == 0.0 && wu[2] == 0.0 && wu[3] == 0.0,
+                    g(1) == 0.0 && u(2) == 0.0 && u(3) == 0.0,
                     "{}",
                     what("past the bounds")
                 );
@@ -1111,8 +1118,8 @@ fn swiglu_clamped_matches_cpu() {
     }
 }
 
-/// Mismatched shapes, bf16 inputs and constants built past `ClampedGlu::new`
-/// are errors naming the op, as on the CPU.
+/// An odd width, a dy of the wrong shape, bf16 inputs and constants built
+/// past `ClampedGlu::new` are errors naming the op, as on the CPU.
 #[test]
 fn swiglu_clamped_refuses_bad_inputs() {
     let [glu, _] = clamped_glus();
@@ -1120,28 +1127,32 @@ fn swiglu_clamped_refuses_bad_inputs() {
         alpha: 1.702,
         limit: f64::NAN,
     };
-    let (x, other) = (rand_host(1, &[3, 4]), rand_host(2, &[4, 3]));
+    let (x, odd) = (rand_host(1, &[3, 4]), rand_host(2, &[4, 3]));
     for g in both() {
-        let (gx, go) = (up(g, &x), up(g, &other));
-        let e = g.swiglu_clamped(&gx, &go, glu).expect_err("shapes").to_string();
+        let (gx, go) = (up(g, &x), up(g, &odd));
+        let e = g.swiglu_clamped(&go, glu).expect_err("odd width").to_string();
         assert!(
-            e.contains("swiglu_clamped") && e.contains("[3, 4]") && e.contains("[4, 3]"),
+            e.contains("swiglu_clamped") && e.contains("[4, 3]") && e.contains("interleaved"),
             "{e}"
         );
         let e = g
-            .swiglu_clamped_backward(&gx, &gx, &go, glu)
+            .swiglu_clamped_backward(&gx, &gx, glu)
             .expect_err("dy's shape")
             .to_string();
-        assert!(e.contains("swiglu_clamped_backward"), "{e}");
-        let e = g
-            .swiglu_clamped(&gx, &gx, bad)
-            .expect_err("NaN limit")
-            .to_string();
+        assert!(
+            e.contains("swiglu_clamped_backward") && e.contains("[3, 2]"),
+            "{e}"
+        );
+        let e = g.swiglu_clamped(&gx, bad).expect_err("NaN limit").to_string();
         assert!(e.contains("swiglu_clamped") && e.contains("NaN"), "{e}");
-        assert!(g.swiglu_clamped_backward(&gx, &gx, &gx, bad).is_err());
+        let dy = up(g, &rand_host(3, &[3, 2]));
+        assert!(g.swiglu_clamped_backward(&gx, &dy, bad).is_err());
         let gb = up(g, &x.to_dtype(DType::BF16));
-        assert!(g.swiglu_clamped(&gb, &gx, glu).is_err());
-        assert!(g.swiglu_clamped_backward(&gx, &gx, &gb, glu).is_err());
+        assert!(g.swiglu_clamped(&gb, glu).is_err());
+        assert!(
+            g.swiglu_clamped_backward(&gx, &up(g, &rand_host(3, &[3, 2]).to_dtype(DType::BF16)), glu)
+                .is_err()
+        );
     }
 }
 

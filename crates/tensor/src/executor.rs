@@ -658,21 +658,23 @@ pub trait Executor {
         dy: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
-    /// GPT-OSS's clamped SwiGLU: `g = min(gate, limit)`,
-    /// `u = clamp(up, −limit, limit)`, `g · σ(alpha · g) · (u + 1)`, the
-    /// constants of `c` rounded as `scale`'s factor.
-    fn swiglu_clamped(&self, gate: &Self::Tensor, up: &Self::Tensor, c: ClampedGlu) -> Result<Self::Tensor>;
-    /// Returns (dgate, dup). The clamps pass the gradient where they left
-    /// the value as it was, bounds included, and stop it where they bound
-    /// it (torch's `clamp`): `dgate` is 0 where `gate > limit`, `dup` where
-    /// `|up| > limit`.
+    /// GPT-OSS's clamped SwiGLU of its one gate/up product `gate_up:
+    /// [.., 2F]`, gate and up interleaved (gate at 2i, up at 2i + 1 of the
+    /// last dimension, as its checkpoints lay the product out): with
+    /// `g = min(gate, limit)` and `u = clamp(up, −limit, limit)`, output
+    /// i is `g · σ(alpha · g) · (u + 1)`; `[.., F]`. The constants of `c`
+    /// rounded as `scale`'s factor.
+    fn swiglu_clamped(&self, gate_up: &Self::Tensor, c: ClampedGlu) -> Result<Self::Tensor>;
+    /// The gradient of `gate_up` (interleaved as it is) from `dy: [.., F]`.
+    /// The clamps pass the gradient where they left the value as it was,
+    /// bounds included, and stop it where they bound it (torch's `clamp`):
+    /// a gate's is 0 where `gate > limit`, an up's where `|up| > limit`.
     fn swiglu_clamped_backward(
         &self,
-        gate: &Self::Tensor,
-        up: &Self::Tensor,
+        gate_up: &Self::Tensor,
         dy: &Self::Tensor,
         c: ClampedGlu,
-    ) -> Result<(Self::Tensor, Self::Tensor)>;
+    ) -> Result<Self::Tensor>;
 
     /// gelu(gate) · up (GeGLU, Gemma's MLP), [`gelu`](Self::gelu)'s tanh
     /// approximation.

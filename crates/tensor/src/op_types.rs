@@ -85,6 +85,24 @@ impl ClampedGlu {
     }
 }
 
+/// `[.., F]`, the output shape of a clamped SwiGLU of `gate_up: [.., 2F]`
+/// (gate and up interleaved), or an error naming `op` where the last
+/// dimension is odd (every executor checks with this).
+pub fn clamped_glu_out(op: &'static str, gate_up: &Shape) -> Result<Shape> {
+    let dims = gate_up.dims();
+    match dims.last() {
+        Some(&w) if w % 2 == 0 => {
+            let mut d = dims.to_vec();
+            *d.last_mut().expect("not empty") = w / 2;
+            Ok(Shape::new(d))
+        }
+        _ => Err(Error::shape(
+            op,
+            format!("gate_up {gate_up} must have an even last dimension: its gate and up interleaved"),
+        )),
+    }
+}
+
 /// Which gradients a matmul backward must produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulNeeds {

@@ -301,24 +301,24 @@ fn activations_known_values() {
 }
 
 /// GPT-OSS's clamped SwiGLU clamps the gate above only and the up
-/// projection both ways; the f64 executor computes with alpha = 1.702 as
-/// an f64 (transformers' Python float), in transformers' order, to the bit.
+/// projection both ways, reading them interleaved from one product; the
+/// f64 executor computes with alpha = 1.702 as an f64 (transformers'
+/// Python float), in transformers' order, to the bit.
 #[test]
 fn swiglu_clamped_known_values() {
     let c = ClampedGlu::new(1.702, 7.0, "test").unwrap();
     let (gate, upv) = ([-9.0f32, 0.3, 7.0, 7.5, 12.0], [0.2f32, -8.0, 7.0, -7.0, 30.0]);
-    let y = EX.swiglu_clamped(&up(&[5], &gate), &up(&[5], &upv), c).unwrap();
+    let gu: Vec<f32> = gate.iter().zip(&upv).flat_map(|(&g, &u)| [g, u]).collect();
+    let y = EX.swiglu_clamped(&up(&[1, 10], &gu), c).unwrap();
+    assert_eq!(y.dims(), [1, 5]);
     let s = |v: f32| 1.0 / (1.0 + (-v).exp());
     let f = |g: f32, u: f32| g * s(1.702 * g) * (u + 1.0);
     let want = [f(-9.0, 0.2), f(0.3, -7.0), f(7.0, 7.0), f(7.0, -7.0), f(7.0, 7.0)];
     close(y.data(), &want, 1e-5);
 
     let ex = F64Executor::new();
-    let to = |d: &[f32]| {
-        ex.upload(&HostTensor::from_f32(vec![5], d.to_vec()).unwrap())
-            .unwrap()
-    };
-    let y = ex.swiglu_clamped(&to(&gate), &to(&upv), c).unwrap();
+    let gu = ex.upload(&HostTensor::from_f32(vec![10], gu).unwrap()).unwrap();
+    let y = ex.swiglu_clamped(&gu, c).unwrap();
     let s = |v: f64| 1.0 / (1.0 + (-v).exp());
     for (i, (&g, &u)) in gate.iter().zip(&upv).enumerate() {
         let (g, u) = ((g as f64).min(7.0), (u as f64).clamp(-7.0, 7.0));
@@ -328,10 +328,7 @@ fn swiglu_clamped_known_values() {
         alpha: 1.702,
         limit: -1.0,
     };
-    assert!(
-        EX.swiglu_clamped(&up(&[1], &[0.0]), &up(&[1], &[0.0]), bad)
-            .is_err()
-    );
+    assert!(EX.swiglu_clamped(&up(&[2], &[0.0, 0.0]), bad).is_err());
 }
 
 /// A sink is one more column of every row's softmax, with no value: the

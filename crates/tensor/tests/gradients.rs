@@ -312,6 +312,11 @@ fn off_kinks(seed: u64, n: usize, scale: f64, limit: f64) -> Vec<f64> {
         .collect()
 }
 
+/// `gate` and `up` interleaved as GPT-OSS's one gate/up product holds them.
+fn interleave(gate: &[f64], up: &[f64]) -> Vec<f64> {
+    gate.iter().zip(up).flat_map(|(&g, &u)| [g, u]).collect()
+}
+
 /// GPT-OSS's constants (alpha 1.702, limit 7) with inputs over ±10, and a
 /// limit of 0.5 with inputs over ±1: in both, elements on each side of
 /// every clamp.
@@ -319,21 +324,20 @@ fn off_kinks(seed: u64, n: usize, scale: f64, limit: f64) -> Vec<f64> {
 fn swiglu_clamped_backward() {
     for (seed, alpha, limit, scale) in [(11, 1.702, 7.0, 10.0), (21, 0.9, 0.5, 1.0)] {
         let c = ClampedGlu::new(alpha, limit, "test").unwrap();
-        let g = t(&[3, 7], &off_kinks(seed, 21, scale, limit));
-        let u = t(&[3, 7], &off_kinks(seed + 1, 21, scale, limit));
+        let g = off_kinks(seed, 21, scale, limit);
+        let u = off_kinks(seed + 1, 21, scale, limit);
         let (above, outside) = (
-            g.data().iter().filter(|&&x| x > limit).count(),
-            u.data().iter().filter(|&&x| x.abs() > limit).count(),
+            g.iter().filter(|&&x| x > limit).count(),
+            u.iter().filter(|&&x| x.abs() > limit).count(),
         );
         assert!(above > 0 && outside > 0, "the clamps are not exercised");
+        let gu = t(&[3, 14], &interleave(&g, &u));
         let cot = rand_t(seed + 2, &[3, 7]);
-        let (dg, du) = EX.swiglu_clamped_backward(&g, &u, &cot, c).unwrap();
-        grad_check(
-            &format!("swiglu_clamped {c:?}"),
-            &[g, u],
-            &[dg.data(), du.data()],
-            |i| dot(EX.swiglu_clamped(&i[0], &i[1], c).unwrap().data(), cot.data()),
-        );
+        let d = EX.swiglu_clamped_backward(&gu, &cot, c).unwrap();
+        assert_eq!(d.dims(), [3, 14]);
+        grad_check(&format!("swiglu_clamped {c:?}"), &[gu], &[d.data()], |i| {
+            dot(EX.swiglu_clamped(&i[0], c).unwrap().data(), cot.data())
+        });
     }
 }
 
@@ -343,23 +347,29 @@ fn swiglu_clamped_backward() {
 fn swiglu_clamped_bounds_pass_the_gradient() {
     let c = ClampedGlu::new(1.702, 7.0, "test").unwrap();
     let past = 7.0f64.next_up();
-    let g = t(&[4], &[7.0, past, 0.5, 0.5]);
-    let u = t(&[4], &[0.5, 0.5, 7.0, -7.0]);
-    let dy = t(&[4], &[1.0; 4]);
-    let (dg, du) = EX.swiglu_clamped_backward(&g, &u, &dy, c).unwrap();
+    let gu = t(
+        &[4, 2],
+        &interleave(&[7.0, past, 0.5, 0.5], &[0.5, 0.5, 7.0, -7.0]),
+    );
+    let dy = t(&[4, 1], &[1.0; 4]);
+    let d = EX.swiglu_clamped_backward(&gu, &dy, c).unwrap();
+    let (dg, du): (Vec<f64>, Vec<f64>) = d.data().chunks(2).map(|p| (p[0], p[1])).unzip();
     let s = |x: f64| 1.0 / (1.0 + (-1.702 * x).exp());
     let dglu = |x: f64| s(x) + 1.702 * x * s(x) * (1.0 - s(x));
-    assert_eq!(dg.data()[..2], [1.5 * dglu(7.0), 0.0]);
-    assert!((dg.data()[2] - 8.0 * dglu(0.5)).abs() < 1e-15);
-    assert!((dg.data()[3] + 6.0 * dglu(0.5)).abs() < 1e-15);
+    assert_eq!(dg[..2], [1.5 * dglu(7.0), 0.0]);
+    assert!((dg[2] - 8.0 * dglu(0.5)).abs() < 1e-15);
+    assert!((dg[3] + 6.0 * dglu(0.5)).abs() < 1e-15);
     for (i, x) in [(0, 7.0), (1, 7.0), (2, 0.5), (3, 0.5)] {
-        assert!((du.data()[i] - x * s(x)).abs() < 1e-15, "dup {i}");
+        assert!((du[i] - x * s(x)).abs() < 1e-15, "dup {i}");
     }
-    let beyond = t(&[2], &[7.0f64.next_up(), -7.0f64.next_up()]);
-    let (_, du) = EX
-        .swiglu_clamped_backward(&t(&[2], &[0.5; 2]), &beyond, &t(&[2], &[1.0; 2]), c)
+    let beyond = t(
+        &[1, 4],
+        &interleave(&[0.5; 2], &[7.0f64.next_up(), -7.0f64.next_up()]),
+    );
+    let d = EX
+        .swiglu_clamped_backward(&beyond, &t(&[1, 2], &[1.0; 2]), c)
         .unwrap();
-    assert_eq!(du.data(), [0.0, 0.0]);
+    assert_eq!((d.data()[1], d.data()[3]), (0.0, 0.0));
 }
 
 /// The sink op alone: its first gradient is `∂/∂out` with `lse` held

@@ -482,18 +482,17 @@ impl Executor for GpuExecutor {
         self.attention_sinks_backward_impl(out, lse, sinks, dout)
     }
 
-    fn swiglu_clamped(&self, gate: &GpuTensor, up: &GpuTensor, c: ClampedGlu) -> Result<GpuTensor> {
-        self.swiglu_clamped_impl(gate, up, c)
+    fn swiglu_clamped(&self, gate_up: &GpuTensor, c: ClampedGlu) -> Result<GpuTensor> {
+        self.swiglu_clamped_impl(gate_up, c)
     }
 
     fn swiglu_clamped_backward(
         &self,
-        gate: &GpuTensor,
-        up: &GpuTensor,
+        gate_up: &GpuTensor,
         dy: &GpuTensor,
         c: ClampedGlu,
-    ) -> Result<(GpuTensor, GpuTensor)> {
-        self.swiglu_clamped_backward_impl(gate, up, dy, c)
+    ) -> Result<GpuTensor> {
+        self.swiglu_clamped_backward_impl(gate_up, dy, c)
     }
 
     fn swiglu(&self, gate: &GpuTensor, up: &GpuTensor) -> Result<GpuTensor> {

@@ -14,7 +14,7 @@ use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     Error, Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope,
-    Shape, SoftCap, TensorHandle, Transpose, attention_sinks_dims,
+    Shape, SoftCap, TensorHandle, Transpose, attention_sinks_dims, clamped_glu_out,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -703,37 +703,34 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
     }
 
-    fn swiglu_clamped(&self, gate: &T<F>, up: &T<F>, c: ClampedGlu) -> Result<T<F>> {
+    fn swiglu_clamped(&self, gate_up: &T<F>, c: ClampedGlu) -> Result<T<F>> {
         let op = "swiglu_clamped";
         c.check(op)?;
-        same_shape(op, "gate vs up", gate, up)?;
+        let out_shape = clamped_glu_out(op, gate_up.shape())?;
         let (alpha, limit) = (F::from_f64(c.alpha), F::from_f64(c.limit));
         Ok(out(
-            gate.shape().clone(),
-            r::swiglu_clamped(f32_data(op, gate)?, f32_data(op, up)?, alpha, limit),
+            out_shape,
+            r::swiglu_clamped(f32_data(op, gate_up)?, alpha, limit),
         ))
     }
 
-    fn swiglu_clamped_backward(
-        &self,
-        gate: &T<F>,
-        up: &T<F>,
-        dy: &T<F>,
-        c: ClampedGlu,
-    ) -> Result<(T<F>, T<F>)> {
+    fn swiglu_clamped_backward(&self, gate_up: &T<F>, dy: &T<F>, c: ClampedGlu) -> Result<T<F>> {
         let op = "swiglu_clamped_backward";
         c.check(op)?;
-        same_shape(op, "gate vs up", gate, up)?;
-        same_shape(op, "gate vs dy", gate, dy)?;
+        let want = clamped_glu_out(op, gate_up.shape())?;
+        if dy.shape() != &want {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "dy {} must be {want}, the output of gate_up {}",
+                    dy.shape(),
+                    gate_up.shape()
+                ),
+            ));
+        }
         let (alpha, limit) = (F::from_f64(c.alpha), F::from_f64(c.limit));
-        let (dg, du) = r::swiglu_clamped_backward(
-            f32_data(op, gate)?,
-            f32_data(op, up)?,
-            f32_data(op, dy)?,
-            alpha,
-            limit,
-        );
-        Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), du)))
+        let d = r::swiglu_clamped_backward(f32_data(op, gate_up)?, f32_data(op, dy)?, alpha, limit);
+        Ok(out(gate_up.shape().clone(), d))
     }
 
     fn geglu(&self, gate: &T<F>, up: &T<F>) -> Result<T<F>> {

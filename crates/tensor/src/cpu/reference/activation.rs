@@ -62,48 +62,45 @@ fn clamped<F: Real>(gate: F, up: F, limit: F) -> (F, F) {
 }
 
 /// GPT-OSS's clamped SwiGLU, `(u + 1) · (g · σ(g · alpha))` of the clamped
-/// `g` and `u`, in transformers' order of operations (its f64 golden
-/// values are compared with this).
-pub fn swiglu_clamped<F: Real>(gate: &[F], up: &[F], alpha: F, limit: F) -> Vec<F> {
-    map2(gate, up, |g, u| {
-        let (g, u) = clamped(g, u, limit);
-        (u + F::one()) * (g * sigmoid(g * alpha))
-    })
+/// gate and up of `gate_up`, interleaved (gate at 2i, up at 2i + 1): one
+/// output a pair.
+pub fn swiglu_clamped<F: Real>(gate_up: &[F], alpha: F, limit: F) -> Vec<F> {
+    assert!(gate_up.len().is_multiple_of(2), "swiglu_clamped: gate_up pairs");
+    gate_up
+        .par_chunks_exact(2)
+        .with_min_len(CHUNK)
+        .map(|p| {
+            let (g, u) = clamped(p[0], p[1], limit);
+            (u + F::one()) * (g * sigmoid(g * alpha))
+        })
+        .collect()
 }
 
-/// Returns `(dgate, dup)` of [`swiglu_clamped`]: zero where a clamp bound
-/// its input (`gate > limit`, `|up| > limit`), the bounds themselves
-/// passing it, as torch's `clamp` backward does.
-pub fn swiglu_clamped_backward<F: Real>(
-    gate: &[F],
-    up: &[F],
-    dy: &[F],
-    alpha: F,
-    limit: F,
-) -> (Vec<F>, Vec<F>) {
-    assert_eq!(dy.len(), gate.len(), "swiglu_clamped_backward: dy length");
-    assert_eq!(up.len(), gate.len(), "swiglu_clamped_backward: up length");
-    let pairs: Vec<(F, F)> = (gate, up, dy)
-        .into_par_iter()
+/// The gradient of `gate_up` of [`swiglu_clamped`], interleaved as it is:
+/// zero where a clamp bound its input, the bounds themselves passing it.
+pub fn swiglu_clamped_backward<F: Real>(gate_up: &[F], dy: &[F], alpha: F, limit: F) -> Vec<F> {
+    assert_eq!(gate_up.len(), 2 * dy.len(), "swiglu_clamped_backward: dy length");
+    let mut out = vec![F::zero(); gate_up.len()];
+    out.par_chunks_exact_mut(2)
         .with_min_len(CHUNK)
-        .map(|(&gate, &up, &dy)| {
+        .zip(gate_up.par_chunks_exact(2).zip(dy.par_iter()))
+        .for_each(|(o, (p, &dy))| {
+            let (gate, up) = (p[0], p[1]);
             let (g, u) = clamped(gate, up, limit);
             let s = sigmoid(g * alpha);
             let dglu = s + alpha * g * s * (F::one() - s);
-            let dg = if gate <= limit {
+            o[0] = if gate <= limit {
                 dy * (u + F::one()) * dglu
             } else {
                 F::zero()
             };
-            let du = if up >= -limit && up <= limit {
+            o[1] = if up >= -limit && up <= limit {
                 dy * g * s
             } else {
                 F::zero()
             };
-            (dg, du)
-        })
-        .collect();
-    pairs.into_iter().unzip()
+        });
+    out
 }
 
 fn gelu_consts<F: Real>() -> (F, F) {
