@@ -121,6 +121,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "qwen3_moe_raw",
         "olmoe",
         "qwen2_moe",
+        "gpt_oss",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

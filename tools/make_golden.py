@@ -10,13 +10,17 @@ logits, the loss and the gradient of every parameter (under its HF name) to
 transformers computes RMSNorm, RoPE angles and the eager-attention softmax in
 float32 even for a float64 model; those are patched to stay in float64 here,
 and the cross-entropy is computed by this script (mean over targets that are
-not -100), so the references are float64-exact for the stored weights.
+not -100), so the references are float64-exact for the stored weights. For
+GPT-OSS (whose load-balancing loss transformers also sums in float32) every
+op of the forward and backward is checked to stay float64 (Float32Watch).
+The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
+MXFP4 below) and also dumps their dequantized weights.
 
 Also writes a small byte-level BPE `tokenizer.json` (trained locally with the
 `tokenizers` package, saved through transformers) with expected encodings.
 Nothing is downloaded. Usage (from the repository root):
 
-    .venv/bin/python tools/make_golden.py [--out crates/zoo/tests/fixtures]
+    .venv/bin/python tools/make_golden.py [--out crates/zoo/tests/fixtures] [--only CASE ...]
 """
 
 import argparse
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils._python_dispatch
 from safetensors.torch import save_file
 from transformers import (
     GPT2Config,
@@ -81,9 +86,18 @@ from transformers import (
     OlmoeForCausalLM,
     Qwen2MoeConfig,
     Qwen2MoeForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
 )
 
 BATCH = 2
+
+# GPT-OSS's SwiGLU clamp for the golden cases (7.0 in the released models):
+# low enough for these small models' activations that the gate's upper clamp
+# and the up projection's two-sided clamp both bind on a good share of entries
+# (make_case prints the shares).
+SWIGLU_LIMIT_GPT_OSS = 0.6
+SWIGLU_LIMIT_GPT_OSS_MXFP4 = 0.4
 
 # name: (config class, model class, config kwargs, seq, stored dtype)
 CASES = {
@@ -1053,7 +1067,94 @@ CASES = {
         9,
         torch.float32,
     ),
+    # GPT-OSS: q/k/v/o biases, a learned sink per head beside each row of
+    # scores, blocks 0 and 2 slide (window 4 over 11 positions), block 1
+    # attends to all; YaRN as GPT-OSS ships it (factor 32 over 4096, betas
+    # 32 / 1, truncate false, theta 150000), cos/sin of half a head applied
+    # to its two halves; the router a linear with bias, top 2 of 4 logits
+    # softmaxed; experts fused with gate and up interleaved, biases, and
+    # the clamped SwiGLU (alpha 1.702) with a limit low enough that both
+    # clamps bind on a good share of entries.
+    "gpt_oss": (
+        GptOssConfig,
+        GptOssForCausalLM,
+        dict(
+            vocab_size=89,
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            swiglu_limit=SWIGLU_LIMIT_GPT_OSS,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # GPT-OSS with the routers' load-balancing loss (output_router_logits)
+    # added to the loss at 0.05.
+    "gpt_oss_aux": (
+        GptOssConfig,
+        GptOssForCausalLM,
+        dict(
+            vocab_size=73,
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            swiglu_limit=SWIGLU_LIMIT_GPT_OSS,
+            output_router_logits=True,
+            router_aux_loss_coef=0.05,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
+    # GPT-OSS as OpenAI publishes it: the experts' gate_up_proj and
+    # down_proj MXFP4 (`_blocks` / `_scales`, see MXFP4 below) under the
+    # hub's quantization_config, everything else f32; the golden also holds
+    # the dequantized weights (`dequant.<name>`). Hidden 64 (two MXFP4
+    # blocks a row of gate_up_proj), intermediate 32 (one a row of
+    # down_proj); 4 heads of 8, so heads × head_dim (32) is not hidden.
+    "gpt_oss_mxfp4": (
+        GptOssConfig,
+        GptOssForCausalLM,
+        dict(
+            vocab_size=61,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            swiglu_limit=SWIGLU_LIMIT_GPT_OSS_MXFP4,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
 }
+
+# The cases whose experts are stored MXFP4 (see MXFP4).
+MXFP4_CASES = {"gpt_oss_mxfp4"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1206,10 +1307,43 @@ def _router64(self, hidden_states):
     return logits, top.to(logits.dtype), idx
 
 
+def _gpt_oss_rope64(cfg, dim):
+    """GPT-OSS's rotary embedding in float64: cos and sin of the half-dim
+    angles (not duplicated; its apply_rotary_pos_emb rotates the head's two
+    halves by them), times the attention scaling (YaRN's)."""
+
+    def forward(self, x, position_ids):
+        inv, att = inv_freq64(cfg, dim, int(position_ids.max()) + 1)
+        freqs = position_ids[..., None].to(torch.float64) * inv
+        return (freqs.cos() * att).to(x.dtype), (freqs.sin() * att).to(x.dtype)
+
+    return forward
+
+
+def _load_balancing64(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+    """transformers' load_balancing_loss_func (Switch Transformer's) in the
+    router logits' float64: transformers sums the probabilities in float32.
+    E · Σ_e (picks of e / rows) · (Σ_rows p_e / rows), every routed block's
+    rows together."""
+    if gate_logits is None or not isinstance(gate_logits, tuple):
+        return 0
+    assert attention_mask is None
+    logits = torch.cat(gate_logits, dim=0)
+    probs = _softmax(logits, dim=-1)
+    _, picked = torch.topk(probs, top_k, dim=-1)
+    picks = F.one_hot(picked, num_experts).to(probs.dtype).sum(dim=(0, 1))
+    rows = logits.shape[0]
+    return num_experts * torch.sum((picks / rows) * (probs.sum(dim=0) / rows))
+
+
 def expert_grads(pname, grad, saved_names):
     """transformers 5 holds a MoE block's experts fused (`experts.gate_up_proj`
     [E, 2F, C] in gate, up order; `experts.down_proj` [E, C, F]) and writes
-    them per expert: the gradient under the names the checkpoint has."""
+    them per expert: the gradient under the names the checkpoint has. A
+    checkpoint that holds them fused (GPT-OSS's, or its MXFP4 `_blocks` /
+    `_scales`) gets the gradient under the fused name as it is."""
+    if pname in saved_names or pname + "_blocks" in saved_names:
+        return {pname: grad}
     prefix, kind = pname.rsplit(".", 1)
     mlp = prefix.removesuffix(".experts")
     names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
@@ -1236,6 +1370,11 @@ def patch_float64(model):
     torch.nn.functional.softmax = _softmax64
     # A multimodal model's RoPE reads its text config.
     cfg = model.config.get_text_config()
+    if cfg.model_type == "gpt_oss":
+        # GPT-OSS's router softmaxes its top k in the logits' dtype (float64
+        # here) and its eager attention its scores with the sinks likewise;
+        # only the load-balancing loss leaves float64.
+        importlib.import_module(type(model).__module__).load_balancing_loss_func = _load_balancing64
     for m in model.modules():
         name = type(m).__name__
         if name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
@@ -1252,6 +1391,12 @@ def patch_float64(model):
             m.forward = types.MethodType(_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
+        elif name == "GptOssRotaryEmbedding":
+            dim = m.inv_freq.shape[0] * 2
+            inv, att = inv_freq64(cfg, dim)
+            assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
+            assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
+            m.forward = types.MethodType(_gpt_oss_rope64(cfg, dim), m)
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
             # OLMo 3, Gemma 3: one set of frequencies per block kind.
             kinds = {}
@@ -1280,16 +1425,184 @@ def patch_float64(model):
             m.forward = types.MethodType(_rope64(cfg, dim, interleave), m)
 
 
+# ---- MXFP4 (GPT-OSS's published expert format) ------------------------------
+#
+# As transformers defines it (integrations/mxfp4.py: FP4_VALUES and
+# convert_moe_packed_tensors, which Mxfp4Dequantize runs on load) and as
+# openai/gpt-oss-20b stores it. An expert weight the model holds as
+# W [E, K, N] (used as x @ W[e]: K inputs, N outputs; `experts.gate_up_proj`
+# [E, H, 2I], `experts.down_proj` [E, I, H]) is stored as two uint8 tensors
+# over its TRANSPOSE [E, N, K], cut along K into blocks of 32:
+#
+#   <name>_scales  uint8 [E, N, K/32]       one E8M0 exponent per block:
+#                                           the block's factor is 2^(s - 127)
+#   <name>_blocks  uint8 [E, N, K/32, 16]   the block's 32 values, two a byte:
+#                                           byte j holds value 2j in its LOW
+#                                           nibble (b & 0x0F) and value 2j+1
+#                                           in its HIGH nibble (b >> 4)
+#
+# Each nibble is an FP4 e2m1 code (bit 3 the sign, bits 2-1 the exponent,
+# bit 0 the mantissa), FP4_VALUES[code]:
+#
+#   code   0    1    2    3    4    5    6    7
+#   value +0.0 +0.5 +1.0 +1.5 +2.0 +3.0 +4.0 +6.0
+#   code   8    9    10   11   12   13   14   15
+#   value -0.0 -0.5 -1.0 -1.5 -2.0 -3.0 -4.0 -6.0
+#
+# so, with b = blocks[e, n, k // 32, (k % 32) // 2] and
+# c = b & 0x0F if k is even else b >> 4:
+#
+#   W[e, k, n] = FP4_VALUES[c] * 2^(scales[e, n, k // 32] - 127)
+#
+# (transformers: ldexp of the table value by the int32 s - 127, in the
+# parameter's dtype, then the [E, N, K] result transposed to [E, K, N]).
+# Every such value is exact in float32 (and bf16). The config.json carries
+# the hub's quantization_config (MXFP4_QUANTIZATION_CONFIG); the checkpoint
+# keeps every other tensor, the experts' biases included, unquantized.
+
+MXFP4_QUANTIZATION_CONFIG = {
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+    "quant_method": "mxfp4",
+}
+
+FP4_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_dequant_reference(blocks, scales):
+    """The layout above, element by element as written (a check of that
+    description against transformers' own dequantization)."""
+    e_, n_, g_, _ = blocks.shape
+    k_ = g_ * 32
+    k = torch.arange(k_)
+    b = blocks[:, :, k // 32, (k % 32) // 2].to(torch.int64)  # [E, N, K]
+    code = torch.where(k % 2 == 0, b & 0x0F, b >> 4)
+    value = torch.tensor(FP4_E2M1, dtype=torch.float64)[code]
+    factor = torch.pow(2.0, scales[:, :, k // 32].to(torch.float64) - 127)
+    return (value * factor).transpose(1, 2).to(torch.float32)
+
+
+def mxfp4_experts(model, gen):
+    """Random MXFP4 experts: random codes (every byte uniform: both nibbles
+    over all 16 codes) and scales 2^-8 … 2^-5 (weights up to 0.19, the
+    spread of the other cases' 0.1 · randn), the float
+    weights made by transformers' own dequantization and put in the model.
+    Returns {fused name: (blocks, scales, weight)}."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    packed = {}
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if not pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+                continue
+            e, k, n = p.shape
+            assert k % 32 == 0, (pname, p.shape)
+            blocks = torch.randint(0, 256, (e, n, k // 32, 16), generator=gen, dtype=torch.uint8)
+            scales = torch.randint(127 - 8, 127 - 5 + 1, (e, n, k // 32), generator=gen).to(torch.uint8)
+            w = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            assert w.shape == p.shape and w.dtype == torch.float32, (pname, w.shape, p.shape)
+            assert torch.equal(w, mxfp4_dequant_reference(blocks, scales)), pname
+            p.copy_(w)
+            packed[pname] = (blocks, scales, w.clone())
+    return packed
+
+
+def write_mxfp4_checkpoint(case_dir: Path, packed):
+    """Rewrites a saved checkpoint the way OpenAI publishes GPT-OSS: each
+    fused expert weight replaced by its `_blocks` and `_scales`, the hub's
+    quantization_config in config.json."""
+    from safetensors import safe_open
+
+    path = case_dir / "model.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    for pname, (blocks, scales, w) in packed.items():
+        assert torch.equal(tensors.pop(pname), w), pname
+        tensors[pname + "_blocks"] = blocks.contiguous()
+        tensors[pname + "_scales"] = scales.contiguous()
+    save_file(tensors, path, metadata=meta)
+    cfg_path = case_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = MXFP4_QUANTIZATION_CONFIG
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def check_mxfp4_load(case_dir: Path, model_cls, model, packed):
+    """transformers loads the MXFP4 checkpoint (dequantizing on CPU) into
+    exactly the weights the golden ran on."""
+    from transformers import Mxfp4Config
+
+    loaded = model_cls.from_pretrained(
+        case_dir, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32
+    )
+    ours = dict(model.named_parameters())
+    theirs = dict(loaded.named_parameters())
+    assert ours.keys() == theirs.keys(), ours.keys() ^ theirs.keys()
+    for pname, p in theirs.items():
+        assert p.dtype == torch.float32 and torch.equal(p, ours[pname]), pname
+    for pname, (_, _, w) in packed.items():
+        assert torch.equal(theirs[pname], w), pname
+
+
+# ---- float64 check and SwiGLU clamp shares ----------------------------------
+
+
+class Float32Watch(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every op (forward or backward) whose result holds a float32,
+    float16 or bfloat16 tensor: none may be left in a float64 reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = out if isinstance(out, (tuple, list)) else (out,)
+        if any(isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in leaves):
+            self.ops.add(str(func))
+        return out
+
+
+def count_swiglu_clamps(model):
+    """Wraps GPT-OSS's experts' clamped SwiGLU to count, over the forward,
+    how many gate entries exceed the limit and how many up entries lie
+    outside ±limit. Returns the running counts [gate over, up out, total]."""
+    counts = [0, 0, 0]
+    for m in model.modules():
+        if type(m).__name__ == "GptOssExperts":
+            original = m._apply_gate
+
+            def apply(gate_up, m=m, original=original):
+                with torch.no_grad():
+                    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+                    counts[0] += int((gate > m.limit).sum())
+                    counts[1] += int((up.abs() > m.limit).sum())
+                    counts[2] += gate.numel()
+                return original(gate_up)
+
+            m._apply_gate = apply
+    return counts
+
+
 def randomize(model, gen):
     """Weights with enough spread that every path matters (norm gains and
     biases away from 1 and 0)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("mlp.gate.weight"):
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "mlp.router.bias")):
                 # A MoE router: scores far enough apart that the choice of
                 # experts is clear of rounding.
                 p.copy_(r)
+            elif name.endswith("self_attn.sinks"):
+                # GPT-OSS's attention sinks (logits beside each row of
+                # scores): around 0, some heads' large enough to matter.
+                p.copy_(0.5 * r)
             elif name.endswith("bias"):
                 p.copy_(0.1 * r)
             elif p.ndim == 1:
@@ -1314,6 +1627,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
             setattr(cfg, k, 0.0)
     model = model_cls(cfg).to(torch.float32)
     randomize(model, gen)
+    packed = mxfp4_experts(model, gen) if name in MXFP4_CASES else {}
     # Round the weights to the stored dtype so that the float64 reference
     # runs on exactly the values in the file.
     model = model.to(store_dtype)
@@ -1325,14 +1639,22 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         (case_dir / extra).unlink(missing_ok=True)
     if name in V4_STYLE:
         to_v4_config(case_dir / "config.json")
+    if packed:
+        write_mxfp4_checkpoint(case_dir, packed)
+        check_mxfp4_load(case_dir, model_cls, model, packed)
 
     model = model.to(torch.float64)
     model.eval()
     patch_float64(model)
+    # GPT-OSS: every op of the forward and backward checked to stay float64.
+    watch = Float32Watch() if cfg.model_type == "gpt_oss" else None
+    clamps = count_swiglu_clamps(model)
     ids = torch.randint(0, cfg.get_text_config().vocab_size, (BATCH, seq + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
     targets[0, 2] = -100
     targets[1, -1] = -100
+    if watch is not None:
+        watch.__enter__()
     out = model(input_ids=inputs)
     logits = out.logits
     loss = cross_entropy(logits, targets)
@@ -1340,6 +1662,9 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         # transformers' own loss adds the routers' load-balancing loss so.
         loss = loss + cfg.router_aux_loss_coef * out.aux_loss
     loss.backward()
+    if watch is not None:
+        watch.__exit__(None, None, None)
+        assert not watch.ops, f"{name}: ops outside float64: {sorted(watch.ops)}"
 
     golden = {
         "input_ids": inputs.to(torch.int32),
@@ -1351,6 +1676,9 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
 
     with safe_open(case_dir / "model.safetensors", "pt") as f:
         saved_names = set(f.keys())
+    for pname, (_, _, w) in packed.items():
+        # The experts' weights as transformers dequantizes them.
+        golden["dequant." + pname] = w.contiguous()
     for pname, p in model.named_parameters():
         if pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
             for n, g in expert_grads(pname, p.grad, saved_names).items():
@@ -1369,11 +1697,24 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
             assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
             continue
         golden["grad." + pname] = p.grad.to(torch.float32).contiguous()
-    missing = [k for k in golden if k.startswith("grad.") and k[5:] not in saved_names and k[5:] != "lm_head.weight"]
+    missing = [
+        k
+        for k in golden
+        if k.startswith("grad.")
+        and k[5:] not in saved_names
+        and k[5:] + "_blocks" not in saved_names
+        and k[5:] != "lm_head.weight"
+    ]
     assert not missing or name.startswith("gemma3_mm"), f"{name}: gradients under names the checkpoint lacks: {missing}"
     save_file(golden, case_dir / "golden.safetensors")
     n = sum(p.numel() for p in model.parameters())
-    print(f"{name}: {n} params, seq {seq}, loss {loss.item():.6f}, stored {store_dtype}")
+    extra = ""
+    if clamps[2]:
+        extra = (
+            f", SwiGLU clamps bind on {100 * clamps[0] / clamps[2]:.1f}% of gate and"
+            f" {100 * clamps[1] / clamps[2]:.1f}% of up entries (of {clamps[2]})"
+        )
+    print(f"{name}: {n} params, seq {seq}, loss {loss.item():.6f}, stored {store_dtype}{extra}")
 
 
 TOKENIZER_TEXT = """First Citizen:

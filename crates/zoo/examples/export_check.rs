@@ -102,6 +102,8 @@ fn main() -> AnyResult<()> {
         "qwen3_moe_raw",
         "olmoe",
         "qwen2_moe",
+        "gpt_oss",
+        "gpt_oss_mxfp4",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -15,7 +15,7 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 use serde_json::Value;
 
-use crate::{ModelConfig, Result, ZooError};
+use crate::{Arch, ModelConfig, Result, ZooError, mxfp4};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -194,6 +194,11 @@ impl HfCheckpoint {
     pub fn read_tensor_into(&self, spec: &ParamSpec, out: &mut [f32]) -> Result<()> {
         let (shard, info, tensor) = match self.find(&spec.name) {
             Some(found) => found,
+            None if self.config.arch == Arch::GptOss
+                && self.find(&format!("{}_blocks", spec.name)).is_some() =>
+            {
+                return self.read_mxfp4_into(spec, out);
+            }
             None => {
                 // Named as the checkpoint would hold it.
                 let tensor = self.candidates(&spec.name).swap_remove(0);
@@ -241,6 +246,54 @@ impl HfCheckpoint {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// GPT-OSS's expert tensor `spec` (`[E, C, R]`) from its MXFP4
+    /// `_blocks` and `_scales` ([`crate::mxfp4`]).
+    fn read_mxfp4_into(&self, spec: &ParamSpec, out: &mut [f32]) -> Result<()> {
+        let dims = spec.shape.dims();
+        let [e, c, r] = *dims else {
+            return Err(ZooError::invalid(
+                "read_mxfp4_into",
+                format!(
+                    "'{}' {:?} is not an experts' [E, in, out] tensor",
+                    spec.name, dims
+                ),
+            ));
+        };
+        let g = c / mxfp4::BLOCK;
+        let mut parts = Vec::new();
+        for (suffix, shapes) in [
+            ("_blocks", vec![vec![e, r, g, 16], vec![e, r, c / 2]]),
+            ("_scales", vec![vec![e, r, g]]),
+        ] {
+            let (shard, info, tensor) =
+                self.find(&format!("{}{suffix}", spec.name))
+                    .ok_or_else(|| ZooError::MissingTensor {
+                        file: self.expected_file(),
+                        tensor: format!("{}{suffix}", spec.name),
+                    })?;
+            if info.dtype != Dtype::U8 {
+                return Err(ZooError::TensorDType {
+                    file: shard.path.clone(),
+                    tensor,
+                    got: format!("{:?} (MXFP4 parts are U8)", info.dtype),
+                });
+            }
+            if !c.is_multiple_of(mxfp4::BLOCK) || !shapes.contains(&info.shape) {
+                return Err(ZooError::TensorShape {
+                    file: shard.path.clone(),
+                    tensor,
+                    expected: shapes[0].clone(),
+                    got: info.shape.clone(),
+                });
+            }
+            parts.push(
+                &shard.map[shard.data_start + info.data_offsets.0..shard.data_start + info.data_offsets.1],
+            );
+        }
+        mxfp4::widen_into(parts[0], parts[1], [e, r, c], out);
         Ok(())
     }
 

@@ -1,10 +1,10 @@
 //! Seeded random initialisation, one layer at a time.
 //!
 //! Matrices and embeddings are drawn from N(0, 0.02²) (HF's
-//! `initializer_range`), biases are zero and norm gains one (Gemma's
-//! weights zero: its gains are `1 + w`). GPT-2 scales its
-//! residual projections (`attn.c_proj`, `mlp.c_proj`) by 1/sqrt(2·n_layer),
-//! as GPT-2 and nanoGPT do.
+//! `initializer_range`), as are GPT-OSS's attention sinks; biases are
+//! zero and norm gains one (Gemma's weights zero: its gains are `1 + w`).
+//! GPT-2 scales its residual projections (`attn.c_proj`, `mlp.c_proj`) by
+//! 1/sqrt(2·n_layer), as GPT-2 and nanoGPT do.
 //!
 //! Every tensor is drawn in chunks of `CHUNK` elements, each chunk from its
 //! own generator seeded by (seed, layer, tensor, chunk): the result depends on
@@ -33,8 +33,12 @@ fn mix(mut x: u64) -> u64 {
 /// The standard deviation a parameter is drawn with, or `None` for a
 /// constant (`Some(0)` never occurs).
 fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
-    if name.ends_with(".bias") {
+    // GPT-OSS's experts' biases are `gate_up_proj_bias`, `down_proj_bias`.
+    if name.ends_with(".bias") || name.ends_with("_bias") {
         Init::Const(0.0)
+    } else if name.ends_with(".sinks") {
+        // GPT-OSS's sink logits, drawn as transformers draws them.
+        Init::Normal(INIT_STD)
     } else if !decay {
         Init::Const(1.0 - cfg.arch.norm_gain_offset().unwrap_or(0.0) as f32)
     } else if cfg.arch.is_gpt2() && name.ends_with("c_proj.weight") {

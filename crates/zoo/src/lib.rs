@@ -37,6 +37,7 @@ mod init;
 pub mod layers;
 mod long_text;
 mod model;
+mod mxfp4;
 mod presets;
 mod tables;
 mod tokenizer;

@@ -28,6 +28,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3-30b-a3b",
     "olmoe-1b-7b",
     "qwen1.5-moe-a2.7b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -353,6 +355,51 @@ fn qwen15_moe_a27b() -> Result<ModelConfig> {
     )
 }
 
+/// gpt-oss-20b (`layers` 24, `experts` 32: `openai/gpt-oss-20b`'s
+/// config.json, 20.9 B parameters, 3.6 B read per token beside the
+/// embedding table) and gpt-oss-120b (36 and 128: 116.8 B, 5.1 B).
+fn gpt_oss(name: &str, layers: usize, experts: usize) -> Result<ModelConfig> {
+    let kinds: Vec<&str> = (0..layers)
+        .map(|i| ["sliding_attention", "full_attention"][i % 2])
+        .collect();
+    hf_preset(
+        name,
+        serde_json::json!({
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "vocab_size": 201088,
+            "hidden_size": 2880,
+            "intermediate_size": 2880,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "attention_bias": true,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 150000,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": false,
+                "original_max_position_embeddings": 4096,
+            },
+            "sliding_window": 128,
+            "layer_types": kinds,
+            "num_local_experts": experts,
+            "num_experts_per_tok": 4,
+            "experts_per_token": 4,
+            "swiglu_limit": 7.0,
+            "router_aux_loss_coef": 0.9,
+            "output_router_logits": false,
+            "pad_token_id": 199999,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -424,6 +471,8 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "qwen3-30b-a3b" => qwen3_30b_a3b()?,
         "olmoe-1b-7b" => olmoe_1b_7b()?,
         "qwen1.5-moe-a2.7b" => qwen15_moe_a27b()?,
+        "gpt-oss-20b" => gpt_oss(name, 24, 32)?,
+        "gpt-oss-120b" => gpt_oss(name, 36, 128)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),
@@ -433,6 +482,9 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
     };
     if let Some(v) = vocab {
         cfg.vocab_size = v;
+        // A padding id past the new vocabulary freezes nothing (as a
+        // config's would: `padding_idx`).
+        cfg.pad_token_id = cfg.pad_token_id.filter(|&p| p < v);
     }
     cfg.validate().map_err(|detail| ZooError::BadField {
         path: synthetic_path(name),

@@ -215,6 +215,9 @@ impl ModelConfig {
                 if self.o_bias {
                     t.push(format!("{p}.self_attn.o_proj.bias"), [c], false)?;
                 }
+                if self.arch.has_attention_sinks() {
+                    t.push(format!("{p}.self_attn.sinks"), [self.num_heads], false)?;
+                }
                 if self.qk_norm {
                     let (qn, kn) = match self.arch.has_full_qk_norms() {
                         true => (q, kv),
@@ -303,6 +306,9 @@ impl ModelConfig {
     /// (transformers 5 holds them fused in memory and writes them apart).
     fn push_experts(&self, t: &mut ParamTable, p: &str, moe: &Moe) -> Result<()> {
         let (c, f) = (self.hidden_size, moe.expert_size);
+        if moe.clamped.is_some() {
+            return self.push_clamped_experts(t, p, moe);
+        }
         let (mlp, [gate, up, down]) = match self.arch {
             Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
@@ -324,6 +330,31 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// GPT-OSS's router `[E, C]` and its bias, then the experts one kind
+    /// of tensor at a time: every expert's interleaved gate/up `[C, 2F]`,
+    /// their biases `[2F]`, their downs `[F, C]` and their biases `[C]`
+    /// (each kind's E entries are consecutive, so that the checkpoint's
+    /// tensor of them all, `[E, ..]`, is their concatenation: `hf_table`).
+    /// The products read `x @ w` (`Transpose::NN`), as the checkpoint
+    /// stores them.
+    fn push_clamped_experts(&self, t: &mut ParamTable, p: &str, moe: &Moe) -> Result<()> {
+        let (c, f, n) = (self.hidden_size, moe.expert_size, moe.num_experts);
+        t.push(format!("{p}.mlp.router.weight"), [n, c], true)?;
+        t.push(format!("{p}.mlp.router.bias"), [n], false)?;
+        let kinds: [(&str, &[usize], bool); 4] = [
+            ("gate_up_proj", &[c, 2 * f], true),
+            ("gate_up_proj_bias", &[2 * f], false),
+            ("down_proj", &[f, c], true),
+            ("down_proj_bias", &[c], false),
+        ];
+        for (kind, shape, decay) in kinds {
+            for e in 0..n {
+                t.push(format!("{p}.mlp.experts.{e}.{kind}"), shape.to_vec(), decay)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The tensors of `table` (a layer's) as Hugging Face checkpoints
     /// store them, over the same slab: the table itself, except that
     /// Phi-3's fused `qkv_proj` and `gate_up_proj` (GLM's `gate_up_proj`)
@@ -331,6 +362,9 @@ impl ModelConfig {
     /// contiguous, so the fused tensor is exactly their concatenation).
     /// Loading, exporting and run checkpoints go through this.
     pub fn hf_table(&self, table: &ParamTable) -> ParamTable {
+        if self.arch == Arch::GptOss {
+            return self.stacked_experts(table);
+        }
         let specs = table.iter().as_slice();
         // (the parts' names, in table order; the fused tensor's name)
         let qkv: (&[&str], &str) = (
@@ -376,6 +410,35 @@ impl ModelConfig {
         out
     }
 
+    /// GPT-OSS's [`Self::hf_table`]: each run of E per-expert entries
+    /// (`..mlp.experts.{e}.{kind}`, e = 0, 1, ..) becomes the checkpoint's
+    /// `..mlp.experts.{kind}` of shape `[E, ..]`.
+    fn stacked_experts(&self, table: &ParamTable) -> ParamTable {
+        let specs = table.iter().as_slice();
+        let mut out = ParamTable::new();
+        let mut i = 0;
+        while i < specs.len() {
+            let dims = specs[i].shape.dims();
+            let (name, shape, run) = match specs[i].name.split_once(".mlp.experts.0.") {
+                Some((prefix, kind)) => {
+                    let run = specs[i..]
+                        .iter()
+                        .enumerate()
+                        .take_while(|(e, s)| s.name == format!("{prefix}.mlp.experts.{e}.{kind}"))
+                        .count();
+                    let shape = [&[run], dims].concat();
+                    (format!("{prefix}.mlp.experts.{kind}"), shape, run)
+                }
+                None => (specs[i].name.clone(), dims.to_vec(), 1),
+            };
+            out.push(name, shape, specs[i].decay)
+                .expect("the table's names are unique, and so are the stacked ones");
+            i += run;
+        }
+        debug_assert_eq!(out.numel(), table.numel());
+        out
+    }
+
     /// [`Self::hf_table`] of every layer.
     pub fn hf_tables(&self) -> Vec<ParamTable> {
         self.layer_tables().iter().map(|t| self.hf_table(t)).collect()
@@ -396,7 +459,7 @@ impl ModelConfig {
     pub fn unread_params_of(&self, layer: usize) -> usize {
         match (self.layer_kind(layer), &self.moe) {
             (Some(LayerKind::Block(i)), Some(moe)) if moe.routes(i) => {
-                (moe.num_experts - moe.top_k) * 3 * moe.expert_size * self.hidden_size
+                (moe.num_experts - moe.top_k) * moe.expert_params(self.hidden_size)
             }
             _ => 0,
         }

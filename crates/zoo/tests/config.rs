@@ -1351,10 +1351,133 @@ fn mixture_of_experts_fields() {
         "qwen3-30b-a3b",
         "olmoe-1b-7b",
         "qwen1.5-moe-a2.7b",
+        "gpt-oss-20b",
     ] {
         let p = megatrain_zoo::preset(name, None).unwrap();
         let back = parse(p.to_hf_json("float32")).unwrap();
         assert_eq!((back.arch, &back.moe), (p.arch, &p.moe), "{name}");
         assert_eq!(back.param_count(), p.param_count(), "{name}");
     }
+}
+
+/// GPT-OSS as GptOssConfig reads it: with nothing but the shape written,
+/// q/k/v/o biases, a window of 128 on every other block from the first,
+/// YaRN (factor 32 over 4096, untruncated) at θ 150000, 128 experts of
+/// which 4 a token, renormalised, each clamped at 7 with α 1.702; the
+/// router's and experts' biases and the sinks in the table, each kind's
+/// experts stacked in the checkpoint. Its MXFP4 quantization is the only
+/// `quantization_config` read; any other is refused, named.
+#[test]
+fn gpt_oss_fields() {
+    let g = json!({
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    });
+    let c = parse(g.clone()).unwrap();
+    assert_eq!(c.arch, Arch::GptOss);
+    assert!(c.arch.has_attention_sinks());
+    assert!(c.qkv_bias && c.o_bias && !c.mlp_bias && !c.qk_norm && !c.tie_word_embeddings);
+    assert_eq!((c.head_dim, c.norm_eps, c.rope_theta), (64, 1e-5, 150000.0));
+    assert_eq!(c.max_position_embeddings, 131072);
+    assert_eq!(c.sliding_window, Some(128));
+    assert_eq!(c.sliding_layers, Some(vec![true, false, true]));
+    match c.rope_scaling {
+        RopeScaling::Yarn {
+            factor,
+            original_max_positions,
+            truncate,
+            attention_factor,
+            ..
+        } => {
+            assert_eq!((factor, original_max_positions, truncate), (32.0, 4096.0, false));
+            assert!((attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-15);
+        }
+        ref other => panic!("GptOssConfig's default RoPE is YaRN, not {other:?}"),
+    }
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_size,
+            m.norm_topk,
+            m.aux_loss_coef
+        ),
+        (128, 4, 32, true, None)
+    );
+    let clamp = m.clamped.unwrap();
+    assert_eq!((clamp.alpha, clamp.limit), (1.702, 7.0));
+    assert_eq!(m.expert_params(64), 3 * 32 * 64 + 2 * 32 + 64);
+
+    let table = c.layer_table(1).unwrap();
+    let names: Vec<&str> = table.iter().map(|p| p.name.as_str()).collect();
+    for n in [
+        "model.layers.0.self_attn.o_proj.bias",
+        "model.layers.0.self_attn.sinks",
+        "model.layers.0.mlp.router.bias",
+        "model.layers.0.mlp.experts.127.down_proj_bias",
+    ] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+    let hf = c.hf_table(&table);
+    let shapes: Vec<(String, Vec<usize>)> = hf
+        .iter()
+        .map(|p| (p.name.clone(), p.shape.dims().to_vec()))
+        .collect();
+    for (n, dims) in [
+        ("model.layers.0.self_attn.sinks", vec![4]),
+        ("model.layers.0.mlp.router.weight", vec![128, 64]),
+        ("model.layers.0.mlp.experts.gate_up_proj", vec![128, 64, 64]),
+        ("model.layers.0.mlp.experts.gate_up_proj_bias", vec![128, 64]),
+        ("model.layers.0.mlp.experts.down_proj", vec![128, 32, 64]),
+        ("model.layers.0.mlp.experts.down_proj_bias", vec![128, 64]),
+    ] {
+        assert!(
+            shapes.contains(&(n.to_string(), dims.clone())),
+            "{n} {dims:?} in {shapes:?}"
+        );
+    }
+    assert_eq!(hf.numel(), table.numel());
+    assert!(!hf.iter().any(|p| p.name.contains("experts.0.")));
+
+    // The Hub's alias for k, a conflict named; the clamp's constants.
+    let with = |extra: Value| {
+        let mut v = g.clone();
+        for (k, x) in extra.as_object().unwrap() {
+            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
+        }
+        v
+    };
+    let c = parse(with(json!({"experts_per_token": 2, "swiglu_limit": 3.5}))).unwrap();
+    let m = c.moe.unwrap();
+    assert_eq!((m.top_k, m.clamped.unwrap().limit), (2, 3.5));
+    let msg = bad_msg(with(json!({"experts_per_token": 2, "num_experts_per_tok": 4})));
+    assert!(msg.contains("num_experts_per_tok"), "{msg}");
+    assert!(bad_msg(with(json!({"swiglu_limit": 0.0}))).contains("swiglu_limit"));
+
+    let mx = json!({"quantization_config": {"quant_method": "mxfp4"}});
+    let c = parse(with(mx)).unwrap();
+    assert!(
+        c.to_hf_json("float32").get("quantization_config").is_none(),
+        "an export writes its tensors unquantized"
+    );
+    let msg = bad_msg(with(
+        json!({"quantization_config": {"quant_method": "bitsandbytes"}}),
+    ));
+    assert!(
+        msg.contains("bitsandbytes") && msg.contains("dir/config.json"),
+        "{msg}"
+    );
+    let mut llama = llama_v4();
+    llama
+        .as_object_mut()
+        .unwrap()
+        .insert("quantization_config".into(), json!({"quant_method": "mxfp4"}));
+    assert!(bad_msg(llama).contains("quantization_config"));
 }

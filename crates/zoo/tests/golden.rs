@@ -180,7 +180,11 @@ fn the_window_cases_depend_on_their_window() {
     fn unnormalised(c: &mut ModelConfig) -> bool {
         c.moe.as_mut().is_some_and(|m| std::mem::take(&mut m.norm_topk))
     }
-    let cases: [(&str, Drop); 27] = [
+    fn unclamped(c: &mut ModelConfig) -> bool {
+        let clamp = c.moe.as_mut().and_then(|m| m.clamped.as_mut());
+        clamp.map(|k| k.limit = 1e30).is_some()
+    }
+    let cases: [(&str, Drop); 32] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -208,6 +212,11 @@ fn the_window_cases_depend_on_their_window() {
         ("mixtral_aux", unbalanced),
         ("qwen3_moe_aux", unbalanced),
         ("mixtral", unnormalised),
+        ("gpt_oss", window),
+        ("gpt_oss", unclamped),
+        ("gpt_oss", unnormalised),
+        ("gpt_oss_aux", unbalanced),
+        ("gpt_oss_mxfp4", unclamped),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);
@@ -229,6 +238,68 @@ fn the_window_cases_depend_on_their_window() {
         let err = ((out.loss - want) / want).abs();
         assert!(err > 1e-4, "{case}: the loss without it is off by only {err:e}");
     }
+}
+
+/// GPT-OSS's sinks matter to its golden cases: with every sink at −10⁴
+/// (σ(lse − sink) = 1, a plain softmax) the loss misses by far more than
+/// the tolerances above.
+#[test]
+fn the_gpt_oss_cases_depend_on_their_sinks() {
+    for case in ["gpt_oss", "gpt_oss_mxfp4"] {
+        let golden = read_golden(case);
+        let mut model = load_hf_dir(fixture(case)).unwrap();
+        let mut sinks = 0;
+        for (table, slab) in model.tables.iter().zip(&mut model.slabs) {
+            for spec in table.iter().filter(|s| s.name.ends_with(".sinks")) {
+                slab[spec.range()].fill(-1e4);
+                sinks += 1;
+            }
+        }
+        assert_eq!(sinks, model.config.num_layers, "{case}");
+        let ex = F64Executor::new();
+        let ids_g = &golden["input_ids"];
+        let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
+        let targets: Vec<i32> = golden["targets"].values.iter().map(|&v| v as i32).collect();
+        let weights: Vec<Vec<_>> = model
+            .tables
+            .iter()
+            .zip(&model.slabs)
+            .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
+            .collect();
+        let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
+        let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
+        let want = golden["loss"].values[0];
+        let err = ((out.loss - want) / want).abs();
+        assert!(
+            err > 1e-4,
+            "{case}: the loss without sinks is off by only {err:e}"
+        );
+    }
+}
+
+/// The published MXFP4 experts widen to exactly transformers' own
+/// dequantization (`convert_moe_packed_tensors`), stored by the fixture
+/// script beside the gradients.
+#[test]
+fn mxfp4_experts_widen_as_transformers_dequantizes_them() {
+    let case = "gpt_oss_mxfp4";
+    let golden = read_golden(case);
+    let model = load_hf_dir(fixture(case)).unwrap();
+    let mut seen = 0;
+    for (table, slab) in model.tables.iter().zip(&model.slabs) {
+        for spec in model.config.hf_table(table).iter() {
+            let Some(want) = golden.get(&format!("dequant.{}", spec.name)) else {
+                continue;
+            };
+            assert_eq!(want.shape, spec.shape.dims(), "{}", spec.name);
+            let got = &slab[spec.range()];
+            let same = got.iter().zip(&want.values).all(|(&g, &w)| g as f64 == w);
+            assert!(same, "{}: widened values differ from transformers'", spec.name);
+            seen += 1;
+        }
+    }
+    let dequant = golden.keys().filter(|k| k.starts_with("dequant.")).count();
+    assert_eq!((seen, dequant), (4, 4), "two blocks' gate_up and down");
 }
 
 /// Every family the zoo loads has a golden case above.

@@ -23,6 +23,8 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("qwen3-30b-a3b", 30_532_122_624),
         ("olmoe-1b-7b", 6_919_161_856),
         ("qwen1.5-moe-a2.7b", 14_315_784_192),
+        ("gpt-oss-20b", 20_914_757_184),
+        ("gpt-oss-120b", 116_829_156_672),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -41,6 +43,10 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("qwen3-30b-a3b", 3_353_032_704),
         ("olmoe-1b-7b", 1_282_017_280),
         ("qwen1.5-moe-a2.7b", 2_689_173_504),
+        // gpt-oss's published 3.6 B and 5.1 B leave out the embedding
+        // table (201088 × 2880), which a token reads one row of.
+        ("gpt-oss-20b", 3_608_307_264 + 579_133_440),
+        ("gpt-oss-120b", 5_132_849_472 + 579_133_440),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }

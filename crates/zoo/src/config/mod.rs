@@ -15,7 +15,7 @@ use megatrain_tensor::{AttnMask, Glu, Rope, RopeScaling, SoftCap};
 use serde_json::{Map, Value};
 
 use crate::{Result, ZooError};
-use rope::{parse_kinds_rope, parse_rope, parse_rope_with_theta};
+use rope::{gpt_oss_rope, parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
 mod moe;
 mod multimodal;
@@ -103,6 +103,13 @@ pub enum Arch {
     /// (q/k/v biases) with a routed MLP ([`Moe`]) beside a shared expert
     /// that every token takes, scaled by a sigmoid gate of its own.
     Qwen2Moe,
+    /// GPT-OSS (`gpt_oss`: gpt-oss-20b, gpt-oss-120b): Llama's block with
+    /// q/k/v/o biases, a learned sink logit per head in each attention
+    /// softmax, a sliding window on every other block, YaRN RoPE, and a
+    /// routed MLP ([`Moe`]) whose router and experts have biases and
+    /// whose experts' gate and up (one interleaved product) meet in a
+    /// clamped SwiGLU.
+    GptOss,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -111,7 +118,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
-                         OlmoeForCausalLM, Qwen2MoeForCausalLM";
+                         OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -126,7 +133,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 24] = [
+    pub const ALL: [Arch; 25] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -151,6 +158,7 @@ impl Arch {
         Arch::Qwen3Moe,
         Arch::Olmoe,
         Arch::Qwen2Moe,
+        Arch::GptOss,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -179,6 +187,7 @@ impl Arch {
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::Olmoe => "OlmoeForCausalLM",
             Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Arch::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -208,6 +217,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Olmoe => "olmoe",
             Arch::Qwen2Moe => "qwen2_moe",
+            Arch::GptOss => "gpt_oss",
         }
     }
 
@@ -299,6 +309,12 @@ impl Arch {
     /// (the Llama family's others norm each head).
     pub fn has_full_qk_norms(self) -> bool {
         self == Arch::Olmoe
+    }
+
+    /// GPT-OSS's learned logit per query head (`self_attn.sinks`), which
+    /// joins every row of its attention's softmax without a value.
+    pub fn has_attention_sinks(self) -> bool {
+        self == Arch::GptOss
     }
 }
 
@@ -712,6 +728,8 @@ impl ModelConfig {
             None => self.generated_json(),
         };
         let obj = v.as_object_mut().expect("config is an object");
+        // Tensors are written unquantized (GPT-OSS's MXFP4 experts too).
+        obj.remove("quantization_config");
         let mut set = false;
         for key in ["torch_dtype", "dtype"] {
             if obj.contains_key(key) {
@@ -803,6 +821,10 @@ impl ModelConfig {
                 }
             }
             Arch::Mistral | Arch::Phi3 | Arch::Mixtral => {
+                obj.insert("sliding_window".into(), json!(self.sliding_window));
+            }
+            Arch::GptOss => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             Arch::Cohere | Arch::Cohere2 => {
@@ -989,6 +1011,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // hidden / heads; Gemma2Config's and Gemma3TextConfig's 256.
         None if matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Glm | Arch::Glm4) => 128,
         None if arch.is_gemma() => 256,
+        None if arch == Arch::GptOss => 64,
         None => {
             if hidden % heads != 0 {
                 return Err(f.bad(
@@ -1028,6 +1051,17 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     if arch.is_gemma() && f.opt_bool("use_bidirectional_attention")?.unwrap_or(false) {
         return Err(f.unsupported("use_bidirectional_attention = true (megatrain trains causal models)"));
     }
+    if let Some(q) = f.get("quantization_config") {
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unnamed");
+        // GPT-OSS's published MXFP4 experts are widened to f32 at load
+        // (`mxfp4.rs`); a trainer of f32 master weights has no use for
+        // any other quantized format.
+        if !(arch == Arch::GptOss && method == "mxfp4") {
+            return Err(f.unsupported(format!(
+                "quantization_config with quant_method '{method}' (megatrain loads unquantized checkpoints, and GPT-OSS's MXFP4 experts)"
+            )));
+        }
+    }
     if arch == Arch::Olmoe && f.get("clip_qkv").is_some() {
         return Err(
             f.unsupported("clip_qkv (OLMoE's clamp of q, k and v; the released checkpoints have none)")
@@ -1044,7 +1078,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
-        Arch::Glm | Arch::Glm4 | Arch::Gemma3 => 131072,
+        Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss => 131072,
         _ => 2048,
     };
     let max_positions = f
@@ -1061,6 +1095,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             let base = f.opt_f64("rotary_emb_base")?.unwrap_or(10000.0);
             (parse_rope_with_theta(f, max_positions, base)?, None)
         }
+        Arch::GptOss => (gpt_oss_rope(f, max_positions)?, None),
         _ => (parse_rope(f, max_positions, arch == Arch::Phi3)?, None),
     };
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
@@ -1107,6 +1142,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Qwen2 => (true, false, false),
         // Qwen2MoeConfig's qkv_bias (true unless written).
         Arch::Qwen2Moe => (f.opt_bool("qkv_bias")?.unwrap_or(true), false, false),
+        Arch::GptOss => {
+            let b = f.opt_bool("attention_bias")?.unwrap_or(true);
+            (b, b, false)
+        }
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
@@ -1158,6 +1197,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
                 f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5)
             }
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
+            Arch::GptOss => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-5),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
         rope_theta: rope.theta,
@@ -1273,6 +1313,8 @@ fn parse_sliding_window(
         // other, from the first.
         Arch::Gemma3 => (window(Some(4096))?, sliding_pattern(f, layers, 6)?),
         Arch::Gemma2 => (window(Some(4096))?, sliding_pattern(f, layers, 2)?),
+        // GptOssConfig: every other block, from the first, keeps to 128.
+        Arch::GptOss => (window(Some(128))?, (0..layers).map(|i| i % 2 == 0).collect()),
         // SmolLM3Config: under use_sliding_window, its NoPE blocks slide.
         Arch::SmolLM3 => match f.opt_bool("use_sliding_window")?.unwrap_or(false) {
             true => (

@@ -1,7 +1,8 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE): which
-//! blocks route each token to `top_k` of `num_experts` SwiGLU experts, as
-//! the transformers config classes read their fields.
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
+//! GPT-OSS): which blocks route each token to `top_k` of `num_experts`
+//! SwiGLU experts, as the transformers config classes read their fields.
 
+use megatrain_tensor::ClampedGlu;
 use serde_json::{Value, json};
 
 use super::{Arch, Fields};
@@ -30,6 +31,11 @@ pub struct Moe {
     /// The width of Qwen2-MoE's shared expert, which every token takes
     /// beside its k, scaled by `sigmoid(x · shared_expert_gate)`.
     pub shared_expert: Option<usize>,
+    /// GPT-OSS's experts: a router with a bias; each expert's gate and up
+    /// one product `[C, 2F]` (interleaved, with a bias) through a clamped
+    /// SwiGLU, its down product `[F, C]` with a bias. `None`: the other
+    /// families' three bias-free `nn.Linear`s an expert.
+    pub clamped: Option<ClampedGlu>,
 }
 
 impl Moe {
@@ -40,7 +46,19 @@ impl Moe {
             .is_none_or(|s| s.get(layer).copied().unwrap_or(false))
     }
 
+    /// Parameters of one expert (its biases included).
+    pub fn expert_params(&self, hidden: usize) -> usize {
+        let f = self.expert_size;
+        match self.clamped {
+            Some(_) => 3 * f * hidden + 2 * f + hidden,
+            None => 3 * f * hidden,
+        }
+    }
+
     pub(super) fn validate(&self, layers: usize) -> std::result::Result<(), String> {
+        if let Some(c) = self.clamped {
+            c.check("swiglu_alpha, swiglu_limit").map_err(|e| e.to_string())?;
+        }
         if self.num_experts == 0 || self.expert_size == 0 {
             return Err("a mixture of experts needs experts of positive width".into());
         }
@@ -80,6 +98,12 @@ impl Moe {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
             }
+            Arch::GptOss => {
+                obj.insert("num_local_experts".into(), json!(self.num_experts));
+                let c = self.clamped.expect("GPT-OSS's experts are clamped");
+                obj.insert("swiglu_alpha".into(), json!(c.alpha));
+                obj.insert("swiglu_limit".into(), json!(c.limit));
+            }
             _ => {
                 if let Some(w) = self.shared_expert {
                     obj.insert("shared_expert_intermediate_size".into(), json!(w));
@@ -98,7 +122,7 @@ impl Moe {
     }
 }
 
-/// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE config
+/// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS config
 /// (`None` for the other families, and for one with no experts or no
 /// sparse block). What transformers does only while training beyond the loss
 /// (router jitter) is refused rather than left out.
@@ -119,6 +143,14 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                 None,
             )
         }
+        // GptOssConfig; the Hub's files also say `experts_per_token`.
+        Arch::GptOss => (
+            experts(f, "num_local_experts", "num_experts")?.unwrap_or(128),
+            experts(f, "num_experts_per_tok", "experts_per_token")?.unwrap_or(4),
+            f.req_usize("intermediate_size")?,
+            true,
+            None,
+        ),
         Arch::Olmoe => (
             experts(f, "num_experts", "num_local_experts")?.unwrap_or(64),
             f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
@@ -193,11 +225,18 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
             _ => None,
         },
+        clamped: match arch {
+            Arch::GptOss => Some(ClampedGlu {
+                alpha: f.opt_f64("swiglu_alpha")?.unwrap_or(1.702),
+                limit: f.opt_f64("swiglu_limit")?.unwrap_or(7.0),
+            }),
+            _ => None,
+        },
     }))
 }
 
-/// The expert count under the family's own name or the other one, which
-/// its config class maps onto it (transformers 5 writes Qwen3-MoE's as
+/// A count under the family's own name or the other one, which its config
+/// class maps onto it (transformers 5 writes Qwen3-MoE's expert count as
 /// `num_local_experts`; the Hub's files say `num_experts`).
 fn experts(f: &Fields, own: &str, alias: &str) -> Result<Option<usize>> {
     match (f.opt_usize(own)?, f.opt_usize(alias)?) {

@@ -81,6 +81,25 @@ pub(super) fn parse_rope_with_theta(f: &Fields, max_positions: usize, theta: f64
     parse_rope_from(f, max_positions, false, theta)
 }
 
+/// GPT-OSS's: θ 150000, and where neither `rope_scaling` nor
+/// `rope_parameters` is written, the YaRN GptOssConfig fills in (factor
+/// 32 over a 4096-token original context, betas 32 and 1, untruncated).
+pub(super) fn gpt_oss_rope(f: &Fields, max_positions: usize) -> Result<RopeFields> {
+    let mut out = parse_rope_with_theta(f, max_positions, 150000.0)?;
+    if f.get("rope_scaling").is_none() && f.get("rope_parameters").is_none() {
+        let factor: f64 = 32.0;
+        out.scaling = RopeScaling::Yarn {
+            factor,
+            original_max_positions: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: false,
+            attention_factor: 0.1 * factor.ln() + 1.0,
+        };
+    }
+    Ok(out)
+}
+
 /// RoPE per block kind: the full-attention blocks' and (where they
 /// differ) the sliding blocks'. transformers v5 writes `rope_parameters`
 /// per block kind (`full_attention`, `sliding_attention`); v4 wrote a

@@ -25,6 +25,8 @@ pub(crate) struct Layout {
     k: Linear,
     v: Linear,
     o: Linear,
+    /// GPT-OSS's sink logit per head.
+    sinks: Option<usize>,
     qk_norm: Option<(usize, usize)>,
     /// The norms of the attention's and the MLP's outputs (GLM-4-0414).
     post_attn: Option<usize>,
@@ -58,15 +60,17 @@ impl Layout {
         let k = lin(cfg.qkv_bias);
         let v = lin(cfg.qkv_bias);
         let o = lin(cfg.o_bias);
+        let sinks = cfg.arch.has_attention_sinks().then(&mut next);
         let qk_norm = cfg.qk_norm.then(|| (next(), next()));
         let sandwich = cfg.arch.has_sandwich_norms();
         let post_attn = sandwich.then(&mut next);
         let ln2 = next();
         let mlp = match cfg.moe.as_ref().filter(|m| m.routes(layer)) {
             Some(moe) => {
-                let router = next();
+                let router = (next(), moe.clamped.is_some().then(&mut next));
                 let first = next();
-                (1..3 * moe.num_experts).for_each(|_| {
+                let per = Experts::slots_per_expert(moe.clamped.is_some());
+                (1..per * moe.num_experts).for_each(|_| {
                     next();
                 });
                 let shared = moe.shared_expert.map(|_| [next(), next(), next(), next()]);
@@ -75,6 +79,7 @@ impl Layout {
                     first,
                     count: moe.num_experts,
                     shared,
+                    clamped: moe.clamped,
                 })
             }
             None => {
@@ -95,6 +100,7 @@ impl Layout {
             k,
             v,
             o,
+            sinks,
             qk_norm,
             post_attn,
             ln2,
@@ -201,6 +207,15 @@ pub(super) fn forward<E: Executor>(
     };
     let q = times(ex, q, cfg.q_factor())?;
     let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
+    // What the backward reads of a sink attention is its own output with
+    // the plain attention's log-sum-exp (`Executor::attention_sinks`).
+    let att = match l.sinks {
+        Some(i) => AttentionOut {
+            out: ex.attention_sinks(&att, &w[i])?,
+            ..att
+        },
+        None => att,
+    };
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
     let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| g.get(w, i)), eps)?;
@@ -286,7 +301,7 @@ pub(super) fn backward<E: Executor>(
     let dout = times_ref(ex, dx2_attn, residual(cfg))?;
     let dout = dout.as_ref().unwrap_or(dx2_attn);
     let (dq, mut dk, dv) =
-        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), dout, &mut grads)?;
+        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s, l.sinks), dout, &mut grads)?;
     let mut dq = times(ex, dq, cfg.q_factor())?;
     if let (Some((qi, ki)), Some((q_pre, qn)), Some((k_pre, kn))) = (l.qk_norm, &s.q_pre, &s.k_pre) {
         // In the norms' own shapes (the whole projections' for OLMoE).

@@ -19,15 +19,20 @@
 //! gradient for it separately; [`embedding_backward`] accumulates onto it.
 
 /// The [`AttnSaved`] view of a block's saved tensors `$s` (every block's
-/// saved struct names them `a`, `q`, `k`, `v` and `att`).
+/// saved struct names them `a`, `q`, `k`, `v` and `att`), with the slot of
+/// its attention's sinks where it has them.
 macro_rules! attn_saved {
     ($s:expr) => {
+        attn_saved!($s, None)
+    };
+    ($s:expr, $sinks:expr) => {
         AttnSaved {
             a: &$s.a,
             q: &$s.q,
             k: &$s.k,
             v: &$s.v,
             att: &$s.att,
+            sinks: $sinks,
         }
     };
 }
@@ -250,13 +255,15 @@ fn qkv_backward<E: Executor>(
 
 /// The saved tensors of a block's attention: its input `a` of the output
 /// projection ([B, T, q_dim]), q, k, v as the kernel read them, and its
-/// forward's output.
+/// forward's output (a sink attention's: `attention_sinks` of it); the
+/// table slot of its sinks.
 pub(crate) struct AttnSaved<'s, T> {
     pub a: &'s T,
     pub q: &'s T,
     pub k: &'s T,
     pub v: &'s T,
     pub att: &'s AttentionOut<T>,
+    pub sinks: Option<usize>,
 }
 
 /// The attention's backward from `dout`, the gradient of its output
@@ -279,6 +286,14 @@ fn attention_backward_from_output<E: Executor>(
     let da = go.da.take().expect("requested gradient");
     let da = ex.reshape(&da, &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     put(grads, o, go);
+    let da = match s.sinks {
+        Some(i) => {
+            let (da, dsinks) = ex.attention_sinks_backward(&s.att.out, &s.att.lse, &w[i], &da)?;
+            grads[i] = Some(dsinks);
+            da
+        }
+        None => da,
+    };
     let ga = ex.attention_backward(s.q, s.k, s.v, s.att, &da)?;
     let (dq, dk) = match cfg.has_rope(layer) {
         true => (

@@ -1,5 +1,7 @@
-//! The routed MLP of Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's
-//! sparse blocks (Qwen2-MoE's with a shared expert beside the routed ones).
+//! The routed MLP of Mixtral's, Qwen3-MoE's, OLMoE's, Qwen2-MoE's and
+//! GPT-OSS's sparse blocks (Qwen2-MoE's with a shared expert beside the
+//! routed ones; GPT-OSS's router and experts with biases, each expert's
+//! gate and up one interleaved product through a clamped SwiGLU).
 //!
 //! A linear router scores every expert for each token; the host reads the
 //! scores (`[N, E]`, small beside the block), takes their softmax and
@@ -23,28 +25,51 @@
 //! from scores the executor downloads as f32) and an expert no token
 //! chose costs nothing forward and gives zero gradients.
 
-use megatrain_tensor::{Executor, HostSlice, TensorHandle, Transpose};
+use megatrain_tensor::{ClampedGlu, Executor, HostSlice, TensorHandle, Transpose};
 
-use super::{GluLinears, GluSaved, glu_mlp, glu_mlp_backward, needs, shape};
+use super::{GluLinears, GluSaved, Linear, glu_mlp, glu_mlp_backward, needs, put, shape};
 use crate::{ModelConfig, Moe, Result, ZooError};
 
 /// Positions in a block's table of its router and experts: the router at
-/// `router`, expert e's gate, up and down at `first + 3e` and the two
-/// after it, then a shared expert's gate, up, down and sigmoid gate (as
-/// `tables.rs` pushes them).
+/// `router` (with GPT-OSS's bias), expert e's gate, up and down at
+/// `first + 3e` and the two after it, then a shared expert's gate, up,
+/// down and sigmoid gate (as `tables.rs` pushes them). GPT-OSS's
+/// (`clamped`) lie one kind at a time from `first`: every expert's gate/up,
+/// their biases, their downs, their biases.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Experts {
-    pub router: usize,
+    pub router: Linear,
     pub first: usize,
     pub count: usize,
     pub shared: Option<[usize; 4]>,
+    pub clamped: Option<ClampedGlu>,
 }
 
 impl Experts {
+    /// Table slots an expert has.
+    pub(crate) fn slots_per_expert(clamped: bool) -> usize {
+        if clamped { 4 } else { 3 }
+    }
+
     /// The slots of expert `e`'s gate, up and down projections.
     fn of(&self, e: usize) -> [usize; 3] {
         let g = self.first + 3 * e;
         [g, g + 1, g + 2]
+    }
+
+    /// GPT-OSS's expert `e`: its gate/up product and its down product,
+    /// each `(weight, bias)`.
+    fn clamped_of(&self, e: usize) -> [Linear; 2] {
+        let at = |kind: usize| self.first + kind * self.count + e;
+        [(at(0), Some(at(1))), (at(2), Some(at(3)))]
+    }
+
+    /// Every slot of expert `e`.
+    fn slots(&self, e: usize) -> Vec<usize> {
+        match self.clamped {
+            Some(_) => (0..4).map(|kind| self.first + kind * self.count + e).collect(),
+            None => self.of(e).to_vec(),
+        }
     }
 
     /// Expert `e`'s projections (no biases).
@@ -70,9 +95,72 @@ struct ExpertSaved<T> {
     /// Each row's rank among its token's k choices.
     ranks: Vec<usize>,
     x: T,
-    mlp: GluSaved<T>,
+    mlp: ExpertMlp<T>,
     /// The expert's outputs before their weights.
     y: T,
+}
+
+/// What an expert's MLP forward leaves for its backward: a GLU MLP's, or
+/// GPT-OSS's interleaved gate/up product and the clamped SwiGLU of it.
+#[derive(Debug)]
+enum ExpertMlp<T> {
+    Glu(GluSaved<T>),
+    Clamped { gate_up: T, s: T },
+}
+
+/// Expert `e`'s MLP of its rows `x`: the output and what its backward needs.
+fn expert_forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    l: &Experts,
+    e: usize,
+    x: &E::Tensor,
+) -> Result<(E::Tensor, ExpertMlp<E::Tensor>)> {
+    let Some(c) = l.clamped else {
+        let (y, saved) = glu_mlp(cfg, ex, x, w, l.linears(e))?;
+        return Ok((y, ExpertMlp::Glu(saved)));
+    };
+    // GPT-OSS's weights are `[in, out]` (`x @ w`), as its checkpoints hold them.
+    let [(gu, gub), (d, db)] = l.clamped_of(e);
+    let nn = Transpose::NN;
+    let gate_up = ex.matmul(x, &w[gu], gub.map(|i| &w[i]), nn)?;
+    let s = ex.swiglu_clamped(&gate_up, c)?;
+    let y = ex.matmul(&s, &w[d], db.map(|i| &w[i]), nn)?;
+    Ok((y, ExpertMlp::Clamped { gate_up, s }))
+}
+
+/// The backward of [`expert_forward`] from `dy`: the expert's weight
+/// gradients stored at their slots, the gradient of its rows returned.
+#[allow(clippy::too_many_arguments)]
+fn expert_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    l: &Experts,
+    e: usize,
+    x: &E::Tensor,
+    saved: &ExpertMlp<E::Tensor>,
+    dy: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let (ExpertMlp::Clamped { gate_up, s }, Some(c)) = (saved, l.clamped) else {
+        let ExpertMlp::Glu(saved) = saved else {
+            unreachable!("a clamped expert's forward comes from clamped experts")
+        };
+        let dx = glu_mlp_backward(cfg, ex, x, w, l.linears(e), saved, dy, None, grads)?;
+        return Ok(dx.expect("returned without `into`"));
+    };
+    let [up, down] = l.clamped_of(e);
+    let nn = Transpose::NN;
+    let mut gd = ex.matmul_backward(s, &w[down.0], dy, nn, needs(down.1))?;
+    let ds = gd.da.take().expect("requested gradient");
+    put(grads, down, gd);
+    let dgate_up = ex.swiglu_clamped_backward(gate_up, &ds, c)?;
+    let mut gu = ex.matmul_backward(x, &w[up.0], &dgate_up, nn, needs(up.1))?;
+    let dx = gu.da.take().expect("requested gradient");
+    put(grads, up, gu);
+    Ok(dx)
 }
 
 /// Qwen2-MoE's shared expert: its products' activations, its output
@@ -207,7 +295,8 @@ pub(crate) fn forward<E: Executor>(
     let n = b * t;
     let x2 = ex.reshape(x, &shape(&[n, c]))?;
     let ne = moe.num_experts;
-    let scores = ex.matmul(&x2, &w[l.router], None, Transpose::NT)?;
+    let router_bias = l.router.1.map(|i| &w[i]);
+    let scores = ex.matmul(&x2, &w[l.router.0], router_bias, Transpose::NT)?;
     // A shared expert's gate comes down with the scores, as their last
     // column: one wait.
     let (scores, cols) = match l.shared() {
@@ -244,7 +333,7 @@ pub(crate) fn forward<E: Executor>(
             continue;
         }
         let xe = ex.embedding(&rows, &x2)?;
-        let (y, mlp) = glu_mlp(cfg, ex, &xe, w, l.linears(e))?;
+        let (y, mlp) = expert_forward(cfg, ex, w, &l, e, &xe)?;
         ex.embedding_backward(&rows, &ex.scale_rows(&y, &ws)?, &mut out)?;
         experts.push(ExpertSaved {
             expert: e,
@@ -326,9 +415,8 @@ pub(crate) fn backward<E: Executor>(
         let dys = ex.embedding(&es.rows, &dy2)?;
         dots.push(ex.row_dots(&dys, &es.y)?);
         let dye = ex.scale_rows(&dys, &es.weights)?;
-        let linears = l.linears(es.expert);
-        let dxe = glu_mlp_backward(cfg, ex, &es.x, w, linears, &es.mlp, &dye, None, grads)?;
-        ex.embedding_backward(&es.rows, &dxe.expect("returned without `into`"), &mut dx)?;
+        let dxe = expert_backward(cfg, ex, w, &l, es.expert, &es.x, &es.mlp, &dye, grads)?;
+        ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
     }
     // The shared expert's output gradient, its gate's with the experts'
     // routing weights' (a last row-dot, for each token).
@@ -338,7 +426,7 @@ pub(crate) fn backward<E: Executor>(
         glu_mlp_backward(cfg, ex, &x2, w, linears, &sh.mlp, &dys, Some(&mut dx), grads)?;
     }
     // The experts no token chose.
-    for slot in (0..l.count).flat_map(|e| l.of(e)) {
+    for slot in (0..l.count).flat_map(|e| l.slots(e)) {
         if grads[slot].is_none() {
             grads[slot] = Some(ex.zeros(w[slot].shape())?);
         }
@@ -370,8 +458,15 @@ pub(crate) fn backward<E: Executor>(
     }
     let dscores = router_backward(&s.probs, &s.picks, &dweights, aux, n, moe);
     let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
-    let gr = ex.matmul_backward_da_into(&x2, &w[l.router], &ds, Transpose::NT, needs(None), &mut dx)?;
-    grads[l.router] = gr.db;
+    let gr = ex.matmul_backward_da_into(
+        &x2,
+        &w[l.router.0],
+        &ds,
+        Transpose::NT,
+        needs(l.router.1),
+        &mut dx,
+    )?;
+    put(grads, l.router, gr);
     Ok(ex.reshape(&dx, &shape(&[b, t, c]))?)
 }
 
@@ -435,6 +530,7 @@ mod tests {
             sparse_layers: None,
             aux_loss_coef: None,
             shared_expert: None,
+            clamped: None,
         }
     }
 

@@ -50,6 +50,9 @@ pub const CASES: &[&str] = &[
     "mixtral_aux",
     "qwen3_moe_aux",
     "qwen2_moe",
+    "gpt_oss",
+    "gpt_oss_aux",
+    "gpt_oss_mxfp4",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
