@@ -86,7 +86,8 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// golden fixtures' shapes; and the mixtures of experts (Mixtral's, one
 /// with experts no token chose, Qwen3-MoE's with a dense block between
 /// routed ones and without renormalisation, OLMoE's, Qwen2-MoE's with
-/// its gated shared expert).
+/// its gated shared expert, GPT-OSS's with its attention sinks and
+/// clamped, biased experts).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");

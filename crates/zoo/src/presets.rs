@@ -28,6 +28,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3-30b-a3b",
     "olmoe-1b-7b",
     "qwen1.5-moe-a2.7b",
+    "gpt-oss-tiny",
     "gpt-oss-20b",
     "gpt-oss-120b",
 ];
@@ -355,6 +356,31 @@ fn qwen15_moe_a27b() -> Result<ModelConfig> {
     )
 }
 
+/// GPT-OSS's block at llama-tiny's width, for a quick run: two blocks
+/// (the first keeping to a window of 16), four experts of which two a
+/// token, the released models' clamp and YaRN.
+fn gpt_oss_tiny() -> Result<ModelConfig> {
+    hf_preset(
+        "gpt-oss-tiny",
+        serde_json::json!({
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 4096,
+            "sliding_window": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// gpt-oss-20b (`layers` 24, `experts` 32: `openai/gpt-oss-20b`'s
 /// config.json, 20.9 B parameters, 3.6 B read per token beside the
 /// embedding table) and gpt-oss-120b (36 and 128: 116.8 B, 5.1 B).
@@ -471,6 +497,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "qwen3-30b-a3b" => qwen3_30b_a3b()?,
         "olmoe-1b-7b" => olmoe_1b_7b()?,
         "qwen1.5-moe-a2.7b" => qwen15_moe_a27b()?,
+        "gpt-oss-tiny" => gpt_oss_tiny()?,
         "gpt-oss-20b" => gpt_oss(name, 24, 32)?,
         "gpt-oss-120b" => gpt_oss(name, 36, 128)?,
         _ => {
