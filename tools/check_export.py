@@ -44,6 +44,9 @@ def main():
         model = AutoModelForCausalLM.from_pretrained(
             d, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
         )
+        # GLM-4.5's router declares its weight and correction bias float32
+        # whatever the model's dtype: widened here as make_golden.py does.
+        model = model.to(torch.float64)
         model.eval()
         patch_float64(model)
         with torch.no_grad():

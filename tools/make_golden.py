@@ -12,7 +12,9 @@ float32 even for a float64 model; those are patched to stay in float64 here,
 and the cross-entropy is computed by this script (mean over targets that are
 not -100), so the references are float64-exact for the stored weights. For
 GPT-OSS (whose load-balancing loss transformers also sums in float32) every
-op of the forward and backward is checked to stay float64 (Float32Watch).
+op of the forward and backward is checked to stay float64 (Float32Watch);
+likewise for GLM-4.5, whose router transformers runs in float32 (patched
+to float64 here; the f32 router is checked to choose the same experts).
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -88,6 +90,8 @@ from transformers import (
     Qwen2MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
 )
 
 BATCH = 2
@@ -1151,6 +1155,81 @@ CASES = {
         11,
         torch.float32,
     ),
+    # GLM-4.5 (Glm4MoeForCausalLM): q/k/v biases (o_proj none), per-head
+    # q/k RMSNorms, RoPE on the first half of each head (the default 0.5:
+    # 8 of 16 entries) in halves, 4 heads of 16 over a hidden 32, GQA 4/2;
+    # block 0 dense, blocks 1-2 routed: the router's sigmoid scores plus a
+    # random e_score_correction_bias (a buffer in the checkpoint, no
+    # gradient) pick 2 of 8 experts within the best 1 of 2 groups (a
+    # group's score the sum of its top 2), weighted by the unbiased scores
+    # renormalised, times 2.5; a shared expert beside. make_case prints how
+    # often the group limit and the bias change the choice and the smallest
+    # score gaps it rests on.
+    "glm4_moe": (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        dict(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            eos_token_id=0,
+        ),
+        11,
+        torch.float32,
+    ),
+    # GLM-4.5's MoE without its options: one group, the top 2 of 6 scores
+    # not renormalised nor scaled, no q/k norms or biases, every block
+    # routed, two shared experts' width beside.
+    "glm4_moe_plain": (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        dict(
+            vocab_size=79,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            first_k_dense_replace=0,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            attention_bias=False,
+            use_qk_norm=False,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            eos_token_id=0,
+        ),
+        10,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
@@ -1307,6 +1386,95 @@ def _router64(self, hidden_states):
     return logits, top.to(logits.dtype), idx
 
 
+def glm4_moe_choose(choice, n_group, topk_group, top_k):
+    """GLM-4.5's expert choice (Glm4MoeTopkRouter's) from the biased scores
+    [T, E]: the best `topk_group` of `n_group` equal groups of experts
+    (a group's score the sum of its best 2), then the best `top_k` experts
+    within them. Returns the indices and the scores with the other groups'
+    experts at -inf."""
+    t, e = choice.shape
+    group_scores = choice.view(t, n_group, e // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, n_group, e // n_group).reshape(-1, e)
+    masked = choice.masked_fill(~score_mask.bool(), float("-inf"))
+    return torch.topk(masked, k=top_k, dim=-1, sorted=False)[1], masked
+
+
+def _glm4_moe_router64(self, hidden_states):
+    """GLM-4.5's router in the model's float64 (transformers casts the
+    hidden states and the weight to float32): sigmoid scores, the choice
+    by the scores plus e_score_correction_bias (glm4_moe_choose), weights
+    the chosen unbiased scores, over their sum (+1e-20) under
+    norm_topk_prob, times routed_scaling_factor."""
+    hidden_states = hidden_states.view(-1, self.hidden_dim)
+    logits = F.linear(hidden_states, self.weight)
+    scores = logits.sigmoid()
+    idx, _ = glm4_moe_choose(scores + self.e_score_correction_bias, self.num_group, self.topk_group, self.top_k)
+    weights = scores.gather(1, idx)
+    if self.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * self.routed_scaling_factor, idx
+
+
+def record_glm4_moe_routes(model):
+    """Wraps each GLM-4.5 router (after patch_float64) to keep its input;
+    returns [(block name, router, inputs)] for glm4_moe_route_report."""
+    routes = []
+    for mname, m in model.named_modules():
+        if type(m).__name__ == "Glm4MoeTopkRouter":
+            inputs = []
+            patched = m.forward
+
+            def forward(hidden_states, patched=patched, inputs=inputs):
+                inputs.append(hidden_states.detach())
+                return patched(hidden_states)
+
+            m.forward = forward
+            routes.append((mname.removesuffix(".mlp.gate"), m, inputs))
+    return routes
+
+
+def glm4_moe_route_report(name, routes):
+    """Per routed block: checks the float64 router against transformers'
+    own (float32) one (same experts, weights to float32), and reports how
+    many tokens' choice the group limit changes (against the top k of all
+    biased scores) and the correction bias changes (against the same
+    choice from the unbiased scores), and the smallest gaps the choice
+    rests on: between a token's k-th and (k+1)-th biased score within its
+    groups, and between its topk_group-th and next group score."""
+    lines = []
+    for block, m, inputs in routes:
+        (h,) = inputs
+        with torch.no_grad():
+            logits, w, idx = _glm4_moe_router64(m, h)
+            _, w32, idx32 = type(m).forward(m, h.to(torch.float32))
+            order, order32 = idx.sort(dim=-1), idx32.sort(dim=-1)
+            assert torch.equal(order.values, order32.values), f"{name}: f32 router chooses otherwise"
+            assert torch.allclose(w.gather(1, order.indices), w32.gather(1, order32.indices).to(w.dtype), rtol=1e-5, atol=1e-6)
+            scores = logits.sigmoid()
+            choice = scores + m.e_score_correction_bias
+            k, g = m.top_k, m.num_group
+            per_token = lambda i: [tuple(r) for r in i.sort(dim=-1).values.tolist()]
+            ungrouped = per_token(torch.topk(choice, k, dim=-1)[1])
+            unbiased = per_token(glm4_moe_choose(scores, g, m.topk_group, k)[0])
+            mine = per_token(idx)
+            by_group = sum(a != b for a, b in zip(mine, ungrouped))
+            by_bias = sum(a != b for a, b in zip(mine, unbiased))
+            _, masked = glm4_moe_choose(choice, g, m.topk_group, k)
+            top = masked.topk(k + 1, dim=-1)[0]
+            gap = float((top[:, k - 1] - top[:, k]).min())
+            line = f"{block}: {len(mine)} tokens, group limit changes {by_group}, bias changes {by_bias}, min k/k+1 gap {gap:.3e}"
+            if g > m.topk_group:
+                t, e = choice.shape
+                gs = choice.view(t, g, e // g).topk(2, dim=-1)[0].sum(dim=-1).sort(dim=-1, descending=True).values
+                line += f", min group gap {float((gs[:, m.topk_group - 1] - gs[:, m.topk_group]).min()):.3e}"
+            lines.append(line)
+    for line in lines:
+        print(f"  {name}: {line}")
+
+
 def _gpt_oss_rope64(cfg, dim):
     """GPT-OSS's rotary embedding in float64: cos and sin of the half-dim
     angles (not duplicated; its apply_rotary_pos_emb rotates the head's two
@@ -1389,6 +1557,8 @@ def patch_float64(model):
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter"):
             m.forward = types.MethodType(_router64, m)
+        elif name == "Glm4MoeTopkRouter":
+            m.forward = types.MethodType(_glm4_moe_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
         elif name == "GptOssRotaryEmbedding":
@@ -1592,10 +1762,22 @@ def count_swiglu_clamps(model):
 def randomize(model, gen):
     """Weights with enough spread that every path matters (norm gains and
     biases away from 1 and 0)."""
+    # Routers that score experts by a sigmoid (GLM-4.5's, beside their
+    # e_score_correction_bias).
+    sigmoid_routers = {
+        n.removesuffix("e_score_correction_bias") + "weight"
+        for n, _ in model.named_buffers()
+        if n.endswith("e_score_correction_bias")
+    }
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight", "mlp.router.bias")):
+            if name in sigmoid_routers:
+                # Logits around ±2 (hidden 32-48): sigmoid scores spread over
+                # (0, 1), few saturated (full randn saturates a third and
+                # leaves their gradients near zero), still clear apart.
+                p.copy_(0.3 * r)
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight", "mlp.router.bias")):
                 # A MoE router: scores far enough apart that the choice of
                 # experts is clear of rounding.
                 p.copy_(r)
@@ -1609,6 +1791,12 @@ def randomize(model, gen):
                 p.copy_(1.0 + 0.2 * r)
             else:
                 p.copy_(0.1 * r)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                # GLM-4.5's correction of the router's scores for the choice
+                # of experts (a buffer the checkpoint holds): large enough
+                # to change some choices.
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float32))
 
 
 def cross_entropy(logits, targets):
@@ -1646,9 +1834,11 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     model = model.to(torch.float64)
     model.eval()
     patch_float64(model)
-    # GPT-OSS: every op of the forward and backward checked to stay float64.
-    watch = Float32Watch() if cfg.model_type == "gpt_oss" else None
+    # GPT-OSS, GLM-4.5: every op of the forward and backward checked to stay
+    # float64.
+    watch = Float32Watch() if cfg.model_type in ("gpt_oss", "glm4_moe") else None
     clamps = count_swiglu_clamps(model)
+    routes = record_glm4_moe_routes(model)
     ids = torch.randint(0, cfg.get_text_config().vocab_size, (BATCH, seq + 1), generator=gen)
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
     targets[0, 2] = -100
@@ -1697,6 +1887,15 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
             assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
             continue
         golden["grad." + pname] = p.grad.to(torch.float32).contiguous()
+    for bname, b in model.named_buffers():
+        if bname.endswith("e_score_correction_bias"):
+            # A checkpoint tensor no gradient reaches: zeros, so that every
+            # tensor of the checkpoint has one.
+            assert bname in saved_names, bname
+            golden["grad." + bname] = torch.zeros(b.shape, dtype=torch.float32)
+    if cfg.model_type == "glm4_moe":
+        lacking = sorted(saved_names - {k[5:] for k in golden if k.startswith("grad.")})
+        assert not lacking, f"{name}: checkpoint tensors without a gradient: {lacking}"
     missing = [
         k
         for k in golden
@@ -1715,6 +1914,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
             f" {100 * clamps[1] / clamps[2]:.1f}% of up entries (of {clamps[2]})"
         )
     print(f"{name}: {n} params, seq {seq}, loss {loss.item():.6f}, stored {store_dtype}{extra}")
+    glm4_moe_route_report(name, routes)
 
 
 TOKENIZER_TEXT = """First Citizen:

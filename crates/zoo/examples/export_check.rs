@@ -104,6 +104,8 @@ fn main() -> AnyResult<()> {
         "qwen2_moe",
         "gpt_oss",
         "gpt_oss_mxfp4",
+        "glm4_moe",
+        "glm4_moe_plain",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -31,6 +31,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "gpt-oss-tiny",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "glm-4.5-air",
+    "glm-4.5",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -426,6 +428,47 @@ fn gpt_oss(name: &str, layers: usize, experts: usize) -> Result<ModelConfig> {
     )
 }
 
+/// GLM-4.5-Air (`zai-org/GLM-4.5-Air`'s config.json: 106.9 B parameters,
+/// 12.8 B read per token beside the embedding table; its multi-token
+/// prediction layer, which transformers does not load, left out) and
+/// GLM-4.5 (`zai-org/GLM-4.5`'s: 352.8 B, 32.9 B).
+fn glm45(name: &str, air: bool) -> Result<ModelConfig> {
+    let (hidden, layers, dense, inter, experts_width, experts, qk_norm, scale) = match air {
+        true => (4096, 46, 1, 10944, 1408, 128, false, 1.0),
+        false => (5120, 92, 3, 12288, 1536, 160, true, 2.5),
+    };
+    hf_preset(
+        name,
+        serde_json::json!({
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "vocab_size": 151552,
+            "hidden_size": hidden,
+            "intermediate_size": inter,
+            "moe_intermediate_size": experts_width,
+            "num_hidden_layers": layers,
+            "first_k_dense_replace": dense,
+            "num_attention_heads": 96,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "attention_bias": true,
+            "use_qk_norm": qk_norm,
+            "partial_rotary_factor": 0.5,
+            "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 1e6,
+            "n_routed_experts": experts,
+            "num_experts_per_tok": 8,
+            "n_shared_experts": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": scale,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -500,6 +543,8 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "gpt-oss-tiny" => gpt_oss_tiny()?,
         "gpt-oss-20b" => gpt_oss(name, 24, 32)?,
         "gpt-oss-120b" => gpt_oss(name, 36, 128)?,
+        "glm-4.5-air" => glm45(name, true)?,
+        "glm-4.5" => glm45(name, false)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

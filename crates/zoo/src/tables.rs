@@ -11,7 +11,7 @@
 
 use megatrain_tensor::ParamTable;
 
-use crate::{Arch, ModelConfig, Moe, Result};
+use crate::{Arch, ModelConfig, Moe, Result, Router};
 
 /// What a layer index of a model is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,9 +300,10 @@ impl ModelConfig {
         Ok(t)
     }
 
-    /// A routed MLP's router `[E, C]`, then each expert's gate and up
-    /// `[F, C]` and down `[C, F]` (then Qwen2-MoE's shared expert and its
-    /// gate `[1, C]`), under the checkpoints' per-expert names
+    /// A routed MLP's router `[E, C]` (and DeepSeek-V3's correction bias
+    /// `[E]`), then each expert's gate and up `[F, C]` and down `[C, F]`
+    /// (then a shared expert, with Qwen2-MoE's gate `[1, C]`), under the
+    /// checkpoints' per-expert names
     /// (transformers 5 holds them fused in memory and writes them apart).
     fn push_experts(&self, t: &mut ParamTable, p: &str, moe: &Moe) -> Result<()> {
         let (c, f) = (self.hidden_size, moe.expert_size);
@@ -314,6 +315,13 @@ impl ModelConfig {
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         };
         t.push(format!("{p}.{mlp}.gate.weight"), [moe.num_experts, c], true)?;
+        if let Router::Sigmoid { .. } = moe.router {
+            t.push(
+                format!("{p}.{mlp}.gate.e_score_correction_bias"),
+                [moe.num_experts],
+                false,
+            )?;
+        }
         for e in 0..moe.num_experts {
             let x = format!("{p}.{mlp}.experts.{e}");
             t.push(format!("{x}.{gate}.weight"), [f, c], true)?;
@@ -321,11 +329,17 @@ impl ModelConfig {
             t.push(format!("{x}.{down}.weight"), [c, f], true)?;
         }
         if let Some(s) = moe.shared_expert {
-            let x = format!("{p}.{mlp}.shared_expert");
+            // Qwen2-MoE's gated `shared_expert`, GLM-4.5's `shared_experts`.
+            let x = match moe.shared_gated {
+                true => format!("{p}.{mlp}.shared_expert"),
+                false => format!("{p}.{mlp}.shared_experts"),
+            };
             t.push(format!("{x}.gate_proj.weight"), [s, c], true)?;
             t.push(format!("{x}.up_proj.weight"), [s, c], true)?;
             t.push(format!("{x}.down_proj.weight"), [c, s], true)?;
-            t.push(format!("{p}.{mlp}.shared_expert_gate.weight"), [1, c], true)?;
+            if moe.shared_gated {
+                t.push(format!("{p}.{mlp}.shared_expert_gate.weight"), [1, c], true)?;
+            }
         }
         Ok(())
     }
@@ -359,7 +373,8 @@ impl ModelConfig {
     /// store them, over the same slab: the table itself, except that
     /// Phi-3's fused `qkv_proj` and `gate_up_proj` (GLM's `gate_up_proj`)
     /// join the consecutive q, k, v and gate, up entries (rows of an `[out, in]` matrix are
-    /// contiguous, so the fused tensor is exactly their concatenation).
+    /// contiguous, so the fused tensor is exactly their concatenation), and
+    /// GPT-OSS's experts are stacked one tensor a kind (`stacked_experts`).
     /// Loading, exporting and run checkpoints go through this.
     pub fn hf_table(&self, table: &ParamTable) -> ParamTable {
         if self.arch == Arch::GptOss {

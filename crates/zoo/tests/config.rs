@@ -2,7 +2,7 @@
 //! name the file and the field.
 
 use megatrain_tensor::{AttnMask, RopeScaling, SoftCap};
-use megatrain_zoo::{Arch, ModelConfig, ZooError};
+use megatrain_zoo::{Arch, ModelConfig, Router, ZooError};
 use serde_json::{Value, json};
 
 fn parse(v: Value) -> Result<ModelConfig, ZooError> {
@@ -598,7 +598,10 @@ fn glm_fields() {
     let mut v = llama_v4();
     v["partial_rotary_factor"] = json!(0.5);
     let msg = parse(v).unwrap_err().to_string();
-    assert!(msg.contains("only to Phi, Phi-3, GLM and GPT-NeoX"), "{msg}");
+    assert!(
+        msg.contains("only to Phi, Phi-3, GLM, GLM-4.5 and GPT-NeoX"),
+        "{msg}"
+    );
 }
 
 /// EXAONE 4 as transformers reads it: a window (4096 unless written) on
@@ -1480,4 +1483,100 @@ fn gpt_oss_fields() {
         .unwrap()
         .insert("quantization_config".into(), json!({"quant_method": "mxfp4"}));
     assert!(bad_msg(llama).contains("quantization_config"));
+}
+
+/// GLM-4.5 as Glm4MoeConfig reads it: 128 experts of which 8 a token
+/// behind DeepSeek-V3's router (one group, no scale unless written), one
+/// ungated shared expert, the first block dense; RoPE on half of each head
+/// in halves; q/k/v biases and q/k norms only where written; the router's
+/// correction bias in the table; `output_router_logits` adds nothing, as
+/// in transformers. A group count that does not divide the experts, or
+/// leaves too few of them open, is refused.
+#[test]
+fn glm4_moe_fields() {
+    let g = json!({
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    });
+    let c = parse(g.clone()).unwrap();
+    assert_eq!(c.arch, Arch::Glm4Moe);
+    assert!(!c.qkv_bias && !c.o_bias && !c.qk_norm && !c.tie_word_embeddings);
+    assert_eq!((c.rotary_dim, c.norm_eps), (Some(8), 1e-5));
+    assert!(!c.rope(1).interleaved);
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.top_k,
+            m.expert_size,
+            m.norm_topk,
+            m.aux_loss_coef
+        ),
+        (128, 8, 1408, true, None)
+    );
+    assert_eq!((m.shared_expert, m.shared_gated), (Some(1408), false));
+    assert_eq!(
+        m.router,
+        Router::Sigmoid {
+            groups: 1,
+            topk_groups: 1,
+            scale: 1.0
+        }
+    );
+    assert!(!m.routes(0) && m.routes(1) && m.routes(2));
+    let names: Vec<String> = c.layer_table(2).unwrap().iter().map(|p| p.name.clone()).collect();
+    for n in [
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.1.mlp.experts.127.down_proj.weight",
+        "model.layers.1.mlp.shared_experts.down_proj.weight",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n}");
+    }
+    assert!(!names.iter().any(|n| n.contains("shared_expert_gate")));
+
+    let with = |extra: Value| {
+        let mut v = g.clone();
+        for (k, x) in extra.as_object().unwrap() {
+            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
+        }
+        v
+    };
+    let c = parse(with(json!({
+        "attention_bias": true, "use_qk_norm": true, "n_routed_experts": 16, "n_group": 4,
+        "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 2,
+        "first_k_dense_replace": 0, "output_router_logits": true,
+    })))
+    .unwrap();
+    assert!(c.qkv_bias && !c.o_bias && c.qk_norm);
+    let m = c.moe.clone().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.shared_expert,
+            m.sparse_layers.clone(),
+            m.aux_loss_coef
+        ),
+        (16, Some(2816), None, None)
+    );
+    let back = parse(c.to_hf_json("float32")).unwrap();
+    assert_eq!((back.moe, back.qk_norm, back.rotary_dim), (c.moe, true, Some(8)));
+    for (extra, needle) in [
+        (json!({"n_group": 3}), "n_group"),
+        (
+            json!({"n_group": 4, "topk_group": 1, "n_routed_experts": 16, "num_experts_per_tok": 5}),
+            "num_experts_per_tok",
+        ),
+        (json!({"routed_scaling_factor": 0.0}), "routed_scaling_factor"),
+    ] {
+        let msg = bad_msg(with(extra));
+        assert!(msg.contains(needle), "{needle}: {msg}");
+    }
 }

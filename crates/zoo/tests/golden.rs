@@ -8,7 +8,7 @@ use common::{CASES, Golden, fixture, read_golden};
 use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};
 use megatrain_tensor::testing::{norm, rel_norm_err, rel_norm_err_or_scaled};
 use megatrain_tensor::{CpuExecutor, F64Executor, TensorHandle};
-use megatrain_zoo::{Arch, ModelConfig, forward_backward, forward_logits, load_hf_dir, upload_layer};
+use megatrain_zoo::{Arch, ModelConfig, Router, forward_backward, forward_logits, load_hf_dir, upload_layer};
 
 struct Tol {
     loss: f64,
@@ -184,7 +184,27 @@ fn the_window_cases_depend_on_their_window() {
         let clamp = c.moe.as_mut().and_then(|m| m.clamped.as_mut());
         clamp.map(|k| k.limit = 1e30).is_some()
     }
-    let cases: [(&str, Drop); 32] = [
+    fn ungrouped(c: &mut ModelConfig) -> bool {
+        match c.moe.as_mut().map(|m| &mut m.router) {
+            Some(Router::Sigmoid {
+                groups, topk_groups, ..
+            }) if *groups > 1 => {
+                (*groups, *topk_groups) = (1, 1);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn unscaled_routes(c: &mut ModelConfig) -> bool {
+        match c.moe.as_mut().map(|m| &mut m.router) {
+            Some(Router::Sigmoid { scale, .. }) if *scale != 1.0 => {
+                *scale = 1.0;
+                true
+            }
+            _ => false,
+        }
+    }
+    let cases: [(&str, Drop); 35] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -217,6 +237,9 @@ fn the_window_cases_depend_on_their_window() {
         ("gpt_oss", unnormalised),
         ("gpt_oss_aux", unbalanced),
         ("gpt_oss_mxfp4", unclamped),
+        ("glm4_moe", ungrouped),
+        ("glm4_moe", unscaled_routes),
+        ("glm4_moe", unnormalised),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);
@@ -240,39 +263,52 @@ fn the_window_cases_depend_on_their_window() {
     }
 }
 
-/// GPT-OSS's sinks matter to its golden cases: with every sink at −10⁴
-/// (σ(lse − sink) = 1, a plain softmax) the loss misses by far more than
-/// the tolerances above.
-#[test]
-fn the_gpt_oss_cases_depend_on_their_sinks() {
-    for case in ["gpt_oss", "gpt_oss_mxfp4"] {
-        let golden = read_golden(case);
-        let mut model = load_hf_dir(fixture(case)).unwrap();
-        let mut sinks = 0;
-        for (table, slab) in model.tables.iter().zip(&mut model.slabs) {
-            for spec in table.iter().filter(|s| s.name.ends_with(".sinks")) {
-                slab[spec.range()].fill(-1e4);
-                sinks += 1;
-            }
+/// The loss of fixture `case` with every tensor whose name ends with
+/// `suffix` set to `value`, and how far it then misses the golden loss;
+/// `count` such tensors must be found.
+fn loss_err_with(case: &str, suffix: &str, value: f32, count: usize) -> f64 {
+    let golden = read_golden(case);
+    let mut model = load_hf_dir(fixture(case)).unwrap();
+    let mut found = 0;
+    for (table, slab) in model.tables.iter().zip(&mut model.slabs) {
+        for spec in table.iter().filter(|s| s.name.ends_with(suffix)) {
+            slab[spec.range()].fill(value);
+            found += 1;
         }
-        assert_eq!(sinks, model.config.num_layers, "{case}");
-        let ex = F64Executor::new();
-        let ids_g = &golden["input_ids"];
-        let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
-        let targets: Vec<i32> = golden["targets"].values.iter().map(|&v| v as i32).collect();
-        let weights: Vec<Vec<_>> = model
-            .tables
-            .iter()
-            .zip(&model.slabs)
-            .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
-            .collect();
-        let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
-        let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
-        let want = golden["loss"].values[0];
-        let err = ((out.loss - want) / want).abs();
+    }
+    assert_eq!(found, count, "{case}: tensors ending {suffix}");
+    let ex = F64Executor::new();
+    let ids_g = &golden["input_ids"];
+    let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
+    let targets: Vec<i32> = golden["targets"].values.iter().map(|&v| v as i32).collect();
+    let weights: Vec<Vec<_>> = model
+        .tables
+        .iter()
+        .zip(&model.slabs)
+        .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
+        .collect();
+    let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
+    let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
+    let want = golden["loss"].values[0];
+    ((out.loss - want) / want).abs()
+}
+
+/// GPT-OSS's sinks and GLM-4.5's correction bias matter to their golden
+/// cases: with every sink at −10⁴ (σ(lse − sink) = 1, a plain softmax), or
+/// the correction bias at 0, the loss misses by far more than the
+/// tolerances above.
+#[test]
+fn the_sinks_and_the_correction_bias_matter() {
+    for (case, suffix, value, count) in [
+        ("gpt_oss", ".sinks", -1e4, 3),
+        ("gpt_oss_mxfp4", ".sinks", -1e4, 2),
+        ("glm4_moe", ".e_score_correction_bias", 0.0, 2),
+        ("glm4_moe_plain", ".e_score_correction_bias", 0.0, 2),
+    ] {
+        let err = loss_err_with(case, suffix, value, count);
         assert!(
             err > 1e-4,
-            "{case}: the loss without sinks is off by only {err:e}"
+            "{case}: the loss with {suffix} at {value} is off by only {err:e}"
         );
     }
 }

@@ -25,6 +25,8 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("qwen1.5-moe-a2.7b", 14_315_784_192),
         ("gpt-oss-20b", 20_914_757_184),
         ("gpt-oss-120b", 116_829_156_672),
+        ("glm-4.5-air", 106_852_251_264),
+        ("glm-4.5", 352_797_829_024),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -47,6 +49,9 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         // table (201088 × 2880), which a token reads one row of.
         ("gpt-oss-20b", 3_608_307_264 + 579_133_440),
         ("gpt-oss-120b", 5_132_849_472 + 579_133_440),
+        // GLM-4.5's 12 B and 32 B likewise, rounded down (12.8 B and 32.9 B).
+        ("glm-4.5-air", 13_424_129_664),
+        ("glm-4.5", 33_632_266_144),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }

@@ -19,7 +19,7 @@ use rope::{gpt_oss_rope, parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
 mod moe;
 mod multimodal;
-pub use moe::Moe;
+pub use moe::{Moe, Router};
 pub(crate) use multimodal::checkpoint_names;
 
 /// Model families and the HF `architectures` entry each one answers to.
@@ -110,6 +110,14 @@ pub enum Arch {
     /// whose experts' gate and up (one interleaved product) meet in a
     /// clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 (`glm4_moe`: GLM-4.5, GLM-4.5-Air, GLM-4.6): Llama's block
+    /// with q/k/v biases under `attention_bias`, per-head q/k norms under
+    /// `use_qk_norm`, RoPE on half of each head (in halves, not GLM's
+    /// pairs), dense MLPs on the first `first_k_dense_replace` blocks and
+    /// on the others a routed MLP ([`Moe`]) with DeepSeek-V3's router
+    /// (sigmoid scores, a correction bias and groups for the choice, the
+    /// weights scaled) and ungated shared experts.
+    Glm4Moe,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -118,7 +126,8 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Glm4ForCausalLM, Exaone4ForCausalLM, PhiForCausalLM, CohereForCausalLM, \
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
-                         OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM";
+                         OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
+                         Glm4MoeForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -133,7 +142,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 25] = [
+    pub const ALL: [Arch; 26] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -159,6 +168,7 @@ impl Arch {
         Arch::Olmoe,
         Arch::Qwen2Moe,
         Arch::GptOss,
+        Arch::Glm4Moe,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -188,6 +198,7 @@ impl Arch {
             Arch::Olmoe => "OlmoeForCausalLM",
             Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
             Arch::GptOss => "GptOssForCausalLM",
+            Arch::Glm4Moe => "Glm4MoeForCausalLM",
         }
     }
 
@@ -218,6 +229,7 @@ impl Arch {
             Arch::Olmoe => "olmoe",
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::GptOss => "gpt_oss",
+            Arch::Glm4Moe => "glm4_moe",
         }
     }
 
@@ -827,6 +839,10 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
+            Arch::Glm4Moe => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("use_qk_norm".into(), json!(self.qk_norm));
+            }
             Arch::Cohere | Arch::Cohere2 => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -894,7 +910,7 @@ impl ModelConfig {
         }
         // Written wherever a head rotates in part, and for Phi and GLM,
         // whose config classes default to 0.5.
-        if self.rotary_dim.is_some() || self.arch == Arch::Phi || self.arch.is_glm() {
+        if self.rotary_dim.is_some() || matches!(self.arch, Arch::Phi | Arch::Glm4Moe) || self.arch.is_glm() {
             let factor = self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64);
             obj.insert("partial_rotary_factor".into(), json!(factor));
         }
@@ -1078,7 +1094,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
         Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
-        Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss => 131072,
+        Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => 131072,
         _ => 2048,
     };
     let max_positions = f
@@ -1101,9 +1117,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     // transformers rotates int(head_dim · factor) entries; only Phi-3's
     // and GLM's attention split q and k around them (Llama's would fail to
     // broadcast). GlmConfig's factor is 0.5 unless written.
-    let partial = match (rope.partial, arch.is_glm() || arch == Arch::Phi) {
+    let partial = match (
+        rope.partial,
+        arch.is_glm() || matches!(arch, Arch::Phi | Arch::Glm4Moe),
+    ) {
         (Some(p), _) => Some(p),
-        // GlmConfig's and PhiConfig's factor unless written.
+        // GlmConfig's, PhiConfig's and Glm4MoeConfig's factor unless written.
         (None, true) => Some(0.5),
         // GPTNeoXConfig's, under its v4 name `rotary_pct`, 0.25 unless written.
         (None, false) if arch == Arch::GptNeox => match f.opt_f64("rotary_pct")?.unwrap_or(0.25) {
@@ -1114,12 +1133,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     };
     let rotary_dim = match partial.filter(|&p| p < 1.0) {
         None => None,
-        Some(p) if matches!(arch, Arch::Phi3 | Arch::Phi | Arch::GptNeox) || arch.is_glm() => {
+        Some(p)
+            if matches!(arch, Arch::Phi3 | Arch::Phi | Arch::GptNeox | Arch::Glm4Moe) || arch.is_glm() =>
+        {
             Some((head_dim as f64 * p) as usize)
         }
         Some(p) => {
             return Err(f.unsupported(format!(
-                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3, GLM and GPT-NeoX here)",
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3, GLM, GLM-4.5 and GPT-NeoX here)",
                 rope.partial_field
             )));
         }
@@ -1146,6 +1167,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             let b = f.opt_bool("attention_bias")?.unwrap_or(true);
             (b, b, false)
         }
+        // Glm4MoeConfig's attention_bias is q, k and v's (o_proj has none).
+        Arch::Glm4Moe => (attention_bias, false, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
@@ -1197,7 +1220,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
                 f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5)
             }
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
-            Arch::GptOss => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-5),
+            Arch::GptOss | Arch::Glm4Moe => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-5),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
         rope_theta: rope.theta,
@@ -1210,7 +1233,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Olmoe),
+        qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Olmoe)
+            || (arch == Arch::Glm4Moe && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
         sliding_window,
         sliding_layers,
         sliding_rope,

@@ -1,6 +1,7 @@
 //! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
-//! GPT-OSS): which blocks route each token to `top_k` of `num_experts`
-//! SwiGLU experts, as the transformers config classes read their fields.
+//! GPT-OSS, GLM-4.5): which blocks route each token to `top_k` of
+//! `num_experts` SwiGLU experts, and how, as the transformers config
+//! classes read their fields.
 
 use megatrain_tensor::ClampedGlu;
 use serde_json::{Value, json};
@@ -28,14 +29,38 @@ pub struct Moe {
     /// (`router_aux_loss_coef` where `output_router_logits` is set, as
     /// transformers adds it); `None`: the loss is the cross-entropy alone.
     pub aux_loss_coef: Option<f64>,
-    /// The width of Qwen2-MoE's shared expert, which every token takes
-    /// beside its k, scaled by `sigmoid(x · shared_expert_gate)`.
+    /// The width of a shared expert, which every token takes beside its
+    /// k: Qwen2-MoE's, scaled by `sigmoid(x · shared_expert_gate)`
+    /// (`shared_gated`), GLM-4.5's `n_shared_experts` as one MLP, unscaled.
     pub shared_expert: Option<usize>,
+    pub shared_gated: bool,
+    /// How the router scores and picks the experts.
+    pub router: Router,
     /// GPT-OSS's experts: a router with a bias; each expert's gate and up
     /// one product `[C, 2F]` (interleaved, with a bias) through a clamped
     /// SwiGLU, its down product `[F, C]` with a bias. `None`: the other
     /// families' three bias-free `nn.Linear`s an expert.
     pub clamped: Option<ClampedGlu>,
+}
+
+/// A router's scoring and choice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Router {
+    /// The softmax of the scores over every expert, the k most probable
+    /// (Mixtral, the Qwen MoEs, OLMoE, GPT-OSS).
+    Softmax,
+    /// DeepSeek-V3's (GLM-4.5's): sigmoid scores; the choice by the scores
+    /// plus a correction bias (`e_score_correction_bias`, a checkpoint
+    /// tensor no gradient reaches) among the experts of the `topk_groups`
+    /// best of `groups` equal groups (a group's merit: its two best biased
+    /// scores); the weights the chosen experts' unbiased scores
+    /// (renormalised under `norm_topk`) times `scale`
+    /// (`routed_scaling_factor`).
+    Sigmoid {
+        groups: usize,
+        topk_groups: usize,
+        scale: f64,
+    },
 }
 
 impl Moe {
@@ -64,6 +89,33 @@ impl Moe {
         }
         if self.shared_expert == Some(0) {
             return Err("shared_expert_intermediate_size must be positive".into());
+        }
+        if let Router::Sigmoid {
+            groups,
+            topk_groups,
+            scale,
+        } = self.router
+        {
+            if groups == 0
+                || !self.num_experts.is_multiple_of(groups)
+                || topk_groups == 0
+                || topk_groups > groups
+            {
+                return Err(format!(
+                    "n_group {groups} must divide the {} experts, and topk_group {topk_groups} be between 1 and it",
+                    self.num_experts
+                ));
+            }
+            if self.top_k > topk_groups * (self.num_experts / groups) {
+                return Err(format!(
+                    "num_experts_per_tok {} exceeds the {} experts of topk_group {topk_groups} groups",
+                    self.top_k,
+                    topk_groups * (self.num_experts / groups)
+                ));
+            }
+            if !(scale.is_finite() && scale > 0.0) {
+                return Err(format!("routed_scaling_factor {scale} must be a positive number"));
+            }
         }
         if self.top_k == 0 || self.top_k > self.num_experts {
             return Err(format!(
@@ -98,6 +150,29 @@ impl Moe {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
             }
+            Arch::Glm4Moe => {
+                let Router::Sigmoid {
+                    groups,
+                    topk_groups,
+                    scale,
+                } = self.router
+                else {
+                    unreachable!("GLM-4.5's router is DeepSeek-V3's")
+                };
+                obj.insert("n_routed_experts".into(), json!(self.num_experts));
+                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
+                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
+                obj.insert("n_group".into(), json!(groups));
+                obj.insert("topk_group".into(), json!(topk_groups));
+                obj.insert("routed_scaling_factor".into(), json!(scale));
+                let width = self.shared_expert.unwrap_or(0);
+                obj.insert("n_shared_experts".into(), json!(width / self.expert_size));
+                let dense = self
+                    .sparse_layers
+                    .as_ref()
+                    .map_or(0, |s| s.iter().take_while(|&&x| !x).count());
+                obj.insert("first_k_dense_replace".into(), json!(dense));
+            }
             Arch::GptOss => {
                 obj.insert("num_local_experts".into(), json!(self.num_experts));
                 let c = self.clamped.expect("GPT-OSS's experts are clamped");
@@ -122,7 +197,7 @@ impl Moe {
     }
 }
 
-/// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS config
+/// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, GPT-OSS or GLM-4.5 config
 /// (`None` for the other families, and for one with no experts or no
 /// sparse block). What transformers does only while training beyond the loss
 /// (router jitter) is refused rather than left out.
@@ -151,6 +226,17 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             true,
             None,
         ),
+        // Glm4MoeConfig: the first `first_k_dense_replace` blocks dense.
+        Arch::Glm4Moe => {
+            let dense = f.opt_usize("first_k_dense_replace")?.unwrap_or(1);
+            (
+                experts(f, "n_routed_experts", "num_local_experts")?.unwrap_or(128),
+                f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
+                f.opt_usize("moe_intermediate_size")?.unwrap_or(1408),
+                f.opt_bool("norm_topk_prob")?.unwrap_or(true),
+                Some((0..layers).map(|i| i >= dense).collect()),
+            )
+        }
         Arch::Olmoe => (
             experts(f, "num_experts", "num_local_experts")?.unwrap_or(64),
             f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
@@ -200,7 +286,8 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
     };
     // transformers adds the routers' load-balancing loss only under
     // output_router_logits; the config classes' coefficients unless written.
-    let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) {
+    // (Glm4MoeForCausalLM adds none whatever it says.)
+    let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) && arch != Arch::Glm4Moe {
         true => {
             let default = if arch == Arch::Olmoe { 0.01 } else { 0.001 };
             match f.opt_f64("router_aux_loss_coef")?.unwrap_or(default) {
@@ -223,7 +310,20 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         aux_loss_coef,
         shared_expert: match arch {
             Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
+            Arch::Glm4Moe => match f.opt_usize("n_shared_experts")?.unwrap_or(1) {
+                0 => None,
+                n => Some(n * expert_size),
+            },
             _ => None,
+        },
+        shared_gated: arch == Arch::Qwen2Moe,
+        router: match arch {
+            Arch::Glm4Moe => Router::Sigmoid {
+                groups: f.opt_usize("n_group")?.unwrap_or(1),
+                topk_groups: f.opt_usize("topk_group")?.unwrap_or(1),
+                scale: f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0),
+            },
+            _ => Router::Softmax,
         },
         clamped: match arch {
             Arch::GptOss => Some(ClampedGlu {

@@ -15,7 +15,7 @@ use super::{
     AttnSaved, Gains, GluSaved, Linear, attention_backward_from_output, check_weights, glu_mlp,
     glu_mlp_backward, lin, qkv_backward, shape,
 };
-use crate::{ModelConfig, Result, ZooError};
+use crate::{ModelConfig, Result, Router, ZooError};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
 #[derive(Debug, Clone, Copy)]
@@ -68,14 +68,19 @@ impl Layout {
         let mlp = match cfg.moe.as_ref().filter(|m| m.routes(layer)) {
             Some(moe) => {
                 let router = (next(), moe.clamped.is_some().then(&mut next));
+                let correction = matches!(moe.router, Router::Sigmoid { .. }).then(&mut next);
                 let first = next();
                 let per = Experts::slots_per_expert(moe.clamped.is_some());
                 (1..per * moe.num_experts).for_each(|_| {
                     next();
                 });
-                let shared = moe.shared_expert.map(|_| [next(), next(), next(), next()]);
+                let shared = match moe.shared_expert {
+                    Some(_) => Some(([next(), next(), next()], moe.shared_gated.then(&mut next))),
+                    None => None,
+                };
                 Mlp::Routed(Experts {
                     router,
+                    correction,
                     first,
                     count: moe.num_experts,
                     shared,

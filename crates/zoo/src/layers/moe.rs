@@ -1,7 +1,9 @@
 //! The routed MLP of Mixtral's, Qwen3-MoE's, OLMoE's, Qwen2-MoE's and
-//! GPT-OSS's sparse blocks (Qwen2-MoE's with a shared expert beside the
-//! routed ones; GPT-OSS's router and experts with biases, each expert's
-//! gate and up one interleaved product through a clamped SwiGLU).
+//! GPT-OSS's and GLM-4.5's sparse blocks (Qwen2-MoE's with a gated
+//! shared expert beside the routed ones, GLM-4.5's with an ungated one;
+//! GPT-OSS's router and experts with biases, each expert's gate and up
+//! one interleaved product through a clamped SwiGLU; GLM-4.5's router
+//! DeepSeek-V3's, [`Router::Sigmoid`]).
 //!
 //! A linear router scores every expert for each token; the host reads the
 //! scores (`[N, E]`, small beside the block), takes their softmax and
@@ -28,7 +30,7 @@
 use megatrain_tensor::{ClampedGlu, Executor, HostSlice, TensorHandle, Transpose};
 
 use super::{GluLinears, GluSaved, Linear, glu_mlp, glu_mlp_backward, needs, put, shape};
-use crate::{ModelConfig, Moe, Result, ZooError};
+use crate::{ModelConfig, Moe, Result, Router, ZooError};
 
 /// Positions in a block's table of its router and experts: the router at
 /// `router` (with GPT-OSS's bias), expert e's gate, up and down at
@@ -39,9 +41,12 @@ use crate::{ModelConfig, Moe, Result, ZooError};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Experts {
     pub router: Linear,
+    /// DeepSeek-V3's correction bias of the choice.
+    pub correction: Option<usize>,
     pub first: usize,
     pub count: usize,
-    pub shared: Option<[usize; 4]>,
+    /// A shared expert's gate, up and down, and Qwen2-MoE's gate of it.
+    pub shared: Option<([usize; 3], Option<usize>)>,
     pub clamped: Option<ClampedGlu>,
 }
 
@@ -78,9 +83,8 @@ impl Experts {
     }
 
     /// The shared expert's projections and its gate's slot.
-    fn shared(&self) -> Option<(GluLinears, usize)> {
-        self.shared
-            .map(|[g, u, d, s]| ([(g, None), (u, None), (d, None)], s))
+    fn shared(&self) -> Option<(GluLinears, Option<usize>)> {
+        self.shared.map(|(p, gate)| (p.map(|i| (i, None)), gate))
     }
 }
 
@@ -105,7 +109,7 @@ struct ExpertSaved<T> {
 #[derive(Debug)]
 enum ExpertMlp<T> {
     Glu(GluSaved<T>),
-    Clamped { gate_up: T, s: T },
+    Clamped { gate_up: T, s: T, c: ClampedGlu },
 }
 
 /// Expert `e`'s MLP of its rows `x`: the output and what its backward needs.
@@ -127,7 +131,7 @@ fn expert_forward<E: Executor>(
     let gate_up = ex.matmul(x, &w[gu], gub.map(|i| &w[i]), nn)?;
     let s = ex.swiglu_clamped(&gate_up, c)?;
     let y = ex.matmul(&s, &w[d], db.map(|i| &w[i]), nn)?;
-    Ok((y, ExpertMlp::Clamped { gate_up, s }))
+    Ok((y, ExpertMlp::Clamped { gate_up, s, c }))
 }
 
 /// The backward of [`expert_forward`] from `dy`: the expert's weight
@@ -144,12 +148,12 @@ fn expert_backward<E: Executor>(
     dy: &E::Tensor,
     grads: &mut [Option<E::Tensor>],
 ) -> Result<E::Tensor> {
-    let (ExpertMlp::Clamped { gate_up, s }, Some(c)) = (saved, l.clamped) else {
-        let ExpertMlp::Glu(saved) = saved else {
-            unreachable!("a clamped expert's forward comes from clamped experts")
-        };
-        let dx = glu_mlp_backward(cfg, ex, x, w, l.linears(e), saved, dy, None, grads)?;
-        return Ok(dx.expect("returned without `into`"));
+    let (gate_up, s, c) = match saved {
+        ExpertMlp::Glu(saved) => {
+            let dx = glu_mlp_backward(cfg, ex, x, w, l.linears(e), saved, dy, None, grads)?;
+            return Ok(dx.expect("returned without `into`"));
+        }
+        ExpertMlp::Clamped { gate_up, s, c } => (gate_up, s, *c),
     };
     let [up, down] = l.clamped_of(e);
     let nn = Transpose::NN;
@@ -163,8 +167,9 @@ fn expert_backward<E: Executor>(
     Ok(dx)
 }
 
-/// Qwen2-MoE's shared expert: its products' activations, its output
-/// before the gate, and each token's gate `sigmoid(x · w)`.
+/// A shared expert: its products' activations, its output before the
+/// gate, and each token's gate `sigmoid(x · w)` (Qwen2-MoE's; empty for
+/// GLM-4.5's, which has none).
 #[derive(Debug)]
 struct SharedSaved<T> {
     mlp: GluSaved<T>,
@@ -299,17 +304,29 @@ pub(crate) fn forward<E: Executor>(
     let scores = ex.matmul(&x2, &w[l.router.0], router_bias, Transpose::NT)?;
     // A shared expert's gate comes down with the scores, as their last
     // column: one wait.
-    let (scores, cols) = match l.shared() {
-        Some((_, si)) => {
+    let gate = l.shared().and_then(|(_, g)| g);
+    let (scores, cols) = match gate {
+        Some(si) => {
             let z = ex.matmul(&x2, &w[si], None, Transpose::NT)?;
             (ex.concat_last(&[&scores, &z])?, ne + 1)
         }
         None => (scores, ne),
     };
+    // DeepSeek-V3's correction bias, a constant of the checkpoint, comes
+    // down first: its wait runs the router's product too, and the scores'
+    // then finds the device idle.
+    let correction = match l.correction {
+        Some(ci) => {
+            let mut b = vec![0.0f32; ne];
+            ex.download_into(&w[ci], &mut b)?;
+            b.into_iter().map(f64::from).collect()
+        }
+        None => Vec::new(),
+    };
     let mut host = vec![0.0f32; n * cols];
     ex.download_into(&scores, &mut host)?;
     let rows = host.chunks(cols);
-    let sig: Vec<f64> = match l.shared() {
+    let sig: Vec<f64> = match gate {
         Some(_) => rows
             .clone()
             .map(|r| 1.0 / (1.0 + (-(r[ne] as f64)).exp()))
@@ -317,7 +334,10 @@ pub(crate) fn forward<E: Executor>(
         None => Vec::new(),
     };
     let host: Vec<f64> = rows.flat_map(|r| r[..ne].iter().map(|&v| v as f64)).collect();
-    let (probs, picks, weights) = route(&host, n, moe);
+    let (probs, picks, weights) = match moe.router {
+        Router::Softmax => route(&host, n, moe),
+        Router::Sigmoid { .. } => route_sigmoid(&host, &correction, n, moe),
+    };
     // Each expert's rows (ascending), their weights and ranks.
     let mut serves: Vec<(Vec<u32>, Vec<f64>, Vec<usize>)> = vec![Default::default(); l.count];
     for (i, (&p, &wt)) in picks.iter().zip(&weights).enumerate() {
@@ -346,9 +366,12 @@ pub(crate) fn forward<E: Executor>(
         });
     }
     let shared = match l.shared() {
-        Some((linears, _)) => {
+        Some((linears, gate)) => {
             let (y, mlp) = glu_mlp(cfg, ex, &x2, w, linears)?;
-            ex.add_assign(&mut out, &ex.scale_rows(&y, &sig)?)?;
+            match gate {
+                Some(_) => ex.add_assign(&mut out, &ex.scale_rows(&y, &sig)?)?,
+                None => ex.add_assign(&mut out, &y)?,
+            }
             Some(SharedSaved { mlp, y, sig })
         }
         None => None,
@@ -418,12 +441,22 @@ pub(crate) fn backward<E: Executor>(
         let dxe = expert_backward(cfg, ex, w, &l, es.expert, &es.x, &es.mlp, &dye, grads)?;
         ex.embedding_backward(&es.rows, &dxe, &mut dx)?;
     }
-    // The shared expert's output gradient, its gate's with the experts'
+    // The shared expert's output gradient, a gate's with the experts'
     // routing weights' (a last row-dot, for each token).
+    let gate = l.shared().and_then(|(_, g)| g);
     if let (Some((linears, _)), Some(sh)) = (l.shared(), &s.shared) {
-        dots.push(ex.row_dots(&dy2, &sh.y)?);
-        let dys = ex.scale_rows(&dy2, &sh.sig)?;
+        let dys = match gate {
+            Some(_) => {
+                dots.push(ex.row_dots(&dy2, &sh.y)?);
+                ex.scale_rows(&dy2, &sh.sig)?
+            }
+            None => ex.reshape(&dy2, dy2.shape())?,
+        };
         glu_mlp_backward(cfg, ex, &x2, w, linears, &sh.mlp, &dys, Some(&mut dx), grads)?;
+    }
+    // The correction bias takes no gradient (transformers' buffer).
+    if let Some(ci) = l.correction {
+        grads[ci] = Some(ex.zeros(w[ci].shape())?);
     }
     // The experts no token chose.
     for slot in (0..l.count).flat_map(|e| l.slots(e)) {
@@ -431,7 +464,11 @@ pub(crate) fn backward<E: Executor>(
             grads[slot] = Some(ex.zeros(w[slot].shape())?);
         }
     }
-    let shared_rows = if s.shared.is_some() { n } else { 0 };
+    let shared_rows = if gate.is_some() && s.shared.is_some() {
+        n
+    } else {
+        0
+    };
     let mut host = vec![0.0f32; s.experts.iter().map(|es| es.rows.len()).sum::<usize>() + shared_rows];
     if !dots.is_empty() {
         ex.download_into(&ex.concat_last(&dots.iter().collect::<Vec<_>>())?, &mut host)?;
@@ -445,7 +482,7 @@ pub(crate) fn backward<E: Executor>(
             at += 1;
         }
     }
-    if let (Some((_, si)), Some(sh)) = (l.shared(), &s.shared) {
+    if let (Some(si), Some(sh)) = (gate, &s.shared) {
         // d sigmoid(z) / dz = σ(1 − σ).
         let dz: Vec<f32> = host[at..]
             .iter()
@@ -456,7 +493,10 @@ pub(crate) fn backward<E: Executor>(
         let gs = ex.matmul_backward_da_into(&x2, &w[si], &dz, Transpose::NT, needs(None), &mut dx)?;
         grads[si] = gs.db;
     }
-    let dscores = router_backward(&s.probs, &s.picks, &dweights, aux, n, moe);
+    let dscores = match moe.router {
+        Router::Softmax => router_backward(&s.probs, &s.picks, &dweights, aux, n, moe),
+        Router::Sigmoid { .. } => sigmoid_router_backward(&s.probs, &s.picks, &dweights, n, moe),
+    };
     let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
     let gr = ex.matmul_backward_da_into(
         &x2,
@@ -517,6 +557,94 @@ fn router_backward(
     out
 }
 
+/// DeepSeek-V3's routing ([`Router::Sigmoid`]) of `n` tokens from their
+/// router scores and the correction bias: each token's sigmoid scores
+/// `[N, E]`, its k experts (the best biased scores among the experts of
+/// its best groups, ties to the lower index) and their weights.
+fn route_sigmoid(logits: &[f64], bias: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<usize>, Vec<f64>) {
+    let Router::Sigmoid {
+        groups,
+        topk_groups,
+        scale,
+    } = moe.router
+    else {
+        unreachable!("a sigmoid router's routing")
+    };
+    let (e, k) = (moe.num_experts, moe.top_k);
+    let per = e / groups;
+    let scores: Vec<f64> = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+    let mut picks = vec![0usize; n * k];
+    let mut weights = vec![0.0f64; n * k];
+    // Best first, ties to the lower index; NaN ordered above every number.
+    let best = |v: &[f64], a: &usize, b: &usize| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
+    for t in 0..n {
+        let s = &scores[t * e..(t + 1) * e];
+        let choice: Vec<f64> = s.iter().zip(bias).map(|(s, b)| s + b).collect();
+        // A group's merit: the sum of its two best biased scores.
+        let merit: Vec<f64> = choice
+            .chunks(per)
+            .map(|g| {
+                let mut g = g.to_vec();
+                g.sort_by(|a, b| b.total_cmp(a));
+                g.iter().take(2).sum()
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..groups).collect();
+        order.sort_by(|a, b| best(&merit, a, b));
+        let mut open: Vec<usize> = order[..topk_groups]
+            .iter()
+            .flat_map(|&g| g * per..(g + 1) * per)
+            .collect();
+        open.sort_by(|a, b| best(&choice, a, b));
+        let chosen = &open[..k];
+        let total: f64 = chosen.iter().map(|&x| s[x]).sum::<f64>() + 1e-20;
+        for (j, &x) in chosen.iter().enumerate() {
+            picks[t * k + j] = x;
+            weights[t * k + j] = scale
+                * match moe.norm_topk {
+                    true => s[x] / total,
+                    false => s[x],
+                };
+        }
+    }
+    (scores, picks, weights)
+}
+
+/// [`router_backward`] of DeepSeek-V3's routing: from the gradients of
+/// each token's k weights back through the scale, the renormalisation
+/// (where `norm_topk`) and the sigmoid. The experts a token did not take
+/// get none (the choice, and the correction bias with it, has none).
+fn sigmoid_router_backward(
+    scores: &[f64],
+    picks: &[usize],
+    dweights: &[f64],
+    n: usize,
+    moe: &Moe,
+) -> Vec<f32> {
+    let Router::Sigmoid { scale, .. } = moe.router else {
+        unreachable!("a sigmoid router's backward")
+    };
+    let (e, k) = (moe.num_experts, moe.top_k);
+    let mut out = vec![0.0f32; n * e];
+    for t in 0..n {
+        let s = &scores[t * e..(t + 1) * e];
+        let pk = &picks[t * k..(t + 1) * k];
+        let dw = &dweights[t * k..(t + 1) * k];
+        // w_j = scale · s_j / S (S = Σ s + 1e-20): ds_j = scale · (dw_j − Σ_i dw_i s_i / S) / S.
+        let total: f64 = pk.iter().map(|&x| s[x]).sum::<f64>() + 1e-20;
+        let mean: f64 = pk.iter().zip(dw).map(|(&x, &d)| d * s[x] / total).sum();
+        for (&x, &d) in pk.iter().zip(dw) {
+            let ds = scale
+                * match moe.norm_topk {
+                    true => (d - mean) / total,
+                    false => d,
+                };
+            out[t * e + x] = (ds * s[x] * (1.0 - s[x])) as f32;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,6 +658,8 @@ mod tests {
             sparse_layers: None,
             aux_loss_coef: None,
             shared_expert: None,
+            shared_gated: false,
+            router: crate::Router::Softmax,
             clamped: None,
         }
     }
@@ -573,6 +703,49 @@ mod tests {
                 assert!(
                     (fd - got[i] as f64).abs() < 1e-6,
                     "norm {norm} score {i}: fd {fd} vs {}",
+                    got[i]
+                );
+            }
+        }
+    }
+
+    /// The sigmoid router's backward against finite differences of the
+    /// logits, with and without renormalisation, two groups of three of
+    /// which one is open, and a correction bias that changes the choice.
+    #[test]
+    fn sigmoid_router_backward_matches_finite_differences() {
+        let logits = [0.3, -1.2, 0.9, 0.1, 2.0, -0.4, 0.05, 0.7, -0.3, 1.1, 0.6, -0.8];
+        let bias = [0.0, 0.9, 0.0, 0.0, -2.0, 0.0];
+        let (n, k) = (2, 2);
+        let coef = [0.7f64, -1.3, 0.4, 2.1];
+        for norm in [false, true] {
+            let mut m = moe(6, k, norm);
+            m.router = Router::Sigmoid {
+                groups: 2,
+                topk_groups: 1,
+                scale: 2.5,
+            };
+            let (scores, picks, _) = route_sigmoid(&logits, &bias, n, &m);
+            assert!(
+                picks[..2].contains(&1),
+                "the bias lifts expert 1 into token 0's choice"
+            );
+            assert!(!picks.contains(&4), "and sinks expert 4 out of token 0's");
+            let loss = |z: &[f64]| {
+                let (_, pk, w) = route_sigmoid(z, &bias, n, &m);
+                assert_eq!(pk, picks, "the step must not change the choice");
+                w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
+            };
+            let got = sigmoid_router_backward(&scores, &picks, &coef, n, &m);
+            for i in 0..logits.len() {
+                let h = 1e-6;
+                let (mut up, mut dn) = (logits, logits);
+                up[i] += h;
+                dn[i] -= h;
+                let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
+                assert!(
+                    (fd - got[i] as f64).abs() < 1e-6,
+                    "norm {norm} logit {i}: fd {fd} vs {}",
                     got[i]
                 );
             }

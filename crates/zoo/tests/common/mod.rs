@@ -53,6 +53,8 @@ pub const CASES: &[&str] = &[
     "gpt_oss",
     "gpt_oss_aux",
     "gpt_oss_mxfp4",
+    "glm4_moe",
+    "glm4_moe_plain",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
