@@ -74,10 +74,9 @@ impl Layout {
                 (1..per * moe.num_experts).for_each(|_| {
                     next();
                 });
-                let shared = match moe.shared_expert {
-                    Some(_) => Some(([next(), next(), next()], moe.shared_gated.then(&mut next))),
-                    None => None,
-                };
+                let shared = moe
+                    .shared_expert
+                    .map(|_| ([next(), next(), next()], moe.shared_gated.then(&mut next)));
                 Mlp::Routed(Experts {
                     router,
                     correction,
