@@ -37,11 +37,102 @@ pub(crate) struct Layout {
 }
 
 /// A block's MLP: dense, or routed among experts (a mixture of experts'
-/// sparse blocks).
+/// sparse blocks). DeepSeek-V3's block (`block_mla.rs`) has it too.
 #[derive(Debug, Clone, Copy)]
-enum Mlp {
+pub(super) enum Mlp {
     Dense { gate: Linear, up: Linear, down: Linear },
     Routed(Experts),
+}
+
+impl Mlp {
+    /// Block `layer`'s MLP, its table slots drawn from `next` in the
+    /// order `tables.rs` pushes them.
+    pub(super) fn new(cfg: &ModelConfig, layer: usize, next: &mut impl FnMut() -> usize) -> Mlp {
+        match cfg.moe.as_ref().filter(|m| m.routes(layer)) {
+            Some(moe) => {
+                let router = (next(), moe.clamped.is_some().then(&mut *next));
+                let correction = matches!(moe.router, Router::Sigmoid { .. }).then(&mut *next);
+                let first = next();
+                let per = Experts::slots_per_expert(moe.clamped.is_some());
+                (1..per * moe.num_experts).for_each(|_| {
+                    next();
+                });
+                let shared = moe
+                    .shared_expert
+                    .map(|_| ([next(), next(), next()], moe.shared_gated.then(&mut *next)));
+                Mlp::Routed(Experts {
+                    router,
+                    correction,
+                    first,
+                    count: moe.num_experts,
+                    shared,
+                    clamped: moe.clamped,
+                })
+            }
+            None => {
+                let mut lin = |bias: bool| {
+                    let w = next();
+                    (w, bias.then(&mut *next))
+                };
+                let gate = lin(cfg.mlp_bias);
+                let up = lin(cfg.mlp_bias);
+                let down = lin(cfg.mlp_bias);
+                Mlp::Dense { gate, up, down }
+            }
+        }
+    }
+
+    /// The MLP of `x` (the block's normed input): its output and what its
+    /// backward needs.
+    pub(super) fn forward<E: Executor>(
+        self,
+        cfg: &ModelConfig,
+        ex: &E,
+        w: &[E::Tensor],
+        x: &E::Tensor,
+    ) -> Result<(E::Tensor, MlpSaved<E::Tensor>)> {
+        Ok(match (self, &cfg.moe) {
+            (Mlp::Dense { gate, up, down }, _) => {
+                let (d, saved) = glu_mlp(cfg, ex, x, w, [gate, up, down])?;
+                (d, MlpSaved::Dense(saved))
+            }
+            (Mlp::Routed(experts), Some(moe)) => {
+                let (d, saved) = moe::forward(cfg, moe, ex, w, experts, x)?;
+                (d, MlpSaved::Routed(saved))
+            }
+            (Mlp::Routed(_), None) => unreachable!("a routed layout comes from the config's experts"),
+        })
+    }
+
+    /// The backward of [`Mlp::forward`] from `dy`: the gradient of `x`,
+    /// the weights' stored at their slots in `grads`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn backward<E: Executor>(
+        self,
+        cfg: &ModelConfig,
+        ex: &E,
+        layer: usize,
+        w: &[E::Tensor],
+        x: &E::Tensor,
+        saved: &MlpSaved<E::Tensor>,
+        dy: &E::Tensor,
+        aux: Option<&RouterAux>,
+        grads: &mut [Option<E::Tensor>],
+    ) -> Result<E::Tensor> {
+        match (self, saved, &cfg.moe) {
+            (Mlp::Dense { gate, up, down }, MlpSaved::Dense(saved), _) => {
+                let d = glu_mlp_backward(cfg, ex, x, w, [gate, up, down], saved, dy, None, grads)?;
+                Ok(d.expect("requested gradient"))
+            }
+            (Mlp::Routed(experts), MlpSaved::Routed(saved), Some(moe)) => {
+                moe::backward(cfg, moe, ex, w, experts, x, saved, dy, aux, grads)
+            }
+            _ => Err(ZooError::invalid(
+                "block_backward",
+                format!("block {layer}'s saved MLP is not the kind its layout has"),
+            )),
+        }
+    }
 }
 
 impl Layout {
@@ -65,38 +156,7 @@ impl Layout {
         let sandwich = cfg.arch.has_sandwich_norms();
         let post_attn = sandwich.then(&mut next);
         let ln2 = next();
-        let mlp = match cfg.moe.as_ref().filter(|m| m.routes(layer)) {
-            Some(moe) => {
-                let router = (next(), moe.clamped.is_some().then(&mut next));
-                let correction = matches!(moe.router, Router::Sigmoid { .. }).then(&mut next);
-                let first = next();
-                let per = Experts::slots_per_expert(moe.clamped.is_some());
-                (1..per * moe.num_experts).for_each(|_| {
-                    next();
-                });
-                let shared = moe
-                    .shared_expert
-                    .map(|_| ([next(), next(), next()], moe.shared_gated.then(&mut next)));
-                Mlp::Routed(Experts {
-                    router,
-                    correction,
-                    first,
-                    count: moe.num_experts,
-                    shared,
-                    clamped: moe.clamped,
-                })
-            }
-            None => {
-                let mut lin = |bias: bool| {
-                    let w = next();
-                    (w, bias.then(&mut next))
-                };
-                let gate = lin(cfg.mlp_bias);
-                let up = lin(cfg.mlp_bias);
-                let down = lin(cfg.mlp_bias);
-                Mlp::Dense { gate, up, down }
-            }
-        };
+        let mlp = Mlp::new(cfg, layer, &mut next);
         let post_mlp = sandwich.then(&mut next);
         Layout {
             ln1,
@@ -132,18 +192,25 @@ impl Layout {
 
 /// What a block's MLP forward left for its backward.
 #[derive(Debug)]
-enum MlpSaved<T> {
+pub(super) enum MlpSaved<T> {
     Dense(GluSaved<T>),
     Routed(MoeSaved<T>),
+}
+
+impl<T> MlpSaved<T> {
+    /// The routing statistics of a routed block's forward.
+    pub(super) fn router_stats(&self) -> Option<RouterStats> {
+        match self {
+            MlpSaved::Routed(m) => Some(m.stats()),
+            MlpSaved::Dense(_) => None,
+        }
+    }
 }
 
 impl<T> LlamaSaved<T> {
     /// The routing statistics of a routed block's forward.
     pub(super) fn router_stats(&self) -> Option<RouterStats> {
-        match &self.mlp {
-            MlpSaved::Routed(m) => Some(m.stats()),
-            MlpSaved::Dense(_) => None,
-        }
+        self.mlp.router_stats()
     }
 }
 
@@ -224,17 +291,7 @@ pub(super) fn forward<E: Executor>(
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
     let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| g.get(w, i)), eps)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, g.get(w, l.ln2), eps)?;
-    let (d, mlp) = match (l.mlp, &cfg.moe) {
-        (Mlp::Dense { gate, up, down }, _) => {
-            let (d, saved) = glu_mlp(cfg, ex, &n2.y, w, [gate, up, down])?;
-            (d, MlpSaved::Dense(saved))
-        }
-        (Mlp::Routed(experts), Some(moe)) => {
-            let (d, saved) = moe::forward(cfg, moe, ex, w, experts, &n2.y)?;
-            (d, MlpSaved::Routed(saved))
-        }
-        (Mlp::Routed(_), None) => unreachable!("a routed layout comes from the config's experts"),
-    };
+    let (d, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
     let d = times(ex, d, residual(cfg))?;
     let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| g.get(w, i)), eps)?;
     let y = ex.add(&x2, &d)?;
@@ -279,21 +336,9 @@ pub(super) fn backward<E: Executor>(
     let dy_mlp = dpost.as_ref().unwrap_or(dy);
     let dd = times_ref(ex, dy_mlp, residual(cfg))?;
     let dd = dd.as_ref().unwrap_or(dy_mlp);
-    let dn2 = match (l.mlp, &s.mlp, &cfg.moe) {
-        (Mlp::Dense { gate, up, down }, MlpSaved::Dense(saved), _) => {
-            let d = glu_mlp_backward(cfg, ex, &s.n2.y, w, [gate, up, down], saved, dd, None, &mut grads)?;
-            take(d)
-        }
-        (Mlp::Routed(experts), MlpSaved::Routed(saved), Some(moe)) => {
-            moe::backward(cfg, moe, ex, w, experts, &s.n2.y, saved, dd, aux, &mut grads)?
-        }
-        _ => {
-            return Err(ZooError::invalid(
-                "llama block_backward",
-                format!("block {layer}'s saved MLP is not the kind its layout has"),
-            ));
-        }
-    };
+    let dn2 = l
+        .mlp
+        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dd, aux, &mut grads)?;
     // x2 flows on past the norm: its gradient is the norm's plus dy.
     let n2 = ex.add_rmsnorm_backward(&s.x2, g.get(w, l.ln2), &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
