@@ -87,7 +87,9 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// with experts no token chose, Qwen3-MoE's with a dense block between
 /// routed ones and without renormalisation, OLMoE's, Qwen2-MoE's with
 /// its gated shared expert, GPT-OSS's with its attention sinks and
-/// clamped, biased experts, GLM-4.5's with DeepSeek-V3's router).
+/// clamped, biased experts, GLM-4.5's with DeepSeek-V3's router,
+/// DeepSeek-V3's latent attention with q's low-rank pair and without,
+/// RoPE in pairs and in halves, YaRN's scale on the scores).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -124,6 +126,8 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "qwen2_moe",
         "gpt_oss",
         "glm4_moe",
+        "deepseek_v3",
+        "deepseek_v3_yarn",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -13,8 +13,10 @@ and the cross-entropy is computed by this script (mean over targets that are
 not -100), so the references are float64-exact for the stored weights. For
 GPT-OSS (whose load-balancing loss transformers also sums in float32) every
 op of the forward and backward is checked to stay float64 (Float32Watch);
-likewise for GLM-4.5, whose router transformers runs in float32 (patched
-to float64 here; the f32 router is checked to choose the same experts).
+likewise for GLM-4.5 and DeepSeek-V3, whose (identical) router
+transformers runs in float32 (patched to float64 here; the f32 router is
+checked to choose the same experts). DeepSeek-V3's checkpoints are also
+loaded back with from_pretrained and must reproduce the golden bit for bit.
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -92,6 +94,8 @@ from transformers import (
     GptOssForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
 )
 
 BATCH = 2
@@ -1230,10 +1234,112 @@ CASES = {
         10,
         torch.float32,
     ),
+    # DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention: q
+    # through a rank-24 bottleneck (q_a_proj, q_a_layernorm, q_b_proj),
+    # keys and values from one latent (kv_a_proj_with_mqa: 16 latent
+    # entries, kv_a_layernorm, kv_b_proj to each head's 8 key and 6 value
+    # entries, v_head_dim 6 != the 12 of q and k) beside a 4-entry RoPE part
+    # of the key shared by the 4 heads; RoPE on the last 4 entries of q and
+    # k in neighbouring pairs (rope_interleave), scores times 12^-1/2; block
+    # 0 dense, blocks 1-2 routed as GLM-4.5's (2 of 8 experts within the
+    # best 1 of 2 groups by the sigmoid scores plus the correction bias,
+    # renormalised, times 2.5, a shared expert beside).
+    "deepseek_v3": (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        dict(
+            vocab_size=83,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            rope_interleave=True,
+            attention_bias=False,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # DeepSeek-V3's attention without the q bottleneck (q_proj, which has
+    # no bias) and with biases on kv_a_proj_with_mqa and o_proj; RoPE in
+    # halves (rope_interleave false) under DeepSeek's YaRN: factor 4 over
+    # an original context of 16, θ 5 so that the 2 pairs of qk_rope_head_dim
+    # 4 span the ramp (pair 0 kept, pair 1 blended halfway); mscale 0.707
+    # over mscale_all_dim 1.0 scales cos/sin by yarn(4, 0.707) /
+    # yarn(4, 1.0) and the scores by 10^-1/2 · yarn(4, 1.0)^2 (yarn(s, m)
+    # = 0.1 m ln s + 1); v_head_dim 8 < 10. Every block routed, one group,
+    # the top 2 of 6 not renormalised nor scaled, two shared experts' width.
+    "deepseek_v3_yarn": (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        dict(
+            vocab_size=79,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            first_k_dense_replace=0,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=6,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            rope_interleave=False,
+            attention_bias=True,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=5.0,
+                factor=4.0,
+                original_max_position_embeddings=16,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                mscale=0.707,
+                mscale_all_dim=1.0,
+            ),
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
 MXFP4_CASES = {"gpt_oss_mxfp4"}
+
+# Model types whose every op of the forward and backward is checked to stay
+# float64 (Float32Watch), and those whose saved checkpoint is also reloaded
+# (from_pretrained in float64) to reproduce the golden bit for bit.
+WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3"}
+RELOADED = {"deepseek_v3"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1418,12 +1524,16 @@ def _glm4_moe_router64(self, hidden_states):
     return logits, weights * self.routed_scaling_factor, idx
 
 
+# GLM-4.5's router and DeepSeek-V3's, the same (both cast to float32).
+SIGMOID_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")
+
+
 def record_glm4_moe_routes(model):
-    """Wraps each GLM-4.5 router (after patch_float64) to keep its input;
+    """Wraps each GLM-4.5 (or DeepSeek-V3) router (after patch_float64) to keep its input;
     returns [(block name, router, inputs)] for glm4_moe_route_report."""
     routes = []
     for mname, m in model.named_modules():
-        if type(m).__name__ == "Glm4MoeTopkRouter":
+        if type(m).__name__ in SIGMOID_ROUTERS:
             inputs = []
             patched = m.forward
 
@@ -1557,7 +1667,7 @@ def patch_float64(model):
             m.forward = types.MethodType(_rmsnorm64, m)
         elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter"):
             m.forward = types.MethodType(_router64, m)
-        elif name == "Glm4MoeTopkRouter":
+        elif name in SIGMOID_ROUTERS:
             m.forward = types.MethodType(_glm4_moe_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
@@ -1804,6 +1914,67 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.reshape(-1, v), targets.reshape(-1), ignore_index=-100, reduction="mean")
 
 
+def golden_grads(model, cfg, saved_names):
+    """{"grad." + checkpoint name: f32 gradient} of a model after backward."""
+    grads = {}
+    for pname, p in model.named_parameters():
+        if pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            for n, g in expert_grads(pname, p.grad, saved_names).items():
+                grads["grad." + n] = g.to(torch.float32).contiguous()
+            continue
+        if ".mlp.gate.weight" in pname and pname.replace(".mlp.", ".block_sparse_moe.") in saved_names:
+            pname = pname.replace(".mlp.", ".block_sparse_moe.")
+        if pname.startswith("model.language_model."):
+            # A multimodal model's text stack, under the text model's names.
+            pname = "model." + pname.removeprefix("model.language_model.")
+        elif pname == "lm_head.weight" and cfg.model_type == "gpt_neox":
+            # transformers 5 renames GPT-NeoX's head on load, and back on save.
+            pname = "embed_out.weight"
+        elif p.grad is None:
+            # Its vision tower and projector, which text never reaches.
+            assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
+            continue
+        grads["grad." + pname] = p.grad.to(torch.float32).contiguous()
+    for bname, b in model.named_buffers():
+        if bname.endswith("e_score_correction_bias"):
+            # A checkpoint tensor no gradient reaches: zeros, so that every
+            # tensor of the checkpoint has one.
+            assert bname in saved_names, bname
+            grads["grad." + bname] = torch.zeros(b.shape, dtype=torch.float32)
+    return grads
+
+
+def check_reload(name, case_dir: Path, model_cls, golden, saved_names):
+    """The saved checkpoint, loaded back by from_pretrained in float64 (as
+    check_export.py loads an export) and run the same way, reproduces the
+    golden's logits, loss and gradients bit for bit; transformers reports no
+    checkpoint tensor it did not use and no parameter it did not load."""
+    model, info = model_cls.from_pretrained(
+        case_dir,
+        dtype=torch.float64,
+        attn_implementation="eager",
+        experts_implementation="eager",
+        output_loading_info=True,
+    )
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, f"{name}: reload: {problems}"
+    # The router's weight and correction bias load float32 whatever the
+    # dtype (_keep_in_fp32_modules_strict): widened as make_case widens them.
+    model = model.to(torch.float64)
+    model.eval()
+    patch_float64(model)
+    logits = model(input_ids=golden["input_ids"].long()).logits
+    loss = cross_entropy(logits, golden["targets"].long())
+    loss.backward()
+    assert torch.equal(logits.detach(), golden["logits"]), f"{name}: reload: logits differ"
+    assert torch.equal(loss.detach().reshape(1), golden["loss"]), f"{name}: reload: loss differs"
+    grads = golden_grads(model, model.config, saved_names)
+    assert grads.keys() == {k for k in golden if k.startswith("grad.")}, f"{name}: reload: gradient names differ"
+    for k, g in grads.items():
+        assert torch.equal(g, golden[k]), f"{name}: reload: {k} differs"
+    print(f"  {name}: reload reproduces logits, loss and {len(grads)} gradients exactly")
+
+
 def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     cfg = cfg_cls(**kwargs, attn_implementation="eager")
@@ -1834,9 +2005,9 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     model = model.to(torch.float64)
     model.eval()
     patch_float64(model)
-    # GPT-OSS, GLM-4.5: every op of the forward and backward checked to stay
-    # float64.
-    watch = Float32Watch() if cfg.model_type in ("gpt_oss", "glm4_moe") else None
+    # GPT-OSS, GLM-4.5, DeepSeek-V3: every op of the forward and backward
+    # checked to stay float64.
+    watch = Float32Watch() if cfg.model_type in WATCHED else None
     clamps = count_swiglu_clamps(model)
     routes = record_glm4_moe_routes(model)
     ids = torch.randint(0, cfg.get_text_config().vocab_size, (BATCH, seq + 1), generator=gen)
@@ -1869,31 +2040,8 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     for pname, (_, _, w) in packed.items():
         # The experts' weights as transformers dequantizes them.
         golden["dequant." + pname] = w.contiguous()
-    for pname, p in model.named_parameters():
-        if pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
-            for n, g in expert_grads(pname, p.grad, saved_names).items():
-                golden["grad." + n] = g.to(torch.float32).contiguous()
-            continue
-        if ".mlp.gate.weight" in pname and pname.replace(".mlp.", ".block_sparse_moe.") in saved_names:
-            pname = pname.replace(".mlp.", ".block_sparse_moe.")
-        if pname.startswith("model.language_model."):
-            # A multimodal model's text stack, under the text model's names.
-            pname = "model." + pname.removeprefix("model.language_model.")
-        elif pname == "lm_head.weight" and cfg.model_type == "gpt_neox":
-            # transformers 5 renames GPT-NeoX's head on load, and back on save.
-            pname = "embed_out.weight"
-        elif p.grad is None:
-            # Its vision tower and projector, which text never reaches.
-            assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
-            continue
-        golden["grad." + pname] = p.grad.to(torch.float32).contiguous()
-    for bname, b in model.named_buffers():
-        if bname.endswith("e_score_correction_bias"):
-            # A checkpoint tensor no gradient reaches: zeros, so that every
-            # tensor of the checkpoint has one.
-            assert bname in saved_names, bname
-            golden["grad." + bname] = torch.zeros(b.shape, dtype=torch.float32)
-    if cfg.model_type == "glm4_moe":
+    golden.update(golden_grads(model, cfg, saved_names))
+    if cfg.model_type in ("glm4_moe", "deepseek_v3"):
         lacking = sorted(saved_names - {k[5:] for k in golden if k.startswith("grad.")})
         assert not lacking, f"{name}: checkpoint tensors without a gradient: {lacking}"
     missing = [
@@ -1906,6 +2054,8 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     ]
     assert not missing or name.startswith("gemma3_mm"), f"{name}: gradients under names the checkpoint lacks: {missing}"
     save_file(golden, case_dir / "golden.safetensors")
+    if cfg.model_type in RELOADED:
+        check_reload(name, case_dir, model_cls, golden, saved_names)
     n = sum(p.numel() for p in model.parameters())
     extra = ""
     if clamps[2]:

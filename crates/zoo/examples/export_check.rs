@@ -106,6 +106,8 @@ fn main() -> AnyResult<()> {
         "gpt_oss_mxfp4",
         "glm4_moe",
         "glm4_moe_plain",
+        "deepseek_v3",
+        "deepseek_v3_yarn",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

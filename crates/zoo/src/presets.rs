@@ -33,6 +33,9 @@ pub const PRESET_NAMES: &[&str] = &[
     "gpt-oss-120b",
     "glm-4.5-air",
     "glm-4.5",
+    "deepseek-v3-tiny",
+    "deepseek-v3",
+    "kimi-k2",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -82,6 +85,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         raw: None,
         text_of: None,
         moe: None,
+        mla: None,
     }
 }
 
@@ -134,6 +138,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         raw: None,
         text_of: None,
         moe: None,
+        mla: None,
     }
 }
 
@@ -469,6 +474,90 @@ fn glm45(name: &str, air: bool) -> Result<ModelConfig> {
     )
 }
 
+/// DeepSeek-V3's block at llama-tiny's width, for a quick run: latent
+/// attention (q through a rank-32 pair, a latent of 32, heads of 16 + 8
+/// with values of 16), the first block dense, then 8 experts in 2 groups
+/// of which one is open, 2 a token, and a shared expert.
+fn deepseek_v3_tiny() -> Result<ModelConfig> {
+    hf_preset(
+        "deepseek-v3-tiny",
+        serde_json::json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 32,
+            "num_hidden_layers": 3,
+            "first_k_dense_replace": 1,
+            "num_attention_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "max_position_embeddings": 4096,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_group": 2,
+            "topk_group": 1,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
+/// DeepSeek-V3 (`deepseek-ai/DeepSeek-V3`'s config.json, DeepSeek-R1's
+/// too: 671 B parameters, 37 B read per token; its multi-token prediction
+/// layer, which transformers does not load, left out) and Kimi K2
+/// (`moonshotai/Kimi-K2-Instruct`'s: 1.03 T, 33 B).
+fn deepseek_v3(name: &str, kimi: bool) -> Result<ModelConfig> {
+    let (vocab, heads, experts, dense, groups, scale, theta, factor, ctx) = match kimi {
+        false => (129280, 128, 256, 3, (8, 4), 2.5, 10000.0, 40.0, 163840),
+        true => (163840, 64, 384, 1, (1, 1), 2.827, 50000.0, 32.0, 131072),
+    };
+    hf_preset(
+        name,
+        serde_json::json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": vocab,
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61,
+            "first_k_dense_replace": dense,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "q_lora_rank": 1536,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "attention_bias": false,
+            "max_position_embeddings": ctx,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": theta,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": factor,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+            "n_routed_experts": experts,
+            "num_experts_per_tok": 8,
+            "n_shared_experts": 1,
+            "n_group": groups.0,
+            "topk_group": groups.1,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": scale,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -545,6 +634,9 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "gpt-oss-120b" => gpt_oss(name, 36, 128)?,
         "glm-4.5-air" => glm45(name, true)?,
         "glm-4.5" => glm45(name, false)?,
+        "deepseek-v3-tiny" => deepseek_v3_tiny()?,
+        "deepseek-v3" => deepseek_v3(name, false)?,
+        "kimi-k2" => deepseek_v3(name, true)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -195,9 +195,15 @@ impl ModelConfig {
                     t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
                 }
             }
+            (LayerKind::Block(i), Arch::DeepseekV3) => {
+                let p = format!("model.layers.{i}");
+                self.push_mla(&mut t, &p)?;
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                self.push_mlp(&mut t, &p, i)?;
+            }
             (LayerKind::Block(i), _) => {
                 let p = format!("model.layers.{i}");
-                let (q, kv, f, d) = (self.q_dim(), self.kv_dim(), self.intermediate_size, self.head_dim);
+                let (q, kv, d) = (self.q_dim(), self.kv_dim(), self.head_dim);
                 t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
                 t.push(format!("{p}.self_attn.q_proj.weight"), [q, c], true)?;
                 if self.qkv_bias {
@@ -244,19 +250,7 @@ impl ModelConfig {
                     t.push(format!("{p}.{post_attn}.weight"), [c], false)?;
                 }
                 t.push(format!("{p}.{pre_mlp}.weight"), [c], false)?;
-                match self.moe.as_ref().filter(|m| m.routes(i)) {
-                    Some(moe) => self.push_experts(&mut t, &p, moe)?,
-                    None => {
-                        for (name, shape) in
-                            [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])]
-                        {
-                            t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
-                            if self.mlp_bias {
-                                t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
-                            }
-                        }
-                    }
-                }
+                self.push_mlp(&mut t, &p, i)?;
                 if sandwich {
                     t.push(format!("{p}.{post_mlp}.weight"), [c], false)?;
                 }
@@ -298,6 +292,53 @@ impl ModelConfig {
             }
         }
         Ok(t)
+    }
+
+    /// Block `i`'s MLP under `p`: routed where the model's experts route
+    /// it, else the dense gate, up and down of `intermediate_size`.
+    fn push_mlp(&self, t: &mut ParamTable, p: &str, i: usize) -> Result<()> {
+        if let Some(moe) = self.moe.as_ref().filter(|m| m.routes(i)) {
+            return self.push_experts(t, p, moe);
+        }
+        let (c, f) = (self.hidden_size, self.intermediate_size);
+        for (name, shape) in [("gate_proj", [f, c]), ("up_proj", [f, c]), ("down_proj", [c, f])] {
+            t.push(format!("{p}.mlp.{name}.weight"), shape, true)?;
+            if self.mlp_bias {
+                t.push(format!("{p}.mlp.{name}.bias"), [shape[0]], false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// DeepSeek-V3's input norm and latent attention under `p`, in
+    /// `block_mla`'s layout order: q's low-rank pair and its norm (or one
+    /// `q_proj`), the latent's projection with the shared rotated key
+    /// beside it, the latent's norm, its expansion to every head's k and v,
+    /// and o. `attention_bias` biases q_a, kv_a and o.
+    fn push_mla(&self, t: &mut ParamTable, p: &str) -> Result<()> {
+        let m = self.mla.expect("DeepSeek-V3's attention is latent");
+        let (c, h, qk, kv) = (self.hidden_size, self.num_heads, m.qk_head_dim(), m.kv_lora_rank);
+        let a = format!("{p}.self_attn");
+        let linear = |t: &mut ParamTable, name: &str, shape: [usize; 2], bias: bool| -> Result<()> {
+            t.push(format!("{a}.{name}.weight"), shape, true)?;
+            if bias {
+                t.push(format!("{a}.{name}.bias"), [shape[0]], false)?;
+            }
+            Ok(())
+        };
+        t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+        match m.q_lora_rank {
+            Some(r) => {
+                linear(t, "q_a_proj", [r, c], self.qkv_bias)?;
+                t.push(format!("{a}.q_a_layernorm.weight"), [r], false)?;
+                linear(t, "q_b_proj", [h * qk, r], false)?;
+            }
+            None => linear(t, "q_proj", [h * qk, c], false)?,
+        }
+        linear(t, "kv_a_proj_with_mqa", [kv + m.qk_rope, c], self.qkv_bias)?;
+        t.push(format!("{a}.kv_a_layernorm.weight"), [kv], false)?;
+        linear(t, "kv_b_proj", [h * (m.qk_nope + m.v_head_dim), kv], false)?;
+        linear(t, "o_proj", [c, h * m.v_head_dim], self.o_bias)
     }
 
     /// A routed MLP's router `[E, C]` (and DeepSeek-V3's correction bias

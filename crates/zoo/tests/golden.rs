@@ -204,7 +204,17 @@ fn the_window_cases_depend_on_their_window() {
             _ => false,
         }
     }
-    let cases: [(&str, Drop); 35] = [
+    fn unscaled_scores(c: &mut ModelConfig) -> bool {
+        c.mla
+            .as_mut()
+            .is_some_and(|m| std::mem::take(&mut m.mscale_all_dim) != 0.0)
+    }
+    fn rope_in_halves(c: &mut ModelConfig) -> bool {
+        c.mla
+            .as_mut()
+            .is_some_and(|m| std::mem::take(&mut m.rope_interleave))
+    }
+    let cases: [(&str, Drop); 39] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -240,6 +250,10 @@ fn the_window_cases_depend_on_their_window() {
         ("glm4_moe", ungrouped),
         ("glm4_moe", unscaled_routes),
         ("glm4_moe", unnormalised),
+        ("deepseek_v3", rope_in_halves),
+        ("deepseek_v3", ungrouped),
+        ("deepseek_v3_yarn", unscaled_scores),
+        ("deepseek_v3_yarn", plain_rope),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);
@@ -304,6 +318,7 @@ fn the_sinks_and_the_correction_bias_matter() {
         ("gpt_oss_mxfp4", ".sinks", -1e4, 2),
         ("glm4_moe", ".e_score_correction_bias", 0.0, 2),
         ("glm4_moe_plain", ".e_score_correction_bias", 0.0, 2),
+        ("deepseek_v3", ".e_score_correction_bias", 0.0, 2),
     ] {
         let err = loss_err_with(case, suffix, value, count);
         assert!(

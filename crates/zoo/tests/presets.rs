@@ -27,6 +27,8 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("gpt-oss-120b", 116_829_156_672),
         ("glm-4.5-air", 106_852_251_264),
         ("glm-4.5", 352_797_829_024),
+        ("deepseek-v3", 671_026_419_200),
+        ("kimi-k2", 1_026_408_232_448),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -52,6 +54,9 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         // GLM-4.5's 12 B and 32 B likewise, rounded down (12.8 B and 32.9 B).
         ("glm-4.5-air", 13_424_129_664),
         ("glm-4.5", 33_632_266_144),
+        // DeepSeek-V3's published 671 B and 37 B; Kimi K2's 1 T and 32 B.
+        ("deepseek-v3", 37_552_297_472),
+        ("kimi-k2", 32_861_500_928),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }

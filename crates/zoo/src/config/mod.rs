@@ -118,6 +118,11 @@ pub enum Arch {
     /// (sigmoid scores, a correction bias and groups for the choice, the
     /// weights scaled) and ungated shared experts.
     Glm4Moe,
+    /// DeepSeek-V3 (`deepseek_v3`: DeepSeek-V3, DeepSeek-R1, Kimi K2,
+    /// Moonlight): multi-head latent attention ([`Mla`]) in Llama's block,
+    /// and GLM-4.5's routed MLP (DeepSeek-V3's router, ungated shared
+    /// experts, dense first blocks).
+    DeepseekV3,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -127,7 +132,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
                          OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
-                         Glm4MoeForCausalLM";
+                         Glm4MoeForCausalLM, DeepseekV3ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -142,7 +147,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 26] = [
+    pub const ALL: [Arch; 27] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -169,6 +174,7 @@ impl Arch {
         Arch::Qwen2Moe,
         Arch::GptOss,
         Arch::Glm4Moe,
+        Arch::DeepseekV3,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -199,6 +205,7 @@ impl Arch {
             Arch::Qwen2Moe => "Qwen2MoeForCausalLM",
             Arch::GptOss => "GptOssForCausalLM",
             Arch::Glm4Moe => "Glm4MoeForCausalLM",
+            Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -230,6 +237,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::GptOss => "gpt_oss",
             Arch::Glm4Moe => "glm4_moe",
+            Arch::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -411,6 +419,49 @@ pub struct ModelConfig {
     /// The routed MLP of Mixtral's and Qwen3-MoE's sparse blocks; `None`:
     /// every block's MLP is dense.
     pub moe: Option<Moe>,
+    /// DeepSeek-V3's multi-head latent attention; `None`: q, k, v and o
+    /// projections.
+    pub mla: Option<Mla>,
+}
+
+/// DeepSeek-V3's multi-head latent attention: q through a low-rank
+/// projection and its RMSNorm (`q_lora_rank`; or one `q_proj`), k and v
+/// of each head from one latent of `kv_lora_rank` (after its RMSNorm),
+/// each head's q and k `qk_nope` entries without position and `qk_rope`
+/// rotated ones, the latter of k shared by every head and computed beside
+/// the latent; values of `v_head_dim`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mla {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope: usize,
+    pub qk_rope: usize,
+    pub v_head_dim: usize,
+    /// RoPE on neighbouring pairs (`rope_interleave`) rather than halves.
+    pub rope_interleave: bool,
+    /// YaRN's `mscale_all_dim` (0: none), which scales the scores.
+    pub mscale_all_dim: f64,
+}
+
+impl Mla {
+    /// Entries of each head's q and k.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope + self.qk_rope
+    }
+
+    /// The scores' scale under `scaling` (the model's RoPE scaling), as
+    /// transformers' `yarn_apply_mscale` forms it: `qk_head_dim^−½`, times
+    /// `(0.1 · mscale_all_dim · ln factor + 1)²` where YaRN scales the RoPE.
+    pub fn softmax_scale(&self, scaling: &RopeScaling) -> f64 {
+        let base = (self.qk_head_dim() as f64).powf(-0.5);
+        match scaling {
+            RopeScaling::Yarn { factor, .. } if self.mscale_all_dim != 0.0 && *factor > 1.0 => {
+                let m = 0.1 * self.mscale_all_dim * factor.ln() + 1.0;
+                base * m * m
+            }
+            _ => base,
+        }
+    }
 }
 
 struct Fields<'a> {
@@ -843,6 +894,21 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("use_qk_norm".into(), json!(self.qk_norm));
             }
+            Arch::DeepseekV3 => {
+                let m = self.mla.expect("DeepSeek-V3's attention is latent");
+                // DeepseekV3Config's head_dim is the rotated part's, set by itself.
+                obj.remove("head_dim");
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                obj.insert("q_lora_rank".into(), json!(m.q_lora_rank));
+                obj.insert("kv_lora_rank".into(), json!(m.kv_lora_rank));
+                obj.insert("qk_nope_head_dim".into(), json!(m.qk_nope));
+                obj.insert("qk_rope_head_dim".into(), json!(m.qk_rope));
+                obj.insert("v_head_dim".into(), json!(m.v_head_dim));
+                obj.insert("rope_interleave".into(), json!(m.rope_interleave));
+                if let Some(r) = obj.get_mut("rope_scaling").and_then(Value::as_object_mut) {
+                    r.insert("mscale_all_dim".into(), json!(m.mscale_all_dim));
+                }
+            }
             Arch::Cohere | Arch::Cohere2 => {
                 obj.insert("layer_norm_eps".into(), json!(self.norm_eps));
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -1012,16 +1078,25 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         raw: None,
         text_of: None,
         moe: None,
+        mla: None,
     })
 }
 
 fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let hidden = f.req_usize("hidden_size")?;
     let heads = f.req_usize("num_attention_heads")?;
-    let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    // DeepSeek-V3's latent attention has a k and v for every head.
+    let kv_heads = match arch {
+        Arch::DeepseekV3 => heads,
+        _ => f.opt_usize("num_key_value_heads")?.unwrap_or(heads),
+    };
     let head_dim = match f.opt_usize("head_dim")? {
         // Cohere2Config sets hidden / heads whatever is written.
         _ if arch == Arch::Cohere2 && hidden % heads == 0 => hidden / heads,
+        // DeepSeek-V3's q and k heads (its `head_dim` is the rotated part's).
+        _ if arch == Arch::DeepseekV3 => {
+            f.opt_usize("qk_nope_head_dim")?.unwrap_or(128) + f.opt_usize("qk_rope_head_dim")?.unwrap_or(64)
+        }
         Some(d) => d,
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
         // hidden / heads; Gemma2Config's and Gemma3TextConfig's 256.
@@ -1092,7 +1167,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let default_positions = match arch {
         Arch::Mistral | Arch::Mixtral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
-        Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe => 4096,
+        Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe | Arch::DeepseekV3 => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => 131072,
         _ => 2048,
@@ -1169,6 +1244,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         }
         // Glm4MoeConfig's attention_bias is q, k and v's (o_proj has none).
         Arch::Glm4Moe => (attention_bias, false, false),
+        // DeepSeek-V3's: q_a_proj's and kv_a_proj_with_mqa's, and o_proj's.
+        Arch::DeepseekV3 => (attention_bias, attention_bias, false),
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
@@ -1277,6 +1354,42 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         raw: None,
         text_of: None,
         moe: moe::parse(f, arch, layers)?,
+        mla: match arch {
+            Arch::DeepseekV3 => Some(parse_mla(f)?),
+            _ => None,
+        },
+    })
+}
+
+/// DeepSeek-V3's attention fields (DeepseekV3Config's defaults).
+fn parse_mla(f: &Fields) -> Result<Mla> {
+    let q_lora_rank = match f.obj.get("q_lora_rank") {
+        None => Some(1536),
+        Some(Value::Null) => None,
+        Some(_) => Some(f.req_usize("q_lora_rank")?),
+    };
+    let nope = f.opt_usize("qk_nope_head_dim")?.unwrap_or(128);
+    let rope = f.opt_usize("qk_rope_head_dim")?.unwrap_or(64);
+    if rope == 0 || !rope.is_multiple_of(2) {
+        return Err(f.bad(
+            "qk_rope_head_dim",
+            format!("{rope} must be even and positive for RoPE"),
+        ));
+    }
+    // v5's rope_parameters over v4's rope_scaling, as parse_rope reads them.
+    let mscale_all_dim = ["rope_parameters", "rope_scaling"]
+        .iter()
+        .filter_map(|k| f.get(k)?.get("mscale_all_dim")?.as_f64())
+        .next()
+        .unwrap_or(0.0);
+    Ok(Mla {
+        q_lora_rank,
+        kv_lora_rank: f.opt_usize("kv_lora_rank")?.unwrap_or(512),
+        qk_nope: nope,
+        qk_rope: rope,
+        v_head_dim: f.opt_usize("v_head_dim")?.unwrap_or(128),
+        rope_interleave: f.opt_bool("rope_interleave")?.unwrap_or(true),
+        mscale_all_dim,
     })
 }
 

@@ -150,14 +150,14 @@ impl Moe {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
             }
-            Arch::Glm4Moe => {
+            Arch::Glm4Moe | Arch::DeepseekV3 => {
                 let Router::Sigmoid {
                     groups,
                     topk_groups,
                     scale,
                 } = self.router
                 else {
-                    unreachable!("GLM-4.5's router is DeepSeek-V3's")
+                    unreachable!("GLM-4.5's and DeepSeek-V3's router is DeepSeek-V3's")
                 };
                 obj.insert("n_routed_experts".into(), json!(self.num_experts));
                 obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
@@ -226,13 +226,18 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             true,
             None,
         ),
-        // Glm4MoeConfig: the first `first_k_dense_replace` blocks dense.
-        Arch::Glm4Moe => {
-            let dense = f.opt_usize("first_k_dense_replace")?.unwrap_or(1);
+        // Glm4MoeConfig and DeepseekV3Config: the first
+        // `first_k_dense_replace` blocks dense.
+        Arch::Glm4Moe | Arch::DeepseekV3 => {
+            let v3 = arch == Arch::DeepseekV3;
+            let dense = f
+                .opt_usize("first_k_dense_replace")?
+                .unwrap_or(if v3 { 3 } else { 1 });
             (
-                experts(f, "n_routed_experts", "num_local_experts")?.unwrap_or(128),
+                experts(f, "n_routed_experts", "num_local_experts")?.unwrap_or(if v3 { 256 } else { 128 }),
                 f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
-                f.opt_usize("moe_intermediate_size")?.unwrap_or(1408),
+                f.opt_usize("moe_intermediate_size")?
+                    .unwrap_or(if v3 { 2048 } else { 1408 }),
                 f.opt_bool("norm_topk_prob")?.unwrap_or(true),
                 Some((0..layers).map(|i| i >= dense).collect()),
             )
@@ -286,8 +291,9 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
     };
     // transformers adds the routers' load-balancing loss only under
     // output_router_logits; the config classes' coefficients unless written.
-    // (Glm4MoeForCausalLM adds none whatever it says.)
-    let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) && arch != Arch::Glm4Moe {
+    // (Glm4MoeForCausalLM and DeepseekV3ForCausalLM add none whatever it says.)
+    let sigmoid = matches!(arch, Arch::Glm4Moe | Arch::DeepseekV3);
+    let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) && !sigmoid {
         true => {
             let default = if arch == Arch::Olmoe { 0.01 } else { 0.001 };
             match f.opt_f64("router_aux_loss_coef")?.unwrap_or(default) {
@@ -310,18 +316,20 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         aux_loss_coef,
         shared_expert: match arch {
             Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
-            Arch::Glm4Moe => match f.opt_usize("n_shared_experts")?.unwrap_or(1) {
+            Arch::Glm4Moe | Arch::DeepseekV3 => match f.opt_usize("n_shared_experts")?.unwrap_or(1) {
                 0 => None,
                 n => Some(n * expert_size),
             },
             _ => None,
         },
         shared_gated: arch == Arch::Qwen2Moe,
-        router: match arch {
-            Arch::Glm4Moe => Router::Sigmoid {
-                groups: f.opt_usize("n_group")?.unwrap_or(1),
-                topk_groups: f.opt_usize("topk_group")?.unwrap_or(1),
-                scale: f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0),
+        router: match (arch, arch == Arch::DeepseekV3) {
+            (Arch::Glm4Moe | Arch::DeepseekV3, v3) => Router::Sigmoid {
+                groups: f.opt_usize("n_group")?.unwrap_or(if v3 { 8 } else { 1 }),
+                topk_groups: f.opt_usize("topk_group")?.unwrap_or(if v3 { 4 } else { 1 }),
+                scale: f
+                    .opt_f64("routed_scaling_factor")?
+                    .unwrap_or(if v3 { 2.5 } else { 1.0 }),
             },
             _ => Router::Softmax,
         },

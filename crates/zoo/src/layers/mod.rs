@@ -40,6 +40,7 @@ macro_rules! attn_saved {
 mod block_cohere2;
 mod block_gpt2;
 mod block_llama;
+mod block_mla;
 mod block_neox;
 mod block_olmo2;
 mod block_phi;
@@ -55,6 +56,7 @@ use megatrain_tensor::{
 pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
 pub use block_llama::LlamaSaved;
+pub use block_mla::MlaSaved;
 pub use block_neox::NeoxSaved;
 pub use block_olmo2::Olmo2Saved;
 pub use block_phi::PhiSaved;
@@ -80,6 +82,7 @@ pub enum BlockSaved<T> {
     Phi(Box<PhiSaved<T>>),
     Cohere2(Box<Cohere2Saved<T>>),
     Neox(Box<NeoxSaved<T>>),
+    Mla(Box<MlaSaved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -120,6 +123,10 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_neox::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Neox(Box::new(s))))
         }
+        Arch::DeepseekV3 => {
+            let (y, s) = block_mla::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Mla(Box::new(s))))
+        }
         _ => {
             let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
@@ -135,6 +142,7 @@ impl<T> BlockSaved<T> {
         cfg.moe.as_ref()?.aux_loss_coef?;
         match self {
             BlockSaved::Llama(s) => s.router_stats(),
+            BlockSaved::Mla(s) => s.router_stats(),
             _ => None,
         }
     }
@@ -164,6 +172,9 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
+        BlockSaved::Mla(s) if cfg.arch == Arch::DeepseekV3 => {
+            block_mla::backward(cfg, ex, layer, w, s, dy, aux)
+        }
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy, aux)
         }

@@ -55,6 +55,8 @@ pub const CASES: &[&str] = &[
     "gpt_oss_mxfp4",
     "glm4_moe",
     "glm4_moe_plain",
+    "deepseek_v3",
+    "deepseek_v3_yarn",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
