@@ -128,6 +128,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "glm4_moe",
         "deepseek_v3",
         "deepseek_v3_yarn",
+        "deepseek_v2",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

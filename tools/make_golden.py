@@ -15,8 +15,11 @@ GPT-OSS (whose load-balancing loss transformers also sums in float32) every
 op of the forward and backward is checked to stay float64 (Float32Watch);
 likewise for GLM-4.5 and DeepSeek-V3, whose (identical) router
 transformers runs in float32 (patched to float64 here; the f32 router is
-checked to choose the same experts). DeepSeek-V3's checkpoints are also
-loaded back with from_pretrained and must reproduce the golden bit for bit.
+checked to choose the same experts), and for DeepSeek-V2, whose softmax
+router and complex-valued RoPE (complex64) transformers runs in float32
+(both patched likewise). DeepSeek-V3's and DeepSeek-V2's checkpoints are
+also loaded back with from_pretrained and must reproduce the golden bit for
+bit.
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -96,6 +99,8 @@ from transformers import (
     Glm4MoeForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
 )
 
 BATCH = 2
@@ -1330,6 +1335,106 @@ CASES = {
         12,
         torch.float32,
     ),
+    # DeepSeek-V2 (DeepseekV2ForCausalLM): DeepSeek-V3's multi-head latent
+    # attention (q through a rank-24 bottleneck, one 16-entry latent for
+    # every head's 8 key and 6 value entries, a 4-entry RoPE part of the key
+    # shared by the 4 heads, scores times 12^-1/2) with biases on q_a_proj,
+    # kv_a_proj_with_mqa and o_proj (attention_bias; q_b_proj and kv_b_proj
+    # have none); RoPE always on neighbouring pairs (2i, 2i+1) (transformers
+    # multiplies them as complex numbers). Block 0 dense, blocks 1-2 routed
+    # by DeepSeek-V2's router: a softmax over all 8 experts, then
+    # group_limited_greedy: of 4 groups of 2 experts the 2 with the largest
+    # best probability stay open, the top 3 probabilities within them chosen
+    # (with a group's merit its best probability, the top k of all never
+    # span more than k groups: topk_group < k for the limit to bind; it
+    # changes about half the tokens' choice here), their weights the
+    # probabilities times routed_scaling_factor 2.0 (not renormalised: the
+    # router ignores norm_topk_prob); two shared experts' width beside.
+    "deepseek_v2": (
+        DeepseekV2Config,
+        DeepseekV2ForCausalLM,
+        dict(
+            vocab_size=65,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            attention_bias=True,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=2,
+            routed_scaling_factor=2.0,
+            norm_topk_prob=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # DeepSeek-V2-Lite's shape of it: q_proj (no bias, no bottleneck), no
+    # attention biases, every block routed, greedy (the top 2 of 8
+    # probabilities, no groups: n_group and topk_group null), weights the
+    # probabilities as they are (routed_scaling_factor 1), one shared
+    # expert; DeepSeek's YaRN as deepseek_v3_yarn's (factor 4 over an
+    # original context of 16, θ 5, mscale 0.707 over mscale_all_dim 1.0:
+    # cos/sin times yarn(4, 0.707) / yarn(4, 1.0), scores times
+    # 10^-1/2 · yarn(4, 1.0)^2), on neighbouring pairs; v_head_dim 8 < 10.
+    "deepseek_v2_lite": (
+        DeepseekV2Config,
+        DeepseekV2ForCausalLM,
+        dict(
+            vocab_size=74,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            first_k_dense_replace=0,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=6,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            attention_bias=False,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            topk_method="greedy",
+            n_group=None,
+            topk_group=None,
+            n_shared_experts=1,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=5.0,
+                factor=4.0,
+                original_max_position_embeddings=16,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                mscale=0.707,
+                mscale_all_dim=1.0,
+            ),
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
@@ -1338,8 +1443,8 @@ MXFP4_CASES = {"gpt_oss_mxfp4"}
 # Model types whose every op of the forward and backward is checked to stay
 # float64 (Float32Watch), and those whose saved checkpoint is also reloaded
 # (from_pretrained in float64) to reproduce the golden bit for bit.
-WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3"}
-RELOADED = {"deepseek_v3"}
+WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3", "deepseek_v2"}
+RELOADED = {"deepseek_v3", "deepseek_v2"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1526,14 +1631,16 @@ def _glm4_moe_router64(self, hidden_states):
 
 # GLM-4.5's router and DeepSeek-V3's, the same (both cast to float32).
 SIGMOID_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")
+# Routers whose choice glm4_moe_route_report checks and reports on.
+REPORTED_ROUTERS = SIGMOID_ROUTERS + ("DeepseekV2TopkRouter",)
 
 
 def record_glm4_moe_routes(model):
-    """Wraps each GLM-4.5 (or DeepSeek-V3) router (after patch_float64) to keep its input;
+    """Wraps each GLM-4.5 (or DeepSeek-V3, DeepSeek-V2) router (after patch_float64) to keep its input;
     returns [(block name, router, inputs)] for glm4_moe_route_report."""
     routes = []
     for mname, m in model.named_modules():
-        if type(m).__name__ in SIGMOID_ROUTERS:
+        if type(m).__name__ in REPORTED_ROUTERS:
             inputs = []
             patched = m.forward
 
@@ -1557,6 +1664,9 @@ def glm4_moe_route_report(name, routes):
     lines = []
     for block, m, inputs in routes:
         (h,) = inputs
+        if type(m).__name__ == "DeepseekV2TopkRouter":
+            lines.append(deepseek_v2_route_report(name, block, m, h))
+            continue
         with torch.no_grad():
             logits, w, idx = _glm4_moe_router64(m, h)
             _, w32, idx32 = type(m).forward(m, h.to(torch.float32))
@@ -1583,6 +1693,109 @@ def glm4_moe_route_report(name, routes):
             lines.append(line)
     for line in lines:
         print(f"  {name}: {line}")
+
+
+def deepseek_v2_choose(probs, router):
+    """DeepSeek-V2's expert choice (DeepseekV2TopkRouter's) from the softmax
+    probabilities [T, E]: under "greedy" the top `top_k` of all; under
+    "group_limited_greedy" the `topk_group` of `n_group` equal groups with
+    the largest best probability stay open, the others' probabilities set
+    to 0, then the top `top_k`. Returns the indices and the probabilities
+    so masked."""
+    if router.topk_method == "greedy":
+        return torch.topk(probs, k=router.top_k, dim=-1, sorted=False)[1], probs
+    assert router.topk_method == "group_limited_greedy", router.topk_method
+    t, e = probs.shape
+    g = router.num_group
+    group_scores = probs.view(t, g, e // g).max(dim=-1).values
+    group_idx = torch.topk(group_scores, k=router.topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, g, e // g).reshape(-1, e)
+    masked = probs.masked_fill(~score_mask.bool(), 0.0)
+    return torch.topk(masked, k=router.top_k, dim=-1, sorted=False)[1], masked
+
+
+def _deepseek_v2_router64(self, hidden_states):
+    """DeepSeek-V2's router in the model's float64 (transformers casts the
+    hidden states and the weight to float32 and softmaxes in float32): a
+    softmax over all experts, the choice by deepseek_v2_choose, weights the
+    chosen probabilities times routed_scaling_factor (never renormalised)."""
+    hidden_states = hidden_states.view(-1, self.hidden_dim)
+    logits = F.linear(hidden_states, self.weight)
+    probs = _softmax(logits, dim=-1)
+    idx, _ = deepseek_v2_choose(probs, self)
+    return logits, probs.gather(1, idx) * self.routed_scaling_factor, idx
+
+
+def deepseek_v2_route_report(name, block, m, h):
+    """One routed block of DeepSeek-V2: checks the float64 router against
+    transformers' own (float32) one (same experts, weights to float32), and
+    reports how many tokens' choice the group limit changes (against the top
+    k of all probabilities) and the smallest gaps the choice rests on:
+    between a token's k-th and (k+1)-th probability within its open groups
+    (absolute, and relative to the k-th), and between its topk_group-th and
+    next group score (likewise)."""
+    with torch.no_grad():
+        logits, w, idx = _deepseek_v2_router64(m, h)
+        _, w32, idx32 = type(m).forward(m, h.to(torch.float32))
+        order, order32 = idx.sort(dim=-1), idx32.sort(dim=-1)
+        assert torch.equal(order.values, order32.values), f"{name}: f32 router chooses otherwise"
+        assert torch.allclose(w.gather(1, order.indices), w32.gather(1, order32.indices).to(w.dtype), rtol=1e-5, atol=1e-6)
+        probs = _softmax(logits, dim=-1)
+        k = m.top_k
+        per_token = lambda i: [tuple(r) for r in i.sort(dim=-1).values.tolist()]
+        ungrouped = per_token(torch.topk(probs, k, dim=-1)[1])
+        mine = per_token(idx)
+        by_group = sum(a != b for a, b in zip(mine, ungrouped))
+        _, masked = deepseek_v2_choose(probs, m)
+        top = masked.topk(k + 1, dim=-1)[0]
+        gap = top[:, k - 1] - top[:, k]
+        hit = len(set(idx.flatten().tolist()))
+        line = (
+            f"{block}: {len(mine)} tokens, {m.topk_method}, {hit} of {probs.shape[1]} experts chosen,"
+            + (f" group limit changes {by_group}," if m.topk_method == "group_limited_greedy" else "")
+            + f" min k/k+1 gap {float(gap.min()):.3e} (relative {float((gap / top[:, k - 1]).min()):.3e})"
+        )
+        if m.topk_method == "group_limited_greedy":
+            t, e = probs.shape
+            g = m.num_group
+            gs = probs.view(t, g, e // g).max(dim=-1).values.sort(dim=-1, descending=True).values
+            ggap = gs[:, m.topk_group - 1] - gs[:, m.topk_group]
+            line += (
+                f", min group gap {float(ggap.min()):.3e}"
+                f" (relative {float((ggap / gs[:, m.topk_group - 1]).min()):.3e})"
+            )
+    return line
+
+
+def _deepseek_v2_rope64(cfg, dim):
+    """DeepSeek-V2's rotary embedding in float64: transformers returns the
+    half-dim angles as complex numbers (torch.polar, complex64) times the
+    attention scaling (YaRN's); here complex128 with real part cos θ · att
+    and imaginary part sin θ · att."""
+
+    def forward(self, x, position_ids):
+        inv, att = inv_freq64(cfg, dim, int(position_ids.max()) + 1)
+        freqs = position_ids[..., None].to(torch.float64) * inv
+        return torch.complex(freqs.cos() * att, freqs.sin() * att)
+
+    return forward
+
+
+def _deepseek_v2_apply_rotary64(xq, xk, freqs_cis):
+    """DeepSeek-V2's apply_rotary_emb without its cast to float32 (complex64):
+    each neighbouring pair (x[2i], x[2i+1]) of the RoPE part, taken as the
+    complex number x[2i] + i x[2i+1], times freqs_cis[i] (cos + i sin, times
+    the attention scaling), written out in real arithmetic."""
+    cos, sin = freqs_cis.real.unsqueeze(1), freqs_cis.imag.unsqueeze(1)
+
+    def rotate(x):
+        pairs = x.reshape(*x.shape[:-1], -1, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+    return rotate(xq), rotate(xk)
 
 
 def _gpt_oss_rope64(cfg, dim):
@@ -1669,6 +1882,8 @@ def patch_float64(model):
             m.forward = types.MethodType(_router64, m)
         elif name in SIGMOID_ROUTERS:
             m.forward = types.MethodType(_glm4_moe_router64, m)
+        elif name == "DeepseekV2TopkRouter":
+            m.forward = types.MethodType(_deepseek_v2_router64, m)
         elif name in ("CohereLayerNorm", "Cohere2LayerNorm"):
             m.forward = types.MethodType(_cohere_ln64, m)
         elif name == "GptOssRotaryEmbedding":
@@ -1677,6 +1892,13 @@ def patch_float64(model):
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
             m.forward = types.MethodType(_gpt_oss_rope64(cfg, dim), m)
+        elif name == "DeepseekV2RotaryEmbedding":
+            dim = m.inv_freq.shape[0] * 2
+            inv, att = inv_freq64(cfg, dim)
+            assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
+            assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
+            m.forward = types.MethodType(_deepseek_v2_rope64(cfg, dim), m)
+            importlib.import_module(type(m).__module__).apply_rotary_emb = _deepseek_v2_apply_rotary64
         elif name.endswith("RotaryEmbedding") and hasattr(m, "rope_type") and isinstance(m.rope_type, dict):
             # OLMo 3, Gemma 3: one set of frequencies per block kind.
             kinds = {}
@@ -1832,9 +2054,13 @@ def check_mxfp4_load(case_dir: Path, model_cls, model, packed):
 # ---- float64 check and SwiGLU clamp shares ----------------------------------
 
 
+LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex32)
+
+
 class Float32Watch(torch.utils._python_dispatch.TorchDispatchMode):
     """Records every op (forward or backward) whose result holds a float32,
-    float16 or bfloat16 tensor: none may be left in a float64 reference."""
+    float16 or bfloat16 tensor (or a complex one of those, as DeepSeek-V2's
+    RoPE makes): none may be left in a float64 reference."""
 
     def __init__(self):
         super().__init__()
@@ -1843,7 +2069,7 @@ class Float32Watch(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         leaves = out if isinstance(out, (tuple, list)) else (out,)
-        if any(isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in leaves):
+        if any(isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION for t in leaves):
             self.ops.add(str(func))
         return out
 
@@ -1879,10 +2105,21 @@ def randomize(model, gen):
         for n, _ in model.named_buffers()
         if n.endswith("e_score_correction_bias")
     }
+    # DeepSeek-V2's routers, whose weights are the chosen softmax
+    # probabilities themselves (not renormalised over the top k).
+    unnormalised_routers = {
+        n + ".weight" for n, m in model.named_modules() if type(m).__name__ == "DeepseekV2TopkRouter"
+    }
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name in sigmoid_routers:
+            if name in unnormalised_routers:
+                # Logits around ±2 (hidden 32): every chosen probability
+                # large enough to matter (full randn leaves some tokens' k-th
+                # near 1e-7, and their weight is that probability), the
+                # choices still clear of rounding (make_case prints the gaps).
+                p.copy_(0.3 * r)
+            elif name in sigmoid_routers:
                 # Logits around ±2 (hidden 32-48): sigmoid scores spread over
                 # (0, 1), few saturated (full randn saturates a third and
                 # leaves their gradients near zero), still clear apart.
@@ -2005,8 +2242,8 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     model = model.to(torch.float64)
     model.eval()
     patch_float64(model)
-    # GPT-OSS, GLM-4.5, DeepSeek-V3: every op of the forward and backward
-    # checked to stay float64.
+    # GPT-OSS, GLM-4.5, DeepSeek-V3, DeepSeek-V2: every op of the forward
+    # and backward checked to stay float64.
     watch = Float32Watch() if cfg.model_type in WATCHED else None
     clamps = count_swiglu_clamps(model)
     routes = record_glm4_moe_routes(model)
@@ -2041,7 +2278,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         # The experts' weights as transformers dequantizes them.
         golden["dequant." + pname] = w.contiguous()
     golden.update(golden_grads(model, cfg, saved_names))
-    if cfg.model_type in ("glm4_moe", "deepseek_v3"):
+    if cfg.model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2"):
         lacking = sorted(saved_names - {k[5:] for k in golden if k.startswith("grad.")})
         assert not lacking, f"{name}: checkpoint tensors without a gradient: {lacking}"
     missing = [

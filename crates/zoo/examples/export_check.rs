@@ -108,6 +108,8 @@ fn main() -> AnyResult<()> {
         "glm4_moe_plain",
         "deepseek_v3",
         "deepseek_v3_yarn",
+        "deepseek_v2",
+        "deepseek_v2_lite",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -36,6 +36,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "deepseek-v3-tiny",
     "deepseek-v3",
     "kimi-k2",
+    "deepseek-v2-lite",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -558,6 +559,50 @@ fn deepseek_v3(name: &str, kimi: bool) -> Result<ModelConfig> {
     )
 }
 
+/// DeepSeek-V2-Lite (`deepseek-ai/DeepSeek-V2-Lite`'s config.json:
+/// 15.7 B parameters, 2.7 B read per token counting the embedding table's
+/// 0.2 B).
+fn deepseek_v2_lite() -> Result<ModelConfig> {
+    hf_preset(
+        "deepseek-v2-lite",
+        serde_json::json!({
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "vocab_size": 102400,
+            "hidden_size": 2048,
+            "intermediate_size": 10944,
+            "moe_intermediate_size": 1408,
+            "num_hidden_layers": 27,
+            "first_k_dense_replace": 1,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "q_lora_rank": null,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "max_position_embeddings": 163840,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 40,
+                "original_max_position_embeddings": 4096,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+            "n_routed_experts": 64,
+            "num_experts_per_tok": 6,
+            "n_shared_experts": 2,
+            "topk_method": "greedy",
+            "routed_scaling_factor": 1.0,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -637,6 +682,7 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "deepseek-v3-tiny" => deepseek_v3_tiny()?,
         "deepseek-v3" => deepseek_v3(name, false)?,
         "kimi-k2" => deepseek_v3(name, true)?,
+        "deepseek-v2-lite" => deepseek_v2_lite()?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

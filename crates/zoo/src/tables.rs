@@ -195,7 +195,7 @@ impl ModelConfig {
                     t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
                 }
             }
-            (LayerKind::Block(i), Arch::DeepseekV3) => {
+            (LayerKind::Block(i), Arch::DeepseekV2 | Arch::DeepseekV3) => {
                 let p = format!("model.layers.{i}");
                 self.push_mla(&mut t, &p)?;
                 t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;

@@ -1580,3 +1580,132 @@ fn glm4_moe_fields() {
         assert!(msg.contains(needle), "{needle}: {msg}");
     }
 }
+
+/// DeepSeek-V3 and V2 as their config classes read them: the latent
+/// attention's widths (q and k heads of nope + rope, all heads keyed),
+/// q's low-rank pair unless `q_lora_rank` is null, YaRN's `mscale_all_dim`
+/// on the scores' scale; V3's sigmoid router (8 groups, 4 open, ×2.5, the
+/// first 3 blocks dense), V2's softmax one by `topk_method`, its k
+/// required, an unknown method refused.
+#[test]
+fn deepseek_fields() {
+    let v3 = json!({
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+    });
+    let c = parse(v3.clone()).unwrap();
+    assert_eq!(c.arch, Arch::DeepseekV3);
+    assert_eq!(
+        (c.head_dim, c.num_kv_heads, c.max_position_embeddings),
+        (192, 4, 4096)
+    );
+    let m = c.mla.unwrap();
+    assert_eq!(
+        (
+            m.q_lora_rank,
+            m.kv_lora_rank,
+            m.qk_nope,
+            m.qk_rope,
+            m.v_head_dim,
+            m.rope_interleave
+        ),
+        (Some(1536), 512, 128, 64, 128, true)
+    );
+    assert!((m.softmax_scale(&c.rope_scaling) - 192f64.powf(-0.5)).abs() < 1e-15);
+    let moe = c.moe.unwrap();
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.top_k,
+            moe.expert_size,
+            moe.shared_expert,
+            moe.shared_gated
+        ),
+        (256, 8, 2048, Some(2048), false)
+    );
+    assert_eq!(
+        moe.router,
+        Router::Sigmoid {
+            groups: 8,
+            topk_groups: 4,
+            scale: 2.5
+        }
+    );
+    assert!(!moe.routes(2) && moe.routes(3));
+
+    let with = |base: &Value, extra: Value| {
+        let mut v = base.clone();
+        for (k, x) in extra.as_object().unwrap() {
+            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
+        }
+        v
+    };
+    let yarn = json!({"rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+        "mscale": 1.0, "mscale_all_dim": 1.0}, "q_lora_rank": null, "rope_interleave": false});
+    let c = parse(with(&v3, yarn)).unwrap();
+    let m = c.mla.unwrap();
+    assert_eq!((m.q_lora_rank, m.rope_interleave), (None, false));
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    let want = 192f64.powf(-0.5) * mscale * mscale;
+    assert!((m.softmax_scale(&c.rope_scaling) - want).abs() < 1e-15);
+    let names: Vec<String> = c.layer_table(4).unwrap().iter().map(|p| p.name.clone()).collect();
+    assert!(names.contains(&"model.layers.3.self_attn.q_proj.weight".to_string()));
+    assert!(!names.iter().any(|n| n.contains("q_a_proj")));
+    let back = parse(c.to_hf_json("float32")).unwrap();
+    assert_eq!((back.mla, back.moe), (c.mla, c.moe));
+
+    let v2 = with(
+        &v3,
+        json!({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+            "num_experts_per_tok": 6, "rope_interleave": false}),
+    );
+    let c = parse(v2.clone()).unwrap();
+    let (m, moe) = (c.mla.unwrap(), c.moe.unwrap());
+    assert!(
+        m.rope_interleave,
+        "DeepSeek-V2 rotates in pairs whatever is written"
+    );
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.top_k,
+            moe.expert_size,
+            moe.shared_expert,
+            moe.norm_topk
+        ),
+        (64, 6, 1407, Some(2814), false)
+    );
+    assert_eq!(
+        moe.router,
+        Router::SoftmaxGroups {
+            groups: 1,
+            topk_groups: 1,
+            scale: 1.0
+        }
+    );
+    assert!(moe.routes(0), "no dense block unless first_k_dense_replace says");
+    let grouped = json!({"topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3,
+        "routed_scaling_factor": 16.0});
+    let c = parse(with(&v2, grouped)).unwrap();
+    assert_eq!(
+        c.moe.as_ref().unwrap().router,
+        Router::SoftmaxGroups {
+            groups: 8,
+            topk_groups: 3,
+            scale: 16.0
+        }
+    );
+    let back = parse(c.to_hf_json("float32")).unwrap();
+    assert_eq!(back.moe, c.moe);
+    assert!(bad_msg(with(&v2, json!({"topk_method": "noaux_tc"}))).contains("noaux_tc"));
+    let mut no_k = v2;
+    no_k.as_object_mut().unwrap().remove("num_experts_per_tok");
+    assert!(bad_msg(no_k).contains("num_experts_per_tok"));
+}

@@ -186,9 +186,14 @@ fn the_window_cases_depend_on_their_window() {
     }
     fn ungrouped(c: &mut ModelConfig) -> bool {
         match c.moe.as_mut().map(|m| &mut m.router) {
-            Some(Router::Sigmoid {
-                groups, topk_groups, ..
-            }) if *groups > 1 => {
+            Some(
+                Router::Sigmoid {
+                    groups, topk_groups, ..
+                }
+                | Router::SoftmaxGroups {
+                    groups, topk_groups, ..
+                },
+            ) if *groups > 1 => {
                 (*groups, *topk_groups) = (1, 1);
                 true
             }
@@ -197,7 +202,7 @@ fn the_window_cases_depend_on_their_window() {
     }
     fn unscaled_routes(c: &mut ModelConfig) -> bool {
         match c.moe.as_mut().map(|m| &mut m.router) {
-            Some(Router::Sigmoid { scale, .. }) if *scale != 1.0 => {
+            Some(Router::Sigmoid { scale, .. } | Router::SoftmaxGroups { scale, .. }) if *scale != 1.0 => {
                 *scale = 1.0;
                 true
             }
@@ -214,7 +219,7 @@ fn the_window_cases_depend_on_their_window() {
             .as_mut()
             .is_some_and(|m| std::mem::take(&mut m.rope_interleave))
     }
-    let cases: [(&str, Drop); 39] = [
+    let cases: [(&str, Drop); 41] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -254,6 +259,8 @@ fn the_window_cases_depend_on_their_window() {
         ("deepseek_v3", ungrouped),
         ("deepseek_v3_yarn", unscaled_scores),
         ("deepseek_v3_yarn", plain_rope),
+        ("deepseek_v2", ungrouped),
+        ("deepseek_v2", unscaled_routes),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

@@ -29,6 +29,7 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("glm-4.5", 352_797_829_024),
         ("deepseek-v3", 671_026_419_200),
         ("kimi-k2", 1_026_408_232_448),
+        ("deepseek-v2-lite", 15_706_484_224),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -57,6 +58,8 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         // DeepSeek-V3's published 671 B and 37 B; Kimi K2's 1 T and 32 B.
         ("deepseek-v3", 37_552_297_472),
         ("kimi-k2", 32_861_500_928),
+        // DeepSeek-V2-Lite's 2.4 B leaves out the embedding table (0.21 B).
+        ("deepseek-v2-lite", 2_661_150_208),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }

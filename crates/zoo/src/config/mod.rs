@@ -123,6 +123,11 @@ pub enum Arch {
     /// and GLM-4.5's routed MLP (DeepSeek-V3's router, ungated shared
     /// experts, dense first blocks).
     DeepseekV3,
+    /// DeepSeek-V2 (`deepseek_v2`: DeepSeek-V2, V2-Lite, V2.5): DeepSeek-V3's
+    /// block and latent attention (RoPE always in pairs), its router a
+    /// softmax with DeepSeek-V2's group limit and scale
+    /// ([`Router::SoftmaxGroups`]).
+    DeepseekV2,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -132,7 +137,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
                          OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
-                         Glm4MoeForCausalLM, DeepseekV3ForCausalLM";
+                         Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -147,7 +152,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 27] = [
+    pub const ALL: [Arch; 28] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -175,6 +180,7 @@ impl Arch {
         Arch::GptOss,
         Arch::Glm4Moe,
         Arch::DeepseekV3,
+        Arch::DeepseekV2,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -206,6 +212,7 @@ impl Arch {
             Arch::GptOss => "GptOssForCausalLM",
             Arch::Glm4Moe => "Glm4MoeForCausalLM",
             Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Arch::DeepseekV2 => "DeepseekV2ForCausalLM",
         }
     }
 
@@ -238,6 +245,7 @@ impl Arch {
             Arch::GptOss => "gpt_oss",
             Arch::Glm4Moe => "glm4_moe",
             Arch::DeepseekV3 => "deepseek_v3",
+            Arch::DeepseekV2 => "deepseek_v2",
         }
     }
 
@@ -329,6 +337,11 @@ impl Arch {
     /// (the Llama family's others norm each head).
     pub fn has_full_qk_norms(self) -> bool {
         self == Arch::Olmoe
+    }
+
+    /// DeepSeek-V2's and V3's multi-head latent attention ([`Mla`]).
+    pub fn has_mla(self) -> bool {
+        matches!(self, Arch::DeepseekV2 | Arch::DeepseekV3)
     }
 
     /// GPT-OSS's learned logit per query head (`self_attn.sinks`), which
@@ -894,8 +907,8 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("use_qk_norm".into(), json!(self.qk_norm));
             }
-            Arch::DeepseekV3 => {
-                let m = self.mla.expect("DeepSeek-V3's attention is latent");
+            Arch::DeepseekV2 | Arch::DeepseekV3 => {
+                let m = self.mla.expect("DeepSeek's attention is latent");
                 // DeepseekV3Config's head_dim is the rotated part's, set by itself.
                 obj.remove("head_dim");
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
@@ -904,7 +917,9 @@ impl ModelConfig {
                 obj.insert("qk_nope_head_dim".into(), json!(m.qk_nope));
                 obj.insert("qk_rope_head_dim".into(), json!(m.qk_rope));
                 obj.insert("v_head_dim".into(), json!(m.v_head_dim));
-                obj.insert("rope_interleave".into(), json!(m.rope_interleave));
+                if self.arch == Arch::DeepseekV3 {
+                    obj.insert("rope_interleave".into(), json!(m.rope_interleave));
+                }
                 if let Some(r) = obj.get_mut("rope_scaling").and_then(Value::as_object_mut) {
                     r.insert("mscale_all_dim".into(), json!(m.mscale_all_dim));
                 }
@@ -1087,14 +1102,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let heads = f.req_usize("num_attention_heads")?;
     // DeepSeek-V3's latent attention has a k and v for every head.
     let kv_heads = match arch {
-        Arch::DeepseekV3 => heads,
+        Arch::DeepseekV2 | Arch::DeepseekV3 => heads,
         _ => f.opt_usize("num_key_value_heads")?.unwrap_or(heads),
     };
     let head_dim = match f.opt_usize("head_dim")? {
         // Cohere2Config sets hidden / heads whatever is written.
         _ if arch == Arch::Cohere2 && hidden % heads == 0 => hidden / heads,
         // DeepSeek-V3's q and k heads (its `head_dim` is the rotated part's).
-        _ if arch == Arch::DeepseekV3 => {
+        _ if arch.has_mla() => {
             f.opt_usize("qk_nope_head_dim")?.unwrap_or(128) + f.opt_usize("qk_rope_head_dim")?.unwrap_or(64)
         }
         Some(d) => d,
@@ -1245,7 +1260,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // Glm4MoeConfig's attention_bias is q, k and v's (o_proj has none).
         Arch::Glm4Moe => (attention_bias, false, false),
         // DeepSeek-V3's: q_a_proj's and kv_a_proj_with_mqa's, and o_proj's.
-        Arch::DeepseekV3 => (attention_bias, attention_bias, false),
+        Arch::DeepseekV2 | Arch::DeepseekV3 => {
+            if f.opt_bool("mlp_bias")?.unwrap_or(false) {
+                return Err(f.unsupported("mlp_bias = true for DeepSeek-V2 (its released models have none)"));
+            }
+            (attention_bias, attention_bias, false)
+        }
         // GlmConfig's attention_bias (true unless written) is q, k and v's.
         Arch::Glm | Arch::Glm4 => (f.opt_bool("attention_bias")?.unwrap_or(true), false, false),
         Arch::Starcoder2 => {
@@ -1355,14 +1375,15 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         text_of: None,
         moe: moe::parse(f, arch, layers)?,
         mla: match arch {
-            Arch::DeepseekV3 => Some(parse_mla(f)?),
+            Arch::DeepseekV2 | Arch::DeepseekV3 => Some(parse_mla(f, arch)?),
             _ => None,
         },
     })
 }
 
-/// DeepSeek-V3's attention fields (DeepseekV3Config's defaults).
-fn parse_mla(f: &Fields) -> Result<Mla> {
+/// DeepSeek's attention fields (DeepseekV3Config's and DeepseekV2Config's
+/// defaults; V2 rotates in pairs always).
+fn parse_mla(f: &Fields, arch: Arch) -> Result<Mla> {
     let q_lora_rank = match f.obj.get("q_lora_rank") {
         None => Some(1536),
         Some(Value::Null) => None,
@@ -1388,7 +1409,7 @@ fn parse_mla(f: &Fields) -> Result<Mla> {
         qk_nope: nope,
         qk_rope: rope,
         v_head_dim: f.opt_usize("v_head_dim")?.unwrap_or(128),
-        rope_interleave: f.opt_bool("rope_interleave")?.unwrap_or(true),
+        rope_interleave: arch == Arch::DeepseekV2 || f.opt_bool("rope_interleave")?.unwrap_or(true),
         mscale_all_dim,
     })
 }

@@ -46,6 +46,16 @@ pub struct Moe {
 /// A router's scoring and choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Router {
+    /// DeepSeek-V2's: the softmax over every expert; the k most probable
+    /// among the experts of the `topk_groups` best of `groups` equal
+    /// groups (a group's merit: its most probable expert; `topk_method`
+    /// `greedy` is one group), their probabilities times `scale`
+    /// (`routed_scaling_factor`), never renormalised.
+    SoftmaxGroups {
+        groups: usize,
+        topk_groups: usize,
+        scale: f64,
+    },
     /// The softmax of the scores over every expert, the k most probable
     /// (Mixtral, the Qwen MoEs, OLMoE, GPT-OSS).
     Softmax,
@@ -91,6 +101,11 @@ impl Moe {
             return Err("shared_expert_intermediate_size must be positive".into());
         }
         if let Router::Sigmoid {
+            groups,
+            topk_groups,
+            scale,
+        }
+        | Router::SoftmaxGroups {
             groups,
             topk_groups,
             scale,
@@ -150,15 +165,28 @@ impl Moe {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
             }
-            Arch::Glm4Moe | Arch::DeepseekV3 => {
-                let Router::Sigmoid {
+            Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2 => {
+                let (Router::Sigmoid {
                     groups,
                     topk_groups,
                     scale,
-                } = self.router
+                }
+                | Router::SoftmaxGroups {
+                    groups,
+                    topk_groups,
+                    scale,
+                }) = self.router
                 else {
-                    unreachable!("GLM-4.5's and DeepSeek-V3's router is DeepSeek-V3's")
+                    unreachable!("GLM-4.5's and DeepSeek's routers are DeepSeek's")
                 };
+                if arch == Arch::DeepseekV2 {
+                    let method = if groups > 1 {
+                        "group_limited_greedy"
+                    } else {
+                        "greedy"
+                    };
+                    obj.insert("topk_method".into(), json!(method));
+                }
                 obj.insert("n_routed_experts".into(), json!(self.num_experts));
                 obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
                 obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
@@ -242,6 +270,17 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                 Some((0..layers).map(|i| i >= dense).collect()),
             )
         }
+        // DeepseekV2Config: k has no default; its router never renormalises.
+        Arch::DeepseekV2 => {
+            let dense = f.opt_usize("first_k_dense_replace")?.unwrap_or(0);
+            (
+                experts(f, "n_routed_experts", "num_local_experts")?.unwrap_or(64),
+                f.req_usize("num_experts_per_tok")?,
+                f.opt_usize("moe_intermediate_size")?.unwrap_or(1407),
+                false,
+                Some((0..layers).map(|i| i >= dense).collect()),
+            )
+        }
         Arch::Olmoe => (
             experts(f, "num_experts", "num_local_experts")?.unwrap_or(64),
             f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
@@ -292,7 +331,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
     // transformers adds the routers' load-balancing loss only under
     // output_router_logits; the config classes' coefficients unless written.
     // (Glm4MoeForCausalLM and DeepseekV3ForCausalLM add none whatever it says.)
-    let sigmoid = matches!(arch, Arch::Glm4Moe | Arch::DeepseekV3);
+    let sigmoid = matches!(arch, Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2);
     let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) && !sigmoid {
         true => {
             let default = if arch == Arch::Olmoe { 0.01 } else { 0.001 };
@@ -316,7 +355,10 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         aux_loss_coef,
         shared_expert: match arch {
             Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
-            Arch::Glm4Moe | Arch::DeepseekV3 => match f.opt_usize("n_shared_experts")?.unwrap_or(1) {
+            Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2 => match f
+                .opt_usize("n_shared_experts")?
+                .unwrap_or(if arch == Arch::DeepseekV2 { 2 } else { 1 })
+            {
                 0 => None,
                 n => Some(n * expert_size),
             },
@@ -331,6 +373,26 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                     .opt_f64("routed_scaling_factor")?
                     .unwrap_or(if v3 { 2.5 } else { 1.0 }),
             },
+            (Arch::DeepseekV2, _) => {
+                let scale = f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0);
+                match f.opt_str("topk_method")?.unwrap_or("greedy") {
+                    "greedy" => Router::SoftmaxGroups {
+                        groups: 1,
+                        topk_groups: 1,
+                        scale,
+                    },
+                    "group_limited_greedy" => Router::SoftmaxGroups {
+                        groups: f.req_usize("n_group")?,
+                        topk_groups: f.req_usize("topk_group")?,
+                        scale,
+                    },
+                    other => {
+                        return Err(f.unsupported(format!(
+                            "topk_method '{other}' (implemented: greedy, group_limited_greedy)"
+                        )));
+                    }
+                }
+            }
             _ => Router::Softmax,
         },
         clamped: match arch {

@@ -123,7 +123,7 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_neox::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Neox(Box::new(s))))
         }
-        Arch::DeepseekV3 => {
+        Arch::DeepseekV2 | Arch::DeepseekV3 => {
             let (y, s) = block_mla::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Mla(Box::new(s))))
         }
@@ -172,9 +172,7 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Phi(s) if cfg.arch == Arch::Phi => block_phi::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
-        BlockSaved::Mla(s) if cfg.arch == Arch::DeepseekV3 => {
-            block_mla::backward(cfg, ex, layer, w, s, dy, aux)
-        }
+        BlockSaved::Mla(s) if cfg.arch.has_mla() => block_mla::backward(cfg, ex, layer, w, s, dy, aux),
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy, aux)
         }

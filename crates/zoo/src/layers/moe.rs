@@ -337,6 +337,7 @@ pub(crate) fn forward<E: Executor>(
     let (probs, picks, weights) = match moe.router {
         Router::Softmax => route(&host, n, moe),
         Router::Sigmoid { .. } => route_sigmoid(&host, &correction, n, moe),
+        Router::SoftmaxGroups { .. } => route_softmax_groups(&host, n, moe),
     };
     // Each expert's rows (ascending), their weights and ranks.
     let mut serves: Vec<(Vec<u32>, Vec<f64>, Vec<usize>)> = vec![Default::default(); l.count];
@@ -496,6 +497,11 @@ pub(crate) fn backward<E: Executor>(
     let dscores = match moe.router {
         Router::Softmax => router_backward(&s.probs, &s.picks, &dweights, aux, n, moe),
         Router::Sigmoid { .. } => sigmoid_router_backward(&s.probs, &s.picks, &dweights, n, moe),
+        // w = scale · p, never renormalised (`norm_topk` is false).
+        Router::SoftmaxGroups { scale, .. } => {
+            let scaled: Vec<f64> = dweights.iter().map(|d| d * scale).collect();
+            router_backward(&s.probs, &s.picks, &scaled, aux, n, moe)
+        }
     };
     let ds = ex.upload_slice(&shape(&[n, ne]), HostSlice::F32(&dscores))?;
     let gr = ex.matmul_backward_da_into(
@@ -608,6 +614,52 @@ fn route_sigmoid(logits: &[f64], bias: &[f64], n: usize, moe: &Moe) -> (Vec<f64>
         }
     }
     (scores, picks, weights)
+}
+
+/// DeepSeek-V2's routing ([`Router::SoftmaxGroups`]) of `n` tokens from
+/// their router scores: each token's softmax `[N, E]`, its k most probable
+/// experts among those of its best groups (ties to the lower index), and
+/// their probabilities times the scale.
+fn route_softmax_groups(scores: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<usize>, Vec<f64>) {
+    let Router::SoftmaxGroups {
+        groups,
+        topk_groups,
+        scale,
+    } = moe.router
+    else {
+        unreachable!("a grouped softmax router's routing")
+    };
+    // Every probability, and the k most probable of all (one group).
+    let plain = Moe {
+        top_k: moe.num_experts,
+        norm_topk: false,
+        ..moe.clone()
+    };
+    let (probs, _, _) = route(scores, n, &plain);
+    let (e, k) = (moe.num_experts, moe.top_k);
+    let per = e / groups;
+    let mut picks = vec![0usize; n * k];
+    let mut weights = vec![0.0f64; n * k];
+    let best = |v: &[f64], a: &usize, b: &usize| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
+    for t in 0..n {
+        let p = &probs[t * e..(t + 1) * e];
+        let merit: Vec<f64> = p
+            .chunks(per)
+            .map(|g| g.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x)))
+            .collect();
+        let mut order: Vec<usize> = (0..groups).collect();
+        order.sort_by(|a, b| best(&merit, a, b));
+        let mut open: Vec<usize> = order[..topk_groups]
+            .iter()
+            .flat_map(|&g| g * per..(g + 1) * per)
+            .collect();
+        open.sort_by(|a, b| best(p, a, b));
+        for (j, &x) in open[..k].iter().enumerate() {
+            picks[t * k + j] = x;
+            weights[t * k + j] = scale * p[x];
+        }
+    }
+    (probs, picks, weights)
 }
 
 /// [`router_backward`] of DeepSeek-V3's routing: from the gradients of
@@ -749,6 +801,45 @@ mod tests {
                     got[i]
                 );
             }
+        }
+    }
+
+    /// DeepSeek-V2's grouped softmax: two groups of three, one open, the
+    /// weights scaled; its backward (the softmax router's of the scaled
+    /// weights' gradients) against finite differences.
+    #[test]
+    fn softmax_groups_limit_the_choice_and_backward_matches_finite_differences() {
+        let logits = [0.3, -1.2, 0.9, 0.1, 2.0, -0.4, 0.05, 0.7, -0.3, 1.1, 0.6, 0.65];
+        let (n, k) = (2, 2);
+        let coef = [0.7f64, -1.3, 0.4, 2.1];
+        let mut m = moe(6, k, false);
+        m.router = Router::SoftmaxGroups {
+            groups: 2,
+            topk_groups: 1,
+            scale: 2.0,
+        };
+        let (probs, picks, w) = route_softmax_groups(&logits, n, &m);
+        // Token 0: group 1 holds the best expert (4), so 4 and 3 rather than 4 and 2.
+        assert_eq!(picks[..2], [4, 3]);
+        assert!((w[0] - 2.0 * probs[4]).abs() < 1e-15);
+        let loss = |z: &[f64]| {
+            let (_, pk, w) = route_softmax_groups(z, n, &m);
+            assert_eq!(pk, picks, "the step must not change the choice");
+            w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
+        };
+        let scaled: Vec<f64> = coef.iter().map(|c| c * 2.0).collect();
+        let got = router_backward(&probs, &picks, &scaled, None, n, &m);
+        for i in 0..logits.len() {
+            let h = 1e-6;
+            let (mut up, mut dn) = (logits, logits);
+            up[i] += h;
+            dn[i] -= h;
+            let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
+            assert!(
+                (fd - got[i] as f64).abs() < 1e-6,
+                "logit {i}: fd {fd} vs {}",
+                got[i]
+            );
         }
     }
 

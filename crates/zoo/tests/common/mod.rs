@@ -57,6 +57,8 @@ pub const CASES: &[&str] = &[
     "glm4_moe_plain",
     "deepseek_v3",
     "deepseek_v3_yarn",
+    "deepseek_v2",
+    "deepseek_v2_lite",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
