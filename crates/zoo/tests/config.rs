@@ -395,6 +395,15 @@ fn bad_msg(v: Value) -> String {
     parse(v).unwrap_err().to_string()
 }
 
+/// `base` with the fields of `extra` written over it.
+fn with_fields(base: &Value, extra: Value) -> Value {
+    let mut v = base.clone();
+    for (k, x) in extra.as_object().unwrap() {
+        v.as_object_mut().unwrap().insert(k.clone(), x.clone());
+    }
+    v
+}
+
 #[test]
 fn generated_config_parses_back() {
     for name in megatrain_zoo::PRESET_NAMES {
@@ -1450,13 +1459,7 @@ fn gpt_oss_fields() {
     assert!(!hf.iter().any(|p| p.name.contains("experts.0.")));
 
     // The Hub's alias for k, a conflict named; the clamp's constants.
-    let with = |extra: Value| {
-        let mut v = g.clone();
-        for (k, x) in extra.as_object().unwrap() {
-            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
-        }
-        v
-    };
+    let with = |extra: Value| with_fields(&g, extra);
     let c = parse(with(json!({"experts_per_token": 2, "swiglu_limit": 3.5}))).unwrap();
     let m = c.moe.unwrap();
     assert_eq!((m.top_k, m.clamped.unwrap().limit), (2, 3.5));
@@ -1542,13 +1545,7 @@ fn glm4_moe_fields() {
     }
     assert!(!names.iter().any(|n| n.contains("shared_expert_gate")));
 
-    let with = |extra: Value| {
-        let mut v = g.clone();
-        for (k, x) in extra.as_object().unwrap() {
-            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
-        }
-        v
-    };
+    let with = |extra: Value| with_fields(&g, extra);
     let c = parse(with(json!({
         "attention_bias": true, "use_qk_norm": true, "n_routed_experts": 16, "n_group": 4,
         "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 2,
@@ -1640,13 +1637,7 @@ fn deepseek_fields() {
     );
     assert!(!moe.routes(2) && moe.routes(3));
 
-    let with = |base: &Value, extra: Value| {
-        let mut v = base.clone();
-        for (k, x) in extra.as_object().unwrap() {
-            v.as_object_mut().unwrap().insert(k.clone(), x.clone());
-        }
-        v
-    };
+    let with = with_fields;
     let yarn = json!({"rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
         "mscale": 1.0, "mscale_all_dim": 1.0}, "q_lora_rank": null, "rope_interleave": false});
     let c = parse(with(&v3, yarn)).unwrap();

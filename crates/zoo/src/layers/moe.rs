@@ -716,6 +716,23 @@ mod tests {
         }
     }
 
+    /// `got` (a router's backward) against central differences of `loss`
+    /// at `scores`, to 1e-6; `what` names the case.
+    fn check_fd(what: &str, scores: &[f64], got: &[f32], loss: impl Fn(&[f64]) -> f64) {
+        for i in 0..scores.len() {
+            let h = 1e-6;
+            let (mut up, mut dn) = (scores.to_vec(), scores.to_vec());
+            up[i] += h;
+            dn[i] -= h;
+            let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
+            assert!(
+                (fd - got[i] as f64).abs() < 1e-6,
+                "{what} score {i}: fd {fd} vs {}",
+                got[i]
+            );
+        }
+    }
+
     /// The loss `Σ c_j w_j` of the routing weights, plus `Σ a_e p_e` of
     /// every probability where a load-balancing gradient `a` is given, by
     /// finite differences of the scores against `router_backward`, with
@@ -746,18 +763,7 @@ mod tests {
                 w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>() + a
             };
             let got = router_backward(&probs, &picks, &coef, aux.map(|a| a.as_slice()), n, &m);
-            for i in 0..scores.len() {
-                let h = 1e-6;
-                let (mut up, mut dn) = (scores, scores);
-                up[i] += h;
-                dn[i] -= h;
-                let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
-                assert!(
-                    (fd - got[i] as f64).abs() < 1e-6,
-                    "norm {norm} score {i}: fd {fd} vs {}",
-                    got[i]
-                );
-            }
+            check_fd(&format!("norm {norm}"), &scores, &got, loss);
         }
     }
 
@@ -789,18 +795,7 @@ mod tests {
                 w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>()
             };
             let got = sigmoid_router_backward(&scores, &picks, &coef, n, &m);
-            for i in 0..logits.len() {
-                let h = 1e-6;
-                let (mut up, mut dn) = (logits, logits);
-                up[i] += h;
-                dn[i] -= h;
-                let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
-                assert!(
-                    (fd - got[i] as f64).abs() < 1e-6,
-                    "norm {norm} logit {i}: fd {fd} vs {}",
-                    got[i]
-                );
-            }
+            check_fd(&format!("norm {norm}"), &logits, &got, loss);
         }
     }
 
@@ -829,18 +824,7 @@ mod tests {
         };
         let scaled: Vec<f64> = coef.iter().map(|c| c * 2.0).collect();
         let got = router_backward(&probs, &picks, &scaled, None, n, &m);
-        for i in 0..logits.len() {
-            let h = 1e-6;
-            let (mut up, mut dn) = (logits, logits);
-            up[i] += h;
-            dn[i] -= h;
-            let fd = (loss(&up) - loss(&dn)) / (2.0 * h);
-            assert!(
-                (fd - got[i] as f64).abs() < 1e-6,
-                "logit {i}: fd {fd} vs {}",
-                got[i]
-            );
-        }
+        check_fd("grouped softmax", &logits, &got, loss);
     }
 
     #[test]
