@@ -113,6 +113,9 @@ SWIGLU_LIMIT_GPT_OSS = 0.6
 SWIGLU_LIMIT_GPT_OSS_MXFP4 = 0.4
 
 # name: (config class, model class, config kwargs, seq, stored dtype)
+# A case's seed is 1000 + its place here: append new cases, or every case
+# after the new one draws other weights (olmo2's and qwen3_moe_raw's
+# committed fixtures were made at an earlier place, seeds 1009 and 1034).
 CASES = {
     # GPT-2, tied embeddings, Conv1D weights, learned positions.
     "gpt2": (
@@ -2224,6 +2227,10 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     model = model_cls(cfg).to(torch.float32)
     randomize(model, gen)
     packed = mxfp4_experts(model, gen) if name in MXFP4_CASES else {}
+    # RoPE's inverse frequencies as transformers forms them (float32), which
+    # the conversions below would round to a bf16 / f16 stored dtype:
+    # patch_float64 checks its float64 port against these.
+    inv_freqs = {n: b.clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
     # Round the weights to the stored dtype so that the float64 reference
     # runs on exactly the values in the file.
     model = model.to(store_dtype)
@@ -2240,6 +2247,8 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         check_mxfp4_load(case_dir, model_cls, model, packed)
 
     model = model.to(torch.float64)
+    for n, b in inv_freqs.items():
+        model.get_buffer(n).copy_(b)
     model.eval()
     patch_float64(model)
     # GPT-OSS, GLM-4.5, DeepSeek-V3, DeepSeek-V2: every op of the forward
