@@ -635,3 +635,62 @@ fn plan_reports_host_and_device_bytes() {
         "{text}"
     );
 }
+
+/// GLM-4.5's router correction bias (a checkpoint tensor transformers
+/// keeps as a buffer) takes no gradient: a run from the fixture's
+/// checkpoint saves it exactly as loaded, while the router beside it
+/// learns.
+#[test]
+fn a_routers_correction_bias_is_kept_as_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = corpus(dir.path());
+    let out = dir.path().join("run");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/glm4_moe");
+    let args = [
+        "train",
+        "--model",
+        s(&model),
+        "--tokenizer",
+        "char",
+        "--data",
+        s(&data),
+        "--out",
+        s(&out),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "8",
+        "--batch",
+        "2",
+        "--steps",
+        "3",
+        "--lr",
+        "1e-2",
+        "--eval-every",
+        "0",
+        "--quiet",
+    ];
+    let r = run(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    let (before, after) = (
+        read(&model.join("model.safetensors")),
+        read(&out.join("ckpt-3/model.safetensors")),
+    );
+    let (before, after) = (
+        safetensors::SafeTensors::deserialize(&before).unwrap(),
+        safetensors::SafeTensors::deserialize(&after).unwrap(),
+    );
+    for block in [1, 2] {
+        let bias = format!("model.layers.{block}.mlp.gate.e_score_correction_bias");
+        let router = format!("model.layers.{block}.mlp.gate.weight");
+        let (b0, b1) = (before.tensor(&bias).unwrap(), after.tensor(&bias).unwrap());
+        assert_eq!(b0.data(), b1.data(), "{bias} moved");
+        assert!(b0.data().iter().any(|&x| x != 0), "{bias} is not all zeros");
+        assert_ne!(
+            before.tensor(&router).unwrap().data(),
+            after.tensor(&router).unwrap().data(),
+            "{router} did not learn"
+        );
+    }
+}
