@@ -766,6 +766,20 @@ fn mixtral_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     f16_training_follows(|| GpuExecutor::new(ctx.clone()), &common::mixtral_tiny(2), 4e-4);
 }
 
+/// The same for GPT-OSS's block (attention sinks, the clamped SwiGLU of an
+/// interleaved gate/up product, products of `[in, out]` weights with
+/// biases) and DeepSeek-V3's (latent attention with its zero padding and
+/// the shared key's product with stacked identities, the sigmoid router),
+/// at mixtral-tiny's bound.
+#[test]
+fn gpt_oss_and_deepseek_v3_f16_training_follows_f32_and_the_cpu_f16_reference() {
+    let Some(ctx) = common::ctx() else { return };
+    for name in ["gpt-oss-tiny", "deepseek-v3-tiny"] {
+        let model = megatrain_zoo::preset(name, None).unwrap();
+        f16_training_follows(|| GpuExecutor::new(ctx.clone()), &model, 4e-4);
+    }
+}
+
 /// Trains `model` for 20 steps in f32 and f16 on executors `gpu` makes and
 /// in f16 on the CPU; checks the losses against each other and returns the
 /// bytes the f16 run's device copied from registered host memory.
