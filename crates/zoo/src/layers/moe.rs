@@ -260,20 +260,13 @@ impl RouterAux {
 /// `norm_topk`).
 fn route(scores: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<usize>, Vec<f64>) {
     let (e, k) = (moe.num_experts, moe.top_k);
-    let mut probs = vec![0.0f64; n * e];
+    let probs = softmax_rows(scores, e);
     let mut picks = vec![0usize; n * k];
     let mut weights = vec![0.0f64; n * k];
     for t in 0..n {
-        let row = &scores[t * e..(t + 1) * e];
-        let p = &mut probs[t * e..(t + 1) * e];
-        let max = row.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
-        p.iter_mut().zip(row).for_each(|(p, &s)| *p = (s - max).exp());
-        let sum: f64 = p.iter().sum();
-        p.iter_mut().for_each(|p| *p /= sum);
+        let p = &probs[t * e..(t + 1) * e];
         let mut order: Vec<usize> = (0..e).collect();
-        // total_cmp orders a NaN (a diverged run's) above every number:
-        // the pick is still some k distinct experts.
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        order.sort_by(|a, b| best_first(p, a, b));
         let chosen = &order[..k];
         let total: f64 = chosen.iter().map(|&x| p[x]).sum();
         for (j, &x) in chosen.iter().enumerate() {
@@ -285,6 +278,39 @@ fn route(scores: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<usize>, Vec<f64>
         }
     }
     (probs, picks, weights)
+}
+
+/// Each row of `e` scores' softmax.
+fn softmax_rows(scores: &[f64], e: usize) -> Vec<f64> {
+    let mut probs = vec![0.0f64; scores.len()];
+    for (p, row) in probs.chunks_mut(e).zip(scores.chunks(e)) {
+        let max = row.iter().fold(f64::NEG_INFINITY, |m, &s| m.max(s));
+        p.iter_mut().zip(row).for_each(|(p, &s)| *p = (s - max).exp());
+        let sum: f64 = p.iter().sum();
+        p.iter_mut().for_each(|p| *p /= sum);
+    }
+    probs
+}
+
+/// Experts `a` and `b` ordered by `v`, best first, ties to the lower
+/// index. total_cmp orders a NaN (a diverged run's) above every number:
+/// a pick is still some k distinct experts.
+fn best_first(v: &[f64], a: &usize, b: &usize) -> std::cmp::Ordering {
+    v[*b].total_cmp(&v[*a]).then(a.cmp(b))
+}
+
+/// The experts of the `topk_groups` groups of `per` with the best
+/// `merit` (one a group), best first by `choice`: what DeepSeek's routers
+/// pick a token's k from.
+fn open_experts(choice: &[f64], merit: &[f64], per: usize, topk_groups: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..merit.len()).collect();
+    order.sort_by(|a, b| best_first(merit, a, b));
+    let mut open: Vec<usize> = order[..topk_groups]
+        .iter()
+        .flat_map(|&g| g * per..(g + 1) * per)
+        .collect();
+    open.sort_by(|a, b| best_first(choice, a, b));
+    open
 }
 
 /// The routed MLP of `x: [B, T, C]` (the block's normed input): `[B, T, C]`.
@@ -581,8 +607,6 @@ fn route_sigmoid(logits: &[f64], bias: &[f64], n: usize, moe: &Moe) -> (Vec<f64>
     let scores: Vec<f64> = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
     let mut picks = vec![0usize; n * k];
     let mut weights = vec![0.0f64; n * k];
-    // Best first, ties to the lower index; NaN ordered above every number.
-    let best = |v: &[f64], a: &usize, b: &usize| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
     for t in 0..n {
         let s = &scores[t * e..(t + 1) * e];
         let choice: Vec<f64> = s.iter().zip(bias).map(|(s, b)| s + b).collect();
@@ -595,13 +619,7 @@ fn route_sigmoid(logits: &[f64], bias: &[f64], n: usize, moe: &Moe) -> (Vec<f64>
                 g.iter().take(2).sum()
             })
             .collect();
-        let mut order: Vec<usize> = (0..groups).collect();
-        order.sort_by(|a, b| best(&merit, a, b));
-        let mut open: Vec<usize> = order[..topk_groups]
-            .iter()
-            .flat_map(|&g| g * per..(g + 1) * per)
-            .collect();
-        open.sort_by(|a, b| best(&choice, a, b));
+        let open = open_experts(&choice, &merit, per, topk_groups);
         let chosen = &open[..k];
         let total: f64 = chosen.iter().map(|&x| s[x]).sum::<f64>() + 1e-20;
         for (j, &x) in chosen.iter().enumerate() {
@@ -629,31 +647,18 @@ fn route_softmax_groups(scores: &[f64], n: usize, moe: &Moe) -> (Vec<f64>, Vec<u
     else {
         unreachable!("a grouped softmax router's routing")
     };
-    // Every probability, and the k most probable of all (one group).
-    let plain = Moe {
-        top_k: moe.num_experts,
-        norm_topk: false,
-        ..moe.clone()
-    };
-    let (probs, _, _) = route(scores, n, &plain);
     let (e, k) = (moe.num_experts, moe.top_k);
+    let probs = softmax_rows(scores, e);
     let per = e / groups;
     let mut picks = vec![0usize; n * k];
     let mut weights = vec![0.0f64; n * k];
-    let best = |v: &[f64], a: &usize, b: &usize| v[*b].total_cmp(&v[*a]).then(a.cmp(b));
     for t in 0..n {
         let p = &probs[t * e..(t + 1) * e];
         let merit: Vec<f64> = p
             .chunks(per)
             .map(|g| g.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x)))
             .collect();
-        let mut order: Vec<usize> = (0..groups).collect();
-        order.sort_by(|a, b| best(&merit, a, b));
-        let mut open: Vec<usize> = order[..topk_groups]
-            .iter()
-            .flat_map(|&g| g * per..(g + 1) * per)
-            .collect();
-        open.sort_by(|a, b| best(p, a, b));
+        let open = open_experts(p, &merit, per, topk_groups);
         for (j, &x) in open[..k].iter().enumerate() {
             picks[t * k + j] = x;
             weights[t * k + j] = scale * p[x];
