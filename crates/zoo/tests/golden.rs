@@ -266,20 +266,7 @@ fn the_window_cases_depend_on_their_window() {
         let golden = read_golden(case);
         let mut model = load_hf_dir(fixture(case)).unwrap();
         assert!(drop(&mut model.config), "{case}");
-        let ex = F64Executor::new();
-        let ids_g = &golden["input_ids"];
-        let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
-        let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
-        let targets: Vec<i32> = golden["targets"].values.iter().map(|&v| v as i32).collect();
-        let weights: Vec<Vec<_>> = model
-            .tables
-            .iter()
-            .zip(&model.slabs)
-            .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
-            .collect();
-        let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
-        let want = golden["loss"].values[0];
-        let err = ((out.loss - want) / want).abs();
+        let err = loss_err(&golden, &model);
         assert!(err > 1e-4, "{case}: the loss without it is off by only {err:e}");
     }
 }
@@ -298,6 +285,11 @@ fn loss_err_with(case: &str, suffix: &str, value: f32, count: usize) -> f64 {
         }
     }
     assert_eq!(found, count, "{case}: tensors ending {suffix}");
+    loss_err(&golden, &model)
+}
+
+/// How far `model`'s f64 loss on `golden`'s batch misses its loss.
+fn loss_err(golden: &std::collections::HashMap<String, Golden>, model: &megatrain_zoo::LoadedModel) -> f64 {
     let ex = F64Executor::new();
     let ids_g = &golden["input_ids"];
     let ids: Vec<u32> = ids_g.values.iter().map(|&v| v as u32).collect();
