@@ -216,7 +216,7 @@ pub(super) fn forward<E: Executor>(
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let (dm, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
     let y = ex.add(&x2, &dm)?;
-    let [latent, _] = <[E::Tensor; 2]>::try_from(kv).map_err(|_| ZooError::invalid("mla", "two parts"))?;
+    let latent = kv.into_iter().next().expect("split in two");
     let saved = MlaSaved {
         x: ex.reshape(x, x.shape())?,
         n1,
