@@ -18,11 +18,27 @@ impl GpuExecutor {
         n: usize,
         params: impl Fn(usize, &[u32]) -> Vec<u32>,
     ) -> Result<()> {
+        let ones: Vec<(&GpuTensor, usize)> = operands.iter().map(|&t| (t, 1)).collect();
+        self.run_elementwise_wide(name, kernel, &ones, n, params)
+    }
+
+    /// [`Self::run_elementwise`] over `n` threads whose operands hold
+    /// `width` elements a thread each (`(tensor, width)`: GPT-OSS's
+    /// interleaved gate/up pairs beside their one output).
+    pub(crate) fn run_elementwise_wide(
+        &self,
+        name: &'static str,
+        kernel: Kernel,
+        operands: &[(&GpuTensor, usize)],
+        n: usize,
+        params: impl Fn(usize, &[u32]) -> Vec<u32>,
+    ) -> Result<()> {
+        let widths: Vec<usize> = operands.iter().map(|&(_, w)| w).collect();
         let mut op = self.op(name);
-        for (start, count) in self.row_chunks(n, &vec![1; operands.len()])? {
+        for (start, count) in self.row_chunks(n, &widths)? {
             let views: Vec<View<'_>> = operands
                 .iter()
-                .map(|t| self.view(t, start, count))
+                .map(|&(t, w)| self.view(t, start * w, count * w))
                 .collect::<Result<_>>()?;
             let offs: Vec<u32> = views.iter().map(|v| v.elem_off).collect();
             op.dispatch(
