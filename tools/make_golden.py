@@ -19,7 +19,10 @@ checked to choose the same experts), and for DeepSeek-V2, whose softmax
 router and complex-valued RoPE (complex64) transformers runs in float32
 (both patched likewise). DeepSeek-V3's and DeepSeek-V2's checkpoints are
 also loaded back with from_pretrained and must reproduce the golden bit for
-bit.
+bit. Likewise (watched and reloaded) Qwen3.5, Qwen3.5-MoE and Qwen3-Next,
+whose Gated DeltaNet (its gates and the gated delta rule), gated and
+zero-centred RMSNorms and RoPE transformers computes in float32: ported to
+float64 here, and the ported forward checked against transformers' own.
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -31,6 +34,7 @@ Nothing is downloaded. Usage (from the repository root):
 """
 
 import argparse
+import copy
 import importlib
 import json
 import math
@@ -101,6 +105,12 @@ from transformers import (
     DeepseekV3ForCausalLM,
     DeepseekV2Config,
     DeepseekV2ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
 )
 
 BATCH = 2
@@ -1438,6 +1448,137 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Qwen3.5 (Qwen3_5ForCausalLM, the text stack): blocks 0 and 2 Gated
+    # DeltaNet ("linear_attention"), 1 and 3 gated full attention. The
+    # DeltaNet: in_proj_qkv to q and k (2 key heads of 8) and v (4 value
+    # heads of 12, GQA 2 value heads a key head, value dim != key dim), a
+    # causal depthwise conv1d (kernel 4 < 12 positions) and SiLU over the
+    # three, q and k l2-normalised, q times 8^-1/2; per value head a decay
+    # exp(g), g = -exp(A_log) softplus(in_proj_a + dt_bias), and a step
+    # beta = sigmoid(in_proj_b); the gated delta rule; per value head the
+    # gated RMSNorm (weight, plain gain) times silu(in_proj_z), out_proj.
+    # The full attention: q_proj twice as wide (query and a sigmoid output
+    # gate per head), per-head q/k RMSNorms, 4 heads of 16, GQA 4/2, RoPE
+    # on the first 4 entries (partial_rotary_factor 0.25) in halves (the
+    # interleaved M-RoPE with text positions, every axis equal; its
+    # mrope_section written as a checkpoint writes it). Every RMSNorm but
+    # the gated one zero-centred (gain 1 + w). Untied.
+    "qwen3_5": (
+        Qwen3_5TextConfig,
+        Qwen3_5ForCausalLM,
+        dict(
+            vocab_size=90,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.25,
+                mrope_section=[1, 1, 0],
+                mrope_interleaved=True,
+            ),
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
+    # Qwen3.5-MoE (Qwen3_5MoeForCausalLM, the text stack): qwen3_5's
+    # mixers, blocks 0 and 1 Gated DeltaNet (2 key heads of 8, 6 value
+    # heads of 6: GQA 3, value dim < key dim), block 2 gated full attention
+    # (4 heads of 8, GQA 4/2, RoPE on the first 4 entries: partial factor
+    # 0.5); every block's MLP routed: top 2 of 8 experts' softmax
+    # probabilities, renormalised, beside a shared expert (24 wide) under
+    # its sigmoid gate (shared_expert_gate), as Qwen2-MoE's. Its config has
+    # no mlp_only_layers, decoder_sparse_step nor norm_topk_prob (every
+    # block routed, the top k always renormalised); output_router_logits
+    # left false (no load-balancing loss), as released.
+    "qwen3_5_moe": (
+        Qwen3_5MoeTextConfig,
+        Qwen3_5MoeForCausalLM,
+        dict(
+            vocab_size=87,
+            hidden_size=32,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=3,
+            layer_types=["linear_attention", "linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.5,
+                mrope_section=[1, 1, 0],
+                mrope_interleaved=True,
+            ),
+            linear_num_key_heads=2,
+            linear_num_value_heads=6,
+            linear_key_head_dim=8,
+            linear_value_head_dim=6,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        11,
+        torch.float32,
+    ),
+    # Qwen3-Next (Qwen3NextForCausalLM): qwen3_5's shapes and mixers (blocks
+    # 0 and 2 Gated DeltaNet, 1 and 3 gated full attention, plain RoPE on 4
+    # of 16 entries), its DeltaNet's projections fused and interleaved per
+    # key head: in_proj_qkvz rows [q (8) | k (8) | v (2 x 12) | z (2 x 12)]
+    # for each of the 2 key heads, in_proj_ba rows [b (2) | a (2)] likewise.
+    # Block 1 routed (top 2 of 8 experts renormalised, norm_topk_prob, a
+    # shared expert under its sigmoid gate), blocks 0 and 2 dense (48 wide)
+    # by decoder_sparse_step 2 (routed where (i + 1) % 2 == 0), block 3
+    # dense by mlp_only_layers.
+    "qwen3_next": (
+        Qwen3NextConfig,
+        Qwen3NextForCausalLM,
+        dict(
+            vocab_size=85,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25),
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
@@ -1446,8 +1587,11 @@ MXFP4_CASES = {"gpt_oss_mxfp4"}
 # Model types whose every op of the forward and backward is checked to stay
 # float64 (Float32Watch), and those whose saved checkpoint is also reloaded
 # (from_pretrained in float64) to reproduce the golden bit for bit.
-WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3", "deepseek_v2"}
-RELOADED = {"deepseek_v3", "deepseek_v2"}
+WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+RELOADED = {"deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+# Model types with a Gated DeltaNet, whose float64 port (_gated_deltanet64)
+# make_case checks ran and compares with transformers' own forward.
+DELTANET_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1830,6 +1974,118 @@ def _load_balancing64(gate_logits, num_experts=None, top_k=2, attention_mask=Non
     return num_experts * torch.sum((picks / rows) * (probs.sum(dim=0) / rows))
 
 
+# Qwen3.5, Qwen3.5-MoE and Qwen3-Next: their zero-centred RMSNorms (gain
+# 1 + w, as Gemma's: _gemma_rmsnorm64), the Gated DeltaNet's gated RMSNorm,
+# the DeltaNet itself and the (M-)RoPE.
+ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm")
+GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated")
+GATED_DELTANETS = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet")
+MROPES = ("Qwen3_5TextRotaryEmbedding", "Qwen3_5MoeTextRotaryEmbedding")
+
+
+def _gated_rmsnorm64(self, x, gate):
+    """The Gated DeltaNet's RMSNorm (Qwen3_5RMSNormGated) without its casts
+    to float32: w · x / rms(x) (a plain gain), then times silu(gate)."""
+    var = x.pow(2).mean(-1, keepdim=True)
+    return self.weight * (x * torch.rsqrt(var + self.variance_epsilon)) * F.silu(gate)
+
+
+def gated_delta_rule64(q, k, v, g, beta):
+    """The gated delta rule (transformers' torch_chunk_gated_delta_rule with
+    use_qk_l2norm_in_kernel, which casts to float32) in the inputs' float64,
+    in its recurrent form (the same function as the chunked one). q, k
+    [B, L, Hk, Dk], v [B, L, Hv, Dv], g and beta [B, L, Hv]; each key head
+    serves Hv / Hk consecutive value heads. q and k l2-normalised (eps 1e-6
+    inside the root), q times Dk^-1/2; per value head a state S [Dk, Dv]
+    from zeros, at each position t: S = exp(g_t) S; δ = beta_t (v_t - Sᵀ k_t);
+    S = S + k_t δᵀ; o_t = Sᵀ q_t. Returns o [B, L, Hv, Dv]."""
+    hk, hv = k.shape[2], v.shape[2]
+    if hk != hv:
+        q = q.repeat_interleave(hv // hk, dim=2)
+        k = k.repeat_interleave(hv // hk, dim=2)
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * q.shape[-1] ** -0.5
+    b, l, h, dk = k.shape
+    state = torch.zeros(b, h, dk, v.shape[-1], dtype=v.dtype)
+    out = []
+    for t in range(l):
+        q_t, k_t, v_t = q[:, t], k[:, t], v[:, t]  # [B, H, D]
+        state = state * g[:, t].exp()[..., None, None]
+        kv_mem = (state * k_t[..., None]).sum(dim=-2)
+        delta = (v_t - kv_mem) * beta[:, t, :, None]
+        state = state + k_t[..., None] * delta[..., None, :]
+        out.append((state * q_t[..., None]).sum(dim=-2))
+    return torch.stack(out, dim=1)
+
+
+def _gated_deltanet64(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """Qwen3.5's (or Qwen3.5-MoE's, Qwen3-Next's) Gated DeltaNet over a whole
+    prompt in float64: transformers computes the gates from A_log and
+    in_proj_a cast to float32 (`.float()`) and the delta rule in float32.
+    Qwen3-Next's in_proj_qkvz / in_proj_ba (interleaved per key head) split
+    by the module's own fix_query_key_value_ordering. Counts its runs in
+    `_float64_runs` (make_case checks that every one ran) and keeps its
+    decays exp(g) in `_decays` (make_case reports their spread)."""
+    if cache is not None:
+        # A fresh prompt: no conv or recurrent state to start from (the
+        # golden's forward keeps none for later).
+        assert cache.get_conv_state(self.layer_idx) is None and cache.get_recurrent_state(self.layer_idx) is None
+    module = importlib.import_module(type(self).__module__)
+    hidden_states = module.apply_mask_to_padding_states(hidden_states, attention_mask)
+    bsz, seq, _ = hidden_states.shape
+    if hasattr(self, "in_proj_qkvz"):
+        q, k, v, z, b, a = self.fix_query_key_value_ordering(
+            self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states)
+        )
+        mixed = torch.cat([x.reshape(bsz, seq, -1) for x in (q, k, v)], dim=-1)
+    else:
+        mixed = self.in_proj_qkv(hidden_states)
+        z = self.in_proj_z(hidden_states).reshape(bsz, seq, -1, self.head_v_dim)
+        b, a = self.in_proj_b(hidden_states), self.in_proj_a(hidden_states)
+    # The causal depthwise convolution over [q | k | v] (each channel's last
+    # kernel-size positions, zeros before the first), then SiLU.
+    assert self.activation == "silu", self.activation
+    conv = F.conv1d(
+        mixed.transpose(1, 2),
+        self.conv1d.weight,
+        self.conv1d.bias,
+        padding=self.conv_kernel_size - 1,
+        groups=self.conv_dim,
+    )[:, :, :seq]
+    mixed = F.silu(conv).transpose(1, 2)
+    q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    q = q.reshape(bsz, seq, -1, self.head_k_dim)
+    k = k.reshape(bsz, seq, -1, self.head_k_dim)
+    v = v.reshape(bsz, seq, -1, self.head_v_dim)
+    beta = b.sigmoid()
+    # softplus with torch's default beta 1, threshold 20.
+    g = -self.A_log.exp() * F.softplus(a + self.dt_bias)
+    out = gated_delta_rule64(q, k, v, g, beta)
+    out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    self._float64_runs = getattr(self, "_float64_runs", 0) + 1
+    self._decays = g.detach().exp()
+    return self.out_proj(out.reshape(bsz, seq, -1))
+
+
+def _mrope64(cfg, dim):
+    """Qwen3.5's text rotary embedding in float64. Its position_ids are
+    [3, B, L] (temporal, height, width), the frequencies taken from the
+    three axes interleaved (mrope_section); with text positions every axis
+    is the same, and that reduces to plain RoPE on the first `dim` entries
+    of each head, cos/sin of the half-dim angles laid out in halves."""
+
+    def forward(self, x, position_ids):
+        assert position_ids.ndim == 3 and position_ids.shape[0] == 3, position_ids.shape
+        assert torch.equal(position_ids, position_ids[:1].expand_as(position_ids)), "not text positions"
+        inv, att = inv_freq64(cfg, dim)
+        freqs = position_ids[0][..., None].to(torch.float64) * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * att).to(x.dtype), (emb.sin() * att).to(x.dtype)
+
+    return forward
+
+
 def expert_grads(pname, grad, saved_names):
     """transformers 5 holds a MoE block's experts fused (`experts.gate_up_proj`
     [E, 2F, C] in gate, up order; `experts.down_proj` [E, C, F]) and writes
@@ -1871,8 +2127,12 @@ def patch_float64(model):
         importlib.import_module(type(model).__module__).load_balancing_loss_func = _load_balancing64
     for m in model.modules():
         name = type(m).__name__
-        if name in ("Gemma2RMSNorm", "Gemma3RMSNorm"):
+        if name in ("Gemma2RMSNorm", "Gemma3RMSNorm") + ZERO_CENTRED_NORMS:
             m.forward = types.MethodType(_gemma_rmsnorm64, m)
+        elif name in GATED_NORMS:
+            m.forward = types.MethodType(_gated_rmsnorm64, m)
+        elif name in GATED_DELTANETS:
+            m.forward = types.MethodType(_gated_deltanet64, m)
         elif name in ("Gemma2TextScaledWordEmbedding", "Gemma3TextScaledWordEmbedding"):
             # sqrt(hidden) as a float32 model holds it (the buffer takes
             # the dtype the model is built in; a float32 build here,
@@ -1881,7 +2141,14 @@ def patch_float64(model):
                 m.embed_scale.copy_(torch.tensor(m.scalar_embed_scale, dtype=torch.float32))
         elif name.endswith("RMSNorm"):
             m.forward = types.MethodType(_rmsnorm64, m)
-        elif name in ("MixtralTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter", "Qwen2MoeTopKRouter"):
+        elif name in (
+            "MixtralTopKRouter",
+            "Qwen3MoeTopKRouter",
+            "OlmoeTopKRouter",
+            "Qwen2MoeTopKRouter",
+            "Qwen3_5MoeTopKRouter",
+            "Qwen3NextTopKRouter",
+        ):
             m.forward = types.MethodType(_router64, m)
         elif name in SIGMOID_ROUTERS:
             m.forward = types.MethodType(_glm4_moe_router64, m)
@@ -1895,6 +2162,20 @@ def patch_float64(model):
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
             m.forward = types.MethodType(_gpt_oss_rope64(cfg, dim), m)
+        elif name in MROPES:
+            dim = m.inv_freq.shape[0] * 2
+            inv, att = inv_freq64(cfg, dim)
+            assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
+            assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
+            # The port against transformers' own (float32) cos and sin, over
+            # text positions (every axis the same) past the case's.
+            pos = torch.arange(32).view(1, 1, -1).expand(3, 2, -1)
+            x = torch.zeros(1, dtype=torch.float64)
+            ours = _mrope64(cfg, dim)(m, x, pos)
+            theirs = type(m).forward(m, x, pos)
+            for a, b in zip(ours, theirs):
+                assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-6), (a, b)
+            m.forward = types.MethodType(_mrope64(cfg, dim), m)
         elif name == "DeepseekV2RotaryEmbedding":
             dim = m.inv_freq.shape[0] * 2
             inv, att = inv_freq64(cfg, dim)
@@ -2113,10 +2394,36 @@ def randomize(model, gen):
     unnormalised_routers = {
         n + ".weight" for n, m in model.named_modules() if type(m).__name__ == "DeepseekV2TopkRouter"
     }
+    # Qwen3.5's, Qwen3.5-MoE's and Qwen3-Next's zero-centred RMSNorms (gain
+    # 1 + w).
+    zero_centred = {n + ".weight" for n, m in model.named_modules() if type(m).__name__ in ZERO_CENTRED_NORMS}
     with torch.no_grad():
         for name, p in model.named_parameters():
             r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
-            if name in unnormalised_routers:
+            if name in zero_centred:
+                # Gains 1 + w around 1 (w as the other cases' 1-D gains less 1).
+                p.copy_(0.2 * r)
+            elif name.endswith("linear_attn.A_log"):
+                # The Gated DeltaNet's decay rate per value head, A = exp(A_log)
+                # in g = -A softplus(a + dt_bias): A uniform in (0.1, 1.5), so
+                # that the decays exp(g) spread over (0, 1) (make_case prints
+                # their spread), neither all near 1 (A_log as a 1-D gain,
+                # 1 + 0.2 randn, has A near e and most decays near 0) nor 0.
+                u = torch.rand(p.shape, generator=gen, dtype=torch.float32)
+                p.copy_(torch.log(0.1 + 1.4 * u))
+            elif name.endswith("linear_attn.dt_bias"):
+                # Its bias inside the softplus, around 0.
+                p.copy_(r)
+            elif name.endswith("linear_attn.conv1d.weight"):
+                # The causal depthwise convolution's taps [C, 1, kernel]: 4
+                # taps times 0.5 randn keep the scale of its input into the
+                # SiLU (0.1 randn would shrink it fivefold into SiLU's
+                # linear part).
+                p.copy_(0.5 * r)
+            elif name.endswith("linear_attn.norm.weight"):
+                # The gated RMSNorm's gain (plain, not 1 + w): as any 1-D gain.
+                p.copy_(1.0 + 0.2 * r)
+            elif name in unnormalised_routers:
                 # Logits around ±2 (hidden 32): every chosen probability
                 # large enough to matter (full randn leaves some tokens' k-th
                 # near 1e-7, and their weight is that probability), the
@@ -2250,9 +2557,13 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     for n, b in inv_freqs.items():
         model.get_buffer(n).copy_(b)
     model.eval()
+    # transformers' own forward (float32 inside), to check the float64 ports
+    # against.
+    unpatched = copy.deepcopy(model) if cfg.model_type in DELTANET_TYPES else None
     patch_float64(model)
-    # GPT-OSS, GLM-4.5, DeepSeek-V3, DeepSeek-V2: every op of the forward
-    # and backward checked to stay float64.
+    # GPT-OSS, GLM-4.5, DeepSeek-V3, DeepSeek-V2, Qwen3.5, Qwen3.5-MoE,
+    # Qwen3-Next: every op of the forward and backward checked to stay
+    # float64.
     watch = Float32Watch() if cfg.model_type in WATCHED else None
     clamps = count_swiglu_clamps(model)
     routes = record_glm4_moe_routes(model)
@@ -2260,6 +2571,10 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
     targets[0, 2] = -100
     targets[1, -1] = -100
+    if unpatched is not None:
+        with torch.no_grad():
+            theirs = unpatched(input_ids=inputs).logits
+        del unpatched
     if watch is not None:
         watch.__enter__()
     out = model(input_ids=inputs)
@@ -2272,6 +2587,19 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     if watch is not None:
         watch.__exit__(None, None, None)
         assert not watch.ops, f"{name}: ops outside float64: {sorted(watch.ops)}"
+    if cfg.model_type in DELTANET_TYPES:
+        deltanets = [m for m in model.modules() if type(m).__name__ in GATED_DELTANETS]
+        assert deltanets and all(m._float64_runs == 1 for m in deltanets), f"{name}: the float64 DeltaNet did not run"
+        # The ports (float64) agree with transformers' own forward (float32
+        # inside) to its rounding.
+        err = float((logits.detach() - theirs).abs().max() / theirs.abs().max())
+        assert err < 1e-5, f"{name}: float64 logits differ from transformers' by {err:.3e} (relative to the largest)"
+        decays = torch.cat([m._decays.flatten() for m in deltanets])
+        q = torch.quantile(decays, torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=decays.dtype)).tolist()
+        print(
+            f"  {name}: logits within {err:.1e} of transformers' own (float32 inside);"
+            f" decays exp(g) min / 10% / median / 90% / max {' / '.join(f'{x:.3f}' for x in q)}"
+        )
 
     golden = {
         "input_ids": inputs.to(torch.int32),
@@ -2287,7 +2615,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         # The experts' weights as transformers dequantizes them.
         golden["dequant." + pname] = w.contiguous()
     golden.update(golden_grads(model, cfg, saved_names))
-    if cfg.model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2"):
+    if cfg.model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2") or cfg.model_type in DELTANET_TYPES:
         lacking = sorted(saved_names - {k[5:] for k in golden if k.startswith("grad.")})
         assert not lacking, f"{name}: checkpoint tensors without a gradient: {lacking}"
     missing = [
