@@ -48,6 +48,7 @@ const ATTENTION_SOURCES: [&str; 5] = [
     ATTENTION,
 ];
 const ATTENTION_SINKS: &str = include_str!("../../../shaders/attention_sinks.wgsl");
+const DELTA_RULE: &str = include_str!("../../../shaders/delta_rule.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
@@ -225,6 +226,13 @@ pub enum Kernel {
     /// of the sinks' gradient.
     AttnSinkScale,
     AttnSinkRows,
+    /// The gated delta rule (delta_rule.wgsl): the forward, the backward
+    /// (its chunks replayed from their checkpoints, then walked in reverse)
+    /// and the sum of the backward's partials over column blocks and value
+    /// heads.
+    DeltaRuleFwd,
+    DeltaRuleBwd,
+    DeltaRuleGroupSum,
     /// A tensor-core flash-attention kernel (real ones need cooperative
     /// matrices; emulated ones run anywhere).
     AttnCoop(crate::coop_attention::CoopAttention),
@@ -293,6 +301,9 @@ impl Kernel {
             AttnRound16,
             AttnSinkScale,
             AttnSinkRows,
+            DeltaRuleFwd,
+            DeltaRuleBwd,
+            DeltaRuleGroupSum,
             CrossEntropy,
             GatherF32,
             GatherBf16,
@@ -481,6 +492,9 @@ impl Kernel {
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             AttnSinkScale => (&[ATTENTION_SINKS], "sink_scale", &[1, 2, 3, 5]),
             AttnSinkRows => (&[ATTENTION_SINKS], "sink_rows", &[1, 2, 3, 4, 5]),
+            DeltaRuleFwd => (&[DELTA_RULE], "dr_fwd", &[1, 2, 3, 4, 5, 6, 7]),
+            DeltaRuleBwd => (&[DELTA_RULE], "dr_bwd", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+            DeltaRuleGroupSum => (&[DELTA_RULE], "dr_group_sum", &[10, 11]),
             CrossEntropy => (
                 &[MAX_BITS, CROSS_ENTROPY, ROW_MAX],
                 "cross_entropy",

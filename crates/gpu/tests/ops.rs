@@ -1375,3 +1375,146 @@ fn attention_sinks_refuse_bad_shapes() {
         "{e}"
     );
 }
+
+/// The gated delta rule's operands as Qwen3-Next feeds them, for
+/// `(B, T, Hk, Hv, Dk, Dv)`: l2-normalised keys, queries normalised and
+/// scaled by 1/√Dk, β in (0, 1), g < 0; and a dout.
+fn delta_rule_inputs(seed: u64, [b, t, hk, hv, dk, dv]: [usize; 6]) -> [HostTensor; 6] {
+    let rows = |seed, scale: f32| {
+        let mut x = rand_host(seed, &[b, t, hk, dk]).to_f32_vec();
+        for row in x.chunks_mut(dk) {
+            let n = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v *= scale / n);
+        }
+        HostTensor::from_f32(Shape::new([b, t, hk, dk]), x).unwrap()
+    };
+    let per_head = |seed, f: fn(f32) -> f32| {
+        let x = rand_host(seed, &[b, t, hv])
+            .to_f32_vec()
+            .into_iter()
+            .map(f)
+            .collect();
+        HostTensor::from_f32(Shape::new([b, t, hv]), x).unwrap()
+    };
+    [
+        rows(seed, 1.0 / (dk as f32).sqrt()),
+        rows(seed + 1, 1.0),
+        rand_host(seed + 2, &[b, t, hv, dv]),
+        per_head(seed + 3, |u| -(1.0 + (2.0 * u).exp()).ln()),
+        per_head(seed + 4, |u| 1.0 / (1.0 + (-3.0 * u).exp())),
+        rand_host(seed + 5, &[b, t, hv, dv]),
+    ]
+}
+
+/// GPU executors for the delta rule: the plain one, and one whose 2 MiB
+/// bindings hold one batch of the larger cases (a batch's backward scratch
+/// must fit one) and whose loop budget runs one chunk a dispatch (the
+/// backward hands dS between dispatches).
+fn delta_rule_gpus() -> Vec<GpuExecutor> {
+    let Some(ctx) = ctx() else { return vec![] };
+    let small = GpuOptions {
+        max_binding_bytes: Some(2 << 20),
+        loop_budget: Some(30_000),
+        poison_outputs: true,
+        ..Default::default()
+    };
+    let plain = GpuOptions {
+        poison_outputs: true,
+        ..Default::default()
+    };
+    vec![
+        GpuExecutor::with_options(ctx.clone(), plain),
+        GpuExecutor::with_options(ctx, small),
+    ]
+}
+
+/// Forward, checkpoints and all five gradients against the CPU reference:
+/// Dk and Dv no powers of two (24/40: two column blocks, one partly
+/// empty), T = 1, T = 37, T past two chunks, Dk = 128, GQA 4/2 and 2/2,
+/// three batches.
+#[test]
+fn gated_delta_rule_matches_cpu() {
+    assert!(
+        include_str!("../../../shaders/delta_rule.wgsl").contains(&format!(
+            "const C: u32 = {}u;",
+            megatrain_tensor::DELTA_RULE_CHUNK
+        )),
+        "delta_rule.wgsl's chunk is DELTA_RULE_CHUNK"
+    );
+    let c = cpu();
+    let gpus = delta_rule_gpus();
+    for (i, dims) in [
+        [3, 37, 2, 4, 24, 40],
+        [3, 1, 2, 2, 24, 40],
+        [2, 150, 1, 2, 16, 8],
+        [1, 70, 1, 1, 128, 32],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let x = delta_rule_inputs(1000 + 10 * i as u64, dims);
+        let cx = x.each_ref().map(|h| cpu_up!(c, h));
+        let fw = c
+            .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+            .unwrap();
+        let gr = c
+            .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &fw, &cx[5])
+            .unwrap();
+        let want = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta].map(|t| down_cpu(&c, t));
+        for g in &gpus {
+            let gx = x.each_ref().map(|h| up(g, h));
+            let fw = g
+                .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+                .unwrap();
+            let gr = g
+                .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
+                .unwrap();
+            let names = ["out", "saved", "dq", "dk", "dv", "dg", "dbeta"];
+            let got = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
+            for ((name, t), w) in names.into_iter().zip(got).zip(&want) {
+                let what = format!("gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}");
+                assert_close(&what, &down(g, t), w, 1e-4);
+            }
+        }
+    }
+}
+
+/// Shapes that do not fit are errors naming the op and the shapes, as on
+/// the CPU; key heads past the kernels' 128 are refused.
+#[test]
+fn gated_delta_rule_refuses_bad_shapes() {
+    let Some(g) = gpu() else { return };
+    let x = delta_rule_inputs(7, [1, 3, 2, 4, 8, 8]);
+    let gx = x.each_ref().map(|h| up(g, h));
+    let e = g
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[2])
+        .expect_err("beta of v's shape")
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule") && e.contains("beta must be [1, 3, 4]"),
+        "{e}"
+    );
+    let odd = up(g, &rand_host(8, &[1, 3, 3, 8]));
+    let e = g
+        .gated_delta_rule(&gx[0], &gx[1], &odd, &gx[3], &gx[4])
+        .expect_err("3 value heads on 2 key heads")
+        .to_string();
+    assert!(e.contains("Hv = 3"), "{e}");
+    let fw = g
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .unwrap();
+    let e = g
+        .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[3])
+        .expect_err("dout")
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule_backward") && e.contains("dout [1, 3, 4]"),
+        "{e}"
+    );
+    let wide = up(g, &rand_host(9, &[1, 3, 2, 130]));
+    let e = g
+        .gated_delta_rule(&wide, &wide, &gx[2], &gx[3], &gx[4])
+        .expect_err("Dk = 130")
+        .to_string();
+    assert!(e.contains("gated_delta_rule") && e.contains("130"), "{e}");
+}

@@ -18,11 +18,12 @@ use std::ops::Range;
 
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    Download, Error, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds,
-    NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot,
-    WeightUpload, compose_add_layernorm, compose_add_layernorm_backward, compose_add_rmsnorm,
-    compose_add_rmsnorm_backward, compose_matmul_backward_gelu, compose_matmul_backward_glu,
-    compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
+    DeltaRuleGrads, DeltaRuleOut, Download, Error, Glu, HostRegistration, HostSlice, HostTensor, Landed,
+    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
+    TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
+    compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
+    compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
+    compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 /// What every executor's tensor handle can say about itself without a copy.
@@ -645,6 +646,41 @@ pub trait Executor {
         sinks: &Self::Tensor,
         dout: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
+
+    /// The gated delta rule, the linear attention of Qwen3-Next and
+    /// Qwen3.5 (transformers' `torch_recurrent_gated_delta_rule` without its
+    /// l2 norm and query scaling: the caller passes q normalised and scaled,
+    /// k normalised). q, k: `[B, T, Hk, Dk]`; v: `[B, T, Hv, Dv]`; g, beta:
+    /// `[B, T, Hv]`, Hv a multiple of Hk, value head h reading key head
+    /// h / (Hv / Hk). Per (b, h) a state `S: [Dk, Dv]`, zero at t = 0, and
+    /// for each step: `S ← exp(g)·S; δ = β(v − Sᵀk); S ← S + k δᵀ;
+    /// o = Sᵀq`. Returns out `[B, T, Hv, Dv]` and the checkpointed states
+    /// the backward replays ([`DeltaRuleOut::saved`]). Computed in f32 (or
+    /// the executor's float) whatever the compute precision: the recurrence
+    /// compounds every rounding over the whole sequence.
+    fn gated_delta_rule(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+    ) -> Result<DeltaRuleOut<Self::Tensor>>;
+    /// Backward of [`gated_delta_rule`](Self::gated_delta_rule) from its
+    /// `fwd` and `dout`: each chunk's states recomputed from its checkpoint,
+    /// then walked in reverse. dq and dk are summed over the value heads
+    /// that share their key head.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule_backward(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        fwd: &DeltaRuleOut<Self::Tensor>,
+        dout: &Self::Tensor,
+    ) -> Result<DeltaRuleGrads<Self::Tensor>>;
 
     // ---- activations ---------------------------------------------------
 

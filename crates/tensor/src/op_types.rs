@@ -351,6 +351,129 @@ pub struct AttentionGrads<T> {
     pub dv: T,
 }
 
+/// Steps between the gated delta rule's checkpointed states: the forward
+/// keeps the state at the start of every chunk of this many steps, and the
+/// backward replays one chunk at a time from it. Inverting the recurrence
+/// instead is unstable (`1 − β‖k‖²` may be ~0, `exp(g)` tiny). Every
+/// executor uses this one length, so that `saved` has one shape.
+pub const DELTA_RULE_CHUNK: usize = 64;
+
+/// What the gated delta rule's forward returns: the output and what its
+/// backward needs.
+#[derive(Debug, Clone)]
+pub struct DeltaRuleOut<T> {
+    /// `[B, T, Hv, Dv]`.
+    pub out: T,
+    /// Opaque to callers: the state of every (batch, value head) at the start
+    /// of each chunk of [`DELTA_RULE_CHUNK`] steps, `[B, Hv, ⌈T/C⌉, Dk, Dv]`
+    /// (f32, the first chunk's the zero state): `4·B·Hv·⌈T/C⌉·Dk·Dv` bytes,
+    /// `Dk/C` times the size of `out` at long T.
+    pub saved: T,
+}
+
+/// Gradients of the gated delta rule's five inputs, each of its input's shape.
+#[derive(Debug, Clone)]
+pub struct DeltaRuleGrads<T> {
+    pub dq: T,
+    pub dk: T,
+    pub dv: T,
+    pub dg: T,
+    pub dbeta: T,
+}
+
+/// The sizes of a gated delta rule, from its operands' shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaRuleDims {
+    pub b: usize,
+    pub t: usize,
+    /// Key (and query) heads.
+    pub hk: usize,
+    /// Value heads, a multiple of `hk`.
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl DeltaRuleDims {
+    /// Value heads per key head: value head `h` reads key head `h / group`.
+    pub fn group(self) -> usize {
+        self.hv / self.hk
+    }
+
+    /// Chunks of [`DELTA_RULE_CHUNK`] steps in a sequence.
+    pub fn chunks(self) -> usize {
+        self.t.div_ceil(DELTA_RULE_CHUNK)
+    }
+
+    /// The shape of [`DeltaRuleOut::saved`].
+    pub fn saved_shape(self) -> Shape {
+        Shape::new([self.b, self.hv, self.chunks(), self.dk, self.dv])
+    }
+}
+
+/// The shapes of the gated delta rule's forward and, given
+/// `(out, saved, dout)`, backward, or an error naming `op` and the shapes:
+/// every executor checks [`Executor::gated_delta_rule`](crate::Executor::gated_delta_rule)
+/// and its backward with this.
+pub fn delta_rule_dims(
+    op: &'static str,
+    [q, k, v, g, beta]: [&Shape; 5],
+    bwd: Option<[&Shape; 3]>,
+) -> Result<DeltaRuleDims> {
+    let all = || format!("q {q} k {k} v {v} g {g} beta {beta}");
+    let four = |s: &Shape, what: &str| {
+        <[usize; 4]>::try_from(s.dims()).map_err(|_| Error::shape(op, format!("{}: {what}", all())))
+    };
+    let [b, t, hk, dk] = four(q, "q must be [B, T, Hk, Dk]")?;
+    let [_, _, hv, dv] = four(v, "v must be [B, T, Hv, Dv]")?;
+    if k != q {
+        return Err(Error::shape(op, format!("{}: k must have q's shape", all())));
+    }
+    if v.dims()[..2] != [b, t] {
+        return Err(Error::shape(op, format!("{}: B and T of q and v differ", all())));
+    }
+    if hk == 0 || dk == 0 || dv == 0 {
+        return Err(Error::invalid(op, format!("{}: no heads or empty heads", all())));
+    }
+    if hv % hk != 0 {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{}: value heads Hv = {hv} must be a multiple of key heads Hk = {hk}",
+                all()
+            ),
+        ));
+    }
+    for (name, s) in [("g", g), ("beta", beta)] {
+        if s.dims() != [b, t, hv] {
+            return Err(Error::shape(
+                op,
+                format!("{}: {name} must be [{b}, {t}, {hv}]", all()),
+            ));
+        }
+    }
+    let dims = DeltaRuleDims { b, t, hk, hv, dk, dv };
+    if let Some([out, saved, dout]) = bwd {
+        if out != v {
+            return Err(Error::shape(op, format!("fwd.out {out} must have v's shape {v}")));
+        }
+        if dout != v {
+            return Err(Error::shape(op, format!("dout {dout} must have out's shape {v}")));
+        }
+        let want = dims.saved_shape();
+        if *saved != want {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "fwd.saved {saved} is not what the forward makes of {}: {want}",
+                    all()
+                ),
+            ));
+        }
+    }
+    Ok(dims)
+}
+
 #[derive(Debug)]
 pub struct CrossEntropyOut<T> {
     /// `[N]`: −log p(target) per row, 0 where the target is ignored.

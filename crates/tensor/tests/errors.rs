@@ -332,3 +332,60 @@ fn bf16_is_refused_where_f32_is_required() {
     ));
     assert!(EX.matmul(&x, &xb, None, Transpose::NN).is_ok());
 }
+
+#[test]
+fn gated_delta_rule_errors() {
+    let op = "gated_delta_rule";
+    let (q, v, g) = (r(1, &[2, 3, 2, 4]), r(2, &[2, 3, 4, 5]), r(3, &[2, 3, 4]));
+    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &g).unwrap();
+    let msg = shape_err(EX.gated_delta_rule(&r(1, &[6, 2, 4]), &q, &v, &g, &g), op);
+    assert!(
+        msg.contains("[6, 2, 4]") && msg.contains("[B, T, Hk, Dk]"),
+        "{msg}"
+    );
+    let msg = shape_err(EX.gated_delta_rule(&q, &r(1, &[2, 3, 2, 5]), &v, &g, &g), op);
+    assert!(msg.contains("k [2, 3, 2, 5]"), "{msg}");
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &r(2, &[2, 4, 4, 5]), &g, &g), op);
+    assert!(msg.contains("B and T"), "{msg}");
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &r(2, &[2, 3, 3, 5]), &g, &g), op);
+    assert!(msg.contains("Hv = 3") && msg.contains("Hk = 2"), "{msg}");
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &r(3, &[2, 3, 2]), &g), op);
+    assert!(msg.contains("g must be [2, 3, 4]"), "{msg}");
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &r(3, &[6, 4])), op);
+    assert!(msg.contains("beta must be [2, 3, 4]"), "{msg}");
+    let e = EX.gated_delta_rule(&r(1, &[2, 3, 2, 0]), &r(1, &[2, 3, 2, 0]), &v, &g, &g);
+    assert!(
+        matches!(
+            e,
+            Err(Error::Invalid {
+                op: "gated_delta_rule",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let op = "gated_delta_rule_backward";
+    let msg = shape_err(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &ok, &g), op);
+    assert!(
+        msg.contains("dout [2, 3, 4]") && msg.contains("[2, 3, 4, 5]"),
+        "{msg}"
+    );
+    let short = megatrain_tensor::DeltaRuleOut {
+        out: ok.out.clone(),
+        saved: r(4, &[2, 4, 1, 4, 4]),
+    };
+    let msg = shape_err(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &short, &v), op);
+    assert!(
+        msg.contains("saved [2, 4, 1, 4, 4]") && msg.contains("[2, 4, 1, 4, 5]"),
+        "{msg}"
+    );
+    let wrong_out = megatrain_tensor::DeltaRuleOut {
+        out: g.clone(),
+        saved: ok.saved.clone(),
+    };
+    shape_err(
+        EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &wrong_out, &v),
+        op,
+    );
+    assert!(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &ok, &v).is_ok());
+}

@@ -501,3 +501,82 @@ fn f64_and_f32_executors_agree_on_random_inputs() {
         .unwrap();
     assert!(rel_norm_err(o32.out.data(), o64.out.data()) < 1e-6);
 }
+
+/// One key and one value dimension, two steps, by hand: t = 0 writes
+/// δ = β₀v₀ = 2 into the empty state (o = 0.5 · 2); t = 1 halves it to 1,
+/// reads m = 1 back, writes δ = 0.25 (2 − 1) on top (o = 2 · 1.25).
+#[test]
+fn gated_delta_rule_two_steps_by_hand() {
+    let d = [1, 2, 1, 1];
+    let (q, k, v) = (up(&d, &[0.5, 2.0]), up(&d, &[1.0, 1.0]), up(&d, &[4.0, 2.0]));
+    let (g, beta) = (up(&[1, 2, 1], &[0.0, 0.5f32.ln()]), up(&[1, 2, 1], &[0.5, 0.25]));
+    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta).unwrap();
+    close(fw.out.data(), &[1.0, 2.5], 1e-6);
+    assert_eq!(
+        (fw.saved.dims(), fw.saved.data()),
+        (&[1, 1, 1, 1, 1][..], &[0.0][..])
+    );
+}
+
+/// transformers' `torch_recurrent_gated_delta_rule` (without its l2 norm
+/// and query scale) transcribed in f64 with its repeat_interleave of the
+/// key heads: the f32 executor's output, and its checkpoints against the
+/// states the transcription passes at every chunk start.
+#[test]
+fn gated_delta_rule_is_transformers_recurrence() {
+    let (b, t, hk, hv, dk, dv) = (2, 70, 2, 4, 5, 3);
+    let chunk = megatrain_tensor::DELTA_RULE_CHUNK;
+    let q = EX.upload(&random_tensor(71, [b, t, hk, dk])).unwrap();
+    // |k|² ≤ 0.8 and β < 0.9 keep the recurrence contracting, so that f32
+    // and f64 stay close over 70 steps.
+    let k = EX
+        .scale(&EX.upload(&random_tensor(72, [b, t, hk, dk])).unwrap(), 0.4)
+        .unwrap();
+    let v = EX.upload(&random_tensor(73, [b, t, hv, dv])).unwrap();
+    let g = EX.upload(&random_tensor(74, [b, t, hv])).unwrap();
+    let beta = EX.upload(&random_tensor(75, [b, t, hv])).unwrap();
+    let g = EX.add_scalar(&EX.scale(&g, 0.5).unwrap(), -0.5).unwrap();
+    let beta = EX.add_scalar(&EX.scale(&beta, 0.4).unwrap(), 0.5).unwrap();
+    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta).unwrap();
+    let f = |x: &CpuTensor<f32>, i: usize| x.data()[i] as f64;
+    let nc = t.div_ceil(chunk);
+    let (mut want, mut saved) = (vec![0.0f32; b * t * hv * dv], vec![0.0f32; b * hv * nc * dk * dv]);
+    for (bi, h) in (0..b).flat_map(|bi| (0..hv).map(move |h| (bi, h))) {
+        let kh = h / (hv / hk);
+        let mut state = vec![vec![0.0f64; dv]; dk];
+        for ti in 0..t {
+            if ti % chunk == 0 {
+                for (i, row) in state.iter().enumerate() {
+                    for (j, &s) in row.iter().enumerate() {
+                        saved[(((bi * hv + h) * nc + ti / chunk) * dk + i) * dv + j] = s as f32;
+                    }
+                }
+            }
+            let (kq, vo, gb) = (
+                ((bi * t + ti) * hk + kh) * dk,
+                ((bi * t + ti) * hv + h) * dv,
+                (bi * t + ti) * hv + h,
+            );
+            let (q_t, k_t) = (|i| f(&q, kq + i), |i| f(&k, kq + i));
+            let (g_t, beta_t) = (f(&g, gb).exp(), f(&beta, gb));
+            state.iter_mut().flatten().for_each(|s| *s *= g_t);
+            let kv_mem: Vec<f64> = (0..dv)
+                .map(|j| (0..dk).map(|i| state[i][j] * k_t(i)).sum())
+                .collect();
+            let delta: Vec<f64> = (0..dv).map(|j| (f(&v, vo + j) - kv_mem[j]) * beta_t).collect();
+            for (i, row) in state.iter_mut().enumerate() {
+                row.iter_mut().zip(&delta).for_each(|(s, d)| *s += k_t(i) * d);
+            }
+            for j in 0..dv {
+                want[vo + j] = (0..dk).map(|i| state[i][j] * q_t(i)).sum::<f64>() as f32;
+            }
+        }
+    }
+    assert_eq!(fw.saved.dims(), [b, hv, nc, dk, dv]);
+    assert!(
+        rel_norm_err(fw.out.data(), &want) < 1e-6,
+        "{}",
+        rel_norm_err(fw.out.data(), &want)
+    );
+    assert!(rel_norm_err(fw.saved.data(), &saved) < 1e-6);
+}

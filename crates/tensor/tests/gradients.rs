@@ -551,3 +551,65 @@ fn scale_rows_and_row_dots() {
         [0]
     );
 }
+
+/// The gated delta rule's operands as Qwen3-Next's layer feeds them:
+/// l2-normalised keys, queries normalised and scaled by 1/√Dk, β in (0, 1)
+/// (a sigmoid), g < 0 (a negated softplus).
+fn delta_rule_inputs(seed: u64, [b, tt, hk, hv, dk, dv]: [usize; 6]) -> [T; 5] {
+    let unit_rows = |seed, scale: f64| {
+        let mut x = random_f64(seed, b * tt * hk * dk);
+        for row in x.chunks_mut(dk) {
+            let n = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            row.iter_mut().for_each(|v| *v *= scale / n);
+        }
+        t(&[b, tt, hk, dk], &x)
+    };
+    let heads = b * tt * hv;
+    let g: Vec<f64> = random_f64(seed + 3, heads)
+        .iter()
+        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
+        .collect();
+    let beta: Vec<f64> = random_f64(seed + 4, heads)
+        .iter()
+        .map(|u| 1.0 / (1.0 + (-3.0 * u).exp()))
+        .collect();
+    [
+        unit_rows(seed, 1.0 / (dk as f64).sqrt()),
+        unit_rows(seed + 1, 1.0),
+        rand_t(seed + 2, &[b, tt, hv, dv]),
+        t(&[b, tt, hv], &g),
+        t(&[b, tt, hv], &beta),
+    ]
+}
+
+/// All five gradients of the gated delta rule against finite differences:
+/// GQA (two value heads a key head) across a chunk boundary at a length
+/// no multiple of the chunk, a single step, one head, Dk ≠ Dv.
+#[test]
+fn gated_delta_rule_backward() {
+    for (seed, dims) in [
+        (90, [1, 70, 1, 2, 3, 2]),
+        (100, [2, 1, 2, 4, 4, 3]),
+        (110, [2, 5, 1, 1, 2, 3]),
+    ] {
+        let x = delta_rule_inputs(seed, dims);
+        let fwd = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+        let cot = rand_t(seed + 5, fwd.out.dims());
+        let gr = EX
+            .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fwd, &cot)
+            .unwrap();
+        let grads = [&gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
+        for (gd, xi) in grads.iter().zip(&x) {
+            assert_eq!(gd.shape(), xi.shape());
+        }
+        grad_check(
+            &format!("gated_delta_rule [b, t, hk, hv, dk, dv] = {dims:?}"),
+            &x,
+            &grads.map(|g| g.data()),
+            |i| {
+                let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
+                dot(o.out.data(), cot.data())
+            },
+        );
+    }
+}

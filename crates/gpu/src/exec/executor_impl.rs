@@ -2,9 +2,9 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    Download, Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed, MatmulGrads, MatmulNeeds,
-    MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo, Transpose, WeightSlot,
-    WeightUpload,
+    DeltaRuleGrads, DeltaRuleOut, Download, Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed,
+    MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
+    Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -480,6 +480,30 @@ impl Executor for GpuExecutor {
         dout: &GpuTensor,
     ) -> Result<(GpuTensor, GpuTensor)> {
         self.attention_sinks_backward_impl(out, lse, sinks, dout)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        g: &GpuTensor,
+        beta: &GpuTensor,
+    ) -> Result<DeltaRuleOut<GpuTensor>> {
+        self.gated_delta_rule_impl([q, k, v, g, beta])
+    }
+
+    fn gated_delta_rule_backward(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        g: &GpuTensor,
+        beta: &GpuTensor,
+        fwd: &DeltaRuleOut<GpuTensor>,
+        dout: &GpuTensor,
+    ) -> Result<DeltaRuleGrads<GpuTensor>> {
+        self.gated_delta_rule_backward_impl([q, k, v, g, beta], fwd, dout)
     }
 
     fn swiglu_clamped(&self, gate_up: &GpuTensor, c: ClampedGlu) -> Result<GpuTensor> {

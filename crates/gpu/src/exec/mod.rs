@@ -10,6 +10,7 @@ mod bind_groups;
 mod binding;
 mod buffers;
 mod clamped_glu;
+mod delta_rule;
 mod elementwise;
 mod embed_loss;
 mod env;

@@ -13,8 +13,9 @@ use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    Error, Executor, HostSlice, HostTensor, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope,
-    Shape, SoftCap, TensorHandle, Transpose, attention_sinks_dims, clamped_glu_out,
+    DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Error, Executor, HostSlice, HostTensor, MatmulGrads,
+    MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
+    attention_sinks_dims, clamped_glu_out, delta_rule_dims,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -187,6 +188,18 @@ fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDi
         hkv,
         d,
         mask: AttnMask::CAUSAL,
+    })
+}
+
+/// The gated delta rule's operands (q, k, v, g, beta), each stored as f32.
+fn delta_rule_in<'a, F: Real>(op: &'static str, x: [&'a T<F>; 5]) -> Result<r::DeltaRuleIn<'a, F>> {
+    let [q, k, v, g, beta] = x;
+    Ok(r::DeltaRuleIn {
+        q: f32_data(op, q)?,
+        k: f32_data(op, k)?,
+        v: f32_data(op, v)?,
+        g: f32_data(op, g)?,
+        beta: f32_data(op, beta)?,
     })
 }
 
@@ -685,6 +698,48 @@ impl<F: Real> Executor for RefExecutor<F> {
             dims,
         );
         Ok((out(o.shape().clone(), dx), out(sinks.shape().clone(), ds)))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: &T<F>,
+        k: &T<F>,
+        v: &T<F>,
+        g: &T<F>,
+        beta: &T<F>,
+    ) -> Result<DeltaRuleOut<T<F>>> {
+        let op = "gated_delta_rule";
+        let d = delta_rule_dims(op, [q, k, v, g, beta].map(|x| x.shape()), None)?;
+        let (o, saved) = r::gated_delta_rule(delta_rule_in(op, [q, k, v, g, beta])?, d);
+        Ok(DeltaRuleOut {
+            out: out(v.shape().clone(), o),
+            saved: out(d.saved_shape(), saved),
+        })
+    }
+
+    fn gated_delta_rule_backward(
+        &self,
+        q: &T<F>,
+        k: &T<F>,
+        v: &T<F>,
+        g: &T<F>,
+        beta: &T<F>,
+        fwd: &DeltaRuleOut<T<F>>,
+        dout: &T<F>,
+    ) -> Result<DeltaRuleGrads<T<F>>> {
+        let op = "gated_delta_rule_backward";
+        let bwd = [&fwd.out, &fwd.saved, dout].map(|x| x.shape());
+        let d: DeltaRuleDims = delta_rule_dims(op, [q, k, v, g, beta].map(|x| x.shape()), Some(bwd))?;
+        let x = delta_rule_in(op, [q, k, v, g, beta])?;
+        let [dq, dk, dv, dg, dbeta] =
+            r::gated_delta_rule_backward(x, f32_data(op, &fwd.saved)?, f32_data(op, dout)?, d);
+        Ok(DeltaRuleGrads {
+            dq: out(q.shape().clone(), dq),
+            dk: out(k.shape().clone(), dk),
+            dv: out(v.shape().clone(), dv),
+            dg: out(g.shape().clone(), dg),
+            dbeta: out(beta.shape().clone(), dbeta),
+        })
     }
 
     fn swiglu(&self, gate: &T<F>, up: &T<F>) -> Result<T<F>> {

@@ -8,6 +8,7 @@
 mod activation;
 mod attention;
 mod attention_sinks;
+mod delta_rule;
 mod embedding;
 mod layout;
 mod loss;
@@ -21,6 +22,7 @@ pub use activation::{
 };
 pub use attention::{AttnDims, attention, attention_backward};
 pub use attention_sinks::{attention_sinks, attention_sinks_backward};
+pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};

@@ -1,0 +1,255 @@
+//! The gated delta rule (Qwen3-Next's linear attention) on delta_rule.wgsl's
+//! SIMT kernels, in f32 whatever the compute precision: the recurrence
+//! carries every rounding through the whole sequence.
+//!
+//! A workgroup owns 32 state columns of one (batch, value head), so a
+//! 128×128 state runs on 4 workgroups with its block in registers. Memory
+//! (f32, C = [`DELTA_RULE_CHUNK`], NB = ⌈Dv/32⌉):
+//! - `saved`: `4·B·Hv·⌈T/C⌉·Dk·Dv` bytes (the state at every chunk start;
+//!   1 GiB at B·T = 8×4096, Hv = 32, Dk = Dv = 128, twice `out`);
+//! - the backward's scratch, `4·Hv·NB·32·(C·Dk + C + Dk)` bytes a batch of
+//!   a piece (the replayed chunk's states, its Sᵀk and the dS handed
+//!   between dispatches: 131 MiB at Hv = 32, Dk = Dv = 128), and its
+//!   partials, `4·T·Hv·NB·(2·Dk + 2)` bytes a batch (dq and dk per value
+//!   head and column block before their sums, dg and dβ per column block:
+//!   516 MiB at T = 4096, so pieces of 3 batches under NVIDIA's 2 GiB
+//!   bindings).
+//!
+//! Whole batches are bound at a time, as many as every binding holds; a
+//! batch whose scratch or partials outgrow one binding is refused.
+
+use megatrain_tensor::{
+    DELTA_RULE_CHUNK, DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Result, delta_rule_dims,
+};
+
+use super::{GpuExecutor, grid_for, need_f32, u};
+use crate::GpuError;
+use crate::kernels::Kernel;
+use crate::tensor::GpuTensor;
+
+/// State columns per workgroup (delta_rule.wgsl's COLS).
+const COLS: usize = 32;
+/// The largest Dk the kernels' register blocks hold (RG · NR).
+const MAX_DK: usize = 128;
+/// An upper bound on the loop iterations one step costs an invocation
+/// (replay and reverse walk together), for splitting chunks over dispatches
+/// under llvmpipe's loop budget.
+const STEP_LOOPS: usize = 400;
+
+/// Elements one batch takes in each kind of binding: q/k, v/out/dout,
+/// g/beta, saved, the backward's scratch and its partials.
+fn per_batch(d: DeltaRuleDims) -> [usize; 6] {
+    let nb = d.dv.div_ceil(COLS);
+    [
+        d.t * d.hk * d.dk,
+        d.t * d.hv * d.dv,
+        d.t * d.hv,
+        d.hv * d.chunks() * d.dk * d.dv,
+        d.hv * nb * COLS * (DELTA_RULE_CHUNK * d.dk + DELTA_RULE_CHUNK + d.dk),
+        d.t * (2 * d.hk * d.group() * nb * d.dk + 2 * d.hv * nb),
+    ]
+}
+
+impl GpuExecutor {
+    fn delta_rule_check(&self, op: &'static str, d: DeltaRuleDims) -> Result<()> {
+        if d.dk > MAX_DK {
+            return Err(GpuError::Unsupported {
+                op,
+                detail: format!("key heads of {} (the kernels hold at most {MAX_DK})", d.dk),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Chunk ranges one dispatch each, first to last, each within the loop
+    /// budget (all of them in one where there is none).
+    fn delta_rule_ranges(&self, d: DeltaRuleDims) -> Vec<(usize, usize)> {
+        let per = (self.loop_budget / (DELTA_RULE_CHUNK * STEP_LOOPS)).max(1);
+        (0..d.chunks())
+            .step_by(per)
+            .map(|c| (c, (c + per).min(d.chunks())))
+            .collect()
+    }
+
+    /// Batch pieces `(b0, nb)` whose every binding fits, at most 65535
+    /// batches (one grid dimension) each.
+    fn delta_rule_pieces(&self, d: DeltaRuleDims) -> Result<Vec<(usize, usize)>> {
+        let mut out = Vec::new();
+        for (b0, n) in self.row_chunks(d.b, &per_batch(d))? {
+            out.extend((b0..b0 + n).step_by(65535).map(|s| (s, (b0 + n - s).min(65535))));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn gated_delta_rule_impl(&self, x: [&GpuTensor; 5]) -> Result<DeltaRuleOut<GpuTensor>> {
+        const OP: &str = "gated_delta_rule";
+        x.iter().try_for_each(|t| need_f32(OP, t))?;
+        let d = delta_rule_dims(OP, x.map(|t| &t.shape), None)?;
+        self.delta_rule_check(OP, d)?;
+        let [q, k, v, g, beta] = x;
+        let out = self.alloc_f32(v.shape.clone())?;
+        let saved = self.alloc_f32(d.saved_shape())?;
+        if out.numel() == 0 {
+            return Ok(DeltaRuleOut { out, saved });
+        }
+        let [nq, nv, ng, ns, _, _] = per_batch(d);
+        let mut op = self.op(OP);
+        for (b0, nb) in self.delta_rule_pieces(d)? {
+            let views = [
+                self.view(q, b0 * nq, nb * nq)?,
+                self.view(k, b0 * nq, nb * nq)?,
+                self.view(v, b0 * nv, nb * nv)?,
+                self.view(g, b0 * ng, nb * ng)?,
+                self.view(beta, b0 * ng, nb * ng)?,
+                self.view(&out, b0 * nv, nb * nv)?,
+                self.view(&saved, b0 * ns, nb * ns)?,
+            ];
+            let offs = views.map(|v| v.elem_off);
+            for (c0, c1) in self.delta_rule_ranges(d) {
+                let params = params(d, nb, &offs, [0, 0], (c0, c1), [0; 4]);
+                op.dispatch(
+                    Kernel::DeltaRuleFwd,
+                    &params,
+                    &views,
+                    [u(d.dv.div_ceil(COLS)), u(d.hv), u(nb)],
+                );
+            }
+        }
+        op.finish()?;
+        Ok(DeltaRuleOut { out, saved })
+    }
+
+    pub(crate) fn gated_delta_rule_backward_impl(
+        &self,
+        x: [&GpuTensor; 5],
+        fwd: &DeltaRuleOut<GpuTensor>,
+        dout: &GpuTensor,
+    ) -> Result<DeltaRuleGrads<GpuTensor>> {
+        const OP: &str = "gated_delta_rule_backward";
+        x.iter()
+            .chain([&&fwd.out, &&fwd.saved, &dout])
+            .try_for_each(|t| need_f32(OP, t))?;
+        let d = delta_rule_dims(
+            OP,
+            x.map(|t| &t.shape),
+            Some([&fwd.out.shape, &fwd.saved.shape, &dout.shape]),
+        )?;
+        self.delta_rule_check(OP, d)?;
+        let [q, k, v, g, beta] = x;
+        let grads = DeltaRuleGrads {
+            dq: self.alloc_f32(q.shape.clone())?,
+            dk: self.alloc_f32(k.shape.clone())?,
+            dv: self.alloc_f32(v.shape.clone())?,
+            dg: self.alloc_f32(g.shape.clone())?,
+            dbeta: self.alloc_f32(beta.shape.clone())?,
+        };
+        if grads.dv.numel() == 0 {
+            return Ok(grads);
+        }
+        let [nq, nv, ng, ns, nscratch, nparts] = per_batch(d);
+        let pieces = self.delta_rule_pieces(d)?;
+        let most = pieces.iter().map(|p| p.1).max().unwrap_or(0);
+        let scratch = self.alloc_f32([most * nscratch])?;
+        let parts = self.alloc_f32([most * nparts])?;
+        let cols = d.dv.div_ceil(COLS);
+        let ranges = self.delta_rule_ranges(d);
+        let mut op = self.op(OP);
+        for (b0, nb) in pieces {
+            let views = [
+                self.view(q, b0 * nq, nb * nq)?,
+                self.view(k, b0 * nq, nb * nq)?,
+                self.view(v, b0 * nv, nb * nv)?,
+                self.view(g, b0 * ng, nb * ng)?,
+                self.view(beta, b0 * ng, nb * ng)?,
+                self.view(&grads.dv, b0 * nv, nb * nv)?,
+                self.view(&fwd.saved, b0 * ns, nb * ns)?,
+                self.view(dout, b0 * nv, nb * nv)?,
+                self.view(&scratch, 0, nb * nscratch)?,
+                self.view(&parts, 0, nb * nparts)?,
+            ];
+            let offs = views.map(|v| v.elem_off);
+            for &(c0, c1) in ranges.iter().rev() {
+                let params = params(d, nb, &offs, [offs[8], offs[9]], (c0, c1), [0; 4]);
+                op.dispatch(Kernel::DeltaRuleBwd, &params, &views, [u(cols), u(d.hv), u(nb)]);
+            }
+            // The partials' regions (delta_rule.wgsl's dr_bwd) and what
+            // each sums into: rows, width, partials a row.
+            let (dq_rows, dg_rows) = (nb * d.t * d.hk, nb * d.t * d.hv);
+            let region = dq_rows * d.group() * cols * d.dk;
+            let sums = [
+                (&grads.dq, 0, b0 * nq, dq_rows, d.dk, d.group() * cols),
+                (&grads.dk, region, b0 * nq, dq_rows, d.dk, d.group() * cols),
+                (&grads.dg, 2 * region, b0 * ng, dg_rows, 1, cols),
+                (
+                    &grads.dbeta,
+                    2 * region + dg_rows * cols,
+                    b0 * ng,
+                    dg_rows,
+                    1,
+                    cols,
+                ),
+            ];
+            for (y, at, y0, rows, w, np) in sums {
+                let yv = self.view(y, y0, rows * w)?;
+                let gs = [u(rows * w), u(w), u(np), yv.elem_off];
+                let params = params(d, nb, &[0; 10], [0, offs[9] + u(at)], (0, 0), gs);
+                op.dispatch(
+                    Kernel::DeltaRuleGroupSum,
+                    &params,
+                    &[views[9], yv],
+                    grid_for((rows * w).div_ceil(256)),
+                );
+            }
+        }
+        op.keep(scratch);
+        op.keep(parts);
+        op.finish()?;
+        Ok(grads)
+    }
+}
+
+/// delta_rule.wgsl's `Params`: the sizes, the element offsets of the bound
+/// q, k, v, g, beta, out (or dv), saved and dout, then those of the
+/// scratch and partials, the chunk range and dr_group_sum's
+/// `(n, w, p, y_off)`.
+fn params(
+    d: DeltaRuleDims,
+    nbatch: usize,
+    offs: &[u32],
+    [scratch, parts]: [u32; 2],
+    (c0, c1): (usize, usize),
+    gs: [u32; 4],
+) -> [u32; 28] {
+    let off = |i: usize| offs.get(i).copied().unwrap_or(0);
+    [
+        u(d.t),
+        u(d.hk),
+        u(d.hv),
+        u(d.dk),
+        u(d.dv),
+        u(d.group()),
+        u(d.dv.div_ceil(COLS)),
+        u(d.chunks()),
+        off(0),
+        off(1),
+        off(2),
+        off(3),
+        off(4),
+        off(5),
+        off(6),
+        off(7),
+        scratch,
+        parts,
+        u(nbatch),
+        u(c0),
+        u(c1),
+        gs[0],
+        gs[1],
+        gs[2],
+        gs[3],
+        0,
+        0,
+        0,
+    ]
+}

@@ -1,0 +1,232 @@
+//! The gated delta rule (Qwen3-Next's linear attention), one step at a time
+//! as transformers' `torch_recurrent_gated_delta_rule` writes it, on the
+//! whole `[Dk, Dv]` state of each (batch, value head).
+//!
+//! The backward never inverts the recurrence (`1 − β‖k‖²` may be ~0 and
+//! `exp(g)` tiny): it replays each chunk of [`DELTA_RULE_CHUNK`] steps from
+//! the state the forward checkpointed at its start.
+
+use rayon::prelude::*;
+
+use crate::cpu::Real;
+use crate::{DELTA_RULE_CHUNK, DeltaRuleDims};
+
+/// The operands, row-major: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`,
+/// g, beta `[B, T, Hv]`.
+#[derive(Clone, Copy)]
+pub struct DeltaRuleIn<'a, F> {
+    pub q: &'a [F],
+    pub k: &'a [F],
+    pub v: &'a [F],
+    pub g: &'a [F],
+    pub beta: &'a [F],
+}
+
+/// One (batch, value head)'s view of the operands at step t.
+struct Step<'a, F> {
+    q: &'a [F],
+    k: &'a [F],
+    v: &'a [F],
+    alpha: F,
+    beta: F,
+}
+
+impl<'a, F: Real> DeltaRuleIn<'a, F> {
+    fn check(&self, d: DeltaRuleDims) {
+        let (bt, what) = (d.b * d.t, "gated_delta_rule: operand lengths");
+        assert_eq!(self.q.len(), bt * d.hk * d.dk, "{what}");
+        assert_eq!(self.k.len(), bt * d.hk * d.dk, "{what}");
+        assert_eq!(self.v.len(), bt * d.hv * d.dv, "{what}");
+        assert_eq!(self.g.len(), bt * d.hv, "{what}");
+        assert_eq!(self.beta.len(), bt * d.hv, "{what}");
+    }
+
+    fn step(&self, d: DeltaRuleDims, b: usize, h: usize, t: usize) -> Step<'a, F> {
+        let row = b * d.t + t;
+        let kq = (row * d.hk + h / d.group()) * d.dk;
+        let v = (row * d.hv + h) * d.dv;
+        Step {
+            q: &self.q[kq..kq + d.dk],
+            k: &self.k[kq..kq + d.dk],
+            v: &self.v[v..v + d.dv],
+            alpha: self.g[row * d.hv + h].exp(),
+            beta: self.beta[row * d.hv + h],
+        }
+    }
+}
+
+/// `s ← α s` then the delta rule's write of `k`, `s: [Dk, Dv]`; returns
+/// `m = sᵀk` of the decayed state (the value the state held for `k`).
+fn advance<F: Real>(s: &mut [F], x: &Step<'_, F>, dv: usize) -> Vec<F> {
+    s.iter_mut().for_each(|e| *e = *e * x.alpha);
+    let mut m = vec![F::zero(); dv];
+    for (row, &ki) in s.chunks(dv).zip(x.k) {
+        m.iter_mut().zip(row).for_each(|(m, &e)| *m = *m + ki * e);
+    }
+    for (row, &ki) in s.chunks_mut(dv).zip(x.k) {
+        for ((e, &vj), &mj) in row.iter_mut().zip(x.v).zip(&m) {
+            *e = *e + ki * x.beta * (vj - mj);
+        }
+    }
+    m
+}
+
+/// Per (b, h) in order: its outputs `[T, Dv]` and checkpoints `[C, Dk, Dv]`.
+fn forward_head<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims, b: usize, h: usize) -> (Vec<F>, Vec<F>) {
+    let mut s = vec![F::zero(); d.dk * d.dv];
+    let mut out = Vec::with_capacity(d.t * d.dv);
+    let mut saved = Vec::with_capacity(d.chunks() * s.len());
+    for t in 0..d.t {
+        if t % DELTA_RULE_CHUNK == 0 {
+            saved.extend_from_slice(&s);
+        }
+        let st = x.step(d, b, h, t);
+        advance(&mut s, &st, d.dv);
+        let mut o = vec![F::zero(); d.dv];
+        for (row, &qi) in s.chunks(d.dv).zip(st.q) {
+            o.iter_mut().zip(row).for_each(|(o, &e)| *o = *o + qi * e);
+        }
+        out.extend(o);
+    }
+    (out, saved)
+}
+
+/// `(out [B, T, Hv, Dv], saved [B, Hv, ⌈T/C⌉, Dk, Dv])`.
+pub fn gated_delta_rule<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims) -> (Vec<F>, Vec<F>) {
+    x.check(d);
+    let heads: Vec<_> = (0..d.b * d.hv)
+        .into_par_iter()
+        .map(|bh| forward_head(x, d, bh / d.hv, bh % d.hv))
+        .collect();
+    let mut out = vec![F::zero(); d.b * d.t * d.hv * d.dv];
+    let mut saved = Vec::with_capacity(d.b * d.hv * d.chunks() * d.dk * d.dv);
+    for (bh, (o, s)) in heads.into_iter().enumerate() {
+        let (b, h) = (bh / d.hv, bh % d.hv);
+        for (t, row) in o.chunks(d.dv).enumerate() {
+            let at = ((b * d.t + t) * d.hv + h) * d.dv;
+            out[at..at + d.dv].copy_from_slice(row);
+        }
+        saved.extend(s);
+    }
+    (out, saved)
+}
+
+/// One (b, h)'s gradients: dq, dk `[T, Dk]` (of this value head alone),
+/// dv `[T, Dv]`, dg, dbeta `[T]`.
+struct HeadGrads<F> {
+    dq: Vec<F>,
+    dk: Vec<F>,
+    dv: Vec<F>,
+    dg: Vec<F>,
+    dbeta: Vec<F>,
+}
+
+fn backward_head<F: Real>(
+    x: DeltaRuleIn<'_, F>,
+    saved: &[F],
+    dout: &[F],
+    d: DeltaRuleDims,
+    (b, h): (usize, usize),
+) -> HeadGrads<F> {
+    let (dk, dv, n) = (d.dk, d.dv, d.dk * d.dv);
+    let mut gr = HeadGrads {
+        dq: vec![F::zero(); d.t * dk],
+        dk: vec![F::zero(); d.t * dk],
+        dv: vec![F::zero(); d.t * dv],
+        dg: vec![F::zero(); d.t],
+        dbeta: vec![F::zero(); d.t],
+    };
+    // dL/dS of the state after the step being undone, carried backwards.
+    let mut ds = vec![F::zero(); n];
+    for c in (0..d.chunks()).rev() {
+        let (t0, t1) = (c * DELTA_RULE_CHUNK, ((c + 1) * DELTA_RULE_CHUNK).min(d.t));
+        let at = ((b * d.hv + h) * d.chunks() + c) * n;
+        // The state before each step of the chunk, replayed from its start.
+        let mut before = vec![saved[at..at + n].to_vec()];
+        for t in t0..t1 - 1 {
+            let mut s = before[t - t0].clone();
+            advance(&mut s, &x.step(d, b, h, t), dv);
+            before.push(s);
+        }
+        for t in (t0..t1).rev() {
+            let st = x.step(d, b, h, t);
+            let prev = &before[t - t0];
+            let mut s = prev.clone();
+            let m = advance(&mut s, &st, dv);
+            let a: Vec<F> = prev.iter().map(|&e| st.alpha * e).collect();
+            let dot = &dout[((b * d.t + t) * d.hv + h) * dv..][..dv];
+            let (dq, dkt) = (&mut gr.dq[t * dk..][..dk], &mut gr.dk[t * dk..][..dk]);
+            let mut ddelta = vec![F::zero(); dv];
+            for i in 0..dk {
+                let (srow, dsrow) = (&s[i * dv..][..dv], &mut ds[i * dv..][..dv]);
+                for j in 0..dv {
+                    dsrow[j] = dsrow[j] + st.q[i] * dot[j];
+                    dq[i] = dq[i] + dot[j] * srow[j];
+                    ddelta[j] = ddelta[j] + st.k[i] * dsrow[j];
+                    let delta = st.beta * (st.v[j] - m[j]);
+                    dkt[i] = dkt[i] + delta * dsrow[j];
+                }
+            }
+            let dm: Vec<F> = ddelta.iter().map(|&e| -st.beta * e).collect();
+            for j in 0..dv {
+                gr.dv[t * dv + j] = st.beta * ddelta[j];
+                gr.dbeta[t] = gr.dbeta[t] + (st.v[j] - m[j]) * ddelta[j];
+            }
+            let mut dalpha = F::zero();
+            for (i, (dki, &ki)) in dkt.iter_mut().zip(st.k).enumerate() {
+                for (j, &dmj) in dm.iter().enumerate() {
+                    let e = i * dv + j;
+                    let da = ds[e] + ki * dmj;
+                    *dki = *dki + a[e] * dmj;
+                    dalpha = dalpha + prev[e] * da;
+                    ds[e] = st.alpha * da;
+                }
+            }
+            gr.dg[t] = st.alpha * dalpha;
+        }
+    }
+    gr
+}
+
+/// `(dq, dk, dv, dg, dbeta)` of [`gated_delta_rule`] from its `saved`
+/// checkpoints and `dout`; dq and dk summed over the value heads of each key
+/// head in order.
+pub fn gated_delta_rule_backward<F: Real>(
+    x: DeltaRuleIn<'_, F>,
+    saved: &[F],
+    dout: &[F],
+    d: DeltaRuleDims,
+) -> [Vec<F>; 5] {
+    x.check(d);
+    assert_eq!(
+        saved.len(),
+        d.saved_shape().numel(),
+        "gated_delta_rule_backward: saved length"
+    );
+    assert_eq!(dout.len(), x.v.len(), "gated_delta_rule_backward: dout length");
+    let heads: Vec<_> = (0..d.b * d.hv)
+        .into_par_iter()
+        .map(|bh| backward_head(x, saved, dout, d, (bh / d.hv, bh % d.hv)))
+        .collect();
+    let mut dq = vec![F::zero(); x.q.len()];
+    let mut dk = vec![F::zero(); x.k.len()];
+    let mut dv = vec![F::zero(); x.v.len()];
+    let mut dg = vec![F::zero(); x.g.len()];
+    let mut dbeta = vec![F::zero(); x.beta.len()];
+    for (bh, gr) in heads.iter().enumerate() {
+        let (b, h) = (bh / d.hv, bh % d.hv);
+        for t in 0..d.t {
+            let row = b * d.t + t;
+            let kq = (row * d.hk + h / d.group()) * d.dk;
+            for i in 0..d.dk {
+                dq[kq + i] = dq[kq + i] + gr.dq[t * d.dk + i];
+                dk[kq + i] = dk[kq + i] + gr.dk[t * d.dk + i];
+            }
+            let at = (row * d.hv + h) * d.dv;
+            dv[at..at + d.dv].copy_from_slice(&gr.dv[t * d.dv..][..d.dv]);
+            dg[row * d.hv + h] = gr.dg[t];
+            dbeta[row * d.hv + h] = gr.dbeta[t];
+        }
+    }
+    [dq, dk, dv, dg, dbeta]
+}
