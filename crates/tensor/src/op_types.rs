@@ -344,6 +344,79 @@ pub fn attention_sinks_dims(
     Ok(dims)
 }
 
+/// `[B, T, C, K]` of a depthwise causal convolution's `x: [B, T, C]` and
+/// `w: [C, K]` (and `dy`, `x`'s shape, for the backward), or an error
+/// naming `op` (every executor checks with this). K = 0 is refused: a
+/// convolution of no taps has no meaning a checkpoint could hold, and
+/// would make every output silu(0) without reading `x`.
+pub fn causal_conv1d_dims(op: &'static str, x: &Shape, w: &Shape, dy: Option<&Shape>) -> Result<[usize; 4]> {
+    let [b, t, c] =
+        <[usize; 3]>::try_from(x.dims()).map_err(|_| Error::shape(op, format!("x {x} must be [B, T, C]")))?;
+    let k = match *w.dims() {
+        [wc, k] if wc == c && k > 0 => k,
+        _ => {
+            return Err(Error::shape(
+                op,
+                format!("w {w} must be [{c}, K] with K ≥ 1, one row of taps per channel of x {x}"),
+            ));
+        }
+    };
+    if let Some(d) = dy.filter(|&d| d != x) {
+        return Err(Error::shape(op, format!("dy {d} must have x's shape {x}")));
+    }
+    Ok([b, t, c, k])
+}
+
+/// `[N, H]` of the gated delta rule's gate inputs: `a` and `b` `[.., H]`
+/// alike (rows as the row-wise ops read them, the leading dimensions
+/// flattened), `a_log` and `dt_bias` `[H]`, and the backward's `dg` and
+/// `dbeta` of `a`'s shape; or an error naming `op` (every executor
+/// checks with this).
+pub fn delta_gates_dims(
+    op: &'static str,
+    a: &Shape,
+    b: &Shape,
+    a_log: &Shape,
+    dt_bias: &Shape,
+    grads: Option<(&Shape, &Shape)>,
+) -> Result<[usize; 2]> {
+    let h = match a.dims().last() {
+        Some(&h) if h > 0 => h,
+        _ => return Err(Error::shape(op, format!("a {a} must be [N, H] with H ≥ 1"))),
+    };
+    if b != a {
+        return Err(Error::shape(op, format!("b {b} must have a's shape {a}")));
+    }
+    for (name, p) in [("a_log", a_log), ("dt_bias", dt_bias)] {
+        if p.dims() != [h] {
+            return Err(Error::shape(
+                op,
+                format!("{name} {p} must be [{h}], one per head of a {a}"),
+            ));
+        }
+    }
+    if let Some((dg, dbeta)) = grads {
+        for (name, d) in [("dg", dg), ("dbeta", dbeta)] {
+            if d != a {
+                return Err(Error::shape(op, format!("{name} {d} must have a's shape {a}")));
+            }
+        }
+    }
+    Ok([a.numel() / h, h])
+}
+
+/// Checks that `sigmoid_mul`'s `gate`, `x` (and the backward's `dy`) have
+/// one shape, naming `op` (every executor checks with this).
+pub fn sigmoid_mul_check(op: &'static str, gate: &Shape, x: &Shape, dy: Option<&Shape>) -> Result<()> {
+    if x != gate {
+        return Err(Error::shape(op, format!("x {x} must have gate's shape {gate}")));
+    }
+    if let Some(d) = dy.filter(|&d| d != gate) {
+        return Err(Error::shape(op, format!("dy {d} must have gate's shape {gate}")));
+    }
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct AttentionGrads<T> {
     pub dq: T,

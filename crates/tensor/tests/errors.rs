@@ -388,4 +388,52 @@ fn gated_delta_rule_errors() {
         op,
     );
     assert!(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &ok, &v).is_ok());
+fn causal_conv1d_silu_errors() {
+    let op = "causal_conv1d_silu";
+    let (x, w) = (r(1, &[2, 5, 3]), r(2, &[3, 4]));
+    let msg = shape_err(EX.causal_conv1d_silu(&r(1, &[10, 3]), &w), op);
+    assert!(msg.contains("x [10, 3]") && msg.contains("[B, T, C]"), "{msg}");
+    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[4, 4])), op);
+    assert!(msg.contains("w [4, 4]") && msg.contains("[2, 5, 3]"), "{msg}");
+    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[3, 0])), op);
+    assert!(msg.contains("w [3, 0]") && msg.contains("K ≥ 1"), "{msg}");
+    shape_err(EX.causal_conv1d_silu(&x, &r(2, &[12])), op);
+    let op = "causal_conv1d_silu_backward";
+    let msg = shape_err(EX.causal_conv1d_silu_backward(&x, &w, &r(3, &[2, 4, 3])), op);
+    assert!(msg.contains("dy [2, 4, 3]") && msg.contains("[2, 5, 3]"), "{msg}");
+    shape_err(EX.causal_conv1d_silu_backward(&x, &r(2, &[3, 4, 1]), &x), op);
+    assert!(EX.causal_conv1d_silu_backward(&x, &w, &x).is_ok());
+}
+
+#[test]
+fn delta_gates_errors() {
+    let op = "delta_gates";
+    let (a, h1) = (r(1, &[5, 4]), r(2, &[4]));
+    let msg = shape_err(EX.delta_gates(&a, &r(3, &[5, 3]), &h1, &h1), op);
+    assert!(msg.contains("b [5, 3]") && msg.contains("[5, 4]"), "{msg}");
+    let msg = shape_err(EX.delta_gates(&a, &a, &r(4, &[3]), &h1), op);
+    assert!(msg.contains("a_log [3]") && msg.contains("[4]"), "{msg}");
+    let msg = shape_err(EX.delta_gates(&a, &a, &h1, &r(4, &[1, 4])), op);
+    assert!(msg.contains("dt_bias [1, 4]"), "{msg}");
+    shape_err(
+        EX.delta_gates(&r(1, &[5, 0]), &r(1, &[5, 0]), &r(2, &[0]), &r(2, &[0])),
+        op,
+    );
+    let op = "delta_gates_backward";
+    let msg = shape_err(EX.delta_gates_backward(&a, &a, &h1, &h1, &r(5, &[4, 5]), &a), op);
+    assert!(msg.contains("dg [4, 5]") && msg.contains("[5, 4]"), "{msg}");
+    let msg = shape_err(EX.delta_gates_backward(&a, &a, &h1, &h1, &a, &r(5, &[20])), op);
+    assert!(msg.contains("dbeta [20]"), "{msg}");
+    assert!(EX.delta_gates_backward(&a, &a, &h1, &h1, &a, &a).is_ok());
+}
+
+#[test]
+fn sigmoid_mul_errors() {
+    let (g, x) = (r(1, &[2, 3]), r(2, &[3, 2]));
+    let msg = shape_err(EX.sigmoid_mul(&g, &x), "sigmoid_mul");
+    assert!(msg.contains("x [3, 2]") && msg.contains("[2, 3]"), "{msg}");
+    let op = "sigmoid_mul_backward";
+    shape_err(EX.sigmoid_mul_backward(&g, &x, &g), op);
+    let msg = shape_err(EX.sigmoid_mul_backward(&g, &g, &r(3, &[6])), op);
+    assert!(msg.contains("dy [6]"), "{msg}");
 }

@@ -579,4 +579,94 @@ fn gated_delta_rule_is_transformers_recurrence() {
         rel_norm_err(fw.out.data(), &want)
     );
     assert!(rel_norm_err(fw.saved.data(), &saved) < 1e-6);
+/// The short convolution against its definition written out with an
+/// explicit left padding of K − 1 zeros per sequence (HF's `Conv1d`
+/// with `padding = K − 1`, cut to the first T outputs), in f64.
+#[test]
+fn causal_conv1d_silu_known_values() {
+    let silu = |v: f64| v / (1.0 + (-v).exp());
+    for (seed, [b, t, c, k]) in [(601u64, [2, 5, 3, 4]), (611, [2, 2, 2, 4]), (621, [1, 3, 2, 1])] {
+        let x = random_tensor(seed, [b, t, c]);
+        let w = random_tensor(seed + 1, [c, k]);
+        let (xd, wd) = (x.to_f32_vec(), w.to_f32_vec());
+        let mut want = Vec::new();
+        for bi in 0..b {
+            // [K − 1 zeros, then x[bi]], per channel.
+            let padded: Vec<Vec<f64>> = (0..c)
+                .map(|ci| {
+                    let mut p = vec![0.0; k - 1];
+                    p.extend((0..t).map(|ti| xd[(bi * t + ti) * c + ci] as f64));
+                    p
+                })
+                .collect();
+            for ti in 0..t {
+                for ci in 0..c {
+                    let z: f64 = (0..k).map(|i| wd[ci * k + i] as f64 * padded[ci][ti + i]).sum();
+                    want.push(silu(z) as f32);
+                }
+            }
+        }
+        let y = EX
+            .causal_conv1d_silu(&EX.upload(&x).unwrap(), &EX.upload(&w).unwrap())
+            .unwrap();
+        assert_eq!(y.dims(), [b, t, c]);
+        close(y.data(), &want, 1e-6);
+    }
+    // One sequence, one channel, taps [1, 2]: y = silu(x[t−1] + 2 x[t]).
+    let y = EX
+        .causal_conv1d_silu(&up(&[1, 3, 1], &[1.0, -1.0, 0.5]), &up(&[1, 2], &[1.0, 2.0]))
+        .unwrap();
+    let s = |v: f32| v / (1.0 + (-v).exp());
+    close(y.data(), &[s(2.0), s(-1.0), s(0.0)], 1e-7);
+}
+
+/// `g = −exp(A_log) · softplus(a + dt_bias)` with A_log = ln 2, and
+/// `a + dt_bias` at 0, at torch's threshold 20 (still ln(1 + e²⁰)), past it
+/// (x itself: 25 gives −50 exactly) and far below; `beta = σ(b)`.
+#[test]
+fn delta_gates_known_values() {
+    let ln2 = std::f64::consts::LN_2;
+    let ex = F64Executor::new();
+    let t64 = |shape: &[usize], d: &[f64]| {
+        megatrain_tensor::CpuTensor::<f64>::from_vec(shape.to_vec(), d.to_vec()).unwrap()
+    };
+    let a = t64(&[2, 2], &[-1.0, 19.0, 24.0, -31.0]);
+    let b = t64(&[2, 2], &[0.0, 2.0, -3.0, 40.0]);
+    let (a_log, dt_bias) = (t64(&[2], &[ln2, 0.0]), t64(&[2], &[1.0, 1.0]));
+    let (g, beta) = ex.delta_gates(&a, &b, &a_log, &dt_bias).unwrap();
+    let want_g = [
+        -2.0 * 2f64.ln(),
+        -(20f64.exp().ln_1p()),
+        -50.0,
+        -((-30f64).exp().ln_1p()),
+    ];
+    for (i, (&got, want)) in g.data().iter().zip(want_g).enumerate() {
+        assert!((got - want).abs() <= 1e-15 * want.abs(), "g {i}: {got} vs {want}");
+    }
+    assert_eq!(g.data()[2], -50.0, "past the threshold softplus is x itself");
+    let s = |v: f64| 1.0 / (1.0 + (-v).exp());
+    assert_eq!(beta.data(), [0.5, s(2.0), s(-3.0), s(40.0)]);
+    // The f32 executor agrees.
+    let f = |x: &megatrain_tensor::CpuTensor<f64>| {
+        up(x.dims(), &x.data().iter().map(|&v| v as f32).collect::<Vec<_>>())
+    };
+    let (g32, b32) = EX.delta_gates(&f(&a), &f(&b), &f(&a_log), &f(&dt_bias)).unwrap();
+    let (wg, wb): (Vec<f32>, Vec<f32>) = (
+        want_g.iter().map(|&v| v as f32).collect(),
+        beta.data().iter().map(|&v| v as f32).collect(),
+    );
+    close(g32.data(), &wg, 1e-5);
+    close(b32.data(), &wb, 1e-7);
+}
+
+#[test]
+fn sigmoid_mul_known_values() {
+    let y = EX
+        .sigmoid_mul(
+            &up(&[2, 2], &[0.0, 2.0, -2.0, 30.0]),
+            &up(&[2, 2], &[3.0, 1.0, 1.0, -4.0]),
+        )
+        .unwrap();
+    let s = |v: f32| 1.0 / (1.0 + (-v).exp());
+    close(y.data(), &[1.5, s(2.0), s(-2.0), -4.0], 1e-7);
 }

@@ -609,7 +609,86 @@ fn gated_delta_rule_backward() {
             |i| {
                 let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
                 dot(o.out.data(), cot.data())
+/// The short convolution at the Qwen3-Next width of K = 4 with T above,
+/// below and at 1 (every output then reads the left padding), and K = 1
+/// (a per-channel scale before SiLU); two sequences each, so that the
+/// second's first positions must not read the first's last ones. Inputs
+/// over ±2 put SiLU's curvature to work.
+#[test]
+fn causal_conv1d_silu_backward() {
+    for (seed, [b, tt, c, k]) in [
+        (501, [2, 6, 3, 4]),
+        (511, [2, 3, 3, 4]),
+        (521, [2, 1, 2, 4]),
+        (531, [2, 4, 3, 1]),
+    ] {
+        let x = t(&[b, tt, c], &scaled(seed, b * tt * c, 2.0));
+        let w = rand_t(seed + 1, &[c, k]);
+        let cot = rand_t(seed + 2, &[b, tt, c]);
+        let (dx, dw) = EX.causal_conv1d_silu_backward(&x, &w, &cot).unwrap();
+        assert_eq!((dx.dims(), dw.dims()), (x.dims(), w.dims()));
+        grad_check(
+            &format!("causal_conv1d_silu [{b}, {tt}, {c}] K {k}"),
+            &[x, w],
+            &[dx.data(), dw.data()],
+            |i| dot(EX.causal_conv1d_silu(&i[0], &i[1]).unwrap().data(), cot.data()),
+        );
+    }
+}
+
+/// The gates with `a + dt_bias` on both sides of softplus's threshold 20
+/// (kept 0.01 off it, past the differences' reach) and well below 0,
+/// for `[N, H]` and for `[B, T, H]` read as rows.
+#[test]
+fn delta_gates_backward() {
+    for (seed, dims) in [(541, vec![5, 4]), (551, vec![2, 3, 4])] {
+        let h = 4;
+        let n = dims.iter().product::<usize>() / h;
+        let dt = [0.5, 18.0, -3.0, 21.0];
+        let av: Vec<f64> = scaled(seed, n * h, 3.0)
+            .into_iter()
+            .enumerate()
+            .map(|(j, a)| {
+                let x = a + dt[j % h];
+                if (x - 20.0).abs() < 1e-2 { a + 5e-2 } else { a }
+            })
+            .collect();
+        let xs: Vec<f64> = av.iter().enumerate().map(|(j, a)| a + dt[j % h]).collect();
+        assert!(
+            xs.iter().any(|&x| x > 20.0)
+                && xs.iter().any(|&x| (0.0..20.0).contains(&x))
+                && xs.iter().any(|&x| x < 0.0),
+            "the threshold is not straddled: {xs:?}"
+        );
+        let a = t(&dims, &av);
+        let b = t(&dims, &scaled(seed + 1, n * h, 4.0));
+        let a_log = t(&[h], &scaled(seed + 2, h, 1.0));
+        let dt_bias = t(&[h], &dt);
+        let (cg, cb) = (rand_t(seed + 3, &dims), rand_t(seed + 4, &dims));
+        let (da, db, da_log, ddt) = EX
+            .delta_gates_backward(&a, &b, &a_log, &dt_bias, &cg, &cb)
+            .unwrap();
+        assert_eq!((da.dims(), db.dims()), (&dims[..], &dims[..]));
+        assert_eq!((da_log.dims(), ddt.dims()), (&[h][..], &[h][..]));
+        grad_check(
+            &format!("delta_gates {dims:?}"),
+            &[a, b, a_log, dt_bias],
+            &[da.data(), db.data(), da_log.data(), ddt.data()],
+            |i| {
+                let (g, beta) = EX.delta_gates(&i[0], &i[1], &i[2], &i[3]).unwrap();
+                dot(g.data(), cg.data()) + dot(beta.data(), cb.data())
             },
         );
     }
+}
+
+#[test]
+fn sigmoid_mul_backward() {
+    let g = t(&[3, 5], &scaled(561, 15, 4.0));
+    let x = rand_t(562, &[3, 5]);
+    let cot = rand_t(563, &[3, 5]);
+    let (dg, dx) = EX.sigmoid_mul_backward(&g, &x, &cot).unwrap();
+    grad_check("sigmoid_mul", &[g, x], &[dg.data(), dx.data()], |i| {
+        dot(EX.sigmoid_mul(&i[0], &i[1]).unwrap().data(), cot.data())
+    });
 }

@@ -569,6 +569,54 @@ impl Executor for GpuExecutor {
         self.gelu_backward_impl(x, dy)
     }
 
+    fn causal_conv1d_silu(&self, x: &GpuTensor, w: &GpuTensor) -> Result<GpuTensor> {
+        self.causal_conv1d_silu_impl(x, w)
+    }
+
+    fn causal_conv1d_silu_backward(
+        &self,
+        x: &GpuTensor,
+        w: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.causal_conv1d_silu_backward_impl(x, w, dy)
+    }
+
+    fn delta_gates(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        a_log: &GpuTensor,
+        dt_bias: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.delta_gates_impl(a, b, a_log, dt_bias)
+    }
+
+    fn delta_gates_backward(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        a_log: &GpuTensor,
+        dt_bias: &GpuTensor,
+        dg: &GpuTensor,
+        dbeta: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor, GpuTensor, GpuTensor)> {
+        self.delta_gates_backward_impl(a, b, a_log, dt_bias, dg, dbeta)
+    }
+
+    fn sigmoid_mul(&self, gate: &GpuTensor, x: &GpuTensor) -> Result<GpuTensor> {
+        self.sigmoid_mul_impl(gate, x)
+    }
+
+    fn sigmoid_mul_backward(
+        &self,
+        gate: &GpuTensor,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        self.sigmoid_mul_backward_impl(gate, x, dy)
+    }
+
     fn embedding(&self, ids: &[u32], table: &GpuTensor) -> Result<GpuTensor> {
         self.embedding_impl(ids, table)
     }

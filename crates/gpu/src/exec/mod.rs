@@ -16,6 +16,7 @@ mod embed_loss;
 mod env;
 mod executor_impl;
 mod f16_copy;
+mod gdn_stubs;
 mod host_work;
 mod matmul;
 mod matmul_check;

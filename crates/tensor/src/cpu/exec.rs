@@ -15,7 +15,8 @@ use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Error, Executor, HostSlice, HostTensor, MatmulGrads,
     MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
-    attention_sinks_dims, clamped_glu_out, delta_rule_dims,
+    attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims, delta_rule_dims,
+    sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -841,6 +842,79 @@ impl<F: Real> Executor for RefExecutor<F> {
             x.shape().clone(),
             r::gelu_backward(f32_data("gelu_backward", x)?, f32_data("gelu_backward", dy)?),
         ))
+    }
+
+    fn causal_conv1d_silu(&self, x: &T<F>, w: &T<F>) -> Result<T<F>> {
+        let op = "causal_conv1d_silu";
+        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), None)?;
+        let y = r::causal_conv1d_silu(f32_data(op, x)?, f32_data(op, w)?, dims);
+        Ok(out(x.shape().clone(), y))
+    }
+
+    fn causal_conv1d_silu_backward(&self, x: &T<F>, w: &T<F>, dy: &T<F>) -> Result<(T<F>, T<F>)> {
+        let op = "causal_conv1d_silu_backward";
+        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), Some(dy.shape()))?;
+        let (dx, dw) =
+            r::causal_conv1d_silu_backward(f32_data(op, x)?, f32_data(op, w)?, f32_data(op, dy)?, dims);
+        Ok((out(x.shape().clone(), dx), out(w.shape().clone(), dw)))
+    }
+
+    fn delta_gates(&self, a: &T<F>, b: &T<F>, a_log: &T<F>, dt_bias: &T<F>) -> Result<(T<F>, T<F>)> {
+        let op = "delta_gates";
+        let [_, h] = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), None)?;
+        let (g, beta) = r::delta_gates(
+            f32_data(op, a)?,
+            f32_data(op, b)?,
+            f32_data(op, a_log)?,
+            f32_data(op, dt_bias)?,
+            h,
+        );
+        Ok((out(a.shape().clone(), g), out(a.shape().clone(), beta)))
+    }
+
+    fn delta_gates_backward(
+        &self,
+        a: &T<F>,
+        b: &T<F>,
+        a_log: &T<F>,
+        dt_bias: &T<F>,
+        dg: &T<F>,
+        dbeta: &T<F>,
+    ) -> Result<(T<F>, T<F>, T<F>, T<F>)> {
+        let op = "delta_gates_backward";
+        let grads = Some((dg.shape(), dbeta.shape()));
+        let [_, h] = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), grads)?;
+        let (da, db, da_log, ddt) = r::delta_gates_backward(
+            f32_data(op, a)?,
+            f32_data(op, b)?,
+            f32_data(op, a_log)?,
+            f32_data(op, dt_bias)?,
+            f32_data(op, dg)?,
+            f32_data(op, dbeta)?,
+            h,
+        );
+        Ok((
+            out(a.shape().clone(), da),
+            out(a.shape().clone(), db),
+            out(a_log.shape().clone(), da_log),
+            out(dt_bias.shape().clone(), ddt),
+        ))
+    }
+
+    fn sigmoid_mul(&self, gate: &T<F>, x: &T<F>) -> Result<T<F>> {
+        let op = "sigmoid_mul";
+        sigmoid_mul_check(op, gate.shape(), x.shape(), None)?;
+        Ok(out(
+            gate.shape().clone(),
+            r::sigmoid_mul(f32_data(op, gate)?, f32_data(op, x)?),
+        ))
+    }
+
+    fn sigmoid_mul_backward(&self, gate: &T<F>, x: &T<F>, dy: &T<F>) -> Result<(T<F>, T<F>)> {
+        let op = "sigmoid_mul_backward";
+        sigmoid_mul_check(op, gate.shape(), x.shape(), Some(dy.shape()))?;
+        let (dg, dx) = r::sigmoid_mul_backward(f32_data(op, gate)?, f32_data(op, x)?, f32_data(op, dy)?);
+        Ok((out(gate.shape().clone(), dg), out(gate.shape().clone(), dx)))
     }
 
     fn embedding(&self, ids: &[u32], table: &T<F>) -> Result<T<F>> {

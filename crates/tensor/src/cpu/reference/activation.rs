@@ -205,3 +205,23 @@ pub fn gelu_erf_backward<F: Real>(x: &[F], dy: &[F]) -> Vec<F> {
         dy * (cdf + x * pdf * (-half * x * x).exp())
     })
 }
+
+/// `x · σ(gate)` (Qwen3-Next's gated attention output).
+pub fn sigmoid_mul<F: Real>(gate: &[F], x: &[F]) -> Vec<F> {
+    map2(gate, x, |g, x| x * sigmoid(g))
+}
+
+/// Returns `(dgate, dx)` of [`sigmoid_mul`].
+pub fn sigmoid_mul_backward<F: Real>(gate: &[F], x: &[F], dy: &[F]) -> (Vec<F>, Vec<F>) {
+    assert_eq!(dy.len(), gate.len(), "sigmoid_mul_backward: dy length");
+    assert_eq!(x.len(), gate.len(), "sigmoid_mul_backward: x length");
+    let pairs: Vec<(F, F)> = (gate, x, dy)
+        .into_par_iter()
+        .with_min_len(CHUNK)
+        .map(|(&g, &x, &dy)| {
+            let s = sigmoid(g);
+            (dy * x * s * (F::one() - s), dy * s)
+        })
+        .collect();
+    pairs.into_iter().unzip()
+}

@@ -9,6 +9,8 @@ mod activation;
 mod attention;
 mod attention_sinks;
 mod delta_rule;
+mod conv1d;
+mod delta_gates;
 mod embedding;
 mod layout;
 mod loss;
@@ -17,12 +19,15 @@ mod norm;
 mod rope;
 
 pub use activation::{
-    geglu, geglu_backward, gelu, gelu_backward, gelu_erf, gelu_erf_backward, softcap, softcap_backward,
-    swiglu, swiglu_backward, swiglu_clamped, swiglu_clamped_backward,
+    geglu, geglu_backward, gelu, gelu_backward, gelu_erf, gelu_erf_backward, sigmoid_mul,
+    sigmoid_mul_backward, softcap, softcap_backward, swiglu, swiglu_backward, swiglu_clamped,
+    swiglu_clamped_backward,
 };
 pub use attention::{AttnDims, attention, attention_backward};
 pub use attention_sinks::{attention_sinks, attention_sinks_backward};
 pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward};
+pub use conv1d::{causal_conv1d_silu, causal_conv1d_silu_backward};
+pub use delta_gates::{delta_gates, delta_gates_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
