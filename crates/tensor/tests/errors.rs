@@ -388,6 +388,9 @@ fn gated_delta_rule_errors() {
         op,
     );
     assert!(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &ok, &v).is_ok());
+}
+
+#[test]
 fn causal_conv1d_silu_errors() {
     let op = "causal_conv1d_silu";
     let (x, w) = (r(1, &[2, 5, 3]), r(2, &[3, 4]));

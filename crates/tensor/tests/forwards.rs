@@ -579,6 +579,8 @@ fn gated_delta_rule_is_transformers_recurrence() {
         rel_norm_err(fw.out.data(), &want)
     );
     assert!(rel_norm_err(fw.saved.data(), &saved) < 1e-6);
+}
+
 /// The short convolution against its definition written out with an
 /// explicit left padding of K − 1 zeros per sequence (HF's `Conv1d`
 /// with `padding = K − 1`, cut to the first T outputs), in f64.

@@ -609,6 +609,11 @@ fn gated_delta_rule_backward() {
             |i| {
                 let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
                 dot(o.out.data(), cot.data())
+            },
+        );
+    }
+}
+
 /// The short convolution at the Qwen3-Next width of K = 4 with T above,
 /// below and at 1 (every output then reads the left padding), and K = 1
 /// (a per-channel scale before SiLU); two sequences each, so that the
