@@ -1,13 +1,18 @@
 // SwiGLU (plain and GPT-OSS's clamped one), GeGLU, GELU (the tanh
-// approximation and the exact one), forward and backward, one thread per
-// element. The functions are activation_fns.wgsl's (put before this), but
-// the clamped SwiGLU's, which no matmul epilogue applies.
+// approximation and the exact one), Qwen3-Next's sigmoid gate and the
+// gated delta rule's gates, forward and backward, one thread per element.
+// The functions are activation_fns.wgsl's (put before this), but those of
+// the clamped SwiGLU and of the gates, which no matmul epilogue applies.
 
 struct Params {
     n: u32, o1: u32, o2: u32, o3: u32,
     o4: u32, o5: u32,
     // The clamped SwiGLU's constants (0 for the other kernels).
     alpha: f32, limit: f32,
+    // The delta gates' further operands (D, E, F, Y3) and their heads, the
+    // last dimension of their rows (0 for the other kernels).
+    o6: u32, o7: u32, o8: u32, o9: u32,
+    h: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -16,6 +21,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read> C: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> Y2: array<f32>;
+// The delta gates' dt_bias (D), dg (E) and dbeta (F), and dg · g (Y3).
+@group(0) @binding(6) var<storage, read> D: array<f32>;
+@group(0) @binding(7) var<storage, read> E: array<f32>;
+@group(0) @binding(8) var<storage, read> F: array<f32>;
+@group(0) @binding(9) var<storage, read_write> Y3: array<f32>;
 
 fn flat_id(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
     return (wid.y * nwg.x + wid.x) * 256u + lid.x;
@@ -134,5 +144,81 @@ fn swiglu_clamped_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
         let dglu = s + p.alpha * c.x * s * (1.0 - s);
         Y[p.o4 + 2u * i] = select(0.0, dy * (c.y + 1.0) * dglu, gate <= p.limit);
         Y[p.o4 + 2u * i + 1u] = select(0.0, dy * c.x * s, up >= -p.limit && up <= p.limit);
+    }
+}
+
+// Qwen3-Next's gated attention output: x · σ(gate), gate A, x B.
+@compute @workgroup_size(256)
+fn sigmoid_mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        Y[p.o4 + i] = B[p.o2 + i] * sigmoid(A[p.o1 + i]);
+    }
+}
+
+// (dgate, dx) of sigmoid_mul from dy (C).
+@compute @workgroup_size(256)
+fn sigmoid_mul_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        let s = sigmoid(A[p.o1 + i]);
+        let dy = C[p.o3 + i];
+        Y[p.o4 + i] = dy * B[p.o2 + i] * s * (1.0 - s);
+        Y2[p.o5 + i] = dy * s;
+    }
+}
+
+// ln(1 + u) to f32 precision for small u too (WGSL has no log1p: 1 + u
+// rounds u's digits away, and the quotient puts them back; Goldberg's
+// trick), so that a decay far below the threshold is not rounded to 0.
+fn log1p_small(u: f32) -> f32 {
+    let w = 1.0 + u;
+    if w == 1.0 {
+        return u;
+    }
+    return log(w) * (u / (w - 1.0));
+}
+
+// torch's softplus (beta 1, threshold 20): x itself above the threshold.
+fn softplus(x: f32) -> f32 {
+    return select(log1p_small(exp(x)), x, x > 20.0);
+}
+
+// The chunk starts on a row, so element i's head is i mod h.
+fn head(i: u32) -> u32 {
+    return i % p.h;
+}
+
+// The gated delta rule's gates of a (A), b (B), A_log (C, [h]) and dt_bias
+// (D, [h]): g = −exp(A_log) · softplus(a + dt_bias) into Y, σ(b) into Y2.
+@compute @workgroup_size(256)
+fn delta_gates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        let hh = head(i);
+        Y[p.o4 + i] = -exp(C[p.o3 + hh]) * softplus(A[p.o1 + i] + D[p.o6 + hh]);
+        Y2[p.o5 + i] = sigmoid(B[p.o2 + i]);
+    }
+}
+
+// From dg (E) and dbeta (F): da into Y, db into Y2, and dg · g into Y3,
+// whose column sums (the host's, in order) are dA_log as da's are
+// ddt_bias. Softplus's slope is 1 past the threshold (torch's backward).
+@compute @workgroup_size(256)
+fn delta_gates_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = flat_id(wid, nwg, lid);
+    if i < p.n {
+        let hh = head(i);
+        let x = A[p.o1 + i] + D[p.o6 + hh];
+        let e = -exp(C[p.o3 + hh]);
+        let dg = E[p.o7 + i];
+        Y[p.o4 + i] = dg * e * select(sigmoid(x), 1.0, x > 20.0);
+        let beta = sigmoid(B[p.o2 + i]);
+        Y2[p.o5 + i] = F[p.o8 + i] * beta * (1.0 - beta);
+        Y3[p.o9 + i] = dg * (e * softplus(x));
     }
 }

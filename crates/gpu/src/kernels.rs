@@ -52,6 +52,7 @@ const DELTA_RULE: &str = include_str!("../../../shaders/delta_rule.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
+const CONV1D: &str = include_str!("../../../shaders/conv1d.wgsl");
 
 /// The text of section `//// name` of `src` (the WGSL file `file`), up to
 /// the next section: the files whose kernels are put together per variant
@@ -177,6 +178,20 @@ pub enum Kernel {
     GeluBwd,
     GeluErf,
     GeluErfBwd,
+    /// Qwen3-Next's gated attention output `x · σ(gate)` and its backward.
+    SigmoidMul,
+    SigmoidMulBwd,
+    /// The gated delta rule's gates (activation.wgsl's `delta_gates`) and
+    /// their backward's elementwise part.
+    DeltaGates,
+    DeltaGatesBwd,
+    /// The gated delta net's short convolution (conv1d.wgsl): the forward,
+    /// the pre-activation's gradient, dx from it, and dw's partials per
+    /// block of rows.
+    ConvSilu,
+    ConvDpre,
+    ConvDx,
+    ConvDwPart,
     RmsFwd,
     LnFwd,
     RmsBwd,
@@ -284,6 +299,14 @@ impl Kernel {
             GeluBwd,
             GeluErf,
             GeluErfBwd,
+            SigmoidMul,
+            SigmoidMulBwd,
+            DeltaGates,
+            DeltaGatesBwd,
+            ConvSilu,
+            ConvDpre,
+            ConvDx,
+            ConvDwPart,
             RmsFwd,
             LnFwd,
             RmsBwd,
@@ -468,6 +491,18 @@ impl Kernel {
             GeluBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_bwd", &[1, 2, 4]),
             GeluErf => (&[ACTIVATION_FNS, ACTIVATION], "gelu_erf", &[1, 4]),
             GeluErfBwd => (&[ACTIVATION_FNS, ACTIVATION], "gelu_erf_bwd", &[1, 2, 4]),
+            SigmoidMul => (&[ACTIVATION_FNS, ACTIVATION], "sigmoid_mul", &[1, 2, 4]),
+            SigmoidMulBwd => (&[ACTIVATION_FNS, ACTIVATION], "sigmoid_mul_bwd", &[1, 2, 3, 4, 5]),
+            DeltaGates => (&[ACTIVATION_FNS, ACTIVATION], "delta_gates", &[1, 2, 3, 6, 4, 5]),
+            DeltaGatesBwd => (
+                &[ACTIVATION_FNS, ACTIVATION],
+                "delta_gates_bwd",
+                &[1, 2, 3, 6, 7, 8, 4, 5, 9],
+            ),
+            ConvSilu => (&[CONV1D], "conv_silu", &[1, 2, 4]),
+            ConvDpre => (&[CONV1D], "conv_dpre", &[1, 2, 3, 4]),
+            ConvDx => (&[CONV1D], "conv_dx", &[2, 3, 4]),
+            ConvDwPart => (&[CONV1D], "conv_dw_part", &[1, 3, 4]),
             RmsFwd => (NORMS, "rms_fwd", &[1, 2, 4, 5, 11]),
             LnFwd => (NORMS, "ln_fwd", &[1, 2, 3, 4, 5, 6, 11]),
             RmsBwd => (NORMS, "rms_bwd", &[1, 2, 3, 4, 7, 11]),

@@ -1479,6 +1479,112 @@ fn gated_delta_rule_matches_cpu() {
     }
 }
 
+/// `rand_host` scaled by `s` (activations past SiLU's and σ's middles).
+fn rand_scaled(seed: u64, dims: &[usize], s: f32) -> HostTensor {
+    let v = rand_host(seed, dims)
+        .to_f32_vec()
+        .into_iter()
+        .map(|x| x * s)
+        .collect();
+    HostTensor::from_f32(dims.to_vec(), v).unwrap()
+}
+
+/// The short convolution both ways against the CPU's: K = 4 with C odd
+/// and past a workgroup, T = 1 and T < K (taps in the padding), K = 1, and
+/// 1400 rows whose dw is summed in blocks; on the 4 KiB-binding executor
+/// the rows go in chunks of a few with their taps' halo, and under a loop
+/// budget of 68 (4 taps a loop) dw's blocks are cut to 4 rows.
+#[test]
+fn causal_conv1d_silu_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let tight = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            loop_budget: Some(68),
+            ..Default::default()
+        },
+    );
+    let c = cpu();
+    let cases = [
+        [2, 5, 67, 4],
+        [2, 1, 67, 4],
+        [3, 3, 5, 4],
+        [2, 4, 3, 1],
+        [1, 7, 300, 2],
+        [2, 700, 3, 4],
+    ];
+    for (i, [b, t, ch, k]) in cases.into_iter().enumerate() {
+        let what = |s: &str| format!("{s} [{b}, {t}, {ch}] K {k}");
+        let seed = 800 + 10 * i as u64;
+        let x = rand_scaled(seed, &[b, t, ch], 2.0);
+        let w = rand_host(seed + 1, &[ch, k]);
+        let dy = rand_host(seed + 2, &[b, t, ch]);
+        let (cx, cw, cd) = (cpu_up!(c, &x), cpu_up!(c, &w), cpu_up!(c, &dy));
+        let want = down_cpu(&c, &c.causal_conv1d_silu(&cx, &cw).unwrap());
+        let (rdx, rdw) = c.causal_conv1d_silu_backward(&cx, &cw, &cd).unwrap();
+        let (rdx, rdw) = (down_cpu(&c, &rdx), down_cpu(&c, &rdw));
+        for g in both().into_iter().chain([&tight]) {
+            let (gx, gw, gd) = (up(g, &x), up(g, &w), up(g, &dy));
+            let y = g.causal_conv1d_silu(&gx, &gw).unwrap();
+            assert_eq!(y.shape().dims(), [b, t, ch]);
+            assert_close(&what("causal_conv1d_silu"), &down(g, &y), &want, TOL_F32);
+            let (dx, dw) = g.causal_conv1d_silu_backward(&gx, &gw, &gd).unwrap();
+            assert_eq!(
+                (dx.shape().dims(), dw.shape().dims()),
+                (&[b, t, ch][..], &[ch, k][..])
+            );
+            assert_close(&what("causal_conv1d_silu dx"), &down(g, &dx), &rdx, TOL_F32);
+            assert_close(&what("causal_conv1d_silu dw"), &down(g, &dw), &rdw, TOL_F32);
+        }
+    }
+}
+
+/// The gates both ways against the CPU's: `a + dt_bias` over about ±35,
+/// across softplus's threshold 20 and far below 0; one element, N odd, H
+/// past a workgroup, and `[B, T, H]` read as rows; da_log and ddt_bias
+/// summed over rows in chunks on the 4 KiB-binding executor.
+#[test]
+fn delta_gates_matches_cpu() {
+    let c = cpu();
+    for (i, dims) in [&[1, 1][..], &[7, 5], &[3, 300], &[2, 33, 4]]
+        .into_iter()
+        .enumerate()
+    {
+        let h = *dims.last().unwrap();
+        let what = |s: &str| format!("{s} {dims:?}");
+        let seed = 900 + 10 * i as u64;
+        let a = rand_scaled(seed, dims, 30.0);
+        let b = rand_scaled(seed + 1, dims, 6.0);
+        let a_log = rand_host(seed + 2, &[h]);
+        let dt = rand_scaled(seed + 3, &[h], 5.0);
+        let (dg, dbeta) = (rand_host(seed + 4, dims), rand_host(seed + 5, dims));
+        let cu = |x: &HostTensor| cpu_up!(c, x);
+        let (ca, cb, cl, cdt) = (cu(&a), cu(&b), cu(&a_log), cu(&dt));
+        let (rg, rb) = c.delta_gates(&ca, &cb, &cl, &cdt).unwrap();
+        let r = c
+            .delta_gates_backward(&ca, &cb, &cl, &cdt, &cu(&dg), &cu(&dbeta))
+            .unwrap();
+        let want = [rg, rb, r.0, r.1, r.2, r.3].map(|t| down_cpu(&c, &t));
+        for g in both() {
+            let (ga, gb, gl, gdt) = (up(g, &a), up(g, &b), up(g, &a_log), up(g, &dt));
+            let (gg, gbeta) = g.delta_gates(&ga, &gb, &gl, &gdt).unwrap();
+            let d = g
+                .delta_gates_backward(&ga, &gb, &gl, &gdt, &up(g, &dg), &up(g, &dbeta))
+                .unwrap();
+            assert_eq!((d.2.shape().dims(), d.3.shape().dims()), (&[h][..], &[h][..]));
+            let got = [gg, gbeta, d.0, d.1, d.2, d.3];
+            for ((name, got), want) in ["g", "beta", "da", "db", "da_log", "ddt_bias"]
+                .into_iter()
+                .zip(&got)
+                .zip(&want)
+            {
+                assert_close(&what(name), &down(g, got), want, TOL_F32);
+            }
+        }
+    }
+}
+
 /// Shapes that do not fit are errors naming the op and the shapes, as on
 /// the CPU; key heads past the kernels' 128 are refused.
 #[test]
@@ -1517,4 +1623,72 @@ fn gated_delta_rule_refuses_bad_shapes() {
         .expect_err("Dk = 130")
         .to_string();
     assert!(e.contains("gated_delta_rule") && e.contains("130"), "{e}");
+}
+
+/// `x · σ(gate)` both ways against the CPU's, gate over ±6: one element,
+/// past a workgroup and a 4 KiB binding, rank 3.
+#[test]
+fn sigmoid_mul_matches_cpu() {
+    let c = cpu();
+    for (i, dims) in [&[1][..], &[3, 311], &[7, 5, 3]].into_iter().enumerate() {
+        let seed = 950 + 10 * i as u64;
+        let gate = rand_scaled(seed, dims, 6.0);
+        let (x, dy) = (rand_host(seed + 1, dims), rand_host(seed + 2, dims));
+        let (cg, cx, cd) = (cpu_up!(c, &gate), cpu_up!(c, &x), cpu_up!(c, &dy));
+        let want = down_cpu(&c, &c.sigmoid_mul(&cg, &cx).unwrap());
+        let (rdg, rdx) = c.sigmoid_mul_backward(&cg, &cx, &cd).unwrap();
+        for g in both() {
+            let (gg, gx, gd) = (up(g, &gate), up(g, &x), up(g, &dy));
+            assert_close(
+                "sigmoid_mul",
+                &down(g, &g.sigmoid_mul(&gg, &gx).unwrap()),
+                &want,
+                TOL_F32,
+            );
+            let (dg, dx) = g.sigmoid_mul_backward(&gg, &gx, &gd).unwrap();
+            assert_close("sigmoid_mul dgate", &down(g, &dg), &down_cpu(&c, &rdg), TOL_F32);
+            assert_close("sigmoid_mul dx", &down(g, &dx), &down_cpu(&c, &rdx), TOL_F32);
+        }
+    }
+}
+
+/// Bad shapes and bf16 inputs are errors naming the op, as on the CPU.
+#[test]
+fn gated_delta_small_ops_refuse_bad_inputs() {
+    let (x, w, flat) = (
+        rand_host(1, &[2, 3, 4]),
+        rand_host(2, &[4, 2]),
+        rand_host(3, &[6, 4]),
+    );
+    let (h, bad_h) = (rand_host(4, &[4]), rand_host(5, &[3]));
+    for g in both() {
+        let (gx, gw, gf) = (up(g, &x), up(g, &w), up(g, &flat));
+        let e = g.causal_conv1d_silu(&gf, &gw).expect_err("2-D x").to_string();
+        assert!(e.contains("causal_conv1d_silu") && e.contains("[6, 4]"), "{e}");
+        let e = g.causal_conv1d_silu_backward(&gx, &up(g, &rand_host(6, &[3, 2])), &gx);
+        let e = e.expect_err("w's channels").to_string();
+        assert!(
+            e.contains("causal_conv1d_silu_backward") && e.contains("w [3, 2]"),
+            "{e}"
+        );
+        let (gh, gbh) = (up(g, &h), up(g, &bad_h));
+        let e = g.delta_gates(&gf, &gf, &gbh, &gh).expect_err("a_log").to_string();
+        assert!(e.contains("delta_gates") && e.contains("a_log [3]"), "{e}");
+        let e = g.delta_gates_backward(&gf, &gf, &gh, &gh, &gf, &gx);
+        let e = e.expect_err("dbeta").to_string();
+        assert!(
+            e.contains("delta_gates_backward") && e.contains("dbeta [2, 3, 4]"),
+            "{e}"
+        );
+        let e = g.sigmoid_mul(&gf, &gx).expect_err("shapes").to_string();
+        assert!(e.contains("sigmoid_mul") && e.contains("[2, 3, 4]"), "{e}");
+        let e = g.sigmoid_mul_backward(&gf, &gf, &gx).expect_err("dy").to_string();
+        assert!(
+            e.contains("sigmoid_mul_backward") && e.contains("dy [2, 3, 4]"),
+            "{e}"
+        );
+        let bf = up(g, &flat.to_dtype(DType::BF16));
+        assert!(g.sigmoid_mul(&bf, &gf).is_err());
+        assert!(g.delta_gates(&bf, &bf, &gh, &gh).is_err());
+    }
 }

@@ -37,6 +37,8 @@ fn every_kernel_compiles_unchecked_and_the_checks_were_code_in_it() {
         "SwigluClampedBwd",
         "Geglu",
         "GegluBwd",
+        "SigmoidMul",
+        "SigmoidMulBwd",
         "AttnRound16",
         "F16Copy",
     ];

@@ -22,7 +22,7 @@ impl GpuExecutor {
         let [alpha, limit] = constants(c);
         let operands = [(gate_up, 2), (&y, 1)];
         self.run_elementwise_wide(OP, Kernel::SwigluClamped, &operands, y.numel(), |n, o| {
-            vec![u(n), o[0], 0, 0, o[1], 0, alpha, limit]
+            vec![u(n), o[0], 0, 0, o[1], 0, alpha, limit, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
     }
@@ -53,7 +53,7 @@ impl GpuExecutor {
         let [alpha, limit] = constants(c);
         let operands = [(gate_up, 2), (dy, 1), (&dx, 2)];
         self.run_elementwise_wide(OP, Kernel::SwigluClampedBwd, &operands, dy.numel(), |n, o| {
-            vec![u(n), o[0], o[1], 0, o[2], 0, alpha, limit]
+            vec![u(n), o[0], o[1], 0, o[2], 0, alpha, limit, 0, 0, 0, 0, 0]
         })?;
         Ok(dx)
     }

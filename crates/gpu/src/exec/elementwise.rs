@@ -1,6 +1,6 @@
 //! Elementwise ops, activations and layout copies.
 
-use megatrain_tensor::{DType, Error, Glu, Result, Shape, SoftCap};
+use megatrain_tensor::{DType, Error, Glu, Result, Shape, SoftCap, sigmoid_mul_check};
 
 use super::{GpuExecutor, Op, View, f, grid_for, need_f32, rows_and_width, same_shape, u};
 use crate::kernels::Kernel;
@@ -269,7 +269,7 @@ impl GpuExecutor {
         same_shape(name, gate, up)?;
         let y = self.alloc_f32(gate.shape.clone())?;
         self.run_elementwise(name, kernel, &[gate, up, &y], y.numel(), |n, o| {
-            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
+            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
     }
@@ -294,7 +294,7 @@ impl GpuExecutor {
         let dg = self.alloc_f32(gate.shape.clone())?;
         let du = self.alloc_f32(gate.shape.clone())?;
         self.run_elementwise(name, kernel, &[gate, up, dy, &dg, &du], dg.numel(), |n, o| {
-            vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0]
+            vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok((dg, du))
     }
@@ -303,7 +303,7 @@ impl GpuExecutor {
         need_f32("gelu", x)?;
         let y = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise("gelu", Kernel::Gelu, &[x, &y], y.numel(), |n, o| {
-            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0]
+            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
     }
@@ -318,7 +318,7 @@ impl GpuExecutor {
             Kernel::GeluBwd,
             &[x, dy, &dx],
             dx.numel(),
-            |n, o| vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0],
+            |n, o| vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0, 0, 0, 0, 0, 0],
         )?;
         Ok(dx)
     }
@@ -327,7 +327,7 @@ impl GpuExecutor {
         need_f32("gelu_erf", x)?;
         let y = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise("gelu_erf", Kernel::GeluErf, &[x, &y], y.numel(), |n, o| {
-            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0]
+            vec![u(n), o[0], 0, 0, o[1], 0, 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(y)
     }
@@ -339,9 +339,43 @@ impl GpuExecutor {
         same_shape(OP, x, dy)?;
         let dx = self.alloc_f32(x.shape.clone())?;
         self.run_elementwise(OP, Kernel::GeluErfBwd, &[x, dy, &dx], dx.numel(), |n, o| {
-            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0]
+            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0, 0, 0, 0, 0, 0]
         })?;
         Ok(dx)
+    }
+
+    /// `x · σ(gate)` (Qwen3-Next's gated attention output).
+    pub(crate) fn sigmoid_mul_impl(&self, gate: &GpuTensor, x: &GpuTensor) -> Result<GpuTensor> {
+        const OP: &str = "sigmoid_mul";
+        need_f32(OP, gate)?;
+        need_f32(OP, x)?;
+        sigmoid_mul_check(OP, &gate.shape, &x.shape, None)?;
+        let y = self.alloc_f32(gate.shape.clone())?;
+        self.run_elementwise(OP, Kernel::SigmoidMul, &[gate, x, &y], y.numel(), |n, o| {
+            vec![u(n), o[0], o[1], 0, o[2], 0, 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok(y)
+    }
+
+    /// (dgate, dx) of [`sigmoid_mul_impl`](Self::sigmoid_mul_impl).
+    pub(crate) fn sigmoid_mul_backward_impl(
+        &self,
+        gate: &GpuTensor,
+        x: &GpuTensor,
+        dy: &GpuTensor,
+    ) -> Result<(GpuTensor, GpuTensor)> {
+        const OP: &str = "sigmoid_mul_backward";
+        for t in [gate, x, dy] {
+            need_f32(OP, t)?;
+        }
+        sigmoid_mul_check(OP, &gate.shape, &x.shape, Some(&dy.shape))?;
+        let dg = self.alloc_f32(gate.shape.clone())?;
+        let dx = self.alloc_f32(gate.shape.clone())?;
+        let operands = [gate, x, dy, &dg, &dx];
+        self.run_elementwise(OP, Kernel::SigmoidMulBwd, &operands, dg.numel(), |n, o| {
+            vec![u(n), o[0], o[1], o[2], o[3], o[4], 0, 0, 0, 0, 0, 0, 0]
+        })?;
+        Ok((dg, dx))
     }
 
     // ---- layout ---------------------------------------------------------
