@@ -14,7 +14,7 @@
 use megatrain_tensor::ParamTable;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand_distr::{Distribution, Normal};
+use rand_distr::{Distribution, Normal, Uniform};
 use rayon::prelude::*;
 
 use crate::{ModelConfig, Result};
@@ -33,6 +33,15 @@ fn mix(mut x: u64) -> u64 {
 /// The standard deviation a parameter is drawn with, or `None` for a
 /// constant (`Some(0)` never occurs).
 fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
+    // Qwen3.5's Gated DeltaNet, as transformers initialises it: the
+    // decays' `dt_bias` one, `A_log` the log of U(0.01, 16) (kept off 0 so
+    // that log A is finite), its gated norm's gain (stored as itself) one.
+    if name.ends_with(".dt_bias") || name.ends_with("linear_attn.norm.weight") {
+        return Init::Const(1.0);
+    }
+    if name.ends_with(".A_log") {
+        return Init::LogUniform(0.01, 16.0);
+    }
     // GPT-OSS's experts' biases are `gate_up_proj_bias`, `down_proj_bias`.
     if name.ends_with(".bias") || name.ends_with("_bias") {
         Init::Const(0.0)
@@ -51,6 +60,8 @@ fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
 enum Init {
     Const(f32),
     Normal(f32),
+    /// The log of a uniform draw from `[lo, hi)`.
+    LogUniform(f32, f32),
 }
 
 /// Fills `slab` (laid out by `table`, the table of `layer`) with the layer's
@@ -78,15 +89,31 @@ pub fn init_layer_into(
             Init::Const(c) => dst.fill(c),
             Init::Normal(std) => {
                 let normal = Normal::new(0.0f32, std).expect("positive std");
-                let base = mix(mix(mix(seed) ^ layer as u64) ^ ti as u64);
-                dst.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, chunk)| {
-                    let mut rng = StdRng::seed_from_u64(mix(base ^ ci as u64));
-                    chunk.iter_mut().for_each(|x| *x = normal.sample(&mut rng));
-                });
+                fill_seeded(dst, seed, layer, ti, |rng| normal.sample(rng));
+            }
+            Init::LogUniform(lo, hi) => {
+                let uniform = Uniform::new(lo, hi).expect("an interval");
+                fill_seeded(dst, seed, layer, ti, |rng| uniform.sample(rng).ln());
             }
         }
     }
     Ok(())
+}
+
+/// Fills `dst` (tensor `ti` of `layer`) with draws of `draw`, chunk by
+/// chunk in parallel, each chunk from its own generator.
+fn fill_seeded(
+    dst: &mut [f32],
+    seed: u64,
+    layer: usize,
+    ti: usize,
+    draw: impl Fn(&mut StdRng) -> f32 + Sync,
+) {
+    let base = mix(mix(mix(seed) ^ layer as u64) ^ ti as u64);
+    dst.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, chunk)| {
+        let mut rng = StdRng::seed_from_u64(mix(base ^ ci as u64));
+        chunk.iter_mut().for_each(|x| *x = draw(&mut rng));
+    });
 }
 
 /// The seeded initial slab of one layer.

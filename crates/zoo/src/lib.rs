@@ -42,7 +42,7 @@ mod presets;
 mod tables;
 mod tokenizer;
 
-pub use config::{Arch, Mla, ModelConfig, Moe, Multipliers, Router};
+pub use config::{Arch, LinearAttn, Mla, ModelConfig, Moe, Multipliers, Router};
 pub use error::{Result, ZooError};
 pub use hf_export::{ExportOptions, export_hf_dir};
 pub use hf_load::{HfCheckpoint, INDEX_FILE, LoadedModel, SINGLE_FILE, load_hf_dir};

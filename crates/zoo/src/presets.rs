@@ -37,6 +37,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "deepseek-v3",
     "kimi-k2",
     "deepseek-v2-lite",
+    "qwen3.5-tiny",
+    "qwen3.5-moe-tiny",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -87,6 +89,7 @@ fn gpt2(vocab: usize, layers: usize, heads: usize, width: usize, ctx: usize) -> 
         text_of: None,
         moe: None,
         mla: None,
+        linear_attn: None,
     }
 }
 
@@ -140,6 +143,7 @@ fn llama(s: LlamaShape) -> ModelConfig {
         text_of: None,
         moe: None,
         mla: None,
+        linear_attn: None,
     }
 }
 
@@ -603,6 +607,41 @@ fn deepseek_v2_lite() -> Result<ModelConfig> {
     )
 }
 
+/// Qwen3.5's hybrid block at llama-tiny's width, for a quick run: three
+/// Gated DeltaNet blocks (2 key heads read by 4 value heads, heads of 16)
+/// then one of gated full attention (4 heads of 16 over 2 kv heads, RoPE
+/// on a quarter of each); the MoE variant routes every block among 8
+/// experts, 2 a token, beside a gated shared expert.
+fn qwen35_tiny(name: &str, moe: bool) -> Result<ModelConfig> {
+    let mut v = serde_json::json!({
+        "architectures": [if moe { "Qwen3_5MoeForCausalLM" } else { "Qwen3_5ForCausalLM" }],
+        "model_type": if moe { "qwen3_5_moe_text" } else { "qwen3_5_text" },
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "tie_word_embeddings": false,
+    });
+    if moe {
+        let obj = v.as_object_mut().expect("an object");
+        obj.remove("intermediate_size");
+        obj.insert("num_experts".into(), serde_json::json!(8));
+        obj.insert("num_experts_per_tok".into(), serde_json::json!(2));
+        obj.insert("moe_intermediate_size".into(), serde_json::json!(32));
+        obj.insert("shared_expert_intermediate_size".into(), serde_json::json!(48));
+    }
+    hf_preset(name, v)
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -683,6 +722,8 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "deepseek-v3" => deepseek_v3(name, false)?,
         "kimi-k2" => deepseek_v3(name, true)?,
         "deepseek-v2-lite" => deepseek_v2_lite()?,
+        "qwen3.5-tiny" => qwen35_tiny(name, false)?,
+        "qwen3.5-moe-tiny" => qwen35_tiny(name, true)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

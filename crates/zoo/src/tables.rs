@@ -201,6 +201,13 @@ impl ModelConfig {
                 t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
                 self.push_mlp(&mut t, &p, i)?;
             }
+            (LayerKind::Block(i), Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next) => {
+                let p = format!("model.layers.{i}");
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                self.push_qwen35_mixer(&mut t, &p, i)?;
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                self.push_mlp(&mut t, &p, i)?;
+            }
             (LayerKind::Block(i), _) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, d) = (self.q_dim(), self.kv_dim(), self.head_dim);
@@ -339,6 +346,55 @@ impl ModelConfig {
         t.push(format!("{a}.kv_a_layernorm.weight"), [kv], false)?;
         linear(t, "kv_b_proj", [h * (m.qk_nope + m.v_head_dim), kv], false)?;
         linear(t, "o_proj", [c, h * m.v_head_dim], self.o_bias)
+    }
+
+    /// Qwen3.5's token mixer of block `i` under `p`, in `block_qwen35`'s
+    /// layout order: a Gated DeltaNet's products of the mixed q/k/v, of
+    /// `z`, `b` and `a` (Qwen3-Next's of q/k/v/z and of b/a), its convolution `[channels, 1, taps]` (as
+    /// `nn.Conv1d` stores it), `dt_bias`, `A_log`, its gated norm and its
+    /// output product; or the gated attention's q (each head's query and
+    /// gate side by side, twice `q_dim` rows), k, v, o and per-head q/k
+    /// norms.
+    fn push_qwen35_mixer(&self, t: &mut ParamTable, p: &str, i: usize) -> Result<()> {
+        let c = self.hidden_size;
+        let linear = |t: &mut ParamTable, name: String, shape: [usize; 2], bias: bool| -> Result<()> {
+            t.push(format!("{name}.weight"), shape, true)?;
+            if bias {
+                t.push(format!("{name}.bias"), [shape[0]], false)?;
+            }
+            Ok(())
+        };
+        match self.linear_attn.as_ref().filter(|l| l.is_linear(i)) {
+            Some(l) => {
+                let a = format!("{p}.linear_attn");
+                let (mixed, vw, hv) = (l.conv_channels(), l.value_width(), l.value_heads);
+                if self.arch == Arch::Qwen3Next {
+                    linear(t, format!("{a}.in_proj_qkvz"), [mixed + vw, c], false)?;
+                    linear(t, format!("{a}.in_proj_ba"), [2 * hv, c], false)?;
+                } else {
+                    linear(t, format!("{a}.in_proj_qkv"), [mixed, c], false)?;
+                    linear(t, format!("{a}.in_proj_z"), [vw, c], false)?;
+                    linear(t, format!("{a}.in_proj_b"), [hv, c], false)?;
+                    linear(t, format!("{a}.in_proj_a"), [hv, c], false)?;
+                }
+                t.push(format!("{a}.conv1d.weight"), [mixed, 1, l.conv_kernel], true)?;
+                t.push(format!("{a}.dt_bias"), [hv], false)?;
+                t.push(format!("{a}.A_log"), [hv], false)?;
+                t.push(format!("{a}.norm.weight"), [l.value_dim], false)?;
+                linear(t, format!("{a}.out_proj"), [c, vw], false)?;
+            }
+            None => {
+                let a = format!("{p}.self_attn");
+                let (q, kv, d, bias) = (self.q_dim(), self.kv_dim(), self.head_dim, self.qkv_bias);
+                linear(t, format!("{a}.q_proj"), [2 * q, c], bias)?;
+                linear(t, format!("{a}.k_proj"), [kv, c], bias)?;
+                linear(t, format!("{a}.v_proj"), [kv, c], bias)?;
+                linear(t, format!("{a}.o_proj"), [c, q], self.o_bias)?;
+                t.push(format!("{a}.q_norm.weight"), [d], false)?;
+                t.push(format!("{a}.k_norm.weight"), [d], false)?;
+            }
+        }
+        Ok(())
     }
 
     /// A routed MLP's router `[E, C]` (and DeepSeek-V3's correction bias
@@ -493,6 +549,20 @@ impl ModelConfig {
         }
         debug_assert_eq!(out.numel(), table.numel());
         out
+    }
+
+    /// Model FLOPs per token of block `layer`'s token mixing beyond its
+    /// products' 6 a parameter, forward and backward, at `seq` tokens:
+    /// causal attention's 6·q_dim·T (the two T×T products over the T/2
+    /// keys a query sees on average), or a Gated DeltaNet's 21·Dk·Dv a
+    /// value head (decaying, reading, writing and reading out its Dk×Dv
+    /// state, 7 a state entry, a token at a time; the backward twice the
+    /// forward).
+    pub fn mixer_flops_per_token(&self, layer: usize, seq: usize) -> f64 {
+        match self.linear_attn.as_ref().filter(|l| l.is_linear(layer)) {
+            Some(l) => 21.0 * (l.value_heads * l.key_dim * l.value_dim) as f64,
+            None => 6.0 * self.q_dim() as f64 * seq as f64,
+        }
     }
 
     /// [`Self::hf_table`] of every layer.

@@ -608,7 +608,7 @@ fn glm_fields() {
     v["partial_rotary_factor"] = json!(0.5);
     let msg = parse(v).unwrap_err().to_string();
     assert!(
-        msg.contains("only to Phi, Phi-3, GLM, GLM-4.5 and GPT-NeoX"),
+        msg.contains("only to Phi, Phi-3, GLM, GLM-4.5, GPT-NeoX and Qwen3.5"),
         "{msg}"
     );
 }
@@ -1699,4 +1699,161 @@ fn deepseek_fields() {
     let mut no_k = v2;
     no_k.as_object_mut().unwrap().remove("num_experts_per_tok");
     assert!(bad_msg(no_k).contains("num_experts_per_tok"));
+}
+
+/// A Qwen3.5 text config as the Hub's `text_config` writes one (v5 names,
+/// interleaved M-RoPE's fields, which text alone reduces to plain RoPE).
+fn qwen35_text() -> Value {
+    json!({
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "vocab_size": 248320,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": true
+        },
+        "tie_word_embeddings": false
+    })
+}
+
+#[test]
+fn qwen35_fields() {
+    let c = parse(qwen35_text()).unwrap();
+    assert_eq!(c.arch, Arch::Qwen35);
+    assert_eq!((c.head_dim, c.rotary_dim, c.rope_theta), (256, Some(64), 1e7));
+    assert!(c.qk_norm && !c.qkv_bias && !c.tie_word_embeddings);
+    assert_eq!(c.arch.norm_gain_offset(), Some(1.0));
+    let l = c.linear_attn.clone().unwrap();
+    // Qwen3_5TextConfig's layer_types: every fourth block full attention.
+    let kinds: Vec<bool> = (0..8).map(|i| l.is_linear(i)).collect();
+    assert_eq!(kinds, [true, true, true, false, true, true, true, false]);
+    assert_eq!((l.conv_channels(), l.value_width()), (2 * 2048 + 4096, 4096));
+    // The gated attention's q projection gives a gate beside each query.
+    let t = c.layer_table(4).unwrap();
+    assert_eq!(
+        t.get("model.layers.3.self_attn.q_proj.weight")
+            .unwrap()
+            .shape
+            .dims(),
+        [8192, 4096]
+    );
+    let t = c.layer_table(1).unwrap();
+    let dims = |n: &str| {
+        t.get(&format!("model.layers.0.linear_attn.{n}"))
+            .unwrap()
+            .shape
+            .dims()
+            .to_vec()
+    };
+    assert_eq!(dims("conv1d.weight"), [8192, 1, 4]);
+    assert_eq!(dims("in_proj_qkv.weight"), [8192, 4096]);
+    assert_eq!(
+        (dims("A_log"), dims("dt_bias"), dims("norm.weight")),
+        (vec![32], vec![32], vec![128])
+    );
+    // Round trip through the written config.
+    let mut back = ModelConfig::from_json(c.to_hf_json("float32"), "x/config.json").unwrap();
+    back.raw = None;
+    let mut c2 = c.clone();
+    (c2.raw, c2.dtype) = (None, Some("float32".into()));
+    assert_eq!(back, c2);
+    let mut generated = c.clone();
+    (generated.raw, generated.dtype) = (None, None);
+    let mut again = ModelConfig::from_json(generated.to_hf_json("float32"), "x/config.json").unwrap();
+    (again.raw, again.dtype) = (None, None);
+    assert_eq!(again, generated);
+
+    // An explicit interval, and the refusals.
+    let mut v = qwen35_text();
+    v["full_attention_interval"] = json!(2);
+    let l = parse(v).unwrap().linear_attn.unwrap();
+    assert_eq!(
+        (0..4).map(|i| l.is_linear(i)).collect::<Vec<_>>(),
+        [true, false, true, false]
+    );
+    for (field, value, says) in [
+        (
+            "layer_types",
+            json!(["linear_attention", "sliding_attention"]),
+            "sliding_attention",
+        ),
+        ("layer_types", json!(["full_attention"]), "lists 1 blocks"),
+        (
+            "linear_num_value_heads",
+            json!(24),
+            "not a multiple of linear_num_key_heads 16",
+        ),
+        (
+            "linear_conv_kernel_dim",
+            json!(0),
+            "linear_conv_kernel_dim must be positive",
+        ),
+    ] {
+        let mut v = qwen35_text();
+        v[field] = value;
+        let msg = parse(v).unwrap_err().to_string();
+        assert!(
+            msg.contains(says) && msg.contains("dir/config.json"),
+            "{field}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn qwen35_multimodal_and_moe_read_their_text_configs() {
+    let mm = json!({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": false,
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": 248320,
+            "hidden_size": 2048,
+            "num_hidden_layers": 40,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
+        },
+        "vision_config": {"model_type": "qwen3_5_moe_vision"}
+    });
+    let c = parse(mm).unwrap();
+    assert_eq!(
+        (c.arch, c.text_of),
+        (Arch::Qwen35Moe, Some("Qwen3_5MoeForConditionalGeneration"))
+    );
+    let moe = c.moe.clone().unwrap();
+    assert_eq!((moe.num_experts, moe.top_k, moe.expert_size), (256, 8, 512));
+    assert!(moe.norm_topk && moe.shared_gated && moe.shared_expert == Some(512));
+    assert!((0..40).all(|i| moe.routes(i)));
+    assert_eq!(
+        c.linear_attn
+            .as_ref()
+            .unwrap()
+            .layers
+            .iter()
+            .filter(|&&x| !x)
+            .count(),
+        10
+    );
+    // The text model's config as written: no dense MLP width.
+    let json = c.to_hf_json("bfloat16");
+    assert_eq!(json["architectures"], json!(["Qwen3_5MoeForCausalLM"]));
 }

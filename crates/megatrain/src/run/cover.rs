@@ -15,7 +15,8 @@
 //!   suggestion; keeping them all halves its uploads;
 //! - compute per token of a block: model FLOPs, 6 per parameter (forward 2,
 //!   backward 4) plus causal attention, 6·q_dim·T (the two T×T products
-//!   over the average T/2 visible keys, forward and backward). The
+//!   over the average T/2 visible keys, forward and backward), or a Gated
+//!   DeltaNet's ([`ModelConfig::mixer_flops_per_token`]). The
 //!   recompute of checkpointed blocks (2 more per parameter) is left out,
 //!   so the suggestion errs on the large side.
 //!
@@ -161,7 +162,6 @@ pub fn bus_cover_keeping(
     let tables = model.layer_tables();
     let t_bytes = transport.size_in_bytes() as u64;
     let crossing = |n: u64, uploads: u64| uploads * n * t_bytes + 4 * n;
-    let attention = 6.0 * model.q_dim() as f64 * seq_len as f64;
     let n_blocks = tables.len().saturating_sub(2);
     let block_params = tables[1..1 + n_blocks]
         .iter()
@@ -173,7 +173,13 @@ pub fn bus_cover_keeping(
     // A mixture of experts' products read only the experts a token is
     // sent to; its bus and AdamW move them all.
     let active = |l: usize| (tables[l].numel() - model.unread_params_of(l)) as u64;
-    let block_active = (1..1 + n_blocks).map(active).max().unwrap_or(0);
+    let mixer = |l: usize| model.mixer_flops_per_token(l - 1, seq_len);
+    // The costliest block (a hybrid's attention and Gated DeltaNet blocks
+    // differ): its active parameters and its token mixing's FLOPs.
+    let (block_active, attention) = (1..1 + n_blocks)
+        .map(|l| (active(l), mixer(l)))
+        .max_by(|a, b| (6.0 * a.0 as f64 + a.1).total_cmp(&(6.0 * b.0 as f64 + b.1)))
+        .unwrap_or((0, 0.0));
     let block_flops_per_token = 6.0 * block_active as f64 + attention;
     let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
         .iter()
@@ -184,9 +190,7 @@ pub fn bus_cover_keeping(
         .enumerate()
         .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
         .sum();
-    let blocks_flops: f64 = (1..1 + n_blocks)
-        .map(|l| 6.0 * active(l) as f64 + attention)
-        .sum();
+    let blocks_flops: f64 = (1..1 + n_blocks).map(|l| 6.0 * active(l) as f64 + mixer(l)).sum();
     // The head's matmul reads a V×C matrix whether or not it is tied.
     let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
     let bus_s = block_bus_bytes as f64 / (m.bus_gbps * 1e9);

@@ -17,8 +17,10 @@ use serde_json::{Map, Value};
 use crate::{Result, ZooError};
 use rope::{gpt_oss_rope, parse_kinds_rope, parse_rope, parse_rope_with_theta};
 
+mod linear_attn;
 mod moe;
 mod multimodal;
+pub use linear_attn::LinearAttn;
 pub use moe::{Moe, Router};
 pub(crate) use multimodal::checkpoint_names;
 
@@ -128,6 +130,23 @@ pub enum Arch {
     /// softmax with DeepSeek-V2's group limit and scale
     /// ([`Router::SoftmaxGroups`]).
     DeepseekV2,
+    /// Qwen3.5 (`qwen3_5_text`, the text model of Qwen3.5's checkpoints):
+    /// Qwen3's block (per-head q/k norms) with every RMSNorm's gain stored
+    /// as `1 + w`'s weight, three blocks of four a Gated DeltaNet
+    /// ([`LinearAttn`]) and the fourth full attention whose output is gated
+    /// by a sigmoid of a second half of q's projection, RoPE on a quarter
+    /// of each head.
+    Qwen35,
+    /// Qwen3.5-MoE (`qwen3_5_moe_text`): Qwen3.5's block with Qwen2-MoE's
+    /// routed MLP ([`Moe`]: renormalised top k, a shared expert under a
+    /// sigmoid gate) on every block.
+    Qwen35Moe,
+    /// Qwen3-Next (`qwen3_next`): Qwen3.5-MoE's block (Qwen3.5's came
+    /// after it) with the DeltaNet's q, k, v, z and its b, a each stored as
+    /// one product, interleaved key head by key head, and Qwen2-MoE's
+    /// routed MLP on the blocks `decoder_sparse_step` and
+    /// `mlp_only_layers` leave it.
+    Qwen3Next,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -137,7 +156,8 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          Cohere2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
                          OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
-                         Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM";
+                         Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, \
+                         Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -152,7 +172,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 28] = [
+    pub const ALL: [Arch; 31] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -181,6 +201,9 @@ impl Arch {
         Arch::Glm4Moe,
         Arch::DeepseekV3,
         Arch::DeepseekV2,
+        Arch::Qwen35,
+        Arch::Qwen35Moe,
+        Arch::Qwen3Next,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -213,6 +236,9 @@ impl Arch {
             Arch::Glm4Moe => "Glm4MoeForCausalLM",
             Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
             Arch::DeepseekV2 => "DeepseekV2ForCausalLM",
+            Arch::Qwen35 => "Qwen3_5ForCausalLM",
+            Arch::Qwen35Moe => "Qwen3_5MoeForCausalLM",
+            Arch::Qwen3Next => "Qwen3NextForCausalLM",
         }
     }
 
@@ -246,6 +272,9 @@ impl Arch {
             Arch::Glm4Moe => "glm4_moe",
             Arch::DeepseekV3 => "deepseek_v3",
             Arch::DeepseekV2 => "deepseek_v2",
+            Arch::Qwen35 => "qwen3_5_text",
+            Arch::Qwen35Moe => "qwen3_5_moe_text",
+            Arch::Qwen3Next => "qwen3_next",
         }
     }
 
@@ -307,9 +336,16 @@ impl Arch {
     }
 
     /// What its RMSNorms add to their stored weights to get their gains:
-    /// Gemma's store `gain − 1` (`x̂ · (1 + w)`).
+    /// Gemma's and Qwen3.5's store `gain − 1` (`x̂ · (1 + w)`); Qwen3.5's
+    /// Gated DeltaNet's own norm (`linear_attn.norm`) stores its gain.
     pub fn norm_gain_offset(self) -> Option<f64> {
-        self.is_gemma().then_some(1.0)
+        (self.is_gemma() || self.is_qwen35()).then_some(1.0)
+    }
+
+    /// Qwen3.5's and Qwen3-Next's hybrid stack: Gated DeltaNet blocks
+    /// ([`LinearAttn`]) beside full attention gated by a sigmoid.
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next)
     }
 
     /// The activation gating its GLU MLP's up projection (GeGLU for Gemma,
@@ -435,6 +471,9 @@ pub struct ModelConfig {
     /// DeepSeek-V3's multi-head latent attention; `None`: q, k, v and o
     /// projections.
     pub mla: Option<Mla>,
+    /// Qwen3.5's Gated DeltaNet and the blocks that have one; `None`:
+    /// every block attends.
+    pub linear_attn: Option<LinearAttn>,
 }
 
 /// DeepSeek-V3's multi-head latent attention: q through a low-rank
@@ -685,6 +724,9 @@ impl ModelConfig {
         }
         if let Some(moe) = &self.moe {
             moe.validate(self.num_layers)?;
+        }
+        if let Some(l) = &self.linear_attn {
+            l.validate(self.num_layers)?;
         }
         if self.arch.is_gpt2() && self.head_dim * self.num_heads != self.hidden_size {
             return Err(format!(
@@ -972,6 +1014,12 @@ impl ModelConfig {
                 obj.insert("norm_epsilon".into(), json!(self.norm_eps));
                 obj.insert("hidden_act".into(), json!("gelu_pytorch_tanh"));
             }
+            Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                if self.arch == Arch::Qwen35Moe {
+                    obj.remove("intermediate_size");
+                }
+            }
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe => {
                 match self.arch {
                     Arch::Qwen2 => {}
@@ -991,12 +1039,19 @@ impl ModelConfig {
         }
         // Written wherever a head rotates in part, and for Phi and GLM,
         // whose config classes default to 0.5.
-        if self.rotary_dim.is_some() || matches!(self.arch, Arch::Phi | Arch::Glm4Moe) || self.arch.is_glm() {
+        if self.rotary_dim.is_some()
+            || matches!(self.arch, Arch::Phi | Arch::Glm4Moe)
+            || self.arch.is_glm()
+            || self.arch.is_qwen35()
+        {
             let factor = self.rotary_dim.map_or(1.0, |r| r as f64 / self.head_dim as f64);
             obj.insert("partial_rotary_factor".into(), json!(factor));
         }
         if let Some(moe) = &self.moe {
             moe.write_json(self.arch, obj);
+        }
+        if let Some(l) = &self.linear_attn {
+            l.write_json(obj);
         }
         if let Some(sliding) = &self.sliding_layers {
             let kind = |s: &bool| if *s { "sliding_attention" } else { "full_attention" };
@@ -1094,6 +1149,7 @@ fn parse_gpt2(f: &Fields) -> Result<ModelConfig> {
         text_of: None,
         moe: None,
         mla: None,
+        linear_attn: None,
     })
 }
 
@@ -1116,7 +1172,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         // Qwen3Config's and GlmConfig's default head_dim is 128, not
         // hidden / heads; Gemma2Config's and Gemma3TextConfig's 256.
         None if matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Glm | Arch::Glm4) => 128,
-        None if arch.is_gemma() => 256,
+        None if arch.is_gemma() || arch.is_qwen35() => 256,
         None if arch == Arch::GptOss => 64,
         None => {
             if hidden % heads != 0 {
@@ -1182,6 +1238,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let default_positions = match arch {
         Arch::Mistral | Arch::Mixtral => 4096 * 32,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => 32768,
         Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe | Arch::DeepseekV3 => 4096,
         Arch::Cohere | Arch::Cohere2 | Arch::Gemma2 => 8192,
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => 131072,
@@ -1219,18 +1276,22 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             p if p > 0.0 && p <= 1.0 => Some(p),
             p => return Err(f.bad("rotary_pct", format!("{p} must be in (0, 1]"))),
         },
+        // Qwen3.5's config classes' default.
+        (None, false) if arch.is_qwen35() => Some(0.25),
         (None, false) => None,
     };
     let rotary_dim = match partial.filter(|&p| p < 1.0) {
         None => None,
         Some(p)
-            if matches!(arch, Arch::Phi3 | Arch::Phi | Arch::GptNeox | Arch::Glm4Moe) || arch.is_glm() =>
+            if matches!(arch, Arch::Phi3 | Arch::Phi | Arch::GptNeox | Arch::Glm4Moe)
+                || arch.is_glm()
+                || arch.is_qwen35() =>
         {
             Some((head_dim as f64 * p) as usize)
         }
         Some(p) => {
             return Err(f.unsupported(format!(
-                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3, GLM, GLM-4.5 and GPT-NeoX here)",
+                "{} = {p} for {arch:?} (transformers applies a partial rotary factor only to Phi, Phi-3, GLM, GLM-4.5, GPT-NeoX and Qwen3.5 here)",
                 rope.partial_field
             )));
         }
@@ -1248,7 +1309,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         | Arch::Olmo3
         | Arch::Gemma2
         | Arch::Gemma3
-        | Arch::Olmoe => (attention_bias, attention_bias, false),
+        | Arch::Olmoe
+        | Arch::Qwen35
+        | Arch::Qwen35Moe
+        | Arch::Qwen3Next => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // Qwen2MoeConfig's qkv_bias (true unless written).
@@ -1309,7 +1373,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         num_heads: heads,
         num_kv_heads: kv_heads,
         head_dim,
-        intermediate_size: f.req_usize("intermediate_size")?,
+        intermediate_size: match arch {
+            // Qwen3_5MoeTextConfig has no dense MLP, and no width for one.
+            Arch::Qwen35Moe => match f.opt_usize("intermediate_size")? {
+                Some(w) => w,
+                None => f.opt_usize("moe_intermediate_size")?.unwrap_or(512),
+            },
+            _ => f.req_usize("intermediate_size")?,
+        },
         max_position_embeddings: max_positions,
         norm_eps: match arch {
             Arch::Starcoder2 => f.opt_f64("norm_epsilon")?.unwrap_or(1e-5),
@@ -1331,6 +1402,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         o_bias,
         mlp_bias,
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Olmoe)
+            || arch.is_qwen35()
             || (arch == Arch::Glm4Moe && f.opt_bool("use_qk_norm")?.unwrap_or(false)),
         sliding_window,
         sliding_layers,
@@ -1378,6 +1450,10 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             Arch::DeepseekV2 | Arch::DeepseekV3 => Some(parse_mla(f, arch)?),
             _ => None,
         },
+        linear_attn: arch
+            .is_qwen35()
+            .then(|| linear_attn::parse(f, layers))
+            .transpose()?,
     })
 }
 
@@ -1490,6 +1566,9 @@ fn parse_sliding_window(
                 false => (None, vec![false; layers]),
             }
         }
+        // Qwen3.5's layer_types say which blocks are Gated DeltaNets
+        // (`linear_attn.rs`); none slides.
+        a if a.is_qwen35() => return Ok((None, None)),
         _ => (None, vec![false; layers]),
     };
     if let Some(types) = f.get("layer_types").and_then(Value::as_array) {

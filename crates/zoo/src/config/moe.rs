@@ -201,6 +201,12 @@ impl Moe {
                     .map_or(0, |s| s.iter().take_while(|&&x| !x).count());
                 obj.insert("first_k_dense_replace".into(), json!(dense));
             }
+            Arch::Qwen35Moe => {
+                obj.insert("num_experts".into(), json!(self.num_experts));
+                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
+                let w = self.shared_expert.expect("Qwen3.5-MoE's shared expert");
+                obj.insert("shared_expert_intermediate_size".into(), json!(w));
+            }
             Arch::GptOss => {
                 obj.insert("num_local_experts".into(), json!(self.num_experts));
                 let c = self.clamped.expect("GPT-OSS's experts are clamped");
@@ -288,7 +294,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             f.opt_bool("norm_topk_prob")?.unwrap_or(false),
             None,
         ),
-        Arch::Qwen3Moe | Arch::Qwen2Moe => {
+        Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::Qwen3Next => {
             let step = f.opt_usize("decoder_sparse_step")?.unwrap_or(1);
             if step == 0 {
                 return Err(f.bad("decoder_sparse_step", "must be positive"));
@@ -314,18 +320,29 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             let sparse: Vec<bool> = (0..layers)
                 .map(|i| !dense.contains(&i) && (i + 1) % step == 0)
                 .collect();
-            // Qwen2MoeConfig's defaults, else Qwen3MoeConfig's.
-            let qwen2 = arch == Arch::Qwen2Moe;
+            // Qwen2MoeConfig's, Qwen3NextConfig's and Qwen3MoeConfig's defaults.
+            let (experts_n, k, width, norm) = match arch {
+                Arch::Qwen2Moe => (60, 4, 1408, false),
+                Arch::Qwen3Next => (512, 10, 512, true),
+                _ => (128, 8, 768, false),
+            };
             (
-                experts(f, "num_experts", "num_local_experts")?.unwrap_or(if qwen2 { 60 } else { 128 }),
-                f.opt_usize("num_experts_per_tok")?
-                    .unwrap_or(if qwen2 { 4 } else { 8 }),
-                f.opt_usize("moe_intermediate_size")?
-                    .unwrap_or(if qwen2 { 1408 } else { 768 }),
-                f.opt_bool("norm_topk_prob")?.unwrap_or(false),
+                experts(f, "num_experts", "num_local_experts")?.unwrap_or(experts_n),
+                f.opt_usize("num_experts_per_tok")?.unwrap_or(k),
+                f.opt_usize("moe_intermediate_size")?.unwrap_or(width),
+                f.opt_bool("norm_topk_prob")?.unwrap_or(norm),
                 Some(sparse),
             )
         }
+        // Qwen3_5MoeTextConfig's: every block routed, the top k always
+        // renormalised.
+        Arch::Qwen35Moe => (
+            experts(f, "num_experts", "num_local_experts")?.unwrap_or(256),
+            f.opt_usize("num_experts_per_tok")?.unwrap_or(8),
+            f.opt_usize("moe_intermediate_size")?.unwrap_or(512),
+            true,
+            None,
+        ),
         _ => return Ok(None),
     };
     // transformers adds the routers' load-balancing loss only under
@@ -355,6 +372,9 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
         aux_loss_coef,
         shared_expert: match arch {
             Arch::Qwen2Moe => Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(5632)),
+            Arch::Qwen35Moe | Arch::Qwen3Next => {
+                Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(512))
+            }
             Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2 => match f
                 .opt_usize("n_shared_experts")?
                 .unwrap_or(if arch == Arch::DeepseekV2 { 2 } else { 1 })
@@ -364,7 +384,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             },
             _ => None,
         },
-        shared_gated: arch == Arch::Qwen2Moe,
+        shared_gated: matches!(arch, Arch::Qwen2Moe | Arch::Qwen35Moe | Arch::Qwen3Next),
         router: match (arch, arch == Arch::DeepseekV3) {
             (Arch::Glm4Moe | Arch::DeepseekV3, v3) => Router::Sigmoid {
                 groups: f.opt_usize("n_group")?.unwrap_or(if v3 { 8 } else { 1 }),

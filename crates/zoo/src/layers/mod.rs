@@ -44,6 +44,7 @@ mod block_mla;
 mod block_neox;
 mod block_olmo2;
 mod block_phi;
+mod block_qwen35;
 mod block_starcoder2;
 mod embedding;
 mod head;
@@ -60,6 +61,7 @@ pub use block_mla::MlaSaved;
 pub use block_neox::NeoxSaved;
 pub use block_olmo2::Olmo2Saved;
 pub use block_phi::PhiSaved;
+pub use block_qwen35::Qwen35Saved;
 pub use block_starcoder2::Starcoder2Saved;
 pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
 pub use head::{
@@ -83,6 +85,7 @@ pub enum BlockSaved<T> {
     Cohere2(Box<Cohere2Saved<T>>),
     Neox(Box<NeoxSaved<T>>),
     Mla(Box<MlaSaved<T>>),
+    Qwen35(Box<Qwen35Saved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -127,6 +130,10 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_mla::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Mla(Box::new(s))))
         }
+        Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Qwen35(Box::new(s))))
+        }
         _ => {
             let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
@@ -143,6 +150,7 @@ impl<T> BlockSaved<T> {
         match self {
             BlockSaved::Llama(s) => s.router_stats(),
             BlockSaved::Mla(s) => s.router_stats(),
+            BlockSaved::Qwen35(s) => s.router_stats(),
             _ => None,
         }
     }
@@ -173,6 +181,9 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Mla(s) if cfg.arch.has_mla() => block_mla::backward(cfg, ex, layer, w, s, dy, aux),
+        BlockSaved::Qwen35(s) if cfg.arch.is_qwen35() => {
+            block_qwen35::backward(cfg, ex, layer, w, s, dy, aux)
+        }
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {
             block_llama::backward(cfg, ex, layer, w, s, dy, aux)
         }
@@ -240,11 +251,11 @@ fn lin<E: Executor>(ex: &E, x: &E::Tensor, w: &[E::Tensor], (wi, bi): Linear) ->
 /// The input gradient of the q, k and v projections that read `x` (k's and
 /// v's added into q's by the products themselves), their weight and bias
 /// gradients stored at their table slots.
-fn qkv_backward<E: Executor>(
+fn qkv_backward<E: Executor, const N: usize>(
     ex: &E,
     x: &E::Tensor,
     w: &[E::Tensor],
-    parts: [(&E::Tensor, Linear); 3],
+    parts: [(&E::Tensor, Linear); N],
     grads: &mut [Option<E::Tensor>],
 ) -> Result<E::Tensor> {
     let mut dx: Option<E::Tensor> = None;

@@ -59,6 +59,9 @@ pub const CASES: &[&str] = &[
     "deepseek_v3_yarn",
     "deepseek_v2",
     "deepseek_v2_lite",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

@@ -1,0 +1,127 @@
+//! Qwen3.5's and Qwen3-Next's Gated DeltaNet: the "linear attention"
+//! blocks of their hybrid stacks, beside blocks of (gated) full attention.
+
+use serde_json::{Map, Value, json};
+
+use super::Fields;
+use crate::Result;
+
+/// The shape of a Gated DeltaNet and which blocks have one.
+///
+/// A block's input gives, through one product, the mixed `[q | k | v]` of
+/// `key_heads · key_dim` (twice) and `value_heads · value_dim` entries,
+/// which a causal depthwise convolution of `conv_kernel` taps (and SiLU)
+/// mixes over time; `z` (the output gate), `b` (β's logits) and `a` (the
+/// decay's) come from products of their own. Each value head keeps a
+/// `key_dim × value_dim` state, read by key head `h / (value_heads /
+/// key_heads)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearAttn {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub conv_kernel: usize,
+    /// Per block: a Gated DeltaNet (`linear_attention`) rather than full
+    /// attention.
+    pub layers: Vec<bool>,
+}
+
+impl LinearAttn {
+    /// Entries of q, k and of v across their heads.
+    pub fn key_width(&self) -> usize {
+        self.key_heads * self.key_dim
+    }
+
+    pub fn value_width(&self) -> usize {
+        self.value_heads * self.value_dim
+    }
+
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// Whether block `layer` is a Gated DeltaNet.
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.layers.get(layer).copied().unwrap_or(false)
+    }
+
+    pub(super) fn validate(&self, num_layers: usize) -> std::result::Result<(), String> {
+        let positive = [
+            ("linear_num_key_heads", self.key_heads),
+            ("linear_num_value_heads", self.value_heads),
+            ("linear_key_head_dim", self.key_dim),
+            ("linear_value_head_dim", self.value_dim),
+            ("linear_conv_kernel_dim", self.conv_kernel),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{name} must be positive"));
+        }
+        if !self.value_heads.is_multiple_of(self.key_heads) {
+            return Err(format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                self.value_heads, self.key_heads
+            ));
+        }
+        if self.layers.len() != num_layers {
+            return Err(format!(
+                "layer_types lists {} blocks of num_hidden_layers {num_layers}",
+                self.layers.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fields transformers' config classes read, into `obj`.
+    pub(super) fn write_json(&self, obj: &mut Map<String, Value>) {
+        obj.insert("linear_num_key_heads".into(), json!(self.key_heads));
+        obj.insert("linear_num_value_heads".into(), json!(self.value_heads));
+        obj.insert("linear_key_head_dim".into(), json!(self.key_dim));
+        obj.insert("linear_value_head_dim".into(), json!(self.value_dim));
+        obj.insert("linear_conv_kernel_dim".into(), json!(self.conv_kernel));
+        let kind = |l: &bool| if *l { "linear_attention" } else { "full_attention" };
+        obj.insert(
+            "layer_types".into(),
+            json!(self.layers.iter().map(kind).collect::<Vec<_>>()),
+        );
+    }
+}
+
+/// The Gated DeltaNet of a Qwen3.5 or Qwen3-Next config (their classes'
+/// defaults): `layer_types`, or every `full_attention_interval`-th block
+/// (4) full attention and the others linear.
+pub(super) fn parse(f: &Fields, layers: usize) -> Result<LinearAttn> {
+    let kinds = match f.get("layer_types") {
+        Some(v) => {
+            let list = v
+                .as_array()
+                .ok_or_else(|| f.bad("layer_types", format!("expected a list, got {v}")))?;
+            list.iter()
+                .map(|k| match k.as_str() {
+                    Some("linear_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(f.bad(
+                        "layer_types",
+                        format!("{k} is neither \"linear_attention\" nor \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<Vec<bool>>>()?
+        }
+        None => {
+            let every = f.opt_usize("full_attention_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(f.bad("full_attention_interval", "must be positive"));
+            }
+            (0..layers).map(|i| (i + 1) % every != 0).collect()
+        }
+    };
+    Ok(LinearAttn {
+        key_heads: f.opt_usize("linear_num_key_heads")?.unwrap_or(16),
+        value_heads: f.opt_usize("linear_num_value_heads")?.unwrap_or(32),
+        key_dim: f.opt_usize("linear_key_head_dim")?.unwrap_or(128),
+        value_dim: f.opt_usize("linear_value_head_dim")?.unwrap_or(128),
+        conv_kernel: f.opt_usize("linear_conv_kernel_dim")?.unwrap_or(4),
+        layers: kinds,
+    })
+}

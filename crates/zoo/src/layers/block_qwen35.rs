@@ -1,0 +1,570 @@
+//! Qwen3.5's block: Llama's pre-norm residual block (RMSNorm gains stored
+//! as `1 + w`'s weight, [`Gains`]; the MLP dense or routed, [`Mlp`])
+//! around one of two token mixers, as the config's `layer_types` say
+//! ([`crate::LinearAttn`]):
+//!
+//! - a Gated DeltaNet: one product gives the mixed `[q | k | v]`, a causal
+//!   depthwise convolution with SiLU mixes it over time; q and k are
+//!   l2-normalised (q also scaled by `key_dim^−½`); the decays
+//!   `g = −exp(A_log)·softplus(a + dt_bias)` and the rates `β = σ(b)` come
+//!   from products of their own; the gated delta rule's output goes through
+//!   an RMSNorm (its gain stored as itself) times `silu(z)`, then `out_proj`.
+//! - full attention whose q projection gives each head's query and, beside
+//!   it, a gate: per-head q/k norms, RoPE on part of each head, and the
+//!   attention's output times `σ(gate)` before `o_proj`.
+//!
+//! The l2 norms are RMSNorms of unit gain: `x / √(Σx² + ε)` is
+//! `rmsnorm(x; ε / n) · n^−½` for `n` entries (q's then scaled by `n^−½`
+//! once more).
+
+use megatrain_tensor::{
+    AddNormOut, AttentionOut, DeltaRuleOut, Executor, HostSlice, NormOut, TensorHandle, Transpose,
+};
+
+use super::block_llama::{Mlp, MlpSaved};
+use super::moe::{RouterAux, RouterStats};
+use super::{Gains, Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use crate::{Arch, LinearAttn, ModelConfig, Result, ZooError};
+
+/// transformers' `l2norm` epsilon in the Gated DeltaNet (not the model's
+/// `rms_norm_eps`).
+const L2_EPS: f64 = 1e-6;
+
+/// A Gated DeltaNet's input products: Qwen3.5's four, or Qwen3-Next's
+/// two, each of whose outputs holds, key head after key head, that head's
+/// q and k, then its value heads' v and z (`qkvz`), or their b and a (`ba`).
+#[derive(Debug, Clone, Copy)]
+enum InProj {
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+    Fused {
+        qkvz: Linear,
+        ba: Linear,
+    },
+}
+
+/// Table slots of a Gated DeltaNet (mirrors `tables.rs`'s
+/// `push_qwen35_mixer`).
+#[derive(Debug, Clone, Copy)]
+struct DeltaNet {
+    proj: InProj,
+    conv: usize,
+    dt_bias: usize,
+    a_log: usize,
+    norm: usize,
+    out: Linear,
+}
+
+/// Table slots of the gated full attention.
+#[derive(Debug, Clone, Copy)]
+struct GatedAttn {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: usize,
+    k_norm: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mixer {
+    DeltaNet(DeltaNet),
+    Attention(GatedAttn),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ln1: usize,
+    mixer: Mixer,
+    ln2: usize,
+    mlp: Mlp,
+    len: usize,
+}
+
+impl Layout {
+    fn new(cfg: &ModelConfig, layer: usize) -> Layout {
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n - 1
+        };
+        fn lin(bias: bool, next: &mut dyn FnMut() -> usize) -> Linear {
+            let w = next();
+            (w, bias.then(&mut *next))
+        }
+        let ln1 = next();
+        let mixer = match cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) {
+            true => Mixer::DeltaNet(DeltaNet {
+                proj: match cfg.arch {
+                    Arch::Qwen3Next => InProj::Fused {
+                        qkvz: lin(false, &mut next),
+                        ba: lin(false, &mut next),
+                    },
+                    _ => InProj::Split {
+                        qkv: lin(false, &mut next),
+                        z: lin(false, &mut next),
+                        b: lin(false, &mut next),
+                        a: lin(false, &mut next),
+                    },
+                },
+                conv: next(),
+                dt_bias: next(),
+                a_log: next(),
+                norm: next(),
+                out: lin(false, &mut next),
+            }),
+            false => Mixer::Attention(GatedAttn {
+                q: lin(cfg.qkv_bias, &mut next),
+                k: lin(cfg.qkv_bias, &mut next),
+                v: lin(cfg.qkv_bias, &mut next),
+                o: lin(cfg.o_bias, &mut next),
+                q_norm: next(),
+                k_norm: next(),
+            }),
+        };
+        let ln2 = next();
+        let mlp = Mlp::new(cfg, layer, &mut next);
+        Layout {
+            ln1,
+            mixer,
+            ln2,
+            mlp,
+            len: n,
+        }
+    }
+
+    /// The norms whose gains are stored offset (all but the DeltaNet's).
+    fn offset_norms(&self) -> Vec<usize> {
+        let mut v = vec![self.ln1, self.ln2];
+        if let Mixer::Attention(a) = self.mixer {
+            v.extend([a.q_norm, a.k_norm]);
+        }
+        v
+    }
+}
+
+/// What a Gated DeltaNet's backward needs from its forward.
+#[derive(Debug)]
+struct DeltaNetSaved<T> {
+    /// The convolution's input, the mixed q/k/v `[B, T, channels]`.
+    mixed: T,
+    /// q and k before their l2 norms `[B, T, Hk, Dk]`, with the norms
+    /// and the scaled outputs the rule read.
+    q: (T, NormOut<T>, T),
+    k: (T, NormOut<T>, T),
+    v: T,
+    /// The decays' and rates' logits `[B·T, Hv]`, and the gates they gave
+    /// `[B, T, Hv]`.
+    a: T,
+    b: T,
+    g: T,
+    beta: T,
+    rule: DeltaRuleOut<T>,
+    /// The rule's output through its norm, and `z` `[B, T, Hv, Dv]`.
+    normed: NormOut<T>,
+    z: T,
+    /// `out_proj`'s input `[B, T, Hv·Dv]`.
+    gated: T,
+}
+
+/// What the gated attention's backward needs from its forward.
+#[derive(Debug)]
+struct GatedAttnSaved<T> {
+    /// q and k before their norms, with the norms.
+    q: (T, NormOut<T>),
+    k: (T, NormOut<T>),
+    gate: T,
+    /// Rotated q, k and v as the attention read them.
+    qr: T,
+    kr: T,
+    v: T,
+    att: AttentionOut<T>,
+    /// `o_proj`'s input `[B, T, q_dim]`.
+    a: T,
+}
+
+#[derive(Debug)]
+enum MixerSaved<T> {
+    DeltaNet(DeltaNetSaved<T>),
+    Attention(GatedAttnSaved<T>),
+}
+
+/// What a Qwen3.5 block's backward needs from its forward.
+#[derive(Debug)]
+pub struct Qwen35Saved<T> {
+    x: T,
+    n1: NormOut<T>,
+    mixer: MixerSaved<T>,
+    x2: T,
+    n2: NormOut<T>,
+    mlp: MlpSaved<T>,
+}
+
+impl<T> Qwen35Saved<T> {
+    /// The routing statistics of a routed block's forward.
+    pub(super) fn router_stats(&self) -> Option<RouterStats> {
+        self.mlp.router_stats()
+    }
+}
+
+fn linear_attn(cfg: &ModelConfig) -> Result<&LinearAttn> {
+    cfg.linear_attn.as_ref().ok_or_else(|| {
+        ZooError::invalid(
+            "qwen3.5 block",
+            format!("a {:?} model has no Gated DeltaNet", cfg.arch),
+        )
+    })
+}
+
+/// The unit gain and the epsilon that make an RMSNorm over `n` entries
+/// `√n` times the l2 norm, and the factors that then give q's
+/// (`n^−½ · n^−½`) and k's (`n^−½`): applied by `scale`, which keeps them
+/// in the executor's precision (an f32 gain would round `n^−½`).
+fn l2_norm_parts<E: Executor>(ex: &E, n: usize) -> Result<(E::Tensor, f32, f64, f64)> {
+    let w = ex.upload_slice(&shape(&[n]), HostSlice::F32(&vec![1.0; n]))?;
+    let inv = 1.0 / (n as f64).sqrt();
+    Ok((w, (L2_EPS / n as f64) as f32, inv * inv, inv))
+}
+
+pub(super) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, Qwen35Saved<E::Tensor>)> {
+    let l = Layout::new(cfg, layer);
+    check_weights(w, l.len, "qwen3.5 block_forward")?;
+    let eps = cfg.norm_eps as f32;
+    let g = Gains::new(cfg, ex, w, &l.offset_norms())?;
+    let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
+    let (m, mixer) = match l.mixer {
+        Mixer::DeltaNet(d) => {
+            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y)?;
+            (m, MixerSaved::DeltaNet(s))
+        }
+        Mixer::Attention(a) => {
+            let (m, s) = gated_attention_forward(cfg, ex, layer, w, &g, a, &n1.y)?;
+            (m, MixerSaved::Attention(s))
+        }
+    };
+    let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &m, g.get(w, l.ln2), eps)?;
+    let (d, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
+    let y = ex.add(&x2, &d)?;
+    let saved = Qwen35Saved {
+        x: ex.reshape(x, x.shape())?,
+        n1,
+        mixer,
+        x2,
+        n2,
+        mlp,
+    };
+    Ok((y, saved))
+}
+
+pub(super) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    s: &Qwen35Saved<E::Tensor>,
+    dy: &E::Tensor,
+    aux: Option<&RouterAux>,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    let l = Layout::new(cfg, layer);
+    check_weights(w, l.len, "qwen3.5 block_backward")?;
+    let g = Gains::new(cfg, ex, w, &l.offset_norms())?;
+    let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
+
+    let dn2 = l
+        .mlp
+        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dy, aux, &mut grads)?;
+    let n2 = ex.add_rmsnorm_backward(&s.x2, g.get(w, l.ln2), &s.n2.rstd, &dn2, dy)?;
+    grads[l.ln2] = Some(n2.dw);
+    let dx2 = n2.dx;
+    let dn1 = match (l.mixer, &s.mixer) {
+        (Mixer::DeltaNet(d), MixerSaved::DeltaNet(ds)) => {
+            delta_net_backward(cfg, ex, w, d, &s.n1.y, ds, &dx2, &mut grads)?
+        }
+        (Mixer::Attention(a), MixerSaved::Attention(gs)) => {
+            gated_attention_backward(cfg, ex, layer, w, &g, a, &s.n1.y, gs, &dx2, &mut grads)?
+        }
+        _ => {
+            return Err(ZooError::invalid(
+                "qwen3.5 block_backward",
+                format!("block {layer}'s saved token mixer is not the kind its layout has"),
+            ));
+        }
+    };
+    let n1 = ex.add_rmsnorm_backward(&s.x, g.get(w, l.ln1), &s.n1.rstd, &dn1, &dx2)?;
+    grads[l.ln1] = Some(n1.dw);
+    let grads = grads
+        .into_iter()
+        .map(|g| g.expect("every slot's gradient"))
+        .collect();
+    Ok((n1.dx, grads))
+}
+
+fn delta_net_forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    d: DeltaNet,
+    x: &E::Tensor,
+) -> Result<(E::Tensor, DeltaNetSaved<E::Tensor>)> {
+    let la = linear_attn(cfg)?;
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
+    let (kw, vw, ch) = (la.key_width(), la.value_width(), la.conv_channels());
+    let Projected {
+        mixed,
+        z,
+        b: bl,
+        a: al,
+    } = project(ex, la, w, d.proj, x)?;
+    let conv_w = ex.reshape(&w[d.conv], &shape(&[ch, la.conv_kernel]))?;
+    let conv = ex.causal_conv1d_silu(&mixed, &conv_w)?;
+    let parts = ex.split_last(&conv, &[kw, kw, vw])?;
+    let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
+    let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
+    let v = ex.reshape(&parts[2], &shape(&[b, t, hv, dv]))?;
+    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
+    let qn = ex.rmsnorm(&q, &unit, l2_eps)?;
+    let kn = ex.rmsnorm(&k, &unit, l2_eps)?;
+    let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
+    let (gates, betas) = ex.delta_gates(&al, &bl, &w[d.a_log], &w[d.dt_bias])?;
+    let gates = ex.reshape(&gates, &shape(&[b, t, hv]))?;
+    let betas = ex.reshape(&betas, &shape(&[b, t, hv]))?;
+    let rule = ex.gated_delta_rule(&qs, &ks, &v, &gates, &betas)?;
+    let normed = ex.rmsnorm(&rule.out, &w[d.norm], cfg.norm_eps as f32)?;
+    let gated = ex.reshape(&ex.swiglu(&z, &normed.y)?, &shape(&[b, t, vw]))?;
+    let out = lin(ex, &gated, w, d.out)?;
+    let saved = DeltaNetSaved {
+        mixed,
+        q: (q, qn, qs),
+        k: (k, kn, ks),
+        v,
+        a: al,
+        b: bl,
+        g: gates,
+        beta: betas,
+        rule,
+        normed,
+        z,
+        gated,
+    };
+    Ok((out, saved))
+}
+
+/// The Gated DeltaNet's backward from `dout`: the gradient of its input
+/// `x`, its weights' stored at their slots in `grads`.
+#[allow(clippy::too_many_arguments)]
+fn delta_net_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    d: DeltaNet,
+    x: &E::Tensor,
+    s: &DeltaNetSaved<E::Tensor>,
+    dout: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let la = linear_attn(cfg)?;
+    let (b, t) = (dout.dims()[0], dout.dims()[1]);
+    let (hv, dk, dv) = (la.value_heads, la.key_dim, la.value_dim);
+    let (kw, vw, ch) = (la.key_width(), la.value_width(), la.conv_channels());
+    let mut go = ex.matmul_backward(&s.gated, &w[d.out.0], dout, Transpose::NT, needs(d.out.1))?;
+    let dgated = ex.reshape(
+        &go.da.take().expect("requested gradient"),
+        &shape(&[b, t, hv, dv]),
+    )?;
+    put(grads, d.out, go);
+    let (dz, dnormed) = ex.swiglu_backward(&s.z, &s.normed.y, &dgated)?;
+    let gn = ex.rmsnorm_backward(&s.rule.out, &w[d.norm], &s.normed.rstd, &dnormed)?;
+    grads[d.norm] = Some(gn.dw);
+    let gr = ex.gated_delta_rule_backward(&s.q.2, &s.k.2, &s.v, &s.g, &s.beta, &s.rule, &gn.dx)?;
+    let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
+    let dq = ex
+        .rmsnorm_backward(&s.q.0, &unit, &s.q.1.rstd, &ex.scale(&gr.dq, q_scale)?)?
+        .dx;
+    let dk_ = ex
+        .rmsnorm_backward(&s.k.0, &unit, &s.k.1.rstd, &ex.scale(&gr.dk, k_scale)?)?
+        .dx;
+    let flat = |x: &E::Tensor, n: usize| ex.reshape(x, &shape(&[b, t, n]));
+    let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk_, kw)?, &flat(&gr.dv, vw)?])?;
+    let conv_w = ex.reshape(&w[d.conv], &shape(&[ch, la.conv_kernel]))?;
+    let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&s.mixed, &conv_w, &dconv)?;
+    grads[d.conv] = Some(ex.reshape(&dconv_w, w[d.conv].shape())?);
+    let dg = ex.reshape(&gr.dg, &shape(&[b * t, hv]))?;
+    let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, hv]))?;
+    let (da, db, da_log, ddt_bias) =
+        ex.delta_gates_backward(&s.a, &s.b, &w[d.a_log], &w[d.dt_bias], &dg, &dbeta)?;
+    grads[d.a_log] = Some(da_log);
+    grads[d.dt_bias] = Some(ddt_bias);
+    let (da, db) = (flat(&da, hv)?, flat(&db, hv)?);
+    let dz = flat(&dz, vw)?;
+    project_backward(ex, la, w, d.proj, x, [&dmixed, &dz, &db, &da], grads)
+}
+
+/// What a Gated DeltaNet's input products give: the mixed `[q | k | v]`
+/// `[B, T, channels]` the convolution reads, `z` `[B, T, Hv, Dv]`, and the
+/// logits of β and of the decays `[B·T, Hv]`.
+struct Projected<T> {
+    mixed: T,
+    z: T,
+    b: T,
+    a: T,
+}
+
+fn project<E: Executor>(
+    ex: &E,
+    la: &LinearAttn,
+    w: &[E::Tensor],
+    proj: InProj,
+    x: &E::Tensor,
+) -> Result<Projected<E::Tensor>> {
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
+    let (kw, vw, r) = (la.key_width(), la.value_width(), hv / hk);
+    Ok(match proj {
+        InProj::Split { qkv, z, b: pb, a } => Projected {
+            mixed: lin(ex, x, w, qkv)?,
+            z: ex.reshape(&lin(ex, x, w, z)?, &shape(&[b, t, hv, dv]))?,
+            b: ex.reshape(&lin(ex, x, w, pb)?, &shape(&[b * t, hv]))?,
+            a: ex.reshape(&lin(ex, x, w, a)?, &shape(&[b * t, hv]))?,
+        },
+        InProj::Fused { qkvz, ba } => {
+            // Key head by key head: q, k, then its r value heads' v and z.
+            let p = ex.reshape(&lin(ex, x, w, qkvz)?, &shape(&[b, t, hk, 2 * dk + 2 * r * dv]))?;
+            let p = ex.split_last(&p, &[dk, dk, r * dv, r * dv])?;
+            let flat = |x: &E::Tensor, n: usize| ex.reshape(x, &shape(&[b, t, n]));
+            let mixed = ex.concat_last(&[&flat(&p[0], kw)?, &flat(&p[1], kw)?, &flat(&p[2], vw)?])?;
+            let g = ex.reshape(&lin(ex, x, w, ba)?, &shape(&[b * t, hk, 2 * r]))?;
+            let g = ex.split_last(&g, &[r, r])?;
+            Projected {
+                mixed,
+                z: ex.reshape(&p[3], &shape(&[b, t, hv, dv]))?,
+                b: ex.reshape(&g[0], &shape(&[b * t, hv]))?,
+                a: ex.reshape(&g[1], &shape(&[b * t, hv]))?,
+            }
+        }
+    })
+}
+
+/// The input products' backward from the gradients of what [`project`]
+/// gave, `[dmixed, dz, db, da]` (each `[B, T, width]`): the gradient of
+/// `x`, the weights' stored at their slots in `grads`.
+fn project_backward<E: Executor>(
+    ex: &E,
+    la: &LinearAttn,
+    w: &[E::Tensor],
+    proj: InProj,
+    x: &E::Tensor,
+    [dmixed, dz, db, da]: [&E::Tensor; 4],
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    match proj {
+        InProj::Split { qkv, z, b, a } => {
+            qkv_backward(ex, x, w, [(dmixed, qkv), (dz, z), (db, b), (da, a)], grads)
+        }
+        InProj::Fused { qkvz, ba } => {
+            let (bt, t) = (x.dims()[0], x.dims()[1]);
+            let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
+            let (kw, vw, r) = (la.key_width(), la.value_width(), hv / hk);
+            let heads = |x: &E::Tensor, n: usize| ex.reshape(x, &shape(&[bt, t, hk, n]));
+            let m = ex.split_last(dmixed, &[kw, kw, vw])?;
+            let dp = ex.concat_last(&[
+                &heads(&m[0], dk)?,
+                &heads(&m[1], dk)?,
+                &heads(&m[2], r * dv)?,
+                &heads(dz, r * dv)?,
+            ])?;
+            let dp = ex.reshape(&dp, &shape(&[bt, t, 2 * kw + 2 * vw]))?;
+            let dg = ex.concat_last(&[&heads(db, r)?, &heads(da, r)?])?;
+            let dg = ex.reshape(&dg, &shape(&[bt, t, 2 * hv]))?;
+            qkv_backward(ex, x, w, [(&dp, qkvz), (&dg, ba)], grads)
+        }
+    }
+}
+
+fn gated_attention_forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    g: &Gains<E::Tensor>,
+    a: GatedAttn,
+    x: &E::Tensor,
+) -> Result<(E::Tensor, GatedAttnSaved<E::Tensor>)> {
+    let eps = cfg.norm_eps as f32;
+    let (b, t, d) = (x.dims()[0], x.dims()[1], cfg.head_dim);
+    let (h, hkv) = (cfg.num_heads, cfg.num_kv_heads);
+    let rope = cfg.rope(layer);
+    let qg = ex.reshape(&lin(ex, x, w, a.q)?, &shape(&[b, t, h, 2 * d]))?;
+    let mut qg = ex.split_last(&qg, &[d, d])?;
+    let gate = qg.pop().expect("split in two");
+    let q = qg.pop().expect("split in two");
+    let k = ex.reshape(&lin(ex, x, w, a.k)?, &shape(&[b, t, hkv, d]))?;
+    let v = ex.reshape(&lin(ex, x, w, a.v)?, &shape(&[b, t, hkv, d]))?;
+    let qn = ex.rmsnorm(&q, g.get(w, a.q_norm), eps)?;
+    let kn = ex.rmsnorm(&k, g.get(w, a.k_norm), eps)?;
+    let qr = ex.rope(&qn.y, rope.clone())?;
+    let kr = ex.rope(&kn.y, rope)?;
+    let att = ex.attention(&qr, &kr, &v, cfg.attn_mask(layer))?;
+    let gated = ex.sigmoid_mul(&gate, &att.out)?;
+    let gated = ex.reshape(&gated, &shape(&[b, t, cfg.q_dim()]))?;
+    let out = lin(ex, &gated, w, a.o)?;
+    let saved = GatedAttnSaved {
+        q: (q, qn),
+        k: (k, kn),
+        gate,
+        qr,
+        kr,
+        v,
+        att,
+        a: gated,
+    };
+    Ok((out, saved))
+}
+
+/// The gated attention's backward from `dout`: the gradient of its input
+/// `x`, its weights' stored at their slots in `grads`.
+#[allow(clippy::too_many_arguments)]
+fn gated_attention_backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    g: &Gains<E::Tensor>,
+    a: GatedAttn,
+    x: &E::Tensor,
+    s: &GatedAttnSaved<E::Tensor>,
+    dout: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<E::Tensor> {
+    let (b, t, d) = (dout.dims()[0], dout.dims()[1], cfg.head_dim);
+    let h = cfg.num_heads;
+    let rope = cfg.rope(layer);
+    let mut go = ex.matmul_backward(&s.a, &w[a.o.0], dout, Transpose::NT, needs(a.o.1))?;
+    let da = ex.reshape(&go.da.take().expect("requested gradient"), &shape(&[b, t, h, d]))?;
+    put(grads, a.o, go);
+    let (dgate, datt) = ex.sigmoid_mul_backward(&s.gate, &s.att.out, &da)?;
+    let ga = ex.attention_backward(&s.qr, &s.kr, &s.v, &s.att, &datt)?;
+    let dq = ex.rope_backward(&ga.dq, rope.clone())?;
+    let dk = ex.rope_backward(&ga.dk, rope)?;
+    let gq = ex.rmsnorm_backward(&s.q.0, g.get(w, a.q_norm), &s.q.1.rstd, &dq)?;
+    let gk = ex.rmsnorm_backward(&s.k.0, g.get(w, a.k_norm), &s.k.1.rstd, &dk)?;
+    grads[a.q_norm] = Some(gq.dw);
+    grads[a.k_norm] = Some(gk.dw);
+    let dqg = ex.reshape(
+        &ex.concat_last(&[&gq.dx, &dgate])?,
+        &shape(&[b, t, 2 * cfg.q_dim()]),
+    )?;
+    let dk = ex.reshape(&gk.dx, &shape(&[b, t, cfg.kv_dim()]))?;
+    let dv = ex.reshape(&ga.dv, &shape(&[b, t, cfg.kv_dim()]))?;
+    qkv_backward(ex, x, w, [(&dqg, a.q), (&dk, a.k), (&dv, a.v)], grads)
+}
