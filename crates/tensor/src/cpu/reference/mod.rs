@@ -8,9 +8,9 @@
 mod activation;
 mod attention;
 mod attention_sinks;
-mod delta_rule;
 mod conv1d;
 mod delta_gates;
+mod delta_rule;
 mod embedding;
 mod layout;
 mod loss;
@@ -25,9 +25,9 @@ pub use activation::{
 };
 pub use attention::{AttnDims, attention, attention_backward};
 pub use attention_sinks::{attention_sinks, attention_sinks_backward};
-pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward};
 pub use conv1d::{causal_conv1d_silu, causal_conv1d_silu_backward};
 pub use delta_gates::{delta_gates, delta_gates_backward};
+pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
