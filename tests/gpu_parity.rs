@@ -89,7 +89,9 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// its gated shared expert, GPT-OSS's with its attention sinks and
 /// clamped, biased experts, GLM-4.5's with DeepSeek-V3's router,
 /// DeepSeek-V3's latent attention with q's low-rank pair and without,
-/// RoPE in pairs and in halves, YaRN's scale on the scores).
+/// RoPE in pairs and in halves, YaRN's scale on the scores); and the
+/// hybrids of Gated DeltaNet and gated attention (Qwen3.5's, dense and
+/// routed, and Qwen3-Next's with its interleaved input products).
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -129,6 +131,9 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "deepseek_v3",
         "deepseek_v3_yarn",
         "deepseek_v2",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

@@ -153,6 +153,13 @@ fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&gpt2_nano(65));
 }
 
+/// Qwen3.5's hybrid: Gated DeltaNet and gated attention blocks recomputed
+/// from their checkpoints for every K.
+#[test]
+fn gated_delta_net_streamed_step_matches_whole_model_reference_for_every_k() {
+    check_one_step_matches_reference(&common::zoo_fixture("qwen3_5"));
+}
+
 /// A mixture of experts streams as any block: routed and dense blocks,
 /// recomputed (routing again) for every K.
 #[test]
@@ -164,6 +171,8 @@ fn moe_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&common::zoo_fixture("glm4_moe"));
     check_one_step_matches_reference(&common::zoo_fixture("deepseek_v3"));
     check_one_step_matches_reference(&common::zoo_fixture("deepseek_v2"));
+    check_one_step_matches_reference(&common::zoo_fixture("qwen3_5_moe"));
+    check_one_step_matches_reference(&common::zoo_fixture("qwen3_next"));
     // With the routers' load-balancing loss, which the streamed step forms
     // from every routed block's forward before the first backward.
     let mut balanced = common::mixtral_tiny(3);

@@ -110,6 +110,9 @@ fn main() -> AnyResult<()> {
         "deepseek_v3_yarn",
         "deepseek_v2",
         "deepseek_v2_lite",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();
