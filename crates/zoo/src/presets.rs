@@ -39,6 +39,9 @@ pub const PRESET_NAMES: &[&str] = &[
     "deepseek-v2-lite",
     "qwen3.5-tiny",
     "qwen3.5-moe-tiny",
+    "qwen3.5-9b",
+    "qwen3.5-35b-a3b",
+    "qwen3-next-80b-a3b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -642,6 +645,49 @@ fn qwen35_tiny(name: &str, moe: bool) -> Result<ModelConfig> {
     hf_preset(name, v)
 }
 
+/// Qwen3.5-9B, Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B: the shapes their
+/// transformers config classes default to (8.95 B, 34.7 B and 79.7 B
+/// parameters), with θ 10⁷ and a 262,144-token context, Qwen's published
+/// figures for these releases (the classes default to 10⁴ and 32,768).
+fn qwen35(name: &str, arch: Arch) -> Result<ModelConfig> {
+    let mut v = qwen35_shape(arch);
+    for (field, value) in [
+        ("architectures", serde_json::json!([arch.hf_architecture()])),
+        ("model_type", serde_json::json!(arch.model_type())),
+        ("max_position_embeddings", serde_json::json!(262144)),
+        (
+            "rope_parameters",
+            serde_json::json!({"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}),
+        ),
+        ("tie_word_embeddings", serde_json::json!(false)),
+    ] {
+        v.insert(field.into(), value);
+    }
+    hf_preset(name, serde_json::Value::Object(v))
+}
+
+/// The shape fields of [`qwen35`]'s presets (each config class's defaults).
+fn qwen35_shape(arch: Arch) -> serde_json::Map<String, serde_json::Value> {
+    let v = match arch {
+        Arch::Qwen35 => serde_json::json!({
+            "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+            "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+        }),
+        Arch::Qwen35Moe => serde_json::json!({
+            "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "num_experts": 256,
+            "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+        }),
+        _ => serde_json::json!({
+            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+            "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+            "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512, "norm_topk_prob": true,
+        }),
+    };
+    v.as_object().expect("an object").clone()
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -724,6 +770,9 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "deepseek-v2-lite" => deepseek_v2_lite()?,
         "qwen3.5-tiny" => qwen35_tiny(name, false)?,
         "qwen3.5-moe-tiny" => qwen35_tiny(name, true)?,
+        "qwen3.5-9b" => qwen35(name, Arch::Qwen35)?,
+        "qwen3.5-35b-a3b" => qwen35(name, Arch::Qwen35Moe)?,
+        "qwen3-next-80b-a3b" => qwen35(name, Arch::Qwen3Next)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -30,6 +30,10 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("deepseek-v3", 671_026_419_200),
         ("kimi-k2", 1_026_408_232_448),
         ("deepseek-v2-lite", 15_706_484_224),
+        // As transformers counts its config classes' default shapes.
+        ("qwen3.5-9b", 8_953_803_264),
+        ("qwen3.5-35b-a3b", 34_660_610_688),
+        ("qwen3-next-80b-a3b", 79_674_391_296),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
@@ -60,6 +64,10 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("kimi-k2", 32_861_500_928),
         // DeepSeek-V2-Lite's 2.4 B leaves out the embedding table (0.21 B).
         ("deepseek-v2-lite", 2_661_150_208),
+        // Qwen's A3B: 3.9 B and 3.5 B with the untied embedding and head
+        // (0.62 B and 1.02 B), of which a token reads a row.
+        ("qwen3-next-80b-a3b", 3_874_929_408),
+        ("qwen3.5-35b-a3b", 3_454_988_928),
     ] {
         assert_eq!(preset(name, None).unwrap().active_param_count(), active, "{name}");
     }
@@ -128,4 +136,24 @@ fn random_llama_tiny_starts_near_uniform_loss() {
         "{} vs ln 256 = {uniform}",
         out.loss
     );
+}
+
+/// Qwen3.5's Gated DeltaNet starts as transformers starts it: `dt_bias`
+/// and the gated norm's gain (stored as itself) one, `A_log` the log of a
+/// draw from U(0.01, 16), and the zero-centred norms' weights zero (gain 1).
+#[test]
+fn qwen35_init_follows_transformers() {
+    let cfg = preset("qwen3.5-tiny", None).unwrap();
+    let t = cfg.layer_table(1).unwrap();
+    let a = init_layer(&cfg, 1, 7).unwrap();
+    let get = |name: &str| &a[t.get(&format!("model.layers.0.{name}")).unwrap().range()];
+    assert!(get("linear_attn.dt_bias").iter().all(|&x| x == 1.0));
+    assert!(get("linear_attn.norm.weight").iter().all(|&x| x == 1.0));
+    assert!(get("input_layernorm.weight").iter().all(|&x| x == 0.0));
+    let a_log = get("linear_attn.A_log");
+    let (lo, hi) = (0.01f32.ln(), 16.0f32.ln());
+    assert!(a_log.iter().all(|&x| (lo..hi).contains(&x)), "{a_log:?}");
+    assert!(a_log.windows(2).any(|w| w[0] != w[1]), "{a_log:?}");
+    let conv = get("linear_attn.conv1d.weight");
+    assert!(conv.iter().any(|&x| x != 0.0) && conv.iter().all(|&x| x.abs() < 0.2));
 }

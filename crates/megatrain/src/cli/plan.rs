@@ -406,7 +406,7 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         .max(c.step_bus_s(m))
         .max(c.step_adamw_s(m));
     println!(
-        "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention), \
+        "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention or the Gated DeltaNet), \
          {:.1} ms of bus, {:.1} ms of AdamW, {:.0} tokens/s if the largest is all it takes",
         ms(c.step_compute_s(m, tokens)),
         ms(c.step_bus_s(m)),

@@ -16,7 +16,9 @@
 //! - recompute: K blocks' saved tensors, each B·T·(6C + 2·q + 2·kv + 3·I)
 //!   floats (inputs, norm outputs, q/k/v, attention output, the MLP's
 //!   pre-activation, activation and up projection), plus the attention's
-//!   per-row softmax statistics B·H·T·2 floats;
+//!   per-row softmax statistics B·H·T·2 floats (a Gated DeltaNet's and a
+//!   gated attention's their own: `mixer_saved_floats`), and where a model
+//!   has Gated DeltaNets, their backward's scratch;
 //! - kept: the weights (a slot each) and saved tensors of the blocks kept
 //!   from the forward to their backward (`--keep-activations`), with the
 //!   saved tensors' f16 copies under f16.
@@ -128,6 +130,49 @@ fn mlp_per_token(model: &ModelConfig) -> (u64, u64) {
     }
 }
 
+/// The f32 values block `layer`'s token mixer saves for its backward at
+/// batch `b` × `t` tokens: plain attention's q, k, v (as projected and as
+/// rotated) and its per-row softmax statistics; Qwen3.5's gated attention
+/// its gate and normed q, k besides; a Gated DeltaNet's mixed q/k/v, q and
+/// k before, in and after their l2 norms, v, z, the gates, the rule's
+/// output, normed and gated, and the rule's state at every chunk start.
+fn mixer_saved_floats(model: &ModelConfig, layer: usize, b: u64, t: u64) -> u64 {
+    let (q, kv, heads) = (
+        model.q_dim() as u64,
+        model.kv_dim() as u64,
+        model.num_heads as u64,
+    );
+    let lse = b * heads * t * 2;
+    match &model.linear_attn {
+        Some(l) if l.is_linear(layer) => {
+            let (kw, vw, hv) = (l.key_width() as u64, l.value_width() as u64, l.value_heads as u64);
+            let chunks = t.div_ceil(megatrain_tensor::DELTA_RULE_CHUNK as u64);
+            b * t * (l.conv_channels() as u64 + 6 * kw + 5 * vw + 7 * hv)
+                + b * hv * chunks * (l.key_dim * l.value_dim) as u64
+        }
+        Some(_) => b * t * (6 * q + 4 * kv) + lse,
+        None => b * t * (2 * q + 2 * kv) + lse,
+    }
+}
+
+/// Bytes the GPU's gated delta rule backward takes beside its operands
+/// while it runs (one block at a time; `megatrain_gpu`'s delta_rule.rs):
+/// each batch's replayed chunk states and its per-column-block partials.
+fn delta_rule_scratch_bytes(model: &ModelConfig, b: u64, t: u64) -> u64 {
+    let Some(l) = model.linear_attn.as_ref().filter(|l| l.layers.iter().any(|&x| x)) else {
+        return 0;
+    };
+    let (hv, dk, c) = (
+        l.value_heads as u64,
+        l.key_dim as u64,
+        megatrain_tensor::DELTA_RULE_CHUNK as u64,
+    );
+    let blocks = (l.value_dim as u64).div_ceil(32);
+    let replay = hv * blocks * 32 * (c * dk + c + dk);
+    let partials = t * hv * blocks * (2 * dk + 2);
+    4 * b * (replay + partials)
+}
+
 pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result<Plan> {
     let tables = model.layer_tables();
     let host = tier_plan(&tables, tier)?;
@@ -147,9 +192,11 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         crate::trainer::Recompute::new(model.num_layers, input.checkpoint_every, input.keep_activations);
     let (group, kept) = (split.group_len() as u64, split.kept().len() as u64);
     let (mlp_saved, mlp_copied) = mlp_per_token(model);
-    let saved_per_block =
-        4 * b * t * (6 * c + 2 * model.q_dim() as u64 + 2 * model.kv_dim() as u64 + mlp_saved)
-            + 4 * b * model.num_heads as u64 * t * 2;
+    let mixer = (0..model.num_layers)
+        .map(|l| mixer_saved_floats(model, l, b, t))
+        .max()
+        .unwrap_or(0);
+    let saved_per_block = 4 * (b * t * (6 * c + mlp_saved) + mixer);
     let rows = (input.chunk_rows as u64).min(b * t);
     let copied_per_block = 2 * b * t * (2 * c + model.q_dim() as u64 + mlp_copied);
     let f16 = input.transport == TransportDType::F16;
@@ -172,7 +219,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
             .unwrap_or(max_layer),
         checkpoints: split.checkpoint_count() as u64 * b * t * c * 4,
         hidden: 2 * b * t * c * 4,
-        recompute: group * saved_per_block,
+        recompute: group * saved_per_block + delta_rule_scratch_bytes(model, b, t),
         kept: kept * (block_max + saved_per_block + if f16 { copied_per_block } else { 0 }),
         head: 2 * rows * model.vocab_size as u64 * 4
             + if f16 {
