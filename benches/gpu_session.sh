@@ -39,6 +39,8 @@
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh steps'    # whole streamed steps
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh mainjob'  # README main job vs nanoGPT
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh moe'      # a mixture of experts' step
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh hybrid'   # Qwen3.5's Gated DeltaNet: op and step
+# (`hybrid` packs `$(bash benches/gpu_session.sh targets-hybrid)`.)
 # Each stage prints a short summary last (the device tool returns the tail
 # of the output) and leaves two files in $OUT: the summary, written as each
 # item ends (so a stage cut short still returns what it measured), and a
@@ -47,7 +49,7 @@
 # commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|first|second|checks|kernels|steps|mainjob|moe}
+stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|targets-hybrid|first|second|checks|kernels|steps|mainjob|moe|hybrid}
 if [ "$stage" = targets ]; then
     echo coop_layout f16 attention_f16 matmul attention transport gpu_parity
     exit 0
@@ -57,10 +59,14 @@ if [ "$stage" = targets-checks ]; then
         operand_maxima gpu_f16_maxima transport_bytes host_import download_range gpu_parity transfer_chunks
     exit 0
 fi
+if [ "$stage" = targets-hybrid ]; then
+    echo ops delta_rule
+    exit 0
+fi
 if [ "$stage" = targets-all ]; then
     echo coop_layout f16 attention_f16 matmul ops ops_f64 add_norm transport transport_bytes \
         download_range pipelines batching matmul_into matmul_epilogue gpu_parity transfer_chunks attention submit \
-        epilogue operand_maxima gpu_f16_maxima host_import
+        epilogue operand_maxima gpu_f16_maxima host_import delta_rule
     exit 0
 fi
 DEST=${OUT:-/tmp/gpu-session}
@@ -467,6 +473,23 @@ moe)
     rows "olmoe-1b-7b 8x1024 f16 (rc $?)" "$OUT/moe-olmoe.log"
     echo "-- per-op profile in $OUT/moe-olmoe.log"
     sed -n '/^per-op profile/,/in no op/p' "$OUT/moe-olmoe.log" | head -45
+    ;;
+hybrid)
+    # Qwen3.5's and Qwen3-Next's Gated DeltaNet, never run on a GPU: its
+    # kernels against the CPU there (the realistic Dk = Dv = 128 that
+    # lavapipe's bindings refuse), the rule's SIMT kernels' rates at the
+    # 9B's heads (7·Dk·Dv FLOPs a value head a token forward, twice that
+    # backward), then a whole Qwen3.5-9B step (8.95 B parameters, 117 GiB
+    # of host memory by `megatrain plan`) at the anchor batch, f16,
+    # profiled: how much of it the delta rule takes beside the products.
+    cap=60 t ops --nocapture gated_delta causal_conv1d delta_gates sigmoid_mul
+    cap=90 b delta_rule --warm-up-time 1 --measurement-time 2
+    timeout "$(left 360)" xtask bench-throughput --preset qwen3.5-9b --device gpu --precision f16 \
+        --batch 8 --seq-len 1024 --steps 2 --warmup 1 --mode-reps 0 --no-peer --profile \
+        --json "$OUT/hybrid-qwen35-9b.json" >"$OUT/hybrid-qwen35-9b.log" 2>&1
+    rows "qwen3.5-9b 8x1024 f16 (rc $?)" "$OUT/hybrid-qwen35-9b.log"
+    echo "-- per-op profile in $OUT/hybrid-qwen35-9b.log"
+    sed -n '/^per-op profile/,/in no op/p' "$OUT/hybrid-qwen35-9b.log" | head -45
     ;;
 mainjob)
     # The README's main job on this GPU against karpathy/nanoGPT in the
