@@ -742,11 +742,14 @@ pub trait Executor {
 
     // ---- the gated delta net's small ops (Qwen3-Next, Qwen3.5) ---------
 
-    /// Depthwise causal conv1d then SiLU (the GatedDeltaNet's short convolution, no bias):
-    /// x: [B, T, C], w: [C, K] (HF's conv1d.weight squeezed), y[b,t,c] = silu(Σ_{i<K} w[c,i] · x[b, t−K+1+i, c]),
-    /// positions before t = 0 of each sequence b read 0.
+    /// Depthwise causal conv1d then SiLU (the Gated DeltaNet's short
+    /// convolution, no bias): `x: [B, T, C]`, `w: [C, K]` (HF's
+    /// `conv1d.weight` squeezed),
+    /// `y[b, t, c] = silu(Σ_{i<K} w[c, i] · x[b, t − K + 1 + i, c])`, the
+    /// positions before `t = 0` of each sequence reading 0.
     fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor>;
-    /// Returns (dx [B,T,C], dw [C,K]); recomputes the pre-activation from x and w.
+    /// Returns `(dx [B, T, C], dw [C, K])`; recomputes the pre-activation
+    /// from `x` and `w`.
     fn causal_conv1d_silu_backward(
         &self,
         x: &Self::Tensor,
@@ -754,10 +757,12 @@ pub trait Executor {
         dy: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
-    /// The gated delta rule's per-head gates from the projections a, b: [N, H] and the parameters
-    /// a_log, dt_bias: [H]: g = −exp(a_log) · softplus(a + dt_bias) (torch's softplus: beta 1,
-    /// threshold 20, i.e. x itself above 20), beta = σ(b). Returns (g, beta), both [N, H].
-    /// (Any `[.., H]` is taken, its leading dimensions read as N, as the row-wise ops read them.)
+    /// The gated delta rule's per-head gates from the projections
+    /// `a, b: [N, H]` and the parameters `a_log, dt_bias: [H]`:
+    /// `g = −exp(a_log) · softplus(a + dt_bias)` (torch's softplus: β 1,
+    /// threshold 20, x itself above it), `beta = σ(b)`. Returns
+    /// `(g, beta)`, both `[N, H]`. (Any `[.., H]` is taken, its leading
+    /// dimensions read as N, as the row-wise ops read them.)
     fn delta_gates(
         &self,
         a: &Self::Tensor,
@@ -765,7 +770,8 @@ pub trait Executor {
         a_log: &Self::Tensor,
         dt_bias: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
-    /// Returns (da [N,H], db [N,H], da_log [H], ddt_bias [H]) from dg, dbeta.
+    /// Returns `(da [N, H], db [N, H], da_log [H], ddt_bias [H])` from
+    /// `dg` and `dbeta`.
     #[allow(clippy::type_complexity)]
     fn delta_gates_backward(
         &self,
