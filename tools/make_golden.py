@@ -24,9 +24,11 @@ whose Gated DeltaNet (its gates and the gated delta rule), gated and
 zero-centred RMSNorms and RoPE transformers computes in float32: ported to
 float64 here, and the ported forward checked against transformers' own;
 likewise OLMo Hybrid (its own DeltaNet's projections, gated norm and
-float32 RoPE) and Qwen3.5's multimodal class (its text stack's gradients
-under the text model's names, its checkpoint with multi-token-prediction
-tensors transformers ignores).
+float32 RoPE; its q / k / v conv tensors rewritten at their real widths, as
+the Hub has them, where transformers' save writes equal thirds) and
+Qwen3.5's multimodal class (its text stack's gradients under the text
+model's names, its checkpoint with multi-token-prediction tensors
+transformers ignores).
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -2485,6 +2487,47 @@ def add_mtp_tensors(case_dir: Path, hidden, gen):
     return sorted(mtp)
 
 
+def olmo_hybrid_conv_widths(deltanet):
+    """OLMo Hybrid's conv channels over [q | k | v]: [key heads x key dim,
+    the same, value heads x value dim]."""
+    sizes = [deltanet.key_dim, deltanet.key_dim, deltanet.value_dim]
+    assert sum(sizes) == deltanet.conv1d.weight.shape[0], sizes
+    return sizes
+
+
+def write_olmo_hybrid_convs(case_dir: Path, model):
+    """Rewrites a saved OLMo Hybrid checkpoint's linear_attn.{q,k,v}_conv1d
+    at the real widths. transformers (5.24) concatenates the three on load
+    (its conversion mapping's Concatenate(dim=0)) and on save reverses that
+    with Chunk, equal thirds of the channels (27 / 27 / 26 of 80 here), not
+    the q / k / v widths the Hub's checkpoints have (16 / 16 / 48 here) and
+    megatrain expects: the in-memory conv [C, 1, K] cut at [key_dim,
+    key_dim, value_dim] rows instead. Every other tensor as transformers
+    wrote it. Returns the conv tensors' shapes by name."""
+    from safetensors import safe_open
+
+    path = case_dir / "model.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    shapes = {}
+    for mname, m in model.named_modules():
+        if type(m).__name__ != "OlmoHybridGatedDeltaNet":
+            continue
+        stem = f"{mname}."
+        names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
+        assert all(n in tensors for n in names) and f"{stem}conv1d.weight" not in tensors, mname
+        w = m.conv1d.weight.detach()
+        assert torch.equal(torch.cat([tensors[n] for n in names]), w), mname
+        for n, piece in zip(names, w.split(olmo_hybrid_conv_widths(m), dim=0)):
+            assert piece.dtype == tensors[n].dtype, n
+            tensors[n] = piece.contiguous().clone()
+            shapes[n] = list(piece.shape)
+    assert shapes, "no OLMo Hybrid DeltaNet"
+    save_file(tensors, path, metadata=meta)
+    return shapes
+
+
 def check_mxfp4_load(case_dir: Path, model_cls, model, packed):
     """transformers loads the MXFP4 checkpoint (dequantizing on CPU) into
     exactly the weights the golden ran on."""
@@ -2638,17 +2681,15 @@ def golden_grads(model, cfg, saved_names):
                 grads["grad." + n] = g.to(torch.float32).contiguous()
             continue
         if cfg.model_type == "olmo_hybrid" and pname.endswith(".linear_attn.conv1d.weight"):
-            # OLMo Hybrid's conv over [q | k | v], which transformers writes
-            # as q_conv1d, k_conv1d and v_conv1d (and concatenates on load):
-            # the gradient cut as the checkpoint's tensors are (transformers
-            # 5.24 cuts the weight into equal thirds of its channels on save,
-            # its Concatenate's reverse being Chunk, not at the q / k / v
-            # widths: 27, 27 and 26 of 80 here).
+            # OLMo Hybrid's conv over [q | k | v], which the checkpoint holds
+            # as q_conv1d, k_conv1d and v_conv1d (transformers concatenates
+            # them on load): the gradient cut at the real q / k / v widths,
+            # as write_olmo_hybrid_convs rewrites the saved file.
             stem = pname.removesuffix("conv1d.weight")
             names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
-            assert pname not in saved_names and all(n in saved_names for n in names), pname
-            sizes = [saved_names[n][0] for n in names]
-            assert sum(sizes) == p.shape[0], (pname, sizes)
+            sizes = olmo_hybrid_conv_widths(model.get_submodule(pname.removesuffix(".conv1d.weight")))
+            assert pname not in saved_names, pname
+            assert [saved_names[n][0] for n in names] == sizes, (pname, sizes)
             for n, g in zip(names, p.grad.split(sizes, dim=0)):
                 grads["grad." + n] = g.to(torch.float32).contiguous()
             continue
@@ -2744,6 +2785,11 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     if packed:
         write_mxfp4_checkpoint(case_dir, packed)
         check_mxfp4_load(case_dir, model_cls, model, packed)
+    if cfg.model_type == "olmo_hybrid":
+        shapes = write_olmo_hybrid_convs(case_dir, model)
+        seen = {(n.rsplit(".", 2)[1], tuple(s)) for n, s in shapes.items()}
+        seen = sorted(seen, key=lambda x: "qkv".index(x[0][0]))
+        print(f"  {name}: conv tensors rewritten at the real widths: {', '.join(f'{n} {list(s)}' for n, s in seen)}")
     if name in MTP_CASES:
         added = add_mtp_tensors(case_dir, cfg.get_text_config().hidden_size, gen)
         print(f"  {name}: added to model.safetensors (transformers ignores them): {', '.join(added)}")
