@@ -22,7 +22,13 @@ also loaded back with from_pretrained and must reproduce the golden bit for
 bit. Likewise (watched and reloaded) Qwen3.5, Qwen3.5-MoE and Qwen3-Next,
 whose Gated DeltaNet (its gates and the gated delta rule), gated and
 zero-centred RMSNorms and RoPE transformers computes in float32: ported to
-float64 here, and the ported forward checked against transformers' own.
+float64 here, and the ported forward checked against transformers' own;
+likewise OLMo Hybrid (its own DeltaNet's projections, gated norm and
+float32 RoPE; its q / k / v conv tensors rewritten at their real widths, as
+the Hub has them, where transformers' save writes equal thirds) and
+Qwen3.5's multimodal class (its text stack's gradients under the text
+model's names, its checkpoint with multi-token-prediction tensors
+transformers ignores).
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -111,6 +117,10 @@ from transformers import (
     Qwen3_5MoeForCausalLM,
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
+    OlmoHybridConfig,
+    OlmoHybridForCausalLM,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
 )
 
 BATCH = 2
@@ -1579,19 +1589,132 @@ CASES = {
         12,
         torch.float32,
     ),
+    # OLMo Hybrid (OlmoHybridForCausalLM): blocks 0 and 2 pre-norm Gated
+    # DeltaNet, 1 and 3 OLMo 3's attention block (norms after the attention
+    # and the MLP, q/k RMSNorms over the whole projections, 4 heads of 8,
+    # GQA 4/2, RoPE θ 10000 on the full-attention blocks only). Its
+    # DeltaNet: separate q_proj, k_proj (2 key heads of 8), v_proj (4 value
+    # heads of 12), one causal depthwise conv1d (no bias) over [q | k | v]
+    # and SiLU; a_proj and dt_bias into the decay as Qwen3.5's; the step
+    # beta = 2 sigmoid(b_proj) (linear_allow_neg_eigval: in (0, 2)); the
+    # gated RMSNorm o_norm (plain gain, eps 1e-5 whatever rms_norm_eps)
+    # times silu(g_proj), o_proj. Every other RMSNorm a plain gain. Untied;
+    # pad token 1 (OlmoHybridConfig's 100277 lies outside this vocabulary).
+    "olmo_hybrid": (
+        OlmoHybridConfig,
+        OlmoHybridForCausalLM,
+        dict(
+            vocab_size=90,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=12,
+            linear_conv_kernel_dim=4,
+            linear_allow_neg_eigval=True,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=0,
+        ),
+        11,
+        torch.float32,
+    ),
+    # Qwen3.5's multimodal class (Qwen3_5ForConditionalGeneration, as the
+    # Hub's Qwen3.5 checkpoints are): qwen3_5's text stack under
+    # `model.language_model.` beside a one-block vision tower and its merger
+    # (`model.visual.`), which megatrain leaves out; the checkpoint also
+    # holds two multi-token-prediction tensors (`mtp.`, as the Hub's do),
+    # which transformers ignores on load (MTP_CASES). The golden holds
+    # text-only logits and the text stack's gradients under
+    # Qwen3_5ForCausalLM's names.
+    "qwen3_5_mm": (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        dict(
+            text_config=dict(
+                vocab_size=90,
+                hidden_size=32,
+                intermediate_size=48,
+                num_hidden_layers=4,
+                layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                rope_parameters=dict(
+                    rope_type="default",
+                    rope_theta=10000.0,
+                    partial_rotary_factor=0.25,
+                    mrope_section=[1, 1, 0],
+                    mrope_interleaved=True,
+                ),
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=8,
+                linear_value_head_dim=12,
+                linear_conv_kernel_dim=4,
+                rms_norm_eps=1e-6,
+                max_position_embeddings=64,
+                tie_word_embeddings=False,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=8,
+                intermediate_size=8,
+                num_heads=2,
+                patch_size=2,
+                temporal_patch_size=1,
+                spatial_merge_size=1,
+                num_position_embeddings=4,
+                out_hidden_size=32,
+            ),
+            image_token_id=89,
+            video_token_id=88,
+            vision_start_token_id=86,
+            vision_end_token_id=87,
+            tie_word_embeddings=False,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
 MXFP4_CASES = {"gpt_oss_mxfp4"}
+# The cases whose checkpoint also holds multi-token-prediction tensors
+# (`mtp.`, as the Hub's Qwen3.5 checkpoints do), which transformers ignores
+# on load (_keys_to_ignore_on_load_unexpected) and so must megatrain
+# (add_mtp_tensors).
+MTP_CASES = {"qwen3_5_mm"}
 
 # Model types whose every op of the forward and backward is checked to stay
 # float64 (Float32Watch), and those whose saved checkpoint is also reloaded
 # (from_pretrained in float64) to reproduce the golden bit for bit.
-WATCHED = {"gpt_oss", "glm4_moe", "deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
-RELOADED = {"deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+WATCHED = {
+    "gpt_oss",
+    "glm4_moe",
+    "deepseek_v3",
+    "deepseek_v2",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "olmo_hybrid",
+    "qwen3_5",
+}
+RELOADED = {"deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "qwen3_5"}
 # Model types with a Gated DeltaNet, whose float64 port (_gated_deltanet64)
 # make_case checks ran and compares with transformers' own forward.
-DELTANET_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+# ("qwen3_5": Qwen3.5's multimodal class, whose text stack is
+# qwen3_5_text's.)
+DELTANET_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "qwen3_5"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1976,15 +2099,26 @@ def _load_balancing64(gate_logits, num_experts=None, top_k=2, attention_mask=Non
 
 # Qwen3.5, Qwen3.5-MoE and Qwen3-Next: their zero-centred RMSNorms (gain
 # 1 + w, as Gemma's: _gemma_rmsnorm64), the Gated DeltaNet's gated RMSNorm,
-# the DeltaNet itself and the (M-)RoPE.
+# the DeltaNet itself and the (M-)RoPE; OLMo Hybrid's gated RMSNorm and
+# DeltaNet (its other RMSNorms plain: _rmsnorm64; its RoPE, which returns
+# float32 cos and sin whatever the model's dtype, plain: _rope64).
 ZERO_CENTRED_NORMS = ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm", "Qwen3NextRMSNorm")
-GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated")
-GATED_DELTANETS = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet")
+GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated", "Qwen3NextRMSNormGated", "OlmoHybridRMSNormGated")
+GATED_DELTANETS = (
+    "Qwen3_5GatedDeltaNet",
+    "Qwen3_5MoeGatedDeltaNet",
+    "Qwen3NextGatedDeltaNet",
+    "OlmoHybridGatedDeltaNet",
+)
 MROPES = ("Qwen3_5TextRotaryEmbedding", "Qwen3_5MoeTextRotaryEmbedding")
+# Vision towers' rotary embeddings, which text-only input never reaches
+# (left as they are).
+VISION_ROPES = ("Qwen3_5VisionRotaryEmbedding",)
 
 
 def _gated_rmsnorm64(self, x, gate):
-    """The Gated DeltaNet's RMSNorm (Qwen3_5RMSNormGated) without its casts
+    """The Gated DeltaNet's RMSNorm (Qwen3_5RMSNormGated, OLMo Hybrid's
+    OlmoHybridRMSNormGated) without its casts
     to float32: w · x / rms(x) (a plain gain), then times silu(gate)."""
     var = x.pow(2).mean(-1, keepdim=True)
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon)) * F.silu(gate)
@@ -2020,11 +2154,14 @@ def gated_delta_rule64(q, k, v, g, beta):
 
 
 def _gated_deltanet64(self, hidden_states, cache=None, attention_mask=None, **kwargs):
-    """Qwen3.5's (or Qwen3.5-MoE's, Qwen3-Next's) Gated DeltaNet over a whole
-    prompt in float64: transformers computes the gates from A_log and
-    in_proj_a cast to float32 (`.float()`) and the delta rule in float32.
-    Qwen3-Next's in_proj_qkvz / in_proj_ba (interleaved per key head) split
-    by the module's own fix_query_key_value_ordering. Counts its runs in
+    """Qwen3.5's (or Qwen3.5-MoE's, Qwen3-Next's, OLMo Hybrid's) Gated
+    DeltaNet over a whole prompt in float64: transformers computes the gates
+    from A_log and in_proj_a cast to float32 (`.float()`) and the delta rule
+    in float32. Qwen3-Next's in_proj_qkvz / in_proj_ba (interleaved per key
+    head) split by the module's own fix_query_key_value_ordering. OLMo
+    Hybrid's: separate q_proj, k_proj, v_proj (concatenated for the conv),
+    a_proj, b_proj and the gate g_proj; beta = 2 sigmoid(b) under
+    allow_neg_eigval; its gated norm o_norm, its output o_proj. Counts its runs in
     `_float64_runs` (make_case checks that every one ran) and keeps its
     decays exp(g) in `_decays` (make_case reports their spread)."""
     if cache is not None:
@@ -2039,6 +2176,11 @@ def _gated_deltanet64(self, hidden_states, cache=None, attention_mask=None, **kw
             self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states)
         )
         mixed = torch.cat([x.reshape(bsz, seq, -1) for x in (q, k, v)], dim=-1)
+    elif hasattr(self, "g_proj"):
+        # OLMo Hybrid's.
+        mixed = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)], dim=-1)
+        z = self.g_proj(hidden_states).reshape(bsz, seq, -1, self.head_v_dim)
+        b, a = self.b_proj(hidden_states), self.a_proj(hidden_states)
     else:
         mixed = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states).reshape(bsz, seq, -1, self.head_v_dim)
@@ -2059,13 +2201,17 @@ def _gated_deltanet64(self, hidden_states, cache=None, attention_mask=None, **kw
     k = k.reshape(bsz, seq, -1, self.head_k_dim)
     v = v.reshape(bsz, seq, -1, self.head_v_dim)
     beta = b.sigmoid()
+    if getattr(self, "allow_neg_eigval", False):
+        # OLMo Hybrid's linear_allow_neg_eigval: steps in (0, 2).
+        beta = beta * 2.0
     # softplus with torch's default beta 1, threshold 20.
     g = -self.A_log.exp() * F.softplus(a + self.dt_bias)
     out = gated_delta_rule64(q, k, v, g, beta)
-    out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    norm, out_proj = (self.o_norm, self.o_proj) if hasattr(self, "o_norm") else (self.norm, self.out_proj)
+    out = norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
     self._float64_runs = getattr(self, "_float64_runs", 0) + 1
     self._decays = g.detach().exp()
-    return self.out_proj(out.reshape(bsz, seq, -1))
+    return out_proj(out.reshape(bsz, seq, -1))
 
 
 def _mrope64(cfg, dim):
@@ -2162,6 +2308,8 @@ def patch_float64(model):
             assert torch.allclose(inv, m.inv_freq.to(torch.float64), rtol=1e-6, atol=0), (inv, m.inv_freq)
             assert abs(att - m.attention_scaling) < 1e-12, (att, m.attention_scaling)
             m.forward = types.MethodType(_gpt_oss_rope64(cfg, dim), m)
+        elif name in VISION_ROPES:
+            continue
         elif name in MROPES:
             dim = m.inv_freq.shape[0] * 2
             inv, att = inv_freq64(cfg, dim)
@@ -2318,6 +2466,68 @@ def write_mxfp4_checkpoint(case_dir: Path, packed):
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def add_mtp_tensors(case_dir: Path, hidden, gen):
+    """Adds to a saved checkpoint two tensors named and shaped as the Hub's
+    Qwen3.5 multi-token-prediction weights (random, f32): `mtp.fc.weight`
+    [hidden, 2 hidden] and `mtp.layers.0.input_layernorm.weight` [hidden].
+    Returns their names."""
+    from safetensors import safe_open
+
+    path = case_dir / "model.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    mtp = {
+        "mtp.fc.weight": 0.1 * torch.randn(hidden, 2 * hidden, generator=gen, dtype=torch.float32),
+        "mtp.layers.0.input_layernorm.weight": 0.2 * torch.randn(hidden, generator=gen, dtype=torch.float32),
+    }
+    assert not tensors.keys() & mtp.keys()
+    tensors.update(mtp)
+    save_file(tensors, path, metadata=meta)
+    return sorted(mtp)
+
+
+def olmo_hybrid_conv_widths(deltanet):
+    """OLMo Hybrid's conv channels over [q | k | v]: [key heads x key dim,
+    the same, value heads x value dim]."""
+    sizes = [deltanet.key_dim, deltanet.key_dim, deltanet.value_dim]
+    assert sum(sizes) == deltanet.conv1d.weight.shape[0], sizes
+    return sizes
+
+
+def write_olmo_hybrid_convs(case_dir: Path, model):
+    """Rewrites a saved OLMo Hybrid checkpoint's linear_attn.{q,k,v}_conv1d
+    at the real widths. transformers (5.24) concatenates the three on load
+    (its conversion mapping's Concatenate(dim=0)) and on save reverses that
+    with Chunk, equal thirds of the channels (27 / 27 / 26 of 80 here), not
+    the q / k / v widths the Hub's checkpoints have (16 / 16 / 48 here) and
+    megatrain expects: the in-memory conv [C, 1, K] cut at [key_dim,
+    key_dim, value_dim] rows instead. Every other tensor as transformers
+    wrote it. Returns the conv tensors' shapes by name."""
+    from safetensors import safe_open
+
+    path = case_dir / "model.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    shapes = {}
+    for mname, m in model.named_modules():
+        if type(m).__name__ != "OlmoHybridGatedDeltaNet":
+            continue
+        stem = f"{mname}."
+        names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
+        assert all(n in tensors for n in names) and f"{stem}conv1d.weight" not in tensors, mname
+        w = m.conv1d.weight.detach()
+        assert torch.equal(torch.cat([tensors[n] for n in names]), w), mname
+        for n, piece in zip(names, w.split(olmo_hybrid_conv_widths(m), dim=0)):
+            assert piece.dtype == tensors[n].dtype, n
+            tensors[n] = piece.contiguous().clone()
+            shapes[n] = list(piece.shape)
+    assert shapes, "no OLMo Hybrid DeltaNet"
+    save_file(tensors, path, metadata=meta)
+    return shapes
+
+
 def check_mxfp4_load(case_dir: Path, model_cls, model, packed):
     """transformers loads the MXFP4 checkpoint (dequantizing on CPU) into
     exactly the weights the golden ran on."""
@@ -2420,7 +2630,7 @@ def randomize(model, gen):
                 # SiLU (0.1 randn would shrink it fivefold into SiLU's
                 # linear part).
                 p.copy_(0.5 * r)
-            elif name.endswith("linear_attn.norm.weight"):
+            elif name.endswith(("linear_attn.norm.weight", "linear_attn.o_norm.weight")):
                 # The gated RMSNorm's gain (plain, not 1 + w): as any 1-D gain.
                 p.copy_(1.0 + 0.2 * r)
             elif name in unnormalised_routers:
@@ -2462,13 +2672,35 @@ def cross_entropy(logits, targets):
 
 
 def golden_grads(model, cfg, saved_names):
-    """{"grad." + checkpoint name: f32 gradient} of a model after backward."""
+    """{"grad." + checkpoint name: f32 gradient} of a model after backward.
+    `saved_names`: the checkpoint's tensors' shapes by name."""
     grads = {}
     for pname, p in model.named_parameters():
         if pname.endswith((".experts.gate_up_proj", ".experts.down_proj")):
             for n, g in expert_grads(pname, p.grad, saved_names).items():
                 grads["grad." + n] = g.to(torch.float32).contiguous()
             continue
+        if cfg.model_type == "olmo_hybrid" and pname.endswith(".linear_attn.conv1d.weight"):
+            # OLMo Hybrid's conv over [q | k | v], which the checkpoint holds
+            # as q_conv1d, k_conv1d and v_conv1d (transformers concatenates
+            # them on load): the gradient cut at the real q / k / v widths,
+            # as write_olmo_hybrid_convs rewrites the saved file.
+            stem = pname.removesuffix("conv1d.weight")
+            names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
+            sizes = olmo_hybrid_conv_widths(model.get_submodule(pname.removesuffix(".conv1d.weight")))
+            assert pname not in saved_names, pname
+            assert [saved_names[n][0] for n in names] == sizes, (pname, sizes)
+            for n, g in zip(names, p.grad.split(sizes, dim=0)):
+                grads["grad." + n] = g.to(torch.float32).contiguous()
+            continue
+        if cfg.model_type == "olmo_hybrid":
+            # transformers' renaming on save (its conversion mapping's
+            # WeightRenaming, reversed): every block's post_attention_layernorm
+            # (the DeltaNet blocks' pre-MLP norm, the attention blocks' norm
+            # after the attention) as feedforward_layer_norm, the DeltaNet
+            # blocks' input_layernorm as attention_layer_norm.
+            pname = pname.replace(".input_layernorm.", ".attention_layer_norm.")
+            pname = pname.replace(".post_attention_layernorm.", ".feedforward_layer_norm.")
         if ".mlp.gate.weight" in pname and pname.replace(".mlp.", ".block_sparse_moe.") in saved_names:
             pname = pname.replace(".mlp.", ".block_sparse_moe.")
         if pname.startswith("model.language_model."):
@@ -2478,8 +2710,9 @@ def golden_grads(model, cfg, saved_names):
             # transformers 5 renames GPT-NeoX's head on load, and back on save.
             pname = "embed_out.weight"
         elif p.grad is None:
-            # Its vision tower and projector, which text never reaches.
-            assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.")), pname
+            # Its vision tower and projector (Gemma 3's; Qwen3.5's tower
+            # with its merger), which text never reaches.
+            assert pname.startswith(("model.vision_tower.", "model.multi_modal_projector.", "model.visual.")), pname
             continue
         grads["grad." + pname] = p.grad.to(torch.float32).contiguous()
     for bname, b in model.named_buffers():
@@ -2552,6 +2785,14 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     if packed:
         write_mxfp4_checkpoint(case_dir, packed)
         check_mxfp4_load(case_dir, model_cls, model, packed)
+    if cfg.model_type == "olmo_hybrid":
+        shapes = write_olmo_hybrid_convs(case_dir, model)
+        seen = {(n.rsplit(".", 2)[1], tuple(s)) for n, s in shapes.items()}
+        seen = sorted(seen, key=lambda x: "qkv".index(x[0][0]))
+        print(f"  {name}: conv tensors rewritten at the real widths: {', '.join(f'{n} {list(s)}' for n, s in seen)}")
+    if name in MTP_CASES:
+        added = add_mtp_tensors(case_dir, cfg.get_text_config().hidden_size, gen)
+        print(f"  {name}: added to model.safetensors (transformers ignores them): {', '.join(added)}")
 
     model = model.to(torch.float64)
     for n, b in inv_freqs.items():
@@ -2610,23 +2851,36 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
     from safetensors import safe_open
 
     with safe_open(case_dir / "model.safetensors", "pt") as f:
-        saved_names = set(f.keys())
+        # Each checkpoint tensor's shape, by name.
+        saved_names = {k: f.get_slice(k).get_shape() for k in f.keys()}
     for pname, (_, _, w) in packed.items():
         # The experts' weights as transformers dequantizes them.
         golden["dequant." + pname] = w.contiguous()
     golden.update(golden_grads(model, cfg, saved_names))
+    # The checkpoint's tensors under the text model's names (a multimodal
+    # checkpoint holds its text stack under `model.language_model.`, or
+    # under `language_model.model.` as transformers writes Gemma 3's), less
+    # those megatrain leaves out: a vision tower and its projector or
+    # merger, and multi-token-prediction weights.
+    left_out = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+    left_out += ("model.visual.", "mtp.")
+    text_names = {
+        "model." + n.split(".", 2)[2] if n.startswith(("model.language_model.", "language_model.model.")) else n
+        for n in saved_names
+        if not n.startswith(left_out)
+    }
     if cfg.model_type in ("glm4_moe", "deepseek_v3", "deepseek_v2") or cfg.model_type in DELTANET_TYPES:
-        lacking = sorted(saved_names - {k[5:] for k in golden if k.startswith("grad.")})
+        lacking = sorted(text_names - {k[5:] for k in golden if k.startswith("grad.")})
         assert not lacking, f"{name}: checkpoint tensors without a gradient: {lacking}"
     missing = [
         k
         for k in golden
         if k.startswith("grad.")
-        and k[5:] not in saved_names
+        and k[5:] not in text_names
         and k[5:] + "_blocks" not in saved_names
         and k[5:] != "lm_head.weight"
     ]
-    assert not missing or name.startswith("gemma3_mm"), f"{name}: gradients under names the checkpoint lacks: {missing}"
+    assert not missing, f"{name}: gradients under names the checkpoint lacks: {missing}"
     save_file(golden, case_dir / "golden.safetensors")
     if cfg.model_type in RELOADED:
         check_reload(name, case_dir, model_cls, golden, saved_names)
