@@ -91,7 +91,8 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// DeepSeek-V3's latent attention with q's low-rank pair and without,
 /// RoPE in pairs and in halves, YaRN's scale on the scores); and the
 /// hybrids of Gated DeltaNet and gated attention (Qwen3.5's, dense and
-/// routed, and Qwen3-Next's with its interleaved input products).
+/// routed, and Qwen3-Next's with its interleaved input products), and
+/// OLMo Hybrid's of Gated DeltaNet and OLMo 3 blocks.
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -134,6 +135,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "qwen3_5",
         "qwen3_5_moe",
         "qwen3_next",
+        "olmo_hybrid",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

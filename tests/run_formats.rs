@@ -439,44 +439,59 @@ fn fine_tunes_a_hugging_face_model_and_refuses_a_tokenizer_too_large_for_it() {
     assert!(err.contains("300") && err.contains("101"), "{err}");
 }
 
-/// A multimodal Gemma 3 checkpoint trains as its text model: prepare says
-/// so, and the run's checkpoint is that text model (Gemma3ForCausalLM, no
-/// vision tower) with the trained weights.
+/// A multimodal checkpoint (Gemma 3's; Qwen3.5's, with multi-token
+/// prediction tensors the text model does not have) trains as its text
+/// model: prepare says so, and the run's checkpoint is that text model
+/// (no vision tower) with the trained weights.
 #[test]
 fn fine_tunes_the_text_model_of_a_multimodal_checkpoint() {
-    let tmp = tempfile::tempdir().unwrap();
-    let t = tmp.path();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/gemma3_mm");
-    let ids: Vec<u8> = (0..600u16).flat_map(|i| ((i * 7) % 97).to_le_bytes()).collect();
-    std::fs::write(t.join("d.bin"), ids).unwrap();
-    let opts = TrainOptions {
-        model: Some(src.clone()),
-        preset: None,
-        ..small(t.join("d.bin"), &t.join("ft"), "")
-    };
-    let mut p = prepare(opts, false).unwrap();
-    assert!(
-        p.warnings
-            .iter()
-            .any(|w| w.contains("Gemma3ForConditionalGeneration") && w.contains("Gemma3ForCausalLM")),
-        "{:?}",
-        p.warnings
-    );
-    let s = train(
-        megatrain_tensor::CpuExecutor::new(),
-        &mut p,
-        None,
-        &mut QuietProgress,
-    )
-    .unwrap();
-    let after = HfCheckpoint::open(s.checkpoint.unwrap()).unwrap();
-    assert_eq!(after.config.text_of, None);
-    assert_eq!(
-        after.config.raw.as_ref().unwrap()["architectures"][0],
-        "Gemma3ForCausalLM"
-    );
-    let before = HfCheckpoint::open(&src).unwrap().read_layer(2).unwrap().1;
-    let moved = after.read_layer(2).unwrap().1;
-    assert_eq!(moved.len(), before.len());
-    assert!(moved != before, "training changed the loaded weights");
+    for (case, mm, text, vocab) in [
+        (
+            "gemma3_mm",
+            "Gemma3ForConditionalGeneration",
+            "Gemma3ForCausalLM",
+            97u16,
+        ),
+        (
+            "qwen3_5_mm",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5ForCausalLM",
+            90,
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/zoo/tests/fixtures")
+            .join(case);
+        let ids: Vec<u8> = (0..600u16)
+            .flat_map(|i| ((i * 7) % vocab).to_le_bytes())
+            .collect();
+        std::fs::write(t.join("d.bin"), ids).unwrap();
+        let opts = TrainOptions {
+            model: Some(src.clone()),
+            preset: None,
+            ..small(t.join("d.bin"), &t.join("ft"), "")
+        };
+        let mut p = prepare(opts, false).unwrap();
+        assert!(
+            p.warnings.iter().any(|w| w.contains(mm) && w.contains(text)),
+            "{case}: {:?}",
+            p.warnings
+        );
+        let s = train(
+            megatrain_tensor::CpuExecutor::new(),
+            &mut p,
+            None,
+            &mut QuietProgress,
+        )
+        .unwrap();
+        let after = HfCheckpoint::open(s.checkpoint.unwrap()).unwrap();
+        assert_eq!(after.config.text_of, None);
+        assert_eq!(after.config.raw.as_ref().unwrap()["architectures"][0], text);
+        let before = HfCheckpoint::open(&src).unwrap().read_layer(2).unwrap().1;
+        let moved = after.read_layer(2).unwrap().1;
+        assert_eq!(moved.len(), before.len());
+        assert!(moved != before, "{case}: training changed the loaded weights");
+    }
 }

@@ -153,11 +153,13 @@ fn gpt2_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&gpt2_nano(65));
 }
 
-/// Qwen3.5's hybrid: Gated DeltaNet and gated attention blocks recomputed
-/// from their checkpoints for every K.
+/// Qwen3.5's hybrid (Gated DeltaNet and gated attention blocks) and OLMo
+/// Hybrid's (Gated DeltaNet and OLMo 3 blocks), recomputed from their
+/// checkpoints for every K.
 #[test]
 fn gated_delta_net_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&common::zoo_fixture("qwen3_5"));
+    check_one_step_matches_reference(&common::zoo_fixture("olmo_hybrid"));
 }
 
 /// A mixture of experts streams as any block: routed and dense blocks,

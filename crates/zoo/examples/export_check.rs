@@ -93,6 +93,7 @@ fn main() -> AnyResult<()> {
         "gemma3",
         "gemma2",
         "gemma3_mm",
+        "qwen3_5_mm",
         "gpt_neox",
         "gpt_neox_seq",
         "gpt2_erf",
@@ -113,6 +114,7 @@ fn main() -> AnyResult<()> {
         "qwen3_5",
         "qwen3_5_moe",
         "qwen3_next",
+        "olmo_hybrid",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

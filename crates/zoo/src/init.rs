@@ -35,7 +35,12 @@ fn mix(mut x: u64) -> u64 {
 fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
     // Qwen3.5's Gated DeltaNet, as transformers initialises it: the
     // decays' `dt_bias` one, `A_log` the log of U(0.01, 16) (kept off 0 so
-    // that log A is finite), its gated norm's gain (stored as itself) one.
+    // that log A is finite), its gated norm's gain (stored as itself) one;
+    // OLMo Hybrid's `dt_bias` softplus⁻¹ of a step drawn log-uniformly
+    // from [0.001, 0.1] (at least 1e-4), its `o_norm` one as any gain.
+    if name.ends_with(".dt_bias") && cfg.arch == crate::Arch::OlmoHybrid {
+        return Init::InvSoftplusLogUniform(0.001, 0.1, 1e-4);
+    }
     if name.ends_with(".dt_bias") || name.ends_with("linear_attn.norm.weight") {
         return Init::Const(1.0);
     }
@@ -62,6 +67,8 @@ enum Init {
     Normal(f32),
     /// The log of a uniform draw from `[lo, hi)`.
     LogUniform(f32, f32),
+    /// `softplus⁻¹(dt)` of `dt = max(exp(U(ln lo, ln hi)), floor)`.
+    InvSoftplusLogUniform(f32, f32, f32),
 }
 
 /// Fills `slab` (laid out by `table`, the table of `layer`) with the layer's
@@ -94,6 +101,13 @@ pub fn init_layer_into(
             Init::LogUniform(lo, hi) => {
                 let uniform = Uniform::new(lo, hi).expect("an interval");
                 fill_seeded(dst, seed, layer, ti, |rng| uniform.sample(rng).ln());
+            }
+            Init::InvSoftplusLogUniform(lo, hi, floor) => {
+                let uniform = Uniform::new(lo.ln(), hi.ln()).expect("an interval");
+                fill_seeded(dst, seed, layer, ti, |rng| {
+                    let dt = uniform.sample(rng).exp().max(floor);
+                    dt + (-(-dt).exp_m1()).ln()
+                });
             }
         }
     }

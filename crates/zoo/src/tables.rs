@@ -84,7 +84,19 @@ impl ModelConfig {
                 t.push(format!("{p}.mlp.c_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.c_proj.bias"), [c], false)?;
             }
-            (LayerKind::Block(i), Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4) => {
+            // OLMo Hybrid's checkpoints name the norms before the token
+            // mixer and before the MLP so (transformers renames them on
+            // load), in its attention blocks too.
+            (LayerKind::Block(i), Arch::OlmoHybrid)
+                if self.linear_attn.as_ref().is_some_and(|l| l.is_linear(i)) =>
+            {
+                let p = format!("model.layers.{i}");
+                t.push(format!("{p}.attention_layer_norm.weight"), [c], false)?;
+                self.push_qwen35_mixer(&mut t, &p, i)?;
+                t.push(format!("{p}.feedforward_layer_norm.weight"), [c], false)?;
+                self.push_mlp(&mut t, &p, i)?;
+            }
+            (LayerKind::Block(i), Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 | Arch::OlmoHybrid) => {
                 let p = format!("model.layers.{i}");
                 let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.intermediate_size);
                 for (name, rows) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
@@ -103,7 +115,11 @@ impl ModelConfig {
                 };
                 t.push(format!("{p}.self_attn.q_norm.weight"), [qn], false)?;
                 t.push(format!("{p}.self_attn.k_norm.weight"), [kn], false)?;
-                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                let post_attn = match self.arch {
+                    Arch::OlmoHybrid => "feedforward_layer_norm",
+                    _ => "post_attention_layernorm",
+                };
+                t.push(format!("{p}.{post_attn}.weight"), [c], false)?;
                 t.push(format!("{p}.mlp.gate_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.up_proj.weight"), [f, c], true)?;
                 t.push(format!("{p}.mlp.down_proj.weight"), [c, f], true)?;
@@ -350,7 +366,8 @@ impl ModelConfig {
 
     /// Qwen3.5's token mixer of block `i` under `p`, in `block_qwen35`'s
     /// layout order: a Gated DeltaNet's products of the mixed q/k/v, of
-    /// `z`, `b` and `a` (Qwen3-Next's of q/k/v/z and of b/a), its convolution `[channels, 1, taps]` (as
+    /// `z`, `b` and `a` (Qwen3-Next's of q/k/v/z and of b/a; OLMo Hybrid's
+    /// of q, k, v, the gate, b and a apart), its convolution `[channels, 1, taps]` (as
     /// `nn.Conv1d` stores it), `dt_bias`, `A_log`, its gated norm and its
     /// output product; or the gated attention's q (each head's query and
     /// gate side by side, twice `q_dim` rows), k, v, o and per-head q/k
@@ -368,7 +385,14 @@ impl ModelConfig {
             Some(l) => {
                 let a = format!("{p}.linear_attn");
                 let (mixed, vw, hv) = (l.conv_channels(), l.value_width(), l.value_heads);
-                if self.arch == Arch::Qwen3Next {
+                if self.arch == Arch::OlmoHybrid {
+                    let kw = l.key_width();
+                    for (name, rows) in [("q_proj", kw), ("k_proj", kw), ("v_proj", vw), ("g_proj", vw)] {
+                        linear(t, format!("{a}.{name}"), [rows, c], false)?;
+                    }
+                    linear(t, format!("{a}.b_proj"), [hv, c], false)?;
+                    linear(t, format!("{a}.a_proj"), [hv, c], false)?;
+                } else if self.arch == Arch::Qwen3Next {
                     linear(t, format!("{a}.in_proj_qkvz"), [mixed + vw, c], false)?;
                     linear(t, format!("{a}.in_proj_ba"), [2 * hv, c], false)?;
                 } else {
@@ -377,11 +401,27 @@ impl ModelConfig {
                     linear(t, format!("{a}.in_proj_b"), [hv, c], false)?;
                     linear(t, format!("{a}.in_proj_a"), [hv, c], false)?;
                 }
-                t.push(format!("{a}.conv1d.weight"), [mixed, 1, l.conv_kernel], true)?;
+                match self.arch {
+                    // OLMo Hybrid's checkpoints hold q's, k's and v's
+                    // pieces of the convolution apart.
+                    Arch::OlmoHybrid => {
+                        let kw = l.key_width();
+                        for (name, rows) in [("q_conv1d", kw), ("k_conv1d", kw), ("v_conv1d", vw)] {
+                            t.push(format!("{a}.{name}.weight"), [rows, 1, l.conv_kernel], true)?;
+                        }
+                    }
+                    _ => {
+                        t.push(format!("{a}.conv1d.weight"), [mixed, 1, l.conv_kernel], true)?;
+                    }
+                }
                 t.push(format!("{a}.dt_bias"), [hv], false)?;
                 t.push(format!("{a}.A_log"), [hv], false)?;
-                t.push(format!("{a}.norm.weight"), [l.value_dim], false)?;
-                linear(t, format!("{a}.out_proj"), [c, vw], false)?;
+                let (norm, out) = match self.arch {
+                    Arch::OlmoHybrid => ("o_norm", "o_proj"),
+                    _ => ("norm", "out_proj"),
+                };
+                t.push(format!("{a}.{norm}.weight"), [l.value_dim], false)?;
+                linear(t, format!("{a}.{out}"), [c, vw], false)?;
             }
             None => {
                 let a = format!("{p}.self_attn");

@@ -1857,3 +1857,77 @@ fn qwen35_multimodal_and_moe_read_their_text_configs() {
     let json = c.to_hf_json("bfloat16");
     assert_eq!(json["architectures"], json!(["Qwen3_5MoeForCausalLM"]));
 }
+
+#[test]
+fn olmo_hybrid_fields() {
+    let v = json!({
+        "architectures": ["OlmoHybridForCausalLM"],
+        "model_type": "olmo_hybrid",
+        "vocab_size": 100352,
+        "hidden_size": 3840,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 30
+    });
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.arch, Arch::OlmoHybrid);
+    assert!(c.arch.has_post_norms() && c.arch.has_linear_attn() && c.arch.norm_gain_offset().is_none());
+    assert_eq!(
+        (c.num_kv_heads, c.head_dim, c.pad_token_id),
+        (30, 128, Some(100277))
+    );
+    let l = c.linear_attn.clone().unwrap();
+    // OlmoHybridConfig's defaults: the attention's heads, Dk ¾ of the
+    // width over them, Dv twice that, blocks 3, 7, .. full attention.
+    assert_eq!(
+        (l.key_heads, l.value_heads, l.key_dim, l.value_dim),
+        (30, 30, 96, 192)
+    );
+    assert_eq!((l.beta_scale, l.norm_eps), (2.0, Some(1e-5)));
+    let kinds: Vec<bool> = (0..6).map(|i| l.is_linear(i)).collect();
+    assert_eq!(kinds, [true, true, true, false, true, true]);
+    assert!(c.nope_layers.is_none());
+    // A linear block's table is a pre-norm DeltaNet's, an attention
+    // block's OLMo 3's.
+    let names = |b: usize| -> Vec<String> {
+        c.layer_table(b + 1)
+            .unwrap()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    };
+    assert!(names(0).contains(&"model.layers.0.linear_attn.g_proj.weight".to_string()));
+    assert!(names(0).contains(&"model.layers.0.attention_layer_norm.weight".to_string()));
+    assert!(names(0).contains(&"model.layers.0.linear_attn.v_conv1d.weight".to_string()));
+    assert!(names(3).contains(&"model.layers.3.feedforward_layer_norm.weight".to_string()));
+    assert!(names(3).contains(&"model.layers.3.post_feedforward_layernorm.weight".to_string()));
+    // Written back as read; NoPE where θ is null; the refusals.
+    let mut generated = c.clone();
+    (generated.raw, generated.dtype) = (None, None);
+    let mut again = ModelConfig::from_json(generated.to_hf_json("float32"), "x/config.json").unwrap();
+    (again.raw, again.dtype) = (None, None);
+    assert_eq!(again, generated);
+    let mut w = v.clone();
+    w["rope_parameters"] = json!({"rope_type": "default", "rope_theta": null});
+    w["linear_allow_neg_eigval"] = json!(false);
+    let nope = parse(w).unwrap();
+    assert_eq!(nope.nope_layers, Some(vec![true; 6]));
+    assert_eq!(nope.linear_attn.as_ref().unwrap().beta_scale, 1.0);
+    let mut generated = nope.clone();
+    (generated.raw, generated.dtype) = (None, None);
+    let mut again = ModelConfig::from_json(generated.to_hf_json("float32"), "x/config.json").unwrap();
+    (again.raw, again.dtype) = (None, None);
+    assert_eq!(again, generated);
+    for kinds in [
+        json!(vec!["linear_attention"; 6]),
+        json!(vec!["full_attention"; 6]),
+    ] {
+        let mut w = v.clone();
+        w["layer_types"] = kinds;
+        let msg = parse(w).unwrap_err().to_string();
+        assert!(
+            msg.contains("at least one linear_attention and one full_attention"),
+            "{msg}"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::Fields;
-use crate::Result;
+use crate::{Arch, Result};
 
 /// The shape of a Gated DeltaNet and which blocks have one.
 ///
@@ -25,6 +25,13 @@ pub struct LinearAttn {
     /// Per block: a Gated DeltaNet (`linear_attention`) rather than full
     /// attention.
     pub layers: Vec<bool>,
+    /// What the rates `σ(b)` are multiplied by: OLMo Hybrid's
+    /// `linear_allow_neg_eigval` lets them reach 2 (the transition's
+    /// eigenvalue `1 − β‖k‖²` then reaches −1); 1 elsewhere.
+    pub beta_scale: f64,
+    /// The epsilon of the norm before the output gate: OLMo Hybrid's is
+    /// 1e-5 whatever `rms_norm_eps` says; `None`: the model's.
+    pub norm_eps: Option<f64>,
 }
 
 impl LinearAttn {
@@ -74,7 +81,10 @@ impl LinearAttn {
     }
 
     /// The fields transformers' config classes read, into `obj`.
-    pub(super) fn write_json(&self, obj: &mut Map<String, Value>) {
+    pub(super) fn write_json(&self, arch: Arch, obj: &mut Map<String, Value>) {
+        if arch == Arch::OlmoHybrid {
+            obj.insert("linear_allow_neg_eigval".into(), json!(self.beta_scale == 2.0));
+        }
         obj.insert("linear_num_key_heads".into(), json!(self.key_heads));
         obj.insert("linear_num_value_heads".into(), json!(self.value_heads));
         obj.insert("linear_key_head_dim".into(), json!(self.key_dim));
@@ -88,10 +98,14 @@ impl LinearAttn {
     }
 }
 
-/// The Gated DeltaNet of a Qwen3.5 or Qwen3-Next config (their classes'
-/// defaults): `layer_types`, or every `full_attention_interval`-th block
-/// (4) full attention and the others linear.
-pub(super) fn parse(f: &Fields, layers: usize) -> Result<LinearAttn> {
+/// The Gated DeltaNet of a Qwen3.5, Qwen3-Next or OLMo Hybrid config
+/// (their classes' defaults): `layer_types`, or else every fourth block
+/// full attention (Qwen's `full_attention_interval`, 4; OLMo Hybrid's
+/// blocks 3, 7, .., the last where that names none) and the others linear.
+/// OLMo Hybrid's heads default to the attention's count, Dk to ¾ of the
+/// width over them and Dv to twice Dk; it wants a block of each kind.
+pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<LinearAttn> {
+    let olmo = arch == Arch::OlmoHybrid;
     let kinds = match f.get("layer_types") {
         Some(v) => {
             let list = v
@@ -108,6 +122,15 @@ pub(super) fn parse(f: &Fields, layers: usize) -> Result<LinearAttn> {
                 })
                 .collect::<Result<Vec<bool>>>()?
         }
+        None if olmo => {
+            let mut k: Vec<bool> = (0..layers).map(|i| i % 4 != 3).collect();
+            if k.iter().all(|&x| x)
+                && let Some(last) = k.last_mut()
+            {
+                *last = false;
+            }
+            k
+        }
         None => {
             let every = f.opt_usize("full_attention_interval")?.unwrap_or(4);
             if every == 0 {
@@ -116,12 +139,45 @@ pub(super) fn parse(f: &Fields, layers: usize) -> Result<LinearAttn> {
             (0..layers).map(|i| (i + 1) % every != 0).collect()
         }
     };
+    if olmo && (kinds.iter().all(|&x| x) || kinds.iter().all(|&x| !x)) {
+        return Err(f.bad(
+            "layer_types",
+            "OLMo Hybrid wants at least one linear_attention and one full_attention block",
+        ));
+    }
+    let (key_heads, value_heads, key_dim, value_dim) = match olmo {
+        true => {
+            let heads = f.req_usize("num_attention_heads")?;
+            let hk = f.opt_usize("linear_num_key_heads")?.unwrap_or(heads);
+            let hv = f.opt_usize("linear_num_value_heads")?.unwrap_or(heads);
+            let hidden = f.req_usize("hidden_size")?;
+            let dk = match f.opt_usize("linear_key_head_dim")? {
+                Some(d) => d,
+                None => (0.75 * hidden as f64 / hk.max(1) as f64) as usize,
+            };
+            (
+                hk,
+                hv,
+                dk,
+                f.opt_usize("linear_value_head_dim")?.unwrap_or(2 * dk),
+            )
+        }
+        false => (
+            f.opt_usize("linear_num_key_heads")?.unwrap_or(16),
+            f.opt_usize("linear_num_value_heads")?.unwrap_or(32),
+            f.opt_usize("linear_key_head_dim")?.unwrap_or(128),
+            f.opt_usize("linear_value_head_dim")?.unwrap_or(128),
+        ),
+    };
+    let neg_eigval = olmo && f.opt_bool("linear_allow_neg_eigval")?.unwrap_or(true);
     Ok(LinearAttn {
-        key_heads: f.opt_usize("linear_num_key_heads")?.unwrap_or(16),
-        value_heads: f.opt_usize("linear_num_value_heads")?.unwrap_or(32),
-        key_dim: f.opt_usize("linear_key_head_dim")?.unwrap_or(128),
-        value_dim: f.opt_usize("linear_value_head_dim")?.unwrap_or(128),
+        key_heads,
+        value_heads,
+        key_dim,
+        value_dim,
         conv_kernel: f.opt_usize("linear_conv_kernel_dim")?.unwrap_or(4),
         layers: kinds,
+        beta_scale: if neg_eigval { 2.0 } else { 1.0 },
+        norm_eps: olmo.then_some(1e-5),
     })
 }

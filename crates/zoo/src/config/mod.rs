@@ -147,6 +147,12 @@ pub enum Arch {
     /// routed MLP on the blocks `decoder_sparse_step` and
     /// `mlp_only_layers` leave it.
     Qwen3Next,
+    /// OLMo Hybrid (`olmo_hybrid`): OLMo 3's blocks (norms after the
+    /// sublayers, q/k norms over the whole projections, RoPE unless the
+    /// config has no θ) on its `full_attention` blocks, and on the others
+    /// a pre-norm Gated DeltaNet ([`LinearAttn`]) with its own q, k, v,
+    /// a, b and output-gate products and rates up to 2.
+    OlmoHybrid,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -157,7 +163,8 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          GPTNeoXForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, \
                          OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
                          Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, \
-                         Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM";
+                         Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM, \
+                         OlmoHybridForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -172,7 +179,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 31] = [
+    pub const ALL: [Arch; 32] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -204,6 +211,7 @@ impl Arch {
         Arch::Qwen35,
         Arch::Qwen35Moe,
         Arch::Qwen3Next,
+        Arch::OlmoHybrid,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -239,6 +247,7 @@ impl Arch {
             Arch::Qwen35 => "Qwen3_5ForCausalLM",
             Arch::Qwen35Moe => "Qwen3_5MoeForCausalLM",
             Arch::Qwen3Next => "Qwen3NextForCausalLM",
+            Arch::OlmoHybrid => "OlmoHybridForCausalLM",
         }
     }
 
@@ -275,6 +284,7 @@ impl Arch {
             Arch::Qwen35 => "qwen3_5_text",
             Arch::Qwen35Moe => "qwen3_5_moe_text",
             Arch::Qwen3Next => "qwen3_next",
+            Arch::OlmoHybrid => "olmo_hybrid",
         }
     }
 
@@ -358,9 +368,15 @@ impl Arch {
     }
 
     /// OLMo's block: norms after the sublayers, q/k norms over the whole
-    /// projections.
+    /// projections (OLMo Hybrid's attention blocks').
     pub fn has_post_norms(self) -> bool {
-        matches!(self, Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4)
+        matches!(self, Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 | Arch::OlmoHybrid)
+    }
+
+    /// Blocks that may be Gated DeltaNets ([`LinearAttn`]): Qwen3.5's,
+    /// Qwen3-Next's and OLMo Hybrid's.
+    pub fn has_linear_attn(self) -> bool {
+        self.is_qwen35() || self == Arch::OlmoHybrid
     }
 
     /// EXAONE 4's q/k norms over each head rather than (OLMo's) the whole
@@ -932,6 +948,15 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("clip_qkv".into(), json!(null));
             }
+            Arch::OlmoHybrid => {
+                obj.insert("attention_bias".into(), json!(self.qkv_bias));
+                if self.nope_layers.is_some() {
+                    obj.insert(
+                        "rope_parameters".into(),
+                        json!({"rope_type": "default", "rope_theta": null}),
+                    );
+                }
+            }
             Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 if self.arch != Arch::Olmo2 {
@@ -1051,7 +1076,7 @@ impl ModelConfig {
             moe.write_json(self.arch, obj);
         }
         if let Some(l) = &self.linear_attn {
-            l.write_json(obj);
+            l.write_json(self.arch, obj);
         }
         if let Some(sliding) = &self.sliding_layers {
             let kind = |s: &bool| if *s { "sliding_attention" } else { "full_attention" };
@@ -1237,6 +1262,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     }
     let default_positions = match arch {
         Arch::Mistral | Arch::Mixtral => 4096 * 32,
+        Arch::OlmoHybrid => 65536,
         Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen2Moe | Arch::SmolLM3 => 32768,
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => 32768,
         Arch::Starcoder2 | Arch::Phi3 | Arch::Olmoe | Arch::DeepseekV3 => 4096,
@@ -1312,7 +1338,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         | Arch::Olmoe
         | Arch::Qwen35
         | Arch::Qwen35Moe
-        | Arch::Qwen3Next => (attention_bias, attention_bias, false),
+        | Arch::Qwen3Next
+        | Arch::OlmoHybrid => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // Qwen2MoeConfig's qkv_bias (true unless written).
@@ -1363,6 +1390,14 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers, smollm3_nope.as_deref())?;
     let nope_layers = match arch {
         Arch::Exaone4 | Arch::Cohere2 => sliding_layers.as_ref().map(|s| s.iter().map(|&x| !x).collect()),
+        // OLMo Hybrid builds no rotary embedding where its θ is null.
+        Arch::OlmoHybrid
+            if f.get("rope_parameters")
+                .and_then(|r| r.get("rope_theta"))
+                .is_some_and(Value::is_null) =>
+        {
+            Some(vec![true; layers])
+        }
         _ => smollm3_nope,
     };
     Ok(ModelConfig {
@@ -1451,8 +1486,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
             _ => None,
         },
         linear_attn: arch
-            .is_qwen35()
-            .then(|| linear_attn::parse(f, layers))
+            .has_linear_attn()
+            .then(|| linear_attn::parse(f, arch, layers))
             .transpose()?,
     })
 }
@@ -1566,9 +1601,9 @@ fn parse_sliding_window(
                 false => (None, vec![false; layers]),
             }
         }
-        // Qwen3.5's layer_types say which blocks are Gated DeltaNets
-        // (`linear_attn.rs`); none slides.
-        a if a.is_qwen35() => return Ok((None, None)),
+        // Qwen3.5's and OLMo Hybrid's layer_types say which blocks are
+        // Gated DeltaNets (`linear_attn.rs`); none slides.
+        a if a.has_linear_attn() => return Ok((None, None)),
         _ => (None, vec![false; layers]),
     };
     if let Some(types) = f.get("layer_types").and_then(Value::as_array) {
@@ -1610,6 +1645,7 @@ fn padding_idx(f: &Fields, arch: Arch) -> Result<Option<usize>> {
         Arch::Phi3 => Some(32000),
         Arch::SmolLM3 => Some(128004),
         Arch::Glm | Arch::Glm4 => Some(151329),
+        Arch::OlmoHybrid => Some(100277),
         _ => None,
     };
     let Some(v) = f.get("pad_token_id") else {

@@ -1,4 +1,5 @@
-//! Qwen3.5's block: Llama's pre-norm residual block (RMSNorm gains stored
+//! Qwen3.5's block (and OLMo Hybrid's Gated DeltaNet blocks, whose
+//! attention blocks are OLMo 3's, `block_olmo2.rs`): Llama's pre-norm residual block (RMSNorm gains stored
 //! as `1 + w`'s weight, [`Gains`]; the MLP dense or routed, [`Mlp`])
 //! around one of two token mixers, as the config's `layer_types` say
 //! ([`crate::LinearAttn`]):
@@ -30,9 +31,10 @@ use crate::{Arch, LinearAttn, ModelConfig, Result, ZooError};
 /// `rms_norm_eps`).
 const L2_EPS: f64 = 1e-6;
 
-/// A Gated DeltaNet's input products: Qwen3.5's four, or Qwen3-Next's
-/// two, each of whose outputs holds, key head after key head, that head's
-/// q and k, then its value heads' v and z (`qkvz`), or their b and a (`ba`).
+/// A Gated DeltaNet's input products: Qwen3.5's four, Qwen3-Next's two,
+/// each of whose outputs holds, key head after key head, that head's q and
+/// k, then its value heads' v and z (`qkvz`), or their b and a (`ba`), or
+/// OLMo Hybrid's six.
 #[derive(Debug, Clone, Copy)]
 enum InProj {
     Split {
@@ -45,6 +47,23 @@ enum InProj {
         qkvz: Linear,
         ba: Linear,
     },
+    /// OLMo Hybrid's: q, k, v, z (its `g_proj`), b and a each apart.
+    Apart {
+        q: Linear,
+        k: Linear,
+        v: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+}
+
+/// The convolution's weights: one `[channels, 1, taps]`, or OLMo Hybrid's
+/// q, k and v pieces of it (its checkpoints store them apart).
+#[derive(Debug, Clone, Copy)]
+enum Conv {
+    One(usize),
+    Apart([usize; 3]),
 }
 
 /// Table slots of a Gated DeltaNet (mirrors `tables.rs`'s
@@ -52,7 +71,7 @@ enum InProj {
 #[derive(Debug, Clone, Copy)]
 struct DeltaNet {
     proj: InProj,
-    conv: usize,
+    conv: Conv,
     dt_bias: usize,
     a_log: usize,
     norm: usize,
@@ -104,6 +123,14 @@ impl Layout {
                         qkvz: lin(false, &mut next),
                         ba: lin(false, &mut next),
                     },
+                    Arch::OlmoHybrid => InProj::Apart {
+                        q: lin(false, &mut next),
+                        k: lin(false, &mut next),
+                        v: lin(false, &mut next),
+                        z: lin(false, &mut next),
+                        b: lin(false, &mut next),
+                        a: lin(false, &mut next),
+                    },
                     _ => InProj::Split {
                         qkv: lin(false, &mut next),
                         z: lin(false, &mut next),
@@ -111,7 +138,10 @@ impl Layout {
                         a: lin(false, &mut next),
                     },
                 },
-                conv: next(),
+                conv: match cfg.arch {
+                    Arch::OlmoHybrid => Conv::Apart([next(), next(), next()]),
+                    _ => Conv::One(next()),
+                },
                 dt_bias: next(),
                 a_log: next(),
                 norm: next(),
@@ -220,6 +250,11 @@ fn linear_attn(cfg: &ModelConfig) -> Result<&LinearAttn> {
     })
 }
 
+/// The epsilon of the norm before the output gate (OLMo Hybrid's own).
+fn gate_norm_eps(cfg: &ModelConfig, la: &LinearAttn) -> f32 {
+    la.norm_eps.unwrap_or(cfg.norm_eps) as f32
+}
+
 /// The unit gain and the epsilon that make an RMSNorm over `n` entries
 /// `√n` times the l2 norm, and the factors that then give q's
 /// (`n^−½ · n^−½`) and k's (`n^−½`): applied by `scale`, which keeps them
@@ -319,15 +354,14 @@ fn delta_net_forward<E: Executor>(
     let la = linear_attn(cfg)?;
     let (b, t) = (x.dims()[0], x.dims()[1]);
     let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
-    let (kw, vw, ch) = (la.key_width(), la.value_width(), la.conv_channels());
+    let (kw, vw) = (la.key_width(), la.value_width());
     let Projected {
         mixed,
         z,
         b: bl,
         a: al,
     } = project(ex, la, w, d.proj, x)?;
-    let conv_w = ex.reshape(&w[d.conv], &shape(&[ch, la.conv_kernel]))?;
-    let conv = ex.causal_conv1d_silu(&mixed, &conv_w)?;
+    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, d.conv)?)?;
     let parts = ex.split_last(&conv, &[kw, kw, vw])?;
     let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
     let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
@@ -339,8 +373,12 @@ fn delta_net_forward<E: Executor>(
     let (gates, betas) = ex.delta_gates(&al, &bl, &w[d.a_log], &w[d.dt_bias])?;
     let gates = ex.reshape(&gates, &shape(&[b, t, hv]))?;
     let betas = ex.reshape(&betas, &shape(&[b, t, hv]))?;
+    let betas = match la.beta_scale {
+        1.0 => betas,
+        s => ex.scale(&betas, s)?,
+    };
     let rule = ex.gated_delta_rule(&qs, &ks, &v, &gates, &betas)?;
-    let normed = ex.rmsnorm(&rule.out, &w[d.norm], cfg.norm_eps as f32)?;
+    let normed = ex.rmsnorm(&rule.out, &w[d.norm], gate_norm_eps(cfg, la))?;
     let gated = ex.reshape(&ex.swiglu(&z, &normed.y)?, &shape(&[b, t, vw]))?;
     let out = lin(ex, &gated, w, d.out)?;
     let saved = DeltaNetSaved {
@@ -376,7 +414,7 @@ fn delta_net_backward<E: Executor>(
     let la = linear_attn(cfg)?;
     let (b, t) = (dout.dims()[0], dout.dims()[1]);
     let (hv, dk, dv) = (la.value_heads, la.key_dim, la.value_dim);
-    let (kw, vw, ch) = (la.key_width(), la.value_width(), la.conv_channels());
+    let (kw, vw) = (la.key_width(), la.value_width());
     let mut go = ex.matmul_backward(&s.gated, &w[d.out.0], dout, Transpose::NT, needs(d.out.1))?;
     let dgated = ex.reshape(
         &go.da.take().expect("requested gradient"),
@@ -396,11 +434,15 @@ fn delta_net_backward<E: Executor>(
         .dx;
     let flat = |x: &E::Tensor, n: usize| ex.reshape(x, &shape(&[b, t, n]));
     let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk_, kw)?, &flat(&gr.dv, vw)?])?;
-    let conv_w = ex.reshape(&w[d.conv], &shape(&[ch, la.conv_kernel]))?;
+    let conv_w = conv_weight(ex, la, w, d.conv)?;
     let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&s.mixed, &conv_w, &dconv)?;
-    grads[d.conv] = Some(ex.reshape(&dconv_w, w[d.conv].shape())?);
+    conv_grads(ex, w, d.conv, &dconv_w, grads)?;
     let dg = ex.reshape(&gr.dg, &shape(&[b * t, hv]))?;
     let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, hv]))?;
+    let dbeta = match la.beta_scale {
+        1.0 => dbeta,
+        s => ex.scale(&dbeta, s)?,
+    };
     let (da, db, da_log, ddt_bias) =
         ex.delta_gates_backward(&s.a, &s.b, &w[d.a_log], &w[d.dt_bias], &dg, &dbeta)?;
     grads[d.a_log] = Some(da_log);
@@ -408,6 +450,45 @@ fn delta_net_backward<E: Executor>(
     let (da, db) = (flat(&da, hv)?, flat(&db, hv)?);
     let dz = flat(&dz, vw)?;
     project_backward(ex, la, w, d.proj, x, [&dmixed, &dz, &db, &da], grads)
+}
+
+/// The convolution's weight `[channels, taps]`: OLMo Hybrid's pieces
+/// `[n, 1, taps]` one after another (their rows are its rows).
+fn conv_weight<E: Executor>(ex: &E, la: &LinearAttn, w: &[E::Tensor], conv: Conv) -> Result<E::Tensor> {
+    let taps = la.conv_kernel;
+    let whole = shape(&[la.conv_channels(), taps]);
+    Ok(match conv {
+        Conv::One(i) => ex.reshape(&w[i], &whole)?,
+        Conv::Apart(parts) => {
+            let flat = parts
+                .iter()
+                .map(|&i| ex.reshape(&w[i], &shape(&[w[i].numel()])))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            ex.reshape(&ex.concat_last(&flat.iter().collect::<Vec<_>>())?, &whole)?
+        }
+    })
+}
+
+/// Stores the convolution's gradient `dw: [channels, taps]` at its slots.
+fn conv_grads<E: Executor>(
+    ex: &E,
+    w: &[E::Tensor],
+    conv: Conv,
+    dw: &E::Tensor,
+    grads: &mut [Option<E::Tensor>],
+) -> Result<()> {
+    match conv {
+        Conv::One(i) => grads[i] = Some(ex.reshape(dw, w[i].shape())?),
+        Conv::Apart(parts) => {
+            let flat = ex.reshape(dw, &shape(&[dw.numel()]))?;
+            let sizes = parts.map(|i| w[i].numel());
+            let pieces = ex.split_last(&flat, &sizes)?;
+            for (&i, piece) in parts.iter().zip(&pieces) {
+                grads[i] = Some(ex.reshape(piece, w[i].shape())?);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What a Gated DeltaNet's input products give: the mixed `[q | k | v]`
@@ -433,6 +514,12 @@ fn project<E: Executor>(
     Ok(match proj {
         InProj::Split { qkv, z, b: pb, a } => Projected {
             mixed: lin(ex, x, w, qkv)?,
+            z: ex.reshape(&lin(ex, x, w, z)?, &shape(&[b, t, hv, dv]))?,
+            b: ex.reshape(&lin(ex, x, w, pb)?, &shape(&[b * t, hv]))?,
+            a: ex.reshape(&lin(ex, x, w, a)?, &shape(&[b * t, hv]))?,
+        },
+        InProj::Apart { q, k, v, z, b: pb, a } => Projected {
+            mixed: ex.concat_last(&[&lin(ex, x, w, q)?, &lin(ex, x, w, k)?, &lin(ex, x, w, v)?])?,
             z: ex.reshape(&lin(ex, x, w, z)?, &shape(&[b, t, hv, dv]))?,
             b: ex.reshape(&lin(ex, x, w, pb)?, &shape(&[b * t, hv]))?,
             a: ex.reshape(&lin(ex, x, w, a)?, &shape(&[b * t, hv]))?,
@@ -470,6 +557,12 @@ fn project_backward<E: Executor>(
     match proj {
         InProj::Split { qkv, z, b, a } => {
             qkv_backward(ex, x, w, [(dmixed, qkv), (dz, z), (db, b), (da, a)], grads)
+        }
+        InProj::Apart { q, k, v, z, b, a } => {
+            let (kw, vw) = (la.key_width(), la.value_width());
+            let m = ex.split_last(dmixed, &[kw, kw, vw])?;
+            let parts = [(&m[0], q), (&m[1], k), (&m[2], v), (dz, z), (db, b), (da, a)];
+            qkv_backward(ex, x, w, parts, grads)
         }
         InProj::Fused { qkvz, ba } => {
             let (bt, t) = (x.dims()[0], x.dims()[1]);

@@ -106,7 +106,13 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
             Ok((y, BlockSaved::Gpt2(Box::new(s))))
         }
-        Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 => {
+        // OLMo Hybrid's Gated DeltaNet blocks; its attention blocks are
+        // OLMo 3's (below).
+        Arch::OlmoHybrid if cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) => {
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Qwen35(Box::new(s))))
+        }
+        Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 | Arch::OlmoHybrid => {
             let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Olmo2(Box::new(s))))
         }
@@ -181,7 +187,7 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Mla(s) if cfg.arch.has_mla() => block_mla::backward(cfg, ex, layer, w, s, dy, aux),
-        BlockSaved::Qwen35(s) if cfg.arch.is_qwen35() => {
+        BlockSaved::Qwen35(s) if cfg.arch.has_linear_attn() => {
             block_qwen35::backward(cfg, ex, layer, w, s, dy, aux)
         }
         BlockSaved::Llama(s) if !cfg.arch.has_layernorm() && !cfg.arch.has_post_norms() => {

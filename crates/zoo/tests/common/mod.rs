@@ -62,6 +62,8 @@ pub const CASES: &[&str] = &[
     "qwen3_5",
     "qwen3_5_moe",
     "qwen3_next",
+    "olmo_hybrid",
+    "qwen3_5_mm",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {
