@@ -50,7 +50,9 @@ fn export_then_load_is_exact_for_every_case() {
         )
         .unwrap();
         // The names and shapes transformers saved (Phi-3's fused tensors
-        // joined again); of a multimodal model, its text model's alone.
+        // joined again); of a multimodal model, its text model's alone
+        // (Gemma 3's under `language_model.`, Qwen3.5's under
+        // `model.language_model.` beside `lm_head`; no `mtp.` tensors).
         // GPT-OSS's MXFP4 experts (`_blocks` [E, R, C/32, 16] and
         // `_scales`) come out widened, [E, C, R], under their own names.
         let saved = tensor_shapes(&fixture(case).join("model.safetensors"));
@@ -59,7 +61,11 @@ fn export_then_load_is_exact_for_every_case() {
             .filter(|(n, _)| !n.ends_with("_scales"))
             .filter_map(|(n, shape)| match (m.config.text_of, n.strip_suffix("_blocks")) {
                 (_, Some(n)) => Some((n.to_string(), vec![shape[0], shape[2] * 32, shape[1]])),
-                (Some(_), None) => n.strip_prefix("language_model.").map(|n| (n.to_string(), shape)),
+                (Some(_), None) => match n.strip_prefix("model.language_model.") {
+                    Some(rest) => Some((format!("model.{rest}"), shape)),
+                    None if n == "lm_head.weight" => Some((n, shape)),
+                    None => n.strip_prefix("language_model.").map(|n| (n.to_string(), shape)),
+                },
                 (None, None) => Some((n, shape)),
             })
             .collect();
