@@ -150,8 +150,8 @@ fn mixer_saved_floats(model: &ModelConfig, layer: usize, b: u64, t: u64) -> u64 
             b * t * (l.conv_channels() as u64 + 6 * kw + 5 * vw + 7 * hv)
                 + b * hv * chunks * (l.key_dim * l.value_dim) as u64
         }
-        Some(_) => b * t * (6 * q + 4 * kv) + lse,
-        None => b * t * (2 * q + 2 * kv) + lse,
+        _ if model.arch.is_qwen35() => b * t * (6 * q + 4 * kv) + lse,
+        _ => b * t * (2 * q + 2 * kv) + lse,
     }
 }
 

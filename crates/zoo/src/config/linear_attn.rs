@@ -1,5 +1,6 @@
-//! Qwen3.5's and Qwen3-Next's Gated DeltaNet: the "linear attention"
-//! blocks of their hybrid stacks, beside blocks of (gated) full attention.
+//! The Gated DeltaNet of Qwen3.5, Qwen3-Next and OLMo Hybrid: the "linear
+//! attention" blocks of their hybrid stacks, beside blocks of full
+//! attention (gated by a sigmoid in Qwen's).
 
 use serde_json::{Map, Value, json};
 
@@ -8,7 +9,7 @@ use crate::{Arch, Result};
 
 /// The shape of a Gated DeltaNet and which blocks have one.
 ///
-/// A block's input gives, through one product, the mixed `[q | k | v]` of
+/// A block's input gives (through one product, or OLMo Hybrid's three) the mixed `[q | k | v]` of
 /// `key_heads · key_dim` (twice) and `value_heads · value_dim` entries,
 /// which a causal depthwise convolution of `conv_kernel` taps (and SiLU)
 /// mixes over time; `z` (the output gate), `b` (β's logits) and `a` (the
