@@ -1625,6 +1625,66 @@ fn gated_delta_rule_refuses_bad_shapes() {
     assert!(e.contains("gated_delta_rule") && e.contains("130"), "{e}");
 }
 
+/// A sequence whose backward partials outgrow one storage binding is
+/// refused, forward and backward, naming the longest sequence that fits;
+/// and a sequence of that length runs and matches the CPU.
+#[test]
+fn gated_delta_rule_names_the_longest_sequence_that_fits() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            max_binding_bytes: Some(128 << 10),
+            ..Default::default()
+        },
+    );
+    let too_long = delta_rule_inputs(11, [1, 2000, 1, 1, 8, 8]);
+    let gx = too_long.each_ref().map(|h| up(&g, h));
+    let e = g
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .expect_err("2000 tokens of partials past 128 KiB")
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule") && e.contains("backward partials") && e.contains("T = 2000"),
+        "{e}"
+    );
+    let most: usize = e
+        .split("sequences of at most ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bound named: {e}"));
+    assert!((1000..2000).contains(&most), "{e}");
+    let x = delta_rule_inputs(12, [1, most, 1, 1, 8, 8]);
+    let gx = x.each_ref().map(|h| up(&g, h));
+    let fw = g
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .unwrap();
+    let gr = g
+        .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
+        .unwrap();
+    let c = cpu();
+    let cx = x.each_ref().map(|h| c.upload(h).unwrap());
+    let cf = c
+        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        .unwrap();
+    let cg = c
+        .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &cf, &cx[5])
+        .unwrap();
+    for (name, got, want) in [
+        ("out", &fw.out, &cf.out),
+        ("dq", &gr.dq, &cg.dq),
+        ("dg", &gr.dg, &cg.dg),
+    ] {
+        assert_close(
+            &format!("{name} at T = {most}"),
+            &down(&g, got),
+            &down_cpu(&c, want),
+            1e-4,
+        );
+    }
+}
+
 /// `x · σ(gate)` both ways against the CPU's, gate over ±6: one element,
 /// past a workgroup and a 4 KiB binding, rank 3.
 #[test]

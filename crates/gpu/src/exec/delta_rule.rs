@@ -72,6 +72,53 @@ impl GpuExecutor {
             .collect()
     }
 
+    /// A refusal naming what of one sequence outgrows a storage binding,
+    /// and what would fit: binding the op's tensors by whole sequences, a
+    /// sequence's q/k, v, gates, saved states and backward partials grow
+    /// with T (at Qwen3.5-9B's heads the partials, 130 KiB a token, pass
+    /// NVIDIA's 2 GiB − 1 near 16,000 tokens), the replay scratch with the
+    /// heads alone.
+    fn delta_rule_fits(&self, op: &'static str, d: DeltaRuleDims) -> Result<()> {
+        let room = self.max_binding.saturating_sub(self.align);
+        let names = [
+            "q or k",
+            "v or output",
+            "gates",
+            "saved states",
+            "backward replay scratch",
+            "backward partials",
+        ];
+        for (i, (name, elems)) in names.iter().zip(per_batch(d)).enumerate() {
+            let bytes = 4 * elems as u64;
+            if bytes <= room {
+                continue;
+            }
+            let fits = match i {
+                4 => "fewer or narrower value heads would".to_string(),
+                _ => {
+                    let per_token = bytes.div_ceil(d.t.max(1) as u64).max(1);
+                    let chunks = DELTA_RULE_CHUNK as u64;
+                    let most = match i {
+                        // Saved states grow a chunk at a time.
+                        3 => room / (bytes / d.chunks().max(1) as u64).max(1) * chunks,
+                        _ => room / per_token,
+                    };
+                    format!("sequences of at most {most} tokens would")
+                }
+            };
+            return Err(GpuError::Unsupported {
+                op,
+                detail: format!(
+                    "one sequence's {name} take {bytes} bytes (T = {}, Hv = {}, Dk = {}, Dv = {}), past this \
+                     adapter's storage binding limit of {} bytes: {fits} fit",
+                    d.t, d.hv, d.dk, d.dv, self.max_binding
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Batch pieces `(b0, nb)` whose every binding fits, at most 65535
     /// batches (one grid dimension) each.
     fn delta_rule_pieces(&self, d: DeltaRuleDims) -> Result<Vec<(usize, usize)>> {
@@ -87,6 +134,7 @@ impl GpuExecutor {
         x.iter().try_for_each(|t| need_f32(OP, t))?;
         let d = delta_rule_dims(OP, x.map(|t| &t.shape), None)?;
         self.delta_rule_check(OP, d)?;
+        self.delta_rule_fits(OP, d)?;
         let [q, k, v, g, beta] = x;
         let out = self.alloc_f32(v.shape.clone())?;
         let saved = self.alloc_f32(d.saved_shape())?;
@@ -136,6 +184,7 @@ impl GpuExecutor {
             Some([&fwd.out.shape, &fwd.saved.shape, &dout.shape]),
         )?;
         self.delta_rule_check(OP, d)?;
+        self.delta_rule_fits(OP, d)?;
         let [q, k, v, g, beta] = x;
         let grads = DeltaRuleGrads {
             dq: self.alloc_f32(q.shape.clone())?,
