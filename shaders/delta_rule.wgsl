@@ -15,7 +15,9 @@
 // chunks c0..c1 of C steps per dispatch (a loop budget): the forward
 // starts from the state it checkpointed at chunk c0; the backward walks
 // its chunks last to first and hands dS to the next dispatch through the
-// scratch.
+// scratch. The backward's partials hold one time window of `w_len` steps
+// from `w0` (whole chunks, c0..c1 inside it), so they do not grow with T;
+// the host sums each window's into dq, dk, dg, dβ before the next.
 
 const C: u32 = 64u;
 const COLS: u32 = 32u;
@@ -32,7 +34,8 @@ struct Params {
     beta_off: u32, out_off: u32, saved_off: u32, dout_off: u32,
     scratch_off: u32, parts_off: u32, nbatch: u32, c0: u32,
     c1: u32, gs_n: u32, gs_w: u32, gs_p: u32,
-    gs_y: u32, _p0: u32, _p1: u32, _p2: u32,
+    gs_y: u32, gs_ys: u32, gs_ps: u32, w0: u32,
+    w_len: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -49,8 +52,8 @@ struct Params {
 // Per workgroup: the chunk's states before each step ([C, Dk, COLS]), its
 // Sᵀk ([C, COLS]) and dS carried between dispatches ([Dk, COLS]).
 @group(0) @binding(9) var<storage, read_write> SCRATCH: array<f32>;
-// The backward's partials: dq, dk ([B·T·Hk, grp·nb, Dk] each), dg, dβ
-// ([B·T·Hv, nb] each).
+// The backward's partials of one time window: dq, dk ([B, w_len, Hk,
+// grp·nb, Dk] each), dg, dβ ([B, w_len, Hv, nb] each).
 @group(0) @binding(10) var<storage, read_write> PARTS: array<f32>;
 @group(0) @binding(11) var<storage, read_write> SUMS: array<f32>;
 
@@ -209,11 +212,12 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let base = scratch_base(b, h, jb);
     let m_base = base + C * p.dk * COLS;
     let carry = m_base + C * COLS;
-    // dq, dk partial rows: [nbatch·T·Hk, grp·nb, Dk]; dg, dβ: [nbatch·T·Hv, nb].
+    // dq, dk partial rows: [nbatch·w_len·Hk, grp·nb, Dk]; dg, dβ:
+    // [nbatch·w_len·Hv, nb], a step's row its offset in the window.
     let np = p.grp * p.nb;
-    let dk_region = p.nbatch * p.t * p.hk * np * p.dk;
+    let dk_region = p.nbatch * p.w_len * p.hk * np * p.dk;
     let dg_region = 2u * dk_region;
-    let db_region = dg_region + p.nbatch * p.t * p.hv * p.nb;
+    let db_region = dg_region + p.nbatch * p.w_len * p.hv * p.nb;
     var s: array<f32, 16>;
     var ds: array<f32, 16>;
     var sp: array<f32, 16>;
@@ -321,7 +325,8 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     OUT[p.out_off + gi * p.dv + j0 + tid] = beta * dd;
                 }
             }
-            let prow = ((row * p.hk + kh) * np + g * p.nb + jb) * p.dk;
+            let wrow = b * p.w_len + t - p.w0;
+            let prow = ((wrow * p.hk + kh) * np + g * p.nb + jb) * p.dk;
             if tid < p.dk {
                 var x = 0.0;
                 for (var cg = 0u; cg < CG; cg++) {
@@ -372,8 +377,9 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     da += col_a[q];
                     db += col_b[q];
                 }
-                PARTS[p.parts_off + dg_region + gi * p.nb + jb] = alpha * da;
-                PARTS[p.parts_off + db_region + gi * p.nb + jb] = db;
+                let wgi = wrow * p.hv + h;
+                PARTS[p.parts_off + dg_region + wgi * p.nb + jb] = alpha * da;
+                PARTS[p.parts_off + db_region + wgi * p.nb + jb] = db;
             }
         }
     }
@@ -385,19 +391,24 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
 }
 
-// SUMS[e] = Σ_q PARTS[(row·gs_p + q)·gs_w + i], e = row·gs_w + i: the
-// backward's partials summed over column blocks and value heads.
+// Per batch bi < nbatch, SUMS[bi·gs_ys + e] = Σ_q PARTS[bi·gs_ps +
+// (row·gs_p + q)·gs_w + i], e = row·gs_w + i < gs_n: the backward's
+// partials summed over column blocks and value heads. A window's rows
+// are contiguous within a batch only, hence the batch strides.
 @compute @workgroup_size(256)
 fn dr_group_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) tid: u32) {
-    let e = (wid.y * nwg.x + wid.x) * 256u + tid;
-    if e < p.gs_n {
+    let f = (wid.y * nwg.x + wid.x) * 256u + tid;
+    if f < p.nbatch * p.gs_n {
+        let bi = f / p.gs_n;
+        let e = f % p.gs_n;
         let row = e / p.gs_w;
         let i = e % p.gs_w;
+        let at = p.parts_off + bi * p.gs_ps;
         var x = 0.0;
         for (var q = 0u; q < p.gs_p; q++) {
-            x += PARTS[p.parts_off + (row * p.gs_p + q) * p.gs_w + i];
+            x += PARTS[at + (row * p.gs_p + q) * p.gs_w + i];
         }
-        SUMS[p.gs_y + e] = x;
+        SUMS[p.gs_y + bi * p.gs_ys + e] = x;
     }
 }

@@ -1431,7 +1431,11 @@ fn delta_rule_gpus() -> Vec<GpuExecutor> {
 /// Forward, checkpoints and all five gradients against the CPU reference:
 /// Dk and Dv no powers of two (24/40: two column blocks, one partly
 /// empty), T = 1, T = 37, T past two chunks, Dk = 128, GQA 4/2 and 2/2,
-/// three batches.
+/// three batches; and T = 1050 at Dk = 120, whose two batches' backward
+/// partials pass 2 MiB: on the 2 MiB executor (a piece of both batches,
+/// their scratch 1,006,592 bytes each) it walks windows of 16 chunks
+/// (242 partials a step, 123,904 bytes a chunk for both: 17 would pass
+/// 2 MiB), 1024 steps then 26, summed per batch.
 #[test]
 fn gated_delta_rule_matches_cpu() {
     assert!(
@@ -1448,6 +1452,7 @@ fn gated_delta_rule_matches_cpu() {
         [3, 1, 2, 2, 24, 40],
         [2, 150, 1, 2, 16, 8],
         [1, 70, 1, 1, 128, 32],
+        [2, 1050, 1, 1, 120, 32],
     ]
     .into_iter()
     .enumerate()
@@ -1625,38 +1630,11 @@ fn gated_delta_rule_refuses_bad_shapes() {
     assert!(e.contains("gated_delta_rule") && e.contains("130"), "{e}");
 }
 
-/// A sequence whose backward partials outgrow one storage binding is
-/// refused, forward and backward, naming the longest sequence that fits;
-/// and a sequence of that length runs and matches the CPU.
-#[test]
-fn gated_delta_rule_names_the_longest_sequence_that_fits() {
-    let Some(ctx) = ctx() else { return };
-    let g = GpuExecutor::with_options(
-        ctx,
-        GpuOptions {
-            max_binding_bytes: Some(128 << 10),
-            ..Default::default()
-        },
-    );
-    let too_long = delta_rule_inputs(11, [1, 2000, 1, 1, 8, 8]);
-    let gx = too_long.each_ref().map(|h| up(&g, h));
-    let e = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
-        .expect_err("2000 tokens of partials past 128 KiB")
-        .to_string();
-    assert!(
-        e.contains("gated_delta_rule") && e.contains("backward partials") && e.contains("T = 2000"),
-        "{e}"
-    );
-    let most: usize = e
-        .split("sequences of at most ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no bound named: {e}"));
-    assert!((1000..2000).contains(&most), "{e}");
-    let x = delta_rule_inputs(12, [1, most, 1, 1, 8, 8]);
-    let gx = x.each_ref().map(|h| up(&g, h));
+/// Runs the delta rule both ways on `g` and the CPU and compares out, dq,
+/// dk, dv, dg and dβ (relative error 1e-4).
+fn delta_rule_against_cpu(g: &GpuExecutor, seed: u64, dims: [usize; 6]) {
+    let x = delta_rule_inputs(seed, dims);
+    let gx = x.each_ref().map(|h| up(g, h));
     let fw = g
         .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
         .unwrap();
@@ -1674,15 +1652,79 @@ fn gated_delta_rule_names_the_longest_sequence_that_fits() {
     for (name, got, want) in [
         ("out", &fw.out, &cf.out),
         ("dq", &gr.dq, &cg.dq),
+        ("dk", &gr.dk, &cg.dk),
+        ("dv", &gr.dv, &cg.dv),
         ("dg", &gr.dg, &cg.dg),
+        ("dbeta", &gr.dbeta, &cg.dbeta),
     ] {
         assert_close(
-            &format!("{name} at T = {most}"),
-            &down(&g, got),
+            &format!("gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}"),
+            &down(g, got),
             &down_cpu(&c, want),
             1e-4,
         );
     }
+}
+
+/// The backward's partials take a time window, not the whole sequence:
+/// under 128 KiB bindings, T = 2000 at (1, T, 1, 1, 8, 8) (18 partials a
+/// step, 4608 bytes a chunk; its whole sequence's, 144,000 bytes, were
+/// refused before) runs in windows of 28 chunks, the most under 128 KiB
+/// less the alignment (129,024 bytes; 29 would take 133,632): 1792 steps
+/// and then 208, so a window boundary inside the sequence, not dividing
+/// it. All five gradients match the CPU.
+#[test]
+fn gated_delta_rule_backward_runs_in_time_windows() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            max_binding_bytes: Some(128 << 10),
+            poison_outputs: true,
+            ..Default::default()
+        },
+    );
+    delta_rule_against_cpu(&g, 11, [1, 2000, 1, 1, 8, 8]);
+}
+
+/// A sequence whose saved states outgrow one storage binding is refused,
+/// naming the longest sequence that fits; and a sequence of that length
+/// runs and matches the CPU. At (1, T, 1, 3, 72, 32) the saved states take
+/// 27,648 bytes a chunk (432 a token, past q/k's 288 and v's 384), and the
+/// bindings, 1.9 MB, just hold the replay scratch (1,821,696 bytes): 68
+/// chunks, T = 4352, whose backward runs in 5 windows of at most 16
+/// chunks. (The scratch, which must fit, is at least 65 chunks' saved
+/// states at any heads, so no sequence much shorter shows this limit; the
+/// backward's partials, which did at 1800 tokens here, no longer grow
+/// with T.)
+#[test]
+fn gated_delta_rule_names_the_longest_sequence_that_fits() {
+    let Some(ctx) = ctx() else { return };
+    let g = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            max_binding_bytes: Some(1_900_000),
+            ..Default::default()
+        },
+    );
+    let too_long = delta_rule_inputs(13, [1, 4400, 1, 3, 72, 32]);
+    let gx = too_long.each_ref().map(|h| up(&g, h));
+    let e = g
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .expect_err("69 chunks of saved states past 1.9 MB")
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule") && e.contains("saved states") && e.contains("T = 4400"),
+        "{e}"
+    );
+    let most: usize = e
+        .split("sequences of at most ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bound named: {e}"));
+    assert_eq!(most, 4352, "{e}");
+    delta_rule_against_cpu(&g, 14, [1, most, 1, 3, 72, 32]);
 }
 
 /// `x · σ(gate)` both ways against the CPU's, gate over ±6: one element,

@@ -6,17 +6,26 @@
 //! 128×128 state runs on 4 workgroups with its block in registers. Memory
 //! (f32, C = [`DELTA_RULE_CHUNK`], NB = ⌈Dv/32⌉):
 //! - `saved`: `4·B·Hv·⌈T/C⌉·Dk·Dv` bytes (the state at every chunk start;
-//!   1 GiB at B·T = 8×4096, Hv = 32, Dk = Dv = 128, twice `out`);
+//!   1 GiB at B·T = 8×4096, Hv = 32, Dk = Dv = 128, twice `out`; 32 KiB a
+//!   token, the largest of a sequence's tensors, so at Qwen3.5-9B's heads
+//!   NVIDIA's 2 GiB − 1 bindings take sequences of up to about 65,000
+//!   tokens);
 //! - the backward's scratch, `4·Hv·NB·32·(C·Dk + C + Dk)` bytes a batch of
 //!   a piece (the replayed chunk's states, its Sᵀk and the dS handed
 //!   between dispatches: 131 MiB at Hv = 32, Dk = Dv = 128), and its
-//!   partials, `4·T·Hv·NB·(2·Dk + 2)` bytes a batch (dq and dk per value
-//!   head and column block before their sums, dg and dβ per column block:
-//!   516 MiB at T = 4096, so pieces of 3 batches under NVIDIA's 2 GiB
-//!   bindings).
+//!   partials, `4·W·Hv·NB·(2·Dk + 2)` bytes a batch for a time window of W
+//!   steps (dq and dk per value head and column block before their sums,
+//!   dg and dβ per column block: 130 KiB a step at those heads). The
+//!   backward walks the sequence last window to first, summing each
+//!   window's partials into its rows of dq, dk, dg and dβ before the next,
+//!   so they no longer grow with T: W is the most whole chunks whose
+//!   partials for a piece's batches fit one binding (at most T; about 2000
+//!   steps for 8 batches at those heads on NVIDIA), and one chunk's take a
+//!   sixteenth of the scratch, so they fit wherever it does.
 //!
 //! Whole batches are bound at a time, as many as every binding holds; a
-//! batch whose scratch or partials outgrow one binding is refused.
+//! batch whose q/k, v, gates, saved states or scratch outgrow one binding
+//! is refused, naming the longest sequence that would fit.
 
 use megatrain_tensor::{
     DELTA_RULE_CHUNK, DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Result, delta_rule_dims,
@@ -37,7 +46,9 @@ const MAX_DK: usize = 128;
 const STEP_LOOPS: usize = 400;
 
 /// Elements one batch takes in each kind of binding: q/k, v/out/dout,
-/// g/beta, saved, the backward's scratch and its partials.
+/// g/beta, saved, the backward's scratch, and its partials of the
+/// shortest window (one chunk, or the sequence where shorter): pieces hold
+/// at least that, and [`GpuExecutor::delta_rule_window`] widens it.
 fn per_batch(d: DeltaRuleDims) -> [usize; 6] {
     let nb = d.dv.div_ceil(COLS);
     [
@@ -46,8 +57,15 @@ fn per_batch(d: DeltaRuleDims) -> [usize; 6] {
         d.t * d.hv,
         d.hv * d.chunks() * d.dk * d.dv,
         d.hv * nb * COLS * (DELTA_RULE_CHUNK * d.dk + DELTA_RULE_CHUNK + d.dk),
-        d.t * (2 * d.hk * d.group() * nb * d.dk + 2 * d.hv * nb),
+        d.t.min(DELTA_RULE_CHUNK) * step_parts(d),
     ]
+}
+
+/// The backward's partials of one step of one batch: dq and dk
+/// `[Hk, grp·NB, Dk]` each, dg and dβ `[Hv, NB]` each.
+fn step_parts(d: DeltaRuleDims) -> usize {
+    let nb = d.dv.div_ceil(COLS);
+    2 * d.hk * d.group() * nb * d.dk + 2 * d.hv * nb
 }
 
 impl GpuExecutor {
@@ -62,22 +80,35 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// Chunk ranges one dispatch each, first to last, each within the loop
-    /// budget (all of them in one where there is none).
-    fn delta_rule_ranges(&self, d: DeltaRuleDims) -> Vec<(usize, usize)> {
+    /// Chunk ranges one dispatch each covering chunks `c0..c1`, first to
+    /// last, each within the loop budget (all of them in one where there is
+    /// none). The backward asks per time window, so no dispatch writes
+    /// partials of two windows.
+    fn delta_rule_ranges(&self, c0: usize, c1: usize) -> Vec<(usize, usize)> {
         let per = (self.loop_budget / (DELTA_RULE_CHUNK * STEP_LOOPS)).max(1);
-        (0..d.chunks())
-            .step_by(per)
-            .map(|c| (c, (c + per).min(d.chunks())))
-            .collect()
+        (c0..c1).step_by(per).map(|c| (c, (c + per).min(c1))).collect()
+    }
+
+    /// The backward's time window in steps for pieces of at most `nb`
+    /// batches: the most whole chunks whose partials for `nb` batches fit
+    /// one binding, at most the whole sequence (pieces are cut so that one
+    /// chunk fits). Results do not depend on it, bit for bit: a window only
+    /// moves where a step's partials sit, their sums keep their order, and
+    /// dS crosses windows as it crosses dispatches, through the scratch.
+    fn delta_rule_window(&self, d: DeltaRuleDims, nb: usize) -> usize {
+        let room = (self.max_binding.saturating_sub(self.align) / 4) as usize;
+        let chunk = (nb * DELTA_RULE_CHUNK * step_parts(d)).max(1);
+        ((room / chunk).max(1) * DELTA_RULE_CHUNK).min(d.t)
     }
 
     /// A refusal naming what of one sequence outgrows a storage binding,
     /// and what would fit: binding the op's tensors by whole sequences, a
-    /// sequence's q/k, v, gates, saved states and backward partials grow
-    /// with T (at Qwen3.5-9B's heads the partials, 130 KiB a token, pass
-    /// NVIDIA's 2 GiB − 1 near 16,000 tokens), the replay scratch with the
-    /// heads alone.
+    /// sequence's q/k, v, gates and saved states grow with T (at
+    /// Qwen3.5-9B's heads the saved states, 32 KiB a token, pass NVIDIA's
+    /// 2 GiB − 1 near 65,000 tokens), the replay scratch with the heads
+    /// alone. The backward's partials are not named: they take a time
+    /// window ([`GpuExecutor::delta_rule_window`]), and one chunk's are at
+    /// most a sixteenth of the scratch.
     fn delta_rule_fits(&self, op: &'static str, d: DeltaRuleDims) -> Result<()> {
         let room = self.max_binding.saturating_sub(self.align);
         let names = [
@@ -86,7 +117,6 @@ impl GpuExecutor {
             "gates",
             "saved states",
             "backward replay scratch",
-            "backward partials",
         ];
         for (i, (name, elems)) in names.iter().zip(per_batch(d)).enumerate() {
             let bytes = 4 * elems as u64;
@@ -154,8 +184,8 @@ impl GpuExecutor {
                 self.view(&saved, b0 * ns, nb * ns)?,
             ];
             let offs = views.map(|v| v.elem_off);
-            for (c0, c1) in self.delta_rule_ranges(d) {
-                let params = params(d, nb, &offs, [0, 0], (c0, c1), [0; 4]);
+            for (c0, c1) in self.delta_rule_ranges(0, d.chunks()) {
+                let params = params(d, nb, &offs, [0, 0], (c0, c1), (0, 0), [0; 6]);
                 op.dispatch(
                     Kernel::DeltaRuleFwd,
                     &params,
@@ -196,13 +226,13 @@ impl GpuExecutor {
         if grads.dv.numel() == 0 {
             return Ok(grads);
         }
-        let [nq, nv, ng, ns, nscratch, nparts] = per_batch(d);
+        let [nq, nv, ng, ns, nscratch, _] = per_batch(d);
         let pieces = self.delta_rule_pieces(d)?;
         let most = pieces.iter().map(|p| p.1).max().unwrap_or(0);
+        let w = self.delta_rule_window(d, most);
         let scratch = self.alloc_f32([most * nscratch])?;
-        let parts = self.alloc_f32([most * nparts])?;
+        let parts = self.alloc_f32([most * w * step_parts(d)])?;
         let cols = d.dv.div_ceil(COLS);
-        let ranges = self.delta_rule_ranges(d);
         let mut op = self.op(OP);
         for (b0, nb) in pieces {
             let views = [
@@ -215,40 +245,46 @@ impl GpuExecutor {
                 self.view(&fwd.saved, b0 * ns, nb * ns)?,
                 self.view(dout, b0 * nv, nb * nv)?,
                 self.view(&scratch, 0, nb * nscratch)?,
-                self.view(&parts, 0, nb * nparts)?,
+                self.view(&parts, 0, nb * w * step_parts(d))?,
             ];
             let offs = views.map(|v| v.elem_off);
-            for &(c0, c1) in ranges.iter().rev() {
-                let params = params(d, nb, &offs, [offs[8], offs[9]], (c0, c1), [0; 4]);
-                op.dispatch(Kernel::DeltaRuleBwd, &params, &views, [u(cols), u(d.hv), u(nb)]);
-            }
-            // The partials' regions (delta_rule.wgsl's dr_bwd) and what
-            // each sums into: rows, width, partials a row.
-            let (dq_rows, dg_rows) = (nb * d.t * d.hk, nb * d.t * d.hv);
-            let region = dq_rows * d.group() * cols * d.dk;
-            let sums = [
-                (&grads.dq, 0, b0 * nq, dq_rows, d.dk, d.group() * cols),
-                (&grads.dk, region, b0 * nq, dq_rows, d.dk, d.group() * cols),
-                (&grads.dg, 2 * region, b0 * ng, dg_rows, 1, cols),
-                (
-                    &grads.dbeta,
-                    2 * region + dg_rows * cols,
-                    b0 * ng,
-                    dg_rows,
-                    1,
-                    cols,
-                ),
-            ];
-            for (y, at, y0, rows, w, np) in sums {
-                let yv = self.view(y, y0, rows * w)?;
-                let gs = [u(rows * w), u(w), u(np), yv.elem_off];
-                let params = params(d, nb, &[0; 10], [0, offs[9] + u(at)], (0, 0), gs);
-                op.dispatch(
-                    Kernel::DeltaRuleGroupSum,
-                    &params,
-                    &[views[9], yv],
-                    grid_for((rows * w).div_ceil(256)),
-                );
+            // Windows last to first, as the chunks go; `w` is whole chunks
+            // unless it is the whole sequence.
+            for t0 in (0..d.t).step_by(w).rev() {
+                let t1 = (t0 + w).min(d.t);
+                let win = (t0, w);
+                let chunks = (t0 / DELTA_RULE_CHUNK, t1.div_ceil(DELTA_RULE_CHUNK));
+                for (c0, c1) in self.delta_rule_ranges(chunks.0, chunks.1).into_iter().rev() {
+                    let params = params(d, nb, &offs, [offs[8], offs[9]], (c0, c1), win, [0; 6]);
+                    op.dispatch(Kernel::DeltaRuleBwd, &params, &views, [u(cols), u(d.hv), u(nb)]);
+                }
+                // The window's partials (delta_rule.wgsl's dr_bwd: [nb, w,
+                // ..] in each region) summed into rows t0..t1 of each batch,
+                // which lie T rows apart. Per kind: elements a step, the
+                // width of a row and its partials.
+                let key = (d.hk * d.dk, d.dk, d.group() * cols);
+                let gate = (d.hv, 1, cols);
+                let region = nb * w * key.0 * key.2;
+                let sums = [
+                    (&grads.dq, b0 * nq, 0, key),
+                    (&grads.dk, b0 * nq, region, key),
+                    (&grads.dg, b0 * ng, 2 * region, gate),
+                    (&grads.dbeta, b0 * ng, 2 * region + nb * w * gate.0 * gate.2, gate),
+                ];
+                for (y, y0, at, (step, width, np)) in sums {
+                    // A batch's window, and its batch strides in y and in
+                    // the partials.
+                    let (n, ystride, pstride) = ((t1 - t0) * step, d.t * step, w * step * np);
+                    let yv = self.view(y, y0 + t0 * step, (nb - 1) * ystride + n)?;
+                    let gs = [u(n), u(width), u(np), yv.elem_off, u(ystride), u(pstride)];
+                    let params = params(d, nb, &[0; 10], [0, offs[9] + u(at)], (0, 0), (0, 0), gs);
+                    op.dispatch(
+                        Kernel::DeltaRuleGroupSum,
+                        &params,
+                        &[views[9], yv],
+                        grid_for((nb * n).div_ceil(256)),
+                    );
+                }
             }
         }
         op.keep(scratch);
@@ -260,16 +296,17 @@ impl GpuExecutor {
 
 /// delta_rule.wgsl's `Params`: the sizes, the element offsets of the bound
 /// q, k, v, g, beta, out (or dv), saved and dout, then those of the
-/// scratch and partials, the chunk range and dr_group_sum's
-/// `(n, w, p, y_off)`.
+/// scratch and partials, the chunk range, dr_group_sum's `(n, w, p, y_off,
+/// y_stride, parts_stride)` and the backward's time window `(t0, w)`.
 fn params(
     d: DeltaRuleDims,
     nbatch: usize,
     offs: &[u32],
     [scratch, parts]: [u32; 2],
     (c0, c1): (usize, usize),
-    gs: [u32; 4],
-) -> [u32; 28] {
+    (w0, w): (usize, usize),
+    gs: [u32; 6],
+) -> [u32; 32] {
     let off = |i: usize| offs.get(i).copied().unwrap_or(0);
     [
         u(d.t),
@@ -297,6 +334,10 @@ fn params(
         gs[1],
         gs[2],
         gs[3],
+        gs[4],
+        gs[5],
+        u(w0),
+        u(w),
         0,
         0,
         0,
