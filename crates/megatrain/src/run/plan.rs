@@ -157,7 +157,9 @@ fn mixer_saved_floats(model: &ModelConfig, layer: usize, b: u64, t: u64) -> u64 
 
 /// Bytes the GPU's gated delta rule backward takes beside its operands
 /// while it runs (one block at a time; `megatrain_gpu`'s delta_rule.rs):
-/// each batch's replayed chunk states and its per-column-block partials.
+/// each batch's replayed chunk states, and the per-column-block partials
+/// of a time window, which it sizes to one storage binding (at most
+/// NVIDIA's 2 GiB here).
 fn delta_rule_scratch_bytes(model: &ModelConfig, b: u64, t: u64) -> u64 {
     let Some(l) = model.linear_attn.as_ref().filter(|l| l.layers.iter().any(|&x| x)) else {
         return 0;
@@ -170,7 +172,7 @@ fn delta_rule_scratch_bytes(model: &ModelConfig, b: u64, t: u64) -> u64 {
     let blocks = (l.value_dim as u64).div_ceil(32);
     let replay = hv * blocks * 32 * (c * dk + c + dk);
     let partials = t * hv * blocks * (2 * dk + 2);
-    4 * b * (replay + partials)
+    4 * b * replay + (4 * b * partials).min(1 << 31)
 }
 
 pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result<Plan> {
