@@ -28,7 +28,11 @@ float32 RoPE; its q / k / v conv tensors rewritten at their real widths, as
 the Hub has them, where transformers' save writes equal thirds) and
 Qwen3.5's multimodal class (its text stack's gradients under the text
 model's names, its checkpoint with multi-token-prediction tensors
-transformers ignores).
+transformers ignores), and Kimi Linear (its Kimi Delta Attention: forget
+gate, delta rule with per-key-channel decays and sigmoid-gated norm, all
+float32 in transformers; its DeepSeek-V3 router; its dense blocks' MLPs
+renamed back to the Hub's `mlp.`, which transformers' save writes as
+`block_sparse_moe.`).
 The GPT-OSS MXFP4 case stores its experts as OpenAI publishes them (see
 MXFP4 below) and also dumps their dequantized weights.
 
@@ -121,6 +125,8 @@ from transformers import (
     OlmoHybridForCausalLM,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
+    KimiLinearConfig,
+    KimiLinearForCausalLM,
 )
 
 BATCH = 2
@@ -1685,6 +1691,66 @@ CASES = {
         12,
         torch.float32,
     ),
+    # Kimi Linear (KimiLinearForCausalLM): blocks 0 and 2 Kimi Delta
+    # Attention ("linear_attention"), 1 and 3 DeepSeek's multi-head latent
+    # attention without RoPE (NoPE: the qk_rope_head_dim part of the keys,
+    # shared by every head, enters the scores unrotated). KDA: separate
+    # q_proj, k_proj, v_proj (4 heads of 8 each), one causal depthwise
+    # conv1d (no bias) over [q | k | v] and SiLU (the checkpoint's
+    # q_conv1d, k_conv1d, v_conv1d, 32 channels each); per key channel a
+    # decay exp(g), g = -exp(A_log[head]) softplus(f_b_proj(f_a_proj(x)) +
+    # dt_bias) (A_log [1, 1, 4, 1], dt_bias [32]); beta = sigmoid(b_proj);
+    # q and k l2-normalised, q times 8^-1/2, the delta rule with the state's
+    # rows decayed per key channel; the gated RMSNorm o_norm (plain gain,
+    # eps rms_norm_eps) times SIGMOID(g_b_proj(g_a_proj(x))), o_proj. MLA:
+    # q_proj (q_lora_rank null), kv_a_proj_with_mqa to a 16-wide latent
+    # (kv_a_layernorm, eps 1e-6 whatever rms_norm_eps) and a 4-wide shared
+    # key part, kv_b_proj to per-head nope keys (6) and values (8), scores
+    # times 10^-1/2. MLPs by mlp_layer_types: blocks 0 and 3 dense (48
+    # wide; the Hub's `mlp.*`), 1 and 2 routed (`block_sparse_moe.*`):
+    # DeepSeek-V3's sigmoid router (top 2 of 8 within the best 1 of 2
+    # groups by the scores plus e_score_correction_bias, weights
+    # renormalised, times 2.446) beside one ungated shared expert (16
+    # wide), experts w1 / w3 / w2. Untied; no pad token.
+    "kimi_linear": (
+        KimiLinearConfig,
+        KimiLinearForCausalLM,
+        dict(
+            vocab_size=91,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse", "dense"],
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=6,
+            qk_rope_head_dim=4,
+            v_head_dim=8,
+            attention_bias=False,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.446,
+            norm_topk_prob=True,
+            linear_num_heads=4,
+            linear_head_dim=8,
+            linear_conv_kernel_dim=4,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=None,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        12,
+        torch.float32,
+    ),
 }
 
 # The cases whose experts are stored MXFP4 (see MXFP4).
@@ -1708,13 +1774,23 @@ WATCHED = {
     "qwen3_next",
     "olmo_hybrid",
     "qwen3_5",
+    "kimi_linear",
 }
-RELOADED = {"deepseek_v3", "deepseek_v2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "qwen3_5"}
-# Model types with a Gated DeltaNet, whose float64 port (_gated_deltanet64)
-# make_case checks ran and compares with transformers' own forward.
-# ("qwen3_5": Qwen3.5's multimodal class, whose text stack is
-# qwen3_5_text's.)
-DELTANET_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "qwen3_5"}
+RELOADED = {
+    "deepseek_v3",
+    "deepseek_v2",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "olmo_hybrid",
+    "qwen3_5",
+    "kimi_linear",
+}
+# Model types with a Gated DeltaNet (or Kimi Linear's KDA), whose float64
+# port (_gated_deltanet64, _kda64) make_case checks ran and compares with
+# transformers' own forward. ("qwen3_5": Qwen3.5's multimodal class, whose
+# text stack is qwen3_5_text's.)
+DELTANET_TYPES = {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid", "qwen3_5", "kimi_linear"}
 
 
 # Cases whose config.json is rewritten with transformers v4 field names
@@ -1899,8 +1975,9 @@ def _glm4_moe_router64(self, hidden_states):
     return logits, weights * self.routed_scaling_factor, idx
 
 
-# GLM-4.5's router and DeepSeek-V3's, the same (both cast to float32).
-SIGMOID_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter")
+# GLM-4.5's router, DeepSeek-V3's and Kimi Linear's, the same (all cast to
+# float32).
+SIGMOID_ROUTERS = ("Glm4MoeTopkRouter", "DeepseekV3TopkRouter", "KimiLinearTopkRouter")
 # Routers whose choice glm4_moe_route_report checks and reports on.
 REPORTED_ROUTERS = SIGMOID_ROUTERS + ("DeepseekV2TopkRouter",)
 
@@ -2110,6 +2187,10 @@ GATED_DELTANETS = (
     "Qwen3NextGatedDeltaNet",
     "OlmoHybridGatedDeltaNet",
 )
+# Kimi Linear's gated RMSNorm (its gate through a sigmoid) and its Kimi
+# Delta Attention.
+SIGMOID_GATED_NORMS = ("KimiLinearRMSNormGated",)
+KDA_DELTANETS = ("KimiLinearDeltaAttention",)
 MROPES = ("Qwen3_5TextRotaryEmbedding", "Qwen3_5MoeTextRotaryEmbedding")
 # Vision towers' rotary embeddings, which text-only input never reaches
 # (left as they are).
@@ -2124,6 +2205,14 @@ def _gated_rmsnorm64(self, x, gate):
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon)) * F.silu(gate)
 
 
+def _sigmoid_gated_rmsnorm64(self, x, gate):
+    """Kimi Linear's KimiLinearRMSNormGated without its casts to float32:
+    w · x / rms(x) (a plain gain), then times sigmoid(gate)."""
+    assert self.activation == "sigmoid", self.activation
+    var = x.pow(2).mean(-1, keepdim=True)
+    return self.weight * (x * torch.rsqrt(var + self.variance_epsilon)) * torch.sigmoid(gate)
+
+
 def gated_delta_rule64(q, k, v, g, beta):
     """The gated delta rule (transformers' torch_chunk_gated_delta_rule with
     use_qk_l2norm_in_kernel, which casts to float32) in the inputs' float64,
@@ -2132,7 +2221,11 @@ def gated_delta_rule64(q, k, v, g, beta):
     serves Hv / Hk consecutive value heads. q and k l2-normalised (eps 1e-6
     inside the root), q times Dk^-1/2; per value head a state S [Dk, Dv]
     from zeros, at each position t: S = exp(g_t) S; δ = beta_t (v_t - Sᵀ k_t);
-    S = S + k_t δᵀ; o_t = Sᵀ q_t. Returns o [B, L, Hv, Dv]."""
+    S = S + k_t δᵀ; o_t = Sᵀ q_t. Returns o [B, L, Hv, Dv]. Kimi Linear's
+    KDA (its recurrent_kimi_delta_attention / chunk_kimi_delta_attention,
+    which cast to float32 likewise): g [B, L, H, Dk], a decay per key
+    channel, S = diag(exp(g_t)) S (row i of S times exp(g_t[i])), the rest
+    the same (Hk = Hv; its l2norm x / sqrt(Σx² + 1e-6), the same number)."""
     hk, hv = k.shape[2], v.shape[2]
     if hk != hv:
         q = q.repeat_interleave(hv // hk, dim=2)
@@ -2145,7 +2238,9 @@ def gated_delta_rule64(q, k, v, g, beta):
     out = []
     for t in range(l):
         q_t, k_t, v_t = q[:, t], k[:, t], v[:, t]  # [B, H, D]
-        state = state * g[:, t].exp()[..., None, None]
+        decay = g[:, t].exp()
+        # Per head [B, H], or per key channel [B, H, Dk] (KDA's).
+        state = state * (decay[..., None, None] if decay.ndim == 2 else decay[..., None])
         kv_mem = (state * k_t[..., None]).sum(dim=-2)
         delta = (v_t - kv_mem) * beta[:, t, :, None]
         state = state + k_t[..., None] * delta[..., None, :]
@@ -2214,6 +2309,48 @@ def _gated_deltanet64(self, hidden_states, cache=None, attention_mask=None, **kw
     return out_proj(out.reshape(bsz, seq, -1))
 
 
+def _kda64(self, hidden_states, cache=None, attention_mask=None, **kwargs):
+    """Kimi Linear's Kimi Delta Attention (KimiLinearDeltaAttention) over a
+    whole prompt in float64: transformers computes its forget gate from
+    f_b_proj(f_a_proj(x)) and dt_bias cast to float32 (`.float()`), the
+    delta rule in float32 and its gated norm in float32. Separate q_proj,
+    k_proj, v_proj (concatenated for the causal depthwise conv and SiLU);
+    per key channel g = -exp(A_log) softplus(f_b_proj(f_a_proj(x)) +
+    dt_bias) (A_log [1, 1, H, 1], one rate a head; transformers' softplus
+    with its threshold of 20, as F.softplus's); beta = sigmoid(b_proj(x));
+    the delta rule with per-channel decays (gated_delta_rule64); o_norm
+    (sigmoid-gated) times g_b_proj(g_a_proj(x)), o_proj. Counts its runs in
+    `_float64_runs` and keeps its decays exp(g) in `_decays`, as
+    _gated_deltanet64."""
+    if cache is not None:
+        # A fresh prompt: no conv or recurrent state to start from.
+        assert cache.get_conv_state(self.layer_idx) is None and cache.get_recurrent_state(self.layer_idx) is None
+    module = importlib.import_module(type(self).__module__)
+    hidden_states = module.apply_mask_to_padding_states(hidden_states, attention_mask)
+    bsz, seq, _ = hidden_states.shape
+    mixed = torch.cat([self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)], dim=-1)
+    assert self.activation == "silu", self.activation
+    conv = F.conv1d(
+        mixed.transpose(1, 2),
+        self.conv1d.weight,
+        self.conv1d.bias,
+        padding=self.conv_kernel_size - 1,
+        groups=self.conv_dim,
+    )[:, :, :seq]
+    mixed = F.silu(conv).transpose(1, 2)
+    q, k, v = (x.reshape(bsz, seq, -1, self.head_dim) for x in torch.split(mixed, [self.qkv_dim] * 3, dim=-1))
+    fg = self.forget_gate
+    f = fg.f_b_proj(fg.f_a_proj(hidden_states)) + fg.dt_bias.view(1, 1, -1)
+    g = -fg.A_log.exp() * F.softplus(f.view(bsz, seq, -1, self.head_dim))
+    beta = self.b_proj(hidden_states).sigmoid()
+    out = gated_delta_rule64(q, k, v, g, beta)
+    gate = self.g_b_proj(self.g_a_proj(hidden_states)).view(bsz, seq, -1, self.head_dim)
+    out = self.o_norm(out, gate).reshape(bsz, seq, -1)
+    self._float64_runs = getattr(self, "_float64_runs", 0) + 1
+    self._decays = g.detach().exp()
+    return self.o_proj(out)
+
+
 def _mrope64(cfg, dim):
     """Qwen3.5's text rotary embedding in float64. Its position_ids are
     [3, B, L] (temporal, height, width), the frequencies taken from the
@@ -2277,8 +2414,12 @@ def patch_float64(model):
             m.forward = types.MethodType(_gemma_rmsnorm64, m)
         elif name in GATED_NORMS:
             m.forward = types.MethodType(_gated_rmsnorm64, m)
+        elif name in SIGMOID_GATED_NORMS:
+            m.forward = types.MethodType(_sigmoid_gated_rmsnorm64, m)
         elif name in GATED_DELTANETS:
             m.forward = types.MethodType(_gated_deltanet64, m)
+        elif name in KDA_DELTANETS:
+            m.forward = types.MethodType(_kda64, m)
         elif name in ("Gemma2TextScaledWordEmbedding", "Gemma3TextScaledWordEmbedding"):
             # sqrt(hidden) as a float32 model holds it (the buffer takes
             # the dtype the model is built in; a float32 build here,
@@ -2528,6 +2669,58 @@ def write_olmo_hybrid_convs(case_dir: Path, model):
     return shapes
 
 
+def kimi_linear_conv_widths(kda):
+    """Kimi Linear's conv channels over [q | k | v]: heads x head dim each
+    (its q, k and v share the head count and width)."""
+    sizes = [kda.qkv_dim] * 3
+    assert sum(sizes) == kda.conv1d.weight.shape[0], sizes
+    return sizes
+
+
+def write_kimi_linear_checkpoint(case_dir: Path, model):
+    """Checks and rewrites a saved Kimi Linear checkpoint as the Hub's are.
+    transformers (5.24) renames `block_sparse_moe.` to `mlp.` on load and
+    reverses that on save for every block, so its dense blocks' MLPs come
+    out as `block_sparse_moe.{gate,up,down}_proj`, where the Hub's
+    checkpoints (and Moonshot's modeling code: `self.mlp` below
+    first_k_dense_replace, `self.block_sparse_moe` from it) have
+    `mlp.{gate,up,down}_proj`: renamed back here (transformers loads both).
+    Its q / k / v conv tensors, which save writes as equal thirds of the
+    stacked conv, are checked to be the real widths (heads x head dim
+    each, equal here). Every other tensor as transformers wrote it.
+    Returns the renamed tensors' names (old, new) and the conv tensors'
+    shapes by name."""
+    from safetensors import safe_open
+
+    path = case_dir / "model.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    renamed, shapes = [], {}
+    for mname, m in model.named_modules():
+        kind = type(m).__name__
+        if kind == "KimiLinearDeltaAttention":
+            stem = f"{mname}."
+            names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
+            assert all(n in tensors for n in names) and f"{stem}conv1d.weight" not in tensors, mname
+            w = m.conv1d.weight.detach()
+            for n, piece in zip(names, w.split(kimi_linear_conv_widths(m), dim=0)):
+                assert torch.equal(tensors[n], piece), n
+                shapes[n] = list(tensors[n].shape)
+        elif kind == "KimiLinearMLP" and mname.endswith(".mlp"):
+            # A dense block's MLP (not a routed block's shared_experts).
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                old = f"{mname.removesuffix('.mlp')}.block_sparse_moe.{proj}.weight"
+                new = f"{mname}.{proj}.weight"
+                assert old in tensors and new not in tensors, (old, new)
+                assert torch.equal(tensors[old], getattr(m, proj).weight.detach()), old
+                tensors[new] = tensors.pop(old)
+                renamed.append((old, new))
+    assert shapes and renamed, "no Kimi Linear KDA or dense MLP"
+    save_file(tensors, path, metadata=meta)
+    return renamed, shapes
+
+
 def check_mxfp4_load(case_dir: Path, model_cls, model, packed):
     """transformers loads the MXFP4 checkpoint (dequantizing on CPU) into
     exactly the weights the golden ran on."""
@@ -2613,24 +2806,26 @@ def randomize(model, gen):
             if name in zero_centred:
                 # Gains 1 + w around 1 (w as the other cases' 1-D gains less 1).
                 p.copy_(0.2 * r)
-            elif name.endswith("linear_attn.A_log"):
+            elif name.endswith(("linear_attn.A_log", "self_attn.forget_gate.A_log")):
                 # The Gated DeltaNet's decay rate per value head, A = exp(A_log)
-                # in g = -A softplus(a + dt_bias): A uniform in (0.1, 1.5), so
+                # in g = -A softplus(a + dt_bias) (Kimi Linear's KDA: per head,
+                # over each key channel's softplus): A uniform in (0.1, 1.5), so
                 # that the decays exp(g) spread over (0, 1) (make_case prints
                 # their spread), neither all near 1 (A_log as a 1-D gain,
                 # 1 + 0.2 randn, has A near e and most decays near 0) nor 0.
                 u = torch.rand(p.shape, generator=gen, dtype=torch.float32)
                 p.copy_(torch.log(0.1 + 1.4 * u))
-            elif name.endswith("linear_attn.dt_bias"):
-                # Its bias inside the softplus, around 0.
+            elif name.endswith(("linear_attn.dt_bias", "self_attn.forget_gate.dt_bias")):
+                # Its bias inside the softplus, around 0 (KDA's: one a key
+                # channel).
                 p.copy_(r)
-            elif name.endswith("linear_attn.conv1d.weight"):
+            elif name.endswith(("linear_attn.conv1d.weight", "self_attn.conv1d.weight")):
                 # The causal depthwise convolution's taps [C, 1, kernel]: 4
                 # taps times 0.5 randn keep the scale of its input into the
                 # SiLU (0.1 randn would shrink it fivefold into SiLU's
                 # linear part).
                 p.copy_(0.5 * r)
-            elif name.endswith(("linear_attn.norm.weight", "linear_attn.o_norm.weight")):
+            elif name.endswith(("linear_attn.norm.weight", "linear_attn.o_norm.weight", "self_attn.o_norm.weight")):
                 # The gated RMSNorm's gain (plain, not 1 + w): as any 1-D gain.
                 p.copy_(1.0 + 0.2 * r)
             elif name in unnormalised_routers:
@@ -2693,6 +2888,23 @@ def golden_grads(model, cfg, saved_names):
             for n, g in zip(names, p.grad.split(sizes, dim=0)):
                 grads["grad." + n] = g.to(torch.float32).contiguous()
             continue
+        if cfg.model_type == "kimi_linear" and pname.endswith(".self_attn.conv1d.weight"):
+            # Kimi Linear's conv over [q | k | v], which the checkpoint
+            # holds as q_conv1d, k_conv1d and v_conv1d (heads x head dim
+            # each, as saved: write_kimi_linear_checkpoint checks them).
+            stem = pname.removesuffix("conv1d.weight")
+            names = [f"{stem}{x}_conv1d.weight" for x in "qkv"]
+            sizes = kimi_linear_conv_widths(model.get_submodule(pname.removesuffix(".conv1d.weight")))
+            assert pname not in saved_names, pname
+            assert [saved_names[n][0] for n in names] == sizes, (pname, sizes)
+            for n, g in zip(names, p.grad.split(sizes, dim=0)):
+                grads["grad." + n] = g.to(torch.float32).contiguous()
+            continue
+        if cfg.model_type == "kimi_linear":
+            # transformers' renaming on save (its conversion mapping's
+            # WeightRenaming, reversed): the KDA's forget gate's tensors
+            # directly under self_attn (f_a_proj, f_b_proj, dt_bias, A_log).
+            pname = pname.replace(".self_attn.forget_gate.", ".self_attn.")
         if cfg.model_type == "olmo_hybrid":
             # transformers' renaming on save (its conversion mapping's
             # WeightRenaming, reversed): every block's post_attention_layernorm
@@ -2702,6 +2914,11 @@ def golden_grads(model, cfg, saved_names):
             pname = pname.replace(".input_layernorm.", ".attention_layer_norm.")
             pname = pname.replace(".post_attention_layernorm.", ".feedforward_layer_norm.")
         if ".mlp.gate.weight" in pname and pname.replace(".mlp.", ".block_sparse_moe.") in saved_names:
+            pname = pname.replace(".mlp.", ".block_sparse_moe.")
+        elif cfg.model_type == "kimi_linear" and pname not in saved_names and ".mlp." in pname:
+            # A routed block's router and shared expert, saved under
+            # block_sparse_moe (its dense blocks' MLPs stay mlp.: see
+            # write_kimi_linear_checkpoint).
             pname = pname.replace(".mlp.", ".block_sparse_moe.")
         if pname.startswith("model.language_model."):
             # A multimodal model's text stack, under the text model's names.
@@ -2719,6 +2936,8 @@ def golden_grads(model, cfg, saved_names):
         if bname.endswith("e_score_correction_bias"):
             # A checkpoint tensor no gradient reaches: zeros, so that every
             # tensor of the checkpoint has one.
+            if cfg.model_type == "kimi_linear":
+                bname = bname.replace(".mlp.", ".block_sparse_moe.")
             assert bname in saved_names, bname
             grads["grad." + bname] = torch.zeros(b.shape, dtype=torch.float32)
     return grads
@@ -2790,6 +3009,10 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         seen = {(n.rsplit(".", 2)[1], tuple(s)) for n, s in shapes.items()}
         seen = sorted(seen, key=lambda x: "qkv".index(x[0][0]))
         print(f"  {name}: conv tensors rewritten at the real widths: {', '.join(f'{n} {list(s)}' for n, s in seen)}")
+    if cfg.model_type == "kimi_linear":
+        renamed, shapes = write_kimi_linear_checkpoint(case_dir, model)
+        print(f"  {name}: dense MLPs renamed as the Hub has them: {', '.join(f'{a} -> {b}' for a, b in renamed)}")
+        print(f"  {name}: conv tensors at the real widths: {', '.join(f'{n} {s}' for n, s in shapes.items())}")
     if name in MTP_CASES:
         added = add_mtp_tensors(case_dir, cfg.get_text_config().hidden_size, gen)
         print(f"  {name}: added to model.safetensors (transformers ignores them): {', '.join(added)}")
@@ -2829,7 +3052,7 @@ def make_case(out: Path, name, cfg_cls, model_cls, kwargs, seq, store_dtype, see
         watch.__exit__(None, None, None)
         assert not watch.ops, f"{name}: ops outside float64: {sorted(watch.ops)}"
     if cfg.model_type in DELTANET_TYPES:
-        deltanets = [m for m in model.modules() if type(m).__name__ in GATED_DELTANETS]
+        deltanets = [m for m in model.modules() if type(m).__name__ in GATED_DELTANETS + KDA_DELTANETS]
         assert deltanets and all(m._float64_runs == 1 for m in deltanets), f"{name}: the float64 DeltaNet did not run"
         # The ports (float64) agree with transformers' own forward (float32
         # inside) to its rounding.
