@@ -1,7 +1,8 @@
 // The gated delta rule (Qwen3-Next's linear attention), in f32. Per
 // (batch b, value head h) a state S: [Dk, Dv], zero at t = 0; each step
 // S ← exp(g)·S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq. Value head h reads
-// key head h / grp.
+// key head h / grp. Where g is per key channel (gw = Dk, Kimi Linear's KDA)
+// row i of S decays by exp(g[i]); else gw = 1, one decay for all rows.
 //
 // A workgroup owns COLS = 32 columns of one (b, h)'s state (columns evolve
 // independently), held in registers: thread (r, c) = (tid / 8, tid % 8)
@@ -10,6 +11,8 @@
 // partial per row group; the backward's sums over columns (dq, dk) through
 // `rq`/`rk`, one partial per column group, then across column blocks and
 // the value heads of a key head by dr_group_sum: a fixed order, no atomics.
+// A per-channel dg is a sum over columns too: one partial per row and
+// column block (through `rq`, free by then), summed like dk's.
 //
 // The host binds one piece of whole batches (b is the piece's) and runs
 // chunks c0..c1 of C steps per dispatch (a loop budget): the forward
@@ -35,7 +38,7 @@ struct Params {
     scratch_off: u32, parts_off: u32, nbatch: u32, c0: u32,
     c1: u32, gs_n: u32, gs_w: u32, gs_p: u32,
     gs_y: u32, gs_ys: u32, gs_ps: u32, w0: u32,
-    w_len: u32, _p0: u32, _p1: u32, _p2: u32,
+    w_len: u32, gw: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -53,15 +56,18 @@ struct Params {
 // Sᵀk ([C, COLS]) and dS carried between dispatches ([Dk, COLS]).
 @group(0) @binding(9) var<storage, read_write> SCRATCH: array<f32>;
 // The backward's partials of one time window: dq, dk ([B, w_len, Hk,
-// grp·nb, Dk] each), dg, dβ ([B, w_len, Hv, nb] each).
+// grp·nb, Dk] each), dg ([B, w_len, Hv, nb, gw]), dβ ([B, w_len, Hv, nb]).
 @group(0) @binding(10) var<storage, read_write> PARTS: array<f32>;
 @group(0) @binding(11) var<storage, read_write> SUMS: array<f32>;
 
 var<workgroup> k_s: array<f32, 128>;
 var<workgroup> q_s: array<f32, 128>;
+// exp(g) of each row of the state (all equal where gw = 1).
+var<workgroup> a_s: array<f32, 128>;
 // [RG, COLS]: per row group partial sums of each column.
 var<workgroup> red: array<f32, 1024>;
-// [128, CG]: per column group partial sums of each row (dq, dk).
+// [128, CG]: per column group partial sums of each row (dq, dk; rq then
+// the per-channel dα).
 var<workgroup> rq: array<f32, 1024>;
 var<workgroup> rk: array<f32, 1024>;
 // Per column: δ; dout (backward); dδ; the dβ and dα terms.
@@ -91,12 +97,15 @@ fn save_state(s: ptr<function, array<f32, 16>>, b: u32, h: u32, ch: u32, r: u32,
     }
 }
 
-// k_t and q_t of key head kh into workgroup memory.
-fn stage(row: u32, kh: u32, tid: u32) {
+// k_t and q_t of key head kh, and exp(g) of each state row at gate row gi
+// (its one decay, or row i's where g is per channel), into workgroup
+// memory.
+fn stage(row: u32, kh: u32, gi: u32, tid: u32) {
     if tid < p.dk {
         let at = (row * p.hk + kh) * p.dk + tid;
         k_s[tid] = K[p.k_off + at];
         q_s[tid] = Q[p.q_off + at];
+        a_s[tid] = exp(GA[p.g_off + gi * p.gw + tid % p.gw]);
     }
 }
 
@@ -109,15 +118,16 @@ fn column_sum(jl: u32) -> f32 {
     return s;
 }
 
-// s ← α s, and each column's partial of m = sᵀk into `red`.
-fn decay_and_read(s: ptr<function, array<f32, 16>>, alpha: f32, r: u32, c: u32) {
+// s ← α s (row i by a_s[i]), and each column's partial of m = sᵀk into
+// `red`.
+fn decay_and_read(s: ptr<function, array<f32, 16>>, r: u32, c: u32) {
     for (var m = 0u; m < NCOL; m++) {
         var part = 0.0;
         for (var n = 0u; n < NR; n++) {
             let i = r + RG * n;
             if i < p.dk {
                 let e = n * NCOL + m;
-                (*s)[e] *= alpha;
+                (*s)[e] *= a_s[i];
                 part += k_s[i] * (*s)[e];
             }
         }
@@ -165,11 +175,10 @@ fn dr_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         if t % C == 0u {
             save_state(&s, b, h, t / C, r, c, j0);
         }
-        stage(row, kh, tid);
+        stage(row, kh, gi, tid);
         workgroupBarrier();
-        let alpha = exp(GA[p.g_off + gi]);
         let beta = BE[p.beta_off + gi];
-        decay_and_read(&s, alpha, r, c);
+        decay_and_read(&s, r, c);
         workgroupBarrier();
         if tid < COLS {
             delta_of(gi, j0, tid, beta);
@@ -212,12 +221,13 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let base = scratch_base(b, h, jb);
     let m_base = base + C * p.dk * COLS;
     let carry = m_base + C * COLS;
-    // dq, dk partial rows: [nbatch·w_len·Hk, grp·nb, Dk]; dg, dβ:
-    // [nbatch·w_len·Hv, nb], a step's row its offset in the window.
+    // dq, dk partial rows: [nbatch·w_len·Hk, grp·nb, Dk]; dg
+    // [nbatch·w_len·Hv, nb, gw]; dβ [nbatch·w_len·Hv, nb], a step's row
+    // its offset in the window.
     let np = p.grp * p.nb;
     let dk_region = p.nbatch * p.w_len * p.hk * np * p.dk;
     let dg_region = 2u * dk_region;
-    let db_region = dg_region + p.nbatch * p.w_len * p.hv * p.nb;
+    let db_region = dg_region + p.nbatch * p.w_len * p.hv * p.nb * p.gw;
     var s: array<f32, 16>;
     var ds: array<f32, 16>;
     var sp: array<f32, 16>;
@@ -253,9 +263,9 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 }
             }
             workgroupBarrier();
-            stage(row, kh, tid);
+            stage(row, kh, gi, tid);
             workgroupBarrier();
-            decay_and_read(&s, exp(GA[p.g_off + gi]), r, c);
+            decay_and_read(&s, r, c);
             workgroupBarrier();
             if tid < COLS {
                 SCRATCH[m_base + (t - t0) * COLS + tid] = delta_of(gi, j0, tid, BE[p.beta_off + gi]);
@@ -273,10 +283,9 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             let t = tt - 1u;
             let row = b * p.t + t;
             let gi = row * p.hv + h;
-            let alpha = exp(GA[p.g_off + gi]);
             let beta = BE[p.beta_off + gi];
             workgroupBarrier();
-            stage(row, kh, tid);
+            stage(row, kh, gi, tid);
             var vm = 0.0;
             if tid < COLS {
                 let j = j0 + tid;
@@ -296,6 +305,7 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 let i = r + RG * n;
                 var dq = 0.0;
                 if i < p.dk {
+                    let alpha = a_s[i];
                     for (var m = 0u; m < NCOL; m++) {
                         let e = n * NCOL + m;
                         let jl = c + CG * m;
@@ -335,12 +345,16 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                 PARTS[p.parts_off + prow + tid] = x;
             }
             workgroupBarrier();
-            // dm = −β dδ; dk = dS δ + a dm; da = dS + k dmᵀ; dα = Σ s_{t−1}·da; dS ← α da.
+            // dm = −β dδ; dk = dS δ + a dm; da = dS + k dmᵀ; dα = Σ s_{t−1}·da
+            // (over the block, or over each row's columns into `rq` where
+            // the decay is per row); dS ← α da.
             var dalpha = 0.0;
             for (var n = 0u; n < NR; n++) {
                 let i = r + RG * n;
                 var dkp = 0.0;
+                var dar = 0.0;
                 if i < p.dk {
+                    let alpha = a_s[i];
                     for (var m = 0u; m < NCOL; m++) {
                         let e = n * NCOL + m;
                         let jl = c + CG * m;
@@ -348,19 +362,29 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                         dkp += col_d[jl] * ds[e] + alpha * sp[e] * dm;
                         let da = ds[e] + k_s[i] * dm;
                         dalpha += sp[e] * da;
+                        dar += sp[e] * da;
                         ds[e] = alpha * da;
                     }
                     rk[i * CG + c] = dkp;
+                    rq[i * CG + c] = dar;
                 }
             }
             red[tid] = dalpha;
             workgroupBarrier();
+            let wgi = wrow * p.hv + h;
             if tid < p.dk {
                 var x = 0.0;
                 for (var cg = 0u; cg < CG; cg++) {
                     x += rk[tid * CG + cg];
                 }
                 PARTS[p.parts_off + dk_region + prow + tid] = x;
+                if p.gw > 1u {
+                    var y = 0.0;
+                    for (var cg = 0u; cg < CG; cg++) {
+                        y += rq[tid * CG + cg];
+                    }
+                    PARTS[p.parts_off + dg_region + (wgi * p.nb + jb) * p.gw + tid] = a_s[tid] * y;
+                }
             }
             if tid < COLS {
                 var x = 0.0;
@@ -377,8 +401,9 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     da += col_a[q];
                     db += col_b[q];
                 }
-                let wgi = wrow * p.hv + h;
-                PARTS[p.parts_off + dg_region + wgi * p.nb + jb] = alpha * da;
+                if p.gw == 1u {
+                    PARTS[p.parts_off + dg_region + wgi * p.nb + jb] = a_s[0] * da;
+                }
                 PARTS[p.parts_off + db_region + wgi * p.nb + jb] = db;
             }
         }

@@ -1406,6 +1406,19 @@ fn delta_rule_inputs(seed: u64, [b, t, hk, hv, dk, dv]: [usize; 6]) -> [HostTens
     ]
 }
 
+/// [`delta_rule_inputs`] with g per key channel, `[B, T, Hv, Dk]` (Kimi
+/// Linear's KDA), each channel's decay its own negated softplus.
+fn kda_inputs(seed: u64, dims @ [b, t, _, hv, dk, _]: [usize; 6]) -> [HostTensor; 6] {
+    let mut x = delta_rule_inputs(seed, dims);
+    let g = rand_host(seed + 6, &[b, t, hv, dk])
+        .to_f32_vec()
+        .into_iter()
+        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
+        .collect();
+    x[3] = HostTensor::from_f32(Shape::new([b, t, hv, dk]), g).unwrap();
+    x
+}
+
 /// GPU executors for the delta rule: the plain one, and one whose 2 MiB
 /// bindings hold one batch of the larger cases (a batch's backward scratch
 /// must fit one) and whose loop budget runs one chunk a dispatch (the
@@ -1445,7 +1458,6 @@ fn gated_delta_rule_matches_cpu() {
         )),
         "delta_rule.wgsl's chunk is DELTA_RULE_CHUNK"
     );
-    let c = cpu();
     let gpus = delta_rule_gpus();
     for (i, dims) in [
         [3, 37, 2, 4, 24, 40],
@@ -1457,29 +1469,62 @@ fn gated_delta_rule_matches_cpu() {
     .into_iter()
     .enumerate()
     {
-        let x = delta_rule_inputs(1000 + 10 * i as u64, dims);
-        let cx = x.each_ref().map(|h| cpu_up!(c, h));
-        let fw = c
-            .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        delta_rule_matches(&gpus, dims, &delta_rule_inputs(1000 + 10 * i as u64, dims));
+    }
+}
+
+/// The same with a decay per key channel (g `[B, T, Hv, Dk]`, Kimi
+/// Linear's KDA), dg of g's shape: GQA 4/2 at Dk = 24, Dv = 40, T = 1, T
+/// past two chunks, Dk = 128 (a decay per thread of the staging), Dk ≠ Dv
+/// both ways, Hk = Hv; and T = 1050 at Dk = 120, whose per-channel dg
+/// partials (361 a step, 184,832 bytes a chunk for both batches) cut the
+/// 2 MiB executor's windows to 11 chunks: 704 steps then 346.
+#[test]
+fn gated_delta_rule_per_channel_decay_matches_cpu() {
+    let gpus = delta_rule_gpus();
+    for (i, dims) in [
+        [3, 37, 2, 4, 24, 40],
+        [3, 1, 2, 2, 24, 40],
+        [2, 150, 1, 2, 16, 8],
+        [1, 70, 1, 1, 128, 32],
+        [2, 45, 3, 3, 40, 7],
+        [2, 1050, 1, 1, 120, 32],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        delta_rule_matches(&gpus, dims, &kda_inputs(1100 + 10 * i as u64, dims));
+    }
+}
+
+/// Forward, checkpoints and all five gradients of `x` on each of `gpus`
+/// against the CPU reference (relative error 1e-4).
+fn delta_rule_matches(gpus: &[GpuExecutor], dims: [usize; 6], x: &[HostTensor; 6]) {
+    let c = cpu();
+    let cx = x.each_ref().map(|h| cpu_up!(c, h));
+    let fw = c
+        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        .unwrap();
+    let gr = c
+        .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &fw, &cx[5])
+        .unwrap();
+    let want = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta].map(|t| down_cpu(&c, t));
+    for g in gpus {
+        let gx = x.each_ref().map(|h| up(g, h));
+        let fw = g
+            .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
             .unwrap();
-        let gr = c
-            .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &fw, &cx[5])
+        let gr = g
+            .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
             .unwrap();
-        let want = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta].map(|t| down_cpu(&c, t));
-        for g in &gpus {
-            let gx = x.each_ref().map(|h| up(g, h));
-            let fw = g
-                .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
-                .unwrap();
-            let gr = g
-                .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
-                .unwrap();
-            let names = ["out", "saved", "dq", "dk", "dv", "dg", "dbeta"];
-            let got = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
-            for ((name, t), w) in names.into_iter().zip(got).zip(&want) {
-                let what = format!("gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}");
-                assert_close(&what, &down(g, t), w, 1e-4);
-            }
+        let names = ["out", "saved", "dq", "dk", "dv", "dg", "dbeta"];
+        let got = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
+        for ((name, t), w) in names.into_iter().zip(got).zip(&want) {
+            let what = format!(
+                "gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}, g {}",
+                x[3].shape()
+            );
+            assert_close(&what, &down(g, t), w, 1e-4);
         }
     }
 }
@@ -1622,6 +1667,21 @@ fn gated_delta_rule_refuses_bad_shapes() {
         e.contains("gated_delta_rule_backward") && e.contains("dout [1, 3, 4]"),
         "{e}"
     );
+    let e = g
+        .gated_delta_rule(
+            &gx[0],
+            &gx[1],
+            &gx[2],
+            &up(g, &rand_host(10, &[1, 3, 4, 7])),
+            &gx[4],
+        )
+        .expect_err("g of 7 channels where Dk = 8")
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule")
+            && e.contains("g must be [1, 3, 4] (a decay per value head) or [1, 3, 4, 8]"),
+        "{e}"
+    );
     let wide = up(g, &rand_host(9, &[1, 3, 2, 130]));
     let e = g
         .gated_delta_rule(&wide, &wide, &gx[2], &gx[3], &gx[4])
@@ -1633,7 +1693,11 @@ fn gated_delta_rule_refuses_bad_shapes() {
 /// Runs the delta rule both ways on `g` and the CPU and compares out, dq,
 /// dk, dv, dg and dβ (relative error 1e-4).
 fn delta_rule_against_cpu(g: &GpuExecutor, seed: u64, dims: [usize; 6]) {
-    let x = delta_rule_inputs(seed, dims);
+    delta_rule_inputs_against_cpu(g, dims, delta_rule_inputs(seed, dims));
+}
+
+/// [`delta_rule_against_cpu`] on the given inputs.
+fn delta_rule_inputs_against_cpu(g: &GpuExecutor, dims: [usize; 6], x: [HostTensor; 6]) {
     let gx = x.each_ref().map(|h| up(g, h));
     let fw = g
         .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
@@ -1658,7 +1722,10 @@ fn delta_rule_against_cpu(g: &GpuExecutor, seed: u64, dims: [usize; 6]) {
         ("dbeta", &gr.dbeta, &cg.dbeta),
     ] {
         assert_close(
-            &format!("gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}"),
+            &format!(
+                "gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}, g {}",
+                x[3].shape()
+            ),
             &down(g, got),
             &down_cpu(&c, want),
             1e-4,
@@ -1672,7 +1739,9 @@ fn delta_rule_against_cpu(g: &GpuExecutor, seed: u64, dims: [usize; 6]) {
 /// refused before) runs in windows of 28 chunks, the most under 128 KiB
 /// less the alignment (129,024 bytes; 29 would take 133,632): 1792 steps
 /// and then 208, so a window boundary inside the sequence, not dividing
-/// it. All five gradients match the CPU.
+/// it. All five gradients match the CPU. With a decay per key channel, 25
+/// partials a step (6400 bytes a chunk) make windows of 20 chunks: 1280
+/// steps and then 720.
 #[test]
 fn gated_delta_rule_backward_runs_in_time_windows() {
     let Some(ctx) = ctx() else { return };
@@ -1685,6 +1754,8 @@ fn gated_delta_rule_backward_runs_in_time_windows() {
         },
     );
     delta_rule_against_cpu(&g, 11, [1, 2000, 1, 1, 8, 8]);
+    let dims = [1, 2000, 1, 1, 8, 8];
+    delta_rule_inputs_against_cpu(&g, dims, kda_inputs(12, dims));
 }
 
 /// A sequence whose saved states outgrow one storage binding is refused,

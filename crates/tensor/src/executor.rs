@@ -650,13 +650,17 @@ pub trait Executor {
     /// The gated delta rule, the linear attention of Qwen3-Next and
     /// Qwen3.5 (transformers' `torch_recurrent_gated_delta_rule` without its
     /// l2 norm and query scaling: the caller passes q normalised and scaled,
-    /// k normalised). q, k: `[B, T, Hk, Dk]`; v: `[B, T, Hv, Dv]`; g, beta:
+    /// k normalised). q, k: `[B, T, Hk, Dk]`; v: `[B, T, Hv, Dv]`; beta:
     /// `[B, T, Hv]`, Hv a multiple of Hk, value head h reading key head
     /// h / (Hv / Hk). Per (b, h) a state `S: [Dk, Dv]`, zero at t = 0, and
     /// for each step: `S ← exp(g)·S; δ = β(v − Sᵀk); S ← S + k δᵀ;
-    /// o = Sᵀq`. Returns out `[B, T, Hv, Dv]` and the checkpointed states
-    /// the backward replays ([`DeltaRuleOut::saved`]). Computed in f32 (or
-    /// the executor's float) whatever the compute precision: the recurrence
+    /// o = Sᵀq`. g is one decay per value head and step, `[B, T, Hv]`, or
+    /// one per key channel, `[B, T, Hv, Dk]` (Kimi Linear's KDA,
+    /// transformers' `recurrent_kimi_delta_attention`, which has Hk = Hv):
+    /// then row i of S decays on its own, `S[i, :] ← exp(g[i])·S[i, :]`.
+    /// Returns out `[B, T, Hv, Dv]` and the checkpointed states the
+    /// backward replays ([`DeltaRuleOut::saved`]). Computed in f32 (or the
+    /// executor's float) whatever the compute precision: the recurrence
     /// compounds every rounding over the whole sequence.
     fn gated_delta_rule(
         &self,
@@ -669,7 +673,10 @@ pub trait Executor {
     /// Backward of [`gated_delta_rule`](Self::gated_delta_rule) from its
     /// `fwd` and `dout`: each chunk's states recomputed from its checkpoint,
     /// then walked in reverse. dq and dk are summed over the value heads
-    /// that share their key head.
+    /// that share their key head; dg has g's shape: with `A = S_{t−1}` and
+    /// dA the gradient of the decayed state `exp(g)·A`, a per-head
+    /// `dg_t = exp(g_t)·Σ_ij A[i, j]·dA[i, j]`, a per-channel
+    /// `dg_t[i] = exp(g_t[i])·Σ_j A[i, j]·dA[i, j]`.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule_backward(
         &self,

@@ -465,9 +465,18 @@ pub struct DeltaRuleDims {
     pub hv: usize,
     pub dk: usize,
     pub dv: usize,
+    /// g is `[B, T, Hv, Dk]`, a decay per key channel (Kimi Linear's KDA),
+    /// not `[B, T, Hv]`, one per head and step (Qwen3-Next's).
+    pub channel_decay: bool,
 }
 
 impl DeltaRuleDims {
+    /// Decays a step of each value head: Dk where they are per channel,
+    /// else 1.
+    pub fn decays(self) -> usize {
+        if self.channel_decay { self.dk } else { 1 }
+    }
+
     /// Value heads per key head: value head `h` reads key head `h / group`.
     pub fn group(self) -> usize {
         self.hv / self.hk
@@ -517,15 +526,32 @@ pub fn delta_rule_dims(
             ),
         ));
     }
-    for (name, s) in [("g", g), ("beta", beta)] {
-        if s.dims() != [b, t, hv] {
-            return Err(Error::shape(
-                op,
-                format!("{}: {name} must be [{b}, {t}, {hv}]", all()),
-            ));
-        }
+    let channel_decay = g.dims() == [b, t, hv, dk];
+    if !channel_decay && g.dims() != [b, t, hv] {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{}: g must be [{b}, {t}, {hv}] (a decay per value head) or [{b}, {t}, {hv}, {dk}] (per key \
+                 channel)",
+                all()
+            ),
+        ));
     }
-    let dims = DeltaRuleDims { b, t, hk, hv, dk, dv };
+    if beta.dims() != [b, t, hv] {
+        return Err(Error::shape(
+            op,
+            format!("{}: beta must be [{b}, {t}, {hv}]", all()),
+        ));
+    }
+    let dims = DeltaRuleDims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        channel_decay,
+    };
     if let Some([out, saved, dout]) = bwd {
         if out != v {
             return Err(Error::shape(op, format!("fwd.out {out} must have v's shape {v}")));

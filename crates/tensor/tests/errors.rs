@@ -390,6 +390,42 @@ fn gated_delta_rule_errors() {
     assert!(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &ok, &v).is_ok());
 }
 
+/// g is `[B, T, Hv]` or, a decay per key channel, `[B, T, Hv, Dk]`; any
+/// other shape is refused naming both, and dg takes g's shape.
+#[test]
+fn gated_delta_rule_refuses_other_decay_shapes() {
+    let op = "gated_delta_rule";
+    let (q, v, beta) = (r(1, &[2, 3, 2, 4]), r(2, &[2, 3, 4, 5]), r(3, &[2, 3, 4]));
+    let g = r(5, &[2, 3, 4, 4]);
+    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &beta).unwrap();
+    let gr = EX
+        .gated_delta_rule_backward(&q, &q, &v, &g, &beta, &ok, &v)
+        .unwrap();
+    assert_eq!(megatrain_tensor::TensorHandle::dims(&gr.dg), [2, 3, 4, 4]);
+    for bad in [
+        &[2, 3, 4, 5][..],
+        &[2, 3, 2, 4],
+        &[2, 3, 4, 4, 1],
+        &[2, 3, 16],
+        &[2, 3, 4, 1],
+    ] {
+        let g = r(6, bad);
+        let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &beta), op);
+        assert!(
+            msg.contains("g must be [2, 3, 4] (a decay per value head) or [2, 3, 4, 4] (per key channel)"),
+            "{msg}"
+        );
+        let msg = shape_err(
+            EX.gated_delta_rule_backward(&q, &q, &v, &g, &beta, &ok, &v),
+            "gated_delta_rule_backward",
+        );
+        assert!(msg.contains("or [2, 3, 4, 4]"), "{msg}");
+    }
+    // beta stays one per value head and step.
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &g), op);
+    assert!(msg.contains("beta must be [2, 3, 4]"), "{msg}");
+}
+
 #[test]
 fn causal_conv1d_silu_errors() {
     let op = "causal_conv1d_silu";

@@ -581,6 +581,80 @@ fn gated_delta_rule_is_transformers_recurrence() {
     assert!(rel_norm_err(fw.saved.data(), &saved) < 1e-6);
 }
 
+/// transformers' `recurrent_kimi_delta_attention` (Kimi Linear's KDA,
+/// without its l2 norm; its query scale 1/√Dk applied to q before the op)
+/// transcribed in f64: g `[B, T, H, Dk]` decays row i of each head's state
+/// by `exp(g[i])`, Hk = Hv. The f32 executor's output, and its checkpoints
+/// against the states the transcription passes at every chunk start.
+#[test]
+fn gated_delta_rule_per_channel_decay_is_transformers_kda() {
+    let (b, t, h, dk, dv) = (2, 70, 3, 5, 3);
+    let chunk = megatrain_tensor::DELTA_RULE_CHUNK;
+    let q = EX.upload(&random_tensor(81, [b, t, h, dk])).unwrap();
+    // As above, |k|² ≤ 0.8 and β < 0.9; the decays in (e^−1.5, e^−0.5).
+    let k = EX
+        .scale(&EX.upload(&random_tensor(82, [b, t, h, dk])).unwrap(), 0.4)
+        .unwrap();
+    let v = EX.upload(&random_tensor(83, [b, t, h, dv])).unwrap();
+    let g = EX.upload(&random_tensor(84, [b, t, h, dk])).unwrap();
+    let beta = EX.upload(&random_tensor(85, [b, t, h])).unwrap();
+    let g = EX.add_scalar(&EX.scale(&g, 0.5).unwrap(), -1.0).unwrap();
+    let beta = EX.add_scalar(&EX.scale(&beta, 0.4).unwrap(), 0.5).unwrap();
+    let scale = 1.0 / (dk as f64).sqrt();
+    let qs = EX.scale(&q, scale).unwrap();
+    let fw = EX.gated_delta_rule(&qs, &k, &v, &g, &beta).unwrap();
+    let f = |x: &CpuTensor<f32>, i: usize| x.data()[i] as f64;
+    let nc = t.div_ceil(chunk);
+    let (mut want, mut saved) = (vec![0.0f32; b * t * h * dv], vec![0.0f32; b * h * nc * dk * dv]);
+    // last_recurrent_state [B, H, Dk, Dv], zero.
+    let mut state = vec![0.0f64; b * h * dk * dv];
+    let st = |bi: usize, hi: usize, i: usize, j: usize| ((bi * h + hi) * dk + i) * dv + j;
+    for i in 0..t {
+        if i % chunk == 0 {
+            for (e, &s) in state.iter().enumerate() {
+                let (bh, ij) = (e / (dk * dv), e % (dk * dv));
+                saved[(bh * nc + i / chunk) * dk * dv + ij] = s as f32;
+            }
+        }
+        for (bi, hi) in (0..b).flat_map(|bi| (0..h).map(move |hi| (bi, hi))) {
+            let at = (bi * t + i) * h + hi;
+            // q_i = query[:, i] · scale; k_i; v_i; g_i = g[:, i][..., None].exp(); b_i.
+            let q_i = |x| f(&q, at * dk + x) * scale;
+            let k_i = |x| f(&k, at * dk + x);
+            let v_i = |y| f(&v, at * dv + y);
+            let g_i = |x| f(&g, at * dk + x).exp();
+            let b_i = f(&beta, at);
+            // last_recurrent_state = last_recurrent_state * g_i
+            for x in 0..dk {
+                for y in 0..dv {
+                    state[st(bi, hi, x, y)] *= g_i(x);
+                }
+            }
+            // kv_mem = (last_recurrent_state * k_i[..., None]).sum(dim=-2)
+            let kv_mem: Vec<f64> = (0..dv)
+                .map(|y| (0..dk).map(|x| state[st(bi, hi, x, y)] * k_i(x)).sum())
+                .collect();
+            // delta = (v_i - kv_mem) * b_i
+            let delta: Vec<f64> = (0..dv).map(|y| (v_i(y) - kv_mem[y]) * b_i).collect();
+            // last_recurrent_state += k_i.unsqueeze(-1) * delta.unsqueeze(-2)
+            for x in 0..dk {
+                for y in 0..dv {
+                    state[st(bi, hi, x, y)] += k_i(x) * delta[y];
+                }
+            }
+            // core_attn_out[:, i] = (last_recurrent_state * q_i.unsqueeze(-1)).sum(dim=-2)
+            for y in 0..dv {
+                want[at * dv + y] = (0..dk).map(|x| state[st(bi, hi, x, y)] * q_i(x)).sum::<f64>() as f32;
+            }
+        }
+    }
+    assert_eq!(fw.saved.dims(), [b, h, nc, dk, dv]);
+    let err = rel_norm_err(fw.out.data(), &want);
+    assert!(err < 1e-6, "{err}");
+    let err = rel_norm_err(fw.saved.data(), &saved);
+    assert!(err < 1e-6, "{err}");
+}
+
 /// The short convolution against its definition written out with an
 /// explicit left padding of K − 1 zeros per sequence (HF's `Conv1d`
 /// with `padding = K − 1`, cut to the first T outputs), in f64.

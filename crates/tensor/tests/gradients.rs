@@ -582,6 +582,17 @@ fn delta_rule_inputs(seed: u64, [b, tt, hk, hv, dk, dv]: [usize; 6]) -> [T; 5] {
     ]
 }
 
+/// [`delta_rule_inputs`] with g per key channel, `[B, T, Hv, Dk]` (Kimi
+/// Linear's KDA, whose gate is a negated softplus per channel too).
+fn kda_inputs(seed: u64, dims @ [b, tt, _, hv, dk, _]: [usize; 6]) -> [T; 5] {
+    let [q, k, v, _, beta] = delta_rule_inputs(seed, dims);
+    let g: Vec<f64> = random_f64(seed + 6, b * tt * hv * dk)
+        .iter()
+        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
+        .collect();
+    [q, k, v, t(&[b, tt, hv, dk], &g), beta]
+}
+
 /// All five gradients of the gated delta rule against finite differences:
 /// GQA (two value heads a key head) across a chunk boundary at a length
 /// no multiple of the chunk, a single step, one head, Dk ≠ Dv.
@@ -592,26 +603,81 @@ fn gated_delta_rule_backward() {
         (100, [2, 1, 2, 4, 4, 3]),
         (110, [2, 5, 1, 1, 2, 3]),
     ] {
-        let x = delta_rule_inputs(seed, dims);
-        let fwd = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
-        let cot = rand_t(seed + 5, fwd.out.dims());
-        let gr = EX
-            .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fwd, &cot)
-            .unwrap();
-        let grads = [&gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
-        for (gd, xi) in grads.iter().zip(&x) {
-            assert_eq!(gd.shape(), xi.shape());
-        }
-        grad_check(
-            &format!("gated_delta_rule [b, t, hk, hv, dk, dv] = {dims:?}"),
-            &x,
-            &grads.map(|g| g.data()),
-            |i| {
-                let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
-                dot(o.out.data(), cot.data())
-            },
-        );
+        delta_rule_grad_check(seed, dims, delta_rule_inputs(seed, dims));
     }
+}
+
+/// The same with a decay per key channel (g `[B, T, Hv, Dk]`, Kimi
+/// Linear's KDA), dg of g's shape: GQA across a chunk boundary (Kimi has
+/// Hk = Hv, the op does not ask it), a single step, Dk ≠ Dv both ways.
+#[test]
+fn gated_delta_rule_backward_per_channel_decay() {
+    for (seed, dims) in [
+        (120, [1, 70, 1, 2, 3, 2]),
+        (130, [2, 1, 2, 4, 4, 3]),
+        (140, [2, 5, 1, 1, 2, 3]),
+        (150, [1, 6, 2, 2, 3, 1]),
+    ] {
+        delta_rule_grad_check(seed, dims, kda_inputs(seed, dims));
+    }
+}
+
+/// Per-channel decays that all equal their head's decay are that decay:
+/// the same output and checkpoints bit for bit, and dg summed over the
+/// channels is the per-head dg.
+#[test]
+fn gated_delta_rule_equal_channel_decays_are_the_head_decay() {
+    let dims @ [b, tt, _, hv, dk, _] = [2, 70, 1, 2, 3, 2];
+    let x = delta_rule_inputs(160, dims);
+    let spread: Vec<f64> = x[3].data().iter().flat_map(|&g| [g; 3]).collect();
+    assert_eq!(dk, 3);
+    let g = t(&[b, tt, hv, dk], &spread);
+    let cot = rand_t(165, &[b, tt, hv, 2]);
+    let one = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+    let per = EX.gated_delta_rule(&x[0], &x[1], &x[2], &g, &x[4]).unwrap();
+    assert_eq!(one.out.data(), per.out.data());
+    assert_eq!(one.saved.data(), per.saved.data());
+    let go = EX
+        .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &one, &cot)
+        .unwrap();
+    let gp = EX
+        .gated_delta_rule_backward(&x[0], &x[1], &x[2], &g, &x[4], &per, &cot)
+        .unwrap();
+    assert_eq!(gp.dg.dims(), [b, tt, hv, dk]);
+    for (a, b) in [
+        (&go.dq, &gp.dq),
+        (&go.dk, &gp.dk),
+        (&go.dv, &gp.dv),
+        (&go.dbeta, &gp.dbeta),
+    ] {
+        assert!(rel_norm_err(a.data(), b.data()) < 1e-12);
+    }
+    let summed: Vec<f64> = gp.dg.data().chunks(dk).map(|c| c.iter().sum()).collect();
+    assert!(rel_norm_err(go.dg.data(), &summed) < 1e-12);
+}
+
+fn delta_rule_grad_check(seed: u64, dims: [usize; 6], x: [T; 5]) {
+    let fwd = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+    let cot = rand_t(seed + 5, fwd.out.dims());
+    let gr = EX
+        .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fwd, &cot)
+        .unwrap();
+    let grads = [&gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
+    for (gd, xi) in grads.iter().zip(&x) {
+        assert_eq!(gd.shape(), xi.shape());
+    }
+    grad_check(
+        &format!(
+            "gated_delta_rule [b, t, hk, hv, dk, dv] = {dims:?}, g {}",
+            x[3].shape()
+        ),
+        &x,
+        &grads.map(|g| g.data()),
+        |i| {
+            let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
+            dot(o.out.data(), cot.data())
+        },
+    );
 }
 
 /// The short convolution at the Qwen3-Next width of K = 4 with T above,

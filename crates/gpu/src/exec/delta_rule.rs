@@ -1,4 +1,5 @@
-//! The gated delta rule (Qwen3-Next's linear attention) on delta_rule.wgsl's
+//! The gated delta rule (Qwen3-Next's linear attention, and Kimi Linear's
+//! KDA where g decays each key channel on its own) on delta_rule.wgsl's
 //! SIMT kernels, in f32 whatever the compute precision: the recurrence
 //! carries every rounding through the whole sequence.
 //!
@@ -13,15 +14,17 @@
 //! - the backward's scratch, `4·Hv·NB·32·(C·Dk + C + Dk)` bytes a batch of
 //!   a piece (the replayed chunk's states, its Sᵀk and the dS handed
 //!   between dispatches: 131 MiB at Hv = 32, Dk = Dv = 128), and its
-//!   partials, `4·W·Hv·NB·(2·Dk + 2)` bytes a batch for a time window of W
-//!   steps (dq and dk per value head and column block before their sums,
-//!   dg and dβ per column block: 130 KiB a step at those heads). The
-//!   backward walks the sequence last window to first, summing each
-//!   window's partials into its rows of dq, dk, dg and dβ before the next,
-//!   so they no longer grow with T: W is the most whole chunks whose
-//!   partials for a piece's batches fit one binding (at most T; about 2000
-//!   steps for 8 batches at those heads on NVIDIA), and one chunk's take a
-//!   sixteenth of the scratch, so they fit wherever it does.
+//!   partials, `4·W·Hv·NB·(2·Dk + G + 1)` bytes a batch for a time window
+//!   of W steps, G = 1 for a decay per head, Dk per key channel (dq and dk
+//!   per value head and column block before their sums, dg per column
+//!   block and decay, dβ per column block: 130 KiB a step at those heads,
+//!   193 KiB per channel). The backward walks the sequence last window to
+//!   first, summing each window's partials into its rows of dq, dk, dg and
+//!   dβ before the next, so they no longer grow with T: W is the most
+//!   whole chunks whose partials for a piece's batches fit one binding (at
+//!   most T; about 2000 steps for 8 batches at those heads on NVIDIA, 1344
+//!   per channel), and one chunk's take at most a sixteenth of the scratch
+//!   (a tenth per channel), so they fit wherever it does.
 //!
 //! Whole batches are bound at a time, as many as every binding holds; a
 //! batch whose q/k, v, gates, saved states or scratch outgrow one binding
@@ -46,15 +49,16 @@ const MAX_DK: usize = 128;
 const STEP_LOOPS: usize = 400;
 
 /// Elements one batch takes in each kind of binding: q/k, v/out/dout,
-/// g/beta, saved, the backward's scratch, and its partials of the
-/// shortest window (one chunk, or the sequence where shorter): pieces hold
-/// at least that, and [`GpuExecutor::delta_rule_window`] widens it.
+/// g (beta its first `T·Hv` where g is per channel), saved, the backward's
+/// scratch, and its partials of the shortest window (one chunk, or the
+/// sequence where shorter): pieces hold at least that, and
+/// [`GpuExecutor::delta_rule_window`] widens it.
 fn per_batch(d: DeltaRuleDims) -> [usize; 6] {
     let nb = d.dv.div_ceil(COLS);
     [
         d.t * d.hk * d.dk,
         d.t * d.hv * d.dv,
-        d.t * d.hv,
+        d.t * d.hv * d.decays(),
         d.hv * d.chunks() * d.dk * d.dv,
         d.hv * nb * COLS * (DELTA_RULE_CHUNK * d.dk + DELTA_RULE_CHUNK + d.dk),
         d.t.min(DELTA_RULE_CHUNK) * step_parts(d),
@@ -62,10 +66,10 @@ fn per_batch(d: DeltaRuleDims) -> [usize; 6] {
 }
 
 /// The backward's partials of one step of one batch: dq and dk
-/// `[Hk, grp·NB, Dk]` each, dg and dβ `[Hv, NB]` each.
+/// `[Hk, grp·NB, Dk]` each, dg `[Hv, NB, decays]`, dβ `[Hv, NB]`.
 fn step_parts(d: DeltaRuleDims) -> usize {
     let nb = d.dv.div_ceil(COLS);
-    2 * d.hk * d.group() * nb * d.dk + 2 * d.hv * nb
+    2 * d.hk * d.group() * nb * d.dk + d.hv * nb * (d.decays() + 1)
 }
 
 impl GpuExecutor {
@@ -172,6 +176,7 @@ impl GpuExecutor {
             return Ok(DeltaRuleOut { out, saved });
         }
         let [nq, nv, ng, ns, _, _] = per_batch(d);
+        let nbeta = d.t * d.hv;
         let mut op = self.op(OP);
         for (b0, nb) in self.delta_rule_pieces(d)? {
             let views = [
@@ -179,7 +184,7 @@ impl GpuExecutor {
                 self.view(k, b0 * nq, nb * nq)?,
                 self.view(v, b0 * nv, nb * nv)?,
                 self.view(g, b0 * ng, nb * ng)?,
-                self.view(beta, b0 * ng, nb * ng)?,
+                self.view(beta, b0 * nbeta, nb * nbeta)?,
                 self.view(&out, b0 * nv, nb * nv)?,
                 self.view(&saved, b0 * ns, nb * ns)?,
             ];
@@ -227,6 +232,7 @@ impl GpuExecutor {
             return Ok(grads);
         }
         let [nq, nv, ng, ns, nscratch, _] = per_batch(d);
+        let nbeta = d.t * d.hv;
         let pieces = self.delta_rule_pieces(d)?;
         let most = pieces.iter().map(|p| p.1).max().unwrap_or(0);
         let w = self.delta_rule_window(d, most);
@@ -240,7 +246,7 @@ impl GpuExecutor {
                 self.view(k, b0 * nq, nb * nq)?,
                 self.view(v, b0 * nv, nb * nv)?,
                 self.view(g, b0 * ng, nb * ng)?,
-                self.view(beta, b0 * ng, nb * ng)?,
+                self.view(beta, b0 * nbeta, nb * nbeta)?,
                 self.view(&grads.dv, b0 * nv, nb * nv)?,
                 self.view(&fwd.saved, b0 * ns, nb * ns)?,
                 self.view(dout, b0 * nv, nb * nv)?,
@@ -263,13 +269,19 @@ impl GpuExecutor {
                 // which lie T rows apart. Per kind: elements a step, the
                 // width of a row and its partials.
                 let key = (d.hk * d.dk, d.dk, d.group() * cols);
-                let gate = (d.hv, 1, cols);
+                let gate = (d.hv * d.decays(), d.decays(), cols);
+                let beta = (d.hv, 1, cols);
                 let region = nb * w * key.0 * key.2;
                 let sums = [
                     (&grads.dq, b0 * nq, 0, key),
                     (&grads.dk, b0 * nq, region, key),
                     (&grads.dg, b0 * ng, 2 * region, gate),
-                    (&grads.dbeta, b0 * ng, 2 * region + nb * w * gate.0 * gate.2, gate),
+                    (
+                        &grads.dbeta,
+                        b0 * nbeta,
+                        2 * region + nb * w * gate.0 * gate.2,
+                        beta,
+                    ),
                 ];
                 for (y, y0, at, (step, width, np)) in sums {
                     // A batch's window, and its batch strides in y and in
@@ -297,7 +309,8 @@ impl GpuExecutor {
 /// delta_rule.wgsl's `Params`: the sizes, the element offsets of the bound
 /// q, k, v, g, beta, out (or dv), saved and dout, then those of the
 /// scratch and partials, the chunk range, dr_group_sum's `(n, w, p, y_off,
-/// y_stride, parts_stride)` and the backward's time window `(t0, w)`.
+/// y_stride, parts_stride)`, the backward's time window `(t0, w)` and the
+/// decays a step and head (`gw`: 1, or Dk per key channel).
 fn params(
     d: DeltaRuleDims,
     nbatch: usize,
@@ -338,7 +351,7 @@ fn params(
         gs[5],
         u(w0),
         u(w),
-        0,
+        u(d.decays()),
         0,
         0,
     ]

@@ -1,6 +1,9 @@
 //! The gated delta rule (Qwen3-Next's linear attention), one step at a time
 //! as transformers' `torch_recurrent_gated_delta_rule` writes it, on the
-//! whole `[Dk, Dv]` state of each (batch, value head).
+//! whole `[Dk, Dv]` state of each (batch, value head); with a decay per key
+//! channel where g is `[B, T, Hv, Dk]` (Kimi Linear's KDA, transformers'
+//! `recurrent_kimi_delta_attention`): row i of the state decays by
+//! `exp(g[i])`.
 //!
 //! The backward never inverts the recurrence (`1 − β‖k‖²` may be ~0 and
 //! `exp(g)` tiny): it replays each chunk of [`DELTA_RULE_CHUNK`] steps from
@@ -12,7 +15,8 @@ use crate::cpu::Real;
 use crate::{DELTA_RULE_CHUNK, DeltaRuleDims};
 
 /// The operands, row-major: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`,
-/// g, beta `[B, T, Hv]`.
+/// g `[B, T, Hv]` or `[B, T, Hv, Dk]` ([`DeltaRuleDims::decays`] a step and
+/// head), beta `[B, T, Hv]`.
 #[derive(Clone, Copy)]
 pub struct DeltaRuleIn<'a, F> {
     pub q: &'a [F],
@@ -27,8 +31,16 @@ struct Step<'a, F> {
     q: &'a [F],
     k: &'a [F],
     v: &'a [F],
-    alpha: F,
+    /// `exp(g)`: one for every row of the state, or one a row (key channel).
+    alpha: Vec<F>,
     beta: F,
+}
+
+impl<F: Real> Step<'_, F> {
+    /// The decay of state row `i`.
+    fn alpha(&self, i: usize) -> F {
+        self.alpha[i % self.alpha.len()]
+    }
 }
 
 impl<'a, F: Real> DeltaRuleIn<'a, F> {
@@ -37,7 +49,7 @@ impl<'a, F: Real> DeltaRuleIn<'a, F> {
         assert_eq!(self.q.len(), bt * d.hk * d.dk, "{what}");
         assert_eq!(self.k.len(), bt * d.hk * d.dk, "{what}");
         assert_eq!(self.v.len(), bt * d.hv * d.dv, "{what}");
-        assert_eq!(self.g.len(), bt * d.hv, "{what}");
+        assert_eq!(self.g.len(), bt * d.hv * d.decays(), "{what}");
         assert_eq!(self.beta.len(), bt * d.hv, "{what}");
     }
 
@@ -45,20 +57,26 @@ impl<'a, F: Real> DeltaRuleIn<'a, F> {
         let row = b * d.t + t;
         let kq = (row * d.hk + h / d.group()) * d.dk;
         let v = (row * d.hv + h) * d.dv;
+        let na = d.decays();
+        let g = &self.g[(row * d.hv + h) * na..][..na];
         Step {
             q: &self.q[kq..kq + d.dk],
             k: &self.k[kq..kq + d.dk],
             v: &self.v[v..v + d.dv],
-            alpha: self.g[row * d.hv + h].exp(),
+            alpha: g.iter().map(|g| g.exp()).collect(),
             beta: self.beta[row * d.hv + h],
         }
     }
 }
 
-/// `s ← α s` then the delta rule's write of `k`, `s: [Dk, Dv]`; returns
-/// `m = sᵀk` of the decayed state (the value the state held for `k`).
+/// `s ← α s` (row i by its own α where the decay is per channel) then the
+/// delta rule's write of `k`, `s: [Dk, Dv]`; returns `m = sᵀk` of the
+/// decayed state (the value the state held for `k`).
 fn advance<F: Real>(s: &mut [F], x: &Step<'_, F>, dv: usize) -> Vec<F> {
-    s.iter_mut().for_each(|e| *e = *e * x.alpha);
+    for (i, row) in s.chunks_mut(dv).enumerate() {
+        let a = x.alpha(i);
+        row.iter_mut().for_each(|e| *e = *e * a);
+    }
     let mut m = vec![F::zero(); dv];
     for (row, &ki) in s.chunks(dv).zip(x.k) {
         m.iter_mut().zip(row).for_each(|(m, &e)| *m = *m + ki * e);
@@ -112,7 +130,7 @@ pub fn gated_delta_rule<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims) -> (Ve
 }
 
 /// One (b, h)'s gradients: dq, dk `[T, Dk]` (of this value head alone),
-/// dv `[T, Dv]`, dg, dbeta `[T]`.
+/// dv `[T, Dv]`, dg `[T, decays]`, dbeta `[T]`.
 struct HeadGrads<F> {
     dq: Vec<F>,
     dk: Vec<F>,
@@ -128,12 +146,12 @@ fn backward_head<F: Real>(
     d: DeltaRuleDims,
     (b, h): (usize, usize),
 ) -> HeadGrads<F> {
-    let (dk, dv, n) = (d.dk, d.dv, d.dk * d.dv);
+    let (dk, dv, n, na) = (d.dk, d.dv, d.dk * d.dv, d.decays());
     let mut gr = HeadGrads {
         dq: vec![F::zero(); d.t * dk],
         dk: vec![F::zero(); d.t * dk],
         dv: vec![F::zero(); d.t * dv],
-        dg: vec![F::zero(); d.t],
+        dg: vec![F::zero(); d.t * d.decays()],
         dbeta: vec![F::zero(); d.t],
     };
     // dL/dS of the state after the step being undone, carried backwards.
@@ -153,7 +171,11 @@ fn backward_head<F: Real>(
             let prev = &before[t - t0];
             let mut s = prev.clone();
             let m = advance(&mut s, &st, dv);
-            let a: Vec<F> = prev.iter().map(|&e| st.alpha * e).collect();
+            let a: Vec<F> = prev
+                .iter()
+                .enumerate()
+                .map(|(e, &x)| st.alpha(e / dv) * x)
+                .collect();
             let dot = &dout[((b * d.t + t) * d.hv + h) * dv..][..dv];
             let (dq, dkt) = (&mut gr.dq[t * dk..][..dk], &mut gr.dk[t * dk..][..dk]);
             let mut ddelta = vec![F::zero(); dv];
@@ -172,17 +194,22 @@ fn backward_head<F: Real>(
                 gr.dv[t * dv + j] = st.beta * ddelta[j];
                 gr.dbeta[t] = gr.dbeta[t] + (st.v[j] - m[j]) * ddelta[j];
             }
-            let mut dalpha = F::zero();
+            // dα of each decay: over the whole state, or over each row's
+            // columns where the decay is per row.
+            let mut dalpha = vec![F::zero(); na];
             for (i, (dki, &ki)) in dkt.iter_mut().zip(st.k).enumerate() {
+                let ai = st.alpha(i);
                 for (j, &dmj) in dm.iter().enumerate() {
                     let e = i * dv + j;
                     let da = ds[e] + ki * dmj;
                     *dki = *dki + a[e] * dmj;
-                    dalpha = dalpha + prev[e] * da;
-                    ds[e] = st.alpha * da;
+                    dalpha[i % na] = dalpha[i % na] + prev[e] * da;
+                    ds[e] = ai * da;
                 }
             }
-            gr.dg[t] = st.alpha * dalpha;
+            for (l, &da) in dalpha.iter().enumerate() {
+                gr.dg[t * na + l] = st.alpha[l] * da;
+            }
         }
     }
     gr
@@ -224,7 +251,8 @@ pub fn gated_delta_rule_backward<F: Real>(
             }
             let at = (row * d.hv + h) * d.dv;
             dv[at..at + d.dv].copy_from_slice(&gr.dv[t * d.dv..][..d.dv]);
-            dg[row * d.hv + h] = gr.dg[t];
+            let (na, at) = (d.decays(), row * d.hv + h);
+            dg[at * na..][..na].copy_from_slice(&gr.dg[t * na..][..na]);
             dbeta[row * d.hv + h] = gr.dbeta[t];
         }
     }
