@@ -92,7 +92,8 @@ fn gpt2_nano_forward_backward_matches_cpu() {
 /// RoPE in pairs and in halves, YaRN's scale on the scores); and the
 /// hybrids of Gated DeltaNet and gated attention (Qwen3.5's, dense and
 /// routed, and Qwen3-Next's with its interleaved input products), and
-/// OLMo Hybrid's of Gated DeltaNet and OLMo 3 blocks.
+/// OLMo Hybrid's of Gated DeltaNet and OLMo 3 blocks, and Kimi Linear's
+/// of per-channel delta attention and latent attention without RoPE.
 #[test]
 fn zoo_fixture_families_forward_backward_match_cpu() {
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
@@ -136,6 +137,7 @@ fn zoo_fixture_families_forward_backward_match_cpu() {
         "qwen3_5_moe",
         "qwen3_next",
         "olmo_hybrid",
+        "kimi_linear",
     ] {
         check_forward_backward(&ModelConfig::from_dir(fixtures.join(case)).unwrap());
     }

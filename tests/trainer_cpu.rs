@@ -175,6 +175,7 @@ fn moe_streamed_step_matches_whole_model_reference_for_every_k() {
     check_one_step_matches_reference(&common::zoo_fixture("deepseek_v2"));
     check_one_step_matches_reference(&common::zoo_fixture("qwen3_5_moe"));
     check_one_step_matches_reference(&common::zoo_fixture("qwen3_next"));
+    check_one_step_matches_reference(&common::zoo_fixture("kimi_linear"));
     // With the routers' load-balancing loss, which the streamed step forms
     // from every routed block's forward before the first backward.
     let mut balanced = common::mixtral_tiny(3);

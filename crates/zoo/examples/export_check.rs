@@ -115,6 +115,7 @@ fn main() -> AnyResult<()> {
         "qwen3_5_moe",
         "qwen3_next",
         "olmo_hybrid",
+        "kimi_linear",
     ];
     let mut jobs: Vec<(String, &str, DType)> =
         cases.iter().map(|c| (c.to_string(), *c, DType::F32)).collect();

@@ -211,7 +211,16 @@ impl ModelConfig {
                     t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
                 }
             }
-            (LayerKind::Block(i), Arch::DeepseekV2 | Arch::DeepseekV3) => {
+            (LayerKind::Block(i), Arch::KimiLinear)
+                if self.linear_attn.as_ref().is_some_and(|l| l.is_linear(i)) =>
+            {
+                let p = format!("model.layers.{i}");
+                t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
+                self.push_kda(&mut t, &p)?;
+                t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
+                self.push_mlp(&mut t, &p, i)?;
+            }
+            (LayerKind::Block(i), Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear) => {
                 let p = format!("model.layers.{i}");
                 self.push_mla(&mut t, &p)?;
                 t.push(format!("{p}.post_attention_layernorm.weight"), [c], false)?;
@@ -437,6 +446,34 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Kimi Linear's delta attention under `p`, in `block_kimi`'s layout
+    /// order and its checkpoints' names (`self_attn.`): q, k, v and their
+    /// pieces of the convolution, the forget gate's low-rank pair
+    /// `f_a`/`f_b` with its per-channel `dt_bias` and per-head `A_log`
+    /// (`[1, 1, H, 1]` as stored), β's `b_proj`, the output gate's
+    /// low-rank pair `g_a`/`g_b`, its norm and `o_proj`.
+    fn push_kda(&self, t: &mut ParamTable, p: &str) -> Result<()> {
+        let l = self.linear_attn.as_ref().expect("Kimi Linear's delta attention");
+        let (c, h, d) = (self.hidden_size, l.value_heads, l.value_dim);
+        let a = format!("{p}.self_attn");
+        for name in ["q_proj", "k_proj", "v_proj"] {
+            t.push(format!("{a}.{name}.weight"), [h * d, c], true)?;
+        }
+        for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+            t.push(format!("{a}.{name}.weight"), [h * d, 1, l.conv_kernel], true)?;
+        }
+        t.push(format!("{a}.f_a_proj.weight"), [d, c], true)?;
+        t.push(format!("{a}.f_b_proj.weight"), [h * d, d], true)?;
+        t.push(format!("{a}.dt_bias"), [h * d], false)?;
+        t.push(format!("{a}.A_log"), [1, 1, h, 1], false)?;
+        t.push(format!("{a}.b_proj.weight"), [h, c], true)?;
+        t.push(format!("{a}.g_a_proj.weight"), [d, c], true)?;
+        t.push(format!("{a}.g_b_proj.weight"), [h * d, d], true)?;
+        t.push(format!("{a}.o_norm.weight"), [d], false)?;
+        t.push(format!("{a}.o_proj.weight"), [c, h * d], true)?;
+        Ok(())
+    }
+
     /// A routed MLP's router `[E, C]` (and DeepSeek-V3's correction bias
     /// `[E]`), then each expert's gate and up `[F, C]` and down `[C, F]`
     /// (then a shared expert, with Qwen2-MoE's gate `[1, C]`), under the
@@ -448,7 +485,7 @@ impl ModelConfig {
             return self.push_clamped_experts(t, p, moe);
         }
         let (mlp, [gate, up, down]) = match self.arch {
-            Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+            Arch::Mixtral | Arch::KimiLinear => ("block_sparse_moe", ["w1", "w3", "w2"]),
             _ => ("mlp", ["gate_proj", "up_proj", "down_proj"]),
         };
         t.push(format!("{p}.{mlp}.gate.weight"), [moe.num_experts, c], true)?;

@@ -1931,3 +1931,107 @@ fn olmo_hybrid_fields() {
         );
     }
 }
+
+/// Kimi Linear as its checkpoints' config.json writes it: its own names
+/// for transformers' fields (`num_experts`, `num_expert_group`,
+/// `moe_renormalize`, `model_max_length`) and the delta attention's shape
+/// and blocks under `linear_attn_config` (1-based).
+#[test]
+fn kimi_linear_fields() {
+    let v = json!({
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "vocab_size": 163840,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "moe_intermediate_size": 1024,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 32,
+        "kv_lora_rank": 512,
+        "q_lora_rank": null,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "num_experts": 256,
+        "num_experts_per_token": 8,
+        "num_expert_group": 1,
+        "num_shared_experts": 1,
+        "moe_renormalize": true,
+        "routed_scaling_factor": 2.446,
+        "first_k_dense_replace": 1,
+        "model_max_length": 1048576,
+        "linear_attn_config": {
+            "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4,
+            "full_attn_layers": [4, 8], "kda_layers": [1, 2, 3, 5, 6, 7]
+        }
+    });
+    let c = parse(v.clone()).unwrap();
+    assert_eq!(c.arch, Arch::KimiLinear);
+    assert_eq!(
+        (c.max_position_embeddings, c.norm_eps, c.pad_token_id),
+        (1 << 20, 1e-5, Some(163839))
+    );
+    assert_eq!(c.nope_layers, Some(vec![true; 8]));
+    let m = c.mla.unwrap();
+    assert_eq!(
+        (m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim(), m.v_head_dim),
+        (None, 512, 192, 128)
+    );
+    let l = c.linear_attn.clone().unwrap();
+    assert_eq!(
+        (l.key_heads, l.value_heads, l.key_dim, l.conv_kernel),
+        (32, 32, 128, 4)
+    );
+    let kinds: Vec<bool> = (0..8).map(|i| l.is_linear(i)).collect();
+    assert_eq!(kinds, [true, true, true, false, true, true, true, false]);
+    let moe = c.moe.clone().unwrap();
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.expert_size, moe.shared_expert),
+        (256, 8, 1024, Some(1024))
+    );
+    assert!(!moe.routes(0) && moe.routes(1) && moe.norm_topk && !moe.shared_gated);
+    assert_eq!(
+        moe.router,
+        Router::Sigmoid {
+            groups: 1,
+            topk_groups: 1,
+            scale: 2.446
+        }
+    );
+    let names: Vec<String> = c.layer_table(1).unwrap().iter().map(|p| p.name.clone()).collect();
+    for n in [
+        "self_attn.f_b_proj.weight",
+        "self_attn.A_log",
+        "self_attn.v_conv1d.weight",
+        "mlp.up_proj.weight",
+    ] {
+        assert!(names.contains(&format!("model.layers.0.{n}")), "{n}: {names:?}");
+    }
+    let names: Vec<String> = c.layer_table(4).unwrap().iter().map(|p| p.name.clone()).collect();
+    for n in [
+        "self_attn.kv_b_proj.weight",
+        "block_sparse_moe.experts.7.w3.weight",
+        "block_sparse_moe.gate.e_score_correction_bias",
+    ] {
+        assert!(names.contains(&format!("model.layers.3.{n}")), "{n}: {names:?}");
+    }
+    // Written with transformers' names, read back the same.
+    let mut generated = c.clone();
+    (generated.raw, generated.dtype) = (None, None);
+    let mut again = ModelConfig::from_json(generated.to_hf_json("float32"), "x/config.json").unwrap();
+    (again.raw, again.dtype) = (None, None);
+    assert_eq!(again, generated);
+    // KimiLinearConfig's defaults without linear_attn_config: block i > 0
+    // with i % 4 = 0 attends.
+    let mut w = v.clone();
+    w.as_object_mut().unwrap().remove("linear_attn_config");
+    let l = parse(w).unwrap().linear_attn.unwrap();
+    assert_eq!(
+        (0..6).map(|i| l.is_linear(i)).collect::<Vec<_>>(),
+        [true, true, true, true, false, true]
+    );
+    let mut w = v;
+    w["linear_attn_config"]["kda_layers"] = json!([1, 2, 3, 5, 6]);
+    let msg = parse(w).unwrap_err().to_string();
+    assert!(msg.contains("block 7 (1-based) is in neither"), "{msg}");
+}

@@ -243,7 +243,11 @@ fn the_window_cases_depend_on_their_window() {
         // Qwen3.5 rotating all of each head rather than a quarter.
         c.rotary_dim.take().is_some()
     }
-    let cases: [(&str, Drop); 45] = [
+    fn rotated_latents(c: &mut ModelConfig) -> bool {
+        // Kimi Linear's latent attention rotating its shared key part.
+        c.nope_layers.take().is_some()
+    }
+    let cases: [(&str, Drop); 47] = [
         ("mistral_window", window),
         ("qwen2_window", window),
         ("phi3_partial", window),
@@ -289,6 +293,8 @@ fn the_window_cases_depend_on_their_window() {
         ("olmo_hybrid", model_gate_norm_eps),
         ("qwen3_5", rope_everywhere_in_full),
         ("qwen3_5_moe", unnormalised),
+        ("kimi_linear", rotated_latents),
+        ("kimi_linear", ungrouped),
     ];
     for (case, drop) in cases {
         let golden = read_golden(case);

@@ -171,7 +171,13 @@ fn delta_rule_scratch_bytes(model: &ModelConfig, b: u64, t: u64) -> u64 {
     );
     let blocks = (l.value_dim as u64).div_ceil(32);
     let replay = hv * blocks * 32 * (c * dk + c + dk);
-    let partials = t * hv * blocks * (2 * dk + 2);
+    // Kimi Linear's per-channel decays have a dg partial per key channel.
+    let decays = if model.arch == megatrain_zoo::Arch::KimiLinear {
+        dk
+    } else {
+        1
+    };
+    let partials = t * hv * blocks * (2 * dk + decays + 1);
     4 * b * replay + (4 * b * partials).min(1 << 31)
 }
 

@@ -86,16 +86,21 @@ impl LinearAttn {
         if arch == Arch::OlmoHybrid {
             obj.insert("linear_allow_neg_eigval".into(), json!(self.beta_scale == 2.0));
         }
+        let kind = |l: &bool| if *l { "linear_attention" } else { "full_attention" };
+        let kinds = json!(self.layers.iter().map(kind).collect::<Vec<_>>());
+        if arch == Arch::KimiLinear {
+            obj.insert("linear_num_heads".into(), json!(self.value_heads));
+            obj.insert("linear_head_dim".into(), json!(self.value_dim));
+            obj.insert("linear_conv_kernel_dim".into(), json!(self.conv_kernel));
+            obj.insert("layer_types".into(), kinds);
+            return;
+        }
         obj.insert("linear_num_key_heads".into(), json!(self.key_heads));
         obj.insert("linear_num_value_heads".into(), json!(self.value_heads));
         obj.insert("linear_key_head_dim".into(), json!(self.key_dim));
         obj.insert("linear_value_head_dim".into(), json!(self.value_dim));
         obj.insert("linear_conv_kernel_dim".into(), json!(self.conv_kernel));
-        let kind = |l: &bool| if *l { "linear_attention" } else { "full_attention" };
-        obj.insert(
-            "layer_types".into(),
-            json!(self.layers.iter().map(kind).collect::<Vec<_>>()),
-        );
+        obj.insert("layer_types".into(), kinds);
     }
 }
 
@@ -106,6 +111,9 @@ impl LinearAttn {
 /// OLMo Hybrid's heads default to the attention's count, Dk to ¾ of the
 /// width over them and Dv to twice Dk; it wants a block of each kind.
 pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<LinearAttn> {
+    if arch == Arch::KimiLinear {
+        return parse_kimi(f, layers);
+    }
     let olmo = arch == Arch::OlmoHybrid;
     let kinds = match f.get("layer_types") {
         Some(v) => {
@@ -180,5 +188,96 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<LinearAttn>
         layers: kinds,
         beta_scale: if neg_eigval { 2.0 } else { 1.0 },
         norm_eps: olmo.then_some(1e-5),
+    })
+}
+
+/// Kimi Linear's Kimi Delta Attention as KimiLinearConfig reads it: as
+/// many key as value heads, one head width, from transformers' fields or
+/// the checkpoint's `linear_attn_config` (`num_heads`, `head_dim`,
+/// `short_conv_kernel_size`, and the 1-based `full_attn_layers` and
+/// `kda_layers`); without either, block i > 0 with i % 4 = 0 attends.
+fn parse_kimi(f: &Fields, layers: usize) -> Result<LinearAttn> {
+    let sub = f.get("linear_attn_config").and_then(Value::as_object);
+    let sub_usize = |key: &str| {
+        sub.and_then(|m| m.get(key))
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+    };
+    let heads = sub_usize("num_heads")
+        .or(f.opt_usize("linear_num_heads")?)
+        .unwrap_or(32);
+    let dim = sub_usize("head_dim")
+        .or(f.opt_usize("linear_head_dim")?)
+        .unwrap_or(128);
+    let taps = sub_usize("short_conv_kernel_size")
+        .or(f.opt_usize("linear_conv_kernel_dim")?)
+        .unwrap_or(4);
+    let listed = |key: &str| -> Option<Vec<usize>> {
+        sub?.get(key)?
+            .as_array()?
+            .iter()
+            .map(|x| x.as_u64().map(|x| x as usize))
+            .collect()
+    };
+    let kinds = match (
+        f.get("layer_types"),
+        listed("full_attn_layers"),
+        listed("kda_layers"),
+    ) {
+        (Some(v), ..) => {
+            let list = v
+                .as_array()
+                .ok_or_else(|| f.bad("layer_types", format!("expected a list, got {v}")))?;
+            list.iter()
+                .map(|k| match k.as_str() {
+                    Some("linear_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(f.bad(
+                        "layer_types",
+                        format!("{k} is neither \"linear_attention\" nor \"full_attention\""),
+                    )),
+                })
+                .collect::<Result<Vec<bool>>>()?
+        }
+        (None, Some(full), Some(kda)) => {
+            let mut kinds: Vec<Option<bool>> = vec![None; layers];
+            for (list, linear) in [(full, false), (kda, true)] {
+                for l in list {
+                    let slot = l.checked_sub(1).and_then(|i| kinds.get_mut(i)).ok_or_else(|| {
+                        f.bad(
+                            "linear_attn_config",
+                            format!("block {l} (1-based) of a model of num_hidden_layers {layers}"),
+                        )
+                    })?;
+                    *slot = Some(linear);
+                }
+            }
+            kinds
+                .into_iter()
+                .enumerate()
+                .map(|(i, k)| {
+                    k.ok_or_else(|| {
+                        f.bad(
+                            "linear_attn_config",
+                            format!(
+                                "block {} (1-based) is in neither full_attn_layers nor kda_layers",
+                                i + 1
+                            ),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<bool>>>()?
+        }
+        _ => (0..layers).map(|i| !(i > 0 && i % 4 == 0)).collect(),
+    };
+    Ok(LinearAttn {
+        key_heads: heads,
+        value_heads: heads,
+        key_dim: dim,
+        value_dim: dim,
+        conv_kernel: taps,
+        layers: kinds,
+        beta_scale: 1.0,
+        norm_eps: None,
     })
 }

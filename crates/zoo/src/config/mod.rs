@@ -153,6 +153,13 @@ pub enum Arch {
     /// a pre-norm Gated DeltaNet ([`LinearAttn`]) with its own q, k, v,
     /// a, b and output-gate products and rates up to 2.
     OlmoHybrid,
+    /// Kimi Linear (`kimi_linear`: Kimi-Linear-48B-A3B): Kimi Delta
+    /// Attention on its `linear_attention` blocks (a Gated DeltaNet whose
+    /// decay is per key channel, from a low-rank forget gate, and whose
+    /// output gate is a sigmoid of a low-rank product), DeepSeek-V3's
+    /// latent attention without RoPE on the others, and DeepSeek-V3's
+    /// routed MLP with shared experts on its `sparse` blocks.
+    KimiLinear,
 }
 
 const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, \
@@ -164,7 +171,7 @@ const SUPPORTED: &str = "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, 
                          OlmoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM, \
                          Glm4MoeForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, \
                          Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3NextForCausalLM, \
-                         OlmoHybridForCausalLM";
+                         OlmoHybridForCausalLM, KimiLinearForCausalLM";
 
 /// Granite's scalings of a Llama model: the embeddings' output times
 /// `embedding`, each block's sublayer outputs times `residual` before they
@@ -179,7 +186,7 @@ pub struct Multipliers {
 }
 
 impl Arch {
-    pub const ALL: [Arch; 32] = [
+    pub const ALL: [Arch; 33] = [
         Arch::Gpt2,
         Arch::Llama,
         Arch::Mistral,
@@ -212,6 +219,7 @@ impl Arch {
         Arch::Qwen35Moe,
         Arch::Qwen3Next,
         Arch::OlmoHybrid,
+        Arch::KimiLinear,
     ];
 
     pub fn hf_architecture(self) -> &'static str {
@@ -248,6 +256,7 @@ impl Arch {
             Arch::Qwen35Moe => "Qwen3_5MoeForCausalLM",
             Arch::Qwen3Next => "Qwen3NextForCausalLM",
             Arch::OlmoHybrid => "OlmoHybridForCausalLM",
+            Arch::KimiLinear => "KimiLinearForCausalLM",
         }
     }
 
@@ -285,6 +294,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen3_5_moe_text",
             Arch::Qwen3Next => "qwen3_next",
             Arch::OlmoHybrid => "olmo_hybrid",
+            Arch::KimiLinear => "kimi_linear",
         }
     }
 
@@ -374,9 +384,9 @@ impl Arch {
     }
 
     /// Blocks that may be Gated DeltaNets ([`LinearAttn`]): Qwen3.5's,
-    /// Qwen3-Next's and OLMo Hybrid's.
+    /// Qwen3-Next's, OLMo Hybrid's and Kimi Linear's.
     pub fn has_linear_attn(self) -> bool {
-        self.is_qwen35() || self == Arch::OlmoHybrid
+        self.is_qwen35() || matches!(self, Arch::OlmoHybrid | Arch::KimiLinear)
     }
 
     /// EXAONE 4's q/k norms over each head rather than (OLMo's) the whole
@@ -393,7 +403,7 @@ impl Arch {
 
     /// DeepSeek-V2's and V3's multi-head latent attention ([`Mla`]).
     pub fn has_mla(self) -> bool {
-        matches!(self, Arch::DeepseekV2 | Arch::DeepseekV3)
+        matches!(self, Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear)
     }
 
     /// GPT-OSS's learned logit per query head (`self_attn.sinks`), which
@@ -974,7 +984,7 @@ impl ModelConfig {
                 obj.insert("attention_bias".into(), json!(self.qkv_bias));
                 obj.insert("use_qk_norm".into(), json!(self.qk_norm));
             }
-            Arch::DeepseekV2 | Arch::DeepseekV3 => {
+            Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {
                 let m = self.mla.expect("DeepSeek's attention is latent");
                 // DeepseekV3Config's head_dim is the rotated part's, set by itself.
                 obj.remove("head_dim");
@@ -1183,7 +1193,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let heads = f.req_usize("num_attention_heads")?;
     // DeepSeek-V3's latent attention has a k and v for every head.
     let kv_heads = match arch {
-        Arch::DeepseekV2 | Arch::DeepseekV3 => heads,
+        Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => heads,
         _ => f.opt_usize("num_key_value_heads")?.unwrap_or(heads),
     };
     let head_dim = match f.opt_usize("head_dim")? {
@@ -1270,9 +1280,12 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         Arch::Glm | Arch::Glm4 | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => 131072,
         _ => 2048,
     };
-    let max_positions = f
-        .opt_usize("max_position_embeddings")?
-        .unwrap_or(default_positions);
+    let max_positions = match f.opt_usize("max_position_embeddings")? {
+        Some(p) => p,
+        // KimiLinearConfig's own name for it.
+        None if arch == Arch::KimiLinear => f.opt_usize("model_max_length")?.unwrap_or(1 << 20),
+        None => default_positions,
+    };
     let (rope, sliding_rope) = match arch {
         Arch::Olmo3 => parse_kinds_rope(f, max_positions, 500000.0, None)?,
         // Gemma3TextConfig: θ 1e6 on the full-attention blocks, the sliding
@@ -1339,7 +1352,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         | Arch::Qwen35
         | Arch::Qwen35Moe
         | Arch::Qwen3Next
-        | Arch::OlmoHybrid => (attention_bias, attention_bias, false),
+        | Arch::OlmoHybrid
+        | Arch::KimiLinear => (attention_bias, attention_bias, false),
         Arch::Exaone4 => (false, false, false),
         Arch::Qwen2 => (true, false, false),
         // Qwen2MoeConfig's qkv_bias (true unless written).
@@ -1390,6 +1404,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
     let (sliding_window, sliding_layers) = parse_sliding_window(f, arch, layers, smollm3_nope.as_deref())?;
     let nope_layers = match arch {
         Arch::Exaone4 | Arch::Cohere2 => sliding_layers.as_ref().map(|s| s.iter().map(|&x| !x).collect()),
+        // Kimi Linear's latent attention rotates nothing.
+        Arch::KimiLinear => Some(vec![true; layers]),
         // OLMo Hybrid builds no rotary embedding where its θ is null.
         Arch::OlmoHybrid
             if f.get("rope_parameters")
@@ -1423,7 +1439,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
                 f.opt_f64("layer_norm_eps")?.unwrap_or(1e-5)
             }
             Arch::Glm | Arch::Glm4 => f.opt_f64("rms_norm_eps")?.unwrap_or(1.5625e-7),
-            Arch::GptOss | Arch::Glm4Moe => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-5),
+            Arch::GptOss | Arch::Glm4Moe | Arch::KimiLinear => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-5),
             _ => f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
         },
         rope_theta: rope.theta,
@@ -1482,7 +1498,7 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
         text_of: None,
         moe: moe::parse(f, arch, layers)?,
         mla: match arch {
-            Arch::DeepseekV2 | Arch::DeepseekV3 => Some(parse_mla(f, arch)?),
+            a if a.has_mla() => Some(parse_mla(f, arch)?),
             _ => None,
         },
         linear_attn: arch
@@ -1496,6 +1512,8 @@ fn parse_llama_family(f: &Fields, arch: Arch) -> Result<ModelConfig> {
 /// defaults; V2 rotates in pairs always).
 fn parse_mla(f: &Fields, arch: Arch) -> Result<Mla> {
     let q_lora_rank = match f.obj.get("q_lora_rank") {
+        // KimiLinearConfig's q has no low-rank pair unless written.
+        None if arch == Arch::KimiLinear => None,
         None => Some(1536),
         Some(Value::Null) => None,
         Some(_) => Some(f.req_usize("q_lora_rank")?),
@@ -1520,7 +1538,8 @@ fn parse_mla(f: &Fields, arch: Arch) -> Result<Mla> {
         qk_nope: nope,
         qk_rope: rope,
         v_head_dim: f.opt_usize("v_head_dim")?.unwrap_or(128),
-        rope_interleave: arch == Arch::DeepseekV2 || f.opt_bool("rope_interleave")?.unwrap_or(true),
+        rope_interleave: arch == Arch::DeepseekV2
+            || (arch == Arch::DeepseekV3 && f.opt_bool("rope_interleave")?.unwrap_or(true)),
         mscale_all_dim,
     })
 }
@@ -1646,6 +1665,7 @@ fn padding_idx(f: &Fields, arch: Arch) -> Result<Option<usize>> {
         Arch::SmolLM3 => Some(128004),
         Arch::Glm | Arch::Glm4 => Some(151329),
         Arch::OlmoHybrid => Some(100277),
+        Arch::KimiLinear => Some(163839),
         _ => None,
     };
     let Some(v) = f.get("pad_token_id") else {

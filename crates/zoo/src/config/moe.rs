@@ -201,6 +201,29 @@ impl Moe {
                     .map_or(0, |s| s.iter().take_while(|&&x| !x).count());
                 obj.insert("first_k_dense_replace".into(), json!(dense));
             }
+            Arch::KimiLinear => {
+                let Router::Sigmoid {
+                    groups,
+                    topk_groups,
+                    scale,
+                } = self.router
+                else {
+                    unreachable!("Kimi Linear's router is DeepSeek-V3's")
+                };
+                obj.insert("num_local_experts".into(), json!(self.num_experts));
+                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
+                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
+                obj.insert("n_group".into(), json!(groups));
+                obj.insert("topk_group".into(), json!(topk_groups));
+                obj.insert("routed_scaling_factor".into(), json!(scale));
+                let width = self.shared_expert.unwrap_or(0);
+                obj.insert("n_shared_experts".into(), json!(width / self.expert_size));
+                let kinds: Vec<&str> = match &self.sparse_layers {
+                    Some(s) => s.iter().map(|&x| if x { "sparse" } else { "dense" }).collect(),
+                    None => vec!["sparse"; layers_of(obj)],
+                };
+                obj.insert("mlp_layer_types".into(), json!(kinds));
+            }
             Arch::Qwen35Moe => {
                 obj.insert("num_experts".into(), json!(self.num_experts));
                 obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
@@ -229,6 +252,11 @@ impl Moe {
             }
         }
     }
+}
+
+/// `num_hidden_layers` as a generated config holds it.
+fn layers_of(obj: &serde_json::Map<String, Value>) -> usize {
+    obj.get("num_hidden_layers").and_then(Value::as_u64).unwrap_or(0) as usize
 }
 
 /// The routed MLP of a Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE, GPT-OSS or GLM-4.5 config
@@ -274,6 +302,47 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                     .unwrap_or(if v3 { 2048 } else { 1408 }),
                 f.opt_bool("norm_topk_prob")?.unwrap_or(true),
                 Some((0..layers).map(|i| i >= dense).collect()),
+            )
+        }
+        // KimiLinearConfig (its own names beside transformers'): the blocks
+        // `mlp_layer_types` says `sparse` route, else all but the first
+        // `first_k_dense_replace` (1).
+        Arch::KimiLinear => {
+            let sparse = match f.get("mlp_layer_types") {
+                Some(v) => v
+                    .as_array()
+                    .filter(|l| l.len() == layers)
+                    .and_then(|l| {
+                        l.iter()
+                            .map(|k| match k.as_str() {
+                                Some("sparse") => Some(true),
+                                Some("dense") => Some(false),
+                                _ => None,
+                            })
+                            .collect::<Option<Vec<bool>>>()
+                    })
+                    .ok_or_else(|| {
+                        f.bad(
+                            "mlp_layer_types",
+                            format!(
+                                "expected num_hidden_layers = {layers} of \"dense\" or \"sparse\", got {v}"
+                            ),
+                        )
+                    })?,
+                None => {
+                    let dense = f.opt_usize("first_k_dense_replace")?.unwrap_or(1);
+                    (0..layers).map(|i| i >= dense).collect()
+                }
+            };
+            (
+                experts(f, "num_local_experts", "num_experts")?.unwrap_or(256),
+                experts(f, "num_experts_per_tok", "num_experts_per_token")?.unwrap_or(8),
+                f.opt_usize("moe_intermediate_size")?.unwrap_or(1024),
+                match f.opt_bool("norm_topk_prob")? {
+                    Some(b) => b,
+                    None => f.opt_bool("moe_renormalize")?.unwrap_or(true),
+                },
+                Some(sparse),
             )
         }
         // DeepseekV2Config: k has no default; its router never renormalises.
@@ -348,7 +417,10 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
     // transformers adds the routers' load-balancing loss only under
     // output_router_logits; the config classes' coefficients unless written.
     // (Glm4MoeForCausalLM and DeepseekV3ForCausalLM add none whatever it says.)
-    let sigmoid = matches!(arch, Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2);
+    let sigmoid = matches!(
+        arch,
+        Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2 | Arch::KimiLinear
+    );
     let aux_loss_coef = match f.opt_bool("output_router_logits")?.unwrap_or(false) && !sigmoid {
         true => {
             let default = if arch == Arch::Olmoe { 0.01 } else { 0.001 };
@@ -375,6 +447,10 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
             Arch::Qwen35Moe | Arch::Qwen3Next => {
                 Some(f.opt_usize("shared_expert_intermediate_size")?.unwrap_or(512))
             }
+            Arch::KimiLinear => match experts(f, "n_shared_experts", "num_shared_experts")?.unwrap_or(1) {
+                0 => None,
+                n => Some(n * expert_size),
+            },
             Arch::Glm4Moe | Arch::DeepseekV3 | Arch::DeepseekV2 => match f
                 .opt_usize("n_shared_experts")?
                 .unwrap_or(if arch == Arch::DeepseekV2 { 2 } else { 1 })
@@ -392,6 +468,11 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<Option<Moe>
                 scale: f
                     .opt_f64("routed_scaling_factor")?
                     .unwrap_or(if v3 { 2.5 } else { 1.0 }),
+            },
+            (Arch::KimiLinear, _) => Router::Sigmoid {
+                groups: experts(f, "n_group", "num_expert_group")?.unwrap_or(1),
+                topk_groups: f.opt_usize("topk_group")?.unwrap_or(1),
+                scale: f.opt_f64("routed_scaling_factor")?.unwrap_or(2.446),
             },
             (Arch::DeepseekV2, _) => {
                 let scale = f.opt_f64("routed_scaling_factor")?.unwrap_or(1.0);

@@ -1,5 +1,7 @@
 //! DeepSeek-V3's block: Llama's (pre-RMSNorms, residuals, the MLP dense or
-//! routed: [`Mlp`]) around multi-head latent attention ([`crate::Mla`]).
+//! routed: [`Mlp`]) around multi-head latent attention ([`crate::Mla`]);
+//! Kimi Linear's attention blocks too, which rotate nothing (their "rope"
+//! part of q and of the shared key passes as it is).
 //!
 //! q comes through a low-rank pair with an RMSNorm between (or one
 //! `q_proj`); one projection gives the latent of k and v and, beside it,
@@ -159,6 +161,15 @@ fn identities<E: Executor>(ex: &E, heads: usize, r: usize) -> Result<E::Tensor> 
     Ok(ex.upload_slice(&shape(&[heads * r, r]), HostSlice::F32(&s))?)
 }
 
+/// The epsilon of the latents' norms: Kimi Linear's are built with
+/// transformers' RMSNorm default (1e-6), whatever its `rms_norm_eps`.
+fn latent_eps(cfg: &ModelConfig) -> f32 {
+    match cfg.arch {
+        crate::Arch::KimiLinear => 1e-6,
+        _ => cfg.norm_eps as f32,
+    }
+}
+
 fn mla(cfg: &ModelConfig) -> Result<Mla> {
     cfg.mla.ok_or_else(|| {
         ZooError::invalid(
@@ -191,18 +202,25 @@ pub(super) fn forward<E: Executor>(
     let (q, q_lora) = match l.q {
         QProj::Lora { a, norm, b } => {
             let qa = lin(ex, &n1.y, w, a)?;
-            let qn = ex.rmsnorm(&qa, &w[norm], eps)?;
+            let qn = ex.rmsnorm(&qa, &w[norm], latent_eps(cfg))?;
             (lin(ex, &qn.y, w, b)?, Some((qa, qn)))
         }
         QProj::Full(p) => (lin(ex, &n1.y, w, p)?, None),
     };
     let q = ex.split_last(&ex.reshape(&q, &shape(&[b, t, h, qk]))?, &[nope, r])?;
-    let q = ex.concat_last(&[&q[0], &ex.rope(&q[1], rope.clone())?])?;
+    let rotates = cfg.has_rope(layer);
+    let turn = |x: &E::Tensor| -> Result<E::Tensor> {
+        Ok(match rotates {
+            true => ex.rope(x, rope.clone())?,
+            false => ex.reshape(x, x.shape())?,
+        })
+    };
+    let q = ex.concat_last(&[&q[0], &turn(&q[1])?])?;
     let kv = ex.split_last(&lin(ex, &n1.y, w, l.kv_a)?, &[m.kv_lora_rank, r])?;
-    let kvn = ex.rmsnorm(&kv[0], &w[l.kv_norm], eps)?;
+    let kvn = ex.rmsnorm(&kv[0], &w[l.kv_norm], latent_eps(cfg))?;
     let kvb = ex.reshape(&lin(ex, &kvn.y, w, l.kv_b)?, &shape(&[b, t, h, nope + vw]))?;
     let kvb = ex.split_last(&kvb, &[nope, vw])?;
-    let k_rot = ex.rope(&ex.reshape(&kv[1], &shape(&[b, t, 1, r]))?, rope)?;
+    let k_rot = turn(&ex.reshape(&kv[1], &shape(&[b, t, 1, r]))?)?;
     let k_rot = ex.reshape(&k_rot, &shape(&[b * t, r]))?;
     let heads = identities(ex, h, r)?;
     let k_heads = ex.matmul(&k_rot, &heads, None, Transpose::NT)?;
@@ -284,7 +302,14 @@ pub(super) fn backward<E: Executor>(
     };
     let dk_rot = ex.matmul_backward(&s.k_rot, &s.heads, &dk_heads, nt, only_da)?.da;
     let dk_rot = ex.reshape(&dk_rot.expect("requested gradient"), &shape(&[b, t, 1, r]))?;
-    let dk_rot = ex.reshape(&ex.rope_backward(&dk_rot, rope.clone())?, &shape(&[b, t, r]))?;
+    let rotates = cfg.has_rope(layer);
+    let unturn = |x: &E::Tensor| -> Result<E::Tensor> {
+        Ok(match rotates {
+            true => ex.rope_backward(x, rope.clone())?,
+            false => ex.reshape(x, x.shape())?,
+        })
+    };
+    let dk_rot = ex.reshape(&unturn(&dk_rot)?, &shape(&[b, t, r]))?;
 
     let dkvb = ex.reshape(&ex.concat_last(&[&dk[0], &dv])?, &shape(&[b, t, h * (nope + vw)]))?;
     let mut gb = ex.matmul_backward(&s.kvn.y, &w[l.kv_b.0], &dkvb, nt, needs(l.kv_b.1))?;
@@ -295,7 +320,7 @@ pub(super) fn backward<E: Executor>(
     let dkva = ex.concat_last(&[&gn.dx, &dk_rot])?;
 
     let dq = ex.split_last(&dq, &[nope, r])?;
-    let dq = ex.concat_last(&[&dq[0], &ex.rope_backward(&dq[1], rope)?])?;
+    let dq = ex.concat_last(&[&dq[0], &unturn(&dq[1])?])?;
     let dq = ex.reshape(&dq, &shape(&[b, t, h * qk]))?;
     let mut dn1 = match (l.q, &s.q_lora) {
         (QProj::Lora { a, norm, b: qb }, Some((qa, qn))) => {

@@ -61,7 +61,7 @@ enum InProj {
 /// The convolution's weights: one `[channels, 1, taps]`, or OLMo Hybrid's
 /// q, k and v pieces of it (its checkpoints store them apart).
 #[derive(Debug, Clone, Copy)]
-enum Conv {
+pub(super) enum Conv {
     One(usize),
     Apart([usize; 3]),
 }
@@ -241,7 +241,7 @@ impl<T> Qwen35Saved<T> {
     }
 }
 
-fn linear_attn(cfg: &ModelConfig) -> Result<&LinearAttn> {
+pub(super) fn linear_attn(cfg: &ModelConfig) -> Result<&LinearAttn> {
     cfg.linear_attn.as_ref().ok_or_else(|| {
         ZooError::invalid(
             "qwen3.5 block",
@@ -259,7 +259,7 @@ fn gate_norm_eps(cfg: &ModelConfig, la: &LinearAttn) -> f32 {
 /// `√n` times the l2 norm, and the factors that then give q's
 /// (`n^−½ · n^−½`) and k's (`n^−½`): applied by `scale`, which keeps them
 /// in the executor's precision (an f32 gain would round `n^−½`).
-fn l2_norm_parts<E: Executor>(ex: &E, n: usize) -> Result<(E::Tensor, f32, f64, f64)> {
+pub(super) fn l2_norm_parts<E: Executor>(ex: &E, n: usize) -> Result<(E::Tensor, f32, f64, f64)> {
     let w = ex.upload_slice(&shape(&[n]), HostSlice::F32(&vec![1.0; n]))?;
     let inv = 1.0 / (n as f64).sqrt();
     Ok((w, (L2_EPS / n as f64) as f32, inv * inv, inv))
@@ -454,7 +454,12 @@ fn delta_net_backward<E: Executor>(
 
 /// The convolution's weight `[channels, taps]`: OLMo Hybrid's pieces
 /// `[n, 1, taps]` one after another (their rows are its rows).
-fn conv_weight<E: Executor>(ex: &E, la: &LinearAttn, w: &[E::Tensor], conv: Conv) -> Result<E::Tensor> {
+pub(super) fn conv_weight<E: Executor>(
+    ex: &E,
+    la: &LinearAttn,
+    w: &[E::Tensor],
+    conv: Conv,
+) -> Result<E::Tensor> {
     let taps = la.conv_kernel;
     let whole = shape(&[la.conv_channels(), taps]);
     Ok(match conv {
@@ -470,7 +475,7 @@ fn conv_weight<E: Executor>(ex: &E, la: &LinearAttn, w: &[E::Tensor], conv: Conv
 }
 
 /// Stores the convolution's gradient `dw: [channels, taps]` at its slots.
-fn conv_grads<E: Executor>(
+pub(super) fn conv_grads<E: Executor>(
     ex: &E,
     w: &[E::Tensor],
     conv: Conv,

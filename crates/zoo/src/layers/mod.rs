@@ -39,6 +39,7 @@ macro_rules! attn_saved {
 
 mod block_cohere2;
 mod block_gpt2;
+mod block_kimi;
 mod block_llama;
 mod block_mla;
 mod block_neox;
@@ -56,6 +57,7 @@ use megatrain_tensor::{
 
 pub use block_cohere2::Cohere2Saved;
 pub use block_gpt2::Gpt2Saved;
+pub use block_kimi::KimiSaved;
 pub use block_llama::LlamaSaved;
 pub use block_mla::MlaSaved;
 pub use block_neox::NeoxSaved;
@@ -86,6 +88,7 @@ pub enum BlockSaved<T> {
     Neox(Box<NeoxSaved<T>>),
     Mla(Box<MlaSaved<T>>),
     Qwen35(Box<Qwen35Saved<T>>),
+    Kimi(Box<KimiSaved<T>>),
 }
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
@@ -132,7 +135,13 @@ pub fn block_forward<E: Executor>(
             let (y, s) = block_neox::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Neox(Box::new(s))))
         }
-        Arch::DeepseekV2 | Arch::DeepseekV3 => {
+        // Kimi Linear's delta-attention blocks; its others are latent
+        // attention's (below).
+        Arch::KimiLinear if cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) => {
+            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x)?;
+            Ok((y, BlockSaved::Kimi(Box::new(s))))
+        }
+        Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {
             let (y, s) = block_mla::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Mla(Box::new(s))))
         }
@@ -157,6 +166,7 @@ impl<T> BlockSaved<T> {
             BlockSaved::Llama(s) => s.router_stats(),
             BlockSaved::Mla(s) => s.router_stats(),
             BlockSaved::Qwen35(s) => s.router_stats(),
+            BlockSaved::Kimi(s) => s.router_stats(),
             _ => None,
         }
     }
@@ -187,6 +197,9 @@ pub fn block_backward<E: Executor>(
         BlockSaved::Cohere2(s) if cfg.arch.is_cohere() => block_cohere2::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Neox(s) if cfg.arch == Arch::GptNeox => block_neox::backward(cfg, ex, layer, w, s, dy),
         BlockSaved::Mla(s) if cfg.arch.has_mla() => block_mla::backward(cfg, ex, layer, w, s, dy, aux),
+        BlockSaved::Kimi(s) if cfg.arch == Arch::KimiLinear => {
+            block_kimi::backward(cfg, ex, layer, w, s, dy, aux)
+        }
         BlockSaved::Qwen35(s) if cfg.arch.has_linear_attn() => {
             block_qwen35::backward(cfg, ex, layer, w, s, dy, aux)
         }

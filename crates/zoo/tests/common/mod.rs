@@ -64,6 +64,7 @@ pub const CASES: &[&str] = &[
     "qwen3_next",
     "olmo_hybrid",
     "qwen3_5_mm",
+    "kimi_linear",
 ];
 
 pub fn fixture(case: &str) -> PathBuf {

@@ -1,0 +1,311 @@
+//! Kimi Linear's delta-attention blocks (its attention blocks are
+//! DeepSeek-V3's without RoPE, `block_mla.rs`): Llama's pre-norm residual
+//! block (the MLP dense or routed: [`Mlp`]) around Kimi Delta Attention.
+//!
+//! q, k and v come from products of their own through one causal depthwise
+//! convolution with SiLU (stored in their three pieces); q and k are
+//! l2-normalised (q also scaled by `Dk^−½`), as Qwen3.5's are. The decay is
+//! per key channel: a low-rank forget gate `f_b(f_a(x))` plus `dt_bias`
+//! (one a channel) through softplus, times `−exp(A_log)` of its head (the
+//! per-head parameter reaches each channel by a product with a 0/1
+//! expansion, whose backward sums a head's channels); β = σ(`b_proj(x)`).
+//! The rule's output goes through an RMSNorm times `σ(g_b(g_a(x)))`, then
+//! `o_proj`.
+
+use megatrain_tensor::{
+    AddNormOut, DeltaRuleOut, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
+};
+
+use super::block_llama::{Mlp, MlpSaved};
+use super::block_qwen35::{Conv, conv_grads, conv_weight, l2_norm_parts, linear_attn};
+use super::moe::{RouterAux, RouterStats};
+use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
+use crate::{ModelConfig, Result};
+
+/// Positions of a block's tensors in its table (mirrors `tables.rs`'s
+/// `push_kda`, then the MLP's).
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ln1: usize,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    conv: Conv,
+    f_a: Linear,
+    f_b: Linear,
+    dt_bias: usize,
+    a_log: usize,
+    b: Linear,
+    g_a: Linear,
+    g_b: Linear,
+    norm: usize,
+    o: Linear,
+    ln2: usize,
+    mlp: Mlp,
+    len: usize,
+}
+
+impl Layout {
+    fn new(cfg: &ModelConfig, layer: usize) -> Layout {
+        let mut n = 0;
+        let mut next = || {
+            n += 1;
+            n - 1
+        };
+        let ln1 = next();
+        let (q, k, v) = ((next(), None), (next(), None), (next(), None));
+        let conv = Conv::Apart([next(), next(), next()]);
+        let (f_a, f_b) = ((next(), None), (next(), None));
+        let (dt_bias, a_log) = (next(), next());
+        let b = (next(), None);
+        let (g_a, g_b) = ((next(), None), (next(), None));
+        let (norm, o) = (next(), (next(), None));
+        let ln2 = next();
+        let mlp = Mlp::new(cfg, layer, &mut next);
+        Layout {
+            ln1,
+            q,
+            k,
+            v,
+            conv,
+            f_a,
+            f_b,
+            dt_bias,
+            a_log,
+            b,
+            g_a,
+            g_b,
+            norm,
+            o,
+            ln2,
+            mlp,
+            len: n,
+        }
+    }
+}
+
+/// What a Kimi delta-attention block's backward needs from its forward.
+#[derive(Debug)]
+pub struct KimiSaved<T> {
+    x: T,
+    n1: NormOut<T>,
+    /// The convolution's input `[B, T, 3·H·D]`.
+    mixed: T,
+    /// q and k before their l2 norms `[B, T, H, D]`, the norms, and the
+    /// scaled outputs the rule read.
+    q: (T, NormOut<T>, T),
+    k: (T, NormOut<T>, T),
+    v: T,
+    /// The forget gate's low-rank middle `[B, T, D]` and its logits
+    /// `[B·T, H·D]`, the per-channel `A_log` and the expansion that made it.
+    f_a: T,
+    f: T,
+    a_log: T,
+    expand: T,
+    /// β's logits `[B·T, H]`, and ones of its shape (β is `σ(b)·1`).
+    b: T,
+    ones: T,
+    g: T,
+    beta: T,
+    rule: DeltaRuleOut<T>,
+    normed: NormOut<T>,
+    /// The output gate's low-rank middle and its logits `[B, T, H, D]`.
+    g_a: T,
+    gate: T,
+    /// `o_proj`'s input `[B, T, H·D]`.
+    gated: T,
+    x2: T,
+    n2: NormOut<T>,
+    mlp: MlpSaved<T>,
+}
+
+impl<T> KimiSaved<T> {
+    /// The routing statistics of a routed block's forward.
+    pub(super) fn router_stats(&self) -> Option<RouterStats> {
+        self.mlp.router_stats()
+    }
+}
+
+/// `[H, H·D]` with row h one over its head's D channels: `a_log @ E`
+/// gives each channel its head's value, and the backward sums them.
+fn expansion<E: Executor>(ex: &E, heads: usize, d: usize) -> Result<E::Tensor> {
+    let mut e = vec![0.0f32; heads * heads * d];
+    for h in 0..heads {
+        e[h * heads * d + h * d..h * heads * d + (h + 1) * d].fill(1.0);
+    }
+    Ok(ex.upload_slice(&shape(&[heads, heads * d]), HostSlice::F32(&e))?)
+}
+
+pub(super) fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+) -> Result<(E::Tensor, KimiSaved<E::Tensor>)> {
+    let l = Layout::new(cfg, layer);
+    check_weights(w, l.len, "kimi block_forward")?;
+    let la = linear_attn(cfg)?;
+    let eps = cfg.norm_eps as f32;
+    let (b, t) = (x.dims()[0], x.dims()[1]);
+    let (h, d) = (la.value_heads, la.value_dim);
+    let hd = h * d;
+    let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
+    let y = &n1.y;
+    let mixed = ex.concat_last(&[&lin(ex, y, w, l.q)?, &lin(ex, y, w, l.k)?, &lin(ex, y, w, l.v)?])?;
+    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, l.conv)?)?;
+    let parts = ex.split_last(&conv, &[hd, hd, hd])?;
+    let heads = shape(&[b, t, h, d]);
+    let (q, k, v) = (
+        ex.reshape(&parts[0], &heads)?,
+        ex.reshape(&parts[1], &heads)?,
+        ex.reshape(&parts[2], &heads)?,
+    );
+    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, d)?;
+    let (qn, kn) = (ex.rmsnorm(&q, &unit, l2_eps)?, ex.rmsnorm(&k, &unit, l2_eps)?);
+    let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
+    let f_a = lin(ex, y, w, l.f_a)?;
+    let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &shape(&[b * t, hd]))?;
+    let expand = expansion(ex, h, d)?;
+    let a_log = ex.matmul(
+        &ex.reshape(&w[l.a_log], &shape(&[1, h]))?,
+        &expand,
+        None,
+        Transpose::NN,
+    )?;
+    let a_log = ex.reshape(&a_log, &shape(&[hd]))?;
+    // delta_gates' β of f is not used: β is σ(b) per head, below.
+    let (g, _) = ex.delta_gates(&f, &f, &a_log, &w[l.dt_bias])?;
+    let bl = ex.reshape(&lin(ex, y, w, l.b)?, &shape(&[b * t, h]))?;
+    let ones = ex.add_scalar(&ex.zeros(bl.shape())?, 1.0)?;
+    let beta = ex.sigmoid_mul(&bl, &ones)?;
+    let (g, beta) = (ex.reshape(&g, &heads)?, ex.reshape(&beta, &shape(&[b, t, h]))?);
+    let rule = ex.gated_delta_rule(&qs, &ks, &v, &g, &beta)?;
+    let normed = ex.rmsnorm(&rule.out, &w[l.norm], eps)?;
+    let g_a = lin(ex, y, w, l.g_a)?;
+    let gate = ex.reshape(&lin(ex, &g_a, w, l.g_b)?, &heads)?;
+    let gated = ex.reshape(&ex.sigmoid_mul(&gate, &normed.y)?, &shape(&[b, t, hd]))?;
+    let out = lin(ex, &gated, w, l.o)?;
+    let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &out, &w[l.ln2], eps)?;
+    let (dm, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
+    let y_out = ex.add(&x2, &dm)?;
+    let saved = KimiSaved {
+        x: ex.reshape(x, x.shape())?,
+        n1,
+        mixed,
+        q: (q, qn, qs),
+        k: (k, kn, ks),
+        v,
+        f_a,
+        f,
+        a_log,
+        expand,
+        b: bl,
+        ones,
+        g,
+        beta,
+        rule,
+        normed,
+        g_a,
+        gate,
+        gated,
+        x2,
+        n2,
+        mlp,
+    };
+    Ok((y_out, saved))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    s: &KimiSaved<E::Tensor>,
+    dy: &E::Tensor,
+    aux: Option<&RouterAux>,
+) -> Result<(E::Tensor, Vec<E::Tensor>)> {
+    let l = Layout::new(cfg, layer);
+    check_weights(w, l.len, "kimi block_backward")?;
+    let la = linear_attn(cfg)?;
+    let (b, t) = (dy.dims()[0], dy.dims()[1]);
+    let (h, d) = (la.value_heads, la.value_dim);
+    let hd = h * d;
+    let nt = Transpose::NT;
+    let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
+    let take = |g: &mut megatrain_tensor::MatmulGrads<E::Tensor>| g.da.take().expect("requested gradient");
+
+    let dn2 = l
+        .mlp
+        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dy, aux, &mut grads)?;
+    let n2 = ex.add_rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2, dy)?;
+    grads[l.ln2] = Some(n2.dw);
+    let dx2 = n2.dx;
+
+    let mut go = ex.matmul_backward(&s.gated, &w[l.o.0], &dx2, nt, needs(l.o.1))?;
+    let dgated = ex.reshape(&take(&mut go), &shape(&[b, t, h, d]))?;
+    put(&mut grads, l.o, go);
+    let (dgate, dnormed) = ex.sigmoid_mul_backward(&s.gate, &s.normed.y, &dgated)?;
+    let dgate = ex.reshape(&dgate, &shape(&[b, t, hd]))?;
+    let mut gb = ex.matmul_backward(&s.g_a, &w[l.g_b.0], &dgate, nt, needs(l.g_b.1))?;
+    let dg_a = take(&mut gb);
+    put(&mut grads, l.g_b, gb);
+    let gn = ex.rmsnorm_backward(&s.rule.out, &w[l.norm], &s.normed.rstd, &dnormed)?;
+    grads[l.norm] = Some(gn.dw);
+    let gr = ex.gated_delta_rule_backward(&s.q.2, &s.k.2, &s.v, &s.g, &s.beta, &s.rule, &gn.dx)?;
+
+    // The gates: β = σ(b)·1 per head; g per channel from f, A_log, dt_bias.
+    let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, h]))?;
+    let (db, _) = ex.sigmoid_mul_backward(&s.b, &s.ones, &dbeta)?;
+    let dg = ex.reshape(&gr.dg, &shape(&[b * t, hd]))?;
+    let no_beta = ex.zeros(dg.shape())?;
+    let (df, _, da_log, ddt_bias) =
+        ex.delta_gates_backward(&s.f, &s.f, &s.a_log, &w[l.dt_bias], &dg, &no_beta)?;
+    grads[l.dt_bias] = Some(ddt_bias);
+    let only_da = MatmulNeeds {
+        da: true,
+        db: false,
+        dbias: false,
+    };
+    let head_log = ex.reshape(&w[l.a_log], &shape(&[1, h]))?;
+    let da_log = ex.reshape(&da_log, &shape(&[1, hd]))?;
+    let mut ge = ex.matmul_backward(&head_log, &s.expand, &da_log, Transpose::NN, only_da)?;
+    grads[l.a_log] = Some(ex.reshape(&take(&mut ge), w[l.a_log].shape())?);
+    let df = ex.reshape(&df, &shape(&[b, t, hd]))?;
+    let mut fb = ex.matmul_backward(&s.f_a, &w[l.f_b.0], &df, nt, needs(l.f_b.1))?;
+    let df_a = take(&mut fb);
+    put(&mut grads, l.f_b, fb);
+
+    // q, k, v through their l2 norms and the convolution.
+    let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, d)?;
+    let dq = ex
+        .rmsnorm_backward(&s.q.0, &unit, &s.q.1.rstd, &ex.scale(&gr.dq, q_scale)?)?
+        .dx;
+    let dk = ex
+        .rmsnorm_backward(&s.k.0, &unit, &s.k.1.rstd, &ex.scale(&gr.dk, k_scale)?)?
+        .dx;
+    let flat = |x: &E::Tensor| ex.reshape(x, &shape(&[b, t, hd]));
+    let dconv = ex.concat_last(&[&flat(&dq)?, &flat(&dk)?, &flat(&gr.dv)?])?;
+    let conv_w = conv_weight(ex, la, w, l.conv)?;
+    let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&s.mixed, &conv_w, &dconv)?;
+    conv_grads(ex, w, l.conv, &dconv_w, &mut grads)?;
+    let m = ex.split_last(&dmixed, &[hd, hd, hd])?;
+    let db = ex.reshape(&db, &shape(&[b, t, h]))?;
+    let parts = [
+        (&m[0], l.q),
+        (&m[1], l.k),
+        (&m[2], l.v),
+        (&df_a, l.f_a),
+        (&db, l.b),
+        (&dg_a, l.g_a),
+    ];
+    let dn1 = qkv_backward(ex, &s.n1.y, w, parts, &mut grads)?;
+    let n1 = ex.add_rmsnorm_backward(&s.x, &w[l.ln1], &s.n1.rstd, &dn1, &dx2)?;
+    grads[l.ln1] = Some(n1.dw);
+    let grads = grads
+        .into_iter()
+        .map(|g| g.expect("every slot's gradient"))
+        .collect();
+    Ok((n1.dx, grads))
+}
