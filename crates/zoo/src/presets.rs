@@ -42,6 +42,8 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3.5-9b",
     "qwen3.5-35b-a3b",
     "qwen3-next-80b-a3b",
+    "olmo-hybrid-7b",
+    "kimi-linear-48b-a3b",
 ];
 
 /// Llama 3.1's and 3.2's RoPE scaling (their `config.json`'s `rope_scaling`
@@ -688,6 +690,31 @@ fn qwen35_shape(arch: Arch) -> serde_json::Map<String, serde_json::Value> {
     v.as_object().expect("an object").clone()
 }
 
+/// OLMo Hybrid 7B and Kimi Linear 48B-A3B as their transformers config
+/// classes default to (7.43 B and 49.1 B parameters, as transformers
+/// counts them, Kimi's routers' correction biases besides): OLMo Hybrid's full attention on every fourth block, Kimi
+/// Linear's on blocks 4, 8, .. 24 of 27 (its checkpoints' own
+/// `linear_attn_config` may place them otherwise).
+fn class_defaults(name: &str, arch: Arch) -> Result<ModelConfig> {
+    let shape = match arch {
+        Arch::OlmoHybrid => serde_json::json!({
+            "vocab_size": 100352, "hidden_size": 3840, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 30, "max_position_embeddings": 65536,
+        }),
+        _ => serde_json::json!({
+            "vocab_size": 163840, "hidden_size": 2304, "intermediate_size": 9216,
+            "num_hidden_layers": 27, "num_attention_heads": 32,
+        }),
+    };
+    let mut v = shape.as_object().expect("an object").clone();
+    v.insert(
+        "architectures".into(),
+        serde_json::json!([arch.hf_architecture()]),
+    );
+    v.insert("model_type".into(), serde_json::json!(arch.model_type()));
+    hf_preset(name, serde_json::Value::Object(v))
+}
+
 /// A preset read from an HF config as a checkpoint's would be, with no
 /// file behind it.
 fn hf_preset(name: &str, v: serde_json::Value) -> Result<ModelConfig> {
@@ -773,6 +800,8 @@ pub fn preset(name: &str, vocab: Option<usize>) -> Result<ModelConfig> {
         "qwen3.5-9b" => qwen35(name, Arch::Qwen35)?,
         "qwen3.5-35b-a3b" => qwen35(name, Arch::Qwen35Moe)?,
         "qwen3-next-80b-a3b" => qwen35(name, Arch::Qwen3Next)?,
+        "olmo-hybrid-7b" => class_defaults(name, Arch::OlmoHybrid)?,
+        "kimi-linear-48b-a3b" => class_defaults(name, Arch::KimiLinear)?,
         _ => {
             return Err(ZooError::UnknownPreset {
                 name: name.to_string(),

@@ -34,6 +34,10 @@ fn benchmark_shapes_have_the_published_parameter_counts() {
         ("qwen3.5-9b", 8_953_803_264),
         ("qwen3.5-35b-a3b", 34_660_610_688),
         ("qwen3-next-80b-a3b", 79_674_391_296),
+        ("olmo-hybrid-7b", 7_430_870_688),
+        // transformers' 49,133,074,464 and its 26 routers' correction
+        // biases (buffers there, checkpoint tensors here).
+        ("kimi-linear-48b-a3b", 49_133_074_464 + 26 * 256),
     ] {
         let cfg = preset(name, None).unwrap();
         assert_eq!(cfg.param_count(), params, "{name}");
