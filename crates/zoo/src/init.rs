@@ -36,10 +36,15 @@ fn init_of(cfg: &ModelConfig, name: &str, decay: bool) -> Init {
     // Qwen3.5's Gated DeltaNet, as transformers initialises it: the
     // decays' `dt_bias` one, `A_log` the log of U(0.01, 16) (kept off 0 so
     // that log A is finite), its gated norm's gain (stored as itself) one;
-    // OLMo Hybrid's `dt_bias` softplus⁻¹ of a step drawn log-uniformly
-    // from [0.001, 0.1] (at least 1e-4), its `o_norm` one as any gain.
-    if name.ends_with(".dt_bias") && cfg.arch == crate::Arch::OlmoHybrid {
+    // OLMo Hybrid's and Kimi Linear's `dt_bias` (fla's) softplus⁻¹ of a
+    // step drawn log-uniformly from [0.001, 0.1] (at least 1e-4), Kimi's
+    // `A_log` the log of U(1, 16); their `o_norm` one as any gain.
+    let fla = matches!(cfg.arch, crate::Arch::OlmoHybrid | crate::Arch::KimiLinear);
+    if name.ends_with(".dt_bias") && fla {
         return Init::InvSoftplusLogUniform(0.001, 0.1, 1e-4);
+    }
+    if name.ends_with(".A_log") && cfg.arch == crate::Arch::KimiLinear {
+        return Init::LogUniform(1.0, 16.0);
     }
     if name.ends_with(".dt_bias") || name.ends_with("linear_attn.norm.weight") {
         return Init::Const(1.0);
