@@ -87,9 +87,7 @@ impl ModelConfig {
             // OLMo Hybrid's checkpoints name the norms before the token
             // mixer and before the MLP so (transformers renames them on
             // load), in its attention blocks too.
-            (LayerKind::Block(i), Arch::OlmoHybrid)
-                if self.linear_attn.as_ref().is_some_and(|l| l.is_linear(i)) =>
-            {
+            (LayerKind::Block(i), Arch::OlmoHybrid) if self.is_linear_block(i) => {
                 let p = format!("model.layers.{i}");
                 t.push(format!("{p}.attention_layer_norm.weight"), [c], false)?;
                 self.push_qwen35_mixer(&mut t, &p, i)?;
@@ -211,9 +209,7 @@ impl ModelConfig {
                     t.push(format!("{p}.{name}.bias"), [shape[0]], false)?;
                 }
             }
-            (LayerKind::Block(i), Arch::KimiLinear)
-                if self.linear_attn.as_ref().is_some_and(|l| l.is_linear(i)) =>
-            {
+            (LayerKind::Block(i), Arch::KimiLinear) if self.is_linear_block(i) => {
                 let p = format!("model.layers.{i}");
                 t.push(format!("{p}.input_layernorm.weight"), [c], false)?;
                 self.push_kda(&mut t, &p)?;

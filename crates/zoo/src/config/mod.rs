@@ -799,6 +799,11 @@ impl ModelConfig {
                 .is_none_or(|s| s.get(layer).copied().unwrap_or(false))
     }
 
+    /// Whether block `layer` is a Gated DeltaNet ([`LinearAttn`]).
+    pub fn is_linear_block(&self, layer: usize) -> bool {
+        self.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer))
+    }
+
     /// Whether block `layer` rotates q and k at all.
     pub fn has_rope(&self, layer: usize) -> bool {
         self.nope_layers

@@ -17,7 +17,7 @@ use megatrain_tensor::{
 };
 
 use super::block_llama::{Mlp, MlpSaved};
-use super::block_qwen35::{Conv, conv_grads, conv_weight, l2_norm_parts, linear_attn};
+use super::block_qwen35::{Conv, RuleInputs, linear_attn, rule_inputs};
 use super::moe::{RouterAux, RouterStats};
 use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
 use crate::{ModelConfig, Result};
@@ -89,13 +89,8 @@ impl Layout {
 pub struct KimiSaved<T> {
     x: T,
     n1: NormOut<T>,
-    /// The convolution's input `[B, T, 3·H·D]`.
-    mixed: T,
-    /// q and k before their l2 norms `[B, T, H, D]`, the norms, and the
-    /// scaled outputs the rule read.
-    q: (T, NormOut<T>, T),
-    k: (T, NormOut<T>, T),
-    v: T,
+    /// q, k and v as the rule read them, and what made them.
+    inputs: RuleInputs<T>,
     /// The forget gate's low-rank middle `[B, T, D]` and its logits
     /// `[B·T, H·D]`, the per-channel `A_log` and the expansion that made it.
     f_a: T,
@@ -153,17 +148,8 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
     let y = &n1.y;
     let mixed = ex.concat_last(&[&lin(ex, y, w, l.q)?, &lin(ex, y, w, l.k)?, &lin(ex, y, w, l.v)?])?;
-    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, l.conv)?)?;
-    let parts = ex.split_last(&conv, &[hd, hd, hd])?;
+    let inputs = rule_inputs(ex, la, w, l.conv, mixed)?;
     let heads = shape(&[b, t, h, d]);
-    let (q, k, v) = (
-        ex.reshape(&parts[0], &heads)?,
-        ex.reshape(&parts[1], &heads)?,
-        ex.reshape(&parts[2], &heads)?,
-    );
-    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, d)?;
-    let (qn, kn) = (ex.rmsnorm(&q, &unit, l2_eps)?, ex.rmsnorm(&k, &unit, l2_eps)?);
-    let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
     let f_a = lin(ex, y, w, l.f_a)?;
     let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &shape(&[b * t, hd]))?;
     let expand = expansion(ex, h, d)?;
@@ -180,7 +166,7 @@ pub(super) fn forward<E: Executor>(
     let ones = ex.add_scalar(&ex.zeros(bl.shape())?, 1.0)?;
     let beta = ex.sigmoid_mul(&bl, &ones)?;
     let (g, beta) = (ex.reshape(&g, &heads)?, ex.reshape(&beta, &shape(&[b, t, h]))?);
-    let rule = ex.gated_delta_rule(&qs, &ks, &v, &g, &beta)?;
+    let rule = inputs.rule(ex, &g, &beta)?;
     let normed = ex.rmsnorm(&rule.out, &w[l.norm], eps)?;
     let g_a = lin(ex, y, w, l.g_a)?;
     let gate = ex.reshape(&lin(ex, &g_a, w, l.g_b)?, &heads)?;
@@ -192,10 +178,7 @@ pub(super) fn forward<E: Executor>(
     let saved = KimiSaved {
         x: ex.reshape(x, x.shape())?,
         n1,
-        mixed,
-        q: (q, qn, qs),
-        k: (k, kn, ks),
-        v,
+        inputs,
         f_a,
         f,
         a_log,
@@ -253,7 +236,7 @@ pub(super) fn backward<E: Executor>(
     put(&mut grads, l.g_b, gb);
     let gn = ex.rmsnorm_backward(&s.rule.out, &w[l.norm], &s.normed.rstd, &dnormed)?;
     grads[l.norm] = Some(gn.dw);
-    let gr = ex.gated_delta_rule_backward(&s.q.2, &s.k.2, &s.v, &s.g, &s.beta, &s.rule, &gn.dx)?;
+    let gr = s.inputs.rule_backward(ex, &s.g, &s.beta, &s.rule, &gn.dx)?;
 
     // The gates: β = σ(b)·1 per head; g per channel from f, A_log, dt_bias.
     let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, h]))?;
@@ -278,18 +261,7 @@ pub(super) fn backward<E: Executor>(
     put(&mut grads, l.f_b, fb);
 
     // q, k, v through their l2 norms and the convolution.
-    let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, d)?;
-    let dq = ex
-        .rmsnorm_backward(&s.q.0, &unit, &s.q.1.rstd, &ex.scale(&gr.dq, q_scale)?)?
-        .dx;
-    let dk = ex
-        .rmsnorm_backward(&s.k.0, &unit, &s.k.1.rstd, &ex.scale(&gr.dk, k_scale)?)?
-        .dx;
-    let flat = |x: &E::Tensor| ex.reshape(x, &shape(&[b, t, hd]));
-    let dconv = ex.concat_last(&[&flat(&dq)?, &flat(&dk)?, &flat(&gr.dv)?])?;
-    let conv_w = conv_weight(ex, la, w, l.conv)?;
-    let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&s.mixed, &conv_w, &dconv)?;
-    conv_grads(ex, w, l.conv, &dconv_w, &mut grads)?;
+    let dmixed = s.inputs.backward(ex, la, w, l.conv, &gr, &mut grads)?;
     let m = ex.split_last(&dmixed, &[hd, hd, hd])?;
     let db = ex.reshape(&db, &shape(&[b, t, h]))?;
     let parts = [

@@ -19,7 +19,8 @@
 //! once more).
 
 use megatrain_tensor::{
-    AddNormOut, AttentionOut, DeltaRuleOut, Executor, HostSlice, NormOut, TensorHandle, Transpose,
+    AddNormOut, AttentionOut, DeltaRuleGrads, DeltaRuleOut, Executor, HostSlice, NormOut, TensorHandle,
+    Transpose,
 };
 
 use super::block_llama::{Mlp, MlpSaved};
@@ -116,7 +117,7 @@ impl Layout {
             (w, bias.then(&mut *next))
         }
         let ln1 = next();
-        let mixer = match cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) {
+        let mixer = match cfg.is_linear_block(layer) {
             true => Mixer::DeltaNet(DeltaNet {
                 proj: match cfg.arch {
                     Arch::Qwen3Next => InProj::Fused {
@@ -180,13 +181,8 @@ impl Layout {
 /// What a Gated DeltaNet's backward needs from its forward.
 #[derive(Debug)]
 struct DeltaNetSaved<T> {
-    /// The convolution's input, the mixed q/k/v `[B, T, channels]`.
-    mixed: T,
-    /// q and k before their l2 norms `[B, T, Hk, Dk]`, with the norms
-    /// and the scaled outputs the rule read.
-    q: (T, NormOut<T>, T),
-    k: (T, NormOut<T>, T),
-    v: T,
+    /// q, k and v as the rule read them, and what made them.
+    inputs: RuleInputs<T>,
     /// The decays' and rates' logits `[B·T, Hv]`, and the gates they gave
     /// `[B, T, Hv]`.
     a: T,
@@ -353,23 +349,14 @@ fn delta_net_forward<E: Executor>(
 ) -> Result<(E::Tensor, DeltaNetSaved<E::Tensor>)> {
     let la = linear_attn(cfg)?;
     let (b, t) = (x.dims()[0], x.dims()[1]);
-    let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
-    let (kw, vw) = (la.key_width(), la.value_width());
+    let (hv, vw) = (la.value_heads, la.value_width());
     let Projected {
         mixed,
         z,
         b: bl,
         a: al,
     } = project(ex, la, w, d.proj, x)?;
-    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, d.conv)?)?;
-    let parts = ex.split_last(&conv, &[kw, kw, vw])?;
-    let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
-    let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
-    let v = ex.reshape(&parts[2], &shape(&[b, t, hv, dv]))?;
-    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
-    let qn = ex.rmsnorm(&q, &unit, l2_eps)?;
-    let kn = ex.rmsnorm(&k, &unit, l2_eps)?;
-    let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
+    let inputs = rule_inputs(ex, la, w, d.conv, mixed)?;
     let (gates, betas) = ex.delta_gates(&al, &bl, &w[d.a_log], &w[d.dt_bias])?;
     let gates = ex.reshape(&gates, &shape(&[b, t, hv]))?;
     let betas = ex.reshape(&betas, &shape(&[b, t, hv]))?;
@@ -377,15 +364,12 @@ fn delta_net_forward<E: Executor>(
         1.0 => betas,
         s => ex.scale(&betas, s)?,
     };
-    let rule = ex.gated_delta_rule(&qs, &ks, &v, &gates, &betas)?;
+    let rule = inputs.rule(ex, &gates, &betas)?;
     let normed = ex.rmsnorm(&rule.out, &w[d.norm], gate_norm_eps(cfg, la))?;
     let gated = ex.reshape(&ex.swiglu(&z, &normed.y)?, &shape(&[b, t, vw]))?;
     let out = lin(ex, &gated, w, d.out)?;
     let saved = DeltaNetSaved {
-        mixed,
-        q: (q, qn, qs),
-        k: (k, kn, ks),
-        v,
+        inputs,
         a: al,
         b: bl,
         g: gates,
@@ -413,8 +397,7 @@ fn delta_net_backward<E: Executor>(
 ) -> Result<E::Tensor> {
     let la = linear_attn(cfg)?;
     let (b, t) = (dout.dims()[0], dout.dims()[1]);
-    let (hv, dk, dv) = (la.value_heads, la.key_dim, la.value_dim);
-    let (kw, vw) = (la.key_width(), la.value_width());
+    let (hv, dv, vw) = (la.value_heads, la.value_dim, la.value_width());
     let mut go = ex.matmul_backward(&s.gated, &w[d.out.0], dout, Transpose::NT, needs(d.out.1))?;
     let dgated = ex.reshape(
         &go.da.take().expect("requested gradient"),
@@ -424,19 +407,9 @@ fn delta_net_backward<E: Executor>(
     let (dz, dnormed) = ex.swiglu_backward(&s.z, &s.normed.y, &dgated)?;
     let gn = ex.rmsnorm_backward(&s.rule.out, &w[d.norm], &s.normed.rstd, &dnormed)?;
     grads[d.norm] = Some(gn.dw);
-    let gr = ex.gated_delta_rule_backward(&s.q.2, &s.k.2, &s.v, &s.g, &s.beta, &s.rule, &gn.dx)?;
-    let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
-    let dq = ex
-        .rmsnorm_backward(&s.q.0, &unit, &s.q.1.rstd, &ex.scale(&gr.dq, q_scale)?)?
-        .dx;
-    let dk_ = ex
-        .rmsnorm_backward(&s.k.0, &unit, &s.k.1.rstd, &ex.scale(&gr.dk, k_scale)?)?
-        .dx;
+    let gr = s.inputs.rule_backward(ex, &s.g, &s.beta, &s.rule, &gn.dx)?;
+    let dmixed = s.inputs.backward(ex, la, w, d.conv, &gr, grads)?;
     let flat = |x: &E::Tensor, n: usize| ex.reshape(x, &shape(&[b, t, n]));
-    let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk_, kw)?, &flat(&gr.dv, vw)?])?;
-    let conv_w = conv_weight(ex, la, w, d.conv)?;
-    let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&s.mixed, &conv_w, &dconv)?;
-    conv_grads(ex, w, d.conv, &dconv_w, grads)?;
     let dg = ex.reshape(&gr.dg, &shape(&[b * t, hv]))?;
     let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, hv]))?;
     let dbeta = match la.beta_scale {
@@ -450,6 +423,96 @@ fn delta_net_backward<E: Executor>(
     let (da, db) = (flat(&da, hv)?, flat(&db, hv)?);
     let dz = flat(&dz, vw)?;
     project_backward(ex, la, w, d.proj, x, [&dmixed, &dz, &db, &da], grads)
+}
+
+/// What the gated delta rule reads from the mixed `[q | k | v]` (the
+/// convolution's input `[B, T, channels]`, kept for its backward): the
+/// convolution with SiLU, then q and k through their l2 norms (kept before,
+/// in and after their scales), and v. Every Gated DeltaNet's (Qwen3.5's,
+/// OLMo Hybrid's, Kimi Linear's) whatever its products and gates.
+#[derive(Debug)]
+pub(super) struct RuleInputs<T> {
+    mixed: T,
+    q: (T, NormOut<T>, T),
+    k: (T, NormOut<T>, T),
+    v: T,
+}
+
+/// [`RuleInputs`] of `mixed` through the convolution `conv`.
+pub(super) fn rule_inputs<E: Executor>(
+    ex: &E,
+    la: &LinearAttn,
+    w: &[E::Tensor],
+    conv: Conv,
+    mixed: E::Tensor,
+) -> Result<RuleInputs<E::Tensor>> {
+    let (b, t) = (mixed.dims()[0], mixed.dims()[1]);
+    let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
+    let (kw, vw) = (la.key_width(), la.value_width());
+    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, conv)?)?;
+    let parts = ex.split_last(&conv, &[kw, kw, vw])?;
+    let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
+    let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
+    let v = ex.reshape(&parts[2], &shape(&[b, t, hv, dv]))?;
+    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
+    let qn = ex.rmsnorm(&q, &unit, l2_eps)?;
+    let kn = ex.rmsnorm(&k, &unit, l2_eps)?;
+    let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
+    Ok(RuleInputs {
+        mixed,
+        q: (q, qn, qs),
+        k: (k, kn, ks),
+        v,
+    })
+}
+
+impl<T: TensorHandle> RuleInputs<T> {
+    /// The gated delta rule of these inputs with decays `g` and rates `beta`.
+    pub(super) fn rule<E: Executor<Tensor = T>>(&self, ex: &E, g: &T, beta: &T) -> Result<DeltaRuleOut<T>> {
+        Ok(ex.gated_delta_rule(&self.q.2, &self.k.2, &self.v, g, beta)?)
+    }
+
+    /// The rule's backward from `dout`, its forward's `g`, `beta` and `fwd`.
+    pub(super) fn rule_backward<E: Executor<Tensor = T>>(
+        &self,
+        ex: &E,
+        g: &T,
+        beta: &T,
+        fwd: &DeltaRuleOut<T>,
+        dout: &T,
+    ) -> Result<DeltaRuleGrads<T>> {
+        Ok(ex.gated_delta_rule_backward(&self.q.2, &self.k.2, &self.v, g, beta, fwd, dout)?)
+    }
+
+    /// The gradient of `mixed` from the rule's dq, dk and dv, the
+    /// convolution's stored at its slots in `grads`.
+    pub(super) fn backward<E: Executor<Tensor = T>>(
+        &self,
+        ex: &E,
+        la: &LinearAttn,
+        w: &[T],
+        conv: Conv,
+        gr: &DeltaRuleGrads<T>,
+        grads: &mut [Option<T>],
+    ) -> Result<T> {
+        let (b, t) = (self.mixed.dims()[0], self.mixed.dims()[1]);
+        let (kw, vw) = (la.key_width(), la.value_width());
+        let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, la.key_dim)?;
+        let (q, qn, _) = &self.q;
+        let (k, kn, _) = &self.k;
+        let dq = ex
+            .rmsnorm_backward(q, &unit, &qn.rstd, &ex.scale(&gr.dq, q_scale)?)?
+            .dx;
+        let dk = ex
+            .rmsnorm_backward(k, &unit, &kn.rstd, &ex.scale(&gr.dk, k_scale)?)?
+            .dx;
+        let flat = |x: &T, n: usize| ex.reshape(x, &shape(&[b, t, n]));
+        let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk, kw)?, &flat(&gr.dv, vw)?])?;
+        let conv_w = conv_weight(ex, la, w, conv)?;
+        let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&self.mixed, &conv_w, &dconv)?;
+        conv_grads(ex, w, conv, &dconv_w, grads)?;
+        Ok(dmixed)
+    }
 }
 
 /// The convolution's weight `[channels, taps]`: OLMo Hybrid's pieces

@@ -111,7 +111,7 @@ pub fn block_forward<E: Executor>(
         }
         // OLMo Hybrid's Gated DeltaNet blocks; its attention blocks are
         // OLMo 3's (below).
-        Arch::OlmoHybrid if cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) => {
+        Arch::OlmoHybrid if cfg.is_linear_block(layer) => {
             let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Qwen35(Box::new(s))))
         }
@@ -137,7 +137,7 @@ pub fn block_forward<E: Executor>(
         }
         // Kimi Linear's delta-attention blocks; its others are latent
         // attention's (below).
-        Arch::KimiLinear if cfg.linear_attn.as_ref().is_some_and(|l| l.is_linear(layer)) => {
+        Arch::KimiLinear if cfg.is_linear_block(layer) => {
             let (y, s) = block_kimi::forward(cfg, ex, layer, w, x)?;
             Ok((y, BlockSaved::Kimi(Box::new(s))))
         }
