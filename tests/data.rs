@@ -275,6 +275,7 @@ fn stream(n: u32) -> TokenData {
     TokenData {
         tokens: (0..n).collect(),
         loss_mask: None,
+        records: None,
     }
 }
 
@@ -552,6 +553,7 @@ fn a_mixture_draws_whole_rows_by_weight() {
     let b = TokenData {
         tokens: (1000..1300).collect(),
         loss_mask: None,
+        records: None,
     };
     let mix = Mix {
         parts: vec![a.clone(), b],
@@ -591,4 +593,131 @@ fn a_mixture_draws_whole_rows_by_weight() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("b:") && err.contains("16"), "{err}");
+}
+
+/// Three alpaca records under one-letter headers: "UaAbc|" (6 tokens),
+/// "UdAe|" (5) and "UfghijklAmnopq|" (15), `|` the end-of-sequence id 0.
+fn three_records(dir: &Path) -> (std::path::PathBuf, TokenData) {
+    let p = dir.join("r.jsonl");
+    let t = ChatTemplate::Headers(Headers {
+        system: "S{text}".into(),
+        user: "U{text}".into(),
+        user_with_input: "U{text}I{input}".into(),
+        assistant: "A".into(),
+    });
+    std::fs::write(
+        &p,
+        "{\"instruction\":\"a\",\"output\":\"bc\"}\n{\"instruction\":\"d\",\"output\":\"e\"}\n\
+         {\"instruction\":\"fghijkl\",\"output\":\"mnopq\"}\n",
+    )
+    .unwrap();
+    let d = load_tokens(&p, &Bytes, &t).unwrap();
+    (p, d)
+}
+
+/// A row as text: inputs (`.` for padding) and the counted targets (`_`
+/// where the loss ignores the position).
+fn row_text(b: &megatrain::data::Batch, r: usize) -> (String, String) {
+    let t = b.seq_len;
+    let ch = |c: u32| if c == 0 { '|' } else { c as u8 as char };
+    let inputs = b.inputs[r * t..(r + 1) * t].iter().map(|&c| ch(c)).collect();
+    let targets = b.targets[r * t..(r + 1) * t]
+        .iter()
+        .map(|&c| if c == IGNORE_INDEX { '_' } else { ch(c as u32) })
+        .collect();
+    (inputs, targets)
+}
+
+/// Rows of records: each starts at its record's first token and ends with
+/// it (the last token's target ignored: what follows is another record),
+/// padded with id 0 and ignored targets, a long record cut at T + 1
+/// tokens; in order, record g·B + b; at random, every record once a pass.
+#[test]
+fn rows_of_records_start_at_a_record_and_are_padded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, d) = three_records(dir.path());
+    assert_eq!(d.records.as_ref().unwrap().starts(), &[0, 6, 11]);
+    let b = draw_batch(&d, Sampling::Sequential, 0, 3, 8, &p).unwrap();
+    let rows: Vec<_> = (0..3).map(|r| row_text(&b, r)).collect();
+    // Padding reads as id 0 ('|') too; its targets are ignored.
+    assert_eq!(rows[0], ("UaAbc|||".into(), "__bc|___".into()));
+    assert_eq!(rows[1], ("UdAe||||".into(), "__e|____".into()));
+    // 15 tokens, cut at 9: its response's first tokens only.
+    assert_eq!(
+        rows[2],
+        ("UfghijklA".chars().take(8).collect(), "________".into())
+    );
+    let b = draw_batch(&d, Sampling::Sequential, 0, 1, 10, &p).unwrap();
+    assert_eq!(row_text(&b, 0).0, "UaAbc|||||");
+    // Batch 1 of 2 rows: records 2 and 0 (wrapping).
+    let b = draw_batch(&d, Sampling::Sequential, 1, 2, 14, &p).unwrap();
+    assert_eq!(
+        row_text(&b, 0),
+        ("UfghijklAmnopq".into(), "________mnopq|".into())
+    );
+    assert_eq!(row_text(&b, 1).0, "UaAbc|||||||||");
+    assert_eq!(b.counted(), 6 + 3);
+
+    // At random: each pass of three rows holds every record once.
+    for pass in 0..4u64 {
+        let s = Sampling::Random { seed: 11 };
+        let b = draw_batch(&d, s, pass, 3, 16, &p).unwrap();
+        let mut firsts: Vec<String> = (0..3).map(|r| row_text(&b, r).0[..2].to_string()).collect();
+        firsts.sort();
+        assert_eq!(firsts, ["Ua", "Ud", "Uf"], "pass {pass}");
+    }
+    // As a stream, the same data draws windows across records.
+    let b = draw_batch(&d.clone().as_stream(), Sampling::Sequential, 1, 1, 8, &p).unwrap();
+    assert_eq!(row_text(&b, 0).0, "Ae|Ufghi");
+}
+
+/// An instruction set's validation split falls between records: the
+/// records that start in its last fraction (at least the last one); one
+/// record cannot be split.
+#[test]
+fn validation_split_of_records_is_between_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, d) = three_records(dir.path());
+    let (t, v) = split_validation(d.clone(), 0.5).unwrap();
+    assert_eq!((t.len(), v.len()), (11, 15));
+    assert_eq!(t.records.as_ref().unwrap().starts(), &[0, 6]);
+    assert_eq!(v.records.as_ref().unwrap().starts(), &[0]);
+    let (t, v) = split_validation(d.clone(), 0.01).unwrap();
+    assert_eq!((t.len(), v.len()), (11, 15), "at least the last record");
+    let (t, v) = split_validation(d.clone(), 0.0).unwrap();
+    assert_eq!((t.records.unwrap().len(), v.records.unwrap().len()), (3, 0));
+    let (_, one) = split_validation(d, 0.5).unwrap();
+    let err = split_validation(one, 0.1).unwrap_err();
+    assert!(matches!(err, DataError::OneRecord(_)), "{err}");
+}
+
+/// Where the records start survives the cache: the flag bit below the
+/// mask's, set on each record's first word; a later load maps them.
+#[test]
+fn record_starts_are_cached_with_the_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, d) = three_records(dir.path());
+    let cache = dir.path().join("tokens");
+    let k = Counted {
+        key: Some("k"),
+        calls: std::sync::atomic::AtomicUsize::new(0),
+    };
+    let t = ChatTemplate::Headers(Headers {
+        system: "S{text}".into(),
+        user: "U{text}".into(),
+        user_with_input: "U{text}I{input}".into(),
+        assistant: "A".into(),
+    });
+    // No end-of-sequence id under this encoder: records of 5, 4 and 14.
+    let all = load_tokens(&p, &k, &t).unwrap();
+    assert_eq!(all.records.as_ref().unwrap().starts(), &[0, 5, 9]);
+    assert_eq!(all.len() + 3, d.len());
+    let (mut train, mut val) = split_validation(all.clone(), 0.5).unwrap();
+    keep_in_cache(&p, &k, &t, &cache, &mut [&mut train, &mut val]).unwrap();
+    assert!(train.tokens.is_mapped() && val.tokens.is_mapped());
+    assert_eq!(train.records.as_ref().unwrap().starts(), &[0, 5]);
+    let again = load_tokens_cached(&p, &k, &t, Some(&cache)).unwrap();
+    assert!(again.tokens.is_mapped());
+    assert_eq!(again.records.as_ref().unwrap().starts(), &[0, 5, 9]);
+    assert_eq!(again, all, "ids and mask read past both flags");
 }

@@ -495,3 +495,62 @@ fn fine_tunes_the_text_model_of_a_multimodal_checkpoint() {
         assert!(moved != before, "{case}: training changed the loaded weights");
     }
 }
+
+/// `--rows`: a `.jsonl` source gives one record a row by default (its
+/// validation split between records, a long record's cut said by name),
+/// `stream` gives windows of it, `records` refuses a source without
+/// records by name, the run keeps the option for `--resume`, and a state
+/// saved before the option existed drew windows.
+#[test]
+fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
+    use megatrain::run::{RowsKind, latest_checkpoint, read_train_state};
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let mut lines = String::new();
+    for i in 0..12 {
+        let answer = "long answer ".repeat(i % 4);
+        lines += &format!("{{\"instruction\": \"Q{i}\", \"input\": \"\", \"output\": \"A{answer}\"}}\n");
+    }
+    std::fs::write(t.join("a.jsonl"), lines).unwrap();
+    std::fs::write(t.join("b.txt"), "plain text ".repeat(40)).unwrap();
+    let mut o = small(t.join("a.jsonl"), &t.join("run"), "llama-tiny");
+    o.tokenizer = "byte".into();
+    o.seq_len = 48;
+    let p = prepare(o.clone(), false).unwrap();
+    let (train_part, val) = (&p.train.parts[0], &p.val.as_ref().unwrap().parts[0]);
+    let (tr, vr) = (train_part.records.as_ref().unwrap(), val.records.as_ref().unwrap());
+    assert_eq!(tr.len() + vr.len(), 12, "every record on one side");
+    // Records with three long answers run past 49 tokens: said, with the file.
+    let cut = p.warnings.iter().find(|w| w.contains("longer than --seq-len")).unwrap();
+    assert!(cut.contains("a.jsonl"), "{cut}");
+    assert!(matches!(o.rows, RowsKind::Auto));
+    trained(o.clone());
+    let state = read_train_state(&latest_checkpoint(&t.join("run")).unwrap()).unwrap();
+    assert_eq!(state.options.rows, RowsKind::Auto);
+
+    let stream = TrainOptions {
+        rows: RowsKind::Stream,
+        out: t.join("run-stream"),
+        ..o.clone()
+    };
+    let p = prepare(stream, false).unwrap();
+    assert!(p.train.parts[0].records.is_none());
+
+    let err = prepare(
+        TrainOptions {
+            rows: RowsKind::Records,
+            data: vec![t.join("a.jsonl"), t.join("b.txt")],
+            out: t.join("run-bad"),
+            ..o.clone()
+        },
+        false,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("--rows") && err.contains("b.txt"), "{err}");
+    assert_eq!("records".parse::<RowsKind>().unwrap(), RowsKind::Records);
+    assert!("packed".parse::<RowsKind>().unwrap_err().contains("auto, stream, records"));
+    let old: TrainOptions = serde_json::from_value(serde_json::json!({"tokenizer": "byte"})).unwrap();
+    assert_eq!(old.rows, RowsKind::Stream);
+}

@@ -487,3 +487,62 @@ fn evaluation_in_groups_equals_batch_by_batch() {
         assert_eq!(tr.eval_losses(&batches).unwrap(), alone);
     }
 }
+
+/// Rows of whole records (`--rows records`) are right-padded: attention,
+/// the causal convolution and the delta rule look only back, so a record
+/// scores in a padded row as it scores alone in a row of its own length,
+/// and the padding's ignored targets add nothing.
+#[test]
+fn a_record_scores_the_same_padded_as_alone() {
+    use megatrain::data::{IGNORE_INDEX, Mask, Records, Sampling, TokenData, draw_batch};
+    let lens = [5usize, 9, 13];
+    for model in [
+        common::llama_tiny(3),
+        gpt2_nano(61),
+        common::zoo_fixture("qwen3_5"),
+        common::mixtral_tiny(3),
+    ] {
+        let v = model.vocab_size as u32;
+        let total: usize = lens.iter().sum();
+        let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
+        // The first two tokens of each record are its prompt.
+        let mut starts = vec![0];
+        for l in &lens[..2] {
+            starts.push(starts.last().unwrap() + l);
+        }
+        let counted: Vec<bool> = (0..total)
+            .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
+            .collect();
+        let data = TokenData {
+            tokens: ids.clone().into(),
+            loss_mask: Some(Mask::from(counted.clone())),
+            records: Some(Records::new(starts.clone())),
+        };
+        let tr = trainer(&model, 2, false, None);
+        let padded = draw_batch(&data, Sampling::Sequential, 0, 3, 16, "mem".as_ref()).unwrap();
+        let (sum, n) = tr.eval_loss(&padded).unwrap();
+        let (mut sum_alone, mut n_alone) = (0.0, 0);
+        for (&s, &l) in starts.iter().zip(&lens) {
+            let alone = Batch {
+                batch: 1,
+                seq_len: l - 1,
+                inputs: ids[s..s + l - 1].to_vec(),
+                targets: (s + 1..s + l)
+                    .map(|i| if counted[i] { ids[i] as i32 } else { IGNORE_INDEX })
+                    .collect(),
+            };
+            let (a, c) = tr.eval_loss(&alone).unwrap();
+            sum_alone += a;
+            n_alone += c;
+        }
+        assert_eq!(n, n_alone, "{:?}", model.arch);
+        // Each record's first target is its prompt's, and its last token has none.
+        assert_eq!(n, total - 2 * lens.len(), "{:?}", model.arch);
+        let rel = (sum - sum_alone).abs() / sum_alone.abs();
+        assert!(
+            rel < 1e-5,
+            "{:?}: padded {sum} alone {sum_alone} ({rel:e})",
+            model.arch
+        );
+    }
+}

@@ -90,6 +90,7 @@ impl Stream {
                 .map(|i| (i * 7919 + i / self.div) % vocab as u32)
                 .collect(),
             loss_mask: None,
+            records: None,
         }
     }
 

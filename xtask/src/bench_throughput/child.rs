@@ -86,6 +86,7 @@ fn batches(spec: &Spec, vocab: usize, n: usize) -> anyhow::Result<Vec<Batch>> {
             .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
             .collect(),
         loss_mask: None,
+        records: None,
     };
     (0..n as u64)
         .map(|i| {

@@ -73,6 +73,7 @@ fn synthetic(vocab: usize, len: usize) -> TokenData {
             .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % vocab as u64) as u32)
             .collect(),
         loss_mask: None,
+        records: None,
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use megatrain::data::{Sampling, load_tokens};
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, RunError, TransportKnobs, chat_template_spec, evaluate,
+    DeviceChoice, Encoder, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
     resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
@@ -34,6 +34,10 @@ pub struct EvalArgs {
     /// Batches to evaluate (default: the whole data once, in order).
     #[arg(long)]
     batches: Option<usize>,
+    /// auto (one record a row for .jsonl, as `train` cuts them) | records |
+    /// stream (windows of the concatenated tokens).
+    #[arg(long, default_value = "auto")]
+    rows: RowsKind,
     /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
     #[arg(long)]
     tokenizer: Option<String>,
@@ -67,8 +71,25 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
     let spec = chat_template_spec(&dir, a.chat_template.as_deref());
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
-    let per_batch = a.batch * seq;
-    let whole = (data.len().saturating_sub(1) / per_batch).max(1);
+    let data = match a.rows.records_of(&a.data) {
+        true => data,
+        false if a.rows == RowsKind::Records => {
+            return Err(RunError::option(
+                "rows",
+                "records",
+                format!(
+                    "takes one .jsonl record a row; {} holds no records",
+                    a.data.display()
+                ),
+            )
+            .into());
+        }
+        false => data.as_stream(),
+    };
+    let whole = match &data.records {
+        Some(r) => r.len().div_ceil(a.batch),
+        None => (data.len().saturating_sub(1) / (a.batch * seq)).max(1),
+    };
     let batches = a.batches.unwrap_or(whole);
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
     let tier = load_tier(
@@ -85,8 +106,12 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;
         evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?
     });
+    let rows = match &data.records {
+        Some(r) => format!("{} records, one a row", r.len().min(batches * a.batch)),
+        None => "windows of the stream".into(),
+    };
     println!(
-        "loss {loss:.6}  perplexity {:.4}  ({batches} batches of {}×{seq} tokens from {})",
+        "loss {loss:.6}  perplexity {:.4}  ({batches} batches of {}×{seq} tokens from {}: {rows})",
         loss.exp(),
         a.batch,
         a.data.display()

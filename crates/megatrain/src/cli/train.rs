@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, KeepActivations, Precision, SamplingKind, Schedule, ShareTransport, TrainOptions,
+    DeviceChoice, KeepActivations, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
     TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
@@ -120,6 +120,11 @@ pub struct TrainArgs {
     /// random | sequential.
     #[arg(long)]
     sampling: Option<SamplingKind>,
+    /// How a batch's rows are cut: auto (the default: one record a row for
+    /// .jsonl sources, windows of the stream for the others) | records
+    /// (every source .jsonl) | stream.
+    #[arg(long)]
+    rows: Option<RowsKind>,
     #[arg(long)]
     eval_every: Option<u64>,
     #[arg(long)]
@@ -231,6 +236,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         transport,
         seed,
         sampling,
+        rows,
         eval_every,
         eval_batches,
         save_every,

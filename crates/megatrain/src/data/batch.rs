@@ -4,6 +4,7 @@
 //! run needs only the step number to draw exactly what it would have drawn,
 //! so no RNG state has to be checkpointed for the data.
 
+use super::records::push_record_row;
 use super::{DataError, TokenData};
 
 /// Target value the loss ignores (the PyTorch and Hugging Face convention).
@@ -11,9 +12,11 @@ pub const IGNORE_INDEX: i32 = -100;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sampling {
-    /// Sequence b of batch g starts at token (g·B + b)·T, wrapping at the end.
+    /// Sequence b of batch g starts at token (g·B + b)·T, wrapping at the
+    /// end; rows of records take record g·B + b, wrapping.
     Sequential,
-    /// Uniform start offsets from a seeded counter-based generator.
+    /// Uniform start offsets from a seeded counter-based generator; rows of
+    /// records take every record once a pass, in a seeded order each pass.
     Random { seed: u64 },
 }
 
@@ -35,7 +38,7 @@ impl Batch {
 }
 
 /// SplitMix64: a well-mixed 64-bit hash, enough for picking offsets.
-fn splitmix64(mut z: u64) -> u64 {
+pub(super) fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -86,7 +89,12 @@ fn draw_parts<N: AsRef<std::path::Path>>(
 ) -> Result<Batch, DataError> {
     assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
     for (part, name) in parts.iter().zip(names) {
-        if part.len() < seq_len + 1 {
+        // A row of a record is padded: any record will do.
+        let short = match &part.records {
+            Some(r) => r.is_empty(),
+            None => part.len() < seq_len + 1,
+        };
+        if short {
             return Err(DataError::TooShort {
                 path: name.as_ref().to_path_buf(),
                 len: part.len(),
@@ -101,7 +109,11 @@ fn draw_parts<N: AsRef<std::path::Path>>(
         targets: Vec::with_capacity(rows.len() * seq_len),
     };
     for b in rows.start as u64..rows.end as u64 {
-        push_row(&parts[part_of(b)], sampling, index, batch, b, seq_len, &mut out);
+        let part = &parts[part_of(b)];
+        match &part.records {
+            Some(r) => push_record_row(part, r, sampling, index, batch, b, seq_len, &mut out),
+            None => push_row(part, sampling, index, batch, b, seq_len, &mut out),
+        }
     }
     Ok(out)
 }

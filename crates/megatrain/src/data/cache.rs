@@ -17,8 +17,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::tokens::FLAG;
-use super::{ChatTemplate, DataError, Fnv1a, Mask, TextEncoder, TokenData, Tokens, io};
+use super::tokens::{FLAG, START};
+use super::{ChatTemplate, DataError, Fnv1a, Mask, Records, TextEncoder, TokenData, Tokens, io};
 
 /// A text's ids.
 const EXT: &str = "u32";
@@ -81,6 +81,9 @@ fn cache_file(
         for part in t.key_parts() {
             eat(part.as_bytes());
         }
+        // Files written before the records' starts were kept have
+        // another name, and are replaced as the first run reads the data.
+        eat(b"record starts");
     }
     for f in files {
         let meta = fs::metadata(f).map_err(io(f))?;
@@ -188,27 +191,36 @@ pub(super) fn cached_records(
     Ok(masked(ids))
 }
 
-/// A flagged stream's ids with the mask its flags carry.
+/// A flagged stream's ids with the mask and the records' starts its flags
+/// carry.
 fn masked(ids: Tokens) -> TokenData {
     TokenData {
         loss_mask: Some(Mask::in_ids(ids.clone())),
+        records: ids.record_starts().map(Records::new),
         tokens: ids,
     }
 }
 
-/// Whether every id leaves the flag bit free (any real vocabulary does;
+/// Whether every id leaves the flag bits free (any real vocabulary does;
 /// one that does not is not cached, and the vocabulary check names it).
 fn fits_flag(d: &TokenData) -> bool {
-    d.tokens.first_at_least(FLAG).is_none()
+    d.tokens.first_at_least(START).is_none()
 }
 
 /// The words of `parts` one after the other: each id, flagged where the
-/// loss does not count it.
+/// loss does not count it and where a record starts.
 fn words<'a>(parts: &'a [&'a TokenData]) -> impl Iterator<Item = u32> + 'a {
     parts.iter().flat_map(|p| {
+        let mut starts = p
+            .records
+            .as_ref()
+            .map_or(&[][..], Records::starts)
+            .iter()
+            .peekable();
         p.tokens.iter().enumerate().map(move |(i, id)| {
             let counted = p.loss_mask.as_ref().is_none_or(|m| m.get(i));
-            if counted { id } else { id | FLAG }
+            let start = starts.next_if_eq(&&i).is_some();
+            id | if counted { 0 } else { FLAG } | if start { START } else { 0 }
         })
     })
 }

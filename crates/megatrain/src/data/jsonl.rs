@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 
 use super::chat::{ChatTemplate, Headers, Message, Piece, Renderer};
-use super::{DataError, TextEncoder, TokenData};
+use super::{DataError, Records, TextEncoder, TokenData};
 
 struct Builder<'a> {
     path: &'a Path,
@@ -102,7 +102,7 @@ pub(super) fn load_jsonl(
         ChatTemplate::Headers(h) => Form::Headers(h),
         ChatTemplate::Jinja(j) => Form::Jinja(Box::new(Renderer::new(j).map_err(DataError::Template)?)),
     };
-    let (mut tokens, mut mask) = (Vec::new(), Vec::new());
+    let (mut tokens, mut mask, mut starts) = (Vec::new(), Vec::new(), Vec::new());
     for batch in lines.chunks(RECORDS_PER_BATCH) {
         let records: Vec<Result<Builder, DataError>> = batch
             .par_iter()
@@ -111,6 +111,9 @@ pub(super) fn load_jsonl(
         // In line order, so the first bad line is the one named.
         for r in records {
             let b = r?;
+            if !b.tokens.is_empty() {
+                starts.push(tokens.len());
+            }
             tokens.extend(b.tokens);
             mask.extend(b.mask);
         }
@@ -118,6 +121,7 @@ pub(super) fn load_jsonl(
     Ok(TokenData {
         tokens: tokens.into(),
         loss_mask: Some(mask.into()),
+        records: Some(Records::new(starts)),
     })
 }
 

@@ -46,6 +46,7 @@ pub fn load_tokens_cached(
                     None => tokenize()?.into(),
                 },
                 loss_mask: None,
+                records: None,
             }
         }
     };
@@ -88,6 +89,7 @@ pub fn keep_in_cache(
                     .map(|tokens| TokenData {
                         tokens,
                         loss_mask: None,
+                        records: None,
                     })
                     .collect()
             })
@@ -96,7 +98,11 @@ pub fn keep_in_cache(
     };
     for (p, d) in parts.iter_mut().zip(mapped.into_iter().flatten()) {
         d.tokens.expect_scattered_reads();
-        **p = d;
+        // The same tokens: the records start where they did.
+        **p = TokenData {
+            records: p.records.take(),
+            ..d
+        };
     }
     Ok(())
 }
@@ -169,6 +175,7 @@ fn load_ids(path: &Path, width: usize) -> Result<TokenData, DataError> {
     Ok(TokenData {
         tokens,
         loss_mask: None,
+        records: None,
     })
 }
 
@@ -186,23 +193,45 @@ fn check_vocab(path: &Path, tokens: &Tokens, vocab: usize) -> Result<(), DataErr
 }
 
 /// Splits off the last `fraction` of the stream for validation, as nanoGPT
-/// does for its character corpus.
+/// does for its character corpus. An instruction set is split between
+/// records: validation takes the records that start in that last fraction
+/// (at least the last record), training the rest.
 pub fn split_validation(data: TokenData, fraction: f64) -> Result<(TokenData, TokenData), DataError> {
     if !(0.0..1.0).contains(&fraction) {
         return Err(DataError::BadFraction(fraction));
     }
-    let n_train = data.len() - (data.len() as f64 * fraction) as usize;
+    let mut n_train = data.len() - (data.len() as f64 * fraction) as usize;
+    if let Some(r) = &data.records
+        && fraction > 0.0
+    {
+        let starts = r.starts();
+        if starts.len() < 2 {
+            return Err(DataError::OneRecord(fraction));
+        }
+        let k = starts.partition_point(|&s| s < n_train).min(starts.len() - 1);
+        n_train = starts[k];
+    }
     let TokenData {
         mut tokens,
         mut loss_mask,
+        records,
     } = data;
     let val_tokens = tokens.split_off(n_train);
     let val_mask = loss_mask.as_mut().map(|m| m.split_off(n_train));
+    let (records, val_records) = match records.map(|r| r.split_at(n_train)) {
+        Some((t, v)) => (Some(t), Some(v)),
+        None => (None, None),
+    };
     Ok((
-        TokenData { tokens, loss_mask },
+        TokenData {
+            tokens,
+            loss_mask,
+            records,
+        },
         TokenData {
             tokens: val_tokens,
             loss_mask: val_mask,
+            records: val_records,
         },
     ))
 }

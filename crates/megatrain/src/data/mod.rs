@@ -10,6 +10,7 @@ mod jinja;
 mod jsonl;
 mod load;
 mod mask;
+mod records;
 mod tokens;
 
 pub use batch::{Batch, IGNORE_INDEX, Mix, Sampling, draw_batch, draw_mix_rows, draw_rows};
@@ -18,6 +19,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
+pub use records::Records;
 pub use tokens::Tokens;
 
 use std::path::{Path, PathBuf};
@@ -56,13 +58,25 @@ pub trait TextEncoder: Sync {
 
 /// A token stream. `loss_mask[i]` says whether `tokens[i]` is a target the
 /// loss counts (false for instruction prompts); `None` counts everything.
+/// `records`: where each record of an instruction set starts; where it is
+/// given, each row of a batch is one record (`batch.rs`), else a window
+/// of the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenData {
     pub tokens: Tokens,
     pub loss_mask: Option<Mask>,
+    pub records: Option<Records>,
 }
 
 impl TokenData {
+    /// The stream alone: rows are windows of it, whatever its records.
+    pub fn as_stream(self) -> TokenData {
+        TokenData {
+            records: None,
+            ..self
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.tokens.len()
     }
@@ -106,4 +120,8 @@ pub enum DataError {
     },
     #[error("validation fraction {0} must be in [0, 1)")]
     BadFraction(f64),
+    #[error(
+        "one record cannot be split for validation (fraction {0}): rows of whole records need a record on each side; give more records or a validation set of its own"
+    )]
+    OneRecord(f64),
 }

@@ -35,6 +35,12 @@ enum Repr {
 /// where the loss does not count the token (`.jsonl` prompts).
 pub(crate) const FLAG: u32 = 1 << 31;
 
+/// The other bit of a flagged stream's words that is not part of the id:
+/// set on the first token of each record (`.jsonl` records), so that a
+/// mapped instruction set knows where its records start without a file
+/// beside it.
+pub(crate) const START: u32 = 1 << 30;
+
 /// The word in `b`, little-endian, of its 2 or 4 bytes.
 fn word(b: &[u8]) -> u32 {
     match *b {
@@ -44,10 +50,10 @@ fn word(b: &[u8]) -> u32 {
     }
 }
 
-/// The id of the word in `b` (less the flag of a flagged stream).
+/// The id of the word in `b` (less the flags of a flagged stream).
 fn decode(b: &[u8], flagged: bool) -> u32 {
     match flagged {
-        true => word(b) & !FLAG,
+        true => word(b) & !(FLAG | START),
         false => word(b),
     }
 }
@@ -192,6 +198,36 @@ impl Tokens {
 
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// Where the records of a flagged stream start (the words with
+    /// [`START`]), ascending, on every core; `None` for a stream that is
+    /// not flagged.
+    pub(crate) fn record_starts(&self) -> Option<Vec<usize>> {
+        let Repr::Mapped {
+            map,
+            range,
+            flagged: true,
+            ..
+        } = &self.0
+        else {
+            return None;
+        };
+        let parts: Vec<Vec<usize>> = Self::bytes(map, range, 4)
+            .par_chunks(4 * SCAN_PART)
+            .enumerate()
+            .map(|(part, bytes)| {
+                let starts = bytes
+                    .chunks_exact(4)
+                    .enumerate()
+                    .filter(|(_, b)| word(b) & START != 0)
+                    .map(|(i, _)| part * SCAN_PART + i)
+                    .collect();
+                release_mapped(map, bytes);
+                starts
+            })
+            .collect();
+        Some(parts.concat())
     }
 
     pub fn to_vec(&self) -> Vec<u32> {

@@ -32,7 +32,7 @@ pub use knobs::{
     transfer_chunk_elems,
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
-pub use options::{DeviceChoice, Precision, SamplingKind, Schedule, ShareTransport, TrainOptions};
+pub use options::{DeviceChoice, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions};
 pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, most_kept, plan};
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};

@@ -107,6 +107,34 @@ pub enum SamplingKind {
     Sequential,
 }
 
+/// How the rows of a batch are cut from the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RowsKind {
+    /// Records for `.jsonl` sources, windows for the others.
+    #[default]
+    Auto,
+    /// Windows of each source's concatenated stream.
+    Stream,
+    /// One `.jsonl` record a row, from its first token, right-padded.
+    Records,
+}
+
+impl RowsKind {
+    /// Whether rows of the source at `path` are whole records.
+    pub fn records_of(self, path: &Path) -> bool {
+        let jsonl = !path.is_dir() && path.extension().is_some_and(|e| e == "jsonl");
+        match self {
+            RowsKind::Auto | RowsKind::Records => jsonl,
+            RowsKind::Stream => false,
+        }
+    }
+}
+
+fn stream_rows() -> RowsKind {
+    RowsKind::Stream
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
@@ -144,6 +172,8 @@ parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => 
     "cpu" => DeviceChoice::Cpu);
 parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
+parse_lowercase!(RowsKind, "rows", "auto" => RowsKind::Auto, "stream" => RowsKind::Stream,
+    "records" => RowsKind::Records);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
 parse_lowercase!(ShareTransport, "share-transport", "auto" => ShareTransport::Auto,
     "true" => ShareTransport::True, "false" => ShareTransport::False);
@@ -268,6 +298,13 @@ pub struct TrainOptions {
     pub transport: TransportChoice,
     pub seed: u64,
     pub sampling: SamplingKind,
+    /// How a batch's rows are cut: `records` (one `.jsonl` record a row,
+    /// from its first token, cut at `seq_len + 1` tokens and right-padded),
+    /// `stream` (windows of each source's concatenated tokens), or `auto`
+    /// (the default): records for `.jsonl` sources, windows for the
+    /// others. Runs saved before the option existed drew windows.
+    #[serde(default = "stream_rows")]
+    pub rows: RowsKind,
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
     pub eval_batches: usize,
@@ -344,6 +381,7 @@ impl Default for TrainOptions {
             transport: TransportChoice::Auto,
             seed: 1337,
             sampling: SamplingKind::Random,
+            rows: RowsKind::Auto,
             eval_every: 250,
             eval_batches: 20,
             save_every: 500,
@@ -568,6 +606,22 @@ impl TrainOptions {
                 "data-weights",
                 &weights,
                 "every weight must be a positive number",
+            ));
+        }
+        if self.rows == RowsKind::Records
+            && let Some(other) = self
+                .data
+                .iter()
+                .chain(&self.val_data)
+                .find(|p| !RowsKind::Records.records_of(p))
+        {
+            return Err(RunError::option(
+                "rows",
+                "records",
+                format!(
+                    "takes one .jsonl record a row; {} holds no records (give --rows stream or auto)",
+                    other.display()
+                ),
             ));
         }
         if self.data.len() > 1 && self.sampling == SamplingKind::Sequential {

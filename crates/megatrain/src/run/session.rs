@@ -50,7 +50,9 @@ pub struct Prepared {
     pub val_names: Vec<PathBuf>,
     /// The checkpoint to resume from and its state.
     pub resume: Option<(PathBuf, TrainState)>,
-    /// Settings that differ from the resumed run's.
+    /// What the user should read before the run: settings that differ
+    /// from the resumed run's, a checkpoint's parts left out, records cut
+    /// to a row.
     pub warnings: Vec<String>,
 }
 
@@ -247,7 +249,14 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     // A text's ids are cached in the run directory, once it exists (a run
     // refused before it starts writes nothing): the next resume maps them.
     let cache = opts.out.is_dir().then(|| opts.out.join(TOKENS_DIR));
-    let load = |path: &Path| load_tokens_cached(path, &encoder, &template, cache.as_deref());
+    // Rows of whole records where the option gives them to the source.
+    let load = |path: &Path| {
+        let d = load_tokens_cached(path, &encoder, &template, cache.as_deref())?;
+        Ok::<_, RunError>(match opts.rows.records_of(path) {
+            true => d,
+            false => d.as_stream(),
+        })
+    };
     // Each source, and its tail for validation where there is no
     // validation set of its own.
     let (mut train, mut val, mut train_names, mut val_names) =
@@ -255,7 +264,8 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     for path in &data_paths {
         let all = load(path)?;
         if opts.val_data.is_none() && opts.val_fraction > 0.0 {
-            let (t, v) = split_validation(all, opts.val_fraction)?;
+            let (t, v) =
+                split_validation(all, opts.val_fraction).map_err(|e| RunError::file(path, e.to_string()))?;
             train.push(t);
             val.push(v);
             val_names.push(PathBuf::from(format!(
@@ -274,7 +284,20 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     }
     let need = opts.seq_len + 1;
     for (d, name) in train.iter().zip(&train_names).chain(val.iter().zip(&val_names)) {
-        if d.len() < need {
+        if let Some(r) = &d.records {
+            let cut = r.longer_than(need, d.len());
+            if cut > 0 {
+                warnings.push(format!(
+                    "{}: {cut} of {} records are longer than --seq-len {} + 1 tokens: each of their rows holds its first {need} (--rows records)",
+                    name.display(),
+                    r.len(),
+                    opts.seq_len
+                ));
+            }
+        }
+        // A row of a record is padded: a record of any length will do.
+        let short = d.records.as_ref().map_or(d.len() < need, |r| r.is_empty());
+        if short {
             return Err(crate::data::DataError::TooShort {
                 path: name.clone(),
                 len: d.len(),
@@ -348,6 +371,8 @@ fn sampling(opts: &TrainOptions) -> Sampling {
 
 /// Mean loss over `batches` validation batches (the same batches at every
 /// evaluation, drawn from `seed`), with the trainer's streamed forward.
+/// Rows of records in order count each record once: the batch that reaches
+/// the last record holds no more rows than are left.
 pub fn evaluate<E: Executor>(
     trainer: &Trainer<E>,
     data: &TokenData,
@@ -357,8 +382,26 @@ pub fn evaluate<E: Executor>(
     batches: usize,
     sampling: Sampling,
 ) -> Result<f64> {
-    let draw = |i, rows| draw_rows(data, sampling, i, batch, rows, seq_len, name);
-    evaluate_split(trainer, draw, batch, batches, None)
+    let (Some(records), Sampling::Sequential) = (&data.records, sampling) else {
+        let draw = |i, rows| draw_rows(data, sampling, i, batch, rows, seq_len, name);
+        return evaluate_split(trainer, draw, batch, batches, None);
+    };
+    let drawn = (0..batches)
+        .map(|i| {
+            let left = records.len().saturating_sub(i * batch);
+            let rows = 0..batch.min(left.max(1));
+            draw_rows(data, sampling, i as u64, batch, rows, seq_len, name)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let (sum, counted) = trainer
+        .eval_losses(&drawn)?
+        .into_iter()
+        .fold((0.0, 0usize), |(s, c), (ls, lc)| (s + ls, c + lc));
+    Ok(if counted > 0 {
+        sum / counted as f64
+    } else {
+        f64::NAN
+    })
 }
 
 /// [`evaluate`] of the rows `draw` gives (batch number, rows of it), split

@@ -317,6 +317,7 @@ mod tests {
         let data = TokenData {
             tokens: (0..3000u32).map(|i| (i * 7919 + i / 3) % vocab).collect(),
             loss_mask: None,
+            records: None,
         };
         draw_batch(&data, Sampling::Random { seed: 3 }, 0, b, t, "mem".as_ref()).unwrap()
     }

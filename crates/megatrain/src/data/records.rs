@@ -1,0 +1,188 @@
+//! Rows of whole records: where an instruction set's records start, and
+//! the row of a batch that holds one of them.
+//!
+//! A window of the concatenated stream starts anywhere in a conversation
+//! and runs on into the next one, whose tokens then attend to the last.
+//! One record a row, from its first token, right-padded, is what a
+//! fine-tuning run usually wants (transformers' and TRL's unpacked
+//! default). Padding needs no attention mask: attention is causal, so no
+//! token of the record sees the padding after it, and the padding's
+//! targets are ignored.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::TokenData;
+use super::batch::{Batch, IGNORE_INDEX, Sampling, splitmix64};
+
+/// Where each record of a stream starts: ascending, the first at 0.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Records(Arc<[usize]>);
+
+impl fmt::Debug for Records {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Records({} records)", self.len())
+    }
+}
+
+impl Records {
+    /// Records starting at `starts` (ascending, the first at 0; empty for
+    /// an empty stream).
+    pub fn new(starts: Vec<usize>) -> Records {
+        assert!(
+            starts.first().is_none_or(|&s| s == 0) && starts.windows(2).all(|w| w[0] < w[1]),
+            "record starts ascend from 0"
+        );
+        Records(starts.into())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn starts(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The tokens of record `r` of a stream of `total` tokens.
+    pub fn span(&self, r: usize, total: usize) -> Range<usize> {
+        self.0[r]..self.0.get(r + 1).copied().unwrap_or(total)
+    }
+
+    /// Records of a stream of `total` tokens longer than `n` tokens.
+    pub fn longer_than(&self, n: usize, total: usize) -> usize {
+        (0..self.len()).filter(|&r| self.span(r, total).len() > n).count()
+    }
+
+    /// The records before token `at` and those from it (rebased to 0);
+    /// `at` is a record's start or the stream's end.
+    pub(super) fn split_at(&self, at: usize) -> (Records, Records) {
+        let k = self.0.partition_point(|&s| s < at);
+        let tail = self.0[k..].iter().map(|s| s - at).collect();
+        (Records::new(self.0[..k].to_vec()), Records::new(tail))
+    }
+}
+
+/// Mixed into the seed of the records' order, so that it and a stream's
+/// offsets under the same seed are independent draws.
+const ORDER_SALT: u64 = 0x7265_636f_7264_7321;
+
+/// Position `pos` of a seeded permutation of `0..n`: a 4-round Feistel
+/// network on the smallest even number of bits that holds `n − 1`,
+/// walked until it lands below `n` (fewer than 4 rounds on average). A
+/// pure function, so a resumed run needs no state to continue the order.
+fn permute(pos: u64, n: u64, key: u64) -> u64 {
+    debug_assert!(pos < n);
+    if n <= 1 {
+        return 0;
+    }
+    let bits = 64 - (n - 1).leading_zeros();
+    let half = bits.div_ceil(2).max(1);
+    let mask = (1u64 << half) - 1;
+    let mut x = pos;
+    loop {
+        let (mut l, mut r) = (x >> half, x & mask);
+        for round in 0..4u64 {
+            let f = splitmix64(key ^ (round << 56) ^ r) & mask;
+            (l, r) = (r, l ^ f);
+        }
+        x = (l << half) | r;
+        if x < n {
+            return x;
+        }
+    }
+}
+
+/// The record row `g` of the whole run (batch number · batch + row) holds:
+/// in order, or in a fresh seeded order each pass over the records (every
+/// record once a pass, as an epoch-shuffling loader gives them).
+pub(super) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
+    match sampling {
+        Sampling::Sequential => g % n,
+        Sampling::Random { seed } => {
+            let pass = g / n;
+            permute(g % n, n, splitmix64(seed ^ ORDER_SALT ^ splitmix64(pass)))
+        }
+    }
+}
+
+/// Appends row `b` of batch number `index` to `out`: one record from its
+/// first token, cut at `seq_len + 1` tokens, then padding (id 0, target
+/// ignored). The record's last token has no target: what follows it is
+/// another record.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn push_record_row(
+    data: &TokenData,
+    records: &Records,
+    sampling: Sampling,
+    index: u64,
+    batch: usize,
+    b: u64,
+    seq_len: usize,
+    out: &mut Batch,
+) {
+    let g = index * batch as u64 + b;
+    let r = record_of(sampling, g, records.len() as u64) as usize;
+    let span = records.span(r, data.len());
+    let n = span.len().min(seq_len + 1);
+    for i in 0..seq_len {
+        let at = span.start + i;
+        out.inputs.push(if i < n { data.tokens.get(at) } else { 0 });
+        let counted = i + 1 < n && data.loss_mask.as_ref().is_none_or(|m| m.get(at + 1));
+        out.targets.push(match counted {
+            true => data.tokens.get(at + 1) as i32,
+            false => IGNORE_INDEX,
+        });
+    }
+    data.tokens.release_window(span.start, n);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permute_is_a_bijection_for_every_size() {
+        for n in [1u64, 2, 3, 4, 5, 7, 16, 17, 100, 1000, 4097] {
+            for key in [0u64, 1, 0xdead_beef] {
+                let mut seen = vec![false; n as usize];
+                for pos in 0..n {
+                    let x = permute(pos, n, key) as usize;
+                    assert!(!seen[x], "n {n} key {key}: {x} twice");
+                    seen[x] = true;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_pass_visits_every_record_once_in_a_new_order() {
+        let n = 50u64;
+        let s = Sampling::Random { seed: 7 };
+        let pass = |p: u64| (0..n).map(|i| record_of(s, p * n + i, n)).collect::<Vec<_>>();
+        let (a, b) = (pass(0), pass(1));
+        for p in [&a, &b] {
+            let mut sorted = p.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+        }
+        assert_ne!(a, b, "a new order each pass");
+        assert_ne!(a, (0..n).collect::<Vec<_>>(), "shuffled");
+        assert_eq!(record_of(Sampling::Sequential, 53, n), 3);
+    }
+
+    #[test]
+    fn split_at_a_start_rebases_the_tail() {
+        let r = Records::new(vec![0, 3, 7, 12]);
+        let (a, b) = r.split_at(7);
+        assert_eq!(a.starts(), &[0, 3]);
+        assert_eq!(b.starts(), &[0, 5]);
+        assert_eq!(r.span(3, 20), 12..20);
+        assert_eq!(r.longer_than(4, 20), 2);
+    }
+}
