@@ -230,7 +230,7 @@ fn a_run_trains_on_records_rendered_by_a_template_file() {
         data: vec![t.join("d.jsonl")],
         tokenizer: "byte".into(),
         chat_template: t.join("chat.jinja").to_string_lossy().into_owned(),
-        seq_len: 16,
+        seq_len: 48,
         batch: 2,
         steps: 2,
         eval_every: 1,
@@ -392,6 +392,9 @@ fn a_checkpoint_keeps_the_template_and_the_end_of_turn_ids() {
         vocab_size: Some(302),
         data: vec![t.join("d.jsonl")],
         tokenizer: tok.join("tokenizer.json").to_string_lossy().into_owned(),
+        // Windows of the stream: a row of 16 tokens from a record's start
+        // would end inside its default system prompt.
+        rows: megatrain::run::RowsKind::Stream,
         seq_len: 16,
         batch: 2,
         steps: 1,

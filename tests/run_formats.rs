@@ -518,10 +518,17 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     o.seq_len = 48;
     let p = prepare(o.clone(), false).unwrap();
     let (train_part, val) = (&p.train.parts[0], &p.val.as_ref().unwrap().parts[0]);
-    let (tr, vr) = (train_part.records.as_ref().unwrap(), val.records.as_ref().unwrap());
+    let (tr, vr) = (
+        train_part.records.as_ref().unwrap(),
+        val.records.as_ref().unwrap(),
+    );
     assert_eq!(tr.len() + vr.len(), 12, "every record on one side");
     // Records with three long answers run past 49 tokens: said, with the file.
-    let cut = p.warnings.iter().find(|w| w.contains("longer than --seq-len")).unwrap();
+    let cut = p
+        .warnings
+        .iter()
+        .find(|w| w.contains("longer than --seq-len"))
+        .unwrap();
     assert!(cut.contains("a.jsonl"), "{cut}");
     assert!(matches!(o.rows, RowsKind::Auto));
     trained(o.clone());
@@ -549,8 +556,21 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     .unwrap()
     .to_string();
     assert!(err.contains("--rows") && err.contains("b.txt"), "{err}");
+    // Rows too short to reach any response: refused, naming the file.
+    let short = TrainOptions {
+        seq_len: 12,
+        out: t.join("run-short"),
+        ..o.clone()
+    };
+    let err = prepare(short, false).err().unwrap().to_string();
+    assert!(err.contains("a.jsonl") && err.contains("learn nothing"), "{err}");
     assert_eq!("records".parse::<RowsKind>().unwrap(), RowsKind::Records);
-    assert!("packed".parse::<RowsKind>().unwrap_err().contains("auto, stream, records"));
+    assert!(
+        "packed"
+            .parse::<RowsKind>()
+            .unwrap_err()
+            .contains("auto, stream, records")
+    );
     let old: TrainOptions = serde_json::from_value(serde_json::json!({"tokenizer": "byte"})).unwrap();
     assert_eq!(old.rows, RowsKind::Stream);
 }

@@ -285,7 +285,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
     let mut p = prepare(opts, a.resume.is_some())?;
     if !a.quiet {
         for w in &p.warnings {
-            eprintln!("warning: resuming with a changed setting: {w}");
+            eprintln!("warning: {w}");
         }
     }
     let o = &p.opts.clone();

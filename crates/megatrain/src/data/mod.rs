@@ -19,7 +19,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
-pub use records::Records;
+pub use records::{Records, silent_records};
 pub use tokens::Tokens;
 
 use std::path::{Path, PathBuf};

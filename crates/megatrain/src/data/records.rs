@@ -68,6 +68,19 @@ impl Records {
     }
 }
 
+/// Records of `data` whose row (their first `seq_len + 1` tokens) holds
+/// no target the loss counts: a response that starts past the row.
+pub fn silent_records(data: &TokenData, seq_len: usize) -> usize {
+    let Some(records) = &data.records else { return 0 };
+    (0..records.len())
+        .filter(|&r| {
+            let span = records.span(r, data.len());
+            let n = span.len().min(seq_len + 1);
+            !(span.start + 1..span.start + n).any(|i| data.loss_mask.as_ref().is_none_or(|m| m.get(i)))
+        })
+        .count()
+}
+
 /// Mixed into the seed of the records' order, so that it and a stream's
 /// offsets under the same seed are independent draws.
 const ORDER_SALT: u64 = 0x7265_636f_7264_7321;

@@ -106,6 +106,9 @@ fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
         .collect()
 }
 
+/// What begins a warning of a setting a resumed run changes.
+pub const RESUMED_WITH: &str = "resuming with a changed setting: ";
+
 /// Loads and checks everything: a bad option, file, line or value is an
 /// error that names it. With `resume`, the model and tokenizer come from
 /// the run's latest checkpoint and `opts` must name the same model.
@@ -160,6 +163,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                 .any(|k| *k == key)
             })
             .filter(|w| !w.starts_with("batch:") || state.options.global_batch() != opts.global_batch())
+            .map(|w| format!("{RESUMED_WITH}{w}"))
             .collect();
         let model = ModelConfig::from_dir(&ckpt)?;
         let encoder = Encoder::from_dir(&ckpt, Some(&model))?;
@@ -283,7 +287,13 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         val_names.push(vp.clone());
     }
     let need = opts.seq_len + 1;
-    for (d, name) in train.iter().zip(&train_names).chain(val.iter().zip(&val_names)) {
+    let n_train = train.len();
+    for (i, (d, name)) in train
+        .iter()
+        .zip(&train_names)
+        .chain(val.iter().zip(&val_names))
+        .enumerate()
+    {
         if let Some(r) = &d.records {
             let cut = r.longer_than(need, d.len());
             if cut > 0 {
@@ -293,6 +303,22 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     r.len(),
                     opts.seq_len
                 ));
+            }
+            let silent = crate::data::silent_records(d, opts.seq_len);
+            let why = format!(
+                "{silent} of {} records have no token the loss counts in their first {need} (their responses start later)",
+                r.len()
+            );
+            if silent > 0 && silent == r.len() && i < n_train {
+                return Err(RunError::file(
+                    name,
+                    format!(
+                        "{why}: a run on them would learn nothing; raise --seq-len or give --rows stream"
+                    ),
+                ));
+            }
+            if silent > 0 {
+                warnings.push(format!("{}: {why}: their rows teach nothing", name.display()));
             }
         }
         // A row of a record is padded: a record of any length will do.
