@@ -9,10 +9,11 @@ struct Params {
     o4: u32, o5: u32,
     // The clamped SwiGLU's constants (0 for the other kernels).
     alpha: f32, limit: f32,
-    // The delta gates' further operands (D, E, F, Y3) and their heads, the
-    // last dimension of their rows (0 for the other kernels).
+    // The delta gates' further operands (D, E, F, Y3), the width of a's
+    // rows (its heads, or heads × key channels) and b's elements, as many
+    // as a's or one per head of a's rows (0 for the other kernels).
     o6: u32, o7: u32, o8: u32, o9: u32,
-    h: u32,
+    c: u32, nb: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -186,39 +187,47 @@ fn softplus(x: f32) -> f32 {
     return select(log1p_small(exp(x)), x, x > 20.0);
 }
 
-// The chunk starts on a row, so element i's head is i mod h.
-fn head(i: u32) -> u32 {
-    return i % p.h;
+// The chunk starts on a row, so element i's parameters are those of
+// i mod c.
+fn channel(i: u32) -> u32 {
+    return i % p.c;
 }
 
-// The gated delta rule's gates of a (A), b (B), A_log (C, [h]) and dt_bias
-// (D, [h]): g = −exp(A_log) · softplus(a + dt_bias) into Y, σ(b) into Y2.
+// The gated delta rule's gates of a (A), b (B), A_log (C, [c]) and dt_bias
+// (D, [c]): g = −exp(A_log) · softplus(a + dt_bias) into Y, σ(b) into Y2.
+// A thread per element of a; b's may be fewer (a rate per head of
+// per-channel decays), so b is read by its own count.
 @compute @workgroup_size(256)
 fn delta_gates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        let hh = head(i);
-        Y[p.o4 + i] = -exp(C[p.o3 + hh]) * softplus(A[p.o1 + i] + D[p.o6 + hh]);
+        let cc = channel(i);
+        Y[p.o4 + i] = -exp(C[p.o3 + cc]) * softplus(A[p.o1 + i] + D[p.o6 + cc]);
+    }
+    if i < p.nb {
         Y2[p.o5 + i] = sigmoid(B[p.o2 + i]);
     }
 }
 
-// From dg (E) and dbeta (F): da into Y, db into Y2, and dg · g into Y3,
-// whose column sums (the host's, in order) are dA_log as da's are
-// ddt_bias. Softplus's slope is 1 past the threshold (torch's backward).
+// From dg (E) and dbeta (F): da into Y, db into Y2 (b's count, as in the
+// forward), and dg · g into Y3, whose column sums (the host's, in order)
+// are dA_log as da's are ddt_bias. Softplus's slope is 1 past the
+// threshold (torch's backward).
 @compute @workgroup_size(256)
 fn delta_gates_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = flat_id(wid, nwg, lid);
     if i < p.n {
-        let hh = head(i);
-        let x = A[p.o1 + i] + D[p.o6 + hh];
-        let e = -exp(C[p.o3 + hh]);
+        let cc = channel(i);
+        let x = A[p.o1 + i] + D[p.o6 + cc];
+        let e = -exp(C[p.o3 + cc]);
         let dg = E[p.o7 + i];
         Y[p.o4 + i] = dg * e * select(sigmoid(x), 1.0, x > 20.0);
+        Y3[p.o9 + i] = dg * (e * softplus(x));
+    }
+    if i < p.nb {
         let beta = sigmoid(B[p.o2 + i]);
         Y2[p.o5 + i] = F[p.o8 + i] * beta * (1.0 - beta);
-        Y3[p.o9 + i] = dg * (e * softplus(x));
     }
 }

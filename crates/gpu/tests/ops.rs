@@ -1592,23 +1592,34 @@ fn causal_conv1d_silu_matches_cpu() {
 
 /// The gates both ways against the CPU's: `a + dt_bias` over about ±35,
 /// across softplus's threshold 20 and far below 0; one element, N odd, H
-/// past a workgroup, and `[B, T, H]` read as rows; da_log and ddt_bias
-/// summed over rows in chunks on the 4 KiB-binding executor.
+/// past a workgroup, and `[B, T, H]` read as rows; decays per key channel
+/// beside rates per head (b's chunks a fraction of a's: Dk 1, odd, a row
+/// of channels past a workgroup); da_log and ddt_bias summed over rows in
+/// chunks on the 4 KiB-binding executor.
 #[test]
 fn delta_gates_matches_cpu() {
     let c = cpu();
-    for (i, dims) in [&[1, 1][..], &[7, 5], &[3, 300], &[2, 33, 4]]
-        .into_iter()
-        .enumerate()
-    {
-        let h = *dims.last().unwrap();
-        let what = |s: &str| format!("{s} {dims:?}");
+    let cases: [(&[usize], &[usize]); 9] = [
+        (&[1, 1], &[1, 1]),
+        (&[7, 5], &[7, 5]),
+        (&[3, 300], &[3, 300]),
+        (&[2, 33, 4], &[2, 33, 4]),
+        (&[1, 1, 1], &[1, 1]),
+        (&[9, 4, 1], &[9, 4]),
+        (&[2, 7, 3, 5], &[2, 7, 3]),
+        (&[3, 5, 2, 67], &[3, 5, 2]),
+        (&[2, 9, 4, 70], &[2, 9, 4]),
+    ];
+    for (i, (a_dims, b_dims)) in cases.into_iter().enumerate() {
+        let n: usize = b_dims[..b_dims.len() - 1].iter().product();
+        let ch = a_dims.iter().product::<usize>() / n;
+        let what = |s: &str| format!("{s} a {a_dims:?} b {b_dims:?}");
         let seed = 900 + 10 * i as u64;
-        let a = rand_scaled(seed, dims, 30.0);
-        let b = rand_scaled(seed + 1, dims, 6.0);
-        let a_log = rand_host(seed + 2, &[h]);
-        let dt = rand_scaled(seed + 3, &[h], 5.0);
-        let (dg, dbeta) = (rand_host(seed + 4, dims), rand_host(seed + 5, dims));
+        let a = rand_scaled(seed, a_dims, 30.0);
+        let b = rand_scaled(seed + 1, b_dims, 6.0);
+        let a_log = rand_host(seed + 2, &[ch]);
+        let dt = rand_scaled(seed + 3, &[ch], 5.0);
+        let (dg, dbeta) = (rand_host(seed + 4, a_dims), rand_host(seed + 5, b_dims));
         let cu = |x: &HostTensor| cpu_up!(c, x);
         let (ca, cb, cl, cdt) = (cu(&a), cu(&b), cu(&a_log), cu(&dt));
         let (rg, rb) = c.delta_gates(&ca, &cb, &cl, &cdt).unwrap();
@@ -1622,7 +1633,9 @@ fn delta_gates_matches_cpu() {
             let d = g
                 .delta_gates_backward(&ga, &gb, &gl, &gdt, &up(g, &dg), &up(g, &dbeta))
                 .unwrap();
-            assert_eq!((d.2.shape().dims(), d.3.shape().dims()), (&[h][..], &[h][..]));
+            assert_eq!((gg.shape().dims(), gbeta.shape().dims()), (a_dims, b_dims));
+            assert_eq!((d.0.shape().dims(), d.1.shape().dims()), (a_dims, b_dims));
+            assert_eq!((d.2.shape().dims(), d.3.shape().dims()), (&[ch][..], &[ch][..]));
             let got = [gg, gbeta, d.0, d.1, d.2, d.3];
             for ((name, got), want) in ["g", "beta", "da", "db", "da_log", "ddt_bias"]
                 .into_iter()
@@ -1858,6 +1871,22 @@ fn gated_delta_small_ops_refuse_bad_inputs() {
         let e = g.sigmoid_mul_backward(&gf, &gf, &gx).expect_err("dy").to_string();
         assert!(
             e.contains("sigmoid_mul_backward") && e.contains("dy [2, 3, 4]"),
+            "{e}"
+        );
+        // Decays per key channel: b one a head, the parameters one a channel.
+        let (gc, gb) = (up(g, &rand_host(7, &[2, 3, 4])), up(g, &rand_host(8, &[2, 3])));
+        let e = g.delta_gates(&gc, &gb, &gh, &gh).expect_err("a_log").to_string();
+        assert!(
+            e.contains("delta_gates") && e.contains("a_log [4] must be [12]"),
+            "{e}"
+        );
+        let e = g.delta_gates(&gc, &gf, &gh, &gh).expect_err("b").to_string();
+        assert!(e.contains("b [6, 4]") && e.contains("[2, 3, 4]"), "{e}");
+        let c12 = up(g, &rand_host(9, &[12]));
+        let e = g.delta_gates_backward(&gc, &gb, &c12, &c12, &gc, &gc);
+        let e = e.expect_err("dbeta").to_string();
+        assert!(
+            e.contains("delta_gates_backward") && e.contains("dbeta [2, 3, 4] must have b's shape [2, 3]"),
             "{e}"
         );
         let bf = up(g, &flat.to_dtype(DType::BF16));

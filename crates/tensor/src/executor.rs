@@ -764,12 +764,16 @@ pub trait Executor {
         dy: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
-    /// The gated delta rule's per-head gates from the projections
-    /// `a, b: [N, H]` and the parameters `a_log, dt_bias: [H]`:
+    /// The gated delta rule's gates from the projections `a` and `b` and
+    /// the parameters `a_log` and `dt_bias`:
     /// `g = −exp(a_log) · softplus(a + dt_bias)` (torch's softplus: β 1,
-    /// threshold 20, x itself above it), `beta = σ(b)`. Returns
-    /// `(g, beta)`, both `[N, H]`. (Any `[.., H]` is taken, its leading
-    /// dimensions read as N, as the row-wise ops read them.)
+    /// threshold 20, x itself above it), `beta = σ(b)`. The decays are one
+    /// a head, `a, b: [N, H]` with `a_log, dt_bias: [H]`, or one a key
+    /// channel (Kimi Linear's), `a: [N, H, Dk]` with `a_log` and `dt_bias`
+    /// `[H·Dk]` (a row's channels in order), the rates staying one a head,
+    /// `b: [N, H]`. Returns `(g, beta)`, of `a`'s and `b`'s shapes. (The
+    /// leading dimensions `..` of `a: [.., H]` or `[.., H, Dk]` and
+    /// `b: [.., H]` are read as N, as the row-wise ops read them.)
     fn delta_gates(
         &self,
         a: &Self::Tensor,
@@ -777,8 +781,8 @@ pub trait Executor {
         a_log: &Self::Tensor,
         dt_bias: &Self::Tensor,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
-    /// Returns `(da [N, H], db [N, H], da_log [H], ddt_bias [H])` from
-    /// `dg` and `dbeta`.
+    /// Returns `(da, db, da_log, ddt_bias)`, of `a`'s, `b`'s, `a_log`'s
+    /// and `dt_bias`'s shapes, from `dg` (`a`'s shape) and `dbeta` (`b`'s).
     #[allow(clippy::type_complexity)]
     fn delta_gates_backward(
         &self,

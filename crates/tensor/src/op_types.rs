@@ -367,11 +367,13 @@ pub fn causal_conv1d_dims(op: &'static str, x: &Shape, w: &Shape, dy: Option<&Sh
     Ok([b, t, c, k])
 }
 
-/// `[N, H]` of the gated delta rule's gate inputs: `a` and `b` `[.., H]`
-/// alike (rows as the row-wise ops read them, the leading dimensions
-/// flattened), `a_log` and `dt_bias` `[H]`, and the backward's `dg` and
-/// `dbeta` of `a`'s shape; or an error naming `op` (every executor
-/// checks with this).
+/// `[N, H, Dk]` of the gated delta rule's gate inputs, their leading
+/// dimensions flattened into the N rows as the row-wise ops read them:
+/// decays per head, `a` and `b` alike `[.., H]` (Dk = 1), or per key
+/// channel (Kimi Linear's), `a` `[.., H, Dk]` and `b` `[.., H]`, the rates
+/// staying one a head. `a_log` and `dt_bias` are `[H·Dk]`, one per element
+/// of a row of `a`; the backward's `dg` has `a`'s shape and `dbeta` `b`'s.
+/// Or an error naming `op` (every executor checks with this).
 pub fn delta_gates_dims(
     op: &'static str,
     a: &Shape,
@@ -379,30 +381,57 @@ pub fn delta_gates_dims(
     a_log: &Shape,
     dt_bias: &Shape,
     grads: Option<(&Shape, &Shape)>,
-) -> Result<[usize; 2]> {
-    let h = match a.dims().last() {
-        Some(&h) if h > 0 => h,
-        _ => return Err(Error::shape(op, format!("a {a} must be [N, H] with H ≥ 1"))),
+) -> Result<[usize; 3]> {
+    let per_head = b == a;
+    let last = |s: &Shape| s.dims().last().copied().filter(|&n| n > 0);
+    let Some(a_last) = last(a) else {
+        let want = if per_head {
+            "[N, H] with H"
+        } else {
+            "[N, H, Dk] with Dk"
+        };
+        return Err(Error::shape(op, format!("a {a} must be {want} ≥ 1")));
     };
-    if b != a {
-        return Err(Error::shape(op, format!("b {b} must have a's shape {a}")));
-    }
+    let (h, dk) = if per_head {
+        (a_last, 1)
+    } else if a.dims()[..a.dims().len() - 1] == *b.dims() {
+        match last(b) {
+            Some(h) => (h, a_last),
+            None => return Err(Error::shape(op, format!("b {b} must be [N, H] with H ≥ 1"))),
+        }
+    } else {
+        return Err(Error::shape(
+            op,
+            format!(
+                "b {b} must have a's shape {a}, or a's without its last dimension (one rate per head of \
+                 per-channel decays)"
+            ),
+        ));
+    };
+    let (c, each) = if per_head {
+        (h, "head")
+    } else {
+        (h * dk, "channel")
+    };
     for (name, p) in [("a_log", a_log), ("dt_bias", dt_bias)] {
-        if p.dims() != [h] {
+        if p.dims() != [c] {
             return Err(Error::shape(
                 op,
-                format!("{name} {p} must be [{h}], one per head of a {a}"),
+                format!("{name} {p} must be [{c}], one per {each} of a {a}"),
             ));
         }
     }
     if let Some((dg, dbeta)) = grads {
-        for (name, d) in [("dg", dg), ("dbeta", dbeta)] {
-            if d != a {
-                return Err(Error::shape(op, format!("{name} {d} must have a's shape {a}")));
+        for (name, d, want, whose) in [("dg", dg, a, "a"), ("dbeta", dbeta, b, "b")] {
+            if d != want {
+                return Err(Error::shape(
+                    op,
+                    format!("{name} {d} must have {whose}'s shape {want}"),
+                ));
             }
         }
     }
-    Ok([a.numel() / h, h])
+    Ok([b.numel() / h, h, dk])
 }
 
 /// Checks that `sigmoid_mul`'s `gate`, `x` (and the backward's `dy`) have

@@ -464,6 +464,36 @@ fn delta_gates_errors() {
     let msg = shape_err(EX.delta_gates_backward(&a, &a, &h1, &h1, &a, &r(5, &[20])), op);
     assert!(msg.contains("dbeta [20]"), "{msg}");
     assert!(EX.delta_gates_backward(&a, &a, &h1, &h1, &a, &a).is_ok());
+
+    // Decays per key channel: a [5, 3, 4] with b [5, 3], parameters [12].
+    let op = "delta_gates";
+    let (ac, bc, c1) = (r(6, &[5, 3, 4]), r(7, &[5, 3]), r(8, &[12]));
+    assert!(EX.delta_gates(&ac, &bc, &c1, &c1).is_ok());
+    let msg = shape_err(EX.delta_gates(&ac, &r(7, &[5, 4]), &c1, &c1), op);
+    assert!(msg.contains("b [5, 4]") && msg.contains("[5, 3, 4]"), "{msg}");
+    let msg = shape_err(EX.delta_gates(&ac, &bc, &r(9, &[3]), &c1), op);
+    assert!(
+        msg.contains("a_log [3]") && msg.contains("[12], one per channel"),
+        "{msg}"
+    );
+    let msg = shape_err(EX.delta_gates(&ac, &bc, &c1, &r(9, &[3, 4])), op);
+    assert!(msg.contains("dt_bias [3, 4]") && msg.contains("[12]"), "{msg}");
+    let msg = shape_err(
+        EX.delta_gates(&r(1, &[5, 3, 0]), &bc, &r(2, &[0]), &r(2, &[0])),
+        op,
+    );
+    assert!(msg.contains("a [5, 3, 0]") && msg.contains("Dk ≥ 1"), "{msg}");
+    let msg = shape_err(EX.delta_gates(&r(1, &[5, 0, 4]), &r(1, &[5, 0]), &h1, &h1), op);
+    assert!(msg.contains("b [5, 0]") && msg.contains("H ≥ 1"), "{msg}");
+    let op = "delta_gates_backward";
+    let msg = shape_err(EX.delta_gates_backward(&ac, &bc, &c1, &c1, &ac, &ac), op);
+    assert!(
+        msg.contains("dbeta [5, 3, 4]") && msg.contains("b's shape [5, 3]"),
+        "{msg}"
+    );
+    let msg = shape_err(EX.delta_gates_backward(&ac, &bc, &c1, &c1, &bc, &bc), op);
+    assert!(msg.contains("dg [5, 3]") && msg.contains("[5, 3, 4]"), "{msg}");
+    assert!(EX.delta_gates_backward(&ac, &bc, &c1, &c1, &ac, &bc).is_ok());
 }
 
 #[test]

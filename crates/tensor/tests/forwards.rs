@@ -698,7 +698,8 @@ fn causal_conv1d_silu_known_values() {
 
 /// `g = −exp(A_log) · softplus(a + dt_bias)` with A_log = ln 2, and
 /// `a + dt_bias` at 0, at torch's threshold 20 (still ln(1 + e²⁰)), past it
-/// (x itself: 25 gives −50 exactly) and far below; `beta = σ(b)`.
+/// (x itself: 25 gives −50 exactly) and far below; `beta = σ(b)`; the
+/// same decays per key channel beside a rate per head.
 #[test]
 fn delta_gates_known_values() {
     let ln2 = std::f64::consts::LN_2;
@@ -722,6 +723,17 @@ fn delta_gates_known_values() {
     assert_eq!(g.data()[2], -50.0, "past the threshold softplus is x itself");
     let s = |v: f64| 1.0 / (1.0 + (-v).exp());
     assert_eq!(beta.data(), [0.5, s(2.0), s(-3.0), s(40.0)]);
+    // Per key channel: a's row of two heads' two channels, the parameters
+    // one a channel, gives the same decays, and a rate per head.
+    let per_channel = ex.delta_gates(
+        &t64(&[1, 2, 2], a.data()),
+        &t64(&[1, 2], &[0.0, 2.0]),
+        &t64(&[4], &[ln2, 0.0, ln2, 0.0]),
+        &t64(&[4], &[1.0; 4]),
+    );
+    let (gc, betac) = per_channel.unwrap();
+    assert_eq!((gc.dims(), gc.data()), (&[1, 2, 2][..], g.data()));
+    assert_eq!((betac.dims(), betac.data()), (&[1, 2][..], &[0.5, s(2.0)][..]));
     // The f32 executor agrees.
     let f = |x: &megatrain_tensor::CpuTensor<f64>| {
         up(x.dims(), &x.data().iter().map(|&v| v as f32).collect::<Vec<_>>())

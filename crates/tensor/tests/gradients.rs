@@ -709,40 +709,48 @@ fn causal_conv1d_silu_backward() {
 
 /// The gates with `a + dt_bias` on both sides of softplus's threshold 20
 /// (kept 0.01 off it, past the differences' reach) and well below 0,
-/// for `[N, H]` and for `[B, T, H]` read as rows.
+/// for `[N, H]` and for `[B, T, H]` read as rows, and with the decays per
+/// key channel (`a` `[.., H, Dk]`, Dk 1 too) beside a rate per head
+/// (`b` `[.., H]`).
 #[test]
 fn delta_gates_backward() {
-    for (seed, dims) in [(541, vec![5, 4]), (551, vec![2, 3, 4])] {
-        let h = 4;
-        let n = dims.iter().product::<usize>() / h;
-        let dt = [0.5, 18.0, -3.0, 21.0];
-        let av: Vec<f64> = scaled(seed, n * h, 3.0)
+    let dts = [0.5, 18.0, -3.0, 21.0, -1.0, 19.5];
+    for (seed, a_dims, b_dims) in [
+        (541, vec![5, 4], vec![5, 4]),
+        (551, vec![2, 3, 4], vec![2, 3, 4]),
+        (571, vec![2, 3, 2, 3], vec![2, 3, 2]),
+        (581, vec![3, 4, 1], vec![3, 4]),
+    ] {
+        let n: usize = b_dims[..b_dims.len() - 1].iter().product();
+        let c = a_dims.iter().product::<usize>() / n;
+        let dt = &dts[..c];
+        let av: Vec<f64> = scaled(seed, n * c, 3.0)
             .into_iter()
             .enumerate()
             .map(|(j, a)| {
-                let x = a + dt[j % h];
+                let x = a + dt[j % c];
                 if (x - 20.0).abs() < 1e-2 { a + 5e-2 } else { a }
             })
             .collect();
-        let xs: Vec<f64> = av.iter().enumerate().map(|(j, a)| a + dt[j % h]).collect();
+        let xs: Vec<f64> = av.iter().enumerate().map(|(j, a)| a + dt[j % c]).collect();
         assert!(
             xs.iter().any(|&x| x > 20.0)
                 && xs.iter().any(|&x| (0.0..20.0).contains(&x))
                 && xs.iter().any(|&x| x < 0.0),
             "the threshold is not straddled: {xs:?}"
         );
-        let a = t(&dims, &av);
-        let b = t(&dims, &scaled(seed + 1, n * h, 4.0));
-        let a_log = t(&[h], &scaled(seed + 2, h, 1.0));
-        let dt_bias = t(&[h], &dt);
-        let (cg, cb) = (rand_t(seed + 3, &dims), rand_t(seed + 4, &dims));
+        let a = t(&a_dims, &av);
+        let b = t(&b_dims, &scaled(seed + 1, b_dims.iter().product(), 4.0));
+        let a_log = t(&[c], &scaled(seed + 2, c, 1.0));
+        let dt_bias = t(&[c], dt);
+        let (cg, cb) = (rand_t(seed + 3, &a_dims), rand_t(seed + 4, &b_dims));
         let (da, db, da_log, ddt) = EX
             .delta_gates_backward(&a, &b, &a_log, &dt_bias, &cg, &cb)
             .unwrap();
-        assert_eq!((da.dims(), db.dims()), (&dims[..], &dims[..]));
-        assert_eq!((da_log.dims(), ddt.dims()), (&[h][..], &[h][..]));
+        assert_eq!((da.dims(), db.dims()), (&a_dims[..], &b_dims[..]));
+        assert_eq!((da_log.dims(), ddt.dims()), (&[c][..], &[c][..]));
         grad_check(
-            &format!("delta_gates {dims:?}"),
+            &format!("delta_gates a {a_dims:?} b {b_dims:?}"),
             &[a, b, a_log, dt_bias],
             &[da.data(), db.data(), da_log.data(), ddt.data()],
             |i| {

@@ -861,15 +861,15 @@ impl<F: Real> Executor for RefExecutor<F> {
 
     fn delta_gates(&self, a: &T<F>, b: &T<F>, a_log: &T<F>, dt_bias: &T<F>) -> Result<(T<F>, T<F>)> {
         let op = "delta_gates";
-        let [_, h] = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), None)?;
+        let dims = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), None)?;
         let (g, beta) = r::delta_gates(
             f32_data(op, a)?,
             f32_data(op, b)?,
             f32_data(op, a_log)?,
             f32_data(op, dt_bias)?,
-            h,
+            dims,
         );
-        Ok((out(a.shape().clone(), g), out(a.shape().clone(), beta)))
+        Ok((out(a.shape().clone(), g), out(b.shape().clone(), beta)))
     }
 
     fn delta_gates_backward(
@@ -883,7 +883,7 @@ impl<F: Real> Executor for RefExecutor<F> {
     ) -> Result<(T<F>, T<F>, T<F>, T<F>)> {
         let op = "delta_gates_backward";
         let grads = Some((dg.shape(), dbeta.shape()));
-        let [_, h] = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), grads)?;
+        let dims = delta_gates_dims(op, a.shape(), b.shape(), a_log.shape(), dt_bias.shape(), grads)?;
         let (da, db, da_log, ddt) = r::delta_gates_backward(
             f32_data(op, a)?,
             f32_data(op, b)?,
@@ -891,11 +891,11 @@ impl<F: Real> Executor for RefExecutor<F> {
             f32_data(op, dt_bias)?,
             f32_data(op, dg)?,
             f32_data(op, dbeta)?,
-            h,
+            dims,
         );
         Ok((
             out(a.shape().clone(), da),
-            out(a.shape().clone(), db),
+            out(b.shape().clone(), db),
             out(a_log.shape().clone(), da_log),
             out(dt_bias.shape().clone(), ddt),
         ))

@@ -92,14 +92,13 @@ pub struct KimiSaved<T> {
     /// q, k and v as the rule read them, and what made them.
     inputs: RuleInputs<T>,
     /// The forget gate's low-rank middle `[B, T, D]` and its logits
-    /// `[B·T, H·D]`, the per-channel `A_log` and the expansion that made it.
+    /// `[B, T, H, D]`, the per-channel `A_log` and the expansion that made it.
     f_a: T,
     f: T,
     a_log: T,
     expand: T,
-    /// β's logits `[B·T, H]`, and ones of its shape (β is `σ(b)·1`).
+    /// β's logits `[B, T, H]`.
     b: T,
-    ones: T,
     g: T,
     beta: T,
     rule: DeltaRuleOut<T>,
@@ -151,7 +150,7 @@ pub(super) fn forward<E: Executor>(
     let inputs = rule_inputs(ex, la, w, l.conv, mixed)?;
     let heads = shape(&[b, t, h, d]);
     let f_a = lin(ex, y, w, l.f_a)?;
-    let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &shape(&[b * t, hd]))?;
+    let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &heads)?;
     let expand = expansion(ex, h, d)?;
     let a_log = ex.matmul(
         &ex.reshape(&w[l.a_log], &shape(&[1, h]))?,
@@ -160,12 +159,8 @@ pub(super) fn forward<E: Executor>(
         Transpose::NN,
     )?;
     let a_log = ex.reshape(&a_log, &shape(&[hd]))?;
-    // delta_gates' β of f is not used: β is σ(b) per head, below.
-    let (g, _) = ex.delta_gates(&f, &f, &a_log, &w[l.dt_bias])?;
-    let bl = ex.reshape(&lin(ex, y, w, l.b)?, &shape(&[b * t, h]))?;
-    let ones = ex.add_scalar(&ex.zeros(bl.shape())?, 1.0)?;
-    let beta = ex.sigmoid_mul(&bl, &ones)?;
-    let (g, beta) = (ex.reshape(&g, &heads)?, ex.reshape(&beta, &shape(&[b, t, h]))?);
+    let bl = lin(ex, y, w, l.b)?;
+    let (g, beta) = ex.delta_gates(&f, &bl, &a_log, &w[l.dt_bias])?;
     let rule = inputs.rule(ex, &g, &beta)?;
     let normed = ex.rmsnorm(&rule.out, &w[l.norm], eps)?;
     let g_a = lin(ex, y, w, l.g_a)?;
@@ -184,7 +179,6 @@ pub(super) fn forward<E: Executor>(
         a_log,
         expand,
         b: bl,
-        ones,
         g,
         beta,
         rule,
@@ -238,13 +232,9 @@ pub(super) fn backward<E: Executor>(
     grads[l.norm] = Some(gn.dw);
     let gr = s.inputs.rule_backward(ex, &s.g, &s.beta, &s.rule, &gn.dx)?;
 
-    // The gates: β = σ(b)·1 per head; g per channel from f, A_log, dt_bias.
-    let dbeta = ex.reshape(&gr.dbeta, &shape(&[b * t, h]))?;
-    let (db, _) = ex.sigmoid_mul_backward(&s.b, &s.ones, &dbeta)?;
-    let dg = ex.reshape(&gr.dg, &shape(&[b * t, hd]))?;
-    let no_beta = ex.zeros(dg.shape())?;
-    let (df, _, da_log, ddt_bias) =
-        ex.delta_gates_backward(&s.f, &s.f, &s.a_log, &w[l.dt_bias], &dg, &no_beta)?;
+    // The gates: g per channel from f, A_log and dt_bias; β = σ(b) per head.
+    let (df, db, da_log, ddt_bias) =
+        ex.delta_gates_backward(&s.f, &s.b, &s.a_log, &w[l.dt_bias], &gr.dg, &gr.dbeta)?;
     grads[l.dt_bias] = Some(ddt_bias);
     let only_da = MatmulNeeds {
         da: true,
@@ -263,7 +253,6 @@ pub(super) fn backward<E: Executor>(
     // q, k, v through their l2 norms and the convolution.
     let dmixed = s.inputs.backward(ex, la, w, l.conv, &gr, &mut grads)?;
     let m = ex.split_last(&dmixed, &[hd, hd, hd])?;
-    let db = ex.reshape(&db, &shape(&[b, t, h]))?;
     let parts = [
         (&m[0], l.q),
         (&m[1], l.k),

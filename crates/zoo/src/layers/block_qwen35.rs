@@ -251,14 +251,13 @@ fn gate_norm_eps(cfg: &ModelConfig, la: &LinearAttn) -> f32 {
     la.norm_eps.unwrap_or(cfg.norm_eps) as f32
 }
 
-/// The unit gain and the epsilon that make an RMSNorm over `n` entries
-/// `√n` times the l2 norm, and the factors that then give q's
-/// (`n^−½ · n^−½`) and k's (`n^−½`): applied by `scale`, which keeps them
-/// in the executor's precision (an f32 gain would round `n^−½`).
-pub(super) fn l2_norm_parts<E: Executor>(ex: &E, n: usize) -> Result<(E::Tensor, f32, f64, f64)> {
-    let w = ex.upload_slice(&shape(&[n]), HostSlice::F32(&vec![1.0; n]))?;
+/// The epsilon that makes an RMSNorm of unit gain over `n` entries `√n`
+/// times the l2 norm, and the factors that then give q's (`n^−½ · n^−½`)
+/// and k's (`n^−½`): applied by `scale`, which keeps them in the
+/// executor's precision (an f32 gain would round `n^−½`).
+fn l2_norm_parts(n: usize) -> (f32, f64, f64) {
     let inv = 1.0 / (n as f64).sqrt();
-    Ok((w, (L2_EPS / n as f64) as f32, inv * inv, inv))
+    ((L2_EPS / n as f64) as f32, inv * inv, inv)
 }
 
 pub(super) fn forward<E: Executor>(
@@ -433,6 +432,9 @@ fn delta_net_backward<E: Executor>(
 #[derive(Debug)]
 pub(super) struct RuleInputs<T> {
     mixed: T,
+    /// The l2 norms' unit gain `[Dk]`, uploaded once for the forward and
+    /// the backward alike.
+    unit: T,
     q: (T, NormOut<T>, T),
     k: (T, NormOut<T>, T),
     v: T,
@@ -454,12 +456,14 @@ pub(super) fn rule_inputs<E: Executor>(
     let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
     let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
     let v = ex.reshape(&parts[2], &shape(&[b, t, hv, dv]))?;
-    let (unit, l2_eps, q_scale, k_scale) = l2_norm_parts(ex, dk)?;
+    let unit = ex.upload_slice(&shape(&[dk]), HostSlice::F32(&vec![1.0; dk]))?;
+    let (l2_eps, q_scale, k_scale) = l2_norm_parts(dk);
     let qn = ex.rmsnorm(&q, &unit, l2_eps)?;
     let kn = ex.rmsnorm(&k, &unit, l2_eps)?;
     let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
     Ok(RuleInputs {
         mixed,
+        unit,
         q: (q, qn, qs),
         k: (k, kn, ks),
         v,
@@ -497,14 +501,14 @@ impl<T: TensorHandle> RuleInputs<T> {
     ) -> Result<T> {
         let (b, t) = (self.mixed.dims()[0], self.mixed.dims()[1]);
         let (kw, vw) = (la.key_width(), la.value_width());
-        let (unit, _, q_scale, k_scale) = l2_norm_parts(ex, la.key_dim)?;
+        let (_, q_scale, k_scale) = l2_norm_parts(la.key_dim);
         let (q, qn, _) = &self.q;
         let (k, kn, _) = &self.k;
         let dq = ex
-            .rmsnorm_backward(q, &unit, &qn.rstd, &ex.scale(&gr.dq, q_scale)?)?
+            .rmsnorm_backward(q, &self.unit, &qn.rstd, &ex.scale(&gr.dq, q_scale)?)?
             .dx;
         let dk = ex
-            .rmsnorm_backward(k, &unit, &kn.rstd, &ex.scale(&gr.dk, k_scale)?)?
+            .rmsnorm_backward(k, &self.unit, &kn.rstd, &ex.scale(&gr.dk, k_scale)?)?
             .dx;
         let flat = |x: &T, n: usize| ex.reshape(x, &shape(&[b, t, n]));
         let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk, kw)?, &flat(&gr.dv, vw)?])?;

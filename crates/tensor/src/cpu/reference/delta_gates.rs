@@ -1,6 +1,8 @@
-//! The gated delta rule's per-head gates (Qwen3-Next's, Qwen3.5's):
-//! the decay `g = −exp(A_log) · softplus(a + dt_bias)` and the write
-//! strength `beta = σ(b)`, from the projections `a`, `b: [n, h]`.
+//! The gated delta rule's gates: the decay
+//! `g = −exp(A_log) · softplus(a + dt_bias)` and the write strength
+//! `beta = σ(b)`, from the projections `a: [n, h·dk]` and `b: [n, h]`,
+//! the decays one a head (dk = 1: Qwen3-Next's, Qwen3.5's) or one a key
+//! channel (Kimi Linear's).
 
 use rayon::prelude::*;
 
@@ -36,27 +38,33 @@ fn softplus_grad<F: Real>(x: F) -> F {
     }
 }
 
-/// `(g, beta)`, both `[n, h]` as `a` and `b`; `a_log`, `dt_bias` `[h]`.
-pub fn delta_gates<F: Real>(a: &[F], b: &[F], a_log: &[F], dt_bias: &[F], h: usize) -> (Vec<F>, Vec<F>) {
-    assert_eq!(a.len(), b.len(), "delta_gates: b length");
+/// `(g, beta)`: `g` `[n, h·dk]` as `a`, `beta` `[n, h]` as `b`; `a_log`,
+/// `dt_bias` `[h·dk]`.
+pub fn delta_gates<F: Real>(
+    a: &[F],
+    b: &[F],
+    a_log: &[F],
+    dt_bias: &[F],
+    [n, h, dk]: [usize; 3],
+) -> (Vec<F>, Vec<F>) {
+    let c = h * dk;
+    assert!(a.len() == n * c && b.len() == n * h, "delta_gates: lengths");
     assert!(
-        a_log.len() == h && dt_bias.len() == h,
-        "delta_gates: [h] parameters"
+        a_log.len() == c && dt_bias.len() == c,
+        "delta_gates: [h·dk] parameters"
     );
-    let pairs: Vec<(F, F)> = (a, b)
-        .into_par_iter()
+    let g = a
+        .par_iter()
         .with_min_len(CHUNK)
         .enumerate()
-        .map(|(j, (&a, &b))| {
-            let hh = j % h;
-            (-a_log[hh].exp() * softplus(a + dt_bias[hh]), sigmoid(b))
-        })
+        .map(|(j, &a)| -a_log[j % c].exp() * softplus(a + dt_bias[j % c]))
         .collect();
-    pairs.into_iter().unzip()
+    let beta = b.par_iter().with_min_len(CHUNK).map(|&b| sigmoid(b)).collect();
+    (g, beta)
 }
 
-/// `(da, db, da_log, ddt_bias)` of [`delta_gates`]: `ddt_bias[h]` the sum
-/// of `da` over rows, `da_log[h]` of `dg · g` (∂g/∂A_log = g), both over
+/// `(da, db, da_log, ddt_bias)` of [`delta_gates`]: `ddt_bias` the sum
+/// of `da` over rows, `da_log` of `dg · g` (∂g/∂A_log = g), both over
 /// the rows in order.
 pub fn delta_gates_backward<F: Real>(
     a: &[F],
@@ -65,38 +73,41 @@ pub fn delta_gates_backward<F: Real>(
     dt_bias: &[F],
     dg: &[F],
     dbeta: &[F],
-    h: usize,
+    [n, h, dk]: [usize; 3],
 ) -> (Vec<F>, Vec<F>, Vec<F>, Vec<F>) {
+    let c = h * dk;
     assert!(
-        [b.len(), dg.len(), dbeta.len()].iter().all(|&l| l == a.len()),
+        a.len() == n * c && dg.len() == a.len() && b.len() == n * h && dbeta.len() == b.len(),
         "delta_gates_backward: lengths"
     );
     assert!(
-        a_log.len() == h && dt_bias.len() == h,
-        "delta_gates_backward: [h] parameters"
+        a_log.len() == c && dt_bias.len() == c,
+        "delta_gates_backward: [h·dk] parameters"
     );
-    // (da, db, dg · g) per element.
-    let terms: Vec<(F, F, F)> = (a, b, dg, dbeta)
+    // (da, dg · g) per element.
+    let terms: Vec<(F, F)> = (a, dg)
         .into_par_iter()
         .with_min_len(CHUNK)
         .enumerate()
-        .map(|(j, (&a, &b, &dg, &dbeta))| {
-            let hh = j % h;
-            let x = a + dt_bias[hh];
-            let e = -a_log[hh].exp();
-            let beta = sigmoid(b);
-            (
-                dg * e * softplus_grad(x),
-                dbeta * beta * (F::one() - beta),
-                dg * (e * softplus(x)),
-            )
+        .map(|(j, (&a, &dg))| {
+            let x = a + dt_bias[j % c];
+            let e = -a_log[j % c].exp();
+            (dg * e * softplus_grad(x), dg * (e * softplus(x)))
         })
         .collect();
-    let (mut da_log, mut ddt) = (vec![F::zero(); h], vec![F::zero(); h]);
-    for (j, &(da, _, dgg)) in terms.iter().enumerate() {
-        ddt[j % h] = ddt[j % h] + da;
-        da_log[j % h] = da_log[j % h] + dgg;
+    let db = (b, dbeta)
+        .into_par_iter()
+        .with_min_len(CHUNK)
+        .map(|(&b, &dbeta)| {
+            let beta = sigmoid(b);
+            dbeta * beta * (F::one() - beta)
+        })
+        .collect();
+    let (mut da_log, mut ddt) = (vec![F::zero(); c], vec![F::zero(); c]);
+    for (j, &(da, dgg)) in terms.iter().enumerate() {
+        ddt[j % c] = ddt[j % c] + da;
+        da_log[j % c] = da_log[j % c] + dgg;
     }
-    let (da, db) = terms.into_iter().map(|(da, db, _)| (da, db)).unzip();
+    let da = terms.into_iter().map(|(da, _)| da).collect();
     (da, db, da_log, ddt)
 }
