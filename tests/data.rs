@@ -168,12 +168,7 @@ fn vocabulary_is_checked_on_text() {
 fn alpaca_counts_only_the_response_and_eos() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("a.jsonl");
-    let t = ChatTemplate::Headers(Headers {
-        system: "S{text}".into(),
-        user: "U{text}".into(),
-        user_with_input: "U{text}I{input}".into(),
-        assistant: "A".into(),
-    });
+    let t = letters();
     std::fs::write(
         &p,
         "{\"instruction\":\"x\",\"input\":\"\",\"output\":\"yz\"}\n\n{\"instruction\":\"q\",\"input\":\"i\",\"output\":\"r\"}\n",
@@ -595,16 +590,21 @@ fn a_mixture_draws_whole_rows_by_weight() {
     assert!(err.contains("b:") && err.contains("16"), "{err}");
 }
 
-/// Three alpaca records under one-letter headers: "UaAbc|" (6 tokens),
-/// "UdAe|" (5) and "UfghijklAmnopq|" (15), `|` the end-of-sequence id 0.
-fn three_records(dir: &Path) -> (std::path::PathBuf, TokenData) {
-    let p = dir.join("r.jsonl");
-    let t = ChatTemplate::Headers(Headers {
+/// Headers of one letter each: S, U (I before an input) and A.
+fn letters() -> ChatTemplate {
+    ChatTemplate::Headers(Headers {
         system: "S{text}".into(),
         user: "U{text}".into(),
         user_with_input: "U{text}I{input}".into(),
         assistant: "A".into(),
-    });
+    })
+}
+
+/// Three alpaca records under one-letter headers: "UaAbc|" (6 tokens),
+/// "UdAe|" (5) and "UfghijklAmnopq|" (15), `|` the end-of-sequence id 0.
+fn three_records(dir: &Path) -> (std::path::PathBuf, TokenData) {
+    let p = dir.join("r.jsonl");
+    let t = letters();
     std::fs::write(
         &p,
         "{\"instruction\":\"a\",\"output\":\"bc\"}\n{\"instruction\":\"d\",\"output\":\"e\"}\n\
@@ -702,12 +702,7 @@ fn record_starts_are_cached_with_the_ids() {
         key: Some("k"),
         calls: std::sync::atomic::AtomicUsize::new(0),
     };
-    let t = ChatTemplate::Headers(Headers {
-        system: "S{text}".into(),
-        user: "U{text}".into(),
-        user_with_input: "U{text}I{input}".into(),
-        assistant: "A".into(),
-    });
+    let t = letters();
     // No end-of-sequence id under this encoder: records of 5, 4 and 14.
     let all = load_tokens(&p, &k, &t).unwrap();
     assert_eq!(all.records.as_ref().unwrap().starts(), &[0, 5, 9]);

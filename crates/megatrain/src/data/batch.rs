@@ -111,7 +111,7 @@ fn draw_parts<N: AsRef<std::path::Path>>(
     for b in rows.start as u64..rows.end as u64 {
         let part = &parts[part_of(b)];
         match &part.records {
-            Some(r) => push_record_row(part, r, sampling, index, batch, b, seq_len, &mut out),
+            Some(r) => push_record_row(part, r, sampling, index * batch as u64 + b, seq_len, &mut out),
             None => push_row(part, sampling, index, batch, b, seq_len, &mut out),
         }
     }

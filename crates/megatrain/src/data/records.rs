@@ -124,22 +124,18 @@ pub(super) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
     }
 }
 
-/// Appends row `b` of batch number `index` to `out`: one record from its
-/// first token, cut at `seq_len + 1` tokens, then padding (id 0, target
-/// ignored). The record's last token has no target: what follows it is
-/// another record.
-#[allow(clippy::too_many_arguments)]
+/// Appends the row of the run's row `g` (batch number · batch + row) to
+/// `out`: one record from its first token, cut at `seq_len + 1` tokens,
+/// then padding (id 0, target ignored). The record's last token has no
+/// target: what follows it is another record.
 pub(super) fn push_record_row(
     data: &TokenData,
     records: &Records,
     sampling: Sampling,
-    index: u64,
-    batch: usize,
-    b: u64,
+    g: u64,
     seq_len: usize,
     out: &mut Batch,
 ) {
-    let g = index * batch as u64 + b;
     let r = record_of(sampling, g, records.len() as u64) as usize;
     let span = records.span(r, data.len());
     let n = span.len().min(seq_len + 1);
