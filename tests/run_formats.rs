@@ -112,7 +112,12 @@ fn alpaca_and_sharegpt_count_only_responses() {
     std::fs::write(t.join("s.jsonl"), share).unwrap();
     for (f, out) in [("a.jsonl", "ra"), ("s.jsonl", "rs")] {
         for preset in ["gpt2-nano", "llama-tiny"] {
-            let o = small(t.join(f), &t.join(format!("{out}-{preset}")), preset);
+            // Windows of the stream: the subject is the mask, and rows of 8
+            // tokens from a record's start would end inside its prompt.
+            let o = TrainOptions {
+                rows: megatrain::run::RowsKind::Stream,
+                ..small(t.join(f), &t.join(format!("{out}-{preset}")), preset)
+            };
             let p = prepare(o.clone(), false).unwrap();
             let mask = p.train.parts[0].loss_mask.as_ref().unwrap();
             let counted = mask.iter().filter(|&m| m).count();
