@@ -339,6 +339,16 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             o.seq_len,
             o.out.display()
         );
+        for (name, part) in p.train_names.iter().zip(&p.train.parts) {
+            if let Some(r) = &part.records {
+                eprintln!(
+                    "  {}: {} records, one a row: {:.0}% of a row is padding on average (--rows)",
+                    name.display(),
+                    r.len(),
+                    100.0 * r.padding_share(part.len(), o.seq_len)
+                );
+            }
+        }
         if p.train.parts.len() > 1 {
             let total: f64 = p.train.weights.iter().sum();
             for ((name, part), w) in p.train_names.iter().zip(&p.train.parts).zip(&p.train.weights) {

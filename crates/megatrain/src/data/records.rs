@@ -59,6 +59,16 @@ impl Records {
         (0..self.len()).filter(|&r| self.span(r, total).len() > n).count()
     }
 
+    /// The share of a row of `seq_len` inputs that is padding, on average
+    /// over the records of a stream of `total` tokens (each is drawn as
+    /// often as the others).
+    pub fn padding_share(&self, total: usize, seq_len: usize) -> f64 {
+        let pad: usize = (0..self.len())
+            .map(|r| seq_len.saturating_sub(self.span(r, total).len()))
+            .sum();
+        pad as f64 / (self.len() * seq_len).max(1) as f64
+    }
+
     /// The records before token `at` and those from it (rebased to 0);
     /// `at` is a record's start or the stream's end.
     pub(super) fn split_at(&self, at: usize) -> (Records, Records) {
@@ -193,5 +203,7 @@ mod tests {
         assert_eq!(b.starts(), &[0, 5]);
         assert_eq!(r.span(3, 20), 12..20);
         assert_eq!(r.longer_than(4, 20), 2);
+        // Rows of 6: 3, 2, 1 and 0 of them padding.
+        assert_eq!(r.padding_share(20, 6), 6.0 / 24.0);
     }
 }
