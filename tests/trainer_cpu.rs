@@ -265,6 +265,7 @@ fn four_micro_batches_equal_one_batch_of_four() {
             seq_len: 9,
             inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
             targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
+            lengths: None,
         })
         .collect();
     let mut one = trainer(&model, 1, true, None);
@@ -530,6 +531,7 @@ fn a_record_scores_the_same_padded_as_alone() {
                 targets: (s + 1..s + l)
                     .map(|i| if counted[i] { ids[i] as i32 } else { IGNORE_INDEX })
                     .collect(),
+                lengths: None,
             };
             let (a, c) = tr.eval_loss(&alone).unwrap();
             sum_alone += a;
@@ -545,4 +547,55 @@ fn a_record_scores_the_same_padded_as_alone() {
             model.arch
         );
     }
+}
+
+/// Under `output_router_logits`, a step on rows of records padded past
+/// their ends equals a step on the same records unpadded: the routers'
+/// load-balancing loss averages over the records' tokens only, and the
+/// padding's probabilities take none of its gradient (as transformers
+/// leaves out what an attention mask masks). Counted over the padding
+/// too, the same step differs.
+#[test]
+fn padding_is_left_out_of_the_routers_load_balancing_loss() {
+    use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
+    let mut model = common::mixtral_tiny(2);
+    model.moe.as_mut().unwrap().aux_loss_coef = Some(0.5);
+    let (len, n) = (9usize, 3usize);
+    let v = model.vocab_size as u32;
+    let ids: Vec<u32> = (0..(len * n) as u32).map(|i| (i * 7919 + 5) % v).collect();
+    let data = TokenData {
+        tokens: ids.into(),
+        loss_mask: Some(Mask::from(vec![true; len * n])),
+        records: Some(Records::new((0..n).map(|r| r * len).collect())),
+    };
+    let draw = |t| draw_batch(&data, Sampling::Sequential, 0, n, t, "mem".as_ref()).unwrap();
+    // Rows of exactly the records' length, and rows padded by 7.
+    let (exact, padded) = (draw(len), draw(len + 7));
+    assert_eq!(
+        (exact.lengths.as_ref(), padded.lengths.as_deref()),
+        (None, Some(&[len; 3][..]))
+    );
+    let step = |b: &Batch| {
+        let mut tr = trainer(&model, 1, false, None);
+        let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
+        (loss, params(&tr))
+    };
+    let (l_exact, p_exact) = step(&exact);
+    let (l_padded, p_padded) = step(&padded);
+    let diff = max_rel_diff(&p_exact, &p_padded);
+    assert!(
+        (l_exact - l_padded).abs() < 1e-6 * l_exact.abs(),
+        "loss {l_exact} {l_padded}"
+    );
+    assert!(diff < 1e-5, "parameters differ by {diff:e}");
+    let unmasked = Batch {
+        lengths: None,
+        ..padded.clone()
+    };
+    let (l_unmasked, p_unmasked) = step(&unmasked);
+    let counted_padding = max_rel_diff(&p_exact, &p_unmasked);
+    assert!(
+        counted_padding > 100.0 * diff.max(1e-9) || (l_unmasked - l_exact).abs() > 1e-4,
+        "the padding should move the routers: {counted_padding:e} against {diff:e}"
+    );
 }

@@ -118,8 +118,8 @@ pub fn forward_backward<E: Executor>(
     )?;
     let mut grads: Vec<Vec<E::Tensor>> = Vec::with_capacity(cfg.num_layers_total());
     grads.push(vec![]);
-    let stats: Vec<_> = saved.iter().filter_map(|s| s.router_stats(cfg)).collect();
-    let aux = layers::RouterAux::new(cfg, &stats, 1.0);
+    let stats: Vec<_> = saved.iter().filter_map(|s| s.router_stats(cfg, None)).collect();
+    let aux = layers::RouterAux::new(cfg, &stats, 1.0, None);
     let mut dx = head.dx;
     let mut block_grads = Vec::with_capacity(cfg.num_layers);
     for (layer, (w, s)) in weights[1..=cfg.num_layers].iter().zip(&saved).enumerate().rev() {

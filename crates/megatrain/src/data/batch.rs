@@ -28,12 +28,27 @@ pub struct Batch {
     pub inputs: Vec<u32>,
     /// `[batch · seq_len]`; `IGNORE_INDEX` where the loss does not count.
     pub targets: Vec<i32>,
+    /// Each row's tokens before its padding, where a row of records is
+    /// padded (`None`: no row is).
+    pub lengths: Option<Vec<usize>>,
 }
 
 impl Batch {
     /// Targets the loss counts.
     pub fn counted(&self) -> usize {
         self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+
+    /// `[batch · seq_len]`: which tokens are the data's rather than
+    /// padding (`None`: every one is).
+    pub fn tokens_mask(&self) -> Option<Vec<bool>> {
+        let lengths = self.lengths.as_ref()?;
+        Some(
+            lengths
+                .iter()
+                .flat_map(|&n| (0..self.seq_len).map(move |i| i < n))
+                .collect(),
+        )
     }
 }
 
@@ -107,14 +122,20 @@ fn draw_parts<N: AsRef<std::path::Path>>(
         seq_len,
         inputs: Vec::with_capacity(rows.len() * seq_len),
         targets: Vec::with_capacity(rows.len() * seq_len),
+        lengths: None,
     };
+    let mut lengths = Vec::with_capacity(rows.len());
     for b in rows.start as u64..rows.end as u64 {
         let part = &parts[part_of(b)];
-        match &part.records {
+        lengths.push(match &part.records {
             Some(r) => push_record_row(part, r, sampling, index * batch as u64 + b, seq_len, &mut out),
-            None => push_row(part, sampling, index, batch, b, seq_len, &mut out),
-        }
+            None => {
+                push_row(part, sampling, index, batch, b, seq_len, &mut out);
+                seq_len
+            }
+        });
     }
+    out.lengths = lengths.iter().any(|&n| n < seq_len).then_some(lengths);
     Ok(out)
 }
 

@@ -137,7 +137,8 @@ pub(super) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
 /// Appends the row of the run's row `g` (batch number · batch + row) to
 /// `out`: one record from its first token, cut at `seq_len + 1` tokens,
 /// then padding (id 0, target ignored). The record's last token has no
-/// target: what follows it is another record.
+/// target: what follows it is another record. Returns the row's tokens
+/// before its padding.
 pub(super) fn push_record_row(
     data: &TokenData,
     records: &Records,
@@ -145,7 +146,7 @@ pub(super) fn push_record_row(
     g: u64,
     seq_len: usize,
     out: &mut Batch,
-) {
+) -> usize {
     let r = record_of(sampling, g, records.len() as u64) as usize;
     let span = records.span(r, data.len());
     let n = span.len().min(seq_len + 1);
@@ -159,6 +160,7 @@ pub(super) fn push_record_row(
         });
     }
     data.tokens.release_window(span.start, n);
+    n.min(seq_len)
 }
 
 #[cfg(test)]

@@ -562,6 +562,8 @@ impl<E: Executor> Trainer<E> {
                 drop(emb_w);
                 Vec::new()
             };
+            // The routers' load-balancing loss leaves padding out.
+            let tokens = batch.tokens_mask();
             let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
             let mut kept = Vec::with_capacity(plan.kept().len());
             let mut stats = Vec::new();
@@ -573,7 +575,7 @@ impl<E: Executor> Trainer<E> {
                 };
                 let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
-                stats.extend(sv.router_stats(cfg));
+                stats.extend(sv.router_stats(cfg, tokens.as_deref()));
                 if keeps {
                     kept.push((w, sv));
                 } else {
@@ -585,7 +587,7 @@ impl<E: Executor> Trainer<E> {
                 x = y;
             }
             m.forward_ms += ms(t_fwd);
-            let aux = RouterAux::new(cfg, &stats, aux_weight);
+            let aux = RouterAux::new(cfg, &stats, aux_weight, tokens.as_deref());
 
             // 2. Loss and its backward.
             let t_loss = Instant::now();

@@ -121,9 +121,10 @@ impl<E: Executor> Trainer<E> {
         let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
         let mut kept = Vec::with_capacity(plan.kept().len());
         let mut stats = Vec::new();
+        let tokens = batch.tokens_mask();
         for i in 0..n_blocks {
             let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x)?;
-            stats.extend(sv.router_stats(cfg));
+            stats.extend(sv.router_stats(cfg, tokens.as_deref()));
             if plan.keeps(i) {
                 kept.push(sv);
             } else if plan.checkpoints(i) {
@@ -143,7 +144,7 @@ impl<E: Executor> Trainer<E> {
             config.chunk_rows,
         )?;
         drop(x);
-        let aux = RouterAux::new(cfg, &stats, 1.0);
+        let aux = RouterAux::new(cfg, &stats, 1.0, tokens.as_deref());
         let mut dx = head.dx;
         for (i, sv) in plan.kept().zip(kept).rev() {
             dx = block_backward(cfg, ex, i, &w.layers[1 + i], &sv, &dx, aux.as_ref())?.0;

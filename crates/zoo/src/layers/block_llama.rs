@@ -198,10 +198,11 @@ pub(super) enum MlpSaved<T> {
 }
 
 impl<T> MlpSaved<T> {
-    /// The routing statistics of a routed block's forward.
-    pub(super) fn router_stats(&self) -> Option<RouterStats> {
+    /// The routing statistics of a routed block's forward, over `tokens`
+    /// where given (the others are padding).
+    pub(super) fn router_stats(&self, tokens: Option<&[bool]>) -> Option<RouterStats> {
         match self {
-            MlpSaved::Routed(m) => Some(m.stats()),
+            MlpSaved::Routed(m) => Some(m.stats(tokens)),
             MlpSaved::Dense(_) => None,
         }
     }
@@ -209,8 +210,8 @@ impl<T> MlpSaved<T> {
 
 impl<T> LlamaSaved<T> {
     /// The routing statistics of a routed block's forward.
-    pub(super) fn router_stats(&self) -> Option<RouterStats> {
-        self.mlp.router_stats()
+    pub(super) fn router_stats(&self, tokens: Option<&[bool]>) -> Option<RouterStats> {
+        self.mlp.router_stats(tokens)
     }
 }
 

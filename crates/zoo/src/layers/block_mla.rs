@@ -115,8 +115,8 @@ pub struct MlaSaved<T> {
 
 impl<T> MlaSaved<T> {
     /// The routing statistics of a routed block's forward.
-    pub(super) fn router_stats(&self) -> Option<RouterStats> {
-        self.mlp.router_stats()
+    pub(super) fn router_stats(&self, tokens: Option<&[bool]>) -> Option<RouterStats> {
+        self.mlp.router_stats(tokens)
     }
 }
 

@@ -232,8 +232,8 @@ pub struct Qwen35Saved<T> {
 
 impl<T> Qwen35Saved<T> {
     /// The routing statistics of a routed block's forward.
-    pub(super) fn router_stats(&self) -> Option<RouterStats> {
-        self.mlp.router_stats()
+    pub(super) fn router_stats(&self, tokens: Option<&[bool]>) -> Option<RouterStats> {
+        self.mlp.router_stats(tokens)
     }
 }
 

@@ -159,14 +159,17 @@ pub fn block_forward<E: Executor>(
 impl<T> BlockSaved<T> {
     /// What a routed block's forward tells the routers' load-balancing
     /// loss ([`RouterAux`]); `None` for a dense block, and where `cfg`
-    /// adds no such loss (the sums run over every token and expert).
-    pub fn router_stats(&self, cfg: &ModelConfig) -> Option<RouterStats> {
+    /// adds no such loss (the sums run over every token and expert, or
+    /// over `tokens` where given: a batch's rows of records leave out
+    /// their padding, as transformers leaves out what an attention mask
+    /// masks).
+    pub fn router_stats(&self, cfg: &ModelConfig, tokens: Option<&[bool]>) -> Option<RouterStats> {
         cfg.moe.as_ref()?.aux_loss_coef?;
         match self {
-            BlockSaved::Llama(s) => s.router_stats(),
-            BlockSaved::Mla(s) => s.router_stats(),
-            BlockSaved::Qwen35(s) => s.router_stats(),
-            BlockSaved::Kimi(s) => s.router_stats(),
+            BlockSaved::Llama(s) => s.router_stats(tokens),
+            BlockSaved::Mla(s) => s.router_stats(tokens),
+            BlockSaved::Qwen35(s) => s.router_stats(tokens),
+            BlockSaved::Kimi(s) => s.router_stats(tokens),
             _ => None,
         }
     }

@@ -190,17 +190,24 @@ pub struct MoeSaved<T> {
 }
 
 impl<T> MoeSaved<T> {
-    /// What the load-balancing loss reads of this block's routing.
-    pub fn stats(&self) -> RouterStats {
+    /// What the load-balancing loss reads of this block's routing: over
+    /// every token, or those `tokens` marks.
+    pub fn stats(&self, tokens: Option<&[bool]>) -> RouterStats {
         let e = self.num_experts;
+        let n = self.probs.len() / e;
+        let k = self.picks.len() / n.max(1);
+        let counts = |t: usize| tokens.is_none_or(|m| m.get(t).copied().unwrap_or(false));
         let mut chosen = vec![0.0; e];
-        self.picks.iter().for_each(|&x| chosen[x] += 1.0);
         let mut probs = vec![0.0; e];
-        for row in self.probs.chunks(e) {
+        for t in (0..n).filter(|&t| counts(t)) {
+            self.picks[t * k..(t + 1) * k]
+                .iter()
+                .for_each(|&x| chosen[x] += 1.0);
+            let row = &self.probs[t * e..(t + 1) * e];
             probs.iter_mut().zip(row).for_each(|(s, p)| *s += p);
         }
         RouterStats {
-            tokens: self.probs.len() / e,
+            tokens: (0..n).filter(|&t| counts(t)).count(),
             chosen,
             probs,
         }
@@ -228,14 +235,23 @@ pub struct RouterStats {
 pub struct RouterAux {
     pub loss: f64,
     pub dprob: Vec<f64>,
+    /// The tokens the loss averages over, and so the only ones whose
+    /// probabilities take `dprob` (`None`: every token).
+    pub tokens: Option<Vec<bool>>,
 }
 
 impl RouterAux {
     /// The loss of the routed blocks' `stats` from one forward, times
     /// `weight` (the share of a step's loss this forward's is: a step of
     /// several micro-batches averages theirs); `None` where the model
-    /// adds no such loss or no block routed.
-    pub fn new(cfg: &ModelConfig, stats: &[RouterStats], weight: f64) -> Option<RouterAux> {
+    /// adds no such loss or no block routed. `tokens`: the tokens `stats`
+    /// were taken over ([`super::BlockSaved::router_stats`]).
+    pub fn new(
+        cfg: &ModelConfig,
+        stats: &[RouterStats],
+        weight: f64,
+        tokens: Option<&[bool]>,
+    ) -> Option<RouterAux> {
         let moe = cfg.moe.as_ref()?;
         let coef = moe.aux_loss_coef?;
         let e = moe.num_experts;
@@ -250,6 +266,7 @@ impl RouterAux {
         Some(RouterAux {
             loss: scale * share.iter().zip(&prob).map(|(f, p)| f * p).sum::<f64>(),
             dprob: share.iter().map(|f| scale * f / n).collect(),
+            tokens: tokens.map(<[bool]>::to_vec),
         })
     }
 }
@@ -432,11 +449,19 @@ pub(crate) fn backward<E: Executor>(
     let (b, t, c) = (x.dims()[0], x.dims()[1], x.dims()[2]);
     let (n, k, ne) = (b * t, moe.top_k, moe.num_experts);
     let aux = match (aux, moe.aux_loss_coef) {
-        (Some(a), Some(_)) if a.dprob.len() == ne => Some(a.dprob.as_slice()),
+        (Some(a), Some(_)) if a.dprob.len() == ne && a.tokens.as_ref().is_none_or(|m| m.len() == n) => {
+            Some((a.dprob.as_slice(), a.tokens.as_deref()))
+        }
         (None, None) => None,
         (a, c) => {
             let given = a.map_or("none".to_string(), |a| {
-                format!("one for {} experts", a.dprob.len())
+                format!(
+                    "one for {} experts{}",
+                    a.dprob.len(),
+                    a.tokens
+                        .as_ref()
+                        .map_or(String::new(), |m| format!(" over {} of {n} tokens", m.len()))
+                )
             });
             return Err(ZooError::invalid(
                 "moe backward",
@@ -546,12 +571,12 @@ pub(crate) fn backward<E: Executor>(
 /// token's k routing weights: back through the renormalisation over the
 /// k (where `norm_topk`) and the softmax; an expert not chosen has a
 /// probability only the load-balancing loss reads (its `aux` gradient,
-/// the same for every token).
+/// the same for every token it counts: all, or those its mask marks).
 fn router_backward(
     probs: &[f64],
     picks: &[usize],
     dweights: &[f64],
-    aux: Option<&[f64]>,
+    aux: Option<(&[f64], Option<&[bool]>)>,
     n: usize,
     moe: &Moe,
 ) -> Vec<f32> {
@@ -563,8 +588,8 @@ fn router_backward(
         let pk = &picks[t * k..(t + 1) * k];
         let dw = &dweights[t * k..(t + 1) * k];
         match aux {
-            Some(a) => dp.copy_from_slice(a),
-            None => dp.iter_mut().for_each(|d| *d = 0.0),
+            Some((a, m)) if m.is_none_or(|m| m[t]) => dp.copy_from_slice(a),
+            _ => dp.iter_mut().for_each(|d| *d = 0.0),
         }
         match moe.norm_topk {
             // w_j = p_j / S with S = Σ p_i: dp_j = (dw_j − Σ_i dw_i w_i) / S.
@@ -767,7 +792,7 @@ mod tests {
                 });
                 w.iter().zip(&coef).map(|(w, c)| w * c).sum::<f64>() + a
             };
-            let got = router_backward(&probs, &picks, &coef, aux.map(|a| a.as_slice()), n, &m);
+            let got = router_backward(&probs, &picks, &coef, aux.map(|a| (a.as_slice(), None)), n, &m);
             check_fd(&format!("norm {norm}"), &scores, &got, loss);
         }
     }
