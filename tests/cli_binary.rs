@@ -694,3 +694,104 @@ fn a_routers_correction_bias_is_kept_as_loaded() {
         );
     }
 }
+
+/// `.jsonl` through the binary: `train` says how its rows of records are
+/// cut and padded, `eval` scores each record once and says so, and both
+/// refuse `--rows records` for a source without records, naming it.
+#[test]
+fn rows_of_records_through_the_binary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let mut lines = String::new();
+    for i in 0..30 {
+        lines += &format!(
+            "{{\"instruction\": \"Count to {}\", \"input\": \"\", \"output\": \"{}\"}}\n",
+            i % 5 + 1,
+            "ok ".repeat(i % 5 + 1)
+        );
+    }
+    let data = t.join("sft.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let run_dir = t.join("run");
+    let train = |extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--tokenizer",
+            "byte",
+            "--data",
+            s(&data),
+            "--seq-len",
+            "96",
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            s(&run_dir),
+        ];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    let out = train(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("sft.jsonl: 28 records, one a row") && err.contains("padding"),
+        "{err}"
+    );
+    let out = run(&[
+        "eval",
+        "--model",
+        s(&run_dir),
+        "--data",
+        s(&data),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "96",
+    ]);
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && line.contains("30 records, one a row"),
+        "{line}"
+    );
+    let text = corpus(t);
+    refused(
+        &[
+            "eval",
+            "--model",
+            s(&run_dir),
+            "--data",
+            s(&text),
+            "--device",
+            "cpu",
+            "--rows",
+            "records",
+        ],
+        &["--rows records", "holds no records"],
+    );
+    refused(
+        &[
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--tokenizer",
+            "byte",
+            "--data",
+            s(&text),
+            "--rows",
+            "records",
+            "--device",
+            "cpu",
+            "--out",
+            s(&t.join("other")),
+        ],
+        &["--rows records", "holds no records"],
+    );
+}
