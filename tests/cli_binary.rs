@@ -696,10 +696,11 @@ fn a_routers_correction_bias_is_kept_as_loaded() {
 }
 
 /// `.jsonl` through the binary: `train` says how its rows of records are
-/// cut and padded, `eval` scores each record once and says so, and both
-/// refuse `--rows records` for a source without records, naming it.
+/// cut and padded, `eval` scores each record once and says so (on the run
+/// and on its bf16 export), and both refuse `--rows records` for a source
+/// without records, naming it.
 #[test]
-fn rows_of_records_through_the_binary() {
+fn rows_of_records_and_a_bf16_export_through_the_binary() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let mut lines = String::new();
@@ -713,32 +714,27 @@ fn rows_of_records_through_the_binary() {
     let data = t.join("sft.jsonl");
     std::fs::write(&data, lines).unwrap();
     let run_dir = t.join("run");
-    let train = |extra: &[&str]| {
-        let mut a = vec![
-            "train",
-            "--preset",
-            "llama-tiny",
-            "--tokenizer",
-            "byte",
-            "--data",
-            s(&data),
-            "--seq-len",
-            "96",
-            "--batch",
-            "4",
-            "--steps",
-            "2",
-            "--eval-every",
-            "0",
-            "--device",
-            "cpu",
-            "--out",
-            s(&run_dir),
-        ];
-        a.extend_from_slice(extra);
-        run(&a)
-    };
-    let out = train(&[]);
+    let out = run(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--tokenizer",
+        "byte",
+        "--data",
+        s(&data),
+        "--seq-len",
+        "96",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        s(&run_dir),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -760,6 +756,62 @@ fn rows_of_records_through_the_binary() {
     assert!(
         out.status.success() && line.contains("30 records, one a row"),
         "{line}"
+    );
+    // Exported in bf16, as models are published: half the weights' bytes,
+    // the config says so, and it scores the records as the run does.
+    let exp = t.join("exp");
+    let out = run(&[
+        "export",
+        "--run",
+        s(&run_dir),
+        "--out",
+        s(&exp),
+        "--dtype",
+        "bf16",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let config = std::fs::read_to_string(exp.join("config.json")).unwrap();
+    assert!(config.contains("\"torch_dtype\": \"bfloat16\""), "{config}");
+    let size = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().len();
+    let ckpt = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("ckpt-"))
+        .unwrap();
+    assert!(
+        size(&exp) * 2 < size(&ckpt) + 4096,
+        "{} against {}",
+        size(&exp),
+        size(&ckpt)
+    );
+    let out = run(&[
+        "eval",
+        "--model",
+        s(&exp),
+        "--data",
+        s(&data),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "96",
+    ]);
+    let bf16_line = String::from_utf8_lossy(&out.stdout);
+    let loss = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    assert!(
+        (loss(&bf16_line) - loss(&line)).abs() < 1e-2,
+        "{bf16_line} against {line}"
+    );
+    refused(
+        &[
+            "export",
+            "--run",
+            s(&run_dir),
+            "--out",
+            s(&exp),
+            "--dtype",
+            "int8",
+        ],
+        &["int8", "f32, bf16 or f16"],
     );
     let text = corpus(t);
     refused(

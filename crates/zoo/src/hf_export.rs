@@ -118,6 +118,92 @@ fn write_safetensors(path: &Path, tensors: Vec<(String, TensorOut<'_>)>) -> Resu
     finish_atomic(&tmp, path)
 }
 
+/// A tensor of a mapped safetensors file as it is written again: an f32
+/// one narrowed to `to` as it is written, any other as it is.
+struct Narrowed<'a> {
+    view: safetensors::tensor::TensorView<'a>,
+    to: DType,
+}
+
+impl Narrowed<'_> {
+    fn narrows(&self) -> bool {
+        self.view.dtype() == Dtype::F32 && self.to != DType::F32
+    }
+}
+
+impl View for Narrowed<'_> {
+    fn dtype(&self) -> Dtype {
+        match (self.narrows(), self.to) {
+            (true, DType::BF16) => Dtype::BF16,
+            (true, DType::F16) => Dtype::F16,
+            _ => self.view.dtype(),
+        }
+    }
+    fn shape(&self) -> &[usize] {
+        self.view.shape()
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        if !self.narrows() {
+            return Cow::Borrowed(self.view.data());
+        }
+        // The map's bytes need not be 4-aligned for a cast: read them whole.
+        let values: Vec<f32> = self
+            .view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        tensor_out(&values, self.view.shape(), self.to)
+            .data
+            .into_owned()
+            .into()
+    }
+    fn data_len(&self) -> usize {
+        match self.narrows() {
+            true => self.view.data().len() / 4 * self.to.size_in_bytes(),
+            false => self.view.data().len(),
+        }
+    }
+}
+
+/// Writes the safetensors file `src` again as `dst` (atomically) with its
+/// f32 tensors stored as `dtype`, rounded to nearest even, and any others
+/// as they are: one tensor in memory at a time, so a model larger than
+/// RAM converts from its map. The metadata is kept.
+pub fn narrow_safetensors(src: &Path, dst: &Path, dtype: DType) -> Result<()> {
+    let file = std::fs::File::open(src).map_err(|e| ZooError::io(src, e))?;
+    // SAFETY: read only; a checkpoint changed by another process while it
+    // is read is outside what we can defend against (as when loading).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ZooError::io(src, e))?;
+    let bad = |e: safetensors::SafeTensorError| ZooError::Safetensors {
+        file: src.to_path_buf(),
+        detail: e.to_string(),
+    };
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(bad)?;
+    let st = safetensors::SafeTensors::deserialize(&map).map_err(bad)?;
+    let views: Vec<(String, Narrowed<'_>)> = st
+        .iter()
+        .map(|(name, view)| (name.to_string(), Narrowed { view, to: dtype }))
+        .collect();
+    let tmp = tmp_name(dst);
+    safetensors::serialize_to_file(views, meta.metadata().clone(), &tmp).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        ZooError::Safetensors {
+            file: tmp.clone(),
+            detail: e.to_string(),
+        }
+    })?;
+    // Readable as the source is (the writer makes its file private).
+    let mode = file.metadata().map_err(|e| ZooError::io(src, e))?.permissions();
+    std::fs::set_permissions(&tmp, mode).map_err(|e| ZooError::io(&tmp, e))?;
+    finish_atomic(&tmp, dst)
+}
+
+/// The name `config.json` gives `dtype` (`torch_dtype` / `dtype`).
+pub fn hf_dtype(dtype: DType) -> &'static str {
+    hf_dtype_name(dtype)
+}
+
 /// Exports a model given as per-layer slabs laid out by `tables` (one per
 /// layer, as [`ModelConfig::layer_tables`] makes them).
 pub fn export_hf_dir(

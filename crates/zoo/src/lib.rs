@@ -44,7 +44,7 @@ mod tokenizer;
 
 pub use config::{Arch, LinearAttn, Mla, ModelConfig, Moe, Multipliers, Router};
 pub use error::{Result, ZooError};
-pub use hf_export::{ExportOptions, export_hf_dir};
+pub use hf_export::{ExportOptions, export_hf_dir, hf_dtype, narrow_safetensors};
 pub use hf_load::{HfCheckpoint, INDEX_FILE, LoadedModel, SINGLE_FILE, load_hf_dir};
 pub use init::{INIT_STD, init_layer, init_layer_into};
 pub use layers::default_chunk_rows;

@@ -354,3 +354,62 @@ fn gpt2_names_without_transformer_prefix_load() {
     let b = load_hf_dir(dir.path()).unwrap();
     assert_eq!(a.slabs, b.slabs);
 }
+
+/// `narrow_safetensors` writes a file again with its f32 tensors rounded to
+/// bf16 or f16 (nearest even, as `convert` rounds and torch's `.to()`
+/// does), every other tensor and the metadata as they were; to f32 it
+/// writes the same tensors.
+#[test]
+fn narrowing_a_file_rounds_its_f32_tensors_and_keeps_the_rest() {
+    use megatrain_tensor::convert;
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.safetensors");
+    // Values around rounding boundaries, a subnormal, large and signed ones.
+    let w: Vec<f32> = (0..37)
+        .map(|i| (i as f32 - 18.0) * 1.000_123_4 * 2f32.powi(i % 7 - 3))
+        .chain([1.0 + 2f32.powi(-8), 65504.0, 1e-7, -0.0])
+        .collect();
+    let ids: Vec<u8> = (0..12).collect();
+    let views = vec![
+        (
+            "w".to_string(),
+            TensorView::new(Dtype::F32, vec![41], bytemuck::cast_slice(&w)).unwrap(),
+        ),
+        (
+            "ids".to_string(),
+            TensorView::new(Dtype::U8, vec![3, 4], &ids).unwrap(),
+        ),
+    ];
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(meta.clone()), &src).unwrap();
+    for (dtype, want) in [
+        (
+            DType::BF16,
+            bytemuck::cast_slice(&convert::f32_to_bf16(&w)).to_vec(),
+        ),
+        (
+            DType::F16,
+            bytemuck::cast_slice(&convert::f32_to_f16(&w)).to_vec(),
+        ),
+        (DType::F32, bytemuck::cast_slice(&w).to_vec()),
+    ] {
+        let dst = dir.path().join(format!("{dtype}.safetensors"));
+        megatrain_zoo::narrow_safetensors(&src, &dst, dtype).unwrap();
+        let bytes = std::fs::read(&dst).unwrap();
+        let (_, got_meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(got_meta.metadata().as_ref(), Some(&meta));
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("w").unwrap();
+        assert_eq!((t.shape(), t.data()), (&[41][..], &want[..]), "{dtype}");
+        let u = st.tensor("ids").unwrap();
+        assert_eq!(
+            (u.dtype(), u.shape(), u.data()),
+            (Dtype::U8, &[3, 4][..], &ids[..])
+        );
+    }
+    let err = megatrain_zoo::narrow_safetensors(&dir.path().join("none"), &dir.path().join("x"), DType::BF16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("none"), "{err}");
+}

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{CONFIG_FILE, copy_atomic, resolve_model_dir};
+use megatrain_tensor::DType;
 use megatrain_tier::MODEL_FILE;
+use megatrain_zoo::{ModelConfig, hf_dtype, narrow_safetensors};
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -17,6 +19,10 @@ pub struct ExportArgs {
     /// Output directory (created; files in it are replaced).
     #[arg(long)]
     out: PathBuf,
+    /// The weights' dtype: f32 (the checkpoint's own, copied) | bf16 | f16
+    /// (rounded to nearest even: half the bytes, as models are published).
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
 }
 
 /// Files of a checkpoint that make up the HF model (the rest is optimizer
@@ -47,8 +53,23 @@ pub fn run(a: ExportArgs) -> anyhow::Result<()> {
         .collect();
     files.sort_by_key(|f| *f == MODEL_FILE);
     for f in files {
-        copy_atomic(&dir.join(f), &a.out.join(f))?;
+        let (from, to) = (dir.join(f), a.out.join(f));
+        match (f, a.dtype) {
+            (_, DType::F32) => copy_atomic(&from, &to)?,
+            (CONFIG_FILE, d) => {
+                let json = ModelConfig::from_dir(&dir)?.to_hf_json(hf_dtype(d));
+                let text = serde_json::to_string_pretty(&json).expect("json");
+                megatrain_tier::atomic::write_atomic(&to, text.as_bytes())?;
+            }
+            (MODEL_FILE, d) => narrow_safetensors(&from, &to, d)?,
+            _ => copy_atomic(&from, &to)?,
+        }
     }
-    println!("exported {} to {}", dir.display(), a.out.display());
+    println!(
+        "exported {} to {} ({} weights)",
+        dir.display(),
+        a.out.display(),
+        hf_dtype(a.dtype)
+    );
     Ok(())
 }
