@@ -104,6 +104,24 @@ impl LinearAttn {
     }
 }
 
+/// `layer_types` as whether each block is linear (`linear_attention`) or
+/// not (`full_attention`).
+fn linear_types(f: &Fields, v: &Value) -> Result<Vec<bool>> {
+    let list = v
+        .as_array()
+        .ok_or_else(|| f.bad("layer_types", format!("expected a list, got {v}")))?;
+    list.iter()
+        .map(|k| match k.as_str() {
+            Some("linear_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            _ => Err(f.bad(
+                "layer_types",
+                format!("{k} is neither \"linear_attention\" nor \"full_attention\""),
+            )),
+        })
+        .collect()
+}
+
 /// The Gated DeltaNet of a Qwen3.5, Qwen3-Next or OLMo Hybrid config
 /// (their classes' defaults): `layer_types`, or else every fourth block
 /// full attention (Qwen's `full_attention_interval`, 4; OLMo Hybrid's
@@ -116,21 +134,7 @@ pub(super) fn parse(f: &Fields, arch: Arch, layers: usize) -> Result<LinearAttn>
     }
     let olmo = arch == Arch::OlmoHybrid;
     let kinds = match f.get("layer_types") {
-        Some(v) => {
-            let list = v
-                .as_array()
-                .ok_or_else(|| f.bad("layer_types", format!("expected a list, got {v}")))?;
-            list.iter()
-                .map(|k| match k.as_str() {
-                    Some("linear_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(f.bad(
-                        "layer_types",
-                        format!("{k} is neither \"linear_attention\" nor \"full_attention\""),
-                    )),
-                })
-                .collect::<Result<Vec<bool>>>()?
-        }
+        Some(v) => linear_types(f, v)?,
         None if olmo => {
             let mut k: Vec<bool> = (0..layers).map(|i| i % 4 != 3).collect();
             if k.iter().all(|&x| x)
@@ -224,21 +228,7 @@ fn parse_kimi(f: &Fields, layers: usize) -> Result<LinearAttn> {
         listed("full_attn_layers"),
         listed("kda_layers"),
     ) {
-        (Some(v), ..) => {
-            let list = v
-                .as_array()
-                .ok_or_else(|| f.bad("layer_types", format!("expected a list, got {v}")))?;
-            list.iter()
-                .map(|k| match k.as_str() {
-                    Some("linear_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(f.bad(
-                        "layer_types",
-                        format!("{k} is neither \"linear_attention\" nor \"full_attention\""),
-                    )),
-                })
-                .collect::<Result<Vec<bool>>>()?
-        }
+        (Some(v), ..) => linear_types(f, v)?,
         (None, Some(full), Some(kda)) => {
             let mut kinds: Vec<Option<bool>> = vec![None; layers];
             for (list, linear) in [(full, false), (kda, true)] {

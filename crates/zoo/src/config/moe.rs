@@ -149,6 +149,25 @@ impl Moe {
         Ok(())
     }
 
+    /// What DeepSeek's grouped routers (and their families': GLM-4.5's,
+    /// Kimi's) write alike: the experts' width, the renormalisation, the
+    /// groups, the scale and the shared experts.
+    fn insert_grouped(
+        &self,
+        obj: &mut serde_json::Map<String, Value>,
+        groups: usize,
+        topk_groups: usize,
+        scale: f64,
+    ) {
+        obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
+        obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
+        obj.insert("n_group".into(), json!(groups));
+        obj.insert("topk_group".into(), json!(topk_groups));
+        obj.insert("routed_scaling_factor".into(), json!(scale));
+        let width = self.shared_expert.unwrap_or(0);
+        obj.insert("n_shared_experts".into(), json!(width / self.expert_size));
+    }
+
     /// The fields [`parse`] reads back to this.
     pub(super) fn write_json(&self, arch: Arch, obj: &mut serde_json::Map<String, Value>) {
         obj.insert("num_experts_per_tok".into(), json!(self.top_k));
@@ -188,13 +207,7 @@ impl Moe {
                     obj.insert("topk_method".into(), json!(method));
                 }
                 obj.insert("n_routed_experts".into(), json!(self.num_experts));
-                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
-                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
-                obj.insert("n_group".into(), json!(groups));
-                obj.insert("topk_group".into(), json!(topk_groups));
-                obj.insert("routed_scaling_factor".into(), json!(scale));
-                let width = self.shared_expert.unwrap_or(0);
-                obj.insert("n_shared_experts".into(), json!(width / self.expert_size));
+                self.insert_grouped(obj, groups, topk_groups, scale);
                 let dense = self
                     .sparse_layers
                     .as_ref()
@@ -211,13 +224,7 @@ impl Moe {
                     unreachable!("Kimi Linear's router is DeepSeek-V3's")
                 };
                 obj.insert("num_local_experts".into(), json!(self.num_experts));
-                obj.insert("moe_intermediate_size".into(), json!(self.expert_size));
-                obj.insert("norm_topk_prob".into(), json!(self.norm_topk));
-                obj.insert("n_group".into(), json!(groups));
-                obj.insert("topk_group".into(), json!(topk_groups));
-                obj.insert("routed_scaling_factor".into(), json!(scale));
-                let width = self.shared_expert.unwrap_or(0);
-                obj.insert("n_shared_experts".into(), json!(width / self.expert_size));
+                self.insert_grouped(obj, groups, topk_groups, scale);
                 let kinds: Vec<&str> = match &self.sparse_layers {
                     Some(s) => s.iter().map(|&x| if x { "sparse" } else { "dense" }).collect(),
                     None => vec!["sparse"; layers_of(obj)],
