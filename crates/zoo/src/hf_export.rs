@@ -60,7 +60,8 @@ impl View for TensorOut<'_> {
     }
 }
 
-fn hf_dtype_name(d: DType) -> &'static str {
+/// The name `config.json` gives a dtype (`torch_dtype` / `dtype`).
+pub fn hf_dtype(d: DType) -> &'static str {
     match d {
         DType::F32 => "float32",
         DType::BF16 => "bfloat16",
@@ -199,11 +200,6 @@ pub fn narrow_safetensors(src: &Path, dst: &Path, dtype: DType) -> Result<()> {
     finish_atomic(&tmp, dst)
 }
 
-/// The name `config.json` gives `dtype` (`torch_dtype` / `dtype`).
-pub fn hf_dtype(dtype: DType) -> &'static str {
-    hf_dtype_name(dtype)
-}
-
 /// Exports a model given as per-layer slabs laid out by `tables` (one per
 /// layer, as [`ModelConfig::layer_tables`] makes them).
 pub fn export_hf_dir(
@@ -290,7 +286,7 @@ pub fn export_hf_dir(
         // A stale index would make loaders ignore the single file.
         std::fs::remove_file(&index_path).map_err(|e| ZooError::io(&index_path, e))?;
     }
-    let cfg = config.to_hf_json(hf_dtype_name(opts.dtype));
+    let cfg = config.to_hf_json(hf_dtype(opts.dtype));
     write_atomic(
         &dir.join("config.json"),
         serde_json::to_string_pretty(&cfg).expect("json").as_bytes(),

@@ -408,26 +408,15 @@ pub fn evaluate<E: Executor>(
     batches: usize,
     sampling: Sampling,
 ) -> Result<f64> {
-    let (Some(records), Sampling::Sequential) = (&data.records, sampling) else {
-        let draw = |i, rows| draw_rows(data, sampling, i, batch, rows, seq_len, name);
-        return evaluate_split(trainer, draw, batch, batches, None);
+    let left = |i: u64| match (&data.records, sampling) {
+        (Some(r), Sampling::Sequential) => r.len().saturating_sub(i as usize * batch).max(1),
+        _ => batch,
     };
-    let drawn = (0..batches)
-        .map(|i| {
-            let left = records.len().saturating_sub(i * batch);
-            let rows = 0..batch.min(left.max(1));
-            draw_rows(data, sampling, i as u64, batch, rows, seq_len, name)
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let (sum, counted) = trainer
-        .eval_losses(&drawn)?
-        .into_iter()
-        .fold((0.0, 0usize), |(s, c), (ls, lc)| (s + ls, c + lc));
-    Ok(if counted > 0 {
-        sum / counted as f64
-    } else {
-        f64::NAN
-    })
+    let draw = |i, rows: std::ops::Range<usize>| {
+        let rows = rows.start..rows.end.min(left(i));
+        draw_rows(data, sampling, i, batch, rows, seq_len, name)
+    };
+    evaluate_split(trainer, draw, batch, batches, None)
 }
 
 /// [`evaluate`] of the rows `draw` gives (batch number, rows of it), split
