@@ -143,8 +143,8 @@ fn dims_name((b, t, hq, hkv, d): Dims) -> String {
 
 /// The forward's useful score and value FLOPs: 2·2·B·Hq·D per (query, key)
 /// pair the mask lets through.
-fn attn_flops((b, t, hq, _, d): Dims, mask: AttnMask) -> u64 {
-    let pairs: usize = (0..t).map(|i| i + 1 - mask.first_key(i)).sum();
+fn attn_flops((b, t, hq, _, d): Dims, mask: &AttnMask) -> u64 {
+    let pairs: usize = (0..t).map(|i| i + 1 - mask.first_key(0, i)).sum();
     4 * (b * hq * d * pairs) as u64
 }
 
@@ -181,18 +181,18 @@ fn time_rows(
     first: impl Fn(&GpuExecutor),
 ) -> Option<Timed> {
     let (b, t, hq, hkv, d) = dims;
-    let flops = attn_flops(dims, mask);
+    let flops = attn_flops(dims, &mask);
     let ready = OnceCell::new();
     let setup = || {
         first(g);
         let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
         let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
         let up = hs.each_ref().map(|h| g.upload(h).unwrap());
-        let fwd = g.attention(&up[0], &up[1], &up[2], mask).unwrap();
+        let fwd = g.attention(&up[0], &up[1], &up[2], mask.clone()).unwrap();
         (hs, up, fwd)
     };
     let fwd_run = |[q, k, v, _]: &[GpuTensor; 4]| {
-        let o = g.attention(q, k, v, mask).unwrap();
+        let o = g.attention(q, k, v, mask.clone()).unwrap();
         g.synchronize().unwrap();
         o
     };
@@ -246,18 +246,18 @@ fn bench_f16(c: &mut Criterion) {
         let mut v = Vec::new();
         for (hq, hkv) in [(32, 8), (28, 4)] {
             for t in [1024, 2048, 4096] {
-                v.push(((4, t, hq, hkv, 128), causal));
+                v.push(((4, t, hq, hkv, 128), causal.clone()));
             }
         }
         // The window's skipped tiles, against the same T causal.
-        v.push(((1, 8192, 32, 8, 128), causal));
+        v.push(((1, 8192, 32, 8, 128), causal.clone()));
         v.push(((1, 8192, 32, 8, 128), AttnMask::sliding(4096)));
         (F16Attention::Coop, v)
     } else {
         let small = (1, 64, 4, 2, 64);
         (
             F16Attention::CoopEmulated,
-            vec![(small, causal), (small, AttnMask::sliding(20))],
+            vec![(small, causal.clone()), (small, AttnMask::sliding(20))],
         )
     };
     // The default reads f16 copies of Q, K, V (and dO), made once per value:
@@ -287,7 +287,8 @@ fn bench_f16(c: &mut Criterion) {
     group.sample_size(10);
     for (way, opts) in ways {
         let Some(g) = f16_executor(kind, opts) else { return };
-        for &(dims, mask) in &shapes {
+        for (dims, mask) in &shapes {
+            let dims = *dims;
             // Staging is timed at the T only: the comparison, not
             // every shape again, within the GPU session's budget.
             if !way.is_empty() && dims.1 != 2048 {
@@ -304,14 +305,14 @@ fn bench_f16(c: &mut Criterion) {
                     checked.borrow_mut().push((hq, hkv, d));
                 }
             };
-            let Some(ops) = time_rows(&mut group, &g, (dims, mask), &name, check_once) else {
+            let Some(ops) = time_rows(&mut group, &g, (dims, mask.clone()), &name, check_once) else {
                 continue;
             };
             let mut line = format!("megatrain f16 {name}: {}", ops.rates());
             if way.is_empty() {
                 let [q, k, v] = [&ops.hs[0], &ops.hs[1], &ops.hs[2]].map(|h| fresh.upload(h).unwrap());
                 let tn = median(5, || {
-                    drop(fresh.attention(&q, &k, &v, mask).unwrap());
+                    drop(fresh.attention(&q, &k, &v, mask.clone()).unwrap());
                     fresh.synchronize().unwrap();
                 });
                 line += &format!(

@@ -236,7 +236,7 @@ fn dqk_terms(c: Case, x: &Inputs) -> [f64; 2] {
         for h in 0..c.hq {
             for i in 0..c.t {
                 let (qi, oi) = (row(&q, b, i, h, c.hq), row(&o, b, i, h, c.hq));
-                let j0 = c.mask().first_key(i);
+                let j0 = c.mask().first_key(b, i);
                 let s: Vec<(f64, f64)> = (j0..=i)
                     .map(|j| {
                         c.shape(

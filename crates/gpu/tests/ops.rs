@@ -174,12 +174,12 @@ proptest! {
         let v = rand_host(seed ^ 2, &[b, t, hkv, d]);
         let dout = rand_host(seed ^ 3, &[b, t, hq, d]);
         let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-        let r = c.attention(&cq, &ck, &cv, mask).unwrap();
+        let r = c.attention(&cq, &ck, &cv, mask.clone()).unwrap();
         let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
         let gs: Vec<&GpuExecutor> = if t * hq * d * 4 + 256 <= 4096 { both() } else { gpu().into_iter().collect() };
         for g in gs {
             let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-            let o = g.attention(&gq, &gk, &gv, mask).unwrap();
+            let o = g.attention(&gq, &gk, &gv, mask.clone()).unwrap();
             assert_close("attention out", &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
             assert_close("attention lse", &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
             let gg = g.attention_backward(&gq, &gk, &gv, &o, &gd).unwrap();
@@ -309,6 +309,7 @@ fn rope_tables_are_kept_grown_and_shared() {
                 scaling,
                 rotary_dim,
                 interleaved,
+                docs: None,
             };
             for (gt, ct) in [(&gx, &cx), (&gy, &cy)] {
                 assert_close(
@@ -426,7 +427,13 @@ fn attention_matches_cpu(
     what: &str,
 ) {
     for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
-        attention_matches_cpu_in(g, (b, t, hq, hkv, d), mask, seed, &format!("{what}, {mask:?}"));
+        attention_matches_cpu_in(
+            g,
+            (b, t, hq, hkv, d),
+            mask.clone(),
+            seed,
+            &format!("{what}, {mask:?}"),
+        );
     }
 }
 
@@ -443,10 +450,10 @@ fn attention_matches_cpu_in(
     let v = rand_host(seed + 2, &[b, t, hkv, d]);
     let dout = rand_host(seed + 3, &[b, t, hq, d]);
     let (cq, ck, cv, cd) = (cpu_up!(c, &q), cpu_up!(c, &k), cpu_up!(c, &v), cpu_up!(c, &dout));
-    let r = c.attention(&cq, &ck, &cv, mask).unwrap();
+    let r = c.attention(&cq, &ck, &cv, mask.clone()).unwrap();
     let rg = c.attention_backward(&cq, &ck, &cv, &r, &cd).unwrap();
     let (gq, gk, gv, gd) = (up(g, &q), up(g, &k), up(g, &v), up(g, &dout));
-    let o = g.attention(&gq, &gk, &gv, mask).unwrap();
+    let o = g.attention(&gq, &gk, &gv, mask.clone()).unwrap();
     let of = |s: &str| format!("{what}: {s}");
     assert_close(&of("out"), &down(g, &o.out), &down_cpu(&c, &r.out), TOL_F32);
     assert_close(&of("lse"), &down(g, &o.lse), &down_cpu(&c, &r.lse), TOL_F32);
@@ -570,7 +577,7 @@ fn attention_soft_capped_head_dims() {
         for c in caps {
             for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
                 let mask = mask.with_softcap(cap(c));
-                attention_matches_cpu_in(g, shape, mask, seed, &format!("{shape:?}, {mask:?}"));
+                attention_matches_cpu_in(g, shape, mask.clone(), seed, &format!("{shape:?}, {mask:?}"));
             }
         }
         eprintln!("{shape:?}: {:.1} s", start.elapsed().as_secs_f64());
@@ -601,7 +608,13 @@ fn attention_soft_capped_lanes() {
         for c in [0.5, 50.0] {
             for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
                 let mask = mask.with_softcap(cap(c));
-                attention_matches_cpu_in(g, shape, mask, seed, &format!("lanes, {shape:?}, {mask:?}"));
+                attention_matches_cpu_in(
+                    g,
+                    shape,
+                    mask.clone(),
+                    seed,
+                    &format!("lanes, {shape:?}, {mask:?}"),
+                );
             }
         }
         eprintln!("lanes {shape:?}: {:.1} s", start.elapsed().as_secs_f64());
@@ -636,7 +649,13 @@ fn attention_soft_capped_split_under_a_small_loop_budget() {
     ] {
         for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
             let mask = mask.with_softcap(cap);
-            attention_matches_cpu_in(g, shape, mask, seed, &format!("{shape:?} in ranges, {mask:?}"));
+            attention_matches_cpu_in(
+                g,
+                shape,
+                mask.clone(),
+                seed,
+                &format!("{shape:?} in ranges, {mask:?}"),
+            );
         }
     }
 }

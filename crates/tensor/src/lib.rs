@@ -4,6 +4,7 @@
 mod compose;
 pub mod convert;
 pub mod cpu;
+mod docs;
 mod dtype;
 mod error;
 mod executor;
@@ -18,6 +19,7 @@ mod transport;
 
 pub use compose::*;
 pub use cpu::{CpuExecutor, CpuTensor, F64Executor};
+pub use docs::Docs;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use executor::*;

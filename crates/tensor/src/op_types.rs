@@ -2,7 +2,7 @@
 //! trait: which operands a matmul reads transposed, which gradients a
 //! backward must produce, and what each forward and backward returns.
 
-use crate::{DType, Error, Result, RopeScaling, Shape};
+use crate::{DType, Docs, Error, Result, RopeScaling, Shape};
 
 /// Which matmul operands are read transposed. `a` is `[.., M, K]`, or
 /// `[.., K, M]` when `a` is set; `b` is `[K, N]`, or `[N, K]` when `b` is set
@@ -203,13 +203,17 @@ pub struct NormGrads<T> {
 /// `i + 1 − window ..= i`, as transformers' `sliding_window_overlay` does
 /// (`kv_idx > q_idx − sliding_window`). With a soft cap (Gemma 2's
 /// `attn_logit_softcapping`) each scaled score `s` becomes
-/// `cap · tanh(s / cap)` before the mask and the softmax.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+/// `cap · tanh(s / cap)` before the mask and the softmax. With documents
+/// packed in the rows ([`Docs`]) a query sees only its own document's keys
+/// as well: its keys are still one contiguous span, ending at itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct AttnMask {
     /// Keys a query sees, itself included; `None`: every key up to it.
     pub window: Option<usize>,
     /// `None`: the scores as they are.
     pub softcap: Option<SoftCap>,
+    /// `None`: each row is one sequence.
+    pub docs: Option<Docs>,
 }
 
 /// A soft cap `cap > 0` (finite): `x ↦ cap · tanh(x / cap)`, which bounds
@@ -257,13 +261,19 @@ impl AttnMask {
     pub const CAUSAL: AttnMask = AttnMask {
         window: None,
         softcap: None,
+        docs: None,
     };
 
     pub fn sliding(window: usize) -> AttnMask {
         AttnMask {
             window: Some(window),
-            softcap: None,
+            ..AttnMask::CAUSAL
         }
+    }
+
+    /// The same mask within the documents of `docs` (`None`: within rows).
+    pub fn with_docs(self, docs: Option<Docs>) -> AttnMask {
+        AttnMask { docs, ..self }
     }
 
     /// The same mask with its scores soft-capped at `cap`.
@@ -274,26 +284,31 @@ impl AttnMask {
         }
     }
 
-    /// A window of 0 keys would leave a row nothing to attend to.
-    pub fn check(self, op: &'static str) -> Result<()> {
-        match self.window {
-            Some(0) => Err(Error::invalid(op, "a sliding window of 0 keys")),
-            _ => Ok(()),
+    /// A window of 0 keys would leave a row nothing to attend to; documents
+    /// must be those of the `[b, t]` batch attended.
+    pub fn check(&self, op: &'static str, b: usize, t: usize) -> Result<()> {
+        if self.window == Some(0) {
+            return Err(Error::invalid(op, "a sliding window of 0 keys"));
+        }
+        match &self.docs {
+            Some(d) => d.check(op, b, t),
+            None => Ok(()),
         }
     }
 
-    /// The first key query `i` sees.
-    pub fn first_key(self, i: usize) -> usize {
-        match self.window {
+    /// The first key query `i` of row `b` sees.
+    pub fn first_key(&self, b: usize, i: usize) -> usize {
+        let w = match self.window {
             Some(w) => (i + 1).saturating_sub(w),
             None => 0,
-        }
+        };
+        self.docs.as_ref().map_or(w, |d| w.max(d.start(b, i)))
     }
 
     /// The window as the GPU kernels take it for a sequence of `t`: 0 where
     /// it hides nothing (none, or at least `t` keys), so that `j + window`
     /// never passes `2t` there.
-    pub fn kernel_window(self, t: usize) -> u32 {
+    pub fn kernel_window(&self, t: usize) -> u32 {
         match self.window {
             Some(w) if w < t => w as u32,
             _ => 0,
@@ -626,6 +641,9 @@ pub struct Rope {
     /// Pairs of neighbours (2i, 2i+1), GLM's (and GPT-J's) layout, rather
     /// than `rotate_half`'s (i, i + r/2).
     pub interleaved: bool,
+    /// With documents packed in the rows, each token's position counts from
+    /// its document's first token (plus `offset`); `None`: from the row's.
+    pub docs: Option<Docs>,
 }
 
 impl Rope {
@@ -637,7 +655,19 @@ impl Rope {
             scaling: RopeScaling::None,
             rotary_dim: None,
             interleaved: false,
+            docs: None,
         }
+    }
+
+    /// The same rotation with positions counted within the documents of
+    /// `docs` (`None`: within rows).
+    pub fn with_docs(self, docs: Option<Docs>) -> Rope {
+        Rope { docs, ..self }
+    }
+
+    /// Token `i` of row `b`'s position, `offset` included.
+    pub fn position(&self, b: usize, i: usize) -> usize {
+        self.offset + self.docs.as_ref().map_or(i, |d| d.position(b, i))
     }
 
     /// How many leading entries of a head of `d` rotate: `rotary_dim` or

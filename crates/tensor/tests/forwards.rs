@@ -409,7 +409,7 @@ fn soft_capped_attention_weighs_the_capped_scores() {
     let k = up(&[1, 2, 1, 1], &[0., 1.]);
     let v = up(&[1, 2, 1, 1], &[10., 20.]);
     let mask = AttnMask::CAUSAL.with_softcap(SoftCap::new(1.0, "test").unwrap());
-    let o = EX.attention(&q, &k, &v, mask).unwrap();
+    let o = EX.attention(&q, &k, &v, mask.clone()).unwrap();
     assert_eq!(o.mask, mask);
     let s = 4.0f32.tanh();
     let w = s.exp() / (1.0 + s.exp());

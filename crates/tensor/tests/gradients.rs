@@ -217,13 +217,16 @@ fn attention_check(b: usize, tt: usize, hq: usize, hkv: usize, d: usize, mask: A
     let q = rand_t(seed, &[b, tt, hq, d]);
     let k = rand_t(seed + 1, &[b, tt, hkv, d]);
     let v = rand_t(seed + 2, &[b, tt, hkv, d]);
-    let fw = EX.attention(&q, &k, &v, mask).unwrap();
+    let fw = EX.attention(&q, &k, &v, mask.clone()).unwrap();
     let cot = rand_t(seed + 3, &[b, tt, hq, d]);
     let g = EX.attention_backward(&q, &k, &v, &fw, &cot).unwrap();
     let name = format!("attention b{b} t{tt} hq{hq} hkv{hkv} d{d} {mask:?}");
     grad_check(&name, &[q, k, v], &[g.dq.data(), g.dk.data(), g.dv.data()], |i| {
         dot(
-            EX.attention(&i[0], &i[1], &i[2], mask).unwrap().out.data(),
+            EX.attention(&i[0], &i[1], &i[2], mask.clone())
+                .unwrap()
+                .out
+                .data(),
             cot.data(),
         )
     });
@@ -422,7 +425,7 @@ fn attention_with_sinks_end_to_end() {
         let sinks = t(&[hq], &scaled(seed + 3, hq, 2.0));
         let cot = rand_t(seed + 4, &[b, tt, hq, d]);
         let forward = |i: &[T]| {
-            let fw = EX.attention(&i[0], &i[1], &i[2], mask).unwrap();
+            let fw = EX.attention(&i[0], &i[1], &i[2], mask.clone()).unwrap();
             let os = EX.attention_sinks(&fw, &i[3]).unwrap();
             AttentionOut { out: os, ..fw }
         };

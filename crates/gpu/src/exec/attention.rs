@@ -80,7 +80,6 @@ impl Dims {
 
 impl GpuExecutor {
     pub(crate) fn attn_dims(op: &'static str, [q, k, v]: [&GpuTensor; 3], mask: AttnMask) -> Result<Dims> {
-        mask.check(op)?;
         for x in [q, k, v] {
             need_f32(op, x)?;
         }
@@ -109,14 +108,21 @@ impl GpuExecutor {
                 ),
             ));
         }
+        mask.check(op, qd[0], qd[1])?;
+        if mask.docs.is_some() {
+            return Err(Error::invalid(
+                op,
+                "packed documents are not in the GPU kernels yet",
+            ));
+        }
         Ok(Dims {
             b: qd[0],
             t: qd[1],
             hq: qd[2],
             hkv: kd[2],
             d: qd[3],
-            mask,
             window: mask.kernel_window(qd[1]),
+            mask,
         })
     }
 
@@ -211,7 +217,7 @@ impl GpuExecutor {
         Ok(AttentionOut {
             out,
             lse,
-            mask: d.mask,
+            mask: d.mask.clone(),
         })
     }
 
@@ -224,7 +230,7 @@ impl GpuExecutor {
         dout: &GpuTensor,
     ) -> Result<AttentionGrads<GpuTensor>> {
         let name = "attention_backward";
-        let d = Self::attn_dims(name, [q, k, v], fwd.mask)?;
+        let d = Self::attn_dims(name, [q, k, v], fwd.mask.clone())?;
         need_f32(name, dout)?;
         if dout.shape != q.shape || fwd.out.shape != q.shape || fwd.lse.numel() != d.b * d.hq * d.t {
             return Err(Error::shape(

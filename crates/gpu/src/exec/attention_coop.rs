@@ -286,7 +286,7 @@ impl GpuExecutor {
         Ok(AttentionOut {
             out,
             lse,
-            mask: d.mask,
+            mask: d.mask.clone(),
         })
     }
 

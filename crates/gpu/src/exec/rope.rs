@@ -82,6 +82,13 @@ impl GpuExecutor {
             return Err(Error::shape(name, format!("x {} must be [B, T, H, D]", x.shape)));
         }
         let (t, h, dim) = (d[1], d[2], d[3]);
+        if let Some(docs) = &rope.docs {
+            docs.check(name, d[0], t)?;
+            return Err(Error::invalid(
+                name,
+                "packed documents are not in the GPU kernels yet",
+            ));
+        }
         let rot = rope
             .rotated(name, dim)
             .map_err(|e| Error::shape(name, format!("x {}: {e}", x.shape)))?;

@@ -156,6 +156,9 @@ fn rope_dims<F>(op: &'static str, x: &T<F>, rope: &Rope) -> Result<[usize; 4]> {
         [b, t, h, d] => {
             rope.rotated(op, d)
                 .map_err(|e| Error::shape(op, format!("x {}: {e}", x.shape())))?;
+            if let Some(docs) = &rope.docs {
+                docs.check(op, b, t)?;
+            }
             Ok([b, t, h, d])
         }
         _ => Err(Error::shape(op, format!("x {} must be [B, T, H, D]", x.shape()))),
@@ -611,20 +614,20 @@ impl<F: Real> Executor for RefExecutor<F> {
 
     fn attention(&self, q: &T<F>, k: &T<F>, v: &T<F>, mask: AttnMask) -> Result<AttentionOut<T<F>>> {
         let op = "attention";
-        mask.check(op)?;
         let d = AttnDims {
             mask,
             ..attn_dims(op, q, k, v)?
         };
+        d.mask.check(op, d.b, d.t)?;
         let (qd, kd, vd) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
         let (o, lse) = match self.precision {
-            ComputePrecision::F32 => r::attention(qd, kd, vd, d),
-            ComputePrecision::F16 => r::attention(&rounded(qd), &rounded(kd), &rounded(vd), d),
+            ComputePrecision::F32 => r::attention(qd, kd, vd, &d),
+            ComputePrecision::F16 => r::attention(&rounded(qd), &rounded(kd), &rounded(vd), &d),
         };
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
             lse: out(Shape::new([d.b, d.hq, d.t]), lse),
-            mask,
+            mask: d.mask,
         })
     }
 
@@ -637,11 +640,11 @@ impl<F: Real> Executor for RefExecutor<F> {
         dout: &T<F>,
     ) -> Result<AttentionGrads<T<F>>> {
         let op = "attention_backward";
-        fwd.mask.check(op)?;
         let d = AttnDims {
-            mask: fwd.mask,
+            mask: fwd.mask.clone(),
             ..attn_dims(op, q, k, v)?
         };
+        d.mask.check(op, d.b, d.t)?;
         same_shape(op, "q vs out", q, &fwd.out)?;
         same_shape(op, "q vs dout", q, dout)?;
         if fwd.lse.dims() != [d.b, d.hq, d.t] {
@@ -658,10 +661,10 @@ impl<F: Real> Executor for RefExecutor<F> {
         );
         let (fo, fl) = (f32_data(op, &fwd.out)?, f32_data(op, &fwd.lse)?);
         let (dq, dk, dv) = match self.precision {
-            ComputePrecision::F32 => r::attention_backward(qd, kd, vd, fo, fl, gd, d),
+            ComputePrecision::F32 => r::attention_backward(qd, kd, vd, fo, fl, gd, &d),
             ComputePrecision::F16 => {
                 let (qr, kr, vr, gr) = (rounded(qd), rounded(kd), rounded(vd), rounded(gd));
-                r::attention_backward(&qr, &kr, &vr, fo, fl, &gr, d)
+                r::attention_backward(&qr, &kr, &vr, fo, fl, &gr, &d)
             }
         };
         Ok(AttentionGrads {

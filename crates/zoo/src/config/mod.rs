@@ -824,6 +824,7 @@ impl ModelConfig {
             scaling,
             rotary_dim: self.rotary_dim,
             interleaved: self.arch.interleaved_rope(),
+            docs: None,
         }
     }
 
@@ -865,6 +866,7 @@ impl ModelConfig {
         AttnMask {
             window: self.sliding_window.filter(|_| self.slides(layer)),
             softcap: self.attn_softcap,
+            docs: None,
         }
     }
 

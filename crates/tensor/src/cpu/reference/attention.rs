@@ -10,8 +10,8 @@ use crate::AttnMask;
 use crate::cpu::Real;
 
 /// `q: [b, t, hq, d]`, `k, v: [b, t, hkv, d]`, `hq` a multiple of `hkv`;
-/// query `i` sees keys `mask.first_key(i) ..= i`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// query `i` of row `b` sees keys `mask.first_key(b, i) ..= i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttnDims {
     pub b: usize,
     pub t: usize,
@@ -44,7 +44,7 @@ struct Scores<F> {
 }
 
 impl<F: Real> Scores<F> {
-    fn of(mask: AttnMask) -> Scores<F> {
+    fn of(mask: &AttnMask) -> Scores<F> {
         Scores {
             cap: mask.softcap.map(|c| F::from_f64(c.get() as f64)),
         }
@@ -67,14 +67,14 @@ fn dot<F: Real>(a: &[F], b: &[F]) -> F {
 /// Returns `(out [b, t, hq, d], lse [b, hq, t])` of causal
 /// `softmax(q kᵀ / sqrt(d)) v` (the scores soft-capped where `mask` says);
 /// query head `h` reads kv head `h / (hq / hkv)`.
-pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, Vec<F>) {
-    let AttnDims {
+pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: &AttnDims) -> (Vec<F>, Vec<F>) {
+    let &AttnDims {
         b,
         t,
         hq,
         hkv,
         d,
-        mask,
+        ref mask,
     } = dm;
     dm.check(q.len(), k.len());
     assert_eq!(v.len(), k.len(), "attention: v length");
@@ -94,7 +94,7 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: AttnDims) -> (Vec<F>, V
             let mut p = vec![F::zero(); t];
             for ti in 0..t {
                 let qr = &q[qi(bi, ti, h)..][..d];
-                let j0 = mask.first_key(ti);
+                let j0 = mask.first_key(bi, ti);
                 let p = &mut p[j0..=ti];
                 for (j, s) in (j0..).zip(p.iter_mut()) {
                     *s = scores.shape(dot(qr, &k[ki(bi, j, g)..][..d]) * scale);
@@ -136,15 +136,15 @@ pub fn attention_backward<F: Real>(
     out: &[F],
     lse: &[F],
     dout: &[F],
-    dm: AttnDims,
+    dm: &AttnDims,
 ) -> (Vec<F>, Vec<F>, Vec<F>) {
-    let AttnDims {
+    let &AttnDims {
         b,
         t,
         hq,
         hkv,
         d,
-        mask,
+        ref mask,
     } = dm;
     dm.check(q.len(), k.len());
     assert!(
@@ -179,7 +179,7 @@ pub fn attention_backward<F: Real>(
                     let l = lse[(bi * hq + h) * t + ti];
                     let delta = dot(gr, orow);
                     let dqr = &mut dq[(hl * t + ti) * d..][..d];
-                    let j0 = mask.first_key(ti);
+                    let j0 = mask.first_key(bi, ti);
                     for (j, pj) in (j0..).zip(p[j0..=ti].iter_mut()) {
                         let (kr, vr) = (&k[ki(bi, j, g)..][..d], &v[ki(bi, j, g)..][..d]);
                         let y = scores.shape(dot(qr, kr) * scale);

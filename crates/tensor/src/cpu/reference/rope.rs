@@ -39,7 +39,10 @@ pub fn rope_tables_for<F: Real>(t: usize, d: usize, rope: &Rope, end: usize) -> 
     (cos, sin)
 }
 
-/// Rotates `x: [b, t, h, d]` (`dims`), token `ti` at position `offset + ti`:
+/// Rotates `x: [b, t, h, d]` (`dims`), token `ti` of row `bi` at position
+/// [`rope.position(bi, ti)`](Rope::position) (`offset + ti` where the rows
+/// hold no packed documents; the frequencies are those of a row of `t`
+/// either way, as for unpacked rows padded to `t`):
 /// with `r` the rotated entries ([`Rope::rotated`]), for `i < r/2` and
 /// pair `(a, b)` = `(i, i+r/2)` (or `(2i, 2i+1)`, [`Rope::interleaved`]),
 /// `y[a] = x[a]·cos − x[b]·sin` and `y[b] = x[b]·cos + x[a]·sin`, and
@@ -61,8 +64,9 @@ pub fn rope<F: Real>(x: &[F], dims: [usize; 4], rope: &Rope, inverse: bool) -> V
         .zip(x.par_chunks(d))
         .enumerate()
         .for_each(|(row, (yr, xr))| {
-            let ti = (row / h) % t;
-            let (c, s) = (&cos[ti * half..(ti + 1) * half], &sin[ti * half..(ti + 1) * half]);
+            let (bi, ti) = (row / h / t, (row / h) % t);
+            let p = rope.position(bi, ti) - rope.offset;
+            let (c, s) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
             for i in 0..half {
                 let s = if inverse { -s[i] } else { s[i] };
                 let (a, b) = match rope.interleaved {
