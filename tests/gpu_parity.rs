@@ -27,7 +27,16 @@ fn grads_of<E: Executor>(ex: &E, model: &ModelConfig, b: &Batch) -> (f64, Vec<Ve
     let weights: Vec<_> = (0..tables.len())
         .map(|l| upload_layer(ex, &tables[l], &init_layer(model, l, 77).unwrap()).unwrap())
         .collect();
-    let out = forward_backward(model, ex, &weights, &b.inputs, &b.targets, b.batch, b.seq_len, 16).unwrap();
+    let out = forward_backward(
+        model,
+        ex,
+        &weights,
+        &b.inputs,
+        &b.targets,
+        (b.batch, b.seq_len, None),
+        16,
+    )
+    .unwrap();
     let grads = tables
         .iter()
         .zip(&out.grads)

@@ -93,7 +93,16 @@ fn reference_step(
         .zip(weights.iter())
         .map(|(t, w)| upload_layer(&ex, t, w).unwrap())
         .collect();
-    let out = forward_backward(model, &ex, &dev, &b.inputs, &b.targets, b.batch, b.seq_len, 7).unwrap();
+    let out = forward_backward(
+        model,
+        &ex,
+        &dev,
+        &b.inputs,
+        &b.targets,
+        (b.batch, b.seq_len, None),
+        7,
+    )
+    .unwrap();
     let mut grads: Vec<Vec<f32>> = tables
         .iter()
         .zip(&out.grads)
@@ -266,6 +275,7 @@ fn four_micro_batches_equal_one_batch_of_four() {
             inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
             targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
             lengths: None,
+            docs: None,
         })
         .collect();
     let mut one = trainer(&model, 1, true, None);
@@ -532,6 +542,7 @@ fn a_record_scores_the_same_padded_as_alone() {
                     .map(|i| if counted[i] { ids[i] as i32 } else { IGNORE_INDEX })
                     .collect(),
                 lengths: None,
+                docs: None,
             };
             let (a, c) = tr.eval_loss(&alone).unwrap();
             sum_alone += a;

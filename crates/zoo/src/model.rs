@@ -2,7 +2,7 @@
 //! golden tests and small CPU runs use. The streamed trainer calls the layer
 //! functions of [`crate::layers`] itself instead.
 
-use megatrain_tensor::{Executor, HostSlice, ParamTable, TensorHandle};
+use megatrain_tensor::{Docs, Executor, HostSlice, ParamTable, TensorHandle};
 
 use crate::layers::{
     self, IGNORE_INDEX, block_backward, block_forward, embedding_backward, embedding_forward,
@@ -84,7 +84,8 @@ fn check_layers<T>(cfg: &ModelConfig, weights: &[Vec<T>]) -> Result<()> {
 }
 
 /// Full forward and backward with every layer's weights given. `ids` and
-/// `targets` are `batch × seq` row-major; targets equal to -100 are ignored.
+/// `targets` are `batch × seq` row-major; targets equal to -100 are ignored;
+/// `docs`: the documents packed in the rows, where they hold several.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward<E: Executor>(
     cfg: &ModelConfig,
@@ -92,15 +93,14 @@ pub fn forward_backward<E: Executor>(
     weights: &[Vec<E::Tensor>],
     ids: &[u32],
     targets: &[i32],
-    batch: usize,
-    seq: usize,
+    (batch, seq, docs): (usize, usize, Option<&Docs>),
     chunk_rows: usize,
 ) -> Result<StepOut<E::Tensor>> {
     check_layers(cfg, weights)?;
-    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq)?;
+    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq, docs)?;
     let mut saved = Vec::with_capacity(cfg.num_layers);
     for (layer, w) in weights[1..=cfg.num_layers].iter().enumerate() {
-        let (y, s) = block_forward(cfg, ex, layer, w, &x)?;
+        let (y, s) = block_forward(cfg, ex, layer, w, &x, docs)?;
         saved.push(s);
         x = y;
     }
@@ -127,7 +127,7 @@ pub fn forward_backward<E: Executor>(
         block_grads.push(g);
         dx = d;
     }
-    grads[0] = embedding_backward(cfg, ex, &weights[0], ids, batch, seq, &dx, head.tied_grad)?;
+    grads[0] = embedding_backward(cfg, ex, &weights[0], ids, (batch, seq, docs), &dx, head.tied_grad)?;
     grads.extend(block_grads.into_iter().rev());
     grads.push(head.grads);
     // Cross-entropy, and the routers' load-balancing loss where the model adds it.
@@ -149,9 +149,9 @@ pub fn forward_logits<E: Executor>(
     seq: usize,
 ) -> Result<E::Tensor> {
     check_layers(cfg, weights)?;
-    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq)?;
+    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq, None)?;
     for (layer, w) in weights[1..=cfg.num_layers].iter().enumerate() {
-        x = layers::block_forward(cfg, ex, layer, w, &x)?.0;
+        x = layers::block_forward(cfg, ex, layer, w, &x, None)?.0;
     }
     head_logits(
         cfg,

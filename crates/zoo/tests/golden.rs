@@ -44,7 +44,7 @@ fn check_case<F: Real>(case: &str, ex: &RefExecutor<F>, tol: &Tol, chunk_rows: u
     let logits_err = rel_norm_err(&got, &g("logits").values);
     assert!(logits_err < tol.logits, "{case}: logits rel err {logits_err:e}");
 
-    let out = forward_backward(cfg, ex, &weights, &ids, &targets, batch, seq, chunk_rows).unwrap();
+    let out = forward_backward(cfg, ex, &weights, &ids, &targets, (batch, seq, None), chunk_rows).unwrap();
     let want_loss = g("loss").values[0];
     let loss_err = ((out.loss - want_loss) / want_loss).abs();
     assert!(
@@ -335,7 +335,16 @@ fn loss_err(golden: &std::collections::HashMap<String, Golden>, model: &megatrai
         .map(|(t, s)| upload_layer(&ex, t, s).unwrap())
         .collect();
     let (batch, seq) = (ids_g.shape[0], ids_g.shape[1]);
-    let out = forward_backward(&model.config, &ex, &weights, &ids, &targets, batch, seq, 7).unwrap();
+    let out = forward_backward(
+        &model.config,
+        &ex,
+        &weights,
+        &ids,
+        &targets,
+        (batch, seq, None),
+        7,
+    )
+    .unwrap();
     let want = golden["loss"].values[0];
     ((out.loss - want) / want).abs()
 }

@@ -55,9 +55,9 @@ fn streamed_micro_batch(
     let ex = CpuExecutor::new();
     let cfg = &m.config;
     let l = cfg.num_layers;
-    let mut inputs = vec![embedding_forward(cfg, &ex, &w[0], ids, b, t).unwrap()];
+    let mut inputs = vec![embedding_forward(cfg, &ex, &w[0], ids, b, t, None).unwrap()];
     for (i, wl) in w[1..=l].iter().enumerate() {
-        let (y, _dropped) = block_forward(cfg, &ex, i, wl, &inputs[i]).unwrap();
+        let (y, _dropped) = block_forward(cfg, &ex, i, wl, &inputs[i], None).unwrap();
         inputs.push(y);
     }
     let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
@@ -66,12 +66,12 @@ fn streamed_micro_batch(
     grads[l + 1] = head.grads;
     let mut dx = head.dx;
     for i in (0..l).rev() {
-        let (_, saved) = block_forward(cfg, &ex, i, &w[i + 1], &inputs[i]).unwrap(); // recompute
+        let (_, saved) = block_forward(cfg, &ex, i, &w[i + 1], &inputs[i], None).unwrap(); // recompute
         let (d, g) = block_backward(cfg, &ex, i, &w[i + 1], &saved, &dx, None).unwrap();
         grads[i + 1] = g;
         dx = d;
     }
-    grads[0] = embedding_backward(cfg, &ex, &w[0], ids, b, t, &dx, head.tied_grad).unwrap();
+    grads[0] = embedding_backward(cfg, &ex, &w[0], ids, (b, t, None), &dx, head.tied_grad).unwrap();
     match acc {
         None => *acc = Some(grads),
         Some(a) => {
@@ -89,7 +89,16 @@ fn streamed_micro_batch(
 fn streamed_micro_batches_equal_the_whole_batch() {
     for case in ["gpt2", "qwen2", "qwen3"] {
         let (m, w, ids, targets, b, t) = setup(case);
-        let whole = forward_backward(&m.config, &CpuExecutor::new(), &w, &ids, &targets, b, t, 1000).unwrap();
+        let whole = forward_backward(
+            &m.config,
+            &CpuExecutor::new(),
+            &w,
+            &ids,
+            &targets,
+            (b, t, None),
+            1000,
+        )
+        .unwrap();
         let counted = targets.iter().filter(|&&x| x != -100).count();
         let scale = 1.0 / counted as f32;
         let mut acc = None;
@@ -152,7 +161,7 @@ fn head_chunking_does_not_change_results() {
     let ex = CpuExecutor::new();
     let runs: Vec<_> = [1, 4, b * t]
         .iter()
-        .map(|&c| forward_backward(&m.config, &ex, &w, &ids, &targets, b, t, c).unwrap())
+        .map(|&c| forward_backward(&m.config, &ex, &w, &ids, &targets, (b, t, None), c).unwrap())
         .collect();
     for r in &runs[1..] {
         assert!((r.loss - runs[0].loss).abs() < 1e-6);
@@ -161,9 +170,9 @@ fn head_chunking_does_not_change_results() {
         }
     }
     let x = {
-        let mut x = embedding_forward(&m.config, &ex, &w[0], &ids, b, t).unwrap();
+        let mut x = embedding_forward(&m.config, &ex, &w[0], &ids, b, t, None).unwrap();
         for (i, wl) in w[1..=m.config.num_layers].iter().enumerate() {
-            x = block_forward(&m.config, &ex, i, wl, &x).unwrap().0;
+            x = block_forward(&m.config, &ex, i, wl, &x, None).unwrap().0;
         }
         x
     };
@@ -178,25 +187,27 @@ fn bad_inputs_are_errors_not_panics() {
     let cfg = &m.config;
     let mut bad = ids.clone();
     bad[3] = cfg.vocab_size as u32;
-    let err = forward_backward(cfg, &ex, &w, &bad, &targets, b, t, 4).unwrap_err();
+    let err = forward_backward(cfg, &ex, &w, &bad, &targets, (b, t, None), 4).unwrap_err();
     assert!(matches!(err, ZooError::TokenOutOfRange { pos: 3, .. }), "{err:?}");
     let mut bad = targets.clone();
     bad[1] = -5;
-    let msg = forward_backward(cfg, &ex, &w, &ids, &bad, b, t, 4)
+    let msg = forward_backward(cfg, &ex, &w, &ids, &bad, (b, t, None), 4)
         .unwrap_err()
         .to_string();
     assert!(msg.contains("target -5"), "{msg}");
-    assert!(forward_backward(cfg, &ex, &w, &ids, &targets[1..], b, t, 4).is_err());
-    assert!(forward_backward(cfg, &ex, &w, &ids, &targets, b, t, 0).is_err());
+    assert!(forward_backward(cfg, &ex, &w, &ids, &targets[1..], (b, t, None), 4).is_err());
+    assert!(forward_backward(cfg, &ex, &w, &ids, &targets, (b, t, None), 0).is_err());
     // Sequences past Mistral's sliding window (16) run: the window masks
     // their earlier keys (golden case mistral_window).
     let long: Vec<u32> = (0..17).map(|i| i % 50).collect();
-    assert!(embedding_forward(cfg, &ex, &w[0], &long, 1, 17).is_ok());
+    assert!(embedding_forward(cfg, &ex, &w[0], &long, 1, 17, None).is_ok());
     // Weights of another layer kind.
-    let x = embedding_forward(cfg, &ex, &w[0], &ids, b, t).unwrap();
-    assert!(block_forward(cfg, &ex, 0, &w[0], &x).is_err());
+    let x = embedding_forward(cfg, &ex, &w[0], &ids, b, t, None).unwrap();
+    assert!(block_forward(cfg, &ex, 0, &w[0], &x, None).is_err());
     // A block past the model's.
-    let msg = block_forward(cfg, &ex, 2, &w[1], &x).unwrap_err().to_string();
+    let msg = block_forward(cfg, &ex, 2, &w[1], &x, None)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("block 2 of a model of 2 blocks"), "{msg}");
     let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 4);
     assert!(tied_head.is_err(), "untied head refuses an embedding table");
@@ -220,7 +231,7 @@ fn the_pad_tokens_row_gets_no_gradient_from_the_lookup() {
     let shapes = [Shape::new([v, c])];
     for with_tied in [false, true] {
         let head = with_tied.then(|| ex.upload(&tied).unwrap());
-        let g = embedding_grads(&cfg, &ex, &shapes, &ids, b, t, &dx, head).unwrap();
+        let g = embedding_grads(&cfg, &ex, &shapes, &ids, (b, t, None), &dx, head).unwrap();
         let g = g[0].data().to_vec();
         let start = |r: usize| {
             if with_tied {
@@ -243,6 +254,6 @@ fn the_pad_tokens_row_gets_no_gradient_from_the_lookup() {
     }
     // Without a pad token, its row gathers its positions' gradients.
     cfg.pad_token_id = None;
-    let g = embedding_grads(&cfg, &ex, &shapes, &ids, b, t, &dx, None).unwrap();
+    let g = embedding_grads(&cfg, &ex, &shapes, &ids, (b, t, None), &dx, None).unwrap();
     assert!(g[0].data()[3 * c..4 * c].iter().any(|&x| x != 0.0));
 }

@@ -4,6 +4,8 @@
 //! run needs only the step number to draw exactly what it would have drawn,
 //! so no RNG state has to be checkpointed for the data.
 
+use megatrain_tensor::Docs;
+
 use super::records::push_record_row;
 use super::{DataError, TokenData};
 
@@ -31,6 +33,9 @@ pub struct Batch {
     /// Each row's tokens before its padding, where a row of records is
     /// padded (`None`: no row is).
     pub lengths: Option<Vec<usize>>,
+    /// The records packed in each row, where rows hold several (`None`:
+    /// each row is one sequence).
+    pub docs: Option<Docs>,
 }
 
 impl Batch {
@@ -123,6 +128,7 @@ fn draw_parts<N: AsRef<std::path::Path>>(
         inputs: Vec::with_capacity(rows.len() * seq_len),
         targets: Vec::with_capacity(rows.len() * seq_len),
         lengths: None,
+        docs: None,
     };
     let mut lengths = Vec::with_capacity(rows.len());
     for b in rows.start as u64..rows.end as u64 {

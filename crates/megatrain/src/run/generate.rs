@@ -73,9 +73,9 @@ impl<E: Executor> Resident<E> {
     pub fn next_logits(&self, ex: &E, ids: &[u32]) -> Result<Vec<f32>> {
         let cfg = &self.model;
         let t = ids.len();
-        let mut x = embedding_forward(cfg, ex, &self.weights[0], ids, 1, t)?;
+        let mut x = embedding_forward(cfg, ex, &self.weights[0], ids, 1, t, None)?;
         for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
-            x = block_forward(cfg, ex, layer, w, &x)?.0;
+            x = block_forward(cfg, ex, layer, w, &x, None)?.0;
         }
         let x2 = ex.reshape(&x, &Shape::new(vec![t, cfg.hidden_size]))?;
         let last = ex.slice_rows(&x2, t - 1, 1)?;

@@ -550,7 +550,8 @@ impl<E: Executor> Trainer<E> {
             // block and what the kept blocks saved.
             let t_fwd = Instant::now();
             let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
-            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t)?;
+            let docs = batch.docs.as_ref();
+            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t, docs)?;
             // The embedding backward reads only the tables' shapes: unless a
             // tied head reads them, free them now (on an executor whose
             // tensors are host memory they are the vocabulary's size; a
@@ -574,7 +575,7 @@ impl<E: Executor> Trainer<E> {
                     false => slots.take()?,
                 };
                 let w = load(slot, &h.remaining[1 + i], m)?;
-                let (y, sv) = block_forward(cfg, ex, i, &w, &x)?;
+                let (y, sv) = block_forward(cfg, ex, i, &w, &x, docs)?;
                 stats.extend(sv.router_stats(cfg, tokens.as_deref()));
                 if keeps {
                     kept.push((w, sv));
@@ -636,7 +637,7 @@ impl<E: Executor> Trainer<E> {
                 let mut x = checkpoints.pop().expect("one checkpoint per block group");
                 let mut saved = Vec::with_capacity(e - s);
                 for (i, (_, w)) in (s..e).zip(&ws) {
-                    let (y, sv) = block_forward(cfg, ex, i, w, &x)?;
+                    let (y, sv) = block_forward(cfg, ex, i, w, &x, docs)?;
                     saved.push(sv);
                     x = y;
                 }
@@ -649,7 +650,7 @@ impl<E: Executor> Trainer<E> {
                     h.push(grads, m)?;
                 }
             }
-            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, b, t, &dx, tied_grad)?;
+            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, docs), &dx, tied_grad)?;
             drop((dx, emb_w));
             h.push(grads, m)?;
             h.flush(m)?;
@@ -722,13 +723,13 @@ impl<E: Executor> Trainer<E> {
         let (emb_w, _) = load_layer(ex, EMBEDDING_SLOT, &layers[0])?;
         let mut xs = batches
             .iter()
-            .map(|b| embedding_forward(cfg, ex, &emb_w, &b.inputs, b.batch, b.seq_len))
+            .map(|b| embedding_forward(cfg, ex, &emb_w, &b.inputs, b.batch, b.seq_len, b.docs.as_ref()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         for (i, slab) in layers[1..=n].iter().enumerate() {
             let slot = slots.take()?;
             let (w, _) = load_layer(ex, slot, slab)?;
-            for x in &mut xs {
-                *x = block_forward(cfg, ex, i, &w, x)?.0;
+            for (x, b) in xs.iter_mut().zip(batches) {
+                *x = block_forward(cfg, ex, i, &w, x, b.docs.as_ref())?.0;
             }
             slots.release(slot);
         }

@@ -16,7 +16,7 @@
 //! gradients.
 
 use megatrain_tensor::{
-    AddNormOut, AttentionOut, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
+    AddNormOut, AttentionOut, Docs, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
 };
 
 use super::block_llama::{Mlp, MlpSaved};
@@ -185,6 +185,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<(E::Tensor, MlaSaved<E::Tensor>)> {
     let m = mla(cfg)?;
     let l = Layout::new(cfg, &m, layer);
@@ -195,7 +196,7 @@ pub(super) fn forward<E: Executor>(
     let (d, q_factor) = widths(cfg, &m);
     let rope = megatrain_tensor::Rope {
         interleaved: m.rope_interleave,
-        ..cfg.rope(layer)
+        ..cfg.rope(layer).with_docs(docs.cloned())
     };
 
     let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
@@ -227,7 +228,7 @@ pub(super) fn forward<E: Executor>(
     let k = ex.concat_last(&[&kvb[0], &ex.reshape(&k_heads, &shape(&[b, t, h, r]))?])?;
     let q = ex.scale(&pad(ex, q, d)?, q_factor)?;
     let (k, v) = (pad(ex, k, d)?, pad(ex, ex.reshape(&kvb[1], kvb[1].shape())?, d)?);
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer))?;
+    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
     let a = unpad(ex, ex.reshape(&att.out, att.out.shape())?, vw)?;
     let a = ex.reshape(&a, &shape(&[b, t, h * vw]))?;
     let o = lin(ex, &a, w, l.o)?;
@@ -272,7 +273,7 @@ pub(super) fn backward<E: Executor>(
     let (d, q_factor) = widths(cfg, &m);
     let rope = megatrain_tensor::Rope {
         interleaved: m.rope_interleave,
-        ..cfg.rope(layer)
+        ..cfg.rope(layer).with_docs(s.att.mask.docs.clone())
     };
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
     let nt = Transpose::NT;

@@ -19,7 +19,7 @@
 //! once more).
 
 use megatrain_tensor::{
-    AddNormOut, AttentionOut, DeltaRuleGrads, DeltaRuleOut, Executor, HostSlice, NormOut, TensorHandle,
+    AddNormOut, AttentionOut, DeltaRuleGrads, DeltaRuleOut, Docs, Executor, HostSlice, NormOut, TensorHandle,
     Transpose,
 };
 
@@ -266,6 +266,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<(E::Tensor, Qwen35Saved<E::Tensor>)> {
     let l = Layout::new(cfg, layer);
     check_weights(w, l.len, "qwen3.5 block_forward")?;
@@ -278,7 +279,7 @@ pub(super) fn forward<E: Executor>(
             (m, MixerSaved::DeltaNet(s))
         }
         Mixer::Attention(a) => {
-            let (m, s) = gated_attention_forward(cfg, ex, layer, w, &g, a, &n1.y)?;
+            let (m, s) = gated_attention_forward(cfg, ex, layer, w, &g, a, &n1.y, docs)?;
             (m, MixerSaved::Attention(s))
         }
     };
@@ -664,11 +665,12 @@ fn gated_attention_forward<E: Executor>(
     g: &Gains<E::Tensor>,
     a: GatedAttn,
     x: &E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<(E::Tensor, GatedAttnSaved<E::Tensor>)> {
     let eps = cfg.norm_eps as f32;
     let (b, t, d) = (x.dims()[0], x.dims()[1], cfg.head_dim);
     let (h, hkv) = (cfg.num_heads, cfg.num_kv_heads);
-    let rope = cfg.rope(layer);
+    let rope = cfg.rope(layer).with_docs(docs.cloned());
     let qg = ex.reshape(&lin(ex, x, w, a.q)?, &shape(&[b, t, h, 2 * d]))?;
     let mut qg = ex.split_last(&qg, &[d, d])?;
     let gate = qg.pop().expect("split in two");
@@ -679,7 +681,7 @@ fn gated_attention_forward<E: Executor>(
     let kn = ex.rmsnorm(&k, g.get(w, a.k_norm), eps)?;
     let qr = ex.rope(&qn.y, rope.clone())?;
     let kr = ex.rope(&kn.y, rope)?;
-    let att = ex.attention(&qr, &kr, &v, cfg.attn_mask(layer))?;
+    let att = ex.attention(&qr, &kr, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
     let gated = ex.sigmoid_mul(&gate, &att.out)?;
     let gated = ex.reshape(&gated, &shape(&[b, t, cfg.q_dim()]))?;
     let out = lin(ex, &gated, w, a.o)?;
@@ -713,7 +715,7 @@ fn gated_attention_backward<E: Executor>(
 ) -> Result<E::Tensor> {
     let (b, t, d) = (dout.dims()[0], dout.dims()[1], cfg.head_dim);
     let h = cfg.num_heads;
-    let rope = cfg.rope(layer);
+    let rope = cfg.rope(layer).with_docs(s.att.mask.docs.clone());
     let mut go = ex.matmul_backward(&s.a, &w[a.o.0], dout, Transpose::NT, needs(a.o.1))?;
     let da = ex.reshape(&go.da.take().expect("requested gradient"), &shape(&[b, t, h, d]))?;
     put(grads, a.o, go);

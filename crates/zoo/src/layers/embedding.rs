@@ -1,6 +1,6 @@
 //! Layer 0: token embedding (plus GPT-2's learned positions).
 
-use megatrain_tensor::{Executor, Shape, TensorHandle};
+use megatrain_tensor::{Docs, Executor, Shape, TensorHandle};
 
 use super::{check_weights, shape};
 use crate::{ModelConfig, Result, ZooError};
@@ -26,15 +26,28 @@ fn check_ids(cfg: &ModelConfig, ids: &[u32], batch: usize, seq: usize, op: &'sta
     cfg.check_seq_len(seq)
 }
 
-fn positions(batch: usize, seq: usize) -> Vec<u32> {
-    (0..batch).flat_map(|_| 0..seq as u32).collect()
+/// GPT-2's position of each token: from its row's first token, or its
+/// document's where the rows hold several.
+fn positions(batch: usize, seq: usize, docs: Option<&Docs>) -> Vec<u32> {
+    (0..batch)
+        .flat_map(|b| (0..seq).map(move |i| docs.map_or(i, |d| d.position(b, i)) as u32))
+        .collect()
+}
+
+fn check_docs(docs: Option<&Docs>, batch: usize, seq: usize, op: &'static str) -> Result<()> {
+    match docs {
+        Some(d) => Ok(d.check(op, batch, seq)?),
+        None => Ok(()),
+    }
 }
 
 fn n_weights(cfg: &ModelConfig) -> usize {
     if cfg.arch.is_gpt2() { 2 } else { 1 }
 }
 
-/// `ids` (`batch × seq`, row-major) → `x: [B, T, C]`.
+/// `ids` (`batch × seq`, row-major) → `x: [B, T, C]`; `docs`: the
+/// documents packed in the rows, whose positions count from their own
+/// first tokens.
 pub fn embedding_forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -42,12 +55,14 @@ pub fn embedding_forward<E: Executor>(
     ids: &[u32],
     batch: usize,
     seq: usize,
+    docs: Option<&Docs>,
 ) -> Result<E::Tensor> {
     check_weights(w, n_weights(cfg), "embedding_forward")?;
     check_ids(cfg, ids, batch, seq, "embedding_forward")?;
+    check_docs(docs, batch, seq, "embedding_forward")?;
     let mut x = ex.embedding(ids, &w[0])?;
     if cfg.arch.is_gpt2() {
-        let p = ex.embedding(&positions(batch, seq), &w[1])?;
+        let p = ex.embedding(&positions(batch, seq, docs), &w[1])?;
         ex.add_assign(&mut x, &p)?;
     }
     // Granite and Gemma scale what the table gives.
@@ -57,7 +72,8 @@ pub fn embedding_forward<E: Executor>(
     Ok(ex.reshape(&x, &shape(&[batch, seq, cfg.hidden_size]))?)
 }
 
-/// Gradients of the embedding layer for `dx: [B, T, C]`. With a tied head,
+/// Gradients of the embedding layer for `dx: [B, T, C]` (the batch's
+/// rows, length and documents as the forward had them). With a tied head,
 /// pass the head's gradient for the shared table as `tied_grad`: the token
 /// gradient is accumulated onto it, so the returned table gradient is the
 /// whole gradient of the shared weight.
@@ -67,13 +83,12 @@ pub fn embedding_backward<E: Executor>(
     ex: &E,
     w: &[E::Tensor],
     ids: &[u32],
-    batch: usize,
-    seq: usize,
+    (batch, seq, docs): (usize, usize, Option<&Docs>),
     dx: &E::Tensor,
     tied_grad: Option<E::Tensor>,
 ) -> Result<Vec<E::Tensor>> {
     let shapes: Vec<Shape> = w.iter().map(|t| t.shape().clone()).collect();
-    embedding_grads(cfg, ex, &shapes, ids, batch, seq, dx, tied_grad)
+    embedding_grads(cfg, ex, &shapes, ids, (batch, seq, docs), dx, tied_grad)
 }
 
 /// [`embedding_backward`] from the weights' shapes alone: the backward
@@ -85,13 +100,13 @@ pub fn embedding_grads<E: Executor>(
     ex: &E,
     shapes: &[Shape],
     ids: &[u32],
-    batch: usize,
-    seq: usize,
+    (batch, seq, docs): (usize, usize, Option<&Docs>),
     dx: &E::Tensor,
     tied_grad: Option<E::Tensor>,
 ) -> Result<Vec<E::Tensor>> {
     check_weights(shapes, n_weights(cfg), "embedding_backward")?;
     check_ids(cfg, ids, batch, seq, "embedding_backward")?;
+    check_docs(docs, batch, seq, "embedding_backward")?;
     let c = cfg.hidden_size;
     if dx.numel() != batch * seq * c {
         return Err(ZooError::invalid(
@@ -130,7 +145,7 @@ pub fn embedding_grads<E: Executor>(
     let mut grads = vec![dwte];
     if cfg.arch.is_gpt2() {
         let mut dwpe = ex.zeros(&shapes[1])?;
-        ex.embedding_backward(&positions(batch, seq), &dx, &mut dwpe)?;
+        ex.embedding_backward(&positions(batch, seq, docs), &dx, &mut dwpe)?;
         grads.push(dwpe);
     }
     Ok(grads)

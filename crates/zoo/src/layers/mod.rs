@@ -52,7 +52,7 @@ mod head;
 mod moe;
 
 use megatrain_tensor::{
-    AttentionOut, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
+    AttentionOut, Docs, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
 };
 
 pub use block_cohere2::Cohere2Saved;
@@ -93,46 +93,52 @@ pub enum BlockSaved<T> {
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
 /// own: [`ModelConfig::attn_mask`], [`ModelConfig::rope`]): `x: [B, T, C]`
-/// → `y: [B, T, C]`.
+/// → `y: [B, T, C]`. With `docs` the rows hold several documents each,
+/// which attend and count positions each on its own ([`Docs`]); the
+/// backward follows what the forward saved.
 pub fn block_forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
     check_x(cfg, x, "block_forward")?;
     check_layer(cfg, layer, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
+    if docs.is_some() {
+        cfg.check_packable()?;
+    }
     match cfg.arch {
         Arch::Gpt2 => {
-            let (y, s) = block_gpt2::forward(cfg, ex, w, x)?;
+            let (y, s) = block_gpt2::forward(cfg, ex, w, x, docs)?;
             Ok((y, BlockSaved::Gpt2(Box::new(s))))
         }
         // OLMo Hybrid's Gated DeltaNet blocks; its attention blocks are
         // OLMo 3's (below).
         Arch::OlmoHybrid if cfg.is_linear_block(layer) => {
-            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Qwen35(Box::new(s))))
         }
         Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 | Arch::OlmoHybrid => {
-            let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Olmo2(Box::new(s))))
         }
         Arch::Starcoder2 => {
-            let (y, s) = block_starcoder2::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_starcoder2::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Starcoder2(Box::new(s))))
         }
         Arch::Phi => {
-            let (y, s) = block_phi::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_phi::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Phi(Box::new(s))))
         }
         Arch::Cohere | Arch::Cohere2 => {
-            let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Cohere2(Box::new(s))))
         }
         Arch::GptNeox => {
-            let (y, s) = block_neox::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_neox::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Neox(Box::new(s))))
         }
         // Kimi Linear's delta-attention blocks; its others are latent
@@ -142,15 +148,15 @@ pub fn block_forward<E: Executor>(
             Ok((y, BlockSaved::Kimi(Box::new(s))))
         }
         Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {
-            let (y, s) = block_mla::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_mla::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Mla(Box::new(s))))
         }
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Qwen35(Box::new(s))))
         }
         _ => {
-            let (y, s) = block_llama::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_llama::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
         }
     }
@@ -339,8 +345,8 @@ fn attention_backward_from_output<E: Executor>(
     let ga = ex.attention_backward(s.q, s.k, s.v, s.att, &da)?;
     let (dq, dk) = match cfg.has_rope(layer) {
         true => (
-            ex.rope_backward(&ga.dq, cfg.rope(layer))?,
-            ex.rope_backward(&ga.dk, cfg.rope(layer))?,
+            ex.rope_backward(&ga.dq, cfg.rope(layer).with_docs(s.att.mask.docs.clone()))?,
+            ex.rope_backward(&ga.dk, cfg.rope(layer).with_docs(s.att.mask.docs.clone()))?,
         ),
         false => (ga.dq, ga.dk),
     };
