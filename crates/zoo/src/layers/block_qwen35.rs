@@ -657,6 +657,7 @@ fn project_backward<E: Executor>(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn gated_attention_forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
