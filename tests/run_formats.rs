@@ -504,8 +504,9 @@ fn fine_tunes_the_text_model_of_a_multimodal_checkpoint() {
 /// `--rows`: a `.jsonl` source gives one record a row by default (its
 /// validation split between records, a long record's cut said by name),
 /// `stream` gives windows of it, `records` refuses a source without
-/// records by name, the run keeps the option for `--resume`, and a state
-/// saved before the option existed drew windows.
+/// records by name, `packed` packs them (and a model with linear-attention
+/// blocks refuses it), the run keeps the option for `--resume`, and a
+/// state saved before the option existed drew windows.
 #[test]
 fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     use megatrain::run::{RowsKind, latest_checkpoint, read_train_state};
@@ -548,6 +549,41 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     let p = prepare(stream, false).unwrap();
     assert!(p.train.parts[0].records.is_none());
 
+    let packed = TrainOptions {
+        rows: RowsKind::Packed,
+        out: t.join("run-packed"),
+        ..o.clone()
+    };
+    let p = prepare(packed.clone(), false).unwrap();
+    assert!(p.train.parts[0].records.as_ref().unwrap().is_packed());
+    assert!(
+        p.val.as_ref().unwrap().parts[0]
+            .records
+            .as_ref()
+            .unwrap()
+            .is_packed()
+    );
+    let s = trained(packed);
+    assert!(s.loss.is_some_and(f64::is_finite) && s.val_loss.is_some_and(f64::is_finite));
+    let state = read_train_state(&latest_checkpoint(&t.join("run-packed")).unwrap()).unwrap();
+    assert_eq!(state.options.rows, RowsKind::Packed);
+    let err = prepare(
+        TrainOptions {
+            rows: RowsKind::Packed,
+            preset: Some("qwen3.5-tiny".into()),
+            out: t.join("run-packed-linear"),
+            ..o.clone()
+        },
+        false,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        err.contains("--rows") && err.contains("linear-attention"),
+        "{err}"
+    );
+
     let err = prepare(
         TrainOptions {
             rows: RowsKind::Records,
@@ -571,10 +607,10 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     assert!(err.contains("a.jsonl") && err.contains("learn nothing"), "{err}");
     assert_eq!("records".parse::<RowsKind>().unwrap(), RowsKind::Records);
     assert!(
-        "packed"
+        "windows"
             .parse::<RowsKind>()
             .unwrap_err()
-            .contains("auto, stream, records")
+            .contains("auto, stream, records, packed")
     );
     let old: TrainOptions = serde_json::from_value(serde_json::json!({"tokenizer": "byte"})).unwrap();
     assert_eq!(old.rows, RowsKind::Stream);

@@ -610,3 +610,64 @@ fn padding_is_left_out_of_the_routers_load_balancing_loss() {
         "the padding should move the routers: {counted_padding:e} against {diff:e}"
     );
 }
+
+/// `--rows packed`: a batch whose rows hold several records each steps as
+/// the same records one a row, right-padded: the same loss over the same
+/// counted targets and the same parameters after the step (the routers'
+/// load-balancing loss included: both leave only the padding out). The
+/// batch holds half the rows.
+#[test]
+fn packed_rows_step_as_the_same_records_one_a_row() {
+    use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
+    // Rows of 16 take records {0, 1} (14 tokens) and {2, 3} (12): record 0
+    // again would not fit after them.
+    let lens = [5usize, 9, 4, 8];
+    let mut moe = common::mixtral_tiny(2);
+    moe.moe.as_mut().unwrap().aux_loss_coef = Some(0.5);
+    for model in [common::llama_tiny(3), gpt2_nano(61), moe] {
+        let v = model.vocab_size as u32;
+        let total: usize = lens.iter().sum();
+        let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
+        let starts: Vec<usize> = lens.iter().scan(0, |s, l| (*s, *s += l).0.into()).collect();
+        // Each record's first two tokens are its prompt.
+        let counted: Vec<bool> = (0..total)
+            .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
+            .collect();
+        let data = TokenData {
+            tokens: ids.into(),
+            loss_mask: Some(Mask::from(counted)),
+            records: Some(Records::new(starts)),
+        };
+        let draw =
+            |d: &TokenData, rows| draw_batch(d, Sampling::Sequential, 0, rows, 16, "mem".as_ref()).unwrap();
+        let (packed, alone) = (draw(&data.clone().packed(), 2), draw(&data, 4));
+        assert_eq!(packed.lengths.as_deref(), Some(&[14, 12][..]));
+        assert!(packed.docs.is_some() && alone.docs.is_none());
+        assert_eq!(packed.counted(), alone.counted());
+        assert_eq!(packed.counted(), total - 2 * lens.len());
+        let step = |b: &Batch| {
+            let mut tr = trainer(&model, 2, false, None);
+            let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
+            (loss, params(&tr))
+        };
+        let ((lp, pp), (la, pa)) = (step(&packed), step(&alone));
+        let diff = max_rel_diff(&pp, &pa);
+        assert!(
+            (lp - la).abs() < 1e-6 * la.abs(),
+            "{:?}: loss {lp} {la}",
+            model.arch
+        );
+        assert!(diff < 1e-5, "{:?}: parameters differ by {diff:e}", model.arch);
+        // Unmasked, the records of a row would read each other.
+        let leaky = Batch {
+            docs: None,
+            ..packed.clone()
+        };
+        let (ll, _) = step(&leaky);
+        assert!(
+            (ll - la).abs() > 1e-5 * la.abs(),
+            "{:?}: the test can tell",
+            model.arch
+        );
+    }
+}

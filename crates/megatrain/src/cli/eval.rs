@@ -35,6 +35,7 @@ pub struct EvalArgs {
     #[arg(long)]
     batches: Option<usize>,
     /// auto (one record a row for .jsonl, as `train` cuts them) | records |
+    /// packed (scored one record a row: packed, a record scores the same) |
     /// stream (windows of the concatenated tokens).
     #[arg(long, default_value = "auto")]
     rows: RowsKind,
@@ -73,12 +74,12 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
     let data = match a.rows.records_of(&a.data) {
         true => data,
-        false if a.rows == RowsKind::Records => {
+        false if matches!(a.rows, RowsKind::Records | RowsKind::Packed) => {
             return Err(RunError::option(
                 "rows",
-                "records",
+                a.rows.name(),
                 format!(
-                    "takes one .jsonl record a row; {} holds no records",
+                    "takes whole .jsonl records; {} holds no records",
                     a.data.display()
                 ),
             )

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
+use megatrain::data::packed_padding_share;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
     DeviceChoice, KeepActivations, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
@@ -122,7 +123,8 @@ pub struct TrainArgs {
     sampling: Option<SamplingKind>,
     /// How a batch's rows are cut: auto (the default: one record a row for
     /// .jsonl sources, windows of the stream for the others) | records
-    /// (every source .jsonl) | stream.
+    /// (every source .jsonl) | packed (every source .jsonl: as many whole
+    /// records a row as fit, each attending only to itself) | stream.
     #[arg(long)]
     rows: Option<RowsKind>,
     #[arg(long)]
@@ -340,13 +342,21 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             o.out.display()
         );
         for (name, part) in p.train_names.iter().zip(&p.train.parts) {
-            if let Some(r) = &part.records {
-                eprintln!(
-                    "  {}: {} records, one a row: {:.0}% of a row is padding on average (--rows)",
+            match &part.records {
+                Some(r) if r.is_packed() => eprintln!(
+                    "  {}: {} records, as many a row as fit: {:.0}% of the rows is padding (one a row: {:.0}%)",
+                    name.display(),
+                    r.len(),
+                    100.0 * packed_padding_share(r, part.len(), o.seq_len),
+                    100.0 * r.padding_share(part.len(), o.seq_len)
+                ),
+                Some(r) => eprintln!(
+                    "  {}: {} records, one a row: {:.0}% of a row is padding on average (--rows packed packs them)",
                     name.display(),
                     r.len(),
                     100.0 * r.padding_share(part.len(), o.seq_len)
-                );
+                ),
+                None => {}
             }
         }
         if p.train.parts.len() > 1 {

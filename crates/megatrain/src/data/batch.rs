@@ -6,7 +6,8 @@
 
 use megatrain_tensor::Docs;
 
-use super::records::push_record_row;
+use super::packing::push_packed_row;
+use super::records::{pad, push_record_row};
 use super::{DataError, TokenData};
 
 /// Target value the loss ignores (the PyTorch and Hugging Face convention).
@@ -131,17 +132,31 @@ fn draw_parts<N: AsRef<std::path::Path>>(
         docs: None,
     };
     let mut lengths = Vec::with_capacity(rows.len());
+    let mut starts = Vec::with_capacity(rows.len());
     for b in rows.start as u64..rows.end as u64 {
         let part = &parts[part_of(b)];
-        lengths.push(match &part.records {
-            Some(r) => push_record_row(part, r, sampling, index * batch as u64 + b, seq_len, &mut out),
+        let g = index * batch as u64 + b;
+        let (n, at) = match &part.records {
+            Some(r) => match r.cursor() {
+                Some(c) => {
+                    let (n, at) = push_packed_row(part, r, c, sampling, g, seq_len, &mut out);
+                    pad(&mut out, seq_len - n);
+                    (n, at)
+                }
+                None => (push_record_row(part, r, sampling, g, seq_len, &mut out), vec![0]),
+            },
             None => {
                 push_row(part, sampling, index, batch, b, seq_len, &mut out);
-                seq_len
+                (seq_len, vec![0])
             }
-        });
+        };
+        lengths.push(n);
+        starts.push(at);
     }
     out.lengths = lengths.iter().any(|&n| n < seq_len).then_some(lengths);
+    if starts.iter().any(|s| s.len() > 1) {
+        out.docs = Some(Docs::new(seq_len, &starts).expect("packed records start in order within the row"));
+    }
     Ok(out)
 }
 

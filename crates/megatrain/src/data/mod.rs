@@ -10,6 +10,7 @@ mod jinja;
 mod jsonl;
 mod load;
 mod mask;
+mod packing;
 mod records;
 mod tokens;
 
@@ -19,6 +20,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
+pub use packing::packed_padding_share;
 pub use records::{Records, silent_records};
 pub use tokens::Tokens;
 
@@ -73,6 +75,14 @@ impl TokenData {
     pub fn as_stream(self) -> TokenData {
         TokenData {
             records: None,
+            ..self
+        }
+    }
+
+    /// Rows of as many whole records as fit, where there are records.
+    pub fn packed(self) -> TokenData {
+        TokenData {
+            records: self.records.map(Records::packed),
             ..self
         }
     }

@@ -11,47 +11,82 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::TokenData;
 use super::batch::{Batch, IGNORE_INDEX, Sampling, splitmix64};
+use super::packing::Cursor;
 
-/// Where each record of a stream starts: ascending, the first at 0.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Records(Arc<[usize]>);
+/// Where each record of a stream starts: ascending, the first at 0; and
+/// whether rows take one record each or as many as fit (packed, with the
+/// walk that finds a row's records, `packing.rs`).
+#[derive(Clone)]
+pub struct Records {
+    starts: Arc<[usize]>,
+    packed: Option<Arc<Mutex<Cursor>>>,
+}
 
 impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Records({} records)", self.len())
+        let how = if self.is_packed() { ", packed" } else { "" };
+        write!(f, "Records({} records{how})", self.len())
     }
 }
 
+impl PartialEq for Records {
+    fn eq(&self, other: &Records) -> bool {
+        self.starts == other.starts && self.is_packed() == other.is_packed()
+    }
+}
+
+impl Eq for Records {}
+
 impl Records {
     /// Records starting at `starts` (ascending, the first at 0; empty for
-    /// an empty stream).
+    /// an empty stream), one a row.
     pub fn new(starts: Vec<usize>) -> Records {
         assert!(
             starts.first().is_none_or(|&s| s == 0) && starts.windows(2).all(|w| w[0] < w[1]),
             "record starts ascend from 0"
         );
-        Records(starts.into())
+        Records {
+            starts: starts.into(),
+            packed: None,
+        }
+    }
+
+    /// The same records, as many a row as fit.
+    pub fn packed(self) -> Records {
+        Records {
+            packed: Some(Arc::default()),
+            ..self
+        }
+    }
+
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// The walk over the record order of packed rows.
+    pub(super) fn cursor(&self) -> Option<&Mutex<Cursor>> {
+        self.packed.as_deref()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.starts.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.starts.is_empty()
     }
 
     pub fn starts(&self) -> &[usize] {
-        &self.0
+        &self.starts
     }
 
     /// The tokens of record `r` of a stream of `total` tokens.
     pub fn span(&self, r: usize, total: usize) -> Range<usize> {
-        self.0[r]..self.0.get(r + 1).copied().unwrap_or(total)
+        self.starts[r]..self.starts.get(r + 1).copied().unwrap_or(total)
     }
 
     /// Records of a stream of `total` tokens longer than `n` tokens.
@@ -72,9 +107,13 @@ impl Records {
     /// The records before token `at` and those from it (rebased to 0);
     /// `at` is a record's start or the stream's end.
     pub(super) fn split_at(&self, at: usize) -> (Records, Records) {
-        let k = self.0.partition_point(|&s| s < at);
-        let tail = self.0[k..].iter().map(|s| s - at).collect();
-        (Records::new(self.0[..k].to_vec()), Records::new(tail))
+        let k = self.starts.partition_point(|&s| s < at);
+        let tail = self.starts[k..].iter().map(|s| s - at).collect();
+        let (head, tail) = (Records::new(self.starts[..k].to_vec()), Records::new(tail));
+        match self.is_packed() {
+            true => (head.packed(), tail.packed()),
+            false => (head, tail),
+        }
     }
 }
 
@@ -124,7 +163,7 @@ fn permute(pos: u64, n: u64, key: u64) -> u64 {
 /// The record row `g` of the whole run (batch number · batch + row) holds:
 /// in order, or in a fresh seeded order each pass over the records (every
 /// record once a pass, as an epoch-shuffling loader gives them).
-pub(super) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
+pub(crate) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
     match sampling {
         Sampling::Sequential => g % n,
         Sampling::Random { seed } => {
@@ -136,9 +175,8 @@ pub(super) fn record_of(sampling: Sampling, g: u64, n: u64) -> u64 {
 
 /// Appends the row of the run's row `g` (batch number · batch + row) to
 /// `out`: one record from its first token, cut at `seq_len + 1` tokens,
-/// then padding (id 0, target ignored). The record's last token has no
-/// target: what follows it is another record. Returns the row's tokens
-/// before its padding.
+/// then padding (id 0, target ignored). Returns the row's tokens before
+/// its padding.
 pub(super) fn push_record_row(
     data: &TokenData,
     records: &Records,
@@ -148,11 +186,21 @@ pub(super) fn push_record_row(
     out: &mut Batch,
 ) -> usize {
     let r = record_of(sampling, g, records.len() as u64) as usize;
-    let span = records.span(r, data.len());
-    let n = span.len().min(seq_len + 1);
-    for i in 0..seq_len {
+    let n = push_record(data, records.span(r, data.len()), seq_len, out);
+    pad(out, seq_len - n);
+    n
+}
+
+/// Appends the record of tokens `span` to `out` in `room` inputs, cut at
+/// `room + 1` tokens: its tokens as inputs, each the next one's target
+/// where the mask counts it. The record's last token has no target: what
+/// follows it is another record. Returns the inputs it took.
+pub(super) fn push_record(data: &TokenData, span: Range<usize>, room: usize, out: &mut Batch) -> usize {
+    let n = span.len().min(room + 1);
+    let inputs = n.min(room);
+    for i in 0..inputs {
         let at = span.start + i;
-        out.inputs.push(if i < n { data.tokens.get(at) } else { 0 });
+        out.inputs.push(data.tokens.get(at));
         let counted = i + 1 < n && data.loss_mask.as_ref().is_none_or(|m| m.get(at + 1));
         out.targets.push(match counted {
             true => data.tokens.get(at + 1) as i32,
@@ -160,7 +208,13 @@ pub(super) fn push_record_row(
         });
     }
     data.tokens.release_window(span.start, n);
-    n.min(seq_len)
+    inputs
+}
+
+/// Appends `n` tokens of padding (id 0, target ignored) to `out`.
+pub(super) fn pad(out: &mut Batch, n: usize) {
+    out.inputs.extend(std::iter::repeat_n(0, n));
+    out.targets.extend(std::iter::repeat_n(IGNORE_INDEX, n));
 }
 
 #[cfg(test)]

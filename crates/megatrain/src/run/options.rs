@@ -118,6 +118,9 @@ pub enum RowsKind {
     Stream,
     /// One `.jsonl` record a row, from its first token, right-padded.
     Records,
+    /// As many whole `.jsonl` records a row as fit, each attending and
+    /// counting positions on its own (`Docs`), the row right-padded.
+    Packed,
 }
 
 impl RowsKind {
@@ -125,8 +128,18 @@ impl RowsKind {
     pub fn records_of(self, path: &Path) -> bool {
         let jsonl = !path.is_dir() && path.extension().is_some_and(|e| e == "jsonl");
         match self {
-            RowsKind::Auto | RowsKind::Records => jsonl,
+            RowsKind::Auto | RowsKind::Records | RowsKind::Packed => jsonl,
             RowsKind::Stream => false,
+        }
+    }
+
+    /// The option's value as `--rows` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowsKind::Auto => "auto",
+            RowsKind::Stream => "stream",
+            RowsKind::Records => "records",
+            RowsKind::Packed => "packed",
         }
     }
 }
@@ -173,7 +186,7 @@ parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => 
 parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
 parse_lowercase!(RowsKind, "rows", "auto" => RowsKind::Auto, "stream" => RowsKind::Stream,
-    "records" => RowsKind::Records);
+    "records" => RowsKind::Records, "packed" => RowsKind::Packed);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
 parse_lowercase!(ShareTransport, "share-transport", "auto" => ShareTransport::Auto,
     "true" => ShareTransport::True, "false" => ShareTransport::False);
@@ -608,18 +621,18 @@ impl TrainOptions {
                 "every weight must be a positive number",
             ));
         }
-        if self.rows == RowsKind::Records
+        if matches!(self.rows, RowsKind::Records | RowsKind::Packed)
             && let Some(other) = self
                 .data
                 .iter()
                 .chain(&self.val_data)
-                .find(|p| !RowsKind::Records.records_of(p))
+                .find(|p| !self.rows.records_of(p))
         {
             return Err(RunError::option(
                 "rows",
-                "records",
+                self.rows.name(),
                 format!(
-                    "takes one .jsonl record a row; {} holds no records (give --rows stream or auto)",
+                    "takes whole .jsonl records; {} holds no records (give --rows stream or auto)",
                     other.display()
                 ),
             ));

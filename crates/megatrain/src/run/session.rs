@@ -19,7 +19,7 @@ use super::error::{Result, RunError};
 use super::keep::Room;
 use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
-use super::options::{SamplingKind, ShareTransport, TrainOptions};
+use super::options::{RowsKind, SamplingKind, ShareTransport, TrainOptions};
 use super::plan::PlanInput;
 use super::plot::write_plot;
 use crate::data::{
@@ -247,6 +247,11 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
+    if opts.rows == RowsKind::Packed {
+        model
+            .check_packable()
+            .map_err(|e| RunError::option("rows", "packed", e.to_string()))?;
+    }
     encoder.vocab_limit = Some(model.vocab_size);
 
     let template = encoder.chat_template(&opts.chat_template)?;
@@ -256,9 +261,10 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     // Rows of whole records where the option gives them to the source.
     let load = |path: &Path| {
         let d = load_tokens_cached(path, &encoder, &template, cache.as_deref())?;
-        Ok::<_, RunError>(match opts.rows.records_of(path) {
-            true => d,
-            false => d.as_stream(),
+        Ok::<_, RunError>(match (opts.rows.records_of(path), opts.rows) {
+            (true, RowsKind::Packed) => d.packed(),
+            (true, _) => d,
+            (false, _) => d.as_stream(),
         })
     };
     // Each source, and its tail for validation where there is no
@@ -298,10 +304,11 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             let cut = r.longer_than(need, d.len());
             if cut > 0 {
                 warnings.push(format!(
-                    "{}: {cut} of {} records are longer than --seq-len {} + 1 tokens: each of their rows holds its first {need} (--rows records)",
+                    "{}: {cut} of {} records are longer than --seq-len {} + 1 tokens: each is cut to its first {need} (--rows {})",
                     name.display(),
                     r.len(),
-                    opts.seq_len
+                    opts.seq_len,
+                    opts.rows.name()
                 ));
             }
             let silent = crate::data::silent_records(d, opts.seq_len);

@@ -1,0 +1,199 @@
+//! Rows of several whole records (`--rows packed`): each row takes the
+//! run's next records, in the order rows of one record would take them,
+//! as many as fit, and the batch carries where each starts ([`Docs`]), so
+//! every record attends and counts positions on its own. A step then
+//! computes what it would on the same records one a row, without the
+//! padding: on short records most of a row of one record is padding
+//! (`train` prints the share).
+//!
+//! Which records row `g` of the run holds depends on the lengths of every
+//! record before it, so it is found by walking the record order from a
+//! mark: the first record of every [`STRIDE`]-th row is kept, and the walk
+//! goes on from the last row drawn. A resumed run walks once from row 0
+//! (a pass over a million records takes well under a second); the draw
+//! stays a pure function of the batch number.
+//!
+//! [`Docs`]: megatrain_tensor::Docs
+
+use std::sync::Mutex;
+
+use super::TokenData;
+use super::batch::{Batch, Sampling};
+use super::records::{Records, push_record, record_of};
+
+/// Rows between kept marks.
+const STRIDE: u64 = 1024;
+
+/// Where the walk over the record order stands, for one (row length,
+/// sampling): marks\[i\] is the order position of row i·STRIDE's first
+/// record; `last` a row drawn and its first record's position.
+#[derive(Debug, Default)]
+pub(super) struct Cursor {
+    key: Option<(usize, Sampling)>,
+    marks: Vec<u64>,
+    last: (u64, u64),
+}
+
+/// The inputs record `r` of a stream of `total` tokens takes in a row it
+/// shares: all its tokens (its last one's target is not its own).
+fn width(records: &Records, r: usize, total: usize) -> usize {
+    records.span(r, total).len()
+}
+
+impl Cursor {
+    /// The order position of the first record of row `g`, and of the first
+    /// record after that row.
+    fn row(
+        &mut self,
+        records: &Records,
+        total: usize,
+        sampling: Sampling,
+        g: u64,
+        seq_len: usize,
+    ) -> (u64, u64) {
+        if self.key != Some((seq_len, sampling)) {
+            *self = Cursor {
+                key: Some((seq_len, sampling)),
+                marks: vec![0],
+                last: (0, 0),
+            };
+        }
+        let n = records.len() as u64;
+        // The row after the one that starts at position k.
+        let next = |k: u64| {
+            let mut room = seq_len;
+            let mut k = k;
+            loop {
+                let w = width(records, record_of(sampling, k, n) as usize, total);
+                if room == seq_len {
+                    // A row's first record always goes in, cut if longer.
+                    room -= w.min(seq_len);
+                } else if w <= room {
+                    room -= w;
+                } else {
+                    return k;
+                }
+                k += 1;
+                if room == 0 {
+                    return k;
+                }
+            }
+        };
+        let mark = ((g / STRIDE) as usize).min(self.marks.len() - 1);
+        let (mut at, mut k) = match self.last {
+            (row, k) if row <= g && row >= mark as u64 * STRIDE => (row, k),
+            _ => (mark as u64 * STRIDE, self.marks[mark]),
+        };
+        while at < g {
+            k = next(k);
+            at += 1;
+            if at.is_multiple_of(STRIDE) && at / STRIDE == self.marks.len() as u64 {
+                self.marks.push(k);
+            }
+        }
+        self.last = (g, k);
+        (k, next(k))
+    }
+}
+
+/// Appends packed row `g` of the run (batch number · batch + row) to `out`
+/// and returns its tokens before padding and where its records start.
+pub(super) fn push_packed_row(
+    data: &TokenData,
+    records: &Records,
+    cursor: &Mutex<Cursor>,
+    sampling: Sampling,
+    g: u64,
+    seq_len: usize,
+    out: &mut Batch,
+) -> (usize, Vec<usize>) {
+    let n = records.len() as u64;
+    let (first, end) =
+        cursor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .row(records, data.len(), sampling, g, seq_len);
+    let mut starts = Vec::new();
+    let mut used = 0;
+    for k in first..end {
+        let span = records.span(record_of(sampling, k, n) as usize, data.len());
+        starts.push(used);
+        used += push_record(data, span, seq_len - used, out);
+    }
+    (used, starts)
+}
+
+/// The share of the rows that is padding when the records of a stream of
+/// `total` tokens are packed in their stored order into rows of `seq_len`.
+pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> f64 {
+    let mut cursor = Cursor::default();
+    let n = records.len() as u64;
+    let (mut rows, mut used, mut g) = (0u64, 0usize, 0u64);
+    loop {
+        let (a, z) = cursor.row(records, total, Sampling::Sequential, g, seq_len);
+        if a >= n {
+            break;
+        }
+        rows += 1;
+        used += (a..z.min(n))
+            .map(|k| width(records, k as usize, total).min(seq_len))
+            .sum::<usize>();
+        g += 1;
+    }
+    1.0 - used as f64 / (rows as usize * seq_len).max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows_of(
+        records: &Records,
+        total: usize,
+        sampling: Sampling,
+        seq: usize,
+        rows: u64,
+    ) -> Vec<(u64, u64)> {
+        let mut c = Cursor::default();
+        (0..rows)
+            .map(|g| c.row(records, total, sampling, g, seq))
+            .collect()
+    }
+
+    #[test]
+    fn rows_take_records_while_they_fit() {
+        // Lengths 3, 4, 2, 9, 1: rows of 6 take {3}, {4, 2}, {9 cut}, {1, 3}, …
+        let r = Records::new(vec![0, 3, 7, 9, 18]);
+        let rows = rows_of(&r, 19, Sampling::Sequential, 6, 5);
+        assert_eq!(rows, [(0, 1), (1, 3), (3, 4), (4, 6), (6, 8)]);
+    }
+
+    #[test]
+    fn any_row_is_the_same_whichever_row_came_before() {
+        let starts: Vec<usize> = (0..500)
+            .scan(0, |s, i| {
+                let at = *s;
+                *s += 1 + (i * 37 % 23);
+                Some(at)
+            })
+            .collect();
+        let total = starts.last().unwrap() + 5;
+        let r = Records::new(starts);
+        for sampling in [Sampling::Sequential, Sampling::Random { seed: 9 }] {
+            let walked = rows_of(&r, total, sampling, 40, 3000);
+            let mut c = Cursor::default();
+            for g in [2999u64, 5, 1024, 2048, 1023, 0, 2500, 2500] {
+                assert_eq!(c.row(&r, total, sampling, g, 40), walked[g as usize], "row {g}");
+            }
+            // Each row starts where the one before it ended.
+            assert!(walked.windows(2).all(|w| w[0].1 == w[1].0));
+        }
+    }
+
+    #[test]
+    fn padding_share_of_packed_rows() {
+        // Rows of 6: {3}, {4, 2}, {9 → 6}, {1}: 1 − 16 / 24.
+        let r = Records::new(vec![0, 3, 7, 9, 18]);
+        assert!((packed_padding_share(&r, 19, 6) - (1.0 - 16.0 / 24.0)).abs() < 1e-12);
+    }
+}
