@@ -1,5 +1,6 @@
 // Fused causal attention with grouped-query heads, in a sliding window
-// where p.window > 0 (attention_mask.wgsl), the scores soft-capped where
+// where p.window > 0, within packed documents where p.docs != 0
+// (attention_mask.wgsl), the scores soft-capped where
 // p.softcap > 0 (attention_params.wgsl's `capped`). No T×T matrix ever
 // exists in device memory: the forward keeps a running max and sum per query row
 // (online softmax) and stores only out and lse; the backward recomputes the
@@ -97,15 +98,17 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             l = DD[p.dd_off + ri];
         }
     }
-    // Keys before the window of the block's first row are never loaded.
+    // Keys before the window (or document) of the block's first row are
+    // never loaded.
     let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
-    for (var j0 = max(p.r_begin, first_key(wid.x * RB)); j0 < kend; j0 += KB) {
+    let fk = first_key(b, i);
+    for (var j0 = max(p.r_begin, first_key(b, wid.x * RB)); j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, tid);
         workgroupBarrier();
         if valid {
             let jn = min(min(KB, i + 1u - min(i + 1u, j0)), p.r_end - j0);
-            for (var jj = first_key(i) - min(first_key(i), j0); jj < jn; jj++) {
+            for (var jj = fk - min(fk, j0); jj < jn; jj++) {
                 var raw = 0.0;
                 for (var dd = 0u; dd < p.d; dd++) {
                     raw += q[dd] * T1[jj * p.d + dd];
@@ -186,15 +189,17 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         lse = LSE[p.lse_off + row_idx(b, h, i)];
         delta = DD[p.dd_off + row_idx(b, h, i)];
     }
-    // Keys before the window of the block's first row are never loaded.
+    // Keys before the window (or document) of the block's first row are
+    // never loaded.
     let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
-    for (var j0 = max(p.r_begin, first_key(wid.x * RB)); j0 < kend; j0 += KB) {
+    let fk = first_key(b, i);
+    for (var j0 = max(p.r_begin, first_key(b, wid.x * RB)); j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, tid);
         workgroupBarrier();
         if valid {
             let jn = min(min(KB, i + 1u - min(i + 1u, j0)), p.r_end - j0);
-            for (var jj = first_key(i) - min(first_key(i), j0); jj < jn; jj++) {
+            for (var jj = fk - min(fk, j0); jj < jn; jj++) {
                 var s = 0.0;
                 var dp = 0.0;
                 for (var dd = 0u; dd < p.d; dd++) {
@@ -244,8 +249,9 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     }
     let i_start = max(wid.x * RB, p.r_begin);
-    // Queries past the window of the block's last key are never loaded.
-    let i_end = min(min(p.t, p.r_end), query_end(wid.x * RB + RB - 1u));
+    // Queries past the window (or document) of the block's last key are
+    // never loaded.
+    let i_end = min(min(p.t, p.r_end), query_end(b, wid.x * RB + RB - 1u));
     for (var hh = 0u; hh < group; hh++) {
         let h = g * group + hh;
         for (var i0 = i_start; i0 < i_end; i0 += QB) {
@@ -273,7 +279,7 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             if valid {
                 for (var ii = 0u; ii < QB; ii++) {
                     let i = i0 + ii;
-                    if sees(i, j) && i < i_end {
+                    if sees(b, i, j) && i < i_end {
                         var s = 0.0;
                         var dp = 0.0;
                         for (var dd = 0u; dd < p.d; dd++) {

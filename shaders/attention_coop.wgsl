@@ -1,7 +1,8 @@
 //// common
 // Flash attention on tensor cores (cooperative matrices, f16 operands, f32
 // accumulation) under the F16 compute precision (precision.rs): causal
-// (in a sliding window where p.window > 0: attention_mask.wgsl), grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
+// (in a sliding window where p.window > 0, within packed documents where
+// p.docs != 0: attention_mask.wgsl), grouped-query, layouts as attention.wgsl (q/out/dout [B, T, Hq, D], k/v
 // [B, T, Hkv, D], lse and delta [B, Hq, T]). Q, K, V and dO arrive as f16
 // copies under their tensors' powers of two 2^-e (f16_copy.wgsl: rounded
 // as the F16 precision rounds), staged as they are; or (F16Operands::Stage)
@@ -21,14 +22,14 @@
 //   rounded to f16 and O += PV accumulates in cooperative accumulators
 //   (Q's fragments are loaded once, P's once per tile), rescaled through
 //   workgroup memory only when a row's max rises by more than RAISE; tiles
-//   past the block's last position, or before its first position's window,
-//   are never loaded.
+//   past the block's last position, or before its first position's window
+//   (or document), are never loaded.
 // - dq: the same blocks with dO; per K/V tile S and dP = dO·Vᵀ, P from the
 //   saved lse, dS = P∘(dP − delta) rounded to f16 under the power of two
 //   that bounds it, dQ += dS·K in cooperative accumulators.
 // - dkv: a block of BR keys of one kv head stays resident; for every query
 //   head of the group, query tiles from the block's first key to the
-//   window's end of its last stream through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
+//   window's (or document's) end of its last stream through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
 //   cooperative accumulators, complete sums with no atomics.
 // Every loop bound is uniform across the workgroup (barriers inside).
 // Between a tile's products and the lanes' work on their results (S and dP
@@ -48,7 +49,7 @@ struct Params {
     dk_off: u32, dv_off: u32, dd_off: u32, q_slot: u32,
     k_slot: u32, v_slot: u32, do_slot: u32, max_off: u32,
     // attention_mask.wgsl's.
-    window: u32, _p1: u32, _p2: u32, _p3: u32,
+    window: u32, docs: u32, docs_off: u32, docs_ends: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -318,7 +319,7 @@ var<private> raised: bool;
 // through stat_s, whose factors from the last tile were read before the
 // row_sync ahead of this tile's products. Called by every lane (it holds a
 // barrier).
-fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
+fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
     let base = sg * 16u * BC + (lane % 16u) * BC;
@@ -327,7 +328,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     var pm = m_run;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        if sees(row.pos, j0 + c) {
+        if sees(b, row.pos, j0 + c) {
             pm = max(pm, apply(wg.s_s[base + c], f) * p.scale);
         }
     }
@@ -345,7 +346,7 @@ fn softmax_tile(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         var pr = 0.0;
-        if sees(row.pos, j0 + c) {
+        if sees(b, row.pos, j0 + c) {
             pr = exp(apply(wg.s_s[base + c], f) * p.scale - m);
         }
         l += pr;
@@ -495,13 +496,13 @@ fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
     }
 }
 
-fn ds_tile_dq(sg: u32, lane: u32, j0: u32, p0: u32, np: u32, g: u32) {
+fn ds_tile_dq(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let rr = lane % 16u;
     let r = sg * 16u + rr;
     let row = q_row(p0, np, g, r);
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        p_ds(sg, rr, c, sees(row.pos, j0 + c), wg.stat_s[r], wg.stat_s[BR + r]);
+        p_ds(sg, rr, c, sees(b, row.pos, j0 + c), wg.stat_s[r], wg.stat_s[BR + r]);
     }
 }
 
@@ -551,13 +552,13 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
 
 // Pᵀ and dSᵀ: row = key j0 + sg·16 + lane % 16, column = query i0 + c (two
 // lanes a row, as in ds_tile_dq).
-fn ds_tile_dkv(sg: u32, lane: u32, j0: u32, i0: u32) {
+fn ds_tile_dkv(sg: u32, lane: u32, b: u32, j0: u32, i0: u32) {
     let rr = lane % 16u;
     let j = j0 + sg * 16u + rr;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         let i = i0 + c;
-        p_ds(sg, rr, c, sees(i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
+        p_ds(sg, rr, c, sees(b, i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
     }
 }
 

@@ -15,7 +15,7 @@
 // of each row's sums over keys as attention.wgsl; a dot product adds its D
 // terms in another order (delta too: this file's `attn_delta`). Control
 // flow is uniform in every loop that shuffles (the cap's branch is on a
-// uniform): keys past a row's causal limit (or before its window, or
+// uniform): keys past a row's causal limit (or before its window or document, or
 // past the range, or past T) are computed and masked, the row's state kept by a select (so a
 // masked key's values never reach it, not even as 0 · inf), and a tile's
 // rows all take the same path. The host generates the prelude (`const D`)
@@ -128,7 +128,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         l = DD[p.dd_off + ri];
     }
     let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
-    for (var j0 = max(p.r_begin, first_key(wid.x * RB)); j0 < kend; j0 += KB) {
+    for (var j0 = max(p.r_begin, first_key(b, wid.x * RB)); j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, li);
         workgroupBarrier();
@@ -140,7 +140,7 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             part += dot(q[UV], T1[t + UV * L]);
             // end
             let s = capped(row_sum(part));
-            let live = valid && sees(i, j) && j < p.r_end;
+            let live = valid && sees(b, i, j) && j < p.r_end;
             let mn = select(m, max(m, s), live);
             let corr = exp(m - mn);
             let pr = select(0.0, exp(s - mn), live);
@@ -235,7 +235,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let lse = LSE[p.lse_off + row_idx(b, h, ic)];
     let delta = DD[p.dd_off + row_idx(b, h, ic)];
     let kend = min(min(p.t, wid.x * RB + RB), p.r_end);
-    for (var j0 = max(p.r_begin, first_key(wid.x * RB)); j0 < kend; j0 += KB) {
+    for (var j0 = max(p.r_begin, first_key(b, wid.x * RB)); j0 < kend; j0 += KB) {
         workgroupBarrier();
         load_kv_tile(b, g, j0, li);
         workgroupBarrier();
@@ -250,7 +250,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             // end
             let y = capped(row_sum(ps));
             let dp = row_sum(pp);
-            let live = valid && sees(i, j) && j < p.r_end;
+            let live = valid && sees(b, i, j) && j < p.r_end;
             let ds = select(0.0, exp(y - lse) * (dp - delta) * capped_slope(y), live);
             // unroll
             dq[UV] = select(dq[UV], dq[UV] + ds * T1[t + UV * L], live);
@@ -297,7 +297,7 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     dv[UV] = select(vec4(DV[p.dv_off + e_UV], DV[p.dv_off + e_UV + 1u], DV[p.dv_off + e_UV + 2u], DV[p.dv_off + e_UV + 3u]), vec4<f32>(0.0), first);
     // end
     let i_start = max(wid.x * RB, p.r_begin);
-    let i_end = min(min(p.t, p.r_end), query_end(wid.x * RB + RB - 1u));
+    let i_end = min(min(p.t, p.r_end), query_end(b, wid.x * RB + RB - 1u));
     for (var hh = 0u; hh < group; hh++) {
         let h = g * group + hh;
         for (var i0 = i_start; i0 < i_end; i0 += KB) {
@@ -337,7 +337,7 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 // end
                 let y = capped(row_sum(ps));
                 let dp = row_sum(pp);
-                let live = valid && sees(i, j) && i < i_end;
+                let live = valid && sees(b, i, j) && i < i_end;
                 let pr = select(0.0, exp(y - S1[ii]), live);
                 let ds = pr * (dp - S2[ii]) * capped_slope(y);
                 // unroll

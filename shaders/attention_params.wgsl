@@ -12,7 +12,8 @@ struct Params {
     r_begin: u32, r_end: u32, max_off: u32, window: u32,
     // Gemma 2's soft cap of the scaled scores, 0 for none: `capped` below,
     // which both families (attention.wgsl, attention_lanes.wgsl) apply.
-    softcap: f32, _p1: u32, _p2: u32, _p3: u32,
+    // Then packed documents (attention_mask.wgsl).
+    softcap: f32, docs: u32, docs_off: u32, docs_ends: u32,
 }
 
 const FIRST: u32 = 1u;

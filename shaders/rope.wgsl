@@ -11,6 +11,7 @@ struct Params {
     n: u32, t: u32, h: u32, half: u32,
     x_off: u32, y_off: u32, row0: u32, sign: f32,
     tab_off: u32, flags: u32, max_off: u32, d: u32,
+    docs_off: u32,
 }
 
 // Under F16 the rotated q and k (and their gradients) are f16 operands of
@@ -21,6 +22,11 @@ struct Params {
 const STORE_MAX: u32 = 1u;
 // Pairs of neighbours (2j, 2j + 1), GLM's layout, rather than (j, j + half).
 const INTERLEAVED: u32 = 2u;
+// Documents packed in the rows: a token's position counts from its
+// document's first, which DOCS holds at docs_off + its index b·T + i
+// (megatrain_tensor's Docs::bounds). The table's rows are still a row's
+// positions from the call's first: a document's tokens take its first rows.
+const DOCS: u32 = 4u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> X: array<f32>;
@@ -28,6 +34,7 @@ const INTERLEAVED: u32 = 2u;
 @group(0) @binding(3) var<storage, read> SIN: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> OMAX: array<u32>;
+@group(0) @binding(6) var<storage, read> DOC_START: array<u32>;
 
 var<workgroup> wmax: atomic<u32>;
 
@@ -43,7 +50,11 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let j = i % per;
         let d = p.d;
         if j < p.half {
-            let pos = ((p.row0 + row) / p.h) % p.t;
+            let tok = (p.row0 + row) / p.h;
+            var pos = tok % p.t;
+            if (p.flags & DOCS) != 0u {
+                pos -= DOC_START[p.docs_off + tok];
+            }
             let c = COS[p.tab_off + pos * p.half + j];
             let s = SIN[p.tab_off + pos * p.half + j] * p.sign;
             var a = j;

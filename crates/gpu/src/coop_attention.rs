@@ -390,9 +390,9 @@ impl CoopAttention {
     /// tiles share with it).
     fn kv_loop_bounds(&self) -> &'static str {
         if self.tile().prefetch {
-            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(p0) / BC * BC;\n    if j_first < kend {\n        fetch_kv(b, j_first, g);\n    }\n"
+            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(b, p0) / BC * BC;\n    if j_first < kend {\n        fetch_kv(b, j_first, g);\n    }\n"
         } else {
-            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(p0) / BC * BC;\n"
+            "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(b, p0) / BC * BC;\n"
         }
     }
 
@@ -441,7 +441,7 @@ impl CoopAttention {
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
                 score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
-                m.push_str("        }\n        row_sync();\n        ds_tile_dq(sg, lane, j0, p0, np, g);\n        row_sync();\n");
+                m.push_str("        }\n        row_sync();\n        ds_tile_dq(sg, lane, b, j0, p0, np, g);\n        row_sync();\n");
                 fragments(&mut m, &g, "        ", &DS_ROWS, kf);
                 for f in 0..nd {
                     let b = format!("K_S + {}u", 16 * f);
@@ -472,7 +472,7 @@ impl CoopAttention {
                 for f in 0..nd {
                     let _ = writeln!(m, "    var dk{f} = {};\n    var dv{f} = {};", g.zero(), g.zero());
                 }
-                m.push_str("    let j0 = wid.x * BR;\n    let i_first = j0 / BC * BC;\n    let i_end = query_end(j0 + BR - 1u);\n");
+                m.push_str("    let j0 = wid.x * BR;\n    let i_first = j0 / BC * BC;\n    let i_end = query_end(b, j0 + BR - 1u);\n");
                 if self.tile().prefetch {
                     // Registers only: in flight while the key block is staged.
                     m.push_str("    fetch_q_tile(b, i_first, g * p.group);\n");
@@ -513,7 +513,7 @@ impl CoopAttention {
                     "ct",
                     "SCR + cs",
                 );
-                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, j0, i0);\n            row_sync();\n");
+                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, b, j0, i0);\n            row_sync();\n");
                 fragments(&mut m, &g, "            ", &P_ROWS, kf);
                 fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {
@@ -656,7 +656,7 @@ impl CoopAttention {
         };
         let _ = writeln!(
             m,
-            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        softmax_tile(sg, lane, j0, p0, np, g);\n        {rescale_if}",
+            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        softmax_tile(sg, lane, b, j0, p0, np, g);\n        {rescale_if}",
             g.store("acc", "ci", "ldc")
         );
         through_scratch(m, g, (nd, nb), "            ", (true, sync), |m, _, u| {

@@ -124,10 +124,11 @@ pub(crate) fn epilogue_source(epi: bool, f16: bool, scratch: FoldScratch) -> Str
 }
 
 /// The most storage bindings any kernel has (the tensor-core dK/dV pass,
-/// with dV's maxima): adapters with fewer per shader stage are refused.
+/// with dV's maxima and the packed documents' bounds): adapters with fewer
+/// per shader stage are refused.
 /// Every adapter we target has more: lavapipe 32, Metal 31, NVIDIA's and
 /// AMD's Vulkan drivers far more; WebGPU's default is 8.
-pub(crate) const STORAGE_BINDINGS_MAX: u32 = 10;
+pub(crate) const STORAGE_BINDINGS_MAX: u32 = 11;
 
 /// A matmul pipeline's storage bindings in the host's order: A, B, bias,
 /// C, the f16 operand scales, then the epilogue's aux0, aux1 and aux_out,
@@ -457,10 +458,10 @@ impl Kernel {
             AttnCoop(v) => {
                 use crate::coop_attention::AttnPass;
                 let bindings: &'static [u32] = match v.pass {
-                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6, 12],
-                    AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11],
-                    AttnPass::Dkv if v.tile().fused_dq => &[1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12],
-                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11, 12],
+                    AttnPass::Fwd => &[1, 2, 3, 4, 5, 6, 12, 13],
+                    AttnPass::Dq => &[1, 2, 3, 5, 6, 7, 8, 11, 13],
+                    AttnPass::Dkv if v.tile().fused_dq => &[1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13],
+                    AttnPass::Dkv => &[1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13],
                 };
                 return KernelSpec {
                     source: v.source(),
@@ -515,15 +516,15 @@ impl Kernel {
             AddLnFwd => (NORMS, "add_ln_fwd", &[1, 2, 3, 4, 5, 6, 9, 10, 11]),
             AddRmsBwd => (NORMS, "add_rms_bwd", &[1, 2, 3, 4, 7, 9, 11]),
             AddLnBwd => (NORMS, "add_ln_bwd", &[1, 2, 3, 4, 7, 8, 9, 11]),
-            Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5]),
-            AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
+            Rope => (&[MAX_BITS, ROPE], "rope", &[1, 2, 3, 4, 5, 6]),
+            AttnFwd { d } => return attention(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11, 13]),
             AttnDelta => (&ATTENTION_SOURCES, "attn_delta", &[4, 6, 10]),
-            AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
-            AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
-            AttnFwdLanes { d } => return attention_lanes(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11]),
+            AttnDq { d } => return attention(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10, 13]),
+            AttnDkv { d } => return attention(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11, 13]),
+            AttnFwdLanes { d } => return attention_lanes(d, "attn_fwd", &[1, 2, 3, 4, 5, 10, 11, 13]),
             AttnDeltaLanes { d } => return attention_lanes(d, "attn_delta", &[4, 6, 10]),
-            AttnDqLanes { d } => return attention_lanes(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10]),
-            AttnDkvLanes { d } => return attention_lanes(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11]),
+            AttnDqLanes { d } => return attention_lanes(d, "attn_dq", &[1, 2, 3, 5, 6, 7, 10, 13]),
+            AttnDkvLanes { d } => return attention_lanes(d, "attn_dkv", &[1, 2, 3, 5, 6, 8, 9, 10, 11, 13]),
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             AttnSinkScale => (&[ATTENTION_SINKS], "sink_scale", &[1, 2, 3, 5]),
             AttnSinkRows => (&[ATTENTION_SINKS], "sink_rows", &[1, 2, 3, 4, 5]),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::*;
 use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
-use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor, SoftCap};
+use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Docs, Executor, HostTensor, SoftCap};
 
 const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
@@ -72,6 +72,8 @@ struct Case {
     w: usize,
     /// The scores' soft cap (Gemma 2's); 0: none.
     cap: f32,
+    /// Where each row's packed documents begin (`Docs::new`); empty: none.
+    docs: &'static [&'static [usize]],
 }
 
 impl Case {
@@ -80,6 +82,10 @@ impl Case {
             0 => AttnMask::CAUSAL,
             w => AttnMask::sliding(w),
         };
+        let mask = mask.with_docs((!self.docs.is_empty()).then(|| {
+            let starts: Vec<Vec<usize>> = self.docs.iter().map(|s| s.to_vec()).collect();
+            Docs::new(self.t, &starts).unwrap()
+        }));
         if self.cap > 0.0 {
             mask.with_softcap(SoftCap::new(self.cap, "test").unwrap())
         } else {
@@ -95,6 +101,12 @@ impl Case {
     /// The same case with its scores soft-capped at `cap`.
     const fn capped(self, cap: f32) -> Case {
         Case { cap, ..self }
+    }
+
+    /// The same shape with documents packed in its rows, beginning at
+    /// `docs[b]` in row b.
+    const fn packed(self, docs: &'static [&'static [usize]]) -> Case {
+        Case { docs, ..self }
     }
 
     /// A scaled score as the softmax sees it (soft-capped where the case
@@ -301,6 +313,7 @@ const CASES: [Case; 4] = [
         d: 80,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 1,
@@ -310,6 +323,7 @@ const CASES: [Case; 4] = [
         d: 64,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 1,
@@ -319,6 +333,7 @@ const CASES: [Case; 4] = [
         d: 64,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 2,
@@ -328,6 +343,7 @@ const CASES: [Case; 4] = [
         d: 96,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
 ];
 /// Sliding windows: one key, a window inside one key tile, one past the
@@ -340,6 +356,16 @@ const WINDOWED: [Case; 4] = [
     CASE_128.window(33),
 ];
 
+/// Documents packed in the rows: B = 2 laid out differently (a one-token
+/// document at a row's end, a row of one document) at GQA 6/2, D = 80; in
+/// a window of 3 at GQA 8/1 (a one-token document first); and D = 96 with
+/// a document starting inside each row's second key tile.
+const PACKED: [Case; 3] = [
+    CASES[0].packed(&[&[0, 5, 6, 36], &[0]]),
+    CASES[2].window(3).packed(&[&[0, 1, 10]]),
+    CASES[3].packed(&[&[0, 20], &[0, 17, 28]]),
+];
+
 /// D = 128: the forward everywhere; the emulated backward's tiles exceed
 /// 32 KiB of workgroup memory in f32 and are refused where that is the cap.
 const CASE_128: Case = Case {
@@ -350,6 +376,7 @@ const CASE_128: Case = Case {
     d: 128,
     w: 0,
     cap: 0.0,
+    docs: &[],
 };
 
 #[test]
@@ -362,6 +389,13 @@ fn simt_kernels_match_the_reference_on_rounded_operands() {
     }
     for (i, c) in WINDOWED.into_iter().enumerate() {
         check(&g, c, 15 + i as u64, TOL_SIMT, true).unwrap();
+    }
+    for (i, c) in PACKED
+        .into_iter()
+        .chain([CASE_128.packed(&[&[0, 1, 20]])])
+        .enumerate()
+    {
+        check(&g, c, 120 + i as u64, TOL_SIMT, true).unwrap();
     }
 }
 
@@ -378,6 +412,7 @@ const CASES_256: [Case; 4] = [
         d: 256,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 1,
@@ -387,6 +422,7 @@ const CASES_256: [Case; 4] = [
         d: 256,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 1,
@@ -396,6 +432,7 @@ const CASES_256: [Case; 4] = [
         d: 256,
         w: 5,
         cap: 0.0,
+        docs: &[],
     },
     Case {
         b: 2,
@@ -405,6 +442,7 @@ const CASES_256: [Case; 4] = [
         d: 200,
         w: 0,
         cap: 0.0,
+        docs: &[],
     },
 ];
 
@@ -439,6 +477,7 @@ fn tensor_core_kernels_refuse_head_dims_they_lack() {
             d: 256,
             w: 0,
             cap: 0.0,
+            docs: &[],
         };
         let x = inputs(case, 95);
         let (q, k, v, dout) = (up(&g, &x.q), up(&g, &x.k), up(&g, &x.v), up(&g, &x.dout));
@@ -527,6 +566,7 @@ fn tensor_core_kernels_refuse_a_soft_cap() {
             d: 64,
             w: 0,
             cap: 0.0,
+            docs: &[],
         }
         .capped(30.0);
         let x = inputs(case, 97);
@@ -564,6 +604,9 @@ fn emulated_kernels_match_the_reference(d: usize) {
     for (i, c) in CASES.into_iter().enumerate().filter(|(_, c)| c.d == d) {
         check(&g, c, 20 + i as u64, TOL_COOP, true).unwrap();
     }
+    for (i, c) in PACKED.into_iter().enumerate().filter(|(_, c)| c.d == d) {
+        check(&g, c, 130 + i as u64, TOL_COOP, true).unwrap();
+    }
     if d == 64 {
         // The emulated forward at D = 64 has the hardware's key tile (32):
         // three tiles, the last partial, O's fragments going out two at a
@@ -576,6 +619,7 @@ fn emulated_kernels_match_the_reference(d: usize) {
             d: 64,
             w: 0,
             cap: 0.0,
+            docs: &[],
         };
         check(&g, tiles, 25, TOL_COOP, false).unwrap();
         check_inputs(&g, tiles, rising(tiles, 26), TOL_COOP, true).unwrap();
@@ -587,6 +631,13 @@ fn emulated_kernels_match_the_reference(d: usize) {
         {
             check(&g, c, 27 + i as u64, TOL_COOP, true).unwrap();
         }
+        // Within packed documents: the forward's blocks from position 40
+        // skip the first key tile, the first key blocks' query tiles end
+        // at 40; with rising scores, and in a window.
+        let packed = tiles.packed(&[&[0, 1, 40, 69]]);
+        check(&g, packed, 135, TOL_COOP, true).unwrap();
+        check_inputs(&g, packed, rising(packed, 136), TOL_COOP, true).unwrap();
+        check(&g, packed.window(20), 137, TOL_COOP, true).unwrap();
     }
     if d == CASE_128.d {
         check(&g, CASE_128, 30, TOL_COOP, false).unwrap();
@@ -635,11 +686,20 @@ fn tensor_core_kernels_match_the_reference() {
         d: 128,
         w: 0,
         cap: 0.0,
+        docs: &[],
     };
     check(&g, big, 50, TOL_COOP, true).unwrap();
     check_inputs(&g, big, rising(big, 51), TOL_COOP, true).unwrap();
     for (i, c) in WINDOWED.into_iter().chain([big.window(100)]).enumerate() {
         check(&g, c, 52 + i as u64, TOL_COOP, true).unwrap();
+    }
+    let big_packed = big.packed(&[&[0, 1, 130, 131, 299], &[0]]);
+    for (i, c) in PACKED
+        .into_iter()
+        .chain([big_packed, big_packed.window(100)])
+        .enumerate()
+    {
+        check(&g, c, 140 + i as u64, TOL_COOP, true).unwrap();
     }
 }
 
@@ -670,6 +730,7 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
         d: 64,
         w: 0,
         cap: 0.0,
+        docs: &[],
     };
     check(&g, long, 65, TOL_COOP, true).unwrap();
     check_inputs(&g, long, rising(long, 66), TOL_COOP, false).unwrap();
@@ -702,6 +763,7 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
         check(&fused, long, 105, TOL_COOP, true).unwrap();
         check_inputs(&fused, long, rising(long, 106), TOL_COOP, true).unwrap();
         check(&fused, long.window(20), 107, TOL_COOP, true).unwrap();
+        check(&fused, long.packed(&[&[0, 1, 40, 69]]), 109, TOL_COOP, true).unwrap();
     } else {
         let e = check(&fused, long, 108, TOL_COOP, true).unwrap_err();
         assert!(e.contains("f32 atomics"), "{e}");
@@ -711,7 +773,14 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
     }
     check(&pre, long, 85, TOL_COOP, true).unwrap();
     check_inputs(&pre, long, rising(long, 86), TOL_COOP, true).unwrap();
-    for (i, c) in [long.window(20), CASES[2].window(3)].into_iter().enumerate() {
+    // Within packed documents, the prefetched tiles past a document's end
+    // never staged.
+    let packed = [long.packed(&[&[0, 1, 40, 69]]), PACKED[1]];
+    for (i, c) in [long.window(20), CASES[2].window(3)]
+        .into_iter()
+        .chain(packed)
+        .enumerate()
+    {
         check(&pre, c, 87 + i as u64, TOL_COOP, true).unwrap();
     }
     let shared = executor_opts(
@@ -788,6 +857,7 @@ fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
             d: 64,
             w: 0,
             cap: 0.0,
+            docs: &[],
         };
         check_inputs(&g, big, rising(big, 79 + 10 * n as u64), TOL_COOP, true).unwrap();
         check(&g, big.window(45), 78 + 10 * n as u64, TOL_COOP, true).unwrap();

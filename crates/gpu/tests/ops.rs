@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, DType, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
+    AttnMask, ClampedGlu, DType, Docs, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
     TensorHandle,
 };
 use proptest::prelude::*;
@@ -161,6 +161,23 @@ proptest! {
     }
 
     #[test]
+    fn rope_within_packed_documents(b in 1usize..4, t in 1usize..24, h in 1usize..3, half in 1usize..8,
+                                    pass in 0usize..3, interleaved in any::<bool>(), offset in 0usize..3000,
+                                    seed in any::<u64>()) {
+        let c = cpu();
+        let x = rand_host(seed, &[b, t, h, 2 * half + pass]);
+        let rope = Rope { rotary_dim: (pass > 0).then_some(2 * half), interleaved, ..Rope::plain(10000.0, offset) }
+            .with_docs(Some(random_docs(seed ^ 5, b, t)));
+        let cx = cpu_up!(c, &x);
+        for g in both() {
+            let gx = up(g, &x);
+            assert_close("rope", &down(g, &g.rope(&gx, rope.clone()).unwrap()), &down_cpu(&c, &c.rope(&cx, rope.clone()).unwrap()), TOL_F32);
+            assert_close("rope_backward", &down(g, &g.rope_backward(&gx, rope.clone()).unwrap()),
+                &down_cpu(&c, &c.rope_backward(&cx, rope.clone()).unwrap()), TOL_F32);
+        }
+    }
+
+    #[test]
     fn attention_gqa(b in 1usize..3, t in 1usize..80, hkv in 1usize..3, group in 1usize..4,
                      d in prop::sample::select(vec![1usize, 4, 7, 16, 32, 64]),
                      window in prop::sample::select(vec![0usize, 0, 1, 3, 17, 70]),
@@ -239,6 +256,87 @@ proptest! {
 /// reaches past them: every call gives the CPU's rotation (on a fresh
 /// executor, so the first call builds), and a warm call records only its
 /// dispatch — no queue write, so nothing forces the pending batch out.
+/// Rope within packed documents of rows longer than the first table's 256
+/// positions, from offset 0 and 5000, half-split and interleaved, with a
+/// partial rotary dimension: every token turned by its position in its
+/// document (which no turn by its position in the row matches).
+#[test]
+fn rope_within_packed_documents_of_long_rows() {
+    let Some(g) = gpu() else { return };
+    let c = cpu();
+    let x = rand_host(7, &[2, 300, 2, 16]);
+    let docs = packed(300, &[&[0, 1, 100, 299], &[0, 150]]);
+    let (cx, gx) = (cpu_up!(c, &x), up(g, &x));
+    for (offset, interleaved) in [(0, false), (5000, false), (3, true)] {
+        let plain = Rope {
+            rotary_dim: Some(12),
+            interleaved,
+            ..Rope::plain(1e4, offset)
+        };
+        let rope = plain.clone().with_docs(Some(docs.clone()));
+        let got = down(g, &g.rope(&gx, rope.clone()).unwrap());
+        let what = format!("offset {offset}, interleaved {interleaved}");
+        assert_close(
+            &format!("rope, {what}"),
+            &got,
+            &down_cpu(&c, &c.rope(&cx, rope.clone()).unwrap()),
+            TOL_F32,
+        );
+        assert_close(
+            &format!("rope_backward, {what}"),
+            &down(g, &g.rope_backward(&gx, rope.clone()).unwrap()),
+            &down_cpu(&c, &c.rope_backward(&cx, rope).unwrap()),
+            TOL_F32,
+        );
+        assert_ne!(
+            got,
+            down(g, &g.rope(&gx, plain).unwrap()),
+            "{what}: the documents changed nothing"
+        );
+    }
+    // Warm rounds with the same documents and with equal ones built anew
+    // (a step's every layer, forward and backward) cost the host what
+    // rounds without documents do: no submission forced by a queue write,
+    // no allocation (that equal documents reuse the bounds uploaded for
+    // the first: exec/docs.rs).
+    let again = packed(300, &[&[0, 1, 100, 299], &[0, 150]]);
+    let counted = |docs: [Option<&Docs>; 2]| {
+        let g = GpuExecutor::with_options(
+            g.context().clone(),
+            GpuOptions {
+                poison_outputs: true,
+                ..Default::default()
+            },
+        );
+        let gx = up(&g, &x);
+        let round = |i: usize| {
+            let rope = Rope::plain(1e4, 17).with_docs(docs[i % 2].cloned());
+            g.rope_backward(&g.rope(&gx, rope.clone()).unwrap(), rope)
+                .unwrap()
+        };
+        // Three rounds warm the pool and the tables.
+        for i in 0..3 {
+            round(i);
+        }
+        let before = g.host_work();
+        let back = (0..4).map(round).last().unwrap();
+        let work = g.host_work() - before;
+        assert_close(
+            "rope round trip",
+            &down(&g, &back),
+            x.to_f32_vec().as_slice(),
+            1e-6,
+        );
+        (
+            work.submit.ops,
+            work.submit.op_submissions,
+            work.submit.transfer_submissions,
+            work.device_allocations,
+        )
+    };
+    assert_eq!(counted([Some(&docs), Some(&again)]), counted([None, None]));
+}
+
 #[test]
 fn rope_tables_are_kept_grown_and_shared() {
     let Some(ctx) = ctx() else { return };
@@ -657,6 +755,190 @@ fn attention_soft_capped_split_under_a_small_loop_budget() {
                 &format!("{shape:?} in ranges, {mask:?}"),
             );
         }
+    }
+}
+
+/// Documents packed in a batch's rows, row b's beginning at `starts[b]`.
+fn packed(t: usize, starts: &[&[usize]]) -> Docs {
+    let starts: Vec<Vec<usize>> = starts.iter().map(|s| s.to_vec()).collect();
+    Docs::new(t, &starts).unwrap()
+}
+
+/// Documents at random places in `b` rows of `t`, about one token in four
+/// beginning one (so rows of a single document, and documents of one
+/// token, come up).
+fn random_docs(seed: u64, b: usize, t: usize) -> Docs {
+    let mut s = seed;
+    let mut next = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        s >> 33
+    };
+    let starts: Vec<Vec<usize>> = (0..b)
+        .map(|_| {
+            let mut v = vec![0];
+            v.extend((1..t).filter(|_| next() % 4 == 0));
+            v
+        })
+        .collect();
+    Docs::new(t, &starts).unwrap()
+}
+
+/// Attention within documents packed in the rows, forward and backward
+/// against the CPU (which computes each document alone), on both f32
+/// families: GQA 4/2 at T = 150, three 64-row blocks. Row 0 holds a
+/// one-token document at 0 and 1, one of 68 tokens, one of 79 and a
+/// one-token document at the row's end: the last row block's queries
+/// (128..) skip the key tiles before 70, and the first key block's keys
+/// (..64) every query from 70 on. Row 1 is a single document. Causal, in
+/// windows shorter and longer than the documents, and soft-capped.
+#[test]
+fn attention_within_packed_documents() {
+    let Some(lanes) = gpu() else { return };
+    let one_row = GpuExecutor::with_options(
+        lanes.context().clone(),
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
+    let cap = SoftCap::new(0.5, "test").unwrap();
+    let docs = packed(150, &[&[0, 1, 2, 70, 149], &[0]]);
+    let masks = [
+        AttnMask::CAUSAL,
+        AttnMask::sliding(5),
+        AttnMask::sliding(100),
+        AttnMask::CAUSAL.with_softcap(cap),
+        AttnMask::sliding(40).with_softcap(cap),
+    ];
+    for (family, g) in [("lanes", lanes), ("one row", &one_row)] {
+        let start = std::time::Instant::now();
+        for (i, mask) in masks.iter().enumerate() {
+            let mask = mask.clone().with_docs(Some(docs.clone()));
+            attention_matches_cpu_in(
+                g,
+                (2, 150, 4, 2, 32),
+                mask.clone(),
+                400 + i as u64,
+                &format!("{family}, {mask:?}"),
+            );
+        }
+        eprintln!("{family}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// Packed documents on every head-dimension variant of the one-row kernels
+/// and on the lanes kernels, at shapes no tile divides: T = 37 with GQA 6/2
+/// over three rows laid out differently (a one-token document, one of 14,
+/// a single document, a one-token document at the end); D = 7 (`Any`),
+/// 48 (lanes), 256 (compiled in, the wide tiles of 8 keys and 4 queries)
+/// and 200 (`AnyWide`); and batch chunks of one row (bindings of 4 KiB),
+/// whose documents are found from the chunk's first row.
+#[test]
+fn attention_within_packed_documents_head_dims_and_chunks() {
+    let Some(ctx) = ctx() else { return };
+    let one_row = GpuExecutor::with_options(
+        ctx,
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
+    let docs37 = packed(37, &[&[0, 5, 6, 20], &[0], &[0, 36]]);
+    let docs37b = packed(37, &[&[0, 9, 30]]);
+    let lanes = gpu().unwrap();
+    for (g, shape, docs, window, seed) in [
+        (&one_row, (3, 37, 6, 2, 7), &docs37, 4, 410),
+        (lanes, (3, 37, 6, 2, 48), &docs37, 4, 411),
+        (&one_row, (1, 37, 4, 1, 256), &docs37b, 11, 412),
+        (&one_row, (1, 37, 2, 1, 200), &docs37b, 3, 413),
+    ] {
+        let start = std::time::Instant::now();
+        for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+            let mask = mask.with_docs(Some(docs.clone()));
+            attention_matches_cpu_in(g, shape, mask.clone(), seed, &format!("{shape:?}, {mask:?}"));
+        }
+        eprintln!("{shape:?}: {:.1} s", start.elapsed().as_secs_f64());
+    }
+    let small = gpu_small_bindings().unwrap();
+    let docs = packed(20, &[&[0, 7], &[0], &[0, 1, 19]]);
+    for mask in [AttnMask::CAUSAL, AttnMask::sliding(3)] {
+        let mask = mask.with_docs(Some(docs.clone()));
+        attention_matches_cpu_in(
+            small,
+            (3, 20, 2, 1, 16),
+            mask.clone(),
+            414,
+            &format!("4 KiB bindings, {mask:?}"),
+        );
+    }
+}
+
+/// Packed documents split into key and query ranges by a small loop
+/// budget (r_begin / r_end: a range may hold no key of a row's document,
+/// or only some): the lanes kernels at D = 32 in ranges of 16 (T = 100),
+/// the one-row kernels at D = 256 and D = 24.
+#[test]
+fn attention_within_packed_documents_split_under_a_small_loop_budget() {
+    let Some(ctx) = ctx() else { return };
+    let with_budget = |budget: usize| {
+        GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                poison_outputs: true,
+                loop_budget: Some(budget),
+                ..Default::default()
+            },
+        )
+    };
+    let (g, lanes) = (with_budget(2000), with_budget(100));
+    for (g, shape, docs, window, seed) in [
+        (
+            &lanes,
+            (2, 100, 4, 2, 32),
+            packed(100, &[&[0, 10, 50, 51], &[0, 99]]),
+            37,
+            420,
+        ),
+        (&g, (1, 37, 4, 1, 256), packed(37, &[&[0, 9, 30]]), 11, 421),
+        (
+            &g,
+            (2, 70, 4, 2, 24),
+            packed(70, &[&[0, 33], &[0, 1, 2, 60]]),
+            37,
+            422,
+        ),
+    ] {
+        for mask in [AttnMask::CAUSAL, AttnMask::sliding(window)] {
+            let mask = mask.with_docs(Some(docs.clone()));
+            attention_matches_cpu_in(
+                g,
+                shape,
+                mask.clone(),
+                seed,
+                &format!("{shape:?} in ranges, {mask:?}"),
+            );
+        }
+    }
+}
+
+/// Attention refuses documents of another batch than its own.
+#[test]
+fn attention_and_rope_refuse_documents_of_another_batch() {
+    let Some(g) = gpu() else { return };
+    let x = up(g, &rand_host(1, &[2, 5, 1, 4]));
+    for docs in [packed(5, &[&[0]]), packed(6, &[&[0], &[0]])] {
+        let mask = AttnMask::CAUSAL.with_docs(Some(docs.clone()));
+        let e = g.attention(&x, &x, &x, mask).unwrap_err().to_string();
+        assert!(e.contains("batch"), "{e}");
+        let e = g
+            .rope(&x, Rope::plain(1e4, 0).with_docs(Some(docs)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch"), "{e}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Fused causal attention (online-softmax forward, recomputing backward),
-//! in a sliding window where the mask has one, its scores soft-capped where
-//! the mask has a cap (both f32 families: attention.wgsl and
-//! attention_lanes.wgsl; not the tensor-core kernels).
+//! in a sliding window where the mask has one, within the documents packed
+//! in the rows where it has them (every family: attention_mask.wgsl), its
+//! scores soft-capped where the mask has a cap (both f32 families:
+//! attention.wgsl and attention_lanes.wgsl; not the tensor-core kernels).
 //! Under the F16 compute precision the operands are first rounded
 //! (`attention_coop.rs`), then run on the tensor-core family or on these
 //! f32 kernels.
@@ -109,12 +110,6 @@ impl GpuExecutor {
             ));
         }
         mask.check(op, qd[0], qd[1])?;
-        if mask.docs.is_some() {
-            return Err(Error::invalid(
-                op,
-                "packed documents are not in the GPU kernels yet",
-            ));
-        }
         Ok(Dims {
             b: qd[0],
             t: qd[1],
@@ -166,8 +161,11 @@ impl GpuExecutor {
         let rows = d.t.div_ceil(RB);
         let fold = self.folds_maxima();
         let slots = self.maxima_slots(fold, rows * d.hq * d.b)?;
+        let docs = self.docs_bounds(d.mask.docs.as_ref())?;
+        let docs_view = docs.view(self)?;
         let mut op = self.op("attention");
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
+            let [dflag, doff, dends] = docs.params(&docs_view, b0);
             let qv = self.view(q, b0 * qe, nb * qe)?;
             let kv = self.view(k, b0 * ke, nb * ke)?;
             let vv = self.view(v, b0 * ke, nb * ke)?;
@@ -198,9 +196,9 @@ impl GpuExecutor {
                     mv.elem_off,
                     d.window,
                     d.softcap(),
-                    0,
-                    0,
-                    0,
+                    dflag,
+                    doff,
+                    dends,
                 ];
                 let grid = [rows as u32, d.hq as u32, nb as u32];
                 let kernel = match lanes {
@@ -209,7 +207,7 @@ impl GpuExecutor {
                         d: AttnHeadDim::of(d.d),
                     },
                 };
-                op.dispatch(kernel, &params, &[qv, kv, vv, ov, lv, sv, mv], grid);
+                op.dispatch(kernel, &params, &[qv, kv, vv, ov, lv, sv, mv, docs_view], grid);
             }
         }
         op.finish()?;
@@ -300,13 +298,13 @@ impl GpuExecutor {
                 };
                 for (ri, &(r0, r1)) in keys.iter().enumerate() {
                     let params = with(flags(ri, keys.len()), r0, r1);
-                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta];
+                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dq, c.delta, c.docs];
                     op.dispatch(dq_kernel, &params, &views, [rows as u32, d.hq as u32, nb as u32]);
                 }
                 for (ri, &(r0, r1)) in queries.iter().enumerate() {
                     let fl = flags(ri, queries.len()) | if fold { STORE_MAX } else { 0 };
                     let params = with(fl, r0, r1);
-                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta, mv];
+                    let views = [c.q, c.k, c.v, c.lse, c.dout, c.dk, c.dv, c.delta, mv, c.docs];
                     op.dispatch(
                         dkv_kernel,
                         &params,
@@ -369,6 +367,8 @@ impl GpuExecutor {
         let dv = self.alloc_f32(v.shape.clone())?;
         let delta = self.alloc_f32([d.b, d.hq, d.t])?;
         let (qe, ke, le) = (d.t * d.hq * d.d, d.t * d.hkv * d.d, d.hq * d.t);
+        let docs = self.docs_bounds(d.mask.docs.as_ref())?;
+        let docs_view = docs.view(self)?;
         let mut op = self.op("attention_backward");
         if zero_dq {
             op.clear(dq.buffer(), dq.byte_len());
@@ -386,6 +386,8 @@ impl GpuExecutor {
                 dk: self.view(&dk, b0 * ke, nb * ke)?,
                 dv: self.view(&dv, b0 * ke, nb * ke)?,
                 delta: self.view(&delta, b0 * le, nb * le)?,
+                docs: docs_view,
+                docs_params: docs.params(&docs_view, b0),
             };
             let mut params = c.params(d);
             params[15..18].copy_from_slice(&[3, 0, u(d.t)]);
@@ -415,6 +417,10 @@ pub(super) struct BwdViews<'a> {
     pub dk: View<'a>,
     pub dv: View<'a>,
     pub delta: View<'a>,
+    /// The documents' bounds, and attention_mask.wgsl's parameters for
+    /// them from this chunk's first row.
+    pub docs: View<'a>,
+    pub docs_params: [u32; 3],
 }
 
 impl BwdViews<'_> {
@@ -425,6 +431,7 @@ impl BwdViews<'_> {
         p[..5].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d), f(1.0 / (d.d as f32).sqrt())]);
         p[19] = d.window;
         p[20] = d.softcap();
+        p[21..].copy_from_slice(&self.docs_params);
         let offs = [
             self.q, self.k, self.v, self.o, self.lse, self.dout, self.dq, self.dk, self.dv, self.delta,
         ];

@@ -251,6 +251,8 @@ impl GpuExecutor {
         let sv = self.full(maxima)?;
         let blocks = Self::coop_grid(&var, d, 1)[0] as usize * d.hkv;
         let slots = self.maxima_slots(self.folds_maxima(), blocks * d.b)?;
+        let docs = self.docs_bounds(d.mask.docs.as_ref())?;
+        let docs_view = docs.view(self)?;
         for (b0, nb) in self.row_chunks(d.b, &[qe, ke, le])? {
             let qv = self.view(q, b0 * qe, nb * qe)?;
             let kv = self.view(k, b0 * ke, nb * ke)?;
@@ -272,12 +274,13 @@ impl GpuExecutor {
                 0,
             ];
             let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
-            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE], max_off);
+            let docs_params = docs.params(&docs_view, b0);
+            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE], max_off, docs_params);
             let grid = Self::coop_grid(&var, d, nb);
             op.dispatch(
                 Kernel::AttnCoop(var),
                 &params,
-                &[qv, kv, vv, ov, sv, lv, mv],
+                &[qv, kv, vv, ov, sv, lv, mv, docs_view],
                 grid,
             );
         }
@@ -338,20 +341,24 @@ impl GpuExecutor {
                     c.delta.elem_off,
                 ];
                 let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
-                let params = coop_params(d, offs, [0, 1, 2, 3], max_off);
+                let params = coop_params(d, offs, [0, 1, 2, 3], max_off, c.docs_params);
                 let grid = Self::coop_grid(&vdkv, d, nb);
                 let Some(vdq) = vdq else {
-                    let views = [c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.dk, c.dv, c.delta, mv];
+                    let views = [
+                        c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.dk, c.dv, c.delta, mv, c.docs,
+                    ];
                     op.dispatch(Kernel::AttnCoop(vdkv), &params, &views, grid);
                     return Ok(());
                 };
                 op.dispatch(
                     Kernel::AttnCoop(vdq),
-                    &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT),
-                    &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta],
+                    &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT, c.docs_params),
+                    &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta, c.docs],
                     Self::coop_grid(&vdq, d, nb),
                 );
-                let views = [c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv];
+                let views = [
+                    c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dk, c.dv, c.delta, mv, c.docs,
+                ];
                 op.dispatch(Kernel::AttnCoop(vdkv), &params, &views, grid);
                 Ok(())
             },
@@ -382,8 +389,9 @@ fn vec4_ready(name: &'static str, views: &[(&str, &View<'_>)]) -> Result<()> {
 
 /// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
 /// dk, dv, delta, the scale slots of q, k, v, dout, where the output's
-/// maxima go (`NO_MAX_SLOT`: nowhere) and the window.
-fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 24] {
+/// maxima go (`NO_MAX_SLOT`: nowhere), the window and the documents'
+/// parameters (`DocsBounds::params`).
+fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32, docs: [u32; 3]) -> [u32; 24] {
     [
         u(d.t),
         u(d.hq),
@@ -406,8 +414,8 @@ fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32) -> [u32; 2
         slots[3],
         max_off,
         d.window,
-        0,
-        0,
-        0,
+        docs[0],
+        docs[1],
+        docs[2],
     ]
 }

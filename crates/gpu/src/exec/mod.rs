@@ -13,6 +13,7 @@ mod clamped_glu;
 mod conv1d;
 mod delta_gates;
 mod delta_rule;
+mod docs;
 mod elementwise;
 mod embed_loss;
 mod env;
@@ -202,6 +203,8 @@ pub struct GpuExecutor {
     transport: std::sync::Mutex<transport_impl::TransportState>,
     /// RoPE's angle tables, built once per (θ, D).
     rope_tables: rope::RopeTables,
+    /// The bounds of the packed documents attention and rope last took.
+    docs: docs::DocsCache,
 }
 
 struct Timestamps {
@@ -336,6 +339,7 @@ impl GpuExecutor {
             transport_choice: opts.transport,
             transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts, &ctx, &arena)),
             rope_tables: Default::default(),
+            docs: Default::default(),
             ctx,
         }
     }

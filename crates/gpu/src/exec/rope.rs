@@ -18,9 +18,10 @@ use super::{GpuExecutor, f, grid_for, need_f32, u};
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
 
-/// `STORE_MAX` and `INTERLEAVED` of `shaders/rope.wgsl`.
+/// `STORE_MAX`, `INTERLEAVED` and `DOCS` of `shaders/rope.wgsl`.
 const STORE_MAX: u32 = 1;
 const INTERLEAVED: u32 = 2;
+const DOCS: u32 = 4;
 
 /// Positions a new table covers at least: a training step's T is usually
 /// within it, and a generation growing one token at a time rebuilds only
@@ -84,10 +85,6 @@ impl GpuExecutor {
         let (t, h, dim) = (d[1], d[2], d[3]);
         if let Some(docs) = &rope.docs {
             docs.check(name, d[0], t)?;
-            return Err(Error::invalid(
-                name,
-                "packed documents are not in the GPU kernels yet",
-            ));
         }
         let rot = rope
             .rotated(name, dim)
@@ -109,7 +106,9 @@ impl GpuExecutor {
         })?;
         let (cos_t, sin_t) = self.rope_table(&rope, rot, end)?;
         // Only the call's positions are bound: a table grown by a long
-        // generation may pass the storage-binding limit as a whole.
+        // generation may pass the storage-binding limit as a whole. A
+        // packed document's tokens take the rows of its own positions,
+        // `Rope::position` − offset, which stay within the call's T.
         let (cv, sv) = (
             self.view(&cos_t, rope.offset * half, t * half)?,
             self.view(&sin_t, rope.offset * half, t * half)?,
@@ -125,6 +124,15 @@ impl GpuExecutor {
             .map(|&(_, nr)| grid(nr).iter().map(|&g| g as usize).product::<usize>())
             .sum();
         let partials = self.maxima_slots(self.folds_maxima(), slots)?;
+        let docs = self.docs_bounds(rope.docs.as_ref())?;
+        let docs_view = docs.view(self)?;
+        let mut flags = partials.as_ref().map_or(0, |_| STORE_MAX);
+        if rope.interleaved {
+            flags |= INTERLEAVED;
+        }
+        if docs.some() {
+            flags |= DOCS;
+        }
         let mut base = 0;
         for (r0, nr) in chunks {
             let xv = self.view(x, r0 * dim, nr * dim)?;
@@ -140,12 +148,15 @@ impl GpuExecutor {
                 u(r0),
                 f(sign),
                 cv.elem_off,
-                partials.as_ref().map_or(0, |_| STORE_MAX) | if rope.interleaved { INTERLEAVED } else { 0 },
+                flags,
                 maxv.elem_off + u(base),
                 u(dim),
+                // Each token's start from row 0's: rope.wgsl indexes it by
+                // the token's index in the whole batch.
+                docs_view.elem_off,
             ];
             let g = grid(nr);
-            op.dispatch(Kernel::Rope, &params, &[xv, cv, sv, yv, maxv], g);
+            op.dispatch(Kernel::Rope, &params, &[xv, cv, sv, yv, maxv, docs_view], g);
             base += g.iter().map(|&g| g as usize).product::<usize>();
         }
         self.remember_maxima_slots(&y, partials);
