@@ -33,7 +33,7 @@ fn grads_of<E: Executor>(ex: &E, model: &ModelConfig, b: &Batch) -> (f64, Vec<Ve
         &weights,
         &b.inputs,
         &b.targets,
-        (b.batch, b.seq_len, None),
+        (b.batch, b.seq_len, b.docs.as_ref()),
         16,
     )
     .unwrap();
@@ -46,11 +46,14 @@ fn grads_of<E: Executor>(ex: &E, model: &ModelConfig, b: &Batch) -> (f64, Vec<Ve
 }
 
 fn check_forward_backward(model: &ModelConfig) {
+    check_forward_backward_of(model, &GPU_STREAM.batch(model.vocab_size, 0, 2, 37));
+}
+
+fn check_forward_backward_of(model: &ModelConfig, b: &Batch) {
     let Some(ctx) = common::ctx() else { return };
     let gpu = GpuExecutor::new(ctx);
-    let b = GPU_STREAM.batch(model.vocab_size, 0, 2, 37);
-    let (cpu_loss, cpu_grads) = grads_of(&CpuExecutor::new(), model, &b);
-    let (gpu_loss, gpu_grads) = grads_of(&gpu, model, &b);
+    let (cpu_loss, cpu_grads) = grads_of(&CpuExecutor::new(), model, b);
+    let (gpu_loss, gpu_grads) = grads_of(&gpu, model, b);
     let rel = (gpu_loss - cpu_loss).abs() / cpu_loss.abs();
     assert!(rel <= 1e-5, "loss {gpu_loss} vs {cpu_loss} (rel {rel})");
     let tables = model.layer_tables();
@@ -76,6 +79,19 @@ fn check_forward_backward(model: &ModelConfig) {
 #[test]
 fn llama_tiny_forward_backward_matches_cpu() {
     check_forward_backward(&common::llama_tiny(2));
+}
+
+/// Rows of packed documents (`--rows packed`): the GPU's attention, RoPE
+/// and GPT-2's positions keep each document to itself as the CPU's do,
+/// documents of one token and of a whole row among them.
+#[test]
+fn packed_rows_forward_backward_match_cpu() {
+    for model in [common::llama_tiny(2), gpt2_nano(5)] {
+        let mut b = GPU_STREAM.batch(model.vocab_size, 0, 3, 37);
+        let starts = [vec![0, 5, 6, 20], vec![0], vec![0, 11, 36]];
+        b.docs = Some(megatrain_tensor::Docs::new(37, &starts).unwrap());
+        check_forward_backward_of(&model, &b);
+    }
 }
 
 #[test]
