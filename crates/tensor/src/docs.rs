@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn refuses_starts_out_of_order() {
         for bad in [vec![], vec![1], vec![0, 0], vec![0, 3, 2], vec![0, 5]] {
-            let e = Docs::new(5, &[bad.clone()]).unwrap_err().to_string();
+            let e = Docs::new(5, std::slice::from_ref(&bad)).unwrap_err().to_string();
             assert!(e.contains("row 0's document starts"), "{bad:?}: {e}");
         }
         assert!(Docs::new(0, &[]).is_err());

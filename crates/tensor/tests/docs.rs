@@ -66,7 +66,7 @@ fn attention_of_packed_rows_is_each_document_alone() {
     for (case, &(b, t, hq, hkv, d)) in LAYOUTS.iter().enumerate() {
         let starts = starts_of(case);
         let docs = Docs::new(t, &starts).unwrap();
-        for mask in masks.iter().cloned() {
+        for mask in masks.iter() {
             let seed = 10 * case as u64;
             let (q, k, v) = (
                 rand_t(seed, &[b, t, hq, d]),
