@@ -2,7 +2,8 @@
 # `--rows packed` against `--rows records` on the same instruction data:
 # the same model, batch and --seq-len, a fixed number of steps each, from
 # the repository root:
-#   bash benches/packing.sh [target/release/megatrain] [--device cpu|gpu] [extra train flags]
+#   bash benches/packing.sh [target/release/megatrain] [--device cpu|gpu] [other train flags]
+# PRESET (llama-tiny), SEQ (512), BATCH (8) and STEPS (12) set the run.
 # The data: Tiny Shakespeare's speeches as alpaca records (instruction: a
 # speaker's name; output: the speech), whose lengths vary as an
 # instruction set's do. Prints each mode's padding share (as `train` says
@@ -28,8 +29,8 @@ with open(sys.argv[1], "w", encoding="utf-8") as out:
 print(f"{n} records", file=sys.stderr)
 PY
 for rows in records packed; do
-    "$BIN" train --preset llama-tiny --tokenizer byte --data "$D/speeches.jsonl" --rows $rows \
-        --seq-len 512 --batch 8 --steps 12 --eval-every 0 --save-every 0 --log-every 1 \
+    "$BIN" train --preset "${PRESET:-llama-tiny}" --tokenizer byte --data "$D/speeches.jsonl" --rows $rows \
+        --seq-len "${SEQ:-512}" --batch "${BATCH:-8}" --steps "${STEPS:-12}" --eval-every 0 --save-every 0 --log-every 1 \
         --val-fraction 0 --out "$D/run-$rows" "$@" 2> "$D/$rows.log" > /dev/null
     grep -E "records, " "$D/$rows.log" | sed "s/^/$rows: /"
     python3 - "$D/run-$rows/metrics.jsonl" "$rows" <<'PY'
