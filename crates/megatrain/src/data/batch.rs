@@ -13,7 +13,7 @@ use super::{DataError, TokenData};
 /// Target value the loss ignores (the PyTorch and Hugging Face convention).
 pub const IGNORE_INDEX: i32 = -100;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Sampling {
     /// Sequence b of batch g starts at token (g·B + b)·T, wrapping at the
     /// end; rows of records take record g·B + b, wrapping.

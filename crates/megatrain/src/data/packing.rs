@@ -15,6 +15,7 @@
 //!
 //! [`Docs`]: megatrain_tensor::Docs
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::TokenData;
@@ -24,12 +25,16 @@ use super::records::{Records, push_record, record_of};
 /// Rows between kept marks.
 const STRIDE: u64 = 1024;
 
-/// Where the walk over the record order stands, for one (row length,
-/// sampling): marks\[i\] is the order position of row i·STRIDE's first
-/// record; `last` a row drawn and its first record's position.
+/// Where the walk over the record order stands, for each (row length,
+/// sampling) drawn with: a run's training and validation draws, or two
+/// ranks' in one process, do not restart each other's walks.
 #[derive(Debug, Default)]
-pub(super) struct Cursor {
-    key: Option<(usize, Sampling)>,
+pub(super) struct Cursor(HashMap<(usize, Sampling), Walk>);
+
+/// marks\[i\] is the order position of row i·STRIDE's first record; `last`
+/// a row drawn and its first record's position.
+#[derive(Debug)]
+struct Walk {
     marks: Vec<u64>,
     last: (u64, u64),
 }
@@ -51,13 +56,10 @@ impl Cursor {
         g: u64,
         seq_len: usize,
     ) -> (u64, u64) {
-        if self.key != Some((seq_len, sampling)) {
-            *self = Cursor {
-                key: Some((seq_len, sampling)),
-                marks: vec![0],
-                last: (0, 0),
-            };
-        }
+        let walk = self.0.entry((seq_len, sampling)).or_insert(Walk {
+            marks: vec![0],
+            last: (0, 0),
+        });
         let n = records.len() as u64;
         // The row after the one that starts at position k.
         let next = |k: u64| {
@@ -79,19 +81,19 @@ impl Cursor {
                 }
             }
         };
-        let mark = ((g / STRIDE) as usize).min(self.marks.len() - 1);
-        let (mut at, mut k) = match self.last {
+        let mark = ((g / STRIDE) as usize).min(walk.marks.len() - 1);
+        let (mut at, mut k) = match walk.last {
             (row, k) if row <= g && row >= mark as u64 * STRIDE => (row, k),
-            _ => (mark as u64 * STRIDE, self.marks[mark]),
+            _ => (mark as u64 * STRIDE, walk.marks[mark]),
         };
         while at < g {
             k = next(k);
             at += 1;
-            if at.is_multiple_of(STRIDE) && at / STRIDE == self.marks.len() as u64 {
-                self.marks.push(k);
+            if at.is_multiple_of(STRIDE) && at / STRIDE == walk.marks.len() as u64 {
+                walk.marks.push(k);
             }
         }
-        self.last = (g, k);
+        walk.last = (g, k);
         (k, next(k))
     }
 }
@@ -179,12 +181,16 @@ mod tests {
             .collect();
         let total = starts.last().unwrap() + 5;
         let r = Records::new(starts);
-        for sampling in [Sampling::Sequential, Sampling::Random { seed: 9 }] {
-            let walked = rows_of(&r, total, sampling, 40, 3000);
-            let mut c = Cursor::default();
-            for g in [2999u64, 5, 1024, 2048, 1023, 0, 2500, 2500] {
-                assert_eq!(c.row(&r, total, sampling, g, 40), walked[g as usize], "row {g}");
+        // One cursor for both orders, each draw of one between the other's.
+        let mut c = Cursor::default();
+        let orders = [Sampling::Sequential, Sampling::Random { seed: 9 }];
+        let walked = orders.map(|s| rows_of(&r, total, s, 40, 3000));
+        for g in [2999u64, 5, 1024, 2048, 1023, 0, 2500, 2500] {
+            for (s, walked) in orders.iter().zip(&walked) {
+                assert_eq!(c.row(&r, total, *s, g, 40), walked[g as usize], "{s:?} row {g}");
             }
+        }
+        for walked in &walked {
             // Each row starts where the one before it ended.
             assert!(walked.windows(2).all(|w| w[0].1 == w[1].0));
         }
