@@ -128,6 +128,9 @@ pub(super) fn push_packed_row(
 /// The share of the rows that is padding when the records of a stream of
 /// `total` tokens are packed in their stored order into rows of `seq_len`.
 pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> f64 {
+    if records.is_empty() || seq_len == 0 {
+        return 0.0;
+    }
     let mut cursor = Cursor::default();
     let n = records.len() as u64;
     let (mut rows, mut used, mut g) = (0u64, 0usize, 0u64);
@@ -201,5 +204,6 @@ mod tests {
         // Rows of 6: {3}, {4, 2}, {9 → 6}, {1}: 1 − 16 / 24.
         let r = Records::new(vec![0, 3, 7, 9, 18]);
         assert!((packed_padding_share(&r, 19, 6) - (1.0 - 16.0 / 24.0)).abs() < 1e-12);
+        assert_eq!(packed_padding_share(&Records::new(vec![]), 0, 6), 0.0);
     }
 }
