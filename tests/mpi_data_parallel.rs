@@ -356,6 +356,46 @@ fn unequal_counted_targets_across_ranks() {
     assert_same_run(&one, &many, "jsonl, 3 ranks");
 }
 
+/// `--rows packed`: each rank packs its rows of the global batch as one
+/// rank packs all of them (short conversations, about four a row of 64).
+#[test]
+fn packed_rows_across_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for i in 0..40 {
+        let answer = "yes ".repeat(1 + i % 7);
+        lines.push_str(&format!(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"Q{i}?\"}}, \
+             {{\"role\": \"assistant\", \"content\": \"{answer}\"}}]}}\n"
+        ));
+    }
+    let data = dir.path().join("chat.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let template = dir.path().join("plain.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+    )
+    .unwrap();
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    let extra = [
+        "--rows",
+        "packed",
+        "--tokenizer",
+        "byte",
+        "--chat-template",
+        template.to_str().unwrap(),
+    ];
+    let mut alone = train_args("llama-tiny", &data, &one, 4, &extra);
+    let mut ranks = train_args("llama-tiny", &data, &many, 2, &extra);
+    for a in [&mut alone, &mut ranks] {
+        set(a, &[("--seq-len", "64")]);
+    }
+    run_alone(&alone);
+    run_mpi(2, &ranks);
+    assert_same_run(&one, &many, "packed rows, 2 ranks");
+}
+
 /// 10 steps in one go on one rank; 5 steps on 2 ranks, then the rest on 1
 /// rank, and (from a copy of the same checkpoint) on 3 ranks.
 #[test]
