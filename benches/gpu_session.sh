@@ -456,6 +456,13 @@ steps)
         --no-peer --transfer-chunk 32M --json "$OUT/anchor-tinyllama-chunk32.json" \
         >"$OUT/anchor-tinyllama-chunk32.log" 2>&1
     note "tinyllama anchor, 32 MiB transfer chunks (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-chunk32.log" | head -1)"
+    # TinyLlama on instruction records (Tiny Shakespeare's speeches), one a
+    # row against packed (`--rows packed`; BENCHMARKS.md, "records packed
+    # into rows"): the counted targets a second each way, the packed
+    # attention skipping the other records' tiles.
+    PRESET=tinyllama-1.1b SEQ=2048 BATCH=4 STEPS=6 timeout "$(left 90)" bash benches/packing.sh megatrain \
+        --device gpu --precision f16 >"$OUT/packing.log" 2>&1
+    note "packed rows (rc $?): $(grep -E '^(records|packed): median' "$OUT/packing.log" | tr '\n' ' ')"
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45

@@ -18,7 +18,7 @@ D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 python3 - "$D/speeches.jsonl" <<'PY'
 import json, sys
-text = open("../shared/data/tinyshakespeare.txt", encoding="utf-8").read()
+text = open("data/tinyshakespeare.txt", encoding="utf-8").read()
 n = 0
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     for block in text.split("\n\n"):
