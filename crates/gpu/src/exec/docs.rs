@@ -62,6 +62,16 @@ impl DocsBounds {
         }
     }
 
+    /// The starts of tokens `r0 .. r0 + n` of the batch's B·T alone, or the
+    /// dummy: what a kernel that reads no ends binds for a chunk of rows,
+    /// which fits a binding wherever a word a token of its operands does.
+    pub(crate) fn starts_view<'a>(&'a self, ex: &'a GpuExecutor, r0: usize, n: usize) -> Result<View<'a>> {
+        match &self.bounds {
+            Some(b) => ex.view(b, r0, n),
+            None => Ok(ex.dummy()),
+        }
+    }
+
     /// Whether there are documents to bind.
     pub(crate) fn some(&self) -> bool {
         self.bounds.is_some()

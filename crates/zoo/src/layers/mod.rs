@@ -144,7 +144,7 @@ pub fn block_forward<E: Executor>(
         // Kimi Linear's delta-attention blocks; its others are latent
         // attention's (below).
         Arch::KimiLinear if cfg.is_linear_block(layer) => {
-            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Kimi(Box::new(s))))
         }
         Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {
