@@ -1,7 +1,8 @@
 //! Documents packed in a batch's rows ([`Docs`]) as the attention kernels
-//! (attention_mask.wgsl) and rope.wgsl read them: `Docs::bounds()` on the
-//! device. A training step attends and rotates with the same documents in
-//! every layer, forward and backward, so the last bounds uploaded are kept
+//! (attention_mask.wgsl), rope.wgsl, conv1d.wgsl and delta_rule.wgsl read
+//! them: `Docs::bounds()` on the device. A training step attends, rotates
+//! and runs its Gated DeltaNets with the same documents in every layer,
+//! forward and backward, so the last bounds uploaded are kept
 //! and an equal `Docs` (the same `Arc`, compared by pointer first) reuses
 //! them instead of writing the queue again.
 
