@@ -4,7 +4,12 @@
 // before the sequence's start reading 0. The host binds a chunk of rows
 // r0 .. r0 + n / c with `hl` rows of x before it (the taps' reach, fewer
 // at the tensor's start), so a row's position in its sequence is
-// (r0 + row) mod T. One thread per element (or, for dw, per block of rows
+// (r0 + row) mod T. With documents packed in the rows (docs != 0:
+// megatrain_tensor's Docs) each document is a sequence: DOCS holds the
+// first position (in its batch row) of the document of the chunk's row
+// `row` at docs_off + row, for the chunk's rows and the K − 1 after; where
+// docs is 0 DOCS is a dummy binding that nothing reads. One thread per
+// element (or, for dw, per block of rows
 // and tap); the grid may be 2-D past 65535 workgroups, hence `flat_id`.
 
 struct Params {
@@ -13,6 +18,7 @@ struct Params {
     n: u32, c: u32, k: u32, t: u32,
     r0: u32, hl: u32, rows: u32, blk_rows: u32,
     x_off: u32, w_off: u32, d_off: u32, y_off: u32,
+    docs: u32, docs_off: u32, _p0: u32, _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,6 +28,7 @@ struct Params {
 // bound from the chunk's first row.
 @group(0) @binding(3) var<storage, read> DY: array<f32>;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(5) var<storage, read> DOCS: array<u32>;
 
 fn flat_id(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
     return (wid.y * nwg.x + wid.x) * 256u + lid.x;
@@ -31,14 +38,38 @@ fn sigmoid(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }
 
+// How many rows of its sequence come before the chunk's row `row`.
+fn before(row: u32) -> u32 {
+    let ti = (p.r0 + row) % p.t;
+    if p.docs != 0u {
+        return ti - DOCS[p.docs_off + row];
+    }
+    return ti;
+}
+
+// How many rows of its sequence come after it, at most K − 1 (all a tap
+// reaches): within its batch row, those whose document starts where its
+// own does.
+fn after(row: u32) -> u32 {
+    let most = min(p.t - 1u - (p.r0 + row) % p.t, p.k - 1u);
+    if p.docs == 0u {
+        return most;
+    }
+    let s = DOCS[p.docs_off + row];
+    var a = 0u;
+    while a < most && DOCS[p.docs_off + row + a + 1u] == s {
+        a++;
+    }
+    return a;
+}
+
 // The pre-activation of the chunk's element i, taps in the reference's
 // order (i = 0 first), those before the sequence's start skipped.
 fn pre(i: u32) -> f32 {
     let row = i / p.c;
     let ch = i % p.c;
-    let ti = (p.r0 + row) % p.t;
     var s = 0.0;
-    for (var j = (p.k - 1u) - min(ti, p.k - 1u); j < p.k; j++) {
+    for (var j = (p.k - 1u) - min(before(row), p.k - 1u); j < p.k; j++) {
         s += W[p.w_off + ch * p.k + j] * X[p.x_off + (row + p.hl + j + 1u - p.k) * p.c + ch];
     }
     return s;
@@ -77,9 +108,8 @@ fn conv_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if i < p.n {
         let row = i / p.c;
         let ch = i % p.c;
-        let after = p.t - 1u - (p.r0 + row) % p.t;
         var s = 0.0;
-        for (var j = (p.k - 1u) - min(after, p.k - 1u); j < p.k; j++) {
+        for (var j = (p.k - 1u) - after(row); j < p.k; j++) {
             s += W[p.w_off + ch * p.k + j] * DY[p.d_off + (row + p.k - 1u - j) * p.c + ch];
         }
         Y[p.y_off + i] = s;
@@ -103,7 +133,7 @@ fn conv_dw_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         let last = min(first + p.blk_rows, p.rows);
         var s = 0.0;
         for (var row = first; row < last; row++) {
-            if (p.r0 + row) % p.t + j + 1u >= p.k {
+            if before(row) + j + 1u >= p.k {
                 s += DY[p.d_off + row * p.c + ch] * X[p.x_off + (row + p.hl + j + 1u - p.k) * p.c + ch];
             }
         }

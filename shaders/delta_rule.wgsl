@@ -3,6 +3,10 @@
 // S ← exp(g)·S; δ = β(v − Sᵀk); S ← S + k δᵀ; o = Sᵀq. Value head h reads
 // key head h / grp. Where g is per key channel (gw = Dk, Kimi Linear's KDA)
 // row i of S decays by exp(g[i]); else gw = 1, one decay for all rows.
+// With documents packed in the rows (docs != 0: megatrain_tensor's Docs)
+// S is zero again at each document's first step t, where DOCS[docs_off +
+// b·T + t] (the first position of its document) is t itself, and no dS
+// flows back past it; where docs is 0 DOCS is a dummy nothing reads.
 //
 // A workgroup owns COLS = 32 columns of one (b, h)'s state (columns evolve
 // independently), held in registers: thread (r, c) = (tid / 8, tid % 8)
@@ -38,7 +42,7 @@ struct Params {
     scratch_off: u32, parts_off: u32, nbatch: u32, c0: u32,
     c1: u32, gs_n: u32, gs_w: u32, gs_p: u32,
     gs_y: u32, gs_ys: u32, gs_ps: u32, w0: u32,
-    w_len: u32, gw: u32, _p1: u32, _p2: u32,
+    w_len: u32, gw: u32, docs: u32, docs_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -59,6 +63,7 @@ struct Params {
 // grp·nb, Dk] each), dg ([B, w_len, Hv, nb, gw]), dβ ([B, w_len, Hv, nb]).
 @group(0) @binding(10) var<storage, read_write> PARTS: array<f32>;
 @group(0) @binding(11) var<storage, read_write> SUMS: array<f32>;
+@group(0) @binding(12) var<storage, read> DOCS: array<u32>;
 
 var<workgroup> k_s: array<f32, 128>;
 var<workgroup> q_s: array<f32, 128>;
@@ -76,6 +81,19 @@ var<workgroup> col_o: array<f32, 32>;
 var<workgroup> col_dd: array<f32, 32>;
 var<workgroup> col_b: array<f32, 32>;
 var<workgroup> col_a: array<f32, 32>;
+
+// Whether step t of the piece's batch row `row` (b·T + t) starts a
+// document after the row's first: the state it reads is zero.
+fn resets(row: u32, t: u32) -> bool {
+    return p.docs != 0u && t > 0u && DOCS[p.docs_off + row] == t;
+}
+
+// Zeroes the thread's block of a state (or of dS).
+fn clear(s: ptr<function, array<f32, 16>>) {
+    for (var e = 0u; e < 16u; e++) {
+        (*s)[e] = 0.0;
+    }
+}
 
 fn scratch_base(b: u32, h: u32, jb: u32) -> u32 {
     let per = C * p.dk * COLS + C * COLS + p.dk * COLS;
@@ -172,6 +190,11 @@ fn dr_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         let row = b * p.t + t;
         let gi = row * p.hv + h;
         workgroupBarrier();
+        if resets(row, t) {
+            clear(&s);
+        }
+        // After the reset: the backward's replay starts from what the
+        // chunk's first step reads.
         if t % C == 0u {
             save_state(&s, b, h, t / C, r, c, j0);
         }
@@ -256,6 +279,9 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         for (var t = t0; t < t1; t++) {
             let row = b * p.t + t;
             let gi = row * p.hv + h;
+            if resets(row, t) {
+                clear(&s);
+            }
             for (var e = 0u; e < 16u; e++) {
                 let i = r + RG * (e / NCOL);
                 if i < p.dk {
@@ -405,6 +431,10 @@ fn dr_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
                     PARTS[p.parts_off + dg_region + wgi * p.nb + jb] = a_s[0] * da;
                 }
                 PARTS[p.parts_off + db_region + wgi * p.nb + jb] = db;
+            }
+            // The previous document's last state was dropped here.
+            if resets(row, t) {
+                clear(&ds);
             }
         }
     }

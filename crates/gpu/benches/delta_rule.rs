@@ -54,7 +54,7 @@ fn check(g: &GpuExecutor, dims: Dims) {
     let c = CpuExecutor::new();
     let cx: Vec<_> = x.iter().map(|h| c.upload(h).unwrap()).collect();
     let cf = c
-        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], None)
         .unwrap();
     let cd = c.upload(&dout).unwrap();
     let cg = c
@@ -62,7 +62,7 @@ fn check(g: &GpuExecutor, dims: Dims) {
         .unwrap();
     let gx: Vec<_> = x.iter().map(|h| g.upload(h).unwrap()).collect();
     let gf = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], None)
         .unwrap();
     let gd = g.upload(&dout).unwrap();
     let gg = g
@@ -111,12 +111,16 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements(fwd_flops));
         group.bench_function(format!("fwd_{name}"), |bch| {
             bch.iter(|| {
-                let f = g.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+                let f = g
+                    .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+                    .unwrap();
                 g.synchronize().unwrap();
                 f
             })
         });
-        let f = g.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+        let f = g
+            .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+            .unwrap();
         group.throughput(Throughput::Elements(2 * fwd_flops));
         group.bench_function(format!("bwd_{name}"), |bch| {
             bch.iter(|| {

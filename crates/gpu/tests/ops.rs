@@ -1770,7 +1770,7 @@ fn gated_delta_rule_matches_cpu() {
     .into_iter()
     .enumerate()
     {
-        delta_rule_matches(&gpus, dims, &delta_rule_inputs(1000 + 10 * i as u64, dims));
+        delta_rule_matches(&gpus, dims, &delta_rule_inputs(1000 + 10 * i as u64, dims), None);
     }
 }
 
@@ -1794,17 +1794,32 @@ fn gated_delta_rule_per_channel_decay_matches_cpu() {
     .into_iter()
     .enumerate()
     {
-        delta_rule_matches(&gpus, dims, &kda_inputs(1100 + 10 * i as u64, dims));
+        delta_rule_matches(&gpus, dims, &kda_inputs(1100 + 10 * i as u64, dims), None);
     }
 }
 
+/// With documents packed in the rows the state restarts at each, the
+/// checkpoints holding the restarted states: decays per head and per key
+/// channel at T past two chunks, documents of one token (one on a chunk's
+/// last step, one on its first), one starting on a chunk's first step,
+/// others across one boundary; on the 2 MiB executor every chunk is a
+/// dispatch of its own, which starts from the checkpoint.
+#[test]
+fn gated_delta_rule_with_docs_matches_cpu() {
+    let gpus = delta_rule_gpus();
+    let dims = [2, 150, 1, 2, 16, 8];
+    let docs = packed(150, &[&[0, 5, 6, 63, 64, 130], &[0, 128, 129]]);
+    delta_rule_matches(&gpus, dims, &delta_rule_inputs(1300, dims), Some(&docs));
+    delta_rule_matches(&gpus, dims, &kda_inputs(1310, dims), Some(&docs));
+}
+
 /// Forward, checkpoints and all five gradients of `x` on each of `gpus`
-/// against the CPU reference (relative error 1e-4).
-fn delta_rule_matches(gpus: &[GpuExecutor], dims: [usize; 6], x: &[HostTensor; 6]) {
+/// against the CPU reference (relative error 1e-4), within `docs`.
+fn delta_rule_matches(gpus: &[GpuExecutor], dims: [usize; 6], x: &[HostTensor; 6], docs: Option<&Docs>) {
     let c = cpu();
     let cx = x.each_ref().map(|h| cpu_up!(c, h));
     let fw = c
-        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], docs)
         .unwrap();
     let gr = c
         .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &fw, &cx[5])
@@ -1813,7 +1828,7 @@ fn delta_rule_matches(gpus: &[GpuExecutor], dims: [usize; 6], x: &[HostTensor; 6
     for g in gpus {
         let gx = x.each_ref().map(|h| up(g, h));
         let fw = g
-            .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+            .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], docs)
             .unwrap();
         let gr = g
             .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
@@ -1822,7 +1837,7 @@ fn delta_rule_matches(gpus: &[GpuExecutor], dims: [usize; 6], x: &[HostTensor; 6
         let got = [&fw.out, &fw.saved, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
         for ((name, t), w) in names.into_iter().zip(got).zip(&want) {
             let what = format!(
-                "gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}, g {}",
+                "gated_delta_rule {name} (B, T, Hk, Hv, Dk, Dv) = {dims:?}, g {}, {docs:?}",
                 x[3].shape()
             );
             assert_close(&what, &down(g, t), w, 1e-4);
@@ -1844,7 +1859,9 @@ fn rand_scaled(seed: u64, dims: &[usize], s: f32) -> HostTensor {
 /// and past a workgroup, T = 1 and T < K (taps in the padding), K = 1, and
 /// 1400 rows whose dw is summed in blocks; on the 4 KiB-binding executor
 /// the rows go in chunks of a few with their taps' halo, and under a loop
-/// budget of 68 (4 taps a loop) dw's blocks are cut to 4 rows.
+/// budget of 68 (4 taps a loop) dw's blocks are cut to 4 rows. With
+/// documents packed in the rows: ones shorter than K and of one token, and
+/// random ones over rows cut in chunks and blocks.
 #[test]
 fn causal_conv1d_silu_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -1865,22 +1882,28 @@ fn causal_conv1d_silu_matches_cpu() {
         [1, 7, 300, 2],
         [2, 700, 3, 4],
     ];
-    for (i, [b, t, ch, k]) in cases.into_iter().enumerate() {
-        let what = |s: &str| format!("{s} [{b}, {t}, {ch}] K {k}");
+    let docs = [
+        (1, Some(packed(9, &[&[0, 3, 4], &[0, 8]])), [2, 9, 67, 4]),
+        (2, Some(random_docs(7, 2, 700)), [2, 700, 3, 4]),
+    ];
+    let plain = cases.into_iter().map(|c| (0, None, c));
+    for (i, (n, docs, [b, t, ch, k])) in plain.chain(docs).enumerate() {
+        let docs = docs.as_ref();
+        let what = |s: &str| format!("{s} [{b}, {t}, {ch}] K {k}, documents {n}");
         let seed = 800 + 10 * i as u64;
         let x = rand_scaled(seed, &[b, t, ch], 2.0);
         let w = rand_host(seed + 1, &[ch, k]);
         let dy = rand_host(seed + 2, &[b, t, ch]);
         let (cx, cw, cd) = (cpu_up!(c, &x), cpu_up!(c, &w), cpu_up!(c, &dy));
-        let want = down_cpu(&c, &c.causal_conv1d_silu(&cx, &cw).unwrap());
-        let (rdx, rdw) = c.causal_conv1d_silu_backward(&cx, &cw, &cd).unwrap();
+        let want = down_cpu(&c, &c.causal_conv1d_silu(&cx, &cw, docs).unwrap());
+        let (rdx, rdw) = c.causal_conv1d_silu_backward(&cx, &cw, &cd, docs).unwrap();
         let (rdx, rdw) = (down_cpu(&c, &rdx), down_cpu(&c, &rdw));
         for g in both().into_iter().chain([&tight]) {
             let (gx, gw, gd) = (up(g, &x), up(g, &w), up(g, &dy));
-            let y = g.causal_conv1d_silu(&gx, &gw).unwrap();
+            let y = g.causal_conv1d_silu(&gx, &gw, docs).unwrap();
             assert_eq!(y.shape().dims(), [b, t, ch]);
             assert_close(&what("causal_conv1d_silu"), &down(g, &y), &want, TOL_F32);
-            let (dx, dw) = g.causal_conv1d_silu_backward(&gx, &gw, &gd).unwrap();
+            let (dx, dw) = g.causal_conv1d_silu_backward(&gx, &gw, &gd, docs).unwrap();
             assert_eq!(
                 (dx.shape().dims(), dw.shape().dims()),
                 (&[b, t, ch][..], &[ch, k][..])
@@ -1957,7 +1980,7 @@ fn gated_delta_rule_refuses_bad_shapes() {
     let x = delta_rule_inputs(7, [1, 3, 2, 4, 8, 8]);
     let gx = x.each_ref().map(|h| up(g, h));
     let e = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[2])
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[2], None)
         .expect_err("beta of v's shape")
         .to_string();
     assert!(
@@ -1966,12 +1989,12 @@ fn gated_delta_rule_refuses_bad_shapes() {
     );
     let odd = up(g, &rand_host(8, &[1, 3, 3, 8]));
     let e = g
-        .gated_delta_rule(&gx[0], &gx[1], &odd, &gx[3], &gx[4])
+        .gated_delta_rule(&gx[0], &gx[1], &odd, &gx[3], &gx[4], None)
         .expect_err("3 value heads on 2 key heads")
         .to_string();
     assert!(e.contains("Hv = 3"), "{e}");
     let fw = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], None)
         .unwrap();
     let e = g
         .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[3])
@@ -1988,6 +2011,7 @@ fn gated_delta_rule_refuses_bad_shapes() {
             &gx[2],
             &up(g, &rand_host(10, &[1, 3, 4, 7])),
             &gx[4],
+            None,
         )
         .expect_err("g of 7 channels where Dk = 8")
         .to_string();
@@ -1998,7 +2022,7 @@ fn gated_delta_rule_refuses_bad_shapes() {
     );
     let wide = up(g, &rand_host(9, &[1, 3, 2, 130]));
     let e = g
-        .gated_delta_rule(&wide, &wide, &gx[2], &gx[3], &gx[4])
+        .gated_delta_rule(&wide, &wide, &gx[2], &gx[3], &gx[4], None)
         .expect_err("Dk = 130")
         .to_string();
     assert!(e.contains("gated_delta_rule") && e.contains("130"), "{e}");
@@ -2014,7 +2038,7 @@ fn delta_rule_against_cpu(g: &GpuExecutor, seed: u64, dims: [usize; 6]) {
 fn delta_rule_inputs_against_cpu(g: &GpuExecutor, dims: [usize; 6], x: [HostTensor; 6]) {
     let gx = x.each_ref().map(|h| up(g, h));
     let fw = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], None)
         .unwrap();
     let gr = g
         .gated_delta_rule_backward(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], &fw, &gx[5])
@@ -2022,7 +2046,7 @@ fn delta_rule_inputs_against_cpu(g: &GpuExecutor, dims: [usize; 6], x: [HostTens
     let c = cpu();
     let cx = x.each_ref().map(|h| c.upload(h).unwrap());
     let cf = c
-        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4])
+        .gated_delta_rule(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], None)
         .unwrap();
     let cg = c
         .gated_delta_rule_backward(&cx[0], &cx[1], &cx[2], &cx[3], &cx[4], &cf, &cx[5])
@@ -2095,7 +2119,7 @@ fn gated_delta_rule_names_the_longest_sequence_that_fits() {
     let too_long = delta_rule_inputs(13, [1, 4400, 1, 3, 72, 32]);
     let gx = too_long.each_ref().map(|h| up(&g, h));
     let e = g
-        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4])
+        .gated_delta_rule(&gx[0], &gx[1], &gx[2], &gx[3], &gx[4], None)
         .expect_err("69 chunks of saved states past 1.9 MB")
         .to_string();
     assert!(
@@ -2150,9 +2174,12 @@ fn gated_delta_small_ops_refuse_bad_inputs() {
     let (h, bad_h) = (rand_host(4, &[4]), rand_host(5, &[3]));
     for g in both() {
         let (gx, gw, gf) = (up(g, &x), up(g, &w), up(g, &flat));
-        let e = g.causal_conv1d_silu(&gf, &gw).expect_err("2-D x").to_string();
+        let e = g
+            .causal_conv1d_silu(&gf, &gw, None)
+            .expect_err("2-D x")
+            .to_string();
         assert!(e.contains("causal_conv1d_silu") && e.contains("[6, 4]"), "{e}");
-        let e = g.causal_conv1d_silu_backward(&gx, &up(g, &rand_host(6, &[3, 2])), &gx);
+        let e = g.causal_conv1d_silu_backward(&gx, &up(g, &rand_host(6, &[3, 2])), &gx, None);
         let e = e.expect_err("w's channels").to_string();
         assert!(
             e.contains("causal_conv1d_silu_backward") && e.contains("w [3, 2]"),

@@ -18,8 +18,8 @@ use std::ops::Range;
 
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleGrads, DeltaRuleOut, Download, Error, Glu, HostRegistration, HostSlice, HostTensor, Landed,
-    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
+    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Error, Glu, HostRegistration, HostSlice, HostTensor,
+    Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
     TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
     compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
     compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
@@ -658,7 +658,8 @@ pub trait Executor {
     /// one per key channel, `[B, T, Hv, Dk]` (Kimi Linear's KDA,
     /// transformers' `recurrent_kimi_delta_attention`, which has Hk = Hv):
     /// then row i of S decays on its own, `S[i, :] ← exp(g[i])·S[i, :]`.
-    /// Returns out `[B, T, Hv, Dv]` and the checkpointed states the
+    /// With `docs` the state is zero again at each document's first step,
+    /// as if each document ran alone (fla's `cu_seqlens`). Returns out `[B, T, Hv, Dv]` and the checkpointed states the
     /// backward replays ([`DeltaRuleOut::saved`]). Computed in f32 (or the
     /// executor's float) whatever the compute precision: the recurrence
     /// compounds every rounding over the whole sequence.
@@ -669,10 +670,12 @@ pub trait Executor {
         v: &Self::Tensor,
         g: &Self::Tensor,
         beta: &Self::Tensor,
+        docs: Option<&Docs>,
     ) -> Result<DeltaRuleOut<Self::Tensor>>;
     /// Backward of [`gated_delta_rule`](Self::gated_delta_rule) from its
     /// `fwd` and `dout`: each chunk's states recomputed from its checkpoint,
-    /// then walked in reverse. dq and dk are summed over the value heads
+    /// then walked in reverse, under the forward's documents (no gradient
+    /// reaches a document from the next). dq and dk are summed over the value heads
     /// that share their key head; dg has g's shape: with `A = S_{t−1}` and
     /// dA the gradient of the decayed state `exp(g)·A`, a per-head
     /// `dg_t = exp(g_t)·Σ_ij A[i, j]·dA[i, j]`, a per-channel
@@ -753,15 +756,22 @@ pub trait Executor {
     /// convolution, no bias): `x: [B, T, C]`, `w: [C, K]` (HF's
     /// `conv1d.weight` squeezed),
     /// `y[b, t, c] = silu(Σ_{i<K} w[c, i] · x[b, t − K + 1 + i, c])`, the
-    /// positions before `t = 0` of each sequence reading 0.
-    fn causal_conv1d_silu(&self, x: &Self::Tensor, w: &Self::Tensor) -> Result<Self::Tensor>;
+    /// positions before `t = 0` of each sequence reading 0; with `docs`
+    /// each document is a sequence (causal-conv1d's `seq_idx`).
+    fn causal_conv1d_silu(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Tensor,
+        docs: Option<&Docs>,
+    ) -> Result<Self::Tensor>;
     /// Returns `(dx [B, T, C], dw [C, K])`; recomputes the pre-activation
-    /// from `x` and `w`.
+    /// from `x` and `w`. `docs` as the forward's.
     fn causal_conv1d_silu_backward(
         &self,
         x: &Self::Tensor,
         w: &Self::Tensor,
         dy: &Self::Tensor,
+        docs: Option<&Docs>,
     ) -> Result<(Self::Tensor, Self::Tensor)>;
 
     /// The gated delta rule's gates from the projections `a` and `b` and

@@ -360,11 +360,18 @@ pub fn attention_sinks_dims(
 }
 
 /// `[B, T, C, K]` of a depthwise causal convolution's `x: [B, T, C]` and
-/// `w: [C, K]` (and `dy`, `x`'s shape, for the backward), or an error
-/// naming `op` (every executor checks with this). K = 0 is refused: a
-/// convolution of no taps has no meaning a checkpoint could hold, and
-/// would make every output silu(0) without reading `x`.
-pub fn causal_conv1d_dims(op: &'static str, x: &Shape, w: &Shape, dy: Option<&Shape>) -> Result<[usize; 4]> {
+/// `w: [C, K]` (and `dy`, `x`'s shape, for the backward), `docs` those of
+/// a `[B, T]` batch, or an error naming `op` (every executor checks with
+/// this). K = 0 is refused: a convolution of no taps has no meaning a
+/// checkpoint could hold, and would make every output silu(0) without
+/// reading `x`.
+pub fn causal_conv1d_dims(
+    op: &'static str,
+    x: &Shape,
+    w: &Shape,
+    dy: Option<&Shape>,
+    docs: Option<&Docs>,
+) -> Result<[usize; 4]> {
     let [b, t, c] =
         <[usize; 3]>::try_from(x.dims()).map_err(|_| Error::shape(op, format!("x {x} must be [B, T, C]")))?;
     let k = match *w.dims() {
@@ -378,6 +385,9 @@ pub fn causal_conv1d_dims(op: &'static str, x: &Shape, w: &Shape, dy: Option<&Sh
     };
     if let Some(d) = dy.filter(|&d| d != x) {
         return Err(Error::shape(op, format!("dy {d} must have x's shape {x}")));
+    }
+    if let Some(docs) = docs {
+        docs.check(op, b, t)?;
     }
     Ok([b, t, c, k])
 }
@@ -486,6 +496,8 @@ pub struct DeltaRuleOut<T> {
     /// (f32, the first chunk's the zero state): `4·B·Hv·⌈T/C⌉·Dk·Dv` bytes,
     /// `Dk/C` times the size of `out` at long T.
     pub saved: T,
+    /// The documents the forward ran under, which its backward follows.
+    pub docs: Option<Docs>,
 }
 
 /// Gradients of the gated delta rule's five inputs, each of its input's shape.

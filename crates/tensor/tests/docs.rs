@@ -1,11 +1,13 @@
 //! Documents packed in a row ([`Docs`]) against each document alone in a
-//! row of its own: attention forward and backward and RoPE must give the
-//! same numbers token for token, and the backward must match finite
-//! differences under the packed mask.
+//! row of its own: attention forward and backward, RoPE, the Gated
+//! DeltaNet's short convolution and its delta rule must give the same
+//! numbers token for token, and the backwards must match finite
+//! differences under the packed documents.
 
 use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttnMask, CpuTensor, Docs, Executor, F64Executor, Rope, RopeScaling, Shape, SoftCap, TensorHandle,
+    AttnMask, CpuTensor, DELTA_RULE_CHUNK, Docs, Executor, F64Executor, Rope, RopeScaling, Shape, SoftCap,
+    TensorHandle,
 };
 
 type T = CpuTensor<f64>;
@@ -15,11 +17,12 @@ fn rand_t(seed: u64, shape: &[usize]) -> T {
     T::from_vec(shape.to_vec(), random_f64(seed, Shape::from(shape).numel())).unwrap()
 }
 
-/// Tokens `a..z` of row `b` of `x: [B, T, H, D]`, as a `[1, z − a, H, D]`.
+/// Tokens `a..z` of row `b` of `x: [B, T, ..]`, as a `[1, z − a, ..]`.
 fn span(x: &T, b: usize, a: usize, z: usize) -> T {
-    let [_, t, h, d] = <[usize; 4]>::try_from(x.dims()).unwrap();
-    let data = x.data()[(b * t + a) * h * d..(b * t + z) * h * d].to_vec();
-    T::from_vec(vec![1, z - a, h, d], data).unwrap()
+    let (t, rest) = (x.dims()[1], &x.dims()[2..]);
+    let per: usize = rest.iter().product();
+    let data = x.data()[(b * t + a) * per..(b * t + z) * per].to_vec();
+    T::from_vec([&[1, z - a], rest].concat(), data).unwrap()
 }
 
 /// Every document of `starts` (rows of `t`), each alone: `(row, a, z)`.
@@ -198,8 +201,222 @@ fn documents_of_another_batch_are_refused() {
         "{e}"
     );
     let e = EX
-        .rope(&q, Rope::plain(1e4, 0).with_docs(Some(docs)))
+        .rope(&q, Rope::plain(1e4, 0).with_docs(Some(docs.clone())))
         .unwrap_err()
         .to_string();
     assert!(e.contains("documents of a [1, 5] batch"), "{e}");
+    let (x, w) = (rand_t(2, &[2, 5, 3]), rand_t(3, &[3, 2]));
+    let e = EX
+        .causal_conv1d_silu(&x, &w, Some(&docs))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("causal_conv1d_silu") && e.contains("[1, 5] batch"),
+        "{e}"
+    );
+    let e = EX
+        .causal_conv1d_silu_backward(&x, &w, &x, Some(&docs))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("causal_conv1d_silu_backward") && e.contains("[1, 5] batch"),
+        "{e}"
+    );
+    let [q, k, v, g, beta] = delta_rule_inputs(4, [2, 5, 1, 1, 2, 2], false);
+    let e = EX
+        .gated_delta_rule(&q, &k, &v, &g, &beta, Some(&docs))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule") && e.contains("[1, 5] batch"),
+        "{e}"
+    );
+}
+
+/// Checks `analytic[i]` against finite differences of `f` with respect to
+/// input `i`, every other input held fixed.
+fn grad_check(name: &str, inputs: &[T], analytic: &[&[f64]], f: impl Fn(&[T]) -> f64) {
+    for (i, an) in analytic.iter().enumerate() {
+        let shape = inputs[i].shape().clone();
+        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
+            let mut ins = inputs.to_vec();
+            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
+            f(&ins)
+        });
+        let err = rel_norm_err(an, &num);
+        assert!(err < 1e-7, "{name}: input {i}: relative error {err:e}");
+    }
+}
+
+/// Rows of a short convolution's documents: shorter than its K = 4 taps,
+/// of one token, and a row of one document.
+const CONV_STARTS: [&[usize]; 2] = [&[0, 3, 4], &[0]];
+
+/// The convolution restarts at each document: y and dx token for token,
+/// and dw the sum of each document's own.
+#[test]
+fn causal_conv1d_of_packed_rows_is_each_document_alone() {
+    let (b, t, c, k) = (2, 9, 3, 4);
+    let starts: Vec<Vec<usize>> = CONV_STARTS.iter().map(|s| s.to_vec()).collect();
+    let docs = Docs::new(t, &starts).unwrap();
+    let x = T::from_vec(
+        vec![b, t, c],
+        random_f64(60, b * t * c).iter().map(|v| 2.0 * v).collect(),
+    )
+    .unwrap();
+    let w = rand_t(61, &[c, k]);
+    let dy = rand_t(62, &[b, t, c]);
+    let y = EX.causal_conv1d_silu(&x, &w, Some(&docs)).unwrap();
+    let (dx, dw) = EX.causal_conv1d_silu_backward(&x, &w, &dy, Some(&docs)).unwrap();
+    let mut dw_alone = vec![0.0; c * k];
+    for (row, a, z) in documents(t, &starts) {
+        let what = format!("conv row {row} tokens {a}..{z}");
+        let xa = span(&x, row, a, z);
+        let ya = EX.causal_conv1d_silu(&xa, &w, None).unwrap();
+        let (dxa, dwa) = EX
+            .causal_conv1d_silu_backward(&xa, &w, &span(&dy, row, a, z), None)
+            .unwrap();
+        assert_same(&what, span(&y, row, a, z).data(), ya.data());
+        assert_same(&what, span(&dx, row, a, z).data(), dxa.data());
+        dw_alone.iter_mut().zip(dwa.data()).for_each(|(s, d)| *s += d);
+    }
+    assert_same("conv dw", dw.data(), &dw_alone);
+    // Without the documents the second and third would read the first.
+    let plain = EX.causal_conv1d_silu(&x, &w, None).unwrap();
+    assert!(rel_norm_err(plain.data(), y.data()) > 1e-3);
+}
+
+#[test]
+fn causal_conv1d_backward_under_documents_matches_finite_differences() {
+    let (b, t, c, k) = (2, 9, 2, 3);
+    let starts: Vec<Vec<usize>> = CONV_STARTS.iter().map(|s| s.to_vec()).collect();
+    let docs = Docs::new(t, &starts).unwrap();
+    let x = rand_t(70, &[b, t, c]);
+    let w = rand_t(71, &[c, k]);
+    let cot = rand_t(72, &[b, t, c]);
+    let (dx, dw) = EX.causal_conv1d_silu_backward(&x, &w, &cot, Some(&docs)).unwrap();
+    grad_check("conv under documents", &[x, w], &[dx.data(), dw.data()], |i| {
+        dot(
+            EX.causal_conv1d_silu(&i[0], &i[1], Some(&docs)).unwrap().data(),
+            cot.data(),
+        )
+    });
+}
+
+/// q (scaled), k (unit rows), v, g (log-decays < 0: one a head, or one a
+/// key channel) and beta in (0, 1) of a `[b, t, hk, hv, dk, dv]` rule.
+fn delta_rule_inputs(seed: u64, [b, t, hk, hv, dk, dv]: [usize; 6], per_channel: bool) -> [T; 5] {
+    let unit_rows = |seed, scale: f64| {
+        let mut x = random_f64(seed, b * t * hk * dk);
+        for row in x.chunks_mut(dk) {
+            let n = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            row.iter_mut().for_each(|v| *v *= scale / n);
+        }
+        T::from_vec(vec![b, t, hk, dk], x).unwrap()
+    };
+    let decays = if per_channel { dk } else { 1 };
+    let g: Vec<f64> = random_f64(seed + 3, b * t * hv * decays)
+        .iter()
+        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
+        .collect();
+    let beta: Vec<f64> = random_f64(seed + 4, b * t * hv)
+        .iter()
+        .map(|u| 1.0 / (1.0 + (-3.0 * u).exp()))
+        .collect();
+    let g_shape = match per_channel {
+        true => vec![b, t, hv, dk],
+        false => vec![b, t, hv],
+    };
+    [
+        unit_rows(seed, 1.0 / (dk as f64).sqrt()),
+        unit_rows(seed + 1, 1.0),
+        rand_t(seed + 2, &[b, t, hv, dv]),
+        T::from_vec(g_shape, g).unwrap(),
+        T::from_vec(vec![b, t, hv], beta).unwrap(),
+    ]
+}
+
+/// The delta rule's state starts from zero at each document: out and all
+/// five gradients token for token, a decay per head and per key channel,
+/// with documents of one token, one starting on a chunk's first step, and
+/// ones running across one or two chunk boundaries (the backward replays
+/// each chunk from its checkpoint, resets inside it included).
+#[test]
+fn gated_delta_rule_of_packed_rows_is_each_document_alone() {
+    let c = DELTA_RULE_CHUNK;
+    let t = 2 * c + 22;
+    let starts = vec![vec![0, 5, 6, 60, 2 * c + 2], vec![0, c, c + 1, 2 * c - 1]];
+    let docs = Docs::new(t, &starts).unwrap();
+    for (seed, per_channel) in [(80, false), (90, true)] {
+        let dims @ [b, _, _, hv, _, dv] = [2, t, 1, 2, 3, 2];
+        let x = delta_rule_inputs(seed, dims, per_channel);
+        let cot = rand_t(seed + 5, &[b, t, hv, dv]);
+        let fw = EX
+            .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], Some(&docs))
+            .unwrap();
+        assert_eq!(fw.docs.as_ref(), Some(&docs));
+        let gr = EX
+            .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fw, &cot)
+            .unwrap();
+        let packed = [&fw.out, &gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta];
+        for (row, a, z) in documents(t, &starts) {
+            let xa = x.each_ref().map(|x| span(x, row, a, z));
+            let fa = EX
+                .gated_delta_rule(&xa[0], &xa[1], &xa[2], &xa[3], &xa[4], None)
+                .unwrap();
+            let ga = EX
+                .gated_delta_rule_backward(
+                    &xa[0],
+                    &xa[1],
+                    &xa[2],
+                    &xa[3],
+                    &xa[4],
+                    &fa,
+                    &span(&cot, row, a, z),
+                )
+                .unwrap();
+            let alone = [&fa.out, &ga.dq, &ga.dk, &ga.dv, &ga.dg, &ga.dbeta];
+            for (n, (p, a1)) in packed.iter().zip(alone).enumerate() {
+                let what =
+                    format!("delta rule (per channel {per_channel}) row {row} tokens {a}..{z}, output {n}");
+                assert_same(&what, span(p, row, a, z).data(), a1.data());
+            }
+        }
+        let plain = EX
+            .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+            .unwrap();
+        assert!(rel_norm_err(plain.out.data(), fw.out.data()) > 1e-3);
+    }
+}
+
+/// The backward under documents against finite differences, across a chunk
+/// boundary with a document starting inside each chunk.
+#[test]
+fn gated_delta_rule_backward_under_documents_matches_finite_differences() {
+    let c = DELTA_RULE_CHUNK;
+    let t = c + 6;
+    let docs = Docs::new(t, &[vec![0, 3, 4, c - 2, c + 2]]).unwrap();
+    for (seed, per_channel) in [(100, false), (110, true)] {
+        let dims = [1, t, 1, 2, 2, 2];
+        let x = delta_rule_inputs(seed, dims, per_channel);
+        let fw = EX
+            .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], Some(&docs))
+            .unwrap();
+        let cot = rand_t(seed + 5, fw.out.dims());
+        let gr = EX
+            .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fw, &cot)
+            .unwrap();
+        let grads = [&gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta].map(|g| g.data());
+        grad_check(
+            &format!("delta rule under documents, per channel {per_channel}"),
+            &x,
+            &grads,
+            |i| {
+                let o = EX
+                    .gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4], Some(&docs))
+                    .unwrap();
+                dot(o.out.data(), cot.data())
+            },
+        );
+    }
 }

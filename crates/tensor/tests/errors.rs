@@ -337,23 +337,32 @@ fn bf16_is_refused_where_f32_is_required() {
 fn gated_delta_rule_errors() {
     let op = "gated_delta_rule";
     let (q, v, g) = (r(1, &[2, 3, 2, 4]), r(2, &[2, 3, 4, 5]), r(3, &[2, 3, 4]));
-    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &g).unwrap();
-    let msg = shape_err(EX.gated_delta_rule(&r(1, &[6, 2, 4]), &q, &v, &g, &g), op);
+    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &g, None).unwrap();
+    let msg = shape_err(EX.gated_delta_rule(&r(1, &[6, 2, 4]), &q, &v, &g, &g, None), op);
     assert!(
         msg.contains("[6, 2, 4]") && msg.contains("[B, T, Hk, Dk]"),
         "{msg}"
     );
-    let msg = shape_err(EX.gated_delta_rule(&q, &r(1, &[2, 3, 2, 5]), &v, &g, &g), op);
+    let msg = shape_err(
+        EX.gated_delta_rule(&q, &r(1, &[2, 3, 2, 5]), &v, &g, &g, None),
+        op,
+    );
     assert!(msg.contains("k [2, 3, 2, 5]"), "{msg}");
-    let msg = shape_err(EX.gated_delta_rule(&q, &q, &r(2, &[2, 4, 4, 5]), &g, &g), op);
+    let msg = shape_err(
+        EX.gated_delta_rule(&q, &q, &r(2, &[2, 4, 4, 5]), &g, &g, None),
+        op,
+    );
     assert!(msg.contains("B and T"), "{msg}");
-    let msg = shape_err(EX.gated_delta_rule(&q, &q, &r(2, &[2, 3, 3, 5]), &g, &g), op);
+    let msg = shape_err(
+        EX.gated_delta_rule(&q, &q, &r(2, &[2, 3, 3, 5]), &g, &g, None),
+        op,
+    );
     assert!(msg.contains("Hv = 3") && msg.contains("Hk = 2"), "{msg}");
-    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &r(3, &[2, 3, 2]), &g), op);
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &r(3, &[2, 3, 2]), &g, None), op);
     assert!(msg.contains("g must be [2, 3, 4]"), "{msg}");
-    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &r(3, &[6, 4])), op);
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &r(3, &[6, 4]), None), op);
     assert!(msg.contains("beta must be [2, 3, 4]"), "{msg}");
-    let e = EX.gated_delta_rule(&r(1, &[2, 3, 2, 0]), &r(1, &[2, 3, 2, 0]), &v, &g, &g);
+    let e = EX.gated_delta_rule(&r(1, &[2, 3, 2, 0]), &r(1, &[2, 3, 2, 0]), &v, &g, &g, None);
     assert!(
         matches!(
             e,
@@ -373,6 +382,7 @@ fn gated_delta_rule_errors() {
     let short = megatrain_tensor::DeltaRuleOut {
         out: ok.out.clone(),
         saved: r(4, &[2, 4, 1, 4, 4]),
+        docs: None,
     };
     let msg = shape_err(EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &short, &v), op);
     assert!(
@@ -382,6 +392,7 @@ fn gated_delta_rule_errors() {
     let wrong_out = megatrain_tensor::DeltaRuleOut {
         out: g.clone(),
         saved: ok.saved.clone(),
+        docs: None,
     };
     shape_err(
         EX.gated_delta_rule_backward(&q, &q, &v, &g, &g, &wrong_out, &v),
@@ -397,7 +408,7 @@ fn gated_delta_rule_refuses_other_decay_shapes() {
     let op = "gated_delta_rule";
     let (q, v, beta) = (r(1, &[2, 3, 2, 4]), r(2, &[2, 3, 4, 5]), r(3, &[2, 3, 4]));
     let g = r(5, &[2, 3, 4, 4]);
-    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &beta).unwrap();
+    let ok = EX.gated_delta_rule(&q, &q, &v, &g, &beta, None).unwrap();
     let gr = EX
         .gated_delta_rule_backward(&q, &q, &v, &g, &beta, &ok, &v)
         .unwrap();
@@ -410,7 +421,7 @@ fn gated_delta_rule_refuses_other_decay_shapes() {
         &[2, 3, 4, 1],
     ] {
         let g = r(6, bad);
-        let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &beta), op);
+        let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &beta, None), op);
         assert!(
             msg.contains("g must be [2, 3, 4] (a decay per value head) or [2, 3, 4, 4] (per key channel)"),
             "{msg}"
@@ -422,7 +433,7 @@ fn gated_delta_rule_refuses_other_decay_shapes() {
         assert!(msg.contains("or [2, 3, 4, 4]"), "{msg}");
     }
     // beta stays one per value head and step.
-    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &g), op);
+    let msg = shape_err(EX.gated_delta_rule(&q, &q, &v, &g, &g, None), op);
     assert!(msg.contains("beta must be [2, 3, 4]"), "{msg}");
 }
 
@@ -430,18 +441,24 @@ fn gated_delta_rule_refuses_other_decay_shapes() {
 fn causal_conv1d_silu_errors() {
     let op = "causal_conv1d_silu";
     let (x, w) = (r(1, &[2, 5, 3]), r(2, &[3, 4]));
-    let msg = shape_err(EX.causal_conv1d_silu(&r(1, &[10, 3]), &w), op);
+    let msg = shape_err(EX.causal_conv1d_silu(&r(1, &[10, 3]), &w, None), op);
     assert!(msg.contains("x [10, 3]") && msg.contains("[B, T, C]"), "{msg}");
-    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[4, 4])), op);
+    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[4, 4]), None), op);
     assert!(msg.contains("w [4, 4]") && msg.contains("[2, 5, 3]"), "{msg}");
-    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[3, 0])), op);
+    let msg = shape_err(EX.causal_conv1d_silu(&x, &r(2, &[3, 0]), None), op);
     assert!(msg.contains("w [3, 0]") && msg.contains("K ≥ 1"), "{msg}");
-    shape_err(EX.causal_conv1d_silu(&x, &r(2, &[12])), op);
+    shape_err(EX.causal_conv1d_silu(&x, &r(2, &[12]), None), op);
     let op = "causal_conv1d_silu_backward";
-    let msg = shape_err(EX.causal_conv1d_silu_backward(&x, &w, &r(3, &[2, 4, 3])), op);
+    let msg = shape_err(
+        EX.causal_conv1d_silu_backward(&x, &w, &r(3, &[2, 4, 3]), None),
+        op,
+    );
     assert!(msg.contains("dy [2, 4, 3]") && msg.contains("[2, 5, 3]"), "{msg}");
-    shape_err(EX.causal_conv1d_silu_backward(&x, &r(2, &[3, 4, 1]), &x), op);
-    assert!(EX.causal_conv1d_silu_backward(&x, &w, &x).is_ok());
+    shape_err(
+        EX.causal_conv1d_silu_backward(&x, &r(2, &[3, 4, 1]), &x, None),
+        op,
+    );
+    assert!(EX.causal_conv1d_silu_backward(&x, &w, &x, None).is_ok());
 }
 
 #[test]

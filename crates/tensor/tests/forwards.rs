@@ -510,7 +510,7 @@ fn gated_delta_rule_two_steps_by_hand() {
     let d = [1, 2, 1, 1];
     let (q, k, v) = (up(&d, &[0.5, 2.0]), up(&d, &[1.0, 1.0]), up(&d, &[4.0, 2.0]));
     let (g, beta) = (up(&[1, 2, 1], &[0.0, 0.5f32.ln()]), up(&[1, 2, 1], &[0.5, 0.25]));
-    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta).unwrap();
+    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta, None).unwrap();
     close(fw.out.data(), &[1.0, 2.5], 1e-6);
     assert_eq!(
         (fw.saved.dims(), fw.saved.data()),
@@ -537,7 +537,7 @@ fn gated_delta_rule_is_transformers_recurrence() {
     let beta = EX.upload(&random_tensor(75, [b, t, hv])).unwrap();
     let g = EX.add_scalar(&EX.scale(&g, 0.5).unwrap(), -0.5).unwrap();
     let beta = EX.add_scalar(&EX.scale(&beta, 0.4).unwrap(), 0.5).unwrap();
-    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta).unwrap();
+    let fw = EX.gated_delta_rule(&q, &k, &v, &g, &beta, None).unwrap();
     let f = |x: &CpuTensor<f32>, i: usize| x.data()[i] as f64;
     let nc = t.div_ceil(chunk);
     let (mut want, mut saved) = (vec![0.0f32; b * t * hv * dv], vec![0.0f32; b * hv * nc * dk * dv]);
@@ -602,7 +602,7 @@ fn gated_delta_rule_per_channel_decay_is_transformers_kda() {
     let beta = EX.add_scalar(&EX.scale(&beta, 0.4).unwrap(), 0.5).unwrap();
     let scale = 1.0 / (dk as f64).sqrt();
     let qs = EX.scale(&q, scale).unwrap();
-    let fw = EX.gated_delta_rule(&qs, &k, &v, &g, &beta).unwrap();
+    let fw = EX.gated_delta_rule(&qs, &k, &v, &g, &beta, None).unwrap();
     let f = |x: &CpuTensor<f32>, i: usize| x.data()[i] as f64;
     let nc = t.div_ceil(chunk);
     let (mut want, mut saved) = (vec![0.0f32; b * t * h * dv], vec![0.0f32; b * h * nc * dk * dv]);
@@ -683,14 +683,18 @@ fn causal_conv1d_silu_known_values() {
             }
         }
         let y = EX
-            .causal_conv1d_silu(&EX.upload(&x).unwrap(), &EX.upload(&w).unwrap())
+            .causal_conv1d_silu(&EX.upload(&x).unwrap(), &EX.upload(&w).unwrap(), None)
             .unwrap();
         assert_eq!(y.dims(), [b, t, c]);
         close(y.data(), &want, 1e-6);
     }
     // One sequence, one channel, taps [1, 2]: y = silu(x[t−1] + 2 x[t]).
     let y = EX
-        .causal_conv1d_silu(&up(&[1, 3, 1], &[1.0, -1.0, 0.5]), &up(&[1, 2], &[1.0, 2.0]))
+        .causal_conv1d_silu(
+            &up(&[1, 3, 1], &[1.0, -1.0, 0.5]),
+            &up(&[1, 2], &[1.0, 2.0]),
+            None,
+        )
         .unwrap();
     let s = |v: f32| v / (1.0 + (-v).exp());
     close(y.data(), &[s(2.0), s(-1.0), s(0.0)], 1e-7);

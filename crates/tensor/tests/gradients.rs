@@ -636,8 +636,10 @@ fn gated_delta_rule_equal_channel_decays_are_the_head_decay() {
     assert_eq!(dk, 3);
     let g = t(&[b, tt, hv, dk], &spread);
     let cot = rand_t(165, &[b, tt, hv, 2]);
-    let one = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
-    let per = EX.gated_delta_rule(&x[0], &x[1], &x[2], &g, &x[4]).unwrap();
+    let one = EX
+        .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+        .unwrap();
+    let per = EX.gated_delta_rule(&x[0], &x[1], &x[2], &g, &x[4], None).unwrap();
     assert_eq!(one.out.data(), per.out.data());
     assert_eq!(one.saved.data(), per.saved.data());
     let go = EX
@@ -660,7 +662,9 @@ fn gated_delta_rule_equal_channel_decays_are_the_head_decay() {
 }
 
 fn delta_rule_grad_check(seed: u64, dims: [usize; 6], x: [T; 5]) {
-    let fwd = EX.gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4]).unwrap();
+    let fwd = EX
+        .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+        .unwrap();
     let cot = rand_t(seed + 5, fwd.out.dims());
     let gr = EX
         .gated_delta_rule_backward(&x[0], &x[1], &x[2], &x[3], &x[4], &fwd, &cot)
@@ -677,7 +681,9 @@ fn delta_rule_grad_check(seed: u64, dims: [usize; 6], x: [T; 5]) {
         &x,
         &grads.map(|g| g.data()),
         |i| {
-            let o = EX.gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4]).unwrap();
+            let o = EX
+                .gated_delta_rule(&i[0], &i[1], &i[2], &i[3], &i[4], None)
+                .unwrap();
             dot(o.out.data(), cot.data())
         },
     );
@@ -699,13 +705,18 @@ fn causal_conv1d_silu_backward() {
         let x = t(&[b, tt, c], &scaled(seed, b * tt * c, 2.0));
         let w = rand_t(seed + 1, &[c, k]);
         let cot = rand_t(seed + 2, &[b, tt, c]);
-        let (dx, dw) = EX.causal_conv1d_silu_backward(&x, &w, &cot).unwrap();
+        let (dx, dw) = EX.causal_conv1d_silu_backward(&x, &w, &cot, None).unwrap();
         assert_eq!((dx.dims(), dw.dims()), (x.dims(), w.dims()));
         grad_check(
             &format!("causal_conv1d_silu [{b}, {tt}, {c}] K {k}"),
             &[x, w],
             &[dx.data(), dw.data()],
-            |i| dot(EX.causal_conv1d_silu(&i[0], &i[1]).unwrap().data(), cot.data()),
+            |i| {
+                dot(
+                    EX.causal_conv1d_silu(&i[0], &i[1], None).unwrap().data(),
+                    cot.data(),
+                )
+            },
         );
     }
 }

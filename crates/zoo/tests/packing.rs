@@ -1,7 +1,8 @@
 //! Records packed side by side in a row ([`Docs`]) train exactly as the
 //! same records one a row, right-padded: the same loss over the same
 //! counted targets, and the same gradient of every weight, for every block
-//! family that packs; the families with linear-attention blocks refuse.
+//! family: attention keeps to each record, and the Gated DeltaNet's
+//! convolution and recurrent state restart at its first token.
 
 mod common;
 
@@ -11,12 +12,27 @@ use megatrain_tensor::{CpuExecutor, CpuTensor, Docs};
 use megatrain_zoo::{LoadedModel, forward_backward, load_hf_dir, upload_layer};
 
 const IGNORE: i32 = -100;
-const T: usize = 16;
 
-/// Records of these lengths: three share the first packed row, with one
-/// token of padding after them; the longest fills most of the second.
-const LENS: [usize; 4] = [5, 3, 7, 13];
+/// Rows of `t` tokens holding records of `lens`: three share the first
+/// packed row, with a token of padding after them; the longest fills most
+/// of the second.
+struct Layout {
+    t: usize,
+    lens: [usize; 4],
+}
+
 const PACKED: [&[usize]; 2] = [&[0, 1, 2], &[3]];
+const SHORT: Layout = Layout {
+    t: 16,
+    lens: [5, 3, 7, 13],
+};
+/// Past the gated delta rule's chunk of 64 steps: the second record runs
+/// across the boundary (tokens 60..70), so the backward's replay from the
+/// checkpoint at 64 must reset at 60 and keep the state of 64 within it.
+const LONG: Layout = Layout {
+    t: 80,
+    lens: [60, 10, 9, 75],
+};
 
 fn weights(m: &LoadedModel) -> Vec<Vec<CpuTensor<f32>>> {
     let ex = CpuExecutor::new();
@@ -29,8 +45,8 @@ fn weights(m: &LoadedModel) -> Vec<Vec<CpuTensor<f32>>> {
 
 /// Token `i` of record `r`, and its target: the next token of the
 /// record, none for its last.
-fn record(vocab: usize, r: usize) -> (Vec<u32>, Vec<i32>) {
-    let ids: Vec<u32> = (0..LENS[r])
+fn record(l: &Layout, vocab: usize, r: usize) -> (Vec<u32>, Vec<i32>) {
+    let ids: Vec<u32> = (0..l.lens[r])
         .map(|i| ((r * 977 + i * 7919 + 13) % vocab) as u32)
         .collect();
     let mut tg: Vec<i32> = ids[1..].iter().map(|&x| x as i32).collect();
@@ -38,22 +54,22 @@ fn record(vocab: usize, r: usize) -> (Vec<u32>, Vec<i32>) {
     (ids, tg)
 }
 
-/// Rows of `T` holding the records `rows[b]` back to back, right-padded
+/// Rows of `l.t` holding the records `rows[b]` back to back, right-padded
 /// (id 0, target ignored), and where each row's records start.
-fn rows(vocab: usize, rows: &[&[usize]]) -> (Vec<u32>, Vec<i32>, Vec<Vec<usize>>) {
+fn rows(l: &Layout, vocab: usize, rows: &[&[usize]]) -> (Vec<u32>, Vec<i32>, Vec<Vec<usize>>) {
     let (mut ids, mut tg, mut starts) = (Vec::new(), Vec::new(), Vec::new());
     for recs in rows {
         let mut at = Vec::new();
         let mut n = 0;
         for &r in *recs {
-            let (i, t) = record(vocab, r);
+            let (i, t) = record(l, vocab, r);
             at.push(n);
             n += i.len();
             ids.extend(i);
             tg.extend(t);
         }
-        ids.extend(std::iter::repeat_n(0, T - n));
-        tg.extend(std::iter::repeat_n(IGNORE, T - n));
+        ids.extend(std::iter::repeat_n(0, l.t - n));
+        tg.extend(std::iter::repeat_n(IGNORE, l.t - n));
         starts.push(at);
     }
     (ids, tg, starts)
@@ -78,65 +94,66 @@ fn packed_records_train_as_each_alone() {
         "gpt_oss",
         "smollm3",
         "mixtral",
+        "qwen3_5",
+        "qwen3_next",
+        "kimi_linear",
+        "olmo_hybrid",
     ] {
-        let m = load_hf_dir(fixture(case)).unwrap();
-        let (cfg, w) = (&m.config, weights(&m));
-        let ex = CpuExecutor::new();
-        let v = cfg.vocab_size;
-        let (ids, tg, starts) = rows(v, &PACKED);
-        let docs = Docs::new(T, &starts).unwrap();
-        let packed = forward_backward(cfg, &ex, &w, &ids, &tg, (2, T, Some(&docs)), 64).unwrap();
-        let one_each: Vec<&[usize]> = vec![&[0], &[1], &[2], &[3]];
-        let (ids1, tg1, _) = rows(v, &one_each);
-        let alone = forward_backward(cfg, &ex, &w, &ids1, &tg1, (4, T, None), 64).unwrap();
-        assert_eq!(packed.counted, alone.counted, "{case}");
-        assert_eq!(
-            packed.counted,
-            LENS.iter().map(|l| l - 1).sum::<usize>(),
-            "{case}"
-        );
-        let dl = (packed.loss - alone.loss).abs() / alone.loss;
-        assert!(
-            dl < 1e-6,
-            "{case}: loss packed {} alone {} ({dl:e})",
-            packed.loss,
-            alone.loss
-        );
-        for (l, (gp, ga)) in packed.grads.iter().zip(&alone.grads).enumerate() {
-            for (j, (p, a)) in gp.iter().zip(ga).enumerate() {
-                let (p, a): (Vec<f64>, Vec<f64>) = (
-                    p.data().iter().map(|&x| x as f64).collect(),
-                    a.data().iter().map(|&x| x as f64).collect(),
-                );
-                let err = rel_norm_err(&p, &a);
-                assert!(
-                    err < 2e-5,
-                    "{case}: layer {l} weight {j}: packed vs alone {err:e}"
-                );
-            }
-        }
-        // Unmasked, the same rows let each record see the ones before it.
-        let leaky = forward_backward(cfg, &ex, &w, &ids, &tg, (2, T, None), 64).unwrap();
-        assert!(
-            (leaky.loss - alone.loss).abs() / alone.loss > 1e-4,
-            "{case}: the test can tell"
-        );
+        trains_as_each_alone(case, &SHORT);
     }
 }
 
+/// The Gated DeltaNet families with a record across a chunk boundary of
+/// the delta rule's checkpoints.
 #[test]
-fn models_with_linear_attention_blocks_refuse_packed_rows() {
-    for case in ["qwen3_5", "kimi_linear", "olmo_hybrid"] {
-        let m = load_hf_dir(fixture(case)).unwrap();
-        let (cfg, w) = (&m.config, weights(&m));
-        let (ids, tg, starts) = rows(cfg.vocab_size, &PACKED);
-        let docs = Docs::new(T, &starts).unwrap();
-        let e = forward_backward(cfg, &CpuExecutor::new(), &w, &ids, &tg, (2, T, Some(&docs)), 64)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("linear-attention blocks") && e.contains("--rows records"),
-            "{case}: {e}"
-        );
+fn packed_records_across_a_delta_rule_chunk_train_as_each_alone() {
+    for case in ["qwen3_5", "qwen3_next", "kimi_linear", "olmo_hybrid"] {
+        trains_as_each_alone(case, &LONG);
     }
+}
+
+fn trains_as_each_alone(case: &str, l: &Layout) {
+    let m = load_hf_dir(fixture(case)).unwrap();
+    let (cfg, w) = (&m.config, weights(&m));
+    let ex = CpuExecutor::new();
+    let (v, t) = (cfg.vocab_size, l.t);
+    let (ids, tg, starts) = rows(l, v, &PACKED);
+    let docs = Docs::new(t, &starts).unwrap();
+    let packed = forward_backward(cfg, &ex, &w, &ids, &tg, (2, t, Some(&docs)), 64).unwrap();
+    let one_each: Vec<&[usize]> = vec![&[0], &[1], &[2], &[3]];
+    let (ids1, tg1, _) = rows(l, v, &one_each);
+    let alone = forward_backward(cfg, &ex, &w, &ids1, &tg1, (4, t, None), 64).unwrap();
+    let case = format!("{case}, T = {t}");
+    assert_eq!(packed.counted, alone.counted, "{case}");
+    assert_eq!(
+        packed.counted,
+        l.lens.iter().map(|l| l - 1).sum::<usize>(),
+        "{case}"
+    );
+    let dl = (packed.loss - alone.loss).abs() / alone.loss;
+    assert!(
+        dl < 1e-6,
+        "{case}: loss packed {} alone {} ({dl:e})",
+        packed.loss,
+        alone.loss
+    );
+    for (l, (gp, ga)) in packed.grads.iter().zip(&alone.grads).enumerate() {
+        for (j, (p, a)) in gp.iter().zip(ga).enumerate() {
+            let (p, a): (Vec<f64>, Vec<f64>) = (
+                p.data().iter().map(|&x| x as f64).collect(),
+                a.data().iter().map(|&x| x as f64).collect(),
+            );
+            let err = rel_norm_err(&p, &a);
+            assert!(
+                err < 2e-5,
+                "{case}: layer {l} weight {j}: packed vs alone {err:e}"
+            );
+        }
+    }
+    // Unmasked, the same rows let each record see the ones before it.
+    let leaky = forward_backward(cfg, &ex, &w, &ids, &tg, (2, t, None), 64).unwrap();
+    assert!(
+        (leaky.loss - alone.loss).abs() / alone.loss > 1e-4,
+        "{case}: the test can tell"
+    );
 }

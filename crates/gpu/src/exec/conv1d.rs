@@ -3,11 +3,14 @@
 //! rows with the K − 1 rows the taps reach past each chunk's edge. The
 //! backward stores the pre-activation's gradient once (dx and dw each read
 //! it at K rows), and sums dw from partials per block of rows by the
-//! column sums (`sum_rows`: a fixed order, no atomics).
+//! column sums (`sum_rows`: a fixed order, no atomics). With documents
+//! packed in the rows every kernel also binds their bounds, and a document
+//! is a sequence of its own.
 
-use megatrain_tensor::{Result, causal_conv1d_dims};
+use megatrain_tensor::{Docs, Result, causal_conv1d_dims};
 
-use super::{GpuExecutor, Op, grid_for, need_f32, u};
+use super::docs::DocsBounds;
+use super::{GpuExecutor, Op, View, grid_for, need_f32, u};
 use crate::GpuError;
 use crate::kernels::Kernel;
 use crate::tensor::GpuTensor;
@@ -68,6 +71,21 @@ impl GpuExecutor {
             .collect())
     }
 
+    /// The documents' starts of the chunk's rows and the K − 1 after them
+    /// (those `conv_dx` looks ahead to), and conv1d.wgsl's `docs` and
+    /// `docs_off`: no more words than the chunk's x has floats a channel.
+    fn conv_docs<'a>(
+        &'a self,
+        docs: &'a DocsBounds,
+        rows: usize,
+        k: usize,
+        ch: Chunk,
+    ) -> Result<(View<'a>, [u32; 2])> {
+        let n = (ch.r0 + ch.nr + k - 1).min(rows) - ch.r0;
+        let v = docs.starts_view(self, ch.r0, n)?;
+        Ok((v, [u(docs.some() as usize), v.elem_off]))
+    }
+
     /// Refuses more taps than a kernel loop may walk on this device.
     fn conv_taps_fit(&self, op: &'static str, k: usize) -> Result<()> {
         if k > self.conv_loop_cap() {
@@ -80,19 +98,22 @@ impl GpuExecutor {
         Ok(())
     }
 
-    /// `conv_silu` or `conv_dpre` (with `dy`) over one chunk into `y`.
+    /// `conv_silu` or `conv_dpre` (with `dy`) over one chunk into `y`,
+    /// within `docs`.
     #[allow(clippy::too_many_arguments)]
     fn conv_pre_pass(
         &self,
         op: &mut Op<'_>,
         kernel: Kernel,
-        [_, t, c, k]: [usize; 4],
+        [b, t, c, k]: [usize; 4],
         ch: Chunk,
         x: &GpuTensor,
         w: &GpuTensor,
         dy: Option<&GpuTensor>,
         y: &GpuTensor,
+        docs: &DocsBounds,
     ) -> Result<()> {
+        let (docs, [dflag, doff]) = self.conv_docs(docs, b * t, k, ch)?;
         let n = ch.nr * c;
         let xv = self.view(x, (ch.r0 - ch.hl) * c, (ch.nr + ch.hl) * c)?;
         let wv = self.full(w)?;
@@ -111,29 +132,39 @@ impl GpuExecutor {
             wv.elem_off,
             dv.map_or(0, |v| v.elem_off),
             yv.elem_off,
+            dflag,
+            doff,
+            0,
+            0,
         ];
         let views = match dv {
-            Some(dv) => vec![xv, wv, dv, yv],
-            None => vec![xv, wv, yv],
+            Some(dv) => vec![xv, wv, dv, yv, docs],
+            None => vec![xv, wv, yv, docs],
         };
         op.dispatch(kernel, &params, &views, grid_for(n.div_ceil(256)));
         Ok(())
     }
 
-    pub(crate) fn causal_conv1d_silu_impl(&self, x: &GpuTensor, w: &GpuTensor) -> Result<GpuTensor> {
+    pub(crate) fn causal_conv1d_silu_impl(
+        &self,
+        x: &GpuTensor,
+        w: &GpuTensor,
+        docs: Option<&Docs>,
+    ) -> Result<GpuTensor> {
         const OP: &str = "causal_conv1d_silu";
         need_f32(OP, x)?;
         need_f32(OP, w)?;
-        let dims = causal_conv1d_dims(OP, &x.shape, &w.shape, None)?;
+        let dims = causal_conv1d_dims(OP, &x.shape, &w.shape, None, docs)?;
         let [b, t, c, k] = dims;
         self.conv_taps_fit(OP, k)?;
         let y = self.alloc_f32(x.shape.clone())?;
         if y.numel() == 0 {
             return Ok(y);
         }
+        let docs = self.docs_bounds(docs)?;
         let mut op = self.op(OP);
         for ch in self.conv_chunks(OP, b * t, c, k, 1)? {
-            self.conv_pre_pass(&mut op, Kernel::ConvSilu, dims, ch, x, w, None, &y)?;
+            self.conv_pre_pass(&mut op, Kernel::ConvSilu, dims, ch, x, w, None, &y, &docs)?;
         }
         op.finish()?;
         Ok(y)
@@ -148,12 +179,13 @@ impl GpuExecutor {
         x: &GpuTensor,
         w: &GpuTensor,
         dy: &GpuTensor,
+        docs: Option<&Docs>,
     ) -> Result<(GpuTensor, GpuTensor)> {
         const OP: &str = "causal_conv1d_silu_backward";
         for t in [x, w, dy] {
             need_f32(OP, t)?;
         }
-        let dims = causal_conv1d_dims(OP, &x.shape, &w.shape, Some(&dy.shape))?;
+        let dims = causal_conv1d_dims(OP, &x.shape, &w.shape, Some(&dy.shape), docs)?;
         let [b, t, c, k] = dims;
         self.conv_taps_fit(OP, k)?;
         let dx = self.alloc_f32(x.shape.clone())?;
@@ -166,11 +198,13 @@ impl GpuExecutor {
         let ck = c * k;
         let d = self.alloc_f32(x.shape.clone())?;
         let part = self.alloc_f32([rows.div_ceil(blk), ck])?;
+        let docs = self.docs_bounds(docs)?;
         let mut op = self.op(OP);
         for &ch in &chunks {
-            self.conv_pre_pass(&mut op, Kernel::ConvDpre, dims, ch, x, w, Some(dy), &d)?;
+            self.conv_pre_pass(&mut op, Kernel::ConvDpre, dims, ch, x, w, Some(dy), &d, &docs)?;
         }
         for &ch in &chunks {
+            let (docs_view, [dflag, doff]) = self.conv_docs(&docs, rows, k, ch)?;
             let n = ch.nr * c;
             let after = (ch.r0 + ch.nr + k - 1).min(rows) - ch.r0;
             let xv = self.view(x, (ch.r0 - ch.hl) * c, (ch.nr + ch.hl) * c)?;
@@ -190,8 +224,17 @@ impl GpuExecutor {
                 wv.elem_off,
                 dv.elem_off,
                 yv.elem_off,
+                dflag,
+                doff,
+                0,
+                0,
             ];
-            op.dispatch(Kernel::ConvDx, &params, &[wv, dv, yv], grid_for(n.div_ceil(256)));
+            op.dispatch(
+                Kernel::ConvDx,
+                &params,
+                &[wv, dv, yv, docs_view],
+                grid_for(n.div_ceil(256)),
+            );
             let blocks = ch.nr.div_ceil(blk);
             let pv = self.view(&part, ch.r0 / blk * ck, blocks * ck)?;
             let params = [
@@ -207,11 +250,15 @@ impl GpuExecutor {
                 0,
                 dv.elem_off,
                 pv.elem_off,
+                dflag,
+                doff,
+                0,
+                0,
             ];
             op.dispatch(
                 Kernel::ConvDwPart,
                 &params,
-                &[xv, dv, pv],
+                &[xv, dv, pv, docs_view],
                 grid_for((blocks * ck).div_ceil(256)),
             );
         }

@@ -26,12 +26,15 @@
 //!   per channel), and one chunk's take at most a sixteenth of the scratch
 //!   (a tenth per channel), so they fit wherever it does.
 //!
+//! With documents packed in the rows both kernels bind their bounds, and
+//! the state restarts from zero at each document's first step.
+//!
 //! Whole batches are bound at a time, as many as every binding holds; a
 //! batch whose q/k, v, gates, saved states or scratch outgrow one binding
 //! is refused, naming the longest sequence that would fit.
 
 use megatrain_tensor::{
-    DELTA_RULE_CHUNK, DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Result, delta_rule_dims,
+    DELTA_RULE_CHUNK, DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Result, delta_rule_dims,
 };
 
 use super::{GpuExecutor, grid_for, need_f32, u};
@@ -163,22 +166,32 @@ impl GpuExecutor {
         Ok(out)
     }
 
-    pub(crate) fn gated_delta_rule_impl(&self, x: [&GpuTensor; 5]) -> Result<DeltaRuleOut<GpuTensor>> {
+    pub(crate) fn gated_delta_rule_impl(
+        &self,
+        x: [&GpuTensor; 5],
+        docs: Option<&Docs>,
+    ) -> Result<DeltaRuleOut<GpuTensor>> {
         const OP: &str = "gated_delta_rule";
         x.iter().try_for_each(|t| need_f32(OP, t))?;
         let d = delta_rule_dims(OP, x.map(|t| &t.shape), None)?;
+        if let Some(docs) = docs {
+            docs.check(OP, d.b, d.t)?;
+        }
+        let docs = docs.cloned();
         self.delta_rule_check(OP, d)?;
         self.delta_rule_fits(OP, d)?;
         let [q, k, v, g, beta] = x;
         let out = self.alloc_f32(v.shape.clone())?;
         let saved = self.alloc_f32(d.saved_shape())?;
         if out.numel() == 0 {
-            return Ok(DeltaRuleOut { out, saved });
+            return Ok(DeltaRuleOut { out, saved, docs });
         }
         let [nq, nv, ng, ns, _, _] = per_batch(d);
         let nbeta = d.t * d.hv;
+        let bounds = self.docs_bounds(docs.as_ref())?;
         let mut op = self.op(OP);
         for (b0, nb) in self.delta_rule_pieces(d)? {
+            let docs_view = bounds.starts_view(self, b0 * d.t, nb * d.t)?;
             let views = [
                 self.view(q, b0 * nq, nb * nq)?,
                 self.view(k, b0 * nq, nb * nq)?,
@@ -187,10 +200,13 @@ impl GpuExecutor {
                 self.view(beta, b0 * nbeta, nb * nbeta)?,
                 self.view(&out, b0 * nv, nb * nv)?,
                 self.view(&saved, b0 * ns, nb * ns)?,
+                docs_view,
             ];
             let offs = views.map(|v| v.elem_off);
+            let dp = [u(bounds.some() as usize), docs_view.elem_off];
             for (c0, c1) in self.delta_rule_ranges(0, d.chunks()) {
-                let params = params(d, nb, &offs, [0, 0], (c0, c1), (0, 0), [0; 6]);
+                let mut params = params(d, nb, &offs, [0, 0], (c0, c1), (0, 0), [0; 6]);
+                params[30..].copy_from_slice(&dp);
                 op.dispatch(
                     Kernel::DeltaRuleFwd,
                     &params,
@@ -200,7 +216,7 @@ impl GpuExecutor {
             }
         }
         op.finish()?;
-        Ok(DeltaRuleOut { out, saved })
+        Ok(DeltaRuleOut { out, saved, docs })
     }
 
     pub(crate) fn gated_delta_rule_backward_impl(
@@ -220,6 +236,9 @@ impl GpuExecutor {
         )?;
         self.delta_rule_check(OP, d)?;
         self.delta_rule_fits(OP, d)?;
+        if let Some(docs) = &fwd.docs {
+            docs.check(OP, d.b, d.t)?;
+        }
         let [q, k, v, g, beta] = x;
         let grads = DeltaRuleGrads {
             dq: self.alloc_f32(q.shape.clone())?,
@@ -239,8 +258,10 @@ impl GpuExecutor {
         let scratch = self.alloc_f32([most * nscratch])?;
         let parts = self.alloc_f32([most * w * step_parts(d)])?;
         let cols = d.dv.div_ceil(COLS);
+        let bounds = self.docs_bounds(fwd.docs.as_ref())?;
         let mut op = self.op(OP);
         for (b0, nb) in pieces {
+            let docs_view = bounds.starts_view(self, b0 * d.t, nb * d.t)?;
             let views = [
                 self.view(q, b0 * nq, nb * nq)?,
                 self.view(k, b0 * nq, nb * nq)?,
@@ -252,8 +273,10 @@ impl GpuExecutor {
                 self.view(dout, b0 * nv, nb * nv)?,
                 self.view(&scratch, 0, nb * nscratch)?,
                 self.view(&parts, 0, nb * w * step_parts(d))?,
+                docs_view,
             ];
             let offs = views.map(|v| v.elem_off);
+            let dp = [u(bounds.some() as usize), docs_view.elem_off];
             // Windows last to first, as the chunks go; `w` is whole chunks
             // unless it is the whole sequence.
             for t0 in (0..d.t).step_by(w).rev() {
@@ -261,7 +284,8 @@ impl GpuExecutor {
                 let win = (t0, w);
                 let chunks = (t0 / DELTA_RULE_CHUNK, t1.div_ceil(DELTA_RULE_CHUNK));
                 for (c0, c1) in self.delta_rule_ranges(chunks.0, chunks.1).into_iter().rev() {
-                    let params = params(d, nb, &offs, [offs[8], offs[9]], (c0, c1), win, [0; 6]);
+                    let mut params = params(d, nb, &offs, [offs[8], offs[9]], (c0, c1), win, [0; 6]);
+                    params[30..].copy_from_slice(&dp);
                     op.dispatch(Kernel::DeltaRuleBwd, &params, &views, [u(cols), u(d.hv), u(nb)]);
                 }
                 // The window's partials (delta_rule.wgsl's dr_bwd: [nb, w,
@@ -310,7 +334,8 @@ impl GpuExecutor {
 /// q, k, v, g, beta, out (or dv), saved and dout, then those of the
 /// scratch and partials, the chunk range, dr_group_sum's `(n, w, p, y_off,
 /// y_stride, parts_stride)`, the backward's time window `(t0, w)` and the
-/// decays a step and head (`gw`: 1, or Dk per key channel).
+/// decays a step and head (`gw`: 1, or Dk per key channel); the
+/// documents' `docs` and `docs_off` are left 0 (none) for the caller.
 fn params(
     d: DeltaRuleDims,
     nbatch: usize,

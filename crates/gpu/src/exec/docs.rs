@@ -1,7 +1,8 @@
 //! Documents packed in a batch's rows ([`Docs`]) as the attention kernels
-//! (attention_mask.wgsl) and rope.wgsl read them: `Docs::bounds()` on the
-//! device. A training step attends and rotates with the same documents in
-//! every layer, forward and backward, so the last bounds uploaded are kept
+//! (attention_mask.wgsl), rope.wgsl, conv1d.wgsl and delta_rule.wgsl read
+//! them: `Docs::bounds()` on the device. A training step attends, rotates
+//! and runs its Gated DeltaNets with the same documents in every layer,
+//! forward and backward, so the last bounds uploaded are kept
 //! and an equal `Docs` (the same `Arc`, compared by pointer first) reuses
 //! them instead of writing the queue again.
 
@@ -58,6 +59,16 @@ impl DocsBounds {
     pub(crate) fn view<'a>(&'a self, ex: &'a GpuExecutor) -> Result<View<'a>> {
         match &self.bounds {
             Some(b) => ex.full(b),
+            None => Ok(ex.dummy()),
+        }
+    }
+
+    /// The starts of tokens `r0 .. r0 + n` of the batch's B·T alone, or the
+    /// dummy: what a kernel that reads no ends binds for a chunk of rows,
+    /// which fits a binding wherever a word a token of its operands does.
+    pub(crate) fn starts_view<'a>(&'a self, ex: &'a GpuExecutor, r0: usize, n: usize) -> Result<View<'a>> {
+        match &self.bounds {
+            Some(b) => ex.view(b, r0, n),
             None => Ok(ex.dummy()),
         }
     }

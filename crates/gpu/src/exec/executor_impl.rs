@@ -2,9 +2,9 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleGrads, DeltaRuleOut, Download, Executor, Glu, HostRegistration, HostSlice, HostTensor, Landed,
-    MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
-    Transpose, WeightSlot, WeightUpload,
+    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Executor, Glu, HostRegistration, HostSlice, HostTensor,
+    Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap,
+    TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -489,8 +489,9 @@ impl Executor for GpuExecutor {
         v: &GpuTensor,
         g: &GpuTensor,
         beta: &GpuTensor,
+        docs: Option<&Docs>,
     ) -> Result<DeltaRuleOut<GpuTensor>> {
-        self.gated_delta_rule_impl([q, k, v, g, beta])
+        self.gated_delta_rule_impl([q, k, v, g, beta], docs)
     }
 
     fn gated_delta_rule_backward(
@@ -569,8 +570,8 @@ impl Executor for GpuExecutor {
         self.gelu_backward_impl(x, dy)
     }
 
-    fn causal_conv1d_silu(&self, x: &GpuTensor, w: &GpuTensor) -> Result<GpuTensor> {
-        self.causal_conv1d_silu_impl(x, w)
+    fn causal_conv1d_silu(&self, x: &GpuTensor, w: &GpuTensor, docs: Option<&Docs>) -> Result<GpuTensor> {
+        self.causal_conv1d_silu_impl(x, w, docs)
     }
 
     fn causal_conv1d_silu_backward(
@@ -578,8 +579,9 @@ impl Executor for GpuExecutor {
         x: &GpuTensor,
         w: &GpuTensor,
         dy: &GpuTensor,
+        docs: Option<&Docs>,
     ) -> Result<(GpuTensor, GpuTensor)> {
-        self.causal_conv1d_silu_backward_impl(x, w, dy)
+        self.causal_conv1d_silu_backward_impl(x, w, dy, docs)
     }
 
     fn delta_gates(

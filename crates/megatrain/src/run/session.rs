@@ -247,11 +247,6 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
-    if opts.rows == RowsKind::Packed {
-        model
-            .check_packable()
-            .map_err(|e| RunError::option("rows", "packed", e.to_string()))?;
-    }
     encoder.vocab_limit = Some(model.vocab_size);
 
     let template = encoder.chat_template(&opts.chat_template)?;

@@ -13,7 +13,7 @@ use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Error, Executor, HostSlice, HostTensor, MatmulGrads,
+    DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Error, Executor, HostSlice, HostTensor, MatmulGrads,
     MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
     attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims, delta_rule_dims,
     sigmoid_mul_check,
@@ -196,9 +196,18 @@ fn attn_dims<F>(op: &'static str, q: &T<F>, k: &T<F>, v: &T<F>) -> Result<AttnDi
 }
 
 /// The gated delta rule's operands (q, k, v, g, beta), each stored as f32.
-fn delta_rule_in<'a, F: Real>(op: &'static str, x: [&'a T<F>; 5]) -> Result<r::DeltaRuleIn<'a, F>> {
+fn delta_rule_in<'a, F: Real>(
+    op: &'static str,
+    x: [&'a T<F>; 5],
+    d: DeltaRuleDims,
+    docs: Option<&'a Docs>,
+) -> Result<r::DeltaRuleIn<'a, F>> {
+    if let Some(docs) = docs {
+        docs.check(op, d.b, d.t)?;
+    }
     let [q, k, v, g, beta] = x;
     Ok(r::DeltaRuleIn {
+        docs,
         q: f32_data(op, q)?,
         k: f32_data(op, k)?,
         v: f32_data(op, v)?,
@@ -711,13 +720,15 @@ impl<F: Real> Executor for RefExecutor<F> {
         v: &T<F>,
         g: &T<F>,
         beta: &T<F>,
+        docs: Option<&Docs>,
     ) -> Result<DeltaRuleOut<T<F>>> {
         let op = "gated_delta_rule";
         let d = delta_rule_dims(op, [q, k, v, g, beta].map(|x| x.shape()), None)?;
-        let (o, saved) = r::gated_delta_rule(delta_rule_in(op, [q, k, v, g, beta])?, d);
+        let (o, saved) = r::gated_delta_rule(delta_rule_in(op, [q, k, v, g, beta], d, docs)?, d);
         Ok(DeltaRuleOut {
             out: out(v.shape().clone(), o),
             saved: out(d.saved_shape(), saved),
+            docs: docs.cloned(),
         })
     }
 
@@ -734,7 +745,7 @@ impl<F: Real> Executor for RefExecutor<F> {
         let op = "gated_delta_rule_backward";
         let bwd = [&fwd.out, &fwd.saved, dout].map(|x| x.shape());
         let d: DeltaRuleDims = delta_rule_dims(op, [q, k, v, g, beta].map(|x| x.shape()), Some(bwd))?;
-        let x = delta_rule_in(op, [q, k, v, g, beta])?;
+        let x = delta_rule_in(op, [q, k, v, g, beta], d, fwd.docs.as_ref())?;
         let [dq, dk, dv, dg, dbeta] =
             r::gated_delta_rule_backward(x, f32_data(op, &fwd.saved)?, f32_data(op, dout)?, d);
         Ok(DeltaRuleGrads {
@@ -847,18 +858,24 @@ impl<F: Real> Executor for RefExecutor<F> {
         ))
     }
 
-    fn causal_conv1d_silu(&self, x: &T<F>, w: &T<F>) -> Result<T<F>> {
+    fn causal_conv1d_silu(&self, x: &T<F>, w: &T<F>, docs: Option<&Docs>) -> Result<T<F>> {
         let op = "causal_conv1d_silu";
-        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), None)?;
-        let y = r::causal_conv1d_silu(f32_data(op, x)?, f32_data(op, w)?, dims);
+        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), None, docs)?;
+        let y = r::causal_conv1d_silu(f32_data(op, x)?, f32_data(op, w)?, dims, docs);
         Ok(out(x.shape().clone(), y))
     }
 
-    fn causal_conv1d_silu_backward(&self, x: &T<F>, w: &T<F>, dy: &T<F>) -> Result<(T<F>, T<F>)> {
+    fn causal_conv1d_silu_backward(
+        &self,
+        x: &T<F>,
+        w: &T<F>,
+        dy: &T<F>,
+        docs: Option<&Docs>,
+    ) -> Result<(T<F>, T<F>)> {
         let op = "causal_conv1d_silu_backward";
-        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), Some(dy.shape()))?;
-        let (dx, dw) =
-            r::causal_conv1d_silu_backward(f32_data(op, x)?, f32_data(op, w)?, f32_data(op, dy)?, dims);
+        let dims = causal_conv1d_dims(op, x.shape(), w.shape(), Some(dy.shape()), docs)?;
+        let (xd, wd, dyd) = (f32_data(op, x)?, f32_data(op, w)?, f32_data(op, dy)?);
+        let (dx, dw) = r::causal_conv1d_silu_backward(xd, wd, dyd, dims, docs);
         Ok((out(x.shape().clone(), dx), out(w.shape().clone(), dw)))
     }
 

@@ -790,25 +790,6 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Refuses rows of packed documents ([`Docs`](megatrain_tensor::Docs))
-    /// for a model whose token mixers are not all attention: a Gated
-    /// DeltaNet's causal convolution and recurrent state would carry one
-    /// document into the next, and they do not yet restart at its first
-    /// token.
-    pub fn check_packable(&self) -> Result<()> {
-        if (0..self.num_layers).any(|l| self.is_linear_block(l)) {
-            return Err(ZooError::invalid(
-                "packed documents",
-                format!(
-                    "{:?} has linear-attention blocks, whose convolution and state do not restart at a \
-                     document's first token: give --rows records (one record a row) instead",
-                    self.arch
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// Whether block `layer`'s attention keeps to the sliding window.
     pub fn slides(&self, layer: usize) -> bool {
         self.sliding_window.is_some()

@@ -275,7 +275,7 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
     let (m, mixer) = match l.mixer {
         Mixer::DeltaNet(d) => {
-            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y)?;
+            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y, docs)?;
             (m, MixerSaved::DeltaNet(s))
         }
         Mixer::Attention(a) => {
@@ -346,6 +346,7 @@ fn delta_net_forward<E: Executor>(
     w: &[E::Tensor],
     d: DeltaNet,
     x: &E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<(E::Tensor, DeltaNetSaved<E::Tensor>)> {
     let la = linear_attn(cfg)?;
     let (b, t) = (x.dims()[0], x.dims()[1]);
@@ -356,7 +357,7 @@ fn delta_net_forward<E: Executor>(
         b: bl,
         a: al,
     } = project(ex, la, w, d.proj, x)?;
-    let inputs = rule_inputs(ex, la, w, d.conv, mixed)?;
+    let inputs = rule_inputs(ex, la, w, d.conv, mixed, docs)?;
     let (gates, betas) = ex.delta_gates(&al, &bl, &w[d.a_log], &w[d.dt_bias])?;
     let gates = ex.reshape(&gates, &shape(&[b, t, hv]))?;
     let betas = ex.reshape(&betas, &shape(&[b, t, hv]))?;
@@ -429,10 +430,12 @@ fn delta_net_backward<E: Executor>(
 /// convolution's input `[B, T, channels]`, kept for its backward): the
 /// convolution with SiLU, then q and k through their l2 norms (kept before,
 /// in and after their scales), and v. Every Gated DeltaNet's (Qwen3.5's,
-/// OLMo Hybrid's, Kimi Linear's) whatever its products and gates.
+/// OLMo Hybrid's, Kimi Linear's) whatever its products and gates. Both
+/// the convolution and the rule restart at each packed document.
 #[derive(Debug)]
 pub(super) struct RuleInputs<T> {
     mixed: T,
+    docs: Option<Docs>,
     /// The l2 norms' unit gain `[Dk]`, uploaded once for the forward and
     /// the backward alike.
     unit: T,
@@ -441,18 +444,20 @@ pub(super) struct RuleInputs<T> {
     v: T,
 }
 
-/// [`RuleInputs`] of `mixed` through the convolution `conv`.
+/// [`RuleInputs`] of `mixed` through the convolution `conv`, within the
+/// rows' documents `docs`.
 pub(super) fn rule_inputs<E: Executor>(
     ex: &E,
     la: &LinearAttn,
     w: &[E::Tensor],
     conv: Conv,
     mixed: E::Tensor,
+    docs: Option<&Docs>,
 ) -> Result<RuleInputs<E::Tensor>> {
     let (b, t) = (mixed.dims()[0], mixed.dims()[1]);
     let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
     let (kw, vw) = (la.key_width(), la.value_width());
-    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, conv)?)?;
+    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, conv)?, docs)?;
     let parts = ex.split_last(&conv, &[kw, kw, vw])?;
     let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
     let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
@@ -464,6 +469,7 @@ pub(super) fn rule_inputs<E: Executor>(
     let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
     Ok(RuleInputs {
         mixed,
+        docs: docs.cloned(),
         unit,
         q: (q, qn, qs),
         k: (k, kn, ks),
@@ -474,7 +480,7 @@ pub(super) fn rule_inputs<E: Executor>(
 impl<T: TensorHandle> RuleInputs<T> {
     /// The gated delta rule of these inputs with decays `g` and rates `beta`.
     pub(super) fn rule<E: Executor<Tensor = T>>(&self, ex: &E, g: &T, beta: &T) -> Result<DeltaRuleOut<T>> {
-        Ok(ex.gated_delta_rule(&self.q.2, &self.k.2, &self.v, g, beta)?)
+        Ok(ex.gated_delta_rule(&self.q.2, &self.k.2, &self.v, g, beta, self.docs.as_ref())?)
     }
 
     /// The rule's backward from `dout`, its forward's `g`, `beta` and `fwd`.
@@ -514,7 +520,8 @@ impl<T: TensorHandle> RuleInputs<T> {
         let flat = |x: &T, n: usize| ex.reshape(x, &shape(&[b, t, n]));
         let dconv = ex.concat_last(&[&flat(&dq, kw)?, &flat(&dk, kw)?, &flat(&gr.dv, vw)?])?;
         let conv_w = conv_weight(ex, la, w, conv)?;
-        let (dmixed, dconv_w) = ex.causal_conv1d_silu_backward(&self.mixed, &conv_w, &dconv)?;
+        let (dmixed, dconv_w) =
+            ex.causal_conv1d_silu_backward(&self.mixed, &conv_w, &dconv, self.docs.as_ref())?;
         conv_grads(ex, w, conv, &dconv_w, grads)?;
         Ok(dmixed)
     }

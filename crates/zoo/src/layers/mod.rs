@@ -94,8 +94,9 @@ pub enum BlockSaved<T> {
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
 /// own: [`ModelConfig::attn_mask`], [`ModelConfig::rope`]): `x: [B, T, C]`
 /// → `y: [B, T, C]`. With `docs` the rows hold several documents each,
-/// which attend and count positions each on its own ([`Docs`]); the
-/// backward follows what the forward saved.
+/// which attend, count positions and run a Gated DeltaNet's convolution and
+/// state each on its own ([`Docs`]); the backward follows what the forward
+/// saved.
 pub fn block_forward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
@@ -107,9 +108,6 @@ pub fn block_forward<E: Executor>(
     check_x(cfg, x, "block_forward")?;
     check_layer(cfg, layer, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
-    if docs.is_some() {
-        cfg.check_packable()?;
-    }
     match cfg.arch {
         Arch::Gpt2 => {
             let (y, s) = block_gpt2::forward(cfg, ex, w, x, docs)?;
@@ -144,7 +142,7 @@ pub fn block_forward<E: Executor>(
         // Kimi Linear's delta-attention blocks; its others are latent
         // attention's (below).
         Arch::KimiLinear if cfg.is_linear_block(layer) => {
-            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x)?;
+            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x, docs)?;
             Ok((y, BlockSaved::Kimi(Box::new(s))))
         }
         Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {

@@ -8,15 +8,19 @@
 //! The backward never inverts the recurrence (`1 − β‖k‖²` may be ~0 and
 //! `exp(g)` tiny): it replays each chunk of [`DELTA_RULE_CHUNK`] steps from
 //! the state the forward checkpointed at its start.
+//!
+//! With documents packed in the rows the state is zero again at each
+//! document's first step (fla's `cu_seqlens`): no document reads another's
+//! state, and no gradient flows back across a document's start.
 
 use rayon::prelude::*;
 
 use crate::cpu::Real;
-use crate::{DELTA_RULE_CHUNK, DeltaRuleDims};
+use crate::{DELTA_RULE_CHUNK, DeltaRuleDims, Docs};
 
 /// The operands, row-major: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`,
 /// g `[B, T, Hv]` or `[B, T, Hv, Dk]` ([`DeltaRuleDims::decays`] a step and
-/// head), beta `[B, T, Hv]`.
+/// head), beta `[B, T, Hv]`; the documents of the `[B, T]` rows, if any.
 #[derive(Clone, Copy)]
 pub struct DeltaRuleIn<'a, F> {
     pub q: &'a [F],
@@ -24,6 +28,7 @@ pub struct DeltaRuleIn<'a, F> {
     pub v: &'a [F],
     pub g: &'a [F],
     pub beta: &'a [F],
+    pub docs: Option<&'a Docs>,
 }
 
 /// One (batch, value head)'s view of the operands at step t.
@@ -51,6 +56,12 @@ impl<'a, F: Real> DeltaRuleIn<'a, F> {
         assert_eq!(self.v.len(), bt * d.hv * d.dv, "{what}");
         assert_eq!(self.g.len(), bt * d.hv * d.decays(), "{what}");
         assert_eq!(self.beta.len(), bt * d.hv, "{what}");
+    }
+
+    /// Whether step t of row b starts a document after the row's first,
+    /// which starts from the zero state.
+    fn resets(&self, b: usize, t: usize) -> bool {
+        t > 0 && self.docs.is_some_and(|d| d.start(b, t) == t)
     }
 
     fn step(&self, d: DeltaRuleDims, b: usize, h: usize, t: usize) -> Step<'a, F> {
@@ -95,6 +106,11 @@ fn forward_head<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims, b: usize, h: u
     let mut out = Vec::with_capacity(d.t * d.dv);
     let mut saved = Vec::with_capacity(d.chunks() * s.len());
     for t in 0..d.t {
+        if x.resets(b, t) {
+            s.fill(F::zero());
+        }
+        // After the reset: a chunk's replay starts from what its first step
+        // reads.
         if t % DELTA_RULE_CHUNK == 0 {
             saved.extend_from_slice(&s);
         }
@@ -159,11 +175,14 @@ fn backward_head<F: Real>(
     for c in (0..d.chunks()).rev() {
         let (t0, t1) = (c * DELTA_RULE_CHUNK, ((c + 1) * DELTA_RULE_CHUNK).min(d.t));
         let at = ((b * d.hv + h) * d.chunks() + c) * n;
-        // The state before each step of the chunk, replayed from its start.
+        // The state each step of the chunk reads, replayed from its start.
         let mut before = vec![saved[at..at + n].to_vec()];
-        for t in t0..t1 - 1 {
-            let mut s = before[t - t0].clone();
-            advance(&mut s, &x.step(d, b, h, t), dv);
+        for t in t0 + 1..t1 {
+            let mut s = before[t - 1 - t0].clone();
+            advance(&mut s, &x.step(d, b, h, t - 1), dv);
+            if x.resets(b, t) {
+                s.fill(F::zero());
+            }
             before.push(s);
         }
         for t in (t0..t1).rev() {
@@ -209,6 +228,10 @@ fn backward_head<F: Real>(
             }
             for (l, &da) in dalpha.iter().enumerate() {
                 gr.dg[t * na + l] = st.alpha[l] * da;
+            }
+            // The previous document's last state was dropped here.
+            if x.resets(b, t) {
+                ds.fill(F::zero());
             }
         }
     }
