@@ -81,16 +81,29 @@ fn llama_tiny_forward_backward_matches_cpu() {
     check_forward_backward(&common::llama_tiny(2));
 }
 
-/// Rows of packed documents (`--rows packed`): the GPU's attention, RoPE
-/// and GPT-2's positions keep each document to itself as the CPU's do,
-/// documents of one token and of a whole row among them.
+/// Rows of packed documents (`--rows packed`): the GPU's attention, RoPE,
+/// GPT-2's positions and the Gated DeltaNet hybrids' convolution and delta
+/// rule keep each document to itself as the CPU's do, documents of one
+/// token and of a whole row among them; sliding windows, soft caps, sinks
+/// and latent attention within them too.
 #[test]
 fn packed_rows_forward_backward_match_cpu() {
-    for model in [common::llama_tiny(2), gpt2_nano(5)] {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
+    let zoo = [
+        "mistral_window",
+        "gemma2",
+        "gpt_oss",
+        "deepseek_v3",
+        "qwen3_5",
+        "kimi_linear",
+        "olmo_hybrid",
+    ]
+    .map(|c| ModelConfig::from_dir(fixtures.join(c)).unwrap());
+    for model in [common::llama_tiny(2), gpt2_nano(5)].iter().chain(&zoo) {
         let mut b = GPU_STREAM.batch(model.vocab_size, 0, 3, 37);
         let starts = [vec![0, 5, 6, 20], vec![0], vec![0, 11, 36]];
         b.docs = Some(megatrain_tensor::Docs::new(37, &starts).unwrap());
-        check_forward_backward_of(&model, &b);
+        check_forward_backward_of(model, &b);
     }
 }
 
