@@ -614,8 +614,9 @@ fn padding_is_left_out_of_the_routers_load_balancing_loss() {
 /// `--rows packed`: a batch whose rows hold several records each steps as
 /// the same records one a row, right-padded: the same loss over the same
 /// counted targets and the same parameters after the step (the routers'
-/// load-balancing loss included: both leave only the padding out). The
-/// batch holds half the rows.
+/// load-balancing loss included: both leave only the padding out; Qwen3.5's
+/// convolution and delta rule restarting at each record). The batch holds
+/// half the rows.
 #[test]
 fn packed_rows_step_as_the_same_records_one_a_row() {
     use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
@@ -624,7 +625,12 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
     let lens = [5usize, 9, 4, 8];
     let mut moe = common::mixtral_tiny(2);
     moe.moe.as_mut().unwrap().aux_loss_coef = Some(0.5);
-    for model in [common::llama_tiny(3), gpt2_nano(61), moe] {
+    for model in [
+        common::llama_tiny(3),
+        gpt2_nano(61),
+        moe,
+        common::zoo_fixture("qwen3_5"),
+    ] {
         let v = model.vocab_size as u32;
         let total: usize = lens.iter().sum();
         let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
