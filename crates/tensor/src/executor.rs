@@ -659,8 +659,9 @@ pub trait Executor {
     /// transformers' `recurrent_kimi_delta_attention`, which has Hk = Hv):
     /// then row i of S decays on its own, `S[i, :] ← exp(g[i])·S[i, :]`.
     /// With `docs` the state is zero again at each document's first step,
-    /// as if each document ran alone (fla's `cu_seqlens`). Returns out `[B, T, Hv, Dv]` and the checkpointed states the
-    /// backward replays ([`DeltaRuleOut::saved`]). Computed in f32 (or the
+    /// as if each document ran alone (fla's `cu_seqlens`). Returns out
+    /// `[B, T, Hv, Dv]` and the checkpointed states the backward replays
+    /// ([`DeltaRuleOut::saved`]). Computed in f32 (or the
     /// executor's float) whatever the compute precision: the recurrence
     /// compounds every rounding over the whole sequence.
     fn gated_delta_rule(
@@ -675,9 +676,10 @@ pub trait Executor {
     /// Backward of [`gated_delta_rule`](Self::gated_delta_rule) from its
     /// `fwd` and `dout`: each chunk's states recomputed from its checkpoint,
     /// then walked in reverse, under the forward's documents (no gradient
-    /// reaches a document from the next). dq and dk are summed over the value heads
-    /// that share their key head; dg has g's shape: with `A = S_{t−1}` and
-    /// dA the gradient of the decayed state `exp(g)·A`, a per-head
+    /// reaches a document from the next). dq and dk are summed over the
+    /// value heads that share their key head; dg has g's shape: with
+    /// `A = S_{t−1}` and dA the gradient of the decayed state `exp(g)·A`, a
+    /// per-head
     /// `dg_t = exp(g_t)·Σ_ij A[i, j]·dA[i, j]`, a per-channel
     /// `dg_t[i] = exp(g_t[i])·Σ_j A[i, j]·dA[i, j]`.
     #[allow(clippy::too_many_arguments)]
