@@ -824,7 +824,8 @@ fn kernels_from_our_own_spirv_match_the_reference() {
 
 /// Every tile set the attention bench sweeps (`AttnTiles::SWEEP`: shared
 /// regions, other block and key tiles), where the adapter has cooperative
-/// matrices, on the awkward cases and several blocks of every kind.
+/// matrices, on the awkward cases and several blocks of every kind, packed
+/// documents among them.
 #[test]
 fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
     for (n, tiles) in megatrain_gpu::AttnTiles::SWEEP.into_iter().enumerate() {
@@ -861,6 +862,9 @@ fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
         };
         check_inputs(&g, big, rising(big, 79 + 10 * n as u64), TOL_COOP, true).unwrap();
         check(&g, big.window(45), 78 + 10 * n as u64, TOL_COOP, true).unwrap();
+        // Packed documents: one-token ones, and tiles skipped both ways.
+        let packed = big.packed(&[&[0, 1, 70, 149]]);
+        check(&g, packed, 77 + 10 * n as u64, TOL_COOP, true).unwrap();
         eprintln!("{tiles}: matches");
     }
 }
