@@ -1,7 +1,7 @@
 //! Small helpers for tests across the workspace: seeded random data without
 //! a `rand` dependency, error norms and central finite differences.
 
-use crate::{HostTensor, Shape};
+use crate::{CpuTensor, HostTensor, Shape, TensorHandle};
 
 /// A tiny deterministic generator (SplitMix64): same seed, same numbers on
 /// every platform.
@@ -99,6 +99,31 @@ pub fn finite_diff(x: &[f64], h: f64, mut f: impl FnMut(&[f64]) -> f64) -> Vec<f
             (fp - fm) / (2.0 * h)
         })
         .collect()
+}
+
+/// Checks `analytic[i]` against central finite differences (step 1e-5) of
+/// the scalar `f` with respect to input `i`, every other input held fixed:
+/// a relative error under 1e-7, or a panic naming `name` and the input.
+pub fn grad_check(
+    name: &str,
+    inputs: &[CpuTensor<f64>],
+    analytic: &[&[f64]],
+    f: impl Fn(&[CpuTensor<f64>]) -> f64,
+) {
+    assert_eq!(inputs.len(), analytic.len());
+    for (i, an) in analytic.iter().enumerate() {
+        let shape = inputs[i].shape().clone();
+        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
+            let mut ins = inputs.to_vec();
+            ins[i] = CpuTensor::from_vec(shape.clone(), x.to_vec()).unwrap();
+            f(&ins)
+        });
+        let err = rel_norm_err(an, &num);
+        assert!(
+            err < 1e-7,
+            "{name}: input {i}: relative error {err:e}\nanalytic {an:?}\nnumeric {num:?}"
+        );
+    }
 }
 
 /// `Σ a·b` in f64: the scalar objective `⟨output, cotangent⟩` of gradient checks.

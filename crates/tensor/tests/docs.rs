@@ -4,7 +4,7 @@
 //! numbers token for token, and the backwards must match finite
 //! differences under the packed documents.
 
-use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
+use megatrain_tensor::testing::{dot, grad_check, random_f64, rel_norm_err};
 use megatrain_tensor::{
     AttnMask, CpuTensor, DELTA_RULE_CHUNK, Docs, Executor, F64Executor, Rope, RopeScaling, Shape, SoftCap,
     TensorHandle,
@@ -117,27 +117,18 @@ fn attention_backward_under_packed_mask_matches_finite_differences() {
     let cot = rand_t(43, &[b, t, hq, d]);
     let fw = EX.attention(&q, &k, &v, mask.clone()).unwrap();
     let g = EX.attention_backward(&q, &k, &v, &fw, &cot).unwrap();
-    let inputs = [q, k, v];
-    for (i, an) in [g.dq.data(), g.dk.data(), g.dv.data()].into_iter().enumerate() {
-        let shape = inputs[i].shape().clone();
-        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
-            let mut ins = inputs.to_vec();
-            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
-            dot(
-                EX.attention(&ins[0], &ins[1], &ins[2], mask.clone())
-                    .unwrap()
-                    .out
-                    .data(),
-                cot.data(),
-            )
-        });
-        let err = rel_norm_err(an, &num);
-        assert!(err < 1e-7, "input {i}: relative error {err:e}");
-    }
+    let analytic = [g.dq.data(), g.dk.data(), g.dv.data()];
+    grad_check("attention under documents", &[q, k, v], &analytic, |i| {
+        dot(
+            EX.attention(&i[0], &i[1], &i[2], mask.clone())
+                .unwrap()
+                .out
+                .data(),
+            cot.data(),
+        )
+    });
 }
 
-/// RoPE counts each token's position from its document's first token, for
-/// the plain layout, a partial rotation, the interleaved one and YaRN.
 #[test]
 fn rope_of_packed_rows_is_each_document_alone() {
     let yarn = RopeScaling::Yarn {
@@ -231,21 +222,6 @@ fn documents_of_another_batch_are_refused() {
         e.contains("gated_delta_rule") && e.contains("[1, 5] batch"),
         "{e}"
     );
-}
-
-/// Checks `analytic[i]` against finite differences of `f` with respect to
-/// input `i`, every other input held fixed.
-fn grad_check(name: &str, inputs: &[T], analytic: &[&[f64]], f: impl Fn(&[T]) -> f64) {
-    for (i, an) in analytic.iter().enumerate() {
-        let shape = inputs[i].shape().clone();
-        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
-            let mut ins = inputs.to_vec();
-            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
-            f(&ins)
-        });
-        let err = rel_norm_err(an, &num);
-        assert!(err < 1e-7, "{name}: input {i}: relative error {err:e}");
-    }
 }
 
 /// Rows of a short convolution's documents: shorter than its K = 4 taps,

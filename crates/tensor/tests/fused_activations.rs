@@ -4,11 +4,11 @@
 //! fused backwards are the gradients of the fused forwards by central
 //! finite differences in f64; bad operands are errors naming them.
 
-use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
+use megatrain_tensor::testing::{dot, grad_check, random_f64};
 use megatrain_tensor::{
     ComputePrecision, CpuExecutor, CpuTensor, Executor, F64Executor, Glu, HostTensor, MatmulNeeds, Shape,
-    TensorHandle, Transpose, compose_matmul_backward_gelu, compose_matmul_backward_glu,
-    compose_matmul_backward_swiglu, compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
+    Transpose, compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
+    compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
 };
 
 type T = CpuTensor<f64>;
@@ -39,19 +39,6 @@ fn shapes(lead: &[usize], m: usize, k: usize, n: usize, t: Transpose, bb: bool) 
     [sa, sb, sy]
 }
 
-fn check(name: &str, inputs: &[T], analytic: &[&[f64]], f: impl Fn(&[T]) -> f64) {
-    for (i, an) in analytic.iter().enumerate() {
-        let shape = inputs[i].shape().clone();
-        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
-            let mut ins = inputs.to_vec();
-            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
-            f(&ins)
-        });
-        let err = rel_norm_err(an, &num);
-        assert!(err < 1e-7, "{name}: input {i}: relative error {err:e}");
-    }
-}
-
 #[test]
 fn matmul_backward_gelu_is_the_gradient_through_gelu() {
     for (seed, (lead, m, k, n, t, bb)) in cases().into_iter().enumerate() {
@@ -70,7 +57,7 @@ fn matmul_backward_gelu_is_the_gradient_through_gelu() {
             .unwrap();
         let (dpre, db, dbias) = (g.da.unwrap(), g.db.unwrap(), g.dbias.unwrap());
         let name = format!("gelu {lead:?} {t:?} b batched {bb}");
-        check(
+        grad_check(
             &name,
             &[pre, b, bias],
             &[dpre.data(), db.data(), dbias.data()],
@@ -96,7 +83,7 @@ fn matmul_backward_swiglu_is_the_gradient_through_swiglu() {
             .unwrap();
         assert!(g.da.is_none(), "the swiglu backward returns no da");
         let name = format!("swiglu {lead:?} {t:?} b batched {bb}");
-        check(
+        grad_check(
             &name,
             &[gate, up, b],
             &[dgate.data(), dup.data(), g.db.unwrap().data()],

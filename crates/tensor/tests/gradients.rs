@@ -2,7 +2,7 @@
 //! differences, computed in f64 through the same code path (`F64Executor`).
 //! The scalar objective is Σ output · cotangent with a random cotangent.
 
-use megatrain_tensor::testing::{dot, finite_diff, random_f64, rel_norm_err};
+use megatrain_tensor::testing::{dot, grad_check, random_f64, rel_norm_err};
 use megatrain_tensor::{
     AttentionOut, AttnMask, ClampedGlu, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling,
     Shape, SoftCap, TensorHandle, Transpose,
@@ -17,25 +17,6 @@ fn rand_t(seed: u64, shape: &[usize]) -> T {
 
 fn t(shape: &[usize], data: &[f64]) -> T {
     T::from_vec(shape.to_vec(), data.to_vec()).unwrap()
-}
-
-/// Checks `analytic[i]` against finite differences of `f` with respect to
-/// input `i`, every other input held fixed.
-fn grad_check(name: &str, inputs: &[T], analytic: &[&[f64]], f: impl Fn(&[T]) -> f64) {
-    assert_eq!(inputs.len(), analytic.len());
-    for (i, an) in analytic.iter().enumerate() {
-        let shape = inputs[i].shape().clone();
-        let num = finite_diff(inputs[i].data(), 1e-5, |x| {
-            let mut ins = inputs.to_vec();
-            ins[i] = T::from_vec(shape.clone(), x.to_vec()).unwrap();
-            f(&ins)
-        });
-        let err = rel_norm_err(an, &num);
-        assert!(
-            err < 1e-7,
-            "{name}: input {i}: relative error {err:e}\nanalytic {an:?}\nnumeric {num:?}"
-        );
-    }
 }
 
 #[test]
