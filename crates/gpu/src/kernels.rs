@@ -48,6 +48,7 @@ const ATTENTION_SOURCES: [&str; 5] = [
     ATTENTION,
 ];
 const ATTENTION_SINKS: &str = include_str!("../../../shaders/attention_sinks.wgsl");
+const ATTENTION_CACHED: &str = include_str!("../../../shaders/attention_cached.wgsl");
 const DELTA_RULE: &str = include_str!("../../../shaders/delta_rule.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
@@ -242,6 +243,9 @@ pub enum Kernel {
     /// of the sinks' gradient.
     AttnSinkScale,
     AttnSinkRows,
+    /// Attention of new queries over a cache of keys and values
+    /// (attention_cached.wgsl), for generation.
+    AttnCached,
     /// The gated delta rule (delta_rule.wgsl): the forward, the backward
     /// (its chunks replayed from their checkpoints, then walked in reverse)
     /// and the sum of the backward's partials over column blocks and value
@@ -325,6 +329,7 @@ impl Kernel {
             AttnRound16,
             AttnSinkScale,
             AttnSinkRows,
+            AttnCached,
             DeltaRuleFwd,
             DeltaRuleBwd,
             DeltaRuleGroupSum,
@@ -528,6 +533,11 @@ impl Kernel {
             AttnRound16 => (&[MATMUL_SCALE, ATTENTION_F16], "round_operand", &[1, 4, 5]),
             AttnSinkScale => (&[ATTENTION_SINKS], "sink_scale", &[1, 2, 3, 5]),
             AttnSinkRows => (&[ATTENTION_SINKS], "sink_rows", &[1, 2, 3, 4, 5]),
+            AttnCached => (
+                &[ACTIVATION_FNS, ATTENTION_CACHED],
+                "attn_cached",
+                &[1, 2, 3, 4, 5],
+            ),
             DeltaRuleFwd => (&[DELTA_RULE], "dr_fwd", &[1, 2, 3, 4, 5, 6, 7, 12]),
             DeltaRuleBwd => (&[DELTA_RULE], "dr_bwd", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]),
             DeltaRuleGroupSum => (&[DELTA_RULE], "dr_group_sum", &[10, 11]),

@@ -621,6 +621,26 @@ pub trait Executor {
         dout: &Self::Tensor,
     ) -> Result<AttentionGrads<Self::Tensor>>;
 
+    /// Attention of new queries over a cache of keys and values, for
+    /// generation: q `[B, Tq, Hq, D]` are the last Tq of `len` positions;
+    /// k and v `[B, Tc, Hkv, D]` hold every key and value so far in their
+    /// first `len` positions (`1 ≤ Tq ≤ len ≤ Tc`; the rest is not read).
+    /// Query i sits at position `len − Tq + i` and sees the keys `mask`
+    /// leaves it there (its window and soft cap; `mask.docs` must be
+    /// `None`). Returns out `[B, Tq, Hq, D]` and lse `[B, Hq, Tq]`, so
+    /// [`attention_sinks`](Self::attention_sinks) applies to it. Forward
+    /// only, and computed in f32 (the executor's float) from the operands
+    /// as given, whatever the compute precision: a decoding step reads
+    /// each cached key once, so it is bound by memory, not products.
+    fn attention_cached(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        len: usize,
+        mask: AttnMask,
+    ) -> Result<AttentionOut<Self::Tensor>>;
+
     /// GPT-OSS's attention sinks: one learned logit per query head,
     /// `sinks: [Hq]` (f32), joins every row's softmax, taking its share of
     /// the probability with no value vector. From the plain attention's

@@ -359,6 +359,68 @@ pub fn attention_sinks_dims(
     Ok(dims)
 }
 
+/// The dimensions of a cached attention
+/// ([`Executor::attention_cached`](crate::Executor::attention_cached)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedAttnDims {
+    pub b: usize,
+    /// New queries, the last `tq` of `len` positions.
+    pub tq: usize,
+    /// The cache's positions, of which the first `len` are read.
+    pub tc: usize,
+    pub len: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+}
+
+/// The dimensions of q `[B, Tq, Hq, D]` over a cache k, v `[B, Tc, Hkv, D]`
+/// of `len` positions under `mask`, or an error naming `op` and what is
+/// wrong (every executor checks with this).
+pub fn attention_cached_dims(
+    op: &'static str,
+    q: &Shape,
+    k: &Shape,
+    v: &Shape,
+    len: usize,
+    mask: &AttnMask,
+) -> Result<CachedAttnDims> {
+    let err = |why: String| Error::shape(op, format!("q {q} k {k} v {v}: {why}"));
+    let ([b, tq, hq, d], [kb, tc, hkv, kd]) = (
+        <[usize; 4]>::try_from(q.dims()).map_err(|_| err("q must be [B, Tq, Hq, D]".into()))?,
+        <[usize; 4]>::try_from(k.dims()).map_err(|_| err("k must be [B, Tc, Hkv, D]".into()))?,
+    );
+    if k != v {
+        return Err(err("k and v shapes differ".into()));
+    }
+    if (kb, kd) != (b, d) {
+        return Err(err("B and D of q and k/v differ".into()));
+    }
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(err("Hq must be a multiple of Hkv".into()));
+    }
+    if tq == 0 || tq > len || len > tc {
+        return Err(err(format!(
+            "{tq} new queries of {len} cached positions need 1 ≤ Tq ≤ len ≤ Tc"
+        )));
+    }
+    if mask.docs.is_some() {
+        return Err(Error::invalid(
+            op,
+            "a cache holds one sequence a row: documents cannot be packed in it",
+        ));
+    }
+    Ok(CachedAttnDims {
+        b,
+        tq,
+        tc,
+        len,
+        hq,
+        hkv,
+        d,
+    })
+}
+
 /// `[B, T, C, K]` of a depthwise causal convolution's `x: [B, T, C]` and
 /// `w: [C, K]` (and `dy`, `x`'s shape, for the backward), `docs` those of
 /// a `[B, T]` batch, or an error naming `op` (every executor checks with

@@ -447,6 +447,17 @@ impl Executor for GpuExecutor {
         self.rope_impl(dy, rope, -1.0)
     }
 
+    fn attention_cached(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        len: usize,
+        mask: AttnMask,
+    ) -> Result<AttentionOut<GpuTensor>> {
+        self.attention_cached_impl(q, k, v, len, mask)
+    }
+
     fn attention(
         &self,
         q: &GpuTensor,

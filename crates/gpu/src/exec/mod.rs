@@ -2,6 +2,7 @@
 //! implementation of every [`megatrain_tensor::Executor`] op.
 
 mod attention;
+mod attention_cached;
 mod attention_check;
 mod attention_coop;
 mod attention_sinks;

@@ -15,8 +15,8 @@ use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Error, Executor, HostSlice, HostTensor, MatmulGrads,
     MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
-    attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims, delta_rule_dims,
-    sigmoid_mul_check,
+    attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims,
+    delta_rule_dims, sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -636,6 +636,33 @@ impl<F: Real> Executor for RefExecutor<F> {
         Ok(AttentionOut {
             out: out(q.shape().clone(), o),
             lse: out(Shape::new([d.b, d.hq, d.t]), lse),
+            mask: d.mask,
+        })
+    }
+
+    fn attention_cached(
+        &self,
+        q: &T<F>,
+        k: &T<F>,
+        v: &T<F>,
+        len: usize,
+        mask: AttnMask,
+    ) -> Result<AttentionOut<T<F>>> {
+        let op = "attention_cached";
+        let c = attention_cached_dims(op, q.shape(), k.shape(), v.shape(), len, &mask)?;
+        let d = AttnDims {
+            b: c.b,
+            t: c.tq,
+            hq: c.hq,
+            hkv: c.hkv,
+            d: c.d,
+            mask,
+        };
+        let (qd, kd, vd) = (f32_data(op, q)?, f32_data(op, k)?, f32_data(op, v)?);
+        let (o, lse) = r::attention_cached(qd, kd, vd, &d, c.tc, len);
+        Ok(AttentionOut {
+            out: out(q.shape().clone(), o),
+            lse: out(Shape::new([c.b, c.hq, c.tq]), lse),
             mask: d.mask,
         })
     }

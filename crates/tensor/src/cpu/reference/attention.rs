@@ -68,6 +68,23 @@ fn dot<F: Real>(a: &[F], b: &[F]) -> F {
 /// `softmax(q kᵀ / sqrt(d)) v` (the scores soft-capped where `mask` says);
 /// query head `h` reads kv head `h / (hq / hkv)`.
 pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: &AttnDims) -> (Vec<F>, Vec<F>) {
+    dm.check(q.len(), k.len());
+    attention_cached(q, k, v, dm, dm.t, dm.t)
+}
+
+/// [`attention`] of queries that are the last `dm.t` of `len` positions
+/// (generation with a cache of keys and values): `k, v: [b, tk, hkv, d]`,
+/// of which the first `len` positions are read (`dm.t ≤ len ≤ tk`); query
+/// `i` sits at position `len − dm.t + i` and sees keys
+/// `mask.first_key(b, position) ..= position`.
+pub fn attention_cached<F: Real>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    dm: &AttnDims,
+    tk: usize,
+    len: usize,
+) -> (Vec<F>, Vec<F>) {
     let &AttnDims {
         b,
         t,
@@ -76,13 +93,23 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: &AttnDims) -> (Vec<F>, 
         d,
         ref mask,
     } = dm;
-    dm.check(q.len(), k.len());
+    assert!(
+        hkv > 0 && hq.is_multiple_of(hkv),
+        "attention: hq must be a multiple of hkv"
+    );
+    assert!(
+        t <= len && len <= tk,
+        "attention: {t} queries of {len} positions in {tk}"
+    );
+    assert_eq!(q.len(), b * t * hq * d, "attention: q length");
+    assert_eq!(k.len(), b * tk * hkv * d, "attention: k length");
     assert_eq!(v.len(), k.len(), "attention: v length");
     let group = hq / hkv;
     let scale: F = dm.scale();
     let scores = Scores::<F>::of(mask);
+    let first = len - t;
     let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
-    let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
+    let ki = |bi: usize, tj: usize, g: usize| ((bi * tk + tj) * hkv + g) * d;
 
     let heads: Vec<(Vec<F>, Vec<F>)> = (0..b * hq)
         .into_par_iter()
@@ -91,11 +118,12 @@ pub fn attention<F: Real>(q: &[F], k: &[F], v: &[F], dm: &AttnDims) -> (Vec<F>, 
             let g = h / group;
             let mut out = vec![F::zero(); t * d];
             let mut lse = vec![F::zero(); t];
-            let mut p = vec![F::zero(); t];
+            let mut p = vec![F::zero(); len];
             for ti in 0..t {
+                let pos = first + ti;
                 let qr = &q[qi(bi, ti, h)..][..d];
-                let j0 = mask.first_key(bi, ti);
-                let p = &mut p[j0..=ti];
+                let j0 = mask.first_key(bi, pos);
+                let p = &mut p[j0..=pos];
                 for (j, s) in (j0..).zip(p.iter_mut()) {
                     *s = scores.shape(dot(qr, &k[ki(bi, j, g)..][..d]) * scale);
                 }

@@ -23,7 +23,7 @@ pub use activation::{
     sigmoid_mul_backward, softcap, softcap_backward, swiglu, swiglu_backward, swiglu_clamped,
     swiglu_clamped_backward,
 };
-pub use attention::{AttnDims, attention, attention_backward};
+pub use attention::{AttnDims, attention, attention_backward, attention_cached};
 pub use attention_sinks::{attention_sinks, attention_sinks_backward};
 pub use conv1d::{causal_conv1d_silu, causal_conv1d_silu_backward};
 pub use delta_gates::{delta_gates, delta_gates_backward};
