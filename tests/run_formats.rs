@@ -339,6 +339,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         top_k: 0,
         seed: 1,
         decodable: 0,
+        kv_cache: true,
     };
     let enc = megatrain::run::Encoder::from_dir(&ckpt, None).unwrap();
     let prompt = enc.tokenizer.encode("abc").unwrap();
@@ -356,6 +357,15 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     };
     let x = generate(&ex, &model, &prompt, warm).unwrap();
     assert_eq!(x, generate(&ex, &model, &prompt, warm).unwrap(), "seeded");
+    let uncached = SampleOptions {
+        kv_cache: false,
+        ..warm
+    };
+    assert_eq!(
+        x,
+        generate(&ex, &model, &prompt, uncached).unwrap(),
+        "cached as uncached"
+    );
     assert!(generate(&ex, &model, &[], greedy).is_err());
     // Only ids the tokenizer decodes are picked.
     for opts in [greedy, warm] {

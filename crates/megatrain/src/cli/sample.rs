@@ -53,6 +53,11 @@ pub struct SampleArgs {
     /// that transport copy; f16 also computes matmuls on f16 operands.
     #[arg(long, default_value = "f32")]
     precision: Precision,
+    /// Keep each block's keys and values for the next token (true), or
+    /// re-run every position for every token (false: slower, for
+    /// comparison). Models with linear-attention blocks always re-run.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    kv_cache: bool,
 }
 
 pub fn run(a: SampleArgs) -> anyhow::Result<()> {
@@ -83,6 +88,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         top_k: a.top_k,
         seed: a.seed,
         decodable: enc.tokenizer.vocab_size(),
+        kv_cache: a.kv_cache,
     };
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
     let ids = on_executor!(exec, ex => {

@@ -1,11 +1,16 @@
 //! Text generation: seeded temperature / top-k sampling from a model whose
 //! layers are all uploaded once (fine for the small models one samples
 //! while learning; a streamed version would upload layer by layer per
-//! token). No KV cache: each token re-runs the last `context` positions.
+//! token). Each block keeps the keys and values of the positions so far
+//! ([`KvCache`]), so a token costs one position's forward; models with
+//! linear-attention blocks, and every token past the context (whose window
+//! slides), re-run the last `context` positions instead.
 
 use megatrain_tensor::{Executor, Shape, upload_weight};
 use megatrain_tier::{TransportDType, TransportMut, TransportRef, refresh_transport};
-use megatrain_zoo::layers::{block_forward, embedding_forward, head_logits};
+use megatrain_zoo::layers::{
+    KvCache, block_forward, block_forward_cached, embedding_forward, embedding_forward_at, head_logits,
+};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, upload_layer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,6 +30,9 @@ pub struct SampleOptions {
     /// model's embedding rows are often padded past its tokenizer's
     /// vocabulary: Phi-3's 32064 for 32011 tokens). 0: every id.
     pub decodable: usize,
+    /// Keep each block's keys and values for the next token (where the
+    /// model allows it); `false` re-runs every position for every token.
+    pub kv_cache: bool,
 }
 
 /// A model's weights resident on an executor.
@@ -77,7 +85,29 @@ impl<E: Executor> Resident<E> {
         for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
             x = block_forward(cfg, ex, layer, w, &x, None)?.0;
         }
-        let x2 = ex.reshape(&x, &Shape::new(vec![t, cfg.hidden_size]))?;
+        self.last_logits(ex, &x, t)
+    }
+
+    /// [`Resident::next_logits`] of `ids` that follow the positions `cache`
+    /// holds; their keys and values join it.
+    pub fn next_logits_cached(
+        &self,
+        ex: &E,
+        cache: &mut KvCache<E::Tensor>,
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.model;
+        let mut x = embedding_forward_at(cfg, ex, &self.weights[0], ids, cache.len())?;
+        for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
+            x = block_forward_cached(cfg, ex, layer, w, &x, cache)?;
+        }
+        self.last_logits(ex, &x, ids.len())
+    }
+
+    /// The head's logits of the last of the `t` rows of `x: [1, t, C]`.
+    fn last_logits(&self, ex: &E, x: &E::Tensor, t: usize) -> Result<Vec<f32>> {
+        let cfg = &self.model;
+        let x2 = ex.reshape(x, &Shape::new(vec![t, cfg.hidden_size]))?;
         let last = ex.slice_rows(&x2, t - 1, 1)?;
         let tied = cfg.tie_word_embeddings.then(|| &self.weights[0][0]);
         let logits = head_logits(cfg, ex, &self.weights[cfg.num_layers + 1], tied, &last)?;
@@ -164,9 +194,35 @@ pub fn generate_until<E: Executor>(
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut ids = prompt.to_vec();
     let mut out = Vec::with_capacity(opts.tokens);
+    // ids[first..cached] are in the cache. It holds every position a
+    // generation within the context reaches; past it the window slides,
+    // which a cache of fixed positions cannot follow.
+    let first = ids.len().saturating_sub(context);
+    let mut cached = first;
+    let mut cache = match opts.kv_cache && KvCache::<E::Tensor>::supports(&model.model) {
+        true => Some(KvCache::new(
+            &model.model,
+            (ids.len() - first + opts.tokens).min(context),
+        )?),
+        false => None,
+    };
     for _ in 0..opts.tokens {
-        let window = &ids[ids.len().saturating_sub(context)..];
-        let logits = model.next_logits(ex, window)?;
+        let end = ids.len();
+        if let Some(c) = cache.as_mut() {
+            if end - first > c.capacity() {
+                cache = None;
+            } else if !c.ready_for(&model.model, end - first) {
+                cached = first;
+            }
+        }
+        let logits = match cache.as_mut() {
+            Some(c) => {
+                let logits = model.next_logits_cached(ex, c, &ids[cached..])?;
+                cached = end;
+                logits
+            }
+            None => model.next_logits(ex, &ids[end.saturating_sub(context)..])?,
+        };
         let n = match opts.decodable {
             0 => logits.len(),
             d => d.min(logits.len()),

@@ -5,8 +5,9 @@
 //! on q/k/v/o. `nn.Linear` weights are `[out, in]`, read with
 //! `Transpose::NT`.
 
-use megatrain_tensor::{AttentionOut, Docs, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, qkv_backward, shape,
 };
@@ -76,7 +77,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, Cohere2Saved<E::Tensor>)> {
     let l = Layout::new(cfg);
     check_weights(w, l.len, "cohere2 block_forward")?;
@@ -92,12 +93,12 @@ pub(super) fn forward<E: Executor>(
     let v = ex.reshape(&lin(ex, &n.y, w, l.v)?, &ks)?;
     let (q, k) = match cfg.has_rope(layer) {
         true => (
-            ex.rope(&q, cfg.rope(layer).with_docs(docs.cloned()))?,
-            ex.rope(&k, cfg.rope(layer).with_docs(docs.cloned()))?,
+            ex.rope(&q, seq.rope(cfg, layer))?,
+            ex.rope(&k, seq.rope(cfg, layer))?,
         ),
         false => (q, k),
     };
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let gate = ex.matmul(&n.y, &w[l.gate], None, Transpose::NT)?;

@@ -1,10 +1,9 @@
 //! GPT-2 block: pre-LayerNorm attention and GELU MLP with biases; `Conv1D`
 //! weights are `[in, out]` and read untransposed.
 
-use megatrain_tensor::{
-    AddNormOut, AttentionOut, Docs, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose,
-};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{check_weights, linear, matmul_backward_gelu, matmul_gelu, shape};
 use crate::{ModelConfig, Result};
 
@@ -43,7 +42,7 @@ pub(super) fn forward<E: Executor>(
     ex: &E,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, Gpt2Saved<E::Tensor>)> {
     check_weights(w, N, "gpt2 block_forward")?;
     let eps = cfg.norm_eps as f32;
@@ -56,7 +55,7 @@ pub(super) fn forward<E: Executor>(
     let mut parts = ex.split_last(&qkv, &[c, c, c])?.into_iter();
     let mut next = || ex.reshape(&parts.next().expect("three parts"), &heads);
     let (q, k, v) = (next()?, next()?, next()?);
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(0).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(0))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;

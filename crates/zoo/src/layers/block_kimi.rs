@@ -13,9 +13,10 @@
 //! `o_proj`.
 
 use megatrain_tensor::{
-    AddNormOut, DeltaRuleOut, Docs, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
+    AddNormOut, DeltaRuleOut, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
 };
 
+use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::block_qwen35::{Conv, RuleInputs, linear_attn, rule_inputs};
 use super::moe::{RouterAux, RouterStats};
@@ -136,7 +137,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, KimiSaved<E::Tensor>)> {
     let l = Layout::new(cfg, layer);
     check_weights(w, l.len, "kimi block_forward")?;
@@ -148,7 +149,7 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
     let y = &n1.y;
     let mixed = ex.concat_last(&[&lin(ex, y, w, l.q)?, &lin(ex, y, w, l.k)?, &lin(ex, y, w, l.v)?])?;
-    let inputs = rule_inputs(ex, la, w, l.conv, mixed, docs)?;
+    let inputs = rule_inputs(ex, la, w, l.conv, mixed, seq.docs())?;
     let heads = shape(&[b, t, h, d]);
     let f_a = lin(ex, y, w, l.f_a)?;
     let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &heads)?;

@@ -8,8 +8,9 @@
 //! are `1 + w` ([`Gains`]).
 //! `nn.Linear` weights are `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{AddNormOut, AttentionOut, Docs, Executor, NormOut, TensorHandle};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle};
 
+use super::Seq;
 use super::moe::{self, Experts, MoeSaved, RouterAux, RouterStats};
 use super::{
     AttnSaved, Gains, GluSaved, Linear, attention_backward_from_output, check_weights, glu_mlp,
@@ -243,13 +244,13 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, LlamaSaved<E::Tensor>)> {
     let l = Layout::new(cfg, layer);
     check_weights(w, l.len(), "llama block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
-    let rope = cfg.rope(layer).with_docs(docs.cloned());
+    let rope = seq.rope(cfg, layer);
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
     let g = Gains::new(cfg, ex, w, &l.norms())?;
@@ -279,7 +280,7 @@ pub(super) fn forward<E: Executor>(
         false => (qn, kn),
     };
     let q = times(ex, q, cfg.q_factor())?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     // What the backward reads of a sink attention is its own output with
     // the plain attention's log-sum-exp (`Executor::attention_sinks`).
     let att = match l.sinks {

@@ -16,9 +16,10 @@
 //! gradients.
 
 use megatrain_tensor::{
-    AddNormOut, AttentionOut, Docs, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
+    AddNormOut, AttentionOut, Executor, HostSlice, MatmulNeeds, NormOut, TensorHandle, Transpose,
 };
 
+use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::moe::{RouterAux, RouterStats};
 use super::{Linear, check_weights, lin, needs, put, shape};
@@ -185,7 +186,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, MlaSaved<E::Tensor>)> {
     let m = mla(cfg)?;
     let l = Layout::new(cfg, &m, layer);
@@ -196,7 +197,7 @@ pub(super) fn forward<E: Executor>(
     let (d, q_factor) = widths(cfg, &m);
     let rope = megatrain_tensor::Rope {
         interleaved: m.rope_interleave,
-        ..cfg.rope(layer).with_docs(docs.cloned())
+        ..seq.rope(cfg, layer)
     };
 
     let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
@@ -228,7 +229,7 @@ pub(super) fn forward<E: Executor>(
     let k = ex.concat_last(&[&kvb[0], &ex.reshape(&k_heads, &shape(&[b, t, h, r]))?])?;
     let q = ex.scale(&pad(ex, q, d)?, q_factor)?;
     let (k, v) = (pad(ex, k, d)?, pad(ex, ex.reshape(&kvb[1], kvb[1].shape())?, d)?);
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = unpad(ex, ex.reshape(&att.out, att.out.shape())?, vw)?;
     let a = ex.reshape(&a, &shape(&[b, t, h * vw]))?;
     let o = lin(ex, &a, w, l.o)?;

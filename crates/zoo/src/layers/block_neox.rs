@@ -7,8 +7,9 @@
 //! `attention_bias` (the MLP's always). `nn.Linear` weights are
 //! `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{AddNormOut, AttentionOut, Docs, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     needs, put, shape,
@@ -77,14 +78,14 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, NeoxSaved<E::Tensor>)> {
     let l = Layout::new(cfg);
     check_weights(w, l.len, "gpt_neox block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
     let (h, d) = (cfg.num_heads, cfg.head_dim);
-    let rope = cfg.rope(layer).with_docs(docs.cloned());
+    let rope = seq.rope(cfg, layer);
 
     let n1 = ex.layernorm(x, &w[l.ln1.0], &w[l.ln1.1], eps)?;
     let qkv = ex.reshape(&lin(ex, &n1.y, w, l.qkv)?, &shape(&[b, t, h, 3 * d]))?;
@@ -94,7 +95,7 @@ pub(super) fn forward<E: Executor>(
     drop(qkv);
     let q = ex.rope(&q, rope.clone())?;
     let k = ex.rope(&k, rope)?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.dense)?;
     let (x2, n2) = match cfg.parallel_residual {

@@ -4,8 +4,9 @@
 //! or per head (EXAONE 4, whose full-attention blocks have no RoPE).
 //! Attention and the SwiGLU MLP are Llama's; optional attention biases.
 
-use megatrain_tensor::{AttentionOut, Docs, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, put, shape};
 use crate::{ModelConfig, Result};
 
@@ -91,7 +92,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, Olmo2Saved<E::Tensor>)> {
     let l = Layout::new(cfg);
     check_weights(w, l.len, "olmo2 block_forward")?;
@@ -110,12 +111,12 @@ pub(super) fn forward<E: Executor>(
     let (q, k) = (ex.reshape(&qn.y, &qs)?, ex.reshape(&kn.y, &ks)?);
     let (q, k) = match cfg.has_rope(layer) {
         true => (
-            ex.rope(&q, cfg.rope(layer).with_docs(docs.cloned()))?,
-            ex.rope(&k, cfg.rope(layer).with_docs(docs.cloned()))?,
+            ex.rope(&q, seq.rope(cfg, layer))?,
+            ex.rope(&k, seq.rope(cfg, layer))?,
         ),
         false => (q, k),
     };
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let on = ex.rmsnorm(&o, &w[l.post_att], eps)?;

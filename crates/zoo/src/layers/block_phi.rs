@@ -4,8 +4,9 @@
 //! `fc1`/`fc2` all with biases; RoPE on part of each head. `nn.Linear`
 //! weights are `[out, in]`, read with `Transpose::NT`.
 
-use megatrain_tensor::{AttentionOut, Docs, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     qkv_backward, shape,
@@ -44,20 +45,20 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, PhiSaved<E::Tensor>)> {
     check_weights(w, N, "phi block_forward")?;
     let eps = cfg.norm_eps as f32;
     let (b, t) = (x.dims()[0], x.dims()[1]);
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
-    let rope = cfg.rope(layer).with_docs(docs.cloned());
+    let rope = seq.rope(cfg, layer);
 
     let n = ex.layernorm(x, &w[LN_W], &w[LN_B], eps)?;
     let q = ex.rope(&ex.reshape(&lin(ex, &n.y, w, Q)?, &qs)?, rope.clone())?;
     let k = ex.rope(&ex.reshape(&lin(ex, &n.y, w, K)?, &ks)?, rope)?;
     let v = ex.reshape(&lin(ex, &n.y, w, V)?, &ks)?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, DENSE)?;
     let (f, g) = matmul_gelu(cfg, ex, &n.y, &w[FC1.0], FC1.1.map(|i| &w[i]), Transpose::NT)?;

@@ -23,6 +23,7 @@ use megatrain_tensor::{
     Transpose,
 };
 
+use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::moe::{RouterAux, RouterStats};
 use super::{Gains, Linear, check_weights, lin, needs, put, qkv_backward, shape};
@@ -266,7 +267,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, Qwen35Saved<E::Tensor>)> {
     let l = Layout::new(cfg, layer);
     check_weights(w, l.len, "qwen3.5 block_forward")?;
@@ -275,11 +276,11 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
     let (m, mixer) = match l.mixer {
         Mixer::DeltaNet(d) => {
-            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y, docs)?;
+            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y, seq.docs())?;
             (m, MixerSaved::DeltaNet(s))
         }
         Mixer::Attention(a) => {
-            let (m, s) = gated_attention_forward(cfg, ex, layer, w, &g, a, &n1.y, docs)?;
+            let (m, s) = gated_attention_forward(cfg, ex, layer, w, &g, a, &n1.y, seq)?;
             (m, MixerSaved::Attention(s))
         }
     };
@@ -673,12 +674,12 @@ fn gated_attention_forward<E: Executor>(
     g: &Gains<E::Tensor>,
     a: GatedAttn,
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, GatedAttnSaved<E::Tensor>)> {
     let eps = cfg.norm_eps as f32;
     let (b, t, d) = (x.dims()[0], x.dims()[1], cfg.head_dim);
     let (h, hkv) = (cfg.num_heads, cfg.num_kv_heads);
-    let rope = cfg.rope(layer).with_docs(docs.cloned());
+    let rope = seq.rope(cfg, layer);
     let qg = ex.reshape(&lin(ex, x, w, a.q)?, &shape(&[b, t, h, 2 * d]))?;
     let mut qg = ex.split_last(&qg, &[d, d])?;
     let gate = qg.pop().expect("split in two");
@@ -689,7 +690,7 @@ fn gated_attention_forward<E: Executor>(
     let kn = ex.rmsnorm(&k, g.get(w, a.k_norm), eps)?;
     let qr = ex.rope(&qn.y, rope.clone())?;
     let kr = ex.rope(&kn.y, rope)?;
-    let att = ex.attention(&qr, &kr, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &qr, &kr, &v, cfg.attn_mask(layer))?;
     let gated = ex.sigmoid_mul(&gate, &att.out)?;
     let gated = ex.reshape(&gated, &shape(&[b, t, cfg.q_dim()]))?;
     let out = lin(ex, &gated, w, a.o)?;

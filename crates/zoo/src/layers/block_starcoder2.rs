@@ -5,8 +5,9 @@
 //! released models' setting). `nn.Linear` weights are `[out, in]`, read
 //! with `Transpose::NT`.
 
-use megatrain_tensor::{AddNormOut, AttentionOut, Docs, Executor, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{AddNormOut, AttentionOut, Executor, NormOut, TensorHandle, Transpose};
 
+use super::Seq;
 use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     qkv_backward, shape,
@@ -84,7 +85,7 @@ pub(super) fn forward<E: Executor>(
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, Starcoder2Saved<E::Tensor>)> {
     let l = Layout::new(cfg);
     check_weights(w, l.len, "starcoder2 block_forward")?;
@@ -92,7 +93,7 @@ pub(super) fn forward<E: Executor>(
     let (b, t) = (x.dims()[0], x.dims()[1]);
     let qs = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
     let ks = shape(&[b, t, cfg.num_kv_heads, cfg.head_dim]);
-    let rope = cfg.rope(layer).with_docs(docs.cloned());
+    let rope = seq.rope(cfg, layer);
 
     let n1 = ex.layernorm(x, &w[l.ln1.0], &w[l.ln1.1], eps)?;
     let q = ex.reshape(&lin(ex, &n1.y, w, l.q)?, &qs)?;
@@ -100,7 +101,7 @@ pub(super) fn forward<E: Executor>(
     let v = ex.reshape(&lin(ex, &n1.y, w, l.v)?, &ks)?;
     let q = ex.rope(&q, rope.clone())?;
     let k = ex.rope(&k, rope)?;
-    let att = ex.attention(&q, &k, &v, cfg.attn_mask(layer).with_docs(docs.cloned()))?;
+    let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[l.ln2.0], &w[l.ln2.1], eps)?;

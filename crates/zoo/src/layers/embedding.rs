@@ -60,9 +60,39 @@ pub fn embedding_forward<E: Executor>(
     check_weights(w, n_weights(cfg), "embedding_forward")?;
     check_ids(cfg, ids, batch, seq, "embedding_forward")?;
     check_docs(docs, batch, seq, "embedding_forward")?;
+    embed(cfg, ex, w, ids, batch, seq, || positions(batch, seq, docs))
+}
+
+/// [`embedding_forward`] of the next tokens of one sequence, the first at
+/// position `start` (generation over a cache: `[1, ids.len(), C]`).
+pub fn embedding_forward_at<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    ids: &[u32],
+    start: usize,
+) -> Result<E::Tensor> {
+    let seq = ids.len();
+    check_weights(w, n_weights(cfg), "embedding_forward_at")?;
+    check_ids(cfg, ids, 1, seq, "embedding_forward_at")?;
+    cfg.check_seq_len(start + seq)?;
+    embed(cfg, ex, w, ids, 1, seq, || {
+        (start..start + seq).map(|p| p as u32).collect()
+    })
+}
+
+fn embed<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    w: &[E::Tensor],
+    ids: &[u32],
+    batch: usize,
+    seq: usize,
+    positions: impl FnOnce() -> Vec<u32>,
+) -> Result<E::Tensor> {
     let mut x = ex.embedding(ids, &w[0])?;
     if cfg.arch.is_gpt2() {
-        let p = ex.embedding(&positions(batch, seq, docs), &w[1])?;
+        let p = ex.embedding(&positions(), &w[1])?;
         ex.add_assign(&mut x, &p)?;
     }
     // Granite and Gemma scale what the table gives.

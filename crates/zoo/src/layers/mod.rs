@@ -49,6 +49,7 @@ mod block_qwen35;
 mod block_starcoder2;
 mod embedding;
 mod head;
+mod kv_cache;
 mod moe;
 
 use megatrain_tensor::{
@@ -65,10 +66,12 @@ pub use block_olmo2::Olmo2Saved;
 pub use block_phi::PhiSaved;
 pub use block_qwen35::Qwen35Saved;
 pub use block_starcoder2::Starcoder2Saved;
-pub use embedding::{embedding_backward, embedding_forward, embedding_grads};
+pub use embedding::{embedding_backward, embedding_forward, embedding_forward_at, embedding_grads};
 pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
 };
+pub(crate) use kv_cache::Seq;
+pub use kv_cache::{KvCache, LayerKv};
 pub use moe::{MoeSaved, RouterAux, RouterStats};
 
 use crate::{Arch, ModelConfig, Result, ZooError};
@@ -108,53 +111,88 @@ pub fn block_forward<E: Executor>(
     check_x(cfg, x, "block_forward")?;
     check_layer(cfg, layer, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
+    forward(cfg, ex, layer, w, x, &mut Seq::Rows(docs))
+}
+
+/// [`block_forward`] of the next tokens of one sequence, `x: [1, T, C]`,
+/// whose earlier positions `cache` holds: their keys and values join the
+/// cache, and the queries attend over all of it (generation; nothing is
+/// saved for a backward).
+pub fn block_forward_cached<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+    cache: &mut KvCache<E::Tensor>,
+) -> Result<E::Tensor> {
+    check_x(cfg, x, "block_forward_cached")?;
+    check_layer(cfg, layer, "block_forward_cached")?;
+    let n = cache.layers.len();
+    let kv = cache.layers.get_mut(layer).ok_or_else(|| {
+        ZooError::invalid(
+            "block_forward_cached",
+            format!("block {layer} of a cache of {n} blocks"),
+        )
+    })?;
+    Ok(forward(cfg, ex, layer, w, x, &mut Seq::Cached(kv))?.0)
+}
+
+fn forward<E: Executor>(
+    cfg: &ModelConfig,
+    ex: &E,
+    layer: usize,
+    w: &[E::Tensor],
+    x: &E::Tensor,
+    seq: &mut Seq<'_, E::Tensor>,
+) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
     match cfg.arch {
         Arch::Gpt2 => {
-            let (y, s) = block_gpt2::forward(cfg, ex, w, x, docs)?;
+            let (y, s) = block_gpt2::forward(cfg, ex, w, x, seq)?;
             Ok((y, BlockSaved::Gpt2(Box::new(s))))
         }
         // OLMo Hybrid's Gated DeltaNet blocks; its attention blocks are
         // OLMo 3's (below).
         Arch::OlmoHybrid if cfg.is_linear_block(layer) => {
-            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Qwen35(Box::new(s))))
         }
         Arch::Olmo2 | Arch::Olmo3 | Arch::Exaone4 | Arch::OlmoHybrid => {
-            let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_olmo2::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Olmo2(Box::new(s))))
         }
         Arch::Starcoder2 => {
-            let (y, s) = block_starcoder2::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_starcoder2::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Starcoder2(Box::new(s))))
         }
         Arch::Phi => {
-            let (y, s) = block_phi::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_phi::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Phi(Box::new(s))))
         }
         Arch::Cohere | Arch::Cohere2 => {
-            let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_cohere2::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Cohere2(Box::new(s))))
         }
         Arch::GptNeox => {
-            let (y, s) = block_neox::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_neox::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Neox(Box::new(s))))
         }
         // Kimi Linear's delta-attention blocks; its others are latent
         // attention's (below).
         Arch::KimiLinear if cfg.is_linear_block(layer) => {
-            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_kimi::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Kimi(Box::new(s))))
         }
         Arch::DeepseekV2 | Arch::DeepseekV3 | Arch::KimiLinear => {
-            let (y, s) = block_mla::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_mla::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Mla(Box::new(s))))
         }
         Arch::Qwen35 | Arch::Qwen35Moe | Arch::Qwen3Next => {
-            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_qwen35::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Qwen35(Box::new(s))))
         }
         _ => {
-            let (y, s) = block_llama::forward(cfg, ex, layer, w, x, docs)?;
+            let (y, s) = block_llama::forward(cfg, ex, layer, w, x, seq)?;
             Ok((y, BlockSaved::Llama(Box::new(s))))
         }
     }

@@ -1,0 +1,181 @@
+//! Generation with a cache of keys and values gives what running the whole
+//! sequence again gives, for every attention family of the zoo's golden
+//! fixtures: the logits after each step (a prompt, single tokens, several
+//! at once), through windows, soft caps, sinks, latent attention, GPT-2's
+//! learned positions and LongRoPE's switch of factors past its original
+//! context (where the cache is filled again); the tokens `generate` picks,
+//! greedy and sampled, with the cache and without, past the context too;
+//! and the GPU's cached logits against the CPU's.
+
+mod common;
+
+use megatrain::run::{Resident, SampleOptions, generate};
+use megatrain_gpu::GpuExecutor;
+use megatrain_tensor::{Executor, F64Executor};
+use megatrain_zoo::HfCheckpoint;
+use megatrain_zoo::layers::KvCache;
+
+fn fixture(case: &str) -> HfCheckpoint {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
+    HfCheckpoint::open(dir.join(case)).unwrap()
+}
+
+const ATTENTION_FAMILIES: [&str; 22] = [
+    "gpt2",
+    "qwen2",
+    "qwen2_window_layers",
+    "llama_gqa",
+    "llama3_rope",
+    "mistral_window",
+    "gemma2",
+    "gemma3",
+    "phi2",
+    "phi3_longrope",
+    "gpt_neox",
+    "olmo2",
+    "olmo3",
+    "exaone4",
+    "starcoder2",
+    "cohere2",
+    "glm4",
+    "granite",
+    "smollm3",
+    "deepseek_v3",
+    "gpt_oss",
+    "mixtral",
+];
+
+/// Ids of a 14-token sequence, and the new tokens each cached step takes.
+fn sequence(vocab: usize) -> (Vec<u32>, [usize; 8]) {
+    let ids = (0..14).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+    (ids, [5, 1, 1, 1, 1, 3, 1, 1])
+}
+
+fn max_rel(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(1e-30);
+    got.iter()
+        .zip(want)
+        .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()))
+        / scale
+}
+
+/// The logits after each step of `steps` through a cache on `ex`, against
+/// `want(n)`, the logits of the whole first n tokens.
+fn cached_steps_match<E: Executor>(
+    ex: &E,
+    ckpt: &HfCheckpoint,
+    want: impl Fn(&[u32]) -> Vec<f32>,
+    tol: f64,
+    case: &str,
+) {
+    let model = Resident::load(ex, ckpt).unwrap();
+    let cfg = &ckpt.config;
+    let (ids, steps) = sequence(cfg.vocab_size);
+    let mut cache = KvCache::new(cfg, ids.len()).unwrap();
+    let (mut cached, mut end) = (0, 0);
+    let mut refills = 0;
+    for n in steps {
+        end += n;
+        if !cache.ready_for(cfg, end) {
+            cached = 0;
+            refills += 1;
+        }
+        let got = model
+            .next_logits_cached(ex, &mut cache, &ids[cached..end])
+            .unwrap();
+        cached = end;
+        assert_eq!(cache.len(), end, "{case}");
+        let err = max_rel(&got, &want(&ids[..end]));
+        assert!(
+            err <= tol,
+            "{case}: logits after {end} tokens differ by {err} (bound {tol})"
+        );
+    }
+    // LongRoPE's factors switch past its original context of 8.
+    assert_eq!(refills, usize::from(case == "phi3_longrope"), "{case}: refills");
+}
+
+#[test]
+fn cached_logits_are_the_whole_sequence_logits() {
+    let ex = F64Executor::new();
+    for case in ATTENTION_FAMILIES {
+        let ckpt = fixture(case);
+        let whole = Resident::load(&ex, &ckpt).unwrap();
+        cached_steps_match(&ex, &ckpt, |ids| whole.next_logits(&ex, ids).unwrap(), 1e-9, case);
+    }
+}
+
+#[test]
+fn generation_picks_the_same_tokens_with_the_cache_and_without() {
+    let ex = F64Executor::new();
+    // The Gated DeltaNet hybrid runs without a cache either way; GPT-2's 32
+    // positions are passed by the second prompt, whose window then slides.
+    for case in [
+        "llama_gqa",
+        "gemma2",
+        "deepseek_v3",
+        "gpt2",
+        "phi3_longrope",
+        "qwen3_5",
+    ] {
+        let ckpt = fixture(case);
+        let model = Resident::load(&ex, &ckpt).unwrap();
+        let vocab = ckpt.config.vocab_size;
+        assert_eq!(KvCache::<()>::supports(&ckpt.config), case != "qwen3_5", "{case}");
+        for len in [3, 26] {
+            let prompt: Vec<u32> = (0..len).map(|i| ((i * 31 + 7) % vocab) as u32).collect();
+            for (temperature, top_k) in [(0.0, 0), (1.0, 0), (0.8, 5)] {
+                let opts = SampleOptions {
+                    tokens: 12,
+                    temperature,
+                    top_k,
+                    seed: 5,
+                    decodable: 0,
+                    kv_cache: true,
+                };
+                let with = generate(&ex, &model, &prompt, opts).unwrap();
+                let without = generate(
+                    &ex,
+                    &model,
+                    &prompt,
+                    SampleOptions {
+                        kv_cache: false,
+                        ..opts
+                    },
+                )
+                .unwrap();
+                assert_eq!(with.len(), 12, "{case}");
+                assert_eq!(
+                    with, without,
+                    "{case}: prompt of {len}, temperature {temperature}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_cached_logits_match_the_cpu() {
+    let Some(ctx) = common::ctx() else { return };
+    let gpu = GpuExecutor::new(ctx);
+    let cpu = F64Executor::new();
+    for case in [
+        "gpt2",
+        "llama_gqa",
+        "mistral_window",
+        "gemma2",
+        "gpt_oss",
+        "deepseek_v3",
+        "phi3_longrope",
+    ] {
+        let ckpt = fixture(case);
+        let whole = Resident::load(&cpu, &ckpt).unwrap();
+        cached_steps_match(
+            &gpu,
+            &ckpt,
+            |ids| whole.next_logits(&cpu, ids).unwrap(),
+            1e-4,
+            case,
+        );
+    }
+}
