@@ -697,8 +697,8 @@ fn a_routers_correction_bias_is_kept_as_loaded() {
 
 /// `.jsonl` through the binary: `train` says how its rows of records are
 /// cut and padded, `eval` scores each record once and says so (on the run
-/// and on its bf16 export), and both refuse `--rows records` for a source
-/// without records, naming it.
+/// and on its bf16 export, in one file or in shards), and both refuse
+/// `--rows records` for a source without records, naming it.
 #[test]
 fn rows_of_records_and_a_bf16_export_through_the_binary() {
     let tmp = tempfile::tempdir().unwrap();
@@ -801,6 +801,116 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
         (loss(&bf16_line) - loss(&line)).abs() < 1e-2,
         "{bf16_line} against {line}"
     );
+    // In shards of at most 100 kB, as the Hub publishes large models: the
+    // index names each, counts their bytes, and the shards score and
+    // sample as the one bf16 file does.
+    let sharded = t.join("sharded");
+    let export = |out: &Path, extra: &[&str]| {
+        let args = [&["export", "--run", s(&run_dir), "--out", s(out)][..], extra].concat();
+        let out = run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let said = export(&sharded, &["--dtype", "bf16", "--max-shard-size", "100KB"]);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(sharded.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let shards: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(shards.len() >= 2, "{index}");
+    assert!(
+        said.contains(&format!(
+            "{} shards and model.safetensors.index.json",
+            shards.len()
+        )),
+        "{said}"
+    );
+    let mut total = 0;
+    for f in &shards {
+        let bytes = std::fs::read(sharded.join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let data: usize = st.tensors().iter().map(|(_, v)| v.data().len()).sum();
+        assert!(data <= 100_000, "{f}: {data} bytes");
+        assert!(
+            st.tensors()
+                .iter()
+                .all(|(_, v)| v.dtype() == safetensors::Dtype::BF16)
+        );
+        total += data;
+    }
+    assert_eq!(index["metadata"]["total_size"], total);
+    assert!(!sharded.join("model.safetensors").exists());
+    let eval = |model: &Path| {
+        let out = run(&[
+            "eval",
+            "--model",
+            s(model),
+            "--data",
+            s(&data),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "96",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(eval(&sharded), bf16_line);
+    let sample = |model: &Path| {
+        let out = run(&[
+            "sample",
+            "--model",
+            s(model),
+            "--prompt",
+            "Count to 3",
+            "--tokens",
+            "12",
+            "--seed",
+            "5",
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = sample(&sharded);
+    assert!(text.starts_with("Count to 3"), "{text:?}");
+    assert_eq!(text, sample(&exp));
+    // Over it in one f32 file, the checkpoint's own: no shard or index
+    // is left to be read instead.
+    let said = export(&sharded, &[]);
+    assert!(said.contains("(float32 weights in model.safetensors)"), "{said}");
+    let mut left: Vec<String> = std::fs::read_dir(&sharded)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|f| f.contains("safetensors"))
+        .collect();
+    left.sort();
+    assert_eq!(left, ["model.safetensors"]);
+    let latest = std::fs::read_to_string(run_dir.join("latest")).unwrap();
+    assert_eq!(
+        std::fs::read(sharded.join("model.safetensors")).unwrap(),
+        std::fs::read(run_dir.join(latest.trim()).join("model.safetensors")).unwrap()
+    );
+    for (size, needle) in [
+        ("0", "no room for a shard"),
+        ("5XB", "unknown size unit"),
+        ("lots", "not a size"),
+        ("20000000TB", "more than"),
+    ] {
+        let args = [
+            "export",
+            "--run",
+            s(&run_dir),
+            "--out",
+            s(&exp),
+            "--max-shard-size",
+            size,
+        ];
+        refused(&args, &["--max-shard-size", &format!("'{size}'"), needle]);
+    }
     refused(
         &[
             "export",

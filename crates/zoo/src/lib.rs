@@ -13,7 +13,8 @@
 //!   order.
 //! - [`HfCheckpoint`] (one layer at a time, memory-mapped) / [`load_hf_dir`],
 //!   and [`export_hf_dir`]: per-layer fp32 slabs in and out of HF
-//!   safetensors directories.
+//!   safetensors directories; [`reshard_safetensors`]: a checkpoint's file
+//!   as one, narrowed and sharded a tensor at a time.
 //! - [`Tokenizer`]: HF `tokenizer.json`, char-level, byte-level.
 //! - [`init_layer`]: seeded random initialisation, one layer at a time.
 //!
@@ -44,7 +45,7 @@ mod tokenizer;
 
 pub use config::{Arch, LinearAttn, Mla, ModelConfig, Moe, Multipliers, Router};
 pub use error::{Result, ZooError};
-pub use hf_export::{ExportOptions, export_hf_dir, hf_dtype, narrow_safetensors};
+pub use hf_export::{ExportOptions, export_hf_dir, hf_dtype, narrow_safetensors, reshard_safetensors};
 pub use hf_load::{HfCheckpoint, INDEX_FILE, LoadedModel, SINGLE_FILE, load_hf_dir};
 pub use init::{INIT_STD, init_layer, init_layer_into};
 pub use layers::default_chunk_rows;

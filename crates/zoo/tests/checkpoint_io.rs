@@ -8,8 +8,11 @@ use std::path::Path;
 
 use common::{CASES, fixture};
 use megatrain_tensor::DType;
-use megatrain_zoo::{ExportOptions, HfCheckpoint, INDEX_FILE, ZooError, export_hf_dir, load_hf_dir};
+use megatrain_zoo::{
+    ExportOptions, HfCheckpoint, INDEX_FILE, ZooError, export_hf_dir, load_hf_dir, reshard_safetensors,
+};
 use safetensors::tensor::{Dtype, TensorView};
+use serde_json::{Value, json};
 
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -412,4 +415,210 @@ fn narrowing_a_file_rounds_its_f32_tensors_and_keeps_the_rest() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("none"), "{err}");
+}
+
+/// A safetensors file of f32 `tensors` with their data in the order given,
+/// as a checkpoint holds its layers (the `safetensors` writer would sort
+/// them by name: layer 10 before layer 2).
+fn write_in_order(path: &Path, tensors: &[(&str, Vec<f32>)]) {
+    let mut header = json!({"__metadata__": {"format": "pt"}});
+    let mut offset = 0;
+    for (name, v) in tensors {
+        let end = offset + v.len() * 4;
+        header[*name] = json!({"dtype": "F32", "shape": [v.len()], "data_offsets": [offset, end]});
+        offset = end;
+    }
+    let mut h = serde_json::to_vec(&header).unwrap();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(h);
+    for (_, v) in tensors {
+        bytes.extend_from_slice(bytemuck::cast_slice(v));
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn read_index(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap()).unwrap()
+}
+
+/// Name and stored bytes of every tensor of a safetensors file, and its
+/// metadata.
+#[allow(clippy::type_complexity)]
+fn stored(
+    path: &Path,
+) -> (
+    Vec<(String, Vec<u8>)>,
+    Option<std::collections::HashMap<String, String>>,
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.data().to_vec()))
+        .collect();
+    tensors.sort();
+    (tensors, meta.metadata().clone())
+}
+
+/// Shards hold the source's tensors in its order, as many as fit the limit
+/// (one larger than it alone), narrowed, with its metadata; the index maps
+/// each to its shard and counts their bytes.
+#[test]
+fn resharding_keeps_the_files_order_and_a_large_tensor_alone() {
+    use megatrain_tensor::convert;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("ckpt.safetensors");
+    let t = |n: usize, at: f32| (0..n).map(|i| at + i as f32 * 0.371).collect::<Vec<f32>>();
+    let tensors = [
+        ("model.layers.2.w", t(100, 1.0)),
+        ("model.layers.10.w", t(100, 2.0)),
+        ("lm_head.weight", t(1000, 3.0)),
+        ("model.layers.11.w", t(60, 4.0)),
+        ("model.embed", t(60, 5.0)),
+    ];
+    write_in_order(&src, &tensors);
+    let shard = |i: usize| format!("model-{i:05}-of-00003.safetensors");
+    let want_map = json!({
+        "model.layers.2.w": shard(1),
+        "model.layers.10.w": shard(1),
+        "lm_head.weight": shard(2),
+        "model.layers.11.w": shard(3),
+        "model.embed": shard(3),
+    });
+    // The same shards in f32 at 1000 bytes and in bf16 at 500.
+    for (dtype, limit) in [(DType::F32, 1000), (DType::BF16, 500)] {
+        let out = dir.path().join(dtype.to_string());
+        let files = reshard_safetensors(&src, &out, dtype, Some(limit)).unwrap();
+        let want_files: Vec<_> = [shard(1), shard(2), shard(3), INDEX_FILE.to_string()]
+            .iter()
+            .map(|f| out.join(f))
+            .collect();
+        assert_eq!(files, want_files, "{dtype}");
+        let index = read_index(&out);
+        assert_eq!(index["weight_map"], want_map, "{dtype}");
+        let mut shard_bytes = 0;
+        for i in 1..=3 {
+            let (got, meta) = stored(&out.join(shard(i)));
+            assert_eq!(meta.unwrap()["format"], "pt", "{dtype}");
+            let mut want: Vec<(String, Vec<u8>)> = tensors
+                .iter()
+                .filter(|(n, _)| want_map[*n] == shard(i))
+                .map(|(n, v)| {
+                    let data = match dtype {
+                        DType::BF16 => bytemuck::cast_slice(&convert::f32_to_bf16(v)).to_vec(),
+                        _ => bytemuck::cast_slice(v).to_vec(),
+                    };
+                    (n.to_string(), data)
+                })
+                .collect();
+            want.sort();
+            assert_eq!(got, want, "{dtype} shard {i}");
+            shard_bytes += got.iter().map(|(_, d)| d.len()).sum::<usize>();
+        }
+        let elem = dtype.size_in_bytes();
+        assert_eq!(shard_bytes, 1320 * elem);
+        assert_eq!(index["metadata"]["total_size"], shard_bytes, "{dtype}");
+        assert!(!out.join("model.safetensors").exists());
+    }
+}
+
+/// A checkpoint written again in shards loads as it was: bit for bit in
+/// f32, rounded to bf16 in bf16.
+#[test]
+fn a_resharded_checkpoint_loads_back_equal() {
+    use megatrain_tensor::convert;
+    let src = fixture("llama_gqa");
+    let want = load_hf_dir(&src).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let out = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), out.path().join("config.json")).unwrap();
+        let limit = 40_000 / 4 * dtype.size_in_bytes();
+        let files = reshard_safetensors(
+            &src.join("model.safetensors"),
+            out.path(),
+            dtype,
+            Some(limit as u64),
+        )
+        .unwrap();
+        let (index, shards) = files.split_last().unwrap();
+        assert_eq!(index, &out.path().join(INDEX_FILE));
+        assert!(shards.len() >= 4, "{} shards", shards.len());
+        let mut total = 0;
+        for f in shards {
+            let (tensors, _) = stored(f);
+            let bytes: usize = tensors.iter().map(|(_, d)| d.len()).sum();
+            assert!(bytes <= limit || tensors.len() == 1, "{}: {bytes}", f.display());
+            total += bytes;
+        }
+        assert_eq!(read_index(out.path())["metadata"]["total_size"], total);
+        HfCheckpoint::open(out.path()).unwrap();
+        let back = load_hf_dir(out.path()).unwrap();
+        let rounded: Vec<Vec<f32>> = match dtype {
+            DType::F32 => want.slabs.clone(),
+            _ => want
+                .slabs
+                .iter()
+                .map(|s| convert::bf16_to_f32(&convert::f32_to_bf16(s)))
+                .collect(),
+        };
+        assert!(back.slabs == rounded, "{dtype}");
+        assert_eq!(back.tables, want.tables);
+    }
+}
+
+/// Exported over an earlier export, shards or one file leave no weights of
+/// it that a loader would read; other files stay.
+#[test]
+fn switching_between_shards_and_one_file_leaves_nothing_stale() {
+    let src = fixture("llama_gqa");
+    let want = load_hf_dir(&src).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let out = out.path();
+    let keep = [
+        "config.json",
+        "model-1-of-2.safetensors",
+        "model-00001-of-00002.bin",
+    ];
+    std::fs::copy(src.join("config.json"), out.join("config.json")).unwrap();
+    for f in &keep[1..] {
+        std::fs::write(out.join(f), "not weights").unwrap();
+    }
+    let check = |files: Vec<std::path::PathBuf>| {
+        let mut listed: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        listed.sort();
+        let mut want_listed: Vec<String> = keep.iter().map(|f| f.to_string()).collect();
+        want_listed.extend(
+            files
+                .iter()
+                .map(|f| f.file_name().unwrap().to_string_lossy().into_owned()),
+        );
+        want_listed.sort();
+        assert_eq!(listed, want_listed);
+        assert!(load_hf_dir(out).unwrap().slabs == want.slabs);
+        files.len()
+    };
+    let model = src.join("model.safetensors");
+    let reshard = |limit| reshard_safetensors(&model, out, DType::F32, limit).unwrap();
+    assert!(check(reshard(Some(40_000))) > 4);
+    assert_eq!(check(reshard(None)), 1);
+    let fewer = check(reshard(Some(80_000)));
+    assert!((3..5).contains(&fewer), "{fewer}");
+    assert!(check(reshard(Some(40_000))) > fewer);
+    // Everything within the limit: one file, as without one.
+    assert_eq!(check(reshard(Some(1 << 30))), 1);
+    assert_eq!(
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+        std::fs::read(&model).unwrap()
+    );
+    assert!(check(reshard(Some(80_000))) > 1);
+    // From slabs the same.
+    let slabs = slabs(&want);
+    export_hf_dir(out, &want.config, &want.tables, &slabs, ExportOptions::default()).unwrap();
+    assert_eq!(check(vec![out.join("model.safetensors")]), 1);
 }
