@@ -1,11 +1,11 @@
-//! Generation with a cache of keys and values gives what running the whole
-//! sequence again gives, for every attention family of the zoo's golden
-//! fixtures: the logits after each step (a prompt, single tokens, several
-//! at once), through windows, soft caps, sinks, latent attention, GPT-2's
-//! learned positions and LongRoPE's switch of factors past its original
-//! context (where the cache is filled again); the tokens `generate` picks,
-//! greedy and sampled, with the cache and without, past the context too;
-//! and the GPU's cached logits against the CPU's.
+//! Generation over a cache gives what running the whole sequence again
+//! gives, for every block family of the zoo's golden fixtures: the logits
+//! after each step (a prompt, single tokens, several at once), through
+//! windows, soft caps, sinks, latent attention, GPT-2's learned positions,
+//! LongRoPE's switch of factors past its original context (where the cache
+//! is filled again) and the Gated DeltaNet's convolution and state; the
+//! tokens `generate` picks, greedy and sampled, with the cache and without,
+//! past the context too; and the GPU's cached logits against the CPU's.
 
 mod common;
 
@@ -20,7 +20,7 @@ fn fixture(case: &str) -> HfCheckpoint {
     HfCheckpoint::open(dir.join(case)).unwrap()
 }
 
-const ATTENTION_FAMILIES: [&str; 22] = [
+const FAMILIES: [&str; 27] = [
     "gpt2",
     "qwen2",
     "qwen2_window_layers",
@@ -43,6 +43,11 @@ const ATTENTION_FAMILIES: [&str; 22] = [
     "deepseek_v3",
     "gpt_oss",
     "mixtral",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "kimi_linear",
+    "olmo_hybrid",
 ];
 
 /// Ids of a 14-token sequence, and the new tokens each cached step takes.
@@ -98,7 +103,7 @@ fn cached_steps_match<E: Executor>(
 #[test]
 fn cached_logits_are_the_whole_sequence_logits() {
     let ex = F64Executor::new();
-    for case in ATTENTION_FAMILIES {
+    for case in FAMILIES {
         let ckpt = fixture(case);
         let whole = Resident::load(&ex, &ckpt).unwrap();
         cached_steps_match(&ex, &ckpt, |ids| whole.next_logits(&ex, ids).unwrap(), 1e-9, case);
@@ -108,8 +113,8 @@ fn cached_logits_are_the_whole_sequence_logits() {
 #[test]
 fn generation_picks_the_same_tokens_with_the_cache_and_without() {
     let ex = F64Executor::new();
-    // The Gated DeltaNet hybrid runs without a cache either way; GPT-2's 32
-    // positions are passed by the second prompt, whose window then slides.
+    // GPT-2's 32 positions are passed by the second prompt, whose window
+    // then slides.
     for case in [
         "llama_gqa",
         "gemma2",
@@ -121,7 +126,6 @@ fn generation_picks_the_same_tokens_with_the_cache_and_without() {
         let ckpt = fixture(case);
         let model = Resident::load(&ex, &ckpt).unwrap();
         let vocab = ckpt.config.vocab_size;
-        assert_eq!(KvCache::<()>::supports(&ckpt.config), case != "qwen3_5", "{case}");
         for len in [3, 26] {
             let prompt: Vec<u32> = (0..len).map(|i| ((i * 31 + 7) % vocab) as u32).collect();
             for (temperature, top_k) in [(0.0, 0), (1.0, 0), (0.8, 5)] {
@@ -167,6 +171,8 @@ fn gpu_cached_logits_match_the_cpu() {
         "gpt_oss",
         "deepseek_v3",
         "phi3_longrope",
+        "qwen3_5",
+        "kimi_linear",
     ] {
         let ckpt = fixture(case);
         let whole = Resident::load(&cpu, &ckpt).unwrap();

@@ -50,6 +50,7 @@ const ATTENTION_SOURCES: [&str; 5] = [
 const ATTENTION_SINKS: &str = include_str!("../../../shaders/attention_sinks.wgsl");
 const ATTENTION_CACHED: &str = include_str!("../../../shaders/attention_cached.wgsl");
 const DELTA_RULE: &str = include_str!("../../../shaders/delta_rule.wgsl");
+const DELTA_RULE_CACHED: &str = include_str!("../../../shaders/delta_rule_cached.wgsl");
 const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
@@ -252,6 +253,9 @@ pub enum Kernel {
     /// heads.
     DeltaRuleFwd,
     DeltaRuleBwd,
+    /// The delta rule from a given state, for generation
+    /// (delta_rule_cached.wgsl).
+    DeltaRuleCached,
     DeltaRuleGroupSum,
     /// A tensor-core flash-attention kernel (real ones need cooperative
     /// matrices; emulated ones run anywhere).
@@ -332,6 +336,7 @@ impl Kernel {
             AttnCached,
             DeltaRuleFwd,
             DeltaRuleBwd,
+            DeltaRuleCached,
             DeltaRuleGroupSum,
             CrossEntropy,
             GatherF32,
@@ -541,6 +546,7 @@ impl Kernel {
             DeltaRuleFwd => (&[DELTA_RULE], "dr_fwd", &[1, 2, 3, 4, 5, 6, 7, 12]),
             DeltaRuleBwd => (&[DELTA_RULE], "dr_bwd", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12]),
             DeltaRuleGroupSum => (&[DELTA_RULE], "dr_group_sum", &[10, 11]),
+            DeltaRuleCached => (&[DELTA_RULE_CACHED], "dr_cached", &[1, 2, 3, 4, 5, 6, 7]),
             CrossEntropy => (
                 &[MAX_BITS, CROSS_ENTROPY, ROW_MAX],
                 "cross_entropy",

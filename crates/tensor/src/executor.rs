@@ -693,6 +693,20 @@ pub trait Executor {
         beta: &Self::Tensor,
         docs: Option<&Docs>,
     ) -> Result<DeltaRuleOut<Self::Tensor>>;
+    /// [`gated_delta_rule`](Self::gated_delta_rule) of T new steps
+    /// continuing from `state` `[B, Hv, Dk, Dv]` (what the steps before
+    /// left; zeros at a sequence's start), which it updates to what the
+    /// last step leaves: generation over a cache. Forward only, without
+    /// documents or checkpoints; returns out `[B, T, Hv, Dv]`.
+    fn gated_delta_rule_cached(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        g: &Self::Tensor,
+        beta: &Self::Tensor,
+        state: &mut Self::Tensor,
+    ) -> Result<Self::Tensor>;
     /// Backward of [`gated_delta_rule`](Self::gated_delta_rule) from its
     /// `fwd` and `dout`: each chunk's states recomputed from its checkpoint,
     /// then walked in reverse, under the forward's documents (no gradient

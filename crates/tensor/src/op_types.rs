@@ -611,6 +611,19 @@ impl DeltaRuleDims {
     }
 }
 
+/// The shapes of [`Executor::gated_delta_rule_cached`](crate::Executor::gated_delta_rule_cached):
+/// the operands' as the forward's, and the state `[B, Hv, Dk, Dv]`.
+pub fn delta_rule_cached_dims(op: &'static str, x: [&Shape; 5], state: &Shape) -> Result<DeltaRuleDims> {
+    let d = delta_rule_dims(op, x, None)?;
+    if state.dims() != [d.b, d.hv, d.dk, d.dv] {
+        return Err(Error::shape(
+            op,
+            format!("state {state} must be [{}, {}, {}, {}]", d.b, d.hv, d.dk, d.dv),
+        ));
+    }
+    Ok(d)
+}
+
 /// The shapes of the gated delta rule's forward and, given
 /// `(out, saved, dout)`, backward, or an error naming `op` and the shapes:
 /// every executor checks [`Executor::gated_delta_rule`](crate::Executor::gated_delta_rule)

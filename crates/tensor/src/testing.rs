@@ -131,3 +131,41 @@ pub fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
     a.iter().zip(b).map(|(&x, &y)| x.into() * y.into()).sum()
 }
+
+/// q (scaled), k (unit rows), v, g (log-decays < 0: one a head, or one a
+/// key channel) and beta in (0, 1) of a `[b, t, hk, hv, dk, dv]` rule.
+pub fn delta_rule_inputs(
+    seed: u64,
+    [b, t, hk, hv, dk, dv]: [usize; 6],
+    per_channel: bool,
+) -> [CpuTensor<f64>; 5] {
+    type T = CpuTensor<f64>;
+    let unit_rows = |seed, scale: f64| {
+        let mut x = random_f64(seed, b * t * hk * dk);
+        for row in x.chunks_mut(dk) {
+            let n = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+            row.iter_mut().for_each(|v| *v *= scale / n);
+        }
+        T::from_vec(vec![b, t, hk, dk], x).unwrap()
+    };
+    let decays = if per_channel { dk } else { 1 };
+    let g: Vec<f64> = random_f64(seed + 3, b * t * hv * decays)
+        .iter()
+        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
+        .collect();
+    let beta: Vec<f64> = random_f64(seed + 4, b * t * hv)
+        .iter()
+        .map(|u| 1.0 / (1.0 + (-3.0 * u).exp()))
+        .collect();
+    let g_shape = match per_channel {
+        true => vec![b, t, hv, dk],
+        false => vec![b, t, hv],
+    };
+    [
+        unit_rows(seed, 1.0 / (dk as f64).sqrt()),
+        unit_rows(seed + 1, 1.0),
+        T::from_vec(vec![b, t, hv, dv], random_f64(seed + 2, b * t * hv * dv)).unwrap(),
+        T::from_vec(g_shape, g).unwrap(),
+        T::from_vec(vec![b, t, hv], beta).unwrap(),
+    ]
+}

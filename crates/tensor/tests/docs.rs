@@ -4,7 +4,7 @@
 //! numbers token for token, and the backwards must match finite
 //! differences under the packed documents.
 
-use megatrain_tensor::testing::{dot, grad_check, random_f64, rel_norm_err};
+use megatrain_tensor::testing::{delta_rule_inputs, dot, grad_check, random_f64, rel_norm_err};
 use megatrain_tensor::{
     AttnMask, CpuTensor, DELTA_RULE_CHUNK, Docs, Executor, F64Executor, Rope, RopeScaling, Shape, SoftCap,
     TensorHandle,
@@ -277,39 +277,6 @@ fn causal_conv1d_backward_under_documents_matches_finite_differences() {
             cot.data(),
         )
     });
-}
-
-/// q (scaled), k (unit rows), v, g (log-decays < 0: one a head, or one a
-/// key channel) and beta in (0, 1) of a `[b, t, hk, hv, dk, dv]` rule.
-fn delta_rule_inputs(seed: u64, [b, t, hk, hv, dk, dv]: [usize; 6], per_channel: bool) -> [T; 5] {
-    let unit_rows = |seed, scale: f64| {
-        let mut x = random_f64(seed, b * t * hk * dk);
-        for row in x.chunks_mut(dk) {
-            let n = row.iter().map(|v| v * v).sum::<f64>().sqrt();
-            row.iter_mut().for_each(|v| *v *= scale / n);
-        }
-        T::from_vec(vec![b, t, hk, dk], x).unwrap()
-    };
-    let decays = if per_channel { dk } else { 1 };
-    let g: Vec<f64> = random_f64(seed + 3, b * t * hv * decays)
-        .iter()
-        .map(|u| -(1.0 + (2.0 * u).exp()).ln())
-        .collect();
-    let beta: Vec<f64> = random_f64(seed + 4, b * t * hv)
-        .iter()
-        .map(|u| 1.0 / (1.0 + (-3.0 * u).exp()))
-        .collect();
-    let g_shape = match per_channel {
-        true => vec![b, t, hv, dk],
-        false => vec![b, t, hv],
-    };
-    [
-        unit_rows(seed, 1.0 / (dk as f64).sqrt()),
-        unit_rows(seed + 1, 1.0),
-        rand_t(seed + 2, &[b, t, hv, dv]),
-        T::from_vec(g_shape, g).unwrap(),
-        T::from_vec(vec![b, t, hv], beta).unwrap(),
-    ]
 }
 
 /// The delta rule's state starts from zero at each document: out and all

@@ -505,6 +505,18 @@ impl Executor for GpuExecutor {
         self.gated_delta_rule_impl([q, k, v, g, beta], docs)
     }
 
+    fn gated_delta_rule_cached(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        g: &GpuTensor,
+        beta: &GpuTensor,
+        state: &mut GpuTensor,
+    ) -> Result<GpuTensor> {
+        self.gated_delta_rule_cached_impl([q, k, v, g, beta], state)
+    }
+
     fn gated_delta_rule_backward(
         &self,
         q: &GpuTensor,

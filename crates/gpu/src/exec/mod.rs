@@ -14,6 +14,7 @@ mod clamped_glu;
 mod conv1d;
 mod delta_gates;
 mod delta_rule;
+mod delta_rule_cached;
 mod docs;
 mod elementwise;
 mod embed_loss;

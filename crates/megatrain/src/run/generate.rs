@@ -1,10 +1,10 @@
 //! Text generation: seeded temperature / top-k sampling from a model whose
 //! layers are all uploaded once (fine for the small models one samples
 //! while learning; a streamed version would upload layer by layer per
-//! token). Each block keeps the keys and values of the positions so far
-//! ([`KvCache`]), so a token costs one position's forward; models with
-//! linear-attention blocks, and every token past the context (whose window
-//! slides), re-run the last `context` positions instead.
+//! token). Each block keeps what it needs of the positions so far
+//! ([`KvCache`]: keys and values, or a Gated DeltaNet's state), so a token
+//! costs one position's forward; every token past the context (whose
+//! window slides) re-runs the last `context` positions instead.
 
 use megatrain_tensor::{Executor, Shape, upload_weight};
 use megatrain_tier::{TransportDType, TransportMut, TransportRef, refresh_transport};
@@ -199,7 +199,7 @@ pub fn generate_until<E: Executor>(
     // which a cache of fixed positions cannot follow.
     let first = ids.len().saturating_sub(context);
     let mut cached = first;
-    let mut cache = match opts.kv_cache && KvCache::<E::Tensor>::supports(&model.model) {
+    let mut cache = match opts.kv_cache {
         true => Some(KvCache::new(
             &model.model,
             (ids.len() - first + opts.tokens).min(context),

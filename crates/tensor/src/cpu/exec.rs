@@ -16,7 +16,7 @@ use crate::{
     DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Error, Executor, HostSlice, HostTensor, MatmulGrads,
     MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
     attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims,
-    delta_rule_dims, sigmoid_mul_check,
+    delta_rule_cached_dims, delta_rule_dims, sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -757,6 +757,28 @@ impl<F: Real> Executor for RefExecutor<F> {
             saved: out(d.saved_shape(), saved),
             docs: docs.cloned(),
         })
+    }
+
+    fn gated_delta_rule_cached(
+        &self,
+        q: &T<F>,
+        k: &T<F>,
+        v: &T<F>,
+        g: &T<F>,
+        beta: &T<F>,
+        state: &mut T<F>,
+    ) -> Result<T<F>> {
+        let op = "gated_delta_rule_cached";
+        let d = delta_rule_cached_dims(op, [q, k, v, g, beta].map(|x| x.shape()), state.shape())?;
+        let x = delta_rule_in(op, [q, k, v, g, beta], d, None)?;
+        let Store::Wide(s) = state.store_mut() else {
+            return Err(Error::DType {
+                op,
+                expected: DType::F32,
+                got: state.dtype(),
+            });
+        };
+        Ok(out(v.shape().clone(), r::gated_delta_rule_cached(x, d, s)))
     }
 
     fn gated_delta_rule_backward(

@@ -149,7 +149,7 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, &w[l.ln1], eps)?;
     let y = &n1.y;
     let mixed = ex.concat_last(&[&lin(ex, y, w, l.q)?, &lin(ex, y, w, l.k)?, &lin(ex, y, w, l.v)?])?;
-    let inputs = rule_inputs(ex, la, w, l.conv, mixed, seq.docs())?;
+    let inputs = rule_inputs(ex, la, w, l.conv, mixed, seq)?;
     let heads = shape(&[b, t, h, d]);
     let f_a = lin(ex, y, w, l.f_a)?;
     let f = ex.reshape(&lin(ex, &f_a, w, l.f_b)?, &heads)?;
@@ -163,7 +163,7 @@ pub(super) fn forward<E: Executor>(
     let a_log = ex.reshape(&a_log, &shape(&[hd]))?;
     let bl = lin(ex, y, w, l.b)?;
     let (g, beta) = ex.delta_gates(&f, &bl, &a_log, &w[l.dt_bias])?;
-    let rule = inputs.rule(ex, &g, &beta)?;
+    let rule = inputs.rule(ex, &g, &beta, seq)?;
     let normed = ex.rmsnorm(&rule.out, &w[l.norm], eps)?;
     let g_a = lin(ex, y, w, l.g_a)?;
     let gate = ex.reshape(&lin(ex, &g_a, w, l.g_b)?, &heads)?;

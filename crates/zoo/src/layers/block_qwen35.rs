@@ -276,7 +276,7 @@ pub(super) fn forward<E: Executor>(
     let n1 = ex.rmsnorm(x, g.get(w, l.ln1), eps)?;
     let (m, mixer) = match l.mixer {
         Mixer::DeltaNet(d) => {
-            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y, seq.docs())?;
+            let (m, s) = delta_net_forward(cfg, ex, w, d, &n1.y, seq)?;
             (m, MixerSaved::DeltaNet(s))
         }
         Mixer::Attention(a) => {
@@ -347,7 +347,7 @@ fn delta_net_forward<E: Executor>(
     w: &[E::Tensor],
     d: DeltaNet,
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<(E::Tensor, DeltaNetSaved<E::Tensor>)> {
     let la = linear_attn(cfg)?;
     let (b, t) = (x.dims()[0], x.dims()[1]);
@@ -358,7 +358,7 @@ fn delta_net_forward<E: Executor>(
         b: bl,
         a: al,
     } = project(ex, la, w, d.proj, x)?;
-    let inputs = rule_inputs(ex, la, w, d.conv, mixed, docs)?;
+    let inputs = rule_inputs(ex, la, w, d.conv, mixed, seq)?;
     let (gates, betas) = ex.delta_gates(&al, &bl, &w[d.a_log], &w[d.dt_bias])?;
     let gates = ex.reshape(&gates, &shape(&[b, t, hv]))?;
     let betas = ex.reshape(&betas, &shape(&[b, t, hv]))?;
@@ -366,7 +366,7 @@ fn delta_net_forward<E: Executor>(
         1.0 => betas,
         s => ex.scale(&betas, s)?,
     };
-    let rule = inputs.rule(ex, &gates, &betas)?;
+    let rule = inputs.rule(ex, &gates, &betas, seq)?;
     let normed = ex.rmsnorm(&rule.out, &w[d.norm], gate_norm_eps(cfg, la))?;
     let gated = ex.reshape(&ex.swiglu(&z, &normed.y)?, &shape(&[b, t, vw]))?;
     let out = lin(ex, &gated, w, d.out)?;
@@ -445,20 +445,20 @@ pub(super) struct RuleInputs<T> {
     v: T,
 }
 
-/// [`RuleInputs`] of `mixed` through the convolution `conv`, within the
-/// rows' documents `docs`.
+/// [`RuleInputs`] of `mixed` through the convolution `conv`, where `seq`
+/// says (within the rows' documents, or after the inputs a cache holds).
 pub(super) fn rule_inputs<E: Executor>(
     ex: &E,
     la: &LinearAttn,
     w: &[E::Tensor],
     conv: Conv,
     mixed: E::Tensor,
-    docs: Option<&Docs>,
+    seq: &mut Seq<'_, E::Tensor>,
 ) -> Result<RuleInputs<E::Tensor>> {
     let (b, t) = (mixed.dims()[0], mixed.dims()[1]);
     let (hk, hv, dk, dv) = (la.key_heads, la.value_heads, la.key_dim, la.value_dim);
     let (kw, vw) = (la.key_width(), la.value_width());
-    let conv = ex.causal_conv1d_silu(&mixed, &conv_weight(ex, la, w, conv)?, docs)?;
+    let conv = seq.conv(ex, &mixed, &conv_weight(ex, la, w, conv)?)?;
     let parts = ex.split_last(&conv, &[kw, kw, vw])?;
     let q = ex.reshape(&parts[0], &shape(&[b, t, hk, dk]))?;
     let k = ex.reshape(&parts[1], &shape(&[b, t, hk, dk]))?;
@@ -470,7 +470,7 @@ pub(super) fn rule_inputs<E: Executor>(
     let (qs, ks) = (ex.scale(&qn.y, q_scale)?, ex.scale(&kn.y, k_scale)?);
     Ok(RuleInputs {
         mixed,
-        docs: docs.cloned(),
+        docs: seq.docs().cloned(),
         unit,
         q: (q, qn, qs),
         k: (k, kn, ks),
@@ -479,9 +479,16 @@ pub(super) fn rule_inputs<E: Executor>(
 }
 
 impl<T: TensorHandle> RuleInputs<T> {
-    /// The gated delta rule of these inputs with decays `g` and rates `beta`.
-    pub(super) fn rule<E: Executor<Tensor = T>>(&self, ex: &E, g: &T, beta: &T) -> Result<DeltaRuleOut<T>> {
-        Ok(ex.gated_delta_rule(&self.q.2, &self.k.2, &self.v, g, beta, self.docs.as_ref())?)
+    /// The gated delta rule of these inputs with decays `g` and rates
+    /// `beta`, where `seq` says.
+    pub(super) fn rule<E: Executor<Tensor = T>>(
+        &self,
+        ex: &E,
+        g: &T,
+        beta: &T,
+        seq: &mut Seq<'_, T>,
+    ) -> Result<DeltaRuleOut<T>> {
+        seq.delta_rule(ex, [&self.q.2, &self.k.2, &self.v, g, beta])
     }
 
     /// The rule's backward from `dout`, its forward's `g`, `beta` and `fwd`.

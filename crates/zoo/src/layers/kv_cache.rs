@@ -6,12 +6,13 @@
 //! The blocks run the same code as in training; only where their tokens
 //! sit changes ([`Seq`]): RoPE starts at the cache's length, and attention
 //! appends the new keys and values to the cache and reads it
-//! ([`Executor::attention_cached`]). So every attention family is served
-//! without a decoding path of its own. Models with linear-attention blocks
-//! (the Gated DeltaNet's convolution and recurrent state) are refused: their
-//! state would need a cache of its own.
+//! ([`Executor::attention_cached`]); a Gated DeltaNet's convolution reads
+//! the inputs it cached before its new ones, and its delta rule continues
+//! from the state the last steps left
+//! ([`Executor::gated_delta_rule_cached`]). So every block family is
+//! served without a decoding path of its own.
 
-use megatrain_tensor::{AttentionOut, AttnMask, Docs, Executor, Rope, Shape, TensorHandle};
+use megatrain_tensor::{AttentionOut, AttnMask, DeltaRuleOut, Docs, Executor, Rope, Shape, TensorHandle};
 
 use crate::{ModelConfig, Result, ZooError};
 
@@ -20,7 +21,7 @@ use crate::{ModelConfig, Result, ZooError};
 /// next tokens of one sequence whose earlier keys and values a cache holds.
 pub(crate) enum Seq<'a, T> {
     Rows(Option<&'a Docs>),
-    Cached(&'a mut LayerKv<T>),
+    Cached(&'a mut LayerCache<T>),
 }
 
 impl<T: TensorHandle> Seq<'_, T> {
@@ -64,20 +65,95 @@ impl<T: TensorHandle> Seq<'_, T> {
             }
         }
     }
+
+    /// The causal convolution with SiLU of `x: [B, T, C]` under `w: [C,
+    /// K]`: within the rows' documents, or after the last K − 1 inputs the
+    /// cache holds (zeros at a sequence's start), which these then replace.
+    pub(crate) fn conv<E: Executor<Tensor = T>>(&mut self, ex: &E, x: &T, w: &T) -> Result<T> {
+        let c = match self {
+            Seq::Rows(d) => return Ok(ex.causal_conv1d_silu(x, w, *d)?),
+            Seq::Cached(c) => c,
+        };
+        let (t, ch, k) = (x.dims()[1], x.dims()[2], w.dims()[1]);
+        let keep = k.saturating_sub(1);
+        if keep == 0 {
+            return Ok(ex.causal_conv1d_silu(x, w, None)?);
+        }
+        let rows = |n| Shape::new([1, n, ch]);
+        let mut joined = ex.zeros(&rows(keep + t))?;
+        if let Some(prev) = &c.conv {
+            ex.write_rows(&mut joined, 0, prev)?;
+        }
+        ex.write_rows(&mut joined, keep, x)?;
+        let y = ex.causal_conv1d_silu(&joined, w, None)?;
+        let flat = |x: &T, n| ex.reshape(x, &Shape::new([n, ch]));
+        c.conv = Some(ex.reshape(&ex.slice_rows(&flat(&joined, keep + t)?, t, keep)?, &rows(keep))?);
+        Ok(ex.reshape(&ex.slice_rows(&flat(&y, keep + t)?, keep, t)?, &rows(t))?)
+    }
+
+    /// The gated delta rule of q, k, v, g and beta (`q: [B, T, Hk, Dk]`,
+    /// `v: [B, T, Hv, Dv]`): within the rows' documents, or continuing from
+    /// the state the cache holds (zero at a sequence's start), which the
+    /// new steps then advance. A cached forward is never differentiated:
+    /// its `saved` is its output again, not checkpoints.
+    pub(crate) fn delta_rule<E: Executor<Tensor = T>>(
+        &mut self,
+        ex: &E,
+        [q, k, v, g, beta]: [&T; 5],
+    ) -> Result<DeltaRuleOut<T>> {
+        let c = match self {
+            Seq::Rows(d) => return Ok(ex.gated_delta_rule(q, k, v, g, beta, *d)?),
+            Seq::Cached(c) => c,
+        };
+        let (t, hv, dv, dk) = (v.dims()[1], v.dims()[2], v.dims()[3], q.dims()[3]);
+        c.advance(t)?;
+        let state = match &mut c.state {
+            Some(s) => s,
+            None => c.state.insert(ex.zeros(&Shape::new([1, hv, dk, dv]))?),
+        };
+        let out = ex.gated_delta_rule_cached(q, k, v, g, beta, state)?;
+        Ok(DeltaRuleOut {
+            saved: ex.reshape(&out, out.shape())?,
+            out,
+            docs: None,
+        })
+    }
 }
 
-/// One block's keys and values `[1, cap, Hkv, D]`, of which the first
-/// `len` positions are filled; made at the first append, with that
-/// append's heads and head dimension.
-pub struct LayerKv<T> {
+/// What one block keeps of the positions so far: an attention block its
+/// keys and values `[1, cap, Hkv, D]` (made at the first append, with its
+/// heads and head dimension), of which the first `len` positions are
+/// filled; a Gated DeltaNet block its convolution's last K − 1 inputs
+/// `[1, K − 1, C]` and its delta rule's state `[1, Hv, Dk, Dv]`.
+pub struct LayerCache<T> {
     k: Option<T>,
     v: Option<T>,
+    conv: Option<T>,
+    state: Option<T>,
     len: usize,
     cap: usize,
 }
 
-impl<T: TensorHandle> LayerKv<T> {
-    fn append<E: Executor<Tensor = T>>(&mut self, ex: &E, k: &T, v: &T) -> Result<()> {
+impl<T> LayerCache<T> {
+    /// Counts `n` more positions, refusing them past the capacity.
+    fn advance(&mut self, n: usize) -> Result<()> {
+        if self.len + n > self.cap {
+            return Err(ZooError::invalid(
+                "KvCache",
+                format!(
+                    "{} positions past {} cached fill more than its {}",
+                    n, self.len, self.cap
+                ),
+            ));
+        }
+        self.len += n;
+        Ok(())
+    }
+
+    fn append<E: Executor<Tensor = T>>(&mut self, ex: &E, k: &T, v: &T) -> Result<()>
+    where
+        T: TensorHandle,
+    {
         let dims = k.dims().to_vec();
         let &[1, n, hkv, d] = dims.as_slice() else {
             return Err(ZooError::invalid(
@@ -88,32 +164,31 @@ impl<T: TensorHandle> LayerKv<T> {
                 ),
             ));
         };
-        if self.len + n > self.cap {
-            return Err(ZooError::invalid(
-                "KvCache",
-                format!(
-                    "{} positions past {} cached fill more than its {}",
-                    n, self.len, self.cap
-                ),
-            ));
-        }
+        let at = self.len;
+        self.advance(n)?;
         for (slot, x) in [(&mut self.k, k), (&mut self.v, v)] {
             let cache = match slot {
                 Some(c) => c,
                 None => slot.insert(ex.zeros(&Shape::new([1, self.cap, hkv, d]))?),
             };
             // Rows of D: position p's heads are rows p·Hkv ..
-            ex.write_rows(cache, self.len * hkv, x)?;
+            ex.write_rows(cache, at * hkv, x)?;
         }
-        self.len += n;
         Ok(())
+    }
+
+    /// Forgets every position (the buffers of keys and values are kept).
+    fn clear(&mut self) {
+        self.len = 0;
+        self.conv = None;
+        self.state = None;
     }
 }
 
-/// The keys and values of every attention block of a model over one
-/// sequence of at most `cap` positions.
+/// What every block of a model keeps of one sequence of at most `cap`
+/// positions.
 pub struct KvCache<T> {
-    pub(crate) layers: Vec<LayerKv<T>>,
+    pub(crate) layers: Vec<LayerCache<T>>,
     cap: usize,
     /// The positions a forward reached when the first cached keys were
     /// rotated: every cached key has that length's frequencies.
@@ -121,23 +196,16 @@ pub struct KvCache<T> {
 }
 
 impl<T> KvCache<T> {
-    /// An empty cache for `cap` positions of `cfg`'s model; refused for
-    /// models with linear-attention blocks, and for a sequence longer than
-    /// GPT-2's learned positions.
+    /// An empty cache for `cap` positions of `cfg`'s model; refused for a
+    /// sequence longer than GPT-2's learned positions.
     pub fn new(cfg: &ModelConfig, cap: usize) -> Result<Self> {
-        if let Some(l) = (0..cfg.num_layers).find(|&l| cfg.is_linear_block(l)) {
-            return Err(ZooError::invalid(
-                "KvCache",
-                format!(
-                    "block {l} is a linear-attention block, whose recurrent state no key/value cache holds"
-                ),
-            ));
-        }
         cfg.check_seq_len(cap)?;
         let layers = (0..cfg.num_layers)
-            .map(|_| LayerKv {
+            .map(|_| LayerCache {
                 k: None,
                 v: None,
+                conv: None,
+                state: None,
                 len: 0,
                 cap,
             })
@@ -147,11 +215,6 @@ impl<T> KvCache<T> {
             cap,
             rotated_at: None,
         })
-    }
-
-    /// Whether `cfg`'s model can be generated from with a cache.
-    pub fn supports(cfg: &ModelConfig) -> bool {
-        !(0..cfg.num_layers).any(|l| cfg.is_linear_block(l))
     }
 
     /// Positions cached so far.
@@ -184,7 +247,7 @@ impl<T> KvCache<T> {
                 })
             });
         if !holds || self.is_empty() {
-            self.layers.iter_mut().for_each(|l| l.len = 0);
+            self.layers.iter_mut().for_each(LayerCache::clear);
             self.rotated_at = Some(end);
         }
         holds

@@ -71,7 +71,7 @@ pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
 };
 pub(crate) use kv_cache::Seq;
-pub use kv_cache::{KvCache, LayerKv};
+pub use kv_cache::{KvCache, LayerCache};
 pub use moe::{MoeSaved, RouterAux, RouterStats};
 
 use crate::{Arch, ModelConfig, Result, ZooError};

@@ -103,26 +103,75 @@ fn advance<F: Real>(s: &mut [F], x: &Step<'_, F>, dv: usize) -> Vec<F> {
 /// Per (b, h) in order: its outputs `[T, Dv]` and checkpoints `[C, Dk, Dv]`.
 fn forward_head<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims, b: usize, h: usize) -> (Vec<F>, Vec<F>) {
     let mut s = vec![F::zero(); d.dk * d.dv];
-    let mut out = Vec::with_capacity(d.t * d.dv);
     let mut saved = Vec::with_capacity(d.chunks() * s.len());
+    let out = run_head(x, d, (b, h), &mut s, Some(&mut saved));
+    (out, saved)
+}
+
+/// The steps of (b, h) from state `s` (`[Dk, Dv]`, left as the last step
+/// leaves it): its outputs `[T, Dv]`, and the state at each chunk's start
+/// into `saved` where given.
+fn run_head<F: Real>(
+    x: DeltaRuleIn<'_, F>,
+    d: DeltaRuleDims,
+    (b, h): (usize, usize),
+    s: &mut [F],
+    mut saved: Option<&mut Vec<F>>,
+) -> Vec<F> {
+    let mut out = Vec::with_capacity(d.t * d.dv);
     for t in 0..d.t {
         if x.resets(b, t) {
             s.fill(F::zero());
         }
         // After the reset: a chunk's replay starts from what its first step
         // reads.
-        if t % DELTA_RULE_CHUNK == 0 {
-            saved.extend_from_slice(&s);
+        if t % DELTA_RULE_CHUNK == 0
+            && let Some(saved) = saved.as_mut()
+        {
+            saved.extend_from_slice(s);
         }
         let st = x.step(d, b, h, t);
-        advance(&mut s, &st, d.dv);
+        advance(s, &st, d.dv);
         let mut o = vec![F::zero(); d.dv];
         for (row, &qi) in s.chunks(d.dv).zip(st.q) {
             o.iter_mut().zip(row).for_each(|(o, &e)| *o = *o + qi * e);
         }
         out.extend(o);
     }
-    (out, saved)
+    out
+}
+
+/// The forward continuing from `state` (`[B, Hv, Dk, Dv]`, what the steps
+/// before left; updated to what the last step leaves): `out [B, T, Hv,
+/// Dv]`. Generation over a cache: no documents, no checkpoints.
+pub fn gated_delta_rule_cached<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims, state: &mut [F]) -> Vec<F> {
+    x.check(d);
+    assert!(x.docs.is_none(), "gated_delta_rule_cached: no documents");
+    let n = d.dk * d.dv;
+    assert_eq!(
+        state.len(),
+        d.b * d.hv * n,
+        "gated_delta_rule_cached: state length"
+    );
+    let heads: Vec<Vec<F>> = state
+        .par_chunks_mut(n)
+        .enumerate()
+        .map(|(bh, s)| run_head(x, d, (bh / d.hv, bh % d.hv), s, None))
+        .collect();
+    let mut out = vec![F::zero(); d.b * d.t * d.hv * d.dv];
+    for (bh, o) in heads.iter().enumerate() {
+        place_head(&mut out, d, bh, o);
+    }
+    out
+}
+
+/// (b, h) = `bh`'s outputs `[T, Dv]` into `out [B, T, Hv, Dv]`.
+fn place_head<F: Real>(out: &mut [F], d: DeltaRuleDims, bh: usize, o: &[F]) {
+    let (b, h) = (bh / d.hv, bh % d.hv);
+    for (t, row) in o.chunks(d.dv).enumerate() {
+        let at = ((b * d.t + t) * d.hv + h) * d.dv;
+        out[at..at + d.dv].copy_from_slice(row);
+    }
 }
 
 /// `(out [B, T, Hv, Dv], saved [B, Hv, ⌈T/C⌉, Dk, Dv])`.
@@ -135,11 +184,7 @@ pub fn gated_delta_rule<F: Real>(x: DeltaRuleIn<'_, F>, d: DeltaRuleDims) -> (Ve
     let mut out = vec![F::zero(); d.b * d.t * d.hv * d.dv];
     let mut saved = Vec::with_capacity(d.b * d.hv * d.chunks() * d.dk * d.dv);
     for (bh, (o, s)) in heads.into_iter().enumerate() {
-        let (b, h) = (bh / d.hv, bh % d.hv);
-        for (t, row) in o.chunks(d.dv).enumerate() {
-            let at = ((b * d.t + t) * d.hv + h) * d.dv;
-            out[at..at + d.dv].copy_from_slice(row);
-        }
+        place_head(&mut out, d, bh, &o);
         saved.extend(s);
     }
     (out, saved)

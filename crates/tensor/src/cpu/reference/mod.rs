@@ -27,7 +27,7 @@ pub use attention::{AttnDims, attention, attention_backward, attention_cached};
 pub use attention_sinks::{attention_sinks, attention_sinks_backward};
 pub use conv1d::{causal_conv1d_silu, causal_conv1d_silu_backward};
 pub use delta_gates::{delta_gates, delta_gates_backward};
-pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward};
+pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward, gated_delta_rule_cached};
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};

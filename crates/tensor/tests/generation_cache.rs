@@ -1,10 +1,11 @@
-//! Attention over a cache of keys and values (generation) against the
-//! whole-sequence attention: the last Tq rows of a causal attention over
-//! `len` positions are what Tq new queries over a cache of those `len`
-//! keys give, under windows and soft caps, with GQA; positions past `len`
-//! are never read; bad shapes are refused by name.
+//! The ops of generation over a cache against the whole-sequence ops.
+//! Attention: the last Tq rows of a causal attention over `len` positions
+//! are what Tq new queries over a cache of those `len` keys give, under
+//! windows and soft caps, with GQA; positions past `len` are never read.
+//! The delta rule: steps taken a few at a time from the state the last
+//! ones left are the whole sequence's. Bad shapes are refused by name.
 
-use megatrain_tensor::testing::random_f64;
+use megatrain_tensor::testing::{delta_rule_inputs, random_f64};
 use megatrain_tensor::{AttnMask, CpuTensor, Docs, Executor, F64Executor, Shape, SoftCap, TensorHandle};
 
 type T = CpuTensor<f64>;
@@ -127,4 +128,59 @@ fn a_cache_refuses_what_it_cannot_hold() {
     );
     let docs = AttnMask::CAUSAL.with_docs(Some(Docs::new(2, &[vec![0]]).unwrap()));
     refused(&q, &k, &k, 5, docs, "documents");
+}
+
+/// Steps `a..z` of every row of `x: [B, T, ..]`.
+fn steps(x: &T, a: usize, z: usize) -> T {
+    let (b, t, rest) = (x.dims()[0], x.dims()[1], &x.dims()[2..]);
+    let per: usize = rest.iter().product();
+    let data = (0..b)
+        .flat_map(|bi| x.data()[(bi * t + a) * per..(bi * t + z) * per].to_vec())
+        .collect();
+    T::from_vec([&[b, z - a], rest].concat(), data).unwrap()
+}
+
+#[test]
+fn delta_rule_steps_from_a_state_are_the_whole_sequence() {
+    // (B, T, Hk, Hv, Dk, Dv), per-channel decay, the steps a call takes:
+    // across the training forward's chunk of 64 too.
+    let cases: [([usize; 6], bool, &[usize]); 3] = [
+        ([1, 9, 1, 1, 4, 3], false, &[1, 1, 4, 3]),
+        ([2, 70, 1, 2, 3, 5], false, &[5, 60, 1, 4]),
+        ([1, 12, 2, 2, 6, 2], true, &[7, 1, 1, 3]),
+    ];
+    for (i, (dims, per_channel, takes)) in cases.into_iter().enumerate() {
+        let [b, t, _, hv, dk, dv] = dims;
+        let x = delta_rule_inputs(300 + i as u64, dims, per_channel);
+        let whole = EX
+            .gated_delta_rule(&x[0], &x[1], &x[2], &x[3], &x[4], None)
+            .unwrap();
+        let mut state = T::from_vec(vec![b, hv, dk, dv], vec![0.0; b * hv * dk * dv]).unwrap();
+        let mut at = 0;
+        for &n in takes {
+            let xs = x.each_ref().map(|x| steps(x, at, at + n));
+            let got = EX
+                .gated_delta_rule_cached(&xs[0], &xs[1], &xs[2], &xs[3], &xs[4], &mut state)
+                .unwrap();
+            let err = max_err(got.data(), steps(&whole.out, at, at + n).data());
+            assert!(
+                err < 1e-12,
+                "case {i}: steps {at}..{}: out differs by {err}",
+                at + n
+            );
+            at += n;
+        }
+        assert_eq!(at, t);
+    }
+    // A state of another shape is refused by name.
+    let x = delta_rule_inputs(1, [1, 3, 1, 2, 4, 3], false);
+    let mut wrong = T::from_vec(vec![1, 2, 3, 4], vec![0.0; 24]).unwrap();
+    let e = EX
+        .gated_delta_rule_cached(&x[0], &x[1], &x[2], &x[3], &x[4], &mut wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gated_delta_rule_cached") && e.contains("state [1, 2, 3, 4] must be [1, 2, 4, 3]"),
+        "{e}"
+    );
 }

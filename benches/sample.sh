@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `megatrain sample` with the cache of keys and values and without it, on
+# the same model, prompt and tokens, from the repository root:
+#   bash benches/sample.sh [target/release/megatrain] [--device cpu|gpu] [other sample flags]
+# PRESET (gpt2-124m), PROMPT_CHARS (256: the first characters of Tiny
+# Shakespeare, a token each under the byte tokenizer), TOKENS (64) and
+# REPS (3) set the run. The model is the preset's random initialisation
+# after one step (a run of 1 step): the time of a token does not depend
+# on the weights.
+# Greedy, so both ways must print the same text (checked). Prints each
+# way's median wall time of REPS runs and the ratio; the load of the
+# model is in both.
+set -euo pipefail
+BIN=${1:-target/release/megatrain}
+shift || true
+PRESET=${PRESET:-gpt2-124m}
+PROMPT_CHARS=${PROMPT_CHARS:-256}
+TOKENS=${TOKENS:-64}
+REPS=${REPS:-3}
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+"$BIN" train --preset "$PRESET" --data data/tinyshakespeare.txt --tokenizer byte --out "$D/run" \
+    --steps 1 --seq-len 64 --batch 1 >"$D/train.log" 2>&1 || { cat "$D/train.log"; exit 1; }
+PROMPT=$(head -c "$PROMPT_CHARS" data/tinyshakespeare.txt)
+median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+for cache in true false; do
+    : >"$D/times-$cache"
+    for _ in $(seq "$REPS"); do
+        s=$(date +%s.%N)
+        "$BIN" sample --model "$D/run" --prompt "$PROMPT" --tokens "$TOKENS" --temperature 0 \
+            --kv-cache "$cache" "$@" >"$D/out-$cache"
+        e=$(date +%s.%N)
+        echo "$e - $s" | bc >>"$D/times-$cache"
+    done
+done
+cmp -s "$D/out-true" "$D/out-false" || { echo "the cached and uncached samples differ"; exit 1; }
+with=$(median <"$D/times-true")
+without=$(median <"$D/times-false")
+echo "$PRESET, prompt of $PROMPT_CHARS tokens, $TOKENS new, greedy, median of $REPS:"
+echo "  --kv-cache true:  $with s"
+echo "  --kv-cache false: $without s"
+echo "  ratio: $(echo "scale=2; $without / $with" | bc)x"
