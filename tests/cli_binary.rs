@@ -957,3 +957,60 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
         &["--rows records", "holds no records"],
     );
 }
+
+/// `sample --chat --interactive`: the reply to --prompt, then one to each
+/// non-blank line of standard input, each to the conversation so far; the
+/// cache keeps what the turns share, and the replies are the same without
+/// it. `--interactive` needs `--chat`.
+#[test]
+fn a_conversation_through_the_binary() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path();
+    let data = corpus(t);
+    let run_dir = t.join("run");
+    let out = run(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--tokenizer",
+        "byte",
+        "--data",
+        s(&data),
+        "--out",
+        s(&run_dir),
+        "--steps",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch",
+        "2",
+        "--quiet",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let chat = |cache: &str| {
+        let mut child = bin()
+            .args(["sample", "--model", s(&run_dir), "--chat", "--interactive"])
+            .args(["--system", "Be brief.", "--prompt", "Hello", "--tokens", "12"])
+            .args(["--temperature", "0", "--kv-cache", cache])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"Who are you?\n\n  \nWhere is Romeo?\n").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let with = chat("true");
+    assert!(
+        with.iter().filter(|&&b| b == b'\n').count() >= 3,
+        "three replies: {with:?}"
+    );
+    assert_eq!(with, chat("false"), "the replies with the cache and without");
+    refused(&["sample", "--model", s(&run_dir), "--interactive"], &["--chat"]);
+}

@@ -9,7 +9,7 @@
 
 mod common;
 
-use megatrain::run::{Resident, SampleOptions, generate};
+use megatrain::run::{Decoder, Resident, SampleOptions, generate};
 use megatrain_gpu::GpuExecutor;
 use megatrain_tensor::{Executor, F64Executor};
 use megatrain_zoo::HfCheckpoint;
@@ -183,5 +183,38 @@ fn gpu_cached_logits_match_the_cpu() {
             1e-4,
             case,
         );
+    }
+}
+
+/// A chat's turns through one [`Decoder`]: a prompt, a longer one that
+/// starts with it (only the new ids run), a shorter one that leaves it
+/// part way (an attention model's cache is cut back to what they share; a
+/// Gated DeltaNet's state cannot be, so it runs the whole prompt again),
+/// the same ids again, and ids past the 64 positions the keys and values
+/// are first made for (their buffers grow). Each turn's logits are the
+/// whole sequence's.
+#[test]
+fn a_decoder_reuses_what_its_cache_shares_with_the_next_prompt() {
+    let ex = F64Executor::new();
+    for case in ["llama_gqa", "gemma2", "qwen3_5"] {
+        let mut ckpt = fixture(case);
+        ckpt.config.max_position_embeddings = 300;
+        let model = Resident::load(&ex, &ckpt).unwrap();
+        let vocab = ckpt.config.vocab_size;
+        let ids: Vec<u32> = (0..150).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+        let mut other = ids[..30].to_vec();
+        other.extend((0..10).map(|i| ((i * 31 + 5) % vocab) as u32));
+        let mut decoder = Decoder::new(&model, true).unwrap();
+        let turns: Vec<&[u32]> = vec![&ids[..20], &ids[..45], &other, &other, &ids[..30], &ids[..150]];
+        for (turn, prompt) in turns.into_iter().enumerate() {
+            let got = decoder.next_logits(&ex, &model, prompt).unwrap();
+            let want = model.next_logits(&ex, prompt).unwrap();
+            let err = max_rel(&got, &want);
+            assert!(
+                err <= 1e-9,
+                "{case}: turn {turn} ({} ids) differs by {err}",
+                prompt.len()
+            );
+        }
     }
 }

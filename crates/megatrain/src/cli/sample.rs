@@ -1,12 +1,13 @@
 //! `megatrain sample`.
 
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::data::Message;
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs, chat_template_spec,
-    generate_until, resolve_model_dir,
+    Decoder, DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs,
+    chat_template_spec, generate_with, resolve_model_dir,
 };
 use megatrain_gpu::TransportChoice;
 use megatrain_tensor::Executor;
@@ -22,8 +23,10 @@ pub struct SampleArgs {
     /// A run's checkpoint at this step instead of the latest.
     #[arg(long)]
     step: Option<u64>,
-    #[arg(long, default_value = "\n")]
-    prompt: String,
+    /// The text to continue (default a newline), or with --chat the
+    /// user's message.
+    #[arg(long)]
+    prompt: Option<String>,
     /// Take --prompt as a user's message: render it with the chat template
     /// and print the model's reply, which ends at an end-of-turn id.
     #[arg(long)]
@@ -31,6 +34,12 @@ pub struct SampleArgs {
     /// With --chat: a system message before the prompt.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// With --chat: a conversation. After the reply to --prompt (where
+    /// given), each line of standard input is the user's next message,
+    /// answered with the conversation so far, until the input ends; the
+    /// cache keeps what the turns share, so a turn runs only its new tokens.
+    #[arg(long, requires = "chat")]
+    interactive: bool,
     /// With --chat: the template, as `train --chat-template` (default: the
     /// run's, for a run's checkpoint; else auto).
     #[arg(long, requires = "chat")]
@@ -67,21 +76,10 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     let dir = resolve_model_dir(&a.model, a.step)?;
     let ckpt = HfCheckpoint::open(&dir)?;
     let enc = Encoder::from_dir(&dir, Some(&ckpt.config))?;
-    let text = match a.chat {
-        true => chat_prompt(&a, &enc, &dir)?,
-        false => a.prompt.clone(),
-    };
     let stop = match a.chat {
         true => enc.stop_ids(&ckpt.config, &dir)?,
         false => Vec::new(),
     };
-    let prompt = enc.tokenizer.encode(&text).map_err(|e| match a.chat {
-        true => anyhow::anyhow!(
-            "--prompt {:?} rendered by the chat template ({text:?}): {e}",
-            a.prompt
-        ),
-        false => anyhow::anyhow!("--prompt {:?}: {e}", a.prompt),
-    })?;
     let opts = SampleOptions {
         tokens: a.tokens,
         temperature: a.temperature,
@@ -90,32 +88,78 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         decodable: enc.tokenizer.vocab_size(),
         kv_cache: a.kv_cache,
     };
+    let spec = chat_template_spec(&dir, a.chat_template.as_deref());
+    let template = match a.chat {
+        true => Some(enc.chat_template(&spec)?),
+        false => None,
+    };
+    let mut messages: Vec<Message> = a.system.iter().map(|s| message("system", s)).collect();
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
-    let ids = on_executor!(exec, ex => {
+    on_executor!(exec, ex => {
         let mut ex = ex;
         ex.set_compute_precision(a.precision.compute())
             .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
         let model = Resident::load_as(&ex, &ckpt, a.precision.transport())?;
-        generate_until(&ex, &model, &prompt, opts, &stop)?
+        let mut decoder = Decoder::new(&model, a.kv_cache)?;
+        // The reply to `user`: to the conversation so far, which it joins,
+        // with --chat; else the continuation of the text.
+        let mut turn = |user: &str| -> anyhow::Result<String> {
+            let text = match &template {
+                Some(t) => {
+                    messages.push(message("user", user));
+                    t.generation_prompt(&messages)
+                        .map_err(|e| RunError::option("chat-template", &spec, e))?
+                }
+                None => user.to_string(),
+            };
+            let prompt = enc.tokenizer.encode(&text).map_err(|e| match a.chat {
+                true => anyhow::anyhow!("--prompt {user:?} rendered by the chat template ({text:?}): {e}"),
+                false => anyhow::anyhow!("--prompt {user:?}: {e}"),
+            })?;
+            let ids = generate_with(&ex, &model, &mut decoder, &prompt, opts, &stop)?;
+            let reply = enc.tokenizer.decode(&ids)?;
+            if a.chat {
+                messages.push(message("assistant", &reply));
+            }
+            Ok(reply)
+        };
+        if !a.interactive {
+            let user = a.prompt.as_deref().unwrap_or("\n");
+            let reply = turn(user)?;
+            match a.chat {
+                true => println!("{reply}"),
+                false => println!("{user}{reply}"),
+            }
+            return Ok(());
+        }
+        let mut answer = |user: &str| -> anyhow::Result<()> {
+            println!("{}", turn(user)?);
+            Ok(std::io::stdout().flush()?)
+        };
+        if let Some(p) = &a.prompt {
+            answer(p)?;
+        }
+        let stdin = std::io::stdin();
+        let ask = || {
+            if stdin.is_terminal() {
+                eprint!("> ");
+            }
+        };
+        ask();
+        for line in stdin.lock().lines() {
+            let line = line.map_err(|e| anyhow::anyhow!("standard input: {e}"))?;
+            if !line.trim().is_empty() {
+                answer(line.trim_end())?;
+            }
+            ask();
+        }
     });
-    let reply = enc.tokenizer.decode(&ids)?;
-    match a.chat {
-        true => println!("{reply}"),
-        false => println!("{}{}", a.prompt, reply),
-    }
     Ok(())
 }
 
-/// The chat template's generation prompt for `--system` and `--prompt`.
-fn chat_prompt(a: &SampleArgs, enc: &Encoder, dir: &std::path::Path) -> anyhow::Result<String> {
-    let spec = chat_template_spec(dir, a.chat_template.as_deref());
-    let message = |role: &str, content: &str| Message {
+fn message(role: &str, content: &str) -> Message {
+    Message {
         role: role.into(),
         content: content.into(),
-    };
-    let mut messages: Vec<Message> = a.system.iter().map(|s| message("system", s)).collect();
-    messages.push(message("user", &a.prompt));
-    enc.chat_template(&spec)?
-        .generation_prompt(&messages)
-        .map_err(|e| RunError::option("chat-template", &spec, e).into())
+    }
 }

@@ -166,11 +166,78 @@ pub fn generate<E: Executor>(
     generate_until(ex, model, prompt, opts, &[])
 }
 
+/// What a generation keeps between tokens, and a chat between its turns:
+/// the cache of the model's blocks (where `kv_cache` asks for one) and the
+/// ids whose positions it holds.
+pub struct Decoder<E: Executor> {
+    cache: Option<KvCache<E::Tensor>>,
+    ids: Vec<u32>,
+}
+
+impl<E: Executor> Decoder<E> {
+    pub fn new(model: &Resident<E>, kv_cache: bool) -> Result<Self> {
+        let context = model.model.max_position_embeddings.max(1);
+        let cache = match kv_cache {
+            true => Some(KvCache::new(&model.model, context)?),
+            false => None,
+        };
+        Ok(Decoder {
+            cache,
+            ids: Vec::new(),
+        })
+    }
+
+    /// Logits `[V]` after the last of `ids`, the whole sequence so far:
+    /// the positions of its start that the cache holds are not run again
+    /// (all but the last id where a chat's next prompt repeats the last
+    /// one; the longest common start where it renders earlier turns
+    /// otherwise). Past the model's context the window slides, and its
+    /// last `context` positions run without the cache.
+    pub fn next_logits(&mut self, ex: &E, model: &Resident<E>, ids: &[u32]) -> Result<Vec<f32>> {
+        let context = model.model.max_position_embeddings.max(1);
+        let cache = match self.cache.as_mut() {
+            Some(c) if !ids.is_empty() && ids.len() <= context => c,
+            _ => return model.next_logits(ex, &ids[ids.len().saturating_sub(context)..]),
+        };
+        let same = match ids.get(..self.ids.len()) {
+            Some(start) if start == self.ids.as_slice() => self.ids.len(),
+            _ => self.ids.iter().zip(ids).take_while(|(a, b)| a == b).count(),
+        };
+        // The last id runs again where it is cached: its logits are wanted.
+        let mut keep = same.min(ids.len() - 1);
+        if !cache.truncate(keep) {
+            cache.clear();
+            keep = 0;
+        }
+        if !cache.ready_for(&model.model, ids.len()) {
+            keep = 0;
+        }
+        let logits = model.next_logits_cached(ex, cache, &ids[keep..])?;
+        self.ids.truncate(keep);
+        self.ids.extend_from_slice(&ids[keep..]);
+        Ok(logits)
+    }
+}
+
 /// [`generate`], ending before the first token that is one of `stop` (a
 /// chat model's end-of-turn and end-of-sequence ids).
 pub fn generate_until<E: Executor>(
     ex: &E,
     model: &Resident<E>,
+    prompt: &[u32],
+    opts: SampleOptions,
+    stop: &[u32],
+) -> Result<Vec<u32>> {
+    let mut decoder = Decoder::new(model, opts.kv_cache)?;
+    generate_with(ex, model, &mut decoder, prompt, opts, stop)
+}
+
+/// [`generate_until`] through `decoder`, which keeps what the cache holds
+/// of `prompt` and the reply for the next call (a chat's next turn).
+pub fn generate_with<E: Executor>(
+    ex: &E,
+    model: &Resident<E>,
+    decoder: &mut Decoder<E>,
     prompt: &[u32],
     opts: SampleOptions,
     stop: &[u32],
@@ -190,39 +257,11 @@ pub fn generate_until<E: Executor>(
             format!("token outside the model's vocabulary of {vocab}"),
         ));
     }
-    let context = model.model.max_position_embeddings.max(1);
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut ids = prompt.to_vec();
     let mut out = Vec::with_capacity(opts.tokens);
-    // ids[first..cached] are in the cache. It holds every position a
-    // generation within the context reaches; past it the window slides,
-    // which a cache of fixed positions cannot follow.
-    let first = ids.len().saturating_sub(context);
-    let mut cached = first;
-    let mut cache = match opts.kv_cache {
-        true => Some(KvCache::new(
-            &model.model,
-            (ids.len() - first + opts.tokens).min(context),
-        )?),
-        false => None,
-    };
     for _ in 0..opts.tokens {
-        let end = ids.len();
-        if let Some(c) = cache.as_mut() {
-            if end - first > c.capacity() {
-                cache = None;
-            } else if !c.ready_for(&model.model, end - first) {
-                cached = first;
-            }
-        }
-        let logits = match cache.as_mut() {
-            Some(c) => {
-                let logits = model.next_logits_cached(ex, c, &ids[cached..])?;
-                cached = end;
-                logits
-            }
-            None => model.next_logits(ex, &ids[end.saturating_sub(context)..])?,
-        };
+        let logits = decoder.next_logits(ex, model, &ids)?;
         let n = match opts.decodable {
             0 => logits.len(),
             d => d.min(logits.len()),

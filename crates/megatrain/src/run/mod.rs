@@ -25,7 +25,7 @@ pub use checkpoint::{
 pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
-pub use generate::{Resident, SampleOptions, generate, generate_until, pick};
+pub use generate::{Decoder, Resident, SampleOptions, generate, generate_until, generate_with, pick};
 pub use keep::{AUTO_SHARE, KeepActivations, Kept, Room};
 pub use knobs::{
     MAX_COPY_THREADS, MAX_STAGING_CHUNK_MIB, MAX_STAGING_DEPTH, MAX_TRANSFER_CHUNK, TransportKnobs,

@@ -16,6 +16,9 @@ use megatrain_tensor::{AttentionOut, AttnMask, DeltaRuleOut, Docs, Executor, Rop
 
 use crate::{ModelConfig, Result, ZooError};
 
+/// Positions an attention block's keys and values are first made for.
+const MIN_POSITIONS: usize = 64;
+
 /// Where a block's tokens sit: rows of whole sequences (training,
 /// evaluation, with the documents packed in them where there are), or the
 /// next tokens of one sequence whose earlier keys and values a cache holds.
@@ -121,10 +124,11 @@ impl<T: TensorHandle> Seq<'_, T> {
 }
 
 /// What one block keeps of the positions so far: an attention block its
-/// keys and values `[1, cap, Hkv, D]` (made at the first append, with its
-/// heads and head dimension), of which the first `len` positions are
-/// filled; a Gated DeltaNet block its convolution's last K − 1 inputs
-/// `[1, K − 1, C]` and its delta rule's state `[1, Hv, Dk, Dv]`.
+/// keys and values `[1, P, Hkv, D]` (made at the first append, with its
+/// heads and head dimension, and grown as positions come, P at most
+/// `cap`), of which the first `len` positions are filled; a Gated DeltaNet
+/// block its convolution's last K − 1 inputs `[1, K − 1, C]` and its delta
+/// rule's state `[1, Hv, Dk, Dv]`.
 pub struct LayerCache<T> {
     k: Option<T>,
     v: Option<T>,
@@ -167,12 +171,19 @@ impl<T> LayerCache<T> {
         let at = self.len;
         self.advance(n)?;
         for (slot, x) in [(&mut self.k, k), (&mut self.v, v)] {
-            let cache = match slot {
-                Some(c) => c,
-                None => slot.insert(ex.zeros(&Shape::new([1, self.cap, hkv, d]))?),
-            };
+            let held = slot.as_ref().map_or(0, |c| c.dims()[1]);
+            if at + n > held {
+                // Grown by doubling, up to the capacity: a long context
+                // costs its memory only once a sequence reaches it.
+                let grown = (at + n).max(2 * held).max(MIN_POSITIONS).min(self.cap);
+                let mut bigger = ex.zeros(&Shape::new([1, grown, hkv, d]))?;
+                if let Some(old) = slot.as_ref().filter(|_| at > 0) {
+                    ex.write_rows(&mut bigger, 0, &ex.slice_rows(old, 0, at * hkv)?)?;
+                }
+                *slot = Some(bigger);
+            }
             // Rows of D: position p's heads are rows p·Hkv ..
-            ex.write_rows(cache, at * hkv, x)?;
+            ex.write_rows(slot.as_mut().expect("made above"), at * hkv, x)?;
         }
         Ok(())
     }
@@ -228,6 +239,30 @@ impl<T> KvCache<T> {
 
     pub fn capacity(&self) -> usize {
         self.cap
+    }
+
+    /// Keeps only the first `n` positions, where every block can forget
+    /// the rest: an attention block can (its later keys are overwritten),
+    /// a Gated DeltaNet's state cannot go back. False (and the cache as it
+    /// was) where it cannot.
+    pub fn truncate(&mut self, n: usize) -> bool {
+        if n >= self.len() {
+            return n == self.len();
+        }
+        if self.layers.iter().any(|l| l.state.is_some() || l.conv.is_some()) {
+            return false;
+        }
+        self.layers.iter_mut().for_each(|l| l.len = n);
+        if n == 0 {
+            self.rotated_at = None;
+        }
+        true
+    }
+
+    /// Forgets every position.
+    pub fn clear(&mut self) {
+        self.layers.iter_mut().for_each(LayerCache::clear);
+        self.rotated_at = None;
     }
 
     /// Readies the cache for a forward whose positions end before `end`
