@@ -463,6 +463,12 @@ steps)
     PRESET=tinyllama-1.1b SEQ=2048 BATCH=4 STEPS=6 timeout "$(left 90)" bash benches/packing.sh megatrain \
         --device gpu --precision f16 >"$OUT/packing.log" 2>&1
     note "packed rows (rc $?): $(grep -E '^(records|packed): median' "$OUT/packing.log" | tr '\n' ' ')"
+    # `sample` with its cache of keys and values and without (BENCHMARKS.md,
+    # "Generation"; measured on the CPU only): the cached step's one row of
+    # attention a head over the cache, on the GPU.
+    PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 60)" bash benches/sample.sh megatrain \
+        --device gpu >"$OUT/sample.log" 2>&1
+    note "sample, cache and none (rc $?): $(grep -E '^  (--kv-cache|ratio)' "$OUT/sample.log" | tr -s ' ' | tr '\n' ' ')"
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
