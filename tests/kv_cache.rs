@@ -128,11 +128,12 @@ fn generation_picks_the_same_tokens_with_the_cache_and_without() {
         let vocab = ckpt.config.vocab_size;
         for len in [3, 26] {
             let prompt: Vec<u32> = (0..len).map(|i| ((i * 31 + 7) % vocab) as u32).collect();
-            for (temperature, top_k) in [(0.0, 0), (1.0, 0), (0.8, 5)] {
+            for (temperature, top_k, top_p) in [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 5, 0.9)] {
                 let opts = SampleOptions {
                     tokens: 12,
                     temperature,
                     top_k,
+                    top_p,
                     seed: 5,
                     decodable: 0,
                     kv_cache: true,

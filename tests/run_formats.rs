@@ -337,6 +337,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         tokens: 12,
         temperature: 0.0,
         top_k: 0,
+        top_p: 1.0,
         seed: 1,
         decodable: 0,
         kv_cache: true,
@@ -388,16 +389,28 @@ fn train_ok_steps(opts: TrainOptions, steps: u64) {
 }
 
 #[test]
-fn top_k_and_temperature_pick_from_the_right_set() {
+fn top_k_top_p_and_temperature_pick_from_the_right_set() {
     let logits = [0.0f32, 5.0, 4.9, -3.0];
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    assert_eq!(pick(&logits, 0.0, 0, &mut rng), 1);
-    for _ in 0..200 {
-        let k = pick(&logits, 1.0, 2, &mut rng);
-        assert!(k == 1 || k == 2);
-    }
-    let seen: std::collections::HashSet<u32> = (0..2000).map(|_| pick(&logits, 5.0, 0, &mut rng)).collect();
-    assert_eq!(seen.len(), 4, "a high temperature reaches every token");
+    let mut seen = |temperature, top_k, top_p| -> std::collections::BTreeSet<u32> {
+        (0..2000)
+            .map(|_| pick(&logits, temperature, top_k, top_p, &mut rng))
+            .collect()
+    };
+    assert_eq!(seen(0.0, 0, 1.0), [1].into());
+    assert_eq!(seen(1.0, 2, 1.0), [1, 2].into());
+    assert_eq!(
+        seen(5.0, 0, 1.0),
+        [0, 1, 2, 3].into(),
+        "a high temperature reaches every token"
+    );
+    // At temperature 1 token 1 alone has p = 0.52, with token 2 0.99.
+    assert_eq!(seen(1.0, 0, 0.5), [1].into());
+    assert_eq!(seen(1.0, 0, 0.9), [1, 2].into());
+    // At 5 the sums in order are 0.39, 0.78, 0.92, 1: top-p 0.9 leaves out
+    // token 3, and top-k 2 comes first.
+    assert_eq!(seen(5.0, 0, 0.9), [0, 1, 2].into());
+    assert_eq!(seen(5.0, 2, 0.9), [1, 2].into());
 }
 
 /// The llama_gqa fixture of the zoo: a small random HF Llama (vocab 101).

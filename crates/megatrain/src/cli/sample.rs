@@ -53,6 +53,10 @@ pub struct SampleArgs {
     /// Sample among the k most likely tokens (0 = all).
     #[arg(long, default_value_t = 200)]
     top_k: usize,
+    /// Then among the fewest of those whose probabilities sum to at least
+    /// p (nucleus sampling; 1 = all of them).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f64,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// auto | gpu | cpu.
@@ -73,6 +77,9 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         anyhow::bail!("--temperature {}: must be a finite number ≥ 0", a.temperature);
     }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        anyhow::bail!("--top-p {}: must be in (0, 1]", a.top_p);
+    }
     let dir = resolve_model_dir(&a.model, a.step)?;
     let ckpt = HfCheckpoint::open(&dir)?;
     let enc = Encoder::from_dir(&dir, Some(&ckpt.config))?;
@@ -84,6 +91,7 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         tokens: a.tokens,
         temperature: a.temperature,
         top_k: a.top_k,
+        top_p: a.top_p,
         seed: a.seed,
         decodable: enc.tokenizer.vocab_size(),
         kv_cache: a.kv_cache,

@@ -25,6 +25,9 @@ pub struct SampleOptions {
     pub temperature: f64,
     /// Keep the k most likely tokens (0 or ≥ vocabulary: all).
     pub top_k: usize,
+    /// Then the fewest of them whose probabilities sum to at least this,
+    /// in (0, 1] (1: all).
+    pub top_p: f64,
     pub seed: u64,
     /// Ids the tokenizer can decode: only those below it are picked (a
     /// model's embedding rows are often padded past its tokenizer's
@@ -117,8 +120,11 @@ impl<E: Executor> Resident<E> {
     }
 }
 
-/// Picks a token from `logits` (temperature, top-k), deterministic in `rng`.
-pub fn pick(logits: &[f32], temperature: f64, top_k: usize, rng: &mut StdRng) -> u32 {
+/// Picks a token from `logits` (temperature, then top-k, then top-p as
+/// transformers' logits warpers apply them: of the k most likely, the
+/// fewest whose probabilities sum to at least `top_p`, 1 keeping all),
+/// deterministic in `rng`.
+pub fn pick(logits: &[f32], temperature: f64, top_k: usize, top_p: f64, rng: &mut StdRng) -> u32 {
     let argmax = || {
         logits
             .iter()
@@ -141,10 +147,23 @@ pub fn pick(logits: &[f32], temperature: f64, top_k: usize, rng: &mut StdRng) ->
         order.truncate(top_k);
     }
     let max = logits[order[0]] as f64;
-    let weights: Vec<f64> = order
+    let mut weights: Vec<f64> = order
         .iter()
         .map(|&i| ((logits[i] as f64 - max) / temperature).exp())
         .collect();
+    if top_p < 1.0 {
+        let all: f64 = weights.iter().sum();
+        let mut sum = 0.0;
+        let keep = weights
+            .iter()
+            .position(|w| {
+                sum += w;
+                sum >= top_p * all
+            })
+            .map_or(weights.len(), |i| i + 1);
+        weights.truncate(keep);
+        order.truncate(keep);
+    }
     let total: f64 = weights.iter().sum();
     let mut u = rng.random::<f64>() * total;
     for (k, w) in weights.iter().enumerate() {
@@ -266,7 +285,7 @@ pub fn generate_with<E: Executor>(
             0 => logits.len(),
             d => d.min(logits.len()),
         };
-        let next = pick(&logits[..n], opts.temperature, opts.top_k, &mut rng);
+        let next = pick(&logits[..n], opts.temperature, opts.top_k, opts.top_p, &mut rng);
         if stop.contains(&next) {
             break;
         }
