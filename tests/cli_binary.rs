@@ -757,6 +757,34 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
         out.status.success() && line.contains("30 records, one a row"),
         "{line}"
     );
+    // Packed, the same records score the same in fewer rows.
+    let out = run(&[
+        "eval",
+        "--model",
+        s(&run_dir),
+        "--data",
+        s(&data),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "96",
+        "--rows",
+        "packed",
+    ]);
+    let packed = String::from_utf8_lossy(&out.stdout);
+    let first = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    let rows: usize = packed
+        .split("packed into ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("{packed}"));
+    assert!(
+        out.status.success() && packed.contains("30 records packed into") && rows < 30,
+        "{packed}"
+    );
+    let (a, b) = (first(&line), first(&packed));
+    assert!((a - b).abs() <= 1e-5 * a.abs(), "one a row {a}, packed {b}");
     // Exported in bf16, as models are published: half the weights' bytes,
     // the config says so, and it scores the records as the run does.
     let exp = t.join("exp");

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::data::{Sampling, load_tokens};
+use megatrain::data::{Sampling, load_tokens, packed_once};
 use megatrain::run::{
     DeviceChoice, Encoder, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
     resolve_model_dir,
@@ -35,8 +35,9 @@ pub struct EvalArgs {
     #[arg(long)]
     batches: Option<usize>,
     /// auto (one record a row for .jsonl, as `train` cuts them) | records |
-    /// packed (scored one record a row: packed, a record scores the same) |
-    /// stream (windows of the concatenated tokens).
+    /// packed (as many whole records a row as fit, each scoring as it does
+    /// alone: the same loss in fewer rows) | stream (windows of the
+    /// concatenated tokens).
     #[arg(long, default_value = "auto")]
     rows: RowsKind,
     /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
@@ -87,9 +88,12 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         }
         false => data.as_stream(),
     };
-    let whole = match &data.records {
-        Some(r) => r.len().div_ceil(a.batch),
-        None => (data.len().saturating_sub(1) / (a.batch * seq)).max(1),
+    // Packed, every record once in the rows it shares.
+    let packed = matches!(a.rows, RowsKind::Packed).then(|| packed_once(&data, a.batch, seq));
+    let whole = match (&packed, &data.records) {
+        (Some(p), _) => p.len(),
+        (None, Some(r)) => r.len().div_ceil(a.batch),
+        (None, None) => (data.len().saturating_sub(1) / (a.batch * seq)).max(1),
     };
     let batches = a.batches.unwrap_or(whole);
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
@@ -105,11 +109,27 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         ex.set_compute_precision(a.precision.compute())
             .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
         let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;
-        evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?
+        match &packed {
+            Some(p) => {
+                let (sum, count) = t
+                    .eval_losses(&p[..batches.min(p.len())])?
+                    .into_iter()
+                    .fold((0.0, 0), |(s, c), (ls, lc)| (s + ls, c + lc));
+                if count > 0 { sum / count as f64 } else { f64::NAN }
+            }
+            None => evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?,
+        }
     });
-    let rows = match &data.records {
-        Some(r) => format!("{} records, one a row", r.len().min(batches * a.batch)),
-        None => "windows of the stream".into(),
+    let rows = match (&packed, &data.records) {
+        (Some(p), Some(r)) => {
+            let rows: usize = p.iter().take(batches).map(|b| b.batch).sum();
+            match batches >= p.len() {
+                true => format!("{} records packed into {rows} rows", r.len()),
+                false => format!("the first {rows} rows of {} records packed", r.len()),
+            }
+        }
+        (_, Some(r)) => format!("{} records, one a row", r.len().min(batches * a.batch)),
+        (_, None) => "windows of the stream".into(),
     };
     println!(
         "loss {loss:.6}  perplexity {:.4}  ({batches} batches of {}×{seq} tokens from {}: {rows})",

@@ -123,16 +123,8 @@ fn draw_parts<N: AsRef<std::path::Path>>(
             });
         }
     }
-    let mut out = Batch {
-        batch: rows.len(),
-        seq_len,
-        inputs: Vec::with_capacity(rows.len() * seq_len),
-        targets: Vec::with_capacity(rows.len() * seq_len),
-        lengths: None,
-        docs: None,
-    };
-    let mut lengths = Vec::with_capacity(rows.len());
-    let mut starts = Vec::with_capacity(rows.len());
+    let mut out = Batch::empty(rows.len(), seq_len);
+    let mut done = Vec::with_capacity(rows.len());
     for b in rows.start as u64..rows.end as u64 {
         let part = &parts[part_of(b)];
         let g = index * batch as u64 + b;
@@ -150,14 +142,35 @@ fn draw_parts<N: AsRef<std::path::Path>>(
                 (seq_len, vec![0])
             }
         };
-        lengths.push(n);
-        starts.push(at);
+        done.push((n, at));
     }
-    out.lengths = lengths.iter().any(|&n| n < seq_len).then_some(lengths);
-    if starts.iter().any(|s| s.len() > 1) {
-        out.docs = Some(Docs::new(seq_len, &starts).expect("packed records start in order within the row"));
-    }
+    out.finish_rows(done);
     Ok(out)
+}
+
+impl Batch {
+    /// A batch of `batch` rows of `seq_len` with no row in it yet.
+    pub(super) fn empty(batch: usize, seq_len: usize) -> Batch {
+        Batch {
+            batch,
+            seq_len,
+            inputs: Vec::with_capacity(batch * seq_len),
+            targets: Vec::with_capacity(batch * seq_len),
+            lengths: None,
+            docs: None,
+        }
+    }
+
+    /// Notes each row's tokens before its padding and where its records
+    /// start, `(used, starts)` a row, once every row is in.
+    pub(super) fn finish_rows(&mut self, rows: Vec<(usize, Vec<usize>)>) {
+        let (lengths, starts): (Vec<usize>, Vec<Vec<usize>>) = rows.into_iter().unzip();
+        self.lengths = lengths.iter().any(|&n| n < self.seq_len).then_some(lengths);
+        if starts.iter().any(|s| s.len() > 1) {
+            self.docs =
+                Some(Docs::new(self.seq_len, &starts).expect("packed records start in order within the row"));
+        }
+    }
 }
 
 /// Appends row `b` of batch number `index` to `out` (`data` holds more

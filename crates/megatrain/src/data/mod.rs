@@ -20,7 +20,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
-pub use packing::packed_padding_share;
+pub use packing::{packed_once, packed_padding_share};
 pub use records::{Records, silent_records};
 pub use tokens::Tokens;
 

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use super::TokenData;
 use super::batch::{Batch, Sampling};
-use super::records::{Records, push_record, record_of};
+use super::records::{Records, pad, push_record, record_of};
 
 /// Rows between kept marks.
 const STRIDE: u64 = 1024;
@@ -60,27 +60,7 @@ impl Cursor {
             marks: vec![0],
             last: (0, 0),
         });
-        let n = records.len() as u64;
-        // The row after the one that starts at position k.
-        let next = |k: u64| {
-            let mut room = seq_len;
-            let mut k = k;
-            loop {
-                let w = width(records, record_of(sampling, k, n) as usize, total);
-                if room == seq_len {
-                    // A row's first record always goes in, cut if longer.
-                    room -= w.min(seq_len);
-                } else if w <= room {
-                    room -= w;
-                } else {
-                    return k;
-                }
-                k += 1;
-                if room == 0 {
-                    return k;
-                }
-            }
-        };
+        let next = |k: u64| row_end(records, total, sampling, k, seq_len);
         let mark = ((g / STRIDE) as usize).min(walk.marks.len() - 1);
         let (mut at, mut k) = match walk.last {
             (row, k) if row <= g && row >= mark as u64 * STRIDE => (row, k),
@@ -96,6 +76,69 @@ impl Cursor {
         walk.last = (g, k);
         (k, next(k))
     }
+}
+
+/// The order position after the last record of the row that starts at
+/// position `k`: as many records as fit, the first always (cut if longer).
+fn row_end(records: &Records, total: usize, sampling: Sampling, mut k: u64, seq_len: usize) -> u64 {
+    let n = records.len() as u64;
+    let mut room = seq_len;
+    loop {
+        let w = width(records, record_of(sampling, k, n) as usize, total);
+        if room == seq_len {
+            room -= w.min(seq_len);
+        } else if w <= room {
+            room -= w;
+        } else {
+            return k;
+        }
+        k += 1;
+        if room == 0 {
+            return k;
+        }
+    }
+}
+
+/// Every record of `data` once, in its stored order, packed into rows of
+/// `seq_len` as `--rows packed` packs them (a row ends at the last record,
+/// where a run's rows would go on into the next pass), `batch` rows a
+/// batch, the last batch's fewer: what an evaluation scores. Empty where
+/// `data` holds no records.
+pub fn packed_once(data: &TokenData, batch: usize, seq_len: usize) -> Vec<Batch> {
+    let Some(records) = data.records.as_ref().filter(|r| !r.is_empty()) else {
+        return Vec::new();
+    };
+    let n = records.len() as u64;
+    let mut rows = Vec::new();
+    let mut k = 0;
+    while k < n {
+        let end = row_end(records, data.len(), Sampling::Sequential, k, seq_len).min(n);
+        rows.push(k..end);
+        k = end;
+    }
+    rows.chunks(batch.max(1))
+        .map(|chunk| {
+            let mut out = Batch::empty(chunk.len(), seq_len);
+            let mut rows = Vec::with_capacity(chunk.len());
+            for r in chunk {
+                let mut starts = Vec::new();
+                let mut used = 0;
+                for k in r.clone() {
+                    starts.push(used);
+                    used += push_record(
+                        data,
+                        records.span(k as usize, data.len()),
+                        seq_len - used,
+                        &mut out,
+                    );
+                }
+                pad(&mut out, seq_len - used);
+                rows.push((used, starts));
+            }
+            out.finish_rows(rows);
+            out
+        })
+        .collect()
 }
 
 /// Appends packed row `g` of the run (batch number · batch + row) to `out`
@@ -197,6 +240,37 @@ mod tests {
             // Each row starts where the one before it ended.
             assert!(walked.windows(2).all(|w| w[0].1 == w[1].0));
         }
+    }
+
+    #[test]
+    fn an_evaluation_packs_each_record_once() {
+        // Lengths 3, 4, 2, 9, 1 (ids their positions): rows of 6 hold {3},
+        // {4, 2}, {9 cut}, {1}, and stop at the last record.
+        let data = TokenData {
+            tokens: (0..19).collect::<Vec<u32>>().into(),
+            loss_mask: None,
+            records: Some(Records::new(vec![0, 3, 7, 9, 18])),
+        };
+        let batches = packed_once(&data, 3, 6);
+        assert_eq!(batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [3, 1]);
+        let inputs: Vec<u32> = batches.iter().flat_map(|b| b.inputs.clone()).collect();
+        #[rustfmt::skip]
+        assert_eq!(inputs, [
+            0, 1, 2, 0, 0, 0,
+            3, 4, 5, 6, 7, 8,
+            9, 10, 11, 12, 13, 14,
+            18, 0, 0, 0, 0, 0,
+        ]);
+        // A record's last token has no target, nor has the padding; a cut
+        // record keeps the target of its last input.
+        assert_eq!(batches[0].targets[..6], [1, 2, -100, -100, -100, -100]);
+        assert_eq!(batches[0].targets[6..12], [4, 5, 6, -100, 8, -100]);
+        assert_eq!(batches[0].targets[12..], [10, 11, 12, 13, 14, 15]);
+        assert_eq!(batches[1].targets, [-100; 6]);
+        assert_eq!(batches[0].lengths, Some(vec![3, 6, 6]));
+        let docs = batches[0].docs.as_ref().expect("row 1 holds two records");
+        assert_eq!((docs.start(1, 5), docs.start(1, 3)), (4, 0));
+        assert!(packed_once(&data.clone().as_stream(), 3, 6).is_empty());
     }
 
     #[test]
