@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `--rows packed` against `--rows records` on the same instruction data:
-# the same model, batch and --seq-len, a fixed number of steps each, from
+# the same model, batch and --seq-len, a fixed number of steps each (then
+# `eval` of the first run both ways), from
 # the repository root:
 #   bash benches/packing.sh [target/release/megatrain] [--device cpu|gpu] [other train flags]
 # PRESET (llama-tiny), SEQ (512), BATCH (8) and STEPS (12) set the run.
@@ -42,4 +43,13 @@ counted = statistics.median(r["counted"] for r in rows)
 rate = statistics.median(r["counted"] / r["step_ms"] * 1e3 for r in rows)
 print(f"{sys.argv[2]}: median step {ms:.1f} ms, {counted:.0f} counted targets a step, {rate:.0f} a second ({len(rows)} steps)")
 PY
+done
+# `eval` of the same records both ways, on the first run's checkpoint: the
+# whole set once, wall time (loading included) and the loss, which must agree.
+for rows in records packed; do
+    s=$(date +%s.%N)
+    "$BIN" eval --model "$D/run-records" --data "$D/speeches.jsonl" --rows $rows --seq-len "${SEQ:-512}" \
+        --batch "${BATCH:-8}" "$@" > "$D/eval-$rows.txt" 2>/dev/null
+    e=$(date +%s.%N)
+    echo "eval $rows: $(echo "$e - $s" | bc) s, $(cut -d'(' -f1 "$D/eval-$rows.txt")($(sed 's/.*: //; s/)$//' "$D/eval-$rows.txt"))"
 done
