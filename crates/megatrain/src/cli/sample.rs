@@ -66,9 +66,10 @@ pub struct SampleArgs {
     /// that transport copy; f16 also computes matmuls on f16 operands.
     #[arg(long, default_value = "f32")]
     precision: Precision,
-    /// Keep each block's keys and values for the next token (true), or
+    /// Keep what each block needs of the positions so far (keys and
+    /// values, a Gated DeltaNet's state) for the next token (true), or
     /// re-run every position for every token (false: slower, for
-    /// comparison). Models with linear-attention blocks always re-run.
+    /// comparison).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     kv_cache: bool,
 }

@@ -1,4 +1,4 @@
-//! Text generation: seeded temperature / top-k sampling from a model whose
+//! Text generation: seeded temperature / top-k / top-p sampling from a model whose
 //! layers are all uploaded once (fine for the small models one samples
 //! while learning; a streamed version would upload layer by layer per
 //! token). Each block keeps what it needs of the positions so far
@@ -33,8 +33,9 @@ pub struct SampleOptions {
     /// model's embedding rows are often padded past its tokenizer's
     /// vocabulary: Phi-3's 32064 for 32011 tokens). 0: every id.
     pub decodable: usize,
-    /// Keep each block's keys and values for the next token (where the
-    /// model allows it); `false` re-runs every position for every token.
+    /// Keep what each block needs of the positions so far for the next
+    /// token (keys and values, a Gated DeltaNet's state); `false` re-runs
+    /// every position for every token.
     pub kv_cache: bool,
 }
 

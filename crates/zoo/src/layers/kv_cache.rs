@@ -1,7 +1,8 @@
-//! Generation with a cache of keys and values: each block keeps the keys
-//! and values of every position so far on the executor, so a new token
-//! costs one position's products and one row of attention over the cache
-//! instead of the whole sequence again (transformers' `DynamicCache`).
+//! Generation over a cache: each block keeps on the executor what it needs
+//! of the positions so far (an attention block their keys and values, a
+//! Gated DeltaNet its convolution's last inputs and its state), so a new
+//! token costs one position's products and one row of attention over the
+//! cache instead of the whole sequence again (transformers' `DynamicCache`).
 //!
 //! The blocks run the same code as in training; only where their tokens
 //! sit changes ([`Seq`]): RoPE starts at the cache's length, and attention
@@ -21,7 +22,7 @@ const MIN_POSITIONS: usize = 64;
 
 /// Where a block's tokens sit: rows of whole sequences (training,
 /// evaluation, with the documents packed in them where there are), or the
-/// next tokens of one sequence whose earlier keys and values a cache holds.
+/// next tokens of one sequence whose earlier positions a cache holds.
 pub(crate) enum Seq<'a, T> {
     Rows(Option<&'a Docs>),
     Cached(&'a mut LayerCache<T>),

@@ -116,8 +116,9 @@ pub fn block_forward<E: Executor>(
 
 /// [`block_forward`] of the next tokens of one sequence, `x: [1, T, C]`,
 /// whose earlier positions `cache` holds: their keys and values join the
-/// cache, and the queries attend over all of it (generation; nothing is
-/// saved for a backward).
+/// cache and the queries attend over all of it, or a Gated DeltaNet
+/// continues from its kept state (generation; nothing is saved for a
+/// backward).
 pub fn block_forward_cached<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
