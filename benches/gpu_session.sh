@@ -460,7 +460,7 @@ steps)
     # row against packed (`--rows packed`; BENCHMARKS.md, "records packed
     # into rows"): the counted targets a second each way, the packed
     # attention skipping the other records' tiles.
-    PRESET=tinyllama-1.1b SEQ=2048 BATCH=4 STEPS=6 timeout "$(left 90)" bash benches/packing.sh megatrain \
+    PRESET=tinyllama-1.1b SEQ=2048 BATCH=4 STEPS=6 EVAL=0 timeout "$(left 90)" bash benches/packing.sh megatrain \
         --device gpu --precision f16 >"$OUT/packing.log" 2>&1
     note "packed rows (rc $?): $(grep -E '^(records|packed): median' "$OUT/packing.log" | tr '\n' ' ')"
     # `sample` with its cache of keys and values and without (BENCHMARKS.md,
