@@ -741,63 +741,41 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
         err.contains("sft.jsonl: 28 records, one a row") && err.contains("padding"),
         "{err}"
     );
-    let out = run(&[
-        "eval",
-        "--model",
-        s(&run_dir),
-        "--data",
-        s(&data),
-        "--device",
-        "cpu",
-        "--seq-len",
-        "96",
-    ]);
-    let line = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && line.contains("30 records, one a row"),
-        "{line}"
-    );
+    // `eval` of the records on the CPU at the run's --seq-len: its line.
+    let eval = |model: &Path, more: &[&str]| {
+        let args = [
+            &["eval", "--model", s(model), "--data", s(&data)][..],
+            &["--device", "cpu", "--seq-len", "96"],
+            more,
+        ];
+        let out = run(&args.concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let loss = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    let line = eval(&run_dir, &[]);
+    assert!(line.contains("30 records, one a row"), "{line}");
     // Packed, the same records score the same in fewer rows.
-    let out = run(&[
-        "eval",
-        "--model",
-        s(&run_dir),
-        "--data",
-        s(&data),
-        "--device",
-        "cpu",
-        "--seq-len",
-        "96",
-        "--rows",
-        "packed",
-    ]);
-    let packed = String::from_utf8_lossy(&out.stdout);
-    let first = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    let packed = eval(&run_dir, &["--rows", "packed"]);
     let rows: usize = packed
         .split("packed into ")
         .nth(1)
         .and_then(|r| r.split(' ').next())
         .and_then(|r| r.parse().ok())
         .unwrap_or_else(|| panic!("{packed}"));
-    assert!(
-        out.status.success() && packed.contains("30 records packed into") && rows < 30,
-        "{packed}"
-    );
-    let (a, b) = (first(&line), first(&packed));
+    assert!(packed.contains("30 records packed into") && rows < 30, "{packed}");
+    let (a, b) = (loss(&line), loss(&packed));
     assert!((a - b).abs() <= 1e-5 * a.abs(), "one a row {a}, packed {b}");
     // Exported in bf16, as models are published: half the weights' bytes,
     // the config says so, and it scores the records as the run does.
     let exp = t.join("exp");
-    let out = run(&[
-        "export",
-        "--run",
-        s(&run_dir),
-        "--out",
-        s(&exp),
-        "--dtype",
-        "bf16",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let export = |out: &Path, extra: &[&str]| {
+        let args = [&["export", "--run", s(&run_dir), "--out", s(out)][..], extra].concat();
+        let out = run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    export(&exp, &["--dtype", "bf16"]);
     let config = std::fs::read_to_string(exp.join("config.json")).unwrap();
     assert!(config.contains("\"torch_dtype\": \"bfloat16\""), "{config}");
     let size = |d: &Path| std::fs::metadata(d.join("model.safetensors")).unwrap().len();
@@ -812,19 +790,7 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
         size(&exp),
         size(&ckpt)
     );
-    let out = run(&[
-        "eval",
-        "--model",
-        s(&exp),
-        "--data",
-        s(&data),
-        "--device",
-        "cpu",
-        "--seq-len",
-        "96",
-    ]);
-    let bf16_line = String::from_utf8_lossy(&out.stdout);
-    let loss = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    let bf16_line = eval(&exp, &[]);
     assert!(
         (loss(&bf16_line) - loss(&line)).abs() < 1e-2,
         "{bf16_line} against {line}"
@@ -833,12 +799,6 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
     // index names each, counts their bytes, and the shards score and
     // sample as the one bf16 file does.
     let sharded = t.join("sharded");
-    let export = |out: &Path, extra: &[&str]| {
-        let args = [&["export", "--run", s(&run_dir), "--out", s(out)][..], extra].concat();
-        let out = run(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
     let said = export(&sharded, &["--dtype", "bf16", "--max-shard-size", "100KB"]);
     let index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(sharded.join("model.safetensors.index.json")).unwrap())
@@ -872,22 +832,7 @@ fn rows_of_records_and_a_bf16_export_through_the_binary() {
     }
     assert_eq!(index["metadata"]["total_size"], total);
     assert!(!sharded.join("model.safetensors").exists());
-    let eval = |model: &Path| {
-        let out = run(&[
-            "eval",
-            "--model",
-            s(model),
-            "--data",
-            s(&data),
-            "--device",
-            "cpu",
-            "--seq-len",
-            "96",
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
-    assert_eq!(eval(&sharded), bf16_line);
+    assert_eq!(eval(&sharded, &[]), bf16_line);
     let sample = |model: &Path| {
         let out = run(&[
             "sample",
