@@ -24,9 +24,16 @@ impl GpuExecutor {
         if out.numel() == 0 {
             return Ok(out);
         }
-        let views = [q, k, v, g, beta, &out, &*state].map(|t| self.full(t));
-        let [qv, kv, vv, gv, bv, ov, sv] = views;
-        let (qv, kv, vv, gv, bv, ov, sv) = (qv?, kv?, vv?, gv?, bv?, ov?, sv?);
+        let views = [
+            self.full(q)?,
+            self.full(k)?,
+            self.full(v)?,
+            self.full(g)?,
+            self.full(beta)?,
+            self.full(&out)?,
+            self.full(state)?,
+        ];
+        let [qo, ko, vo, go, bo, oo, so] = views.map(|v| v.elem_off);
         let n = d.b * d.hv * d.dv;
         // Two loops of Dk a step.
         let steps = (self.loop_budget / (2 * d.dk + 2)).max(1);
@@ -41,25 +48,20 @@ impl GpuExecutor {
                 u(d.group()),
                 u(d.decays()),
                 u(n),
-                qv.elem_off,
-                kv.elem_off,
-                vv.elem_off,
-                gv.elem_off,
-                bv.elem_off,
-                ov.elem_off,
-                sv.elem_off,
+                qo,
+                ko,
+                vo,
+                go,
+                bo,
+                oo,
+                so,
                 u(t0),
                 u((t0 + steps).min(d.t)),
                 0,
                 0,
                 0,
             ];
-            op.dispatch(
-                Kernel::DeltaRuleCached,
-                &params,
-                &[qv, kv, vv, gv, bv, ov, sv],
-                grid_for(n.div_ceil(64)),
-            );
+            op.dispatch(Kernel::DeltaRuleCached, &params, &views, grid_for(n.div_ceil(64)));
         }
         op.finish()?;
         Ok(out)

@@ -6,7 +6,7 @@ use clap::Args;
 use megatrain::data::{Sampling, load_tokens, packed_once};
 use megatrain::run::{
     DeviceChoice, Encoder, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
-    resolve_model_dir,
+    evaluate_batches, resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_gpu::TransportChoice;
@@ -110,13 +110,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
         let t = Trainer::new(ex, cfg.clone(), tier, TrainerConfig::default())?;
         match &packed {
-            Some(p) => {
-                let (sum, count) = t
-                    .eval_losses(&p[..batches.min(p.len())])?
-                    .into_iter()
-                    .fold((0.0, 0), |(s, c), (ls, lc)| (s + ls, c + lc));
-                if count > 0 { sum / count as f64 } else { f64::NAN }
-            }
+            Some(p) => evaluate_batches(&t, &p[..batches.min(p.len())])?,
             None => evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?,
         }
     });

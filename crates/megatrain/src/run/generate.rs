@@ -219,10 +219,7 @@ impl<E: Executor> Decoder<E> {
             Some(c) if !ids.is_empty() && ids.len() <= context => c,
             _ => return model.next_logits(ex, &ids[ids.len().saturating_sub(context)..]),
         };
-        let same = match ids.get(..self.ids.len()) {
-            Some(start) if start == self.ids.as_slice() => self.ids.len(),
-            _ => self.ids.iter().zip(ids).take_while(|(a, b)| a == b).count(),
-        };
+        let same = self.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
         // The last id runs again where it is cached: its logits are wanted.
         let mut keep = same.min(ids.len() - 1);
         if !cache.truncate(keep) {

@@ -37,6 +37,6 @@ pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_av
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
-    Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, evaluate, prepare, tier_config, tier_params,
-    train, train_with,
+    Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, evaluate, evaluate_batches, prepare,
+    tier_config, tier_params, train, train_with,
 };

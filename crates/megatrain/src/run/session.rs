@@ -438,15 +438,31 @@ fn evaluate_split<E: Executor>(
     let drawn = (0..batches as u64)
         .map(|i| draw(i, rows.clone()))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut x = [0.0, 0.0];
-    for (s, c) in trainer.eval_losses(&drawn)? {
-        x[0] += s;
-        x[1] += c as f64;
-    }
+    let mut x = loss_sums(trainer, &drawn)?;
     if let Some(comm) = comm {
         comm.sum_f64(&mut x)?;
     }
-    Ok(if x[1] > 0.0 { x[0] / x[1] } else { f64::NAN })
+    Ok(mean_loss(x))
+}
+
+/// The mean loss over the targets `batches` count (NaN where they count
+/// none), as [`evaluate`] reports it, of batches drawn by the caller.
+pub fn evaluate_batches<E: Executor>(trainer: &Trainer<E>, batches: &[Batch]) -> Result<f64> {
+    Ok(mean_loss(loss_sums(trainer, batches)?))
+}
+
+/// The summed losses of `batches` and the targets they count.
+fn loss_sums<E: Executor>(trainer: &Trainer<E>, batches: &[Batch]) -> Result<[f64; 2]> {
+    let mut x = [0.0, 0.0];
+    for (s, c) in trainer.eval_losses(batches)? {
+        x[0] += s;
+        x[1] += c as f64;
+    }
+    Ok(x)
+}
+
+fn mean_loss([sum, count]: [f64; 2]) -> f64 {
+    if count > 0.0 { sum / count } else { f64::NAN }
 }
 
 /// A tier that does not fit `--host-budget`, said as a refusal of the flag

@@ -283,7 +283,7 @@ impl<T> KvCache<T> {
                 })
             });
         if !holds || self.is_empty() {
-            self.layers.iter_mut().for_each(LayerCache::clear);
+            self.clear();
             self.rotated_at = Some(end);
         }
         holds
