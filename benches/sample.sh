@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# `megatrain sample` with the cache of keys and values and without it, on
-# the same model, prompt and tokens, from the repository root:
+# `megatrain sample` two ways on the same model, prompt and tokens, from
+# the repository root:
 #   bash benches/sample.sh [target/release/megatrain] [--device cpu|gpu] [other sample flags]
+# COMPARE=cache (the default): with the cache of keys and values and
+# without it; COMPARE=stream: the weights uploaded once and streamed from
+# host memory for every forward (both with the cache).
 # PRESET (gpt2-124m), PROMPT_CHARS (256: the first characters of Tiny
 # Shakespeare, a token each under the byte tokenizer), TOKENS (64) and
 # REPS (3) set the run. The model is the preset's random initialisation
@@ -17,26 +20,31 @@ PRESET=${PRESET:-gpt2-124m}
 PROMPT_CHARS=${PROMPT_CHARS:-256}
 TOKENS=${TOKENS:-64}
 REPS=${REPS:-3}
+case ${COMPARE:-cache} in
+    cache) FLAG=--kv-cache; WAYS=(true false) ;;
+    stream) FLAG=--stream; WAYS=(false true) ;;
+    *) echo "COMPARE=$COMPARE: cache or stream"; exit 2 ;;
+esac
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
 "$BIN" train --preset "$PRESET" --data data/tinyshakespeare.txt --tokenizer byte --out "$D/run" \
     --steps 1 --seq-len 64 --batch 1 >"$D/train.log" 2>&1 || { cat "$D/train.log"; exit 1; }
 PROMPT=$(head -c "$PROMPT_CHARS" data/tinyshakespeare.txt)
 median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
-for cache in true false; do
-    : >"$D/times-$cache"
+for way in "${WAYS[@]}"; do
+    : >"$D/times-$way"
     for _ in $(seq "$REPS"); do
         s=$(date +%s.%N)
         "$BIN" sample --model "$D/run" --prompt "$PROMPT" --tokens "$TOKENS" --temperature 0 \
-            --kv-cache "$cache" "$@" >"$D/out-$cache"
+            "$FLAG" "$way" "$@" >"$D/out-$way"
         e=$(date +%s.%N)
-        echo "$e - $s" | bc >>"$D/times-$cache"
+        echo "$e - $s" | bc >>"$D/times-$way"
     done
 done
-cmp -s "$D/out-true" "$D/out-false" || { echo "the cached and uncached samples differ"; exit 1; }
-with=$(median <"$D/times-true")
-without=$(median <"$D/times-false")
+cmp -s "$D/out-true" "$D/out-false" || { echo "the samples with $FLAG true and false differ"; exit 1; }
+first=$(median <"$D/times-${WAYS[0]}")
+second=$(median <"$D/times-${WAYS[1]}")
 echo "$PRESET, prompt of $PROMPT_CHARS tokens, $TOKENS new, greedy, median of $REPS:"
-echo "  --kv-cache true:  $with s"
-echo "  --kv-cache false: $without s"
-echo "  ratio: $(echo "scale=2; $without / $with" | bc)x"
+echo "  $FLAG ${WAYS[0]}: $first s"
+echo "  $FLAG ${WAYS[1]}: $second s"
+echo "  ratio: $(echo "scale=2; $second / $first" | bc)x"

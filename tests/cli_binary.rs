@@ -369,6 +369,8 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         ],
         &["rendered by the chat template", "### Instruction"],
     );
+    // The run directory's checkpoint, its layers streamed from host memory
+    // for every token, samples as the export uploaded once.
     let again = run(&[
         "sample",
         "--model",
@@ -379,12 +381,38 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         "20",
         "--seed",
         "3",
+        "--stream",
+        "true",
     ]);
     assert_eq!(
         String::from_utf8(again.stdout).unwrap(),
         text,
-        "run dir and export sample alike"
+        "run dir streamed and export resident sample alike"
     );
+    // Three samples made together: the second is --seed 4's alone.
+    let sample = |seed: &str, samples: &str| {
+        let out = run(&[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt",
+            "O Romeo",
+            "--tokens",
+            "20",
+            "--seed",
+            seed,
+            "--samples",
+            samples,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let three = sample("3", "3");
+    let parts: Vec<&str> = three.split("---------------\n").collect();
+    assert_eq!(parts.len(), 3, "{three:?}");
+    assert_eq!(parts[0], text, "the first sample is --seed 3's");
+    assert_eq!(parts[1], sample("4", "1"), "the second sample is --seed 4's");
+    refused(&["sample", "--model", s(&hf), "--samples", "0"], &["--samples 0"]);
     let out = run(&[
         "eval",
         "--model",

@@ -344,7 +344,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     };
     let enc = megatrain::run::Encoder::from_dir(&ckpt, None).unwrap();
     let prompt = enc.tokenizer.encode("abc").unwrap();
-    let out = generate(&ex, &model, &prompt, greedy).unwrap();
+    let out = generate(&model, &prompt, greedy).unwrap();
     assert_eq!(
         enc.tokenizer.decode(&out).unwrap(),
         "abcabcabcabc",
@@ -356,31 +356,26 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         seed: 7,
         ..greedy
     };
-    let x = generate(&ex, &model, &prompt, warm).unwrap();
-    assert_eq!(x, generate(&ex, &model, &prompt, warm).unwrap(), "seeded");
+    let x = generate(&model, &prompt, warm).unwrap();
+    assert_eq!(x, generate(&model, &prompt, warm).unwrap(), "seeded");
     let uncached = SampleOptions {
         kv_cache: false,
         ..warm
     };
     assert_eq!(
         x,
-        generate(&ex, &model, &prompt, uncached).unwrap(),
+        generate(&model, &prompt, uncached).unwrap(),
         "cached as uncached"
     );
-    assert!(generate(&ex, &model, &[], greedy).is_err());
+    assert!(generate(&model, &[], greedy).is_err());
     // Only ids the tokenizer decodes are picked.
     for opts in [greedy, warm] {
         let only = SampleOptions { decodable: 2, ..opts };
-        assert!(
-            generate(&ex, &model, &prompt, only)
-                .unwrap()
-                .iter()
-                .all(|&t| t < 2)
-        );
+        assert!(generate(&model, &prompt, only).unwrap().iter().all(|&t| t < 2));
     }
     // A stop id ends the reply before it.
     let c = enc.tokenizer.encode("c").unwrap();
-    let until = megatrain::run::generate_until(&ex, &model, &prompt, greedy, &c).unwrap();
+    let until = megatrain::run::generate_until(&model, &prompt, greedy, &c).unwrap();
     assert_eq!(enc.tokenizer.decode(&until).unwrap(), "ab");
 }
 

@@ -357,7 +357,7 @@ fn bf16_transport_counts_the_bytes_the_executor_holds() {
             .map(|table| {
                 table
                     .iter()
-                    .map(|p| (if p.shape.rank() >= 2 { 2 } else { 4 }) * p.numel() as u64)
+                    .map(|p| (if p.narrow { 2 } else { 4 }) * p.numel() as u64)
                     .sum()
             })
             .collect();
@@ -674,6 +674,33 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
             (ll - la).abs() > 1e-5 * la.abs(),
             "{:?}: the test can tell",
             model.arch
+        );
+    }
+}
+
+/// Families whose blocks hold tensors of rank ≥ 2 that only f32 ops read
+/// (a Gated DeltaNet's convolution kernels `[C, 1, K]`, Kimi's `A_log`
+/// stored `[1, 1, H, 1]`) train through a bf16 copy: those are widened on
+/// load like vectors, and the step's loss is the forward's on the same
+/// weights.
+#[test]
+fn convolution_kernels_are_held_f32_under_bf16_transport() {
+    for case in ["qwen3_5", "qwen3_next", "kimi_linear", "olmo_hybrid"] {
+        let model = common::zoo_fixture(case);
+        let config = TrainerConfig {
+            checkpoint_every: 2,
+            ..TrainerConfig::default()
+        };
+        let tier = common::copies(TransportDType::BF16);
+        let mut t = common::trainer(CpuExecutor::new(), &model, tier, SEED, config);
+        let batch = TRAINER_STREAM.batch(model.vocab_size, 0, 2, 8);
+        let (sum, count) = t.eval_loss(&batch).unwrap();
+        let m = t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+        let want = sum / count as f64;
+        assert!(
+            (m.loss - want).abs() <= 1e-6 * want.abs(),
+            "{case}: step loss {} against the forward's {want}",
+            m.loss
         );
     }
 }

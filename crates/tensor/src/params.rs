@@ -14,6 +14,11 @@ pub struct ParamSpec {
     /// Whether AdamW weight decay applies (matrices and embeddings yes, norm
     /// gains and biases no).
     pub decay: bool,
+    /// Held on the executor in a 16-bit transport's width: the operands
+    /// executors read in 16 bits, matmul operands and embedding tables
+    /// (every tensor of rank ≥ 2 unless pushed with
+    /// [`ParamTable::push_f32`]). Others are widened to f32 on load.
+    pub narrow: bool,
 }
 
 impl ParamSpec {
@@ -44,14 +49,30 @@ impl ParamTable {
         shape: impl Into<Shape>,
         decay: bool,
     ) -> Result<&ParamSpec> {
-        let name = name.into();
+        let shape = shape.into();
+        let narrow = shape.rank() >= 2;
+        self.push_held(name.into(), shape, decay, narrow)
+    }
+
+    /// [`ParamTable::push`] of a tensor of any rank that the executor holds
+    /// as f32 whatever the transport: one that only f32 ops read (a causal
+    /// convolution's kernels `[C, 1, K]`, a per-head vector stored 4-D).
+    pub fn push_f32(
+        &mut self,
+        name: impl Into<String>,
+        shape: impl Into<Shape>,
+        decay: bool,
+    ) -> Result<&ParamSpec> {
+        self.push_held(name.into(), shape.into(), decay, false)
+    }
+
+    fn push_held(&mut self, name: String, shape: Shape, decay: bool, narrow: bool) -> Result<&ParamSpec> {
         if self.get(&name).is_some() {
             return Err(Error::invalid(
                 "ParamTable::push",
                 format!("duplicate parameter '{name}'"),
             ));
         }
-        let shape = shape.into();
         let offset = self.numel;
         self.numel += shape.numel();
         self.params.push(ParamSpec {
@@ -59,6 +80,7 @@ impl ParamTable {
             shape,
             offset,
             decay,
+            narrow,
         });
         Ok(self.params.last().expect("just pushed"))
     }
@@ -97,5 +119,8 @@ mod tests {
         assert_eq!(t.get("a.bias").unwrap().range(), 15..20);
         assert_eq!(t.numel(), 20);
         assert!(t.push("a.bias", [1], false).is_err());
+        t.push_f32("a.conv", [5, 1, 4], true).unwrap();
+        let narrow: Vec<bool> = t.iter().map(|p| p.narrow).collect();
+        assert_eq!(narrow, [true, false, false]);
     }
 }

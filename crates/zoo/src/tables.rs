@@ -412,11 +412,11 @@ impl ModelConfig {
                     Arch::OlmoHybrid => {
                         let kw = l.key_width();
                         for (name, rows) in [("q_conv1d", kw), ("k_conv1d", kw), ("v_conv1d", vw)] {
-                            t.push(format!("{a}.{name}.weight"), [rows, 1, l.conv_kernel], true)?;
+                            t.push_f32(format!("{a}.{name}.weight"), [rows, 1, l.conv_kernel], true)?;
                         }
                     }
                     _ => {
-                        t.push(format!("{a}.conv1d.weight"), [mixed, 1, l.conv_kernel], true)?;
+                        t.push_f32(format!("{a}.conv1d.weight"), [mixed, 1, l.conv_kernel], true)?;
                     }
                 }
                 t.push(format!("{a}.dt_bias"), [hv], false)?;
@@ -456,12 +456,12 @@ impl ModelConfig {
             t.push(format!("{a}.{name}.weight"), [h * d, c], true)?;
         }
         for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-            t.push(format!("{a}.{name}.weight"), [h * d, 1, l.conv_kernel], true)?;
+            t.push_f32(format!("{a}.{name}.weight"), [h * d, 1, l.conv_kernel], true)?;
         }
         t.push(format!("{a}.f_a_proj.weight"), [d, c], true)?;
         t.push(format!("{a}.f_b_proj.weight"), [h * d, d], true)?;
         t.push(format!("{a}.dt_bias"), [h * d], false)?;
-        t.push(format!("{a}.A_log"), [1, 1, h, 1], false)?;
+        t.push_f32(format!("{a}.A_log"), [1, 1, h, 1], false)?;
         t.push(format!("{a}.b_proj.weight"), [h, c], true)?;
         t.push(format!("{a}.g_a_proj.weight"), [d, c], true)?;
         t.push(format!("{a}.g_b_proj.weight"), [h * d, d], true)?;

@@ -3,14 +3,17 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 
-use clap::Args;
-use megatrain::data::Message;
+use clap::{Args, ValueEnum};
+use megatrain::data::{ChatTemplate, Message};
 use megatrain::run::{
-    Decoder, DeviceChoice, Encoder, Precision, Resident, RunError, SampleOptions, TransportKnobs,
-    chat_template_spec, generate_with, resolve_model_dir,
+    Decoder, DeviceChoice, Encoder, LanguageModel, Precision, Resident, RunError, SampleOptions,
+    TransportKnobs, chat_template_spec, generate_samples, generate_with, layer_device_bytes,
+    resolve_model_dir,
 };
+use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
 use megatrain_gpu::TransportChoice;
-use megatrain_tensor::Executor;
+use megatrain_tensor::{Executor, TensorMemory};
+use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
@@ -72,7 +75,35 @@ pub struct SampleArgs {
     /// comparison).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     kv_cache: bool,
+    /// Where the weights are while generating: uploaded once (false), or
+    /// streamed from host memory a layer at a time for every forward, as
+    /// training streams them (true: the device holds two blocks, the
+    /// embedding, the head and the cache, so a model larger than the
+    /// device generates, at one pass over the bus a token); auto streams
+    /// where the weights would take more than 80% of a GPU's own memory.
+    #[arg(long, default_value = "auto")]
+    stream: Stream,
+    /// Samples of the prompt, made together: a row each of one batch, so
+    /// every forward serves them all (streamed weights cross the bus once
+    /// a token for all of them). Sample i is what --seed <seed + i> makes
+    /// alone; they print in turn, between lines of dashes.
+    #[arg(long, default_value_t = 1, conflicts_with = "interactive")]
+    samples: usize,
 }
+
+/// The line between samples (nanoGPT's `sample.py` prints the same).
+const SAMPLE_RULE: &str = "---------------";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Stream {
+    Auto,
+    True,
+    False,
+}
+
+/// The share of a GPU's own memory resident weights may take under
+/// `--stream auto`; the rest is for the cache and the activations.
+const RESIDENT_SHARE: f64 = 0.8;
 
 pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
@@ -80,6 +111,9 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     }
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         anyhow::bail!("--top-p {}: must be in (0, 1]", a.top_p);
+    }
+    if a.samples == 0 {
+        anyhow::bail!("--samples 0: must be ≥ 1");
     }
     let dir = resolve_model_dir(&a.model, a.step)?;
     let ckpt = HfCheckpoint::open(&dir)?;
@@ -102,45 +136,107 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         true => Some(enc.chat_template(&spec)?),
         false => None,
     };
-    let mut messages: Vec<Message> = a.system.iter().map(|s| message("system", s)).collect();
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
+    let chat = Chat {
+        a: &a,
+        enc: &enc,
+        template: template.as_ref(),
+        spec: &spec,
+        opts,
+        stop: &stop,
+    };
     on_executor!(exec, ex => {
         let mut ex = ex;
         ex.set_compute_precision(a.precision.compute())
             .map_err(|e| RunError::option("precision", a.precision, e.to_string()))?;
-        let model = Resident::load_as(&ex, &ckpt, a.precision.transport())?;
-        let mut decoder = Decoder::new(&model, a.kv_cache)?;
-        // The reply to `user`: to the conversation so far, which it joins,
-        // with --chat; else the continuation of the text.
-        let mut turn = |user: &str| -> anyhow::Result<String> {
-            let text = match &template {
+        let transport = a.precision.transport();
+        let weights: u64 = ckpt.config.layer_tables().iter().map(|t| layer_device_bytes(t, transport)).sum();
+        let stream = match (a.stream, ex.tensor_memory()) {
+            (Stream::True, _) => true,
+            (Stream::False, _) => false,
+            (Stream::Auto, TensorMemory::Device(Some(room))) => weights as f64 > RESIDENT_SHARE * room as f64,
+            (Stream::Auto, _) => false,
+        };
+        if stream {
+            if a.stream == Stream::Auto {
+                eprintln!(
+                    "weights: {:.2} GB, over {:.0}% of the device's memory; streaming them from host \
+                     memory (one pass over the bus a token; --stream false uploads them once)",
+                    weights as f64 / 1e9,
+                    RESIDENT_SHARE * 100.0
+                );
+            }
+            let tier = load_tier(
+                &ckpt,
+                TierConfig {
+                    transport,
+                    ..TierConfig::default()
+                },
+            )?;
+            chat.run(&Trainer::new(ex, ckpt.config.clone(), tier, TrainerConfig::default())?)?;
+        } else {
+            chat.run(&Resident::load_as(&ex, &ckpt, transport)?)?;
+        }
+    });
+    Ok(())
+}
+
+/// What a generation or a conversation needs besides the model.
+struct Chat<'a> {
+    a: &'a SampleArgs,
+    enc: &'a Encoder,
+    template: Option<&'a ChatTemplate>,
+    spec: &'a str,
+    opts: SampleOptions,
+    stop: &'a [u32],
+}
+
+impl Chat<'_> {
+    fn run<E: Executor>(&self, model: &impl LanguageModel<E>) -> anyhow::Result<()> {
+        let (a, enc) = (self.a, self.enc);
+        let mut messages: Vec<Message> = a.system.iter().map(|s| message("system", s)).collect();
+        // The ids of `user`: the conversation so far, which it joins, with
+        // --chat; else the text to continue.
+        let prompt_of = |messages: &mut Vec<Message>, user: &str| -> anyhow::Result<Vec<u32>> {
+            let text = match self.template {
                 Some(t) => {
                     messages.push(message("user", user));
-                    t.generation_prompt(&messages)
-                        .map_err(|e| RunError::option("chat-template", &spec, e))?
+                    t.generation_prompt(messages)
+                        .map_err(|e| RunError::option("chat-template", self.spec, e))?
                 }
                 None => user.to_string(),
             };
-            let prompt = enc.tokenizer.encode(&text).map_err(|e| match a.chat {
+            enc.tokenizer.encode(&text).map_err(|e| match a.chat {
                 true => anyhow::anyhow!("--prompt {user:?} rendered by the chat template ({text:?}): {e}"),
                 false => anyhow::anyhow!("--prompt {user:?}: {e}"),
-            })?;
-            let ids = generate_with(&ex, &model, &mut decoder, &prompt, opts, &stop)?;
-            let reply = enc.tokenizer.decode(&ids)?;
-            if a.chat {
-                messages.push(message("assistant", &reply));
-            }
-            Ok(reply)
+            })
         };
         if !a.interactive {
             let user = a.prompt.as_deref().unwrap_or("\n");
-            let reply = turn(user)?;
-            match a.chat {
-                true => println!("{reply}"),
-                false => println!("{user}{reply}"),
+            let prompt = prompt_of(&mut messages, user)?;
+            let samples = generate_samples(model, &prompt, a.samples, self.opts, self.stop)?;
+            for (i, ids) in samples.iter().enumerate() {
+                if i > 0 {
+                    println!("{SAMPLE_RULE}");
+                }
+                let reply = enc.tokenizer.decode(ids)?;
+                match a.chat {
+                    true => println!("{reply}"),
+                    false => println!("{user}{reply}"),
+                }
             }
             return Ok(());
         }
+        // The reply to `user`, which joins the conversation; the cache keeps
+        // what the next turn's prompt shares with it.
+        let mut decoder = Decoder::new(model.config(), a.kv_cache)?;
+        let mut turn = |user: &str| -> anyhow::Result<String> {
+            let prompt = prompt_of(&mut messages, user)?;
+            let ids = generate_with(model, &mut decoder, &prompt, self.opts, self.stop)?;
+            let reply = enc.tokenizer.decode(&ids)?;
+            messages.push(message("assistant", &reply));
+            Ok(reply)
+        };
         let mut answer = |user: &str| -> anyhow::Result<()> {
             println!("{}", turn(user)?);
             Ok(std::io::stdout().flush()?)
@@ -162,8 +258,8 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
             }
             ask();
         }
-    });
-    Ok(())
+        Ok(())
+    }
 }
 
 fn message(role: &str, content: &str) -> Message {

@@ -1,22 +1,21 @@
-//! Text generation: seeded temperature / top-k / top-p sampling from a model whose
-//! layers are all uploaded once (fine for the small models one samples
-//! while learning; a streamed version would upload layer by layer per
-//! token). Each block keeps what it needs of the positions so far
-//! ([`KvCache`]: keys and values, or a Gated DeltaNet's state), so a token
-//! costs one position's forward; every token past the context (whose
-//! window slides) re-runs the last `context` positions instead.
+//! Text generation: seeded temperature / top-k / top-p sampling from a
+//! model whose layers are uploaded once ([`Resident`]) or streamed from the
+//! host tier a layer at a time for every forward (a [`Trainer`]'s, for a
+//! model larger than the device). Each block keeps what it needs of the
+//! positions so far ([`KvCache`]: keys and values, or a Gated DeltaNet's
+//! state), so a token costs one position's forward; every token past the
+//! context (whose window slides) re-runs the last `context` positions
+//! instead.
 
-use megatrain_tensor::{Executor, Shape, upload_weight};
+use megatrain_tensor::{Executor, upload_weight};
 use megatrain_tier::{TransportDType, TransportMut, TransportRef, refresh_transport};
-use megatrain_zoo::layers::{
-    KvCache, block_forward, block_forward_cached, embedding_forward, embedding_forward_at, head_logits,
-};
+use megatrain_zoo::layers::{KvCache, next_logits};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, upload_layer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::error::{Result, RunError};
-use crate::trainer::uploads_of;
+use crate::trainer::{Trainer, uploads_of};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleOptions {
@@ -39,21 +38,34 @@ pub struct SampleOptions {
     pub kv_cache: bool,
 }
 
-/// A model's weights resident on an executor.
-pub struct Resident<E: Executor> {
+/// What generation runs: a model's forward from ids to the logits after
+/// the last of them, on its executor, wherever its weights are.
+pub trait LanguageModel<E: Executor> {
+    fn executor(&self) -> &E;
+    fn config(&self) -> &ModelConfig;
+    /// Logits `[B, V]` after the last of each row of `ids`, `batch`
+    /// sequences of one length, row-major: with `cache`, ids that follow
+    /// the positions it holds (their keys and values join it); without,
+    /// the whole sequences.
+    fn logits(&self, ids: &[u32], batch: usize, cache: Option<&mut KvCache<E::Tensor>>) -> Result<Vec<f32>>;
+}
+
+/// A model's weights resident on an executor: every layer uploaded once.
+pub struct Resident<'e, E: Executor> {
+    ex: &'e E,
     pub model: ModelConfig,
     weights: Vec<Vec<E::Tensor>>,
 }
 
-impl<E: Executor> Resident<E> {
-    pub fn load(ex: &E, ckpt: &HfCheckpoint) -> Result<Self> {
+impl<'e, E: Executor> Resident<'e, E> {
+    pub fn load(ex: &'e E, ckpt: &HfCheckpoint) -> Result<Self> {
         Self::load_as(ex, ckpt, TransportDType::F32)
     }
 
     /// [`Resident::load`] through a `transport` copy: the weights the
     /// executor sees are those training with that precision uploads (bf16
     /// or f16 rounded, matrices held 16-bit, vectors widened).
-    pub fn load_as(ex: &E, ckpt: &HfCheckpoint, transport: TransportDType) -> Result<Self> {
+    pub fn load_as(ex: &'e E, ckpt: &HfCheckpoint, transport: TransportDType) -> Result<Self> {
         let model = ckpt.config.clone();
         let mut weights = Vec::with_capacity(model.num_layers_total());
         for l in 0..model.num_layers_total() {
@@ -78,46 +90,42 @@ impl<E: Executor> Resident<E> {
                 }
             });
         }
-        Ok(Resident { model, weights })
+        Ok(Resident { ex, model, weights })
+    }
+}
+
+impl<E: Executor> LanguageModel<E> for Resident<'_, E> {
+    fn executor(&self) -> &E {
+        self.ex
     }
 
-    /// Logits `[V]` after the last of `ids`.
-    pub fn next_logits(&self, ex: &E, ids: &[u32]) -> Result<Vec<f32>> {
-        let cfg = &self.model;
-        let t = ids.len();
-        let mut x = embedding_forward(cfg, ex, &self.weights[0], ids, 1, t, None)?;
-        for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
-            x = block_forward(cfg, ex, layer, w, &x, None)?.0;
-        }
-        self.last_logits(ex, &x, t)
+    fn config(&self) -> &ModelConfig {
+        &self.model
     }
 
-    /// [`Resident::next_logits`] of `ids` that follow the positions `cache`
-    /// holds; their keys and values join it.
-    pub fn next_logits_cached(
-        &self,
-        ex: &E,
-        cache: &mut KvCache<E::Tensor>,
-        ids: &[u32],
-    ) -> Result<Vec<f32>> {
-        let cfg = &self.model;
-        let mut x = embedding_forward_at(cfg, ex, &self.weights[0], ids, cache.len())?;
-        for (layer, w) in self.weights[1..=cfg.num_layers].iter().enumerate() {
-            x = block_forward_cached(cfg, ex, layer, w, &x, cache)?;
-        }
-        self.last_logits(ex, &x, ids.len())
+    fn logits(&self, ids: &[u32], batch: usize, cache: Option<&mut KvCache<E::Tensor>>) -> Result<Vec<f32>> {
+        next_logits(&self.model, self.ex, ids, batch, cache, |l| {
+            Ok::<_, RunError>(&self.weights[l][..])
+        })
+    }
+}
+
+/// Streamed: every forward loads each layer's transport copy from the
+/// tier into the trainer's weight slots, as an evaluation does, so the
+/// device holds two blocks' weights, the embedding, the head and the cache,
+/// whatever the model's size; a token then costs one pass of the model
+/// over the bus.
+impl<E: Executor> LanguageModel<E> for Trainer<E> {
+    fn executor(&self) -> &E {
+        Trainer::executor(self)
     }
 
-    /// The head's logits of the last of the `t` rows of `x: [1, t, C]`.
-    fn last_logits(&self, ex: &E, x: &E::Tensor, t: usize) -> Result<Vec<f32>> {
-        let cfg = &self.model;
-        let x2 = ex.reshape(x, &Shape::new(vec![t, cfg.hidden_size]))?;
-        let last = ex.slice_rows(&x2, t - 1, 1)?;
-        let tied = cfg.tie_word_embeddings.then(|| &self.weights[0][0]);
-        let logits = head_logits(cfg, ex, &self.weights[cfg.num_layers + 1], tied, &last)?;
-        let mut out = vec![0.0; cfg.vocab_size];
-        ex.download_into(&logits, &mut out)?;
-        Ok(out)
+    fn config(&self) -> &ModelConfig {
+        self.model()
+    }
+
+    fn logits(&self, ids: &[u32], batch: usize, cache: Option<&mut KvCache<E::Tensor>>) -> Result<Vec<f32>> {
+        Ok(self.streamed_logits(ids, batch, cache)?)
     }
 }
 
@@ -177,13 +185,12 @@ pub fn pick(logits: &[f32], temperature: f64, top_k: usize, top_p: f64, rng: &mu
 }
 
 /// `opts.tokens` new tokens after `prompt`.
-pub fn generate<E: Executor>(
-    ex: &E,
-    model: &Resident<E>,
+pub fn generate<E: Executor, M: LanguageModel<E> + ?Sized>(
+    model: &M,
     prompt: &[u32],
     opts: SampleOptions,
 ) -> Result<Vec<u32>> {
-    generate_until(ex, model, prompt, opts, &[])
+    generate_until(model, prompt, opts, &[])
 }
 
 /// What a generation keeps between tokens, and a chat between its turns:
@@ -195,10 +202,10 @@ pub struct Decoder<E: Executor> {
 }
 
 impl<E: Executor> Decoder<E> {
-    pub fn new(model: &Resident<E>, kv_cache: bool) -> Result<Self> {
-        let context = model.model.max_position_embeddings.max(1);
+    pub fn new(model: &ModelConfig, kv_cache: bool) -> Result<Self> {
+        let context = model.max_position_embeddings.max(1);
         let cache = match kv_cache {
-            true => Some(KvCache::new(&model.model, context)?),
+            true => Some(KvCache::new(model, context)?),
             false => None,
         };
         Ok(Decoder {
@@ -213,11 +220,11 @@ impl<E: Executor> Decoder<E> {
     /// one; the longest common start where it renders earlier turns
     /// otherwise). Past the model's context the window slides, and its
     /// last `context` positions run without the cache.
-    pub fn next_logits(&mut self, ex: &E, model: &Resident<E>, ids: &[u32]) -> Result<Vec<f32>> {
-        let context = model.model.max_position_embeddings.max(1);
+    pub fn next_logits<M: LanguageModel<E> + ?Sized>(&mut self, model: &M, ids: &[u32]) -> Result<Vec<f32>> {
+        let context = model.config().max_position_embeddings.max(1);
         let cache = match self.cache.as_mut() {
             Some(c) if !ids.is_empty() && ids.len() <= context => c,
-            _ => return model.next_logits(ex, &ids[ids.len().saturating_sub(context)..]),
+            _ => return model.logits(&ids[ids.len().saturating_sub(context)..], 1, None),
         };
         let same = self.ids.iter().zip(ids).take_while(|(a, b)| a == b).count();
         // The last id runs again where it is cached: its logits are wanted.
@@ -226,10 +233,10 @@ impl<E: Executor> Decoder<E> {
             cache.clear();
             keep = 0;
         }
-        if !cache.ready_for(&model.model, ids.len()) {
+        if !cache.ready_for(model.config(), ids.len()) {
             keep = 0;
         }
-        let logits = model.next_logits_cached(ex, cache, &ids[keep..])?;
+        let logits = model.logits(&ids[keep..], 1, Some(cache))?;
         self.ids.truncate(keep);
         self.ids.extend_from_slice(&ids[keep..]);
         Ok(logits)
@@ -238,52 +245,31 @@ impl<E: Executor> Decoder<E> {
 
 /// [`generate`], ending before the first token that is one of `stop` (a
 /// chat model's end-of-turn and end-of-sequence ids).
-pub fn generate_until<E: Executor>(
-    ex: &E,
-    model: &Resident<E>,
+pub fn generate_until<E: Executor, M: LanguageModel<E> + ?Sized>(
+    model: &M,
     prompt: &[u32],
     opts: SampleOptions,
     stop: &[u32],
 ) -> Result<Vec<u32>> {
-    let mut decoder = Decoder::new(model, opts.kv_cache)?;
-    generate_with(ex, model, &mut decoder, prompt, opts, stop)
+    let mut decoder = Decoder::new(model.config(), opts.kv_cache)?;
+    generate_with(model, &mut decoder, prompt, opts, stop)
 }
 
 /// [`generate_until`] through `decoder`, which keeps what the cache holds
 /// of `prompt` and the reply for the next call (a chat's next turn).
-pub fn generate_with<E: Executor>(
-    ex: &E,
-    model: &Resident<E>,
+pub fn generate_with<E: Executor, M: LanguageModel<E> + ?Sized>(
+    model: &M,
     decoder: &mut Decoder<E>,
     prompt: &[u32],
     opts: SampleOptions,
     stop: &[u32],
 ) -> Result<Vec<u32>> {
-    if prompt.is_empty() {
-        return Err(RunError::option(
-            "prompt",
-            "\"\"",
-            "encodes to no tokens; give some text",
-        ));
-    }
-    let vocab = model.model.vocab_size;
-    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(RunError::option(
-            "prompt",
-            bad,
-            format!("token outside the model's vocabulary of {vocab}"),
-        ));
-    }
+    check_prompt(model.config(), prompt)?;
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut ids = prompt.to_vec();
     let mut out = Vec::with_capacity(opts.tokens);
     for _ in 0..opts.tokens {
-        let logits = decoder.next_logits(ex, model, &ids)?;
-        let n = match opts.decodable {
-            0 => logits.len(),
-            d => d.min(logits.len()),
-        };
-        let next = pick(&logits[..n], opts.temperature, opts.top_k, opts.top_p, &mut rng);
+        let next = opts.choose(&decoder.next_logits(model, &ids)?, &mut rng);
         if stop.contains(&next) {
             break;
         }
@@ -291,4 +277,101 @@ pub fn generate_with<E: Executor>(
         out.push(next);
     }
     Ok(out)
+}
+
+/// `n` samples of up to `opts.tokens` new tokens after `prompt`, made
+/// together: a row each of one batch, so every forward serves them all (a
+/// streamed model's weights cross the bus once a token for all of them).
+/// Sample i is what [`generate_until`] gives with the seed `opts.seed + i`:
+/// each row draws from a generator of its own. Each ends before its first
+/// token in `stop`; a row that has ended runs on (its ids are not read)
+/// until every row has, since the rows share their length.
+pub fn generate_samples<E: Executor, M: LanguageModel<E> + ?Sized>(
+    model: &M,
+    prompt: &[u32],
+    n: usize,
+    opts: SampleOptions,
+    stop: &[u32],
+) -> Result<Vec<Vec<u32>>> {
+    let cfg = model.config();
+    check_prompt(cfg, prompt)?;
+    if n == 0 {
+        return Err(RunError::option("samples", 0, "must be ≥ 1"));
+    }
+    let context = cfg.max_position_embeddings.max(1);
+    let mut rngs: Vec<StdRng> = (0..n as u64)
+        .map(|i| StdRng::seed_from_u64(opts.seed.wrapping_add(i)))
+        .collect();
+    let mut rows = vec![prompt.to_vec(); n];
+    let mut ended: Vec<Option<usize>> = vec![None; n];
+    let mut cache = match opts.kv_cache {
+        true => Some(KvCache::new(cfg, context)?),
+        false => None,
+    };
+    // Positions of every row the cache holds.
+    let mut cached = 0;
+    for _ in 0..opts.tokens {
+        if ended.iter().all(Option::is_some) {
+            break;
+        }
+        let len = rows[0].len();
+        let ids = |from: usize| -> Vec<u32> { rows.iter().flat_map(|r| r[from..].iter().copied()).collect() };
+        let logits = match cache.as_mut() {
+            Some(c) if len <= context => {
+                if !c.ready_for(cfg, len) {
+                    cached = 0;
+                }
+                let l = model.logits(&ids(cached), n, Some(c))?;
+                cached = len;
+                l
+            }
+            _ => model.logits(&ids(len.saturating_sub(context)), n, None)?,
+        };
+        for (i, (row, logits)) in rows.iter_mut().zip(logits.chunks(cfg.vocab_size)).enumerate() {
+            let next = match ended[i] {
+                Some(_) => row[len - 1],
+                None => opts.choose(logits, &mut rngs[i]),
+            };
+            if ended[i].is_none() && stop.contains(&next) {
+                ended[i] = Some(len);
+            }
+            row.push(next);
+        }
+    }
+    Ok(rows
+        .into_iter()
+        .zip(ended)
+        .map(|(r, end)| r[prompt.len()..end.unwrap_or(r.len())].to_vec())
+        .collect())
+}
+
+/// Refuses an empty prompt and ids past the vocabulary, naming them.
+fn check_prompt(cfg: &ModelConfig, prompt: &[u32]) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(RunError::option(
+            "prompt",
+            "\"\"",
+            "encodes to no tokens; give some text",
+        ));
+    }
+    let vocab = cfg.vocab_size;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(RunError::option(
+            "prompt",
+            bad,
+            format!("token outside the model's vocabulary of {vocab}"),
+        ));
+    }
+    Ok(())
+}
+
+impl SampleOptions {
+    /// The next token from `logits`, among the ids the tokenizer decodes.
+    fn choose(&self, logits: &[f32], rng: &mut StdRng) -> u32 {
+        let n = match self.decodable {
+            0 => logits.len(),
+            d => d.min(logits.len()),
+        };
+        pick(&logits[..n], self.temperature, self.top_k, self.top_p, rng)
+    }
 }

@@ -25,7 +25,10 @@ pub use checkpoint::{
 pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
-pub use generate::{Decoder, Resident, SampleOptions, generate, generate_until, generate_with, pick};
+pub use generate::{
+    Decoder, LanguageModel, Resident, SampleOptions, generate, generate_samples, generate_until,
+    generate_with, pick,
+};
 pub use keep::{AUTO_SHARE, KeepActivations, Kept, Room};
 pub use knobs::{
     MAX_COPY_THREADS, MAX_STAGING_CHUNK_MIB, MAX_STAGING_DEPTH, MAX_TRANSFER_CHUNK, TransportKnobs,
@@ -33,7 +36,10 @@ pub use knobs::{
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{DeviceChoice, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions};
-pub use plan::{DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, mem_available, most_kept, plan};
+pub use plan::{
+    DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,
+    plan,
+};
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{

@@ -98,11 +98,11 @@ impl Plan {
 }
 
 /// Bytes a layer occupies on the device when uploaded.
-fn layer_device_bytes(table: &megatrain_tensor::ParamTable, transport: TransportDType) -> u64 {
+pub fn layer_device_bytes(table: &megatrain_tensor::ParamTable, transport: TransportDType) -> u64 {
     let matrix = transport.size_in_bytes() as u64;
     table
         .iter()
-        .map(|p| p.numel() as u64 * if p.shape.rank() >= 2 { matrix } else { 4 })
+        .map(|p| p.numel() as u64 * if p.narrow { matrix } else { 4 })
         .sum()
 }
 

@@ -33,6 +33,7 @@
 //! backward (reported as optimizer wait). Gradient accumulation also holds
 //! gradients; the update overlaps the last micro-batch's backward.
 
+mod decode;
 mod distributed;
 mod handoff;
 mod metrics;

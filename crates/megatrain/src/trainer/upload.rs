@@ -81,9 +81,10 @@ impl Slots {
 
 /// A layer's transport copy as uploads, one per table entry, borrowing the
 /// slab. With bf16 or f16 transport, matrices (matmul operands and
-/// embedding tables, the only operands executors read in 16 bits) stay
-/// 16-bit; vectors (norm gains, biases) travel as 16-bit and are held as
-/// f32, widened by the executor.
+/// embedding tables, the only operands executors read in 16 bits:
+/// [`ParamSpec::narrow`](megatrain_tensor::ParamSpec::narrow)) stay 16-bit;
+/// the rest (norm gains, biases, convolution kernels) travel as 16-bit and
+/// are held as f32, widened by the executor.
 pub fn weight_uploads(slab: &LayerSlab) -> Vec<WeightUpload<'_>> {
     uploads_of(slab.table(), slab.transport())
 }
@@ -97,9 +98,9 @@ pub fn uploads_of<'a>(table: &'a ParamTable, transport: TransportRef<'a>) -> Vec
             let r = p.range();
             let (data, dtype) = match transport {
                 TransportRef::F32(all) => (HostSlice::F32(&all[r]), DType::F32),
-                TransportRef::BF16(all) if p.shape.rank() >= 2 => (HostSlice::BF16(&all[r]), DType::BF16),
+                TransportRef::BF16(all) if p.narrow => (HostSlice::BF16(&all[r]), DType::BF16),
                 TransportRef::BF16(all) => (HostSlice::BF16(&all[r]), DType::F32),
-                TransportRef::F16(all) if p.shape.rank() >= 2 => (HostSlice::F16(&all[r]), DType::F16),
+                TransportRef::F16(all) if p.narrow => (HostSlice::F16(&all[r]), DType::F16),
                 TransportRef::F16(all) => (HostSlice::F16(&all[r]), DType::F32),
             };
             WeightUpload {
@@ -242,7 +243,7 @@ mod tests {
             assert_eq!(ups.len(), block.table().len());
             for (u, p) in ups.iter().zip(block.table().iter()) {
                 assert_eq!(u.data.dtype(), dtype, "{}", p.name);
-                let want = if p.shape.rank() >= 2 { dtype } else { DType::F32 };
+                let want = if p.narrow { dtype } else { DType::F32 };
                 assert_eq!(u.dtype, want, "{}", p.name);
                 u.validate("test").unwrap();
             }
@@ -253,7 +254,7 @@ mod tests {
             let expect: u64 = block
                 .table()
                 .iter()
-                .map(|p| (if p.shape.rank() >= 2 { 2 } else { 4 }) * p.numel() as u64)
+                .map(|p| (if p.narrow { 2 } else { 4 }) * p.numel() as u64)
                 .sum();
             assert_eq!(held_bytes(&ups), expect);
         }

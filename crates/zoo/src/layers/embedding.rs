@@ -63,21 +63,26 @@ pub fn embedding_forward<E: Executor>(
     embed(cfg, ex, w, ids, batch, seq, || positions(batch, seq, docs))
 }
 
-/// [`embedding_forward`] of the next tokens of one sequence, the first at
-/// position `start` (generation over a cache: `[1, ids.len(), C]`).
+/// [`embedding_forward`] of the next tokens of `batch` sequences of one
+/// length (`ids` row-major, as many a row), the first at position `start`
+/// (generation over a cache: `[B, ids.len() / B, C]`).
 pub fn embedding_forward_at<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     w: &[E::Tensor],
     ids: &[u32],
+    batch: usize,
     start: usize,
 ) -> Result<E::Tensor> {
-    let seq = ids.len();
+    let seq = ids.len() / batch.max(1);
     check_weights(w, n_weights(cfg), "embedding_forward_at")?;
-    check_ids(cfg, ids, 1, seq, "embedding_forward_at")?;
+    check_ids(cfg, ids, batch, seq, "embedding_forward_at")?;
     cfg.check_seq_len(start + seq)?;
-    embed(cfg, ex, w, ids, 1, seq, || {
-        (start..start + seq).map(|p| p as u32).collect()
+    embed(cfg, ex, w, ids, batch, seq, || {
+        (0..batch)
+            .flat_map(|_| start..start + seq)
+            .map(|p| p as u32)
+            .collect()
     })
 }
 

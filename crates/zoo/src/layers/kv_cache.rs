@@ -22,7 +22,8 @@ const MIN_POSITIONS: usize = 64;
 
 /// Where a block's tokens sit: rows of whole sequences (training,
 /// evaluation, with the documents packed in them where there are), or the
-/// next tokens of one sequence whose earlier positions a cache holds.
+/// next tokens of sequences of one length whose earlier positions a cache
+/// holds, a row each.
 pub(crate) enum Seq<'a, T> {
     Rows(Option<&'a Docs>),
     Cached(&'a mut LayerCache<T>),
@@ -78,21 +79,35 @@ impl<T: TensorHandle> Seq<'_, T> {
             Seq::Rows(d) => return Ok(ex.causal_conv1d_silu(x, w, *d)?),
             Seq::Cached(c) => c,
         };
-        let (t, ch, k) = (x.dims()[1], x.dims()[2], w.dims()[1]);
+        let (b, t, ch, k) = (x.dims()[0], x.dims()[1], x.dims()[2], w.dims()[1]);
         let keep = k.saturating_sub(1);
         if keep == 0 {
             return Ok(ex.causal_conv1d_silu(x, w, None)?);
         }
-        let rows = |n| Shape::new([1, n, ch]);
-        let mut joined = ex.zeros(&rows(keep + t))?;
-        if let Some(prev) = &c.conv {
-            ex.write_rows(&mut joined, 0, prev)?;
-        }
-        ex.write_rows(&mut joined, keep, x)?;
-        let y = ex.causal_conv1d_silu(&joined, w, None)?;
+        // Each row's kept inputs, then its new ones: [B, K − 1 + T, C].
+        let span = keep + t;
         let flat = |x: &T, n| ex.reshape(x, &Shape::new([n, ch]));
-        c.conv = Some(ex.reshape(&ex.slice_rows(&flat(&joined, keep + t)?, t, keep)?, &rows(keep))?);
-        Ok(ex.reshape(&ex.slice_rows(&flat(&y, keep + t)?, keep, t)?, &rows(t))?)
+        let mut joined = ex.zeros(&Shape::new([b, span, ch]))?;
+        let xs = flat(x, b * t)?;
+        let prev = c.conv.as_ref().map(|p| flat(p, b * keep)).transpose()?;
+        for r in 0..b {
+            if let Some(p) = &prev {
+                ex.write_rows(&mut joined, r * span, &ex.slice_rows(p, r * keep, keep)?)?;
+            }
+            ex.write_rows(&mut joined, r * span + keep, &ex.slice_rows(&xs, r * t, t)?)?;
+        }
+        let y = flat(&ex.causal_conv1d_silu(&joined, w, None)?, b * span)?;
+        let joined = flat(&joined, b * span)?;
+        let (mut out, mut kept) = (
+            ex.zeros(&Shape::new([b, t, ch]))?,
+            ex.zeros(&Shape::new([b, keep, ch]))?,
+        );
+        for r in 0..b {
+            ex.write_rows(&mut out, r * t, &ex.slice_rows(&y, r * span + keep, t)?)?;
+            ex.write_rows(&mut kept, r * keep, &ex.slice_rows(&joined, r * span + t, keep)?)?;
+        }
+        c.conv = Some(kept);
+        Ok(out)
     }
 
     /// The gated delta rule of q, k, v, g and beta (`q: [B, T, Hk, Dk]`,
@@ -109,11 +124,11 @@ impl<T: TensorHandle> Seq<'_, T> {
             Seq::Rows(d) => return Ok(ex.gated_delta_rule(q, k, v, g, beta, *d)?),
             Seq::Cached(c) => c,
         };
-        let (t, hv, dv, dk) = (v.dims()[1], v.dims()[2], v.dims()[3], q.dims()[3]);
+        let (b, t, hv, dv, dk) = (v.dims()[0], v.dims()[1], v.dims()[2], v.dims()[3], q.dims()[3]);
         c.advance(t)?;
         let state = match &mut c.state {
             Some(s) => s,
-            None => c.state.insert(ex.zeros(&Shape::new([1, hv, dk, dv]))?),
+            None => c.state.insert(ex.zeros(&Shape::new([b, hv, dk, dv]))?),
         };
         let out = ex.gated_delta_rule_cached(q, k, v, g, beta, state)?;
         Ok(DeltaRuleOut {
@@ -124,12 +139,13 @@ impl<T: TensorHandle> Seq<'_, T> {
     }
 }
 
-/// What one block keeps of the positions so far: an attention block its
-/// keys and values `[1, P, Hkv, D]` (made at the first append, with its
-/// heads and head dimension, and grown as positions come, P at most
-/// `cap`), of which the first `len` positions are filled; a Gated DeltaNet
-/// block its convolution's last K − 1 inputs `[1, K − 1, C]` and its delta
-/// rule's state `[1, Hv, Dk, Dv]`.
+/// What one block keeps of the positions so far of B sequences of one
+/// length: an attention block their keys and values `[B, P, Hkv, D]`
+/// (made at the first append, with its rows, heads and head dimension, and
+/// grown as positions come, P at most `cap`), of which the first `len`
+/// positions are filled; a Gated DeltaNet block its convolution's last
+/// K − 1 inputs `[B, K − 1, C]` and its delta rule's state
+/// `[B, Hv, Dk, Dv]`.
 pub struct LayerCache<T> {
     k: Option<T>,
     v: Option<T>,
@@ -160,31 +176,47 @@ impl<T> LayerCache<T> {
         T: TensorHandle,
     {
         let dims = k.dims().to_vec();
-        let &[1, n, hkv, d] = dims.as_slice() else {
+        let &[b, n, hkv, d] = dims.as_slice() else {
             return Err(ZooError::invalid(
                 "KvCache",
-                format!(
-                    "keys {:?} must be [1, T, Hkv, D]: a cache holds one sequence",
-                    dims
-                ),
+                format!("keys {dims:?} must be [B, T, Hkv, D]"),
             ));
         };
         let at = self.len;
         self.advance(n)?;
         for (slot, x) in [(&mut self.k, k), (&mut self.v, v)] {
             let held = slot.as_ref().map_or(0, |c| c.dims()[1]);
+            if let Some(rows) = slot.as_ref().map(|c| c.dims()[0]).filter(|&r| r != b) {
+                return Err(ZooError::invalid(
+                    "KvCache",
+                    format!("keys of {b} sequences for a cache of {rows}"),
+                ));
+            }
+            // Rows of D: row r's position p's heads are rows (r·P + p)·Hkv ..
             if at + n > held {
                 // Grown by doubling, up to the capacity: a long context
                 // costs its memory only once a sequence reaches it.
                 let grown = (at + n).max(2 * held).max(MIN_POSITIONS).min(self.cap);
-                let mut bigger = ex.zeros(&Shape::new([1, grown, hkv, d]))?;
+                let mut bigger = ex.zeros(&Shape::new([b, grown, hkv, d]))?;
                 if let Some(old) = slot.as_ref().filter(|_| at > 0) {
-                    ex.write_rows(&mut bigger, 0, &ex.slice_rows(old, 0, at * hkv)?)?;
+                    for r in 0..b {
+                        let rows = ex.slice_rows(old, r * held * hkv, at * hkv)?;
+                        ex.write_rows(&mut bigger, r * grown * hkv, &rows)?;
+                    }
                 }
                 *slot = Some(bigger);
             }
-            // Rows of D: position p's heads are rows p·Hkv ..
-            ex.write_rows(slot.as_mut().expect("made above"), at * hkv, x)?;
+            let cache = slot.as_mut().expect("made above");
+            let p = cache.dims()[1];
+            match b {
+                1 => ex.write_rows(cache, at * hkv, x)?,
+                _ => {
+                    for r in 0..b {
+                        let rows = ex.slice_rows(x, r * n * hkv, n * hkv)?;
+                        ex.write_rows(cache, (r * p + at) * hkv, &rows)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -197,8 +229,9 @@ impl<T> LayerCache<T> {
     }
 }
 
-/// What every block of a model keeps of one sequence of at most `cap`
-/// positions.
+/// What every block of a model keeps of sequences of at most `cap`
+/// positions: one, or several of one length (samples of one prompt, each
+/// a row; the number is the first forward's).
 pub struct KvCache<T> {
     pub(crate) layers: Vec<LayerCache<T>>,
     cap: usize,

@@ -51,6 +51,7 @@ mod embedding;
 mod head;
 mod kv_cache;
 mod moe;
+mod next_logits;
 
 use megatrain_tensor::{
     AttentionOut, Docs, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
@@ -73,6 +74,7 @@ pub use head::{
 pub(crate) use kv_cache::Seq;
 pub use kv_cache::{KvCache, LayerCache};
 pub use moe::{MoeSaved, RouterAux, RouterStats};
+pub use next_logits::next_logits;
 
 use crate::{Arch, ModelConfig, Result, ZooError};
 
