@@ -413,6 +413,11 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     assert_eq!(parts[0], text, "the first sample is --seed 3's");
     assert_eq!(parts[1], sample("4", "1"), "the second sample is --seed 4's");
     refused(&["sample", "--model", s(&hf), "--samples", "0"], &["--samples 0"]);
+    refused(&["sample", "--model", s(&hf), "--min-p", "1.5"], &["--min-p 1.5"]);
+    refused(
+        &["sample", "--model", s(&hf), "--repetition-penalty", "0"],
+        &["--repetition-penalty 0"],
+    );
     let out = run(&[
         "eval",
         "--model",

@@ -338,6 +338,8 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
         temperature: 0.0,
         top_k: 0,
         top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
         seed: 1,
         decodable: 0,
         kv_cache: true,
@@ -383,29 +385,76 @@ fn train_ok_steps(opts: TrainOptions, steps: u64) {
     assert_eq!(trained(opts).step, steps);
 }
 
+fn warm(temperature: f64, top_k: usize, top_p: f64, min_p: f64) -> SampleOptions {
+    SampleOptions {
+        tokens: 1,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty: 1.0,
+        seed: 0,
+        decodable: 0,
+        kv_cache: true,
+    }
+}
+
 #[test]
-fn top_k_top_p_and_temperature_pick_from_the_right_set() {
+fn top_k_top_p_min_p_and_temperature_pick_from_the_right_set() {
     let logits = [0.0f32, 5.0, 4.9, -3.0];
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
-    let mut seen = |temperature, top_k, top_p| -> std::collections::BTreeSet<u32> {
-        (0..2000)
-            .map(|_| pick(&logits, temperature, top_k, top_p, &mut rng))
-            .collect()
+    let mut seen = |o: SampleOptions| -> std::collections::BTreeSet<u32> {
+        (0..2000).map(|_| pick(&logits, &o, &mut rng)).collect()
     };
-    assert_eq!(seen(0.0, 0, 1.0), [1].into());
-    assert_eq!(seen(1.0, 2, 1.0), [1, 2].into());
+    assert_eq!(seen(warm(0.0, 0, 1.0, 0.0)), [1].into());
+    assert_eq!(seen(warm(1.0, 2, 1.0, 0.0)), [1, 2].into());
     assert_eq!(
-        seen(5.0, 0, 1.0),
+        seen(warm(5.0, 0, 1.0, 0.0)),
         [0, 1, 2, 3].into(),
         "a high temperature reaches every token"
     );
     // At temperature 1 token 1 alone has p = 0.52, with token 2 0.99.
-    assert_eq!(seen(1.0, 0, 0.5), [1].into());
-    assert_eq!(seen(1.0, 0, 0.9), [1, 2].into());
+    assert_eq!(seen(warm(1.0, 0, 0.5, 0.0)), [1].into());
+    assert_eq!(seen(warm(1.0, 0, 0.9, 0.0)), [1, 2].into());
     // At 5 the sums in order are 0.39, 0.78, 0.92, 1: top-p 0.9 leaves out
     // token 3, and top-k 2 comes first.
-    assert_eq!(seen(5.0, 0, 0.9), [0, 1, 2].into());
-    assert_eq!(seen(5.0, 2, 0.9), [1, 2].into());
+    assert_eq!(seen(warm(5.0, 0, 0.9, 0.0)), [0, 1, 2].into());
+    assert_eq!(seen(warm(5.0, 2, 0.9, 0.0)), [1, 2].into());
+    // At 5, tokens 2, 0 and 3 are 0.98, 0.37 and 0.20 times as likely as
+    // token 1: min-p 0.3 keeps three, 0.99 token 1 alone.
+    assert_eq!(seen(warm(5.0, 0, 1.0, 0.3)), [0, 1, 2].into());
+    assert_eq!(seen(warm(5.0, 0, 1.0, 0.99)), [1].into());
+    assert_eq!(seen(warm(5.0, 0, 0.9, 0.5)), [1, 2].into(), "after top-p");
+}
+
+/// The penalty divides the logits of the ids seen (once each, however
+/// often seen) where positive and multiplies them where negative, greedy
+/// included, and leaves the others.
+#[test]
+fn the_repetition_penalty_lowers_the_ids_already_seen() {
+    let logits = [0.0f32, 5.0, 4.9, -3.0];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let greedy = |penalty| SampleOptions {
+        repetition_penalty: penalty,
+        ..warm(0.0, 0, 1.0, 0.0)
+    };
+    assert_eq!(greedy(1.0).choose(&logits, &[1, 1], &mut rng), 1);
+    // 5 / 1.03 = 4.85 < 4.9, whichever number of times 1 was seen.
+    assert_eq!(greedy(1.03).choose(&logits, &[1], &mut rng), 2);
+    assert_eq!(greedy(1.03).choose(&logits, &[1, 1, 1, 1], &mut rng), 2);
+    // 5 / 1.01 = 4.95 is still the most likely.
+    assert_eq!(greedy(1.01).choose(&logits, &[1, 1, 1, 1], &mut rng), 1);
+    // A negative logit is multiplied: -1 · 3 falls below -2.
+    let negative = [-1.0f32, -2.0];
+    assert_eq!(greedy(1.0).choose(&negative, &[0], &mut rng), 0);
+    assert_eq!(greedy(3.0).choose(&negative, &[0], &mut rng), 1);
+    // Only decodable ids are picked; a seen id past them is passed over.
+    let only = SampleOptions {
+        decodable: 2,
+        ..greedy(1.03)
+    };
+    assert_eq!(only.choose(&logits, &[1, 3], &mut rng), 1);
+    assert_eq!(only.choose(&[0.0, -1.0, 9.0], &[1, 2], &mut rng), 0);
 }
 
 /// The llama_gqa fixture of the zoo: a small random HF Llama (vocab 101).

@@ -5,6 +5,7 @@ mod dist;
 mod eval;
 mod export;
 mod plan;
+mod printer;
 mod progress;
 mod sample;
 mod train;

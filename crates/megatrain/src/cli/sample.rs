@@ -1,6 +1,6 @@
 //! `megatrain sample`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -17,6 +17,7 @@ use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
+use super::printer::Printer;
 
 #[derive(Args, Debug)]
 pub struct SampleArgs {
@@ -60,6 +61,16 @@ pub struct SampleArgs {
     /// p (nucleus sampling; 1 = all of them).
     #[arg(long, default_value_t = 1.0)]
     top_p: f64,
+    /// Then among those at least this share as likely as the most likely
+    /// (min-p sampling; 0 = all of them).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f64,
+    /// Divides the logits of ids already in the sequence (the prompt's
+    /// too) where positive and multiplies them where negative, before
+    /// anything else (greedy included); 1 = none, as transformers'
+    /// `repetition_penalty`.
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f64,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// auto | gpu | cpu.
@@ -112,6 +123,15 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         anyhow::bail!("--top-p {}: must be in (0, 1]", a.top_p);
     }
+    if !(0.0..=1.0).contains(&a.min_p) {
+        anyhow::bail!("--min-p {}: must be in [0, 1]", a.min_p);
+    }
+    if !(a.repetition_penalty.is_finite() && a.repetition_penalty > 0.0) {
+        anyhow::bail!(
+            "--repetition-penalty {}: must be a finite number > 0",
+            a.repetition_penalty
+        );
+    }
     if a.samples == 0 {
         anyhow::bail!("--samples 0: must be ≥ 1");
     }
@@ -127,6 +147,8 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
         seed: a.seed,
         decodable: enc.tokenizer.vocab_size(),
         kv_cache: a.kv_cache,
@@ -211,36 +233,43 @@ impl Chat<'_> {
                 false => anyhow::anyhow!("--prompt {user:?}: {e}"),
             })
         };
+        // The reply to `user`, shown as it comes (after `head`); with
+        // --chat it joins the conversation, and the cache keeps what the
+        // next turn's prompt shares with it.
+        let mut decoder = Decoder::new(model.config(), a.kv_cache)?;
+        let mut turn = |user: &str, head: &str| -> anyhow::Result<()> {
+            let prompt = prompt_of(&mut messages, user)?;
+            let mut printer = Printer::new(enc, std::io::stdout().lock(), head);
+            let ids = generate_with(model, &mut decoder, &prompt, self.opts, self.stop, &mut |ids| {
+                printer.update(ids)
+            })?;
+            let reply = enc.tokenizer.decode(&ids)?;
+            printer.finish(&reply)?;
+            if a.chat {
+                messages.push(message("assistant", &reply));
+            }
+            Ok(())
+        };
         if !a.interactive {
             let user = a.prompt.as_deref().unwrap_or("\n");
+            let head = match a.chat {
+                true => "",
+                false => user,
+            };
+            if a.samples == 1 {
+                return turn(user, head);
+            }
             let prompt = prompt_of(&mut messages, user)?;
             let samples = generate_samples(model, &prompt, a.samples, self.opts, self.stop)?;
             for (i, ids) in samples.iter().enumerate() {
                 if i > 0 {
                     println!("{SAMPLE_RULE}");
                 }
-                let reply = enc.tokenizer.decode(ids)?;
-                match a.chat {
-                    true => println!("{reply}"),
-                    false => println!("{user}{reply}"),
-                }
+                println!("{head}{}", enc.tokenizer.decode(ids)?);
             }
             return Ok(());
         }
-        // The reply to `user`, which joins the conversation; the cache keeps
-        // what the next turn's prompt shares with it.
-        let mut decoder = Decoder::new(model.config(), a.kv_cache)?;
-        let mut turn = |user: &str| -> anyhow::Result<String> {
-            let prompt = prompt_of(&mut messages, user)?;
-            let ids = generate_with(model, &mut decoder, &prompt, self.opts, self.stop)?;
-            let reply = enc.tokenizer.decode(&ids)?;
-            messages.push(message("assistant", &reply));
-            Ok(reply)
-        };
-        let mut answer = |user: &str| -> anyhow::Result<()> {
-            println!("{}", turn(user)?);
-            Ok(std::io::stdout().flush()?)
-        };
+        let mut answer = |user: &str| turn(user, "");
         if let Some(p) = &a.prompt {
             answer(p)?;
         }

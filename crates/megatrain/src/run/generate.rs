@@ -27,6 +27,14 @@ pub struct SampleOptions {
     /// Then the fewest of them whose probabilities sum to at least this,
     /// in (0, 1] (1: all).
     pub top_p: f64,
+    /// Then those at least this share of the most likely one's
+    /// probability, in [0, 1] (0: all).
+    pub min_p: f64,
+    /// Before anything else, the logits of ids already in the sequence
+    /// (the prompt's included) divided by this where positive and
+    /// multiplied where negative (CTRL's penalty, as transformers applies
+    /// it); > 0, 1 for none.
+    pub repetition_penalty: f64,
     pub seed: u64,
     /// Ids the tokenizer can decode: only those below it are picked (a
     /// model's embedding rows are often padded past its tokenizer's
@@ -129,11 +137,13 @@ impl<E: Executor> LanguageModel<E> for Trainer<E> {
     }
 }
 
-/// Picks a token from `logits` (temperature, then top-k, then top-p as
-/// transformers' logits warpers apply them: of the k most likely, the
-/// fewest whose probabilities sum to at least `top_p`, 1 keeping all),
-/// deterministic in `rng`.
-pub fn pick(logits: &[f32], temperature: f64, top_k: usize, top_p: f64, rng: &mut StdRng) -> u32 {
+/// Picks a token from `logits` under `o` (temperature, then top-k, then
+/// top-p, then min-p, as transformers' logits warpers apply them: of the k
+/// most likely, the fewest whose probabilities sum to at least `top_p`, 1
+/// keeping all; of those, the ones at least `min_p` times as likely as the
+/// first), deterministic in `rng`.
+pub fn pick(logits: &[f32], o: &SampleOptions, rng: &mut StdRng) -> u32 {
+    let (temperature, top_k, top_p) = (o.temperature, o.top_k, o.top_p);
     let argmax = || {
         logits
             .iter()
@@ -170,6 +180,12 @@ pub fn pick(logits: &[f32], temperature: f64, top_k: usize, top_p: f64, rng: &mu
                 sum >= top_p * all
             })
             .map_or(weights.len(), |i| i + 1);
+        weights.truncate(keep);
+        order.truncate(keep);
+    }
+    if o.min_p > 0.0 {
+        // The first weight is the most likely token's, exp(0) = 1.
+        let keep = weights.iter().take_while(|&&w| w >= o.min_p).count().max(1);
         weights.truncate(keep);
         order.truncate(keep);
     }
@@ -252,29 +268,33 @@ pub fn generate_until<E: Executor, M: LanguageModel<E> + ?Sized>(
     stop: &[u32],
 ) -> Result<Vec<u32>> {
     let mut decoder = Decoder::new(model.config(), opts.kv_cache)?;
-    generate_with(model, &mut decoder, prompt, opts, stop)
+    generate_with(model, &mut decoder, prompt, opts, stop, &mut |_| {})
 }
 
 /// [`generate_until`] through `decoder`, which keeps what the cache holds
 /// of `prompt` and the reply for the next call (a chat's next turn).
+/// `each` sees the reply so far after every token it takes (to show it as
+/// it comes).
 pub fn generate_with<E: Executor, M: LanguageModel<E> + ?Sized>(
     model: &M,
     decoder: &mut Decoder<E>,
     prompt: &[u32],
     opts: SampleOptions,
     stop: &[u32],
+    each: &mut dyn FnMut(&[u32]),
 ) -> Result<Vec<u32>> {
     check_prompt(model.config(), prompt)?;
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut ids = prompt.to_vec();
     let mut out = Vec::with_capacity(opts.tokens);
     for _ in 0..opts.tokens {
-        let next = opts.choose(&decoder.next_logits(model, &ids)?, &mut rng);
+        let next = opts.choose(&decoder.next_logits(model, &ids)?, &ids, &mut rng);
         if stop.contains(&next) {
             break;
         }
         ids.push(next);
         out.push(next);
+        each(&out);
     }
     Ok(out)
 }
@@ -330,7 +350,7 @@ pub fn generate_samples<E: Executor, M: LanguageModel<E> + ?Sized>(
         for (i, (row, logits)) in rows.iter_mut().zip(logits.chunks(cfg.vocab_size)).enumerate() {
             let next = match ended[i] {
                 Some(_) => row[len - 1],
-                None => opts.choose(logits, &mut rngs[i]),
+                None => opts.choose(logits, row, &mut rngs[i]),
             };
             if ended[i].is_none() && stop.contains(&next) {
                 ended[i] = Some(len);
@@ -366,12 +386,29 @@ fn check_prompt(cfg: &ModelConfig, prompt: &[u32]) -> Result<()> {
 }
 
 impl SampleOptions {
-    /// The next token from `logits`, among the ids the tokenizer decodes.
-    fn choose(&self, logits: &[f32], rng: &mut StdRng) -> u32 {
+    /// The next token after `history` (the sequence so far) from its
+    /// `logits`, among the ids the tokenizer decodes: the repetition
+    /// penalty on the ids of `history`, then [`pick`].
+    pub fn choose(&self, logits: &[f32], history: &[u32], rng: &mut StdRng) -> u32 {
         let n = match self.decodable {
             0 => logits.len(),
             d => d.min(logits.len()),
         };
-        pick(&logits[..n], self.temperature, self.top_k, self.top_p, rng)
+        if self.repetition_penalty == 1.0 {
+            return pick(&logits[..n], self, rng);
+        }
+        let mut penalized = logits[..n].to_vec();
+        let mut seen = vec![false; n];
+        for &id in history {
+            let i = id as usize;
+            if i < n && !std::mem::replace(&mut seen[i], true) {
+                let x = &mut penalized[i];
+                *x = match *x < 0.0 {
+                    true => (*x as f64 * self.repetition_penalty) as f32,
+                    false => (*x as f64 / self.repetition_penalty) as f32,
+                };
+            }
+        }
+        pick(&penalized, self, rng)
     }
 }
