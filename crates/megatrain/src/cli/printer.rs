@@ -36,8 +36,7 @@ impl<'a, W: Write> Printer<'a, W> {
         };
         let stable = text
             .char_indices()
-            .filter(|(_, c)| c.is_whitespace())
-            .last()
+            .rfind(|(_, c)| c.is_whitespace())
             .map_or(0, |(i, c)| i + c.len_utf8());
         if stable > self.shown.len() && text.starts_with(&self.shown) {
             let new = &text[self.shown.len()..stable];
