@@ -678,29 +678,59 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
     }
 }
 
-/// Families whose blocks hold tensors of rank ≥ 2 that only f32 ops read
-/// (a Gated DeltaNet's convolution kernels `[C, 1, K]`, Kimi's `A_log`
-/// stored `[1, 1, H, 1]`) train through a bf16 copy: those are widened on
-/// load like vectors, and the step's loss is the forward's on the same
-/// weights.
+/// Every family of the zoo's fixtures trains through a bf16 and an f16
+/// copy: tensors of rank ≥ 2 that only f32 ops read (a Gated DeltaNet's
+/// convolution kernels `[C, 1, K]`, Kimi's `A_log` stored `[1, 1, H, 1]`)
+/// are widened on load like vectors, and the step's loss is the forward's
+/// on the same weights.
 #[test]
-fn convolution_kernels_are_held_f32_under_bf16_transport() {
-    for case in ["qwen3_5", "qwen3_next", "kimi_linear", "olmo_hybrid"] {
-        let model = common::zoo_fixture(case);
-        let config = TrainerConfig {
-            checkpoint_every: 2,
-            ..TrainerConfig::default()
-        };
-        let tier = common::copies(TransportDType::BF16);
-        let mut t = common::trainer(CpuExecutor::new(), &model, tier, SEED, config);
-        let batch = TRAINER_STREAM.batch(model.vocab_size, 0, 2, 8);
-        let (sum, count) = t.eval_loss(&batch).unwrap();
-        let m = t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
-        let want = sum / count as f64;
-        assert!(
-            (m.loss - want).abs() <= 1e-6 * want.abs(),
-            "{case}: step loss {} against the forward's {want}",
-            m.loss
-        );
+fn every_family_trains_through_sixteen_bit_copies() {
+    let families = [
+        "gpt2",
+        "qwen2",
+        "llama_gqa",
+        "mistral_window",
+        "gemma2",
+        "gemma3",
+        "phi2",
+        "phi3_longrope",
+        "gpt_neox",
+        "olmo2",
+        "olmo3",
+        "exaone4",
+        "starcoder2",
+        "cohere2",
+        "glm4",
+        "granite",
+        "smollm3",
+        "deepseek_v3",
+        "gpt_oss",
+        "mixtral",
+        "qwen3_moe",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen3_next",
+        "kimi_linear",
+        "olmo_hybrid",
+    ];
+    for case in families {
+        for transport in [TransportDType::BF16, TransportDType::F16] {
+            let model = common::zoo_fixture(case);
+            let config = TrainerConfig {
+                checkpoint_every: 2,
+                ..TrainerConfig::default()
+            };
+            let tier = common::copies(transport);
+            let mut t = common::trainer(CpuExecutor::new(), &model, tier, SEED, config);
+            let batch = TRAINER_STREAM.batch(model.vocab_size, 0, 2, 8);
+            let (sum, count) = t.eval_loss(&batch).unwrap();
+            let m = t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+            let want = sum / count as f64;
+            assert!(
+                (m.loss - want).abs() <= 1e-6 * want.abs(),
+                "{case} {transport:?}: step loss {} against the forward's {want}",
+                m.loss
+            );
+        }
     }
 }
