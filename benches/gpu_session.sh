@@ -475,6 +475,10 @@ steps)
     COMPARE=stream PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 45)" \
         bash benches/sample.sh megatrain --device gpu >"$OUT/sample-stream.log" 2>&1
     note "sample, resident and streamed (rc $?): $(grep -E '^  (--stream|ratio)' "$OUT/sample-stream.log" | tr -s ' ' | tr '\n' ' ')"
+    # Four samples as a batch against one (`--samples 4`).
+    COMPARE=samples PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 45)" \
+        bash benches/sample.sh megatrain --device gpu >"$OUT/sample-samples.log" 2>&1
+    note "sample, one and four together (rc $?): $(grep -E '^  (--samples|ratio)' "$OUT/sample-samples.log" | tr -s ' ' | tr '\n' ' ')"
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"
         sed -n '/^per-op profile/,/in no op/p' "$f" | head -45
