@@ -6,7 +6,7 @@ mod common;
 
 use common::TRAINER_STREAM;
 use megatrain::data::Batch;
-use megatrain::trainer::{Trainer, TrainerConfig, init_tier};
+use megatrain::trainer::{Trainer, TrainerConfig, init_tier, load_tier, load_tier_for_forwards};
 use megatrain_adamw::{AdamW, DecayMask, SlabState, SlabUpdate};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{TierConfig, TransportDType};
@@ -732,5 +732,25 @@ fn every_family_trains_through_sixteen_bit_copies() {
                 m.loss
             );
         }
+    }
+}
+
+/// A tier loaded for forwards (its params handed back once each copy is
+/// written) evaluates as the whole tier does, and refuses to step.
+#[test]
+fn a_tier_loaded_for_forwards_evaluates_and_refuses_a_step() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/llama_gqa");
+    let ckpt = megatrain_zoo::HfCheckpoint::open(&dir).unwrap();
+    let model = ckpt.config.clone();
+    let batch = TRAINER_STREAM.batch(model.vocab_size, 0, 2, 8);
+    for transport in [TransportDType::F32, TransportDType::BF16] {
+        let trainer =
+            |tier| Trainer::new(CpuExecutor::new(), model.clone(), tier, TrainerConfig::default()).unwrap();
+        let whole = trainer(load_tier(&ckpt, common::copies(transport)).unwrap());
+        let mut light = trainer(load_tier_for_forwards(&ckpt, transport).unwrap());
+        assert!(light.tier().is_transport_only());
+        assert_eq!(light.eval_loss(&batch).unwrap(), whole.eval_loss(&batch).unwrap());
+        let err = light.step(std::slice::from_ref(&batch), 1e-3).unwrap_err();
+        assert!(err.to_string().contains("transport copies"), "{err}");
     }
 }

@@ -92,6 +92,7 @@ fn f32_bytes(data: &[f32]) -> Cow<'_, [u8]> {
 /// so a crash half-way leaves an incomplete (refused) checkpoint rather
 /// than a silent mix of old and new files.
 pub fn save_checkpoint(dir: &Path, tier: &HostTier, extra: &Value) -> Result<()> {
+    tier.need_params("a checkpoint")?;
     let shape = Shape::of(tier);
     write_checkpoint(dir, shape, extra, |l, put| put(Layer::of(&tier.layers()[l])))
 }
@@ -117,6 +118,7 @@ pub fn save_checkpoint_gathered(
     extra: &Value,
     gather: &mut dyn FnMut(&mut LayerSlab) -> Result<Option<Gathered>>,
 ) -> Result<()> {
+    tier.need_params("a checkpoint")?;
     let shape = Shape::of(tier);
     write_checkpoint(dir, shape, extra, |l, put| {
         let slab = &mut tier.layers_mut()[l];

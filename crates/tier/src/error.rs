@@ -90,6 +90,9 @@ pub enum TierError {
     Gather { layer: usize, detail: String },
     #[error("{}: invalid checkpoint metadata: {detail}", file.display())]
     Meta { file: PathBuf, detail: String },
+    /// The tier kept its transport copies alone (a forward-only tier).
+    #[error("{what}: the tier keeps only its transport copies (for forwards), not its fp32 parameters")]
+    TransportOnly { what: &'static str },
 }
 
 fn tensor_suffix(t: &Option<String>) -> String {

@@ -186,6 +186,8 @@ pub struct HostTier {
     /// The spill directory, when this tier created it (removed on drop if
     /// empty).
     created_dir: Option<PathBuf>,
+    /// Only the transport copies are kept ([`HostTier::keep_transport_only`]).
+    transport_only: bool,
 }
 
 impl HostTier {
@@ -259,6 +261,7 @@ impl HostTier {
             layers,
             index,
             created_dir,
+            transport_only: false,
         })
     }
 
@@ -336,6 +339,34 @@ impl HostTier {
 
     pub fn refresh_all_transport(&mut self) {
         self.layers.iter_mut().for_each(LayerSlab::refresh_transport);
+    }
+
+    /// Keeps the transport copies alone: every layer's fp32 params and
+    /// moments hand their pages back, so a tier read only through its
+    /// copies (an evaluation, generation) holds those bytes and no more:
+    /// 2 a parameter with bf16 transport instead of 6 (and its moments,
+    /// never written, were never resident). The params read as zeros from
+    /// then on, so a checkpoint of the tier is refused
+    /// ([`TierError::TransportOnly`]), as is a training step.
+    pub fn keep_transport_only(&mut self) -> Result<()> {
+        for slab in &mut self.layers {
+            slab.release_outside(0..0)?;
+        }
+        self.transport_only = true;
+        Ok(())
+    }
+
+    /// Whether [`HostTier::keep_transport_only`] was called.
+    pub fn is_transport_only(&self) -> bool {
+        self.transport_only
+    }
+
+    /// Refuses `what` on a tier that keeps its transport copies alone.
+    pub(crate) fn need_params(&self, what: &'static str) -> Result<()> {
+        match self.transport_only {
+            true => Err(TierError::TransportOnly { what }),
+            false => Ok(()),
+        }
     }
 
     /// Bytes actually reserved, by kind and place.

@@ -2,7 +2,10 @@
 //! with the parts of a layer's state it does not own.
 
 use megatrain_tensor::ParamTable;
-use megatrain_tier::{AlignedBuf, Backing, LayerSlab, PAGE, TransportDType};
+use megatrain_tier::{
+    AlignedBuf, Backing, HostTier, LayerSlab, PAGE, TierConfig, TierError, TransportDType, TransportRef,
+    save_checkpoint,
+};
 
 #[test]
 fn release_drops_whole_pages_inside_the_range_and_keeps_the_rest() {
@@ -35,4 +38,44 @@ fn a_slab_keeps_its_owned_range_of_params_and_moments() {
         assert!(buf[..keep.start].iter().all(|&x| x == 0.0));
         assert!(buf[keep.end..].iter().all(|&x| x == 0.0));
     }
+}
+
+/// A tier kept for forwards hands back every layer's params and moments
+/// (they read as zero: released), keeps its transport copies, and refuses
+/// a checkpoint, which would write the zeros.
+#[test]
+fn a_tier_kept_for_forwards_holds_its_transport_copies_alone() {
+    let n = 3 * PAGE / 4;
+    let tables = (0..2)
+        .map(|l| {
+            let mut t = ParamTable::new();
+            t.push(format!("l{l}.w"), [n], true).unwrap();
+            t
+        })
+        .collect();
+    let config = TierConfig {
+        transport: TransportDType::BF16,
+        ..TierConfig::default()
+    };
+    let mut tier = HostTier::new(tables, config).unwrap();
+    for slab in tier.layers_mut() {
+        slab.params_mut().fill(1.5);
+        slab.m_mut().fill(2.0);
+    }
+    tier.refresh_all_transport();
+    assert!(!tier.is_transport_only());
+    tier.keep_transport_only().unwrap();
+    assert!(tier.is_transport_only());
+    for slab in tier.layers() {
+        assert!(slab.params().iter().chain(slab.m().iter()).all(|&x| x == 0.0));
+        let TransportRef::BF16(copy) = slab.transport() else {
+            panic!("a bf16 copy")
+        };
+        assert!(copy.iter().all(|x| x.to_f32() == 1.5));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let err = save_checkpoint(dir.path(), &tier, &serde_json::json!({})).unwrap_err();
+    assert!(matches!(err, TierError::TransportOnly { .. }), "{err}");
+    assert!(err.to_string().contains("transport copies"), "{err}");
+    assert!(!dir.path().join("checkpoint.json").exists());
 }

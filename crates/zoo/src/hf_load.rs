@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 use megatrain_tensor::{ParamSpec, ParamTable};
+use megatrain_tier::rss::release_mapped;
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 use serde_json::Value;
@@ -246,6 +247,9 @@ impl HfCheckpoint {
                 });
             }
         }
+        // The pages read go back: a model is read once, into a tier or
+        // the executor, and mapped pages count as resident until then.
+        release_mapped(&shard.map, bytes);
         Ok(())
     }
 

@@ -8,10 +8,9 @@ use megatrain::run::{
     DeviceChoice, Encoder, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
     evaluate_batches, resolve_model_dir,
 };
-use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
+use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
 use megatrain_gpu::TransportChoice;
 use megatrain_tensor::Executor;
-use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
@@ -97,13 +96,9 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     };
     let batches = a.batches.unwrap_or(whole);
     let exec = device::open(a.device, TransportChoice::Auto, TransportKnobs::default(), true)?;
-    let tier = load_tier(
-        &ckpt,
-        TierConfig {
-            transport: a.precision.transport(),
-            ..TierConfig::default()
-        },
-    )?;
+    let tier = load_tier_for_forwards(&ckpt, a.precision.transport())?;
+    // Its pages mapped while loading stay counted until it goes.
+    drop(ckpt);
     let loss = on_executor!(exec, ex => {
         let mut ex = ex;
         ex.set_compute_precision(a.precision.compute())

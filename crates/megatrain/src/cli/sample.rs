@@ -10,10 +10,9 @@ use megatrain::run::{
     TransportKnobs, chat_template_spec, generate_samples, generate_with, layer_device_bytes,
     resolve_model_dir,
 };
-use megatrain::trainer::{Trainer, TrainerConfig, load_tier};
+use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
 use megatrain_gpu::TransportChoice;
 use megatrain_tensor::{Executor, TensorMemory};
-use megatrain_tier::TierConfig;
 use megatrain_zoo::HfCheckpoint;
 
 use super::device::{self, on_executor};
@@ -188,16 +187,15 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
                     RESIDENT_SHARE * 100.0
                 );
             }
-            let tier = load_tier(
-                &ckpt,
-                TierConfig {
-                    transport,
-                    ..TierConfig::default()
-                },
-            )?;
-            chat.run(&Trainer::new(ex, ckpt.config.clone(), tier, TrainerConfig::default())?)?;
+            let tier = load_tier_for_forwards(&ckpt, transport)?;
+            let cfg = ckpt.config.clone();
+            // Its pages mapped while loading stay counted until it goes.
+            drop(ckpt);
+            chat.run(&Trainer::new(ex, cfg, tier, TrainerConfig::default())?)?;
         } else {
-            chat.run(&Resident::load_as(&ex, &ckpt, transport)?)?;
+            let model = Resident::load_as(&ex, &ckpt, transport)?;
+            drop(ckpt);
+            chat.run(&model)?;
         }
     });
     Ok(())

@@ -69,7 +69,7 @@ pub use optimizer::StagingPool;
 use optimizer::{Job, Shared, worker};
 pub(crate) use recompute::Recompute;
 use reduce::{DistState, WorkerReport, dist_worker};
-pub use setup::{init_tier, load_tier, new_tier};
+pub use setup::{init_tier, load_tier, load_tier_for_forwards, new_tier};
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots};
 pub use upload::{held_bytes, load_layer, upload_layer, uploads_of, weight_uploads};
 
@@ -358,6 +358,11 @@ impl<E: Executor> Trainer<E> {
         let t_step = Instant::now();
         if micro.is_empty() {
             return Err(TrainError::Config("a step needs at least one micro-batch".into()));
+        }
+        if self.tier.is_transport_only() {
+            return Err(TrainError::Config(
+                "a step needs the tier's fp32 parameters; this one keeps only its transport copies".into(),
+            ));
         }
         let holds = self.tier.config().hold_grads;
         if micro.len() > 1 && !holds {

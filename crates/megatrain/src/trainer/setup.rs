@@ -1,7 +1,7 @@
 //! Building a filled host tier: seeded initialisation or a Hugging Face
 //! checkpoint, written straight into the slabs (no second copy of the model).
 
-use megatrain_tier::{HostTier, TierConfig};
+use megatrain_tier::{HostTier, TierConfig, TransportDType};
 use megatrain_zoo::{HfCheckpoint, ModelConfig, init_layer_into};
 
 use super::{Result, TrainError};
@@ -33,5 +33,24 @@ pub fn load_tier(ckpt: &HfCheckpoint, config: TierConfig) -> Result<HostTier> {
         slab.fill_params(|p| ckpt.read_layer_into(&table, p).map_err(TrainError::from))?;
         slab.settle()?;
     }
+    Ok(tier)
+}
+
+/// [`load_tier`] for forwards only (an evaluation, generation): each
+/// layer's fp32 params hand their pages back once its transport copy is
+/// written ([`HostTier::keep_transport_only`]), so the tier peaks at the
+/// copies and one layer's params.
+pub fn load_tier_for_forwards(ckpt: &HfCheckpoint, transport: TransportDType) -> Result<HostTier> {
+    let config = TierConfig {
+        transport,
+        ..TierConfig::default()
+    };
+    let mut tier = new_tier(&ckpt.config, config)?;
+    for slab in tier.layers_mut() {
+        let table = slab.table().clone();
+        slab.fill_params(|p| ckpt.read_layer_into(&table, p).map_err(TrainError::from))?;
+        slab.release_outside(0..0)?;
+    }
+    tier.keep_transport_only()?;
     Ok(tier)
 }
