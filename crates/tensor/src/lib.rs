@@ -9,6 +9,7 @@ mod dtype;
 mod error;
 mod executor;
 mod host;
+mod mapped;
 mod op_types;
 mod params;
 mod precision;
@@ -25,6 +26,7 @@ pub use error::{Error, Result};
 pub use executor::*;
 pub use half::{bf16, f16};
 pub use host::{HostData, HostSlice, HostTensor};
+pub use mapped::release_mapped;
 pub use op_types::*;
 pub use params::{ParamSpec, ParamTable};
 pub use precision::{

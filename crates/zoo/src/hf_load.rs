@@ -10,8 +10,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use megatrain_tensor::{ParamSpec, ParamTable};
-use megatrain_tier::rss::release_mapped;
+use megatrain_tensor::{ParamSpec, ParamTable, release_mapped};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors, TensorInfo};
 use serde_json::Value;
