@@ -52,7 +52,8 @@ impl<T: TensorHandle> Seq<'_, T> {
     }
 
     /// Attention of q over k and v under `mask`: the rows' own, or the new
-    /// keys and values appended to the cache and q over all of it.
+    /// keys and values appended to the cache and q over all of it (over
+    /// the new ones alone where the cache was empty).
     pub(crate) fn attend<E: Executor<Tensor = T>>(
         &mut self,
         ex: &E,
@@ -64,7 +65,15 @@ impl<T: TensorHandle> Seq<'_, T> {
         match self {
             Seq::Rows(d) => Ok(ex.attention(q, k, v, mask.with_docs(d.cloned()))?),
             Seq::Cached(kv) => {
+                // A sequence's first forward (a prompt) is the whole
+                // sequence's attention: the training kernel runs it (on a
+                // GPU the tensor cores' flash attention, not a row at a
+                // time).
+                let first = kv.len == 0;
                 kv.append(ex, k, v)?;
+                if first {
+                    return Ok(ex.attention(q, k, v, mask)?);
+                }
                 let (k, v) = (kv.k.as_ref().expect("appended"), kv.v.as_ref().expect("appended"));
                 Ok(ex.attention_cached(q, k, v, kv.len, mask)?)
             }
