@@ -993,8 +993,19 @@ fn a_conversation_through_the_binary() {
         "--batch",
         "2",
         "--quiet",
+        "--sample-every",
+        "1",
+        "--sample-prompt",
+        "Hello",
+        "--sample-tokens",
+        "5",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The run wrote a sample after each step, even quiet.
+    let said = String::from_utf8_lossy(&out.stderr);
+    for step in 1..=2 {
+        assert!(said.contains(&format!("step {step}: sample:\nHello")), "{said}");
+    }
     let chat = |cache: &str| {
         let mut child = bin()
             .args(["sample", "--model", s(&run_dir), "--chat", "--interactive"])

@@ -299,6 +299,74 @@ fn plan_arithmetic_matches_hand_computation() {
     assert!(p.host.ram.total() as f64 / p.host.n_params as f64 >= 16.0);
 }
 
+/// `sample_every` prints what the model writes between steps without
+/// changing the run: the same losses step for step as a run without it,
+/// samples at the steps it names and at the end, and the last one what
+/// the final checkpoint generates with the same settings.
+#[test]
+fn a_run_samples_as_it_learns_and_trains_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::write(
+        t.join("a.txt"),
+        "abcabcabcabcabcabcabcabcabcabcabcabcabcabc\n".repeat(4),
+    )
+    .unwrap();
+    let run = |name: &str, sample_every| {
+        let mut o = small(t.join("a.txt"), &t.join(name), "gpt2-nano");
+        o.steps = 60;
+        o.lr = 1e-2;
+        o.warmup = 2;
+        o.eval_every = 20;
+        o.sample_every = sample_every;
+        o.sample_prompt = "ab".into();
+        o.sample_tokens = 10;
+        train_ok_steps(o, 60);
+        let log = std::fs::read_to_string(t.join(name).join("metrics.jsonl")).unwrap();
+        log.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (plain, sampled) = (run("plain", 0), run("sampled", 25));
+    let field = |recs: &[serde_json::Value], key: &str| -> Vec<(u64, serde_json::Value)> {
+        recs.iter()
+            .filter_map(|r| Some((r["step"].as_u64()?, r.get(key)?.clone())))
+            .collect()
+    };
+    assert_eq!(field(&plain, "loss").len(), 60);
+    assert_eq!(field(&plain, "loss"), field(&sampled, "loss"), "the same losses");
+    assert_eq!(field(&plain, "val_loss"), field(&sampled, "val_loss"));
+    let samples = field(&sampled, "sample");
+    let steps: Vec<u64> = samples.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, [25, 50, 60], "every 25 steps and at the end");
+    assert!(field(&plain, "sample").is_empty());
+    let last = samples[2].1.as_str().unwrap();
+    let hf = HfCheckpoint::open(latest_checkpoint(&t.join("sampled")).unwrap()).unwrap();
+    let ex = megatrain_tensor::CpuExecutor::new();
+    let model = Resident::load(&ex, &hf).unwrap();
+    let enc =
+        megatrain::run::Encoder::from_dir(&latest_checkpoint(&t.join("sampled")).unwrap(), None).unwrap();
+    let opts = SampleOptions {
+        tokens: 10,
+        temperature: 0.8,
+        top_k: 200,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        seed: TrainOptions::default().seed + 60,
+        decodable: enc.tokenizer.vocab_size(),
+        kv_cache: true,
+    };
+    let ids = generate(&model, &enc.tokenizer.encode("ab").unwrap(), opts).unwrap();
+    assert_eq!(last, format!("ab{}", enc.tokenizer.decode(&ids).unwrap()));
+    // A prompt the run's tokenizer cannot spell is refused before it starts.
+    let mut o = small(t.join("a.txt"), &t.join("refused"), "gpt2-nano");
+    o.sample_every = 10;
+    o.sample_prompt = "xyz".into();
+    let err = prepare(o, false).err().expect("refused");
+    assert!(err.to_string().contains("--sample-prompt"), "{err}");
+}
+
 #[test]
 fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     let tmp = tempfile::tempdir().unwrap();

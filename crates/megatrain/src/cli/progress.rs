@@ -152,6 +152,10 @@ impl Progress for CliProgress {
         self.line(format!("step {step}: validation loss {val_loss:.4}"));
     }
 
+    fn sample(&mut self, step: u64, text: &str) {
+        self.line(format!("step {step}: sample:\n{text}"));
+    }
+
     fn saved(&mut self, step: u64, dir: &Path) {
         if !self.quiet {
             self.line(format!("step {step}: saved {}", dir.display()));

@@ -131,6 +131,17 @@ pub struct TrainArgs {
     eval_every: Option<u64>,
     #[arg(long)]
     eval_batches: Option<usize>,
+    /// Print (and log in metrics.jsonl) a sample every N steps and at the
+    /// end: the model writing after --sample-prompt between steps, through
+    /// its streamed forward (0: never) [default: 0].
+    #[arg(long)]
+    sample_every: Option<u64>,
+    /// The text samples start from [default: a newline].
+    #[arg(long)]
+    sample_prompt: Option<String>,
+    /// Tokens a sample adds [default: 200].
+    #[arg(long)]
+    sample_tokens: Option<usize>,
     #[arg(long)]
     save_every: Option<u64>,
     /// Keep only the newest N checkpoints, removing older ones after each
@@ -241,6 +252,9 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         rows,
         eval_every,
         eval_batches,
+        sample_every,
+        sample_prompt,
+        sample_tokens,
         save_every,
         keep_checkpoints,
         log_every,

@@ -321,6 +321,14 @@ pub struct TrainOptions {
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
     pub eval_batches: usize,
+    /// Generate a sample every this many steps and at the end (0: never):
+    /// `sample_tokens` tokens after `sample_prompt`, through the run's
+    /// streamed forward between steps (temperature 0.8, top-k 200, seeded
+    /// by the run's seed and the step), printed and logged as `sample`.
+    /// Changes no result.
+    pub sample_every: u64,
+    pub sample_prompt: String,
+    pub sample_tokens: usize,
     /// Save a checkpoint every this many steps (0: only at the end).
     pub save_every: u64,
     /// Keep only the newest this many checkpoints, removing older ones
@@ -397,6 +405,9 @@ impl Default for TrainOptions {
             rows: RowsKind::Auto,
             eval_every: 250,
             eval_batches: 20,
+            sample_every: 0,
+            sample_prompt: "\n".into(),
+            sample_tokens: 200,
             save_every: 500,
             keep_checkpoints: 0,
             log_every: 10,
@@ -528,6 +539,9 @@ impl TrainOptions {
             positive("chunk-rows", rows as u64)?;
         }
         positive("eval-batches", self.eval_batches as u64)?;
+        if self.sample_every > 0 {
+            positive("sample-tokens", self.sample_tokens as u64)?;
+        }
         positive("log-every", self.log_every)?;
         positive("ranks", self.ranks as u64)?;
         if let Some(w) = self.spill_window {

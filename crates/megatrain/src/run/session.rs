@@ -16,6 +16,7 @@ use super::checkpoint::{
 };
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
+use super::generate::{SampleOptions, generate};
 use super::keep::Room;
 use super::knobs::TransportKnobs;
 use super::metrics_log::MetricsLog;
@@ -72,6 +73,8 @@ pub trait Progress {
     fn begin(&mut self, _start: u64, _total: u64) {}
     fn step(&mut self, _record: &Value) {}
     fn eval(&mut self, _step: u64, _val_loss: f64) {}
+    /// What the model wrote at `step` (`--sample-every`), its prompt first.
+    fn sample(&mut self, _step: u64, _text: &str) {}
     fn saved(&mut self, _step: u64, _dir: &Path) {}
     fn finish(&mut self) {}
 }
@@ -248,6 +251,9 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
     encoder.vocab_limit = Some(model.vocab_size);
+    if opts.sample_every > 0 {
+        sample_prompt(&encoder, &opts)?;
+    }
 
     let template = encoder.chat_template(&opts.chat_template)?;
     // A text's ids are cached in the run directory, once it exists (a run
@@ -754,10 +760,20 @@ pub fn train_with<E: Executor>(
             evaluated = Some(v);
             summary.interrupted = interrupted(dist.as_ref())?;
         }
+        let mut sampled = None;
+        if lead && finite && summary.interrupted.is_none() && opts.sample_every > 0 && due(opts.sample_every)
+        {
+            let text = sample_at(&trainer, p, step)?;
+            obj.insert("sample".into(), json!(text));
+            sampled = Some(text);
+        }
         if let Some(log) = &mut log {
             log.append(rec.clone())?;
         }
         progress.step(&rec);
+        if let Some(text) = sampled {
+            progress.sample(step, &text);
+        }
         summary.step = step;
         summary.loss = Some(m.loss);
         summary.tokens = tokens;
@@ -803,6 +819,46 @@ pub fn train_with<E: Executor>(
     summary.train_s = prior_s + t0.elapsed().as_secs_f64();
     progress.finish();
     Ok(summary)
+}
+
+/// The ids of `--sample-prompt`, refused where they are none or the
+/// tokenizer cannot spell it (checked before the run starts).
+fn sample_prompt(encoder: &Encoder, opts: &TrainOptions) -> Result<Vec<u32>> {
+    let bad = |why: String| RunError::option("sample-prompt", format!("{:?}", opts.sample_prompt), why);
+    let ids = encoder
+        .tokenizer
+        .encode(&opts.sample_prompt)
+        .map_err(|e| bad(e.to_string()))?;
+    match ids.is_empty() {
+        true => Err(bad("encodes to no tokens; give some text".into())),
+        false => Ok(ids),
+    }
+}
+
+/// `--sample-every`'s sample at `step`: the prompt and what the model
+/// writes after it, generated through the trainer's streamed forward from
+/// the transport copies the step just wrote (nothing the next step reads
+/// changes).
+fn sample_at<E: Executor>(trainer: &Trainer<E>, p: &Prepared, step: u64) -> Result<String> {
+    let opts = &p.opts;
+    let prompt = sample_prompt(&p.encoder, opts)?;
+    let sampling = SampleOptions {
+        tokens: opts.sample_tokens,
+        temperature: 0.8,
+        top_k: 200,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        seed: opts.seed.wrapping_add(step),
+        decodable: p.encoder.tokenizer.vocab_size(),
+        kv_cache: true,
+    };
+    let ids = generate(trainer, &prompt, sampling)?;
+    Ok(format!(
+        "{}{}",
+        opts.sample_prompt,
+        p.encoder.tokenizer.decode(&ids)?
+    ))
 }
 
 /// Whether a signal asked the run to stop ([`super::interrupt`]), decided
