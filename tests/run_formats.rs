@@ -363,7 +363,9 @@ fn a_run_samples_as_it_learns_and_trains_the_same() {
     let mut o = small(t.join("a.txt"), &t.join("refused"), "gpt2-nano");
     o.sample_every = 10;
     o.sample_prompt = "xyz".into();
-    let err = prepare(o, false).err().expect("refused");
+    let Err(err) = prepare(o, false) else {
+        panic!("a prompt of characters the vocabulary lacks is refused")
+    };
     assert!(err.to_string().contains("--sample-prompt"), "{err}");
 }
 
