@@ -413,6 +413,66 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     assert_eq!(parts[0], text, "the first sample is --seed 3's");
     assert_eq!(parts[1], sample("4", "1"), "the second sample is --seed 4's");
     refused(&["sample", "--model", s(&hf), "--samples", "0"], &["--samples 0"]);
+    // A model's generation_config.json that says do_sample sets what the
+    // flags leave: greedy here, so the text is --temperature 0's; flags
+    // still override it.
+    let greedy = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]);
+    std::fs::write(
+        hf.join("generation_config.json"),
+        r#"{"do_sample": false, "eos_token_id": 0}"#,
+    )
+    .unwrap();
+    let out = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+    ]);
+    assert_eq!(out.stdout, greedy.stdout, "greedy as the model asks");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature 0"));
+    let flagged = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "200",
+    ]);
+    assert_eq!(
+        String::from_utf8(flagged.stdout).unwrap(),
+        text,
+        "flags override the file"
+    );
+    std::fs::write(
+        hf.join("generation_config.json"),
+        r#"{"do_sample": true, "top_p": 0}"#,
+    )
+    .unwrap();
+    refused(
+        &["sample", "--model", s(&hf)],
+        &["generation_config.json", "top_p"],
+    );
+    std::fs::remove_file(hf.join("generation_config.json")).unwrap();
     refused(&["sample", "--model", s(&hf), "--min-p", "1.5"], &["--min-p 1.5"]);
     refused(
         &["sample", "--model", s(&hf), "--repetition-penalty", "0"],

@@ -527,6 +527,53 @@ fn the_repetition_penalty_lowers_the_ids_already_seen() {
     assert_eq!(only.choose(&[0.0, -1.0, 9.0], &[1, 2], &mut rng), 0);
 }
 
+/// `generation_config.json` as transformers' generate reads it: nothing
+/// where it does not say `do_sample`, greedy where it says false, and
+/// transformers' defaults for the keys a sampling one leaves out; a value
+/// out of range is refused naming the file and key.
+#[test]
+fn a_models_generation_config_gives_its_sampling_settings() {
+    use megatrain::run::GenerationConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let of = |text: Option<&str>| {
+        let path = dir.path().join("generation_config.json");
+        let _ = std::fs::remove_file(&path);
+        if let Some(t) = text {
+            std::fs::write(&path, t).unwrap();
+        }
+        GenerationConfig::of_dir(dir.path())
+    };
+    assert_eq!(of(None).unwrap(), None);
+    assert_eq!(of(Some(r#"{"eos_token_id": 2}"#)).unwrap(), None);
+    let hf = |temperature, top_k, top_p, min_p, repetition_penalty| GenerationConfig {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+    };
+    assert_eq!(
+        of(Some(r#"{"do_sample": false}"#)).unwrap(),
+        Some(hf(0.0, 50, 1.0, 0.0, 1.0))
+    );
+    assert_eq!(
+        of(Some(r#"{"do_sample": true}"#)).unwrap(),
+        Some(hf(1.0, 50, 1.0, 0.0, 1.0))
+    );
+    let qwen =
+        r#"{"do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}"#;
+    assert_eq!(of(Some(qwen)).unwrap(), Some(hf(0.7, 20, 0.8, 0.0, 1.05)));
+    for bad in [
+        r#"{"do_sample": true, "top_p": 0}"#,
+        r#"{"do_sample": "yes"}"#,
+        r#"{"do_sample": true, "temperature": -1}"#,
+        "{",
+    ] {
+        let err = of(Some(bad)).unwrap_err().to_string();
+        assert!(err.contains("generation_config.json"), "{bad}: {err}");
+    }
+}
+
 /// The llama_gqa fixture of the zoo: a small random HF Llama (vocab 101).
 fn hf_fixture(tmp: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures/llama_gqa");

@@ -1,13 +1,13 @@
 //! `megatrain sample`.
 
 use std::io::{BufRead, IsTerminal};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use megatrain::data::{ChatTemplate, Message};
 use megatrain::run::{
-    Decoder, DeviceChoice, Encoder, LanguageModel, Precision, Resident, RunError, SampleOptions,
-    TransportKnobs, chat_template_spec, generate_samples, generate_with, layer_device_bytes,
+    Decoder, DeviceChoice, Encoder, GenerationConfig, LanguageModel, Precision, Resident, RunError,
+    SampleOptions, TransportKnobs, chat_template_spec, generate_samples, generate_with, layer_device_bytes,
     resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
@@ -50,26 +50,29 @@ pub struct SampleArgs {
     /// Tokens to generate.
     #[arg(long, default_value_t = 500)]
     tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f64,
-    /// Sample among the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 200)]
-    top_k: usize,
+    /// 0 = greedy [default: 0.8]. The five settings from here to
+    /// --repetition-penalty default to what the model's
+    /// generation_config.json asks for where it says do_sample (as
+    /// transformers' generate reads it), else to the values shown.
+    #[arg(long)]
+    temperature: Option<f64>,
+    /// Sample among the k most likely tokens (0 = all) [default: 200].
+    #[arg(long)]
+    top_k: Option<usize>,
     /// Then among the fewest of those whose probabilities sum to at least
-    /// p (nucleus sampling; 1 = all of them).
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f64,
+    /// p (nucleus sampling; 1 = all of them) [default: 1].
+    #[arg(long)]
+    top_p: Option<f64>,
     /// Then among those at least this share as likely as the most likely
-    /// (min-p sampling; 0 = all of them).
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f64,
+    /// (min-p sampling; 0 = all of them) [default: 0].
+    #[arg(long)]
+    min_p: Option<f64>,
     /// Divides the logits of ids already in the sequence (the prompt's
     /// too) where positive and multiplies them where negative, before
     /// anything else (greedy included); 1 = none, as transformers'
-    /// `repetition_penalty`.
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f64,
+    /// `repetition_penalty` [default: 1].
+    #[arg(long)]
+    repetition_penalty: Option<f64>,
     #[arg(long, default_value_t = 1337)]
     seed: u64,
     /// auto | gpu | cpu.
@@ -116,25 +119,26 @@ enum Stream {
 const RESIDENT_SHARE: f64 = 0.8;
 
 pub fn run(a: SampleArgs) -> anyhow::Result<()> {
-    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        anyhow::bail!("--temperature {}: must be a finite number ≥ 0", a.temperature);
+    let dir = resolve_model_dir(&a.model, a.step)?;
+    let w = warpers(&a, &dir)?;
+    if !(w.temperature.is_finite() && w.temperature >= 0.0) {
+        anyhow::bail!("--temperature {}: must be a finite number ≥ 0", w.temperature);
     }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        anyhow::bail!("--top-p {}: must be in (0, 1]", a.top_p);
+    if !(w.top_p > 0.0 && w.top_p <= 1.0) {
+        anyhow::bail!("--top-p {}: must be in (0, 1]", w.top_p);
     }
-    if !(0.0..=1.0).contains(&a.min_p) {
-        anyhow::bail!("--min-p {}: must be in [0, 1]", a.min_p);
+    if !(0.0..=1.0).contains(&w.min_p) {
+        anyhow::bail!("--min-p {}: must be in [0, 1]", w.min_p);
     }
-    if !(a.repetition_penalty.is_finite() && a.repetition_penalty > 0.0) {
+    if !(w.repetition_penalty.is_finite() && w.repetition_penalty > 0.0) {
         anyhow::bail!(
             "--repetition-penalty {}: must be a finite number > 0",
-            a.repetition_penalty
+            w.repetition_penalty
         );
     }
     if a.samples == 0 {
         anyhow::bail!("--samples 0: must be ≥ 1");
     }
-    let dir = resolve_model_dir(&a.model, a.step)?;
     let ckpt = HfCheckpoint::open(&dir)?;
     let enc = Encoder::from_dir(&dir, Some(&ckpt.config))?;
     let stop = match a.chat {
@@ -143,11 +147,11 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
     };
     let opts = SampleOptions {
         tokens: a.tokens,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
+        temperature: w.temperature,
+        top_k: w.top_k,
+        top_p: w.top_p,
+        min_p: w.min_p,
+        repetition_penalty: w.repetition_penalty,
         seed: a.seed,
         decodable: enc.tokenizer.vocab_size(),
         kv_cache: a.kv_cache,
@@ -199,6 +203,54 @@ pub fn run(a: SampleArgs) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The sampling settings: each flag given, else the model's
+/// `generation_config.json` where it says `do_sample` (said on standard
+/// error), else the defaults the flags' help shows.
+fn warpers(a: &SampleArgs, dir: &Path) -> anyhow::Result<GenerationConfig> {
+    let ours = GenerationConfig {
+        temperature: 0.8,
+        top_k: 200,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+    };
+    let model = GenerationConfig::of_dir(dir)?;
+    let base = model.unwrap_or(ours);
+    let w = GenerationConfig {
+        temperature: a.temperature.unwrap_or(base.temperature),
+        top_k: a.top_k.unwrap_or(base.top_k),
+        top_p: a.top_p.unwrap_or(base.top_p),
+        min_p: a.min_p.unwrap_or(base.min_p),
+        repetition_penalty: a.repetition_penalty.unwrap_or(base.repetition_penalty),
+    };
+    if let Some(g) = model {
+        let mut taken = Vec::new();
+        let mut say = |given: bool, what: String| {
+            if !given {
+                taken.push(what);
+            }
+        };
+        say(a.temperature.is_some(), format!("temperature {}", g.temperature));
+        if w.temperature > 0.0 {
+            say(a.top_k.is_some(), format!("top-k {}", g.top_k));
+            say(a.top_p.is_some(), format!("top-p {}", g.top_p));
+            say(a.min_p.is_some(), format!("min-p {}", g.min_p));
+        }
+        say(
+            a.repetition_penalty.is_some(),
+            format!("repetition penalty {}", g.repetition_penalty),
+        );
+        if !taken.is_empty() {
+            eprintln!(
+                "sampling as {} asks: {} (flags override)",
+                dir.join("generation_config.json").display(),
+                taken.join(", ")
+            );
+        }
+    }
+    Ok(w)
 }
 
 /// What a generation or a conversation needs besides the model.

@@ -46,6 +46,68 @@ pub struct SampleOptions {
     pub kv_cache: bool,
 }
 
+/// How a model's authors ask it to be sampled: the keys of its
+/// `generation_config.json` that transformers' `generate` reads, where the
+/// file says `do_sample` (a file without it, as GPT-2's, names only
+/// special ids, and leaves the caller's defaults). `do_sample: false` is
+/// greedy; `true` samples, each key it leaves out at transformers' own
+/// default (temperature 1, top-k 50, top-p 1, no min-p, no penalty).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenerationConfig {
+    pub temperature: f64,
+    pub top_k: usize,
+    pub top_p: f64,
+    pub min_p: f64,
+    pub repetition_penalty: f64,
+}
+
+impl GenerationConfig {
+    /// `dir`'s `generation_config.json` where it has one that says
+    /// `do_sample`; a value of the wrong kind is refused, naming the file
+    /// and key.
+    pub fn of_dir(dir: &std::path::Path) -> Result<Option<Self>> {
+        let path = dir.join("generation_config.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(RunError::io(&path))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| RunError::file(&path, e.to_string()))?;
+        let Some(sample) = v.get("do_sample") else {
+            return Ok(None);
+        };
+        let bad = |key: &str| RunError::file(&path, format!("{key}: {} is not a number in range", v[key]));
+        let number = |key: &str, default: f64| match v.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| bad(key)),
+        };
+        let sample = sample.as_bool().ok_or_else(|| bad("do_sample"))?;
+        let out = GenerationConfig {
+            temperature: match sample {
+                true => number("temperature", 1.0)?,
+                false => 0.0,
+            },
+            top_k: number("top_k", 50.0)? as usize,
+            top_p: number("top_p", 1.0)?,
+            min_p: number("min_p", 0.0)?,
+            repetition_penalty: number("repetition_penalty", 1.0)?,
+        };
+        if !(out.top_p > 0.0 && out.top_p <= 1.0) {
+            return Err(bad("top_p"));
+        }
+        if out.min_p > 1.0 {
+            return Err(bad("min_p"));
+        }
+        if out.repetition_penalty <= 0.0 {
+            return Err(bad("repetition_penalty"));
+        }
+        Ok(Some(out))
+    }
+}
+
 /// What generation runs: a model's forward from ids to the logits after
 /// the last of them, on its executor, wherever its weights are.
 pub trait LanguageModel<E: Executor> {

@@ -26,8 +26,8 @@ pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{
-    Decoder, LanguageModel, Resident, SampleOptions, generate, generate_samples, generate_until,
-    generate_with, pick,
+    Decoder, GenerationConfig, LanguageModel, Resident, SampleOptions, generate, generate_samples,
+    generate_until, generate_with, pick,
 };
 pub use keep::{AUTO_SHARE, KeepActivations, Kept, Room};
 pub use knobs::{
