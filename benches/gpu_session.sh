@@ -467,17 +467,17 @@ steps)
     # "Generation"; measured on the CPU only): the cached step's one row of
     # attention a head over the cache, on the GPU.
     PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 60)" bash benches/sample.sh megatrain \
-        --device gpu >"$OUT/sample.log" 2>&1
+        --device gpu --timing >"$OUT/sample.log" 2>&1
     note "sample, cache and none (rc $?): $(grep -E '^  (--kv-cache|ratio)' "$OUT/sample.log" | tr -s ' ' | tr '\n' ' ')"
     # `sample --stream true` against the weights uploaded once: every
     # forward loads each layer from host memory, so a token costs one
     # pass of the model over the bus (BENCHMARKS.md, "Generation").
     COMPARE=stream PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 45)" \
-        bash benches/sample.sh megatrain --device gpu >"$OUT/sample-stream.log" 2>&1
+        bash benches/sample.sh megatrain --device gpu --timing >"$OUT/sample-stream.log" 2>&1
     note "sample, resident and streamed (rc $?): $(grep -E '^  (--stream|ratio)' "$OUT/sample-stream.log" | tr -s ' ' | tr '\n' ' ')"
     # Four samples as a batch against one (`--samples 4`).
     COMPARE=samples PRESET=gpt2-124m PROMPT_CHARS=512 TOKENS=128 REPS=1 timeout "$(left 45)" \
-        bash benches/sample.sh megatrain --device gpu >"$OUT/sample-samples.log" 2>&1
+        bash benches/sample.sh megatrain --device gpu --timing >"$OUT/sample-samples.log" 2>&1
     note "sample, one and four together (rc $?): $(grep -E '^  (--samples|ratio)' "$OUT/sample-samples.log" | tr -s ' ' | tr '\n' ' ')"
     for f in "$OUT"/profile-gpt2-nano.log "$OUT"/anchor-tinyllama.log; do
         echo "-- per-op profile in $f"

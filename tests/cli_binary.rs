@@ -442,6 +442,22 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         "20",
     ]);
     assert_eq!(out.stdout, greedy.stdout, "greedy as the model asks");
+    let timed = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt",
+        "O Romeo",
+        "--tokens",
+        "20",
+        "--timing",
+    ]);
+    assert_eq!(timed.stdout, greedy.stdout, "--timing changes nothing printed");
+    let said = String::from_utf8_lossy(&timed.stderr);
+    assert!(
+        said.contains("prompt of 7 tokens: first token after") && said.contains("19 more"),
+        "{said}"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature 0"));
     let flagged = run(&[
         "sample",

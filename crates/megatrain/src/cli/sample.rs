@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use megatrain::data::{ChatTemplate, Message};
@@ -102,6 +103,10 @@ pub struct SampleArgs {
     /// alone; they print in turn, between lines of dashes.
     #[arg(long, default_value_t = 1, conflicts_with = "interactive")]
     samples: usize,
+    /// After each reply, say on standard error how long the prompt took
+    /// to its first token and how fast the rest came.
+    #[arg(long)]
+    timing: bool,
 }
 
 /// The line between samples (nanoGPT's `sample.py` prints the same).
@@ -253,6 +258,27 @@ fn warpers(a: &SampleArgs, dir: &Path) -> anyhow::Result<GenerationConfig> {
     Ok(w)
 }
 
+/// `--timing`'s line: the prompt's forward to the first token, and the
+/// tokens a second after it.
+fn timing(prompt: usize, tokens: usize, first: Option<Duration>, all: Duration) -> String {
+    let Some(first) = first else {
+        return format!(
+            "prompt of {prompt} tokens: no token in {:.3} s",
+            all.as_secs_f64()
+        );
+    };
+    let rest = (all - first).as_secs_f64();
+    let rate = match tokens > 1 && rest > 0.0 {
+        true => format!("{:.2} tokens/s", (tokens - 1) as f64 / rest),
+        false => "-".into(),
+    };
+    format!(
+        "prompt of {prompt} tokens: first token after {:.3} s; {} more in {rest:.3} s ({rate})",
+        first.as_secs_f64(),
+        tokens - 1
+    )
+}
+
 /// What a generation or a conversation needs besides the model.
 struct Chat<'a> {
     a: &'a SampleArgs,
@@ -290,11 +316,17 @@ impl Chat<'_> {
         let mut turn = |user: &str, head: &str| -> anyhow::Result<()> {
             let prompt = prompt_of(&mut messages, user)?;
             let mut printer = Printer::new(enc, std::io::stdout().lock(), head);
+            let start = Instant::now();
+            let mut first = None;
             let ids = generate_with(model, &mut decoder, &prompt, self.opts, self.stop, &mut |ids| {
+                first.get_or_insert_with(|| start.elapsed());
                 printer.update(ids)
             })?;
             let reply = enc.tokenizer.decode(&ids)?;
             printer.finish(&reply)?;
+            if a.timing {
+                eprintln!("{}", timing(prompt.len(), ids.len(), first, start.elapsed()));
+            }
             if a.chat {
                 messages.push(message("assistant", &reply));
             }
@@ -310,12 +342,23 @@ impl Chat<'_> {
                 return turn(user, head);
             }
             let prompt = prompt_of(&mut messages, user)?;
+            let start = Instant::now();
             let samples = generate_samples(model, &prompt, a.samples, self.opts, self.stop)?;
+            let took = start.elapsed();
             for (i, ids) in samples.iter().enumerate() {
                 if i > 0 {
                     println!("{SAMPLE_RULE}");
                 }
                 println!("{head}{}", enc.tokenizer.decode(ids)?);
+            }
+            if a.timing {
+                let longest = samples.iter().map(Vec::len).max().unwrap_or(0);
+                eprintln!(
+                    "{} samples of up to {longest} tokens after a prompt of {}: {:.3} s",
+                    a.samples,
+                    prompt.len(),
+                    took.as_secs_f64()
+                );
             }
             return Ok(());
         }
