@@ -365,6 +365,29 @@ fn gpu_cached_logits_match_the_cpu() {
     }
 }
 
+/// With f16 compute on the GPU (f16 copies, products on f16 operands), the
+/// cached steps follow the whole sequence run the same way: the cached
+/// attention and delta rule compute in f32 where the whole-sequence ones
+/// round their operands to f16, so they agree to f16's precision, not
+/// bit for bit.
+#[test]
+fn gpu_f16_cached_logits_follow_the_uncached() {
+    let Some(ctx) = common::ctx() else { return };
+    let mut gpu = GpuExecutor::new(ctx);
+    if gpu
+        .set_compute_precision(megatrain_tensor::ComputePrecision::F16)
+        .is_err()
+    {
+        eprintln!("skipping: {} computes no f16", gpu.name());
+        return;
+    }
+    for case in ["llama_gqa", "gemma2", "qwen3_5"] {
+        let ckpt = fixture(case);
+        let model = Resident::load_as(&gpu, &ckpt, TransportDType::F16).unwrap();
+        cached_steps_match(&model, |ids| model.logits(ids, 1, None).unwrap(), 5e-3, case);
+    }
+}
+
 /// Every family streamed from the host on the GPU through a bf16 copy (its
 /// weight slots refilled for every step: matrices held bf16, the rest
 /// widened) as resident on the CPU with the same bf16-rounded weights.
