@@ -173,23 +173,13 @@ pub struct Args {
 const RECORD_PREFIX: &str = "RECORD ";
 
 /// `14G`, `512M`, `1024` (bytes; K/M/G/T are powers of 1024).
+/// A size as `megatrain`'s flags read it ([`megatrain::run::parse_bytes`]),
+/// more than nothing.
 fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.trim().parse().map_err(|_| format!("'{s}' is not a size"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        u => return Err(format!("unknown size unit '{u}' in '{s}'")),
-    };
-    if !(n.is_finite() && n > 0.0) {
-        return Err(format!("'{s}' must be positive"));
+    match megatrain::run::parse_bytes(s)? {
+        0 => Err(format!("'{s}' must be positive")),
+        n => Ok(n),
     }
-    Ok((n * mult as f64) as u64)
 }
 
 fn parse_anchor(s: &str) -> Result<String, String> {

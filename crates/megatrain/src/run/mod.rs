@@ -17,6 +17,7 @@ mod plan;
 mod plan_ranks;
 mod plot;
 mod session;
+mod sizes;
 
 pub use checkpoint::{
     CONFIG_FILE, STATE_FILE, TrainState, chat_template_spec, checkpoint_name, latest_checkpoint,
@@ -46,3 +47,4 @@ pub use session::{
     Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, evaluate, evaluate_batches, prepare,
     tier_config, tier_params, train, train_with,
 };
+pub use sizes::parse_bytes;
