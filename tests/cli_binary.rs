@@ -442,6 +442,38 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         "20",
     ]);
     assert_eq!(out.stdout, greedy.stdout, "greedy as the model asks");
+    std::fs::write(t.join("prompt.txt"), "O Romeo").unwrap();
+    let from_file = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt-file",
+        s(&t.join("prompt.txt")),
+        "--tokens",
+        "20",
+    ]);
+    assert_eq!(from_file.stdout, greedy.stdout, "--prompt-file as --prompt");
+    std::fs::write(t.join("bad.txt"), [0xff, 0xfe, 0x41]).unwrap();
+    refused(
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt-file",
+            s(&t.join("bad.txt")),
+        ],
+        &["bad.txt", "UTF-8"],
+    );
+    refused(
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt-file",
+            s(&t.join("none.txt")),
+        ],
+        &["none.txt"],
+    );
     let timed = run(&[
         "sample",
         "--model",

@@ -31,6 +31,10 @@ pub struct SampleArgs {
     /// user's message.
     #[arg(long)]
     prompt: Option<String>,
+    /// --prompt from this UTF-8 file, whole (a long prompt, a document to
+    /// continue).
+    #[arg(long, conflicts_with = "prompt")]
+    prompt_file: Option<PathBuf>,
     /// Take --prompt as a user's message: render it with the chat template
     /// and print the model's reply, which ends at an end-of-turn id.
     #[arg(long)]
@@ -123,7 +127,14 @@ enum Stream {
 /// `--stream auto`; the rest is for the cache and the activations.
 const RESIDENT_SHARE: f64 = 0.8;
 
-pub fn run(a: SampleArgs) -> anyhow::Result<()> {
+pub fn run(mut a: SampleArgs) -> anyhow::Result<()> {
+    if let Some(path) = &a.prompt_file {
+        let text =
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("--prompt-file {}: {e}", path.display()))?;
+        let text = String::from_utf8(text)
+            .map_err(|e| anyhow::anyhow!("--prompt-file {}: not UTF-8 text ({e})", path.display()))?;
+        a.prompt = Some(text);
+    }
     let dir = resolve_model_dir(&a.model, a.step)?;
     let w = warpers(&a, &dir)?;
     if !(w.temperature.is_finite() && w.temperature >= 0.0) {
