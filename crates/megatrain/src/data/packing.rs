@@ -15,7 +15,7 @@
 //!
 //! [`Docs`]: megatrain_tensor::Docs
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use super::TokenData;
@@ -99,38 +99,60 @@ fn row_end(records: &Records, total: usize, sampling: Sampling, mut k: u64, seq_
     }
 }
 
-/// Every record of `data` once, in its stored order, packed into rows of
-/// `seq_len` as `--rows packed` packs them (a row ends at the last record,
-/// where a run's rows would go on into the next pass), `batch` rows a
-/// batch, the last batch's fewer: what an evaluation scores. Empty where
+/// Every record of `data` once, packed into rows of `seq_len` best fit
+/// decreasing (the longest first, each into the row it leaves the least
+/// room in, a new row where none has room; a record longer than a row
+/// alone in one, cut), `batch` rows a batch, the last batch's fewer: what
+/// an evaluation scores, where the order of the records does not matter
+/// and the fewest rows are the fastest (a run's rows keep its drawn order:
+/// next fit, [`push_packed_row`]). Rows come in the stored order of their
+/// first records, each holding its records in stored order. Empty where
 /// `data` holds no records.
 pub fn packed_once(data: &TokenData, batch: usize, seq_len: usize) -> Vec<Batch> {
     let Some(records) = data.records.as_ref().filter(|r| !r.is_empty()) else {
         return Vec::new();
     };
-    let n = records.len() as u64;
-    let mut rows = Vec::new();
-    let mut k = 0;
-    while k < n {
-        let end = row_end(records, data.len(), Sampling::Sequential, k, seq_len).min(n);
-        rows.push(k..end);
-        k = end;
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    let wide = |r: usize| width(records, r, data.len()).min(seq_len);
+    order.sort_by_key(|&r| (std::cmp::Reverse(wide(r)), r));
+    let mut rows: Vec<Vec<usize>> = Vec::new();
+    // Room left → the rows with that much, the most recently opened last.
+    let mut by_room: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for r in order {
+        let w = wide(r);
+        let fit = by_room
+            .range_mut(w..)
+            .next()
+            .map(|(&room, rows)| (room, rows.pop()));
+        let (row, room) = match fit {
+            Some((room, Some(row))) => {
+                if by_room[&room].is_empty() {
+                    by_room.remove(&room);
+                }
+                (row, room)
+            }
+            _ => {
+                rows.push(Vec::new());
+                (rows.len() - 1, seq_len)
+            }
+        };
+        rows[row].push(r);
+        by_room.entry(room - w).or_default().push(row);
     }
+    for row in &mut rows {
+        row.sort_unstable();
+    }
+    rows.sort_unstable_by_key(|row| row[0]);
     rows.chunks(batch.max(1))
         .map(|chunk| {
             let mut out = Batch::empty(chunk.len(), seq_len);
             let mut rows = Vec::with_capacity(chunk.len());
-            for r in chunk {
+            for row in chunk {
                 let mut starts = Vec::new();
                 let mut used = 0;
-                for k in r.clone() {
+                for &r in row {
                     starts.push(used);
-                    used += push_record(
-                        data,
-                        records.span(k as usize, data.len()),
-                        seq_len - used,
-                        &mut out,
-                    );
+                    used += push_record(data, records.span(r, data.len()), seq_len - used, &mut out);
                 }
                 pad(&mut out, seq_len - used);
                 rows.push((used, starts));
@@ -243,34 +265,88 @@ mod tests {
     }
 
     #[test]
-    fn an_evaluation_packs_each_record_once() {
-        // Lengths 3, 4, 2, 9, 1 (ids their positions): rows of 6 hold {3},
-        // {4, 2}, {9 cut}, {1}, and stop at the last record.
+    fn an_evaluation_packs_each_record_once_best_fit() {
+        // Lengths 3, 4, 2, 9, 1 (ids their positions) into rows of 6, the
+        // longest first: {9 cut}, {4}, {3}; then 2 into the row of 4 and 1
+        // into the row of 3, which leave the least room: 3 rows where next
+        // fit in stored order takes 4. Rows come in their first records'
+        // order: {3, 1}, {4, 2}, {9}.
         let data = TokenData {
             tokens: (0..19).collect::<Vec<u32>>().into(),
             loss_mask: None,
             records: Some(Records::new(vec![0, 3, 7, 9, 18])),
         };
-        let batches = packed_once(&data, 3, 6);
-        assert_eq!(batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [3, 1]);
+        let batches = packed_once(&data, 2, 6);
+        assert_eq!(batches.iter().map(|b| b.batch).collect::<Vec<_>>(), [2, 1]);
         let inputs: Vec<u32> = batches.iter().flat_map(|b| b.inputs.clone()).collect();
         #[rustfmt::skip]
         assert_eq!(inputs, [
-            0, 1, 2, 0, 0, 0,
+            0, 1, 2, 18, 0, 0,
             3, 4, 5, 6, 7, 8,
             9, 10, 11, 12, 13, 14,
-            18, 0, 0, 0, 0, 0,
         ]);
         // A record's last token has no target, nor has the padding; a cut
         // record keeps the target of its last input.
         assert_eq!(batches[0].targets[..6], [1, 2, -100, -100, -100, -100]);
-        assert_eq!(batches[0].targets[6..12], [4, 5, 6, -100, 8, -100]);
-        assert_eq!(batches[0].targets[12..], [10, 11, 12, 13, 14, 15]);
-        assert_eq!(batches[1].targets, [-100; 6]);
-        assert_eq!(batches[0].lengths, Some(vec![3, 6, 6]));
-        let docs = batches[0].docs.as_ref().expect("row 1 holds two records");
-        assert_eq!((docs.start(1, 5), docs.start(1, 3)), (4, 0));
+        assert_eq!(batches[0].targets[6..], [4, 5, 6, -100, 8, -100]);
+        assert_eq!(batches[1].targets, [10, 11, 12, 13, 14, 15]);
+        assert_eq!(batches[0].lengths, Some(vec![4, 6]));
+        let docs = batches[0].docs.as_ref().expect("rows of two records");
+        assert_eq!((docs.start(0, 3), docs.start(1, 5), docs.start(1, 3)), (3, 4, 0));
         assert!(packed_once(&data.clone().as_stream(), 3, 6).is_empty());
+    }
+
+    /// Every record once, none over a row, and no more rows than next fit
+    /// in stored order makes (on lengths that leave it room to lose).
+    #[test]
+    fn best_fit_rows_hold_every_record_once_in_no_more_rows() {
+        let starts: Vec<usize> = (0..400)
+            .scan(0, |s, i| {
+                let at = *s;
+                *s += 1 + (i * 37 % 29);
+                Some(at)
+            })
+            .collect();
+        let total = starts.last().unwrap() + 5;
+        let data = TokenData {
+            tokens: (0..total as u32).collect::<Vec<u32>>().into(),
+            loss_mask: None,
+            records: Some(Records::new(starts)),
+        };
+        let batches = packed_once(&data, 4, 32);
+        let rows: usize = batches.iter().map(|b| b.batch).sum();
+        let next_fit = rows_of(
+            data.records.as_ref().unwrap(),
+            total,
+            Sampling::Sequential,
+            32,
+            2000,
+        )
+        .iter()
+        .take_while(|(first, _)| *first < 400)
+        .count();
+        assert!(rows < next_fit, "{rows} rows, next fit {next_fit}");
+        // Inputs are token positions: each record's scored inputs (all but
+        // its last token, or a cut record's first 32) once each.
+        let records = data.records.as_ref().unwrap();
+        let mut seen: Vec<u32> = batches
+            .iter()
+            .flat_map(|b| b.inputs.iter().zip(&b.targets))
+            .filter(|&(_, &t)| t != -100)
+            .map(|(&i, _)| i)
+            .collect();
+        seen.sort_unstable();
+        let want: Vec<u32> = (0..records.len())
+            .flat_map(|r| {
+                let span = records.span(r, total);
+                let scored = match span.len() > 32 {
+                    true => 32,
+                    false => span.len() - 1,
+                };
+                (span.start..span.start + scored).map(|i| i as u32)
+            })
+            .collect();
+        assert_eq!(seen, want);
     }
 
     #[test]
