@@ -337,19 +337,15 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
         assert!(hf.join(f).exists(), "{f}");
     }
     assert!(!hf.join("optimizer.safetensors").exists());
-    let out = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-        "--seed",
-        "3",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
+    // 20 tokens after "O Romeo" from `model`, with `more` flags.
+    let romeo = |model: &Path, more: &[&str]| {
+        let mut args = vec!["sample", "--model", s(model), "--prompt", "O Romeo", "--tokens", "20"];
+        args.extend_from_slice(more);
+        let out = run(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (text, _) = romeo(&hf, &["--seed", "3"]);
     assert!(
         text.starts_with("O Romeo") && text.chars().count() >= 27,
         "{text:?}"
@@ -357,170 +353,48 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     // A char vocabulary cannot spell the Alpaca headers a chat prompt is
     // rendered with: refused, naming the rendering.
     refused(
-        &[
-            "sample",
-            "--model",
-            s(&hf),
-            "--prompt",
-            "O Romeo",
-            "--chat",
-            "--tokens",
-            "2",
-        ],
+        &["sample", "--model", s(&hf), "--prompt", "O Romeo", "--chat", "--tokens", "2"],
         &["rendered by the chat template", "### Instruction"],
     );
     // The run directory's checkpoint, its layers streamed from host memory
     // for every token, samples as the export uploaded once.
-    let again = run(&[
-        "sample",
-        "--model",
-        s(&a),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-        "--seed",
-        "3",
-        "--stream",
-        "true",
-    ]);
-    assert_eq!(
-        String::from_utf8(again.stdout).unwrap(),
-        text,
-        "run dir streamed and export resident sample alike"
-    );
+    let (again, _) = romeo(&a, &["--seed", "3", "--stream", "true"]);
+    assert_eq!(again, text, "run dir streamed and export resident sample alike");
     // Three samples made together: the second is --seed 4's alone.
-    let sample = |seed: &str, samples: &str| {
-        let out = run(&[
-            "sample",
-            "--model",
-            s(&hf),
-            "--prompt",
-            "O Romeo",
-            "--tokens",
-            "20",
-            "--seed",
-            seed,
-            "--samples",
-            samples,
-        ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let three = sample("3", "3");
+    let (three, _) = romeo(&hf, &["--seed", "3", "--samples", "3"]);
     let parts: Vec<&str> = three.split("---------------\n").collect();
     assert_eq!(parts.len(), 3, "{three:?}");
     assert_eq!(parts[0], text, "the first sample is --seed 3's");
-    assert_eq!(parts[1], sample("4", "1"), "the second sample is --seed 4's");
+    assert_eq!(parts[1], romeo(&hf, &["--seed", "4"]).0, "the second sample is --seed 4's");
     refused(&["sample", "--model", s(&hf), "--samples", "0"], &["--samples 0"]);
-    // A model's generation_config.json that says do_sample sets what the
-    // flags leave: greedy here, so the text is --temperature 0's; flags
-    // still override it.
-    let greedy = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-        "--temperature",
-        "0",
-    ]);
-    std::fs::write(
-        hf.join("generation_config.json"),
-        r#"{"do_sample": false, "eos_token_id": 0}"#,
-    )
-    .unwrap();
-    let out = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-    ]);
-    assert_eq!(out.stdout, greedy.stdout, "greedy as the model asks");
+    // --prompt-file reads the prompt; --timing says how long it took on
+    // standard error and changes nothing printed.
+    let (greedy, _) = romeo(&hf, &["--temperature", "0"]);
     std::fs::write(t.join("prompt.txt"), "O Romeo").unwrap();
-    let from_file = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt-file",
-        s(&t.join("prompt.txt")),
-        "--tokens",
-        "20",
-    ]);
-    assert_eq!(from_file.stdout, greedy.stdout, "--prompt-file as --prompt");
+    let from_file = run(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("prompt.txt")), "--tokens", "20", "--temperature", "0"]);
+    assert_eq!(String::from_utf8(from_file.stdout).unwrap(), greedy, "--prompt-file as --prompt");
     std::fs::write(t.join("bad.txt"), [0xff, 0xfe, 0x41]).unwrap();
-    refused(
-        &[
-            "sample",
-            "--model",
-            s(&hf),
-            "--prompt-file",
-            s(&t.join("bad.txt")),
-        ],
-        &["bad.txt", "UTF-8"],
-    );
-    refused(
-        &[
-            "sample",
-            "--model",
-            s(&hf),
-            "--prompt-file",
-            s(&t.join("none.txt")),
-        ],
-        &["none.txt"],
-    );
-    let timed = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-        "--timing",
-    ]);
-    assert_eq!(timed.stdout, greedy.stdout, "--timing changes nothing printed");
-    let said = String::from_utf8_lossy(&timed.stderr);
+    refused(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("bad.txt"))], &["bad.txt", "UTF-8"]);
+    refused(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("none.txt"))], &["none.txt"]);
+    let (timed, said) = romeo(&hf, &["--temperature", "0", "--timing"]);
+    assert_eq!(timed, greedy, "--timing changes nothing printed");
     assert!(
         said.contains("prompt of 7 tokens: first token after") && said.contains("19 more"),
         "{said}"
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("temperature 0"));
-    let flagged = run(&[
-        "sample",
-        "--model",
-        s(&hf),
-        "--prompt",
-        "O Romeo",
-        "--tokens",
-        "20",
-        "--seed",
-        "3",
-        "--temperature",
-        "0.8",
-        "--top-k",
-        "200",
-    ]);
-    assert_eq!(
-        String::from_utf8(flagged.stdout).unwrap(),
-        text,
-        "flags override the file"
-    );
-    std::fs::write(
-        hf.join("generation_config.json"),
-        r#"{"do_sample": true, "top_p": 0}"#,
-    )
-    .unwrap();
-    refused(
-        &["sample", "--model", s(&hf)],
-        &["generation_config.json", "top_p"],
-    );
-    std::fs::remove_file(hf.join("generation_config.json")).unwrap();
+    // A model's generation_config.json that says do_sample sets what the
+    // flags leave: greedy here, so the text is --temperature 0's; flags
+    // still override it.
+    let config = hf.join("generation_config.json");
+    std::fs::write(&config, r#"{"do_sample": false, "eos_token_id": 0}"#).unwrap();
+    let (asked, said) = romeo(&hf, &[]);
+    assert_eq!(asked, greedy, "greedy as the model asks");
+    assert!(said.contains("temperature 0"), "{said}");
+    let (flagged, _) = romeo(&hf, &["--seed", "3", "--temperature", "0.8", "--top-k", "200"]);
+    assert_eq!(flagged, text, "flags override the file");
+    std::fs::write(&config, r#"{"do_sample": true, "top_p": 0}"#).unwrap();
+    refused(&["sample", "--model", s(&hf)], &["generation_config.json", "top_p"]);
+    std::fs::remove_file(&config).unwrap();
     refused(&["sample", "--model", s(&hf), "--min-p", "1.5"], &["--min-p 1.5"]);
     refused(
         &["sample", "--model", s(&hf), "--repetition-penalty", "0"],

@@ -27,35 +27,6 @@ fn fixture(case: &str) -> HfCheckpoint {
     HfCheckpoint::open(dir.join(case)).unwrap()
 }
 
-const FAMILIES: [&str; 27] = [
-    "gpt2",
-    "qwen2",
-    "qwen2_window_layers",
-    "llama_gqa",
-    "llama3_rope",
-    "mistral_window",
-    "gemma2",
-    "gemma3",
-    "phi2",
-    "phi3_longrope",
-    "gpt_neox",
-    "olmo2",
-    "olmo3",
-    "exaone4",
-    "starcoder2",
-    "cohere2",
-    "glm4",
-    "granite",
-    "smollm3",
-    "deepseek_v3",
-    "gpt_oss",
-    "mixtral",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "qwen3_next",
-    "kimi_linear",
-    "olmo_hybrid",
-];
 
 /// Ids of a 14-token sequence, and the new tokens each cached step takes.
 fn sequence(vocab: usize) -> (Vec<u32>, [usize; 8]) {
@@ -129,7 +100,7 @@ fn cached_steps_match<E: Executor>(
 #[test]
 fn cached_logits_are_the_whole_sequence_logits() {
     let ex = F64Executor::new();
-    for case in FAMILIES {
+    for case in common::FAMILIES {
         let ckpt = fixture(case);
         let model = Resident::load(&ex, &ckpt).unwrap();
         cached_steps_match(&model, |ids| model.logits(ids, 1, None).unwrap(), 1e-9, case);
@@ -175,7 +146,7 @@ fn batched_rows_match<E: Executor>(
 #[test]
 fn a_batched_cache_keeps_each_row_to_itself() {
     let ex = F64Executor::new();
-    for case in FAMILIES {
+    for case in common::FAMILIES {
         let ckpt = fixture(case);
         let model = Resident::load(&ex, &ckpt).unwrap();
         batched_rows_match(&model, |ids| model.logits(ids, 1, None).unwrap(), 1e-9, case);
@@ -305,7 +276,7 @@ fn generation_picks_the_same_tokens_with_the_cache_and_without() {
 /// transport, and picks the same tokens.
 #[test]
 fn streamed_generation_is_the_resident_generation() {
-    for (i, case) in FAMILIES.into_iter().enumerate() {
+    for (i, case) in common::FAMILIES.into_iter().enumerate() {
         // Blocks take turns in two, three or four weight slots.
         let k = 1 + i % 3;
         let ckpt = fixture(case);
@@ -395,7 +366,7 @@ fn gpu_f16_cached_logits_follow_the_uncached() {
 fn gpu_streamed_logits_match_the_cpu() {
     let Some(ctx) = common::ctx() else { return };
     let cpu = F64Executor::new();
-    for (i, case) in FAMILIES.into_iter().enumerate() {
+    for (i, case) in common::FAMILIES.into_iter().enumerate() {
         let ckpt = fixture(case);
         let whole = Resident::load_as(&cpu, &ckpt, TransportDType::BF16).unwrap();
         let model = streamed(

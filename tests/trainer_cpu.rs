@@ -685,35 +685,7 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
 /// on the same weights.
 #[test]
 fn every_family_trains_through_sixteen_bit_copies() {
-    let families = [
-        "gpt2",
-        "qwen2",
-        "llama_gqa",
-        "mistral_window",
-        "gemma2",
-        "gemma3",
-        "phi2",
-        "phi3_longrope",
-        "gpt_neox",
-        "olmo2",
-        "olmo3",
-        "exaone4",
-        "starcoder2",
-        "cohere2",
-        "glm4",
-        "granite",
-        "smollm3",
-        "deepseek_v3",
-        "gpt_oss",
-        "mixtral",
-        "qwen3_moe",
-        "qwen3_5",
-        "qwen3_5_moe",
-        "qwen3_next",
-        "kimi_linear",
-        "olmo_hybrid",
-    ];
-    for case in families {
+    for case in common::FAMILIES {
         for transport in [TransportDType::BF16, TransportDType::F16] {
             let model = common::zoo_fixture(case);
             let config = TrainerConfig {

@@ -129,6 +129,39 @@ pub fn mixtral_tiny(layers: usize) -> ModelConfig {
     c
 }
 
+/// One golden fixture of the zoo per block family (and per RoPE scaling,
+/// window and mixture that changes what a block computes).
+pub const FAMILIES: [&str; 28] = [
+    "gpt2",
+    "qwen2",
+    "qwen2_window_layers",
+    "llama_gqa",
+    "llama3_rope",
+    "mistral_window",
+    "gemma2",
+    "gemma3",
+    "phi2",
+    "phi3_longrope",
+    "gpt_neox",
+    "olmo2",
+    "olmo3",
+    "exaone4",
+    "starcoder2",
+    "cohere2",
+    "glm4",
+    "granite",
+    "smollm3",
+    "deepseek_v3",
+    "gpt_oss",
+    "mixtral",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "kimi_linear",
+    "olmo_hybrid",
+];
+
 /// The config of the zoo's golden fixture `case`.
 pub fn zoo_fixture(case: &str) -> ModelConfig {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/zoo/tests/fixtures");
