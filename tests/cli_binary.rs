@@ -339,11 +339,22 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     assert!(!hf.join("optimizer.safetensors").exists());
     // 20 tokens after "O Romeo" from `model`, with `more` flags.
     let romeo = |model: &Path, more: &[&str]| {
-        let mut args = vec!["sample", "--model", s(model), "--prompt", "O Romeo", "--tokens", "20"];
+        let mut args = vec![
+            "sample",
+            "--model",
+            s(model),
+            "--prompt",
+            "O Romeo",
+            "--tokens",
+            "20",
+        ];
         args.extend_from_slice(more);
         let out = run(&args);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
     };
     let (text, _) = romeo(&hf, &["--seed", "3"]);
     assert!(
@@ -353,7 +364,16 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     // A char vocabulary cannot spell the Alpaca headers a chat prompt is
     // rendered with: refused, naming the rendering.
     refused(
-        &["sample", "--model", s(&hf), "--prompt", "O Romeo", "--chat", "--tokens", "2"],
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt",
+            "O Romeo",
+            "--chat",
+            "--tokens",
+            "2",
+        ],
         &["rendered by the chat template", "### Instruction"],
     );
     // The run directory's checkpoint, its layers streamed from host memory
@@ -365,17 +385,53 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     let parts: Vec<&str> = three.split("---------------\n").collect();
     assert_eq!(parts.len(), 3, "{three:?}");
     assert_eq!(parts[0], text, "the first sample is --seed 3's");
-    assert_eq!(parts[1], romeo(&hf, &["--seed", "4"]).0, "the second sample is --seed 4's");
+    assert_eq!(
+        parts[1],
+        romeo(&hf, &["--seed", "4"]).0,
+        "the second sample is --seed 4's"
+    );
     refused(&["sample", "--model", s(&hf), "--samples", "0"], &["--samples 0"]);
     // --prompt-file reads the prompt; --timing says how long it took on
     // standard error and changes nothing printed.
     let (greedy, _) = romeo(&hf, &["--temperature", "0"]);
     std::fs::write(t.join("prompt.txt"), "O Romeo").unwrap();
-    let from_file = run(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("prompt.txt")), "--tokens", "20", "--temperature", "0"]);
-    assert_eq!(String::from_utf8(from_file.stdout).unwrap(), greedy, "--prompt-file as --prompt");
+    let from_file = run(&[
+        "sample",
+        "--model",
+        s(&hf),
+        "--prompt-file",
+        s(&t.join("prompt.txt")),
+        "--tokens",
+        "20",
+        "--temperature",
+        "0",
+    ]);
+    assert_eq!(
+        String::from_utf8(from_file.stdout).unwrap(),
+        greedy,
+        "--prompt-file as --prompt"
+    );
     std::fs::write(t.join("bad.txt"), [0xff, 0xfe, 0x41]).unwrap();
-    refused(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("bad.txt"))], &["bad.txt", "UTF-8"]);
-    refused(&["sample", "--model", s(&hf), "--prompt-file", s(&t.join("none.txt"))], &["none.txt"]);
+    refused(
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt-file",
+            s(&t.join("bad.txt")),
+        ],
+        &["bad.txt", "UTF-8"],
+    );
+    refused(
+        &[
+            "sample",
+            "--model",
+            s(&hf),
+            "--prompt-file",
+            s(&t.join("none.txt")),
+        ],
+        &["none.txt"],
+    );
     let (timed, said) = romeo(&hf, &["--temperature", "0", "--timing"]);
     assert_eq!(timed, greedy, "--timing changes nothing printed");
     assert!(
@@ -393,7 +449,10 @@ fn sigkill_between_saves_then_resume_is_bit_exact() {
     let (flagged, _) = romeo(&hf, &["--seed", "3", "--temperature", "0.8", "--top-k", "200"]);
     assert_eq!(flagged, text, "flags override the file");
     std::fs::write(&config, r#"{"do_sample": true, "top_p": 0}"#).unwrap();
-    refused(&["sample", "--model", s(&hf)], &["generation_config.json", "top_p"]);
+    refused(
+        &["sample", "--model", s(&hf)],
+        &["generation_config.json", "top_p"],
+    );
     std::fs::remove_file(&config).unwrap();
     refused(&["sample", "--model", s(&hf), "--min-p", "1.5"], &["--min-p 1.5"]);
     refused(

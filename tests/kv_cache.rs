@@ -27,7 +27,6 @@ fn fixture(case: &str) -> HfCheckpoint {
     HfCheckpoint::open(dir.join(case)).unwrap()
 }
 
-
 /// Ids of a 14-token sequence, and the new tokens each cached step takes.
 fn sequence(vocab: usize) -> (Vec<u32>, [usize; 8]) {
     let ids = (0..14).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
