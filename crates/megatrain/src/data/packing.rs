@@ -105,9 +105,9 @@ fn row_end(records: &Records, total: usize, sampling: Sampling, mut k: u64, seq_
 /// alone in one, cut), `batch` rows a batch, the last batch's fewer: what
 /// an evaluation scores, where the order of the records does not matter
 /// and the fewest rows are the fastest (a run's rows keep its drawn order:
-/// next fit, [`push_packed_row`]). Rows come in the stored order of their
-/// first records, each holding its records in stored order. Empty where
-/// `data` holds no records.
+/// next fit). Rows come in the stored order of their first records, each
+/// holding its records in stored order. Empty where `data` holds no
+/// records.
 pub fn packed_once(data: &TokenData, batch: usize, seq_len: usize) -> Vec<Batch> {
     let Some(records) = data.records.as_ref().filter(|r| !r.is_empty()) else {
         return Vec::new();

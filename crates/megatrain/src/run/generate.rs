@@ -109,9 +109,8 @@ impl GenerationConfig {
 }
 
 /// What generation runs: a model's forward from ids to the logits after
-/// the last of them, on its executor, wherever its weights are.
+/// the last of them, on an executor `E`, wherever its weights are.
 pub trait LanguageModel<E: Executor> {
-    fn executor(&self) -> &E;
     fn config(&self) -> &ModelConfig;
     /// Logits `[B, V]` after the last of each row of `ids`, `batch`
     /// sequences of one length, row-major: with `cache`, ids that follow
@@ -165,10 +164,6 @@ impl<'e, E: Executor> Resident<'e, E> {
 }
 
 impl<E: Executor> LanguageModel<E> for Resident<'_, E> {
-    fn executor(&self) -> &E {
-        self.ex
-    }
-
     fn config(&self) -> &ModelConfig {
         &self.model
     }
@@ -186,10 +181,6 @@ impl<E: Executor> LanguageModel<E> for Resident<'_, E> {
 /// whatever the model's size; a token then costs one pass of the model
 /// over the bus.
 impl<E: Executor> LanguageModel<E> for Trainer<E> {
-    fn executor(&self) -> &E {
-        Trainer::executor(self)
-    }
-
     fn config(&self) -> &ModelConfig {
         self.model()
     }
