@@ -693,7 +693,8 @@ fn fine_tunes_the_text_model_of_a_multimodal_checkpoint() {
 /// state saved before the option existed drew windows.
 #[test]
 fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
-    use megatrain::run::{RowsKind, latest_checkpoint, read_train_state};
+    use megatrain::data::Fit;
+    use megatrain::run::{Packing, RowsKind, latest_checkpoint, read_train_state};
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let mut lines = String::new();
@@ -739,7 +740,13 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
         ..o.clone()
     };
     let p = prepare(packed.clone(), false).unwrap();
-    assert!(p.train.parts[0].records.as_ref().unwrap().is_packed());
+    assert_eq!(p.train.parts[0].records.as_ref().unwrap().fit(), Some(Fit::Best));
+    let next = TrainOptions {
+        packing: Packing::NextFit,
+        ..packed.clone()
+    };
+    let q = prepare(next, false).unwrap();
+    assert_eq!(q.train.parts[0].records.as_ref().unwrap().fit(), Some(Fit::Next));
     assert!(
         p.val.as_ref().unwrap().parts[0]
             .records
@@ -791,4 +798,16 @@ fn jsonl_rows_are_whole_records_unless_asked_for_windows() {
     );
     let old: TrainOptions = serde_json::from_value(serde_json::json!({"tokenizer": "byte"})).unwrap();
     assert_eq!(old.rows, RowsKind::Stream);
+    // A state saved before --packing existed packed next fit; a new run
+    // packs best fit, and a config file may ask for either.
+    assert_eq!(old.packing, Packing::NextFit);
+    assert_eq!(TrainOptions::default().packing, Packing::BestFit);
+    let toml = TrainOptions::from_toml_str("packing = \"next-fit\"", Path::new("c.toml")).unwrap();
+    assert_eq!(toml.packing, Packing::NextFit);
+    assert!(
+        "first-fit"
+            .parse::<Packing>()
+            .unwrap_err()
+            .contains("best-fit, next-fit")
+    );
 }

@@ -8,8 +8,8 @@ use clap::Args;
 use megatrain::data::packed_padding_share;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, KeepActivations, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
-    TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state, train_with,
+    DeviceChoice, KeepActivations, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport,
+    TrainOptions, TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state, train_with,
 };
 use megatrain_gpu::TransportChoice;
 
@@ -127,6 +127,11 @@ pub struct TrainArgs {
     /// records a row as fit, each attending only to itself) | stream.
     #[arg(long)]
     rows: Option<RowsKind>,
+    /// With --rows packed: best-fit (the default: the drawn order in
+    /// windows of 1024 records, each packed best fit decreasing, far less
+    /// padding) | next-fit (each row the next records that fit).
+    #[arg(long)]
+    packing: Option<Packing>,
     #[arg(long)]
     eval_every: Option<u64>,
     #[arg(long)]
@@ -250,6 +255,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         seed,
         sampling,
         rows,
+        packing,
         eval_every,
         eval_batches,
         sample_every,
@@ -358,9 +364,10 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
         for (name, part) in p.train_names.iter().zip(&p.train.parts) {
             match &part.records {
                 Some(r) if r.is_packed() => eprintln!(
-                    "  {}: {} records, as many a row as fit: {:.0}% of the rows is padding (one a row: {:.0}%)",
+                    "  {}: {} records, as many a row as fit ({}): {:.0}% of the rows is padding (one a row: {:.0}%)",
                     name.display(),
                     r.len(),
+                    o.packing.name(),
                     100.0 * packed_padding_share(r, part.len(), o.seq_len),
                     100.0 * r.padding_share(part.len(), o.seq_len)
                 ),

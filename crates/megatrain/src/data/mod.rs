@@ -20,7 +20,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
-pub use packing::{packed_once, packed_padding_share};
+pub use packing::{Fit, packed_once, packed_padding_share};
 pub use records::{Records, silent_records};
 pub use tokens::Tokens;
 
@@ -79,10 +79,16 @@ impl TokenData {
         }
     }
 
-    /// Rows of as many whole records as fit, where there are records.
+    /// Rows of as many whole records as fit, where there are records,
+    /// next fit in the drawn order.
     pub fn packed(self) -> TokenData {
+        self.packed_with(Fit::Next)
+    }
+
+    /// [`TokenData::packed`] by `fit`.
+    pub fn packed_with(self, fit: Fit) -> TokenData {
         TokenData {
-            records: self.records.map(Records::packed),
+            records: self.records.map(|r| r.packed_with(fit)),
             ..self
         }
     }

@@ -25,11 +25,40 @@ use super::records::{Records, pad, push_record, record_of};
 /// Rows between kept marks.
 const STRIDE: u64 = 1024;
 
-/// Where the walk over the record order stands, for each (row length,
+/// Order positions a best-fit window packs together.
+const WINDOW: u64 = 1024;
+
+/// How a run's packed rows take their records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// In the drawn order, each row as many of the next records as fit:
+    /// a row ends at the first record that does not fit.
+    Next,
+    /// The drawn order cut into windows of [`WINDOW`] records, each packed
+    /// best fit decreasing (the longest first, each into the row it
+    /// leaves the least room in); a window's rows in the order of their
+    /// first records. Far less padding, the order still the draw's at the
+    /// scale of a window.
+    Best,
+}
+
+/// Where the walks over the record order stand, for each (row length,
 /// sampling) drawn with: a run's training and validation draws, or two
 /// ranks' in one process, do not restart each other's walks.
 #[derive(Debug, Default)]
-pub(super) struct Cursor(HashMap<(usize, Sampling), Walk>);
+pub(super) struct Cursor {
+    next: HashMap<(usize, Sampling), Walk>,
+    best: HashMap<(usize, Sampling), Windows>,
+}
+
+/// A best-fit walk: `rows_before[w]` the rows of the windows before `w`,
+/// known for the windows packed so far; `last` the last window packed and
+/// its rows (order positions).
+#[derive(Debug)]
+struct Windows {
+    rows_before: Vec<u64>,
+    last: Option<(u64, Vec<Vec<u64>>)>,
+}
 
 /// marks\[i\] is the order position of row i·STRIDE's first record; `last`
 /// a row drawn and its first record's position.
@@ -56,7 +85,7 @@ impl Cursor {
         g: u64,
         seq_len: usize,
     ) -> (u64, u64) {
-        let walk = self.0.entry((seq_len, sampling)).or_insert(Walk {
+        let walk = self.next.entry((seq_len, sampling)).or_insert(Walk {
             marks: vec![0],
             last: (0, 0),
         });
@@ -76,6 +105,87 @@ impl Cursor {
         walk.last = (g, k);
         (k, next(k))
     }
+}
+
+impl Cursor {
+    /// The order positions of the records of best-fit row `g`.
+    fn best_row(
+        &mut self,
+        records: &Records,
+        total: usize,
+        sampling: Sampling,
+        g: u64,
+        seq_len: usize,
+    ) -> Vec<u64> {
+        let win = self.best.entry((seq_len, sampling)).or_insert(Windows {
+            rows_before: vec![0],
+            last: None,
+        });
+        let pack = |w: u64| pack_window(records, total, sampling, w, seq_len);
+        // Every window makes at least one row, so the counts ascend.
+        while *win.rows_before.last().expect("starts at 0") <= g {
+            let w = win.rows_before.len() as u64 - 1;
+            let rows = pack(w);
+            win.rows_before
+                .push(win.rows_before[w as usize] + rows.len() as u64);
+            win.last = Some((w, rows));
+        }
+        let w = win.rows_before.partition_point(|&r| r <= g) - 1;
+        if win.last.as_ref().map(|(at, _)| *at) != Some(w as u64) {
+            win.last = Some((w as u64, pack(w as u64)));
+        }
+        let (_, rows) = win.last.as_ref().expect("packed above");
+        rows[(g - win.rows_before[w]) as usize].clone()
+    }
+}
+
+/// Best-fit window `w`: the records at order positions `w·WINDOW ..` of
+/// `sampling`'s draw, packed into rows of `seq_len`.
+fn pack_window(records: &Records, total: usize, sampling: Sampling, w: u64, seq_len: usize) -> Vec<Vec<u64>> {
+    let n = records.len() as u64;
+    let wide = |k: u64| width(records, record_of(sampling, k, n) as usize, total).min(seq_len);
+    best_fit(w * WINDOW..(w + 1) * WINDOW, wide, seq_len)
+}
+
+/// `items` packed best fit decreasing into rows of `seq_len` (the widest
+/// first, each into the row it leaves the least room in, a new row where
+/// none has room; one wider than a row alone in one): each row's items
+/// ascending, the rows in the order of their first items.
+fn best_fit(
+    items: impl IntoIterator<Item = u64>,
+    wide: impl Fn(u64) -> usize,
+    seq_len: usize,
+) -> Vec<Vec<u64>> {
+    let mut order: Vec<(usize, u64)> = items.into_iter().map(|k| (wide(k), k)).collect();
+    order.sort_unstable_by_key(|&(w, k)| (std::cmp::Reverse(w), k));
+    let mut rows: Vec<Vec<u64>> = Vec::new();
+    // Room left → the rows with that much, the most recently opened last.
+    let mut by_room: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (w, k) in order {
+        let fit = by_room
+            .range_mut(w..)
+            .next()
+            .map(|(&room, rows)| (room, rows.pop()));
+        let (row, room) = match fit {
+            Some((room, Some(row))) => {
+                if by_room[&room].is_empty() {
+                    by_room.remove(&room);
+                }
+                (row, room)
+            }
+            _ => {
+                rows.push(Vec::new());
+                (rows.len() - 1, seq_len)
+            }
+        };
+        rows[row].push(k);
+        by_room.entry(room - w).or_default().push(row);
+    }
+    for row in &mut rows {
+        row.sort_unstable();
+    }
+    rows.sort_unstable_by_key(|row| row[0]);
+    rows
 }
 
 /// The order position after the last record of the row that starts at
@@ -112,37 +222,8 @@ pub fn packed_once(data: &TokenData, batch: usize, seq_len: usize) -> Vec<Batch>
     let Some(records) = data.records.as_ref().filter(|r| !r.is_empty()) else {
         return Vec::new();
     };
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    let wide = |r: usize| width(records, r, data.len()).min(seq_len);
-    order.sort_by_key(|&r| (std::cmp::Reverse(wide(r)), r));
-    let mut rows: Vec<Vec<usize>> = Vec::new();
-    // Room left → the rows with that much, the most recently opened last.
-    let mut by_room: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for r in order {
-        let w = wide(r);
-        let fit = by_room
-            .range_mut(w..)
-            .next()
-            .map(|(&room, rows)| (room, rows.pop()));
-        let (row, room) = match fit {
-            Some((room, Some(row))) => {
-                if by_room[&room].is_empty() {
-                    by_room.remove(&room);
-                }
-                (row, room)
-            }
-            _ => {
-                rows.push(Vec::new());
-                (rows.len() - 1, seq_len)
-            }
-        };
-        rows[row].push(r);
-        by_room.entry(room - w).or_default().push(row);
-    }
-    for row in &mut rows {
-        row.sort_unstable();
-    }
-    rows.sort_unstable_by_key(|row| row[0]);
+    let wide = |r: u64| width(records, r as usize, data.len()).min(seq_len);
+    let rows = best_fit(0..records.len() as u64, wide, seq_len);
     rows.chunks(batch.max(1))
         .map(|chunk| {
             let mut out = Batch::empty(chunk.len(), seq_len);
@@ -152,7 +233,12 @@ pub fn packed_once(data: &TokenData, batch: usize, seq_len: usize) -> Vec<Batch>
                 let mut used = 0;
                 for &r in row {
                     starts.push(used);
-                    used += push_record(data, records.span(r, data.len()), seq_len - used, &mut out);
+                    used += push_record(
+                        data,
+                        records.span(r as usize, data.len()),
+                        seq_len - used,
+                        &mut out,
+                    );
                 }
                 pad(&mut out, seq_len - used);
                 rows.push((used, starts));
@@ -175,14 +261,18 @@ pub(super) fn push_packed_row(
     out: &mut Batch,
 ) -> (usize, Vec<usize>) {
     let n = records.len() as u64;
-    let (first, end) =
-        cursor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .row(records, data.len(), sampling, g, seq_len);
+    let mut cursor = cursor.lock().unwrap_or_else(|e| e.into_inner());
+    let positions = match records.fit() {
+        Some(Fit::Best) => cursor.best_row(records, data.len(), sampling, g, seq_len),
+        _ => {
+            let (first, end) = cursor.row(records, data.len(), sampling, g, seq_len);
+            (first..end).collect()
+        }
+    };
+    drop(cursor);
     let mut starts = Vec::new();
     let mut used = 0;
-    for k in first..end {
+    for k in positions {
         let span = records.span(record_of(sampling, k, n) as usize, data.len());
         starts.push(used);
         used += push_record(data, span, seq_len - used, out);
@@ -191,24 +281,33 @@ pub(super) fn push_packed_row(
 }
 
 /// The share of the rows that is padding when the records of a stream of
-/// `total` tokens are packed in their stored order into rows of `seq_len`.
+/// `total` tokens are packed in their stored order into rows of `seq_len`,
+/// as `records` packs (next fit where they are not packed).
 pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> f64 {
     if records.is_empty() || seq_len == 0 {
         return 0.0;
     }
-    let mut cursor = Cursor::default();
     let n = records.len() as u64;
-    let (mut rows, mut used, mut g) = (0u64, 0usize, 0u64);
-    loop {
-        let (a, z) = cursor.row(records, total, Sampling::Sequential, g, seq_len);
-        if a >= n {
-            break;
+    let wide = |k: u64| width(records, k as usize, total).min(seq_len);
+    let (mut rows, mut used) = (0u64, 0usize);
+    if records.fit() == Some(Fit::Best) {
+        for w in 0..n.div_ceil(WINDOW) {
+            let packed = best_fit(w * WINDOW..((w + 1) * WINDOW).min(n), wide, seq_len);
+            rows += packed.len() as u64;
+            used += packed.iter().flatten().map(|&k| wide(k)).sum::<usize>();
         }
-        rows += 1;
-        used += (a..z.min(n))
-            .map(|k| width(records, k as usize, total).min(seq_len))
-            .sum::<usize>();
-        g += 1;
+    } else {
+        let mut cursor = Cursor::default();
+        let mut g = 0u64;
+        loop {
+            let (a, z) = cursor.row(records, total, Sampling::Sequential, g, seq_len);
+            if a >= n {
+                break;
+            }
+            rows += 1;
+            used += (a..z.min(n)).map(wide).sum::<usize>();
+            g += 1;
+        }
     }
     1.0 - used as f64 / (rows as usize * seq_len).max(1) as f64
 }
@@ -347,6 +446,62 @@ mod tests {
             })
             .collect();
         assert_eq!(seen, want);
+    }
+
+    /// Records of widths 1..=29 (a spread best fit can pack tight).
+    fn varied(n: usize) -> (Records, usize) {
+        let starts: Vec<usize> = (0..n)
+            .scan(0, |s, i| {
+                let at = *s;
+                *s += 1 + (i * 37 % 29);
+                Some(at)
+            })
+            .collect();
+        let total = starts.last().unwrap() + 5;
+        (Records::new(starts).packed_with(Fit::Best), total)
+    }
+
+    /// A best-fit run's rows cover each window's order positions once,
+    /// none over a row, in fewer rows than next fit; and row g is the same
+    /// whichever rows were drawn before it, by either sampling.
+    #[test]
+    fn best_fit_rows_are_each_windows_records_once_whatever_the_walk() {
+        let (r, total) = varied(3000);
+        let n = r.len() as u64;
+        for sampling in [Sampling::Sequential, Sampling::Random { seed: 9 }] {
+            let mut c = Cursor::default();
+            let mut rows = Vec::new();
+            let mut g = 0;
+            // The first three windows' rows.
+            while rows.iter().flatten().count() < 3 * WINDOW as usize {
+                rows.push(c.best_row(&r, total, sampling, g, 40));
+                g += 1;
+            }
+            let mut seen: Vec<u64> = rows.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..3 * WINDOW).collect::<Vec<_>>(), "{sampling:?}");
+            for row in &rows {
+                let wide: usize = row
+                    .iter()
+                    .map(|&k| width(&r, record_of(sampling, k, n) as usize, total))
+                    .sum();
+                assert!(wide <= 40 || row.len() == 1, "{row:?} holds {wide}");
+            }
+            let mut next = Cursor::default();
+            let next_fit = (0..)
+                .take_while(|&g| next.row(&r, total, sampling, g, 40).0 < 3 * WINDOW)
+                .count();
+            assert!(rows.len() < next_fit, "{} rows, next fit {next_fit}", rows.len());
+            let mut again = Cursor::default();
+            for g in [(rows.len() - 1) as u64, 5, 0, 400, 3, 399, 5] {
+                assert_eq!(
+                    again.best_row(&r, total, sampling, g, 40),
+                    rows[g as usize],
+                    "row {g}"
+                );
+            }
+        }
+        assert!(packed_padding_share(&r, total, 40) < packed_padding_share(&r.clone().packed(), total, 40));
     }
 
     #[test]

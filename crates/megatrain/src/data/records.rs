@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use super::TokenData;
 use super::batch::{Batch, IGNORE_INDEX, Sampling, splitmix64};
-use super::packing::Cursor;
+use super::packing::{Cursor, Fit};
 
 /// Where each record of a stream starts: ascending, the first at 0; and
 /// whether rows take one record each or as many as fit (packed, with the
@@ -23,19 +23,23 @@ use super::packing::Cursor;
 #[derive(Clone)]
 pub struct Records {
     starts: Arc<[usize]>,
-    packed: Option<Arc<Mutex<Cursor>>>,
+    packed: Option<(Fit, Arc<Mutex<Cursor>>)>,
 }
 
 impl fmt::Debug for Records {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let how = if self.is_packed() { ", packed" } else { "" };
+        let how = match self.fit() {
+            Some(Fit::Next) => ", packed next fit",
+            Some(Fit::Best) => ", packed best fit",
+            None => "",
+        };
         write!(f, "Records({} records{how})", self.len())
     }
 }
 
 impl PartialEq for Records {
     fn eq(&self, other: &Records) -> bool {
-        self.starts == other.starts && self.is_packed() == other.is_packed()
+        self.starts == other.starts && self.fit() == other.fit()
     }
 }
 
@@ -55,10 +59,16 @@ impl Records {
         }
     }
 
-    /// The same records, as many a row as fit.
+    /// The same records, as many a row as fit, next fit in the drawn
+    /// order.
     pub fn packed(self) -> Records {
+        self.packed_with(Fit::Next)
+    }
+
+    /// The same records, as many a row as fit, packed by `fit`.
+    pub fn packed_with(self, fit: Fit) -> Records {
         Records {
-            packed: Some(Arc::default()),
+            packed: Some((fit, Arc::default())),
             ..self
         }
     }
@@ -67,9 +77,14 @@ impl Records {
         self.packed.is_some()
     }
 
+    /// How the rows are packed, where they are.
+    pub fn fit(&self) -> Option<Fit> {
+        self.packed.as_ref().map(|(f, _)| *f)
+    }
+
     /// The walk over the record order of packed rows.
     pub(super) fn cursor(&self) -> Option<&Mutex<Cursor>> {
-        self.packed.as_deref()
+        self.packed.as_ref().map(|(_, c)| &**c)
     }
 
     pub fn len(&self) -> usize {
@@ -110,9 +125,9 @@ impl Records {
         let k = self.starts.partition_point(|&s| s < at);
         let tail = self.starts[k..].iter().map(|s| s - at).collect();
         let (head, tail) = (Records::new(self.starts[..k].to_vec()), Records::new(tail));
-        match self.is_packed() {
-            true => (head.packed(), tail.packed()),
-            false => (head, tail),
+        match self.fit() {
+            Some(fit) => (head.packed_with(fit), tail.packed_with(fit)),
+            None => (head, tail),
         }
     }
 }

@@ -36,7 +36,9 @@ pub use knobs::{
     transfer_chunk_elems,
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
-pub use options::{DeviceChoice, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions};
+pub use options::{
+    DeviceChoice, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
+};
 pub use plan::{
     DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,
     plan,

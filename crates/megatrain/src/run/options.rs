@@ -148,6 +148,39 @@ fn stream_rows() -> RowsKind {
     RowsKind::Stream
 }
 
+/// How `--rows packed` fills a run's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Packing {
+    /// The drawn order in windows of 1024 records, each packed best fit
+    /// decreasing: far less padding ([`crate::data::Fit::Best`]).
+    #[default]
+    BestFit,
+    /// Each row the next records of the drawn order that fit.
+    NextFit,
+}
+
+impl Packing {
+    /// The option's value as `--packing` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Packing::BestFit => "best-fit",
+            Packing::NextFit => "next-fit",
+        }
+    }
+
+    pub fn fit(self) -> crate::data::Fit {
+        match self {
+            Packing::BestFit => crate::data::Fit::Best,
+            Packing::NextFit => crate::data::Fit::Next,
+        }
+    }
+}
+
+fn next_fit() -> Packing {
+    Packing::NextFit
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
@@ -187,6 +220,7 @@ parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
 parse_lowercase!(RowsKind, "rows", "auto" => RowsKind::Auto, "stream" => RowsKind::Stream,
     "records" => RowsKind::Records, "packed" => RowsKind::Packed);
+parse_lowercase!(Packing, "packing", "best-fit" => Packing::BestFit, "next-fit" => Packing::NextFit);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
 parse_lowercase!(ShareTransport, "share-transport", "auto" => ShareTransport::Auto,
     "true" => ShareTransport::True, "false" => ShareTransport::False);
@@ -318,6 +352,10 @@ pub struct TrainOptions {
     /// others. Runs saved before the option existed drew windows.
     #[serde(default = "stream_rows")]
     pub rows: RowsKind,
+    /// How `rows = packed` fills a row: `best-fit` (the default) or
+    /// `next-fit`. Runs saved before the option existed packed next fit.
+    #[serde(default = "next_fit")]
+    pub packing: Packing,
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
     pub eval_batches: usize,
@@ -403,6 +441,7 @@ impl Default for TrainOptions {
             seed: 1337,
             sampling: SamplingKind::Random,
             rows: RowsKind::Auto,
+            packing: Packing::BestFit,
             eval_every: 250,
             eval_batches: 20,
             sample_every: 0,

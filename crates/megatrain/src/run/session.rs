@@ -263,7 +263,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
     let load = |path: &Path| {
         let d = load_tokens_cached(path, &encoder, &template, cache.as_deref())?;
         Ok::<_, RunError>(match (opts.rows.records_of(path), opts.rows) {
-            (true, RowsKind::Packed) => d.packed(),
+            (true, RowsKind::Packed) => d.packed_with(opts.packing.fit()),
             (true, _) => d,
             (false, _) => d.as_stream(),
         })
