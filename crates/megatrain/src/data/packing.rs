@@ -34,7 +34,7 @@ pub enum Fit {
     /// In the drawn order, each row as many of the next records as fit:
     /// a row ends at the first record that does not fit.
     Next,
-    /// The drawn order cut into windows of [`WINDOW`] records, each packed
+    /// The drawn order cut into windows of 1024 records, each packed
     /// best fit decreasing (the longest first, each into the row it
     /// leaves the least room in); a window's rows in the order of their
     /// first records. Far less padding, the order still the draw's at the
