@@ -299,6 +299,12 @@ fn plan_arithmetic_matches_hand_computation() {
     assert!(p.host.ram.total() as f64 / p.host.n_params as f64 >= 16.0);
 }
 
+/// `a.txt` in `dir`: four lines of "abc" over and over, which a few
+/// dozen steps learn.
+fn abc_text(dir: &Path) {
+    std::fs::write(dir.join("a.txt"), ("abc".repeat(14) + "\n").repeat(4)).unwrap();
+}
+
 /// `sample_every` prints what the model writes between steps without
 /// changing the run: the same losses step for step as a run without it,
 /// samples at the steps it names and at the end, and the last one what
@@ -307,11 +313,7 @@ fn plan_arithmetic_matches_hand_computation() {
 fn a_run_samples_as_it_learns_and_trains_the_same() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    std::fs::write(
-        t.join("a.txt"),
-        "abcabcabcabcabcabcabcabcabcabcabcabcabcabc\n".repeat(4),
-    )
-    .unwrap();
+    abc_text(t);
     let run = |name: &str, sample_every| {
         let mut o = small(t.join("a.txt"), &t.join(name), "gpt2-nano");
         o.steps = 60;
@@ -373,11 +375,7 @@ fn a_run_samples_as_it_learns_and_trains_the_same() {
 fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    std::fs::write(
-        t.join("a.txt"),
-        "abcabcabcabcabcabcabcabcabcabcabcabcabcabc\n".repeat(4),
-    )
-    .unwrap();
+    abc_text(t);
     let mut o = small(t.join("a.txt"), &t.join("run"), "gpt2-nano");
     o.steps = 80;
     o.lr = 1e-2;

@@ -105,9 +105,7 @@ impl Cursor {
         walk.last = (g, k);
         (k, next(k))
     }
-}
 
-impl Cursor {
     /// The order positions of the records of best-fit row `g`.
     fn best_row(
         &mut self,
@@ -337,16 +335,23 @@ mod tests {
         assert_eq!(rows, [(0, 1), (1, 3), (3, 4), (4, 6), (6, 8)]);
     }
 
-    #[test]
-    fn any_row_is_the_same_whichever_row_came_before() {
-        let starts: Vec<usize> = (0..500)
+    /// The starts of `n` records of lengths 1 ..= `spread` in a fixed
+    /// scatter, and a stream that ends 5 tokens into the last.
+    fn scattered(n: usize, spread: usize) -> (Vec<usize>, usize) {
+        let starts: Vec<usize> = (0..n)
             .scan(0, |s, i| {
                 let at = *s;
-                *s += 1 + (i * 37 % 23);
+                *s += 1 + (i * 37 % spread);
                 Some(at)
             })
             .collect();
         let total = starts.last().unwrap() + 5;
+        (starts, total)
+    }
+
+    #[test]
+    fn any_row_is_the_same_whichever_row_came_before() {
+        let (starts, total) = scattered(500, 23);
         let r = Records::new(starts);
         // One cursor for both orders, each draw of one between the other's.
         let mut c = Cursor::default();
@@ -399,14 +404,7 @@ mod tests {
     /// in stored order makes (on lengths that leave it room to lose).
     #[test]
     fn best_fit_rows_hold_every_record_once_in_no_more_rows() {
-        let starts: Vec<usize> = (0..400)
-            .scan(0, |s, i| {
-                let at = *s;
-                *s += 1 + (i * 37 % 29);
-                Some(at)
-            })
-            .collect();
-        let total = starts.last().unwrap() + 5;
+        let (starts, total) = scattered(400, 29);
         let data = TokenData {
             tokens: (0..total as u32).collect::<Vec<u32>>().into(),
             loss_mask: None,
@@ -450,14 +448,7 @@ mod tests {
 
     /// Records of widths 1..=29 (a spread best fit can pack tight).
     fn varied(n: usize) -> (Records, usize) {
-        let starts: Vec<usize> = (0..n)
-            .scan(0, |s, i| {
-                let at = *s;
-                *s += 1 + (i * 37 % 29);
-                Some(at)
-            })
-            .collect();
-        let total = starts.last().unwrap() + 5;
+        let (starts, total) = scattered(n, 29);
         (Records::new(starts).packed_with(Fit::Best), total)
     }
 
