@@ -156,22 +156,17 @@ fn a_batched_cache_keeps_each_row_to_itself() {
 /// their own) against the CPU.
 #[test]
 fn gpu_batched_cache_matches_the_cpu() {
-    let Some(ctx) = common::ctx() else { return };
-    let gpu = GpuExecutor::new(ctx);
-    let cpu = F64Executor::new();
-    for case in [
-        "gpt2",
-        "llama_gqa",
-        "gemma2",
-        "deepseek_v3",
-        "qwen3_5",
-        "kimi_linear",
-    ] {
-        let ckpt = fixture(case);
-        let whole = Resident::load(&cpu, &ckpt).unwrap();
-        let model = Resident::load(&gpu, &ckpt).unwrap();
-        batched_rows_match(&model, |ids| whole.logits(ids, 1, None).unwrap(), 1e-4, case);
-    }
+    gpu_against_cpu(
+        &[
+            "gpt2",
+            "llama_gqa",
+            "gemma2",
+            "deepseek_v3",
+            "qwen3_5",
+            "kimi_linear",
+        ],
+        |model, whole, case| batched_rows_match(model, whole, 1e-4, case),
+    );
 }
 
 /// `generate_samples` makes its samples as a batch, resident or streamed,
@@ -312,27 +307,39 @@ fn streamed_generation_is_the_resident_generation() {
     }
 }
 
-#[test]
-fn gpu_cached_logits_match_the_cpu() {
+/// Each of `cases` resident on the GPU, checked by `check` against the
+/// CPU's (f64) logits of the whole sequence.
+fn gpu_against_cpu(
+    cases: &[&str],
+    check: impl Fn(&Resident<'_, GpuExecutor>, &dyn Fn(&[u32]) -> Vec<f32>, &str),
+) {
     let Some(ctx) = common::ctx() else { return };
     let gpu = GpuExecutor::new(ctx);
     let cpu = F64Executor::new();
-    for case in [
-        "gpt2",
-        "llama_gqa",
-        "mistral_window",
-        "gemma2",
-        "gpt_oss",
-        "deepseek_v3",
-        "phi3_longrope",
-        "qwen3_5",
-        "kimi_linear",
-    ] {
+    for &case in cases {
         let ckpt = fixture(case);
         let whole = Resident::load(&cpu, &ckpt).unwrap();
         let model = Resident::load(&gpu, &ckpt).unwrap();
-        cached_steps_match(&model, |ids| whole.logits(ids, 1, None).unwrap(), 1e-4, case);
+        check(&model, &|ids| whole.logits(ids, 1, None).unwrap(), case);
     }
+}
+
+#[test]
+fn gpu_cached_logits_match_the_cpu() {
+    gpu_against_cpu(
+        &[
+            "gpt2",
+            "llama_gqa",
+            "mistral_window",
+            "gemma2",
+            "gpt_oss",
+            "deepseek_v3",
+            "phi3_longrope",
+            "qwen3_5",
+            "kimi_linear",
+        ],
+        |model, whole, case| cached_steps_match(model, whole, 1e-4, case),
+    );
 }
 
 /// With f16 compute on the GPU (f16 copies, products on f16 operands), the
