@@ -40,7 +40,10 @@
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh mainjob'  # README main job vs nanoGPT
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh moe'      # a mixture of experts' step
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh hybrid'   # Qwen3.5's Gated DeltaNet: op and step
-# (`hybrid` packs `$(bash benches/gpu_session.sh targets-hybrid)`.)
+#   bash .carry/device.sh sh 'bash benches/gpu_session.sh fresh'    # kernels added since session 28, vs the CPU
+# (`hybrid` packs `$(bash benches/gpu_session.sh targets-hybrid)`, `fresh`
+# `targets-fresh`: with `targets`, 35 MB on 2026-11-29, one pack for `first`,
+# `second` and `fresh`.)
 # Each stage prints a short summary last (the device tool returns the tail
 # of the output) and leaves two files in $OUT: the summary, written as each
 # item ends (so a stage cut short still returns what it measured), and a
@@ -49,7 +52,7 @@
 # commands.
 set -uo pipefail
 P=/tmp/megatrain-pack
-stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|targets-hybrid|first|second|checks|kernels|steps|mainjob|moe|hybrid}
+stage=${1:?usage: gpu_session.sh targets|targets-checks|targets-all|targets-hybrid|targets-fresh|first|second|checks|kernels|steps|mainjob|moe|hybrid|fresh}
 if [ "$stage" = targets ]; then
     echo coop_layout f16 attention_f16 matmul attention transport gpu_parity
     exit 0
@@ -61,6 +64,10 @@ if [ "$stage" = targets-checks ]; then
 fi
 if [ "$stage" = targets-hybrid ]; then
     echo ops delta_rule
+    exit 0
+fi
+if [ "$stage" = targets-fresh ]; then
+    echo generation_cache kv_cache ops ops_f64
     exit 0
 fi
 if [ "$stage" = targets-all ]; then
@@ -334,7 +341,11 @@ second)
     # turns), with the three isolated modes; then as the defaults run it
     # with what time is left.
     # shellcheck disable=SC2086
-    timeout "$(left 400 100)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
+    # The default run after it is kept time for only where something was
+    # picked (session 28: 110 s for one Qwen run, step 0's 55.5 s in it).
+    reserve=0
+    [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ] && reserve=100
+    timeout "$(left 400 $reserve)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
         --mode-reps 1 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     rows "qwen anchor (rc $?; hand-over: ${HANDOFF_FLAGS:-} ${MEGATRAIN_DOWNLOAD_STAGING:+MEGATRAIN_DOWNLOAD_STAGING=$MEGATRAIN_DOWNLOAD_STAGING}; ${KEEP_FLAGS:-no activations kept})" "$OUT/anchor-qwen.log"
     if [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ]; then
@@ -343,6 +354,17 @@ second)
             --mode-reps 0 --no-peer --json "$OUT/anchor-qwen-default.json" >"$OUT/anchor-qwen-default.log" 2>&1
         rows "qwen anchor, the default hand-over (rc $?)" "$OUT/anchor-qwen-default.log"
     fi
+    ;;
+fresh)
+    # The kernels added since the last GPU session's checks (session 28:
+    # the gated delta rule and its small ops, attention within packed
+    # documents, the cached attention and delta rule of generation), never
+    # run on NVIDIA: against the CPU there, shortest first, for a lease's
+    # last minutes (issue 18.1: the whole suite green on NVIDIA).
+    cap=40 t generation_cache
+    cap=60 t kv_cache gpu
+    cap=120 t ops
+    cap=60 t ops_f64
     ;;
 checks)
     # Tensor-core matmul and flash attention against the host references
