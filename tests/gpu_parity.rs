@@ -832,6 +832,10 @@ fn gpt_oss_and_deepseek_v3_f16_training_follows_f32_and_the_cpu_f16_reference() 
     }
 }
 
+/// Steps of 20 in which a mixture of experts' GPU and CPU f16 runs may
+/// route some token to other experts.
+const MAX_STEPS_ROUTED_OTHERWISE: usize = 4;
+
 /// Trains `model` for 20 steps in f32 and f16 on executors `gpu` makes and
 /// in f16 on the CPU; checks the losses against each other and returns the
 /// bytes the f16 run's device copied from registered host memory.
@@ -844,29 +848,49 @@ fn f16_training_follows(gpu: impl Fn() -> GpuExecutor, model: &ModelConfig, cpu_
     let mut f32_run = trainer_with(gpu(), model, 2, TransportDType::F32);
     let mut gpu16 = trainer_with(g16, model, 2, TransportDType::F16);
     let mut cpu16 = trainer_with(c16, model, 2, TransportDType::F16);
-    let (mut worst_f32, mut worst_cpu) = (0.0f64, 0.0f64);
+    let (mut worst_f32, mut worst_cpu, mut worst_apart) = (0.0f64, 0.0f64, 0.0f64);
+    let mut apart = Vec::new();
     for step in 0..20 {
         let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
         let l32 = f32_run.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
-        let l16 = gpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
-        let lc = cpu16.step(std::slice::from_ref(&b), 1e-3).unwrap().loss;
+        let g = gpu16.step(std::slice::from_ref(&b), 1e-3).unwrap();
+        let c = cpu16.step(std::slice::from_ref(&b), 1e-3).unwrap();
+        let (l16, lc) = (g.loss, c.loss);
         let (r32, rc) = ((l16 - l32).abs() / l32.abs(), (l16 - lc).abs() / lc.abs());
         assert!(
             r32 <= 1e-2,
             "D {}, step {step}: f16 loss {l16} vs f32 {l32} (rel {r32:e})",
             model.head_dim
         );
+        // Where a token's router scores fall the other way between the
+        // two roundings, it goes to other experts on each: that step is
+        // held to the f32 bound, not the CPU's.
+        let alike = g.routing == c.routing;
         assert!(
-            rc <= cpu_bound,
-            "D {}, step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e})",
-            model.head_dim
+            rc <= if alike { cpu_bound } else { 1e-2 },
+            "D {}, step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e}; routed {})",
+            model.head_dim,
+            if alike { "alike" } else { "otherwise" }
         );
         worst_f32 = worst_f32.max(r32);
-        worst_cpu = worst_cpu.max(rc);
+        match alike {
+            true => worst_cpu = worst_cpu.max(rc),
+            false => {
+                worst_apart = worst_apart.max(rc);
+                apart.push(step);
+            }
+        }
     }
     eprintln!(
-        "head dim {}, f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e}",
-        model.head_dim
+        "{:?} (head dim {}), f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e} \
+         where routed alike; routed otherwise at steps {apart:?} (worst {worst_apart:e})",
+        model.arch, model.head_dim
+    );
+    // A wrong router product would route most steps otherwise.
+    assert!(
+        apart.len() <= MAX_STEPS_ROUTED_OTHERWISE,
+        "{:?}: routed otherwise at {apart:?}",
+        model.arch
     );
     assert!(
         worst_f32 > 1e-7,

@@ -102,20 +102,22 @@ impl CoopAttention {
             // in f32, so that its rounds of two O fragments run here too.
             (None, true, AttnPass::Fwd) if self.d <= 64 => t(1, 32),
             (None, true, _) => t(1, 16),
-            // The H200 sweep of 2026-11-28 at B4 T2048 32/8 D128 (BENCHMARKS.md):
-            // the forward on 8 subgroups and 16-key tiles, Q staged under the
-            // streamed tiles, 3.56 ms where sg4bc32 took 6.87; dq on 4 and
-            // dkv on 2 subgroups, both with 16-key tiles, 21.8 ms for the
-            // backward where sg2bc32 for both took 31.7.
+            // The H200 sweeps at B4 T2048 32/8 D128 (BENCHMARKS.md). 2026-11-28:
+            // the forward on 8 subgroups and 16-key tiles with Q staged under
+            // the streamed tiles, 3.56 ms where sg4bc32 took 6.87; dq on 4
+            // subgroups with 16-key tiles. 2026-11-29: the forward's streamed
+            // tiles prefetched, 3.51 ms where without 4.08 in the same run;
+            // dkv on 3 subgroups, the backward 17.1 ms where on 2 it took 23.4.
             (None, false, AttnPass::Fwd) => AttnTile {
                 share: true,
+                prefetch: true,
                 ..t(8, 16)
             },
             (None, false, AttnPass::Dq) => AttnTile {
                 share: true,
                 ..t(4, 16)
             },
-            (None, false, AttnPass::Dkv) => t(2, 16),
+            (None, false, AttnPass::Dkv) => t(3, 16),
         }
     }
 

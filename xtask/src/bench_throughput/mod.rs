@@ -123,8 +123,8 @@ pub struct Args {
     #[arg(long, value_parser = parse_bytes)]
     transfer_chunk: Option<u64>,
     /// Chunks of one layer's gradients whose downloads are in flight at
-    /// once (default the trainer's, 2; 0: the whole layer, begun as its
-    /// gradients exist): the host holds more, the device waits less.
+    /// once (default the trainer's, 0: all of a block's, begun as its
+    /// gradients exist); fewer: the host holds less, the device waits more.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
     /// The last N blocks (`all`, or `auto` as `megatrain train` decides)

@@ -72,14 +72,25 @@ pub fn per_rank(
         .max()
         .unwrap_or(0);
     let max_layer = tables.iter().map(|t| t.numel() as u64).max().unwrap_or(0);
-    let chunk = crate::trainer::transfer_chunk_for(model.param_count() as u64);
+    let chunk = max_layer.min(crate::trainer::transfer_chunk_for(model.param_count() as u64) as u64);
     Ok(RankBytes {
         ranks,
-        staging: staging_bytes(max_layer.min(chunk as u64), ranks),
+        staging: staging_bytes(chunk, default_in_flight(&tables, chunk), ranks),
         disk_per_step: host.disk.total(),
         save_gather,
         host,
     })
+}
+
+/// Chunks of a layer in flight at once by the trainer's default, for
+/// layers `tables` moved in chunks of `chunk` elements.
+pub(crate) fn default_in_flight(tables: &[megatrain_tensor::ParamTable], chunk: u64) -> usize {
+    let numels: Vec<usize> = tables.iter().map(|t| t.numel()).collect();
+    crate::trainer::chunks_in_flight(
+        crate::trainer::TrainerConfig::default().chunks_in_flight,
+        crate::trainer::largest_block(&numels),
+        chunk as usize,
+    )
 }
 
 /// Host gradient staging of a run whose gradients move in transfer chunks
@@ -89,9 +100,8 @@ pub fn per_rank(
 /// reads in place (`gradient_chunks_held`; the CPU executor's staging
 /// takes fewer); on several ranks also the receive buffers of two
 /// reductions in flight (`trainer/reduce.rs`).
-pub(crate) fn staging_bytes(chunk: u64, ranks: usize) -> u64 {
-    let d = crate::trainer::TrainerConfig::default();
-    let (queue, in_flight) = (d.optimizer_queue, d.chunks_in_flight);
+pub(crate) fn staging_bytes(chunk: u64, in_flight: usize, ranks: usize) -> u64 {
+    let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
     let chunks = match ranks {
         1 => crate::trainer::gradient_chunks_held(queue, false, in_flight),
         _ => crate::trainer::gradient_chunks_held(queue, true, in_flight) + 2,

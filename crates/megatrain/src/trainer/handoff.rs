@@ -43,12 +43,25 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
 
 /// Chunks of one layer's gradients in flight at once: `configured`
 /// (`TrainerConfig::chunks_in_flight`), where 0 means all of the largest
-/// layer's chunks of `chunk` elements.
-pub(crate) fn chunks_in_flight(configured: usize, largest: usize, chunk: usize) -> usize {
+/// block's chunks of `chunk` elements (`block`: its elements,
+/// [`largest_block`]); the embedding and the head, larger where the
+/// vocabulary is, move as many at a time.
+pub(crate) fn chunks_in_flight(configured: usize, block: usize, chunk: usize) -> usize {
     match configured {
-        0 => largest.div_ceil(chunk.max(1)).max(1),
+        0 => block.div_ceil(chunk.max(1)).max(1),
         n => n,
     }
+}
+
+/// Elements of the largest block among layers of `numels` (table order:
+/// the embedding, the blocks, the head); of the largest layer where the
+/// model has no block.
+pub(crate) fn largest_block(numels: &[usize]) -> usize {
+    let blocks = match numels.len() {
+        0..=2 => numels,
+        n => &numels[1..n - 1],
+    };
+    blocks.iter().copied().max().unwrap_or(0)
 }
 
 /// Chunk-sized host buffers a step's gradients take at most where the

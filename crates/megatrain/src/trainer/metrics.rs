@@ -67,6 +67,13 @@ pub struct StepMetrics {
     pub spill_wait_ms: f64,
     /// Global gradient norm before clipping (clipping mode only).
     pub grad_norm: Option<f64>,
+    /// A mixture of experts' choices this step, as a hash of the experts
+    /// each counted token went to in each routed block of each forward
+    /// (`megatrain_zoo::layers::routing_digest`; this rank's tokens only;
+    /// `None` where no block routed). Two runs routed every token alike
+    /// where it is equal: f16 and f32 runs, or two devices, part where a
+    /// token's scores fall the other way between their roundings.
+    pub routing: Option<u64>,
     /// Ranks that trained this step together (0 when training alone);
     /// `tokens`, `counted` and `loss` are then those of all ranks.
     pub ranks: u64,

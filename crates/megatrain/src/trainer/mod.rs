@@ -56,13 +56,13 @@ use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
     HeadOut, RouterAux, block_backward, block_forward, embedding_forward, embedding_grads,
-    head_forward_backward, head_loss, sum_losses,
+    head_forward_backward, head_loss, routing_digest, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
 use handoff::{Falling, Handoff};
-pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
+pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held, largest_block};
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
@@ -112,13 +112,16 @@ pub struct TrainerConfig {
     /// rather than by the largest layer. Results do not depend on it.
     pub transfer_chunk: usize,
     /// Chunks of one layer's gradients whose downloads are in flight at
-    /// once (0: all of the layer's, begun as soon as its gradients exist).
+    /// once (0, the default: all of a block's, begun as soon as its
+    /// gradients exist; the embedding's and head's as many at a time).
     /// With a few, the host holds a few chunks, but a chunk begun after
     /// the next layer's backward was queued waits for that backward, and
     /// the rest of the layer comes down while the device idles (session
-    /// 28's H200 profile); with all, the layer crosses during the next
-    /// layer's backward, and the host holds up to two layers of gradients.
-    /// Results do not depend on it.
+    /// 28's H200 profile); with a block's, the layer crosses during the
+    /// next layer's backward, and the host holds up to two blocks of f32
+    /// gradients. On the H200 all in flight took TinyLlama-1.1B's step
+    /// from 1,129 to 952 ms and Qwen2.5-7B's from 6,016 to 4,844 ms
+    /// (BENCHMARKS.md, session 38). Results do not depend on it.
     pub chunks_in_flight: usize,
     /// The last this many blocks keep their weights and what their forward
     /// saved on the executor until their backward, which then neither
@@ -137,10 +140,11 @@ pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
 /// The transfer chunk (elements) a run of `params` parameters takes where
 /// none is named (`megatrain train`, `plan`, `bench-throughput`): 1/512 of
 /// the parameters, between 1 Mi and [`DEFAULT_TRANSFER_CHUNK`] (4 and 32
-/// MiB of f32). The host holds a fixed number of chunks
-/// (`gradient_chunks_held`: 8 on a GPU), so they cost at most 1/16 byte
-/// per parameter from 537M parameters up, where 32 MiB chunks cost 268 MB
-/// whatever the model (0.24 B/param for TinyLlama-1.1B). Changes no result.
+/// MiB of f32). The host holds two blocks' chunks and four more
+/// (`gradient_chunks_held` on a GPU): about two blocks of f32 gradients,
+/// whatever the vocabulary (0.36 B/param for TinyLlama-1.1B, 0.26 for
+/// Qwen2.5-7B); smaller chunks would only round a block's up by less.
+/// Changes no result.
 pub fn transfer_chunk_for(params: u64) -> usize {
     let floor = (DEFAULT_TRANSFER_CHUNK / 8) as u64;
     (params / 512).clamp(floor, DEFAULT_TRANSFER_CHUNK as u64) as usize
@@ -162,7 +166,7 @@ impl Default for TrainerConfig {
             grad_clip: None,
             optimizer_queue: 2,
             transfer_chunk: DEFAULT_TRANSFER_CHUNK,
-            chunks_in_flight: 2,
+            chunks_in_flight: 0,
             keep_activations: 0,
         }
     }
@@ -526,8 +530,9 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
-        let largest = tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
-        let in_flight = chunks_in_flight(config.chunks_in_flight, largest, chunk);
+        let numels: Vec<usize> = tier.layers().iter().map(LayerSlab::numel).collect();
+        let largest = numels.iter().copied().max().unwrap_or(0);
+        let in_flight = chunks_in_flight(config.chunks_in_flight, largest_block(&numels), chunk);
         ex.reserve_downloads(
             chunk.min(largest),
             gradient_chunks_held(config.optimizer_queue, dist.is_some(), in_flight),
@@ -595,6 +600,7 @@ impl<E: Executor> Trainer<E> {
             }
             m.forward_ms += ms(t_fwd);
             let aux = RouterAux::new(cfg, &stats, aux_weight, tokens.as_deref());
+            m.routing = routing_digest(m.routing, &stats);
 
             // 2. Loss and its backward.
             let t_loss = Instant::now();

@@ -73,7 +73,7 @@ pub use head::{
 };
 pub(crate) use kv_cache::Seq;
 pub use kv_cache::{KvCache, LayerCache};
-pub use moe::{MoeSaved, RouterAux, RouterStats};
+pub use moe::{MoeSaved, RouterAux, RouterStats, routing_digest};
 pub use next_logits::next_logits;
 
 use crate::{Arch, ModelConfig, Result, ZooError};

@@ -210,8 +210,40 @@ impl<T> MoeSaved<T> {
             tokens: (0..n).filter(|&t| counts(t)).count(),
             chosen,
             probs,
+            digest: picks_digest(&self.picks, k, counts),
         }
     }
+}
+
+/// FNV-1a over each counted token's index and its k experts, best first:
+/// equal for two forwards that sent every counted token to the same
+/// experts in the same order (and, but for a collision, only then).
+fn picks_digest(picks: &[usize], k: usize, counts: impl Fn(usize) -> bool) -> u64 {
+    let mut h = FNV_OFFSET;
+    for (t, chosen) in picks.chunks(k.max(1)).enumerate().filter(|&(t, _)| counts(t)) {
+        for x in std::iter::once(t).chain(chosen.iter().copied()) {
+            h = fnv(h, x as u64);
+        }
+    }
+    h
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// `stats`' digests (one forward's routed blocks, in order) folded into
+/// `so_far` (the digest of the forwards before it, if any routed): `None`
+/// while no block has routed.
+pub fn routing_digest(so_far: Option<u64>, stats: &[RouterStats]) -> Option<u64> {
+    stats
+        .iter()
+        .fold(so_far, |h, s| Some(fnv(h.unwrap_or(FNV_OFFSET), s.digest)))
+}
+
+/// One more 8-byte value into an FNV-1a hash.
+fn fnv(h: u64, x: u64) -> u64 {
+    x.to_le_bytes()
+        .iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// What a routed block's forward tells the routers' load-balancing loss:
@@ -222,6 +254,9 @@ pub struct RouterStats {
     pub tokens: usize,
     pub chosen: Vec<f64>,
     pub probs: Vec<f64>,
+    /// Which experts each of the tokens chose, as a hash: two forwards
+    /// routed those tokens alike where it is equal.
+    pub digest: u64,
 }
 
 /// The routers' load-balancing loss of one forward, as transformers adds
@@ -855,6 +890,40 @@ mod tests {
         let scaled: Vec<f64> = coef.iter().map(|c| c * 2.0).collect();
         let got = router_backward(&probs, &picks, &scaled, None, n, &m);
         check_fd("grouped softmax", &logits, &got, loss);
+    }
+
+    #[test]
+    fn routing_digest_tells_apart_any_counted_token_routed_otherwise() {
+        let all = |_: usize| true;
+        // Three tokens, two experts each.
+        let picks = [0, 1, 2, 3, 1, 0];
+        let d = picks_digest(&picks, 2, all);
+        assert_eq!(d, picks_digest(&picks.clone(), 2, all));
+        for (i, other) in [(0, 2), (3, 0), (5, 3)] {
+            let mut p = picks;
+            p[i] = other;
+            assert_ne!(d, picks_digest(&p, 2, all), "pick {i} -> {other}");
+        }
+        // The order of a token's experts counts, as it weighs them.
+        assert_ne!(d, picks_digest(&[1, 0, 2, 3, 1, 0], 2, all));
+        // A token left out (padding) does not.
+        let first_two = |t: usize| t < 2;
+        assert_eq!(
+            picks_digest(&picks, 2, first_two),
+            picks_digest(&[0, 1, 2, 3, 3, 2], 2, first_two)
+        );
+        let stats = |digest| RouterStats {
+            tokens: 3,
+            chosen: vec![],
+            probs: vec![],
+            digest,
+        };
+        // Blocks fold in order; no routed block leaves it unset.
+        let (a, b) = (stats(1), stats(2));
+        assert_eq!(routing_digest(None, &[]), None);
+        let ab = routing_digest(None, &[a.clone(), b.clone()]);
+        assert_ne!(ab, routing_digest(None, &[b.clone(), a.clone()]));
+        assert_eq!(ab, routing_digest(routing_digest(None, &[a]), &[b]));
     }
 
     #[test]
