@@ -117,6 +117,11 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     );
     check(
         "gpu",
+        &["--chunks-in-flight", "5000"],
+        &["--chunks-in-flight 5000", "at most 4096"],
+    );
+    check(
+        "gpu",
         &["--staging-depth", "0"],
         &["--staging-depth 0", "between 1 and 64"],
     );
@@ -211,6 +216,8 @@ fn gpu_knobs_train_on_an_adapter() {
         "3",
         "--transfer-chunk",
         "64K",
+        "--chunks-in-flight",
+        "1",
     ];
     let on_gpu = final_loss(&train(&data, &t.join("gpu"), "gpu", &knobs));
     let on_cpu = final_loss(&train(&data, &t.join("cpu"), "cpu", &[]));

@@ -803,10 +803,8 @@ fn llama_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
 /// The same for a mixture of experts, whose router scores (an f16
 /// product too) decide each token's experts on the host. On lavapipe's
 /// tensor cores (`tools/lavapipe_coop.sh`) one step of 20 was 1.3e-4 from
-/// the CPU's f16 loss, the steps around it 4e-7 and 1.3e-6 and the rest
-/// at most 9e-5 (SIMT: 5.9e-5 at worst): one step's alone, as a token's
-/// choice of experts falling the other way between the two roundings
-/// would be (not confirmed). It gets head dim 64's 4e-4.
+/// the CPU's f16 loss (SIMT: 5.9e-5 at worst), with every token routed
+/// alike on both (`StepMetrics::routing`). It gets head dim 64's 4e-4.
 #[test]
 fn mixtral_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
     let Some(ctx) = common::ctx() else { return };
@@ -819,10 +817,10 @@ fn mixtral_tiny_f16_training_follows_f32_and_the_cpu_f16_reference() {
 /// the shared key's product with stacked identities, the sigmoid router).
 /// On lavapipe's SIMT kernels their GPU f16 losses stay within 3.2e-5 and
 /// 2.3e-4 of the CPU's f16 ones; on its tensor cores
-/// (`tools/lavapipe_coop.sh`) single steps reach 7.8e-4 and 8.7e-4, the
-/// steps after them back near 3e-5, as routing choices falling the other
-/// way between two roundings would do (not confirmed; their f16 runs are
-/// as far from their f32 ones). 1e-3 catches a wrong kernel on both.
+/// (`tools/lavapipe_coop.sh`) single steps reach 7.8e-4 and 8.7e-4 with
+/// every token routed alike on both, as far as their f16 runs are from
+/// their f32 ones: their f16 roundings move a step's loss that much, and
+/// the bound follows the CPU's own (`f16_training_follows`).
 #[test]
 fn gpt_oss_and_deepseek_v3_f16_training_follows_f32_and_the_cpu_f16_reference() {
     let Some(ctx) = common::ctx() else { return };
@@ -849,6 +847,8 @@ fn f16_training_follows(gpu: impl Fn() -> GpuExecutor, model: &ModelConfig, cpu_
     let mut gpu16 = trainer_with(g16, model, 2, TransportDType::F16);
     let mut cpu16 = trainer_with(c16, model, 2, TransportDType::F16);
     let (mut worst_f32, mut worst_cpu, mut worst_apart) = (0.0f64, 0.0f64, 0.0f64);
+    // The CPU's own f16 rounding: its worst step against the f32 run.
+    let mut cpu_drift = 0.0f64;
     let mut apart = Vec::new();
     for step in 0..20 {
         let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
@@ -857,23 +857,21 @@ fn f16_training_follows(gpu: impl Fn() -> GpuExecutor, model: &ModelConfig, cpu_
         let c = cpu16.step(std::slice::from_ref(&b), 1e-3).unwrap();
         let (l16, lc) = (g.loss, c.loss);
         let (r32, rc) = ((l16 - l32).abs() / l32.abs(), (l16 - lc).abs() / lc.abs());
-        assert!(
-            r32 <= 1e-2,
-            "D {}, step {step}: f16 loss {l16} vs f32 {l32} (rel {r32:e})",
-            model.head_dim
-        );
-        // Where a token's router scores fall the other way between the
-        // two roundings, it goes to other experts on each: that step is
-        // held to the f32 bound, not the CPU's.
-        let alike = g.routing == c.routing;
-        assert!(
-            rc <= if alike { cpu_bound } else { 1e-2 },
-            "D {}, step {step}: GPU f16 loss {l16} vs CPU f16 {lc} (rel {rc:e}; routed {})",
-            model.head_dim,
-            if alike { "alike" } else { "otherwise" }
-        );
+        // A wrong kernel is off by more than this at some step.
+        for (rel, what, other) in [(r32, "f32", l32), (rc, "CPU f16", lc)] {
+            assert!(
+                rel <= 1e-2,
+                "{:?} (D {}), step {step}: f16 loss {l16} vs {what} {other} (rel {rel:e})",
+                model.arch,
+                model.head_dim
+            );
+        }
+        cpu_drift = cpu_drift.max((lc - l32).abs() / l32.abs());
         worst_f32 = worst_f32.max(r32);
-        match alike {
+        // Where a token's router scores fall the other way between the two
+        // roundings, it goes to other experts on each: such a step is held
+        // to the bound above alone.
+        match g.routing == c.routing {
             true => worst_cpu = worst_cpu.max(rc),
             false => {
                 worst_apart = worst_apart.max(rc);
@@ -881,10 +879,25 @@ fn f16_training_follows(gpu: impl Fn() -> GpuExecutor, model: &ModelConfig, cpu_
             }
         }
     }
+    // The GPU's f16 run and the CPU's are two roundings of one f32 run,
+    // each summed in its own order: each step's two losses may be as far
+    // apart as the two are from the f32 one. So the bound is the CPU's own
+    // worst step against f32 twice over, where that is more than `cpu_bound`.
+    // (DeepSeek-V3-tiny on lavapipe's tensor cores: single steps 8.7e-4
+    // apart with every token routed alike, the f16 GPU run itself up to
+    // 8.0e-4 from f32; on the H200 once 1.5e-3 where the bound was 1e-3.)
+    let bound = cpu_bound.max(2.0 * cpu_drift);
     eprintln!(
         "{:?} (head dim {}), f16 over 20 steps: worst loss vs f32 {worst_f32:e}, vs CPU f16 {worst_cpu:e} \
-         where routed alike; routed otherwise at steps {apart:?} (worst {worst_apart:e})",
+         where routed alike (bound {bound:e}: the CPU f16's own drift from f32 {cpu_drift:e}); routed \
+         otherwise at steps {apart:?} (worst {worst_apart:e})",
         model.arch, model.head_dim
+    );
+    assert!(
+        worst_cpu <= bound,
+        "{:?} (D {}): GPU f16 losses {worst_cpu:e} from the CPU's, over {bound:e}",
+        model.arch,
+        model.head_dim
     );
     // A wrong router product would route most steps otherwise.
     assert!(

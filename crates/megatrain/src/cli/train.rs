@@ -114,6 +114,11 @@ pub struct TrainArgs {
     /// layers come down in chunks. Changes no result.
     #[arg(long, value_parser = super::parse_bytes)]
     transfer_chunk: Option<u64>,
+    /// Chunks of a layer's gradients coming down at once (default 0: all of
+    /// a block's, about two blocks of f32 gradients on the host; 2 holds
+    /// eight chunks, and the device waits longer). Changes no result.
+    #[arg(long)]
+    chunks_in_flight: Option<usize>,
     #[command(flatten)]
     knobs: TransportKnobs,
     #[arg(long)]
@@ -223,6 +228,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         host_budget,
         spill_window,
         transfer_chunk,
+        chunks_in_flight,
         chunk_rows
     );
     if !a.data.is_empty() {

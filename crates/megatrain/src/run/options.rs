@@ -13,6 +13,9 @@ use super::keep::KeepActivations;
 use super::knobs::{TransportKnobs, transfer_chunk_elems};
 use crate::schedule::ScheduleKind;
 
+/// Most `--chunks-in-flight`: each is a host buffer of a transfer chunk.
+pub const MAX_CHUNKS_IN_FLIGHT: usize = 4096;
+
 /// What travels to the executor and what its matmuls compute in; master
 /// weights and AdamW moments are fp32 whatever it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -385,6 +388,10 @@ pub struct TrainOptions {
     /// the model, `trainer::transfer_chunk_for`). A device option, like the
     /// three below.
     pub transfer_chunk: Option<u64>,
+    /// Chunks of a layer's gradients in flight down at once (`None` or 0:
+    /// all of a block's, `TrainerConfig::chunks_in_flight`): fewer hold
+    /// less host memory and leave the device idle longer. A device option.
+    pub chunks_in_flight: Option<usize>,
     /// The GPU transport's knobs, flattened: their keys sit beside the
     /// others in a config file and a run's saved options.
     #[serde(flatten)]
@@ -454,6 +461,7 @@ impl Default for TrainOptions {
             host_budget: None,
             spill_window: None,
             transfer_chunk: None,
+            chunks_in_flight: None,
             knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
@@ -596,6 +604,13 @@ impl TrainOptions {
         }
         if let Some(b) = self.transfer_chunk {
             transfer_chunk_elems(b)?;
+        }
+        if let Some(n) = self.chunks_in_flight.filter(|&n| n > MAX_CHUNKS_IN_FLIGHT) {
+            return Err(RunError::option(
+                "chunks-in-flight",
+                n,
+                format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
+            ));
         }
         let knobs = self.knobs;
         knobs.validate()?;

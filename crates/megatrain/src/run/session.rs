@@ -157,6 +157,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "ranks",
                     "spill_window",
                     "transfer_chunk",
+                    "chunks_in_flight",
                     "keep_activations",
                     "share_transport",
                     "shm_dir",
@@ -645,6 +646,9 @@ pub fn train_with<E: Executor>(
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),
         },
+        chunks_in_flight: opts
+            .chunks_in_flight
+            .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
         ..TrainerConfig::default()
     };
