@@ -650,7 +650,6 @@ pub fn train_with<E: Executor>(
             .chunks_in_flight
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
-        ..TrainerConfig::default()
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {
