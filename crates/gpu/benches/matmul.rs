@@ -304,19 +304,21 @@ fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
     };
     let mut group = c.benchmark_group("matmul");
     group.sample_size(10);
-    for (i, &shape) in shapes.iter().enumerate() {
-        let (m, k, n, t, dt) = shape;
-        // As in `run`: made and checked only for rows the filter selects;
-        // the reference once per shape.
-        let reference = OnceCell::new();
-        let want = || {
-            let (ha, hb) = operands(10 + 2 * i as u64, shape);
-            let y = g
-                .matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, t)
-                .unwrap();
-            (ha, hb, g.download(&y).unwrap().to_f32_vec())
-        };
-        for &tile in &tiles {
+    // Tile by tile, each at every shape, so that a run cut short has the
+    // first tiles' rates at both. As in `run`: made and checked only for
+    // rows the filter selects; the reference once per shape.
+    let references: Vec<OnceCell<_>> = shapes.iter().map(|_| OnceCell::new()).collect();
+    for &tile in &tiles {
+        for (i, &shape) in shapes.iter().enumerate() {
+            let (m, k, n, t, dt) = shape;
+            let reference = &references[i];
+            let want = || {
+                let (ha, hb) = operands(10 + 2 * i as u64, shape);
+                let y = g
+                    .matmul(&g.upload(&ha).unwrap(), &g.upload(&hb).unwrap(), None, t)
+                    .unwrap();
+                (ha, hb, g.download(&y).unwrap().to_f32_vec())
+            };
             let name = format!("f16_sweep_{}_{m}x{k}x{n}_{}_{dt}", tile.name(), layout(t));
             let mut e = GpuExecutor::with_options(
                 g.context().clone(),

@@ -244,22 +244,25 @@ impl CoopTile {
     ];
 
     /// The shapes the matmul bench times when `MEGATRAIN_COOP_SWEEP` is
-    /// `default` (BENCHMARKS.md says why each): around the default that
-    /// the sweep of 2026-11-28 chose (256x128, prefetch, 8 tile rows):
-    /// other walks, 16 subgroups each with half the fragments, a K step of
-    /// 16 double-buffered, one buffer without prefetch, 256x256, and the
-    /// runner-up 128x256 and 128x128x64 for reference.
+    /// `default` (BENCHMARKS.md says why each), tile by tile at both of its
+    /// shapes, so the first matter most: around the default that the sweep
+    /// of 2026-11-28 chose (256x128, prefetch, 8 tile rows). The H200 sweep
+    /// of 2026-11-29 reached four shapes, at 8192³ only: 16 subgroups (4x4:
+    /// 172.6 TFLOP/s, 8x2: 170.5) beat the default's 162.8, other walks did
+    /// not; so those two first, then 256x256 on 16 subgroups, 128x256 on
+    /// 16, a K step of 16 double-buffered, one buffer without prefetch, and
+    /// the runner-up 128x256 and 128x128x64, and the walks, for reference.
     pub const SWEEP: [&'static str; 10] = [
-        "coop256x128x32_4x2_prefetch_g4",
-        "coop256x128x32_4x2_prefetch_g16",
-        "coop256x128x32_8x2_prefetch_g8",
         "coop256x128x32_4x4_prefetch_g8",
-        "coop256x128x16_4x2_double_g8",
-        "coop256x128x32_4x2_single_g8",
+        "coop256x128x32_8x2_prefetch_g8",
         "coop256x256x16_4x4_prefetch_g8",
         "coop128x256x32_2x8_prefetch_g8",
+        "coop256x128x16_4x2_double_g8",
+        "coop256x128x32_4x2_single_g8",
         "coop128x256x32_2x4_prefetch_g8",
         "coop128x128x64_2x4_prefetch_g8",
+        "coop256x128x32_4x2_prefetch_g4",
+        "coop256x128x32_4x2_prefetch_g16",
     ];
 
     pub fn shape(self) -> TileShape {
