@@ -187,8 +187,7 @@ fn each_copy_queue_choice_opens_the_queue_it_names() {
 fn the_download_staging_ring_is_the_device_memory_the_plan_counts() {
     let Some(ctx) = copy_queue_ctx() else { return };
     let g = GpuExecutor::new(ctx);
-    // Fewer reserved than the ring holds, then more (the ring's cap), in
-    // two size classes, then a layer's chunks in flight (half the count).
+    // A buffer a download reserved, in three size classes and counts.
     for (elems, count) in [(1021, 2), (300_001, 9), (5000, 60)] {
         let before = g.memory().live_bytes;
         g.reserve_downloads(elems, count).unwrap();
@@ -201,8 +200,8 @@ fn the_download_staging_ring_is_the_device_memory_the_plan_counts() {
         g.reserve_downloads(elems, count).unwrap();
         assert_eq!(g.memory().live_bytes - before, ring, "{elems} × {count} again");
     }
-    assert_eq!(download_staging_bytes(4 * 300_001, 9), 4 * 1_310_720);
-    assert_eq!(download_staging_bytes(4 * 300_001, 60), 30 * 1_310_720);
+    assert_eq!(download_staging_bytes(4 * 300_001, 9), 9 * 1_310_720);
+    assert_eq!(download_staging_bytes(4 * 300_001, 60), 60 * 1_310_720);
 }
 
 /// The same on the copy queue.

@@ -29,12 +29,12 @@ use crate::{GpuContext, GpuError};
 const RING: usize = 4;
 
 /// Staging buffers of a size class where `count` downloads of it are
-/// reserved: half of them (the trainer reserves the chunks of two layers
-/// in flight, and begins one layer's at a time), at least [`RING`]. Fewer
-/// than a layer's chunks in flight would have wgpu's queue, and the next
-/// layer's backward queued behind the copies, wait for the copy queue.
+/// reserved: as many (the trainer reserves one layer's chunks in flight
+/// and the few the optimizer holds, `gradient_chunks_held`). Fewer than a
+/// layer's chunks in flight would have wgpu's queue, and the next layer's
+/// backward queued behind the copies, wait for the copy queue.
 fn ring_len(count: usize) -> usize {
-    (count / 2).max(RING).min(count.max(1))
+    count.max(1)
 }
 
 /// Device bytes of the staging ring that downloads of up to `bytes` each,

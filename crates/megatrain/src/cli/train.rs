@@ -115,8 +115,8 @@ pub struct TrainArgs {
     #[arg(long, value_parser = super::parse_bytes)]
     transfer_chunk: Option<u64>,
     /// Chunks of a layer's gradients coming down at once (default 0: all of
-    /// a block's, about two blocks of f32 gradients on the host; 2 holds
-    /// eight chunks, and the device waits longer). Changes no result.
+    /// a block's, about a block of f32 gradients on the host; 2 holds six
+    /// chunks, and the device waits longer). Changes no result.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
     #[command(flatten)]

@@ -15,9 +15,10 @@ use super::upload::check_grads;
 use super::{Result, StagingPool, StepMetrics, TrainError, ms};
 
 /// The device side's end of the gradient hand-over, one layer deep: a
-/// layer's download starts as soon as its gradients exist and is finished
-/// (and the layer sent to the optimizer) only after the next layer's
-/// backward has been issued, so the executor computes while bytes travel.
+/// layer's download starts as soon as its gradients exist (once the layer
+/// before it was handed over) and is finished (and the layer sent to the
+/// optimizer) only after the next layer's backward has been issued, so
+/// the executor computes while bytes travel.
 /// Layers are handed over last first, in the order of [`LayerSlab`]s.
 ///
 /// Every layer moves in chunks of at most `chunk` elements, at most
@@ -65,12 +66,13 @@ pub(crate) fn largest_block(numels: &[usize]) -> usize {
 }
 
 /// Chunk-sized host buffers a step's gradients take at most where the
-/// optimizer reads chunks where they landed: `in_flight` for each of the
-/// two layers on their way down, those queued for the optimizer, the one
-/// it reads and the one being sent; with several ranks (`dist`) also the
-/// one whose reduction is in flight.
+/// optimizer reads chunks where they landed: `in_flight` of the layer on
+/// its way down (a layer's chunks begin once the layer before it was
+/// handed over, [`Handoff::push`]), those queued for the optimizer, the
+/// one it reads and the one being sent; with several ranks (`dist`) also
+/// the one whose reduction is in flight.
 pub(crate) fn gradient_chunks_held(optimizer_queue: usize, dist: bool, in_flight: usize) -> usize {
-    2 * in_flight + optimizer_queue + 2 + usize::from(dist)
+    in_flight + optimizer_queue + 2 + usize::from(dist)
 }
 
 impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
@@ -106,13 +108,19 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         self.remaining = rest;
         let bytes = check_grads(slab, &grads)?;
         m.bytes_downloaded += bytes;
+        // The previous layer goes to the optimizer before this one's
+        // chunks begin, so that the host holds one layer's chunks in flight
+        // at a time, not two. Both come before the next layer's backward
+        // is queued, so this layer's copies still wait for nothing but the
+        // backward that made its gradients.
+        if let Some(previous) = self.pending.take() {
+            self.drain(previous, m)?;
+        }
         let mut p = Pending::new(slab, grads, self.in_flight);
         self.begin_more(&mut p, m)?;
         let deferred = p.chunks.in_flight.front().is_some_and(|(_, d)| d.in_flight());
         self.host_copies = !deferred;
-        if let Some(previous) = self.pending.replace(p) {
-            self.drain(previous, m)?;
-        }
+        self.pending = Some(p);
         if !deferred {
             self.flush(m)?;
         }

@@ -118,10 +118,11 @@ pub struct TrainerConfig {
     /// the next layer's backward was queued waits for that backward, and
     /// the rest of the layer comes down while the device idles (session
     /// 28's H200 profile); with a block's, the layer crosses during the
-    /// next layer's backward, and the host holds up to two blocks of f32
-    /// gradients. On the H200 all in flight took TinyLlama-1.1B's step
-    /// from 1,129 to 952 ms and Qwen2.5-7B's from 6,016 to 4,844 ms
-    /// (BENCHMARKS.md, session 38). Results do not depend on it.
+    /// next layer's backward, and the host holds a block of f32 gradients
+    /// and a few chunks. On the H200 all of a layer's in flight took
+    /// TinyLlama-1.1B's step from 1,129 to 952 ms and Qwen2.5-7B's from
+    /// 6,016 to 4,844 ms (BENCHMARKS.md, session 38). Results do not
+    /// depend on it.
     pub chunks_in_flight: usize,
     /// The last this many blocks keep their weights and what their forward
     /// saved on the executor until their backward, which then neither
@@ -140,9 +141,9 @@ pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
 /// The transfer chunk (elements) a run of `params` parameters takes where
 /// none is named (`megatrain train`, `plan`, `bench-throughput`): 1/512 of
 /// the parameters, between 1 Mi and [`DEFAULT_TRANSFER_CHUNK`] (4 and 32
-/// MiB of f32). The host holds two blocks' chunks and four more
-/// (`gradient_chunks_held` on a GPU): about two blocks of f32 gradients,
-/// whatever the vocabulary (0.36 B/param for TinyLlama-1.1B, 0.26 for
+/// MiB of f32). The host holds a block's chunks and four more
+/// (`gradient_chunks_held` on a GPU): about a block of f32 gradients,
+/// whatever the vocabulary (0.20 B/param for TinyLlama-1.1B, 0.14 for
 /// Qwen2.5-7B); smaller chunks would only round a block's up by less.
 /// Changes no result.
 pub fn transfer_chunk_for(params: u64) -> usize {
