@@ -134,6 +134,9 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     if let Some(n) = spec.chunks_in_flight {
         config.chunks_in_flight = n;
     }
+    if let Some(n) = spec.optimizer_queue {
+        config.optimizer_queue = n.max(1);
+    }
     let input = PlanInput {
         batch: spec.batch,
         seq_len: spec.seq_len,

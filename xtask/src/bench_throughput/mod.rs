@@ -127,6 +127,12 @@ pub struct Args {
     /// gradients exist); fewer: the host holds less, the device waits more.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
+    /// Gradient chunks that may wait for the CPU AdamW before the device
+    /// side blocks (default the trainer's, 2): more let the optimizer fall
+    /// further behind a layer's backward, each a chunk of host memory (at
+    /// least 1).
+    #[arg(long)]
+    optimizer_queue: Option<usize>,
     /// The last N blocks (`all`, or `auto` as `megatrain train` decides)
     /// keep their weights and activations from forward to backward, which
     /// then uploads and recomputes only the others (default 0: the
@@ -221,6 +227,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         spill_window: a.spill_window,
         transfer_chunk: a.transfer_chunk,
         chunks_in_flight: a.chunks_in_flight,
+        optimizer_queue: a.optimizer_queue,
         keep_activations: a.keep_activations,
         knobs: a.knobs,
         profile: a.profile,

@@ -152,6 +152,9 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
     if let Some(n) = spec.chunks_in_flight {
         config.chunks_in_flight = n;
     }
+    if let Some(n) = spec.optimizer_queue {
+        config.optimizer_queue = n.max(1);
+    }
     // `auto` keeps none here: the ranks share this machine's memory.
     config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;

@@ -51,6 +51,9 @@ pub struct Spec {
     /// Gradient chunks of a layer in flight at once (default the trainer's).
     #[serde(default)]
     pub chunks_in_flight: Option<usize>,
+    /// Gradient chunks that may wait for the optimizer (default the trainer's).
+    #[serde(default)]
+    pub optimizer_queue: Option<usize>,
     /// The last blocks that keep their weights and activations (not uploaded again nor recomputed).
     #[serde(default)]
     pub keep_activations: KeepActivations,
@@ -151,6 +154,7 @@ pub(crate) fn test_spec() -> Spec {
         spill_window: None,
         transfer_chunk: None,
         chunks_in_flight: None,
+        optimizer_queue: None,
         keep_activations: KeepActivations::NONE,
         knobs: TransportKnobs::default(),
         profile: false,
