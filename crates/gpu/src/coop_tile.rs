@@ -247,7 +247,7 @@ impl CoopTile {
     /// `default` (BENCHMARKS.md says why each), tile by tile at both of its
     /// shapes, so the first matter most: around the default that the sweep
     /// of 2026-11-28 chose (256x128, prefetch, 8 tile rows). The H200 sweep
-    /// of 2026-11-29 reached four shapes, at 8192³ only: 16 subgroups (4x4:
+    /// of 2026-11-29 reached four tiles, at 8192³ only: 16 subgroups (4x4:
     /// 172.6 TFLOP/s, 8x2: 170.5) beat the default's 162.8, other walks did
     /// not; so those two first, then 256x256 on 16 subgroups, 128x256 on
     /// 16, a K step of 16 double-buffered, one buffer without prefetch, and
