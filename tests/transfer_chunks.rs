@@ -105,8 +105,9 @@ fn cases() -> Vec<Case> {
 fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig) {
     for case in cases() {
         let whole = train(trainer(make(), model, case, WHOLE), case);
-        let chunked = train(trainer(make(), model, case, CHUNK), case);
-        // Every chunk of a layer begun as its gradients exist.
+        // Two chunks of a layer in flight, and (the default) every chunk of
+        // a block's size begun as the layer's gradients exist.
+        let chunked = train(trainer_in_flight(make(), model, case, CHUNK, 2), case);
         let all_begun = train(trainer_in_flight(make(), model, case, CHUNK, 0), case);
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
         assert!(whole.0.iter().all(|l| l.is_finite()), "{what}: {:?}", whole.0);
