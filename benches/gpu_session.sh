@@ -248,9 +248,11 @@ case $stage in
 first)
     # A 15-minute lease's first call. Does every tensor-core kernel compute
     # the right thing on this GPU with the default tiles, what a TinyLlama
-    # step does on them beside PyTorch, whether two chunks in flight beat
-    # the default hand-over (issue 17: session 28 found the GPU and the CPU
-    # AdamW taking turns with two; session 38 all of a block's faster), and with what time is left, which tiles around the
+    # step does on them beside PyTorch, whether two chunks in flight or 16
+    # queued for the optimizer beat the default hand-over (issue 17:
+    # session 28 found the GPU and the CPU AdamW taking turns with two;
+    # session 38 all of a layer's faster), and with what time is left,
+    # which tiles around the
     # defaults are faster (issues 12, 13) and does the streamed step match
     # the CPU and float64 here (issue 18.1)? Session 28 measured the
     # sweeps first; the anchors and the hand-over come first now.

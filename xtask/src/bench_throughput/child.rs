@@ -128,15 +128,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
-    if let Some(b) = spec.transfer_chunk {
-        config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
-    }
-    if let Some(n) = spec.chunks_in_flight {
-        config.chunks_in_flight = n;
-    }
-    if let Some(n) = spec.optimizer_queue {
-        config.optimizer_queue = n.max(1);
-    }
+    spec.apply_handoff(&mut config)?;
     let input = PlanInput {
         batch: spec.batch,
         seq_len: spec.seq_len,

@@ -146,15 +146,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
-    if let Some(b) = spec.transfer_chunk {
-        config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
-    }
-    if let Some(n) = spec.chunks_in_flight {
-        config.chunks_in_flight = n;
-    }
-    if let Some(n) = spec.optimizer_queue {
-        config.optimizer_queue = n.max(1);
-    }
+    spec.apply_handoff(&mut config)?;
     // `auto` keeps none here: the ranks share this machine's memory.
     config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;

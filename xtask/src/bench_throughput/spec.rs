@@ -70,6 +70,21 @@ fn auto() -> String {
 }
 
 impl Spec {
+    /// The gradient hand-over's overrides (transfer chunk, chunks in
+    /// flight, optimizer queue, at least 1) onto the trainer's `config`.
+    pub fn apply_handoff(&self, config: &mut megatrain::trainer::TrainerConfig) -> anyhow::Result<()> {
+        if let Some(b) = self.transfer_chunk {
+            config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
+        }
+        if let Some(n) = self.chunks_in_flight {
+            config.chunks_in_flight = n;
+        }
+        if let Some(n) = self.optimizer_queue {
+            config.optimizer_queue = n.max(1);
+        }
+        Ok(())
+    }
+
     /// The GPU transport this spec asks for.
     pub fn transport(&self) -> anyhow::Result<TransportChoice> {
         self.transport

@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn gradient_chunks_on_the_host_are_sized_by_the_model() {
         use crate::trainer::{
-            DEFAULT_TRANSFER_CHUNK, gradient_chunks_held, largest_block, transfer_chunk_for,
+            DEFAULT_TRANSFER_CHUNK, chunks_in_flight, gradient_chunks_held, transfer_chunk_for,
         };
         let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
         let input = PlanInput {
@@ -292,7 +292,7 @@ mod tests {
         let held = |name: &str, chunk: u64| {
             let tables = megatrain_zoo::preset(name, None).unwrap().layer_tables();
             let numels: Vec<usize> = tables.iter().map(|t| t.numel()).collect();
-            let in_flight = largest_block(&numels).div_ceil(chunk as usize);
+            let in_flight = chunks_in_flight(0, &numels, chunk as usize);
             gradient_chunks_held(queue, false, in_flight) as u64
         };
         let staging = |name: &str| {

@@ -88,7 +88,7 @@ pub(crate) fn default_in_flight(tables: &[megatrain_tensor::ParamTable], chunk: 
     let numels: Vec<usize> = tables.iter().map(|t| t.numel()).collect();
     crate::trainer::chunks_in_flight(
         crate::trainer::TrainerConfig::default().chunks_in_flight,
-        crate::trainer::largest_block(&numels),
+        &numels,
         chunk as usize,
     )
 }

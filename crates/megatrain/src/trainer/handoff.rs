@@ -42,22 +42,29 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     pending: Option<Pending<'t, E::Tensor>>,
 }
 
-/// Chunks of one layer's gradients in flight at once: `configured`
-/// (`TrainerConfig::chunks_in_flight`), where 0 means all of the largest
-/// block's chunks of `chunk` elements (`block`: its elements,
-/// [`largest_block`]); the embedding and the head, larger where the
-/// vocabulary is, move as many at a time.
-pub(crate) fn chunks_in_flight(configured: usize, block: usize, chunk: usize) -> usize {
+/// Chunks of one layer's gradients in flight at once, for layers of
+/// `numels` elements (table order: the embedding, the blocks, the head):
+/// `configured` (`TrainerConfig::chunks_in_flight`), where 0 means all of
+/// the largest block's chunks of `chunk` elements; the embedding and the
+/// head, larger where the vocabulary is, move as many at a time.
+pub(crate) fn chunks_in_flight(configured: usize, numels: &[usize], chunk: usize) -> usize {
     match configured {
-        0 => block.div_ceil(chunk.max(1)).max(1),
+        0 => largest_block(numels).div_ceil(chunk.max(1)).max(1),
         n => n,
     }
 }
 
-/// Elements of the largest block among layers of `numels` (table order:
-/// the embedding, the blocks, the head); of the largest layer where the
-/// model has no block.
-pub(crate) fn largest_block(numels: &[usize]) -> usize {
+/// The elements of the largest of `layers`, and [`chunks_in_flight`] of
+/// them.
+pub(super) fn layer_chunks(layers: &[LayerSlab], configured: usize, chunk: usize) -> (usize, usize) {
+    let numels: Vec<usize> = layers.iter().map(LayerSlab::numel).collect();
+    let largest = numels.iter().copied().max().unwrap_or(0);
+    (largest, chunks_in_flight(configured, &numels, chunk))
+}
+
+/// Elements of the largest block among layers of `numels` (table order);
+/// of the largest layer where the model has no block.
+fn largest_block(numels: &[usize]) -> usize {
     let blocks = match numels.len() {
         0..=2 => numels,
         n => &numels[1..n - 1],

@@ -61,8 +61,8 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
-use handoff::{Falling, Handoff};
-pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held, largest_block};
+use handoff::{Falling, Handoff, layer_chunks};
+pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
@@ -531,9 +531,7 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
-        let numels: Vec<usize> = tier.layers().iter().map(LayerSlab::numel).collect();
-        let largest = numels.iter().copied().max().unwrap_or(0);
-        let in_flight = chunks_in_flight(config.chunks_in_flight, largest_block(&numels), chunk);
+        let (largest, in_flight) = layer_chunks(tier.layers(), config.chunks_in_flight, chunk);
         ex.reserve_downloads(
             chunk.min(largest),
             gradient_chunks_held(config.optimizer_queue, dist.is_some(), in_flight),

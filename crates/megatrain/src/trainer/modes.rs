@@ -25,7 +25,7 @@ use megatrain_zoo::layers::{
 
 use super::update::{Hyper, Part, update_part};
 use super::upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots, check_grads, load_layer, upload_layer};
-use super::{Falling, Recompute, Result, TrainError, Trainer, chunks_in_flight, largest_block, ms};
+use super::{Falling, Recompute, Result, TrainError, Trainer, layer_chunks, ms};
 use crate::data::Batch;
 
 /// Every layer's weights on the executor, uploaded once (table order).
@@ -211,9 +211,7 @@ impl<E: Executor> Trainer<E> {
         };
         let head_g = zeros(&layers[n - 1])?;
         let chunk = self.transfer_chunk();
-        let numels: Vec<usize> = layers.iter().map(LayerSlab::numel).collect();
-        let largest = numels.iter().copied().max().unwrap_or(0);
-        let in_flight = chunks_in_flight(self.config.chunks_in_flight, largest_block(&numels), chunk);
+        let (largest, in_flight) = layer_chunks(layers, self.config.chunks_in_flight, chunk);
         let mut staging = vec![0.0f32; largest.min(chunk)];
         let mut out = TransferOnly {
             ms: 0.0,
