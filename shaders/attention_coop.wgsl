@@ -31,6 +31,10 @@
 //   head of the group, query tiles from the block's first key to the
 //   window's (or document's) end of its last stream through: Sᵀ = KQᵀ, dPᵀ = VdOᵀ, dV += Pᵀ·dO and dK += dSᵀ·Q accumulate in
 //   cooperative accumulators, complete sums with no atomics.
+// Where a tile shares regions (AttnTile::share) the resident block (Q; Q
+// and dO; K and V) is staged only to load its fragments into registers,
+// in the region the streamed tiles then take, and in slices of its columns
+// (AttnTile::split, rows LDQ apart) where it would not fit whole.
 // Every loop bound is uniform across the workgroup (barriers inside).
 // Between a tile's products and the lanes' work on their results (S and dP
 // through s_s, the softmax's halves of a row, P and dS back into f16
@@ -162,21 +166,23 @@ fn put4(at: u32, x: vec4<f32>, s: Pow2Steps) {
     put_half4(at, to_half4(apply4(x, s)));
 }
 
-// K and V rows j0.. (n of them) of kv head g into the tiles at kb and vb.
-fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32) {
-    for (var e = li; e < n * D / 4u; e += THREADS) {
-        let r = e / (D / 4u);
-        let c = e % (D / 4u) * 4u;
+// Columns c0..c0 + cw of K's and V's rows j0.. (n of them) of kv head g
+// into the tiles at kb and vb, rows ld apart: all of D, or a slice of dkv's
+// resident block (AttnTile::split).
+fn stage_kv(kb: u32, vb: u32, b: u32, j0: u32, g: u32, n: u32, c0: u32, cw: u32, ld: u32) {
+    for (var e = li; e < n * cw / 4u; e += THREADS) {
+        let r = e / (cw / 4u);
+        let c = e % (cw / 4u) * 4u;
         let j = j0 + r;
         var k4 = In4(0.0);
         var v4 = In4(0.0);
         if j < p.t {
-            let i = kv_at(b, j, g, c);
+            let i = kv_at(b, j, g, c0 + c);
             k4 = read_k((p.k_off + i) / 4u);
             v4 = read_v((p.v_off + i) / 4u);
         }
-        put_in4(kb + r * LDS + c, k4, down_k);
-        put_in4(vb + r * LDS + c, v4, down_v);
+        put_in4(kb + r * ld + c, k4, down_k);
+        put_in4(vb + r * ld + c, v4, down_v);
     }
 }
 
@@ -293,16 +299,18 @@ const NO_MAX: f32 = -3.0e38;
 var<private> m_run: f32;
 var<private> l_run: f32;
 
-fn stage_q(b: u32, p0: u32, np: u32, g: u32) {
-    for (var e = li; e < BR * D / 4u; e += THREADS) {
-        let r = e / (D / 4u);
-        let c = e % (D / 4u) * 4u;
+// Columns c0..c0 + cw of the block's Q (all of them, or a slice:
+// AttnTile::split), at row stride LDQ.
+fn stage_q(b: u32, p0: u32, np: u32, g: u32, c0: u32, cw: u32) {
+    for (var e = li; e < BR * cw / 4u; e += THREADS) {
+        let r = e / (cw / 4u);
+        let c = e % (cw / 4u) * 4u;
         let row = q_row(p0, np, g, r);
         var x = In4(0.0);
         if row.valid {
-            x = read_q((p.q_off + q_at(b, row.pos, row.head, c)) / 4u);
+            x = read_q((p.q_off + q_at(b, row.pos, row.head, c0 + c)) / 4u);
         }
-        put_in4(Q_S + r * LDS + c, x, down_q);
+        put_in4(Q_S + r * LDQ + c, x, down_q);
     }
 }
 
@@ -469,22 +477,24 @@ fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
 //// dq
 @group(0) @binding(8) var<storage, read_write> dq_out: array<f32>;
 
-fn stage_q_do(b: u32, p0: u32, np: u32, g: u32) {
-    for (var e = li; e < BR * D / 4u; e += THREADS) {
-        let r = e / (D / 4u);
-        let c = e % (D / 4u) * 4u;
+// Columns c0..c0 + cw of the block's Q and dO (stage_q's slices), and
+// with the first slice the rows' lse and delta.
+fn stage_q_do(b: u32, p0: u32, np: u32, g: u32, c0: u32, cw: u32) {
+    for (var e = li; e < BR * cw / 4u; e += THREADS) {
+        let r = e / (cw / 4u);
+        let c = e % (cw / 4u) * 4u;
         let row = q_row(p0, np, g, r);
         var q4 = In4(0.0);
         var do4 = In4(0.0);
         if row.valid {
-            let i = q_at(b, row.pos, row.head, c);
+            let i = q_at(b, row.pos, row.head, c0 + c);
             q4 = read_q((p.q_off + i) / 4u);
             do4 = read_do((p.do_off + i) / 4u);
         }
-        put_in4(Q_S + r * LDS + c, q4, down_q);
-        put_in4(DO_S + r * LDS + c, do4, down_do);
+        put_in4(Q_S + r * LDQ + c, q4, down_q);
+        put_in4(DO_S + r * LDQ + c, do4, down_do);
     }
-    if li < BR {
+    if c0 == 0u && li < BR {
         let row = q_row(p0, np, g, li);
         var ld = vec2<f32>(0.0);
         if row.valid {

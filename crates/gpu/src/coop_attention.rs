@@ -95,6 +95,7 @@ impl CoopAttention {
             prefetch: false,
             local: false,
             fused_dq: false,
+            split: 1,
         };
         match (self.shape, self.emulated, self.pass) {
             (Some(s), ..) => s,
@@ -127,30 +128,50 @@ impl CoopAttention {
     /// too, under the streamed tiles (`AttnTile::share`).
     fn layout(&self) -> [u32; 7] {
         let t = self.tile();
-        let (lds, ldp, br, bc) = (self.d + 8, t.bc + 8, t.br(), t.bc);
+        let (lds, ldq, ldp, br, bc) = (self.d + 8, self.ldq(), t.bc + 8, t.br(), t.bc);
         match self.pass {
             AttnPass::Fwd => {
-                let k = if t.share { 0 } else { br * lds };
+                let k = if t.share { 0 } else { br * ldq };
                 let v = k + bc * lds;
                 let p = v + bc * lds;
-                let end = (p + br * ldp).max(br * lds);
+                let end = (p + br * ldp).max(br * ldq);
                 [0, k, v, p, p, p + br * ldp, end]
             }
             AttnPass::Dq => {
-                let dout = br * lds;
-                let k = if t.share { 0 } else { 2 * br * lds };
+                let dout = br * ldq;
+                let k = if t.share { 0 } else { 2 * br * ldq };
                 let v = k + bc * lds;
                 let p = v + bc * lds;
-                let end = (p + 2 * br * ldp).max(2 * br * lds);
+                let end = (p + 2 * br * ldp).max(2 * br * ldq);
                 [0, k, v, dout, p, p + br * ldp, end]
             }
             AttnPass::Dkv => {
-                let v = br * lds;
-                let q = 2 * br * lds;
+                let v = br * ldq;
+                let q = if t.share { 0 } else { 2 * br * ldq };
                 let dout = q + bc * lds;
                 let p = dout + bc * lds;
-                [q, 0, v, dout, p, p + br * ldp, p + 2 * br * ldp]
+                let end = (p + 2 * br * ldp).max(2 * br * ldq);
+                [q, 0, v, dout, p, p + br * ldp, end]
             }
+        }
+    }
+
+    /// The resident block in slices ([`AttnTile::split`]): fragments of D
+    /// per slice (the last may have
+    /// fewer) and the slices, for D's `d / 16` fragments.
+    fn slices(&self) -> (u32, u32) {
+        let nd = self.d / 16;
+        let per = nd.div_ceil(self.tile().split.clamp(1, nd));
+        (per, nd.div_ceil(per))
+    }
+
+    /// Row stride (halfs) of the resident block (the forward's Q, dq's Q
+    /// and dO, dkv's K and V; LDQ in the shader): a slice's columns, padded
+    /// as every tile is; D's where it is staged whole (no shared regions).
+    fn ldq(&self) -> u32 {
+        match self.tile().share {
+            true => 16 * self.slices().0 + 8,
+            false => self.d + 8,
         }
     }
 
@@ -253,7 +274,8 @@ impl CoopAttention {
         );
         let _ = writeln!(
             out,
-            "const Q_S: u32 = {q_s}u;\nconst K_S: u32 = {k_s}u;\nconst V_S: u32 = {v_s}u;\nconst DO_S: u32 = {do_s}u;\nconst P_S: u32 = {p_s}u;\nconst DS_S: u32 = {ds_s}u;\nconst SM: u32 = {sm}u;"
+            "const Q_S: u32 = {q_s}u;\nconst K_S: u32 = {k_s}u;\nconst V_S: u32 = {v_s}u;\nconst DO_S: u32 = {do_s}u;\nconst P_S: u32 = {p_s}u;\nconst DS_S: u32 = {ds_s}u;\nconst SM: u32 = {sm}u;\nconst LDQ: u32 = {}u;",
+            self.ldq()
         );
         let _ = writeln!(
             out,
@@ -382,7 +404,7 @@ impl CoopAttention {
         if self.tile().prefetch {
             "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        put_kv();\n        workgroupBarrier();\n        if j0 + BC < kend {\n            fetch_kv(b, j0 + BC, g);\n        }\n"
         } else {
-            "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC);\n        workgroupBarrier();\n"
+            "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC, 0u, D, LDS);\n        workgroupBarrier();\n"
         }
     }
 
@@ -407,7 +429,7 @@ impl CoopAttention {
             "\n@compute @workgroup_size(THREADS, 1, 1)\nfn main(\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>,\n    @builtin(local_invocation_index) local_index: u32,\n) {\n",
         );
         m.push_str(
-            "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    init_steps();\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let cs = sg * 16u * BC;\n",
+            "    li = local_index;\n    e_q = scale_exponent(p.q_slot);\n    e_k = scale_exponent(p.k_slot);\n    e_v = scale_exponent(p.v_slot);\n    e_do = scale_exponent(p.do_slot);\n    init_steps();\n    let sg = li / 32u;\n    let lane = li % 32u;\n    let b = wid.z;\n    let g = wid.y;\n    let lds = LDS;\n    let ldp = LDP;\n    let ldc = BC;\n    let ld16 = 16u;\n    let ldq = LDQ;\n    let cs = sg * 16u * BC;\n",
         );
         if self.pass != AttnPass::Dq {
             m.push_str("    init_max();\n");
@@ -436,9 +458,8 @@ impl CoopAttention {
                     let _ = writeln!(m, "    var dq{f} = {};", g.zero());
                 }
                 m.push_str(self.kv_loop_bounds());
-                m.push_str("    stage_q_do(b, p0, np, g);\n    workgroupBarrier();\n");
-                fragments(&mut m, &g, "    ", &Q_ROWS, nd);
-                fragments(&mut m, &g, "    ", &DO_ROWS, nd);
+                let stage = |c0, cw| format!("stage_q_do(b, p0, np, g, {c0}u, {cw}u)");
+                self.stage_resident(&mut m, &g, &stage, &[&Q_ROWS, &DO_ROWS]);
                 m.push_str(self.kv_loop_head());
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
@@ -479,16 +500,23 @@ impl CoopAttention {
                     // Registers only: in flight while the key block is staged.
                     m.push_str("    fetch_q_tile(b, i_first, g * p.group);\n");
                 }
-                m.push_str("    stage_kv(K_S, V_S, b, j0, g, BR);\n");
                 // K's and V's fragments stay in registers for the whole
-                // kernel up to D = KV_RESIDENT_D; past it, beside the 2·D/16
+                // kernel up to D = KV_RESIDENT_D, or where the tile shares
+                // their region with the streamed ones (`s`, staged in
+                // slices); past it otherwise, beside the 2·D/16
                 // accumulators, they would spill, so they are loaded per
                 // tile. (Emulated fragments are never loaded ahead.)
-                let resident = !self.emulated && self.d <= KV_RESIDENT_D;
-                if resident {
-                    m.push_str("    workgroupBarrier();\n");
-                    fragments(&mut m, &g, "    ", &K_ROWS, nd);
-                    fragments(&mut m, &g, "    ", &V_ROWS, nd);
+                let resident = !self.emulated && (self.d <= KV_RESIDENT_D || self.tile().share);
+                if self.tile().share {
+                    let stage = |c0, cw| format!("stage_kv(K_S, V_S, b, j0, g, BR, {c0}u, {cw}u, LDQ)");
+                    self.stage_resident(&mut m, &g, &stage, &[&K_ROWS, &V_ROWS]);
+                } else {
+                    m.push_str("    stage_kv(K_S, V_S, b, j0, g, BR, 0u, D, LDQ);\n");
+                    if resident {
+                        m.push_str("    workgroupBarrier();\n");
+                        fragments(&mut m, &g, "    ", &K_ROWS, nd);
+                        fragments(&mut m, &g, "    ", &V_ROWS, nd);
+                    }
                 }
                 if self.tile().prefetch {
                     // The next tile is the next of this head's, or the
@@ -619,16 +647,39 @@ impl CoopAttention {
         }
     }
 
+    /// The resident block staged and the fragments of each of `rows`
+    /// loaded, slice by slice ([`AttnTile::split`]): the slice's columns
+    /// staged (`stage(first column, columns)`: the shader's call), a
+    /// barrier, its fragments loaded, and a barrier before the next slice
+    /// takes the region (the last one's is the streamed loop's first).
+    fn stage_resident(&self, m: &mut String, g: &Gen, stage: &dyn Fn(u32, u32) -> String, rows: &[&Frags]) {
+        let nd = self.d / 16;
+        let (per, slices) = self.slices();
+        for s in 0..slices {
+            let (f0, f1) = (s * per, ((s + 1) * per).min(nd));
+            if s > 0 {
+                m.push_str("    workgroupBarrier();\n");
+            }
+            let _ = writeln!(
+                m,
+                "    {};\n    workgroupBarrier();",
+                stage(16 * f0, 16 * (f1 - f0))
+            );
+            for a in rows {
+                fragments_from(m, g, "    ", a, f0..f1);
+            }
+        }
+    }
+
     /// The forward's body: Q's fragments loaded once, O in `nd`
     /// accumulators for the whole key loop, `nb` of them through s_s per
     /// pair of barriers when rows are rescaled and at the end.
     fn forward(&self, m: &mut String, g: &Gen, nd: u32, nb: u32) {
         let kf = self.tile().bc / 16;
         m.push_str(self.kv_loop_bounds());
-        m.push_str(
-            "    m_run = NO_MAX;\n    l_run = 0.0;\n    stage_q(b, p0, np, g);\n    workgroupBarrier();\n",
-        );
-        fragments(m, g, "    ", &Q_ROWS, nd);
+        m.push_str("    m_run = NO_MAX;\n    l_run = 0.0;\n");
+        let stage = |c0, cw| format!("stage_q(b, p0, np, g, {c0}u, {cw}u)");
+        self.stage_resident(m, g, &stage, &[&Q_ROWS]);
         for f in 0..nd {
             let _ = writeln!(m, "    var o{f} = {};", g.zero());
         }
@@ -753,10 +804,10 @@ const fn frags(name: &'static str, base: &'static str, stride: &'static str) -> 
     Frags { name, base, stride }
 }
 
-const Q_ROWS: Frags = frags("q", "Q_S + sg * 16u * LDS", "lds");
-const DO_ROWS: Frags = frags("dof", "DO_S + sg * 16u * LDS", "lds");
-const K_ROWS: Frags = frags("kr", "K_S + sg * 16u * LDS", "lds");
-const V_ROWS: Frags = frags("vr", "V_S + sg * 16u * LDS", "lds");
+const Q_ROWS: Frags = frags("q", "Q_S + sg * 16u * LDQ", "ldq");
+const DO_ROWS: Frags = frags("dof", "DO_S + sg * 16u * LDQ", "ldq");
+const K_ROWS: Frags = frags("kr", "K_S + sg * 16u * LDQ", "ldq");
+const V_ROWS: Frags = frags("vr", "V_S + sg * 16u * LDQ", "ldq");
 const P_ROWS: Frags = frags("pf", "P_S + sg * 16u * LDP", "ldp");
 const DS_ROWS: Frags = frags("dsf", "DS_S + sg * 16u * LDP", "ldp");
 
@@ -764,16 +815,24 @@ const DS_ROWS: Frags = frags("dsf", "DS_S + sg * 16u * LDP", "ldp");
 /// by every `product` until the tile changes). Emulated, a fragment is
 /// where it lies in workgroup memory, so nothing is loaded ahead.
 fn fragments(m: &mut String, g: &Gen, indent: &str, a: &Frags, n: u32) {
+    fragments_from(m, g, indent, a, 0..n);
+}
+
+/// As [`fragments`], fragments `ks` of a row staged from its fragment
+/// `ks.start` on (a slice of the resident block): `{name}{k}` at `base +
+/// 16·(k − ks.start)`.
+fn fragments_from(m: &mut String, g: &Gen, indent: &str, a: &Frags, ks: std::ops::Range<u32>) {
     if g.emu {
         return;
     }
-    for k in 0..n {
+    let k0 = ks.start;
+    for k in ks {
         let _ = writeln!(
             m,
             "{indent}let i{0}{k} = {1} + {2}u;\n{indent}let {0}{k} = {3};",
             a.name,
             a.base,
-            16 * k,
+            16 * (k - k0),
             g.load("A", &format!("i{}{k}", a.name), a.stride, true)
         );
     }
@@ -915,6 +974,68 @@ mod tests {
         }
     }
 
+    /// A resident block staged in slices (`AttnTile::split`) stages every
+    /// column of D once, a slice at a time, in a region as wide as the
+    /// widest slice; and each fragment is loaded once, after its slice.
+    #[test]
+    fn slices_stage_every_column_once() {
+        for pass in [AttnPass::Fwd, AttnPass::Dq, AttnPass::Dkv] {
+            for d in CoopAttention::HEAD_DIMS {
+                for split in 1..=8 {
+                    let tile = AttnTile {
+                        sg: 4,
+                        bc: 16,
+                        share: true,
+                        prefetch: false,
+                        local: false,
+                        fused_dq: false,
+                        split,
+                    };
+                    let v = CoopAttention {
+                        pass,
+                        d,
+                        emulated: false,
+                        f16_in: true,
+                        shape: Some(tile),
+                    };
+                    let (per, slices) = v.slices();
+                    let nd = d / 16;
+                    assert!(slices <= split.max(1) && (slices - 1) * per < nd && slices * per >= nd);
+                    assert_eq!(v.ldq(), 16 * per + 8);
+                    let src = v.source();
+                    let call = match pass {
+                        AttnPass::Fwd => "    stage_q(",
+                        AttnPass::Dq => "    stage_q_do(",
+                        AttnPass::Dkv => "    stage_kv(K_S, V_S, b, j0, g, BR,",
+                    };
+                    let calls: Vec<&str> = src.lines().filter(|l| l.starts_with(call)).collect();
+                    assert_eq!(calls.len() as u32, slices, "{}", v.label());
+                    // Columns c0, cw of each call, in order, covering 0..D.
+                    let mut next = 0;
+                    for c in &calls {
+                        let nums: Vec<u32> = c
+                            .split(|ch: char| !ch.is_ascii_digit())
+                            .filter_map(|n| n.parse().ok())
+                            .collect();
+                        let [.., c0, cw] = nums[..] else { panic!("{c}") };
+                        assert_eq!(c0, next, "{}: {c}", v.label());
+                        assert!(cw > 0 && cw <= 16 * per, "{}: {c}", v.label());
+                        next += cw;
+                    }
+                    assert_eq!(next, d, "{}", v.label());
+                    let first = match pass {
+                        AttnPass::Dkv => "kr",
+                        _ => "q",
+                    };
+                    for k in 0..nd {
+                        let load = format!("let {first}{k} = ");
+                        assert_eq!(src.matches(&load).count(), 1, "{}: {load}", v.label());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn pv_rounds_are_whole() {
         // (blocks in the region, fragments of D) -> fragments per round.
@@ -936,7 +1057,7 @@ mod tests {
         for v in CoopAttention::all().into_iter().chain(CoopAttention::swept()) {
             let t = v.tile();
             let [q, k, vv, dout, p, ds, sm] = v.layout();
-            let (lds, ldp) = (v.d + 8, t.bc + 8);
+            let (lds, ldq, ldp) = (v.d + 8, v.ldq(), t.bc + 8);
             let (qr, kr) = match v.pass {
                 AttnPass::Dkv => (t.bc, t.br()),
                 AttnPass::Fwd | AttnPass::Dq => (t.br(), t.bc),
@@ -944,8 +1065,13 @@ mod tests {
             // (resident, streamed) spans.
             let mut resident = Vec::new();
             let mut streamed = vec![(p, p + t.br() * ldp)];
-            let (qs, ks) = ((q, q + qr * lds), (k, k + kr * lds));
-            let vs = (vv, vv + kr * lds);
+            // The resident block's rows are ldq apart, the streamed tiles' lds.
+            let (ldq_q, ldq_k) = match v.pass {
+                AttnPass::Dkv => (lds, ldq),
+                AttnPass::Fwd | AttnPass::Dq => (ldq, lds),
+            };
+            let (qs, ks) = ((q, q + qr * ldq_q), (k, k + kr * ldq_k));
+            let vs = (vv, vv + kr * ldq_k);
             match v.pass {
                 AttnPass::Dkv => {
                     resident.extend([ks, vs]);
@@ -956,7 +1082,7 @@ mod tests {
                     streamed.extend([ks, vs]);
                 }
                 AttnPass::Dq => {
-                    resident.extend([qs, (dout, dout + qr * lds)]);
+                    resident.extend([qs, (dout, dout + qr * ldq)]);
                     streamed.extend([ks, vs, (ds, ds + t.br() * ldp)]);
                 }
             }

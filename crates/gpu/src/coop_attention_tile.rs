@@ -11,10 +11,12 @@ use crate::coop_attention::AttnPass;
 pub struct AttnTile {
     pub sg: u32,
     pub bc: u32,
-    /// The forward's and dq's resident block (Q; Q and dO) staged in the
-    /// region the streamed tiles use: its fragments are in registers before
-    /// the first streamed tile is staged (after a barrier), so the region
-    /// is free by then. Less workgroup memory, for larger tiles.
+    /// The resident block (the forward's Q, dq's Q and dO, dkv's K and V)
+    /// staged in the region the streamed tiles use: its fragments are in
+    /// registers before the first streamed tile is staged (after a
+    /// barrier), so the region is free by then. Less workgroup memory, for
+    /// larger tiles; dkv then holds K's and V's fragments in registers at
+    /// every D (without `s`, only up to D = 80).
     pub share: bool,
     /// The next streamed tile read from global memory into registers
     /// while the current one is multiplied, and staged from them after the
@@ -34,6 +36,13 @@ pub struct AttnTile {
     /// come in whatever order the workgroups reach them: not bit for bit
     /// the same from run to run.
     pub fused_dq: bool,
+    /// The resident block (with `share`) staged in this many slices of its
+    /// columns, each slice's fragments loaded into registers before the
+    /// next is staged in the same region: the region then holds BR rows of
+    /// D/`split` columns, not of D, so that 8 or 16 subgroups (128 or 256
+    /// resident rows) fit 48 KiB of workgroup memory beside the streamed
+    /// tiles. 1: the whole block at once.
+    pub split: u32,
 }
 
 impl AttnTile {
@@ -44,33 +53,48 @@ impl AttnTile {
 
     /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
     /// the streamed tiles are prefetched, `l` where rows synchronise
-    /// within their subgroup and `q` where dk/dv accumulates dQ too.
+    /// within their subgroup, `q` where dk/dv accumulates dQ too and
+    /// `r{N}` where the resident block is staged in N slices.
     pub fn name(&self) -> String {
         format!(
-            "sg{}bc{}{}{}{}{}",
+            "sg{}bc{}{}{}{}{}{}",
             self.sg,
             self.bc,
             if self.share { "s" } else { "" },
             if self.prefetch { "p" } else { "" },
             if self.local { "l" } else { "" },
-            if self.fused_dq { "q" } else { "" }
+            if self.fused_dq { "q" } else { "" },
+            if self.split > 1 {
+                format!("r{}", self.split)
+            } else {
+                String::new()
+            }
         )
     }
 
     /// The tile [`AttnTile::name`] writes, checked for `pass`.
     pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
         let bad = |why: &str| {
-            format!("attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq)")
+            format!(
+                "attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq, sg16bc16spr4)"
+            )
         };
-        // The suffixes, last first: `name` writes them in the order s, p, l, q.
-        let (body, fused_dq) = strip_flag(s, 'q');
+        // The suffixes, last first: `name` writes them in the order s, p,
+        // l, q, r{N}.
+        let (body, split) = match s.rsplit_once('r') {
+            Some((body, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                (body, n.parse::<u32>().map_err(|_| bad(&format!("'{n}' slices")))?)
+            }
+            _ => (s, 1),
+        };
+        let (body, fused_dq) = strip_flag(body, 'q');
         let (body, local) = strip_flag(body, 'l');
         let (body, prefetch) = strip_flag(body, 'p');
         let (body, share) = strip_flag(body, 's');
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
-            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows, q for dQ in dk/dv"))?;
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows, q for dQ in dk/dv, r{N} for the resident block in N slices"))?;
         let num = |x: &str| {
             x.parse::<u32>()
                 .map_err(|_| bad(&format!("'{x}' is not a number")))
@@ -82,6 +106,7 @@ impl AttnTile {
             prefetch,
             local,
             fused_dq,
+            split,
         };
         t.check(pass).map_err(|why| bad(&why))?;
         Ok(t)
@@ -108,11 +133,23 @@ impl AttnTile {
                 32 * self.sg
             ));
         }
-        if self.share && pass == AttnPass::Dkv {
-            return Err("dkv keeps K's and V's tiles for the whole kernel: nothing to share".into());
+        // dk/dv's dQ reads K's tile in every streamed tile's products.
+        if self.share && self.fused_dq {
+            return Err("dQ in dk/dv (q) reads K's tile throughout: its region cannot be shared (s)".into());
         }
         if self.fused_dq && pass != AttnPass::Dkv {
             return Err("only dkv accumulates dQ (q)".into());
+        }
+        if self.split == 0 || self.split > 8 {
+            return Err(format!(
+                "{} slices of the resident block: from 1 to 8 (D / 16 at D = 128)",
+                self.split
+            ));
+        }
+        // Slices stage the block in turn in one region, which only a block
+        // held in registers (`s`) leaves free for the next.
+        if self.split > 1 && !self.share {
+            return Err("a resident block staged in slices (r) needs shared regions (s)".into());
         }
         Ok(())
     }
@@ -143,19 +180,27 @@ impl AttnTiles {
     /// The tile sets the attention bench times when `MEGATRAIN_ATTN_SWEEP`
     /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
     /// workgroup memory at D = 128 and below. The bench may be cut short,
-    /// so the first sets are the ones that matter most. The H200 sweep of
-    /// 2026-11-29 found prefetching (`p`) and 3 subgroups for dk/dv each
-    /// faster, but never timed them together; so first the defaults with
-    /// every pass prefetched, then with rows synchronised within subgroups
-    /// (`l`: the fastest forward there, 3.37 ms against `p`'s 3.51), then
-    /// with dQ added by dk/dv (`q`), then dq on 3 and 2 subgroups, and
-    /// last the defaults of 2026-11-28, for the ratio in the same run.
-    pub const SWEEP: [&'static str; 6] = [
+    /// so the first sets are the ones that matter most, and it times the
+    /// backward as dq and dk/dv together, so a set changes one of them
+    /// against the first where it can. First the defaults with every pass
+    /// prefetched (the H200 sweep of 2026-11-29 found `p` and 3 dk/dv
+    /// subgroups each faster, never together). The forward ran twice as
+    /// fast on 8 subgroups as on 4 or 2 (128 resident rows sharing each
+    /// K/V tile, against 64 or 32), and 8 were all that fit with Q staged
+    /// whole; staged in slices (`r`), 16 fit, dq (which holds Q and dO) fits
+    /// 8, and so does dk/dv with K's and V's fragments in registers (`s`):
+    /// those next, with 32-key forward tiles on 8 subgroups, which fit the
+    /// same way. Then rows synchronised within subgroups (`l`: the fastest
+    /// forward there, 3.37 ms against `p`'s 3.51), with and without slices;
+    /// dQ added by dk/dv (`q`); and last the defaults of 2026-11-28, for
+    /// the ratio in the same run.
+    pub const SWEEP: [&'static str; 7] = [
         "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16p",
+        "fwd=sg16bc16spr4,dq=sg8bc16spr4,dkv=sg3bc16p",
+        "fwd=sg8bc32spr2,dq=sg4bc16sp,dkv=sg8bc16spr4",
         "fwd=sg8bc16spl,dq=sg4bc16spl,dkv=sg3bc16pl",
+        "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg4bc16sp",
         "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16pq",
-        "fwd=sg8bc16sp,dq=sg3bc16sp,dkv=sg3bc16p",
-        "fwd=sg8bc16sp,dq=sg2bc16s,dkv=sg3bc16",
         "fwd=sg8bc16s,dq=sg4bc16s,dkv=sg2bc16",
     ];
 }

@@ -237,6 +237,14 @@ mod tests {
         assert!(!q.share && q.prefetch && q.local && !q.fused_dq);
         assert!(kv.prefetch && kv.local && kv.fused_dq);
         assert_eq!(t.to_string(), "fwd=sg8bc16sp,dq=sg4bc16pl,dkv=sg2bc16plq");
+        assert_eq!((f.split, q.split, kv.split), (1, 1, 1));
+        let t = "fwd=sg16bc16splr4,dq=sg8bc16sr4"
+            .parse::<crate::AttnTiles>()
+            .unwrap();
+        let (f, q) = (t.fwd.unwrap(), t.dq.unwrap());
+        assert!(f.share && f.prefetch && f.local && f.split == 4 && f.sg == 16);
+        assert!(q.share && !q.prefetch && q.split == 4 && q.sg == 8);
+        assert_eq!(t.to_string(), "fwd=sg16bc16splr4,dq=sg8bc16sr4");
         for tiles in crate::AttnTiles::SWEEP {
             let t = tiles.parse::<crate::AttnTiles>().unwrap();
             assert_eq!(t.to_string(), tiles);
@@ -250,7 +258,7 @@ mod tests {
         for (bad, why) in [
             ("fwd=sg4bc24", "multiple of 16"),
             ("fwd=sg1bc64", "at most one each"),
-            ("dkv=sg2bc32s", "nothing to share"),
+            ("dkv=sg2bc32sq", "cannot be shared"),
             ("bwd=sg2bc32", "not a pass"),
             ("fwd:sg2bc32", "want pass=tile"),
             ("fwd=sg0bc32", "subgroups"),
@@ -258,8 +266,13 @@ mod tests {
             ("fwd=sgxbc32", "not a number"),
             // Shared, then prefetched: in that order only.
             ("fwd=sg4bc16ps", "not a number"),
-            ("dkv=sg2bc16sp", "nothing to share"),
             ("dq=sg2bc16pq", "only dkv"),
+            // Slices of the resident block: shared regions, 1 to 8.
+            ("fwd=sg8bc16pr2", "needs shared regions"),
+            ("fwd=sg8bc16sr0", "slices"),
+            ("fwd=sg8bc16sr9", "slices"),
+            ("dkv=sg2bc16r2", "needs shared regions"),
+            ("fwd=sg8bc16sr", "not a number"),
         ] {
             let e = bad.parse::<crate::AttnTiles>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
