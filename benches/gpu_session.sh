@@ -86,8 +86,9 @@ summary=()
 # runs after them (in `first`, and in `second` on the same warm machine):
 # the swept matmul shape with the best rates at 8192³ and the 7B MLP
 # forward (geometric mean) where it beats the default tile's by 5 %, and
-# the attention tile set with the least forward
-# + backward time at issue 13's shape where it beats the default tiles' by
+# the attention tiles at issue 13's shape (the forward of the swept set
+# with the fastest forward, dq and dk/dv of the one with the fastest
+# backward) where their forward + backward beats the default tiles' by
 # 5 %. Written to $PICKED as exports; each anchor's summary says which ran.
 PICKED=/tmp/gpu-session-picked.env
 PICK_MATMUL=${PICK_MATMUL:-8192x8192x8192_NN_f32 4096x3584x18944_NT_f16}
@@ -117,11 +118,20 @@ pick_tiles() {
         }' "$OUT/bench-matmul.log" 2>/dev/null)
     [ -n "$best" ] && echo "export MEGATRAIN_F16_MATMUL=$best" >>"$PICKED"
     # "tiles fwd_ms bwd_ms" of the default ("default") and each swept set.
+    # Each pass is a kernel of its own: the forward of the set with the
+    # fastest forward, dq and dk/dv of the one with the fastest backward.
     best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms.*/\3 \4 \5/p" \
         "$OUT/bench-attention.log" 2>/dev/null | awk '
         NF == 2 {d = $1 + $2; next}
-        NF == 3 && (b == "" || $2 + $3 < bt) {b = $1; bt = $2 + $3}
-        END {if (b != "" && d > 0 && bt < 0.95 * d) print b}')
+        NF == 3 && (f == "" || $2 < ft) {f = $1; ft = $2}
+        NF == 3 && (b == "" || $3 < bt) {b = $1; bt = $3}
+        END {
+            if (f == "" || d <= 0 || ft + bt >= 0.95 * d) exit
+            split(f, fp, ","); n = split(b, bp, ",")
+            out = fp[1]
+            for (i = 2; i <= n; i++) out = out "," bp[i]
+            print out
+        }')
     [ -n "$best" ] && echo "export MEGATRAIN_F16_ATTENTION_TILES=$best" >>"$PICKED"
     note "tiles picked for the anchors: $(if [ -s "$PICKED" ]; then tr '\n' ' ' <"$PICKED"; else echo "none (the defaults)"; fi)"
 }
@@ -323,8 +333,8 @@ first)
     # rows, each set checked first) at issue 13's shape; each set's tiles
     # and both rates into the summary.
     # (Session 38: the six sets alone took 117 s at these sample times, and
-    # 90 s with the f32 rows beside them reached none.)
-    MEGATRAIN_ATTN_SWEEP=default cap=130 b attention \
+    # 90 s with the f32 rows beside them reached none; there are seven now.)
+    MEGATRAIN_ATTN_SWEEP=default cap=150 b attention \
         '^attention_f16/(fwd_Coop_B4_T2048_Hq32_|(fwd|bwd)_sweep)' \
         --warm-up-time 0.3 --measurement-time 0.7
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
@@ -364,6 +374,15 @@ second)
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
             --mode-reps 0 --no-peer --json "$OUT/anchor-qwen-default.json" >"$OUT/anchor-qwen-default.log" 2>&1
         rows "qwen anchor, the default hand-over (rc $?)" "$OUT/anchor-qwen-default.log"
+    else
+        # Nothing picked: TinyLlama's optimizer (254 ms of a 729 ms step in
+        # session 38) never fills its queue, so its A/B cannot say what a
+        # deeper queue does where the optimizer waits (Qwen: 1,854 ms of
+        # 4,844). The bench's "opt wait ms (after bwd)" column says how
+        # much of the wait was the queue full during backward.
+        timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
+            --mode-reps 0 --no-peer --optimizer-queue 16 --json "$OUT/anchor-qwen-queue.json" >"$OUT/anchor-qwen-queue.log" 2>&1
+        rows "qwen anchor, --optimizer-queue 16 (rc $?)" "$OUT/anchor-qwen-queue.log"
     fi
     ;;
 fresh)

@@ -70,7 +70,12 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> (Vec<f64>, Vec<Vec<f32>>
         let micro: Vec<Batch> = (0..case.micro as u64)
             .map(|k| CHUNK_STREAM.batch(vocab, step * 10 + k, 2, 9))
             .collect();
-        losses.push(t.step(&micro, 3e-3).unwrap().loss);
+        let m = t.step(&micro, 3e-3).unwrap();
+        // The wait after backward is part of the whole wait; in clipping
+        // mode it holds the whole update.
+        assert!(m.optimizer_tail_ms <= m.optimizer_wait_ms, "{m:?}");
+        assert!(case.clip.is_none() || m.optimizer_tail_ms > 0.0, "{m:?}");
+        losses.push(m.loss);
     }
     let layers = t.tier().layers();
     (

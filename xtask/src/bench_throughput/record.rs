@@ -62,6 +62,10 @@ pub struct Record {
     pub loss_ms: f64,
     pub backward_ms: f64,
     pub optimizer_wait_ms: f64,
+    /// The part of `optimizer_wait_ms` after backward
+    /// (`StepMetrics::optimizer_tail_ms`).
+    #[serde(default)]
+    pub optimizer_tail_ms: f64,
     pub upload_ms: f64,
     pub download_ms: f64,
     pub optimizer_busy_ms: f64,
@@ -394,6 +398,7 @@ impl Record {
             loss_ms: mean(&steps, |m| m.loss_ms),
             backward_ms: mean(&steps, |m| m.backward_ms),
             optimizer_wait_ms: mean(&steps, |m| m.optimizer_wait_ms),
+            optimizer_tail_ms: mean(&steps, |m| m.optimizer_tail_ms),
             upload_ms: mean(&steps, |m| m.upload_ms),
             download_ms: mean(&steps, |m| m.download_ms),
             optimizer_busy_ms: mean(&steps, |m| m.optimizer_ms),

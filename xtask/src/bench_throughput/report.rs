@@ -66,26 +66,28 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
     }
     s.push('\n');
     s.push_str(
-        "| config | device | fwd ms | loss ms | bwd ms | opt wait ms | upload ms | download ms | \
-         bus MB/step | bus GB/s | opt hidden | device peak MB | host B/param | compute-only ms | \
+        "| config | device | fwd ms | loss ms | bwd ms | opt wait ms (after bwd) | upload ms | download ms | \
+         bus MB/step | bus GB/s | opt busy ms | opt hidden | device peak MB | host B/param | compute-only ms | \
          transfer-only ms | transfer-only GB/s | optimizer-only ms | overlap (step ÷ max) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in records {
         let m = r.modes.as_ref();
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {:.0}% | {} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.1} | {} | {:.2} | {:.1} | {:.0}% | {} | {:.2} | {} | {} | {} | {} | {} |",
             r.spec.label,
             r.spec.device,
             r.forward_ms,
             r.loss_ms,
             r.backward_ms,
             r.optimizer_wait_ms,
+            r.optimizer_tail_ms,
             r.upload_ms,
             r.download_ms,
             mb(r.bus_bytes_per_step),
             r.bus_gb_s,
+            r.optimizer_busy_ms,
             100.0 * r.optimizer_hidden,
             r.device_peak_bytes.map_or("–".into(), mb),
             r.host_bytes_per_param,

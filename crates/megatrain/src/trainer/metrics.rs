@@ -35,6 +35,12 @@ pub struct StepMetrics {
     /// The host waiting for the optimizer: queue full during backward, and
     /// the tail after backward (all of the update in clipping mode).
     pub optimizer_wait_ms: f64,
+    /// The part of `optimizer_wait_ms` after backward: the optimizer
+    /// finishing what it had not caught up with (and the last writes
+    /// behind of a spilling tier; all of the update in clipping mode). The
+    /// rest is the thread that queues backward blocked on a full queue,
+    /// the device idle unless earlier work was queued.
+    pub optimizer_tail_ms: f64,
     /// Optimizer busy time (AdamW and gradient accumulation).
     pub optimizer_ms: f64,
     /// 1 − wait / busy: the share of optimizer work hidden behind the device.

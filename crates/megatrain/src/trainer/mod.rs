@@ -434,6 +434,7 @@ impl<E: Executor> Trainer<E> {
             let busy = ms(t);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
+            m.optimizer_tail_ms += busy;
             m.grad_norm = Some(norm);
         }
         self.settle_shared_copies(&mut m)?;
@@ -684,6 +685,7 @@ impl<E: Executor> Trainer<E> {
                 pool.release();
             }
             m.optimizer_wait_ms += ms(t_wait);
+            m.optimizer_tail_ms += ms(t_wait);
             m.optimizer_ms += rep.busy_ms;
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
@@ -696,6 +698,7 @@ impl<E: Executor> Trainer<E> {
             let t = Instant::now();
             spill_window::record(m, &w.finish()?);
             m.optimizer_wait_ms += ms(t);
+            m.optimizer_tail_ms += ms(t);
         }
         loss
     }
