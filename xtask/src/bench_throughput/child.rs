@@ -298,7 +298,19 @@ fn profile_step<E: Executor + OpProfiler>(
         "  [{}] profiled step: {:.1} ms, loss {:.4}",
         spec.label, m.step_ms, m.loss
     );
-    Ok(rows.map(|(timing, rows)| StepProfile::new(timing, rows, &m)))
+    let profile = rows.map(|(timing, rows)| StepProfile::new(timing, rows, &m));
+    // At once too, not only in the report at the end: a run stopped later
+    // (a session's time cap, in the modes or the peers) still shows it.
+    if let Some(p) = &profile {
+        eprint!(
+            "{}",
+            p.table(&format!(
+                "{} on {} ({}, B×T {}×{}, as it ran",
+                spec.label, spec.device, spec.precision, spec.batch, spec.seq_len
+            ))
+        );
+    }
+    Ok(profile)
 }
 
 fn run_modes<E: Executor>(tr: &mut Trainer<E>, batch: &Batch, spec: &Spec) -> anyhow::Result<Modes> {

@@ -112,18 +112,18 @@ impl StepProfile {
     }
 }
 
-/// The per-op table of every profiled record.
-pub fn tables(records: &[Record]) -> String {
-    let mut s = String::new();
-    for r in records {
-        let Some(p) = &r.profile else { continue };
+impl StepProfile {
+    /// The per-op table, under a heading naming `what` (the config, its
+    /// device, precision and shape).
+    pub fn table(&self, what: &str) -> String {
+        let mut s = String::new();
         let _ = writeln!(
             s,
-            "\nper-op profile of one step: {} on {} ({}, B×T {}×{}; {})\n\n\
+            "\nper-op profile of one step: {what}; {})\n\n\
              | op | calls | total ms | mean µs | share |\n|---|---|---|---|---|",
-            r.spec.label, r.device_name, r.spec.precision, r.spec.batch, r.spec.seq_len, p.timing
+            self.timing
         );
-        for o in &p.ops {
+        for o in &self.ops {
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.3} | {:.1} | {:.1}% |",
@@ -138,13 +138,26 @@ pub fn tables(records: &[Record]) -> String {
             s,
             "\nstep {:.1} ms wall (a sync after every op) = ops {:.1} ms + {:.1} ms in no op \
              (host overhead, syncs, transport: uploads {:.1} ms, downloads {:.1} ms, optimizer wait {:.1} ms)",
-            p.step_ms,
-            p.ops_ms,
-            p.step_ms - p.ops_ms,
-            p.upload_ms,
-            p.download_ms,
-            p.optimizer_wait_ms
+            self.step_ms,
+            self.ops_ms,
+            self.step_ms - self.ops_ms,
+            self.upload_ms,
+            self.download_ms,
+            self.optimizer_wait_ms
         );
+        s
+    }
+}
+
+/// The per-op table of every profiled record.
+pub fn tables(records: &[Record]) -> String {
+    let mut s = String::new();
+    for r in records {
+        let Some(p) = &r.profile else { continue };
+        s.push_str(&p.table(&format!(
+            "{} on {} ({}, B×T {}×{}",
+            r.spec.label, r.device_name, r.spec.precision, r.spec.batch, r.spec.seq_len
+        )));
     }
     s
 }
