@@ -869,6 +869,35 @@ fn tensor_core_kernels_with_swept_tiles_match_the_reference() {
     }
 }
 
+/// Resident blocks staged in slices of their columns (`r{N}`: Q, Q and
+/// dO, K and V, each slice's fragments loaded before the next is staged
+/// in the same region), unevenly at D = 80 (two fragments, two, then
+/// one), where the adapter has cooperative matrices: a small set, so that
+/// CI runs it on Mesa 26's lavapipe (the sweep's sets run where a GPU is).
+#[test]
+fn resident_blocks_staged_in_slices_match_the_reference() {
+    let tiles = "fwd=sg4bc16spr4,dq=sg2bc16spr2,dkv=sg2bc16spr4";
+    let opts = GpuOptions {
+        attention_tiles: tiles.parse().unwrap(),
+        ..Default::default()
+    };
+    let Some(g) = own_ctx().and_then(|c| executor_opts(c, F16Attention::Coop, opts)) else {
+        return;
+    };
+    let case = Case {
+        b: 2,
+        t: 45,
+        hq: 6,
+        hkv: 2,
+        d: 80,
+        w: 0,
+        cap: 0.0,
+        docs: &[],
+    };
+    check(&g, case, 61, TOL_COOP, true).unwrap();
+    eprintln!("{tiles}: matches");
+}
+
 /// The tensor-core kernels round Q, K and V to f16 as they stage them
 /// (scale, then f16 conversion to nearest-even), or read their f16 copies
 /// made by the same conversion (`F16Operands::Copy`, the default): bit for
