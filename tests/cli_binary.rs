@@ -243,6 +243,12 @@ fn plan_weighs_the_hosts_adamw() {
         t.contains("AdamW-bound") && t.contains("--batch 18 at --seq-len 1024"),
         "{t}"
     );
+    // AdamW overlaps only the backward: the forward comes on top of it
+    // (7.6 G parameters at 4.2 G/s, 1813.2 ms).
+    assert!(
+        t.contains("max(backward") && t.contains("AdamW 1813.2 ms) = 2205.0 ms, 3715 tokens/s at best"),
+        "{t}"
+    );
     let t = text(&["--adamw-gparams", "21"]);
     assert!(
         t.contains("the backward covers it") && t.contains("--batch 7 at --seq-len 1024"),

@@ -413,4 +413,19 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         ms(c.step_adamw_s(m)),
         tokens as f64 / step
     );
+    let recomputed = if c.step_recompute_flops_per_token > 0.0 {
+        " with its recompute"
+    } else {
+        ""
+    };
+    println!(
+        "  in order (a layer's AdamW needs its gradients, the next forward its update, so AdamW overlaps only \
+         the backward): forward {:.1} ms + max(backward {:.1} ms{recomputed}, AdamW {:.1} ms) = {:.1} ms, \
+         {:.0} tokens/s at best",
+        ms(c.step_forward_s(m, tokens)),
+        ms(c.step_backward_s(m, tokens)),
+        ms(c.step_adamw_s(m)),
+        ms(c.step_ordered_s(m, tokens)),
+        tokens as f64 / c.step_ordered_s(m, tokens)
+    );
 }

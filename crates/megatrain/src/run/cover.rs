@@ -32,6 +32,12 @@
 //! batch, so at the GPU's target rate it wants more tokens than the bus
 //! does (the H200 machine's 16 cores: 4.2 G parameters/s, so about 17,000
 //! tokens for any dense model at 300 TFLOP/s).
+//!
+//! Nor can the update overlap a forward: the next step's forward reads the
+//! embedding first, whose gradients come last. So a step takes at least
+//! its forward plus the longer of its backward (with the recompute of the
+//! blocks not kept) and its AdamW ([`BusCover::step_ordered_s`]), which
+//! `plan` prints beside the largest of the three alone.
 
 use megatrain_tier::TransportDType;
 use megatrain_zoo::ModelConfig;
@@ -79,6 +85,10 @@ pub struct BusCover {
     pub step_flops_per_token: f64,
     /// Parameters of every layer (what the step's AdamW updates).
     pub step_params: u64,
+    /// Forward FLOPs per token of the blocks the backward recomputes (every
+    /// block not kept from forward to backward), which `step_flops_per_token`
+    /// leaves out.
+    pub step_recompute_flops_per_token: f64,
     /// Tokens per step at which a block's compute takes as long as its bus
     /// bytes; more tokens and the block is compute-bound.
     pub tokens_to_cover: u64,
@@ -126,6 +136,31 @@ impl BusCover {
     /// Seconds of the whole step's compute at `tokens` per step.
     pub fn step_compute_s(&self, m: Machine, tokens: u64) -> f64 {
         self.step_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// Seconds of the step's forward: a third of its model FLOPs (2 of the
+    /// 6 a parameter, a third of attention's).
+    pub fn step_forward_s(&self, m: Machine, tokens: u64) -> f64 {
+        self.step_compute_s(m, tokens) / 3.0
+    }
+
+    /// Seconds of the step's backward: the other two thirds, and the
+    /// forward again of every block it recomputes.
+    pub fn step_backward_s(&self, m: Machine, tokens: u64) -> f64 {
+        let flops = 2.0 / 3.0 * self.step_flops_per_token + self.step_recompute_flops_per_token;
+        flops * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// The shortest step the three resources allow in the order the step
+    /// imposes: a layer's AdamW update needs its gradients, and the next
+    /// forward needs the update, layers taken in the reverse order of
+    /// their gradients (the embedding's come last and are read first). So
+    /// no update overlaps a forward, and a step takes at least its forward
+    /// plus the longer of its backward and its AdamW; and at least its bus
+    /// time, which may overlap both.
+    pub fn step_ordered_s(&self, m: Machine, tokens: u64) -> f64 {
+        let sides = self.step_backward_s(m, tokens).max(self.step_adamw_s(m));
+        (self.step_forward_s(m, tokens) + sides).max(self.step_bus_s(m))
     }
 }
 
@@ -191,6 +226,10 @@ pub fn bus_cover_keeping(
         .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
         .sum();
     let blocks_flops: f64 = (1..1 + n_blocks).map(|l| 6.0 * active(l) as f64 + mixer(l)).sum();
+    // The first n_blocks − kept are recomputed: their forward once more.
+    let recompute_flops: f64 = (1..1 + n_blocks - kept)
+        .map(|l| 2.0 * active(l) as f64 + mixer(l) / 3.0)
+        .sum();
     // The head's matmul reads a V×C matrix whether or not it is tied.
     let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
     let bus_s = block_bus_bytes as f64 / (m.bus_gbps * 1e9);
@@ -216,6 +255,7 @@ pub fn bus_cover_keeping(
         step_bus_bytes: blocks_bus + ends,
         step_flops_per_token: blocks_flops + head_flops,
         step_params: tables.iter().map(|t| t.numel() as u64).sum(),
+        step_recompute_flops_per_token: recompute_flops,
         tokens_to_cover,
         tokens_to_cover_adamw,
         batch_to_cover: (tokens.div_ceil(seq_len as u64) as usize).max(1),
@@ -366,6 +406,44 @@ mod tests {
         assert_eq!(all.block_bus_bytes, 8 * n_block);
         assert!(all.tokens_to_cover < c.tokens_to_cover);
         assert!(c.step_compute_s(Machine::H100, 1) > c.block_compute_s(Machine::H100, 1));
+    }
+
+    /// The ordered estimate: forward, then the longer of backward (with
+    /// its recompute) and AdamW, never under the bus; by hand for a model
+    /// with four blocks, none, one and all kept.
+    #[test]
+    fn ordered_step_puts_adamw_beside_the_backward_only() {
+        let m = preset("gpt2-nano", Some(65)).unwrap();
+        let tables = m.layer_tables();
+        let block = tables[1].numel() as f64;
+        let attention = m.mixer_flops_per_token(0, 64);
+        let h = Machine::H100;
+        let tokens = 4096;
+        let rate = h.gpu_tflops * 1e12;
+        for kept in [0, 1, 4] {
+            let c = bus_cover_keeping(&m, 64, TransportDType::F32, kept, h).unwrap();
+            let step = c.step_compute_s(h, tokens);
+            let recompute = (4 - kept) as f64 * (2.0 * block + attention / 3.0) * tokens as f64 / rate;
+            assert!((c.step_forward_s(h, tokens) - step / 3.0).abs() < 1e-15);
+            let backward = c.step_backward_s(h, tokens);
+            assert!(
+                (backward - (2.0 * step / 3.0 + recompute)).abs() < 1e-12 * step,
+                "{kept}"
+            );
+            let want = (step / 3.0 + backward.max(c.step_adamw_s(h))).max(c.step_bus_s(h));
+            assert!((c.step_ordered_s(h, tokens) - want).abs() < 1e-15, "{kept}");
+            // Never shorter than the largest resource alone.
+            let largest = step.max(c.step_bus_s(h)).max(c.step_adamw_s(h));
+            assert!(c.step_ordered_s(h, tokens) >= largest, "{kept}");
+        }
+        // AdamW-bound at a few tokens: forward + AdamW, not AdamW alone.
+        let c = bus_cover_keeping(&m, 64, TransportDType::F32, 4, h).unwrap();
+        let slow = Machine {
+            adamw_gparams: 1e-3,
+            ..h
+        };
+        let want = c.step_forward_s(slow, 64) + c.step_adamw_s(slow);
+        assert!((c.step_ordered_s(slow, 64) - want).abs() < 1e-12 * want);
     }
 
     #[test]
