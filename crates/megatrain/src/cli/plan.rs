@@ -419,8 +419,8 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         ""
     };
     println!(
-        "  in order (a layer's AdamW needs its gradients, the next forward its update, so AdamW overlaps only \
-         the backward): forward {:.1} ms + max(backward {:.1} ms{recomputed}, AdamW {:.1} ms) = {:.1} ms, \
+        "  in order (a layer's AdamW needs its gradients, and every update ends before the next step's \
+         forward, so AdamW overlaps only the backward): forward {:.1} ms + max(backward {:.1} ms{recomputed}, AdamW {:.1} ms) = {:.1} ms, \
          {:.0} tokens/s at best",
         ms(c.step_forward_s(m, tokens)),
         ms(c.step_backward_s(m, tokens)),

@@ -33,9 +33,12 @@
 //! does (the H200 machine's 16 cores: 4.2 G parameters/s, so about 17,000
 //! tokens for any dense model at 300 TFLOP/s).
 //!
-//! Nor can the update overlap a forward: the next step's forward reads the
-//! embedding first, whose gradients come last. So a step takes at least
-//! its forward plus the longer of its backward (with the recompute of the
+//! Nor does the update overlap a forward: a layer's update needs its
+//! gradients, and the trainer finishes every update before the next step
+//! begins (whose forward reads the embedding first, the layer whose
+//! gradients come last; updates running on into the next step would have
+//! to be taken in the forward's order). So a step takes at least its
+//! forward plus the longer of its backward (with the recompute of the
 //! blocks not kept) and its AdamW ([`BusCover::step_ordered_s`]), which
 //! `plan` prints beside the largest of the three alone.
 
@@ -151,11 +154,10 @@ impl BusCover {
         flops * tokens as f64 / (m.gpu_tflops * 1e12)
     }
 
-    /// The shortest step the three resources allow in the order the step
-    /// imposes: a layer's AdamW update needs its gradients, and the next
-    /// forward needs the update, layers taken in the reverse order of
-    /// their gradients (the embedding's come last and are read first). So
-    /// no update overlaps a forward, and a step takes at least its forward
+    /// The shortest step the three resources allow in the order the
+    /// trainer runs them: a layer's AdamW update needs its gradients, and
+    /// every update is finished before the next step's forward. So no
+    /// update overlaps a forward, and a step takes at least its forward
     /// plus the longer of its backward and its AdamW; and at least its bus
     /// time, which may overlap both.
     pub fn step_ordered_s(&self, m: Machine, tokens: u64) -> f64 {
