@@ -389,6 +389,16 @@ impl Kernel {
     /// device's robust buffer access, which wgpu always enables.
     pub const UNCHECKED: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks::unchecked();
 
+    /// The kernel's name in a per-kernel profile: a tensor-core variant's
+    /// label, else the variant as written.
+    pub fn profile_name(self) -> String {
+        match self {
+            Kernel::MatmulCoop(c) => c.label(),
+            Kernel::AttnCoop(v) => v.label(),
+            other => format!("{other:?}"),
+        }
+    }
+
     /// Whether the kernel's SPIR-V is ours (`crate::passthrough`), not
     /// wgpu's: the tensor-core attention with subgroup-local rows, whose
     /// subgroup barriers naga writes without workgroup-memory semantics,

@@ -21,6 +21,8 @@ pub struct OpTiming {
 #[derive(Default)]
 pub struct Profiler {
     entries: Mutex<BTreeMap<&'static str, OpTiming>>,
+    /// `op/kernel` of each dispatch, where its pass was timed alone.
+    kernels: Mutex<BTreeMap<String, OpTiming>>,
 }
 
 impl Profiler {
@@ -31,13 +33,29 @@ impl Profiler {
         t.total_ns += ns;
     }
 
+    /// One dispatch of `kernel` (`Kernel::profile_name`) within `op`.
+    pub fn record_kernel(&self, op: &'static str, kernel: &str, ns: u64) {
+        let mut e = self.kernels.lock().expect("profiler poisoned");
+        let t = e.entry(format!("{op}/{kernel}")).or_default();
+        t.count += 1;
+        t.total_ns += ns;
+    }
+
     pub fn snapshot(&self) -> Vec<(&'static str, OpTiming)> {
         let e = self.entries.lock().expect("profiler poisoned");
         e.iter().map(|(k, v)| (*k, *v)).collect()
     }
 
+    /// `op/kernel` rows: each dispatch's own pass, timed by timestamp
+    /// queries (empty without them: the wall clock times whole ops).
+    pub fn kernel_snapshot(&self) -> Vec<(String, OpTiming)> {
+        let e = self.kernels.lock().expect("profiler poisoned");
+        e.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
     pub fn clear(&self) {
         self.entries.lock().expect("profiler poisoned").clear();
+        self.kernels.lock().expect("profiler poisoned").clear();
     }
 
     /// A table of time per op kind, largest first.

@@ -512,6 +512,16 @@ fn profile_reports_each_op_kind() {
     assert!(report.contains("matmul") && report.contains("gelu"), "{report}");
     let snap = g.profile().snapshot();
     assert!(snap.iter().all(|(_, t)| t.count >= 1));
+    // With timestamps, each op's dispatches are timed too, by kernel.
+    if g.timing_source() == megatrain_gpu::TimingSource::GpuTimestamps {
+        let kernels = g.profile().kernel_snapshot();
+        for op in ["matmul/", "gelu/"] {
+            assert!(
+                kernels.iter().any(|(k, t)| k.starts_with(op) && t.count >= 1),
+                "{kernels:?}"
+            );
+        }
+    }
 }
 
 /// Attention forward and backward of `g` against the CPU's on random

@@ -298,7 +298,7 @@ fn profile_step<E: Executor + OpProfiler>(
         "  [{}] profiled step: {:.1} ms, loss {:.4}",
         spec.label, m.step_ms, m.loss
     );
-    let profile = rows.map(|(timing, rows)| StepProfile::new(timing, rows, &m));
+    let profile = rows.map(|(timing, rows, kernels)| StepProfile::new(timing, rows, kernels, &m));
     // At once too, not only in the report at the end: a run stopped later
     // (a session's time cap, in the modes or the peers) still shows it.
     if let Some(p) = &profile {

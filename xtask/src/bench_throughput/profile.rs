@@ -40,6 +40,10 @@ pub struct StepProfile {
     pub optimizer_wait_ms: f64,
     /// Largest total first.
     pub ops: Vec<OpRow>,
+    /// `op/kernel`: each dispatch timed in a pass of its own (GPU
+    /// timestamps only), largest total first; its share is of their sum.
+    #[serde(default)]
+    pub kernels: Vec<OpRow>,
 }
 
 /// (op, calls, total ns) of each op kind, as the profiler holds them.
@@ -52,8 +56,9 @@ pub trait OpProfiler {
     fn profile_start(&self) -> bool {
         false
     }
-    /// Stops recording; the timing source and (op, calls, total ns) rows.
-    fn profile_stop(&self) -> Option<(String, RawOps)> {
+    /// Stops recording; the timing source, (op, calls, total ns) rows and
+    /// the same of each op's kernels (`op/kernel`, where timed).
+    fn profile_stop(&self) -> Option<(String, RawOps, RawOps)> {
         None
     }
 }
@@ -69,7 +74,7 @@ impl OpProfiler for GpuExecutor {
         true
     }
 
-    fn profile_stop(&self) -> Option<(String, RawOps)> {
+    fn profile_stop(&self) -> Option<(String, RawOps, RawOps)> {
         self.set_profiling(false);
         let timing = match self.timing_source() {
             TimingSource::GpuTimestamps => "gpu timestamps",
@@ -81,25 +86,20 @@ impl OpProfiler for GpuExecutor {
             .into_iter()
             .map(|(op, t)| (op.to_string(), t.count, t.total_ns))
             .collect();
-        Some((timing.into(), rows))
+        let kernels = self
+            .profile()
+            .kernel_snapshot()
+            .into_iter()
+            .map(|(k, t)| (k, t.count, t.total_ns))
+            .collect();
+        Some((timing.into(), rows, kernels))
     }
 }
 
 impl StepProfile {
     /// From the profiler's rows and the profiled step's metrics.
-    pub fn new(timing: String, rows: RawOps, m: &megatrain::StepMetrics) -> Self {
+    pub fn new(timing: String, rows: RawOps, kernels: RawOps, m: &megatrain::StepMetrics) -> Self {
         let total_ns: u64 = rows.iter().map(|r| r.2).sum();
-        let mut ops: Vec<OpRow> = rows
-            .into_iter()
-            .map(|(op, calls, ns)| OpRow {
-                op,
-                calls,
-                total_ms: ns as f64 / 1e6,
-                mean_us: ns as f64 / 1e3 / calls.max(1) as f64,
-                share: ns as f64 / total_ns.max(1) as f64,
-            })
-            .collect();
-        ops.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.op.cmp(&b.op)));
         StepProfile {
             timing,
             step_ms: m.step_ms,
@@ -107,14 +107,34 @@ impl StepProfile {
             upload_ms: m.upload_ms,
             download_ms: m.download_ms,
             optimizer_wait_ms: m.optimizer_wait_ms,
-            ops,
+            ops: op_rows(rows),
+            kernels: op_rows(kernels),
         }
     }
 }
 
+/// Rows of (name, calls, total ns), largest total first, each with its
+/// share of their sum.
+fn op_rows(rows: RawOps) -> Vec<OpRow> {
+    let total_ns: u64 = rows.iter().map(|r| r.2).sum();
+    let mut ops: Vec<OpRow> = rows
+        .into_iter()
+        .map(|(op, calls, ns)| OpRow {
+            op,
+            calls,
+            total_ms: ns as f64 / 1e6,
+            mean_us: ns as f64 / 1e3 / calls.max(1) as f64,
+            share: ns as f64 / total_ns.max(1) as f64,
+        })
+        .collect();
+    ops.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(a.op.cmp(&b.op)));
+    ops
+}
+
 impl StepProfile {
     /// The per-op table, under a heading naming `what` (the config, its
-    /// device, precision and shape).
+    /// device, precision and shape), and the per-kernel one where kernels
+    /// were timed.
     pub fn table(&self, what: &str) -> String {
         let mut s = String::new();
         let _ = writeln!(
@@ -145,6 +165,24 @@ impl StepProfile {
             self.download_ms,
             self.optimizer_wait_ms
         );
+        if !self.kernels.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nper kernel (each dispatch in a pass of its own, so a little slower than above):\n\n\
+                 | op/kernel | calls | total ms | mean µs | share |\n|---|---|---|---|---|"
+            );
+            for k in &self.kernels {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {:.3} | {:.1} | {:.1}% |",
+                    k.op,
+                    k.calls,
+                    k.total_ms,
+                    k.mean_us,
+                    100.0 * k.share
+                );
+            }
+        }
         s
     }
 }
@@ -271,6 +309,39 @@ mod tests {
             assert!(table.contains("in no op"), "{table}");
             let json = serde_json::to_value(&r).unwrap();
             assert_eq!(json["profile"]["ops"][0]["op"], p.ops[0].op.as_str());
+            // With timestamps each dispatch is timed in its own pass: an
+            // op's kernels take at least its calls, their time fits within
+            // the op's (first pass's start to last's end), and the
+            // attention's backward shows its passes apart.
+            if p.timing == "gpu timestamps" {
+                for o in &p.ops {
+                    let mine: Vec<&OpRow> = p
+                        .kernels
+                        .iter()
+                        .filter(|k| k.op.split_once('/').is_some_and(|(op, _)| op == o.op))
+                        .collect();
+                    // Ops of copies or clears alone (`zeros`) dispatch nothing.
+                    if mine.is_empty() {
+                        continue;
+                    }
+                    let calls: u64 = mine.iter().map(|k| k.calls).sum();
+                    let ms: f64 = mine.iter().map(|k| k.total_ms).sum();
+                    assert!(calls >= o.calls, "{}: {mine:?}", o.op);
+                    assert!(
+                        ms <= o.total_ms * (1.0 + 1e-9) + 1e-6,
+                        "{}: {ms} of {}",
+                        o.op,
+                        o.total_ms
+                    );
+                }
+                let attn: Vec<&str> = p
+                    .kernels
+                    .iter()
+                    .filter_map(|k| k.op.strip_prefix("attention_backward/"))
+                    .collect();
+                assert!(attn.len() >= 2, "{attn:?}");
+                assert!(table.contains("| op/kernel | calls |"), "{table}");
+            }
         }
     }
 

@@ -276,17 +276,17 @@ impl GpuExecutor {
             set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("op timestamps"),
                 ty: wgpu::QueryType::Timestamp,
-                count: 2,
+                count: 2 * record::MAX_TIMED_PASSES as u32,
             }),
             resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("timestamp resolve"),
-                size: 16,
+                size: 16 * record::MAX_TIMED_PASSES as u64,
                 usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             }),
             read: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("timestamp read"),
-                size: 16,
+                size: 16 * record::MAX_TIMED_PASSES as u64,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),

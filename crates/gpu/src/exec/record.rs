@@ -9,6 +9,10 @@ use megatrain_tensor::Result;
 use wgpu::util::DeviceExt;
 
 use super::batch::UNIFORM_RING_BYTES;
+
+/// Passes of one op a profile times one by one (a pair of timestamp
+/// queries each; the executor's query set holds twice as many).
+pub(crate) const MAX_TIMED_PASSES: usize = 128;
 use super::bind_groups::GroupKey;
 use super::{GpuExecutor, View};
 use crate::kernels::{Kernel, Pipeline};
@@ -218,6 +222,12 @@ impl<'e> Op<'e> {
             }
         };
         let enc = b.encoder(device);
+        // Profiling with timestamps, each dispatch is a pass of its own with
+        // its own pair of queries (up to MAX_TIMED_PASSES; an op with more
+        // is timed whole, its consecutive dispatches in one pass as always).
+        let split = ts.is_some() && n_dispatches <= MAX_TIMED_PASSES;
+        let n_passes = if split { n_dispatches } else { n_dispatch_runs };
+        let mut timed = Vec::new();
         let mut cmds = self.cmds.into_iter().peekable();
         let mut run = 0;
         while let Some(cmd) = cmds.next() {
@@ -237,11 +247,21 @@ impl<'e> Op<'e> {
                     views,
                     grid,
                 } => {
+                    let q = run as u32;
                     let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
                         query_set: &t.set,
-                        beginning_of_pass_write_index: (run == 0).then_some(0),
-                        end_of_pass_write_index: (run + 1 == n_dispatch_runs).then_some(1),
+                        beginning_of_pass_write_index: match split {
+                            true => Some(2 * q),
+                            false => (run == 0).then_some(0),
+                        },
+                        end_of_pass_write_index: match split {
+                            true => Some(2 * q + 1),
+                            false => (run + 1 == n_dispatch_runs).then_some(1),
+                        },
                     });
+                    if split {
+                        timed.push(kernel);
+                    }
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: Some(self.name),
                         timestamp_writes,
@@ -250,7 +270,7 @@ impl<'e> Op<'e> {
                     pass.set_pipeline(&pipeline.pipeline);
                     pass.set_bind_group(0, &group, &[]);
                     pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
-                    while let Some(Cmd::Dispatch { .. }) = cmds.peek() {
+                    while let (false, Some(Cmd::Dispatch { .. })) = (split, cmds.peek()) {
                         if let Some(Cmd::Dispatch {
                             kernel,
                             pipeline,
@@ -269,10 +289,12 @@ impl<'e> Op<'e> {
                 }
             }
         }
-        let use_ts = ts.filter(|_| n_dispatch_runs > 0);
+        let use_ts = ts.filter(|_| n_passes > 0);
+        // The queries written: a pair per pass, or the op's one pair.
+        let n_queries = if split { 2 * n_passes } else { 2 };
         if let Some(t) = use_ts {
-            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
-            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
+            enc.resolve_query_set(&t.set, 0..n_queries as u32, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 8 * n_queries as u64);
         }
         b.keep.extend(self.keep);
         b.ops += 1;
@@ -287,9 +309,14 @@ impl<'e> Op<'e> {
             let wall = start.elapsed().as_nanos() as u64;
             let ns = match use_ts {
                 Some(t) => {
-                    let words = ex.read_buffer(&t.read, 0, 16)?;
+                    let words = ex.read_buffer(&t.read, 0, 8 * n_queries as u64)?;
                     let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
-                    (v[1].saturating_sub(v[0]) as f64 * t.period_ns) as u64
+                    let span = |a: usize, b: usize| (v[b].saturating_sub(v[a]) as f64 * t.period_ns) as u64;
+                    for (p, kernel) in timed.iter().enumerate() {
+                        ex.profiler
+                            .record_kernel(self.name, &kernel.profile_name(), span(2 * p, 2 * p + 1));
+                    }
+                    span(0, n_queries - 1)
                 }
                 None => wall,
             };
