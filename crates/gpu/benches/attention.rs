@@ -31,7 +31,9 @@ use std::time::Instant;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use megatrain_gpu::{AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor};
+use megatrain_gpu::{
+    AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor, TimingSource,
+};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{AttentionOut, AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor};
 
@@ -223,6 +225,32 @@ fn time_rows(
     })
 }
 
+/// Each kernel's time in one causal forward and backward of `hs`, profiled
+/// (a sync after each op, each dispatch in a pass of its own): the backward
+/// is timed whole above, and this says how its dq and dk/dv passes share
+/// it. Empty without timestamp queries.
+fn kernel_times(g: &GpuExecutor, hs: &[HostTensor; 4]) -> String {
+    if g.timing_source() != TimingSource::GpuTimestamps {
+        return String::new();
+    }
+    let up = hs.each_ref().map(|h| g.upload(h).unwrap());
+    let fwd = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL).unwrap();
+    g.synchronize().unwrap();
+    g.profile().clear();
+    g.set_profiling(true);
+    let fwd2 = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL);
+    let grads = g.attention_backward(&up[0], &up[1], &up[2], &fwd, &up[3]);
+    g.set_profiling(false);
+    drop((fwd2.unwrap(), grads.unwrap()));
+    let parts: Vec<String> = g
+        .profile()
+        .kernel_snapshot()
+        .into_iter()
+        .map(|(k, t)| format!("{k} {:.3} ms", t.total_ns as f64 / 1e6))
+        .collect();
+    format!("; profiled once, per kernel: {}", parts.join(", "))
+}
+
 /// Median seconds of `f` over `n` runs after one warm-up.
 fn median(n: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -412,7 +440,11 @@ fn bench_f16_sweep(c: &mut Criterion) {
             continue;
         }
         if let Some(ops) = time_rows(&mut group, &g, (dims, AttnMask::CAUSAL), &name, |_| {}) {
-            summary.push(format!("megatrain f16 {name} ({tiles}): {}", ops.rates()));
+            let kernels = kernel_times(&g, &ops.hs);
+            summary.push(format!(
+                "megatrain f16 {name} ({tiles}): {}{kernels}",
+                ops.rates()
+            ));
         }
     }
     group.finish();
