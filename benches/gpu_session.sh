@@ -117,20 +117,32 @@ pick_tiles() {
             if (b != "" && b != "coop256x128" && count["coop256x128"] == n && logs[b] - logs["coop256x128"] > n * log(1.05)) print b
         }' "$OUT/bench-matmul.log" 2>/dev/null)
     [ -n "$best" ] && echo "export MEGATRAIN_F16_MATMUL=$best" >>"$PICKED"
-    # "tiles fwd_ms bwd_ms" of the default ("default") and each swept set.
-    # Each pass is a kernel of its own: the forward of the set with the
-    # fastest forward, dq and dk/dv of the one with the fastest backward.
-    best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms.*/\3 \4 \5/p" \
+    # "tiles fwd_ms bwd_ms [dq_ms dkv_ms]" of the default ("default") and
+    # each swept set, the last two from the set's profiled kernels. Each
+    # pass is a kernel of its own: the forward of the set with the fastest
+    # forward; dq and dk/dv each of the set whose kernel was fastest, or
+    # (no kernel times) both of the set with the fastest backward.
+    best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms(.*)/\3 \4 \5 \6/p" \
         "$OUT/bench-attention.log" 2>/dev/null | awk '
-        NF == 2 {d = $1 + $2; next}
-        NF == 3 && (f == "" || $2 < ft) {f = $1; ft = $2}
-        NF == 3 && (b == "" || $3 < bt) {b = $1; bt = $3}
+        function kernel(pass,   i) {
+            for (i = 4; i < NF; i++) if ($i ~ ("^attention_backward/flash_" pass "_")) return $(i + 1)
+            return ""
+        }
+        $1 ~ /^[0-9.]+$/ {d = $1 + $2; next}
+        {
+            if (f == "" || $2 < ft) {f = $1; ft = $2}
+            if (b == "" || $3 < bt) {b = $1; bt = $3}
+            q = kernel("dq"); k = kernel("dkv")
+            if (q == "" || k == "") nokern = 1
+            split($1, parts, ",")
+            if (q != "" && (qb == "" || q + 0 < qt)) {qb = parts[2]; qt = q + 0}
+            if (k != "" && (kb == "" || k + 0 < kt)) {kb = parts[3]; kt = k + 0}
+        }
         END {
             if (f == "" || d <= 0 || ft + bt >= 0.95 * d) exit
-            split(f, fp, ","); n = split(b, bp, ",")
-            out = fp[1]
-            for (i = 2; i <= n; i++) out = out "," bp[i]
-            print out
+            split(f, fp, ","); split(b, bp, ",")
+            if (nokern) {qb = bp[2]; kb = bp[3]}
+            print fp[1] "," qb "," kb
         }')
     [ -n "$best" ] && echo "export MEGATRAIN_F16_ATTENTION_TILES=$best" >>"$PICKED"
     note "tiles picked for the anchors: $(if [ -s "$PICKED" ]; then tr '\n' ' ' <"$PICKED"; else echo "none (the defaults)"; fi)"
