@@ -218,6 +218,12 @@ note() {
 # ended (all a run cut short by its timeout leaves), then its two table
 # rows (throughput with the peer ratios; split, bus, host B/param and
 # overlap), its peers and its host peak by kind.
+# The first N rows of the first per-kernel profile table in a
+# bench-throughput log (printed as the profiled step ended).
+kernel_table() {
+    awk -v n="$2" '/^per kernel/ {f = 1; print; next} f && /^\|/ {print; if (++k >= n + 2) exit; next} f && k > 0 {exit}' "$1"
+}
+
 rows() {
     note "$1:"
     while IFS= read -r line; do note "  $line"; done < <(
@@ -301,6 +307,7 @@ first)
         --mode-reps 1 --profile --json "$OUT/anchor-tinyllama.json" >"$OUT/anchor-tinyllama.log" 2>&1
     rows "tinyllama anchor (rc $?)" "$OUT/anchor-tinyllama.log"
     sed -n '/^per-op profile/,/in no op/p' "$OUT/anchor-tinyllama.log" | head -30
+    kernel_table "$OUT/anchor-tinyllama.log" 30
     # The same step with two chunks of a layer in flight (the default until
     # session 38, whose H200 run found all of a block's 16 % faster on
     # TinyLlama and 24 % on Qwen2.5-7B): step time and host peak against
@@ -379,8 +386,11 @@ second)
     reserve=0
     [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ] && reserve=100
     timeout "$(left 400 $reserve)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
-        --mode-reps 1 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
+        --mode-reps 1 --no-peer --profile ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --json "$OUT/anchor-qwen.json" >"$OUT/anchor-qwen.log" 2>&1
     rows "qwen anchor (rc $?; hand-over: ${HANDOFF_FLAGS:-} ${MEGATRAIN_DOWNLOAD_STAGING:+MEGATRAIN_DOWNLOAD_STAGING=$MEGATRAIN_DOWNLOAD_STAGING}; ${KEEP_FLAGS:-no activations kept})" "$OUT/anchor-qwen.log"
+    # Its per-kernel profile (one more step, printed as it ends): which
+    # products and passes the 7B step's compute goes to.
+    kernel_table "$OUT/anchor-qwen.log" 30
     if [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ]; then
         unset HANDOFF_FLAGS MEGATRAIN_DOWNLOAD_STAGING KEEP_FLAGS
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
