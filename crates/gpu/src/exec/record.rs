@@ -260,7 +260,7 @@ impl<'e> Op<'e> {
                         },
                     });
                     if split {
-                        timed.push(kernel);
+                        timed.push((kernel, grid));
                     }
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: Some(self.name),
@@ -312,9 +312,12 @@ impl<'e> Op<'e> {
                     let words = ex.read_buffer(&t.read, 0, 8 * n_queries as u64)?;
                     let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
                     let span = |a: usize, b: usize| (v[b].saturating_sub(v[a]) as f64 * t.period_ns) as u64;
-                    for (p, kernel) in timed.iter().enumerate() {
+                    // The grid stands for the shape: a matmul's tiles of C,
+                    // an elementwise kernel's blocks of elements.
+                    for (p, (kernel, [x, y, z])) in timed.iter().enumerate() {
+                        let name = format!("{} [{x}x{y}x{z}]", kernel.profile_name());
                         ex.profiler
-                            .record_kernel(self.name, &kernel.profile_name(), span(2 * p, 2 * p + 1));
+                            .record_kernel(self.name, &name, span(2 * p, 2 * p + 1));
                     }
                     span(0, n_queries - 1)
                 }
