@@ -124,8 +124,10 @@ pick_tiles() {
     # (no kernel times) both of the set with the fastest backward.
     best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms(.*)/\3 \4 \5 \6/p" \
         "$OUT/bench-attention.log" 2>/dev/null | awk '
-        function kernel(pass,   i) {
-            for (i = 4; i < NF; i++) if ($i ~ ("^attention_backward/flash_" pass "_")) return $(i + 1)
+        # The ms after the kernel (its name, then its grid in brackets).
+        function kernel(pass,   i, j) {
+            for (i = 4; i < NF; i++) if ($i ~ ("^attention_backward/flash_" pass "_"))
+                for (j = i + 1; j <= NF; j++) if ($j ~ /^[0-9.]+$/) return $j
             return ""
         }
         $1 ~ /^[0-9.]+$/ {d = $1 + $2; next}
