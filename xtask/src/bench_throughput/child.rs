@@ -305,7 +305,7 @@ fn profile_step<E: Executor + OpProfiler>(
         eprint!(
             "{}",
             p.table(&format!(
-                "{} on {} ({}, B×T {}×{}, as it ran",
+                "{} on {} ({}, B×T {}×{}; as it ran)",
                 spec.label, spec.device, spec.precision, spec.batch, spec.seq_len
             ))
         );

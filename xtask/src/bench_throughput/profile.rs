@@ -139,7 +139,7 @@ impl StepProfile {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "\nper-op profile of one step: {what}; {})\n\n\
+            "\nper-op profile of one step: {what}, {}\n\n\
              | op | calls | total ms | mean µs | share |\n|---|---|---|---|---|",
             self.timing
         );
@@ -193,7 +193,7 @@ pub fn tables(records: &[Record]) -> String {
     for r in records {
         let Some(p) = &r.profile else { continue };
         s.push_str(&p.table(&format!(
-            "{} on {} ({}, B×T {}×{}",
+            "{} on {} ({}, B×T {}×{})",
             r.spec.label, r.device_name, r.spec.precision, r.spec.batch, r.spec.seq_len
         )));
     }

@@ -9,14 +9,14 @@ use megatrain_tensor::Result;
 use wgpu::util::DeviceExt;
 
 use super::batch::UNIFORM_RING_BYTES;
-
-/// Passes of one op a profile times one by one (a pair of timestamp
-/// queries each; the executor's query set holds twice as many).
-pub(crate) const MAX_TIMED_PASSES: usize = 128;
 use super::bind_groups::GroupKey;
 use super::{GpuExecutor, View};
 use crate::kernels::{Kernel, Pipeline};
 use crate::tensor::GpuTensor;
+
+/// Passes of one op a profile times one by one (a pair of timestamp
+/// queries each; the executor's query set holds twice as many).
+pub(crate) const MAX_TIMED_PASSES: usize = 128;
 
 /// Where a dispatch's parameter block lives.
 enum Uniform {
@@ -299,7 +299,7 @@ impl<'e> Op<'e> {
         b.keep.extend(self.keep);
         b.ops += 1;
         b.dispatches += n_dispatches;
-        b.passes += n_dispatch_runs;
+        b.passes += n_passes;
         if profile || b.ops >= sub.max_ops {
             sub.flush_locked(&mut b, queue);
         }
