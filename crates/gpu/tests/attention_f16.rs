@@ -884,17 +884,8 @@ fn resident_blocks_staged_in_slices_match_the_reference() {
     let Some(g) = own_ctx().and_then(|c| executor_opts(c, F16Attention::Coop, opts)) else {
         return;
     };
-    let case = Case {
-        b: 2,
-        t: 45,
-        hq: 6,
-        hkv: 2,
-        d: 80,
-        w: 0,
-        cap: 0.0,
-        docs: &[],
-    };
-    check(&g, case, 61, TOL_COOP, true).unwrap();
+    // B 2, T 37, GQA 6/2, D = 80.
+    check(&g, CASES[0], 61, TOL_COOP, true).unwrap();
     eprintln!("{tiles}: matches");
 }
 

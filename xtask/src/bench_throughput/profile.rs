@@ -143,17 +143,7 @@ impl StepProfile {
              | op | calls | total ms | mean µs | share |\n|---|---|---|---|---|",
             self.timing
         );
-        for o in &self.ops {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {:.3} | {:.1} | {:.1}% |",
-                o.op,
-                o.calls,
-                o.total_ms,
-                o.mean_us,
-                100.0 * o.share
-            );
-        }
+        push_rows(&mut s, &self.ops);
         let _ = writeln!(
             s,
             "\nstep {:.1} ms wall (a sync after every op) = ops {:.1} ms + {:.1} ms in no op \
@@ -171,19 +161,24 @@ impl StepProfile {
                 "\nper kernel (each dispatch in a pass of its own, so a little slower than above):\n\n\
                  | op/kernel | calls | total ms | mean µs | share |\n|---|---|---|---|---|"
             );
-            for k in &self.kernels {
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {:.3} | {:.1} | {:.1}% |",
-                    k.op,
-                    k.calls,
-                    k.total_ms,
-                    k.mean_us,
-                    100.0 * k.share
-                );
-            }
+            push_rows(&mut s, &self.kernels);
         }
         s
+    }
+}
+
+/// The table rows of `rows` (name, calls, total ms, mean µs, share).
+fn push_rows(s: &mut String, rows: &[OpRow]) {
+    for o in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.3} | {:.1} | {:.1}% |",
+            o.op,
+            o.calls,
+            o.total_ms,
+            o.mean_us,
+            100.0 * o.share
+        );
     }
 }
 
