@@ -36,6 +36,15 @@ proptest! {
         let y = rand_host(seed ^ 9, &[rows, cols]);
         let dy = rand_host(seed ^ 7, &[rows, cols]);
         let (cx, cy, cdy) = (cpu_up!(c, &x), cpu_up!(c, &y), cpu_up!(c, &dy));
+        // The sizes of the terms the gelus' results are differences of
+        // (x·(1 + tanh) cancels at large negative x): ½‖x4‖ of gelu(x4),
+        // ‖dy‖ of its backward, ½‖x4∘y‖ and ‖dy∘y‖ of GeGLU's.
+        let (xs, ys, dys) = (x.to_f32_vec(), y.to_f32_vec(), dy.to_f32_vec());
+        let ones = vec![1.0f32; xs.len()];
+        let gelu_terms = product_norm(&xs, &ones, 3.0);
+        let grad_terms = product_norm(&dys, &ones, 1.0);
+        let geglu_terms = product_norm(&xs, &ys, 3.0);
+        let geglu_grad_terms = product_norm(&dys, &ys, 1.0);
         for g in both() {
             let (gx, gy, gdy) = (up(g, &x), up(g, &y), up(g, &dy));
             assert_close("add", &down(g, &g.add(&gx, &gy).unwrap()), &down_cpu(&c, &c.add(&cx, &cy).unwrap()), TOL_F32);
@@ -46,22 +55,27 @@ proptest! {
             // Scaled so that gelu/silu see their tails too.
             let gx4 = g.scale(&gx, 6.0).unwrap();
             let cx4 = c.scale(&cx, 6.0).unwrap();
-            assert_close("gelu", &down(g, &g.gelu(&gx4).unwrap()), &down_cpu(&c, &c.gelu(&cx4).unwrap()), TOL_F32);
-            assert_close("gelu_backward", &down(g, &g.gelu_backward(&gx4, &gdy).unwrap()),
-                &down_cpu(&c, &c.gelu_backward(&cx4, &cdy).unwrap()), TOL_F32);
-            assert_close("gelu_erf", &down(g, &g.gelu_erf(&gx4).unwrap()), &down_cpu(&c, &c.gelu_erf(&cx4).unwrap()), TOL_F32);
-            assert_close("gelu_erf_backward", &down(g, &g.gelu_erf_backward(&gx4, &gdy).unwrap()),
-                &down_cpu(&c, &c.gelu_erf_backward(&cx4, &cdy).unwrap()), TOL_F32);
+            assert_close_terms("gelu", &down(g, &g.gelu(&gx4).unwrap()), &down_cpu(&c, &c.gelu(&cx4).unwrap()),
+                gelu_terms, TOL_F32);
+            assert_close_terms("gelu_backward", &down(g, &g.gelu_backward(&gx4, &gdy).unwrap()),
+                &down_cpu(&c, &c.gelu_backward(&cx4, &cdy).unwrap()), grad_terms, TOL_F32);
+            assert_close_terms("gelu_erf", &down(g, &g.gelu_erf(&gx4).unwrap()), &down_cpu(&c, &c.gelu_erf(&cx4).unwrap()),
+                gelu_terms, TOL_F32);
+            assert_close_terms("gelu_erf_backward", &down(g, &g.gelu_erf_backward(&gx4, &gdy).unwrap()),
+                &down_cpu(&c, &c.gelu_erf_backward(&cx4, &cdy).unwrap()), grad_terms, TOL_F32);
             assert_close("swiglu", &down(g, &g.swiglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.swiglu(&cx4, &cy).unwrap()), TOL_F32);
             let (dg, du) = g.swiglu_backward(&gx4, &gy, &gdy).unwrap();
             let (rg, ru) = c.swiglu_backward(&cx4, &cy, &cdy).unwrap();
             assert_close("swiglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
             assert_close("swiglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
-            assert_close("geglu", &down(g, &g.geglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.geglu(&cx4, &cy).unwrap()), TOL_F32);
+            assert_close_terms("geglu", &down(g, &g.geglu(&gx4, &gy).unwrap()), &down_cpu(&c, &c.geglu(&cx4, &cy).unwrap()),
+                geglu_terms, TOL_F32);
             let (dg, du) = g.geglu_backward(&gx4, &gy, &gdy).unwrap();
             let (rg, ru) = c.geglu_backward(&cx4, &cy, &cdy).unwrap();
-            assert_close("geglu dgate", &down(g, &dg), &down_cpu(&c, &rg), TOL_F32);
-            assert_close("geglu dup", &down(g, &du), &down_cpu(&c, &ru), TOL_F32);
+            assert_close_terms("geglu dgate", &down(g, &dg), &down_cpu(&c, &rg), geglu_grad_terms, TOL_F32);
+            // dup = dy·gelu(g): gelu's terms times dy's.
+            assert_close_terms("geglu dup", &down(g, &du), &down_cpu(&c, &ru),
+                product_norm(&xs, &dys, 3.0), TOL_F32);
             assert_close("add_scalar", &down(g, &g.add_scalar(&gx, 1.25).unwrap()), &down_cpu(&c, &c.add_scalar(&cx, 1.25).unwrap()), TOL_F32);
             // A cap of 2 bends most of x4 (to ±6) and saturates its tails.
             let cap = SoftCap::new(2.0, "test").unwrap();

@@ -189,6 +189,33 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
     assert!(err <= tol, "{what}: relative error {err:e} > {tol:e}");
 }
 
+/// As [`assert_close`], but the error is judged against the larger of the
+/// result's norm and `terms`, the norm of the terms the result is a
+/// difference of. Where those cancel (gelu's 1 + tanh at a large negative
+/// x: a one-element tensor's whole value may lie in the rounding of the
+/// two, and the CPU's and the GPU's tanh round differently), the error
+/// relative to the result says nothing of the kernel.
+pub fn assert_close_terms(what: &str, got: &[f32], want: &[f32], terms: f64, tol: f64) {
+    assert_written(what, got, want);
+    let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
+    let err = norm(&mut got.iter().zip(want).map(|(&a, &b)| a as f64 - b as f64));
+    let scale = norm(&mut want.iter().map(|&x| x as f64)).max(terms);
+    let rel = err / scale.max(f64::MIN_POSITIVE);
+    assert!(
+        rel <= tol,
+        "{what}: error {rel:e} of its size and its terms' > {tol:e}"
+    );
+}
+
+/// ‖a ∘ b‖·k: the norm of the elementwise products of `a` and `b`, times `k`.
+pub fn product_norm(a: &[f32], b: &[f32], k: f64) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 * y as f64 * k).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// A norm's dx is a difference of near-equal terms (with one column,
 /// rmsnorm's is w·dy·rstd·eps/(x²+eps)), so no f32 executor holds it to a
 /// fixed bound relative to itself. Its error is judged against the size of
