@@ -124,8 +124,9 @@ impl CoopAttention {
 
     /// Offsets (in halfs) of the f16 regions in `sm` and its length:
     /// (Q_S, K_S, V_S, DO_S, P_S, DS_S, SM). Unused regions are empty.
-    /// With a shared tile the forward's and dq's resident block starts at 0
-    /// too, under the streamed tiles (`AttnTile::share`).
+    /// With a shared tile the resident block (the forward's Q, dq's Q and
+    /// dO, dkv's K and V) and the streamed tiles both start at 0
+    /// (`AttnTile::share`), the resident block's rows `ldq` apart.
     fn layout(&self) -> [u32; 7] {
         let t = self.tile();
         let (lds, ldq, ldp, br, bc) = (self.d + 8, self.ldq(), t.bc + 8, t.br(), t.bc);
@@ -157,8 +158,8 @@ impl CoopAttention {
     }
 
     /// The resident block in slices ([`AttnTile::split`]): fragments of D
-    /// per slice (the last may have
-    /// fewer) and the slices, for D's `d / 16` fragments.
+    /// per slice (the last may have fewer) and the slices, for D's `d / 16`
+    /// fragments; at most that many slices, whatever the tile asks.
     fn slices(&self) -> (u32, u32) {
         let nd = self.d / 16;
         let per = nd.div_ceil(self.tile().split.clamp(1, nd));

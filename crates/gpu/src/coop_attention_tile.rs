@@ -41,7 +41,9 @@ pub struct AttnTile {
     /// next is staged in the same region: the region then holds BR rows of
     /// D/`split` columns, not of D, so that 8 or 16 subgroups (128 or 256
     /// resident rows) fit 48 KiB of workgroup memory beside the streamed
-    /// tiles. 1: the whole block at once.
+    /// tiles. 1: the whole block at once. Slices are whole fragments
+    /// (⌈D/16 ÷ N⌉ of them, the last one fewer), so a head dimension of
+    /// fewer than N fragments gets one slice per fragment.
     pub split: u32,
 }
 
