@@ -404,6 +404,13 @@ second)
         # deeper queue does where the optimizer waits (Qwen: 1,854 ms of
         # 4,844). The bench's "opt wait ms (after bwd)" column says how
         # much of the wait was the queue full during backward.
+        # First, the embedding's and the first 14 blocks' AdamW carried
+        # into the next step's forward (session 40): where the first run's
+        # "(after bwd)" wait is most of its wait, this is what removes it
+        # (its "fwd ms (carried)" column says what the forward took on).
+        timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
+            --mode-reps 0 --no-peer --carry-layers 15 --json "$OUT/anchor-qwen-carry.json" >"$OUT/anchor-qwen-carry.log" 2>&1
+        rows "qwen anchor, --carry-layers 15 (rc $?)" "$OUT/anchor-qwen-carry.log"
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
             --mode-reps 0 --no-peer --optimizer-queue 16 --json "$OUT/anchor-qwen-queue.json" >"$OUT/anchor-qwen-queue.log" 2>&1
         rows "qwen anchor, --optimizer-queue 16 (rc $?)" "$OUT/anchor-qwen-queue.log"

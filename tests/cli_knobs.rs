@@ -167,6 +167,21 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--keep-activations", "most"],
         &["--keep-activations", "'most'", "`all`"],
     );
+    check(
+        "cpu",
+        &["--carry-layers", "2", "--grad-clip", "1"],
+        &["--carry-layers 2", "cannot be used with --grad-clip"],
+    );
+    check(
+        "cpu",
+        &["--carry-layers", "2", "--host-budget", "1G"],
+        &["--carry-layers 2", "--host-budget"],
+    );
+    check(
+        "cpu",
+        &["--seq-len", "16", "--carry-layers", "7"],
+        &["--carry-layers 7", "the model has 6 layers"],
+    );
     let toml = t.join("knobs.toml");
     std::fs::write(&toml, "staging-depth = 0\n").unwrap();
     check("gpu", &["--config", s(&toml)], &["--staging-depth 0"]);
@@ -180,6 +195,17 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--transfer-chunk", "4K"],
     ));
     assert_eq!(whole, chunked);
+    // The first three layers' updates carried into the next step: the same
+    // losses, and the last step's updates all in its checkpoint.
+    let carried = final_loss(&train(&data, &t.join("carried"), "cpu", &["--carry-layers", "3"]));
+    assert_eq!(whole, carried);
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let read = |run: &str| std::fs::read(t.join(run).join("ckpt-2").join(file)).unwrap();
+        assert!(
+            read("whole") == read("carried"),
+            "the carried run's {file} differs"
+        );
+    }
     // Every block kept from forward to backward, or the last two: no
     // recompute there, the same training.
     for keep in ["all", "2"] {
@@ -363,4 +389,60 @@ fn eval_and_sample_take_the_precision_of_train() {
         &["sample", "--model", s(&run_dir), "--precision", "f64"],
         &["--precision", "f64", "bf16"],
     );
+}
+
+/// With updates carried into the next step, a run that evaluates and
+/// samples after every step reads every update: the same validation losses
+/// and samples as a run that carries none.
+#[test]
+fn carried_updates_are_settled_before_evaluating_and_sampling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let records = |name: &str, extra: &[&str]| {
+        let out = t.join(name);
+        let mut a = vec![
+            "train",
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--out",
+            s(&out),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "16",
+            "--batch",
+            "2",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--eval-every",
+            "1",
+            "--eval-batches",
+            "2",
+            "--sample-every",
+            "2",
+            "--sample-tokens",
+            "8",
+            "--quiet",
+        ];
+        a.extend_from_slice(extra);
+        let o = run(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["loss"].clone(), v["val_loss"].clone(), v["sample"].clone())
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain = records("plain", &[]);
+    let carried = records("carried", &["--carry-layers", "6"]);
+    assert!(plain.iter().filter(|r| r.1.is_number()).count() >= 3, "{plain:?}");
+    assert!(plain.iter().any(|r| r.2.is_string()), "{plain:?}");
+    assert_eq!(plain, carried);
 }

@@ -408,6 +408,40 @@ mod tests {
         assert!(table.contains("| tiny | cpu | bf16 |"), "{table}");
     }
 
+    /// Carried updates: every timed step applies the step before's in its
+    /// forward, and the modes after the steps run on settled parameters.
+    #[test]
+    fn a_run_that_carries_updates_reports_them_and_runs_its_modes() {
+        let spec = Spec {
+            label: "carried".into(),
+            layers: Some(2),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 2,
+            mode_reps: 1,
+            profile: true,
+            carry_layers: 3,
+            ..test_spec()
+        };
+        let r = run(&spec).unwrap();
+        assert!(
+            r.carried_ms > 0.0 && r.carried_ms < r.forward_ms,
+            "{} {}",
+            r.carried_ms,
+            r.forward_ms
+        );
+        assert!(r.modes.as_ref().unwrap().compute_only_ms > 0.0);
+        let table = report::tables(std::slice::from_ref(&r), &[]);
+        assert!(
+            table.contains(&format!(
+                "| carried | cpu | {:.1} ({:.1}) |",
+                r.forward_ms, r.carried_ms
+            )),
+            "{table}"
+        );
+    }
+
     #[test]
     fn f16_runs_on_the_cpu_and_an_unknown_precision_is_named() {
         let spec = Spec {

@@ -133,6 +133,11 @@ pub struct Args {
     /// least 1).
     #[arg(long)]
     optimizer_queue: Option<usize>,
+    /// The first N layers (embedding, then blocks) leave their gradients on
+    /// the device at a step's end, and the next step's forward runs their
+    /// AdamW just before loading each (default 0: off).
+    #[arg(long, default_value = "0")]
+    carry_layers: usize,
     /// The last N blocks (`all`, or `auto` as `megatrain train` decides)
     /// keep their weights and activations from forward to backward, which
     /// then uploads and recomputes only the others (default 0: the
@@ -228,6 +233,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         transfer_chunk: a.transfer_chunk,
         chunks_in_flight: a.chunks_in_flight,
         optimizer_queue: a.optimizer_queue,
+        carry_layers: a.carry_layers,
         keep_activations: a.keep_activations,
         knobs: a.knobs,
         profile: a.profile,

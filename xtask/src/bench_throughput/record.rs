@@ -66,6 +66,10 @@ pub struct Record {
     /// (`StepMetrics::optimizer_tail_ms`).
     #[serde(default)]
     pub optimizer_tail_ms: f64,
+    /// The forward's time applying the updates the step before carried
+    /// (`StepMetrics::carried_ms`; part of `forward_ms`).
+    #[serde(default)]
+    pub carried_ms: f64,
     pub upload_ms: f64,
     pub download_ms: f64,
     pub optimizer_busy_ms: f64,
@@ -399,6 +403,7 @@ impl Record {
             backward_ms: mean(&steps, |m| m.backward_ms),
             optimizer_wait_ms: mean(&steps, |m| m.optimizer_wait_ms),
             optimizer_tail_ms: mean(&steps, |m| m.optimizer_tail_ms),
+            carried_ms: mean(&steps, |m| m.carried_ms),
             upload_ms: mean(&steps, |m| m.upload_ms),
             download_ms: mean(&steps, |m| m.download_ms),
             optimizer_busy_ms: mean(&steps, |m| m.optimizer_ms),

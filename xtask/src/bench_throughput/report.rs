@@ -66,7 +66,7 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
     }
     s.push('\n');
     s.push_str(
-        "| config | device | fwd ms | loss ms | bwd ms | opt wait ms (after bwd) | upload ms | download ms | \
+        "| config | device | fwd ms (carried) | loss ms | bwd ms | opt wait ms (after bwd) | upload ms | download ms | \
          bus MB/step | bus GB/s | opt busy ms | opt hidden | device peak MB | host B/param | compute-only ms | \
          transfer-only ms | transfer-only GB/s | optimizer-only ms | overlap (step ÷ max) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
@@ -75,10 +75,11 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
         let m = r.modes.as_ref();
         let _ = writeln!(
             s,
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.1} | {} | {:.2} | {:.1} | {:.0}% | {} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.1} ({:.1}) | {:.1} | {:.1} | {:.1} ({:.1}) | {:.1} | {:.1} | {} | {:.2} | {:.1} | {:.0}% | {} | {:.2} | {} | {} | {} | {} | {} |",
             r.spec.label,
             r.spec.device,
             r.forward_ms,
+            r.carried_ms,
             r.loss_ms,
             r.backward_ms,
             r.optimizer_wait_ms,

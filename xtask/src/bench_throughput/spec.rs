@@ -54,6 +54,10 @@ pub struct Spec {
     /// Gradient chunks that may wait for the optimizer (default the trainer's).
     #[serde(default)]
     pub optimizer_queue: Option<usize>,
+    /// The first layers whose updates run in the next step's forward
+    /// (`TrainerConfig::carry_layers`; default 0).
+    #[serde(default)]
+    pub carry_layers: usize,
     /// The last blocks that keep their weights and activations (not uploaded again nor recomputed).
     #[serde(default)]
     pub keep_activations: KeepActivations,
@@ -71,7 +75,8 @@ fn auto() -> String {
 
 impl Spec {
     /// The gradient hand-over's overrides (transfer chunk, chunks in
-    /// flight, optimizer queue, at least 1) onto the trainer's `config`.
+    /// flight, optimizer queue, at least 1, layers carried) onto the
+    /// trainer's `config`.
     pub fn apply_handoff(&self, config: &mut megatrain::trainer::TrainerConfig) -> anyhow::Result<()> {
         if let Some(b) = self.transfer_chunk {
             config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
@@ -82,6 +87,7 @@ impl Spec {
         if let Some(n) = self.optimizer_queue {
             config.optimizer_queue = n.max(1);
         }
+        config.carry_layers = self.carry_layers;
         Ok(())
     }
 
@@ -170,6 +176,7 @@ pub(crate) fn test_spec() -> Spec {
         transfer_chunk: None,
         chunks_in_flight: None,
         optimizer_queue: None,
+        carry_layers: 0,
         keep_activations: KeepActivations::NONE,
         knobs: TransportKnobs::default(),
         profile: false,

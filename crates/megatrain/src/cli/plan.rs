@@ -428,4 +428,17 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         ms(c.step_ordered_s(m, tokens)),
         tokens as f64 / c.step_ordered_s(m, tokens)
     );
+    match c.best_carry(m, tokens) {
+        (0, _) => println!(
+            "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
+        ),
+        (carry, step) => println!(
+            "  carrying the first {carry} layers' AdamW into the next step's forward (--carry-layers {carry}; \
+             each block's forward waits for its update): forward {:.1} ms + max(backward, the other layers' AdamW) \
+             = {:.1} ms, {:.0} tokens/s at best",
+            ms(c.step_carrying_s(m, tokens, carry).1),
+            ms(step),
+            tokens as f64 / step
+        ),
+    }
 }

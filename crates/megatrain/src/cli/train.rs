@@ -119,6 +119,14 @@ pub struct TrainArgs {
     /// chunks, and the device waits longer). Changes no result.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
+    /// The first N layers (embedding, then blocks) keep their gradients on
+    /// the device at a step's end, and the next step's forward runs their
+    /// AdamW just before loading each, instead of the device idling while
+    /// the host finishes the updates after backward (default 0: off; not
+    /// with --grad-clip, ranks or --host-budget). Costs their f32 gradients
+    /// in device memory; changes no result.
+    #[arg(long)]
+    carry_layers: Option<usize>,
     #[command(flatten)]
     knobs: TransportKnobs,
     #[arg(long)]
@@ -269,6 +277,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         sample_tokens,
         save_every,
         keep_checkpoints,
+        carry_layers,
         log_every,
         out,
         shard_optimizer,

@@ -92,6 +92,14 @@ pub struct BusCover {
     /// block not kept from forward to backward), which `step_flops_per_token`
     /// leaves out.
     pub step_recompute_flops_per_token: f64,
+    /// Parameters of the embedding (the first layer a forward loads).
+    pub embedding_params: u64,
+    /// The model's blocks, their parameters and their model FLOPs per
+    /// token, all together ([`BusCover::step_carrying_s`] takes them as
+    /// alike).
+    pub blocks: usize,
+    pub blocks_params: u64,
+    pub blocks_flops_per_token: f64,
     /// Tokens per step at which a block's compute takes as long as its bus
     /// bytes; more tokens and the block is compute-bound.
     pub tokens_to_cover: u64,
@@ -161,8 +169,52 @@ impl BusCover {
     /// plus the longer of its backward and its AdamW; and at least its bus
     /// time, which may overlap both.
     pub fn step_ordered_s(&self, m: Machine, tokens: u64) -> f64 {
-        let sides = self.step_backward_s(m, tokens).max(self.step_adamw_s(m));
-        (self.step_forward_s(m, tokens) + sides).max(self.step_bus_s(m))
+        self.step_carrying_s(m, tokens, 0).0
+    }
+
+    /// [`BusCover::step_ordered_s`] where the first `carry` layers (the
+    /// embedding, then blocks; at most all but the head) leave their AdamW
+    /// to the next step's forward (`TrainerConfig::carry_layers`): the
+    /// host updates them one after another from the forward's start, and
+    /// each block's forward begins once its update and the block before
+    /// are done, while the backward overlaps only the other layers'
+    /// AdamW. Blocks are taken as alike (their mean parameters and FLOPs).
+    /// Returns the step and, of it, the forward.
+    pub fn step_carrying_s(&self, m: Machine, tokens: u64, carry: usize) -> (f64, f64) {
+        let carry = carry.min(self.blocks + 1);
+        let rate = m.adamw_gparams * 1e9;
+        let n = self.blocks.max(1) as f64;
+        let block_adamw = self.blocks_params as f64 / n / rate;
+        let block_forward = self.blocks_flops_per_token / 3.0 / n * tokens as f64 / (m.gpu_tflops * 1e12);
+        let head_forward = self.step_forward_s(m, tokens) - block_forward * self.blocks as f64;
+        // The embedding's forward is a gather: no FLOPs to speak of.
+        let mut updated = if carry > 0 {
+            self.embedding_params as f64 / rate
+        } else {
+            0.0
+        };
+        let mut forward = updated;
+        for j in 0..self.blocks {
+            if j + 1 < carry {
+                updated += block_adamw;
+                forward = forward.max(updated);
+            }
+            forward += block_forward;
+        }
+        forward += head_forward;
+        let carried = if carry > 0 { updated } else { 0.0 };
+        let rest = (self.step_adamw_s(m) - carried).max(0.0);
+        let step = forward + self.step_backward_s(m, tokens).max(rest);
+        (step.max(self.step_bus_s(m)), forward)
+    }
+
+    /// The number of layers to carry that makes
+    /// [`BusCover::step_carrying_s`] shortest (the fewest where several
+    /// tie), and that step.
+    pub fn best_carry(&self, m: Machine, tokens: u64) -> (usize, f64) {
+        (0..=self.blocks + 1)
+            .map(|c| (c, self.step_carrying_s(m, tokens, c).0))
+            .fold((0, f64::INFINITY), |best, x| if x.1 < best.1 { x } else { best })
     }
 }
 
@@ -258,6 +310,10 @@ pub fn bus_cover_keeping(
         step_flops_per_token: blocks_flops + head_flops,
         step_params: tables.iter().map(|t| t.numel() as u64).sum(),
         step_recompute_flops_per_token: recompute_flops,
+        embedding_params: tables[0].numel() as u64,
+        blocks: n_blocks,
+        blocks_params: tables[1..1 + n_blocks].iter().map(|t| t.numel() as u64).sum(),
+        blocks_flops_per_token: blocks_flops,
         tokens_to_cover,
         tokens_to_cover_adamw,
         batch_to_cover: (tokens.div_ceil(seq_len as u64) as usize).max(1),
@@ -446,6 +502,49 @@ mod tests {
         };
         let want = c.step_forward_s(slow, 64) + c.step_adamw_s(slow);
         assert!((c.step_ordered_s(slow, 64) - want).abs() < 1e-12 * want);
+    }
+
+    /// Carried updates by hand for gpt2-nano's four blocks: the forward
+    /// waits for each carried layer's AdamW, the backward overlaps the
+    /// rest's; with a slow host AdamW carrying shortens the step, with a
+    /// fast one it only delays the forward.
+    #[test]
+    fn carried_updates_move_adamw_into_the_forward() {
+        let m = preset("gpt2-nano", Some(65)).unwrap();
+        let tables = m.layer_tables();
+        let tokens = 4096;
+        let slow = Machine {
+            adamw_gparams: 1e-3,
+            ..Machine::H100
+        };
+        let c = bus_cover(&m, 64, TransportDType::F32, slow).unwrap();
+        assert_eq!(
+            c.step_carrying_s(slow, tokens, 0).0,
+            c.step_ordered_s(slow, tokens)
+        );
+        let rate = slow.adamw_gparams * 1e9;
+        let (a_e, a_b) = (tables[0].numel() as f64 / rate, tables[1].numel() as f64 / rate);
+        let f_b = c.blocks_flops_per_token / 12.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
+        let head = c.step_forward_s(slow, tokens) - 4.0 * f_b;
+        let forward = a_e + a_b + f_b + 3.0 * f_b + head;
+        let rest = c.step_adamw_s(slow) - a_e - a_b;
+        let want = forward + c.step_backward_s(slow, tokens).max(rest);
+        let (step, fwd) = c.step_carrying_s(slow, tokens, 2);
+        assert!((fwd - forward).abs() < 1e-12 * forward);
+        assert!((step - want).abs() < 1e-12 * want);
+        // The head is never carried: more is all but it.
+        assert_eq!(
+            c.step_carrying_s(slow, tokens, 99),
+            c.step_carrying_s(slow, tokens, 5)
+        );
+        let (best, at) = c.best_carry(slow, tokens);
+        assert!(best > 0 && at < c.step_ordered_s(slow, tokens), "{best} {at}");
+        let fast = Machine {
+            adamw_gparams: 1e6,
+            ..Machine::H100
+        };
+        let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
+        assert_eq!(c.best_carry(fast, tokens).0, 0);
     }
 
     #[test]

@@ -392,6 +392,12 @@ pub struct TrainOptions {
     /// all of a block's, `TrainerConfig::chunks_in_flight`): fewer hold
     /// less host memory and leave the device idle longer. A device option.
     pub chunks_in_flight: Option<usize>,
+    /// The first this many layers (the embedding, then the blocks) keep
+    /// their gradients on the executor at a step's end; the next step's
+    /// forward updates each just before loading it
+    /// (`TrainerConfig::carry_layers`). 0: off. A device option: it
+    /// changes no result.
+    pub carry_layers: usize,
     /// The GPU transport's knobs, flattened: their keys sit beside the
     /// others in a config file and a run's saved options.
     #[serde(flatten)]
@@ -462,6 +468,7 @@ impl Default for TrainOptions {
             spill_window: None,
             transfer_chunk: None,
             chunks_in_flight: None,
+            carry_layers: 0,
             knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
@@ -611,6 +618,25 @@ impl TrainOptions {
                 n,
                 format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
             ));
+        }
+        if self.carry_layers > 0 {
+            let clash = match () {
+                _ if self.grad_clip > 0.0 => Some("--grad-clip, whose updates all follow the backward"),
+                _ if self.ranks > 1 => {
+                    Some("data parallel ranks, whose updates wait for each layer's reduction")
+                }
+                _ if self.host_budget.is_some() => {
+                    Some("--host-budget, whose spilled layers are updated through the window")
+                }
+                _ => None,
+            };
+            if let Some(why) = clash {
+                return Err(RunError::option(
+                    "carry-layers",
+                    self.carry_layers,
+                    format!("cannot be used with {why}"),
+                ));
+            }
         }
         let knobs = self.knobs;
         knobs.validate()?;

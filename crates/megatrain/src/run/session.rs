@@ -158,6 +158,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "spill_window",
                     "transfer_chunk",
                     "chunks_in_flight",
+                    "carry_layers",
                     "keep_activations",
                     "share_transport",
                     "shm_dir",
@@ -251,6 +252,17 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
+    let layers = model.num_layers + 2;
+    if opts.carry_layers > layers {
+        return Err(RunError::option(
+            "carry-layers",
+            opts.carry_layers,
+            format!(
+                "the model has {layers} layers (the embedding, {} blocks, the head)",
+                model.num_layers
+            ),
+        ));
+    }
     encoder.vocab_limit = Some(model.vocab_size);
     if opts.sample_every > 0 {
         sample_prompt(&encoder, &opts)?;
@@ -650,6 +662,7 @@ pub fn train_with<E: Executor>(
             .chunks_in_flight
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
+        carry_layers: opts.carry_layers,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {
@@ -756,6 +769,14 @@ pub fn train_with<E: Executor>(
         // may not leave time for both). One during the evaluation is seen
         // right after it.
         summary.interrupted = interrupted(dist.as_ref())?;
+        let reads = summary.interrupted.is_none()
+            && ((due(opts.eval_every) && p.val.is_some())
+                || (lead && opts.sample_every > 0 && due(opts.sample_every)));
+        if finite && (reads || step == end) {
+            // The evaluation and the sample read every layer's parameters;
+            // the run's last step leaves none of its updates behind.
+            trainer.settle()?;
+        }
         let mut evaluated = None;
         if finite && summary.interrupted.is_none() && due(opts.eval_every) && p.val.is_some() {
             let v = eval(&trainer)?.unwrap_or(f64::NAN);

@@ -19,6 +19,7 @@ impl<E: Executor> Trainer<E> {
         batch: usize,
         cache: Option<&mut KvCache<E::Tensor>>,
     ) -> Result<Vec<f32>> {
+        self.ensure_settled("generation")?;
         let (ex, cfg, layers) = (&self.ex, &self.model, self.tier.layers());
         let head = cfg.num_layers + 1;
         let mut slots = Slots::new(self.config.checkpoint_every);

@@ -32,6 +32,12 @@ impl<E: Executor> Trainer<E> {
                 dist.comm.size()
             )));
         }
+        if self.config.carry_layers > 0 {
+            return Err(TrainError::Config(format!(
+                "carry_layers ({}) cannot be used with data parallel ranks, whose updates wait for each layer's reduction",
+                self.config.carry_layers
+            )));
+        }
         // A tier placed for a sharded rank holds only that rank's share
         // of its RAM layers.
         let (rank, ranks) = (dist.comm.rank(), dist.comm.size());
@@ -222,7 +228,8 @@ impl<E: Executor> Trainer<E> {
     /// of its spill files. The other ranks take part in the same gathers
     /// and return `None`. Rank 0 makes every gather the others make even
     /// when `save` writes nothing (the checkpoint exists already) or stops
-    /// early.
+    /// early. Updates carried into the next step are applied first
+    /// ([`Trainer::settle`]).
     pub fn save_on_rank0<R, Err: From<TrainError>>(
         &mut self,
         save: impl FnOnce(
@@ -230,6 +237,7 @@ impl<E: Executor> Trainer<E> {
             &mut dyn FnMut(&mut LayerSlab) -> megatrain_tier::Result<Option<Gathered>>,
         ) -> std::result::Result<R, Err>,
     ) -> std::result::Result<Option<R>, Err> {
+        self.settle()?;
         let rank = self.dist.as_ref().map_or(0, |d| d.config.comm.rank());
         let sharded = self.dist.as_ref().is_some_and(|d| d.config.shard_optimizer);
         if rank != 0 {

@@ -10,6 +10,7 @@ use std::time::Instant;
 use megatrain_tensor::{Download, Executor};
 use megatrain_tier::LayerSlab;
 
+use super::carry::Carried;
 use super::optimizer::{Grads, Job};
 use super::upload::check_grads;
 use super::{Result, StagingPool, StepMetrics, TrainError, ms};
@@ -40,6 +41,12 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     /// Layers not handed over yet.
     pub(super) remaining: &'t mut [LayerSlab],
     pending: Option<Pending<'t, E::Tensor>>,
+    /// Layers below this index keep their gradients on the executor for
+    /// the next step to apply at this learning rate (`carry.rs`), when
+    /// `update`.
+    carry_below: (usize, f32),
+    /// Those layers, in the order handed over.
+    pub(super) carried: Vec<Carried<E::Tensor>>,
 }
 
 /// Chunks of one layer's gradients in flight at once, for layers of
@@ -103,7 +110,17 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             host_copies: false,
             remaining,
             pending: None,
+            carry_below: (0, 0.0),
+            carried: Vec::new(),
         }
+    }
+
+    /// Keeps the gradients of the layers below index `n` on the executor
+    /// instead of handing them over (when updating), for the next step to
+    /// apply at learning rate `lr`.
+    pub(super) fn carry_below(mut self, n: usize, lr: f32) -> Self {
+        self.carry_below = (n, lr);
+        self
     }
 
     /// Starts the download of the last remaining layer's gradients, then
@@ -122,6 +139,14 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         // backward that made its gradients.
         if let Some(previous) = self.pending.take() {
             self.drain(previous, m)?;
+        }
+        if self.update && slab.index() < self.carry_below.0 {
+            self.carried.push(Carried {
+                index: slab.index(),
+                grads,
+                lr: self.carry_below.1,
+            });
+            return Ok(());
         }
         let mut p = Pending::new(slab, grads, self.in_flight);
         self.begin_more(&mut p, m)?;
@@ -154,7 +179,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
     fn drain(&self, mut p: Pending<'t, E::Tensor>, m: &mut StepMetrics) -> Result<()> {
         while let Some((r, d)) = p.chunks.in_flight.pop_front() {
             let t = Instant::now();
-            let grads = self.finish(d, &p.chunks.grads, r.len());
+            let grads = land_chunk(self.ex, self.pool, d, &p.chunks.grads, r.len());
             m.download_ms += ms(t);
             let grads = grads?;
             self.begin_more(&mut p, m)?;
@@ -173,27 +198,31 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
     }
 }
 
-impl<E: Executor> Handoff<'_, '_, E> {
-    /// Completes one chunk's download of `len` elements: in place where
-    /// the executor can, else copied into a staging buffer.
-    fn finish(&self, d: Download<E::Tensor>, grads: &[E::Tensor], len: usize) -> Result<Grads> {
-        let d = match self.ex.finish_download_in_place(d)? {
-            Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
-            Ok(values) => {
-                return Err(TrainError::Internal(format!(
-                    "a gradient chunk of {len} elements landed as {}",
-                    values.len()
-                )));
-            }
-            Err(d) => d,
-        };
-        let mut staging = self.pool.take(len);
-        match self.ex.finish_download_range(d, grads, &mut staging) {
-            Ok(()) => Ok(Grads::Staged(staging)),
-            Err(e) => {
-                self.pool.give(staging);
-                Err(e.into())
-            }
+/// Completes one chunk's download of `len` elements of `grads`: in place
+/// where the executor can, else copied into a staging buffer of `pool`.
+pub(super) fn land_chunk<E: Executor>(
+    ex: &E,
+    pool: &StagingPool,
+    d: Download<E::Tensor>,
+    grads: &[E::Tensor],
+    len: usize,
+) -> Result<Grads> {
+    let d = match ex.finish_download_in_place(d)? {
+        Ok(values) if values.len() == len => return Ok(Grads::Landed(values)),
+        Ok(values) => {
+            return Err(TrainError::Internal(format!(
+                "a gradient chunk of {len} elements landed as {}",
+                values.len()
+            )));
+        }
+        Err(d) => d,
+    };
+    let mut staging = pool.take(len);
+    match ex.finish_download_range(d, grads, &mut staging) {
+        Ok(()) => Ok(Grads::Staged(staging)),
+        Err(e) => {
+            pool.give(staging);
+            Err(e.into())
         }
     }
 }

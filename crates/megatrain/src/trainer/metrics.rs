@@ -41,8 +41,14 @@ pub struct StepMetrics {
     /// rest is the thread that queues backward blocked on a full queue,
     /// the device idle unless earlier work was queued.
     pub optimizer_tail_ms: f64,
-    /// Optimizer busy time (AdamW and gradient accumulation).
+    /// Optimizer busy time (AdamW and gradient accumulation), carried
+    /// updates' AdamW included.
     pub optimizer_ms: f64,
+    /// The forward's time bringing down and applying the updates the last
+    /// step carried (`TrainerConfig::carry_layers`; part of `forward_ms`):
+    /// the thread that queues the forward is busy, the device computes
+    /// what was queued before.
+    pub carried_ms: f64,
     /// 1 − wait / busy: the share of optimizer work hidden behind the device.
     pub optimizer_hidden: f64,
     /// Bytes of weights loaded, counted as the executor holds them: with

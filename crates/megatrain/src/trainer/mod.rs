@@ -17,7 +17,10 @@
 //!    next layer's backward has been issued);
 //! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
 //!    on each layer as its gradients land (and rewrites its transport copy)
-//!    while the executor goes on with earlier layers.
+//!    while the executor goes on with earlier layers; with
+//!    [`TrainerConfig::carry_layers`], the first layers' gradients stay on
+//!    the executor and the next step's forward updates each just before it
+//!    loads it (`carry.rs`).
 //!
 //! The embedding weights stay resident from the forward to the embedding
 //! backward (a tied head reads them too) and the head runs its backward
@@ -33,6 +36,7 @@
 //! backward (reported as optimizer wait). Gradient accumulation also holds
 //! gradients; the update overlaps the last micro-batch's backward.
 
+mod carry;
 mod decode;
 mod distributed;
 mod handoff;
@@ -61,6 +65,7 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
+use carry::{Apply, Carried, Rising};
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 pub use metrics::StepMetrics;
@@ -131,6 +136,18 @@ pub struct TrainerConfig {
     /// of their FLOPs and one of their two crossings of the bus. Results
     /// do not depend on it.
     pub keep_activations: usize,
+    /// The first this many layers (the embedding, then the blocks in
+    /// order; at most all of them) leave their gradients on the executor
+    /// at the end of the step, and the next step's forward brings each
+    /// down and runs its AdamW just before loading it (`carry.rs`): the
+    /// host's AdamW of the layers whose gradients come last overlaps the
+    /// device's forward of the layers before them instead of following
+    /// the backward with the device idle. Costs their f32 gradients in
+    /// executor memory between steps. Until [`Trainer::settle`] (which a
+    /// checkpoint save runs), those layers' parameters are one update
+    /// behind. Results do not depend on it. Not with clipping, data
+    /// parallel ranks or a tier that spills.
+    pub carry_layers: usize,
 }
 
 /// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
@@ -169,6 +186,7 @@ impl Default for TrainerConfig {
             transfer_chunk: DEFAULT_TRANSFER_CHUNK,
             chunks_in_flight: 0,
             keep_activations: 0,
+            carry_layers: 0,
         }
     }
 }
@@ -187,6 +205,8 @@ pub struct Trainer<E: Executor> {
     spill: WindowConfig,
     /// Data parallel training (`None`: this process trains alone).
     dist: Option<DistState>,
+    /// Updates the last step left to the next (`carry.rs`).
+    carried: Vec<Carried<E::Tensor>>,
 }
 
 /// Lets the executor read each layer's transport copy by itself (uploads
@@ -252,6 +272,27 @@ impl<E: Executor> Trainer<E> {
                 ));
             }
         }
+        if config.carry_layers > 0 {
+            if config.grad_clip.is_some() {
+                return Err(TrainError::Config(format!(
+                    "carry_layers ({}) cannot be used with exact gradient clipping, whose updates all follow the backward",
+                    config.carry_layers
+                )));
+            }
+            if config.carry_layers > tier.len() {
+                return Err(TrainError::Config(format!(
+                    "carry_layers ({}) is more than the model's {} layers",
+                    config.carry_layers,
+                    tier.len()
+                )));
+            }
+            if tier.has_spill() {
+                return Err(TrainError::Config(format!(
+                    "carry_layers ({}) cannot be used with a tier that spills to disk",
+                    config.carry_layers
+                )));
+            }
+        }
         let tables = model.layer_tables();
         if tables.len() != tier.len() || tables.iter().zip(tier.layers()).any(|(t, s)| t != s.table()) {
             return Err(TrainError::Config(format!(
@@ -298,6 +339,7 @@ impl<E: Executor> Trainer<E> {
             transport,
             spill: WindowConfig::default(),
             dist: None,
+            carried: Vec::new(),
         })
     }
 
@@ -319,8 +361,56 @@ impl<E: Executor> Trainer<E> {
         &self.model
     }
 
+    /// The tier. With updates carried ([`TrainerConfig::carry_layers`]),
+    /// the carried layers' parameters, moments and transport copies are one
+    /// update behind until [`Trainer::settle`].
     pub fn tier(&self) -> &HostTier {
         &self.tier
+    }
+
+    /// Layers whose update the last step left to the next.
+    pub fn carried_layers(&self) -> usize {
+        self.carried.len()
+    }
+
+    /// Applies the updates the last step left to the next
+    /// ([`TrainerConfig::carry_layers`]): brings those layers' gradients
+    /// down and runs their AdamW, so the tier holds every layer as of the
+    /// last step. A no-op when nothing is carried. Returns the time taken,
+    /// in milliseconds.
+    pub fn settle(&mut self) -> Result<f64> {
+        if self.carried.is_empty() {
+            return Ok(0.0);
+        }
+        let t = Instant::now();
+        let chunk = self.transfer_chunk();
+        let (largest, in_flight) = layer_chunks(self.tier.layers(), self.config.chunks_in_flight, chunk);
+        self.ex.reserve_downloads(
+            chunk.min(largest),
+            gradient_chunks_held(self.config.optimizer_queue, false, in_flight),
+        )?;
+        let carried = std::mem::take(&mut self.carried);
+        let mut rising = Rising::new(carried, self.tier.layers(), chunk, in_flight)?;
+        let apply = Apply {
+            adamw: &self.adamw,
+            masks: &self.masks,
+            pool: &self.pool,
+        };
+        let mut m = StepMetrics::default();
+        rising.settle_through(&self.ex, usize::MAX, self.tier.layers_mut(), &apply, &mut m)?;
+        Ok(ms(t))
+    }
+
+    /// Refuses `what` while updates are carried: it would read parameters
+    /// one update behind.
+    fn ensure_settled(&self, what: &str) -> Result<()> {
+        match self.carried.is_empty() {
+            true => Ok(()),
+            false => Err(TrainError::Config(format!(
+                "{what} reads the parameters, but the updates of {} are carried into the next step: call Trainer::settle first",
+                carry::describe(&self.carried)
+            ))),
+        }
     }
 
     /// Mutable tier access (checkpoint loading); transport copies must be
@@ -329,7 +419,16 @@ impl<E: Executor> Trainer<E> {
     /// collective before any of them uploads again: a step's own barrier
     /// comes only at its end). Layers put in through it are not registered
     /// with the executor: their uploads are copied by the host.
+    ///
+    /// # Panics
+    /// Where updates are carried ([`Trainer::carried_layers`]): settle
+    /// them first, or they would be applied over what is put in.
     pub fn tier_mut(&mut self) -> &mut HostTier {
+        assert!(
+            self.carried.is_empty(),
+            "Trainer::tier_mut with the updates of {} carried: call Trainer::settle first",
+            carry::describe(&self.carried)
+        );
         &mut self.tier
     }
 
@@ -513,9 +612,11 @@ impl<E: Executor> Trainer<E> {
             transport: _,
             spill,
             dist,
+            carried,
         } = self;
         let dist = dist.as_ref();
         let ex: &E = ex;
+        let (adamw, masks, pool): (&AdamW, &[DecayMask], &StagingPool) = (adamw, masks, pool);
         let (b, t) = (batch.batch, batch.seq_len);
         let n_blocks = cfg.num_layers;
         let k = config.checkpoint_every;
@@ -538,6 +639,11 @@ impl<E: Executor> Trainer<E> {
             gradient_chunks_held(config.optimizer_queue, dist.is_some(), in_flight),
         )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
+        // The last step's carried updates, applied as the forward reaches
+        // each layer; their first downloads begin now.
+        let mut rising = Rising::new(std::mem::take(carried), tier.layers(), chunk, in_flight)?;
+        rising.begin_more(ex)?;
+        let apply = Apply { adamw, masks, pool };
 
         let loss = std::thread::scope(|scope| -> Result<(f64, f64)> {
             let opt = scope.spawn(move || match dist {
@@ -547,7 +653,8 @@ impl<E: Executor> Trainer<E> {
                     ..WorkerReport::default()
                 }),
             });
-            let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut());
+            let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut())
+                .carry_below(config.carry_layers, lr);
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();
@@ -560,6 +667,7 @@ impl<E: Executor> Trainer<E> {
             // 1. Forward, keeping the input of every K-th recomputed
             // block and what the kept blocks saved.
             let t_fwd = Instant::now();
+            rising.settle_through(ex, 0, h.remaining, &apply, m)?;
             let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
             let docs = batch.docs.as_ref();
             let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t, docs)?;
@@ -585,6 +693,7 @@ impl<E: Executor> Trainer<E> {
                     true => slots.kept(i - plan.kept().start),
                     false => slots.take()?,
                 };
+                rising.settle_through(ex, 1 + i, h.remaining, &apply, m)?;
                 let w = load(slot, &h.remaining[1 + i], m)?;
                 let (y, sv) = block_forward(cfg, ex, i, &w, &x, docs)?;
                 stats.extend(sv.router_stats(cfg, tokens.as_deref()));
@@ -604,6 +713,12 @@ impl<E: Executor> Trainer<E> {
 
             // 2. Loss and its backward.
             let t_loss = Instant::now();
+            rising.settle_through(ex, n_blocks + 1, h.remaining, &apply, m)?;
+            if !rising.is_empty() {
+                return Err(TrainError::Internal(
+                    "a carried update outlived the forward".into(),
+                ));
+            }
             let head_w = load(HEAD_SLOT, &h.remaining[n_blocks + 1], m)?;
             let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
             let head = head_forward_backward(
@@ -671,6 +786,7 @@ impl<E: Executor> Trainer<E> {
 
             // 4. The optimizer's tail.
             let host_copies = h.host_copies;
+            *carried = std::mem::take(&mut h.carried);
             drop(h);
             let t_wait = Instant::now();
             let rep = opt
@@ -692,6 +808,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_wait_ms += rep.waited_after(t_wait);
             Ok((loss_sum, aux.map_or(0.0, |a| a.loss)))
         });
+
         // The last writes behind: the host waits for them (the next step
         // reads these files).
         if let (Ok(_), Some(w)) = (&loss, window) {
@@ -723,6 +840,7 @@ impl<E: Executor> Trainer<E> {
 
     /// [`Trainer::eval_losses`] with groups of `group` batches (at least one).
     pub fn eval_losses_in_groups(&self, batches: &[Batch], group: usize) -> Result<Vec<(f64, usize)>> {
+        self.ensure_settled("an evaluation")?;
         let mut out = Vec::with_capacity(batches.len());
         for now in batches.chunks(group.max(1)) {
             out.extend(self.eval_group(now)?);

@@ -88,6 +88,7 @@ impl<E: Executor> Trainer<E> {
     /// Uploads every layer's transport copy once, for [`Trainer::compute_only`].
     /// Holds the whole model on the executor.
     pub fn resident_weights(&self) -> Result<ResidentWeights<E>> {
+        self.ensure_settled("the compute-only mode")?;
         let layers = self
             .tier
             .layers()
@@ -286,6 +287,7 @@ impl<E: Executor> Trainer<E> {
     /// a constant gradient, on the calling thread, at learning rate `lr`.
     /// It changes the parameters like a real step.
     pub fn optimizer_only(&mut self, lr: f64) -> Result<f64> {
+        self.settle()?;
         let max = self.tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
         let grad = vec![1e-4f32; max];
         let start = Instant::now();

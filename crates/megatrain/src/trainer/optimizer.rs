@@ -227,6 +227,38 @@ pub(super) fn sub_mask(mask: &DecayMask, r: Range<usize>) -> Result<DecayMask, T
     })
 }
 
+/// Gradients `grads` of elements `range` of `slab` (chunks of a layer come
+/// in order): accumulated where the tier holds gradients, the whole layer
+/// then updated with the last chunk when `update`; else that part updated
+/// at once.
+pub(super) fn apply_chunk(
+    slab: &mut LayerSlab,
+    range: Range<usize>,
+    grads: &[f32],
+    update: bool,
+    window: Option<&SpillWindow>,
+    h: Hyper<'_>,
+) -> Result<(), TrainError> {
+    let numel = slab.numel();
+    let last = range.end == numel;
+    match slab.grads_in(range.clone()) {
+        Some(held) => {
+            accumulate(held, grads);
+            if update && last {
+                let all = Part::of(numel, None, 0..numel);
+                update_part(slab, all, window, h).map(drop)
+            } else {
+                Ok(())
+            }
+        }
+        None if update => update_part(slab, Part::of(numel, Some(grads), range), window, h).map(drop),
+        None => Err(TrainError::Internal(format!(
+            "layer {}: gradients must be held to accumulate micro-batches",
+            slab.index()
+        ))),
+    }
+}
+
 fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Result<(), TrainError> {
     let Job {
         slab,
@@ -237,26 +269,8 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
     let result = (|| {
         let last = current.accept(slab, &range)?;
         let slab = current.slab();
-        let index = slab.index();
-        let mask = &sh.masks[index];
-        let result = match slab.grads_in(range.clone()) {
-            Some(held) => {
-                accumulate(held, &grads);
-                if update && last {
-                    let all = Part::of(slab.numel(), None, 0..slab.numel());
-                    update_part(slab, all, sh.window, sh.hyper(mask)).map(drop)
-                } else {
-                    Ok(())
-                }
-            }
-            None if update => {
-                let part = Part::of(slab.numel(), Some(&grads), range);
-                update_part(slab, part, sh.window, sh.hyper(mask)).map(drop)
-            }
-            None => Err(TrainError::Internal(format!(
-                "layer {index}: gradients must be held to accumulate micro-batches"
-            ))),
-        };
+        let mask = &sh.masks[slab.index()];
+        let result = apply_chunk(slab, range, &grads, update, sh.window, sh.hyper(mask));
         if last {
             current.take();
         }

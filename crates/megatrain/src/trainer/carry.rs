@@ -1,0 +1,190 @@
+//! Updates carried into the next step ([`super::TrainerConfig::carry_layers`]).
+//!
+//! Backward hands the layers over last first, so the embedding and the
+//! first blocks, whose gradients come last, are the ones whose AdamW runs
+//! after backward while the device idles, and the first ones the next
+//! forward needs. A carried layer's gradients stay where the executor made
+//! them; the next step's forward brings them down and updates the layer
+//! just before it loads it, so the host's AdamW of layer i runs while the
+//! device computes the forward of layer i − 1, and the bus carries them
+//! down while it otherwise carries weights only up. AdamW is elementwise
+//! and each layer is updated with its own step's learning rate, so results
+//! are those of the step that made the gradients, bit for bit.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::Instant;
+
+use megatrain_adamw::{AdamW, DecayMask};
+use megatrain_tensor::{Download, Executor};
+use megatrain_tier::LayerSlab;
+
+use super::handoff::land_chunk;
+use super::optimizer::{StagingPool, apply_chunk};
+use super::update::Hyper;
+use super::{Result, StepMetrics, TrainError, ms};
+
+/// One layer whose update waits for the next step.
+pub(super) struct Carried<T> {
+    /// The layer's index in the tier.
+    pub index: usize,
+    /// Its gradients, where the executor made them (table order).
+    pub grads: Vec<T>,
+    /// The learning rate of the step that made them.
+    pub lr: f32,
+}
+
+/// Carried layers coming down in chunks, in table order: at most `limit`
+/// chunks in flight at once, across layers, so that the next layer's first
+/// chunks are on their way while the forward runs on the layer before.
+pub(super) struct Rising<T> {
+    layers: VecDeque<Layer<T>>,
+    in_flight: VecDeque<(usize, Range<usize>, Download<T>)>,
+    chunk: usize,
+    limit: usize,
+}
+
+struct Layer<T> {
+    index: usize,
+    lr: f32,
+    grads: Vec<T>,
+    numel: usize,
+    /// First element whose download has not begun.
+    next: usize,
+}
+
+/// What applying carried updates needs besides the layers.
+pub(super) struct Apply<'a> {
+    pub adamw: &'a AdamW,
+    pub masks: &'a [DecayMask],
+    pub pool: &'a StagingPool,
+}
+
+impl<T> Rising<T> {
+    /// `carried` in any order; `chunk` elements a download, `limit` in
+    /// flight at once.
+    pub(super) fn new(
+        mut carried: Vec<Carried<T>>,
+        layers: &[LayerSlab],
+        chunk: usize,
+        limit: usize,
+    ) -> Result<Self>
+    where
+        T: megatrain_tensor::TensorHandle,
+    {
+        carried.sort_by_key(|c| c.index);
+        let layers = carried
+            .into_iter()
+            .map(|c| {
+                let slab = layers.get(c.index).ok_or_else(|| {
+                    TrainError::Internal(format!(
+                        "a carried update for layer {} of {}",
+                        c.index,
+                        layers.len()
+                    ))
+                })?;
+                super::upload::check_grads(slab, &c.grads)?;
+                Ok(Layer {
+                    index: c.index,
+                    lr: c.lr,
+                    numel: slab.numel(),
+                    grads: c.grads,
+                    next: 0,
+                })
+            })
+            .collect::<Result<VecDeque<_>>>()?;
+        Ok(Rising {
+            layers,
+            in_flight: VecDeque::new(),
+            chunk: chunk.max(1),
+            limit: limit.max(1),
+        })
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Begins downloads up to the limit, the first layers' first.
+    pub(super) fn begin_more<E: Executor<Tensor = T>>(&mut self, ex: &E) -> Result<()> {
+        for layer in self.layers.iter_mut() {
+            while layer.next < layer.numel && self.in_flight.len() < self.limit {
+                let r = layer.next..(layer.next + self.chunk).min(layer.numel);
+                let d = ex.begin_download_range(&layer.grads, r.clone())?;
+                layer.next = r.end;
+                self.in_flight.push_back((layer.index, r, d));
+            }
+            if self.in_flight.len() >= self.limit {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings down and applies every carried layer up to table index
+    /// `through`, keeping downloads of the later ones in flight. Time goes
+    /// to `m.carried_ms`, the AdamW part of it to `m.optimizer_ms` too.
+    pub(super) fn settle_through<E: Executor<Tensor = T>>(
+        &mut self,
+        ex: &E,
+        through: usize,
+        slabs: &mut [LayerSlab],
+        a: &Apply<'_>,
+        m: &mut StepMetrics,
+    ) -> Result<()> {
+        if self.layers.front().is_none_or(|l| l.index > through) {
+            return Ok(());
+        }
+        let t = Instant::now();
+        while self.layers.front().is_some_and(|l| l.index <= through) {
+            if self.in_flight.is_empty() {
+                self.begin_more(ex)?;
+            }
+            let (index, r, d) = self
+                .in_flight
+                .pop_front()
+                .ok_or_else(|| TrainError::Internal("a carried layer with nothing to bring down".into()))?;
+            let (lr, numel, grads) = {
+                let layer = self.layers.front().expect("checked above");
+                if index != layer.index {
+                    return Err(TrainError::Internal(format!(
+                        "a chunk of carried layer {index} came before layer {}'s",
+                        layer.index
+                    )));
+                }
+                let t_down = Instant::now();
+                let grads = land_chunk(ex, a.pool, d, &layer.grads, r.len());
+                m.download_ms += ms(t_down);
+                (layer.lr, layer.numel, grads?)
+            };
+            self.begin_more(ex)?;
+            let slab = slabs
+                .get_mut(index)
+                .ok_or_else(|| TrainError::Internal(format!("no layer {index} to update")))?;
+            let h = Hyper {
+                adamw: a.adamw,
+                mask: &a.masks[index],
+                lr,
+                grad_scale: 1.0,
+            };
+            let t_opt = Instant::now();
+            let done = apply_chunk(slab, r.clone(), &grads, true, None, h);
+            m.optimizer_ms += ms(t_opt);
+            grads.release(a.pool);
+            done?;
+            if r.end == numel {
+                // Its gradients go back to the executor's pool here.
+                self.layers.pop_front();
+            }
+        }
+        m.carried_ms += ms(t);
+        Ok(())
+    }
+}
+
+/// Layer indices in table order, for errors that name what is carried.
+pub(super) fn describe<T>(carried: &[Carried<T>]) -> String {
+    let mut ix: Vec<usize> = carried.iter().map(|c| c.index).collect();
+    ix.sort_unstable();
+    format!("{} layers ({ix:?})", ix.len())
+}

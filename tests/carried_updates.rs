@@ -1,0 +1,263 @@
+//! Updates carried into the next step (`TrainerConfig::carry_layers`)
+//! change no result: the same losses every step (each forward runs on
+//! every update of the step before) and, once settled, the same
+//! parameters and transport copies bit for bit as a run that updates every
+//! layer before its step ends; on the CPU executor and on the GPU
+//! (lavapipe here), f32 and bf16 transport, tied and untied heads, with
+//! gradient accumulation, kept blocks, gradients in chunks, and a learning
+//! rate that changes every step (a carried layer takes its own step's).
+//! Until settled, the carried layers are one update behind and whatever
+//! reads them is refused.
+
+mod common;
+
+use common::CHUNK_STREAM;
+use megatrain::data::Batch;
+use megatrain::trainer::{Trainer, TrainerConfig};
+use megatrain_gpu::GpuExecutor;
+use megatrain_tensor::{CpuExecutor, Executor};
+use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_zoo::ModelConfig;
+
+/// A learning rate that changes every step.
+const LRS: [f64; 3] = [3e-3, 1e-3, 5e-3];
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    transport: TransportDType,
+    /// Micro-batches per step (more than one holds gradients).
+    micro: usize,
+    keep: usize,
+    /// Gradient elements moved at once (prime, smaller than every layer,
+    /// or every layer whole).
+    chunk: usize,
+}
+
+fn cases() -> [Case; 4] {
+    let base = Case {
+        transport: TransportDType::F32,
+        micro: 1,
+        keep: 0,
+        chunk: usize::MAX / 8,
+    };
+    [
+        base,
+        Case {
+            transport: TransportDType::BF16,
+            chunk: 1021,
+            ..base
+        },
+        Case {
+            transport: TransportDType::BF16,
+            micro: 3,
+            ..base
+        },
+        Case {
+            keep: 1,
+            chunk: 1021,
+            ..base
+        },
+    ]
+}
+
+fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, carry: usize) -> Trainer<E> {
+    let tier = TierConfig {
+        transport: case.transport,
+        hold_grads: case.micro > 1,
+        ..TierConfig::default()
+    };
+    let config = TrainerConfig {
+        transfer_chunk: case.chunk,
+        keep_activations: case.keep,
+        carry_layers: carry,
+        ..common::k2_config(None)
+    };
+    common::trainer(ex, model, tier, 5, config)
+}
+
+struct Run {
+    losses: Vec<f64>,
+    /// Parameters before settling, then after.
+    before: Vec<Vec<f32>>,
+    params: Vec<Vec<f32>>,
+    transport: Vec<Vec<u8>>,
+}
+
+fn params<E: Executor>(t: &Trainer<E>) -> Vec<Vec<f32>> {
+    t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
+}
+
+fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> Run {
+    let vocab = t.model().vocab_size;
+    let carry = t.config().carry_layers;
+    let mut losses = Vec::new();
+    for (step, lr) in LRS.iter().enumerate() {
+        let micro: Vec<Batch> = (0..case.micro as u64)
+            .map(|k| CHUNK_STREAM.batch(vocab, step as u64 * 10 + k, 2, 9))
+            .collect();
+        let m = t.step(&micro, *lr).unwrap();
+        assert_eq!(t.carried_layers(), carry, "{case:?}");
+        // The first step has nothing carried to apply; the others do.
+        assert_eq!(m.carried_ms > 0.0, step > 0 && carry > 0, "step {step}: {m:?}");
+        assert_eq!(m.bytes_downloaded, 4 * t.tier().n_params() * case.micro as u64);
+        losses.push(m.loss);
+    }
+    let before = params(&t);
+    if carry > 0 {
+        let batch = CHUNK_STREAM.batch(vocab, 99, 2, 9);
+        let err = t.eval_loss(&batch).unwrap_err().to_string();
+        assert!(err.contains("carried") && err.contains("settle"), "{err}");
+    }
+    let took = t.settle().unwrap();
+    assert_eq!(t.carried_layers(), 0);
+    assert_eq!(took > 0.0, carry > 0);
+    assert_eq!(t.settle().unwrap(), 0.0, "settling twice");
+    Run {
+        losses,
+        before,
+        params: params(&t),
+        transport: t
+            .tier()
+            .layers()
+            .iter()
+            .map(|s| s.transport().as_bytes().to_vec())
+            .collect(),
+    }
+}
+
+fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usize]) {
+    for case in cases() {
+        let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
+        let plain = train(trainer(make(), model, case, 0), case);
+        assert!(
+            plain.losses.iter().all(|l| l.is_finite()),
+            "{what}: {:?}",
+            plain.losses
+        );
+        for &carry in carries {
+            let run = train(trainer(make(), model, case, carry), case);
+            assert_eq!(plain.losses, run.losses, "{what}, carry {carry}: losses");
+            assert!(
+                plain.params == run.params,
+                "{what}, carry {carry}: parameters differ"
+            );
+            assert!(
+                plain.transport == run.transport,
+                "{what}, carry {carry}: transport copies differ"
+            );
+            // Before settling, exactly the carried layers lagged.
+            for (i, (a, b)) in plain.params.iter().zip(&run.before).enumerate() {
+                assert_eq!(
+                    a == b,
+                    i >= carry,
+                    "{what}, carry {carry}: layer {i} before settling"
+                );
+            }
+        }
+    }
+}
+
+/// llama-tiny with three blocks and gpt2-nano with two, heads tied or not.
+fn models() -> Vec<ModelConfig> {
+    let mut v = Vec::new();
+    for tied in [false, true] {
+        for mut c in [common::llama_tiny(3), common::gpt2_two_blocks()] {
+            c.tie_word_embeddings = tied;
+            v.push(c);
+        }
+    }
+    v
+}
+
+#[test]
+fn cpu_carried_updates_change_no_result() {
+    for model in models() {
+        let all = model.num_layers + 2;
+        check(CpuExecutor::new, &model, &[1, 2, all]);
+    }
+}
+
+#[test]
+fn gpu_carried_updates_change_no_result() {
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(3);
+    check(
+        || GpuExecutor::new(ctx.clone()),
+        &model,
+        &[2, model.num_layers + 2],
+    );
+}
+
+/// A save settles what is carried: the checkpoint holds every update.
+#[test]
+fn saving_applies_what_is_carried() {
+    let model = common::llama_tiny(2);
+    let case = cases()[0];
+    let mut t = trainer(CpuExecutor::new(), &model, case, 3);
+    let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
+    t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+    assert_eq!(t.carried_layers(), 3);
+    let steps = t
+        .save_on_rank0(|tier, _| {
+            Ok::<_, megatrain::trainer::TrainError>(
+                tier.layers().iter().map(|s| s.step()).collect::<Vec<_>>(),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    assert!(
+        steps.iter().all(|&s| s == 1),
+        "layer steps at the save: {steps:?}"
+    );
+    assert_eq!(t.carried_layers(), 0);
+}
+
+#[test]
+fn carrying_is_refused_where_it_cannot_run() {
+    let model = common::llama_tiny(2);
+    let tier = || {
+        megatrain::trainer::init_tier(
+            &model,
+            TierConfig {
+                hold_grads: true,
+                ..TierConfig::default()
+            },
+            1,
+        )
+        .unwrap()
+    };
+    let refused = |config: TrainerConfig, needles: &[&str]| {
+        let err = match Trainer::new(CpuExecutor::new(), model.clone(), tier(), config) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        };
+        for n in needles {
+            assert!(err.contains(n), "{err:?} lacks {n:?}");
+        }
+    };
+    refused(
+        TrainerConfig {
+            carry_layers: 1,
+            grad_clip: Some(1.0),
+            ..TrainerConfig::default()
+        },
+        &["carry_layers (1)", "clipping"],
+    );
+    refused(
+        TrainerConfig {
+            carry_layers: 5,
+            ..TrainerConfig::default()
+        },
+        &["carry_layers (5)", "4 layers"],
+    );
+}
+
+#[test]
+#[should_panic(expected = "call Trainer::settle first")]
+fn the_tier_is_not_handed_out_for_writing_while_updates_are_carried() {
+    let model = common::llama_tiny(2);
+    let mut t = trainer(CpuExecutor::new(), &model, cases()[0], 1);
+    let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
+    t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+    let _ = t.tier_mut();
+}
