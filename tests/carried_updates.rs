@@ -188,6 +188,18 @@ fn gpu_carried_updates_change_no_result() {
     );
 }
 
+/// Downloads and uploads on a copy queue (where a GPU has one; lavapipe
+/// runs the synchronization without a second queue): a carried layer's
+/// chunks come down there while the forward's kernels are queued.
+#[test]
+fn gpu_carried_updates_change_no_result_over_a_copy_queue() {
+    let Some(ctx) = common::copy_queue_ctx() else {
+        return;
+    };
+    let model = common::llama_tiny(3);
+    check(|| GpuExecutor::new(ctx.clone()), &model, &[3]);
+}
+
 /// A save settles what is carried: the checkpoint holds every update.
 #[test]
 fn saving_applies_what_is_carried() {

@@ -249,10 +249,31 @@ fn plan_weighs_the_hosts_adamw() {
         t.contains("max(backward") && t.contains("AdamW 1813.2 ms) = 2205.0 ms, 3715 tokens/s at best"),
         "{t}"
     );
+    // Unless the first layers' AdamW runs in the next forward: ten of them
+    // (the embedding and nine blocks) make the estimate shortest.
+    assert!(
+        t.contains("carrying the first 10 layers' AdamW") && t.contains("= 2101.6 ms, 3898 tokens/s at best"),
+        "{t}"
+    );
     let t = text(&["--adamw-gparams", "21"]);
     assert!(
         t.contains("the backward covers it") && t.contains("--batch 7 at --seq-len 1024"),
         "{t}"
+    );
+    assert!(t.contains("(--carry-layers) would not shorten it"), "{t}");
+    // Their gradients on the device, 4 bytes a parameter: the embedding's
+    // 545 M and nine blocks' 233 M each.
+    let t = text(&["--carry-layers", "10"]);
+    let carried = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("carried"))
+        .unwrap_or_default();
+    assert!(carried.contains("9.84 GiB"), "{t}");
+    let out = run(&["plan", "--preset", "qwen2.5-7b", "--carry-layers", "31"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--carry-layers 31") && err.contains("has 30 layers"),
+        "{err}"
     );
 }
 

@@ -1158,6 +1158,7 @@ fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &M
             chunk_rows: 32,
             transport: TransportDType::F32,
             hold_grads: false,
+            carry_layers: 0,
         };
         plan(&model, &input, &TierConfig::default())
             .unwrap()
@@ -1185,5 +1186,72 @@ fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &M
     assert!(
         estimated as f64 <= 1.5 * measured as f64,
         "the plan over-estimates kept activations: +{estimated} B planned, +{measured} B measured"
+    );
+}
+
+/// What carrying updates into the next step adds to the device peak (the
+/// carried layers' f32 gradients, held from the end of a backward into the
+/// next forward), against what `megatrain plan` adds for them: the plan
+/// may not fall short of the measured increase, nor count more than half
+/// again as much, and the whole peak may not pass its total by a tenth.
+/// On lavapipe on 2026-11-30, every layer carried: +1,150,208 B measured,
+/// +1,609,984 B planned (the plan also keeps counting the two layers'
+/// gradients a step holds anyway); peaks 1,389,312 and 2,539,520 B against
+/// 2,367,744 and 3,977,728 B planned.
+#[test]
+fn carried_gradients_cost_what_the_plan_says() {
+    use megatrain::run::{PlanInput, plan};
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(8);
+    let (b, t) = (2, 32);
+    let batch = GPU_STREAM.batch(model.vocab_size, 0, b, t);
+    let all = model.num_layers + 2;
+    let peak = |carry: usize| {
+        let config = TrainerConfig {
+            carry_layers: carry,
+            chunk_rows: 32,
+            ..TrainerConfig::default()
+        };
+        let mut tr = common::trainer(
+            GpuExecutor::new(ctx.clone()),
+            &model,
+            common::copies(TransportDType::F32),
+            3,
+            config,
+        );
+        tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+        tr.step(std::slice::from_ref(&batch), 1e-3)
+            .unwrap()
+            .device_peak_bytes
+    };
+    let planned = |carry: usize| {
+        let input = PlanInput {
+            batch: b,
+            seq_len: t,
+            checkpoint_every: 1,
+            keep_activations: 0,
+            chunk_rows: 32,
+            transport: TransportDType::F32,
+            hold_grads: false,
+            carry_layers: carry,
+        };
+        plan(&model, &input, &TierConfig::default())
+            .unwrap()
+            .device
+            .total()
+    };
+    let (peaks, plans) = ([peak(0), peak(all)], [planned(0), planned(all)]);
+    eprintln!("device peaks {peaks:?} B, plans {plans:?} B");
+    for (p, q) in peaks.iter().zip(&plans) {
+        assert!(
+            *p as f64 <= 1.1 * *q as f64,
+            "device peak {p} B over the plan's {q} B"
+        );
+    }
+    let (measured, estimated) = (peaks[1] - peaks[0], plans[1] - plans[0]);
+    assert!(measured > 0, "carried gradients must show in the device peak");
+    assert!(
+        estimated >= measured && estimated as f64 <= 1.5 * measured as f64,
+        "carried gradients: +{estimated} B planned, +{measured} B measured"
     );
 }

@@ -198,6 +198,7 @@ fn plan_arithmetic_matches_hand_computation() {
         chunk_rows: 256,
         transport: TransportDType::F32,
         hold_grads: false,
+        carry_layers: 0,
     };
     let p = plan(&m, &input, &TierConfig::default()).unwrap();
     assert_eq!(p.host.n_params, 16384 + 2 * 46208 + 16448);

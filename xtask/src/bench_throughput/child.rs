@@ -137,6 +137,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         chunk_rows: config.chunk_rows,
         transport: p.transport(),
         hold_grads: false,
+        carry_layers: spec.carry_layers,
     };
     let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());
     let kept = spec.keep_activations.resolve(&model, &input, &room)?;

@@ -38,6 +38,11 @@ pub struct PlanArgs {
     /// that fit in all of it.
     #[arg(long, default_value = "auto")]
     keep_activations: KeepActivations,
+    /// The first N layers keep their gradients on the device into the
+    /// next step's forward, as `train --carry-layers` (counted in the
+    /// device's bytes; default 0).
+    #[arg(long, default_value_t = 0)]
+    carry_layers: usize,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
     chunk_rows: Option<usize>,
@@ -102,6 +107,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || chunk_rows == 0 || a.ranks == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
+    if a.carry_layers > model.num_layers + 2 {
+        anyhow::bail!(
+            "--carry-layers {}: the model has {} layers (the embedding, {} blocks, the head)",
+            a.carry_layers,
+            model.num_layers + 2,
+            model.num_layers
+        );
+    }
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -111,6 +124,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         chunk_rows,
         transport,
         hold_grads: a.hold_grads,
+        carry_layers: a.carry_layers,
     };
     let room = match a.device_mem {
         Some(m) => Room::Device(m),
@@ -293,6 +307,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ("head", d.head),
         ("f16 copies", d.f16_copies),
         ("downloads", d.download_staging),
+        ("carried", d.carried),
         ("total", d.total()),
     ] {
         println!("  {k:<11}{:>14}", gib(v));

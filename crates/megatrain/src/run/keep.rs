@@ -256,6 +256,7 @@ mod tests {
             chunk_rows: 256,
             transport: TransportDType::F32,
             hold_grads: false,
+            carry_layers: 0,
         };
         let total = |keep| {
             let i = PlanInput {

@@ -52,6 +52,10 @@ pub struct PlanInput {
     pub chunk_rows: usize,
     pub transport: TransportDType,
     pub hold_grads: bool,
+    /// The first layers whose gradients stay on the device from the end
+    /// of one step into the next one's forward
+    /// (`TrainerConfig::carry_layers`).
+    pub carry_layers: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -65,6 +69,10 @@ pub struct DeviceBytes {
     pub head: u64,
     pub f16_copies: u64,
     pub download_staging: u64,
+    /// The carried layers' f32 gradients (`PlanInput::carry_layers`),
+    /// counted as if held through the whole step: they are made at the
+    /// end of its backward and go at the next one's forward.
+    pub carried: u64,
 }
 
 impl DeviceBytes {
@@ -76,6 +84,7 @@ impl DeviceBytes {
             + self.kept.max(self.recompute + self.f16_copies)
             + self.head
             + self.download_staging
+            + self.carried
     }
 }
 
@@ -237,6 +246,11 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
             },
         f16_copies: if f16 { group * copied_per_block } else { 0 },
         download_staging: megatrain_gpu::download_staging_bytes(4 * chunk, chunks),
+        carried: 4 * tables
+            .iter()
+            .take(input.carry_layers)
+            .map(|t| t.numel() as u64)
+            .sum::<u64>(),
     };
     Ok(Plan {
         host,
@@ -287,6 +301,7 @@ mod tests {
             chunk_rows: 256,
             transport: TransportDType::BF16,
             hold_grads: false,
+            carry_layers: 0,
         };
         // Chunks held where chunks are of `chunk` elements: a block's and four.
         let held = |name: &str, chunk: u64| {

@@ -640,6 +640,7 @@ pub fn train_with<E: Executor>(
             chunk_rows,
             transport: opts.precision.transport(),
             hold_grads,
+            carry_layers: opts.carry_layers,
         },
         &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
     )?;

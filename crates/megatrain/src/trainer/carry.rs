@@ -123,7 +123,9 @@ impl<T> Rising<T> {
 
     /// Brings down and applies every carried layer up to table index
     /// `through`, keeping downloads of the later ones in flight. Time goes
-    /// to `m.carried_ms`, the AdamW part of it to `m.optimizer_ms` too.
+    /// to `m.carried_ms`; the AdamW part of it to `m.optimizer_ms` and, as
+    /// the thread that queues the forward is the one running it, to
+    /// `m.optimizer_wait_ms` (none of it counts as hidden).
     pub(super) fn settle_through<E: Executor<Tensor = T>>(
         &mut self,
         ex: &E,
@@ -170,6 +172,7 @@ impl<T> Rising<T> {
             let t_opt = Instant::now();
             let done = apply_chunk(slab, r.clone(), &grads, true, None, h);
             m.optimizer_ms += ms(t_opt);
+            m.optimizer_wait_ms += ms(t_opt);
             grads.release(a.pool);
             done?;
             if r.end == numel {

@@ -33,7 +33,8 @@ pub struct StepMetrics {
     /// before a copy (a weight slot still read, gradients not yet made).
     pub transfer_wait_compute_ms: f64,
     /// The host waiting for the optimizer: queue full during backward, and
-    /// the tail after backward (all of the update in clipping mode).
+    /// the tail after backward (all of the update in clipping mode), and
+    /// the forward running the AdamW of updates the last step carried.
     pub optimizer_wait_ms: f64,
     /// The part of `optimizer_wait_ms` after backward: the optimizer
     /// finishing what it had not caught up with (and the last writes

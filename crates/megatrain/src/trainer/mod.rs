@@ -145,8 +145,9 @@ pub struct TrainerConfig {
     /// the backward with the device idle. Costs their f32 gradients in
     /// executor memory between steps. Until [`Trainer::settle`] (which a
     /// checkpoint save runs), those layers' parameters are one update
-    /// behind. Results do not depend on it. Not with clipping, data
-    /// parallel ranks or a tier that spills.
+    /// behind, an evaluation or generation is refused, and a trainer
+    /// dropped unsettled drops the update. Results do not depend on it.
+    /// Not with clipping, data parallel ranks or a tier that spills.
     pub carry_layers: usize,
 }
 
@@ -219,7 +220,10 @@ fn register_transport_copies<E: Executor>(ex: &E, tier: &mut HostTier) -> Result
         // transport copy (`LayerSlab::keep_registration`). The step writes
         // a layer's transport copy (AdamW, or the data parallel all-gather)
         // only once that layer's gradients have landed, and they are
-        // computed after every load of the layer in the step. Where a
+        // computed after every load of the layer in the step; an update
+        // carried into the next step (`carry.rs`) writes it there before
+        // that step loads the layer, once the gradients, and so every load
+        // of the step before, are done. Where a
         // machine's ranks share the copy, another rank writes its range
         // of a layer once the reduction of that layer's gradients, which
         // needs this rank's, is in, and the step ends with a barrier of
