@@ -535,6 +535,13 @@ fn profile_reports_each_op_kind() {
                 "{kernels:?}"
             );
         }
+        // A matmul's rows are named by its M×N×K.
+        assert!(
+            kernels
+                .iter()
+                .any(|(k, _)| k.starts_with("matmul/") && k.contains(" 64x64x64 [")),
+            "{kernels:?}"
+        );
     }
 }
 

@@ -35,6 +35,9 @@ enum Cmd {
         uniform: Uniform,
         views: Vec<(wgpu::Buffer, u64, u64)>,
         grid: [u32; 3],
+        /// A matmul's M, N and K (its first three parameters), for the
+        /// per-kernel profile.
+        dims: Option<[u32; 3]>,
     },
     Copy {
         src: wgpu::Buffer,
@@ -126,12 +129,17 @@ impl<'e> Op<'e> {
                 });
             Uniform::Own(bind_group(&ex.ctx.device, &pipeline, &own, 0, len, &views))
         };
+        let matmul = matches!(
+            k,
+            Kernel::Matmul(_) | Kernel::MatmulInterior(_) | Kernel::MatmulCoop(_)
+        );
         self.cmds.push(Cmd::Dispatch {
             kernel: k,
             pipeline,
             uniform,
             views,
             grid,
+            dims: matmul.then(|| [0, 1, 2].map(|i| params.get(i).copied().unwrap_or(0))),
         });
     }
     pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, bytes: u64) {
@@ -246,6 +254,7 @@ impl<'e> Op<'e> {
                     uniform,
                     views,
                     grid,
+                    dims,
                 } => {
                     let q = run as u32;
                     let timestamp_writes = ts.map(|t| wgpu::ComputePassTimestampWrites {
@@ -260,7 +269,7 @@ impl<'e> Op<'e> {
                         },
                     });
                     if split {
-                        timed.push((kernel, grid));
+                        timed.push((kernel, grid, dims));
                     }
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                         label: Some(self.name),
@@ -277,6 +286,7 @@ impl<'e> Op<'e> {
                             uniform,
                             views,
                             grid,
+                            ..
                         }) = cmds.next()
                         {
                             let group = group_of(kernel, &pipeline, uniform, views);
@@ -312,10 +322,13 @@ impl<'e> Op<'e> {
                     let words = ex.read_buffer(&t.read, 0, 8 * n_queries as u64)?;
                     let v: Vec<u64> = bytemuck::pod_collect_to_vec(&words);
                     let span = |a: usize, b: usize| (v[b].saturating_sub(v[a]) as f64 * t.period_ns) as u64;
-                    // The grid stands for the shape: a matmul's tiles of C,
-                    // an elementwise kernel's blocks of elements.
-                    for (p, (kernel, [x, y, z])) in timed.iter().enumerate() {
-                        let name = format!("{} [{x}x{y}x{z}]", kernel.profile_name());
+                    // A matmul is named by its M×N×K too; the grid stands for
+                    // the rest's shape (an elementwise kernel's blocks of
+                    // elements), and for how a matmul's tiles were split
+                    // between interior and edge kernels.
+                    for (p, (kernel, [x, y, z], dims)) in timed.iter().enumerate() {
+                        let shape = dims.map_or(String::new(), |[m, n, k]| format!(" {m}x{n}x{k}"));
+                        let name = format!("{}{shape} [{x}x{y}x{z}]", kernel.profile_name());
                         ex.profiler
                             .record_kernel(self.name, &name, span(2 * p, 2 * p + 1));
                     }
