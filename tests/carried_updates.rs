@@ -186,6 +186,10 @@ fn gpu_carried_updates_change_no_result() {
         &model,
         &[2, model.num_layers + 2],
     );
+    // A tied head reads the embedding the forward updated first.
+    let mut tied = common::gpt2_two_blocks();
+    tied.tie_word_embeddings = true;
+    check(|| GpuExecutor::new(ctx.clone()), &tied, &[1]);
 }
 
 /// Downloads and uploads on a copy queue (where a GPU has one; lavapipe

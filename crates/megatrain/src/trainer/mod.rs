@@ -462,6 +462,9 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// One optimizer step over `micro` micro-batches at learning rate `lr`.
+    /// Where updates are carried ([`TrainerConfig::carry_layers`]), it
+    /// first applies those the last step left, as its forward reaches each
+    /// layer; a step that fails drops any it had not applied yet.
     pub fn step(&mut self, micro: &[Batch], lr: f64) -> Result<StepMetrics> {
         let t_step = Instant::now();
         if micro.is_empty() {
