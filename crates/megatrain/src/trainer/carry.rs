@@ -20,9 +20,10 @@ use megatrain_tensor::{Download, Executor};
 use megatrain_tier::LayerSlab;
 
 use super::handoff::land_chunk;
+use super::handoff::{gradient_chunks_held, layer_chunks};
 use super::optimizer::{StagingPool, apply_chunk};
 use super::update::Hyper;
-use super::{Result, StepMetrics, TrainError, ms};
+use super::{Result, StepMetrics, TrainError, Trainer, ms};
 
 /// One layer whose update waits for the next step.
 pub(super) struct Carried<T> {
@@ -190,4 +191,51 @@ pub(super) fn describe<T>(carried: &[Carried<T>]) -> String {
     let mut ix: Vec<usize> = carried.iter().map(|c| c.index).collect();
     ix.sort_unstable();
     format!("{} layers ({ix:?})", ix.len())
+}
+
+impl<E: Executor> Trainer<E> {
+    /// Layers whose update the last step left to the next.
+    pub fn carried_layers(&self) -> usize {
+        self.carried.len()
+    }
+
+    /// Applies the updates the last step left to the next
+    /// ([`super::TrainerConfig::carry_layers`]): brings those layers' gradients
+    /// down and runs their AdamW, so the tier holds every layer as of the
+    /// last step. A no-op when nothing is carried. Returns the time taken,
+    /// in milliseconds.
+    pub fn settle(&mut self) -> Result<f64> {
+        if self.carried.is_empty() {
+            return Ok(0.0);
+        }
+        let t = Instant::now();
+        let chunk = self.transfer_chunk();
+        let (largest, in_flight) = layer_chunks(self.tier.layers(), self.config.chunks_in_flight, chunk);
+        self.ex.reserve_downloads(
+            chunk.min(largest),
+            gradient_chunks_held(self.config.optimizer_queue, false, in_flight),
+        )?;
+        let carried = std::mem::take(&mut self.carried);
+        let mut rising = Rising::new(carried, self.tier.layers(), chunk, in_flight)?;
+        let apply = Apply {
+            adamw: &self.adamw,
+            masks: &self.masks,
+            pool: &self.pool,
+        };
+        let mut m = StepMetrics::default();
+        rising.settle_through(&self.ex, usize::MAX, self.tier.layers_mut(), &apply, &mut m)?;
+        Ok(ms(t))
+    }
+
+    /// Refuses `what` while updates are carried: it would read parameters
+    /// one update behind.
+    pub(super) fn ensure_settled(&self, what: &str) -> Result<()> {
+        match self.carried.is_empty() {
+            true => Ok(()),
+            false => Err(TrainError::Config(format!(
+                "{what} reads the parameters, but the updates of {} are carried into the next step: call Trainer::settle first",
+                describe(&self.carried)
+            ))),
+        }
+    }
 }

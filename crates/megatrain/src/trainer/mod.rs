@@ -37,8 +37,10 @@
 //! gradients; the update overlaps the last micro-batch's backward.
 
 mod carry;
+mod config;
 mod decode;
 mod distributed;
+mod eval;
 mod handoff;
 mod metrics;
 mod modes;
@@ -55,12 +57,12 @@ use update::{Hyper, Part, update_part};
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, AdamWConfig, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
+use megatrain_adamw::{AdamW, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
 use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
     HeadOut, RouterAux, block_backward, block_forward, embedding_forward, embedding_grads,
-    head_forward_backward, head_loss, routing_digest, sum_losses,
+    head_forward_backward, routing_digest, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
 
@@ -96,101 +98,8 @@ pub enum TrainError {
 
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainerConfig {
-    /// K: keep the input of every K-th block during the forward; backward
-    /// recomputes K blocks at a time from it.
-    pub checkpoint_every: usize,
-    /// Rows of the LM head processed at once (logits are `chunk_rows × V`).
-    pub chunk_rows: usize,
-    pub adamw: AdamWConfig,
-    /// Exact global-norm clipping threshold; `None` is off. Needs a tier
-    /// that holds gradients.
-    pub grad_clip: Option<f64>,
-    /// Optimizer jobs that may wait in the queue before the device side
-    /// blocks (each holds one chunk of gradients in host memory).
-    pub optimizer_queue: usize,
-    /// Most gradient elements moved, staged and handed to the optimizer at
-    /// once: layers larger than this (the embedding and head of a large
-    /// vocabulary, and big blocks) come down in chunks of this size, so
-    /// host staging and the executor's readback buffers are sized by it
-    /// rather than by the largest layer. Results do not depend on it.
-    pub transfer_chunk: usize,
-    /// Chunks of one layer's gradients whose downloads are in flight at
-    /// once (0, the default: all of a block's, begun as soon as its
-    /// gradients exist; the embedding's and head's as many at a time).
-    /// With a few, the host holds a few chunks, but a chunk begun after
-    /// the next layer's backward was queued waits for that backward, and
-    /// the rest of the layer comes down while the device idles (session
-    /// 28's H200 profile); with a block's, the layer crosses during the
-    /// next layer's backward, and the host holds a block of f32 gradients
-    /// and a few chunks. On the H200 all of a layer's in flight took
-    /// TinyLlama-1.1B's step from 1,129 to 952 ms and Qwen2.5-7B's from
-    /// 6,016 to 4,844 ms (BENCHMARKS.md, session 38). Results do not
-    /// depend on it.
-    pub chunks_in_flight: usize,
-    /// The last this many blocks keep their weights and what their forward
-    /// saved on the executor until their backward, which then neither
-    /// uploads nor recomputes them (at most the model's blocks;
-    /// `recompute.rs`). Costs that memory on the executor, saves a quarter
-    /// of their FLOPs and one of their two crossings of the bus. Results
-    /// do not depend on it.
-    pub keep_activations: usize,
-    /// The first this many layers (the embedding, then the blocks in
-    /// order; at most all of them) leave their gradients on the executor
-    /// at the end of the step, and the next step's forward brings each
-    /// down and runs its AdamW just before loading it (`carry.rs`): the
-    /// host's AdamW of the layers whose gradients come last overlaps the
-    /// device's forward of the layers before them instead of following
-    /// the backward with the device idle. Costs their f32 gradients in
-    /// executor memory between steps. Until [`Trainer::settle`] (which a
-    /// checkpoint save runs), those layers' parameters are one update
-    /// behind, an evaluation or generation is refused, and a trainer
-    /// dropped unsettled drops the update. Results do not depend on it.
-    /// Not with clipping, data parallel ranks or a tier that spills.
-    pub carry_layers: usize,
-}
-
-/// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
-/// gradients (the spill window's chunk, so its chunks line up), and the
-/// most [`transfer_chunk_for`] gives.
-pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
-
-/// The transfer chunk (elements) a run of `params` parameters takes where
-/// none is named (`megatrain train`, `plan`, `bench-throughput`): 1/512 of
-/// the parameters, between 1 Mi and [`DEFAULT_TRANSFER_CHUNK`] (4 and 32
-/// MiB of f32). The host holds a block's chunks and four more
-/// (`gradient_chunks_held` on a GPU): about a block of f32 gradients,
-/// whatever the vocabulary (0.20 B/param for TinyLlama-1.1B, 0.14 for
-/// Qwen2.5-7B); smaller chunks would only round a block's up by less.
-/// Changes no result.
-pub fn transfer_chunk_for(params: u64) -> usize {
-    let floor = (DEFAULT_TRANSFER_CHUNK / 8) as u64;
-    (params / 512).clamp(floor, DEFAULT_TRANSFER_CHUNK as u64) as usize
-}
-
-/// A transfer chunk of `chunk` elements where layers spill: rounded up to
-/// whole chunks of the spill window (`window` elements), since a spilled
-/// layer's update reads the window chunk by chunk.
-pub(crate) fn spill_aligned(chunk: usize, window: usize) -> usize {
-    chunk.div_ceil(window.max(1)) * window.max(1)
-}
-
-impl Default for TrainerConfig {
-    fn default() -> Self {
-        TrainerConfig {
-            checkpoint_every: 1,
-            chunk_rows: 256,
-            adamw: AdamWConfig::default(),
-            grad_clip: None,
-            optimizer_queue: 2,
-            transfer_chunk: DEFAULT_TRANSFER_CHUNK,
-            chunks_in_flight: 0,
-            keep_activations: 0,
-            carry_layers: 0,
-        }
-    }
-}
+pub(crate) use config::spill_aligned;
+pub use config::{DEFAULT_TRANSFER_CHUNK, TrainerConfig, transfer_chunk_for};
 
 /// Streams a model held in a [`HostTier`] through an [`Executor`].
 pub struct Trainer<E: Executor> {
@@ -370,51 +279,6 @@ impl<E: Executor> Trainer<E> {
     /// update behind until [`Trainer::settle`].
     pub fn tier(&self) -> &HostTier {
         &self.tier
-    }
-
-    /// Layers whose update the last step left to the next.
-    pub fn carried_layers(&self) -> usize {
-        self.carried.len()
-    }
-
-    /// Applies the updates the last step left to the next
-    /// ([`TrainerConfig::carry_layers`]): brings those layers' gradients
-    /// down and runs their AdamW, so the tier holds every layer as of the
-    /// last step. A no-op when nothing is carried. Returns the time taken,
-    /// in milliseconds.
-    pub fn settle(&mut self) -> Result<f64> {
-        if self.carried.is_empty() {
-            return Ok(0.0);
-        }
-        let t = Instant::now();
-        let chunk = self.transfer_chunk();
-        let (largest, in_flight) = layer_chunks(self.tier.layers(), self.config.chunks_in_flight, chunk);
-        self.ex.reserve_downloads(
-            chunk.min(largest),
-            gradient_chunks_held(self.config.optimizer_queue, false, in_flight),
-        )?;
-        let carried = std::mem::take(&mut self.carried);
-        let mut rising = Rising::new(carried, self.tier.layers(), chunk, in_flight)?;
-        let apply = Apply {
-            adamw: &self.adamw,
-            masks: &self.masks,
-            pool: &self.pool,
-        };
-        let mut m = StepMetrics::default();
-        rising.settle_through(&self.ex, usize::MAX, self.tier.layers_mut(), &apply, &mut m)?;
-        Ok(ms(t))
-    }
-
-    /// Refuses `what` while updates are carried: it would read parameters
-    /// one update behind.
-    fn ensure_settled(&self, what: &str) -> Result<()> {
-        match self.carried.is_empty() {
-            true => Ok(()),
-            false => Err(TrainError::Config(format!(
-                "{what} reads the parameters, but the updates of {} are carried into the next step: call Trainer::settle first",
-                carry::describe(&self.carried)
-            ))),
-        }
     }
 
     /// Mutable tier access (checkpoint loading); transport copies must be
@@ -825,67 +689,5 @@ impl<E: Executor> Trainer<E> {
             m.optimizer_tail_ms += ms(t);
         }
         loss
-    }
-
-    /// Forward-only loss of a batch: `(loss_sum, counted targets)`.
-    pub fn eval_loss(&self, batch: &Batch) -> Result<(f64, usize)> {
-        Ok(self.eval_losses(std::slice::from_ref(batch))?[0])
-    }
-
-    /// Forward-only losses of `batches`, each `(loss_sum, counted targets)`
-    /// exactly as [`Trainer::eval_loss`] gives it: the same ops on each
-    /// batch, but every layer streamed once per group of batches instead of
-    /// once per batch, so an evaluation of N batches moves the model over
-    /// the bus N / group times, not N times. A group holds as many
-    /// activations (`[B, T, C]` per batch) as a training step holds
-    /// checkpoints (one per K blocks), so with evaluation batches of the
-    /// training batch's shape evaluating peaks no higher than training.
-    pub fn eval_losses(&self, batches: &[Batch]) -> Result<Vec<(f64, usize)>> {
-        let group = self.model.num_layers.div_ceil(self.config.checkpoint_every);
-        self.eval_losses_in_groups(batches, group)
-    }
-
-    /// [`Trainer::eval_losses`] with groups of `group` batches (at least one).
-    pub fn eval_losses_in_groups(&self, batches: &[Batch], group: usize) -> Result<Vec<(f64, usize)>> {
-        self.ensure_settled("an evaluation")?;
-        let mut out = Vec::with_capacity(batches.len());
-        for now in batches.chunks(group.max(1)) {
-            out.extend(self.eval_group(now)?);
-        }
-        Ok(out)
-    }
-
-    fn eval_group(&self, batches: &[Batch]) -> Result<Vec<(f64, usize)>> {
-        let (ex, cfg, layers) = (&self.ex, &self.model, self.tier.layers());
-        let n = cfg.num_layers;
-        let mut slots = Slots::new(self.config.checkpoint_every);
-        let (emb_w, _) = load_layer(ex, EMBEDDING_SLOT, &layers[0])?;
-        let mut xs = batches
-            .iter()
-            .map(|b| embedding_forward(cfg, ex, &emb_w, &b.inputs, b.batch, b.seq_len, b.docs.as_ref()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        for (i, slab) in layers[1..=n].iter().enumerate() {
-            let slot = slots.take()?;
-            let (w, _) = load_layer(ex, slot, slab)?;
-            for (x, b) in xs.iter_mut().zip(batches) {
-                *x = block_forward(cfg, ex, i, &w, x, b.docs.as_ref())?.0;
-            }
-            slots.release(slot);
-        }
-        let (head_w, _) = load_layer(ex, HEAD_SLOT, &layers[n + 1])?;
-        let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
-        let mut out = Vec::with_capacity(batches.len());
-        for (b, x) in batches.iter().zip(&xs) {
-            out.push(head_loss(
-                cfg,
-                ex,
-                &head_w,
-                tied,
-                x,
-                &b.targets,
-                self.config.chunk_rows,
-            )?);
-        }
-        Ok(out)
     }
 }

@@ -1,0 +1,100 @@
+//! What a [`super::Trainer`] is set up with, and the transfer chunk a run
+//! takes where none is named.
+
+use megatrain_adamw::AdamWConfig;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainerConfig {
+    /// K: keep the input of every K-th block during the forward; backward
+    /// recomputes K blocks at a time from it.
+    pub checkpoint_every: usize,
+    /// Rows of the LM head processed at once (logits are `chunk_rows × V`).
+    pub chunk_rows: usize,
+    pub adamw: AdamWConfig,
+    /// Exact global-norm clipping threshold; `None` is off. Needs a tier
+    /// that holds gradients.
+    pub grad_clip: Option<f64>,
+    /// Optimizer jobs that may wait in the queue before the device side
+    /// blocks (each holds one chunk of gradients in host memory).
+    pub optimizer_queue: usize,
+    /// Most gradient elements moved, staged and handed to the optimizer at
+    /// once: layers larger than this (the embedding and head of a large
+    /// vocabulary, and big blocks) come down in chunks of this size, so
+    /// host staging and the executor's readback buffers are sized by it
+    /// rather than by the largest layer. Results do not depend on it.
+    pub transfer_chunk: usize,
+    /// Chunks of one layer's gradients whose downloads are in flight at
+    /// once (0, the default: all of a block's, begun as soon as its
+    /// gradients exist; the embedding's and head's as many at a time).
+    /// With a few, the host holds a few chunks, but a chunk begun after
+    /// the next layer's backward was queued waits for that backward, and
+    /// the rest of the layer comes down while the device idles (session
+    /// 28's H200 profile); with a block's, the layer crosses during the
+    /// next layer's backward, and the host holds a block of f32 gradients
+    /// and a few chunks. On the H200 all of a layer's in flight took
+    /// TinyLlama-1.1B's step from 1,129 to 952 ms and Qwen2.5-7B's from
+    /// 6,016 to 4,844 ms (BENCHMARKS.md, session 38). Results do not
+    /// depend on it.
+    pub chunks_in_flight: usize,
+    /// The last this many blocks keep their weights and what their forward
+    /// saved on the executor until their backward, which then neither
+    /// uploads nor recomputes them (at most the model's blocks;
+    /// `recompute.rs`). Costs that memory on the executor, saves a quarter
+    /// of their FLOPs and one of their two crossings of the bus. Results
+    /// do not depend on it.
+    pub keep_activations: usize,
+    /// The first this many layers (the embedding, then the blocks in
+    /// order; at most all of them) leave their gradients on the executor
+    /// at the end of the step, and the next step's forward brings each
+    /// down and runs its AdamW just before loading it (`carry.rs`): the
+    /// host's AdamW of the layers whose gradients come last overlaps the
+    /// device's forward of the layers before them instead of following
+    /// the backward with the device idle. Costs their f32 gradients in
+    /// executor memory between steps. Until [`Trainer::settle`](super::Trainer::settle) (which a
+    /// checkpoint save runs), those layers' parameters are one update
+    /// behind, an evaluation or generation is refused, and a trainer
+    /// dropped unsettled drops the update. Results do not depend on it.
+    /// Not with clipping, data parallel ranks or a tier that spills.
+    pub carry_layers: usize,
+}
+
+/// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
+/// gradients (the spill window's chunk, so its chunks line up), and the
+/// most [`transfer_chunk_for`] gives.
+pub const DEFAULT_TRANSFER_CHUNK: usize = 8 << 20;
+
+/// The transfer chunk (elements) a run of `params` parameters takes where
+/// none is named (`megatrain train`, `plan`, `bench-throughput`): 1/512 of
+/// the parameters, between 1 Mi and [`DEFAULT_TRANSFER_CHUNK`] (4 and 32
+/// MiB of f32). The host holds a block's chunks and four more
+/// (`gradient_chunks_held` on a GPU): about a block of f32 gradients,
+/// whatever the vocabulary (0.20 B/param for TinyLlama-1.1B, 0.14 for
+/// Qwen2.5-7B); smaller chunks would only round a block's up by less.
+/// Changes no result.
+pub fn transfer_chunk_for(params: u64) -> usize {
+    let floor = (DEFAULT_TRANSFER_CHUNK / 8) as u64;
+    (params / 512).clamp(floor, DEFAULT_TRANSFER_CHUNK as u64) as usize
+}
+
+/// A transfer chunk of `chunk` elements where layers spill: rounded up to
+/// whole chunks of the spill window (`window` elements), since a spilled
+/// layer's update reads the window chunk by chunk.
+pub(crate) fn spill_aligned(chunk: usize, window: usize) -> usize {
+    chunk.div_ceil(window.max(1)) * window.max(1)
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            checkpoint_every: 1,
+            chunk_rows: 256,
+            adamw: AdamWConfig::default(),
+            grad_clip: None,
+            optimizer_queue: 2,
+            transfer_chunk: DEFAULT_TRANSFER_CHUNK,
+            chunks_in_flight: 0,
+            keep_activations: 0,
+            carry_layers: 0,
+        }
+    }
+}
