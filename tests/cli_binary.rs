@@ -269,6 +269,10 @@ fn plan_weighs_the_hosts_adamw() {
         .find(|l| l.trim_start().starts_with("carried"))
         .unwrap_or_default();
     assert!(carried.contains("9.84 GiB"), "{t}");
+    assert!(
+        t.contains("with --carry-layers 10: forward 917.5 ms") && t.contains("= 2101.6 ms"),
+        "{t}"
+    );
     let out = run(&["plan", "--preset", "qwen2.5-7b", "--carry-layers", "31"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

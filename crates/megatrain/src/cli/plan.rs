@@ -318,7 +318,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         } else {
             "twice"
         };
-        print_cover(&c, machine, (a.batch, a.seq_len), ups);
+        print_cover(&c, machine, (a.batch, a.seq_len), ups, a.carry_layers);
     }
     match a.host_mem.or_else(mem_available) {
         _ if !one_fits => {}
@@ -367,7 +367,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
 
 /// `ups`: how often a block's transport copy goes up ("once" where every
 /// block is kept from forward to backward).
-fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: &str) {
+fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: &str, carry: usize) {
     let ms = |s: f64| s * 1e3;
     println!(
         "compute vs bus and the host's AdamW, assuming {} TFLOP/s sustained, {} GB/s each way and \
@@ -443,6 +443,17 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         ms(c.step_ordered_s(m, tokens)),
         tokens as f64 / c.step_ordered_s(m, tokens)
     );
+    if carry > 0 {
+        let (step, forward) = c.step_carrying_s(m, tokens, carry);
+        println!(
+            "  with --carry-layers {}: forward {:.1} ms + max(backward, the other layers' AdamW) = {:.1} ms, \
+             {:.0} tokens/s at best",
+            carry,
+            ms(forward),
+            ms(step),
+            tokens as f64 / step
+        );
+    }
     match c.best_carry(m, tokens) {
         (0, _) => println!(
             "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
