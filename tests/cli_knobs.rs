@@ -26,8 +26,10 @@ fn corpus(dir: &Path) -> PathBuf {
     p
 }
 
-fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
-    let mut a = vec![
+/// `train` of gpt2-nano on `data` into `out` on `device`: the flags every
+/// run here starts with.
+fn nano<'a>(data: &'a Path, out: &'a Path, device: &'a str) -> Vec<&'a str> {
+    vec![
         "train",
         "--preset",
         "gpt2-nano",
@@ -37,6 +39,12 @@ fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
         s(out),
         "--device",
         device,
+    ]
+}
+
+fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
+    let mut a = nano(data, out, device);
+    a.extend_from_slice(&[
         "--seq-len",
         "16",
         "--batch",
@@ -48,7 +56,7 @@ fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
         "--eval-every",
         "0",
         "--quiet",
-    ];
+    ]);
     a.extend_from_slice(extra);
     run(&a)
 }
@@ -78,18 +86,8 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     let data = corpus(t);
     let out = t.join("run");
     let check = |device: &str, extra: &[&str], needles: &[&str]| {
-        let mut a = vec![
-            "train",
-            "--preset",
-            "gpt2-nano",
-            "--data",
-            s(&data),
-            "--out",
-            s(&out),
-            "--device",
-            device,
-            "--quiet",
-        ];
+        let mut a = nano(&data, &out, device);
+        a.push("--quiet");
         a.extend_from_slice(extra);
         refused(&a, needles);
         assert!(!out.exists(), "a refused run wrote {}", out.display());
@@ -401,16 +399,8 @@ fn carried_updates_are_settled_before_evaluating_and_sampling() {
     let data = corpus(t);
     let records = |name: &str, extra: &[&str]| {
         let out = t.join(name);
-        let mut a = vec![
-            "train",
-            "--preset",
-            "gpt2-nano",
-            "--data",
-            s(&data),
-            "--out",
-            s(&out),
-            "--device",
-            "cpu",
+        let mut a = nano(&data, &out, "cpu");
+        a.extend_from_slice(&[
             "--seq-len",
             "16",
             "--batch",
@@ -428,7 +418,7 @@ fn carried_updates_are_settled_before_evaluating_and_sampling() {
             "--sample-tokens",
             "8",
             "--quiet",
-        ];
+        ]);
         a.extend_from_slice(extra);
         let o = run(&a);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -1132,8 +1132,28 @@ fn kept_activations_cost_what_the_plan_says() {
     }
 }
 
-fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &ModelConfig) {
+/// `megatrain plan`'s device total for `model` at `b` × `t` tokens, K = 1,
+/// f32, 32-row head chunks, `keep` blocks kept and `carry` layers carried:
+/// what the device-peak tests hold a step to.
+fn planned_device_bytes(model: &ModelConfig, (b, t): (usize, usize), keep: usize, carry: usize) -> u64 {
     use megatrain::run::{PlanInput, plan};
+    let input = PlanInput {
+        batch: b,
+        seq_len: t,
+        checkpoint_every: 1,
+        keep_activations: keep,
+        chunk_rows: 32,
+        transport: TransportDType::F32,
+        hold_grads: false,
+        carry_layers: carry,
+    };
+    plan(model, &input, &TierConfig::default())
+        .unwrap()
+        .device
+        .total()
+}
+
+fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &ModelConfig) {
     let model = model.clone();
     let (b, t) = (2, 32);
     let batch = GPU_STREAM.batch(model.vocab_size, 0, b, t);
@@ -1149,22 +1169,7 @@ fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &M
             .unwrap()
             .device_peak_bytes
     };
-    let planned = |keep: usize| {
-        let input = PlanInput {
-            batch: b,
-            seq_len: t,
-            checkpoint_every: 1,
-            keep_activations: keep,
-            chunk_rows: 32,
-            transport: TransportDType::F32,
-            hold_grads: false,
-            carry_layers: 0,
-        };
-        plan(&model, &input, &TierConfig::default())
-            .unwrap()
-            .device
-            .total()
-    };
+    let planned = |keep: usize| planned_device_bytes(&model, (b, t), keep, 0);
     let (peaks, plans) = ([peak(0), peak(8)], [planned(0), planned(8)]);
     let name = model.arch.model_type();
     for (keep, (p, q)) in [0, 8].iter().zip(peaks.iter().zip(&plans)) {
@@ -1200,7 +1205,6 @@ fn kept_activations_cost_what_the_plan_says_for(ctx: &Arc<GpuContext>, model: &M
 /// 2,367,744 and 3,977,728 B planned.
 #[test]
 fn carried_gradients_cost_what_the_plan_says() {
-    use megatrain::run::{PlanInput, plan};
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(8);
     let (b, t) = (2, 32);
@@ -1224,22 +1228,7 @@ fn carried_gradients_cost_what_the_plan_says() {
             .unwrap()
             .device_peak_bytes
     };
-    let planned = |carry: usize| {
-        let input = PlanInput {
-            batch: b,
-            seq_len: t,
-            checkpoint_every: 1,
-            keep_activations: 0,
-            chunk_rows: 32,
-            transport: TransportDType::F32,
-            hold_grads: false,
-            carry_layers: carry,
-        };
-        plan(&model, &input, &TierConfig::default())
-            .unwrap()
-            .device
-            .total()
-    };
+    let planned = |carry: usize| planned_device_bytes(&model, (b, t), 0, carry);
     let (peaks, plans) = ([peak(0), peak(all)], [planned(0), planned(all)]);
     eprintln!("device peaks {peaks:?} B, plans {plans:?} B");
     for (p, q) in peaks.iter().zip(&plans) {

@@ -107,14 +107,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || chunk_rows == 0 || a.ranks == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
-    if a.carry_layers > model.num_layers + 2 {
-        anyhow::bail!(
-            "--carry-layers {}: the model has {} layers (the embedding, {} blocks, the head)",
-            a.carry_layers,
-            model.num_layers + 2,
-            model.num_layers
-        );
-    }
+    megatrain::run::check_carry_layers(a.carry_layers, &model)?;
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -443,28 +436,26 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
         ms(c.step_ordered_s(m, tokens)),
         tokens as f64 / c.step_ordered_s(m, tokens)
     );
-    if carry > 0 {
-        let (step, forward) = c.step_carrying_s(m, tokens, carry);
-        println!(
-            "  with --carry-layers {}: forward {:.1} ms + max(backward, the other layers' AdamW) = {:.1} ms, \
-             {:.0} tokens/s at best",
-            carry,
+    let carried = |n: usize| {
+        let (step, forward) = c.step_carrying_s(m, tokens, n);
+        format!(
+            "forward {:.1} ms + max(backward, the other layers' AdamW) = {:.1} ms, {:.0} tokens/s at best",
             ms(forward),
             ms(step),
             tokens as f64 / step
-        );
+        )
+    };
+    if carry > 0 {
+        println!("  with --carry-layers {carry}: {}", carried(carry));
     }
-    match c.best_carry(m, tokens) {
-        (0, _) => println!(
+    match c.best_carry(m, tokens).0 {
+        0 => println!(
             "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
         ),
-        (carry, step) => println!(
-            "  carrying the first {carry} layers' AdamW into the next step's forward (--carry-layers {carry}; \
-             each block's forward waits for its update): forward {:.1} ms + max(backward, the other layers' AdamW) \
-             = {:.1} ms, {:.0} tokens/s at best",
-            ms(c.step_carrying_s(m, tokens, carry).1),
-            ms(step),
-            tokens as f64 / step
+        best => println!(
+            "  carrying the first {best} layers' AdamW into the next step's forward (--carry-layers {best}; \
+             each block's forward waits for its update): {}",
+            carried(best)
         ),
     }
 }

@@ -202,8 +202,7 @@ impl BusCover {
             forward += block_forward;
         }
         forward += head_forward;
-        let carried = if carry > 0 { updated } else { 0.0 };
-        let rest = (self.step_adamw_s(m) - carried).max(0.0);
+        let rest = (self.step_adamw_s(m) - updated).max(0.0);
         let step = forward + self.step_backward_s(m, tokens).max(rest);
         (step.max(self.step_bus_s(m)), forward)
     }

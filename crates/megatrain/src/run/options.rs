@@ -741,3 +741,21 @@ impl TrainOptions {
         Ok(())
     }
 }
+
+/// Refuses `--carry-layers n` past `model`'s layers (the embedding, its
+/// blocks and the head), naming both: `train` and `plan` check it before
+/// anything is made.
+pub fn check_carry_layers(n: usize, model: &megatrain_zoo::ModelConfig) -> Result<()> {
+    let layers = model.num_layers + 2;
+    match n > layers {
+        true => Err(RunError::option(
+            "carry-layers",
+            n,
+            format!(
+                "the model has {layers} layers (the embedding, {} blocks, the head)",
+                model.num_layers
+            ),
+        )),
+        false => Ok(()),
+    }
+}

@@ -252,17 +252,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
-    let layers = model.num_layers + 2;
-    if opts.carry_layers > layers {
-        return Err(RunError::option(
-            "carry-layers",
-            opts.carry_layers,
-            format!(
-                "the model has {layers} layers (the embedding, {} blocks, the head)",
-                model.num_layers
-            ),
-        ));
-    }
+    super::options::check_carry_layers(opts.carry_layers, &model)?;
     encoder.vocab_limit = Some(model.vocab_size);
     if opts.sample_every > 0 {
         sample_prompt(&encoder, &opts)?;

@@ -20,7 +20,6 @@ use megatrain_tensor::{Download, Executor};
 use megatrain_tier::LayerSlab;
 
 use super::handoff::land_chunk;
-use super::handoff::{gradient_chunks_held, layer_chunks};
 use super::optimizer::{StagingPool, apply_chunk};
 use super::update::Hyper;
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
@@ -64,15 +63,14 @@ pub(super) struct Apply<'a> {
 impl<T> Rising<T> {
     /// `carried` in any order; `chunk` elements a download, `limit` in
     /// flight at once.
+    /// (`Handoff::push` checked each layer's gradients against its table
+    /// when it kept them.)
     pub(super) fn new(
         mut carried: Vec<Carried<T>>,
         layers: &[LayerSlab],
         chunk: usize,
         limit: usize,
-    ) -> Result<Self>
-    where
-        T: megatrain_tensor::TensorHandle,
-    {
+    ) -> Result<Self> {
         carried.sort_by_key(|c| c.index);
         let layers = carried
             .into_iter()
@@ -84,7 +82,6 @@ impl<T> Rising<T> {
                         layers.len()
                     ))
                 })?;
-                super::upload::check_grads(slab, &c.grads)?;
                 Ok(Layer {
                     index: c.index,
                     lr: c.lr,
@@ -172,8 +169,9 @@ impl<T> Rising<T> {
             };
             let t_opt = Instant::now();
             let done = apply_chunk(slab, r.clone(), &grads, true, None, h);
-            m.optimizer_ms += ms(t_opt);
-            m.optimizer_wait_ms += ms(t_opt);
+            let busy = ms(t_opt);
+            m.optimizer_ms += busy;
+            m.optimizer_wait_ms += busy;
             grads.release(a.pool);
             done?;
             if r.end == numel {
@@ -210,11 +208,7 @@ impl<E: Executor> Trainer<E> {
         }
         let t = Instant::now();
         let chunk = self.transfer_chunk();
-        let (largest, in_flight) = layer_chunks(self.tier.layers(), self.config.chunks_in_flight, chunk);
-        self.ex.reserve_downloads(
-            chunk.min(largest),
-            gradient_chunks_held(self.config.optimizer_queue, false, in_flight),
-        )?;
+        let in_flight = self.reserve_gradient_downloads(chunk)?;
         let carried = std::mem::take(&mut self.carried);
         let mut rising = Rising::new(carried, self.tier.layers(), chunk, in_flight)?;
         let apply = Apply {

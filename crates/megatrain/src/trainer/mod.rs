@@ -325,6 +325,19 @@ impl<E: Executor> Trainer<E> {
         }
     }
 
+    /// Makes sure the executor holds the readback buffers gradients of
+    /// `chunk` elements land in: the chunks of a layer in flight, those
+    /// queued for the optimizer and a few more. Returns the chunks of a
+    /// layer in flight.
+    fn reserve_gradient_downloads(&self, chunk: usize) -> Result<usize> {
+        let (largest, in_flight) = layer_chunks(self.tier.layers(), self.config.chunks_in_flight, chunk);
+        self.ex.reserve_downloads(
+            chunk.min(largest),
+            gradient_chunks_held(self.config.optimizer_queue, self.dist.is_some(), in_flight),
+        )?;
+        Ok(in_flight)
+    }
+
     /// One optimizer step over `micro` micro-batches at learning rate `lr`.
     /// Where updates are carried ([`TrainerConfig::carry_layers`]), it
     /// first applies those the last step left, as its forward reaches each
@@ -472,6 +485,7 @@ impl<E: Executor> Trainer<E> {
         m: &mut StepMetrics,
     ) -> Result<(f64, f64)> {
         let chunk = self.transfer_chunk();
+        let in_flight = self.reserve_gradient_downloads(chunk)?;
         let Trainer {
             ex,
             model: cfg,
@@ -504,11 +518,6 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
         };
-        let (largest, in_flight) = layer_chunks(tier.layers(), config.chunks_in_flight, chunk);
-        ex.reserve_downloads(
-            chunk.min(largest),
-            gradient_chunks_held(config.optimizer_queue, dist.is_some(), in_flight),
-        )?;
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
         // The last step's carried updates, applied as the forward reaches
         // each layer; their first downloads begin now.
