@@ -118,8 +118,11 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 let corr = exp(m - mn);
                 let pr = exp(s - mn);
                 l = l * corr + pr;
+                // The sum is of every probability; the values are weighted
+                // by the kept ones (dropout).
+                let pd = pr * drop_factor(b, h, i, j0 + jj);
                 for (var dd = 0u; dd < p.d; dd++) {
-                    acc[dd] = acc[dd] * corr + pr * T2[jj * p.d + dd];
+                    acc[dd] = acc[dd] * corr + pd * T2[jj * p.d + dd];
                 }
                 m = mn;
             }
@@ -163,8 +166,9 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     DD[p.dd_off + row_idx(b, h, i)] = s;
 }
 
-// dq_i = scale · Σ_j p_ij (dout_i·v_j − delta_i) slope_ij k_j, slope_ij the
-// capped_slope of the capped score (1 without a cap).
+// dq_i = scale · Σ_j p_ij (dout_i·v_j · f_ij − delta_i) slope_ij k_j,
+// slope_ij the capped_slope of the capped score (1 without a cap), f_ij the
+// dropout's factor (drop_factor; delta is already of the dropped weights).
 // grid: (ceil(T/RB), Hq, B)
 @compute @workgroup_size(64)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
@@ -207,7 +211,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
                     dp += dout[dd] * T2[jj * p.d + dd];
                 }
                 let y = capped(s);
-                let ds = exp(y - lse) * (dp - delta) * capped_slope(y);
+                let ds = exp(y - lse) * (dp * drop_factor(b, h, i, j0 + jj) - delta) * capped_slope(y);
                 for (var dd = 0u; dd < p.d; dd++) {
                     dq[dd] += ds * T1[jj * p.d + dd];
                 }
@@ -288,9 +292,11 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                         }
                         let y = capped(s);
                         let pr = exp(y - T1[STATS + ii]);
-                        let ds = pr * (dp - T2[STATS + ii]) * capped_slope(y);
+                        let fd = drop_factor(b, h, i, j);
+                        let ds = pr * (dp * fd - T2[STATS + ii]) * capped_slope(y);
+                        let pd = pr * fd;
                         for (var dd = 0u; dd < p.d; dd++) {
-                            dv[dd] += pr * T2[ii * p.d + dd];
+                            dv[dd] += pd * T2[ii * p.d + dd];
                             dk[dd] += ds * T1[ii * p.d + dd];
                         }
                     }

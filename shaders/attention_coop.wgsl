@@ -54,6 +54,8 @@ struct Params {
     k_slot: u32, v_slot: u32, do_slot: u32, max_off: u32,
     // attention_mask.wgsl's.
     window: u32, docs: u32, docs_off: u32, docs_ends: u32,
+    drop_threshold: u32, drop_key0: u32, drop_key1: u32, drop_scale: f32,
+    drop_batch0: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -358,7 +360,9 @@ fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
             pr = exp(apply(wg.s_s[base + c], f) * p.scale - m);
         }
         l += pr;
-        wg.sm[P_S + r * LDP + c] = to_half(pr);
+        // The sums are of every probability; the values are weighted by the
+        // kept ones (dropout).
+        wg.sm[P_S + r * LDP + c] = to_half(pr * drop_factor(b, row.head, row.pos, j0 + c));
     }
     raised = m != m_run && m_run != NO_MAX;
     if !hi {
@@ -460,14 +464,17 @@ fn store_max(wid: vec3<u32>, nwg: vec3<u32>) {
 
 // P and dS of one tile, f16: P at P_S and dS·2^-ds_exponent() at DS_S, row
 // `rr` of the tile's 16 x BC block of this subgroup, column c. S and dP
-// are in s_s (regions 0 and 1); `ok` is the causal (and edge) mask.
-fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32) {
+// are in s_s (regions 0 and 1); `ok` is the causal (and edge) mask, `fd`
+// the dropout's factor (drop_factor), which P (for dV) and dP take and
+// delta already has.
+fn p_ds(sg: u32, rr: u32, c: u32, ok: bool, lse: f32, delta: f32, fd: f32) {
     let si = sg * 16u * BC + rr * BC + c;
     var pr = 0.0;
     var ds = 0.0;
     if ok {
         pr = exp(apply(wg.s_s[si], up_s) * p.scale - lse);
-        ds = pr * (apply(wg.s_s[SCR + si], up_dp) - delta);
+        ds = pr * (apply(wg.s_s[SCR + si], up_dp) * fd - delta);
+        pr = pr * fd;
     }
     let pi = (sg * 16u + rr) * LDP + c;
     wg.sm[P_S + pi] = to_half(pr);
@@ -512,7 +519,8 @@ fn ds_tile_dq(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let row = q_row(p0, np, g, r);
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
-        p_ds(sg, rr, c, sees(b, row.pos, j0 + c), wg.stat_s[r], wg.stat_s[BR + r]);
+        let fd = drop_factor(b, row.head, row.pos, j0 + c);
+        p_ds(sg, rr, c, sees(b, row.pos, j0 + c), wg.stat_s[r], wg.stat_s[BR + r], fd);
     }
 }
 
@@ -560,15 +568,15 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
     }
 }
 
-// Pᵀ and dSᵀ: row = key j0 + sg·16 + lane % 16, column = query i0 + c (two
-// lanes a row, as in ds_tile_dq).
-fn ds_tile_dkv(sg: u32, lane: u32, b: u32, j0: u32, i0: u32) {
+// Pᵀ and dSᵀ: row = key j0 + sg·16 + lane % 16, column = query i0 + c of
+// head h (two lanes a row, as in ds_tile_dq).
+fn ds_tile_dkv(sg: u32, lane: u32, b: u32, j0: u32, i0: u32, h: u32) {
     let rr = lane % 16u;
     let j = j0 + sg * 16u + rr;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         let i = i0 + c;
-        p_ds(sg, rr, c, sees(b, i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c]);
+        p_ds(sg, rr, c, sees(b, i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c], drop_factor(b, h, i, j));
     }
 }
 

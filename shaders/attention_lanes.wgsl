@@ -145,8 +145,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             let corr = exp(m - mn);
             let pr = select(0.0, exp(s - mn), live);
             l = l * corr + pr;
+            let pd = pr * drop_factor(b, h, i, j);
             // unroll
-            acc[UV] = select(acc[UV], acc[UV] * corr + pr * T2[t + UV * L], live);
+            acc[UV] = select(acc[UV], acc[UV] * corr + pd * T2[t + UV * L], live);
             // end
             m = mn;
         }
@@ -251,7 +252,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
             let y = capped(row_sum(ps));
             let dp = row_sum(pp);
             let live = valid && sees(b, i, j) && j < p.r_end;
-            let ds = select(0.0, exp(y - lse) * (dp - delta) * capped_slope(y), live);
+            let ds = select(0.0, exp(y - lse) * (dp * drop_factor(b, h, i, j) - delta) * capped_slope(y), live);
             // unroll
             dq[UV] = select(dq[UV], dq[UV] + ds * T1[t + UV * L], live);
             // end
@@ -339,9 +340,11 @@ fn attn_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 let dp = row_sum(pp);
                 let live = valid && sees(b, i, j) && i < i_end;
                 let pr = select(0.0, exp(y - S1[ii]), live);
-                let ds = pr * (dp - S2[ii]) * capped_slope(y);
+                let fd = drop_factor(b, h, i, j);
+                let ds = pr * (dp * fd - S2[ii]) * capped_slope(y);
+                let pd = pr * fd;
                 // unroll
-                dv[UV] = select(dv[UV], dv[UV] + pr * T2[t + UV * L], live);
+                dv[UV] = select(dv[UV], dv[UV] + pd * T2[t + UV * L], live);
                 dk[UV] = select(dk[UV], dk[UV] + ds * T1[t + UV * L], live);
                 // end
             }

@@ -1,5 +1,6 @@
-// Which keys a query row attends to, for every attention kernel (their
-// Params all carry t, window, docs, docs_off and docs_ends): keys
+// Which keys a query row attends to, and which of their probabilities a
+// dropout keeps, for every attention kernel (their Params all carry t, hq,
+// window, docs, docs_off, docs_ends and the drop_ fields): keys
 // first_key(b, i) ..= i of row b of the dispatch's batch chunk, the last
 // `window` of them where window > 0 (the sliding window of Mistral and
 // Phi-3, transformers' kv > q − window), all of them where it is 0. The host
@@ -50,4 +51,18 @@ fn query_end(b: u32, j: u32) -> u32 {
 
 fn sees(b: u32, i: u32, j: u32) -> bool {
     return j <= i && j >= first_key(b, i);
+}
+
+// Dropout of the probabilities (megatrain_tensor's AttnMask::dropout;
+// dropout.wgsl's `mask` section goes before this file): the factor key j's
+// probability in query row i of head h takes, 0 or 1 / (1 − p), and 1
+// where drop_threshold is 0 (a branch on a uniform). Mask rows count
+// (batch row, head, query) from drop_batch0, which the host sets to the
+// dispatch's first batch row in the whole batch.
+fn drop_factor(b: u32, h: u32, i: u32, j: u32) -> f32 {
+    if p.drop_threshold == 0u {
+        return 1.0;
+    }
+    let row = ((p.drop_batch0 + b) * p.hq + h) * p.t + i;
+    return select(0.0, p.drop_scale, dropout_keeps(p.drop_key0, p.drop_key1, p.drop_threshold, row, j));
 }

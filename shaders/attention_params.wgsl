@@ -14,6 +14,9 @@ struct Params {
     // which both families (attention.wgsl, attention_lanes.wgsl) apply.
     // Then packed documents (attention_mask.wgsl).
     softcap: f32, docs: u32, docs_off: u32, docs_ends: u32,
+    // Dropout of the probabilities (attention_mask.wgsl's `drop_factor`).
+    drop_threshold: u32, drop_key0: u32, drop_key1: u32, drop_scale: f32,
+    drop_batch0: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 const FIRST: u32 = 1u;

@@ -294,6 +294,7 @@ impl CoopAttention {
         out.push_str(MAX_BITS);
         out.push_str(matmul_section(if self.emulated { "half_sw" } else { "half_hw" }));
         out.push_str(section("common"));
+        out.push_str(crate::kernels::DROPOUT_MASK);
         out.push_str(crate::kernels::ATTENTION_MASK);
         let inputs: &[&str] = match (self.f16_in, self.emulated) {
             (false, _) => &["in_f32", "in_vec"],
@@ -544,7 +545,7 @@ impl CoopAttention {
                     "ct",
                     "SCR + cs",
                 );
-                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, b, j0, i0);\n            row_sync();\n");
+                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, b, j0, i0, h);\n            row_sync();\n");
                 fragments(&mut m, &g, "            ", &P_ROWS, kf);
                 fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {

@@ -40,10 +40,11 @@ const ATTENTION_F16: &str = include_str!("../../../shaders/attention_f16.wgsl");
 /// cap's `tanh_precise` (attention_params.wgsl's `capped`; the lanes
 /// kernels take them too), the maxima's bits, the shared parameters and
 /// mask.
-const ATTENTION_SOURCES: [&str; 5] = [
+const ATTENTION_SOURCES: [&str; 6] = [
     ACTIVATION_FNS,
     MAX_BITS,
     ATTENTION_PARAMS,
+    DROPOUT_MASK,
     ATTENTION_MASK,
     ATTENTION,
 ];
@@ -55,6 +56,10 @@ const CROSS_ENTROPY: &str = include_str!("../../../shaders/cross_entropy.wgsl");
 const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
 const CONV1D: &str = include_str!("../../../shaders/conv1d.wgsl");
+const DROPOUT: &str = include_str!("../../../shaders/dropout.wgsl");
+/// dropout.wgsl's `mask` section (its hash), which attention_mask.wgsl's
+/// `drop_factor` calls: put before that file.
+pub(crate) const DROPOUT_MASK: &str = include_str!("../../../shaders/dropout_mask.wgsl");
 
 /// The text of section `//// name` of `src` (the WGSL file `file`), up to
 /// the next section: the files whose kernels are put together per variant
@@ -162,6 +167,9 @@ pub enum Kernel {
     AddAssign,
     Scale,
     AddScalar,
+    /// Each element kept and scaled, or zeroed, by a dropout mask
+    /// (dropout.wgsl).
+    Dropout,
     /// Each row times its own host-given factor (`scale_rows`).
     ScaleRows,
     /// `cap · tanh(x / cap)` and its backward from the capped output.
@@ -292,6 +300,7 @@ impl Kernel {
             AddAssign,
             Scale,
             AddScalar,
+            Dropout,
             ScaleRows,
             Softcap,
             SoftcapBwd,
@@ -496,6 +505,7 @@ impl Kernel {
             AddAssign => (&ELEMENTWISE_SOURCES, "add_assign", &[1, 3]),
             Scale => (&ELEMENTWISE_SOURCES, "scale", &[1, 3]),
             AddScalar => (&ELEMENTWISE_SOURCES, "add_scalar", &[1, 3]),
+            Dropout => (&[DROPOUT_MASK, DROPOUT], "dropout", &[1, 3]),
             ScaleRows => (&ELEMENTWISE_SOURCES, "scale_rows", &[1, 2, 3]),
             Softcap => (&ELEMENTWISE_SOURCES, "softcap", &[3]),
             SoftcapBwd => (&ELEMENTWISE_SOURCES, "softcap_bwd", &[1, 3]),
@@ -676,6 +686,7 @@ fn attention_lanes(d: u32, entry: &'static str, bindings: &'static [u32]) -> Ker
             ACTIVATION_FNS,
             MAX_BITS,
             ATTENTION_PARAMS,
+            DROPOUT_MASK,
             ATTENTION_MASK,
             &unroll(ATTENTION_LANES, d / 16),
         ]

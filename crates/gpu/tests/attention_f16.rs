@@ -15,7 +15,9 @@ use std::sync::Arc;
 use common::*;
 use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
-use megatrain_tensor::{AttnMask, ComputePrecision, CpuExecutor, Docs, Executor, HostTensor, SoftCap};
+use megatrain_tensor::{
+    AttnMask, ComputePrecision, CpuExecutor, Docs, Dropout, Executor, HostTensor, SoftCap,
+};
 
 const TOL_COOP: f64 = 2e-3;
 const TOL_SIMT: f64 = 1e-5;
@@ -173,6 +175,26 @@ fn rising(c: Case, seed: u64) -> Inputs {
 }
 
 fn check_inputs(g: &GpuExecutor, c: Case, x: Inputs, tol: f64, backward: bool) -> Result<(), String> {
+    check_under(g, c, c.mask(), x, tol, backward)
+}
+
+/// [`check`] of the case with its probabilities dropped (p = 0.2, the
+/// mask's rows counted from batch row 3).
+fn check_dropped(g: &GpuExecutor, c: Case, seed: u64) -> Result<(), String> {
+    let d = Dropout::new(0.2, seed, "test")
+        .unwrap()
+        .map(|d| d.at_batch_row(3));
+    check_under(g, c, c.mask().with_dropout(d), inputs(c, seed), TOL_COOP, true)
+}
+
+fn check_under(
+    g: &GpuExecutor,
+    c: Case,
+    mask: AttnMask,
+    x: Inputs,
+    tol: f64,
+    backward: bool,
+) -> Result<(), String> {
     let cpu = CpuExecutor::with_precision(ComputePrecision::F16);
     let (cq, ck, cv, cd) = (
         cpu.upload(&x.q).unwrap(),
@@ -180,9 +202,11 @@ fn check_inputs(g: &GpuExecutor, c: Case, x: Inputs, tol: f64, backward: bool) -
         cpu.upload(&x.v).unwrap(),
         cpu.upload(&x.dout).unwrap(),
     );
-    let rf = cpu.attention(&cq, &ck, &cv, c.mask()).unwrap();
+    let rf = cpu.attention(&cq, &ck, &cv, mask.clone()).unwrap();
     let (gq, gk, gv, gd) = (up(g, &x.q), up(g, &x.k), up(g, &x.v), up(g, &x.dout));
-    let of = g.attention(&gq, &gk, &gv, c.mask()).map_err(|e| e.to_string())?;
+    let of = g
+        .attention(&gq, &gk, &gv, mask.clone())
+        .map_err(|e| e.to_string())?;
     let what = |s: &str| format!("{c:?} {s}");
     let (go, ro) = (down(g, &of.out), down_cpu(&cpu, &rf.out));
     let (gl, rl) = (down(g, &of.lse), down_cpu(&cpu, &rf.lse));
@@ -638,6 +662,11 @@ fn emulated_kernels_match_the_reference(d: usize) {
         check(&g, packed, 135, TOL_COOP, true).unwrap();
         check_inputs(&g, packed, rising(packed, 136), TOL_COOP, true).unwrap();
         check(&g, packed.window(20), 137, TOL_COOP, true).unwrap();
+        // Dropout of the probabilities: P's kept entries scaled in the
+        // forward's and dk/dv's tiles, dP's in dq's and dk/dv's.
+        for (i, c) in [tiles, packed.window(20), CASES[2]].into_iter().enumerate() {
+            check_dropped(&g, c, 150 + i as u64).unwrap();
+        }
     }
     if d == CASE_128.d {
         check(&g, CASE_128, 30, TOL_COOP, false).unwrap();
@@ -700,6 +729,9 @@ fn tensor_core_kernels_match_the_reference() {
         .enumerate()
     {
         check(&g, c, 140 + i as u64, TOL_COOP, true).unwrap();
+    }
+    for (i, c) in [big, big_packed.window(100), CASE_128].into_iter().enumerate() {
+        check_dropped(&g, c, 160 + i as u64).unwrap();
     }
 }
 

@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, DType, Docs, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape, SoftCap,
-    TensorHandle,
+    AttnMask, ClampedGlu, DType, Docs, Dropout, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape,
+    SoftCap, TensorHandle,
 };
 use proptest::prelude::*;
 
@@ -637,6 +637,73 @@ fn attention_head_dims_several_row_blocks() {
     }
 }
 
+/// Dropout of the probabilities on both f32 families and over 4 KiB
+/// bindings (each batch chunk's rows counted from the mask's first batch
+/// row), causal, in a window, within packed documents and soft-capped: the
+/// CPU's mask, forward and backward; and it drops something.
+#[test]
+fn attention_dropout_matches_cpu() {
+    let Some(lanes) = gpu() else { return };
+    let one_row = GpuExecutor::with_options(
+        lanes.context().clone(),
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    );
+    let mut families = vec![("lanes", lanes), ("one row", &one_row)];
+    let drop = |p: f64, batch0: usize| {
+        Dropout::new(p, 0xabad_cafe_f00d, "test")
+            .unwrap()
+            .map(|d| d.at_batch_row(batch0))
+    };
+    let cap = SoftCap::new(2.0, "test").unwrap();
+    // The last shape's batch rows (896 bytes of q) come 4 to a 4 KiB
+    // binding: its second chunk starts at batch row 4.
+    let shapes = [
+        ((3, 37, 4, 2, 32), 901),
+        ((2, 70, 2, 1, 48), 902),
+        ((6, 7, 2, 1, 16), 903),
+    ];
+    for (n, (shape, seed)) in shapes.into_iter().enumerate() {
+        if n == 2 {
+            families.extend(gpu_small_bindings().map(|s| ("4 KiB bindings", s)));
+        }
+        let docs = random_docs(seed, shape.0, shape.1);
+        let masks = [
+            AttnMask::CAUSAL.with_dropout(drop(0.2, 0)),
+            AttnMask::sliding(9).with_dropout(drop(0.5, 5)),
+            AttnMask::CAUSAL.with_docs(Some(docs)).with_dropout(drop(0.1, 1)),
+            AttnMask::CAUSAL.with_softcap(cap).with_dropout(drop(0.3, 2)),
+        ];
+        for (family, g) in &families {
+            for mask in &masks {
+                attention_matches_cpu_in(
+                    g,
+                    shape,
+                    mask.clone(),
+                    seed,
+                    &format!("{family}, {shape:?}, {mask:?}"),
+                );
+            }
+        }
+        let c = cpu();
+        let q = cpu_up!(c, &rand_host(seed, &[shape.0, shape.1, shape.2, shape.4]));
+        let k = cpu_up!(c, &rand_host(seed + 1, &[shape.0, shape.1, shape.3, shape.4]));
+        let v = cpu_up!(c, &rand_host(seed + 2, &[shape.0, shape.1, shape.3, shape.4]));
+        let plain = down_cpu(&c, &c.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap().out);
+        let dropped = c.attention(&q, &k, &v, masks[0].clone()).unwrap();
+        let kept = c.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
+        assert!(
+            megatrain_tensor::testing::rel_norm_err(&down_cpu(&c, &dropped.out), &plain) > 0.05,
+            "{shape:?}: nothing dropped"
+        );
+        // The log-sum-exp is of every probability, kept or dropped.
+        assert_eq!(down_cpu(&c, &dropped.lse), down_cpu(&c, &kept.lse));
+    }
+}
+
 /// Head dimension 256 (Gemma 2's and 3's): past the lanes kernels' 128, on
 /// the one-row kernels' wide variants (DM = 256 on tiles of 8 keys and 4
 /// queries), D = 256 compiled in and the general ones reading D from the
@@ -1054,6 +1121,45 @@ fn scale_rows_and_row_dots_match_cpu() {
             assert_eq!(d.dims(), [rows], "{dims:?}");
             assert_close(&format!("row_dots {dims:?}"), &down(g, &d), &want_d, TOL_F32);
         }
+    }
+}
+
+/// Dropout draws the CPU's mask bit for bit (the same hash, the same f32
+/// scale), on shapes of every rank it takes, split over 4 KiB bindings too,
+/// and counts rows from the batch row it is told; rank 1 is refused.
+#[test]
+fn dropout_matches_cpu_bit_for_bit() {
+    let c = cpu();
+    let shapes: [&[usize]; 5] = [&[1, 1], &[3, 5, 7], &[37, 129], &[2, 300, 67], &[2, 3, 4, 5]];
+    for (i, &dims) in shapes.iter().enumerate() {
+        let x = rand_host(700 + i as u64, dims);
+        for (p, batch0) in [(0.1, 0), (0.5, 3), (0.9, 1 << 20)] {
+            let d = Dropout::new(p, 0xfeed_0000 + i as u64, "test")
+                .unwrap()
+                .unwrap()
+                .at_batch_row(batch0);
+            let want = down_cpu(&c, &c.dropout(&cpu_up!(c, &x), &d).unwrap());
+            let zeros = want.iter().filter(|&&v| v == 0.0).count() as f64 / want.len() as f64;
+            if want.len() > 1000 {
+                assert!((zeros - p).abs() < 0.05, "{dims:?} p {p}: {zeros} zeroed");
+            }
+            for g in both() {
+                let got = down(g, &g.dropout(&up(g, &x), &d).unwrap());
+                assert_close(&format!("dropout {dims:?} p {p}"), &got, &want, 0.0);
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{dims:?} p {p}"
+                );
+            }
+        }
+    }
+    let d = Dropout::new(0.5, 1, "test").unwrap().unwrap();
+    for g in both() {
+        let e = g
+            .dropout(&up(g, &rand_host(1, &[5])), &d)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dropout") && e.contains("[B, …, C]"), "{e}");
     }
 }
 

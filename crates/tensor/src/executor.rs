@@ -18,9 +18,9 @@ use std::ops::Range;
 
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Error, Glu, HostRegistration, HostSlice, HostTensor,
-    Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TransportInfo,
-    TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
+    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Error, Glu, HostRegistration, HostSlice,
+    HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap,
+    TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
     compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
     compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
     compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
@@ -335,6 +335,12 @@ pub trait Executor {
     /// `[rows]`: the dot product of each row of `a` with the same row of
     /// `b` (same shapes, rows as in `scale_rows`).
     fn row_dots(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// `x` (`[B, …, C]`) with each element kept and scaled by
+    /// `1 / (1 − p)` or zeroed, as `d`'s mask says of it: mask row
+    /// [`Dropout::row`] of batch row `b` over the middle dimensions, column
+    /// its index in the last. Its backward is the same op on the output's
+    /// gradient.
+    fn dropout(&self, x: &Self::Tensor, d: &Dropout) -> Result<Self::Tensor>;
 
     // ---- matmul --------------------------------------------------------
 

@@ -2,7 +2,7 @@
 //! trait: which operands a matmul reads transposed, which gradients a
 //! backward must produce, and what each forward and backward returns.
 
-use crate::{DType, Docs, Error, Result, RopeScaling, Shape};
+use crate::{DType, Docs, Dropout, Error, Result, RopeScaling, Shape};
 
 /// Which matmul operands are read transposed. `a` is `[.., M, K]`, or
 /// `[.., K, M]` when `a` is set; `b` is `[K, N]`, or `[N, K]` when `b` is set
@@ -214,6 +214,13 @@ pub struct AttnMask {
     pub softcap: Option<SoftCap>,
     /// `None`: each row is one sequence.
     pub docs: Option<Docs>,
+    /// Dropout of the probabilities (after the softmax, before they weight
+    /// the values; the softmax's sum and the saved log-sum-exp are of the
+    /// kept and dropped alike, as `torch`'s dropout of the weights has
+    /// it): key `j` of query `i` of head `h` of batch row `b` is column
+    /// `j` of mask row [`Dropout::row`]`(b, Hq·T, h·T + i)`. `None`: none
+    /// (evaluation, generation).
+    pub dropout: Option<Dropout>,
 }
 
 /// A soft cap `cap > 0` (finite): `x ↦ cap · tanh(x / cap)`, which bounds
@@ -262,6 +269,7 @@ impl AttnMask {
         window: None,
         softcap: None,
         docs: None,
+        dropout: None,
     };
 
     pub fn sliding(window: usize) -> AttnMask {
@@ -274,6 +282,11 @@ impl AttnMask {
     /// The same mask within the documents of `docs` (`None`: within rows).
     pub fn with_docs(self, docs: Option<Docs>) -> AttnMask {
         AttnMask { docs, ..self }
+    }
+
+    /// The same mask with its probabilities dropped by `dropout`.
+    pub fn with_dropout(self, dropout: Option<Dropout>) -> AttnMask {
+        AttnMask { dropout, ..self }
     }
 
     /// The same mask with its scores soft-capped at `cap`.
@@ -408,6 +421,12 @@ pub fn attention_cached_dims(
         return Err(Error::invalid(
             op,
             "a cache holds one sequence a row: documents cannot be packed in it",
+        ));
+    }
+    if mask.dropout.is_some() {
+        return Err(Error::invalid(
+            op,
+            "generation drops nothing: a cached attention takes no dropout",
         ));
     }
     Ok(CachedAttnDims {

@@ -4,8 +4,8 @@
 
 use megatrain_tensor::testing::{dot, grad_check, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttentionOut, AttnMask, ClampedGlu, CpuTensor, Executor, F64Executor, MatmulNeeds, Rope, RopeScaling,
-    Shape, SoftCap, TensorHandle, Transpose,
+    AttentionOut, AttnMask, ClampedGlu, CpuTensor, Dropout, Executor, F64Executor, MatmulNeeds, Rope,
+    RopeScaling, Shape, SoftCap, TensorHandle, Transpose,
 };
 
 type T = CpuTensor<f64>;
@@ -236,6 +236,55 @@ fn attention_backward_with_soft_capped_scores() {
     attention_check(1, 4, 4, 1, 2, AttnMask::CAUSAL.with_softcap(cap(50.0)), 90);
 }
 
+/// Dropout of the probabilities: its backward (dP and dV's weights taken
+/// by the mask, delta as it was) is the gradient of the same mask's forward,
+/// with GQA, in a window, soft-capped and with sinks.
+#[test]
+fn attention_backward_with_dropout() {
+    let drop = |p: f64, key: u64| Dropout::new(p, key, "test").unwrap();
+    let cap = SoftCap::new(0.5, "test").unwrap();
+    attention_check(2, 5, 2, 2, 3, AttnMask::CAUSAL.with_dropout(drop(0.3, 1)), 100);
+    attention_check(
+        1,
+        6,
+        4,
+        2,
+        4,
+        AttnMask::sliding(3).with_dropout(drop(0.5, 2)),
+        110,
+    );
+    let capped = AttnMask::CAUSAL
+        .with_softcap(cap)
+        .with_dropout(drop(0.2, 3).map(|d| d.at_batch_row(7)));
+    attention_check(2, 4, 4, 1, 2, capped, 120);
+}
+
+/// Dropout is linear and its own adjoint: the same mask on the output's
+/// gradient is the input's, at every rank it takes.
+#[test]
+fn dropout_backward() {
+    for (seed, shape) in [
+        (950, vec![1usize, 1]),
+        (960, vec![4, 3]),
+        (970, vec![2, 3, 5]),
+        (980, vec![2, 2, 3, 4]),
+    ] {
+        let d = Dropout::new(0.4, seed, "test").unwrap().unwrap().at_batch_row(2);
+        let (x, cot) = (rand_t(seed, &shape), rand_t(seed + 1, &shape));
+        let dx = EX.dropout(&cot, &d).unwrap();
+        grad_check("dropout", &[x], &[dx.data()], |i| {
+            dot(EX.dropout(&i[0], &d).unwrap().data(), cot.data())
+        });
+    }
+    let msg = EX
+        .dropout(
+            &rand_t(990, &[4]),
+            &Dropout::new(0.5, 1, "test").unwrap().unwrap(),
+        )
+        .unwrap_err();
+    assert!(msg.to_string().contains("dropout"), "{msg}");
+}
+
 #[test]
 fn gelu_erf_backward() {
     let x = t(
@@ -399,6 +448,11 @@ fn attention_with_sinks_end_to_end() {
         (60, (1, 6, 4, 2, 4), AttnMask::sliding(3)),
         (70, (1, 4, 4, 1, 2), AttnMask::CAUSAL.with_softcap(cap)),
         (80, (2, 1, 2, 1, 3), AttnMask::CAUSAL),
+        (
+            90,
+            (2, 5, 4, 2, 3),
+            AttnMask::CAUSAL.with_dropout(Dropout::new(0.3, 9, "test").unwrap()),
+        ),
     ] {
         let q = rand_t(seed, &[b, tt, hq, d]);
         let k = rand_t(seed + 1, &[b, tt, hkv, d]);

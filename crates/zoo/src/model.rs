@@ -2,10 +2,10 @@
 //! golden tests and small CPU runs use. The streamed trainer calls the layer
 //! functions of [`crate::layers`] itself instead.
 
-use megatrain_tensor::{Docs, Executor, HostSlice, ParamTable, TensorHandle};
+use megatrain_tensor::{Executor, HostSlice, ParamTable, TensorHandle};
 
 use crate::layers::{
-    self, IGNORE_INDEX, block_backward, block_forward, embedding_backward, embedding_forward,
+    self, IGNORE_INDEX, Rows, block_backward, block_forward, embedding_backward, embedding_forward,
     head_forward_backward, head_logits,
 };
 use crate::{ModelConfig, Result, ZooError};
@@ -85,22 +85,24 @@ fn check_layers<T>(cfg: &ModelConfig, weights: &[Vec<T>]) -> Result<()> {
 
 /// Full forward and backward with every layer's weights given. `ids` and
 /// `targets` are `batch × seq` row-major; targets equal to -100 are ignored;
-/// `docs`: the documents packed in the rows, where they hold several.
+/// `rows`: the documents packed in the rows, where they hold several, and
+/// the forward's dropout (`Option<&Docs>` for none).
 #[allow(clippy::too_many_arguments)]
-pub fn forward_backward<E: Executor>(
+pub fn forward_backward<'a, E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     weights: &[Vec<E::Tensor>],
     ids: &[u32],
     targets: &[i32],
-    (batch, seq, docs): (usize, usize, Option<&Docs>),
+    (batch, seq, rows): (usize, usize, impl Into<Rows<'a>>),
     chunk_rows: usize,
 ) -> Result<StepOut<E::Tensor>> {
     check_layers(cfg, weights)?;
-    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq, docs)?;
+    let rows = rows.into();
+    let mut x = embedding_forward(cfg, ex, &weights[0], ids, batch, seq, rows)?;
     let mut saved = Vec::with_capacity(cfg.num_layers);
     for (layer, w) in weights[1..=cfg.num_layers].iter().enumerate() {
-        let (y, s) = block_forward(cfg, ex, layer, w, &x, docs)?;
+        let (y, s) = block_forward(cfg, ex, layer, w, &x, rows)?;
         saved.push(s);
         x = y;
     }
@@ -127,7 +129,7 @@ pub fn forward_backward<E: Executor>(
         block_grads.push(g);
         dx = d;
     }
-    grads[0] = embedding_backward(cfg, ex, &weights[0], ids, (batch, seq, docs), &dx, head.tied_grad)?;
+    grads[0] = embedding_backward(cfg, ex, &weights[0], ids, (batch, seq, rows), &dx, head.tied_grad)?;
     grads.extend(block_grads.into_iter().rev());
     grads.push(head.grads);
     // Cross-entropy, and the routers' load-balancing loss where the model adds it.

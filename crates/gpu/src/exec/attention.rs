@@ -77,6 +77,21 @@ impl Dims {
     fn softcap(&self) -> u32 {
         self.mask.softcap.map_or(0, |c| f(c.get()))
     }
+
+    /// The last 8 words of every attention kernel's `Params`: the dropout
+    /// of the probabilities (threshold, 0 for none; key; scale; the batch
+    /// row of the chunk that starts at `b0`: attention_mask.wgsl's
+    /// `drop_factor`), then padding.
+    pub(super) fn dropout_params(&self, b0: usize) -> [u32; 8] {
+        match &self.mask.dropout {
+            None => [0; 8],
+            Some(dr) => {
+                let [k0, k1] = dr.key();
+                let batch0 = dr.batch0().wrapping_add(b0 as u32);
+                [dr.threshold(), k0, k1, f(dr.scale() as f32), batch0, 0, 0, 0]
+            }
+        }
+    }
 }
 
 impl GpuExecutor {
@@ -174,7 +189,9 @@ impl GpuExecutor {
             let sv = self.view(&lsum, b0 * le, nb * le)?;
             let mv = self.maxima_view(&slots, (b0 * rows * d.hq, nb * rows * d.hq), ov)?;
             for (ri, &(r0, r1)) in keys.iter().enumerate() {
-                let params = [
+                let mut params = [0u32; 32];
+                params[24..].copy_from_slice(&d.dropout_params(b0));
+                params[..24].copy_from_slice(&[
                     u(d.t),
                     u(d.hq),
                     u(d.hkv),
@@ -199,7 +216,7 @@ impl GpuExecutor {
                     dflag,
                     doff,
                     dends,
-                ];
+                ]);
                 let grid = [rows as u32, d.hq as u32, nb as u32];
                 let kernel = match lanes {
                     true => Kernel::AttnFwdLanes { d: u(d.d) },
@@ -388,6 +405,7 @@ impl GpuExecutor {
                 delta: self.view(&delta, b0 * le, nb * le)?,
                 docs: docs_view,
                 docs_params: docs.params(&docs_view, b0),
+                b0,
             };
             let mut params = c.params(d);
             params[15..18].copy_from_slice(&[3, 0, u(d.t)]);
@@ -421,17 +439,20 @@ pub(super) struct BwdViews<'a> {
     /// them from this chunk's first row.
     pub docs: View<'a>,
     pub docs_params: [u32; 3],
+    /// The chunk's first batch row.
+    pub b0: usize,
 }
 
 impl BwdViews<'_> {
     /// attention.wgsl's `Params` for these views, key or query range,
     /// flags and maxima slot (15..19) left zero.
-    fn params(&self, d: &Dims) -> [u32; 24] {
-        let mut p = [0u32; 24];
+    fn params(&self, d: &Dims) -> [u32; 32] {
+        let mut p = [0u32; 32];
         p[..5].copy_from_slice(&[u(d.t), u(d.hq), u(d.hkv), u(d.d), f(1.0 / (d.d as f32).sqrt())]);
         p[19] = d.window;
         p[20] = d.softcap();
-        p[21..].copy_from_slice(&self.docs_params);
+        p[21..24].copy_from_slice(&self.docs_params);
+        p[24..].copy_from_slice(&d.dropout_params(self.b0));
         let offs = [
             self.q, self.k, self.v, self.o, self.lse, self.dout, self.dq, self.dk, self.dv, self.delta,
         ];

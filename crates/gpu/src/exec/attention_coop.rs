@@ -275,7 +275,7 @@ impl GpuExecutor {
             ];
             let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
             let docs_params = docs.params(&docs_view, b0);
-            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE], max_off, docs_params);
+            let params = coop_params(d, offs, [0, 1, 2, NO_SCALE], max_off, docs_params, b0);
             let grid = Self::coop_grid(&var, d, nb);
             op.dispatch(
                 Kernel::AttnCoop(var),
@@ -341,7 +341,7 @@ impl GpuExecutor {
                     c.delta.elem_off,
                 ];
                 let max_off = if slots.is_some() { mv.elem_off } else { NO_MAX_SLOT };
-                let params = coop_params(d, offs, [0, 1, 2, 3], max_off, c.docs_params);
+                let params = coop_params(d, offs, [0, 1, 2, 3], max_off, c.docs_params, c.b0);
                 let grid = Self::coop_grid(&vdkv, d, nb);
                 let Some(vdq) = vdq else {
                     let views = [
@@ -352,7 +352,7 @@ impl GpuExecutor {
                 };
                 op.dispatch(
                     Kernel::AttnCoop(vdq),
-                    &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT, c.docs_params),
+                    &coop_params(d, offs, [0, 1, 2, 3], NO_MAX_SLOT, c.docs_params, c.b0),
                     &[c.q, c.k, c.v, sv, c.lse, c.dout_in, c.dq, c.delta, c.docs],
                     Self::coop_grid(&vdq, d, nb),
                 );
@@ -390,9 +390,18 @@ fn vec4_ready(name: &'static str, views: &[(&str, &View<'_>)]) -> Result<()> {
 /// attention_coop.wgsl's `Params`: offsets of q, k, v, out, lse, dout, dq,
 /// dk, dv, delta, the scale slots of q, k, v, dout, where the output's
 /// maxima go (`NO_MAX_SLOT`: nowhere), the window and the documents'
-/// parameters (`DocsBounds::params`).
-fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32, docs: [u32; 3]) -> [u32; 24] {
-    [
+/// parameters (`DocsBounds::params`), then the dropout's for the chunk
+/// that starts at batch row `b0` ([`Dims::dropout_params`]).
+fn coop_params(
+    d: &Dims,
+    o: [u32; 10],
+    slots: [u32; 4],
+    max_off: u32,
+    docs: [u32; 3],
+    b0: usize,
+) -> [u32; 32] {
+    let mut p = [0u32; 32];
+    p[..24].copy_from_slice(&[
         u(d.t),
         u(d.hq),
         u(d.hkv),
@@ -417,5 +426,7 @@ fn coop_params(d: &Dims, o: [u32; 10], slots: [u32; 4], max_off: u32, docs: [u32
         docs[0],
         docs[1],
         docs[2],
-    ]
+    ]);
+    p[24..].copy_from_slice(&d.dropout_params(b0));
+    p
 }

@@ -1,6 +1,8 @@
 //! Elementwise ops, activations and layout copies.
 
-use megatrain_tensor::{DType, Error, Glu, Result, Shape, SoftCap, sigmoid_mul_check};
+use megatrain_tensor::{
+    DType, Dropout, Error, Glu, Result, Shape, SoftCap, dropout_layout, sigmoid_mul_check,
+};
 
 use super::{GpuExecutor, Op, View, f, grid_for, need_f32, rows_and_width, same_shape, u};
 use crate::kernels::Kernel;
@@ -33,6 +35,19 @@ impl GpuExecutor {
         n: usize,
         params: impl Fn(usize, &[u32]) -> Vec<u32>,
     ) -> Result<()> {
+        self.run_elementwise_from(name, kernel, operands, n, |_, count, offs| params(count, offs))
+    }
+
+    /// [`Self::run_elementwise_wide`] whose `params(start, count,
+    /// elem_offsets)` also learns the first thread of each chunk.
+    pub(crate) fn run_elementwise_from(
+        &self,
+        name: &'static str,
+        kernel: Kernel,
+        operands: &[(&GpuTensor, usize)],
+        n: usize,
+        params: impl Fn(usize, usize, &[u32]) -> Vec<u32>,
+    ) -> Result<()> {
         let widths: Vec<usize> = operands.iter().map(|&(_, w)| w).collect();
         let mut op = self.op(name);
         for (start, count) in self.row_chunks(n, &widths)? {
@@ -43,7 +58,7 @@ impl GpuExecutor {
             let offs: Vec<u32> = views.iter().map(|v| v.elem_off).collect();
             op.dispatch(
                 kernel,
-                &params(count, &offs),
+                &params(start, count, &offs),
                 &views,
                 grid_for(count.div_ceil(256)),
             );
@@ -83,6 +98,40 @@ impl GpuExecutor {
         self.run_elementwise("scale", Kernel::Scale, &[x, &y], x.numel(), |n, o| {
             vec![u(n), o[0], 0, o[1], f(s), 0, 0, 0, 0, 0, 0, 0]
         })?;
+        Ok(y)
+    }
+
+    pub(crate) fn dropout_impl(&self, x: &GpuTensor, d: &Dropout) -> Result<GpuTensor> {
+        need_f32("dropout", x)?;
+        let (_, rows, cols) = dropout_layout("dropout", &x.shape)?;
+        let y = self.alloc_f32(x.shape.clone())?;
+        if x.numel() == 0 {
+            return Ok(y);
+        }
+        let [key0, key1] = d.key();
+        self.run_elementwise_from(
+            "dropout",
+            Kernel::Dropout,
+            &[(x, 1), (&y, 1)],
+            x.numel(),
+            |first, n, o| {
+                let scale = d.scale() as f32;
+                vec![
+                    u(n),
+                    o[0],
+                    o[1],
+                    u(first),
+                    key0,
+                    key1,
+                    d.threshold(),
+                    f(scale),
+                    u(cols),
+                    u(rows),
+                    d.batch0(),
+                    0,
+                ]
+            },
+        )?;
         Ok(y)
     }
 

@@ -2,9 +2,9 @@
 
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Executor, Glu, HostRegistration, HostSlice, HostTensor,
-    Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape, SoftCap,
-    TransportInfo, Transpose, WeightSlot, WeightUpload,
+    DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Executor, Glu, HostRegistration, HostSlice,
+    HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
+    SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -237,6 +237,10 @@ impl Executor for GpuExecutor {
 
     fn scale_rows(&self, x: &GpuTensor, w: &[f64]) -> Result<GpuTensor> {
         self.scale_rows_impl(x, w)
+    }
+
+    fn dropout(&self, x: &GpuTensor, d: &Dropout) -> Result<GpuTensor> {
+        self.dropout_impl(x, d)
     }
 
     fn row_dots(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {

@@ -13,10 +13,10 @@ use crate::cpu::tensor::{Store, each_store};
 use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
-    DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Error, Executor, HostSlice, HostTensor, MatmulGrads,
-    MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
+    DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Dropout, Error, Executor, HostSlice, HostTensor,
+    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
     attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims,
-    delta_rule_cached_dims, delta_rule_dims, sigmoid_mul_check,
+    delta_rule_cached_dims, delta_rule_dims, dropout_layout, sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -446,6 +446,15 @@ impl<F: Real> Executor for RefExecutor<F> {
                 let s = F::from_f64(s);
                 row.iter_mut().for_each(|v| *v = *v * s);
             });
+        }
+        Ok(out(x.shape().clone(), y))
+    }
+
+    fn dropout(&self, x: &T<F>, d: &Dropout) -> Result<T<F>> {
+        let (_, rows, cols) = dropout_layout("dropout", x.shape())?;
+        let mut y = f32_data("dropout", x)?.to_vec();
+        if !y.is_empty() {
+            d.apply(&mut y, rows, cols, F::from_f64(d.scale()));
         }
         Ok(out(x.shape().clone(), y))
     }

@@ -867,6 +867,7 @@ impl ModelConfig {
             window: self.sliding_window.filter(|_| self.slides(layer)),
             softcap: self.attn_softcap,
             docs: None,
+            dropout: None,
         }
     }
 

@@ -11,6 +11,7 @@ use super::Seq;
 use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, qkv_backward, shape,
 };
+use super::{Branches, dropout_branch, dropped};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -69,6 +70,7 @@ pub struct Cohere2Saved<T> {
     gate: T,
     up: T,
     s: T,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -100,11 +102,12 @@ pub(super) fn forward<E: Executor>(
     };
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
-    let o = lin(ex, &a, w, l.o)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, lin(ex, &a, w, l.o)?, drops.attn)?;
     let gate = ex.matmul(&n.y, &w[l.gate], None, Transpose::NT)?;
     // The up projection with the activation applied where it is stored.
     let (up, s) = ex.matmul_swiglu(&n.y, &w[l.up], None, Transpose::NT, &gate)?;
-    let m = ex.matmul(&s, &w[l.down], None, Transpose::NT)?;
+    let m = dropout_branch(ex, ex.matmul(&s, &w[l.down], None, Transpose::NT)?, drops.mlp)?;
     let y = ex.add(&ex.add(x, &o)?, &m)?;
     let saved = Cohere2Saved {
         x: ex.reshape(x, x.shape())?,
@@ -117,6 +120,7 @@ pub(super) fn forward<E: Executor>(
         gate,
         up,
         s,
+        drops,
     };
     Ok((y, saved))
 }
@@ -136,8 +140,10 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // dy reaches x directly, and the MLP's and the attention's outputs.
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dm = dm.as_ref().unwrap_or(dy);
     let (gd, dgate, dup) =
-        ex.matmul_backward_swiglu(&s.s, &w[l.down], dy, Transpose::NT, needs(None), &s.gate, &s.up)?;
+        ex.matmul_backward_swiglu(&s.s, &w[l.down], dm, Transpose::NT, needs(None), &s.gate, &s.up)?;
     grads[l.down] = gd.db;
     let mut gg = ex.matmul_backward(&s.n.y, &w[l.gate], &dgate, Transpose::NT, needs(None))?;
     let mut dn_mlp = take(gg.da.take());
@@ -145,8 +151,10 @@ pub(super) fn backward<E: Executor>(
     grads[l.gate] = gg.db;
     grads[l.up] = gu.db;
 
+    let da = dropped(ex, s.drops.attn, dy)?;
+    let da = da.as_ref().unwrap_or(dy);
     let (dq, dk, dv) =
-        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), dy, &mut grads)?;
+        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), da, &mut grads)?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;

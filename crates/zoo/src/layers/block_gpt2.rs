@@ -4,6 +4,7 @@
 use megatrain_tensor::{AddNormOut, AttentionOut, Executor, MatmulNeeds, NormOut, TensorHandle, Transpose};
 
 use super::Seq;
+use super::{Branches, dropout_branch, dropped};
 use super::{check_weights, linear, matmul_backward_gelu, matmul_gelu, shape};
 use crate::{ModelConfig, Result};
 
@@ -35,6 +36,7 @@ pub struct Gpt2Saved<T> {
     n2: NormOut<T>,
     f: T,
     g: T,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -49,6 +51,7 @@ pub(super) fn forward<E: Executor>(
     let c = cfg.hidden_size;
     let (b, t) = (x.dims()[0], x.dims()[1]);
     let heads = shape(&[b, t, cfg.num_heads, cfg.head_dim]);
+    let drops = seq.branches();
 
     let n1 = ex.layernorm(x, &w[LN1_W], &w[LN1_B], eps)?;
     let qkv = linear(ex, &n1.y, &w[ATTN_W], Some(&w[ATTN_B]), Transpose::NN)?;
@@ -58,9 +61,11 @@ pub(super) fn forward<E: Executor>(
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(0))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, c]))?;
     let o = linear(ex, &a, &w[PROJ_W], Some(&w[PROJ_B]), Transpose::NN)?;
+    let o = dropout_branch(ex, o, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[LN2_W], &w[LN2_B], eps)?;
     let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[FC_W], Some(&w[FC_B]), Transpose::NN)?;
     let m = linear(ex, &g, &w[MLP_W], Some(&w[MLP_B]), Transpose::NN)?;
+    let m = dropout_branch(ex, m, drops.mlp)?;
     let y = ex.add(&x2, &m)?;
     let saved = Gpt2Saved {
         x: ex.reshape(x, x.shape())?,
@@ -74,6 +79,7 @@ pub(super) fn forward<E: Executor>(
         n2,
         f,
         g,
+        drops,
     };
     Ok((y, saved))
 }
@@ -92,12 +98,13 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
+    let dm = dropped(ex, s.drops.mlp, dy)?;
     let gm = matmul_backward_gelu(
         cfg,
         ex,
         &s.g,
         &w[MLP_W],
-        dy,
+        dm.as_ref().unwrap_or(dy),
         Transpose::NN,
         MatmulNeeds::ALL,
         &s.f,
@@ -116,7 +123,9 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let gp = ex.matmul_backward(&s.a, &w[PROJ_W], &dx2, Transpose::NN, MatmulNeeds::ALL)?;
+    let dproj = dropped(ex, s.drops.attn, &dx2)?;
+    let dproj = dproj.as_ref().unwrap_or(&dx2);
+    let gp = ex.matmul_backward(&s.a, &w[PROJ_W], dproj, Transpose::NN, MatmulNeeds::ALL)?;
     let da = ex.reshape(&take(gp.da), &shape(&[b, t, cfg.num_heads, cfg.head_dim]))?;
     let ga = ex.attention_backward(&s.q, &s.k, &s.v, &s.att, &da)?;
     let flat = shape(&[b, t, c]);

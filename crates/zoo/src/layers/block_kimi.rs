@@ -20,6 +20,7 @@ use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::block_qwen35::{Conv, RuleInputs, linear_attn, rule_inputs};
 use super::moe::{RouterAux, RouterStats};
+use super::{Branches, dropout_branch, dropped};
 use super::{Linear, check_weights, lin, needs, put, qkv_backward, shape};
 use crate::{ModelConfig, Result};
 
@@ -112,6 +113,7 @@ pub struct KimiSaved<T> {
     x2: T,
     n2: NormOut<T>,
     mlp: MlpSaved<T>,
+    drops: Branches,
 }
 
 impl<T> KimiSaved<T> {
@@ -168,9 +170,11 @@ pub(super) fn forward<E: Executor>(
     let g_a = lin(ex, y, w, l.g_a)?;
     let gate = ex.reshape(&lin(ex, &g_a, w, l.g_b)?, &heads)?;
     let gated = ex.reshape(&ex.sigmoid_mul(&gate, &normed.y)?, &shape(&[b, t, hd]))?;
-    let out = lin(ex, &gated, w, l.o)?;
+    let drops = seq.branches();
+    let out = dropout_branch(ex, lin(ex, &gated, w, l.o)?, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &out, &w[l.ln2], eps)?;
     let (dm, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
+    let dm = dropout_branch(ex, dm, drops.mlp)?;
     let y_out = ex.add(&x2, &dm)?;
     let saved = KimiSaved {
         x: ex.reshape(x, x.shape())?,
@@ -191,6 +195,7 @@ pub(super) fn forward<E: Executor>(
         x2,
         n2,
         mlp,
+        drops,
     };
     Ok((y_out, saved))
 }
@@ -215,14 +220,30 @@ pub(super) fn backward<E: Executor>(
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
     let take = |g: &mut megatrain_tensor::MatmulGrads<E::Tensor>| g.da.take().expect("requested gradient");
 
-    let dn2 = l
-        .mlp
-        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dy, aux, &mut grads)?;
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dn2 = l.mlp.backward(
+        cfg,
+        ex,
+        layer,
+        w,
+        &s.n2.y,
+        &s.mlp,
+        dm.as_ref().unwrap_or(dy),
+        aux,
+        &mut grads,
+    )?;
     let n2 = ex.add_rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
     let dx2 = n2.dx;
 
-    let mut go = ex.matmul_backward(&s.gated, &w[l.o.0], &dx2, nt, needs(l.o.1))?;
+    let dproj = dropped(ex, s.drops.attn, &dx2)?;
+    let mut go = ex.matmul_backward(
+        &s.gated,
+        &w[l.o.0],
+        dproj.as_ref().unwrap_or(&dx2),
+        nt,
+        needs(l.o.1),
+    )?;
     let dgated = ex.reshape(&take(&mut go), &shape(&[b, t, h, d]))?;
     put(&mut grads, l.o, go);
     let (dgate, dnormed) = ex.sigmoid_mul_backward(&s.gate, &s.normed.y, &dgated)?;

@@ -16,6 +16,7 @@ use super::{
     AttnSaved, Gains, GluSaved, Linear, attention_backward_from_output, check_weights, glu_mlp,
     glu_mlp_backward, lin, qkv_backward, shape,
 };
+use super::{Branches, dropout_branch, dropped};
 use crate::{ModelConfig, Result, Router, ZooError};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -236,6 +237,7 @@ pub struct LlamaSaved<T> {
     /// norms' (GLM-4-0414).
     post_attn: Option<(T, NormOut<T>)>,
     post_mlp: Option<(T, NormOut<T>)>,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -293,10 +295,13 @@ pub(super) fn forward<E: Executor>(
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = times(ex, lin(ex, &a, w, l.o)?, residual(cfg))?;
     let (o, post_attn) = post_norm(ex, o, l.post_attn.map(|i| g.get(w, i)), eps)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, o, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, g.get(w, l.ln2), eps)?;
     let (d, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
     let d = times(ex, d, residual(cfg))?;
     let (d, post_mlp) = post_norm(ex, d, l.post_mlp.map(|i| g.get(w, i)), eps)?;
+    let d = dropout_branch(ex, d, drops.mlp)?;
     let y = ex.add(&x2, &d)?;
     let saved = LlamaSaved {
         x: ex.reshape(x, x.shape())?,
@@ -313,6 +318,7 @@ pub(super) fn forward<E: Executor>(
         mlp,
         post_attn,
         post_mlp,
+        drops,
     };
     Ok((y, saved))
 }
@@ -335,8 +341,17 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The down projection's input gradient carried on through the GLU.
-    let dpost = post_norm_backward(ex, &s.post_mlp, l.post_mlp, &g, w, dy, &mut grads)?;
-    let dy_mlp = dpost.as_ref().unwrap_or(dy);
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dpost = post_norm_backward(
+        ex,
+        &s.post_mlp,
+        l.post_mlp,
+        &g,
+        w,
+        dm.as_ref().unwrap_or(dy),
+        &mut grads,
+    )?;
+    let dy_mlp = dpost.as_ref().or(dm.as_ref()).unwrap_or(dy);
     let dd = times_ref(ex, dy_mlp, residual(cfg))?;
     let dd = dd.as_ref().unwrap_or(dy_mlp);
     let dn2 = l
@@ -348,8 +363,10 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let dpost = post_norm_backward(ex, &s.post_attn, l.post_attn, &g, w, &dx2, &mut grads)?;
-    let dx2_attn = dpost.as_ref().unwrap_or(&dx2);
+    let da = dropped(ex, s.drops.attn, &dx2)?;
+    let da = da.as_ref().unwrap_or(&dx2);
+    let dpost = post_norm_backward(ex, &s.post_attn, l.post_attn, &g, w, da, &mut grads)?;
+    let dx2_attn = dpost.as_ref().unwrap_or(da);
     let dout = times_ref(ex, dx2_attn, residual(cfg))?;
     let dout = dout.as_ref().unwrap_or(dx2_attn);
     let (dq, mut dk, dv) =

@@ -22,6 +22,7 @@ use megatrain_tensor::{
 use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::moe::{RouterAux, RouterStats};
+use super::{Branches, dropout_branch, dropped};
 use super::{Linear, check_weights, lin, needs, put, shape};
 use crate::{Mla, ModelConfig, Result, ZooError};
 
@@ -112,6 +113,7 @@ pub struct MlaSaved<T> {
     x2: T,
     n2: NormOut<T>,
     mlp: MlpSaved<T>,
+    drops: Branches,
 }
 
 impl<T> MlaSaved<T> {
@@ -232,9 +234,11 @@ pub(super) fn forward<E: Executor>(
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = unpad(ex, ex.reshape(&att.out, att.out.shape())?, vw)?;
     let a = ex.reshape(&a, &shape(&[b, t, h * vw]))?;
-    let o = lin(ex, &a, w, l.o)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, lin(ex, &a, w, l.o)?, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &o, &w[l.ln2], eps)?;
     let (dm, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
+    let dm = dropout_branch(ex, dm, drops.mlp)?;
     let y = ex.add(&x2, &dm)?;
     let latent = kv.into_iter().next().expect("split in two");
     let saved = MlaSaved {
@@ -253,6 +257,7 @@ pub(super) fn forward<E: Executor>(
         x2,
         n2,
         mlp,
+        drops,
     };
     Ok((y, saved))
 }
@@ -279,14 +284,17 @@ pub(super) fn backward<E: Executor>(
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
     let nt = Transpose::NT;
 
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dm = dm.as_ref().unwrap_or(dy);
     let dn2 = l
         .mlp
-        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dy, aux, &mut grads)?;
+        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dm, aux, &mut grads)?;
     let n2 = ex.add_rmsnorm_backward(&s.x2, &w[l.ln2], &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
     let dx2 = n2.dx;
 
-    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], &dx2, nt, needs(l.o.1))?;
+    let dproj = dropped(ex, s.drops.attn, &dx2)?;
+    let mut go = ex.matmul_backward(&s.a, &w[l.o.0], dproj.as_ref().unwrap_or(&dx2), nt, needs(l.o.1))?;
     let da = go.da.take().expect("requested gradient");
     put(&mut grads, l.o, go);
     let dout = pad(ex, ex.reshape(&da, &shape(&[b, t, h, vw]))?, d)?;

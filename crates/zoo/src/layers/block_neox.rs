@@ -14,6 +14,7 @@ use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     needs, put, shape,
 };
+use super::{Branches, dropout_branch, dropped};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -70,6 +71,7 @@ pub struct NeoxSaved<T> {
     /// The MLP's product before and after GELU.
     f: T,
     g: T,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -97,7 +99,8 @@ pub(super) fn forward<E: Executor>(
     let k = ex.rope(&k, rope)?;
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
-    let o = lin(ex, &a, w, l.dense)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, lin(ex, &a, w, l.dense)?, drops.attn)?;
     let (x2, n2) = match cfg.parallel_residual {
         true => (None, ex.layernorm(x, &w[l.ln2.0], &w[l.ln2.1], eps)?),
         false => {
@@ -106,7 +109,7 @@ pub(super) fn forward<E: Executor>(
         }
     };
     let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[l.fc1.0], l.fc1.1.map(|i| &w[i]), Transpose::NT)?;
-    let m = lin(ex, &g, w, l.fc2)?;
+    let m = dropout_branch(ex, lin(ex, &g, w, l.fc2)?, drops.mlp)?;
     let y = match &x2 {
         None => ex.add(&ex.add(x, &o)?, &m)?,
         Some(x2) => ex.add(x2, &m)?,
@@ -123,6 +126,7 @@ pub(super) fn forward<E: Executor>(
         n2,
         f,
         g,
+        drops,
     };
     Ok((y, saved))
 }
@@ -143,7 +147,9 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc1, l.fc2), &s.n2.y, (&s.f, &s.g), dy, &mut grads)?;
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dm = dm.as_ref().unwrap_or(dy);
+    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc1, l.fc2), &s.n2.y, (&s.f, &s.g), dm, &mut grads)?;
     let mean2 = s.n2.mean.as_ref().expect("layernorm mean");
     // Side by side, the second norm's input gradient joins x's at the end;
     // one after the other, x2 = x + attn carries it with dy into the attention.
@@ -160,8 +166,10 @@ pub(super) fn backward<E: Executor>(
     let dres = dx2.as_ref().unwrap_or(dy);
 
     // Attention.
+    let da = dropped(ex, s.drops.attn, dres)?;
+    let da = da.as_ref().unwrap_or(dres);
     let (dq, dk, dv) =
-        attention_backward_from_output(cfg, ex, layer, w, l.dense, attn_saved!(s), dres, &mut grads)?;
+        attention_backward_from_output(cfg, ex, layer, w, l.dense, attn_saved!(s), da, &mut grads)?;
     let dqkv = ex.reshape(
         &ex.concat_last(&[&dq, &dk, &dv])?,
         &shape(&[b, t, 3 * cfg.q_dim()]),

@@ -8,6 +8,7 @@ use megatrain_tensor::{AttentionOut, Executor, NormOut, TensorHandle, Transpose}
 
 use super::Seq;
 use super::{AttnSaved, Linear, attention_backward_from_output, check_weights, lin, needs, put, shape};
+use super::{Branches, dropped};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -84,6 +85,7 @@ pub struct Olmo2Saved<T> {
     /// The MLP output before its norm, and the norm.
     m: T,
     mn: NormOut<T>,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -120,13 +122,16 @@ pub(super) fn forward<E: Executor>(
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
     let o = lin(ex, &a, w, l.o)?;
     let on = ex.rmsnorm(&o, &w[l.post_att], eps)?;
-    let h = ex.add(x, &on.y)?;
+    let drops = seq.branches();
+    let on_d = dropped(ex, drops.attn, &on.y)?;
+    let h = ex.add(x, on_d.as_ref().unwrap_or(&on.y))?;
     let gate = ex.matmul(&h, &w[l.gate], None, Transpose::NT)?;
     // The up projection with the activation applied where it is stored.
     let (up, s) = ex.matmul_swiglu(&h, &w[l.up], None, Transpose::NT, &gate)?;
     let m = ex.matmul(&s, &w[l.down], None, Transpose::NT)?;
     let mn = ex.rmsnorm(&m, &w[l.post_ff], eps)?;
-    let y = ex.add(&h, &mn.y)?;
+    let mn_d = dropped(ex, drops.mlp, &mn.y)?;
+    let y = ex.add(&h, mn_d.as_ref().unwrap_or(&mn.y))?;
     let saved = Olmo2Saved {
         x: ex.reshape(x, x.shape())?,
         q_pre,
@@ -146,6 +151,7 @@ pub(super) fn forward<E: Executor>(
         s,
         m,
         mn,
+        drops,
     };
     Ok((y, saved))
 }
@@ -165,7 +171,8 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // MLP: dy reaches h directly and through norm_ff(mlp(h)).
-    let gmn = ex.rmsnorm_backward(&s.m, &w[l.post_ff], &s.mn.rstd, dy)?;
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let gmn = ex.rmsnorm_backward(&s.m, &w[l.post_ff], &s.mn.rstd, dm.as_ref().unwrap_or(dy))?;
     grads[l.post_ff] = Some(gmn.dw);
     let (gd, dgate, dup) = ex.matmul_backward_swiglu(
         &s.s,
@@ -185,7 +192,8 @@ pub(super) fn backward<E: Executor>(
     let dh = ex.add(&dh, dy)?;
 
     // Attention: dh reaches x directly and through norm_att(attn(x)).
-    let gon = ex.rmsnorm_backward(&s.o, &w[l.post_att], &s.on.rstd, &dh)?;
+    let da = dropped(ex, s.drops.attn, &dh)?;
+    let gon = ex.rmsnorm_backward(&s.o, &w[l.post_att], &s.on.rstd, da.as_ref().unwrap_or(&dh))?;
     grads[l.post_att] = Some(gon.dw);
     let (dq, dk, dv) =
         attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), &gon.dx, &mut grads)?;

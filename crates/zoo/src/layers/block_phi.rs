@@ -11,6 +11,7 @@ use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     qkv_backward, shape,
 };
+use super::{Branches, dropout_branch, dropped};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -37,6 +38,7 @@ pub struct PhiSaved<T> {
     /// The MLP's product before and after GELU.
     f: T,
     g: T,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -60,9 +62,10 @@ pub(super) fn forward<E: Executor>(
     let v = ex.reshape(&lin(ex, &n.y, w, V)?, &ks)?;
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
-    let o = lin(ex, &a, w, DENSE)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, lin(ex, &a, w, DENSE)?, drops.attn)?;
     let (f, g) = matmul_gelu(cfg, ex, &n.y, &w[FC1.0], FC1.1.map(|i| &w[i]), Transpose::NT)?;
-    let m = lin(ex, &g, w, FC2)?;
+    let m = dropout_branch(ex, lin(ex, &g, w, FC2)?, drops.mlp)?;
     let y = ex.add(&ex.add(x, &o)?, &m)?;
     let saved = PhiSaved {
         x: ex.reshape(x, x.shape())?,
@@ -74,6 +77,7 @@ pub(super) fn forward<E: Executor>(
         a,
         f,
         g,
+        drops,
     };
     Ok((y, saved))
 }
@@ -92,10 +96,22 @@ pub(super) fn backward<E: Executor>(
     let take = |o: Option<E::Tensor>| o.expect("requested gradient");
 
     // dy reaches x directly, and the MLP's and the attention's outputs.
-    let dn_mlp = gelu_mlp_backward(cfg, ex, w, (FC1, FC2), &s.n.y, (&s.f, &s.g), dy, &mut grads)?;
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dn_mlp = gelu_mlp_backward(
+        cfg,
+        ex,
+        w,
+        (FC1, FC2),
+        &s.n.y,
+        (&s.f, &s.g),
+        dm.as_ref().unwrap_or(dy),
+        &mut grads,
+    )?;
 
+    let da = dropped(ex, s.drops.attn, dy)?;
+    let da = da.as_ref().unwrap_or(dy);
     let (dq, dk, dv) =
-        attention_backward_from_output(cfg, ex, layer, w, DENSE, attn_saved!(s), dy, &mut grads)?;
+        attention_backward_from_output(cfg, ex, layer, w, DENSE, attn_saved!(s), da, &mut grads)?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;

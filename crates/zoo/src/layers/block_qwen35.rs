@@ -26,6 +26,7 @@ use megatrain_tensor::{
 use super::Seq;
 use super::block_llama::{Mlp, MlpSaved};
 use super::moe::{RouterAux, RouterStats};
+use super::{Branches, dropout_branch, dropped};
 use super::{Gains, Linear, check_weights, lin, needs, put, qkv_backward, shape};
 use crate::{Arch, LinearAttn, ModelConfig, Result, ZooError};
 
@@ -229,6 +230,7 @@ pub struct Qwen35Saved<T> {
     x2: T,
     n2: NormOut<T>,
     mlp: MlpSaved<T>,
+    drops: Branches,
 }
 
 impl<T> Qwen35Saved<T> {
@@ -284,8 +286,11 @@ pub(super) fn forward<E: Executor>(
             (m, MixerSaved::Attention(s))
         }
     };
+    let drops = seq.branches();
+    let m = dropout_branch(ex, m, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_rmsnorm(x, &m, g.get(w, l.ln2), eps)?;
     let (d, mlp) = l.mlp.forward(cfg, ex, w, &n2.y)?;
+    let d = dropout_branch(ex, d, drops.mlp)?;
     let y = ex.add(&x2, &d)?;
     let saved = Qwen35Saved {
         x: ex.reshape(x, x.shape())?,
@@ -294,6 +299,7 @@ pub(super) fn forward<E: Executor>(
         x2,
         n2,
         mlp,
+        drops,
     };
     Ok((y, saved))
 }
@@ -312,18 +318,22 @@ pub(super) fn backward<E: Executor>(
     let g = Gains::new(cfg, ex, w, &l.offset_norms())?;
     let mut grads: Vec<Option<E::Tensor>> = (0..l.len).map(|_| None).collect();
 
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dm = dm.as_ref().unwrap_or(dy);
     let dn2 = l
         .mlp
-        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dy, aux, &mut grads)?;
+        .backward(cfg, ex, layer, w, &s.n2.y, &s.mlp, dm, aux, &mut grads)?;
     let n2 = ex.add_rmsnorm_backward(&s.x2, g.get(w, l.ln2), &s.n2.rstd, &dn2, dy)?;
     grads[l.ln2] = Some(n2.dw);
     let dx2 = n2.dx;
+    let dmix = dropped(ex, s.drops.attn, &dx2)?;
+    let dmix = dmix.as_ref().unwrap_or(&dx2);
     let dn1 = match (l.mixer, &s.mixer) {
         (Mixer::DeltaNet(d), MixerSaved::DeltaNet(ds)) => {
-            delta_net_backward(cfg, ex, w, d, &s.n1.y, ds, &dx2, &mut grads)?
+            delta_net_backward(cfg, ex, w, d, &s.n1.y, ds, dmix, &mut grads)?
         }
         (Mixer::Attention(a), MixerSaved::Attention(gs)) => {
-            gated_attention_backward(cfg, ex, layer, w, &g, a, &s.n1.y, gs, &dx2, &mut grads)?
+            gated_attention_backward(cfg, ex, layer, w, &g, a, &s.n1.y, gs, dmix, &mut grads)?
         }
         _ => {
             return Err(ZooError::invalid(

@@ -12,6 +12,7 @@ use super::{
     AttnSaved, Linear, attention_backward_from_output, check_weights, gelu_mlp_backward, lin, matmul_gelu,
     qkv_backward, shape,
 };
+use super::{Branches, dropout_branch, dropped};
 use crate::{ModelConfig, Result};
 
 /// Positions of a block's tensors in its table (mirrors `layer_table`).
@@ -77,6 +78,7 @@ pub struct Starcoder2Saved<T> {
     /// The MLP's product before and after GELU.
     f: T,
     g: T,
+    drops: Branches,
 }
 
 pub(super) fn forward<E: Executor>(
@@ -103,10 +105,11 @@ pub(super) fn forward<E: Executor>(
     let k = ex.rope(&k, rope)?;
     let att = seq.attend(ex, &q, &k, &v, cfg.attn_mask(layer))?;
     let a = ex.reshape(&att.out, &shape(&[b, t, cfg.q_dim()]))?;
-    let o = lin(ex, &a, w, l.o)?;
+    let drops = seq.branches();
+    let o = dropout_branch(ex, lin(ex, &a, w, l.o)?, drops.attn)?;
     let AddNormOut { h: x2, norm: n2 } = ex.add_layernorm(x, &o, &w[l.ln2.0], &w[l.ln2.1], eps)?;
     let (f, g) = matmul_gelu(cfg, ex, &n2.y, &w[l.fc.0], l.fc.1.map(|i| &w[i]), Transpose::NT)?;
-    let m = lin(ex, &g, w, l.proj)?;
+    let m = dropout_branch(ex, lin(ex, &g, w, l.proj)?, drops.mlp)?;
     let y = ex.add(&x2, &m)?;
     let saved = Starcoder2Saved {
         x: ex.reshape(x, x.shape())?,
@@ -120,6 +123,7 @@ pub(super) fn forward<E: Executor>(
         n2,
         f,
         g,
+        drops,
     };
     Ok((y, saved))
 }
@@ -140,7 +144,9 @@ pub(super) fn backward<E: Executor>(
 
     // MLP.
     // The projection's input gradient carried on through GELU.
-    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc, l.proj), &s.n2.y, (&s.f, &s.g), dy, &mut grads)?;
+    let dm = dropped(ex, s.drops.mlp, dy)?;
+    let dm = dm.as_ref().unwrap_or(dy);
+    let dn2 = gelu_mlp_backward(cfg, ex, w, (l.fc, l.proj), &s.n2.y, (&s.f, &s.g), dm, &mut grads)?;
     // x2 flows on past the norm: its gradient is the norm's plus dy.
     let n2 = ex.add_layernorm_backward(
         &s.x2,
@@ -155,8 +161,17 @@ pub(super) fn backward<E: Executor>(
     let dx2 = n2.dx;
 
     // Attention.
-    let (dq, dk, dv) =
-        attention_backward_from_output(cfg, ex, layer, w, l.o, attn_saved!(s), &dx2, &mut grads)?;
+    let da = dropped(ex, s.drops.attn, &dx2)?;
+    let (dq, dk, dv) = attention_backward_from_output(
+        cfg,
+        ex,
+        layer,
+        w,
+        l.o,
+        attn_saved!(s),
+        da.as_ref().unwrap_or(&dx2),
+        &mut grads,
+    )?;
     let dq = ex.reshape(&dq, &shape(&[b, t, cfg.q_dim()]))?;
     let dk = ex.reshape(&dk, &shape(&[b, t, cfg.kv_dim()]))?;
     let dv = ex.reshape(&dv, &shape(&[b, t, cfg.kv_dim()]))?;

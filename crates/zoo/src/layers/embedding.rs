@@ -2,7 +2,7 @@
 
 use megatrain_tensor::{Docs, Executor, Shape, TensorHandle};
 
-use super::{check_weights, shape};
+use super::{Rows, Site, check_weights, dropout_branch, dropped, shape};
 use crate::{ModelConfig, Result, ZooError};
 
 fn check_ids(cfg: &ModelConfig, ids: &[u32], batch: usize, seq: usize, op: &'static str) -> Result<()> {
@@ -45,22 +45,25 @@ fn n_weights(cfg: &ModelConfig) -> usize {
     if cfg.arch.is_gpt2() { 2 } else { 1 }
 }
 
-/// `ids` (`batch × seq`, row-major) → `x: [B, T, C]`; `docs`: the
-/// documents packed in the rows, whose positions count from their own
-/// first tokens.
-pub fn embedding_forward<E: Executor>(
+/// `ids` (`batch × seq`, row-major) → `x: [B, T, C]`; the documents
+/// packed in the rows ([`Rows::docs`]) count their positions from their
+/// own first tokens; a training forward's dropout ([`Rows::dropout`])
+/// drops the output.
+pub fn embedding_forward<'a, E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     w: &[E::Tensor],
     ids: &[u32],
     batch: usize,
     seq: usize,
-    docs: Option<&Docs>,
+    rows: impl Into<Rows<'a>>,
 ) -> Result<E::Tensor> {
+    let rows = rows.into();
     check_weights(w, n_weights(cfg), "embedding_forward")?;
     check_ids(cfg, ids, batch, seq, "embedding_forward")?;
-    check_docs(docs, batch, seq, "embedding_forward")?;
-    embed(cfg, ex, w, ids, batch, seq, || positions(batch, seq, docs))
+    check_docs(rows.docs, batch, seq, "embedding_forward")?;
+    let x = embed(cfg, ex, w, ids, batch, seq, || positions(batch, seq, rows.docs))?;
+    dropout_branch(ex, x, rows.site(0, Site::Embedding))
 }
 
 /// [`embedding_forward`] of the next tokens of `batch` sequences of one
@@ -113,32 +116,34 @@ fn embed<E: Executor>(
 /// gradient is accumulated onto it, so the returned table gradient is the
 /// whole gradient of the shared weight.
 #[allow(clippy::too_many_arguments)]
-pub fn embedding_backward<E: Executor>(
+pub fn embedding_backward<'a, E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     w: &[E::Tensor],
     ids: &[u32],
-    (batch, seq, docs): (usize, usize, Option<&Docs>),
+    (batch, seq, rows): (usize, usize, impl Into<Rows<'a>>),
     dx: &E::Tensor,
     tied_grad: Option<E::Tensor>,
 ) -> Result<Vec<E::Tensor>> {
     let shapes: Vec<Shape> = w.iter().map(|t| t.shape().clone()).collect();
-    embedding_grads(cfg, ex, &shapes, ids, (batch, seq, docs), dx, tied_grad)
+    embedding_grads(cfg, ex, &shapes, ids, (batch, seq, rows), dx, tied_grad)
 }
 
 /// [`embedding_backward`] from the weights' shapes alone: the backward
 /// never reads the tables, so a caller may free them after the forward
 /// (the trainer does, where the head is not tied to them).
 #[allow(clippy::too_many_arguments)]
-pub fn embedding_grads<E: Executor>(
+pub fn embedding_grads<'a, E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     shapes: &[Shape],
     ids: &[u32],
-    (batch, seq, docs): (usize, usize, Option<&Docs>),
+    (batch, seq, rows): (usize, usize, impl Into<Rows<'a>>),
     dx: &E::Tensor,
     tied_grad: Option<E::Tensor>,
 ) -> Result<Vec<E::Tensor>> {
+    let rows = rows.into();
+    let docs = rows.docs;
     check_weights(shapes, n_weights(cfg), "embedding_backward")?;
     check_ids(cfg, ids, batch, seq, "embedding_backward")?;
     check_docs(docs, batch, seq, "embedding_backward")?;
@@ -149,7 +154,8 @@ pub fn embedding_grads<E: Executor>(
             format!("dx has shape {:?}, expected [{batch}, {seq}, {c}]", dx.dims()),
         ));
     }
-    let mut dx = ex.reshape(dx, &shape(&[batch * seq, c]))?;
+    let undropped = dropped(ex, rows.site(0, Site::Embedding), dx)?;
+    let mut dx = ex.reshape(undropped.as_ref().unwrap_or(dx), &shape(&[batch * seq, c]))?;
     if let Some(s) = cfg.embedding_factor() {
         dx = ex.scale(&dx, s)?;
     }

@@ -15,6 +15,8 @@
 
 use megatrain_tensor::{AttentionOut, AttnMask, DeltaRuleOut, Docs, Executor, Rope, Shape, TensorHandle};
 
+use super::dropout::{Branches, Rows, Site};
+
 use crate::{ModelConfig, Result, ZooError};
 
 /// Positions an attention block's keys and values are first made for.
@@ -25,7 +27,12 @@ const MIN_POSITIONS: usize = 64;
 /// next tokens of sequences of one length whose earlier positions a cache
 /// holds, a row each.
 pub(crate) enum Seq<'a, T> {
-    Rows(Option<&'a Docs>),
+    /// Rows of block `layer` (its index in the layer table: 1 + the
+    /// block's), whose sites draw their dropout masks by it.
+    Rows {
+        rows: Rows<'a>,
+        layer: usize,
+    },
     Cached(&'a mut LayerCache<T>),
 }
 
@@ -33,8 +40,21 @@ impl<T: TensorHandle> Seq<'_, T> {
     /// The documents packed in the rows (a cached sequence has none).
     pub(crate) fn docs(&self) -> Option<&Docs> {
         match self {
-            Seq::Rows(d) => *d,
+            Seq::Rows { rows, .. } => rows.docs,
             Seq::Cached(_) => None,
+        }
+    }
+
+    /// The dropouts of this block's residual branches in a training
+    /// forward (none in generation): each branch's output goes through its
+    /// own ([`super::dropout::dropout_branch`]) and the backward replays it.
+    pub(crate) fn branches(&self) -> Branches {
+        match self {
+            Seq::Rows { rows, layer } => Branches {
+                attn: rows.site(*layer, Site::AttnOut),
+                mlp: rows.site(*layer, Site::MlpOut),
+            },
+            Seq::Cached(_) => Branches::default(),
         }
     }
 
@@ -43,7 +63,7 @@ impl<T: TensorHandle> Seq<'_, T> {
     pub(crate) fn rope(&self, cfg: &ModelConfig, layer: usize) -> Rope {
         let rope = cfg.rope(layer);
         match self {
-            Seq::Rows(d) => rope.with_docs(d.cloned()),
+            Seq::Rows { rows, .. } => rope.with_docs(rows.docs.cloned()),
             Seq::Cached(kv) => Rope {
                 offset: rope.offset + kv.len,
                 ..rope
@@ -63,7 +83,12 @@ impl<T: TensorHandle> Seq<'_, T> {
         mask: AttnMask,
     ) -> Result<AttentionOut<T>> {
         match self {
-            Seq::Rows(d) => Ok(ex.attention(q, k, v, mask.with_docs(d.cloned()))?),
+            Seq::Rows { rows, layer } => {
+                let mask = mask
+                    .with_docs(rows.docs.cloned())
+                    .with_dropout(rows.site(*layer, Site::Attention));
+                Ok(ex.attention(q, k, v, mask)?)
+            }
             Seq::Cached(kv) => {
                 // A sequence's first forward (a prompt) is the whole
                 // sequence's attention: the training kernel runs it (on a
@@ -85,7 +110,7 @@ impl<T: TensorHandle> Seq<'_, T> {
     /// cache holds (zeros at a sequence's start), which these then replace.
     pub(crate) fn conv<E: Executor<Tensor = T>>(&mut self, ex: &E, x: &T, w: &T) -> Result<T> {
         let c = match self {
-            Seq::Rows(d) => return Ok(ex.causal_conv1d_silu(x, w, *d)?),
+            Seq::Rows { rows, .. } => return Ok(ex.causal_conv1d_silu(x, w, rows.docs)?),
             Seq::Cached(c) => c,
         };
         let (b, t, ch, k) = (x.dims()[0], x.dims()[1], x.dims()[2], w.dims()[1]);
@@ -130,7 +155,7 @@ impl<T: TensorHandle> Seq<'_, T> {
         [q, k, v, g, beta]: [&T; 5],
     ) -> Result<DeltaRuleOut<T>> {
         let c = match self {
-            Seq::Rows(d) => return Ok(ex.gated_delta_rule(q, k, v, g, beta, *d)?),
+            Seq::Rows { rows, .. } => return Ok(ex.gated_delta_rule(q, k, v, g, beta, rows.docs)?),
             Seq::Cached(c) => c,
         };
         let (b, t, hv, dv, dk) = (v.dims()[0], v.dims()[1], v.dims()[2], v.dims()[3], q.dims()[3]);

@@ -47,6 +47,7 @@ mod block_olmo2;
 mod block_phi;
 mod block_qwen35;
 mod block_starcoder2;
+mod dropout;
 mod embedding;
 mod head;
 mod kv_cache;
@@ -54,7 +55,7 @@ mod moe;
 mod next_logits;
 
 use megatrain_tensor::{
-    AttentionOut, Docs, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
+    AttentionOut, Executor, Glu, MatmulGrads, MatmulNeeds, Shape, TensorHandle, Transpose,
 };
 
 pub use block_cohere2::Cohere2Saved;
@@ -67,6 +68,8 @@ pub use block_olmo2::Olmo2Saved;
 pub use block_phi::PhiSaved;
 pub use block_qwen35::Qwen35Saved;
 pub use block_starcoder2::Starcoder2Saved;
+pub(crate) use dropout::{Branches, Site, dropout_branch, dropped};
+pub use dropout::{Dropouts, Rows};
 pub use embedding::{embedding_backward, embedding_forward, embedding_forward_at, embedding_grads};
 pub use head::{
     HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
@@ -98,22 +101,36 @@ pub enum BlockSaved<T> {
 
 /// Decoder block `layer` (0-based; its attention mask and RoPE may be its
 /// own: [`ModelConfig::attn_mask`], [`ModelConfig::rope`]): `x: [B, T, C]`
-/// → `y: [B, T, C]`. With `docs` the rows hold several documents each,
-/// which attend, count positions and run a Gated DeltaNet's convolution and
-/// state each on its own ([`Docs`]); the backward follows what the forward
-/// saved.
-pub fn block_forward<E: Executor>(
+/// → `y: [B, T, C]`. Where the rows hold several documents each
+/// ([`Rows::docs`]), these attend, count positions and run a Gated
+/// DeltaNet's convolution and state each on its own
+/// ([`Docs`](megatrain_tensor::Docs)); a training
+/// forward's dropout ([`Rows::dropout`]) drops the attention's
+/// probabilities and the residual branches' outputs. The backward follows
+/// what the forward saved (its masks too).
+pub fn block_forward<'a, E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     layer: usize,
     w: &[E::Tensor],
     x: &E::Tensor,
-    docs: Option<&Docs>,
+    rows: impl Into<Rows<'a>>,
 ) -> Result<(E::Tensor, BlockSaved<E::Tensor>)> {
     check_x(cfg, x, "block_forward")?;
     check_layer(cfg, layer, "block_forward")?;
     cfg.check_seq_len(x.dims()[1])?;
-    forward(cfg, ex, layer, w, x, &mut Seq::Rows(docs))
+    let rows = rows.into();
+    forward(
+        cfg,
+        ex,
+        layer,
+        w,
+        x,
+        &mut Seq::Rows {
+            rows,
+            layer: 1 + layer,
+        },
+    )
 }
 
 /// [`block_forward`] of the next tokens of one sequence, `x: [1, T, C]`,

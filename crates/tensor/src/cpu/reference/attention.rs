@@ -107,6 +107,7 @@ pub fn attention_cached<F: Real>(
     let group = hq / hkv;
     let scale: F = dm.scale();
     let scores = Scores::<F>::of(mask);
+    let drop = dropped(mask, hq, t);
     let first = len - t;
     let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
     let ki = |bi: usize, tj: usize, g: usize| ((bi * tk + tj) * hkv + g) * d;
@@ -132,7 +133,7 @@ pub fn attention_cached<F: Real>(
                 let l: F = p.iter().copied().sum();
                 let o = &mut out[ti * d..(ti + 1) * d];
                 for (j, &pj) in (j0..).zip(p.iter()) {
-                    let w = pj / l;
+                    let w = pj / l * drop(bi, h, pos, j);
                     o.iter_mut()
                         .zip(&v[ki(bi, j, g)..][..d])
                         .for_each(|(o, &vv)| *o = *o + w * vv);
@@ -153,6 +154,22 @@ pub fn attention_cached<F: Real>(
         lse.extend(l);
     }
     (out, lse)
+}
+
+/// The factor key `j`'s weight in query row `i` of head `h` of batch row
+/// `b` takes under the mask's dropout (`AttnMask::dropout`): 0 or
+/// `1 / (1 − p)`, 1 without one.
+fn dropped<F: Real>(
+    mask: &AttnMask,
+    hq: usize,
+    t: usize,
+) -> impl Fn(usize, usize, usize, usize) -> F + Sync + '_ {
+    let scale = mask.dropout.map_or(F::one(), |d| F::from_f64(d.scale()));
+    move |b, h, i, j| match &mask.dropout {
+        None => F::one(),
+        Some(d) if d.keeps(d.row(b, hq * t, h * t + i), j as u32) => scale,
+        Some(_) => F::zero(),
+    }
 }
 
 /// Returns `(dq, dk, dv)` of [`attention`] given its `out`, `lse` and `dout`.
@@ -183,6 +200,7 @@ pub fn attention_backward<F: Real>(
     let group = hq / hkv;
     let scale: F = dm.scale();
     let scores = Scores::<F>::of(mask);
+    let drop = dropped(mask, hq, t);
     let qi = |bi: usize, ti: usize, h: usize| ((bi * t + ti) * hq + h) * d;
     let ki = |bi: usize, ti: usize, g: usize| ((bi * t + ti) * hkv + g) * d;
 
@@ -212,7 +230,11 @@ pub fn attention_backward<F: Real>(
                         let (kr, vr) = (&k[ki(bi, j, g)..][..d], &v[ki(bi, j, g)..][..d]);
                         let y = scores.shape(dot(qr, kr) * scale);
                         *pj = (y - l).exp();
-                        let ds = *pj * (dot(gr, vr) - delta) * scores.slope(y) * scale;
+                        // Dropout scales dP and the weights of dV; delta,
+                        // rowsum(dO ∘ O), is already of the dropped weights.
+                        let f = drop(bi, h, ti, j);
+                        let ds = *pj * (dot(gr, vr) * f - delta) * scores.slope(y) * scale;
+                        *pj = *pj * f;
                         dqr.iter_mut().zip(kr).for_each(|(a, &x)| *a = *a + ds * x);
                         let dkr = &mut dk[j * d..(j + 1) * d];
                         dkr.iter_mut().zip(qr).for_each(|(a, &x)| *a = *a + ds * x);

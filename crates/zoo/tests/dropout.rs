@@ -1,0 +1,193 @@
+//! Dropout in every block family (the embedding's output, the residual
+//! branches' outputs, the attention's probabilities): the whole model's
+//! backward under a fixed mask against central finite differences of its
+//! loss in float64, for every HF fixture; the same key draws the same
+//! masks, and another key other ones.
+
+mod common;
+
+use common::{CASES, fixture, read_golden};
+use megatrain_tensor::cpu::CpuTensor;
+use megatrain_tensor::testing::random_f64;
+use megatrain_tensor::{F64Executor, TensorHandle};
+use megatrain_zoo::layers::{Dropouts, RouterAux, Rows, block_forward, embedding_forward, head_logits};
+use megatrain_zoo::{LoadedModel, forward_backward, load_hf_dir, upload_layer};
+
+const EX: F64Executor = F64Executor::new();
+
+struct Case {
+    model: LoadedModel,
+    ids: Vec<u32>,
+    targets: Vec<i32>,
+    batch: usize,
+    seq: usize,
+}
+
+fn case(name: &str) -> Case {
+    let model = load_hf_dir(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let golden = read_golden(name);
+    let ids = &golden["input_ids"];
+    Case {
+        ids: ids.values.iter().map(|&v| v as u32).collect(),
+        targets: golden["targets"].values.iter().map(|&v| v as i32).collect(),
+        batch: ids.shape[0],
+        seq: ids.shape[1],
+        model,
+    }
+}
+
+impl Case {
+    fn weights(&self, slabs: &[Vec<f32>]) -> Vec<Vec<CpuTensor<f64>>> {
+        self.model
+            .tables
+            .iter()
+            .zip(slabs)
+            .map(|(t, s)| upload_layer(&EX, t, s).unwrap())
+            .collect()
+    }
+
+    /// The loss and every layer's gradient as one slab a layer.
+    fn run(&self, slabs: &[Vec<f32>], rows: Rows<'_>) -> (f64, Vec<Vec<f64>>) {
+        let w = self.weights(slabs);
+        let out = forward_backward(
+            &self.model.config,
+            &EX,
+            &w,
+            &self.ids,
+            &self.targets,
+            (self.batch, self.seq, rows),
+            4,
+        )
+        .unwrap();
+        let grads = self
+            .model
+            .tables
+            .iter()
+            .zip(&out.grads)
+            .map(|(table, g)| {
+                let mut slab = vec![0.0; table.numel()];
+                for (spec, t) in table.iter().zip(g) {
+                    slab[spec.range()].copy_from_slice(t.data());
+                }
+                slab
+            })
+            .collect();
+        (out.loss, grads)
+    }
+}
+
+fn rows(hidden: f64, attention: f64, key: u64) -> Rows<'static> {
+    Rows {
+        docs: None,
+        dropout: Dropouts::new(hidden, attention, key).unwrap(),
+    }
+}
+
+/// The loss at `slabs` with entry `i` of layer `l` moved by `by` (the
+/// slabs are f32: the step is one f32 can hold exactly around the entry),
+/// through the forward alone and all in f64: [`forward_backward`] sums
+/// per-row losses it reads as f32, too coarse for a central difference.
+fn loss_at(c: &Case, slabs: &[Vec<f32>], (l, i): (usize, usize), by: f32, r: Rows<'_>) -> f64 {
+    let mut s = slabs.to_vec();
+    s[l][i] += by;
+    let (cfg, w) = (&c.model.config, c.weights(&s));
+    let n = cfg.num_layers;
+    let mut x = embedding_forward(cfg, &EX, &w[0], &c.ids, c.batch, c.seq, r).unwrap();
+    let mut stats = Vec::new();
+    for (layer, wl) in w[1..=n].iter().enumerate() {
+        let (y, saved) = block_forward(cfg, &EX, layer, wl, &x, r).unwrap();
+        stats.extend(saved.router_stats(cfg, None));
+        x = y;
+    }
+    let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
+    let logits = head_logits(cfg, &EX, &w[n + 1], tied, &x).unwrap();
+    let v = cfg.vocab_size;
+    let (mut sum, mut counted) = (0.0, 0);
+    for (row, &t) in logits.data().chunks(v).zip(&c.targets) {
+        if t >= 0 {
+            let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = m + row.iter().map(|&z| (z - m).exp()).sum::<f64>().ln();
+            sum += lse - row[t as usize];
+            counted += 1;
+        }
+    }
+    sum / counted as f64 + RouterAux::new(cfg, &stats, 1.0, None).map_or(0.0, |a| a.loss)
+}
+
+#[test]
+fn dropout_backward_matches_finite_differences_in_every_family() {
+    let r = rows(0.3, 0.2, 0x5eed);
+    let mut checked = 0;
+    for &name in CASES {
+        let c = case(name);
+        let slabs = c.model.slabs.clone();
+        let (loss, grads) = c.run(&slabs, r);
+        let (plain, _) = c.run(&slabs, Rows::default());
+        assert!(
+            (loss - plain).abs() > 1e-6 * plain.abs(),
+            "{name}: dropout changed nothing"
+        );
+        // Per layer, the two entries of largest gradient and two at random,
+        // each against central differences at three steps, one of which
+        // must agree: the mixtures' losses carry noise near 1e-7 (their
+        // routing), which small steps magnify, and GPT-OSS's clamped SwiGLU
+        // bends its loss within 2^-10 of some entries. A mask the backward
+        // missed is off by tens of percent at every step.
+        for (l, g) in grads.iter().enumerate() {
+            let mut order: Vec<usize> = (0..g.len()).collect();
+            order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
+            let random = random_f64(l as u64 + 77, 2)
+                .into_iter()
+                .map(|u| ((u + 1.0) / 2.0 * g.len() as f64) as usize % g.len());
+            for i in order.into_iter().take(2).chain(random) {
+                let scale = g.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-3);
+                let close = |fd: f64| (fd - g[i]).abs() <= 5e-4 * scale + 5e-3 * fd.abs().max(g[i].abs());
+                let fds: Vec<f64> = [-10, -12, -14]
+                    .map(|e| {
+                        let h = 2f32.powi(e);
+                        (loss_at(&c, &slabs, (l, i), h, r) - loss_at(&c, &slabs, (l, i), -h, r))
+                            / (2.0 * h as f64)
+                    })
+                    .to_vec();
+                assert!(
+                    fds.iter().any(|&fd| close(fd)),
+                    "{name}: layer {l} entry {i}: backward {} vs finite differences {fds:?}",
+                    g[i]
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} entries checked");
+}
+
+#[test]
+fn a_key_draws_the_same_masks_and_another_key_others() {
+    for name in ["gpt2", "llama_gqa", "qwen3_5"] {
+        let c = case(name);
+        let slabs = &c.model.slabs;
+        let (a, ga) = c.run(slabs, rows(0.2, 0.2, 1));
+        let (b, gb) = c.run(slabs, rows(0.2, 0.2, 1));
+        assert_eq!((a, &ga), (b, &gb), "{name}");
+        let (other, _) = c.run(slabs, rows(0.2, 0.2, 2));
+        assert_ne!(a, other, "{name}");
+        // Each kind of site alone changes the loss.
+        let (plain, _) = c.run(slabs, Rows::default());
+        for (h, p) in [(0.2, 0.0), (0.0, 0.2)] {
+            assert_ne!(
+                c.run(slabs, rows(h, p, 1)).0,
+                plain,
+                "{name}: hidden {h} attention {p}"
+            );
+        }
+    }
+}
+
+#[test]
+fn probabilities_outside_the_range_are_refused_by_name() {
+    for (h, p) in [(-0.1, 0.0), (0.0, 1.0), (f64::NAN, 0.0), (0.5, 2.0)] {
+        let e = Dropouts::new(h, p, 1).unwrap_err().to_string();
+        assert!(e.contains("dropout") && e.contains("[0, 0.99]"), "{e}");
+    }
+    assert!(Dropouts::new(0.0, 0.0, 1).unwrap().is_none());
+}
