@@ -76,6 +76,14 @@ fn bad_inputs_are_named() {
         &["--batch 0"],
     );
     check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--dropout", "1"],
+        &["--dropout 1", "[0, 0.99]"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--attn-dropout", "-0.1"],
+        &["--attn-dropout -0.1", "[0, 0.99]"],
+    );
+    check(
         &[
             "--preset",
             "gpt2-nano",

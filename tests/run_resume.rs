@@ -109,6 +109,32 @@ fn resume_is_bit_exact_with_clipping_accumulation_and_sequential_data() {
     });
 }
 
+/// Dropout's masks are drawn from the step: a resumed run draws the
+/// uninterrupted run's (and the masks do change the run).
+#[test]
+fn resume_is_bit_exact_with_dropout() {
+    check_resume(|o| {
+        o.dropout = 0.2;
+        o.attn_dropout = 0.1;
+        o.grad_accum = 2;
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    run(options(&data, &a), false, None);
+    run(
+        TrainOptions {
+            dropout: 0.2,
+            ..options(&data, &b)
+        },
+        false,
+        None,
+    );
+    let (la, lb) = (losses(&a), losses(&b));
+    assert_eq!(la[0], lb[0], "evaluation before any step never drops");
+    assert_ne!(la[1], lb[1], "dropout changed no loss");
+}
+
 #[test]
 fn resume_is_bit_exact_with_bf16_transport() {
     check_resume(|o| o.precision = megatrain::run::Precision::Bf16);

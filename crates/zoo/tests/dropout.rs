@@ -7,9 +7,9 @@
 mod common;
 
 use common::{CASES, fixture, read_golden};
+use megatrain_tensor::F64Executor;
 use megatrain_tensor::cpu::CpuTensor;
 use megatrain_tensor::testing::random_f64;
-use megatrain_tensor::F64Executor;
 use megatrain_zoo::layers::{Dropouts, RouterAux, Rows, block_forward, embedding_forward, head_logits};
 use megatrain_zoo::{LoadedModel, forward_backward, load_hf_dir, upload_layer};
 

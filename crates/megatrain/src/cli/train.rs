@@ -78,6 +78,15 @@ pub struct TrainArgs {
     /// Applied to matrices and embeddings, not to norm gains or biases.
     #[arg(long)]
     weight_decay: Option<f64>,
+    /// Dropout on the embedding's output and each residual branch's
+    /// (nanoGPT's --dropout; default 0: off). Evaluation and sampling never
+    /// drop.
+    #[arg(long)]
+    dropout: Option<f64>,
+    /// Dropout on the attention's probabilities (GPT-2's attn_pdrop;
+    /// default 0: off). nanoGPT's --dropout is both this and --dropout.
+    #[arg(long)]
+    attn_dropout: Option<f64>,
     /// Exact global-norm gradient clipping (0 = off, the default; > 0 holds
     /// gradients and runs the update after backward).
     #[arg(long)]
@@ -261,6 +270,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         eps,
         weight_decay,
         grad_clip,
+        dropout,
+        attn_dropout,
         precision,
         checkpoint_every,
         keep_activations,

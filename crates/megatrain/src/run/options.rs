@@ -325,6 +325,15 @@ pub struct TrainOptions {
     pub weight_decay: f64,
     /// Exact global-norm clipping; 0 (the default) is off.
     pub grad_clip: f64,
+    /// Dropout on the embedding's output and each residual branch's before
+    /// it joins the residual stream (nanoGPT's `dropout`, GPT-2's
+    /// `embd_pdrop`/`resid_pdrop`), in [0, 0.99]; 0 (the default) is off.
+    /// Evaluation and generation never drop. Runs saved before it existed
+    /// had none.
+    pub dropout: f64,
+    /// Dropout on the attention's probabilities (GPT-2's `attn_pdrop`,
+    /// transformers' `attention_dropout`), in [0, 0.99]; 0 is off.
+    pub attn_dropout: f64,
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
@@ -445,6 +454,8 @@ impl Default for TrainOptions {
             // Off: exact clipping holds every gradient and moves the update
             // after backward, so it is a mode the user asks for, never a default.
             grad_clip: 0.0,
+            dropout: 0.0,
+            attn_dropout: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
             keep_activations: KeepActivations::Auto,
@@ -664,6 +675,15 @@ impl TrainOptions {
         }
         finite_nonneg("weight-decay", self.weight_decay)?;
         finite_nonneg("grad-clip", self.grad_clip)?;
+        for (name, p) in [("dropout", self.dropout), ("attn-dropout", self.attn_dropout)] {
+            if !(0.0..=megatrain_tensor::MAX_DROPOUT).contains(&p) {
+                return Err(RunError::option(
+                    name,
+                    p,
+                    format!("must be in [0, {}]", megatrain_tensor::MAX_DROPOUT),
+                ));
+            }
+        }
         if !(self.eps.is_finite() && self.eps > 0.0) {
             return Err(RunError::option("eps", self.eps, "must be positive"));
         }

@@ -654,6 +654,11 @@ pub fn train_with<E: Executor>(
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
+        dropout: crate::trainer::TrainDropout {
+            hidden: opts.dropout,
+            attention: opts.attn_dropout,
+            seed: opts.seed,
+        },
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {
@@ -720,6 +725,8 @@ pub fn train_with<E: Executor>(
         summary.val_loss = Some(v);
     }
     let ga = opts.grad_accum as u64;
+    // Step s draws its dropout masks from s, resumed or not.
+    trainer.set_next_step(start);
     for s in start..end {
         let rows = rank * opts.batch..(rank + 1) * opts.batch;
         let micro = (0..ga)

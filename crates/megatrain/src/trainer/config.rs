@@ -2,6 +2,8 @@
 //! takes where none is named.
 
 use megatrain_adamw::AdamWConfig;
+use megatrain_tensor::mix64;
+use megatrain_zoo::layers::Dropouts;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainerConfig {
@@ -56,6 +58,39 @@ pub struct TrainerConfig {
     /// dropped unsettled drops the update. Results do not depend on it.
     /// Not with clipping, data parallel ranks or a tier that spills.
     pub carry_layers: usize,
+    /// Dropout in the step's forwards (none by default; evaluation and
+    /// generation never drop).
+    pub dropout: TrainDropout,
+}
+
+/// Dropout in training: `hidden` on the embedding's output and each
+/// residual branch's (GPT-2's `embd_pdrop` and `resid_pdrop`, nanoGPT's
+/// `dropout`), `attention` on the attention's probabilities (`attn_pdrop`,
+/// transformers' `attention_dropout`). The masks of micro-batch k of step
+/// s are drawn from `(seed, s, k)` and each row's index in the step's
+/// global batch, so a recomputed forward draws its forward's, a resumed
+/// run draws what the uninterrupted one did, and N data parallel ranks
+/// draw what one rank with N times the rows would.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TrainDropout {
+    pub hidden: f64,
+    pub attention: f64,
+    pub seed: u64,
+}
+
+impl TrainDropout {
+    /// Whether any site drops.
+    pub fn is_on(&self) -> bool {
+        self.hidden > 0.0 || self.attention > 0.0
+    }
+
+    /// The dropout of micro-batch `micro` of step `step`, for rows that
+    /// begin at row `row0` of the step's global batch; `None` where off.
+    /// A probability outside `[0, 0.99]` is refused by name.
+    pub fn for_micro(&self, step: u64, micro: usize, row0: usize) -> megatrain_zoo::Result<Option<Dropouts>> {
+        let key = mix64(&[self.seed, step, micro as u64]);
+        Ok(Dropouts::new(self.hidden, self.attention, key)?.map(|d| d.at_batch_row(row0)))
+    }
 }
 
 /// Default [`TrainerConfig::transfer_chunk`]: 8 Mi elements, 32 MiB of f32
@@ -95,6 +130,7 @@ impl Default for TrainerConfig {
             chunks_in_flight: 0,
             keep_activations: 0,
             carry_layers: 0,
+            dropout: TrainDropout::default(),
         }
     }
 }

@@ -61,7 +61,7 @@ use megatrain_adamw::{AdamW, AdamWError, DecayMask, clip_coefficient, global_gra
 use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
-    HeadOut, RouterAux, block_backward, block_forward, embedding_forward, embedding_grads,
+    HeadOut, RouterAux, Rows, block_backward, block_forward, embedding_forward, embedding_grads,
     head_forward_backward, routing_digest, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
@@ -99,7 +99,7 @@ pub enum TrainError {
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 pub(crate) use config::spill_aligned;
-pub use config::{DEFAULT_TRANSFER_CHUNK, TrainerConfig, transfer_chunk_for};
+pub use config::{DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, transfer_chunk_for};
 
 /// Streams a model held in a [`HostTier`] through an [`Executor`].
 pub struct Trainer<E: Executor> {
@@ -117,6 +117,8 @@ pub struct Trainer<E: Executor> {
     dist: Option<DistState>,
     /// Updates the last step left to the next (`carry.rs`).
     carried: Vec<Carried<E::Tensor>>,
+    /// The index of the next step, which its dropout masks are drawn from.
+    next_step: u64,
 }
 
 /// Lets the executor read each layer's transport copy by itself (uploads
@@ -206,6 +208,10 @@ impl<E: Executor> Trainer<E> {
                 )));
             }
         }
+        config
+            .dropout
+            .for_micro(0, 0, 0)
+            .map_err(|e| TrainError::Config(e.to_string()))?;
         let tables = model.layer_tables();
         if tables.len() != tier.len() || tables.iter().zip(tier.layers()).any(|(t, s)| t != s.table()) {
             return Err(TrainError::Config(format!(
@@ -253,6 +259,33 @@ impl<E: Executor> Trainer<E> {
             spill: WindowConfig::default(),
             dist: None,
             carried: Vec::new(),
+            next_step: 0,
+        })
+    }
+
+    /// The index of the next step (0 for a new trainer): its dropout masks
+    /// are drawn from it ([`TrainDropout`]). A run resumed at step `s`
+    /// sets `s`, so that it draws what the uninterrupted run did.
+    pub fn set_next_step(&mut self, step: u64) {
+        self.next_step = step;
+    }
+
+    pub fn next_step(&self) -> u64 {
+        self.next_step
+    }
+
+    /// The rows of micro-batch `k` of the next step as its forwards run
+    /// them: its documents and its dropout (rank r's rows begin at row r·b
+    /// of the step's global batch, as its data does).
+    pub(super) fn rows<'a>(&self, batch: &'a Batch, k: usize) -> Result<Rows<'a>> {
+        let rank = self.dist.as_ref().map_or(0, |d| d.comm().rank());
+        let dropout = self
+            .config
+            .dropout
+            .for_micro(self.next_step, k, rank * batch.batch)?;
+        Ok(Rows {
+            docs: batch.docs.as_ref(),
+            dropout,
         })
     }
 
@@ -387,8 +420,15 @@ impl<E: Executor> Trainer<E> {
         for (k, batch) in micro.iter().enumerate() {
             let last = k + 1 == micro.len();
             let update = last && self.config.grad_clip.is_none();
-            let (l, a) =
-                self.micro_batch(batch, (grad_scale, aux_weight), update, last, lr as f32, &mut m)?;
+            let rows = self.rows(batch, k)?;
+            let (l, a) = self.micro_batch(
+                (batch, rows),
+                (grad_scale, aux_weight),
+                update,
+                last,
+                lr as f32,
+                &mut m,
+            )?;
             loss_sum += l;
             aux_loss += a;
             m.tokens += (batch.batch * batch.seq_len) as u64;
@@ -440,6 +480,7 @@ impl<E: Executor> Trainer<E> {
             m.transfer_wait_compute_ms = d.wait_compute_ms();
         }
         m.step_ms = ms(t_step);
+        self.next_step += 1;
         Ok(m)
     }
 
@@ -477,7 +518,7 @@ impl<E: Executor> Trainer<E> {
     #[allow(clippy::too_many_arguments)]
     fn micro_batch(
         &mut self,
-        batch: &Batch,
+        (batch, rows): (&Batch, Rows<'_>),
         (grad_scale, aux_weight): (f32, f64),
         update: bool,
         last: bool,
@@ -498,6 +539,7 @@ impl<E: Executor> Trainer<E> {
             spill,
             dist,
             carried,
+            next_step: _,
         } = self;
         let dist = dist.as_ref();
         let ex: &E = ex;
@@ -549,8 +591,7 @@ impl<E: Executor> Trainer<E> {
             let t_fwd = Instant::now();
             rising.settle_through(ex, 0, h.remaining, &apply, m)?;
             let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
-            let docs = batch.docs.as_ref();
-            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t, docs)?;
+            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t, rows)?;
             // The embedding backward reads only the tables' shapes: unless a
             // tied head reads them, free them now (on an executor whose
             // tensors are host memory they are the vocabulary's size; a
@@ -575,7 +616,7 @@ impl<E: Executor> Trainer<E> {
                 };
                 rising.settle_through(ex, 1 + i, h.remaining, &apply, m)?;
                 let w = load(slot, &h.remaining[1 + i], m)?;
-                let (y, sv) = block_forward(cfg, ex, i, &w, &x, docs)?;
+                let (y, sv) = block_forward(cfg, ex, i, &w, &x, rows)?;
                 stats.extend(sv.router_stats(cfg, tokens.as_deref()));
                 if keeps {
                     kept.push((w, sv));
@@ -644,7 +685,7 @@ impl<E: Executor> Trainer<E> {
                 let mut x = checkpoints.pop().expect("one checkpoint per block group");
                 let mut saved = Vec::with_capacity(e - s);
                 for (i, (_, w)) in (s..e).zip(&ws) {
-                    let (y, sv) = block_forward(cfg, ex, i, w, &x, docs)?;
+                    let (y, sv) = block_forward(cfg, ex, i, w, &x, rows)?;
                     saved.push(sv);
                     x = y;
                 }
@@ -657,7 +698,7 @@ impl<E: Executor> Trainer<E> {
                     h.push(grads, m)?;
                 }
             }
-            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, docs), &dx, tied_grad)?;
+            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, rows), &dx, tied_grad)?;
             drop((dx, emb_w));
             h.push(grads, m)?;
             h.flush(m)?;

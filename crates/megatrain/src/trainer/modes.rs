@@ -118,14 +118,15 @@ impl<E: Executor> Trainer<E> {
         let plan = Recompute::new(n_blocks, config.checkpoint_every, config.keep_activations);
         let start = Instant::now();
         let emb_w = &w.layers[0];
-        let docs = batch.docs.as_ref();
-        let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t, docs)?;
+        // The next step's first micro-batch's rows: its dropout too.
+        let rows = self.rows(batch, 0)?;
+        let mut x = embedding_forward(cfg, ex, emb_w, &batch.inputs, b, t, rows)?;
         let mut checkpoints = Vec::with_capacity(plan.checkpoint_count());
         let mut kept = Vec::with_capacity(plan.kept().len());
         let mut stats = Vec::new();
         let tokens = batch.tokens_mask();
         for i in 0..n_blocks {
-            let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x, docs)?;
+            let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &x, rows)?;
             stats.extend(sv.router_stats(cfg, tokens.as_deref()));
             if plan.keeps(i) {
                 kept.push(sv);
@@ -155,7 +156,7 @@ impl<E: Executor> Trainer<E> {
             let mut h = checkpoints.pop().expect("one checkpoint per block group");
             let mut saved = Vec::with_capacity(e - s);
             for i in s..e {
-                let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &h, docs)?;
+                let (y, sv) = block_forward(cfg, ex, i, &w.layers[1 + i], &h, rows)?;
                 saved.push(sv);
                 h = y;
             }
@@ -165,7 +166,7 @@ impl<E: Executor> Trainer<E> {
                 dx = d;
             }
         }
-        let grads = embedding_backward(cfg, ex, emb_w, &batch.inputs, (b, t, docs), &dx, head.tied_grad)?;
+        let grads = embedding_backward(cfg, ex, emb_w, &batch.inputs, (b, t, rows), &dx, head.tied_grad)?;
         fence(ex, &grads[0])?;
         // At the end, as the step reads it.
         let loss_sum = sum_losses(ex, &head.losses)?;
