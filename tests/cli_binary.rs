@@ -80,7 +80,14 @@ fn bad_inputs_are_named() {
         &["--dropout 1", "[0, 0.99]"],
     );
     check(
-        &["--preset", "gpt2-nano", "--data", s(&data), "--attn-dropout", "-0.1"],
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--attn-dropout",
+            "-0.1",
+        ],
         &["--attn-dropout -0.1", "[0, 0.99]"],
     );
     check(

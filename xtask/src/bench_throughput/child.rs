@@ -443,6 +443,31 @@ mod tests {
         );
     }
 
+    /// `--dropout` and `--attn-dropout` reach the trainer: the same run
+    /// with them starts from another loss; out of range is refused.
+    #[test]
+    fn dropout_reaches_the_step() {
+        let spec = Spec {
+            label: "dropout".into(),
+            layers: Some(2),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 1,
+            ..test_spec()
+        };
+        let plain = run(&spec).unwrap();
+        let dropped = run(&Spec {
+            dropout: 0.2,
+            attn_dropout: 0.1,
+            ..spec.clone()
+        })
+        .unwrap();
+        assert!(dropped.loss_first.is_finite() && dropped.loss_first != plain.loss_first);
+        let err = run(&Spec { dropout: 1.0, ..spec }).unwrap_err();
+        assert!(format!("{err:#}").contains("dropout"), "{err:#}");
+    }
+
     #[test]
     fn f16_runs_on_the_cpu_and_an_unknown_precision_is_named() {
         let spec = Spec {

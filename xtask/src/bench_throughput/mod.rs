@@ -138,6 +138,13 @@ pub struct Args {
     /// AdamW just before loading each (default 0: off).
     #[arg(long, default_value = "0")]
     carry_layers: usize,
+    /// Dropout on the embedding's and residual branches' outputs (default
+    /// 0: off; the step then runs a dropout kernel a branch).
+    #[arg(long, default_value = "0")]
+    dropout: f64,
+    /// Dropout on the attention's probabilities (default 0: off).
+    #[arg(long, default_value = "0")]
+    attn_dropout: f64,
     /// The last N blocks (`all`, or `auto` as `megatrain train` decides)
     /// keep their weights and activations from forward to backward, which
     /// then uploads and recomputes only the others (default 0: the
@@ -234,6 +241,8 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         chunks_in_flight: a.chunks_in_flight,
         optimizer_queue: a.optimizer_queue,
         carry_layers: a.carry_layers,
+        dropout: a.dropout,
+        attn_dropout: a.attn_dropout,
         keep_activations: a.keep_activations,
         knobs: a.knobs,
         profile: a.profile,

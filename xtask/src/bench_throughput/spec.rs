@@ -58,6 +58,12 @@ pub struct Spec {
     /// (`TrainerConfig::carry_layers`; default 0).
     #[serde(default)]
     pub carry_layers: usize,
+    /// Dropout on the embedding's and residual branches' outputs, and on
+    /// the attention's probabilities (`TrainerConfig::dropout`; default 0).
+    #[serde(default)]
+    pub dropout: f64,
+    #[serde(default)]
+    pub attn_dropout: f64,
     /// The last blocks that keep their weights and activations (not uploaded again nor recomputed).
     #[serde(default)]
     pub keep_activations: KeepActivations,
@@ -75,8 +81,8 @@ fn auto() -> String {
 
 impl Spec {
     /// The gradient hand-over's overrides (transfer chunk, chunks in
-    /// flight, optimizer queue, at least 1, layers carried) onto the
-    /// trainer's `config`.
+    /// flight, optimizer queue, at least 1, layers carried) and the
+    /// dropout onto the trainer's `config`.
     pub fn apply_handoff(&self, config: &mut megatrain::trainer::TrainerConfig) -> anyhow::Result<()> {
         if let Some(b) = self.transfer_chunk {
             config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
@@ -88,6 +94,11 @@ impl Spec {
             config.optimizer_queue = n.max(1);
         }
         config.carry_layers = self.carry_layers;
+        config.dropout = megatrain::trainer::TrainDropout {
+            hidden: self.dropout,
+            attention: self.attn_dropout,
+            seed: 0,
+        };
         Ok(())
     }
 
@@ -177,6 +188,8 @@ pub(crate) fn test_spec() -> Spec {
         chunks_in_flight: None,
         optimizer_queue: None,
         carry_layers: 0,
+        dropout: 0.0,
+        attn_dropout: 0.0,
         keep_activations: KeepActivations::NONE,
         knobs: TransportKnobs::default(),
         profile: false,
