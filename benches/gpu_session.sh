@@ -69,7 +69,7 @@ if [ "$stage" = targets-hybrid ]; then
     exit 0
 fi
 if [ "$stage" = targets-fresh ]; then
-    echo generation_cache kv_cache ops ops_f64
+    echo generation_cache kv_cache dropout_training ops ops_f64
     exit 0
 fi
 if [ "$stage" = targets-all ]; then
@@ -419,11 +419,14 @@ second)
 fresh)
     # The kernels added since the last GPU session's checks (session 28:
     # the gated delta rule and its small ops, attention within packed
-    # documents, the cached attention and delta rule of generation), never
-    # run on NVIDIA: against the CPU there, shortest first, for a lease's
+    # documents, the cached attention and delta rule of generation; session
+    # 41: dropout), never run on NVIDIA: against the CPU there, shortest first, for a lease's
     # last minutes (issue 18.1: the whole suite green on NVIDIA).
     cap=40 t generation_cache
     cap=60 t kv_cache gpu
+    # Dropout (session 41): the streamed step on the GPU against the CPU's
+    # (the tensor-core attention's dropout runs in `first`'s attention_f16).
+    cap=30 t dropout_training gpu
     cap=120 t ops
     cap=60 t ops_f64
     ;;

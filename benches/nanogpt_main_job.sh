@@ -13,7 +13,25 @@
 # nanoGPT runs its README's CPU command with --device=cuda: --compile=False,
 # its default bf16 autocast, and again in float32; megatrain runs the
 # README's command with --device gpu in f32 and f16.
+#
+# DROPOUT=0.2 runs both with that dropout (nanoGPT's --dropout; megatrain's
+# --dropout and --attn-dropout, which together are nanoGPT's), DEVICE=cpu
+# runs nanoGPT in float32 and megatrain in f32 on the CPU only (megatrain
+# from PATH: target/release here), TIMEOUT the seconds a run may take
+# (default 280). On the dev machine, with torch and numpy in python3:
+#   DEVICE=cpu DROPOUT=0.2 TIMEOUT=1500 bash benches/nanogpt_main_job.sh run
 set -uo pipefail
+DROPOUT=${DROPOUT:-0.0}
+DEVICE=${DEVICE:-gpu}
+TIMEOUT=${TIMEOUT:-280}
+case $DEVICE in
+gpu) torch_device=cuda ;;
+cpu) torch_device=cpu ;;
+*)
+    echo "DEVICE must be gpu or cpu, not $DEVICE" >&2
+    exit 2
+    ;;
+esac
 stage=${1:?usage: nanogpt_main_job.sh carry NANOGPT_CHECKOUT | run}
 case $stage in
 carry)
@@ -68,7 +86,7 @@ timed() {
     shift 2
     local t0 t1 rc
     t0=$(date +%s.%N)
-    (cd "$dir" && timeout 280 "$@") >"$OUT/$name.log" 2>&1
+    (cd "$dir" && timeout "$TIMEOUT" "$@") >"$OUT/$name.log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     wall=$(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }")
@@ -78,10 +96,10 @@ timed() {
 nanogpt() {
     local name=$1
     shift
-    timed "$name" "$work" python3 train.py config/train_shakespeare_char.py --device=cuda \
+    timed "$name" "$work" python3 train.py config/train_shakespeare_char.py --device="$torch_device" \
         --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 \
         --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 \
-        --dropout=0.0 --out_dir="$work/out-$name" "$@"
+        --dropout="$DROPOUT" --out_dir="$work/out-$name" "$@"
     local val
     val=$(grep -E '^step 2000:' "$OUT/$name.log" | sed 's/.*val loss //')
     summary+=("$name: wall $wall s, val ${val:-?}")
@@ -92,14 +110,22 @@ megatrain_job() {
     shift
     rm -rf "/tmp/runs-$name"
     timed "$name" . megatrain train --preset gpt2-nano --data data/tinyshakespeare.txt \
-        --out "/tmp/runs-$name" --device gpu --seq-len 64 --batch 12 --steps 2000 --lr 1e-3 \
+        --out "/tmp/runs-$name" --device "$DEVICE" --seq-len 64 --batch 12 --steps 2000 --lr 1e-3 \
         --min-lr 1e-4 --warmup 100 --beta2 0.99 --weight-decay 0.1 --grad-clip 1.0 \
-        --eval-every 250 --eval-batches 20 "$@"
+        --eval-every 250 --eval-batches 20 --dropout "$DROPOUT" --attn-dropout "$DROPOUT" "$@"
     local val
     val=$(grep -E 'step 2000: validation loss' "$OUT/$name.log" | sed 's/.*validation loss //' | tail -1)
     summary+=("$name: wall $wall s, val ${val:-?}")
 }
 
+if [ "$DEVICE" = cpu ]; then
+    python3 -c 'import torch; print("torch", torch.__version__, "on the CPU")'
+    nanogpt nanogpt-fp32 --dtype=float32
+    megatrain_job megatrain-f32
+    echo "== main job on the CPU, dropout $DROPOUT (logs in $OUT)"
+    for line in "${summary[@]}"; do echo "$line"; done
+    exit 0
+fi
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))'
 nanogpt nanogpt-bf16
 nanogpt nanogpt-fp32 --dtype=float32
