@@ -2,7 +2,8 @@
 //! element's fate is a function of `(key, row, column)`, so a recomputed
 //! forward (checkpointing) and the backward draw exactly the forward's mask
 //! without storing it, every executor draws the same one (the GPU kernels
-//! run [`mix`] as written here, `shaders/dropout.wgsl`), and a batch split
+//! run [`mix`] and [`Dropout::keeps`] as written here,
+//! `shaders/dropout_mask.wgsl`), and a batch split
 //! over ranks or micro-batches draws what the whole batch would: rows are
 //! counted from the batch's first row ([`Dropout::batch0`]).
 

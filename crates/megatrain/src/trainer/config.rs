@@ -79,11 +79,6 @@ pub struct TrainDropout {
 }
 
 impl TrainDropout {
-    /// Whether any site drops.
-    pub fn is_on(&self) -> bool {
-        self.hidden > 0.0 || self.attention > 0.0
-    }
-
     /// The dropout of micro-batch `micro` of step `step`, for rows that
     /// begin at row `row0` of the step's global batch; `None` where off.
     /// A probability outside `[0, 0.99]` is refused by name.
