@@ -548,6 +548,19 @@ fn profile_reports_each_op_kind() {
 /// Attention forward and backward of `g` against the CPU's on random
 /// inputs of (B, T, Hq, Hkv, D) drawn from `seed`, causal and in a sliding
 /// window of `window` keys.
+/// `g`'s adapter running the f32 attention on one thread a row
+/// (attention.wgsl) even where subgroup lanes are there.
+fn one_row(g: &GpuExecutor) -> GpuExecutor {
+    GpuExecutor::with_options(
+        g.context().clone(),
+        GpuOptions {
+            poison_outputs: true,
+            one_row_attention: true,
+            ..Default::default()
+        },
+    )
+}
+
 fn attention_matches_cpu(
     g: &GpuExecutor,
     (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
@@ -602,14 +615,7 @@ fn attention_head_dims_several_row_blocks() {
     // three 64-row blocks with a ragged last one. (D past 128:
     // `attention_head_dim_256`.)
     let Some(lanes) = gpu() else { return };
-    let one_row = GpuExecutor::with_options(
-        lanes.context().clone(),
-        GpuOptions {
-            poison_outputs: true,
-            one_row_attention: true,
-            ..Default::default()
-        },
-    );
+    let one_row = one_row(lanes);
     for d in [128, 48, 64, 32] {
         assert!(
             lanes.context().attention_lanes(d),
@@ -644,14 +650,7 @@ fn attention_head_dims_several_row_blocks() {
 #[test]
 fn attention_dropout_matches_cpu() {
     let Some(lanes) = gpu() else { return };
-    let one_row = GpuExecutor::with_options(
-        lanes.context().clone(),
-        GpuOptions {
-            poison_outputs: true,
-            one_row_attention: true,
-            ..Default::default()
-        },
-    );
+    let one_row = one_row(lanes);
     let mut families = vec![("lanes", lanes), ("one row", &one_row)];
     let drop = |p: f64, batch0: usize| {
         Dropout::new(p, 0xabad_cafe_f00d, "test")
@@ -894,14 +893,7 @@ fn random_docs(seed: u64, b: usize, t: usize) -> Docs {
 #[test]
 fn attention_within_packed_documents() {
     let Some(lanes) = gpu() else { return };
-    let one_row = GpuExecutor::with_options(
-        lanes.context().clone(),
-        GpuOptions {
-            poison_outputs: true,
-            one_row_attention: true,
-            ..Default::default()
-        },
-    );
+    let one_row = one_row(lanes);
     let cap = SoftCap::new(0.5, "test").unwrap();
     let docs = packed(150, &[&[0, 1, 2, 70, 149], &[0]]);
     let masks = [
