@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use megatrain::run::{
-    METRICS_FILE, QuietProgress, TrainOptions, latest_checkpoint, prepare, read_train_state, train,
+    METRICS_FILE, QuietProgress, Schedule, TrainOptions, latest_checkpoint, prepare, read_train_state, train,
 };
 use serde_json::Value;
 
@@ -133,6 +133,62 @@ fn resume_is_bit_exact_with_dropout() {
     let (la, lb) = (losses(&a), losses(&b));
     assert_eq!(la[0], lb[0], "evaluation before any step never drops");
     assert_ne!(la[1], lb[1], "dropout changed no loss");
+}
+
+/// A warmup-stable-decay run: the learning rate each step logged holds at
+/// --lr until the cooldown, then falls to --min-lr as 1 − √t; resumed
+/// across the turn, bit for bit. A cooldown on another schedule, or
+/// longer than the decay, is refused by name.
+#[test]
+fn a_wsd_run_holds_then_cools_down_and_resumes_exactly() {
+    let wsd = |o: &mut TrainOptions| {
+        o.schedule = Schedule::WsdSqrt;
+        o.cooldown = Some(3);
+        o.min_lr = Some(3e-4);
+    };
+    check_resume(wsd);
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let mut o = options(&data, &tmp.path().join("run"));
+    wsd(&mut o);
+    run(o.clone(), false, None);
+    let lrs: Vec<(u64, f64)> = std::fs::read_to_string(tmp.path().join("run").join(METRICS_FILE))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            Some((v["step"].as_u64()?, v.get("lr")?.as_f64()?))
+        })
+        .collect();
+    // Steps 1..=6 ran at the schedule's steps 0..=5: warm-up 2, stable at
+    // step 2, the cooldown's steps 3, 4, 5 from the peak to the floor.
+    let want = [
+        1e-3,
+        2e-3,
+        3e-3,
+        3e-3,
+        3e-4 + (1.0 - (1.0f64 / 3.0).sqrt()) * 2.7e-3,
+        3e-4 + (1.0 - (2.0f64 / 3.0).sqrt()) * 2.7e-3,
+    ];
+    assert_eq!(lrs.len(), 6, "{lrs:?}");
+    for ((step, lr), w) in lrs.iter().zip(want) {
+        assert!((lr - w).abs() < 1e-12, "step {step}: lr {lr}, want {w}");
+    }
+    for (cooldown, schedule, needle) in [
+        (3, Schedule::Cosine, "wsd"),
+        (7, Schedule::Wsd, "longer than the 6 steps"),
+    ] {
+        let bad = TrainOptions {
+            cooldown: Some(cooldown),
+            schedule,
+            ..o.clone()
+        };
+        let e = prepare(bad, false).err().expect("refused").to_string();
+        assert!(
+            e.contains(&format!("--cooldown {cooldown}")) && e.contains(needle),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -63,12 +63,18 @@ pub struct TrainArgs {
     min_lr: Option<f64>,
     #[arg(long)]
     warmup: Option<u64>,
-    /// constant | cosine.
+    /// The learning rate after --warmup: cosine (the default) | linear |
+    /// constant | wsd (held at --lr, then straight down over the last
+    /// --cooldown steps) | wsd-sqrt (the same, its decay shaped 1 − √t).
     #[arg(long)]
     schedule: Option<Schedule>,
-    /// Step where the cosine reaches min-lr (default: --steps).
+    /// Step where the decay reaches min-lr (default: --steps).
     #[arg(long)]
     decay_steps: Option<u64>,
+    /// wsd and wsd-sqrt: the decay's steps, the last before --decay-steps
+    /// (default: a fifth of them).
+    #[arg(long)]
+    cooldown: Option<u64>,
     #[arg(long)]
     beta1: Option<f64>,
     #[arg(long)]
@@ -242,6 +248,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         vocab_size,
         min_lr,
         decay_steps,
+        cooldown,
         host_budget,
         spill_window,
         transfer_chunk,

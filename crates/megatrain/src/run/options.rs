@@ -190,6 +190,10 @@ pub enum Schedule {
     Constant,
     #[default]
     Cosine,
+    Linear,
+    Wsd,
+    #[serde(rename = "wsd-sqrt")]
+    WsdSqrt,
 }
 
 impl From<Schedule> for ScheduleKind {
@@ -197,6 +201,9 @@ impl From<Schedule> for ScheduleKind {
         match s {
             Schedule::Constant => ScheduleKind::Constant,
             Schedule::Cosine => ScheduleKind::Cosine,
+            Schedule::Linear => ScheduleKind::Linear,
+            Schedule::Wsd => ScheduleKind::Wsd,
+            Schedule::WsdSqrt => ScheduleKind::WsdSqrt,
         }
     }
 }
@@ -224,7 +231,8 @@ parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
 parse_lowercase!(RowsKind, "rows", "auto" => RowsKind::Auto, "stream" => RowsKind::Stream,
     "records" => RowsKind::Records, "packed" => RowsKind::Packed);
 parse_lowercase!(Packing, "packing", "best-fit" => Packing::BestFit, "next-fit" => Packing::NextFit);
-parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine);
+parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine,
+    "linear" => Schedule::Linear, "wsd" => Schedule::Wsd, "wsd-sqrt" => Schedule::WsdSqrt);
 parse_lowercase!(ShareTransport, "share-transport", "auto" => ShareTransport::Auto,
     "true" => ShareTransport::True, "false" => ShareTransport::False);
 
@@ -317,8 +325,12 @@ pub struct TrainOptions {
     pub min_lr: Option<f64>,
     pub warmup: u64,
     pub schedule: Schedule,
-    /// Step at which the cosine reaches min_lr (default: steps).
+    /// Step at which the decay reaches min_lr (default: steps).
     pub decay_steps: Option<u64>,
+    /// `wsd` and `wsd-sqrt`: the decay's steps, the last before
+    /// `decay_steps` (default: a fifth of `decay_steps`); the learning rate
+    /// holds at `lr` from the warm-up's end until they begin.
+    pub cooldown: Option<u64>,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -447,6 +459,7 @@ impl Default for TrainOptions {
             warmup: 100,
             schedule: Schedule::Cosine,
             decay_steps: None,
+            cooldown: None,
             beta1: 0.9,
             beta2: 0.95,
             eps: 1e-8,
@@ -552,6 +565,7 @@ impl TrainOptions {
             min_lr: self.min_lr(),
             warmup: self.warmup,
             decay_steps: self.decay_steps(),
+            cooldown: self.cooldown.unwrap_or(self.decay_steps() / 5),
         }
     }
 
@@ -672,6 +686,22 @@ impl TrainOptions {
                     self.lr
                 ),
             ));
+        }
+        if let Some(c) = self.cooldown {
+            if !matches!(self.schedule, Schedule::Wsd | Schedule::WsdSqrt) {
+                return Err(RunError::option(
+                    "cooldown",
+                    c,
+                    "is the wsd schedules' decay: give --schedule wsd or wsd-sqrt",
+                ));
+            }
+            if c > self.decay_steps() {
+                return Err(RunError::option(
+                    "cooldown",
+                    c,
+                    format!("is longer than the {} steps to --decay-steps", self.decay_steps()),
+                ));
+            }
         }
         finite_nonneg("weight-decay", self.weight_decay)?;
         finite_nonneg("grad-clip", self.grad_clip)?;
