@@ -183,7 +183,7 @@ fn a_wsd_run_holds_then_cools_down_and_resumes_exactly() {
             schedule,
             ..o.clone()
         };
-        let e = prepare(bad, false).err().expect("refused").to_string();
+        let e = prepare(bad, false).expect_err("refused").to_string();
         assert!(
             e.contains(&format!("--cooldown {cooldown}")) && e.contains(needle),
             "{e}"
