@@ -7,9 +7,9 @@
 mod common;
 
 use common::{CASES, fixture, read_golden};
-use megatrain_tensor::F64Executor;
 use megatrain_tensor::cpu::CpuTensor;
 use megatrain_tensor::testing::random_f64;
+use megatrain_tensor::{Docs, F64Executor};
 use megatrain_zoo::layers::{Dropouts, RouterAux, Rows, block_forward, embedding_forward, head_logits};
 use megatrain_zoo::{LoadedModel, forward_backward, load_hf_dir, upload_layer};
 
@@ -114,51 +114,72 @@ fn loss_at(c: &Case, slabs: &[Vec<f32>], (l, i): (usize, usize), by: f32, r: Row
     sum / counted as f64 + RouterAux::new(cfg, &stats, 1.0, None).map_or(0.0, |a| a.loss)
 }
 
+/// `name`'s backward under `r` against central differences: per layer, the
+/// two entries of largest gradient and two at random, each at three steps,
+/// one of which must agree (the mixtures' losses carry noise near 1e-7,
+/// their routing, which small steps magnify, and GPT-OSS's clamped SwiGLU
+/// bends its loss within 2^-10 of some entries; a mask the backward missed
+/// is off by tens of percent at every step). Returns the entries checked.
+fn check_finite_differences(name: &str, c: &Case, r: Rows<'_>) -> usize {
+    let slabs = c.model.slabs.clone();
+    let (loss, grads) = c.run(&slabs, r);
+    let (plain, _) = c.run(&slabs, Rows { dropout: None, ..r });
+    assert!(
+        (loss - plain).abs() > 1e-6 * plain.abs(),
+        "{name}: dropout changed nothing"
+    );
+    let mut checked = 0;
+    for (l, g) in grads.iter().enumerate() {
+        let mut order: Vec<usize> = (0..g.len()).collect();
+        order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
+        let random = random_f64(l as u64 + 77, 2)
+            .into_iter()
+            .map(|u| ((u + 1.0) / 2.0 * g.len() as f64) as usize % g.len());
+        for i in order.into_iter().take(2).chain(random) {
+            let scale = g.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-3);
+            let close = |fd: f64| (fd - g[i]).abs() <= 5e-4 * scale + 5e-3 * fd.abs().max(g[i].abs());
+            let fds: Vec<f64> = [-10, -12, -14]
+                .map(|e| {
+                    let h = 2f32.powi(e);
+                    (loss_at(c, &slabs, (l, i), h, r) - loss_at(c, &slabs, (l, i), -h, r)) / (2.0 * h as f64)
+                })
+                .to_vec();
+            assert!(
+                fds.iter().any(|&fd| close(fd)),
+                "{name}: layer {l} entry {i}: backward {} vs finite differences {fds:?}",
+                g[i]
+            );
+            checked += 1;
+        }
+    }
+    checked
+}
+
 #[test]
 fn dropout_backward_matches_finite_differences_in_every_family() {
     let r = rows(0.3, 0.2, 0x5eed);
-    let mut checked = 0;
-    for &name in CASES {
-        let c = case(name);
-        let slabs = c.model.slabs.clone();
-        let (loss, grads) = c.run(&slabs, r);
-        let (plain, _) = c.run(&slabs, Rows::default());
-        assert!(
-            (loss - plain).abs() > 1e-6 * plain.abs(),
-            "{name}: dropout changed nothing"
-        );
-        // Per layer, the two entries of largest gradient and two at random,
-        // each against central differences at three steps, one of which
-        // must agree: the mixtures' losses carry noise near 1e-7 (their
-        // routing), which small steps magnify, and GPT-OSS's clamped SwiGLU
-        // bends its loss within 2^-10 of some entries. A mask the backward
-        // missed is off by tens of percent at every step.
-        for (l, g) in grads.iter().enumerate() {
-            let mut order: Vec<usize> = (0..g.len()).collect();
-            order.sort_by(|&a, &b| g[b].abs().total_cmp(&g[a].abs()));
-            let random = random_f64(l as u64 + 77, 2)
-                .into_iter()
-                .map(|u| ((u + 1.0) / 2.0 * g.len() as f64) as usize % g.len());
-            for i in order.into_iter().take(2).chain(random) {
-                let scale = g.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-3);
-                let close = |fd: f64| (fd - g[i]).abs() <= 5e-4 * scale + 5e-3 * fd.abs().max(g[i].abs());
-                let fds: Vec<f64> = [-10, -12, -14]
-                    .map(|e| {
-                        let h = 2f32.powi(e);
-                        (loss_at(&c, &slabs, (l, i), h, r) - loss_at(&c, &slabs, (l, i), -h, r))
-                            / (2.0 * h as f64)
-                    })
-                    .to_vec();
-                assert!(
-                    fds.iter().any(|&fd| close(fd)),
-                    "{name}: layer {l} entry {i}: backward {} vs finite differences {fds:?}",
-                    g[i]
-                );
-                checked += 1;
-            }
-        }
-    }
+    let checked: usize = CASES
+        .iter()
+        .map(|&name| check_finite_differences(name, &case(name), r))
+        .sum();
     assert!(checked > 100, "{checked} entries checked");
+}
+
+/// Within documents packed in the rows: the attention's probabilities of
+/// each document's keys dropped, positions and a Gated DeltaNet's state
+/// per document, as the backward replays them.
+#[test]
+fn dropout_within_packed_documents_matches_finite_differences() {
+    for name in ["gpt2", "llama_gqa", "qwen3_5", "gpt_oss"] {
+        let c = case(name);
+        let starts: Vec<Vec<usize>> = (0..c.batch).map(|b| vec![0, 1 + b, c.seq / 2]).collect();
+        let docs = Docs::new(c.seq, &starts).unwrap();
+        let r = Rows {
+            docs: Some(&docs),
+            ..rows(0.3, 0.2, 0xd0c5)
+        };
+        check_finite_differences(name, &c, r);
+    }
 }
 
 #[test]
