@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use megatrain::run::{
-    PlanInput, QuietProgress, Resident, SampleOptions, ShareTransport, TrainOptions, generate,
+    PlanInput, QuietProgress, Resident, SampleOptions, Schedule, ShareTransport, TrainOptions, generate,
     latest_checkpoint, most_kept, pick, plan, prepare, train,
 };
 use megatrain_tier::{TierConfig, TransportDType};
@@ -146,10 +146,14 @@ fn toml_config_is_overridden_by_later_settings() {
         .unwrap();
     assert_eq!((o.seq_len, o.lr, o.batch), (32, 0.01, 12));
     let err = TrainOptions::default()
-        .overlay_toml("schedule = \"linear\"\n", &path)
+        .overlay_toml("schedule = \"wsd_sqrt\"\n", &path)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("linear"), "{err}");
+    assert!(err.contains("wsd_sqrt"), "{err}");
+    let o = TrainOptions::default()
+        .overlay_toml("schedule = \"wsd-sqrt\"\ncooldown = 40\n", &path)
+        .unwrap();
+    assert_eq!((o.schedule, o.cooldown), (Schedule::WsdSqrt, Some(40)));
     let o = TrainOptions::default()
         .overlay_toml("transport = \"staging\"\n", &path)
         .unwrap();
