@@ -54,7 +54,7 @@ fn sees(b: u32, i: u32, j: u32) -> bool {
 }
 
 // Dropout of the probabilities (megatrain_tensor's AttnMask::dropout;
-// dropout.wgsl's `mask` section goes before this file): the factor key j's
+// dropout_mask.wgsl goes before this file): the factor key j's
 // probability in query row i of head h takes, 0 or 1 / (1 − p), and 1
 // where drop_threshold is 0 (a branch on a uniform). Mask rows count
 // (batch row, head, query) from drop_batch0, which the host sets to the

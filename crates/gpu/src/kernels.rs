@@ -57,8 +57,8 @@ const EMBEDDING: &str = include_str!("../../../shaders/embedding.wgsl");
 const F16_COPY: &str = include_str!("../../../shaders/f16_copy.wgsl");
 const CONV1D: &str = include_str!("../../../shaders/conv1d.wgsl");
 const DROPOUT: &str = include_str!("../../../shaders/dropout.wgsl");
-/// dropout.wgsl's `mask` section (its hash), which attention_mask.wgsl's
-/// `drop_factor` calls: put before that file.
+/// The dropout hash (dropout_mask.wgsl), which dropout.wgsl and
+/// attention_mask.wgsl's `drop_factor` call: put before either.
 pub(crate) const DROPOUT_MASK: &str = include_str!("../../../shaders/dropout_mask.wgsl");
 
 /// The text of section `//// name` of `src` (the WGSL file `file`), up to

@@ -128,7 +128,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
-    spec.apply_handoff(&mut config)?;
+    spec.apply_to_trainer(&mut config)?;
     let input = PlanInput {
         batch: spec.batch,
         seq_len: spec.seq_len,

@@ -146,7 +146,7 @@ pub fn child(rs: &RankSpec) -> anyhow::Result<Option<RankRecord>> {
         transfer_chunk: transfer_chunk_for(model.param_count() as u64),
         ..TrainerConfig::default()
     };
-    spec.apply_handoff(&mut config)?;
+    spec.apply_to_trainer(&mut config)?;
     // `auto` keeps none here: the ranks share this machine's memory.
     config.keep_activations = spec.keep_activations.blocks(model.num_layers)?;
     let mut tr = Trainer::new(CpuExecutor::default(), model.clone(), tier, config)?;

@@ -83,7 +83,7 @@ impl Spec {
     /// The gradient hand-over's overrides (transfer chunk, chunks in
     /// flight, optimizer queue, at least 1, layers carried) and the
     /// dropout onto the trainer's `config`.
-    pub fn apply_handoff(&self, config: &mut megatrain::trainer::TrainerConfig) -> anyhow::Result<()> {
+    pub fn apply_to_trainer(&self, config: &mut megatrain::trainer::TrainerConfig) -> anyhow::Result<()> {
         if let Some(b) = self.transfer_chunk {
             config.transfer_chunk = megatrain::run::transfer_chunk_elems(b)?;
         }

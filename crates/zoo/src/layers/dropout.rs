@@ -113,10 +113,7 @@ pub(crate) struct Branches {
 
 /// `x` through `d` where there is one.
 pub(crate) fn dropout_branch<E: Executor>(ex: &E, x: E::Tensor, d: Option<Dropout>) -> Result<E::Tensor> {
-    Ok(match d {
-        Some(d) => ex.dropout(&x, &d)?,
-        None => x,
-    })
+    Ok(dropped(ex, d, &x)?.unwrap_or(x))
 }
 
 /// `x` through `d` where there is one, else `None` (`x` itself): a
