@@ -151,9 +151,15 @@ fn toml_config_is_overridden_by_later_settings() {
         .to_string();
     assert!(err.contains("wsd_sqrt"), "{err}");
     let o = TrainOptions::default()
-        .overlay_toml("schedule = \"wsd-sqrt\"\ncooldown = 40\n", &path)
+        .overlay_toml(
+            "schedule = \"wsd-sqrt\"\ncooldown = 40\ntensorboard = true\n",
+            &path,
+        )
         .unwrap();
-    assert_eq!((o.schedule, o.cooldown), (Schedule::WsdSqrt, Some(40)));
+    assert_eq!(
+        (o.schedule, o.cooldown, o.tensorboard),
+        (Schedule::WsdSqrt, Some(40), true)
+    );
     let o = TrainOptions::default()
         .overlay_toml("transport = \"staging\"\n", &path)
         .unwrap();

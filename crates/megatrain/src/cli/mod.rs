@@ -8,6 +8,7 @@ mod plan;
 mod printer;
 mod progress;
 mod sample;
+mod tensorboard;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,8 @@ enum Command {
     Export(export::ExportArgs),
     /// Host and device bytes a training run needs, and whether it fits.
     Plan(plan::PlanArgs),
+    /// Write a TensorBoard event file from a run's metrics.jsonl.
+    Tensorboard(tensorboard::TensorboardArgs),
 }
 
 /// Whether the subcommand writes its results to stdout for a reader that
@@ -55,6 +58,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::Export(a) => export::run(a),
         Command::Plan(a) => plan::run(a),
+        Command::Tensorboard(a) => tensorboard::run(a),
     }
 }
 

@@ -183,6 +183,11 @@ pub struct TrainArgs {
     keep_checkpoints: Option<u64>,
     #[arg(long)]
     log_every: Option<u64>,
+    /// Also log what metrics.jsonl holds to a TensorBoard event file in
+    /// --out (`tensorboard --logdir OUT`); `--tensorboard false` stops it
+    /// on a resume.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    tensorboard: Option<bool>,
     /// Run directory (checkpoints, metrics.jsonl, loss.svg).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -297,6 +302,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         keep_checkpoints,
         carry_layers,
         log_every,
+        tensorboard,
         out,
         shard_optimizer,
         share_transport,

@@ -1,5 +1,7 @@
 //! `metrics.jsonl`: one JSON object per step (and one per evaluation that
-//! falls on no step), appended and flushed as they come.
+//! falls on no step), appended and flushed as they come, each with the
+//! time it was logged; with `--tensorboard`, the same in a TensorBoard
+//! event file beside it.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -8,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::{Result, RunError};
+use super::tensorboard::{self, EventFile};
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
 
@@ -16,13 +19,17 @@ pub struct MetricsLog {
     file: File,
     /// Every record so far (for the loss plot).
     records: Vec<Value>,
+    events: Option<EventFile>,
 }
 
 impl MetricsLog {
     /// Opens `run/metrics.jsonl`. When resuming at `keep_until`, lines of
     /// later steps (logged after the checkpoint by a run that was then
     /// stopped) are dropped, so the file reads as one uninterrupted run.
-    pub fn open(run: &Path, keep_until: Option<u64>) -> Result<Self> {
+    /// With `tensorboard`, a new event file too, whose start at the first
+    /// step this run logs has TensorBoard drop the same from the earlier
+    /// files.
+    pub fn open(run: &Path, keep_until: Option<u64>, tensorboard: bool) -> Result<Self> {
         let path = run.join(METRICS_FILE);
         let mut records = Vec::new();
         if let Some(last) = keep_until
@@ -52,16 +59,34 @@ impl MetricsLog {
         if keep_until.is_none() {
             file.set_len(0).map_err(RunError::io(&path))?;
         }
-        Ok(MetricsLog { path, file, records })
+        let events = match tensorboard {
+            true => Some(EventFile::create(run, keep_until.map_or(0, |s| s + 1))?),
+            false => None,
+        };
+        Ok(MetricsLog {
+            path,
+            file,
+            records,
+            events,
+        })
     }
 
-    pub fn append(&mut self, record: Value) -> Result<()> {
+    /// Appends `record`, with `"time"` (seconds since the Unix epoch) where
+    /// it has none.
+    pub fn append(&mut self, mut record: Value) -> Result<()> {
+        if let Some(obj) = record.as_object_mut() {
+            obj.entry("time")
+                .or_insert_with(|| serde_json::json!(tensorboard::now()));
+        }
         let mut line = serde_json::to_string(&record).expect("JSON value");
         line.push('\n');
         self.file
             .write_all(line.as_bytes())
             .and_then(|()| self.file.flush())
             .map_err(RunError::io(&self.path))?;
+        if let Some(events) = &mut self.events {
+            events.write_record(&record)?;
+        }
         self.records.push(record);
         Ok(())
     }

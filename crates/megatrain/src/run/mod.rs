@@ -18,6 +18,7 @@ mod plan_ranks;
 mod plot;
 mod session;
 mod sizes;
+pub mod tensorboard;
 
 pub use checkpoint::{
     CONFIG_FILE, STATE_FILE, TrainState, chat_template_spec, checkpoint_name, latest_checkpoint,

@@ -398,6 +398,9 @@ pub struct TrainOptions {
     pub keep_checkpoints: u64,
     /// Plain progress line every this many steps (off a terminal).
     pub log_every: u64,
+    /// Also log to a TensorBoard event file in `out` (what `metrics.jsonl`
+    /// holds). Changes no result.
+    pub tensorboard: bool,
     pub out: PathBuf,
     /// Host RAM budget for the tier in bytes (spills the rest to `out/spill`).
     pub host_budget: Option<u64>,
@@ -487,6 +490,7 @@ impl Default for TrainOptions {
             save_every: 500,
             keep_checkpoints: 0,
             log_every: 10,
+            tensorboard: false,
             out: PathBuf::from("out"),
             host_budget: None,
             spill_window: None,

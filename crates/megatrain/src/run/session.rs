@@ -162,6 +162,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "keep_activations",
                     "share_transport",
                     "shm_dir",
+                    "tensorboard",
                 ]
                 .iter()
                 .chain(&TransportKnobs::KEYS)
@@ -687,7 +688,11 @@ pub fn train_with<E: Executor>(
         None => (0, 0, 0.0),
     };
     let mut log = if lead {
-        Some(MetricsLog::open(out, p.resume.as_ref().map(|(_, s)| s.step))?)
+        Some(MetricsLog::open(
+            out,
+            p.resume.as_ref().map(|(_, s)| s.step),
+            opts.tensorboard,
+        )?)
     } else {
         None
     };
