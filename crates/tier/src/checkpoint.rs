@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 
 use megatrain_tensor::ParamTable;
 use memmap2::Mmap;
+use rayon::prelude::*;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::{Value, json};
@@ -232,6 +233,21 @@ fn write_checkpoint(
         visit(l, &mut |layer: Layer<'_>| {
             for spec in layer.table.iter() {
                 let r = spec.range();
+                let parts = [
+                    (&layer.params[r.clone()], spec.name.clone()),
+                    (&layer.m[r.clone()], exp_avg_name(&spec.name)),
+                    (&layer.v[r.clone()], exp_avg_sq_name(&spec.name)),
+                ];
+                for (x, tensor) in parts {
+                    if let Some((index, value)) = first_non_finite(x) {
+                        return Err(TierError::NonFinite {
+                            dir: dir.to_path_buf(),
+                            tensor,
+                            index,
+                            value,
+                        });
+                    }
+                }
                 model.put(&spec.name, &f32_bytes(&layer.params[r.clone()]))?;
                 optim.put(&exp_avg_name(&spec.name), &f32_bytes(&layer.m[r.clone()]))?;
                 optim.put(&exp_avg_sq_name(&spec.name), &f32_bytes(&layer.v[r]))?;
@@ -256,6 +272,19 @@ fn write_checkpoint(
     });
     let text = serde_json::to_vec_pretty(&meta).expect("a JSON value always serialises");
     write_atomic(&meta_path, &text)
+}
+
+/// The first element of `x` that is NaN or infinite, and its index. Blocks
+/// are scanned in parallel without branches (an f32 is non-finite where its
+/// exponent bits are all set), the bad block's element found after.
+fn first_non_finite(x: &[f32]) -> Option<(usize, f32)> {
+    const BLOCK: usize = 1 << 14;
+    const EXP: u32 = 0x7f80_0000;
+    let bad = |b: &[f32]| b.iter().fold(false, |acc, v| acc | (v.to_bits() & EXP == EXP));
+    let block = x.par_chunks(BLOCK).position_first(bad)?;
+    let start = block * BLOCK;
+    let i = start + x[start..].iter().position(|v| !v.is_finite())?;
+    Some((i, x[i]))
 }
 
 /// Reads `checkpoint.json` only.
@@ -552,5 +581,25 @@ fn check_pointer_name(path: &Path, name: &str) -> Result<()> {
                 "invalid checkpoint name {name:?} (expected a directory name in the run directory)"
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_non_finite;
+
+    #[test]
+    fn the_first_non_finite_element_is_found_past_block_edges() {
+        let mut x: Vec<f32> = (0..3 * (1 << 14) + 10).map(|i| i as f32 - 7.5).collect();
+        assert_eq!(first_non_finite(&x), None);
+        x[3 * (1 << 14) + 9] = f32::NEG_INFINITY;
+        assert_eq!(first_non_finite(&x), Some((3 * (1 << 14) + 9, f32::NEG_INFINITY)));
+        x[(1 << 14) - 1] = f32::INFINITY;
+        x[2 * (1 << 14) + 3] = f32::NAN;
+        assert_eq!(first_non_finite(&x), Some(((1 << 14) - 1, f32::INFINITY)));
+        x[(1 << 14) - 1] = f32::MAX;
+        let (i, v) = first_non_finite(&x).unwrap();
+        assert!(i == 2 * (1 << 14) + 3 && v.is_nan());
+        assert_eq!(first_non_finite(&[]), None);
     }
 }

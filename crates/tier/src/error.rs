@@ -90,6 +90,19 @@ pub enum TierError {
     Gather { layer: usize, detail: String },
     #[error("{}: invalid checkpoint metadata: {detail}", file.display())]
     Meta { file: PathBuf, detail: String },
+    /// A checkpoint refused because a value it would hold is NaN or
+    /// infinite: a run whose update went non-finite keeps its last good
+    /// checkpoint current instead of saving (and then rotating to) this one.
+    #[error(
+        "{}: not saved: tensor '{tensor}' holds {value} at element {index} (a diverged update: try a lower learning rate or gradient clipping; or a model that held it from the start)",
+        dir.display()
+    )]
+    NonFinite {
+        dir: PathBuf,
+        tensor: String,
+        index: usize,
+        value: f32,
+    },
     /// The tier kept its transport copies alone (a forward-only tier).
     #[error("{what}: the tier keeps only its transport copies (for forwards), not its fp32 parameters")]
     TransportOnly { what: &'static str },

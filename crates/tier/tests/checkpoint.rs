@@ -511,3 +511,75 @@ fn file_tables_join_tensors_in_checkpoints() {
         "{err}"
     );
 }
+
+#[test]
+fn a_non_finite_value_is_never_saved_and_the_last_checkpoint_stays_current() {
+    let (run, good, _) = saved(3);
+    let run = run.path();
+    write_latest(run, "step-000010").unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    // Each of p, m and v, in a layer in RAM and in spilled ones.
+    for (what, layer, at, value) in [
+        ("p", 1, 20, f32::NAN),
+        ("m", 2, 17, f32::INFINITY),
+        ("v", 0, 0, f32::NEG_INFINITY),
+        ("p", 2, 19, f32::INFINITY),
+    ] {
+        let mut tier = new_tier((layer != 0).then_some(spill.path()));
+        fill(&mut tier, 7);
+        let slab = &mut tier.layers_mut()[layer];
+        let name = {
+            let spec = slab
+                .file_table()
+                .iter()
+                .find(|s| s.range().contains(&at))
+                .unwrap();
+            let at = at - spec.range().start;
+            let name = match what {
+                "p" => spec.name.clone(),
+                "m" => megatrain_tier::exp_avg_name(&spec.name),
+                _ => megatrain_tier::exp_avg_sq_name(&spec.name),
+            };
+            (name, at)
+        };
+        match what {
+            "p" => slab.params_mut()[at] = value,
+            "m" => slab.m_mut()[at] = value,
+            _ => slab.v_mut()[at] = value,
+        }
+        let next = run.join("step-000020");
+        let err = save_checkpoint(&next, &tier, &json!(null)).unwrap_err();
+        match &err {
+            TierError::NonFinite {
+                dir,
+                tensor,
+                index,
+                value: v,
+            } => {
+                assert_eq!((dir, tensor, *index), (&next, &name.0, name.1), "{err}");
+                assert_eq!(v.to_bits(), value.to_bits());
+            }
+            e => panic!("{what} of layer {layer}: {e}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("not saved") && msg.contains(&name.0) && msg.contains("step-000020"),
+            "{msg}"
+        );
+        // Nothing of it is left but its directory: no tensor file, no
+        // temporary, no checkpoint.json; the pointer still names the last.
+        let left: Vec<_> = std::fs::read_dir(&next)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(read_latest(run).unwrap(), Some(good.clone()));
+        load_checkpoint(&good, &mut new_tier(None)).unwrap();
+    }
+    // The largest finite value and subnormals are values like any other.
+    let mut tier = new_tier(None);
+    fill(&mut tier, 7);
+    tier.layers_mut()[1].params_mut()[3] = f32::MAX;
+    tier.layers_mut()[1].v_mut()[4] = f32::from_bits(1);
+    save_checkpoint(&run.join("step-000030"), &tier, &json!(null)).unwrap();
+}

@@ -152,7 +152,13 @@ pub fn save_run_checkpoint(
             Some(p) => format!("'latest' still names {}", p.display()),
             None => "there is no earlier checkpoint".into(),
         };
-        RunError::Config(format!("saving checkpoint {}: {e}; {kept}", dir.display()))
+        match e {
+            // Names the checkpoint itself.
+            RunError::Tier(e @ megatrain_tier::TierError::NonFinite { .. }) => {
+                RunError::Config(format!("{e}; {kept}"))
+            }
+            e => RunError::Config(format!("saving checkpoint {}: {e}; {kept}", dir.display())),
+        }
     })?;
     Ok(dir)
 }
