@@ -632,6 +632,82 @@ fn keep_checkpoints_removes_older_ones_after_each_save() {
     assert_eq!(latest_step(&a), Some(7));
 }
 
+#[test]
+fn the_best_checkpoint_is_kept_and_picked_by_step_best() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let a = t.join("a");
+    let mut args = train_args(s(&data), s(&a), "6");
+    // Evaluate and save every 2 steps instead of every 0 and 1.
+    for (flag, v) in [("--eval-every", "2"), ("--save-every", "2")] {
+        let at = args.iter().position(|x| *x == flag).unwrap();
+        args[at + 1] = v;
+    }
+    args.extend(["--eval-batches", "2", "--keep-checkpoints", "1", "--lr", "0.03"]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The lowest validation loss of the saved steps (2, 4, 6; not step 0).
+    let log = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
+    let (step, v) = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["step"].as_u64().unwrap() > 0)
+        .filter_map(|r| Some((r["step"].as_u64()?, r.get("val_loss")?.as_f64()?)))
+        .fold((0, f64::INFINITY), |b, x| if x.1 < b.1 { x } else { b });
+    let best = format!("ckpt-{step}");
+    assert_eq!(std::fs::read_to_string(a.join("best")).unwrap().trim(), best);
+    assert!(a.join(&best).is_dir() && a.join("ckpt-6").is_dir());
+    let said = String::from_utf8_lossy(&out.stdout);
+    if step != 6 {
+        assert!(
+            said.contains(&format!(
+                "best {} (validation loss {v:.4})",
+                a.join(&best).display()
+            )),
+            "{said}"
+        );
+    }
+    let e = t.join("e");
+    let out = run(&["export", "--run", s(&a), "--step", "best", "--out", s(&e)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        std::fs::read(e.join("model.safetensors")).unwrap(),
+        std::fs::read(a.join(&best).join("model.safetensors")).unwrap()
+    );
+    // A run's last step is evaluated (`--eval-every 0` evaluates only it),
+    // so it is a candidate; a run from before `best` has none.
+    let b = t.join("b");
+    let out = run(&train_args(s(&data), s(&b), "2"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_to_string(b.join("best")).unwrap().trim(), "ckpt-2");
+    std::fs::remove_file(b.join("best")).unwrap();
+    refused(
+        &[
+            "export",
+            "--run",
+            s(&b),
+            "--step",
+            "best",
+            "--out",
+            s(&t.join("f")),
+        ],
+        &["has no 'best' checkpoint", "--eval-every"],
+    );
+    refused(
+        &[
+            "export",
+            "--run",
+            s(&b),
+            "--step",
+            "newest",
+            "--out",
+            s(&t.join("f")),
+        ],
+        &["'newest' is neither a step nor 'best'"],
+    );
+}
+
 /// `plan` for TinyLlama on 4 ranks, the disk's speed given.
 const PLAN_4_RANKS: [&str; 7] = [
     "plan",

@@ -545,15 +545,27 @@ pub fn load_checkpoint(dir: &Path, tier: &mut HostTier) -> Result<CheckpointMeta
 /// Points `run_dir/latest` at `checkpoint` (a directory name inside
 /// `run_dir`), atomically. Call after [`save_checkpoint`] returned.
 pub fn write_latest(run_dir: &Path, checkpoint: &str) -> Result<()> {
-    let path = run_dir.join(LATEST_FILE);
-    check_pointer_name(&path, checkpoint)?;
-    write_atomic(&path, format!("{checkpoint}\n").as_bytes())
+    write_pointer(run_dir, LATEST_FILE, checkpoint)
 }
 
 /// The checkpoint directory `run_dir/latest` names, or `None` when the run
 /// has no `latest` yet.
 pub fn read_latest(run_dir: &Path) -> Result<Option<PathBuf>> {
-    let path = run_dir.join(LATEST_FILE);
+    read_pointer(run_dir, LATEST_FILE)
+}
+
+/// Points `run_dir/<pointer>` at `checkpoint` (a directory name inside
+/// `run_dir`), atomically, as [`write_latest`] does `latest`.
+pub fn write_pointer(run_dir: &Path, pointer: &str, checkpoint: &str) -> Result<()> {
+    let path = run_dir.join(pointer);
+    check_pointer_name(&path, checkpoint)?;
+    write_atomic(&path, format!("{checkpoint}\n").as_bytes())
+}
+
+/// The checkpoint directory `run_dir/<pointer>` names, or `None` where
+/// there is no such pointer.
+pub fn read_pointer(run_dir: &Path, pointer: &str) -> Result<Option<PathBuf>> {
+    let path = run_dir.join(pointer);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -88,8 +88,8 @@ mod tier;
 pub use buf::{AlignedBuf, Backing, Element, PAGE, padded_bytes};
 pub use checkpoint::{
     CheckpointMeta, Gathered, LATEST_FILE, META_FILE, MODEL_FILE, OPTIMIZER_FILE, STEPS_TENSOR, exp_avg_name,
-    exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, save_checkpoint,
-    save_checkpoint_gathered, write_latest,
+    exp_avg_sq_name, load_checkpoint, read_checkpoint_meta, read_latest, read_pointer, save_checkpoint,
+    save_checkpoint_gathered, write_latest, write_pointer,
 };
 pub use crc::verify_checkpoint_file;
 pub use error::{Result, TierError, is_disk_full};

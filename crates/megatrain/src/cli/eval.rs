@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use megatrain::data::{Sampling, load_tokens, packed_once};
 use megatrain::run::{
-    DeviceChoice, Encoder, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
+    DeviceChoice, Encoder, Pick, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
     evaluate_batches, resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
@@ -20,8 +20,10 @@ pub struct EvalArgs {
     /// HF model directory, run directory (its latest checkpoint) or checkpoint directory.
     #[arg(long)]
     model: PathBuf,
+    /// A run's checkpoint at this step, or `best` (the lowest validation
+    /// loss), instead of the latest.
     #[arg(long)]
-    step: Option<u64>,
+    step: Option<Pick>,
     /// Text, directory of .txt, .bin, .u32 or .jsonl (the loss counts responses only).
     #[arg(long)]
     data: PathBuf,

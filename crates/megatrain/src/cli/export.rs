@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use megatrain::run::{CONFIG_FILE, copy_atomic, resolve_model_dir};
+use megatrain::run::{CONFIG_FILE, Pick, copy_atomic, resolve_model_dir};
 use megatrain_tensor::DType;
 use megatrain_tier::MODEL_FILE;
 use megatrain_zoo::{INDEX_FILE, ModelConfig, hf_dtype, reshard_safetensors};
@@ -13,9 +13,10 @@ pub struct ExportArgs {
     /// Run directory.
     #[arg(long)]
     run: PathBuf,
-    /// Checkpoint step (default: the latest).
+    /// A run's checkpoint at this step, or `best` (the lowest validation
+    /// loss), instead of the latest.
     #[arg(long)]
-    step: Option<u64>,
+    step: Option<Pick>,
     /// Output directory (created; files in it are replaced).
     #[arg(long)]
     out: PathBuf,

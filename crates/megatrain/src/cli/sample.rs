@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use megatrain::data::{ChatTemplate, Message};
 use megatrain::run::{
-    Decoder, DeviceChoice, Encoder, GenerationConfig, LanguageModel, Precision, Resident, RunError,
+    Decoder, DeviceChoice, Encoder, GenerationConfig, LanguageModel, Pick, Precision, Resident, RunError,
     SampleOptions, TransportKnobs, chat_template_spec, generate_samples, generate_with, layer_device_bytes,
     resolve_model_dir,
 };
@@ -24,9 +24,10 @@ pub struct SampleArgs {
     /// HF model directory, run directory (its latest checkpoint) or checkpoint directory.
     #[arg(long)]
     model: PathBuf,
-    /// A run's checkpoint at this step instead of the latest.
+    /// A run's checkpoint at this step, or `best` (the lowest validation
+    /// loss), instead of the latest.
     #[arg(long)]
-    step: Option<u64>,
+    step: Option<Pick>,
     /// The text to continue (default a newline), or with --chat the
     /// user's message.
     #[arg(long)]

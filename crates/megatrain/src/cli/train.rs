@@ -465,8 +465,14 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
         .val_loss
         .map(|v| format!(", validation loss {v:.4}"))
         .unwrap_or_default();
+    let best = match &summary.best {
+        Some((dir, v)) if summary.checkpoint.as_ref() != Some(dir) => {
+            format!("; best {} (validation loss {v:.4})", dir.display())
+        }
+        _ => String::new(),
+    };
     println!(
-        "done: step {}, loss {}{val}, {} tokens in {:.1} s; checkpoint {}",
+        "done: step {}, loss {}{val}, {} tokens in {:.1} s; checkpoint {}{best}",
         summary.step,
         summary
             .loss

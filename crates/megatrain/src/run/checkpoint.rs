@@ -12,7 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use megatrain_tier::{
-    Gathered, HostTier, LayerSlab, atomic::write_atomic, read_checkpoint_meta, read_latest, write_latest,
+    Gathered, HostTier, LayerSlab, atomic::write_atomic, read_checkpoint_meta, read_latest, read_pointer,
+    write_latest, write_pointer,
 };
 use megatrain_zoo::ModelConfig;
 use serde::{Deserialize, Serialize};
@@ -44,6 +45,10 @@ pub struct TrainState {
     pub tokenizer: String,
     pub options: TrainOptions,
     pub note: String,
+    /// The validation loss evaluated at this step, where one was (what
+    /// `best` is chosen by).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
 }
 
 impl TrainState {
@@ -57,8 +62,66 @@ impl TrainState {
             tokenizer: tokenizer.into(),
             options: options.clone(),
             note: "batch i is drawn from (seed, i) by a counter-based hash: no RNG state is saved".into(),
+            val_loss: None,
         }
     }
+}
+
+/// The pointer to the run's checkpoint of the lowest validation loss.
+pub const BEST_FILE: &str = "best";
+
+/// Which checkpoint of a run `--step` picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    Step(u64),
+    /// The one `best` names.
+    Best,
+}
+
+impl std::str::FromStr for Pick {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "best" => Ok(Pick::Best),
+            _ => s
+                .parse()
+                .map(Pick::Step)
+                .map_err(|_| format!("'{s}' is neither a step nor 'best'")),
+        }
+    }
+}
+
+/// The checkpoint `best` names and its validation loss; `None` where the
+/// run has no `best`.
+pub fn best_checkpoint(run: &Path) -> Result<Option<(PathBuf, f64)>> {
+    let Some(dir) = read_pointer(run, BEST_FILE)? else {
+        return Ok(None);
+    };
+    match read_train_state(&dir)?.val_loss {
+        Some(v) => Ok(Some((dir, v))),
+        None => Err(RunError::file(
+            &dir,
+            "'best' names a checkpoint without a validation loss",
+        )),
+    }
+}
+
+/// Points `best` at `dir` (just saved, with `val_loss` evaluated at its
+/// step) where no checkpoint of a lower validation loss is kept: where the
+/// one `best` names has a higher one, or is gone or unreadable. A NaN is
+/// never the best. Returns whether it did.
+pub fn note_best(run: &Path, dir: &Path, val_loss: f64) -> Result<bool> {
+    let kept = best_checkpoint(run).ok().flatten();
+    let better = val_loss.is_finite() && kept.as_ref().is_none_or(|(_, v)| val_loss < *v);
+    if better {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        write_pointer(run, BEST_FILE, &name)?;
+    }
+    Ok(better)
 }
 
 pub fn checkpoint_name(step: u64) -> String {
@@ -77,8 +140,8 @@ fn checkpoint_step(name: &str) -> Option<u64> {
 const REMOVING: &str = ".removing";
 
 /// Removes the checkpoints of `run` older than the newest `keep` (≥ 1) up
-/// to the one `latest` names; any past it were never pointed at and are
-/// replaced as the run reaches them. Each is renamed away before it is
+/// to the one `latest` names, but never the one `best` names; any past
+/// `latest` were never pointed at and are replaced as the run reaches them. Each is renamed away before it is
 /// deleted, and what a kill left of an earlier removal goes too. Returns
 /// the checkpoints removed.
 pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
@@ -105,9 +168,11 @@ pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
         }
     }
     steps.sort_unstable();
+    let best = read_pointer(run, BEST_FILE)?
+        .and_then(|b| b.file_name().and_then(|n| checkpoint_step(&n.to_string_lossy())));
     let stale = &steps[..steps.len().saturating_sub(keep as usize)];
     let mut removed = Vec::new();
-    for &step in stale {
+    for &step in stale.iter().filter(|&&s| Some(s) != best) {
         let dir = run.join(checkpoint_name(step));
         let away = run.join(format!(".{}{REMOVING}", checkpoint_name(step)));
         std::fs::rename(&dir, &away).map_err(RunError::io(&dir))?;
@@ -234,7 +299,7 @@ pub fn latest_checkpoint(run: &Path) -> Result<PathBuf> {
 /// `latest` checkpoint, or `ckpt-<step>` with `step`), a checkpoint
 /// directory, or a Hugging Face model directory. A checkpoint's weights are
 /// checked against the CRCs it was written with before anything reads them.
-pub fn resolve_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
+pub fn resolve_model_dir(path: &Path, step: Option<Pick>) -> Result<PathBuf> {
     let dir = find_model_dir(path, step)?;
     if dir.join(megatrain_tier::META_FILE).exists() {
         megatrain_tier::verify_checkpoint_file(&dir, megatrain_tier::MODEL_FILE)?;
@@ -242,13 +307,25 @@ pub fn resolve_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn find_model_dir(path: &Path, step: Option<u64>) -> Result<PathBuf> {
+fn find_model_dir(path: &Path, step: Option<Pick>) -> Result<PathBuf> {
     if !path.exists() {
         return Err(RunError::file(path, "no such file or directory"));
     }
     let is_run = path.join(megatrain_tier::LATEST_FILE).exists();
     match step {
-        Some(s) => {
+        Some(Pick::Best) => {
+            let Some(dir) = read_pointer(path, BEST_FILE)? else {
+                return Err(RunError::file(
+                    path,
+                    "has no 'best' checkpoint: none was saved at a step with an evaluation (make --save-every a multiple of --eval-every)",
+                ));
+            };
+            if !dir.join(megatrain_tier::META_FILE).exists() {
+                return Err(RunError::file(&dir, "'best' names no complete checkpoint"));
+            }
+            Ok(dir)
+        }
+        Some(Pick::Step(s)) => {
             let dir = path.join(checkpoint_name(s));
             if !dir.join(megatrain_tier::META_FILE).exists() {
                 return Err(RunError::file(
@@ -311,5 +388,63 @@ mod tests {
         assert_eq!(prune_checkpoints(run, 1).unwrap(), vec![run.join("ckpt-2")]);
         assert!(prune_checkpoints(run, 1).unwrap().is_empty());
         assert!(run.join("ckpt-3").is_dir());
+    }
+
+    /// `ckpt-<step>/` whose `checkpoint.json` holds a train state of
+    /// `val_loss` (and no tensors).
+    fn fake(run: &Path, step: u64, val_loss: Option<f64>) -> PathBuf {
+        let dir = run.join(checkpoint_name(step));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut st = TrainState::new(step, 0, 0.0, "char", &TrainOptions::default());
+        st.val_loss = val_loss;
+        let meta = serde_json::json!({"format": "megatrain-checkpoint", "version": 1, "n_layers": 0,
+            "n_params": 0, "extra": {"train_state": st}});
+        std::fs::write(dir.join(megatrain_tier::META_FILE), meta.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn best_moves_only_to_a_lower_loss_and_pruning_spares_it() {
+        let run = tempfile::tempdir().unwrap();
+        let run = run.path();
+        assert_eq!(best_checkpoint(run).unwrap(), None);
+        let saved = |step, v: Option<f64>| {
+            let dir = fake(run, step, v);
+            write_latest(run, &checkpoint_name(step)).unwrap();
+            let noted = v.map(|v| note_best(run, &dir, v).unwrap());
+            prune_checkpoints(run, 1).unwrap();
+            noted
+        };
+        assert_eq!(saved(1, Some(2.0)), Some(true));
+        assert_eq!(saved(2, Some(1.5)), Some(true));
+        assert_eq!(saved(3, Some(1.7)), Some(false));
+        assert_eq!(saved(4, None), None);
+        assert_eq!(saved(5, Some(f64::NAN)), Some(false));
+        assert_eq!(saved(6, Some(1.5)), Some(false), "a tie keeps the earlier");
+        let mut left: Vec<String> = std::fs::read_dir(run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["best", "ckpt-2", "ckpt-6", "latest"]);
+        assert_eq!(best_checkpoint(run).unwrap(), Some((run.join("ckpt-2"), 1.5)));
+        // The best moves on, and the one it leaves is pruned like any other.
+        assert_eq!(saved(7, Some(1.0)), Some(true));
+        assert!(!run.join("ckpt-2").exists() && run.join("ckpt-7").is_dir());
+        // A best the user removed is replaced by the next evaluation saved.
+        std::fs::remove_dir_all(run.join("ckpt-7")).unwrap();
+        assert!(best_checkpoint(run).is_err());
+        assert_eq!(saved(8, Some(3.0)), Some(true));
+        assert_eq!(best_checkpoint(run).unwrap(), Some((run.join("ckpt-8"), 3.0)));
+    }
+
+    #[test]
+    fn a_pick_is_a_step_or_best() {
+        assert_eq!("12".parse::<Pick>(), Ok(Pick::Step(12)));
+        assert_eq!("best".parse::<Pick>(), Ok(Pick::Best));
+        assert_eq!(
+            "latest".parse::<Pick>(),
+            Err("'latest' is neither a step nor 'best'".into())
+        );
     }
 }

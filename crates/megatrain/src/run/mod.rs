@@ -21,8 +21,9 @@ mod sizes;
 pub mod tensorboard;
 
 pub use checkpoint::{
-    CONFIG_FILE, STATE_FILE, TrainState, chat_template_spec, checkpoint_name, latest_checkpoint,
-    prune_checkpoints, read_train_state, resolve_model_dir, save_run_checkpoint,
+    BEST_FILE, CONFIG_FILE, Pick, STATE_FILE, TrainState, best_checkpoint, chat_template_spec,
+    checkpoint_name, latest_checkpoint, note_best, prune_checkpoints, read_train_state, resolve_model_dir,
+    save_run_checkpoint,
 };
 pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};

@@ -12,7 +12,8 @@ use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
 
 use super::checkpoint::{
-    TrainState, latest_checkpoint, prune_checkpoints, read_train_state, save_run_checkpoint,
+    TrainState, best_checkpoint, latest_checkpoint, note_best, prune_checkpoints, read_train_state,
+    save_run_checkpoint,
 };
 use super::encoder::Encoder;
 use super::error::{Result, RunError};
@@ -93,6 +94,9 @@ pub struct Summary {
     /// The signal that ended the run early, at `step`, with a checkpoint
     /// of it ([`super::interrupt`]).
     pub interrupted: Option<i32>,
+    /// The checkpoint `best` names (the lowest validation loss of those
+    /// saved at an evaluation) and that loss.
+    pub best: Option<(PathBuf, f64)>,
 }
 
 fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
@@ -716,6 +720,7 @@ pub fn train_with<E: Executor>(
         train_s: prior_s,
         checkpoint: p.resume.as_ref().map(|(c, _)| c.clone()),
         interrupted: None,
+        best: None,
     };
     progress.begin(start, opts.steps);
     let t0 = Instant::now();
@@ -820,12 +825,17 @@ pub fn train_with<E: Executor>(
         }
         summary.train_s = prior_s + t0.elapsed().as_secs_f64();
         if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() {
-            let state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
+            let mut state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
+            state.val_loss = evaluated;
             let saved = trainer.save_on_rank0(|tier, gather| {
                 save_run_checkpoint(out, tier, gather, &p.model, &p.encoder, &state)
             })?;
             match saved {
                 Some(dir) => {
+                    // Before pruning: the best so far is never pruned.
+                    if let Some(v) = evaluated {
+                        note_best(out, &dir, v)?;
+                    }
                     if opts.keep_checkpoints > 0 {
                         prune_checkpoints(out, opts.keep_checkpoints)?;
                     }
@@ -844,6 +854,10 @@ pub fn train_with<E: Executor>(
         write_plot(out, log.records())?;
     }
     summary.train_s = prior_s + t0.elapsed().as_secs_f64();
+    if lead {
+        // A `best` the user removed is no reason to fail a finished run.
+        summary.best = best_checkpoint(out).ok().flatten();
+    }
     progress.finish();
     Ok(summary)
 }
