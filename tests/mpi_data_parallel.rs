@@ -183,17 +183,23 @@ fn latest(run: &Path) -> PathBuf {
 /// has an exactly zero gradient in exact arithmetic, so Adam turns rounding
 /// noise into lr-sized steps there, in any two runs that sum differently.)
 fn assert_same_run_within(a: &Path, b: &Path, what: &str, loss_rtol: f64) {
-    // The gradient norm (clipping mode) catches a wrongly scaled sum, which
-    // Adam's update alone would hide (it is nearly scale-invariant).
+    // The gradient norm catches a wrongly scaled sum, which Adam's update
+    // alone would hide (it is nearly scale-invariant). It follows the
+    // parameters' rounding drift (see below) more closely than the loss
+    // does: 1e-5 at least, far below a factor of the ranks.
     for key in ["loss", "val_loss", "grad_norm"] {
         let (la, lb) = (metric(a, key), metric(b, key));
         let lb: BTreeMap<u64, f64> = lb.into_iter().collect();
+        let rtol = match key {
+            "grad_norm" => loss_rtol.max(1e-5),
+            _ => loss_rtol,
+        };
         let mut compared = 0;
         for (step, x) in la {
             if let Some(y) = lb.get(&step) {
                 let rel = (x - y).abs() / x.abs().max(1e-12);
                 assert!(
-                    rel <= loss_rtol,
+                    rel <= rtol,
                     "{what}: {key} at step {step}: {x} vs {y} (rel {rel:.2e})"
                 );
                 compared += 1;
@@ -306,8 +312,18 @@ fn chunked_reduction_equals_whole_layers() {
             let small = [&extra[..], &["--transfer-chunk", "4084"]].concat();
             run_mpi(np, &train_args("llama-tiny", &data, &chunked, 2, &small));
             let what = format!("{np} ranks, {extra:?}");
-            for key in ["loss", "val_loss", "grad_norm"] {
+            for key in ["loss", "val_loss"] {
                 assert_eq!(metric(&whole, key), metric(&chunked, key), "{what}: {key}");
+            }
+            // The norm's squares are added per chunk the optimizer updates:
+            // in another order, the same to f64 rounding.
+            let (a, b) = (metric(&whole, "grad_norm"), metric(&chunked, "grad_norm"));
+            assert_eq!(a.len(), b.len(), "{what}: grad_norm");
+            for ((sa, x), (sb, y)) in a.iter().zip(&b) {
+                assert!(
+                    sa == sb && (x - y).abs() <= 1e-12 * x,
+                    "{what}: grad_norm at {sa}: {x} vs {y}"
+                );
             }
             let (a, b) = (
                 tensors(&latest(&whole).join("model.safetensors")),

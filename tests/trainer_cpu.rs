@@ -317,6 +317,58 @@ fn exact_clipping_equals_reference_clip() {
 }
 
 #[test]
+fn every_step_reports_the_norm_of_its_gradient() {
+    // The clipping mode's exact norm (a threshold it never reaches, so the
+    // same updates) against the overlapped updates' own sum of squares, with
+    // one batch and with micro-batches held and accumulated, for three
+    // steps; and none where layers are carried into the next step.
+    let model = common::llama_tiny(3);
+    let big = TRAINER_STREAM.batch(256, 0, 4, 9);
+    let micro: Vec<Batch> = (0..2)
+        .map(|i| Batch {
+            batch: 2,
+            seq_len: 9,
+            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
+            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
+            lengths: None,
+            docs: None,
+        })
+        .collect();
+    let mut exact = trainer(&model, 1, true, Some(1e9));
+    let mut one = trainer(&model, 2, false, None);
+    let mut held = trainer(&model, 1, true, None);
+    for step in 0..3 {
+        let want = exact.step(&micro, 1e-3).unwrap().grad_norm.unwrap();
+        for (what, t, batches) in [
+            ("one batch", &mut one, std::slice::from_ref(&big)),
+            ("held", &mut held, &micro[..]),
+        ] {
+            let got = t
+                .step(batches, 1e-3)
+                .unwrap()
+                .grad_norm
+                .expect("a norm every step");
+            assert!(
+                (got - want).abs() <= 1e-5 * want,
+                "{what}, step {step}: {got} vs {want}"
+            );
+        }
+    }
+    let mut carrying = trainer_with(
+        &model,
+        TrainerConfig {
+            carry_layers: 2,
+            ..TrainerConfig::default()
+        },
+        false,
+    );
+    assert_eq!(
+        carrying.step(std::slice::from_ref(&big), 1e-3).unwrap().grad_norm,
+        None
+    );
+}
+
+#[test]
 fn blocks_cross_twice_embedding_and_head_once() {
     let model = common::llama_tiny(3);
     let mut t = trainer(&model, 2, false, None);

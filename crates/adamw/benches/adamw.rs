@@ -32,6 +32,17 @@ fn bench(c: &mut Criterion) {
             opt.step(&mut state, 1e-3, u).unwrap()
         })
     });
+    // As the trainer runs it where gradients are held (accumulation,
+    // clipping): the gradient is zeroed for the next step in the same call.
+    group.throughput(Throughput::Bytes(34 * N as u64));
+    group.bench_function("update+bf16+zero_grad", |b| {
+        b.iter(|| {
+            let u = SlabUpdate::new(&mut p, &mut g, &mut m, &mut v)
+                .transport(Transport::Bf16(&mut copy))
+                .zero_grad(true);
+            opt.step(&mut state, 1e-3, u).unwrap()
+        })
+    });
     group.finish();
 }
 

@@ -46,4 +46,4 @@ pub use config::AdamWConfig;
 pub use decay::DecayMask;
 pub use error::{AdamWError, Result};
 pub use norm::{clip_coefficient, global_grad_norm, grad_norm_sq};
-pub use optimizer::{AdamW, DEFAULT_CHUNK_LEN, Grad, SlabState, SlabUpdate, Transport};
+pub use optimizer::{AdamW, DEFAULT_CHUNK_LEN, Grad, SlabState, SlabUpdate, StepStats, Transport};

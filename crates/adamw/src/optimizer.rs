@@ -1,6 +1,6 @@
 use half::{bf16, f16};
 
-use crate::kernel::{self, Bf16Sink, Consts, F16Sink, F32Sink, GradIn, NoSink, Reading, Zeroing};
+use crate::kernel::{self, Bf16Sink, Consts, F16Sink, F32Sink, NoSink};
 use crate::{AdamWConfig, AdamWError, DecayMask, Result};
 
 /// Elements per rayon task. Large enough that task overhead vanishes
@@ -320,7 +320,7 @@ impl AdamW {
 
     /// Applies one update to a slab at learning rate `lr` and advances its
     /// step count. Nothing is written if the arguments are rejected.
-    pub fn step(&self, state: &mut SlabState, lr: f32, update: SlabUpdate<'_>) -> Result<()> {
+    pub fn step(&self, state: &mut SlabState, lr: f32, update: SlabUpdate<'_>) -> Result<StepStats> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(AdamWError::InvalidHyper {
                 name: "lr",
@@ -362,13 +362,28 @@ impl AdamW {
             t: update.transport,
         };
         let leaf = |job: Job<'_>| run_leaf(job, update.decay, &base, &decayed, update.zero_grad);
-        split_run(job, self.chunk_len, &leaf);
+        let sum_sq = split_run(job, self.chunk_len, &leaf);
         state.step = t;
-        Ok(())
+        let scale = update.grad_scale as f64;
+        Ok(StepStats {
+            grad_sq: sum_sq * scale * scale,
+        })
     }
 }
 
-fn split_run<F: Fn(Job<'_>) + Sync>(job: Job<'_>, chunk_len: usize, leaf: &F) {
+/// What a step read of its gradient.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepStats {
+    /// Σ (grad_scale · g)² over the slab in f64: the square of the norm of
+    /// the gradient the update applied. The chunks' sums are added in an
+    /// order fixed by the slab's length and the chunk length, so the same
+    /// for any number of threads. NaN or infinite where the gradient is.
+    pub grad_sq: f64,
+}
+
+/// Runs `leaf` over chunks of `job` in parallel and sums what the leaves
+/// return in the order of the split.
+fn split_run<F: Fn(Job<'_>) -> f64 + Sync>(job: Job<'_>, chunk_len: usize, leaf: &F) -> f64 {
     let n = job.p.len();
     if n <= chunk_len {
         return leaf(job);
@@ -376,13 +391,17 @@ fn split_run<F: Fn(Job<'_>) + Sync>(job: Job<'_>, chunk_len: usize, leaf: &F) {
     // Split on a chunk boundary so every leaf but the last is a whole chunk.
     let mid = n.div_ceil(chunk_len) / 2 * chunk_len;
     let (lo, hi) = job.split_at(mid);
-    rayon::join(
+    let (a, b) = rayon::join(
         || split_run(lo, chunk_len, leaf),
         || split_run(hi, chunk_len, leaf),
     );
+    a + b
 }
 
-fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zero_grad: bool) {
+/// Updates one chunk; returns Σ g² of its unscaled gradient, taken (and
+/// the gradient zeroed, with `zero_grad`) right after the update read it,
+/// from cache: see `kernel::grad_sum_sq`.
+fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zero_grad: bool) -> f64 {
     let Job {
         offset,
         p,
@@ -391,23 +410,35 @@ fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zer
         v,
         mut t,
     } = job;
+    let mut sum_sq = 0.0;
     mask.for_each_piece(offset..offset + p.len(), |r, decays| {
         let k = if decays { decayed } else { base };
         let r = r.start - offset..r.end - offset;
         let (p, m, v) = (&mut p[r.clone()], &mut m[r.clone()], &mut v[r.clone()]);
         match &mut g {
-            Grad::Mut(g) if zero_grad => sink_leaf(k, p, Zeroing(&mut g[r.clone()]), m, v, &mut t, r),
-            Grad::Mut(g) => sink_leaf(k, p, Reading(&g[r.clone()]), m, v, &mut t, r),
-            Grad::Read(g) => sink_leaf(k, p, Reading(&g[r.clone()]), m, v, &mut t, r),
+            Grad::Mut(g) => {
+                let g = &mut g[r.clone()];
+                sink_leaf(k, p, g, m, v, &mut t, r);
+                sum_sq += kernel::grad_sum_sq(g);
+                if zero_grad {
+                    g.fill(0.0);
+                }
+            }
+            Grad::Read(g) => {
+                let g = &g[r.clone()];
+                sink_leaf(k, p, g, m, v, &mut t, r);
+                sum_sq += kernel::grad_sum_sq(g);
+            }
         }
     });
+    sum_sq
 }
 
 /// One uniform piece, with the transport copy's sink chosen.
-fn sink_leaf<G: GradIn>(
+fn sink_leaf(
     k: &Consts,
     p: &mut [f32],
-    g: G,
+    g: &[f32],
     m: &mut [f32],
     v: &mut [f32],
     t: &mut Transport<'_>,

@@ -451,3 +451,54 @@ fn per_slab_step_counts_drive_bias_correction() {
         assert!(rel_err(got, want) <= 1e-6, "element {i}");
     }
 }
+
+#[test]
+fn a_step_reports_the_square_of_the_norm_of_the_gradient_it_applied() {
+    let n = 70_001;
+    let mut r = rng(9);
+    let g0 = grads(&mut r, n);
+    let mask = DecayMask::from_ranges(n, [100..40_000, 50_000..60_000]).unwrap();
+    let want: f64 = g0.iter().map(|&x| (x as f64 * 0.25).powi(2)).sum();
+    let run = |chunk: usize, threads: usize, zero: bool| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let (mut p, mut g, mut m, mut v) = (params(&mut rng(1), n), g0.clone(), vec![0.0; n], vec![0.0; n]);
+        let opt = AdamW::new(CFG).unwrap().with_chunk_len(chunk);
+        let stats = pool.install(|| {
+            let u = SlabUpdate::new(&mut p, &mut g, &mut m, &mut v)
+                .decay(&mask)
+                .grad_scale(0.25)
+                .zero_grad(zero);
+            opt.step(&mut SlabState::new(), 1e-3, u).unwrap()
+        });
+        // Zeroing after the sum: the sum is of the gradient, not of zeros.
+        assert_eq!(g.iter().all(|&x| x == 0.0), zero);
+        stats.grad_sq
+    };
+    let base = run(1 << 15, 1, false);
+    assert!((base - want).abs() <= 1e-12 * want, "{base} vs {want}");
+    for (threads, zero) in [(2, false), (3, true), (1, true)] {
+        assert_eq!(
+            run(1 << 15, threads, zero).to_bits(),
+            base.to_bits(),
+            "{threads} threads"
+        );
+    }
+    // Another chunking adds other partial sums: the same to f64 rounding.
+    let other = run(1000, 2, false);
+    assert!((other - base).abs() <= 1e-12 * base, "{other} vs {base}");
+    // A non-finite gradient gives a non-finite norm.
+    let opt = AdamW::new(CFG).unwrap();
+    let (mut p, mut m, mut v) = (vec![1.0f32; 4], vec![0.0f32; 4], vec![0.0f32; 4]);
+    let mut g = vec![1.0, f32::NAN, 2.0, 3.0];
+    let s = opt
+        .step(
+            &mut SlabState::new(),
+            1e-3,
+            SlabUpdate::new(&mut p, &mut g, &mut m, &mut v),
+        )
+        .unwrap();
+    assert!(s.grad_sq.is_nan());
+}

@@ -138,8 +138,12 @@ impl Progress for CliProgress {
         } else {
             String::new()
         };
+        let norm = match r.get("grad_norm").and_then(Value::as_f64) {
+            Some(n) => format!(" | grad norm {n:.3}"),
+            None => String::new(),
+        };
         self.line(format!(
-            "step {step}/{} | loss {loss:.4} | lr {:.3e} | {:.0} tok/s | {:.1} ms/step | eta {:.0} s{disk}",
+            "step {step}/{} | loss {loss:.4}{norm} | lr {:.3e} | {:.0} tok/s | {:.1} ms/step | eta {:.0} s{disk}",
             self.total,
             num(r, "lr"),
             tps,

@@ -166,6 +166,7 @@ impl<T> Rising<T> {
                 mask: &a.masks[index],
                 lr,
                 grad_scale: 1.0,
+                grad_sq: None,
             };
             let t_opt = Instant::now();
             let done = apply_chunk(slab, r.clone(), &grads, true, None, h);

@@ -78,7 +78,12 @@ pub struct StepMetrics {
     /// The optimizer waiting on the disk: for chunks not yet read ahead,
     /// and for the last writes behind at the end of the step.
     pub spill_wait_ms: f64,
-    /// Global gradient norm before clipping (clipping mode only).
+    /// The L2 norm of the step's gradient (summed over its micro-batches
+    /// and ranks), before clipping: with clipping, the exact global norm
+    /// the coefficient comes from; else Σ g² as the updates applied it
+    /// (`megatrain_adamw::StepStats`, in f64 per chunk updated). `None` where
+    /// layers are carried into the next step (`carry_layers`): their
+    /// updates, and their share of the norm, come later.
     pub grad_norm: Option<f64>,
     /// A mixture of experts' choices this step, as a hash of the experts
     /// each counted token went to in each routed block of each forward

@@ -52,7 +52,7 @@ mod spill_window;
 mod update;
 mod upload;
 
-use update::{Hyper, Part, update_part};
+use update::{GradSquares, Hyper, Part, update_part};
 
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
@@ -119,6 +119,8 @@ pub struct Trainer<E: Executor> {
     carried: Vec<Carried<E::Tensor>>,
     /// The index of the next step, which its dropout masks are drawn from.
     next_step: u64,
+    /// The squares of the gradients the step's updates applied.
+    grad_sq: GradSquares,
 }
 
 /// Lets the executor read each layer's transport copy by itself (uploads
@@ -260,6 +262,7 @@ impl<E: Executor> Trainer<E> {
             dist: None,
             carried: Vec::new(),
             next_step: 0,
+            grad_sq: GradSquares::default(),
         })
     }
 
@@ -411,6 +414,7 @@ impl<E: Executor> Trainer<E> {
         m.comm_ms += count_ms;
         m.comm_wait_ms += count_ms;
         let mut loss_sum = 0.0;
+        self.grad_sq.reset(self.tier.layers().len());
         // A mixture of experts' load-balancing loss is each forward's, as
         // transformers computes it, averaged over the step's micro-batches
         // on every rank.
@@ -433,13 +437,27 @@ impl<E: Executor> Trainer<E> {
             aux_loss += a;
             m.tokens += (batch.batch * batch.seq_len) as u64;
         }
+        // The norm of the gradients the updates applied, where every update
+        // of the step is done by now: not with clipping (whose norm is its
+        // own, below) nor with layers carried into the next step.
+        let norm_now = self.config.grad_clip.is_none() && self.config.carry_layers == 0;
+        let mut grad_sq = self.grad_sq.total();
         if let Some(d) = &self.dist {
             let t = Instant::now();
-            let mut x = [loss_sum, aux_loss];
+            // With the optimizer sharded each rank updated its own range;
+            // else every rank updated every element.
+            let share = match d.config.shard_optimizer {
+                true => grad_sq,
+                false => 0.0,
+            };
+            let mut x = [loss_sum, aux_loss, share];
             d.comm()
                 .sum_f64(&mut x)
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
             (loss_sum, aux_loss) = (x[0], x[1]);
+            if d.config.shard_optimizer {
+                grad_sq = x[2];
+            }
             // Every rank draws batches of the same shape.
             m.tokens *= d.comm().size() as u64;
             m.ranks = d.comm().size() as u64;
@@ -459,6 +477,9 @@ impl<E: Executor> Trainer<E> {
             m.optimizer_wait_ms += busy;
             m.optimizer_tail_ms += busy;
             m.grad_norm = Some(norm);
+        }
+        if norm_now {
+            m.grad_norm = Some(grad_sq.sqrt());
         }
         self.settle_shared_copies(&mut m)?;
         m.counted = counted as u64;
@@ -499,6 +520,7 @@ impl<E: Executor> Trainer<E> {
                 mask: &self.masks[slab.index()],
                 lr,
                 grad_scale: coef,
+                grad_sq: None,
             };
             let all = Part::of(slab.numel(), None, 0..slab.numel());
             update_part(slab, all, window.as_ref(), h)?;
@@ -540,6 +562,7 @@ impl<E: Executor> Trainer<E> {
             dist,
             carried,
             next_step: _,
+            grad_sq,
         } = self;
         let dist = dist.as_ref();
         let ex: &E = ex;
@@ -559,6 +582,7 @@ impl<E: Executor> Trainer<E> {
             lr,
             pool,
             window: window.as_ref(),
+            grad_sq,
         };
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
         // The last step's carried updates, applied as the forward reaches

@@ -299,6 +299,7 @@ impl<E: Executor> Trainer<E> {
                 mask: &self.masks[slab.index()],
                 lr: lr as f32,
                 grad_scale: 1.0,
+                grad_sq: None,
             };
             update_part(slab, Part::of(len, Some(&grad[..len]), 0..len), None, h)?;
         }

@@ -15,7 +15,7 @@ use megatrain_tier::{LayerSlab, SpillWindow};
 use rayon::prelude::*;
 
 use super::TrainError;
-use super::update::{Hyper, Part, update_part};
+use super::update::{GradSquares, Hyper, Part, update_part};
 
 /// One chunk of a layer's gradients, handed from the step to the
 /// optimizer. A layer's chunks come in order, the first one with the layer
@@ -124,6 +124,7 @@ pub(super) struct Shared<'a> {
     /// Read-ahead / write-behind for spilled layers (on the updating
     /// micro-batch of a tier that spills).
     pub window: Option<&'a SpillWindow>,
+    pub grad_sq: &'a GradSquares,
 }
 
 impl Shared<'_> {
@@ -134,6 +135,7 @@ impl Shared<'_> {
             mask,
             lr: self.lr,
             grad_scale: 1.0,
+            grad_sq: Some(self.grad_sq),
         }
     }
 }

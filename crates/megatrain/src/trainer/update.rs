@@ -4,6 +4,7 @@
 //! window, writing the layer's transport copy in the same pass.
 
 use std::ops::Range;
+use std::sync::Mutex;
 
 use megatrain_adamw::{AdamW, DecayMask, Grad, SlabState, SlabUpdate, Transport};
 use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
@@ -52,6 +53,35 @@ pub(super) struct Hyper<'a> {
     pub mask: &'a DecayMask,
     pub lr: f32,
     pub grad_scale: f32,
+    /// Where the squares of the applied gradients are summed, where the
+    /// step reports their norm.
+    pub grad_sq: Option<&'a GradSquares>,
+}
+
+/// Per layer, Σ g² of the gradients the step's updates applied (from
+/// [`megatrain_adamw::StepStats`]), for the norm the step reports.
+#[derive(Debug, Default)]
+pub(super) struct GradSquares(Mutex<Vec<f64>>);
+
+impl GradSquares {
+    /// Zeros for a step over `layers` layers.
+    pub fn reset(&self, layers: usize) {
+        let mut v = self.0.lock().expect("grad squares poisoned");
+        v.clear();
+        v.resize(layers, 0.0);
+    }
+
+    fn add(&self, layer: usize, x: f64) {
+        let mut v = self.0.lock().expect("grad squares poisoned");
+        if let Some(s) = v.get_mut(layer) {
+            *s += x;
+        }
+    }
+
+    /// The sum over layers, in layer order.
+    pub fn total(&self) -> f64 {
+        self.0.lock().expect("grad squares poisoned").iter().sum()
+    }
 }
 
 /// Elements `r` of a transport copy, as the fused AdamW pass writes them.
@@ -146,6 +176,7 @@ pub(super) fn update_part(
         // Every piece of a step at the layer's step count: the count moves
         // once, below.
         let at = |p: &Range<usize>| p.start - r.start..p.end - r.start;
+        let mut sq = 0.0;
         let mut apply = |piece: Range<usize>, p: &mut [f32], m: &mut [f32], v: &mut [f32]| {
             let g = g.as_mut().expect("a non-empty range has a gradient");
             for (seg, copy) in segments(&piece, &writes) {
@@ -159,7 +190,10 @@ pub(super) fn update_part(
                 if copy {
                     update = update.transport(adamw_transport(&mut transport, local(&seg)));
                 }
-                h.adamw.step(&mut SlabState::at_step(*parts.step), h.lr, update)?;
+                sq += h
+                    .adamw
+                    .step(&mut SlabState::at_step(*parts.step), h.lr, update)?
+                    .grad_sq;
             }
             Ok::<(), TrainError>(())
         };
@@ -190,6 +224,9 @@ pub(super) fn update_part(
                 )?;
             }
             None => {}
+        }
+        if let Some(g) = h.grad_sq {
+            g.add(index, sq);
         }
         if ends {
             *parts.step += 1;
