@@ -708,6 +708,91 @@ fn the_best_checkpoint_is_kept_and_picked_by_step_best() {
     );
 }
 
+#[test]
+fn early_stop_ends_the_run_after_evaluations_without_a_new_best() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let a = t.join("a");
+    let mut args = train_args(s(&data), s(&a), "20");
+    for (flag, v) in [("--eval-every", "2"), ("--save-every", "10")] {
+        let at = args.iter().position(|x| *x == flag).unwrap();
+        args[at + 1] = v;
+    }
+    // The schedule's length given, so that a run of fewer steps (below)
+    // follows the same learning rates.
+    args.extend([
+        "--eval-batches",
+        "2",
+        "--lr",
+        "0.03",
+        "--early-stop",
+        "2",
+        "--decay-steps",
+        "20",
+    ]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Where the logged validation losses say it stops: the second
+    // evaluation in a row not below the lowest so far.
+    let log = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
+    let vals: Vec<(u64, f64)> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|r| Some((r["step"].as_u64()?, r.get("val_loss")?.as_f64()?)))
+        .collect();
+    let (mut best, mut since, mut stop) = (f64::INFINITY, 0, None);
+    for &(step, v) in &vals {
+        if v < best {
+            (best, since) = (v, 0);
+        } else {
+            since += 1;
+        }
+        if since >= 2 {
+            stop = Some(step);
+            break;
+        }
+    }
+    let stop = stop.expect("these settings must stop early: the validation loss rises after step 2");
+    assert_eq!(vals.last().unwrap().0, stop, "{vals:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "stopped early at step {stop}: 2 evaluations without a validation loss below {best:.4}"
+        )),
+        "{said}"
+    );
+    // The step it stopped at is saved, with the count a resume goes on from.
+    assert_eq!(latest_step(&a), Some(stop));
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(a.join(format!("ckpt-{stop}")).join("checkpoint.json")).unwrap(),
+    )
+    .unwrap();
+    let patience = &meta["extra"]["train_state"]["patience"];
+    assert_eq!(
+        (patience["best"].as_f64(), patience["since"].as_u64()),
+        (Some(best), Some(2))
+    );
+    // A run stopped before it and resumed stops at the same step: the
+    // count goes on from the checkpoint.
+    let c = t.join("c");
+    let first: Vec<&str> = args.iter().map(|&x| if x == s(&a) { s(&c) } else { x }).collect();
+    let at = first.iter().position(|x| *x == "--steps").unwrap() + 1;
+    let before = (stop - 2).to_string();
+    let mut first = first.clone();
+    first[at] = &before;
+    let out = run(&first);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["train", "--resume", s(&c), "--steps", "20", "--quiet"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("stopped early at step {stop}")));
+    assert_eq!(latest_step(&c), Some(stop));
+    let b = t.join("b");
+    let mut no_eval = train_args(s(&data), s(&b), "4");
+    no_eval.extend(["--early-stop", "3"]);
+    refused(&no_eval, &["--early-stop 3", "give --eval-every too"]);
+}
+
 /// `plan` for TinyLlama on 4 ranks, the disk's speed given.
 const PLAN_4_RANKS: [&str; 7] = [
     "plan",

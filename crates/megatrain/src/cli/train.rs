@@ -162,6 +162,11 @@ pub struct TrainArgs {
     packing: Option<Packing>,
     #[arg(long)]
     eval_every: Option<u64>,
+    /// Stop once N evaluations in a row have not lowered the best
+    /// validation loss so far, saving that step (`best` names the lowest)
+    /// [default: 0, never].
+    #[arg(long)]
+    early_stop: Option<u64>,
     #[arg(long)]
     eval_batches: Option<usize>,
     /// Print (and log in metrics.jsonl) a sample every N steps and at the
@@ -294,6 +299,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         rows,
         packing,
         eval_every,
+        early_stop,
         eval_batches,
         sample_every,
         sample_prompt,
@@ -465,6 +471,12 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
         .val_loss
         .map(|v| format!(", validation loss {v:.4}"))
         .unwrap_or_default();
+    if let Some(p) = summary.stopped_early {
+        println!(
+            "stopped early at step {}: {} evaluations without a validation loss below {:.4} (--early-stop {})",
+            summary.step, p.since, p.best, o.early_stop
+        );
+    }
     let best = match &summary.best {
         Some((dir, v)) if summary.checkpoint.as_ref() != Some(dir) => {
             format!("; best {} (validation loss {v:.4})", dir.display())

@@ -49,6 +49,41 @@ pub struct TrainState {
     /// `best` is chosen by).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
+    /// The lowest validation loss so far and the evaluations since it,
+    /// where there was one (what `--early-stop` counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patience: Option<Patience>,
+}
+
+/// The lowest validation loss of a run so far, and how many evaluations
+/// since have not gone below it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Patience {
+    pub best: f64,
+    pub since: u64,
+}
+
+impl Patience {
+    /// After an evaluation of `val_loss`: a lower one is the new best, any
+    /// other (a NaN too) one more evaluation since it. Nothing before a
+    /// first finite one.
+    pub fn after(p: Option<Patience>, val_loss: f64) -> Option<Patience> {
+        match p {
+            Some(p) if val_loss < p.best => Some(Patience {
+                best: val_loss,
+                since: 0,
+            }),
+            Some(p) => Some(Patience {
+                since: p.since + 1,
+                ..p
+            }),
+            None if val_loss.is_finite() => Some(Patience {
+                best: val_loss,
+                since: 0,
+            }),
+            None => None,
+        }
+    }
 }
 
 impl TrainState {
@@ -63,6 +98,7 @@ impl TrainState {
             options: options.clone(),
             note: "batch i is drawn from (seed, i) by a counter-based hash: no RNG state is saved".into(),
             val_loss: None,
+            patience: None,
         }
     }
 }
@@ -141,9 +177,9 @@ const REMOVING: &str = ".removing";
 
 /// Removes the checkpoints of `run` older than the newest `keep` (≥ 1) up
 /// to the one `latest` names, but never the one `best` names; any past
-/// `latest` were never pointed at and are replaced as the run reaches them. Each is renamed away before it is
-/// deleted, and what a kill left of an earlier removal goes too. Returns
-/// the checkpoints removed.
+/// `latest` were never pointed at and are replaced as the run reaches
+/// them. Each is renamed away before it is deleted, and what a kill left
+/// of an earlier removal goes too. Returns the checkpoints removed.
 pub fn prune_checkpoints(run: &Path, keep: u64) -> Result<Vec<PathBuf>> {
     assert!(keep >= 1, "keep_checkpoints 0 keeps all and never prunes");
     let Some(latest) = read_latest(run)? else {
@@ -446,5 +482,23 @@ mod tests {
             "latest".parse::<Pick>(),
             Err("'latest' is neither a step nor 'best'".into())
         );
+    }
+
+    #[test]
+    fn patience_counts_evaluations_since_the_lowest_loss() {
+        let p = Patience::after(None, f64::NAN);
+        assert_eq!(p, None, "nothing to beat before a finite loss");
+        let p = Patience::after(p, 2.0);
+        assert_eq!(p, Some(Patience { best: 2.0, since: 0 }));
+        let p = Patience::after(p, 2.0);
+        assert_eq!(
+            p,
+            Some(Patience { best: 2.0, since: 1 }),
+            "a tie is no improvement"
+        );
+        let p = Patience::after(p, f64::NAN);
+        assert_eq!(p, Some(Patience { best: 2.0, since: 2 }));
+        let p = Patience::after(p, 1.5);
+        assert_eq!(p, Some(Patience { best: 1.5, since: 0 }));
     }
 }

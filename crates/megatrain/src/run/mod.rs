@@ -21,7 +21,7 @@ mod sizes;
 pub mod tensorboard;
 
 pub use checkpoint::{
-    BEST_FILE, CONFIG_FILE, Pick, STATE_FILE, TrainState, best_checkpoint, chat_template_spec,
+    BEST_FILE, CONFIG_FILE, Patience, Pick, STATE_FILE, TrainState, best_checkpoint, chat_template_spec,
     checkpoint_name, latest_checkpoint, note_best, prune_checkpoints, read_train_state, resolve_model_dir,
     save_run_checkpoint,
 };

@@ -382,6 +382,10 @@ pub struct TrainOptions {
     pub packing: Packing,
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
+    /// Stop once this many evaluations in a row have not gone below the
+    /// lowest validation loss so far (0: never); the step it stops at is
+    /// saved, and `best` names the lowest.
+    pub early_stop: u64,
     pub eval_batches: usize,
     /// Generate a sample every this many steps and at the end (0: never):
     /// `sample_tokens` tokens after `sample_prompt`, through the run's
@@ -483,6 +487,7 @@ impl Default for TrainOptions {
             rows: RowsKind::Auto,
             packing: Packing::BestFit,
             eval_every: 250,
+            early_stop: 0,
             eval_batches: 20,
             sample_every: 0,
             sample_prompt: "\n".into(),
@@ -622,6 +627,13 @@ impl TrainOptions {
             positive("chunk-rows", rows as u64)?;
         }
         positive("eval-batches", self.eval_batches as u64)?;
+        if self.early_stop > 0 && self.eval_every == 0 {
+            return Err(RunError::option(
+                "early-stop",
+                self.early_stop,
+                "counts evaluations: give --eval-every too",
+            ));
+        }
         if self.sample_every > 0 {
             positive("sample-tokens", self.sample_tokens as u64)?;
         }

@@ -12,7 +12,7 @@ use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde_json::{Value, json};
 
 use super::checkpoint::{
-    TrainState, best_checkpoint, latest_checkpoint, note_best, prune_checkpoints, read_train_state,
+    Patience, TrainState, best_checkpoint, latest_checkpoint, note_best, prune_checkpoints, read_train_state,
     save_run_checkpoint,
 };
 use super::encoder::Encoder;
@@ -97,6 +97,9 @@ pub struct Summary {
     /// The checkpoint `best` names (the lowest validation loss of those
     /// saved at an evaluation) and that loss.
     pub best: Option<(PathBuf, f64)>,
+    /// Where `--early-stop` ended the run: the lowest validation loss and
+    /// the evaluations since it.
+    pub stopped_early: Option<Patience>,
 }
 
 fn option_diffs(old: &TrainOptions, new: &TrainOptions) -> Vec<String> {
@@ -167,6 +170,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "share_transport",
                     "shm_dir",
                     "tensorboard",
+                    "early_stop",
                 ]
                 .iter()
                 .chain(&TransportKnobs::KEYS)
@@ -721,7 +725,16 @@ pub fn train_with<E: Executor>(
         checkpoint: p.resume.as_ref().map(|(c, _)| c.clone()),
         interrupted: None,
         best: None,
+        stopped_early: None,
     };
+    let mut patience = p.resume.as_ref().and_then(|(_, s)| s.patience);
+    if opts.early_stop > 0 && p.val.is_none() {
+        return Err(RunError::option(
+            "early-stop",
+            opts.early_stop,
+            "counts validation losses, and this run has no validation data",
+        ));
+    }
     progress.begin(start, opts.steps);
     let t0 = Instant::now();
     if start == 0
@@ -733,6 +746,7 @@ pub fn train_with<E: Executor>(
         }
         progress.eval(0, v);
         summary.val_loss = Some(v);
+        patience = Patience::after(patience, v);
     }
     let ga = opts.grad_accum as u64;
     // Step s draws its dropout masks from s, resumed or not.
@@ -790,6 +804,11 @@ pub fn train_with<E: Executor>(
             let v = eval(&trainer)?.unwrap_or(f64::NAN);
             obj.insert("val_loss".into(), json!(v));
             evaluated = Some(v);
+            patience = Patience::after(patience, v);
+            // The same on every rank: the loss is the ranks' sum.
+            if opts.early_stop > 0 && patience.is_some_and(|p| p.since >= opts.early_stop) {
+                summary.stopped_early = patience;
+            }
             summary.interrupted = interrupted(dist.as_ref())?;
         }
         let mut sampled = None;
@@ -824,9 +843,11 @@ pub fn train_with<E: Executor>(
             }
         }
         summary.train_s = prior_s + t0.elapsed().as_secs_f64();
-        if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() {
+        let early = summary.stopped_early.is_some();
+        if due(opts.save_every) || Some(step) == stop_at || summary.interrupted.is_some() || early {
             let mut state = TrainState::new(step, tokens, summary.train_s, p.encoder.kind(), opts);
             state.val_loss = evaluated;
+            state.patience = patience;
             let saved = trainer.save_on_rank0(|tier, gather| {
                 save_run_checkpoint(out, tier, gather, &p.model, &p.encoder, &state)
             })?;
@@ -846,7 +867,7 @@ pub fn train_with<E: Executor>(
             }
             trainer.release_unowned()?;
         }
-        if summary.interrupted.is_some() {
+        if summary.interrupted.is_some() || early {
             break;
         }
     }
