@@ -145,12 +145,18 @@ fn run_mpi_env(np: usize, args: &[String], env: &[(&str, &str)]) -> Output {
 }
 
 /// `(step, loss or val_loss)` of every metrics line that has it.
+/// `key`'s value at each step that logged it; `grad_norms/i` is layer i's
+/// gradient norm.
 fn metric(run: &Path, key: &str) -> Vec<(u64, f64)> {
+    let get = |v: &Value| match key.split_once('/') {
+        Some((k, i)) => v.get(k)?.get(i.parse::<usize>().ok()?)?.as_f64(),
+        None => v.get(key)?.as_f64(),
+    };
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter_map(|v| Some((v["step"].as_u64()?, v.get(key)?.as_f64()?)))
+        .filter_map(|v| Some((v["step"].as_u64()?, get(&v)?)))
         .collect()
 }
 
@@ -187,12 +193,13 @@ fn assert_same_run_within(a: &Path, b: &Path, what: &str, loss_rtol: f64) {
     // alone would hide (it is nearly scale-invariant). It follows the
     // parameters' rounding drift (see below) more closely than the loss
     // does: 1e-5 at least, far below a factor of the ranks.
-    for key in ["loss", "val_loss", "grad_norm"] {
+    // So do the layers' norms, which a sharded optimizer sums over ranks.
+    for key in ["loss", "val_loss", "grad_norm", "grad_norms/0", "grad_norms/1"] {
         let (la, lb) = (metric(a, key), metric(b, key));
         let lb: BTreeMap<u64, f64> = lb.into_iter().collect();
-        let rtol = match key {
-            "grad_norm" => loss_rtol.max(1e-5),
-            _ => loss_rtol,
+        let rtol = match key.starts_with("grad_norm") {
+            true => loss_rtol.max(1e-5),
+            false => loss_rtol,
         };
         let mut compared = 0;
         for (step, x) in la {
@@ -206,7 +213,7 @@ fn assert_same_run_within(a: &Path, b: &Path, what: &str, loss_rtol: f64) {
             }
         }
         assert!(
-            compared > 0 || key == "grad_norm",
+            compared > 0 || key.starts_with("grad_norm"),
             "{what}: no common {key} steps"
         );
     }

@@ -337,22 +337,40 @@ fn every_step_reports_the_norm_of_its_gradient() {
     let mut exact = trainer(&model, 1, true, Some(1e9));
     let mut one = trainer(&model, 2, false, None);
     let mut held = trainer(&model, 1, true, None);
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.max(1e-30);
     for step in 0..3 {
-        let want = exact.step(&micro, 1e-3).unwrap().grad_norm.unwrap();
+        let e = exact.step(&micro, 1e-3).unwrap();
+        let want = e.grad_norm.unwrap();
+        // One norm per layer, whose squares add up to the step's.
+        assert_eq!(e.layer_grad_norms.len(), model.num_layers + 2);
+        let sum: f64 = e.layer_grad_norms.iter().map(|x| x * x).sum();
+        assert!(close(sum.sqrt(), want), "{} vs {want}", sum.sqrt());
         for (what, t, batches) in [
             ("one batch", &mut one, std::slice::from_ref(&big)),
             ("held", &mut held, &micro[..]),
         ] {
-            let got = t
-                .step(batches, 1e-3)
-                .unwrap()
-                .grad_norm
-                .expect("a norm every step");
-            assert!(
-                (got - want).abs() <= 1e-5 * want,
-                "{what}, step {step}: {got} vs {want}"
-            );
+            let m = t.step(batches, 1e-3).unwrap();
+            let got = m.grad_norm.expect("a norm every step");
+            assert!(close(got, want), "{what}, step {step}: {got} vs {want}");
+            for (l, (a, b)) in m.layer_grad_norms.iter().zip(&e.layer_grad_norms).enumerate() {
+                assert!(close(*a, *b), "{what}, step {step}, layer {l}: {a} vs {b}");
+            }
         }
+    }
+    // A step that clips reports the norms before clipping: the same as a
+    // step that does not, from the same state.
+    let (mut clipped, mut plain) = (
+        trainer(&model, 1, true, Some(0.01)),
+        trainer(&model, 1, true, None),
+    );
+    let (c, p) = (
+        clipped.step(&micro, 1e-3).unwrap(),
+        plain.step(&micro, 1e-3).unwrap(),
+    );
+    assert!(c.grad_norm.unwrap() > 0.01, "the test must clip");
+    assert!(close(c.grad_norm.unwrap(), p.grad_norm.unwrap()));
+    for (a, b) in c.layer_grad_norms.iter().zip(&p.layer_grad_norms) {
+        assert!(close(*a, *b), "{a} vs {b}");
     }
     let mut carrying = trainer_with(
         &model,
@@ -362,10 +380,8 @@ fn every_step_reports_the_norm_of_its_gradient() {
         },
         false,
     );
-    assert_eq!(
-        carrying.step(std::slice::from_ref(&big), 1e-3).unwrap().grad_norm,
-        None
-    );
+    let m = carrying.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    assert!(m.grad_norm.is_none() && m.layer_grad_norms.is_empty());
 }
 
 #[test]

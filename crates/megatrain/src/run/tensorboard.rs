@@ -223,8 +223,9 @@ const TAGS: [(&str, &str); 7] = [
 const NOT_SCALARS: [&str; 3] = ["step", "routing", "time"];
 
 /// What a `metrics.jsonl` record shows in TensorBoard: its numbers as
-/// scalars (named ones first, in the order of `TAGS`, then the rest by name)
-/// and its sample as a text. A record without a step shows nothing.
+/// scalars (named ones first, in the order of `TAGS`, then the rest by name,
+/// then each layer's gradient norm) and its sample as a text. A record
+/// without a step shows nothing.
 pub fn entries(record: &Value) -> Vec<Entry> {
     let Some(obj) = record.as_object() else {
         return Vec::new();
@@ -241,6 +242,11 @@ pub fn entries(record: &Value) -> Vec<Entry> {
         .collect();
     rest.sort_by(|a, b| a.0.cmp(&b.0));
     scalars.append(&mut rest);
+    // Each layer's gradient norm, numbered so that the tags sort in order.
+    if let Some(norms) = obj.get("grad_norms").and_then(Value::as_array) {
+        let each = norms.iter().enumerate();
+        scalars.extend(each.filter_map(|(i, v)| Some((format!("grad_norm/layer_{i:03}"), number(v)?))));
+    }
     let mut out = Vec::new();
     if !scalars.is_empty() {
         out.push(Entry::Scalars(scalars));
@@ -512,7 +518,8 @@ mod tests {
     #[test]
     fn a_record_is_named_scalars_then_the_rest_and_its_sample() {
         let r = json!({"step": 5, "loss": 2.5, "lr": 1e-3, "tokens": 100, "step_ms": 3.0,
-            "routing": 99, "time": 1.0, "zeta": 1, "alpha": 2, "sample": "hi", "grad_norm": null});
+            "routing": 99, "time": 1.0, "zeta": 1, "alpha": 2, "sample": "hi", "grad_norm": null,
+            "grad_norms": [0.5, 0.25]});
         let e = entries(&r);
         let want_scalars = vec![
             ("loss/train".to_string(), 2.5f32),
@@ -521,6 +528,8 @@ mod tests {
             ("throughput/tokens".into(), 100.0),
             ("detail/alpha".into(), 2.0),
             ("detail/zeta".into(), 1.0),
+            ("grad_norm/layer_000".into(), 0.5),
+            ("grad_norm/layer_001".into(), 0.25),
         ];
         assert_eq!(
             e,

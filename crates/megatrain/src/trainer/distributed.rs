@@ -172,7 +172,7 @@ impl<E: Executor> Trainer<E> {
                 mask: &self.masks[i],
                 lr,
                 grad_scale: coef,
-                grad_sq: None,
+                grad_sq: Some(&self.grad_sq),
             };
             let (base, elem) = update_part(slab, part, window.as_ref(), h)?;
             // SAFETY: the transport copies are not touched until every

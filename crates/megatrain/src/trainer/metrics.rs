@@ -85,6 +85,11 @@ pub struct StepMetrics {
     /// layers are carried into the next step (`carry_layers`): their
     /// updates, and their share of the norm, come later.
     pub grad_norm: Option<f64>,
+    /// Each layer's share of it (the embedding, the blocks, the head:
+    /// the tier's order), as norms; empty where `grad_norm` comes from no
+    /// update (layers carried into the next step).
+    #[serde(skip_serializing_if = "Vec::is_empty", rename = "grad_norms")]
+    pub layer_grad_norms: Vec<f64>,
     /// A mixture of experts' choices this step, as a hash of the experts
     /// each counted token went to in each routed block of each forward
     /// (`megatrain_zoo::layers::routing_digest`; this rank's tokens only;

@@ -437,27 +437,13 @@ impl<E: Executor> Trainer<E> {
             aux_loss += a;
             m.tokens += (batch.batch * batch.seq_len) as u64;
         }
-        // The norm of the gradients the updates applied, where every update
-        // of the step is done by now: not with clipping (whose norm is its
-        // own, below) nor with layers carried into the next step.
-        let norm_now = self.config.grad_clip.is_none() && self.config.carry_layers == 0;
-        let mut grad_sq = self.grad_sq.total();
         if let Some(d) = &self.dist {
             let t = Instant::now();
-            // With the optimizer sharded each rank updated its own range;
-            // else every rank updated every element.
-            let share = match d.config.shard_optimizer {
-                true => grad_sq,
-                false => 0.0,
-            };
-            let mut x = [loss_sum, aux_loss, share];
+            let mut x = [loss_sum, aux_loss];
             d.comm()
                 .sum_f64(&mut x)
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
             (loss_sum, aux_loss) = (x[0], x[1]);
-            if d.config.shard_optimizer {
-                grad_sq = x[2];
-            }
             // Every rank draws batches of the same shape.
             m.tokens *= d.comm().size() as u64;
             m.ranks = d.comm().size() as u64;
@@ -478,9 +464,7 @@ impl<E: Executor> Trainer<E> {
             m.optimizer_tail_ms += busy;
             m.grad_norm = Some(norm);
         }
-        if norm_now {
-            m.grad_norm = Some(grad_sq.sqrt());
-        }
+        self.gradient_norms(&mut m)?;
         self.settle_shared_copies(&mut m)?;
         m.counted = counted as u64;
         m.loss = if counted > 0 {
@@ -505,6 +489,37 @@ impl<E: Executor> Trainer<E> {
         Ok(m)
     }
 
+    /// Each layer's gradient norm and, without clipping (whose norm is
+    /// the exact one it took), the step's, from the squares the updates
+    /// summed: every update of the step is done by now, unless layers are
+    /// carried into the next step (then nothing is reported). With the
+    /// optimizer sharded each rank summed its own range; else every rank
+    /// updated every element.
+    fn gradient_norms(&mut self, m: &mut StepMetrics) -> Result<()> {
+        if self.config.carry_layers > 0 {
+            return Ok(());
+        }
+        let mut layers = self.grad_sq.per_layer();
+        // The clipping mode's updates applied coef · g.
+        if let (Some(max_norm), Some(norm)) = (self.config.grad_clip, m.grad_norm) {
+            let coef = clip_coefficient(norm, max_norm) as f64;
+            layers.iter_mut().for_each(|x| *x /= coef * coef);
+        }
+        if let Some(d) = self.dist.as_ref().filter(|d| d.config.shard_optimizer) {
+            let t = Instant::now();
+            d.comm()
+                .sum_f64(&mut layers)
+                .map_err(|e| TrainError::Internal(e.to_string()))?;
+            m.comm_ms += ms(t);
+            m.comm_wait_ms += ms(t);
+        }
+        if self.config.grad_clip.is_none() {
+            m.grad_norm = Some(layers.iter().sum::<f64>().sqrt());
+        }
+        m.layer_grad_norms = layers.iter().map(|x| x.sqrt()).collect();
+        Ok(())
+    }
+
     /// Clipping mode, after every micro-batch: global norm over the held
     /// gradients, then AdamW on every layer with the clip coefficient.
     fn clip_and_update(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
@@ -520,7 +535,7 @@ impl<E: Executor> Trainer<E> {
                 mask: &self.masks[slab.index()],
                 lr,
                 grad_scale: coef,
-                grad_sq: None,
+                grad_sq: Some(&self.grad_sq),
             };
             let all = Part::of(slab.numel(), None, 0..slab.numel());
             update_part(slab, all, window.as_ref(), h)?;

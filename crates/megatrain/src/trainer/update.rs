@@ -78,9 +78,9 @@ impl GradSquares {
         }
     }
 
-    /// The sum over layers, in layer order.
-    pub fn total(&self) -> f64 {
-        self.0.lock().expect("grad squares poisoned").iter().sum()
+    /// Each layer's sum.
+    pub fn per_layer(&self) -> Vec<f64> {
+        self.0.lock().expect("grad squares poisoned").clone()
     }
 }
 
