@@ -29,7 +29,7 @@ use crate::data::{
     load_tokens_cached, split_validation,
 };
 use crate::dist::{Collective, DistConfig, Shared, share_transport};
-use crate::trainer::{Trainer, TrainerConfig, init_tier, load_tier, new_tier};
+use crate::trainer::{StepMetrics, Trainer, TrainerConfig, init_tier, load_tier, new_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
 /// training batches of the same index.
@@ -784,7 +784,8 @@ pub fn train_with<E: Executor>(
         obj.insert("tokens_per_s".into(), json!(tps));
         obj.insert("elapsed_s".into(), json!(prior_s + t0.elapsed().as_secs_f64()));
         obj.insert("bus_crossings".into(), json!(m.bus_crossings()));
-        let finite = m.loss.is_finite();
+        let diverged = diverged(&m, p.model.num_layers);
+        let finite = diverged.is_none();
         let due = |every: u64| (every > 0 && step.is_multiple_of(every)) || step == opts.steps;
         // A signal that came during the step skips its evaluation: the
         // checkpoint comes first (a machine's notice before it is taken back
@@ -828,11 +829,10 @@ pub fn train_with<E: Executor>(
         summary.step = step;
         summary.loss = Some(m.loss);
         summary.tokens = tokens;
-        if !finite {
+        if let Some(what) = diverged {
             return Err(RunError::Config(format!(
-                "the loss is {} at step {step}: training diverged (try a lower --lr or --grad-clip 1); \
-                 the last good checkpoint is kept",
-                m.loss
+                "{what} at step {step}: training diverged (try a lower --lr or --grad-clip 1); \
+                 the last good checkpoint is kept"
             )));
         }
         if let Some(v) = evaluated {
@@ -881,6 +881,36 @@ pub fn train_with<E: Executor>(
     }
     progress.finish();
     Ok(summary)
+}
+
+/// What went non-finite in a step, if anything: the loss, else the first
+/// layer whose gradient did (a gradient that overflowed under a finite
+/// loss; its update has made the layer's parameters non-finite too), else
+/// the norm of the whole. Layers are the tier's: the embedding, `blocks`
+/// blocks, the head.
+fn diverged(m: &StepMetrics, blocks: usize) -> Option<String> {
+    if !m.loss.is_finite() {
+        return Some(format!("the loss is {}", m.loss));
+    }
+    let norm = m.grad_norm.filter(|n| !n.is_finite())?;
+    let layer = m.layer_grad_norms.iter().position(|n| !n.is_finite());
+    Some(match layer {
+        Some(0) => format!(
+            "the embedding's gradient norm is {} (the loss {:.4})",
+            m.layer_grad_norms[0], m.loss
+        ),
+        Some(l) if l <= blocks => format!(
+            "the gradient norm of block {} is {} (the loss {:.4})",
+            l - 1,
+            m.layer_grad_norms[l],
+            m.loss
+        ),
+        Some(l) => format!(
+            "the head's gradient norm is {} (the loss {:.4})",
+            m.layer_grad_norms[l], m.loss
+        ),
+        None => format!("the gradient norm is {norm} (the loss {:.4})", m.loss),
+    })
 }
 
 /// The ids of `--sample-prompt`, refused where they are none or the
@@ -939,4 +969,47 @@ pub const TOKENS_DIR: &str = "tokens";
 /// Parameters of every layer, for comparing runs bit for bit.
 pub fn tier_params(tier: &HostTier) -> Vec<Vec<f32>> {
     tier.layers().iter().map(|s| s.params().to_vec()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_diverged_is_named_by_layer() {
+        let m = |loss: f64, norms: &[f64]| StepMetrics {
+            loss,
+            grad_norm: Some(norms.iter().map(|x| x * x).sum::<f64>().sqrt()),
+            layer_grad_norms: norms.to_vec(),
+            ..StepMetrics::default()
+        };
+        assert_eq!(diverged(&m(2.0, &[1.0, 2.0, 3.0, 4.0]), 2), None);
+        assert_eq!(
+            diverged(&m(f64::NAN, &[1.0, 2.0, 3.0, 4.0]), 2).unwrap(),
+            "the loss is NaN"
+        );
+        let inf = f64::INFINITY;
+        assert_eq!(
+            diverged(&m(2.0, &[inf, 2.0, 3.0, 4.0]), 2).unwrap(),
+            "the embedding's gradient norm is inf (the loss 2.0000)"
+        );
+        assert_eq!(
+            diverged(&m(2.0, &[1.0, 2.0, f64::NAN, inf]), 2).unwrap(),
+            "the gradient norm of block 1 is NaN (the loss 2.0000)"
+        );
+        assert_eq!(
+            diverged(&m(2.0, &[1.0, 2.0, 3.0, inf]), 2).unwrap(),
+            "the head's gradient norm is inf (the loss 2.0000)"
+        );
+        // A norm with no layers' beside it.
+        let clipped = StepMetrics {
+            loss: 2.0,
+            grad_norm: Some(inf),
+            ..StepMetrics::default()
+        };
+        assert_eq!(
+            diverged(&clipped, 2).unwrap(),
+            "the gradient norm is inf (the loss 2.0000)"
+        );
+    }
 }
