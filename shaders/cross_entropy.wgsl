@@ -1,11 +1,14 @@
 // Fused softmax cross-entropy: one workgroup per row computes the max, the
 // sum of exponentials, the loss and the scaled gradient in one pass over the
-// row (three reads, one write); logits never leave the device.
+// row (three reads, one write); logits never leave the device. With a
+// z-loss factor z ≠ 0, the row's z·lse² goes to LOSS[z_off + row] and the
+// gradient is of loss + z·lse²: softmax scaled by 1 + 2z·lse (exactly 1
+// where z = 0, so the plain loss's bits are unchanged).
 
 struct Params {
     rows: u32, v: u32, ignore: i32, scale: f32,
     x_off: u32, t_off: u32, l_off: u32, d_off: u32,
-    flags: u32, max_off: u32, _p0: u32, _p1: u32,
+    flags: u32, max_off: u32, z: f32, z_off: u32,
 }
 
 // Under F16 the logits' gradient is the head's f16 products' operand: with
@@ -67,6 +70,9 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         if t == 0u {
             LOSS[p.l_off + row] = 0.0;
+            if p.z != 0.0 {
+                LOSS[p.z_off + row] = 0.0;
+            }
         }
         store_row_max(t, row, 0u);
         return;
@@ -81,7 +87,8 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         s += exp(X[base + i] - mx);
     }
     s = reduce_sum(t, s);
-    let inv = 1.0 / s;
+    let lse = mx + log(s);
+    let inv = (1.0 + 2.0 * p.z * lse) / s;
     let ut = u32(tgt);
     var m = 0u;
     for (var i = t; i < p.v; i += 256u) {
@@ -94,7 +101,10 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         m = max(m, max_bits(g));
     }
     if t == 0u {
-        LOSS[p.l_off + row] = mx + log(s) - X[base + ut];
+        LOSS[p.l_off + row] = lse - X[base + ut];
+        if p.z != 0.0 {
+            LOSS[p.z_off + row] = p.z * lse * lse;
+        }
     }
     store_row_max(t, row, m);
 }

@@ -79,6 +79,12 @@ fn bad_inputs_are_named() {
         &["--preset", "gpt2-nano", "--data", s(&data), "--dropout", "1"],
         &["--dropout 1", "[0, 0.99]"],
     );
+    for z in ["-0.001", "2", "NaN"] {
+        check(
+            &["--preset", "gpt2-nano", "--data", s(&data), "--z-loss", z],
+            &[&format!("--z-loss {z}"), "[0, 1]"],
+        );
+    }
     check(
         &[
             "--preset",

@@ -385,6 +385,46 @@ fn every_step_reports_the_norm_of_its_gradient() {
 }
 
 #[test]
+fn a_z_loss_is_reported_and_joins_the_gradient() {
+    // Its mean over the counted targets: the same from one batch as from
+    // two micro-batches; it moves the parameters; 0 reports nothing.
+    let model = common::llama_tiny(2);
+    let big = TRAINER_STREAM.batch(256, 0, 4, 9);
+    let micro: Vec<Batch> = (0..2)
+        .map(|i| Batch {
+            batch: 2,
+            seq_len: 9,
+            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
+            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
+            lengths: None,
+            docs: None,
+        })
+        .collect();
+    let with_z = |hold: bool| {
+        let config = TrainerConfig {
+            z_loss: 1e-2,
+            ..TrainerConfig::default()
+        };
+        trainer_with(&model, config, hold)
+    };
+    let (mut one, mut two, mut plain) = (with_z(false), with_z(true), trainer(&model, 1, false, None));
+    let a = one.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    let b = two.step(&micro, 1e-3).unwrap();
+    let p = plain.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    let (za, zb) = (a.z_loss.unwrap(), b.z_loss.unwrap());
+    // lse ≈ ln(256) at init: z·lse² ≈ 0.3.
+    assert!(za > 0.1 && (za - zb).abs() <= 1e-6 * za, "{za} vs {zb}");
+    assert_eq!(p.z_loss, None);
+    assert_eq!(
+        a.loss.to_bits(),
+        p.loss.to_bits(),
+        "the loss is the cross-entropy's alone"
+    );
+    let d = max_rel_diff(&params(&one), &params(&plain));
+    assert!(d > 1e-6, "the z-loss changed no parameter ({d})");
+}
+
+#[test]
 fn blocks_cross_twice_embedding_and_head_once() {
     let model = common::llama_tiny(3);
     let mut t = trainer(&model, 2, false, None);

@@ -744,7 +744,9 @@ fn cross_entropy_folds_its_gradients_maxima() {
                         }
                     })
                     .collect();
-                let out = g.cross_entropy(&logits, &targets, -100, 1.0 / n as f32).unwrap();
+                let out = g
+                    .cross_entropy(&logits, &targets, -100, 1.0 / n as f32, 0.0)
+                    .unwrap();
                 check_stored_max(
                     &g,
                     &format!("{what}: dlogits"),

@@ -233,7 +233,7 @@ fn run<E: Executor>(ex: &E, i: &Inputs) -> Vec<(&'static str, Vec<f32>)> {
     ex.embedding_backward(&i.ids, &dy, &mut dtable).unwrap();
     out.push(("embedding backward", down(&dtable)));
     let l = ex
-        .cross_entropy(&up(&i.logits), &i.targets, -100, 1.0 / 66.0)
+        .cross_entropy(&up(&i.logits), &i.targets, -100, 1.0 / 66.0, 0.0)
         .unwrap();
     out.push(("cross_entropy", down(&l.losses)));
     out.push(("cross_entropy dlogits", down(&l.dlogits)));

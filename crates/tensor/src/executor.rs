@@ -868,13 +868,16 @@ pub trait Executor {
     /// Softmax cross-entropy of `logits: [N, V]` against `targets` (len N);
     /// rows whose target equals `ignore_index` count for nothing. The caller
     /// passes `grad_scale` (1 / number of counted targets of the whole batch)
-    /// so that chunks of rows can be processed independently.
+    /// so that chunks of rows can be processed independently. A `z_loss`
+    /// factor z > 0 adds z·lse² per row to what the gradient is of (and
+    /// returns it per row); it must be finite and ≥ 0.
     fn cross_entropy(
         &self,
         logits: &Self::Tensor,
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
+        z_loss: f32,
     ) -> Result<CrossEntropyOut<Self::Tensor>>;
 }
 

@@ -141,6 +141,17 @@ pub fn check_db_acc(acc_shape: &Shape, acc_dtype: DType, b_shape: &Shape) -> Res
 
 /// What [`Executor::matmul_backward_da_into`](crate::Executor::matmul_backward_da_into) needs of its accumulator:
 /// f32, of `a`'s shape (every executor checks it with this).
+/// A cross-entropy's z-loss factor: finite and ≥ 0.
+pub fn check_z_loss(z: f32) -> Result<()> {
+    match z.is_finite() && z >= 0.0 {
+        true => Ok(()),
+        false => Err(crate::Error::invalid(
+            "cross_entropy",
+            format!("z_loss {z} must be finite and >= 0"),
+        )),
+    }
+}
+
 pub fn check_da_acc(acc_shape: &Shape, acc_dtype: DType, a_shape: &Shape) -> Result<()> {
     const OP: &str = "matmul_backward_da_into";
     if acc_dtype != DType::F32 {
@@ -727,8 +738,13 @@ pub fn delta_rule_dims(
 pub struct CrossEntropyOut<T> {
     /// `[N]`: −log p(target) per row, 0 where the target is ignored.
     pub losses: T,
-    /// `[N, V]`: grad_scale · (softmax − onehot), zero rows where ignored.
+    /// `[N, V]`: grad_scale · ((1 + 2z·lse)·softmax − onehot), zero rows
+    /// where ignored (z the z-loss factor; lse the row's log-sum-exp).
     pub dlogits: T,
+    /// `[N]` where the z-loss factor z is not 0: z·lse² per row, 0 where
+    /// the target is ignored (PaLM's auxiliary loss, which keeps the
+    /// softmax's normaliser near 1).
+    pub z_losses: Option<T>,
 }
 
 /// Rotary embedding parameters: half-split `rotate_half` layout over the

@@ -277,14 +277,19 @@ fn token_out_of_range_names_id_and_position() {
 #[test]
 fn bad_target_is_named() {
     let logits = r(1, &[3, 4]);
-    let err = EX.cross_entropy(&logits, &[0, 4, 1], -100, 1.0).unwrap_err();
+    let err = EX.cross_entropy(&logits, &[0, 4, 1], -100, 1.0, 0.0).unwrap_err();
     assert!(
         matches!(err, Error::Invalid { .. }) && err.to_string().contains("target 4 at row 1"),
         "{err}"
     );
-    let err = EX.cross_entropy(&logits, &[0, -3, 1], -100, 1.0).unwrap_err();
+    let err = EX
+        .cross_entropy(&logits, &[0, -3, 1], -100, 1.0, 0.0)
+        .unwrap_err();
     assert!(err.to_string().contains("target -3"), "{err}");
-    shape_err(EX.cross_entropy(&logits, &[0, 1], -100, 1.0), "cross_entropy");
+    shape_err(
+        EX.cross_entropy(&logits, &[0, 1], -100, 1.0, 0.0),
+        "cross_entropy",
+    );
 }
 
 #[test]

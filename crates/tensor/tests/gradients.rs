@@ -531,12 +531,14 @@ fn cross_entropy_gradient_with_ignored_rows() {
     );
     let targets = [2, -100, 5, 0];
     let scale = 1.0 / 3.0;
-    let out = EX.cross_entropy(&logits, &targets, -100, scale as f32).unwrap();
+    let out = EX
+        .cross_entropy(&logits, &targets, -100, scale as f32, 0.0)
+        .unwrap();
     let scale = scale as f32 as f64;
     // Objective: the scaled mean loss; its gradient is exactly dlogits.
     grad_check("cross_entropy", &[logits], &[out.dlogits.data()], |i| {
         scale
-            * EX.cross_entropy(&i[0], &targets, -100, 1.0)
+            * EX.cross_entropy(&i[0], &targets, -100, 1.0, 0.0)
                 .unwrap()
                 .losses
                 .data()
@@ -545,6 +547,55 @@ fn cross_entropy_gradient_with_ignored_rows() {
     });
     assert_eq!(out.losses.data()[1], 0.0);
     assert!(out.dlogits.data()[6..12].iter().all(|&g| g == 0.0));
+}
+
+/// With a z-loss, dlogits is the gradient of the scaled sum of the
+/// cross-entropy and z·lse², and `z_losses` holds z·lse² per row (0 where
+/// ignored); the cross-entropy itself is unchanged.
+#[test]
+fn cross_entropy_z_loss_gradient() {
+    let logits = t(
+        &[4, 6],
+        &random_f64(19, 24)
+            .iter()
+            .map(|v| 3.0 * v + 2.0)
+            .collect::<Vec<_>>(),
+    );
+    let targets = [2, -100, 5, 0];
+    let (scale, z) = (1.0 / 3.0, 0.05f32);
+    let out = EX
+        .cross_entropy(&logits, &targets, -100, scale as f32, z)
+        .unwrap();
+    let plain = EX
+        .cross_entropy(&logits, &targets, -100, scale as f32, 0.0)
+        .unwrap();
+    assert_eq!(out.losses.data(), plain.losses.data());
+    assert!(plain.z_losses.is_none());
+    let zl = out.z_losses.as_ref().unwrap().data();
+    let row = |r: usize| &logits.data()[6 * r..6 * r + 6];
+    let lse = |x: &[f64]| x.iter().map(|v| v.exp()).sum::<f64>().ln();
+    for r in [0, 2, 3] {
+        let want = z as f64 * lse(row(r)).powi(2);
+        assert!(
+            (zl[r] - want).abs() <= 1e-12 * want,
+            "row {r}: {} vs {want}",
+            zl[r]
+        );
+    }
+    assert_eq!(zl[1], 0.0);
+    let scale = scale as f32 as f64;
+    grad_check(
+        "cross_entropy z-loss",
+        std::slice::from_ref(&logits),
+        &[out.dlogits.data()],
+        |i| {
+            let o = EX.cross_entropy(&i[0], &targets, -100, 1.0, z).unwrap();
+            let zsum: f64 = o.z_losses.unwrap().data().iter().sum();
+            scale * (o.losses.data().iter().sum::<f64>() + zsum)
+        },
+    );
+    assert!(EX.cross_entropy(&logits, &targets, -100, 1.0, f32::NAN).is_err());
+    assert!(EX.cross_entropy(&logits, &targets, -100, 1.0, -0.5).is_err());
 }
 
 /// `scale_rows(x, w)`'s gradients are `scale_rows(dy, w)` towards x and

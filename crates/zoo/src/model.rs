@@ -116,6 +116,7 @@ pub fn forward_backward<'a, E: Executor>(
         &x,
         targets,
         grad_scale,
+        0.0,
         chunk_rows,
     )?;
     let mut grads: Vec<Vec<E::Tensor>> = Vec::with_capacity(cfg.num_layers_total());

@@ -61,7 +61,8 @@ fn streamed_micro_batch(
         inputs.push(y);
     }
     let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
-    let head = head_forward_backward(cfg, &ex, &w[l + 1], tied, &inputs[l], targets, grad_scale, 3).unwrap();
+    let head =
+        head_forward_backward(cfg, &ex, &w[l + 1], tied, &inputs[l], targets, grad_scale, 0.0, 3).unwrap();
     let mut grads: W = vec![vec![]; l + 2];
     grads[l + 1] = head.grads;
     let mut dx = head.dx;
@@ -209,7 +210,7 @@ fn bad_inputs_are_errors_not_panics() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("block 2 of a model of 2 blocks"), "{msg}");
-    let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 4);
+    let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 0.0, 4);
     assert!(tied_head.is_err(), "untied head refuses an embedding table");
 }
 

@@ -1,6 +1,6 @@
 //! Embedding gather / scatter-add and fused cross-entropy.
 
-use megatrain_tensor::{CrossEntropyOut, DType, Error, Result};
+use megatrain_tensor::{CrossEntropyOut, DType, Error, Result, Shape};
 
 use super::{GpuExecutor, f, grid_for, need_f32, u};
 use crate::kernels::Kernel;
@@ -143,9 +143,11 @@ impl GpuExecutor {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
+        z_loss: f32,
     ) -> Result<CrossEntropyOut<GpuTensor>> {
         let name = "cross_entropy";
         need_f32(name, logits)?;
+        megatrain_tensor::check_z_loss(z_loss)?;
         if logits.shape.rank() != 2 || logits.dims()[0] != targets.len() {
             return Err(Error::shape(
                 name,
@@ -163,7 +165,13 @@ impl GpuExecutor {
                 format!("target {t} at row {pos} is outside the vocabulary of {v}"),
             ));
         }
-        let losses = self.alloc_f32([n])?;
+        // With a z-loss, the rows' z terms follow the losses in the same
+        // buffer (the kernel's one LOSS binding), from a 256-byte boundary.
+        let z_at = match z_loss > 0.0 {
+            true => n.div_ceil(64) * 64,
+            false => 0,
+        };
+        let all = self.alloc_f32([z_at + n])?;
         let dlogits = self.alloc_f32([n, v])?;
         let tgt = self.upload_words(bytemuck::cast_slice(targets))?;
         let fold = self.folds_maxima();
@@ -173,7 +181,7 @@ impl GpuExecutor {
         for (r0, nr) in self.row_chunks(n, &[v])? {
             let xv = self.view(logits, r0 * v, nr * v)?;
             let tv = self.view(&tgt, r0, nr)?;
-            let lv = self.view(&losses, r0, nr)?;
+            let lv = self.view(&all, 0, z_at + n)?;
             let dv = self.view(&dlogits, r0 * v, nr * v)?;
             let mv = self.maxima_view(&slots, (r0, nr), dv)?;
             let params = [
@@ -183,18 +191,29 @@ impl GpuExecutor {
                 f(grad_scale),
                 xv.elem_off,
                 tv.elem_off,
-                lv.elem_off,
+                lv.elem_off + u(r0),
                 dv.elem_off,
                 // cross_entropy.wgsl's STORE_MAX.
                 fold as u32,
                 mv.elem_off,
-                0,
-                0,
+                f(z_loss),
+                lv.elem_off + u(z_at + r0),
             ];
             op.dispatch(Kernel::CrossEntropy, &params, &[xv, tv, lv, dv, mv], grid_for(nr));
         }
         op.finish()?;
         self.remember_maxima_slots(&dlogits, slots);
-        Ok(CrossEntropyOut { losses, dlogits })
+        let part = |at: usize| GpuTensor {
+            buf: all.buf.clone(),
+            offset: all.offset + 4 * at as u64,
+            shape: Shape::new([n]),
+            dtype: DType::F32,
+            derived: Default::default(),
+        };
+        Ok(CrossEntropyOut {
+            losses: part(0),
+            dlogits,
+            z_losses: (z_loss > 0.0).then(|| part(z_at)),
+        })
     }
 }

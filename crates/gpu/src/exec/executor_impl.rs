@@ -660,7 +660,8 @@ impl Executor for GpuExecutor {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
+        z_loss: f32,
     ) -> Result<CrossEntropyOut<GpuTensor>> {
-        self.cross_entropy_impl(logits, targets, ignore_index, grad_scale)
+        self.cross_entropy_impl(logits, targets, ignore_index, grad_scale, z_loss)
     }
 }

@@ -93,6 +93,11 @@ pub struct TrainArgs {
     /// default 0: off). nanoGPT's --dropout is both this and --dropout.
     #[arg(long)]
     attn_dropout: Option<f64>,
+    /// PaLM's z-loss: add Z·lse² per target (lse the log-sum-exp of its
+    /// logits) to the loss the gradient is of, keeping the softmax's
+    /// normaliser near 1 (PaLM: 1e-4); logged as z_loss [default: 0, off].
+    #[arg(long)]
+    z_loss: Option<f64>,
     /// Exact global-norm gradient clipping (0 = off, the default; > 0 holds
     /// gradients and runs the update after backward).
     #[arg(long)]
@@ -289,6 +294,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         grad_clip,
         dropout,
         attn_dropout,
+        z_loss,
         precision,
         checkpoint_every,
         keep_activations,

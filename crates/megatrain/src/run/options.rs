@@ -346,6 +346,10 @@ pub struct TrainOptions {
     /// Dropout on the attention's probabilities (GPT-2's `attn_pdrop`,
     /// transformers' `attention_dropout`), in [0, 0.99]; 0 is off.
     pub attn_dropout: f64,
+    /// PaLM's z-loss factor: z·lse² per target (lse its logits'
+    /// log-sum-exp) joins the loss the gradient is of, which keeps the
+    /// softmax's normaliser near 1 (PaLM 1e-4); logged as `z_loss`. 0 is off.
+    pub z_loss: f64,
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
@@ -476,6 +480,7 @@ impl Default for TrainOptions {
             grad_clip: 0.0,
             dropout: 0.0,
             attn_dropout: 0.0,
+            z_loss: 0.0,
             precision: Precision::F32,
             checkpoint_every: 1,
             keep_activations: KeepActivations::Auto,
@@ -721,6 +726,13 @@ impl TrainOptions {
         }
         finite_nonneg("weight-decay", self.weight_decay)?;
         finite_nonneg("grad-clip", self.grad_clip)?;
+        if !(self.z_loss.is_finite() && (0.0..=1.0).contains(&self.z_loss)) {
+            return Err(RunError::option(
+                "z-loss",
+                self.z_loss,
+                "must be in [0, 1] (PaLM uses 1e-4)",
+            ));
+        }
         for (name, p) in [("dropout", self.dropout), ("attn-dropout", self.attn_dropout)] {
             if !(0.0..=megatrain_tensor::MAX_DROPOUT).contains(&p) {
                 return Err(RunError::option(

@@ -668,6 +668,7 @@ pub fn train_with<E: Executor>(
             attention: opts.attn_dropout,
             seed: opts.seed,
         },
+        z_loss: opts.z_loss as f32,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {

@@ -61,6 +61,10 @@ pub struct TrainerConfig {
     /// Dropout in the step's forwards (none by default; evaluation and
     /// generation never drop).
     pub dropout: TrainDropout,
+    /// PaLM's z-loss factor z: z·lse² per counted target (lse the
+    /// log-sum-exp of its logits) joins the loss the gradient is of, the
+    /// mean reported as `StepMetrics::z_loss`. 0 is off.
+    pub z_loss: f32,
 }
 
 /// Dropout in training: `hidden` on the embedding's output and each
@@ -126,6 +130,7 @@ impl Default for TrainerConfig {
             keep_activations: 0,
             carry_layers: 0,
             dropout: TrainDropout::default(),
+            z_loss: 0.0,
         }
     }
 }

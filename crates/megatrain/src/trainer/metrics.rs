@@ -85,6 +85,10 @@ pub struct StepMetrics {
     /// layers are carried into the next step (`carry_layers`): their
     /// updates, and their share of the norm, come later.
     pub grad_norm: Option<f64>,
+    /// With a z-loss (`TrainerConfig::z_loss`): its mean over the counted
+    /// targets, z·lse², beside `loss` (which is the cross-entropy's alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub z_loss: Option<f64>,
     /// Each layer's share of it (the embedding, the blocks, the head:
     /// the tier's order), as norms; empty where `grad_norm` comes from no
     /// update (layers carried into the next step).

@@ -414,6 +414,7 @@ impl<E: Executor> Trainer<E> {
         m.comm_ms += count_ms;
         m.comm_wait_ms += count_ms;
         let mut loss_sum = 0.0;
+        let mut z_sum = 0.0;
         self.grad_sq.reset(self.tier.layers().len());
         // A mixture of experts' load-balancing loss is each forward's, as
         // transformers computes it, averaged over the step's micro-batches
@@ -425,7 +426,7 @@ impl<E: Executor> Trainer<E> {
             let last = k + 1 == micro.len();
             let update = last && self.config.grad_clip.is_none();
             let rows = self.rows(batch, k)?;
-            let (l, a) = self.micro_batch(
+            let (l, a, z) = self.micro_batch(
                 (batch, rows),
                 (grad_scale, aux_weight),
                 update,
@@ -435,15 +436,16 @@ impl<E: Executor> Trainer<E> {
             )?;
             loss_sum += l;
             aux_loss += a;
+            z_sum += z;
             m.tokens += (batch.batch * batch.seq_len) as u64;
         }
         if let Some(d) = &self.dist {
             let t = Instant::now();
-            let mut x = [loss_sum, aux_loss];
+            let mut x = [loss_sum, aux_loss, z_sum];
             d.comm()
                 .sum_f64(&mut x)
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
-            (loss_sum, aux_loss) = (x[0], x[1]);
+            (loss_sum, aux_loss, z_sum) = (x[0], x[1], x[2]);
             // Every rank draws batches of the same shape.
             m.tokens *= d.comm().size() as u64;
             m.ranks = d.comm().size() as u64;
@@ -472,6 +474,9 @@ impl<E: Executor> Trainer<E> {
         } else {
             0.0
         } + aux_loss;
+        if self.config.z_loss > 0.0 && counted > 0 {
+            m.z_loss = Some(z_sum / counted as f64);
+        }
         m.optimizer_hidden = if m.optimizer_ms > 0.0 {
             (1.0 - m.optimizer_wait_ms / m.optimizer_ms).clamp(0.0, 1.0)
         } else {
@@ -561,7 +566,7 @@ impl<E: Executor> Trainer<E> {
         last: bool,
         lr: f32,
         m: &mut StepMetrics,
-    ) -> Result<(f64, f64)> {
+    ) -> Result<(f64, f64, f64)> {
         let chunk = self.transfer_chunk();
         let in_flight = self.reserve_gradient_downloads(chunk)?;
         let Trainer {
@@ -606,7 +611,7 @@ impl<E: Executor> Trainer<E> {
         rising.begin_more(ex)?;
         let apply = Apply { adamw, masks, pool };
 
-        let loss = std::thread::scope(|scope| -> Result<(f64, f64)> {
+        let loss = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
             let opt = scope.spawn(move || match dist {
                 Some(d) => dist_worker(rx, shared, d, last),
                 None => worker(rx, shared).map(|busy_ms| WorkerReport {
@@ -689,11 +694,13 @@ impl<E: Executor> Trainer<E> {
                 &x,
                 &batch.targets,
                 grad_scale,
+                config.z_loss,
                 config.chunk_rows,
             )?;
             drop((x, head_w));
             let HeadOut {
                 losses,
+                z_losses,
                 mut dx,
                 grads,
                 tied_grad,
@@ -742,6 +749,7 @@ impl<E: Executor> Trainer<E> {
             h.push(grads, m)?;
             h.flush(m)?;
             let loss_sum = sum_losses(ex, &losses)?;
+            let z_sum = sum_losses(ex, &z_losses)?;
             m.backward_ms += ms(t_bwd);
 
             // 4. The optimizer's tail.
@@ -766,7 +774,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
             m.comm_wait_ms += rep.waited_after(t_wait);
-            Ok((loss_sum, aux.map_or(0.0, |a| a.loss)))
+            Ok((loss_sum, aux.map_or(0.0, |a| a.loss), z_sum))
         });
 
         // The last writes behind: the host waits for them (the next step

@@ -1034,8 +1034,10 @@ impl<F: Real> Executor for RefExecutor<F> {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
+        z_loss: f32,
     ) -> Result<CrossEntropyOut<T<F>>> {
         let op = "cross_entropy";
+        crate::check_z_loss(z_loss)?;
         let (rows, v) = (logits.shape().rows(), logits.shape().last());
         if logits.dims().is_empty() || rows != targets.len() {
             return Err(Error::shape(
@@ -1047,16 +1049,18 @@ impl<F: Real> Executor for RefExecutor<F> {
                 ),
             ));
         }
-        let (losses, dlogits) = r::cross_entropy(
+        let (losses, dlogits, z_losses) = r::cross_entropy(
             f32_data(op, logits)?,
             targets,
             v,
             ignore_index,
             F::from_f32(grad_scale),
+            F::from_f32(z_loss),
         )?;
         Ok(CrossEntropyOut {
             losses: out(Shape::new([rows]), losses),
             dlogits: out(logits.shape().clone(), dlogits),
+            z_losses: (z_loss > 0.0).then(|| out(Shape::new([rows]), z_losses)),
         })
     }
 }

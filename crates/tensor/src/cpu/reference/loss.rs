@@ -5,17 +5,20 @@ use rayon::prelude::*;
 use crate::cpu::Real;
 use crate::{Error, Result};
 
-/// Returns `(losses [n], dlogits [n, v])` for `logits: [n, v]`, `n =
-/// targets.len()`. A row whose target is `ignore_index` has loss 0 and a
-/// zero gradient row; any other target outside `[0, v)` is an error naming
-/// it. `dlogits = grad_scale · (softmax − onehot)`.
+/// Returns `(losses [n], dlogits [n, v], z_losses [n])` for `logits: [n,
+/// v]`, `n = targets.len()`. A row whose target is `ignore_index` has loss
+/// 0 and a zero gradient row; any other target outside `[0, v)` is an error
+/// naming it. With z the z-loss factor and lse the row's log-sum-exp,
+/// `z_losses = z·lse²` and `dlogits = grad_scale · ((1 + 2z·lse)·softmax −
+/// onehot)`, the gradient of `loss + z_loss`.
 pub fn cross_entropy<F: Real>(
     logits: &[F],
     targets: &[i32],
     v: usize,
     ignore_index: i32,
     grad_scale: F,
-) -> Result<(Vec<F>, Vec<F>)> {
+    z: F,
+) -> Result<(Vec<F>, Vec<F>, Vec<F>)> {
     let n = targets.len();
     assert_eq!(logits.len(), n * v, "cross_entropy: logits length");
     if let Some((row, &tg)) = targets
@@ -31,16 +34,18 @@ pub fn cross_entropy<F: Real>(
         ));
     }
     let mut losses = vec![F::zero(); n];
+    let mut z_losses = vec![F::zero(); n];
     let mut dlogits = vec![F::zero(); n * v];
     if v == 0 {
-        return Ok((losses, dlogits));
+        return Ok((losses, dlogits, z_losses));
     }
+    let two = F::one() + F::one();
     dlogits
         .par_chunks_mut(v)
         .zip(logits.par_chunks(v))
-        .zip(losses.par_iter_mut())
+        .zip(losses.par_iter_mut().zip(z_losses.par_iter_mut()))
         .zip(targets.par_iter())
-        .for_each(|(((dr, xr), loss), &tg)| {
+        .for_each(|(((dr, xr), (loss, zl)), &tg)| {
             if tg == ignore_index {
                 return;
             }
@@ -49,10 +54,12 @@ pub fn cross_entropy<F: Real>(
             let lse = mx + sum.ln();
             let tg = tg as usize;
             *loss = lse - xr[tg];
+            *zl = z * lse * lse;
+            let k = grad_scale * (F::one() + two * z * lse);
             for (d, &x) in dr.iter_mut().zip(xr) {
-                *d = grad_scale * (x - lse).exp();
+                *d = k * (x - lse).exp();
             }
             dr[tg] = dr[tg] - grad_scale;
         });
-    Ok((losses, dlogits))
+    Ok((losses, dlogits, z_losses))
 }
