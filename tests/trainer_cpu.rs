@@ -56,6 +56,21 @@ fn trainer_with(model: &ModelConfig, config: TrainerConfig, hold: bool) -> Train
     common::trainer(CpuExecutor::new(), model, tier, SEED, config)
 }
 
+/// `big`'s rows as `n` micro-batches in order.
+fn micro_batches(big: &Batch, n: usize) -> Vec<Batch> {
+    let (rows, t) = (big.batch / n, big.seq_len);
+    (0..n)
+        .map(|i| Batch {
+            batch: rows,
+            seq_len: t,
+            inputs: big.inputs[i * rows * t..(i + 1) * rows * t].to_vec(),
+            targets: big.targets[i * rows * t..(i + 1) * rows * t].to_vec(),
+            lengths: None,
+            docs: None,
+        })
+        .collect()
+}
+
 fn params(t: &Trainer<CpuExecutor>) -> Vec<Vec<f32>> {
     t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
 }
@@ -268,16 +283,7 @@ fn kept_activations_do_not_change_training() {
 fn four_micro_batches_equal_one_batch_of_four() {
     let model = common::llama_tiny(3);
     let big = TRAINER_STREAM.batch(256, 0, 8, 9);
-    let micro: Vec<Batch> = (0..4)
-        .map(|i| Batch {
-            batch: 2,
-            seq_len: 9,
-            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
-            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
-            lengths: None,
-            docs: None,
-        })
-        .collect();
+    let micro = micro_batches(&big, 4);
     let mut one = trainer(&model, 1, true, None);
     let mut four = trainer(&model, 2, true, None);
     for _ in 0..3 {
@@ -324,16 +330,7 @@ fn every_step_reports_the_norm_of_its_gradient() {
     // steps; and none where layers are carried into the next step.
     let model = common::llama_tiny(3);
     let big = TRAINER_STREAM.batch(256, 0, 4, 9);
-    let micro: Vec<Batch> = (0..2)
-        .map(|i| Batch {
-            batch: 2,
-            seq_len: 9,
-            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
-            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
-            lengths: None,
-            docs: None,
-        })
-        .collect();
+    let micro = micro_batches(&big, 2);
     let mut exact = trainer(&model, 1, true, Some(1e9));
     let mut one = trainer(&model, 2, false, None);
     let mut held = trainer(&model, 1, true, None);
@@ -390,16 +387,7 @@ fn a_z_loss_is_reported_and_joins_the_gradient() {
     // two micro-batches; it moves the parameters; 0 reports nothing.
     let model = common::llama_tiny(2);
     let big = TRAINER_STREAM.batch(256, 0, 4, 9);
-    let micro: Vec<Batch> = (0..2)
-        .map(|i| Batch {
-            batch: 2,
-            seq_len: 9,
-            inputs: big.inputs[i * 18..(i + 1) * 18].to_vec(),
-            targets: big.targets[i * 18..(i + 1) * 18].to_vec(),
-            lengths: None,
-            docs: None,
-        })
-        .collect();
+    let micro = micro_batches(&big, 2);
     let with_z = |hold: bool| {
         let config = TrainerConfig {
             z_loss: 1e-2,
