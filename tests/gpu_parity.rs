@@ -322,6 +322,35 @@ fn gpt2_nano_streamed_training_matches_cpu_for_20_steps() {
     check_training(&gpt2_nano(65));
 }
 
+/// A z-loss through the whole streamed step: the GPU's cross-entropy
+/// kernel and its z terms (head chunks of 32 rows over 48 targets), summed
+/// as the trainer reads them, and the gradient they join, step after step.
+#[test]
+fn z_loss_streamed_training_matches_cpu() {
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
+    let config = TrainerConfig {
+        checkpoint_every: 2,
+        chunk_rows: 32,
+        adamw: common::adamw(),
+        z_loss: 1e-2,
+        ..TrainerConfig::default()
+    };
+    let tier = common::copies(TransportDType::F32);
+    let mut cpu = common::trainer(CpuExecutor::new(), &model, tier.clone(), 3, config.clone());
+    let mut gpu = common::trainer(GpuExecutor::new(ctx), &model, tier, 3, config);
+    for step in 0..5 {
+        let b = GPU_STREAM.batch(model.vocab_size, step, 2, 24);
+        let c = cpu.step(std::slice::from_ref(&b), 1e-3).unwrap();
+        let g = gpu.step(std::slice::from_ref(&b), 1e-3).unwrap();
+        let (cz, gz) = (c.z_loss.unwrap(), g.z_loss.unwrap());
+        for (what, x, y) in [("loss", c.loss, g.loss), ("z_loss", cz, gz)] {
+            let rel = (x - y).abs() / x.abs();
+            assert!(rel <= 1e-5, "step {step}: GPU {what} {y} vs CPU {x} (rel {rel})");
+        }
+    }
+}
+
 /// Routing on the host from the GPU's router scores, the experts' rows
 /// gathered, scaled and scattered back, and the routing weights' gradient
 /// from the GPU's row dot products.
