@@ -507,3 +507,34 @@ fn packed_rows_resume_exactly() {
     );
     check_resume_on(&data, tweak);
 }
+
+/// `skip_batches`: a run resumed with batches skipped draws batch
+/// `step · grad_accum + N` from then on, through later resumes the same as
+/// in one resume to the end (the CLI's resume keeps the run's saved value
+/// unless given another); unskipped, it trains otherwise.
+#[test]
+fn skipped_batches_stay_skipped_through_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = corpus(tmp.path());
+    let run_to = |dir: &Path, steps: u64, skip: u64| {
+        let mut o = options(&data, dir);
+        o.steps = steps;
+        o.skip_batches = skip;
+        o.save_every = 2;
+        // One schedule whatever the steps of each part.
+        o.decay_steps = Some(8);
+        o
+    };
+    let (a, b, c) = (tmp.path().join("a"), tmp.path().join("b"), tmp.path().join("c"));
+    for dir in [&a, &b, &c] {
+        run(run_to(dir, 4, 0), false, None);
+    }
+    run(run_to(&a, 8, 3), true, None);
+    run(run_to(&b, 6, 3), true, None);
+    run(run_to(&b, 8, 3), true, None);
+    run(run_to(&c, 8, 0), true, None);
+    assert!(ckpt_bytes(&a) == ckpt_bytes(&b), "the offset was not kept");
+    assert!(ckpt_bytes(&a) != ckpt_bytes(&c), "skipping changed no batch");
+    let state = read_train_state(&latest_checkpoint(&a).unwrap()).unwrap();
+    assert_eq!((state.step, state.data_position), (8, 8 + 3));
+}

@@ -165,6 +165,12 @@ pub struct TrainArgs {
     /// padding) | next-fit (each row the next records that fit).
     #[arg(long)]
     packing: Option<Packing>,
+    /// Draw the data N micro-batches further on than step × grad-accum:
+    /// with --resume from a checkpoint before a loss spike, skips the
+    /// batches around it (PaLM's remedy); later resumes keep the offset
+    /// [default: 0].
+    #[arg(long)]
+    skip_batches: Option<u64>,
     #[arg(long)]
     eval_every: Option<u64>,
     /// Stop once N evaluations in a row have not lowered the best
@@ -305,6 +311,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         rows,
         packing,
         eval_every,
+        skip_batches,
         early_stop,
         eval_batches,
         sample_every,

@@ -39,7 +39,8 @@ pub struct TrainState {
     pub tokens: u64,
     /// Training wall time so far (seconds, summed over resumes).
     pub train_s: f64,
-    /// Micro-batches drawn so far (`step · grad_accum`): the data position.
+    /// The data position: `step · grad_accum` plus the micro-batches
+    /// skipped (`skip_batches`).
     pub data_position: u64,
     /// `hf`, `char` or `byte`.
     pub tokenizer: String,
@@ -93,7 +94,7 @@ impl TrainState {
             step,
             tokens,
             train_s,
-            data_position: step * options.grad_accum as u64,
+            data_position: step * options.grad_accum as u64 + options.skip_batches,
             tokenizer: tokenizer.into(),
             options: options.clone(),
             note: "batch i is drawn from (seed, i) by a counter-based hash: no RNG state is saved".into(),

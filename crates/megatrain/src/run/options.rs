@@ -384,6 +384,10 @@ pub struct TrainOptions {
     /// `next-fit`. Runs saved before the option existed packed next fit.
     #[serde(default = "next_fit")]
     pub packing: Packing,
+    /// The data position is this many micro-batches past `step ·
+    /// grad_accum`: resumed from a checkpoint before a loss spike with the
+    /// batches around it skipped (PaLM's remedy). Kept by later resumes.
+    pub skip_batches: u64,
     /// Evaluate every this many steps (0: only at the end).
     pub eval_every: u64,
     /// Stop once this many evaluations in a row have not gone below the
@@ -491,6 +495,7 @@ impl Default for TrainOptions {
             sampling: SamplingKind::Random,
             rows: RowsKind::Auto,
             packing: Packing::BestFit,
+            skip_batches: 0,
             eval_every: 250,
             early_stop: 0,
             eval_batches: 20,

@@ -759,7 +759,7 @@ pub fn train_with<E: Executor>(
                 draw_mix_rows(
                     &p.train,
                     draw,
-                    s * ga + m,
+                    s * ga + m + opts.skip_batches,
                     opts.global_batch(),
                     rows.clone(),
                     opts.seq_len,
