@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::cli::{refused, run as run_bin, s};
+use common::cli::{corpus, refused, run as run_bin, s};
 use megatrain::run::tensorboard::{
     Entry, ReadEvent, convert, entry_record, event_files, read_events, version_record,
 };
@@ -85,16 +85,6 @@ fn a_file_that_is_not_whole_or_not_true_is_read_up_to_its_end_or_refused() {
     std::fs::write(&p, &bad).unwrap();
     let e = read_events(&p).unwrap_err().to_string();
     assert!(e.contains("record at byte 0") && e.contains("CRC"), "{e}");
-}
-
-fn corpus(dir: &Path) -> PathBuf {
-    let p = dir.join("corpus.txt");
-    std::fs::write(
-        &p,
-        "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n".repeat(20),
-    )
-    .unwrap();
-    p
 }
 
 fn options(data: &Path, out: &Path) -> TrainOptions {

@@ -6,8 +6,9 @@
 //! Every slice is cut to the same length before the loop so that LLVM drops
 //! the bounds checks and vectorises; the loop body has no branches (the
 //! decay mask is resolved outside into uniform pieces, the transport kind
-//! is a type parameter). The gradient's sum of squares and its zeroing run
-//! after the loop, over the piece it left in cache ([`grad_sum_sq`]).
+//! is a type parameter). The gradient's sum of squares ([`sum_sq`]) and its
+//! zeroing run after the loop, over the piece it left in cache
+//! (`optimizer::run_leaf`).
 
 use half::{bf16, f16};
 use megatrain_tensor::convert::f32_to_f16_sat_bits;
@@ -264,16 +265,6 @@ pub(crate) fn sum_sq(x: &[f32]) -> f64 {
         return unsafe { sum_sq_avx2(x) };
     }
     sum_sq_body(x)
-}
-
-/// Σ x² of a piece (at most a rayon chunk) in f64, for the norm of the
-/// gradient a step applied: run right after the update, whose read left
-/// the piece in cache (the same pass before it, from memory, cost the
-/// update 17%; the update's own loop vectorises only without the sum).
-/// f64, not f32 lanes: each square is exact, so pieces cut elsewhere (other
-/// chunks, ranks) change the norm in its last bits only.
-pub(crate) fn grad_sum_sq(x: &[f32]) -> f64 {
-    sum_sq(x)
 }
 
 #[inline(always)]

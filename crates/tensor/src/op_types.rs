@@ -139,8 +139,6 @@ pub fn check_db_acc(acc_shape: &Shape, acc_dtype: DType, b_shape: &Shape) -> Res
     Ok(())
 }
 
-/// What [`Executor::matmul_backward_da_into`](crate::Executor::matmul_backward_da_into) needs of its accumulator:
-/// f32, of `a`'s shape (every executor checks it with this).
 /// A cross-entropy's z-loss factor: finite and ≥ 0.
 pub fn check_z_loss(z: f32) -> Result<()> {
     match z.is_finite() && z >= 0.0 {
@@ -152,6 +150,8 @@ pub fn check_z_loss(z: f32) -> Result<()> {
     }
 }
 
+/// What [`Executor::matmul_backward_da_into`](crate::Executor::matmul_backward_da_into) needs of its accumulator:
+/// f32, of `a`'s shape (every executor checks it with this).
 pub fn check_da_acc(acc_shape: &Shape, acc_dtype: DType, a_shape: &Shape) -> Result<()> {
     const OP: &str = "matmul_backward_da_into";
     if acc_dtype != DType::F32 {

@@ -177,11 +177,12 @@ impl GpuExecutor {
         let fold = self.folds_maxima();
         let slots = self.maxima_slots(fold, n)?;
         let mut op = self.op(name);
+        // Every chunk binds all the losses (and z terms): a few bytes a row.
+        let lv = self.view(&all, 0, z_at + n)?;
         // Chunked over rows: each chunk's logits and gradient fit one binding.
         for (r0, nr) in self.row_chunks(n, &[v])? {
             let xv = self.view(logits, r0 * v, nr * v)?;
             let tv = self.view(&tgt, r0, nr)?;
-            let lv = self.view(&all, 0, z_at + n)?;
             let dv = self.view(&dlogits, r0 * v, nr * v)?;
             let mv = self.maxima_view(&slots, (r0, nr), dv)?;
             let params = [
