@@ -7,7 +7,10 @@
 //! gradient accumulation, kept blocks, gradients in chunks, and a learning
 //! rate that changes every step (a carried layer takes its own step's).
 //! Until settled, the carried layers are one update behind and whatever
-//! reads them is refused.
+//! reads them is refused. The same holds of clipping's updates, which go
+//! into the next step's forward (`TrainerConfig::defer_clipped_updates`)
+//! against updating every layer after the backward: with a threshold that
+//! scales the gradients and one that does not, the same norms too.
 
 mod common;
 
@@ -77,6 +80,8 @@ fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, carry: usize) ->
 
 struct Run {
     losses: Vec<f64>,
+    /// Each step's gradient norm and its layers'.
+    norms: Vec<(Option<f64>, Vec<f64>)>,
     /// Parameters before settling, then after.
     before: Vec<Vec<f32>>,
     params: Vec<Vec<f32>>,
@@ -87,10 +92,11 @@ fn params<E: Executor>(t: &Trainer<E>) -> Vec<Vec<f32>> {
     t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
 }
 
-fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> Run {
+/// `carry` layers' updates are left to the next step each step.
+fn train<E: Executor>(mut t: Trainer<E>, case: Case, carry: usize) -> Run {
     let vocab = t.model().vocab_size;
-    let carry = t.config().carry_layers;
     let mut losses = Vec::new();
+    let mut norms = Vec::new();
     for (step, lr) in LRS.iter().enumerate() {
         let micro: Vec<Batch> = (0..case.micro as u64)
             .map(|k| CHUNK_STREAM.batch(vocab, step as u64 * 10 + k, 2, 9))
@@ -101,6 +107,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> Run {
         assert_eq!(m.carried_ms > 0.0, step > 0 && carry > 0, "step {step}: {m:?}");
         assert_eq!(m.bytes_downloaded, 4 * t.tier().n_params() * case.micro as u64);
         losses.push(m.loss);
+        norms.push((m.grad_norm, m.layer_grad_norms));
     }
     let before = params(&t);
     if carry > 0 {
@@ -114,6 +121,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> Run {
     assert_eq!(t.settle().unwrap(), 0.0, "settling twice");
     Run {
         losses,
+        norms,
         before,
         params: params(&t),
         transport: t
@@ -128,14 +136,14 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case) -> Run {
 fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usize]) {
     for case in cases() {
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
-        let plain = train(trainer(make(), model, case, 0), case);
+        let plain = train(trainer(make(), model, case, 0), case, 0);
         assert!(
             plain.losses.iter().all(|l| l.is_finite()),
             "{what}: {:?}",
             plain.losses
         );
         for &carry in carries {
-            let run = train(trainer(make(), model, case, carry), case);
+            let run = train(trainer(make(), model, case, carry), case, carry);
             assert_eq!(plain.losses, run.losses, "{what}, carry {carry}: losses");
             assert!(
                 plain.params == run.params,
@@ -155,6 +163,135 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usiz
             }
         }
     }
+}
+
+/// A trainer that clips at `max_norm`, its updates deferred or not.
+fn clipping<E: Executor>(ex: E, model: &ModelConfig, case: Case, max_norm: f64, defer: bool) -> Trainer<E> {
+    let tier = TierConfig {
+        transport: case.transport,
+        hold_grads: true,
+        ..TierConfig::default()
+    };
+    let config = TrainerConfig {
+        transfer_chunk: case.chunk,
+        keep_activations: case.keep,
+        grad_clip: Some(max_norm),
+        defer_clipped_updates: defer,
+        ..common::k2_config(None)
+    };
+    common::trainer(ex, model, tier, 5, config)
+}
+
+/// Clipping's updates deferred into the next forward change no result, at
+/// a threshold that scales every step's gradients (0.05) and one that
+/// scales none.
+fn check_clipped<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, cases: &[Case]) {
+    let layers = model.num_layers + 2;
+    for &case in cases {
+        for max_norm in [0.05, 1e3] {
+            let what = format!(
+                "{:?} tied {} {case:?} max_norm {max_norm}",
+                model.arch, model.tie_word_embeddings
+            );
+            let after = train(clipping(make(), model, case, max_norm, false), case, 0);
+            let run = train(clipping(make(), model, case, max_norm, true), case, layers);
+            assert_eq!(after.losses, run.losses, "{what}: losses");
+            assert_eq!(after.norms, run.norms, "{what}: gradient norms");
+            assert!(after.params == run.params, "{what}: parameters differ");
+            assert!(
+                after.transport == run.transport,
+                "{what}: transport copies differ"
+            );
+            assert!(
+                after.params.iter().zip(&run.before).all(|(a, b)| a != b),
+                "{what}: a layer was not one update behind before settling"
+            );
+            for (step, (norm, per_layer)) in run.norms.iter().enumerate() {
+                let norm = norm.expect("clipping reports the norm it took");
+                // The threshold binds at 0.05 and not at 1e3.
+                assert_eq!(
+                    norm > max_norm,
+                    max_norm < 1.0,
+                    "{what}: step {step}'s norm {norm}"
+                );
+                assert_eq!(per_layer.len(), layers);
+                let whole = per_layer.iter().map(|x| x * x).sum::<f64>().sqrt();
+                assert!((whole - norm).abs() <= 1e-12 * norm, "{what}: {whole} vs {norm}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_clipped_updates_deferred_change_no_result() {
+    for model in models() {
+        check_clipped(CpuExecutor::new, &model, &cases());
+    }
+}
+
+#[test]
+fn gpu_clipped_updates_deferred_change_no_result() {
+    let Some(ctx) = common::ctx() else { return };
+    let c = cases();
+    check_clipped(
+        || GpuExecutor::new(ctx.clone()),
+        &common::llama_tiny(3),
+        &[c[1], c[2]],
+    );
+    let mut tied = common::gpt2_two_blocks();
+    tied.tie_word_embeddings = true;
+    check_clipped(|| GpuExecutor::new(ctx.clone()), &tied, &[c[0]]);
+}
+
+/// Clipping's norm is summed block by block as the last micro-batch's
+/// chunks come in, the blocks no chunk held whole at the end: the same
+/// bits whatever the chunks (whole layers: every block as it comes; 1021
+/// or 4099 elements: some or none before the end).
+#[test]
+fn clipping_norms_do_not_depend_on_the_chunks() {
+    let model = common::llama_tiny(3);
+    let c = cases()[0];
+    let runs: Vec<Run> = [c.chunk, 1021, 4099]
+        .into_iter()
+        .map(|chunk| {
+            let case = Case { chunk, micro: 2, ..c };
+            let layers = model.num_layers + 2;
+            train(
+                clipping(CpuExecutor::new(), &model, case, 0.05, true),
+                case,
+                layers,
+            )
+        })
+        .collect();
+    for r in &runs[1..] {
+        assert_eq!(r.norms, runs[0].norms);
+        assert_eq!(r.losses, runs[0].losses);
+        assert!(r.params == runs[0].params);
+    }
+}
+
+/// A save applies the clipped updates left to the next step, and the
+/// tier is not handed out for writing before.
+#[test]
+fn saving_applies_deferred_clipped_updates() {
+    let model = common::llama_tiny(2);
+    let mut t = clipping(CpuExecutor::new(), &model, cases()[0], 0.05, true);
+    let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
+    t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+    assert_eq!(t.carried_layers(), 4);
+    let err = t.eval_loss(&batch).unwrap_err().to_string();
+    assert!(err.contains("4 layers (0..4, clipped)"), "{err}");
+    let steps = t
+        .save_on_rank0(|tier, _| {
+            Ok::<_, megatrain::trainer::TrainError>(
+                tier.layers().iter().map(|s| s.step()).collect::<Vec<_>>(),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(steps, [1, 1, 1, 1]);
+    assert_eq!(t.carried_layers(), 0);
+    let _ = t.tier_mut();
 }
 
 /// llama-tiny with three blocks and gpt2-nano with two, heads tied or not.
@@ -257,7 +394,7 @@ fn carrying_is_refused_where_it_cannot_run() {
             grad_clip: Some(1.0),
             ..TrainerConfig::default()
         },
-        &["carry_layers (1)", "clipping"],
+        &["carry_layers (1)", "clipping", "defer_clipped_updates"],
     );
     refused(
         TrainerConfig {

@@ -276,6 +276,18 @@ fn plan_weighs_the_hosts_adamw() {
         t.contains("carrying the first 10 layers' AdamW") && t.contains("= 2101.6 ms, 3898 tokens/s at best"),
         "{t}"
     );
+    assert!(!t.contains("--grad-clip"), "{t}");
+    // Clipping holds every gradient to the backward's end: its AdamW can
+    // overlap only the next forward, which it then outlasts (plus the
+    // norm, 4/30 of AdamW's 1813.2 ms).
+    let t = text(&["--hold-grads"]);
+    assert!(
+        t.contains("with --grad-clip")
+            && t.contains("idle, 241.8 ms)")
+            && t.contains("forward 1843.0 ms + backward 1145.5 ms + norm = 3230.3 ms, 2536 tokens/s at best")
+            && t.contains("(every AdamW after the backward instead: 3592.3 ms)"),
+        "{t}"
+    );
     let t = text(&["--adamw-gparams", "21"]);
     assert!(
         t.contains("the backward covers it") && t.contains("--batch 7 at --seq-len 1024"),

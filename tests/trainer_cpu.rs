@@ -318,6 +318,9 @@ fn exact_clipping_equals_reference_clip() {
     assert!((m.loss - ref_loss).abs() <= 1e-6 * ref_loss);
     let norm = m.grad_norm.expect("clipping reports the norm");
     assert!(norm > 0.05, "the test must actually clip (norm {norm})");
+    // The clipped update waits for the next step's forward.
+    assert_eq!(t.carried_layers(), model.num_layers + 2);
+    t.settle().unwrap();
     let d = max_rel_diff(&params(&t), &reference);
     assert!(d <= 1e-5, "clipped params differ by {d}");
 }

@@ -287,6 +287,12 @@ pub trait Executor {
     /// Starts a new peak for [`Executor::memory_stats`].
     fn reset_peak_memory(&self) {}
 
+    /// Sets the ops called so far running without waiting for them, before
+    /// the host turns to work of its own (an executor that records ops in
+    /// batches would otherwise hold them until its next transfer). A no-op
+    /// where each op runs as it is called.
+    fn flush(&self) {}
+
     /// Where this executor's tensors live ([`TensorMemory::Host`] unless it
     /// has memory of its own).
     fn tensor_memory(&self) -> TensorMemory {

@@ -63,7 +63,7 @@ pub(super) fn tier_for(
     let config = TierConfig {
         shard,
         transport: precision(spec)?.transport(),
-        hold_grads: false,
+        hold_grads: spec.grad_clip.is_some(),
         ram_budget_bytes: spec.host_budget,
         spill_dir: spec.host_budget.map(|_| {
             spec.spill_dir
@@ -136,7 +136,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         keep_activations: 0,
         chunk_rows: config.chunk_rows,
         transport: p.transport(),
-        hold_grads: false,
+        hold_grads: spec.grad_clip.is_some(),
         carry_layers: spec.carry_layers,
     };
     let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());
@@ -441,6 +441,39 @@ mod tests {
             )),
             "{table}"
         );
+    }
+
+    /// `--grad-clip`: the clipped updates run in the next step's forward
+    /// (the step's tail is the norm alone), or after the backward with
+    /// `--clip-after-backward`, to the same losses.
+    #[test]
+    fn clipping_runs_its_updates_in_the_next_forward() {
+        let spec = Spec {
+            label: "clipped".into(),
+            layers: Some(2),
+            hidden: None,
+            seq_len: 8,
+            batch: 2,
+            steps: 3,
+            grad_clip: Some(0.05),
+            ..test_spec()
+        };
+        let deferred = run(&spec).unwrap();
+        let after = run(&Spec {
+            clip_after_backward: true,
+            ..spec.clone()
+        })
+        .unwrap();
+        assert_eq!(deferred.loss_first, after.loss_first);
+        assert_eq!(deferred.loss_last, after.loss_last);
+        assert!(deferred.carried_ms > 0.0 && after.carried_ms == 0.0);
+        assert!(after.optimizer_tail_ms > 0.0);
+        let err = run(&Spec {
+            grad_clip: Some(-1.0),
+            ..spec
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("--grad-clip -1"), "{err:#}");
     }
 
     /// `--dropout` and `--attn-dropout` reach the trainer: the same run

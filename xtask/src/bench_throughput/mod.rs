@@ -138,6 +138,15 @@ pub struct Args {
     /// AdamW just before loading each (default 0: off).
     #[arg(long, default_value = "0")]
     carry_layers: usize,
+    /// Exact global-norm clipping at this threshold (default off): every
+    /// gradient held on the host, the step ending with their norm, and
+    /// each layer's AdamW in the next step's forward.
+    #[arg(long)]
+    grad_clip: Option<f64>,
+    /// With --grad-clip: every layer's AdamW after the backward instead,
+    /// with the device idle (the same results; for comparison).
+    #[arg(long, requires = "grad_clip")]
+    clip_after_backward: bool,
     /// Dropout on the embedding's and residual branches' outputs (default
     /// 0: off; the step then runs a dropout kernel a branch).
     #[arg(long, default_value = "0")]
@@ -241,6 +250,8 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         chunks_in_flight: a.chunks_in_flight,
         optimizer_queue: a.optimizer_queue,
         carry_layers: a.carry_layers,
+        grad_clip: a.grad_clip,
+        clip_after_backward: a.clip_after_backward,
         dropout: a.dropout,
         attn_dropout: a.attn_dropout,
         keep_activations: a.keep_activations,

@@ -58,6 +58,14 @@ pub struct Spec {
     /// (`TrainerConfig::carry_layers`; default 0).
     #[serde(default)]
     pub carry_layers: usize,
+    /// Exact global-norm clipping at this threshold (gradients held on the
+    /// host; `TrainerConfig::grad_clip`).
+    #[serde(default)]
+    pub grad_clip: Option<f64>,
+    /// Clipped updates after the backward, not in the next forward
+    /// (`TrainerConfig::defer_clipped_updates` off).
+    #[serde(default)]
+    pub clip_after_backward: bool,
     /// Dropout on the embedding's and residual branches' outputs, and on
     /// the attention's probabilities (`TrainerConfig::dropout`; default 0).
     #[serde(default)]
@@ -94,6 +102,14 @@ impl Spec {
             config.optimizer_queue = n.max(1);
         }
         config.carry_layers = self.carry_layers;
+        if let Some(c) = self.grad_clip {
+            anyhow::ensure!(
+                c.is_finite() && c > 0.0,
+                "--grad-clip {c}: must be positive and finite"
+            );
+            config.grad_clip = Some(c);
+        }
+        config.defer_clipped_updates = !self.clip_after_backward;
         config.dropout = megatrain::trainer::TrainDropout {
             hidden: self.dropout,
             attention: self.attn_dropout,
@@ -188,6 +204,8 @@ pub(crate) fn test_spec() -> Spec {
         chunks_in_flight: None,
         optimizer_queue: None,
         carry_layers: 0,
+        grad_clip: None,
+        clip_after_backward: false,
         dropout: 0.0,
         attn_dropout: 0.0,
         keep_activations: KeepActivations::NONE,

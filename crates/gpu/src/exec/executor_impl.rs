@@ -169,6 +169,10 @@ impl Executor for GpuExecutor {
         GpuExecutor::reset_peak_memory(self);
     }
 
+    fn flush(&self) {
+        GpuExecutor::flush(self);
+    }
+
     /// Host memory on a software adapter; a GPU's own memory otherwise,
     /// sized by its Vulkan device-local heap. The noop device (host floor)
     /// has none to report and stands for an H100: its 80 GB, so that

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use megatrain::run::{
-    BusCover, KeepActivations, Machine, PlanInput, Precision, Room, RunError, ShareTransport,
-    bus_cover_keeping, disk_estimate, mem_available, most_kept, per_rank, plan,
+    BusCover, CLIP_NORM_SHARE, KeepActivations, Machine, PlanInput, Precision, Room, RunError,
+    ShareTransport, bus_cover_keeping, disk_estimate, mem_available, most_kept, per_rank, plan,
 };
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
@@ -311,7 +311,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         } else {
             "twice"
         };
-        print_cover(&c, machine, (a.batch, a.seq_len), ups, a.carry_layers);
+        print_cover(
+            &c,
+            machine,
+            (a.batch, a.seq_len),
+            ups,
+            (a.carry_layers, a.hold_grads),
+        );
     }
     match a.host_mem.or_else(mem_available) {
         _ if !one_fits => {}
@@ -359,8 +365,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
 }
 
 /// `ups`: how often a block's transport copy goes up ("once" where every
-/// block is kept from forward to backward).
-fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: &str, carry: usize) {
+/// block is kept from forward to backward); `hold`: gradients are held
+/// (the step as clipping runs it is printed too).
+fn print_cover(
+    c: &BusCover,
+    m: Machine,
+    (batch, seq_len): (usize, usize),
+    ups: &str,
+    (carry, hold): (usize, bool),
+) {
     let ms = |s: f64| s * 1e3;
     println!(
         "compute vs bus and the host's AdamW, assuming {} TFLOP/s sustained, {} GB/s each way and \
@@ -447,6 +460,20 @@ fn print_cover(c: &BusCover, m: Machine, (batch, seq_len): (usize, usize), ups: 
     };
     if carry > 0 {
         println!("  with --carry-layers {carry}: {}", carried(carry));
+    }
+    if hold {
+        let (step, forward) = c.step_clipping_s(m, tokens, true);
+        println!(
+            "  with --grad-clip (every gradient held to the backward's end, their norm then taken with the device \
+             idle, {:.1} ms): each layer's AdamW in the next step's forward, forward {:.1} ms + backward {:.1} ms \
+             + norm = {:.1} ms, {:.0} tokens/s at best (every AdamW after the backward instead: {:.1} ms)",
+            ms(CLIP_NORM_SHARE * c.step_adamw_s(m)),
+            ms(forward),
+            ms(c.step_backward_s(m, tokens)),
+            ms(step),
+            tokens as f64 / step,
+            ms(c.step_clipping_s(m, tokens, false).0)
+        );
     }
     match c.best_carry(m, tokens).0 {
         0 => println!(

@@ -45,6 +45,10 @@
 use megatrain_tier::TransportDType;
 use megatrain_zoo::ModelConfig;
 
+/// The host's norm of the held gradients (4 bytes a parameter read) as a
+/// share of its AdamW (about 30 moved), both bound by memory bandwidth.
+pub const CLIP_NORM_SHARE: f64 = 4.0 / 30.0;
+
 /// What the estimate assumes about the machine.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Machine {
@@ -181,7 +185,37 @@ impl BusCover {
     /// AdamW. Blocks are taken as alike (their mean parameters and FLOPs).
     /// Returns the step and, of it, the forward.
     pub fn step_carrying_s(&self, m: Machine, tokens: u64, carry: usize) -> (f64, f64) {
-        let carry = carry.min(self.blocks + 1);
+        let (forward, updated) = self.forward_updating(m, tokens, carry.min(self.blocks + 1), false);
+        let rest = (self.step_adamw_s(m) - updated).max(0.0);
+        let step = forward + self.step_backward_s(m, tokens).max(rest);
+        (step.max(self.step_bus_s(m)), forward)
+    }
+
+    /// The step with exact clipping (`--grad-clip`): every gradient is held
+    /// until the backward ends, and then the host takes their norm with
+    /// the device idle (it reads 4 of the ~30 bytes a parameter AdamW
+    /// moves: [`CLIP_NORM_SHARE`] of its time). With `deferred`
+    /// (`TrainerConfig::defer_clipped_updates`) the next step's forward
+    /// updates every layer just before loading it, as
+    /// [`BusCover::step_carrying_s`] does the carried ones, the head too;
+    /// else every update follows the norm. Returns the step and, of it,
+    /// the forward.
+    pub fn step_clipping_s(&self, m: Machine, tokens: u64, deferred: bool) -> (f64, f64) {
+        let adamw = self.step_adamw_s(m);
+        let (forward, after) = match deferred {
+            true => (self.forward_updating(m, tokens, self.blocks + 1, true).0, 0.0),
+            false => (self.step_forward_s(m, tokens), adamw),
+        };
+        let step = forward + self.step_backward_s(m, tokens) + CLIP_NORM_SHARE * adamw + after;
+        (step.max(self.step_bus_s(m)), forward)
+    }
+
+    /// The forward where the first `carry` layers (the embedding, then
+    /// blocks) and, with `head`, the head are updated one after another
+    /// from its start, each layer's forward beginning once its update and
+    /// the layer before are done. Returns the forward and the time the
+    /// updates took.
+    fn forward_updating(&self, m: Machine, tokens: u64, carry: usize, head: bool) -> (f64, f64) {
         let rate = m.adamw_gparams * 1e9;
         let n = self.blocks.max(1) as f64;
         let block_adamw = self.blocks_params as f64 / n / rate;
@@ -201,10 +235,12 @@ impl BusCover {
             }
             forward += block_forward;
         }
-        forward += head_forward;
-        let rest = (self.step_adamw_s(m) - updated).max(0.0);
-        let step = forward + self.step_backward_s(m, tokens).max(rest);
-        (step.max(self.step_bus_s(m)), forward)
+        if head {
+            let head_params = self.step_params - self.embedding_params - self.blocks_params;
+            updated += head_params as f64 / rate;
+            forward = forward.max(updated);
+        }
+        (forward + head_forward, updated)
     }
 
     /// The number of layers to carry that makes
@@ -544,6 +580,53 @@ mod tests {
         };
         let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
         assert_eq!(c.best_carry(fast, tokens).0, 0);
+    }
+
+    /// Clipping: the norm after the backward either way; every AdamW after
+    /// it, or each layer's in the next forward (the head's too), where a
+    /// slow host makes the forward wait for the updates and a fast one
+    /// leaves the forward as it was.
+    #[test]
+    fn clipped_updates_go_after_the_backward_or_into_the_forward() {
+        let m = preset("gpt2-nano", Some(65)).unwrap();
+        let tables = m.layer_tables();
+        let tokens = 4096;
+        let slow = Machine {
+            adamw_gparams: 1e-3,
+            ..Machine::H100
+        };
+        let c = bus_cover(&m, 64, TransportDType::F32, slow).unwrap();
+        let (adamw, fwd, bwd) = (
+            c.step_adamw_s(slow),
+            c.step_forward_s(slow, tokens),
+            c.step_backward_s(slow, tokens),
+        );
+        let norm = CLIP_NORM_SHARE * adamw;
+        let (after, f) = c.step_clipping_s(slow, tokens, false);
+        assert_eq!(f, fwd);
+        assert!((after - (fwd + bwd + norm + adamw)).abs() < 1e-12 * after);
+        // AdamW-bound: every update one after another, the head's forward
+        // after the head's update.
+        let head_forward = fwd - c.blocks_flops_per_token / 3.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
+        let (deferred, f) = c.step_clipping_s(slow, tokens, true);
+        assert!(
+            (f - (adamw + head_forward)).abs() < 1e-9 * f,
+            "{f} vs {}",
+            adamw + head_forward
+        );
+        assert!((deferred - (f + bwd + norm)).abs() < 1e-12 * deferred);
+        assert!(deferred < after);
+        let fast = Machine {
+            adamw_gparams: 1e6,
+            ..Machine::H100
+        };
+        let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
+        let (deferred, f) = c.step_clipping_s(fast, tokens, true);
+        // Only the embedding's update and the first block's wait.
+        let first = (tables[0].numel() + tables[1].numel()) as f64 / 1e15;
+        assert!((f - c.step_forward_s(fast, tokens) - first).abs() < 1e-9 * f);
+        // (Both may be the bus time here.)
+        assert!(deferred <= c.step_clipping_s(fast, tokens, false).0);
     }
 
     #[test]

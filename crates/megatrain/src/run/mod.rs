@@ -25,7 +25,7 @@ pub use checkpoint::{
     checkpoint_name, latest_checkpoint, note_best, prune_checkpoints, read_train_state, resolve_model_dir,
     save_run_checkpoint,
 };
-pub use cover::{BusCover, Machine, bus_cover, bus_cover_keeping};
+pub use cover::{BusCover, CLIP_NORM_SHARE, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use generate::{

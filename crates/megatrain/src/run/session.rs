@@ -663,6 +663,7 @@ pub fn train_with<E: Executor>(
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
+        defer_clipped_updates: true,
         dropout: crate::trainer::TrainDropout {
             hidden: opts.dropout,
             attention: opts.attn_dropout,

@@ -10,6 +10,11 @@
 //! down while it otherwise carries weights only up. AdamW is elementwise
 //! and each layer is updated with its own step's learning rate, so results
 //! are those of the step that made the gradients, bit for bit.
+//!
+//! Clipping ([`super::TrainerConfig::defer_clipped_updates`]) carries every
+//! layer's update the same way ([`Deferred`]), from the gradients the tier
+//! holds: its updates wait for the norm of all of them, so without this the
+//! host's whole AdamW follows the backward with the device idle.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -21,7 +26,7 @@ use megatrain_tier::LayerSlab;
 
 use super::handoff::land_chunk;
 use super::optimizer::{StagingPool, apply_chunk};
-use super::update::Hyper;
+use super::update::{Hyper, Part, update_part};
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
 
 /// One layer whose update waits for the next step.
@@ -34,10 +39,67 @@ pub(super) struct Carried<T> {
     pub lr: f32,
 }
 
+/// The clipped updates the last step left to the next: every layer from
+/// `next` on, in table order, from its held gradient scaled by `coef`, at
+/// the learning rate `lr` of the step that made them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deferred {
+    pub coef: f32,
+    pub lr: f32,
+    pub next: usize,
+}
+
+impl Deferred {
+    /// Applies the deferred updates of every layer up to table index
+    /// `through` (all of `slabs` are the tier's layers, in order), taking
+    /// them out of `d` once the last is applied. The ops called before are
+    /// set running first, so the device computes while the host updates.
+    /// Time goes where [`Rising::settle_through`] puts it.
+    fn apply_through<E: Executor>(
+        d: &mut Option<Deferred>,
+        ex: &E,
+        through: usize,
+        slabs: &mut [LayerSlab],
+        a: &Apply<'_>,
+        m: &mut StepMetrics,
+    ) -> Result<()> {
+        let Some(mut left) = d.take_if(|l| l.next <= through) else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        ex.flush();
+        let end = through.saturating_add(1).min(slabs.len());
+        for slab in &mut slabs[left.next..end] {
+            let h = Hyper {
+                adamw: a.adamw,
+                mask: &a.masks[slab.index()],
+                lr: left.lr,
+                grad_scale: left.coef,
+                grad_sq: None,
+            };
+            let numel = slab.numel();
+            let t_opt = Instant::now();
+            let done = update_part(slab, Part::of(numel, None, 0..numel), None, h);
+            let busy = ms(t_opt);
+            m.optimizer_ms += busy;
+            m.optimizer_wait_ms += busy;
+            done?;
+            left.next += 1;
+        }
+        if left.next < slabs.len() {
+            *d = Some(left);
+        }
+        m.carried_ms += ms(t);
+        Ok(())
+    }
+}
+
 /// Carried layers coming down in chunks, in table order: at most `limit`
 /// chunks in flight at once, across layers, so that the next layer's first
 /// chunks are on their way while the forward runs on the layer before.
 pub(super) struct Rising<T> {
+    /// Clipping's, applied first (the two are never carried together).
+    deferred: Option<Deferred>,
     layers: VecDeque<Layer<T>>,
     in_flight: VecDeque<(usize, Range<usize>, Download<T>)>,
     chunk: usize,
@@ -67,6 +129,7 @@ impl<T> Rising<T> {
     /// when it kept them.)
     pub(super) fn new(
         mut carried: Vec<Carried<T>>,
+        deferred: Option<Deferred>,
         layers: &[LayerSlab],
         chunk: usize,
         limit: usize,
@@ -92,6 +155,7 @@ impl<T> Rising<T> {
             })
             .collect::<Result<VecDeque<_>>>()?;
         Ok(Rising {
+            deferred,
             layers,
             in_flight: VecDeque::new(),
             chunk: chunk.max(1),
@@ -100,7 +164,7 @@ impl<T> Rising<T> {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.layers.is_empty()
+        self.layers.is_empty() && self.deferred.is_none()
     }
 
     /// Begins downloads up to the limit, the first layers' first.
@@ -120,7 +184,8 @@ impl<T> Rising<T> {
     }
 
     /// Brings down and applies every carried layer up to table index
-    /// `through`, keeping downloads of the later ones in flight. Time goes
+    /// `through` (first the deferred clipped updates up to it), keeping
+    /// downloads of the later ones in flight. Time goes
     /// to `m.carried_ms`; the AdamW part of it to `m.optimizer_ms` and, as
     /// the thread that queues the forward is the one running it, to
     /// `m.optimizer_wait_ms` (none of it counts as hidden).
@@ -132,6 +197,7 @@ impl<T> Rising<T> {
         a: &Apply<'_>,
         m: &mut StepMetrics,
     ) -> Result<()> {
+        Deferred::apply_through(&mut self.deferred, ex, through, slabs, a, m)?;
         if self.layers.front().is_none_or(|l| l.index > through) {
             return Ok(());
         }
@@ -195,23 +261,43 @@ pub(super) fn describe<T>(carried: &[Carried<T>]) -> String {
 impl<E: Executor> Trainer<E> {
     /// Layers whose update the last step left to the next.
     pub fn carried_layers(&self) -> usize {
-        self.carried.len()
+        self.carried.len() + self.deferred.map_or(0, |d| self.tier.len() - d.next)
+    }
+
+    /// What is carried, for errors that name it.
+    pub(super) fn describe_carried(&self) -> String {
+        match self.deferred {
+            Some(d) => format!(
+                "{} layers ({}..{}, clipped)",
+                self.tier.len() - d.next,
+                d.next,
+                self.tier.len()
+            ),
+            None => describe(&self.carried),
+        }
     }
 
     /// Applies the updates the last step left to the next
-    /// ([`super::TrainerConfig::carry_layers`]): brings those layers' gradients
-    /// down and runs their AdamW, so the tier holds every layer as of the
-    /// last step. A no-op when nothing is carried. Returns the time taken,
-    /// in milliseconds.
+    /// ([`super::TrainerConfig::carry_layers`], and clipping's,
+    /// [`super::TrainerConfig::defer_clipped_updates`]): brings those layers'
+    /// gradients down (or reads the held ones) and runs their AdamW, so the
+    /// tier holds every layer as of the last step. A no-op when nothing is
+    /// carried. Returns the time taken, in milliseconds.
     pub fn settle(&mut self) -> Result<f64> {
-        if self.carried.is_empty() {
+        if self.carried_layers() == 0 {
             return Ok(0.0);
         }
         let t = Instant::now();
         let chunk = self.transfer_chunk();
         let in_flight = self.reserve_gradient_downloads(chunk)?;
         let carried = std::mem::take(&mut self.carried);
-        let mut rising = Rising::new(carried, self.tier.layers(), chunk, in_flight)?;
+        let mut rising = Rising::new(
+            carried,
+            self.deferred.take(),
+            self.tier.layers(),
+            chunk,
+            in_flight,
+        )?;
         let apply = Apply {
             adamw: &self.adamw,
             masks: &self.masks,
@@ -225,11 +311,11 @@ impl<E: Executor> Trainer<E> {
     /// Refuses `what` while updates are carried: it would read parameters
     /// one update behind.
     pub(super) fn ensure_settled(&self, what: &str) -> Result<()> {
-        match self.carried.is_empty() {
-            true => Ok(()),
-            false => Err(TrainError::Config(format!(
+        match self.carried_layers() {
+            0 => Ok(()),
+            _ => Err(TrainError::Config(format!(
                 "{what} reads the parameters, but the updates of {} are carried into the next step: call Trainer::settle first",
-                describe(&self.carried)
+                self.describe_carried()
             ))),
         }
     }

@@ -56,8 +56,20 @@ pub struct TrainerConfig {
     /// checkpoint save runs), those layers' parameters are one update
     /// behind, an evaluation or generation is refused, and a trainer
     /// dropped unsettled drops the update. Results do not depend on it.
-    /// Not with clipping, data parallel ranks or a tier that spills.
+    /// Not with clipping (which carries every layer's update; below), data
+    /// parallel ranks or a tier that spills.
     pub carry_layers: usize,
+    /// With clipping, whose updates need the norm of every gradient and so
+    /// cannot overlap the backward: the step ends once it has the norm,
+    /// and the next step's forward runs each layer's AdamW, from its held
+    /// gradient, just before loading it (`carry.rs`), so the host's AdamW
+    /// overlaps the device's forward instead of following the backward
+    /// with the device idle. As with `carry_layers`, the parameters are
+    /// one update behind until [`Trainer::settle`](super::Trainer::settle).
+    /// `false` updates every layer before the step returns. Only where one
+    /// process trains from a tier in RAM (ranks and a tier that spills
+    /// update after the backward either way). Results do not depend on it.
+    pub defer_clipped_updates: bool,
     /// Dropout in the step's forwards (none by default; evaluation and
     /// generation never drop).
     pub dropout: TrainDropout,
@@ -129,6 +141,7 @@ impl Default for TrainerConfig {
             chunks_in_flight: 0,
             keep_activations: 0,
             carry_layers: 0,
+            defer_clipped_updates: true,
             dropout: TrainDropout::default(),
             z_loss: 0.0,
         }

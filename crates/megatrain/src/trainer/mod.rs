@@ -32,9 +32,12 @@
 //! `upload.rs` for why a load never overwrites weights still in use.
 //!
 //! Exact global-norm clipping needs every gradient before any update: in
-//! that mode gradients are held in the tier and the update runs after
-//! backward (reported as optimizer wait). Gradient accumulation also holds
-//! gradients; the update overlaps the last micro-batch's backward.
+//! that mode gradients are held in the tier, the step ends with their norm,
+//! and the next step's forward runs each layer's update just before loading
+//! it (`carry.rs`; after the backward instead, reported as optimizer wait,
+//! with ranks, a tier that spills, or without
+//! [`TrainerConfig::defer_clipped_updates`]). Gradient accumulation also
+//! holds gradients; the update overlaps the last micro-batch's backward.
 
 mod carry;
 mod config;
@@ -52,12 +55,12 @@ mod spill_window;
 mod update;
 mod upload;
 
-use update::{GradSquares, Hyper, Part, update_part};
+use update::{GradSquares, HeldNorms, Hyper, Part, update_part};
 
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
-use megatrain_adamw::{AdamW, AdamWError, DecayMask, clip_coefficient, global_grad_norm};
+use megatrain_adamw::{AdamW, AdamWError, DecayMask, clip_coefficient};
 use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
@@ -67,7 +70,7 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
-use carry::{Apply, Carried, Rising};
+use carry::{Apply, Carried, Deferred, Rising};
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 pub use metrics::StepMetrics;
@@ -117,10 +120,14 @@ pub struct Trainer<E: Executor> {
     dist: Option<DistState>,
     /// Updates the last step left to the next (`carry.rs`).
     carried: Vec<Carried<E::Tensor>>,
+    /// The clipped updates the last step left to the next (`carry.rs`).
+    deferred: Option<Deferred>,
     /// The index of the next step, which its dropout masks are drawn from.
     next_step: u64,
     /// The squares of the gradients the step's updates applied.
     grad_sq: GradSquares,
+    /// The squares of the held gradients, for clipping's norm.
+    held_norms: HeldNorms,
 }
 
 /// Lets the executor read each layer's transport copy by itself (uploads
@@ -192,7 +199,8 @@ impl<E: Executor> Trainer<E> {
         if config.carry_layers > 0 {
             if config.grad_clip.is_some() {
                 return Err(TrainError::Config(format!(
-                    "carry_layers ({}) cannot be used with exact gradient clipping, whose updates all follow the backward",
+                    "carry_layers ({}) cannot be used with exact gradient clipping, which holds every gradient on the host \
+                     (and carries every update into the next step: defer_clipped_updates)",
                     config.carry_layers
                 )));
             }
@@ -261,8 +269,10 @@ impl<E: Executor> Trainer<E> {
             spill: WindowConfig::default(),
             dist: None,
             carried: Vec::new(),
+            deferred: None,
             next_step: 0,
             grad_sq: GradSquares::default(),
+            held_norms: HeldNorms::default(),
         })
     }
 
@@ -329,9 +339,9 @@ impl<E: Executor> Trainer<E> {
     /// them first, or they would be applied over what is put in.
     pub fn tier_mut(&mut self) -> &mut HostTier {
         assert!(
-            self.carried.is_empty(),
+            self.carried_layers() == 0,
             "Trainer::tier_mut with the updates of {} carried: call Trainer::settle first",
-            carry::describe(&self.carried)
+            self.describe_carried()
         );
         &mut self.tier
     }
@@ -375,9 +385,10 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// One optimizer step over `micro` micro-batches at learning rate `lr`.
-    /// Where updates are carried ([`TrainerConfig::carry_layers`]), it
-    /// first applies those the last step left, as its forward reaches each
-    /// layer; a step that fails drops any it had not applied yet.
+    /// Where updates are carried ([`TrainerConfig::carry_layers`], and
+    /// clipping's, [`TrainerConfig::defer_clipped_updates`]), it first
+    /// applies those the last step left, as its forward reaches each layer;
+    /// a step that fails drops any it had not applied yet.
     pub fn step(&mut self, micro: &[Batch], lr: f64) -> Result<StepMetrics> {
         let t_step = Instant::now();
         if micro.is_empty() {
@@ -416,6 +427,8 @@ impl<E: Executor> Trainer<E> {
         let mut loss_sum = 0.0;
         let mut z_sum = 0.0;
         self.grad_sq.reset(self.tier.layers().len());
+        self.held_norms
+            .reset(self.tier.layers().iter().map(LayerSlab::numel));
         // A mixture of experts' load-balancing loss is each forward's, as
         // transformers computes it, averaged over the step's micro-batches
         // on every rank.
@@ -458,7 +471,7 @@ impl<E: Executor> Trainer<E> {
                 Some(d) if d.config.shard_optimizer => {
                     self.clip_and_update_sharded(max_norm, lr as f32, &mut m)?
                 }
-                _ => self.clip_and_update(max_norm, lr as f32, &mut m)?,
+                _ => self.clip(max_norm, lr as f32, &mut m)?,
             };
             let busy = ms(t);
             m.optimizer_ms += busy;
@@ -499,9 +512,11 @@ impl<E: Executor> Trainer<E> {
     /// summed: every update of the step is done by now, unless layers are
     /// carried into the next step (then nothing is reported). With the
     /// optimizer sharded each rank summed its own range; else every rank
-    /// updated every element.
+    /// updated every element. Clipping over a whole held gradient took
+    /// each layer's norm with the step's (`Trainer::clip`).
     fn gradient_norms(&mut self, m: &mut StepMetrics) -> Result<()> {
-        if self.config.carry_layers > 0 {
+        let sharded = self.dist.as_ref().is_some_and(|d| d.config.shard_optimizer);
+        if self.config.carry_layers > 0 || (self.config.grad_clip.is_some() && !sharded) {
             return Ok(());
         }
         let mut layers = self.grad_sq.per_layer();
@@ -525,14 +540,32 @@ impl<E: Executor> Trainer<E> {
         Ok(())
     }
 
-    /// Clipping mode, after every micro-batch: global norm over the held
-    /// gradients, then AdamW on every layer with the clip coefficient.
-    fn clip_and_update(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
-        let norm = {
-            let grads: Vec<&[f32]> = self.tier.layers().iter().filter_map(LayerSlab::grads).collect();
-            global_grad_norm(&grads)
-        };
+    /// Clipping mode, after every micro-batch: the norm of each layer's
+    /// held gradient and of them all, then AdamW on every layer with the
+    /// clip coefficient, here or (where the updates are deferred) in the
+    /// next step's forward, layer by layer. Returns the global norm.
+    fn clip(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
+        // Blocks summed as the last micro-batch's chunks came in (in one
+        // process; a rank's held sums come from the reduction), the rest
+        // now.
+        let sq = self
+            .tier
+            .layers()
+            .iter()
+            .map(|s| {
+                let g = s.grads().ok_or_else(|| {
+                    TrainError::Internal(format!("layer {}: clipping without held gradients", s.index()))
+                })?;
+                Ok(self.held_norms.finish(s.index(), g))
+            })
+            .collect::<Result<Vec<f64>>>()?;
+        let norm = sq.iter().sum::<f64>().sqrt();
+        m.layer_grad_norms = sq.iter().map(|x| x.sqrt()).collect();
         let coef = clip_coefficient(norm, max_norm);
+        if self.defers_clipped() {
+            self.deferred = Some(Deferred { coef, lr, next: 0 });
+            return Ok(norm);
+        }
         let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
         for slab in self.tier.layers_mut() {
             let h = Hyper {
@@ -540,7 +573,7 @@ impl<E: Executor> Trainer<E> {
                 mask: &self.masks[slab.index()],
                 lr,
                 grad_scale: coef,
-                grad_sq: Some(&self.grad_sq),
+                grad_sq: None,
             };
             let all = Part::of(slab.numel(), None, 0..slab.numel());
             update_part(slab, all, window.as_ref(), h)?;
@@ -549,6 +582,12 @@ impl<E: Executor> Trainer<E> {
             spill_window::record(m, &w.finish()?);
         }
         Ok(norm)
+    }
+
+    /// Whether clipped updates go into the next step's forward: asked for,
+    /// one process, a tier in RAM.
+    fn defers_clipped(&self) -> bool {
+        self.config.defer_clipped_updates && self.dist.is_none() && !self.tier.has_spill()
     }
 
     /// Forward, loss and backward of one micro-batch; gradients go to the
@@ -581,8 +620,10 @@ impl<E: Executor> Trainer<E> {
             spill,
             dist,
             carried,
+            deferred,
             next_step: _,
             grad_sq,
+            held_norms,
         } = self;
         let dist = dist.as_ref();
         let ex: &E = ex;
@@ -603,11 +644,18 @@ impl<E: Executor> Trainer<E> {
             pool,
             window: window.as_ref(),
             grad_sq,
+            held_norms: (last && config.grad_clip.is_some() && dist.is_none()).then_some(&*held_norms),
         };
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
-        // The last step's carried updates, applied as the forward reaches
-        // each layer; their first downloads begin now.
-        let mut rising = Rising::new(std::mem::take(carried), tier.layers(), chunk, in_flight)?;
+        // The last step's carried updates (or clipped ones), applied as the
+        // forward reaches each layer; their first downloads begin now.
+        let mut rising = Rising::new(
+            std::mem::take(carried),
+            deferred.take(),
+            tier.layers(),
+            chunk,
+            in_flight,
+        )?;
         rising.begin_more(ex)?;
         let apply = Apply { adamw, masks, pool };
 

@@ -15,7 +15,7 @@ use megatrain_tier::{LayerSlab, SpillWindow};
 use rayon::prelude::*;
 
 use super::TrainError;
-use super::update::{GradSquares, Hyper, Part, update_part};
+use super::update::{GradSquares, HeldNorms, Hyper, Part, update_part};
 
 /// One chunk of a layer's gradients, handed from the step to the
 /// optimizer. A layer's chunks come in order, the first one with the layer
@@ -125,6 +125,9 @@ pub(super) struct Shared<'a> {
     /// micro-batch of a tier that spills).
     pub window: Option<&'a SpillWindow>,
     pub grad_sq: &'a GradSquares,
+    /// Where the held gradients' squares are summed as their last chunks
+    /// are added in (the last micro-batch of a clipping step).
+    pub held_norms: Option<&'a HeldNorms>,
 }
 
 impl Shared<'_> {
@@ -272,7 +275,18 @@ fn run_job<'a>(job: Job<'a>, current: &mut Current<'a>, sh: &Shared<'_>) -> Resu
         let last = current.accept(slab, &range)?;
         let slab = current.slab();
         let mask = &sh.masks[slab.index()];
-        let result = apply_chunk(slab, range, &grads, update, sh.window, sh.hyper(mask));
+        let mut result = apply_chunk(slab, range.clone(), &grads, update, sh.window, sh.hyper(mask));
+        if let (Ok(()), Some(n)) = (&result, sh.held_norms) {
+            match slab.grads() {
+                Some(g) => n.note(slab.index(), g, range),
+                None => {
+                    result = Err(TrainError::Internal(format!(
+                        "layer {}: a clipping step without held gradients",
+                        slab.index()
+                    )))
+                }
+            }
+        }
         if last {
             current.take();
         }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
-use megatrain_adamw::{AdamW, DecayMask, Grad, SlabState, SlabUpdate, Transport};
+use megatrain_adamw::{AdamW, BlockNorms, DecayMask, Grad, SlabState, SlabUpdate, Transport};
 use megatrain_tier::{LayerSlab, SpillWindow, TransportMut};
 
 use super::TrainError;
@@ -81,6 +81,37 @@ impl GradSquares {
     /// Each layer's sum.
     pub fn per_layer(&self) -> Vec<f64> {
         self.0.lock().expect("grad squares poisoned").clone()
+    }
+}
+
+/// Per layer, Σ g² of the held gradient block by block, summed by the
+/// optimizer worker as the last micro-batch's chunks are added in (while
+/// they are in cache, beside the device's backward), so that clipping's
+/// norm after the backward has only the blocks that straddle chunks left
+/// to read; the same bits as a norm taken all at the end.
+#[derive(Debug, Default)]
+pub(super) struct HeldNorms(Mutex<Vec<BlockNorms>>);
+
+impl HeldNorms {
+    /// Nothing summed, for layers of `numels` elements.
+    pub fn reset(&self, numels: impl Iterator<Item = usize>) {
+        *self.0.lock().expect("held norms poisoned") = numels.map(BlockNorms::new).collect();
+    }
+
+    /// Elements `r` of `layer`'s held gradient `g` are final.
+    pub fn note(&self, layer: usize, g: &[f32], r: Range<usize>) {
+        if let Some(n) = self.0.lock().expect("held norms poisoned").get_mut(layer) {
+            n.note(g, r);
+        }
+    }
+
+    /// Σ g² of `layer`'s held gradient `g`.
+    pub fn finish(&self, layer: usize, g: &[f32]) -> f64 {
+        let v = self.0.lock().expect("held norms poisoned");
+        match v.get(layer) {
+            Some(n) => n.finish(g),
+            None => BlockNorms::new(g.len()).finish(g),
+        }
     }
 }
 
