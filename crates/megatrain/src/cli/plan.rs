@@ -464,9 +464,9 @@ fn print_cover(
     if hold {
         let (step, forward) = c.step_clipping_s(m, tokens, true);
         println!(
-            "  with --grad-clip (every gradient held to the backward's end, their norm then taken with the device \
-             idle, {:.1} ms): each layer's AdamW in the next step's forward, forward {:.1} ms + backward {:.1} ms \
-             + norm = {:.1} ms, {:.0} tokens/s at best (every AdamW after the backward instead: {:.1} ms)",
+            "  with --grad-clip (every gradient held to the backward's end, their norm, {:.1} ms, summed beside it): \
+             each layer's AdamW in the next step's forward, forward {:.1} ms + max(backward {:.1} ms, norm) \
+             = {:.1} ms, {:.0} tokens/s at best (every AdamW after the backward instead: {:.1} ms)",
             ms(CLIP_NORM_SHARE * c.step_adamw_s(m)),
             ms(forward),
             ms(c.step_backward_s(m, tokens)),
