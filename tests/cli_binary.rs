@@ -996,6 +996,89 @@ fn a_routers_correction_bias_is_kept_as_loaded() {
     }
 }
 
+/// `--rows stream-docs` through the binary: `train` says how its records
+/// sit in windows of the stream, `eval` scores those windows with each
+/// record on its own (not as `--rows stream` does, where they read each
+/// other), and a source without records is refused by name.
+#[test]
+fn windows_of_records_through_the_binary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let lines: String = (0..40)
+        .map(|i| format!("{{\"text\": \"{}\"}}\n", "to be or not ".repeat(i % 4 + 1)))
+        .collect();
+    let data = t.join("docs.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let run_dir = t.join("run");
+    let train = |data: &Path, out: &Path| {
+        run(&[
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--tokenizer",
+            "byte",
+            "--data",
+            s(data),
+            "--rows",
+            "stream-docs",
+            "--seq-len",
+            "64",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--eval-every",
+            "0",
+            "--device",
+            "cpu",
+            "--out",
+            s(out),
+        ])
+    };
+    let out = train(&data, &run_dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("docs.jsonl: 36 records in windows of the stream, each on its own: no padding"),
+        "{err}"
+    );
+    let eval = |rows: &str| {
+        let out = run(&[
+            "eval",
+            "--model",
+            s(&run_dir),
+            "--data",
+            s(&data),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "64",
+            "--rows",
+            rows,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (docs, stream) = (eval("stream-docs"), eval("stream"));
+    assert!(
+        docs.contains("windows of the stream, each record on its own"),
+        "{docs}"
+    );
+    assert!(stream.contains("windows of the stream)"), "{stream}");
+    let loss = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
+    assert_ne!(loss(&docs), loss(&stream));
+    let text = t.join("plain.txt");
+    std::fs::write(&text, "to be or not to be ".repeat(50)).unwrap();
+    let out = train(&text, &t.join("refused"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("--rows stream-docs")
+            && err.contains("plain.txt holds no records"),
+        "{err}"
+    );
+}
+
 /// `.jsonl` through the binary: `train` says how its rows of records are
 /// cut and padded, `eval` scores each record once and says so (on the run
 /// and on its bf16 export, in one file or in shards), and both refuse

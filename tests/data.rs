@@ -190,6 +190,95 @@ fn alpaca_counts_only_the_response_and_eos() {
     assert_eq!(mask, "0001110000011");
 }
 
+/// A document record (`{"text": ...}`, as pretraining sets store them) is
+/// its text and the end-of-sequence id, every token counted, whatever the
+/// template; a record with both a text and a conversation is the
+/// conversation; one with neither names the forms.
+#[test]
+fn text_records_count_every_token_and_end_with_eos() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("d.jsonl");
+    std::fs::write(
+        &p,
+        "{\"text\":\"ab\"}\n{\"text\":\"c\",\"id\":7}\n{\"instruction\":\"x\",\"output\":\"y\",\"text\":\"ignored\"}\n",
+    )
+    .unwrap();
+    let d = load_tokens(&p, &Bytes, &letters()).unwrap();
+    let text: String = d
+        .tokens
+        .iter()
+        .map(|c| if c == 0 { '|' } else { c as u8 as char })
+        .collect();
+    assert_eq!(text, "ab|c|UxAy|");
+    let mask: String = d
+        .loss_mask
+        .unwrap()
+        .iter()
+        .map(|m| if m { '1' } else { '0' })
+        .collect();
+    assert_eq!(mask, "1111100011");
+    assert_eq!(d.records.unwrap().starts(), &[0, 3, 5]);
+    for (line, want) in [
+        ("{\"text\": 3}", "field 'text' must be a string"),
+        ("{\"body\": \"x\"}", "neither 'text' (a document)"),
+    ] {
+        std::fs::write(&p, format!("{{\"text\":\"ok\"}}\n{line}\n")).unwrap();
+        let err = load_tokens(&p, &Bytes, &letters()).unwrap_err().to_string();
+        assert!(err.contains("d.jsonl:2") && err.contains(want), "{err}");
+    }
+}
+
+/// Windows of records: rows of the stream where each record keeps to
+/// itself. Every row holds `seq_len` tokens (no padding); its documents
+/// start where records start in it; the target of a record's last token
+/// is ignored and every other target is the stream's next token; the
+/// same with a window that wraps past the stream's end.
+#[test]
+fn windows_of_records_keep_each_record_to_itself() {
+    let starts = vec![0usize, 3, 4, 11, 30, 31, 50];
+    let n = 57;
+    let data = TokenData {
+        tokens: (0..n as u32).map(|i| i + 1).collect::<Vec<_>>().into(),
+        loss_mask: None,
+        records: Some(megatrain::data::Records::new(starts.clone())),
+    }
+    .windows();
+    let seq = 9;
+    for sampling in [Sampling::Sequential, Sampling::Random { seed: 3 }] {
+        for index in 0..20u64 {
+            let b = draw_batch(&data, sampling, index, 3, seq, "mem".as_ref()).unwrap();
+            assert_eq!(b.lengths, None);
+            for row in 0..3 {
+                let inputs = &b.inputs[row * seq..(row + 1) * seq];
+                let start = (inputs[0] - 1) as usize;
+                let pos = |i: usize| (start + i) % n;
+                let mut want_starts = vec![0];
+                for (i, &input) in inputs.iter().enumerate() {
+                    assert_eq!(input as usize, pos(i) + 1);
+                    let next = pos(i + 1);
+                    let boundary = starts.contains(&next);
+                    let target = b.targets[row * seq + i];
+                    match boundary {
+                        true => assert_eq!(target, IGNORE_INDEX, "{sampling:?} {index} row {row} at {i}"),
+                        false => assert_eq!(target as usize, next + 1),
+                    }
+                    if boundary && i + 1 < seq {
+                        want_starts.push(i + 1);
+                    }
+                }
+                let got = b
+                    .docs
+                    .as_ref()
+                    .map(|d| (0..seq).filter(|&i| d.start(row, i) == i).collect::<Vec<_>>());
+                match want_starts.len() {
+                    1 => assert!(got.as_ref().is_none_or(|s| s == &[0]), "{got:?}"),
+                    _ => assert_eq!(got, Some(want_starts), "{sampling:?} {index} row {row}"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn sharegpt_counts_assistant_turns() {
     let dir = tempfile::tempdir().unwrap();
@@ -233,8 +322,8 @@ fn bad_jsonl_names_file_line_and_field() {
         ),
         ("not json", "invalid JSON"),
         (
-            "{\"text\":\"x\"}",
-            "neither 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages'",
+            "{\"body\":\"x\"}",
+            "neither 'text' (a document), 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages'",
         ),
         (
             "{\"conversations\":[{\"from\":\"bot\",\"value\":\"v\"}]}",

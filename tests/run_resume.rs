@@ -508,6 +508,44 @@ fn packed_rows_resume_exactly() {
     check_resume_on(&data, tweak);
 }
 
+/// `--rows stream-docs` resumes bit for bit, and its rows hold several
+/// records, each on its own (documents of `{"text": ...}` records, rows
+/// of 64 over records of 9 to 41 bytes and the end of sequence).
+#[test]
+fn windows_of_records_resume_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let lines: String = (0..40)
+        .map(|i| format!("{{\"text\": \"{}\"}}\n", "to be, or not ".repeat(i % 3 + 1)))
+        .collect();
+    let data = t.join("docs.jsonl");
+    std::fs::write(&data, lines).unwrap();
+    let tweak = |o: &mut TrainOptions| {
+        o.rows = megatrain::run::RowsKind::StreamDocs;
+        o.tokenizer = "byte".into();
+        o.seq_len = 64;
+    };
+    let mut o = options(&data, &t.join("probe"));
+    tweak(&mut o);
+    let p = prepare(o, false).unwrap();
+    let batch = megatrain::data::draw_batch(
+        &p.train.parts[0],
+        megatrain::data::Sampling::Random { seed: 1 },
+        0,
+        3,
+        64,
+        "mem".as_ref(),
+    )
+    .unwrap();
+    assert_eq!(batch.lengths, None, "no padding");
+    assert!(
+        batch.docs.as_ref().is_some_and(|d| d.count() >= 6),
+        "{:?}",
+        batch.docs
+    );
+    check_resume_on(&data, tweak);
+}
+
 /// `skip_batches`: a run resumed with batches skipped draws batch
 /// `step · grad_accum + N` from then on, through later resumes the same as
 /// in one resume to the end (the CLI's resume keeps the run's saved value

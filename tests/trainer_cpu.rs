@@ -777,6 +777,86 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
     }
 }
 
+/// `--rows stream-docs`: windows of the stream, each record in a window on
+/// its own, step as the records one a row where the windows cut no record
+/// but at a window's end: rows of 13 over records of 5, 9, 4 and 8 tokens
+/// hold {0, 1 up to its last token} and {1's last token, 2, 3}, the window
+/// wrapping to the stream's start for its last target. Same loss over the
+/// same counted targets, same parameters; a record's last token predicts
+/// nothing, and without the documents the records would read each other.
+#[test]
+fn stream_windows_of_records_step_as_the_records_one_a_row() {
+    use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
+    let lens = [5usize, 9, 4, 8];
+    for model in [
+        common::llama_tiny(3),
+        gpt2_nano(61),
+        common::zoo_fixture("qwen3_5"),
+    ] {
+        let v = model.vocab_size as u32;
+        let total: usize = lens.iter().sum();
+        let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
+        let starts: Vec<usize> = lens.iter().scan(0, |s, l| (*s, *s += l).0.into()).collect();
+        let counted: Vec<bool> = (0..total)
+            .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
+            .collect();
+        let data = TokenData {
+            tokens: ids.into(),
+            loss_mask: Some(Mask::from(counted)),
+            records: Some(Records::new(starts)),
+        };
+        let windows = draw_batch(
+            &data.clone().windows(),
+            Sampling::Sequential,
+            0,
+            2,
+            13,
+            "mem".as_ref(),
+        )
+        .unwrap();
+        let alone = draw_batch(&data, Sampling::Sequential, 0, 4, 16, "mem".as_ref()).unwrap();
+        assert_eq!(windows.lengths, None, "no padding");
+        let docs = windows.docs.clone().expect("records share the windows");
+        assert_eq!(
+            docs,
+            megatrain_tensor::Docs::new(13, &[vec![0, 5], vec![0, 1, 5]]).unwrap()
+        );
+        // Each record's last token (positions 4; 13, 17, 25 of the stream)
+        // predicts nothing.
+        for (row, pos) in [(0, 4), (1, 0), (1, 4), (1, 12)] {
+            assert_eq!(
+                windows.targets[row * 13 + pos],
+                megatrain::data::IGNORE_INDEX,
+                "row {row} at {pos}"
+            );
+        }
+        assert_eq!(windows.counted(), alone.counted());
+        let step = |b: &Batch| {
+            let mut tr = trainer(&model, 2, false, None);
+            let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
+            (loss, params(&tr))
+        };
+        let ((lw, pw), (la, pa)) = (step(&windows), step(&alone));
+        let diff = max_rel_diff(&pw, &pa);
+        assert!(
+            (lw - la).abs() < 1e-6 * la.abs(),
+            "{:?}: loss {lw} {la}",
+            model.arch
+        );
+        assert!(diff < 1e-5, "{:?}: parameters differ by {diff:e}", model.arch);
+        let leaky = Batch {
+            docs: None,
+            ..windows
+        };
+        let (ll, _) = step(&leaky);
+        assert!(
+            (ll - la).abs() > 1e-5 * la.abs(),
+            "{:?}: the test can tell",
+            model.arch
+        );
+    }
+}
+
 /// Every family of the zoo's fixtures trains through a bf16 and an f16
 /// copy: tensors of rank ≥ 2 that only f32 ops read (a Gated DeltaNet's
 /// convolution kernels `[C, 1, K]`, Kimi's `A_log` stored `[1, 1, H, 1]`)

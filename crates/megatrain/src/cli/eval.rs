@@ -38,7 +38,8 @@ pub struct EvalArgs {
     /// auto (one record a row for .jsonl, as `train` cuts them) | records |
     /// packed (as many whole records a row as fit, each scoring as it does
     /// alone: the same loss in fewer rows) | stream (windows of the
-    /// concatenated tokens).
+    /// concatenated tokens) | stream-docs (those windows, each record in
+    /// one scoring on its own, as `train --rows stream-docs`).
     #[arg(long, default_value = "auto")]
     rows: RowsKind,
     /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
@@ -75,15 +76,13 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     let spec = chat_template_spec(&dir, a.chat_template.as_deref());
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
     let data = match a.rows.records_of(&a.data) {
+        true if a.rows == RowsKind::StreamDocs => data.windows(),
         true => data,
-        false if matches!(a.rows, RowsKind::Records | RowsKind::Packed) => {
+        false if a.rows.needs_records() => {
             return Err(RunError::option(
                 "rows",
                 a.rows.name(),
-                format!(
-                    "takes whole .jsonl records; {} holds no records",
-                    a.data.display()
-                ),
+                format!("takes .jsonl records; {} holds no records", a.data.display()),
             )
             .into());
         }
@@ -91,7 +90,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     };
     // Packed, every record once in the rows it shares.
     let packed = matches!(a.rows, RowsKind::Packed).then(|| packed_once(&data, a.batch, seq));
-    let whole = match (&packed, &data.records) {
+    let whole = match (&packed, data.row_records()) {
         (Some(p), _) => p.len(),
         (None, Some(r)) => r.len().div_ceil(a.batch),
         (None, None) => (data.len().saturating_sub(1) / (a.batch * seq)).max(1),
@@ -111,7 +110,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             None => evaluate(&t, &data, &a.data, a.batch, seq, batches, Sampling::Sequential)?,
         }
     });
-    let rows = match (&packed, &data.records) {
+    let rows = match (&packed, data.row_records()) {
         (Some(p), Some(r)) => {
             let rows: usize = p.iter().take(batches).map(|b| b.batch).sum();
             match batches >= p.len() {
@@ -120,6 +119,7 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
             }
         }
         (_, Some(r)) => format!("{} records, one a row", r.len().min(batches * a.batch)),
+        (_, None) if data.records.is_some() => "windows of the stream, each record on its own".into(),
         (_, None) => "windows of the stream".into(),
     };
     println!(

@@ -157,7 +157,9 @@ pub struct TrainArgs {
     /// How a batch's rows are cut: auto (the default: one record a row for
     /// .jsonl sources, windows of the stream for the others) | records
     /// (every source .jsonl) | packed (every source .jsonl: as many whole
-    /// records a row as fit, each attending only to itself) | stream.
+    /// records a row as fit, each attending only to itself) | stream |
+    /// stream-docs (every source .jsonl: windows of the stream, each
+    /// record in one attending only to itself; no padding, none cut).
     #[arg(long)]
     rows: Option<RowsKind>,
     /// With --rows packed: best-fit (the default: the drawn order in
@@ -428,6 +430,12 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                     o.packing.name(),
                     100.0 * packed_padding_share(r, part.len(), o.seq_len),
                     100.0 * r.padding_share(part.len(), o.seq_len)
+                ),
+                Some(r) if r.is_windows() => eprintln!(
+                    "  {}: {} records in windows of the stream, each on its own: no padding, {:.1} records a row on average",
+                    name.display(),
+                    r.len(),
+                    (r.len() * o.seq_len) as f64 / part.len().max(1) as f64
                 ),
                 Some(r) => eprintln!(
                     "  {}: {} records, one a row: {:.0}% of a row is padding on average (--rows packed packs them)",

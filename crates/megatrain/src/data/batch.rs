@@ -7,7 +7,7 @@
 use megatrain_tensor::Docs;
 
 use super::packing::push_packed_row;
-use super::records::{pad, push_record_row};
+use super::records::{Records, pad, push_record_row};
 use super::{DataError, TokenData};
 
 /// Target value the loss ignores (the PyTorch and Hugging Face convention).
@@ -111,7 +111,7 @@ fn draw_parts<N: AsRef<std::path::Path>>(
     assert!(rows.end <= batch, "rows {rows:?} of a batch of {batch}");
     for (part, name) in parts.iter().zip(names) {
         // A row of a record is padded: any record will do.
-        let short = match &part.records {
+        let short = match part.row_records() {
             Some(r) => r.is_empty(),
             None => part.len() < seq_len + 1,
         };
@@ -129,6 +129,13 @@ fn draw_parts<N: AsRef<std::path::Path>>(
         let part = &parts[part_of(b)];
         let g = index * batch as u64 + b;
         let (n, at) = match &part.records {
+            Some(r) if r.is_windows() => {
+                let start = push_row(part, sampling, index, batch, b, seq_len, &mut out);
+                (
+                    seq_len,
+                    keep_records_apart(part.len(), r, start, seq_len, &mut out),
+                )
+            }
             Some(r) => match r.cursor() {
                 Some(c) => {
                     let (n, at) = push_packed_row(part, r, c, sampling, g, seq_len, &mut out);
@@ -173,8 +180,50 @@ impl Batch {
     }
 }
 
+/// The row `out` ends with, a window of `seq_len` tokens from position
+/// `start` of a stream of `n` tokens (wrapping at its end) whose records
+/// are `records`, made one in which each record keeps to itself: the
+/// target of a record's last token (the next record's first) is ignored.
+/// Returns where the row's records start (0 first), for its `Docs`.
+fn keep_records_apart(
+    n: usize,
+    records: &Records,
+    start: usize,
+    seq_len: usize,
+    out: &mut Batch,
+) -> Vec<usize> {
+    let row = out.targets.len() - seq_len;
+    let mut at = vec![0];
+    // `k`: a record starts at the row's k-th token (1 ≤ k ≤ seq_len; at
+    // seq_len, only the row's last target crosses into it).
+    let mut mark = |k: usize| {
+        out.targets[row + k - 1] = IGNORE_INDEX;
+        if k < seq_len {
+            at.push(k);
+        }
+    };
+    let starts = records.starts();
+    let end = start + seq_len;
+    for &s in &starts[starts.partition_point(|&s| s <= start)..] {
+        if s > end {
+            break;
+        }
+        mark(s - start);
+    }
+    // Past the stream's end the window goes on from its first token.
+    if end >= n {
+        for &s in starts {
+            if s + n > end {
+                break;
+            }
+            mark(s + n - start);
+        }
+    }
+    at
+}
+
 /// Appends row `b` of batch number `index` to `out` (`data` holds more
-/// than `seq_len` tokens).
+/// than `seq_len` tokens). Returns where in the stream it starts.
 fn push_row(
     data: &TokenData,
     sampling: Sampling,
@@ -183,7 +232,7 @@ fn push_row(
     b: u64,
     seq_len: usize,
     out: &mut Batch,
-) {
+) -> usize {
     let n = data.len();
     let start = match sampling {
         Sampling::Sequential => ((index * batch as u64 + b) * seq_len as u64 % n as u64) as usize,
@@ -204,6 +253,7 @@ fn push_row(
         });
     }
     data.tokens.release_window(start, seq_len + 1);
+    start
 }
 
 /// Several token streams drawn from by weight: each row of a batch comes

@@ -1,8 +1,11 @@
-//! Instruction data, one JSON object per line: alpaca (`instruction`,
-//! `input`, `output`), sharegpt (`conversations: [{from, value}]`) and
-//! chat (`messages: [{role, content}]`) records. The loss counts only
-//! response tokens (and what ends them: the end-of-sequence id after
-//! headers, a template's own end-of-turn tokens).
+//! Records, one JSON object per line: instruction data, alpaca
+//! (`instruction`, `input`, `output`), sharegpt (`conversations: [{from,
+//! value}]`) and chat (`messages: [{role, content}]`), whose loss counts
+//! only response tokens (and what ends them: the end-of-sequence id after
+//! headers, a template's own end-of-turn tokens); and documents (`text`,
+//! as Hugging Face datasets and pretraining corpora store them), every
+//! token counted, each followed by the end-of-sequence id where the
+//! tokenizer has one.
 
 use std::path::Path;
 
@@ -147,6 +150,15 @@ fn record<'a>(
         mask: Vec::new(),
     };
     let rec: Value = serde_json::from_str(text).map_err(|e| b.err(format!("invalid JSON: {e}")))?;
+    let conversation = ["instruction", "conversations", "messages"]
+        .iter()
+        .any(|k| rec.get(k).is_some());
+    if !conversation && rec.get("text").is_some() {
+        let doc = field(&rec, "text").map_err(|d| b.err(d))?;
+        b.push(doc, true)?;
+        b.push_eos();
+        return Ok(b);
+    }
     match form {
         Form::Headers(h) if rec.get("instruction").is_some() => alpaca_headers(&mut b, &rec, h)?,
         Form::Headers(h) => {
@@ -194,7 +206,7 @@ fn messages(rec: &Value) -> Result<Vec<Message>, String> {
         }
         (None, None) => {
             return Err(
-                "record has neither 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages' (chat)"
+                "record has neither 'text' (a document), 'instruction' (alpaca), 'conversations' (sharegpt) nor 'messages' (chat)"
                     .into(),
             );
         }

@@ -61,8 +61,9 @@ pub trait TextEncoder: Sync {
 /// A token stream. `loss_mask[i]` says whether `tokens[i]` is a target the
 /// loss counts (false for instruction prompts); `None` counts everything.
 /// `records`: where each record of an instruction set starts; where it is
-/// given, each row of a batch is one record (`batch.rs`), else a window
-/// of the stream.
+/// given, each row of a batch is one record (`batch.rs`), or as many as
+/// fit, or a window of the stream whose records keep to themselves; else
+/// a window of the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenData {
     pub tokens: Tokens,
@@ -77,6 +78,22 @@ impl TokenData {
             records: None,
             ..self
         }
+    }
+
+    /// Windows of the stream in which each record keeps to itself, where
+    /// there are records ([`Records::windows`]); a stream without records
+    /// stays one.
+    pub fn windows(self) -> TokenData {
+        TokenData {
+            records: self.records.map(Records::windows),
+            ..self
+        }
+    }
+
+    /// The records where each row holds whole ones (one a row, or packed);
+    /// `None` where rows are windows of the stream.
+    pub fn row_records(&self) -> Option<&Records> {
+        self.records.as_ref().filter(|r| r.rows_of_records())
     }
 
     /// Rows of as many whole records as fit, where there are records,

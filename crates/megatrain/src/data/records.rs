@@ -18,12 +18,14 @@ use super::batch::{Batch, IGNORE_INDEX, Sampling, splitmix64};
 use super::packing::{Cursor, Fit};
 
 /// Where each record of a stream starts: ascending, the first at 0; and
-/// whether rows take one record each or as many as fit (packed, with the
-/// walk that finds a row's records, `packing.rs`).
+/// whether rows take one record each, as many as fit (packed, with the
+/// walk that finds a row's records, `packing.rs`), or are windows of the
+/// stream in which each record keeps to itself (`windows`).
 #[derive(Clone)]
 pub struct Records {
     starts: Arc<[usize]>,
     packed: Option<(Fit, Arc<Mutex<Cursor>>)>,
+    windows: bool,
 }
 
 impl fmt::Debug for Records {
@@ -31,6 +33,7 @@ impl fmt::Debug for Records {
         let how = match self.fit() {
             Some(Fit::Next) => ", packed next fit",
             Some(Fit::Best) => ", packed best fit",
+            None if self.windows => ", windows",
             None => "",
         };
         write!(f, "Records({} records{how})", self.len())
@@ -39,7 +42,7 @@ impl fmt::Debug for Records {
 
 impl PartialEq for Records {
     fn eq(&self, other: &Records) -> bool {
-        self.starts == other.starts && self.fit() == other.fit()
+        self.starts == other.starts && self.fit() == other.fit() && self.windows == other.windows
     }
 }
 
@@ -56,7 +59,32 @@ impl Records {
         Records {
             starts: starts.into(),
             packed: None,
+            windows: false,
         }
+    }
+
+    /// The same records as windows of the stream: rows start anywhere and
+    /// span records, as a stream's do, but each record in a row attends
+    /// to its own tokens alone and counts positions from its first (the
+    /// batch's `Docs`), and its last token predicts nothing (Llama 3's
+    /// document mask; Megatron's reset attention mask and position ids).
+    pub fn windows(self) -> Records {
+        Records {
+            packed: None,
+            windows: true,
+            ..self
+        }
+    }
+
+    /// Whether rows are windows of the stream ([`Records::windows`]).
+    pub fn is_windows(&self) -> bool {
+        self.windows
+    }
+
+    /// Whether each row holds whole records (one, or as many as fit):
+    /// not windows.
+    pub fn rows_of_records(&self) -> bool {
+        !self.windows
     }
 
     /// The same records, as many a row as fit, next fit in the drawn
@@ -69,6 +97,7 @@ impl Records {
     pub fn packed_with(self, fit: Fit) -> Records {
         Records {
             packed: Some((fit, Arc::default())),
+            windows: false,
             ..self
         }
     }
@@ -125,9 +154,10 @@ impl Records {
         let k = self.starts.partition_point(|&s| s < at);
         let tail = self.starts[k..].iter().map(|s| s - at).collect();
         let (head, tail) = (Records::new(self.starts[..k].to_vec()), Records::new(tail));
-        match self.fit() {
-            Some(fit) => (head.packed_with(fit), tail.packed_with(fit)),
-            None => (head, tail),
+        match (self.fit(), self.windows) {
+            (Some(fit), _) => (head.packed_with(fit), tail.packed_with(fit)),
+            (None, true) => (head.windows(), tail.windows()),
+            (None, false) => (head, tail),
         }
     }
 }
@@ -135,7 +165,9 @@ impl Records {
 /// Records of `data` whose row (their first `seq_len + 1` tokens) holds
 /// no target the loss counts: a response that starts past the row.
 pub fn silent_records(data: &TokenData, seq_len: usize) -> usize {
-    let Some(records) = &data.records else { return 0 };
+    let Some(records) = data.row_records() else {
+        return 0;
+    };
     (0..records.len())
         .filter(|&r| {
             let span = records.span(r, data.len());

@@ -124,6 +124,12 @@ pub enum RowsKind {
     /// As many whole `.jsonl` records a row as fit, each attending and
     /// counting positions on its own (`Docs`), the row right-padded.
     Packed,
+    /// Windows of the concatenated `.jsonl` records, as `Stream`, each
+    /// record in a window attending and counting positions on its own
+    /// (`Docs`) and its last token predicting nothing
+    /// (`Records::windows`): no padding and no record cut short.
+    #[serde(rename = "stream-docs")]
+    StreamDocs,
 }
 
 impl RowsKind {
@@ -131,7 +137,7 @@ impl RowsKind {
     pub fn records_of(self, path: &Path) -> bool {
         let jsonl = !path.is_dir() && path.extension().is_some_and(|e| e == "jsonl");
         match self {
-            RowsKind::Auto | RowsKind::Records | RowsKind::Packed => jsonl,
+            RowsKind::Auto | RowsKind::Records | RowsKind::Packed | RowsKind::StreamDocs => jsonl,
             RowsKind::Stream => false,
         }
     }
@@ -143,7 +149,13 @@ impl RowsKind {
             RowsKind::Stream => "stream",
             RowsKind::Records => "records",
             RowsKind::Packed => "packed",
+            RowsKind::StreamDocs => "stream-docs",
         }
+    }
+
+    /// Whether only `.jsonl` sources (which have records) may be given.
+    pub fn needs_records(self) -> bool {
+        matches!(self, RowsKind::Records | RowsKind::Packed | RowsKind::StreamDocs)
     }
 }
 
@@ -229,7 +241,7 @@ parse_lowercase!(DeviceChoice, "device", "auto" => DeviceChoice::Auto, "gpu" => 
 parse_lowercase!(SamplingKind, "sampling", "random" => SamplingKind::Random,
     "sequential" => SamplingKind::Sequential);
 parse_lowercase!(RowsKind, "rows", "auto" => RowsKind::Auto, "stream" => RowsKind::Stream,
-    "records" => RowsKind::Records, "packed" => RowsKind::Packed);
+    "records" => RowsKind::Records, "packed" => RowsKind::Packed, "stream-docs" => RowsKind::StreamDocs);
 parse_lowercase!(Packing, "packing", "best-fit" => Packing::BestFit, "next-fit" => Packing::NextFit);
 parse_lowercase!(Schedule, "schedule", "constant" => Schedule::Constant, "cosine" => Schedule::Cosine,
     "linear" => Schedule::Linear, "wsd" => Schedule::Wsd, "wsd-sqrt" => Schedule::WsdSqrt);
@@ -798,7 +810,7 @@ impl TrainOptions {
                 "every weight must be a positive number",
             ));
         }
-        if matches!(self.rows, RowsKind::Records | RowsKind::Packed)
+        if self.rows.needs_records()
             && let Some(other) = self
                 .data
                 .iter()
@@ -809,7 +821,7 @@ impl TrainOptions {
                 "rows",
                 self.rows.name(),
                 format!(
-                    "takes whole .jsonl records; {} holds no records (give --rows stream or auto)",
+                    "takes .jsonl records; {} holds no records (give --rows stream or auto)",
                     other.display()
                 ),
             ));

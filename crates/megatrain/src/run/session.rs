@@ -276,6 +276,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         let d = load_tokens_cached(path, &encoder, &template, cache.as_deref())?;
         Ok::<_, RunError>(match (opts.rows.records_of(path), opts.rows) {
             (true, RowsKind::Packed) => d.packed_with(opts.packing.fit()),
+            (true, RowsKind::StreamDocs) => d.windows(),
             (true, _) => d,
             (false, _) => d.as_stream(),
         })
@@ -313,7 +314,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .chain(val.iter().zip(&val_names))
         .enumerate()
     {
-        if let Some(r) = &d.records {
+        if let Some(r) = d.row_records() {
             let cut = r.longer_than(need, d.len());
             if cut > 0 {
                 warnings.push(format!(
@@ -342,7 +343,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             }
         }
         // A row of a record is padded: a record of any length will do.
-        let short = d.records.as_ref().map_or(d.len() < need, |r| r.is_empty());
+        let short = d.row_records().map_or(d.len() < need, |r| r.is_empty());
         if short {
             return Err(crate::data::DataError::TooShort {
                 path: name.clone(),
@@ -428,7 +429,7 @@ pub fn evaluate<E: Executor>(
     batches: usize,
     sampling: Sampling,
 ) -> Result<f64> {
-    let left = |i: u64| match (&data.records, sampling) {
+    let left = |i: u64| match (data.row_records(), sampling) {
         (Some(r), Sampling::Sequential) => r.len().saturating_sub(i as usize * batch).max(1),
         _ => batch,
     };
