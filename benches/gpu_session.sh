@@ -542,6 +542,19 @@ steps)
         --no-peer --transfer-chunk 32M --json "$OUT/anchor-tinyllama-chunk32.json" \
         >"$OUT/anchor-tinyllama-chunk32.log" 2>&1
     note "tinyllama anchor, 32 MiB transfer chunks (rc $?): $(grep -E '^\| tinyllama' "$OUT/anchor-tinyllama-chunk32.log" | head -1)"
+    # Clipping (`--grad-clip 1`, nanoGPT's and most recipes' setting):
+    # every gradient held to the backward's end, then each layer's AdamW
+    # in the next step's forward (the default since session 43) against
+    # every AdamW after the backward, the device idle (`megatrain plan
+    # --hold-grads` estimates 439.0 against 494.4 ms at 300 TFLOP/s): step
+    # time, "fwd ms (carried)" and "opt wait ms (after bwd)" of each.
+    for how in deferred after; do
+        flag=; [ "$how" = after ] && flag=--clip-after-backward
+        timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 2 \
+            --no-peer --mode-reps 0 --grad-clip 1 $flag --json "$OUT/anchor-tinyllama-clip-$how.json" \
+            >"$OUT/anchor-tinyllama-clip-$how.log" 2>&1
+        rows "tinyllama anchor, --grad-clip 1 $how (rc $?)" "$OUT/anchor-tinyllama-clip-$how.log"
+    done
     # TinyLlama on instruction records (Tiny Shakespeare's speeches), one a
     # row against packed (`--rows packed`; BENCHMARKS.md, "records packed
     # into rows"): the counted targets a second each way, the packed
