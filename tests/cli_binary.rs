@@ -999,7 +999,9 @@ fn a_routers_correction_bias_is_kept_as_loaded() {
 /// `--rows stream-docs` through the binary: `train` says how its records
 /// sit in windows of the stream, `eval` scores those windows with each
 /// record on its own (not as `--rows stream` does, where they read each
-/// other), and a source without records is refused by name.
+/// other); a text's documents are those `--doc-end` ends, and without an
+/// id to end them (the byte tokenizer has no end of sequence) the text is
+/// refused by name.
 #[test]
 fn windows_of_records_through_the_binary() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1010,8 +1012,8 @@ fn windows_of_records_through_the_binary() {
     let data = t.join("docs.jsonl");
     std::fs::write(&data, lines).unwrap();
     let run_dir = t.join("run");
-    let train = |data: &Path, out: &Path| {
-        run(&[
+    let train_with = |data: &Path, out: &Path, more: &[&str]| {
+        let args = [
             "train",
             "--preset",
             "llama-tiny",
@@ -1033,8 +1035,10 @@ fn windows_of_records_through_the_binary() {
             "cpu",
             "--out",
             s(out),
-        ])
+        ];
+        run(&[&args[..], more].concat())
     };
+    let train = |data: &Path, out: &Path| train_with(data, out, &[]);
     let out = train(&data, &run_dir);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
@@ -1068,13 +1072,27 @@ fn windows_of_records_through_the_binary() {
     let loss = |l: &str| l.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap();
     assert_ne!(loss(&docs), loss(&stream));
     let text = t.join("plain.txt");
-    std::fs::write(&text, "to be or not to be ".repeat(50)).unwrap();
+    std::fs::write(&text, "to be or not to be\n".repeat(50)).unwrap();
     let out = train(&text, &t.join("refused"));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
-            && err.contains("--rows stream-docs")
-            && err.contains("plain.txt holds no records"),
+            && err.contains("plain.txt: --rows stream-docs")
+            && err.contains("--doc-end ID"),
+        "{err}"
+    );
+    let out = train_with(&text, &t.join("lines"), &["--doc-end", "10"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = train_with(&text, &t.join("past"), &["--doc-end", "300"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--doc-end 300") && err.contains("vocabulary of 256"),
+        "{err}"
+    );
+    let out = train_with(&text, &t.join("other"), &["--rows", "stream", "--doc-end", "10"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not of --rows stream"),
         "{err}"
     );
 }

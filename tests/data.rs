@@ -279,6 +279,40 @@ fn windows_of_records_keep_each_record_to_itself() {
     }
 }
 
+/// A token file's documents, each ended by an id (nanoGPT's prepared
+/// corpora put `<|endoftext|>` after each): the same starts read in place
+/// as held in memory, the first at 0, none past the end (a last id ends
+/// the stream), and windows drawn from them keep each to itself.
+#[test]
+fn documents_ended_by_an_id_start_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("docs.bin");
+    let ids: Vec<u16> = [5u16, 6, 9, 7, 9, 9, 1, 2, 3, 4, 8, 9].repeat(3);
+    let bytes: Vec<u8> = ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+    std::fs::write(&p, bytes).unwrap();
+    let mapped = load_tokens(&p, &Vocab(10), &ChatTemplate::default()).unwrap();
+    assert!(mapped.tokens.is_mapped());
+    let owned = TokenData {
+        tokens: ids.iter().map(|&t| u32::from(t)).collect::<Vec<_>>().into(),
+        loss_mask: None,
+        records: None,
+    };
+    let want = [0, 3, 5, 6, 12, 15, 17, 18, 24, 27, 29, 30];
+    for d in [mapped, owned] {
+        let d = d.documents_ended_by(9);
+        let r = d.records.as_ref().unwrap();
+        assert!(r.is_windows());
+        assert_eq!(r.starts(), want);
+        let b = draw_batch(&d, Sampling::Sequential, 0, 1, 8, "docs.bin".as_ref()).unwrap();
+        assert_eq!(
+            b.targets[2], IGNORE_INDEX,
+            "9 ends a document: it predicts nothing"
+        );
+        let docs = b.docs.unwrap();
+        assert_eq!((docs.start(0, 4), docs.position(0, 7)), (3, 1));
+    }
+}
+
 #[test]
 fn sharegpt_counts_assistant_turns() {
     let dir = tempfile::tempdir().unwrap();

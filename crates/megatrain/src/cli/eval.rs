@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 use megatrain::data::{Sampling, load_tokens, packed_once};
 use megatrain::run::{
-    DeviceChoice, Encoder, Pick, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec, evaluate,
-    evaluate_batches, resolve_model_dir,
+    DeviceChoice, Encoder, Pick, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec,
+    document_end, evaluate, evaluate_batches, resolve_model_dir,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
 use megatrain_gpu::TransportChoice;
@@ -42,6 +42,11 @@ pub struct EvalArgs {
     /// one scoring on its own, as `train --rows stream-docs`).
     #[arg(long, default_value = "auto")]
     rows: RowsKind,
+    /// With --rows stream-docs, of a source that is not .jsonl: the id that
+    /// ends each document, as `train --doc-end` [default: the tokenizer's
+    /// end-of-sequence id].
+    #[arg(long)]
+    doc_end: Option<u32>,
     /// Tokenizer: default the model directory's; char | byte | path to tokenizer.json.
     #[arg(long)]
     tokenizer: Option<String>,
@@ -75,9 +80,24 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
         .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
     let spec = chat_template_spec(&dir, a.chat_template.as_deref());
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
+    if let Some(id) = a.doc_end.filter(|_| a.rows != RowsKind::StreamDocs) {
+        return Err(RunError::option(
+            "doc-end",
+            id,
+            format!(
+                "ends the documents of --rows stream-docs, not of --rows {}",
+                a.rows.name()
+            ),
+        )
+        .into());
+    }
     let data = match a.rows.records_of(&a.data) {
         true if a.rows == RowsKind::StreamDocs => data.windows(),
         true => data,
+        false if a.rows == RowsKind::StreamDocs => {
+            let end = document_end(a.doc_end, &enc, cfg.vocab_size, &a.data)?;
+            data.as_stream().documents_ended_by(end)
+        }
         false if a.rows.needs_records() => {
             return Err(RunError::option(
                 "rows",

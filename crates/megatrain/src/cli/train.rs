@@ -158,8 +158,9 @@ pub struct TrainArgs {
     /// .jsonl sources, windows of the stream for the others) | records
     /// (every source .jsonl) | packed (every source .jsonl: as many whole
     /// records a row as fit, each attending only to itself) | stream |
-    /// stream-docs (every source .jsonl: windows of the stream, each
-    /// record in one attending only to itself; no padding, none cut).
+    /// stream-docs (windows of the stream, each record of a .jsonl, or
+    /// document another source's --doc-end ends, attending only to
+    /// itself; no padding, none cut).
     #[arg(long)]
     rows: Option<RowsKind>,
     /// With --rows packed: best-fit (the default: the drawn order in
@@ -167,6 +168,12 @@ pub struct TrainArgs {
     /// padding) | next-fit (each row the next records that fit).
     #[arg(long)]
     packing: Option<Packing>,
+    /// With --rows stream-docs, of a source that is not .jsonl (a token
+    /// file, a text): the id that ends each document, as nanoGPT's and
+    /// llm.c's prepared corpora put GPT-2's <|endoftext|> (50256) after
+    /// each [default: the tokenizer's end-of-sequence id].
+    #[arg(long)]
+    doc_end: Option<u32>,
     /// Draw the data N micro-batches further on than step × grad-accum:
     /// with --resume from a checkpoint before a loss spike, skips the
     /// batches around it (PaLM's remedy); later resumes keep the offset
@@ -276,7 +283,8 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         spill_window,
         transfer_chunk,
         chunks_in_flight,
-        chunk_rows
+        chunk_rows,
+        doc_end
     );
     if !a.data.is_empty() {
         o.data = a.data.clone();

@@ -90,6 +90,24 @@ impl TokenData {
         }
     }
 
+    /// The stream as documents each ended by id `end` (the last may run to
+    /// the stream's end without one), in windows of the stream in which
+    /// each document keeps to itself ([`TokenData::windows`]): what a token
+    /// file's or a text's documents are, where an end-of-text id separates
+    /// them (nanoGPT's and llm.c's prepared corpora, `<|endoftext|>` in a
+    /// text). Scans the stream once, on every core.
+    pub fn documents_ended_by(self, end: u32) -> TokenData {
+        let n = self.len();
+        let starts = std::iter::once(0)
+            .chain(self.tokens.positions_of(end).into_iter().map(|p| p + 1))
+            .filter(|&s| s < n)
+            .collect();
+        TokenData {
+            records: Some(Records::new(starts).windows()),
+            ..self
+        }
+    }
+
     /// The records where each row holds whole ones (one a row, or packed);
     /// `None` where rows are windows of the stream.
     pub fn row_records(&self) -> Option<&Records> {

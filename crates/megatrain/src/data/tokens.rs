@@ -230,6 +230,29 @@ impl Tokens {
         Some(parts.concat())
     }
 
+    /// Every index whose id is `id`, ascending, on every core (a mapped
+    /// stream's pages handed back as each part is read).
+    pub fn positions_of(&self, id: u32) -> Vec<usize> {
+        let parts: Vec<Vec<usize>> = match &self.0 {
+            Repr::Owned(v) => v
+                .par_chunks(SCAN_PART)
+                .enumerate()
+                .map(|(part, ids)| {
+                    let found = ids.iter().enumerate().filter(|&(_, &t)| t == id);
+                    found.map(|(i, _)| part * SCAN_PART + i).collect()
+                })
+                .collect(),
+            Repr::Mapped { .. } => self
+                .scan_mapped(|part, ids| {
+                    let found = ids.enumerate().filter(|&(_, t)| t == id);
+                    found.map(|(i, _)| part * SCAN_PART + i).collect()
+                })
+                .expect("a mapped stream")
+                .collect(),
+        };
+        parts.concat()
+    }
+
     pub fn to_vec(&self) -> Vec<u32> {
         match &self.0 {
             Repr::Owned(v) => v.clone(),

@@ -49,7 +49,7 @@ pub use plan::{
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
 pub use session::{
-    Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, evaluate, evaluate_batches, prepare,
-    tier_config, tier_params, train, train_with,
+    Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, document_end, evaluate, evaluate_batches,
+    prepare, tier_config, tier_params, train, train_with,
 };
 pub use sizes::parse_bytes;

@@ -127,7 +127,9 @@ pub enum RowsKind {
     /// Windows of the concatenated `.jsonl` records, as `Stream`, each
     /// record in a window attending and counting positions on its own
     /// (`Docs`) and its last token predicting nothing
-    /// (`Records::windows`): no padding and no record cut short.
+    /// (`Records::windows`): no padding and no record cut short. Of
+    /// another source, the documents its end-of-text id ends
+    /// (`TrainOptions::doc_end`).
     #[serde(rename = "stream-docs")]
     StreamDocs,
 }
@@ -155,7 +157,7 @@ impl RowsKind {
 
     /// Whether only `.jsonl` sources (which have records) may be given.
     pub fn needs_records(self) -> bool {
-        matches!(self, RowsKind::Records | RowsKind::Packed | RowsKind::StreamDocs)
+        matches!(self, RowsKind::Records | RowsKind::Packed)
     }
 }
 
@@ -396,6 +398,10 @@ pub struct TrainOptions {
     /// `next-fit`. Runs saved before the option existed packed next fit.
     #[serde(default = "next_fit")]
     pub packing: Packing,
+    /// With `rows = stream-docs`, of a source that is not `.jsonl`: the id
+    /// that ends each document (`None`: the tokenizer's end-of-sequence
+    /// id).
+    pub doc_end: Option<u32>,
     /// The data position is this many micro-batches past `step ·
     /// grad_accum`: resumed from a checkpoint before a loss spike with the
     /// batches around it skipped (PaLM's remedy). Kept by later resumes.
@@ -507,6 +513,7 @@ impl Default for TrainOptions {
             sampling: SamplingKind::Random,
             rows: RowsKind::Auto,
             packing: Packing::BestFit,
+            doc_end: None,
             skip_batches: 0,
             eval_every: 250,
             early_stop: 0,
@@ -823,6 +830,16 @@ impl TrainOptions {
                 format!(
                     "takes .jsonl records; {} holds no records (give --rows stream or auto)",
                     other.display()
+                ),
+            ));
+        }
+        if let Some(id) = self.doc_end.filter(|_| self.rows != RowsKind::StreamDocs) {
+            return Err(RunError::option(
+                "doc-end",
+                id,
+                format!(
+                    "ends the documents of --rows stream-docs, not of --rows {}",
+                    self.rows.name()
                 ),
             ));
         }

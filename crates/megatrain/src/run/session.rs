@@ -278,6 +278,10 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
             (true, RowsKind::Packed) => d.packed_with(opts.packing.fit()),
             (true, RowsKind::StreamDocs) => d.windows(),
             (true, _) => d,
+            (false, RowsKind::StreamDocs) => {
+                let end = document_end(opts.doc_end, &encoder, model.vocab_size, path)?;
+                d.as_stream().documents_ended_by(end)
+            }
             (false, _) => d.as_stream(),
         })
     };
@@ -918,6 +922,29 @@ fn diverged(m: &StepMetrics, blocks: usize) -> Option<String> {
 
 /// The ids of `--sample-prompt`, refused where they are none or the
 /// tokenizer cannot spell it (checked before the run starts).
+/// The id that ends each document of `path`, a source without records, in
+/// windows of `--rows stream-docs`: `given` (`--doc-end`), else the
+/// tokenizer's end-of-sequence id; refused where there is neither or it is
+/// past the vocabulary of `vocab`.
+pub fn document_end(given: Option<u32>, encoder: &Encoder, vocab: usize, path: &Path) -> Result<u32> {
+    use crate::data::TextEncoder;
+    let id = given.or_else(|| encoder.eos()).ok_or_else(|| {
+        RunError::file(
+            path,
+            "--rows stream-docs: no records here, and the tokenizer has no end-of-sequence id to end \
+             documents: name the id that ends each with --doc-end ID",
+        )
+    })?;
+    if id as usize >= vocab {
+        return Err(RunError::option(
+            "doc-end",
+            id,
+            format!("is past the model's vocabulary of {vocab}"),
+        ));
+    }
+    Ok(id)
+}
+
 fn sample_prompt(encoder: &Encoder, opts: &TrainOptions) -> Result<Vec<u32>> {
     let bad = |why: String| RunError::option("sample-prompt", format!("{:?}", opts.sample_prompt), why);
     let ids = encoder
