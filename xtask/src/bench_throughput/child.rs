@@ -455,6 +455,8 @@ mod tests {
             seq_len: 8,
             batch: 2,
             steps: 3,
+            // The modes after the steps settle what the last one left.
+            mode_reps: 1,
             grad_clip: Some(0.05),
             ..test_spec()
         };
