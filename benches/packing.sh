@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# `--rows packed` against `--rows records` on the same instruction data:
+# `--rows packed` and `--rows stream-docs` against `--rows records` on the
+# same instruction data:
 # the same model, batch and --seq-len, a fixed number of steps each (then
 # `eval` of the first run both ways), from
 # the repository root:
 #   bash benches/packing.sh [target/release/megatrain] [--device cpu|gpu] [other train flags]
-# PRESET (llama-tiny), SEQ (512), BATCH (8), STEPS (12) and EVAL (1) set the run.
+# PRESET (llama-tiny), SEQ (512), BATCH (8), STEPS (12), EVAL (1) and ROWS
+# (records packed stream-docs) set the run.
 # The data: Tiny Shakespeare's speeches as alpaca records (instruction: a
 # speaker's name; output: the speech), whose lengths vary as an
 # instruction set's do. Prints each mode's padding share (as `train` says
 # it) and, from the run's metrics.jsonl (the first two steps left out), the
 # median step time, the targets the loss counted a step and those a
-# second: the step's shapes are the same both ways, so the ratio of
-# counted targets a second is the speed-up.
+# second: the step's shapes are the same every way, so the ratio of
+# counted targets a second is the speed-up (stream-docs also counts what
+# records and packed cut past --seq-len).
 set -euo pipefail
 BIN=${1:-target/release/megatrain}
 shift || true
@@ -29,11 +32,11 @@ with open(sys.argv[1], "w", encoding="utf-8") as out:
             n += 1
 print(f"{n} records", file=sys.stderr)
 PY
-for rows in records packed; do
+for rows in ${ROWS:-records packed stream-docs}; do
     "$BIN" train --preset "${PRESET:-llama-tiny}" --tokenizer byte --data "$D/speeches.jsonl" --rows $rows \
         --seq-len "${SEQ:-512}" --batch "${BATCH:-8}" --steps "${STEPS:-12}" --eval-every 0 --save-every 0 --log-every 1 \
         --val-fraction 0 --out "$D/run-$rows" "$@" 2> "$D/$rows.log" > /dev/null
-    grep -E "records, " "$D/$rows.log" | sed "s/^/$rows: /"
+    grep -E "records(,| in windows)" "$D/$rows.log" | sed "s/^/$rows: /"
     python3 - "$D/run-$rows/metrics.jsonl" "$rows" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l]

@@ -448,6 +448,17 @@ fn validation_split_takes_the_tail() {
     assert_eq!(v.loss_mask.unwrap().len(), 2);
     assert!(split_validation(stream(3), 1.0).is_err());
     assert!(split_validation(stream(3), -0.1).is_err());
+    // Documents in windows split between documents; one document alone
+    // where the fraction falls, each part a document of its own.
+    let (t, v) = split_validation(stream(20).documents_ended_by(11), 0.3).unwrap();
+    assert_eq!((t.len(), v.len()), (12, 8));
+    assert_eq!(v.records.as_ref().unwrap().starts(), &[0]);
+    let (t, v) = split_validation(stream(20).documents_ended_by(99), 0.1).unwrap();
+    assert_eq!((t.len(), v.len()), (18, 2));
+    for d in [&t, &v] {
+        let r = d.records.as_ref().unwrap();
+        assert!(r.is_windows() && r.starts() == [0]);
+    }
 }
 
 /// Bytes as tokens, counting its calls, with a cache key of choice.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use super::cache::{cached_records, cached_text, keep_records, keep_text, text_files};
 use super::chat::ChatTemplate;
 use super::jsonl::load_jsonl;
-use super::{DataError, TextEncoder, TokenData, Tokens, io};
+use super::{DataError, Records, TextEncoder, TokenData, Tokens, io};
 
 /// Loads `path` by its kind: a directory of `.txt` files (sorted by name and
 /// concatenated), a `.bin` of little-endian u16 tokens (nanoGPT), a `.u32`
@@ -195,21 +195,27 @@ fn check_vocab(path: &Path, tokens: &Tokens, vocab: usize) -> Result<(), DataErr
 /// Splits off the last `fraction` of the stream for validation, as nanoGPT
 /// does for its character corpus. An instruction set is split between
 /// records: validation takes the records that start in that last fraction
-/// (at least the last record), training the rest.
+/// (at least the last record), training the rest; so are the documents of
+/// windows (`Records::windows`), but one document alone is split where the
+/// fraction falls, each part then a document.
 pub fn split_validation(data: TokenData, fraction: f64) -> Result<(TokenData, TokenData), DataError> {
     if !(0.0..1.0).contains(&fraction) {
         return Err(DataError::BadFraction(fraction));
     }
     let mut n_train = data.len() - (data.len() as f64 * fraction) as usize;
+    let mut one_document = false;
     if let Some(r) = &data.records
         && fraction > 0.0
     {
         let starts = r.starts();
-        if starts.len() < 2 {
+        one_document = starts.len() < 2 && r.is_windows();
+        if starts.len() < 2 && !one_document {
             return Err(DataError::OneRecord(fraction));
         }
-        let k = starts.partition_point(|&s| s < n_train).min(starts.len() - 1);
-        n_train = starts[k];
+        if !one_document {
+            let k = starts.partition_point(|&s| s < n_train).min(starts.len() - 1);
+            n_train = starts[k];
+        }
     }
     let TokenData {
         mut tokens,
@@ -218,8 +224,13 @@ pub fn split_validation(data: TokenData, fraction: f64) -> Result<(TokenData, To
     } = data;
     let val_tokens = tokens.split_off(n_train);
     let val_mask = loss_mask.as_mut().map(|m| m.split_off(n_train));
-    let (records, val_records) = match records.map(|r| r.split_at(n_train)) {
-        Some((t, v)) => (Some(t), Some(v)),
+    let whole = || Records::new(vec![0]).windows();
+    let (records, val_records) = match records {
+        Some(_) if one_document => (Some(whole()), Some(whole())),
+        Some(r) => {
+            let (t, v) = r.split_at(n_train);
+            (Some(t), Some(v))
+        }
         None => (None, None),
     };
     Ok((

@@ -520,7 +520,7 @@ impl<E: Executor> Trainer<E> {
             return Ok(());
         }
         let mut layers = self.grad_sq.per_layer();
-        // The clipping mode's updates applied coef · g.
+        // A sharded clipping step's updates applied coef · g.
         if let (Some(max_norm), Some(norm)) = (self.config.grad_clip, m.grad_norm) {
             let coef = clip_coefficient(norm, max_norm) as f64;
             layers.iter_mut().for_each(|x| *x /= coef * coef);
@@ -545,9 +545,9 @@ impl<E: Executor> Trainer<E> {
     /// clip coefficient, here or (where the updates are deferred) in the
     /// next step's forward, layer by layer. Returns the global norm.
     fn clip(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
-        // Blocks summed as the last micro-batch's chunks came in (in one
-        // process; a rank's held sums come from the reduction), the rest
-        // now.
+        // Blocks summed as the last micro-batch's chunks came in, the rest
+        // now (with ranks, whose held gradients are the reduction's sums,
+        // all of them now).
         let sq = self
             .tier
             .layers()
