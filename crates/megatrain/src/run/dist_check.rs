@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::error::Result;
-use super::session::Prepared;
+use super::prepare::Prepared;
 use crate::data::{Fnv1a, Mix, TokenData};
 use crate::dist::{Collective, check_same};
 

@@ -7,6 +7,7 @@ mod cover;
 mod dist_check;
 mod encoder;
 mod error;
+mod evaluate;
 mod generate;
 pub mod interrupt;
 mod keep;
@@ -16,6 +17,7 @@ mod options;
 mod plan;
 mod plan_ranks;
 mod plot;
+mod prepare;
 mod session;
 mod sizes;
 pub mod tensorboard;
@@ -28,6 +30,7 @@ pub use checkpoint::{
 pub use cover::{BusCover, CLIP_NORM_SHARE, Machine, bus_cover, bus_cover_keeping};
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
+pub use evaluate::{evaluate, evaluate_batches};
 pub use generate::{
     Decoder, GenerationConfig, LanguageModel, Resident, SampleOptions, generate, generate_samples,
     generate_until, generate_with, pick,
@@ -48,8 +51,6 @@ pub use plan::{
 };
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
-pub use session::{
-    Prepared, Progress, QuietProgress, RESUMED_WITH, Summary, document_end, evaluate, evaluate_batches,
-    prepare, tier_config, tier_params, train, train_with,
-};
+pub use prepare::{Prepared, RESUMED_WITH, document_end, prepare};
+pub use session::{Progress, QuietProgress, Summary, tier_config, tier_params, train, train_with};
 pub use sizes::parse_bytes;
