@@ -198,10 +198,12 @@ impl<E: Executor> Trainer<E> {
     /// rank 0, so rank 0's tier holds the whole state (to compare ranks'
     /// results; a checkpoint gathers one layer at a time instead, see
     /// [`Trainer::save_on_rank0`]). Rank 0's spill files then hold whole
-    /// layers. Other ranks' tiers are unchanged. A no-op otherwise.
+    /// layers. Other ranks' tiers are unchanged. Otherwise no gather.
     /// Parameters outside a rank's ranges are stale (or released) on every
-    /// other rank: only the transport copies are whole everywhere.
+    /// other rank: only the transport copies are whole everywhere. Updates
+    /// carried into the next step are applied first ([`Trainer::settle`]).
     pub fn gather_state(&mut self) -> Result<()> {
+        self.settle()?;
         let Some(d) = &self.dist else { return Ok(()) };
         if !d.config.shard_optimizer {
             return Ok(());
