@@ -1089,7 +1089,26 @@ fn windows_of_records_through_the_binary() {
         !out.status.success() && err.contains("--doc-end 300") && err.contains("vocabulary of 256"),
         "{err}"
     );
-    let out = train_with(&text, &t.join("other"), &["--rows", "stream", "--doc-end", "10"]);
+    let other = t.join("other");
+    let out = run(&[
+        "train",
+        "--preset",
+        "llama-tiny",
+        "--tokenizer",
+        "byte",
+        "--data",
+        s(&text),
+        "--rows",
+        "stream",
+        "--doc-end",
+        "10",
+        "--steps",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        s(&other),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("not of --rows stream"),

@@ -320,9 +320,11 @@ impl<E: Executor> Trainer<E> {
         &self.model
     }
 
-    /// The tier. With updates carried ([`TrainerConfig::carry_layers`]),
-    /// the carried layers' parameters, moments and transport copies are one
-    /// update behind until [`Trainer::settle`].
+    /// The tier. With updates carried ([`TrainerConfig::carry_layers`], or
+    /// every layer's after a clipping step,
+    /// [`TrainerConfig::defer_clipped_updates`]), the carried layers'
+    /// parameters, moments and transport copies are one update behind until
+    /// [`Trainer::settle`].
     pub fn tier(&self) -> &HostTier {
         &self.tier
     }
