@@ -281,14 +281,7 @@ fn saving_applies_deferred_clipped_updates() {
     assert_eq!(t.carried_layers(), 4);
     let err = t.eval_loss(&batch).unwrap_err().to_string();
     assert!(err.contains("4 layers (0..4, clipped)"), "{err}");
-    let steps = t
-        .save_on_rank0(|tier, _| {
-            Ok::<_, megatrain::trainer::TrainError>(
-                tier.layers().iter().map(|s| s.step()).collect::<Vec<_>>(),
-            )
-        })
-        .unwrap()
-        .unwrap();
+    let steps = steps_at_save(&mut t);
     assert_eq!(steps, [1, 1, 1, 1]);
     assert_eq!(t.carried_layers(), 0);
     let _ = t.tier_mut();
@@ -341,6 +334,15 @@ fn gpu_carried_updates_change_no_result_over_a_copy_queue() {
     check(|| GpuExecutor::new(ctx.clone()), &model, &[3]);
 }
 
+/// Each layer's step count as a save (which settles first) sees it.
+fn steps_at_save<E: Executor>(t: &mut Trainer<E>) -> Vec<u64> {
+    t.save_on_rank0(|tier, _| {
+        Ok::<_, megatrain::trainer::TrainError>(tier.layers().iter().map(|s| s.step()).collect::<Vec<_>>())
+    })
+    .unwrap()
+    .unwrap()
+}
+
 /// A save settles what is carried: the checkpoint holds every update.
 #[test]
 fn saving_applies_what_is_carried() {
@@ -350,14 +352,7 @@ fn saving_applies_what_is_carried() {
     let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
     t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     assert_eq!(t.carried_layers(), 3);
-    let steps = t
-        .save_on_rank0(|tier, _| {
-            Ok::<_, megatrain::trainer::TrainError>(
-                tier.layers().iter().map(|s| s.step()).collect::<Vec<_>>(),
-            )
-        })
-        .unwrap()
-        .unwrap();
+    let steps = steps_at_save(&mut t);
     assert!(
         steps.iter().all(|&s| s == 1),
         "layer steps at the save: {steps:?}"

@@ -57,6 +57,20 @@ fn load(path: &Path) -> Result<TokenData, DataError> {
     load_tokens(path, &Bytes, &ChatTemplate::default())
 }
 
+/// `d`'s tokens as the bytes they are, the end of sequence (0) as `|`.
+fn spelled(d: &TokenData) -> String {
+    d.tokens
+        .iter()
+        .map(|c| if c == 0 { '|' } else { c as u8 as char })
+        .collect()
+}
+
+/// `d`'s loss mask, `1` where a target counts.
+fn counted_bits(d: &TokenData) -> String {
+    let mask = d.loss_mask.as_ref().expect("records have a loss mask");
+    mask.iter().map(|m| if m { '1' } else { '0' }).collect()
+}
+
 #[test]
 fn text_file_and_directory() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,18 +189,9 @@ fn alpaca_counts_only_the_response_and_eos() {
     )
     .unwrap();
     let d = load_tokens(&p, &Bytes, &t).unwrap();
-    let text: String = d
-        .tokens
-        .iter()
-        .map(|c| if c == 0 { '|' } else { c as u8 as char })
-        .collect();
+    let text = spelled(&d);
     assert_eq!(text, "UxAyz|UqIiAr|");
-    let mask: String = d
-        .loss_mask
-        .unwrap()
-        .iter()
-        .map(|m| if m { '1' } else { '0' })
-        .collect();
+    let mask = counted_bits(&d);
     assert_eq!(mask, "0001110000011");
 }
 
@@ -204,18 +209,9 @@ fn text_records_count_every_token_and_end_with_eos() {
     )
     .unwrap();
     let d = load_tokens(&p, &Bytes, &letters()).unwrap();
-    let text: String = d
-        .tokens
-        .iter()
-        .map(|c| if c == 0 { '|' } else { c as u8 as char })
-        .collect();
+    let text = spelled(&d);
     assert_eq!(text, "ab|c|UxAy|");
-    let mask: String = d
-        .loss_mask
-        .unwrap()
-        .iter()
-        .map(|m| if m { '1' } else { '0' })
-        .collect();
+    let mask = counted_bits(&d);
     assert_eq!(mask, "1111100011");
     assert_eq!(d.records.unwrap().starts(), &[0, 3, 5]);
     for (line, want) in [
@@ -329,18 +325,9 @@ fn sharegpt_counts_assistant_turns() {
     )
     .unwrap();
     let d = load_tokens(&p, &Bytes, &t).unwrap();
-    let text: String = d
-        .tokens
-        .iter()
-        .map(|c| if c == 0 { '|' } else { c as u8 as char })
-        .collect();
+    let text = spelled(&d);
     assert_eq!(text, "SsUhAg|UkAm|");
-    let mask: String = d
-        .loss_mask
-        .unwrap()
-        .iter()
-        .map(|m| if m { '1' } else { '0' })
-        .collect();
+    let mask = counted_bits(&d);
     assert_eq!(mask, "000001100011");
 }
 

@@ -710,6 +710,55 @@ fn padding_is_left_out_of_the_routers_load_balancing_loss() {
     );
 }
 
+/// Records of `lens` tokens each, one after another, ids spread over
+/// `model`'s vocabulary, each record's first two tokens its prompt (not
+/// counted); and their total length.
+fn records_of(model: &ModelConfig, lens: &[usize]) -> (megatrain::data::TokenData, usize) {
+    use megatrain::data::{Mask, Records, TokenData};
+    let v = model.vocab_size as u32;
+    let total: usize = lens.iter().sum();
+    let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
+    let starts: Vec<usize> = lens.iter().scan(0, |s, l| (*s, *s += l).0.into()).collect();
+    let counted: Vec<bool> = (0..total)
+        .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
+        .collect();
+    let data = TokenData {
+        tokens: ids.into(),
+        loss_mask: Some(Mask::from(counted)),
+        records: Some(Records::new(starts)),
+    };
+    (data, total)
+}
+
+/// A step on `rows` (records sharing rows, kept apart by its documents)
+/// gives the loss and parameters of one on `alone` (the same records one a
+/// row); without the documents it would not.
+fn steps_as_alone(model: &ModelConfig, rows: &Batch, alone: &Batch) {
+    let step = |b: &Batch| {
+        let mut tr = trainer(model, 2, false, None);
+        let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
+        (loss, params(&tr))
+    };
+    let ((lr, pr), (la, pa)) = (step(rows), step(alone));
+    let diff = max_rel_diff(&pr, &pa);
+    assert!(
+        (lr - la).abs() < 1e-6 * la.abs(),
+        "{:?}: loss {lr} {la}",
+        model.arch
+    );
+    assert!(diff < 1e-5, "{:?}: parameters differ by {diff:e}", model.arch);
+    let leaky = Batch {
+        docs: None,
+        ..rows.clone()
+    };
+    let (ll, _) = step(&leaky);
+    assert!(
+        (ll - la).abs() > 1e-5 * la.abs(),
+        "{:?}: the test can tell",
+        model.arch
+    );
+}
+
 /// `--rows packed`: a batch whose rows hold several records each steps as
 /// the same records one a row, right-padded: the same loss over the same
 /// counted targets and the same parameters after the step (the routers'
@@ -718,7 +767,7 @@ fn padding_is_left_out_of_the_routers_load_balancing_loss() {
 /// half the rows.
 #[test]
 fn packed_rows_step_as_the_same_records_one_a_row() {
-    use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
+    use megatrain::data::{Sampling, TokenData, draw_batch};
     // Rows of 16 take records {0, 1} (14 tokens) and {2, 3} (12): record 0
     // again would not fit after them.
     let lens = [5usize, 9, 4, 8];
@@ -730,19 +779,7 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
         moe,
         common::zoo_fixture("qwen3_5"),
     ] {
-        let v = model.vocab_size as u32;
-        let total: usize = lens.iter().sum();
-        let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
-        let starts: Vec<usize> = lens.iter().scan(0, |s, l| (*s, *s += l).0.into()).collect();
-        // Each record's first two tokens are its prompt.
-        let counted: Vec<bool> = (0..total)
-            .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
-            .collect();
-        let data = TokenData {
-            tokens: ids.into(),
-            loss_mask: Some(Mask::from(counted)),
-            records: Some(Records::new(starts)),
-        };
+        let (data, total) = records_of(&model, &lens);
         let draw =
             |d: &TokenData, rows| draw_batch(d, Sampling::Sequential, 0, rows, 16, "mem".as_ref()).unwrap();
         let (packed, alone) = (draw(&data.clone().packed(), 2), draw(&data, 4));
@@ -750,30 +787,7 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
         assert!(packed.docs.is_some() && alone.docs.is_none());
         assert_eq!(packed.counted(), alone.counted());
         assert_eq!(packed.counted(), total - 2 * lens.len());
-        let step = |b: &Batch| {
-            let mut tr = trainer(&model, 2, false, None);
-            let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
-            (loss, params(&tr))
-        };
-        let ((lp, pp), (la, pa)) = (step(&packed), step(&alone));
-        let diff = max_rel_diff(&pp, &pa);
-        assert!(
-            (lp - la).abs() < 1e-6 * la.abs(),
-            "{:?}: loss {lp} {la}",
-            model.arch
-        );
-        assert!(diff < 1e-5, "{:?}: parameters differ by {diff:e}", model.arch);
-        // Unmasked, the records of a row would read each other.
-        let leaky = Batch {
-            docs: None,
-            ..packed.clone()
-        };
-        let (ll, _) = step(&leaky);
-        assert!(
-            (ll - la).abs() > 1e-5 * la.abs(),
-            "{:?}: the test can tell",
-            model.arch
-        );
+        steps_as_alone(&model, &packed, &alone);
     }
 }
 
@@ -786,25 +800,14 @@ fn packed_rows_step_as_the_same_records_one_a_row() {
 /// nothing, and without the documents the records would read each other.
 #[test]
 fn stream_windows_of_records_step_as_the_records_one_a_row() {
-    use megatrain::data::{Mask, Records, Sampling, TokenData, draw_batch};
+    use megatrain::data::{Sampling, draw_batch};
     let lens = [5usize, 9, 4, 8];
     for model in [
         common::llama_tiny(3),
         gpt2_nano(61),
         common::zoo_fixture("qwen3_5"),
     ] {
-        let v = model.vocab_size as u32;
-        let total: usize = lens.iter().sum();
-        let ids: Vec<u32> = (0..total as u32).map(|i| (i * 7919 + 13) % v).collect();
-        let starts: Vec<usize> = lens.iter().scan(0, |s, l| (*s, *s += l).0.into()).collect();
-        let counted: Vec<bool> = (0..total)
-            .map(|i| !starts.iter().any(|&s| i == s || i == s + 1))
-            .collect();
-        let data = TokenData {
-            tokens: ids.into(),
-            loss_mask: Some(Mask::from(counted)),
-            records: Some(Records::new(starts)),
-        };
+        let (data, _) = records_of(&model, &lens);
         let windows = draw_batch(
             &data.clone().windows(),
             Sampling::Sequential,
@@ -831,29 +834,7 @@ fn stream_windows_of_records_step_as_the_records_one_a_row() {
             );
         }
         assert_eq!(windows.counted(), alone.counted());
-        let step = |b: &Batch| {
-            let mut tr = trainer(&model, 2, false, None);
-            let loss = tr.step(std::slice::from_ref(b), 1e-2).unwrap().loss;
-            (loss, params(&tr))
-        };
-        let ((lw, pw), (la, pa)) = (step(&windows), step(&alone));
-        let diff = max_rel_diff(&pw, &pa);
-        assert!(
-            (lw - la).abs() < 1e-6 * la.abs(),
-            "{:?}: loss {lw} {la}",
-            model.arch
-        );
-        assert!(diff < 1e-5, "{:?}: parameters differ by {diff:e}", model.arch);
-        let leaky = Batch {
-            docs: None,
-            ..windows
-        };
-        let (ll, _) = step(&leaky);
-        assert!(
-            (ll - la).abs() > 1e-5 * la.abs(),
-            "{:?}: the test can tell",
-            model.arch
-        );
+        steps_as_alone(&model, &windows, &alone);
     }
 }
 
