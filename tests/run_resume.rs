@@ -458,6 +458,16 @@ fn a_mixture_of_sources_resumes_exactly() {
     );
 }
 
+/// The first batch (3 rows of 64, drawn as a run seeded 1 draws them) of a
+/// run on `data` with options `tweak`ed, prepared in `dir`.
+fn first_batch(data: &Path, dir: &Path, tweak: impl Fn(&mut TrainOptions)) -> megatrain::data::Batch {
+    let mut o = options(data, dir);
+    tweak(&mut o);
+    let p = prepare(o, false).unwrap();
+    let rows = megatrain::data::Sampling::Random { seed: 1 };
+    megatrain::data::draw_batch(&p.train.parts[0], rows, 0, 3, 64, "mem".as_ref()).unwrap()
+}
+
 /// `--rows packed` resumes bit for bit: which records a packed row holds
 /// depends on every record before it, and a resumed run finds them by
 /// walking the record order afresh (the seeded order of several passes:
@@ -488,18 +498,7 @@ fn packed_rows_resume_exactly() {
         o.chat_template = template.display().to_string();
         o.seq_len = 64;
     };
-    let mut o = options(&data, &t.join("probe"));
-    tweak(&mut o);
-    let p = prepare(o, false).unwrap();
-    let batch = megatrain::data::draw_batch(
-        &p.train.parts[0],
-        megatrain::data::Sampling::Random { seed: 1 },
-        0,
-        3,
-        64,
-        "mem".as_ref(),
-    )
-    .unwrap();
+    let batch = first_batch(&data, &t.join("probe"), tweak);
     assert!(
         batch.docs.as_ref().is_some_and(|d| d.count() >= 9),
         "{:?}",
@@ -525,18 +524,7 @@ fn windows_of_records_resume_exactly() {
         o.tokenizer = "byte".into();
         o.seq_len = 64;
     };
-    let mut o = options(&data, &t.join("probe"));
-    tweak(&mut o);
-    let p = prepare(o, false).unwrap();
-    let batch = megatrain::data::draw_batch(
-        &p.train.parts[0],
-        megatrain::data::Sampling::Random { seed: 1 },
-        0,
-        3,
-        64,
-        "mem".as_ref(),
-    )
-    .unwrap();
+    let batch = first_batch(&data, &t.join("probe"), tweak);
     assert_eq!(batch.lengths, None, "no padding");
     assert!(
         batch.docs.as_ref().is_some_and(|d| d.count() >= 6),

@@ -70,13 +70,7 @@ impl Deferred {
         ex.flush();
         let end = through.saturating_add(1).min(slabs.len());
         for slab in &mut slabs[left.next..end] {
-            let h = Hyper {
-                adamw: a.adamw,
-                mask: &a.masks[slab.index()],
-                lr: left.lr,
-                grad_scale: left.coef,
-                grad_sq: None,
-            };
+            let h = a.hyper(slab.index(), left.lr, left.coef);
             let numel = slab.numel();
             let t_opt = Instant::now();
             let done = update_part(slab, Part::of(numel, None, 0..numel), None, h);
@@ -120,6 +114,20 @@ pub(super) struct Apply<'a> {
     pub adamw: &'a AdamW,
     pub masks: &'a [DecayMask],
     pub pool: &'a StagingPool,
+}
+
+impl Apply<'_> {
+    /// The update of layer `index` at learning rate `lr`, its gradient
+    /// scaled by `grad_scale`.
+    fn hyper(&self, index: usize, lr: f32, grad_scale: f32) -> Hyper<'_> {
+        Hyper {
+            adamw: self.adamw,
+            mask: &self.masks[index],
+            lr,
+            grad_scale,
+            grad_sq: None,
+        }
+    }
 }
 
 impl<T> Rising<T> {
@@ -227,13 +235,7 @@ impl<T> Rising<T> {
             let slab = slabs
                 .get_mut(index)
                 .ok_or_else(|| TrainError::Internal(format!("no layer {index} to update")))?;
-            let h = Hyper {
-                adamw: a.adamw,
-                mask: &a.masks[index],
-                lr,
-                grad_scale: 1.0,
-                grad_sq: None,
-            };
+            let h = a.hyper(index, lr, 1.0);
             let t_opt = Instant::now();
             let done = apply_chunk(slab, r.clone(), &grads, true, None, h);
             let busy = ms(t_opt);
