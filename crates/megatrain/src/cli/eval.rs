@@ -6,7 +6,7 @@ use clap::Args;
 use megatrain::data::{Sampling, load_tokens, packed_once};
 use megatrain::run::{
     DeviceChoice, Encoder, Pick, Precision, RowsKind, RunError, TransportKnobs, chat_template_spec,
-    document_end, evaluate, evaluate_batches, resolve_model_dir,
+    check_doc_end, evaluate, evaluate_batches, resolve_model_dir, stream_docs,
 };
 use megatrain::trainer::{Trainer, TrainerConfig, load_tier_for_forwards};
 use megatrain_gpu::TransportChoice;
@@ -79,25 +79,14 @@ pub fn run(a: EvalArgs) -> anyhow::Result<()> {
     cfg.check_seq_len(seq)
         .map_err(|e| RunError::option("seq-len", seq, e.to_string()))?;
     let spec = chat_template_spec(&dir, a.chat_template.as_deref());
+    check_doc_end(a.rows, a.doc_end)?;
     let data = load_tokens(&a.data, &enc, &enc.chat_template(&spec)?)?;
-    if let Some(id) = a.doc_end.filter(|_| a.rows != RowsKind::StreamDocs) {
-        return Err(RunError::option(
-            "doc-end",
-            id,
-            format!(
-                "ends the documents of --rows stream-docs, not of --rows {}",
-                a.rows.name()
-            ),
-        )
-        .into());
-    }
-    let data = match a.rows.records_of(&a.data) {
-        true if a.rows == RowsKind::StreamDocs => data.windows(),
-        true => data,
-        false if a.rows == RowsKind::StreamDocs => {
-            let end = document_end(a.doc_end, &enc, cfg.vocab_size, &a.data)?;
-            data.as_stream().documents_ended_by(end)
+    let records = a.rows.records_of(&a.data);
+    let data = match records {
+        _ if a.rows == RowsKind::StreamDocs => {
+            stream_docs(data, records, a.doc_end, &enc, cfg.vocab_size, &a.data)?
         }
+        true => data,
         false if a.rows.needs_records() => {
             return Err(RunError::option(
                 "rows",

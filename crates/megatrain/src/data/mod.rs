@@ -111,7 +111,7 @@ impl TokenData {
     /// The records where each row holds whole ones (one a row, or packed);
     /// `None` where rows are windows of the stream.
     pub fn row_records(&self) -> Option<&Records> {
-        self.records.as_ref().filter(|r| r.rows_of_records())
+        self.records.as_ref().filter(|r| !r.is_windows())
     }
 
     /// Rows of as many whole records as fit, where there are records,

@@ -81,12 +81,6 @@ impl Records {
         self.windows
     }
 
-    /// Whether each row holds whole records (one, or as many as fit):
-    /// not windows.
-    pub fn rows_of_records(&self) -> bool {
-        !self.windows
-    }
-
     /// The same records, as many a row as fit, next fit in the drawn
     /// order.
     pub fn packed(self) -> Records {

@@ -43,7 +43,7 @@ pub use knobs::{
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{
     DeviceChoice, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
-    check_carry_layers,
+    check_carry_layers, check_doc_end,
 };
 pub use plan::{
     DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,
@@ -51,6 +51,6 @@ pub use plan::{
 };
 pub use plan_ranks::{RankBytes, per_rank};
 pub use plot::{PLOT_FILE, render_svg, write_plot};
-pub use prepare::{Prepared, RESUMED_WITH, document_end, prepare};
+pub use prepare::{Prepared, RESUMED_WITH, prepare, stream_docs};
 pub use session::{Progress, QuietProgress, Summary, tier_config, tier_params, train, train_with};
 pub use sizes::parse_bytes;

@@ -833,16 +833,7 @@ impl TrainOptions {
                 ),
             ));
         }
-        if let Some(id) = self.doc_end.filter(|_| self.rows != RowsKind::StreamDocs) {
-            return Err(RunError::option(
-                "doc-end",
-                id,
-                format!(
-                    "ends the documents of --rows stream-docs, not of --rows {}",
-                    self.rows.name()
-                ),
-            ));
-        }
+        check_doc_end(self.rows, self.doc_end)?;
         if self.data.len() > 1 && self.sampling == SamplingKind::Sequential {
             return Err(RunError::option(
                 "sampling",
@@ -851,6 +842,22 @@ impl TrainOptions {
             ));
         }
         Ok(())
+    }
+}
+
+/// Refuses `--doc-end` (`doc_end`) with any `--rows` but stream-docs,
+/// whose documents it ends.
+pub fn check_doc_end(rows: RowsKind, doc_end: Option<u32>) -> Result<()> {
+    match doc_end.filter(|_| rows != RowsKind::StreamDocs) {
+        Some(id) => Err(RunError::option(
+            "doc-end",
+            id,
+            format!(
+                "ends the documents of --rows stream-docs, not of --rows {}",
+                rows.name()
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

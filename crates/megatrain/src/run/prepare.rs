@@ -212,12 +212,10 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         let d = load_tokens_cached(path, &encoder, &template, cache.as_deref())?;
         Ok::<_, RunError>(match (opts.rows.records_of(path), opts.rows) {
             (true, RowsKind::Packed) => d.packed_with(opts.packing.fit()),
-            (true, RowsKind::StreamDocs) => d.windows(),
-            (true, _) => d,
-            (false, RowsKind::StreamDocs) => {
-                let end = document_end(opts.doc_end, &encoder, model.vocab_size, path)?;
-                d.as_stream().documents_ended_by(end)
+            (records, RowsKind::StreamDocs) => {
+                stream_docs(d, records, opts.doc_end, &encoder, model.vocab_size, path)?
             }
+            (true, _) => d,
             (false, _) => d.as_stream(),
         })
     };
@@ -329,11 +327,28 @@ fn model_name(o: &TrainOptions) -> String {
     }
 }
 
-/// The id that ends each document of `path`, a source without records, in
-/// windows of `--rows stream-docs`: `given` (`--doc-end`), else the
-/// tokenizer's end-of-sequence id; refused where there is neither or it is
-/// past the vocabulary of `vocab`.
-pub fn document_end(given: Option<u32>, encoder: &Encoder, vocab: usize, path: &Path) -> Result<u32> {
+/// `d`, loaded from `path`, in windows of `--rows stream-docs`: its
+/// `records` where it has them, else the documents that `given`
+/// (`--doc-end`), or the tokenizer's end-of-sequence id, ends; refused
+/// where there is neither or the id is past the vocabulary of `vocab`.
+pub fn stream_docs(
+    d: TokenData,
+    records: bool,
+    given: Option<u32>,
+    encoder: &Encoder,
+    vocab: usize,
+    path: &Path,
+) -> Result<TokenData> {
+    if records {
+        return Ok(d.windows());
+    }
+    let end = document_end(given, encoder, vocab, path)?;
+    Ok(d.as_stream().documents_ended_by(end))
+}
+
+/// The id that ends each document of `path`, a source without records:
+/// `given`, else the tokenizer's end-of-sequence id.
+fn document_end(given: Option<u32>, encoder: &Encoder, vocab: usize, path: &Path) -> Result<u32> {
     use crate::data::TextEncoder;
     let id = given.or_else(|| encoder.eos()).ok_or_else(|| {
         RunError::file(

@@ -429,8 +429,10 @@ impl<E: Executor> Trainer<E> {
         let mut loss_sum = 0.0;
         let mut z_sum = 0.0;
         self.grad_sq.reset(self.tier.layers().len());
-        self.held_norms
-            .reset(self.tier.layers().iter().map(LayerSlab::numel));
+        if self.config.grad_clip.is_some() {
+            self.held_norms
+                .reset(self.tier.layers().iter().map(LayerSlab::numel));
+        }
         // A mixture of experts' load-balancing loss is each forward's, as
         // transformers computes it, averaged over the step's micro-batches
         // on every rank.
