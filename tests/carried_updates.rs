@@ -10,7 +10,9 @@
 //! reads them is refused. The same holds of clipping's updates, which go
 //! into the next step's forward (`TrainerConfig::defer_clipped_updates`)
 //! against updating every layer after the backward: with a threshold that
-//! scales the gradients and one that does not, the same norms too.
+//! scales the gradients and one that does not, the same norms too. Carried
+//! layers sum their micro-batches on the executor (the tier holds none of
+//! their gradients) and, with clipping, take their part of the norm there.
 
 mod common;
 
@@ -63,10 +65,13 @@ fn cases() -> [Case; 4] {
     ]
 }
 
+/// Where micro-batches are summed the tier holds no gradients of the
+/// carried layers: they sum theirs on the executor.
 fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, carry: usize) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: case.micro > 1,
+        grads_on_device: carry,
         ..TierConfig::default()
     };
     let config = TrainerConfig {
@@ -92,8 +97,17 @@ fn params<E: Executor>(t: &Trainer<E>) -> Vec<Vec<f32>> {
     t.tier().layers().iter().map(|s| s.params().to_vec()).collect()
 }
 
-/// `carry` layers' updates are left to the next step each step.
-fn train<E: Executor>(mut t: Trainer<E>, case: Case, carry: usize) -> Run {
+/// `carry` layers' updates are left to the next step each step, the
+/// gradients of the first `on_device` of them on the executor.
+fn train<E: Executor>(mut t: Trainer<E>, case: Case, (carry, on_device): (usize, usize)) -> Run {
+    // A layer on the executor comes down once a step, the others once a
+    // micro-batch; it holds no gradients in the tier.
+    let numels: Vec<u64> = t.tier().layers().iter().map(|s| s.numel() as u64).collect();
+    let on_device_numel: u64 = numels[..on_device].iter().sum();
+    let bytes = 4 * (numels.iter().sum::<u64>() - on_device_numel) * case.micro as u64 + 4 * on_device_numel;
+    for s in &t.tier().layers()[..on_device] {
+        assert!(!s.holds_grads(), "layer {} holds gradients", s.index());
+    }
     let vocab = t.model().vocab_size;
     let mut losses = Vec::new();
     let mut norms = Vec::new();
@@ -105,7 +119,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case, carry: usize) -> Run {
         assert_eq!(t.carried_layers(), carry, "{case:?}");
         // The first step has nothing carried to apply; the others do.
         assert_eq!(m.carried_ms > 0.0, step > 0 && carry > 0, "step {step}: {m:?}");
-        assert_eq!(m.bytes_downloaded, 4 * t.tier().n_params() * case.micro as u64);
+        assert_eq!(m.bytes_downloaded, bytes, "{case:?}");
         losses.push(m.loss);
         norms.push((m.grad_norm, m.layer_grad_norms));
     }
@@ -136,14 +150,14 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case, carry: usize) -> Run {
 fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usize]) {
     for case in cases() {
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
-        let plain = train(trainer(make(), model, case, 0), case, 0);
+        let plain = train(trainer(make(), model, case, 0), case, (0, 0));
         assert!(
             plain.losses.iter().all(|l| l.is_finite()),
             "{what}: {:?}",
             plain.losses
         );
         for &carry in carries {
-            let run = train(trainer(make(), model, case, carry), case, carry);
+            let run = train(trainer(make(), model, case, carry), case, (carry, carry));
             assert_eq!(plain.losses, run.losses, "{what}, carry {carry}: losses");
             assert!(
                 plain.params == run.params,
@@ -165,11 +179,19 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usiz
     }
 }
 
-/// A trainer that clips at `max_norm`, its updates deferred or not.
-fn clipping<E: Executor>(ex: E, model: &ModelConfig, case: Case, max_norm: f64, defer: bool) -> Trainer<E> {
+/// A trainer that clips at `max_norm`, its updates deferred or not, the
+/// first `carry` layers' gradients kept on the executor.
+fn clipping<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    case: Case,
+    max_norm: f64,
+    (defer, carry): (bool, usize),
+) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: true,
+        grads_on_device: carry,
         ..TierConfig::default()
     };
     let config = TrainerConfig {
@@ -177,6 +199,7 @@ fn clipping<E: Executor>(ex: E, model: &ModelConfig, case: Case, max_norm: f64, 
         keep_activations: case.keep,
         grad_clip: Some(max_norm),
         defer_clipped_updates: defer,
+        carry_layers: carry,
         ..common::k2_config(None)
     };
     common::trainer(ex, model, tier, 5, config)
@@ -193,8 +216,12 @@ fn check_clipped<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, cases: 
                 "{:?} tied {} {case:?} max_norm {max_norm}",
                 model.arch, model.tie_word_embeddings
             );
-            let after = train(clipping(make(), model, case, max_norm, false), case, 0);
-            let run = train(clipping(make(), model, case, max_norm, true), case, layers);
+            let after = train(clipping(make(), model, case, max_norm, (false, 0)), case, (0, 0));
+            let run = train(
+                clipping(make(), model, case, max_norm, (true, 0)),
+                case,
+                (layers, 0),
+            );
             assert_eq!(after.losses, run.losses, "{what}: losses");
             assert_eq!(after.norms, run.norms, "{what}: gradient norms");
             assert!(after.params == run.params, "{what}: parameters differ");
@@ -220,6 +247,96 @@ fn check_clipped<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, cases: 
             }
         }
     }
+}
+
+/// Clipping with the first `carries` layers' gradients on the executor
+/// (summed there over micro-batches, their part of the norm taken there
+/// in f32 row sums) against clipping from gradients all held in the tier:
+/// where the threshold does not bind the same bits; where it does, norms
+/// within the row sums' rounding and a clip coefficient that may differ
+/// in its last bits, so parameters within 1e-6.
+fn check_clipped_on_device<E: Executor>(
+    make: impl Fn() -> E,
+    model: &ModelConfig,
+    cases: &[Case],
+    carries: &[usize],
+) {
+    let layers = model.num_layers + 2;
+    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * a.abs().max(b.abs());
+    for &case in cases {
+        for max_norm in [0.05, 1e3] {
+            let held = train(
+                clipping(make(), model, case, max_norm, (true, 0)),
+                case,
+                (layers, 0),
+            );
+            for &carry in carries {
+                let what = format!(
+                    "{:?} tied {} {case:?} max_norm {max_norm} carry {carry}",
+                    model.arch, model.tie_word_embeddings
+                );
+                let run = train(
+                    clipping(make(), model, case, max_norm, (true, carry)),
+                    case,
+                    (layers, carry),
+                );
+                for (step, ((a, la), (b, lb))) in held.norms.iter().zip(&run.norms).enumerate() {
+                    let (a, b) = (a.expect("a norm"), b.expect("a norm"));
+                    assert!(close(a, b, 1e-6), "{what}: step {step}'s norm {a} vs {b}");
+                    assert_eq!(la.len(), lb.len(), "{what}");
+                    for (i, (x, y)) in la.iter().zip(lb).enumerate() {
+                        assert!(close(*x, *y, 1e-5), "{what}: step {step} layer {i}: {x} vs {y}");
+                    }
+                    // The held layers' norms are the same sums of the
+                    // same gradients, until a coefficient moved.
+                    if step == 0 || max_norm > 1.0 {
+                        assert_eq!(la[carry..], lb[carry..], "{what}: step {step}");
+                    }
+                }
+                assert!(
+                    run.params.iter().zip(&run.before).all(|(a, b)| a != b),
+                    "{what}: a layer was not one update behind before settling"
+                );
+                if max_norm > 1.0 {
+                    assert_eq!(held.losses, run.losses, "{what}: losses");
+                    assert!(held.params == run.params, "{what}: parameters differ");
+                    assert!(held.transport == run.transport, "{what}: transport copies differ");
+                    continue;
+                }
+                for (a, b) in held.losses.iter().zip(&run.losses) {
+                    assert!(close(*a, *b, 1e-6), "{what}: losses {a} vs {b}");
+                }
+                for (i, (a, b)) in held.params.iter().zip(&run.params).enumerate() {
+                    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                    assert!(worst <= 1e-6, "{what}: layer {i}'s parameters differ by {worst}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cpu_clipped_updates_with_gradients_on_the_executor() {
+    for model in models() {
+        let all = model.num_layers + 2;
+        check_clipped_on_device(CpuExecutor::new, &model, &[cases()[0], cases()[2]], &[2, all]);
+    }
+}
+
+#[test]
+fn gpu_clipped_updates_with_gradients_on_the_executor() {
+    let Some(ctx) = common::ctx() else { return };
+    let c = cases();
+    let model = common::llama_tiny(3);
+    check_clipped_on_device(
+        || GpuExecutor::new(ctx.clone()),
+        &model,
+        &[c[1], c[2]],
+        &[model.num_layers + 2],
+    );
+    let mut tied = common::gpt2_two_blocks();
+    tied.tie_word_embeddings = true;
+    check_clipped_on_device(|| GpuExecutor::new(ctx.clone()), &tied, &[c[0]], &[1]);
 }
 
 #[test]
@@ -257,9 +374,9 @@ fn clipping_norms_do_not_depend_on_the_chunks() {
             let case = Case { chunk, micro: 2, ..c };
             let layers = model.num_layers + 2;
             train(
-                clipping(CpuExecutor::new(), &model, case, 0.05, true),
+                clipping(CpuExecutor::new(), &model, case, 0.05, (true, 0)),
                 case,
-                layers,
+                (layers, 0),
             )
         })
         .collect();
@@ -275,7 +392,7 @@ fn clipping_norms_do_not_depend_on_the_chunks() {
 #[test]
 fn saving_applies_deferred_clipped_updates() {
     let model = common::llama_tiny(2);
-    let mut t = clipping(CpuExecutor::new(), &model, cases()[0], 0.05, true);
+    let mut t = clipping(CpuExecutor::new(), &model, cases()[0], 0.05, (true, 0));
     let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
     t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     assert_eq!(t.carried_layers(), 4);
@@ -385,19 +502,43 @@ fn carrying_is_refused_where_it_cannot_run() {
     };
     refused(
         TrainerConfig {
-            carry_layers: 1,
-            grad_clip: Some(1.0),
-            ..TrainerConfig::default()
-        },
-        &["carry_layers (1)", "clipping", "defer_clipped_updates"],
-    );
-    refused(
-        TrainerConfig {
             carry_layers: 5,
             ..TrainerConfig::default()
         },
         &["carry_layers (5)", "4 layers"],
     );
+    // A tier without gradients of layers that are not carried.
+    let without_grads = |on_device: usize| {
+        megatrain::trainer::init_tier(
+            &model,
+            TierConfig {
+                hold_grads: true,
+                grads_on_device: on_device,
+                ..TierConfig::default()
+            },
+            1,
+        )
+        .unwrap()
+    };
+    let config = TrainerConfig {
+        carry_layers: 1,
+        grad_clip: Some(1.0),
+        ..TrainerConfig::default()
+    };
+    let err = match Trainer::new(
+        CpuExecutor::new(),
+        model.clone(),
+        without_grads(2),
+        config.clone(),
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("first 2 layers (grads_on_device)") && err.contains("only 1 are carried"),
+        "{err}"
+    );
+    Trainer::new(CpuExecutor::new(), model.clone(), without_grads(1), config).unwrap();
 }
 
 #[test]

@@ -290,6 +290,16 @@ fn plan_weighs_the_hosts_adamw() {
             && t.contains("(every AdamW after the backward instead: 3350.5 ms)"),
         "{t}"
     );
+    assert!(t.contains("18.00 bytes of RAM per parameter"), "{t}");
+    // Every layer carried: the device holds the gradients and takes their
+    // norm, the host its tier's 14 bytes a parameter.
+    let t = text(&["--hold-grads", "--carry-layers", "all"]);
+    assert!(
+        t.contains("14.00 bytes of RAM per parameter")
+            && t.contains("the 30 carried layers' on the device")
+            && t.contains("= 2988.5 ms, 2741 tokens/s at best"),
+        "{t}"
+    );
     let t = text(&["--adamw-gparams", "21"]);
     assert!(
         t.contains("the backward covers it") && t.contains("--batch 7 at --seq-len 1024"),

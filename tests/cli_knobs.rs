@@ -167,8 +167,16 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     );
     check(
         "cpu",
-        &["--carry-layers", "2", "--grad-clip", "1"],
-        &["--carry-layers 2", "cannot be used with --grad-clip"],
+        &["--carry-layers", "every", "--grad-clip", "1"],
+        &[
+            "--carry-layers",
+            "'every' is neither a number of layers nor 'all'",
+        ],
+    );
+    check(
+        "cpu",
+        &["--carry-layers", "all", "--host-budget", "1G"],
+        &["--carry-layers all", "--host-budget"],
     );
     check(
         "cpu",
@@ -197,11 +205,38 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     // losses, and the last step's updates all in its checkpoint.
     let carried = final_loss(&train(&data, &t.join("carried"), "cpu", &["--carry-layers", "3"]));
     assert_eq!(whole, carried);
+    let all = final_loss(&train(
+        &data,
+        &t.join("carried-all"),
+        "cpu",
+        &["--carry-layers", "all"],
+    ));
+    assert_eq!(whole, all);
+    let read = |run: &str, file: &str| std::fs::read(t.join(run).join("ckpt-2").join(file)).unwrap();
     for file in ["model.safetensors", "optimizer.safetensors"] {
-        let read = |run: &str| std::fs::read(t.join(run).join("ckpt-2").join(file)).unwrap();
+        for run in ["carried", "carried-all"] {
+            assert!(
+                read("whole", file) == read(run, file),
+                "the {run} run's {file} differs"
+            );
+        }
+    }
+    // Clipping with every layer's gradients on the executor, their norm
+    // taken there: where the threshold does not bind, the same training as
+    // clipping from gradients held on the host.
+    let clip = |run: &str, extra: &[&str]| {
+        let mut a = vec!["--grad-clip", "1000", "--grad-accum", "2"];
+        a.extend_from_slice(extra);
+        final_loss(&train(&data, &t.join(run), "cpu", &a))
+    };
+    assert_eq!(
+        clip("clip-held", &[]),
+        clip("clip-carried", &["--carry-layers", "all"])
+    );
+    for file in ["model.safetensors", "optimizer.safetensors"] {
         assert!(
-            read("whole") == read("carried"),
-            "the carried run's {file} differs"
+            read("clip-held", file) == read("clip-carried", file),
+            "the clipping carried run's {file} differs"
         );
     }
     // Every block kept from forward to backward, or the last two: no

@@ -100,6 +100,7 @@ fn trainer(
         shard,
         transport: case.transport,
         hold_grads,
+        grads_on_device: 0,
         ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
         spill_dir: case.spill.then(|| dir.join("spill")),
         shared_transport: shared,

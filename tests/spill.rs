@@ -51,6 +51,7 @@ fn run(
         shard: None,
         transport,
         hold_grads: hold,
+        grads_on_device: 0,
         ram_budget_bytes: budget,
         // A directory that does not exist yet: the tier creates it.
         spill_dir: spill.as_ref().map(|d| d.path().join("spill")),

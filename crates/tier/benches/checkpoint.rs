@@ -30,6 +30,7 @@ fn tier() -> HostTier {
         shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
+        grads_on_device: 0,
         ram_budget_bytes: None,
         spill_dir: None,
         shared_transport: None,

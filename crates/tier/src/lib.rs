@@ -7,7 +7,9 @@
 //! - fp32 AdamW `m` and `v`,
 //! - the transport copy that is uploaded to the GPU, bf16, f16 or f32
 //!   ([`TransportDType`]), rewritten from the params after each update,
-//! - an fp32 gradient block only when [`TierConfig::hold_grads`] is set.
+//! - an fp32 gradient block only when [`TierConfig::hold_grads`] is set
+//!   (and the layer's gradients do not stay on the device,
+//!   [`TierConfig::grads_on_device`]).
 //!
 //! Every block is an [`AlignedBuf`]: page-aligned, allocated once, zeroed by
 //! the kernel on first touch (anonymous memory maps rather than

@@ -19,6 +19,10 @@ pub struct TierConfig {
     /// Keep an fp32 gradient block per layer (gradient accumulation over
     /// micro-batches, exact global-norm clipping).
     pub hold_grads: bool,
+    /// The first this many layers get no gradient block even where
+    /// `hold_grads` is set: their gradients stay on the device, summed
+    /// there over micro-batches (the trainer's carried layers).
+    pub grads_on_device: usize,
     /// Most bytes of RAM the tier may reserve, transport copies included.
     /// `None`: everything in RAM.
     pub ram_budget_bytes: Option<u64>,
@@ -37,6 +41,11 @@ pub struct TierConfig {
 }
 
 impl TierConfig {
+    /// Whether layer `i` gets a gradient block.
+    pub fn holds_grads(&self, i: usize) -> bool {
+        self.hold_grads && i >= self.grads_on_device
+    }
+
     /// The transport copies' bytes this rank counts: all of them, or its
     /// share of a machine's.
     fn transport_share(&self, bytes: u64) -> u64 {
@@ -62,7 +71,8 @@ impl TierConfig {
 pub fn plan(tables: &[ParamTable], config: &TierConfig) -> Result<MemoryReport> {
     let per_layer: Vec<BytesByKind> = tables
         .iter()
-        .map(|t| layer_bytes(t.numel(), config.transport, config.hold_grads))
+        .enumerate()
+        .map(|(i, t)| layer_bytes(t.numel(), config.transport, config.holds_grads(i)))
         .collect();
     let ranks = config.shard.map_or(1, |s| s.ranks);
     let mut report = MemoryReport {
@@ -233,7 +243,7 @@ impl HostTier {
                 i,
                 table,
                 config.transport,
-                config.hold_grads,
+                config.holds_grads(i),
                 backing,
                 own,
                 reserved,

@@ -64,6 +64,7 @@ pub(super) fn tier_for(
         shard,
         transport: precision(spec)?.transport(),
         hold_grads: spec.grad_clip.is_some(),
+        grads_on_device: spec.carry_layers,
         ram_budget_bytes: spec.host_budget,
         spill_dir: spec.host_budget.map(|_| {
             spec.spill_dir

@@ -38,10 +38,11 @@ pub struct PlanArgs {
     /// that fit in all of it.
     #[arg(long, default_value = "auto")]
     keep_activations: KeepActivations,
-    /// The first N layers keep their gradients on the device into the
-    /// next step's forward, as `train --carry-layers` (counted in the
-    /// device's bytes; default 0).
-    #[arg(long, default_value_t = 0)]
+    /// The first N layers (or `all`) keep their gradients on the device
+    /// into the next step's forward, as `train --carry-layers` (counted
+    /// in the device's bytes, and, where gradients are held, not in the
+    /// host's; default 0).
+    #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
@@ -107,7 +108,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if a.batch == 0 || a.seq_len == 0 || a.checkpoint_every == 0 || chunk_rows == 0 || a.ranks == 0 {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
-    megatrain::run::check_carry_layers(a.carry_layers, &model)?;
+    let carry_layers = megatrain::run::check_carry_layers(a.carry_layers, &model)?;
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -117,7 +118,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         chunk_rows,
         transport,
         hold_grads: a.hold_grads,
-        carry_layers: a.carry_layers,
+        carry_layers,
     };
     let room = match a.device_mem {
         Some(m) => Room::Device(m),
@@ -151,6 +152,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         shard: None,
         transport,
         hold_grads: a.hold_grads,
+        grads_on_device: carry_layers,
         ram_budget_bytes: a.host_budget,
         spill_dir: a.host_budget.map(|_| a.spill_dir.clone()),
         shared_transport: None,
@@ -316,7 +318,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             machine,
             (a.batch, a.seq_len),
             ups,
-            (a.carry_layers, a.hold_grads),
+            (carry_layers, a.hold_grads),
         );
     }
     match a.host_mem.or_else(mem_available) {
@@ -462,17 +464,25 @@ fn print_cover(
         println!("  with --carry-layers {carry}: {}", carried(carry));
     }
     if hold {
-        let (step, forward) = c.step_clipping_s(m, tokens, true);
+        let (step, forward) = c.step_clipping_s(m, tokens, true, carry);
+        let held = c.step_params - c.carried_params(carry);
+        let (which, device) = match carry {
+            0 => ("every gradient".to_string(), String::new()),
+            _ => (
+                "the gradients of the layers not carried".to_string(),
+                format!(", the {carry} carried layers' on the device"),
+            ),
+        };
         println!(
-            "  with --grad-clip (every gradient held to the backward's end, their norm, {:.1} ms, summed beside it): \
+            "  with --grad-clip ({which} held to the backward's end, their norm, {:.1} ms, summed beside it{device}): \
              each layer's AdamW in the next step's forward, forward {:.1} ms + max(backward {:.1} ms, norm) \
              = {:.1} ms, {:.0} tokens/s at best (every AdamW after the backward instead: {:.1} ms)",
-            ms(CLIP_NORM_SHARE * c.step_adamw_s(m)),
+            ms(CLIP_NORM_SHARE * held as f64 / (m.adamw_gparams * 1e9)),
             ms(forward),
             ms(c.step_backward_s(m, tokens)),
             ms(step),
             tokens as f64 / step,
-            ms(c.step_clipping_s(m, tokens, false).0)
+            ms(c.step_clipping_s(m, tokens, false, carry).0)
         );
     }
     match c.best_carry(m, tokens).0 {

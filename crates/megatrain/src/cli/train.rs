@@ -139,13 +139,14 @@ pub struct TrainArgs {
     /// chunks, and the device waits longer). Changes no result.
     #[arg(long)]
     chunks_in_flight: Option<usize>,
-    /// The first N layers (embedding, then blocks) keep their gradients on
-    /// the device at a step's end, and the next step's forward runs their
-    /// AdamW just before loading each, instead of the device idling while
-    /// the host finishes the updates after backward (default 0: off; not
-    /// with --grad-clip, ranks or --host-budget). Costs their f32 gradients
-    /// in device memory; changes no result.
-    #[arg(long)]
+    /// The first N layers (embedding, then blocks; `all`: every one) keep
+    /// their gradients on the device at a step's end, and the next step's
+    /// forward runs their AdamW just before loading each, instead of the
+    /// device idling while the host finishes the updates after backward
+    /// (default 0: off; not with ranks or --host-budget). Costs their f32
+    /// gradients in device memory; with --grad-clip or --grad-accum the
+    /// host then holds none of theirs. Changes no result.
+    #[arg(long, value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: Option<usize>,
     #[command(flatten)]
     knobs: TransportKnobs,

@@ -199,16 +199,34 @@ impl BusCover {
     /// (`TrainerConfig::defer_clipped_updates`) the next step's forward
     /// updates every layer just before loading it, as
     /// [`BusCover::step_carrying_s`] does the carried ones, the head too;
-    /// else every update follows the norm. Returns the step and, of it,
-    /// the forward.
-    pub fn step_clipping_s(&self, m: Machine, tokens: u64, deferred: bool) -> (f64, f64) {
-        let adamw = self.step_adamw_s(m);
-        let (forward, after) = match deferred {
-            true => (self.forward_updating(m, tokens, self.blocks + 1, true).0, 0.0),
-            false => (self.step_forward_s(m, tokens), adamw),
+    /// else every update follows the norm. The first `carry` layers
+    /// (`--carry-layers`) keep their gradients on the device, which sums
+    /// their squares (no time to speak of), and are updated in the next
+    /// forward either way. Returns the step and, of it, the forward.
+    pub fn step_clipping_s(&self, m: Machine, tokens: u64, deferred: bool, carry: usize) -> (f64, f64) {
+        let held = (self.step_params - self.carried_params(carry)) as f64 / (m.adamw_gparams * 1e9);
+        let (forward, after) = match (deferred, carry) {
+            (true, _) => (self.forward_updating(m, tokens, self.blocks + 1, true).0, 0.0),
+            (false, 0) => (self.step_forward_s(m, tokens), held),
+            (false, c) => (
+                self.forward_updating(m, tokens, c.min(self.blocks + 1), c > self.blocks + 1)
+                    .0,
+                held,
+            ),
         };
-        let step = forward + self.step_backward_s(m, tokens).max(CLIP_NORM_SHARE * adamw) + after;
+        let step = forward + self.step_backward_s(m, tokens).max(CLIP_NORM_SHARE * held) + after;
         (step.max(self.step_bus_s(m)), forward)
+    }
+
+    /// Parameters of the first `carry` layers: the embedding, then blocks
+    /// (taken as alike), then the head.
+    pub fn carried_params(&self, carry: usize) -> u64 {
+        let n = self.blocks.max(1) as u64;
+        let blocks = carry.saturating_sub(1).min(self.blocks) as u64;
+        let head = self.step_params - self.embedding_params - self.blocks_params;
+        u64::from(carry > 0) * self.embedding_params
+            + self.blocks_params / n * blocks
+            + u64::from(carry > self.blocks + 1) * head
     }
 
     /// The forward where the first `carry` layers (the embedding, then
@@ -605,13 +623,13 @@ mod tests {
         // The norm outlasts the backward on this host.
         let norm = CLIP_NORM_SHARE * adamw;
         assert!(norm > bwd);
-        let (after, f) = c.step_clipping_s(slow, tokens, false);
+        let (after, f) = c.step_clipping_s(slow, tokens, false, 0);
         assert_eq!(f, fwd);
         assert!((after - (fwd + norm + adamw)).abs() < 1e-12 * after);
         // AdamW-bound: every update one after another, the head's forward
         // after the head's update.
         let head_forward = fwd - c.blocks_flops_per_token / 3.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
-        let (deferred, f) = c.step_clipping_s(slow, tokens, true);
+        let (deferred, f) = c.step_clipping_s(slow, tokens, true, 0);
         assert!(
             (f - (adamw + head_forward)).abs() < 1e-9 * f,
             "{f} vs {}",
@@ -619,17 +637,34 @@ mod tests {
         );
         assert!((deferred - (f + norm)).abs() < 1e-12 * deferred);
         assert!(deferred < after);
+        // Carried layers' norm is the device's: every layer carried leaves
+        // the host no norm to sum, and updates all of them in the forward
+        // either way.
+        let layers = tables.len();
+        assert_eq!(c.carried_params(layers), c.step_params);
+        assert_eq!(c.carried_params(0), 0);
+        let first_two: u64 = tables[..2].iter().map(|t| t.numel() as u64).sum();
+        assert_eq!(c.carried_params(2), first_two);
+        let (on_device, f_all) = c.step_clipping_s(slow, tokens, true, layers);
+        assert_eq!(f_all, f);
+        assert!((on_device - (f + bwd)).abs() < 1e-12 * on_device);
+        assert_eq!(c.step_clipping_s(slow, tokens, false, layers), (on_device, f));
+        // Two carried: after the backward, the other layers' AdamW and norm.
+        let held = (c.step_params - first_two) as f64 / (slow.adamw_gparams * 1e9);
+        let (two, f_two) = c.step_clipping_s(slow, tokens, false, 2);
+        assert!(f_two > fwd);
+        assert!((two - (f_two + CLIP_NORM_SHARE * held + held)).abs() < 1e-12 * two);
         let fast = Machine {
             adamw_gparams: 1e6,
             ..Machine::H100
         };
         let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
-        let (deferred, f) = c.step_clipping_s(fast, tokens, true);
+        let (deferred, f) = c.step_clipping_s(fast, tokens, true, 0);
         // Only the embedding's update and the first block's wait.
         let first = (tables[0].numel() + tables[1].numel()) as f64 / 1e15;
         assert!((f - c.step_forward_s(fast, tokens) - first).abs() < 1e-9 * f);
         // (Both may be the bus time here.)
-        assert!(deferred <= c.step_clipping_s(fast, tokens, false).0);
+        assert!(deferred <= c.step_clipping_s(fast, tokens, false, 0).0);
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub use knobs::{
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{
-    DeviceChoice, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport, TrainOptions,
-    check_carry_layers, check_doc_end,
+    CARRY_ALL, DeviceChoice, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport,
+    TrainOptions, check_carry_layers, check_doc_end, parse_carry_layers,
 };
 pub use plan::{
     DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,

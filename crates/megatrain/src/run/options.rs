@@ -691,7 +691,6 @@ impl TrainOptions {
         }
         if self.carry_layers > 0 {
             let clash = match () {
-                _ if self.grad_clip > 0.0 => Some("--grad-clip, whose updates all follow the backward"),
                 _ if self.ranks > 1 => {
                     Some("data parallel ranks, whose updates wait for each layer's reduction")
                 }
@@ -701,9 +700,13 @@ impl TrainOptions {
                 _ => None,
             };
             if let Some(why) = clash {
+                let n = match self.carry_layers {
+                    CARRY_ALL => "all".to_string(),
+                    n => n.to_string(),
+                };
                 return Err(RunError::option(
                     "carry-layers",
-                    self.carry_layers,
+                    n,
                     format!("cannot be used with {why}"),
                 ));
             }
@@ -861,13 +864,28 @@ pub fn check_doc_end(rows: RowsKind, doc_end: Option<u32>) -> Result<()> {
     }
 }
 
-/// Refuses `--carry-layers n` past `model`'s layers (the embedding, its
-/// blocks and the head), naming both: `train` and `plan` check it before
-/// anything is made.
-pub fn check_carry_layers(n: usize, model: &megatrain_zoo::ModelConfig) -> Result<()> {
+/// `--carry-layers all`: every layer of the model, whatever their number
+/// ([`check_carry_layers`] resolves it).
+pub const CARRY_ALL: usize = usize::MAX;
+
+/// Parses `--carry-layers`: a number of layers, or `all` ([`CARRY_ALL`]).
+pub fn parse_carry_layers(s: &str) -> std::result::Result<usize, String> {
+    match s {
+        "all" => Ok(CARRY_ALL),
+        _ => s
+            .parse()
+            .map_err(|_| format!("'{s}' is neither a number of layers nor 'all'")),
+    }
+}
+
+/// `--carry-layers n` for `model`: [`CARRY_ALL`] is all its layers (the
+/// embedding, its blocks and the head); past them it is refused, naming
+/// both. `train` and `plan` check it before anything is made.
+pub fn check_carry_layers(n: usize, model: &megatrain_zoo::ModelConfig) -> Result<usize> {
     let layers = model.num_layers + 2;
-    match n > layers {
-        true => Err(RunError::option(
+    match n {
+        CARRY_ALL => Ok(layers),
+        n if n > layers => Err(RunError::option(
             "carry-layers",
             n,
             format!(
@@ -875,6 +893,6 @@ pub fn check_carry_layers(n: usize, model: &megatrain_zoo::ModelConfig) -> Resul
                 model.num_layers
             ),
         )),
-        false => Ok(()),
+        n => Ok(n),
     }
 }

@@ -58,7 +58,7 @@ pub const RESUMED_WITH: &str = "resuming with a changed setting: ";
 /// Loads and checks everything: a bad option, file, line or value is an
 /// error that names it. With `resume`, the model and tokenizer come from
 /// the run's latest checkpoint and `opts` must name the same model.
-pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
+pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
     opts.validate()?;
     let data_paths = opts.data.clone();
     let mut warnings = Vec::new();
@@ -197,7 +197,7 @@ pub fn prepare(opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .check_seq_len(opts.seq_len)
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
-    super::options::check_carry_layers(opts.carry_layers, &model)?;
+    opts.carry_layers = super::options::check_carry_layers(opts.carry_layers, &model)?;
     encoder.vocab_limit = Some(model.vocab_size);
     if opts.sample_every > 0 {
         sample_prompt(&encoder, &opts)?;

@@ -149,6 +149,8 @@ pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
     TierConfig {
         transport: opts.precision.transport(),
         hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
+        // Carried layers' gradients stay on the device, summed there.
+        grads_on_device: opts.carry_layers,
         ram_budget_bytes: opts.host_budget,
         spill_dir: opts.host_budget.map(|_| opts.out.join("spill")),
         shard: (opts.shard_optimizer && opts.ranks > 1).then_some(Shard {

@@ -33,10 +33,16 @@ use super::{Result, StepMetrics, TrainError, Trainer, ms};
 pub(super) struct Carried<T> {
     /// The layer's index in the tier.
     pub index: usize,
-    /// Its gradients, where the executor made them (table order).
+    /// Its gradients, where the executor made them (table order), summed
+    /// there over the step's micro-batches.
     pub grads: Vec<T>,
     /// The learning rate of the step that made them.
     pub lr: f32,
+    /// What the update scales them by: clipping's coefficient, else 1.
+    pub coef: f32,
+    /// With clipping, until the step has its norm: Σ g² of each row of
+    /// each gradient ([`Executor::row_dots`]), on the executor.
+    pub squares: Option<T>,
 }
 
 /// The clipped updates the last step left to the next: every layer from
@@ -92,7 +98,8 @@ impl Deferred {
 /// chunks in flight at once, across layers, so that the next layer's first
 /// chunks are on their way while the forward runs on the layer before.
 pub(super) struct Rising<T> {
-    /// Clipping's, applied first (the two are never carried together).
+    /// Clipping's from held gradients (the layers after the carried ones:
+    /// each layer is one or the other).
     deferred: Option<Deferred>,
     layers: VecDeque<Layer<T>>,
     in_flight: VecDeque<(usize, Range<usize>, Download<T>)>,
@@ -103,6 +110,7 @@ pub(super) struct Rising<T> {
 struct Layer<T> {
     index: usize,
     lr: f32,
+    coef: f32,
     grads: Vec<T>,
     numel: usize,
     /// First element whose download has not begun.
@@ -156,6 +164,7 @@ impl<T> Rising<T> {
                 Ok(Layer {
                     index: c.index,
                     lr: c.lr,
+                    coef: c.coef,
                     numel: slab.numel(),
                     grads: c.grads,
                     next: 0,
@@ -218,7 +227,7 @@ impl<T> Rising<T> {
                 .in_flight
                 .pop_front()
                 .ok_or_else(|| TrainError::Internal("a carried layer with nothing to bring down".into()))?;
-            let (lr, numel, grads) = {
+            let (lr, coef, numel, grads) = {
                 let layer = self.layers.front().expect("checked above");
                 if index != layer.index {
                     return Err(TrainError::Internal(format!(
@@ -229,13 +238,13 @@ impl<T> Rising<T> {
                 let t_down = Instant::now();
                 let grads = land_chunk(ex, a.pool, d, &layer.grads, r.len());
                 m.download_ms += ms(t_down);
-                (layer.lr, layer.numel, grads?)
+                (layer.lr, layer.coef, layer.numel, grads?)
             };
             self.begin_more(ex)?;
             let slab = slabs
                 .get_mut(index)
                 .ok_or_else(|| TrainError::Internal(format!("no layer {index} to update")))?;
-            let h = a.hyper(index, lr, 1.0);
+            let h = a.hyper(index, lr, coef);
             let t_opt = Instant::now();
             let done = apply_chunk(slab, r.clone(), &grads, true, None, h);
             let busy = ms(t_opt);
@@ -269,12 +278,15 @@ impl<E: Executor> Trainer<E> {
     /// What is carried, for errors that name it.
     pub(super) fn describe_carried(&self) -> String {
         match self.deferred {
-            Some(d) => format!(
-                "{} layers ({}..{}, clipped)",
-                self.tier.len() - d.next,
-                d.next,
-                self.tier.len()
-            ),
+            // The carried layers, where there are any, are the ones before.
+            Some(d) => {
+                let first = d.next - self.carried.len().min(d.next);
+                format!(
+                    "{} layers ({first}..{}, clipped)",
+                    self.carried_layers(),
+                    self.tier.len()
+                )
+            }
             None => describe(&self.carried),
         }
     }

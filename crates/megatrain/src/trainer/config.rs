@@ -56,13 +56,22 @@ pub struct TrainerConfig {
     /// checkpoint save runs), those layers' parameters are one update
     /// behind, an evaluation or generation is refused, and a trainer
     /// dropped unsettled drops the update. Results do not depend on it.
-    /// Not with clipping (which carries every layer's update; below), data
-    /// parallel ranks or a tier that spills.
+    /// Their gradients stay on the executor for the whole step: summed
+    /// there over micro-batches (brought down once, not once each), and,
+    /// with clipping, their part of the norm taken there (`row_dots`), so
+    /// the tier needs no gradient block for them
+    /// ([`megatrain_tier::TierConfig::grads_on_device`]): with clipping and
+    /// every layer carried, the host holds 4 bytes a parameter less, and
+    /// the executor as many more. That norm is summed in another order
+    /// than the held gradients' (f32 within a row): the clip coefficient
+    /// can differ in its last bits. Not with data parallel ranks or a
+    /// tier that spills.
     pub carry_layers: usize,
     /// With clipping, whose updates need the norm of every gradient and so
     /// cannot overlap the backward: the step ends once it has the norm,
     /// and the next step's forward runs each layer's AdamW, from its held
-    /// gradient, just before loading it (`carry.rs`), so the host's AdamW
+    /// gradient (or, for the `carry_layers`, from the executor's), just
+    /// before loading it (`carry.rs`), so the host's AdamW
     /// overlaps the device's forward instead of following the backward
     /// with the device idle. As with `carry_layers`, the parameters are
     /// one update behind until [`Trainer::settle`](super::Trainer::settle).

@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::sync::mpsc::SyncSender;
 use std::time::Instant;
 
-use megatrain_tensor::{Download, Executor};
+use megatrain_tensor::{Download, Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 
 use super::carry::Carried;
@@ -42,11 +42,18 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     pub(super) remaining: &'t mut [LayerSlab],
     pending: Option<Pending<'t, E::Tensor>>,
     /// Layers below this index keep their gradients on the executor for
-    /// the next step to apply at this learning rate (`carry.rs`), when
-    /// `update`.
+    /// the next step to apply at this learning rate (`carry.rs`), summed
+    /// there over the step's micro-batches.
     carry_below: (usize, f32),
-    /// Those layers, in the order handed over.
+    /// Those layers: the sums of the step's earlier micro-batches, which
+    /// this one's gradients are added to, or this one's.
     pub(super) carried: Vec<Carried<E::Tensor>>,
+    /// This micro-batch ends the step: the carried sums will come down
+    /// (in the next step), once.
+    last: bool,
+    /// It ends a clipping step: each carried layer's squares are summed
+    /// on the executor for the norm.
+    squares: bool,
 }
 
 /// Chunks of one layer's gradients in flight at once, for layers of
@@ -112,15 +119,57 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             pending: None,
             carry_below: (0, 0.0),
             carried: Vec::new(),
+            last: true,
+            squares: false,
         }
     }
 
     /// Keeps the gradients of the layers below index `n` on the executor
-    /// instead of handing them over (when updating), for the next step to
-    /// apply at learning rate `lr`.
-    pub(super) fn carry_below(mut self, n: usize, lr: f32) -> Self {
+    /// instead of handing them over, added to those of the step's earlier
+    /// micro-batches (`so_far`), for the next step to apply at learning
+    /// rate `lr`. Where this micro-batch is the step's `last` and the step
+    /// clips, also the squares of their sums ([`Carried::squares`]).
+    pub(super) fn carry_below(
+        mut self,
+        n: usize,
+        lr: f32,
+        so_far: Vec<Carried<E::Tensor>>,
+        (last, clips): (bool, bool),
+    ) -> Self {
         self.carry_below = (n, lr);
+        self.carried = so_far;
+        self.last = last;
+        self.squares = last && clips;
         self
+    }
+
+    /// Adds `grads` of carried layer `index` to the step's sum so far,
+    /// or starts it.
+    fn carry(&mut self, index: usize, grads: Vec<E::Tensor>) -> Result<()> {
+        let at = match self.carried.iter().position(|c| c.index == index) {
+            Some(at) => {
+                let sum = &mut self.carried[at].grads;
+                for (acc, g) in sum.iter_mut().zip(&grads) {
+                    self.ex.add_assign(acc, g)?;
+                }
+                at
+            }
+            None => {
+                self.carried.push(Carried {
+                    index,
+                    grads,
+                    lr: self.carry_below.1,
+                    coef: 1.0,
+                    squares: None,
+                });
+                self.carried.len() - 1
+            }
+        };
+        if self.squares {
+            let c = &mut self.carried[at];
+            c.squares = Some(squares_of(self.ex, &c.grads)?);
+        }
+        Ok(())
     }
 
     /// Starts the download of the last remaining layer's gradients, then
@@ -131,7 +180,11 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
         self.remaining = rest;
         let bytes = check_grads(slab, &grads)?;
-        m.bytes_downloaded += bytes;
+        let carried = slab.index() < self.carry_below.0;
+        // A carried layer's sum comes down once a step.
+        if !carried || self.last {
+            m.bytes_downloaded += bytes;
+        }
         // The previous layer goes to the optimizer before this one's
         // chunks begin, so that the host holds one layer's chunks in flight
         // at a time, not two. Both come before the next layer's backward
@@ -140,13 +193,8 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         if let Some(previous) = self.pending.take() {
             self.drain(previous, m)?;
         }
-        if self.update && slab.index() < self.carry_below.0 {
-            self.carried.push(Carried {
-                index: slab.index(),
-                grads,
-                lr: self.carry_below.1,
-            });
-            return Ok(());
+        if carried {
+            return self.carry(slab.index(), grads);
         }
         let mut p = Pending::new(slab, grads, self.in_flight);
         self.begin_more(&mut p, m)?;
@@ -196,6 +244,22 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
         }
         Ok(())
     }
+}
+
+/// Σ x² of each row of each of `grads` (one thread group a row on a
+/// GPU), joined into one tensor of the executor's: a carried layer's part
+/// of clipping's norm, taken where its gradients are.
+fn squares_of<E: Executor>(ex: &E, grads: &[E::Tensor]) -> Result<E::Tensor> {
+    let mut rows = grads
+        .iter()
+        .filter(|g| g.numel() > 0)
+        .map(|g| ex.row_dots(g, g))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(match rows.len() {
+        0 => ex.zeros(&Shape::from(&[1][..]))?,
+        1 => rows.pop().expect("one"),
+        _ => ex.concat_last(&rows.iter().collect::<Vec<_>>())?,
+    })
 }
 
 /// Completes one chunk's download of `len` elements of `grads`: in place

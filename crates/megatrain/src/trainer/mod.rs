@@ -70,7 +70,7 @@ use megatrain_zoo::layers::{
 use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
-use carry::{Apply, Carried, Deferred, Rising};
+use carry::{Apply, Carried, Deferred, Rising, describe};
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 pub use metrics::StepMetrics;
@@ -158,6 +158,18 @@ fn register_transport_copies<E: Executor>(ex: &E, tier: &mut HostTier) -> Result
     Ok(())
 }
 
+/// Where a micro-batch stands in its step.
+#[derive(Debug, Clone, Copy)]
+struct Micro {
+    /// The step's first: its forward applies what the last step carried.
+    first: bool,
+    /// The step's last.
+    last: bool,
+    /// Its gradients are applied as they come (the last, without
+    /// clipping); else summed.
+    update: bool,
+}
+
 /// Milliseconds since `t`.
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -190,20 +202,22 @@ impl<E: Executor> Trainer<E> {
                     "grad_clip {c} must be positive and finite"
                 )));
             }
-            if !tier.config().hold_grads {
+            if !tier.config().hold_grads && config.carry_layers < tier.len() {
                 return Err(TrainError::Config(
-                    "exact gradient clipping needs a tier that holds gradients (hold_grads)".into(),
+                    "exact gradient clipping needs a tier that holds gradients (hold_grads) of the layers not carried"
+                        .into(),
                 ));
             }
         }
+        let on_device = tier.config().grads_on_device;
+        if tier.config().hold_grads && on_device > config.carry_layers {
+            return Err(TrainError::Config(format!(
+                "the tier holds no gradients of its first {on_device} layers (grads_on_device), but only {} are carried \
+                 (carry_layers), whose gradients stay on the executor",
+                config.carry_layers
+            )));
+        }
         if config.carry_layers > 0 {
-            if config.grad_clip.is_some() {
-                return Err(TrainError::Config(format!(
-                    "carry_layers ({}) cannot be used with exact gradient clipping, which holds every gradient on the host \
-                     (and carries every update into the next step: defer_clipped_updates)",
-                    config.carry_layers
-                )));
-            }
             if config.carry_layers > tier.len() {
                 return Err(TrainError::Config(format!(
                     "carry_layers ({}) is more than the model's {} layers",
@@ -401,7 +415,8 @@ impl<E: Executor> Trainer<E> {
                 "a step needs the tier's fp32 parameters; this one keeps only its transport copies".into(),
             ));
         }
-        let holds = self.tier.config().hold_grads;
+        // Carried layers sum their micro-batches on the executor.
+        let holds = self.tier.config().hold_grads || self.config.carry_layers == self.tier.len();
         if micro.len() > 1 && !holds {
             return Err(TrainError::Config(format!(
                 "{} micro-batches need a tier that holds gradients (hold_grads)",
@@ -446,8 +461,11 @@ impl<E: Executor> Trainer<E> {
             let (l, a, z) = self.micro_batch(
                 (batch, rows),
                 (grad_scale, aux_weight),
-                update,
-                last,
+                Micro {
+                    first: k == 0,
+                    last,
+                    update,
+                },
                 lr as f32,
                 &mut m,
             )?;
@@ -549,29 +567,40 @@ impl<E: Executor> Trainer<E> {
     /// clip coefficient, here or (where the updates are deferred) in the
     /// next step's forward, layer by layer. Returns the global norm.
     fn clip(&mut self, max_norm: f64, lr: f32, m: &mut StepMetrics) -> Result<f64> {
-        // Blocks summed as the last micro-batch's chunks came in, the rest
-        // now (with ranks, whose held gradients are the reduction's sums,
-        // all of them now).
-        let sq = self
-            .tier
-            .layers()
-            .iter()
-            .map(|s| {
-                let g = s.grads().ok_or_else(|| {
-                    TrainError::Internal(format!("layer {}: clipping without held gradients", s.index()))
-                })?;
-                Ok(self.held_norms.finish(s.index(), g))
-            })
-            .collect::<Result<Vec<f64>>>()?;
+        // The carried layers' squares were summed where their gradients
+        // are; the held ones' blocks as the last micro-batch's chunks came
+        // in, the rest now (with ranks, whose held gradients are the
+        // reduction's sums, all of them now).
+        let carry = self.config.carry_layers;
+        let mut sq = self.carried_squares()?;
+        if sq.len() != carry {
+            return Err(TrainError::Internal(format!(
+                "clipping found {} of the {carry} carried layers",
+                sq.len()
+            )));
+        }
+        for s in &self.tier.layers()[carry..] {
+            let g = s.grads().ok_or_else(|| {
+                TrainError::Internal(format!("layer {}: clipping without held gradients", s.index()))
+            })?;
+            sq.push(self.held_norms.finish(s.index(), g));
+        }
         let norm = sq.iter().sum::<f64>().sqrt();
         m.layer_grad_norms = sq.iter().map(|x| x.sqrt()).collect();
         let coef = clip_coefficient(norm, max_norm);
+        for c in &mut self.carried {
+            c.coef = coef;
+        }
         if self.defers_clipped() {
-            self.deferred = Some(Deferred { coef, lr, next: 0 });
+            self.deferred = (carry < self.tier.len()).then_some(Deferred {
+                coef,
+                lr,
+                next: carry,
+            });
             return Ok(norm);
         }
         let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
-        for slab in self.tier.layers_mut() {
+        for slab in &mut self.tier.layers_mut()[carry..] {
             let h = Hyper {
                 adamw: &self.adamw,
                 mask: &self.masks[slab.index()],
@@ -588,6 +617,50 @@ impl<E: Executor> Trainer<E> {
         Ok(norm)
     }
 
+    /// Σ g² of each carried layer (table order: they are the first
+    /// layers), from the rows' sums the executor took: one download, which
+    /// waits for the backward's end (as clipping must), each layer's sum
+    /// then taken in f64 in row order.
+    fn carried_squares(&mut self) -> Result<Vec<f64>> {
+        self.carried.sort_by_key(|c| c.index);
+        if self.carried.iter().enumerate().any(|(i, c)| c.index != i) {
+            return Err(TrainError::Internal(format!(
+                "clipping's carried layers are {}, not the first {}",
+                describe(&self.carried),
+                self.carried.len()
+            )));
+        }
+        let parts = self
+            .carried
+            .iter_mut()
+            .map(|c| {
+                c.squares.take().ok_or_else(|| {
+                    TrainError::Internal(format!(
+                        "carried layer {}: no squares for clipping's norm",
+                        c.index
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let lens: Vec<usize> = parts.iter().map(|p| p.numel()).collect();
+        let all = match parts.len() {
+            0 => return Ok(Vec::new()),
+            1 => self.ex.download(&parts[0])?,
+            _ => self
+                .ex
+                .download(&self.ex.concat_last(&parts.iter().collect::<Vec<_>>())?)?,
+        };
+        let mut rows = all.as_f32()?;
+        Ok(lens
+            .iter()
+            .map(|&n| {
+                let (layer, rest) = rows.split_at(n);
+                rows = rest;
+                layer.iter().map(|&x| x as f64).sum()
+            })
+            .collect())
+    }
+
     /// Whether clipped updates go into the next step's forward: asked for,
     /// one process, a tier in RAM.
     fn defers_clipped(&self) -> bool {
@@ -600,13 +673,11 @@ impl<E: Executor> Trainer<E> {
     /// load-balancing loss (where the model adds one) by `aux_weight`.
     /// Returns the micro-batch's cross-entropy sum and its weighted
     /// load-balancing loss.
-    #[allow(clippy::too_many_arguments)]
     fn micro_batch(
         &mut self,
         (batch, rows): (&Batch, Rows<'_>),
         (grad_scale, aux_weight): (f32, f64),
-        update: bool,
-        last: bool,
+        Micro { first, last, update }: Micro,
         lr: f32,
         m: &mut StepMetrics,
     ) -> Result<(f64, f64, f64)> {
@@ -651,15 +722,15 @@ impl<E: Executor> Trainer<E> {
             held_norms: (last && config.grad_clip.is_some() && dist.is_none()).then_some(&*held_norms),
         };
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
-        // The last step's carried updates (or clipped ones), applied as the
-        // forward reaches each layer; their first downloads begin now.
-        let mut rising = Rising::new(
-            std::mem::take(carried),
-            deferred.take(),
-            tier.layers(),
-            chunk,
-            in_flight,
-        )?;
+        // The last step's carried updates (and clipped ones), applied as
+        // the forward of the step's first micro-batch reaches each layer;
+        // their first downloads begin now. After it, what is carried is
+        // this step's sums so far.
+        let (from_last_step, so_far) = match first {
+            true => (std::mem::take(carried), Vec::new()),
+            false => (Vec::new(), std::mem::take(carried)),
+        };
+        let mut rising = Rising::new(from_last_step, deferred.take(), tier.layers(), chunk, in_flight)?;
         rising.begin_more(ex)?;
         let apply = Apply { adamw, masks, pool };
 
@@ -672,7 +743,12 @@ impl<E: Executor> Trainer<E> {
                 }),
             });
             let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut())
-                .carry_below(config.carry_layers, lr);
+                .carry_below(
+                    config.carry_layers,
+                    lr,
+                    so_far,
+                    (last, config.grad_clip.is_some()),
+                );
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();
