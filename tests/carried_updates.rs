@@ -12,7 +12,7 @@
 //! against updating every layer after the backward: with a threshold that
 //! scales the gradients and one that does not, the same norms too. Carried
 //! layers sum their micro-batches on the executor (the tier holds none of
-//! their gradients) and, with clipping, take their part of the norm there.
+//! their gradients) and take their part of the step's norm there.
 
 mod common;
 
@@ -147,6 +147,11 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case, (carry, on_device): (usize,
     }
 }
 
+/// `a` and `b` within `tol` of the larger.
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * a.abs().max(b.abs())
+}
+
 fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usize]) {
     for case in cases() {
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
@@ -167,6 +172,22 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usiz
                 plain.transport == run.transport,
                 "{what}, carry {carry}: transport copies differ"
             );
+            // The carried layers' norms are the executor's sums, the
+            // others' the same.
+            for (step, ((a, la), (b, lb))) in plain.norms.iter().zip(&run.norms).enumerate() {
+                let (a, b) = (a.expect("a norm"), b.expect("a norm"));
+                assert!(
+                    close(a, b, 1e-6),
+                    "{what}, carry {carry}: step {step}'s norm {a} vs {b}"
+                );
+                for (i, (x, y)) in la.iter().zip(lb).enumerate() {
+                    assert!(
+                        close(*x, *y, 1e-5),
+                        "{what}, carry {carry}: step {step} layer {i}: {x} vs {y}"
+                    );
+                }
+                assert_eq!(la[carry..], lb[carry..], "{what}, carry {carry}: step {step}");
+            }
             // Before settling, exactly the carried layers lagged.
             for (i, (a, b)) in plain.params.iter().zip(&run.before).enumerate() {
                 assert_eq!(
@@ -262,7 +283,6 @@ fn check_clipped_on_device<E: Executor>(
     carries: &[usize],
 ) {
     let layers = model.num_layers + 2;
-    let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * a.abs().max(b.abs());
     for &case in cases {
         for max_norm in [0.05, 1e3] {
             let held = train(

@@ -40,8 +40,8 @@ pub(super) struct Carried<T> {
     pub lr: f32,
     /// What the update scales them by: clipping's coefficient, else 1.
     pub coef: f32,
-    /// With clipping, until the step has its norm: Σ g² of each row of
-    /// each gradient ([`Executor::row_dots`]), on the executor.
+    /// Until the step has its norm: Σ g² of each row of each gradient
+    /// ([`Executor::row_dots`]), on the executor.
     pub squares: Option<T>,
 }
 

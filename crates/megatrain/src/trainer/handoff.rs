@@ -49,11 +49,9 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     /// this one's gradients are added to, or this one's.
     pub(super) carried: Vec<Carried<E::Tensor>>,
     /// This micro-batch ends the step: the carried sums will come down
-    /// (in the next step), once.
+    /// (in the next step), once, and each carried layer's squares are
+    /// summed on the executor for the step's norm.
     last: bool,
-    /// It ends a clipping step: each carried layer's squares are summed
-    /// on the executor for the norm.
-    squares: bool,
 }
 
 /// Chunks of one layer's gradients in flight at once, for layers of
@@ -120,26 +118,24 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             carry_below: (0, 0.0),
             carried: Vec::new(),
             last: true,
-            squares: false,
         }
     }
 
     /// Keeps the gradients of the layers below index `n` on the executor
     /// instead of handing them over, added to those of the step's earlier
     /// micro-batches (`so_far`), for the next step to apply at learning
-    /// rate `lr`. Where this micro-batch is the step's `last` and the step
-    /// clips, also the squares of their sums ([`Carried::squares`]).
+    /// rate `lr`. Where this micro-batch is the step's `last`, also the
+    /// squares of their sums ([`Carried::squares`]).
     pub(super) fn carry_below(
         mut self,
         n: usize,
         lr: f32,
         so_far: Vec<Carried<E::Tensor>>,
-        (last, clips): (bool, bool),
+        last: bool,
     ) -> Self {
         self.carry_below = (n, lr);
         self.carried = so_far;
         self.last = last;
-        self.squares = last && clips;
         self
     }
 
@@ -165,7 +161,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
                 self.carried.len() - 1
             }
         };
-        if self.squares {
+        if self.last {
             let c = &mut self.carried[at];
             c.squares = Some(squares_of(self.ex, &c.grads)?);
         }
@@ -248,7 +244,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
 
 /// Σ x² of each row of each of `grads` (one thread group a row on a
 /// GPU), joined into one tensor of the executor's: a carried layer's part
-/// of clipping's norm, taken where its gradients are.
+/// of the step's norm (clipping's), taken where its gradients are.
 fn squares_of<E: Executor>(ex: &E, grads: &[E::Tensor]) -> Result<E::Tensor> {
     let mut rows = grads
         .iter()

@@ -81,17 +81,16 @@ pub struct StepMetrics {
     /// The L2 norm of the step's gradient (summed over its micro-batches
     /// and ranks), before clipping: with clipping, the exact global norm
     /// the coefficient comes from; else Σ g² as the updates applied it
-    /// (`megatrain_adamw::StepStats`, in f64 per chunk updated). `None` where
-    /// layers are carried into the next step (`carry_layers`): their
-    /// updates, and their share of the norm, come later.
+    /// (`megatrain_adamw::StepStats`, in f64 per chunk updated), and for
+    /// layers carried into the next step (`carry_layers`) the executor's
+    /// sums of their rows' squares (f32 within a row, f64 across).
     pub grad_norm: Option<f64>,
     /// With a z-loss (`TrainerConfig::z_loss`): its mean over the counted
     /// targets, z·lse², beside `loss` (which is the cross-entropy's alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub z_loss: Option<f64>,
     /// Each layer's share of it (the embedding, the blocks, the head:
-    /// the tier's order), as norms; empty where `grad_norm` comes from no
-    /// update (layers carried into the next step).
+    /// the tier's order), as norms; empty where `grad_norm` is `None`.
     #[serde(skip_serializing_if = "Vec::is_empty", rename = "grad_norms")]
     pub layer_grad_norms: Vec<f64>,
     /// A mixture of experts' choices this step, as a hash of the experts

@@ -531,17 +531,20 @@ impl<E: Executor> Trainer<E> {
 
     /// Each layer's gradient norm and, without clipping (whose norm is
     /// the exact one it took), the step's, from the squares the updates
-    /// summed: every update of the step is done by now, unless layers are
-    /// carried into the next step (then nothing is reported). With the
-    /// optimizer sharded each rank summed its own range; else every rank
-    /// updated every element. Clipping over a whole held gradient took
-    /// each layer's norm with the step's (`Trainer::clip`).
+    /// summed: every update of the step is done by now, but for the
+    /// carried layers', whose squares the executor summed (read here,
+    /// once their backward is done). With the optimizer sharded each rank
+    /// summed its own range; else every rank updated every element.
+    /// Clipping over a whole held gradient took each layer's norm with the
+    /// step's (`Trainer::clip`).
     fn gradient_norms(&mut self, m: &mut StepMetrics) -> Result<()> {
         let sharded = self.dist.as_ref().is_some_and(|d| d.config.shard_optimizer);
-        if self.config.carry_layers > 0 || (self.config.grad_clip.is_some() && !sharded) {
+        if self.config.grad_clip.is_some() && !sharded {
             return Ok(());
         }
         let mut layers = self.grad_sq.per_layer();
+        let carried = self.carried_squares()?;
+        layers[..carried.len()].copy_from_slice(&carried);
         // A sharded clipping step's updates applied coef · g.
         if let (Some(max_norm), Some(norm)) = (self.config.grad_clip, m.grad_norm) {
             let coef = clip_coefficient(norm, max_norm) as f64;
@@ -619,8 +622,9 @@ impl<E: Executor> Trainer<E> {
 
     /// Σ g² of each carried layer (table order: they are the first
     /// layers), from the rows' sums the executor took: one download, which
-    /// waits for the backward's end (as clipping must), each layer's sum
-    /// then taken in f64 in row order.
+    /// waits for the backward's end (as clipping must; without clipping
+    /// the next forward's first update waits for it anyway), each layer's
+    /// sum then taken in f64 in row order.
     fn carried_squares(&mut self) -> Result<Vec<f64>> {
         self.carried.sort_by_key(|c| c.index);
         if self.carried.iter().enumerate().any(|(i, c)| c.index != i) {
@@ -743,12 +747,7 @@ impl<E: Executor> Trainer<E> {
                 }),
             });
             let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut())
-                .carry_below(
-                    config.carry_layers,
-                    lr,
-                    so_far,
-                    (last, config.grad_clip.is_some()),
-                );
+                .carry_below(config.carry_layers, lr, so_far, last);
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();
