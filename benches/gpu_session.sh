@@ -547,14 +547,25 @@ steps)
     # in the next step's forward (the default since session 43) against
     # every AdamW after the backward, the device idle (`megatrain plan
     # --hold-grads` estimates 439.0 against 494.4 ms at 300 TFLOP/s): step
-    # time, "fwd ms (carried)" and "opt wait ms (after bwd)" of each.
-    for how in deferred after; do
+    # time, "fwd ms (carried)" and "opt wait ms (after bwd)" of each. Then
+    # with every layer's gradients kept on the GPU (`--carry-layers all`,
+    # session 44: the norm summed there, the host at the tier's 14 bytes a
+    # parameter instead of 18): the host peak per parameter beside the step.
+    for how in deferred after device; do
         flag=; [ "$how" = after ] && flag=--clip-after-backward
+        [ "$how" = device ] && flag="--carry-layers all"
         timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 2 \
             --no-peer --mode-reps 0 --grad-clip 1 $flag --json "$OUT/anchor-tinyllama-clip-$how.json" \
             >"$OUT/anchor-tinyllama-clip-$how.log" 2>&1
         rows "tinyllama anchor, --grad-clip 1 $how (rc $?)" "$OUT/anchor-tinyllama-clip-$how.log"
     done
+    # Qwen2.5-7B clipped: held on the host it needs 18 bytes a parameter,
+    # 137 GB, past this machine's 128 GiB; its gradients on the H200
+    # (30.5 GB there) leave the host the tier's 107 GB.
+    timeout "$(left 150 60)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 2 \
+        --no-peer --mode-reps 0 --grad-clip 1 --carry-layers all --json "$OUT/anchor-qwen-clip-device.json" \
+        >"$OUT/anchor-qwen-clip-device.log" 2>&1
+    rows "qwen anchor, --grad-clip 1 --carry-layers all (rc $?)" "$OUT/anchor-qwen-clip-device.log"
     # TinyLlama on instruction records (Tiny Shakespeare's speeches), one a
     # row against packed (`--rows packed`; BENCHMARKS.md, "records packed
     # into rows"): the counted targets a second each way, the packed

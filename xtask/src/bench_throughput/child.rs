@@ -118,6 +118,11 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     ex.set_compute_precision(p.compute())
         .with_context(|| format!("--precision {p}"))?;
     let model = spec.model()?;
+    // `--carry-layers all` is every layer of this model.
+    let spec = &Spec {
+        carry_layers: megatrain::run::check_carry_layers(spec.carry_layers, &model)?,
+        ..spec.clone()
+    };
     let device_name = ex.name();
     let tier = tier_for(spec, &model, None, None)?;
     let tier_report = tier.report();

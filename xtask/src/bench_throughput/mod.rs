@@ -133,14 +133,15 @@ pub struct Args {
     /// least 1).
     #[arg(long)]
     optimizer_queue: Option<usize>,
-    /// The first N layers (embedding, then blocks) leave their gradients on
-    /// the device at a step's end, and the next step's forward runs their
-    /// AdamW just before loading each (default 0: off).
-    #[arg(long, default_value = "0")]
+    /// The first N layers (embedding, then blocks; `all`: every one) leave
+    /// their gradients on the device at a step's end, and the next step's
+    /// forward runs their AdamW just before loading each (default 0: off);
+    /// with --grad-clip the host holds none of theirs.
+    #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
     /// Exact global-norm clipping at this threshold (default off): every
-    /// gradient held on the host, the step ending with their norm, and
-    /// each layer's AdamW in the next step's forward.
+    /// gradient held on the host (but --carry-layers'), the step ending
+    /// with their norm, and each layer's AdamW in the next step's forward.
     #[arg(long)]
     grad_clip: Option<f64>,
     /// With --grad-clip: every layer's AdamW after the backward instead,
