@@ -291,6 +291,12 @@ fn plan_weighs_the_hosts_adamw() {
         "{t}"
     );
     assert!(t.contains("18.00 bytes of RAM per parameter"), "{t}");
+    let t = text(&["--hold-grads", "--host-mem", "128G"]);
+    assert!(
+        t.contains("128.67 GiB needed, 128.00 GiB available: does NOT fit")
+            && t.contains("or --carry-layers all to keep the 28.37 GiB of held gradients on the device"),
+        "{t}"
+    );
     // Every layer carried: the device holds the gradients and takes their
     // norm, the host its tier's 14 bytes a parameter.
     let t = text(&["--hold-grads", "--carry-layers", "all"]);

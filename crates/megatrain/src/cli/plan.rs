@@ -321,16 +321,23 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             (carry_layers, a.hold_grads),
         );
     }
+    // Held gradients the device could keep instead (`--carry-layers all`).
+    let held = p.host.ram.gradients + p.host.disk.gradients;
     match a.host_mem.or_else(mem_available) {
         _ if !one_fits => {}
+        Some(m) if p.host_total() <= m => {
+            println!("host: {} needed, {} available: fits", gib(p.host_total()), gib(m))
+        }
         Some(m) => println!(
-            "host: {} needed, {} available: {}",
+            "host: {} needed, {} available: does NOT fit (use --host-budget to spill to disk{})",
             gib(p.host_total()),
             gib(m),
-            if p.host_total() <= m {
-                "fits"
-            } else {
-                "does NOT fit (use --host-budget to spill to disk)"
+            match held {
+                0 => String::new(),
+                g => format!(
+                    ", or --carry-layers all to keep the {} of held gradients on the device",
+                    gib(g)
+                ),
             }
         ),
         None => println!("host: available memory unknown (pass --host-mem)"),
