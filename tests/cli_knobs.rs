@@ -188,6 +188,16 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--seq-len", "16", "--carry-layers", "7"],
         &["--carry-layers 7", "the model has 6 layers"],
     );
+    check(
+        "cpu",
+        &["--seq-len", "16", "--freeze-layers", "6"],
+        &["--freeze-layers 6", "at most 5 (the embedding and the 4 blocks)"],
+    );
+    check(
+        "cpu",
+        &["--freeze-layers", "2", "--carry-layers", "1"],
+        &["--freeze-layers 2", "cannot be used with --carry-layers"],
+    );
     let toml = t.join("knobs.toml");
     std::fs::write(&toml, "staging-depth = 0\n").unwrap();
     check("gpu", &["--config", s(&toml)], &["--staging-depth 0"]);
@@ -220,6 +230,24 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
                 "the {run} run's {file} differs"
             );
         }
+    }
+    // The embedding and the first block frozen: their gradients are not
+    // taken (norm 0 in the log), the rest trains.
+    let frozen = train(&data, &t.join("frozen"), "cpu", &["--freeze-layers", "2"]);
+    assert_ne!(final_loss(&frozen), whole);
+    let log = std::fs::read_to_string(t.join("frozen").join("metrics.jsonl")).unwrap();
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let norms: Vec<f64> = v["grad_norms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(
+            norms[..2] == [0.0, 0.0] && norms[2..].iter().all(|&x| x > 0.0),
+            "{line}"
+        );
     }
     // Clipping with every layer's gradients on the executor, their norm
     // taken there: where the threshold does not bind, the same training as

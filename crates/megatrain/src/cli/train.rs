@@ -98,8 +98,15 @@ pub struct TrainArgs {
     /// normaliser near 1 (PaLM: 1e-4); logged as z_loss [default: 0, off].
     #[arg(long)]
     z_loss: Option<f64>,
+    /// Train all but the first N layers (the embedding, then blocks; at
+    /// most all but the head): the backward ends at the first trained
+    /// layer, and the frozen ones keep their weights [default: 0]. A tied
+    /// head's matrix is the embedding's, frozen with it.
+    #[arg(long)]
+    freeze_layers: Option<usize>,
     /// Exact global-norm gradient clipping (0 = off, the default; > 0 holds
-    /// gradients and runs the update after backward).
+    /// gradients, on the host or with --carry-layers on the device, and
+    /// runs each layer's update in the next step's forward).
     #[arg(long)]
     grad_clip: Option<f64>,
     /// f32 | bf16 | f16: the transport copy (master weights and moments are
@@ -312,6 +319,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         dropout,
         attn_dropout,
         z_loss,
+        freeze_layers,
         precision,
         checkpoint_every,
         keep_activations,

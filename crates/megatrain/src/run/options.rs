@@ -364,6 +364,10 @@ pub struct TrainOptions {
     /// log-sum-exp) joins the loss the gradient is of, which keeps the
     /// softmax's normaliser near 1 (PaLM 1e-4); logged as `z_loss`. 0 is off.
     pub z_loss: f64,
+    /// The first this many layers (the embedding, then the blocks; at
+    /// most all but the head) are not trained
+    /// (`TrainerConfig::frozen_layers`). 0: every layer trains.
+    pub freeze_layers: usize,
     pub precision: Precision,
     /// K: keep every K-th block input; backward recomputes K blocks.
     pub checkpoint_every: usize,
@@ -503,6 +507,7 @@ impl Default for TrainOptions {
             dropout: 0.0,
             attn_dropout: 0.0,
             z_loss: 0.0,
+            freeze_layers: 0,
             precision: Precision::F32,
             checkpoint_every: 1,
             keep_activations: KeepActivations::Auto,
@@ -689,6 +694,21 @@ impl TrainOptions {
                 format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
             ));
         }
+        if self.freeze_layers > 0 {
+            let clash = match () {
+                _ if self.carry_layers > 0 => Some("--carry-layers"),
+                _ if self.ranks > 1 => Some("data parallel ranks (not yet)"),
+                _ if self.host_budget.is_some() => Some("--host-budget (not yet)"),
+                _ => None,
+            };
+            if let Some(why) = clash {
+                return Err(RunError::option(
+                    "freeze-layers",
+                    self.freeze_layers,
+                    format!("cannot be used with {why}"),
+                ));
+            }
+        }
         if self.carry_layers > 0 {
             let clash = match () {
                 _ if self.ranks > 1 => {
@@ -861,6 +881,24 @@ pub fn check_doc_end(rows: RowsKind, doc_end: Option<u32>) -> Result<()> {
             ),
         )),
         None => Ok(()),
+    }
+}
+
+/// Refuses `--freeze-layers n` that leaves `model` nothing to train but
+/// part of the head, naming the count: at most the embedding and every
+/// block.
+pub fn check_freeze_layers(n: usize, model: &megatrain_zoo::ModelConfig) -> Result<()> {
+    match n > model.num_layers + 1 {
+        true => Err(RunError::option(
+            "freeze-layers",
+            n,
+            format!(
+                "at most {} (the embedding and the {} blocks): the head trains",
+                model.num_layers + 1,
+                model.num_layers
+            ),
+        )),
+        false => Ok(()),
     }
 }
 

@@ -198,6 +198,7 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
         .map_err(|e| RunError::option("seq-len", opts.seq_len, e.to_string()))?;
     opts.keep_activations.blocks(model.num_layers)?;
     opts.carry_layers = super::options::check_carry_layers(opts.carry_layers, &model)?;
+    super::options::check_freeze_layers(opts.freeze_layers, &model)?;
     encoder.vocab_limit = Some(model.vocab_size);
     if opts.sample_every > 0 {
         sample_prompt(&encoder, &opts)?;

@@ -284,6 +284,7 @@ pub fn train_with<E: Executor>(
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
+        frozen_layers: opts.freeze_layers,
         defer_clipped_updates: true,
         dropout: crate::trainer::TrainDropout {
             hidden: opts.dropout,

@@ -67,6 +67,16 @@ pub struct TrainerConfig {
     /// can differ in its last bits. Not with data parallel ranks or a
     /// tier that spills.
     pub carry_layers: usize,
+    /// The first this many layers (the embedding, then the blocks in
+    /// order; at most all but the head) are not trained: the backward
+    /// ends at the first trained layer (no frozen block is uploaded,
+    /// recomputed or differentiated, and none of their gradients crosses
+    /// the bus), and their parameters, moments and step counts stay as
+    /// they are (their moments and any held gradients are never touched,
+    /// so never resident). A tied head's matrix is the embedding's, frozen
+    /// with it. Not with `carry_layers`, data parallel ranks or a tier
+    /// that spills.
+    pub frozen_layers: usize,
     /// With clipping, whose updates need the norm of every gradient and so
     /// cannot overlap the backward: the step ends once it has the norm,
     /// and the next step's forward runs each layer's AdamW, from its held
@@ -150,6 +160,7 @@ impl Default for TrainerConfig {
             chunks_in_flight: 0,
             keep_activations: 0,
             carry_layers: 0,
+            frozen_layers: 0,
             defer_clipped_updates: true,
             dropout: TrainDropout::default(),
             z_loss: 0.0,

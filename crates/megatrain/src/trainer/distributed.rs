@@ -38,6 +38,12 @@ impl<E: Executor> Trainer<E> {
                 self.config.carry_layers
             )));
         }
+        if self.config.frozen_layers > 0 {
+            return Err(TrainError::Config(format!(
+                "frozen_layers ({}) cannot be used with data parallel ranks yet",
+                self.config.frozen_layers
+            )));
+        }
         // A tier placed for a sharded rank holds only that rank's share
         // of its RAM layers.
         let (rank, ranks) = (dist.comm.rank(), dist.comm.size());

@@ -217,6 +217,26 @@ impl<E: Executor> Trainer<E> {
                 config.carry_layers
             )));
         }
+        if config.frozen_layers > 0 {
+            let why = match () {
+                _ if config.frozen_layers >= tier.len() => Some(format!(
+                    "leaves none of the model's {} layers to train (the head at least must be)",
+                    tier.len()
+                )),
+                _ if config.carry_layers > 0 => Some(format!(
+                    "cannot be used with carry_layers ({}), which counts from the first layer",
+                    config.carry_layers
+                )),
+                _ if tier.has_spill() => Some("cannot be used with a tier that spills to disk yet".into()),
+                _ => None,
+            };
+            if let Some(why) = why {
+                return Err(TrainError::Config(format!(
+                    "frozen_layers ({}) {why}",
+                    config.frozen_layers
+                )));
+            }
+        }
         if config.carry_layers > 0 {
             if config.carry_layers > tier.len() {
                 return Err(TrainError::Config(format!(
@@ -582,7 +602,10 @@ impl<E: Executor> Trainer<E> {
                 sq.len()
             )));
         }
-        for s in &self.tier.layers()[carry..] {
+        // Frozen layers (never with carried ones) have no gradient.
+        sq.extend(std::iter::repeat_n(0.0, self.config.frozen_layers));
+        let trained = sq.len();
+        for s in &self.tier.layers()[trained..] {
             let g = s.grads().ok_or_else(|| {
                 TrainError::Internal(format!("layer {}: clipping without held gradients", s.index()))
             })?;
@@ -595,15 +618,15 @@ impl<E: Executor> Trainer<E> {
             c.coef = coef;
         }
         if self.defers_clipped() {
-            self.deferred = (carry < self.tier.len()).then_some(Deferred {
+            self.deferred = (trained < self.tier.len()).then_some(Deferred {
                 coef,
                 lr,
-                next: carry,
+                next: trained,
             });
             return Ok(norm);
         }
         let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
-        for slab in &mut self.tier.layers_mut()[carry..] {
+        for slab in &mut self.tier.layers_mut()[trained..] {
             let h = Hyper {
                 adamw: &self.adamw,
                 mask: &self.masks[slab.index()],
@@ -710,7 +733,9 @@ impl<E: Executor> Trainer<E> {
         let (b, t) = (batch.batch, batch.seq_len);
         let n_blocks = cfg.num_layers;
         let k = config.checkpoint_every;
-        let plan = Recompute::new(n_blocks, k, config.keep_activations);
+        // Tier layer 0 is the embedding: block i is layer 1 + i.
+        let frozen = config.frozen_layers;
+        let plan = Recompute::trained_from(n_blocks, k, config.keep_activations, frozen.saturating_sub(1));
         // Read-ahead starts now, so the forward hides the first reads.
         let window = match update {
             true => spill_window::start_backward(tier, dist, *spill)?,
@@ -871,9 +896,14 @@ impl<E: Executor> Trainer<E> {
                     h.push(grads, m)?;
                 }
             }
-            let grads = embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, rows), &dx, tied_grad)?;
+            // A frozen embedding's gradient (a tied head's too) goes
+            // nowhere.
+            if frozen == 0 {
+                let grads =
+                    embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, rows), &dx, tied_grad)?;
+                h.push(grads, m)?;
+            }
             drop((dx, emb_w));
-            h.push(grads, m)?;
             h.flush(m)?;
             let loss_sum = sum_losses(ex, &losses)?;
             let z_sum = sum_losses(ex, &z_losses)?;

@@ -26,6 +26,9 @@ use std::ops::Range;
 pub(crate) struct Recompute {
     n_blocks: usize,
     k: usize,
+    /// The first block the backward reaches (the blocks before it are
+    /// frozen: [`super::TrainerConfig::frozen_layers`]).
+    from: usize,
     /// The first block whose forward's saved tensors are kept.
     kept_from: usize,
 }
@@ -34,10 +37,19 @@ impl Recompute {
     /// `n_blocks` blocks, checkpoints every `k` (≥ 1), the last `keep`
     /// (at most `n_blocks`) kept.
     pub fn new(n_blocks: usize, k: usize, keep: usize) -> Self {
+        Self::trained_from(n_blocks, k, keep, 0)
+    }
+
+    /// [`Recompute::new`] for a backward that ends at block `from` (at
+    /// most `n_blocks`: none): the blocks before it keep nothing, and the
+    /// groups start at it.
+    pub fn trained_from(n_blocks: usize, k: usize, keep: usize, from: usize) -> Self {
+        let from = from.min(n_blocks);
         Recompute {
             n_blocks,
             k: k.max(1),
-            kept_from: n_blocks - keep.min(n_blocks),
+            from,
+            kept_from: (n_blocks - keep.min(n_blocks)).max(from),
         }
     }
 
@@ -48,7 +60,7 @@ impl Recompute {
 
     /// Whether block `i`'s input is kept as a checkpoint.
     pub fn checkpoints(&self, i: usize) -> bool {
-        i < self.kept_from && i.is_multiple_of(self.k)
+        (self.from..self.kept_from).contains(&i) && (i - self.from).is_multiple_of(self.k)
     }
 
     /// The blocks whose saved tensors are kept.
@@ -58,19 +70,19 @@ impl Recompute {
 
     /// How many checkpoints the forward keeps: one per recomputed group.
     pub fn checkpoint_count(&self) -> usize {
-        self.kept_from.div_ceil(self.k)
+        (self.kept_from - self.from).div_ceil(self.k)
     }
 
     /// The recomputed groups of at most K blocks, first to last (the
     /// backward walks them last first), each starting at a checkpoint.
     pub fn groups(&self) -> impl DoubleEndedIterator<Item = Range<usize>> + use<> {
-        let (k, end) = (self.k, self.kept_from);
-        (0..self.checkpoint_count()).map(move |g| g * k..((g + 1) * k).min(end))
+        let (k, from, end) = (self.k, self.from, self.kept_from);
+        (0..self.checkpoint_count()).map(move |g| from + g * k..(from + (g + 1) * k).min(end))
     }
 
     /// The most blocks recomputed at once (0 when every block is kept).
     pub fn group_len(&self) -> usize {
-        self.k.min(self.kept_from)
+        self.k.min(self.kept_from - self.from)
     }
 }
 
@@ -108,5 +120,24 @@ mod tests {
         // More than the model's blocks keeps them all.
         assert_eq!(Recompute::new(5, 2, 9), all);
         assert_eq!(Recompute::new(0, 1, 3).groups().count(), 0);
+    }
+
+    #[test]
+    fn a_backward_that_ends_early_groups_from_where_it_ends() {
+        let r = Recompute::trained_from(8, 3, 1, 2);
+        assert_eq!(r.kept(), 7..8);
+        assert_eq!(r.groups().collect::<Vec<_>>(), vec![2..5, 5..7]);
+        let cps: Vec<usize> = (0..8).filter(|&i| r.checkpoints(i)).collect();
+        assert_eq!(cps, vec![2, 5]);
+        assert_eq!((r.checkpoint_count(), r.group_len()), (2, 3));
+        // Keeping more than the trained blocks keeps only them.
+        let r = Recompute::trained_from(8, 3, 8, 6);
+        assert_eq!(r.kept(), 6..8);
+        assert_eq!((r.checkpoint_count(), r.group_len()), (0, 0));
+        assert!((0..6).all(|i| !r.keeps(i) && !r.checkpoints(i)));
+        // No block trained: nothing kept, no group.
+        let r = Recompute::trained_from(4, 2, 1, 9);
+        assert_eq!((r.kept(), r.groups().count()), (4..4, 0));
+        assert_eq!(Recompute::trained_from(7, 3, 2, 0), Recompute::new(7, 3, 2));
     }
 }
