@@ -380,8 +380,15 @@ fn every_step_reports_the_norm_of_its_gradient() {
         },
         false,
     );
+    // A step that carries layers reports their norms too, from the sums
+    // the executor took of their gradients: the same gradient as the
+    // micro-batches' above.
     let m = carrying.step(std::slice::from_ref(&big), 1e-3).unwrap();
-    assert!(m.grad_norm.is_none() && m.layer_grad_norms.is_empty());
+    assert!(close(m.grad_norm.unwrap(), p.grad_norm.unwrap()));
+    assert_eq!(m.layer_grad_norms.len(), p.layer_grad_norms.len());
+    for (a, b) in m.layer_grad_norms.iter().zip(&p.layer_grad_norms) {
+        assert!(close(*a, *b), "{a} vs {b}");
+    }
 }
 
 #[test]

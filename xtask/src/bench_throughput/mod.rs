@@ -139,6 +139,11 @@ pub struct Args {
     /// with --grad-clip the host holds none of theirs.
     #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
+    /// Train all but the first N layers (embedding, then blocks): the
+    /// backward ends at the first trained one (default 0). The modes
+    /// (--mode-reps) time the whole model whatever it is.
+    #[arg(long, default_value_t = 0)]
+    freeze_layers: usize,
     /// Exact global-norm clipping at this threshold (default off): every
     /// gradient held on the host (but --carry-layers'), the step ending
     /// with their norm, and each layer's AdamW in the next step's forward.
@@ -251,6 +256,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         chunks_in_flight: a.chunks_in_flight,
         optimizer_queue: a.optimizer_queue,
         carry_layers: a.carry_layers,
+        freeze_layers: a.freeze_layers,
         grad_clip: a.grad_clip,
         clip_after_backward: a.clip_after_backward,
         dropout: a.dropout,

@@ -58,6 +58,10 @@ pub struct Spec {
     /// (`TrainerConfig::carry_layers`; default 0).
     #[serde(default)]
     pub carry_layers: usize,
+    /// The first layers not trained (`TrainerConfig::frozen_layers`;
+    /// default 0).
+    #[serde(default)]
+    pub freeze_layers: usize,
     /// Exact global-norm clipping at this threshold (gradients held on the
     /// host; `TrainerConfig::grad_clip`).
     #[serde(default)]
@@ -102,6 +106,7 @@ impl Spec {
             config.optimizer_queue = n.max(1);
         }
         config.carry_layers = self.carry_layers;
+        config.frozen_layers = self.freeze_layers;
         if let Some(c) = self.grad_clip {
             anyhow::ensure!(
                 c.is_finite() && c > 0.0,
@@ -204,6 +209,7 @@ pub(crate) fn test_spec() -> Spec {
         chunks_in_flight: None,
         optimizer_queue: None,
         carry_layers: 0,
+        freeze_layers: 0,
         grad_clip: None,
         clip_after_backward: false,
         dropout: 0.0,
