@@ -17,53 +17,13 @@
 mod common;
 
 use common::CHUNK_STREAM;
-use megatrain::data::Batch;
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::GpuExecutor;
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_tier::TierConfig;
 use megatrain_zoo::ModelConfig;
 
-/// A learning rate that changes every step.
-const LRS: [f64; 3] = [3e-3, 1e-3, 5e-3];
-
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    transport: TransportDType,
-    /// Micro-batches per step (more than one holds gradients).
-    micro: usize,
-    keep: usize,
-    /// Gradient elements moved at once (prime, smaller than every layer,
-    /// or every layer whole).
-    chunk: usize,
-}
-
-fn cases() -> [Case; 4] {
-    let base = Case {
-        transport: TransportDType::F32,
-        micro: 1,
-        keep: 0,
-        chunk: usize::MAX / 8,
-    };
-    [
-        base,
-        Case {
-            transport: TransportDType::BF16,
-            chunk: 1021,
-            ..base
-        },
-        Case {
-            transport: TransportDType::BF16,
-            micro: 3,
-            ..base
-        },
-        Case {
-            keep: 1,
-            chunk: 1021,
-            ..base
-        },
-    ]
-}
+use common::{CHANGING_LRS as LRS, StepCase as Case, step_cases as cases};
 
 /// Where micro-batches are summed the tier holds no gradients of the
 /// carried layers: they sum theirs on the executor.
@@ -112,9 +72,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case, (carry, on_device): (usize,
     let mut losses = Vec::new();
     let mut norms = Vec::new();
     for (step, lr) in LRS.iter().enumerate() {
-        let micro: Vec<Batch> = (0..case.micro as u64)
-            .map(|k| CHUNK_STREAM.batch(vocab, step as u64 * 10 + k, 2, 9))
-            .collect();
+        let micro = case.micro_batches(vocab, step);
         let m = t.step(&micro, *lr).unwrap();
         assert_eq!(t.carried_layers(), carry, "{case:?}");
         // The first step has nothing carried to apply; the others do.
@@ -500,26 +458,11 @@ fn saving_applies_what_is_carried() {
 #[test]
 fn carrying_is_refused_where_it_cannot_run() {
     let model = common::llama_tiny(2);
-    let tier = || {
-        megatrain::trainer::init_tier(
-            &model,
-            TierConfig {
-                hold_grads: true,
-                ..TierConfig::default()
-            },
-            1,
-        )
-        .unwrap()
+    let holding = TierConfig {
+        hold_grads: true,
+        ..TierConfig::default()
     };
-    let refused = |config: TrainerConfig, needles: &[&str]| {
-        let err = match Trainer::new(CpuExecutor::new(), model.clone(), tier(), config) {
-            Ok(_) => panic!("accepted"),
-            Err(e) => e.to_string(),
-        };
-        for n in needles {
-            assert!(err.contains(n), "{err:?} lacks {n:?}");
-        }
-    };
+    let refused = |config, needles: &[&str]| common::assert_refused(&model, holding.clone(), config, needles);
     refused(
         TrainerConfig {
             carry_layers: 5,
@@ -528,37 +471,23 @@ fn carrying_is_refused_where_it_cannot_run() {
         &["carry_layers (5)", "4 layers"],
     );
     // A tier without gradients of layers that are not carried.
-    let without_grads = |on_device: usize| {
-        megatrain::trainer::init_tier(
-            &model,
-            TierConfig {
-                hold_grads: true,
-                grads_on_device: on_device,
-                ..TierConfig::default()
-            },
-            1,
-        )
-        .unwrap()
+    let without_grads = |on_device: usize| TierConfig {
+        grads_on_device: on_device,
+        ..holding.clone()
     };
     let config = TrainerConfig {
         carry_layers: 1,
         grad_clip: Some(1.0),
         ..TrainerConfig::default()
     };
-    let err = match Trainer::new(
-        CpuExecutor::new(),
-        model.clone(),
+    common::assert_refused(
+        &model,
         without_grads(2),
         config.clone(),
-    ) {
-        Ok(_) => panic!("accepted"),
-        Err(e) => e.to_string(),
-    };
-    assert!(
-        err.contains("first 2 layers (grads_on_device)") && err.contains("only 1 are carried"),
-        "{err}"
+        &["first 2 layers (grads_on_device)", "only 1 are carried"],
     );
-    Trainer::new(CpuExecutor::new(), model.clone(), without_grads(1), config).unwrap();
+    let tier = megatrain::trainer::init_tier(&model, without_grads(1), 1).unwrap();
+    Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
 }
 
 #[test]

@@ -11,40 +11,18 @@
 mod common;
 
 use common::CHUNK_STREAM;
-use megatrain::data::Batch;
 use megatrain::trainer::{StepMetrics, Trainer, TrainerConfig};
 use megatrain_gpu::GpuExecutor;
 use megatrain_tensor::{CpuExecutor, Executor};
-use megatrain_tier::{TierConfig, TransportDType};
+use megatrain_tier::TierConfig;
 use megatrain_zoo::ModelConfig;
 
-const LRS: [f64; 3] = [3e-3, 1e-3, 5e-3];
+use common::{CHANGING_LRS as LRS, StepCase as Case, step_cases};
 
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    transport: TransportDType,
-    micro: usize,
-    keep: usize,
-    chunk: usize,
-}
-
+/// Whole layers; over micro-batches in bf16; a block kept, in chunks.
 fn cases() -> [Case; 3] {
-    let base = Case {
-        transport: TransportDType::F32,
-        micro: 1,
-        keep: 0,
-        chunk: usize::MAX / 8,
-    };
-    [
-        base,
-        Case {
-            transport: TransportDType::BF16,
-            micro: 2,
-            chunk: 1021,
-            ..base
-        },
-        Case { keep: 1, ..base },
-    ]
+    let c = step_cases();
+    [c[0], c[2], c[3]]
 }
 
 fn trainer<E: Executor>(
@@ -91,9 +69,7 @@ fn train<E: Executor>(mut t: Trainer<E>, case: Case, restore: usize) -> Run {
     let mut losses = Vec::new();
     let mut metrics = Vec::new();
     for (step, lr) in LRS.iter().enumerate() {
-        let micro: Vec<Batch> = (0..case.micro as u64)
-            .map(|k| CHUNK_STREAM.batch(vocab, step as u64 * 10 + k, 2, 9))
-            .collect();
+        let micro = case.micro_batches(vocab, step);
         let m = t.step(&micro, *lr).unwrap();
         losses.push(m.loss);
         metrics.push(m);
@@ -241,16 +217,8 @@ fn clipping_takes_the_norm_of_the_trained_layers() {
 #[test]
 fn freezing_is_refused_where_it_cannot_run() {
     let model = common::llama_tiny(2);
-    let refused = |config: TrainerConfig, needles: &[&str]| {
-        let tier = megatrain::trainer::init_tier(&model, TierConfig::default(), 1).unwrap();
-        let err = match Trainer::new(CpuExecutor::new(), model.clone(), tier, config) {
-            Ok(_) => panic!("accepted"),
-            Err(e) => e.to_string(),
-        };
-        for n in needles {
-            assert!(err.contains(n), "{err:?} lacks {n:?}");
-        }
-    };
+    let refused =
+        |config, needles: &[&str]| common::assert_refused(&model, TierConfig::default(), config, needles);
     refused(
         TrainerConfig {
             frozen_layers: 4,

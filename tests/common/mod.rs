@@ -236,3 +236,69 @@ pub fn k2_config(clip: Option<f64>) -> TrainerConfig {
         ..TrainerConfig::default()
     }
 }
+
+/// A learning rate that changes every step.
+pub const CHANGING_LRS: [f64; 3] = [3e-3, 1e-3, 5e-3];
+
+/// How the steps of a comparison run: the transport, micro-batches per
+/// step (more than one sums gradients), blocks kept, gradient elements
+/// moved at once.
+#[derive(Clone, Copy, Debug)]
+pub struct StepCase {
+    pub transport: TransportDType,
+    pub micro: usize,
+    pub keep: usize,
+    /// Prime, smaller than every layer, or every layer whole.
+    pub chunk: usize,
+}
+
+impl StepCase {
+    /// Step `step`'s micro-batches of [`CHUNK_STREAM`], 2 rows of 9.
+    pub fn micro_batches(&self, vocab: usize, step: usize) -> Vec<Batch> {
+        (0..self.micro as u64)
+            .map(|k| CHUNK_STREAM.batch(vocab, step as u64 * 10 + k, 2, 9))
+            .collect()
+    }
+}
+
+/// f32 whole layers; bf16 in prime chunks; bf16 over three micro-batches;
+/// a block kept, prime chunks.
+pub fn step_cases() -> [StepCase; 4] {
+    let base = StepCase {
+        transport: TransportDType::F32,
+        micro: 1,
+        keep: 0,
+        chunk: usize::MAX / 8,
+    };
+    [
+        base,
+        StepCase {
+            transport: TransportDType::BF16,
+            chunk: 1021,
+            ..base
+        },
+        StepCase {
+            transport: TransportDType::BF16,
+            micro: 3,
+            ..base
+        },
+        StepCase {
+            keep: 1,
+            chunk: 1021,
+            ..base
+        },
+    ]
+}
+
+/// `Trainer::new` on the CPU executor refuses `config` for `model` (its
+/// tier made by `tier`) with an error that holds each of `needles`.
+pub fn assert_refused(model: &ModelConfig, tier: TierConfig, config: TrainerConfig, needles: &[&str]) {
+    let tier = init_tier(model, tier, 1).unwrap();
+    let err = match Trainer::new(megatrain_tensor::CpuExecutor::new(), model.clone(), tier, config) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    for n in needles {
+        assert!(err.contains(n), "{err:?} lacks {n:?}");
+    }
+}
