@@ -46,6 +46,8 @@ struct Case {
     /// Ranks per machine that map one transport copy (sharded only);
     /// `None`: a copy per rank.
     machine: Option<usize>,
+    /// The first layers not trained (`TrainerConfig::frozen_layers`).
+    frozen: usize,
 }
 
 fn cases() -> Vec<Case> {
@@ -67,6 +69,7 @@ fn cases() -> Vec<Case> {
                     clip,
                     spill: false,
                     machine: None,
+                    frozen: 0,
                 });
             }
         }
@@ -107,6 +110,7 @@ fn trainer(
     };
     let config = TrainerConfig {
         transfer_chunk: chunk,
+        frozen_layers: case.frozen,
         ..common::k2_config(case.clip)
     };
     let mut t = common::trainer(CpuExecutor::new(), model, tier, 5, config);
@@ -337,6 +341,7 @@ fn spilled_layers_reduce_in_chunks() {
                 clip,
                 spill: true,
                 machine: None,
+                frozen: 0,
             });
         }
     }
@@ -383,6 +388,7 @@ fn ranks_sharing_transport_copies_train_as_ranks_holding_their_own() {
             clip,
             spill,
             machine: None,
+            frozen: 0,
         };
         let shared = Case {
             machine: Some(per),
@@ -442,6 +448,7 @@ fn rank_staging_is_sized_by_the_chunk() {
                     clip: None,
                     spill: false,
                     machine: None,
+                    frozen: 0,
                 };
                 let r = run(&model, case, CHUNK);
                 for (rank, &peak) in r.staging.iter().enumerate() {
@@ -475,6 +482,7 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
             clip: None,
             spill,
             machine: None,
+            frozen: 0,
         };
         let want = run(&model, case, CHUNK).params;
         let ckpt = tempfile::tempdir().unwrap();
@@ -533,5 +541,48 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
             got == want,
             "{case:?}: the checkpoint differs from the gathered state"
         );
+    }
+}
+
+/// Frozen layers on ranks: each rank's backward ends at the first trained
+/// layer, nothing of the frozen ones is reduced or updated, and the ranks
+/// train what one process with the same layers frozen trains; replicated
+/// and sharded, with clipping and micro-batches, and over spilled layers
+/// (a frozen one among them, which the spill window then skips).
+#[test]
+fn frozen_layers_train_across_ranks() {
+    let model = common::llama_tiny(2);
+    let mut v = Vec::new();
+    for shard in [false, true] {
+        for (ranks, micro, clip, spill) in [
+            (2, 1, None, false),
+            (3, 2, Some(0.05), false),
+            (2, 1, Some(0.05), true),
+            (3, 1, None, true),
+        ] {
+            v.push(Case {
+                ranks,
+                shard,
+                transport: TransportDType::BF16,
+                micro,
+                clip,
+                spill,
+                machine: None,
+                frozen: 2,
+            });
+        }
+    }
+    check(&model, v.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let start = trainer(&model, v[0], CHUNK, dir.path(), None, None);
+    let initial: Vec<Vec<f32>> = start.tier().layers()[..2]
+        .iter()
+        .map(|s| s.params().to_vec())
+        .collect();
+    drop(start);
+    for case in v {
+        let r = run(&model, case, CHUNK);
+        assert!(r.params[..2] == initial[..], "{case:?}: a frozen layer moved");
+        assert!(r.params[2..] != initial[..], "{case:?}");
     }
 }

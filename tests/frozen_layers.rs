@@ -37,6 +37,16 @@ fn trainer<E: Executor>(
         hold_grads: case.micro > 1 || clip.is_some(),
         ..TierConfig::default()
     };
+    trainer_on(ex, model, (case, tier), frozen, clip)
+}
+
+fn trainer_on<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    (case, tier): (Case, TierConfig),
+    frozen: usize,
+    clip: Option<f64>,
+) -> Trainer<E> {
     let config = TrainerConfig {
         transfer_chunk: case.chunk,
         keep_activations: case.keep,
@@ -211,6 +221,39 @@ fn clipping_takes_the_norm_of_the_trained_layers() {
             steps[..f].iter().all(|&s| s == 0) && steps[f..].iter().all(|&s| s == 1),
             "frozen {f}: {steps:?}"
         );
+    }
+}
+
+/// Over a tier that spills every layer but the embedding: the same bits
+/// as in RAM, with a frozen layer among the spilled ones (the spill
+/// window skips it), clipping or not.
+#[test]
+fn frozen_layers_over_a_tier_that_spills() {
+    let model = common::llama_tiny(3);
+    let case = cases()[1];
+    let tables = model.layer_tables();
+    let padded = megatrain_tier::padded_bytes;
+    for clip in [None, Some(0.05)] {
+        let hold = case.micro > 1 || clip.is_some();
+        let copies: u64 = tables
+            .iter()
+            .map(|t| padded(t.numel(), case.transport.size_in_bytes()))
+            .sum();
+        let dir = tempfile::tempdir().unwrap();
+        let spilling = TierConfig {
+            transport: case.transport,
+            hold_grads: hold,
+            ram_budget_bytes: Some(copies + if hold { 4 } else { 3 } * padded(tables[0].numel(), 4)),
+            spill_dir: Some(dir.path().to_path_buf()),
+            ..TierConfig::default()
+        };
+        let ram = train(trainer(CpuExecutor::new(), &model, case, 2, clip), case, 0);
+        let t = trainer_on(CpuExecutor::new(), &model, (case, spilling), 2, clip);
+        assert!(t.tier().layers()[1].is_spilled());
+        let spilled = train(t, case, 0);
+        assert_eq!(ram.losses, spilled.losses, "clip {clip:?}");
+        assert!(ram.params == spilled.params, "clip {clip:?}: parameters differ");
+        assert_eq!(ram.steps, spilled.steps, "clip {clip:?}");
     }
 }
 

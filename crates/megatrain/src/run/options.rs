@@ -694,20 +694,12 @@ impl TrainOptions {
                 format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
             ));
         }
-        if self.freeze_layers > 0 {
-            let clash = match () {
-                _ if self.carry_layers > 0 => Some("--carry-layers"),
-                _ if self.ranks > 1 => Some("data parallel ranks (not yet)"),
-                _ if self.host_budget.is_some() => Some("--host-budget (not yet)"),
-                _ => None,
-            };
-            if let Some(why) = clash {
-                return Err(RunError::option(
-                    "freeze-layers",
-                    self.freeze_layers,
-                    format!("cannot be used with {why}"),
-                ));
-            }
+        if self.freeze_layers > 0 && self.carry_layers > 0 {
+            return Err(RunError::option(
+                "freeze-layers",
+                self.freeze_layers,
+                "cannot be used with --carry-layers, which counts from the first layer",
+            ));
         }
         if self.carry_layers > 0 {
             let clash = match () {

@@ -74,8 +74,7 @@ pub struct TrainerConfig {
     /// the bus), and their parameters, moments and step counts stay as
     /// they are (their moments and any held gradients are never touched,
     /// so never resident). A tied head's matrix is the embedding's, frozen
-    /// with it. Not with `carry_layers`, data parallel ranks or a tier
-    /// that spills.
+    /// with it. Not with `carry_layers`.
     pub frozen_layers: usize,
     /// With clipping, whose updates need the norm of every gradient and so
     /// cannot overlap the backward: the step ends once it has the norm,

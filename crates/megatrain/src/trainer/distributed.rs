@@ -38,12 +38,7 @@ impl<E: Executor> Trainer<E> {
                 self.config.carry_layers
             )));
         }
-        if self.config.frozen_layers > 0 {
-            return Err(TrainError::Config(format!(
-                "frozen_layers ({}) cannot be used with data parallel ranks yet",
-                self.config.frozen_layers
-            )));
-        }
+
         // A tier placed for a sharded rank holds only that rank's share
         // of its RAM layers.
         let (rank, ranks) = (dist.comm.rank(), dist.comm.size());
@@ -146,9 +141,9 @@ impl<E: Executor> Trainer<E> {
         m: &mut StepMetrics,
     ) -> Result<f64> {
         let d = self.dist.as_ref().expect("sharded clipping needs a communicator");
-        let own: Vec<&[f32]> = self
-            .tier
-            .layers()
+        // Frozen layers have no gradient to take or apply.
+        let frozen = self.config.frozen_layers;
+        let own: Vec<&[f32]> = self.tier.layers()[frozen..]
             .iter()
             .map(|s| {
                 s.grads()
@@ -163,9 +158,9 @@ impl<E: Executor> Trainer<E> {
         let norm = sq[0].sqrt();
         let coef = clip_coefficient(norm, max_norm);
         // Spilled layers' shards, first layer first (the order below).
-        let window = spill_window::start_forward(&self.tier, Some(d), self.spill)?;
+        let window = spill_window::start_forward(&self.tier, Some(d), self.spill, frozen)?;
         let mut ops = Vec::with_capacity(self.tier.len());
-        for slab in self.tier.layers_mut() {
+        for slab in &mut self.tier.layers_mut()[frozen..] {
             let i = slab.index();
             let part = Part {
                 grad: None,

@@ -228,7 +228,6 @@ impl<E: Executor> Trainer<E> {
                     "cannot be used with carry_layers ({}), which counts from the first layer",
                     config.carry_layers
                 )),
-                _ if tier.has_spill() => Some("cannot be used with a tier that spills to disk yet".into()),
                 _ => None,
             };
             if let Some(why) = why {
@@ -594,7 +593,7 @@ impl<E: Executor> Trainer<E> {
         let plan = Recompute::trained_from(n_blocks, k, config.keep_activations, frozen.saturating_sub(1));
         // Read-ahead starts now, so the forward hides the first reads.
         let window = match update {
-            true => spill_window::start_backward(tier, dist, *spill)?,
+            true => spill_window::start_backward(tier, dist, *spill, config.frozen_layers)?,
             false => None,
         };
         let shared = Shared {

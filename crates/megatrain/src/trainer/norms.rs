@@ -89,7 +89,7 @@ impl<E: Executor> Trainer<E> {
             });
             return Ok(norm);
         }
-        let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill)?;
+        let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill, trained)?;
         for slab in &mut self.tier.layers_mut()[trained..] {
             let h = Hyper {
                 adamw: &self.adamw,

@@ -14,13 +14,15 @@ use megatrain_tier::{HostTier, SpillStats, SpillWindow, SpilledLayer, WindowConf
 use super::reduce::DistState;
 use super::{Result, StepMetrics};
 
-/// The tier's spilled layers in the backward's order (last layer first),
-/// each cut to this rank's range where the optimizer is sharded (a rank
-/// reads and writes only its shard of the spill files).
-fn spilled(tier: &HostTier, dist: Option<&DistState>) -> Result<Vec<SpilledLayer>> {
+/// The tier's spilled layers from layer `from` on (the frozen ones before
+/// are never updated) in the backward's order (last layer first), each
+/// cut to this rank's range where the optimizer is sharded (a rank reads
+/// and writes only its shard of the spill files).
+fn spilled(tier: &HostTier, dist: Option<&DistState>, from: usize) -> Result<Vec<SpilledLayer>> {
     let own = dist.filter(|d| d.config.shard_optimizer);
     tier.spilled_backward()
         .into_iter()
+        .filter(|l| l.layer >= from)
         .map(|l| match own {
             Some(d) => {
                 let r = d.own(l.layer);
@@ -31,17 +33,18 @@ fn spilled(tier: &HostTier, dist: Option<&DistState>) -> Result<Vec<SpilledLayer
         .collect()
 }
 
-/// A window over the tier's spilled layers in the backward's order (last
-/// layer first), or `None` when nothing is spilled.
+/// A window over the tier's spilled layers from layer `from` on, in the
+/// backward's order (last layer first), or `None` when nothing is spilled.
 pub(super) fn start_backward(
     tier: &HostTier,
     dist: Option<&DistState>,
     config: WindowConfig,
+    from: usize,
 ) -> Result<Option<SpillWindow>> {
     if !tier.has_spill() {
         return Ok(None);
     }
-    Ok(Some(SpillWindow::start(spilled(tier, dist)?, config)?))
+    Ok(Some(SpillWindow::start(spilled(tier, dist, from)?, config)?))
 }
 
 /// The same, first layer first (the clipping mode updates in table order).
@@ -49,11 +52,12 @@ pub(super) fn start_forward(
     tier: &HostTier,
     dist: Option<&DistState>,
     config: WindowConfig,
+    from: usize,
 ) -> Result<Option<SpillWindow>> {
     if !tier.has_spill() {
         return Ok(None);
     }
-    let mut layers = spilled(tier, dist)?;
+    let mut layers = spilled(tier, dist, from)?;
     layers.reverse();
     Ok(Some(SpillWindow::start(layers, config)?))
 }
