@@ -48,6 +48,9 @@ struct Case {
     machine: Option<usize>,
     /// The first layers not trained (`TrainerConfig::frozen_layers`).
     frozen: usize,
+    /// Clipped updates after the backward, not in the next forward
+    /// (`TrainerConfig::defer_clipped_updates` off).
+    after_backward: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -70,6 +73,7 @@ fn cases() -> Vec<Case> {
                     spill: false,
                     machine: None,
                     frozen: 0,
+                    after_backward: false,
                 });
             }
         }
@@ -111,6 +115,7 @@ fn trainer(
     let config = TrainerConfig {
         transfer_chunk: chunk,
         frozen_layers: case.frozen,
+        defer_clipped_updates: !case.after_backward,
         ..common::k2_config(case.clip)
     };
     let mut t = common::trainer(CpuExecutor::new(), model, tier, 5, config);
@@ -342,6 +347,7 @@ fn spilled_layers_reduce_in_chunks() {
                 spill: true,
                 machine: None,
                 frozen: 0,
+                after_backward: false,
             });
         }
     }
@@ -389,6 +395,7 @@ fn ranks_sharing_transport_copies_train_as_ranks_holding_their_own() {
             spill,
             machine: None,
             frozen: 0,
+            after_backward: false,
         };
         let shared = Case {
             machine: Some(per),
@@ -449,6 +456,7 @@ fn rank_staging_is_sized_by_the_chunk() {
                     spill: false,
                     machine: None,
                     frozen: 0,
+                    after_backward: false,
                 };
                 let r = run(&model, case, CHUNK);
                 for (rank, &peak) in r.staging.iter().enumerate() {
@@ -483,6 +491,7 @@ fn rank_0_writes_a_sharded_checkpoint_layer_by_layer() {
             spill,
             machine: None,
             frozen: 0,
+            after_backward: false,
         };
         let want = run(&model, case, CHUNK).params;
         let ckpt = tempfile::tempdir().unwrap();
@@ -569,6 +578,7 @@ fn frozen_layers_train_across_ranks() {
                 spill,
                 machine: None,
                 frozen: 2,
+                after_backward: false,
             });
         }
     }
@@ -585,4 +595,75 @@ fn frozen_layers_train_across_ranks() {
         assert!(r.params[..2] == initial[..], "{case:?}: a frozen layer moved");
         assert!(r.params[2..] != initial[..], "{case:?}");
     }
+}
+
+/// Replicated ranks that hold their own transport copies defer clipped
+/// updates into the next forward as one process does (every rank updates
+/// every layer from the same sums): the same bits as updating after the
+/// backward, and every layer one update behind between steps.
+#[test]
+fn replicated_ranks_defer_clipped_updates() {
+    let model = common::llama_tiny(2);
+    for (ranks, micro) in [(2, 1), (3, 2)] {
+        let case = Case {
+            ranks,
+            shard: false,
+            transport: TransportDType::BF16,
+            micro,
+            clip: Some(0.05),
+            spill: false,
+            machine: None,
+            frozen: 0,
+            after_backward: false,
+        };
+        let deferred = run(&model, case, CHUNK);
+        let after = run(
+            &model,
+            Case {
+                after_backward: true,
+                ..case
+            },
+            CHUNK,
+        );
+        assert_eq!(deferred.losses, after.losses, "{case:?}");
+        assert!(deferred.params == after.params, "{case:?}: parameters differ");
+        assert!(
+            deferred.transport == after.transport,
+            "{case:?}: transport copies differ"
+        );
+    }
+    // Between steps every layer waits for the next forward.
+    let comms = local_group(2);
+    std::thread::scope(|s| {
+        for c in comms {
+            let model = &model;
+            s.spawn(move || {
+                let dir = tempfile::tempdir().unwrap();
+                let case = Case {
+                    ranks: 2,
+                    shard: false,
+                    transport: TransportDType::F32,
+                    micro: 1,
+                    clip: Some(0.05),
+                    spill: false,
+                    machine: None,
+                    frozen: 0,
+                    after_backward: false,
+                };
+                let rank = c.rank();
+                let mut t = trainer(model, case, CHUNK, dir.path(), None, None);
+                t.set_distributed(DistConfig {
+                    comm: Arc::new(c),
+                    shard_optimizer: false,
+                    shared: None,
+                })
+                .unwrap();
+                let batch = common::CHUNK_STREAM.rows(model.vocab_size, 0, 4, rank * 2..rank * 2 + 2, 9);
+                t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+                assert_eq!(t.carried_layers(), model.num_layers + 2);
+                t.settle().unwrap();
+                assert_eq!(t.carried_layers(), 0);
+            });
+        }
+    });
 }

@@ -84,9 +84,11 @@ pub struct TrainerConfig {
     /// overlaps the device's forward instead of following the backward
     /// with the device idle. As with `carry_layers`, the parameters are
     /// one update behind until [`Trainer::settle`](super::Trainer::settle).
-    /// `false` updates every layer before the step returns. Only where one
-    /// process trains from a tier in RAM (ranks and a tier that spills
-    /// update after the backward either way). Results do not depend on it.
+    /// `false` updates every layer before the step returns. Only from a
+    /// tier in RAM, alone or on replicated ranks that each hold their
+    /// transport copies (a sharded optimizer, ranks that share their
+    /// copies and a tier that spills update after the backward either
+    /// way). Results do not depend on it.
     pub defer_clipped_updates: bool,
     /// Dropout in the step's forwards (none by default; evaluation and
     /// generation never drop).

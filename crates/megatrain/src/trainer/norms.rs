@@ -153,8 +153,16 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Whether clipped updates go into the next step's forward: asked for,
-    /// one process, a tier in RAM.
+    /// a tier in RAM, and one process or replicated ranks that each hold
+    /// their transport copies (every rank then updates every layer from
+    /// the same summed gradients, just before its own forward loads it; a
+    /// sharded rank's update ends in an all-gather, and ranks sharing a
+    /// copy would need to meet before each layer's load).
     pub(super) fn defers_clipped(&self) -> bool {
-        self.config.defer_clipped_updates && self.dist.is_none() && !self.tier.has_spill()
+        let ranks_allow = self
+            .dist
+            .as_ref()
+            .is_none_or(|d| !d.config.shard_optimizer && d.config.shared.is_none());
+        self.config.defer_clipped_updates && ranks_allow && !self.tier.has_spill()
     }
 }
