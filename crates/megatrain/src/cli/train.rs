@@ -152,7 +152,8 @@ pub struct TrainArgs {
     /// device idling while the host finishes the updates after backward
     /// (default 0: off; not with ranks or --host-budget). Costs their f32
     /// gradients in device memory; with --grad-clip or --grad-accum the
-    /// host then holds none of theirs. Changes no result.
+    /// host then holds none of theirs. Changes no result (with --grad-clip,
+    /// the coefficient within its last bits: their norm is the device's).
     #[arg(long, value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: Option<usize>,
     #[command(flatten)]

@@ -454,7 +454,8 @@ pub struct TrainOptions {
     /// their gradients on the executor at a step's end; the next step's
     /// forward updates each just before loading it
     /// (`TrainerConfig::carry_layers`). 0: off. A device option: it
-    /// changes no result.
+    /// changes no result (with clipping, the coefficient within its last
+    /// bits).
     pub carry_layers: usize,
     /// The GPU transport's knobs, flattened: their keys sit beside the
     /// others in a config file and a run's saved options.

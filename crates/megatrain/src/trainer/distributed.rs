@@ -38,7 +38,6 @@ impl<E: Executor> Trainer<E> {
                 self.config.carry_layers
             )));
         }
-
         // A tier placed for a sharded rank holds only that rank's share
         // of its RAM layers.
         let (rank, ranks) = (dist.comm.rank(), dist.comm.size());
