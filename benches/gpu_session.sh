@@ -559,6 +559,14 @@ steps)
             >"$OUT/anchor-tinyllama-clip-$how.log" 2>&1
         rows "tinyllama anchor, --grad-clip 1 $how (rc $?)" "$OUT/anchor-tinyllama-clip-$how.log"
     done
+    # TinyLlama with its embedding and first 11 blocks frozen
+    # (`--freeze-layers 12`, session 44): the backward ends at block 11,
+    # so half the blocks are neither uploaded again, recomputed nor
+    # differentiated; step, "bwd ms" and bus MB beside the anchor's.
+    timeout "$(left 60)" xtask bench-throughput --anchor tinyllama-8x1024 --steps 3 --warmup 1 \
+        --no-peer --mode-reps 0 --freeze-layers 12 --json "$OUT/anchor-tinyllama-frozen.json" \
+        >"$OUT/anchor-tinyllama-frozen.log" 2>&1
+    rows "tinyllama anchor, --freeze-layers 12 (rc $?)" "$OUT/anchor-tinyllama-frozen.log"
     # Qwen2.5-7B clipped: held on the host it needs 18 bytes a parameter,
     # 137 GB, past this machine's 128 GiB; its gradients on the H200
     # (30.5 GB there) leave the host the tier's 107 GB.
