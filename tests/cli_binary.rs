@@ -332,6 +332,48 @@ fn plan_weighs_the_hosts_adamw() {
     );
 }
 
+/// Frozen layers' moments are reserved but never touched: `plan` counts
+/// them apart and fits the host by what is resident (TinyLlama-1.1B's
+/// embedding and first 11 blocks: 550 M parameters, 8 bytes each).
+#[test]
+fn plan_counts_frozen_layers_moments_apart() {
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "plan",
+            "--preset",
+            "tinyllama-1.1b",
+            "--precision",
+            "bf16",
+            "--host-mem",
+            "12G",
+        ];
+        a.extend_from_slice(extra);
+        let out = run(&a);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let t = args(&[]);
+    assert!(
+        t.contains("host: 14.54 GiB needed, 12.00 GiB available: does NOT fit"),
+        "{t}"
+    );
+    let t = args(&["--freeze-layers", "12"]);
+    assert!(
+        t.contains("4.10 GiB of it never touched (--freeze-layers 12") && t.contains("10.45 GiB resident"),
+        "{t}"
+    );
+    assert!(
+        t.contains("host: 10.45 GiB needed, 12.00 GiB available: fits"),
+        "{t}"
+    );
+    let out = run(&["plan", "--preset", "tinyllama-1.1b", "--freeze-layers", "24"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--freeze-layers 24") && err.contains("at most 23"),
+        "{err}"
+    );
+}
+
 fn train_args<'a>(data: &'a str, out: &'a str, steps: &'a str) -> Vec<&'a str> {
     vec![
         "train",

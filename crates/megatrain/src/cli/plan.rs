@@ -44,6 +44,12 @@ pub struct PlanArgs {
     /// host's; default 0).
     #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
+    /// The first N layers not trained, as `train --freeze-layers`: their
+    /// moments (and held gradients) are reserved but never touched, so
+    /// not counted as resident (default 0). The time estimates train
+    /// every layer.
+    #[arg(long, default_value_t = 0)]
+    freeze_layers: usize,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
     chunk_rows: Option<usize>,
@@ -109,6 +115,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         anyhow::bail!("--batch, --seq-len, --checkpoint-every, --chunk-rows and --ranks must be ≥ 1");
     }
     let carry_layers = megatrain::run::check_carry_layers(a.carry_layers, &model)?;
+    megatrain::run::check_freeze_layers(a.freeze_layers, &model)?;
+    if a.freeze_layers > 0 && carry_layers > 0 {
+        anyhow::bail!(
+            "--freeze-layers cannot be used with --carry-layers, which counts from the first layer"
+        );
+    }
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -180,6 +192,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         Some(p) => p,
         None => plan(&model, &input, &whole)?,
     };
+    // Frozen layers' moments (and held gradients) in RAM: reserved, never
+    // touched, so never resident.
+    let in_ram = p.host.first_spilled.unwrap_or(usize::MAX).min(a.freeze_layers);
+    let untouched: u64 = model.layer_tables()[..in_ram]
+        .iter()
+        .map(|t| megatrain_tier::padded_bytes(t.numel(), 4) * if a.hold_grads { 3 } else { 2 })
+        .sum();
     if one_fits {
         println!("host (fp32 weights and AdamW moments, {} transport):", transport);
         println!("{}", p.host);
@@ -194,6 +213,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         println!("  staging    {:>14} (gradients in flight)", gib(p.host_staging));
         println!("  needed     {:>14}", gib(p.host_total()));
+        if a.freeze_layers > 0 {
+            println!(
+                "  frozen     {:>14} of it never touched (--freeze-layers {}: the moments{} of those layers in RAM): {} resident",
+                gib(untouched),
+                a.freeze_layers,
+                if a.hold_grads { " and held gradients" } else { "" },
+                gib(p.host_total() - untouched)
+            );
+        }
         if let Some(first) = p.host.first_spilled {
             let (read, write, how) = match a.disk_gbps {
                 Some(g) => (g, g, "given".to_string()),
@@ -323,14 +351,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     // Held gradients the device could keep instead (`--carry-layers all`).
     let held = p.host.ram.gradients + p.host.disk.gradients;
+    let needed = p.host_total() - untouched;
     match a.host_mem.or_else(mem_available) {
         _ if !one_fits => {}
-        Some(m) if p.host_total() <= m => {
-            println!("host: {} needed, {} available: fits", gib(p.host_total()), gib(m))
-        }
+        Some(m) if needed <= m => println!("host: {} needed, {} available: fits", gib(needed), gib(m)),
         Some(m) => println!(
             "host: {} needed, {} available: does NOT fit (use --host-budget to spill to disk{})",
-            gib(p.host_total()),
+            gib(needed),
             gib(m),
             match held {
                 0 => String::new(),
