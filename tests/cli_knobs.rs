@@ -499,3 +499,120 @@ fn carried_updates_are_settled_before_evaluating_and_sampling() {
     assert!(plain.iter().any(|r| r.2.is_string()), "{plain:?}");
     assert_eq!(plain, carried);
 }
+
+/// `train` of `hf` (char tokens) on `data` into `out`, two steps, with
+/// `extra`.
+fn hf_args(hf: &Path, data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train",
+        "--model",
+        s(hf),
+        "--tokenizer",
+        "char",
+        "--data",
+        s(data),
+        "--out",
+        s(out),
+        "--device",
+        "cpu",
+        "--seq-len",
+        "16",
+        "--batch",
+        "2",
+        "--steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--quiet",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    a.extend(extra.iter().map(|x| x.to_string()));
+    a
+}
+
+fn strs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// `--dropout-from-config` trains with the rates a model's `config.json`
+/// gives transformers (GPT-2's pdrops here), says which, and keeps them
+/// in the run's options; refused beside a rate of its own, on a config
+/// whose rates megatrain cannot follow (naming the file) and on resume.
+#[test]
+fn dropout_is_taken_from_the_models_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let model = megatrain_zoo::gpt2_nano(65);
+    let tables = model.layer_tables();
+    let slabs: Vec<Vec<f32>> = tables
+        .iter()
+        .map(|t| (0..t.numel()).map(|i| ((i % 13) as f32 - 6.0) * 1e-3).collect())
+        .collect();
+    let hf = t.join("hf");
+    let refs: Vec<&[f32]> = slabs.iter().map(Vec::as_slice).collect();
+    megatrain_zoo::export_hf_dir(&hf, &model, &tables, &refs, Default::default()).unwrap();
+    let config = hf.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["resid_pdrop"] = 0.1.into();
+    v["embd_pdrop"] = 0.1.into();
+    v["attn_pdrop"] = 0.05.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    let (out, named) = (t.join("run"), t.join("named"));
+    refused(
+        &strs(&hf_args(
+            &hf,
+            &data,
+            &out,
+            &["--dropout-from-config", "--dropout", "0.2"],
+        )),
+        &["--dropout-from-config", "without --dropout (0.2)"],
+    );
+    let o = run(&strs(&hf_args(&hf, &data, &out, &["--dropout-from-config"])));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let state = std::fs::read_to_string(out.join("ckpt-2").join("train_state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let opts = &state["options"];
+    assert_eq!(
+        (opts["dropout"].as_f64(), opts["attn_dropout"].as_f64()),
+        (Some(0.1), Some(0.05)),
+        "{opts}"
+    );
+    assert_eq!(opts["dropout_from_config"], false);
+    // Against a run with the rates named: the same losses.
+    let o = run(&strs(&hf_args(
+        &hf,
+        &data,
+        &named,
+        &["--dropout", "0.1", "--attn-dropout", "0.05"],
+    )));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let losses = |dir: &Path| {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(losses(&out), losses(&named));
+    refused(
+        &[
+            "train",
+            "--resume",
+            s(&out),
+            "--steps",
+            "3",
+            "--dropout-from-config",
+            "--quiet",
+        ],
+        &["--dropout-from-config", "not on --resume"],
+    );
+    v["embd_pdrop"] = 0.2.into();
+    std::fs::write(&config, v.to_string()).unwrap();
+    refused(
+        &strs(&hf_args(&hf, &data, &t.join("other"), &["--dropout-from-config"])),
+        &["config.json", "embd_pdrop 0.2 and resid_pdrop 0.1 differ"],
+    );
+}

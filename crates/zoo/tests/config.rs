@@ -391,6 +391,31 @@ fn gpt2_fields() {
     assert!(bad_msg(bad).contains("scale_attn_by_inverse_layer_idx"));
 }
 
+/// The dropout a config asks transformers for, as megatrain's hidden and
+/// attention rates: GPT-2's pdrops, the Llama family's
+/// `attention_dropout`, none where a config says nothing.
+#[test]
+fn dropout_from_a_config() {
+    let gpt2 = json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": 97, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.05
+    });
+    assert_eq!(parse(gpt2.clone()).unwrap().hf_dropout(), Ok((0.1, 0.05)));
+    let only_resid = with_fields(&gpt2, json!({"embd_pdrop": null}));
+    assert_eq!(parse(only_resid).unwrap().hf_dropout(), Ok((0.1, 0.05)));
+    let differ = with_fields(&gpt2, json!({"embd_pdrop": 0.2}));
+    let err = parse(differ).unwrap().hf_dropout().unwrap_err();
+    assert!(err.contains("embd_pdrop 0.2 and resid_pdrop 0.1 differ"), "{err}");
+    let text = with_fields(&gpt2, json!({"attn_pdrop": "high"}));
+    let err = parse(text).unwrap().hf_dropout().unwrap_err();
+    assert!(err.contains("attn_pdrop is \"high\""), "{err}");
+    let llama = with_fields(&llama_v4(), json!({"attention_dropout": 0.02}));
+    assert_eq!(parse(llama).unwrap().hf_dropout(), Ok((0.0, 0.02)));
+    assert_eq!(parse(llama_v4()).unwrap().hf_dropout(), Ok((0.0, 0.0)));
+    assert_eq!(megatrain_zoo::gpt2_nano(65).hf_dropout(), Ok((0.0, 0.0)));
+}
+
 fn bad_msg(v: Value) -> String {
     parse(v).unwrap_err().to_string()
 }

@@ -93,6 +93,12 @@ pub struct TrainArgs {
     /// default 0: off). nanoGPT's --dropout is both this and --dropout.
     #[arg(long)]
     attn_dropout: Option<f64>,
+    /// Take --dropout and --attn-dropout from the model's config.json, as
+    /// transformers trains it (GPT-2's embd_pdrop/resid_pdrop and
+    /// attn_pdrop, the Llama family's attention_dropout); not with either
+    /// flag, nor on --resume (a run keeps its rates).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    dropout_from_config: Option<bool>,
     /// PaLM's z-loss: add Z·lse² per target (lse the log-sum-exp of its
     /// logits) to the loss the gradient is of, keeping the softmax's
     /// normaliser near 1 (PaLM: 1e-4); logged as z_loss [default: 0, off].
@@ -319,6 +325,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         grad_clip,
         dropout,
         attn_dropout,
+        dropout_from_config,
         z_loss,
         freeze_layers,
         precision,

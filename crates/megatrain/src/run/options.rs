@@ -360,6 +360,10 @@ pub struct TrainOptions {
     /// Dropout on the attention's probabilities (GPT-2's `attn_pdrop`,
     /// transformers' `attention_dropout`), in [0, 0.99]; 0 is off.
     pub attn_dropout: f64,
+    /// Take `dropout` and `attn_dropout` from the model's `config.json`
+    /// (`ModelConfig::hf_dropout`) when the run starts; the run then
+    /// keeps those numbers (and this is false in its saved options).
+    pub dropout_from_config: bool,
     /// PaLM's z-loss factor: z·lse² per target (lse its logits'
     /// log-sum-exp) joins the loss the gradient is of, which keeps the
     /// softmax's normaliser near 1 (PaLM 1e-4); logged as `z_loss`. 0 is off.
@@ -507,6 +511,7 @@ impl Default for TrainOptions {
             grad_clip: 0.0,
             dropout: 0.0,
             attn_dropout: 0.0,
+            dropout_from_config: false,
             z_loss: 0.0,
             freeze_layers: 0,
             precision: Precision::F32,
@@ -771,6 +776,17 @@ impl TrainOptions {
                 "z-loss",
                 self.z_loss,
                 "must be in [0, 1] (PaLM uses 1e-4)",
+            ));
+        }
+        if self.dropout_from_config && (self.dropout > 0.0 || self.attn_dropout > 0.0) {
+            return Err(RunError::option(
+                "dropout-from-config",
+                true,
+                format!(
+                    "takes both rates from the model's config.json as a run starts: give it without --dropout ({}) \
+                     and --attn-dropout ({}), and not on --resume (a run keeps its rates)",
+                    self.dropout, self.attn_dropout
+                ),
             ));
         }
         for (name, p) in [("dropout", self.dropout), ("attn-dropout", self.attn_dropout)] {

@@ -199,6 +199,14 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
     opts.keep_activations.blocks(model.num_layers)?;
     opts.carry_layers = super::options::check_carry_layers(opts.carry_layers, &model)?;
     super::options::check_freeze_layers(opts.freeze_layers, &model)?;
+    if opts.dropout_from_config {
+        let (hidden, attention) = config_dropout(&model, resume.is_some(), opts.model.as_deref())?;
+        (opts.dropout, opts.attn_dropout, opts.dropout_from_config) = (hidden, attention, false);
+        warnings.push(format!(
+            "dropout from the model's config.json: {hidden} on the embedding's output and each residual \
+             branch (--dropout), {attention} on the attention's probabilities (--attn-dropout)"
+        ));
+    }
     encoder.vocab_limit = Some(model.vocab_size);
     if opts.sample_every > 0 {
         sample_prompt(&encoder, &opts)?;
@@ -380,4 +388,38 @@ pub(super) fn sample_prompt(encoder: &Encoder, opts: &TrainOptions) -> Result<Ve
         true => Err(bad("encodes to no tokens; give some text".into())),
         false => Ok(ids),
     }
+}
+
+/// `--dropout-from-config`'s rates, from the `config.json` in `dir` (a
+/// fresh run's model; none on `resume`, whose run keeps its rates).
+fn config_dropout(model: &ModelConfig, resume: bool, dir: Option<&Path>) -> Result<(f64, f64)> {
+    if resume {
+        return Err(RunError::option(
+            "dropout-from-config",
+            true,
+            "a resumed run keeps its dropout (name --dropout and --attn-dropout to change it)",
+        ));
+    }
+    let file = || {
+        dir.map_or("the preset's generated config".into(), |d| {
+            d.join("config.json").display().to_string()
+        })
+    };
+    let (hidden, attention) = model
+        .hf_dropout()
+        .map_err(|e| RunError::option("dropout-from-config", true, format!("{}: {e}", file())))?;
+    for (key, p) in [("hidden", hidden), ("attention", attention)] {
+        if !(0.0..=megatrain_tensor::MAX_DROPOUT).contains(&p) {
+            return Err(RunError::option(
+                "dropout-from-config",
+                true,
+                format!(
+                    "{}: its {key} dropout {p} is outside [0, {}]",
+                    file(),
+                    megatrain_tensor::MAX_DROPOUT
+                ),
+            ));
+        }
+    }
+    Ok((hidden, attention))
 }

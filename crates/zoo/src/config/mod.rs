@@ -848,6 +848,41 @@ impl ModelConfig {
         }
     }
 
+    /// The dropout its `config.json` asks transformers to train with, as
+    /// megatrain's two: `(hidden, attention)`. Hidden is GPT-2's and
+    /// Phi-3's `embd_pdrop` and `resid_pdrop` (on the embedding's output
+    /// and each residual branch), which must agree where both are given;
+    /// attention is `attn_pdrop` (GPT-2) or `attention_dropout`. Keys a
+    /// config lacks are 0 (the Llama family has no hidden dropout); a
+    /// model without a parsed config has none. The error names the key.
+    pub fn hf_dropout(&self) -> std::result::Result<(f64, f64), String> {
+        let Some(raw) = &self.raw else {
+            return Ok((0.0, 0.0));
+        };
+        let num = |key: &str| -> std::result::Result<Option<f64>, String> {
+            match raw.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| format!("{key} is {v}, not a number")),
+            }
+        };
+        let hidden = match (num("embd_pdrop")?, num("resid_pdrop")?) {
+            (Some(e), Some(r)) if e != r => {
+                return Err(format!(
+                    "embd_pdrop {e} and resid_pdrop {r} differ, and megatrain drops both with one rate"
+                ));
+            }
+            (e, r) => e.or(r).unwrap_or(0.0),
+        };
+        let attention = match num("attn_pdrop")? {
+            Some(a) => a,
+            None => num("attention_dropout")?.unwrap_or(0.0),
+        };
+        Ok((hidden, attention))
+    }
+
     /// What q is multiplied by so that the attention op's 1/√head_dim
     /// scales the scores as the family does: Granite's
     /// `attention_multiplier`, Gemma's `query_pre_attn_scalar`^−½.
