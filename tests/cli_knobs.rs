@@ -42,21 +42,24 @@ fn nano<'a>(data: &'a Path, out: &'a Path, device: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// Two short steps, no evaluation, quiet: every run here.
+const SHORT: [&str; 11] = [
+    "--seq-len",
+    "16",
+    "--batch",
+    "2",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+    "--eval-every",
+    "0",
+    "--quiet",
+];
+
 fn train(data: &Path, out: &Path, device: &str, extra: &[&str]) -> Output {
     let mut a = nano(data, out, device);
-    a.extend_from_slice(&[
-        "--seq-len",
-        "16",
-        "--batch",
-        "2",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--eval-every",
-        "0",
-        "--quiet",
-    ]);
+    a.extend_from_slice(&SHORT);
     a.extend_from_slice(extra);
     run(&a)
 }
@@ -503,7 +506,7 @@ fn carried_updates_are_settled_before_evaluating_and_sampling() {
 /// `train` of `hf` (char tokens) on `data` into `out`, two steps, with
 /// `extra`.
 fn hf_args(hf: &Path, data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
+    let model = [
         "train",
         "--model",
         s(hf),
@@ -513,23 +516,15 @@ fn hf_args(hf: &Path, data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
         s(data),
         "--out",
         s(out),
-        "--device",
-        "cpu",
-        "--seq-len",
-        "16",
-        "--batch",
-        "2",
-        "--steps",
-        "2",
-        "--eval-every",
-        "0",
-        "--quiet",
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
-    a.extend(extra.iter().map(|x| x.to_string()));
-    a
+    ];
+    let cpu = ["--device", "cpu"];
+    model
+        .iter()
+        .chain(&cpu)
+        .chain(&SHORT)
+        .chain(extra)
+        .map(|x| x.to_string())
+        .collect()
 }
 
 fn strs(a: &[String]) -> Vec<&str> {

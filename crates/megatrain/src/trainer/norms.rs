@@ -116,7 +116,7 @@ impl<E: Executor> Trainer<E> {
         self.carried.sort_by_key(|c| c.index);
         if self.carried.iter().enumerate().any(|(i, c)| c.index != i) {
             return Err(TrainError::Internal(format!(
-                "clipping's carried layers are {}, not the first {}",
+                "the carried layers are {}, not the first {}",
                 describe(&self.carried),
                 self.carried.len()
             )));
@@ -127,7 +127,7 @@ impl<E: Executor> Trainer<E> {
             .map(|c| {
                 c.squares.take().ok_or_else(|| {
                     TrainError::Internal(format!(
-                        "carried layer {}: no squares for clipping's norm",
+                        "carried layer {}: no squares for the step's norm",
                         c.index
                     ))
                 })
