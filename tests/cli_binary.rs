@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::cli::{bin, corpus, refused, repeated, run, s};
+use common::cli::{bin, corpus, refused, repeated, run, s, stdout_of};
 
 #[test]
 fn a_message_that_says_its_cause_twice_is_caught() {
@@ -255,9 +255,7 @@ fn plan_weighs_the_hosts_adamw() {
             "8",
         ];
         args.extend_from_slice(extra);
-        let out = run(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(&args)
     };
     let t = text(&[]);
     assert!(
@@ -348,9 +346,7 @@ fn plan_counts_frozen_layers_moments_apart() {
             "12G",
         ];
         a.extend_from_slice(extra);
-        let out = run(&a);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(&a)
     };
     let t = args(&[]);
     assert!(

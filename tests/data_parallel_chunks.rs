@@ -20,7 +20,7 @@ use megatrain::trainer::{TrainError, Trainer, TrainerConfig};
 use megatrain_tensor::CpuExecutor;
 use megatrain_tier::{
     CHUNK_ALIGN, HostTier, Shard, SharedTransport, TierConfig, TransportDType, WindowConfig, load_checkpoint,
-    padded_bytes, save_checkpoint_gathered,
+    save_checkpoint_gathered,
 };
 use megatrain_zoo::ModelConfig;
 
@@ -81,17 +81,6 @@ fn cases() -> Vec<Case> {
     v
 }
 
-/// A host budget that keeps the transport copies and the embedding's
-/// p, m, v (and gradient) in RAM: every other layer spills.
-fn budget(model: &ModelConfig, transport: TransportDType, hold: bool) -> u64 {
-    let tables = model.layer_tables();
-    let copies: u64 = tables
-        .iter()
-        .map(|t| padded_bytes(t.numel(), transport.size_in_bytes()))
-        .sum();
-    copies + if hold { 4 } else { 3 } * padded_bytes(tables[0].numel(), 4)
-}
-
 /// The trainer of one rank (`shard`: a sharded rank's tier, which keeps
 /// only its share of p, m, v; `None` on one process).
 fn trainer(
@@ -108,7 +97,9 @@ fn trainer(
         transport: case.transport,
         hold_grads,
         grads_on_device: 0,
-        ram_budget_bytes: case.spill.then(|| budget(model, case.transport, hold_grads)),
+        ram_budget_bytes: case
+            .spill
+            .then(|| common::spill_all_but_embedding(model, case.transport, hold_grads)),
         spill_dir: case.spill.then(|| dir.join("spill")),
         shared_transport: shared,
     };

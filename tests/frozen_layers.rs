@@ -231,19 +231,13 @@ fn clipping_takes_the_norm_of_the_trained_layers() {
 fn frozen_layers_over_a_tier_that_spills() {
     let model = common::llama_tiny(3);
     let case = cases()[1];
-    let tables = model.layer_tables();
-    let padded = megatrain_tier::padded_bytes;
     for clip in [None, Some(0.05)] {
         let hold = case.micro > 1 || clip.is_some();
-        let copies: u64 = tables
-            .iter()
-            .map(|t| padded(t.numel(), case.transport.size_in_bytes()))
-            .sum();
         let dir = tempfile::tempdir().unwrap();
         let spilling = TierConfig {
             transport: case.transport,
             hold_grads: hold,
-            ram_budget_bytes: Some(copies + if hold { 4 } else { 3 } * padded(tables[0].numel(), 4)),
+            ram_budget_bytes: Some(common::spill_all_but_embedding(&model, case.transport, hold)),
             spill_dir: Some(dir.path().to_path_buf()),
             ..TierConfig::default()
         };

@@ -13,6 +13,17 @@ pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().unwrap()
 }
 
+/// Runs it with `args`, which must succeed, and returns what it printed.
+pub fn stdout_of(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Fails with a message that contains every `needle`, says nothing twice,
 /// and never panics.
 pub fn refused(args: &[&str], needles: &[&str]) {

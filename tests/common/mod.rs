@@ -302,3 +302,16 @@ pub fn assert_refused(model: &ModelConfig, tier: TierConfig, config: TrainerConf
         assert!(err.contains(n), "{err:?} lacks {n:?}");
     }
 }
+
+/// A host budget that keeps `model`'s transport copies and the
+/// embedding's p, m, v (and gradient, where `hold`) in RAM: every other
+/// layer spills.
+pub fn spill_all_but_embedding(model: &ModelConfig, transport: TransportDType, hold: bool) -> u64 {
+    let tables = model.layer_tables();
+    let padded = megatrain_tier::padded_bytes;
+    let copies: u64 = tables
+        .iter()
+        .map(|t| padded(t.numel(), transport.size_in_bytes()))
+        .sum();
+    copies + if hold { 4 } else { 3 } * padded(tables[0].numel(), 4)
+}

@@ -195,10 +195,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     // Frozen layers' moments (and held gradients) in RAM: reserved, never
     // touched, so never resident.
     let in_ram = p.host.first_spilled.unwrap_or(usize::MAX).min(a.freeze_layers);
-    let untouched: u64 = model.layer_tables()[..in_ram]
-        .iter()
-        .map(|t| megatrain_tier::padded_bytes(t.numel(), 4) * if a.hold_grads { 3 } else { 2 })
-        .sum();
+    let frozen = megatrain_tier::plan(&model.layer_tables()[..in_ram], &whole)?;
+    let untouched = frozen.ram.moments + frozen.ram.gradients;
     if one_fits {
         println!("host (fp32 weights and AdamW moments, {} transport):", transport);
         println!("{}", p.host);
