@@ -3,12 +3,18 @@
 // row (three reads, one write); logits never leave the device. With a
 // z-loss factor z ≠ 0, the row's z·lse² goes to LOSS[z_off + row] and the
 // gradient is of loss + z·lse²: softmax scaled by 1 + 2z·lse (exactly 1
-// where z = 0, so the plain loss's bits are unchanged).
+// where z = 0, so the plain loss's bits are unchanged). With label
+// smoothing eps ≠ 0 the target is (1 − eps)·onehot + eps/V: the row's
+// lse − mean(x) (its cross-entropy against the uniform target) goes to
+// LOSS[u_off + row], which takes a fourth pass's sum of the logits, and
+// the gradient loses eps/V everywhere and 1 − eps at the target (exactly
+// 0 and 1 where eps = 0).
 
 struct Params {
     rows: u32, v: u32, ignore: i32, scale: f32,
     x_off: u32, t_off: u32, l_off: u32, d_off: u32,
     flags: u32, max_off: u32, z: f32, z_off: u32,
+    eps: f32, u_off: u32,
 }
 
 // Under F16 the logits' gradient is the head's f16 products' operand: with
@@ -73,6 +79,9 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             if p.z != 0.0 {
                 LOSS[p.z_off + row] = 0.0;
             }
+            if p.eps != 0.0 {
+                LOSS[p.u_off + row] = 0.0;
+            }
         }
         store_row_max(t, row, 0u);
         return;
@@ -88,13 +97,25 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     s = reduce_sum(t, s);
     let lse = mx + log(s);
+    // p.eps is uniform, so every invocation takes the branch or none does
+    // and the reduction's barriers stay in uniform control flow.
+    var mean = 0.0;
+    if p.eps != 0.0 {
+        var sx = 0.0;
+        for (var i = t; i < p.v; i += 256u) {
+            sx += X[base + i];
+        }
+        mean = reduce_sum(t, sx) / f32(p.v);
+    }
     let inv = (1.0 + 2.0 * p.z * lse) / s;
+    let hot = 1.0 - p.eps;
+    let flat = p.eps / f32(p.v);
     let ut = u32(tgt);
     var m = 0u;
     for (var i = t; i < p.v; i += 256u) {
-        var pr = exp(X[base + i] - mx) * inv;
+        var pr = exp(X[base + i] - mx) * inv - flat;
         if i == ut {
-            pr -= 1.0;
+            pr -= hot;
         }
         let g = p.scale * pr;
         DL[dbase + i] = g;
@@ -104,6 +125,9 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         LOSS[p.l_off + row] = lse - X[base + ut];
         if p.z != 0.0 {
             LOSS[p.z_off + row] = p.z * lse * lse;
+        }
+        if p.eps != 0.0 {
+            LOSS[p.u_off + row] = lse - mean;
         }
     }
     store_row_max(t, row, m);

@@ -85,6 +85,19 @@ fn bad_inputs_are_named() {
             &[&format!("--z-loss {z}"), "[0, 1]"],
         );
     }
+    for e in ["-0.1", "1.5", "NaN"] {
+        check(
+            &[
+                "--preset",
+                "gpt2-nano",
+                "--data",
+                s(&data),
+                "--label-smoothing",
+                e,
+            ],
+            &[&format!("--label-smoothing {e}"), "[0, 1]"],
+        );
+    }
     check(
         &[
             "--preset",

@@ -322,11 +322,12 @@ fn gpt2_nano_streamed_training_matches_cpu_for_20_steps() {
     check_training(&gpt2_nano(65));
 }
 
-/// A z-loss through the whole streamed step: the GPU's cross-entropy
-/// kernel and its z terms (head chunks of 32 rows over 48 targets), summed
-/// as the trainer reads them, and the gradient they join, step after step.
+/// A z-loss and label smoothing through the whole streamed step: the GPU's
+/// cross-entropy kernel, its z terms and uniform losses (head chunks of 32
+/// rows over 48 targets), summed as the trainer reads them, and the
+/// gradient they join, step after step.
 #[test]
-fn z_loss_streamed_training_matches_cpu() {
+fn loss_terms_streamed_training_match_cpu() {
     let Some(ctx) = common::ctx() else { return };
     let model = common::llama_tiny(2);
     let config = TrainerConfig {
@@ -334,6 +335,7 @@ fn z_loss_streamed_training_matches_cpu() {
         chunk_rows: 32,
         adamw: common::adamw(),
         z_loss: 1e-2,
+        label_smoothing: 0.1,
         ..TrainerConfig::default()
     };
     let tier = common::copies(TransportDType::F32);
@@ -344,7 +346,12 @@ fn z_loss_streamed_training_matches_cpu() {
         let c = cpu.step(std::slice::from_ref(&b), 1e-3).unwrap();
         let g = gpu.step(std::slice::from_ref(&b), 1e-3).unwrap();
         let (cz, gz) = (c.z_loss.unwrap(), g.z_loss.unwrap());
-        for (what, x, y) in [("loss", c.loss, g.loss), ("z_loss", cz, gz)] {
+        let (cs, gs) = (c.smoothed_loss.unwrap(), g.smoothed_loss.unwrap());
+        for (what, x, y) in [
+            ("loss", c.loss, g.loss),
+            ("z_loss", cz, gz),
+            ("smoothed_loss", cs, gs),
+        ] {
             let rel = (x - y).abs() / x.abs();
             assert!(rel <= 1e-5, "step {step}: GPU {what} {y} vs CPU {x} (rel {rel})");
         }

@@ -305,23 +305,28 @@ fn the_binary_writes_and_converts_event_files() {
         "--tensorboard",
         "--z-loss",
         "1e-4",
+        "--label-smoothing",
+        "0.1",
     ];
     let out = run_bin(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(event_files(&a).unwrap().len(), 1);
     assert_eq!(from_events(&shown(&a)), from_metrics(&a));
-    // The z-loss is logged beside the loss, and shown under its own tag.
+    // The z-loss and the smoothed loss are logged beside the loss, and
+    // shown under their own tags.
     let log = std::fs::read_to_string(a.join(METRICS_FILE)).unwrap();
-    let z: Vec<f64> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).unwrap()["z_loss"].as_f64())
-        .collect();
-    assert!(z.len() == 3 && z.iter().all(|&x| x > 0.0), "{z:?}");
-    let shown_z = shown(&a)
-        .iter()
-        .filter(|e| matches!(&e.entry, Some(Entry::Scalars(v)) if v.iter().any(|(t, _)| t == "loss/z")))
-        .count();
-    assert_eq!(shown_z, 3);
+    for (key, tag) in [("z_loss", "loss/z"), ("smoothed_loss", "loss/smoothed")] {
+        let z: Vec<f64> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).unwrap()[key].as_f64())
+            .collect();
+        assert!(z.len() == 3 && z.iter().all(|&x| x > 0.0), "{key}: {z:?}");
+        let shown_z = shown(&a)
+            .iter()
+            .filter(|e| matches!(&e.entry, Some(Entry::Scalars(v)) if v.iter().any(|(t, _)| t == tag)))
+            .count();
+        assert_eq!(shown_z, 3, "{tag}");
+    }
     refused(&["tensorboard", "--run", s(&a)], &["already here", "tfevents"]);
     refused(
         &["tensorboard", "--run", s(&t.join("nothing"))],

@@ -423,6 +423,63 @@ fn a_z_loss_is_reported_and_joins_the_gradient() {
 }
 
 #[test]
+fn label_smoothing_is_reported_and_joins_the_gradient() {
+    // At ε = 1 the target is uniform: the gradient and the smoothed loss
+    // do not depend on the targets, while the cross-entropy does. Between,
+    // the smoothed loss is (1 − ε)·loss + ε·(ε = 1's), the same from one
+    // batch as from two micro-batches; `loss` stays the plain one.
+    let model = common::llama_tiny(2);
+    let big = TRAINER_STREAM.batch(256, 0, 4, 9);
+    let mut shifted = big.clone();
+    for t in shifted.targets.iter_mut().filter(|t| **t >= 0) {
+        *t = (*t + 7) % 256;
+    }
+    let smoothing = |eps: f32, hold: bool| {
+        let config = TrainerConfig {
+            label_smoothing: eps,
+            ..TrainerConfig::default()
+        };
+        trainer_with(&model, config, hold)
+    };
+    let (mut u1, mut u2) = (smoothing(1.0, false), smoothing(1.0, false));
+    let a = u1.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    let b = u2.step(std::slice::from_ref(&shifted), 1e-3).unwrap();
+    assert_eq!(a.smoothed_loss, b.smoothed_loss);
+    assert_ne!(a.loss, b.loss);
+    assert_eq!(params(&u1), params(&u2), "ε = 1 trained on the targets");
+
+    let (mut one, mut two, mut plain) = (
+        smoothing(0.1, false),
+        smoothing(0.1, true),
+        trainer(&model, 1, false, None),
+    );
+    let s1 = one.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    let s2 = two.step(&micro_batches(&big, 2), 1e-3).unwrap();
+    let p = plain.step(std::slice::from_ref(&big), 1e-3).unwrap();
+    assert_eq!(p.smoothed_loss, None);
+    assert_eq!(
+        s1.loss.to_bits(),
+        p.loss.to_bits(),
+        "the loss is the cross-entropy's"
+    );
+    let want = 0.9 * p.loss + 0.1 * a.smoothed_loss.unwrap();
+    for s in [s1.smoothed_loss.unwrap(), s2.smoothed_loss.unwrap()] {
+        assert!((s - want).abs() <= 1e-6 * want, "{s} vs {want}");
+    }
+    let d = max_rel_diff(&params(&one), &params(&plain));
+    assert!(d > 1e-6, "label smoothing changed no parameter ({d})");
+    let bad = TrainerConfig {
+        label_smoothing: 1.5,
+        ..TrainerConfig::default()
+    };
+    let tier = init_tier(&model, common::copies(TransportDType::F32), SEED).unwrap();
+    let err = Trainer::new(CpuExecutor::new(), model.clone(), tier, bad)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("label_smoothing 1.5"), "{err}");
+}
+
+#[test]
 fn blocks_cross_twice_embedding_and_head_once() {
     let model = common::llama_tiny(3);
     let mut t = trainer(&model, 2, false, None);

@@ -7,8 +7,8 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, DType, Docs, Dropout, Executor, F64Executor, HostTensor, Rope, RopeScaling, Shape,
-    SoftCap, TensorHandle,
+    AttnMask, ClampedGlu, DType, Docs, Dropout, Executor, F64Executor, HostTensor, LossTerms, Rope,
+    RopeScaling, Shape, SoftCap, TensorHandle,
 };
 use proptest::prelude::*;
 
@@ -249,27 +249,44 @@ proptest! {
     }
 
     #[test]
-    fn cross_entropy_rows(n in 1usize..30, v in 2usize..600, seed in any::<u64>(), zi in 0usize..3) {
+    fn cross_entropy_rows(n in 1usize..30, v in 2usize..600, seed in any::<u64>()) {
         let c = cpu();
         let logits = rand_host(seed, &[n, v]);
         let targets: Vec<i32> = (0..n).map(|i| if i % 4 == 3 { -100 } else { ((seed >> (i % 40)) % v as u64) as i32 }).collect();
         let cl = cpu_up!(c, &logits);
         let scale = 1.0 / n as f32;
-        // Without a z-loss, PaLM's 1e-4, and a large one.
-        let z = [0.0, 1e-4, 0.05][zi];
-        let r = c.cross_entropy(&c.scale(&cl, 8.0).unwrap(), &targets, -100, scale, z).unwrap();
-        for g in both() {
-            let gl = g.scale(&up(g, &logits), 8.0).unwrap();
-            let o = g.cross_entropy(&gl, &targets, -100, scale, z).unwrap();
-            assert_close("ce losses", &down(g, &o.losses), &down_cpu(&c, &r.losses), TOL_F32);
-            assert_close("ce dlogits", &down(g, &o.dlogits), &down_cpu(&c, &r.dlogits), TOL_F32);
-            match (&o.z_losses, &r.z_losses) {
-                (Some(gz), Some(cz)) => assert_close("ce z losses", &down(g, gz), &down_cpu(&c, cz), TOL_F32),
-                (None, None) => prop_assert!(z == 0.0),
-                _ => prop_assert!(false, "z losses on one executor only"),
+        // Plain, PaLM's z-loss, a large one, label smoothing alone and
+        // beside a z-loss.
+        for terms in [
+            LossTerms::NONE,
+            LossTerms::z(1e-4),
+            LossTerms::z(0.05),
+            LossTerms::smoothing(0.1),
+            LossTerms { z_loss: 1e-4, label_smoothing: 0.3 },
+        ] {
+            let r = c.cross_entropy(&c.scale(&cl, 8.0).unwrap(), &targets, -100, scale, terms).unwrap();
+            for g in both() {
+                let gl = g.scale(&up(g, &logits), 8.0).unwrap();
+                let o = g.cross_entropy(&gl, &targets, -100, scale, terms).unwrap();
+                assert_close("ce losses", &down(g, &o.losses), &down_cpu(&c, &r.losses), TOL_F32);
+                assert_close("ce dlogits", &down(g, &o.dlogits), &down_cpu(&c, &r.dlogits), TOL_F32);
+                for (what, got, want, on) in [
+                    ("ce z losses", &o.z_losses, &r.z_losses, terms.z_loss > 0.0),
+                    ("ce uniform losses", &o.uniform_losses, &r.uniform_losses, terms.label_smoothing > 0.0),
+                ] {
+                    match (got, want) {
+                        (Some(gz), Some(cz)) => assert_close(what, &down(g, gz), &down_cpu(&c, cz), TOL_F32),
+                        (None, None) => prop_assert!(!on),
+                        _ => prop_assert!(false, "{what} on one executor only"),
+                    }
+                }
+                prop_assert!(g.cross_entropy(&gl, &vec![v as i32; n], -100, scale, terms).is_err());
             }
-            prop_assert!(g.cross_entropy(&gl, &vec![v as i32; n], -100, scale, z).is_err());
-            prop_assert!(g.cross_entropy(&gl, &targets, -100, scale, -1e-3).is_err());
+        }
+        for g in both() {
+            let gl = up(g, &logits);
+            prop_assert!(g.cross_entropy(&gl, &targets, -100, scale, LossTerms::z(-1e-3)).is_err());
+            prop_assert!(g.cross_entropy(&gl, &targets, -100, scale, LossTerms::smoothing(1.5)).is_err());
         }
     }
 }

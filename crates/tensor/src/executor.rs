@@ -19,8 +19,8 @@ use std::ops::Range;
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Error, Glu, HostRegistration, HostSlice,
-    HostTensor, Landed, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap,
-    TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
+    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape,
+    SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
     compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
     compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
     compose_matmul_gelu, compose_matmul_glu, compose_matmul_swiglu,
@@ -874,16 +874,16 @@ pub trait Executor {
     /// Softmax cross-entropy of `logits: [N, V]` against `targets` (len N);
     /// rows whose target equals `ignore_index` count for nothing. The caller
     /// passes `grad_scale` (1 / number of counted targets of the whole batch)
-    /// so that chunks of rows can be processed independently. A `z_loss`
-    /// factor z > 0 adds z·lse² per row to what the gradient is of (and
-    /// returns it per row); it must be finite and ≥ 0.
+    /// so that chunks of rows can be processed independently. `terms` adds
+    /// a z-loss and label smoothing to what the gradient is of (and returns
+    /// their per-row parts); out of range ([`LossTerms::check`]), an error.
     fn cross_entropy(
         &self,
         logits: &Self::Tensor,
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
-        z_loss: f32,
+        terms: LossTerms,
     ) -> Result<CrossEntropyOut<Self::Tensor>>;
 }
 

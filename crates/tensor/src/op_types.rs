@@ -139,14 +139,52 @@ pub fn check_db_acc(acc_shape: &Shape, acc_dtype: DType, b_shape: &Shape) -> Res
     Ok(())
 }
 
-/// A cross-entropy's z-loss factor: finite and ≥ 0.
-pub fn check_z_loss(z: f32) -> Result<()> {
-    match z.is_finite() && z >= 0.0 {
-        true => Ok(()),
-        false => Err(crate::Error::invalid(
-            "cross_entropy",
-            format!("z_loss {z} must be finite and >= 0"),
-        )),
+/// What a cross-entropy's gradient is of beyond −log p(target): each term
+/// is off at 0, where the plain loss's bits are unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossTerms {
+    /// z ≥ 0 adds z·lse² per counted row (PaLM's auxiliary loss, which
+    /// keeps the softmax's normaliser near 1).
+    pub z_loss: f32,
+    /// ε in [0, 1] trains against (1 − ε)·onehot + ε/V instead of the
+    /// one-hot target, as `torch.nn.functional.cross_entropy(...,
+    /// label_smoothing=ε)` and transformers' `label_smoothing_factor` do.
+    pub label_smoothing: f32,
+}
+
+impl LossTerms {
+    /// The plain cross-entropy.
+    pub const NONE: LossTerms = LossTerms {
+        z_loss: 0.0,
+        label_smoothing: 0.0,
+    };
+
+    /// A z-loss alone.
+    pub fn z(z_loss: f32) -> Self {
+        LossTerms { z_loss, ..Self::NONE }
+    }
+
+    /// Label smoothing alone.
+    pub fn smoothing(label_smoothing: f32) -> Self {
+        LossTerms {
+            label_smoothing,
+            ..Self::NONE
+        }
+    }
+
+    /// z finite and ≥ 0, ε in [0, 1]; an error naming the value otherwise.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(crate::Error::invalid("cross_entropy", what));
+        if !(self.z_loss.is_finite() && self.z_loss >= 0.0) {
+            return bad(format!("z_loss {} must be finite and >= 0", self.z_loss));
+        }
+        if !(0.0..=1.0).contains(&self.label_smoothing) {
+            return bad(format!(
+                "label_smoothing {} must be in [0, 1]",
+                self.label_smoothing
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -738,13 +776,18 @@ pub fn delta_rule_dims(
 pub struct CrossEntropyOut<T> {
     /// `[N]`: −log p(target) per row, 0 where the target is ignored.
     pub losses: T,
-    /// `[N, V]`: grad_scale · ((1 + 2z·lse)·softmax − onehot), zero rows
-    /// where ignored (z the z-loss factor; lse the row's log-sum-exp).
+    /// `[N, V]`: grad_scale · ((1 + 2z·lse)·softmax − (1 − ε)·onehot − ε/V),
+    /// zero rows where ignored (z and ε the [`LossTerms`]; lse the row's
+    /// log-sum-exp): the gradient of (1 − ε)·loss + ε·uniform + z·lse².
     pub dlogits: T,
     /// `[N]` where the z-loss factor z is not 0: z·lse² per row, 0 where
-    /// the target is ignored (PaLM's auxiliary loss, which keeps the
-    /// softmax's normaliser near 1).
+    /// the target is ignored.
     pub z_losses: Option<T>,
+    /// `[N]` where label smoothing ε is not 0: the cross-entropy against
+    /// the uniform distribution, lse − mean(logits), per row, 0 where the
+    /// target is ignored. (1 − ε)·losses + ε·uniform is PyTorch's smoothed
+    /// loss.
+    pub uniform_losses: Option<T>,
 }
 
 /// Rotary embedding parameters: half-split `rotate_half` layout over the

@@ -2,8 +2,8 @@
 
 use megatrain_tensor::testing::random_tensor;
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, MatmulNeeds, Rope,
-    Shape, SoftCap, Transpose,
+    AttnMask, ClampedGlu, CpuExecutor, CpuTensor, DType, Error, Executor, HostTensor, LossTerms, MatmulNeeds,
+    Rope, Shape, SoftCap, Transpose,
 };
 
 const EX: CpuExecutor = CpuExecutor::new();
@@ -277,17 +277,19 @@ fn token_out_of_range_names_id_and_position() {
 #[test]
 fn bad_target_is_named() {
     let logits = r(1, &[3, 4]);
-    let err = EX.cross_entropy(&logits, &[0, 4, 1], -100, 1.0, 0.0).unwrap_err();
+    let err = EX
+        .cross_entropy(&logits, &[0, 4, 1], -100, 1.0, LossTerms::NONE)
+        .unwrap_err();
     assert!(
         matches!(err, Error::Invalid { .. }) && err.to_string().contains("target 4 at row 1"),
         "{err}"
     );
     let err = EX
-        .cross_entropy(&logits, &[0, -3, 1], -100, 1.0, 0.0)
+        .cross_entropy(&logits, &[0, -3, 1], -100, 1.0, LossTerms::NONE)
         .unwrap_err();
     assert!(err.to_string().contains("target -3"), "{err}");
     shape_err(
-        EX.cross_entropy(&logits, &[0, 1], -100, 1.0, 0.0),
+        EX.cross_entropy(&logits, &[0, 1], -100, 1.0, LossTerms::NONE),
         "cross_entropy",
     );
 }

@@ -4,8 +4,8 @@
 
 use megatrain_tensor::testing::{dot, grad_check, random_f64, rel_norm_err};
 use megatrain_tensor::{
-    AttentionOut, AttnMask, ClampedGlu, CpuTensor, Dropout, Executor, F64Executor, MatmulNeeds, Rope,
-    RopeScaling, Shape, SoftCap, TensorHandle, Transpose,
+    AttentionOut, AttnMask, ClampedGlu, CpuTensor, Dropout, Executor, F64Executor, LossTerms, MatmulNeeds,
+    Rope, RopeScaling, Shape, SoftCap, TensorHandle, Transpose,
 };
 
 type T = CpuTensor<f64>;
@@ -532,13 +532,13 @@ fn cross_entropy_gradient_with_ignored_rows() {
     let targets = [2, -100, 5, 0];
     let scale = 1.0 / 3.0;
     let out = EX
-        .cross_entropy(&logits, &targets, -100, scale as f32, 0.0)
+        .cross_entropy(&logits, &targets, -100, scale as f32, LossTerms::NONE)
         .unwrap();
     let scale = scale as f32 as f64;
     // Objective: the scaled mean loss; its gradient is exactly dlogits.
     grad_check("cross_entropy", &[logits], &[out.dlogits.data()], |i| {
         scale
-            * EX.cross_entropy(&i[0], &targets, -100, 1.0, 0.0)
+            * EX.cross_entropy(&i[0], &targets, -100, 1.0, LossTerms::NONE)
                 .unwrap()
                 .losses
                 .data()
@@ -564,10 +564,10 @@ fn cross_entropy_z_loss_gradient() {
     let targets = [2, -100, 5, 0];
     let (scale, z) = (1.0 / 3.0, 0.05f32);
     let out = EX
-        .cross_entropy(&logits, &targets, -100, scale as f32, z)
+        .cross_entropy(&logits, &targets, -100, scale as f32, LossTerms::z(z))
         .unwrap();
     let plain = EX
-        .cross_entropy(&logits, &targets, -100, scale as f32, 0.0)
+        .cross_entropy(&logits, &targets, -100, scale as f32, LossTerms::NONE)
         .unwrap();
     assert_eq!(out.losses.data(), plain.losses.data());
     assert!(plain.z_losses.is_none());
@@ -589,13 +589,94 @@ fn cross_entropy_z_loss_gradient() {
         std::slice::from_ref(&logits),
         &[out.dlogits.data()],
         |i| {
-            let o = EX.cross_entropy(&i[0], &targets, -100, 1.0, z).unwrap();
+            let o = EX
+                .cross_entropy(&i[0], &targets, -100, 1.0, LossTerms::z(z))
+                .unwrap();
             let zsum: f64 = o.z_losses.unwrap().data().iter().sum();
             scale * (o.losses.data().iter().sum::<f64>() + zsum)
         },
     );
-    assert!(EX.cross_entropy(&logits, &targets, -100, 1.0, f32::NAN).is_err());
-    assert!(EX.cross_entropy(&logits, &targets, -100, 1.0, -0.5).is_err());
+    for bad in [f32::NAN, -0.5] {
+        let err = EX
+            .cross_entropy(&logits, &targets, -100, 1.0, LossTerms::z(bad))
+            .unwrap_err();
+        assert!(err.to_string().contains(&format!("z_loss {bad}")), "{err}");
+    }
+}
+
+/// With label smoothing ε (and a z-loss beside it), dlogits is the gradient
+/// of the scaled sum of (1 − ε)·cross-entropy + ε·uniform + z·lse², and
+/// `uniform_losses` holds lse − mean(logits) per row (0 where ignored); the
+/// cross-entropy and the z terms are those of the run without smoothing.
+#[test]
+fn cross_entropy_label_smoothing_gradient() {
+    let logits = t(
+        &[4, 7],
+        &random_f64(29, 28)
+            .iter()
+            .map(|v| 4.0 * v - 1.0)
+            .collect::<Vec<_>>(),
+    );
+    let targets = [6, -100, 0, 3];
+    let scale = 1.0 / 3.0;
+    for terms in [
+        LossTerms::smoothing(0.1),
+        LossTerms {
+            z_loss: 0.02,
+            label_smoothing: 0.35,
+        },
+        LossTerms::smoothing(1.0),
+    ] {
+        let eps = terms.label_smoothing as f64;
+        let out = EX
+            .cross_entropy(&logits, &targets, -100, scale as f32, terms)
+            .unwrap();
+        let plain = EX
+            .cross_entropy(&logits, &targets, -100, scale as f32, LossTerms::z(terms.z_loss))
+            .unwrap();
+        assert_eq!(out.losses.data(), plain.losses.data());
+        assert_eq!(
+            out.z_losses.as_ref().map(|z| z.data().to_vec()),
+            plain.z_losses.as_ref().map(|z| z.data().to_vec())
+        );
+        assert!(plain.uniform_losses.is_none());
+        let un = out.uniform_losses.as_ref().unwrap().data();
+        for r in [0, 2, 3] {
+            let x = &logits.data()[7 * r..7 * r + 7];
+            let lse = x.iter().map(|v| v.exp()).sum::<f64>().ln();
+            let want = x.iter().map(|v| lse - v).sum::<f64>() / 7.0;
+            assert!(
+                (un[r] - want).abs() <= 1e-12 * want.abs(),
+                "row {r}: {} vs {want}",
+                un[r]
+            );
+        }
+        assert_eq!(un[1], 0.0);
+        assert!(out.dlogits.data()[7..14].iter().all(|&g| g == 0.0));
+        let scale = scale as f32 as f64;
+        grad_check(
+            "cross_entropy label smoothing",
+            std::slice::from_ref(&logits),
+            &[out.dlogits.data()],
+            |i| {
+                let o = EX.cross_entropy(&i[0], &targets, -100, 1.0, terms).unwrap();
+                let sum = |t: Option<&T>| t.map_or(0.0, |t| t.data().iter().sum::<f64>());
+                scale
+                    * ((1.0 - eps) * sum(Some(&o.losses))
+                        + eps * sum(o.uniform_losses.as_ref())
+                        + sum(o.z_losses.as_ref()))
+            },
+        );
+    }
+    for bad in [-0.1, 1.5, f32::NAN] {
+        let err = EX
+            .cross_entropy(&logits, &targets, -100, 1.0, LossTerms::smoothing(bad))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("label_smoothing {bad}")),
+            "{err}"
+        );
+    }
 }
 
 /// `scale_rows(x, w)`'s gradients are `scale_rows(dy, w)` towards x and

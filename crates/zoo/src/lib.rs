@@ -24,7 +24,7 @@
 //! x0 = embedding_forward(cfg, ex, w[0], ids, B, T, docs)   // docs: documents packed in rows, or None
 //! x(i+1), saved_i = block_forward(cfg, ex, i, w[i+1], x(i), docs)   // drop saved_i to checkpoint
 //! head = head_forward_backward(cfg, ex, w[L+1], tied.then(w[0][0]), x(L), targets,
-//!                              1/counted_targets_of_step, z_loss, chunk_rows)
+//!                              1/counted_targets_of_step, loss_terms, chunk_rows)
 //! dx = head.dx;  for i in rev: (re-run block_forward if saved_i was dropped)
 //!     dx, g[i+1] = block_backward(cfg, ex, i, w[i+1], saved_i, dx, aux)   // aux: MoE balance loss
 //! g[0] = embedding_backward(cfg, ex, w[0], ids, (B, T, docs), dx, head.tied_grad)

@@ -2,7 +2,7 @@
 //! golden tests and small CPU runs use. The streamed trainer calls the layer
 //! functions of [`crate::layers`] itself instead.
 
-use megatrain_tensor::{Executor, HostSlice, ParamTable, TensorHandle};
+use megatrain_tensor::{Executor, HostSlice, LossTerms, ParamTable, TensorHandle};
 
 use crate::layers::{
     self, IGNORE_INDEX, Rows, block_backward, block_forward, embedding_backward, embedding_forward,
@@ -116,7 +116,7 @@ pub fn forward_backward<'a, E: Executor>(
         &x,
         targets,
         grad_scale,
-        0.0,
+        LossTerms::NONE,
         chunk_rows,
     )?;
     let mut grads: Vec<Vec<E::Tensor>> = Vec::with_capacity(cfg.num_layers_total());

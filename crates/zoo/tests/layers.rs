@@ -7,7 +7,7 @@ mod common;
 
 use common::{fixture, read_golden};
 use megatrain_tensor::testing::rel_norm_err;
-use megatrain_tensor::{CpuExecutor, CpuTensor, Executor};
+use megatrain_tensor::{CpuExecutor, CpuTensor, Executor, LossTerms};
 use megatrain_zoo::layers::{
     MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward, embedding_grads,
     head_forward_backward, head_loss,
@@ -61,8 +61,18 @@ fn streamed_micro_batch(
         inputs.push(y);
     }
     let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
-    let head =
-        head_forward_backward(cfg, &ex, &w[l + 1], tied, &inputs[l], targets, grad_scale, 0.0, 3).unwrap();
+    let head = head_forward_backward(
+        cfg,
+        &ex,
+        &w[l + 1],
+        tied,
+        &inputs[l],
+        targets,
+        grad_scale,
+        LossTerms::NONE,
+        3,
+    )
+    .unwrap();
     let mut grads: W = vec![vec![]; l + 2];
     grads[l + 1] = head.grads;
     let mut dx = head.dx;
@@ -210,7 +220,17 @@ fn bad_inputs_are_errors_not_panics() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("block 2 of a model of 2 blocks"), "{msg}");
-    let tied_head = head_forward_backward(cfg, &ex, &w[3], Some(&w[0][0]), &x, &targets, 1.0, 0.0, 4);
+    let tied_head = head_forward_backward(
+        cfg,
+        &ex,
+        &w[3],
+        Some(&w[0][0]),
+        &x,
+        &targets,
+        1.0,
+        LossTerms::NONE,
+        4,
+    );
     assert!(tied_head.is_err(), "untied head refuses an embedding table");
 }
 

@@ -1,6 +1,6 @@
 //! Embedding gather / scatter-add and fused cross-entropy.
 
-use megatrain_tensor::{CrossEntropyOut, DType, Error, Result, Shape};
+use megatrain_tensor::{CrossEntropyOut, DType, Error, LossTerms, Result, Shape};
 
 use super::{GpuExecutor, f, grid_for, need_f32, u};
 use crate::kernels::Kernel;
@@ -143,11 +143,11 @@ impl GpuExecutor {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
-        z_loss: f32,
+        terms: LossTerms,
     ) -> Result<CrossEntropyOut<GpuTensor>> {
         let name = "cross_entropy";
         need_f32(name, logits)?;
-        megatrain_tensor::check_z_loss(z_loss)?;
+        terms.check()?;
         if logits.shape.rank() != 2 || logits.dims()[0] != targets.len() {
             return Err(Error::shape(
                 name,
@@ -165,20 +165,23 @@ impl GpuExecutor {
                 format!("target {t} at row {pos} is outside the vocabulary of {v}"),
             ));
         }
-        // With a z-loss, the rows' z terms follow the losses in the same
-        // buffer (the kernel's one LOSS binding), from a 256-byte boundary.
-        let z_at = match z_loss > 0.0 {
-            true => n.div_ceil(64) * 64,
-            false => 0,
-        };
-        let all = self.alloc_f32([z_at + n])?;
+        // With a z-loss or label smoothing, the rows' z terms and uniform
+        // losses follow the losses in the same buffer (the kernel's one
+        // LOSS binding), each from a 256-byte boundary.
+        let (z, eps) = (terms.z_loss, terms.label_smoothing);
+        let stride = n.div_ceil(64) * 64;
+        let z_at = if z > 0.0 { stride } else { 0 };
+        let u_at = if eps > 0.0 { z_at + stride } else { 0 };
+        let len = u_at.max(z_at) + n;
+        let all = self.alloc_f32([len])?;
         let dlogits = self.alloc_f32([n, v])?;
         let tgt = self.upload_words(bytemuck::cast_slice(targets))?;
         let fold = self.folds_maxima();
         let slots = self.maxima_slots(fold, n)?;
         let mut op = self.op(name);
-        // Every chunk binds all the losses (and z terms): a few bytes a row.
-        let lv = self.view(&all, 0, z_at + n)?;
+        // Every chunk binds all the losses (and z terms, uniform losses): a
+        // few bytes a row.
+        let lv = self.view(&all, 0, len)?;
         // Chunked over rows: each chunk's logits and gradient fit one binding.
         for (r0, nr) in self.row_chunks(n, &[v])? {
             let xv = self.view(logits, r0 * v, nr * v)?;
@@ -197,8 +200,10 @@ impl GpuExecutor {
                 // cross_entropy.wgsl's STORE_MAX.
                 fold as u32,
                 mv.elem_off,
-                f(z_loss),
+                f(z),
                 lv.elem_off + u(z_at + r0),
+                f(eps),
+                lv.elem_off + u(u_at + r0),
             ];
             op.dispatch(Kernel::CrossEntropy, &params, &[xv, tv, lv, dv, mv], grid_for(nr));
         }
@@ -214,7 +219,8 @@ impl GpuExecutor {
         Ok(CrossEntropyOut {
             losses: part(0),
             dlogits,
-            z_losses: (z_loss > 0.0).then(|| part(z_at)),
+            z_losses: (z > 0.0).then(|| part(z_at)),
+            uniform_losses: (eps > 0.0).then(|| part(u_at)),
         })
     }
 }

@@ -3,8 +3,8 @@
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Executor, Glu, HostRegistration, HostSlice,
-    HostTensor, Landed, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope, Shape,
-    SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope,
+    Shape, SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -664,8 +664,8 @@ impl Executor for GpuExecutor {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
-        z_loss: f32,
+        terms: LossTerms,
     ) -> Result<CrossEntropyOut<GpuTensor>> {
-        self.cross_entropy_impl(logits, targets, ignore_index, grad_scale, z_loss)
+        self.cross_entropy_impl(logits, targets, ignore_index, grad_scale, terms)
     }
 }

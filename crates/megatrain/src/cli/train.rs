@@ -104,6 +104,12 @@ pub struct TrainArgs {
     /// normaliser near 1 (PaLM: 1e-4); logged as z_loss [default: 0, off].
     #[arg(long)]
     z_loss: Option<f64>,
+    /// Label smoothing: train against (1 − E)·onehot + E/V instead of the
+    /// one-hot target, as transformers' label_smoothing_factor; the
+    /// smoothed mean is logged as smoothed_loss, while loss stays the plain
+    /// cross-entropy that evaluation reports [default: 0, off].
+    #[arg(long)]
+    label_smoothing: Option<f64>,
     /// Train all but the first N layers (the embedding, then blocks; at
     /// most all but the head): the backward ends at the first trained
     /// layer, and the frozen ones keep their weights [default: 0]. A tied
@@ -327,6 +333,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         attn_dropout,
         dropout_from_config,
         z_loss,
+        label_smoothing,
         freeze_layers,
         precision,
         checkpoint_every,

@@ -368,6 +368,11 @@ pub struct TrainOptions {
     /// log-sum-exp) joins the loss the gradient is of, which keeps the
     /// softmax's normaliser near 1 (PaLM 1e-4); logged as `z_loss`. 0 is off.
     pub z_loss: f64,
+    /// Label smoothing ε: train against (1 − ε)·onehot + ε/V, as
+    /// transformers' `label_smoothing_factor` (`TrainerConfig::
+    /// label_smoothing`); logged as `smoothed_loss` beside `loss`, which
+    /// stays the plain cross-entropy. 0 is off.
+    pub label_smoothing: f64,
     /// The first this many layers (the embedding, then the blocks; at
     /// most all but the head) are not trained
     /// (`TrainerConfig::frozen_layers`). 0: every layer trains.
@@ -513,6 +518,7 @@ impl Default for TrainOptions {
             attn_dropout: 0.0,
             dropout_from_config: false,
             z_loss: 0.0,
+            label_smoothing: 0.0,
             freeze_layers: 0,
             precision: Precision::F32,
             checkpoint_every: 1,
@@ -776,6 +782,13 @@ impl TrainOptions {
                 "z-loss",
                 self.z_loss,
                 "must be in [0, 1] (PaLM uses 1e-4)",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.label_smoothing) {
+            return Err(RunError::option(
+                "label-smoothing",
+                self.label_smoothing,
+                "must be in [0, 1] (0.1 is the common choice)",
             ));
         }
         if self.dropout_from_config && (self.dropout > 0.0 || self.attn_dropout > 0.0) {

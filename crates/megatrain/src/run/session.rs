@@ -292,6 +292,7 @@ pub fn train_with<E: Executor>(
             seed: opts.seed,
         },
         z_loss: opts.z_loss as f32,
+        label_smoothing: opts.label_smoothing as f32,
     };
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {

@@ -211,10 +211,11 @@ pub fn now() -> f64 {
 /// The tags of `metrics.jsonl`'s fields that have names of their own; every
 /// other number but the step, the routing digest and the time goes under
 /// `detail/`.
-const TAGS: [(&str, &str); 8] = [
+const TAGS: [(&str, &str); 9] = [
     ("loss", "loss/train"),
     ("val_loss", "loss/val"),
     ("z_loss", "loss/z"),
+    ("smoothed_loss", "loss/smoothed"),
     ("lr", "optim/lr"),
     ("grad_norm", "optim/grad_norm"),
     ("tokens_per_s", "throughput/tokens_per_s"),

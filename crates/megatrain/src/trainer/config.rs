@@ -2,7 +2,7 @@
 //! takes where none is named.
 
 use megatrain_adamw::AdamWConfig;
-use megatrain_tensor::mix64;
+use megatrain_tensor::{LossTerms, mix64};
 use megatrain_zoo::layers::Dropouts;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +97,11 @@ pub struct TrainerConfig {
     /// log-sum-exp of its logits) joins the loss the gradient is of, the
     /// mean reported as `StepMetrics::z_loss`. 0 is off.
     pub z_loss: f32,
+    /// Label smoothing ε in [0, 1]: the gradient is of the cross-entropy
+    /// against (1 − ε)·onehot + ε/V, whose mean is reported as
+    /// `StepMetrics::smoothed_loss` (`loss` stays the cross-entropy
+    /// against the target, comparable with evaluation's). 0 is off.
+    pub label_smoothing: f32,
 }
 
 /// Dropout in training: `hidden` on the embedding's output and each
@@ -149,6 +154,16 @@ pub(crate) fn spill_aligned(chunk: usize, window: usize) -> usize {
     chunk.div_ceil(window.max(1)) * window.max(1)
 }
 
+impl TrainerConfig {
+    /// What the head's cross-entropy adds to the loss the gradient is of.
+    pub fn loss_terms(&self) -> LossTerms {
+        LossTerms {
+            z_loss: self.z_loss,
+            label_smoothing: self.label_smoothing,
+        }
+    }
+}
+
 impl Default for TrainerConfig {
     fn default() -> Self {
         TrainerConfig {
@@ -165,6 +180,7 @@ impl Default for TrainerConfig {
             defer_clipped_updates: true,
             dropout: TrainDropout::default(),
             z_loss: 0.0,
+            label_smoothing: 0.0,
         }
     }
 }

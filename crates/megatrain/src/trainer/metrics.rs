@@ -89,6 +89,14 @@ pub struct StepMetrics {
     /// targets, z·lse², beside `loss` (which is the cross-entropy's alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub z_loss: Option<f64>,
+    /// With label smoothing ε (`TrainerConfig::label_smoothing`): the mean
+    /// over the counted targets of (1 − ε)·cross-entropy + ε·(the
+    /// cross-entropy against the uniform target), plus any mixture of
+    /// experts' balance loss as in `loss`: what PyTorch's
+    /// `cross_entropy(..., label_smoothing=ε)` reports, and what the
+    /// gradient is of (with `z_loss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub smoothed_loss: Option<f64>,
     /// Each layer's share of it (the embedding, the blocks, the head:
     /// the tier's order), as norms; empty where `grad_norm` is `None`.
     #[serde(skip_serializing_if = "Vec::is_empty", rename = "grad_norms")]
@@ -141,6 +149,43 @@ impl StepMetrics {
             0.0
         } else {
             self.bytes_uploaded as f64 / self.transport_bytes as f64
+        }
+    }
+}
+
+/// A step's losses summed over its counted targets (and micro-batches,
+/// then ranks), before `StepMetrics` takes their means.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct LossSums {
+    /// −log p(target).
+    pub cross_entropy: f64,
+    /// A mixture of experts' balance loss, already a mean per forward.
+    pub aux: f64,
+    /// z·lse².
+    pub z: f64,
+    /// The cross-entropy against the uniform target (label smoothing).
+    pub uniform: f64,
+}
+
+impl LossSums {
+    pub fn add(&mut self, o: &LossSums) {
+        self.cross_entropy += o.cross_entropy;
+        self.aux += o.aux;
+        self.z += o.z;
+        self.uniform += o.uniform;
+    }
+
+    /// In the order `from_array` reads, for one all-reduce across ranks.
+    pub fn to_array(self) -> [f64; 4] {
+        [self.cross_entropy, self.aux, self.z, self.uniform]
+    }
+
+    pub fn from_array([cross_entropy, aux, z, uniform]: [f64; 4]) -> Self {
+        LossSums {
+            cross_entropy,
+            aux,
+            z,
+            uniform,
         }
     }
 }

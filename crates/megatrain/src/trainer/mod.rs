@@ -74,6 +74,7 @@ use crate::data::Batch;
 use carry::{Apply, Carried, Deferred, Rising};
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
+use metrics::LossSums;
 pub use metrics::StepMetrics;
 pub use modes::{ComputeOnly, ResidentWeights, TransferOnly};
 pub use optimizer::StagingPool;
@@ -197,6 +198,10 @@ impl<E: Executor> Trainer<E> {
                 config.keep_activations, model.num_layers
             )));
         }
+        config
+            .loss_terms()
+            .check()
+            .map_err(|e| TrainError::Config(e.to_string()))?;
         if let Some(c) = config.grad_clip {
             if !(c.is_finite() && c > 0.0) {
                 return Err(TrainError::Config(format!(
@@ -461,8 +466,7 @@ impl<E: Executor> Trainer<E> {
         let bus_before = self.ex.transport_stats();
         m.comm_ms += count_ms;
         m.comm_wait_ms += count_ms;
-        let mut loss_sum = 0.0;
-        let mut z_sum = 0.0;
+        let mut sums = LossSums::default();
         self.grad_sq.reset(self.tier.layers().len());
         if self.config.grad_clip.is_some() {
             self.held_norms
@@ -473,12 +477,11 @@ impl<E: Executor> Trainer<E> {
         // on every rank.
         let ranks = self.dist.as_ref().map_or(1, |d| d.comm().size());
         let aux_weight = 1.0 / (micro.len() * ranks) as f64;
-        let mut aux_loss = 0.0;
         for (k, batch) in micro.iter().enumerate() {
             let last = k + 1 == micro.len();
             let update = last && self.config.grad_clip.is_none();
             let rows = self.rows(batch, k)?;
-            let (l, a, z) = self.micro_batch(
+            let s = self.micro_batch(
                 (batch, rows),
                 (grad_scale, aux_weight),
                 Micro {
@@ -489,18 +492,16 @@ impl<E: Executor> Trainer<E> {
                 lr as f32,
                 &mut m,
             )?;
-            loss_sum += l;
-            aux_loss += a;
-            z_sum += z;
+            sums.add(&s);
             m.tokens += (batch.batch * batch.seq_len) as u64;
         }
         if let Some(d) = &self.dist {
             let t = Instant::now();
-            let mut x = [loss_sum, aux_loss, z_sum];
+            let mut x = sums.to_array();
             d.comm()
                 .sum_f64(&mut x)
                 .map_err(|e| TrainError::Internal(e.to_string()))?;
-            (loss_sum, aux_loss, z_sum) = (x[0], x[1], x[2]);
+            sums = LossSums::from_array(x);
             // Every rank draws batches of the same shape.
             m.tokens *= d.comm().size() as u64;
             m.ranks = d.comm().size() as u64;
@@ -524,13 +525,15 @@ impl<E: Executor> Trainer<E> {
         self.gradient_norms(&mut m)?;
         self.settle_shared_copies(&mut m)?;
         m.counted = counted as u64;
-        m.loss = if counted > 0 {
-            loss_sum / counted as f64
-        } else {
-            0.0
-        } + aux_loss;
+        let mean = |sum: f64| if counted > 0 { sum / counted as f64 } else { 0.0 };
+        m.loss = mean(sums.cross_entropy) + sums.aux;
         if self.config.z_loss > 0.0 && counted > 0 {
-            m.z_loss = Some(z_sum / counted as f64);
+            m.z_loss = Some(mean(sums.z));
+        }
+        let eps = self.config.label_smoothing as f64;
+        if eps > 0.0 {
+            let ce = (1.0 - eps) * sums.cross_entropy + eps * sums.uniform;
+            m.smoothed_loss = Some(mean(ce) + sums.aux);
         }
         m.optimizer_hidden = if m.optimizer_ms > 0.0 {
             (1.0 - m.optimizer_wait_ms / m.optimizer_ms).clamp(0.0, 1.0)
@@ -562,7 +565,7 @@ impl<E: Executor> Trainer<E> {
         Micro { first, last, update }: Micro,
         lr: f32,
         m: &mut StepMetrics,
-    ) -> Result<(f64, f64, f64)> {
+    ) -> Result<LossSums> {
         let chunk = self.transfer_chunk();
         let in_flight = self.reserve_gradient_downloads(chunk)?;
         let Trainer {
@@ -618,7 +621,7 @@ impl<E: Executor> Trainer<E> {
         rising.begin_more(ex)?;
         let apply = Apply { adamw, masks, pool };
 
-        let loss = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
+        let loss = std::thread::scope(|scope| -> Result<LossSums> {
             let opt = scope.spawn(move || match dist {
                 Some(d) => dist_worker(rx, shared, d, last),
                 None => worker(rx, shared).map(|busy_ms| WorkerReport {
@@ -701,13 +704,14 @@ impl<E: Executor> Trainer<E> {
                 &x,
                 &batch.targets,
                 grad_scale,
-                config.z_loss,
+                config.loss_terms(),
                 config.chunk_rows,
             )?;
             drop((x, head_w));
             let HeadOut {
                 losses,
                 z_losses,
+                uniform_losses,
                 mut dx,
                 grads,
                 tied_grad,
@@ -760,8 +764,12 @@ impl<E: Executor> Trainer<E> {
             }
             drop((dx, emb_w));
             h.flush(m)?;
-            let loss_sum = sum_losses(ex, &losses)?;
-            let z_sum = sum_losses(ex, &z_losses)?;
+            let sums = LossSums {
+                cross_entropy: sum_losses(ex, &losses)?,
+                aux: aux.map_or(0.0, |a| a.loss),
+                z: sum_losses(ex, &z_losses)?,
+                uniform: sum_losses(ex, &uniform_losses)?,
+            };
             m.backward_ms += ms(t_bwd);
 
             // 4. The optimizer's tail.
@@ -786,7 +794,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
             m.comm_wait_ms += rep.waited_after(t_wait);
-            Ok((loss_sum, aux.map_or(0.0, |a| a.loss), z_sum))
+            Ok(sums)
         });
 
         // The last writes behind: the host waits for them (the next step

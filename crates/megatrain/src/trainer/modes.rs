@@ -144,7 +144,7 @@ impl<E: Executor> Trainer<E> {
             &x,
             &batch.targets,
             grad_scale,
-            config.z_loss,
+            config.loss_terms(),
             config.chunk_rows,
         )?;
         drop(x);

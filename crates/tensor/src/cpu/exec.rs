@@ -14,9 +14,9 @@ use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Dropout, Error, Executor, HostSlice, HostTensor,
-    MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle, Transpose,
-    attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out, delta_gates_dims,
-    delta_rule_cached_dims, delta_rule_dims, dropout_layout, sigmoid_mul_check,
+    LossTerms, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle,
+    Transpose, attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out,
+    delta_gates_dims, delta_rule_cached_dims, delta_rule_dims, dropout_layout, sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -1034,10 +1034,10 @@ impl<F: Real> Executor for RefExecutor<F> {
         targets: &[i32],
         ignore_index: i32,
         grad_scale: f32,
-        z_loss: f32,
+        terms: LossTerms,
     ) -> Result<CrossEntropyOut<T<F>>> {
         let op = "cross_entropy";
-        crate::check_z_loss(z_loss)?;
+        terms.check()?;
         let (rows, v) = (logits.shape().rows(), logits.shape().last());
         if logits.dims().is_empty() || rows != targets.len() {
             return Err(Error::shape(
@@ -1049,18 +1049,19 @@ impl<F: Real> Executor for RefExecutor<F> {
                 ),
             ));
         }
-        let (losses, dlogits, z_losses) = r::cross_entropy(
+        let ce = r::cross_entropy(
             f32_data(op, logits)?,
             targets,
             v,
             ignore_index,
             F::from_f32(grad_scale),
-            F::from_f32(z_loss),
+            (F::from_f32(terms.z_loss), F::from_f32(terms.label_smoothing)),
         )?;
         Ok(CrossEntropyOut {
-            losses: out(Shape::new([rows]), losses),
-            dlogits: out(logits.shape().clone(), dlogits),
-            z_losses: (z_loss > 0.0).then(|| out(Shape::new([rows]), z_losses)),
+            losses: out(Shape::new([rows]), ce.losses),
+            dlogits: out(logits.shape().clone(), ce.dlogits),
+            z_losses: (terms.z_loss > 0.0).then(|| out(Shape::new([rows]), ce.z_losses)),
+            uniform_losses: (terms.label_smoothing > 0.0).then(|| out(Shape::new([rows]), ce.uniform)),
         })
     }
 }

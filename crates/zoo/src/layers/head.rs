@@ -1,7 +1,7 @@
 //! Last layer: final norm, LM head and softmax cross-entropy, processed in
 //! chunks of rows so that the `B×T×V` logits never exist at once.
 
-use megatrain_tensor::{Executor, MatmulNeeds, NormGrads, NormOut, TensorHandle, Transpose};
+use megatrain_tensor::{Executor, LossTerms, MatmulNeeds, NormGrads, NormOut, TensorHandle, Transpose};
 
 use super::{IGNORE_INDEX, check_weights, shape};
 use crate::{ModelConfig, Result, ZooError};
@@ -35,6 +35,9 @@ pub struct HeadOut<T> {
     pub losses: Vec<T>,
     /// With a z-loss, each chunk's per-row z·lse², read as `losses` are.
     pub z_losses: Vec<T>,
+    /// With label smoothing, each chunk's per-row cross-entropy against the
+    /// uniform target, read as `losses` are.
+    pub uniform_losses: Vec<T>,
     /// Targets that were not `IGNORE_INDEX`.
     pub counted: usize,
     /// `[B, T, C]`.
@@ -207,8 +210,8 @@ fn check_targets(rows: usize, targets: &[i32], vocab: usize, op: &'static str) -
 /// rows of `x: [B, T, C]` at a time. `targets` has one entry per row
 /// (`IGNORE_INDEX` for none); `grad_scale` is 1 / (counted targets of the
 /// whole step), so chunks and micro-batches add up to the mean's gradient.
-/// A `z_loss` factor z > 0 adds z·lse² per counted row to the loss the
-/// gradient is of (`Executor::cross_entropy`).
+/// `terms` adds a z-loss and label smoothing to what the gradient is of
+/// (`Executor::cross_entropy`).
 #[allow(clippy::too_many_arguments)]
 pub fn head_forward_backward<E: Executor>(
     cfg: &ModelConfig,
@@ -218,7 +221,7 @@ pub fn head_forward_backward<E: Executor>(
     x: &E::Tensor,
     targets: &[i32],
     grad_scale: f32,
-    z_loss: f32,
+    terms: LossTerms,
     chunk_rows: usize,
 ) -> Result<HeadOut<E::Tensor>> {
     const OP: &str = "head_forward_backward";
@@ -240,6 +243,7 @@ pub fn head_forward_backward<E: Executor>(
     // Left unread (see `HeadOut::losses`).
     let mut chunk_losses = Vec::new();
     let mut chunk_z = Vec::new();
+    let mut chunk_uniform = Vec::new();
     let mut start = 0;
     while start < rows {
         let len = chunk_rows.min(rows - start);
@@ -247,9 +251,10 @@ pub fn head_forward_backward<E: Executor>(
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
         let logits = logits(cfg, ex, &n.y, wh, bias)?;
-        let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale, z_loss)?;
+        let ce = ex.cross_entropy(&logits, tgt, IGNORE_INDEX, grad_scale, terms)?;
         chunk_losses.push(ce.losses);
         chunk_z.extend(ce.z_losses);
+        chunk_uniform.extend(ce.uniform_losses);
         let dlogits = match cfg.final_softcap {
             Some(cap) => ex.softcap_backward(&logits, ce.dlogits, cap)?,
             None => ce.dlogits,
@@ -321,6 +326,7 @@ pub fn head_forward_backward<E: Executor>(
     Ok(HeadOut {
         losses: chunk_losses,
         z_losses: chunk_z,
+        uniform_losses: chunk_uniform,
         counted,
         dx: ex.reshape(&dx, x.shape())?,
         grads,
@@ -374,7 +380,13 @@ pub fn head_loss<E: Executor>(
         let xc = ex.slice_rows(&x2, start, len)?;
         let n = norm_fwd(cfg, ex, (gain, bias_n.as_ref()), &xc)?;
         let logits = logits(cfg, ex, &n.y, wh, bias)?;
-        let ce = ex.cross_entropy(&logits, &targets[start..start + len], IGNORE_INDEX, 0.0, 0.0)?;
+        let ce = ex.cross_entropy(
+            &logits,
+            &targets[start..start + len],
+            IGNORE_INDEX,
+            0.0,
+            LossTerms::NONE,
+        )?;
         chunk_losses.push(ce.losses);
         start += len;
     }

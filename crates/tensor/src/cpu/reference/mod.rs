@@ -31,7 +31,7 @@ pub use delta_rule::{DeltaRuleIn, gated_delta_rule, gated_delta_rule_backward, g
 pub(crate) use embedding::check_ids;
 pub use embedding::{embedding, embedding_backward};
 pub use layout::{concat_last, slice_rows, split_last, write_rows};
-pub use loss::cross_entropy;
+pub use loss::{CeRows, cross_entropy};
 pub use matmul::{MatmulDims, add_bias, bias_grad, matmul, matmul_backward};
 pub(crate) use matmul::{Strides, a_strides, gemm, matmul_da, matmul_db, matmul_db_acc};
 pub use norm::{
