@@ -189,3 +189,27 @@ impl LossSums {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LossSums;
+
+    #[test]
+    fn loss_sums_cross_ranks_term_by_term() {
+        let a = LossSums {
+            cross_entropy: 1.0,
+            aux: 2.0,
+            z: 3.0,
+            uniform: 4.0,
+        };
+        let b = LossSums::from_array([10.0, 20.0, 30.0, 40.0]);
+        // What a sum across two ranks of `to_array` gives.
+        let mut x = a.to_array();
+        x.iter_mut().zip(b.to_array()).for_each(|(x, y)| *x += y);
+        let mut added = a;
+        added.add(&b);
+        assert_eq!(LossSums::from_array(x), added);
+        assert_eq!(added.uniform, 44.0);
+        assert_eq!(added.cross_entropy, 11.0);
+    }
+}
