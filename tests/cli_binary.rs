@@ -375,6 +375,12 @@ fn plan_counts_frozen_layers_moments_apart() {
         t.contains("host: 10.45 GiB needed, 12.00 GiB available: fits"),
         "{t}"
     );
+    // The time estimate is of the frozen step (`cover.rs` tests its
+    // numbers), which carries no layer.
+    assert!(
+        t.contains("the 12 frozen layers' forward alone") && !t.contains("carry"),
+        "{t}"
+    );
     let out = run(&["plan", "--preset", "tinyllama-1.1b", "--freeze-layers", "24"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

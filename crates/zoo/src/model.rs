@@ -5,7 +5,7 @@
 use megatrain_tensor::{Executor, HostSlice, LossTerms, ParamTable, TensorHandle};
 
 use crate::layers::{
-    self, IGNORE_INDEX, Rows, block_backward, block_forward, embedding_backward, embedding_forward,
+    self, IGNORE_INDEX, Rows, Tied, block_backward, block_forward, embedding_backward, embedding_forward,
     head_forward_backward, head_logits,
 };
 use crate::{ModelConfig, Result, ZooError};
@@ -112,7 +112,7 @@ pub fn forward_backward<'a, E: Executor>(
         cfg,
         ex,
         &weights[cfg.num_layers + 1],
-        tied_table(cfg, weights),
+        tied_table(cfg, weights).map(Tied::Trained),
         &x,
         targets,
         grad_scale,

@@ -9,8 +9,8 @@ use common::{fixture, read_golden};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{CpuExecutor, CpuTensor, Executor, LossTerms};
 use megatrain_zoo::layers::{
-    MIN_CHUNK_ROWS, block_backward, block_forward, embedding_backward, embedding_forward, embedding_grads,
-    head_forward_backward, head_loss,
+    MIN_CHUNK_ROWS, Tied, block_backward, block_forward, embedding_backward, embedding_forward,
+    embedding_grads, head_forward_backward, head_loss,
 };
 use megatrain_zoo::{
     LoadedModel, ZooError, default_chunk_rows, forward_backward, load_hf_dir, preset, upload_layer,
@@ -60,7 +60,7 @@ fn streamed_micro_batch(
         let (y, _dropped) = block_forward(cfg, &ex, i, wl, &inputs[i], None).unwrap();
         inputs.push(y);
     }
-    let tied = cfg.tie_word_embeddings.then(|| &w[0][0]);
+    let tied = cfg.tie_word_embeddings.then(|| Tied::Trained(&w[0][0]));
     let head = head_forward_backward(
         cfg,
         &ex,
@@ -191,6 +191,34 @@ fn head_chunking_does_not_change_results() {
     assert!((sum / counted as f64 - runs[0].loss).abs() < 1e-6);
 }
 
+/// A frozen tied table: the head's own gradients, its input's and the
+/// losses are the trained table's, bit for bit, and no table gradient is
+/// made (the product the backward skips).
+#[test]
+fn a_frozen_tied_table_takes_no_gradient() {
+    let (m, w, ids, targets, b, t) = setup("llama_tied_bf16");
+    let (cfg, ex) = (&m.config, CpuExecutor::new());
+    assert!(cfg.tie_word_embeddings);
+    let mut x = embedding_forward(cfg, &ex, &w[0], &ids, b, t, None).unwrap();
+    for (i, wl) in w[1..=cfg.num_layers].iter().enumerate() {
+        x = block_forward(cfg, &ex, i, wl, &x, None).unwrap().0;
+    }
+    let run = |trained: bool| {
+        let tied = Some(Tied::new(&w[0][0], trained));
+        head_forward_backward(cfg, &ex, &w[3], tied, &x, &targets, 0.25, LossTerms::NONE, 3).unwrap()
+    };
+    let (trained, frozen) = (run(true), run(false));
+    assert!(trained.tied_grad.is_some() && frozen.tied_grad.is_none());
+    assert_eq!(trained.dx.data(), frozen.dx.data());
+    assert_eq!(trained.grads.len(), frozen.grads.len());
+    for (a, g) in trained.grads.iter().zip(&frozen.grads) {
+        assert_eq!(a.data(), g.data());
+    }
+    for (a, g) in trained.losses.iter().zip(&frozen.losses) {
+        assert_eq!(a.data(), g.data());
+    }
+}
+
 #[test]
 fn bad_inputs_are_errors_not_panics() {
     let (m, w, ids, targets, b, t) = setup("mistral_f16");
@@ -224,7 +252,7 @@ fn bad_inputs_are_errors_not_panics() {
         cfg,
         &ex,
         &w[3],
-        Some(&w[0][0]),
+        Some(Tied::Trained(&w[0][0])),
         &x,
         &targets,
         1.0,

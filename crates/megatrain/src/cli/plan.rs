@@ -333,7 +333,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ] {
         println!("  {k:<11}{:>14}", gib(v));
     }
-    if let Some(c) = bus_cover_keeping(&model, a.seq_len, transport, input.keep_activations, machine) {
+    if let Some(c) = bus_cover_keeping(
+        &model,
+        a.seq_len,
+        transport,
+        (input.keep_activations, a.freeze_layers),
+        machine,
+    ) {
         let ups = if input.keep_activations == model.num_layers {
             "once"
         } else {
@@ -460,8 +466,12 @@ fn print_cover(
         .step_compute_s(m, tokens)
         .max(c.step_bus_s(m))
         .max(c.step_adamw_s(m));
+    let frozen = match c.frozen {
+        0 => String::new(),
+        n => format!("; the {n} frozen layers' forward alone, once over the bus and no AdamW"),
+    };
     println!(
-        "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention or the Gated DeltaNet), \
+        "  whole step: {:.1} ms of compute (model FLOPs, 6 per parameter + causal attention or the Gated DeltaNet{frozen}), \
          {:.1} ms of bus, {:.1} ms of AdamW, {:.0} tokens/s if the largest is all it takes",
         ms(c.step_compute_s(m, tokens)),
         ms(c.step_bus_s(m)),
@@ -518,6 +528,8 @@ fn print_cover(
         );
     }
     match c.best_carry(m, tokens).0 {
+        // --carry-layers counts from the first layer: not beside frozen ones.
+        _ if c.frozen > 0 => {}
         0 => println!(
             "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
         ),

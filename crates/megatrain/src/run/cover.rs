@@ -88,22 +88,31 @@ pub struct BusCover {
     pub block_active_params: u64,
     /// Bus bytes per step of every layer (blocks, embedding and head).
     pub step_bus_bytes: u64,
-    /// Model FLOPs per token of every layer.
+    /// FLOPs per token of every layer: model FLOPs, less the backward of
+    /// frozen layers.
     pub step_flops_per_token: f64,
-    /// Parameters of every layer (what the step's AdamW updates).
+    /// Of them, the forward's.
+    pub step_forward_flops_per_token: f64,
+    /// Parameters of every trained layer (what the step's AdamW updates).
     pub step_params: u64,
     /// Forward FLOPs per token of the blocks the backward recomputes (every
     /// block not kept from forward to backward), which `step_flops_per_token`
     /// leaves out.
     pub step_recompute_flops_per_token: f64,
-    /// Parameters of the embedding (the first layer a forward loads).
+    /// Parameters of the embedding (the first layer a forward loads) and
+    /// of the head.
     pub embedding_params: u64,
-    /// The model's blocks, their parameters and their model FLOPs per
+    pub head_params: u64,
+    /// The model's blocks, their parameters and their forward FLOPs per
     /// token, all together ([`BusCover::step_carrying_s`] takes them as
     /// alike).
     pub blocks: usize,
     pub blocks_params: u64,
-    pub blocks_flops_per_token: f64,
+    pub blocks_forward_flops_per_token: f64,
+    /// The first layers not trained (`--freeze-layers`: the embedding,
+    /// then blocks), which cross the bus once, have no backward and no
+    /// AdamW.
+    pub frozen: usize,
     /// Tokens per step at which a block's compute takes as long as its bus
     /// bytes; more tokens and the block is compute-bound.
     pub tokens_to_cover: u64,
@@ -156,13 +165,15 @@ impl BusCover {
     /// Seconds of the step's forward: a third of its model FLOPs (2 of the
     /// 6 a parameter, a third of attention's).
     pub fn step_forward_s(&self, m: Machine, tokens: u64) -> f64 {
-        self.step_compute_s(m, tokens) / 3.0
+        self.step_forward_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
     }
 
-    /// Seconds of the step's backward: the other two thirds, and the
-    /// forward again of every block it recomputes.
+    /// Seconds of the step's backward: the other two thirds of the trained
+    /// layers' model FLOPs, and the forward again of every block it
+    /// recomputes.
     pub fn step_backward_s(&self, m: Machine, tokens: u64) -> f64 {
-        let flops = 2.0 / 3.0 * self.step_flops_per_token + self.step_recompute_flops_per_token;
+        let flops = self.step_flops_per_token - self.step_forward_flops_per_token
+            + self.step_recompute_flops_per_token;
         flops * tokens as f64 / (m.gpu_tflops * 1e12)
     }
 
@@ -223,40 +234,38 @@ impl BusCover {
     pub fn carried_params(&self, carry: usize) -> u64 {
         let n = self.blocks.max(1) as u64;
         let blocks = carry.saturating_sub(1).min(self.blocks) as u64;
-        let head = self.step_params - self.embedding_params - self.blocks_params;
         u64::from(carry > 0) * self.embedding_params
             + self.blocks_params / n * blocks
-            + u64::from(carry > self.blocks + 1) * head
+            + u64::from(carry > self.blocks + 1) * self.head_params
     }
 
     /// The forward where the first `carry` layers (the embedding, then
     /// blocks) and, with `head`, the head are updated one after another
     /// from its start, each layer's forward beginning once its update and
-    /// the layer before are done. Returns the forward and the time the
-    /// updates took.
+    /// the layer before are done (a frozen layer has no update). Returns
+    /// the forward and the time the updates took.
     fn forward_updating(&self, m: Machine, tokens: u64, carry: usize, head: bool) -> (f64, f64) {
         let rate = m.adamw_gparams * 1e9;
         let n = self.blocks.max(1) as f64;
         let block_adamw = self.blocks_params as f64 / n / rate;
-        let block_forward = self.blocks_flops_per_token / 3.0 / n * tokens as f64 / (m.gpu_tflops * 1e12);
+        let block_forward = self.blocks_forward_flops_per_token / n * tokens as f64 / (m.gpu_tflops * 1e12);
         let head_forward = self.step_forward_s(m, tokens) - block_forward * self.blocks as f64;
         // The embedding's forward is a gather: no FLOPs to speak of.
-        let mut updated = if carry > 0 {
+        let mut updated = if carry > 0 && self.frozen == 0 {
             self.embedding_params as f64 / rate
         } else {
             0.0
         };
         let mut forward = updated;
         for j in 0..self.blocks {
-            if j + 1 < carry {
+            if j + 1 < carry && j + 1 >= self.frozen {
                 updated += block_adamw;
                 forward = forward.max(updated);
             }
             forward += block_forward;
         }
         if head {
-            let head_params = self.step_params - self.embedding_params - self.blocks_params;
-            updated += head_params as f64 / rate;
+            updated += self.head_params as f64 / rate;
             forward = forward.max(updated);
         }
         (forward + head_forward, updated)
@@ -264,9 +273,11 @@ impl BusCover {
 
     /// The number of layers to carry that makes
     /// [`BusCover::step_carrying_s`] shortest (the fewest where several
-    /// tie), and that step.
+    /// tie), and that step; none with frozen layers, which the trainer
+    /// does not carry beside.
     pub fn best_carry(&self, m: Machine, tokens: u64) -> (usize, f64) {
-        (0..=self.blocks + 1)
+        let most = if self.frozen > 0 { 0 } else { self.blocks + 1 };
+        (0..=most)
             .map(|c| (c, self.step_carrying_s(m, tokens, c).0))
             .fold((0, f64::INFINITY), |best, x| if x.1 < best.1 { x } else { best })
     }
@@ -286,16 +297,20 @@ pub fn bus_cover(
     transport: TransportDType,
     m: Machine,
 ) -> Option<BusCover> {
-    bus_cover_keeping(model, seq_len, transport, 0, m)
+    bus_cover_keeping(model, seq_len, transport, (0, 0), m)
 }
 
 /// [`bus_cover`] for a run whose last `kept` blocks stay on the device from
-/// forward to backward and cross the bus once.
+/// forward to backward and cross the bus once, and whose first `frozen`
+/// layers (`--freeze-layers`) are not trained: they cross once, with no
+/// gradient, have no backward (a frozen block no recompute, a tied head
+/// whose table is frozen no product for it) and no AdamW. The per-block
+/// figures are a trained block's.
 pub fn bus_cover_keeping(
     model: &ModelConfig,
     seq_len: usize,
     transport: TransportDType,
-    kept: usize,
+    (kept, frozen): (usize, usize),
     m: Machine,
 ) -> Option<BusCover> {
     let ok = |v: f64| v.is_finite() && v > 0.0;
@@ -324,22 +339,40 @@ pub fn bus_cover_keeping(
         .max_by(|a, b| (6.0 * a.0 as f64 + a.1).total_cmp(&(6.0 * b.0 as f64 + b.1)))
         .unwrap_or((0, 0.0));
     let block_flops_per_token = 6.0 * block_active as f64 + attention;
-    let ends: u64 = [&tables[0], &tables[tables.len() - 1]]
-        .iter()
-        .map(|t| crossing(t.numel() as u64, 1))
+    let frozen = frozen.min(n_blocks + 1);
+    let frozen_blocks = frozen.saturating_sub(1);
+    // The step keeps no frozen block (`Recompute::trained_from`).
+    let kept_from = (n_blocks - kept).max(frozen_blocks);
+    let numel = |l: usize| tables[l].numel() as u64;
+    let head = tables.len() - 1;
+    let ends = match frozen {
+        0 => crossing(numel(0), 1),
+        _ => numel(0) * t_bytes,
+    } + crossing(numel(head), 1);
+    let blocks_bus: u64 = (0..n_blocks)
+        .map(|i| match i {
+            _ if i < frozen_blocks => numel(1 + i) * t_bytes,
+            _ if i >= kept_from => crossing(numel(1 + i), 1),
+            _ => crossing(numel(1 + i), 2),
+        })
         .sum();
-    let blocks_bus: u64 = tables[1..1 + n_blocks]
-        .iter()
-        .enumerate()
-        .map(|(i, t)| crossing(t.numel() as u64, if i >= n_blocks - kept { 1 } else { 2 }))
+    let forward = |l: usize| 2.0 * active(l) as f64 + mixer(l) / 3.0;
+    let blocks_forward: f64 = (1..1 + n_blocks).map(forward).sum();
+    let blocks_flops: f64 = (1..1 + n_blocks)
+        .map(|l| match l <= frozen_blocks {
+            true => forward(l),
+            false => 6.0 * active(l) as f64 + mixer(l),
+        })
         .sum();
-    let blocks_flops: f64 = (1..1 + n_blocks).map(|l| 6.0 * active(l) as f64 + mixer(l)).sum();
-    // The first n_blocks − kept are recomputed: their forward once more.
-    let recompute_flops: f64 = (1..1 + n_blocks - kept)
-        .map(|l| 2.0 * active(l) as f64 + mixer(l) / 3.0)
-        .sum();
-    // The head's matmul reads a V×C matrix whether or not it is tied.
-    let head_flops = 6.0 * (model.vocab_size * model.hidden_size) as f64;
+    // The trained blocks not kept are recomputed: their forward once more.
+    let recompute_flops: f64 = (1 + frozen_blocks..1 + kept_from).map(forward).sum();
+    // The head's matmul reads a V×C matrix whether or not it is tied; a
+    // tied one whose table is frozen skips the product for its gradient.
+    let vc = (model.vocab_size * model.hidden_size) as f64;
+    let head_flops = match model.tie_word_embeddings && frozen > 0 {
+        true => 4.0 * vc,
+        false => 6.0 * vc,
+    };
     let bus_s = block_bus_bytes as f64 / (m.bus_gbps * 1e9);
     let s_per_token = block_flops_per_token / (m.gpu_tflops * 1e12);
     let tokens_to_cover = if s_per_token > 0.0 {
@@ -362,12 +395,15 @@ pub fn bus_cover_keeping(
         block_active_params: block_active,
         step_bus_bytes: blocks_bus + ends,
         step_flops_per_token: blocks_flops + head_flops,
-        step_params: tables.iter().map(|t| t.numel() as u64).sum(),
+        step_forward_flops_per_token: blocks_forward + 2.0 * vc,
+        step_params: (frozen..tables.len()).map(numel).sum(),
         step_recompute_flops_per_token: recompute_flops,
-        embedding_params: tables[0].numel() as u64,
+        embedding_params: numel(0),
+        head_params: numel(head),
         blocks: n_blocks,
-        blocks_params: tables[1..1 + n_blocks].iter().map(|t| t.numel() as u64).sum(),
-        blocks_flops_per_token: blocks_flops,
+        blocks_params: (1..1 + n_blocks).map(numel).sum(),
+        blocks_forward_flops_per_token: blocks_forward,
+        frozen,
         tokens_to_cover,
         tokens_to_cover_adamw,
         batch_to_cover: (tokens.div_ceil(seq_len as u64) as usize).max(1),
@@ -510,10 +546,10 @@ mod tests {
         // Kept blocks cross once: one kept of four leaves the per-block
         // count (a recomputed block's); all four kept halve it.
         let n_block = tables[1].numel() as u64;
-        let one = bus_cover_keeping(&m, 64, TransportDType::F32, 1, Machine::H100).unwrap();
+        let one = bus_cover_keeping(&m, 64, TransportDType::F32, (1, 0), Machine::H100).unwrap();
         assert_eq!(one.step_bus_bytes, c.step_bus_bytes - 4 * n_block);
         assert_eq!(one.block_bus_bytes, c.block_bus_bytes);
-        let all = bus_cover_keeping(&m, 64, TransportDType::F32, 4, Machine::H100).unwrap();
+        let all = bus_cover_keeping(&m, 64, TransportDType::F32, (4, 0), Machine::H100).unwrap();
         assert_eq!(all.step_bus_bytes, 8 * n_all);
         assert_eq!(all.block_bus_bytes, 8 * n_block);
         assert!(all.tokens_to_cover < c.tokens_to_cover);
@@ -533,7 +569,7 @@ mod tests {
         let tokens = 4096;
         let rate = h.gpu_tflops * 1e12;
         for kept in [0, 1, 4] {
-            let c = bus_cover_keeping(&m, 64, TransportDType::F32, kept, h).unwrap();
+            let c = bus_cover_keeping(&m, 64, TransportDType::F32, (kept, 0), h).unwrap();
             let step = c.step_compute_s(h, tokens);
             let recompute = (4 - kept) as f64 * (2.0 * block + attention / 3.0) * tokens as f64 / rate;
             assert!((c.step_forward_s(h, tokens) - step / 3.0).abs() < 1e-15);
@@ -549,7 +585,7 @@ mod tests {
             assert!(c.step_ordered_s(h, tokens) >= largest, "{kept}");
         }
         // AdamW-bound at a few tokens: forward + AdamW, not AdamW alone.
-        let c = bus_cover_keeping(&m, 64, TransportDType::F32, 4, h).unwrap();
+        let c = bus_cover_keeping(&m, 64, TransportDType::F32, (4, 0), h).unwrap();
         let slow = Machine {
             adamw_gparams: 1e-3,
             ..h
@@ -578,7 +614,7 @@ mod tests {
         );
         let rate = slow.adamw_gparams * 1e9;
         let (a_e, a_b) = (tables[0].numel() as f64 / rate, tables[1].numel() as f64 / rate);
-        let f_b = c.blocks_flops_per_token / 12.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
+        let f_b = c.blocks_forward_flops_per_token / 4.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
         let head = c.step_forward_s(slow, tokens) - 4.0 * f_b;
         let forward = a_e + a_b + f_b + 3.0 * f_b + head;
         let rest = c.step_adamw_s(slow) - a_e - a_b;
@@ -628,7 +664,7 @@ mod tests {
         assert!((after - (fwd + norm + adamw)).abs() < 1e-12 * after);
         // AdamW-bound: every update one after another, the head's forward
         // after the head's update.
-        let head_forward = fwd - c.blocks_flops_per_token / 3.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
+        let head_forward = fwd - c.blocks_forward_flops_per_token * tokens as f64 / (slow.gpu_tflops * 1e12);
         let (deferred, f) = c.step_clipping_s(slow, tokens, true, 0);
         assert!(
             (f - (adamw + head_forward)).abs() < 1e-9 * f,
@@ -681,5 +717,51 @@ mod tests {
             assert!(bus_cover(&m, 64, TransportDType::F32, adamw).is_none());
         }
         assert!(bus_cover(&m, 0, TransportDType::F32, Machine::H100).is_none());
+    }
+
+    #[test]
+    fn frozen_layers_cross_once_and_have_no_backward_or_adamw() {
+        let h = Machine::H100;
+        let m = preset("tinyllama-1.1b", None).unwrap();
+        let t = m.layer_tables();
+        let (e, n, hd) = (t[0].numel() as u64, t[1].numel() as u64, t[23].numel() as u64);
+        let plain = bus_cover(&m, 1024, TransportDType::F16, h).unwrap();
+        let none = bus_cover_keeping(&m, 1024, TransportDType::F16, (0, 0), h).unwrap();
+        assert_eq!(plain, none);
+        // The embedding and 9 of 22 blocks frozen: f16 up once, no
+        // gradient down; the 13 others twice up and down; the head once.
+        let f = bus_cover_keeping(&m, 1024, TransportDType::F16, (0, 10), h).unwrap();
+        assert_eq!(f.frozen, 10);
+        assert_eq!(f.step_bus_bytes, 2 * e + 9 * 2 * n + 13 * 8 * n + 6 * hd);
+        assert_eq!(f.step_params, plain.step_params - e - 9 * n);
+        // The forward is the same; the backward loses 9 blocks' (and their
+        // recompute): 9 of 22 of the blocks' backward and recompute.
+        assert_eq!(f.step_forward_s(h, 8192), plain.step_forward_s(h, 8192));
+        let vc = (m.vocab_size * m.hidden_size) as f64;
+        let head_bwd = 4.0 * vc * 8192.0 / (h.gpu_tflops * 1e12);
+        let blocks_bwd = |c: &BusCover| c.step_backward_s(h, 8192) - head_bwd;
+        let ratio = blocks_bwd(&f) / blocks_bwd(&plain);
+        assert!((ratio - 13.0 / 22.0).abs() < 1e-9, "{ratio}");
+        // Per block, a trained one's: the suggestion is unchanged.
+        assert_eq!(f.block_bus_bytes, plain.block_bus_bytes);
+        assert_eq!(f.batch_to_cover, plain.batch_to_cover);
+        // Carrying is not offered beside frozen layers.
+        assert_eq!(f.best_carry(h, 8192).0, 0);
+        // Kept blocks start at the first trained one at the earliest.
+        let kept_all = bus_cover_keeping(&m, 1024, TransportDType::F16, (22, 10), h).unwrap();
+        assert_eq!(kept_all.step_bus_bytes, 2 * e + 9 * 2 * n + 13 * 6 * n + 6 * hd);
+        assert_eq!(kept_all.step_recompute_flops_per_token, 0.0);
+        // A tied head whose table is frozen skips its product: 2·V·C less
+        // backward per token than the untied count.
+        let mut tied = preset("llama-3.2-1b", None).unwrap();
+        assert!(tied.tie_word_embeddings);
+        let vc = (tied.vocab_size * tied.hidden_size) as f64;
+        let trained = bus_cover_keeping(&tied, 1024, TransportDType::F16, (0, 0), h).unwrap();
+        let frozen = bus_cover_keeping(&tied, 1024, TransportDType::F16, (0, 1), h).unwrap();
+        let saved = trained.step_flops_per_token - frozen.step_flops_per_token;
+        assert_eq!(saved, 2.0 * vc);
+        tied.tie_word_embeddings = false;
+        let untied = bus_cover_keeping(&tied, 1024, TransportDType::F16, (0, 1), h).unwrap();
+        assert_eq!(untied.step_flops_per_token, trained.step_flops_per_token);
     }
 }

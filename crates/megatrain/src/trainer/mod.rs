@@ -65,7 +65,7 @@ use megatrain_adamw::{AdamW, AdamWError, DecayMask};
 use megatrain_tensor::{Executor, Shape, TensorHandle, TransportInfo};
 use megatrain_tier::{HostTier, LayerSlab, TierError, WindowConfig};
 use megatrain_zoo::layers::{
-    HeadOut, RouterAux, Rows, block_backward, block_forward, embedding_forward, embedding_grads,
+    HeadOut, RouterAux, Rows, Tied, block_backward, block_forward, embedding_forward, embedding_grads,
     head_forward_backward, routing_digest, sum_losses,
 };
 use megatrain_zoo::{ModelConfig, ZooError};
@@ -695,7 +695,7 @@ impl<E: Executor> Trainer<E> {
                 ));
             }
             let head_w = load(HEAD_SLOT, &h.remaining[n_blocks + 1], m)?;
-            let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
+            let tied = cfg.tie_word_embeddings.then(|| Tied::new(&emb_w[0], frozen == 0));
             let head = head_forward_backward(
                 cfg,
                 ex,

@@ -9,18 +9,22 @@
 //!   resident ([`Trainer::resident_weights`]); gradients are made on the
 //!   executor and dropped, nothing is uploaded, downloaded or updated.
 //! - [`Trainer::transfer_only`]: the step's uploads (embedding, head and
-//!   kept blocks once, each other block twice) and a download of every
-//!   layer's gradient bytes, with no compute.
-//! - [`Trainer::optimizer_only`]: AdamW over every layer's slab with a
-//!   gradient buffer, on the calling thread.
+//!   kept blocks once, each other trained block twice) and a download of
+//!   every trained layer's gradient bytes, with no compute.
+//! - [`Trainer::optimizer_only`]: AdamW over every trained layer's slab
+//!   with a gradient buffer, on the calling thread.
+//!
+//! With `frozen_layers`, each does what the step does: the backward ends
+//! at the first trained layer, and frozen layers are neither uploaded
+//! again, downloaded nor updated.
 
 use std::time::Instant;
 
 use megatrain_tensor::{Executor, Shape, TensorHandle};
 use megatrain_tier::LayerSlab;
 use megatrain_zoo::layers::{
-    RouterAux, block_backward, block_forward, embedding_backward, embedding_forward, head_forward_backward,
-    sum_losses,
+    RouterAux, Tied, block_backward, block_forward, embedding_backward, embedding_forward,
+    head_forward_backward, sum_losses,
 };
 
 use super::update::{Hyper, Part, update_part};
@@ -99,9 +103,10 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Forward, loss, recompute and backward of one micro-batch with the
-    /// step's checkpointing and kept activations, on resident weights;
-    /// gradients stay on the executor and are dropped. The time ends when the executor has
-    /// finished the embedding backward.
+    /// step's checkpointing, kept activations and frozen layers, on
+    /// resident weights; gradients stay on the executor and are dropped.
+    /// The time ends when the executor has finished the backward (the
+    /// embedding's, or the first trained block's).
     pub fn compute_only(&self, w: &ResidentWeights<E>, batch: &Batch) -> Result<ComputeOnly> {
         let (ex, cfg, config) = (&self.ex, &self.model, &self.config);
         let n_blocks = cfg.num_layers;
@@ -115,7 +120,13 @@ impl<E: Executor> Trainer<E> {
         let counted = batch.counted();
         let grad_scale = if counted > 0 { 1.0 / counted as f32 } else { 0.0 };
         let (b, t) = (batch.batch, batch.seq_len);
-        let plan = Recompute::new(n_blocks, config.checkpoint_every, config.keep_activations);
+        let frozen = config.frozen_layers;
+        let plan = Recompute::trained_from(
+            n_blocks,
+            config.checkpoint_every,
+            config.keep_activations,
+            frozen.saturating_sub(1),
+        );
         let start = Instant::now();
         let emb_w = &w.layers[0];
         // The next step's first micro-batch's rows: its dropout too.
@@ -135,7 +146,7 @@ impl<E: Executor> Trainer<E> {
             }
             x = y;
         }
-        let tied = cfg.tie_word_embeddings.then(|| &emb_w[0]);
+        let tied = cfg.tie_word_embeddings.then(|| Tied::new(&emb_w[0], frozen == 0));
         let head = head_forward_backward(
             cfg,
             ex,
@@ -167,8 +178,15 @@ impl<E: Executor> Trainer<E> {
                 dx = d;
             }
         }
-        let grads = embedding_backward(cfg, ex, emb_w, &batch.inputs, (b, t, rows), &dx, head.tied_grad)?;
-        fence(ex, &grads[0])?;
+        match frozen {
+            0 => {
+                let grads =
+                    embedding_backward(cfg, ex, emb_w, &batch.inputs, (b, t, rows), &dx, head.tied_grad)?;
+                fence(ex, &grads[0])?;
+            }
+            // The step's backward ends at the first trained block's.
+            _ => fence(ex, &dx)?,
+        }
         // At the end, as the step reads it.
         let loss_sum = sum_losses(ex, &head.losses)?;
         Ok(ComputeOnly {
@@ -197,7 +215,13 @@ impl<E: Executor> Trainer<E> {
         }
         let n_blocks = n - 2;
         let k = self.config.checkpoint_every;
-        let plan = Recompute::new(n_blocks, k, self.config.keep_activations);
+        let frozen = self.config.frozen_layers;
+        let plan = Recompute::trained_from(
+            n_blocks,
+            k,
+            self.config.keep_activations,
+            frozen.saturating_sub(1),
+        );
         // One set of gradient-shaped buffers per layer kind: embedding,
         // block (all blocks share shapes) and head.
         let zeros = |slab: &LayerSlab| -> Result<Vec<E::Tensor>> {
@@ -257,9 +281,9 @@ impl<E: Executor> Trainer<E> {
         }
         drop(up(HEAD_SLOT, &layers[n - 1], &mut out)?);
         down(n - 1, &head_g, &mut out)?;
-        // Backward, last first: each block's gradients down, the kept
-        // blocks' on the weights of the forward, the rest uploaded again a
-        // group of K at a time; then the embedding's.
+        // Backward, last first: each trained block's gradients down, the
+        // kept blocks' on the weights of the forward, the rest uploaded
+        // again a group of K at a time; then the embedding's, unless frozen.
         for (i, w) in plan.kept().zip(kept).rev() {
             down(1 + i, &block_g, &mut out)?;
             drop(w);
@@ -277,7 +301,9 @@ impl<E: Executor> Trainer<E> {
             }
             drop(ws);
         }
-        down(0, &emb_g, &mut out)?;
+        if frozen == 0 {
+            down(0, &emb_g, &mut out)?;
+        }
         if let Some(prev) = pending.take() {
             out.bytes_downloaded += drain(ex, prev, chunk, &mut staging)?;
         }
@@ -285,15 +311,16 @@ impl<E: Executor> Trainer<E> {
         Ok(out)
     }
 
-    /// AdamW over every layer's slab (p, m, v and the transport copy) with
-    /// a constant gradient, on the calling thread, at learning rate `lr`.
-    /// It changes the parameters like a real step.
+    /// AdamW over every trained layer's slab (p, m, v and the transport
+    /// copy) with a constant gradient, on the calling thread, at learning
+    /// rate `lr`. It changes the parameters like a real step.
     pub fn optimizer_only(&mut self, lr: f64) -> Result<f64> {
         self.settle()?;
         let max = self.tier.layers().iter().map(LayerSlab::numel).max().unwrap_or(0);
         let grad = vec![1e-4f32; max];
+        let frozen = self.config.frozen_layers;
         let start = Instant::now();
-        for slab in self.tier.layers_mut() {
+        for slab in self.tier.layers_mut().iter_mut().skip(frozen) {
             let len = slab.numel();
             let h = Hyper {
                 adamw: &self.adamw,
@@ -329,13 +356,15 @@ mod tests {
     }
 
     fn trainer(model: &ModelConfig, k: usize, transport: TransportDType) -> Trainer<CpuExecutor> {
-        trainer_keeping(model, k, 0, transport)
+        trainer_keeping(model, k, (0, 0), transport)
     }
 
+    /// K, the last `keep` blocks keeping their activations, the first
+    /// `frozen` layers not trained.
     fn trainer_keeping(
         model: &ModelConfig,
         k: usize,
-        keep: usize,
+        (keep, frozen): (usize, usize),
         transport: TransportDType,
     ) -> Trainer<CpuExecutor> {
         let tier = init_tier(
@@ -350,6 +379,7 @@ mod tests {
         let config = TrainerConfig {
             checkpoint_every: k,
             keep_activations: keep,
+            frozen_layers: frozen,
             chunk_rows: 5,
             adamw: AdamWConfig::default(),
             ..TrainerConfig::default()
@@ -366,9 +396,11 @@ mod tests {
     #[test]
     fn compute_only_gives_the_step_loss_and_leaves_the_tier_alone() {
         for model in models() {
-            for k in [1, 2] {
+            // Frozen: none, the embedding (a tied head's matrix with it),
+            // the embedding and the first block.
+            for (k, frozen) in [(1, 0), (2, 0), (1, 1), (2, 2)] {
                 let b = batch(model.vocab_size as u32, 2, 9);
-                let mut tr = trainer(&model, k, TransportDType::F32);
+                let mut tr = trainer_keeping(&model, k, (0, frozen), TransportDType::F32);
                 let w = tr.resident_weights().unwrap();
                 let before: Vec<f32> = tr.tier().layers()[1].params().to_vec();
                 let c = tr.compute_only(&w, &b).unwrap();
@@ -391,18 +423,32 @@ mod tests {
         for model in models() {
             for transport in [TransportDType::F32, TransportDType::BF16, TransportDType::F16] {
                 // None kept, one kept beside a group, all kept: a kept
-                // block's weights cross once.
-                for keep in [0, 1, model.num_layers] {
-                    let what = format!("{transport:?}, {keep} kept");
+                // block's weights cross once. Frozen layers' gradients do
+                // not come down, and frozen blocks cross once.
+                for (keep, frozen) in [(0, 0), (1, 0), (model.num_layers, 0), (0, 2), (1, 1)] {
+                    let what = format!("{transport:?}, {keep} kept, {frozen} frozen");
                     let b = batch(model.vocab_size as u32, 2, 9);
-                    let mut tr = trainer_keeping(&model, 2, keep, transport);
+                    let mut tr = trainer_keeping(&model, 2, (keep, frozen), transport);
                     let t = tr.transfer_only().unwrap();
                     let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
                     assert_eq!(t.bytes_uploaded, step.bytes_uploaded, "{what}");
                     assert_eq!(t.bytes_downloaded, step.bytes_downloaded, "{what}");
-                    assert_eq!(t.bytes_downloaded, 4 * tr.tier().n_params());
+                    let trained: usize = tr.tier().layers()[frozen..].iter().map(LayerSlab::numel).sum();
+                    assert_eq!(t.bytes_downloaded, 4 * trained as u64, "{what}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn optimizer_only_leaves_frozen_layers() {
+        let model = &models()[0];
+        let mut tr = trainer_keeping(model, 1, (0, 2), TransportDType::BF16);
+        let before: Vec<Vec<f32>> = tr.tier().layers().iter().map(|s| s.params().to_vec()).collect();
+        tr.optimizer_only(1e-2).unwrap();
+        for (slab, old) in tr.tier().layers().iter().zip(&before) {
+            let moved = slab.params() != &old[..];
+            assert_eq!(moved, slab.index() >= 2, "layer {}", slab.index());
         }
     }
 

@@ -23,6 +23,40 @@ pub fn default_chunk_rows(vocab: usize, logits_bytes: usize) -> usize {
     (fit / 128 * 128).max(MIN_CHUNK_ROWS)
 }
 
+/// The embedding table a tied head multiplies by, and whether it trains:
+/// a frozen one (`TrainerConfig::frozen_layers` past the embedding) takes
+/// no gradient, so the head's backward skips its product.
+#[derive(Debug)]
+pub enum Tied<'a, T> {
+    Trained(&'a T),
+    Frozen(&'a T),
+}
+
+// By hand: derived, they would ask `T: Copy` of the table.
+impl<T> Clone for Tied<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Tied<'_, T> {}
+
+impl<'a, T> Tied<'a, T> {
+    /// `table` trained where `trained`.
+    pub fn new(table: &'a T, trained: bool) -> Self {
+        match trained {
+            true => Tied::Trained(table),
+            false => Tied::Frozen(table),
+        }
+    }
+
+    pub fn table(self) -> &'a T {
+        match self {
+            Tied::Trained(t) | Tied::Frozen(t) => t,
+        }
+    }
+}
+
 /// What [`head_forward_backward`] returns.
 #[derive(Debug)]
 pub struct HeadOut<T> {
@@ -44,8 +78,9 @@ pub struct HeadOut<T> {
     pub dx: T,
     /// Gradients of the head's own table, in table order.
     pub grads: Vec<T>,
-    /// With tied embeddings: the gradient for the embedding table `[V, C]`,
-    /// to be accumulated into the embedding layer's gradient.
+    /// With tied embeddings that train: the gradient for the embedding
+    /// table `[V, C]`, to be accumulated into the embedding layer's
+    /// gradient.
     pub tied_grad: Option<T>,
 }
 
@@ -217,7 +252,7 @@ pub fn head_forward_backward<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     w: &[E::Tensor],
-    tied: Option<&E::Tensor>,
+    tied: Option<Tied<'_, E::Tensor>>,
     x: &E::Tensor,
     targets: &[i32],
     grad_scale: f32,
@@ -225,7 +260,8 @@ pub fn head_forward_backward<E: Executor>(
     chunk_rows: usize,
 ) -> Result<HeadOut<E::Tensor>> {
     const OP: &str = "head_forward_backward";
-    let (wh, bias) = head_matrix::<E>(cfg, w, tied, OP)?;
+    let (wh, bias) = head_matrix::<E>(cfg, w, tied.map(Tied::table), OP)?;
+    let trains_matrix = !matches!(tied, Some(Tied::Frozen(_)));
     let rows = rows_of(cfg, x, OP)?;
     check_targets(rows, targets, cfg.vocab_size, OP)?;
     if chunk_rows == 0 {
@@ -264,7 +300,7 @@ pub fn head_forward_backward<E: Executor>(
         // theirs in place, with no head-sized temporary per chunk.
         let needs = MatmulNeeds {
             da: true,
-            db: dwh.is_none(),
+            db: trains_matrix && dwh.is_none(),
             dbias: bias.is_some(),
         };
         let (dy, t) = (&dlogits, Transpose::NT);
@@ -305,17 +341,19 @@ pub fn head_forward_backward<E: Executor>(
                 .transpose()?,
         ),
     };
-    let dwh = match dwh {
-        Some(d) => d,
-        None => ex.zeros(wh.shape())?,
+    let dwh = match (dwh, trains_matrix) {
+        (Some(d), _) => Some(d),
+        (None, true) => Some(ex.zeros(wh.shape())?),
+        (None, false) => None,
     };
     let mut grads = vec![unfold_gain(cfg, ex, dnw)?];
     grads.extend(dnb.filter(|_| cfg.arch.norm_has_bias()));
-    let tied_grad = if cfg.tie_word_embeddings {
-        Some(dwh)
-    } else {
-        grads.push(dwh);
-        None
+    let tied_grad = match cfg.tie_word_embeddings {
+        true => dwh,
+        false => {
+            grads.extend(dwh);
+            None
+        }
     };
     if let Some(b) = bias {
         grads.push(match dbias {

@@ -72,7 +72,8 @@ pub(crate) use dropout::{Branches, Site, dropout_branch, dropped};
 pub use dropout::{Dropouts, Rows};
 pub use embedding::{embedding_backward, embedding_forward, embedding_forward_at, embedding_grads};
 pub use head::{
-    HeadOut, MIN_CHUNK_ROWS, default_chunk_rows, head_forward_backward, head_logits, head_loss, sum_losses,
+    HeadOut, MIN_CHUNK_ROWS, Tied, default_chunk_rows, head_forward_backward, head_logits, head_loss,
+    sum_losses,
 };
 pub(crate) use kv_cache::Seq;
 pub use kv_cache::{KvCache, LayerCache};
