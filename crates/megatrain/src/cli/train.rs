@@ -36,6 +36,7 @@ pub struct TrainArgs {
     /// Validation data (default: the last --val-fraction of --data).
     #[arg(long)]
     val_data: Option<PathBuf>,
+    /// The share of --data held out for validation when no --val-data is given [default: 0.1].
     #[arg(long)]
     val_fraction: Option<f64>,
     /// auto | char | byte | path to tokenizer.json.
@@ -46,21 +47,29 @@ pub struct TrainArgs {
     /// tokenizer_config.json [default: auto].
     #[arg(long)]
     chat_template: Option<String>,
+    /// A preset's vocabulary (default: the tokenizer's; for nanoGPT .bin data without a
+    /// tokenizer, the largest token + 1).
     #[arg(long)]
     vocab_size: Option<usize>,
+    /// Tokens per row, T [default: 256].
     #[arg(long)]
     seq_len: Option<usize>,
+    /// Rows per micro-batch on each rank, B [default: 12].
     #[arg(long)]
     batch: Option<usize>,
+    /// Micro-batches summed into each step (tokens per step: ranks × grad-accum × B × T) [default: 1].
     #[arg(long)]
     grad_accum: Option<usize>,
+    /// Optimizer steps of the run; with --resume, where the resumed run ends [default: 5000].
     #[arg(long)]
     steps: Option<u64>,
+    /// Peak learning rate, reached after --warmup [default: 1e-3].
     #[arg(long)]
     lr: Option<f64>,
     /// Default lr / 10.
     #[arg(long)]
     min_lr: Option<f64>,
+    /// Steps of linear warmup from 0 to --lr [default: 100].
     #[arg(long)]
     warmup: Option<u64>,
     /// The learning rate after --warmup: cosine (the default) | linear |
@@ -75,10 +84,13 @@ pub struct TrainArgs {
     /// (default: a fifth of them).
     #[arg(long)]
     cooldown: Option<u64>,
+    /// AdamW's β1 [default: 0.9].
     #[arg(long)]
     beta1: Option<f64>,
+    /// AdamW's β2 [default: 0.95].
     #[arg(long)]
     beta2: Option<f64>,
+    /// AdamW's ε [default: 1e-8].
     #[arg(long)]
     eps: Option<f64>,
     /// Applied to matrices and embeddings, not to norm gains or biases.
@@ -170,6 +182,7 @@ pub struct TrainArgs {
     carry_layers: Option<usize>,
     #[command(flatten)]
     knobs: TransportKnobs,
+    /// Seeds the initial weights of a preset, the random sampling of rows, dropout and samples [default: 1337].
     #[arg(long)]
     seed: Option<u64>,
     /// random | sequential.
@@ -201,6 +214,7 @@ pub struct TrainArgs {
     /// [default: 0].
     #[arg(long)]
     skip_batches: Option<u64>,
+    /// Evaluate on the validation data every N steps and at the end (0: only at the end) [default: 250].
     #[arg(long)]
     eval_every: Option<u64>,
     /// Stop once N evaluations in a row have not lowered the best
@@ -208,6 +222,7 @@ pub struct TrainArgs {
     /// [default: 0, never].
     #[arg(long)]
     early_stop: Option<u64>,
+    /// Micro-batches of validation data per evaluation [default: 20].
     #[arg(long)]
     eval_batches: Option<usize>,
     /// Print (and log in metrics.jsonl) a sample every N steps and at the
@@ -221,12 +236,14 @@ pub struct TrainArgs {
     /// Tokens a sample adds [default: 200].
     #[arg(long)]
     sample_tokens: Option<usize>,
+    /// Save a checkpoint every N steps and at the end (0: only at the end) [default: 500].
     #[arg(long)]
     save_every: Option<u64>,
     /// Keep only the newest N checkpoints, removing older ones after each
     /// save (0: keep all) [default: 0].
     #[arg(long)]
     keep_checkpoints: Option<u64>,
+    /// A plain progress line every N steps when the output is not a terminal [default: 10].
     #[arg(long)]
     log_every: Option<u64>,
     /// Also log what metrics.jsonl holds to a TensorBoard event file in
