@@ -1,6 +1,7 @@
-// Dropout of a tensor, one thread per element (the hash is
-// dropout_mask.wgsl's, put before this file). Its backward is the same
-// kernel on the output's gradient.
+// Dropout of a tensor, and uniform noise added to one (`uniform_noise`:
+// NEFTune), one thread per element (the hash is dropout_mask.wgsl's, put
+// before this file). Dropout's backward is the same kernel on the
+// output's gradient; the noise's passes the gradient unchanged.
 
 // x is viewed as batch rows of `rows` mask rows of `cols`; this dispatch
 // covers its elements first .. first + n (the host splits a tensor that
@@ -30,5 +31,18 @@ fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
             y = X[p.ox + i] * p.scale;
         }
         Y[p.oy + i] = y;
+    }
+}
+
+// `scale` holds the noise's magnitude; `threshold` is unused.
+@compute @workgroup_size(256)
+fn uniform_noise(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lid: vec3<u32>) {
+    let i = (wid.y * nwg.x + wid.x) * 256u + lid.x;
+    if i < p.n {
+        let e = p.first + i;
+        let r = e / p.cols;
+        let row = (p.batch0 + r / p.rows) * p.rows + r % p.rows;
+        Y[p.oy + i] = X[p.ox + i] + noise_value(p.key0, p.key1, p.scale, row, e % p.cols);
     }
 }

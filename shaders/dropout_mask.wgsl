@@ -13,8 +13,20 @@ fn dropout_mix(x: u32) -> u32 {
     return h ^ (h >> 16u);
 }
 
+fn dropout_hash(key0: u32, key1: u32, row: u32, col: u32) -> u32 {
+    return dropout_mix(dropout_mix(dropout_mix(key0 ^ row) ^ col) ^ key1);
+}
+
 // Kept where the hash is at least `threshold` (p · 2³²).
 fn dropout_keeps(key0: u32, key1: u32, threshold: u32, row: u32, col: u32) -> bool {
-    return dropout_mix(dropout_mix(dropout_mix(key0 ^ row) ^ col) ^ key1) >= threshold;
+    return dropout_hash(key0, key1, row, col) >= threshold;
+}
+
+// Noise::value: u in [−1, 1) from the hash's top 24 bits (exact in f32:
+// the conversion, the power-of-two scale and the subtraction round
+// nothing), times the magnitude.
+fn noise_value(key0: u32, key1: u32, magnitude: f32, row: u32, col: u32) -> f32 {
+    let u = f32(dropout_hash(key0, key1, row, col) >> 8u) * (1.0 / 8388608.0) - 1.0;
+    return u * magnitude;
 }
 

@@ -98,6 +98,12 @@ fn bad_inputs_are_named() {
             &[&format!("--label-smoothing {e}"), "[0, 1]"],
         );
     }
+    for a in ["-1", "inf"] {
+        check(
+            &["--preset", "gpt2-nano", "--data", s(&data), "--neftune-alpha", a],
+            &[&format!("--neftune-alpha {a}"), "finite number ≥ 0"],
+        );
+    }
     check(
         &[
             "--preset",

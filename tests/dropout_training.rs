@@ -3,7 +3,8 @@
 //! a recomputed or kept block the same ones (so K and kept blocks change
 //! no result), data parallel ranks what one process with their rows draws,
 //! the GPU (lavapipe here) what the CPU draws; evaluation never drops; a
-//! probability out of range is refused.
+//! probability out of range is refused. NEFTune's noise on the embedding
+//! (`TrainDropout::neftune`) is drawn the same way and held to the same.
 
 mod common;
 
@@ -24,6 +25,15 @@ use megatrain_zoo::{ModelConfig, forward_backward, upload_layer};
 const DROP: TrainDropout = TrainDropout {
     hidden: 0.2,
     attention: 0.1,
+    neftune: 0.0,
+    seed: 42,
+};
+
+/// NEFTune's noise alone, as the paper's runs take it.
+const NOISE: TrainDropout = TrainDropout {
+    hidden: 0.0,
+    attention: 0.0,
+    neftune: 5.0,
     seed: 42,
 };
 
@@ -67,20 +77,21 @@ fn models() -> [ModelConfig; 3] {
 
 #[test]
 fn recomputed_and_kept_blocks_draw_the_forwards_masks() {
-    for model in models() {
+    for (model, drop) in models().into_iter().flat_map(|m| [(m.clone(), DROP), (m, NOISE)]) {
         let n = model.num_layers;
-        let (losses, p) = train(trainer(CpuExecutor::new(), &model, config(1, 0, DROP)));
+        let what = format!("{:?} neftune {}", model.arch, drop.neftune);
+        let (losses, p) = train(trainer(CpuExecutor::new(), &model, config(1, 0, drop)));
         for (k, keep) in [(2, 0), (n, 0), (1, 1), (2, n)] {
-            let (l, q) = train(trainer(CpuExecutor::new(), &model, config(k, keep, DROP)));
-            assert_eq!(l, losses, "{:?}: K {k}, {keep} kept", model.arch);
-            assert!(q == p, "{:?}: K {k}, {keep} kept: parameters differ", model.arch);
+            let (l, q) = train(trainer(CpuExecutor::new(), &model, config(k, keep, drop)));
+            assert_eq!(l, losses, "{what}: K {k}, {keep} kept");
+            assert!(q == p, "{what}: K {k}, {keep} kept: parameters differ");
         }
         let (plain, _) = train(trainer(
             CpuExecutor::new(),
             &model,
             config(1, 0, TrainDropout::default()),
         ));
-        assert_ne!(plain, losses, "{:?}: dropout changed nothing", model.arch);
+        assert_ne!(plain, losses, "{what}: dropout changed nothing");
     }
 }
 
@@ -88,9 +99,9 @@ fn recomputed_and_kept_blocks_draw_the_forwards_masks() {
 /// 0 of step 0, and a second step's masks are another step's.
 #[test]
 fn a_step_draws_what_the_whole_model_draws_for_its_micro_batch() {
-    for model in models() {
+    for (model, drop) in models().into_iter().flat_map(|m| [(m.clone(), DROP), (m, NOISE)]) {
         let ex = CpuExecutor::new();
-        let mut t = trainer(CpuExecutor::new(), &model, config(2, 0, DROP));
+        let mut t = trainer(CpuExecutor::new(), &model, config(2, 0, drop));
         let weights: Vec<Vec<_>> = t
             .tier()
             .layers()
@@ -101,7 +112,7 @@ fn a_step_draws_what_the_whole_model_draws_for_its_micro_batch() {
         let whole = |step: u64| {
             let rows = Rows {
                 docs: None,
-                dropout: DROP.for_micro(step, 0, 0).unwrap(),
+                dropout: drop.for_micro(step, 0, 0).unwrap(),
             };
             forward_backward(&model, &ex, &weights, &b.inputs, &b.targets, (2, 9, rows), 7)
                 .unwrap()
@@ -118,17 +129,25 @@ fn a_step_draws_what_the_whole_model_draws_for_its_micro_batch() {
 fn evaluation_never_drops() {
     let model = common::llama_tiny(2);
     let b = batch(&model, 7, 2);
-    let on = trainer(CpuExecutor::new(), &model, config(2, 0, DROP));
     let off = trainer(CpuExecutor::new(), &model, config(2, 0, TrainDropout::default()));
-    assert_eq!(on.eval_loss(&b).unwrap(), off.eval_loss(&b).unwrap());
+    for drop in [DROP, NOISE] {
+        let on = trainer(CpuExecutor::new(), &model, config(2, 0, drop));
+        assert_eq!(on.eval_loss(&b).unwrap(), off.eval_loss(&b).unwrap());
+    }
 }
 
 #[test]
 fn two_ranks_draw_what_one_process_with_their_rows_draws() {
+    for drop in [DROP, NOISE] {
+        two_ranks_draw_what_one_process_draws(drop);
+    }
+}
+
+fn two_ranks_draw_what_one_process_draws(drop: TrainDropout) {
     let model = common::llama_tiny(2);
     let steps = 3u64;
     let rank_run = |rank: usize, ranks: usize, comm: Option<megatrain::dist::local::LocalComm>| {
-        let mut t = trainer(CpuExecutor::new(), &model, config(2, 0, DROP));
+        let mut t = trainer(CpuExecutor::new(), &model, config(2, 0, drop));
         if let Some(c) = comm {
             t.set_distributed(DistConfig {
                 comm: Arc::new(c),
@@ -171,9 +190,14 @@ fn two_ranks_draw_what_one_process_with_their_rows_draws() {
 #[test]
 fn gpu_streamed_training_with_dropout_follows_the_cpu() {
     let Some(ctx) = common::ctx() else { return };
-    for model in [common::llama_tiny(3), common::gpt2_two_blocks()] {
-        let (cpu, p) = train(trainer(CpuExecutor::new(), &model, config(2, 0, DROP)));
-        let (gpu, q) = train(trainer(GpuExecutor::new(ctx.clone()), &model, config(2, 0, DROP)));
+    let runs = [
+        (common::llama_tiny(3), DROP),
+        (common::gpt2_two_blocks(), DROP),
+        (common::llama_tiny(3), NOISE),
+    ];
+    for (model, drop) in runs {
+        let (cpu, p) = train(trainer(CpuExecutor::new(), &model, config(2, 0, drop)));
+        let (gpu, q) = train(trainer(GpuExecutor::new(ctx.clone()), &model, config(2, 0, drop)));
         for (a, b) in cpu.iter().zip(&gpu) {
             assert!(
                 (a - b).abs() <= 1e-5 * a.abs(),
@@ -211,6 +235,7 @@ fn a_probability_out_of_range_is_refused() {
         let dropout = TrainDropout {
             hidden,
             attention,
+            neftune: 0.0,
             seed: 1,
         };
         let err = Trainer::new(CpuExecutor::new(), model.clone(), tier, config(1, 0, dropout))
@@ -218,5 +243,17 @@ fn a_probability_out_of_range_is_refused() {
             .expect("refused")
             .to_string();
         assert!(err.contains("dropout") && err.contains("0.99"), "{err}");
+    }
+    for neftune in [-1.0, f64::NAN] {
+        let tier = megatrain::trainer::init_tier(&model, TierConfig::default(), 1).unwrap();
+        let dropout = TrainDropout { neftune, ..NOISE };
+        let err = Trainer::new(CpuExecutor::new(), model.clone(), tier, config(1, 0, dropout))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("NEFTune") && err.contains(&neftune.to_string()),
+            "{err}"
+        );
     }
 }

@@ -170,6 +170,9 @@ pub enum Kernel {
     /// Each element kept and scaled, or zeroed, by a dropout mask
     /// (dropout.wgsl).
     Dropout,
+    /// Uniform noise from the dropout hash added to each element
+    /// (dropout.wgsl's `uniform_noise`).
+    UniformNoise,
     /// Each row times its own host-given factor (`scale_rows`).
     ScaleRows,
     /// `cap · tanh(x / cap)` and its backward from the capped output.
@@ -301,6 +304,7 @@ impl Kernel {
             Scale,
             AddScalar,
             Dropout,
+            UniformNoise,
             ScaleRows,
             Softcap,
             SoftcapBwd,
@@ -506,6 +510,7 @@ impl Kernel {
             Scale => (&ELEMENTWISE_SOURCES, "scale", &[1, 3]),
             AddScalar => (&ELEMENTWISE_SOURCES, "add_scalar", &[1, 3]),
             Dropout => (&[DROPOUT_MASK, DROPOUT], "dropout", &[1, 3]),
+            UniformNoise => (&[DROPOUT_MASK, DROPOUT], "uniform_noise", &[1, 3]),
             ScaleRows => (&ELEMENTWISE_SOURCES, "scale_rows", &[1, 2, 3]),
             Softcap => (&ELEMENTWISE_SOURCES, "softcap", &[3]),
             SoftcapBwd => (&ELEMENTWISE_SOURCES, "softcap_bwd", &[1, 3]),

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
 use megatrain_tensor::{
-    AttnMask, ClampedGlu, DType, Docs, Dropout, Executor, F64Executor, HostTensor, LossTerms, Rope,
+    AttnMask, ClampedGlu, DType, Docs, Dropout, Executor, F64Executor, HostTensor, LossTerms, Noise, Rope,
     RopeScaling, Shape, SoftCap, TensorHandle,
 };
 use proptest::prelude::*;
@@ -1177,6 +1177,51 @@ fn dropout_matches_cpu_bit_for_bit() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("dropout") && e.contains("[B, …, C]"), "{e}");
+    }
+}
+
+/// Uniform noise (NEFTune's) is the CPU's: the same hash and the same
+/// exact u, one product and one sum in f32 (which a driver may fuse into
+/// one FMA: a rounding apart at most), on every rank it takes, split over
+/// 4 KiB bindings too, rows counted from the batch row it is told; rank 1
+/// is refused.
+#[test]
+fn uniform_noise_matches_cpu() {
+    let c = cpu();
+    let shapes: [&[usize]; 5] = [&[1, 1], &[3, 5, 7], &[37, 129], &[2, 300, 67], &[2, 3, 4, 5]];
+    for (i, &dims) in shapes.iter().enumerate() {
+        let x = rand_host(900 + i as u64, dims);
+        for (m, batch0) in [(0.01, 0), (0.5, 3), (3.0, 1 << 20)] {
+            let n = Noise::new(m, 0xbeef_0000 + i as u64, "test")
+                .unwrap()
+                .unwrap()
+                .at_batch_row(batch0);
+            let want = down_cpu(&c, &c.add_noise(&cpu_up!(c, &x), &n).unwrap());
+            let xs = x.to_f32_vec();
+            let bound = m as f32 * (1.0 + 1e-6) + 1e-6;
+            assert!(
+                want.iter().zip(&xs).all(|(y, x)| (y - x).abs() <= bound),
+                "{dims:?} m {m}"
+            );
+            for g in both() {
+                let got = down(g, &g.add_noise(&up(g, &x), &n).unwrap());
+                for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                    let ulp = (b.abs().max(f32::MIN_POSITIVE) * f32::EPSILON).max(m as f32 * f32::EPSILON);
+                    assert!(
+                        (a - b).abs() <= ulp,
+                        "{dims:?} m {m} element {k}: GPU {a}, CPU {b}"
+                    );
+                }
+            }
+        }
+    }
+    let n = Noise::new(0.5, 1, "test").unwrap().unwrap();
+    for g in both() {
+        let e = g
+            .add_noise(&up(g, &rand_host(1, &[5])), &n)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("add_noise") && e.contains("[B, …, C]"), "{e}");
     }
 }
 

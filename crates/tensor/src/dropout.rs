@@ -104,14 +104,12 @@ impl Dropout {
     /// The row index of row `r` of batch row `b` for tensors with `rows`
     /// rows per batch row, as the mask counts it (wrapping past 2³²).
     pub fn row(&self, b: usize, rows: usize, r: usize) -> u32 {
-        (self.batch0.wrapping_add(b as u32))
-            .wrapping_mul(rows as u32)
-            .wrapping_add(r as u32)
+        mask_row(self.batch0, b, rows, r)
     }
 
     /// Whether element `col` of mask row `row` ([`Dropout::row`]) is kept.
     pub fn keeps(&self, row: u32, col: u32) -> bool {
-        mix(mix(mix(self.key[0] ^ row) ^ col) ^ self.key[1]) >= self.threshold
+        hash(self.key, row, col) >= self.threshold
     }
 
     /// `x` (`batch` rows of `rows × cols` elements) dropped in place: what
@@ -136,6 +134,109 @@ impl Dropout {
                 } else {
                     F::default()
                 };
+            }
+        }
+    }
+}
+
+/// Row `r` of batch row `b` of a tensor of `rows` rows per batch row whose
+/// first batch row is the batch's `batch0`, as masks count rows.
+fn mask_row(batch0: u32, b: usize, rows: usize, r: usize) -> u32 {
+    (batch0.wrapping_add(b as u32))
+        .wrapping_mul(rows as u32)
+        .wrapping_add(r as u32)
+}
+
+/// The hash of element `col` of mask row `row` under `key`.
+fn hash(key: [u32; 2], row: u32, col: u32) -> u32 {
+    mix(mix(mix(key[0] ^ row) ^ col) ^ key[1])
+}
+
+/// 2⁻²³: a 24-bit hash times this is exact in f32.
+const ULP24: f32 = 1.0 / 8_388_608.0;
+
+/// Uniform noise added to a tensor: element `col` of mask row `row` (rows
+/// counted as [`Dropout::row`] counts them) gets `magnitude · u`, `u` in
+/// [−1, 1) from the top 24 bits of the dropout hash of `(key, row, col)`,
+/// exact in f32 on every executor (`shaders/dropout_mask.wgsl` computes it
+/// as written here). NEFTune (Jain et al. 2023; transformers'
+/// `neftune_noise_alpha`) adds it to the embedding's output in training,
+/// `magnitude = α / √(T·C)`. Its backward passes the gradient unchanged.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Noise {
+    magnitude: f32,
+    key: [u32; 2],
+    batch0: u32,
+}
+
+impl Noise {
+    /// Noise of `magnitude` under `key`; `None` where it is 0. Refuses a
+    /// magnitude that is negative or not finite (in f32), naming `op`.
+    pub fn new(magnitude: f64, key: u64, op: &'static str) -> Result<Option<Noise>> {
+        let m = magnitude as f32;
+        if !(m.is_finite() && m >= 0.0) {
+            return Err(Error::invalid(
+                op,
+                format!("a noise magnitude must be finite and >= 0, not {magnitude}"),
+            ));
+        }
+        Ok((m > 0.0).then_some(Noise {
+            magnitude: m,
+            key: [key as u32, (key >> 32) as u32],
+            batch0: 0,
+        }))
+    }
+
+    /// The same noise for a tensor whose first row is row `batch0` of the
+    /// batch.
+    pub fn at_batch_row(self, batch0: usize) -> Noise {
+        Noise {
+            batch0: batch0 as u32,
+            ..self
+        }
+    }
+
+    pub fn magnitude(&self) -> f32 {
+        self.magnitude
+    }
+
+    pub fn key(&self) -> [u32; 2] {
+        self.key
+    }
+
+    pub fn batch0(&self) -> u32 {
+        self.batch0
+    }
+
+    /// The row index of row `r` of batch row `b`, as [`Dropout::row`].
+    pub fn row(&self, b: usize, rows: usize, r: usize) -> u32 {
+        mask_row(self.batch0, b, rows, r)
+    }
+
+    /// The noise of element `col` of mask row `row`.
+    pub fn value(&self, row: u32, col: u32) -> f32 {
+        let u = (hash(self.key, row, col) >> 8) as f32 * ULP24 - 1.0;
+        u * self.magnitude
+    }
+
+    /// `x` (`batch` rows of `rows × cols` elements) with the noise added in
+    /// place: what [`Executor::add_noise`](crate::Executor::add_noise)
+    /// computes, the sum in `F`.
+    pub fn apply<F: Copy + std::ops::Add<Output = F>>(
+        &self,
+        x: &mut [F],
+        rows: usize,
+        cols: usize,
+        widen: impl Fn(f32) -> F,
+    ) {
+        assert!(
+            rows > 0 && cols > 0 && x.len().is_multiple_of(rows * cols),
+            "noise: layout"
+        );
+        for (i, row) in x.chunks_mut(cols).enumerate() {
+            let r = self.row(i / rows, rows, i % rows);
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = *v + widen(self.value(r, c as u32));
             }
         }
     }
@@ -166,6 +267,43 @@ mod tests {
         let d = Dropout::new(0.25, 7, "t").unwrap().unwrap();
         assert_eq!(d.p(), 0.25);
         assert_eq!(d.scale(), 1.0 / 0.75);
+    }
+
+    #[test]
+    fn noise_is_uniform_in_its_magnitude_with_no_pattern() {
+        assert!(Noise::new(0.0, 7, "t").unwrap().is_none());
+        for m in [-0.1, f64::NAN, f64::INFINITY, 1e39] {
+            let e = Noise::new(m, 7, "t").unwrap_err().to_string();
+            assert!(e.contains("noise magnitude") && e.contains(&m.to_string()), "{e}");
+        }
+        let d = Noise::new(0.5, 0x1234_5678_9abc_def0, "t").unwrap().unwrap();
+        let (rows, cols) = (512u32, 384u32);
+        let v: Vec<f64> = (0..rows)
+            .flat_map(|r| (0..cols).map(move |c| (r, c)))
+            .map(|(r, c)| f64::from(d.value(r, c)))
+            .collect();
+        let n = v.len() as f64;
+        assert!(v.iter().all(|x| (-0.5..0.5).contains(x)));
+        // U(−m, m): mean 0 and variance m²/3, its sigma over 196,608 draws
+        // about 6.5e-4 and 3.4e-4.
+        let mean = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| x * x).sum::<f64>() / n - mean * mean;
+        assert!(mean.abs() < 3e-3, "mean {mean}");
+        assert!((var - 0.25 / 3.0).abs() < 2e-3, "variance {var}");
+        // A quarter in each quarter of the range.
+        for q in 0..4 {
+            let lo = -0.5 + 0.25 * q as f64;
+            let share = v.iter().filter(|x| (lo..lo + 0.25).contains(*x)).count() as f64 / n;
+            assert!((share - 0.25).abs() < 0.005, "quarter {q}: {share}");
+        }
+        // Neighbours along a row and down a column are uncorrelated.
+        for step in [1, cols as usize] {
+            let c = (0..v.len() - step).map(|i| v[i] * v[i + step]).sum::<f64>() / (n - step as f64);
+            assert!(c.abs() < 3e-3, "step {step}: {c}");
+        }
+        // Its rows are counted from batch0 as a dropout mask's.
+        let at = d.at_batch_row(3);
+        assert_eq!(at.value(at.row(0, 5, 2), 7), d.value(d.row(3, 5, 2), 7));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::ops::Range;
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Error, Glu, HostRegistration, HostSlice,
-    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape,
+    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, Noise, NormGrads, NormOut, Result, Rope, Shape,
     SoftCap, TransportInfo, TransportStats, Transpose, WeightSlot, WeightUpload, compose_add_layernorm,
     compose_add_layernorm_backward, compose_add_rmsnorm, compose_add_rmsnorm_backward,
     compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
@@ -347,6 +347,10 @@ pub trait Executor {
     /// its index in the last. Its backward is the same op on the output's
     /// gradient.
     fn dropout(&self, x: &Self::Tensor, d: &Dropout) -> Result<Self::Tensor>;
+    /// `x` (`[B, …, C]`, laid out as for `dropout`) plus `n`'s uniform
+    /// noise ([`Noise::value`] of each element's mask row and column),
+    /// added in f32. Its backward passes the gradient unchanged.
+    fn add_noise(&self, x: &Self::Tensor, n: &Noise) -> Result<Self::Tensor>;
 
     // ---- matmul --------------------------------------------------------
 

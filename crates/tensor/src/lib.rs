@@ -22,7 +22,7 @@ mod transport;
 pub use compose::*;
 pub use cpu::{CpuExecutor, CpuTensor, F64Executor};
 pub use docs::Docs;
-pub use dropout::{Dropout, MAX_DROPOUT, dropout_layout, mix64};
+pub use dropout::{Dropout, MAX_DROPOUT, Noise, dropout_layout, mix64};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use executor::*;

@@ -126,7 +126,7 @@ fn check_finite_differences(name: &str, c: &Case, r: Rows<'_>) -> usize {
     let (plain, _) = c.run(&slabs, Rows { dropout: None, ..r });
     assert!(
         (loss - plain).abs() > 1e-6 * plain.abs(),
-        "{name}: dropout changed nothing"
+        "{name}: dropout changed nothing ({loss} vs {plain})"
     );
     let mut checked = 0;
     for (l, g) in grads.iter().enumerate() {
@@ -201,6 +201,61 @@ fn a_key_draws_the_same_masks_and_another_key_others() {
                 "{name}: hidden {h} attention {p}"
             );
         }
+    }
+}
+
+fn noisy(neftune: f64, key: u64) -> Rows<'static> {
+    Rows {
+        docs: None,
+        dropout: Dropouts::with_noise(0.0, 0.0, neftune, key).unwrap(),
+    }
+}
+
+/// NEFTune's noise on the lookup: the backward of the noisy forward
+/// against its finite differences in every family (the noise is in the
+/// forward only, the backward passes through it).
+#[test]
+fn neftune_backward_matches_finite_differences_in_every_family() {
+    let checked: usize = CASES
+        .iter()
+        .map(|&name| check_finite_differences(name, &case(name), noisy(5.0, 0x4ef7)))
+        .sum();
+    assert!(checked > 100, "{checked} entries checked");
+}
+
+/// The noise is uniform within α / √(T·C) of the lookup (before GPT-2's
+/// positions are added: the difference is the noise), another key's is
+/// other noise, and α = 0 is no noise.
+#[test]
+fn neftune_noise_has_its_magnitude() {
+    for name in ["gpt2", "llama_gqa"] {
+        let c = case(name);
+        let (cfg, w) = (&c.model.config, c.weights(&c.model.slabs));
+        let x = |r: Rows<'_>| {
+            embedding_forward(cfg, &EX, &w[0], &c.ids, c.batch, c.seq, r)
+                .unwrap()
+                .data()
+                .to_vec()
+        };
+        let plain = x(Rows::default());
+        let alpha = 5.0;
+        let m = alpha / ((c.seq * cfg.hidden_size) as f64).sqrt();
+        let a = x(noisy(alpha, 1));
+        let d: Vec<f64> = a.iter().zip(&plain).map(|(a, p)| a - p).collect();
+        assert!(d.iter().all(|v| v.abs() <= m * (1.0 + 1e-6)), "{name}");
+        let mean_abs = d.iter().map(|v| v.abs()).sum::<f64>() / d.len() as f64;
+        // U(−m, m): E|u| = m/2.
+        assert!(
+            (mean_abs / m - 0.5).abs() < 0.1,
+            "{name}: mean |noise| {mean_abs} of {m}"
+        );
+        assert_ne!(a, x(noisy(alpha, 2)), "{name}");
+        assert_eq!(a, x(noisy(alpha, 1)), "{name}");
+        assert!(Dropouts::with_noise(0.0, 0.0, 0.0, 1).unwrap().is_none());
+    }
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let e = Dropouts::with_noise(0.0, 0.0, bad, 1).unwrap_err().to_string();
+        assert!(e.contains("NEFTune") && e.contains(&bad.to_string()), "{e}");
     }
 }
 

@@ -118,6 +118,7 @@ impl Spec {
         config.dropout = megatrain::trainer::TrainDropout {
             hidden: self.dropout,
             attention: self.attn_dropout,
+            neftune: 0.0,
             seed: 0,
         };
         Ok(())

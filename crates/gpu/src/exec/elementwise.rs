@@ -1,7 +1,7 @@
 //! Elementwise ops, activations and layout copies.
 
 use megatrain_tensor::{
-    DType, Dropout, Error, Glu, Result, Shape, SoftCap, dropout_layout, sigmoid_mul_check,
+    DType, Dropout, Error, Glu, Noise, Result, Shape, SoftCap, dropout_layout, sigmoid_mul_check,
 };
 
 use super::{GpuExecutor, Op, View, f, grid_for, need_f32, rows_and_width, same_shape, u};
@@ -102,36 +102,60 @@ impl GpuExecutor {
     }
 
     pub(crate) fn dropout_impl(&self, x: &GpuTensor, d: &Dropout) -> Result<GpuTensor> {
-        need_f32("dropout", x)?;
-        let (_, rows, cols) = dropout_layout("dropout", &x.shape)?;
+        let scale = d.scale() as f32;
+        self.hashed_impl(
+            "dropout",
+            Kernel::Dropout,
+            x,
+            (d.key(), d.batch0()),
+            (d.threshold(), scale),
+        )
+    }
+
+    pub(crate) fn add_noise_impl(&self, x: &GpuTensor, n: &Noise) -> Result<GpuTensor> {
+        let m = n.magnitude();
+        self.hashed_impl(
+            "add_noise",
+            Kernel::UniformNoise,
+            x,
+            (n.key(), n.batch0()),
+            (0, m),
+        )
+    }
+
+    /// `x` through one of dropout.wgsl's kernels, which hash each element's
+    /// mask row and column under `key` (rows counted from `batch0`) and
+    /// take a threshold and an f32 factor.
+    fn hashed_impl(
+        &self,
+        op: &'static str,
+        k: Kernel,
+        x: &GpuTensor,
+        ([key0, key1], batch0): ([u32; 2], u32),
+        (threshold, factor): (u32, f32),
+    ) -> Result<GpuTensor> {
+        need_f32(op, x)?;
+        let (_, rows, cols) = dropout_layout(op, &x.shape)?;
         let y = self.alloc_f32(x.shape.clone())?;
         if x.numel() == 0 {
             return Ok(y);
         }
-        let [key0, key1] = d.key();
-        self.run_elementwise_from(
-            "dropout",
-            Kernel::Dropout,
-            &[(x, 1), (&y, 1)],
-            x.numel(),
-            |first, n, o| {
-                let scale = d.scale() as f32;
-                vec![
-                    u(n),
-                    o[0],
-                    o[1],
-                    u(first),
-                    key0,
-                    key1,
-                    d.threshold(),
-                    f(scale),
-                    u(cols),
-                    u(rows),
-                    d.batch0(),
-                    0,
-                ]
-            },
-        )?;
+        self.run_elementwise_from(op, k, &[(x, 1), (&y, 1)], x.numel(), |first, n, o| {
+            vec![
+                u(n),
+                o[0],
+                o[1],
+                u(first),
+                key0,
+                key1,
+                threshold,
+                f(factor),
+                u(cols),
+                u(rows),
+                batch0,
+                0,
+            ]
+        })?;
         Ok(y)
     }
 

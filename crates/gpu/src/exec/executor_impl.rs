@@ -3,8 +3,8 @@
 use megatrain_tensor::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleGrads, DeltaRuleOut, Docs, Download, Dropout, Executor, Glu, HostRegistration, HostSlice,
-    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, MemoryStats, NormGrads, NormOut, Result, Rope,
-    Shape, SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
+    HostTensor, Landed, LossTerms, MatmulGrads, MatmulNeeds, MemoryStats, Noise, NormGrads, NormOut, Result,
+    Rope, Shape, SoftCap, TransportInfo, Transpose, WeightSlot, WeightUpload,
 };
 
 use super::GpuExecutor;
@@ -245,6 +245,10 @@ impl Executor for GpuExecutor {
 
     fn dropout(&self, x: &GpuTensor, d: &Dropout) -> Result<GpuTensor> {
         self.dropout_impl(x, d)
+    }
+
+    fn add_noise(&self, x: &GpuTensor, n: &Noise) -> Result<GpuTensor> {
+        self.add_noise_impl(x, n)
     }
 
     fn row_dots(&self, a: &GpuTensor, b: &GpuTensor) -> Result<GpuTensor> {

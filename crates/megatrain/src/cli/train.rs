@@ -122,6 +122,13 @@ pub struct TrainArgs {
     /// cross-entropy that evaluation reports [default: 0, off].
     #[arg(long)]
     label_smoothing: Option<f64>,
+    /// NEFTune (instruction tuning): add uniform noise of magnitude
+    /// A / √(T·C) to the embedding's lookup in training, as transformers'
+    /// neftune_noise_alpha (the paper's runs use 5); drawn from the run's
+    /// seed like dropout's masks, never in evaluation or sampling
+    /// [default: 0, off].
+    #[arg(long)]
+    neftune_alpha: Option<f64>,
     /// Train all but the first N layers (the embedding, then blocks; at
     /// most all but the head): the backward ends at the first trained
     /// layer, and the frozen ones keep their weights [default: 0]. A tied
@@ -351,6 +358,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         dropout_from_config,
         z_loss,
         label_smoothing,
+        neftune_alpha,
         freeze_layers,
         precision,
         checkpoint_every,

@@ -373,6 +373,10 @@ pub struct TrainOptions {
     /// label_smoothing`); logged as `smoothed_loss` beside `loss`, which
     /// stays the plain cross-entropy. 0 is off.
     pub label_smoothing: f64,
+    /// NEFTune's α: uniform noise of magnitude α / √(T·C) on the
+    /// embedding's lookup in training (`TrainDropout::neftune`), as
+    /// transformers' `neftune_noise_alpha`. 0 is off.
+    pub neftune_alpha: f64,
     /// The first this many layers (the embedding, then the blocks; at
     /// most all but the head) are not trained
     /// (`TrainerConfig::frozen_layers`). 0: every layer trains.
@@ -519,6 +523,7 @@ impl Default for TrainOptions {
             dropout_from_config: false,
             z_loss: 0.0,
             label_smoothing: 0.0,
+            neftune_alpha: 0.0,
             freeze_layers: 0,
             precision: Precision::F32,
             checkpoint_every: 1,
@@ -791,6 +796,7 @@ impl TrainOptions {
                 "must be in [0, 1] (0.1 is the common choice)",
             ));
         }
+        finite_nonneg("neftune-alpha", self.neftune_alpha)?;
         if self.dropout_from_config && (self.dropout > 0.0 || self.attn_dropout > 0.0) {
             return Err(RunError::option(
                 "dropout-from-config",

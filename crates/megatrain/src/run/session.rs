@@ -289,6 +289,7 @@ pub fn train_with<E: Executor>(
         dropout: crate::trainer::TrainDropout {
             hidden: opts.dropout,
             attention: opts.attn_dropout,
+            neftune: opts.neftune_alpha,
             seed: opts.seed,
         },
         z_loss: opts.z_loss as f32,

@@ -111,21 +111,27 @@ pub struct TrainerConfig {
 /// s are drawn from `(seed, s, k)` and each row's index in the step's
 /// global batch, so a recomputed forward draws its forward's, a resumed
 /// run draws what the uninterrupted one did, and N data parallel ranks
-/// draw what one rank with N times the rows would.
+/// draw what one rank with N times the rows would. `neftune`, NEFTune's α
+/// (transformers' `neftune_noise_alpha`), adds uniform noise of magnitude
+/// α / √(T·C) to the embedding's lookup, drawn the same way
+/// (`megatrain_zoo::layers::Dropouts::with_noise`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TrainDropout {
     pub hidden: f64,
     pub attention: f64,
+    pub neftune: f64,
     pub seed: u64,
 }
 
 impl TrainDropout {
     /// The dropout of micro-batch `micro` of step `step`, for rows that
     /// begin at row `row0` of the step's global batch; `None` where off.
-    /// A probability outside `[0, 0.99]` is refused by name.
+    /// A probability outside `[0, 0.99]`, or α negative or not finite, is
+    /// refused by name.
     pub fn for_micro(&self, step: u64, micro: usize, row0: usize) -> megatrain_zoo::Result<Option<Dropouts>> {
         let key = mix64(&[self.seed, step, micro as u64]);
-        Ok(Dropouts::new(self.hidden, self.attention, key)?.map(|d| d.at_batch_row(row0)))
+        let d = Dropouts::with_noise(self.hidden, self.attention, self.neftune, key)?;
+        Ok(d.map(|d| d.at_batch_row(row0)))
     }
 }
 

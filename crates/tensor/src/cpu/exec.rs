@@ -14,9 +14,10 @@ use crate::cpu::{CpuTensor, Real};
 use crate::{
     AddNormOut, AttentionGrads, AttentionOut, AttnMask, ClampedGlu, ComputePrecision, CrossEntropyOut, DType,
     DeltaRuleDims, DeltaRuleGrads, DeltaRuleOut, Docs, Dropout, Error, Executor, HostSlice, HostTensor,
-    LossTerms, MatmulGrads, MatmulNeeds, NormGrads, NormOut, Result, Rope, Shape, SoftCap, TensorHandle,
-    Transpose, attention_cached_dims, attention_sinks_dims, causal_conv1d_dims, clamped_glu_out,
-    delta_gates_dims, delta_rule_cached_dims, delta_rule_dims, dropout_layout, sigmoid_mul_check,
+    LossTerms, MatmulGrads, MatmulNeeds, Noise, NormGrads, NormOut, Result, Rope, Shape, SoftCap,
+    TensorHandle, Transpose, attention_cached_dims, attention_sinks_dims, causal_conv1d_dims,
+    clamped_glu_out, delta_gates_dims, delta_rule_cached_dims, delta_rule_dims, dropout_layout,
+    sigmoid_mul_check,
 };
 
 /// The reference executor computing in `F`. Use the aliases.
@@ -455,6 +456,15 @@ impl<F: Real> Executor for RefExecutor<F> {
         let mut y = f32_data("dropout", x)?.to_vec();
         if !y.is_empty() {
             d.apply(&mut y, rows, cols, F::from_f64(d.scale()));
+        }
+        Ok(out(x.shape().clone(), y))
+    }
+
+    fn add_noise(&self, x: &T<F>, n: &Noise) -> Result<T<F>> {
+        let (_, rows, cols) = dropout_layout("add_noise", x.shape())?;
+        let mut y = f32_data("add_noise", x)?.to_vec();
+        if !y.is_empty() {
+            n.apply(&mut y, rows, cols, F::from_f32);
         }
         Ok(out(x.shape().clone(), y))
     }

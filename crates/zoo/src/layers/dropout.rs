@@ -5,9 +5,10 @@
 //! each layer draws its own mask from the step's key
 //! ([`megatrain_tensor::Dropout`]: a hash, so a recomputed forward and the
 //! backward draw the same one and nothing is stored); evaluation and
-//! generation pass none.
+//! generation pass none. NEFTune's uniform noise on the embedding's lookup
+//! is drawn the same way ([`megatrain_tensor::Noise`]).
 
-use megatrain_tensor::{Docs, Dropout, Executor, mix64};
+use megatrain_tensor::{Docs, Dropout, Executor, Noise, mix64};
 
 use crate::{Result, ZooError};
 
@@ -22,17 +23,21 @@ pub(crate) enum Site {
     AttnOut = 3,
     /// The MLP's output (a routed one's too).
     MlpOut = 4,
+    /// NEFTune's noise on the embedding's lookup.
+    Noise = 5,
 }
 
 /// A training forward's dropout: `hidden` on the embedding's and the
 /// residual branches' outputs, `attention` on the probabilities, each mask
 /// drawn from `key` (the trainer mixes its seed, the step and the
 /// micro-batch into it) and the site, rows counted from batch row
-/// `batch0` of the step's whole batch.
+/// `batch0` of the step's whole batch; and NEFTune's noise of `neftune`
+/// α on the embedding's lookup, drawn the same way.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropouts {
     hidden: f64,
     attention: f64,
+    neftune: f64,
     key: u64,
     batch0: usize,
 }
@@ -41,16 +46,39 @@ impl Dropouts {
     /// `None` where both probabilities are 0; a probability outside
     /// `[0, MAX_DROPOUT]` is refused by name.
     pub fn new(hidden: f64, attention: f64, key: u64) -> Result<Option<Dropouts>> {
+        Self::with_noise(hidden, attention, 0.0, key)
+    }
+
+    /// [`Dropouts::new`] with NEFTune's α (Jain et al. 2023, transformers'
+    /// `neftune_noise_alpha`: 5 in the paper's runs): uniform noise of
+    /// magnitude α / √(T·C) added to the embedding table's lookup, before
+    /// position embeddings and any scale, as transformers' hook on the
+    /// input embeddings adds it. `None` where all three are 0; α negative
+    /// or not finite is refused.
+    pub fn with_noise(hidden: f64, attention: f64, neftune: f64, key: u64) -> Result<Option<Dropouts>> {
         for (p, what) in [(hidden, "hidden"), (attention, "attention")] {
             Dropout::new(p, key, "dropout")
                 .map_err(|e| ZooError::invalid("dropout", format!("{what}: {e}")))?;
         }
-        Ok((hidden > 0.0 || attention > 0.0).then_some(Dropouts {
-            hidden,
-            attention,
-            key,
-            batch0: 0,
-        }))
+        if !(neftune.is_finite() && neftune >= 0.0) {
+            return Err(ZooError::invalid(
+                "dropout",
+                format!("NEFTune's alpha must be finite and >= 0, not {neftune}"),
+            ));
+        }
+        Ok(
+            (hidden > 0.0 || attention > 0.0 || neftune > 0.0).then_some(Dropouts {
+                hidden,
+                attention,
+                neftune,
+                key,
+                batch0: 0,
+            }),
+        )
+    }
+
+    pub fn neftune(&self) -> f64 {
+        self.neftune
     }
 
     /// The same dropout for rows that begin at batch row `batch0` of the
@@ -72,6 +100,7 @@ impl Dropouts {
     pub(crate) fn site(&self, layer: usize, site: Site) -> Option<Dropout> {
         let p = match site {
             Site::Attention => self.attention,
+            Site::Noise => return None,
             _ => self.hidden,
         };
         let key = mix64(&[self.key, layer as u64, site as u64]);
@@ -100,6 +129,20 @@ impl Rows<'_> {
     /// Site `site` of layer `layer`'s dropout, if any.
     pub(crate) fn site(&self, layer: usize, site: Site) -> Option<Dropout> {
         self.dropout.and_then(|d| d.site(layer, site))
+    }
+
+    /// NEFTune's noise on the lookup of rows of `seq` tokens of `hidden`
+    /// features, if any.
+    pub(crate) fn embedding_noise(&self, seq: usize, hidden: usize) -> Option<Noise> {
+        let d = self.dropout?;
+        if d.neftune == 0.0 || seq * hidden == 0 {
+            return None;
+        }
+        let magnitude = d.neftune / ((seq * hidden) as f64).sqrt();
+        let key = mix64(&[d.key, 0, Site::Noise as u64]);
+        Noise::new(magnitude, key, "neftune")
+            .expect("alpha checked by Dropouts::with_noise")
+            .map(|n| n.at_batch_row(d.batch0))
     }
 }
 

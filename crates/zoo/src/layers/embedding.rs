@@ -1,6 +1,6 @@
 //! Layer 0: token embedding (plus GPT-2's learned positions).
 
-use megatrain_tensor::{Docs, Executor, Shape, TensorHandle};
+use megatrain_tensor::{Docs, Executor, Noise, Shape, TensorHandle};
 
 use super::{Rows, Site, check_weights, dropout_branch, dropped, shape};
 use crate::{ModelConfig, Result, ZooError};
@@ -62,7 +62,10 @@ pub fn embedding_forward<'a, E: Executor>(
     check_weights(w, n_weights(cfg), "embedding_forward")?;
     check_ids(cfg, ids, batch, seq, "embedding_forward")?;
     check_docs(rows.docs, batch, seq, "embedding_forward")?;
-    let x = embed(cfg, ex, w, ids, batch, seq, || positions(batch, seq, rows.docs))?;
+    let noise = rows.embedding_noise(seq, cfg.hidden_size);
+    let x = embed(cfg, ex, w, ids, (batch, seq, noise), || {
+        positions(batch, seq, rows.docs)
+    })?;
     dropout_branch(ex, x, rows.site(0, Site::Embedding))
 }
 
@@ -81,7 +84,7 @@ pub fn embedding_forward_at<E: Executor>(
     check_weights(w, n_weights(cfg), "embedding_forward_at")?;
     check_ids(cfg, ids, batch, seq, "embedding_forward_at")?;
     cfg.check_seq_len(start + seq)?;
-    embed(cfg, ex, w, ids, batch, seq, || {
+    embed(cfg, ex, w, ids, (batch, seq, None), || {
         (0..batch)
             .flat_map(|_| start..start + seq)
             .map(|p| p as u32)
@@ -89,16 +92,23 @@ pub fn embedding_forward_at<E: Executor>(
     })
 }
 
+/// The table's rows for `ids` (plus `noise`, NEFTune's, where the forward
+/// trains with it), the positions' rows where the family has them, and
+/// the family's scale: `[batch, seq, C]`.
 fn embed<E: Executor>(
     cfg: &ModelConfig,
     ex: &E,
     w: &[E::Tensor],
     ids: &[u32],
-    batch: usize,
-    seq: usize,
+    (batch, seq, noise): (usize, usize, Option<Noise>),
     positions: impl FnOnce() -> Vec<u32>,
 ) -> Result<E::Tensor> {
     let mut x = ex.embedding(ids, &w[0])?;
+    if let Some(n) = noise {
+        // The noise counts rows of sequences, as dropout masks do.
+        let rows = ex.add_noise(&ex.reshape(&x, &shape(&[batch, seq, cfg.hidden_size]))?, &n)?;
+        x = ex.reshape(&rows, &shape(&[batch * seq, cfg.hidden_size]))?;
+    }
     if cfg.arch.is_gpt2() {
         let p = ex.embedding(&positions(), &w[1])?;
         ex.add_assign(&mut x, &p)?;
