@@ -98,6 +98,14 @@ fn bad_inputs_are_named() {
             &[&format!("--label-smoothing {e}"), "[0, 1]"],
         );
     }
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--steps", "5", "--epochs", "2"],
+        &["--steps", "--epochs", "cannot be used with"],
+    );
+    check(
+        &["--preset", "gpt2-nano", "--data", s(&data), "--epochs", "0"],
+        &["--epochs 0", "positive"],
+    );
     for a in ["-1", "inf"] {
         check(
             &["--preset", "gpt2-nano", "--data", s(&data), "--neftune-alpha", a],

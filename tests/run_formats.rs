@@ -131,6 +131,81 @@ fn alpaca_and_sharegpt_count_only_responses() {
     }
 }
 
+/// `epochs` sets the steps from one pass over the training data: a row a
+/// record, the packed rows of a pass, or the stream's windows; over every
+/// source; rows a step counted over ranks and micro-batches.
+#[test]
+fn epochs_count_the_steps_of_passes_over_the_data() {
+    use megatrain::run::RowsKind;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let alpaca = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
+"#
+    .repeat(20);
+    std::fs::write(t.join("a.jsonl"), alpaca).unwrap();
+    let text = "to be, or not to be: that is the question.\n".repeat(40);
+    std::fs::write(t.join("b.txt"), &text).unwrap();
+    let opts = |data: &str, rows: RowsKind, epochs: f64, out: &str| TrainOptions {
+        rows,
+        epochs: Some(epochs),
+        val_fraction: 0.0,
+        seq_len: 512,
+        ..small(t.join(data), &t.join(out), "llama-tiny")
+    };
+    // 20 records one a row, batch 2: 10 steps a pass.
+    let p = prepare(opts("a.jsonl", RowsKind::Records, 3.0, "r1"), false).unwrap();
+    assert_eq!(p.train.rows_per_pass(512), 20);
+    assert_eq!(p.opts.steps, 30);
+    let p = prepare(opts("a.jsonl", RowsKind::Records, 0.25, "r2"), false).unwrap();
+    assert_eq!(p.opts.steps, 3, "⌈0.25 × 20 / 2⌉");
+    // Packed: several records a row, so fewer rows and steps a pass.
+    let p = prepare(opts("a.jsonl", RowsKind::Packed, 1.0, "r3"), false).unwrap();
+    let rows = p.train.rows_per_pass(512);
+    assert!(rows > 0 && rows < 20, "{rows}");
+    assert_eq!(p.opts.steps, rows.div_ceil(2));
+    // Windows of a stream of n tokens: (n − 1) / T rows (3 here); with 2
+    // micro-batches a step, twice the rows a step.
+    let o = TrainOptions {
+        grad_accum: 2,
+        ..opts("b.txt", RowsKind::Stream, 2.0, "r4")
+    };
+    let p = prepare(o, false).unwrap();
+    let n = p.train.len() as u64;
+    assert_eq!(p.train.rows_per_pass(512), (n - 1) / 512);
+    assert_eq!(p.opts.steps, (2 * ((n - 1) / 512)).div_ceil(4).max(1));
+    // Both sources: their passes add up.
+    let o = TrainOptions {
+        data: vec![t.join("a.jsonl"), t.join("b.txt")],
+        rows: RowsKind::Auto,
+        ..opts("a.jsonl", RowsKind::Auto, 1.0, "r5")
+    };
+    let p = prepare(o, false).unwrap();
+    assert_eq!(p.train.rows_per_pass(512), 20 + (n - 1) / 512);
+    // A cooldown longer than the passes' steps is refused as for --steps.
+    let o = TrainOptions {
+        schedule: Schedule::Wsd,
+        cooldown: Some(50),
+        ..opts("a.jsonl", RowsKind::Records, 1.0, "r6")
+    };
+    let e = prepare(o, false).err().unwrap().to_string();
+    assert!(e.contains("--cooldown 50") && e.contains("10 steps"), "{e}");
+    for bad in [0.0, -1.0, f64::NAN] {
+        let e = prepare(opts("a.jsonl", RowsKind::Records, bad, "r7"), false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--epochs") && e.contains("positive"), "{e}");
+    }
+    // It trains to the end of its passes.
+    train_ok_steps(
+        TrainOptions {
+            eval_every: 0,
+            ..opts("a.jsonl", RowsKind::Records, 0.4, "r8")
+        },
+        4,
+    );
+}
+
 #[test]
 fn toml_config_is_overridden_by_later_settings() {
     let tmp = tempfile::tempdir().unwrap();

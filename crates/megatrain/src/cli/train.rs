@@ -61,8 +61,15 @@ pub struct TrainArgs {
     #[arg(long)]
     grad_accum: Option<usize>,
     /// Optimizer steps of the run; with --resume, where the resumed run ends [default: 5000].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "epochs")]
     steps: Option<u64>,
+    /// Instead of --steps: passes over the training data (e.g. 3, or 0.5).
+    /// The steps are ⌈E × rows of one pass ÷ rows a step⌉, a pass being a
+    /// row a record, the rows --rows packed makes of them, or the stream's
+    /// windows of --seq-len, over every --data source; the schedule ends
+    /// with the last pass.
+    #[arg(long)]
+    epochs: Option<f64>,
     /// Peak learning rate, reached after --warmup [default: 1e-3].
     #[arg(long)]
     lr: Option<f64>,
@@ -319,6 +326,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         a,
         model,
         preset,
+        epochs,
         val_data,
         vocab_size,
         min_lr,
@@ -333,6 +341,10 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
     );
     if !a.data.is_empty() {
         o.data = a.data.clone();
+    }
+    // --steps on a run (or a config file) that counted epochs counts steps.
+    if a.steps.is_some() {
+        o.epochs = None;
     }
     overlay!(
         o,
@@ -465,8 +477,17 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                 }
             );
         }
+        let epochs = o
+            .epochs
+            .map(|e| {
+                format!(
+                    " (--epochs {e}: a pass is {} rows)",
+                    p.train.rows_per_pass(o.seq_len)
+                )
+            })
+            .unwrap_or_default();
         eprintln!(
-            "data: {} train tokens{}; {} steps of {}×{}×{} tokens per rank; run directory {}",
+            "data: {} train tokens{}; {} steps{epochs} of {}×{}×{} tokens per rank; run directory {}",
             p.train.len(),
             p.val
                 .as_ref()

@@ -280,6 +280,12 @@ impl Mix {
         self.parts.iter().map(TokenData::len).sum()
     }
 
+    /// The rows one pass over every part gives ([`TokenData::rows_per_pass`]),
+    /// summed whatever the weights.
+    pub fn rows_per_pass(&self, seq_len: usize) -> u64 {
+        self.parts.iter().map(|p| p.rows_per_pass(seq_len)).sum()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -20,7 +20,7 @@ pub use fnv::Fnv1a;
 pub use jinja::strftime_utc;
 pub use load::{id_width, is_token_file, keep_in_cache, load_tokens, load_tokens_cached, split_validation};
 pub use mask::Mask;
-pub use packing::{Fit, packed_once, packed_padding_share};
+pub use packing::{Fit, packed_once, packed_padding_share, packed_rows};
 pub use records::{Records, silent_records};
 pub use tokens::Tokens;
 
@@ -125,6 +125,17 @@ impl TokenData {
         TokenData {
             records: self.records.map(|r| r.packed_with(fit)),
             ..self
+        }
+    }
+
+    /// The rows of `seq_len` tokens one pass over the data gives (one
+    /// epoch): a row a record, the rows a pass packs, or the stream's
+    /// windows (`seq_len` + 1 tokens each, `seq_len` apart).
+    pub fn rows_per_pass(&self, seq_len: usize) -> u64 {
+        match self.row_records() {
+            Some(r) if r.is_packed() => packed_rows(r, self.len(), seq_len),
+            Some(r) => r.len() as u64,
+            None => (self.len().saturating_sub(1) / seq_len.max(1)).max(1) as u64,
         }
     }
 

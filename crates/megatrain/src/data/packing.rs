@@ -282,8 +282,22 @@ pub(super) fn push_packed_row(
 /// `total` tokens are packed in their stored order into rows of `seq_len`,
 /// as `records` packs (next fit where they are not packed).
 pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> f64 {
+    let (rows, used) = packed_pass(records, total, seq_len);
+    1.0 - used as f64 / (rows as usize * seq_len).max(1) as f64
+}
+
+/// The rows one pass over `records` (of a stream of `total` tokens) packs
+/// into rows of `seq_len`, in their stored order, as `records` packs (next
+/// fit where they are not packed); a pass in a drawn order packs about as
+/// many.
+pub fn packed_rows(records: &Records, total: usize, seq_len: usize) -> u64 {
+    packed_pass(records, total, seq_len).0
+}
+
+/// Rows and tokens used of one pass, as [`packed_padding_share`] packs it.
+fn packed_pass(records: &Records, total: usize, seq_len: usize) -> (u64, usize) {
     if records.is_empty() || seq_len == 0 {
-        return 0.0;
+        return (0, 0);
     }
     let n = records.len() as u64;
     let wide = |k: u64| width(records, k as usize, total).min(seq_len);
@@ -307,7 +321,7 @@ pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> 
             g += 1;
         }
     }
-    1.0 - used as f64 / (rows as usize * seq_len).max(1) as f64
+    (rows, used)
 }
 
 #[cfg(test)]

@@ -334,6 +334,12 @@ pub struct TrainOptions {
     pub batch: usize,
     pub grad_accum: usize,
     pub steps: u64,
+    /// Passes over the training data: where given, `steps` becomes
+    /// ⌈epochs × rows of one pass ÷ rows a step⌉ once the data is read
+    /// ([`crate::data::Mix::rows_per_pass`]; the rows a step takes are
+    /// `ranks × batch × grad_accum`), so the learning rate schedule ends
+    /// with the last pass.
+    pub epochs: Option<f64>,
     pub lr: f64,
     /// Default: lr / 10.
     pub min_lr: Option<f64>,
@@ -505,6 +511,7 @@ impl Default for TrainOptions {
             batch: 12,
             grad_accum: 1,
             steps: 5000,
+            epochs: None,
             lr: 1e-3,
             min_lr: None,
             warmup: 100,
@@ -618,6 +625,25 @@ impl TrainOptions {
         self.decay_steps.unwrap_or(self.steps)
     }
 
+    /// A cooldown no longer than the steps to `decay_steps`.
+    pub fn check_cooldown(&self) -> Result<()> {
+        match self.cooldown {
+            Some(c) if c > self.decay_steps() => Err(RunError::option(
+                "cooldown",
+                c,
+                format!("is longer than the {} steps to --decay-steps", self.decay_steps()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The steps of `epochs` passes over data whose one pass is
+    /// `rows_per_pass` rows: at least 1.
+    pub fn steps_for_epochs(&self, epochs: f64, rows_per_pass: u64) -> u64 {
+        let per_step = (self.global_batch() * self.grad_accum) as f64;
+        ((epochs * rows_per_pass as f64 / per_step).ceil() as u64).max(1)
+    }
+
     pub fn schedule(&self) -> crate::schedule::LrSchedule {
         crate::schedule::LrSchedule {
             kind: self.schedule.into(),
@@ -690,6 +716,9 @@ impl TrainOptions {
         }
         positive("log-every", self.log_every)?;
         positive("ranks", self.ranks as u64)?;
+        if let Some(e) = self.epochs.filter(|e| !(e.is_finite() && *e > 0.0)) {
+            return Err(RunError::option("epochs", e, "must be a positive number"));
+        }
         if let Some(w) = self.spill_window {
             // Two chunk sets of the smallest chunk the window reads.
             let min = 2 * 12 * megatrain_tier::CHUNK_ALIGN as u64;
@@ -772,13 +801,11 @@ impl TrainOptions {
                     "is the wsd schedules' decay: give --schedule wsd or wsd-sqrt",
                 ));
             }
-            if c > self.decay_steps() {
-                return Err(RunError::option(
-                    "cooldown",
-                    c,
-                    format!("is longer than the {} steps to --decay-steps", self.decay_steps()),
-                ));
-            }
+        }
+        // With --epochs the steps are known once the data is read
+        // (`prepare` checks then).
+        if self.epochs.is_none() || self.decay_steps.is_some() {
+            self.check_cooldown()?;
         }
         finite_nonneg("weight-decay", self.weight_decay)?;
         finite_nonneg("grad-clip", self.grad_clip)?;

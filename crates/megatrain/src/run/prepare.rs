@@ -94,6 +94,7 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
                 let key = w.split(':').next().unwrap_or_default();
                 ![
                     "steps",
+                    "epochs",
                     "out",
                     "keep_checkpoints",
                     "transport",
@@ -314,6 +315,10 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
         weights: weights(&train),
         parts: train,
     };
+    if let Some(e) = opts.epochs {
+        opts.steps = opts.steps_for_epochs(e, train.rows_per_pass(opts.seq_len));
+        opts.check_cooldown()?;
+    }
     Ok(Prepared {
         train_names,
         opts,
