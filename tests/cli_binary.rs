@@ -99,7 +99,16 @@ fn bad_inputs_are_named() {
         );
     }
     check(
-        &["--preset", "gpt2-nano", "--data", s(&data), "--steps", "5", "--epochs", "2"],
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--steps",
+            "5",
+            "--epochs",
+            "2",
+        ],
         &["--steps", "--epochs", "cannot be used with"],
     );
     check(

@@ -793,14 +793,14 @@ impl TrainOptions {
                 ),
             ));
         }
-        if let Some(c) = self.cooldown {
-            if !matches!(self.schedule, Schedule::Wsd | Schedule::WsdSqrt) {
-                return Err(RunError::option(
-                    "cooldown",
-                    c,
-                    "is the wsd schedules' decay: give --schedule wsd or wsd-sqrt",
-                ));
-            }
+        if let Some(c) = self.cooldown
+            && !matches!(self.schedule, Schedule::Wsd | Schedule::WsdSqrt)
+        {
+            return Err(RunError::option(
+                "cooldown",
+                c,
+                "is the wsd schedules' decay: give --schedule wsd or wsd-sqrt",
+            ));
         }
         // With --epochs the steps are known once the data is read
         // (`prepare` checks then).
