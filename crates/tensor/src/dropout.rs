@@ -122,19 +122,27 @@ impl Dropout {
         cols: usize,
         scale: F,
     ) {
-        assert!(
-            rows > 0 && cols > 0 && x.len().is_multiple_of(rows * cols),
-            "dropout: layout"
-        );
-        for (i, row) in x.chunks_mut(cols).enumerate() {
-            let r = self.row(i / rows, rows, i % rows);
-            for (c, v) in row.iter_mut().enumerate() {
-                *v = if self.keeps(r, c as u32) {
-                    *v * scale
-                } else {
-                    F::default()
-                };
-            }
+        each_element(self.batch0, x, (rows, cols), |r, c, v| {
+            *v = if self.keeps(r, c) {
+                *v * scale
+            } else {
+                F::default()
+            };
+        });
+    }
+}
+
+/// `f(mask row, column, element)` for each element of `x`, `batch` rows of
+/// `rows × cols` elements, mask rows counted from batch row `batch0`.
+fn each_element<F>(batch0: u32, x: &mut [F], (rows, cols): (usize, usize), f: impl Fn(u32, u32, &mut F)) {
+    assert!(
+        rows > 0 && cols > 0 && x.len().is_multiple_of(rows * cols),
+        "mask layout"
+    );
+    for (i, row) in x.chunks_mut(cols).enumerate() {
+        let r = mask_row(batch0, i / rows, rows, i % rows);
+        for (c, v) in row.iter_mut().enumerate() {
+            f(r, c as u32, v);
         }
     }
 }
@@ -229,16 +237,9 @@ impl Noise {
         cols: usize,
         widen: impl Fn(f32) -> F,
     ) {
-        assert!(
-            rows > 0 && cols > 0 && x.len().is_multiple_of(rows * cols),
-            "noise: layout"
-        );
-        for (i, row) in x.chunks_mut(cols).enumerate() {
-            let r = self.row(i / rows, rows, i % rows);
-            for (c, v) in row.iter_mut().enumerate() {
-                *v = *v + widen(self.value(r, c as u32));
-            }
-        }
+        each_element(self.batch0, x, (rows, cols), |r, c, v| {
+            *v = *v + widen(self.value(r, c));
+        });
     }
 }
 

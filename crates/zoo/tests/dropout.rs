@@ -253,7 +253,7 @@ fn neftune_noise_has_its_magnitude() {
         assert_eq!(a, x(noisy(alpha, 1)), "{name}");
         assert!(Dropouts::with_noise(0.0, 0.0, 0.0, 1).unwrap().is_none());
     }
-    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 1e39] {
         let e = Dropouts::with_noise(0.0, 0.0, bad, 1).unwrap_err().to_string();
         assert!(e.contains("NEFTune") && e.contains(&bad.to_string()), "{e}");
     }

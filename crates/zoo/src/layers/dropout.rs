@@ -60,7 +60,8 @@ impl Dropouts {
             Dropout::new(p, key, "dropout")
                 .map_err(|e| ZooError::invalid("dropout", format!("{what}: {e}")))?;
         }
-        if !(neftune.is_finite() && neftune >= 0.0) {
+        // Its magnitude is an f32 no larger than α.
+        if !((neftune as f32).is_finite() && neftune >= 0.0) {
             return Err(ZooError::invalid(
                 "dropout",
                 format!("NEFTune's alpha must be finite and >= 0, not {neftune}"),
