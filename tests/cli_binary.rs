@@ -115,6 +115,19 @@ fn bad_inputs_are_named() {
         &["--preset", "gpt2-nano", "--data", s(&data), "--epochs", "0"],
         &["--epochs 0", "positive"],
     );
+    check(
+        &[
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--warmup",
+            "5",
+            "--warmup-ratio",
+            "0.1",
+        ],
+        &["--warmup", "--warmup-ratio", "cannot be used with"],
+    );
     for a in ["-1", "inf"] {
         check(
             &["--preset", "gpt2-nano", "--data", s(&data), "--neftune-alpha", a],

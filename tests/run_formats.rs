@@ -135,7 +135,7 @@ fn alpaca_and_sharegpt_count_only_responses() {
 /// record, the packed rows of a pass, or the stream's windows; over every
 /// source; rows a step counted over ranks and micro-batches.
 #[test]
-fn epochs_count_the_steps_of_passes_over_the_data() {
+fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     use megatrain::run::RowsKind;
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
@@ -152,10 +152,31 @@ fn epochs_count_the_steps_of_passes_over_the_data() {
         seq_len: 512,
         ..small(t.join(data), &t.join(out), "llama-tiny")
     };
-    // 20 records one a row, batch 2: 10 steps a pass.
-    let p = prepare(opts("a.jsonl", RowsKind::Records, 3.0, "r1"), false).unwrap();
+    // 20 records one a row, batch 2: 10 steps a pass; a warmup ratio is
+    // of the passes' steps (transformers' ⌈ratio × steps⌉).
+    let o = TrainOptions {
+        warmup_ratio: Some(0.05),
+        ..opts("a.jsonl", RowsKind::Records, 3.0, "r1")
+    };
+    let p = prepare(o, false).unwrap();
     assert_eq!(p.train.rows_per_pass(512), 20);
-    assert_eq!(p.opts.steps, 30);
+    assert_eq!((p.opts.steps, p.opts.warmup), (30, 2));
+    // And of --steps without epochs.
+    let o = TrainOptions {
+        epochs: None,
+        steps: 7,
+        warmup_ratio: Some(0.5),
+        ..opts("a.jsonl", RowsKind::Records, 1.0, "r1b")
+    };
+    assert_eq!(prepare(o, false).unwrap().opts.warmup, 4);
+    for bad in [1.0, -0.1, f64::NAN] {
+        let o = TrainOptions {
+            warmup_ratio: Some(bad),
+            ..opts("a.jsonl", RowsKind::Records, 1.0, "r1c")
+        };
+        let e = prepare(o, false).err().unwrap().to_string();
+        assert!(e.contains("--warmup-ratio") && e.contains("[0, 1)"), "{e}");
+    }
     let p = prepare(opts("a.jsonl", RowsKind::Records, 0.25, "r2"), false).unwrap();
     assert_eq!(p.opts.steps, 3, "⌈0.25 × 20 / 2⌉");
     // Packed: several records a row, so fewer rows and steps a pass.

@@ -77,8 +77,13 @@ pub struct TrainArgs {
     #[arg(long)]
     min_lr: Option<f64>,
     /// Steps of linear warmup from 0 to --lr [default: 100].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "warmup_ratio")]
     warmup: Option<u64>,
+    /// Instead of --warmup: its share of the run's steps, ⌈R × steps⌉
+    /// (transformers' warmup_ratio; with --epochs, of the steps the passes
+    /// take).
+    #[arg(long)]
+    warmup_ratio: Option<f64>,
     /// The learning rate after --warmup: cosine (the default) | linear |
     /// constant | wsd (held at --lr, then straight down over the last
     /// --cooldown steps) | wsd-sqrt (the same, its decay shaped 1 − √t).
@@ -327,6 +332,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         model,
         preset,
         epochs,
+        warmup_ratio,
         val_data,
         vocab_size,
         min_lr,
@@ -345,6 +351,9 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
     // --steps on a run (or a config file) that counted epochs counts steps.
     if a.steps.is_some() {
         o.epochs = None;
+    }
+    if a.warmup.is_some() {
+        o.warmup_ratio = None;
     }
     overlay!(
         o,

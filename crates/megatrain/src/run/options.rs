@@ -344,6 +344,9 @@ pub struct TrainOptions {
     /// Default: lr / 10.
     pub min_lr: Option<f64>,
     pub warmup: u64,
+    /// Where given, `warmup` becomes ⌈ratio × steps⌉ once the steps are
+    /// known (after `epochs`), as transformers' `warmup_ratio`.
+    pub warmup_ratio: Option<f64>,
     pub schedule: Schedule,
     /// Step at which the decay reaches min_lr (default: steps).
     pub decay_steps: Option<u64>,
@@ -515,6 +518,7 @@ impl Default for TrainOptions {
             lr: 1e-3,
             min_lr: None,
             warmup: 100,
+            warmup_ratio: None,
             schedule: Schedule::Cosine,
             decay_steps: None,
             cooldown: None,
@@ -625,6 +629,19 @@ impl TrainOptions {
         self.decay_steps.unwrap_or(self.steps)
     }
 
+    /// `steps` from `epochs` passes over data whose one pass is
+    /// `rows_per_pass` rows, where `epochs` is given, then `warmup` from
+    /// `warmup_ratio`, where given; the cooldown checked against them.
+    pub fn resolve_steps(&mut self, rows_per_pass: impl FnOnce() -> u64) -> Result<()> {
+        if let Some(e) = self.epochs {
+            self.steps = self.steps_for_epochs(e, rows_per_pass());
+        }
+        if let Some(r) = self.warmup_ratio {
+            self.warmup = (r * self.steps as f64).ceil() as u64;
+        }
+        self.check_cooldown()
+    }
+
     /// A cooldown no longer than the steps to `decay_steps`.
     pub fn check_cooldown(&self) -> Result<()> {
         match self.cooldown {
@@ -718,6 +735,9 @@ impl TrainOptions {
         positive("ranks", self.ranks as u64)?;
         if let Some(e) = self.epochs.filter(|e| !(e.is_finite() && *e > 0.0)) {
             return Err(RunError::option("epochs", e, "must be a positive number"));
+        }
+        if let Some(r) = self.warmup_ratio.filter(|r| !(0.0..1.0).contains(r)) {
+            return Err(RunError::option("warmup-ratio", r, "must be in [0, 1)"));
         }
         if let Some(w) = self.spill_window {
             // Two chunk sets of the smallest chunk the window reads.

@@ -315,10 +315,8 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
         weights: weights(&train),
         parts: train,
     };
-    if let Some(e) = opts.epochs {
-        opts.steps = opts.steps_for_epochs(e, train.rows_per_pass(opts.seq_len));
-        opts.check_cooldown()?;
-    }
+    let seq_len = opts.seq_len;
+    opts.resolve_steps(|| train.rows_per_pass(seq_len))?;
     Ok(Prepared {
         train_names,
         opts,
