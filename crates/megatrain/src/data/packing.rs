@@ -282,8 +282,10 @@ pub(super) fn push_packed_row(
 /// `total` tokens are packed in their stored order into rows of `seq_len`,
 /// as `records` packs (next fit where they are not packed).
 pub fn packed_padding_share(records: &Records, total: usize, seq_len: usize) -> f64 {
-    let (rows, used) = packed_pass(records, total, seq_len);
-    1.0 - used as f64 / (rows as usize * seq_len).max(1) as f64
+    match packed_pass(records, total, seq_len) {
+        (0, _) => 0.0,
+        (rows, used) => 1.0 - used as f64 / (rows as usize * seq_len) as f64,
+    }
 }
 
 /// The rows one pass over `records` (of a stream of `total` tokens) packs
