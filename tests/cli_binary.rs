@@ -21,6 +21,49 @@ fn a_message_that_says_its_cause_twice_is_caught() {
     assert_eq!(repeated("error: --lr -1: must be a finite number ≥ 0"), None);
 }
 
+/// `train` says how many passes over the data its steps make, or with
+/// `--epochs` how many rows a pass is, and runs the steps the passes take.
+#[test]
+fn train_counts_passes_over_the_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    // 1,680 characters, a tenth held out: (1,512 − 1) / 16 = 94 windows.
+    let said = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--preset",
+            "gpt2-nano",
+            "--data",
+            s(&data),
+            "--device",
+            "cpu",
+            "--seq-len",
+            "16",
+            "--batch",
+            "4",
+            "--eval-every",
+            "0",
+            "--out",
+        ];
+        let dir = t.join(out);
+        a.push(s(&dir));
+        a.extend_from_slice(extra);
+        let o = run(&a);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    let e = said("a", &["--steps", "3"]);
+    assert!(e.contains("3 steps (0.13 passes of 94 rows)"), "{e}");
+    let e = said("b", &["--epochs", "0.1"]);
+    // ⌈0.1 × 94 / 4⌉.
+    assert!(
+        e.contains("3 steps (--epochs 0.1: a pass is 94 rows)") && e.contains("step 3/3"),
+        "{e}"
+    );
+}
+
 #[test]
 fn bad_inputs_are_named() {
     let tmp = tempfile::tempdir().unwrap();

@@ -486,15 +486,14 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                 }
             );
         }
-        let epochs = o
-            .epochs
-            .map(|e| {
-                format!(
-                    " (--epochs {e}: a pass is {} rows)",
-                    p.train.rows_per_pass(o.seq_len)
-                )
-            })
-            .unwrap_or_default();
+        let pass = p.train.rows_per_pass(o.seq_len);
+        let epochs = match o.epochs {
+            Some(e) => format!(" (--epochs {e}: a pass is {pass} rows)"),
+            None => {
+                let rows = o.steps as f64 * (o.global_batch() * o.grad_accum) as f64;
+                format!(" ({:.2} passes of {pass} rows)", rows / pass.max(1) as f64)
+            }
+        };
         eprintln!(
             "data: {} train tokens{}; {} steps{epochs} of {}×{}×{} tokens per rank; run directory {}",
             p.train.len(),
