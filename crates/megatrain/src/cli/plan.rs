@@ -46,8 +46,8 @@ pub struct PlanArgs {
     carry_layers: usize,
     /// The first N layers not trained, as `train --freeze-layers`: their
     /// moments (and held gradients) are reserved but never touched, so
-    /// not counted as resident (default 0). The time estimates train
-    /// every layer.
+    /// not counted as resident. The time estimates count them once over
+    /// the bus, forward only and without AdamW.
     #[arg(long, default_value_t = 0)]
     freeze_layers: usize,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
