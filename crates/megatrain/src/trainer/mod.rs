@@ -788,8 +788,11 @@ impl<E: Executor> Trainer<E> {
             if host_copies {
                 pool.release();
             }
-            m.optimizer_wait_ms += ms(t_wait);
-            m.optimizer_tail_ms += ms(t_wait);
+            // One reading for both: two would make the tail longer than
+            // the wait it is part of.
+            let waited = ms(t_wait);
+            m.optimizer_wait_ms += waited;
+            m.optimizer_tail_ms += waited;
             m.optimizer_ms += rep.busy_ms;
             m.comm_ms += rep.comm_ms;
             m.comm_bytes += rep.comm_bytes;
@@ -802,8 +805,9 @@ impl<E: Executor> Trainer<E> {
         if let (Ok(_), Some(w)) = (&loss, window) {
             let t = Instant::now();
             spill_window::record(m, &w.finish()?);
-            m.optimizer_wait_ms += ms(t);
-            m.optimizer_tail_ms += ms(t);
+            let waited = ms(t);
+            m.optimizer_wait_ms += waited;
+            m.optimizer_tail_ms += waited;
         }
         loss
     }
