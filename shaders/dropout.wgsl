@@ -17,17 +17,20 @@ struct Params {
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 @group(0) @binding(3) var<storage, read_write> Y: array<f32>;
 
+// Row r of the tensor is row r % rows of batch row r / rows.
+fn mask_row(e: u32) -> u32 {
+    let r = e / p.cols;
+    return (p.batch0 + r / p.rows) * p.rows + r % p.rows;
+}
+
 @compute @workgroup_size(256)
 fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) lid: vec3<u32>) {
     let i = (wid.y * nwg.x + wid.x) * 256u + lid.x;
     if i < p.n {
         let e = p.first + i;
-        let r = e / p.cols;
-        // Row r of the tensor is row r % rows of batch row r / rows.
-        let row = (p.batch0 + r / p.rows) * p.rows + r % p.rows;
         var y = 0.0;
-        if dropout_keeps(p.key0, p.key1, p.threshold, row, e % p.cols) {
+        if dropout_keeps(p.key0, p.key1, p.threshold, mask_row(e), e % p.cols) {
             y = X[p.ox + i] * p.scale;
         }
         Y[p.oy + i] = y;
@@ -41,8 +44,6 @@ fn uniform_noise(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let i = (wid.y * nwg.x + wid.x) * 256u + lid.x;
     if i < p.n {
         let e = p.first + i;
-        let r = e / p.cols;
-        let row = (p.batch0 + r / p.rows) * p.rows + r % p.rows;
-        Y[p.oy + i] = X[p.ox + i] + noise_value(p.key0, p.key1, p.scale, row, e % p.cols);
+        Y[p.oy + i] = X[p.ox + i] + noise_value(p.key0, p.key1, p.scale, mask_row(e), e % p.cols);
     }
 }

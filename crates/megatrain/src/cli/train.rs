@@ -486,7 +486,7 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
                 }
             );
         }
-        let pass = p.train.rows_per_pass(o.seq_len);
+        let pass = p.rows_per_pass;
         let epochs = match o.epochs {
             Some(e) => format!(" (--epochs {e}: a pass is {pass} rows)"),
             None => {

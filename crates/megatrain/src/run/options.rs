@@ -632,9 +632,9 @@ impl TrainOptions {
     /// `steps` from `epochs` passes over data whose one pass is
     /// `rows_per_pass` rows, where `epochs` is given, then `warmup` from
     /// `warmup_ratio`, where given; the cooldown checked against them.
-    pub fn resolve_steps(&mut self, rows_per_pass: impl FnOnce() -> u64) -> Result<()> {
+    pub fn resolve_steps(&mut self, rows_per_pass: u64) -> Result<()> {
         if let Some(e) = self.epochs {
-            self.steps = self.steps_for_epochs(e, rows_per_pass());
+            self.steps = self.steps_for_epochs(e, rows_per_pass);
         }
         if let Some(r) = self.warmup_ratio {
             self.warmup = (r * self.steps as f64).ceil() as u64;

@@ -25,6 +25,9 @@ pub struct Prepared {
     pub template: ChatTemplate,
     /// The training sources, drawn from by weight.
     pub train: Mix,
+    /// The rows of `opts.seq_len` one pass over `train` gives (an epoch;
+    /// [`Mix::rows_per_pass`], a walk over packed records, done once).
+    pub rows_per_pass: u64,
     /// The validation set: `--val-data`, or each source's tail.
     pub val: Option<Mix>,
     /// Names of `train`'s and `val`'s parts, for errors.
@@ -316,8 +319,10 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
         parts: train,
     };
     let seq_len = opts.seq_len;
-    opts.resolve_steps(|| train.rows_per_pass(seq_len))?;
+    let rows_per_pass = train.rows_per_pass(seq_len);
+    opts.resolve_steps(rows_per_pass)?;
     Ok(Prepared {
+        rows_per_pass,
         train_names,
         opts,
         model,
