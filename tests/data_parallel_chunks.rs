@@ -588,23 +588,34 @@ fn frozen_layers_train_across_ranks() {
     }
 }
 
-/// Replicated ranks that hold their own transport copies defer clipped
-/// updates into the next forward as one process does (every rank updates
-/// every layer from the same sums): the same bits as updating after the
-/// backward, and every layer one update behind between steps.
+/// Ranks defer clipped updates into the next forward as one process does:
+/// a replicated rank updates every layer from the same sums, a sharded one
+/// its range and then all-gathers the layer's transport copy, and ranks
+/// sharing their copies meet before each load; on one machine and on two,
+/// with micro-batches and frozen layers. The same bits as updating after
+/// the backward, and every trained layer one update behind between steps.
 #[test]
-fn replicated_ranks_defer_clipped_updates() {
+fn ranks_defer_clipped_updates() {
     let model = common::llama_tiny(2);
-    for (ranks, micro) in [(2, 1), (3, 2)] {
+    for (ranks, shard, machine, micro, frozen) in [
+        (2, false, None, 1, 0),
+        (3, false, None, 2, 0),
+        (2, true, None, 1, 0),
+        (3, true, None, 2, 2),
+        (3, true, Some(3), 1, 0),
+        (4, true, Some(2), 2, 0),
+        (3, false, Some(3), 1, 1),
+        (4, false, Some(2), 1, 0),
+    ] {
         let case = Case {
             ranks,
-            shard: false,
+            shard,
             transport: TransportDType::BF16,
             micro,
             clip: Some(0.05),
             spill: false,
-            machine: None,
-            frozen: 0,
+            machine,
+            frozen,
             after_backward: false,
         };
         let deferred = run(&model, case, CHUNK);
@@ -619,42 +630,66 @@ fn replicated_ranks_defer_clipped_updates() {
         assert_eq!(deferred.losses, after.losses, "{case:?}");
         assert!(deferred.params == after.params, "{case:?}: parameters differ");
         assert!(
-            deferred.transport == after.transport,
+            deferred.transport.iter().all(|t| *t == after.transport[0]),
             "{case:?}: transport copies differ"
         );
     }
-    // Between steps every layer waits for the next forward.
-    let comms = local_group(2);
-    std::thread::scope(|s| {
-        for c in comms {
-            let model = &model;
-            s.spawn(move || {
-                let dir = tempfile::tempdir().unwrap();
-                let case = Case {
-                    ranks: 2,
-                    shard: false,
-                    transport: TransportDType::F32,
-                    micro: 1,
-                    clip: Some(0.05),
-                    spill: false,
-                    machine: None,
-                    frozen: 0,
-                    after_backward: false,
-                };
-                let rank = c.rank();
-                let mut t = trainer(model, case, CHUNK, dir.path(), None, None);
-                t.set_distributed(DistConfig {
-                    comm: Arc::new(c),
-                    shard_optimizer: false,
-                    shared: None,
-                })
-                .unwrap();
-                let batch = common::CHUNK_STREAM.rows(model.vocab_size, 0, 4, rank * 2..rank * 2 + 2, 9);
-                t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
-                assert_eq!(t.carried_layers(), model.num_layers + 2);
-                t.settle().unwrap();
-                assert_eq!(t.carried_layers(), 0);
-            });
-        }
-    });
+    // Between steps every trained layer waits for the next forward, on
+    // every rank; settling applies them (a sharded rank's together with
+    // the others').
+    for (shard, frozen) in [(false, 0), (true, 0), (true, 1)] {
+        std::thread::scope(|s| {
+            for c in local_group(2) {
+                let model = &model;
+                s.spawn(move || {
+                    let dir = tempfile::tempdir().unwrap();
+                    let case = Case {
+                        ranks: 2,
+                        shard,
+                        transport: TransportDType::F32,
+                        micro: 1,
+                        clip: Some(0.05),
+                        spill: false,
+                        machine: None,
+                        frozen,
+                        after_backward: false,
+                    };
+                    let rank = c.rank();
+                    let placed = shard.then_some(Shard { rank, ranks: 2 });
+                    let mut t = trainer(model, case, CHUNK, dir.path(), placed, None);
+                    t.set_distributed(DistConfig {
+                        comm: Arc::new(c),
+                        shard_optimizer: shard,
+                        shared: None,
+                    })
+                    .unwrap();
+                    let batch = common::CHUNK_STREAM.rows(model.vocab_size, 0, 4, rank * 2..rank * 2 + 2, 9);
+                    let before: Vec<Vec<u8>> = t
+                        .tier()
+                        .layers()
+                        .iter()
+                        .map(|s| s.transport().as_bytes().to_vec())
+                        .collect();
+                    t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+                    assert_eq!(t.carried_layers(), model.num_layers + 2 - frozen);
+                    let held: Vec<Vec<u8>> = t
+                        .tier()
+                        .layers()
+                        .iter()
+                        .map(|s| s.transport().as_bytes().to_vec())
+                        .collect();
+                    assert!(
+                        held == before,
+                        "shard {shard}: a copy moved before the next forward"
+                    );
+                    t.settle().unwrap();
+                    assert_eq!(t.carried_layers(), 0);
+                    for (l, s) in t.tier().layers().iter().enumerate() {
+                        let moved = s.transport().as_bytes() != before[l].as_slice();
+                        assert_eq!(moved, l >= frozen, "shard {shard}: layer {l} after settling");
+                    }
+                });
+            }
+        });
+    }
 }

@@ -420,10 +420,12 @@ pub fn train_with<E: Executor>(
         summary.interrupted = interrupted(dist.as_ref())?;
         let reads = summary.interrupted.is_none()
             && ((due(opts.eval_every) && p.val.is_some())
-                || (lead && opts.sample_every > 0 && due(opts.sample_every)));
+                || (opts.sample_every > 0 && due(opts.sample_every)));
         if finite && (reads || step == end) {
             // The evaluation and the sample read every layer's parameters;
-            // the run's last step leaves none of its updates behind.
+            // the run's last step leaves none of its updates behind. Every
+            // rank settles, also for rank 0's sample: a sharded rank's
+            // deferred updates end in an all-gather.
             trainer.settle()?;
         }
         let mut evaluated = None;

@@ -24,9 +24,11 @@ use megatrain_adamw::{AdamW, DecayMask};
 use megatrain_tensor::{Download, Executor};
 use megatrain_tier::LayerSlab;
 
+use super::distributed::{finish_clipped, update_clipped};
 use super::handoff::land_chunk;
 use super::optimizer::{StagingPool, apply_chunk};
-use super::update::{Hyper, Part, update_part};
+use super::reduce::DistState;
+use super::update::Hyper;
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
 
 /// One layer whose update waits for the next step.
@@ -75,17 +77,18 @@ impl Deferred {
         let t = Instant::now();
         ex.flush();
         let end = through.saturating_add(1).min(slabs.len());
+        let mut gathers = Vec::new();
         for slab in &mut slabs[left.next..end] {
             let h = a.hyper(slab.index(), left.lr, left.coef);
-            let numel = slab.numel();
             let t_opt = Instant::now();
-            let done = update_part(slab, Part::of(numel, None, 0..numel), None, h);
+            let done = update_clipped(slab, a.dist, None, h);
             let busy = ms(t_opt);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
-            done?;
+            gathers.extend(done?);
             left.next += 1;
         }
+        finish_clipped(gathers, a.dist, m)?;
         if left.next < slabs.len() {
             *d = Some(left);
         }
@@ -122,6 +125,9 @@ pub(super) struct Apply<'a> {
     pub adamw: &'a AdamW,
     pub masks: &'a [DecayMask],
     pub pool: &'a StagingPool,
+    /// The ranks, whose clipped updates end in an all-gather (sharded) or
+    /// a meeting (shared copies) before the layer's load.
+    pub dist: Option<&'a DistState>,
 }
 
 impl Apply<'_> {
@@ -316,6 +322,7 @@ impl<E: Executor> Trainer<E> {
             adamw: &self.adamw,
             masks: &self.masks,
             pool: &self.pool,
+            dist: self.dist.as_ref(),
         };
         let mut m = StepMetrics::default();
         rising.settle_through(&self.ex, usize::MAX, self.tier.layers_mut(), &apply, &mut m)?;

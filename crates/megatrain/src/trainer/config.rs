@@ -85,10 +85,10 @@ pub struct TrainerConfig {
     /// with the device idle. As with `carry_layers`, the parameters are
     /// one update behind until [`Trainer::settle`](super::Trainer::settle).
     /// `false` updates every layer before the step returns. Only from a
-    /// tier in RAM, alone or on replicated ranks that each hold their
-    /// transport copies (a sharded optimizer, ranks that share their
-    /// copies and a tier that spills update after the backward either
-    /// way). Results do not depend on it.
+    /// tier in RAM (one that spills updates after the backward either
+    /// way); on ranks a sharded one updates its range and all-gathers the
+    /// layer's transport copy before the load, and ranks sharing their
+    /// copies meet there. Results do not depend on it.
     pub defer_clipped_updates: bool,
     /// Dropout in the step's forwards (none by default; evaluation and
     /// generation never drop).

@@ -1,21 +1,19 @@
 //! The [`Trainer`]'s data parallel side outside the per-chunk pipeline
 //! (which is in `reduce.rs`): joining a communicator, the global target
-//! count, clipping with a sharded optimizer, and gathering sharded state
+//! count, a clipped layer's update on a rank, and gathering sharded state
 //! for a checkpoint.
 
 use std::time::Instant;
 
-use megatrain_adamw::{clip_coefficient, grad_norm_sq};
 use megatrain_tensor::Executor;
-use megatrain_tier::{AlignedBuf, Gathered, HostTier, LayerSlab, Shard, TierError};
+use megatrain_tier::{AlignedBuf, Gathered, HostTier, LayerSlab, Shard, SpillWindow, TierError};
 
-use super::reduce::DistState;
-use super::spill_window;
+use super::reduce::{DistState, Gather};
 use super::update::{Hyper, Part, update_part};
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
 use crate::dist::DistConfig;
 
-fn engine_err(e: crate::dist::DistError) -> TrainError {
+pub(super) fn engine_err(e: crate::dist::DistError) -> TrainError {
     TrainError::Internal(e.to_string())
 }
 
@@ -82,10 +80,15 @@ impl<E: Executor> Trainer<E> {
     /// Where a machine's ranks share their transport copies: waits until
     /// every one of them has written its ranges of this step's update, so
     /// that the next upload (on any of them) reads the whole update.
+    /// Clipped updates deferred into the next forward meet there, layer by
+    /// layer, instead ([`finish_clipped`]).
     pub(super) fn settle_shared_copies(&self, m: &mut StepMetrics) -> Result<()> {
         let Some(machines) = self.dist.as_ref().and_then(|d| d.config.shared.as_ref()) else {
             return Ok(());
         };
+        if self.deferred.is_some() {
+            return Ok(());
+        }
         let t = Instant::now();
         machines.node.barrier().map_err(engine_err)?;
         m.comm_ms += ms(t);
@@ -127,71 +130,6 @@ impl<E: Executor> Trainer<E> {
                 Ok(x[0] as usize)
             }
         }
-    }
-
-    /// Clipping mode with a sharded optimizer: each rank holds the summed
-    /// gradient of its ranges only, so the squared norm is summed across
-    /// ranks; then each rank updates its ranges and the transport copies
-    /// are all-gathered (started together, waited together).
-    pub(super) fn clip_and_update_sharded(
-        &mut self,
-        max_norm: f64,
-        lr: f32,
-        m: &mut StepMetrics,
-    ) -> Result<f64> {
-        let d = self.dist.as_ref().expect("sharded clipping needs a communicator");
-        // Frozen layers have no gradient to take or apply.
-        let frozen = self.config.frozen_layers;
-        let own: Vec<&[f32]> = self.tier.layers()[frozen..]
-            .iter()
-            .map(|s| {
-                s.grads()
-                    .map(|g| &g[d.own(s.index())])
-                    .ok_or_else(|| TrainError::Internal(format!("layer {}: no held gradient", s.index())))
-            })
-            .collect::<Result<_>>()?;
-        let t = Instant::now();
-        let mut sq = [grad_norm_sq(&own)];
-        d.comm().sum_f64(&mut sq).map_err(engine_err)?;
-        m.comm_ms += ms(t);
-        let norm = sq[0].sqrt();
-        let coef = clip_coefficient(norm, max_norm);
-        // Spilled layers' shards, first layer first (the order below).
-        let window = spill_window::start_forward(&self.tier, Some(d), self.spill, frozen)?;
-        let mut ops = Vec::with_capacity(self.tier.len());
-        for slab in &mut self.tier.layers_mut()[frozen..] {
-            let i = slab.index();
-            let part = Part {
-                grad: None,
-                r: d.own(i),
-                zero: 0..slab.numel(),
-                ends: true,
-            };
-            let h = Hyper {
-                adamw: &self.adamw,
-                mask: &self.masks[i],
-                lr,
-                grad_scale: coef,
-                grad_sq: Some(&self.grad_sq),
-            };
-            let (base, elem) = update_part(slab, part, window.as_ref(), h)?;
-            // SAFETY: the transport copies are not touched until every
-            // operation in `ops` has been waited on below (or dropped, which
-            // waits), before this function returns.
-            if let Some((op, bytes)) = unsafe { d.gather_transport(base, elem, &d.ranges[i]) }? {
-                m.comm_bytes += bytes;
-                ops.push(op);
-            }
-        }
-        let t = Instant::now();
-        for op in ops {
-            op.wait().map_err(engine_err)?;
-        }
-        m.comm_ms += ms(t);
-        if let Some(w) = window {
-            spill_window::record(m, &w.finish()?);
-        }
-        Ok(norm)
     }
 
     /// With a sharded optimizer, brings every rank's range of p, m and v to
@@ -310,5 +248,56 @@ fn gather_layer(d: &DistState, slab: &mut LayerSlab) -> Result<()> {
     for buf in [parts.params, parts.m, parts.v] {
         d.comm().gather_f32_to_root(buf, ranges).map_err(engine_err)?;
     }
+    Ok(())
+}
+
+/// A clipped update of one whole layer from its held gradient. With a
+/// sharded optimizer it is this rank's range of it (the stale sums around
+/// the range zeroed), and the all-gather of the layer's transport copy is
+/// started and returned: wait on it ([`finish_clipped`]) before the copy
+/// is read or written again.
+pub(super) fn update_clipped(
+    slab: &mut LayerSlab,
+    d: Option<&DistState>,
+    window: Option<&SpillWindow>,
+    h: Hyper<'_>,
+) -> Result<Option<Gather>> {
+    let numel = slab.numel();
+    let Some(d) = d.filter(|d| d.config.shard_optimizer) else {
+        update_part(slab, Part::of(numel, None, 0..numel), window, h)?;
+        return Ok(None);
+    };
+    let i = slab.index();
+    let part = Part {
+        grad: None,
+        r: d.own(i),
+        zero: 0..numel,
+        ends: true,
+    };
+    let (base, elem) = update_part(slab, part, window, h)?;
+    // SAFETY: the caller waits on the gather (or drops it, which waits)
+    // before it touches the transport copy again.
+    unsafe { d.gather_transport(base, elem, &d.ranges[i]) }
+}
+
+/// Waits on the all-gathers [`update_clipped`] started; then, with `meet`
+/// where a machine's ranks share their transport copies, until each of
+/// them has written its ranges of the updates, so that an upload on any of
+/// them reads them whole (after a backward, the step's end meets instead:
+/// `Trainer::settle_shared_copies`).
+pub(super) fn finish_clipped(
+    gathers: Vec<Gather>,
+    meet: Option<&DistState>,
+    m: &mut StepMetrics,
+) -> Result<()> {
+    let t = Instant::now();
+    for (op, bytes) in gathers {
+        m.comm_bytes += bytes;
+        op.wait().map_err(engine_err)?;
+    }
+    if let Some(machines) = meet.and_then(|d| d.config.shared.as_ref()) {
+        machines.node.barrier().map_err(engine_err)?;
+    }
+    m.comm_ms += ms(t);
     Ok(())
 }

@@ -510,12 +510,7 @@ impl<E: Executor> Trainer<E> {
         }
         if let Some(max_norm) = self.config.grad_clip {
             let t = Instant::now();
-            let norm = match self.dist.as_ref() {
-                Some(d) if d.config.shard_optimizer => {
-                    self.clip_and_update_sharded(max_norm, lr as f32, &mut m)?
-                }
-                _ => self.clip(max_norm, lr as f32, &mut m)?,
-            };
+            let norm = self.clip(max_norm, lr as f32, &mut m)?;
             let busy = ms(t);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
@@ -619,7 +614,12 @@ impl<E: Executor> Trainer<E> {
         };
         let mut rising = Rising::new(from_last_step, deferred.take(), tier.layers(), chunk, in_flight)?;
         rising.begin_more(ex)?;
-        let apply = Apply { adamw, masks, pool };
+        let apply = Apply {
+            adamw,
+            masks,
+            pool,
+            dist,
+        };
 
         let loss = std::thread::scope(|scope| -> Result<LossSums> {
             let opt = scope.spawn(move || match dist {

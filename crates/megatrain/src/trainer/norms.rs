@@ -5,11 +5,13 @@
 
 use std::time::Instant;
 
-use megatrain_adamw::clip_coefficient;
+use megatrain_adamw::{clip_coefficient, grad_norms_sq};
 use megatrain_tensor::{Executor, TensorHandle};
+use megatrain_tier::LayerSlab;
 
 use super::carry::{Deferred, describe};
-use super::update::{Hyper, Part, update_part};
+use super::distributed::{engine_err, finish_clipped, update_clipped};
+use super::update::Hyper;
 use super::{Result, StepMetrics, TrainError, Trainer, ms, spill_window};
 
 impl<E: Executor> Trainer<E> {
@@ -22,18 +24,12 @@ impl<E: Executor> Trainer<E> {
     /// Clipping over a whole held gradient took each layer's norm with the
     /// step's (`Trainer::clip`).
     pub(super) fn gradient_norms(&mut self, m: &mut StepMetrics) -> Result<()> {
-        let sharded = self.dist.as_ref().is_some_and(|d| d.config.shard_optimizer);
-        if self.config.grad_clip.is_some() && !sharded {
+        if self.config.grad_clip.is_some() {
             return Ok(());
         }
         let mut layers = self.grad_sq.per_layer();
         let carried = self.carried_squares()?;
         layers[..carried.len()].copy_from_slice(&carried);
-        // A sharded clipping step's updates applied coef · g.
-        if let (Some(max_norm), Some(norm)) = (self.config.grad_clip, m.grad_norm) {
-            let coef = clip_coefficient(norm, max_norm) as f64;
-            layers.iter_mut().for_each(|x| *x /= coef * coef);
-        }
         if let Some(d) = self.dist.as_ref().filter(|d| d.config.shard_optimizer) {
             let t = Instant::now();
             d.comm()
@@ -42,9 +38,7 @@ impl<E: Executor> Trainer<E> {
             m.comm_ms += ms(t);
             m.comm_wait_ms += ms(t);
         }
-        if self.config.grad_clip.is_none() {
-            m.grad_norm = Some(layers.iter().sum::<f64>().sqrt());
-        }
+        m.grad_norm = Some(layers.iter().sum::<f64>().sqrt());
         m.layer_grad_norms = layers.iter().map(|x| x.sqrt()).collect();
         Ok(())
     }
@@ -69,11 +63,29 @@ impl<E: Executor> Trainer<E> {
         // Frozen layers (never with carried ones) have no gradient.
         sq.extend(std::iter::repeat_n(0.0, self.config.frozen_layers));
         let trained = sq.len();
-        for s in &self.tier.layers()[trained..] {
-            let g = s.grads().ok_or_else(|| {
+        fn held(s: &LayerSlab) -> Result<&[f32]> {
+            s.grads().ok_or_else(|| {
                 TrainError::Internal(format!("layer {}: clipping without held gradients", s.index()))
-            })?;
-            sq.push(self.held_norms.finish(s.index(), g));
+            })
+        }
+        match self.dist.as_ref().filter(|d| d.config.shard_optimizer) {
+            // A sharded rank holds the summed gradient of its ranges only.
+            Some(d) => {
+                let own = self.tier.layers()[trained..]
+                    .iter()
+                    .map(|s| Ok(&held(s)?[d.own(s.index())]))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut own_sq = grad_norms_sq(&own);
+                let t = Instant::now();
+                d.comm().sum_f64(&mut own_sq).map_err(engine_err)?;
+                m.comm_ms += ms(t);
+                sq.extend(own_sq);
+            }
+            None => {
+                for s in &self.tier.layers()[trained..] {
+                    sq.push(self.held_norms.finish(s.index(), held(s)?));
+                }
+            }
         }
         let norm = sq.iter().sum::<f64>().sqrt();
         m.layer_grad_norms = sq.iter().map(|x| x.sqrt()).collect();
@@ -89,7 +101,9 @@ impl<E: Executor> Trainer<E> {
             });
             return Ok(norm);
         }
-        let window = spill_window::start_forward(&self.tier, self.dist.as_ref(), self.spill, trained)?;
+        let dist = self.dist.as_ref();
+        let window = spill_window::start_forward(&self.tier, dist, self.spill, trained)?;
+        let mut gathers = Vec::new();
         for slab in &mut self.tier.layers_mut()[trained..] {
             let h = Hyper {
                 adamw: &self.adamw,
@@ -98,9 +112,10 @@ impl<E: Executor> Trainer<E> {
                 grad_scale: coef,
                 grad_sq: None,
             };
-            let all = Part::of(slab.numel(), None, 0..slab.numel());
-            update_part(slab, all, window.as_ref(), h)?;
+            gathers.extend(update_clipped(slab, dist, window.as_ref(), h)?);
         }
+        // A sharded rank's gathers, started together, are waited together.
+        finish_clipped(gathers, None, m)?;
         if let Some(w) = window {
             spill_window::record(m, &w.finish()?);
         }
@@ -153,16 +168,13 @@ impl<E: Executor> Trainer<E> {
     }
 
     /// Whether clipped updates go into the next step's forward: asked for,
-    /// a tier in RAM, and one process or replicated ranks that each hold
-    /// their transport copies (every rank then updates every layer from
-    /// the same summed gradients, just before its own forward loads it; a
-    /// sharded rank's update ends in an all-gather, and ranks sharing a
-    /// copy would need to meet before each layer's load).
+    /// and a tier in RAM (a spilled layer's update moves through the spill
+    /// window, which reads ahead in the backward's order). On ranks each
+    /// updates, just before its forward loads a layer, what it updates
+    /// after a backward: a replicated rank all of the layer, from the same
+    /// summed gradient; a sharded one its range, then the all-gather of
+    /// the transport copy; ranks sharing a copy then meet before the load.
     pub(super) fn defers_clipped(&self) -> bool {
-        let ranks_allow = self
-            .dist
-            .as_ref()
-            .is_none_or(|d| !d.config.shard_optimizer && d.config.shared.is_none());
-        self.config.defer_clipped_updates && ranks_allow && !self.tier.has_spill()
+        self.config.defer_clipped_updates && !self.tier.has_spill()
     }
 }
