@@ -213,7 +213,9 @@ fn the_chat_template_option_finds_the_tokenizers_template() {
 /// its state for `--resume`, and an old state without it means alpaca.
 #[test]
 fn a_run_trains_on_records_rendered_by_a_template_file() {
-    use megatrain::run::{QuietProgress, TrainOptions, latest_checkpoint, prepare, read_train_state, train};
+    use megatrain::run::{
+        Every, QuietProgress, TrainOptions, latest_checkpoint, prepare, read_train_state, train,
+    };
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     std::fs::write(
@@ -233,7 +235,7 @@ fn a_run_trains_on_records_rendered_by_a_template_file() {
         seq_len: 48,
         batch: 2,
         steps: 2,
-        eval_every: 1,
+        eval_every: Every::Steps(1),
         eval_batches: 1,
         val_fraction: 0.1,
         out: t.join("run"),
@@ -368,7 +370,7 @@ fn stop_ids_gather_every_end_of_sequence_id() {
 /// trained to.
 #[test]
 fn a_checkpoint_keeps_the_template_and_the_end_of_turn_ids() {
-    use megatrain::run::{Encoder, QuietProgress, TrainOptions, latest_checkpoint, prepare, train};
+    use megatrain::run::{Encoder, Every, QuietProgress, TrainOptions, latest_checkpoint, prepare, train};
     let doc = fixture();
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
@@ -398,7 +400,7 @@ fn a_checkpoint_keeps_the_template_and_the_end_of_turn_ids() {
         seq_len: 16,
         batch: 2,
         steps: 1,
-        eval_every: 0,
+        eval_every: Every::Steps(0),
         val_fraction: 0.0,
         out: t.join("run"),
         ..TrainOptions::default()

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use megatrain::run::{Progress, TrainOptions, interrupt, prepare, train};
+use megatrain::run::{Every, Progress, TrainOptions, interrupt, prepare, train};
 use megatrain_tensor::CpuExecutor;
 use serde_json::Value;
 
@@ -49,9 +49,9 @@ fn a_signal_during_a_step_skips_its_evaluation_and_saves_it() {
         batch: 2,
         steps: 10,
         warmup: 1,
-        eval_every: 1,
+        eval_every: Every::Steps(1),
         eval_batches: 2,
-        save_every: 0,
+        save_every: Every::Steps(0),
         out: out.clone(),
         ..TrainOptions::default()
     };

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use megatrain::run::{
-    PlanInput, QuietProgress, Resident, SampleOptions, Schedule, ShareTransport, TrainOptions, generate,
-    latest_checkpoint, most_kept, pick, plan, prepare, train,
+    Every, PlanInput, QuietProgress, Resident, SampleOptions, Schedule, ShareTransport, TrainOptions,
+    generate, latest_checkpoint, most_kept, pick, plan, prepare, train,
 };
 use megatrain_tier::{TierConfig, TransportDType};
 use megatrain_zoo::{HfCheckpoint, preset};
@@ -19,7 +19,7 @@ fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
         seq_len: 8,
         batch: 2,
         steps: 2,
-        eval_every: 1,
+        eval_every: Every::Steps(1),
         eval_batches: 1,
         val_fraction: 0.2,
         out: out.to_path_buf(),
@@ -220,11 +220,62 @@ fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     // It trains to the end of its passes.
     train_ok_steps(
         TrainOptions {
-            eval_every: 0,
+            eval_every: Every::Steps(0),
             ..opts("a.jsonl", RowsKind::Records, 0.4, "r8")
         },
         4,
     );
+}
+
+/// `--eval-every epoch` and `--save-every epoch`: an evaluation at the
+/// start, then an evaluation and a checkpoint in the step each pass ends
+/// in, and both at the end.
+#[test]
+fn epoch_evaluates_and_saves_where_each_pass_ends() {
+    use megatrain::run::RowsKind;
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let alpaca = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
+"#
+    .repeat(20);
+    std::fs::write(t.join("a.jsonl"), alpaca).unwrap();
+    let run = t.join("r");
+    let o = TrainOptions {
+        rows: RowsKind::Records,
+        epochs: Some(2.5),
+        val_fraction: 0.2,
+        seq_len: 64,
+        batch: 3,
+        eval_every: Every::Epoch,
+        save_every: Every::Epoch,
+        ..small(t.join("a.jsonl"), &run, "llama-tiny")
+    };
+    let mut p = prepare(o, false).unwrap();
+    // 16 records a pass, 3 a step: 14 steps; passes end in steps 6 (rows
+    // 16..18) and 11 (31..33).
+    assert_eq!((p.rows_per_pass, p.opts.steps), (16, 14));
+    train(
+        megatrain_tensor::CpuExecutor::new(),
+        &mut p,
+        None,
+        &mut QuietProgress,
+    )
+    .unwrap();
+    let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let evaluated: Vec<u64> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("val_loss").is_some())
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, [0, 6, 11, 14]);
+    let mut saved: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
+    saved.sort_by_key(|n| n[5..].parse::<u64>().unwrap());
+    assert_eq!(saved, ["ckpt-6", "ckpt-11", "ckpt-14"]);
 }
 
 #[test]
@@ -427,7 +478,7 @@ fn a_run_samples_as_it_learns_and_trains_the_same() {
         o.steps = 60;
         o.lr = 1e-2;
         o.warmup = 2;
-        o.eval_every = 20;
+        o.eval_every = Every::Steps(20);
         o.sample_every = sample_every;
         o.sample_prompt = "ab".into();
         o.sample_tokens = 10;
@@ -488,7 +539,7 @@ fn run_directory_checkpoint_loads_as_hf_and_samples_deterministically() {
     o.steps = 80;
     o.lr = 1e-2;
     o.warmup = 2;
-    o.eval_every = 10;
+    o.eval_every = Every::Steps(10);
     train_ok_steps(o, 80);
     let run = t.join("run");
     for f in ["metrics.jsonl", "loss.svg", "latest"] {

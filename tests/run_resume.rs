@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use megatrain::run::{
-    METRICS_FILE, QuietProgress, Schedule, TrainOptions, latest_checkpoint, prepare, read_train_state, train,
+    Every, METRICS_FILE, QuietProgress, Schedule, TrainOptions, latest_checkpoint, prepare, read_train_state,
+    train,
 };
 use serde_json::Value;
 
@@ -28,9 +29,9 @@ fn options(data: &Path, out: &Path) -> TrainOptions {
         steps: 6,
         lr: 3e-3,
         warmup: 2,
-        eval_every: 2,
+        eval_every: Every::Steps(2),
         eval_batches: 2,
-        save_every: 0,
+        save_every: Every::Steps(0),
         out: out.to_path_buf(),
         ..TrainOptions::default()
     }
@@ -546,7 +547,7 @@ fn skipped_batches_stay_skipped_through_resumes() {
         let mut o = options(&data, dir);
         o.steps = steps;
         o.skip_batches = skip;
-        o.save_every = 2;
+        o.save_every = Every::Steps(2);
         // One schedule whatever the steps of each part.
         o.decay_steps = Some(8);
         o

@@ -12,7 +12,7 @@ use common::cli::{corpus, refused, run as run_bin, s};
 use megatrain::run::tensorboard::{
     Entry, ReadEvent, convert, entry_record, event_files, read_events, version_record,
 };
-use megatrain::run::{METRICS_FILE, QuietProgress, TrainOptions, latest_checkpoint, prepare, train};
+use megatrain::run::{Every, METRICS_FILE, QuietProgress, TrainOptions, latest_checkpoint, prepare, train};
 use megatrain_tier::write_latest;
 use serde_json::Value;
 
@@ -96,11 +96,11 @@ fn options(data: &Path, out: &Path) -> TrainOptions {
         steps: 6,
         lr: 3e-3,
         warmup: 2,
-        eval_every: 2,
+        eval_every: Every::Steps(2),
         eval_batches: 2,
         sample_every: 3,
         sample_tokens: 6,
-        save_every: 4,
+        save_every: Every::Steps(4),
         tensorboard: true,
         out: out.to_path_buf(),
         ..TrainOptions::default()

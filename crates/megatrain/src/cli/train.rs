@@ -8,8 +8,9 @@ use clap::Args;
 use megatrain::data::packed_padding_share;
 use megatrain::dist::{Collective, DistConfig};
 use megatrain::run::{
-    DeviceChoice, KeepActivations, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport,
-    TrainOptions, TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state, train_with,
+    DeviceChoice, Every, KeepActivations, Packing, Precision, RowsKind, SamplingKind, Schedule,
+    ShareTransport, TrainOptions, TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state,
+    train_with,
 };
 use megatrain_gpu::TransportChoice;
 
@@ -233,9 +234,11 @@ pub struct TrainArgs {
     /// [default: 0].
     #[arg(long)]
     skip_batches: Option<u64>,
-    /// Evaluate on the validation data every N steps and at the end (0: only at the end) [default: 250].
+    /// Evaluate on the validation data at the start, every N steps and at
+    /// the end (0: only at the end; `epoch`: in the step that ends each
+    /// pass over the training data) [default: 250].
     #[arg(long)]
-    eval_every: Option<u64>,
+    eval_every: Option<Every>,
     /// Stop once N evaluations in a row have not lowered the best
     /// validation loss so far, saving that step (`best` names the lowest)
     /// [default: 0, never].
@@ -255,9 +258,11 @@ pub struct TrainArgs {
     /// Tokens a sample adds [default: 200].
     #[arg(long)]
     sample_tokens: Option<usize>,
-    /// Save a checkpoint every N steps and at the end (0: only at the end) [default: 500].
+    /// Save a checkpoint every N steps and at the end (0: only at the end;
+    /// `epoch`: in the step that ends each pass over the training data)
+    /// [default: 500].
     #[arg(long)]
-    save_every: Option<u64>,
+    save_every: Option<Every>,
     /// Keep only the newest N checkpoints, removing older ones after each
     /// save (0: keep all) [default: 0].
     #[arg(long)]

@@ -8,6 +8,7 @@ mod dist_check;
 mod encoder;
 mod error;
 mod evaluate;
+mod every;
 mod generate;
 pub mod interrupt;
 mod keep;
@@ -31,6 +32,7 @@ pub use cover::{BusCover, CLIP_NORM_SHARE, Machine, bus_cover, bus_cover_keeping
 pub use encoder::{Encoder, char_vocab, copy_atomic, kind_name};
 pub use error::{Result, RunError};
 pub use evaluate::{evaluate, evaluate_batches};
+pub use every::{Every, Passes};
 pub use generate::{
     Decoder, GenerationConfig, LanguageModel, Resident, SampleOptions, generate, generate_samples,
     generate_until, generate_with, pick,

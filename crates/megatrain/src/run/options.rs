@@ -9,6 +9,7 @@ use megatrain_tier::TransportDType;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, RunError};
+use super::every::{Every, Passes};
 use super::keep::KeepActivations;
 use super::knobs::{TransportKnobs, transfer_chunk_elems};
 use crate::schedule::ScheduleKind;
@@ -432,8 +433,9 @@ pub struct TrainOptions {
     /// grad_accum`: resumed from a checkpoint before a loss spike with the
     /// batches around it skipped (PaLM's remedy). Kept by later resumes.
     pub skip_batches: u64,
-    /// Evaluate every this many steps (0: only at the end).
-    pub eval_every: u64,
+    /// Evaluate every this many steps or each pass (0: only at the end;
+    /// also at the start, unless 0).
+    pub eval_every: Every,
     /// Stop once this many evaluations in a row have not gone below the
     /// lowest validation loss so far (0: never); the step it stops at is
     /// saved, and `best` names the lowest.
@@ -447,8 +449,9 @@ pub struct TrainOptions {
     pub sample_every: u64,
     pub sample_prompt: String,
     pub sample_tokens: usize,
-    /// Save a checkpoint every this many steps (0: only at the end).
-    pub save_every: u64,
+    /// Save a checkpoint every this many steps or each pass (0: only at
+    /// the end).
+    pub save_every: Every,
     /// Keep only the newest this many checkpoints, removing older ones
     /// after each save (0: keep all). Changes no result.
     pub keep_checkpoints: u64,
@@ -548,13 +551,13 @@ impl Default for TrainOptions {
             packing: Packing::BestFit,
             doc_end: None,
             skip_batches: 0,
-            eval_every: 250,
+            eval_every: Every::Steps(250),
             early_stop: 0,
             eval_batches: 20,
             sample_every: 0,
             sample_prompt: "\n".into(),
             sample_tokens: 200,
-            save_every: 500,
+            save_every: Every::Steps(500),
             keep_checkpoints: 0,
             log_every: 10,
             tensorboard: false,
@@ -657,8 +660,16 @@ impl TrainOptions {
     /// The steps of `epochs` passes over data whose one pass is
     /// `rows_per_pass` rows: at least 1.
     pub fn steps_for_epochs(&self, epochs: f64, rows_per_pass: u64) -> u64 {
-        let per_step = (self.global_batch() * self.grad_accum) as f64;
+        let per_step = self.passes(rows_per_pass).rows_per_step as f64;
         ((epochs * rows_per_pass as f64 / per_step).ceil() as u64).max(1)
+    }
+
+    /// This run's steps against passes of `rows_per_pass` rows.
+    pub fn passes(&self, rows_per_pass: u64) -> Passes {
+        Passes {
+            rows_per_step: (self.global_batch() * self.grad_accum) as u64,
+            rows_per_pass,
+        }
     }
 
     pub fn schedule(&self) -> crate::schedule::LrSchedule {
@@ -721,7 +732,7 @@ impl TrainOptions {
             positive("chunk-rows", rows as u64)?;
         }
         positive("eval-batches", self.eval_batches as u64)?;
-        if self.early_stop > 0 && self.eval_every == 0 {
+        if self.early_stop > 0 && self.eval_every.is_never() {
             return Err(RunError::option(
                 "early-stop",
                 self.early_stop,

@@ -16,6 +16,7 @@ use super::checkpoint::{
 };
 use super::error::{Result, RunError};
 use super::evaluate::evaluate_split;
+use super::every::Every;
 use super::generate::{SampleOptions, generate};
 use super::keep::Room;
 use super::metrics_log::MetricsLog;
@@ -361,10 +362,12 @@ pub fn train_with<E: Executor>(
             "counts validation losses, and this run has no validation data",
         ));
     }
+    // Where `epoch` falls (--eval-every, --save-every).
+    let passes = opts.passes(p.rows_per_pass);
     progress.begin(start, opts.steps);
     let t0 = Instant::now();
     if start == 0
-        && opts.eval_every > 0
+        && !opts.eval_every.is_never()
         && let Some(v) = eval(&trainer)?
     {
         if let Some(log) = &mut log {
@@ -412,7 +415,7 @@ pub fn train_with<E: Executor>(
         obj.insert("bus_crossings".into(), json!(m.bus_crossings()));
         let diverged = diverged(&m, p.model.num_layers);
         let finite = diverged.is_none();
-        let due = |every: u64| (every > 0 && step.is_multiple_of(every)) || step == opts.steps;
+        let due = |every: Every| every.due(step, passes) || step == opts.steps;
         // A signal that came during the step skips its evaluation: the
         // checkpoint comes first (a machine's notice before it is taken back
         // may not leave time for both). One during the evaluation is seen
@@ -420,7 +423,7 @@ pub fn train_with<E: Executor>(
         summary.interrupted = interrupted(dist.as_ref())?;
         let reads = summary.interrupted.is_none()
             && ((due(opts.eval_every) && p.val.is_some())
-                || (opts.sample_every > 0 && due(opts.sample_every)));
+                || (opts.sample_every > 0 && due(Every::Steps(opts.sample_every))));
         if finite && (reads || step == end) {
             // The evaluation and the sample read every layer's parameters;
             // the run's last step leaves none of its updates behind. Every
@@ -441,7 +444,11 @@ pub fn train_with<E: Executor>(
             summary.interrupted = interrupted(dist.as_ref())?;
         }
         let mut sampled = None;
-        if lead && finite && summary.interrupted.is_none() && opts.sample_every > 0 && due(opts.sample_every)
+        if lead
+            && finite
+            && summary.interrupted.is_none()
+            && opts.sample_every > 0
+            && due(Every::Steps(opts.sample_every))
         {
             let text = sample_at(&trainer, p, step)?;
             obj.insert("sample".into(), json!(text));
