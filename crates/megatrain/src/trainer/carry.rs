@@ -22,14 +22,14 @@ use std::time::Instant;
 
 use megatrain_adamw::{AdamW, DecayMask};
 use megatrain_tensor::{Download, Executor};
-use megatrain_tier::LayerSlab;
+use megatrain_tier::{LayerSlab, SpillWindow};
 
 use super::distributed::{finish_clipped, update_clipped};
 use super::handoff::land_chunk;
 use super::optimizer::{StagingPool, apply_chunk};
 use super::reduce::DistState;
 use super::update::Hyper;
-use super::{Result, StepMetrics, TrainError, Trainer, ms};
+use super::{Result, StepMetrics, TrainError, Trainer, ms, spill_window};
 
 /// One layer whose update waits for the next step.
 pub(super) struct Carried<T> {
@@ -81,7 +81,7 @@ impl Deferred {
         for slab in &mut slabs[left.next..end] {
             let h = a.hyper(slab.index(), left.lr, left.coef);
             let t_opt = Instant::now();
-            let done = update_clipped(slab, a.dist, None, h);
+            let done = update_clipped(slab, a.dist, a.window, h);
             let busy = ms(t_opt);
             m.optimizer_ms += busy;
             m.optimizer_wait_ms += busy;
@@ -128,6 +128,10 @@ pub(super) struct Apply<'a> {
     /// The ranks, whose clipped updates end in an all-gather (sharded) or
     /// a meeting (shared copies) before the layer's load.
     pub dist: Option<&'a DistState>,
+    /// Where the deferred updates of spilled layers read and write their
+    /// p, m and v: a window over them in table order
+    /// ([`super::spill_window::start_forward`]).
+    pub window: Option<&'a SpillWindow>,
 }
 
 impl Apply<'_> {
@@ -311,21 +315,21 @@ impl<E: Executor> Trainer<E> {
         let chunk = self.transfer_chunk();
         let in_flight = self.reserve_gradient_downloads(chunk)?;
         let carried = std::mem::take(&mut self.carried);
-        let mut rising = Rising::new(
-            carried,
-            self.deferred.take(),
-            self.tier.layers(),
-            chunk,
-            in_flight,
-        )?;
+        let deferred = self.deferred.take();
+        let window = spill_window::start_deferred(&self.tier, self.dist.as_ref(), self.spill, deferred)?;
+        let mut rising = Rising::new(carried, deferred, self.tier.layers(), chunk, in_flight)?;
         let apply = Apply {
             adamw: &self.adamw,
             masks: &self.masks,
             pool: &self.pool,
             dist: self.dist.as_ref(),
+            window: window.as_ref(),
         };
         let mut m = StepMetrics::default();
         rising.settle_through(&self.ex, usize::MAX, self.tier.layers_mut(), &apply, &mut m)?;
+        if let Some(w) = window {
+            w.finish()?;
+        }
         Ok(ms(t))
     }
 

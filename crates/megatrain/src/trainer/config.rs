@@ -84,11 +84,11 @@ pub struct TrainerConfig {
     /// overlaps the device's forward instead of following the backward
     /// with the device idle. As with `carry_layers`, the parameters are
     /// one update behind until [`Trainer::settle`](super::Trainer::settle).
-    /// `false` updates every layer before the step returns. Only from a
-    /// tier in RAM (one that spills updates after the backward either
-    /// way); on ranks a sharded one updates its range and all-gathers the
-    /// layer's transport copy before the load, and ranks sharing their
-    /// copies meet there. Results do not depend on it.
+    /// `false` updates every layer before the step returns. A spilled
+    /// layer's p, m and v are read ahead in the forward's order; on ranks
+    /// a sharded one updates its range and all-gathers the layer's
+    /// transport copy before the load, and ranks sharing their copies meet
+    /// there. Results do not depend on it.
     pub defer_clipped_updates: bool,
     /// Dropout in the step's forwards (none by default; evaluation and
     /// generation never drop).

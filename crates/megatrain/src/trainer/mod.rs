@@ -612,13 +612,17 @@ impl<E: Executor> Trainer<E> {
             true => (std::mem::take(carried), Vec::new()),
             false => (Vec::new(), std::mem::take(carried)),
         };
-        let mut rising = Rising::new(from_last_step, deferred.take(), tier.layers(), chunk, in_flight)?;
+        // Spilled layers' clipped updates read ahead in the forward's order.
+        let deferred = deferred.take();
+        let ahead = spill_window::start_deferred(tier, dist, *spill, deferred)?;
+        let mut rising = Rising::new(from_last_step, deferred, tier.layers(), chunk, in_flight)?;
         rising.begin_more(ex)?;
         let apply = Apply {
             adamw,
             masks,
             pool,
             dist,
+            window: ahead.as_ref(),
         };
 
         let loss = std::thread::scope(|scope| -> Result<LossSums> {
@@ -801,8 +805,12 @@ impl<E: Executor> Trainer<E> {
         });
 
         // The last writes behind: the host waits for them (the next step
-        // reads these files).
-        if let (Ok(_), Some(w)) = (&loss, window) {
+        // reads these files). The deferred updates' wrote behind the
+        // forward, and have had the backward's time.
+        for w in [ahead, window].into_iter().flatten() {
+            if loss.is_err() {
+                break;
+            }
             let t = Instant::now();
             spill_window::record(m, &w.finish()?);
             let waited = ms(t);

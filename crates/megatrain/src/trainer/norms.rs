@@ -167,14 +167,14 @@ impl<E: Executor> Trainer<E> {
             .collect())
     }
 
-    /// Whether clipped updates go into the next step's forward: asked for,
-    /// and a tier in RAM (a spilled layer's update moves through the spill
-    /// window, which reads ahead in the backward's order). On ranks each
-    /// updates, just before its forward loads a layer, what it updates
-    /// after a backward: a replicated rank all of the layer, from the same
-    /// summed gradient; a sharded one its range, then the all-gather of
-    /// the transport copy; ranks sharing a copy then meet before the load.
+    /// Whether clipped updates go into the next step's forward: as asked.
+    /// A spilled layer's p, m and v then come through a window that reads
+    /// ahead in the forward's order. On ranks each updates, just before
+    /// its forward loads a layer, what it updates after a backward: a
+    /// replicated rank all of the layer, from the same summed gradient; a
+    /// sharded one its range, then the all-gather of the transport copy;
+    /// ranks sharing a copy then meet before the load.
     pub(super) fn defers_clipped(&self) -> bool {
-        self.config.defer_clipped_updates && !self.tier.has_spill()
+        self.config.defer_clipped_updates
     }
 }

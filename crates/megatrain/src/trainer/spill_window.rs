@@ -11,6 +11,7 @@
 
 use megatrain_tier::{HostTier, SpillStats, SpillWindow, SpilledLayer, WindowConfig};
 
+use super::carry::Deferred;
 use super::reduce::DistState;
 use super::{Result, StepMetrics};
 
@@ -47,7 +48,8 @@ pub(super) fn start_backward(
     Ok(Some(SpillWindow::start(spilled(tier, dist, from)?, config)?))
 }
 
-/// The same, first layer first (the clipping mode updates in table order).
+/// The same, first layer first (clipping's updates run in table order,
+/// after the backward or deferred into the next forward).
 pub(super) fn start_forward(
     tier: &HostTier,
     dist: Option<&DistState>,
@@ -60,6 +62,21 @@ pub(super) fn start_forward(
     let mut layers = spilled(tier, dist, from)?;
     layers.reverse();
     Ok(Some(SpillWindow::start(layers, config)?))
+}
+
+/// The window the clipped updates deferred into a forward
+/// ([`Deferred`]) read their spilled layers through, or `None` when
+/// nothing is deferred or spilled.
+pub(super) fn start_deferred(
+    tier: &HostTier,
+    dist: Option<&DistState>,
+    config: WindowConfig,
+    deferred: Option<Deferred>,
+) -> Result<Option<SpillWindow>> {
+    match deferred {
+        Some(d) => start_forward(tier, dist, config, d.next),
+        None => Ok(None),
+    }
 }
 
 /// Adds a finished window's numbers to the step's.
