@@ -805,8 +805,8 @@ impl<E: Executor> Trainer<E> {
         });
 
         // The last writes behind: the host waits for them (the next step
-        // reads these files). The deferred updates' wrote behind the
-        // forward, and have had the backward's time.
+        // reads these files). The deferred updates' window wrote behind
+        // the forward, and has had the backward's time.
         for w in [ahead, window].into_iter().flatten() {
             if loss.is_err() {
                 break;

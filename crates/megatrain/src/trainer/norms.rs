@@ -21,8 +21,7 @@ impl<E: Executor> Trainer<E> {
     /// carried layers', whose squares the executor summed (read here,
     /// once their backward is done). With the optimizer sharded each rank
     /// summed its own range; else every rank updated every element.
-    /// Clipping over a whole held gradient took each layer's norm with the
-    /// step's (`Trainer::clip`).
+    /// Clipping took each layer's norm with the step's (`Trainer::clip`).
     pub(super) fn gradient_norms(&mut self, m: &mut StepMetrics) -> Result<()> {
         if self.config.grad_clip.is_some() {
             return Ok(());
