@@ -672,22 +672,15 @@ fn ranks_defer_clipped_updates() {
                     })
                     .unwrap();
                     let batch = common::CHUNK_STREAM.rows(model.vocab_size, 0, 4, rank * 2..rank * 2 + 2, 9);
-                    let before: Vec<Vec<u8>> = t
-                        .tier()
-                        .layers()
-                        .iter()
-                        .map(|s| s.transport().as_bytes().to_vec())
-                        .collect();
+                    let copies = |t: &Trainer<CpuExecutor>| -> Vec<Vec<u8>> {
+                        let layers = t.tier().layers();
+                        layers.iter().map(|s| s.transport().as_bytes().to_vec()).collect()
+                    };
+                    let before = copies(&t);
                     t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
                     assert_eq!(t.carried_layers(), model.num_layers + 2 - frozen);
-                    let held: Vec<Vec<u8>> = t
-                        .tier()
-                        .layers()
-                        .iter()
-                        .map(|s| s.transport().as_bytes().to_vec())
-                        .collect();
                     assert!(
-                        held == before,
+                        copies(&t) == before,
                         "shard {shard}: a copy moved before the next forward"
                     );
                     t.settle().unwrap();

@@ -29,14 +29,20 @@ fn small(data: PathBuf, out: &Path, preset: &str) -> TrainOptions {
 
 /// A fresh run of `opts` on the CPU, to its end.
 fn trained(opts: TrainOptions) -> megatrain::run::Summary {
-    let mut p = prepare(opts, false).unwrap();
-    train(
-        megatrain_tensor::CpuExecutor::new(),
-        &mut p,
-        None,
-        &mut QuietProgress,
-    )
-    .unwrap()
+    train_prepared(&mut prepare(opts, false).unwrap())
+}
+
+fn train_prepared(p: &mut megatrain::run::Prepared) -> megatrain::run::Summary {
+    train(megatrain_tensor::CpuExecutor::new(), p, None, &mut QuietProgress).unwrap()
+}
+
+/// `a.jsonl` in `dir`: 20 Alpaca records (one row each).
+fn alpaca_records(dir: &Path) -> PathBuf {
+    let path = dir.join("a.jsonl");
+    let record = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
+"#;
+    std::fs::write(&path, record.repeat(20)).unwrap();
+    path
 }
 
 fn train_ok(opts: TrainOptions) -> megatrain::run::Summary {
@@ -139,10 +145,7 @@ fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     use megatrain::run::RowsKind;
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let alpaca = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
-"#
-    .repeat(20);
-    std::fs::write(t.join("a.jsonl"), alpaca).unwrap();
+    alpaca_records(t);
     let text = "to be, or not to be: that is the question.\n".repeat(40);
     std::fs::write(t.join("b.txt"), &text).unwrap();
     let opts = |data: &str, rows: RowsKind, epochs: f64, out: &str| TrainOptions {
@@ -235,10 +238,7 @@ fn epoch_evaluates_and_saves_where_each_pass_ends() {
     use megatrain::run::RowsKind;
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
-    let alpaca = r#"{"instruction": "Say hi", "input": "", "output": "hi"}
-"#
-    .repeat(20);
-    std::fs::write(t.join("a.jsonl"), alpaca).unwrap();
+    let data = alpaca_records(t);
     let run = t.join("r");
     let o = TrainOptions {
         rows: RowsKind::Records,
@@ -248,19 +248,13 @@ fn epoch_evaluates_and_saves_where_each_pass_ends() {
         batch: 3,
         eval_every: Every::Epoch,
         save_every: Every::Epoch,
-        ..small(t.join("a.jsonl"), &run, "llama-tiny")
+        ..small(data, &run, "llama-tiny")
     };
     let mut p = prepare(o, false).unwrap();
     // 16 records a pass, 3 a step: 14 steps; passes end in steps 6 (rows
     // 16..18) and 11 (31..33).
     assert_eq!((p.rows_per_pass, p.opts.steps), (16, 14));
-    train(
-        megatrain_tensor::CpuExecutor::new(),
-        &mut p,
-        None,
-        &mut QuietProgress,
-    )
-    .unwrap();
+    train_prepared(&mut p);
     let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let evaluated: Vec<u64> = log
         .lines()
