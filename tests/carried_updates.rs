@@ -490,6 +490,76 @@ fn carrying_is_refused_where_it_cannot_run() {
     Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
 }
 
+/// A tier that spills every layer but the embedding: carrying the
+/// embedding (in RAM) beside the spill window changes no result, with and
+/// without clipping (whose spilled updates are deferred too) and held
+/// micro-batches; carrying a spilled layer is refused, naming it.
+#[test]
+fn carrying_beside_a_spilling_tier_changes_no_result() {
+    use megatrain_tier::TransportDType;
+    let model = common::llama_tiny(2);
+    let transport = TransportDType::BF16;
+    for (clip, micro) in [(None, 1), (None, 2), (Some(0.05), 1), (Some(0.05), 2)] {
+        let hold = clip.is_some() || micro > 1;
+        let run = |carry: usize, spill: Option<&std::path::Path>| {
+            let tier = TierConfig {
+                transport,
+                hold_grads: hold,
+                grads_on_device: carry,
+                ram_budget_bytes: spill.map(|_| common::spill_all_but_embedding(&model, transport, hold)),
+                spill_dir: spill.map(|d| d.join("spill")),
+                ..TierConfig::default()
+            };
+            let config = TrainerConfig {
+                carry_layers: carry,
+                ..common::k2_config(clip)
+            };
+            let mut t = common::trainer(CpuExecutor::new(), &model, tier, 5, config);
+            assert_eq!(t.tier().has_spill(), spill.is_some());
+            let mut losses = Vec::new();
+            for (step, lr) in LRS.iter().enumerate() {
+                let batches: Vec<_> = (0..micro)
+                    .map(|k| CHUNK_STREAM.batch(model.vocab_size, (step * 2 + k) as u64, 2, 9))
+                    .collect();
+                losses.push(t.step(&batches, *lr).unwrap().loss);
+                assert!(t.carried_layers() >= carry);
+            }
+            t.settle().unwrap();
+            (losses, params(&t))
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let plain = run(0, None);
+        let carried = run(1, Some(dir.path()));
+        assert_eq!(plain.0, carried.0, "clip {clip:?} micro {micro}: losses");
+        assert!(
+            plain.1 == carried.1,
+            "clip {clip:?} micro {micro}: parameters differ"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tier = TierConfig {
+        transport,
+        grads_on_device: 2,
+        ram_budget_bytes: Some(common::spill_all_but_embedding(&model, transport, false)),
+        spill_dir: Some(dir.path().join("spill")),
+        ..TierConfig::default()
+    };
+    let config = TrainerConfig {
+        carry_layers: 2,
+        ..TrainerConfig::default()
+    };
+    common::assert_refused(
+        &model,
+        tier,
+        config,
+        &[
+            "carry_layers (2) reaches layer 1",
+            "spills to disk",
+            "carry at most 1",
+        ],
+    );
+}
+
 #[test]
 #[should_panic(expected = "call Trainer::settle first")]
 fn the_tier_is_not_handed_out_for_writing_while_updates_are_carried() {

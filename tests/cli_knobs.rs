@@ -176,16 +176,17 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
             "'every' is neither a number of layers nor 'all'",
         ],
     );
-    check(
-        "cpu",
-        &["--carry-layers", "all", "--host-budget", "1G"],
-        &["--carry-layers all", "--host-budget"],
-    );
-    check(
-        "cpu",
-        &["--carry-layers", "2", "--host-budget", "1G"],
-        &["--carry-layers 2", "--host-budget"],
-    );
+    // 4 MiB keeps the embedding's p, m, v in RAM and spills the rest.
+    for (n, carry) in [("all", 6), ("2", 2)] {
+        check(
+            "cpu",
+            &["--seq-len", "16", "--carry-layers", n, "--host-budget", "4M"],
+            &[
+                &format!("carry_layers ({carry}) reaches layer 1, which the tier spills"),
+                "carry at most 1",
+            ],
+        );
+    }
     check(
         "cpu",
         &["--seq-len", "16", "--carry-layers", "7"],

@@ -194,7 +194,8 @@ pub struct TrainArgs {
     /// their gradients on the device at a step's end, and the next step's
     /// forward runs their AdamW just before loading each, instead of the
     /// device idling while the host finishes the updates after backward
-    /// (default 0: off; not with ranks or --host-budget). Costs their f32
+    /// (default 0: off; not with ranks; with --host-budget, only layers
+    /// the tier keeps in RAM). Costs their f32
     /// gradients in device memory; with --grad-clip or --grad-accum the
     /// host then holds none of theirs. Changes no result (with --grad-clip,
     /// the coefficient within its last bits: their norm is the device's).

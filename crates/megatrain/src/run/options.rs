@@ -778,27 +778,18 @@ impl TrainOptions {
                 "cannot be used with --carry-layers, which counts from the first layer",
             ));
         }
-        if self.carry_layers > 0 {
-            let clash = match () {
-                _ if self.ranks > 1 => {
-                    Some("data parallel ranks, whose updates wait for each layer's reduction")
-                }
-                _ if self.host_budget.is_some() => {
-                    Some("--host-budget, whose spilled layers are updated through the window")
-                }
-                _ => None,
+        // With --host-budget the trainer refuses a carried layer the tier
+        // spills, naming the first one (the placement is known only then).
+        if self.carry_layers > 0 && self.ranks > 1 {
+            let n = match self.carry_layers {
+                CARRY_ALL => "all".to_string(),
+                n => n.to_string(),
             };
-            if let Some(why) = clash {
-                let n = match self.carry_layers {
-                    CARRY_ALL => "all".to_string(),
-                    n => n.to_string(),
-                };
-                return Err(RunError::option(
-                    "carry-layers",
-                    n,
-                    format!("cannot be used with {why}"),
-                ));
-            }
+            return Err(RunError::option(
+                "carry-layers",
+                n,
+                "cannot be used with data parallel ranks, whose updates wait for each layer's reduction",
+            ));
         }
         let knobs = self.knobs;
         knobs.validate()?;

@@ -144,6 +144,30 @@ fn shm_error(e: RunError, opts: &TrainOptions) -> RunError {
     }
 }
 
+/// The run directory, made here where it did not exist: a run refused
+/// before it wrote anything (its tier over the budget, a carried layer the
+/// tier spills) leaves no empty directory behind, nor the empty `spill`
+/// directory in it. Only empty directories are removed, and only by the
+/// lead rank (ranks may race to make it).
+struct MadeDir(Option<PathBuf>);
+
+impl MadeDir {
+    fn new(out: &Path, lead: bool) -> Result<Self> {
+        let made = lead && !out.exists();
+        std::fs::create_dir_all(out).map_err(RunError::io(out))?;
+        Ok(MadeDir(made.then(|| out.to_path_buf())))
+    }
+}
+
+impl Drop for MadeDir {
+    fn drop(&mut self) {
+        if let Some(out) = &self.0 {
+            let _ = std::fs::remove_dir(out.join("spill"));
+            let _ = std::fs::remove_dir(out);
+        }
+    }
+}
+
 /// The tier of rank `rank` of the run (a sharded optimizer's rank keeps
 /// its share of p, m, v, and the budget counts that share).
 pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
@@ -207,7 +231,8 @@ pub fn train_with<E: Executor>(
         super::dist_check::same_everywhere(&*d.comm, p)?;
     }
     let lead = rank == 0;
-    std::fs::create_dir_all(out).map_err(RunError::io(out))?;
+    // Dropped after the tier and the trainer (declared before them).
+    let _made = MadeDir::new(out, lead)?;
     let mut tcfg = tier_config(opts, rank);
     // Before the tier: a machine's ranks map the copies one of them makes
     // (opened by all, its name gone, before this goes on).

@@ -64,8 +64,9 @@ pub struct TrainerConfig {
     /// every layer carried, the host holds 4 bytes a parameter less, and
     /// the executor as many more. That norm is summed in another order
     /// than the held gradients' (f32 within a row): the clip coefficient
-    /// can differ in its last bits. Not with data parallel ranks or a
-    /// tier that spills.
+    /// can differ in its last bits. Not with data parallel ranks, nor
+    /// past the layers a spilling tier keeps in RAM (a carried layer is
+    /// updated in place).
     pub carry_layers: usize,
     /// The first this many layers (the embedding, then the blocks in
     /// order; at most all but the head) are not trained: the backward

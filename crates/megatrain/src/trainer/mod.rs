@@ -250,10 +250,18 @@ impl<E: Executor> Trainer<E> {
                     tier.len()
                 )));
             }
-            if tier.has_spill() {
+            // A carried layer is updated from the executor's gradients in
+            // the next forward, in place: its p, m and v must be in RAM.
+            if let Some(s) = tier.layers()[..config.carry_layers]
+                .iter()
+                .find(|s| s.is_spilled())
+            {
                 return Err(TrainError::Config(format!(
-                    "carry_layers ({}) cannot be used with a tier that spills to disk",
-                    config.carry_layers
+                    "carry_layers ({}) reaches layer {}, which the tier spills to disk: carry at most {} \
+                     (the layers before the first spilled one), or give the tier more RAM",
+                    config.carry_layers,
+                    s.index(),
+                    s.index()
                 )));
             }
         }
