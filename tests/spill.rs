@@ -324,13 +324,24 @@ fn plan_estimates_the_disk_time_of_a_step() {
             "14G",
             "--disk-gbps",
             "2",
+            "--carry-layers",
+            "3",
         ],
         None,
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let line = text.lines().find(|l| l.starts_with("disk: layers")).expect(&text);
-    assert!(line.contains("past --host-budget 14.00 GiB"), "{line}");
+    assert!(
+        line.contains("layers 0..34 past --host-budget 14.00 GiB"),
+        "{line}"
+    );
+    // Carried layers must be in RAM: none here, as `train` would say.
+    assert!(
+        text.contains("--carry-layers 3 reaches layer 0, which --host-budget spills: train refuses it"),
+        "{text}"
+    );
+    assert!(text.contains("nothing can be carried"), "{text}");
     let time = text
         .lines()
         .find(|l| l.contains("of disk time per step"))

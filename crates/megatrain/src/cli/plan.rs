@@ -351,6 +351,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             (a.batch, a.seq_len),
             ups,
             (carry_layers, a.hold_grads),
+            p.host.first_spilled,
         );
     }
     // Held gradients the device could keep instead (`--carry-layers all`).
@@ -406,13 +407,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
 
 /// `ups`: how often a block's transport copy goes up ("once" where every
 /// block is kept from forward to backward); `hold`: gradients are held
-/// (the step as clipping runs it is printed too).
+/// (the step as clipping runs it is printed too); `first_spilled`: the
+/// first layer a `--host-budget` spills, past which nothing is carried.
 fn print_cover(
     c: &BusCover,
     m: Machine,
     (batch, seq_len): (usize, usize),
     ups: &str,
     (carry, hold): (usize, bool),
+    first_spilled: Option<usize>,
 ) {
     let ms = |s: f64| s * 1e3;
     println!(
@@ -502,7 +505,13 @@ fn print_cover(
             tokens as f64 / step
         )
     };
-    if carry > 0 {
+    let limit = first_spilled.unwrap_or(usize::MAX);
+    if carry > limit {
+        println!(
+            "  --carry-layers {carry} reaches layer {limit}, which --host-budget spills: train refuses it \
+             (at most {limit}, the layers before the first spilled one)"
+        );
+    } else if carry > 0 {
         println!("  with --carry-layers {carry}: {}", carried(carry));
     }
     if hold {
@@ -527,9 +536,14 @@ fn print_cover(
             ms(c.step_clipping_s(m, tokens, false, carry).0)
         );
     }
-    match c.best_carry(m, tokens).0 {
+    match c.best_carry(m, tokens, limit).0 {
         // --carry-layers counts from the first layer: not beside frozen ones.
         _ if c.frozen > 0 => {}
+        0 if limit == 0 => {
+            println!(
+                "  nothing can be carried into the next step's forward: --host-budget spills the first layer"
+            )
+        }
         0 => println!(
             "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
         ),

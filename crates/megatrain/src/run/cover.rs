@@ -271,12 +271,17 @@ impl BusCover {
         (forward + head_forward, updated)
     }
 
-    /// The number of layers to carry that makes
+    /// The number of layers to carry, at most `limit` (a spilling tier's
+    /// layers before its first spilled one), that makes
     /// [`BusCover::step_carrying_s`] shortest (the fewest where several
     /// tie), and that step; none with frozen layers, which the trainer
     /// does not carry beside.
-    pub fn best_carry(&self, m: Machine, tokens: u64) -> (usize, f64) {
-        let most = if self.frozen > 0 { 0 } else { self.blocks + 1 };
+    pub fn best_carry(&self, m: Machine, tokens: u64, limit: usize) -> (usize, f64) {
+        let most = if self.frozen > 0 {
+            0
+        } else {
+            (self.blocks + 1).min(limit)
+        };
         (0..=most)
             .map(|c| (c, self.step_carrying_s(m, tokens, c).0))
             .fold((0, f64::INFINITY), |best, x| if x.1 < best.1 { x } else { best })
@@ -627,14 +632,18 @@ mod tests {
             c.step_carrying_s(slow, tokens, 99),
             c.step_carrying_s(slow, tokens, 5)
         );
-        let (best, at) = c.best_carry(slow, tokens);
+        let (best, at) = c.best_carry(slow, tokens, usize::MAX);
         assert!(best > 0 && at < c.step_ordered_s(slow, tokens), "{best} {at}");
+        // A spilling tier bounds it by the layers it keeps in RAM.
+        let (capped, capped_at) = c.best_carry(slow, tokens, best - 1);
+        assert!(capped < best && capped_at > at, "{capped} {capped_at}");
+        assert_eq!(c.best_carry(slow, tokens, 0).0, 0);
         let fast = Machine {
             adamw_gparams: 1e6,
             ..Machine::H100
         };
         let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
-        assert_eq!(c.best_carry(fast, tokens).0, 0);
+        assert_eq!(c.best_carry(fast, tokens, usize::MAX).0, 0);
     }
 
     /// Clipping: the norm beside the backward either way; every AdamW after
@@ -746,7 +755,7 @@ mod tests {
         assert_eq!(f.block_bus_bytes, plain.block_bus_bytes);
         assert_eq!(f.batch_to_cover, plain.batch_to_cover);
         // Carrying is not offered beside frozen layers.
-        assert_eq!(f.best_carry(h, 8192).0, 0);
+        assert_eq!(f.best_carry(h, 8192, usize::MAX).0, 0);
         // Kept blocks start at the first trained one at the earliest.
         let kept_all = bus_cover_keeping(&m, 1024, TransportDType::F16, (22, 10), h).unwrap();
         assert_eq!(kept_all.step_bus_bytes, 2 * e + 9 * 2 * n + 13 * 6 * n + 6 * hd);
