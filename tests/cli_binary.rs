@@ -158,7 +158,7 @@ fn bad_inputs_are_named() {
         &["--preset", "gpt2-nano", "--data", s(&data), "--epochs", "0"],
         &["--epochs 0", "positive"],
     );
-    for flag in ["--eval-every", "--save-every"] {
+    for flag in ["--eval-every", "--save-every", "--sample-every"] {
         check(
             &["--preset", "gpt2-nano", "--data", s(&data), flag, "weekly"],
             &[flag, "'weekly'", "`epoch`"],

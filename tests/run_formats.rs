@@ -230,9 +230,9 @@ fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     );
 }
 
-/// `--eval-every epoch` and `--save-every epoch`: an evaluation at the
-/// start, then an evaluation and a checkpoint in the step each pass ends
-/// in, and both at the end.
+/// `--eval-every epoch`, `--save-every epoch` and `--sample-every epoch`:
+/// an evaluation at the start, then an evaluation, a checkpoint and a
+/// sample in the step each pass ends in, and all three at the end.
 #[test]
 fn epoch_evaluates_and_saves_where_each_pass_ends() {
     use megatrain::run::RowsKind;
@@ -248,6 +248,8 @@ fn epoch_evaluates_and_saves_where_each_pass_ends() {
         batch: 3,
         eval_every: Every::Epoch,
         save_every: Every::Epoch,
+        sample_every: Every::Epoch,
+        sample_tokens: 3,
         ..small(data, &run, "llama-tiny")
     };
     let mut p = prepare(o, false).unwrap();
@@ -256,13 +258,15 @@ fn epoch_evaluates_and_saves_where_each_pass_ends() {
     assert_eq!((p.rows_per_pass, p.opts.steps), (16, 14));
     train_prepared(&mut p);
     let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
-    let evaluated: Vec<u64> = log
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("val_loss").is_some())
-        .map(|v| v["step"].as_u64().unwrap())
-        .collect();
-    assert_eq!(evaluated, [0, 6, 11, 14]);
+    let steps_with = |key: &str| -> Vec<u64> {
+        log.lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v.get(key).is_some())
+            .map(|v| v["step"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(steps_with("val_loss"), [0, 6, 11, 14]);
+    assert_eq!(steps_with("sample"), [6, 11, 14]);
     let mut saved: Vec<String> = std::fs::read_dir(&run)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -473,7 +477,7 @@ fn a_run_samples_as_it_learns_and_trains_the_same() {
         o.lr = 1e-2;
         o.warmup = 2;
         o.eval_every = Every::Steps(20);
-        o.sample_every = sample_every;
+        o.sample_every = Every::Steps(sample_every);
         o.sample_prompt = "ab".into();
         o.sample_tokens = 10;
         train_ok_steps(o, 60);
@@ -516,7 +520,7 @@ fn a_run_samples_as_it_learns_and_trains_the_same() {
     assert_eq!(last, format!("ab{}", enc.tokenizer.decode(&ids).unwrap()));
     // A prompt the run's tokenizer cannot spell is refused before it starts.
     let mut o = small(t.join("a.txt"), &t.join("refused"), "gpt2-nano");
-    o.sample_every = 10;
+    o.sample_every = Every::Steps(10);
     o.sample_prompt = "xyz".into();
     let Err(err) = prepare(o, false) else {
         panic!("a prompt of characters the vocabulary lacks is refused")

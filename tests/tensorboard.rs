@@ -98,7 +98,7 @@ fn options(data: &Path, out: &Path) -> TrainOptions {
         warmup: 2,
         eval_every: Every::Steps(2),
         eval_batches: 2,
-        sample_every: 3,
+        sample_every: Every::Steps(3),
         sample_tokens: 6,
         save_every: Every::Steps(4),
         tensorboard: true,

@@ -250,9 +250,10 @@ pub struct TrainArgs {
     eval_batches: Option<usize>,
     /// Print (and log in metrics.jsonl) a sample every N steps and at the
     /// end: the model writing after --sample-prompt between steps, through
-    /// its streamed forward (0: never) [default: 0].
+    /// its streamed forward (0: never; `epoch`: in the step that ends each
+    /// pass over the training data) [default: 0].
     #[arg(long)]
-    sample_every: Option<u64>,
+    sample_every: Option<Every>,
     /// The text samples start from [default: a newline].
     #[arg(long)]
     sample_prompt: Option<String>,

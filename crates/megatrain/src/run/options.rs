@@ -441,12 +441,13 @@ pub struct TrainOptions {
     /// saved, and `best` names the lowest.
     pub early_stop: u64,
     pub eval_batches: usize,
-    /// Generate a sample every this many steps and at the end (0: never):
+    /// Generate a sample every this many steps or each pass, and at the
+    /// end (0: never):
     /// `sample_tokens` tokens after `sample_prompt`, through the run's
     /// streamed forward between steps (temperature 0.8, top-k 200, seeded
     /// by the run's seed and the step), printed and logged as `sample`.
     /// Changes no result.
-    pub sample_every: u64,
+    pub sample_every: Every,
     pub sample_prompt: String,
     pub sample_tokens: usize,
     /// Save a checkpoint every this many steps or each pass (0: only at
@@ -554,7 +555,7 @@ impl Default for TrainOptions {
             eval_every: Every::Steps(250),
             early_stop: 0,
             eval_batches: 20,
-            sample_every: 0,
+            sample_every: Every::NEVER,
             sample_prompt: "\n".into(),
             sample_tokens: 200,
             save_every: Every::Steps(500),
@@ -739,7 +740,7 @@ impl TrainOptions {
                 "counts evaluations: give --eval-every too",
             ));
         }
-        if self.sample_every > 0 {
+        if !self.sample_every.is_never() {
             positive("sample-tokens", self.sample_tokens as u64)?;
         }
         positive("log-every", self.log_every)?;

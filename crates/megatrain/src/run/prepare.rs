@@ -212,7 +212,7 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
         ));
     }
     encoder.vocab_limit = Some(model.vocab_size);
-    if opts.sample_every > 0 {
+    if !opts.sample_every.is_never() {
         sample_prompt(&encoder, &opts)?;
     }
 

@@ -448,7 +448,7 @@ pub fn train_with<E: Executor>(
         summary.interrupted = interrupted(dist.as_ref())?;
         let reads = summary.interrupted.is_none()
             && ((due(opts.eval_every) && p.val.is_some())
-                || (opts.sample_every > 0 && due(Every::Steps(opts.sample_every))));
+                || (!opts.sample_every.is_never() && due(opts.sample_every)));
         if finite && (reads || step == end) {
             // The evaluation and the sample read every layer's parameters;
             // the run's last step leaves none of its updates behind. Every
@@ -472,8 +472,8 @@ pub fn train_with<E: Executor>(
         if lead
             && finite
             && summary.interrupted.is_none()
-            && opts.sample_every > 0
-            && due(Every::Steps(opts.sample_every))
+            && !opts.sample_every.is_never()
+            && due(opts.sample_every)
         {
             let text = sample_at(&trainer, p, step)?;
             obj.insert("sample".into(), json!(text));
