@@ -164,6 +164,9 @@ fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     let p = prepare(o, false).unwrap();
     assert_eq!(p.train.rows_per_pass(512), 20);
     assert_eq!((p.opts.steps, p.opts.warmup), (30, 2));
+    let long_warmup =
+        |p: &megatrain::run::Prepared| p.warnings.iter().any(|w| w.contains("is not shorter than"));
+    assert!(!long_warmup(&p), "{:?}", p.warnings);
     // And of --steps without epochs.
     let o = TrainOptions {
         epochs: None,
@@ -182,6 +185,16 @@ fn epochs_and_a_warmup_ratio_count_the_steps_of_passes_over_the_data() {
     }
     let p = prepare(opts("a.jsonl", RowsKind::Records, 0.25, "r2"), false).unwrap();
     assert_eq!(p.opts.steps, 3, "⌈0.25 × 20 / 2⌉");
+    // The default warmup outlasts so short a run: said.
+    let said = p
+        .warnings
+        .iter()
+        .find(|w| w.contains("is not shorter than"))
+        .expect("a warning");
+    assert!(
+        said.contains("--warmup 100") && said.contains("3 steps") && said.contains("--warmup-ratio"),
+        "{said}"
+    );
     // Packed: several records a row, so fewer rows and steps a pass.
     let p = prepare(opts("a.jsonl", RowsKind::Packed, 1.0, "r3"), false).unwrap();
     let rows = p.train.rows_per_pass(512);

@@ -502,13 +502,14 @@ fn run_on(mut a: TrainArgs, comm: Option<Arc<dyn Collective>>) -> anyhow::Result
             }
         };
         eprintln!(
-            "data: {} train tokens{}; {} steps{epochs} of {}×{}×{} tokens per rank; run directory {}",
+            "data: {} train tokens{}; {} step{}{epochs} of {}×{}×{} tokens per rank; run directory {}",
             p.train.len(),
             p.val
                 .as_ref()
                 .map(|v| format!(", {} validation tokens", v.len()))
                 .unwrap_or_default(),
             o.steps,
+            if o.steps == 1 { "" } else { "s" },
             o.grad_accum,
             o.batch,
             o.seq_len,

@@ -321,6 +321,13 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
     let seq_len = opts.seq_len;
     let rows_per_pass = train.rows_per_pass(seq_len);
     opts.resolve_steps(rows_per_pass)?;
+    if opts.warmup >= opts.steps && opts.lr > 0.0 {
+        warnings.push(format!(
+            "--warmup {} is not shorter than the run's {} steps: the learning rate rises for the whole run \
+             and never reaches --lr {} (give a shorter --warmup, or --warmup-ratio)",
+            opts.warmup, opts.steps, opts.lr
+        ));
+    }
     Ok(Prepared {
         rows_per_pass,
         train_names,
