@@ -1,6 +1,6 @@
-//! `--eval-every` and `--save-every`: a number of steps, or `epoch`, the
-//! step that ends each pass over the training data (transformers'
-//! `eval_strategy="epoch"`).
+//! `--eval-every`, `--save-every` and `--sample-every`: a number of steps,
+//! or `epoch`, the step that ends each pass over the training data
+//! (transformers' `eval_strategy="epoch"`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,7 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// How often something recurring in a run happens (besides at its end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Every {
-    /// Each N-th step (0: only at the end).
+    /// Each N-th step (0: none; evaluations and checkpoints still come at
+    /// the run's end, samples then do not).
     Steps(u64),
     /// The step in which each pass over the training data ends: the first
     /// whose rows reach the pass's last row.
@@ -34,7 +35,7 @@ impl Passes {
 }
 
 impl Every {
-    /// Never, but at the end.
+    /// No step (`0`).
     pub const NEVER: Every = Every::Steps(0);
 
     pub fn is_never(self) -> bool {

@@ -387,7 +387,7 @@ pub fn train_with<E: Executor>(
             "counts validation losses, and this run has no validation data",
         ));
     }
-    // Where `epoch` falls (--eval-every, --save-every).
+    // Where `epoch` falls (--eval-every, --save-every, --sample-every).
     let passes = opts.passes(p.rows_per_pass);
     progress.begin(start, opts.steps);
     let t0 = Instant::now();
