@@ -214,3 +214,25 @@ fn gradients_read_in_place_make_no_buffer_once_warm() {
         "host buffers made with queues 1 and 4: {made:?}"
     );
 }
+
+/// Ranks that share a device each report their part of it, so that
+/// `--keep-activations auto` sizes each rank's kept blocks by its part.
+#[test]
+fn ranks_sharing_a_device_report_their_share_of_it() {
+    use megatrain_tensor::TensorMemory;
+    let memory = |device_ranks| {
+        GpuExecutor::with_options(
+            GpuContext::host_floor().unwrap(),
+            GpuOptions {
+                device_ranks,
+                ..GpuOptions::default()
+            },
+        )
+        .tensor_memory()
+    };
+    let TensorMemory::Device(Some(whole)) = memory(0) else {
+        panic!("the host floor stands for a GPU");
+    };
+    assert_eq!(memory(1), TensorMemory::Device(Some(whole)));
+    assert_eq!(memory(4), TensorMemory::Device(Some(whole / 4)));
+}

@@ -84,6 +84,10 @@ pub struct GpuContext {
     /// The adapter's smallest subgroup (0 where it has no subgroup
     /// operations, or did not say).
     subgroup_min: u32,
+    /// How many adapters of its kind this one was picked among by rank
+    /// (`with_adapter_choice`): the ranks of a machine take them in turn.
+    /// 1 where it was named, or is the only one.
+    pub peers: usize,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -201,6 +205,7 @@ impl GpuContext {
                 diagnosis: crate::diagnose::diagnose(&crate::diagnose::Probe::from_env()),
             });
         }
+        let mut peers = 1;
         let adapter = match wanted {
             Some(w) => {
                 let lw = w.to_lowercase();
@@ -241,11 +246,16 @@ impl GpuContext {
                     });
                 };
                 let mut same: Vec<wgpu::Adapter> = real.into_iter().filter(|a| key(a) == best).collect();
+                peers = same.len();
                 let pick = nth % same.len();
                 same.swap_remove(pick)
             }
         };
-        Self::open(adapter, copy)
+        let mut ctx = Self::open(adapter, copy)?;
+        Arc::get_mut(&mut ctx)
+            .expect("opened just now, held nowhere else")
+            .peers = peers;
+        Ok(ctx)
     }
 
     #[cfg(feature = "host-floor")]
@@ -368,6 +378,7 @@ impl GpuContext {
             } else {
                 0
             },
+            peers: 1,
         });
         match ctx.copy_queue.is_some() {
             true => ctx.checked_copy_queue(copy, |c| {

@@ -174,17 +174,20 @@ impl Executor for GpuExecutor {
     }
 
     /// Host memory on a software adapter; a GPU's own memory otherwise,
-    /// sized by its Vulkan device-local heap. The noop device (host floor)
+    /// sized by its Vulkan device-local heap, this executor's share of it
+    /// where data parallel ranks share the device
+    /// ([`crate::GpuOptions::device_ranks`]). The noop device (host floor)
     /// has none to report and stands for an H100: its 80 GB, so that
     /// `--keep-activations auto` keeps there what it would keep on one.
     fn tensor_memory(&self) -> megatrain_tensor::TensorMemory {
         use megatrain_tensor::TensorMemory;
+        let share = |b: u64| b / self.device_ranks as u64;
         if self.ctx.is_host_floor() {
-            TensorMemory::Device(Some(HOST_FLOOR_DEVICE_BYTES))
+            TensorMemory::Device(Some(share(HOST_FLOOR_DEVICE_BYTES)))
         } else if self.ctx.adapter.get_info().device_type == wgpu::DeviceType::Cpu {
             TensorMemory::Host
         } else {
-            TensorMemory::Device(self.ctx.device_memory_bytes())
+            TensorMemory::Device(self.ctx.device_memory_bytes().map(share))
         }
     }
 

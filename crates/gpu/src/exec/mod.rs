@@ -152,6 +152,9 @@ pub struct GpuOptions {
     /// rows): for checking that path on any Vulkan device, emulated variants
     /// included, and for timing it against wgpu's for the same kernel.
     pub own_spirv: bool,
+    /// Data parallel ranks whose executors share this device (0 or 1: this
+    /// one alone): `tensor_memory` reports its share of the device.
+    pub device_ranks: usize,
 }
 
 /// Environment variable that turns on [`GpuOptions::shader_checks`].
@@ -207,6 +210,8 @@ pub struct GpuExecutor {
     rope_tables: rope::RopeTables,
     /// The bounds of the packed documents attention and rope last took.
     docs: docs::DocsCache,
+    /// [`GpuOptions::device_ranks`], at least 1.
+    device_ranks: usize,
 }
 
 struct Timestamps {
@@ -342,6 +347,7 @@ impl GpuExecutor {
             transport: std::sync::Mutex::new(transport_impl::TransportState::new(&opts, &ctx, &arena)),
             rope_tables: Default::default(),
             docs: Default::default(),
+            device_ranks: opts.device_ranks.max(1),
             ctx,
         }
     }

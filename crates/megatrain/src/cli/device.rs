@@ -44,10 +44,15 @@ pub fn open(
     };
     let gpu = |ctx: std::sync::Arc<GpuContext>| -> anyhow::Result<Exec> {
         knobs.check_adapter(ctx.limits.max_buffer_size)?;
-        Ok(Exec::Gpu(GpuExecutor::with_options(
-            ctx,
-            knobs.gpu_options(transport).with_env()?,
-        )))
+        let mut options = knobs.gpu_options(transport).with_env()?;
+        // The node's ranks take its GPUs in turn: a device several of them
+        // share gives each its part (`--keep-activations auto` sizes by it).
+        options.device_ranks = megatrain::dist::ranks_per_device(
+            megatrain::dist::local_rank().unwrap_or(0),
+            megatrain::dist::local_size().unwrap_or(1),
+            ctx.peers,
+        );
+        Ok(Exec::Gpu(GpuExecutor::with_options(ctx, options)))
     };
     let cpu_fallback = || {
         if knobs.is_set() {

@@ -62,6 +62,23 @@ pub fn local_rank() -> Option<usize> {
         .find_map(|k| std::env::var(k).ok()?.parse().ok())
 }
 
+/// How many ranks run on this process's node, as the launcher says.
+pub fn local_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+}
+
+/// How many of a node's `local_size` ranks use the device of local rank
+/// `local_rank`, where they take `devices` devices in turn (rank r the
+/// (r mod devices)-th, as `GpuContext::with_adapter_choice` does): at
+/// least 1.
+pub fn ranks_per_device(local_rank: usize, local_size: usize, devices: usize) -> usize {
+    let d = devices.max(1);
+    let first = local_rank % d;
+    local_size.saturating_sub(first).div_ceil(d).max(1)
+}
+
 /// Element type of a buffer moved by a collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Elem {
@@ -179,5 +196,27 @@ impl std::fmt::Debug for DistConfig {
             .field("shard_optimizer", &self.shard_optimizer)
             .field("shared", &self.shared)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ranks_per_device;
+
+    /// Ranks take the devices in turn: each device's count is how many
+    /// local ranks land on it, and the counts add up to the ranks.
+    #[test]
+    fn ranks_share_devices_in_turn() {
+        assert_eq!(ranks_per_device(0, 1, 1), 1);
+        // 8 ranks on 8 GPUs: one each; on 4: two each; on one: all.
+        assert!((0..8).all(|r| ranks_per_device(r, 8, 8) == 1));
+        assert!((0..8).all(|r| ranks_per_device(r, 8, 4) == 2));
+        assert!((0..8).all(|r| ranks_per_device(r, 8, 1) == 8));
+        // 6 ranks on 4 GPUs: devices 0 and 1 get two, 2 and 3 one.
+        let counts: Vec<usize> = (0..6).map(|r| ranks_per_device(r, 6, 4)).collect();
+        assert_eq!(counts, [2, 2, 1, 1, 2, 2]);
+        // Fewer ranks than devices; no count of devices is one device.
+        assert_eq!(ranks_per_device(1, 2, 8), 1);
+        assert_eq!(ranks_per_device(2, 3, 0), 3);
     }
 }

@@ -50,14 +50,18 @@ pub enum Room {
 
 impl Room {
     /// The room of an executor whose tensors live in `memory`: a device's
-    /// own memory, or the host's available memory where they live there
-    /// (read now: after the tier is made, it is what is left). Unknown with
-    /// several `ranks` (they may share either) or a host budget (the host's
-    /// memory is the tier's).
+    /// own memory (the executor's share of it, where data parallel ranks
+    /// share the device: `GpuOptions::device_ranks`), or the host's
+    /// available memory where they live there (read now: after the tier is
+    /// made, it is what is left). Unknown for the host with several `ranks`
+    /// (they share it, and make their tiers at the same time) or a host
+    /// budget (the host's memory is the tier's).
     pub fn of(memory: TensorMemory, ranks: usize, host_budget: bool) -> Room {
         match memory {
-            _ if ranks > 1 => Room::Unknown("several ranks may share this machine's memory".into()),
             TensorMemory::Device(Some(b)) => Room::Device(b),
+            TensorMemory::Host if ranks > 1 => {
+                Room::Unknown("several ranks share this machine's memory".into())
+            }
             TensorMemory::Device(None) => Room::Unknown("the device does not report its memory".into()),
             TensorMemory::Host if host_budget => {
                 Room::Unknown("--host-budget: the host's memory is the tier's".into())
@@ -298,11 +302,10 @@ mod tests {
             2
         );
         assert!(KeepActivations::Blocks(5).resolve(&model, &input, &tiny).is_err());
-        // Several ranks or a host budget leave nothing to size by.
-        assert!(matches!(
-            Room::of(TensorMemory::Device(Some(8)), 2, false),
-            Room::Unknown(_)
-        ));
+        // Several ranks on the host, or a host budget, leave nothing to
+        // size by; a device reports the rank's share of itself.
+        assert!(matches!(Room::of(TensorMemory::Host, 2, false), Room::Unknown(_)));
+        assert_eq!(Room::of(TensorMemory::Device(Some(8)), 2, false), Room::Device(8));
         assert!(matches!(Room::of(TensorMemory::Host, 1, true), Room::Unknown(_)));
         assert_eq!(Room::of(TensorMemory::Device(Some(8)), 1, false), Room::Device(8));
         assert!(matches!(
