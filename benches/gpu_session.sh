@@ -114,14 +114,18 @@ pick_tiles() {
         }
         END {
             for (t in count) if (count[t] == n && (b == "" || logs[t] > logs[b])) b = t
-            if (b != "" && b != "coop256x128" && count["coop256x128"] == n && logs[b] - logs["coop256x128"] > n * log(1.05)) print b
+            d = "coop128x256w16"
+            if (b != "" && b != d && count[d] == n && logs[b] - logs[d] > n * log(1.05)) print b
         }' "$OUT/bench-matmul.log" 2>/dev/null)
     [ -n "$best" ] && echo "export MEGATRAIN_F16_MATMUL=$best" >>"$PICKED"
     # "tiles fwd_ms bwd_ms [dq_ms dkv_ms]" of the default ("default") and
     # each swept set, the last two from the set's profiled kernels. Each
     # pass is a kernel of its own: the forward of the set with the fastest
     # forward; dq and dk/dv each of the set whose kernel was fastest, or
-    # (no kernel times) both of the set with the fastest backward.
+    # (where no set has that kernel's time) of the set with the fastest
+    # backward. (A set whose dk/dv adds dQ has no dq kernel: in session 47
+    # that sent both passes to the fastest backward's set, whose dk/dv was
+    # 1.37x slower than another set's.)
     best=$(sed -nE "s/^megatrain f16 (Coop|sweep[0-9]+)_$PICK_ATTN( \(([^)]*)\))?: fwd ([0-9.]+) ms [^,]*, bwd ([0-9.]+) ms(.*)/\3 \4 \5 \6/p" \
         "$OUT/bench-attention.log" 2>/dev/null | awk '
         # The ms after the kernel (its name, then its grid in brackets).
@@ -135,7 +139,6 @@ pick_tiles() {
             if (f == "" || $2 < ft) {f = $1; ft = $2}
             if (b == "" || $3 < bt) {b = $1; bt = $3}
             q = kernel("dq"); k = kernel("dkv")
-            if (q == "" || k == "") nokern = 1
             split($1, parts, ",")
             if (q != "" && (qb == "" || q + 0 < qt)) {qb = parts[2]; qt = q + 0}
             if (k != "" && (kb == "" || k + 0 < kt)) {kb = parts[3]; kt = k + 0}
@@ -143,7 +146,8 @@ pick_tiles() {
         END {
             if (f == "" || d <= 0 || ft + bt >= 0.95 * d) exit
             split(f, fp, ","); split(b, bp, ",")
-            if (nokern) {qb = bp[2]; kb = bp[3]}
+            if (qb == "") qb = bp[2]
+            if (kb == "") kb = bp[3]
             print fp[1] "," qb "," kb
         }')
     [ -n "$best" ] && echo "export MEGATRAIN_F16_ATTENTION_TILES=$best" >>"$PICKED"
@@ -193,8 +197,12 @@ pick_keep() {
         return
     fi
     mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+    # Less the model's f16 copy (14,534 MiB): `second`'s run times the
+    # isolated modes too, and compute-only holds every layer resident
+    # beside the kept blocks (session 47: all 28 kept ran, 111.5 GB at its
+    # peak, and its compute-only mode ran out of the H200's memory).
     n=$(megatrain plan --preset qwen2.5-7b --batch 8 --seq-len 1024 --precision f16 --host-mem 1T \
-        --device-mem "$((${mib:-0} * 85 / 100))M" 2>/dev/null | sed -nE 's/.*the last ([0-9]+) of [0-9]+ blocks can keep.*/\1/p')
+        --device-mem "$((${mib:-0} * 85 / 100 - 14534))M" 2>/dev/null | sed -nE 's/.*the last ([0-9]+) of [0-9]+ blocks can keep.*/\1/p')
     [ -n "$n" ] && [ "$n" -gt 0 ] && echo "export KEEP_FLAGS=\"--keep-activations $n\"" >>"$PICKED"
     note "activations kept for qwen: ${n:-none} of 28 blocks (${mib:-?} MiB on the GPU; tinyllama step kept $k ms, default $d ms)"
 }
@@ -348,7 +356,7 @@ first)
     # the default; each checked against f32 first. Shorter samples than
     # session 28's (about 2 minutes each there).
     MEGATRAIN_COOP_SWEEP=default cap=90 b matmul \
-        '^matmul/(f16_coop256x128_8192|f16_coop256x128_4096x3584|f16_coop(128|256x128)_8192x2048x256|8192x8192|f16_sweep_)' \
+        '^matmul/(f16_coop128x256w16_8192|f16_coop128x256w16_4096x3584|f16_coop(128|128x256w16)_8192x2048x256|8192x8192|f16_sweep_)' \
         --warm-up-time 0.3 --measurement-time 0.7
     # The tensor-core attention's tile sets (AttnTiles::SWEEP: the sweep
     # rows, each set checked first) at issue 13's shape; each set's tiles

@@ -123,6 +123,16 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     );
     check(
         "gpu",
+        &["--optimizer-queue", "0"],
+        &["--optimizer-queue 0", "from 1 to 4096"],
+    );
+    check(
+        "gpu",
+        &["--optimizer-queue", "5000"],
+        &["--optimizer-queue 5000", "from 1 to 4096"],
+    );
+    check(
+        "gpu",
         &["--staging-depth", "0"],
         &["--staging-depth 0", "between 1 and 64"],
     );
@@ -308,6 +318,8 @@ fn gpu_knobs_train_on_an_adapter() {
         "--transfer-chunk",
         "64K",
         "--chunks-in-flight",
+        "1",
+        "--optimizer-queue",
         "1",
     ];
     let on_gpu = final_loss(&train(&data, &t.join("gpu"), "gpu", &knobs));

@@ -1182,6 +1182,7 @@ fn planned_device_bytes(model: &ModelConfig, (b, t): (usize, usize), keep: usize
         transport: TransportDType::F32,
         hold_grads: false,
         carry_layers: carry,
+        optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
     };
     plan(model, &input, &TierConfig::default())
         .unwrap()

@@ -367,6 +367,7 @@ fn plan_arithmetic_matches_hand_computation() {
         transport: TransportDType::F32,
         hold_grads: false,
         carry_layers: 0,
+        optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
     };
     let p = plan(&m, &input, &TierConfig::default()).unwrap();
     assert_eq!(p.host.n_params, 16384 + 2 * 46208 + 16448);

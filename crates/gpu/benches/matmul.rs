@@ -7,11 +7,11 @@
 //! `checked_…` (the same products wholly on the checked kernel, as before
 //! the interior pipelines),
 //! `f16_simt_…` (the same kernel rounding operands to f16) and
-//! `f16_coop64_…`, `f16_coop128_…`, `f16_coop256x128_…`, `f16_coop128x256_…`, `f16_coop128w4_…` (the tensor-core
+//! `f16_coop64_…`, `f16_coop128_…`, `f16_coop256x128_…`, `f16_coop128x256w16_…`, `f16_coop128x256_…`, `f16_coop128w4_…` (the tensor-core
 //! tiles, only where the adapter has cooperative matrices, reading the f16
 //! copies of f32 operands: made once per value of A and B, so outside the
 //! timed loop, as a training step makes each once for several products),
-//! `f16_coop256x128_stage_…` (the default tile converting f32 operands as it
+//! `f16_coop128x256w16_stage_…` (the default tile converting f32 operands as it
 //! stages them, `F16Operands::Stage`), and
 //! `shader_checks_…` (one f32 and one f16 product compiled with wgpu's
 //! runtime checks, as every kernel was before they were turned off), and
@@ -19,7 +19,7 @@
 //! where `MEGATRAIN_COOP_SWEEP` names tile shapes (`default` for
 //! `CoopTile::SWEEP`), `f16_sweep_{shape}_…` at 8192³ and a 7B MLP forward.
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
-//! --bench matmul -- f16_coop256x128_8192`. Every f16 row is first checked
+//! --bench matmul -- f16_coop128x256w16_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
 
 mod common;
@@ -182,6 +182,7 @@ fn bench(c: &mut Criterion) {
                 CoopTile::Simple64,
                 CoopTile::Tile128,
                 CoopTile::Tile256x128,
+                CoopTile::Tile128x256w16,
                 CoopTile::Tile128x256,
                 CoopTile::Tile128w4,
             ]

@@ -109,16 +109,23 @@ impl CoopAttention {
             // subgroups with 16-key tiles. 2026-11-29: the forward's streamed
             // tiles prefetched, 3.51 ms where without 4.08 in the same run;
             // dkv on 3 subgroups, the backward 17.1 ms where on 2 it took 23.4.
+            // 2026-12-01: the resident block staged in four slices, so that
+            // twice the subgroups share each streamed tile (the forward on
+            // 16, dq and dk/dv on 8, K and V in registers): per kernel 3.03,
+            // 3.40 and 6.20 ms where the defaults before took 3.56, 6.84 and
+            // 11.49 in the same run.
             (None, false, AttnPass::Fwd) => AttnTile {
                 share: true,
                 prefetch: true,
+                split: 4,
+                ..t(16, 16)
+            },
+            (None, false, AttnPass::Dq | AttnPass::Dkv) => AttnTile {
+                share: true,
+                prefetch: true,
+                split: 4,
                 ..t(8, 16)
             },
-            (None, false, AttnPass::Dq) => AttnTile {
-                share: true,
-                ..t(4, 16)
-            },
-            (None, false, AttnPass::Dkv) => t(3, 16),
         }
     }
 

@@ -183,27 +183,24 @@ impl AttnTiles {
     /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
     /// workgroup memory at D = 128 and below. The bench may be cut short,
     /// so the first sets are the ones that matter most, and it times the
-    /// backward as dq and dk/dv together, so a set changes one of them
-    /// against the first where it can. First the defaults with every pass
-    /// prefetched (the H200 sweep of 2026-11-29 found `p` and 3 dk/dv
-    /// subgroups each faster, never together). The forward ran twice as
-    /// fast on 8 subgroups as on 4 or 2 (128 resident rows sharing each
-    /// K/V tile, against 64 or 32), and 8 were all that fit with Q staged
-    /// whole; staged in slices (`r`), 16 fit, dq (which holds Q and dO) fits
-    /// 8, and so does dk/dv with K's and V's fragments in registers (`s`):
-    /// those next, with 32-key forward tiles on 8 subgroups, which fit the
-    /// same way. Then rows synchronised within subgroups (`l`: the fastest
-    /// forward there, 3.37 ms against `p`'s 3.51), with and without slices;
-    /// dQ added by dk/dv (`q`); and last the defaults of 2026-11-28, for
-    /// the ratio in the same run.
+    /// backward as dq and dk/dv together. The H200 sweep of 2026-12-01
+    /// found the resident block in four slices (`r4`) fastest on every
+    /// pass, with twice the subgroups sharing each streamed tile (the
+    /// forward on 16, dq and dk/dv on 8): the defaults since, first. Then
+    /// the same with rows synchronised within subgroups (`l`: the forward's
+    /// 2.81 ms against 3.03 there, dq's 3.23 against 3.40; dk/dv never timed
+    /// with it and slices); eight slices (two do not fit at D = 128); the
+    /// forward's 32-key tiles with dq and dk/dv on 4 subgroups in slices;
+    /// 12 and 6 subgroups; the fastest set of that sweep, and the defaults
+    /// before it, for the ratio in the same run.
     pub const SWEEP: [&'static str; 7] = [
-        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16p",
-        "fwd=sg16bc16spr4,dq=sg8bc16spr4,dkv=sg3bc16p",
-        "fwd=sg8bc32spr2,dq=sg4bc16sp,dkv=sg8bc16spr4",
-        "fwd=sg8bc16spl,dq=sg4bc16spl,dkv=sg3bc16pl",
+        "fwd=sg16bc16spr4,dq=sg8bc16spr4,dkv=sg8bc16spr4",
+        "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg8bc16splr4",
+        "fwd=sg16bc16spr8,dq=sg8bc16spr8,dkv=sg8bc16spr8",
+        "fwd=sg8bc32spr4,dq=sg4bc16spr4,dkv=sg4bc16spr4",
+        "fwd=sg12bc16spr4,dq=sg6bc16spr4,dkv=sg6bc16spr4",
         "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg4bc16sp",
-        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16pq",
-        "fwd=sg8bc16s,dq=sg4bc16s,dkv=sg2bc16",
+        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16p",
     ];
 }
 

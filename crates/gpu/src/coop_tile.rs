@@ -24,10 +24,16 @@ pub enum CoopTile {
     Tile128,
     /// 256x128, 8 subgroups of 4x4 fragments, K step 32 on one buffer with
     /// the next step's tiles prefetched into registers, workgroups walking
-    /// 8 tile rows (L2 order): the default. On the H200 it ran 8192³ at
-    /// 166 TFLOP/s and the 7B MLP product at 159, where Tile128 ran 124
-    /// and 117 (session 28's sweep, the fastest at the 7B shape).
+    /// 8 tile rows (L2 order): the default from the H200 sweep of
+    /// 2026-11-28 to that of 2026-12-01. On the H200 it ran 8192³ at 166
+    /// TFLOP/s and the 7B MLP product at 159, where Tile128 ran 124 and
+    /// 117 (session 28's sweep, the fastest at the 7B shape).
     Tile256x128,
+    /// 128x256, 16 subgroups (2x8) of 4x2 fragments, K step 32 prefetched
+    /// as Tile256x128's, 8 tile rows a group: the default. The H200 sweep
+    /// of 2026-12-01 ran 8192³ at 186.7 TFLOP/s and the 7B MLP product at
+    /// 163.1, where Tile256x128 ran 166.7 and 155.3 in the same run.
+    Tile128x256w16,
     /// 128x256, 8 subgroups of 4x4 fragments, K step 16, double-buffered.
     Tile128x256,
     /// 128x128, 4 subgroups of 4x4 fragments, K step 32, double-buffered:
@@ -231,12 +237,13 @@ impl TileShape {
 
 impl CoopTile {
     /// The tile `F16Matmul::Auto` takes where it matches the SIMT kernel.
-    pub const DEFAULT: CoopTile = CoopTile::Tile256x128;
+    pub const DEFAULT: CoopTile = CoopTile::Tile128x256w16;
 
-    pub const ALL: [CoopTile; 7] = [
+    pub const ALL: [CoopTile; 8] = [
         CoopTile::Simple64,
         CoopTile::Tile128,
         CoopTile::Tile256x128,
+        CoopTile::Tile128x256w16,
         CoopTile::Tile128x256,
         CoopTile::Tile128w4,
         CoopTile::Small64,
@@ -245,24 +252,26 @@ impl CoopTile {
 
     /// The shapes the matmul bench times when `MEGATRAIN_COOP_SWEEP` is
     /// `default` (BENCHMARKS.md says why each), tile by tile at both of its
-    /// shapes, so the first matter most: around the default that the sweep
-    /// of 2026-11-28 chose (256x128, prefetch, 8 tile rows). The H200 sweep
-    /// of 2026-11-29 reached four tiles, at 8192³ only: 16 subgroups (4x4:
-    /// 172.6 TFLOP/s, 8x2: 170.5) beat the default's 162.8, other walks did
-    /// not; so those two first, then 256x256 on 16 subgroups, 128x256 on
-    /// 16, a K step of 16 double-buffered, one buffer without prefetch, and
-    /// the runner-up 128x256 and 128x128x64, and the walks, for reference.
-    pub const SWEEP: [&'static str; 10] = [
+    /// shapes, so the first matter most: around the default. The H200
+    /// sweep of 2026-12-01 reached six tiles in 90 s: 16 subgroups won
+    /// (128x256 on 2x8, the default since: 186.7 TFLOP/s at 8192³; 256x128
+    /// on 8x2: 177.8, on 4x4: 175.1 and the best at the 7B shape, 166.0
+    /// against 163.1), 256x256x16 collapsed (40.2), a K step of 16
+    /// double-buffered (155.1) and one buffer without prefetch (161.7) lost
+    /// to prefetch. So: the default's 16 subgroups as 4x4, its walks, the
+    /// two runners-up, a K step of 16 on its shape (two buffers of it do
+    /// not fit), then
+    /// the unreached 128x256 on 8 and 128x128x64, and one buffer.
+    pub const SWEEP: [&'static str; 9] = [
+        "coop128x256x32_4x4_prefetch_g8",
+        "coop128x256x32_2x8_prefetch_g4",
+        "coop128x256x32_2x8_prefetch_g16",
         "coop256x128x32_4x4_prefetch_g8",
         "coop256x128x32_8x2_prefetch_g8",
-        "coop256x256x16_4x4_prefetch_g8",
-        "coop128x256x32_2x8_prefetch_g8",
-        "coop256x128x16_4x2_double_g8",
-        "coop256x128x32_4x2_single_g8",
+        "coop128x256x16_2x8_prefetch_g8",
         "coop128x256x32_2x4_prefetch_g8",
         "coop128x128x64_2x4_prefetch_g8",
-        "coop256x128x32_4x2_prefetch_g4",
-        "coop256x128x32_4x2_prefetch_g16",
+        "coop256x128x32_4x2_single_g8",
     ];
 
     pub fn shape(self) -> TileShape {
@@ -286,6 +295,10 @@ impl CoopTile {
                 group_m: 8,
                 ..t(256, 128, 32, 4, 2, KLoop::Prefetch)
             },
+            CoopTile::Tile128x256w16 => TileShape {
+                group_m: 8,
+                ..t(128, 256, 32, 2, 8, KLoop::Prefetch)
+            },
             CoopTile::Shape(s) => s,
         }
     }
@@ -295,6 +308,7 @@ impl CoopTile {
             CoopTile::Simple64 => "coop64",
             CoopTile::Tile128 => "coop128",
             CoopTile::Tile256x128 => "coop256x128",
+            CoopTile::Tile128x256w16 => "coop128x256w16",
             CoopTile::Tile128x256 => "coop128x256",
             CoopTile::Tile128w4 => "coop128w4",
             CoopTile::Small64 => "coop64db",

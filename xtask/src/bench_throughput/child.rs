@@ -144,6 +144,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         transport: p.transport(),
         hold_grads: spec.grad_clip.is_some(),
         carry_layers: spec.carry_layers,
+        optimizer_queue: config.optimizer_queue,
     };
     let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());
     let kept = spec.keep_activations.resolve(&model, &input, &room)?;

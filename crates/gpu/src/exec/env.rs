@@ -8,7 +8,7 @@
 use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
-/// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop256x128`, `coop128x256`, `coop128w4`,
+/// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop256x128`, `coop128x256w16`, `coop128x256`, `coop128w4`,
 /// `coop64db`, `coop16x64`, or a shape written out as `TileShape::name`
 /// writes it, e.g. `coop128x128x64_2x2_prefetch_g8`) or one with `_sw`
 /// (emulated).

@@ -50,6 +50,10 @@ pub struct PlanArgs {
     /// the bus, forward only and without AdamW.
     #[arg(long, default_value_t = 0)]
     freeze_layers: usize,
+    /// Gradient chunks that may wait for the CPU AdamW, as `train
+    /// --optimizer-queue` (1-4096): each one chunk of host staging.
+    #[arg(long, default_value_t = megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE)]
+    optimizer_queue: usize,
     /// Rows of the LM head at once (default: as `train` on a GPU, from the vocabulary).
     #[arg(long)]
     chunk_rows: Option<usize>,
@@ -121,6 +125,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             "--freeze-layers cannot be used with --carry-layers, which counts from the first layer"
         );
     }
+    if a.optimizer_queue == 0 || a.optimizer_queue > megatrain::run::MAX_OPTIMIZER_QUEUE {
+        anyhow::bail!(
+            "--optimizer-queue {} must be from 1 to {}",
+            a.optimizer_queue,
+            megatrain::run::MAX_OPTIMIZER_QUEUE
+        );
+    }
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -131,6 +142,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         transport,
         hold_grads: a.hold_grads,
         carry_layers,
+        optimizer_queue: a.optimizer_queue,
     };
     let room = match a.device_mem {
         Some(m) => Room::Device(m),
@@ -260,7 +272,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         let share = a.share_transport != ShareTransport::False;
         let shared = (share && a.ranks.is_multiple_of(k)).then_some(k);
-        let r = per_rank(&model, &tier, a.ranks, shared)?;
+        let r = per_rank(&model, &tier, a.ranks, shared, a.optimizer_queue)?;
         let per = |b: u64| b as f64 / p.host.n_params.max(1) as f64;
         println!(
             "per rank of {} with the optimizer sharded (--shard-optimizer true; the busiest rank):",

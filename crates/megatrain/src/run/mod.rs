@@ -37,15 +37,15 @@ pub use generate::{
     Decoder, GenerationConfig, LanguageModel, Resident, SampleOptions, generate, generate_samples,
     generate_until, generate_with, pick,
 };
-pub use keep::{AUTO_SHARE, KeepActivations, Kept, Room};
+pub use keep::{DEVICE_SHARE, HOST_SHARE, KeepActivations, Kept, Room};
 pub use knobs::{
     MAX_COPY_THREADS, MAX_STAGING_CHUNK_MIB, MAX_STAGING_DEPTH, MAX_TRANSFER_CHUNK, TransportKnobs,
     transfer_chunk_elems,
 };
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{
-    CARRY_ALL, DeviceChoice, Packing, Precision, RowsKind, SamplingKind, Schedule, ShareTransport,
-    TrainOptions, check_carry_layers, check_doc_end, check_freeze_layers, parse_carry_layers,
+    CARRY_ALL, DeviceChoice, MAX_OPTIMIZER_QUEUE, Packing, Precision, RowsKind, SamplingKind, Schedule,
+    ShareTransport, TrainOptions, check_carry_layers, check_doc_end, check_freeze_layers, parse_carry_layers,
 };
 pub use plan::{
     DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,

@@ -17,6 +17,9 @@ use crate::schedule::ScheduleKind;
 /// Most `--chunks-in-flight`: each is a host buffer of a transfer chunk.
 pub const MAX_CHUNKS_IN_FLIGHT: usize = 4096;
 
+/// Most `--optimizer-queue`: each is a host buffer of a transfer chunk.
+pub const MAX_OPTIMIZER_QUEUE: usize = 4096;
+
 /// What travels to the executor and what its matmuls compute in; master
 /// weights and AdamW moments are fp32 whatever it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -398,7 +401,8 @@ pub struct TrainOptions {
     /// from their forward to their backward, which then uploads and
     /// recomputes only the others:
     /// a count, `all`, or `auto` (the default: as many as
-    /// `megatrain plan` estimates fit in half the executor's memory). A
+    /// `megatrain plan` estimates fit in 80 % of a device's memory or half
+    /// of the host's available memory: [`super::DEVICE_SHARE`]). A
     /// device option: it changes no result.
     pub keep_activations: KeepActivations,
     /// Rows of the LM head per chunk; `None` (the default):
@@ -476,6 +480,11 @@ pub struct TrainOptions {
     /// all of a block's, `TrainerConfig::chunks_in_flight`): fewer hold
     /// less host memory and leave the device idle longer. A device option.
     pub chunks_in_flight: Option<usize>,
+    /// Gradient chunks that may wait for the CPU AdamW before the backward
+    /// waits for it (`None`: `trainer::DEFAULT_OPTIMIZER_QUEUE`): more
+    /// hold more host memory and let the optimizer fall further behind.
+    /// A device option.
+    pub optimizer_queue: Option<usize>,
     /// The first this many layers (the embedding, then the blocks) keep
     /// their gradients on the executor at a step's end; the next step's
     /// forward updates each just before loading it
@@ -567,6 +576,7 @@ impl Default for TrainOptions {
             spill_window: None,
             transfer_chunk: None,
             chunks_in_flight: None,
+            optimizer_queue: None,
             carry_layers: 0,
             knobs: TransportKnobs::default(),
             ranks: 1,
@@ -770,6 +780,16 @@ impl TrainOptions {
                 "chunks-in-flight",
                 n,
                 format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
+            ));
+        }
+        if let Some(n) = self
+            .optimizer_queue
+            .filter(|&n| n == 0 || n > MAX_OPTIMIZER_QUEUE)
+        {
+            return Err(RunError::option(
+                "optimizer-queue",
+                n,
+                format!("must be from 1 to {MAX_OPTIMIZER_QUEUE}"),
             ));
         }
         if self.freeze_layers > 0 && self.carry_layers > 0 {

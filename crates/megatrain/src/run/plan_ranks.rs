@@ -42,12 +42,14 @@ impl RankBytes {
 /// The busiest rank's bytes on `ranks` ranks with a sharded optimizer,
 /// under `tier`'s budget; `shared`: machines of this many ranks each map
 /// one transport copy (`train --share-transport`), each rank counting its
-/// share; `None`: a copy per rank.
+/// share; `None`: a copy per rank. `queue`: gradient chunks that may wait
+/// for the optimizer (`TrainerConfig::optimizer_queue`).
 pub fn per_rank(
     model: &ModelConfig,
     tier: &TierConfig,
     ranks: usize,
     shared: Option<usize>,
+    queue: usize,
 ) -> Result<RankBytes> {
     let ranks = ranks.max(1);
     let tables = model.layer_tables();
@@ -75,7 +77,7 @@ pub fn per_rank(
     let chunk = max_layer.min(crate::trainer::transfer_chunk_for(model.param_count() as u64) as u64);
     Ok(RankBytes {
         ranks,
-        staging: staging_bytes(chunk, default_in_flight(&tables, chunk), ranks),
+        staging: staging_bytes(chunk, default_in_flight(&tables, chunk), ranks, queue),
         disk_per_step: host.disk.total(),
         save_gather,
         host,
@@ -99,9 +101,9 @@ pub(crate) fn default_in_flight(tables: &[megatrain_tensor::ParamTable], chunk: 
 /// readback buffers the optimizer (and on several ranks, the reduction)
 /// reads in place (`gradient_chunks_held`; the CPU executor's staging
 /// takes fewer); on several ranks also the receive buffers of two
-/// reductions in flight (`trainer/reduce.rs`).
-pub(crate) fn staging_bytes(chunk: u64, in_flight: usize, ranks: usize) -> u64 {
-    let queue = crate::trainer::TrainerConfig::default().optimizer_queue;
+/// reductions in flight (`trainer/reduce.rs`); `queue` chunks waiting for
+/// the optimizer.
+pub(crate) fn staging_bytes(chunk: u64, in_flight: usize, ranks: usize, queue: usize) -> u64 {
     let chunks = match ranks {
         1 => crate::trainer::gradient_chunks_held(queue, false, in_flight),
         _ => crate::trainer::gradient_chunks_held(queue, true, in_flight) + 2,
@@ -112,13 +114,14 @@ pub(crate) fn staging_bytes(chunk: u64, in_flight: usize, ranks: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trainer::DEFAULT_OPTIMIZER_QUEUE as Q;
 
     #[test]
     fn sharding_divides_p_m_v_and_keeps_the_transport_whole() {
         let model = megatrain_zoo::preset("llama-tiny", None).unwrap();
         let tier = TierConfig::default();
-        let one = per_rank(&model, &tier, 1, None).unwrap();
-        let four = per_rank(&model, &tier, 4, None).unwrap();
+        let one = per_rank(&model, &tier, 1, None, Q).unwrap();
+        let four = per_rank(&model, &tier, 4, None, Q).unwrap();
         assert_eq!(one.host.ram.transport, four.host.ram.transport);
         let n: u64 = model.layer_tables().iter().map(|t| t.numel() as u64).sum();
         // p alone on one rank: 4 bytes a parameter, page-rounded per layer.
@@ -153,8 +156,8 @@ mod tests {
             spill_dir: Some("/nonexistent".into()),
             ..TierConfig::default()
         };
-        let one = per_rank(&model, &tier, 1, None).unwrap();
-        let four = per_rank(&model, &tier, 4, None).unwrap();
+        let one = per_rank(&model, &tier, 1, None, Q).unwrap();
+        let four = per_rank(&model, &tier, 4, None, Q).unwrap();
         let (f1, f4) = (one.host.first_spilled.unwrap(), four.host.first_spilled.unwrap());
         assert!(f4 > f1, "first spilled layer: {f1} on one rank, {f4} on four");
         assert!(four.host.ram.total() <= 6 << 30);
@@ -179,8 +182,8 @@ mod tests {
             spill_dir: Some("/nonexistent".into()),
             ..TierConfig::default()
         };
-        let own = per_rank(&model, &tier, 4, None).unwrap();
-        let shared = per_rank(&model, &tier, 4, Some(4)).unwrap();
+        let own = per_rank(&model, &tier, 4, None, Q).unwrap();
+        let shared = per_rank(&model, &tier, 4, Some(4), Q).unwrap();
         assert_eq!(shared.host.ram.transport, own.host.ram.transport.div_ceil(4));
         let (a, b) = (
             own.host.first_spilled.unwrap(),
@@ -193,8 +196,8 @@ mod tests {
         assert!(shared.host.ram.total() <= 3 << 30);
         // One rank alone has nothing to share.
         assert_eq!(
-            per_rank(&model, &tier, 1, Some(1)).unwrap(),
-            per_rank(&model, &tier, 1, None).unwrap()
+            per_rank(&model, &tier, 1, Some(1), Q).unwrap(),
+            per_rank(&model, &tier, 1, None, Q).unwrap()
         );
     }
 }

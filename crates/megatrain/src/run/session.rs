@@ -276,6 +276,9 @@ pub fn train_with<E: Executor>(
         }
     };
     let chunk_rows = opts.chunk_rows(p.model.vocab_size, ex.logits_chunk_bytes());
+    let optimizer_queue = opts
+        .optimizer_queue
+        .unwrap_or(crate::trainer::DEFAULT_OPTIMIZER_QUEUE);
     let kept = opts.keep_activations.resolve(
         &p.model,
         &PlanInput {
@@ -287,6 +290,7 @@ pub fn train_with<E: Executor>(
             transport: opts.precision.transport(),
             hold_grads,
             carry_layers: opts.carry_layers,
+            optimizer_queue,
         },
         &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
     )?;
@@ -300,7 +304,7 @@ pub fn train_with<E: Executor>(
             weight_decay: opts.weight_decay as f32,
         },
         grad_clip: (opts.grad_clip > 0.0).then_some(opts.grad_clip),
-        optimizer_queue: 2,
+        optimizer_queue,
         transfer_chunk: match opts.transfer_chunk {
             Some(b) => super::knobs::transfer_chunk_elems(b)?,
             None => crate::trainer::transfer_chunk_for(p.model.param_count() as u64),

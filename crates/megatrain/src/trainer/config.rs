@@ -5,6 +5,14 @@ use megatrain_adamw::AdamWConfig;
 use megatrain_tensor::{LossTerms, mix64};
 use megatrain_zoo::layers::Dropouts;
 
+/// Gradient chunks that may wait for the CPU AdamW by default. More let
+/// the optimizer fall behind the backward without the thread that queues
+/// it waiting (`train --optimizer-queue`): on an H200, 16 took a
+/// Qwen2.5-7B step keeping every block from 3,067 to 2,939 ms for 0.06
+/// B/param of host memory, and did nothing for TinyLlama-1.1B, whose
+/// optimizer keeps up (BENCHMARKS.md, session 47).
+pub const DEFAULT_OPTIMIZER_QUEUE: usize = 2;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainerConfig {
     /// K: keep the input of every K-th block during the forward; backward
@@ -17,7 +25,8 @@ pub struct TrainerConfig {
     /// that holds gradients.
     pub grad_clip: Option<f64>,
     /// Optimizer jobs that may wait in the queue before the device side
-    /// blocks (each holds one chunk of gradients in host memory).
+    /// blocks (each holds one chunk of gradients in host memory;
+    /// [`DEFAULT_OPTIMIZER_QUEUE`] by default).
     pub optimizer_queue: usize,
     /// Most gradient elements moved, staged and handed to the optimizer at
     /// once: layers larger than this (the embedding and head of a large
@@ -178,7 +187,7 @@ impl Default for TrainerConfig {
             chunk_rows: 256,
             adamw: AdamWConfig::default(),
             grad_clip: None,
-            optimizer_queue: 2,
+            optimizer_queue: DEFAULT_OPTIMIZER_QUEUE,
             transfer_chunk: DEFAULT_TRANSFER_CHUNK,
             chunks_in_flight: 0,
             keep_activations: 0,

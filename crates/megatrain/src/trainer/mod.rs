@@ -104,7 +104,9 @@ pub enum TrainError {
 pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 pub(crate) use config::spill_aligned;
-pub use config::{DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, transfer_chunk_for};
+pub use config::{
+    DEFAULT_OPTIMIZER_QUEUE, DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, transfer_chunk_for,
+};
 
 /// Streams a model held in a [`HostTier`] through an [`Executor`].
 pub struct Trainer<E: Executor> {
