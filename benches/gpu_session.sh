@@ -27,7 +27,8 @@
 # `bash benches/nanogpt_main_job.sh carry /work/.mirror/karpathy+nanoGPT/repo`):
 #   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
 # (what `first` and `second` run: 23 MB packed. `targets-checks` packs
-# what `checks` runs, 39 MB, which fits beside the repository's 19 MB;
+# what `checks` runs, 39 MB, which fitted beside the repository's 19 MB
+# (29.7 MiB on 2026-12-01: see below);
 # `targets-all` packs everything, 49 MB, which does not: over the 64 MiB
 # that may travel. Both sets together, `$(bash benches/gpu_session.sh
 # targets) $(bash benches/gpu_session.sh targets-checks)`, pack 45.5 MB:
@@ -45,7 +46,11 @@
 #   bash .carry/device.sh sh 'bash benches/gpu_session.sh fresh'    # kernels added since session 28, vs the CPU
 # (`hybrid` packs `$(bash benches/gpu_session.sh targets-hybrid)`, `fresh`
 # `targets-fresh`: with `targets`, 35 MB on 2026-11-29, one pack for `first`,
-# `second` and `fresh`.)
+# `second` and `fresh`. On 2026-12-01 the tree that travels was 29.7 MiB
+# (the zoo's fixtures 24 MiB of it), `targets` packed 25 MB and the two
+# sets 38 MB: 67 MiB in all, refused. A pack made between two calls takes
+# longer than the 30 s a machine stays warm, so `fresh` then needs a lease
+# of its own, or a smaller tree.)
 # Each stage prints a short summary last (the device tool returns the tail
 # of the output) and leaves two files in $OUT: the summary, written as each
 # item ends (so a stage cut short still returns what it measured), and a
@@ -367,6 +372,12 @@ first)
         '^attention_f16/(fwd_Coop_B4_T2048_Hq32_|(fwd|bwd)_sweep)' \
         --warm-up-time 0.3 --measurement-time 0.7
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention.log")
+    # The same sets at TinyLlama's D = 64, GQA 32/4 (session 47: its
+    # attention was 30 % of its step's kernels, on tiles only ever swept at
+    # D = 128): informs a default per head dimension, picks nothing.
+    tag=-d64 MEGATRAIN_ATTN_SWEEP=default MEGATRAIN_ATTN_SWEEP_SHAPE=B8_T1024_Hq32_Hkv4_D64 cap=60 \
+        b attention 'attention_f16/(fwd|bwd)_sweep' --warm-up-time 0.3 --measurement-time 0.7
+    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain f16 sweep' "$OUT/bench-attention-d64.log")
     pick_tiles
     pick_handoff
     pick_keep

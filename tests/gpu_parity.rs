@@ -646,6 +646,35 @@ fn gpt2_nano_bf16_transport_training_matches_cpu() {
     );
 }
 
+/// A device with no room for a step's new buffers: the step returns an
+/// error that says so and the tier's weights are as they were, and the
+/// next step, with room again, trains. (wgpu's default handler used to
+/// panic inside the arena's lock, and the process aborted: a Qwen2.5-7B
+/// bench run on the H200 in session 47.) The refusals are injected: no
+/// software adapter fills up.
+#[test]
+fn a_full_device_fails_the_step_with_an_error_and_keeps_the_weights() {
+    let Some(ctx) = common::ctx() else { return };
+    let model = common::llama_tiny(2);
+    let mut tr = trainer(GpuExecutor::new(ctx), &model, 1);
+    let batch = GPU_STREAM.batch(model.vocab_size, 0, 2, 32);
+    let weights = |tr: &Trainer<GpuExecutor>| -> Vec<Vec<f32>> {
+        tr.tier().layers().iter().map(|l| l.params().to_vec()).collect()
+    };
+    let before = weights(&tr);
+    tr.executor().fail_next_allocations(u64::MAX);
+    let e = tr
+        .step(std::slice::from_ref(&batch), 1e-3)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("out of device memory"), "{e}");
+    assert_eq!(weights(&tr), before, "a failed step changed the weights");
+    tr.executor().fail_next_allocations(0);
+    let m = tr.step(std::slice::from_ref(&batch), 1e-3).unwrap();
+    assert!(m.loss.is_finite());
+    assert_ne!(weights(&tr), before, "the step after it trained nothing");
+}
+
 /// Device peak of one streamed step with `layers` blocks, minus the
 /// checkpoints (one `[B, T, C]` f32 tensor per K blocks).
 fn peak_without_checkpoints(ctx: Arc<GpuContext>, layers: usize) -> u64 {

@@ -48,6 +48,9 @@ struct State {
 pub struct Arena {
     device: wgpu::Device,
     state: Mutex<State>,
+    /// Allocations still to be refused as if the device were out of memory
+    /// ([`Arena::fail_next_allocations`]).
+    fail_next: AtomicU64,
 }
 
 /// A device buffer on loan from the arena; it goes back to the pool on drop.
@@ -109,41 +112,82 @@ impl Arena {
         Arc::new(Arena {
             device,
             state: Mutex::new(State::default()),
+            fail_next: AtomicU64::new(0),
         })
     }
 
     /// A buffer of at least `bytes` bytes; its contents are unspecified.
-    pub fn alloc(self: &Arc<Self>, bytes: u64) -> PooledBuffer {
+    /// `Err(class)`: the device had no memory for a new buffer of that
+    /// size class and none of it was free in the pool. The pool's buffers
+    /// of other classes are device memory too, but cached bind groups may
+    /// hold them: the executor, which owns those, trims and asks again.
+    pub fn alloc(self: &Arc<Self>, bytes: u64) -> Result<PooledBuffer, u64> {
         let class = size_class(bytes);
-        let mut st = self.state.lock().expect("arena poisoned");
-        let reused = st.free.get_mut(&class).and_then(BTreeMap::pop_first);
-        let (serial, buffer) = match reused {
-            Some(b) => {
+        let reused = {
+            let mut st = self.state.lock().expect("arena poisoned");
+            let reused = st.free.get_mut(&class).and_then(BTreeMap::pop_first);
+            if reused.is_some() {
                 st.stats.pooled_bytes -= class;
-                b
             }
+            reused
+        };
+        let (serial, buffer) = match reused {
+            Some(b) => b,
             None => {
+                // Made outside the lock: a device error is reported while
+                // it is made, and no panic may leave the pool poisoned.
+                let b = self.create(class).ok_or(class)?;
+                let mut st = self.state.lock().expect("arena poisoned");
                 st.stats.allocations += 1;
                 st.next_serial += 1;
-                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("arena"),
-                    size: class,
-                    usage: USAGE,
-                    mapped_at_creation: false,
-                });
                 (st.next_serial, b)
             }
         };
+        let mut st = self.state.lock().expect("arena poisoned");
         st.stats.live_bytes += class;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
-        PooledBuffer {
+        Ok(PooledBuffer {
             buffer: Some(buffer),
             serial,
             class,
             arena: self.clone(),
             pooled: true,
             generation: AtomicU64::new(0),
+        })
+    }
+
+    /// A new buffer of `class` bytes, or `None` where the device is out of
+    /// memory: caught by an error scope, which wgpu would otherwise hand to
+    /// its uncaptured-error handler (a panic by default).
+    fn create(&self, class: u64) -> Option<wgpu::Buffer> {
+        let injected = self
+            .fail_next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if injected {
+            return None;
         }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("arena"),
+            size: class,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        match pollster::block_on(scope.pop()) {
+            None => Some(b),
+            Some(_) => {
+                b.destroy();
+                None
+            }
+        }
+    }
+
+    /// The next `n` new buffers are refused as if the device were out of
+    /// memory (buffers reused from the pool are not): for testing what a
+    /// run does when the device is full, which no software adapter is.
+    pub fn fail_next_allocations(&self, n: u64) {
+        self.fail_next.store(n, Ordering::Release);
     }
 
     /// Accounts a buffer made elsewhere as live device memory until dropped.

@@ -22,6 +22,19 @@ pub enum GpuError {
     Poll(String),
     #[error("{op}: {detail}")]
     Unsupported { op: &'static str, detail: String },
+    /// The device refused a new buffer even after the free pool was given
+    /// back to it.
+    #[error(
+        "out of device memory on '{adapter}': a {bytes}-byte buffer refused with {live} bytes held by tensors{of} (the {freed} bytes of free buffers were given back first); a training run holds less keeping fewer blocks' activations (--keep-activations), with a smaller --batch or --seq-len, or fewer LM-head rows at once (--chunk-rows)"
+    )]
+    OutOfMemory {
+        adapter: String,
+        bytes: u64,
+        live: u64,
+        freed: u64,
+        /// ", of N on the device", where the device reports its memory.
+        of: String,
+    },
     #[error("MEGATRAIN_LAVAPIPE_COOP=1, but adapter '{adapter}' is not one it applies to: {detail}")]
     LavapipeCoop { adapter: String, detail: String },
     #[error("{var}={value:?} names none of its settings: expected {expected}")]

@@ -108,6 +108,11 @@ pub struct Record {
     pub tier_bytes_per_param: f64,
     pub staging_bytes: u64,
     pub modes: Option<Modes>,
+    /// Why the isolated modes asked for were not measured (compute-only
+    /// holds every layer's copy beside what the step keeps, and may not
+    /// fit where the step did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modes_error: Option<String>,
     /// step ÷ max(compute-only, transfer-only, optimizer-only); 1.0 means
     /// every part hidden behind the slowest one.
     pub overlap_efficiency: Option<f64>,
@@ -427,6 +432,7 @@ impl Record {
             tier_bytes_per_param: tier_ram as f64 / n_params as f64,
             staging_bytes: staging,
             modes,
+            modes_error: None,
             overlap_efficiency: overlap.map(|o| o.0),
             serial_fraction: overlap.map(|o| o.1),
             spill_read_bytes_per_step: mean(&steps, |m| m.spill_read_bytes as f64) as u64,

@@ -163,6 +163,11 @@ pub fn tables(records: &[Record], failures: &[(String, String)]) -> String {
             }
         }
     }
+    for r in records {
+        if let Some(why) = &r.modes_error {
+            let _ = writeln!(s, "- isolated modes of {}: not measured: {why}", r.spec.label);
+        }
+    }
     for (label, why) in failures {
         let _ = writeln!(s, "- {label}: not run: {why}");
     }

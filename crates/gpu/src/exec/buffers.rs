@@ -26,7 +26,25 @@ impl GpuExecutor {
             }
             .into());
         }
-        let buf = self.arena.alloc(bytes);
+        let buf = match self.arena.alloc(bytes) {
+            Ok(b) => b,
+            Err(_) => {
+                // Free buffers of other size classes are device memory
+                // the request may fit in once given back.
+                let freed = self.memory().pooled_bytes;
+                self.trim_pool();
+                self.arena.alloc(bytes).map_err(|class| GpuError::OutOfMemory {
+                    adapter: self.ctx.adapter.get_info().name,
+                    bytes: class,
+                    live: self.memory().live_bytes,
+                    freed,
+                    of: self
+                        .ctx
+                        .device_memory_bytes()
+                        .map_or(String::new(), |b| format!(", of {b} on the device")),
+                })?
+            }
+        };
         if self.poison && bytes > 0 {
             let nan = vec![f32::NAN; (bytes / 4) as usize];
             self.write_buffer(buf.buffer(), 0, bytemuck::cast_slice(&nan));

@@ -364,8 +364,21 @@ impl GpuExecutor {
         self.arena.reset_peak();
     }
 
+    /// The next `n` new device buffers are refused as if the device were
+    /// out of memory (`Arena::fail_next_allocations`): for tests of what
+    /// a full device does, which no software adapter fills.
+    #[doc(hidden)]
+    pub fn fail_next_allocations(&self, n: u64) {
+        self.arena.fail_next_allocations(n);
+    }
+
     /// Releases pooled (unused) device buffers.
     pub fn trim_pool(&self) {
+        // Ops recorded but not yet submitted may still use a buffer the
+        // pool holds (a tensor dropped after its op was recorded); wgpu
+        // keeps a destroyed buffer alive for work already submitted, not
+        // for work submitted after.
+        self.flush();
         // Cached bind groups hold their buffers: drop them first.
         self.bind_groups.clear();
         self.arena.trim();
