@@ -260,8 +260,8 @@ impl CoopTile {
     /// double-buffered (155.1) and one buffer without prefetch (161.7) lost
     /// to prefetch. So: the default's 16 subgroups as 4x4, its walks, the
     /// two runners-up, a K step of 16 on its shape (two buffers of it do
-    /// not fit), then
-    /// the unreached 128x256 on 8 and 128x128x64, and one buffer.
+    /// not fit), then the unreached 128x256 on 8 and 128x128x64, and one
+    /// buffer.
     pub const SWEEP: [&'static str; 9] = [
         "coop128x256x32_4x4_prefetch_g8",
         "coop128x256x32_2x8_prefetch_g4",
