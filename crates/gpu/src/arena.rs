@@ -157,8 +157,7 @@ impl Arena {
     }
 
     /// A new buffer of `class` bytes, or `None` where the device is out of
-    /// memory: caught by an error scope, which wgpu would otherwise hand to
-    /// its uncaptured-error handler (a panic by default).
+    /// memory (or a refusal was injected).
     fn create(&self, class: u64) -> Option<wgpu::Buffer> {
         let injected = self
             .fail_next
@@ -167,20 +166,15 @@ impl Arena {
         if injected {
             return None;
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("arena"),
-            size: class,
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
-        match pollster::block_on(scope.pop()) {
-            None => Some(b),
-            Some(_) => {
-                b.destroy();
-                None
-            }
-        }
+        create_buffer_checked(
+            &self.device,
+            &wgpu::BufferDescriptor {
+                label: Some("arena"),
+                size: class,
+                usage: USAGE,
+                mapped_at_creation: false,
+            },
+        )
     }
 
     /// The next `n` new buffers are refused as if the device were out of
@@ -226,6 +220,24 @@ impl Arena {
             }
         }
         st.stats.pooled_bytes = 0;
+    }
+}
+
+/// A new buffer, or `None` where the device is out of memory: caught by an
+/// error scope, which wgpu would otherwise hand to its uncaptured-error
+/// handler (a panic by default).
+pub(crate) fn create_buffer_checked(
+    device: &wgpu::Device,
+    desc: &wgpu::BufferDescriptor<'_>,
+) -> Option<wgpu::Buffer> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let b = device.create_buffer(desc);
+    match pollster::block_on(scope.pop()) {
+        None => Some(b),
+        Some(_) => {
+            b.destroy();
+            None
+        }
     }
 }
 

@@ -22,18 +22,21 @@ pub enum GpuError {
     Poll(String),
     #[error("{op}: {detail}")]
     Unsupported { op: &'static str, detail: String },
-    /// The device refused a new buffer even after the free pool was given
-    /// back to it.
+    /// The device refused a new buffer (a tensor's: after the free pool
+    /// was given back to it).
     #[error(
-        "out of device memory on '{adapter}': a {bytes}-byte buffer refused with {live} bytes held by tensors{of} (the {freed} bytes of free buffers were given back first); a training run holds less keeping fewer blocks' activations (--keep-activations), with a smaller --batch or --seq-len, or fewer LM-head rows at once (--chunk-rows)"
+        "out of device memory on '{adapter}': a {bytes}-byte {what} refused with {live} bytes held by tensors{of}{after}; a training run holds less keeping fewer blocks' activations (--keep-activations), with a smaller --batch or --seq-len, or fewer LM-head rows at once (--chunk-rows)"
     )]
     OutOfMemory {
         adapter: String,
+        /// What the buffer was for ("buffer" for a tensor's).
+        what: &'static str,
         bytes: u64,
         live: u64,
-        freed: u64,
         /// ", of N on the device", where the device reports its memory.
         of: String,
+        /// What was given back before the last try, if anything.
+        after: String,
     },
     #[error("MEGATRAIN_LAVAPIPE_COOP=1, but adapter '{adapter}' is not one it applies to: {detail}")]
     LavapipeCoop { adapter: String, detail: String },

@@ -33,16 +33,9 @@ impl GpuExecutor {
                 // the request may fit in once given back.
                 let freed = self.memory().pooled_bytes;
                 self.trim_pool();
-                self.arena.alloc(bytes).map_err(|class| GpuError::OutOfMemory {
-                    adapter: self.ctx.adapter.get_info().name,
-                    bytes: class,
-                    live: self.memory().live_bytes,
-                    freed,
-                    of: self
-                        .ctx
-                        .device_memory_bytes()
-                        .map_or(String::new(), |b| format!(", of {b} on the device")),
-                })?
+                self.arena
+                    .alloc(bytes)
+                    .map_err(|class| self.out_of_memory("buffer", class, Some(freed)))?
             }
         };
         if self.poison && bytes > 0 {
@@ -56,6 +49,24 @@ impl GpuExecutor {
             dtype,
             derived: Default::default(),
         })
+    }
+
+    /// The error of a `bytes`-byte buffer for `what` the device refused,
+    /// after giving `freed` bytes of free buffers back where it did.
+    pub(crate) fn out_of_memory(&self, what: &'static str, bytes: u64, freed: Option<u64>) -> GpuError {
+        GpuError::OutOfMemory {
+            adapter: self.ctx.adapter.get_info().name,
+            what,
+            bytes,
+            live: self.memory().live_bytes,
+            of: self
+                .ctx
+                .device_memory_bytes()
+                .map_or(String::new(), |b| format!(", of {b} on the device")),
+            after: freed.map_or(String::new(), |f| {
+                format!(" (the {f} bytes of free buffers were given back first)")
+            }),
+        }
     }
 
     pub(crate) fn alloc_f32(&self, shape: impl Into<Shape>) -> Result<GpuTensor> {

@@ -281,12 +281,14 @@ impl GpuExecutor {
             let (raw, side) = match made {
                 Some((raw, side)) => (raw, Some(side)),
                 None => {
-                    let raw = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    let desc = wgpu::BufferDescriptor {
                         label: Some("weight slot"),
                         size: bytes,
                         usage,
                         mapped_at_creation: mapped,
-                    });
+                    };
+                    let raw = crate::arena::create_buffer_checked(&self.ctx.device, &desc)
+                        .ok_or_else(|| self.out_of_memory("weight slot", bytes, None))?;
                     (raw, None)
                 }
             };
