@@ -89,7 +89,9 @@ pub struct PlanArgs {
     #[arg(long, default_value = ".")]
     spill_dir: PathBuf,
     /// Sustained model TFLOP/s of the GPU, for the batch at which compute
-    /// covers the bus (default: the H100 f16 target of the open issues).
+    /// covers the bus (default: the H100 f16 target of the open issues; an
+    /// H200 sustained 127 on Qwen2.5-7B's whole step in December 2026, at
+    /// which carrying updates into the forward no longer pays).
     #[arg(long, default_value_t = Machine::H100.gpu_tflops)]
     gpu_tflops: f64,
     /// Host↔device bandwidth each way in GB/s, for the same suggestion
