@@ -90,7 +90,7 @@ pub struct PlanArgs {
     spill_dir: PathBuf,
     /// Sustained model TFLOP/s of the GPU, for the batch at which compute
     /// covers the bus (default: the H100 f16 target of the open issues; an
-    /// H200 sustained 127 on Qwen2.5-7B's whole step in December 2026, at
+    /// H200 sustained 127 on Qwen2.5-7B's whole step (BENCHMARKS.md, session 47), at
     /// which carrying updates into the forward no longer pays).
     #[arg(long, default_value_t = Machine::H100.gpu_tflops)]
     gpu_tflops: f64,
