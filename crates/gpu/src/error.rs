@@ -38,6 +38,12 @@ pub enum GpuError {
         /// What was given back before the last try, if anything.
         after: String,
     },
+    /// The device refused a buffer of the layer transport (memory the host
+    /// maps: upload staging, gradient readback).
+    #[error(
+        "out of memory for the layer transport: a {bytes}-byte {what} refused; fewer gradient chunks at once (--chunks-in-flight, --optimizer-queue) or smaller ones (--transfer-chunk) hold less"
+    )]
+    TransportOutOfMemory { what: &'static str, bytes: u64 },
     #[error("MEGATRAIN_LAVAPIPE_COOP=1, but adapter '{adapter}' is not one it applies to: {detail}")]
     LavapipeCoop { adapter: String, detail: String },
     #[error("{var}={value:?} names none of its settings: expected {expected}")]

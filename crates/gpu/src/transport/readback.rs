@@ -201,7 +201,7 @@ impl ReadbackPool {
         }
         let free = self.free.get(&(usage.bits(), class)).map_or(0, Vec::len);
         for _ in free..count {
-            let b = Self::make(link, usage, class, stats);
+            let b = Self::make(link, usage, class, stats)?;
             self.recycle(b);
         }
         Ok(())
@@ -372,7 +372,7 @@ impl ReadbackPool {
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             bytes,
             &mut TransportStats::default(),
-        );
+        )?;
         let mut enc = link.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &rb, 0, bytes);
         let copy = link.submit(enc, &[buf]);
@@ -397,7 +397,7 @@ impl ReadbackPool {
         usage: wgpu::BufferUsages,
         bytes: u64,
         stats: &mut TransportStats,
-    ) -> wgpu::Buffer {
+    ) -> Result<wgpu::Buffer> {
         let back = std::mem::take(&mut self.lent.lock().expect("readback pool poisoned").back);
         for b in back {
             self.recycle(b);
@@ -406,7 +406,7 @@ impl ReadbackPool {
         self.free
             .get_mut(&(usage.bits(), class))
             .and_then(Vec::pop)
-            .unwrap_or_else(|| Self::make(link, usage, class, stats))
+            .map_or_else(|| Self::make(link, usage, class, stats), Ok)
     }
 
     fn make(
@@ -414,13 +414,20 @@ impl ReadbackPool {
         usage: wgpu::BufferUsages,
         class: u64,
         stats: &mut TransportStats,
-    ) -> wgpu::Buffer {
+    ) -> Result<wgpu::Buffer> {
         stats.buffers_created += 1;
-        link.device.create_buffer(&wgpu::BufferDescriptor {
+        let desc = wgpu::BufferDescriptor {
             label: Some("readback"),
             size: class,
             usage,
             mapped_at_creation: false,
+        };
+        crate::arena::create_buffer_checked(link.device, &desc).ok_or_else(|| {
+            GpuError::TransportOutOfMemory {
+                what: "readback buffer",
+                bytes: class,
+            }
+            .into()
         })
     }
 
@@ -542,7 +549,7 @@ impl ReadbackPool {
                 rest: Vec::new(),
             });
         }
-        let buf = self.take(link, usage, class, stats);
+        let buf = self.take(link, usage, class, stats)?;
         let mut enc = link.device.create_command_encoder(&Default::default());
         let mut at = 0;
         for &(t, from, len, _, _) in &pieces {
