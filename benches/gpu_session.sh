@@ -49,8 +49,17 @@
 # `second` and `fresh`. On 2026-12-01 the tree that travels was 29.7 MiB
 # (the zoo's fixtures 24 MiB of it), `targets` packed 25 MB and the two
 # sets 38 MB: 67 MiB in all, refused. A pack made between two calls takes
-# longer than the 30 s a machine stays warm, so `fresh` then needs a lease
-# of its own, or a smaller tree.)
+# longer than the 30 s a machine stays warm, so pack the second call's set
+# first and set it aside (20.7 MB for `targets-fresh`; every pack has the
+# megatrain and xtask binaries `second` runs):
+#   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets-fresh)
+#   rm -rf .carry-fresh && mv .carry .carry-fresh
+#   grep -qx /.carry-fresh/ .git/info/exclude || echo /.carry-fresh/ >>.git/info/exclude
+#   bash ../shared/device/pack.sh $(bash benches/gpu_session.sh targets)
+# then call 2 carries [".carry-fresh", ".gl"] and runs
+#   rm -rf .carry && mv .carry-fresh .carry && bash .carry/device.sh sh \
+#     'BUDGET=250 bash benches/gpu_session.sh second; BUDGET=110 bash benches/gpu_session.sh fresh'
+# (the first call's .carry is still on the warm machine: it goes first).)
 # Each stage prints a short summary last (the device tool returns the tail
 # of the output) and leaves two files in $OUT: the summary, written as each
 # item ends (so a stage cut short still returns what it measured), and a
