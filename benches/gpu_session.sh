@@ -410,6 +410,12 @@ second)
     # 6.27 s ≈ compute-only 3.77 + optimizer busy 2.41, the two taking
     # turns), with the three isolated modes; then as the defaults run it
     # with what time is left.
+    # With blocks kept the CPU AdamW is slower than the backward's kernels:
+    # 16 chunks queued for it took session 47's kept step from 3,067 to
+    # 2,939 ms (TinyLlama's optimizer keeps up, so its runs cannot pick it).
+    if [ -n "${KEEP_FLAGS:-}" ] && [[ "${HANDOFF_FLAGS:-}" != *--optimizer-queue* ]]; then
+        HANDOFF_FLAGS="${HANDOFF_FLAGS:-} --optimizer-queue 16"
+    fi
     # shellcheck disable=SC2086
     # The default run after it is kept time for only where something was
     # picked (session 28: 110 s for one Qwen run, step 0's 55.5 s in it).
