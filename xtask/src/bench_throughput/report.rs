@@ -409,6 +409,17 @@ mod tests {
         assert!(t.contains(&format!("has {} parameters, ours {n}", n + 1)), "{t}");
         assert!(t.contains("differ by at most 5.00e-1"), "{t}");
         assert!(t.contains("- x on gpu: not run: no adapter"), "{t}");
+        assert!(!t.contains("isolated modes of"), "{t}");
+        // Modes that failed (compute-only out of device memory) leave the
+        // steps' rows and say why, in the table and in the JSON.
+        r.modes_error = Some("out of device memory".into());
+        let t = tables(std::slice::from_ref(&r), &[]);
+        assert!(
+            t.contains("- isolated modes of tiny: not measured: out of device memory"),
+            "{t}"
+        );
+        let back: Record = serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
+        assert_eq!(back.modes_error, r.modes_error);
         assert!(
             t.contains("streamed on NVIDIA H100 (torch ?, null threads, bf16 autocast)"),
             "{t}"
