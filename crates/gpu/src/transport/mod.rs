@@ -125,6 +125,22 @@ pub(crate) struct Link<'a> {
 }
 
 impl Link<'_> {
+    /// A buffer of the transport's own (`what`, for the error), or the
+    /// error that names it where the device is out of memory.
+    pub fn create_buffer(
+        &self,
+        what: &'static str,
+        desc: &wgpu::BufferDescriptor<'_>,
+    ) -> Result<wgpu::Buffer> {
+        crate::arena::create_buffer_checked(self.device, desc).ok_or_else(|| {
+            crate::GpuError::TransportOutOfMemory {
+                what,
+                bytes: desc.size,
+            }
+            .into()
+        })
+    }
+
     /// Submits `enc`, whose commands use the buffers `uses`.
     pub fn submit(&self, enc: wgpu::CommandEncoder, uses: &[&wgpu::Buffer]) -> wgpu::SubmissionIndex {
         self.submitter

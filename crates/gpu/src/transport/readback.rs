@@ -416,19 +416,15 @@ impl ReadbackPool {
         stats: &mut TransportStats,
     ) -> Result<wgpu::Buffer> {
         stats.buffers_created += 1;
-        let desc = wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: class,
-            usage,
-            mapped_at_creation: false,
-        };
-        crate::arena::create_buffer_checked(link.device, &desc).ok_or_else(|| {
-            GpuError::TransportOutOfMemory {
-                what: "readback buffer",
-                bytes: class,
-            }
-            .into()
-        })
+        link.create_buffer(
+            "readback buffer",
+            &wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: class,
+                usage,
+                mapped_at_creation: false,
+            },
+        )
     }
 
     fn recycle(&mut self, buf: wgpu::Buffer) {

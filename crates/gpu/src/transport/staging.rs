@@ -76,17 +76,13 @@ impl StagingTransport {
         let entry = &mut self.ring[i];
         if entry.as_ref().is_none_or(|e| e.buf.size() < bytes) {
             stats.buffers_created += 1;
-            let size = crate::arena::size_class(bytes);
-            let desc = wgpu::BufferDescriptor {
-                label: Some("upload staging"),
-                size,
-                usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: true,
-            };
-            let buf = crate::arena::create_buffer_checked(link.device, &desc).ok_or(
-                GpuError::TransportOutOfMemory {
-                    what: "upload staging buffer",
-                    bytes: size,
+            let buf = link.create_buffer(
+                "upload staging buffer",
+                &wgpu::BufferDescriptor {
+                    label: Some("upload staging"),
+                    size: crate::arena::size_class(bytes),
+                    usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: true,
                 },
             )?;
             *entry = Some(Entry {

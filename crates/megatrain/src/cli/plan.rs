@@ -127,13 +127,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             "--freeze-layers cannot be used with --carry-layers, which counts from the first layer"
         );
     }
-    if a.optimizer_queue == 0 || a.optimizer_queue > megatrain::run::MAX_OPTIMIZER_QUEUE {
-        anyhow::bail!(
-            "--optimizer-queue {} must be from 1 to {}",
-            a.optimizer_queue,
-            megatrain::run::MAX_OPTIMIZER_QUEUE
-        );
-    }
+    megatrain::run::check_optimizer_queue(a.optimizer_queue)?;
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,

@@ -45,7 +45,8 @@ pub use knobs::{
 pub use metrics_log::{METRICS_FILE, MetricsLog};
 pub use options::{
     CARRY_ALL, DeviceChoice, MAX_OPTIMIZER_QUEUE, Packing, Precision, RowsKind, SamplingKind, Schedule,
-    ShareTransport, TrainOptions, check_carry_layers, check_doc_end, check_freeze_layers, parse_carry_layers,
+    ShareTransport, TrainOptions, check_carry_layers, check_doc_end, check_freeze_layers,
+    check_optimizer_queue, parse_carry_layers,
 };
 pub use plan::{
     DeviceBytes, DiskEstimate, Plan, PlanInput, disk_estimate, layer_device_bytes, mem_available, most_kept,

@@ -782,15 +782,8 @@ impl TrainOptions {
                 format!("must be at most {MAX_CHUNKS_IN_FLIGHT} (0: all of a block's chunks)"),
             ));
         }
-        if let Some(n) = self
-            .optimizer_queue
-            .filter(|&n| n == 0 || n > MAX_OPTIMIZER_QUEUE)
-        {
-            return Err(RunError::option(
-                "optimizer-queue",
-                n,
-                format!("must be from 1 to {MAX_OPTIMIZER_QUEUE}"),
-            ));
+        if let Some(n) = self.optimizer_queue {
+            check_optimizer_queue(n)?;
         }
         if self.freeze_layers > 0 && self.carry_layers > 0 {
             return Err(RunError::option(
@@ -979,6 +972,18 @@ pub fn check_doc_end(rows: RowsKind, doc_end: Option<u32>) -> Result<()> {
             ),
         )),
         None => Ok(()),
+    }
+}
+
+/// `--optimizer-queue N` (`train` and `plan`): 1 to [`MAX_OPTIMIZER_QUEUE`].
+pub fn check_optimizer_queue(n: usize) -> Result<()> {
+    match (1..=MAX_OPTIMIZER_QUEUE).contains(&n) {
+        true => Ok(()),
+        false => Err(RunError::option(
+            "optimizer-queue",
+            n,
+            format!("must be from 1 to {MAX_OPTIMIZER_QUEUE}"),
+        )),
     }
 }
 
