@@ -17,7 +17,7 @@
 mod common;
 
 use common::CHUNK_STREAM;
-use megatrain::trainer::{Trainer, TrainerConfig};
+use megatrain::trainer::{CarryOrder, Trainer, TrainerConfig, carried_layers};
 use megatrain_gpu::GpuExecutor;
 use megatrain_tensor::{CpuExecutor, Executor};
 use megatrain_tier::TierConfig;
@@ -25,19 +25,30 @@ use megatrain_zoo::ModelConfig;
 
 use common::{CHANGING_LRS as LRS, StepCase as Case, step_cases as cases};
 
+/// The first `n` layers of `model`, as tier indices.
+fn first(model: &ModelConfig, n: usize) -> Vec<usize> {
+    carried_layers(n, CarryOrder::First, model.num_layers)
+}
+
 /// Where micro-batches are summed the tier holds no gradients of the
 /// carried layers: they sum theirs on the executor.
-fn trainer<E: Executor>(ex: E, model: &ModelConfig, case: Case, carry: usize) -> Trainer<E> {
+fn trainer<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    case: Case,
+    (carry, order): (usize, CarryOrder),
+) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: case.micro > 1,
-        grads_on_device: carry,
+        grads_on_device: carried_layers(carry, order, model.num_layers),
         ..TierConfig::default()
     };
     let config = TrainerConfig {
         transfer_chunk: case.chunk,
         keep_activations: case.keep,
         carry_layers: carry,
+        carry_order: order,
         ..common::k2_config(None)
     };
     common::trainer(ex, model, tier, 5, config)
@@ -58,14 +69,15 @@ fn params<E: Executor>(t: &Trainer<E>) -> Vec<Vec<f32>> {
 }
 
 /// `carry` layers' updates are left to the next step each step, the
-/// gradients of the first `on_device` of them on the executor.
-fn train<E: Executor>(mut t: Trainer<E>, case: Case, (carry, on_device): (usize, usize)) -> Run {
+/// gradients of the layers `on_device` among them on the executor.
+fn train<E: Executor>(mut t: Trainer<E>, case: Case, (carry, on_device): (usize, &[usize])) -> Run {
     // A layer on the executor comes down once a step, the others once a
     // micro-batch; it holds no gradients in the tier.
     let numels: Vec<u64> = t.tier().layers().iter().map(|s| s.numel() as u64).collect();
-    let on_device_numel: u64 = numels[..on_device].iter().sum();
+    let on_device_numel: u64 = on_device.iter().map(|&i| numels[i]).sum();
     let bytes = 4 * (numels.iter().sum::<u64>() - on_device_numel) * case.micro as u64 + 4 * on_device_numel;
-    for s in &t.tier().layers()[..on_device] {
+    for &i in on_device {
+        let s = &t.tier().layers()[i];
         assert!(!s.holds_grads(), "layer {} holds gradients", s.index());
     }
     let vocab = t.model().vocab_size;
@@ -110,17 +122,25 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
     (a - b).abs() <= tol * a.abs().max(b.abs())
 }
 
-fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usize]) {
+/// Against updating every layer in its step: `carries` layers in each
+/// order given.
+fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[(usize, CarryOrder)]) {
     for case in cases() {
         let what = format!("{:?} tied {} {case:?}", model.arch, model.tie_word_embeddings);
-        let plain = train(trainer(make(), model, case, 0), case, (0, 0));
+        let plain = train(
+            trainer(make(), model, case, (0, CarryOrder::First)),
+            case,
+            (0, &[]),
+        );
         assert!(
             plain.losses.iter().all(|l| l.is_finite()),
             "{what}: {:?}",
             plain.losses
         );
-        for &carry in carries {
-            let run = train(trainer(make(), model, case, carry), case, (carry, carry));
+        for &(carry, order) in carries {
+            let set = carried_layers(carry, order, model.num_layers);
+            let what = format!("{what}, {order}");
+            let run = train(trainer(make(), model, case, (carry, order)), case, (carry, &set));
             assert_eq!(plain.losses, run.losses, "{what}, carry {carry}: losses");
             assert!(
                 plain.params == run.params,
@@ -144,13 +164,15 @@ fn check<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, carries: &[usiz
                         "{what}, carry {carry}: step {step} layer {i}: {x} vs {y}"
                     );
                 }
-                assert_eq!(la[carry..], lb[carry..], "{what}, carry {carry}: step {step}");
+                for i in (0..la.len()).filter(|i| !set.contains(i)) {
+                    assert_eq!(la[i], lb[i], "{what}, carry {carry}: step {step} layer {i}");
+                }
             }
             // Before settling, exactly the carried layers lagged.
             for (i, (a, b)) in plain.params.iter().zip(&run.before).enumerate() {
                 assert_eq!(
                     a == b,
-                    i >= carry,
+                    !set.contains(&i),
                     "{what}, carry {carry}: layer {i} before settling"
                 );
             }
@@ -170,7 +192,7 @@ fn clipping<E: Executor>(
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: true,
-        grads_on_device: carry,
+        grads_on_device: first(model, carry),
         ..TierConfig::default()
     };
     let config = TrainerConfig {
@@ -195,11 +217,15 @@ fn check_clipped<E: Executor>(make: impl Fn() -> E, model: &ModelConfig, cases: 
                 "{:?} tied {} {case:?} max_norm {max_norm}",
                 model.arch, model.tie_word_embeddings
             );
-            let after = train(clipping(make(), model, case, max_norm, (false, 0)), case, (0, 0));
+            let after = train(
+                clipping(make(), model, case, max_norm, (false, 0)),
+                case,
+                (0, &[]),
+            );
             let run = train(
                 clipping(make(), model, case, max_norm, (true, 0)),
                 case,
-                (layers, 0),
+                (layers, &[]),
             );
             assert_eq!(after.losses, run.losses, "{what}: losses");
             assert_eq!(after.norms, run.norms, "{what}: gradient norms");
@@ -246,7 +272,7 @@ fn check_clipped_on_device<E: Executor>(
             let held = train(
                 clipping(make(), model, case, max_norm, (true, 0)),
                 case,
-                (layers, 0),
+                (layers, &[]),
             );
             for &carry in carries {
                 let what = format!(
@@ -256,7 +282,7 @@ fn check_clipped_on_device<E: Executor>(
                 let run = train(
                     clipping(make(), model, case, max_norm, (true, carry)),
                     case,
-                    (layers, carry),
+                    (layers, &first(model, carry)),
                 );
                 for (step, ((a, la), (b, lb))) in held.norms.iter().zip(&run.norms).enumerate() {
                     let (a, b) = (a.expect("a norm"), b.expect("a norm"));
@@ -354,7 +380,7 @@ fn clipping_norms_do_not_depend_on_the_chunks() {
             train(
                 clipping(CpuExecutor::new(), &model, case, 0.05, (true, 0)),
                 case,
-                (layers, 0),
+                (layers, &[]),
             )
         })
         .collect();
@@ -398,7 +424,40 @@ fn models() -> Vec<ModelConfig> {
 fn cpu_carried_updates_change_no_result() {
     for model in models() {
         let all = model.num_layers + 2;
-        check(CpuExecutor::new, &model, &[1, 2, all]);
+        let spread = |n| (n, CarryOrder::Spread);
+        let first = |n| (n, CarryOrder::First);
+        check(
+            CpuExecutor::new,
+            &model,
+            &[first(1), first(2), first(all), spread(1), spread(all - 1)],
+        );
+    }
+    // Four blocks, two spread: the second and the fourth (tier 2 and 4),
+    // each after one that is not carried.
+    let model = common::llama_tiny(4);
+    assert_eq!(carried_layers(2, CarryOrder::Spread, 4), [2, 4]);
+    check(CpuExecutor::new, &model, &[(2, CarryOrder::Spread)]);
+}
+
+#[test]
+fn carried_layers_are_the_first_or_blocks_spread() {
+    let f = |n, o| carried_layers(n, o, 28);
+    assert_eq!(f(3, CarryOrder::First), [0, 1, 2]);
+    assert_eq!(f(usize::MAX, CarryOrder::First), (0..30).collect::<Vec<_>>());
+    assert_eq!(f(0, CarryOrder::Spread), Vec::<usize>::new());
+    assert_eq!(f(1, CarryOrder::Spread), [28]);
+    assert_eq!(
+        f(14, CarryOrder::Spread),
+        (1..=14).map(|j| 2 * j).collect::<Vec<_>>()
+    );
+    assert_eq!(f(10, CarryOrder::Spread), [3, 6, 9, 12, 14, 17, 20, 23, 26, 28]);
+    assert_eq!(f(28, CarryOrder::Spread), (1..=28).collect::<Vec<_>>());
+    assert_eq!(f(29, CarryOrder::Spread), (0..=28).collect::<Vec<_>>());
+    assert_eq!(f(30, CarryOrder::Spread), f(usize::MAX, CarryOrder::First));
+    for n in 0..=30 {
+        let v = f(n, CarryOrder::Spread);
+        assert_eq!(v.len(), n);
+        assert!(v.windows(2).all(|w| w[0] < w[1]), "{n}: {v:?}");
     }
 }
 
@@ -409,12 +468,16 @@ fn gpu_carried_updates_change_no_result() {
     check(
         || GpuExecutor::new(ctx.clone()),
         &model,
-        &[2, model.num_layers + 2],
+        &[
+            (2, CarryOrder::First),
+            (model.num_layers + 2, CarryOrder::First),
+            (1, CarryOrder::Spread),
+        ],
     );
     // A tied head reads the embedding the forward updated first.
     let mut tied = common::gpt2_two_blocks();
     tied.tie_word_embeddings = true;
-    check(|| GpuExecutor::new(ctx.clone()), &tied, &[1]);
+    check(|| GpuExecutor::new(ctx.clone()), &tied, &[(1, CarryOrder::First)]);
 }
 
 /// Downloads and uploads on a copy queue (where a GPU has one; lavapipe
@@ -426,7 +489,11 @@ fn gpu_carried_updates_change_no_result_over_a_copy_queue() {
         return;
     };
     let model = common::llama_tiny(3);
-    check(|| GpuExecutor::new(ctx.clone()), &model, &[3]);
+    check(
+        || GpuExecutor::new(ctx.clone()),
+        &model,
+        &[(3, CarryOrder::First)],
+    );
 }
 
 /// Each layer's step count as a save (which settles first) sees it.
@@ -443,7 +510,7 @@ fn steps_at_save<E: Executor>(t: &mut Trainer<E>) -> Vec<u64> {
 fn saving_applies_what_is_carried() {
     let model = common::llama_tiny(2);
     let case = cases()[0];
-    let mut t = trainer(CpuExecutor::new(), &model, case, 3);
+    let mut t = trainer(CpuExecutor::new(), &model, case, (3, CarryOrder::First));
     let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
     t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     assert_eq!(t.carried_layers(), 3);
@@ -472,7 +539,7 @@ fn carrying_is_refused_where_it_cannot_run() {
     );
     // A tier without gradients of layers that are not carried.
     let without_grads = |on_device: usize| TierConfig {
-        grads_on_device: on_device,
+        grads_on_device: first(&model, on_device),
         ..holding.clone()
     };
     let config = TrainerConfig {
@@ -484,10 +551,28 @@ fn carrying_is_refused_where_it_cannot_run() {
         &model,
         without_grads(2),
         config.clone(),
-        &["first 2 layers (grads_on_device)", "only 1 are carried"],
+        &[
+            "no gradients of layer 1 (grads_on_device [0, 1])",
+            "not carried",
+            "first: [0]",
+        ],
     );
     let tier = megatrain::trainer::init_tier(&model, without_grads(1), 1).unwrap();
-    Trainer::new(CpuExecutor::new(), model.clone(), tier, config).unwrap();
+    Trainer::new(CpuExecutor::new(), model.clone(), tier, config.clone()).unwrap();
+    // Clipping's norm takes the carried layers as the first ones.
+    let spread = TierConfig {
+        grads_on_device: carried_layers(1, CarryOrder::Spread, model.num_layers),
+        ..holding.clone()
+    };
+    common::assert_refused(
+        &model,
+        spread,
+        TrainerConfig {
+            carry_order: CarryOrder::Spread,
+            ..config
+        },
+        &["carry_layers (1, spread) cannot be used with grad_clip"],
+    );
 }
 
 /// A tier that spills every layer but the embedding: carrying the
@@ -505,7 +590,7 @@ fn carrying_beside_a_spilling_tier_changes_no_result() {
             let tier = TierConfig {
                 transport,
                 hold_grads: hold,
-                grads_on_device: carry,
+                grads_on_device: first(&model, carry),
                 ram_budget_bytes: spill.map(|_| common::spill_all_but_embedding(&model, transport, hold)),
                 spill_dir: spill.map(|d| d.join("spill")),
                 ..TierConfig::default()
@@ -539,7 +624,7 @@ fn carrying_beside_a_spilling_tier_changes_no_result() {
     let dir = tempfile::tempdir().unwrap();
     let tier = TierConfig {
         transport,
-        grads_on_device: 2,
+        grads_on_device: first(&model, 2),
         ram_budget_bytes: Some(common::spill_all_but_embedding(&model, transport, false)),
         spill_dir: Some(dir.path().join("spill")),
         ..TierConfig::default()
@@ -564,7 +649,7 @@ fn carrying_beside_a_spilling_tier_changes_no_result() {
 #[should_panic(expected = "call Trainer::settle first")]
 fn the_tier_is_not_handed_out_for_writing_while_updates_are_carried() {
     let model = common::llama_tiny(2);
-    let mut t = trainer(CpuExecutor::new(), &model, cases()[0], 1);
+    let mut t = trainer(CpuExecutor::new(), &model, cases()[0], (1, CarryOrder::First));
     let batch = CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9);
     t.step(std::slice::from_ref(&batch), 1e-3).unwrap();
     let _ = t.tier_mut();

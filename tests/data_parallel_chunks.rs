@@ -96,7 +96,7 @@ fn trainer(
         shard,
         transport: case.transport,
         hold_grads,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         ram_budget_bytes: case
             .spill
             .then(|| common::spill_all_but_embedding(model, case.transport, hold_grads)),

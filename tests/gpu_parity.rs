@@ -1211,6 +1211,7 @@ fn planned_device_bytes(model: &ModelConfig, (b, t): (usize, usize), keep: usize
         transport: TransportDType::F32,
         hold_grads: false,
         carry_layers: carry,
+        carry_order: Default::default(),
         optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
     };
     plan(model, &input, &TierConfig::default())

@@ -367,6 +367,7 @@ fn plan_arithmetic_matches_hand_computation() {
         transport: TransportDType::F32,
         hold_grads: false,
         carry_layers: 0,
+        carry_order: Default::default(),
         optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
     };
     let p = plan(&m, &input, &TierConfig::default()).unwrap();

@@ -52,7 +52,7 @@ fn run(
         shard: None,
         transport,
         hold_grads: hold,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         ram_budget_bytes: budget,
         // A directory that does not exist yet: the tier creates it.
         spill_dir: spill.as_ref().map(|d| d.path().join("spill")),

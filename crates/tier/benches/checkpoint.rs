@@ -30,7 +30,7 @@ fn tier() -> HostTier {
         shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         ram_budget_bytes: None,
         spill_dir: None,
         shared_transport: None,

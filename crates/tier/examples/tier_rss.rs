@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         shard: None,
         transport,
         hold_grads: false,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         ram_budget_bytes: budget,
         spill_dir: budget.map(|_| std::env::temp_dir()),
         shared_transport: None,

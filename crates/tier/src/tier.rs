@@ -19,10 +19,10 @@ pub struct TierConfig {
     /// Keep an fp32 gradient block per layer (gradient accumulation over
     /// micro-batches, exact global-norm clipping).
     pub hold_grads: bool,
-    /// The first this many layers get no gradient block even where
+    /// These layers (indices, ascending) get no gradient block even where
     /// `hold_grads` is set: their gradients stay on the device, summed
     /// there over micro-batches (the trainer's carried layers).
-    pub grads_on_device: usize,
+    pub grads_on_device: Vec<usize>,
     /// Most bytes of RAM the tier may reserve, transport copies included.
     /// `None`: everything in RAM.
     pub ram_budget_bytes: Option<u64>,
@@ -43,7 +43,7 @@ pub struct TierConfig {
 impl TierConfig {
     /// Whether layer `i` gets a gradient block.
     pub fn holds_grads(&self, i: usize) -> bool {
-        self.hold_grads && i >= self.grads_on_device
+        self.hold_grads && self.grads_on_device.binary_search(&i).is_err()
     }
 
     /// The transport copies' bytes this rank counts: all of them, or its

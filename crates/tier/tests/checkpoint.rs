@@ -20,7 +20,7 @@ fn new_tier(spill: Option<&Path>) -> HostTier {
         shard: None,
         transport: TransportDType::BF16,
         hold_grads: false,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         // Room for the transport copies and layer 0 only: layers 1, 2 spill.
         ram_budget_bytes: spill.map(|_| 3 * 4096 + 3 * 4096),
         spill_dir: spill.map(Path::to_path_buf),

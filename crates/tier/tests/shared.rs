@@ -21,7 +21,7 @@ fn config(shard: Option<Shard>, spill: Option<&Path>, shared: Option<SharedTrans
     TierConfig {
         transport: TransportDType::BF16,
         hold_grads: false,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         // Layers 0..2 in RAM, 3 on disk.
         ram_budget_bytes: spill.map(|_| 64 << 10),
         spill_dir: spill.map(Path::to_path_buf),

@@ -79,7 +79,7 @@ fn plan_equals_actual() {
                     shared_transport: None,
                     transport,
                     hold_grads,
-                    grads_on_device: 0,
+                    grads_on_device: Vec::new(),
                     ram_budget_bytes: budget,
                     spill_dir: Some(dir.path().to_path_buf()),
                 };
@@ -109,7 +109,7 @@ fn small_budget_spills_a_suffix_to_disk() {
         shared_transport: None,
         transport: TransportDType::BF16,
         hold_grads: false,
-        grads_on_device: 0,
+        grads_on_device: Vec::new(),
         ram_budget_bytes: Some(budget),
         spill_dir: Some(dir.path().to_path_buf()),
     };
@@ -335,7 +335,7 @@ mod odd_sizes {
                 shared_transport: None,
                 transport: [TransportDType::F32, TransportDType::BF16, TransportDType::F16][transport],
                 hold_grads: grads,
-                grads_on_device: 0,
+                grads_on_device: Vec::new(),
                 ram_budget_bytes: budget,
                 spill_dir: Some(dir.path().to_path_buf()),
             };

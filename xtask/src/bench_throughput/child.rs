@@ -64,7 +64,11 @@ pub(super) fn tier_for(
         shard,
         transport: precision(spec)?.transport(),
         hold_grads: spec.grad_clip.is_some(),
-        grads_on_device: spec.carry_layers,
+        grads_on_device: megatrain::trainer::carried_layers(
+            spec.carry_layers,
+            spec.carry_order,
+            model.num_layers,
+        ),
         ram_budget_bytes: spec.host_budget,
         spill_dir: spec.host_budget.map(|_| {
             spec.spill_dir
@@ -144,6 +148,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         transport: p.transport(),
         hold_grads: spec.grad_clip.is_some(),
         carry_layers: spec.carry_layers,
+        carry_order: spec.carry_order,
         optimizer_queue: config.optimizer_queue,
     };
     let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());

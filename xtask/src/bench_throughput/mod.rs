@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::Context;
 use megatrain::run::{KeepActivations, TransportKnobs};
+use megatrain::trainer::CarryOrder;
 use megatrain_gpu::TransportChoice;
 use record::Record;
 use spec::Spec;
@@ -139,6 +140,10 @@ pub struct Args {
     /// with --grad-clip the host holds none of theirs.
     #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
+    /// Which layers --carry-layers are: `first` (default) or `spread`
+    /// (blocks evenly spaced; `megatrain train --carry-order`).
+    #[arg(long, default_value = "first")]
+    carry_order: CarryOrder,
     /// Train all but the first N layers (embedding, then blocks): the
     /// backward ends at the first trained one (default 0). The modes
     /// (--mode-reps) time the whole model whatever it is.
@@ -256,6 +261,7 @@ fn base_spec(a: &Args, label: String, device: &str, precision: &str) -> Spec {
         chunks_in_flight: a.chunks_in_flight,
         optimizer_queue: a.optimizer_queue,
         carry_layers: a.carry_layers,
+        carry_order: a.carry_order,
         freeze_layers: a.freeze_layers,
         grad_clip: a.grad_clip,
         clip_after_backward: a.clip_after_backward,

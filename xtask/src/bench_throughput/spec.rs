@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail, ensure};
 use megatrain::run::{KeepActivations, TransportKnobs};
+use megatrain::trainer::CarryOrder;
 use megatrain_gpu::TransportChoice;
 use megatrain_zoo::{HfCheckpoint, ModelConfig, preset};
 use serde::{Deserialize, Serialize};
@@ -54,10 +55,14 @@ pub struct Spec {
     /// Gradient chunks that may wait for the optimizer (default the trainer's).
     #[serde(default)]
     pub optimizer_queue: Option<usize>,
-    /// The first layers whose updates run in the next step's forward
+    /// How many layers' updates run in the next step's forward
     /// (`TrainerConfig::carry_layers`; default 0).
     #[serde(default)]
     pub carry_layers: usize,
+    /// Which layers those are (`TrainerConfig::carry_order`; default the
+    /// first).
+    #[serde(default)]
+    pub carry_order: CarryOrder,
     /// The first layers not trained (`TrainerConfig::frozen_layers`;
     /// default 0).
     #[serde(default)]
@@ -106,6 +111,7 @@ impl Spec {
             config.optimizer_queue = n.max(1);
         }
         config.carry_layers = self.carry_layers;
+        config.carry_order = self.carry_order;
         config.frozen_layers = self.freeze_layers;
         if let Some(c) = self.grad_clip {
             anyhow::ensure!(
@@ -210,6 +216,7 @@ pub(crate) fn test_spec() -> Spec {
         chunks_in_flight: None,
         optimizer_queue: None,
         carry_layers: 0,
+        carry_order: CarryOrder::First,
         freeze_layers: 0,
         grad_clip: None,
         clip_after_backward: false,

@@ -7,6 +7,7 @@ use megatrain::run::{
     BusCover, CLIP_NORM_SHARE, KeepActivations, Machine, PlanInput, Precision, Room, RunError,
     ShareTransport, bus_cover_keeping, disk_estimate, mem_available, most_kept, per_rank, plan,
 };
+use megatrain::trainer::{CarryOrder, carried_layers};
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
 
@@ -44,6 +45,10 @@ pub struct PlanArgs {
     /// host's; default 0).
     #[arg(long, default_value = "0", value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: usize,
+    /// Which layers --carry-layers are, as `train --carry-order`: `first`
+    /// (the embedding, then blocks) or `spread` (blocks evenly spaced).
+    #[arg(long, default_value = "first")]
+    carry_order: CarryOrder,
     /// The first N layers not trained, as `train --freeze-layers`: their
     /// moments (and held gradients) are reserved but never touched, so
     /// not counted as resident. The time estimates count them once over
@@ -128,6 +133,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         );
     }
     megatrain::run::check_optimizer_queue(a.optimizer_queue)?;
+    if a.carry_order == CarryOrder::Spread && carry_layers > 0 && a.hold_grads {
+        anyhow::bail!(
+            "--carry-order spread cannot be used with --hold-grads as clipping holds them: every clipped \
+             update goes into the next forward anyway (carry the first layers instead)"
+        );
+    }
+    let carried = megatrain::trainer::carried_layers(carry_layers, a.carry_order, model.num_layers);
     let transport = a.precision.transport();
     let mut input = PlanInput {
         batch: a.batch,
@@ -138,6 +150,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         transport,
         hold_grads: a.hold_grads,
         carry_layers,
+        carry_order: a.carry_order,
         optimizer_queue: a.optimizer_queue,
     };
     let room = match a.device_mem {
@@ -172,7 +185,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         shard: None,
         transport,
         hold_grads: a.hold_grads,
-        grads_on_device: carry_layers,
+        grads_on_device: carried.clone(),
         ram_budget_bytes: a.host_budget,
         spill_dir: a.host_budget.map(|_| a.spill_dir.clone()),
         shared_transport: None,
@@ -358,7 +371,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             machine,
             (a.batch, a.seq_len),
             ups,
-            (carry_layers, a.hold_grads),
+            (&carried, a.carry_order, a.hold_grads),
             p.host.first_spilled,
         );
     }
@@ -422,9 +435,10 @@ fn print_cover(
     m: Machine,
     (batch, seq_len): (usize, usize),
     ups: &str,
-    (carry, hold): (usize, bool),
+    (carried_set, order, hold): (&[usize], CarryOrder, bool),
     first_spilled: Option<usize>,
 ) {
+    let carry = carried_set.len();
     let ms = |s: f64| s * 1e3;
     println!(
         "compute vs bus and the host's AdamW, assuming {} TFLOP/s sustained, {} GB/s each way and \
@@ -504,8 +518,12 @@ fn print_cover(
         ms(c.step_ordered_s(m, tokens)),
         tokens as f64 / c.step_ordered_s(m, tokens)
     );
-    let carried = |n: usize| {
-        let (step, forward) = c.step_carrying_s(m, tokens, n);
+    let flag = |n: usize, o: CarryOrder| match o {
+        CarryOrder::First => format!("--carry-layers {n}"),
+        o => format!("--carry-layers {n} --carry-order {o}"),
+    };
+    let carried = |set: &[usize]| {
+        let (step, forward) = c.step_carrying_s(m, tokens, set);
         format!(
             "forward {:.1} ms + max(backward, the other layers' AdamW) = {:.1} ms, {:.0} tokens/s at best",
             ms(forward),
@@ -514,17 +532,18 @@ fn print_cover(
         )
     };
     let limit = first_spilled.unwrap_or(usize::MAX);
-    if carry > limit {
+    if carried_set.last().is_some_and(|&l| l >= limit) {
         println!(
-            "  --carry-layers {carry} reaches layer {limit}, which --host-budget spills: train refuses it \
-             (at most {limit}, the layers before the first spilled one)"
+            "  {} reaches layer {limit}, which --host-budget spills: train refuses it \
+             (at most {limit} of the first layers, those before the first spilled one)",
+            flag(carry, order)
         );
     } else if carry > 0 {
-        println!("  with --carry-layers {carry}: {}", carried(carry));
+        println!("  with {}: {}", flag(carry, order), carried(carried_set));
     }
     if hold {
         let (step, forward) = c.step_clipping_s(m, tokens, true, carry);
-        let held = c.step_params - c.carried_params(carry);
+        let held = c.step_params - c.carried_params(carried_set);
         let (which, device) = match carry {
             0 => ("every gradient".to_string(), String::new()),
             _ => (
@@ -544,21 +563,28 @@ fn print_cover(
             ms(c.step_clipping_s(m, tokens, false, carry).0)
         );
     }
-    match c.best_carry(m, tokens, limit).0 {
-        // --carry-layers counts from the first layer: not beside frozen ones.
+    match c.best_carry(m, tokens, limit) {
+        // Not beside frozen layers (the trainer refuses it).
         _ if c.frozen > 0 => {}
-        0 if limit == 0 => {
+        (0, ..) if limit == 0 => {
             println!(
                 "  nothing can be carried into the next step's forward: --host-budget spills the first layer"
             )
         }
-        0 => println!(
-            "  carrying the first layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
+        (0, ..) => println!(
+            "  carrying layers' AdamW into the next step's forward (--carry-layers) would not shorten it"
         ),
-        best => println!(
-            "  carrying the first {best} layers' AdamW into the next step's forward (--carry-layers {best}; \
-             each block's forward waits for its update): {}",
-            carried(best)
-        ),
+        (best, o, _) => {
+            let which = match o {
+                CarryOrder::First => format!("the first {best} layers'"),
+                _ => format!("{best} blocks' spread over the model"),
+            };
+            println!(
+                "  carrying {which} AdamW into the next step's forward ({}; each carried block's forward \
+                 waits for its update): {}",
+                flag(best, o),
+                carried(&carried_layers(best, o, c.blocks))
+            )
+        }
     }
 }

@@ -12,6 +12,7 @@ use megatrain::run::{
     ShareTransport, TrainOptions, TransportKnobs, interrupt, latest_checkpoint, prepare, read_train_state,
     train_with,
 };
+use megatrain::trainer::CarryOrder;
 use megatrain_gpu::TransportChoice;
 
 use super::device::{self, on_executor};
@@ -209,6 +210,16 @@ pub struct TrainArgs {
     /// the coefficient within its last bits: their norm is the device's).
     #[arg(long, value_parser = megatrain::run::parse_carry_layers)]
     carry_layers: Option<usize>,
+    /// Which layers --carry-layers are: `first` (the default: the
+    /// embedding, then the blocks in order) or `spread` (blocks evenly
+    /// spaced, the last one carried and the first not: with 28 blocks and
+    /// 14 carried, every other one). Where a block's AdamW takes longer
+    /// than its forward, the first layers carried make the forward wait
+    /// for each update, while spread blocks are updated as the device runs
+    /// the blocks between them (`megatrain plan` prints both). Not with
+    /// --grad-clip.
+    #[arg(long)]
+    carry_order: Option<CarryOrder>,
     #[command(flatten)]
     knobs: TransportKnobs,
     /// Seeds the initial weights of a preset, the random sampling of rows, dropout and samples [default: 1337].
@@ -416,6 +427,7 @@ pub fn options(a: &TrainArgs) -> anyhow::Result<TrainOptions> {
         save_every,
         keep_checkpoints,
         carry_layers,
+        carry_order,
         log_every,
         tensorboard,
         out,

@@ -40,10 +40,17 @@
 //! to be taken in the forward's order). So a step takes at least its
 //! forward plus the longer of its backward (with the recompute of the
 //! blocks not kept) and its AdamW ([`BusCover::step_ordered_s`]), which
-//! `plan` prints beside the largest of the three alone.
+//! `plan` prints beside the largest of the three alone. Carried updates
+//! (`--carry-layers`) are taken in the forward's order
+//! ([`BusCover::step_carrying_s`]): the first layers carried make the
+//! forward wait for each where a block's AdamW is longer than its
+//! forward, blocks spread over the model (`--carry-order spread`) are
+//! updated while the device runs the ones between them.
 
 use megatrain_tier::TransportDType;
 use megatrain_zoo::ModelConfig;
+
+use crate::trainer::{CarryOrder, carried_layers};
 
 /// The host's norm of the held gradients (4 bytes a parameter read) as a
 /// share of its AdamW (about 30 moved), both bound by memory bandwidth.
@@ -184,19 +191,20 @@ impl BusCover {
     /// plus the longer of its backward and its AdamW; and at least its bus
     /// time, which may overlap both.
     pub fn step_ordered_s(&self, m: Machine, tokens: u64) -> f64 {
-        self.step_carrying_s(m, tokens, 0).0
+        self.step_carrying_s(m, tokens, &[]).0
     }
 
-    /// [`BusCover::step_ordered_s`] where the first `carry` layers (the
-    /// embedding, then blocks; at most all but the head) leave their AdamW
-    /// to the next step's forward (`TrainerConfig::carry_layers`): the
-    /// host updates them one after another from the forward's start, and
-    /// each block's forward begins once its update and the block before
-    /// are done, while the backward overlaps only the other layers'
-    /// AdamW. Blocks are taken as alike (their mean parameters and FLOPs).
-    /// Returns the step and, of it, the forward.
-    pub fn step_carrying_s(&self, m: Machine, tokens: u64, carry: usize) -> (f64, f64) {
-        let (forward, updated) = self.forward_updating(m, tokens, carry.min(self.blocks + 1), false);
+    /// [`BusCover::step_ordered_s`] where the layers `carried` (tier
+    /// indices, ascending: [`carried_layers`]) leave their AdamW to the
+    /// next step's forward (`TrainerConfig::carry_layers`): the host
+    /// updates them one after another from the forward's start, each
+    /// block's forward begins once its update and the block before are
+    /// done, and the backward overlaps only the other layers' AdamW. The
+    /// head is taken as never carried (its AdamW overlaps the backward's
+    /// start either way). Blocks are taken as alike (their mean
+    /// parameters and FLOPs). Returns the step and, of it, the forward.
+    pub fn step_carrying_s(&self, m: Machine, tokens: u64, carried: &[usize]) -> (f64, f64) {
+        let (forward, updated) = self.forward_updating(m, tokens, carried, false);
         let rest = (self.step_adamw_s(m) - updated).max(0.0);
         let step = forward + self.step_backward_s(m, tokens).max(rest);
         (step.max(self.step_bus_s(m)), forward)
@@ -211,16 +219,21 @@ impl BusCover {
     /// updates every layer just before loading it, as
     /// [`BusCover::step_carrying_s`] does the carried ones, the head too;
     /// else every update follows the norm. The first `carry` layers
-    /// (`--carry-layers`) keep their gradients on the device, which sums
-    /// their squares (no time to speak of), and are updated in the next
-    /// forward either way. Returns the step and, of it, the forward.
+    /// (`--carry-layers`; clipping carries no other order) keep their
+    /// gradients on the device, which sums their squares (no time to speak
+    /// of), and are updated in the next forward either way. Returns the
+    /// step and, of it, the forward.
     pub fn step_clipping_s(&self, m: Machine, tokens: u64, deferred: bool, carry: usize) -> (f64, f64) {
-        let held = (self.step_params - self.carried_params(carry)) as f64 / (m.adamw_gparams * 1e9);
+        let set = carried_layers(carry, CarryOrder::First, self.blocks);
+        let held = (self.step_params - self.carried_params(&set)) as f64 / (m.adamw_gparams * 1e9);
         let (forward, after) = match (deferred, carry) {
-            (true, _) => (self.forward_updating(m, tokens, self.blocks + 1, true).0, 0.0),
+            (true, _) => {
+                let every = carried_layers(usize::MAX, CarryOrder::First, self.blocks);
+                (self.forward_updating(m, tokens, &every, true).0, 0.0)
+            }
             (false, 0) => (self.step_forward_s(m, tokens), held),
-            (false, c) => (
-                self.forward_updating(m, tokens, c.min(self.blocks + 1), c > self.blocks + 1)
+            (false, _) => (
+                self.forward_updating(m, tokens, &set, set.contains(&(self.blocks + 1)))
                     .0,
                 held,
             ),
@@ -229,36 +242,39 @@ impl BusCover {
         (step.max(self.step_bus_s(m)), forward)
     }
 
-    /// Parameters of the first `carry` layers: the embedding, then blocks
-    /// (taken as alike), then the head.
-    pub fn carried_params(&self, carry: usize) -> u64 {
+    /// Parameters of the layers `carried` (tier indices): the embedding,
+    /// blocks (taken as alike), the head.
+    pub fn carried_params(&self, carried: &[usize]) -> u64 {
         let n = self.blocks.max(1) as u64;
-        let blocks = carry.saturating_sub(1).min(self.blocks) as u64;
-        u64::from(carry > 0) * self.embedding_params
+        let blocks = carried
+            .iter()
+            .filter(|&&i| (1..=self.blocks).contains(&i))
+            .count() as u64;
+        u64::from(carried.contains(&0)) * self.embedding_params
             + self.blocks_params / n * blocks
-            + u64::from(carry > self.blocks + 1) * self.head_params
+            + u64::from(carried.contains(&(self.blocks + 1))) * self.head_params
     }
 
-    /// The forward where the first `carry` layers (the embedding, then
-    /// blocks) and, with `head`, the head are updated one after another
+    /// The forward where the embedding and blocks among `carried` (tier
+    /// indices) and, with `head`, the head are updated one after another
     /// from its start, each layer's forward beginning once its update and
     /// the layer before are done (a frozen layer has no update). Returns
     /// the forward and the time the updates took.
-    fn forward_updating(&self, m: Machine, tokens: u64, carry: usize, head: bool) -> (f64, f64) {
+    fn forward_updating(&self, m: Machine, tokens: u64, carried: &[usize], head: bool) -> (f64, f64) {
         let rate = m.adamw_gparams * 1e9;
         let n = self.blocks.max(1) as f64;
         let block_adamw = self.blocks_params as f64 / n / rate;
         let block_forward = self.blocks_forward_flops_per_token / n * tokens as f64 / (m.gpu_tflops * 1e12);
         let head_forward = self.step_forward_s(m, tokens) - block_forward * self.blocks as f64;
         // The embedding's forward is a gather: no FLOPs to speak of.
-        let mut updated = if carry > 0 && self.frozen == 0 {
+        let mut updated = if carried.contains(&0) && self.frozen == 0 {
             self.embedding_params as f64 / rate
         } else {
             0.0
         };
         let mut forward = updated;
         for j in 0..self.blocks {
-            if j + 1 < carry && j + 1 >= self.frozen {
+            if carried.contains(&(j + 1)) && j + 1 >= self.frozen {
                 updated += block_adamw;
                 forward = forward.max(updated);
             }
@@ -271,20 +287,35 @@ impl BusCover {
         (forward + head_forward, updated)
     }
 
-    /// The number of layers to carry, at most `limit` (a spilling tier's
-    /// layers before its first spilled one), that makes
+    /// How many layers to carry, and in which order, that make
     /// [`BusCover::step_carrying_s`] shortest (the fewest where several
-    /// tie), and that step; none with frozen layers, which the trainer
-    /// does not carry beside.
-    pub fn best_carry(&self, m: Machine, tokens: u64, limit: usize) -> (usize, f64) {
-        let most = if self.frozen > 0 {
-            0
-        } else {
-            (self.blocks + 1).min(limit)
-        };
-        (0..=most)
-            .map(|c| (c, self.step_carrying_s(m, tokens, c).0))
-            .fold((0, f64::INFINITY), |best, x| if x.1 < best.1 { x } else { best })
+    /// tie, the first layers before blocks spread), and that step. No
+    /// layer from `limit` on is carried (a spilling tier's first spilled
+    /// one), so blocks are spread only where every one is in RAM; none is
+    /// with frozen layers, which the trainer does not carry beside.
+    pub fn best_carry(&self, m: Machine, tokens: u64, limit: usize) -> (usize, CarryOrder, f64) {
+        let none = (0, CarryOrder::First, self.step_carrying_s(m, tokens, &[]).0);
+        if self.frozen > 0 {
+            return none;
+        }
+        let first = (1..=(self.blocks + 1).min(limit)).map(|c| (c, CarryOrder::First));
+        let spread = (1..=self.blocks)
+            .filter(|_| limit > self.blocks)
+            .map(|c| (c, CarryOrder::Spread));
+        first
+            .chain(spread)
+            .map(|(c, o)| {
+                (
+                    c,
+                    o,
+                    self.step_carrying_s(m, tokens, &carried_layers(c, o, self.blocks))
+                        .0,
+                )
+            })
+            .fold(none, |best, x| {
+                let better = x.2 < best.2 || (x.2 == best.2 && x.0 < best.0);
+                if better { x } else { best }
+            })
     }
 }
 
@@ -613,8 +644,9 @@ mod tests {
             ..Machine::H100
         };
         let c = bus_cover(&m, 64, TransportDType::F32, slow).unwrap();
+        let first = |n: usize| carried_layers(n, CarryOrder::First, 4);
         assert_eq!(
-            c.step_carrying_s(slow, tokens, 0).0,
+            c.step_carrying_s(slow, tokens, &first(0)).0,
             c.step_ordered_s(slow, tokens)
         );
         let rate = slow.adamw_gparams * 1e9;
@@ -624,19 +656,26 @@ mod tests {
         let forward = a_e + a_b + f_b + 3.0 * f_b + head;
         let rest = c.step_adamw_s(slow) - a_e - a_b;
         let want = forward + c.step_backward_s(slow, tokens).max(rest);
-        let (step, fwd) = c.step_carrying_s(slow, tokens, 2);
+        let (step, fwd) = c.step_carrying_s(slow, tokens, &first(2));
         assert!((fwd - forward).abs() < 1e-12 * forward);
         assert!((step - want).abs() < 1e-12 * want);
         // The head is never carried: more is all but it.
         assert_eq!(
-            c.step_carrying_s(slow, tokens, 99),
-            c.step_carrying_s(slow, tokens, 5)
+            c.step_carrying_s(slow, tokens, &first(99)),
+            c.step_carrying_s(slow, tokens, &first(5))
         );
-        let (best, at) = c.best_carry(slow, tokens, usize::MAX);
-        assert!(best > 0 && at < c.step_ordered_s(slow, tokens), "{best} {at}");
-        // A spilling tier bounds it by the layers it keeps in RAM.
-        let (capped, capped_at) = c.best_carry(slow, tokens, best - 1);
-        assert!(capped < best && capped_at > at, "{capped} {capped_at}");
+        let (best, order, at) = c.best_carry(slow, tokens, usize::MAX);
+        assert!(
+            best > 0 && at < c.step_ordered_s(slow, tokens),
+            "{best} {order} {at}"
+        );
+        // A spilling tier bounds it by the layers it keeps in RAM, and
+        // spreads nothing where it spills a block.
+        let (capped, o, capped_at) = c.best_carry(slow, tokens, 2);
+        assert!(
+            capped <= 2 && o == CarryOrder::First && capped_at > at,
+            "{capped} {capped_at}"
+        );
         assert_eq!(c.best_carry(slow, tokens, 0).0, 0);
         let fast = Machine {
             adamw_gparams: 1e6,
@@ -644,6 +683,46 @@ mod tests {
         };
         let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
         assert_eq!(c.best_carry(fast, tokens, usize::MAX).0, 0);
+    }
+
+    /// Qwen2.5-7B at 8×1024 tokens at the rates session 47 measured on the
+    /// H200 (127 TFLOP/s, 4 G parameters/s of AdamW, 48 GB/s), where a
+    /// block's AdamW (58 ms) is longer than its forward (~33 ms): the
+    /// first 15 layers carried make the step longer (the model: 3,331 ms;
+    /// measured 3,356 and 3,365), while 14 blocks spread (every other
+    /// one) keep the forward within one block's update of the plain one
+    /// and take their AdamW out of the backward's, and the search picks
+    /// a spread.
+    #[test]
+    fn blocks_spread_are_updated_while_the_device_runs_the_ones_between() {
+        let q = preset("qwen2.5-7b", None).unwrap();
+        let h200 = Machine {
+            gpu_tflops: 127.0,
+            bus_gbps: 48.0,
+            adamw_gparams: 4.0,
+        };
+        let c = bus_cover_keeping(&q, 1024, TransportDType::F16, (28, 0), h200).unwrap();
+        let tokens = 8192;
+        let plain = c.step_ordered_s(h200, tokens);
+        let (first15, _) = c.step_carrying_s(h200, tokens, &carried_layers(15, CarryOrder::First, 28));
+        assert!(first15 > plain + 0.4, "{first15} vs {plain}");
+        let spread = carried_layers(14, CarryOrder::Spread, 28);
+        assert_eq!(spread, (1..=14).map(|j| 2 * j).collect::<Vec<_>>());
+        let (step, forward) = c.step_carrying_s(h200, tokens, &spread);
+        let block_adamw = c.block_adamw_s(h200);
+        assert!(
+            forward < c.step_forward_s(h200, tokens) + block_adamw,
+            "{forward}"
+        );
+        // The backward (1.85 s) now covers the rest of the AdamW.
+        assert!(
+            (step - (forward + c.step_backward_s(h200, tokens))).abs() < 1e-9,
+            "{step}"
+        );
+        assert!(step < plain, "{step} vs {plain}");
+        let (n, order, best) = c.best_carry(h200, tokens, usize::MAX);
+        assert_eq!(order, CarryOrder::Spread, "{n} {best}");
+        assert!(best <= step, "{n} {best} vs {step}");
     }
 
     /// Clipping: the norm beside the backward either way; every AdamW after
@@ -686,10 +765,11 @@ mod tests {
         // the host no norm to sum, and updates all of them in the forward
         // either way.
         let layers = tables.len();
-        assert_eq!(c.carried_params(layers), c.step_params);
-        assert_eq!(c.carried_params(0), 0);
+        let first = |n: usize| carried_layers(n, CarryOrder::First, c.blocks);
+        assert_eq!(c.carried_params(&first(layers)), c.step_params);
+        assert_eq!(c.carried_params(&first(0)), 0);
         let first_two: u64 = tables[..2].iter().map(|t| t.numel() as u64).sum();
-        assert_eq!(c.carried_params(2), first_two);
+        assert_eq!(c.carried_params(&first(2)), first_two);
         let (on_device, f_all) = c.step_clipping_s(slow, tokens, true, layers);
         assert_eq!(f_all, f);
         assert!((on_device - (f + bwd)).abs() < 1e-12 * on_device);

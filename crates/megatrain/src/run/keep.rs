@@ -270,6 +270,7 @@ mod tests {
             transport: TransportDType::F32,
             hold_grads: false,
             carry_layers: 0,
+            carry_order: Default::default(),
             optimizer_queue: crate::trainer::DEFAULT_OPTIMIZER_QUEUE,
         };
         let total = |keep| {

@@ -13,6 +13,7 @@ use super::every::{Every, Passes};
 use super::keep::KeepActivations;
 use super::knobs::{TransportKnobs, transfer_chunk_elems};
 use crate::schedule::ScheduleKind;
+use crate::trainer::CarryOrder;
 
 /// Most `--chunks-in-flight`: each is a host buffer of a transfer chunk.
 pub const MAX_CHUNKS_IN_FLIGHT: usize = 4096;
@@ -492,6 +493,9 @@ pub struct TrainOptions {
     /// changes no result (with clipping, the coefficient within its last
     /// bits).
     pub carry_layers: usize,
+    /// Which layers `carry_layers` are: the first ones, or blocks spread
+    /// over the model (`TrainerConfig::carry_order`). A device option.
+    pub carry_order: CarryOrder,
     /// The GPU transport's knobs, flattened: their keys sit beside the
     /// others in a config file and a run's saved options.
     #[serde(flatten)]
@@ -578,6 +582,7 @@ impl Default for TrainOptions {
             chunks_in_flight: None,
             optimizer_queue: None,
             carry_layers: 0,
+            carry_order: CarryOrder::First,
             knobs: TransportKnobs::default(),
             ranks: 1,
             shard_optimizer: false,
@@ -790,6 +795,14 @@ impl TrainOptions {
                 "freeze-layers",
                 self.freeze_layers,
                 "cannot be used with --carry-layers, which counts from the first layer",
+            ));
+        }
+        if self.carry_order == CarryOrder::Spread && self.carry_layers > 0 && self.grad_clip > 0.0 {
+            return Err(RunError::option(
+                "carry-order",
+                "spread",
+                "cannot be used with --grad-clip, whose updates all wait for the step's norm and go into the \
+                 next forward anyway (carry the first layers to keep their gradients on the device)",
             ));
         }
         // With --host-budget the trainer refuses a carried layer the tier

@@ -39,6 +39,8 @@
 use megatrain_tier::{MemoryReport, TierConfig, TransportDType, plan as tier_plan};
 use megatrain_zoo::ModelConfig;
 
+use crate::trainer::{CarryOrder, carried_layers};
+
 use super::error::Result;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +54,11 @@ pub struct PlanInput {
     pub chunk_rows: usize,
     pub transport: TransportDType,
     pub hold_grads: bool,
-    /// The first layers whose gradients stay on the device from the end
-    /// of one step into the next one's forward
-    /// (`TrainerConfig::carry_layers`).
+    /// How many layers' gradients stay on the device from the end of one
+    /// step into the next one's forward (`TrainerConfig::carry_layers`),
+    /// and which (`TrainerConfig::carry_order`).
     pub carry_layers: usize,
+    pub carry_order: CarryOrder,
     /// Gradient chunks that may wait for the CPU AdamW
     /// (`TrainerConfig::optimizer_queue`), each one chunk of host staging.
     pub optimizer_queue: usize,
@@ -249,10 +252,9 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
             },
         f16_copies: if f16 { group * copied_per_block } else { 0 },
         download_staging: megatrain_gpu::download_staging_bytes(4 * chunk, chunks),
-        carried: 4 * tables
+        carried: 4 * carried_layers(input.carry_layers, input.carry_order, model.num_layers)
             .iter()
-            .take(input.carry_layers)
-            .map(|t| t.numel() as u64)
+            .map(|&i| tables[i].numel() as u64)
             .sum::<u64>(),
     };
     Ok(Plan {
@@ -305,6 +307,7 @@ mod tests {
             transport: TransportDType::BF16,
             hold_grads: false,
             carry_layers: 0,
+            carry_order: Default::default(),
             optimizer_queue: queue,
         };
         // Chunks held where chunks are of `chunk` elements: a block's and four.

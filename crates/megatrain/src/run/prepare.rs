@@ -106,6 +106,8 @@ pub fn prepare(mut opts: TrainOptions, resume: bool) -> Result<Prepared> {
                     "transfer_chunk",
                     "chunks_in_flight",
                     "carry_layers",
+                    "carry_order",
+                    "optimizer_queue",
                     "keep_activations",
                     "share_transport",
                     "shm_dir",

@@ -168,14 +168,15 @@ impl Drop for MadeDir {
     }
 }
 
-/// The tier of rank `rank` of the run (a sharded optimizer's rank keeps
-/// its share of p, m, v, and the budget counts that share).
-pub fn tier_config(opts: &TrainOptions, rank: usize) -> TierConfig {
+/// The tier of rank `rank` of the run of a model of `blocks` blocks (a
+/// sharded optimizer's rank keeps its share of p, m, v, and the budget
+/// counts that share).
+pub fn tier_config(opts: &TrainOptions, rank: usize, blocks: usize) -> TierConfig {
     TierConfig {
         transport: opts.precision.transport(),
         hold_grads: opts.grad_accum > 1 || opts.grad_clip > 0.0,
         // Carried layers' gradients stay on the device, summed there.
-        grads_on_device: opts.carry_layers,
+        grads_on_device: crate::trainer::carried_layers(opts.carry_layers, opts.carry_order, blocks),
         ram_budget_bytes: opts.host_budget,
         spill_dir: opts.host_budget.map(|_| opts.out.join("spill")),
         shard: (opts.shard_optimizer && opts.ranks > 1).then_some(Shard {
@@ -233,7 +234,7 @@ pub fn train_with<E: Executor>(
     let lead = rank == 0;
     // Dropped after the tier and the trainer (declared before them).
     let _made = MadeDir::new(out, lead)?;
-    let mut tcfg = tier_config(opts, rank);
+    let mut tcfg = tier_config(opts, rank, p.model.num_layers);
     // Before the tier: a machine's ranks map the copies one of them makes
     // (opened by all, its name gone, before this goes on).
     let shared = match &dist {
@@ -290,6 +291,7 @@ pub fn train_with<E: Executor>(
             transport: opts.precision.transport(),
             hold_grads,
             carry_layers: opts.carry_layers,
+            carry_order: opts.carry_order,
             optimizer_queue,
         },
         &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
@@ -314,6 +316,7 @@ pub fn train_with<E: Executor>(
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
+        carry_order: opts.carry_order,
         frozen_layers: opts.freeze_layers,
         defer_clipped_updates: true,
         dropout: crate::trainer::TrainDropout {

@@ -6,8 +6,12 @@
 //! forward needs. A carried layer's gradients stay where the executor made
 //! them; the next step's forward brings them down and updates the layer
 //! just before it loads it, so the host's AdamW of layer i runs while the
-//! device computes the forward of layer i − 1, and the bus carries them
-//! down while it otherwise carries weights only up. AdamW is elementwise
+//! device computes the forward of the layers queued since the last carried
+//! one, and the bus carries them down while it otherwise carries weights
+//! only up. Where a block's AdamW takes longer than its forward, carrying
+//! the first layers makes the forward wait for each update; blocks spread
+//! over the model ([`super::CarryOrder::Spread`]) with uncarried ones
+//! between them are updated while the device runs those. AdamW is elementwise
 //! and each layer is updated with its own step's learning rate, so results
 //! are those of the step that made the gradients, bit for bit.
 //!
@@ -229,6 +233,10 @@ impl<T> Rising<T> {
             return Ok(());
         }
         let t = Instant::now();
+        // The forward's ops queued since the last update run while the
+        // host runs this one (blocks spread with uncarried ones between
+        // them are updated while the device computes those).
+        ex.flush();
         while self.layers.front().is_some_and(|l| l.index <= through) {
             if self.in_flight.is_empty() {
                 self.begin_more(ex)?;

@@ -41,10 +41,10 @@ pub(super) struct Handoff<'s, 't, E: Executor> {
     /// Layers not handed over yet.
     pub(super) remaining: &'t mut [LayerSlab],
     pending: Option<Pending<'t, E::Tensor>>,
-    /// Layers below this index keep their gradients on the executor for
+    /// These layers (ascending) keep their gradients on the executor for
     /// the next step to apply at this learning rate (`carry.rs`), summed
     /// there over the step's micro-batches.
-    carry_below: (usize, f32),
+    carry: (&'s [usize], f32),
     /// Those layers: the sums of the step's earlier micro-batches, which
     /// this one's gradients are added to, or this one's.
     pub(super) carried: Vec<Carried<E::Tensor>>,
@@ -115,25 +115,25 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             host_copies: false,
             remaining,
             pending: None,
-            carry_below: (0, 0.0),
+            carry: (&[], 0.0),
             carried: Vec::new(),
             last: true,
         }
     }
 
-    /// Keeps the gradients of the layers below index `n` on the executor
+    /// Keeps the gradients of the layers `set` (ascending) on the executor
     /// instead of handing them over, added to those of the step's earlier
     /// micro-batches (`so_far`), for the next step to apply at learning
     /// rate `lr`. Where this micro-batch is the step's `last`, also the
     /// squares of their sums ([`Carried::squares`]).
-    pub(super) fn carry_below(
+    pub(super) fn carrying(
         mut self,
-        n: usize,
+        set: &'s [usize],
         lr: f32,
         so_far: Vec<Carried<E::Tensor>>,
         last: bool,
     ) -> Self {
-        self.carry_below = (n, lr);
+        self.carry = (set, lr);
         self.carried = so_far;
         self.last = last;
         self
@@ -154,7 +154,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
                 self.carried.push(Carried {
                     index,
                     grads,
-                    lr: self.carry_below.1,
+                    lr: self.carry.1,
                     coef: 1.0,
                     squares: None,
                 });
@@ -176,7 +176,7 @@ impl<'s, 't, E: Executor> Handoff<'s, 't, E> {
             .ok_or_else(|| TrainError::Internal("no layer left to hand over".into()))?;
         self.remaining = rest;
         let bytes = check_grads(slab, &grads)?;
-        let carried = slab.index() < self.carry_below.0;
+        let carried = self.carry.0.binary_search(&slab.index()).is_ok();
         // A carried layer's sum comes down once a step.
         if !carried || self.last {
             m.bytes_downloaded += bytes;

@@ -18,8 +18,9 @@
 //! 4. update, overlapped: on the last micro-batch a worker thread runs AdamW
 //!    on each layer as its gradients land (and rewrites its transport copy)
 //!    while the executor goes on with earlier layers; with
-//!    [`TrainerConfig::carry_layers`], the first layers' gradients stay on
-//!    the executor and the next step's forward updates each just before it
+//!    [`TrainerConfig::carry_layers`], some layers' gradients (the first
+//!    ones, or blocks spread over the model: [`CarryOrder`]) stay on the
+//!    executor and the next step's forward updates each just before it
 //!    loads it (`carry.rs`).
 //!
 //! The embedding weights stay resident from the forward to the embedding
@@ -105,7 +106,8 @@ pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 pub(crate) use config::spill_aligned;
 pub use config::{
-    DEFAULT_OPTIMIZER_QUEUE, DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, transfer_chunk_for,
+    CarryOrder, DEFAULT_OPTIMIZER_QUEUE, DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, carried_layers,
+    transfer_chunk_for,
 };
 
 /// Streams a model held in a [`HostTier`] through an [`Executor`].
@@ -122,6 +124,9 @@ pub struct Trainer<E: Executor> {
     spill: WindowConfig,
     /// Data parallel training (`None`: this process trains alone).
     dist: Option<DistState>,
+    /// The layers whose updates each step leaves to the next
+    /// ([`TrainerConfig::carry_layers`], [`carried_layers`]; ascending).
+    carry_set: Vec<usize>,
     /// Updates the last step left to the next (`carry.rs`).
     carried: Vec<Carried<E::Tensor>>,
     /// The clipped updates the last step left to the next (`carry.rs`).
@@ -217,12 +222,15 @@ impl<E: Executor> Trainer<E> {
                 ));
             }
         }
-        let on_device = tier.config().grads_on_device;
-        if tier.config().hold_grads && on_device > config.carry_layers {
+        let carry_set = carried_layers(config.carry_layers, config.carry_order, model.num_layers);
+        let on_device = &tier.config().grads_on_device;
+        if tier.config().hold_grads
+            && let Some(i) = on_device.iter().find(|i| carry_set.binary_search(i).is_err())
+        {
             return Err(TrainError::Config(format!(
-                "the tier holds no gradients of its first {on_device} layers (grads_on_device), but only {} are carried \
-                 (carry_layers), whose gradients stay on the executor",
-                config.carry_layers
+                "the tier holds no gradients of layer {i} (grads_on_device {on_device:?}), which is not carried \
+                 (carry_layers {}, {}: {carry_set:?}); only carried layers' gradients stay on the executor",
+                config.carry_layers, config.carry_order
             )));
         }
         if config.frozen_layers > 0 {
@@ -254,16 +262,35 @@ impl<E: Executor> Trainer<E> {
             }
             // A carried layer is updated from the executor's gradients in
             // the next forward, in place: its p, m and v must be in RAM.
-            if let Some(s) = tier.layers()[..config.carry_layers]
+            if let Some(s) = carry_set
                 .iter()
+                .map(|&i| &tier.layers()[i])
                 .find(|s| s.is_spilled())
             {
+                let first = tier
+                    .layers()
+                    .iter()
+                    .position(|s| s.is_spilled())
+                    .unwrap_or(s.index());
+                let order = match config.carry_order {
+                    CarryOrder::First => String::new(),
+                    o => format!(", {o}"),
+                };
                 return Err(TrainError::Config(format!(
-                    "carry_layers ({}) reaches layer {}, which the tier spills to disk: carry at most {} \
-                     (the layers before the first spilled one), or give the tier more RAM",
+                    "carry_layers ({}{order}) reaches layer {}, which the tier spills to disk: carry at most {first} \
+                     of the first layers (those before the first spilled one), or give the tier more RAM",
                     config.carry_layers,
                     s.index(),
-                    s.index()
+                )));
+            }
+            // Clipping's norm and deferred updates take the carried layers
+            // as the first ones (`norms.rs`).
+            if config.grad_clip.is_some() && config.carry_order != CarryOrder::First {
+                return Err(TrainError::Config(format!(
+                    "carry_layers ({}, {}) cannot be used with grad_clip: every clipped update waits for the \
+                     step's norm and goes into the next forward anyway; carry the first layers (to keep their \
+                     gradients on the executor) or none",
+                    config.carry_layers, config.carry_order
                 )));
             }
         }
@@ -317,6 +344,7 @@ impl<E: Executor> Trainer<E> {
             transport,
             spill: WindowConfig::default(),
             dist: None,
+            carry_set,
             carried: Vec::new(),
             deferred: None,
             next_step: 0,
@@ -584,6 +612,7 @@ impl<E: Executor> Trainer<E> {
             transport: _,
             spill,
             dist,
+            carry_set,
             carried,
             deferred,
             next_step: _,
@@ -644,7 +673,7 @@ impl<E: Executor> Trainer<E> {
                 }),
             });
             let mut h = Handoff::new(ex, tx, pool, update, (chunk, in_flight), tier.layers_mut())
-                .carry_below(config.carry_layers, lr, so_far, last);
+                .carrying(carry_set, lr, so_far, last);
             let mut slots = Slots::new(k);
             let load = |slot, slab: &LayerSlab, m: &mut StepMetrics| -> Result<Vec<E::Tensor>> {
                 let t = Instant::now();

@@ -27,8 +27,9 @@ impl<E: Executor> Trainer<E> {
             return Ok(());
         }
         let mut layers = self.grad_sq.per_layer();
-        let carried = self.carried_squares()?;
-        layers[..carried.len()].copy_from_slice(&carried);
+        for (i, sq) in self.carried_squares()? {
+            layers[i] = sq;
+        }
         if let Some(d) = self.dist.as_ref().filter(|d| d.config.shard_optimizer) {
             let t = Instant::now();
             d.comm()
@@ -52,13 +53,14 @@ impl<E: Executor> Trainer<E> {
         // in, the rest now (with ranks, whose held gradients are the
         // reduction's sums, all of them now).
         let carry = self.config.carry_layers;
-        let mut sq = self.carried_squares()?;
-        if sq.len() != carry {
+        let carried = self.carried_squares()?;
+        if carried.len() != carry || carried.iter().enumerate().any(|(i, c)| c.0 != i) {
             return Err(TrainError::Internal(format!(
-                "clipping found {} of the {carry} carried layers",
-                sq.len()
+                "clipping found carried layers {:?}, not the first {carry}",
+                carried.iter().map(|c| c.0).collect::<Vec<_>>()
             )));
         }
+        let mut sq: Vec<f64> = carried.into_iter().map(|c| c.1).collect();
         // Frozen layers (never with carried ones) have no gradient.
         sq.extend(std::iter::repeat_n(0.0, self.config.frozen_layers));
         let trained = sq.len();
@@ -121,18 +123,19 @@ impl<E: Executor> Trainer<E> {
         Ok(norm)
     }
 
-    /// Σ g² of each carried layer (table order: they are the first
-    /// layers), from the rows' sums the executor took: one download, which
-    /// waits for the backward's end (as clipping must; without clipping
-    /// the next forward's first update waits for it anyway), each layer's
-    /// sum then taken in f64 in row order.
-    fn carried_squares(&mut self) -> Result<Vec<f64>> {
+    /// Each carried layer's index and Σ g² (table order), from the rows'
+    /// sums the executor took: one download, which waits for the
+    /// backward's end (as clipping must; without clipping the next
+    /// forward's first update waits for it anyway), each layer's sum then
+    /// taken in f64 in row order.
+    fn carried_squares(&mut self) -> Result<Vec<(usize, f64)>> {
         self.carried.sort_by_key(|c| c.index);
-        if self.carried.iter().enumerate().any(|(i, c)| c.index != i) {
+        if let Some(c) = self.carried.iter().find(|c| c.index >= self.tier.len()) {
             return Err(TrainError::Internal(format!(
-                "the carried layers are {}, not the first {}",
-                describe(&self.carried),
-                self.carried.len()
+                "carried layer {} of {}: {}",
+                c.index,
+                self.tier.len(),
+                describe(&self.carried)
             )));
         }
         let parts = self
@@ -158,10 +161,11 @@ impl<E: Executor> Trainer<E> {
         let mut rows = all.as_f32()?;
         Ok(lens
             .iter()
-            .map(|&n| {
+            .zip(&self.carried)
+            .map(|(&n, c)| {
                 let (layer, rest) = rows.split_at(n);
                 rows = rest;
-                layer.iter().map(|&x| x as f64).sum()
+                (c.index, layer.iter().map(|&x| x as f64).sum())
             })
             .collect())
     }
