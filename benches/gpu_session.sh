@@ -416,6 +416,13 @@ second)
     if [ -n "${KEEP_FLAGS:-}" ] && [[ "${HANDOFF_FLAGS:-}" != *--optimizer-queue* ]]; then
         HANDOFF_FLAGS="${HANDOFF_FLAGS:-} --optimizer-queue 16"
     fi
+    # The host's AdamW, which the 7B step waits for (session 47: ~30
+    # B/param at ~120 GB/s): against the machine's triad, the f16 copy
+    # with streaming stores (the default since session 48) and plain ones.
+    timeout "$(left 40)" xtask bench-adamw --params 400000000 --threads 8 --threads 16 --iters 5 \
+        >"$OUT/bench-adamw.log" 2>&1
+    note "bench-adamw (rc $?):"
+    while IFS= read -r line; do note "  $line"; done <"$OUT/bench-adamw.log"
     # shellcheck disable=SC2086
     # The default run after it is kept time for only where something was
     # picked (session 28: 110 s for one Qwen run, step 0's 55.5 s in it).
@@ -427,6 +434,19 @@ second)
     # Its per-kernel profile (one more step, printed as it ends): which
     # products and passes the 7B step's compute goes to.
     kernel_table "$OUT/anchor-qwen.log" 30
+    # Where blocks are kept the backward's AdamW is what the step waits
+    # for (session 47: 731 ms with 16 queued): every other block's update
+    # carried into the next forward, which runs the blocks between them
+    # meanwhile (`--carry-order spread`; 13 GB more of the device's
+    # memory for their f32 gradients). Its "fwd ms (carried)" says what the
+    # forward took on, "opt wait ms" what the backward no longer waits.
+    if [ -n "${KEEP_FLAGS:-}" ]; then
+        # shellcheck disable=SC2086
+        timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 3 --warmup 1 \
+            --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --carry-layers 14 --carry-order spread \
+            --json "$OUT/anchor-qwen-spread.json" >"$OUT/anchor-qwen-spread.log" 2>&1
+        rows "qwen anchor, --carry-layers 14 --carry-order spread (rc $?; ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-})" "$OUT/anchor-qwen-spread.log"
+    fi
     if [ -n "${HANDOFF_FLAGS:-}${MEGATRAIN_DOWNLOAD_STAGING:-}${KEEP_FLAGS:-}" ]; then
         unset HANDOFF_FLAGS MEGATRAIN_DOWNLOAD_STAGING KEEP_FLAGS
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
@@ -438,13 +458,15 @@ second)
         # deeper queue does where the optimizer waits (Qwen: 1,854 ms of
         # 4,844). The bench's "opt wait ms (after bwd)" column says how
         # much of the wait was the queue full during backward.
-        # First, the embedding's and the first 14 blocks' AdamW carried
-        # into the next step's forward (session 40): where the first run's
-        # "(after bwd)" wait is most of its wait, this is what removes it
-        # (its "fwd ms (carried)" column says what the forward took on).
+        # First, every other block's AdamW carried into the next step's
+        # forward, which runs the blocks between them meanwhile (the first
+        # 15 layers carried made session 47's step 3,365 ms against 3,067:
+        # the forward waited for each update); its "fwd ms (carried)"
+        # column says what the forward took on.
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
-            --mode-reps 0 --no-peer --carry-layers 15 --json "$OUT/anchor-qwen-carry.json" >"$OUT/anchor-qwen-carry.log" 2>&1
-        rows "qwen anchor, --carry-layers 15 (rc $?)" "$OUT/anchor-qwen-carry.log"
+            --mode-reps 0 --no-peer --carry-layers 14 --carry-order spread \
+            --json "$OUT/anchor-qwen-carry.json" >"$OUT/anchor-qwen-carry.log" 2>&1
+        rows "qwen anchor, --carry-layers 14 --carry-order spread (rc $?)" "$OUT/anchor-qwen-carry.log"
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 2 --warmup 1 \
             --mode-reps 0 --no-peer --optimizer-queue 16 --json "$OUT/anchor-qwen-queue.json" >"$OUT/anchor-qwen-queue.log" 2>&1
         rows "qwen anchor, --optimizer-queue 16 (rc $?)" "$OUT/anchor-qwen-queue.log"

@@ -37,15 +37,18 @@ enum Variant {
     Update,
     Bf16,
     F16,
+    /// The f16 copy written with plain stores (the default streams it).
+    F16Plain,
     F32,
     Bf16ZeroGrad,
 }
 
 impl Variant {
-    const ALL: [Variant; 5] = [
+    const ALL: [Variant; 6] = [
         Variant::Update,
         Variant::Bf16,
         Variant::F16,
+        Variant::F16Plain,
         Variant::F32,
         Variant::Bf16ZeroGrad,
     ];
@@ -55,6 +58,7 @@ impl Variant {
             Variant::Update => "update",
             Variant::Bf16 => "update+bf16",
             Variant::F16 => "update+f16",
+            Variant::F16Plain => "update+f16 plain stores",
             Variant::F32 => "update+f32",
             Variant::Bf16ZeroGrad => "update+bf16+zero_grad",
         }
@@ -65,7 +69,7 @@ impl Variant {
     fn bytes(self) -> usize {
         match self {
             Variant::Update => 28,
-            Variant::Bf16 | Variant::F16 => 30,
+            Variant::Bf16 | Variant::F16 | Variant::F16Plain => 30,
             Variant::F32 => 32,
             Variant::Bf16ZeroGrad => 34,
         }
@@ -139,12 +143,13 @@ fn run_threads(args: &Args, threads: usize) -> anyhow::Result<serde_json::Value>
                 stream_s.push(t);
             }
             for (k, variant) in Variant::ALL.into_iter().enumerate() {
+                megatrain_adamw::set_plain_copy_stores(matches!(variant, Variant::F16Plain));
                 let t = secs(|| {
                     let u = SlabUpdate::new(&mut p, &mut g, &mut m, &mut v).decay(&mask);
                     let u = match variant {
                         Variant::Update => u,
                         Variant::Bf16 => u.transport(Transport::Bf16(&mut copy16)),
-                        Variant::F16 => u.transport(Transport::F16(&mut copy_h)),
+                        Variant::F16 | Variant::F16Plain => u.transport(Transport::F16(&mut copy_h)),
                         Variant::F32 => u.transport(Transport::F32(&mut copy32)),
                         Variant::Bf16ZeroGrad => u.transport(Transport::Bf16(&mut copy16)).zero_grad(true),
                     };
@@ -154,6 +159,7 @@ fn run_threads(args: &Args, threads: usize) -> anyhow::Result<serde_json::Value>
                     opt_s[k].push(t);
                 }
             }
+            megatrain_adamw::set_plain_copy_stores(false);
         }
         let gbs_of = |t: &Timing| (TRIAD_BYTES_PER_ELEMENT * tn) as f64 / t.best_s / 1e9;
         let plain_t = Timing::from(triad_s);

@@ -10,6 +10,8 @@
 //! zeroing run after the loop, over the piece it left in cache
 //! (`optimizer::run_leaf`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use half::{bf16, f16};
 use megatrain_tensor::convert::f32_to_f16_sat_bits;
 
@@ -193,20 +195,42 @@ pub(crate) fn to_f16_sat(src: &[f32], dst: &mut [f16]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if has_f16c() {
         // SAFETY: the CPU reports AVX and F16C, the features the function enables.
-        unsafe { to_f16_sat_f16c(src, dst) };
+        unsafe {
+            match PLAIN_COPY_STORES.load(Ordering::Relaxed) {
+                false => to_f16_sat_f16c::<true>(src, dst),
+                true => to_f16_sat_f16c::<false>(src, dst),
+            }
+        };
         return true;
     }
     let _ = (src, dst);
     false
 }
 
+/// Plain stores for the f16 copy instead of streaming ones, for timing
+/// the two in one process ([`set_plain_copy_stores`]).
+static PLAIN_COPY_STORES: AtomicBool = AtomicBool::new(false);
+
+/// Writes the hardware-converted f16 transport copy with plain stores
+/// (`true`) or streaming ones (`false`, the default) from now on, in this
+/// process. Same bits either way; for `xtask bench-adamw`, which times
+/// both.
+#[doc(hidden)]
+pub fn set_plain_copy_stores(plain: bool) {
+    PLAIN_COPY_STORES.store(plain, Ordering::Relaxed);
+}
+
+/// With `STREAM` the copy is written with streaming (non-temporal) stores:
+/// nothing reads it until the next step's upload, and a plain store first
+/// reads each line of it from memory (write-allocate), 2 bytes a parameter
+/// more of the ~30 the bandwidth-bound update moves.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,f16c")]
-fn to_f16_sat_f16c(src: &[f32], dst: &mut [f16]) {
+fn to_f16_sat_f16c<const STREAM: bool>(src: &[f32], dst: &mut [f16]) {
     use std::arch::x86_64::{
-        __m128i, _CMP_LT_OQ, _MM_FROUND_TO_NEAREST_INT, _mm_storeu_si128, _mm256_and_ps, _mm256_blendv_ps,
-        _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtps_ph, _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps,
-        _mm256_set1_epi32, _mm256_set1_ps,
+        __m128i, _CMP_LT_OQ, _MM_FROUND_TO_NEAREST_INT, _mm_sfence, _mm_storeu_si128, _mm_stream_si128,
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_cvtps_ph,
+        _mm256_loadu_ps, _mm256_max_ps, _mm256_min_ps, _mm256_set1_epi32, _mm256_set1_ps,
     };
     let n = src.len();
     let dst = &mut dst[..n];
@@ -214,11 +238,21 @@ fn to_f16_sat_f16c(src: &[f32], dst: &mut [f16]) {
     let lo = _mm256_set1_ps(-65504.0);
     let inf = _mm256_set1_ps(f32::INFINITY);
     let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let body = n / 8 * 8;
-    let mut i = 0;
+    // Streaming stores need 16-byte alignment: scalar up to it (a piece of
+    // an aligned block starts at any element).
+    let head = dst.as_ptr().align_offset(16).min(n);
+    let body = head + (n - head) / 8 * 8;
+    let scalar = |d: &mut [f16], s: &[f32]| {
+        for (d, &x) in d.iter_mut().zip(s) {
+            *d = f16::from_bits(f32_to_f16_sat_bits(x));
+        }
+    };
+    scalar(&mut dst[..head], &src[..head]);
+    let mut i = head;
     while i < body {
-        // SAFETY: i + 8 <= n, the length of both slices (f16 is 2 bytes,
-        // unaligned stores).
+        // SAFETY: i + 8 <= body <= n, the length of both slices; dst + i is
+        // 16-byte aligned (f16 is 2 bytes, head aligned it, i − head is a
+        // multiple of 8).
         unsafe {
             let x = _mm256_loadu_ps(src.as_ptr().add(i));
             // Finite values clamp to ±65504 (which the conversion keeps);
@@ -227,12 +261,18 @@ fn to_f16_sat_f16c(src: &[f32], dst: &mut [f16]) {
             let finite = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_and_ps(x, abs), inf);
             let clamped = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
             let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_blendv_ps(x, clamped, finite));
-            _mm_storeu_si128(dst.as_mut_ptr().add(i).cast::<__m128i>(), h);
+            let at = dst.as_mut_ptr().add(i).cast::<__m128i>();
+            match STREAM {
+                true => _mm_stream_si128(at, h),
+                false => _mm_storeu_si128(at, h),
+            }
         }
         i += 8;
     }
-    for (d, &x) in dst[body..].iter_mut().zip(&src[body..]) {
-        *d = f16::from_bits(f32_to_f16_sat_bits(x));
+    scalar(&mut dst[body..], &src[body..]);
+    // Streaming stores are weakly ordered: fence before anyone reads `dst`.
+    if STREAM {
+        _mm_sfence();
     }
 }
 
@@ -379,18 +419,25 @@ mod tests {
             state ^= state << 17;
             f32::from_bits((state >> 32) as u32)
         }));
-        let mut got = vec![f16::ZERO; xs.len()];
-        if !to_f16_sat(&xs, &mut got) {
-            eprintln!("no F16C on this CPU: the hardware conversion is not used here");
-            return;
-        }
-        for (x, h) in xs.iter().zip(&got) {
-            assert_eq!(
-                h.to_bits(),
-                f32_to_f16_sat_bits(*x),
-                "{:#010x} ({x:e})",
-                x.to_bits()
-            );
+        // Streaming stores from an odd element on (the scalar head, the
+        // aligned body, the tail), and plain ones.
+        for (plain, skip) in [(false, 0), (false, 3), (true, 0)] {
+            let mut got = vec![f16::ZERO; xs.len()];
+            set_plain_copy_stores(plain);
+            let converted = to_f16_sat(&xs[skip..], &mut got[skip..]);
+            set_plain_copy_stores(false);
+            if !converted {
+                eprintln!("no F16C on this CPU: the hardware conversion is not used here");
+                return;
+            }
+            for (x, h) in xs[skip..].iter().zip(&got[skip..]) {
+                assert_eq!(
+                    h.to_bits(),
+                    f32_to_f16_sat_bits(*x),
+                    "plain {plain}: {:#010x} ({x:e})",
+                    x.to_bits()
+                );
+            }
         }
     }
 }

@@ -45,5 +45,7 @@ pub use bf16::{f32_to_bf16_bits, f32_to_bf16_slice};
 pub use config::AdamWConfig;
 pub use decay::DecayMask;
 pub use error::{AdamWError, Result};
+#[doc(hidden)]
+pub use kernel::set_plain_copy_stores;
 pub use norm::{BlockNorms, NORM_BLOCK, clip_coefficient, global_grad_norm, grad_norm_sq, grad_norms_sq};
 pub use optimizer::{AdamW, DEFAULT_CHUNK_LEN, Grad, SlabState, SlabUpdate, StepStats, Transport};
