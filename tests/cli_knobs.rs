@@ -212,6 +212,26 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
         &["--freeze-layers", "2", "--carry-layers", "1"],
         &["--freeze-layers 2", "cannot be used with --carry-layers"],
     );
+    check(
+        "cpu",
+        &[
+            "--carry-layers",
+            "2",
+            "--carry-order",
+            "spread",
+            "--grad-clip",
+            "1",
+        ],
+        &["--carry-order spread", "cannot be used with --grad-clip"],
+    );
+    check(
+        "cpu",
+        &["--carry-order", "middle"],
+        &[
+            "--carry-order",
+            "unknown carry order 'middle' (expected first or spread)",
+        ],
+    );
     let toml = t.join("knobs.toml");
     std::fs::write(&toml, "staging-depth = 0\n").unwrap();
     check("gpu", &["--config", s(&toml)], &["--staging-depth 0"]);
@@ -229,6 +249,14 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     // losses, and the last step's updates all in its checkpoint.
     let carried = final_loss(&train(&data, &t.join("carried"), "cpu", &["--carry-layers", "3"]));
     assert_eq!(whole, carried);
+    // Two blocks spread over the model's four (the second and the fourth).
+    let spread = final_loss(&train(
+        &data,
+        &t.join("carried-spread"),
+        "cpu",
+        &["--carry-layers", "2", "--carry-order", "spread"],
+    ));
+    assert_eq!(whole, spread);
     let all = final_loss(&train(
         &data,
         &t.join("carried-all"),
@@ -238,7 +266,7 @@ fn bad_knobs_are_named_and_good_ones_change_no_result() {
     assert_eq!(whole, all);
     let read = |run: &str, file: &str| std::fs::read(t.join(run).join("ckpt-2").join(file)).unwrap();
     for file in ["model.safetensors", "optimizer.safetensors"] {
-        for run in ["carried", "carried-all"] {
+        for run in ["carried", "carried-spread", "carried-all"] {
             assert!(
                 read("whole", file) == read(run, file),
                 "the {run} run's {file} differs"

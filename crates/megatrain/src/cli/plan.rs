@@ -510,11 +510,13 @@ fn print_cover(
     };
     println!(
         "  in order (a layer's AdamW needs its gradients, and every update ends before the next step's \
-         forward, so AdamW overlaps only the backward): forward {:.1} ms + max(backward {:.1} ms{recomputed}, AdamW {:.1} ms) = {:.1} ms, \
-         {:.0} tokens/s at best",
+         forward, so AdamW overlaps only the backward: the head's after its backward, the embedding's after \
+         the whole backward): forward {:.1} ms + (backward {:.1} ms{recomputed}, and AdamW {:.1} ms beside it: \
+         {:.1} ms) = {:.1} ms, {:.0} tokens/s at best",
         ms(c.step_forward_s(m, tokens)),
         ms(c.step_backward_s(m, tokens)),
         ms(c.step_adamw_s(m)),
+        ms(c.backward_updating(m, tokens, &[])),
         ms(c.step_ordered_s(m, tokens)),
         tokens as f64 / c.step_ordered_s(m, tokens)
     );
@@ -525,8 +527,9 @@ fn print_cover(
     let carried = |set: &[usize]| {
         let (step, forward) = c.step_carrying_s(m, tokens, set);
         format!(
-            "forward {:.1} ms + max(backward, the other layers' AdamW) = {:.1} ms, {:.0} tokens/s at best",
+            "forward {:.1} ms + the backward with the other layers' AdamW {:.1} ms = {:.1} ms, {:.0} tokens/s at best",
             ms(forward),
+            ms(c.backward_updating(m, tokens, set)),
             ms(step),
             tokens as f64 / step
         )
@@ -563,7 +566,8 @@ fn print_cover(
             ms(c.step_clipping_s(m, tokens, false, carry).0)
         );
     }
-    match c.best_carry(m, tokens, limit) {
+    // Clipping carries only the first layers (the trainer refuses others).
+    match c.best_carry(m, tokens, limit, !hold) {
         // Not beside frozen layers (the trainer refuses it).
         _ if c.frozen > 0 => {}
         (0, ..) if limit == 0 => {
@@ -576,11 +580,11 @@ fn print_cover(
         ),
         (best, o, _) => {
             let which = match o {
-                CarryOrder::First => format!("the first {best} layers'"),
-                _ => format!("{best} blocks' spread over the model"),
+                CarryOrder::First => format!("the first {best} layers"),
+                _ => format!("{best} blocks spread over the model"),
             };
             println!(
-                "  carrying {which} AdamW into the next step's forward ({}; each carried block's forward \
+                "  carrying the AdamW of {which} into the next step's forward ({}; each carried block's forward \
                  waits for its update): {}",
                 flag(best, o),
                 carried(&carried_layers(best, o, c.blocks))

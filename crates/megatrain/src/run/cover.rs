@@ -106,6 +106,10 @@ pub struct BusCover {
     /// block not kept from forward to backward), which `step_flops_per_token`
     /// leaves out.
     pub step_recompute_flops_per_token: f64,
+    /// The head's backward FLOPs per token (its product's two, 4·V·C; 2·V·C
+    /// for a tied head whose table is frozen): the first of the backward,
+    /// before any layer's gradients exist.
+    pub head_backward_flops_per_token: f64,
     /// Parameters of the embedding (the first layer a forward loads) and
     /// of the head.
     pub embedding_params: u64,
@@ -188,8 +192,10 @@ impl BusCover {
     /// trainer runs them: a layer's AdamW update needs its gradients, and
     /// every update is finished before the next step's forward. So no
     /// update overlaps a forward, and a step takes at least its forward
-    /// plus the longer of its backward and its AdamW; and at least its bus
-    /// time, which may overlap both.
+    /// plus the longer of its backward and its AdamW
+    /// ([`BusCover::backward_updating`]: the head's update waits for its
+    /// backward, the embedding's follows the whole backward); and at least
+    /// its bus time, which may overlap both.
     pub fn step_ordered_s(&self, m: Machine, tokens: u64) -> f64 {
         self.step_carrying_s(m, tokens, &[]).0
     }
@@ -199,15 +205,55 @@ impl BusCover {
     /// next step's forward (`TrainerConfig::carry_layers`): the host
     /// updates them one after another from the forward's start, each
     /// block's forward begins once its update and the block before are
-    /// done, and the backward overlaps only the other layers' AdamW. The
+    /// done, and the backward overlaps only the other layers' AdamW
+    /// ([`BusCover::backward_updating`]). The
     /// head is taken as never carried (its AdamW overlaps the backward's
     /// start either way). Blocks are taken as alike (their mean
     /// parameters and FLOPs). Returns the step and, of it, the forward.
     pub fn step_carrying_s(&self, m: Machine, tokens: u64, carried: &[usize]) -> (f64, f64) {
-        let (forward, updated) = self.forward_updating(m, tokens, carried, false);
-        let rest = (self.step_adamw_s(m) - updated).max(0.0);
-        let step = forward + self.step_backward_s(m, tokens).max(rest);
+        let (forward, _) = self.forward_updating(m, tokens, carried, false);
+        let step = forward + self.backward_updating(m, tokens, carried);
         (step.max(self.step_bus_s(m)), forward)
+    }
+
+    /// Seconds of the head's backward at `tokens` per step.
+    pub fn head_backward_s(&self, m: Machine, tokens: u64) -> f64 {
+        self.head_backward_flops_per_token * tokens as f64 / (m.gpu_tflops * 1e12)
+    }
+
+    /// The backward with the host's AdamW of every trained layer not
+    /// `carried` (tier indices; the head never is), from its start until
+    /// both are done. The device runs the head's backward, then each
+    /// trained block's, last first (taken as alike, the recompute among
+    /// them), then the embedding's (a scatter: no time to speak of); the
+    /// host updates each layer once the device has made its gradients and
+    /// the host has updated the layer before: the head's update waits for
+    /// the head's backward, and the embedding's, last, follows the whole
+    /// backward. Gradients wait for the host as long as they must (a
+    /// short `--optimizer-queue` makes the device wait instead: measured,
+    /// not modelled).
+    pub fn backward_updating(&self, m: Machine, tokens: u64, carried: &[usize]) -> f64 {
+        let rate = m.adamw_gparams * 1e9;
+        let frozen_blocks = self.frozen.saturating_sub(1).min(self.blocks);
+        let trained = self.blocks - frozen_blocks;
+        let head = self.head_backward_s(m, tokens);
+        let block = match trained {
+            0 => 0.0,
+            n => (self.step_backward_s(m, tokens) - head).max(0.0) / n as f64,
+        };
+        let block_adamw = self.blocks_params as f64 / self.blocks.max(1) as f64 / rate;
+        let mut device = head;
+        let mut host = device + self.head_params as f64 / rate;
+        for j in (frozen_blocks..self.blocks).rev() {
+            device += block;
+            if !carried.contains(&(j + 1)) {
+                host = host.max(device) + block_adamw;
+            }
+        }
+        if self.frozen == 0 && !carried.contains(&0) {
+            host = host.max(device) + self.embedding_params as f64 / rate;
+        }
+        device.max(host)
     }
 
     /// The step with exact clipping (`--grad-clip`): every gradient is held
@@ -291,16 +337,23 @@ impl BusCover {
     /// [`BusCover::step_carrying_s`] shortest (the fewest where several
     /// tie, the first layers before blocks spread), and that step. No
     /// layer from `limit` on is carried (a spilling tier's first spilled
-    /// one), so blocks are spread only where every one is in RAM; none is
+    /// one), so blocks are spread only where every one is in RAM, and only
+    /// with `spread` (clipping carries the first layers only); none is
     /// with frozen layers, which the trainer does not carry beside.
-    pub fn best_carry(&self, m: Machine, tokens: u64, limit: usize) -> (usize, CarryOrder, f64) {
+    pub fn best_carry(
+        &self,
+        m: Machine,
+        tokens: u64,
+        limit: usize,
+        spread: bool,
+    ) -> (usize, CarryOrder, f64) {
         let none = (0, CarryOrder::First, self.step_carrying_s(m, tokens, &[]).0);
         if self.frozen > 0 {
             return none;
         }
         let first = (1..=(self.blocks + 1).min(limit)).map(|c| (c, CarryOrder::First));
         let spread = (1..=self.blocks)
-            .filter(|_| limit > self.blocks)
+            .filter(|_| spread && limit > self.blocks)
             .map(|c| (c, CarryOrder::Spread));
         first
             .chain(spread)
@@ -312,10 +365,9 @@ impl BusCover {
                         .0,
                 )
             })
-            .fold(none, |best, x| {
-                let better = x.2 < best.2 || (x.2 == best.2 && x.0 < best.0);
-                if better { x } else { best }
-            })
+            // Steps within rounding of each other tie: the first found (the
+            // fewest layers, the first order) stays.
+            .fold(none, |best, x| if x.2 < best.2 * (1.0 - 1e-9) { x } else { best })
     }
 }
 
@@ -434,6 +486,7 @@ pub fn bus_cover_keeping(
         step_forward_flops_per_token: blocks_forward + 2.0 * vc,
         step_params: (frozen..tables.len()).map(numel).sum(),
         step_recompute_flops_per_token: recompute_flops,
+        head_backward_flops_per_token: head_flops - 2.0 * vc,
         embedding_params: numel(0),
         head_params: numel(head),
         blocks: n_blocks,
@@ -614,20 +667,69 @@ mod tests {
                 (backward - (2.0 * step / 3.0 + recompute)).abs() < 1e-12 * step,
                 "{kept}"
             );
-            let want = (step / 3.0 + backward.max(c.step_adamw_s(h))).max(c.step_bus_s(h));
-            assert!((c.step_ordered_s(h, tokens) - want).abs() < 1e-15, "{kept}");
-            // Never shorter than the largest resource alone.
-            let largest = step.max(c.step_bus_s(h)).max(c.step_adamw_s(h));
-            assert!(c.step_ordered_s(h, tokens) >= largest, "{kept}");
+            // At least the forward and the longer of the backward and
+            // AdamW; at most the three one after another; never shorter
+            // than the largest resource alone.
+            let ordered = c.step_ordered_s(h, tokens);
+            let adamw = c.step_adamw_s(h);
+            let least = (step / 3.0 + backward.max(adamw)).max(c.step_bus_s(h));
+            assert!(
+                ordered >= least - 1e-15 && ordered <= step / 3.0 + backward + adamw,
+                "{kept}"
+            );
+            let largest = step.max(c.step_bus_s(h)).max(adamw);
+            assert!(ordered >= largest, "{kept}");
         }
-        // AdamW-bound at a few tokens: forward + AdamW, not AdamW alone.
+        // By hand, with the blocks alike: the head's backward h, then four
+        // blocks' b each; the host updates the head once h is done, then
+        // each block once its backward is done and the update before it,
+        // then the embedding.
         let c = bus_cover_keeping(&m, 64, TransportDType::F32, (4, 0), h).unwrap();
+        let by_hand = |mm: Machine, tokens: u64| {
+            let r = mm.adamw_gparams * 1e9;
+            let head = c.head_backward_s(mm, tokens);
+            let b = (c.step_backward_s(mm, tokens) - head) / 4.0;
+            let (a_h, a_b, a_e) = (
+                tables[5].numel() as f64 / r,
+                tables[1].numel() as f64 / r,
+                tables[0].numel() as f64 / r,
+            );
+            let (mut dev, mut host) = (head, head + a_h);
+            for _ in 0..4 {
+                dev += b;
+                host = host.max(dev) + a_b;
+            }
+            c.step_forward_s(mm, tokens) + dev.max(host.max(dev) + a_e)
+        };
+        for rate in [1e-3, 0.05, 4.2, 1e6] {
+            let mm = Machine {
+                adamw_gparams: rate,
+                ..h
+            };
+            for tokens in [64, 4096, 1 << 20] {
+                let want = by_hand(mm, tokens).max(c.step_bus_s(mm));
+                let got = c.step_ordered_s(mm, tokens);
+                assert!(
+                    (got - want).abs() < 1e-12 * want,
+                    "{rate} {tokens}: {got} vs {want}"
+                );
+            }
+        }
+        // AdamW-bound at a few tokens: the forward, the head's backward
+        // and then AdamW, not AdamW alone.
         let slow = Machine {
             adamw_gparams: 1e-3,
             ..h
         };
-        let want = c.step_forward_s(slow, 64) + c.step_adamw_s(slow);
+        let want = c.step_forward_s(slow, 64) + c.head_backward_s(slow, 64) + c.step_adamw_s(slow);
         assert!((c.step_ordered_s(slow, 64) - want).abs() < 1e-12 * want);
+        // With a host that takes no time: the forward and the backward.
+        let fast = Machine {
+            adamw_gparams: 1e9,
+            ..h
+        };
+        let want = (c.step_forward_s(fast, 4096) + c.step_backward_s(fast, 4096)).max(c.step_bus_s(fast));
+        assert!((c.step_ordered_s(fast, 4096) - want).abs() < 1e-6 * want);
     }
 
     /// Carried updates by hand for gpt2-nano's four blocks: the forward
@@ -654,8 +756,10 @@ mod tests {
         let f_b = c.blocks_forward_flops_per_token / 4.0 * tokens as f64 / (slow.gpu_tflops * 1e12);
         let head = c.step_forward_s(slow, tokens) - 4.0 * f_b;
         let forward = a_e + a_b + f_b + 3.0 * f_b + head;
+        // The host, far slower than the device, updates the others one
+        // after another once the head's backward is done.
         let rest = c.step_adamw_s(slow) - a_e - a_b;
-        let want = forward + c.step_backward_s(slow, tokens).max(rest);
+        let want = forward + c.head_backward_s(slow, tokens) + rest;
         let (step, fwd) = c.step_carrying_s(slow, tokens, &first(2));
         assert!((fwd - forward).abs() < 1e-12 * forward);
         assert!((step - want).abs() < 1e-12 * want);
@@ -664,35 +768,39 @@ mod tests {
             c.step_carrying_s(slow, tokens, &first(99)),
             c.step_carrying_s(slow, tokens, &first(5))
         );
-        let (best, order, at) = c.best_carry(slow, tokens, usize::MAX);
+        let (best, order, at) = c.best_carry(slow, tokens, usize::MAX, true);
         assert!(
             best > 0 && at < c.step_ordered_s(slow, tokens),
             "{best} {order} {at}"
         );
         // A spilling tier bounds it by the layers it keeps in RAM, and
         // spreads nothing where it spills a block.
-        let (capped, o, capped_at) = c.best_carry(slow, tokens, 2);
+        let (capped, o, capped_at) = c.best_carry(slow, tokens, 2, true);
         assert!(
             capped <= 2 && o == CarryOrder::First && capped_at > at,
             "{capped} {capped_at}"
         );
-        assert_eq!(c.best_carry(slow, tokens, 0).0, 0);
+        assert_eq!(c.best_carry(slow, tokens, 0, true).0, 0);
         let fast = Machine {
             adamw_gparams: 1e6,
             ..Machine::H100
         };
         let c = bus_cover(&m, 64, TransportDType::F32, fast).unwrap();
-        assert_eq!(c.best_carry(fast, tokens, usize::MAX).0, 0);
+        assert_eq!(c.best_carry(fast, tokens, usize::MAX, true).0, 0);
     }
 
-    /// Qwen2.5-7B at 8×1024 tokens at the rates session 47 measured on the
-    /// H200 (127 TFLOP/s, 4 G parameters/s of AdamW, 48 GB/s), where a
-    /// block's AdamW (58 ms) is longer than its forward (~33 ms): the
-    /// first 15 layers carried make the step longer (the model: 3,331 ms;
-    /// measured 3,356 and 3,365), while 14 blocks spread (every other
-    /// one) keep the forward within one block's update of the plain one
-    /// and take their AdamW out of the backward's, and the search picks
-    /// a spread.
+    /// Qwen2.5-7B at 8×1024 tokens keeping every block, at the rates
+    /// session 47 measured on the H200 (127 TFLOP/s, 4 G parameters/s of
+    /// AdamW, 48 GB/s), where a block's AdamW (58 ms) is longer than its
+    /// forward (~33 ms) and a little shorter than its backward (~66 ms):
+    /// the model's step is within 2 % of the 2,938 ms measured, the first
+    /// 15 layers carried make it longer (the model 3,331 ms; measured 3,356
+    /// and 3,365), and 14 blocks spread (every other one) keep the forward
+    /// within one block's update of the plain one but gain nothing, the
+    /// host keeping up with the backward anyway. At 300 TFLOP/s (the
+    /// kernels issue 12 asks for) the host's AdamW bounds the step: spread
+    /// blocks take it into the forward, and the step falls from 2.36 s to
+    /// about the AdamW's 1.9 s (2.01).
     #[test]
     fn blocks_spread_are_updated_while_the_device_runs_the_ones_between() {
         let q = preset("qwen2.5-7b", None).unwrap();
@@ -704,25 +812,43 @@ mod tests {
         let c = bus_cover_keeping(&q, 1024, TransportDType::F16, (28, 0), h200).unwrap();
         let tokens = 8192;
         let plain = c.step_ordered_s(h200, tokens);
+        assert!((plain / 2.938 - 1.0).abs() < 0.02, "{plain}");
         let (first15, _) = c.step_carrying_s(h200, tokens, &carried_layers(15, CarryOrder::First, 28));
-        assert!(first15 > plain + 0.4, "{first15} vs {plain}");
+        assert!((first15 / 3.356 - 1.0).abs() < 0.02, "{first15}");
         let spread = carried_layers(14, CarryOrder::Spread, 28);
         assert_eq!(spread, (1..=14).map(|j| 2 * j).collect::<Vec<_>>());
         let (step, forward) = c.step_carrying_s(h200, tokens, &spread);
-        let block_adamw = c.block_adamw_s(h200);
         assert!(
-            forward < c.step_forward_s(h200, tokens) + block_adamw,
+            forward < c.step_forward_s(h200, tokens) + c.block_adamw_s(h200),
             "{forward}"
         );
-        // The backward (1.85 s) now covers the rest of the AdamW.
+        assert!((step / plain - 1.0).abs() < 0.02, "{step} vs {plain}");
+        let (_, _, best) = c.best_carry(h200, tokens, usize::MAX, true);
+        assert!(best > plain * 0.99, "{best} vs {plain}");
+
+        let fast = Machine {
+            gpu_tflops: 300.0,
+            ..h200
+        };
+        let plain = c.step_ordered_s(fast, tokens);
+        let adamw = c.step_adamw_s(fast);
+        assert!(plain > adamw + 0.3, "{plain} vs {adamw}");
+        let (step, _) = c.step_carrying_s(fast, tokens, &spread);
+        // 2,355 → 2,006 ms.
         assert!(
-            (step - (forward + c.step_backward_s(h200, tokens))).abs() < 1e-9,
-            "{step}"
+            step < adamw * 1.1 && step < plain * 0.9,
+            "{step} vs {plain}, AdamW {adamw}"
         );
-        assert!(step < plain, "{step} vs {plain}");
-        let (n, order, best) = c.best_carry(h200, tokens, usize::MAX);
-        assert_eq!(order, CarryOrder::Spread, "{n} {best}");
-        assert!(best <= step, "{n} {best} vs {step}");
+        let (first14, _) = c.step_carrying_s(fast, tokens, &carried_layers(14, CarryOrder::First, 28));
+        assert!(first14 > step, "{first14} vs {step}");
+        let (n, order, best) = c.best_carry(fast, tokens, usize::MAX, true);
+        assert!(
+            order == CarryOrder::Spread && best <= step * (1.0 + 1e-9),
+            "{n} {order} {best}"
+        );
+        // Where spreading is not offered (clipping), the first layers.
+        let (n, order, first) = c.best_carry(fast, tokens, usize::MAX, false);
+        assert!(order == CarryOrder::First && first > best, "{n} {first}");
     }
 
     /// Clipping: the norm beside the backward either way; every AdamW after
@@ -835,7 +961,7 @@ mod tests {
         assert_eq!(f.block_bus_bytes, plain.block_bus_bytes);
         assert_eq!(f.batch_to_cover, plain.batch_to_cover);
         // Carrying is not offered beside frozen layers.
-        assert_eq!(f.best_carry(h, 8192, usize::MAX).0, 0);
+        assert_eq!(f.best_carry(h, 8192, usize::MAX, true).0, 0);
         // Kept blocks start at the first trained one at the earliest.
         let kept_all = bus_cover_keeping(&m, 1024, TransportDType::F16, (22, 10), h).unwrap();
         assert_eq!(kept_all.step_bus_bytes, 2 * e + 9 * 2 * n + 13 * 6 * n + 6 * hd);
