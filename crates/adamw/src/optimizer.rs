@@ -45,6 +45,10 @@ pub enum Grad<'a> {
     /// Ours to write: zeroed in the same pass when [`SlabUpdate::zero_grad`]
     /// asks.
     Mut(&'a mut [f32]),
+    /// This many zeros, read from nowhere: the rows of an embedding table
+    /// no token of the step looked up, whose update moves p, m and v by
+    /// the same bits a gradient of zeros read from memory would.
+    Zero(usize),
 }
 
 impl Grad<'_> {
@@ -52,6 +56,7 @@ impl Grad<'_> {
         match self {
             Grad::Read(g) => g.len(),
             Grad::Mut(g) => g.len(),
+            Grad::Zero(n) => *n,
         }
     }
 
@@ -64,6 +69,10 @@ impl Grad<'_> {
         match self {
             Grad::Read(g) => Grad::Read(&g[r]),
             Grad::Mut(g) => Grad::Mut(&mut g[r]),
+            Grad::Zero(n) => {
+                assert!(r.start <= r.end && r.end <= *n, "{r:?} of {n} zeros");
+                Grad::Zero(r.len())
+            }
         }
     }
 }
@@ -79,6 +88,10 @@ impl<'a> Grad<'a> {
             Grad::Mut(g) => {
                 let (a, b) = g.split_at_mut(mid);
                 (Grad::Mut(a), Grad::Mut(b))
+            }
+            Grad::Zero(n) => {
+                assert!(mid <= n, "split at {mid} of {n} zeros");
+                (Grad::Zero(mid), Grad::Zero(n - mid))
             }
         }
     }
@@ -432,10 +445,33 @@ fn run_leaf(job: Job<'_>, mask: &DecayMask, base: &Consts, decayed: &Consts, zer
                 sink_leaf(k, p, g, m, v, &mut t, r);
                 sum_sq += kernel::sum_sq(g);
             }
+            // Zeros from a small block that stays in cache: the update's
+            // memory traffic is p, m, v and the copy only.
+            Grad::Zero(_) => {
+                let mut at = 0;
+                while at < p.len() {
+                    let end = (at + ZEROS.len()).min(p.len());
+                    let l = at..end;
+                    let t_r = r.start + at..r.start + end;
+                    sink_leaf(
+                        k,
+                        &mut p[l.clone()],
+                        &ZEROS[..l.len()],
+                        &mut m[l.clone()],
+                        &mut v[l],
+                        &mut t,
+                        t_r,
+                    );
+                    at = end;
+                }
+            }
         }
     });
     sum_sq
 }
+
+/// What [`Grad::Zero`] reads, a piece at a time.
+static ZEROS: [f32; 4096] = [0.0; 4096];
 
 /// One uniform piece, with the transport copy's sink chosen.
 fn sink_leaf(

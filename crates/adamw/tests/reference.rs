@@ -102,6 +102,60 @@ fn one_step(p0: &[f32], g0: &[f32], transport: Transport<'_>, zero: bool) -> [Ve
     [p, g, m, v]
 }
 
+/// A gradient of zeros read from nowhere ([`Grad::Zero`]: the rows of an
+/// embedding no token looked up) updates p, m, v and every kind of
+/// transport copy to the bits a gradient of zeros in memory does, over a
+/// decay mask, chunk seams and more elements than its block of zeros, and
+/// reports no square.
+#[test]
+fn zero_gradients_update_like_zeros_in_memory() {
+    let n = 9001;
+    let mut r = rng(11);
+    let p0 = params(&mut r, n);
+    let m0 = grads(&mut r, n);
+    let v0: Vec<f32> = grads(&mut r, n).iter().map(|x| x * x).collect();
+    let zeros = vec![0.0f32; n];
+    let mask = DecayMask::from_ranges(n, [0..1000, 1500..8000]).unwrap();
+    for chunk in [333, 100_000] {
+        let opt = AdamW::new(CFG).unwrap().with_chunk_len(chunk);
+        let run = |zero: bool, kind: usize| {
+            let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+            let (mut c16, mut cb, mut c32) = (vec![f16::ZERO; n], vec![bf16::ZERO; n], vec![0.0f32; n]);
+            let transport = match kind {
+                0 => Transport::F16(&mut c16),
+                1 => Transport::Bf16(&mut cb),
+                2 => Transport::F32(&mut c32),
+                _ => Transport::None,
+            };
+            let grad = match zero {
+                true => Grad::Zero(n),
+                false => Grad::Read(&zeros),
+            };
+            let u = SlabUpdate::new(&mut p, grad, &mut m, &mut v)
+                .decay(&mask)
+                .transport(transport)
+                .grad_scale(0.5);
+            let stats = opt.step(&mut SlabState::at_step(5), 1e-3, u).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
+            (
+                stats.grad_sq,
+                bits(&p),
+                bits(&m),
+                bits(&v),
+                c16.iter().map(|c| c.to_bits()).collect::<Vec<_>>(),
+                cb.iter().map(|c| c.to_bits()).collect::<Vec<_>>(),
+                bits(&c32),
+            )
+        };
+        for kind in 0..4 {
+            let (a, b) = (run(true, kind), run(false, kind));
+            assert_eq!(a.0, 0.0);
+            assert!(a == b, "chunk {chunk}, transport {kind}");
+            assert_ne!(a.1, p0.iter().map(|y| y.to_bits()).collect::<Vec<_>>());
+        }
+    }
+}
+
 /// A read-only gradient (what a mapped download hands over) updates p, m, v
 /// and the transport copy to the same bits as an owned one, over a decay
 /// mask and chunk seams; zeroing it is refused before anything is written.

@@ -317,6 +317,7 @@ pub fn train_with<E: Executor>(
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
         carry_order: opts.carry_order,
+        compact_embedding: true,
         frozen_layers: opts.freeze_layers,
         defer_clipped_updates: true,
         dropout: crate::trainer::TrainDropout {

@@ -80,6 +80,17 @@ pub struct TrainerConfig {
     pub carry_layers: usize,
     /// Which layers `carry_layers` are ([`carried_layers`]).
     pub carry_order: CarryOrder,
+    /// An untied embedding table's step takes only the rows its token ids
+    /// look up (`embedding_rows.rs`): those rows go up as a table of their
+    /// own and their gradients alone come down, and the other rows' AdamW
+    /// (from a gradient of zeros) runs while the device computes the
+    /// forward rather than after the whole backward. Where the step's one
+    /// micro-batch updates the embedding from the gradients of its
+    /// lookups: not with gradients held (accumulation, clipping), carried,
+    /// frozen, spilled or reduced across ranks, nor a tied head. On by
+    /// default; results do not depend on it (the gradient norm it reports
+    /// is summed over fewer zeros: within its last bits).
+    pub compact_embedding: bool,
     /// The first this many layers (the embedding, then the blocks in
     /// order; at most all but the head) are not trained: the backward
     /// ends at the first trained layer (no frozen block is uploaded,
@@ -277,6 +288,7 @@ impl Default for TrainerConfig {
             keep_activations: 0,
             carry_layers: 0,
             carry_order: CarryOrder::First,
+            compact_embedding: true,
             frozen_layers: 0,
             defer_clipped_updates: true,
             dropout: TrainDropout::default(),

@@ -44,6 +44,7 @@ mod carry;
 mod config;
 mod decode;
 mod distributed;
+mod embedding_rows;
 mod eval;
 mod handoff;
 mod metrics;
@@ -59,6 +60,7 @@ mod upload;
 
 use update::{GradSquares, HeldNorms};
 
+use std::borrow::Cow;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
@@ -73,6 +75,7 @@ use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
 use carry::{Apply, Carried, Deferred, Rising};
+use embedding_rows::StepRows;
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 use metrics::LossSums;
@@ -83,6 +86,7 @@ use optimizer::{Job, Shared, worker};
 pub(crate) use recompute::Recompute;
 use reduce::{DistState, WorkerReport, dist_worker};
 pub use setup::{init_tier, load_tier, load_tier_for_forwards, new_tier};
+use update::Hyper;
 use upload::{EMBEDDING_SLOT, HEAD_SLOT, Slots};
 pub use upload::{held_bytes, load_layer, upload_layer, uploads_of, weight_uploads};
 
@@ -642,6 +646,28 @@ impl<E: Executor> Trainer<E> {
             grad_sq,
             held_norms: (last && config.grad_clip.is_some() && dist.is_none()).then_some(&*held_norms),
         };
+        // The embedding's rows alone, where its one micro-batch updates it
+        // from its lookups (`embedding_rows.rs`).
+        let step_rows = (config.compact_embedding
+            && first
+            && update
+            && dist.is_none()
+            && config.frozen_layers == 0
+            && carry_set.binary_search(&0).is_err()
+            && embedding_rows::compact_ok(cfg, &tier.layers()[0], &batch.inputs))
+        .then(|| StepRows::of(&batch.inputs));
+        let emb_cfg = match &step_rows {
+            Some(r) => Cow::Owned(r.model(cfg)),
+            None => Cow::Borrowed(cfg),
+        };
+        let ids: &[u32] = step_rows.as_ref().map_or(&batch.inputs, |r| &r.remapped);
+        let emb_hyper = Hyper {
+            adamw,
+            mask: &masks[0],
+            lr,
+            grad_scale: 1.0,
+            grad_sq: Some(&*grad_sq),
+        };
         let (tx, rx) = sync_channel::<Job<'_>>(config.optimizer_queue);
         // The last step's carried updates (and clipped ones), applied as
         // the forward of the step's first micro-batch reaches each layer;
@@ -687,8 +713,17 @@ impl<E: Executor> Trainer<E> {
             // block and what the kept blocks saved.
             let t_fwd = Instant::now();
             rising.settle_through(ex, 0, h.remaining, &apply, m)?;
-            let emb_w = load(EMBEDDING_SLOT, &h.remaining[0], m)?;
-            let mut x = embedding_forward(cfg, ex, &emb_w, &batch.inputs, b, t, rows)?;
+            let emb_w = match &step_rows {
+                Some(r) => {
+                    let t = Instant::now();
+                    let (w, bytes) = r.upload(ex, &h.remaining[0])?;
+                    m.upload_ms += ms(t);
+                    m.bytes_uploaded += bytes;
+                    vec![w]
+                }
+                None => load(EMBEDDING_SLOT, &h.remaining[0], m)?,
+            };
+            let mut x = embedding_forward(&emb_cfg, ex, &emb_w, ids, b, t, rows)?;
             // The embedding backward reads only the tables' shapes: unless a
             // tied head reads them, free them now (on an executor whose
             // tensors are host memory they are the vocabulary's size; a
@@ -762,6 +797,14 @@ impl<E: Executor> Trainer<E> {
             } = head;
             h.push(grads, m)?;
             m.loss_ms += ms(t_loss);
+            // The rows no token looked up: their AdamW needs no gradient,
+            // and the device has the forward and the head to run meanwhile.
+            if let Some(r) = &step_rows {
+                ex.flush();
+                let t = Instant::now();
+                r.update_untouched(&mut h.remaining[0], &emb_hyper)?;
+                m.optimizer_ms += ms(t);
+            }
 
             // 3. Backward, last block first: the kept blocks on the weights
             // and activations their forward left, then the rest K at a
@@ -800,13 +843,35 @@ impl<E: Executor> Trainer<E> {
             }
             // A frozen embedding's gradient (a tied head's too) goes
             // nowhere.
+            let mut looked_up = None;
             if frozen == 0 {
-                let grads =
-                    embedding_grads(cfg, ex, &emb_shapes, &batch.inputs, (b, t, rows), &dx, tied_grad)?;
-                h.push(grads, m)?;
+                let grads = embedding_grads(&emb_cfg, ex, &emb_shapes, ids, (b, t, rows), &dx, tied_grad)?;
+                match step_rows {
+                    Some(_) => looked_up = Some(grads),
+                    None => h.push(grads, m)?,
+                }
             }
             drop((dx, emb_w));
             h.flush(m)?;
+            // The looked-up rows' gradients, after the other layers'.
+            if let (Some(r), Some(g)) = (&step_rows, looked_up) {
+                let t = Instant::now();
+                let g = match &g[..] {
+                    [g] => ex.download(g)?,
+                    _ => {
+                        return Err(TrainError::Internal(
+                            "the embedding's rows: not one gradient".into(),
+                        ));
+                    }
+                };
+                m.download_ms += ms(t);
+                m.bytes_downloaded += 4 * g.numel() as u64;
+                let t = Instant::now();
+                r.update_touched(&mut h.remaining[0], g.as_f32()?, &emb_hyper)?;
+                let busy = ms(t);
+                m.optimizer_ms += busy;
+                m.optimizer_wait_ms += busy;
+            }
             let sums = LossSums {
                 cross_entropy: sum_losses(ex, &losses)?,
                 aux: aux.map_or(0.0, |a| a.loss),
