@@ -361,6 +361,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         (input.keep_activations, a.freeze_layers),
         machine,
     ) {
+        // The embedding's looked-up rows alone, where `train` takes them.
+        let c = match !model.tie_word_embeddings
+            && model.layer_tables()[0].len() == 1
+            && carried.first() != Some(&0)
+            && !a.hold_grads
+            && a.ranks == 1
+        {
+            true => c.looking_up((a.batch * a.seq_len) as u64),
+            false => c,
+        };
         let ups = if input.keep_activations == model.num_layers {
             "once"
         } else {
@@ -508,10 +518,16 @@ fn print_cover(
     } else {
         ""
     };
+    let embedding = match c.embedding_rows {
+        Some(rows) => format!(
+            "the embedding's {rows} rows a step looks up after the whole backward, its others' beside the forward"
+        ),
+        None => "the embedding's after the whole backward".to_string(),
+    };
     println!(
         "  in order (a layer's AdamW needs its gradients, and every update ends before the next step's \
-         forward, so AdamW overlaps only the backward: the head's after its backward, the embedding's after \
-         the whole backward): forward {:.1} ms + (backward {:.1} ms{recomputed}, and AdamW {:.1} ms beside it: \
+         forward, so AdamW overlaps only the backward: the head's after its backward, {embedding}): \
+         forward {:.1} ms + (backward {:.1} ms{recomputed}, and AdamW {:.1} ms beside it: \
          {:.1} ms) = {:.1} ms, {:.0} tokens/s at best",
         ms(c.step_forward_s(m, tokens)),
         ms(c.step_backward_s(m, tokens)),
