@@ -441,6 +441,15 @@ second)
     # memory for their f32 gradients). Its "fwd ms (carried)" says what the
     # forward took on, "opt wait ms" what the backward no longer waits.
     if [ -n "${KEEP_FLAGS:-}" ]; then
+        # The embedding's looked-up rows alone are the default since
+        # session 48 (59 MB up, 117 MB down and ~130 ms of AdamW off the
+        # step's end for Qwen2.5-7B, by the plan): the whole table, as
+        # before, for the same run's ratio.
+        # shellcheck disable=SC2086
+        MEGATRAIN_EMBEDDING=whole timeout "$(left 100)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 \
+            --steps 3 --warmup 1 --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} \
+            --json "$OUT/anchor-qwen-whole.json" >"$OUT/anchor-qwen-whole.log" 2>&1
+        rows "qwen anchor, MEGATRAIN_EMBEDDING=whole (rc $?; ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-})" "$OUT/anchor-qwen-whole.log"
         # shellcheck disable=SC2086
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 3 --warmup 1 \
             --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --carry-layers 14 --carry-order spread \

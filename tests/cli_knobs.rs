@@ -652,3 +652,48 @@ fn dropout_is_taken_from_the_models_config() {
         &["config.json", "embd_pdrop 0.2 and resid_pdrop 0.1 differ"],
     );
 }
+
+/// `MEGATRAIN_EMBEDDING`: an untied embedding's step on the rows its ids
+/// look up (`rows`, the default) or on the whole table (`whole`) saves the
+/// same checkpoint byte for byte; another value is refused by name before
+/// the run writes anything.
+#[test]
+fn the_embeddings_rows_alone_train_as_the_whole_table_through_the_binary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let data = corpus(t);
+    let train = |out: &str, embedding: &str| {
+        let out = t.join(out);
+        let mut a = vec![
+            "train",
+            "--preset",
+            "llama-tiny",
+            "--data",
+            s(&data),
+            "--out",
+            s(&out),
+            "--device",
+            "cpu",
+        ];
+        a.extend_from_slice(&SHORT);
+        common::cli::bin()
+            .args(&a)
+            .env(megatrain::trainer::EMBEDDING_ENV, embedding)
+            .output()
+            .unwrap()
+    };
+    let rows = final_loss(&train("rows", "rows"));
+    let whole = final_loss(&train("whole", "whole"));
+    assert_eq!(rows, whole);
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let read = |run: &str| std::fs::read(t.join(run).join("ckpt-2").join(file)).unwrap();
+        assert!(read("rows") == read("whole"), "{file} differs");
+    }
+    let out = train("bogus", "columns");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("MEGATRAIN_EMBEDDING=columns: expected rows or whole"),
+        "{err}"
+    );
+    assert!(!t.join("bogus").join("ckpt-2").exists());
+}

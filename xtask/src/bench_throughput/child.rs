@@ -132,6 +132,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
     let tier_report = tier.report();
     let tier_ram = tier_report.ram.total();
     let mut config = TrainerConfig {
+        compact_embedding: megatrain::trainer::compact_embedding_from_env()?,
         checkpoint_every: spec.checkpoint_every,
         chunk_rows: megatrain_zoo::default_chunk_rows(model.vocab_size, ex.logits_chunk_bytes()),
         adamw: AdamWConfig::default(),

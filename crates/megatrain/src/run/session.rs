@@ -317,7 +317,7 @@ pub fn train_with<E: Executor>(
         keep_activations: kept.blocks,
         carry_layers: opts.carry_layers,
         carry_order: opts.carry_order,
-        compact_embedding: true,
+        compact_embedding: crate::trainer::compact_embedding_from_env()?,
         frozen_layers: opts.freeze_layers,
         defer_clipped_updates: true,
         dropout: crate::trainer::TrainDropout {

@@ -128,6 +128,24 @@ pub struct TrainerConfig {
     pub label_smoothing: f32,
 }
 
+/// `rows` (the default) or `whole`: whether an untied embedding's step
+/// takes only the rows its ids look up or the whole table
+/// ([`TrainerConfig::compact_embedding`]), for timing the two on one
+/// machine (no value changes).
+pub const EMBEDDING_ENV: &str = "MEGATRAIN_EMBEDDING";
+
+/// [`TrainerConfig::compact_embedding`] as [`EMBEDDING_ENV`] says (on where
+/// unset); another value is refused by name.
+pub fn compact_embedding_from_env() -> Result<bool, super::TrainError> {
+    match std::env::var(EMBEDDING_ENV).as_deref() {
+        Err(_) | Ok("rows") => Ok(true),
+        Ok("whole") => Ok(false),
+        Ok(other) => Err(super::TrainError::Config(format!(
+            "{EMBEDDING_ENV}={other}: expected rows or whole"
+        ))),
+    }
+}
+
 /// Which layers [`TrainerConfig::carry_layers`] carries.
 ///
 /// The next forward runs the carried updates one after another on the

@@ -110,8 +110,8 @@ pub type Result<T, E = TrainError> = std::result::Result<T, E>;
 
 pub(crate) use config::spill_aligned;
 pub use config::{
-    CarryOrder, DEFAULT_OPTIMIZER_QUEUE, DEFAULT_TRANSFER_CHUNK, TrainDropout, TrainerConfig, carried_layers,
-    transfer_chunk_for,
+    CarryOrder, DEFAULT_OPTIMIZER_QUEUE, DEFAULT_TRANSFER_CHUNK, EMBEDDING_ENV, TrainDropout, TrainerConfig,
+    carried_layers, compact_embedding_from_env, transfer_chunk_for,
 };
 
 /// Streams a model held in a [`HostTier`] through an [`Executor`].
