@@ -9,7 +9,7 @@ use megatrain_tensor::Executor;
 use megatrain_tier::{AlignedBuf, Gathered, HostTier, LayerSlab, Shard, SpillWindow, TierError};
 
 use super::reduce::{DistState, Gather};
-use super::update::{Hyper, Part, PartGrad, update_part};
+use super::update::{Hyper, Part, update_part};
 use super::{Result, StepMetrics, TrainError, Trainer, ms};
 use crate::dist::DistConfig;
 
@@ -269,7 +269,7 @@ pub(super) fn update_clipped(
     };
     let i = slab.index();
     let part = Part {
-        grad: PartGrad::Held,
+        grad: None,
         r: d.own(i),
         zero: 0..numel,
         ends: true,

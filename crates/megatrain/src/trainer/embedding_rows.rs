@@ -18,11 +18,14 @@
 
 use std::ops::Range;
 
+use megatrain_adamw::{Grad, SlabState, SlabUpdate};
 use megatrain_tensor::{Executor, HostSlice, Shape, WeightUpload, upload_weight};
-use megatrain_tier::{LayerSlab, TransportRef};
+use megatrain_tier::{LayerSlab, TransportMut, TransportRef};
 use megatrain_zoo::ModelConfig;
+use rayon::prelude::*;
 
-use super::update::{Hyper, Part, PartGrad, update_part};
+use super::optimizer::part_mask;
+use super::update::{Hyper, adamw_transport};
 use super::upload::weight_uploads;
 use super::{Result, TrainError};
 
@@ -129,7 +132,6 @@ impl StepRows {
     /// zeros: the step count stays for [`StepRows::update_touched`].
     pub fn update_untouched(&self, slab: &mut LayerSlab, h: &Hyper<'_>) -> Result<()> {
         let (c, rows) = table_dims(slab)?;
-        let numel = slab.numel();
         let mut from = 0;
         let mut gaps = Vec::new();
         for (r, _) in self.runs() {
@@ -137,22 +139,16 @@ impl StepRows {
             from = r.end;
         }
         gaps.push(from..rows);
-        for g in gaps.into_iter().filter(|g| !g.is_empty()) {
-            let r = g.start * c..g.end * c;
-            let part = Part {
-                grad: PartGrad::Zero,
-                zero: r.clone(),
-                r,
-                ends: false,
-            };
-            update_part(slab, part, None, *h)?;
-        }
-        debug_assert_eq!(numel, rows * c);
-        Ok(())
+        let gaps = gaps
+            .into_iter()
+            .filter(|g| !g.is_empty())
+            .map(|g| (g.start * c..g.end * c, None))
+            .collect();
+        update_runs(slab, gaps, h, false)
     }
 
     /// AdamW on the rows among the ids from `grad`, their gradients
-    /// (`[ids.len(), C]`), moving the step count once, with the last run.
+    /// (`[ids.len(), C]`), moving the step count once.
     pub fn update_touched(&self, slab: &mut LayerSlab, grad: &[f32], h: &Hyper<'_>) -> Result<()> {
         let (c, _) = table_dims(slab)?;
         if grad.len() != self.ids.len() * c {
@@ -163,20 +159,105 @@ impl StepRows {
                 self.ids.len()
             )));
         }
-        let runs = self.runs();
-        let n = runs.len();
-        for (k, (rows, at)) in runs.into_iter().enumerate() {
-            let r = rows.start * c..rows.end * c;
-            let g = &grad[at * c..(at + rows.len()) * c];
-            let part = Part {
-                grad: PartGrad::Landed(g),
-                zero: r.clone(),
-                r,
-                ends: k + 1 == n,
-            };
-            update_part(slab, part, None, *h)?;
+        let runs = self
+            .runs()
+            .into_iter()
+            .map(|(rows, at)| {
+                (
+                    rows.start * c..rows.end * c,
+                    Some(&grad[at * c..(at + rows.len()) * c]),
+                )
+            })
+            .collect();
+        update_runs(slab, runs, h, true)
+    }
+}
+
+/// AdamW on each of `runs` of `slab`'s elements (ascending, disjoint) from
+/// its gradient (`None`: zeros read from nowhere), the runs side by side
+/// on the rayon pool (a step's ids are thousands of short runs: one update
+/// each, one after another, would spend more time starting them than
+/// updating), the squares summed in the runs' order. With `ends` the
+/// layer's step count then moves on, once.
+fn update_runs(
+    slab: &mut LayerSlab,
+    runs: Vec<(Range<usize>, Option<&[f32]>)>,
+    h: &Hyper<'_>,
+    ends: bool,
+) -> Result<()> {
+    let (index, numel) = (slab.index(), slab.numel());
+    if !matches!(slab.transport_writes(), [w] if *w == (0..numel)) {
+        return Err(TrainError::Internal(format!(
+            "layer {index}: the embedding's rows alone with a transport copy shared by ranks"
+        )));
+    }
+    let parts = slab.parts_mut();
+    let step = parts.step;
+    let (mut p, mut m, mut v, mut t) = (parts.params, parts.m, parts.v, parts.transport);
+    let mut at = 0;
+    let mut tasks = Vec::with_capacity(runs.len());
+    for (r, g) in runs {
+        if r.start < at || r.end > numel || g.is_some_and(|g| g.len() != r.len()) {
+            return Err(TrainError::Internal(format!(
+                "layer {index}: run {r:?} of {numel} after element {at}"
+            )));
         }
-        Ok(())
+        let skip = r.start - at;
+        let (_, rest) = std::mem::take(&mut p).split_at_mut(skip);
+        let (pr, rest) = rest.split_at_mut(r.len());
+        p = rest;
+        let (_, rest) = std::mem::take(&mut m).split_at_mut(skip);
+        let (mr, rest) = rest.split_at_mut(r.len());
+        m = rest;
+        let (_, rest) = std::mem::take(&mut v).split_at_mut(skip);
+        let (vr, rest) = rest.split_at_mut(r.len());
+        v = rest;
+        let (_, rest) = split_transport(t, skip);
+        let (tr, rest) = split_transport(rest, r.len());
+        t = rest;
+        at = r.end;
+        tasks.push((r, g, pr, mr, vr, tr));
+    }
+    let at_step = *step;
+    let squares = tasks
+        .into_par_iter()
+        .map(|(r, g, p, m, v, mut t)| {
+            let mask = part_mask(h.mask, r.clone(), numel)?;
+            let grad = match g {
+                Some(g) => Grad::Read(g),
+                None => Grad::Zero(r.len()),
+            };
+            let u = SlabUpdate::new(p, grad, m, v)
+                .decay(&mask)
+                .grad_scale(h.grad_scale)
+                .transport(adamw_transport(&mut t, 0..r.len()));
+            Ok(h.adamw.step(&mut SlabState::at_step(at_step), h.lr, u)?.grad_sq)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    if let Some(g) = h.grad_sq {
+        g.add(index, squares.iter().sum());
+    }
+    if ends {
+        *step += 1;
+    }
+    Ok(())
+}
+
+/// The transport copy before element `mid` and from it.
+fn split_transport(t: TransportMut<'_>, mid: usize) -> (TransportMut<'_>, TransportMut<'_>) {
+    match t {
+        TransportMut::F32(t) => {
+            let (a, b) = t.split_at_mut(mid);
+            (TransportMut::F32(a), TransportMut::F32(b))
+        }
+        TransportMut::BF16(t) => {
+            let (a, b) = t.split_at_mut(mid);
+            (TransportMut::BF16(a), TransportMut::BF16(b))
+        }
+        TransportMut::F16(t) => {
+            let (a, b) = t.split_at_mut(mid);
+            (TransportMut::F16(a), TransportMut::F16(b))
+        }
     }
 }
 

@@ -41,7 +41,7 @@ use megatrain_tier::LayerSlab;
 use megatrain_tier::shard::layer_ranges;
 
 use super::optimizer::{Grads, Job, Shared, accumulate};
-use super::update::{Part, PartGrad, update_part};
+use super::update::{Part, update_part};
 use super::{TrainError, ms};
 use crate::dist::{Collective, DistConfig, InFlight, chunk_ranges};
 
@@ -449,7 +449,7 @@ impl<'a> DistWorker<'a, '_> {
         let h = sh.hyper(&sh.masks[index]);
         let result = if sharded {
             let part = Part {
-                grad: PartGrad::Landed(&recv),
+                grad: Some(&recv),
                 r: own.clone(),
                 zero: chunk.clone(),
                 ends,
@@ -467,7 +467,7 @@ impl<'a> DistWorker<'a, '_> {
                 None => Some(&recv[..]),
             };
             let part = Part {
-                grad: grad.into(),
+                grad,
                 r: chunk.clone(),
                 zero: chunk.clone(),
                 ends,

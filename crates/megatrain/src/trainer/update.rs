@@ -15,8 +15,10 @@ use crate::dist::Elem;
 
 /// What [`update_part`] is asked to do to one layer.
 pub(super) struct Part<'g> {
-    /// The gradient of exactly elements `r`.
-    pub grad: PartGrad<'g>,
+    /// The summed gradient of exactly elements `r` (read only: where it
+    /// landed, or a reduction's receive buffer), or `None` for the layer's
+    /// held gradient.
+    pub grad: Option<&'g [f32]>,
     /// The elements updated (possibly none: a rank's shard may miss a
     /// chunk).
     pub r: Range<usize>,
@@ -30,32 +32,12 @@ pub(super) struct Part<'g> {
     pub ends: bool,
 }
 
-/// Where a [`Part`]'s gradient is.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum PartGrad<'g> {
-    /// The summed gradient, read only: where it landed, or a reduction's
-    /// receive buffer.
-    Landed(&'g [f32]),
-    /// The layer's held gradient.
-    Held,
-    /// Zeros, read from nowhere: embedding rows no token of the step
-    /// looked up (`embedding_rows.rs`).
-    Zero,
-}
-
-impl<'g> From<Option<&'g [f32]>> for PartGrad<'g> {
-    /// `Some`: landed; `None`: held.
-    fn from(g: Option<&'g [f32]>) -> Self {
-        g.map_or(PartGrad::Held, PartGrad::Landed)
-    }
-}
-
 impl<'g> Part<'g> {
     /// Elements `r` of a layer of `numel` elements, ending it where they
     /// reach its end.
-    pub fn of(numel: usize, grad: impl Into<PartGrad<'g>>, r: Range<usize>) -> Part<'g> {
+    pub fn of(numel: usize, grad: Option<&'g [f32]>, r: Range<usize>) -> Part<'g> {
         Part {
-            grad: grad.into(),
+            grad,
             ends: r.end == numel,
             zero: r.clone(),
             r,
@@ -89,7 +71,7 @@ impl GradSquares {
         v.resize(layers, 0.0);
     }
 
-    fn add(&self, layer: usize, x: f64) {
+    pub(super) fn add(&self, layer: usize, x: f64) {
         let mut v = self.0.lock().expect("grad squares poisoned");
         if let Some(s) = v.get_mut(layer) {
             *s += x;
@@ -214,10 +196,9 @@ pub(super) fn update_part(
         // The held gradient is ours to zero as the update reads it.
         let (mut g, fused) = match (grad, held.as_deref_mut()) {
             _ if r.is_empty() => (None, false),
-            (PartGrad::Landed(g), _) => (Some(Grad::Read(g)), false),
-            (PartGrad::Zero, _) => (Some(Grad::Zero(r.len())), false),
-            (PartGrad::Held, Some(h)) => (Some(Grad::Mut(&mut h[local(&r)])), true),
-            (PartGrad::Held, None) => {
+            (Some(g), _) => (Some(Grad::Read(g)), false),
+            (None, Some(h)) => (Some(Grad::Mut(&mut h[local(&r)])), true),
+            (None, None) => {
                 return Err(TrainError::Internal(format!(
                     "layer {index}: no gradient to apply"
                 )));
