@@ -27,6 +27,10 @@
 //! backward (a tied head reads them too) and the head runs its backward
 //! right after its forward, so those two layers cross the bus once per
 //! micro-batch; so do the kept blocks, and every other block crosses twice.
+//! An untied embedding's step takes only the rows its ids look up
+//! ([`TrainerConfig::compact_embedding`], `embedding_rows.rs`): they alone
+//! cross, and the other rows' update runs while the device computes the
+//! forward.
 //!
 //! Layers go into fixed weight slots of the executor (embedding, head, and
 //! K + 1 for blocks) so a device reuses their residences; see `Slots` in
