@@ -54,6 +54,9 @@ fn trainer_on<E: Executor>(
         // The reference puts layers back after each step: its updates
         // must all be done by then.
         defer_clipped_updates: false,
+        // Whole tables up and down, a frozen embedding's as a trained
+        // one's (tests/embedding_rows.rs takes the rows looked up alone).
+        compact_embedding: false,
         ..common::k2_config(clip)
     };
     common::trainer(ex, model, tier, 5, config)

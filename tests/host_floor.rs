@@ -204,7 +204,9 @@ fn gradients_read_in_place_make_no_buffer_once_warm() {
             d.buffers_created, 0,
             "queue {queue}: buffers made once warm: {d:?}"
         );
-        assert!(d.downloads > 4 * 3 * 40, "queue {queue}: {d:?}");
+        // Dozens of chunks a layer: the blocks' and the head's (the
+        // embedding's looked-up rows come down whole).
+        assert!(d.downloads > 4 * 100, "queue {queue}: {d:?}");
         assert_eq!(d.downloads_in_place, d.downloads, "queue {queue}: {d:?}");
         assert_eq!(tr.staging_bytes(), 0, "queue {queue}");
     }

@@ -482,7 +482,14 @@ fn label_smoothing_is_reported_and_joins_the_gradient() {
 #[test]
 fn blocks_cross_twice_embedding_and_head_once() {
     let model = common::llama_tiny(3);
-    let mut t = trainer(&model, 2, false, None);
+    // The whole embedding table (tests/embedding_rows.rs takes the rows
+    // looked up alone).
+    let config = TrainerConfig {
+        checkpoint_every: 2,
+        compact_embedding: false,
+        ..TrainerConfig::default()
+    };
+    let mut t = trainer_with(&model, config, false);
     let m = t.step(&[TRAINER_STREAM.batch(256, 0, 1, 8)], 1e-3).unwrap();
     let sizes: Vec<u64> = t.tier().layers().iter().map(|s| 4 * s.numel() as u64).collect();
     let (emb, head) = (sizes[0], *sizes.last().unwrap());
@@ -503,6 +510,7 @@ fn bf16_transport_counts_the_bytes_the_executor_holds() {
     for model in [common::llama_tiny(3), gpt2_nano(65)] {
         let config = TrainerConfig {
             checkpoint_every: 2,
+            compact_embedding: false,
             ..TrainerConfig::default()
         };
         let tier = common::copies(TransportDType::BF16);

@@ -49,6 +49,18 @@ fn trainer_in_flight<E: Executor>(
     chunk: usize,
     chunks_in_flight: usize,
 ) -> Trainer<E> {
+    trainer_config(ex, model, case, (chunk, chunks_in_flight), true)
+}
+
+/// [`trainer_in_flight`], the embedding's looked-up rows alone or not
+/// (`compact`; the transfer-only mode moves the whole table).
+fn trainer_config<E: Executor>(
+    ex: E,
+    model: &ModelConfig,
+    case: Case,
+    (chunk, chunks_in_flight): (usize, usize),
+    compact: bool,
+) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: case.micro > 1 || case.clip.is_some(),
@@ -57,6 +69,7 @@ fn trainer_in_flight<E: Executor>(
     let config = TrainerConfig {
         transfer_chunk: chunk,
         chunks_in_flight,
+        compact_embedding: compact,
         ..common::k2_config(case.clip)
     };
     common::trainer(ex, model, tier, 5, config)
@@ -207,7 +220,7 @@ fn transfer_only_moves_a_steps_bytes<E: Executor>(make: impl Fn() -> E, check: i
     let [model, _] = models(false);
     // (chunk, chunks of a layer in flight): the default's few, and all.
     for (chunk, in_flight) in [(CHUNK, 2), (WHOLE, 2), (CHUNK, 0)] {
-        let mut t = trainer_in_flight(make(), &model, case, chunk, in_flight);
+        let mut t = trainer_config(make(), &model, case, (chunk, in_flight), false);
         let moved = t.transfer_only().unwrap();
         check(t.executor());
         let step = t

@@ -36,10 +36,16 @@ pub(super) struct StepRows {
     pub ids: Vec<u32>,
     /// Each input's index in `ids`: the compact table's ids.
     pub remapped: Vec<u32>,
+    /// The compact table's rows: as many as the step has inputs (or the
+    /// vocabulary rows, if fewer), the ids' first and zeros after, so that
+    /// every step asks the executor for the same shapes (its buffers and
+    /// bind groups reused, not made per step).
+    pub rows: usize,
 }
 
 impl StepRows {
-    pub fn of(inputs: &[u32]) -> Self {
+    /// The rows `inputs` look up in a table of `vocab` rows.
+    pub fn of(inputs: &[u32], vocab: usize) -> Self {
         let mut ids = inputs.to_vec();
         ids.sort_unstable();
         ids.dedup();
@@ -47,7 +53,8 @@ impl StepRows {
             .iter()
             .map(|i| ids.binary_search(i).expect("every input is among the ids") as u32)
             .collect();
-        StepRows { ids, remapped }
+        let rows = inputs.len().min(vocab).max(ids.len());
+        StepRows { ids, remapped, rows }
     }
 
     /// `cfg` as the compact table sees it: the pad token (whose row the
@@ -76,13 +83,13 @@ impl StepRows {
     }
 
     /// Uploads the rows `ids` of `slab`'s transport copy (its one tensor,
-    /// `[V, C]`) as one `[ids.len(), C]` table, in the dtype a whole load
-    /// would hold it. Returns it and the bytes uploaded.
+    /// `[V, C]`) as one `[rows, C]` table (zeros past the ids'), in the
+    /// dtype a whole load would hold it. Returns it and the bytes uploaded.
     pub fn upload<E: Executor>(&self, ex: &E, slab: &LayerSlab) -> Result<(E::Tensor, u64)> {
         let table = slab.table();
         let (c, whole) = table_dims(slab)?;
         let dtype = weight_uploads(slab)[0].dtype;
-        let shape = Shape::from(&[self.ids.len(), c][..]);
+        let shape = Shape::from(&[self.rows, c][..]);
         let runs = self.runs();
         if let Some((r, _)) = runs.last().filter(|(r, _)| r.end > whole) {
             return Err(TrainError::Internal(format!(
@@ -91,14 +98,23 @@ impl StepRows {
                 table.iter().next().map_or("", |p| p.name.as_str())
             )));
         }
-        fn gather<T: Copy>(all: &[T], runs: &[(Range<usize>, usize)], c: usize) -> Vec<T> {
-            runs.iter()
+        let n = self.rows * c;
+        fn gather<T: Copy + Default>(
+            all: &[T],
+            runs: &[(Range<usize>, usize)],
+            c: usize,
+            n: usize,
+        ) -> Vec<T> {
+            let mut v: Vec<T> = runs
+                .iter()
                 .flat_map(|(r, _)| all[r.start * c..r.end * c].iter().copied())
-                .collect()
+                .collect();
+            v.resize(n, T::default());
+            v
         }
         let (t, bytes) = match slab.transport() {
             TransportRef::F32(all) => {
-                let rows = gather(all, &runs, c);
+                let rows = gather(all, &runs, c, n);
                 let w = WeightUpload {
                     shape: &shape,
                     data: HostSlice::F32(&rows),
@@ -107,7 +123,7 @@ impl StepRows {
                 (upload_weight(ex, &w)?, 4 * rows.len() as u64)
             }
             TransportRef::BF16(all) => {
-                let rows = gather(all, &runs, c);
+                let rows = gather(all, &runs, c, n);
                 let w = WeightUpload {
                     shape: &shape,
                     data: HostSlice::BF16(&rows),
@@ -116,7 +132,7 @@ impl StepRows {
                 (upload_weight(ex, &w)?, 2 * rows.len() as u64)
             }
             TransportRef::F16(all) => {
-                let rows = gather(all, &runs, c);
+                let rows = gather(all, &runs, c, n);
                 let w = WeightUpload {
                     shape: &shape,
                     data: HostSlice::F16(&rows),
@@ -147,16 +163,16 @@ impl StepRows {
         update_runs(slab, gaps, h, false)
     }
 
-    /// AdamW on the rows among the ids from `grad`, their gradients
-    /// (`[ids.len(), C]`), moving the step count once.
+    /// AdamW on the rows among the ids from `grad`, the compact table's
+    /// gradients (`[rows, C]`, the ids' first), moving the step count once.
     pub fn update_touched(&self, slab: &mut LayerSlab, grad: &[f32], h: &Hyper<'_>) -> Result<()> {
         let (c, _) = table_dims(slab)?;
-        if grad.len() != self.ids.len() * c {
+        if grad.len() != self.rows * c {
             return Err(TrainError::Internal(format!(
                 "layer {}: {} gradients for {} rows of {c}",
                 slab.index(),
                 grad.len(),
-                self.ids.len()
+                self.rows
             )));
         }
         let runs = self
@@ -292,10 +308,13 @@ mod tests {
 
     #[test]
     fn ids_are_sorted_distinct_and_runs_are_consecutive() {
-        let r = StepRows::of(&[7, 3, 4, 7, 9, 3, 5]);
+        let r = StepRows::of(&[7, 3, 4, 7, 9, 3, 5], 10);
         assert_eq!(r.ids, [3, 4, 5, 7, 9]);
         assert_eq!(r.remapped, [3, 0, 1, 3, 4, 0, 2]);
         assert_eq!(r.runs(), [(3..6, 0), (7..8, 3), (9..10, 4)]);
-        assert!(StepRows::of(&[]).runs().is_empty());
+        // As many rows as inputs, at most the vocabulary's.
+        assert_eq!(r.rows, 7);
+        assert_eq!(StepRows::of(&[7, 3, 4, 7, 9, 3, 5], 6).rows, 6);
+        assert!(StepRows::of(&[], 10).runs().is_empty());
     }
 }

@@ -659,7 +659,7 @@ impl<E: Executor> Trainer<E> {
             && config.frozen_layers == 0
             && carry_set.binary_search(&0).is_err()
             && embedding_rows::compact_ok(cfg, &tier.layers()[0], &batch.inputs))
-        .then(|| StepRows::of(&batch.inputs));
+        .then(|| StepRows::of(&batch.inputs, cfg.vocab_size));
         let emb_cfg = match &step_rows {
             Some(r) => Cow::Owned(r.model(cfg)),
             None => Cow::Borrowed(cfg),
