@@ -112,35 +112,31 @@ impl StepRows {
             v.resize(n, T::default());
             v
         }
-        let (t, bytes) = match slab.transport() {
+        // Each arm gathers into its own buffer; one upload takes it.
+        let (f32s, bf16s, f16s);
+        let data = match slab.transport() {
             TransportRef::F32(all) => {
-                let rows = gather(all, &runs, c, n);
-                let w = WeightUpload {
-                    shape: &shape,
-                    data: HostSlice::F32(&rows),
-                    dtype,
-                };
-                (upload_weight(ex, &w)?, 4 * rows.len() as u64)
+                f32s = gather(all, &runs, c, n);
+                HostSlice::F32(&f32s)
             }
             TransportRef::BF16(all) => {
-                let rows = gather(all, &runs, c, n);
-                let w = WeightUpload {
-                    shape: &shape,
-                    data: HostSlice::BF16(&rows),
-                    dtype,
-                };
-                (upload_weight(ex, &w)?, 2 * rows.len() as u64)
+                bf16s = gather(all, &runs, c, n);
+                HostSlice::BF16(&bf16s)
             }
             TransportRef::F16(all) => {
-                let rows = gather(all, &runs, c, n);
-                let w = WeightUpload {
-                    shape: &shape,
-                    data: HostSlice::F16(&rows),
-                    dtype,
-                };
-                (upload_weight(ex, &w)?, 2 * rows.len() as u64)
+                f16s = gather(all, &runs, c, n);
+                HostSlice::F16(&f16s)
             }
         };
+        let bytes = (data.len() * data.dtype().size_in_bytes()) as u64;
+        let t = upload_weight(
+            ex,
+            &WeightUpload {
+                shape: &shape,
+                data,
+                dtype,
+            },
+        )?;
         Ok((t, bytes))
     }
 
