@@ -13,8 +13,8 @@
 //! 117 MB of gradients down instead of 2.2 GB, and about 130 ms of the
 //! host's AdamW moved off the step's end. The same bits either way:
 //! AdamW is elementwise, a zero read from nowhere is the zero the scatter
-//! would have left ([`megatrain_adamw::Grad::Zero`]), and the rows move
-//! their step count once, with the last touched run.
+//! would have left ([`megatrain_adamw::Grad::Zero`]), and the layer's
+//! step count (bias correction) moves once, after its looked-up rows.
 
 use std::ops::Range;
 
