@@ -49,18 +49,6 @@ fn trainer_in_flight<E: Executor>(
     chunk: usize,
     chunks_in_flight: usize,
 ) -> Trainer<E> {
-    trainer_config(ex, model, case, (chunk, chunks_in_flight), true)
-}
-
-/// [`trainer_in_flight`], the embedding's looked-up rows alone or not
-/// (`compact`; the transfer-only mode moves the whole table).
-fn trainer_config<E: Executor>(
-    ex: E,
-    model: &ModelConfig,
-    case: Case,
-    (chunk, chunks_in_flight): (usize, usize),
-    compact: bool,
-) -> Trainer<E> {
     let tier = TierConfig {
         transport: case.transport,
         hold_grads: case.micro > 1 || case.clip.is_some(),
@@ -69,7 +57,6 @@ fn trainer_config<E: Executor>(
     let config = TrainerConfig {
         transfer_chunk: chunk,
         chunks_in_flight,
-        compact_embedding: compact,
         ..common::k2_config(case.clip)
     };
     common::trainer(ex, model, tier, 5, config)
@@ -220,8 +207,9 @@ fn transfer_only_moves_a_steps_bytes<E: Executor>(make: impl Fn() -> E, check: i
     let [model, _] = models(false);
     // (chunk, chunks of a layer in flight): the default's few, and all.
     for (chunk, in_flight) in [(CHUNK, 2), (WHOLE, 2), (CHUNK, 0)] {
-        let mut t = trainer_config(make(), &model, case, (chunk, in_flight), false);
-        let moved = t.transfer_only().unwrap();
+        let mut t = trainer_in_flight(make(), &model, case, chunk, in_flight);
+        // A step of 2 × 9 tokens: the embedding's table of 18 rows.
+        let moved = t.transfer_only(18).unwrap();
         check(t.executor());
         let step = t
             .step(&[CHUNK_STREAM.batch(model.vocab_size, 0, 2, 9)], 1e-3)

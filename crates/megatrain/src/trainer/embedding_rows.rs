@@ -273,6 +273,24 @@ fn split_transport(t: TransportMut<'_>, mid: usize) -> (TransportMut<'_>, Transp
     }
 }
 
+impl<E: Executor> super::Trainer<E> {
+    /// The embedding's rows a step of `tokens` tokens in one micro-batch
+    /// would take alone, as many as it has tokens (the transfer-only mode
+    /// moves such a table), or `None` where it takes the whole table.
+    pub(super) fn looked_up_rows(&self, tokens: usize) -> Option<StepRows> {
+        let c = &self.config;
+        let rows = tokens.min(self.model.vocab_size);
+        let ids: Vec<u32> = (0..rows as u32).collect();
+        (c.compact_embedding
+            && c.grad_clip.is_none()
+            && self.dist.is_none()
+            && c.frozen_layers == 0
+            && self.carry_set.binary_search(&0).is_err()
+            && compact_ok(&self.model, &self.tier.layers()[0], &ids))
+        .then(|| StepRows::of(&ids, self.model.vocab_size))
+    }
+}
+
 /// Whether the step may take the embedding's rows alone: an untied table,
 /// the layer's one tensor, in RAM and holding no gradient (the caller
 /// checks the rest: updated by this micro-batch alone, not carried, frozen

@@ -203,12 +203,12 @@ impl<E: Executor> Trainer<E> {
     /// a layer at a time), so its host staging is one chunk, not a layer.
     /// Gradients come from executor buffers of the layer's shapes allocated
     /// before the clock starts; each download takes a reshaped handle of
-    /// them (a view on the GPU, a copy on the CPU, which has no bus). The
-    /// embedding moves whole: where the step takes only the rows its ids
-    /// look up ([`super::TrainerConfig::compact_embedding`]), this moves more
-    /// than the step (Qwen2.5-7B: 1.1 GB up and 2.1 GB down more at
-    /// 8×1024 tokens), an upper bound of its bus time.
-    pub fn transfer_only(&self) -> Result<TransferOnly> {
+    /// them (a view on the GPU, a copy on the CPU, which has no bus). Where
+    /// a step of `tokens` tokens takes only the embedding rows its ids look
+    /// up ([`super::TrainerConfig::compact_embedding`]), the embedding moves
+    /// as such a step's table does (as many rows as it has tokens), else
+    /// whole.
+    pub fn transfer_only(&self, tokens: usize) -> Result<TransferOnly> {
         let ex = &self.ex;
         let layers = self.tier.layers();
         let n = layers.len();
@@ -234,7 +234,14 @@ impl<E: Executor> Trainer<E> {
                 .map(|p| ex.zeros(&p.shape).map_err(TrainError::from))
                 .collect()
         };
-        let emb_g = zeros(&layers[0])?;
+        let rows = self.looked_up_rows(tokens);
+        let emb_g = match &rows {
+            Some(r) => {
+                let c = layers[0].numel() / self.model.vocab_size.max(1);
+                vec![ex.zeros(&Shape::from(&[r.rows, c][..]))?]
+            }
+            None => zeros(&layers[0])?,
+        };
         let block_g = if n_blocks > 0 {
             zeros(&layers[1])?
         } else {
@@ -262,8 +269,14 @@ impl<E: Executor> Trainer<E> {
                 .iter()
                 .map(|t| ex.reshape(t, t.shape()))
                 .collect::<megatrain_tensor::Result<Vec<_>>>()?;
-            check_grads(&layers[layer], &alias)?;
-            let mut p = Falling::new(layers[layer].numel(), alias, in_flight);
+            let numel = match (layer, &rows) {
+                (0, Some(_)) => alias.iter().map(TensorHandle::numel).sum(),
+                _ => {
+                    check_grads(&layers[layer], &alias)?;
+                    layers[layer].numel()
+                }
+            };
+            let mut p = Falling::new(numel, alias, in_flight);
             p.begin_more(ex, chunk)?;
             if let Some(prev) = pending.replace(p) {
                 out.bytes_downloaded += drain(ex, prev, chunk, &mut staging)?;
@@ -272,7 +285,14 @@ impl<E: Executor> Trainer<E> {
         };
         // Forward: every layer once (the head's upload is its only one, and
         // so is a kept block's).
-        drop(up(EMBEDDING_SLOT, &layers[0], &mut out)?);
+        match &rows {
+            Some(r) => {
+                let (w, bytes) = r.upload(ex, &layers[0])?;
+                out.bytes_uploaded += bytes;
+                drop(w);
+            }
+            None => drop(up(EMBEDDING_SLOT, &layers[0], &mut out)?),
+        }
         let mut kept = Vec::with_capacity(plan.kept().len());
         for (i, slab) in layers[1..n - 1].iter().enumerate() {
             if plan.keeps(i) {
@@ -380,14 +400,12 @@ mod tests {
             7,
         )
         .unwrap();
-        // The whole embedding table, as the transfer-only mode moves it.
         let config = TrainerConfig {
             checkpoint_every: k,
             keep_activations: keep,
             frozen_layers: frozen,
             chunk_rows: 5,
             adamw: AdamWConfig::default(),
-            compact_embedding: false,
             ..TrainerConfig::default()
         };
         Trainer::new(CpuExecutor::default(), model.clone(), tier, config).unwrap()
@@ -435,11 +453,17 @@ mod tests {
                     let what = format!("{transport:?}, {keep} kept, {frozen} frozen");
                     let b = batch(model.vocab_size as u32, 2, 9);
                     let mut tr = trainer_keeping(&model, 2, (keep, frozen), transport);
-                    let t = tr.transfer_only().unwrap();
+                    let t = tr.transfer_only(b.inputs.len()).unwrap();
                     let step = tr.step(std::slice::from_ref(&b), 1e-3).unwrap();
                     assert_eq!(t.bytes_uploaded, step.bytes_uploaded, "{what}");
                     assert_eq!(t.bytes_downloaded, step.bytes_downloaded, "{what}");
-                    let trained: usize = tr.tier().layers()[frozen..].iter().map(LayerSlab::numel).sum();
+                    let layers = tr.tier().layers();
+                    let mut trained: usize = layers[frozen..].iter().map(LayerSlab::numel).sum();
+                    // An untied one-table embedding comes down as a table
+                    // of the step's 18 rows (`embedding_rows.rs`).
+                    if frozen == 0 && !model.tie_word_embeddings && layers[0].table().len() == 1 {
+                        trained = trained - layers[0].numel() + 18 * model.hidden_size;
+                    }
                     assert_eq!(t.bytes_downloaded, 4 * trained as u64, "{what}");
                 }
             }
