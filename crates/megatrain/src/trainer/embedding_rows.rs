@@ -99,16 +99,17 @@ impl StepRows {
             )));
         }
         let n = self.rows * c;
+        // A copy a run (whole rows at memcpy speed), then the zeros.
         fn gather<T: Copy + Default>(
             all: &[T],
             runs: &[(Range<usize>, usize)],
             c: usize,
             n: usize,
         ) -> Vec<T> {
-            let mut v: Vec<T> = runs
-                .iter()
-                .flat_map(|(r, _)| all[r.start * c..r.end * c].iter().copied())
-                .collect();
+            let mut v = Vec::with_capacity(n);
+            for (r, _) in runs {
+                v.extend_from_slice(&all[r.start * c..r.end * c]);
+            }
             v.resize(n, T::default());
             v
         }
