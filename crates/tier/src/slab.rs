@@ -86,6 +86,27 @@ pub enum TransportMut<'a> {
     F16(&'a mut [f16]),
 }
 
+impl<'a> TransportMut<'a> {
+    /// The copy before element `mid` and from it, each borrowed for as
+    /// long as this was (an update's disjoint pieces).
+    pub fn split_at_mut(self, mid: usize) -> (TransportMut<'a>, TransportMut<'a>) {
+        match self {
+            TransportMut::F32(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (TransportMut::F32(a), TransportMut::F32(b))
+            }
+            TransportMut::BF16(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (TransportMut::BF16(a), TransportMut::BF16(b))
+            }
+            TransportMut::F16(t) => {
+                let (a, b) = t.split_at_mut(mid);
+                (TransportMut::F16(a), TransportMut::F16(b))
+            }
+        }
+    }
+}
+
 impl TransportRef<'_> {
     /// Native-endian bytes, as the GPU upload wants them.
     pub fn as_bytes(&self) -> &[u8] {

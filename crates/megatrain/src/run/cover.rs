@@ -219,9 +219,9 @@ impl BusCover {
     /// start either way). Blocks are taken as alike (their mean
     /// parameters and FLOPs). Returns the step and, of it, the forward.
     pub fn step_carrying_s(&self, m: Machine, tokens: u64, carried: &[usize]) -> (f64, f64) {
-        let (forward, _) = self.forward_updating(m, tokens, carried, false);
-        let step = forward + self.backward_updating(m, tokens, carried);
-        (step.max(self.step_bus_s(m)), forward)
+        let forward = self.forward_updating(m, tokens, carried, false);
+        let step = forward.0 + self.backward_after(m, tokens, carried, forward);
+        (step.max(self.step_bus_s(m)), forward.0)
     }
 
     /// This step where it takes only the embedding rows `tokens` ids look
@@ -264,6 +264,20 @@ impl BusCover {
     /// short `--optimizer-queue` makes the device wait instead: measured,
     /// not modelled).
     pub fn backward_updating(&self, m: Machine, tokens: u64, carried: &[usize]) -> f64 {
+        let forward = self.forward_updating(m, tokens, carried, false);
+        self.backward_after(m, tokens, carried, forward)
+    }
+
+    /// [`BusCover::backward_updating`] after a forward of `forward` seconds
+    /// whose carried updates took the host `updated` of them
+    /// ([`BusCover::forward_updating`]).
+    fn backward_after(
+        &self,
+        m: Machine,
+        tokens: u64,
+        carried: &[usize],
+        (forward, updated): (f64, f64),
+    ) -> f64 {
         let rate = m.adamw_gparams * 1e9;
         let embedding = self.frozen == 0 && !carried.contains(&0);
         let (untouched, touched) = match self.embedding_rows {
@@ -273,7 +287,6 @@ impl BusCover {
             }
             _ => (0.0, self.embedding_params as f64 / rate),
         };
-        let (forward, updated) = self.forward_updating(m, tokens, carried, false);
         let frozen_blocks = self.frozen.saturating_sub(1).min(self.blocks);
         let trained = self.blocks - frozen_blocks;
         let head = self.head_backward_s(m, tokens);

@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use megatrain_adamw::{Grad, SlabState, SlabUpdate};
 use megatrain_tensor::{Executor, HostSlice, Shape, WeightUpload, upload_weight};
-use megatrain_tier::{LayerSlab, TransportMut, TransportRef};
+use megatrain_tier::{LayerSlab, TransportRef};
 use megatrain_zoo::ModelConfig;
 use rayon::prelude::*;
 
@@ -225,8 +225,8 @@ fn update_runs(
         let (_, rest) = std::mem::take(&mut v).split_at_mut(skip);
         let (vr, rest) = rest.split_at_mut(r.len());
         v = rest;
-        let (_, rest) = split_transport(t, skip);
-        let (tr, rest) = split_transport(rest, r.len());
+        let (_, rest) = t.split_at_mut(skip);
+        let (tr, rest) = rest.split_at_mut(r.len());
         t = rest;
         at = r.end;
         tasks.push((r, g, pr, mr, vr, tr));
@@ -256,53 +256,35 @@ fn update_runs(
     Ok(())
 }
 
-/// The transport copy before element `mid` and from it.
-fn split_transport(t: TransportMut<'_>, mid: usize) -> (TransportMut<'_>, TransportMut<'_>) {
-    match t {
-        TransportMut::F32(t) => {
-            let (a, b) = t.split_at_mut(mid);
-            (TransportMut::F32(a), TransportMut::F32(b))
-        }
-        TransportMut::BF16(t) => {
-            let (a, b) = t.split_at_mut(mid);
-            (TransportMut::BF16(a), TransportMut::BF16(b))
-        }
-        TransportMut::F16(t) => {
-            let (a, b) = t.split_at_mut(mid);
-            (TransportMut::F16(a), TransportMut::F16(b))
-        }
-    }
-}
-
 impl<E: Executor> super::Trainer<E> {
-    /// The embedding's rows a step of `tokens` tokens in one micro-batch
-    /// would take alone, as many as it has tokens (the transfer-only mode
-    /// moves such a table), or `None` where it takes the whole table.
-    pub(super) fn looked_up_rows(&self, tokens: usize) -> Option<StepRows> {
-        let c = &self.config;
-        let rows = tokens.min(self.model.vocab_size);
-        let ids: Vec<u32> = (0..rows as u32).collect();
+    /// The rows of the embedding a step of one micro-batch with token ids
+    /// `inputs` takes alone, or `None` where it takes the whole table: not
+    /// with `compact_embedding` off, clipping, ranks, frozen layers or a
+    /// carried embedding, a tied head, a layer of more than its table, a
+    /// spilled one or one holding gradients (summed micro-batches), nor
+    /// where an id is past the vocabulary (the whole table's forward names
+    /// it).
+    pub(super) fn step_rows(&self, inputs: &[u32]) -> Option<StepRows> {
+        let (c, model, slab) = (&self.config, &self.model, &self.tier.layers()[0]);
         (c.compact_embedding
             && c.grad_clip.is_none()
             && self.dist.is_none()
             && c.frozen_layers == 0
             && self.carry_set.binary_search(&0).is_err()
-            && compact_ok(&self.model, &self.tier.layers()[0], &ids))
-        .then(|| StepRows::of(&ids, self.model.vocab_size))
+            && !model.tie_word_embeddings
+            && slab.table().len() == 1
+            && !slab.is_spilled()
+            && !slab.holds_grads()
+            && inputs.iter().all(|&i| (i as usize) < model.vocab_size))
+        .then(|| StepRows::of(inputs, model.vocab_size))
     }
-}
 
-/// Whether the step may take the embedding's rows alone: an untied table,
-/// the layer's one tensor, in RAM and holding no gradient (the caller
-/// checks the rest: updated by this micro-batch alone, not carried, frozen
-/// or reduced across ranks), and every id of `inputs` a row of it (else
-/// the whole table's forward names the one past it).
-pub(super) fn compact_ok(cfg: &ModelConfig, slab: &LayerSlab, inputs: &[u32]) -> bool {
-    !cfg.tie_word_embeddings
-        && slab.table().len() == 1
-        && !slab.is_spilled()
-        && !slab.holds_grads()
-        && inputs.iter().all(|&i| (i as usize) < cfg.vocab_size)
+    /// [`Trainer::step_rows`](super::Trainer) of a step of `tokens` tokens:
+    /// as many rows as it has tokens (what the transfer-only mode moves).
+    pub(super) fn looked_up_rows(&self, tokens: usize) -> Option<StepRows> {
+        let ids: Vec<u32> = (0..tokens.min(self.model.vocab_size) as u32).collect();
+        self.step_rows(&ids)
+    }
 }
 
 /// The embedding table's row length and rows.

@@ -79,7 +79,6 @@ use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
 use carry::{Apply, Carried, Deferred, Rising};
-use embedding_rows::StepRows;
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 use metrics::LossSums;
@@ -609,6 +608,9 @@ impl<E: Executor> Trainer<E> {
     ) -> Result<LossSums> {
         let chunk = self.transfer_chunk();
         let in_flight = self.reserve_gradient_downloads(chunk)?;
+        // The embedding's rows alone, where its one micro-batch updates it
+        // from its lookups (`embedding_rows.rs`).
+        let step_rows = (first && update).then(|| self.step_rows(&batch.inputs)).flatten();
         let Trainer {
             ex,
             model: cfg,
@@ -650,16 +652,6 @@ impl<E: Executor> Trainer<E> {
             grad_sq,
             held_norms: (last && config.grad_clip.is_some() && dist.is_none()).then_some(&*held_norms),
         };
-        // The embedding's rows alone, where its one micro-batch updates it
-        // from its lookups (`embedding_rows.rs`).
-        let step_rows = (config.compact_embedding
-            && first
-            && update
-            && dist.is_none()
-            && config.frozen_layers == 0
-            && carry_set.binary_search(&0).is_err()
-            && embedding_rows::compact_ok(cfg, &tier.layers()[0], &batch.inputs))
-        .then(|| StepRows::of(&batch.inputs, cfg.vocab_size));
         let emb_cfg = match &step_rows {
             Some(r) => Cow::Owned(r.model(cfg)),
             None => Cow::Borrowed(cfg),
