@@ -1213,6 +1213,7 @@ fn planned_device_bytes(model: &ModelConfig, (b, t): (usize, usize), keep: usize
         carry_layers: carry,
         carry_order: Default::default(),
         optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
+        embedding_rows: false,
     };
     plan(model, &input, &TierConfig::default())
         .unwrap()

@@ -369,6 +369,7 @@ fn plan_arithmetic_matches_hand_computation() {
         carry_layers: 0,
         carry_order: Default::default(),
         optimizer_queue: megatrain::trainer::DEFAULT_OPTIMIZER_QUEUE,
+        embedding_rows: false,
     };
     let p = plan(&m, &input, &TierConfig::default()).unwrap();
     assert_eq!(p.host.n_params, 16384 + 2 * 46208 + 16448);

@@ -151,6 +151,7 @@ fn run_on<E: Executor + OpProfiler + HostCounters>(
         carry_layers: spec.carry_layers,
         carry_order: spec.carry_order,
         optimizer_queue: config.optimizer_queue,
+        embedding_rows: megatrain::trainer::RowsSetting::of(&config, &tier, false).applies(&model),
     };
     let room = Room::of(ex.tensor_memory(), 1, spec.host_budget.is_some());
     let kept = spec.keep_activations.resolve(&model, &input, &room)?;

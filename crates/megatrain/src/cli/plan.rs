@@ -7,7 +7,7 @@ use megatrain::run::{
     BusCover, CLIP_NORM_SHARE, KeepActivations, Machine, PlanInput, Precision, Room, RunError,
     ShareTransport, bus_cover_keeping, disk_estimate, mem_available, most_kept, per_rank, plan,
 };
-use megatrain::trainer::{CarryOrder, carried_layers};
+use megatrain::trainer::{CarryOrder, RowsSetting, carried_layers};
 use megatrain_tier::{TierConfig, TierError};
 use megatrain_zoo::{ModelConfig, preset};
 
@@ -152,6 +152,15 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         carry_layers,
         carry_order: a.carry_order,
         optimizer_queue: a.optimizer_queue,
+        // A spilled embedding takes the whole table: `plan` sees the spill.
+        embedding_rows: RowsSetting {
+            compact: megatrain::trainer::compact_embedding_from_env()?,
+            whole_gradient: a.hold_grads || a.ranks > 1,
+            frozen: a.freeze_layers > 0,
+            carried: carried.first() == Some(&0),
+            spilled: false,
+        }
+        .applies(&model),
     };
     let room = match a.device_mem {
         Some(m) => Room::Device(m),
@@ -354,6 +363,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     ] {
         println!("  {k:<11}{:>14}", gib(v));
     }
+    if let Some(r) = p.embedding_rows {
+        println!(
+            "  (the embedding as the step's looked-up rows alone: a table of {r} of its {} rows; \
+             MEGATRAIN_EMBEDDING=whole takes them all)",
+            model.vocab_size
+        );
+    }
     if let Some(c) = bus_cover_keeping(
         &model,
         a.seq_len,
@@ -362,14 +378,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         machine,
     ) {
         // The embedding's looked-up rows alone, where `train` takes them.
-        let c = match !model.tie_word_embeddings
-            && model.layer_tables()[0].len() == 1
-            && carried.first() != Some(&0)
-            && !a.hold_grads
-            && a.ranks == 1
-        {
-            true => c.looking_up((a.batch * a.seq_len) as u64),
-            false => c,
+        let c = match p.embedding_rows {
+            Some(_) => c.looking_up((a.batch * a.seq_len) as u64),
+            None => c,
         };
         let ups = if input.keep_activations == model.num_layers {
             "once"

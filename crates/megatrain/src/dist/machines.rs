@@ -160,7 +160,8 @@ pub fn share_transport(
     let opened: crate::run::Result<std::fs::File> = match (made, path.as_os_str().is_empty()) {
         (Some(e), _) => Err(e.into()),
         (None, true) => Err(DistError::Invalid(format!(
-            "rank 0 of this machine could not create the shared transport copies in {}",
+            "rank 0 of this machine could not create the shared transport copies in --shm-dir {} \
+             (rank 0 says why)",
             dir.display()
         ))
         .into()),

@@ -272,6 +272,7 @@ mod tests {
             carry_layers: 0,
             carry_order: Default::default(),
             optimizer_queue: crate::trainer::DEFAULT_OPTIMIZER_QUEUE,
+            embedding_rows: false,
         };
         let total = |keep| {
             let i = PlanInput {

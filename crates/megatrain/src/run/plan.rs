@@ -3,7 +3,9 @@
 //!
 //! Device estimate (bytes, activations f32):
 //!
-//! - weights: the embedding (resident from forward to its backward) + the
+//! - weights: the embedding (resident from forward to its backward; of a
+//!   step that takes its looked-up rows alone, a table of min(B·T, V)
+//!   rows, whose gradient is counted so too) + the
 //!   head + 2·K block layers (K for the block being recomputed, doubled for
 //!   the next upload in flight); matrices in the transport dtype, vectors
 //!   f32 (they are widened on upload);
@@ -62,6 +64,11 @@ pub struct PlanInput {
     /// Gradient chunks that may wait for the CPU AdamW
     /// (`TrainerConfig::optimizer_queue`), each one chunk of host staging.
     pub optimizer_queue: usize,
+    /// Steps take the embedding's looked-up rows alone
+    /// ([`crate::trainer::RowsSetting::applies`]) where the tier holds it
+    /// in RAM: the device holds a table of min(B·T, V) rows and its
+    /// gradient instead of the whole table's.
+    pub embedding_rows: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,6 +110,10 @@ pub struct Plan {
     /// they landed.
     pub host_staging: u64,
     pub device: DeviceBytes,
+    /// The rows of the embedding's table on the device where steps take
+    /// its looked-up rows alone ([`PlanInput::embedding_rows`] and the
+    /// embedding not spilled); `None`: the whole table.
+    pub embedding_rows: Option<u64>,
 }
 
 impl Plan {
@@ -203,7 +214,22 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let n_blocks = model.num_layers as u64;
     let k = input.checkpoint_every.max(1) as u64;
     let (b, t, c) = (input.batch as u64, input.seq_len as u64, model.hidden_size as u64);
-    let emb = layer_device_bytes(&tables[0], input.transport);
+    let embedding_rows =
+        (input.embedding_rows && host.first_spilled != Some(0)).then(|| (b * t).min(model.vocab_size as u64));
+    // The embedding's table on the device: the whole or the step's rows.
+    let emb_share = |whole: u64| match embedding_rows {
+        Some(r) => whole / model.vocab_size.max(1) as u64 * r,
+        None => whole,
+    };
+    let emb = emb_share(layer_device_bytes(&tables[0], input.transport));
+    let numels: Vec<u64> = tables
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match i {
+            0 => emb_share(t.numel() as u64),
+            _ => t.numel() as u64,
+        })
+        .collect();
     let head = layer_device_bytes(&tables[tables.len() - 1], input.transport);
     let block_max = tables[1..tables.len() - 1]
         .iter()
@@ -235,11 +261,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
     let chunks = crate::trainer::gradient_chunks_held(queue, false, in_flight);
     let device = DeviceBytes {
         weights: emb + head + 2 * k_eff * block_max,
-        gradients: 4 * tables
-            .windows(2)
-            .map(|w| (w[0].numel() + w[1].numel()) as u64)
-            .max()
-            .unwrap_or(max_layer),
+        gradients: 4 * numels.windows(2).map(|w| w[0] + w[1]).max().unwrap_or(max_layer),
         checkpoints: split.checkpoint_count() as u64 * b * t * c * 4,
         hidden: 2 * b * t * c * 4,
         recompute: group * saved_per_block + delta_rule_scratch_bytes(model, b, t),
@@ -261,6 +283,7 @@ pub fn plan(model: &ModelConfig, input: &PlanInput, tier: &TierConfig) -> Result
         host,
         host_staging: super::plan_ranks::staging_bytes(chunk, in_flight, 1, queue),
         device,
+        embedding_rows,
     })
 }
 
@@ -292,6 +315,54 @@ mod tests {
     /// counted by its blocks: all of a block's chunks in flight, beside
     /// four (`gradient_chunks_held`). TinyLlama-1.1B: 25 of 8.6 MB, 0.20
     /// B/param; Qwen2.5-7B: 32 of 32 MiB, 0.14.
+    /// A step that takes the embedding's looked-up rows alone holds a
+    /// table of B·T rows on the device, not the whole (Qwen2.5-7B at
+    /// 8×1024 tokens: 8,192 of 152,064 rows); the largest pair of
+    /// neighbours' gradients is then the head's and the last block's, as
+    /// before. An embedding the budget spills takes the whole table.
+    #[test]
+    fn the_device_holds_the_embeddings_looked_up_rows_where_steps_take_them() {
+        let model = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
+        let input = PlanInput {
+            batch: 8,
+            seq_len: 1024,
+            checkpoint_every: 1,
+            keep_activations: 0,
+            chunk_rows: 256,
+            transport: TransportDType::BF16,
+            hold_grads: false,
+            carry_layers: 0,
+            carry_order: Default::default(),
+            optimizer_queue: crate::trainer::DEFAULT_OPTIMIZER_QUEUE,
+            embedding_rows: false,
+        };
+        let tier = TierConfig {
+            transport: TransportDType::BF16,
+            ..TierConfig::default()
+        };
+        let rows_input = PlanInput {
+            embedding_rows: true,
+            ..input
+        };
+        let whole = plan(&model, &input, &tier).unwrap();
+        let rows = plan(&model, &rows_input, &tier).unwrap();
+        assert_eq!((whole.embedding_rows, rows.embedding_rows), (None, Some(8192)));
+        let (v, c) = (model.vocab_size as u64, model.hidden_size as u64);
+        assert_eq!(whole.device.weights - rows.device.weights, (v - 8192) * c * 2);
+        assert_eq!(whole.device.gradients, rows.device.gradients);
+        assert_eq!(whole.device.total() - rows.device.total(), (v - 8192) * c * 2);
+        // A budget of the transport copies alone spills every layer.
+        let spilling = TierConfig {
+            ram_budget_bytes: Some(whole.host.ram.transport),
+            spill_dir: Some("spill".into()),
+            ..tier
+        };
+        let spilled = plan(&model, &rows_input, &spilling).unwrap();
+        assert_eq!(spilled.host.first_spilled, Some(0));
+        assert_eq!(spilled.embedding_rows, None);
+        assert_eq!(spilled.device.weights, whole.device.weights);
+    }
+
     #[test]
     fn gradient_chunks_on_the_host_are_sized_by_the_model() {
         use crate::trainer::{
@@ -309,6 +380,7 @@ mod tests {
             carry_layers: 0,
             carry_order: Default::default(),
             optimizer_queue: queue,
+            embedding_rows: false,
         };
         // Chunks held where chunks are of `chunk` elements: a block's and four.
         let held = |name: &str, chunk: u64| {
@@ -352,6 +424,7 @@ mod tests {
         let model = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
         let deeper = PlanInput {
             optimizer_queue: 16,
+            embedding_rows: false,
             ..input
         };
         let p16 = plan(&model, &deeper, &TierConfig::default()).unwrap();

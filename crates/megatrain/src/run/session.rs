@@ -26,7 +26,7 @@ use super::plot::write_plot;
 use super::prepare::{Prepared, sample_prompt};
 use crate::data::{Sampling, draw_mix_rows, keep_in_cache};
 use crate::dist::{DistConfig, Shared, share_transport};
-use crate::trainer::{StepMetrics, Trainer, TrainerConfig, init_tier, load_tier, new_tier};
+use crate::trainer::{RowsSetting, StepMetrics, Trainer, TrainerConfig, init_tier, load_tier, new_tier};
 
 /// Mixed into the seed for validation batches, so they differ from the
 /// training batches of the same index.
@@ -280,23 +280,7 @@ pub fn train_with<E: Executor>(
     let optimizer_queue = opts
         .optimizer_queue
         .unwrap_or(crate::trainer::DEFAULT_OPTIMIZER_QUEUE);
-    let kept = opts.keep_activations.resolve(
-        &p.model,
-        &PlanInput {
-            batch: opts.batch,
-            seq_len: opts.seq_len,
-            checkpoint_every: opts.checkpoint_every,
-            keep_activations: 0,
-            chunk_rows,
-            transport: opts.precision.transport(),
-            hold_grads,
-            carry_layers: opts.carry_layers,
-            carry_order: opts.carry_order,
-            optimizer_queue,
-        },
-        &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
-    )?;
-    let config = TrainerConfig {
+    let mut config = TrainerConfig {
         checkpoint_every: opts.checkpoint_every,
         chunk_rows,
         adamw: AdamWConfig {
@@ -314,7 +298,7 @@ pub fn train_with<E: Executor>(
         chunks_in_flight: opts
             .chunks_in_flight
             .unwrap_or(TrainerConfig::default().chunks_in_flight),
-        keep_activations: kept.blocks,
+        keep_activations: 0,
         carry_layers: opts.carry_layers,
         carry_order: opts.carry_order,
         compact_embedding: crate::trainer::compact_embedding_from_env()?,
@@ -329,6 +313,24 @@ pub fn train_with<E: Executor>(
         z_loss: opts.z_loss as f32,
         label_smoothing: opts.label_smoothing as f32,
     };
+    let kept = opts.keep_activations.resolve(
+        &p.model,
+        &PlanInput {
+            batch: opts.batch,
+            seq_len: opts.seq_len,
+            checkpoint_every: opts.checkpoint_every,
+            keep_activations: 0,
+            chunk_rows,
+            transport: opts.precision.transport(),
+            hold_grads,
+            carry_layers: opts.carry_layers,
+            carry_order: opts.carry_order,
+            optimizer_queue,
+            embedding_rows: RowsSetting::of(&config, &tier, dist.is_some()).applies(&p.model),
+        },
+        &Room::of(ex.tensor_memory(), opts.ranks, opts.host_budget.is_some()),
+    )?;
+    config.keep_activations = kept.blocks;
     let mut trainer = Trainer::new(ex, p.model.clone(), tier, config)?;
     if let Some(w) = opts.spill_window {
         trainer.set_spill_window(megatrain_tier::WindowConfig::from_bytes(w, 4));

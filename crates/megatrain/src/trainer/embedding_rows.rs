@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use megatrain_adamw::{Grad, SlabState, SlabUpdate};
 use megatrain_tensor::{Executor, HostSlice, Shape, WeightUpload, upload_weight};
-use megatrain_tier::{LayerSlab, TransportRef};
+use megatrain_tier::{HostTier, LayerSlab, TransportRef};
 use megatrain_zoo::ModelConfig;
 use rayon::prelude::*;
 
@@ -256,27 +256,62 @@ fn update_runs(
     Ok(())
 }
 
+/// What decides, before a run, whether its steps take an untied
+/// embedding's looked-up rows alone. One test for the trainer
+/// ([`RowsSetting::of`] its own configuration and tier) and for `megatrain
+/// plan` (from its flags), so that the estimate models what the run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowsSetting {
+    /// [`super::TrainerConfig::compact_embedding`].
+    pub compact: bool,
+    /// The embedding's gradient is needed whole: clipped (its squares),
+    /// reduced across ranks, or held in the tier and summed over
+    /// micro-batches.
+    pub whole_gradient: bool,
+    /// Layers are frozen (the embedding first of them).
+    pub frozen: bool,
+    /// The embedding's gradients are carried into the next step.
+    pub carried: bool,
+    /// The embedding's slab is spilled to disk.
+    pub spilled: bool,
+}
+
+impl RowsSetting {
+    /// As a trainer of `config` over `tier` takes it; `ranks`: it trains
+    /// data parallel.
+    pub fn of(config: &super::TrainerConfig, tier: &HostTier, ranks: bool) -> Self {
+        let slab = &tier.layers()[0];
+        let blocks = tier.layers().len().saturating_sub(2);
+        RowsSetting {
+            compact: config.compact_embedding,
+            whole_gradient: config.grad_clip.is_some() || ranks || slab.holds_grads(),
+            frozen: config.frozen_layers > 0,
+            carried: super::carried_layers(config.carry_layers, config.carry_order, blocks).first()
+                == Some(&0),
+            spilled: slab.is_spilled(),
+        }
+    }
+
+    /// Whether steps of `model` take its embedding's rows alone: an untied
+    /// embedding that is one `[V, C]` table, none of the above in the way.
+    pub fn applies(&self, model: &ModelConfig) -> bool {
+        self.compact
+            && !(self.whole_gradient || self.frozen || self.carried || self.spilled)
+            && !model.tie_word_embeddings
+            && model.layer_table(0).is_ok_and(|t| t.len() == 1)
+    }
+}
+
 impl<E: Executor> super::Trainer<E> {
     /// The rows of the embedding a step of one micro-batch with token ids
-    /// `inputs` takes alone, or `None` where it takes the whole table: not
-    /// with `compact_embedding` off, clipping, ranks, frozen layers or a
-    /// carried embedding, a tied head, a layer of more than its table, a
-    /// spilled one or one holding gradients (summed micro-batches), nor
-    /// where an id is past the vocabulary (the whole table's forward names
-    /// it).
+    /// `inputs` takes alone, or `None` where it takes the whole table
+    /// ([`RowsSetting::applies`] does not, or an id is past the vocabulary:
+    /// the whole table's forward names it).
     pub(super) fn step_rows(&self, inputs: &[u32]) -> Option<StepRows> {
-        let (c, model, slab) = (&self.config, &self.model, &self.tier.layers()[0]);
-        (c.compact_embedding
-            && c.grad_clip.is_none()
-            && self.dist.is_none()
-            && c.frozen_layers == 0
-            && self.carry_set.binary_search(&0).is_err()
-            && !model.tie_word_embeddings
-            && slab.table().len() == 1
-            && !slab.is_spilled()
-            && !slab.holds_grads()
-            && inputs.iter().all(|&i| (i as usize) < model.vocab_size))
-        .then(|| StepRows::of(inputs, model.vocab_size))
+        let model = &self.model;
+        let setting = RowsSetting::of(&self.config, &self.tier, self.dist.is_some());
+        (setting.applies(model) && inputs.iter().all(|&i| (i as usize) < model.vocab_size))
+            .then(|| StepRows::of(inputs, model.vocab_size))
     }
 
     /// [`Trainer::step_rows`](super::Trainer) of a step of `tokens` tokens:

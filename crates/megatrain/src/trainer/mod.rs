@@ -79,6 +79,7 @@ use megatrain_zoo::{ModelConfig, ZooError};
 
 use crate::data::Batch;
 use carry::{Apply, Carried, Deferred, Rising};
+pub use embedding_rows::RowsSetting;
 use handoff::{Falling, Handoff, layer_chunks};
 pub(crate) use handoff::{chunks_in_flight, gradient_chunks_held};
 use metrics::LossSums;
