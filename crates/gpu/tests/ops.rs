@@ -560,6 +560,25 @@ fn profile_reports_each_op_kind() {
                 "{kernels:?}"
             );
         }
+        // An op of clears alone is bracketed by passes of its own and timed
+        // on the device as well, not by the wall clock around its submit.
+        g.profile().clear();
+        let _z = megatrain_tensor::Executor::zeros(&g, &megatrain_tensor::Shape::new([3584])).unwrap();
+        let zeros = |rows: Vec<(String, megatrain_gpu::OpTiming)>| {
+            rows.into_iter()
+                .find(|(k, _)| k == "zeros/ClearOrCopy")
+                .map(|(_, t)| t)
+        };
+        let k = zeros(g.profile().kernel_snapshot()).expect("zeros timed by kernel");
+        let op = g
+            .profile()
+            .snapshot()
+            .into_iter()
+            .find(|(o, _)| *o == "zeros")
+            .unwrap()
+            .1;
+        assert_eq!((k.count, k.total_ns), (op.count, op.total_ns));
+        let _ = g.matmul(&a, &a, None, megatrain_tensor::Transpose::NN).unwrap();
         // A matmul's rows are named by its M×N×K.
         assert!(
             kernels
