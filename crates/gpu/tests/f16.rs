@@ -572,6 +572,67 @@ fn operand_copy_rounds_each_element_to_nearest_even() {
     }
 }
 
+/// The copy's conversion itself over every f32 exponent, both signs, and
+/// the significands where rounding decides (the bits just below, at and
+/// above each tie, all ones, carries into the exponent, and the ties of
+/// every f16 subnormal quantum), against half's nearest-even conversion
+/// bit for bit. An infinity in the tensor sets its scale to 2^0, so the
+/// values are converted as they are: overflow to infinity, NaN to the
+/// quiet 0x7e00 with its sign, f32 subnormals to zero.
+#[test]
+fn operand_copy_converts_every_exponent_and_tie_as_half_does() {
+    let Some(c) = ctx() else { return };
+    let g = f16_executor(c, GpuOptions::default());
+    let mut x = vec![f32::INFINITY];
+    for sign in [0u32, 0x8000_0000] {
+        for e in 0u32..256 {
+            let mut mantissas: Vec<u32> = vec![
+                0, 1, 0x7f_ffff, 0x40_0000, 0x7f_e000, 0x7f_f000, 0x7f_efff, 0x7f_f001,
+            ];
+            // Ties of the normal f16 quantum (13 bits dropped), even and odd.
+            for m in [0x1000u32, 0x3000, 0x5000, 0x7f_d000, 0x7f_f000] {
+                mantissas.extend([m - 1, m, m + 1]);
+            }
+            // Ties of the subnormal quantum 2^-24: d = 126 - e bits dropped.
+            if (102..113).contains(&e) {
+                let d = 126 - e;
+                for q in [0u32, 1, 2, 3] {
+                    let tie = ((q << d) | (1 << (d - 1))) & 0x7f_ffff;
+                    mantissas.extend([tie.saturating_sub(1), tie, tie + 1]);
+                }
+            }
+            mantissas.extend(
+                megatrain_tensor::testing::random_f32(e as u64, 4)
+                    .iter()
+                    .map(|v| v.to_bits() & 0x7f_ffff),
+            );
+            x.extend(
+                mantissas
+                    .into_iter()
+                    .map(|m| f32::from_bits(sign | e << 23 | (m & 0x7f_ffff))),
+            );
+        }
+    }
+    let n = x.len();
+    let gx = g
+        .upload(&HostTensor::from_f32(Shape::new([n]), x.clone()).unwrap())
+        .unwrap();
+    let got = g.download(&g.f16_operand(&gx).unwrap()).unwrap();
+    let got: &[u16] = bytemuck::cast_slice(got.data().as_bytes());
+    for (j, (&got, &x)) in got.iter().zip(&x).enumerate() {
+        let want = match x.is_nan() {
+            true => (x.to_bits() >> 16) as u16 & 0x8000 | 0x7e00,
+            false => f16::from_f32(x).to_bits(),
+        };
+        assert_eq!(
+            got,
+            want,
+            "element {j}: {x:e} ({:#010x}) copied as {got:#06x}, want {want:#06x}",
+            x.to_bits()
+        );
+    }
+}
+
 /// Elements whose scaled values are f16 ties, halfway cases below f16's
 /// normal range and random values, as a [n, 1] A times B = [[1]]: each
 /// output is one rounded element, compared exactly with half's

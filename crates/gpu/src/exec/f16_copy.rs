@@ -86,7 +86,8 @@ impl GpuExecutor {
             // so the copy's first element begins a word.
             debug_assert_eq!(yv.elem_off % 2, 0);
             let params = [u(count), xv.elem_off, yv.elem_off / 2, slot];
-            let grid = grid_for(count.div_ceil(2).div_ceil(256));
+            // Four words an invocation (`WORDS` in the shader).
+            let grid = grid_for(count.div_ceil(2).div_ceil(4 * 256));
             op.dispatch(Kernel::F16Copy, &params, &[xv, yv, sv], grid);
         }
         if self.cache_maxima {
