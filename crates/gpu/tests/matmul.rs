@@ -6,12 +6,17 @@ mod common;
 use common::matmul_case::{Case, case, interior_cases, operands};
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
-use megatrain_tensor::{DType, Executor, MatmulNeeds, Transpose};
+use megatrain_tensor::{DType, Executor, HostTensor, MatmulNeeds, Transpose};
 use proptest::prelude::*;
 
 /// Forward and backward of one case; `b_dtype` bf16 or f16 uploads b packed
 /// and compares with the CPU run on the rounded b, so that only summation
-/// order differs and the f32 tolerance still applies.
+/// order differs and the f32 tolerance still applies. Each result is judged
+/// against the size of the terms it sums (the same products of the
+/// operands' absolute values, [`abs_terms`]): random terms of both signs
+/// can cancel to a sum far below them, where two summation orders differ by
+/// more than `TOL_F32` of the sum itself without either being wrong, while
+/// a wrong or missing tile is off by a fair fraction of its terms.
 fn check(g: &GpuExecutor, c: &Case, b_dtype: DType) {
     let cpu = cpu();
     let (a, b, bias, dout) = operands(c);
@@ -29,49 +34,61 @@ fn check(g: &GpuExecutor, c: &Case, b_dtype: DType) {
         cpu.upload(&bias).unwrap(),
         cpu.upload(&dout).unwrap(),
     );
+    let terms = abs_terms(&cpu, c, [&a, &b_ref, &bias, &dout]);
     let y = g.matmul(&ga, &gb, c.bias.then_some(&gbias), c.t).unwrap();
     let yr = cpu.matmul(&ca, &cb, c.bias.then_some(&cbias), c.t).unwrap();
-    assert_close(
+    assert_close_terms(
         &format!("matmul {c:?}"),
         &down(g, &y),
         &down_cpu(&cpu, &yr),
+        terms[0],
         TOL_F32,
     );
 
     let gr = g.matmul_backward(&ga, &gb, &gd, c.t, MatmulNeeds::ALL).unwrap();
     let rr = cpu.matmul_backward(&ca, &cb, &cd, c.t, MatmulNeeds::ALL).unwrap();
-    assert_close(
-        "da",
-        &down(g, gr.da.as_ref().unwrap()),
-        &down_cpu(&cpu, rr.da.as_ref().unwrap()),
-        TOL_F32,
-    );
-    assert_close(
-        "db",
-        &down(g, gr.db.as_ref().unwrap()),
-        &down_cpu(&cpu, rr.db.as_ref().unwrap()),
-        TOL_F32,
-    );
-    assert_close_terms(
-        "dbias",
-        &down(g, gr.dbias.as_ref().unwrap()),
-        &down_cpu(&cpu, rr.dbias.as_ref().unwrap()),
-        column_abs_sums_norm(&dout.to_f32_vec(), c.n),
-        TOL_F32,
-    );
+    for (i, (name, got, want)) in [
+        ("da", &gr.da, &rr.da),
+        ("db", &gr.db, &rr.db),
+        ("dbias", &gr.dbias, &rr.dbias),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_close_terms(
+            &format!("{name} {c:?}"),
+            &down(g, got.as_ref().unwrap()),
+            &down_cpu(&cpu, want.as_ref().unwrap()),
+            terms[i + 1],
+            TOL_F32,
+        );
+    }
     assert_eq!(gr.db.as_ref().unwrap().dims(), b.dims());
 }
 
-/// ‖Σ_rows |dout|‖ over the columns: the size of the terms each dbias
-/// element sums. Random terms of both signs can cancel to a sum far below
-/// them, where two summation orders differ by more than `TOL_F32` of the sum
-/// itself without either being wrong.
-fn column_abs_sums_norm(dout: &[f32], cols: usize) -> f64 {
-    let mut sums = vec![0f64; cols];
-    for (e, &x) in dout.iter().enumerate() {
-        sums[e % cols] += (x as f64).abs();
-    }
-    sums.iter().map(|s| s * s).sum::<f64>().sqrt()
+/// The norms of y, da, db and dbias computed on the operands' absolute
+/// values: the size of the terms each element of those sums.
+fn abs_terms(cpu: &megatrain_tensor::CpuExecutor, c: &Case, ops: [&HostTensor; 4]) -> [f64; 4] {
+    let [a, b, bias, dout] = ops.map(|h| {
+        let abs: Vec<f32> = h.to_f32_vec().iter().map(|x| x.abs()).collect();
+        cpu.upload(&HostTensor::from_f32(h.shape().clone(), abs).unwrap())
+            .unwrap()
+    });
+    let norm = |t: &<megatrain_tensor::CpuExecutor as Executor>::Tensor| {
+        down_cpu(cpu, t)
+            .iter()
+            .map(|&x| (x as f64).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let y = cpu.matmul(&a, &b, c.bias.then_some(&bias), c.t).unwrap();
+    let r = cpu.matmul_backward(&a, &b, &dout, c.t, MatmulNeeds::ALL).unwrap();
+    [
+        norm(&y),
+        norm(r.da.as_ref().unwrap()),
+        norm(r.db.as_ref().unwrap()),
+        norm(r.dbias.as_ref().unwrap()),
+    ]
 }
 
 proptest! {
