@@ -31,9 +31,9 @@ pub use coop_attention::{AttnPass, AttnTile, AttnTiles, CoopAttention};
 pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;
 pub use exec::{
-    BindGroupStats, DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV,
-    F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention, F16Matmul, F16Maxima, F16Operands,
-    GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
+    BindGroupStats, DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, EPILOGUES_ENV, Epilogues, F16_ATTENTION_ENV,
+    F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV, F16Attention, F16Matmul,
+    F16Maxima, F16Operands, GpuExecutor, GpuOptions, HostWork, SHADER_CHECKS_ENV, SubmitStats,
 };
 #[cfg(feature = "host-floor")]
 pub use host_floor::{HOST_FLOOR_ADAPTER, h100_limits};

@@ -12,7 +12,7 @@
 mod common;
 
 use common::*;
-use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions, GpuTensor};
+use megatrain_gpu::{CoopTile, Epilogues, F16Matmul, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::{
     ComputePrecision, CpuExecutor, Executor, Glu, HostTensor, MatmulNeeds, Transpose,
     compose_matmul_backward_gelu, compose_matmul_backward_glu, compose_matmul_backward_swiglu,
@@ -354,6 +354,60 @@ fn activation_kernels_run_only_where_k_is_split() {
             "matmul_backward_swiglu",
         ] {
             assert!(ops.contains(&fused), "{fused} in {ops:?}");
+        }
+    }
+}
+
+/// `GpuOptions::epilogues` (`MEGATRAIN_EPILOGUES`): `forward` leaves the
+/// backward's activations to their own kernels, `none` the forward's too,
+/// and each gives what the fused products give, within `ULPS`.
+#[test]
+fn epilogues_setting_unfuses_the_backward_or_all() {
+    let Some(ctx) = ctx() else { return };
+    let (m, k, n) = (37, 45, 70);
+    let run = |epilogues: Epilogues| {
+        let g = GpuExecutor::with_options(
+            ctx.clone(),
+            GpuOptions {
+                profile: true,
+                epilogues,
+                ..Default::default()
+            },
+        );
+        let up = |s, shape: &[usize]| g.upload(&rand_host(s, shape)).unwrap();
+        let (a, b, dout) = (up(1, &[m, k]), up(2, &[k, n]), up(3, &[m, n]));
+        let (gate, pre) = (up(4, &[m, n]), up(5, &[m, k]));
+        let (f, act) = g.matmul_gelu(&a, &b, None, Transpose::NN).unwrap();
+        let (u, s) = g.matmul_swiglu(&a, &b, None, Transpose::NN, &gate).unwrap();
+        let gr = g
+            .matmul_backward_gelu(&a, &b, &dout, Transpose::NN, MatmulNeeds::ALL, &pre)
+            .unwrap();
+        let (_, dg, du) = g
+            .matmul_backward_swiglu(&a, &b, &dout, Transpose::NN, MatmulNeeds::ALL, &pre, &a)
+            .unwrap();
+        let values: Vec<Vec<f32>> = [&f, &act, &u, &s, gr.da.as_ref().unwrap(), &dg, &du]
+            .iter()
+            .map(|t| down(&g, t))
+            .collect();
+        let ops: Vec<&str> = g.profile().snapshot().iter().map(|(op, _)| *op).collect();
+        let ran = |act: &str| ops.contains(&act);
+        (
+            [
+                ran("gelu"),
+                ran("swiglu"),
+                ran("gelu_backward"),
+                ran("swiglu_backward"),
+            ],
+            values,
+        )
+    };
+    let (ran, fused) = run(Epilogues::All);
+    assert_eq!(ran, [false; 4]);
+    for (setting, forward, backward) in [(Epilogues::Forward, false, true), (Epilogues::None, true, true)] {
+        let (ran, values) = run(setting);
+        assert_eq!(ran, [forward, forward, backward, backward], "{setting}");
+        for (i, (got, want)) in values.iter().zip(&fused).enumerate() {
+            assert_bits(&format!("{setting}: output {i}"), got, want, ULPS);
         }
     }
 }

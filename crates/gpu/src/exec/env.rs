@@ -5,7 +5,7 @@
 //! uploads leave the host, which change no value. (`MEGATRAIN_SHADER_CHECKS` is read where the executor
 //! is made instead, so that it reaches the test suites too.)
 
-use super::{F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
+use super::{Epilogues, F16Attention, F16Matmul, F16Maxima, F16Operands, GpuOptions};
 use crate::{CoopTile, GpuError};
 
 /// `auto`, `simt`, a tensor-core tile (`coop64`, `coop128`, `coop256x128`, `coop128x256w16`, `coop128x256`, `coop128w4`,
@@ -22,6 +22,9 @@ pub const F16_ATTENTION_TILES_ENV: &str = "MEGATRAIN_F16_ATTENTION_TILES";
 pub const F16_OPERANDS_ENV: &str = "MEGATRAIN_F16_OPERANDS";
 /// `fold` or `scan`: where the max|x| of a product's output comes from.
 pub const F16_MAXIMA_ENV: &str = "MEGATRAIN_F16_MAXIMA";
+/// `all`, `forward` or `none`: which products apply their activation at
+/// their store ([`Epilogues`]).
+pub const EPILOGUES_ENV: &str = "MEGATRAIN_EPILOGUES";
 /// `in_place` or `copy`: how gradient downloads reach the optimizer (no
 /// effect on any value).
 pub const DOWNLOADS_ENV: &str = "MEGATRAIN_DOWNLOADS";
@@ -88,6 +91,17 @@ impl std::str::FromStr for F16Maxima {
     }
 }
 
+impl std::str::FromStr for Epilogues {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        named(
+            s,
+            [Epilogues::All, Epilogues::Forward, Epilogues::None].into_iter(),
+        )
+    }
+}
+
 impl std::str::FromStr for crate::Uploads {
     type Err = String;
 
@@ -145,7 +159,7 @@ fn from_env<T: std::str::FromStr<Err = String>>(var: &'static str) -> Result<Opt
 impl GpuOptions {
     /// These options with the kernel families [`F16_MATMUL_ENV`] and
     /// [`F16_ATTENTION_ENV`] name, the tiles [`F16_ATTENTION_TILES_ENV`] names, and the ways [`F16_OPERANDS_ENV`],
-    /// [`F16_MAXIMA_ENV`], [`DOWNLOADS_ENV`], [`DOWNLOAD_STAGING_ENV`] and [`crate::UPLOADS_ENV`]
+    /// [`F16_MAXIMA_ENV`], [`EPILOGUES_ENV`], [`DOWNLOADS_ENV`], [`DOWNLOAD_STAGING_ENV`] and [`crate::UPLOADS_ENV`]
     /// name, where set; a value that names none is refused with the list
     /// of names.
     pub fn with_env(mut self) -> Result<Self, GpuError> {
@@ -163,6 +177,9 @@ impl GpuOptions {
         }
         if let Some(m) = from_env(F16_MAXIMA_ENV)? {
             self.f16_maxima = m;
+        }
+        if let Some(e) = from_env(EPILOGUES_ENV)? {
+            self.epilogues = e;
         }
         if let Some(d) = from_env(DOWNLOADS_ENV)? {
             self.downloads = d;
@@ -203,6 +220,9 @@ mod tests {
         }
         for m in [F16Maxima::Fold, F16Maxima::Scan] {
             assert_eq!(m.to_string().parse::<F16Maxima>(), Ok(m));
+        }
+        for e in [Epilogues::All, Epilogues::Forward, Epilogues::None] {
+            assert_eq!(e.to_string().parse::<Epilogues>(), Ok(e));
         }
         for s in [crate::DownloadStaging::Chunk, crate::DownloadStaging::Layer] {
             assert_eq!(s.to_string().parse::<crate::DownloadStaging>(), Ok(s));

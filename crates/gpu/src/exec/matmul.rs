@@ -307,7 +307,7 @@ impl GpuExecutor {
         let target = match da {
             DaOut::Fresh => fresh_da.as_ref().map(|c| (c, false, None)),
             DaOut::Acc(c) => Some((c, true, None)),
-            DaOut::Epi(c, e) => Some((c, false, Some(e))),
+            DaOut::Epi(c, e) => Some((c, false, self.epilogues.backward().then_some(e))),
         };
         let mut fused = false;
         if let Some((c, accumulate, epi)) = target {

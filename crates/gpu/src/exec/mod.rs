@@ -36,12 +36,13 @@ pub use attention::F16Attention;
 pub use batch::SubmitStats;
 pub use bind_groups::BindGroupStats;
 pub use env::{
-    DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV, F16_MATMUL_ENV,
-    F16_MAXIMA_ENV, F16_OPERANDS_ENV,
+    DOWNLOAD_STAGING_ENV, DOWNLOADS_ENV, EPILOGUES_ENV, F16_ATTENTION_ENV, F16_ATTENTION_TILES_ENV,
+    F16_MATMUL_ENV, F16_MAXIMA_ENV, F16_OPERANDS_ENV,
 };
 pub use f16_copy::F16Operands;
 pub use host_work::HostWork;
 pub use matmul::F16Matmul;
+pub use matmul_epilogue::Epilogues;
 pub use maxima::F16Maxima;
 
 use std::sync::Arc;
@@ -155,6 +156,9 @@ pub struct GpuOptions {
     /// Data parallel ranks whose executors share this device (0 or 1: this
     /// one alone): `tensor_memory` reports its share of the device.
     pub device_ranks: usize,
+    /// Which products apply their activation at their store (`All`) and
+    /// which leave it to the activation's own kernel (for timing the two).
+    pub epilogues: Epilogues,
 }
 
 /// Environment variable that turns on [`GpuOptions::shader_checks`].
@@ -189,6 +193,7 @@ pub struct GpuExecutor {
     output_maxima_stored: std::sync::atomic::AtomicU64,
     f16_operands: F16Operands,
     f16_maxima: F16Maxima,
+    epilogues: Epilogues,
     downloads: crate::Downloads,
     uploads: crate::Uploads,
     /// f16 operand copies recorded (`operand_f16_copies`).
@@ -327,6 +332,7 @@ impl GpuExecutor {
             output_maxima_stored: Default::default(),
             f16_operands: opts.f16_operands,
             f16_maxima: opts.f16_maxima,
+            epilogues: opts.epilogues,
             downloads: opts.downloads,
             uploads: opts.uploads,
             f16_copies: Default::default(),
