@@ -450,6 +450,15 @@ second)
             --steps 3 --warmup 1 --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} \
             --json "$OUT/anchor-qwen-whole.json" >"$OUT/anchor-qwen-whole.log" 2>&1
         rows "qwen anchor, MEGATRAIN_EMBEDDING=whole (rc $?; ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-})" "$OUT/anchor-qwen-whole.log"
+        # The backward's SwiGLU as the product and its own kernel (session
+        # 47's profile: the fused down-projection backward 12.9 ms a layer,
+        # twice a plain product of its size; its store now loads the
+        # epilogue's operands before the fragment goes out, session 49).
+        # shellcheck disable=SC2086
+        MEGATRAIN_EPILOGUES=forward timeout "$(left 100)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 \
+            --steps 3 --warmup 1 --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} \
+            --json "$OUT/anchor-qwen-unfused.json" >"$OUT/anchor-qwen-unfused.log" 2>&1
+        rows "qwen anchor, MEGATRAIN_EPILOGUES=forward (rc $?; ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-})" "$OUT/anchor-qwen-unfused.log"
         # shellcheck disable=SC2086
         timeout "$(left 130)" xtask bench-throughput --anchor qwen2.5-7b-8x1024 --steps 3 --warmup 1 \
             --mode-reps 0 --no-peer ${HANDOFF_FLAGS:-} ${KEEP_FLAGS:-} --carry-layers 14 --carry-order spread \

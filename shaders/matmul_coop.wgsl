@@ -51,29 +51,81 @@ var<workgroup> c_s: array<f32, SG_M * SG_N * 256u>;
 var<private> sc: OperandScales;
 var<private> li: u32;
 
+// The row and column within a fragment of element r (0..8) of those lane
+// `lane` stores: consecutive lanes walk C's contiguous dimension.
+fn fragment_rc(lane: u32, r: u32) -> vec2<u32> {
+    let idx = lane + r * 32u;
+    return vec2<u32>(select(idx / 16u, idx % 16u, TC), select(idx % 16u, idx / 16u, TC));
+}
+
+fn c_index(c_base: u32, gm: u32, gn: u32) -> u32 {
+    return c_base + select(gm * p.ldc + gn, gn * p.ldc + gm, TC);
+}
+
+// The epilogue's operands (epilogue_operands) of the eight elements a
+// lane stores of one fragment, elements 0..3 in the lo vectors and 4..7
+// in the hi: loaded before the fragment goes out through c_s, so that
+// their loads are in flight together and across the barrier rather than
+// each after the stores of the element before it (which may alias them as
+// far as the compiler knows). Without an epilogue they are zeros, loaded
+// from nowhere.
+struct FragOperands {
+    x0lo: vec4<f32>,
+    x0hi: vec4<f32>,
+    x1lo: vec4<f32>,
+    x1hi: vec4<f32>,
+}
+
+fn operands_at(lane: u32, r: u32, c_base: u32, fm: u32, fn0: u32) -> vec2<f32> {
+    let rc = fragment_rc(lane, r);
+    let gm = fm + rc.x;
+    let gn = fn0 + rc.y;
+    if EDGE && (gm >= p.m || gn >= p.n) {
+        return vec2<f32>(0.0);
+    }
+    return epilogue_operands(c_index(c_base, gm, gn));
+}
+
+fn fragment_operands(lane: u32, c_base: u32, fm: u32, fn0: u32) -> FragOperands {
+    let x0 = operands_at(lane, 0u, c_base, fm, fn0);
+    let x1 = operands_at(lane, 1u, c_base, fm, fn0);
+    let x2 = operands_at(lane, 2u, c_base, fm, fn0);
+    let x3 = operands_at(lane, 3u, c_base, fm, fn0);
+    let x4 = operands_at(lane, 4u, c_base, fm, fn0);
+    let x5 = operands_at(lane, 5u, c_base, fm, fn0);
+    let x6 = operands_at(lane, 6u, c_base, fm, fn0);
+    let x7 = operands_at(lane, 7u, c_base, fm, fn0);
+    return FragOperands(
+        vec4<f32>(x0.x, x1.x, x2.x, x3.x),
+        vec4<f32>(x4.x, x5.x, x6.x, x7.x),
+        vec4<f32>(x0.y, x1.y, x2.y, x3.y),
+        vec4<f32>(x4.y, x5.y, x6.y, x7.y),
+    );
+}
+
 // One fragment of C (rows fm.., columns fn0..) from c_s[cs..] to global
 // memory: unscaled, plus bias, plus C when accumulating, through the
-// epilogue (matmul_epilogue.wgsl). Consecutive lanes
-// walk C's contiguous dimension.
-fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32) {
+// epilogue (matmul_epilogue.wgsl) with the operands `x` fragment_operands
+// loaded for it.
+fn store_fragment(cs: u32, lane: u32, c_base: u32, fm: u32, fn0: u32, x: FragOperands) {
     for (var r = 0u; r < 8u; r++) {
-        let idx = lane + r * 32u;
-        let row = select(idx / 16u, idx % 16u, TC);
-        let col = select(idx % 16u, idx / 16u, TC);
-        let gm = fm + row;
-        let gn = fn0 + col;
+        let rc = fragment_rc(lane, r);
+        let gm = fm + rc.x;
+        let gn = fn0 + rc.y;
         if EDGE && (gm >= p.m || gn >= p.n) {
             continue;
         }
-        var v = apply(c_s[cs + row * 16u + col], sc.out);
+        var v = apply(c_s[cs + rc.x * 16u + rc.y], sc.out);
         if (p.flags & HAS_BIAS) != 0u {
             v += bias_in[p.bias_off + gn];
         }
-        let ci = c_base + select(gm * p.ldc + gn, gn * p.ldc + gm, TC);
+        let ci = c_index(c_base, gm, gn);
         if (p.flags & ACCUMULATE) != 0u {
             v += c_out[ci];
         }
-        c_out[ci] = epilogue(ci, v);
+        let q = r % 4u;
+        let ops = select(vec2<f32>(x.x0lo[q], x.x1lo[q]), vec2<f32>(x.x0hi[q], x.x1hi[q]), r >= 4u);
+        c_out[ci] = epilogue_with(ci, v, ops);
     }
 }
 

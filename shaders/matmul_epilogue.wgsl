@@ -5,6 +5,15 @@ fn epilogue(i: u32, v: f32) -> f32 {
     return v;
 }
 
+// No operands: a store's prefetch of them loads nothing.
+fn epilogue_operands(i: u32) -> vec2<f32> {
+    return vec2<f32>(0.0);
+}
+
+fn epilogue_with(i: u32, v: f32, x: vec2<f32>) -> f32 {
+    return epilogue(i, v);
+}
+
 //// fused
 // A matmul whose store applies an activation (activation_fns.wgsl, the
 // standalone kernels' functions) to the finished element v = op(A) @ op(B)
@@ -18,7 +27,30 @@ fn epilogue(i: u32, v: f32) -> f32 {
 @group(0) @binding(8) var<storage, read_write> aux_out: array<f32>;
 
 fn epilogue(i: u32, v: f32) -> f32 {
-    let c = epilogue_value(i, v);
+    return epilogue_with(i, v, epilogue_operands(i));
+}
+
+// aux0[i] and aux1[i] where the kind reads them, zero where it does not
+// (their bindings are then the dummy): loaded apart from epilogue_with so
+// that a store can have them in flight before it has its values (the
+// tensor-core kernels' store_fragment).
+fn epilogue_operands(i: u32) -> vec2<f32> {
+    let kind = (p.flags >> EPI_SHIFT) & EPI_MASK;
+    var x = vec2<f32>(0.0);
+    let glu_bwd = kind == EPI_SWIGLU_BWD || kind == EPI_GEGLU_BWD;
+    if glu_bwd || kind == EPI_GELU_BWD || kind == EPI_SWIGLU_FWD || kind == EPI_GEGLU_FWD {
+        x.x = aux0[i];
+    }
+    if glu_bwd {
+        x.y = aux1[i];
+    }
+    return x;
+}
+
+// Element i of C from the product's v and the operands x
+// (epilogue_operands(i)).
+fn epilogue_with(i: u32, v: f32, x: vec2<f32>) -> f32 {
+    let c = epilogue_value(i, v, x);
     note_c(c);
     return c;
 }
@@ -28,15 +60,15 @@ fn put_aux(i: u32, x: f32) {
     note_aux(x);
 }
 
-fn epilogue_value(i: u32, v: f32) -> f32 {
+fn epilogue_value(i: u32, v: f32, x: vec2<f32>) -> f32 {
     let kind = (p.flags >> EPI_SHIFT) & EPI_MASK;
     if kind == EPI_GELU_BWD {
-        // v = dy; aux0 = the pre-activation; C = its gradient.
-        return act_gelu_grad(aux0[i], v);
+        // v = dy; x.x = the pre-activation; C = its gradient.
+        return act_gelu_grad(x.x, v);
     }
     if kind == EPI_SWIGLU_BWD {
-        // v = ds; aux0 = gate, aux1 = up; C = dgate, aux_out = dup.
-        let d = act_swiglu_grads(aux0[i], aux1[i], v);
+        // v = ds; x = (gate, up); C = dgate, aux_out = dup.
+        let d = act_swiglu_grads(x.x, x.y, v);
         put_aux(i, d.y);
         return d.x;
     }
@@ -46,19 +78,19 @@ fn epilogue_value(i: u32, v: f32) -> f32 {
         return v;
     }
     if kind == EPI_SWIGLU_FWD {
-        // v = up; aux0 = gate; C = up, aux_out = silu(gate) · up.
-        put_aux(i, act_swiglu(aux0[i], v));
+        // v = up; x.x = gate; C = up, aux_out = silu(gate) · up.
+        put_aux(i, act_swiglu(x.x, v));
         return v;
     }
     if kind == EPI_GEGLU_BWD {
         // As EPI_SWIGLU_BWD for gelu(gate) · up.
-        let d = act_geglu_grads(aux0[i], aux1[i], v);
+        let d = act_geglu_grads(x.x, x.y, v);
         put_aux(i, d.y);
         return d.x;
     }
     if kind == EPI_GEGLU_FWD {
         // As EPI_SWIGLU_FWD: aux_out = gelu(gate) · up.
-        put_aux(i, act_geglu(aux0[i], v));
+        put_aux(i, act_geglu(x.x, v));
         return v;
     }
     return v;

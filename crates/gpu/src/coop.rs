@@ -256,6 +256,12 @@ impl CoopMatmul {
         let mut epi = String::new();
         for i in 0..fm {
             for j in 0..fnn {
+                let _ = writeln!(
+                    epi,
+                    "    let xo{i}_{j} = fragment_operands(lane, c_base, m0 + wm0 + {}u, n0 + wn0 + {}u);",
+                    16 * i,
+                    16 * j
+                );
                 let _ = if self.emulated {
                     writeln!(epi, "    emu_store_t(acc{i}_{j}, cs, ld16, lane);")
                 } else {
@@ -264,7 +270,7 @@ impl CoopMatmul {
                 epi.push_str("    workgroupBarrier();\n");
                 let _ = writeln!(
                     epi,
-                    "    store_fragment(cs, lane, c_base, m0 + wm0 + {}u, n0 + wn0 + {}u);",
+                    "    store_fragment(cs, lane, c_base, m0 + wm0 + {}u, n0 + wn0 + {}u, xo{i}_{j});",
                     16 * i,
                     16 * j
                 );
