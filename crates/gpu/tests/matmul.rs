@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::matmul_case::{Case, case, interior_cases, operands};
+use common::matmul_case::{Case, abs_terms, case, interior_cases, operands};
 use common::*;
 use megatrain_gpu::{GpuExecutor, GpuOptions};
-use megatrain_tensor::{DType, Executor, HostTensor, MatmulNeeds, Transpose};
+use megatrain_tensor::{DType, Executor, MatmulNeeds, Transpose};
 use proptest::prelude::*;
 
 /// Forward and backward of one case; `b_dtype` bf16 or f16 uploads b packed
@@ -64,31 +64,6 @@ fn check(g: &GpuExecutor, c: &Case, b_dtype: DType) {
         );
     }
     assert_eq!(gr.db.as_ref().unwrap().dims(), b.dims());
-}
-
-/// The norms of y, da, db and dbias computed on the operands' absolute
-/// values: the size of the terms each element of those sums.
-fn abs_terms(cpu: &megatrain_tensor::CpuExecutor, c: &Case, ops: [&HostTensor; 4]) -> [f64; 4] {
-    let [a, b, bias, dout] = ops.map(|h| {
-        let abs: Vec<f32> = h.to_f32_vec().iter().map(|x| x.abs()).collect();
-        cpu.upload(&HostTensor::from_f32(h.shape().clone(), abs).unwrap())
-            .unwrap()
-    });
-    let norm = |t: &<megatrain_tensor::CpuExecutor as Executor>::Tensor| {
-        down_cpu(cpu, t)
-            .iter()
-            .map(|&x| (x as f64).powi(2))
-            .sum::<f64>()
-            .sqrt()
-    };
-    let y = cpu.matmul(&a, &b, c.bias.then_some(&bias), c.t).unwrap();
-    let r = cpu.matmul_backward(&a, &b, &dout, c.t, MatmulNeeds::ALL).unwrap();
-    [
-        norm(&y),
-        norm(r.da.as_ref().unwrap()),
-        norm(r.db.as_ref().unwrap()),
-        norm(r.dbias.as_ref().unwrap()),
-    ]
 }
 
 proptest! {

@@ -1,10 +1,10 @@
 //! One random matmul case (shapes, layout, batching, bias) and its
 //! operands, shared by the f32 and f16 matmul tests.
 
-use megatrain_tensor::{HostTensor, Transpose};
+use megatrain_tensor::{Executor, HostTensor, MatmulNeeds, Transpose};
 use proptest::prelude::*;
 
-use super::rand_host;
+use super::{down_cpu, rand_host};
 
 #[derive(Debug, Clone)]
 pub struct Case {
@@ -84,4 +84,29 @@ pub fn interior_cases() -> Vec<Case> {
         v.push(c(vec![], 256, 260, 40, true, false, 3));
     }
     v
+}
+
+/// The norms of y, da, db and dbias computed on the operands' absolute
+/// values: the size of the terms each element of those sums.
+pub fn abs_terms(cpu: &megatrain_tensor::CpuExecutor, c: &Case, ops: [&HostTensor; 4]) -> [f64; 4] {
+    let [a, b, bias, dout] = ops.map(|h| {
+        let abs: Vec<f32> = h.to_f32_vec().iter().map(|x| x.abs()).collect();
+        cpu.upload(&HostTensor::from_f32(h.shape().clone(), abs).unwrap())
+            .unwrap()
+    });
+    let norm = |t: &<megatrain_tensor::CpuExecutor as Executor>::Tensor| {
+        down_cpu(cpu, t)
+            .iter()
+            .map(|&x| (x as f64).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let y = cpu.matmul(&a, &b, c.bias.then_some(&bias), c.t).unwrap();
+    let r = cpu.matmul_backward(&a, &b, &dout, c.t, MatmulNeeds::ALL).unwrap();
+    [
+        norm(&y),
+        norm(r.da.as_ref().unwrap()),
+        norm(r.db.as_ref().unwrap()),
+        norm(r.dbias.as_ref().unwrap()),
+    ]
 }
