@@ -46,17 +46,9 @@ fn f16_bits_rne(x: f32) -> u32 {
     if e < 102u {
         return sign;
     }
-    // x = m·2^(e-150) = (m >> d) units of 2^-24 and a remainder; q may
-    // round up to 0x400, the least normal f16's bits.
-    let d = 126u - e;
-    let m = (a & 0x7fffffu) | 0x800000u;
-    var q = m >> d;
-    let r = m & ((1u << d) - 1u);
-    let half = 1u << (d - 1u);
-    if r > half || (r == half && (q & 1u) == 1u) {
-        q += 1u;
-    }
-    return sign | q;
+    // x = m·2^(e-150): units of 2^-24 are m >> (126 - e), rounded (up to
+    // 0x400, the least normal f16's bits).
+    return sign | shift_rne((a & 0x7fffffu) | 0x800000u, 126u - e);
 }
 
 // Output words per invocation, each WORDS_STEP apart: the scale is

@@ -101,6 +101,14 @@ fn apply4(x: vec4<f32>, s: Pow2Steps) -> vec4<f32> {
     return x * s.f0 * s.f1 * s.f2;
 }
 
+// m >> d (d in 1..=31) rounded to the nearest integer, ties to even.
+fn shift_rne(m: u32, d: u32) -> u32 {
+    let q = m >> d;
+    let r = m & ((1u << d) - 1u);
+    let half = 1u << (d - 1u);
+    return q + select(0u, 1u, r > half || (r == half && (q & 1u) == 1u));
+}
+
 // x rounded to the nearest f16 (ties to even), as an f32: f16 keeps 11
 // significant bits down to 2^-14 and a fixed quantum of 2^-24 below it.
 fn round_f16(x: f32) -> f32 {
@@ -121,13 +129,7 @@ fn round_f16(x: f32) -> f32 {
     }
     // Bits of the 24-bit significand below the f16 quantum.
     let d = select(13u + (113u - e), 13u, e >= 113u);
-    let m = (a & 0x7fffffu) | 0x800000u;
-    var q = m >> d;
-    let r = m & ((1u << d) - 1u);
-    let half = 1u << (d - 1u);
-    if r > half || (r == half && (q & 1u) == 1u) {
-        q += 1u;
-    }
+    let q = shift_rne((a & 0x7fffffu) | 0x800000u, d);
     // q ≤ 2^11 units of the quantum 2^(e - 150 + d), exactly an f32.
     let quantum = select(-24, i32(e) - 137, e >= 113u);
     let v = f32(q) * pow2(quantum);

@@ -309,22 +309,11 @@ mod tests {
         assert_eq!(disk_estimate(&MemoryReport::default(), 1.0, 1.0).seconds, 0.0);
     }
 
-    /// The gradient chunks a GPU run holds on the host are sized by the
-    /// model (1/512 of its parameters, 32 MiB from 4.3B parameters up, the
-    /// 4 MiB floor but never above the largest layer for small ones), and
-    /// counted by its blocks: all of a block's chunks in flight, beside
-    /// four (`gradient_chunks_held`). TinyLlama-1.1B: 25 of 8.6 MB, 0.20
-    /// B/param; Qwen2.5-7B: 32 of 32 MiB, 0.14.
-    /// A step that takes the embedding's looked-up rows alone holds a
-    /// table of B·T rows on the device, not the whole (Qwen2.5-7B at
-    /// 8×1024 tokens: 8,192 of 152,064 rows); the largest pair of
-    /// neighbours' gradients is then the head's and the last block's, as
-    /// before. An embedding the budget spills takes the whole table.
-    #[test]
-    fn the_device_holds_the_embeddings_looked_up_rows_where_steps_take_them() {
-        let model = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
-        let input = PlanInput {
-            batch: 8,
+    /// A bf16 step of `batch` × 1024 tokens, every block recomputed, the
+    /// default optimizer queue, nothing held, carried or looked up alone.
+    fn bf16_input(batch: usize) -> PlanInput {
+        PlanInput {
+            batch,
             seq_len: 1024,
             checkpoint_every: 1,
             keep_activations: 0,
@@ -335,7 +324,18 @@ mod tests {
             carry_order: Default::default(),
             optimizer_queue: crate::trainer::DEFAULT_OPTIMIZER_QUEUE,
             embedding_rows: false,
-        };
+        }
+    }
+
+    /// A step that takes the embedding's looked-up rows alone holds a
+    /// table of B·T rows on the device, not the whole (Qwen2.5-7B at
+    /// 8×1024 tokens: 8,192 of 152,064 rows); the largest pair of
+    /// neighbours' gradients is then the head's and the last block's, as
+    /// before. An embedding the budget spills takes the whole table.
+    #[test]
+    fn the_device_holds_the_embeddings_looked_up_rows_where_steps_take_them() {
+        let model = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
+        let input = bf16_input(8);
         let tier = TierConfig {
             transport: TransportDType::BF16,
             ..TierConfig::default()
@@ -363,25 +363,19 @@ mod tests {
         assert_eq!(spilled.device.weights, whole.device.weights);
     }
 
+    /// The gradient chunks a GPU run holds on the host are sized by the
+    /// model (1/512 of its parameters, 32 MiB from 4.3B parameters up, the
+    /// 4 MiB floor but never above the largest layer for small ones), and
+    /// counted by its blocks: all of a block's chunks in flight, beside
+    /// four (`gradient_chunks_held`). TinyLlama-1.1B: 25 of 8.6 MB, 0.20
+    /// B/param; Qwen2.5-7B: 32 of 32 MiB, 0.14.
     #[test]
     fn gradient_chunks_on_the_host_are_sized_by_the_model() {
         use crate::trainer::{
             DEFAULT_TRANSFER_CHUNK, chunks_in_flight, gradient_chunks_held, transfer_chunk_for,
         };
         let queue = crate::trainer::DEFAULT_OPTIMIZER_QUEUE;
-        let input = PlanInput {
-            batch: 1,
-            seq_len: 1024,
-            checkpoint_every: 1,
-            keep_activations: 0,
-            chunk_rows: 256,
-            transport: TransportDType::BF16,
-            hold_grads: false,
-            carry_layers: 0,
-            carry_order: Default::default(),
-            optimizer_queue: queue,
-            embedding_rows: false,
-        };
+        let input = bf16_input(1);
         // Chunks held where chunks are of `chunk` elements: a block's and four.
         let held = |name: &str, chunk: u64| {
             let tables = megatrain_zoo::preset(name, None).unwrap().layer_tables();
@@ -424,7 +418,6 @@ mod tests {
         let model = megatrain_zoo::preset("qwen2.5-7b", None).unwrap();
         let deeper = PlanInput {
             optimizer_queue: 16,
-            embedding_rows: false,
             ..input
         };
         let p16 = plan(&model, &deeper, &TierConfig::default()).unwrap();
