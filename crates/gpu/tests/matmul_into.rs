@@ -325,15 +325,36 @@ fn split_products_accumulate_within_tolerance_or_fall_back_to_the_same_bits() {
 
 /// A weight gradient of a few output tiles summed over many rows runs as
 /// partial products over ranges of the rows, then their sum: one dispatch
-/// more than where the rows do not split into parts of a multiple of 16,
-/// and both within f32 rounding of the CPU's sums, accumulating or not.
+/// more than where the rows do not split into parts of whole K steps, and
+/// both within f32 rounding of the CPU's sums, accumulating or not. In
+/// f32, and under F16 (against the CPU's sums of the same f16 operands)
+/// on the emulated tensor-core tile and each hardware tile where the
+/// adapter has them, whose parts are at least 512 rows.
 #[test]
 fn few_tiles_over_many_rows_split_the_sum() {
     let Some(g) = gpu() else { return };
-    let cpu = cpu();
-    let mut dispatches = Vec::new();
     // 768 rows: 12 parts of 64. 760 = 8·95: no part a multiple of 16.
-    for (rows, seed) in [(768, 1), (760, 2)] {
+    split_the_sum(g, &cpu(), "f32", [768, 760]);
+    // 1024 rows: 2 parts of 512 on the tensor-core tiles. 1016 = 8·127: no
+    // part a multiple of 16.
+    let cpu16 = CpuExecutor::with_precision(ComputePrecision::F16);
+    let rows = [1024, 1016];
+    let coop = GpuOptions {
+        f16_matmul: F16Matmul::CoopEmulated(CoopTile::Small64),
+        ..Default::default()
+    };
+    let g = gpu_with(coop, ComputePrecision::F16).expect("adapter");
+    split_the_sum(&g, &cpu16, "emulated tensor cores", rows);
+    for (tile, g) in hardware_tiles("split sums") {
+        split_the_sum(&g, &cpu16, &format!("tensor cores {}", tile.name()), rows);
+    }
+}
+
+/// The weight gradient of a [rows, 45] input to a 70-wide layer: split
+/// over `rows[0]` rows, whole over `rows[1]`.
+fn split_the_sum(g: &GpuExecutor, cpu: &CpuExecutor, family: &str, rows: [usize; 2]) {
+    let mut dispatches = Vec::new();
+    for (rows, seed) in [(rows[0], 1), (rows[1], 2)] {
         let c = Case {
             lead: vec![],
             m: rows,
@@ -360,27 +381,29 @@ fn few_tiles_over_many_rows_split_the_sum() {
         let want = cpu
             .matmul_backward(&ca, &cb, &cd, c.t, Acc::Db.backward_needs())
             .unwrap();
-        let what = format!("{rows} rows: db");
+        let what = format!("{family}, {rows} rows: db");
         assert_close(
             &what,
             &down(g, r.db.as_ref().unwrap()),
-            &down_cpu(&cpu, want.db.as_ref().unwrap()),
+            &down_cpu(cpu, want.db.as_ref().unwrap()),
             TOL_F32,
         );
         let mut gacc = g.upload(&acc0).unwrap();
         Acc::Db.into(g, &ga, &gb, &gd, c.t, &mut gacc).unwrap();
         let mut cacc = cpu.upload(&acc0).unwrap();
-        Acc::Db.into(&cpu, &ca, &cb, &cd, c.t, &mut cacc).unwrap();
+        Acc::Db.into(cpu, &ca, &cb, &cd, c.t, &mut cacc).unwrap();
         assert_close(
             &format!("{what} accumulated"),
             &down(g, &gacc),
-            &down_cpu(&cpu, &cacc),
+            &down_cpu(cpu, &cacc),
             TOL_F32,
         );
     }
     assert_eq!(
         dispatches[0],
         dispatches[1] + 1,
-        "dispatches (768 rows, 760 rows)"
+        "{family}: dispatches ({} rows, {} rows)",
+        rows[0],
+        rows[1]
     );
 }

@@ -52,8 +52,13 @@ pub(crate) struct Scales<'a> {
 /// Workgroups a product should have before its K is split to reach it (an
 /// H100 has 132 SMs).
 const SPLIT_GRID: usize = 128;
-/// Fewest rows of K a part of a split product sums.
+/// Fewest rows of K a part of a split product sums on the SIMT kernels.
 const SPLIT_MIN_K: usize = 64;
+/// The same on the tensor-core tiles, where a part's workgroup also
+/// stores a whole tile of partial sums (128 KiB for the default tile):
+/// 512 rows are 16 K steps of 32 and about seven times the time of that
+/// store at a multiprocessor's share of the bandwidth.
+const SPLIT_MIN_K_COOP: usize = 512;
 
 /// Where a backward puts `a`'s gradient.
 pub(super) enum DaOut<'a> {
@@ -213,27 +218,54 @@ impl GpuExecutor {
     /// weight gradient of a small layer is a few output tiles summed over
     /// every token of the step: one workgroup per tile walking all of K
     /// leaves a large GPU nearly idle (gpt2-nano's are 4 to 16 tiles over
-    /// 768 rows). Split where the grid is under [`SPLIT_GRID`] workgroups,
-    /// into parts of at least [`SPLIT_MIN_K`] rows that divide K in
-    /// multiples of 16, for f32 products whose K rows are contiguous in
-    /// both operands (A stored [K, M], B [K, N]: the weight gradients).
+    /// 768 rows; under F16 on the tensor cores TinyLlama's K and V
+    /// projections' are 16 tiles of 128x256 over 8,192 tokens, Qwen2.5-7B's
+    /// 56). Split where the grid is under [`SPLIT_GRID`] workgroups of the
+    /// kernel the product runs on, into parts of at least [`SPLIT_MIN_K`]
+    /// rows ([`SPLIT_MIN_K_COOP`] on the tensor-core tiles, the only f16
+    /// kernels split) that divide K in
+    /// whole K steps (so a part runs on the same interior pipeline as the
+    /// whole would), for products whose K rows are contiguous in both
+    /// operands (A stored [K, M], B [K, N]: the weight gradients).
     fn k_parts(&self, d: &Mm, scaled: bool) -> usize {
-        if scaled || !d.ta || d.tb || d.tc || d.batch != 1 {
+        if !d.ta || d.tb || d.tc || d.batch != 1 {
             return 1;
         }
-        let tile = self.simt_tile(d);
-        let grid = d.m.div_ceil(tile) * d.n.div_ceil(tile);
-        let want = SPLIT_GRID.div_ceil(grid).min(d.k / SPLIT_MIN_K);
+        let (bm, bn, step, min_k) = self.split_tile(d, scaled);
+        let grid = d.m.div_ceil(bm) * d.n.div_ceil(bn);
+        let want = SPLIT_GRID.div_ceil(grid).min(d.k / min_k);
         let fits = |p: usize| (p * d.m * d.n * 4) as u64 <= self.max_binding && d.k / p <= self.k_cap();
         (2..=want)
             .rev()
-            .find(|&p| d.k.is_multiple_of(p) && (d.k / p).is_multiple_of(16) && fits(p))
+            .find(|&p| d.k.is_multiple_of(p) && (d.k / p).is_multiple_of(step) && fits(p))
             .unwrap_or(1)
     }
 
+    /// The output tile (rows, columns), the multiple of K a part must be
+    /// and the fewest rows of K it sums, on the kernel product `d` runs on
+    /// (`scaled`: under F16). Under F16 only the tensor-core tiles split:
+    /// the SIMT f16 kernel is the path of adapters without them, where
+    /// the step's shapes are small (left as it was).
+    fn split_tile(&self, d: &Mm, scaled: bool) -> (usize, usize, usize, usize) {
+        match (scaled, self.f16_matmul_kernel()) {
+            (true, F16Matmul::Coop(t) | F16Matmul::CoopEmulated(t)) => {
+                let s = t.shape();
+                let bk = s.bk as usize;
+                (s.bm as usize, s.bn as usize, bk.max(16), SPLIT_MIN_K_COOP.max(bk))
+            }
+            (true, _) => (1, 1, 16, usize::MAX),
+            (false, _) => {
+                let tile = self.simt_tile(d);
+                (tile, tile, 16, SPLIT_MIN_K)
+            }
+        }
+    }
+
     /// Product `d` as `parts` partial products over consecutive ranges of
-    /// K, one batch entry each in one dispatch, then their sum (in order,
-    /// plus C where `d` accumulates) by `sum_rows`' kernel.
+    /// K, one batch entry each in one dispatch (under F16 with the whole
+    /// operands' scales), then their sum (in order, plus C where `d`
+    /// accumulates) by `sum_rows`' kernel.
+    #[allow(clippy::too_many_arguments)]
     fn split_k(
         &self,
         op: &mut Op<'_>,
@@ -242,6 +274,7 @@ impl GpuExecutor {
         c: &GpuTensor,
         d: Mm,
         parts: usize,
+        scales: Option<Scales<'_>>,
     ) -> Result<()> {
         let (mn, ks) = (d.m * d.n, d.k / parts);
         let partial = self.alloc_f32([parts, mn])?;
@@ -255,7 +288,7 @@ impl GpuExecutor {
             max_out: false,
             ..d
         };
-        self.matmul_raw(op, a, b, None, &partial, split, None)?;
+        self.matmul_raw(op, a, b, None, &partial, split, scales)?;
         self.dispatch_sum_rows(op, self.full(&partial)?, parts, mn, self.full(c)?, d.accumulate);
         op.keep(partial);
         Ok(())
@@ -369,7 +402,7 @@ impl GpuExecutor {
             };
             match self.k_parts(&d, sc.is_some()) {
                 1 => self.matmul_raw(&mut op, x, y, None, db, d, sc)?,
-                parts => self.split_k(&mut op, x, y, db, d, parts)?,
+                parts => self.split_k(&mut op, x, y, db, d, parts, sc)?,
             }
         }
         let db = fresh;
