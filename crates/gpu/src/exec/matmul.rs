@@ -223,10 +223,10 @@ impl GpuExecutor {
     /// 56). Split where the grid is under [`SPLIT_GRID`] workgroups of the
     /// kernel the product runs on, into parts of at least [`SPLIT_MIN_K`]
     /// rows ([`SPLIT_MIN_K_COOP`] on the tensor-core tiles, the only f16
-    /// kernels split) that divide K in
-    /// whole K steps (so a part runs on the same interior pipeline as the
-    /// whole would), for products whose K rows are contiguous in both
-    /// operands (A stored [K, M], B [K, N]: the weight gradients).
+    /// kernels split) that divide K in whole K steps (so a part runs on
+    /// the same interior pipeline as the whole would), for products whose
+    /// K rows are contiguous in both operands (A stored [K, M], B [K, N]:
+    /// the weight gradients).
     fn k_parts(&self, d: &Mm, scaled: bool) -> usize {
         if !d.ta || d.tb || d.tc || d.batch != 1 {
             return 1;
