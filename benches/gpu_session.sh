@@ -366,6 +366,14 @@ first)
     # attention prints every 7B shape's forward and backward (≥ 150 and
     # ≥ 75 TFLOP/s at B4 T2048 32/8 D128) and SDPA's beside them, the
     # criterion rows cut to that shape.
+    # Where the default tile's time goes (issue 12: 187 TFLOP/s at 8192³
+    # where 300 is asked): the product again with its K loop cut down to
+    # the multiply-adds, then with the fragment loads, the barriers and
+    # the staging put back in turn (CoopProbe; the rest of the real
+    # kernel's time is its global reads). One line, about 15 s; the
+    # filter matches no criterion row.
+    tag=-probe MEGATRAIN_COOP_PROBE=default cap=40 b matmul '^probe-only$'
+    while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain coop probe' "$OUT/bench-matmul-probe.log")
     # The sweep (f16_sweep_ rows) times CoopTile::SWEEP's shapes, around
     # the default; each checked against f32 first. Shorter samples than
     # session 28's (about 2 minutes each there).

@@ -18,6 +18,9 @@
 //! `f16_copy_…` (an operand's max scan and f16 copy, in bytes moved), and,
 //! where `MEGATRAIN_COOP_SWEEP` names tile shapes (`default` for
 //! `CoopTile::SWEEP`), `f16_sweep_{shape}_…` at 8192³ and a 7B MLP forward.
+//! Where `MEGATRAIN_COOP_PROBE` names tiles (`default` for the default
+//! tile), each is first taken apart by its timing probes (`CoopProbe`) at
+//! 8192³, printed as `megatrain coop probe` lines, whatever the filter.
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
 //! --bench matmul -- f16_coop128x256w16_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
@@ -28,7 +31,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use std::cell::OnceCell;
 
-use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
+use megatrain_gpu::{CoopProbe, CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, DType, Executor, HostTensor, Transpose};
 
@@ -103,6 +106,7 @@ fn product_row(
 fn bench(c: &mut Criterion) {
     let Some(g) = common::executor() else { return };
     let real = common::is_real_gpu(&g);
+    probe(&g, real);
     let nn = Transpose::NN;
     let nt = Transpose::NT;
     let tn = Transpose::TN;
@@ -343,6 +347,93 @@ fn sweep(c: &mut Criterion, g: &GpuExecutor, real: bool) {
 
 /// Names the tile shapes [`sweep`] times.
 const SWEEP_ENV: &str = "MEGATRAIN_COOP_SWEEP";
+
+/// Names the tiles [`probe`] takes apart.
+const PROBE_ENV: &str = "MEGATRAIN_COOP_PROBE";
+
+/// Where a tensor-core tile's time goes: for each tile
+/// `MEGATRAIN_COOP_PROBE` names (`default`: the default tile; else tile
+/// names or shapes joined by commas), the product at 8192³ (512³ where the
+/// adapter is not a real GPU) on the real kernel, checked against the f32
+/// kernel first, and on each of its timing probes (`CoopProbe`: wrong
+/// products, not checked), from the multiply-adds alone to all but the
+/// global reads. Medians of `reps` timed runs after two untimed ones,
+/// printed as `megatrain coop probe` lines in the real product's TFLOP/s.
+/// Runs before criterion's rows, whatever its filter.
+fn probe(g: &GpuExecutor, real: bool) {
+    let Ok(list) = std::env::var(PROBE_ENV) else {
+        return;
+    };
+    if !g.context().has_cooperative_matrix() {
+        eprintln!("{PROBE_ENV}: adapter has no cooperative matrices, no probes");
+        return;
+    }
+    let tiles: Vec<CoopTile> = match list.trim() {
+        "default" => vec![CoopTile::DEFAULT],
+        l => l
+            .split(',')
+            .map(|n| CoopTile::parse(n.trim()).unwrap_or_else(|e| panic!("{PROBE_ENV}: {e}")))
+            .collect(),
+    };
+    let (size, reps) = if real { (8192, 10) } else { (512, 3) };
+    let shape = (size, size, size, Transpose::NN, DType::F32);
+    let (ha, hb) = operands(20, shape);
+    let want = g
+        .download(
+            &g.matmul(
+                &g.upload(&ha).unwrap(),
+                &g.upload(&hb).unwrap(),
+                None,
+                Transpose::NN,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+        .to_f32_vec();
+    let flops = 2.0 * (size as f64).powi(3);
+    for tile in tiles {
+        let runs = std::iter::once(None).chain(CoopProbe::ALL.map(Some));
+        let mut line = format!("megatrain coop probe {} {size}x{size}x{size}_NN:", tile.name());
+        for p in runs {
+            let mut e = GpuExecutor::with_options(
+                g.context().clone(),
+                GpuOptions {
+                    f16_matmul: F16Matmul::Coop(tile),
+                    coop_probe: p,
+                    ..Default::default()
+                },
+            );
+            e.set_compute_precision(ComputePrecision::F16).unwrap();
+            let (a, b) = (e.upload(&ha).unwrap(), e.upload(&hb).unwrap());
+            if p.is_none() {
+                check_against(
+                    &tile.name(),
+                    &e.matmul(&a, &b, None, Transpose::NN).unwrap(),
+                    &e,
+                    &want,
+                );
+            }
+            let mut ms: Vec<f64> = (0..reps + 2)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    let y = e.matmul(&a, &b, None, Transpose::NN).unwrap();
+                    e.synchronize().unwrap();
+                    drop(y);
+                    t.elapsed().as_secs_f64() * 1e3
+                })
+                .skip(2)
+                .collect();
+            ms.sort_by(f64::total_cmp);
+            let median = ms[ms.len() / 2];
+            let name = p.map_or("full", CoopProbe::name);
+            line.push_str(&format!(
+                " {name} {median:.3} ms ({:.1} TFLOP/s),",
+                flops / median / 1e9
+            ));
+        }
+        println!("{}", line.trim_end_matches(','));
+    }
+}
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();

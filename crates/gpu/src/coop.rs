@@ -40,12 +40,114 @@ pub struct CoopMatmul {
     pub emulated: bool,
     /// With the matmul epilogue (as `SimtMatmul::epi`).
     pub epi: bool,
+    /// A timing probe in place of the K loop: a wrong product
+    /// ([`CoopProbe`]). `None` in every variant the executor runs unless
+    /// [`crate::GpuOptions::coop_probe`] asks.
+    pub probe: Option<CoopProbe>,
+}
+
+/// The tensor-core matmul with parts of its K loop taken out, to find
+/// where its time goes on a GPU: a Vulkan driver compiles the shader
+/// into code of its own that no profiler we can reach through wgpu shows,
+/// so the kernel is timed again with one part after another put back.
+/// Each probe computes a wrong product (its operands are read once, or
+/// not at all); only the matmul bench runs them (`MEGATRAIN_COOP_PROBE`),
+/// through [`crate::GpuOptions::coop_probe`]. From the least of the loop
+/// to the most; the real kernel adds each step's reads from global memory
+/// to [`CoopProbe::Staging`]. Every probe runs the real kernel's
+/// multiply-adds, stores and epilogue, so its time reads as the real
+/// product's FLOPs at that rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CoopProbe {
+    /// The multiply-adds alone, on fragments loaded once before the loop.
+    Mma,
+    /// And each step's fragment loads from the operand tiles in workgroup
+    /// memory (staged once, before the loop), a different 16 of the K step
+    /// each step so that no compiler hoists them.
+    Fragments,
+    /// And the loop's two workgroup barriers a step.
+    Barriers,
+    /// And each step's staging of the operand registers into workgroup
+    /// memory (read from global memory once, before the loop): the
+    /// one-buffer loop (`single`, `prefetch`) but for its global reads.
+    Staging,
+}
+
+impl CoopProbe {
+    pub const ALL: [CoopProbe; 4] = [
+        CoopProbe::Mma,
+        CoopProbe::Fragments,
+        CoopProbe::Barriers,
+        CoopProbe::Staging,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CoopProbe::Mma => "mma",
+            CoopProbe::Fragments => "fragments",
+            CoopProbe::Barriers => "barriers",
+            CoopProbe::Staging => "staging",
+        }
+    }
+
+    /// The K loop of this probe (in place of `//{{LOOP}}` in `main`):
+    /// `loads` are one K slice's fragment loads (at `kk`, from `abuf` and
+    /// `bbuf`) and `products` its multiply-adds, a statement a line, not
+    /// indented; `step` is a whole K step of both (the real loops'
+    /// `//{{MMA}}`).
+    fn k_loop(self, loads: &str, products: &str, step: &str) -> String {
+        let ind = |text: &str, by: &str| -> String { text.lines().map(|l| format!("{by}{l}\n")).collect() };
+        let stage_once = "    fetch_a(a_base, m0, 0u);\n    fetch_b(b_base, n0, 0u);\n    stage_a(0u);\n    stage_b(0u);\n    workgroupBarrier();\n    let abuf = 0u;\n    let bbuf = 0u;\n";
+        let slices = |bar: &str| {
+            format!(
+                "{stage_once}    for (var t = 0u; t < nk; t++) {{\n{bar}        for (var k16 = 0u; k16 < BK; k16 += 16u) {{\n            let kk = (k16 + t * 16u) % BK;\n{}{}        }}\n{bar}    }}\n",
+                ind(loads, "            "),
+                ind(products, "            ")
+            )
+        };
+        match self {
+            CoopProbe::Mma => format!(
+                "{stage_once}    let kk = 0u;\n{}    for (var t = 0u; t < nk; t++) {{\n        for (var k16 = 0u; k16 < BK; k16 += 16u) {{\n{}        }}\n    }}\n",
+                ind(loads, "    "),
+                ind(products, "            ")
+            ),
+            CoopProbe::Fragments => slices(""),
+            CoopProbe::Barriers => slices("        workgroupBarrier();\n"),
+            CoopProbe::Staging => format!(
+                "    fetch_a(a_base, m0, 0u);\n    fetch_b(b_base, n0, 0u);\n    for (var t = 0u; t < nk; t++) {{\n        stage_a(0u);\n        stage_b(0u);\n        workgroupBarrier();\n        let abuf = 0u;\n        let bbuf = 0u;\n{step}        workgroupBarrier();\n    }}\n"
+            ),
+        }
+    }
 }
 
 impl CoopMatmul {
     /// Every variant, for compiling them all (tests) and warming up.
     pub fn all() -> Vec<CoopMatmul> {
         CoopTile::ALL.into_iter().flat_map(CoopMatmul::variants).collect()
+    }
+
+    /// The timing probes of the variants the bench and the tests run them
+    /// on: the default tile's and the emulated tiles' products of f16
+    /// copies, every layout and edge, emulated or not, without epilogue.
+    pub fn all_probes() -> Vec<CoopMatmul> {
+        [CoopTile::DEFAULT, CoopTile::Small64, CoopTile::Simple64]
+            .into_iter()
+            .flat_map(CoopMatmul::variants)
+            .filter(|v| v.a_f16 && v.b_f16 && !v.epi)
+            .flat_map(CoopMatmul::probes)
+            .collect()
+    }
+
+    /// This variant with each timing probe in place of its K loop
+    /// ([`CoopProbe`]).
+    pub fn probes(self) -> Vec<CoopMatmul> {
+        CoopProbe::ALL
+            .into_iter()
+            .map(|p| CoopMatmul {
+                probe: Some(p),
+                ..self
+            })
+            .collect()
     }
 
     /// Every variant of one tile: layouts, edges, epilogue, emulation, and
@@ -64,6 +166,7 @@ impl CoopMatmul {
                     emulated: f(5),
                     epi: f(6),
                     a_f16: f(7),
+                    probe: None,
                 }
             })
             .filter(|v| v.b_f16 || !v.a_f16)
@@ -100,7 +203,7 @@ impl CoopMatmul {
 
     pub fn label(&self) -> String {
         format!(
-            "{}{}_{}{}{}{}{}{}{}",
+            "{}{}_{}{}{}{}{}{}{}{}",
             self.tile.name(),
             if self.emulated { "_sw" } else { "" },
             if self.ta { "T" } else { "N" },
@@ -109,7 +212,9 @@ impl CoopMatmul {
             if self.edge { "_edge" } else { "" },
             if self.a_f16 { "_a16" } else { "" },
             if self.b_f16 { "_b16" } else { "" },
-            if self.epi { "_epi" } else { "" }
+            if self.epi { "_epi" } else { "" },
+            self.probe
+                .map_or(String::new(), |p| format!("_probe_{}", p.name()))
         )
     }
 
@@ -211,20 +316,20 @@ impl CoopMatmul {
             }
         };
 
-        // One K step of the fragments in buffer (abuf, bbuf).
-        let mut mma = String::new();
-        mma.push_str("        for (var kk = 0u; kk < BK; kk += 16u) {\n");
-        // A is staged [m][k] (row-major fragments) unless transposed, B
-        // [k][n] unless transposed.
+        // One K slice's fragment loads (at kk, from buffers abuf and bbuf)
+        // and multiply-adds, a statement a line; a K step is BK / 16 of
+        // them. A is staged [m][k] (row-major fragments) unless transposed,
+        // B [k][n] unless transposed.
+        let mut loads = String::new();
         for i in 0..fm {
             let idx = if self.ta {
                 format!("abuf + kk * LDA_S + wm0 + {}u", 16 * i)
             } else {
                 format!("abuf + (wm0 + {}u) * LDA_S + kk", 16 * i)
             };
-            let _ = writeln!(mma, "            let ia{i} = {idx};");
+            let _ = writeln!(loads, "let ia{i} = {idx};");
             let f = load("A", "a_s", &format!("ia{i}"), "lda_s", !self.ta);
-            let _ = writeln!(mma, "            let fa{i} = {f};");
+            let _ = writeln!(loads, "let fa{i} = {f};");
         }
         for j in 0..fnn {
             let idx = if self.tb {
@@ -232,24 +337,26 @@ impl CoopMatmul {
             } else {
                 format!("bbuf + kk * LDB_S + wn0 + {}u", 16 * j)
             };
-            let _ = writeln!(mma, "            let ib{j} = {idx};");
+            let _ = writeln!(loads, "let ib{j} = {idx};");
             let f = load("B", "b_s", &format!("ib{j}"), "ldb_s", !self.tb);
-            let _ = writeln!(mma, "            let fb{j} = {f};");
+            let _ = writeln!(loads, "let fb{j} = {f};");
         }
+        let mut products = String::new();
         for i in 0..fm {
             for j in 0..fnn {
                 let _ = if self.emulated {
-                    writeln!(
-                        mma,
-                        "            acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);"
-                    )
+                    writeln!(products, "acc{i}_{j} = emu_mma(fa{i}, fb{j}, acc{i}_{j}, lane);")
                 } else {
                     writeln!(
-                        mma,
-                        "            acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});"
+                        products,
+                        "acc{i}_{j} = coopMultiplyAdd(fa{i}, fb{j}, acc{i}_{j});"
                     )
                 };
             }
+        }
+        let mut mma = String::from("        for (var kk = 0u; kk < BK; kk += 16u) {\n");
+        for line in loads.lines().chain(products.lines()) {
+            let _ = writeln!(mma, "            {line}");
         }
         mma.push_str("        }\n");
 
@@ -278,12 +385,15 @@ impl CoopMatmul {
             }
         }
 
-        let body = section(match s.k_loop {
-            KLoop::Single => "loop_single",
-            KLoop::Prefetch => "loop_prefetch",
-            KLoop::Double => "loop_double",
-        })
-        .replace("//{{MMA}}\n", &mma);
+        let body = match self.probe {
+            Some(probe) => probe.k_loop(&loads, &products, &mma),
+            None => section(match s.k_loop {
+                KLoop::Single => "loop_single",
+                KLoop::Prefetch => "loop_prefetch",
+                KLoop::Double => "loop_double",
+            })
+            .replace("//{{MMA}}\n", &mma),
+        };
         let main = section("main")
             .replace("//{{ACCUMULATORS}}\n", &acc)
             .replace("//{{LOOP}}\n", &body)

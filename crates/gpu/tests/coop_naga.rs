@@ -86,6 +86,30 @@ fn every_swept_tile_shape_compiles_to_spirv() {
     );
 }
 
+/// The matmul's timing probes (`CoopProbe`), which a GPU session runs on a
+/// driver that sees them first.
+#[test]
+fn every_timing_probe_compiles_to_spirv() {
+    let all = CoopMatmul::all_probes();
+    assert_eq!(all.len(), 3 * 32 * 4);
+    let failed: Vec<String> = all
+        .iter()
+        .filter_map(|v| match std::panic::catch_unwind(|| compile(v)) {
+            Ok(Ok(words)) if words.len() > 100 => None,
+            Ok(Ok(_)) => Some(format!("{}: empty module", v.label())),
+            Ok(Err(e)) => Some(format!("{}:\n{e}", v.label())),
+            Err(_) => Some(format!("{}: naga panicked", v.label())),
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} probes fail:\n{}",
+        failed.len(),
+        all.len(),
+        failed.join("\n")
+    );
+}
+
 #[test]
 fn every_flash_attention_variant_compiles_to_spirv() {
     let all = CoopAttention::all();

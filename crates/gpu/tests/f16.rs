@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 
 use common::matmul_case::{Case, abs_terms, case, interior_cases, operands};
 use common::*;
-use megatrain_gpu::{CoopTile, F16Matmul, F16Operands, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{CoopProbe, CoopTile, F16Matmul, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::{
     ComputePrecision, DType, Executor, HostTensor, MatmulNeeds, Shape, Transpose, f16, f16_scale_exponent,
 };
@@ -445,6 +445,65 @@ fn tensor_core_kernels_match_host_reference() {
             };
             check(&small, &c, DType::F32, 1.0);
             check(&small, &c, DType::F16, 1.0);
+        }
+    }
+}
+
+/// The timing probes (`CoopProbe`, the matmul bench's
+/// `MEGATRAIN_COOP_PROBE`) time the kernel's own fragments, staging and
+/// multiply-adds: over one K step the probes that stage the operands once
+/// (all but `Mma`, and `Mma` too where the K step is one fragment) give the
+/// real kernel's product bit for bit, and over two steps every probe gives
+/// another (it reads the first step's operands again), so none is the real
+/// loop in disguise. On an emulated tile here, and on the default tile's
+/// hardware fragments where the adapter has them.
+#[test]
+fn timing_probes_run_the_kernels_own_fragments() {
+    let Some(c) = own_ctx() else { return };
+    // One emulated tile (a K step of one fragment); the hardware default's
+    // is two.
+    let mut tiles = vec![(CoopTile::Small64, true)];
+    if c.has_cooperative_matrix() {
+        tiles.push((CoopTile::DEFAULT, false));
+    } else {
+        eprintln!("no cooperative matrices: the hardware probes NOT run here");
+    }
+    for (tile, emulated) in tiles {
+        let on = |probe| {
+            let kind = if emulated {
+                F16Matmul::CoopEmulated(tile)
+            } else {
+                F16Matmul::Coop(tile)
+            };
+            f16_executor(
+                c.clone(),
+                GpuOptions {
+                    f16_matmul: kind,
+                    coop_probe: probe,
+                    ..Default::default()
+                },
+            )
+        };
+        let s = tile.shape();
+        let (m, n, bk) = (2 * s.bm as usize, 2 * s.bn as usize, s.bk as usize);
+        let real = on(None);
+        let product = |g: &GpuExecutor, k: usize| {
+            let a = g.upload(&rand_host(1, &[m, k])).unwrap();
+            let b = g.upload(&rand_host(2, &[k, n])).unwrap();
+            let y = g.matmul(&a, &b, None, Transpose::NN).unwrap();
+            g.download(&y).unwrap().to_f32_vec()
+        };
+        let (one, two) = (product(&real, bk), product(&real, 2 * bk));
+        for probe in CoopProbe::ALL {
+            let g = on(Some(probe));
+            let what = format!("{} {}", tile.name(), probe.name());
+            let got = product(&g, bk);
+            assert!(got.iter().all(|x| x.is_finite()), "{what}: a value not finite");
+            let same = got.iter().zip(&one).all(|(x, y)| x.to_bits() == y.to_bits());
+            let staged_once = probe != CoopProbe::Mma || bk == 16;
+            assert_eq!(same, staged_once, "{what}: one K step the real product's bits");
+            let got = product(&g, 2 * bk);
+            assert!(got != two, "{what}: two K steps gave the real product");
         }
     }
 }

@@ -441,6 +441,7 @@ impl GpuExecutor {
                         a_f16,
                         emulated,
                         epi,
+                        probe: self.coop_probe,
                     })
                 };
                 let (mt, nt) = (m.div_ceil(bm), n.div_ceil(bn));

@@ -159,6 +159,12 @@ pub struct GpuOptions {
     /// Which products apply their activation at their store (`All`) and
     /// which leave it to the activation's own kernel (for timing the two).
     pub epilogues: Epilogues,
+    /// Runs every tensor-core product with this timing probe in place of
+    /// its K loop: **wrong results**, for the matmul bench's
+    /// `MEGATRAIN_COOP_PROBE` alone ([`crate::CoopProbe`]), with
+    /// `f16_matmul` naming the tile (under `Auto` the default tile's check
+    /// fails and the SIMT kernel runs).
+    pub coop_probe: Option<crate::CoopProbe>,
 }
 
 /// Environment variable that turns on [`GpuOptions::shader_checks`].
@@ -194,6 +200,7 @@ pub struct GpuExecutor {
     f16_operands: F16Operands,
     f16_maxima: F16Maxima,
     epilogues: Epilogues,
+    coop_probe: Option<crate::CoopProbe>,
     downloads: crate::Downloads,
     uploads: crate::Uploads,
     /// f16 operand copies recorded (`operand_f16_copies`).
@@ -333,6 +340,7 @@ impl GpuExecutor {
             f16_operands: opts.f16_operands,
             f16_maxima: opts.f16_maxima,
             epilogues: opts.epilogues,
+            coop_probe: opts.coop_probe,
             downloads: opts.downloads,
             uploads: opts.uploads,
             f16_copies: Default::default(),

@@ -67,13 +67,18 @@ pub fn every_kernel() -> Vec<(String, String, &'static str, bool)> {
             (format!("{k:?}"), s.source, s.entry, k.own_spirv())
         })
         .collect();
-    // The named tiles, and the hardware variants of the bench's swept shapes.
+    // The named tiles, the hardware variants of the bench's swept shapes
+    // and the timing probes of the matmul bench.
     let swept = megatrain_gpu::CoopTile::SWEEP
         .iter()
         .map(|n| megatrain_gpu::CoopTile::parse(n).unwrap())
         .flat_map(CoopMatmul::variants)
         .filter(|v| !v.emulated);
-    for v in CoopMatmul::all().into_iter().chain(swept) {
+    for v in CoopMatmul::all()
+        .into_iter()
+        .chain(swept)
+        .chain(CoopMatmul::all_probes())
+    {
         let k = Kernel::MatmulCoop(v);
         let s = k.spec();
         all.push((v.label(), s.source, s.entry, k.own_spirv()));
