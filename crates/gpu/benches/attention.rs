@@ -22,7 +22,9 @@
 //! `benches/torch_sdpa.py` for PyTorch's figure on the same shapes where
 //! torch with CUDA imports. Where `MEGATRAIN_ATTN_SWEEP` names tile sets
 //! (`default`: `AttnTiles::SWEEP`), `fwd_sweep{i}_…`/`bwd_sweep{i}_…` time
-//! each at B4 T2048 32/8 D128.
+//! each at B4 T2048 32/8 D128. Where `MEGATRAIN_ATTN_PROBE` is set, the
+//! forward is first taken apart by its timing probes (`AttnProbe`),
+//! printed as `megatrain attention probe` lines, whatever the filter.
 
 mod common;
 
@@ -32,7 +34,8 @@ use std::time::Instant;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use megatrain_gpu::{
-    AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor, TimingSource,
+    AttnProbe, AttnTiles, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor,
+    TimingSource,
 };
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{AttentionOut, AttnMask, ComputePrecision, CpuExecutor, Executor, HostTensor};
@@ -453,7 +456,85 @@ fn bench_f16_sweep(c: &mut Criterion) {
     }
 }
 
+/// Turns on [`probe_forward`].
+const ATTN_PROBE_ENV: &str = "MEGATRAIN_ATTN_PROBE";
+
+/// Where the tensor-core forward's time goes, where `MEGATRAIN_ATTN_PROBE`
+/// is set (to anything): at issue 13's shape (B4 T2048 32/8 D128) and
+/// TinyLlama's (B8 T1024 32/4 D64) on a GPU, one small shape elsewhere,
+/// the default tiles' forward (checked against the CPU first) and its
+/// timing probes (`AttnProbe`: wrong results, not checked), each the median
+/// of five forwards after one, and its kernel alone where the adapter has
+/// timestamps. Printed as `megatrain attention probe` lines, in the real
+/// forward's causal TFLOP/s; runs before criterion's rows, whatever the
+/// filter.
+fn probe_forward() {
+    if std::env::var_os(ATTN_PROBE_ENV).is_none() {
+        return;
+    }
+    let Some(g) = common::executor() else { return };
+    if !g.context().has_cooperative_matrix() {
+        eprintln!("{ATTN_PROBE_ENV}: adapter has no cooperative matrices, no probes");
+        return;
+    }
+    let shapes: Vec<Dims> = if common::is_real_gpu(&g) {
+        vec![(4, 2048, 32, 8, 128), (8, 1024, 32, 4, 64)]
+    } else {
+        vec![(1, 64, 4, 2, 64)]
+    };
+    drop(g);
+    for dims in shapes {
+        let (b, t, hq, hkv, d) = dims;
+        let flops = attn_flops(dims, &AttnMask::CAUSAL) as f64;
+        let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d]];
+        let hs = [1, 2, 3].map(|i| common::rand(i, &hs[i as usize - 1]));
+        let mut line = format!("megatrain attention probe {}:", dims_name(dims));
+        for probe in std::iter::once(None).chain(AttnProbe::ALL.map(Some)) {
+            let opts = GpuOptions {
+                attention_probe: probe,
+                ..Default::default()
+            };
+            let Some(g) = f16_executor(F16Attention::Coop, opts) else {
+                return;
+            };
+            if probe.is_none() {
+                check(&g, t.min(256), hq, hkv, d);
+            }
+            let up = hs.each_ref().map(|h| g.upload(h).unwrap());
+            let forward = || {
+                let o = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL).unwrap();
+                g.synchronize().unwrap();
+                drop(o);
+            };
+            let s = median(5, forward);
+            let mut kernel = String::new();
+            if g.timing_source() == TimingSource::GpuTimestamps {
+                g.profile().clear();
+                g.set_profiling(true);
+                forward();
+                g.set_profiling(false);
+                let fwd = g
+                    .profile()
+                    .kernel_snapshot()
+                    .into_iter()
+                    .find(|(k, _)| k.contains("/flash_fwd"));
+                if let Some((_, t)) = fwd {
+                    kernel = format!(", kernel {:.3} ms", t.total_ns as f64 / 1e6);
+                }
+            }
+            let name = probe.map_or("full", AttnProbe::name);
+            line.push_str(&format!(
+                " {name} {:.3} ms ({:.1} TFLOP/s{kernel}),",
+                s * 1e3,
+                flops / s / 1e12
+            ));
+        }
+        println!("{}", line.trim_end_matches(','));
+    }
+}
+
 fn main() {
+    probe_forward();
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     bench_f16(&mut c);

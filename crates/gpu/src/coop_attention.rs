@@ -41,6 +41,41 @@ pub struct CoopAttention {
     /// A tile other than the pass's default ([`CoopAttention::tile`]), for
     /// timing tiles (`MEGATRAIN_F16_ATTENTION_TILES`).
     pub shape: Option<AttnTile>,
+    /// The forward with part of its key loop taken out, for timing: wrong
+    /// results ([`AttnProbe`]). `None` in every variant the executor runs
+    /// unless [`crate::GpuOptions::attention_probe`] asks.
+    pub probe: Option<AttnProbe>,
+}
+
+/// The tensor-core attention's forward with part of its loop over K/V tiles
+/// taken out, to find where its time goes on a GPU whose driver's code no
+/// profiler we can reach shows (as [`crate::CoopProbe`] does for the
+/// matmul). Each gives wrong results; only the attention bench runs them
+/// (`MEGATRAIN_ATTN_PROBE`), through [`crate::GpuOptions::attention_probe`].
+/// Every probe keeps the real loop's tiles (the causal bounds, the skipped
+/// tiles), its products, the scores' way through workgroup memory and back
+/// as P, and its barriers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttnProbe {
+    /// The first K/V tile staged, and no other read or staged: the real
+    /// loop but for each tile's global reads and staging.
+    Staged,
+    /// That, and the online softmax replaced by P = S·scale converted to
+    /// f16 (the same lanes reading S and writing P, and the sums added):
+    /// the loop but for the staging and the softmax's exponentials, masks,
+    /// maxima and their exchange between a row's lanes.
+    Plain,
+}
+
+impl AttnProbe {
+    pub const ALL: [AttnProbe; 2] = [AttnProbe::Staged, AttnProbe::Plain];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnProbe::Staged => "staged",
+            AttnProbe::Plain => "plain",
+        }
+    }
 }
 
 /// Head dimensions up to which dK/dV keeps K's and V's fragments in
@@ -67,6 +102,17 @@ impl CoopAttention {
         v
     }
 
+    /// The forward's timing probes ([`AttnProbe`]) on its default tiles,
+    /// every head dimension, emulated or not, f16 or f32 inputs.
+    pub fn all_probes() -> Vec<CoopAttention> {
+        let forwards = CoopAttention::all()
+            .into_iter()
+            .filter(|v| v.pass == AttnPass::Fwd);
+        forwards
+            .flat_map(|v| AttnProbe::ALL.map(|p| CoopAttention { probe: Some(p), ..v }))
+            .collect()
+    }
+
     pub fn all() -> Vec<CoopAttention> {
         let mut v = Vec::new();
         for pass in [AttnPass::Fwd, AttnPass::Dq, AttnPass::Dkv] {
@@ -79,6 +125,7 @@ impl CoopAttention {
                             emulated,
                             f16_in,
                             shape: None,
+                            probe: None,
                         });
                     }
                 }
@@ -217,11 +264,13 @@ impl CoopAttention {
             AttnPass::Dkv => "dkv",
         };
         format!(
-            "flash_{pass}_d{}{}{}{}",
+            "flash_{pass}_d{}{}{}{}{}",
             self.d,
             if self.emulated { "_sw" } else { "" },
             if self.f16_in { "_in16" } else { "" },
-            self.shape.map_or(String::new(), |t| format!("_{}", t.name()))
+            self.shape.map_or(String::new(), |t| format!("_{}", t.name())),
+            self.probe
+                .map_or(String::new(), |p| format!("_probe_{}", p.name()))
         )
     }
 
@@ -252,6 +301,11 @@ impl CoopAttention {
         assert!(
             !(t.share && self.emulated),
             "{}: shared regions on emulated fragments",
+            self.label()
+        );
+        assert!(
+            self.probe.is_none() || self.pass == AttnPass::Fwd,
+            "{}: probes are of the forward",
             self.label()
         );
         let [q_s, k_s, v_s, do_s, p_s, ds_s, sm] = self.layout();
@@ -335,6 +389,9 @@ impl CoopAttention {
         if t.prefetch {
             out.push_str(&self.prefetch_fns());
         }
+        if self.probe == Some(AttnProbe::Plain) {
+            out.push_str(PLAIN_TILE);
+        }
         out.push_str(&self.main());
         out
     }
@@ -410,6 +467,15 @@ impl CoopAttention {
     /// reads issued after the second barrier (the first one's before the
     /// loop, `first_fetch`).
     fn kv_loop_head(&self) -> &'static str {
+        // A probe's loop (the forward's only) stages the first tile alone
+        // and reads no other.
+        if self.probe.is_some() {
+            return if self.tile().prefetch {
+                "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        if j0 == j_first {\n            put_kv();\n        }\n        workgroupBarrier();\n"
+            } else {
+                "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        if j0 == j_first {\n            stage_kv(K_S, V_S, b, j0, g, BC, 0u, D, LDS);\n        }\n        workgroupBarrier();\n"
+            };
+        }
         if self.tile().prefetch {
             "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        put_kv();\n        workgroupBarrier();\n        if j0 + BC < kend {\n            fetch_kv(b, j0 + BC, g);\n        }\n"
         } else {
@@ -718,8 +784,13 @@ impl CoopAttention {
         };
         let _ = writeln!(
             m,
-            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        softmax_tile(sg, lane, b, j0, p0, np, g);\n        {rescale_if}",
-            g.store("acc", "ci", "ldc")
+            "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        {}\n        {rescale_if}",
+            g.store("acc", "ci", "ldc"),
+            if self.probe == Some(AttnProbe::Plain) {
+                "plain_tile(sg, lane);"
+            } else {
+                "softmax_tile(sg, lane, b, j0, p0, np, g);"
+            }
         );
         through_scratch(m, g, (nd, nb), "            ", (true, sync), |m, _, u| {
             let _ = writeln!(m, "                rescale_rows(sg, lane, {u}u);");
@@ -751,6 +822,25 @@ impl CoopAttention {
         m.push_str("    store_max(wid, nwg);\n");
     }
 }
+
+/// [`AttnProbe::Plain`]'s stand-in for `softmax_tile`: the same lanes
+/// read the same scores and write P, with no exponential, mask or max.
+const PLAIN_TILE: &str = "
+// Timing probe (AttnProbe::Plain, generated): P = S·scale in f16, the sums
+// added; no exponential, mask, max or exchange between a row's lanes.
+fn plain_tile(sg: u32, lane: u32) {
+    let r = sg * 16u + lane % 16u;
+    let base = sg * 16u * BC + (lane % 16u) * BC;
+    var l = l_run;
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
+        let pr = wg.s_s[base + c] * p.scale;
+        l += pr;
+        wg.sm[P_S + r * LDP + c] = to_half(pr);
+    }
+    l_run = l;
+}
+";
 
 /// Code for the cooperative-matrix operations, real or emulated.
 struct Gen {
@@ -1006,6 +1096,7 @@ mod tests {
                         emulated: false,
                         f16_in: true,
                         shape: Some(tile),
+                        probe: None,
                     };
                     let (per, slices) = v.slices();
                     let nd = d / 16;

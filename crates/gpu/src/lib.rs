@@ -27,7 +27,7 @@ mod transport;
 pub use arena::ArenaStats;
 pub use context::{ADAPTER_ENV, AdapterReport, GpuContext, LAVAPIPE_COOP_ENV, NOOP_ADAPTER};
 pub use coop::{CoopMatmul, CoopProbe, CoopTile, KLoop, TileShape};
-pub use coop_attention::{AttnPass, AttnTile, AttnTiles, CoopAttention};
+pub use coop_attention::{AttnPass, AttnProbe, AttnTile, AttnTiles, CoopAttention};
 pub use copy_queue::{COPY_QUEUE_ENV, CopyQueueChoice, CopyQueueStats};
 pub use error::GpuError;
 pub use exec::{

@@ -13,7 +13,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use megatrain_gpu::{F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
+use megatrain_gpu::{AttnProbe, F16Attention, F16Operands, GpuContext, GpuExecutor, GpuOptions};
 use megatrain_tensor::testing::{random_tensor, rel_norm_err};
 use megatrain_tensor::{
     AttnMask, ComputePrecision, CpuExecutor, Docs, Dropout, Executor, HostTensor, SoftCap,
@@ -675,6 +675,73 @@ fn emulated_kernels_match_the_reference(d: usize) {
             assert!(e.contains("workgroup memory"), "{e}");
             eprintln!("emulated D = 128 backward refused here: {e}");
         }
+    }
+}
+
+/// The forward's timing probes (`AttnProbe`, the attention bench's
+/// `MEGATRAIN_ATTN_PROBE`) run the kernel's own loop: over one K/V tile
+/// `Staged` gives the real forward's bits (out and lse), over several it
+/// gives others (it stages the first tile alone), and `Plain` (no softmax)
+/// gives others from the first tile. On the emulated kernels at D = 64
+/// (their 32-key tiles, without prefetch), and on the hardware default
+/// tiles (16 keys, prefetched) where the adapter has them.
+#[test]
+fn forward_timing_probes_run_the_kernels_own_loop() {
+    let Some(c) = own_ctx() else { return };
+    let mut kinds = vec![(F16Attention::CoopEmulated, 32)];
+    if c.has_cooperative_matrix() {
+        kinds.push((F16Attention::Coop, 16));
+    } else {
+        eprintln!("no cooperative matrices: the hardware forward's probes NOT run here");
+    }
+    let bits = |g: &GpuExecutor, x: &Inputs| {
+        let f = g
+            .attention(&up(g, &x.q), &up(g, &x.k), &up(g, &x.v), AttnMask::CAUSAL)
+            .unwrap();
+        [f.out, f.lse].map(|t| {
+            g.download(&t)
+                .unwrap()
+                .to_f32_vec()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        })
+    };
+    for (kind, bc) in kinds {
+        let on = |probe| {
+            let opts = GpuOptions {
+                attention_probe: probe,
+                ..Default::default()
+            };
+            executor_opts(c.clone(), kind, opts).expect("adapter checked above")
+        };
+        let real = on(None);
+        let case = |t| Case {
+            b: 1,
+            t,
+            hq: 2,
+            hkv: 1,
+            d: 64,
+            w: 0,
+            cap: 0.0,
+            docs: &[],
+        };
+        let (one, several) = (inputs(case(bc), 40), inputs(case(3 * bc + 5), 41));
+        let (real_one, real_several) = (bits(&real, &one), bits(&real, &several));
+        let staged = on(Some(AttnProbe::Staged));
+        assert!(
+            bits(&staged, &one) == real_one,
+            "{kind:?} staged: one tile not the real forward's bits"
+        );
+        assert!(
+            bits(&staged, &several) != real_several,
+            "{kind:?} staged: several tiles gave the real forward"
+        );
+        let plain = on(Some(AttnProbe::Plain));
+        assert!(
+            bits(&plain, &one) != real_one,
+            "{kind:?} plain: gave the real forward"
+        );
     }
 }
 

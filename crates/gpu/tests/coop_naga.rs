@@ -86,26 +86,38 @@ fn every_swept_tile_shape_compiles_to_spirv() {
     );
 }
 
-/// The matmul's timing probes (`CoopProbe`), which a GPU session runs on a
-/// driver that sees them first.
+/// The matmul's and the attention forward's timing probes (`CoopProbe`,
+/// `AttnProbe`), which a GPU session runs on a driver that sees them first.
 #[test]
 fn every_timing_probe_compiles_to_spirv() {
-    let all = CoopMatmul::all_probes();
-    assert_eq!(all.len(), 3 * 32 * 4);
-    let failed: Vec<String> = all
+    let matmul = CoopMatmul::all_probes();
+    assert_eq!(matmul.len(), 3 * 32 * 4);
+    let attention = CoopAttention::all_probes();
+    assert_eq!(attention.len(), 4 * 2 * 2 * 2);
+    let sources = matmul
         .iter()
-        .filter_map(|v| match std::panic::catch_unwind(|| compile(v)) {
-            Ok(Ok(words)) if words.len() > 100 => None,
-            Ok(Ok(_)) => Some(format!("{}: empty module", v.label())),
-            Ok(Err(e)) => Some(format!("{}:\n{e}", v.label())),
-            Err(_) => Some(format!("{}: naga panicked", v.label())),
+        .map(|v| (v.label(), Kernel::MatmulCoop(*v), v.emulated))
+        .chain(
+            attention
+                .iter()
+                .map(|v| (v.label(), Kernel::AttnCoop(*v), v.emulated)),
+        );
+    let mut all = 0;
+    let failed: Vec<String> = sources
+        .filter_map(|(label, k, emulated)| {
+            all += 1;
+            match std::panic::catch_unwind(|| compile_source(&k.spec().source, emulated)) {
+                Ok(Ok(words)) if words.len() > 100 => None,
+                Ok(Ok(_)) => Some(format!("{label}: empty module")),
+                Ok(Err(e)) => Some(format!("{label}:\n{e}")),
+                Err(_) => Some(format!("{label}: naga panicked")),
+            }
         })
         .collect();
     assert!(
         failed.is_empty(),
-        "{} of {} probes fail:\n{}",
+        "{} of {all} probes fail:\n{}",
         failed.len(),
-        all.len(),
         failed.join("\n")
     );
 }

@@ -165,6 +165,11 @@ pub struct GpuOptions {
     /// `f16_matmul` naming the tile (under `Auto` the default tile's check
     /// fails and the SIMT kernel runs).
     pub coop_probe: Option<crate::CoopProbe>,
+    /// Runs the tensor-core attention's forward with this timing probe:
+    /// **wrong results**, for the attention bench's `MEGATRAIN_ATTN_PROBE`
+    /// alone ([`crate::AttnProbe`]; the backward's kernels are the real
+    /// ones), with `f16_attention` naming the tensor-core kernels.
+    pub attention_probe: Option<crate::AttnProbe>,
 }
 
 /// Environment variable that turns on [`GpuOptions::shader_checks`].
@@ -201,6 +206,7 @@ pub struct GpuExecutor {
     f16_maxima: F16Maxima,
     epilogues: Epilogues,
     coop_probe: Option<crate::CoopProbe>,
+    attention_probe: Option<crate::AttnProbe>,
     downloads: crate::Downloads,
     uploads: crate::Uploads,
     /// f16 operand copies recorded (`operand_f16_copies`).
@@ -341,6 +347,7 @@ impl GpuExecutor {
             f16_maxima: opts.f16_maxima,
             epilogues: opts.epilogues,
             coop_probe: opts.coop_probe,
+            attention_probe: opts.attention_probe,
             downloads: opts.downloads,
             uploads: opts.uploads,
             f16_copies: Default::default(),

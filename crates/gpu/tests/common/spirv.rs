@@ -83,7 +83,11 @@ pub fn every_kernel() -> Vec<(String, String, &'static str, bool)> {
         let s = k.spec();
         all.push((v.label(), s.source, s.entry, k.own_spirv()));
     }
-    for v in CoopAttention::all().into_iter().chain(CoopAttention::swept()) {
+    for v in CoopAttention::all()
+        .into_iter()
+        .chain(CoopAttention::swept())
+        .chain(CoopAttention::all_probes())
+    {
         let k = Kernel::AttnCoop(v);
         let s = k.spec();
         all.push((v.label(), s.source, s.entry, k.own_spirv()));
