@@ -380,11 +380,12 @@ first)
     MEGATRAIN_COOP_SWEEP=default cap=90 b matmul \
         '^matmul/(f16_coop128x256w16_8192|f16_coop128x256w16_4096x3584|f16_coop(128|128x256w16)_8192x2048x256|8192x8192|f16_sweep_)' \
         --warm-up-time 0.3 --measurement-time 0.7
-    # Where the tensor-core forward's time goes (issue 13: 44.5 TFLOP/s
-    # at D = 128 where 150 is asked, and about 18 at TinyLlama's D = 64):
-    # the default tiles' forward again with each K/V tile's staging taken
-    # out, then the softmax too (AttnProbe), at both shapes. Two lines.
-    tag=-probe MEGATRAIN_ATTN_PROBE=1 cap=45 b attention '^probe-only$'
+    # Where the tensor-core attention's time goes (issue 13: 44.5 and
+    # 27.3 TFLOP/s at D = 128 where 150 and 75 are asked, about 18 and 14
+    # at TinyLlama's D = 64): the default tiles' forward and backward with
+    # each streamed tile's staging taken out, then the softmax (P and dS)
+    # too (AttnProbe), per kernel, at both shapes. Six lines.
+    tag=-probe MEGATRAIN_ATTN_PROBE=1 cap=60 b attention '^probe-only$'
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain attention probe' "$OUT/bench-attention-probe.log")
     # The tensor-core attention's tile sets (AttnTiles::SWEEP: the sweep
     # rows, each set checked first) at issue 13's shape; each set's tiles

@@ -23,7 +23,7 @@
 //! torch with CUDA imports. Where `MEGATRAIN_ATTN_SWEEP` names tile sets
 //! (`default`: `AttnTiles::SWEEP`), `fwd_sweep{i}_…`/`bwd_sweep{i}_…` time
 //! each at B4 T2048 32/8 D128. Where `MEGATRAIN_ATTN_PROBE` is set, the
-//! forward is first taken apart by its timing probes (`AttnProbe`),
+//! kernels are first taken apart by their timing probes (`AttnProbe`),
 //! printed as `megatrain attention probe` lines, whatever the filter.
 
 mod common;
@@ -456,19 +456,20 @@ fn bench_f16_sweep(c: &mut Criterion) {
     }
 }
 
-/// Turns on [`probe_forward`].
+/// Turns on [`probe_attention`].
 const ATTN_PROBE_ENV: &str = "MEGATRAIN_ATTN_PROBE";
 
-/// Where the tensor-core forward's time goes, where `MEGATRAIN_ATTN_PROBE`
-/// is set (to anything): at issue 13's shape (B4 T2048 32/8 D128) and
-/// TinyLlama's (B8 T1024 32/4 D64) on a GPU, one small shape elsewhere,
-/// the default tiles' forward (checked against the CPU first) and its
-/// timing probes (`AttnProbe`: wrong results, not checked), each the median
-/// of five forwards after one, and its kernel alone where the adapter has
-/// timestamps. Printed as `megatrain attention probe` lines, in the real
-/// forward's causal TFLOP/s; runs before criterion's rows, whatever the
-/// filter.
-fn probe_forward() {
+/// Where the tensor-core attention's time goes, where
+/// `MEGATRAIN_ATTN_PROBE` is set (to anything): at issue 13's shape (B4
+/// T2048 32/8 D128) and TinyLlama's (B8 T1024 32/4 D64) on a GPU, one small
+/// shape elsewhere, the default tiles' forward and backward (checked
+/// against the CPU first) and their timing probes (`AttnProbe`: wrong
+/// results, not checked), each pass the median of five after one, and,
+/// where the adapter has timestamps, each kernel (fwd, dq, dkv) alone from
+/// one profiled forward and backward. Printed as `megatrain attention
+/// probe` lines, a line a shape and way, in the real passes' causal
+/// TFLOP/s; runs before criterion's rows, whatever the filter.
+fn probe_attention() {
     if std::env::var_os(ATTN_PROBE_ENV).is_none() {
         return;
     }
@@ -486,9 +487,8 @@ fn probe_forward() {
     for dims in shapes {
         let (b, t, hq, hkv, d) = dims;
         let flops = attn_flops(dims, &AttnMask::CAUSAL) as f64;
-        let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d]];
-        let hs = [1, 2, 3].map(|i| common::rand(i, &hs[i as usize - 1]));
-        let mut line = format!("megatrain attention probe {}:", dims_name(dims));
+        let hs = [[b, t, hq, d], [b, t, hkv, d], [b, t, hkv, d], [b, t, hq, d]];
+        let hs = [1, 2, 3, 4].map(|i| common::rand(i, &hs[i as usize - 1]));
         for probe in std::iter::once(None).chain(AttnProbe::ALL.map(Some)) {
             let opts = GpuOptions {
                 attention_probe: probe,
@@ -500,41 +500,54 @@ fn probe_forward() {
             if probe.is_none() {
                 check(&g, t.min(256), hq, hkv, d);
             }
-            let up = hs.each_ref().map(|h| g.upload(h).unwrap());
+            let [q, k, v, dout] = hs.each_ref().map(|h| g.upload(h).unwrap());
+            let fwd = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
             let forward = || {
-                let o = g.attention(&up[0], &up[1], &up[2], AttnMask::CAUSAL).unwrap();
+                let o = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
                 g.synchronize().unwrap();
                 drop(o);
             };
-            let s = median(5, forward);
-            let mut kernel = String::new();
+            let backward = || {
+                let gr = g.attention_backward(&q, &k, &v, &fwd, &dout).unwrap();
+                g.synchronize().unwrap();
+                drop(gr);
+            };
+            let (fs, bs) = (median(5, forward), median(5, backward));
+            let mut kernels = String::new();
             if g.timing_source() == TimingSource::GpuTimestamps {
                 g.profile().clear();
                 g.set_profiling(true);
                 forward();
+                backward();
                 g.set_profiling(false);
-                let fwd = g
-                    .profile()
-                    .kernel_snapshot()
-                    .into_iter()
-                    .find(|(k, _)| k.contains("/flash_fwd"));
-                if let Some((_, t)) = fwd {
-                    kernel = format!(", kernel {:.3} ms", t.total_ns as f64 / 1e6);
+                for pass in ["fwd", "dq", "dkv"] {
+                    let at = format!("/flash_{pass}_");
+                    let ns: u64 = g
+                        .profile()
+                        .kernel_snapshot()
+                        .iter()
+                        .filter(|(k, _)| k.contains(&at))
+                        .map(|(_, t)| t.total_ns)
+                        .sum();
+                    kernels.push_str(&format!(" {pass} {:.3}", ns as f64 / 1e6));
                 }
+                kernels = format!("; kernels ms:{kernels}");
             }
-            let name = probe.map_or("full", AttnProbe::name);
-            line.push_str(&format!(
-                " {name} {:.3} ms ({:.1} TFLOP/s{kernel}),",
-                s * 1e3,
-                flops / s / 1e12
-            ));
+            println!(
+                "megatrain attention probe {} {}: forward {:.3} ms ({:.1} TFLOP/s), backward {:.3} ms ({:.1}){kernels}",
+                dims_name(dims),
+                probe.map_or("full", AttnProbe::name),
+                fs * 1e3,
+                flops / fs / 1e12,
+                bs * 1e3,
+                2.5 * flops / bs / 1e12
+            );
         }
-        println!("{}", line.trim_end_matches(','));
     }
 }
 
 fn main() {
-    probe_forward();
+    probe_attention();
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     bench_f16(&mut c);

@@ -41,29 +41,32 @@ pub struct CoopAttention {
     /// A tile other than the pass's default ([`CoopAttention::tile`]), for
     /// timing tiles (`MEGATRAIN_F16_ATTENTION_TILES`).
     pub shape: Option<AttnTile>,
-    /// The forward with part of its key loop taken out, for timing: wrong
-    /// results ([`AttnProbe`]). `None` in every variant the executor runs
-    /// unless [`crate::GpuOptions::attention_probe`] asks.
+    /// The kernel with part of its loop over streamed tiles taken out, for
+    /// timing: wrong results ([`AttnProbe`]). `None` in every variant the
+    /// executor runs unless [`crate::GpuOptions::attention_probe`] asks.
     pub probe: Option<AttnProbe>,
 }
 
-/// The tensor-core attention's forward with part of its loop over K/V tiles
-/// taken out, to find where its time goes on a GPU whose driver's code no
-/// profiler we can reach shows (as [`crate::CoopProbe`] does for the
-/// matmul). Each gives wrong results; only the attention bench runs them
-/// (`MEGATRAIN_ATTN_PROBE`), through [`crate::GpuOptions::attention_probe`].
-/// Every probe keeps the real loop's tiles (the causal bounds, the skipped
-/// tiles), its products, the scores' way through workgroup memory and back
-/// as P, and its barriers.
+/// The tensor-core attention's kernels with part of their loop over
+/// streamed tiles taken out, to find where their time goes on a GPU whose
+/// driver's code no profiler we can reach shows (as [`crate::CoopProbe`]
+/// does for the matmul). Each gives wrong results; only the attention
+/// bench runs them (`MEGATRAIN_ATTN_PROBE`), through
+/// [`crate::GpuOptions::attention_probe`]. Every probe keeps the real
+/// loop's tiles (the causal bounds, the skipped tiles), its products, the
+/// scores' way through workgroup memory and back as P (and dS), and its
+/// barriers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttnProbe {
-    /// The first K/V tile staged, and no other read or staged: the real
-    /// loop but for each tile's global reads and staging.
+    /// The first streamed tile staged, and no other read or staged (K and
+    /// V in the forward and dq, the first head's Q and dO in dk/dv): the
+    /// real loop but for each tile's global reads and staging.
     Staged,
-    /// That, and the online softmax replaced by P = S·scale converted to
-    /// f16 (the same lanes reading S and writing P, and the sums added):
-    /// the loop but for the staging and the softmax's exponentials, masks,
-    /// maxima and their exchange between a row's lanes.
+    /// That, and the lanes' work between the products replaced by plain
+    /// conversions of the scores (the same lanes reading S, and dP, and
+    /// writing P, and dS): the forward's online softmax (P = S·scale, the
+    /// sums added), the backward's P and dS (S·scale and dP·scale), so no
+    /// exponential, mask, max or statistic.
     Plain,
 }
 
@@ -102,13 +105,11 @@ impl CoopAttention {
         v
     }
 
-    /// The forward's timing probes ([`AttnProbe`]) on its default tiles,
-    /// every head dimension, emulated or not, f16 or f32 inputs.
+    /// The timing probes ([`AttnProbe`]) of every pass on its default
+    /// tiles, every head dimension, emulated or not, f16 or f32 inputs.
     pub fn all_probes() -> Vec<CoopAttention> {
-        let forwards = CoopAttention::all()
+        CoopAttention::all()
             .into_iter()
-            .filter(|v| v.pass == AttnPass::Fwd);
-        forwards
             .flat_map(|v| AttnProbe::ALL.map(|p| CoopAttention { probe: Some(p), ..v }))
             .collect()
     }
@@ -303,11 +304,6 @@ impl CoopAttention {
             "{}: shared regions on emulated fragments",
             self.label()
         );
-        assert!(
-            self.probe.is_none() || self.pass == AttnPass::Fwd,
-            "{}: probes are of the forward",
-            self.label()
-        );
         let [q_s, k_s, v_s, do_s, p_s, ds_s, sm] = self.layout();
         let mut out = String::with_capacity(32 << 10);
         assert!(
@@ -390,7 +386,11 @@ impl CoopAttention {
             out.push_str(&self.prefetch_fns());
         }
         if self.probe == Some(AttnProbe::Plain) {
-            out.push_str(PLAIN_TILE);
+            out.push_str(if self.pass == AttnPass::Fwd {
+                PLAIN_TILE
+            } else {
+                PLAIN_DS_TILE
+            });
         }
         out.push_str(&self.main());
         out
@@ -467,8 +467,7 @@ impl CoopAttention {
     /// reads issued after the second barrier (the first one's before the
     /// loop, `first_fetch`).
     fn kv_loop_head(&self) -> &'static str {
-        // A probe's loop (the forward's only) stages the first tile alone
-        // and reads no other.
+        // A probe's loop stages the first tile alone and reads no other.
         if self.probe.is_some() {
             return if self.tile().prefetch {
                 "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        if j0 == j_first {\n            put_kv();\n        }\n        workgroupBarrier();\n"
@@ -492,6 +491,15 @@ impl CoopAttention {
             "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(b, p0) / BC * BC;\n    if j_first < kend {\n        fetch_kv(b, j_first, g);\n    }\n"
         } else {
             "    let np = BR / p.group;\n    let p0 = wid.x * np;\n    let kend = min(p.t, p0 + np);\n    let j_first = first_key(b, p0) / BC * BC;\n"
+        }
+    }
+
+    /// The backward's P and dS of a tile: `real`, or a probe's plain
+    /// conversions ([`AttnProbe::Plain`]).
+    fn ds_tile_call(&self, real: &'static str) -> &'static str {
+        match self.probe {
+            Some(AttnProbe::Plain) => "plain_ds_tile(sg, lane);",
+            _ => real,
         }
     }
 
@@ -539,7 +547,11 @@ impl CoopAttention {
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
                 score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
                 score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
-                m.push_str("        }\n        row_sync();\n        ds_tile_dq(sg, lane, b, j0, p0, np, g);\n        row_sync();\n");
+                let _ = write!(
+                    m,
+                    "        }}\n        row_sync();\n        {}\n        row_sync();\n",
+                    self.ds_tile_call("ds_tile_dq(sg, lane, b, j0, p0, np, g);")
+                );
                 fragments(&mut m, &g, "        ", &DS_ROWS, kf);
                 for f in 0..nd {
                     let b = format!("K_S + {}u", 16 * f);
@@ -593,7 +605,18 @@ impl CoopAttention {
                         fragments(&mut m, &g, "    ", &V_ROWS, nd);
                     }
                 }
-                if self.tile().prefetch {
+                if self.probe.is_some() {
+                    // A probe stages the first head's first tile alone.
+                    let stage = if self.tile().prefetch {
+                        "put_q_tile()"
+                    } else {
+                        "stage_q_tile(b, i0, h)"
+                    };
+                    let _ = write!(
+                        m,
+                        "    for (var hh = 0u; hh < p.group; hh++) {{\n        let h = g * p.group + hh;\n        for (var i0 = i_first; i0 < i_end; i0 += BC) {{\n            workgroupBarrier();\n            if hh == 0u && i0 == i_first {{\n                {stage};\n            }}\n            workgroupBarrier();\n"
+                    );
+                } else if self.tile().prefetch {
                     // The next tile is the next of this head's, or the
                     // first of the next head's (every head has one: i_first
                     // ≤ j0 < i_end).
@@ -618,7 +641,11 @@ impl CoopAttention {
                     "ct",
                     "SCR + cs",
                 );
-                m.push_str("            }\n            row_sync();\n            ds_tile_dkv(sg, lane, b, j0, i0, h);\n            row_sync();\n");
+                let _ = write!(
+                    m,
+                    "            }}\n            row_sync();\n            {}\n            row_sync();\n",
+                    self.ds_tile_call("ds_tile_dkv(sg, lane, b, j0, i0, h);")
+                );
                 fragments(&mut m, &g, "            ", &P_ROWS, kf);
                 fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {
@@ -839,6 +866,24 @@ fn plain_tile(sg: u32, lane: u32) {
         wg.sm[P_S + r * LDP + c] = to_half(pr);
     }
     l_run = l;
+}
+";
+
+/// [`AttnProbe::Plain`]'s stand-in for `ds_tile_dq` and `ds_tile_dkv`: the
+/// same lanes read S and dP and write P and dS, with no exponential, mask
+/// or statistic.
+const PLAIN_DS_TILE: &str = "
+// Timing probe (AttnProbe::Plain, generated): P = S·scale and dS =
+// dP·scale in f16; no exponential, mask or statistic.
+fn plain_ds_tile(sg: u32, lane: u32) {
+    let rr = lane % 16u;
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
+        let si = sg * 16u * BC + rr * BC + c;
+        let pi = (sg * 16u + rr) * LDP + c;
+        wg.sm[P_S + pi] = to_half(wg.s_s[si] * p.scale);
+        wg.sm[DS_S + pi] = to_half(wg.s_s[SCR + si] * p.scale);
+    }
 }
 ";
 

@@ -678,28 +678,28 @@ fn emulated_kernels_match_the_reference(d: usize) {
     }
 }
 
-/// The forward's timing probes (`AttnProbe`, the attention bench's
-/// `MEGATRAIN_ATTN_PROBE`) run the kernel's own loop: over one K/V tile
-/// `Staged` gives the real forward's bits (out and lse), over several it
-/// gives others (it stages the first tile alone), and `Plain` (no softmax)
-/// gives others from the first tile. On the emulated kernels at D = 64
-/// (their 32-key tiles, without prefetch), and on the hardware default
-/// tiles (16 keys, prefetched) where the adapter has them.
+/// The timing probes (`AttnProbe`, the attention bench's
+/// `MEGATRAIN_ATTN_PROBE`) run the kernels' own loops: over one streamed
+/// tile `Staged` gives the real forward's and backward's bits (out, lse,
+/// dq, dk, dv), over several it gives others (it stages the first tile
+/// alone), and `Plain` (no softmax, no P or dS from the statistics) gives
+/// others from the first tile. On the default tiles (16 keys, prefetched)
+/// where the adapter has cooperative matrices (the emulated kernels take
+/// lavapipe many minutes to compile; naga and spirv-val check every probe
+/// in CI: `coop_naga.rs`, `spirv_val.rs`).
 #[test]
-fn forward_timing_probes_run_the_kernels_own_loop() {
+fn timing_probes_run_the_kernels_own_loops() {
     let Some(c) = own_ctx() else { return };
-    let mut kinds = vec![(F16Attention::CoopEmulated, 32)];
-    if c.has_cooperative_matrix() {
-        kinds.push((F16Attention::Coop, 16));
-    } else {
-        eprintln!("no cooperative matrices: the hardware forward's probes NOT run here");
+    if !c.has_cooperative_matrix() {
+        eprintln!("no cooperative matrices: the attention's timing probes NOT run here");
+        return;
     }
     let bits = |g: &GpuExecutor, x: &Inputs| {
-        let f = g
-            .attention(&up(g, &x.q), &up(g, &x.k), &up(g, &x.v), AttnMask::CAUSAL)
-            .unwrap();
-        [f.out, f.lse].map(|t| {
-            g.download(&t)
+        let (q, k, v) = (up(g, &x.q), up(g, &x.k), up(g, &x.v));
+        let f = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
+        let d = g.attention_backward(&q, &k, &v, &f, &up(g, &x.dout)).unwrap();
+        [&f.out, &f.lse, &d.dq, &d.dk, &d.dv].map(|t| {
+            g.download(t)
                 .unwrap()
                 .to_f32_vec()
                 .iter()
@@ -707,41 +707,45 @@ fn forward_timing_probes_run_the_kernels_own_loop() {
                 .collect::<Vec<_>>()
         })
     };
-    for (kind, bc) in kinds {
-        let on = |probe| {
-            let opts = GpuOptions {
-                attention_probe: probe,
-                ..Default::default()
-            };
-            executor_opts(c.clone(), kind, opts).expect("adapter checked above")
+    // One head a kv head: dk/dv streams one head's query tiles.
+    let case = |t| Case {
+        b: 1,
+        t,
+        hq: 1,
+        hkv: 1,
+        d: 64,
+        w: 0,
+        cap: 0.0,
+        docs: &[],
+    };
+    let (one, several) = (inputs(case(16), 40), inputs(case(53), 41));
+    let on = |probe| {
+        let opts = GpuOptions {
+            attention_probe: probe,
+            ..Default::default()
         };
-        let real = on(None);
-        let case = |t| Case {
-            b: 1,
-            t,
-            hq: 2,
-            hkv: 1,
-            d: 64,
-            w: 0,
-            cap: 0.0,
-            docs: &[],
-        };
-        let (one, several) = (inputs(case(bc), 40), inputs(case(3 * bc + 5), 41));
-        let (real_one, real_several) = (bits(&real, &one), bits(&real, &several));
-        let staged = on(Some(AttnProbe::Staged));
+        executor_opts(c.clone(), F16Attention::Coop, opts).expect("adapter checked above")
+    };
+    let real = on(None);
+    let (real_one, real_several) = (bits(&real, &one), bits(&real, &several));
+    let staged = on(Some(AttnProbe::Staged));
+    let got = bits(&staged, &one);
+    for (i, name) in ["out", "lse", "dq", "dk", "dv"].into_iter().enumerate() {
         assert!(
-            bits(&staged, &one) == real_one,
-            "{kind:?} staged: one tile not the real forward's bits"
+            got[i] == real_one[i],
+            "staged: one tile, {name} not the real bits"
         );
+    }
+    let got = bits(&staged, &several);
+    for (i, name) in [(0, "out"), (2, "dq"), (3, "dk")] {
         assert!(
-            bits(&staged, &several) != real_several,
-            "{kind:?} staged: several tiles gave the real forward"
+            got[i] != real_several[i],
+            "staged: several tiles gave the real {name}"
         );
-        let plain = on(Some(AttnProbe::Plain));
-        assert!(
-            bits(&plain, &one) != real_one,
-            "{kind:?} plain: gave the real forward"
-        );
+    }
+    let got = bits(&on(Some(AttnProbe::Plain)), &one);
+    for (i, name) in [(0, "out"), (2, "dq"), (3, "dk"), (4, "dv")] {
+        assert!(got[i] != real_one[i], "plain: gave the real {name}");
     }
 }
 

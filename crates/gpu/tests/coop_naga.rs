@@ -86,14 +86,14 @@ fn every_swept_tile_shape_compiles_to_spirv() {
     );
 }
 
-/// The matmul's and the attention forward's timing probes (`CoopProbe`,
+/// The matmul's and the attention's timing probes (`CoopProbe`,
 /// `AttnProbe`), which a GPU session runs on a driver that sees them first.
 #[test]
 fn every_timing_probe_compiles_to_spirv() {
     let matmul = CoopMatmul::all_probes();
     assert_eq!(matmul.len(), 3 * 32 * 4);
     let attention = CoopAttention::all_probes();
-    assert_eq!(attention.len(), 4 * 2 * 2 * 2);
+    assert_eq!(attention.len(), 3 * 4 * 2 * 2 * 2);
     let sources = matmul
         .iter()
         .map(|v| (v.label(), Kernel::MatmulCoop(*v), v.emulated))

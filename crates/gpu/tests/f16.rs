@@ -455,26 +455,21 @@ fn tensor_core_kernels_match_host_reference() {
 /// (all but `Mma`, and `Mma` too where the K step is one fragment) give the
 /// real kernel's product bit for bit, and over two steps every probe gives
 /// another (it reads the first step's operands again), so none is the real
-/// loop in disguise. On an emulated tile here, and on the default tile's
-/// hardware fragments where the adapter has them.
+/// loop in disguise. Where the adapter has cooperative matrices (lavapipe's
+/// emulated fragments take minutes to compile; naga and spirv-val check
+/// every probe in CI: `coop_naga.rs`, `spirv_val.rs`).
 #[test]
 fn timing_probes_run_the_kernels_own_fragments() {
     let Some(c) = own_ctx() else { return };
-    // One emulated tile (a K step of one fragment); the hardware default's
-    // is two.
-    let mut tiles = vec![(CoopTile::Small64, true)];
-    if c.has_cooperative_matrix() {
-        tiles.push((CoopTile::DEFAULT, false));
-    } else {
-        eprintln!("no cooperative matrices: the hardware probes NOT run here");
+    if !c.has_cooperative_matrix() {
+        eprintln!("no cooperative matrices: the timing probes NOT run here");
+        return;
     }
-    for (tile, emulated) in tiles {
+    // The default tile (a K step of two fragments, as the bench runs it)
+    // and one whose K step is one fragment.
+    for tile in [CoopTile::DEFAULT, CoopTile::Small64] {
         let on = |probe| {
-            let kind = if emulated {
-                F16Matmul::CoopEmulated(tile)
-            } else {
-                F16Matmul::Coop(tile)
-            };
+            let kind = F16Matmul::Coop(tile);
             f16_executor(
                 c.clone(),
                 GpuOptions {

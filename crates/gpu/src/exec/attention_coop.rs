@@ -132,7 +132,7 @@ impl GpuExecutor {
             emulated,
             f16_in: self.f16_operands == F16Operands::Copy,
             shape: self.attention_tiles.get(pass),
-            probe: self.attention_probe.filter(|_| pass == AttnPass::Fwd),
+            probe: self.attention_probe,
         };
         let t = v.tile();
         if emulated && t.share {

@@ -165,10 +165,10 @@ pub struct GpuOptions {
     /// `f16_matmul` naming the tile (under `Auto` the default tile's check
     /// fails and the SIMT kernel runs).
     pub coop_probe: Option<crate::CoopProbe>,
-    /// Runs the tensor-core attention's forward with this timing probe:
+    /// Runs the tensor-core attention's kernels with this timing probe:
     /// **wrong results**, for the attention bench's `MEGATRAIN_ATTN_PROBE`
-    /// alone ([`crate::AttnProbe`]; the backward's kernels are the real
-    /// ones), with `f16_attention` naming the tensor-core kernels.
+    /// alone ([`crate::AttnProbe`]), with `f16_attention` naming the
+    /// tensor-core kernels.
     pub attention_probe: Option<crate::AttnProbe>,
 }
 
