@@ -370,9 +370,9 @@ first)
     # where 300 is asked): the product again with its K loop cut down to
     # the multiply-adds, then with the fragment loads, the barriers and
     # the staging put back in turn (CoopProbe; the rest of the real
-    # kernel's time is its global reads). One line, about 15 s; the
-    # filter matches no criterion row.
-    tag=-probe MEGATRAIN_COOP_PROBE=default cap=40 b matmul '^probe-only$'
+    # kernel's time is its global reads). One line, about 15 s (the probes
+    # run instead of criterion's rows).
+    tag=-probe MEGATRAIN_COOP_PROBE=default cap=40 b matmul
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain coop probe' "$OUT/bench-matmul-probe.log")
     # The sweep (f16_sweep_ rows) times CoopTile::SWEEP's shapes, around
     # the default; each checked against f32 first. Shorter samples than
@@ -385,7 +385,7 @@ first)
     # at TinyLlama's D = 64): the default tiles' forward and backward with
     # each streamed tile's staging taken out, then the softmax (P and dS)
     # too (AttnProbe), per kernel, at both shapes. Six lines.
-    tag=-probe MEGATRAIN_ATTN_PROBE=1 cap=60 b attention '^probe-only$'
+    tag=-probe MEGATRAIN_ATTN_PROBE=1 cap=60 b attention
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain attention probe' "$OUT/bench-attention-probe.log")
     # The tensor-core attention's tile sets (AttnTiles::SWEEP: the sweep
     # rows, each set checked first) at issue 13's shape; each set's tiles

@@ -23,8 +23,8 @@
 //! torch with CUDA imports. Where `MEGATRAIN_ATTN_SWEEP` names tile sets
 //! (`default`: `AttnTiles::SWEEP`), `fwd_sweep{i}_…`/`bwd_sweep{i}_…` time
 //! each at B4 T2048 32/8 D128. Where `MEGATRAIN_ATTN_PROBE` is set, the
-//! kernels are first taken apart by their timing probes (`AttnProbe`),
-//! printed as `megatrain attention probe` lines, whatever the filter.
+//! kernels are taken apart by their timing probes (`AttnProbe`) instead,
+//! printed as `megatrain attention probe` lines.
 
 mod common;
 
@@ -468,22 +468,28 @@ const ATTN_PROBE_ENV: &str = "MEGATRAIN_ATTN_PROBE";
 /// where the adapter has timestamps, each kernel (fwd, dq, dkv) alone from
 /// one profiled forward and backward. Printed as `megatrain attention
 /// probe` lines, a line a shape and way, in the real passes' causal
-/// TFLOP/s; runs before criterion's rows, whatever the filter.
+/// FLOP/s; runs instead of criterion's rows.
 fn probe_attention() {
-    if std::env::var_os(ATTN_PROBE_ENV).is_none() {
-        return;
-    }
-    let Some(g) = common::executor() else { return };
-    if !g.context().has_cooperative_matrix() {
+    // Its own devices, whose other kernels are not compiled first
+    // (`common::executor` warms every kernel up).
+    let ctx = match GpuContext::new() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("{ATTN_PROBE_ENV}: no GPU adapter: {e}");
+            return;
+        }
+    };
+    eprintln!("bench device: {}", ctx.info);
+    if !ctx.has_cooperative_matrix() {
         eprintln!("{ATTN_PROBE_ENV}: adapter has no cooperative matrices, no probes");
         return;
     }
-    let shapes: Vec<Dims> = if common::is_real_gpu(&g) {
+    let shapes: Vec<Dims> = if ctx.info.device_type != "Cpu" {
         vec![(4, 2048, 32, 8, 128), (8, 1024, 32, 4, 64)]
     } else {
         vec![(1, 64, 4, 2, 64)]
     };
-    drop(g);
+    drop(ctx);
     for dims in shapes {
         let (b, t, hq, hkv, d) = dims;
         let flops = attn_flops(dims, &AttnMask::CAUSAL) as f64;
@@ -534,20 +540,23 @@ fn probe_attention() {
                 kernels = format!("; kernels ms:{kernels}");
             }
             println!(
-                "megatrain attention probe {} {}: forward {:.3} ms ({:.1} TFLOP/s), backward {:.3} ms ({:.1}){kernels}",
+                "megatrain attention probe {} {}: forward {:.3} ms ({}), backward {:.3} ms ({}){kernels}",
                 dims_name(dims),
                 probe.map_or("full", AttnProbe::name),
                 fs * 1e3,
-                flops / fs / 1e12,
+                common::flops_rate(flops / fs),
                 bs * 1e3,
-                2.5 * flops / bs / 1e12
+                common::flops_rate(2.5 * flops / bs)
             );
         }
     }
 }
 
 fn main() {
-    probe_attention();
+    if std::env::var_os(ATTN_PROBE_ENV).is_some() {
+        probe_attention();
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     bench_f16(&mut c);

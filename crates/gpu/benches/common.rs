@@ -29,3 +29,13 @@ pub fn rand(seed: u64, dims: &[usize]) -> HostTensor {
     let s = Shape::new(dims.to_vec());
     HostTensor::from_f32(s.clone(), random_f32(seed, s.numel())).expect("sized")
 }
+
+/// `flops` a second as TFLOP/s, or GFLOP/s where under one TFLOP/s (a CPU
+/// adapter's).
+pub fn flops_rate(flops: f64) -> String {
+    if flops >= 1e12 {
+        format!("{:.1} TFLOP/s", flops / 1e12)
+    } else {
+        format!("{:.2} GFLOP/s", flops / 1e9)
+    }
+}

@@ -19,8 +19,8 @@
 //! where `MEGATRAIN_COOP_SWEEP` names tile shapes (`default` for
 //! `CoopTile::SWEEP`), `f16_sweep_{shape}_…` at 8192³ and a 7B MLP forward.
 //! Where `MEGATRAIN_COOP_PROBE` names tiles (`default` for the default
-//! tile), each is first taken apart by its timing probes (`CoopProbe`) at
-//! 8192³, printed as `megatrain coop probe` lines, whatever the filter.
+//! tile), each is taken apart by its timing probes (`CoopProbe`) at 8192³
+//! instead, printed as `megatrain coop probe` lines.
 //! Pick rows with criterion's filter, e.g. `cargo bench -p megatrain-gpu
 //! --bench matmul -- f16_coop128x256w16_8192`. Every f16 row is first checked
 //! against the f32 kernel's result (relative error under f16's rounding).
@@ -31,7 +31,9 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use std::cell::OnceCell;
 
-use megatrain_gpu::{CoopProbe, CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
+use megatrain_gpu::{
+    CoopProbe, CoopTile, F16Matmul, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor,
+};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, DType, Executor, HostTensor, Transpose};
 
@@ -106,7 +108,6 @@ fn product_row(
 fn bench(c: &mut Criterion) {
     let Some(g) = common::executor() else { return };
     let real = common::is_real_gpu(&g);
-    probe(&g, real);
     let nn = Transpose::NN;
     let nt = Transpose::NT;
     let tn = Transpose::TN;
@@ -359,11 +360,22 @@ const PROBE_ENV: &str = "MEGATRAIN_COOP_PROBE";
 /// products, not checked), from the multiply-adds alone to all but the
 /// global reads. Medians of `reps` timed runs after two untimed ones,
 /// printed as `megatrain coop probe` lines in the real product's TFLOP/s.
-/// Runs before criterion's rows, whatever its filter.
-fn probe(g: &GpuExecutor, real: bool) {
+/// Runs instead of criterion's rows, on a device whose other kernels are
+/// not compiled first (`common::executor` warms every kernel up).
+fn probe() {
     let Ok(list) = std::env::var(PROBE_ENV) else {
         return;
     };
+    let ctx = match GpuContext::new() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("{PROBE_ENV}: no GPU adapter: {e}");
+            return;
+        }
+    };
+    eprintln!("bench device: {}", ctx.info);
+    let g = GpuExecutor::new(ctx);
+    let real = common::is_real_gpu(&g);
     if !g.context().has_cooperative_matrix() {
         eprintln!("{PROBE_ENV}: adapter has no cooperative matrices, no probes");
         return;
@@ -426,16 +438,18 @@ fn probe(g: &GpuExecutor, real: bool) {
             ms.sort_by(f64::total_cmp);
             let median = ms[ms.len() / 2];
             let name = p.map_or("full", CoopProbe::name);
-            line.push_str(&format!(
-                " {name} {median:.3} ms ({:.1} TFLOP/s),",
-                flops / median / 1e9
-            ));
+            let rate = common::flops_rate(flops / median * 1e3);
+            line.push_str(&format!(" {name} {median:.3} ms ({rate}),"));
         }
         println!("{}", line.trim_end_matches(','));
     }
 }
 
 fn main() {
+    if std::env::var_os(PROBE_ENV).is_some() {
+        probe();
+        return;
+    }
     let mut c = Criterion::default().configure_from_args();
     bench(&mut c);
     c.final_summary();
