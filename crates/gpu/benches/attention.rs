@@ -470,20 +470,9 @@ const ATTN_PROBE_ENV: &str = "MEGATRAIN_ATTN_PROBE";
 /// probe` lines, a line a shape and way, in the real passes' causal
 /// FLOP/s; runs instead of criterion's rows.
 fn probe_attention() {
-    // Its own devices, whose other kernels are not compiled first
-    // (`common::executor` warms every kernel up).
-    let ctx = match GpuContext::new() {
-        Ok(ctx) => ctx,
-        Err(e) => {
-            eprintln!("{ATTN_PROBE_ENV}: no GPU adapter: {e}");
-            return;
-        }
-    };
-    eprintln!("bench device: {}", ctx.info);
-    if !ctx.has_cooperative_matrix() {
-        eprintln!("{ATTN_PROBE_ENV}: adapter has no cooperative matrices, no probes");
+    let Some(ctx) = common::probe_context(ATTN_PROBE_ENV) else {
         return;
-    }
+    };
     let shapes: Vec<Dims> = if ctx.info.device_type != "Cpu" {
         vec![(4, 2048, 32, 8, 128), (8, 1024, 32, 4, 64)]
     } else {

@@ -39,3 +39,22 @@ pub fn flops_rate(flops: f64) -> String {
         format!("{:.2} GFLOP/s", flops / 1e9)
     }
 }
+
+/// A device of its own for a bench's timing probes, whose other kernels
+/// are not compiled first (unlike [`executor`]), where the adapter has
+/// cooperative matrices; else a notice naming `what` and `None`.
+pub fn probe_context(what: &str) -> Option<std::sync::Arc<GpuContext>> {
+    let ctx = match GpuContext::new() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            eprintln!("{what}: no GPU adapter: {e}");
+            return None;
+        }
+    };
+    eprintln!("bench device: {}", ctx.info);
+    if !ctx.has_cooperative_matrix() {
+        eprintln!("{what}: adapter has no cooperative matrices, no probes");
+        return None;
+    }
+    Some(ctx)
+}

@@ -31,9 +31,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use std::cell::OnceCell;
 
-use megatrain_gpu::{
-    CoopProbe, CoopTile, F16Matmul, F16Operands, GpuContext, GpuExecutor, GpuOptions, GpuTensor,
-};
+use megatrain_gpu::{CoopProbe, CoopTile, F16Matmul, F16Operands, GpuExecutor, GpuOptions, GpuTensor};
 use megatrain_tensor::testing::rel_norm_err;
 use megatrain_tensor::{ComputePrecision, DType, Executor, HostTensor, Transpose};
 
@@ -366,20 +364,11 @@ fn probe() {
     let Ok(list) = std::env::var(PROBE_ENV) else {
         return;
     };
-    let ctx = match GpuContext::new() {
-        Ok(ctx) => ctx,
-        Err(e) => {
-            eprintln!("{PROBE_ENV}: no GPU adapter: {e}");
-            return;
-        }
+    let Some(ctx) = common::probe_context(PROBE_ENV) else {
+        return;
     };
-    eprintln!("bench device: {}", ctx.info);
     let g = GpuExecutor::new(ctx);
     let real = common::is_real_gpu(&g);
-    if !g.context().has_cooperative_matrix() {
-        eprintln!("{PROBE_ENV}: adapter has no cooperative matrices, no probes");
-        return;
-    }
     let tiles: Vec<CoopTile> = match list.trim() {
         "default" => vec![CoopTile::DEFAULT],
         l => l
