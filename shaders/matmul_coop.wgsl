@@ -311,14 +311,25 @@ struct Frag {
     row_major: bool,
 }
 
+// 16 (li < THREADS), in a form Mesa's loop analysis cannot count, so that
+// lavapipe keeps emu_mma's loop over k rolled. Unrolled, each call's 128
+// products lay in line, and LLVM's coroutine passes (one suspension per
+// barrier) took over a minute a kernel: the emulated attention at D = 64,
+// three kernels, compiled in 77 s, rolled in 3 (2026-12-02). The products
+// and their order are the same either way.
+fn emu_k() -> u32 {
+    return 16u * min(li + 1u, 1u);
+}
+
 fn emu_mma(a: Frag, b: Frag, c: array<f32, 8>, lane: u32) -> array<f32, 8> {
     var out = c;
+    let nk = emu_k();
     for (var r = 0u; r < 8u; r++) {
         let e = r * 32u + lane;
         let row = e / 16u;
         let col = e % 16u;
         var s = out[r];
-        for (var kk = 0u; kk < 16u; kk++) {
+        for (var kk = 0u; kk < nk; kk++) {
             let ai = select(a.base + kk * a.stride + row, a.base + row * a.stride + kk, a.row_major);
             let bi = select(b.base + col * b.stride + kk, b.base + kk * b.stride + col, b.row_major);
             s += f32(EMU_A[ai]) * f32(EMU_B[bi]);
