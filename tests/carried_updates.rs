@@ -14,7 +14,7 @@
 //! layers sum their micro-batches on the executor (the tier holds none of
 //! their gradients) and take their part of the step's norm there.
 
-mod common;
+use crate::common;
 
 use common::CHUNK_STREAM;
 use megatrain::trainer::{CarryOrder, Trainer, TrainerConfig, carried_layers};

@@ -2,7 +2,7 @@
 //! panic; SIGKILL between saves loses nothing that a resume cannot redo bit
 //! for bit; export, sample, eval and plan run end to end.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! and value) and on `--device cpu`, and change no result where accepted;
 //! `eval` and `sample` take `--precision` with train's values and meaning.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -8,7 +8,7 @@
 //! sized by a layer. Ranks are threads here ([`LocalComm`], sums in rank
 //! order); `tests/mpi_data_parallel.rs` runs the same under `mpirun`.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! checkpoint of it: the run stops naming the tensor and element, and the
 //! checkpoint `latest` names stays current.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -9,7 +9,7 @@
 //! micro-batches summed, an id past the vocabulary), it takes the whole
 //! table, as before.
 
-mod common;
+use crate::common;
 
 use common::{CHANGING_LRS as LRS, CHUNK_STREAM, StepCase};
 use megatrain::data::Batch;

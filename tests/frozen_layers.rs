@@ -8,7 +8,7 @@
 //! gradient crosses the bus, and the frozen blocks are not uploaded again
 //! for the backward.
 
-mod common;
+use crate::common;
 
 use common::CHUNK_STREAM;
 use megatrain::trainer::{StepMetrics, Trainer, TrainerConfig};

@@ -5,7 +5,7 @@
 //! change that records, submits or waits more per step fails here and
 //! must say why (BENCHMARKS.md, "Host floor of a streamed step").
 
-mod common;
+use crate::common;
 
 use megatrain::trainer::{Trainer, TrainerConfig};
 use megatrain_gpu::{GpuContext, GpuExecutor, GpuOptions, HostWork, SubmitStats, TransportChoice};

@@ -5,7 +5,7 @@
 //! to use tensor cores, which an adapter without cooperative matrices
 //! refuses.
 
-mod common;
+use crate::common;
 
 use megatrain::run::{Precision, QuietProgress, TrainOptions, prepare, train};
 use megatrain_gpu::{CoopTile, F16Matmul, GpuExecutor, GpuOptions};

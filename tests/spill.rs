@@ -5,7 +5,7 @@
 //! without root — ends the run with a clear error that keeps the previous
 //! checkpoint.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

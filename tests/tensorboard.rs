@@ -4,7 +4,7 @@
 //! checkpoint, as TensorBoard reads the files), and `megatrain tensorboard`
 //! converting a run afterwards.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

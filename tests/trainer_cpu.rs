@@ -2,7 +2,7 @@
 //! references: same gradients and updates whatever K, accumulation equal to
 //! a large batch, exact clipping equal to a reference clip.
 
-mod common;
+use crate::common;
 
 use common::TRAINER_STREAM;
 use megatrain::data::Batch;

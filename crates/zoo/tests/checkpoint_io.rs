@@ -2,7 +2,7 @@
 //! shards, bf16), and the errors for broken files, each naming the file and
 //! the tensor.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! loss in float64, for every HF fixture; the same key draws the same
 //! masks, and another key other ones.
 
-mod common;
+use crate::common;
 
 use common::{CASES, fixture, read_golden};
 use megatrain_tensor::cpu::CpuTensor;

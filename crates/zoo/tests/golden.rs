@@ -2,7 +2,7 @@
 //! float64 transformers reference of `tools/make_golden.py`: logits, loss and
 //! the gradient of every parameter.
 
-mod common;
+use crate::common;
 
 use common::{CASES, Golden, fixture, read_golden};
 use megatrain_tensor::cpu::{CpuTensor, Real, RefExecutor};

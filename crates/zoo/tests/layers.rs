@@ -3,7 +3,7 @@
 //! compose through `grad_scale`, the tied gradient flowing into the
 //! embedding, and input errors.
 
-mod common;
+use crate::common;
 
 use common::{fixture, read_golden};
 use megatrain_tensor::testing::rel_norm_err;

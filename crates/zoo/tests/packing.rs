@@ -4,7 +4,7 @@
 //! family: attention keeps to each record, and the Gated DeltaNet's
 //! convolution and recurrent state restart at its first token.
 
-mod common;
+use crate::common;
 
 use common::fixture;
 use megatrain_tensor::testing::rel_norm_err;

@@ -1,7 +1,7 @@
 //! Tokenizers: an HF byte-level BPE `tokenizer.json` written by transformers
 //! (encodings compared with what transformers produced), char and byte.
 
-mod common;
+use crate::common;
 
 use common::fixture;
 use megatrain_zoo::{CHAR_VOCAB_FILE, CharTokenizer, Tokenizer, ZooError};
