@@ -619,8 +619,7 @@ fn tensor_core_kernels_refuse_a_soft_cap() {
 }
 
 /// The emulated kernels of head dimension `d` against the reference, on a
-/// device of their own (`own_ctx`): each head dimension is a set of kernels
-/// lavapipe takes a minute or two to compile, so the four run side by side.
+/// device of their own (`own_ctx`), so that the four compile side by side.
 fn emulated_kernels_match_the_reference(d: usize) {
     let Some(g) = own_ctx().and_then(|c| executor(c, F16Attention::CoopEmulated)) else {
         return;
@@ -683,17 +682,18 @@ fn emulated_kernels_match_the_reference(d: usize) {
 /// tile `Staged` gives the real forward's and backward's bits (out, lse,
 /// dq, dk, dv), over several it gives others (it stages the first tile
 /// alone), and `Plain` (no softmax, no P or dS from the statistics) gives
-/// others from the first tile. On the default tiles (16 keys, prefetched)
-/// where the adapter has cooperative matrices (the emulated kernels take
-/// lavapipe many minutes to compile; naga and spirv-val check every probe
-/// in CI: `coop_naga.rs`, `spirv_val.rs`).
+/// others from the first tile. On the default tiles (16 keys, prefetched),
+/// the hardware's where the adapter has cooperative matrices, else the
+/// emulated ones (lavapipe in CI); naga and spirv-val check every probe's
+/// hardware variant in CI (`coop_naga.rs`, `spirv_val.rs`).
 #[test]
 fn timing_probes_run_the_kernels_own_loops() {
     let Some(c) = own_ctx() else { return };
-    if !c.has_cooperative_matrix() {
-        eprintln!("no cooperative matrices: the attention's timing probes NOT run here");
-        return;
-    }
+    let kind = if c.has_cooperative_matrix() {
+        F16Attention::Coop
+    } else {
+        F16Attention::CoopEmulated
+    };
     let bits = |g: &GpuExecutor, x: &Inputs| {
         let (q, k, v) = (up(g, &x.q), up(g, &x.k), up(g, &x.v));
         let f = g.attention(&q, &k, &v, AttnMask::CAUSAL).unwrap();
@@ -724,7 +724,7 @@ fn timing_probes_run_the_kernels_own_loops() {
             attention_probe: probe,
             ..Default::default()
         };
-        executor_opts(c.clone(), F16Attention::Coop, opts).expect("adapter checked above")
+        executor_opts(c.clone(), kind, opts).expect("emulated kernels run anywhere")
     };
     let real = on(None);
     let (real_one, real_several) = (bits(&real, &one), bits(&real, &several));
@@ -1000,9 +1000,8 @@ fn resident_blocks_staged_in_slices_match_the_reference() {
 /// made by the same conversion (`F16Operands::Copy`, the default): bit for
 /// bit what they compute from rounded f32 copies, which the SIMT kernels
 /// need. Forward and backward: the emulated kernels everywhere at D = 64
-/// (each head dimension is another set of kernels for lavapipe to compile;
-/// the default's at every D are checked against the reference above), the
-/// hardware's on every awkward case where it exists.
+/// (the emulated ones at every D are checked against the reference above),
+/// the hardware's on every awkward case where it exists.
 #[test]
 fn tensor_core_staging_rounds_exactly_as_the_copies_do() {
     // A device of its own: its emulated kernels compile beside the others'.

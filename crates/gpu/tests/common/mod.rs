@@ -64,13 +64,14 @@ pub fn ctx() -> Option<Arc<GpuContext>> {
     CTX.get_or_init(init).clone()
 }
 
-/// A device of the caller's own on [`ctx`]'s adapter, for a test whose
-/// kernels lavapipe takes minutes to compile. lavapipe compiles a kernel
-/// when a submission first runs it, one submission at a time per device,
-/// so tests on [`ctx`]'s device compile one after another whatever the test
-/// threads; on devices of their own they compile side by side (on CI's 2
-/// cores, with an empty shader cache: attention_f16 in 215 s instead of
-/// 437, f16 in 103 instead of 188).
+/// A device of the caller's own on [`ctx`]'s adapter, for a test with many
+/// kernels of its own. lavapipe compiles a kernel when a submission first
+/// runs it, one submission at a time per device, so tests on [`ctx`]'s
+/// device compile one after another whatever the test threads; on devices
+/// of their own they compile side by side (on CI's 2 cores, with an empty
+/// shader cache, 2026-11-27: attention_f16 in 215 s instead of 437, f16 in
+/// 103 instead of 188; both took far less once the emulated fragments kept
+/// their loop rolled, 2026-12-02: `emu_k` in shaders/matmul_coop.wgsl).
 pub fn own_ctx() -> Option<Arc<GpuContext>> {
     ctx()?;
     Some(GpuContext::new().expect("a second device on the adapter that ctx() opened"))
