@@ -14,5 +14,4 @@ mod fused_activations;
 mod generation_cache;
 mod gradients;
 mod loss_golden;
-mod packed_operands;
 mod provided;
