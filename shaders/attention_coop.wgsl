@@ -569,14 +569,15 @@ fn stage_q_tile(b: u32, i0: u32, h: u32) {
 }
 
 // Pᵀ and dSᵀ: row = key j0 + sg·16 + lane % 16, column = query i0 + c of
-// head h (two lanes a row, as in ds_tile_dq).
-fn ds_tile_dkv(sg: u32, lane: u32, b: u32, j0: u32, i0: u32, h: u32) {
+// head h (two lanes a row, as in ds_tile_dq); the queries' lse and delta
+// at stat_s[st..] (the streamed tile's copy: AttnTile::double).
+fn ds_tile_dkv(sg: u32, lane: u32, b: u32, j0: u32, i0: u32, h: u32, st: u32) {
     let rr = lane % 16u;
     let j = j0 + sg * 16u + rr;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         let i = i0 + c;
-        p_ds(sg, rr, c, sees(b, i, j) && i < p.t, wg.stat_s[c], wg.stat_s[BC + c], drop_factor(b, h, i, j));
+        p_ds(sg, rr, c, sees(b, i, j) && i < p.t, wg.stat_s[st + c], wg.stat_s[st + BC + c], drop_factor(b, h, i, j));
     }
 }
 

@@ -141,6 +141,7 @@ impl CoopAttention {
             bc,
             share: false,
             prefetch: false,
+            double: false,
             local: false,
             fused_dq: false,
             split: 1,
@@ -185,11 +186,13 @@ impl CoopAttention {
     fn layout(&self) -> [u32; 7] {
         let t = self.tile();
         let (lds, ldq, ldp, br, bc) = (self.d + 8, self.ldq(), t.bc + 8, t.br(), t.bc);
+        // The streamed tiles' second copy, after the first.
+        let two = self.stream();
         match self.pass {
             AttnPass::Fwd => {
                 let k = if t.share { 0 } else { br * ldq };
                 let v = k + bc * lds;
-                let p = v + bc * lds;
+                let p = v + bc * lds + two;
                 let end = (p + br * ldp).max(br * ldq);
                 [0, k, v, p, p, p + br * ldp, end]
             }
@@ -197,7 +200,7 @@ impl CoopAttention {
                 let dout = br * ldq;
                 let k = if t.share { 0 } else { 2 * br * ldq };
                 let v = k + bc * lds;
-                let p = v + bc * lds;
+                let p = v + bc * lds + two;
                 let end = (p + 2 * br * ldp).max(2 * br * ldq);
                 [0, k, v, dout, p, p + br * ldp, end]
             }
@@ -205,7 +208,7 @@ impl CoopAttention {
                 let v = br * ldq;
                 let q = if t.share { 0 } else { 2 * br * ldq };
                 let dout = q + bc * lds;
-                let p = dout + bc * lds;
+                let p = dout + bc * lds + two;
                 let end = (p + 2 * br * ldp).max(2 * br * ldq);
                 [q, 0, v, dout, p, p + br * ldp, end]
             }
@@ -231,13 +234,43 @@ impl CoopAttention {
         }
     }
 
+    /// Whether the streamed tiles are double buffered
+    /// ([`AttnTile::double`]); a probe's loop stages its first tile alone,
+    /// in one copy.
+    fn double(&self) -> bool {
+        self.tile().double && self.probe.is_none()
+    }
+
+    /// Halfs from a streamed tile's first copy to its second (STREAM in
+    /// the shader: both operands' tiles, K and V or Q and dO), 0 where
+    /// there is one.
+    fn stream(&self) -> u32 {
+        if self.double() {
+            2 * self.tile().bc * (self.d + 8)
+        } else {
+            0
+        }
+    }
+
+    /// `sb`, the streamed tiles' copy the loop is on, added to their
+    /// regions' offsets where they are double buffered.
+    fn sb(&self) -> &'static str {
+        if self.double() { " + sb" } else { "" }
+    }
+
     fn scratch_regions(&self) -> u32 {
         if self.pass == AttnPass::Fwd { 1 } else { 2 }
     }
 
     fn stat_len(&self) -> u32 {
         let t = self.tile();
-        2 * t.br().max(t.bc)
+        let streamed = if self.double() && self.pass == AttnPass::Dkv {
+            // dk/dv's two copies of the streamed rows' lse and delta.
+            4 * t.bc
+        } else {
+            0
+        };
+        (2 * t.br().max(t.bc)).max(streamed)
     }
 
     /// Bytes of each member of the variant's `Shared`, in order: the
@@ -335,6 +368,9 @@ impl CoopAttention {
             "const Q_S: u32 = {q_s}u;\nconst K_S: u32 = {k_s}u;\nconst V_S: u32 = {v_s}u;\nconst DO_S: u32 = {do_s}u;\nconst P_S: u32 = {p_s}u;\nconst DS_S: u32 = {ds_s}u;\nconst SM: u32 = {sm}u;\nconst LDQ: u32 = {}u;",
             self.ldq()
         );
+        if self.double() {
+            let _ = writeln!(out, "const STREAM: u32 = {}u;", self.stream());
+        }
         let _ = writeln!(
             out,
             "const NSCR: u32 = {}u;\nconst STAT: u32 = {}u;\nconst LOCAL: bool = {};\n\nfn row_sync() {{\n    {}();\n}}\n",
@@ -413,6 +449,9 @@ impl CoopAttention {
     fn prefetch_fns(&self) -> String {
         let n = self.prefetch_regs();
         let dkv = self.pass == AttnPass::Dkv;
+        // Double buffered, `put_…` stages into the copy `sb` (and dk/dv's
+        // statistics at `st`) that the caller names.
+        let (sb, st) = (self.sb(), if self.double() { "st + " } else { "" });
         let (x, y) = if dkv { ("pq", "pd") } else { ("pk", "pv") };
         let mut m = String::from("\n// Prefetched tile (generated).\n");
         for r in 0..n {
@@ -435,13 +474,21 @@ impl CoopAttention {
                     "            let i = i0 + r;\n            {x}{r} = In4(0.0);\n            {y}{r} = In4(0.0);\n            if i < p.t {{\n                let qi = q_at(b, i, h, c);\n                {x}{r} = read_q((p.q_off + qi) / 4u);\n                {y}{r} = read_do((p.do_off + qi) / 4u);\n            }}\n"
                 )
             });
-            m.push_str("    p_ld = vec2<f32>(0.0);\n    let i = i0 + li;\n    if li < BC && i < p.t {\n        let ri = row_at(b, h, i);\n        p_ld = vec2<f32>(lse_in[p.lse_off + ri], dd_in[p.dd_off + ri]);\n    }\n}\n\nfn put_q_tile() {\n");
+            m.push_str("    p_ld = vec2<f32>(0.0);\n    let i = i0 + li;\n    if li < BC && i < p.t {\n        let ri = row_at(b, h, i);\n        p_ld = vec2<f32>(lse_in[p.lse_off + ri], dd_in[p.dd_off + ri]);\n    }\n}\n\n");
+            m.push_str(if self.double() {
+                "fn put_q_tile(sb: u32, st: u32) {\n"
+            } else {
+                "fn put_q_tile() {\n"
+            });
             each(&mut m, &|r| {
                 format!(
-                    "            put_in4(Q_S + r * LDS + c, {x}{r}, down_q);\n            put_in4(DO_S + r * LDS + c, {y}{r}, down_do);\n"
+                    "            put_in4(Q_S{sb} + r * LDS + c, {x}{r}, down_q);\n            put_in4(DO_S{sb} + r * LDS + c, {y}{r}, down_do);\n"
                 )
             });
-            m.push_str("    if li < BC {\n        wg.stat_s[li] = p_ld.x;\n        wg.stat_s[BC + li] = p_ld.y;\n    }\n}\n");
+            let _ = write!(
+                m,
+                "    if li < BC {{\n        wg.stat_s[{st}li] = p_ld.x;\n        wg.stat_s[{st}BC + li] = p_ld.y;\n    }}\n}}\n"
+            );
         } else {
             m.push_str("\nfn fetch_kv(b: u32, j0: u32, g: u32) {\n");
             each(&mut m, &|r| {
@@ -449,10 +496,14 @@ impl CoopAttention {
                     "            let j = j0 + r;\n            {x}{r} = In4(0.0);\n            {y}{r} = In4(0.0);\n            if j < p.t {{\n                let i = kv_at(b, j, g, c);\n                {x}{r} = read_k((p.k_off + i) / 4u);\n                {y}{r} = read_v((p.v_off + i) / 4u);\n            }}\n"
                 )
             });
-            m.push_str("}\n\nfn put_kv() {\n");
+            m.push_str(if self.double() {
+                "}\n\nfn put_kv(sb: u32) {\n"
+            } else {
+                "}\n\nfn put_kv() {\n"
+            });
             each(&mut m, &|r| {
                 format!(
-                    "            put_in4(K_S + r * LDS + c, {x}{r}, down_k);\n            put_in4(V_S + r * LDS + c, {y}{r}, down_v);\n"
+                    "            put_in4(K_S{sb} + r * LDS + c, {x}{r}, down_k);\n            put_in4(V_S{sb} + r * LDS + c, {y}{r}, down_v);\n"
                 )
             });
             m.push_str("}\n");
@@ -467,6 +518,13 @@ impl CoopAttention {
     /// reads issued after the second barrier (the first one's before the
     /// loop, `first_fetch`).
     fn kv_loop_head(&self) -> &'static str {
+        // Double buffered: the first tile staged once the resident block's
+        // fragments are loaded from the region (the barrier before it);
+        // each next one read into registers at the top of the loop and
+        // staged into the other copy at its end (`stream_tail`).
+        if self.double() {
+            return "    workgroupBarrier();\n    put_kv(0u);\n    workgroupBarrier();\n    var sb = 0u;\n    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        let more = j0 + BC < kend;\n        if more {\n            fetch_kv(b, j0 + BC, g);\n        }\n";
+        }
         // A probe's loop stages the first tile alone and reads no other.
         if self.probe.is_some() {
             return if self.tile().prefetch {
@@ -480,6 +538,29 @@ impl CoopAttention {
         } else {
             "    for (var j0 = j_first; j0 < kend; j0 += BC) {\n        workgroupBarrier();\n        stage_kv(K_S, V_S, b, j0, g, BC, 0u, D, LDS);\n        workgroupBarrier();\n"
         }
+    }
+
+    /// The end of a double-buffered loop's iteration (nothing otherwise):
+    /// the next tile, where there is one, staged from its registers into
+    /// the copy the products did not read, and the one barrier of the
+    /// tile: after it every subgroup is done with this tile's copy (the
+    /// next but one is staged there) and sees the next one's.
+    fn stream_tail(&self, indent: &str) -> String {
+        if !self.double() {
+            return String::new();
+        }
+        let put = if self.pass == AttnPass::Dkv {
+            "put_q_tile(STREAM - sb, 2u * BC - st)"
+        } else {
+            "put_kv(STREAM - sb)"
+        };
+        let mut t = format!(
+            "{indent}if more {{\n{indent}    {put};\n{indent}}}\n{indent}workgroupBarrier();\n{indent}sb = STREAM - sb;\n"
+        );
+        if self.pass == AttnPass::Dkv {
+            let _ = writeln!(t, "{indent}st = 2u * BC - st;");
+        }
+        t
     }
 
     /// Before the resident block is staged: the K/V loop's bounds and,
@@ -545,8 +626,9 @@ impl CoopAttention {
                 self.stage_resident(&mut m, &g, &stage, &[&Q_ROWS, &DO_ROWS]);
                 m.push_str(self.kv_loop_head());
                 m.push_str("        for (var jf = 0u; jf < BC / 16u; jf++) {\n");
-                score(&mut m, "            ", &Q_ROWS, "K_S", "jf", "ci", "cs");
-                score(&mut m, "            ", &DO_ROWS, "V_S", "jf", "ct", "SCR + cs");
+                let (ks, vs) = (format!("K_S{}", self.sb()), format!("V_S{}", self.sb()));
+                score(&mut m, "            ", &Q_ROWS, &ks, "jf", "ci", "cs");
+                score(&mut m, "            ", &DO_ROWS, &vs, "jf", "ct", "SCR + cs");
                 let _ = write!(
                     m,
                     "        }}\n        row_sync();\n        {}\n        row_sync();\n",
@@ -554,7 +636,7 @@ impl CoopAttention {
                 );
                 fragments(&mut m, &g, "        ", &DS_ROWS, kf);
                 for f in 0..nd {
-                    let b = format!("K_S + {}u", 16 * f);
+                    let b = format!("{ks} + {}u", 16 * f);
                     product(
                         &mut m,
                         &g,
@@ -565,6 +647,7 @@ impl CoopAttention {
                         kf,
                     );
                 }
+                m.push_str(&self.stream_tail("        "));
                 m.push_str("    }\n");
                 for f in 0..nd {
                     let _ = writeln!(
@@ -616,6 +699,11 @@ impl CoopAttention {
                         m,
                         "    for (var hh = 0u; hh < p.group; hh++) {{\n        let h = g * p.group + hh;\n        for (var i0 = i_first; i0 < i_end; i0 += BC) {{\n            workgroupBarrier();\n            if hh == 0u && i0 == i_first {{\n                {stage};\n            }}\n            workgroupBarrier();\n"
                     );
+                } else if self.double() {
+                    // As the forward's (`kv_loop_head`), the next tile
+                    // the next of this head's or the first of the next
+                    // head's, and none after the last head's last.
+                    m.push_str("    workgroupBarrier();\n    put_q_tile(0u, 0u);\n    workgroupBarrier();\n    var sb = 0u;\n    var st = 0u;\n    for (var hh = 0u; hh < p.group; hh++) {\n        let h = g * p.group + hh;\n        for (var i0 = i_first; i0 < i_end; i0 += BC) {\n            var more = true;\n            if i0 + BC < i_end {\n                fetch_q_tile(b, i0 + BC, h);\n            } else if hh + 1u < p.group {\n                fetch_q_tile(b, i_first, h + 1u);\n            } else {\n                more = false;\n            }\n");
                 } else if self.tile().prefetch {
                     // The next tile is the next of this head's, or the
                     // first of the next head's (every head has one: i_first
@@ -628,28 +716,25 @@ impl CoopAttention {
                 if !resident {
                     fragments(&mut m, &g, "                ", &K_ROWS, nd);
                 }
-                score(&mut m, "                ", &K_ROWS, "Q_S", "qf", "ci", "cs");
+                let (qs, dos) = (format!("Q_S{}", self.sb()), format!("DO_S{}", self.sb()));
+                score(&mut m, "                ", &K_ROWS, &qs, "qf", "ci", "cs");
                 if !resident {
                     fragments(&mut m, &g, "                ", &V_ROWS, nd);
                 }
-                score(
-                    &mut m,
-                    "                ",
-                    &V_ROWS,
-                    "DO_S",
-                    "qf",
-                    "ct",
-                    "SCR + cs",
-                );
+                score(&mut m, "                ", &V_ROWS, &dos, "qf", "ct", "SCR + cs");
                 let _ = write!(
                     m,
                     "            }}\n            row_sync();\n            {}\n            row_sync();\n",
-                    self.ds_tile_call("ds_tile_dkv(sg, lane, b, j0, i0, h);")
+                    self.ds_tile_call(if self.double() {
+                        "ds_tile_dkv(sg, lane, b, j0, i0, h, st);"
+                    } else {
+                        "ds_tile_dkv(sg, lane, b, j0, i0, h, 0u);"
+                    })
                 );
                 fragments(&mut m, &g, "            ", &P_ROWS, kf);
                 fragments(&mut m, &g, "            ", &DS_ROWS, kf);
                 for f in 0..nd {
-                    let (bv, bk) = (format!("DO_S + {}u", 16 * f), format!("Q_S + {}u", 16 * f));
+                    let (bv, bk) = (format!("{dos} + {}u", 16 * f), format!("{qs} + {}u", 16 * f));
                     product(
                         &mut m,
                         &g,
@@ -672,6 +757,7 @@ impl CoopAttention {
                 if self.tile().fused_dq {
                     self.fused_dq(&mut m, &g, nd);
                 }
+                m.push_str(&self.stream_tail("            "));
                 m.push_str("        }\n    }\n");
                 for f in 0..nd {
                     for (name, is_k) in [("dk", true), ("dv", false)] {
@@ -798,7 +884,7 @@ impl CoopAttention {
             "            ",
             "acc",
             &Q_ROWS,
-            ("K_S + jf * 16u * LDS", "16u", "lds", false),
+            (&format!("K_S{} + jf * 16u * LDS", self.sb()), "16u", "lds", false),
             nd,
         );
         // The rows' P and factors are in before the products read them:
@@ -831,7 +917,7 @@ impl CoopAttention {
         // O += P V, P's fragments loaded once per tile.
         fragments(m, g, "        ", &P_ROWS, kf);
         for f in 0..nd {
-            let b = format!("V_S + {}u", 16 * f);
+            let b = format!("V_S{} + {}u", self.sb(), 16 * f);
             product(
                 m,
                 g,
@@ -842,6 +928,7 @@ impl CoopAttention {
                 kf,
             );
         }
+        m.push_str(&self.stream_tail("        "));
         m.push_str("    }\n    finish_sums(sg, lane, b, p0, np, g);\n");
         through_scratch(m, g, (nd, nb), "    ", (false, "workgroupBarrier"), |m, df, u| {
             let _ = writeln!(m, "        write_o(sg, lane, {df}u, {u}u, b, p0, np, g);");
@@ -1107,6 +1194,59 @@ mod tests {
         }
     }
 
+    /// Double-buffered streamed tiles (`AttnTile::double`) wait at one
+    /// workgroup barrier a tile where a single copy waits at two, in every
+    /// pass (the rows synchronised within subgroups, `l`, so that no other
+    /// workgroup barrier is in the loop), and stage into their second copy.
+    #[test]
+    fn double_buffered_loops_wait_once_a_tile() {
+        // The workgroup barriers of the loop over streamed tiles (dk/dv's
+        // over heads, around it).
+        let in_loop = |v: &CoopAttention| {
+            let src = v.source();
+            let body = src.split_once("fn main(").unwrap().1;
+            let start = body
+                .find("    for (var j0")
+                .or_else(|| body.find("    for (var hh"))
+                .unwrap();
+            let end = start + body[start..].find("\n    }\n").unwrap();
+            body[start..end].matches("workgroupBarrier()").count()
+        };
+        for pass in [AttnPass::Fwd, AttnPass::Dq, AttnPass::Dkv] {
+            for d in CoopAttention::HEAD_DIMS {
+                for double in [false, true] {
+                    let tile = AttnTile {
+                        sg: 4,
+                        bc: 16,
+                        share: true,
+                        prefetch: true,
+                        double,
+                        local: true,
+                        fused_dq: false,
+                        split: 2,
+                    };
+                    let v = CoopAttention {
+                        pass,
+                        d,
+                        emulated: false,
+                        f16_in: true,
+                        shape: Some(tile),
+                        probe: None,
+                    };
+                    let want = if double { 1 } else { 2 };
+                    assert_eq!(in_loop(&v), want, "{}", v.label());
+                    assert_eq!(v.source().contains("STREAM - sb"), double, "{}", v.label());
+                    // A probe stages its first tile alone, in one copy.
+                    let probe = CoopAttention {
+                        probe: Some(AttnProbe::Staged),
+                        ..v
+                    };
+                    assert_eq!(in_loop(&probe), 2, "{}", probe.label());
+                }
+            }
+        }
+    }
+
     /// `Shared` (attention_coop.wgsl) puts s_s and stat_s after the f16
     /// tiles: each starts on 16 bytes, as cooperative loads and stores need.
     #[test]
@@ -1131,6 +1271,7 @@ mod tests {
                         bc: 16,
                         share: true,
                         prefetch: false,
+                        double: false,
                         local: false,
                         fused_dq: false,
                         split,

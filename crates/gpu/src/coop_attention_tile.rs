@@ -24,6 +24,13 @@ pub struct AttnTile {
     /// reads' latency is hidden behind the tile's products rather than
     /// waited out between two barriers.
     pub prefetch: bool,
+    /// Two copies of the streamed tiles' regions, used in turn (with
+    /// `prefetch`): the next tile is staged from its registers into the
+    /// other copy once the current one's products are issued, so one
+    /// workgroup barrier a tile (after that staging) does what two did
+    /// (before it, for the last tile's readers; after it, for the next
+    /// tile's). dk/dv's streamed statistics (lse, delta) are doubled too.
+    pub double: bool,
     /// Rows synchronised within their subgroup between a tile's products
     /// and the lanes' work on them (`row_sync`: a subgroup barrier, not a
     /// workgroup one; `shaders/attention_coop.wgsl`). Only where the
@@ -54,16 +61,18 @@ impl AttnTile {
     }
 
     /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
-    /// the streamed tiles are prefetched, `l` where rows synchronise
+    /// the streamed tiles are prefetched, `d` where they are double
+    /// buffered, `l` where rows synchronise
     /// within their subgroup, `q` where dk/dv accumulates dQ too and
     /// `r{N}` where the resident block is staged in N slices.
     pub fn name(&self) -> String {
         format!(
-            "sg{}bc{}{}{}{}{}{}",
+            "sg{}bc{}{}{}{}{}{}{}",
             self.sg,
             self.bc,
             if self.share { "s" } else { "" },
             if self.prefetch { "p" } else { "" },
+            if self.double { "d" } else { "" },
             if self.local { "l" } else { "" },
             if self.fused_dq { "q" } else { "" },
             if self.split > 1 {
@@ -78,11 +87,11 @@ impl AttnTile {
     pub fn parse(s: &str, pass: AttnPass) -> Result<AttnTile, String> {
         let bad = |why: &str| {
             format!(
-                "attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq, sg16bc16spr4)"
+                "attention tile '{s}': {why} (e.g. sg4bc32, sg2bc64s, sg8bc16spl, sg2bc16pq, sg16bc16spr4, sg16bc16spdr4)"
             )
         };
         // The suffixes, last first: `name` writes them in the order s, p,
-        // l, q, r{N}.
+        // d, l, q, r{N}.
         let (body, split) = match s.rsplit_once('r') {
             Some((body, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
                 (body, n.parse::<u32>().map_err(|_| bad(&format!("'{n}' slices")))?)
@@ -91,12 +100,13 @@ impl AttnTile {
         };
         let (body, fused_dq) = strip_flag(body, 'q');
         let (body, local) = strip_flag(body, 'l');
+        let (body, double) = strip_flag(body, 'd');
         let (body, prefetch) = strip_flag(body, 'p');
         let (body, share) = strip_flag(body, 's');
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
-            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, l for subgroup-local rows, q for dQ in dk/dv, r{N} for the resident block in N slices"))?;
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, d for double-buffered ones, l for subgroup-local rows, q for dQ in dk/dv, r{N} for the resident block in N slices"))?;
         let num = |x: &str| {
             x.parse::<u32>()
                 .map_err(|_| bad(&format!("'{x}' is not a number")))
@@ -106,6 +116,7 @@ impl AttnTile {
             bc: num(bc)?,
             share,
             prefetch,
+            double,
             local,
             fused_dq,
             split,
@@ -134,6 +145,10 @@ impl AttnTile {
                 self.bc,
                 32 * self.sg
             ));
+        }
+        // The next tile's copy is staged from the registers it was read into.
+        if self.double && !self.prefetch {
+            return Err("double-buffered tiles (d) are staged from prefetched registers (p)".into());
         }
         // dk/dv's dQ reads K's tile in every streamed tile's products.
         if self.share && self.fused_dq {
@@ -187,20 +202,23 @@ impl AttnTiles {
     /// found the resident block in four slices (`r4`) fastest on every
     /// pass, with twice the subgroups sharing each streamed tile (the
     /// forward on 16, dq and dk/dv on 8): the defaults since, first. Then
-    /// the same with rows synchronised within subgroups (`l`: the forward's
-    /// 2.81 ms against 3.03 there, dq's 3.23 against 3.40; dk/dv never timed
-    /// with it and slices); eight slices (two do not fit at D = 128); the
-    /// forward's 32-key tiles with dq and dk/dv on 4 subgroups in slices;
-    /// 12 and 6 subgroups; the fastest set of that sweep, and the defaults
-    /// before it, for the ratio in the same run.
+    /// the same with the streamed tiles double buffered (`d`: one
+    /// workgroup barrier a tile where the defaults wait at two; never yet
+    /// timed), without and with rows synchronised within subgroups (`l`:
+    /// the forward's 2.81 ms against 3.03 there, dq's 3.23 against 3.40;
+    /// dk/dv never timed with it and slices); eight slices (two do not fit
+    /// at D = 128); the forward's 32-key tiles with dq and dk/dv on 4
+    /// subgroups in slices; and the fastest set of that sweep. (12 and 6
+    /// subgroups, and the defaults of 2026-11-29, timed then, are left
+    /// out.)
     pub const SWEEP: [&'static str; 7] = [
         "fwd=sg16bc16spr4,dq=sg8bc16spr4,dkv=sg8bc16spr4",
+        "fwd=sg16bc16spdr4,dq=sg8bc16spdr4,dkv=sg8bc16spdr4",
+        "fwd=sg16bc16spdlr4,dq=sg8bc16spdlr4,dkv=sg8bc16spdlr4",
         "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg8bc16splr4",
         "fwd=sg16bc16spr8,dq=sg8bc16spr8,dkv=sg8bc16spr8",
         "fwd=sg8bc32spr4,dq=sg4bc16spr4,dkv=sg4bc16spr4",
-        "fwd=sg12bc16spr4,dq=sg6bc16spr4,dkv=sg6bc16spr4",
         "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg4bc16sp",
-        "fwd=sg8bc16sp,dq=sg4bc16sp,dkv=sg3bc16p",
     ];
 }
 

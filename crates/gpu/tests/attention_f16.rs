@@ -886,6 +886,27 @@ fn emulated_tensor_core_kernels_with_other_tiles_match_the_reference() {
     {
         check(&pre, c, 87 + i as u64, TOL_COOP, true).unwrap();
     }
+    // The forward's streamed tiles double buffered (one barrier a tile):
+    // each next tile staged into the copy the last one's products did not
+    // read, over several tiles, rising maxima, a window and documents.
+    // (dq's and dk/dv's exceed lavapipe's 32 KiB in f32 at D = 64: their
+    // double buffers run on tensor cores, below.)
+    let double = executor_opts(
+        g.context().clone(),
+        F16Attention::CoopEmulated,
+        tiles("fwd=sg1bc16pd"),
+    )
+    .unwrap();
+    for (i, c) in CASES.into_iter().enumerate().filter(|(_, c)| c.d == 64) {
+        check(&double, c, 110 + i as u64, TOL_COOP, false).unwrap();
+    }
+    check_inputs(&double, long, rising(long, 115), TOL_COOP, false).unwrap();
+    for (i, c) in [long.window(20), long.packed(&[&[0, 1, 40, 69]])]
+        .into_iter()
+        .enumerate()
+    {
+        check(&double, c, 116 + i as u64, TOL_COOP, false).unwrap();
+    }
     let shared = executor_opts(
         g.context().clone(),
         F16Attention::CoopEmulated,
@@ -992,6 +1013,32 @@ fn resident_blocks_staged_in_slices_match_the_reference() {
     // same kernels (CI's one run of the hardware's dropout).
     check(&g, CASES[0], 61, TOL_COOP, true).unwrap();
     check_dropped(&g, CASES[0], 62).unwrap();
+    eprintln!("{tiles}: matches");
+}
+
+/// Every pass's streamed tiles double buffered (`d`: the next tile staged
+/// from its registers into the copy the current one's products do not
+/// read, one workgroup barrier a tile), on shared regions and sliced
+/// resident blocks as the swept sets have them, where the adapter has
+/// cooperative matrices: several tiles a block and dk/dv's across the
+/// query heads of a group (GQA 6/2 at D = 80, T = 37), documents that skip
+/// tiles, a sliding window and dropout. A small set, so that CI runs it on
+/// Mesa 26's lavapipe.
+#[test]
+fn double_buffered_tiles_match_the_reference() {
+    let tiles = "fwd=sg4bc16spdr4,dq=sg2bc16spdr2,dkv=sg2bc16spdr4";
+    let opts = GpuOptions {
+        attention_tiles: tiles.parse().unwrap(),
+        ..Default::default()
+    };
+    let Some(g) = own_ctx().and_then(|c| executor_opts(c, F16Attention::Coop, opts)) else {
+        return;
+    };
+    check(&g, CASES[0], 121, TOL_COOP, true).unwrap();
+    check_inputs(&g, CASES[0], rising(CASES[0], 122), TOL_COOP, true).unwrap();
+    check(&g, PACKED[0], 123, TOL_COOP, true).unwrap();
+    check(&g, WINDOWED[1], 124, TOL_COOP, true).unwrap();
+    check_dropped(&g, CASES[0], 125).unwrap();
     eprintln!("{tiles}: matches");
 }
 

@@ -265,6 +265,14 @@ mod tests {
         assert!(f.share && f.prefetch && f.local && f.split == 4 && f.sg == 16);
         assert!(q.share && !q.prefetch && q.split == 4 && q.sg == 8);
         assert_eq!(t.to_string(), "fwd=sg16bc16splr4,dq=sg8bc16sr4");
+        let t = "fwd=sg16bc16spdlr4,dkv=sg2bc16pdq"
+            .parse::<crate::AttnTiles>()
+            .unwrap();
+        let (f, kv) = (t.fwd.unwrap(), t.dkv.unwrap());
+        assert!(f.share && f.prefetch && f.double && f.local && f.split == 4);
+        assert!(!kv.share && kv.prefetch && kv.double && !kv.local && kv.fused_dq);
+        assert!(!q.double);
+        assert_eq!(t.to_string(), "fwd=sg16bc16spdlr4,dkv=sg2bc16pdq");
         for tiles in crate::AttnTiles::SWEEP {
             let t = tiles.parse::<crate::AttnTiles>().unwrap();
             assert_eq!(t.to_string(), tiles);
@@ -293,6 +301,10 @@ mod tests {
             ("fwd=sg8bc16sr9", "slices"),
             ("dkv=sg2bc16r2", "needs shared regions"),
             ("fwd=sg8bc16sr", "not a number"),
+            // Double buffers staged from prefetched registers, and after p.
+            ("fwd=sg8bc16sd", "prefetched registers"),
+            ("dkv=sg2bc16d", "prefetched registers"),
+            ("fwd=sg8bc16sdp", "not a number"),
         ] {
             let e = bad.parse::<crate::AttnTiles>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
