@@ -389,7 +389,10 @@ first)
     while IFS= read -r line; do note "  $line"; done < <(grep -E '^megatrain attention probe' "$OUT/bench-attention-probe.log")
     # The tensor-core attention's tile sets (AttnTiles::SWEEP: the sweep
     # rows, each set checked first) at issue 13's shape; each set's tiles
-    # and both rates into the summary.
+    # and both rates into the summary. Session 53's two changes against
+    # the defaults, per kernel: set 2's forward is the two-pass softmax
+    # (`t`) the default no longer runs, its dq and dk/dv double buffered
+    # (`d`); set 3's forward `d`, its backward `d` and `l`.
     # (Session 38: the six sets alone took 117 s at these sample times, and
     # 90 s with the f32 rows beside them reached none; there are seven now.)
     MEGATRAIN_ATTN_SWEEP=default cap=150 b attention \

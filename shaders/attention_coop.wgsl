@@ -329,41 +329,95 @@ var<private> raised: bool;
 // through stat_s, whose factors from the last tile were read before the
 // row_sync ahead of this tile's products. Called by every lane (it holds a
 // barrier).
+//
+// One pass over the scores: P against the running max, which a row keeps
+// unless a score passes it by more than RAISE, and the halves' maxima on
+// the way; only a row whose max rises (its first scores, or rarely after)
+// takes P again against the new max (p_half_row). The probabilities, the
+// sums and their order are the two-pass way's (softmax_tile_two_pass: the
+// maxima first), bit for bit where the compiler contracts both alike.
 fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
     let base = sg * 16u * BC + (lane % 16u) * BC;
-    let f = up_s;
+    let hi = lane >= 16u;
+    var pm = m_run;
+    // l_run · exp(0), exactly.
+    var l = l_run;
+    for (var k = 0u; k < BC / 2u; k++) {
+        let c = half_col(lane, k);
+        var pr = 0.0;
+        if sees(b, row.pos, j0 + c) {
+            let x = apply(wg.s_s[base + c], up_s) * p.scale;
+            pm = max(pm, x);
+            pr = exp(x - m_run);
+        }
+        l += pr;
+        wg.sm[P_S + r * LDP + c] = to_half(pr * drop_factor(b, row.head, row.pos, j0 + c));
+    }
+    let m = row_max(r, hi, pm);
+    let corr = exp(m_run - m);
+    if m != m_run {
+        l = p_half_row(lane, b, j0, row, r, base, m, l_run * corr);
+    }
+    end_tile(r, hi, m, corr, l);
+}
+
+// The two-pass way (AttnTile::two_pass): the row's max first, then P.
+fn softmax_tile_two_pass(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
+    let r = sg * 16u + lane % 16u;
+    let row = q_row(p0, np, g, r);
+    let base = sg * 16u * BC + (lane % 16u) * BC;
     let hi = lane >= 16u;
     var pm = m_run;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         if sees(b, row.pos, j0 + c) {
-            pm = max(pm, apply(wg.s_s[base + c], f) * p.scale);
+            pm = max(pm, apply(wg.s_s[base + c], up_s) * p.scale);
         }
     }
+    let m = row_max(r, hi, pm);
+    let corr = exp(m_run - m);
+    end_tile(r, hi, m, corr, p_half_row(lane, b, j0, row, r, base, m, l_run * corr));
+}
+
+// The row's max for this tile from this lane's half's `pm` (both lanes of
+// a row get the same): the running max, raised to the tile's only where
+// it passes it by more than RAISE. Each lane reads only its partner's
+// slot, so the low lane may put the factor in the high lane's slot at
+// once (end_tile).
+fn row_max(r: u32, hi: bool, pm: f32) -> f32 {
     wg.stat_s[select(r, BR + r, hi)] = pm;
     row_sync();
-    // Each lane reads only its partner's slot, so the low lane may put the
-    // factor in the high lane's slot at once.
     let mx = max(pm, wg.stat_s[select(BR + r, r, hi)]);
     var m = m_run;
     if mx > m_run + RAISE {
         m = mx;
     }
-    let corr = exp(m_run - m);
-    var l = l_run * corr;
+    return m;
+}
+
+// This lane's half of row r's P against max m (f16, into P_S), and its
+// sum from l0 on.
+fn p_half_row(lane: u32, b: u32, j0: u32, row: QRow, r: u32, base: u32, m: f32, l0: f32) -> f32 {
+    var l = l0;
     for (var k = 0u; k < BC / 2u; k++) {
         let c = half_col(lane, k);
         var pr = 0.0;
         if sees(b, row.pos, j0 + c) {
-            pr = exp(apply(wg.s_s[base + c], f) * p.scale - m);
+            pr = exp(apply(wg.s_s[base + c], up_s) * p.scale - m);
         }
         l += pr;
         // The sums are of every probability; the values are weighted by the
         // kept ones (dropout).
         wg.sm[P_S + r * LDP + c] = to_half(pr * drop_factor(b, row.head, row.pos, j0 + c));
     }
+    return l;
+}
+
+// The tile's row statistics: the factor for the rows' rescale, the vote
+// for it, the running max and this lane's half of the running sum.
+fn end_tile(r: u32, hi: bool, m: f32, corr: f32, l: f32) {
     raised = m != m_run && m_run != NO_MAX;
     if !hi {
         wg.stat_s[BR + r] = corr;

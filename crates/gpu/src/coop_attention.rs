@@ -142,6 +142,7 @@ impl CoopAttention {
             share: false,
             prefetch: false,
             double: false,
+            two_pass: false,
             local: false,
             fused_dq: false,
             split: 1,
@@ -901,6 +902,8 @@ impl CoopAttention {
             g.store("acc", "ci", "ldc"),
             if self.probe == Some(AttnProbe::Plain) {
                 "plain_tile(sg, lane);"
+            } else if self.tile().two_pass {
+                "softmax_tile_two_pass(sg, lane, b, j0, p0, np, g);"
             } else {
                 "softmax_tile(sg, lane, b, j0, p0, np, g);"
             }
@@ -1221,6 +1224,7 @@ mod tests {
                         share: true,
                         prefetch: true,
                         double,
+                        two_pass: false,
                         local: true,
                         fused_dq: false,
                         split: 2,
@@ -1272,6 +1276,7 @@ mod tests {
                         share: true,
                         prefetch: false,
                         double: false,
+                        two_pass: false,
                         local: false,
                         fused_dq: false,
                         split,

@@ -31,6 +31,13 @@ pub struct AttnTile {
     /// (before it, for the last tile's readers; after it, for the next
     /// tile's). dk/dv's streamed statistics (lse, delta) are doubled too.
     pub double: bool,
+    /// The forward only: each tile's softmax in two passes over the
+    /// scores (the rows' maxima, then P), as before 2026-12-02, where the
+    /// default takes one (P against the running max, again only for rows
+    /// whose max rises: `softmax_tile` in `shaders/attention_coop.wgsl`).
+    /// The same probabilities and sums; kept to time the two against
+    /// each other.
+    pub two_pass: bool,
     /// Rows synchronised within their subgroup between a tile's products
     /// and the lanes' work on them (`row_sync`: a subgroup barrier, not a
     /// workgroup one; `shaders/attention_coop.wgsl`). Only where the
@@ -62,17 +69,18 @@ impl AttnTile {
 
     /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
     /// the streamed tiles are prefetched, `d` where they are double
-    /// buffered, `l` where rows synchronise
+    /// buffered, `t` where the forward's softmax takes two passes, `l` where rows synchronise
     /// within their subgroup, `q` where dk/dv accumulates dQ too and
     /// `r{N}` where the resident block is staged in N slices.
     pub fn name(&self) -> String {
         format!(
-            "sg{}bc{}{}{}{}{}{}{}",
+            "sg{}bc{}{}{}{}{}{}{}{}",
             self.sg,
             self.bc,
             if self.share { "s" } else { "" },
             if self.prefetch { "p" } else { "" },
             if self.double { "d" } else { "" },
+            if self.two_pass { "t" } else { "" },
             if self.local { "l" } else { "" },
             if self.fused_dq { "q" } else { "" },
             if self.split > 1 {
@@ -91,7 +99,7 @@ impl AttnTile {
             )
         };
         // The suffixes, last first: `name` writes them in the order s, p,
-        // d, l, q, r{N}.
+        // d, t, l, q, r{N}.
         let (body, split) = match s.rsplit_once('r') {
             Some((body, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
                 (body, n.parse::<u32>().map_err(|_| bad(&format!("'{n}' slices")))?)
@@ -100,13 +108,14 @@ impl AttnTile {
         };
         let (body, fused_dq) = strip_flag(body, 'q');
         let (body, local) = strip_flag(body, 'l');
+        let (body, two_pass) = strip_flag(body, 't');
         let (body, double) = strip_flag(body, 'd');
         let (body, prefetch) = strip_flag(body, 'p');
         let (body, share) = strip_flag(body, 's');
         let (sg, bc) = body
             .strip_prefix("sg")
             .and_then(|r| r.split_once("bc"))
-            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, d for double-buffered ones, l for subgroup-local rows, q for dQ in dk/dv, r{N} for the resident block in N slices"))?;
+            .ok_or_else(|| bad("want sg{SG}bc{BC}, then s for shared regions, p for prefetched tiles, d for double-buffered ones, t for the forward's two-pass softmax, l for subgroup-local rows, q for dQ in dk/dv, r{N} for the resident block in N slices"))?;
         let num = |x: &str| {
             x.parse::<u32>()
                 .map_err(|_| bad(&format!("'{x}' is not a number")))
@@ -117,6 +126,7 @@ impl AttnTile {
             share,
             prefetch,
             double,
+            two_pass,
             local,
             fused_dq,
             split,
@@ -153,6 +163,9 @@ impl AttnTile {
         // dk/dv's dQ reads K's tile in every streamed tile's products.
         if self.share && self.fused_dq {
             return Err("dQ in dk/dv (q) reads K's tile throughout: its region cannot be shared (s)".into());
+        }
+        if self.two_pass && pass != AttnPass::Fwd {
+            return Err("only the forward has a softmax of its own (t)".into());
         }
         if self.fused_dq && pass != AttnPass::Dkv {
             return Err("only dkv accumulates dQ (q)".into());
@@ -198,25 +211,29 @@ impl AttnTiles {
     /// is `default` (BENCHMARKS.md says why): each fits NVIDIA's 48 KiB of
     /// workgroup memory at D = 128 and below. The bench may be cut short,
     /// so the first sets are the ones that matter most, and it times the
-    /// backward as dq and dk/dv together. The H200 sweep of 2026-12-01
-    /// found the resident block in four slices (`r4`) fastest on every
-    /// pass, with twice the subgroups sharing each streamed tile (the
-    /// forward on 16, dq and dk/dv on 8): the defaults since, first. Then
-    /// the same with the streamed tiles double buffered (`d`: one
-    /// workgroup barrier a tile where the defaults wait at two; never yet
-    /// timed), without and with rows synchronised within subgroups (`l`:
-    /// the forward's 2.81 ms against 3.03 there, dq's 3.23 against 3.40;
-    /// dk/dv never timed with it and slices); eight slices (two do not fit
-    /// at D = 128); the forward's 32-key tiles with dq and dk/dv on 4
-    /// subgroups in slices; and the fastest set of that sweep. (12 and 6
-    /// subgroups, and the defaults of 2026-11-29, timed then, are left
-    /// out.)
+    /// backward as dq and dk/dv together, each kernel in the set's profiled
+    /// run, so a set may try one thing on the forward and another on the
+    /// backward. The H200 sweep of 2026-12-01 found the resident block in
+    /// four slices (`r4`) fastest on every pass, with twice the subgroups
+    /// sharing each streamed tile (the forward on 16, dq and dk/dv on 8):
+    /// the defaults since, first. Then, against them: the forward's
+    /// softmax in two passes (`t`, as before 2026-12-02), and the
+    /// backward's streamed tiles double buffered (`d`: one workgroup
+    /// barrier a tile where the defaults wait at two); the forward's
+    /// double buffered, and the backward's with rows synchronised within
+    /// subgroups too (`l`: the forward's 2.81 ms against 3.03 there, dq's
+    /// 3.23 against 3.40); the forward's with both, and the backward's
+    /// with `l` alone; the forward's with `l` alone, and the backward's in
+    /// eight slices; the forward's 32-key tiles with dq and dk/dv on 4
+    /// subgroups in slices; and the fastest set of that sweep. (`d`, `t`
+    /// and eight slices never yet timed; 12 and 6 subgroups, and the
+    /// defaults of 2026-11-29, timed then, are left out.)
     pub const SWEEP: [&'static str; 7] = [
         "fwd=sg16bc16spr4,dq=sg8bc16spr4,dkv=sg8bc16spr4",
-        "fwd=sg16bc16spdr4,dq=sg8bc16spdr4,dkv=sg8bc16spdr4",
-        "fwd=sg16bc16spdlr4,dq=sg8bc16spdlr4,dkv=sg8bc16spdlr4",
-        "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg8bc16splr4",
-        "fwd=sg16bc16spr8,dq=sg8bc16spr8,dkv=sg8bc16spr8",
+        "fwd=sg16bc16sptr4,dq=sg8bc16spdr4,dkv=sg8bc16spdr4",
+        "fwd=sg16bc16spdr4,dq=sg8bc16spdlr4,dkv=sg8bc16spdlr4",
+        "fwd=sg16bc16spdlr4,dq=sg8bc16splr4,dkv=sg8bc16splr4",
+        "fwd=sg16bc16splr4,dq=sg8bc16spr8,dkv=sg8bc16spr8",
         "fwd=sg8bc32spr4,dq=sg4bc16spr4,dkv=sg4bc16spr4",
         "fwd=sg16bc16splr4,dq=sg8bc16splr4,dkv=sg4bc16sp",
     ];

@@ -273,6 +273,10 @@ mod tests {
         assert!(!kv.share && kv.prefetch && kv.double && !kv.local && kv.fused_dq);
         assert!(!q.double);
         assert_eq!(t.to_string(), "fwd=sg16bc16spdlr4,dkv=sg2bc16pdq");
+        let t = "fwd=sg16bc16spdtr4".parse::<crate::AttnTiles>().unwrap();
+        let f = t.fwd.unwrap();
+        assert!(f.double && f.two_pass && !f.local && f.split == 4);
+        assert_eq!(t.to_string(), "fwd=sg16bc16spdtr4");
         for tiles in crate::AttnTiles::SWEEP {
             let t = tiles.parse::<crate::AttnTiles>().unwrap();
             assert_eq!(t.to_string(), tiles);
@@ -305,6 +309,8 @@ mod tests {
             ("fwd=sg8bc16sd", "prefetched registers"),
             ("dkv=sg2bc16d", "prefetched registers"),
             ("fwd=sg8bc16sdp", "not a number"),
+            // A softmax of two passes: the forward's.
+            ("dq=sg4bc16t", "only the forward"),
         ] {
             let e = bad.parse::<crate::AttnTiles>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
