@@ -336,6 +336,14 @@ var<private> raised: bool;
 // takes P again against the new max (p_half_row). The probabilities, the
 // sums and their order are the two-pass way's (softmax_tile_two_pass: the
 // maxima first), bit for bit where the compiler contracts both alike.
+// Rows synchronised across the workgroup (not LOCAL) flag `rescale` for a
+// max that will rise before their halves meet (either half's scores
+// decide it), so that after that barrier the workgroup knows whether any
+// row takes P again and rescales; where none does, every P was written
+// before it and the products may read them at once (the two-pass way
+// reads the flag after another two). The rescale then also runs for a
+// block's first scores (its factors 0 for O's zeros, 1 for rows without
+// scores yet), which changes no accumulator.
 fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
@@ -355,12 +363,15 @@ fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
         l += pr;
         wg.sm[P_S + r * LDP + c] = to_half(pr * drop_factor(b, row.head, row.pos, j0 + c));
     }
+    if !LOCAL && pm > m_run + RAISE {
+        atomicStore(&wg.rescale, 1u);
+    }
     let m = row_max(r, hi, pm);
     let corr = exp(m_run - m);
     if m != m_run {
         l = p_half_row(lane, b, j0, row, r, base, m, l_run * corr);
     }
-    end_tile(r, hi, m, corr, l);
+    end_tile(r, hi, m, corr, l, false);
 }
 
 // The two-pass way (AttnTile::two_pass): the row's max first, then P.
@@ -378,7 +389,7 @@ fn softmax_tile_two_pass(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, 
     }
     let m = row_max(r, hi, pm);
     let corr = exp(m_run - m);
-    end_tile(r, hi, m, corr, p_half_row(lane, b, j0, row, r, base, m, l_run * corr));
+    end_tile(r, hi, m, corr, p_half_row(lane, b, j0, row, r, base, m, l_run * corr), true);
 }
 
 // The row's max for this tile from this lane's half's `pm` (both lanes of
@@ -416,12 +427,13 @@ fn p_half_row(lane: u32, b: u32, j0: u32, row: QRow, r: u32, base: u32, m: f32, 
 }
 
 // The tile's row statistics: the factor for the rows' rescale, the vote
-// for it, the running max and this lane's half of the running sum.
-fn end_tile(r: u32, hi: bool, m: f32, corr: f32, l: f32) {
+// for it (and, with `flag`, `rescale` set for a raised max), the running
+// max and this lane's half of the running sum.
+fn end_tile(r: u32, hi: bool, m: f32, corr: f32, l: f32, flag: bool) {
     raised = m != m_run && m_run != NO_MAX;
     if !hi {
         wg.stat_s[BR + r] = corr;
-        if raised && !LOCAL {
+        if raised && flag && !LOCAL {
             atomicStore(&wg.rescale, 1u);
         }
     }

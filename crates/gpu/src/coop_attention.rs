@@ -235,6 +235,15 @@ impl CoopAttention {
         }
     }
 
+    /// Whether the forward's rows flag their rescale before their halves
+    /// meet (`softmax_tile`: the one-pass softmax on rows synchronised
+    /// across the workgroup), so that no workgroup-uniform load of the
+    /// flag follows.
+    fn early_flag(&self) -> bool {
+        let t = self.tile();
+        self.pass == AttnPass::Fwd && !t.local && !t.two_pass
+    }
+
     /// Whether the streamed tiles are double buffered
     /// ([`AttnTile::double`]); a probe's loop stages its first tile alone,
     /// in one copy.
@@ -348,10 +357,12 @@ impl CoopAttention {
         if !self.emulated {
             out.push_str("enable f16;\nenable wgpu_cooperative_matrix;\n");
         }
-        if t.local {
+        if t.local || self.early_flag() {
             // A subgroup's rescale runs cooperative loads and stores under
             // its own vote: uniform within the subgroup, as the extension
-            // asks, which naga's workgroup-wide analysis cannot tell.
+            // asks, which naga's workgroup-wide analysis cannot tell; the
+            // one-pass softmax's under `rescale`, loaded by every
+            // invocation after the barrier behind its last store.
             out.push_str("diagnostic(off, derivative_uniformity);\n");
         }
         out.push('\n');
@@ -889,10 +900,19 @@ impl CoopAttention {
             nd,
         );
         // The rows' P and factors are in before the products read them:
-        // through the workgroup-uniform load of `rescale`, or (LOCAL) a
-        // subgroup barrier, the subgroup then choosing its rescale alone.
+        // through the workgroup-uniform load of `rescale` (the two-pass
+        // softmax), or (LOCAL) a subgroup barrier, the subgroup then
+        // choosing its rescale alone; or (the one-pass softmax) the
+        // barrier where a row's halves meet, `rescale` set before it, and
+        // where it is set a barrier first (P and the factors taken again
+        // after it, the scores read for them).
         let (rescale_if, sync) = if self.tile().local {
             ("row_sync();\n        if subgroupAny(raised) {", "row_sync")
+        } else if self.early_flag() {
+            (
+                "if atomicLoad(&wg.rescale) != 0u {\n            workgroupBarrier();",
+                "workgroupBarrier",
+            )
         } else {
             ("if workgroupUniformLoad(&wg.rescale) != 0u {", "workgroupBarrier")
         };
@@ -901,7 +921,12 @@ impl CoopAttention {
             "            let ci = cs + jf * 16u;\n            {}\n        }}\n        row_sync();\n        {}\n        {rescale_if}",
             g.store("acc", "ci", "ldc"),
             if self.probe == Some(AttnProbe::Plain) {
-                "plain_tile(sg, lane);"
+                // The one-pass softmax's barrier where the halves meet.
+                if self.early_flag() {
+                    "plain_tile(sg, lane);\n        row_sync();"
+                } else {
+                    "plain_tile(sg, lane);"
+                }
             } else if self.tile().two_pass {
                 "softmax_tile_two_pass(sg, lane, b, j0, p0, np, g);"
             } else {
@@ -1247,6 +1272,40 @@ mod tests {
                     };
                     assert_eq!(in_loop(&probe), 2, "{}", probe.label());
                 }
+            }
+        }
+    }
+
+    /// The forward's one-pass softmax on rows synchronised across the
+    /// workgroup reads its rescale flag after the barrier where a row's
+    /// halves meet, with no workgroup-uniform load (a barrier on each side
+    /// of it) as the two-pass way (`t`) has; subgroup-local rows vote.
+    #[test]
+    fn the_one_pass_forward_loads_no_uniform_flag() {
+        for d in CoopAttention::HEAD_DIMS {
+            for emulated in [false, true] {
+                let v = CoopAttention {
+                    pass: AttnPass::Fwd,
+                    d,
+                    emulated,
+                    f16_in: true,
+                    shape: None,
+                    probe: None,
+                };
+                let two = CoopAttention {
+                    shape: Some(AttnTile {
+                        two_pass: true,
+                        ..v.tile()
+                    }),
+                    ..v
+                };
+                assert!(!v.source().contains("workgroupUniformLoad"), "{}", v.label());
+                assert!(v.source().contains("atomicLoad(&wg.rescale)"), "{}", v.label());
+                assert!(
+                    two.source().contains("workgroupUniformLoad(&wg.rescale)"),
+                    "{}",
+                    two.label()
+                );
             }
         }
     }

@@ -32,11 +32,14 @@ pub struct AttnTile {
     /// tile's). dk/dv's streamed statistics (lse, delta) are doubled too.
     pub double: bool,
     /// The forward only: each tile's softmax in two passes over the
-    /// scores (the rows' maxima, then P), as before 2026-12-02, where the
-    /// default takes one (P against the running max, again only for rows
-    /// whose max rises: `softmax_tile` in `shaders/attention_coop.wgsl`).
-    /// The same probabilities and sums; kept to time the two against
-    /// each other.
+    /// scores (the rows' maxima, then P), and the rescale flag read by a
+    /// workgroup-uniform load after them, as before 2026-12-02, where the
+    /// default takes one pass (P against the running max, again only for
+    /// rows whose max rises: `softmax_tile` in
+    /// `shaders/attention_coop.wgsl`) and reads the flag after the
+    /// barrier where a row's halves meet (two workgroup barriers a tile
+    /// fewer). The same probabilities and sums; kept to time the two
+    /// against each other.
     pub two_pass: bool,
     /// Rows synchronised within their subgroup between a tile's products
     /// and the lanes' work on them (`row_sync`: a subgroup barrier, not a
