@@ -336,14 +336,13 @@ var<private> raised: bool;
 // takes P again against the new max (p_half_row). The probabilities, the
 // sums and their order are the two-pass way's (softmax_tile_two_pass: the
 // maxima first), bit for bit where the compiler contracts both alike.
-// Rows synchronised across the workgroup (not LOCAL) flag `rescale` for a
-// max that will rise before their halves meet (either half's scores
-// decide it), so that after that barrier the workgroup knows whether any
-// row takes P again and rescales; where none does, every P was written
-// before it and the products may read them at once (the two-pass way
-// reads the flag after another two). The rescale then also runs for a
-// block's first scores (its factors 0 for O's zeros, 1 for rows without
-// scores yet), which changes no accumulator.
+// Rows synchronised across the workgroup (not LOCAL) flag a max that
+// will rise before their halves meet (either half's scores decide it):
+// `rescale` bit 0 where a row takes P again, bit 1 where O is rescaled as
+// well (a max raised past an earlier one, not a row's first scores), so
+// that after that barrier the workgroup knows both; where no row takes P
+// again, every P was written before it and the products may read them at
+// once (the two-pass way reads the flag after another two barriers).
 fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
     let r = sg * 16u + lane % 16u;
     let row = q_row(p0, np, g, r);
@@ -364,7 +363,7 @@ fn softmax_tile(sg: u32, lane: u32, b: u32, j0: u32, p0: u32, np: u32, g: u32) {
         wg.sm[P_S + r * LDP + c] = to_half(pr * drop_factor(b, row.head, row.pos, j0 + c));
     }
     if !LOCAL && pm > m_run + RAISE {
-        atomicStore(&wg.rescale, 1u);
+        atomicOr(&wg.rescale, select(1u, 3u, m_run != NO_MAX));
     }
     let m = row_max(r, hi, pm);
     let corr = exp(m_run - m);

@@ -903,14 +903,15 @@ impl CoopAttention {
         // through the workgroup-uniform load of `rescale` (the two-pass
         // softmax), or (LOCAL) a subgroup barrier, the subgroup then
         // choosing its rescale alone; or (the one-pass softmax) the
-        // barrier where a row's halves meet, `rescale` set before it, and
-        // where it is set a barrier first (P and the factors taken again
-        // after it, the scores read for them).
+        // barrier where a row's halves meet, `rescale` set before it: where
+        // a row takes P again a barrier after it (P and the factors taken
+        // again, the scores read for them), and where one rescales O, O
+        // through the scratch.
         let (rescale_if, sync) = if self.tile().local {
             ("row_sync();\n        if subgroupAny(raised) {", "row_sync")
         } else if self.early_flag() {
             (
-                "if atomicLoad(&wg.rescale) != 0u {\n            workgroupBarrier();",
+                "let flags = atomicLoad(&wg.rescale);\n        if flags != 0u {\n            workgroupBarrier();\n            if flags > 1u {",
                 "workgroupBarrier",
             )
         } else {
@@ -936,6 +937,9 @@ impl CoopAttention {
         through_scratch(m, g, (nd, nb), "            ", (true, sync), |m, _, u| {
             let _ = writeln!(m, "                rescale_rows(sg, lane, {u}u);");
         });
+        if self.early_flag() {
+            m.push_str("            }\n");
+        }
         if !self.tile().local {
             m.push_str(
                 "            if li == 0u {\n                atomicStore(&wg.rescale, 0u);\n            }\n",
