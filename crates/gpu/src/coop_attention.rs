@@ -1196,6 +1196,19 @@ mod tests {
     use super::*;
     use crate::coop::WORKGROUP_BYTES_MAX;
 
+    /// The hardware variant of `pass` at head dimension `d` on `tile`, its
+    /// inputs f16 copies.
+    fn hardware(pass: AttnPass, d: u32, tile: AttnTile) -> CoopAttention {
+        CoopAttention {
+            pass,
+            d,
+            emulated: false,
+            f16_in: true,
+            shape: Some(tile),
+            probe: None,
+        }
+    }
+
     #[test]
     fn every_swept_variant_fits_nvidia_workgroup_memory() {
         for v in CoopAttention::swept() {
@@ -1258,14 +1271,7 @@ mod tests {
                         fused_dq: false,
                         split: 2,
                     };
-                    let v = CoopAttention {
-                        pass,
-                        d,
-                        emulated: false,
-                        f16_in: true,
-                        shape: Some(tile),
-                        probe: None,
-                    };
+                    let v = hardware(pass, d, tile);
                     let want = if double { 1 } else { 2 };
                     assert_eq!(in_loop(&v), want, "{}", v.label());
                     assert_eq!(v.source().contains("STREAM - sb"), double, "{}", v.label());
@@ -1344,14 +1350,7 @@ mod tests {
                         fused_dq: false,
                         split,
                     };
-                    let v = CoopAttention {
-                        pass,
-                        d,
-                        emulated: false,
-                        f16_in: true,
-                        shape: Some(tile),
-                        probe: None,
-                    };
+                    let v = hardware(pass, d, tile);
                     let (per, slices) = v.slices();
                     let nd = d / 16;
                     assert!(slices <= split.max(1) && (slices - 1) * per < nd && slices * per >= nd);

@@ -72,9 +72,10 @@ impl AttnTile {
 
     /// `sg{SG}bc{BC}`, with `s` where the regions are shared, `p` where
     /// the streamed tiles are prefetched, `d` where they are double
-    /// buffered, `t` where the forward's softmax takes two passes, `l` where rows synchronise
-    /// within their subgroup, `q` where dk/dv accumulates dQ too and
-    /// `r{N}` where the resident block is staged in N slices.
+    /// buffered, `t` where the forward's softmax takes two passes, `l`
+    /// where rows synchronise within their subgroup, `q` where dk/dv
+    /// accumulates dQ too and `r{N}` where the resident block is staged in
+    /// N slices.
     pub fn name(&self) -> String {
         format!(
             "sg{}bc{}{}{}{}{}{}{}{}",
